@@ -1,0 +1,5 @@
+//! The KV cache family (plain, rotating, quantized, recurrent state) with exact trim semantics.
+//!
+//! Not implemented yet: this crate is a placeholder in the workspace layout so that later
+//! work lands where the design puts it. It exports nothing.
+#![forbid(unsafe_code)]

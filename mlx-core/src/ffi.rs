@@ -1,0 +1,91 @@
+//! The one chokepoint for calls into `mlx-sys`: status checks, out-handles, error messages.
+
+use std::ffi::CStr;
+
+use mlx_sys as sys;
+
+use crate::array::Array;
+use crate::error::{Error, Result};
+
+/// MLX's message for the last failure on this thread.
+pub(crate) fn last_error() -> String {
+    // SAFETY: mlxs_last_error returns a NUL-terminated thread-local string that stays valid
+    // until the next failing shim call on this thread; we copy it immediately.
+    unsafe { CStr::from_ptr(sys::mlxs_last_error()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Turns a shim status into a `Result`.
+pub(crate) fn check(op: &'static str, status: std::os::raw::c_int) -> Result<()> {
+    if status == 0 {
+        Ok(())
+    } else {
+        Err(Error::Mlx {
+            op,
+            message: last_error(),
+        })
+    }
+}
+
+/// Calls a shim function that writes one array handle, and takes ownership of it.
+pub(crate) fn array_out(
+    op: &'static str,
+    f: impl FnOnce(*mut sys::mlxs_array) -> std::os::raw::c_int,
+) -> Result<Array> {
+    let mut out: sys::mlxs_array = std::ptr::null_mut();
+    check(op, f(&mut out))?;
+    // SAFETY: on success the shim wrote a fresh, owned, non-null handle.
+    unsafe { Array::from_raw(op, out) }
+}
+
+/// Calls a shim function that writes one value of plain type.
+pub(crate) fn value_out<T: Default>(
+    op: &'static str,
+    f: impl FnOnce(*mut T) -> std::os::raw::c_int,
+) -> Result<T> {
+    let mut out = T::default();
+    check(op, f(&mut out))?;
+    Ok(out)
+}
+
+/// An owned `mlxs_vec`, freed on drop.
+pub(crate) struct VecHandle(pub(crate) sys::mlxs_vec);
+
+impl VecHandle {
+    pub(crate) fn new() -> Self {
+        // SAFETY: mlxs_vec_new has no preconditions and returns an owned handle.
+        VecHandle(unsafe { sys::mlxs_vec_new() })
+    }
+
+    pub(crate) fn from_arrays<'a>(
+        op: &'static str,
+        arrays: impl IntoIterator<Item = &'a Array>,
+    ) -> Result<Self> {
+        let v = Self::new();
+        for a in arrays {
+            // SAFETY: both handles are live.
+            check(op, unsafe { sys::mlxs_vec_push(v.0, a.as_raw()) })?;
+        }
+        Ok(v)
+    }
+}
+
+impl Drop for VecHandle {
+    fn drop(&mut self) {
+        // SAFETY: we own the handle.
+        unsafe { sys::mlxs_vec_free(self.0) }
+    }
+}
+
+/// Owned string from the shim.
+pub(crate) fn take_string(s: sys::mlxs_string) -> String {
+    // SAFETY: s is an owned, live string handle; we copy and free it.
+    unsafe {
+        let text = CStr::from_ptr(sys::mlxs_string_data(s))
+            .to_string_lossy()
+            .into_owned();
+        sys::mlxs_string_free(s);
+        text
+    }
+}

@@ -1,0 +1,50 @@
+//! Safe Rust API over MLX 0.32.4.
+//!
+//! [`Array`] owns an MLX array handle; ops are free functions in [`ops`] (each with an
+//! optional [`Stream`]) with method sugar on `Array`; every fallible call returns
+//! [`Result`] carrying MLX's own message. Rust scalars combine with arrays as Python
+//! scalars do in MLX (weak typing, see [`Scalar`]), because mlx-lm's numerics are Python's.
+//!
+//! ```
+//! use mlx_core::prelude::*;
+//!
+//! # fn main() -> mlx_core::Result<()> {
+//! let a = Array::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2])?;
+//! let b = (&a.matmul(&a)? * 0.5)?;
+//! assert_eq!(b.to_vec::<f32>()?, vec![3.5, 5.0, 7.5, 11.0]);
+//! # Ok(()) }
+//! ```
+//!
+//! Where libmlx comes from: `mlx-sys` fetches the pinned MLX wheel at build time (or uses
+//! `MLX_DIR`); `cargo run` and `cargo test` find it without any environment variable.
+
+mod array;
+mod device;
+mod dtype;
+mod error;
+mod ffi;
+pub mod memory;
+mod operators;
+pub mod ops;
+mod scalar;
+
+pub use array::{async_eval, eval, Array};
+pub use device::{synchronize, Device, DeviceType, Stream};
+pub use dtype::{Complex64, Dtype, Element};
+pub use error::{Error, Result};
+pub use scalar::Scalar;
+
+/// The MLX version linked (`"0.32.4"`).
+pub fn mlx_version() -> String {
+    // SAFETY: a static NUL-terminated string.
+    unsafe { std::ffi::CStr::from_ptr(mlx_sys::mlxs_version()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// What a model or training loop usually needs in scope.
+pub mod prelude {
+    pub use crate::ops;
+    pub use crate::{eval, Array, Device, Dtype, Error, Result, Scalar, Stream};
+    pub use half::{bf16, f16};
+}

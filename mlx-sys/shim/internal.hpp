@@ -1,0 +1,73 @@
+// Helpers shared by the shim's translation units. Not part of the C ABI.
+#pragma once
+
+#include <mlx/mlx.h>
+
+#include <exception>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "mlxs.h"
+
+namespace mx = mlx::core;
+
+struct mlxs_array_ {
+  mx::array a;
+};
+struct mlxs_vec_ {
+  std::vector<mx::array> v;
+};
+struct mlxs_stream_ {
+  mx::Stream s;
+};
+struct mlxs_device_ {
+  mx::Device d;
+};
+struct mlxs_string_ {
+  std::string s;
+};
+
+namespace mlxs {
+
+void set_error(std::string msg);
+
+// Runs f, turning every exception into a status and a stored message.
+template <class F>
+int guard(F&& f) noexcept {
+  try {
+    f();
+    return 0;
+  } catch (const std::exception& e) {
+    set_error(e.what());
+  } catch (...) {
+    set_error("unknown C++ exception");
+  }
+  return 1;
+}
+
+inline mx::array& A(mlxs_array a) {
+  if (a == nullptr) throw std::invalid_argument("[mlxs] null array handle");
+  return a->a;
+}
+inline std::optional<mx::array> opt(mlxs_array a) {
+  return a ? std::optional<mx::array>(a->a) : std::nullopt;
+}
+inline mlxs_array wrap(mx::array a) { return new mlxs_array_{std::move(a)}; }
+inline void put(mlxs_array* out, mx::array a) { *out = wrap(std::move(a)); }
+inline mx::StreamOrDevice S(mlxs_stream s) {
+  return s ? mx::StreamOrDevice(s->s) : mx::StreamOrDevice{};
+}
+mx::Dtype dtype_of(mlxs_dtype d);
+mlxs_dtype dtype_to(mx::Dtype d);
+inline mx::Shape shape_of(const int32_t* shape, size_t ndim) {
+  return mx::Shape(shape, shape + ndim);
+}
+inline std::vector<int> ints(const int32_t* p, size_t n) { return std::vector<int>(p, p + n); }
+inline std::vector<mx::array>& V(mlxs_vec v) {
+  if (v == nullptr) throw std::invalid_argument("[mlxs] null vector handle");
+  return v->v;
+}
+inline mlxs_vec wrap_vec(std::vector<mx::array> v) { return new mlxs_vec_{std::move(v)}; }
+
+}  // namespace mlxs

@@ -1,0 +1,5 @@
+//! LoRA, flash attention with a correct backward, segmented backward, SFT/DPO/ORPO.
+//!
+//! Not implemented yet: this crate is a placeholder in the workspace layout so that later
+//! work lands where the design puts it. It exports nothing.
+#![forbid(unsafe_code)]
