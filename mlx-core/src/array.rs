@@ -192,6 +192,16 @@ impl Array {
         Ok(v)
     }
 
+    /// Evaluates and copies the raw element bytes out, row-major, whatever the dtype.
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        let mut v = vec![0u8; self.nbytes()];
+        // SAFETY: v is valid for nbytes bytes of writes.
+        check("to_bytes", unsafe {
+            sys::mlxs_array_to_data(self.as_raw(), v.as_mut_ptr().cast(), v.len())
+        })?;
+        Ok(v)
+    }
+
     /// The single element of a one-element array. `T` must match the dtype.
     pub fn item<T: Element>(&self) -> Result<T> {
         if self.size() != 1 {

@@ -23,10 +23,12 @@ mod device;
 mod dtype;
 mod error;
 mod ffi;
+pub mod io;
 pub mod memory;
 mod operators;
 pub mod ops;
 mod scalar;
+pub mod testing;
 
 pub use array::{async_eval, eval, Array};
 pub use device::{synchronize, Device, DeviceType, Stream};

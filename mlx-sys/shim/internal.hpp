@@ -71,3 +71,42 @@ inline std::vector<mx::array>& V(mlxs_vec v) {
 inline mlxs_vec wrap_vec(std::vector<mx::array> v) { return new mlxs_vec_{std::move(v)}; }
 
 }  // namespace mlxs
+
+#include <algorithm>
+#include <unordered_map>
+#include <utility>
+
+struct mlxs_map_ {
+  std::vector<std::pair<std::string, mx::array>> items;  // sorted by key
+};
+struct mlxs_strmap_ {
+  std::vector<std::pair<std::string, std::string>> items;  // sorted by key
+};
+
+namespace mlxs {
+
+template <class V>
+void sorted_insert(std::vector<std::pair<std::string, V>>& items, std::string key, V value) {
+  auto it = std::lower_bound(items.begin(), items.end(), key,
+                             [](const auto& p, const std::string& k) { return p.first < k; });
+  if (it != items.end() && it->first == key) {
+    it->second = std::move(value);
+  } else {
+    items.insert(it, {std::move(key), std::move(value)});
+  }
+}
+
+template <class V>
+std::vector<std::pair<std::string, V>> sorted_items(const std::unordered_map<std::string, V>& m) {
+  std::vector<std::pair<std::string, V>> items(m.begin(), m.end());
+  std::sort(items.begin(), items.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  return items;
+}
+
+inline const char* cstr(const char* s, const char* what) {
+  if (s == nullptr) throw std::invalid_argument(std::string("[mlxs] null ") + what);
+  return s;
+}
+
+}  // namespace mlxs

@@ -14,5 +14,6 @@
 
 #include "mlxs/core.h"
 #include "mlxs/ops.h"
+#include "mlxs/io.h"
 
 #endif

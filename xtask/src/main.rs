@@ -2,9 +2,13 @@
 //!
 //! - `bindgen`: regenerate `mlx-sys/src/bindings.rs` from the shim's headers (needs libclang;
 //!   nothing else in the build does). `bindgen --check` fails if the committed file is stale.
+//! - `oracle [ARGS]`: makes sure the Python oracle (mlx-lm 0.32.2, mlx 0.32.4) is installed in
+//!   `target/oracle-venv`, then runs its python with ARGS.
+//! - `goldens [SET ...]`: regenerates golden files with `xtask/oracle/goldens_<SET>.py`.
 #![forbid(unsafe_code)]
 
 mod bindings;
+mod oracle;
 
 use std::process::ExitCode;
 
@@ -12,8 +16,10 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("bindgen") => bindings::run(args.iter().any(|a| a == "--check")),
+        Some("oracle") => oracle::python(&args[1..]),
+        Some("goldens") => oracle::goldens(&args[1..]),
         _ => {
-            eprintln!("usage: cargo xtask bindgen [--check]");
+            eprintln!("usage: cargo xtask bindgen [--check] | oracle [ARGS] | goldens [SET ...]");
             return ExitCode::from(2);
         }
     };
