@@ -46,15 +46,13 @@ fn npy_round_trip() {
 fn bad_files_are_errors() {
     let dir = tmpdir("bad");
     let missing = dir.join("nope.safetensors");
-    let err = load_safetensors(&missing, None)
-        .err()
-        .expect("missing file");
+    let err = load_safetensors(&missing, None).expect_err("missing file");
     assert!(err.to_string().contains("nope.safetensors"), "{err}");
 
     // A header length that points past the end of the file.
     let bad = dir.join("bad.safetensors");
     std::fs::write(&bad, [0xff, 0, 0, 0, 0, 0, 0, 0, b'{', b'}']).unwrap();
-    let err = load_safetensors(&bad, None).err().expect("malformed file");
+    let err = load_safetensors(&bad, None).expect_err("malformed file");
     assert!(err.to_string().contains("bad.safetensors"), "{err}");
 
     // A valid file cut short: the header survives, the data does not.
@@ -67,9 +65,7 @@ fn bad_files_are_errors() {
     let result = load_safetensors(&cut, None).and_then(|(m, _)| m["a"].to_vec::<f32>());
     assert!(result.is_err(), "a truncated file must not load");
 
-    let err = load_npy(dir.join("nope.npy"), None)
-        .err()
-        .expect("missing npy");
+    let err = load_npy(dir.join("nope.npy"), None).expect_err("missing npy");
     assert!(err.to_string().contains("nope.npy"), "{err}");
 }
 
