@@ -6,8 +6,11 @@ use std::process::Command;
 
 use crate::bindings::workspace_root;
 
+/// `target/oracle-venv`, or `MLX_ORACLE_VENV` to share one venv between checkouts.
 fn venv_dir() -> PathBuf {
-    workspace_root().join("target").join("oracle-venv")
+    std::env::var_os("MLX_ORACLE_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target").join("oracle-venv"))
 }
 
 fn venv_python() -> PathBuf {
