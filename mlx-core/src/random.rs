@@ -7,8 +7,14 @@
 //! calls gives the same values as `mx.random.seed(s)` and the same calls in Python.
 //!
 //! The global state belongs to the process (as Python's does), not to a thread: draws from
-//! several threads interleave in whatever order they happen. [`state`] and [`set_state`]
-//! read and replace it (Python's `mx.random.state[0]`), e.g. to thread it through a
+//! several threads interleave in whatever order they happen. Like every MLX array, the state
+//! is lazy: a keyless draw leaves it as an unevaluated split on the calling thread's stream,
+//! and MLX 0.32.4 cannot evaluate a graph built on another thread's streams. So before
+//! drawing from thread B after keyless draws on thread A, evaluate the state on A
+//! (`random::state()?.eval()`); after [`seed`] or [`set_state`] with an evaluated key it is
+//! ready anywhere. (Python behaves the same; MLX's C++ default sequence avoids the question
+//! by being per thread, which is why it is not used here.) [`state`] and [`set_state`] read
+//! and replace the state (Python's `mx.random.state[0]`), e.g. to thread it through a
 //! compiled function.
 //!
 //! Scalar bounds and parameters ([`ScalarOrArray`]) become arrays as Python numbers do
