@@ -22,11 +22,14 @@ mod array;
 mod device;
 mod dtype;
 mod error;
+pub mod fast;
 mod ffi;
 pub mod io;
 pub mod memory;
 mod operators;
 pub mod ops;
+pub mod quantized;
+pub mod random;
 mod scalar;
 pub mod testing;
 
@@ -47,6 +50,7 @@ pub fn mlx_version() -> String {
 /// What a model or training loop usually needs in scope.
 pub mod prelude {
     pub use crate::ops;
+    pub use crate::{fast, quantized, random};
     pub use crate::{eval, Array, Device, Dtype, Error, Result, Scalar, Stream};
     pub use half::{bf16, f16};
 }

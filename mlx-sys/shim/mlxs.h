@@ -15,5 +15,8 @@
 #include "mlxs/core.h"
 #include "mlxs/ops.h"
 #include "mlxs/io.h"
+#include "mlxs/fast.h"
+#include "mlxs/quant.h"
+#include "mlxs/random.h"
 
 #endif
