@@ -13,10 +13,12 @@
 
 pub mod config;
 mod error;
+pub mod generate;
 pub mod gguf;
 pub mod layers;
 pub mod load;
 pub mod models;
+pub mod sample;
 pub mod weights;
 
 pub use error::{ModelError, Result};

@@ -388,6 +388,10 @@ impl LanguageModel for Model {
             .collect()
     }
 
+    fn defines_make_cache(&self) -> bool {
+        true
+    }
+
     fn num_layers(&self) -> usize {
         self.layers.len()
     }

@@ -21,6 +21,11 @@ pub trait LanguageModel: Send {
     /// Fresh caches, one per layer, of the kinds this architecture uses.
     fn make_cache(&self) -> Vec<Box<dyn Cache>>;
 
+    /// Whether the mlx-lm model class defines `make_cache` (then `make_prompt_cache` ignores
+    /// `max_kv_size`, as mlx-lm does); otherwise [`LanguageModel::make_cache`] is the default
+    /// of plain caches.
+    fn defines_make_cache(&self) -> bool;
+
     fn num_layers(&self) -> usize;
 
     /// The `model_type` this was built from.
