@@ -41,10 +41,11 @@ fn run(c: &Case) -> Result<(), String> {
         top_p: f(c, "top_p").unwrap_or(d.top_p),
         min_p: f(c, "min_p").unwrap_or(d.min_p),
         min_tokens_to_keep: u(c, "min_tokens_to_keep").unwrap_or(d.min_tokens_to_keep),
-        top_k: c
-            .has("top_k")
-            .then(|| c.int("top_k").unwrap() as i32)
-            .unwrap_or(d.top_k),
+        top_k: if c.has("top_k") {
+            c.int("top_k").unwrap() as i32
+        } else {
+            d.top_k
+        },
         xtc_probability: f(c, "xtc_probability").unwrap_or(d.xtc_probability),
         xtc_threshold: f(c, "xtc_threshold").unwrap_or(d.xtc_threshold),
         xtc_special_tokens: if c.has("xtc_special_tokens") {
@@ -80,10 +81,11 @@ fn run(c: &Case) -> Result<(), String> {
         max_kv_size: u(c, "max_kv_size"),
         prefill_step_size: u(c, "prefill_step_size").unwrap_or(dflt.prefill_step_size),
         kv_bits: c.has("kv_bits").then(|| c.int("kv_bits").unwrap() as i32),
-        kv_group_size: c
-            .has("kv_group_size")
-            .then(|| c.int("kv_group_size").unwrap() as i32)
-            .unwrap_or(64),
+        kv_group_size: if c.has("kv_group_size") {
+            c.int("kv_group_size").unwrap() as i32
+        } else {
+            64
+        },
         quantized_kv_start: u(c, "quantized_kv_start").unwrap_or(dflt.quantized_kv_start),
     };
     let prompt = c.input(0).unwrap().to_vec::<i32>().unwrap();
