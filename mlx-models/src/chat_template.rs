@@ -149,17 +149,25 @@ impl ChatTemplate {
         });
         env.add_filter("tojson", tojson_filter);
         // Jinja2's `trim` and `string` stringify with Python's `str()` first.
-        env.add_filter("trim", |value: &Value, chars: Option<String>| -> Result2<String> {
-            let s = py_str(value)?;
-            Ok(match chars {
-                None => py_strip(&s).to_string(),
-                Some(c) => s.trim_matches(|x| c.contains(x)).to_string(),
-            })
+        env.add_filter(
+            "trim",
+            |value: &Value, chars: Option<String>| -> Result2<String> {
+                let s = py_str(value)?;
+                Ok(match chars {
+                    None => py_strip(&s).to_string(),
+                    Some(c) => s.trim_matches(|x| c.contains(x)).to_string(),
+                })
+            },
+        );
+        env.add_filter("string", |value: &Value| -> Result2<String> {
+            py_str(value)
         });
-        env.add_filter("string", |value: &Value| -> Result2<String> { py_str(value) });
-        env.add_function("raise_exception", |message: String| -> std::result::Result<Value, Error> {
-            Err(Error::new(ErrorKind::InvalidOperation, message))
-        });
+        env.add_function(
+            "raise_exception",
+            |message: String| -> std::result::Result<Value, Error> {
+                Err(Error::new(ErrorKind::InvalidOperation, message))
+            },
+        );
         env.add_function("strftime_now", |format: String| -> String {
             strftime_now(&format)
         });
@@ -234,7 +242,10 @@ impl ChatTemplate {
                         if let Some(Json::String(text)) = block.get("text") {
                             let text = text.clone();
                             if let Json::Object(b) = block {
-                                b.insert("text".into(), Json::String(format!("{text}{CONTINUE_TAG}")));
+                                b.insert(
+                                    "text".into(),
+                                    Json::String(format!("{text}{CONTINUE_TAG}")),
+                                );
                             }
                             found = Some(text);
                             break;
@@ -302,7 +313,10 @@ impl ChatTemplate {
                 ctx.push((k, v));
             }
         }
-        let ctx: Value = ctx.into_iter().collect::<std::collections::BTreeMap<_, _>>().into();
+        let ctx: Value = ctx
+            .into_iter()
+            .collect::<std::collections::BTreeMap<_, _>>()
+            .into();
 
         let template = self
             .env
@@ -424,7 +438,11 @@ pub fn py_float_repr(x: f64) -> String {
         return if x > 0.0 { "inf".into() } else { "-inf".into() };
     }
     if x == 0.0 {
-        return if x.is_sign_negative() { "-0.0".into() } else { "0.0".into() };
+        return if x.is_sign_negative() {
+            "-0.0".into()
+        } else {
+            "0.0".into()
+        };
     }
     // Rust's `{:e}` gives the shortest round-trip digits: "d.ddde[-]x".
     let sci = format!("{:e}", x.abs());
@@ -634,7 +652,10 @@ fn json_dump(v: &Value, style: &JsonStyle, level: usize, out: &mut String) -> Re
                     _ => {
                         return Err(Error::new(
                             ErrorKind::InvalidOperation,
-                            format!("keys must be str, int, float, bool or None, not {}", k.kind()),
+                            format!(
+                                "keys must be str, int, float, bool or None, not {}",
+                                k.kind()
+                            ),
                         ))
                     }
                 };
@@ -751,11 +772,27 @@ pub fn strftime_now(format: &str) -> String {
 /// glibc's `%-d` style unpadded fields).
 pub fn strftime_utc(secs: i64, format: &str) -> String {
     const MONTHS: [&str; 12] = [
-        "January", "February", "March", "April", "May", "June", "July", "August", "September",
-        "October", "November", "December",
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
     ];
     const DAYS: [&str; 7] = [
-        "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday",
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+        "Thursday",
+        "Friday",
+        "Saturday",
+        "Sunday",
     ];
     let days = secs.div_euclid(86_400);
     let sod = secs.rem_euclid(86_400);
@@ -768,12 +805,20 @@ pub fn strftime_utc(secs: i64, format: &str) -> String {
         let mut n = 0i64;
         let mut yy = 1970;
         while yy < y {
-            n += if (yy % 4 == 0 && yy % 100 != 0) || yy % 400 == 0 { 366 } else { 365 };
+            n += if (yy % 4 == 0 && yy % 100 != 0) || yy % 400 == 0 {
+                366
+            } else {
+                365
+            };
             yy += 1;
         }
         while yy > y {
             yy -= 1;
-            n -= if (yy % 4 == 0 && yy % 100 != 0) || yy % 400 == 0 { 366 } else { 365 };
+            n -= if (yy % 4 == 0 && yy % 100 != 0) || yy % 400 == 0 {
+                366
+            } else {
+                365
+            };
         }
         n
     };
@@ -861,7 +906,10 @@ mod tests {
         let t = 1_721_743_509;
         assert_eq!(strftime_utc(t, "%d %b %Y"), "23 Jul 2024");
         assert_eq!(strftime_utc(t, "%Y-%m-%d %H:%M:%S"), "2024-07-23 14:05:09");
-        assert_eq!(strftime_utc(t, "%A %B %-d, %I%p %j"), "Tuesday July 23, 02PM 205");
+        assert_eq!(
+            strftime_utc(t, "%A %B %-d, %I%p %j"),
+            "Tuesday July 23, 02PM 205"
+        );
         assert_eq!(strftime_utc(0, "%a %d %b %Y"), "Thu 01 Jan 1970");
         assert_eq!(strftime_utc(951_782_400, "%F"), "2000-02-29");
     }

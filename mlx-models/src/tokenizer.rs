@@ -219,8 +219,9 @@ impl Tokenizer {
     pub fn from_dir_with_eos(dir: impl AsRef<Path>, extra_eos_ids: &[u32]) -> Result<Self> {
         let dir = dir.as_ref();
         let tokenizer_json = dir.join("tokenizer.json");
-        let bytes = std::fs::read(&tokenizer_json)
-            .map_err(|e| TokenizerError::Io(format!("reading {}: {e}", tokenizer_json.display())))?;
+        let bytes = std::fs::read(&tokenizer_json).map_err(|e| {
+            TokenizerError::Io(format!("reading {}: {e}", tokenizer_json.display()))
+        })?;
         let inner = tokenizers::Tokenizer::from_bytes(&bytes)
             .map_err(|e| TokenizerError::Backend(format!("{}: {e}", tokenizer_json.display())))?;
         let config_path = dir.join("tokenizer_config.json");
@@ -334,10 +335,7 @@ impl Tokenizer {
         }
 
         let lookup = |key: &str| -> Option<String> {
-            named
-                .iter()
-                .find(|(k, _)| k == key)
-                .map(|(_, v)| v.clone())
+            named.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone())
         };
         let bos_token = lookup("bos_token");
         let eos_token = lookup("eos_token");
@@ -592,10 +590,7 @@ impl Tokenizer {
                     .into(),
             )
         })?;
-        let source = templates.select(
-            options.template_name.as_deref(),
-            options.tools.is_some(),
-        )?;
+        let source = templates.select(options.template_name.as_deref(), options.tools.is_some())?;
         let template = ChatTemplate::new(source)?;
         let mut opts = options.clone();
         if !opts.kwargs.contains_key("enable_thinking") {

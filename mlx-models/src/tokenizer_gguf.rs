@@ -217,7 +217,9 @@ impl GgufTokenizerData {
         }
         let bpe = BPE::builder()
             .vocab_and_merges(
-                vocab.into_iter().collect::<tokenizers::models::bpe::Vocab>(),
+                vocab
+                    .into_iter()
+                    .collect::<tokenizers::models::bpe::Vocab>(),
                 merges,
             )
             .ignore_merges(kind == PreKind::Llama3)
@@ -236,7 +238,8 @@ impl GgufTokenizerData {
                 .map(|(t, _)| AddedToken::from(t.clone(), true).normalized(false))
                 .collect();
             if !control.is_empty() {
-                inner.add_special_tokens(control)
+                inner
+                    .add_special_tokens(control)
                     .map_err(|e| TokenizerError::Backend(format!("adding control tokens: {e}")))?;
             }
             let user: Vec<AddedToken> = self
@@ -247,8 +250,9 @@ impl GgufTokenizerData {
                 .map(|(t, _)| AddedToken::from(t.clone(), false).normalized(false))
                 .collect();
             if !user.is_empty() {
-                inner.add_tokens(user)
-                    .map_err(|e| TokenizerError::Backend(format!("adding user-defined tokens: {e}")))?;
+                inner.add_tokens(user).map_err(|e| {
+                    TokenizerError::Backend(format!("adding user-defined tokens: {e}"))
+                })?;
             }
         }
 

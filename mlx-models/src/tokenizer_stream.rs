@@ -84,8 +84,9 @@ fn byte_decoder(c: char) -> Option<u8> {
         let n = c - 0x100;
         let mut k = 0;
         for b in 0u32..256 {
-            let printable =
-                (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
+            let printable = (0x21..=0x7e).contains(&b)
+                || (0xa1..=0xac).contains(&b)
+                || (0xae..=0xff).contains(&b);
             if !printable {
                 if k == n {
                     return Some(b as u8);
