@@ -12,6 +12,7 @@
 //! `AssistantTracker` is accepted and renders its body.
 //!
 //! Differences left: `strftime_now` formats the current time in UTC (Python uses local time);
+//! tuples (e.g. from `dictsort`) print as lists;
 //! string methods use Rust's Unicode whitespace and case tables.
 
 use serde_json::{Map, Value as Json};

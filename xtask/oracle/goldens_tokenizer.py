@@ -164,10 +164,95 @@ TOOL_CHAT = [
 ]
 
 
-def byte_split_ids(tok, text):
-    """Ids of `text` (no specials), then each id alone: decodes of partial UTF-8."""
-    ids = tok.encode(text, add_special_tokens=False)
-    return ids
+# Synthetic templates exercising the Jinja features HF chat templates use, rendered by
+# transformers' own `render_jinja_template` (the function behind `apply_chat_template`).
+TEMPLATES = {
+    "python_printing": "{{ true }}|{{ none }}|{{ [1, 'a', 2.5, none, false] }}|{{ {'k': 'v', 'n': 1} }}|"
+    "{{ 3.0 }}|{{ 10 / 4 }}|{{ 7 // 2 }}|{{ 2 ** 10 }}|{{ 7 % 3 }}|{{ 'it' ~ \"'s\" }}|{{ 1e-5 }}|{{ 1.5e20 }}",
+    "tojson": "{{ tools | tojson }}\n{{ tools | tojson(indent=2) }}\n{{ messages | tojson(separators=(',', ':')) }}\n"
+    "{{ messages[0] | tojson(sort_keys=true) }}\n{{ messages[1].content | tojson(ensure_ascii=true) }}\n"
+    "{{ {'a': [], 'b': {}, 'c': none, 'd': true, 'e': 1.0} | tojson(indent='\t') }}",
+    "string_methods": "{% for m in messages %}{{ m.content.strip() }}|{{ m.content.lstrip('H ') }}|"
+    "{{ m.content.rstrip('!?. ') }}|{{ m.content.startswith('Hi') }}|{{ m.content.endswith('!') }}|"
+    "{{ m.content.split(' ') }}|{{ m.content.split(' ', 1) }}|{{ m.content.replace('o', '0') }}|"
+    "{{ m.content.upper() }}|{{ m.content.lower() }}|{{ m.content.title() }}|{{ m.content.find('o') }}|"
+    "{{ m.content.count('o') }}|{{ '-'.join(['a', 'b']) }}|{{ m.content.split() }}\n{% endfor %}",
+    "loops": "{%- for m in messages -%}\n"
+    "{%- if loop.index0 == 1 %}{% continue %}{% endif -%}\n"
+    "{{ loop.index }}/{{ loop.length }}:{{ loop.revindex }}:{{ loop.first }}:{{ loop.last }}:"
+    "{{ loop.previtem.role if loop.previtem is defined else 'none' }}:{{ m.role }}\n"
+    "{%- if loop.index == 3 %}{% break %}{% endif %}\n"
+    "{% endfor %}\n"
+    "{%- set ns = namespace(count=0, last='') -%}\n"
+    "{%- for m in messages %}{% set ns.count = ns.count + 1 %}{% set ns.last = m.role %}{% endfor -%}\n"
+    "count={{ ns.count }} last={{ ns.last }}\n"
+    "{% for k, v in messages[0].items() %}{{ k }}={{ v }};{% endfor %}\n"
+    "{{ messages[0].get('missing', 'dflt') }} {{ messages[0].get('role') }} {{ messages[0].keys() | list }}",
+    "filters_tests": "{{ messages | selectattr('role', 'equalto', 'user') | list | length }}|"
+    "{{ messages | map(attribute='role') | join(', ') }}|{{ messages | rejectattr('role', 'equalto', 'user') | map(attribute='role') | first }}|"
+    "{{ (messages | last).role }}|{{ missing | default('d') }}|{{ messages[0].content | length }}|"
+    "{{ 'abc' | upper }}|{{ 'ABC' | lower }}|{{ 'hello world' | capitalize }}|{{ 'a b' | replace(' ', '_') }}|"
+    "{{ '  x  ' | trim }}|{{ 3.7 | int }}|{{ '5' | int + 1 }}|{{ 2.567 | round(2) }}|{{ [3, 1] | reverse | list }}|"
+    "{{ messages[0] is mapping }}|{{ messages is sequence }}|{{ 'x' is string }}|{{ 3 is number }}|"
+    "{{ none is none }}|{{ missing is defined }}|{{ messages[0].role is defined }}|{{ 'a' in 'cat' }}|"
+    "{{ messages[1:] | length }}|{{ (messages[::-1] | first).role }}|{{ 'abc'[::-1] }}|{{ messages[-1].role }}",
+    "macros_whitespace": "{%- macro render(m, prefix='> ') -%}\n"
+    "    {{ prefix }}{{ m.role | upper }}: {{ m.content }}\n"
+    "{%- endmacro -%}\n"
+    "{% for m in messages %}\n"
+    "    {% if m.role == 'system' %}\n"
+    "        [SYS] {{ m.content }}\n"
+    "    {% else %}\n"
+    "        {{ render(m) }}\n"
+    "    {% endif %}\n"
+    "{% endfor %}\n"
+    "{%- if add_generation_prompt %}\n"
+    "  <assistant>\n"
+    "{%- endif %}\n",
+    "undefined_and_raise": "{{ messages[0].nothing }}|{{ undefined_var }}|{% if messages[0].nothing %}yes{% else %}no{% endif %}|"
+    "{% for x in undefined_var %}{{ x }}{% endfor %}|"
+    "{% if messages | length > 10 %}{{ raise_exception('too many') }}{% endif %}ok",
+    "edge_ops": "{{ 'a' ~ 1 ~ 2.0 ~ none ~ true }}|{{ [1, 2] | string }}|{{ 'x' * 3 }}|{{ [1, 2] + [3] }}|"
+    "{{ messages[0]['role'] }}|{{ false is false }}|{{ 1 if none else 2 }}|{{ [3, 1, 2] | sort | list }}|"
+    "{{ messages | sort(attribute='role') | map(attribute='role') | list }}|{{ [1, 1, 2] | unique | list }}|"
+    "{{ [1, 2, 3] | join('-') }}|{{ [1, 2] | sum }}|{{ [4, 7] | max }}|{{ 'x'.startswith(('a', 'x')) }}|"
+    "{% set block %}B{{ 1 + 1 }}{% endset %}{{ block }}|{% for m in messages %}{{ loop.cycle('o', 'e') }}{% endfor %}|"
+    "{{ 'Hello'[1:3] }}|{{ 'a,b,,c'.split(',') }}|{{ 'abc'.capitalize() }}|{{ '  ' ~ 'x' | trim }}|"
+    "{% for k, v in {'b': 1, 'a': 2} | dictsort %}{{ k }}{{ v }}{% endfor %}|{{ 2 in [1, 2] }}|{{ 'ab' is string and 1 is not string }}|{{ -3 | abs }}",
+    "raise": "{{ raise_exception('Only user and assistant roles are supported!') }}",
+    "generation_tag": "{% for m in messages %}{% if m.role == 'assistant' %}{% generation %}{{ m.content }}{% endgeneration %}"
+    "{% else %}{{ m.content }}{% endif %}\n{% endfor %}",
+}
+
+TEMPLATE_MESSAGES = [
+    {"role": "system", "content": "  Be nice.  "},
+    {"role": "user", "content": "Hello world, how are you?"},
+    {"role": "assistant", "content": "Hi! Fine, thanks."},
+    {"role": "user", "content": "Zürich 😀 again?"},
+]
+
+
+def template_goldens():
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    cases = []
+    for name, template in TEMPLATES.items():
+        for agp in (False, True):
+            case = {"name": f"{name}_agp_{agp}", "template": template, "messages": TEMPLATE_MESSAGES,
+                    "add_generation_prompt": agp, "tools": TOOLS, "kwargs": {"bos_token": "<s>"}}
+            try:
+                rendered, _ = render_jinja_template(
+                    conversations=[copy.deepcopy(TEMPLATE_MESSAGES)],
+                    tools=copy.deepcopy(TOOLS),
+                    chat_template=template,
+                    add_generation_prompt=agp,
+                    bos_token="<s>",
+                )
+                case["text"] = rendered[0]
+            except Exception as e:  # noqa: BLE001
+                case["error"] = f"{type(e).__name__}: {e}"
+            cases.append(case)
+    return cases
 
 
 def main():
@@ -293,6 +378,8 @@ def main():
         )
         result["tokenizers"][name] = entry
 
+    result["templates"] = template_goldens()
+    n_cases += len(result["templates"])
     os.makedirs(os.path.dirname(OUT), exist_ok=True)
     with open(OUT, "w", encoding="utf-8") as f:
         json.dump(result, f, ensure_ascii=False, indent=1)
