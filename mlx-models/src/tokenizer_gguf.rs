@@ -1,0 +1,280 @@
+//! A tokenizer built from GGUF metadata (`tokenizer.ggml.*`), the way llama.cpp and transformers'
+//! GGUF converter (`integrations/gguf/gguf_tokenizer_mapping.py`) build it.
+//!
+//! Supported: byte-level BPE vocabularies (`tokenizer.ggml.model = "gpt2"`) with the
+//! pre-tokenizers named by `tokenizer.ggml.pre`:
+//!
+//! | `pre` | split |
+//! | --- | --- |
+//! | `gpt2`, `default` | GPT-2's byte-level regex |
+//! | `smollm` | digits one by one, then GPT-2's byte-level regex (SmolLM's `tokenizer.json`, llama.cpp's `smollm`) |
+//! | `llama3`, `llama-v3`, `llama-bpe`, `falcon3`, `falcon-h1`, `pixtral`, `midm-2.0`, `lfm2`, `jina-v5-nano`, `dbrx`, `smaug-bpe` | the Llama 3 regex, with whole-word vocabulary hits taking precedence over merges (llama.cpp's `ignore_merges`) |
+//! | `qwen2`, `deepseek-r1-qwen`, `kormo`, `f2llmv2`, `megrez` | the Qwen2 regex |
+//!
+//! Tokens of type 3 (control) become special added tokens, tokens of type 4 (user-defined) plain
+//! added tokens, neither normalized; a control token spelled outside the byte-level alphabet is a
+//! llama.cpp mislabel and is skipped, as transformers does. The decoder is byte-level. BOS/EOS are
+//! added on encode as `add_bos`/`add_eos` say; when `add_bos` is absent it defaults to llama.cpp's
+//! choice (on for the Llama 3 family, off otherwise).
+//!
+//! Like llama.cpp and transformers' converter, no Unicode normalizer is applied (the Qwen2
+//! `tokenizer.json` has NFC, which a GGUF does not record). Unlike transformers, no
+//! `<|endoftext|>` default is invented when the file names no such token.
+
+use serde_json::{Map, Value};
+use tokenizers::decoders::byte_level::ByteLevel;
+use tokenizers::models::bpe::BPE;
+use tokenizers::pre_tokenizers::digits::Digits;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior};
+
+use crate::chat_template::ChatTemplates;
+use crate::tokenizer::{Result, Tokenizer, TokenizerError};
+use crate::tokenizer_stream::byte_to_unicode;
+
+/// The tokenizer part of a GGUF file's metadata.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GgufTokenizerData {
+    /// `tokenizer.ggml.model`: `"gpt2"` (byte-level BPE) or `"llama"` (SentencePiece).
+    pub model: String,
+    /// `tokenizer.ggml.pre`: the pre-tokenizer name.
+    pub pre: Option<String>,
+    /// `tokenizer.ggml.tokens`.
+    pub tokens: Vec<String>,
+    /// `tokenizer.ggml.token_type` (1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused,
+    /// 6 byte).
+    pub token_types: Option<Vec<i32>>,
+    /// `tokenizer.ggml.merges`, each `"left right"`.
+    pub merges: Vec<String>,
+    /// `tokenizer.ggml.bos_token_id`.
+    pub bos_id: Option<u32>,
+    /// `tokenizer.ggml.eos_token_id`.
+    pub eos_id: Option<u32>,
+    /// `tokenizer.ggml.unknown_token_id`.
+    pub unk_id: Option<u32>,
+    /// `tokenizer.ggml.padding_token_id`.
+    pub pad_id: Option<u32>,
+    /// `tokenizer.ggml.add_bos_token`.
+    pub add_bos: Option<bool>,
+    /// `tokenizer.ggml.add_eos_token`.
+    pub add_eos: Option<bool>,
+    /// `tokenizer.chat_template`.
+    pub chat_template: Option<String>,
+}
+
+const LLAMA3_SPLIT: &str = concat!(
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}",
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+);
+
+const QWEN2_SPLIT: &str = concat!(
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}",
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+);
+
+/// The pre-tokenizer families this builder knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PreKind {
+    Gpt2,
+    SmolLm,
+    Llama3,
+    Qwen2,
+}
+
+const PRE_NAMES: &[(&str, PreKind)] = &[
+    ("gpt2", PreKind::Gpt2),
+    ("default", PreKind::Gpt2),
+    ("smollm", PreKind::SmolLm),
+    ("llama3", PreKind::Llama3),
+    ("llama-v3", PreKind::Llama3),
+    ("llama-bpe", PreKind::Llama3),
+    ("falcon3", PreKind::Llama3),
+    ("falcon-h1", PreKind::Llama3),
+    ("pixtral", PreKind::Llama3),
+    ("midm-2.0", PreKind::Llama3),
+    ("lfm2", PreKind::Llama3),
+    ("jina-v5-nano", PreKind::Llama3),
+    ("dbrx", PreKind::Llama3),
+    ("smaug-bpe", PreKind::Llama3),
+    ("qwen2", PreKind::Qwen2),
+    ("deepseek-r1-qwen", PreKind::Qwen2),
+    ("kormo", PreKind::Qwen2),
+    ("f2llmv2", PreKind::Qwen2),
+    ("megrez", PreKind::Qwen2),
+];
+
+/// The `pre` names [`GgufTokenizerData::build`] supports.
+pub fn supported_pre_tokenizers() -> Vec<&'static str> {
+    PRE_NAMES.iter().map(|(n, _)| *n).collect()
+}
+
+fn split(pattern: &str) -> Result<PreTokenizerWrapper> {
+    let s = Split::new(
+        SplitPattern::Regex(pattern.to_string()),
+        SplitDelimiterBehavior::Isolated,
+        false,
+    )
+    .map_err(|e| TokenizerError::Backend(format!("pre-tokenizer regex: {e}")))?;
+    Ok(PreTokenizerWrapper::Split(s))
+}
+
+impl PreKind {
+    fn pre_tokenizer(self) -> Result<PreTokenizerWrapper> {
+        Ok(match self {
+            // GPT2Tokenizer: ByteLevel(add_prefix_space=False) with its own regex.
+            Self::Gpt2 => PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, true)),
+            Self::SmolLm => PreTokenizerWrapper::Sequence(Sequence::new(vec![
+                PreTokenizerWrapper::Digits(Digits::new(true)),
+                PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, true)),
+            ])),
+            Self::Llama3 => PreTokenizerWrapper::Sequence(Sequence::new(vec![
+                split(LLAMA3_SPLIT)?,
+                PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, false)),
+            ])),
+            Self::Qwen2 => PreTokenizerWrapper::Sequence(Sequence::new(vec![
+                split(QWEN2_SPLIT)?,
+                PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, false)),
+            ])),
+        })
+    }
+}
+
+/// Whether every character of `token` is in GPT-2's byte-level alphabet.
+fn is_byte_level_spelled(token: &str, alphabet: &std::collections::HashSet<char>) -> bool {
+    token.chars().all(|c| alphabet.contains(&c))
+}
+
+impl GgufTokenizerData {
+    /// Builds the tokenizer. Errors name what is unsupported or inconsistent.
+    pub fn build(&self) -> Result<Tokenizer> {
+        if self.model != "gpt2" {
+            return Err(TokenizerError::Invalid(format!(
+                "GGUF tokenizer model {:?} is not supported; supported: [\"gpt2\"] \
+                 (byte-level BPE)",
+                self.model
+            )));
+        }
+        let pre_name = self.pre.as_deref().unwrap_or("default");
+        let kind = PRE_NAMES
+            .iter()
+            .find(|(n, _)| *n == pre_name)
+            .map(|(_, k)| *k)
+            .ok_or_else(|| {
+                TokenizerError::Invalid(format!(
+                    "GGUF pre-tokenizer {pre_name:?} is not supported; supported: {:?}",
+                    supported_pre_tokenizers()
+                ))
+            })?;
+        let n = self.tokens.len();
+        if let Some(types) = &self.token_types {
+            if types.len() != n {
+                return Err(TokenizerError::Invalid(format!(
+                    "GGUF token_type has {} entries for {n} tokens",
+                    types.len()
+                )));
+            }
+        }
+        for (what, id) in [
+            ("bos", self.bos_id),
+            ("eos", self.eos_id),
+            ("unk", self.unk_id),
+            ("pad", self.pad_id),
+        ] {
+            if let Some(id) = id {
+                if id as usize >= n {
+                    return Err(TokenizerError::Invalid(format!(
+                        "GGUF {what} token id {id} is outside the vocabulary of {n} tokens"
+                    )));
+                }
+            }
+        }
+
+        // transformers' byte_level_tokenizer: tokens spelled outside the byte alphabet are
+        // re-spelled byte by byte.
+        let alphabet: std::collections::HashSet<char> = (0..=255u8).map(byte_to_unicode).collect();
+        let mut vocab: Vec<(String, u32)> = Vec::with_capacity(n);
+        for (i, t) in self.tokens.iter().enumerate() {
+            let spelled = if is_byte_level_spelled(t, &alphabet) {
+                t.clone()
+            } else {
+                t.bytes().map(byte_to_unicode).collect()
+            };
+            // A later duplicate wins, as in a Python dict comprehension.
+            vocab.push((spelled, i as u32));
+        }
+        let mut merges: Vec<(String, String)> = Vec::with_capacity(self.merges.len());
+        for m in &self.merges {
+            let mut parts = m.split(' ');
+            match (parts.next(), parts.next(), parts.next()) {
+                (Some(a), Some(b), None) => merges.push((a.to_string(), b.to_string())),
+                _ => {
+                    return Err(TokenizerError::Invalid(format!(
+                        "GGUF merge {m:?} is not two tokens separated by one space"
+                    )))
+                }
+            }
+        }
+        let bpe = BPE::builder()
+            .vocab_and_merges(
+                vocab
+                    .into_iter()
+                    .collect::<tokenizers::models::bpe::Vocab>(),
+                merges,
+            )
+            .ignore_merges(kind == PreKind::Llama3)
+            .build()
+            .map_err(|e| TokenizerError::Backend(format!("building BPE: {e}")))?;
+        let mut inner = tokenizers::Tokenizer::new(bpe);
+        inner.with_pre_tokenizer(Some(kind.pre_tokenizer()?));
+        inner.with_decoder(Some(ByteLevel::default()));
+
+        if let Some(types) = &self.token_types {
+            let control: Vec<AddedToken> = self
+                .tokens
+                .iter()
+                .zip(types)
+                .filter(|(t, ty)| **ty == 3 && is_byte_level_spelled(t, &alphabet))
+                .map(|(t, _)| AddedToken::from(t.clone(), true).normalized(false))
+                .collect();
+            if !control.is_empty() {
+                inner
+                    .add_special_tokens(control)
+                    .map_err(|e| TokenizerError::Backend(format!("adding control tokens: {e}")))?;
+            }
+            let user: Vec<AddedToken> = self
+                .tokens
+                .iter()
+                .zip(types)
+                .filter(|(t, ty)| **ty == 4 && inner.token_to_id(t).is_some())
+                .map(|(t, _)| AddedToken::from(t.clone(), false).normalized(false))
+                .collect();
+            if !user.is_empty() {
+                inner.add_tokens(user).map_err(|e| {
+                    TokenizerError::Backend(format!("adding user-defined tokens: {e}"))
+                })?;
+            }
+        }
+
+        let token = |id: Option<u32>| -> Value {
+            id.and_then(|i| self.tokens.get(i as usize))
+                .map_or(Value::Null, |t| Value::String(t.clone()))
+        };
+        let mut config = Map::new();
+        config.insert("bos_token".into(), token(self.bos_id));
+        config.insert("eos_token".into(), token(self.eos_id));
+        config.insert("unk_token".into(), token(self.unk_id));
+        config.insert("pad_token".into(), token(self.pad_id));
+        let add_bos = self.add_bos.unwrap_or(kind == PreKind::Llama3);
+        config.insert("add_bos_token".into(), Value::Bool(add_bos));
+        config.insert(
+            "add_eos_token".into(),
+            Value::Bool(self.add_eos.unwrap_or(false)),
+        );
+        let mut tok = Tokenizer::from_parts(inner, &config, &[])?;
+        if let Some(t) = &self.chat_template {
+            tok.set_chat_template(Some(ChatTemplates::Single(t.clone())));
+        }
+        Ok(tok)
+    }
+}
