@@ -15,5 +15,7 @@
 #include "mlxs/core.h"
 #include "mlxs/ops.h"
 #include "mlxs/io.h"
+#include "mlxs/transforms.h"
+#include "mlxs/kernels.h"
 
 #endif
