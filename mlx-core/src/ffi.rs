@@ -69,6 +69,36 @@ impl VecHandle {
         }
         Ok(v)
     }
+
+    /// The arrays held, as new owned handles (the vector keeps its own).
+    pub(crate) fn to_arrays(&self, op: &'static str) -> Result<Vec<Array>> {
+        // SAFETY: live vector handle.
+        let n = unsafe { sys::mlxs_vec_size(self.0) };
+        (0..n)
+            .map(|i| {
+                // SAFETY: live vector handle; i < size; the shim writes an owned handle.
+                array_out(op, |o| unsafe { sys::mlxs_vec_get(o, self.0, i) })
+            })
+            .collect()
+    }
+}
+
+/// Calls a shim function that writes one vector handle (a multi-output op), and returns its
+/// arrays.
+pub(crate) fn vec_out(
+    op: &'static str,
+    f: impl FnOnce(*mut sys::mlxs_vec) -> std::os::raw::c_int,
+) -> Result<Vec<Array>> {
+    let mut out: sys::mlxs_vec = std::ptr::null_mut();
+    check(op, f(&mut out))?;
+    if out.is_null() {
+        return Err(Error::Mlx {
+            op,
+            message: "the shim returned a null vector".into(),
+        });
+    }
+    // On success the shim wrote a fresh, owned handle; VecHandle frees it.
+    VecHandle(out).to_arrays(op)
 }
 
 impl Drop for VecHandle {

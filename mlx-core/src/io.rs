@@ -1,4 +1,5 @@
-//! File I/O through MLX's own loaders: safetensors (lazy, with metadata) and `.npy`.
+//! File I/O through MLX's own loaders: safetensors (lazy, with metadata), GGUF (lazy, with
+//! typed metadata) and `.npy`.
 
 use std::collections::BTreeMap;
 use std::ffi::{CStr, CString};
@@ -8,8 +9,9 @@ use mlx_sys as sys;
 
 use crate::array::Array;
 use crate::device::{raw, Stream};
+use crate::dtype::Dtype;
 use crate::error::{Error, Result};
-use crate::ffi::{array_out, check};
+use crate::ffi::{array_out, check, value_out};
 
 /// Tensors by name, in sorted order.
 pub type ArrayMap = BTreeMap<String, Array>;
@@ -212,5 +214,553 @@ fn with_path(e: Error, path: &Path) -> Error {
             message: format!("{message} (file {})", path.display()),
         },
         other => other,
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// GGUF
+// ---------------------------------------------------------------------------------------
+
+/// A GGUF metadata value as MLX loads it.
+#[derive(Debug, Clone)]
+pub enum GgufValue {
+    /// A value MLX does not represent.
+    None,
+    /// Numbers and booleans: a scalar is a 0-d array (its GGUF type gives the dtype, e.g.
+    /// `uint32`), a number list a 1-d array.
+    Array(Array),
+    /// A string.
+    String(String),
+    /// A list of strings (e.g. `tokenizer.ggml.tokens`).
+    Strings(Vec<String>),
+}
+
+impl GgufValue {
+    fn kind(&self) -> &'static str {
+        match self {
+            GgufValue::None => "none",
+            GgufValue::Array(_) => "an array",
+            GgufValue::String(_) => "a string",
+            GgufValue::Strings(_) => "a string list",
+        }
+    }
+}
+
+/// GGUF metadata by key, with typed getters. The getters fail with a message naming the key
+/// when it is missing or holds another kind of value; [`GgufMetadata::get`] is the
+/// non-failing lookup for optional keys.
+#[derive(Debug, Clone, Default)]
+pub struct GgufMetadata {
+    values: BTreeMap<String, GgufValue>,
+}
+
+impl GgufMetadata {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The value of `key`, if present.
+    pub fn get(&self, key: &str) -> Option<&GgufValue> {
+        self.values.get(key)
+    }
+
+    pub fn contains_key(&self, key: &str) -> bool {
+        self.values.contains_key(key)
+    }
+
+    /// Inserts or replaces a value.
+    pub fn insert(&mut self, key: impl Into<String>, value: GgufValue) {
+        self.values.insert(key.into(), value);
+    }
+
+    pub fn len(&self) -> usize {
+        self.values.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+
+    /// Keys and values in sorted key order.
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &GgufValue)> {
+        self.values.iter()
+    }
+
+    pub fn keys(&self) -> impl Iterator<Item = &String> {
+        self.values.keys()
+    }
+
+    /// The underlying map.
+    pub fn into_inner(self) -> BTreeMap<String, GgufValue> {
+        self.values
+    }
+
+    fn need(&self, key: &str) -> Result<&GgufValue> {
+        self.values
+            .get(key)
+            .ok_or_else(|| Error::invalid("gguf_metadata", format!("no key {key:?}")))
+    }
+
+    fn wrong(key: &str, want: &str, got: &GgufValue) -> Error {
+        Error::invalid(
+            "gguf_metadata",
+            format!("{key:?} is {}, not {want}", got.kind()),
+        )
+    }
+
+    /// A string value.
+    pub fn get_str(&self, key: &str) -> Result<&str> {
+        match self.need(key)? {
+            GgufValue::String(s) => Ok(s),
+            other => Err(Self::wrong(key, "a string", other)),
+        }
+    }
+
+    /// A string-list value.
+    pub fn get_strings(&self, key: &str) -> Result<&[String]> {
+        match self.need(key)? {
+            GgufValue::Strings(v) => Ok(v),
+            other => Err(Self::wrong(key, "a string list", other)),
+        }
+    }
+
+    /// An array value (numbers or booleans, any shape).
+    pub fn get_array(&self, key: &str) -> Result<&Array> {
+        match self.need(key)? {
+            GgufValue::Array(a) => Ok(a),
+            other => Err(Self::wrong(key, "an array", other)),
+        }
+    }
+
+    fn scalar(&self, key: &str) -> Result<&Array> {
+        let a = self.get_array(key)?;
+        if a.ndim() != 0 {
+            return Err(Error::invalid(
+                "gguf_metadata",
+                format!("{key:?} is an array of shape {:?}, not a scalar", a.shape()),
+            ));
+        }
+        Ok(a)
+    }
+
+    fn integer(&self, key: &str) -> Result<i128> {
+        let a = self.scalar(key)?;
+        Ok(match a.dtype() {
+            Dtype::Bool => i128::from(a.item::<bool>()?),
+            Dtype::Uint8 => a.item::<u8>()?.into(),
+            Dtype::Uint16 => a.item::<u16>()?.into(),
+            Dtype::Uint32 => a.item::<u32>()?.into(),
+            Dtype::Uint64 => a.item::<u64>()?.into(),
+            Dtype::Int8 => a.item::<i8>()?.into(),
+            Dtype::Int16 => a.item::<i16>()?.into(),
+            Dtype::Int32 => a.item::<i32>()?.into(),
+            Dtype::Int64 => a.item::<i64>()?.into(),
+            d => {
+                return Err(Error::invalid(
+                    "gguf_metadata",
+                    format!("{key:?} is a {d} scalar, not an integer"),
+                ))
+            }
+        })
+    }
+
+    /// A non-negative integer scalar (any integer dtype).
+    pub fn get_u64(&self, key: &str) -> Result<u64> {
+        let v = self.integer(key)?;
+        u64::try_from(v)
+            .map_err(|_| Error::invalid("gguf_metadata", format!("{key:?} = {v} is not a u64")))
+    }
+
+    /// An integer scalar (any integer dtype) that fits in `i64`.
+    pub fn get_i64(&self, key: &str) -> Result<i64> {
+        let v = self.integer(key)?;
+        i64::try_from(v)
+            .map_err(|_| Error::invalid("gguf_metadata", format!("{key:?} = {v} is not an i64")))
+    }
+
+    /// A floating-point scalar as `f32` (MLX loads GGUF floats as `float32`).
+    pub fn get_f32(&self, key: &str) -> Result<f32> {
+        let a = self.scalar(key)?;
+        match a.dtype() {
+            Dtype::Float32 => a.item::<f32>(),
+            Dtype::Float16 => Ok(a.item::<half::f16>()?.to_f32()),
+            Dtype::Bfloat16 => Ok(a.item::<half::bf16>()?.to_f32()),
+            d => Err(Error::invalid(
+                "gguf_metadata",
+                format!("{key:?} is a {d} scalar, not a float"),
+            )),
+        }
+    }
+
+    /// A boolean scalar.
+    pub fn get_bool(&self, key: &str) -> Result<bool> {
+        let a = self.scalar(key)?;
+        match a.dtype() {
+            Dtype::Bool => a.item::<bool>(),
+            d => Err(Error::invalid(
+                "gguf_metadata",
+                format!("{key:?} is a {d} scalar, not a bool"),
+            )),
+        }
+    }
+}
+
+impl<'a> IntoIterator for &'a GgufMetadata {
+    type Item = (&'a String, &'a GgufValue);
+    type IntoIter = std::collections::btree_map::Iter<'a, String, GgufValue>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.values.iter()
+    }
+}
+
+impl FromIterator<(String, GgufValue)> for GgufMetadata {
+    fn from_iter<T: IntoIterator<Item = (String, GgufValue)>>(iter: T) -> Self {
+        GgufMetadata {
+            values: iter.into_iter().collect(),
+        }
+    }
+}
+
+/// An owned `mlxs_gguf_meta`.
+struct GgufMetaHandle(sys::mlxs_gguf_meta);
+
+impl Drop for GgufMetaHandle {
+    fn drop(&mut self) {
+        // SAFETY: owned handle.
+        unsafe { sys::mlxs_gguf_meta_free(self.0) }
+    }
+}
+
+/// Copies `len` bytes at `data` into a `String` (GGUF strings are UTF-8; invalid bytes are
+/// replaced with U+FFFD).
+///
+/// # Safety
+/// `data` must be valid for reads of `len` bytes (or `len` is 0).
+unsafe fn gguf_string(data: *const std::os::raw::c_char, len: usize) -> String {
+    if len == 0 || data.is_null() {
+        return String::new();
+    }
+    // SAFETY: per the contract.
+    let bytes = unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) };
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+impl GgufMetaHandle {
+    fn new() -> Self {
+        // SAFETY: no preconditions; owned handle.
+        GgufMetaHandle(unsafe { sys::mlxs_gguf_meta_new() })
+    }
+
+    fn to_metadata(&self, op: &'static str) -> Result<GgufMetadata> {
+        let m = self.0;
+        // SAFETY: live handle.
+        let n = unsafe { sys::mlxs_gguf_meta_size(m) };
+        let mut out = BTreeMap::new();
+        for i in 0..n {
+            // SAFETY: i < size: the key pointer is valid while the map is unchanged; copied.
+            let key = unsafe { CStr::from_ptr(sys::mlxs_gguf_meta_key(m, i)) }
+                .to_string_lossy()
+                .into_owned();
+            // SAFETY: live handle, index in range.
+            let kind = unsafe { sys::mlxs_gguf_meta_kind(m, i) };
+            let value = match kind {
+                                sys::mlxs_gguf_kind_MLXS_GGUF_ARRAY => GgufValue::Array(array_out(op, |o| {
+                    // SAFETY: live handle, index in range, kind checked.
+                    unsafe { sys::mlxs_gguf_meta_array(o, m, i) }
+                })?),
+                sys::mlxs_gguf_kind_MLXS_GGUF_STRING => {
+                    let (mut data, mut len) = (std::ptr::null(), 0usize);
+                    // SAFETY: live handle, index in range, kind checked; out pointers valid.
+                    check(op, unsafe {
+                        sys::mlxs_gguf_meta_string(&mut data, &mut len, m, i)
+                    })?;
+                    // SAFETY: the shim returned len readable bytes, valid while m lives.
+                    GgufValue::String(unsafe { gguf_string(data, len) })
+                }
+                sys::mlxs_gguf_kind_MLXS_GGUF_STRINGS => {
+                    // SAFETY: live handle, index in range, kind checked.
+                    let count = value_out(op, |o| unsafe {
+                        sys::mlxs_gguf_meta_strings_len(o, m, i)
+                    })?;
+                    let mut v = Vec::with_capacity(count);
+                    for j in 0..count {
+                        let (mut data, mut len) = (std::ptr::null(), 0usize);
+                        // SAFETY: live handle, indices in range; out pointers valid.
+                        check(op, unsafe {
+                            sys::mlxs_gguf_meta_strings_get(&mut data, &mut len, m, i, j)
+                        })?;
+                        // SAFETY: the shim returned len readable bytes, valid while m lives.
+                        v.push(unsafe { gguf_string(data, len) });
+                    }
+                    GgufValue::Strings(v)
+                }
+                _ => GgufValue::None,
+            };
+            out.insert(key, value);
+        }
+        Ok(GgufMetadata { values: out })
+    }
+
+    fn from_metadata(op: &'static str, meta: &GgufMetadata) -> Result<Self> {
+        let h = GgufMetaHandle::new();
+        for (k, v) in meta {
+            let key = c_string(op, k)?;
+            let status = match v {
+                // SAFETY: live handle, NUL-terminated key.
+                GgufValue::None => unsafe { sys::mlxs_gguf_meta_insert_none(h.0, key.as_ptr()) },
+                // SAFETY: live handles, NUL-terminated key.
+                GgufValue::Array(a) => unsafe {
+                    sys::mlxs_gguf_meta_insert_array(h.0, key.as_ptr(), a.as_raw())
+                },
+                // SAFETY: the string's bytes are valid for its length; copied by the shim.
+                GgufValue::String(s) => unsafe {
+                    sys::mlxs_gguf_meta_insert_string(h.0, key.as_ptr(), s.as_ptr().cast(), s.len())
+                },
+                GgufValue::Strings(list) => {
+                    let ptrs: Vec<*const std::os::raw::c_char> =
+                        list.iter().map(|s| s.as_ptr().cast()).collect();
+                    let lens: Vec<usize> = list.iter().map(String::len).collect();
+                    // SAFETY: ptrs[j] is valid for lens[j] bytes; both vectors hold n items;
+                    // the shim copies them.
+                    unsafe {
+                        sys::mlxs_gguf_meta_insert_strings(
+                            h.0,
+                            key.as_ptr(),
+                            ptrs.as_ptr(),
+                            lens.as_ptr(),
+                            list.len(),
+                        )
+                    }
+                }
+            };
+            check(op, status)?;
+        }
+        Ok(h)
+    }
+}
+
+/// Loads every tensor of a `.gguf` file (lazily) and its metadata, as `mx.load(path,
+/// return_metadata=True)` does.
+///
+/// Tensor names are the file's. `Q4_0`, `Q4_1` and `Q8_0` tensors come back as MLX affine
+/// quantized triples with group size 32 (bits 4 or 8): `<prefix>.weight` (`uint32`),
+/// `<prefix>.scales` and `<prefix>.biases` (`float16`), where `<prefix>` is the name without
+/// `.weight`; `F32`/`F16` tensors keep their dtype; other quantized types are dequantized to
+/// `float16`.
+///
+/// Before MLX reads the file, its header is checked here, so that files that would crash
+/// MLX 0.32.4's GGUF reader are errors instead: a `FLOAT64` metadata value in a file with
+/// tensors, and tensors of more than 8 dimensions. A missing, truncated or malformed file is
+/// an error naming the file.
+pub fn load_gguf(path: impl AsRef<Path>, s: Option<&Stream>) -> Result<(ArrayMap, GgufMetadata)> {
+    let op = "load_gguf";
+    let path = path.as_ref();
+    require_file(path)?;
+    gguf_check::check(path)?;
+    let p = c_path(op, path)?;
+    let mut arrays: sys::mlxs_map = std::ptr::null_mut();
+    let mut meta: sys::mlxs_gguf_meta = std::ptr::null_mut();
+    // SAFETY: NUL-terminated path; owned handles out on success.
+    check(op, unsafe {
+        sys::mlxs_load_gguf(&mut arrays, &mut meta, p.as_ptr(), raw(s))
+    })
+    .map_err(|e| with_path(e, path))?;
+    let (arrays, meta) = (MapHandle(arrays), GgufMetaHandle(meta));
+    Ok((arrays.to_map(op)?, meta.to_metadata(op)?))
+}
+
+/// Writes tensors and metadata to a `.gguf` file (MLX's writer: float and integer tensors
+/// only, no quantized GGUF types). Written beside the target and renamed into place.
+pub fn save_gguf<'a>(
+    path: impl AsRef<Path>,
+    arrays: impl IntoIterator<Item = (&'a str, &'a Array)>,
+    metadata: &GgufMetadata,
+) -> Result<()> {
+    let op = "save_gguf";
+    let path = path.as_ref();
+    let m = MapHandle::from_arrays(op, arrays)?;
+    let meta = GgufMetaHandle::from_metadata(op, metadata)?;
+    // MLX appends ".gguf" to names without it, so the temporary keeps the suffix.
+    let tmp = path.with_file_name(format!(
+        ".{}.{}.partial.gguf",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("out"),
+        std::process::id()
+    ));
+    let p = c_path(op, &tmp)?;
+    // SAFETY: live handles, NUL-terminated path.
+    let status = check(op, unsafe {
+        sys::mlxs_save_gguf(p.as_ptr(), m.0, meta.0)
+    });
+    if let Err(e) = status {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(with_path(e, path));
+    }
+    std::fs::rename(&tmp, path).map_err(|e| Error::Io {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    })
+}
+
+/// A reading pass over a GGUF header (metadata and tensor infos, not the data) that rejects
+/// what MLX 0.32.4's reader cannot survive. Everything else is left to MLX.
+mod gguf_check {
+    use std::fs::File;
+    use std::io::{BufReader, Read, Seek, SeekFrom};
+    use std::path::Path;
+
+    use crate::error::{Error, Result};
+
+    const STRING: u32 = 8;
+    const ARRAY: u32 = 9;
+    const FLOAT64: u32 = 12;
+    /// GGUF_TENSOR_MAX_DIM of the gguflib that MLX vendors (it asserts, aborting the process).
+    const MAX_DIMS: u32 = 8;
+
+    struct Reader {
+        r: BufReader<File>,
+        pos: u64,
+        len: u64,
+    }
+
+    impl Reader {
+        fn need(&self, n: u64, what: &str) -> std::result::Result<(), String> {
+            if self.pos.checked_add(n).is_none_or(|end| end > self.len) {
+                Err(format!(
+                    "{what} at byte {} extends past the end of the file ({} bytes); \
+                     truncated or corrupt?",
+                    self.pos, self.len
+                ))
+            } else {
+                Ok(())
+            }
+        }
+        fn bytes<const N: usize>(&mut self, what: &str) -> std::result::Result<[u8; N], String> {
+            self.need(N as u64, what)?;
+            let mut b = [0u8; N];
+            self.r.read_exact(&mut b).map_err(|e| e.to_string())?;
+            self.pos += N as u64;
+            Ok(b)
+        }
+        fn u32(&mut self, what: &str) -> std::result::Result<u32, String> {
+            Ok(u32::from_le_bytes(self.bytes::<4>(what)?))
+        }
+        fn u64(&mut self, what: &str) -> std::result::Result<u64, String> {
+            Ok(u64::from_le_bytes(self.bytes::<8>(what)?))
+        }
+        fn skip(&mut self, n: u64, what: &str) -> std::result::Result<(), String> {
+            self.need(n, what)?;
+            let off = i64::try_from(n).map_err(|_| format!("{what}: size {n} too large"))?;
+            self.r.seek_relative(off).map_err(|e| e.to_string())?;
+            self.pos += n;
+            Ok(())
+        }
+        fn string(&mut self, what: &str) -> std::result::Result<String, String> {
+            let n = self.u64(what)?;
+            self.need(n, what)?;
+            let n = usize::try_from(n).map_err(|_| format!("{what}: length {n} too large"))?;
+            let mut b = vec![0u8; n];
+            self.r.read_exact(&mut b).map_err(|e| e.to_string())?;
+            self.pos += n as u64;
+            Ok(String::from_utf8_lossy(&b).into_owned())
+        }
+    }
+
+    fn scalar_size(t: u32) -> Option<u64> {
+        Some(match t {
+            0 | 1 | 7 => 1, // u8, i8, bool
+            2 | 3 => 2,     // u16, i16
+            4..=6 => 4,     // u32, i32, f32
+            10..=12 => 8,   // u64, i64, f64
+            _ => return None,
+        })
+    }
+
+    fn scan(r: &mut Reader) -> std::result::Result<(), String> {
+        if &r.bytes::<4>("the magic number")? != b"GGUF" {
+            return Err("not a GGUF file (no GGUF magic number)".into());
+        }
+        let version = r.u32("the version")?;
+        if version < 2 {
+            return Err(format!("GGUF version {version} is not supported"));
+        }
+        let n_tensors = r.u64("the tensor count")?;
+        let n_kv = r.u64("the metadata count")?;
+        for _ in 0..n_kv {
+            let key = r.string("a metadata key")?;
+            let t = r.u32("a metadata type")?;
+            let what = format!("metadata value {key:?}");
+            if t == FLOAT64 && n_tensors > 0 {
+                return Err(format!(
+                    "metadata value {key:?} is a FLOAT64, which MLX 0.32.4's GGUF reader \
+                     cannot skip in a file with tensors (it would crash)"
+                ));
+            }
+            if t == STRING {
+                let n = r.u64(&what)?;
+                r.skip(n, &what)?;
+            } else if t == ARRAY {
+                let et = r.u32(&what)?;
+                let count = r.u64(&what)?;
+                if et == FLOAT64 {
+                    return Err(format!(
+                        "metadata value {key:?} is a FLOAT64 array, which MLX 0.32.4's GGUF \
+                         reader cannot read (it would crash)"
+                    ));
+                }
+                if et == STRING {
+                    for _ in 0..count {
+                        let n = r.u64(&what)?;
+                        r.skip(n, &what)?;
+                    }
+                } else if et == ARRAY {
+                    return Err(format!(
+                        "metadata value {key:?} is a nested array, which MLX does not load"
+                    ));
+                } else {
+                    let size = scalar_size(et)
+                        .ok_or_else(|| format!("{what} has unknown element type {et}"))?;
+                    let total = size
+                        .checked_mul(count)
+                        .ok_or_else(|| format!("{what}: {count} elements is too many"))?;
+                    r.skip(total, &what)?;
+                }
+            } else {
+                let size = scalar_size(t).ok_or_else(|| format!("{what} has unknown type {t}"))?;
+                r.skip(size, &what)?;
+            }
+        }
+        for _ in 0..n_tensors {
+            let name = r.string("a tensor name")?;
+            let what = format!("tensor {name:?}");
+            let ndim = r.u32(&what)?;
+            if ndim > MAX_DIMS {
+                return Err(format!(
+                    "tensor {name:?} has {ndim} dimensions; MLX's GGUF reader supports at most \
+                     {MAX_DIMS}"
+                ));
+            }
+            r.skip(8 * u64::from(ndim) + 4 + 8, &what)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn check(path: &Path) -> Result<()> {
+        let io_err = |message: String| Error::Io {
+            path: path.display().to_string(),
+            message,
+        };
+        let file = File::open(path).map_err(|e| io_err(e.to_string()))?;
+        let len = file.metadata().map_err(|e| io_err(e.to_string()))?.len();
+        let mut r = Reader {
+            r: BufReader::with_capacity(1 << 16, file),
+            pos: 0,
+            len,
+        };
+        r.r.seek(SeekFrom::Start(0))
+            .map_err(|e| io_err(e.to_string()))?;
+        scan(&mut r).map_err(|m| Error::InvalidArgument {
+            op: "load_gguf",
+            message: format!("{}: {m}", path.display()),
+        })
     }
 }

@@ -24,12 +24,15 @@ pub mod compile;
 mod device;
 mod dtype;
 mod error;
+pub mod fast;
 mod ffi;
 pub mod io;
 pub mod kernels;
 pub mod memory;
 mod operators;
 pub mod ops;
+pub mod quantized;
+pub mod random;
 mod scalar;
 pub mod testing;
 pub mod transforms;
@@ -56,6 +59,7 @@ pub mod prelude {
         self, checkpoint, custom_vjp, grad, jvp, stop_gradient, value_and_grad,
         value_and_grad_tree, vjp, Function, ParamMap,
     };
+    pub use crate::{fast, quantized, random};
     pub use crate::{eval, Array, Device, Dtype, Error, Result, Scalar, Stream};
     pub use half::{bf16, f16};
 }

@@ -1,7 +1,12 @@
-//! `+ - * /` and unary `-` on arrays and weak scalars. Every operator returns
-//! `Result<Array>`, so expressions read `((&a * &b)? + 1.0)?`.
+//! `+ - * / %`, `& | ^ << >>`, unary `-` and `!` on arrays and weak scalars. Every operator
+//! returns `Result<Array>`, so expressions read `((&a * &b)? + 1.0)?`. As in Python, `%` is
+//! [`ops::remainder`] (the sign of the divisor), `& | ^` are bitwise (logical on bools) and
+//! `!` is Python's `~` (logical not on bools, bitwise not on integers). Comparisons are
+//! methods (`a.less(&b)`), since `PartialOrd` cannot return an array.
 
-use std::ops::{Add, Div, Mul, Neg, Sub};
+use std::ops::{Add, BitAnd, BitOr, BitXor, Div, Mul, Neg, Not, Rem, Shl, Shr, Sub};
+
+use crate::dtype::Dtype;
 
 use crate::array::Array;
 use crate::error::Result;
@@ -69,6 +74,12 @@ array_operator!(Add, add, ops::add);
 array_operator!(Sub, sub, ops::subtract);
 array_operator!(Mul, mul, ops::multiply);
 array_operator!(Div, div, ops::divide);
+array_operator!(Rem, rem, ops::remainder);
+array_operator!(BitAnd, bitand, ops::bitwise_and);
+array_operator!(BitOr, bitor, ops::bitwise_or);
+array_operator!(BitXor, bitxor, ops::bitwise_xor);
+array_operator!(Shl, shl, ops::left_shift);
+array_operator!(Shr, shr, ops::right_shift);
 
 impl Neg for &Array {
     type Output = Result<Array>;
@@ -81,5 +92,27 @@ impl Neg for Array {
     type Output = Result<Array>;
     fn neg(self) -> Result<Array> {
         ops::negative(&self, None)
+    }
+}
+
+fn invert(a: &Array) -> Result<Array> {
+    if a.dtype() == Dtype::Bool {
+        ops::logical_not(a, None)
+    } else {
+        ops::bitwise_invert(a, None)
+    }
+}
+
+impl Not for &Array {
+    type Output = Result<Array>;
+    fn not(self) -> Result<Array> {
+        invert(self)
+    }
+}
+
+impl Not for Array {
+    type Output = Result<Array>;
+    fn not(self) -> Result<Array> {
+        invert(&self)
     }
 }

@@ -43,9 +43,8 @@ use mlx_sys as sys;
 
 use crate::array::Array;
 use crate::closure::{self, check_cb, take_vec, ArrayFn, Closure, Scoped, VjpFn};
-use crate::device::{raw, Stream};
 use crate::error::{Error, Result};
-use crate::ffi::{array_out, VecHandle};
+use crate::ffi::VecHandle;
 
 /// Runs a shim transform that writes two vectors.
 fn two_vecs(
@@ -271,10 +270,5 @@ where
     Ok(Function { closure })
 }
 
-/// The identity, with a zero gradient: transforms treat the result as a constant.
-pub fn stop_gradient(a: &Array, s: Option<&Stream>) -> Result<Array> {
-    // SAFETY: live handle; the shim writes an owned handle on success.
-    array_out("stop_gradient", |o| unsafe {
-        sys::mlxs_stop_gradient(o, a.as_raw(), raw(s))
-    })
-}
+/// The identity, with a zero gradient (re-exported from [`crate::ops`]).
+pub use crate::ops::stop_gradient;

@@ -62,8 +62,9 @@ fn bad_files_are_errors() {
     let bytes = std::fs::read(&good).unwrap();
     let cut = dir.join("cut.safetensors");
     std::fs::write(&cut, &bytes[..bytes.len() - 100]).unwrap();
-    let result = load_safetensors(&cut, None).and_then(|(m, _)| m["a"].to_vec::<f32>());
-    assert!(result.is_err(), "a truncated file must not load");
+    let err = load_safetensors(&cut, None).expect_err("a truncated file must not load");
+    // MLX checks the header's offsets against the file size when opening it.
+    assert!(err.to_string().contains("cut.safetensors"), "{err}");
 
     let err = load_npy(dir.join("nope.npy"), None).expect_err("missing npy");
     assert!(err.to_string().contains("nope.npy"), "{err}");

@@ -3,6 +3,24 @@
 
 using namespace mlxs;
 
+struct mlxs_gguf_meta_ {
+  std::vector<std::pair<std::string, mx::GGUFMetaData>> items;  // sorted by key
+};
+
+namespace {
+
+std::pair<std::string, mx::GGUFMetaData>& gguf_item(mlxs_gguf_meta m, size_t i) {
+  if (!m || i >= m->items.size()) throw std::out_of_range("[gguf_meta] index out of range");
+  return m->items[i];
+}
+
+void gguf_insert(mlxs_gguf_meta m, const char* key, mx::GGUFMetaData v) {
+  if (!m) throw std::invalid_argument("[gguf_meta] null map");
+  sorted_insert(m->items, std::string(cstr(key, "key")), std::move(v));
+}
+
+}  // namespace
+
 extern "C" {
 
 mlxs_map mlxs_map_new(void) { return new mlxs_map_{}; }
@@ -68,6 +86,106 @@ int mlxs_load_npy(mlxs_array* out, const char* path, mlxs_stream s) {
 }
 int mlxs_save_npy(const char* path, mlxs_array a) {
   return guard([&] { mx::save(std::string(cstr(path, "path")), A(a)); });
+}
+
+mlxs_gguf_meta mlxs_gguf_meta_new(void) { return new mlxs_gguf_meta_{}; }
+void mlxs_gguf_meta_free(mlxs_gguf_meta m) { delete m; }
+size_t mlxs_gguf_meta_size(mlxs_gguf_meta m) { return m ? m->items.size() : 0; }
+const char* mlxs_gguf_meta_key(mlxs_gguf_meta m, size_t i) {
+  return (m && i < m->items.size()) ? m->items[i].first.c_str() : nullptr;
+}
+mlxs_gguf_kind mlxs_gguf_meta_kind(mlxs_gguf_meta m, size_t i) {
+  if (!m || i >= m->items.size()) return MLXS_GGUF_NONE;
+  const auto& v = m->items[i].second;
+  if (std::holds_alternative<mx::array>(v)) return MLXS_GGUF_ARRAY;
+  if (std::holds_alternative<std::string>(v)) return MLXS_GGUF_STRING;
+  if (std::holds_alternative<std::vector<std::string>>(v)) return MLXS_GGUF_STRINGS;
+  return MLXS_GGUF_NONE;
+}
+int mlxs_gguf_meta_array(mlxs_array* out, mlxs_gguf_meta m, size_t i) {
+  return guard([&] {
+    auto& item = gguf_item(m, i);
+    auto* a = std::get_if<mx::array>(&item.second);
+    if (!a) throw std::invalid_argument("[gguf_meta] " + item.first + " is not an array");
+    put(out, *a);
+  });
+}
+int mlxs_gguf_meta_string(const char** data, size_t* len, mlxs_gguf_meta m, size_t i) {
+  return guard([&] {
+    auto& item = gguf_item(m, i);
+    auto* str = std::get_if<std::string>(&item.second);
+    if (!str) throw std::invalid_argument("[gguf_meta] " + item.first + " is not a string");
+    *data = str->data();
+    *len = str->size();
+  });
+}
+int mlxs_gguf_meta_strings_len(size_t* out, mlxs_gguf_meta m, size_t i) {
+  return guard([&] {
+    auto& item = gguf_item(m, i);
+    auto* v = std::get_if<std::vector<std::string>>(&item.second);
+    if (!v) throw std::invalid_argument("[gguf_meta] " + item.first + " is not a string list");
+    *out = v->size();
+  });
+}
+int mlxs_gguf_meta_strings_get(const char** data, size_t* len, mlxs_gguf_meta m, size_t i,
+                               size_t j) {
+  return guard([&] {
+    auto& item = gguf_item(m, i);
+    auto* v = std::get_if<std::vector<std::string>>(&item.second);
+    if (!v) throw std::invalid_argument("[gguf_meta] " + item.first + " is not a string list");
+    if (j >= v->size()) throw std::out_of_range("[gguf_meta] string index out of range");
+    *data = (*v)[j].data();
+    *len = (*v)[j].size();
+  });
+}
+int mlxs_gguf_meta_insert_none(mlxs_gguf_meta m, const char* key) {
+  return guard([&] { gguf_insert(m, key, std::monostate{}); });
+}
+int mlxs_gguf_meta_insert_array(mlxs_gguf_meta m, const char* key, mlxs_array a) {
+  return guard([&] { gguf_insert(m, key, A(a)); });
+}
+int mlxs_gguf_meta_insert_string(mlxs_gguf_meta m, const char* key, const char* data,
+                                 size_t len) {
+  return guard([&] {
+    if (!data && len) throw std::invalid_argument("[gguf_meta] null string");
+    gguf_insert(m, key, std::string(data ? data : "", len));
+  });
+}
+int mlxs_gguf_meta_insert_strings(mlxs_gguf_meta m, const char* key, const char* const* data,
+                                  const size_t* lens, size_t n) {
+  return guard([&] {
+    if (n && (!data || !lens)) throw std::invalid_argument("[gguf_meta] null string list");
+    std::vector<std::string> v;
+    v.reserve(n);
+    for (size_t j = 0; j < n; ++j) {
+      if (!data[j] && lens[j]) throw std::invalid_argument("[gguf_meta] null string");
+      v.emplace_back(data[j] ? data[j] : "", lens[j]);
+    }
+    gguf_insert(m, key, std::move(v));
+  });
+}
+
+int mlxs_load_gguf(mlxs_map* arrays, mlxs_gguf_meta* metadata, const char* path,
+                   mlxs_stream s) {
+  return guard([&] {
+    auto [tensors, meta] = mx::load_gguf(std::string(cstr(path, "path")), S(s));
+    auto a = std::make_unique<mlxs_map_>();
+    a->items = sorted_items(tensors);
+    auto m = std::make_unique<mlxs_gguf_meta_>();
+    m->items = sorted_items(meta);
+    *arrays = a.release();
+    *metadata = m.release();
+  });
+}
+
+int mlxs_save_gguf(const char* path, mlxs_map arrays, mlxs_gguf_meta metadata) {
+  return guard([&] {
+    if (!arrays) throw std::invalid_argument("[save_gguf] null map");
+    std::unordered_map<std::string, mx::array> t(arrays->items.begin(), arrays->items.end());
+    std::unordered_map<std::string, mx::GGUFMetaData> m;
+    if (metadata) m = {metadata->items.begin(), metadata->items.end()};
+    mx::save_gguf(std::string(cstr(path, "path")), std::move(t), std::move(m));
+  });
 }
 
 }  // extern "C"

@@ -15,6 +15,9 @@
 #include "mlxs/core.h"
 #include "mlxs/ops.h"
 #include "mlxs/io.h"
+#include "mlxs/fast.h"
+#include "mlxs/quant.h"
+#include "mlxs/random.h"
 #include "mlxs/transforms.h"
 #include "mlxs/kernels.h"
 

@@ -1,5 +1,5 @@
 // Function transforms: closures over foreign callbacks, vjp, jvp, value_and_grad,
-// custom_vjp, checkpoint, compile, stop_gradient.
+// custom_vjp, checkpoint, compile.
 #include <memory>
 #include <set>
 
@@ -94,6 +94,7 @@ struct VjpCall {
 // Destroyed with the last copy of the compiled function: erases its cache entries.
 struct CompileKey {
   mx::detail::CompileCacheWeakPtr cache;
+  bool shapeless = false;
   std::uintptr_t id() const { return reinterpret_cast<std::uintptr_t>(this); }
   void erase() const noexcept {
     try {
@@ -108,7 +109,8 @@ struct CompileKey {
 
 struct mlxs_closure_ {
   ArrayFn f;
-  std::shared_ptr<CompileKey> compiled;  // set for closures made by mlxs_compile
+  // Set for closures made by mlxs_compile; f is then the function to trace.
+  std::shared_ptr<CompileKey> compiled;
 };
 
 namespace {
@@ -147,7 +149,14 @@ int mlxs_closure_apply(mlxs_vec* out, mlxs_closure c, mlxs_vec inputs) {
       (void)mx::default_stream(mx::default_device());
     }
     try {
-      put_vec(out, cl.f(in));
+      if (cl.compiled) {
+        // As the Python binding does: compile at every call (a cache lookup by id), so
+        // that disable_compile() applies to functions compiled before it, too.
+        auto fn = mx::detail::compile(cl.f, cl.compiled->id(), cl.compiled->shapeless);
+        put_vec(out, fn(in));
+      } else {
+        put_vec(out, cl.f(in));
+      }
     } catch (...) {
       // A trace that failed halfway may have left an entry marked as filled; never reuse it.
       if (cl.compiled) cl.compiled->erase();
@@ -218,19 +227,13 @@ int mlxs_checkpoint(mlxs_closure* out, mlxs_closure fun) {
   return guard_cb([&] { *out = new mlxs_closure_{mx::checkpoint(C(fun).f), nullptr}; });
 }
 
-int mlxs_stop_gradient(mlxs_array* out, mlxs_array a, mlxs_stream s) {
-  return guard([&] { put(out, mx::stop_gradient(A(a), S(s))); });
-}
-
 int mlxs_compile(mlxs_closure* out, mlxs_closure fun, bool shapeless) {
   return guard_cb([&] {
     auto key = std::make_shared<CompileKey>();
     key->cache = mx::detail::compile_cache();
-    auto id = key->id();
-    // The traced function keeps the key alive as long as any copy of the compiled function.
-    ArrayFn inner = [f = C(fun).f, key](const std::vector<mx::array>& in) { return f(in); };
-    auto compiled = mx::detail::compile(std::move(inner), id, shapeless);
-    *out = new mlxs_closure_{std::move(compiled), std::move(key)};
+    key->shapeless = shapeless;
+    // The key lives as long as the closure; mlxs_closure_apply compiles f under its id.
+    *out = new mlxs_closure_{C(fun).f, std::move(key)};
   });
 }
 

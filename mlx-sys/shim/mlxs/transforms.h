@@ -1,5 +1,5 @@
 /* Function transforms (mlx/transforms.h, mlx/compile.h): closures, vjp, jvp,
- * value_and_grad, custom_vjp, checkpoint, compile, stop_gradient. */
+ * value_and_grad, custom_vjp, checkpoint, compile (stop_gradient is in ops.h). */
 #ifndef MLXS_TRANSFORMS_H
 #define MLXS_TRANSFORMS_H
 
@@ -59,11 +59,11 @@ int mlxs_custom_vjp(mlxs_closure* out, mlxs_closure fun, mlxs_vjp_fn bwd, void* 
                     mlxs_payload_free free_payload);
 /* A closure that computes fun and recomputes it in the backward pass (mx::checkpoint). */
 int mlxs_checkpoint(mlxs_closure* out, mlxs_closure fun);
-/* The identity, with a zero gradient. */
-int mlxs_stop_gradient(mlxs_array* out, mlxs_array a, mlxs_stream s);
 
 /* ---- compile ---- */
-/* A compiled version of fun (mx::detail::compile with an id unique to the result).
+/* A compiled version of fun, as mx.compile makes it in Python: every call runs
+ * mx::detail::compile(fun, id, shapeless) with an id unique to the result, so the compile
+ * mode is checked at each call (disable_compile applies to functions compiled before).
  * The compile cache of the calling thread keeps one trace per input signature (shapes
  * and dtypes; with shapeless, ranks and dtypes); fun runs only while tracing (or on
  * every call when compilation is disabled or the inputs are tracers of an enclosing
