@@ -464,7 +464,7 @@ impl GgufMetaHandle {
             // SAFETY: live handle, index in range.
             let kind = unsafe { sys::mlxs_gguf_meta_kind(m, i) };
             let value = match kind {
-                                sys::mlxs_gguf_kind_MLXS_GGUF_ARRAY => GgufValue::Array(array_out(op, |o| {
+                sys::mlxs_gguf_kind_MLXS_GGUF_ARRAY => GgufValue::Array(array_out(op, |o| {
                     // SAFETY: live handle, index in range, kind checked.
                     unsafe { sys::mlxs_gguf_meta_array(o, m, i) }
                 })?),
@@ -479,9 +479,8 @@ impl GgufMetaHandle {
                 }
                 sys::mlxs_gguf_kind_MLXS_GGUF_STRINGS => {
                     // SAFETY: live handle, index in range, kind checked.
-                    let count = value_out(op, |o| unsafe {
-                        sys::mlxs_gguf_meta_strings_len(o, m, i)
-                    })?;
+                    let count =
+                        value_out(op, |o| unsafe { sys::mlxs_gguf_meta_strings_len(o, m, i) })?;
                     let mut v = Vec::with_capacity(count);
                     for j in 0..count {
                         let (mut data, mut len) = (std::ptr::null(), 0usize);
@@ -588,9 +587,7 @@ pub fn save_gguf<'a>(
     ));
     let p = c_path(op, &tmp)?;
     // SAFETY: live handles, NUL-terminated path.
-    let status = check(op, unsafe {
-        sys::mlxs_save_gguf(p.as_ptr(), m.0, meta.0)
-    });
+    let status = check(op, unsafe { sys::mlxs_save_gguf(p.as_ptr(), m.0, meta.0) });
     if let Err(e) = status {
         let _ = std::fs::remove_file(&tmp);
         return Err(with_path(e, path));

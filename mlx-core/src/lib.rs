@@ -59,7 +59,7 @@ pub mod prelude {
         self, checkpoint, custom_vjp, grad, jvp, stop_gradient, value_and_grad,
         value_and_grad_tree, vjp, Function, ParamMap,
     };
-    pub use crate::{fast, quantized, random};
     pub use crate::{eval, Array, Device, Dtype, Error, Result, Scalar, Stream};
+    pub use crate::{fast, quantized, random};
     pub use half::{bf16, f16};
 }

@@ -82,7 +82,10 @@ fn param(op: &'static str, what: &str, v: Option<i32>) -> Result<i32> {
     match v {
         None => Ok(0),
         Some(x) if x > 0 => Ok(x),
-        Some(x) => Err(Error::invalid(op, format!("{what} must be positive, got {x}"))),
+        Some(x) => Err(Error::invalid(
+            op,
+            format!("{what} must be positive, got {x}"),
+        )),
     }
 }
 
@@ -144,15 +147,7 @@ pub fn quantize(
     mode: QuantMode,
     s: Option<&Stream>,
 ) -> Result<(Array, Array, Option<Array>)> {
-    quantize_impl(
-        "quantize",
-        w,
-        group_size.into(),
-        bits.into(),
-        mode,
-        None,
-        s,
-    )
+    quantize_impl("quantize", w, group_size.into(), bits.into(), mode, None, s)
 }
 
 /// [`quantize`] with a per-tensor `float32` global scale (`global_scale=` in Python; nvfp4).

@@ -133,14 +133,7 @@ pub fn split(key: &Array, num: i32, s: Option<&Stream>) -> Result<Array> {
 pub fn bits(shape: &[i32], width: i32, key: Option<&Array>, s: Option<&Stream>) -> Result<Array> {
     // SAFETY: shape valid for its length; live key or null.
     array_out("random_bits", |o| unsafe {
-        sys::mlxs_random_bits(
-            o,
-            shape.as_ptr(),
-            shape.len(),
-            width,
-            opt_raw(key),
-            raw(s),
-        )
+        sys::mlxs_random_bits(o, shape.as_ptr(), shape.len(), width, opt_raw(key), raw(s))
     })
 }
 
@@ -291,7 +284,12 @@ pub fn truncated_normal<'a>(
 }
 
 /// Standard Gumbel samples (`mx.random.gumbel`).
-pub fn gumbel(shape: &[i32], dtype: Dtype, key: Option<&Array>, s: Option<&Stream>) -> Result<Array> {
+pub fn gumbel(
+    shape: &[i32],
+    dtype: Dtype,
+    key: Option<&Array>,
+    s: Option<&Stream>,
+) -> Result<Array> {
     // SAFETY: shape valid for its length; live key or null.
     array_out("random_gumbel", |o| unsafe {
         sys::mlxs_random_gumbel(
@@ -336,14 +334,7 @@ pub fn categorical_n(
     }
     // SAFETY: live handles.
     array_out("random_categorical", |o| unsafe {
-        sys::mlxs_random_categorical_n(
-            o,
-            logits.as_raw(),
-            axis,
-            num_samples,
-            opt_raw(key),
-            raw(s),
-        )
+        sys::mlxs_random_categorical_n(o, logits.as_raw(), axis, num_samples, opt_raw(key), raw(s))
     })
 }
 

@@ -23,8 +23,11 @@ fn disabled_compile_runs_the_closure_every_call() {
     let runs: Vec<_> = (0..3).map(|_| f.call(std::slice::from_ref(&x))).collect();
     enable_compile().unwrap();
     for got in runs {
-        assert_bit_equal(&got.unwrap()[0], &g_poly(std::slice::from_ref(&x)).unwrap()[0])
-            .unwrap();
+        assert_bit_equal(
+            &got.unwrap()[0],
+            &g_poly(std::slice::from_ref(&x)).unwrap()[0],
+        )
+        .unwrap();
     }
     assert_eq!(f.trace_count(), 3);
     // Enabled again: traced once, then replayed.

@@ -2,7 +2,9 @@
 //! `tests/goldens/grad.safetensors` (written by `cargo xtask goldens grad` from
 //! `xtask/oracle/goldens_grad.py`). The functions below are the script's, op for op.
 
+use mlx_core::fast::{RopeOffset, SdpaMask};
 use mlx_core::prelude::*;
+use mlx_core::quantized::QuantMode;
 use mlx_core::testing::{Case, Goldens};
 
 fn sum2(x: &Array) -> Result<Array> {
@@ -94,6 +96,113 @@ fn two_out(a: &[Array]) -> Result<Vec<Array>> {
     ])
 }
 
+// ---- fast ops, quantized matmul, mlx-lm's loss ----
+
+fn sum_all(x: &Array) -> Result<Array> {
+    ops::sum_all(x, false, None)
+}
+
+fn rms_norm_fn(a: &[Array]) -> Result<Vec<Array>> {
+    let y = fast::rms_norm(&a[0], Some(&a[1]), 1e-5, None)?;
+    Ok(vec![sum_all(&(y * &a[2])?)?])
+}
+
+fn rope_fn(a: &[Array]) -> Result<Vec<Array>> {
+    let y = fast::rope(
+        &a[0],
+        8,
+        false,
+        Some(10000.0),
+        1.0,
+        RopeOffset::Int(3),
+        None,
+        None,
+    )?;
+    Ok(vec![sum_all(&(y * &a[1])?)?])
+}
+
+fn rope_trad_fn(a: &[Array]) -> Result<Vec<Array>> {
+    let y = fast::rope(
+        &a[0],
+        6,
+        true,
+        Some(500.0),
+        0.5,
+        RopeOffset::Int(0),
+        None,
+        None,
+    )?;
+    Ok(vec![sum_all(&(y * &a[1])?)?])
+}
+
+fn sdpa_with(a: &[Array], mask: SdpaMask<'_>) -> Result<Vec<Array>> {
+    let o = fast::scaled_dot_product_attention(&a[0], &a[1], &a[2], 0.35, mask, None, None)?;
+    Ok(vec![sum_all(&(o * &a[3])?)?])
+}
+
+fn sdpa_fn(a: &[Array]) -> Result<Vec<Array>> {
+    sdpa_with(a, SdpaMask::None)
+}
+
+fn sdpa_causal_fn(a: &[Array]) -> Result<Vec<Array>> {
+    sdpa_with(a, SdpaMask::Causal)
+}
+
+fn qmm_fn(a: &[Array]) -> Result<Vec<Array>> {
+    let y = quantized::quantized_matmul(
+        &a[0],
+        &a[1],
+        &a[2],
+        Some(&a[3]),
+        true,
+        32,
+        4,
+        QuantMode::Affine,
+        None,
+    )?;
+    Ok(vec![sum_all(&(y * &a[4])?)?])
+}
+
+/// `mlx.nn.losses.cross_entropy(logits, targets)` with class indices, on the CPU path.
+fn cross_entropy(logits: &Array, targets: &Array) -> Result<Array> {
+    let m = ops::max(logits, &[-1], true, None)?;
+    let logits = (logits - stop_gradient(&m, None)?)?;
+    let score =
+        ops::take_along_axis(&logits, &targets.expand_dims(&[-1])?, -1, None)?.squeeze(&[-1])?;
+    ops::logsumexp(&logits, &[-1], false, None)? - score
+}
+
+/// `mlx_lm.tuner.trainer.default_loss` with logits = x @ w.T.
+fn lm_loss(a: &[Array]) -> Result<Vec<Array>> {
+    let (x, w, targets, lengths) = (&a[0], &a[1], &a[2], &a[3]);
+    let logits = x.matmul(&w.transpose_all()?)?;
+    lm_loss_logits(&logits, targets, lengths)
+}
+
+fn lm_loss_logits(logits: &Array, targets: &Array, lengths: &Array) -> Result<Vec<Array>> {
+    let t = targets.dim(1)?;
+    let steps = ops::arange(1.0, f64::from(t + 1), 1.0, Dtype::Int32, None)?;
+    let lo = ops::slice_axis(lengths, 1, 0, 1, None)?;
+    let hi = ops::slice_axis(lengths, 1, 1, i32::MAX, None)?;
+    let mask = ops::logical_and(
+        &ops::greater_equal(&steps, &lo, None)?,
+        &ops::less_equal(&steps, &hi, None)?,
+        None,
+    )?;
+    let ce = (cross_entropy(logits, targets)? * &mask)?;
+    let ntoks = ops::sum_all(&mask, false, None)?;
+    let ce = (sum_all(&ce.astype(Dtype::Float32)?)? / &ntoks)?;
+    Ok(vec![ce, ntoks])
+}
+
+/// LoRA adapters on a frozen linear head (mlx-lm's LoRALinear with scale 20), then the loss.
+fn lora_loss(p: &ParamMap, o: &[Array]) -> Result<Vec<Array>> {
+    let (x, w, targets, lengths) = (&o[0], &o[1], &o[2], &o[3]);
+    let z = x.matmul(&p["lora_a"])?.matmul(&p["lora_b"])?;
+    let logits = (x.matmul(&w.transpose_all()?)? + (z * 20.0)?.astype(x.dtype())?)?;
+    lm_loss_logits(&logits, targets, lengths)
+}
+
 type F = fn(&[Array]) -> Result<Vec<Array>>;
 
 fn function(name: &str) -> F {
@@ -110,6 +219,13 @@ fn function(name: &str) -> F {
         "mixed_precision" => mixed_precision,
         "with_aux" => with_aux,
         "two_out" => two_out,
+        "rms_norm" => rms_norm_fn,
+        "rope" => rope_fn,
+        "rope_traditional" => rope_trad_fn,
+        "sdpa" => sdpa_fn,
+        "sdpa_causal" => sdpa_causal_fn,
+        "quantized_matmul" => qmm_fn,
+        "lm_loss" => lm_loss,
         other => panic!("no function {other}"),
     }
 }
@@ -158,6 +274,23 @@ fn run(c: &Case) -> Result<Vec<Array>> {
             let f = compile(function(name), c.bool("shapeless").unwrap())?;
             f.call(&c.inputs)?
         }
+        "value_and_grad_tree" => {
+            assert_eq!(name, "lora_loss");
+            let names = c.str("names").unwrap();
+            let names: Vec<&str> = names
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .split(',')
+                .collect();
+            let params: ParamMap = names
+                .iter()
+                .map(|n| n.to_string())
+                .zip(c.inputs.iter().cloned())
+                .collect();
+            let (values, grads) =
+                value_and_grad_tree(lora_loss)(&params, &c.inputs[names.len()..])?;
+            values.into_iter().chain(grads.into_values()).collect()
+        }
         "compile_grad" => {
             let f = compile(function(name), false)?;
             let loss = |a: &[Array]| Ok(vec![f.call(a)?[0].clone()]);
@@ -176,7 +309,7 @@ fn gradients_match_the_oracle_bit_for_bit() {
     ))
     .unwrap();
     let cases = g.cases().unwrap();
-    assert!(cases.len() >= 78, "only {} cases", cases.len());
+    assert!(cases.len() >= 102, "only {} cases", cases.len());
     let failures: Vec<String> = cases
         .iter()
         .filter_map(|c| match run(c) {

@@ -34,11 +34,21 @@ fn run(c: &Case) -> Result<Vec<Array>> {
             let b = b.expect("affine biases");
             // Downstream ops run on the oracle's own quantized weights.
             let deq = quantized::dequantize(o(0), o(1), Some(o(2)), gs, bits, a, None, None)?;
-            let y = quantized::quantized_matmul(x(1), o(0), o(1), Some(o(2)), true, gs, bits, a, None)?;
+            let y =
+                quantized::quantized_matmul(x(1), o(0), o(1), Some(o(2)), true, gs, bits, a, None)?;
             let (tq, ts, tb) = quantized::quantize(x(2), gs, bits, a, None)?;
             let tb = tb.expect("affine biases");
-            let yt =
-                quantized::quantized_matmul(x(3), o(5), o(6), Some(o(7)), false, gs, bits, a, None)?;
+            let yt = quantized::quantized_matmul(
+                x(3),
+                o(5),
+                o(6),
+                Some(o(7)),
+                false,
+                gs,
+                bits,
+                a,
+                None,
+            )?;
             vec![wq, s, b, deq, y, tq, ts, tb, yt]
         }
         "fp_bundle" => {
@@ -53,7 +63,8 @@ fn run(c: &Case) -> Result<Vec<Array>> {
         }
         "nvfp4_global" => {
             let m = QuantMode::Nvfp4;
-            let (wq, s, _) = quantized::quantize_with_global_scale(x(0), None, None, m, x(1), None)?;
+            let (wq, s, _) =
+                quantized::quantize_with_global_scale(x(0), None, None, m, x(1), None)?;
             let d = quantized::dequantize_with_global_scale(
                 o(0),
                 o(1),
@@ -69,8 +80,19 @@ fn run(c: &Case) -> Result<Vec<Array>> {
         }
         "dequantize" => {
             let biases = (c.inputs.len() > 2).then(|| x(2));
-            let dt = c.has("dtype").then(|| dtype(c.str("dtype").expect("dtype")));
-            vec![quantized::dequantize(x(0), x(1), biases, gs, bits, mode(c), dt, None)?]
+            let dt = c
+                .has("dtype")
+                .then(|| dtype(c.str("dtype").expect("dtype")));
+            vec![quantized::dequantize(
+                x(0),
+                x(1),
+                biases,
+                gs,
+                bits,
+                mode(c),
+                dt,
+                None,
+            )?]
         }
         "gather_qmm" => {
             let m = mode(c);
@@ -149,7 +171,12 @@ fn quantization_matches_the_oracle_bit_for_bit() {
 
 #[test]
 fn modes_round_trip_their_names() {
-    for m in [QuantMode::Affine, QuantMode::Mxfp4, QuantMode::Mxfp8, QuantMode::Nvfp4] {
+    for m in [
+        QuantMode::Affine,
+        QuantMode::Mxfp4,
+        QuantMode::Mxfp8,
+        QuantMode::Nvfp4,
+    ] {
         assert_eq!(QuantMode::from_name(m.name()), Some(m));
         assert_eq!(m.has_biases(), m == QuantMode::Affine);
     }

@@ -132,14 +132,28 @@ fn global_draws(lg: &Array) -> Result<Vec<Array>> {
     d.push(random::uniform(0, 1, &[3], f32, None, None)?);
     d.push(random::categorical(lg, -1, None, None)?);
     d.push(random::categorical(lg, -1, None, None)?);
-    d.push(random::normal(&[2], Dtype::Bfloat16, None, None, None, None)?);
+    d.push(random::normal(
+        &[2],
+        Dtype::Bfloat16,
+        None,
+        None,
+        None,
+        None,
+    )?);
     let k5 = random::key(5)?;
     d.push(random::uniform(0, 1, &[2], f32, Some(&k5), None)?);
     d.push(random::categorical_n(lg, -1, 3, None, None)?);
     d.push(random::randint(0, 10, &[4], Dtype::Int32, None, None)?);
     d.push(random::bernoulli(0.5, Some(&[5]), None, None)?);
     d.push(random::gumbel(&[3], f32, None, None)?);
-    d.push(random::truncated_normal(-1, 1, Some(&[3]), f32, None, None)?);
+    d.push(random::truncated_normal(
+        -1,
+        1,
+        Some(&[3]),
+        f32,
+        None,
+        None,
+    )?);
     d.push(random::state()?);
     random::seed(7)?;
     d.push(random::categorical(lg, -1, None, None)?);

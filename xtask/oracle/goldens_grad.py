@@ -10,9 +10,12 @@ transform (`op`):
 - vjp: inputs = primals + cotangents (`nprimals`); outputs = [outputs..., vjps...];
 - jvp: inputs = primals + tangents (`nprimals`); outputs = [outputs..., jvps...];
 - checkpoint / custom_vjp / compile_grad: value_and_grad of the function wrapped that way;
-- compile: outputs of mx.compile(fn) (shapeless per `shapeless`).
-Sums are written as products with ones (ones(1, n) @ x @ ones(m, 1)) so that the Rust side
-reproduces them with the same ops.
+- compile: outputs of mx.compile(fn) (shapeless per `shapeless`);
+- value_and_grad_tree: mx.value_and_grad of f(params: dict, *others) w.r.t. the dict;
+  inputs = the parameters in sorted name order (`names`), then the others; outputs =
+  [values..., grads in the same order].
+In the first functions sums are written as products with ones (ones(1, n) @ x @ ones(m, 1));
+the later ones (fast ops, quantized matmul, mlx-lm's default_loss) use reductions.
 """
 
 import mlx.core as mx
@@ -107,6 +110,62 @@ def with_aux(a):
     return [sum2(mx.square(x)), aux]
 
 
+# ---- functions over fast ops, quantized matmul and mlx-lm's loss (reductions allowed) ----
+
+
+def rms_norm_fn(a):
+    x, w, c = a
+    return [mx.sum(mx.fast.rms_norm(x, w, 1e-5) * c)]
+
+
+def rope_fn(a):
+    x, c = a
+    return [mx.sum(mx.fast.rope(x, 8, traditional=False, base=10000.0, scale=1.0, offset=3) * c)]
+
+
+def rope_trad_fn(a):
+    x, c = a
+    return [mx.sum(mx.fast.rope(x, 6, traditional=True, base=500.0, scale=0.5, offset=0) * c)]
+
+
+def sdpa_fn(a):
+    q, k, v, c = a
+    o = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.35)
+    return [mx.sum(o * c)]
+
+
+def sdpa_causal_fn(a):
+    q, k, v, c = a
+    o = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.35, mask="causal")
+    return [mx.sum(o * c)]
+
+
+def qmm_fn(a):
+    x, wq, scales, biases, c = a
+    y = mx.quantized_matmul(x, wq, scales, biases, transpose=True, group_size=32, bits=4)
+    return [mx.sum(y * c)]
+
+
+def cross_entropy(logits, targets):
+    """mlx.nn.losses.cross_entropy(logits, targets) with class-index targets, on the CPU
+    (no fused kernel), reduction "none", written out op for op."""
+    logits = logits - mx.stop_gradient(mx.max(logits, axis=-1, keepdims=True))
+    score = mx.take_along_axis(logits, mx.expand_dims(targets, -1), -1).squeeze(-1)
+    return mx.logsumexp(logits, axis=-1) - score
+
+
+def lm_loss(a):
+    """mlx_lm.tuner.trainer.default_loss, with a linear model: logits = x @ w.T."""
+    x, w, targets, lengths = a
+    logits = x @ w.T
+    steps = mx.arange(1, targets.shape[1] + 1)
+    mask = mx.logical_and(steps >= lengths[:, 0:1], steps <= lengths[:, 1:])
+    ce = cross_entropy(logits, targets) * mask
+    ntoks = mask.sum()
+    ce = ce.astype(mx.float32).sum() / ntoks
+    return [ce, ntoks]
+
+
 FUNCS = {
     "sin_mul_sq": sin_mul_sq,
     "unary_mix": unary_mix,
@@ -119,6 +178,13 @@ FUNCS = {
     "linear_xent": linear_xent,
     "mixed_precision": mixed_precision,
     "with_aux": with_aux,
+    "rms_norm": rms_norm_fn,
+    "rope": rope_fn,
+    "rope_traditional": rope_trad_fn,
+    "sdpa": sdpa_fn,
+    "sdpa_causal": sdpa_causal_fn,
+    "quantized_matmul": qmm_fn,
+    "lm_loss": lm_loss,
 }
 
 
@@ -150,6 +216,20 @@ def inputs_for(name, dt):
         return [normal((5, 3), dt), normal((4, 5), dt)]
     if name == "with_aux":
         return [normal((2, 3), dt)]
+    if name == "rms_norm":
+        return [normal((2, 3, 16), dt), normal((16,), dt) + 1.0, normal((2, 3, 16), dt)]
+    if name in ("rope", "rope_traditional"):
+        return [normal((1, 2, 5, 8), dt), normal((1, 2, 5, 8), dt)]
+    if name in ("sdpa", "sdpa_causal"):
+        # 4 query heads over 2 key/value heads (grouped-query attention).
+        return [normal((1, 4, 3, 8), dt), normal((1, 2, 5, 8), dt), normal((1, 2, 5, 8), dt), normal((1, 4, 3, 8), dt)]
+    if name == "quantized_matmul":
+        wq, scales, biases = mx.quantize(normal((16, 64), dt), group_size=32, bits=4)
+        return [normal((3, 64), dt), wq, scales, biases, normal((3, 16), dt)]
+    if name == "lm_loss":
+        targets = mx.random.randint(0, 11, (2, 5))
+        lengths = mx.array([[1, 4], [2, 5]], dtype=mx.int32)
+        return [normal((2, 5, 8), dt), normal((11, 8), dt, 0.5), targets, lengths]
     raise KeyError(name)
 
 
@@ -165,6 +245,13 @@ ARGNUMS = {
     "linear_xent": [0, 1],
     "mixed_precision": [0],
     "with_aux": [0],
+    "rms_norm": [0, 1],
+    "rope": [0],
+    "rope_traditional": [0],
+    "sdpa": [0, 1, 2],
+    "sdpa_causal": [0, 1, 2],
+    "quantized_matmul": [0],
+    "lm_loss": [0, 1],
 }
 
 
@@ -197,6 +284,40 @@ for name, fn in FUNCS.items():
             argnums=ARGNUMS[name],
             nvalues=len(values),
         )
+
+# value_and_grad over a parameter tree (a dict), as LoRA training differentiates
+# model.trainable_parameters(): LoRA adapters on a frozen linear head, mlx-lm's loss.
+
+
+def lora_loss(p, x, w, targets, lengths):
+    z = (x @ p["lora_a"]) @ p["lora_b"]
+    logits = x @ w.T + (20.0 * z).astype(x.dtype)
+    return tuple(lm_loss_logits(logits, targets, lengths))
+
+
+def lm_loss_logits(logits, targets, lengths):
+    steps = mx.arange(1, targets.shape[1] + 1)
+    mask = mx.logical_and(steps >= lengths[:, 0:1], steps <= lengths[:, 1:])
+    ce = cross_entropy(logits, targets) * mask
+    ntoks = mask.sum()
+    ce = ce.astype(mx.float32).sum() / ntoks
+    return [ce, ntoks]
+
+
+for tag, dt in FLOATS.items():
+    x, w, targets, lengths = inputs_for("lm_loss", dt)
+    params = {"lora_a": normal((8, 4), dt, 0.1), "lora_b": normal((4, 11), dt, 0.1)}
+    (ce, ntoks), grads = mx.value_and_grad(lora_loss)(params, x, w, targets, lengths)
+    names = sorted(params)
+    g.case(
+        f"tree_lora_{tag}",
+        "value_and_grad_tree",
+        [params[k] for k in names] + [x, w, targets, lengths],
+        [ce, ntoks] + [grads[k] for k in names],
+        fn="lora_loss",
+        names=names,
+        nvalues=2,
+    )
 
 # vjp and jvp (not only scalar losses).
 for tag, dt in FLOATS.items():
