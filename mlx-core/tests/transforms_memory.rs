@@ -42,14 +42,16 @@ fn failing_round(drops: &Arc<AtomicUsize>) -> usize {
         y.eval()?;
         std::panic::panic_any(7u8);
     };
-    let r = catch_unwind(AssertUnwindSafe(|| value_and_grad(f, &[0])(&[x.clone()])));
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        value_and_grad(f, &[0])(std::slice::from_ref(&x))
+    }));
     assert!(r.is_err());
     let g = |a: &[Array]| -> Result<Vec<Array>> {
         let y = a[0].matmul(&a[0])?;
         y.eval()?;
         Err(Error::Callback("no".into()))
     };
-    assert!(value_and_grad(g, &[0])(&[x.clone()]).is_err());
+    assert!(value_and_grad(g, &[0])(std::slice::from_ref(&x)).is_err());
 
     // compile: a panic during the trace.
     {
@@ -61,7 +63,7 @@ fn failing_round(drops: &Arc<AtomicUsize>) -> usize {
             false,
         )
         .unwrap();
-        assert!(catch_unwind(AssertUnwindSafe(|| c.call(&[x.clone()]))).is_err());
+        assert!(catch_unwind(AssertUnwindSafe(|| c.call(std::slice::from_ref(&x)))).is_err());
     }
 
     // custom_vjp whose backward fails, owning tracked payloads and a captured array.
@@ -83,7 +85,7 @@ fn failing_round(drops: &Arc<AtomicUsize>) -> usize {
         .unwrap();
         let loss = |a: &[Array]| sum2(&custom.call(a)?[0]).map(|s| vec![s]);
         let r = catch_unwind(AssertUnwindSafe(|| {
-            value_and_grad(loss, &[0])(&[x.clone()])
+            value_and_grad(loss, &[0])(std::slice::from_ref(&x))
         }));
         assert!(r.is_err());
     }
@@ -102,7 +104,7 @@ fn failing_round(drops: &Arc<AtomicUsize>) -> usize {
         })
         .unwrap();
         let loss = |a: &[Array]| sum2(&ck.call(a)?[0]).map(|s| vec![s]);
-        let e = value_and_grad(loss, &[0])(&[x.clone()]).unwrap_err();
+        let e = value_and_grad(loss, &[0])(std::slice::from_ref(&x)).unwrap_err();
         assert_eq!(e, Error::Callback("recompute".into()));
     }
     made
