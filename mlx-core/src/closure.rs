@@ -254,8 +254,17 @@ pub(crate) struct Scoped<'f> {
 
 impl<'f> Scoped<'f> {
     pub(crate) fn new<F: ArrayFn + 'f>(f: &'f F) -> Result<Scoped<'f>> {
+        // SAFETY: the borrow keeps `f` alive for 'f, which outlives the returned value.
+        unsafe { Self::from_ptr(f) }
+    }
+
+    /// [`Scoped::new`] from a pointer.
+    ///
+    /// # Safety
+    /// `f` must stay valid (and not be mutated) until the returned value is dropped.
+    pub(crate) unsafe fn from_ptr<F: ArrayFn + 'f>(f: *const F) -> Result<Scoped<'f>> {
         let cell = Box::into_raw(Box::new(ScopedCell {
-            f: AtomicPtr::new((f as *const F).cast_mut().cast()),
+            f: AtomicPtr::new(f.cast_mut().cast()),
             owner: std::thread::current().id(),
         }));
         // SAFETY: the trampoline matches the payload type; the shim owns the payload from

@@ -50,8 +50,8 @@ type Traced<'f> = Box<dyn Fn(&[Array]) -> Result<Vec<Array>> + 'f>;
 
 /// A compiled function (see the module docs). Call it with [`Compiled::call`].
 pub struct Compiled<'f> {
-    // Field order is drop order: the compiled handle first (erasing the cache entries and
-    // disarming the lent closure), then the lent closure, then the closure itself.
+    // Field order is drop order: the compiled handle first (its compile key erases the cache
+    // entries), then the lent closure (disarmed, then released), then the closure itself.
     compiled: Closure,
     _scoped: Scoped<'f>,
     _traced: Box<Traced<'f>>,
@@ -73,10 +73,10 @@ where
         counter.set(counter.get() + 1);
         f(inputs)
     }));
-    // SAFETY (lifetime): `traced` is boxed, so its address is stable while `Compiled` lives;
-    // `scoped` lends it to MLX and is dropped (disarmed) before `traced`.
-    let lent: &'f Traced<'f> = unsafe { &*(traced.as_ref() as *const Traced<'f>) };
-    let scoped = Scoped::new(lent)?;
+    // SAFETY: `traced` is boxed, so the pointer stays valid while `Compiled` lives (moving
+    // `Compiled` moves the box, not its contents); `scoped` is dropped (disarmed) before
+    // `traced` (field order).
+    let scoped: Scoped<'f> = unsafe { Scoped::from_ptr(traced.as_ref() as *const Traced<'f>) }?;
     // SAFETY: live closure handle; the shim writes an owned handle on success.
     let compiled = Closure::out("compile", |o| unsafe {
         sys::mlxs_compile(o, scoped.closure().as_raw(), shapeless)
