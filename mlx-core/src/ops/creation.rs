@@ -9,6 +9,7 @@ use crate::device::{raw, Stream};
 use crate::dtype::Dtype;
 use crate::error::Result;
 use crate::ffi::{array_out, vec_out};
+use crate::scalar::Scalar;
 
 /// An array of zeros.
 pub fn zeros(shape: &[i32], dtype: Dtype, s: Option<&Stream>) -> Result<Array> {
@@ -26,7 +27,10 @@ pub fn ones(shape: &[i32], dtype: Dtype, s: Option<&Stream>) -> Result<Array> {
     })
 }
 
-/// An array of `shape` filled with `vals` (broadcast), cast to `dtype`.
+/// An array of `shape` filled with `vals` (broadcast), cast to `dtype` (C++ semantics).
+///
+/// Python's `mx.full(shape, vals, dtype)` differs: with a number it is [`full_scalar`]; with an
+/// array it ignores `dtype` and keeps `vals.dtype()` (pass that here).
 pub fn full(shape: &[i32], vals: &Array, dtype: Dtype, s: Option<&Stream>) -> Result<Array> {
     // SAFETY: shape valid for its length; live handle.
     array_out("full", |o| unsafe {
@@ -39,6 +43,24 @@ pub fn full(shape: &[i32], vals: &Array, dtype: Dtype, s: Option<&Stream>) -> Re
             raw(s),
         )
     })
+}
+
+/// Python's `mx.full(shape, v, dtype)` with a number `v`: the value is built as Python builds
+/// it (`v` converted to `dtype` when that can hold it: a float next to an integer `dtype`
+/// stays `float32`, an int next to `bool` is `int32`; `None`: `float32` / `int32` / `bool`),
+/// and the result has that value's dtype.
+pub fn full_scalar(
+    shape: &[i32],
+    v: impl Into<Scalar>,
+    dtype: Option<Dtype>,
+    s: Option<&Stream>,
+) -> Result<Array> {
+    let v = v.into();
+    let vals = match dtype {
+        Some(d) => v.to_array_like(d)?,
+        None => v.to_array()?,
+    };
+    full(shape, &vals, vals.dtype(), s)
 }
 
 /// Zeros with `a`'s shape and dtype.

@@ -1,5 +1,16 @@
 //! Slicing and indexing: static and dynamic slices and their updates, `take`, `gather`,
 //! `scatter`.
+//!
+//! # Index values are not checked
+//!
+//! Static slices ([`slice`](fn@slice), [`slice_axis`], [`slice_update`]) clamp to the array, as in
+//! Python. Ops whose indices or offsets are *data* ([`take`], [`take_flat`],
+//! [`take_along_axis`], [`put_along_axis`], [`gather`], [`scatter`], [`scatter_add`],
+//! [`slice_dynamic`], [`slice_update_dynamic`]) are lazy, so the values are not known when the
+//! op is built, and MLX does not check them when it runs: an index outside `[-n, n)` (or a
+//! dynamic start that puts the slice past the end) reads or writes out of bounds inside
+//! MLX, exactly as in Python (where it can segfault). Callers must pass in-range indices;
+//! shapes, axes and dtypes are checked and give `Err`.
 
 use mlx_sys as sys;
 
@@ -66,7 +77,7 @@ pub fn slice_axis(
     slice(a, &lo, &hi, &strides, s)
 }
 
-/// A copy of `src` with the slice `start:stop:strides` (as in [`slice`]) replaced by
+/// A copy of `src` with the slice `start:stop:strides` (as in [`slice`](fn@slice)) replaced by
 /// `update` (broadcast to the slice's shape).
 pub fn slice_update(
     src: &Array,

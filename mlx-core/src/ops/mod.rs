@@ -8,7 +8,7 @@
 //!
 //! Scalars: Python numbers are *weak* (they take the array's dtype), so every elementwise
 //! binary op has a `*_scalar` form (`array op scalar`) and a `scalar_*` form
-//! (`scalar op array`) that build the scalar with [`Scalar::to_array_like`]. Passing an
+//! (`scalar op array`) that build the scalar with [`Scalar::to_array_like`](crate::Scalar::to_array_like). Passing an
 //! `Array` made from a Rust number to the plain form gives C++'s strong behaviour instead.
 //!
 //! The submodules group the ops by family; everything is re-exported here, so callers write

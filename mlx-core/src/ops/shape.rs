@@ -184,8 +184,8 @@ pub fn pad(
     })
 }
 
-/// Python's `mx.pad(a, [(lo0, hi0), (lo1, hi1), ...], mode, value)`: pads the leading
-/// `widths.len()` axes.
+/// Python's `mx.pad(a, [(lo0, hi0), (lo1, hi1), ...], mode, value)`: one `(low, high)` pair
+/// per axis, or a single pair used for every axis.
 pub fn pad_widths(
     a: &Array,
     widths: &[(i32, i32)],
@@ -193,8 +193,21 @@ pub fn pad_widths(
     mode: &str,
     s: Option<&Stream>,
 ) -> Result<Array> {
-    let n = i32::try_from(widths.len()).map_err(|_| Error::invalid("pad", "too many axes"))?;
-    let axes: Vec<i32> = (0..n).collect();
+    let ndim = a.ndim();
+    let widths = match widths {
+        [w] => vec![*w; ndim],
+        _ if widths.len() == ndim => widths.to_vec(),
+        _ => {
+            return Err(Error::invalid(
+                "pad",
+                format!(
+                    "{} (low, high) pairs for an array with {ndim} dimensions",
+                    widths.len()
+                ),
+            ))
+        }
+    };
+    let axes: Vec<i32> = (0..ndim as i32).collect();
     let low: Vec<i32> = widths.iter().map(|w| w.0).collect();
     let high: Vec<i32> = widths.iter().map(|w| w.1).collect();
     pad(a, &axes, &low, &high, value, mode, s)

@@ -1,0 +1,541 @@
+//! `RotatingKVCache` (mlx-lm) and `RotatingQuantizedKVCache` (ours): a sliding window of
+//! `max_size` tokens of which the first `keep` are never evicted.
+//!
+//! Both are one mechanism, [`Rotating`], over dense or quantized [`Store`]s, ported line by line
+//! from mlx-lm 0.32.2. Single-token writes go in place into a ring buffer; multi-token writes
+//! first put the buffer in temporal order and concatenate. On top of mlx-lm:
+//! - [`Cache::trim`] only trims while the cache is trimmable (before it wraps) and otherwise
+//!   returns 0 leaving the cache untouched (mlx-lm's raw `trim` would corrupt the ring);
+//! - [`RotatingKVCache::rollback`] removes the last `n` tokens right after a multi-token write
+//!   even when wrapped (speculative decoding), checking its precondition.
+
+use std::any::Any;
+
+use mlx_core::prelude::*;
+
+use crate::kv::{store_from_state, store_state};
+use crate::mask::{create_causal_mask, AttentionMask};
+use crate::state::StateValue;
+use crate::store::{incoming, zeros_for, QuantSpec, Store};
+use crate::{as_i32, seq_of, Cache, Kv};
+
+const STEP: usize = 256;
+
+#[derive(Clone, Debug)]
+pub(crate) struct Rotating {
+    keys: Option<Store>,
+    values: Option<Store>,
+    offset: usize,
+    max_size: usize,
+    keep: usize,
+    idx: usize,
+    quant: Option<QuantSpec>,
+    /// Tokens appended by the last write if it was a multi-token (concatenating) write and
+    /// nothing has been written or trimmed since: what [`Rotating::rollback`] may remove.
+    rollback_room: usize,
+    /// The rows that write evicted (keys, values), put back if every new token is rolled back.
+    rollback_dropped: Option<(Store, Store)>,
+}
+
+fn i(v: usize) -> Result<i32> {
+    as_i32(v, "rotating cache")
+}
+
+impl Rotating {
+    fn new(max_size: usize, keep: usize, quant: Option<QuantSpec>) -> Result<Self> {
+        if max_size == 0 || keep >= max_size {
+            return Err(Error::InvalidArgument {
+                op: "RotatingKVCache",
+                message: format!("need 0 <= keep < max_size, got keep {keep}, max_size {max_size}"),
+            });
+        }
+        Ok(Rotating {
+            keys: None,
+            values: None,
+            offset: 0,
+            max_size,
+            keep,
+            idx: 0,
+            quant,
+            rollback_room: 0,
+            rollback_dropped: None,
+        })
+    }
+
+    /// `_trim`: drop `trim_size` tokens after the first `keep`, then append.
+    fn trim_store(&self, trim_size: i64, v: &Store, append: Option<&Store>) -> Result<Store> {
+        let mut parts = Vec::new();
+        if trim_size > 0 {
+            let len = v.seq_len();
+            parts.push(v.slice(0, i(self.keep)?)?);
+            parts.push(v.slice(i(trim_size as usize + self.keep)?.min(len), len)?);
+        } else {
+            parts.push(v.clone());
+        }
+        if let Some(a) = append {
+            parts.push(a.clone());
+        }
+        Store::concat(&parts.iter().collect::<Vec<_>>())
+    }
+
+    /// `_temporal_order`: the buffer rearranged into temporal order, unused tail cut off.
+    fn temporal_order(&self, v: &Store) -> Result<Store> {
+        let len = v.seq_len() as usize;
+        if self.idx == len {
+            Ok(v.clone())
+        } else if self.idx < self.offset {
+            let (keep, idx) = (i(self.keep)?, i(self.idx)?);
+            Store::concat(&[
+                &v.slice(0, keep)?,
+                &v.slice(idx, i(len)?)?,
+                &v.slice(keep, idx)?,
+            ])
+        } else {
+            v.slice(0, i(self.idx)?)
+        }
+    }
+
+    fn update_concat(&mut self, keys: &Array, values: &Array, s: usize) -> Result<(Store, Store)> {
+        let (k_new, v_new) = (incoming(keys, self.quant)?, incoming(values, self.quant)?);
+        match (self.keys.take(), self.values.take()) {
+            (Some(k), Some(v)) => {
+                let k = self.temporal_order(&k)?;
+                let v = self.temporal_order(&v)?;
+                self.idx = k.seq_len() as usize;
+                // The largest size is max_size + S - 1 so every token gets max_size context.
+                let trim_size = self.idx as i64 - self.max_size as i64 + 1;
+                self.rollback_dropped = if trim_size > 0 {
+                    let (a, b) = (i(self.keep)?, i(self.keep + trim_size as usize)?);
+                    Some((k.slice(a, b)?, v.slice(a, b)?))
+                } else {
+                    None
+                };
+                self.keys = Some(self.trim_store(trim_size, &k, Some(&k_new))?);
+                self.values = Some(self.trim_store(trim_size, &v, Some(&v_new))?);
+            }
+            _ => {
+                self.keys = Some(k_new);
+                self.values = Some(v_new);
+                self.rollback_dropped = None;
+            }
+        }
+        self.offset += s;
+        let (k, v) = match (&self.keys, &self.values) {
+            (Some(k), Some(v)) => (k.clone(), v.clone()),
+            _ => return Err(missing()),
+        };
+        self.idx = k.seq_len() as usize;
+        self.rollback_room = s;
+        Ok((k, v))
+    }
+
+    fn update_in_place(
+        &mut self,
+        keys: &Array,
+        values: &Array,
+        s: usize,
+    ) -> Result<(Store, Store)> {
+        let prev = self.offset;
+        let grow = match &self.keys {
+            None => true,
+            Some(k) => {
+                let len = k.seq_len() as usize;
+                prev >= len && len < self.max_size
+            }
+        };
+        if grow {
+            let new_size = i(STEP.min(self.max_size.saturating_sub(prev)))?;
+            let (nk, nv) = (
+                zeros_for(keys, new_size, self.quant)?,
+                zeros_for(values, new_size, self.quant)?,
+            );
+            match (self.keys.take(), self.values.take()) {
+                (Some(k), Some(v)) => {
+                    self.keys = Some(Store::concat(&[&k, &nk])?);
+                    self.values = Some(Store::concat(&[&v, &nv])?);
+                }
+                _ => {
+                    self.keys = Some(nk);
+                    self.values = Some(nv);
+                }
+            }
+            self.idx = prev;
+        }
+        let (mut k, mut v) = match (self.keys.take(), self.values.take()) {
+            (Some(k), Some(v)) => (k, v),
+            _ => return Err(missing()),
+        };
+        let trim_size = k.seq_len() as i64 - self.max_size as i64;
+        if trim_size > 0 {
+            k = self.trim_store(trim_size, &k, None)?;
+            v = self.trim_store(trim_size, &v, None)?;
+            self.idx = self.max_size;
+        }
+        if self.idx == self.max_size {
+            self.idx = self.keep;
+        }
+        let (start, stop) = (i(self.idx)?, i(self.idx + s)?);
+        k = k.update(&incoming(keys, self.quant)?, start, stop)?;
+        v = v.update(&incoming(values, self.quant)?, start, stop)?;
+        self.keys = Some(k);
+        self.values = Some(v);
+        self.offset += s;
+        self.idx += s;
+        self.rollback_room = 0;
+        self.rollback_dropped = None;
+        self.fetch()
+    }
+
+    fn update(&mut self, keys: &Array, values: &Array) -> Result<(Store, Store)> {
+        let s = seq_of(keys, values, "update_and_fetch")?;
+        if s == 1 {
+            self.update_in_place(keys, values, s)
+        } else {
+            self.update_concat(keys, values, s)
+        }
+    }
+
+    fn fetch(&self) -> Result<(Store, Store)> {
+        match (&self.keys, &self.values) {
+            (Some(k), Some(v)) => {
+                if (self.offset as i64) < i64::from(k.seq_len()) {
+                    let o = i(self.offset)?;
+                    Ok((k.slice(0, o)?, v.slice(0, o)?))
+                } else {
+                    Ok((k.clone(), v.clone()))
+                }
+            }
+            _ => Err(missing()),
+        }
+    }
+
+    fn is_trimmable(&self) -> bool {
+        self.offset < self.max_size
+    }
+
+    fn trim(&mut self, n: usize) -> usize {
+        if !self.is_trimmable() {
+            return 0;
+        }
+        let n = n.min(self.offset).min(self.idx);
+        self.offset -= n;
+        self.idx -= n;
+        self.rollback_room = 0;
+        self.rollback_dropped = None;
+        n
+    }
+
+    fn rollback(&mut self, n: usize) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        if n > self.rollback_room {
+            return Err(Error::InvalidArgument {
+                op: "rollback",
+                message: format!(
+                    "cannot roll back {n} tokens: only the tokens of the last multi-token write \
+                     can be rolled back, and {} remain from it",
+                    self.rollback_room
+                ),
+            });
+        }
+        // After a concatenating write the buffer is in temporal order with the new tokens at
+        // the end and idx == its length, so dropping the tail undoes exactly those tokens.
+        let (k, v) = match (&self.keys, &self.values) {
+            (Some(k), Some(v)) => (k, v),
+            _ => return Err(missing()),
+        };
+        let len = k.seq_len() as usize;
+        let keep_len = i(len - n)?;
+        let (mut k, mut v) = (k.slice(0, keep_len)?, v.slice(0, keep_len)?);
+        self.rollback_room -= n;
+        if self.rollback_room == 0 {
+            // Nothing of the write is left: put back the rows it evicted, so the cache holds
+            // exactly what it held before (in temporal order). With at least one new token
+            // left, the window already holds max_size tokens, as a direct write would.
+            if let Some((dk, dv)) = self.rollback_dropped.take() {
+                let keep = i(self.keep)?;
+                k = Store::concat(&[&k.slice(0, keep)?, &dk, &k.slice(keep, keep_len)?])?;
+                v = Store::concat(&[&v.slice(0, keep)?, &dv, &v.slice(keep, keep_len)?])?;
+            }
+        }
+        self.idx = k.seq_len() as usize;
+        self.keys = Some(k);
+        self.values = Some(v);
+        self.offset -= n;
+        Ok(())
+    }
+
+    fn make_mask(
+        &self,
+        n: usize,
+        window_size: Option<usize>,
+        return_array: bool,
+    ) -> Result<AttentionMask> {
+        if n > 1 {
+            let window = window_size.filter(|w| *w != 0).unwrap_or(self.max_size);
+            let offset = (self.max_size - 1).min(self.offset);
+            if offset + n > window || return_array {
+                Ok(AttentionMask::Array(create_causal_mask(
+                    n,
+                    offset,
+                    Some(window),
+                )?))
+            } else {
+                Ok(AttentionMask::Causal)
+            }
+        } else {
+            let Some(window) = window_size else {
+                return Ok(AttentionMask::None);
+            };
+            if self.offset >= window && self.max_size > window {
+                let idx = if self.idx >= self.max_size {
+                    0
+                } else {
+                    self.idx
+                };
+                let mask_size = if self.offset < self.max_size {
+                    self.offset + 1
+                } else {
+                    self.max_size
+                };
+                let ar = ops::arange(0.0, mask_size as f64, 1.0, Dtype::Int32, None)?;
+                let mask = ops::greater_equal(
+                    &ar,
+                    &Scalar::Int((mask_size - window) as i64).to_array_like(Dtype::Int32)?,
+                    None,
+                )?;
+                Ok(AttentionMask::Array(roll(&mask, idx + 1)?))
+            } else {
+                Ok(AttentionMask::None)
+            }
+        }
+    }
+
+    fn state(&self) -> Vec<StateValue> {
+        vec![
+            store_state(&self.keys),
+            store_state(&self.values),
+            StateValue::count(self.offset),
+            StateValue::count(self.keep),
+            StateValue::count(self.max_size),
+            StateValue::count(self.idx),
+        ]
+    }
+
+    fn from_state(
+        items: Vec<StateValue>,
+        class: &'static str,
+        quant: Option<QuantSpec>,
+    ) -> Result<Self> {
+        let mut it = items.into_iter();
+        let mut next = || {
+            it.next().ok_or_else(|| Error::InvalidArgument {
+                op: "from_state",
+                message: class.into(),
+            })
+        };
+        let keys = store_from_state(next()?, class)?;
+        let values = store_from_state(next()?, class)?;
+        let offset = next()?.usize(class)?;
+        let keep = next()?.usize(class)?;
+        let max_size = next()?.usize(class)?;
+        let idx = next()?.usize(class)?;
+        Ok(Rotating {
+            keys,
+            values,
+            offset,
+            max_size,
+            keep,
+            idx,
+            quant,
+            rollback_room: 0,
+            rollback_dropped: None,
+        })
+    }
+
+    fn nbytes(&self) -> usize {
+        self.keys.as_ref().map_or(0, Store::nbytes) + self.values.as_ref().map_or(0, Store::nbytes)
+    }
+
+    /// The held tokens in temporal order (oldest first), for inspection and tests.
+    fn temporal(&self) -> Result<Option<(Store, Store)>> {
+        match (&self.keys, &self.values) {
+            (Some(k), Some(v)) => Ok(Some((self.temporal_order(k)?, self.temporal_order(v)?))),
+            _ => Ok(None),
+        }
+    }
+}
+
+/// `mx.roll(x, shift)` for a 1-D array.
+fn roll(x: &Array, shift: usize) -> Result<Array> {
+    let n = x.size();
+    if n == 0 {
+        return Ok(x.clone());
+    }
+    let s = i(shift % n)?;
+    if s == 0 {
+        return Ok(x.clone());
+    }
+    let n = i(n)?;
+    ops::concatenate(
+        &[
+            &ops::slice_axis(x, 0, n - s, n, None)?,
+            &ops::slice_axis(x, 0, 0, n - s, None)?,
+        ],
+        0,
+        None,
+    )
+}
+
+fn missing() -> Error {
+    Error::InvalidArgument {
+        op: "rotating cache",
+        message: "the cache is empty".into(),
+    }
+}
+
+macro_rules! rotating_cache {
+    ($name:ident, $class:literal) => {
+        impl Cache for $name {
+            fn class_name(&self) -> &'static str {
+                $class
+            }
+            fn offset(&self) -> usize {
+                self.0.offset
+            }
+            fn size(&self) -> usize {
+                self.0.offset.min(self.0.max_size)
+            }
+            fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<Kv> {
+                let (k, v) = self.0.update(keys, values)?;
+                Kv::from_stores(k, v, self.0.quant)
+            }
+            fn fetch(&self) -> Result<Option<Kv>> {
+                if self.0.keys.is_none() {
+                    return Ok(None);
+                }
+                let (k, v) = self.0.fetch()?;
+                Kv::from_stores(k, v, self.0.quant).map(Some)
+            }
+            fn make_mask(
+                &self,
+                n: usize,
+                window_size: Option<usize>,
+                return_array: bool,
+            ) -> Result<AttentionMask> {
+                self.0.make_mask(n, window_size, return_array)
+            }
+            fn state(&self) -> StateValue {
+                let mut s = self.0.state();
+                if let Some(q) = self.0.quant {
+                    s.push(StateValue::Int(q.group_size.into()));
+                    s.push(StateValue::Int(q.bits.into()));
+                }
+                StateValue::List(s)
+            }
+            fn is_trimmable(&self) -> bool {
+                self.0.is_trimmable()
+            }
+            fn trim(&mut self, n: usize) -> usize {
+                self.0.trim(n)
+            }
+            fn nbytes(&self) -> usize {
+                self.0.nbytes()
+            }
+            fn is_empty(&self) -> bool {
+                self.0.keys.is_none()
+            }
+            fn boxed_clone(&self) -> Box<dyn Cache> {
+                Box::new(self.clone())
+            }
+            fn as_any(&self) -> &dyn Any {
+                self
+            }
+            fn as_any_mut(&mut self) -> &mut dyn Any {
+                self
+            }
+        }
+
+        impl $name {
+            /// Removes the last `n` tokens, allowed only right after a multi-token write of at
+            /// least `n` tokens (speculative decoding rejecting drafts), wrapped or not.
+            /// Anything else is an `Err` and leaves the cache unchanged.
+            pub fn rollback(&mut self, n: usize) -> Result<()> {
+                self.0.rollback(n)
+            }
+
+            /// The tokens held, oldest first: `(keys, values)`, or `None` when empty.
+            pub fn temporal(&self) -> Result<Option<(Store, Store)>> {
+                self.0.temporal()
+            }
+
+            pub fn max_size(&self) -> usize {
+                self.0.max_size
+            }
+
+            pub fn keep(&self) -> usize {
+                self.0.keep
+            }
+        }
+    };
+}
+
+/// mlx-lm's `RotatingKVCache(max_size, keep)`.
+#[derive(Clone, Debug)]
+pub struct RotatingKVCache(Rotating);
+
+impl RotatingKVCache {
+    pub fn new(max_size: usize, keep: usize) -> Result<Self> {
+        Ok(RotatingKVCache(Rotating::new(max_size, keep, None)?))
+    }
+
+    /// The same window with quantized contents (mlx-lm raises here).
+    pub fn to_quantized(&self, group_size: i32, bits: i32) -> Result<RotatingQuantizedKVCache> {
+        let spec = QuantSpec { group_size, bits };
+        let q = |s: &Option<Store>| s.as_ref().map(|s| s.quantized(spec)).transpose();
+        let mut r = self.0.clone();
+        r.keys = q(&self.0.keys)?;
+        r.values = q(&self.0.values)?;
+        r.quant = Some(spec);
+        Ok(RotatingQuantizedKVCache(r))
+    }
+
+    pub fn from_state(state: StateValue) -> Result<Self> {
+        Ok(RotatingKVCache(Rotating::from_state(
+            state.list("RotatingKVCache", 6)?,
+            "RotatingKVCache",
+            None,
+        )?))
+    }
+}
+
+/// A rotating cache whose contents are affine-quantized; not in mlx-lm. Its state is
+/// `RotatingKVCache`'s followed by `group_size` and `bits`.
+#[derive(Clone, Debug)]
+pub struct RotatingQuantizedKVCache(Rotating);
+
+impl RotatingQuantizedKVCache {
+    pub fn new(max_size: usize, keep: usize, group_size: i32, bits: i32) -> Result<Self> {
+        Ok(RotatingQuantizedKVCache(Rotating::new(
+            max_size,
+            keep,
+            Some(QuantSpec { group_size, bits }),
+        )?))
+    }
+
+    pub fn from_state(state: StateValue) -> Result<Self> {
+        let c = "RotatingQuantizedKVCache";
+        let mut items = state.list(c, 8)?;
+        let bits = items.pop().map_or(Ok(0), |v| v.int(c))? as i32;
+        let group_size = items.pop().map_or(Ok(0), |v| v.int(c))? as i32;
+        Ok(RotatingQuantizedKVCache(Rotating::from_state(
+            items,
+            c,
+            Some(QuantSpec { group_size, bits }),
+        )?))
+    }
+}
+
+rotating_cache!(RotatingKVCache, "RotatingKVCache");
+rotating_cache!(RotatingQuantizedKVCache, "RotatingQuantizedKVCache");

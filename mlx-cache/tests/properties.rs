@@ -1,0 +1,299 @@
+//! Property tests of the caches' stateful invariants.
+
+use mlx_cache::*;
+use mlx_core::prelude::*;
+use mlx_core::testing::assert_bit_equal;
+use proptest::prelude::*;
+
+const H: i32 = 2;
+const D: i32 = 32;
+
+/// Distinct, exactly representable rows: token `t` of the sequence, head `h`, dim `d`.
+fn tokens(start: usize, n: usize, salt: f32) -> Array {
+    let mut data = Vec::with_capacity(H as usize * n * D as usize);
+    for h in 0..H {
+        for t in start..start + n {
+            for d in 0..D {
+                data.push(salt + (t as f32) + (h as f32) * 0.5 + (d as f32) / 64.0);
+            }
+        }
+    }
+    Array::from_slice(&data, &[1, H, n as i32, D]).unwrap()
+}
+
+fn write(c: &mut dyn Cache, start: usize, n: usize) -> Kv {
+    c.update_and_fetch(&tokens(start, n, 0.0), &tokens(start, n, 1000.0))
+        .unwrap()
+}
+
+fn dense(kv: &Kv) -> (Array, Array) {
+    match kv {
+        Kv::Dense { keys, values } => (keys.clone(), values.clone()),
+        Kv::Quantized { .. } => panic!("expected dense"),
+    }
+}
+
+fn store_dense(s: &Store) -> Array {
+    match s {
+        Store::Dense(a) => a.clone(),
+        Store::Quantized(_) => panic!("expected dense"),
+    }
+}
+
+fn eq(a: &Array, b: &Array) -> Result<(), TestCaseError> {
+    assert_bit_equal(a, b).map_err(TestCaseError::fail)
+}
+
+fn slice_seq(a: &Array, start: i32, stop: i32) -> Array {
+    ops::slice_axis(a, 2, start, stop, None).unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn offset_is_written_minus_trimmed(ops in prop::collection::vec((1usize..40, 0usize..30), 1..12)) {
+        let mut caches: Vec<Box<dyn Cache>> = vec![
+            Box::new(KVCache::new()),
+            Box::new(QuantizedKVCache::new(32, 4)),
+            Box::new(ConcatenateKVCache::new()),
+            Box::new(ChunkedKVCache::new(1 << 20)),
+        ];
+        for c in caches.iter_mut() {
+            let mut expected = 0usize;
+            for &(w, t) in &ops {
+                write(c.as_mut(), expected, w);
+                expected += w;
+                let got = c.trim(t);
+                prop_assert_eq!(got, t.min(expected));
+                expected -= got;
+                prop_assert_eq!(c.offset(), expected, "{}", c.class_name());
+            }
+        }
+    }
+
+    #[test]
+    fn trim_then_rewrite_equals_a_fresh_cache(a in 1usize..300, t in 0usize..300, b in 1usize..40) {
+        let t = t.min(a);
+        let mut c = KVCache::new();
+        write(&mut c, 0, a);
+        prop_assert_eq!(c.trim(t), t);
+        let x = dense(&write(&mut c, a - t, b));
+        let mut fresh = KVCache::new();
+        if a - t > 0 {
+            write(&mut fresh, 0, a - t);
+        }
+        let y = dense(&write(&mut fresh, a - t, b));
+        eq(&x.0, &y.0)?;
+        eq(&x.1, &y.1)?;
+    }
+
+    #[test]
+    fn rotating_holds_keep_prefix_and_latest_suffix(
+        max_size in 4usize..24, keep in 0usize..4, writes in prop::collection::vec(1usize..6, 1..20)
+    ) {
+        let keep = keep.min(max_size - 1);
+        let mut rot = RotatingKVCache::new(max_size, keep).unwrap();
+        let mut plain = KVCache::new();
+        let mut pos = 0;
+        for w in writes {
+            write(&mut rot, pos, w);
+            let all = dense(&write(&mut plain, pos, w)).0;
+            pos += w;
+            let (tk, _) = rot.temporal().unwrap().unwrap();
+            let tk = store_dense(&tk);
+            let held = tk.shape()[2] as usize;
+            prop_assert!(held >= pos.min(max_size), "holds {held} < {}", pos.min(max_size));
+            // keep prefix then the most recent (held - keep) tokens, in order.
+            let k = keep.min(held);
+            let expect = if held >= pos {
+                all.clone()
+            } else {
+                ops::concatenate(
+                    &[&slice_seq(&all, 0, k as i32), &slice_seq(&all, (pos - (held - k)) as i32, pos as i32)],
+                    2,
+                    None,
+                )
+                .unwrap()
+            };
+            eq(&tk, &expect)?;
+        }
+    }
+
+    #[test]
+    fn before_wrapping_rotating_and_plain_agree(max_size in 8usize..64, writes in prop::collection::vec(1usize..5, 1..10)) {
+        let mut rot = RotatingKVCache::new(max_size, 2).unwrap();
+        let mut plain = KVCache::new();
+        let mut pos = 0;
+        for w in writes {
+            if pos + w > max_size {
+                break;
+            }
+            let a = dense(&write(&mut rot, pos, w));
+            let b = dense(&write(&mut plain, pos, w));
+            pos += w;
+            eq(&a.0, &b.0)?;
+            eq(&a.1, &b.1)?;
+            for n in [1usize, 3].into_iter().filter(|n| pos + n <= max_size) {
+                match (rot.make_mask(n, None, false).unwrap(), plain.make_mask(n, None, false).unwrap()) {
+                    (AttentionMask::None, AttentionMask::None) | (AttentionMask::Causal, AttentionMask::Causal) => {}
+                    (AttentionMask::Array(x), AttentionMask::Array(y)) => eq(&x, &y)?,
+                    (x, y) => prop_assert!(false, "masks differ: {x:?} vs {y:?}"),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn to_quantized_equals_quantizing_the_plain_contents(n in 1usize..300, bits in prop::sample::select(vec![2, 4, 8])) {
+        let mut plain = KVCache::new();
+        let (k, _) = dense(&write(&mut plain, 0, n));
+        let q = plain.to_quantized(32, bits).unwrap();
+        let spec = QuantSpec { group_size: 32, bits };
+        let direct = spec.quantize(&k).unwrap();
+        match q.fetch().unwrap().unwrap() {
+            Kv::Quantized { keys, .. } => {
+                eq(&keys.weight, &direct.weight)?;
+                eq(&keys.scales, &direct.scales)?;
+                eq(&keys.biases, &direct.biases)?;
+            }
+            Kv::Dense { .. } => prop_assert!(false, "not quantized"),
+        }
+    }
+
+    #[test]
+    fn rollback_then_rewrite_equals_writing_only_the_accepted(
+        max_size in 4usize..16, prefix in 1usize..40, drafts in 2usize..6, accepted in 0usize..6
+    ) {
+        let accepted = accepted.min(drafts);
+        let mut a = RotatingKVCache::new(max_size, 1).unwrap();
+        let mut b = RotatingKVCache::new(max_size, 1).unwrap();
+        for t in 0..prefix {
+            write(&mut a, t, 1);
+            write(&mut b, t, 1);
+        }
+        write(&mut a, prefix, drafts);
+        a.rollback(drafts - accepted).unwrap();
+        if accepted > 0 {
+            write(&mut b, prefix, accepted);
+        }
+        prop_assert_eq!(a.offset(), b.offset());
+        let (ta, tb) = (a.temporal().unwrap().unwrap(), b.temporal().unwrap().unwrap());
+        eq(&store_dense(&ta.0), &store_dense(&tb.0))?;
+        // Both continue identically.
+        let (x, y) = (dense(&write(&mut a, prefix + accepted, 1)), dense(&write(&mut b, prefix + accepted, 1)));
+        let (ta, tb) = (a.temporal().unwrap().unwrap(), b.temporal().unwrap().unwrap());
+        eq(&store_dense(&ta.0), &store_dense(&tb.0))?;
+        prop_assert_eq!(x.0.shape()[2] > 0, y.0.shape()[2] > 0);
+    }
+
+    #[test]
+    fn an_impossible_trim_changes_nothing(max_size in 4usize..12, extra in 1usize..10, n in 1usize..10) {
+        let mut a = RotatingKVCache::new(max_size, 0).unwrap();
+        let mut b = RotatingKVCache::new(max_size, 0).unwrap();
+        for t in 0..max_size + extra {
+            write(&mut a, t, 1);
+            write(&mut b, t, 1);
+        }
+        prop_assert!(!a.is_trimmable());
+        prop_assert_eq!(a.trim(n), 0);
+        prop_assert_eq!(a.offset(), b.offset());
+        let (x, y) = (dense(&write(&mut a, max_size + extra, 1)), dense(&write(&mut b, max_size + extra, 1)));
+        eq(&x.0, &y.0)?;
+        eq(&x.1, &y.1)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
+
+    /// The quantized rotating cache (not in mlx-lm) is the rotating cache with each write
+    /// quantized: its contents equal quantizing the dense rotating cache's, step by step, and
+    /// converting a dense one midway gives the same as having quantized all along.
+    #[test]
+    fn rotating_quantized_equals_quantized_rotating(
+        max_size in 4usize..20, keep in 0usize..3, writes in prop::collection::vec(1usize..5, 1..14), switch in 0usize..14
+    ) {
+        let spec = QuantSpec { group_size: 32, bits: 4 };
+        let mut plain = RotatingKVCache::new(max_size, keep.min(max_size - 1)).unwrap();
+        let mut quant = RotatingQuantizedKVCache::new(max_size, keep.min(max_size - 1), 32, 4).unwrap();
+        let mut converted: Option<RotatingQuantizedKVCache> = None;
+        let mut pos = 0;
+        for (step, w) in writes.into_iter().enumerate() {
+            if step == switch {
+                converted = Some(plain.to_quantized(32, 4).unwrap());
+            }
+            let d = dense(&write(&mut plain, pos, w));
+            let q = write(&mut quant, pos, w);
+            let c = converted.as_mut().map(|c| write(c, pos, w));
+            pos += w;
+            let direct = spec.quantize(&d.0).unwrap();
+            for kv in std::iter::once(q).chain(c) {
+                match kv {
+                    Kv::Quantized { keys, .. } => {
+                        eq(&keys.weight, &direct.weight)?;
+                        eq(&keys.scales, &direct.scales)?;
+                        eq(&keys.biases, &direct.biases)?;
+                    }
+                    Kv::Dense { .. } => prop_assert!(false, "not quantized"),
+                }
+            }
+            prop_assert_eq!(quant.offset(), plain.offset());
+        }
+    }
+}
+
+#[test]
+fn rollback_preconditions_are_checked() {
+    let mut c = RotatingKVCache::new(8, 0).unwrap();
+    for t in 0..10 {
+        write(&mut c, t, 1);
+    }
+    let err = c.rollback(1).unwrap_err().to_string();
+    assert!(err.contains("multi-token"), "{err}");
+    write(&mut c, 10, 3);
+    assert!(c.rollback(4).is_err());
+    c.rollback(2).unwrap();
+    assert_eq!(c.offset(), 11);
+    assert!(
+        c.rollback(2).is_err(),
+        "only one token of the write remains"
+    );
+    c.rollback(1).unwrap();
+    assert_eq!(c.offset(), 10);
+}
+
+#[test]
+fn recurrent_state_snapshot_and_restore() {
+    let mut c = ArraysCache::new(2);
+    c.set(0, tokens(0, 1, 0.0)).unwrap();
+    let snap = c.snapshot();
+    c.set(0, tokens(5, 1, 0.0)).unwrap();
+    c.set(1, tokens(6, 1, 0.0)).unwrap();
+    c.restore(&snap).unwrap();
+    assert_bit_equal(c.get(0).unwrap(), &tokens(0, 1, 0.0)).unwrap();
+    assert!(c.get(1).is_none());
+    assert!(c.set(2, tokens(0, 1, 0.0)).is_err());
+    assert!(!c.is_trimmable());
+    assert_eq!(c.trim(3), 0);
+    assert!(c
+        .update_and_fetch(&tokens(0, 1, 0.0), &tokens(0, 1, 0.0))
+        .is_err());
+    assert!(c.restore(&ArraysCache::new(3).snapshot()).is_err());
+}
+
+#[test]
+fn bad_shapes_are_errors_not_panics() {
+    let mut c = KVCache::new();
+    let bad = Array::from_slice(&[1.0f32; 4], &[2, 2]).unwrap();
+    assert!(c.update_and_fetch(&bad, &bad).is_err());
+    let k = tokens(0, 2, 0.0);
+    let v = Array::from_slice(&[1.0f32; 4 * 32], &[1, 2, 2, 32]).unwrap();
+    assert!(
+        c.update_and_fetch(&k, &tokens(0, 3, 0.0)).is_err(),
+        "seq lengths differ"
+    );
+    c.update_and_fetch(&k, &v).unwrap();
+    assert!(RotatingKVCache::new(4, 4).is_err());
+    assert!(RotatingKVCache::new(0, 0).is_err());
+}

@@ -1,0 +1,296 @@
+//! GGUF through MLX's loader: a hand-written file (F32, F16, Q4_0, Q4_1, Q8_0 tensors and
+//! metadata of every kind) must load exactly as `mx.load` loads it (goldens written by
+//! `cargo xtask goldens gguf`); missing, truncated and crash-inducing files are errors.
+
+use std::path::{Path, PathBuf};
+
+use mlx_core::io::{load_gguf, save_gguf, GgufMetadata, GgufValue};
+use mlx_core::prelude::*;
+use mlx_core::quantized::{self, QuantMode};
+use mlx_core::testing::{assert_bit_equal, Goldens};
+
+fn golden_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/goldens")
+}
+
+fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("mlx-core-gguf-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn small_gguf_loads_as_python_loads_it() {
+    let g = Goldens::load(golden_dir().join("gguf.safetensors")).unwrap();
+    let (arrays, meta) = load_gguf(golden_dir().join("small.gguf"), None).unwrap();
+
+    // Tensors: names (with the quantized triples), dtypes, shapes and bytes.
+    let names: Vec<&str> = g.metadata()["gguf.tensor_names"].split(',').collect();
+    assert_eq!(arrays.keys().map(String::as_str).collect::<Vec<_>>(), names);
+    let tensors = g.case("tensors").unwrap();
+    for (name, expected) in names.iter().zip(&tensors.outputs) {
+        assert_bit_equal(&arrays[*name], expected).unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+    assert_eq!(arrays["blk.0.q4_1.weight"].dtype(), Dtype::Uint32);
+    assert_eq!(arrays["blk.0.q4_1.scales"].dtype(), Dtype::Float16);
+
+    // The triples dequantize as in Python (group size 32).
+    let deq = g.case("dequantized").unwrap();
+    let quant: Vec<(&str, i32)> = g.metadata()["gguf.quantized"]
+        .split(',')
+        .map(|p| {
+            let (prefix, bits) = p.split_once(':').unwrap();
+            (prefix, bits.parse().unwrap())
+        })
+        .collect();
+    assert_eq!(quant.len(), 3);
+    for ((prefix, bits), expected) in quant.iter().zip(&deq.outputs) {
+        let w = &arrays[&format!("{prefix}.weight")];
+        let s = &arrays[&format!("{prefix}.scales")];
+        let b = &arrays[&format!("{prefix}.biases")];
+        let d =
+            quantized::dequantize(w, s, Some(b), 32, *bits, QuantMode::Affine, None, None).unwrap();
+        assert_bit_equal(&d, expected).unwrap_or_else(|e| panic!("{prefix}: {e}"));
+    }
+
+    // Metadata: every key, its kind and value.
+    let expected_meta: Vec<(&str, &str)> = g
+        .metadata()
+        .iter()
+        .filter_map(|(k, v)| k.strip_prefix("gguf.meta.").map(|k| (k, v.as_str())))
+        .collect();
+    assert_eq!(
+        meta.keys().map(String::as_str).collect::<Vec<_>>(),
+        expected_meta.iter().map(|(k, _)| *k).collect::<Vec<_>>()
+    );
+    let meta_arrays = g.case("meta_arrays").unwrap();
+    let mut next_array = meta_arrays.outputs.iter();
+    for (key, spec) in expected_meta {
+        match (meta.get(key).unwrap(), spec) {
+            (GgufValue::Array(a), "array") => {
+                assert_bit_equal(a, next_array.next().unwrap())
+                    .unwrap_or_else(|e| panic!("{key}: {e}"));
+            }
+            (GgufValue::String(s), spec) if spec.starts_with("string:") => {
+                assert_eq!(s, &spec["string:".len()..], "{key}");
+            }
+            (GgufValue::Strings(v), spec) if spec.starts_with("strings:") => {
+                let want: Vec<&str> = spec["strings:".len()..].split('\u{1f}').collect();
+                assert_eq!(v, &want, "{key}");
+            }
+            (GgufValue::None, "none") => {}
+            (got, spec) => panic!("{key}: got {got:?}, expected {spec}"),
+        }
+    }
+    assert!(next_array.next().is_none());
+
+    // Typed getters.
+    assert_eq!(meta.get_str("general.architecture").unwrap(), "llama");
+    assert_eq!(meta.get_u64("t.u32").unwrap(), 4_000_000_000);
+    assert_eq!(meta.get_u64("t.u64").unwrap(), (1 << 40) + 3);
+    assert_eq!(meta.get_i64("t.i64").unwrap(), -(1 << 40) - 3);
+    assert_eq!(meta.get_i64("t.i8").unwrap(), -100);
+    assert!(meta.get_u64("t.i16").is_err(), "negative is not a u64");
+    assert_eq!(meta.get_f32("t.f32").unwrap(), 0.1);
+    assert!(meta.get_bool("t.bool").unwrap());
+    assert_eq!(meta.get_strings("t.strs").unwrap()[2], "<|im_end|>");
+    assert_eq!(meta.get_str("t.str").unwrap(), "héllo wörld");
+    let err = meta.get_str("t.u32").unwrap_err();
+    assert!(err.to_string().contains("not a string"), "{err}");
+    let err = meta.get_u64("no.such.key").unwrap_err();
+    assert!(err.to_string().contains("no.such.key"), "{err}");
+    let err = meta.get_u64("t.u32s").unwrap_err();
+    assert!(err.to_string().contains("not a scalar"), "{err}");
+    assert!(meta.get_f32("t.u32").is_err());
+}
+
+#[test]
+fn missing_and_truncated_files_are_errors() {
+    let dir = tmpdir("bad");
+    let missing = dir.join("nope.gguf");
+    let err = load_gguf(&missing, None).expect_err("missing file");
+    assert!(err.to_string().contains("nope.gguf"), "{err}");
+
+    // Every proper prefix of a valid file is an error naming the file, never a crash.
+    let bytes = std::fs::read(golden_dir().join("small.gguf")).unwrap();
+    let cut = dir.join("cut.gguf");
+    for n in 0..bytes.len() {
+        std::fs::write(&cut, &bytes[..n]).unwrap();
+        match load_gguf(&cut, None) {
+            Err(e) => assert!(e.to_string().contains("cut.gguf"), "cut at {n}: {e}"),
+            Ok((arrays, _)) => panic!("cut at {n} loaded {} tensors", arrays.len()),
+        }
+    }
+    let err = {
+        std::fs::write(&cut, &bytes[..bytes.len() - 1]).unwrap();
+        load_gguf(&cut, None).unwrap_err()
+    };
+    assert!(err.to_string().contains("past the end"), "{err}");
+
+    let junk = dir.join("junk.gguf");
+    std::fs::write(&junk, b"not a gguf file at all").unwrap();
+    let err = load_gguf(&junk, None).unwrap_err();
+    assert!(err.to_string().contains("magic"), "{err}");
+}
+
+/// A minimal GGUF v3 writer for files MLX cannot write itself.
+struct Gguf {
+    kv: Vec<u8>,
+    n_kv: u64,
+    tensors: Vec<(String, Vec<u64>)>,
+}
+
+impl Gguf {
+    fn new() -> Self {
+        Gguf {
+            kv: Vec::new(),
+            n_kv: 0,
+            tensors: Vec::new(),
+        }
+    }
+    fn string(out: &mut Vec<u8>, s: &str) {
+        out.extend((s.len() as u64).to_le_bytes());
+        out.extend(s.as_bytes());
+    }
+    fn kv(mut self, key: &str, ty: u32, value: &[u8]) -> Self {
+        Self::string(&mut self.kv, key);
+        self.kv.extend(ty.to_le_bytes());
+        self.kv.extend(value);
+        self.n_kv += 1;
+        self
+    }
+    /// An f32 tensor of `dims` (innermost first, as GGUF lists them).
+    fn tensor(mut self, name: &str, dims: &[u64]) -> Self {
+        self.tensors.push((name.into(), dims.to_vec()));
+        self
+    }
+    fn bytes(&self) -> Vec<u8> {
+        let mut out = b"GGUF".to_vec();
+        out.extend(3u32.to_le_bytes());
+        out.extend((self.tensors.len() as u64).to_le_bytes());
+        out.extend(self.n_kv.to_le_bytes());
+        out.extend(&self.kv);
+        let mut offset = 0u64;
+        let mut data = Vec::new();
+        for (name, dims) in &self.tensors {
+            Self::string(&mut out, name);
+            out.extend((dims.len() as u32).to_le_bytes());
+            for d in dims {
+                out.extend(d.to_le_bytes());
+            }
+            out.extend(0u32.to_le_bytes()); // F32
+            out.extend(offset.to_le_bytes());
+            let n: u64 = dims.iter().product();
+            let size = 4 * n;
+            data.extend(std::iter::repeat_n(0u8, size as usize));
+            let pad = (32 - size % 32) % 32;
+            data.extend(std::iter::repeat_n(0u8, pad as usize));
+            offset += size + pad;
+        }
+        while out.len() % 32 != 0 {
+            out.push(0);
+        }
+        out.extend(data);
+        out
+    }
+}
+
+#[test]
+fn files_that_crash_mlx_are_refused() {
+    let dir = tmpdir("crash");
+    let f64_value = 1.5f64.to_le_bytes();
+    let write = |name: &str, g: &Gguf| {
+        let p = dir.join(name);
+        std::fs::write(&p, g.bytes()).unwrap();
+        p
+    };
+
+    // Control: a plain file loads.
+    let ok = write(
+        "ok.gguf",
+        &Gguf::new()
+            .kv("a", 4, &7u32.to_le_bytes())
+            .tensor("t", &[4, 2]),
+    );
+    let (arrays, meta) = load_gguf(&ok, None).unwrap();
+    assert_eq!(arrays["t"].shape(), vec![2, 4]);
+    assert_eq!(meta.get_u64("a").unwrap(), 7);
+
+    // A FLOAT64 value with tensors: MLX 0.32.4 segfaults skipping it.
+    let p = write(
+        "f64.gguf",
+        &Gguf::new().kv("x", 12, &f64_value).tensor("t", &[4]),
+    );
+    let err = load_gguf(&p, None).unwrap_err();
+    assert!(err.to_string().contains("FLOAT64"), "{err}");
+    // A FLOAT64 array: gguflib aborts.
+    let mut arr = 12u32.to_le_bytes().to_vec();
+    arr.extend(1u64.to_le_bytes());
+    arr.extend(f64_value);
+    let p = write("f64s.gguf", &Gguf::new().kv("x", 9, &arr).tensor("t", &[4]));
+    assert!(load_gguf(&p, None)
+        .unwrap_err()
+        .to_string()
+        .contains("FLOAT64"));
+    // Without tensors MLX reads a FLOAT64 scalar (as float32).
+    let p = write("f64_meta_only.gguf", &Gguf::new().kv("x", 12, &f64_value));
+    let (_, meta) = load_gguf(&p, None).unwrap();
+    assert_eq!(meta.get_f32("x").unwrap(), 1.5);
+
+    // Nine dimensions: gguflib asserts (aborts); eight are fine.
+    let p = write("dims9.gguf", &Gguf::new().tensor("t", &[1; 9]));
+    let err = load_gguf(&p, None).unwrap_err();
+    assert!(err.to_string().contains("dimensions"), "{err}");
+    let p = write(
+        "dims8.gguf",
+        &Gguf::new().tensor("t", &[2, 1, 1, 1, 1, 1, 1, 1]),
+    );
+    assert_eq!(
+        load_gguf(&p, None).unwrap().0["t"].shape(),
+        vec![1, 1, 1, 1, 1, 1, 1, 2]
+    );
+
+    // An unknown value type and a nested array are errors, not crashes.
+    let p = write(
+        "badtype.gguf",
+        &Gguf::new().kv("x", 77, &[0; 4]).tensor("t", &[4]),
+    );
+    assert!(load_gguf(&p, None).is_err());
+    let mut nested = 9u32.to_le_bytes().to_vec();
+    nested.extend(0u64.to_le_bytes());
+    let p = write(
+        "nested.gguf",
+        &Gguf::new().kv("x", 9, &nested).tensor("t", &[4]),
+    );
+    assert!(load_gguf(&p, None).is_err());
+}
+
+#[test]
+fn save_and_load_round_trip() {
+    let dir = tmpdir("rt");
+    let a = Array::from_slice(&[1.0f32, -2.0, 3.5, 4.0, 5.0, 6.0], &[2, 3]).unwrap();
+    let h =
+        Array::from_slice(&[half::f16::from_f32(0.5), half::f16::from_f32(-1.0)], &[2]).unwrap();
+    let mut meta = GgufMetadata::new();
+    meta.insert("general.name", GgufValue::String("tiny".into()));
+    meta.insert(
+        "tokens",
+        GgufValue::Strings(vec!["a".into(), "".into(), "ü c".into()]),
+    );
+    meta.insert("n", GgufValue::Array(Array::scalar(42u32).unwrap()));
+    meta.insert(
+        "v",
+        GgufValue::Array(Array::from_slice(&[1i32, 2, 3], &[3]).unwrap()),
+    );
+    let path = dir.join("rt.gguf");
+    save_gguf(&path, [("a", &a), ("h", &h)], &meta).unwrap();
+    let (arrays, back) = load_gguf(&path, None).unwrap();
+    assert_bit_equal(&arrays["a"], &a).unwrap();
+    assert_bit_equal(&arrays["h"], &h).unwrap();
+    assert_eq!(back.get_str("general.name").unwrap(), "tiny");
+    assert_eq!(back.get_strings("tokens").unwrap(), ["a", "", "ü c"]);
+    assert_eq!(back.get_u64("n").unwrap(), 42);
+    assert_bit_equal(back.get_array("v").unwrap(), meta.get_array("v").unwrap()).unwrap();
+    // Only the file itself is left in the directory.
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+}

@@ -1,0 +1,156 @@
+//! `config.json` handling: the model type (with mlx-lm's `MODEL_REMAPPING`), typed arguments
+//! that tolerate unknown keys, and the `quantization` block with per-module overrides.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::error::{ModelError, Result};
+
+/// mlx-lm 0.32.2's `MODEL_REMAPPING`, restricted to the targets this crate implements.
+pub const MODEL_REMAPPING: &[(&str, &str)] = &[
+    ("mistral", "llama"),
+    ("iquestcoder", "llama"),
+    ("xverse", "llama"),
+];
+
+/// The `model_type`s this crate can build (after remapping).
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &["llama"];
+
+/// A parsed `config.json`.
+#[derive(Clone, Debug)]
+pub struct ModelConfig {
+    /// The whole document, for architecture-specific arguments.
+    pub raw: Value,
+    /// `model_type` as written.
+    pub model_type: String,
+    /// The architecture that runs it (`model_type` after [`MODEL_REMAPPING`]).
+    pub architecture: String,
+    /// The `quantization` (or legacy `quantization_config`) block, if any.
+    pub quantization: Option<QuantConfig>,
+}
+
+/// Affine (or other mode) quantization parameters of one module.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QuantParams {
+    pub group_size: i32,
+    pub bits: i32,
+    pub mode: String,
+}
+
+/// The `quantization` block: defaults plus per-module entries (`false` = not quantized).
+#[derive(Clone, Debug, PartialEq)]
+pub struct QuantConfig {
+    pub default: QuantParams,
+    pub overrides: BTreeMap<String, Option<QuantParams>>,
+}
+
+impl ModelConfig {
+    /// Reads and parses `path` (a `config.json`).
+    pub fn from_file(path: &Path) -> Result<ModelConfig> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ModelError::Config(format!("{}: {e}", path.display())))?;
+        Self::from_json_str(&text).map_err(|e| match e {
+            ModelError::Config(m) => ModelError::Config(format!("{}: {m}", path.display())),
+            other => other,
+        })
+    }
+
+    pub fn from_json_str(text: &str) -> Result<ModelConfig> {
+        let raw: Value = serde_json::from_str(text)
+            .map_err(|e| ModelError::Config(format!("invalid JSON: {e}")))?;
+        Self::from_value(raw)
+    }
+
+    pub fn from_value(raw: Value) -> Result<ModelConfig> {
+        let obj = raw
+            .as_object()
+            .ok_or_else(|| ModelError::Config("config.json must hold a JSON object".into()))?;
+        let model_type = obj
+            .get("model_type")
+            .and_then(Value::as_str)
+            .ok_or_else(|| ModelError::Config("config.json has no string `model_type`".into()))?
+            .to_string();
+        let architecture = MODEL_REMAPPING
+            .iter()
+            .find(|(from, _)| *from == model_type)
+            .map_or(model_type.as_str(), |(_, to)| to)
+            .to_string();
+        if !SUPPORTED_MODEL_TYPES.contains(&architecture.as_str()) {
+            return Err(ModelError::UnsupportedModelType {
+                model_type,
+                supported: SUPPORTED_MODEL_TYPES
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect(),
+            });
+        }
+        let quantization = match obj
+            .get("quantization")
+            .or_else(|| obj.get("quantization_config"))
+        {
+            None | Some(Value::Null) => None,
+            Some(q) => Some(QuantConfig::parse(q)?),
+        };
+        Ok(ModelConfig {
+            raw,
+            model_type,
+            architecture,
+            quantization,
+        })
+    }
+
+    /// Typed architecture arguments (unknown keys ignored, missing ones defaulted by `T`).
+    pub fn args<T: DeserializeOwned>(&self) -> Result<T> {
+        serde_json::from_value(self.raw.clone())
+            .map_err(|e| ModelError::Config(format!("arguments for `{}`: {e}", self.architecture)))
+    }
+}
+
+fn int_field(v: &Value, key: &str, ctx: &str) -> Result<i32> {
+    v.get(key)
+        .and_then(Value::as_i64)
+        .and_then(|x| i32::try_from(x).ok())
+        .ok_or_else(|| ModelError::Config(format!("quantization{ctx}: `{key}` must be an integer")))
+}
+
+impl QuantParams {
+    fn parse(v: &Value, ctx: &str, default_mode: &str) -> Result<QuantParams> {
+        Ok(QuantParams {
+            group_size: int_field(v, "group_size", ctx)?,
+            bits: int_field(v, "bits", ctx)?,
+            mode: v
+                .get("mode")
+                .and_then(Value::as_str)
+                .unwrap_or(default_mode)
+                .to_string(),
+        })
+    }
+}
+
+impl QuantConfig {
+    fn parse(v: &Value) -> Result<QuantConfig> {
+        let obj = v
+            .as_object()
+            .ok_or_else(|| ModelError::Config("`quantization` must be an object".into()))?;
+        let default = QuantParams::parse(v, "", "affine")?;
+        let mut overrides = BTreeMap::new();
+        for (k, val) in obj {
+            match val {
+                Value::Bool(false) => {
+                    overrides.insert(k.clone(), None);
+                }
+                Value::Object(_) => {
+                    overrides.insert(
+                        k.clone(),
+                        Some(QuantParams::parse(val, &format!(".{k}"), &default.mode)?),
+                    );
+                }
+                _ => {}
+            }
+        }
+        Ok(QuantConfig { default, overrides })
+    }
+}

@@ -1,0 +1,27 @@
+//! Errors of `mlx-models`.
+
+/// What can go wrong loading or running a model.
+#[derive(thiserror::Error, Debug)]
+pub enum ModelError {
+    #[error(transparent)]
+    Mlx(#[from] mlx_core::Error),
+    /// A malformed or inconsistent `config.json` (or GGUF hyper-parameters).
+    #[error("invalid model config: {0}")]
+    Config(String),
+    #[error("unsupported model_type `{model_type}`; supported: {}", supported.join(", "))]
+    UnsupportedModelType {
+        model_type: String,
+        supported: Vec<String>,
+    },
+    /// Weights that do not match the model: every problem, sorted.
+    #[error("weights do not match the model:\n  {}", .0.join("\n  "))]
+    Weights(Vec<String>),
+    #[error("{path}: {message}")]
+    Io { path: String, message: String },
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    #[error("{0}")]
+    Other(String),
+}
+
+pub type Result<T, E = ModelError> = std::result::Result<T, E>;

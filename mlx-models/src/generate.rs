@@ -1,0 +1,270 @@
+//! Generation, ported from mlx-lm 0.32.2 `generate.py` `generate_step`: chunked prefill of all
+//! but the last prompt token, then a pipelined decode that builds and starts step n+1 before
+//! reading token n, MLX's buffer cache cleared where mlx-lm clears it, optional KV-cache
+//! quantization, and a caller-supplied prompt cache.
+
+use mlx_cache::{Cache, KVCache, RotatingKVCache};
+use mlx_core::prelude::*;
+use mlx_core::{async_eval, memory};
+
+use crate::error::{ModelError, Result};
+use crate::models::LanguageModel;
+use crate::sample::{LogitsProcessor, Sampler};
+
+/// mlx-lm's `DEFAULT_QUANTIZED_KV_START`.
+pub const DEFAULT_QUANTIZED_KV_START: usize = 5000;
+
+/// `generate_step`'s keyword arguments.
+#[derive(Clone, Debug)]
+pub struct GenerateOptions {
+    /// `None`: generate until the caller stops (mlx-lm's `-1`).
+    pub max_tokens: Option<usize>,
+    pub sampler: Sampler,
+    pub logits_processors: Vec<LogitsProcessor>,
+    /// With no prompt cache given: a rotating cache of this size (keep 4) per layer.
+    pub max_kv_size: Option<usize>,
+    pub prefill_step_size: usize,
+    pub kv_bits: Option<i32>,
+    pub kv_group_size: i32,
+    pub quantized_kv_start: usize,
+}
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        GenerateOptions {
+            max_tokens: Some(256),
+            sampler: Sampler::greedy(),
+            logits_processors: Vec::new(),
+            max_kv_size: None,
+            prefill_step_size: 2048,
+            kv_bits: None,
+            kv_group_size: 64,
+            quantized_kv_start: DEFAULT_QUANTIZED_KV_START,
+        }
+    }
+}
+
+/// `make_prompt_cache(model, max_kv_size)`: the model's own caches when its mlx-lm class
+/// defines `make_cache` (llama does, so `max_kv_size` is ignored there, as in mlx-lm),
+/// otherwise rotating caches of `max_kv_size` (keep 4) or plain ones.
+pub fn make_prompt_cache(
+    model: &dyn LanguageModel,
+    max_kv_size: Option<usize>,
+) -> Result<Vec<Box<dyn Cache>>> {
+    if model.defines_make_cache() {
+        return Ok(model.make_cache());
+    }
+    match max_kv_size {
+        None => Ok(model.make_cache()),
+        Some(n) => (0..model.num_layers())
+            .map(|_| -> Result<Box<dyn Cache>> {
+                Ok(Box::new(RotatingKVCache::new(
+                    n,
+                    4.min(n.saturating_sub(1)),
+                )?))
+            })
+            .collect(),
+    }
+}
+
+/// `maybe_quantize_kv_cache`: plain caches past `start` tokens become quantized. Unlike
+/// mlx-lm (whose `RotatingKVCache.to_quantized` raises), rotating caches become
+/// [`mlx_cache::RotatingQuantizedKVCache`].
+pub fn maybe_quantize_kv_cache(
+    caches: &mut [Box<dyn Cache>],
+    start: usize,
+    group_size: i32,
+    bits: Option<i32>,
+) -> Result<()> {
+    let Some(bits) = bits else { return Ok(()) };
+    for c in caches.iter_mut() {
+        if c.offset() < start {
+            continue;
+        }
+        if let Some(kv) = c.as_any().downcast_ref::<KVCache>() {
+            *c = Box::new(kv.to_quantized(group_size, bits)?);
+        } else if let Some(r) = c.as_any().downcast_ref::<RotatingKVCache>() {
+            *c = Box::new(r.to_quantized(group_size, bits)?);
+        }
+    }
+    Ok(())
+}
+
+/// One generated token: its id and the log-probabilities `(vocab,)` it was sampled from
+/// (after logits processors, before the sampler's own transforms).
+pub struct Step {
+    pub token: u32,
+    pub logprobs: Array,
+}
+
+/// The token stream of [`generate_step`].
+pub struct GenerateStep<'m> {
+    model: &'m dyn LanguageModel,
+    caches: Vec<Box<dyn Cache>>,
+    opts: GenerateOptions,
+    tokens: Vec<i32>,
+    y: Option<(Array, Array)>,
+    n: usize,
+    done: bool,
+}
+
+/// Starts generating from `prompt` (token ids). With `prompt_cache`, the cache is used and
+/// updated (recover it with [`GenerateStep::into_cache`]); otherwise a fresh one is made.
+pub fn generate_step<'m>(
+    prompt: &[i32],
+    model: &'m dyn LanguageModel,
+    prompt_cache: Option<Vec<Box<dyn Cache>>>,
+    opts: GenerateOptions,
+) -> Result<GenerateStep<'m>> {
+    if prompt.is_empty() {
+        return Err(ModelError::Other(
+            "Either input_embeddings or prompt (or both) must be provided.".into(),
+        ));
+    }
+    if opts.prefill_step_size == 0 {
+        return Err(ModelError::Other(
+            "prefill_step_size must be positive".into(),
+        ));
+    }
+    let caches = match prompt_cache {
+        Some(c) => c,
+        None => make_prompt_cache(model, opts.max_kv_size)?,
+    };
+    let mut g = GenerateStep {
+        model,
+        caches,
+        opts,
+        tokens: Vec::new(),
+        y: None,
+        n: 0,
+        done: false,
+    };
+    g.prefill(prompt)?;
+    Ok(g)
+}
+
+impl<'m> GenerateStep<'m> {
+    fn track(&mut self, input: &[i32]) {
+        if !self.opts.logits_processors.is_empty() {
+            self.tokens.extend_from_slice(input);
+        }
+    }
+
+    /// `_step`: one forward of `input` through the cache, then processors and the sampler.
+    fn step(&mut self, input: &Array, ids: Option<&[i32]>) -> Result<(Array, Array)> {
+        let len = input.size();
+        let x = ops::expand_dims(input, &[0], None)?;
+        let logits = self.model.forward(&x, Some(&mut self.caches))?;
+        let n = logits.dim(1)?;
+        let mut logits = ops::squeeze(&ops::slice_axis(&logits, 1, n - 1, n, None)?, &[1], None)?;
+        if !self.opts.logits_processors.is_empty() && len > 0 {
+            match ids {
+                Some(ids) => self.track(ids),
+                None => {
+                    let v = input.astype(Dtype::Int32)?.to_vec::<i32>()?;
+                    self.track(&v);
+                }
+            }
+            for p in &self.opts.logits_processors {
+                logits = p.apply(&self.tokens, &logits)?;
+            }
+        }
+        maybe_quantize_kv_cache(
+            &mut self.caches,
+            self.opts.quantized_kv_start,
+            self.opts.kv_group_size,
+            self.opts.kv_bits,
+        )?;
+        let all: Vec<i32> = (0..logits.ndim() as i32).collect();
+        let lse = ops::logsumexp(&logits, &all, true, None)?;
+        let logprobs = ops::subtract(&logits, &lse, None)?;
+        let sampled = self.opts.sampler.sample(&logprobs)?;
+        Ok((sampled, ops::squeeze(&logprobs, &[0], None)?))
+    }
+
+    fn prefill(&mut self, prompt: &[i32]) -> Result<()> {
+        let mut rest = prompt;
+        while rest.len() > 1 {
+            let n = self.opts.prefill_step_size.min(rest.len() - 1);
+            let chunk = &rest[..n];
+            let x = Array::from_slice(chunk, &[1, n as i32])?;
+            self.model.forward(&x, Some(&mut self.caches))?;
+            maybe_quantize_kv_cache(
+                &mut self.caches,
+                self.opts.quantized_kv_start,
+                self.opts.kv_group_size,
+                self.opts.kv_bits,
+            )?;
+            let states: Vec<Array> = self
+                .caches
+                .iter()
+                .filter_map(|c| c.fetch().ok().flatten())
+                .flat_map(|kv| kv.arrays().into_iter().cloned().collect::<Vec<_>>())
+                .collect();
+            mlx_core::eval(states.iter())?;
+            self.track(chunk);
+            rest = &rest[n..];
+            memory::clear_cache()?;
+        }
+        let last = Array::from_slice(rest, &[rest.len() as i32])?;
+        let (y, lp) = self.step(&last, Some(rest))?;
+        async_eval([&y, &lp])?;
+        self.y = Some((y, lp));
+        Ok(())
+    }
+
+    /// The caches, e.g. to keep as a prompt cache for the next call.
+    pub fn into_cache(self) -> Vec<Box<dyn Cache>> {
+        self.caches
+    }
+
+    pub fn cache(&self) -> &[Box<dyn Cache>] {
+        &self.caches
+    }
+
+    fn advance(&mut self) -> Result<Option<Step>> {
+        if self.done {
+            return Ok(None);
+        }
+        let Some((y, logprobs)) = self.y.take() else {
+            return Ok(None);
+        };
+        let stop = self.opts.max_tokens == Some(self.n);
+        let next = if !stop {
+            let next = self.step(&y, None)?;
+            async_eval([&next.0, &next.1])?;
+            Some(next)
+        } else {
+            None
+        };
+        if self.n == 0 {
+            y.eval()?;
+        }
+        if stop {
+            self.done = true;
+            return Ok(None);
+        }
+        let token = y.astype(Dtype::Uint32)?.item::<u32>()?;
+        if self.n % 256 == 0 {
+            memory::clear_cache()?;
+        }
+        self.y = next;
+        self.n += 1;
+        Ok(Some(Step { token, logprobs }))
+    }
+}
+
+impl Iterator for GenerateStep<'_> {
+    type Item = Result<Step>;
+
+    fn next(&mut self) -> Option<Result<Step>> {
+        match self.advance() {
+            Ok(Some(s)) => Some(Ok(s)),
+            Ok(None) => None,
+            Err(e) => {
+                self.done = true;
+                Some(Err(e))
+            }
+        }
+    }
+}

@@ -1,0 +1,132 @@
+//! Scaled dot-product attention over what a cache returns (mlx-lm `models/base.py`).
+
+use mlx_cache::{AttentionMask, Kv, QTensor, QuantSpec};
+use mlx_core::fast::{self, SdpaMask};
+use mlx_core::prelude::*;
+use mlx_core::quantized::{self, QuantMode};
+
+use crate::error::Result;
+
+/// mlx-lm's `scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks)`:
+/// MLX's fused kernel for dense keys/values, the quantized path for a quantized cache.
+pub fn scaled_dot_product_attention(
+    queries: &Array,
+    kv: &Kv,
+    scale: f32,
+    mask: &AttentionMask,
+    sinks: Option<&Array>,
+) -> Result<Array> {
+    match kv {
+        Kv::Dense { keys, values } => {
+            let m = match mask {
+                AttentionMask::None => SdpaMask::None,
+                AttentionMask::Causal => SdpaMask::Causal,
+                AttentionMask::Array(a) => SdpaMask::Array(a),
+            };
+            Ok(fast::scaled_dot_product_attention(
+                queries, keys, values, scale, m, sinks, None,
+            )?)
+        }
+        Kv::Quantized { keys, values, spec } => {
+            if sinks.is_some() {
+                return Err(crate::ModelError::Other(
+                    "quantized SDPA does not support attention sinks".into(),
+                ));
+            }
+            quantized_scaled_dot_product_attention(queries, keys, values, scale, mask, *spec)
+        }
+    }
+}
+
+fn qmm(x: &Array, t: &QTensor, transpose: bool, spec: QuantSpec) -> Result<Array> {
+    Ok(quantized::quantized_matmul(
+        x,
+        &t.weight,
+        &t.scales,
+        Some(&t.biases),
+        transpose,
+        spec.group_size,
+        spec.bits,
+        QuantMode::Affine,
+        None,
+    )?)
+}
+
+/// mlx-lm's `quantized_scaled_dot_product_attention`.
+pub fn quantized_scaled_dot_product_attention(
+    queries: &Array,
+    q_keys: &QTensor,
+    q_values: &QTensor,
+    scale: f32,
+    mask: &AttentionMask,
+    spec: QuantSpec,
+) -> Result<Array> {
+    let qs = queries.shape();
+    let (b, n_q_heads, l, d) = (qs[0], qs[1], qs[2], qs[3]);
+    let ks = q_keys.weight.shape();
+    let n_kv_heads = ks[ks.len() - 3];
+    let n_repeats = n_q_heads / n_kv_heads;
+
+    let mut queries = ops::multiply_scalar(queries, scale, None)?;
+    let expand = |t: &QTensor| -> Result<QTensor> {
+        Ok(QTensor {
+            weight: ops::expand_dims(&t.weight, &[-3], None)?,
+            scales: ops::expand_dims(&t.scales, &[-3], None)?,
+            biases: ops::expand_dims(&t.biases, &[-3], None)?,
+        })
+    };
+    let (k, v) = if n_repeats > 1 {
+        queries = ops::reshape(&queries, &[b, n_kv_heads, n_repeats, l, d], None)?;
+        (expand(q_keys)?, expand(q_values)?)
+    } else {
+        (q_keys.clone(), q_values.clone())
+    };
+    let mut scores = qmm(&queries, &k, true, spec)?;
+    let mask_arr = match mask {
+        AttentionMask::None => None,
+        AttentionMask::Causal => {
+            let ss = scores.shape();
+            let (ql, kl) = (ss[ss.len() - 2], ss[ss.len() - 1]);
+            let q_idx = ops::arange(f64::from(kl - ql), f64::from(kl), 1.0, Dtype::Int32, None)?;
+            let k_idx = ops::arange(0.0, f64::from(kl), 1.0, Dtype::Int32, None)?;
+            Some(ops::greater_equal(
+                &ops::expand_dims(&q_idx, &[1], None)?,
+                &ops::expand_dims(&k_idx, &[0], None)?,
+                None,
+            )?)
+        }
+        AttentionMask::Array(a) => Some(a.clone()),
+    };
+    if let Some(mut m) = mask_arr {
+        if n_repeats > 1 && m.ndim() > 3 {
+            m = ops::expand_dims(&m, &[-3], None)?;
+        }
+        scores = if m.dtype() == Dtype::Bool {
+            let min = finfo_min(scores.dtype());
+            ops::where_(
+                &m,
+                &scores,
+                &Scalar::Float(min).to_array_like(scores.dtype())?,
+                None,
+            )?
+        } else {
+            ops::add(&scores, &m, None)?
+        };
+    }
+    let scores = ops::softmax(&scores, &[-1], true, None)?;
+    let out = qmm(&scores, &v, false, spec)?;
+    if n_repeats > 1 {
+        Ok(ops::reshape(&out, &[b, n_q_heads, l, d], None)?)
+    } else {
+        Ok(out)
+    }
+}
+
+/// `mx.finfo(dtype).min` as the Python float mlx-lm passes on.
+fn finfo_min(d: Dtype) -> f32 {
+    match d {
+        Dtype::Float16 => -65504.0,
+        Dtype::Bfloat16 => half::bf16::MIN.to_f32(),
+        _ => f32::MIN,
+    }
+}

@@ -1,0 +1,150 @@
+//! `nn.Linear` and `nn.QuantizedLinear` as one layer that may be quantized.
+
+use mlx_core::prelude::*;
+use mlx_core::quantized::{self, QuantMode};
+
+use crate::config::QuantParams;
+use crate::error::{ModelError, Result};
+use crate::weights::Weights;
+
+/// A packed, quantized weight: `(weight, scales, biases)` plus how it was packed.
+#[derive(Clone, Debug)]
+pub struct QuantizedWeight {
+    pub weight: Array,
+    pub scales: Array,
+    /// Absent for the modes without biases (mxfp4, nvfp4, mxfp8).
+    pub biases: Option<Array>,
+    pub group_size: i32,
+    pub bits: i32,
+    pub mode: QuantMode,
+}
+
+pub(crate) fn quant_mode(mode: &str) -> Result<QuantMode> {
+    match mode {
+        "affine" => Ok(QuantMode::Affine),
+        "mxfp4" => Ok(QuantMode::Mxfp4),
+        "nvfp4" => Ok(QuantMode::Nvfp4),
+        "mxfp8" => Ok(QuantMode::Mxfp8),
+        other => Err(ModelError::Config(format!(
+            "unknown quantization mode `{other}`"
+        ))),
+    }
+}
+
+impl QuantizedWeight {
+    /// Loads `<path>.weight`, `.scales` (and `.biases` for affine) for a logical
+    /// `(rows, cols)` matrix, checking the packed shapes.
+    pub fn load(
+        w: &mut Weights,
+        path: &str,
+        rows: i32,
+        cols: i32,
+        q: &QuantParams,
+    ) -> Result<QuantizedWeight> {
+        let mode = quant_mode(&q.mode)?;
+        if q.bits <= 0 || q.group_size <= 0 || (cols * q.bits) % 32 != 0 || cols % q.group_size != 0
+        {
+            return Err(ModelError::Config(format!(
+                "{path}: {cols} columns cannot be packed with {} bits in groups of {}",
+                q.bits, q.group_size
+            )));
+        }
+        let weight = w.take(&format!("{path}.weight"), &[rows, cols * q.bits / 32])?;
+        let scales = w.take(&format!("{path}.scales"), &[rows, cols / q.group_size])?;
+        let biases = if mode == QuantMode::Affine {
+            Some(w.take(&format!("{path}.biases"), &[rows, cols / q.group_size])?)
+        } else {
+            None
+        };
+        Ok(QuantizedWeight {
+            weight,
+            scales,
+            biases,
+            group_size: q.group_size,
+            bits: q.bits,
+            mode,
+        })
+    }
+
+    /// `mx.quantized_matmul(x, w, scales, biases, transpose=True, ...)`.
+    pub fn matmul_t(&self, x: &Array) -> Result<Array> {
+        Ok(quantized::quantized_matmul(
+            x,
+            &self.weight,
+            &self.scales,
+            self.biases.as_ref(),
+            true,
+            self.group_size,
+            self.bits,
+            self.mode,
+            None,
+        )?)
+    }
+}
+
+/// `y = x W^T (+ b)`, dense or quantized.
+#[derive(Clone, Debug)]
+pub enum Linear {
+    Dense {
+        weight: Array,
+        bias: Option<Array>,
+    },
+    Quantized {
+        weight: QuantizedWeight,
+        bias: Option<Array>,
+    },
+}
+
+impl Linear {
+    /// Loads the layer at `path` (`<path>.weight`, optional `<path>.bias`), quantized when
+    /// mlx-lm would quantize it (see [`Weights::quantization`]).
+    pub fn load(
+        w: &mut Weights,
+        path: &str,
+        in_dims: i32,
+        out_dims: i32,
+        bias: bool,
+    ) -> Result<Linear> {
+        let b = if bias {
+            Some(w.take(&format!("{path}.bias"), &[out_dims])?)
+        } else {
+            None
+        };
+        match w.quantization(path, in_dims)? {
+            Some(q) => Ok(Linear::Quantized {
+                weight: QuantizedWeight::load(w, path, out_dims, in_dims, &q)?,
+                bias: b,
+            }),
+            None => Ok(Linear::Dense {
+                weight: w.take(&format!("{path}.weight"), &[out_dims, in_dims])?,
+                bias: b,
+            }),
+        }
+    }
+
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        match self {
+            Linear::Dense {
+                weight,
+                bias: Some(b),
+            } => Ok(ops::addmm(
+                b,
+                x,
+                &ops::transpose_all(weight, None)?,
+                1.0,
+                1.0,
+                None,
+            )?),
+            Linear::Dense { weight, bias: None } => {
+                Ok(ops::matmul(x, &ops::transpose_all(weight, None)?, None)?)
+            }
+            Linear::Quantized { weight, bias } => {
+                let y = weight.matmul_t(x)?;
+                match bias {
+                    Some(b) => Ok((&y + b)?),
+                    None => Ok(y),
+                }
+            }
+        }
+    }
+}

