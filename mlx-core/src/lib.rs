@@ -19,12 +19,15 @@
 //! `MLX_DIR`); `cargo run` and `cargo test` find it without any environment variable.
 
 mod array;
+mod closure;
+pub mod compile;
 mod device;
 mod dtype;
 mod error;
 pub mod fast;
 mod ffi;
 pub mod io;
+pub mod kernels;
 pub mod memory;
 mod operators;
 pub mod ops;
@@ -32,6 +35,7 @@ pub mod quantized;
 pub mod random;
 mod scalar;
 pub mod testing;
+pub mod transforms;
 
 pub use array::{async_eval, eval, Array};
 pub use device::{synchronize, Device, DeviceType, Stream};
@@ -49,7 +53,12 @@ pub fn mlx_version() -> String {
 
 /// What a model or training loop usually needs in scope.
 pub mod prelude {
+    pub use crate::compile::{compile, Compiled};
     pub use crate::ops;
+    pub use crate::transforms::{
+        self, checkpoint, custom_vjp, grad, jvp, stop_gradient, value_and_grad,
+        value_and_grad_tree, vjp, Function, ParamMap,
+    };
     pub use crate::{eval, Array, Device, Dtype, Error, Result, Scalar, Stream};
     pub use crate::{fast, quantized, random};
     pub use half::{bf16, f16};

@@ -18,5 +18,7 @@
 #include "mlxs/fast.h"
 #include "mlxs/quant.h"
 #include "mlxs/random.h"
+#include "mlxs/transforms.h"
+#include "mlxs/kernels.h"
 
 #endif
