@@ -18,8 +18,8 @@ pub enum ModelError {
     Weights(Vec<String>),
     #[error("{path}: {message}")]
     Io { path: String, message: String },
-    #[error("tokenizer: {0}")]
-    Tokenizer(String),
+    #[error(transparent)]
+    Tokenizer(#[from] crate::tokenizer::TokenizerError),
     #[error("{0}")]
     Other(String),
 }

@@ -16,6 +16,7 @@
 //! Models never own caches: `forward` takes the caches made by `make_cache` (or loaded).
 #![forbid(unsafe_code)]
 
+pub mod chat;
 pub mod chat_template;
 pub mod config;
 mod error;
@@ -25,7 +26,9 @@ pub mod gguf;
 pub mod layers;
 pub mod load;
 pub mod models;
+pub mod prompt_cache;
 pub mod sample;
+pub mod stream;
 pub mod tokenizer;
 pub mod tokenizer_gguf;
 pub mod tokenizer_stream;

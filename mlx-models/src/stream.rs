@@ -1,0 +1,286 @@
+//! Text generation on top of [`crate::generate::generate_step`], as mlx-lm's
+//! `stream_generate` does it: a streaming detokenizer, EOS ids from the tokenizer (and
+//! config), stop strings matched on the decoded text, per-token log-probabilities, and the
+//! statistics mlx-lm reports (prompt and generation tokens per second, peak memory).
+
+use std::time::Instant;
+
+use mlx_cache::Cache;
+use mlx_core::memory;
+use mlx_core::prelude::*;
+
+use crate::error::{ModelError, Result};
+use crate::generate::{generate_step, GenerateOptions, GenerateStep};
+use crate::models::LanguageModel;
+use crate::tokenizer::Tokenizer;
+use crate::tokenizer_stream::StreamingDetokenizer;
+
+/// Why generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An EOS token or a stop string.
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
+/// Options of [`stream_generate`].
+#[derive(Clone, Debug, Default)]
+pub struct StreamOptions {
+    pub generate: GenerateOptions,
+    /// Generation stops before the first occurrence of any of these in the decoded text.
+    pub stop_strings: Vec<String>,
+    /// How many most likely `(id, logprob)` pairs to report per token (0: none).
+    pub top_logprobs: usize,
+}
+
+/// One step of the stream (mlx-lm's `GenerationResponse`).
+#[derive(Clone, Debug)]
+pub struct GenerationResponse {
+    /// New text since the previous response (may be empty while a character or a possible
+    /// stop string is incomplete).
+    pub text: String,
+    /// The token generated at this step (`None` for the final response after a stop string
+    /// or EOS).
+    pub token: Option<u32>,
+    /// Its log-probability under the model (after logits processors, before the sampler's
+    /// transforms such as temperature or top-p).
+    pub logprob: Option<f32>,
+    /// The most likely tokens at this step, most likely first.
+    pub top_logprobs: Vec<(u32, f32)>,
+    pub prompt_tokens: usize,
+    pub prompt_tps: f64,
+    pub generation_tokens: usize,
+    pub generation_tps: f64,
+    pub peak_memory_bytes: usize,
+    pub finish_reason: Option<FinishReason>,
+}
+
+/// The stream of [`stream_generate`].
+pub struct TextStream<'m> {
+    steps: GenerateStep<'m>,
+    tokenizer: &'m Tokenizer,
+    detok: StreamingDetokenizer,
+    opts: StreamOptions,
+    prompt_tokens: usize,
+    start: Instant,
+    prompt_tps: f64,
+    first: Option<Instant>,
+    n: usize,
+    generation_tps: f64,
+    full: String,
+    emitted: usize,
+    done: bool,
+    tokens: Vec<u32>,
+    eos: Option<u32>,
+}
+
+/// Starts generating text for `prompt` (token ids), optionally continuing `prompt_cache`
+/// (which must hold exactly the tokens before `prompt`).
+pub fn stream_generate<'m>(
+    model: &'m dyn LanguageModel,
+    tokenizer: &'m Tokenizer,
+    prompt: &[u32],
+    prompt_cache: Option<Vec<Box<dyn Cache>>>,
+    opts: StreamOptions,
+) -> Result<TextStream<'m>> {
+    let ids: Vec<i32> = prompt
+        .iter()
+        .map(|&t| {
+            i32::try_from(t).map_err(|_| ModelError::Other(format!("token id {t} out of range")))
+        })
+        .collect::<Result<_>>()?;
+    let start = Instant::now();
+    let steps = generate_step(&ids, model, prompt_cache, opts.generate.clone())?;
+    Ok(TextStream {
+        steps,
+        tokenizer,
+        detok: tokenizer.detokenizer(),
+        opts,
+        prompt_tokens: prompt.len(),
+        start,
+        prompt_tps: 0.0,
+        first: None,
+        n: 0,
+        generation_tps: 0.0,
+        full: String::new(),
+        emitted: 0,
+        done: false,
+        tokens: Vec::new(),
+        eos: None,
+    })
+}
+
+fn floor_char_boundary(s: &str, mut i: usize) -> usize {
+    while i > 0 && !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+impl<'m> TextStream<'m> {
+    /// The caches after generation: they hold the prompt and every generated token.
+    pub fn into_cache(self) -> Vec<Box<dyn Cache>> {
+        self.steps.into_cache()
+    }
+
+    /// The tokens generated so far (without a final EOS token).
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// The EOS token that ended generation, if one did.
+    pub fn eos_token(&self) -> Option<u32> {
+        self.eos
+    }
+
+    /// Every token the caches hold after `prompt`: the generated tokens and the EOS token
+    /// (mlx-lm's pipelined decode runs the model on it before stopping).
+    pub fn cached_tokens(&self) -> Vec<u32> {
+        self.tokens.iter().copied().chain(self.eos).collect()
+    }
+
+    fn response(
+        &self,
+        text: String,
+        token: Option<u32>,
+        logprob: Option<f32>,
+        top: Vec<(u32, f32)>,
+        finish: Option<FinishReason>,
+    ) -> Result<GenerationResponse> {
+        Ok(GenerationResponse {
+            text,
+            token,
+            logprob,
+            top_logprobs: top,
+            prompt_tokens: self.prompt_tokens,
+            prompt_tps: self.prompt_tps,
+            generation_tokens: self.n,
+            generation_tps: self.generation_tps,
+            peak_memory_bytes: memory::peak_memory()?,
+            finish_reason: finish,
+        })
+    }
+
+    /// Text that can be emitted now: everything up to a stop string, or all but a tail that
+    /// could still begin one.
+    fn take_text(&mut self, finished: bool) -> (String, bool) {
+        let stops = &self.opts.stop_strings;
+        if let Some(pos) = stops
+            .iter()
+            .filter(|s| !s.is_empty())
+            .filter_map(|s| self.full.find(s.as_str()))
+            .min()
+        {
+            let out = self.full[self.emitted.min(pos)..pos].to_string();
+            self.emitted = pos;
+            return (out, true);
+        }
+        let hold = if finished {
+            0
+        } else {
+            stops
+                .iter()
+                .map(|s| s.len().saturating_sub(1))
+                .max()
+                .unwrap_or(0)
+        };
+        let end =
+            floor_char_boundary(&self.full, self.full.len().saturating_sub(hold)).max(self.emitted);
+        let out = self.full[self.emitted..end].to_string();
+        self.emitted = end;
+        (out, false)
+    }
+
+    fn advance(&mut self) -> Result<Option<GenerationResponse>> {
+        if self.done {
+            return Ok(None);
+        }
+        let step = match self.steps.next() {
+            Some(s) => s?,
+            None => {
+                self.done = true;
+                self.detok.finalize()?;
+                self.full.push_str(&self.detok.last_segment()?);
+                let (text, _) = self.take_text(true);
+                return self
+                    .response(text, None, None, Vec::new(), Some(FinishReason::Length))
+                    .map(Some);
+            }
+        };
+        let now = Instant::now();
+        if self.first.is_none() {
+            let dt = now.duration_since(self.start).as_secs_f64();
+            self.prompt_tps = self.prompt_tokens as f64 / dt.max(f64::MIN_POSITIVE);
+            self.first = Some(now);
+        }
+        if self.tokenizer.eos_token_ids().contains(&step.token) {
+            self.done = true;
+            self.eos = Some(step.token);
+            self.detok.finalize()?;
+            self.full.push_str(&self.detok.last_segment()?);
+            let (text, _) = self.take_text(true);
+            return self
+                .response(text, None, None, Vec::new(), Some(FinishReason::Stop))
+                .map(Some);
+        }
+        let lp = step.logprobs.astype(Dtype::Float32)?;
+        let logprob = ops::take(
+            &lp,
+            &Array::from_slice(&[step.token as i32], &[1])?,
+            0,
+            None,
+        )?
+        .to_vec::<f32>()?[0];
+        let top = if self.opts.top_logprobs > 0 {
+            let k = (self.opts.top_logprobs as i32).min(lp.size() as i32);
+            let order = ops::argsort(&ops::negative(&lp, None)?, -1, None)?;
+            let idx = ops::slice_axis(&order, 0, 0, k, None)?;
+            let vals = ops::take(&lp, &idx, 0, None)?.to_vec::<f32>()?;
+            idx.to_vec::<u32>()?.into_iter().zip(vals).collect()
+        } else {
+            Vec::new()
+        };
+        self.tokens.push(step.token);
+        self.detok.add_token(step.token);
+        self.full.push_str(&self.detok.last_segment()?);
+        self.n += 1;
+        if let Some(t0) = self.first {
+            self.generation_tps =
+                self.n as f64 / now.duration_since(t0).as_secs_f64().max(f64::MIN_POSITIVE);
+        }
+        let (text, stopped) = self.take_text(false);
+        let finish = if stopped {
+            self.done = true;
+            Some(FinishReason::Stop)
+        } else {
+            None
+        };
+        self.response(text, Some(step.token), Some(logprob), top, finish)
+            .map(Some)
+    }
+}
+
+impl Iterator for TextStream<'_> {
+    type Item = Result<GenerationResponse>;
+
+    fn next(&mut self) -> Option<Result<GenerationResponse>> {
+        match self.advance() {
+            Ok(Some(r)) => Some(Ok(r)),
+            Ok(None) => None,
+            Err(e) => {
+                self.done = true;
+                Some(Err(e))
+            }
+        }
+    }
+}
