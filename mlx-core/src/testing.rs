@@ -67,6 +67,41 @@ impl Goldens {
         self.build_case(name, spec)
     }
 
+    /// Runs every case through `run` and compares its outputs with the oracle's, bit for bit.
+    /// Fails when there are fewer than `min_cases` cases (a generator that silently lost cases)
+    /// or when any case differs or errors; the message lists every such case.
+    pub fn check_all<E: std::fmt::Display>(
+        &self,
+        min_cases: usize,
+        mut run: impl FnMut(&Case) -> std::result::Result<Vec<Array>, E>,
+    ) -> std::result::Result<usize, String> {
+        let cases = self.cases().map_err(|e| e.to_string())?;
+        if cases.len() < min_cases {
+            return Err(format!(
+                "{}: only {} cases (expected at least {min_cases})",
+                self.path.display(),
+                cases.len()
+            ));
+        }
+        let failures: Vec<String> = cases
+            .iter()
+            .filter_map(|c| match run(c) {
+                Ok(out) => c.check(&out).err(),
+                Err(e) => Some(format!("case {}: {e}", c.name)),
+            })
+            .collect();
+        if failures.is_empty() {
+            Ok(cases.len())
+        } else {
+            Err(format!(
+                "{} of {} cases differ:\n{}",
+                failures.len(),
+                cases.len(),
+                failures.join("\n")
+            ))
+        }
+    }
+
     /// An array by its full name.
     pub fn array(&self, key: &str) -> Result<&Array> {
         self.arrays
