@@ -79,9 +79,8 @@ def scalar(meta, key):
     return meta[key].item()
 
 
-def main():
-    path = fetch()
-    weights, meta = mx.load(path, return_metadata=True)
+def build(weights, meta):
+    """mlx-lm's llama config and HF-named weights for the GGUF's tensors and metadata."""
     heads = scalar(meta, "llama.attention.head_count")
     kv_heads = scalar(meta, "llama.attention.head_count_kv")
     mapped = {}
@@ -105,20 +104,32 @@ def main():
         "max_position_embeddings": scalar(meta, "llama.context_length"),
         "tie_word_embeddings": "lm_head.weight" not in mapped,
     }
+    return config, mapped
+
+
+def predicate(mapped):
+    """nn.quantize's class_predicate: quantized where `.scales` exist, shapes give the rest."""
+
+    def pred(p, m):
+        if f"{p}.scales" not in mapped:
+            return False
+        in_dims = m.weight.shape[-1]
+        gs = in_dims // mapped[f"{p}.scales"].shape[-1]
+        bits = mapped[f"{p}.weight"].shape[-1] * 32 // in_dims
+        return {"group_size": gs, "bits": bits, "mode": "affine"}
+
+    return pred
+
+
+def main():
+    path = fetch()
+    weights, meta = mx.load(path, return_metadata=True)
+    config, mapped = build(weights, meta)
     out = {"generator": "xtask/oracle/goldens_smollm2_logits.py", "mlx": mx.__version__,
            "config": config, "prompt": PROMPT, "runs": {}}
     for dtype in ["float32", "float16"]:
         model = llama.Model(llama.ModelArgs.from_dict(config))
-
-        def predicate(p, m):
-            if f"{p}.scales" not in mapped:
-                return False
-            in_dims = m.weight.shape[-1]
-            gs = in_dims // mapped[f"{p}.scales"].shape[-1]
-            bits = mapped[f"{p}.weight"].shape[-1] * 32 // in_dims
-            return {"group_size": gs, "bits": bits, "mode": "affine"}
-
-        nn.quantize(model, class_predicate=predicate)
+        nn.quantize(model, class_predicate=predicate(mapped))
         model.load_weights(list(mapped.items()), strict=True)
         model.set_dtype(getattr(mx, dtype))
         mx.eval(model.parameters())
@@ -146,4 +157,5 @@ def main():
     print("wrote mlx-models/tests/goldens/smollm2_logits.json", file=sys.stderr)
 
 
-main()
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+//! The `mlx` command end to end: greedy generation on the real SmolLM2-135M-Instruct GGUF
+//! reproduces `mlx_lm generate`'s token ids and log-probabilities exactly (raw prompt and
+//! chat-templated prompt, float32; goldens from `cargo xtask goldens smollm2_generate`), and
+//! bad input gets a clear error and a non-zero exit.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use serde_json::Value;
+
+fn mlx(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_mlx"))
+        .args(args)
+        .output()
+        .expect("run mlx");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn golden() -> Value {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/goldens/smollm2_generate.json");
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+#[test]
+fn greedy_generation_reproduces_mlx_lm() {
+    let model = mlx_models::fetch::smollm2_gguf().unwrap();
+    let model = model.to_str().unwrap();
+    for case in golden()["cases"].as_array().unwrap() {
+        let name = case["name"].as_str().unwrap();
+        let max = case["max_tokens"].as_u64().unwrap().to_string();
+        let mut args = vec![
+            "generate",
+            "--model",
+            model,
+            "--dtype",
+            "f32",
+            "--json",
+            "--max-tokens",
+            &max,
+        ];
+        args.extend(["--prompt", case["prompt"].as_str().unwrap()]);
+        if !case["chat"].as_bool().unwrap() {
+            args.push("--no-chat-template");
+        }
+        if let Some(s) = case.get("system").and_then(Value::as_str) {
+            args.extend(["--system", s]);
+        }
+        let (code, out, err) = mlx(&args);
+        assert_eq!(code, 0, "{name}: {err}");
+        let got: Value =
+            serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{name}: {e}: {out}"));
+        assert_eq!(got["prompt_ids"], case["prompt_ids"], "{name}: prompt ids");
+        assert_eq!(got["tokens"], case["tokens"], "{name}: generated ids");
+        assert_eq!(
+            got["logprobs"], case["logprobs"],
+            "{name}: log-probabilities"
+        );
+        assert_eq!(got["text"], case["text"], "{name}: text");
+        assert_eq!(got["dtype"], "float32");
+    }
+}
+
+#[test]
+fn prompt_ids_and_top_logprobs() {
+    let model = mlx_models::fetch::smollm2_gguf().unwrap();
+    let (code, out, err) = mlx(&[
+        "generate",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt-ids",
+        "1,4093,198",
+        "--max-tokens",
+        "3",
+        "--json",
+        "--top-logprobs",
+        "3",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["prompt_ids"], serde_json::json!([1, 4093, 198]));
+    let tops = v["top_logprobs"].as_array().unwrap();
+    assert_eq!(tops.len(), v["tokens"].as_array().unwrap().len());
+    for (step, top) in tops.iter().enumerate() {
+        let top = top.as_array().unwrap();
+        assert_eq!(top.len(), 3);
+        // Greedy: the chosen token is the most likely one, and the list is sorted.
+        assert_eq!(top[0][0], v["tokens"][step]);
+        assert_eq!(top[0][1], v["logprobs"][step]);
+        assert!(
+            top[0][1].as_f64() >= top[1][1].as_f64() && top[1][1].as_f64() >= top[2][1].as_f64()
+        );
+    }
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    let (code, _, err) = mlx(&["generate", "--model", "/no/such/model"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("/no/such/model") && err.contains("not found"),
+        "{err}"
+    );
+    let (code, _, err) = mlx(&["generate", "--max-tokens", "many"]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("--max-tokens") && err.contains("many"),
+        "{err}"
+    );
+    let (code, _, err) = mlx(&["generate", "--dtype", "f8"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--dtype"), "{err}");
+    let (code, _, err) = mlx(&["sing"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("sing"), "{err}");
+    let dir = std::env::temp_dir().join(format!("mlx-cli-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("config.json"), "{not json").unwrap();
+    let (code, _, err) = mlx(&["generate", "--model", dir.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert!(err.contains("config.json"), "{err}");
+    let (code, out, _) = mlx(&["--help"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("mlx generate"));
+}
