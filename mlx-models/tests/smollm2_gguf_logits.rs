@@ -23,30 +23,53 @@ fn smollm2() -> PathBuf {
 fn run(dtype: Dtype, key: &str) {
     let g = golden();
     let steps = g["runs"][key].as_array().unwrap();
-    let prompt: Vec<i32> = g["prompt"].as_array().unwrap().iter().map(|v| v.as_i64().unwrap() as i32).collect();
+    let prompt: Vec<i32> = g["prompt"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_i64().unwrap() as i32)
+        .collect();
     let (model, _) = load_gguf_model(&smollm2(), &LoadOptions { dtype: Some(dtype) }).unwrap();
     let mut caches = model.make_cache();
     let mut input = Array::from_slice(&prompt, &[1, prompt.len() as i32]).unwrap();
     for (i, step) in steps.iter().enumerate() {
         let logits = model.forward(&input, Some(&mut caches)).unwrap();
         let n = logits.shape()[1];
-        let last = ops::slice_axis(&logits, 1, n - 1, n, None).unwrap().reshape(&[-1]).unwrap();
+        let last = ops::slice_axis(&logits, 1, n - 1, n, None)
+            .unwrap()
+            .reshape(&[-1])
+            .unwrap();
         assert_eq!(last.dtype(), dtype);
         let bytes = last.to_bytes().unwrap();
         let digest = format!("{:x}", Sha256::digest(&bytes));
-        let greedy = ops::argmax_all(&last, false, None).unwrap().item::<u32>().unwrap() as i64;
+        let greedy = ops::argmax_all(&last, false, None)
+            .unwrap()
+            .item::<u32>()
+            .unwrap() as i64;
         if digest != step["sha256"].as_str().unwrap() {
-            let vals = last.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap();
+            let vals = last
+                .astype(Dtype::Float32)
+                .unwrap()
+                .to_vec::<f32>()
+                .unwrap();
             let report: Vec<String> = step["top"]
                 .as_array()
                 .unwrap()
                 .iter()
                 .map(|t| {
                     let id = t[0].as_u64().unwrap() as usize;
-                    format!("id {id}: mlx-lm {} ours {}", t[1].as_f64().unwrap(), vals[id])
+                    format!(
+                        "id {id}: mlx-lm {} ours {}",
+                        t[1].as_f64().unwrap(),
+                        vals[id]
+                    )
                 })
                 .collect();
-            panic!("{key} step {i}: logits differ from mlx-lm (greedy ours {greedy}, mlx-lm {})\n{}", step["greedy"], report.join("\n"));
+            panic!(
+                "{key} step {i}: logits differ from mlx-lm (greedy ours {greedy}, mlx-lm {})\n{}",
+                step["greedy"],
+                report.join("\n")
+            );
         }
         assert_eq!(greedy, step["greedy"].as_i64().unwrap());
         input = Array::from_slice(&[greedy as i32], &[1, 1]).unwrap();
