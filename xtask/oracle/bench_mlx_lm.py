@@ -141,7 +141,7 @@ def load(path, dtype):
 def trial(model, prompt, gen_len, prefill_step_size):
     """One generation, timed as stream_generate times it."""
     # Imported late: mlx-lm makes its generation stream on the default device at import.
-    from mlx_lm.generate import generate_step
+    from mlx_lm.generate import generate_step, generation_stream
 
     sampler = make_sampler(0.0)
     tokens = []
@@ -161,7 +161,7 @@ def trial(model, prompt, gen_len, prefill_step_size):
         if n + 1 == gen_len:
             break
     gen_time = time.perf_counter() - tic
-    mx.synchronize()
+    mx.synchronize(generation_stream)
     return {
         "prompt_tps": prompt.size / prompt_time,
         "generation_tps": len(tokens) / gen_time,

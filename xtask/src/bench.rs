@@ -29,6 +29,8 @@ struct Config {
     dtype: String,
     prompt_len: usize,
     gen_len: usize,
+    /// Trials per process, when not `--trials`.
+    trials: Option<usize>,
 }
 
 impl Config {
@@ -38,6 +40,17 @@ impl Config {
             dtype: dtype.into(),
             prompt_len,
             gen_len,
+            trials: None,
+        }
+    }
+
+    /// The tiny test llama (2 layers, width 64, 128 tokens): its kernels take next to no
+    /// time, so its tok/s measure the per-token overhead of the generate loop and of building
+    /// the graph. Cheap, so five trials per process.
+    fn tiny() -> Config {
+        Config {
+            trials: Some(5),
+            ..Config::new(TINY, "float32", 16, 256)
         }
     }
 
@@ -54,24 +67,24 @@ impl Config {
     }
 }
 
-/// The tiny test llama (2 layers, width 64, 128 tokens): its kernels take next to no time, so
-/// its tok/s measure the per-token overhead of the generate loop and the graph building.
+/// See [`Config::tiny`].
 const TINY: &str = "mlx-models/tests/models/dense_f32";
 
-/// The CPU default: fits in about ten minutes on a loaded 2-core machine, whose MLX CPU
-/// backend (reference BLAS) runs SmolLM2 at a few tokens per second.
+/// The CPU default: about ten minutes on the 2-core development machine, whose MLX CPU
+/// backend (the wheel's reference BLAS, ~1.5 GFLOP/s) runs SmolLM2 at a few tokens per second
+/// and the 0.5B llama at about one; hence a 256-token long prompt here and 512 in `--full`.
 fn default_set() -> Vec<Config> {
     vec![
-        Config::new(TINY, "float32", 16, 128),
+        Config::tiny(),
         Config::new("smollm2", "float32", 16, 32),
-        Config::new("smollm2", "float32", 512, 32),
+        Config::new("smollm2", "float32", 256, 32),
         Config::new("llama-0.5b-f32", "float32", 16, 16),
     ]
 }
 
 fn quick_set() -> Vec<Config> {
     vec![
-        Config::new(TINY, "float32", 16, 128),
+        Config::tiny(),
         Config::new("smollm2", "float32", 16, 16),
         Config::new("smollm2", "float32", 64, 16),
     ]
@@ -79,7 +92,7 @@ fn quick_set() -> Vec<Config> {
 
 /// The whole matrix, for a faster machine (an hour or more on the 2-core CPU).
 fn full_set() -> Vec<Config> {
-    let mut v = vec![Config::new(TINY, "float32", 16, 128)];
+    let mut v = vec![Config::tiny()];
     for model in ["smollm2", "llama-0.5b-f32"] {
         for prompt in [16, 512] {
             v.push(Config::new(model, "float32", prompt, 32));
@@ -91,7 +104,8 @@ fn full_set() -> Vec<Config> {
 struct Options {
     configs: Vec<Config>,
     rounds: usize,
-    trials: usize,
+    /// `--trials`: overrides every configuration's own count.
+    trials: Option<usize>,
     warmup: usize,
     warmup_prompt_len: usize,
     warmup_gen_len: usize,
@@ -112,7 +126,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
     let mut o = Options {
         configs: Vec::new(),
         rounds: 0,
-        trials: 1,
+        trials: None,
         warmup: 1,
         warmup_prompt_len: 16,
         warmup_gen_len: 4,
@@ -138,7 +152,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
             "--full" => set = Some((full_set(), 3)),
             "--config" => o.configs.push(Config::parse(&value()?)?),
             "--rounds" => rounds = Some(num(value()?)?.max(1)),
-            "--trials" => o.trials = num(value()?)?.max(1),
+            "--trials" => o.trials = Some(num(value()?)?.max(1)),
             "--warmup" => o.warmup = num(value()?)?,
             "--warmup-prompt-len" => o.warmup_prompt_len = num(value()?)?.max(1),
             "--warmup-gen-len" => o.warmup_gen_len = num(value()?)?.max(1),
@@ -227,7 +241,10 @@ fn run_driver(mut cmd: Command, cfg: &Config, model: &Path, o: &Options) -> Resu
         .args(["--warmup", &o.warmup.to_string()])
         .args(["--warmup-prompt-len", &o.warmup_prompt_len.to_string()])
         .args(["--warmup-gen-len", &o.warmup_gen_len.to_string()])
-        .args(["--trials", &o.trials.to_string()]);
+        .args([
+            "--trials",
+            &o.trials.or(cfg.trials).unwrap_or(1).to_string(),
+        ]);
     if let Some(d) = &o.device {
         cmd.args(["--device", d]);
     }
@@ -460,8 +477,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
     println!(
         "prefill = prompt tokens / time to first token; decode = generated tokens / time from \
          first to last token (mlx-lm stream_generate's definitions); ratio = ours / mlx-lm; \
-         medians over {} round(s) x {} trial(s), ours and mlx-lm alternating.",
-        o.rounds, o.trials
+         medians over every trial of {} round(s) (one process per side per round, ours and \
+         mlx-lm alternating; samples per side in the spread table).",
+        o.rounds
     );
     println!(
         "load average (1/5/15 min) before: {load_before}, after: {}; total {:.0} s.",
