@@ -5,8 +5,11 @@
 //! - `oracle [ARGS]`: makes sure the Python oracle (mlx-lm 0.32.2, mlx 0.32.4) is installed in
 //!   `target/oracle-venv`, then runs its python with ARGS.
 //! - `goldens [SET ...]`: regenerates golden files with `xtask/oracle/goldens_<SET>.py`.
+//! - `bench [--quick | --full] [...]`: generation speed (prefill and decode tok/s) of this
+//!   project against mlx-lm on the same models, alternating; see `bench.rs`.
 #![forbid(unsafe_code)]
 
+mod bench;
 mod bindings;
 mod oracle;
 
@@ -18,8 +21,12 @@ fn main() -> ExitCode {
         Some("bindgen") => bindings::run(args.iter().any(|a| a == "--check")),
         Some("oracle") => oracle::python(&args[1..]),
         Some("goldens") => oracle::goldens(&args[1..]),
+        Some("bench") => bench::run(&args[1..]),
         _ => {
-            eprintln!("usage: cargo xtask bindgen [--check] | oracle [ARGS] | goldens [SET ...]");
+            eprintln!(
+                "usage: cargo xtask bindgen [--check] | oracle [ARGS] | goldens [SET ...] \
+                 | bench [--quick | --full] [--help]"
+            );
             return ExitCode::from(2);
         }
     };

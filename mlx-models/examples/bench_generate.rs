@@ -1,0 +1,246 @@
+//! This project's side of `cargo xtask bench`: greedy generation speed of
+//! [`mlx_models::generate::generate_step`], measured exactly as `xtask/oracle/bench_mlx_lm.py`
+//! measures mlx-lm 0.32.2.
+//!
+//! ```text
+//! cargo run --release -p mlx-models --example bench_generate -- --model PATH|smollm2
+//!     [--dtype float32|float16|bfloat16|keep] [--prompt-len 512] [--gen-len 32] [--seed 0]
+//!     [--warmup 1] [--warmup-prompt-len N] [--warmup-gen-len N] [--trials 1]
+//!     [--prefill-step-size 2048] [--device cpu|gpu]
+//! bench_generate --model smollm2 --resolve    # prints the fetched GGUF's path and exits
+//! ```
+//!
+//! PATH is an HF-style directory or a llama `.gguf` file; `smollm2` fetches (or finds cached)
+//! SmolLM2-135M-Instruct Q4_1 with [`mlx_models::fetch::smollm2_gguf`]. `--dtype` casts every
+//! floating tensor ([`LoadOptions::dtype`]); `keep` leaves the stored dtypes.
+//!
+//! The prompt is `--prompt-len` ids drawn with splitmix64 from `--seed`, modulo the vocabulary
+//! size (the Python driver draws the same ids). Timing follows mlx-lm's `stream_generate`:
+//! `prompt_tps` = prompt tokens / time from the call to the first token; `generation_tps` =
+//! tokens generated / time from the first token to the last. Exactly `--gen-len` tokens are
+//! generated (no EOS). After each trial the stream is synchronized, untimed (the pipelined step
+//! started before the last token is drained). Warmup runs (default one, with the warmup
+//! lengths, which default to the measured ones) come first and are not reported.
+//!
+//! Prints one JSON line on stdout.
+#![forbid(unsafe_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use mlx_core::memory;
+use mlx_core::prelude::*;
+use mlx_models::generate::{generate_step, GenerateOptions};
+use mlx_models::gguf::load_gguf_model;
+use mlx_models::load::{load_model_dir, LoadOptions};
+use mlx_models::sample::Sampler;
+use mlx_models::LanguageModel;
+use serde_json::{json, Value};
+
+type BoxResult<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+struct Args {
+    model: String,
+    dtype: String,
+    prompt_len: usize,
+    gen_len: usize,
+    seed: u64,
+    warmup: usize,
+    warmup_prompt_len: Option<usize>,
+    warmup_gen_len: Option<usize>,
+    trials: usize,
+    prefill_step_size: usize,
+    device: Option<String>,
+    resolve: bool,
+}
+
+fn parse_args() -> BoxResult<Args> {
+    let mut a = Args {
+        model: String::new(),
+        dtype: "float32".into(),
+        prompt_len: 512,
+        gen_len: 32,
+        seed: 0,
+        warmup: 1,
+        warmup_prompt_len: None,
+        warmup_gen_len: None,
+        trials: 1,
+        prefill_step_size: 2048,
+        device: None,
+        resolve: false,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        if flag == "--resolve" {
+            a.resolve = true;
+            continue;
+        }
+        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        let num = |v: &str| -> BoxResult<usize> {
+            v.parse().map_err(|e| format!("{flag} {v}: {e}").into())
+        };
+        match flag.as_str() {
+            "--model" => a.model = value,
+            "--dtype" => a.dtype = value,
+            "--prompt-len" => a.prompt_len = num(&value)?,
+            "--gen-len" => a.gen_len = num(&value)?,
+            "--seed" => a.seed = num(&value)? as u64,
+            "--warmup" => a.warmup = num(&value)?,
+            "--warmup-prompt-len" => a.warmup_prompt_len = Some(num(&value)?),
+            "--warmup-gen-len" => a.warmup_gen_len = Some(num(&value)?),
+            "--trials" => a.trials = num(&value)?,
+            "--prefill-step-size" => a.prefill_step_size = num(&value)?,
+            "--device" => a.device = Some(value),
+            other => return Err(format!("unknown flag {other}").into()),
+        }
+    }
+    if a.model.is_empty() {
+        return Err("--model PATH|smollm2 is required".into());
+    }
+    if a.prompt_len == 0 || a.gen_len == 0 {
+        return Err("--prompt-len and --gen-len must be positive".into());
+    }
+    Ok(a)
+}
+
+/// splitmix64 from `seed`, each output modulo `vocab` (as `bench_mlx_lm.py`).
+fn prompt_ids(n: usize, seed: u64, vocab: u64) -> Vec<i32> {
+    let mut state = seed;
+    (0..n)
+        .map(|_| {
+            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            (z % vocab) as i32
+        })
+        .collect()
+}
+
+fn resolve_model(model: &str) -> BoxResult<PathBuf> {
+    if model == "smollm2" {
+        Ok(mlx_models::fetch::smollm2_gguf()?)
+    } else {
+        Ok(PathBuf::from(model))
+    }
+}
+
+fn load(path: &Path, dtype: &str) -> BoxResult<Box<dyn LanguageModel>> {
+    let dtype = match dtype {
+        "keep" => None,
+        "float32" => Some(Dtype::Float32),
+        "float16" => Some(Dtype::Float16),
+        "bfloat16" => Some(Dtype::Bfloat16),
+        other => return Err(format!("--dtype {other}: float32|float16|bfloat16|keep").into()),
+    };
+    let opts = LoadOptions { dtype };
+    let model = if path.extension().is_some_and(|e| e == "gguf") {
+        load_gguf_model(path, &opts)?.0
+    } else {
+        load_model_dir(path, &opts)?.0
+    };
+    Ok(model)
+}
+
+/// One generation, timed as mlx-lm's `stream_generate` times it.
+fn trial(
+    model: &dyn LanguageModel,
+    prompt: &[i32],
+    gen_len: usize,
+    prefill_step_size: usize,
+) -> BoxResult<(Value, Vec<u32>)> {
+    let opts = GenerateOptions {
+        max_tokens: Some(gen_len),
+        sampler: Sampler::greedy(),
+        prefill_step_size,
+        ..GenerateOptions::default()
+    };
+    let mut tokens = Vec::with_capacity(gen_len);
+    memory::reset_peak_memory()?;
+    let mut tic = Instant::now();
+    let mut prompt_time = 0.0;
+    for (n, step) in generate_step(prompt, model, None, opts)?.enumerate() {
+        let step = step?;
+        if n == 0 {
+            prompt_time = tic.elapsed().as_secs_f64();
+            tic = Instant::now();
+        }
+        tokens.push(step.token);
+        if n + 1 == gen_len {
+            break;
+        }
+    }
+    let gen_time = tic.elapsed().as_secs_f64();
+    mlx_core::synchronize()?;
+    let r = json!({
+        "prompt_tps": prompt.len() as f64 / prompt_time,
+        "generation_tps": tokens.len() as f64 / gen_time,
+        "prompt_time_s": prompt_time,
+        "generation_time_s": gen_time,
+        "peak_memory_gb": memory::peak_memory()? as f64 / 1e9,
+    });
+    Ok((r, tokens))
+}
+
+fn run(a: &Args) -> BoxResult<()> {
+    let path = resolve_model(&a.model)?;
+    if a.resolve {
+        println!("{}", path.display());
+        return Ok(());
+    }
+    match a.device.as_deref() {
+        None => {}
+        Some("cpu") => Device::cpu().set_default()?,
+        Some("gpu") => Device::gpu().set_default()?,
+        Some(other) => return Err(format!("--device {other}: cpu|gpu").into()),
+    }
+    let t = Instant::now();
+    let model = load(&path, &a.dtype)?;
+    let load_s = t.elapsed().as_secs_f64();
+    let vocab = model.vocab_size() as u64;
+    let prompt = prompt_ids(a.prompt_len, a.seed, vocab);
+    let wp = a
+        .warmup_prompt_len
+        .unwrap_or(a.prompt_len)
+        .min(a.prompt_len);
+    let wg = a.warmup_gen_len.unwrap_or(a.gen_len).max(1);
+    for _ in 0..a.warmup {
+        trial(model.as_ref(), &prompt[..wp], wg, a.prefill_step_size)?;
+    }
+    let mut trials = Vec::new();
+    let mut tokens = Vec::new();
+    for _ in 0..a.trials {
+        let (r, t) = trial(model.as_ref(), &prompt, a.gen_len, a.prefill_step_size)?;
+        trials.push(r);
+        tokens = t;
+    }
+    let device = Device::default_device()?;
+    let out = json!({
+        "impl": "mlx-rs",
+        "version": env!("CARGO_PKG_VERSION"),
+        "device": format!("{device:?}"),
+        "model": std::fs::canonicalize(&path).unwrap_or(path).display().to_string(),
+        "dtype": a.dtype,
+        "prompt_len": a.prompt_len,
+        "gen_len": a.gen_len,
+        "seed": a.seed,
+        "load_s": load_s,
+        "trials": trials,
+        "tokens": tokens,
+    });
+    println!("{out}");
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let result = parse_args().and_then(|a| run(&a));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bench_generate: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

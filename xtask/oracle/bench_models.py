@@ -1,0 +1,82 @@
+"""Seeded random llama checkpoints for `cargo xtask bench`, written once as HF-style directories
+(config.json + model.safetensors) by mlx-lm 0.32.2's own llama model.
+
+    python bench_models.py OUT_DIR NAME [NAME ...]
+
+Each NAME is one of MODELS below. A directory that already holds a complete model (its
+`config.json` is written last) is left alone, so this is cheap to call before every bench run.
+The shapes are those of a ~0.5B llama (Qwen2.5-0.5B-like widths with a 32k vocabulary): big
+enough that the matmuls dominate, small enough for a 2-core CPU.
+"""
+
+import json
+import os
+import shutil
+import sys
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_map
+from mlx_lm.models import llama
+
+BASE_0_5B = {
+    "model_type": "llama",
+    "hidden_size": 1024,
+    "num_hidden_layers": 24,
+    "intermediate_size": 4096,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 4,
+    "rms_norm_eps": 1e-05,
+    "vocab_size": 32000,
+    "rope_theta": 10000.0,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": True,
+}
+
+# name -> (config, dtype, (group_size, bits) or None)
+MODELS = {
+    "llama-0.5b-f32": (BASE_0_5B, "float32", None),
+    "llama-0.5b-q4": (BASE_0_5B, "float32", (64, 4)),
+    "llama-0.5b-bf16": (BASE_0_5B, "bfloat16", None),
+}
+
+
+def write(out_root, name):
+    config, dtype, quant = MODELS[name]
+    config = dict(config)
+    out_dir = os.path.join(out_root, name)
+    if os.path.isfile(os.path.join(out_dir, "config.json")):
+        print(f"bench model {out_dir}: present", file=sys.stderr)
+        return
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.makedirs(out_dir)
+    mx.random.seed(7)
+    model = llama.Model(llama.ModelArgs.from_dict(config))
+    # Small normal weights (norms included) keep activations and logits in a sane range.
+    model.update(tree_map(lambda p: mx.random.normal(p.shape) * 0.02, model.parameters()))
+    model.set_dtype(getattr(mx, dtype))
+    n = sum(v.size for _, v in tree_flatten(model.parameters()))
+    if quant is not None:
+        gs, bits = quant
+        nn.quantize(model, group_size=gs, bits=bits)
+        config["quantization"] = {"group_size": gs, "bits": bits}
+    mx.eval(model.parameters())
+    params = dict(tree_flatten(model.parameters()))
+    mx.save_safetensors(os.path.join(out_dir, "model.safetensors"), params)
+    # config.json last: its presence marks a complete model.
+    with open(os.path.join(out_dir, "config.json.part"), "w") as f:
+        json.dump(config, f, indent=2)
+    os.replace(os.path.join(out_dir, "config.json.part"), os.path.join(out_dir, "config.json"))
+    print(f"bench model {out_dir}: written ({n / 1e6:.0f}M parameters)", file=sys.stderr)
+
+
+def main():
+    if len(sys.argv) < 3:
+        sys.exit(f"usage: {sys.argv[0]} OUT_DIR NAME [NAME ...]; names: {list(MODELS)}")
+    for name in sys.argv[2:]:
+        if name not in MODELS:
+            sys.exit(f"unknown bench model {name!r}; names: {list(MODELS)}")
+        write(sys.argv[1], name)
+
+
+main()

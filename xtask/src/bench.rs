@@ -1,0 +1,496 @@
+//! `cargo xtask bench`: generation speed of this project against mlx-lm 0.32.2 on the same
+//! model, dtype, prompt and generation length, measured the same way, in one run.
+//!
+//! Our side is `mlx-models/examples/bench_generate.rs` (built with `--release`, run through
+//! `cargo run` so it finds libmlx), mlx-lm's is `xtask/oracle/bench_mlx_lm.py` in the oracle venv.
+//! Both print one JSON line; see their docs for what is timed (mlx-lm's `stream_generate`
+//! definitions of prompt and generation tok/s). For each configuration the two alternate, one
+//! process each per round (ours first in even rounds, mlx-lm first in odd ones, so drift in
+//! the machine's load hits both alike), and the table shows the medians over all rounds.
+//! Greedy tokens are compared too: with bit-exact logits both sides generate the same ids.
+//!
+//! Models: `smollm2` (the SmolLM2-135M-Instruct Q4_1 GGUF, fetched by `mlx_models::fetch`),
+//! a name from `xtask/oracle/bench_models.py` (a seeded random llama, written once into
+//! `--models-dir`, default `target/bench-models/`), or a path (HF-style directory or `.gguf`).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use serde_json::Value;
+
+use crate::bindings::workspace_root;
+use crate::oracle;
+
+/// One benchmark configuration.
+#[derive(Clone, Debug)]
+struct Config {
+    model: String,
+    dtype: String,
+    prompt_len: usize,
+    gen_len: usize,
+    /// Trials per process, when not `--trials`.
+    trials: Option<usize>,
+}
+
+impl Config {
+    fn new(model: &str, dtype: &str, prompt_len: usize, gen_len: usize) -> Config {
+        Config {
+            model: model.into(),
+            dtype: dtype.into(),
+            prompt_len,
+            gen_len,
+            trials: None,
+        }
+    }
+
+    /// The tiny test llama (2 layers, width 64, 128 tokens): its kernels take next to no
+    /// time, so its tok/s measure the per-token overhead of the generate loop and of building
+    /// the graph. Cheap, so five trials per process.
+    fn tiny() -> Config {
+        Config {
+            trials: Some(5),
+            ..Config::new(TINY, "float32", 16, 256)
+        }
+    }
+
+    /// `MODEL:DTYPE:PROMPT:GEN` (MODEL may itself contain `:`).
+    fn parse(spec: &str) -> Result<Config, String> {
+        let bad = || format!("--config {spec}: expected MODEL:DTYPE:PROMPT_LEN:GEN_LEN");
+        let mut parts = spec.rsplitn(4, ':');
+        let gen = parts.next().ok_or_else(bad)?;
+        let prompt = parts.next().ok_or_else(bad)?;
+        let dtype = parts.next().ok_or_else(bad)?;
+        let model = parts.next().ok_or_else(bad)?;
+        let n = |s: &str| s.parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(bad);
+        Ok(Config::new(model, dtype, n(prompt)?, n(gen)?))
+    }
+}
+
+/// See [`Config::tiny`].
+const TINY: &str = "mlx-models/tests/models/dense_f32";
+
+/// The CPU default: about ten minutes on the 2-core development machine, whose MLX CPU
+/// backend (the wheel's reference BLAS, ~1.5 GFLOP/s) runs SmolLM2 at a few tokens per second
+/// and the 0.5B llama at about one; hence a 256-token long prompt here and 512 in `--full`.
+fn default_set() -> Vec<Config> {
+    vec![
+        Config::tiny(),
+        Config::new("smollm2", "float32", 16, 32),
+        Config::new("smollm2", "float32", 256, 32),
+        Config::new("llama-0.5b-f32", "float32", 16, 16),
+    ]
+}
+
+fn quick_set() -> Vec<Config> {
+    vec![
+        Config::tiny(),
+        Config::new("smollm2", "float32", 16, 16),
+        Config::new("smollm2", "float32", 64, 16),
+    ]
+}
+
+/// The whole matrix, for a faster machine (an hour or more on the 2-core CPU).
+fn full_set() -> Vec<Config> {
+    let mut v = vec![Config::tiny()];
+    for model in ["smollm2", "llama-0.5b-f32"] {
+        for prompt in [16, 512] {
+            v.push(Config::new(model, "float32", prompt, 32));
+        }
+    }
+    v
+}
+
+struct Options {
+    configs: Vec<Config>,
+    rounds: usize,
+    /// `--trials`: overrides every configuration's own count.
+    trials: Option<usize>,
+    warmup: usize,
+    warmup_prompt_len: usize,
+    warmup_gen_len: usize,
+    device: Option<String>,
+    models_dir: PathBuf,
+    json: Option<PathBuf>,
+}
+
+const USAGE: &str =
+    "usage: cargo xtask bench [--quick | --full] [--config MODEL:DTYPE:PROMPT_LEN:GEN_LEN ...]
+    [--rounds N] [--trials N] [--warmup N] [--warmup-prompt-len N] [--warmup-gen-len N]
+    [--device cpu|gpu] [--models-dir DIR] [--json FILE]
+  MODEL: smollm2 | a name from xtask/oracle/bench_models.py (llama-0.5b-f32, llama-0.5b-q4,
+         llama-0.5b-bf16) | a path to an HF-style directory or a .gguf file
+  DTYPE: float32 | float16 | bfloat16 | keep";
+
+fn parse(args: &[String]) -> Result<Options, String> {
+    let mut o = Options {
+        configs: Vec::new(),
+        rounds: 0,
+        trials: None,
+        warmup: 1,
+        warmup_prompt_len: 16,
+        warmup_gen_len: 4,
+        device: None,
+        models_dir: workspace_root().join("target").join("bench-models"),
+        json: None,
+    };
+    let mut set = None;
+    let mut rounds = None;
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let mut value = || {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))
+        };
+        let num = |v: String| {
+            v.parse::<usize>()
+                .map_err(|e| format!("{flag} {v}: {e}\n{USAGE}"))
+        };
+        match flag.as_str() {
+            "--quick" => set = Some((quick_set(), 2)),
+            "--full" => set = Some((full_set(), 3)),
+            "--config" => o.configs.push(Config::parse(&value()?)?),
+            "--rounds" => rounds = Some(num(value()?)?.max(1)),
+            "--trials" => o.trials = Some(num(value()?)?.max(1)),
+            "--warmup" => o.warmup = num(value()?)?,
+            "--warmup-prompt-len" => o.warmup_prompt_len = num(value()?)?.max(1),
+            "--warmup-gen-len" => o.warmup_gen_len = num(value()?)?.max(1),
+            "--device" => o.device = Some(value()?),
+            "--models-dir" => o.models_dir = PathBuf::from(value()?),
+            "--json" => o.json = Some(PathBuf::from(value()?)),
+            other => return Err(format!("unknown argument {other}\n{USAGE}")),
+        }
+    }
+    let (configs, set_rounds) = set.unwrap_or_else(|| (default_set(), 3));
+    if o.configs.is_empty() {
+        o.configs = configs;
+    }
+    o.rounds = rounds.unwrap_or(set_rounds);
+    Ok(o)
+}
+
+fn cargo() -> Command {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(workspace_root());
+    c
+}
+
+fn ours_cmd() -> Command {
+    let mut c = cargo();
+    c.args([
+        "run",
+        "--quiet",
+        "--release",
+        "--package",
+        "mlx-models",
+        "--example",
+        "bench_generate",
+        "--",
+    ]);
+    c
+}
+
+/// Runs `cmd`, returns its stdout; stderr passes through.
+fn output(mut cmd: Command, what: &str) -> Result<String, String> {
+    let out = cmd
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("{what}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("{what} failed ({})", out.status));
+    }
+    String::from_utf8(out.stdout).map_err(|e| format!("{what}: {e}"))
+}
+
+/// The model argument both drivers get: a path.
+fn resolve_model(spec: &str, models_dir: &Path, py: &Path) -> Result<PathBuf, String> {
+    if spec == "smollm2" {
+        let mut c = ours_cmd();
+        c.args(["--model", "smollm2", "--resolve"]);
+        let out = output(c, "fetching SmolLM2")?;
+        return Ok(PathBuf::from(out.trim()));
+    }
+    let p = PathBuf::from(spec);
+    if p.exists() {
+        return Ok(p);
+    }
+    if spec.contains('/') || spec.ends_with(".gguf") {
+        return Err(format!("model {spec}: no such file or directory"));
+    }
+    let script = workspace_root()
+        .join("xtask")
+        .join("oracle")
+        .join("bench_models.py");
+    let mut c = Command::new(py);
+    c.arg(script)
+        .arg(models_dir)
+        .arg(spec)
+        .current_dir(workspace_root());
+    output(c, &format!("writing bench model {spec}"))?;
+    Ok(models_dir.join(spec))
+}
+
+/// One driver run: its JSON.
+fn run_driver(mut cmd: Command, cfg: &Config, model: &Path, o: &Options) -> Result<Value, String> {
+    cmd.arg("--model")
+        .arg(model)
+        .args(["--dtype", &cfg.dtype])
+        .args(["--prompt-len", &cfg.prompt_len.to_string()])
+        .args(["--gen-len", &cfg.gen_len.to_string()])
+        .args(["--warmup", &o.warmup.to_string()])
+        .args(["--warmup-prompt-len", &o.warmup_prompt_len.to_string()])
+        .args(["--warmup-gen-len", &o.warmup_gen_len.to_string()])
+        .args([
+            "--trials",
+            &o.trials.or(cfg.trials).unwrap_or(1).to_string(),
+        ]);
+    if let Some(d) = &o.device {
+        cmd.args(["--device", d]);
+    }
+    let what = format!("{cmd:?}");
+    let out = output(cmd, &what)?;
+    let line = out
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+        .ok_or_else(|| format!("{what}: no JSON line in its output"))?;
+    serde_json::from_str(line).map_err(|e| format!("{what}: bad JSON ({e}): {line}"))
+}
+
+#[derive(Default)]
+struct Side {
+    prompt_tps: Vec<f64>,
+    generation_tps: Vec<f64>,
+    peak_gb: Vec<f64>,
+    tokens: Option<Vec<i64>>,
+}
+
+impl Side {
+    fn add(&mut self, v: &Value) -> Result<(), String> {
+        let trials = v["trials"]
+            .as_array()
+            .ok_or_else(|| format!("no trials in {v}"))?;
+        for t in trials {
+            let f = |k: &str| t[k].as_f64().ok_or_else(|| format!("no {k} in {t}"));
+            self.prompt_tps.push(f("prompt_tps")?);
+            self.generation_tps.push(f("generation_tps")?);
+            self.peak_gb.push(f("peak_memory_gb")?);
+        }
+        self.tokens = v["tokens"]
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_i64).collect());
+        Ok(())
+    }
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    if n == 0 {
+        f64::NAN
+    } else if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
+}
+
+/// max/min - 1 over the rounds, in percent: how noisy a median is.
+fn spread(v: &[f64]) -> f64 {
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    (hi / lo - 1.0) * 100.0
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "?".into())
+}
+
+fn label(spec: &str) -> String {
+    match spec {
+        "smollm2" => "SmolLM2-135M Q4_1".into(),
+        TINY => "tiny llama (test)".into(),
+        s => Path::new(s)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| s.into()),
+    }
+}
+
+struct Row {
+    cfg: Config,
+    ours: Side,
+    theirs: Side,
+}
+
+fn print_table(rows: &[Row]) {
+    println!();
+    println!(
+        "{:<20} {:<8} {:>6} {:>4} | {:>9} {:>9} {:>6} | {:>9} {:>9} {:>6} | {:>11} | tokens",
+        "model",
+        "dtype",
+        "prompt",
+        "gen",
+        "prefill",
+        "mlx-lm",
+        "ratio",
+        "decode",
+        "mlx-lm",
+        "ratio",
+        "peak GB"
+    );
+    println!(
+        "{:<20} {:<8} {:>6} {:>4} | {:>9} {:>9} {:>6} | {:>9} {:>9} {:>6} | {:>11} |",
+        "", "", "", "", "ours t/s", "t/s", "", "ours t/s", "t/s", "", "ours/mlx-lm"
+    );
+    println!("{}", "-".repeat(124));
+    for r in rows {
+        let (op, tp) = (median(&r.ours.prompt_tps), median(&r.theirs.prompt_tps));
+        let (og, tg) = (
+            median(&r.ours.generation_tps),
+            median(&r.theirs.generation_tps),
+        );
+        let same = match (&r.ours.tokens, &r.theirs.tokens) {
+            (Some(a), Some(b)) if a == b => "same",
+            (Some(_), Some(_)) => "DIFFER",
+            _ => "?",
+        };
+        println!(
+            "{:<20} {:<8} {:>6} {:>4} | {:>9.2} {:>9.2} {:>6.3} | {:>9.2} {:>9.2} {:>6.3} | {:>5.3}/{:<5.3} | {}",
+            label(&r.cfg.model),
+            r.cfg.dtype,
+            r.cfg.prompt_len,
+            r.cfg.gen_len,
+            op,
+            tp,
+            op / tp,
+            og,
+            tg,
+            og / tg,
+            median(&r.ours.peak_gb),
+            median(&r.theirs.peak_gb),
+            same
+        );
+    }
+    println!();
+    println!("spread (max/min - 1 over rounds): prefill ours/mlx-lm, decode ours/mlx-lm");
+    for r in rows {
+        println!(
+            "{:<20} {:<8} {:>6} {:>4} | prefill {:>5.1}% / {:>5.1}% | decode {:>5.1}% / {:>5.1}% | {} samples each",
+            label(&r.cfg.model),
+            r.cfg.dtype,
+            r.cfg.prompt_len,
+            r.cfg.gen_len,
+            spread(&r.ours.prompt_tps),
+            spread(&r.theirs.prompt_tps),
+            spread(&r.ours.generation_tps),
+            spread(&r.theirs.generation_tps),
+            r.ours.prompt_tps.len()
+        );
+    }
+}
+
+/// `cargo xtask bench [...]`.
+pub fn run(args: &[String]) -> Result<(), String> {
+    if args.iter().any(|a| a == "-h" || a == "--help") {
+        println!("{USAGE}");
+        return Ok(());
+    }
+    let o = parse(args)?;
+    let started = Instant::now();
+    let py = oracle::ensure()?;
+    let load_before = loadavg();
+    eprintln!("bench: building bench_generate (--release)");
+    let mut build = cargo();
+    build.args([
+        "build",
+        "--quiet",
+        "--release",
+        "--package",
+        "mlx-models",
+        "--example",
+        "bench_generate",
+    ]);
+    output(build, "building bench_generate")?;
+
+    let mut rows = Vec::new();
+    let mut raw = Vec::new();
+    for cfg in &o.configs {
+        let model = resolve_model(&cfg.model, &o.models_dir, &py)?;
+        let mut row = Row {
+            cfg: cfg.clone(),
+            ours: Side::default(),
+            theirs: Side::default(),
+        };
+        for round in 0..o.rounds {
+            let order = if round % 2 == 0 {
+                [true, false]
+            } else {
+                [false, true]
+            };
+            for is_ours in order {
+                let cmd = if is_ours {
+                    ours_cmd()
+                } else {
+                    let mut c = Command::new(&py);
+                    c.arg(
+                        workspace_root()
+                            .join("xtask")
+                            .join("oracle")
+                            .join("bench_mlx_lm.py"),
+                    )
+                    .current_dir(workspace_root());
+                    c
+                };
+                let v = run_driver(cmd, cfg, &model, &o)?;
+                let side = if is_ours {
+                    &mut row.ours
+                } else {
+                    &mut row.theirs
+                };
+                side.add(&v)?;
+                let t = &v["trials"][0];
+                eprintln!(
+                    "bench: {} {} prompt {} gen {} round {}: {:<6} prefill {:>8.2} tok/s, decode {:>8.2} tok/s (load {})",
+                    label(&cfg.model),
+                    cfg.dtype,
+                    cfg.prompt_len,
+                    cfg.gen_len,
+                    round + 1,
+                    if is_ours { "ours" } else { "mlx-lm" },
+                    t["prompt_tps"].as_f64().unwrap_or(f64::NAN),
+                    t["generation_tps"].as_f64().unwrap_or(f64::NAN),
+                    loadavg()
+                );
+                raw.push(v);
+            }
+        }
+        rows.push(row);
+    }
+
+    print_table(&rows);
+    println!();
+    println!(
+        "prefill = prompt tokens / time to first token; decode = generated tokens / time from \
+         first to last token (mlx-lm stream_generate's definitions); ratio = ours / mlx-lm; \
+         medians over every trial of {} round(s) (one process per side per round, ours and \
+         mlx-lm alternating; samples per side in the spread table).",
+        o.rounds
+    );
+    println!(
+        "load average (1/5/15 min) before: {load_before}, after: {}; total {:.0} s.",
+        loadavg(),
+        started.elapsed().as_secs_f64()
+    );
+    if let Some(path) = &o.json {
+        let doc = serde_json::json!({ "runs": raw });
+        std::fs::write(path, format!("{doc}\n"))
+            .map_err(|e| format!("writing {}: {e}", path.display()))?;
+        eprintln!("bench: raw results in {}", path.display());
+    }
+    Ok(())
+}
