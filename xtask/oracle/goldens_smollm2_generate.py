@@ -26,7 +26,6 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
 import goldens_smollm2_logits as logits_script  # noqa: E402  (fetch + mapping)
-from goldens_smollm2_tokenizer import convert  # noqa: E402  (the GGUF tokenizer)
 
 CASES = [
     {"name": "raw", "prompt": "The capital of France is", "chat": False, "max_tokens": 24},
@@ -34,6 +33,31 @@ CASES = [
     {"name": "chat_system", "prompt": "Write a haiku about rain.", "chat": True,
      "system": "You are a terse poet.", "max_tokens": 40},
 ]
+
+
+def convert(gguf_path, out_dir):
+    """transformers' GGUF tokenizer (what AutoTokenizer builds for a llama GGUF: no tokenizer
+    class is registered for `llama`, so TokenizersBackend), saved to out_dir.
+
+    AutoTokenizer's first step, the model config, needs PyTorch, which the tokenizer does not;
+    transformers' GGUF reader is imported against a placeholder `torch` module instead."""
+    import importlib
+    import types
+
+    stub = types.ModuleType("torch")
+    for name in ("float32", "float16", "bfloat16", "Tensor", "dtype", "device"):
+        setattr(stub, name, type(name, (), {}))
+    sys.modules["torch"] = stub
+    try:
+        importlib.import_module("transformers.integrations.gguf.reader")
+    finally:
+        del sys.modules["torch"]
+    from transformers import TokenizersBackend
+
+    gguf_path = Path(gguf_path)
+    tok = TokenizersBackend.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    tok.save_pretrained(out_dir)
+    return tok
 
 
 def main():
