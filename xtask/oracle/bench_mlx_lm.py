@@ -28,12 +28,16 @@ Prints one JSON line on stdout.
 import argparse
 import json
 import os
+import sys
 import time
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import llama
 from mlx_lm.sample_utils import make_sampler
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import goldens_smollm2_logits as logits_script  # noqa: E402  (GGUF mapping)
 
 MASK = (1 << 64) - 1
 
@@ -52,72 +56,12 @@ def prompt_ids(n, seed, vocab):
     return out
 
 
-# GGUF (llama.cpp) names -> mlx-lm's, as in goldens_smollm2_logits.py.
-NAMES = {
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
-}
-
-
-def hf_name(name):
-    base, suffix = name.rsplit(".", 1)
-    if base == "token_embd":
-        return f"model.embed_tokens.{suffix}"
-    if base == "output_norm":
-        return f"model.norm.{suffix}"
-    if base == "output":
-        return f"lm_head.{suffix}"
-    _, layer, part = base.split(".", 2)
-    return f"model.layers.{layer}.{NAMES[part]}.{suffix}"
-
-
-def unpermute(w, heads):
-    rows, cols = w.shape
-    return w.reshape(heads, rows // heads // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
-
-
 def load_gguf(path):
+    """The GGUF mapped and loaded exactly as goldens_smollm2_logits.py does it."""
     weights, meta = mx.load(path, return_metadata=True)
-
-    def scalar(key):
-        return meta[key].item()
-
-    heads = scalar("llama.attention.head_count")
-    kv_heads = scalar("llama.attention.head_count_kv")
-    mapped = {}
-    for k, v in weights.items():
-        n = hf_name(k)
-        if ".q_proj." in n:
-            v = unpermute(v, heads)
-        elif ".k_proj." in n:
-            v = unpermute(v, kv_heads)
-        mapped[n] = v
-    config = {
-        "model_type": "llama",
-        "hidden_size": scalar("llama.embedding_length"),
-        "num_hidden_layers": scalar("llama.block_count"),
-        "intermediate_size": scalar("llama.feed_forward_length"),
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
-        "rms_norm_eps": scalar("llama.attention.layer_norm_rms_epsilon"),
-        "vocab_size": len(meta["tokenizer.ggml.tokens"]),
-        "rope_theta": scalar("llama.rope.freq_base"),
-        "max_position_embeddings": scalar("llama.context_length"),
-        "tie_word_embeddings": "lm_head.weight" not in mapped,
-    }
+    config, mapped = logits_script.build(weights, meta)
     model = llama.Model(llama.ModelArgs.from_dict(config))
-
-    def predicate(p, m):
-        if f"{p}.scales" not in mapped:
-            return False
-        in_dims = m.weight.shape[-1]
-        gs = in_dims // mapped[f"{p}.scales"].shape[-1]
-        bits = mapped[f"{p}.weight"].shape[-1] * 32 // in_dims
-        return {"group_size": gs, "bits": bits, "mode": "affine"}
-
-    nn.quantize(model, class_predicate=predicate)
+    nn.quantize(model, class_predicate=logits_script.predicate(mapped))
     model.load_weights(list(mapped.items()), strict=True)
     return model, config
 
