@@ -204,8 +204,9 @@ pub fn tokenizer_data(meta: &GgufMetadata) -> Result<crate::GgufTokenizerData> {
             .ok_or_else(|| ModelError::Config("GGUF metadata has no tokenizer.ggml.model".into()))?
             .to_string(),
         pre: meta_str(meta, "tokenizer.ggml.pre").map(str::to_string),
-        tokens: strings("tokenizer.ggml.tokens")
-            .ok_or_else(|| ModelError::Config("GGUF metadata has no tokenizer.ggml.tokens".into()))?,
+        tokens: strings("tokenizer.ggml.tokens").ok_or_else(|| {
+            ModelError::Config("GGUF metadata has no tokenizer.ggml.tokens".into())
+        })?,
         token_types,
         merges: strings("tokenizer.ggml.merges").unwrap_or_default(),
         bos_id: id("tokenizer.ggml.bos_token_id"),
