@@ -6,8 +6,7 @@
 //!
 //! | `pre` | split |
 //! | --- | --- |
-//! | `gpt2`, `default` | GPT-2's byte-level regex |
-//! | `smollm` | digits one by one, then GPT-2's byte-level regex (SmolLM's `tokenizer.json`, llama.cpp's `smollm`) |
+//! | `gpt2`, `default`, `smollm` | GPT-2's byte-level regex |
 //! | `llama3`, `llama-v3`, `llama-bpe`, `falcon3`, `falcon-h1`, `pixtral`, `midm-2.0`, `lfm2`, `jina-v5-nano`, `dbrx`, `smaug-bpe` | the Llama 3 regex, with whole-word vocabulary hits taking precedence over merges (llama.cpp's `ignore_merges`) |
 //! | `qwen2`, `deepseek-r1-qwen`, `kormo`, `f2llmv2`, `megrez` | the Qwen2 regex |
 //!
@@ -20,11 +19,19 @@
 //! Like llama.cpp and transformers' converter, no Unicode normalizer is applied (the Qwen2
 //! `tokenizer.json` has NFC, which a GGUF does not record). Unlike transformers, no
 //! `<|endoftext|>` default is invented when the file names no such token.
+//!
+//! `smollm` follows transformers' converter (what mlx-lm users get), not llama.cpp: llama.cpp
+//! (like SmolLM's original `tokenizer.json`, which has a `Digits` pre-tokenizer) splits every
+//! `\p{N}` off before GPT-2's regex, but transformers' converter has no `smollm` entry and keeps
+//! GPT2Tokenizer's plain byte-level pre-tokenizer. For SmolLM2's vocabulary (no token holds a
+//! digit next to anything else) this only shows in whitespace runs just before a digit: `"a   1"`
+//! is `a|ĠĠ|Ġ|1` here and in transformers, `a|ĠĠĠ|1` in llama.cpp. The Llama 3 family, in
+//! contrast, keeps llama.cpp's (and the original `tokenizer.json`'s) `ignore_merges`, which
+//! transformers' converter leaves off; the two differ on some whole words (`" việc"`).
 
 use serde_json::{Map, Value};
 use tokenizers::decoders::byte_level::ByteLevel;
 use tokenizers::models::bpe::BPE;
-use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior};
@@ -77,7 +84,6 @@ const QWEN2_SPLIT: &str = concat!(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum PreKind {
     Gpt2,
-    SmolLm,
     Llama3,
     Qwen2,
 }
@@ -85,7 +91,8 @@ enum PreKind {
 const PRE_NAMES: &[(&str, PreKind)] = &[
     ("gpt2", PreKind::Gpt2),
     ("default", PreKind::Gpt2),
-    ("smollm", PreKind::SmolLm),
+    // transformers' converter has no `smollm` entry: GPT-2's pre-tokenizer (see the module docs).
+    ("smollm", PreKind::Gpt2),
     ("llama3", PreKind::Llama3),
     ("llama-v3", PreKind::Llama3),
     ("llama-bpe", PreKind::Llama3),
@@ -124,10 +131,6 @@ impl PreKind {
         Ok(match self {
             // GPT2Tokenizer: ByteLevel(add_prefix_space=False) with its own regex.
             Self::Gpt2 => PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, true)),
-            Self::SmolLm => PreTokenizerWrapper::Sequence(Sequence::new(vec![
-                PreTokenizerWrapper::Digits(Digits::new(true)),
-                PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, true)),
-            ])),
             Self::Llama3 => PreTokenizerWrapper::Sequence(Sequence::new(vec![
                 split(LLAMA3_SPLIT)?,
                 PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, false)),
@@ -223,6 +226,9 @@ impl GgufTokenizerData {
                 merges,
             )
             .ignore_merges(kind == PreKind::Llama3)
+            // GPT2Tokenizer's BPE spells these as empty strings (no effect on tokenization).
+            .continuing_subword_prefix(String::new())
+            .end_of_word_suffix(String::new())
             .build()
             .map_err(|e| TokenizerError::Backend(format!("building BPE: {e}")))?;
         let mut inner = tokenizers::Tokenizer::new(bpe);

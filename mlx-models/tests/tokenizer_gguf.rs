@@ -186,15 +186,18 @@ fn tiny(pre: &str) -> GgufTokenizerData {
     }
 }
 
+/// `smollm` tokenizes as transformers' GGUF converter does, with GPT-2's pre-tokenizer: digits
+/// are not split first (llama.cpp would split "12"), so "12" merges here.
 #[test]
-fn smollm_splits_digits_and_gpt2_does_not() {
+fn smollm_pre_tokenizes_like_gpt2_as_transformers_does() {
     let smollm = tiny("smollm").build().unwrap();
     let gpt2 = tiny("gpt2").build().unwrap();
-    let one = b'1' as u32;
-    let two = b'2' as u32;
-    // SmolLM splits digits one by one, so "12" never merges.
-    assert_eq!(smollm.encode("12", false).unwrap(), vec![one, two]);
+    assert_eq!(smollm.encode("12", false).unwrap(), vec![257]);
     assert_eq!(gpt2.encode("12", false).unwrap(), vec![257]);
+    assert_eq!(
+        smollm.encode("a   12 x\n\n1", false).unwrap(),
+        gpt2.encode("a   12 x\n\n1", false).unwrap()
+    );
     assert_eq!(smollm.encode("ab", false).unwrap(), vec![256]);
     // Control and user-defined tokens stay whole; only control tokens are special.
     assert_eq!(

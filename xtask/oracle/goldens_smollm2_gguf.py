@@ -84,31 +84,36 @@ def dtype_name(d):
     return str(d).split(".")[-1]
 
 
-path = fetch()
-arrays, meta = mx.load(path, return_metadata=True)
-mx.eval(list(arrays.values()))
+def main():
+    path = fetch()
+    arrays, meta = mx.load(path, return_metadata=True)
+    mx.eval(list(arrays.values()))
 
-g = Golden("mlx-models/tests/goldens/smollm2_gguf.safetensors", __file__)
-g.meta["smollm2.tensors"] = "\n".join(
-    f"{k}|{','.join(map(str, arrays[k].shape))}|{dtype_name(arrays[k].dtype)}" for k in sorted(arrays))
-lines = []
-for k in sorted(meta):
-    v = meta[k]
-    if isinstance(v, mx.array):
-        lines.append(f"{k}|array|{dtype_name(v.dtype)}|{','.join(map(str, v.shape))}|{fnv(bytes(memoryview(v)))}")
-    elif isinstance(v, str):
-        lines.append(f"{k}|string|" + v.replace("\\", "\\\\").replace("\n", "\\n"))
-    elif isinstance(v, list):
-        blob = b"".join(s.encode("utf-8") + b"\0" for s in v)
-        lines.append(f"{k}|strings|{len(v)}|{fnv(blob)}")
-    else:
-        assert v is None
-        lines.append(f"{k}|none")
-g.meta["smollm2.meta"] = "\n".join(lines)
+    g = Golden("mlx-models/tests/goldens/smollm2_gguf.safetensors", __file__)
+    g.meta["smollm2.tensors"] = "\n".join(
+        f"{k}|{','.join(map(str, arrays[k].shape))}|{dtype_name(arrays[k].dtype)}" for k in sorted(arrays))
+    lines = []
+    for k in sorted(meta):
+        v = meta[k]
+        if isinstance(v, mx.array):
+            lines.append(f"{k}|array|{dtype_name(v.dtype)}|{','.join(map(str, v.shape))}|{fnv(bytes(memoryview(v)))}")
+        elif isinstance(v, str):
+            lines.append(f"{k}|string|" + v.replace("\\", "\\\\").replace("\n", "\\n"))
+        elif isinstance(v, list):
+            blob = b"".join(s.encode("utf-8") + b"\0" for s in v)
+            lines.append(f"{k}|strings|{len(v)}|{fnv(blob)}")
+        else:
+            assert v is None
+            lines.append(f"{k}|none")
+    g.meta["smollm2.meta"] = "\n".join(lines)
 
-mx.random.seed(0)
-x = mx.random.normal((1, 576)).astype(mx.float16)
-w, s, b = (arrays[f"blk.0.attn_k.{n}"] for n in ["weight", "scales", "biases"])
-g.case("data", "data", [x], [w, s, b, arrays["output_norm.weight"],
-                             mx.quantized_matmul(x, w, s, b, transpose=True, group_size=32, bits=4)])
-g.save()
+    mx.random.seed(0)
+    x = mx.random.normal((1, 576)).astype(mx.float16)
+    w, s, b = (arrays[f"blk.0.attn_k.{n}"] for n in ["weight", "scales", "biases"])
+    g.case("data", "data", [x], [w, s, b, arrays["output_norm.weight"],
+                                 mx.quantized_matmul(x, w, s, b, transpose=True, group_size=32, bits=4)])
+    g.save()
+
+
+if __name__ == "__main__":
+    main()

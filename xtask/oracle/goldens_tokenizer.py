@@ -387,4 +387,5 @@ def main():
     print(f"wrote {OUT}: {n_cases} cases", file=sys.stderr)
 
 
-main()
+if __name__ == "__main__":
+    main()
