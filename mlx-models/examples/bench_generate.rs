@@ -22,6 +22,10 @@
 //! started before the last token is drained). Warmup runs (default one, with the warmup
 //! lengths, which default to the measured ones) come first and are not reported.
 //!
+//! Besides wall time, each phase's process CPU time (user + system, all threads, from
+//! `/proc/self/stat` in clock ticks of 10 ms; `null` where there is none) is reported: on a
+//! loaded machine it is much steadier than wall time.
+//!
 //! Prints one JSON line on stdout.
 #![forbid(unsafe_code)]
 
@@ -37,6 +41,14 @@ use mlx_models::load::{load_model_dir, LoadOptions};
 use mlx_models::sample::Sampler;
 use mlx_models::LanguageModel;
 use serde_json::{json, Value};
+
+const USAGE: &str =
+    "usage: bench_generate --model PATH|smollm2 [--dtype float32|float16|bfloat16|keep]
+    [--prompt-len 512] [--gen-len 32] [--seed 0] [--warmup 1] [--warmup-prompt-len N]
+    [--warmup-gen-len N] [--trials 1] [--prefill-step-size 2048] [--device cpu|gpu]
+  bench_generate --model smollm2 --resolve   (prints the fetched GGUF's path)
+Prints one JSON line: prompt_tps, generation_tps (mlx-lm stream_generate's definitions),
+times, CPU times, peak memory per trial, and the last trial's greedy tokens.";
 
 type BoxResult<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
@@ -72,6 +84,10 @@ fn parse_args() -> BoxResult<Args> {
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
+        if flag == "-h" || flag == "--help" {
+            println!("{USAGE}");
+            std::process::exit(0);
+        }
         if flag == "--resolve" {
             a.resolve = true;
             continue;
@@ -144,6 +160,22 @@ fn load(path: &Path, dtype: &str) -> BoxResult<Box<dyn LanguageModel>> {
     Ok(model)
 }
 
+/// This process's CPU time (user + system, all threads) in seconds, from `/proc/self/stat`
+/// (clock ticks, taken as the universal Linux value of 100 per second); `None` elsewhere.
+fn cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the parenthesised command name: state is field 3, utime 14, stime 15.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let utime: f64 = f.get(11)?.parse().ok()?;
+    let stime: f64 = f.get(12)?.parse().ok()?;
+    Some((utime + stime) / 100.0)
+}
+
+fn diff(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    Some(a? - b?)
+}
+
 /// One generation, timed as mlx-lm's `stream_generate` times it.
 fn trial(
     model: &dyn LanguageModel,
@@ -159,12 +191,15 @@ fn trial(
     };
     let mut tokens = Vec::with_capacity(gen_len);
     memory::reset_peak_memory()?;
+    let cpu0 = cpu_seconds();
+    let mut cpu1 = None;
     let mut tic = Instant::now();
     let mut prompt_time = 0.0;
     for (n, step) in generate_step(prompt, model, None, opts)?.enumerate() {
         let step = step?;
         if n == 0 {
             prompt_time = tic.elapsed().as_secs_f64();
+            cpu1 = cpu_seconds();
             tic = Instant::now();
         }
         tokens.push(step.token);
@@ -173,12 +208,15 @@ fn trial(
         }
     }
     let gen_time = tic.elapsed().as_secs_f64();
+    let cpu2 = cpu_seconds();
     mlx_core::synchronize()?;
     let r = json!({
         "prompt_tps": prompt.len() as f64 / prompt_time,
         "generation_tps": tokens.len() as f64 / gen_time,
         "prompt_time_s": prompt_time,
         "generation_time_s": gen_time,
+        "prompt_cpu_s": diff(cpu1, cpu0),
+        "generation_cpu_s": diff(cpu2, cpu1),
         "peak_memory_gb": memory::peak_memory()? as f64 / 1e9,
     });
     Ok((r, tokens))

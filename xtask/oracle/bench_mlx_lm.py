@@ -22,6 +22,10 @@ synchronized (the pipelined step started before the last token is drained, untim
 runs (default one, with the warmup lengths, which default to the measured ones) come first and
 are not reported.
 
+Besides wall time, each phase's process CPU time (user + system, all threads, `os.times()`,
+clock ticks as bench_generate.rs reads them from /proc/self/stat) is reported: on a loaded
+machine it is much steadier than wall time.
+
 Prints one JSON line on stdout.
 """
 
@@ -82,6 +86,11 @@ def load(path, dtype):
     return model, vocab
 
 
+def cpu_seconds():
+    t = os.times()
+    return t.user + t.system
+
+
 def trial(model, prompt, gen_len, prefill_step_size):
     """One generation, timed as stream_generate times it."""
     # Imported late: mlx-lm makes its generation stream on the default device at import.
@@ -90,6 +99,7 @@ def trial(model, prompt, gen_len, prefill_step_size):
     sampler = make_sampler(0.0)
     tokens = []
     mx.reset_peak_memory()
+    cpu0 = cpu_seconds()
     tic = time.perf_counter()
     prompt_time = None
     for n, (token, _logprobs) in enumerate(
@@ -100,17 +110,21 @@ def trial(model, prompt, gen_len, prefill_step_size):
     ):
         if n == 0:
             prompt_time = time.perf_counter() - tic
+            cpu1 = cpu_seconds()
             tic = time.perf_counter()
         tokens.append(token)
         if n + 1 == gen_len:
             break
     gen_time = time.perf_counter() - tic
+    cpu2 = cpu_seconds()
     mx.synchronize(generation_stream)
     return {
         "prompt_tps": prompt.size / prompt_time,
         "generation_tps": len(tokens) / gen_time,
         "prompt_time_s": prompt_time,
         "generation_time_s": gen_time,
+        "prompt_cpu_s": cpu1 - cpu0,
+        "generation_cpu_s": cpu2 - cpu1,
         "peak_memory_gb": mx.get_peak_memory() / 1e9,
     }, tokens
 

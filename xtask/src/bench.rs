@@ -262,8 +262,19 @@ fn run_driver(mut cmd: Command, cfg: &Config, model: &Path, o: &Options) -> Resu
 struct Side {
     prompt_tps: Vec<f64>,
     generation_tps: Vec<f64>,
+    /// Tokens per CPU second (all threads); NaN where the CPU time is missing or zero.
+    prompt_cpu_tps: Vec<f64>,
+    generation_cpu_tps: Vec<f64>,
     peak_gb: Vec<f64>,
     tokens: Option<Vec<i64>>,
+}
+
+/// `n / secs`, NaN unless `secs` is a positive number.
+fn per_second(n: f64, secs: &Value) -> f64 {
+    match secs.as_f64() {
+        Some(s) if s > 0.0 => n / s,
+        _ => f64::NAN,
+    }
 }
 
 impl Side {
@@ -276,6 +287,13 @@ impl Side {
             self.prompt_tps.push(f("prompt_tps")?);
             self.generation_tps.push(f("generation_tps")?);
             self.peak_gb.push(f("peak_memory_gb")?);
+            // Token counts from the wall-time rates (tps * time), as the drivers count them.
+            let prompt_tokens = f("prompt_tps")? * f("prompt_time_s")?;
+            let gen_tokens = f("generation_tps")? * f("generation_time_s")?;
+            self.prompt_cpu_tps
+                .push(per_second(prompt_tokens.round(), &t["prompt_cpu_s"]));
+            self.generation_cpu_tps
+                .push(per_second(gen_tokens.round(), &t["generation_cpu_s"]));
         }
         self.tokens = v["tokens"]
             .as_array()
@@ -284,8 +302,9 @@ impl Side {
     }
 }
 
+/// The median of the non-NaN values (NaN if none).
 fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
+    let mut s: Vec<f64> = v.iter().copied().filter(|x| !x.is_nan()).collect();
     s.sort_by(f64::total_cmp);
     let n = s.len();
     if n == 0 {
@@ -374,6 +393,41 @@ fn print_table(rows: &[Row]) {
             median(&r.ours.peak_gb),
             median(&r.theirs.peak_gb),
             same
+        );
+    }
+    println!();
+    println!(
+        "by CPU time (tokens per CPU second of the whole process, all threads; steadier than \
+         wall time on a loaded machine; 10 ms ticks, so '-' for phases too short to measure):"
+    );
+    for r in rows {
+        let (op, tp) = (
+            median(&r.ours.prompt_cpu_tps),
+            median(&r.theirs.prompt_cpu_tps),
+        );
+        let (og, tg) = (
+            median(&r.ours.generation_cpu_tps),
+            median(&r.theirs.generation_cpu_tps),
+        );
+        let cell = |x: f64, p: usize| {
+            if x.is_finite() {
+                format!("{x:.p$}")
+            } else {
+                "-".into()
+            }
+        };
+        println!(
+            "{:<20} {:<8} {:>6} {:>4} | {:>9} {:>9} {:>6} | {:>9} {:>9} {:>6} |",
+            label(&r.cfg.model),
+            r.cfg.dtype,
+            r.cfg.prompt_len,
+            r.cfg.gen_len,
+            cell(op, 2),
+            cell(tp, 2),
+            cell(op / tp, 3),
+            cell(og, 2),
+            cell(tg, 2),
+            cell(og / tg, 3),
         );
     }
     println!();
