@@ -54,8 +54,11 @@ impl Config {
         }
     }
 
-    /// `MODEL:DTYPE:PROMPT:GEN` (MODEL may itself contain `:`).
+    /// `MODEL:DTYPE:PROMPT:GEN` (MODEL may itself contain `:`), or `tiny` for [`Config::tiny`].
     fn parse(spec: &str) -> Result<Config, String> {
+        if spec == "tiny" {
+            return Ok(Config::tiny());
+        }
         let bad = || format!("--config {spec}: expected MODEL:DTYPE:PROMPT_LEN:GEN_LEN");
         let mut parts = spec.rsplitn(4, ':');
         let gen = parts.next().ok_or_else(bad)?;
@@ -118,6 +121,7 @@ const USAGE: &str =
     "usage: cargo xtask bench [--quick | --full] [--config MODEL:DTYPE:PROMPT_LEN:GEN_LEN ...]
     [--rounds N] [--trials N] [--warmup N] [--warmup-prompt-len N] [--warmup-gen-len N]
     [--device cpu|gpu] [--models-dir DIR] [--json FILE]
+  --config tiny: the overhead probe (the tiny test llama, 16-token prompt, 256 tokens, 5 trials)
   MODEL: smollm2 | a name from xtask/oracle/bench_models.py (llama-0.5b-f32, llama-0.5b-q4,
          llama-0.5b-bf16) | a path to an HF-style directory or a .gguf file
   DTYPE: float32 | float16 | bfloat16 | keep";
