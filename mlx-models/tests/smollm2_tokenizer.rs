@@ -4,11 +4,16 @@
 //! `TokenizerWrapper` for streaming, chat templates and the generate prompt rule.
 //! Goldens: `cargo xtask goldens smollm2_tokenizer` (`xtask/oracle/goldens_smollm2_tokenizer.py`).
 
+mod common;
+
 use std::sync::OnceLock;
 
+use common::{
+    check_encode_decode, check_special_tokens, ids, options_from, s, stream, strings, Failures,
+};
 use mlx_core::io::load_gguf;
 use mlx_models::gguf::tokenizer_data;
-use mlx_models::{ChatTemplateOptions, ChatTemplates, DetokenizerKind, Tokenizer};
+use mlx_models::{ChatTemplateOptions, ChatTemplates, Tokenizer};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -37,26 +42,6 @@ fn tokenizer() -> &'static Tokenizer {
     })
 }
 
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .expect("id list")
-        .iter()
-        .map(|x| x.as_u64().expect("id") as u32)
-        .collect()
-}
-
-fn s(v: &Value) -> &str {
-    v.as_str().expect("string")
-}
-
-fn strings(v: &Value) -> Vec<String> {
-    v.as_array()
-        .expect("list")
-        .iter()
-        .map(|x| s(x).to_string())
-        .collect()
-}
-
 fn digest(lines: impl IntoIterator<Item = String>) -> String {
     let mut h = Sha256::new();
     for l in lines {
@@ -64,55 +49,6 @@ fn digest(lines: impl IntoIterator<Item = String>) -> String {
         h.update(b"\n");
     }
     format!("{:x}", h.finalize())
-}
-
-struct Failures {
-    failed: Vec<String>,
-    total: usize,
-}
-
-impl Failures {
-    fn new() -> Self {
-        Self {
-            failed: Vec::new(),
-            total: 0,
-        }
-    }
-
-    fn check<T: PartialEq + std::fmt::Debug>(
-        &mut self,
-        what: impl FnOnce() -> String,
-        got: T,
-        want: T,
-    ) {
-        self.total += 1;
-        if got != want {
-            self.failed
-                .push(format!("{}:\n   got {got:?}\n  want {want:?}", what()));
-        }
-    }
-
-    fn fail(&mut self, msg: String) {
-        self.total += 1;
-        self.failed.push(msg);
-    }
-
-    fn finish(self, name: &str) {
-        if !self.failed.is_empty() {
-            panic!(
-                "{name}: {} of {} checks failed:\n{}",
-                self.failed.len(),
-                self.total,
-                self.failed
-                    .iter()
-                    .take(25)
-                    .map(String::as_str)
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            );
-        }
-        eprintln!("{name}: {} checks passed", self.total);
-    }
 }
 
 /// The converted tokenizer's structure: vocabulary, merges, added tokens, pre-tokenizer,
@@ -207,53 +143,7 @@ fn special_tokens_and_template_match_mlx_lm() {
     let g = goldens();
     let tok = tokenizer();
     let mut f = Failures::new();
-    f.check(
-        || "bos_token".into(),
-        tok.bos_token().map(str::to_string),
-        g["bos_token"].as_str().map(str::to_string),
-    );
-    f.check(
-        || "bos_token_id".into(),
-        tok.bos_token_id(),
-        g["bos_token_id"].as_u64().map(|x| x as u32),
-    );
-    f.check(
-        || "eos_token".into(),
-        tok.eos_token().map(str::to_string),
-        g["eos_token"].as_str().map(str::to_string),
-    );
-    f.check(
-        || "eos_token_ids".into(),
-        tok.eos_token_ids().iter().copied().collect::<Vec<_>>(),
-        ids(&g["eos_token_ids"]),
-    );
-    f.check(
-        || "vocab_size".into(),
-        tok.vocab_size() as u64,
-        g["vocab_size"].as_u64().unwrap(),
-    );
-    f.check(
-        || "has_thinking".into(),
-        tok.has_thinking(),
-        g["has_thinking"].as_bool().unwrap(),
-    );
-    let want_map: Vec<(String, String)> = g["special_tokens_map"]
-        .as_object()
-        .unwrap()
-        .iter()
-        .map(|(k, v)| (k.clone(), s(v).to_string()))
-        .collect();
-    f.check(
-        || "special_tokens_map".into(),
-        tok.special_tokens_map().to_vec(),
-        want_map,
-    );
-    let kind = match tok.detokenizer_kind() {
-        DetokenizerKind::Naive => "NaiveStreamingDetokenizer",
-        DetokenizerKind::Spm { .. } => "SPMStreamingDetokenizer",
-        DetokenizerKind::Bpe => "BPEStreamingDetokenizer",
-    };
-    f.check(|| "detokenizer".into(), kind, s(&g["detokenizer"]));
+    check_special_tokens(&mut f, tok, g);
     let template = match tok.chat_templates() {
         Some(ChatTemplates::Single(t)) => Some(t.as_str()),
         _ => None,
@@ -271,57 +161,7 @@ fn encode_and_decode_match_tokenizers() {
     let g = goldens();
     let tok = tokenizer();
     let mut f = Failures::new();
-    for case in g["encode"].as_array().unwrap() {
-        let text = s(&case["text"]);
-        f.check(
-            || format!("encode({text:?}, true)"),
-            tok.encode(text, true).unwrap(),
-            ids(&case["ids"]),
-        );
-        f.check(
-            || format!("encode({text:?}, false)"),
-            tok.encode(text, false).unwrap(),
-            ids(&case["ids_no_special"]),
-        );
-        f.check(
-            || format!("encode_prompt({text:?})"),
-            tok.encode_prompt(text).unwrap(),
-            ids(&case["prompt_ids"]),
-        );
-        let tokens: Vec<String> = ids(&case["ids_no_special"])
-            .iter()
-            .map(|&i| tok.id_to_token(i).unwrap_or_default())
-            .collect();
-        f.check(
-            || format!("tokens of {text:?}"),
-            tokens,
-            strings(&case["tokens"]),
-        );
-        let with_special = ids(&case["ids"]);
-        f.check(
-            || format!("decode of {text:?}"),
-            tok.decode(&with_special, false).unwrap(),
-            s(&case["decode"]).to_string(),
-        );
-        f.check(
-            || format!("decode(skip_special) of {text:?}"),
-            tok.decode(&with_special, true).unwrap(),
-            s(&case["decode_skip_special"]).to_string(),
-        );
-    }
-    for case in g["decode"].as_array().unwrap() {
-        let run = ids(&case["ids"]);
-        f.check(
-            || format!("decode({run:?})"),
-            tok.decode(&run, false).unwrap(),
-            s(&case["text"]).to_string(),
-        );
-        f.check(
-            || format!("decode({run:?}, skip_special)"),
-            tok.decode(&run, true).unwrap(),
-            s(&case["text_skip_special"]).to_string(),
-        );
-    }
+    check_encode_decode(&mut f, tok, g);
     f.finish("encode/decode");
 }
 
@@ -336,15 +176,7 @@ fn streaming_matches_mlx_lm_and_decode() {
     let mut equal_to_decode = 0;
     for case in g["stream"].as_array().unwrap() {
         let run = ids(&case["ids"]);
-        let mut detok = tok.detokenizer();
-        let mut segments = Vec::new();
-        for &t in &run {
-            detok.add_token(t);
-            segments.push(detok.last_segment().unwrap());
-        }
-        detok.finalize().unwrap();
-        segments.push(detok.last_segment().unwrap());
-        let text = detok.text().unwrap();
+        let (segments, text) = stream(tok, &run);
         f.check(
             || format!("stream segments of {run:?}"),
             segments,
@@ -376,13 +208,7 @@ fn chat_template_matches_mlx_lm() {
     for case in g["chat"].as_array().unwrap() {
         let label = s(&case["name"]).to_string();
         let messages = case["messages"].as_array().unwrap().clone();
-        let kwargs = &case["kwargs"];
-        let opts = ChatTemplateOptions {
-            add_generation_prompt: kwargs["add_generation_prompt"].as_bool().unwrap_or(false),
-            continue_final_message: (kwargs["continue_final_message"].as_bool() == Some(true))
-                .then(|| "content".to_string()),
-            ..Default::default()
-        };
+        let opts = options_from(&case["kwargs"]);
         match (case.get("error"), tok.apply_chat_template(&messages, &opts)) {
             (Some(_), Err(_)) => f.check(|| format!("chat {label} fails"), true, true),
             (Some(err), Ok(text)) => {
