@@ -686,26 +686,24 @@ print("Saved " + os.path.join(dest, name))
         let dir = std::env::temp_dir().join(format!("mlx-fetch-test-{}", unique_suffix()));
         let _cleanup = TempDir(dir.clone());
         std::fs::create_dir_all(&dir).unwrap();
-        let py = fake_python(&dir, false);
-        let py = py.to_str().unwrap();
+        let (good, failing) = (fake_python(&dir, false), fake_python(&dir, true));
         let payload: Vec<u8> = (0..4096).flat_map(|_| 0..=255u8).collect();
         let sha = format!("{:x}", Sha256::digest(&payload));
         let cache = dir.join("cache");
+        // One fetch of `fakepkg==1.0`'s `member` with the given python: result and reports.
+        let fetch = |py: &Path, member: &str, sha: &str, cache: &Path| {
+            let mut events = Vec::new();
+            let py = py.to_str().unwrap();
+            let got = fetch_with(py, "fakepkg", "1.0", member, sha, cache, &mut |e| {
+                events.push(e.clone())
+            });
+            (got, events)
+        };
 
-        let mut events = Vec::new();
-        let got = fetch_with(
-            py,
-            "fakepkg",
-            "1.0",
-            "pkg/data.bin",
-            &sha,
-            &cache,
-            &mut |e| events.push(e.clone()),
-        )
-        .unwrap();
+        let (got, events) = fetch(&good, "pkg/data.bin", &sha, &cache);
+        let got = got.unwrap();
         assert_eq!(std::fs::read(&got).unwrap(), payload);
         assert!(got.ends_with("pypi/fakepkg-1.0/pkg/data.bin"), "{got:?}");
-
         assert!(
             matches!(&events[0], FetchProgress::Resolving { requirement } if requirement == "fakepkg==1.0")
         );
@@ -744,34 +742,13 @@ print("Saved " + os.path.join(dest, name))
         assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
 
         // Cached: verified, not downloaded again (the failing pip would refuse).
-        let failing = fake_python(&dir, true);
-        let mut events = Vec::new();
-        let again = fetch_with(
-            failing.to_str().unwrap(),
-            "fakepkg",
-            "1.0",
-            "pkg/data.bin",
-            &sha,
-            &cache,
-            &mut |e| events.push(e.clone()),
-        )
-        .unwrap();
-        assert_eq!(again, got);
+        let (again, events) = fetch(&failing, "pkg/data.bin", &sha, &cache);
+        assert_eq!(again.unwrap(), got);
         assert_eq!(events, vec![FetchProgress::Verifying]);
 
         // A corrupt cached copy is fetched again; pip's error reaches the caller.
         std::fs::write(&got, b"corrupt").unwrap();
-        let err = fetch_with(
-            failing.to_str().unwrap(),
-            "fakepkg",
-            "1.0",
-            "pkg/data.bin",
-            &sha,
-            &cache,
-            &mut |_| {},
-        )
-        .unwrap_err();
-        match &err {
+        match fetch(&failing, "pkg/data.bin", &sha, &cache).0.unwrap_err() {
             FetchError::Pip {
                 requirement,
                 message,
@@ -784,16 +761,9 @@ print("Saved " + os.path.join(dest, name))
 
         // The wrong sha256 is refused and nothing is left in the cache.
         let wrong = "0".repeat(64);
-        let err = fetch_with(
-            py,
-            "fakepkg",
-            "1.0",
-            "pkg/data.bin",
-            &wrong,
-            &dir.join("c2"),
-            &mut |_| {},
-        )
-        .unwrap_err();
+        let err = fetch(&good, "pkg/data.bin", &wrong, &dir.join("c2"))
+            .0
+            .unwrap_err();
         assert!(
             matches!(err, FetchError::Sha256Mismatch { ref actual, .. } if *actual == sha),
             "{err}"
@@ -801,16 +771,9 @@ print("Saved " + os.path.join(dest, name))
         assert!(!dir.join("c2/pypi/fakepkg-1.0/pkg/data.bin").exists());
 
         // A member the wheel lacks.
-        let err = fetch_with(
-            py,
-            "fakepkg",
-            "1.0",
-            "pkg/nope.bin",
-            &sha,
-            &dir.join("c3"),
-            &mut |_| {},
-        )
-        .unwrap_err();
+        let err = fetch(&good, "pkg/nope.bin", &sha, &dir.join("c3"))
+            .0
+            .unwrap_err();
         assert!(matches!(err, FetchError::NotInWheel { .. }), "{err}");
     }
 
