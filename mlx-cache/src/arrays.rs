@@ -1,8 +1,6 @@
 //! mlx-lm's `ArraysCache`: recurrent state for hybrid models (e.g. a conv state and an SSM
 //! state per layer), plus snapshot / restore so a speculative step can be rolled back.
 
-use std::any::Any;
-
 use mlx_core::prelude::*;
 
 use crate::mask::AttentionMask;
@@ -171,14 +169,5 @@ impl Cache for ArraysCache {
     }
     fn is_empty(&self) -> bool {
         self.cache.first().is_none_or(Option::is_none)
-    }
-    fn boxed_clone(&self) -> Box<dyn Cache> {
-        Box::new(self.clone())
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
     }
 }

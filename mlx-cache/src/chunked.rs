@@ -1,7 +1,5 @@
 //! mlx-lm's `ChunkedKVCache` and `ConcatenateKVCache`'s sibling for chunked attention.
 
-use std::any::Any;
-
 use mlx_core::prelude::*;
 
 use crate::kv::{store_from_state, store_state, STEP};
@@ -174,14 +172,5 @@ impl Cache for ChunkedKVCache {
     }
     fn is_empty(&self) -> bool {
         self.keys.is_none()
-    }
-    fn boxed_clone(&self) -> Box<dyn Cache> {
-        Box::new(self.clone())
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
     }
 }

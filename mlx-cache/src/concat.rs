@@ -4,8 +4,6 @@
 //! still returned by `keys_and_values` and come back on the next write (its offset is reset
 //! from the array length). Here `trim` removes them, so offset always equals the tokens held.
 
-use std::any::Any;
-
 use mlx_core::prelude::*;
 
 use crate::mask::{create_attention_mask, AttentionMask};
@@ -107,14 +105,5 @@ impl Cache for ConcatenateKVCache {
     }
     fn is_empty(&self) -> bool {
         self.keys.is_none()
-    }
-    fn boxed_clone(&self) -> Box<dyn Cache> {
-        Box::new(self.clone())
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
     }
 }

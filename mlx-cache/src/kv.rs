@@ -1,7 +1,5 @@
 //! `KVCache` and `QuantizedKVCache`: one buffer that grows in steps of 256 tokens.
 
-use std::any::Any;
-
 use mlx_core::prelude::*;
 
 use crate::mask::{create_attention_mask, AttentionMask};
@@ -246,15 +244,6 @@ impl Cache for KVCache {
     fn is_empty(&self) -> bool {
         self.buf.keys.is_none()
     }
-    fn boxed_clone(&self) -> Box<dyn Cache> {
-        Box::new(self.clone())
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
-    }
 }
 
 /// mlx-lm's `QuantizedKVCache` (affine; mlx-lm's defaults are group 64, 8 bits).
@@ -347,14 +336,5 @@ impl Cache for QuantizedKVCache {
     }
     fn is_empty(&self) -> bool {
         self.buf.keys.is_none()
-    }
-    fn boxed_clone(&self) -> Box<dyn Cache> {
-        Box::new(self.clone())
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
     }
 }

@@ -89,8 +89,29 @@ impl Kv {
     }
 }
 
+/// What every cache gets from being `Clone + 'static` (a blanket impl, nothing to write):
+/// copying behind a `Box<dyn Cache>` and downcasting to the concrete kind.
+pub trait CacheObject {
+    /// A copy that evolves independently (arrays are immutable, so this is cheap).
+    fn boxed_clone(&self) -> Box<dyn Cache>;
+    fn as_any(&self) -> &dyn Any;
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+impl<T: Cache + Clone + 'static> CacheObject for T {
+    fn boxed_clone(&self) -> Box<dyn Cache> {
+        Box::new(self.clone())
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
 /// One layer's cache.
-pub trait Cache: Send + std::fmt::Debug {
+pub trait Cache: CacheObject + Send + std::fmt::Debug {
     /// The mlx-lm class name (used in prompt-cache files).
     fn class_name(&self) -> &'static str;
 
@@ -133,12 +154,6 @@ pub trait Cache: Send + std::fmt::Debug {
 
     /// Nothing written yet.
     fn is_empty(&self) -> bool;
-
-    /// A copy that evolves independently (arrays are immutable, so this is cheap).
-    fn boxed_clone(&self) -> Box<dyn Cache>;
-
-    fn as_any(&self) -> &dyn Any;
-    fn as_any_mut(&mut self) -> &mut dyn Any;
 }
 
 impl Clone for Box<dyn Cache> {

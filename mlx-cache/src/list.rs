@@ -1,7 +1,5 @@
 //! mlx-lm's `CacheList`: several caches serving one layer.
 
-use std::any::Any;
-
 use mlx_core::prelude::*;
 
 use crate::mask::{fallback_mask, AttentionMask};
@@ -105,14 +103,5 @@ impl Cache for CacheList {
     }
     fn is_empty(&self) -> bool {
         self.caches.first().is_none_or(|c| c.is_empty())
-    }
-    fn boxed_clone(&self) -> Box<dyn Cache> {
-        Box::new(self.clone())
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
     }
 }

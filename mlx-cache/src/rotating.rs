@@ -9,8 +9,6 @@
 //! - [`RotatingKVCache::rollback`] removes the last `n` tokens right after a multi-token write
 //!   even when wrapped (speculative decoding), checking its precondition.
 
-use std::any::Any;
-
 use mlx_core::prelude::*;
 
 use crate::kv::{store_from_state, store_state};
@@ -445,15 +443,6 @@ macro_rules! rotating_cache {
             }
             fn is_empty(&self) -> bool {
                 self.0.keys.is_none()
-            }
-            fn boxed_clone(&self) -> Box<dyn Cache> {
-                Box::new(self.clone())
-            }
-            fn as_any(&self) -> &dyn Any {
-                self
-            }
-            fn as_any_mut(&mut self) -> &mut dyn Any {
-                self
             }
         }
 
