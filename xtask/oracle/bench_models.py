@@ -33,11 +33,28 @@ BASE_0_5B = {
     "tie_word_embeddings": True,
 }
 
+# SmolLM2-135M's shape (its config.json), for machines where the GGUF cannot be fetched.
+BASE_135M = {
+    "model_type": "llama",
+    "hidden_size": 576,
+    "num_hidden_layers": 30,
+    "intermediate_size": 1536,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "rms_norm_eps": 1e-05,
+    "vocab_size": 49152,
+    "rope_theta": 100000.0,
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": True,
+}
+
 # name -> (config, dtype, (group_size, bits) or None)
 MODELS = {
     "llama-0.5b-f32": (BASE_0_5B, "float32", None),
     "llama-0.5b-q4": (BASE_0_5B, "float32", (64, 4)),
     "llama-0.5b-bf16": (BASE_0_5B, "bfloat16", None),
+    "llama-135m-bf16": (BASE_135M, "bfloat16", None),
+    "llama-135m-q4": (BASE_135M, "bfloat16", (64, 4)),
 }
 
 

@@ -113,6 +113,10 @@ struct Options {
     warmup_prompt_len: usize,
     warmup_gen_len: usize,
     device: Option<String>,
+    /// `--ours-bin`: a prebuilt bench_generate (e.g. built here against MLX's CUDA wheel and
+    /// run on a GPU machine that has no Rust toolchain) instead of building and running it
+    /// with cargo.
+    ours_bin: Option<PathBuf>,
     models_dir: PathBuf,
     json: Option<PathBuf>,
 }
@@ -120,10 +124,12 @@ struct Options {
 const USAGE: &str =
     "usage: cargo xtask bench [--quick | --full] [--config MODEL:DTYPE:PROMPT_LEN:GEN_LEN ...]
     [--rounds N] [--trials N] [--warmup N] [--warmup-prompt-len N] [--warmup-gen-len N]
-    [--device cpu|gpu] [--models-dir DIR] [--json FILE]
+    [--device cpu|gpu] [--models-dir DIR] [--json FILE] [--ours-bin PATH]
   --config tiny: the overhead probe (the tiny test llama, 16-token prompt, 256 tokens, 5 trials)
+  --ours-bin PATH: run this prebuilt bench_generate instead of building it with cargo
   MODEL: smollm2 | a name from xtask/oracle/bench_models.py (llama-0.5b-f32, llama-0.5b-q4,
-         llama-0.5b-bf16) | a path to an HF-style directory or a .gguf file
+         llama-0.5b-bf16, llama-135m-bf16, llama-135m-q4: random weights, SmolLM2-135M's
+         shape) | a path to an HF-style directory or a .gguf file
   DTYPE: float32 | float16 | bfloat16 | keep";
 
 fn parse(args: &[String]) -> Result<Options, String> {
@@ -135,6 +141,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         warmup_prompt_len: 16,
         warmup_gen_len: 4,
         device: None,
+        ours_bin: None,
         models_dir: workspace_root().join("target").join("bench-models"),
         json: None,
     };
@@ -162,6 +169,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
             "--warmup-gen-len" => o.warmup_gen_len = num(value()?)?.max(1),
             "--device" => o.device = Some(value()?),
             "--models-dir" => o.models_dir = PathBuf::from(value()?),
+            "--ours-bin" => o.ours_bin = Some(PathBuf::from(value()?)),
             "--json" => o.json = Some(PathBuf::from(value()?)),
             other => return Err(format!("unknown argument {other}\n{USAGE}")),
         }
@@ -180,7 +188,12 @@ fn cargo() -> Command {
     c
 }
 
-fn ours_cmd() -> Command {
+fn ours_cmd(bin: Option<&Path>) -> Command {
+    if let Some(bin) = bin {
+        let mut c = Command::new(bin);
+        c.current_dir(workspace_root());
+        return c;
+    }
     let mut c = cargo();
     c.args([
         "run",
@@ -208,9 +221,10 @@ fn output(mut cmd: Command, what: &str) -> Result<String, String> {
 }
 
 /// The model argument both drivers get: a path.
-fn resolve_model(spec: &str, models_dir: &Path, py: &Path) -> Result<PathBuf, String> {
+fn resolve_model(spec: &str, o: &Options, py: &Path) -> Result<PathBuf, String> {
+    let models_dir = &o.models_dir;
     if spec == "smollm2" {
-        let mut c = ours_cmd();
+        let mut c = ours_cmd(o.ours_bin.as_deref());
         c.args(["--model", "smollm2", "--resolve"]);
         let out = output(c, "fetching SmolLM2")?;
         return Ok(PathBuf::from(out.trim()));
@@ -462,23 +476,25 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let started = Instant::now();
     let py = oracle::ensure()?;
     let load_before = loadavg();
-    eprintln!("bench: building bench_generate (--release)");
-    let mut build = cargo();
-    build.args([
-        "build",
-        "--quiet",
-        "--release",
-        "--package",
-        "mlx-models",
-        "--example",
-        "bench_generate",
-    ]);
-    output(build, "building bench_generate")?;
+    if o.ours_bin.is_none() {
+        eprintln!("bench: building bench_generate (--release)");
+        let mut build = cargo();
+        build.args([
+            "build",
+            "--quiet",
+            "--release",
+            "--package",
+            "mlx-models",
+            "--example",
+            "bench_generate",
+        ]);
+        output(build, "building bench_generate")?;
+    }
 
     let mut rows = Vec::new();
     let mut raw = Vec::new();
     for cfg in &o.configs {
-        let model = resolve_model(&cfg.model, &o.models_dir, &py)?;
+        let model = resolve_model(&cfg.model, &o, &py)?;
         let mut row = Row {
             cfg: cfg.clone(),
             ours: Side::default(),
@@ -492,7 +508,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             };
             for is_ours in order {
                 let cmd = if is_ours {
-                    ours_cmd()
+                    ours_cmd(o.ours_bin.as_deref())
                 } else {
                     let mut c = Command::new(&py);
                     c.arg(
