@@ -3,6 +3,8 @@
 //! reading token n, MLX's buffer cache cleared where mlx-lm clears it, optional KV-cache
 //! quantization, and a caller-supplied prompt cache.
 
+use std::cell::RefCell;
+
 use mlx_cache::{Cache, KVCache, RotatingKVCache};
 use mlx_core::prelude::*;
 use mlx_core::{async_eval, memory};
@@ -97,6 +99,33 @@ pub struct Step {
     pub logprobs: Array,
 }
 
+/// Runs `f` with mlx-lm's `generation_stream` as the default stream: a stream of the default
+/// device made once per thread (`mx.new_thread_local_stream(mx.default_device())`), which
+/// `generate_step` wraps its prefill and every step in (`with mx.stream(stream)`). The previous
+/// default stream is restored afterwards, also when `f` fails.
+fn on_generation_stream<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
+    thread_local! {
+        static STREAM: RefCell<Option<(Device, Stream)>> = const { RefCell::new(None) };
+    }
+    let device = Device::default_device()?;
+    let previous = Stream::default_for(device)?;
+    STREAM.with(|cell| -> Result<()> {
+        let mut cell = cell.borrow_mut();
+        match &*cell {
+            Some((d, s)) if *d == device => s.set_default()?,
+            _ => {
+                let s = Stream::new(device)?;
+                s.set_default()?;
+                *cell = Some((device, s));
+            }
+        }
+        Ok(())
+    })?;
+    let out = f();
+    previous.set_default()?;
+    out
+}
+
 /// The token stream of [`generate_step`].
 pub struct GenerateStep<'m> {
     model: &'m dyn LanguageModel,
@@ -139,7 +168,7 @@ pub fn generate_step<'m>(
         n: 0,
         done: false,
     };
-    g.prefill(prompt)?;
+    on_generation_stream(|| g.prefill(prompt))?;
     Ok(g)
 }
 
@@ -258,7 +287,7 @@ impl Iterator for GenerateStep<'_> {
     type Item = Result<Step>;
 
     fn next(&mut self) -> Option<Result<Step>> {
-        match self.advance() {
+        match on_generation_stream(|| self.advance()) {
             Ok(Some(s)) => Some(Ok(s)),
             Ok(None) => None,
             Err(e) => {
@@ -266,5 +295,39 @@ impl Iterator for GenerateStep<'_> {
                 Some(Err(e))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn default_index() -> i32 {
+        Stream::default_for(Device::default_device().unwrap())
+            .unwrap()
+            .index()
+    }
+
+    #[test]
+    fn generation_runs_on_its_own_stream_and_restores_the_default() {
+        let before = default_index();
+        let first = on_generation_stream(|| Ok(default_index())).unwrap();
+        assert_ne!(
+            first, before,
+            "generation should not run on the default stream"
+        );
+        assert_eq!(default_index(), before);
+        // One stream per thread, reused.
+        let again = on_generation_stream(|| Ok(default_index())).unwrap();
+        assert_eq!(again, first);
+        // Restored when the work fails too.
+        let err = on_generation_stream(|| -> Result<()> { Err(ModelError::Other("x".into())) });
+        assert!(err.is_err());
+        assert_eq!(default_index(), before);
+        // Work done there is usable from the default stream.
+        let a =
+            on_generation_stream(|| Ok(Array::from_slice(&[1.0f32, 2.0], &[2])?.sum_all(false)?))
+                .unwrap();
+        assert_eq!(a.item::<f32>().unwrap(), 3.0);
     }
 }

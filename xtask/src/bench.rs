@@ -110,8 +110,11 @@ struct Options {
     /// `--trials`: overrides every configuration's own count.
     trials: Option<usize>,
     warmup: usize,
-    warmup_prompt_len: usize,
-    warmup_gen_len: usize,
+    /// Warmup lengths; `None`: 16 prompt and 4 generated tokens on the CPU (where a full-size
+    /// warmup would double a long prompt's cost), the measured lengths on a GPU (whose kernels
+    /// are compiled the first time each shape is seen, which must not land in a timed run).
+    warmup_prompt_len: Option<usize>,
+    warmup_gen_len: Option<usize>,
     device: Option<String>,
     /// `--ours-bin`: a prebuilt bench_generate (e.g. built here against MLX's CUDA wheel and
     /// run on a GPU machine that has no Rust toolchain) instead of building and running it
@@ -125,6 +128,7 @@ const USAGE: &str =
     "usage: cargo xtask bench [--quick | --full] [--config MODEL:DTYPE:PROMPT_LEN:GEN_LEN ...]
     [--rounds N] [--trials N] [--warmup N] [--warmup-prompt-len N] [--warmup-gen-len N]
     [--device cpu|gpu] [--models-dir DIR] [--json FILE] [--ours-bin PATH]
+  warmup lengths default to 16/4 on the CPU and to the measured lengths with --device gpu
   --config tiny: the overhead probe (the tiny test llama, 16-token prompt, 256 tokens, 5 trials)
   --ours-bin PATH: run this prebuilt bench_generate instead of building it with cargo
   MODEL: smollm2 | a name from xtask/oracle/bench_models.py (llama-0.5b-f32, llama-0.5b-q4,
@@ -138,8 +142,8 @@ fn parse(args: &[String]) -> Result<Options, String> {
         rounds: 0,
         trials: None,
         warmup: 1,
-        warmup_prompt_len: 16,
-        warmup_gen_len: 4,
+        warmup_prompt_len: None,
+        warmup_gen_len: None,
         device: None,
         ours_bin: None,
         models_dir: workspace_root().join("target").join("bench-models"),
@@ -165,8 +169,8 @@ fn parse(args: &[String]) -> Result<Options, String> {
             "--rounds" => rounds = Some(num(value()?)?.max(1)),
             "--trials" => o.trials = Some(num(value()?)?.max(1)),
             "--warmup" => o.warmup = num(value()?)?,
-            "--warmup-prompt-len" => o.warmup_prompt_len = num(value()?)?.max(1),
-            "--warmup-gen-len" => o.warmup_gen_len = num(value()?)?.max(1),
+            "--warmup-prompt-len" => o.warmup_prompt_len = Some(num(value()?)?.max(1)),
+            "--warmup-gen-len" => o.warmup_gen_len = Some(num(value()?)?.max(1)),
             "--device" => o.device = Some(value()?),
             "--models-dir" => o.models_dir = PathBuf::from(value()?),
             "--ours-bin" => o.ours_bin = Some(PathBuf::from(value()?)),
@@ -251,14 +255,21 @@ fn resolve_model(spec: &str, o: &Options, py: &Path) -> Result<PathBuf, String> 
 
 /// One driver run: its JSON.
 fn run_driver(mut cmd: Command, cfg: &Config, model: &Path, o: &Options) -> Result<Value, String> {
+    let gpu = o.device.as_deref() == Some("gpu");
+    let (warmup_prompt, warmup_gen) = (
+        o.warmup_prompt_len
+            .unwrap_or(if gpu { cfg.prompt_len } else { 16 }),
+        o.warmup_gen_len
+            .unwrap_or(if gpu { cfg.gen_len } else { 4 }),
+    );
     cmd.arg("--model")
         .arg(model)
         .args(["--dtype", &cfg.dtype])
         .args(["--prompt-len", &cfg.prompt_len.to_string()])
         .args(["--gen-len", &cfg.gen_len.to_string()])
         .args(["--warmup", &o.warmup.to_string()])
-        .args(["--warmup-prompt-len", &o.warmup_prompt_len.to_string()])
-        .args(["--warmup-gen-len", &o.warmup_gen_len.to_string()])
+        .args(["--warmup-prompt-len", &warmup_prompt.to_string()])
+        .args(["--warmup-gen-len", &warmup_gen.to_string()])
         .args([
             "--trials",
             &o.trials.or(cfg.trials).unwrap_or(1).to_string(),
