@@ -45,10 +45,13 @@ use serde_json::{json, Value};
 const USAGE: &str =
     "usage: bench_generate --model PATH|smollm2 [--dtype float32|float16|bfloat16|keep]
     [--prompt-len 512] [--gen-len 32] [--seed 0] [--warmup 1] [--warmup-prompt-len N]
-    [--warmup-gen-len N] [--trials 1] [--prefill-step-size 2048] [--device cpu|gpu]
+    [--warmup-gen-len N] [--trials 1] [--prefill-step-size 2048] [--device cpu|gpu] [--digests]
   bench_generate --model smollm2 --resolve   (prints the fetched GGUF's path)
 Prints one JSON line: prompt_tps, generation_tps (mlx-lm stream_generate's definitions),
-times, CPU times, peak memory per trial, and the last trial's greedy tokens.";
+times, CPU times, peak memory per trial, and the last trial's greedy tokens. --digests adds
+`logprob_digests`: per step, the first 16 hex digits of the sha256 of the whole log-probability
+vector as little-endian float32 (bench_mlx_lm.py writes the same), to find where two runs part;
+it costs time, so do not time such a run.";
 
 type BoxResult<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
@@ -65,6 +68,7 @@ struct Args {
     prefill_step_size: usize,
     device: Option<String>,
     resolve: bool,
+    digests: bool,
 }
 
 fn parse_args() -> BoxResult<Args> {
@@ -81,6 +85,7 @@ fn parse_args() -> BoxResult<Args> {
         prefill_step_size: 2048,
         device: None,
         resolve: false,
+        digests: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -90,6 +95,10 @@ fn parse_args() -> BoxResult<Args> {
         }
         if flag == "--resolve" {
             a.resolve = true;
+            continue;
+        }
+        if flag == "--digests" {
+            a.digests = true;
             continue;
         }
         let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
@@ -176,13 +185,26 @@ fn diff(a: Option<f64>, b: Option<f64>) -> Option<f64> {
     Some(a? - b?)
 }
 
-/// One generation, timed as mlx-lm's `stream_generate` times it.
+/// The first 16 hex digits of the sha256 of `logprobs` as little-endian float32.
+fn digest(logprobs: &mlx_core::Array) -> BoxResult<String> {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for x in logprobs.astype(Dtype::Float32)?.to_vec::<f32>()? {
+        h.update(x.to_le_bytes());
+    }
+    Ok(format!("{:x}", h.finalize())[..16].to_string())
+}
+
+/// One generation, timed as mlx-lm's `stream_generate` times it; with `digests`, also each
+/// step's log-probability digest.
 fn trial(
     model: &dyn LanguageModel,
     prompt: &[i32],
     gen_len: usize,
     prefill_step_size: usize,
+    digests: Option<&mut Vec<String>>,
 ) -> BoxResult<(Value, Vec<u32>)> {
+    let mut digests = digests;
     let opts = GenerateOptions {
         max_tokens: Some(gen_len),
         sampler: Sampler::greedy(),
@@ -203,6 +225,9 @@ fn trial(
             tic = Instant::now();
         }
         tokens.push(step.token);
+        if let Some(d) = digests.as_deref_mut() {
+            d.push(digest(&step.logprobs)?);
+        }
         if n + 1 == gen_len {
             break;
         }
@@ -245,17 +270,20 @@ fn run(a: &Args) -> BoxResult<()> {
         .min(a.prompt_len);
     let wg = a.warmup_gen_len.unwrap_or(a.gen_len).max(1);
     for _ in 0..a.warmup {
-        trial(model.as_ref(), &prompt[..wp], wg, a.prefill_step_size)?;
+        trial(model.as_ref(), &prompt[..wp], wg, a.prefill_step_size, None)?;
     }
     let mut trials = Vec::new();
     let mut tokens = Vec::new();
+    let mut digests = Vec::new();
     for _ in 0..a.trials {
-        let (r, t) = trial(model.as_ref(), &prompt, a.gen_len, a.prefill_step_size)?;
+        digests.clear();
+        let d = a.digests.then_some(&mut digests);
+        let (r, t) = trial(model.as_ref(), &prompt, a.gen_len, a.prefill_step_size, d)?;
         trials.push(r);
         tokens = t;
     }
     let device = Device::default_device()?;
-    let out = json!({
+    let mut out = json!({
         "impl": "mlx-rs",
         "version": env!("CARGO_PKG_VERSION"),
         "device": format!("{device:?}"),
@@ -268,6 +296,9 @@ fn run(a: &Args) -> BoxResult<()> {
         "trials": trials,
         "tokens": tokens,
     });
+    if a.digests {
+        out["logprob_digests"] = json!(digests);
+    }
     println!("{out}");
     Ok(())
 }

@@ -3,7 +3,7 @@
     python bench_mlx_lm.py --model PATH [--dtype float32|float16|bfloat16|keep]
         [--prompt-len 512] [--gen-len 32] [--seed 0] [--warmup 1]
         [--warmup-prompt-len N] [--warmup-gen-len N] [--trials 1]
-        [--prefill-step-size 2048] [--device cpu|gpu]
+        [--prefill-step-size 2048] [--device cpu|gpu] [--digests]
 
 PATH is an HF-style directory (loaded by `mlx_lm.utils.load_model`) or a llama `.gguf` file
 (mapped to mlx-lm's names and loaded into `mlx_lm.models.llama` exactly as
@@ -91,8 +91,19 @@ def cpu_seconds():
     return t.user + t.system
 
 
-def trial(model, prompt, gen_len, prefill_step_size):
-    """One generation, timed as stream_generate times it."""
+def digest(logprobs):
+    """The first 16 hex digits of the sha256 of the log-probabilities as little-endian float32
+    (bench_generate.rs writes the same)."""
+    import hashlib
+
+    import numpy as np
+
+    return hashlib.sha256(np.array(logprobs.astype(mx.float32)).astype("<f4").tobytes()).hexdigest()[:16]
+
+
+def trial(model, prompt, gen_len, prefill_step_size, digests=None):
+    """One generation, timed as stream_generate times it; with `digests` (a list), also each
+    step's log-probability digest."""
     # Imported late: mlx-lm makes its generation stream on the default device at import.
     from mlx_lm.generate import generate_step, generation_stream
 
@@ -102,7 +113,7 @@ def trial(model, prompt, gen_len, prefill_step_size):
     cpu0 = cpu_seconds()
     tic = time.perf_counter()
     prompt_time = None
-    for n, (token, _logprobs) in enumerate(
+    for n, (token, logprobs) in enumerate(
         generate_step(
             prompt, model, max_tokens=gen_len, sampler=sampler,
             prefill_step_size=prefill_step_size,
@@ -113,6 +124,8 @@ def trial(model, prompt, gen_len, prefill_step_size):
             cpu1 = cpu_seconds()
             tic = time.perf_counter()
         tokens.append(token)
+        if digests is not None:
+            digests.append(digest(logprobs))
         if n + 1 == gen_len:
             break
     gen_time = time.perf_counter() - tic
@@ -143,6 +156,8 @@ def main():
     ap.add_argument("--trials", type=int, default=1)
     ap.add_argument("--prefill-step-size", type=int, default=2048)
     ap.add_argument("--device", choices=["cpu", "gpu"], default=None)
+    ap.add_argument("--digests", action="store_true",
+                    help="add each step's log-probability digest (untimed use only)")
     a = ap.parse_args()
     if a.prompt_len < 1 or a.gen_len < 1:
         ap.error("--prompt-len and --gen-len must be positive")
@@ -159,9 +174,12 @@ def main():
         trial(model, prompt[:wp], wg, a.prefill_step_size)
     trials = []
     tokens = None
+    digests = None
     for _ in range(a.trials):
-        r, tokens = trial(model, prompt, a.gen_len, a.prefill_step_size)
+        digests = [] if a.digests else None
+        r, tokens = trial(model, prompt, a.gen_len, a.prefill_step_size, digests)
         trials.append(r)
+    extra = {"logprob_digests": digests} if a.digests else {}
     print(json.dumps({
         "impl": "mlx-lm",
         "version": __import__("mlx_lm").__version__,
@@ -175,6 +193,7 @@ def main():
         "load_s": load_s,
         "trials": trials,
         "tokens": tokens,
+        **extra,
     }))
 
 
