@@ -9,7 +9,7 @@ mod common;
 use std::sync::OnceLock;
 
 use common::{
-    check_encode_decode, check_special_tokens, ids, options_from, s, stream, strings, Failures,
+    check_chat, check_encode_decode, check_special_tokens, ids, s, stream, strings, Failures,
 };
 use mlx_core::io::load_gguf;
 use mlx_models::gguf::tokenizer_data;
@@ -205,35 +205,7 @@ fn chat_template_matches_mlx_lm() {
     let g = goldens();
     let tok = tokenizer();
     let mut f = Failures::new();
-    for case in g["chat"].as_array().unwrap() {
-        let label = s(&case["name"]).to_string();
-        let messages = case["messages"].as_array().unwrap().clone();
-        let opts = options_from(&case["kwargs"]);
-        match (case.get("error"), tok.apply_chat_template(&messages, &opts)) {
-            (Some(_), Err(_)) => f.check(|| format!("chat {label} fails"), true, true),
-            (Some(err), Ok(text)) => {
-                f.fail(format!("chat {label}: rendered {text:?}, want error {err}"))
-            }
-            (None, Err(e)) => f.fail(format!("chat {label}: error {e}")),
-            (None, Ok(text)) => {
-                f.check(
-                    || format!("chat {label} text"),
-                    text.clone(),
-                    s(&case["text"]).to_string(),
-                );
-                f.check(
-                    || format!("chat {label} ids"),
-                    tok.apply_chat_template_ids(&messages, &opts).unwrap(),
-                    ids(&case["ids"]),
-                );
-                f.check(
-                    || format!("chat {label} prompt ids"),
-                    tok.encode_prompt(&text).unwrap(),
-                    ids(&case["prompt_ids"]),
-                );
-            }
-        }
-    }
+    check_chat(&mut f, tok, &g["chat"]);
     f.finish("chat");
 }
 

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{check_encode_decode, check_special_tokens, ids, options_from, s, stream, Failures};
+use common::{check_chat, check_encode_decode, check_special_tokens, ids, s, stream, Failures};
 use mlx_models::tokenizer_testdata::npm_tokenizer;
 use mlx_models::{ChatTemplate, ChatTemplateOptions, Tokenizer};
 use serde_json::Value;
@@ -53,42 +53,7 @@ fn run(name: &str) {
         );
     }
 
-    for case in g["chat"].as_array().unwrap() {
-        let label = s(&case["name"]).to_string();
-        let messages = case["messages"].as_array().unwrap().clone();
-        let opts = options_from(&case["kwargs"]);
-        let got = tok.apply_chat_template(&messages, &opts);
-        match (&case.get("error"), got) {
-            (Some(err), Err(e)) => {
-                // raise_exception gives transformers' "TemplateError: <message>", which we keep;
-                // other Jinja errors only need to be errors (the wording is the engine's).
-                let want = s(err);
-                if want.starts_with("TemplateError: ") {
-                    f.check(
-                        || format!("chat {label} error {e}"),
-                        e.to_string().contains(want),
-                        true,
-                    );
-                }
-            }
-            (Some(err), Ok(text)) => {
-                f.fail(format!("chat {label}: rendered {text:?}, want error {err}"))
-            }
-            (None, Err(e)) => f.fail(format!("chat {label}: error {e}")),
-            (None, Ok(text)) => {
-                f.check(
-                    || format!("chat {label} text"),
-                    text.clone(),
-                    s(&case["text"]).to_string(),
-                );
-                f.check(
-                    || format!("chat {label} ids"),
-                    tok.apply_chat_template_ids(&messages, &opts).unwrap(),
-                    ids(&case["ids"]),
-                );
-            }
-        }
-    }
+    check_chat(&mut f, &tok, &g["chat"]);
     f.finish(name);
 }
 

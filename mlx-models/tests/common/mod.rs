@@ -196,6 +196,48 @@ pub fn stream(tok: &Tokenizer, run: &[u32]) -> (Vec<String>, String) {
     (segments, detok.text().unwrap())
 }
 
+/// The golden's chat cases, rendered through [`options_from`]: the text and ids, the generate
+/// prompt ids where the case has them, and errors where the oracle raised one. transformers'
+/// `raise_exception` gives "TemplateError: <message>", which we keep word for word; other Jinja
+/// errors only need to be errors (their wording is the engine's).
+pub fn check_chat(f: &mut Failures, tok: &Tokenizer, cases: &Value) {
+    for case in cases.as_array().expect("chat cases") {
+        let label = s(&case["name"]).to_string();
+        let messages = case["messages"].as_array().unwrap().clone();
+        let opts = options_from(&case["kwargs"]);
+        match (case.get("error"), tok.apply_chat_template(&messages, &opts)) {
+            (Some(err), Err(e)) => {
+                let want = s(err);
+                let ok = !want.starts_with("TemplateError: ") || e.to_string().contains(want);
+                f.check(|| format!("chat {label} error {e}, want {want}"), ok, true);
+            }
+            (Some(err), Ok(text)) => {
+                f.fail(format!("chat {label}: rendered {text:?}, want error {err}"))
+            }
+            (None, Err(e)) => f.fail(format!("chat {label}: error {e}")),
+            (None, Ok(text)) => {
+                f.check(
+                    || format!("chat {label} text"),
+                    text.clone(),
+                    s(&case["text"]).to_string(),
+                );
+                f.check(
+                    || format!("chat {label} ids"),
+                    tok.apply_chat_template_ids(&messages, &opts).unwrap(),
+                    ids(&case["ids"]),
+                );
+                if let Some(prompt_ids) = case.get("prompt_ids") {
+                    f.check(
+                        || format!("chat {label} prompt ids"),
+                        tok.encode_prompt(&text).unwrap(),
+                        ids(prompt_ids),
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// `apply_chat_template` keyword arguments of a golden case as [`ChatTemplateOptions`].
 pub fn options_from(kwargs: &Value) -> ChatTemplateOptions {
     let mut opts = ChatTemplateOptions::default();
