@@ -95,6 +95,30 @@ impl StepBuffer {
         }
     }
 
+    /// [`StepBuffer::update`] as attention takes it.
+    fn update_kv(&mut self, keys: &Array, values: &Array, quant: Option<QuantSpec>) -> Result<Kv> {
+        let (k, v) = self.update(keys, values, quant)?;
+        Kv::from_stores(k, v, quant)
+    }
+
+    /// The filled prefix as attention takes it; `None` before the first write.
+    fn fetch_kv(&self, quant: Option<QuantSpec>) -> Result<Option<Kv>> {
+        if self.keys.is_none() {
+            return Ok(None);
+        }
+        let (k, v) = self.fetch()?;
+        Kv::from_stores(k, v, quant).map(Some)
+    }
+
+    fn make_mask(
+        &self,
+        n: usize,
+        window_size: Option<usize>,
+        return_array: bool,
+    ) -> Result<AttentionMask> {
+        create_attention_mask(n, self.offset, return_array, window_size)
+    }
+
     fn trim(&mut self, n: usize) -> usize {
         let n = n.min(self.offset);
         self.offset -= n;
@@ -207,23 +231,18 @@ impl Cache for KVCache {
         self.buf.offset
     }
     fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<Kv> {
-        let (k, v) = self.buf.update(keys, values, None)?;
-        Kv::from_stores(k, v, None)
+        self.buf.update_kv(keys, values, None)
     }
     fn fetch(&self) -> Result<Option<Kv>> {
-        if self.buf.keys.is_none() {
-            return Ok(None);
-        }
-        let (k, v) = self.buf.fetch()?;
-        Kv::from_stores(k, v, None).map(Some)
+        self.buf.fetch_kv(None)
     }
     fn make_mask(
         &self,
         n: usize,
-        window_size: Option<usize>,
+        window: Option<usize>,
         return_array: bool,
     ) -> Result<AttentionMask> {
-        create_attention_mask(n, self.buf.offset, return_array, window_size)
+        self.buf.make_mask(n, window, return_array)
     }
     fn state(&self) -> StateValue {
         StateValue::List(vec![
@@ -298,23 +317,18 @@ impl Cache for QuantizedKVCache {
         self.buf.offset
     }
     fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<Kv> {
-        let (k, v) = self.buf.update(keys, values, Some(self.spec))?;
-        Kv::from_stores(k, v, Some(self.spec))
+        self.buf.update_kv(keys, values, Some(self.spec))
     }
     fn fetch(&self) -> Result<Option<Kv>> {
-        if self.buf.keys.is_none() {
-            return Ok(None);
-        }
-        let (k, v) = self.buf.fetch()?;
-        Kv::from_stores(k, v, Some(self.spec)).map(Some)
+        self.buf.fetch_kv(Some(self.spec))
     }
     fn make_mask(
         &self,
         n: usize,
-        window_size: Option<usize>,
+        window: Option<usize>,
         return_array: bool,
     ) -> Result<AttentionMask> {
-        create_attention_mask(n, self.buf.offset, return_array, window_size)
+        self.buf.make_mask(n, window, return_array)
     }
     fn state(&self) -> StateValue {
         StateValue::List(vec![
