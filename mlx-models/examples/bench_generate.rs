@@ -202,9 +202,8 @@ fn trial(
     prompt: &[i32],
     gen_len: usize,
     prefill_step_size: usize,
-    digests: Option<&mut Vec<String>>,
+    mut digests: Option<&mut Vec<String>>,
 ) -> BoxResult<(Value, Vec<u32>)> {
-    let mut digests = digests;
     let opts = GenerateOptions {
         max_tokens: Some(gen_len),
         sampler: Sampler::greedy(),

@@ -1,9 +1,6 @@
 #!/bin/bash
 # Device call 2 (instead of run.sh): is each side deterministic on the GPU? three runs of each side on one config, every pair compared.
-SITE=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-mkdir -p "$SITE/mlx/lib"
-[ -s "$SITE/mlx/lib/libmlx.so" ] || { cat /opt/mlxgpu/libmlx.so.xz.00 .gpu/b/libmlx.so.xz.01 | xz -d > "$SITE/mlx/lib/libmlx.so" || exit 1; }
-export LD_LIBRARY_PATH="$SITE/mlx/lib" PYTHONUNBUFFERED=1
+source .gpu/b/env.sh
 python3 xtask/oracle/bench_models.py /tmp/bench-models llama-135m-bf16 2>&1 | tail -1
 M=/tmp/bench-models/llama-135m-bf16
 for i in 1 2 3; do

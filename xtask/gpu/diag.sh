@@ -1,9 +1,6 @@
 #!/bin/bash
 # Device call 2 (instead of run.sh): where do ours and mlx-lm's log-probabilities part on the GPU? (per-step digests)
-SITE=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-mkdir -p "$SITE/mlx/lib"
-[ -s "$SITE/mlx/lib/libmlx.so" ] || { cat /opt/mlxgpu/libmlx.so.xz.00 .gpu/b/libmlx.so.xz.01 | xz -d > "$SITE/mlx/lib/libmlx.so" || exit 1; }
-export LD_LIBRARY_PATH="$SITE/mlx/lib" PYTHONUNBUFFERED=1
+source .gpu/b/env.sh
 python3 xtask/oracle/bench_models.py /tmp/bench-models llama-135m-bf16 llama-0.5b-bf16 2>&1 | tail -2
 cmp() {  # model prompt gen
   .gpu/b/bench_generate --model "$1" --dtype keep --prompt-len $2 --gen-len $3 --device gpu --digests > /tmp/o.json || return

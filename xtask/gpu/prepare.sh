@@ -3,8 +3,8 @@
 # CUDA 13 libraries but no Rust toolchain and no network (see README.md here):
 #   .gpu/a: half one of libmlx.so (mlx-cuda-13 0.32.4, stripped, xz), the wheel's headers and
 #           bundled libraries, the `mlx` cp312 and `mlx-lm` wheels, setup.sh
-#   .gpu/b: half two, bench_generate and xtask built here against the CUDA wheel, run.sh, diag.sh,
-#           determinism.sh
+#   .gpu/b: half two, bench_generate and xtask built here against the CUDA wheel, env.sh, run.sh,
+#           diag.sh, determinism.sh
 # Both folders must be ignored by git (`echo /.gpu/ >> .git/info/exclude`).
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
@@ -22,5 +22,5 @@ mv .gpu/tmp/libmlx.so.xz.00 .gpu/a/ && mv .gpu/tmp/libmlx.so.xz.01 .gpu/b/
 CARGO_TARGET_DIR=target/cuda RUSTFLAGS="-C link-arg=-Wl,--allow-shlib-undefined" \
   cargo build --release -p mlx-models --example bench_generate --features cuda -p xtask
 cp target/cuda/release/examples/bench_generate target/cuda/release/xtask .gpu/b/
-cp xtask/gpu/setup.sh .gpu/a/ && cp xtask/gpu/run.sh xtask/gpu/diag.sh xtask/gpu/determinism.sh .gpu/b/
+cp xtask/gpu/setup.sh .gpu/a/ && cp xtask/gpu/env.sh xtask/gpu/run.sh xtask/gpu/diag.sh xtask/gpu/determinism.sh .gpu/b/
 du -sh .gpu/a .gpu/b

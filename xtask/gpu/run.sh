@@ -1,14 +1,12 @@
 #!/bin/bash
 # Device call 2: finish libmlx, check mlx on the GPU, run `cargo xtask bench` with our prebuilt driver.
 set -x
-SITE=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-mkdir -p "$SITE/mlx/lib"; cat /opt/mlxgpu/libmlx.so.xz.00 .gpu/b/libmlx.so.xz.01 | xz -d > "$SITE/mlx/lib/libmlx.so" || exit 1
+source .gpu/b/env.sh
 python3 -c 'import mlx.core as mx; print(mx.__version__, mx.default_device()); a = mx.ones((256, 256)); print((a @ a).sum())' || exit 1
-export LD_LIBRARY_PATH="$SITE/mlx/lib"
 ldd .gpu/b/bench_generate | grep -E 'mlx|not found'
 [ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
 mkdir -p /tmp/ov/bin && printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" > /tmp/ov/bin/python && chmod +x /tmp/ov/bin/python
-export MLX_ORACLE_VENV=/tmp/ov PYTHONUNBUFFERED=1
+export MLX_ORACLE_VENV=/tmp/ov
 set -o pipefail
 .gpu/b/xtask bench --ours-bin "$PWD/.gpu/b/bench_generate" --device gpu --models-dir /tmp/bench-models \
   --rounds "${ROUNDS:-3}" --json "$OUT/gpu_bench.json" $CONFIGS 2>&1 | tee "$OUT/gpu_bench.log"
