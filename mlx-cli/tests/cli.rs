@@ -27,7 +27,7 @@ fn golden() -> Value {
 
 #[test]
 fn greedy_generation_reproduces_mlx_lm() {
-    let model = mlx_models::fetch::smollm2_gguf().unwrap();
+    let model = mlx_engine::fetch::smollm2_gguf().unwrap();
     let model = model.to_str().unwrap();
     for case in golden()["cases"].as_array().unwrap() {
         let name = case["name"].as_str().unwrap();
@@ -66,7 +66,7 @@ fn greedy_generation_reproduces_mlx_lm() {
 
 #[test]
 fn prompt_ids_and_top_logprobs() {
-    let model = mlx_models::fetch::smollm2_gguf().unwrap();
+    let model = mlx_engine::fetch::smollm2_gguf().unwrap();
     let (code, out, err) = mlx(&[
         "generate",
         "--model",

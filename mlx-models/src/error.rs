@@ -18,8 +18,6 @@ pub enum ModelError {
     Weights(Vec<String>),
     #[error("{path}: {message}")]
     Io { path: String, message: String },
-    #[error(transparent)]
-    Tokenizer(#[from] crate::tokenizer::TokenizerError),
     #[error("{0}")]
     Other(String),
 }

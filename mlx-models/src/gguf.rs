@@ -184,37 +184,3 @@ pub fn load_gguf_model(
     let model = build(&g.config, weights)?;
     Ok((model, g))
 }
-
-/// The tokenizer part of GGUF metadata (`tokenizer.ggml.*`, `tokenizer.chat_template`).
-pub fn tokenizer_data(meta: &GgufMetadata) -> Result<crate::GgufTokenizerData> {
-    let strings = |k: &str| -> Option<Vec<String>> {
-        match meta.get(k) {
-            Some(GgufValue::Strings(v)) => Some(v.clone()),
-            _ => None,
-        }
-    };
-    let id = |k: &str| meta_f64(meta, k).map(|v| v as u32);
-    let flag = |k: &str| meta.get_bool(k).ok();
-    let token_types = match meta.get("tokenizer.ggml.token_type") {
-        Some(GgufValue::Array(a)) => Some(a.astype(Dtype::Int32)?.to_vec::<i32>()?),
-        _ => None,
-    };
-    Ok(crate::GgufTokenizerData {
-        model: meta_str(meta, "tokenizer.ggml.model")
-            .ok_or_else(|| ModelError::Config("GGUF metadata has no tokenizer.ggml.model".into()))?
-            .to_string(),
-        pre: meta_str(meta, "tokenizer.ggml.pre").map(str::to_string),
-        tokens: strings("tokenizer.ggml.tokens").ok_or_else(|| {
-            ModelError::Config("GGUF metadata has no tokenizer.ggml.tokens".into())
-        })?,
-        token_types,
-        merges: strings("tokenizer.ggml.merges").unwrap_or_default(),
-        bos_id: id("tokenizer.ggml.bos_token_id"),
-        eos_id: id("tokenizer.ggml.eos_token_id"),
-        unk_id: id("tokenizer.ggml.unknown_token_id"),
-        pad_id: id("tokenizer.ggml.padding_token_id"),
-        add_bos: flag("tokenizer.ggml.add_bos_token"),
-        add_eos: flag("tokenizer.ggml.add_eos_token"),
-        chat_template: meta_str(meta, "tokenizer.chat_template").map(str::to_string),
-    })
-}

@@ -20,7 +20,7 @@ split -n 2 -d .gpu/tmp/libmlx.so.xz .gpu/tmp/libmlx.so.xz.
 mv .gpu/tmp/libmlx.so.xz.00 .gpu/a/ && mv .gpu/tmp/libmlx.so.xz.01 .gpu/b/
 # libmlx's CUDA dependencies are not here: let the linker leave them to the machine that runs it.
 CARGO_TARGET_DIR=target/cuda RUSTFLAGS="-C link-arg=-Wl,--allow-shlib-undefined" \
-  cargo build --release -p mlx-models --example bench_generate --features cuda -p xtask
+  cargo build --release -p mlx-engine --example bench_generate --features cuda -p xtask
 cp target/cuda/release/examples/bench_generate target/cuda/release/xtask .gpu/b/
 cp xtask/gpu/setup.sh .gpu/a/ && cp xtask/gpu/env.sh xtask/gpu/run.sh xtask/gpu/diag.sh xtask/gpu/determinism.sh .gpu/b/
 du -sh .gpu/a .gpu/b

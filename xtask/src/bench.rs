@@ -1,7 +1,7 @@
 //! `cargo xtask bench`: generation speed of this project against mlx-lm 0.32.2 on the same
 //! model, dtype, prompt and generation length, measured the same way, in one run.
 //!
-//! Our side is `mlx-models/examples/bench_generate.rs` (built with `--release`, run through
+//! Our side is `mlx-engine/examples/bench_generate.rs` (built with `--release`, run through
 //! `cargo run` so it finds libmlx), mlx-lm's is `xtask/oracle/bench_mlx_lm.py` in the oracle venv.
 //! Both print one JSON line; see their docs for what is timed (mlx-lm's `stream_generate`
 //! definitions of prompt and generation tok/s). For each configuration the two alternate, one
@@ -9,7 +9,7 @@
 //! the machine's load hits both alike), and the table shows the medians over all rounds.
 //! Greedy tokens are compared too: with bit-exact logits both sides generate the same ids.
 //!
-//! Models: `smollm2` (the SmolLM2-135M-Instruct Q4_1 GGUF, fetched by `mlx_models::fetch`),
+//! Models: `smollm2` (the SmolLM2-135M-Instruct Q4_1 GGUF, fetched by `mlx_engine::fetch`),
 //! a name from `xtask/oracle/bench_models.py` (a seeded random llama, written once into
 //! `--models-dir`, default `target/bench-models/`), or a path (HF-style directory or `.gguf`).
 
@@ -204,7 +204,7 @@ fn ours_cmd(bin: Option<&Path>) -> Command {
         "--quiet",
         "--release",
         "--package",
-        "mlx-models",
+        "mlx-engine",
         "--example",
         "bench_generate",
         "--",
@@ -495,7 +495,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             "--quiet",
             "--release",
             "--package",
-            "mlx-models",
+            "mlx-engine",
             "--example",
             "bench_generate",
         ]);

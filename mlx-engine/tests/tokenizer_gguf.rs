@@ -2,8 +2,8 @@
 //! the Llama 3 vocabulary and merges, handed over as GGUF would (`model = "gpt2"`,
 //! `pre = "llama-bpe"`, added tokens as control tokens), must tokenize like the original.
 
-use mlx_models::tokenizer_testdata::npm_tokenizer;
-use mlx_models::{GgufTokenizerData, Tokenizer};
+use mlx_engine::tokenizer_testdata::npm_tokenizer;
+use mlx_engine::{GgufTokenizerData, Tokenizer};
 use serde_json::Value;
 
 fn llama3_as_gguf() -> (Tokenizer, GgufTokenizerData) {
@@ -137,7 +137,7 @@ fn gguf_chat_template_is_used() {
     let built = data.build().unwrap();
     let msgs = vec![serde_json::json!({"role": "user", "content": " hi "})];
     let out = built
-        .apply_chat_template(&msgs, &mlx_models::ChatTemplateOptions::generation(true))
+        .apply_chat_template(&msgs, &mlx_engine::ChatTemplateOptions::generation(true))
         .unwrap();
     assert_eq!(out, "<user>hi<assistant><|begin_of_text|>");
 }
@@ -165,7 +165,7 @@ fn unknown_pre_tokenizer_is_a_clear_error() {
 /// A tiny byte-level vocabulary: every byte, plus merges for "ab" and "12".
 fn tiny(pre: &str) -> GgufTokenizerData {
     let mut tokens: Vec<String> = (0..=255u8)
-        .map(mlx_models::tokenizer_stream::byte_to_unicode)
+        .map(mlx_engine::tokenizer_stream::byte_to_unicode)
         .map(String::from)
         .collect();
     tokens.push("ab".into());

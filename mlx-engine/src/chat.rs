@@ -6,10 +6,10 @@ use serde_json::{json, Value};
 
 use crate::chat_template::ChatTemplateOptions;
 use crate::error::Result;
-use crate::models::LanguageModel;
 use crate::prompt_cache::PromptCache;
 use crate::stream::{stream_generate, GenerationResponse, StreamOptions};
 use crate::tokenizer::Tokenizer;
+use mlx_models::LanguageModel;
 
 /// Statistics of one turn.
 #[derive(Clone, Debug, Default)]

@@ -7,9 +7,9 @@ use std::path::PathBuf;
 use mlx_core::prelude::*;
 use mlx_core::random;
 use mlx_core::testing::{Case, Goldens};
-use mlx_models::generate::{generate_step, GenerateOptions};
+use mlx_engine::generate::{generate_step, GenerateOptions};
+use mlx_engine::sample::{make_logits_processors, ProcessorSettings, Sampler, SamplerSettings};
 use mlx_models::load::{load_model_dir, LoadOptions};
-use mlx_models::sample::{make_logits_processors, ProcessorSettings, Sampler, SamplerSettings};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests")
@@ -33,7 +33,9 @@ fn floats(c: &Case, k: &str) -> Vec<f32> {
 }
 
 fn run(c: &Case) -> Result<(), String> {
-    let dir = root().join("models").join(c.str("model").unwrap());
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../mlx-models/tests/models")
+        .join(c.str("model").unwrap());
     let (model, _) = load_model_dir(&dir, &LoadOptions::default()).map_err(|e| e.to_string())?;
     let d = SamplerSettings::default();
     let sampler = Sampler::new(SamplerSettings {

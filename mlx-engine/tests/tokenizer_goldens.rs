@@ -5,8 +5,8 @@
 mod common;
 
 use common::{check_chat, check_encode_decode, check_special_tokens, ids, s, stream, Failures};
-use mlx_models::tokenizer_testdata::npm_tokenizer;
-use mlx_models::{ChatTemplate, ChatTemplateOptions, Tokenizer};
+use mlx_engine::tokenizer_testdata::npm_tokenizer;
+use mlx_engine::{ChatTemplate, ChatTemplateOptions, Tokenizer};
 use serde_json::Value;
 
 fn goldens() -> Value {

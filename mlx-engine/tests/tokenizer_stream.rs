@@ -4,8 +4,8 @@
 
 use std::sync::OnceLock;
 
-use mlx_models::tokenizer_testdata::npm_tokenizer;
-use mlx_models::{DetokenizerKind, StreamingDetokenizer, Tokenizer};
+use mlx_engine::tokenizer_testdata::npm_tokenizer;
+use mlx_engine::{DetokenizerKind, StreamingDetokenizer, Tokenizer};
 use proptest::prelude::*;
 
 fn qwen3() -> &'static Tokenizer {

@@ -9,9 +9,9 @@ use mlx_cache::{Cache, KVCache, RotatingKVCache};
 use mlx_core::prelude::*;
 use mlx_core::{async_eval, memory};
 
-use crate::error::{ModelError, Result};
-use crate::models::LanguageModel;
+use crate::error::{EngineError, Result};
 use crate::sample::{LogitsProcessor, Sampler};
+use mlx_models::LanguageModel;
 
 /// mlx-lm's `DEFAULT_QUANTIZED_KV_START`.
 pub const DEFAULT_QUANTIZED_KV_START: usize = 5000;
@@ -146,12 +146,12 @@ pub fn generate_step<'m>(
     opts: GenerateOptions,
 ) -> Result<GenerateStep<'m>> {
     if prompt.is_empty() {
-        return Err(ModelError::Other(
+        return Err(EngineError::Other(
             "Either input_embeddings or prompt (or both) must be provided.".into(),
         ));
     }
     if opts.prefill_step_size == 0 {
-        return Err(ModelError::Other(
+        return Err(EngineError::Other(
             "prefill_step_size must be positive".into(),
         ));
     }
@@ -321,7 +321,7 @@ mod tests {
         let again = on_generation_stream(|| Ok(default_index())).unwrap();
         assert_eq!(again, first);
         // Restored when the work fails too.
-        let err = on_generation_stream(|| -> Result<()> { Err(ModelError::Other("x".into())) });
+        let err = on_generation_stream(|| -> Result<()> { Err(EngineError::Other("x".into())) });
         assert!(err.is_err());
         assert_eq!(default_index(), before);
         // Work done there is usable from the default stream.

