@@ -97,6 +97,7 @@ pub fn read_gguf(path: &Path) -> Result<GgufModel> {
     if arch != "llama" {
         return Err(ModelError::UnsupportedModelType {
             model_type: format!("gguf:{arch}"),
+            remapped_to: None,
             supported: vec!["gguf:llama".into()],
         });
     }

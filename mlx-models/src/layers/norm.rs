@@ -64,3 +64,48 @@ impl LayerNorm {
         )?)
     }
 }
+
+/// Which normalization a descriptor asks for (mlx-lm's spellings in brackets).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NormKind {
+    /// `nn.RMSNorm`.
+    Rms,
+    /// Gemma's `RMSNorm`: `rms_norm(x, 1.0 + weight)`.
+    RmsOffset,
+    /// `nn.LayerNorm(dims, eps, bias=...)`.
+    Layer { bias: bool },
+}
+
+/// A normalization layer of any [`NormKind`].
+#[derive(Clone, Debug)]
+pub enum Norm {
+    Rms(RmsNorm),
+    Layer(LayerNorm),
+}
+
+impl Norm {
+    pub fn load(w: &mut Weights, path: &str, kind: NormKind, dims: i32, eps: f32) -> Result<Norm> {
+        Ok(match kind {
+            NormKind::Rms => Norm::Rms(RmsNorm::load(w, path, dims, eps)?),
+            NormKind::RmsOffset => {
+                let n = RmsNorm::load(w, path, dims, eps)?;
+                // `1.0 + self.weight`: a weak Python float, so the weight's dtype. Elementwise,
+                // so computing it once at load gives the same bits as at every call.
+                Norm::Rms(RmsNorm {
+                    weight: (1.0f32 + &n.weight)?,
+                    eps,
+                })
+            }
+            NormKind::Layer { bias } => {
+                Norm::Layer(LayerNorm::load(w, path, dims, eps, true, bias)?)
+            }
+        })
+    }
+
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        match self {
+            Norm::Rms(n) => n.forward(x),
+            Norm::Layer(n) => n.forward(x),
+        }
+    }
+}

@@ -1,0 +1,548 @@
+//! The universal dense decoder: one attention, one MLP, one block and one model, each with the
+//! variants a [`Descriptor`] selects, in mlx-lm's op order for every row (see
+//! [`super::descriptor`] for the rows).
+
+use mlx_cache::{AttentionMask, Cache, KVCache, Kv, RotatingKVCache};
+use mlx_core::prelude::*;
+
+use crate::error::{ModelError, Result};
+use crate::layers::{scaled_dot_product_attention, Embedding, Linear, Mlp, Norm, NormKind, Rope};
+use crate::models::descriptor::{
+    Descriptor, EmbedScale, Head, LogitScale, Placement, QkNorm, RopeSpec,
+};
+use crate::models::LanguageModel;
+use crate::weights::Weights;
+
+fn init_rope(r: &RopeSpec) -> Result<Rope> {
+    Rope::initialize(
+        r.dims,
+        r.theta,
+        r.traditional,
+        r.scaling.as_ref(),
+        r.max_position_embeddings,
+    )
+}
+
+enum Qkv {
+    Separate { q: Linear, k: Linear, v: Linear },
+    Fused(Linear),
+}
+
+enum QkNormLayers {
+    None,
+    /// `rms_norm` (or layer norm) per head or over the full projection.
+    Norm {
+        q: Norm,
+        k: Norm,
+        full: bool,
+    },
+    /// Cohere's `LayerNorm2D`: `weight * layer_norm(x, None, None, eps)`.
+    LayerNorm2d {
+        q: Array,
+        k: Array,
+        eps: f32,
+    },
+}
+
+pub struct Attention {
+    n_heads: i32,
+    n_kv_heads: i32,
+    head_dim: i32,
+    scale: f32,
+    softcap: Option<f32>,
+    qkv: Qkv,
+    o_proj: Linear,
+    qk_norm: QkNormLayers,
+    rope: Option<Rope>,
+}
+
+impl Attention {
+    fn load(d: &Descriptor, w: &mut Weights, path: &str, sliding: bool) -> Result<Attention> {
+        let n = &d.names;
+        let (dim, nh, nkv, hd) = (d.hidden_size, d.n_heads, d.n_kv_heads, d.head_dim);
+        let p = |s: &str| format!("{path}.{s}");
+        let qkv = match n.qkv {
+            Some(f) => Qkv::Fused(Linear::load(
+                w,
+                &p(f),
+                dim,
+                (nh + 2 * nkv) * hd,
+                d.qkv_bias,
+            )?),
+            None => Qkv::Separate {
+                q: Linear::load(w, &p(n.q), dim, nh * hd, d.qkv_bias)?,
+                k: Linear::load(w, &p(n.k), dim, nkv * hd, d.qkv_bias)?,
+                v: Linear::load(w, &p(n.v), dim, nkv * hd, d.qkv_bias)?,
+            },
+        };
+        let o_proj = Linear::load(w, &p(n.o), nh * hd, dim, d.o_bias)?;
+        let eps = d.norm_eps;
+        let qk_norm = match d.qk_norm {
+            QkNorm::None => QkNormLayers::None,
+            QkNorm::PerHead => QkNormLayers::Norm {
+                q: Norm::load(w, &p("q_norm"), d.norm, hd, eps)?,
+                k: Norm::load(w, &p("k_norm"), d.norm, hd, eps)?,
+                full: false,
+            },
+            QkNorm::Full => QkNormLayers::Norm {
+                q: Norm::load(w, &p("q_norm"), d.norm, nh * hd, eps)?,
+                k: Norm::load(w, &p("k_norm"), d.norm, nkv * hd, eps)?,
+                full: true,
+            },
+            QkNorm::LayerNorm2d => QkNormLayers::LayerNorm2d {
+                q: w.take(&format!("{}.weight", p("q_norm")), &[nh, hd])?,
+                k: w.take(&format!("{}.weight", p("k_norm")), &[nkv, hd])?,
+                eps,
+            },
+        };
+        let spec = match (&d.local_rope, sliding) {
+            (Some(local), true) => Some(local),
+            _ => d.rope.as_ref(),
+        };
+        Ok(Attention {
+            n_heads: nh,
+            n_kv_heads: nkv,
+            head_dim: hd,
+            scale: d.attn_scale as f32,
+            softcap: d.attn_logit_softcap.map(|c| c as f32),
+            qkv,
+            o_proj,
+            qk_norm,
+            rope: spec.map(init_rope).transpose()?,
+        })
+    }
+
+    fn forward(
+        &self,
+        x: &Array,
+        mask: &AttentionMask,
+        cache: Option<&mut Box<dyn Cache>>,
+    ) -> Result<Array> {
+        let s = x.shape();
+        let (b, l) = (s[0], s[1]);
+        let (mut queries, mut keys, values) = match &self.qkv {
+            Qkv::Separate { q, k, v } => (q.forward(x)?, k.forward(x)?, v.forward(x)?),
+            Qkv::Fused(f) => {
+                let qp = self.n_heads * self.head_dim;
+                let mut parts = ops::split_at(
+                    &f.forward(x)?,
+                    &[qp, qp + self.n_kv_heads * self.head_dim],
+                    -1,
+                    None,
+                )?
+                .into_iter();
+                match (parts.next(), parts.next(), parts.next()) {
+                    (Some(q), Some(k), Some(v)) => (q, k, v),
+                    _ => return Err(ModelError::Other("qkv split gave fewer than 3".into())),
+                }
+            }
+        };
+        if let QkNormLayers::Norm { q, k, full: true } = &self.qk_norm {
+            queries = q.forward(&queries)?;
+            keys = k.forward(&keys)?;
+        }
+        let split = |y: &Array, n: i32| ops::reshape(y, &[b, l, n, -1], None);
+        let mut queries = split(&queries, self.n_heads)?;
+        let mut keys = split(&keys, self.n_kv_heads)?;
+        match &self.qk_norm {
+            QkNormLayers::Norm { q, k, full: false } => {
+                queries = q.forward(&queries)?;
+                keys = k.forward(&keys)?;
+            }
+            QkNormLayers::LayerNorm2d { q, k, eps } => {
+                let ln = |x: &Array| mlx_core::fast::layer_norm(x, None, None, *eps, None);
+                queries = (q * &ln(&queries)?)?;
+                keys = (k * &ln(&keys)?)?;
+            }
+            _ => {}
+        }
+        let t = |y: &Array| ops::transpose(y, &[0, 2, 1, 3], None);
+        let queries = t(&queries)?;
+        let keys = t(&keys)?;
+        let values = t(&split(&values, self.n_kv_heads)?)?;
+        let rope = |y: Array, offset: usize| -> Result<Array> {
+            match &self.rope {
+                Some(r) => r.forward(&y, offset),
+                None => Ok(y),
+            }
+        };
+        let (queries, kv) = match cache {
+            Some(c) => {
+                let offset = c.offset();
+                let q = rope(queries, offset)?;
+                let k = rope(keys, offset)?;
+                (q, c.update_and_fetch(&k, &values)?)
+            }
+            None => (
+                rope(queries, 0)?,
+                Kv::Dense {
+                    keys: rope(keys, 0)?,
+                    values,
+                },
+            ),
+        };
+        let out = match self.softcap {
+            None => scaled_dot_product_attention(&queries, &kv, self.scale, mask, None)?,
+            Some(cap) => self.softcapped(&queries, &kv, mask, cap)?,
+        };
+        let out = ops::reshape(&t(&out)?, &[b, l, -1], None)?;
+        self.o_proj.forward(&out)
+    }
+
+    /// Gemma 2's attention with a logit soft cap, written out as mlx-lm does.
+    fn softcapped(
+        &self,
+        queries: &Array,
+        kv: &Kv,
+        mask: &AttentionMask,
+        cap: f32,
+    ) -> Result<Array> {
+        let Kv::Dense { keys, values } = kv else {
+            return Err(ModelError::Other(
+                "attention logit soft-capping needs a dense (unquantized) cache".into(),
+            ));
+        };
+        let qs = queries.shape();
+        let (b, l) = (qs[0], qs[2]);
+        let repeats = self.n_heads / self.n_kv_heads;
+        let mut queries = (queries * self.scale)?;
+        let (mut keys, mut values) = (keys.clone(), values.clone());
+        if repeats > 1 {
+            queries = ops::reshape(
+                &queries,
+                &[b, self.n_kv_heads, repeats, l, self.head_dim],
+                None,
+            )?;
+            keys = ops::expand_dims(&keys, &[2], None)?;
+            values = ops::expand_dims(&values, &[2], None)?;
+        }
+        let scores = ops::matmul(&queries, &ops::swapaxes(&keys, -1, -2, None)?, None)?;
+        let scores = ops::tanh(&(&scores / cap)?, None)?;
+        let mut scores = (&scores * cap)?;
+        match mask {
+            AttentionMask::None => {}
+            AttentionMask::Array(m) if m.dtype() == Dtype::Bool => {
+                let min = crate::layers::finfo_min(scores.dtype());
+                let fill = Array::from_f32(min, scores.dtype())?;
+                scores = ops::where_(m, &scores, &fill, None)?;
+            }
+            AttentionMask::Array(m) => scores = (&scores + m)?,
+            AttentionMask::Causal => {
+                return Err(ModelError::Other(
+                    "soft-capped attention needs an explicit mask array".into(),
+                ))
+            }
+        }
+        let scores = ops::softmax(&scores, &[-1], true, None)?;
+        let out = ops::matmul(&scores, &values, None)?;
+        if repeats > 1 {
+            Ok(ops::reshape(
+                &out,
+                &[b, self.n_heads, l, self.head_dim],
+                None,
+            )?)
+        } else {
+            Ok(out)
+        }
+    }
+}
+
+pub struct TransformerBlock {
+    sliding: bool,
+    placement: Placement,
+    residual_multiplier: Option<f32>,
+    clip_residual: bool,
+    self_attn: Attention,
+    mlp: Mlp,
+    pre_attn: Option<Norm>,
+    post_attn: Option<Norm>,
+    pre_mlp: Option<Norm>,
+    post_mlp: Option<Norm>,
+}
+
+fn norm_opt(n: &Option<Norm>, x: &Array) -> Result<Array> {
+    match n {
+        Some(n) => n.forward(x),
+        None => Ok(x.clone()),
+    }
+}
+
+impl TransformerBlock {
+    fn load(d: &Descriptor, w: &mut Weights, i: usize) -> Result<TransformerBlock> {
+        let n = &d.names;
+        let p = format!("{}.{i}", n.layers);
+        let sliding = d.sliding.get(i).copied().unwrap_or(false);
+        let mut norm = |name: &str| -> Result<Option<Norm>> {
+            Ok(Some(Norm::load(
+                w,
+                &format!("{p}.{name}"),
+                d.norm,
+                d.hidden_size,
+                d.norm_eps,
+            )?))
+        };
+        let (pre_attn, post_attn, pre_mlp, post_mlp) = match d.placement {
+            Placement::Pre => (norm(n.pre_attn_norm)?, None, norm(n.pre_mlp_norm)?, None),
+            Placement::Sandwich => (
+                norm(n.pre_attn_norm)?,
+                norm(n.post_attn_norm)?,
+                norm(n.pre_mlp_norm)?,
+                norm(n.post_mlp_norm)?,
+            ),
+            Placement::PostOnly => (None, norm(n.post_attn_norm)?, None, norm(n.post_mlp_norm)?),
+            Placement::Parallel => (norm(n.pre_attn_norm)?, None, None, None),
+        };
+        Ok(TransformerBlock {
+            sliding,
+            placement: d.placement,
+            residual_multiplier: d.residual_multiplier.map(|m| m as f32),
+            clip_residual: d.clip_residual,
+            self_attn: Attention::load(d, w, &format!("{p}.{}", n.attn), sliding)?,
+            mlp: Mlp::load(
+                w,
+                &format!("{p}.{}", n.mlp),
+                &n.mlp_names,
+                d.hidden_size,
+                d.intermediate_size,
+                d.mlp_bias,
+                d.down_bias,
+                d.mlp,
+            )?,
+            pre_attn,
+            post_attn,
+            pre_mlp,
+            post_mlp,
+        })
+    }
+
+    /// `x + r` (times the residual multiplier; Gemma 3's `clip_residual` for float16).
+    fn residual(&self, x: &Array, r: &Array) -> Result<Array> {
+        if self.clip_residual && x.dtype() == Dtype::Float16 {
+            let sum = (&x.astype(Dtype::Float32)? + &r.astype(Dtype::Float32)?)?;
+            let bound = 65504.0f32;
+            let lo = Array::from_f32(-bound, Dtype::Float32)?;
+            let hi = Array::from_f32(bound, Dtype::Float32)?;
+            return Ok(ops::clip(&sum, Some(&lo), Some(&hi), None)?.astype(Dtype::Float16)?);
+        }
+        match self.residual_multiplier {
+            Some(m) => Ok((x + &(r * m)?)?),
+            None => Ok((x + r)?),
+        }
+    }
+
+    fn forward(
+        &self,
+        x: &Array,
+        mask: &AttentionMask,
+        cache: Option<&mut Box<dyn Cache>>,
+    ) -> Result<Array> {
+        if self.placement == Placement::Parallel {
+            let h = norm_opt(&self.pre_attn, x)?;
+            let attn_h = self.self_attn.forward(&h, mask, cache)?;
+            let ff_h = self.mlp.forward(&h)?;
+            return Ok((&(&attn_h + &ff_h)? + x)?);
+        }
+        let r = self
+            .self_attn
+            .forward(&norm_opt(&self.pre_attn, x)?, mask, cache)?;
+        let h = self.residual(x, &norm_opt(&self.post_attn, &r)?)?;
+        let r = self.mlp.forward(&norm_opt(&self.pre_mlp, &h)?)?;
+        self.residual(&h, &norm_opt(&self.post_mlp, &r)?)
+    }
+}
+
+/// The model: embeddings, blocks, final norm, head and logit transforms of a descriptor.
+pub struct Model {
+    desc: Descriptor,
+    embed_tokens: Embedding,
+    layers: Vec<TransformerBlock>,
+    norm: Norm,
+    lm_head: Option<Linear>,
+    fa_idx: usize,
+    swa_idx: Option<usize>,
+}
+
+impl Model {
+    /// Builds the model from `w`, after the row's `sanitize`.
+    pub fn load(desc: Descriptor, w: &mut Weights) -> Result<Model> {
+        let d = &desc;
+        Self::sanitize(d, w);
+        let embed_tokens = Embedding::load(w, d.names.embed, d.vocab_size, d.hidden_size)?;
+        let layers = (0..d.num_layers as usize)
+            .map(|i| TransformerBlock::load(d, w, i))
+            .collect::<Result<Vec<_>>>()?;
+        let norm = Norm::load(w, d.names.final_norm, d.norm, d.hidden_size, d.norm_eps)?;
+        let untied = match d.head {
+            Head::Tied => false,
+            Head::Untied => true,
+            Head::TiedIfMissing => w.contains("lm_head.weight"),
+        };
+        let lm_head = if untied {
+            Some(Linear::load(
+                w,
+                "lm_head",
+                d.hidden_size,
+                d.vocab_size,
+                false,
+            )?)
+        } else {
+            None
+        };
+        let fa_idx = d
+            .sliding
+            .iter()
+            .position(|s| !s)
+            .ok_or_else(|| ModelError::Config("no full-attention layer".into()))?;
+        let swa_idx = d.sliding.iter().position(|s| *s);
+        Ok(Model {
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            fa_idx,
+            swa_idx,
+            desc,
+        })
+    }
+
+    fn sanitize(d: &Descriptor, w: &mut Weights) {
+        if d.drop_rotary_inv_freq {
+            for i in 0..d.num_layers {
+                w.discard(&format!(
+                    "{}.{i}.{}.rotary_emb.inv_freq",
+                    d.names.layers, d.names.attn
+                ));
+            }
+        }
+        if d.head == Head::Tied {
+            for suffix in ["weight", "scales", "biases"] {
+                w.discard(&format!("lm_head.{suffix}"));
+            }
+        }
+    }
+
+    pub fn descriptor(&self) -> &Descriptor {
+        &self.desc
+    }
+
+    fn embed(&self, inputs: &Array) -> Result<Array> {
+        let h = self.embed_tokens.forward(inputs)?;
+        Ok(match self.desc.embed_scale {
+            EmbedScale::None => h,
+            EmbedScale::Weak(s) => (&h * (s as f32))?,
+            EmbedScale::Bf16(s) => {
+                let c = Array::from_f32(s as f32, Dtype::Bfloat16)?.astype(h.dtype())?;
+                (&h * &c)?
+            }
+        })
+    }
+
+    fn head(&self, out: &Array) -> Result<Array> {
+        let out = match &self.lm_head {
+            Some(head) => head.forward(out)?,
+            None => self.embed_tokens.as_linear(out)?,
+        };
+        let out = match self.desc.logit_scale {
+            LogitScale::None => out,
+            LogitScale::Mul(s) => (&out * (s as f32))?,
+            LogitScale::Div(s) => (&out / (s as f32))?,
+        };
+        match self.desc.final_logit_softcap {
+            None => Ok(out),
+            Some(cap) => {
+                let cap = cap as f32;
+                Ok((&ops::tanh(&(&out / cap)?, None)? * cap)?)
+            }
+        }
+    }
+}
+
+impl LanguageModel for Model {
+    fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
+        let mut h = self.embed(inputs)?;
+        let n = h.shape().get(1).copied().unwrap_or(0) as usize;
+        let window = self.desc.sliding_window;
+        let as_array = self.desc.mask_as_array;
+        match caches {
+            Some(caches) => {
+                if caches.len() != self.layers.len() {
+                    return Err(ModelError::Other(format!(
+                        "{} caches for {} layers",
+                        caches.len(),
+                        self.layers.len()
+                    )));
+                }
+                let fa_mask = caches[self.fa_idx].make_mask(n, None, as_array)?;
+                let swa_mask = match self.swa_idx {
+                    Some(i) => Some(caches[i].make_mask(n, window, as_array)?),
+                    None => None,
+                };
+                for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
+                    let mask = match (&swa_mask, layer.sliding) {
+                        (Some(m), true) => m,
+                        _ => &fa_mask,
+                    };
+                    h = layer.forward(&h, mask, Some(cache))?;
+                }
+            }
+            None => {
+                let fa_mask = no_cache_mask(n, None, as_array)?;
+                let swa_mask = no_cache_mask(n, window, as_array)?;
+                for layer in &self.layers {
+                    let mask = if layer.sliding { &swa_mask } else { &fa_mask };
+                    h = layer.forward(&h, mask, None)?;
+                }
+            }
+        }
+        let out = self.norm.forward(&h)?;
+        self.head(&out)
+    }
+
+    fn make_cache(&self) -> Vec<Box<dyn Cache>> {
+        self.layers
+            .iter()
+            .map(|l| -> Box<dyn Cache> {
+                match (l.sliding, self.desc.sliding_window) {
+                    (true, Some(w)) => match RotatingKVCache::new(w, 0) {
+                        Ok(c) => Box::new(c),
+                        Err(_) => Box::new(KVCache::new()),
+                    },
+                    _ => Box::new(KVCache::new()),
+                }
+            })
+            .collect()
+    }
+
+    fn defines_make_cache(&self) -> bool {
+        self.desc.defines_make_cache
+    }
+
+    fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    fn model_type(&self) -> &str {
+        &self.desc.model_type
+    }
+
+    fn vocab_size(&self) -> i32 {
+        self.desc.vocab_size
+    }
+}
+
+/// `base.create_attention_mask(h, None, window_size, return_array)`.
+fn no_cache_mask(n: usize, window: Option<usize>, return_array: bool) -> Result<AttentionMask> {
+    Ok(mlx_cache::mask::fallback_mask(n, window, return_array)?)
+}
+
+impl NormKind {
+    /// mlx-lm's name for the norm, for descriptions.
+    pub fn describe(self) -> &'static str {
+        match self {
+            NormKind::Rms => "RMSNorm",
+            NormKind::RmsOffset => "RMSNorm (1 + w)",
+            NormKind::Layer { bias: true } => "LayerNorm",
+            NormKind::Layer { bias: false } => "LayerNorm (no bias)",
+        }
+    }
+}

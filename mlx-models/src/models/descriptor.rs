@@ -1,0 +1,801 @@
+//! The universal dense decoder's descriptor: one row per `model_type`, built from
+//! `config.json` with mlx-lm's field names and defaults for that type, holding only knobs.
+//! [`super::dense`] runs any descriptor. Each row function names the mlx-lm file it follows,
+//! so it can be checked against the Python `ModelArgs` line by line.
+
+use serde_json::{Map, Value};
+
+use crate::error::{ModelError, Result};
+use crate::layers::{MlpKind, MlpNames, NormKind, RopeScaling};
+
+/// Where the norms sit in a block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// `h = x + attn(n1(x)); out = h + mlp(n2(h))` (llama).
+    Pre,
+    /// `h = x + n2(attn(n1(x))); out = h + n4(mlp(n3(h)))` (Gemma 2 / 3).
+    Sandwich,
+    /// `h = x + n2(attn(x)); out = h + n4(mlp(h))` (OLMo 2).
+    PostOnly,
+    /// `h = n1(x); out = attn(h) + mlp(h) + x` (Cohere).
+    Parallel,
+}
+
+/// Normalization of queries and keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QkNorm {
+    None,
+    /// Per head (over `head_dim`), before rope (Qwen 3, Gemma 3).
+    PerHead,
+    /// Over the whole projection, before splitting into heads (OLMo 2).
+    Full,
+    /// Cohere's `LayerNorm2D`: `weight * layer_norm(x)` with a `(heads, head_dim)` weight.
+    LayerNorm2d,
+}
+
+/// How the output head is chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Head {
+    /// `embed_tokens.as_linear` (and a stored `lm_head` is dropped by sanitize).
+    Tied,
+    Untied,
+    /// Gemma 3: untied when `lm_head.weight` is stored, else tied.
+    TiedIfMissing,
+}
+
+/// A multiplier on the embeddings.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum EmbedScale {
+    None,
+    /// `h * s` with `s` a Python float (weak: `h`'s dtype).
+    Weak(f64),
+    /// `h * mx.array(s, mx.bfloat16).astype(h.dtype)` (Gemma 3).
+    Bf16(f64),
+}
+
+/// What happens to the logits after the head.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum LogitScale {
+    None,
+    /// `out * s`.
+    Mul(f64),
+    /// `out / s`.
+    Div(f64),
+}
+
+/// Rotary embedding parameters for one kind of layer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RopeSpec {
+    /// Rotated features (`head_dim` unless partial).
+    pub dims: i32,
+    pub theta: f64,
+    pub traditional: bool,
+    pub scaling: Option<RopeScaling>,
+    pub max_position_embeddings: Option<i64>,
+}
+
+/// Module names of a row (llama's unless a row says otherwise).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Names {
+    pub embed: &'static str,
+    pub layers: &'static str,
+    pub final_norm: &'static str,
+    pub attn: &'static str,
+    pub q: &'static str,
+    pub k: &'static str,
+    pub v: &'static str,
+    pub o: &'static str,
+    /// When set, q, k and v are one projection split at `[q, q + kv]`.
+    pub qkv: Option<&'static str>,
+    pub mlp: &'static str,
+    pub mlp_names: MlpNames,
+    pub pre_attn_norm: &'static str,
+    pub post_attn_norm: &'static str,
+    pub pre_mlp_norm: &'static str,
+    pub post_mlp_norm: &'static str,
+}
+
+impl Names {
+    pub const LLAMA: Names = Names {
+        embed: "model.embed_tokens",
+        layers: "model.layers",
+        final_norm: "model.norm",
+        attn: "self_attn",
+        q: "q_proj",
+        k: "k_proj",
+        v: "v_proj",
+        o: "o_proj",
+        qkv: None,
+        mlp: "mlp",
+        mlp_names: MlpNames::LLAMA,
+        pre_attn_norm: "input_layernorm",
+        post_attn_norm: "post_attention_layernorm",
+        pre_mlp_norm: "post_attention_layernorm",
+        post_mlp_norm: "post_feedforward_layernorm",
+    };
+    /// Gemma 2 / 3's four norms per block.
+    pub const SANDWICH: Names = Names {
+        pre_mlp_norm: "pre_feedforward_layernorm",
+        ..Names::LLAMA
+    };
+}
+
+/// Everything the dense decoder needs to know about an architecture.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Descriptor {
+    pub model_type: String,
+    pub hidden_size: i32,
+    pub num_layers: i32,
+    pub intermediate_size: i32,
+    pub n_heads: i32,
+    pub n_kv_heads: i32,
+    pub head_dim: i32,
+    pub vocab_size: i32,
+    pub norm: NormKind,
+    pub norm_eps: f32,
+    pub placement: Placement,
+    pub qkv_bias: bool,
+    pub o_bias: bool,
+    pub mlp_bias: bool,
+    /// Bias of the down projection (differs from `mlp_bias` in a few rows).
+    pub down_bias: bool,
+    pub qk_norm: QkNorm,
+    pub mlp: MlpKind,
+    /// Rope of full-attention layers (`None`: no positions).
+    pub rope: Option<RopeSpec>,
+    /// Rope of sliding layers, where it differs (Gemma 3's `rope_local_base_freq`).
+    pub local_rope: Option<RopeSpec>,
+    /// Python's attention scale, computed as the row's file computes it.
+    pub attn_scale: f64,
+    pub attn_logit_softcap: Option<f64>,
+    pub embed_scale: EmbedScale,
+    pub residual_multiplier: Option<f64>,
+    pub logit_scale: LogitScale,
+    pub final_logit_softcap: Option<f64>,
+    /// Per layer: sliding-window attention (else full).
+    pub sliding: Vec<bool>,
+    pub sliding_window: Option<usize>,
+    /// Masks built with `return_array=True` (Gemma 2).
+    pub mask_as_array: bool,
+    /// Gemma 3's `clip_residual` (f16 residual sums in f32, clipped).
+    pub clip_residual: bool,
+    pub head: Head,
+    /// Whether the mlx-lm class defines `make_cache`.
+    pub defines_make_cache: bool,
+    /// sanitize: drop `*.self_attn.rotary_emb.inv_freq`.
+    pub drop_rotary_inv_freq: bool,
+    pub names: Names,
+}
+
+/// How a `model_type` is served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Serving {
+    /// By a row of the descriptor table.
+    Table,
+    /// By a dedicated port.
+    Dedicated,
+}
+
+/// `config.json` fields read the way mlx-lm's `ModelArgs.from_dict` reads them: unknown keys
+/// ignored, `null` the same as absent, every error naming the field and the model type.
+pub struct Cfg<'a> {
+    obj: &'a Map<String, Value>,
+    ty: &'a str,
+}
+
+impl<'a> Cfg<'a> {
+    pub fn new(raw: &'a Value, ty: &'a str) -> Result<Cfg<'a>> {
+        let obj = raw
+            .as_object()
+            .ok_or_else(|| ModelError::Config("config.json must hold a JSON object".into()))?;
+        Ok(Cfg { obj, ty })
+    }
+
+    fn get(&self, k: &str) -> Option<&'a Value> {
+        self.obj.get(k).filter(|v| !v.is_null())
+    }
+
+    fn err(&self, k: &str, what: &str) -> ModelError {
+        ModelError::Config(format!("config.json (`{}`): field `{k}` {what}", self.ty))
+    }
+
+    pub fn opt_i64(&self, k: &str) -> Result<Option<i64>> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(v) => v
+                .as_i64()
+                .or_else(|| v.as_f64().filter(|f| f.fract() == 0.0).map(|f| f as i64))
+                .map(Some)
+                .ok_or_else(|| self.err(k, &format!("must be an integer, got {v}"))),
+        }
+    }
+
+    pub fn opt_i32(&self, k: &str) -> Result<Option<i32>> {
+        match self.opt_i64(k)? {
+            None => Ok(None),
+            Some(x) => i32::try_from(x)
+                .map(Some)
+                .map_err(|_| self.err(k, &format!("is out of range ({x})"))),
+        }
+    }
+
+    pub fn i32(&self, k: &str) -> Result<i32> {
+        self.opt_i32(k)?
+            .ok_or_else(|| self.err(k, "is required but missing"))
+    }
+
+    pub fn i32_or(&self, k: &str, d: i32) -> Result<i32> {
+        Ok(self.opt_i32(k)?.unwrap_or(d))
+    }
+
+    pub fn opt_f64(&self, k: &str) -> Result<Option<f64>> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| self.err(k, &format!("must be a number, got {v}"))),
+        }
+    }
+
+    pub fn f64(&self, k: &str) -> Result<f64> {
+        self.opt_f64(k)?
+            .ok_or_else(|| self.err(k, "is required but missing"))
+    }
+
+    pub fn f64_or(&self, k: &str, d: f64) -> Result<f64> {
+        Ok(self.opt_f64(k)?.unwrap_or(d))
+    }
+
+    pub fn bool_or(&self, k: &str, d: bool) -> Result<bool> {
+        match self.get(k) {
+            None => Ok(d),
+            Some(v) => v
+                .as_bool()
+                .ok_or_else(|| self.err(k, &format!("must be true or false, got {v}"))),
+        }
+    }
+
+    pub fn bool(&self, k: &str) -> Result<bool> {
+        match self.get(k) {
+            None => Err(self.err(k, "is required but missing")),
+            Some(_) => self.bool_or(k, false),
+        }
+    }
+
+    pub fn opt_map(&self, k: &str) -> Result<Option<RopeScaling>> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(Value::Object(m)) => Ok(Some(m.clone())),
+            Some(v) => Err(self.err(k, &format!("must be an object, got {v}"))),
+        }
+    }
+
+    pub fn opt_strings(&self, k: &str) -> Result<Option<Vec<String>>> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|x| {
+                    x.as_str()
+                        .map(str::to_string)
+                        .ok_or_else(|| self.err(k, "must be a list of strings"))
+                })
+                .collect::<Result<Vec<_>>>()
+                .map(Some),
+            Some(v) => Err(self.err(k, &format!("must be a list, got {v}"))),
+        }
+    }
+
+    /// `rope_scaling`, or transformers 5's nested `rope_parameters` when that is all there is.
+    fn rope_scaling(&self) -> Result<Option<RopeScaling>> {
+        match self.opt_map("rope_scaling")? {
+            Some(m) => Ok(Some(m)),
+            None => self.opt_map("rope_parameters"),
+        }
+    }
+}
+
+type RowFn = fn(&Cfg) -> Result<Descriptor>;
+
+/// The table: every `model_type` the dense decoder serves, with its row.
+pub const ROWS: &[(&str, RowFn)] = &[
+    ("llama", llama),
+    ("qwen2", qwen2),
+    ("qwen3", qwen3),
+    ("gemma", gemma),
+    ("gemma2", gemma2),
+    ("gemma3_text", gemma3_text),
+    ("phi3", phi3),
+    ("olmo2", olmo2),
+    ("granite", granite),
+    ("cohere", cohere),
+    ("starcoder2", starcoder2),
+];
+
+/// The descriptor of `model_type` (after remapping), or `None` when no row serves it.
+pub fn describe(model_type: &str, raw: &Value) -> Option<Result<Descriptor>> {
+    let row = ROWS.iter().find(|(t, _)| *t == model_type)?.1;
+    Some(
+        Cfg::new(raw, model_type)
+            .and_then(|c| row(&c))
+            .and_then(|d| d.validate()),
+    )
+}
+
+/// The fields every llama-shaped `ModelArgs` has, with that file's defaults.
+struct Common {
+    hidden: i32,
+    layers: i32,
+    inter: i32,
+    heads: i32,
+    kv_heads: i32,
+    vocab: i32,
+}
+
+/// `kv_required`: `num_key_value_heads` is a required field of that `ModelArgs` (else it
+/// defaults to the attention heads).
+fn common(c: &Cfg, kv_required: bool) -> Result<Common> {
+    let hidden = c.i32("hidden_size")?;
+    let layers = c.i32("num_hidden_layers")?;
+    let inter = c.i32("intermediate_size")?;
+    let heads = c.i32("num_attention_heads")?;
+    let kv_heads = if kv_required {
+        c.i32("num_key_value_heads")?
+    } else {
+        c.i32_or("num_key_value_heads", heads)?
+    };
+    Ok(Common {
+        hidden,
+        layers,
+        inter,
+        heads,
+        kv_heads,
+        vocab: c.i32("vocab_size")?,
+    })
+}
+
+fn head_dim_or(c: &Cfg, hidden: i32, heads: i32) -> Result<i32> {
+    match c.opt_i32("head_dim")? {
+        Some(h) => Ok(h),
+        None if heads > 0 && hidden % heads == 0 => Ok(hidden / heads),
+        None if heads > 0 => Err(c.err(
+            "hidden_size",
+            "must divide by num_attention_heads (or give head_dim)",
+        )),
+        None => Err(c.err("num_attention_heads", "must be positive")),
+    }
+}
+
+fn rope(
+    dims: i32,
+    theta: f64,
+    traditional: bool,
+    c: &Cfg,
+    max_pos: Option<i64>,
+) -> Result<RopeSpec> {
+    Ok(RopeSpec {
+        dims,
+        theta,
+        traditional,
+        scaling: c.rope_scaling()?,
+        max_position_embeddings: max_pos,
+    })
+}
+
+fn scale_of(head_dim: i32) -> f64 {
+    f64::from(head_dim).powf(-0.5)
+}
+
+/// A llama-shaped descriptor; rows adjust the knobs that differ.
+fn base(model_type: &str, k: &Common, head_dim: i32, eps: f64) -> Descriptor {
+    Descriptor {
+        model_type: model_type.to_string(),
+        hidden_size: k.hidden,
+        num_layers: k.layers,
+        intermediate_size: k.inter,
+        n_heads: k.heads,
+        n_kv_heads: k.kv_heads,
+        head_dim,
+        vocab_size: k.vocab,
+        norm: NormKind::Rms,
+        norm_eps: eps as f32,
+        placement: Placement::Pre,
+        qkv_bias: false,
+        o_bias: false,
+        mlp_bias: false,
+        down_bias: false,
+        qk_norm: QkNorm::None,
+        mlp: MlpKind::SwiGlu,
+        rope: None,
+        local_rope: None,
+        attn_scale: scale_of(head_dim),
+        attn_logit_softcap: None,
+        embed_scale: EmbedScale::None,
+        residual_multiplier: None,
+        logit_scale: LogitScale::None,
+        final_logit_softcap: None,
+        sliding: vec![false; k.layers.max(0) as usize],
+        sliding_window: None,
+        mask_as_array: false,
+        clip_residual: false,
+        head: Head::Tied,
+        defines_make_cache: false,
+        drop_rotary_inv_freq: false,
+        names: Names::LLAMA,
+    }
+}
+
+fn tie(b: bool) -> Head {
+    if b {
+        Head::Tied
+    } else {
+        Head::Untied
+    }
+}
+
+/// `models/llama.py` (and its remaps: mistral, iquestcoder, xverse).
+fn llama(c: &Cfg) -> Result<Descriptor> {
+    let k = common(c, false)?;
+    let hd = head_dim_or(c, k.hidden, k.heads)?;
+    let mut d = base("llama", &k, hd, c.f64("rms_norm_eps")?);
+    let bias = c.bool_or("attention_bias", false)?;
+    (d.qkv_bias, d.o_bias) = (bias, bias);
+    let mlp_bias = c.bool_or("mlp_bias", false)?;
+    (d.mlp_bias, d.down_bias) = (mlp_bias, mlp_bias);
+    d.rope = Some(rope(
+        hd,
+        c.f64_or("rope_theta", 10000.0)?,
+        c.bool_or("rope_traditional", false)?,
+        c,
+        c.opt_i64("max_position_embeddings")?,
+    )?);
+    d.head = tie(c.bool_or("tie_word_embeddings", true)?);
+    if let Some(types) = c.opt_strings("layer_types")? {
+        d.sliding = types.iter().map(|t| t == "sliding_attention").collect();
+    }
+    d.sliding_window = c.opt_i64("sliding_window")?.map(|w| w.max(0) as usize);
+    d.defines_make_cache = true;
+    d.drop_rotary_inv_freq = true;
+    Ok(d)
+}
+
+/// `models/qwen2.py`.
+fn qwen2(c: &Cfg) -> Result<Descriptor> {
+    let k = common(c, true)?;
+    let hd = k.hidden / k.heads.max(1);
+    let mut d = base("qwen2", &k, hd, c.f64("rms_norm_eps")?);
+    d.qkv_bias = true;
+    d.rope = Some(rope(
+        hd,
+        c.f64_or("rope_theta", 1000000.0)?,
+        c.bool_or("rope_traditional", false)?,
+        c,
+        Some(c.opt_i64("max_position_embeddings")?.unwrap_or(32768)),
+    )?);
+    d.head = tie(c.bool_or("tie_word_embeddings", true)?);
+    d.drop_rotary_inv_freq = true;
+    Ok(d)
+}
+
+/// `models/qwen3.py`.
+fn qwen3(c: &Cfg) -> Result<Descriptor> {
+    let k = common(c, true)?;
+    let hd = c.i32("head_dim")?;
+    let mut d = base("qwen3", &k, hd, c.f64("rms_norm_eps")?);
+    d.qk_norm = QkNorm::PerHead;
+    let nested = c.opt_map("rope_parameters")?;
+    let theta = match c.opt_f64("rope_theta")? {
+        Some(t) => t,
+        None => nested
+            .as_ref()
+            .and_then(|m| m.get("rope_theta"))
+            .and_then(Value::as_f64)
+            .ok_or_else(|| c.err("rope_theta", "is missing"))?,
+    };
+    d.rope = Some(rope(
+        hd,
+        theta,
+        false,
+        c,
+        Some(c.i32("max_position_embeddings")?.into()),
+    )?);
+    d.head = tie(c.bool("tie_word_embeddings")?);
+    Ok(d)
+}
+
+/// `models/gemma.py`.
+fn gemma(c: &Cfg) -> Result<Descriptor> {
+    let k = common(c, true)?;
+    let hd = c.i32("head_dim")?;
+    let mut d = base("gemma", &k, hd, c.f64("rms_norm_eps")?);
+    d.norm = NormKind::RmsOffset;
+    d.mlp = MlpKind::GeGluErf;
+    d.rope = Some(RopeSpec {
+        dims: hd,
+        theta: c.f64_or("rope_theta", 10000.0)?,
+        traditional: c.bool_or("rope_traditional", false)?,
+        scaling: None,
+        max_position_embeddings: None,
+    });
+    d.embed_scale = EmbedScale::Weak(f64::from(k.hidden).powf(0.5));
+    Ok(d)
+}
+
+/// `models/gemma2.py`.
+fn gemma2(c: &Cfg) -> Result<Descriptor> {
+    let mut d = gemma(c)?;
+    d.model_type = "gemma2".into();
+    d.mlp = MlpKind::GeGluTanh;
+    d.placement = Placement::Sandwich;
+    d.names = Names::SANDWICH;
+    d.attn_scale = 1.0 / c.f64_or("query_pre_attn_scalar", 144.0)?.powf(0.5);
+    d.attn_logit_softcap = Some(c.f64_or("attn_logit_softcapping", 50.0)?);
+    d.final_logit_softcap = Some(c.f64_or("final_logit_softcapping", 30.0)?);
+    d.mask_as_array = true;
+    Ok(d)
+}
+
+/// `models/gemma3_text.py`.
+fn gemma3_text(c: &Cfg) -> Result<Descriptor> {
+    let k = Common {
+        hidden: c.i32_or("hidden_size", 1152)?,
+        layers: c.i32_or("num_hidden_layers", 26)?,
+        inter: c.i32_or("intermediate_size", 6912)?,
+        heads: c.i32_or("num_attention_heads", 4)?,
+        kv_heads: c.i32_or("num_key_value_heads", 1)?,
+        vocab: c.i32_or("vocab_size", 262144)?,
+    };
+    let hd = c.i32_or("head_dim", 256)?;
+    let mut d = base("gemma3_text", &k, hd, c.f64_or("rms_norm_eps", 1.0e-6)?);
+    d.norm = NormKind::RmsOffset;
+    d.mlp = MlpKind::GeGluTanh;
+    d.placement = Placement::Sandwich;
+    d.names = Names::SANDWICH;
+    d.qk_norm = QkNorm::PerHead;
+    d.attn_scale = c.f64_or("query_pre_attn_scalar", 256.0)?.powf(-0.5);
+    d.rope = Some(RopeSpec {
+        dims: hd,
+        theta: c.f64_or("rope_theta", 1_000_000.0)?,
+        traditional: false,
+        scaling: c.opt_map("rope_scaling")?,
+        max_position_embeddings: Some(c.opt_i64("max_position_embeddings")?.unwrap_or(32768)),
+    });
+    d.local_rope = Some(RopeSpec {
+        dims: hd,
+        theta: c.f64_or("rope_local_base_freq", 10_000.0)?,
+        traditional: false,
+        scaling: None,
+        max_position_embeddings: None,
+    });
+    let pattern = c.i32_or("sliding_window_pattern", 6)?;
+    if pattern <= 0 {
+        return Err(c.err("sliding_window_pattern", "must be positive"));
+    }
+    d.sliding = (0..k.layers.max(0))
+        .map(|i| (i + 1) % pattern != 0)
+        .collect();
+    d.sliding_window = Some(c.opt_i64("sliding_window")?.unwrap_or(512).max(0) as usize);
+    d.embed_scale = EmbedScale::Bf16(f64::from(k.hidden).powf(0.5));
+    d.clip_residual = true;
+    d.head = Head::TiedIfMissing;
+    d.defines_make_cache = true;
+    Ok(d)
+}
+
+/// `models/phi3.py`.
+fn phi3(c: &Cfg) -> Result<Descriptor> {
+    let k = common(c, false)?;
+    let hd = k.hidden / k.heads.max(1);
+    let mut d = base("phi3", &k, hd, c.f64("rms_norm_eps")?);
+    d.names.qkv = Some("qkv_proj");
+    d.names.mlp_names.gate_up = Some("gate_up_proj");
+    let rope_dim = (f64::from(hd) * c.f64_or("partial_rotary_factor", 1.0)?) as i32;
+    let max_pos = c.opt_i64("max_position_embeddings")?.unwrap_or(131072);
+    let original = c
+        .opt_i64("original_max_position_embeddings")?
+        .unwrap_or(4096);
+    let mut scaling = c.opt_map("rope_scaling")?;
+    if let Some(s) = &mut scaling {
+        if !s.contains_key("long_factor") || !s.contains_key("type") {
+            return Err(c.err("rope_scaling", "must contain keys long_factor and type"));
+        }
+        match s.get("type").and_then(Value::as_str) {
+            Some("longrope") | Some("su") => {
+                s.insert("type".into(), "longrope".into());
+                s.insert("original_max_position_embeddings".into(), original.into());
+            }
+            Some("linear") => {}
+            // mlx-lm warns and drops other types.
+            _ => scaling = None,
+        }
+    }
+    d.rope = Some(RopeSpec {
+        dims: rope_dim,
+        theta: c.f64_or("rope_theta", 10000.0)?,
+        traditional: c.bool_or("rope_traditional", false)?,
+        scaling,
+        max_position_embeddings: Some(max_pos),
+    });
+    d.head = tie(c.bool_or("tie_word_embeddings", false)?);
+    Ok(d)
+}
+
+/// `models/olmo2.py`.
+fn olmo2(c: &Cfg) -> Result<Descriptor> {
+    let k = common(c, false)?;
+    let hd = head_dim_or(c, k.hidden, k.heads)?;
+    let mut d = base("olmo2", &k, hd, c.f64("rms_norm_eps")?);
+    let bias = c.bool_or("attention_bias", false)?;
+    (d.qkv_bias, d.o_bias) = (bias, bias);
+    let mlp_bias = c.bool_or("mlp_bias", false)?;
+    (d.mlp_bias, d.down_bias) = (mlp_bias, mlp_bias);
+    d.placement = Placement::PostOnly;
+    d.qk_norm = QkNorm::Full;
+    d.rope = Some(rope(
+        hd,
+        c.f64_or("rope_theta", 10000.0)?,
+        c.bool_or("rope_traditional", false)?,
+        c,
+        c.opt_i64("max_position_embeddings")?,
+    )?);
+    d.head = tie(c.bool_or("tie_word_embeddings", true)?);
+    d.drop_rotary_inv_freq = true;
+    Ok(d)
+}
+
+/// `models/granite.py`.
+fn granite(c: &Cfg) -> Result<Descriptor> {
+    let k = common(c, true)?;
+    let hd = k.hidden / k.heads.max(1);
+    let mut d = base("granite", &k, hd, c.f64("rms_norm_eps")?);
+    let bias = c.bool("attention_bias")?;
+    (d.qkv_bias, d.o_bias) = (bias, bias);
+    let mlp_bias = c.bool("mlp_bias")?;
+    (d.mlp_bias, d.down_bias) = (mlp_bias, mlp_bias);
+    d.attn_scale = c.f64("attention_multiplier")?;
+    d.embed_scale = EmbedScale::Weak(c.f64("embedding_multiplier")?);
+    d.residual_multiplier = Some(c.f64("residual_multiplier")?);
+    d.logit_scale = LogitScale::Div(c.f64("logits_scaling")?);
+    d.rope = Some(rope(
+        hd,
+        c.f64("rope_theta")?,
+        false,
+        c,
+        Some(c.i64_required("max_position_embeddings")?),
+    )?);
+    d.head = tie(c.bool_or("tie_word_embeddings", true)?);
+    Ok(d)
+}
+
+/// `models/cohere.py`.
+fn cohere(c: &Cfg) -> Result<Descriptor> {
+    let k = Common {
+        hidden: c.i32_or("hidden_size", 8192)?,
+        layers: c.i32_or("num_hidden_layers", 40)?,
+        inter: c.i32_or("intermediate_size", 22528)?,
+        heads: c.i32_or("num_attention_heads", 64)?,
+        kv_heads: c.i32_or("num_key_value_heads", 64)?,
+        vocab: c.i32_or("vocab_size", 256000)?,
+    };
+    let hd = k.hidden / k.heads.max(1);
+    let mut d = base("cohere", &k, hd, c.f64_or("layer_norm_eps", 1e-5)?);
+    d.norm = NormKind::Layer {
+        bias: c.bool_or("layer_norm_bias", false)?,
+    };
+    let bias = c.bool_or("attention_bias", false)?;
+    (d.qkv_bias, d.o_bias) = (bias, bias);
+    if c.bool_or("use_qk_norm", false)? {
+        d.qk_norm = QkNorm::LayerNorm2d;
+    }
+    d.placement = Placement::Parallel;
+    d.rope = Some(RopeSpec {
+        dims: hd,
+        theta: c.f64_or("rope_theta", 8000000.0)?,
+        traditional: true,
+        scaling: None,
+        max_position_embeddings: None,
+    });
+    d.logit_scale = LogitScale::Mul(c.f64_or("logit_scale", 0.0625)?);
+    Ok(d)
+}
+
+/// `models/starcoder2.py`.
+fn starcoder2(c: &Cfg) -> Result<Descriptor> {
+    let k = Common {
+        vocab: c.i32_or("vocab_size", 49152)?,
+        ..common_no_vocab(c)?
+    };
+    let hd = k.hidden / k.heads.max(1);
+    let mut d = base("starcoder2", &k, hd, c.f64_or("norm_epsilon", 1e-5)?);
+    d.norm = NormKind::Layer { bias: true };
+    (d.qkv_bias, d.o_bias, d.mlp_bias, d.down_bias) = (true, true, true, true);
+    d.mlp = MlpKind::Gelu;
+    d.names.mlp_names = MlpNames {
+        gate: "",
+        up: "c_fc",
+        down: "c_proj",
+        gate_up: None,
+    };
+    d.rope = Some(RopeSpec {
+        dims: hd,
+        theta: c.f64_or("rope_theta", 100000.0)?,
+        traditional: false,
+        scaling: None,
+        max_position_embeddings: None,
+    });
+    d.head = tie(c.bool_or("tie_word_embeddings", true)?);
+    Ok(d)
+}
+
+fn common_no_vocab(c: &Cfg) -> Result<Common> {
+    Ok(Common {
+        hidden: c.i32("hidden_size")?,
+        layers: c.i32("num_hidden_layers")?,
+        inter: c.i32("intermediate_size")?,
+        heads: c.i32("num_attention_heads")?,
+        kv_heads: c.i32("num_key_value_heads")?,
+        vocab: 0,
+    })
+}
+
+impl Cfg<'_> {
+    fn i64_required(&self, k: &str) -> Result<i64> {
+        self.opt_i64(k)?
+            .ok_or_else(|| self.err(k, "is required but missing"))
+    }
+}
+
+impl Descriptor {
+    /// Checks what MLX would otherwise fail on (or worse): positive sizes, heads that divide,
+    /// one entry per layer, a window for sliding layers.
+    pub fn validate(self) -> Result<Descriptor> {
+        let bad = |m: String| {
+            Err(ModelError::Config(format!(
+                "config.json (`{}`): {m}",
+                self.model_type
+            )))
+        };
+        for (name, v) in [
+            ("hidden_size", self.hidden_size),
+            ("num_hidden_layers", self.num_layers),
+            ("intermediate_size", self.intermediate_size),
+            ("num_attention_heads", self.n_heads),
+            ("num_key_value_heads", self.n_kv_heads),
+            ("head_dim", self.head_dim),
+            ("vocab_size", self.vocab_size),
+        ] {
+            if v <= 0 {
+                return bad(format!("`{name}` must be positive, got {v}"));
+            }
+        }
+        if self.n_heads % self.n_kv_heads != 0 {
+            return bad(format!(
+                "num_attention_heads {} must be a multiple of num_key_value_heads {}",
+                self.n_heads, self.n_kv_heads
+            ));
+        }
+        if self.sliding.len() != self.num_layers as usize {
+            return bad(format!(
+                "layer_types has {} entries for {} layers",
+                self.sliding.len(),
+                self.num_layers
+            ));
+        }
+        if self.sliding.iter().any(|&s| s) && self.sliding_window.unwrap_or(0) == 0 {
+            return bad("sliding_attention layers need a positive sliding_window".into());
+        }
+        if !self.sliding.iter().any(|&s| !s) {
+            return bad("no full-attention layer".into());
+        }
+        if let Some(r) = &self.rope {
+            if r.dims <= 0 || r.dims > self.head_dim || r.dims % 2 != 0 {
+                return bad(format!(
+                    "rotary dims {} must be even and within head_dim {}",
+                    r.dims, self.head_dim
+                ));
+            }
+        }
+        Ok(self)
+    }
+}

@@ -1,0 +1,110 @@
+//! L1 against mlx-lm 0.32.2 for every row of the dense descriptor table: tiny seeded models
+//! built by mlx-lm's own model classes (written with their goldens by `cargo xtask goldens
+//! dense`) give logits equal to mlx-lm's to the last bit: prefill, every cached decode step,
+//! and a cache-less forward. Also: the dispatch ladder's listing and its rejection.
+
+mod model_check;
+
+use std::path::PathBuf;
+
+use mlx_models::config::ModelConfig;
+use mlx_models::models::{resolve, supported_model_types, Serving};
+use mlx_models::ModelError;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests")
+}
+
+#[test]
+fn every_dense_row_matches_mlx_lm_bit_for_bit() {
+    let mut names: Vec<String> = std::fs::read_dir(root().join("goldens/dense"))
+        .unwrap()
+        .filter_map(|e| {
+            let p = e.ok()?.path();
+            Some(p.file_stem()?.to_str()?.to_string())
+        })
+        .collect();
+    names.sort();
+    assert!(names.len() >= 10, "only {} dense goldens", names.len());
+    let failures: Vec<String> = names
+        .iter()
+        .filter_map(|n| {
+            model_check::check_model(
+                &root().join("models/dense").join(n),
+                &root()
+                    .join("goldens/dense")
+                    .join(format!("{n}.safetensors")),
+            )
+            .err()
+            .map(|e| format!("{n}: {e}"))
+        })
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{} of {} models differ:\n{}",
+        failures.len(),
+        names.len(),
+        failures.join("\n")
+    );
+    eprintln!(
+        "{} dense models bit-exact: {}",
+        names.len(),
+        names.join(", ")
+    );
+}
+
+#[test]
+fn supported_types_list_rows_and_remaps() {
+    let all = supported_model_types();
+    let find = |t: &str| all.iter().find(|s| s.model_type == t);
+    assert_eq!(find("qwen3").map(|s| s.serving), Some(Serving::Table));
+    assert_eq!(
+        find("mistral").and_then(|s| s.via.clone()).as_deref(),
+        Some("llama")
+    );
+    assert!(find("mamba").is_none());
+}
+
+#[test]
+fn unsupported_types_are_rejected_helpfully() {
+    let err = ModelConfig::from_json_str(r#"{"model_type": "falcon_mamba"}"#).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        matches!(err, ModelError::UnsupportedModelType { .. }),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("`falcon_mamba`") && msg.contains("`mamba`"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("qwen3") && msg.contains("gemma3_text"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn bad_configs_name_the_field() {
+    let cfg = ModelConfig::from_json_str(
+        r#"{"model_type": "qwen3", "hidden_size": 32, "num_hidden_layers": 2,
+            "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 3,
+            "rms_norm_eps": 1e-6, "vocab_size": 10, "max_position_embeddings": 64,
+            "head_dim": 8, "tie_word_embeddings": true, "rope_theta": 1e6}"#,
+    )
+    .unwrap();
+    let msg = resolve(&cfg).unwrap_err().to_string();
+    assert!(
+        msg.contains("qwen3") && msg.contains("num_key_value_heads"),
+        "{msg}"
+    );
+    let cfg = ModelConfig::from_json_str(
+        r#"{"model_type": "qwen2", "hidden_size": "wide", "num_attention_heads": 4,
+            "num_key_value_heads": 2}"#,
+    )
+    .unwrap();
+    let msg = resolve(&cfg).unwrap_err().to_string();
+    assert!(
+        msg.contains("`hidden_size`") && msg.contains("integer"),
+        "{msg}"
+    );
+}

@@ -1,0 +1,153 @@
+"""Tiny seeded models of every model_type the dense descriptor table serves, and mlx-lm
+0.32.2's logits on them, through mlx-lm's own model classes.
+
+For each row of CASES: build `mlx_lm.models.<module>.Model(ModelArgs.from_dict(config))`,
+seed its random init (normal * 0.3), cast / quantize it, save it as an HF-style directory
+under mlx-models/tests/models/dense/<name>/ (config.json + model.safetensors), load it back
+with mlx_lm.utils.load_model (so sanitize and the quantization predicate run as for a user),
+then record into mlx-models/tests/goldens/dense/<name>.safetensors:
+- `prefill`: logits for the prompt with a fresh `make_prompt_cache` cache;
+- `step<i>`: logits for each greedy token fed one at a time through the cache;
+- `full`: logits of one cache-less forward over prompt + generated tokens;
+(metadata `greedy` = the ids). Run with `cargo xtask goldens dense`.
+"""
+
+import importlib
+import json
+import os
+import pathlib
+import shutil
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_map
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.utils import load_model
+
+from golden import Golden
+
+# Shared tiny shape: hidden 32, 4 heads of 8 (2 KV heads), 2 layers, vocab 96.
+BASE = {
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "intermediate_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-5,
+    "vocab_size": 96,
+}
+
+# name: (model_type, overrides, dtype, (group_size, bits) or None)
+CASES = {
+    "qwen2": ("qwen2", {"tie_word_embeddings": False}, "float32", None),
+    "qwen2_q4": ("qwen2", {}, "float32", (32, 4)),
+    "qwen3": (
+        "qwen3",
+        {"head_dim": 16, "max_position_embeddings": 512, "tie_word_embeddings": True, "rope_theta": 1000000},
+        "float32",
+        None,
+    ),
+    "qwen3_bf16": (
+        "qwen3",
+        {"head_dim": 8, "max_position_embeddings": 512, "tie_word_embeddings": False, "rope_theta": 10000},
+        "bfloat16",
+        None,
+    ),
+    "gemma": ("gemma", {"head_dim": 8}, "float32", None),
+    "gemma2": (
+        "gemma2",
+        {"head_dim": 8, "query_pre_attn_scalar": 8, "attn_logit_softcapping": 5.0, "final_logit_softcapping": 3.0},
+        "float32",
+        None,
+    ),
+    "gemma2_bf16": ("gemma2", {"head_dim": 16, "num_key_value_heads": 4}, "bfloat16", None),
+    "gemma3_text": (
+        "gemma3_text",
+        {
+            "num_hidden_layers": 3,
+            "head_dim": 8,
+            "sliding_window": 4,
+            "sliding_window_pattern": 2,
+            "query_pre_attn_scalar": 8,
+            "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+        },
+        "float32",
+        None,
+    ),
+    "gemma3_text_q4": (
+        "gemma3_text",
+        {"num_hidden_layers": 3, "head_dim": 8, "sliding_window": 4, "sliding_window_pattern": 3},
+        "float32",
+        (32, 4),
+    ),
+    "phi3": ("phi3", {"num_key_value_heads": 2}, "float32", None),
+    "phi3_partial": ("phi3", {"partial_rotary_factor": 0.5, "tie_word_embeddings": True}, "float32", None),
+    "phi3_q4": ("phi3", {}, "float32", (32, 4)),
+    "olmo2": ("olmo2", {}, "float32", None),
+    "olmo2_bf16": ("olmo2", {"attention_bias": True, "tie_word_embeddings": False}, "bfloat16", None),
+    "granite": (
+        "granite",
+        {
+            "logits_scaling": 4.0,
+            "attention_multiplier": 0.25,
+            "embedding_multiplier": 6.0,
+            "residual_multiplier": 0.5,
+            "max_position_embeddings": 512,
+            "attention_bias": False,
+            "mlp_bias": True,
+            "rope_theta": 10000.0,
+        },
+        "float32",
+        None,
+    ),
+    "cohere": ("cohere", {"layer_norm_eps": 1e-5, "logit_scale": 0.5, "use_qk_norm": True}, "float32", None),
+    "cohere_bias": (
+        "cohere",
+        {"layer_norm_bias": True, "attention_bias": True, "num_key_value_heads": 4},
+        "float32",
+        None,
+    ),
+    "starcoder2": ("starcoder2", {"norm_epsilon": 1e-5}, "float32", None),
+    "starcoder2_bf16": ("starcoder2", {"tie_word_embeddings": False}, "bfloat16", None),
+}
+
+PROMPT = [1, 17, 90, 5, 42, 42, 7, 88, 3, 64]
+STEPS = 5
+
+for i, (name, (model_type, overrides, dtype, quant)) in enumerate(CASES.items()):
+    config = {**BASE, "model_type": model_type, **overrides}
+    arch = importlib.import_module(f"mlx_lm.models.{model_type}")
+    mx.random.seed(1000 + i)
+    model = arch.Model(arch.ModelArgs.from_dict(config))
+    model.update(tree_map(lambda p: mx.random.normal(p.shape) * 0.3, model.parameters()))
+    model.set_dtype(getattr(mx, dtype))
+    if quant is not None:
+        gs, bits = quant
+        nn.quantize(model, group_size=gs, bits=bits)
+        config["quantization"] = {"group_size": gs, "bits": bits}
+    mx.eval(model.parameters())
+    out_dir = f"mlx-models/tests/models/dense/{name}"
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.makedirs(out_dir)
+    mx.save_safetensors(f"{out_dir}/model.safetensors", dict(tree_flatten(model.parameters())))
+    with open(f"{out_dir}/config.json", "w") as f:
+        json.dump(config, f, indent=2)
+
+    model, _ = load_model(pathlib.Path(out_dir))
+    g = Golden(f"mlx-models/tests/goldens/dense/{name}.safetensors", __file__)
+    cache = make_prompt_cache(model)
+    ids = mx.array([PROMPT], dtype=mx.int32)
+    logits = model(ids, cache=cache)
+    g.case("prefill", "forward", [ids], logits)
+    greedy = []
+    for s in range(STEPS):
+        nxt = mx.argmax(logits[:, -1, :], axis=-1).astype(mx.int32)
+        greedy.append(nxt.item())
+        ids = nxt[:, None]
+        logits = model(ids, cache=cache)
+        g.case(f"step{s}", "forward", [ids], logits)
+    full_ids = mx.array([PROMPT + greedy], dtype=mx.int32)
+    g.case("full", "forward_nocache", [full_ids], model(full_ids))
+    g.meta["greedy"] = ",".join(map(str, greedy))
+    g.meta["model_type"] = model_type
+    g.save()
