@@ -98,6 +98,19 @@ impl Weights {
         }
     }
 
+    /// Drops every tensor whose name starts with `prefix` (sanitize removals of whole modules).
+    pub fn discard_prefix(&mut self, prefix: &str) {
+        let names: Vec<String> = self
+            .tensors
+            .keys()
+            .filter(|k| k.starts_with(prefix))
+            .cloned()
+            .collect();
+        for n in names {
+            self.discard(&n);
+        }
+    }
+
     /// Records a shape problem found by a layer.
     pub fn report(&mut self, problem: String) {
         self.misshaped.push(problem);

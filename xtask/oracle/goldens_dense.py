@@ -109,12 +109,83 @@ CASES = {
     ),
     "starcoder2": ("starcoder2", {"norm_epsilon": 1e-5}, "float32", None),
     "starcoder2_bf16": ("starcoder2", {"tie_word_embeddings": False}, "bfloat16", None),
+    "mimo": ("mimo", {}, "float32", None),
+    "seed_oss": (
+        "seed_oss",
+        {"head_dim": 16, "attention_bias": True, "attention_out_bias": True, "mlp_bias": True},
+        "float32",
+        None,
+    ),
+    "helium": (
+        "helium",
+        {
+            "attention_bias": False,
+            "head_dim": 8,
+            "max_position_embeddings": 512,
+            "mlp_bias": False,
+            "rope_theta": 10000.0,
+            "tie_word_embeddings": False,
+        },
+        "float32",
+        None,
+    ),
+    "smollm3": ("smollm3", {"num_hidden_layers": 3, "no_rope_layer_interval": 2}, "float32", None),
+    "smollm3_q4": ("smollm3", {"no_rope_layers": [0, 1], "tie_word_embeddings": False}, "float32", (32, 4)),
+    "internlm3": (
+        "internlm3",
+        {"qkv_bias": True, "max_position_embeddings": 12, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}},
+        "float32",
+        None,
+    ),
+    "ernie4_5": (
+        "ernie4_5",
+        {"head_dim": 16, "use_bias": True, "rope_theta": 10000.0, "max_position_embeddings": 512, "tie_word_embeddings": False},
+        "float32",
+        None,
+    ),
+    "exaone": ("exaone", {"num_layers": 2, "layer_norm_epsilon": 1e-5, "rope_theta": 10000.0}, "float32", None),
+    "glm4": (
+        "glm4",
+        {"attention_bias": True, "head_dim": 8, "partial_rotary_factor": 0.5, "rope_theta": 10000.0},
+        "float32",
+        None,
+    ),
+    "glm4_bf16": (
+        "glm4",
+        {"attention_bias": False, "head_dim": 16, "partial_rotary_factor": 0.5, "rope_theta": 10000.0},
+        "bfloat16",
+        None,
+    ),
+    "olmo3": (
+        "olmo3",
+        {
+            "num_hidden_layers": 4,
+            "max_position_embeddings": 512,
+            "sliding_window": 4,
+            "rope_theta": 10000.0,
+            "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+        },
+        "float32",
+        None,
+    ),
+    "minicpm": (
+        "minicpm",
+        {"dim_model_base": 16, "scale_depth": 1.4, "scale_emb": 12.0, "tie_word_embeddings": False},
+        "float32",
+        None,
+    ),
 }
 
 PROMPT = [1, 17, 90, 5, 42, 42, 7, 88, 3, 64]
 STEPS = 5
 
+import sys
+
+ONLY = set(sys.argv[1:])  # regenerate only these cases (all when empty)
+
 for i, (name, (model_type, overrides, dtype, quant)) in enumerate(CASES.items()):
+    if ONLY and name not in ONLY:
+        continue
     config = {**BASE, "model_type": model_type, **overrides}
     arch = importlib.import_module(f"mlx_lm.models.{model_type}")
     mx.random.seed(1000 + i)

@@ -57,7 +57,13 @@ pub struct Attention {
 }
 
 impl Attention {
-    fn load(d: &Descriptor, w: &mut Weights, path: &str, sliding: bool) -> Result<Attention> {
+    fn load(
+        d: &Descriptor,
+        w: &mut Weights,
+        path: &str,
+        sliding: bool,
+        nope: bool,
+    ) -> Result<Attention> {
         let n = &d.names;
         let (dim, nh, nkv, hd) = (d.hidden_size, d.n_heads, d.n_kv_heads, d.head_dim);
         let p = |s: &str| format!("{path}.{s}");
@@ -96,6 +102,7 @@ impl Attention {
             },
         };
         let spec = match (&d.local_rope, sliding) {
+            _ if nope => None,
             (Some(local), true) => Some(local),
             _ => d.rope.as_ref(),
         };
@@ -297,7 +304,13 @@ impl TransformerBlock {
             placement: d.placement,
             residual_multiplier: d.residual_multiplier.map(|m| m as f32),
             clip_residual: d.clip_residual,
-            self_attn: Attention::load(d, w, &format!("{p}.{}", n.attn), sliding)?,
+            self_attn: Attention::load(
+                d,
+                w,
+                &format!("{p}.{}", n.attn),
+                sliding,
+                d.no_rope.get(i).copied().unwrap_or(false),
+            )?,
             mlp: Mlp::load(
                 w,
                 &format!("{p}.{}", n.mlp),
@@ -414,6 +427,9 @@ impl Model {
                 ));
             }
         }
+        for prefix in &d.drop_prefixes {
+            w.discard_prefix(prefix);
+        }
         if d.head == Head::Tied {
             for suffix in ["weight", "scales", "biases"] {
                 w.discard(&format!("lm_head.{suffix}"));
@@ -438,12 +454,16 @@ impl Model {
     }
 
     fn head(&self, out: &Array) -> Result<Array> {
+        let out = match self.desc.logit_scale {
+            LogitScale::DivBeforeHead(s) if self.lm_head.is_some() => (out / (s as f32))?,
+            _ => out.clone(),
+        };
         let out = match &self.lm_head {
-            Some(head) => head.forward(out)?,
-            None => self.embed_tokens.as_linear(out)?,
+            Some(head) => head.forward(&out)?,
+            None => self.embed_tokens.as_linear(&out)?,
         };
         let out = match self.desc.logit_scale {
-            LogitScale::None => out,
+            LogitScale::None | LogitScale::DivBeforeHead(_) => out,
             LogitScale::Mul(s) => (&out * (s as f32))?,
             LogitScale::Div(s) => (&out / (s as f32))?,
         };

@@ -61,6 +61,8 @@ pub enum LogitScale {
     Mul(f64),
     /// `out / s`.
     Div(f64),
+    /// `lm_head(h / s)`: MiniCPM divides the hidden state before an untied head.
+    DivBeforeHead(f64),
 }
 
 /// Rotary embedding parameters for one kind of layer.
@@ -162,8 +164,12 @@ pub struct Descriptor {
     pub head: Head,
     /// Whether the mlx-lm class defines `make_cache`.
     pub defines_make_cache: bool,
+    /// Per layer: no positions at all (SmolLM 3's NoPE layers).
+    pub no_rope: Vec<bool>,
     /// sanitize: drop `*.self_attn.rotary_emb.inv_freq`.
     pub drop_rotary_inv_freq: bool,
+    /// sanitize: drop every tensor under these prefixes (e.g. MiMo's `model.mtp_layers.`).
+    pub drop_prefixes: Vec<&'static str>,
     pub names: Names,
 }
 
@@ -311,6 +317,16 @@ pub const ROWS: &[(&str, RowFn)] = &[
     ("granite", granite),
     ("cohere", cohere),
     ("starcoder2", starcoder2),
+    ("mimo", mimo),
+    ("seed_oss", seed_oss),
+    ("helium", helium),
+    ("smollm3", smollm3),
+    ("internlm3", internlm3),
+    ("ernie4_5", ernie4_5),
+    ("exaone", exaone),
+    ("glm4", glm4),
+    ("olmo3", olmo3),
+    ("minicpm", minicpm),
 ];
 
 /// The descriptor of `model_type` (after remapping), or `None` when no row serves it.
@@ -421,7 +437,9 @@ fn base(model_type: &str, k: &Common, head_dim: i32, eps: f64) -> Descriptor {
         clip_residual: false,
         head: Head::Tied,
         defines_make_cache: false,
+        no_rope: vec![false; k.layers.max(0) as usize],
         drop_rotary_inv_freq: false,
+        drop_prefixes: Vec::new(),
         names: Names::LLAMA,
     }
 }
@@ -725,6 +743,259 @@ fn starcoder2(c: &Cfg) -> Result<Descriptor> {
         max_position_embeddings: None,
     });
     d.head = tie(c.bool_or("tie_word_embeddings", true)?);
+    Ok(d)
+}
+
+/// `models/mimo.py`: qwen2 with another rope base and untied default; its multi-token
+/// prediction layers are dropped.
+fn mimo(c: &Cfg) -> Result<Descriptor> {
+    let mut d = qwen2(c)?;
+    d.model_type = "mimo".into();
+    if let Some(r) = &mut d.rope {
+        r.theta = c.f64_or("rope_theta", 10000.0)?;
+    }
+    d.head = tie(c.bool_or("tie_word_embeddings", false)?);
+    d.drop_prefixes = vec!["model.mtp_layers."];
+    Ok(d)
+}
+
+/// `models/seed_oss.py`.
+fn seed_oss(c: &Cfg) -> Result<Descriptor> {
+    let k = common(c, true)?;
+    let hd = c.i32("head_dim")?;
+    let mut d = base("seed_oss", &k, hd, c.f64("rms_norm_eps")?);
+    d.qkv_bias = c.bool_or("attention_bias", false)?;
+    d.o_bias = c.bool_or("attention_out_bias", false)?;
+    let mlp_bias = c.bool_or("mlp_bias", false)?;
+    (d.mlp_bias, d.down_bias) = (mlp_bias, mlp_bias);
+    d.rope = Some(rope(
+        hd,
+        c.f64_or("rope_theta", 10000.0)?,
+        c.bool_or("rope_traditional", false)?,
+        c,
+        c.opt_i64("max_position_embeddings")?,
+    )?);
+    d.head = tie(c.bool_or("tie_word_embeddings", true)?);
+    Ok(d)
+}
+
+/// `models/helium.py`: always an untied head, traditional rope.
+fn helium(c: &Cfg) -> Result<Descriptor> {
+    let k = common(c, true)?;
+    let hd = k.hidden / k.heads.max(1);
+    let mut d = base("helium", &k, hd, c.f64("rms_norm_eps")?);
+    d.qkv_bias = c.bool("attention_bias")?;
+    let mlp_bias = c.bool("mlp_bias")?;
+    (d.mlp_bias, d.down_bias) = (mlp_bias, mlp_bias);
+    d.rope = Some(RopeSpec {
+        dims: hd,
+        theta: c.f64("rope_theta")?,
+        traditional: true,
+        scaling: None,
+        max_position_embeddings: None,
+    });
+    d.head = Head::Untied;
+    Ok(d)
+}
+
+/// `models/smollm3.py`: llama with NoPE layers (`no_rope_layers`, else every
+/// `no_rope_layer_interval`-th layer).
+fn smollm3(c: &Cfg) -> Result<Descriptor> {
+    let mut d = llama(c)?;
+    d.model_type = "smollm3".into();
+    d.defines_make_cache = false;
+    let n = d.num_layers.max(0) as usize;
+    let use_rope: Vec<bool> = match c.get("no_rope_layers") {
+        Some(Value::Array(a)) => {
+            if a.len() != n {
+                return Err(c.err("no_rope_layers", "length mismatch"));
+            }
+            a.iter().map(|v| v.as_i64().unwrap_or(1) != 0).collect()
+        }
+        Some(_) => return Err(c.err("no_rope_layers", "must be a list of 0/1")),
+        None => {
+            let interval = c.i32_or("no_rope_layer_interval", 4)?;
+            if interval <= 0 {
+                return Err(c.err("no_rope_layer_interval", "must be positive"));
+            }
+            (0..n as i32).map(|i| (i + 1) % interval != 0).collect()
+        }
+    };
+    d.no_rope = use_rope.iter().map(|u| !u).collect();
+    Ok(d)
+}
+
+/// `models/internlm3.py`.
+fn internlm3(c: &Cfg) -> Result<Descriptor> {
+    let k = common(c, false)?;
+    let hd = k.hidden / k.heads.max(1);
+    let mut d = base("internlm3", &k, hd, c.f64("rms_norm_eps")?);
+    let qkv_bias = c.bool_or("qkv_bias", false)?;
+    (d.qkv_bias, d.o_bias) = (qkv_bias, qkv_bias);
+    let bias = c.bool_or("bias", false)?;
+    (d.mlp_bias, d.down_bias) = (bias, bias);
+    let scaling = c.opt_map("rope_scaling")?;
+    if let Some(s) = &scaling {
+        let ty = s.get("rope_type").and_then(Value::as_str);
+        if !s.contains_key("factor") || !matches!(ty, Some("linear") | Some("dynamic")) {
+            return Err(c.err(
+                "rope_scaling",
+                "must have `factor` and a `rope_type` of linear or dynamic",
+            ));
+        }
+    }
+    d.rope = Some(RopeSpec {
+        dims: hd,
+        theta: c.f64_or("rope_theta", 10000.0)?,
+        traditional: c.bool_or("rope_traditional", false)?,
+        scaling,
+        max_position_embeddings: Some(c.opt_i64("max_position_embeddings")?.unwrap_or(32768)),
+    });
+    d.head = tie(c.bool_or("tie_word_embeddings", false)?);
+    Ok(d)
+}
+
+/// `models/ernie4_5.py`.
+fn ernie4_5(c: &Cfg) -> Result<Descriptor> {
+    let k = common(c, true)?;
+    let hd = head_dim_or(c, k.hidden, k.heads)?;
+    let mut d = base("ernie4_5", &k, hd, c.f64("rms_norm_eps")?);
+    let bias = c.bool("use_bias")?;
+    (d.qkv_bias, d.o_bias, d.mlp_bias, d.down_bias) = (bias, bias, bias, bias);
+    d.rope = Some(RopeSpec {
+        dims: hd,
+        theta: c.f64("rope_theta")?,
+        traditional: true,
+        scaling: None,
+        max_position_embeddings: Some(c.i64_required("max_position_embeddings")?),
+    });
+    d.head = tie(c.bool("tie_word_embeddings")?);
+    Ok(d)
+}
+
+/// `models/exaone.py`: llama under GPT-2-style names.
+fn exaone(c: &Cfg) -> Result<Descriptor> {
+    let k = Common {
+        hidden: c.i32("hidden_size")?,
+        layers: c.i32("num_layers")?,
+        inter: c.i32("intermediate_size")?,
+        heads: c.i32("num_attention_heads")?,
+        kv_heads: c.i32("num_key_value_heads")?,
+        vocab: c.i32("vocab_size")?,
+    };
+    let hd = head_dim_or(c, k.hidden, k.heads)?;
+    let mut d = base("exaone", &k, hd, c.f64("layer_norm_epsilon")?);
+    let bias = c.bool_or("attention_bias", false)?;
+    (d.qkv_bias, d.o_bias) = (bias, bias);
+    let mlp_bias = c.bool_or("mlp_bias", false)?;
+    (d.mlp_bias, d.down_bias) = (mlp_bias, mlp_bias);
+    d.rope = Some(rope(
+        hd,
+        c.f64("rope_theta")?,
+        c.bool_or("rope_traditional", false)?,
+        c,
+        c.opt_i64("max_position_embeddings")?,
+    )?);
+    d.head = tie(c.bool_or("tie_word_embeddings", true)?);
+    d.names = Names {
+        embed: "transformer.wte",
+        layers: "transformer.h",
+        final_norm: "transformer.ln_f",
+        attn: "attn.attention",
+        o: "out_proj",
+        mlp_names: MlpNames {
+            gate: "c_fc_0",
+            up: "c_fc_1",
+            down: "c_proj",
+            gate_up: None,
+        },
+        pre_attn_norm: "ln_1",
+        pre_mlp_norm: "ln_2",
+        ..Names::LLAMA
+    };
+    Ok(d)
+}
+
+/// `models/glm4.py`: sandwich norms, partial traditional rope, fused gate/up, untied head.
+fn glm4(c: &Cfg) -> Result<Descriptor> {
+    let k = common(c, true)?;
+    let hd = c.i32("head_dim")?;
+    let mut d = base("glm4", &k, hd, c.f64("rms_norm_eps")?);
+    d.qkv_bias = c.bool("attention_bias")?;
+    d.placement = Placement::Sandwich;
+    d.names.post_attn_norm = "post_self_attn_layernorm";
+    d.names.pre_mlp_norm = "post_attention_layernorm";
+    d.names.post_mlp_norm = "post_mlp_layernorm";
+    d.names.mlp_names.gate_up = Some("gate_up_proj");
+    d.rope = Some(RopeSpec {
+        dims: (f64::from(hd) * c.f64("partial_rotary_factor")?) as i32,
+        theta: c.f64("rope_theta")?,
+        traditional: c.bool_or("rope_traditional", true)?,
+        scaling: None,
+        max_position_embeddings: None,
+    });
+    d.head = Head::Untied;
+    Ok(d)
+}
+
+/// `models/olmo3.py`: OLMo 2 with sliding layers (every fourth full by default).
+fn olmo3(c: &Cfg) -> Result<Descriptor> {
+    let k = common(c, false)?;
+    let hd = head_dim_or(c, k.hidden, k.heads)?;
+    let mut d = base("olmo3", &k, hd, c.f64("rms_norm_eps")?);
+    let bias = c.bool_or("attention_bias", false)?;
+    (d.qkv_bias, d.o_bias) = (bias, bias);
+    d.placement = Placement::PostOnly;
+    d.qk_norm = QkNorm::Full;
+    let theta = c.f64("rope_theta")?;
+    d.rope = Some(rope(
+        hd,
+        theta,
+        false,
+        c,
+        Some(c.i64_required("max_position_embeddings")?),
+    )?);
+    d.local_rope = Some(RopeSpec {
+        dims: hd,
+        theta,
+        traditional: false,
+        scaling: None,
+        max_position_embeddings: None,
+    });
+    d.sliding = match c.opt_strings("layer_types")? {
+        Some(t) => t.iter().map(|t| t != "full_attention").collect(),
+        None => (0..k.layers.max(0)).map(|i| (i + 1) % 4 != 0).collect(),
+    };
+    if !d.sliding.iter().any(|&s| s) {
+        return Err(c.err("layer_types", "needs a sliding_attention layer"));
+    }
+    d.sliding_window = Some(c.i64_required("sliding_window")?.max(0) as usize);
+    d.head = tie(c.bool_or("tie_word_embeddings", false)?);
+    d.defines_make_cache = true;
+    Ok(d)
+}
+
+/// `models/minicpm.py` (untied head; mlx-lm's tied path cannot load its own sanitize output).
+fn minicpm(c: &Cfg) -> Result<Descriptor> {
+    let k = common(c, true)?;
+    let hd = k.hidden / k.heads.max(1);
+    let mut d = base("minicpm", &k, hd, c.f64("rms_norm_eps")?);
+    d.rope = Some(rope(
+        hd,
+        c.f64_or("rope_theta", 1000000.0)?,
+        c.bool_or("rope_traditional", false)?,
+        c,
+        c.opt_i64("max_position_embeddings")?,
+    )?);
+    d.embed_scale = EmbedScale::Weak(c.f64("scale_emb")?);
+    d.residual_multiplier = Some(c.f64("scale_depth")? / f64::from(k.layers).powf(0.5));
+    if c.bool_or("tie_word_embeddings", false)? {
+        d.head = Head::Tied;
+    } else {
+        d.head = Head::Untied;
+        d.logit_scale =
+            LogitScale::DivBeforeHead(f64::from(k.hidden) / f64::from(c.i32("dim_model_base")?));
+    }
     Ok(d)
 }
 
