@@ -174,6 +174,45 @@ CASES = {
         "float32",
         None,
     ),
+    "exaone4": (
+        "exaone4",
+        {
+            "num_hidden_layers": 4,
+            "head_dim": 8,
+            "max_position_embeddings": 512,
+            "rope_theta": 10000.0,
+            "tie_word_embeddings": True,
+            "rope_scaling": None,
+            "sliding_window": 4,
+            "sliding_window_pattern": "LLLG",
+        },
+        "float32",
+        None,
+    ),
+    "exaone4_plain": (
+        "exaone4",
+        {
+            "head_dim": 16,
+            "max_position_embeddings": 512,
+            "rope_theta": 10000.0,
+            "tie_word_embeddings": False,
+            "rope_scaling": None,
+            "sliding_window": None,
+            "sliding_window_pattern": None,
+        },
+        "bfloat16",
+        None,
+    ),
+    "internlm2": ("internlm2", {"rope_scaling": {"type": "linear", "factor": 2.0}}, "float32", None),
+    "internlm2_q4": ("internlm2", {"bias": False, "tie_word_embeddings": True}, "float32", (32, 4)),
+    "hunyuan_v1_dense": (
+        "hunyuan_v1_dense",
+        {"rope_scaling": {"alpha": 1000.0, "factor": 1.0, "type": "dynamic"}, "attention_bias": True},
+        "float32",
+        None,
+    ),
+    "hunyuan_v1_dense_plain": ("hunyuan_v1_dense", {"tie_word_embeddings": True}, "float32", None),
+    "glm": ("glm", {"head_dim": 8, "attention_bias": True}, "float32", None),
 }
 
 PROMPT = [1, 17, 90, 5, 42, 42, 7, 88, 3, 64]

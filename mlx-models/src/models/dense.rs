@@ -14,6 +14,9 @@ use crate::models::LanguageModel;
 use crate::weights::Weights;
 
 fn init_rope(r: &RopeSpec) -> Result<Rope> {
+    if let Some(alpha) = r.ntk_alpha {
+        return Rope::ntk_alpha(r.dims, r.theta, alpha);
+    }
     Rope::initialize(
         r.dims,
         r.theta,
@@ -24,8 +27,14 @@ fn init_rope(r: &RopeSpec) -> Result<Rope> {
 }
 
 enum Qkv {
-    Separate { q: Linear, k: Linear, v: Linear },
+    Separate {
+        q: Linear,
+        k: Linear,
+        v: Linear,
+    },
     Fused(Linear),
+    /// Per KV head: `groups` query heads, then its key, then its value.
+    Interleaved(Linear),
 }
 
 enum QkNormLayers {
@@ -34,7 +43,7 @@ enum QkNormLayers {
     Norm {
         q: Norm,
         k: Norm,
-        full: bool,
+        at: QkNorm,
     },
     /// Cohere's `LayerNorm2D`: `weight * layer_norm(x, None, None, eps)`.
     LayerNorm2d {
@@ -68,13 +77,14 @@ impl Attention {
         let (dim, nh, nkv, hd) = (d.hidden_size, d.n_heads, d.n_kv_heads, d.head_dim);
         let p = |s: &str| format!("{path}.{s}");
         let qkv = match n.qkv {
-            Some(f) => Qkv::Fused(Linear::load(
-                w,
-                &p(f),
-                dim,
-                (nh + 2 * nkv) * hd,
-                d.qkv_bias,
-            )?),
+            Some(f) => {
+                let l = Linear::load(w, &p(f), dim, (nh + 2 * nkv) * hd, d.qkv_bias)?;
+                if n.qkv_interleaved {
+                    Qkv::Interleaved(l)
+                } else {
+                    Qkv::Fused(l)
+                }
+            }
             None => Qkv::Separate {
                 q: Linear::load(w, &p(n.q), dim, nh * hd, d.qkv_bias)?,
                 k: Linear::load(w, &p(n.k), dim, nkv * hd, d.qkv_bias)?,
@@ -85,19 +95,19 @@ impl Attention {
         let eps = d.norm_eps;
         let qk_norm = match d.qk_norm {
             QkNorm::None => QkNormLayers::None,
-            QkNorm::PerHead => QkNormLayers::Norm {
-                q: Norm::load(w, &p("q_norm"), d.norm, hd, eps)?,
-                k: Norm::load(w, &p("k_norm"), d.norm, hd, eps)?,
-                full: false,
+            QkNorm::PerHead | QkNorm::PerHeadAfterRope => QkNormLayers::Norm {
+                q: Norm::load(w, &p(n.q_norm), d.norm, hd, eps)?,
+                k: Norm::load(w, &p(n.k_norm), d.norm, hd, eps)?,
+                at: d.qk_norm,
             },
             QkNorm::Full => QkNormLayers::Norm {
-                q: Norm::load(w, &p("q_norm"), d.norm, nh * hd, eps)?,
-                k: Norm::load(w, &p("k_norm"), d.norm, nkv * hd, eps)?,
-                full: true,
+                q: Norm::load(w, &p(n.q_norm), d.norm, nh * hd, eps)?,
+                k: Norm::load(w, &p(n.k_norm), d.norm, nkv * hd, eps)?,
+                at: QkNorm::Full,
             },
             QkNorm::LayerNorm2d => QkNormLayers::LayerNorm2d {
-                q: w.take(&format!("{}.weight", p("q_norm")), &[nh, hd])?,
-                k: w.take(&format!("{}.weight", p("k_norm")), &[nkv, hd])?,
+                q: w.take(&format!("{}.weight", p(n.q_norm)), &[nh, hd])?,
+                k: w.take(&format!("{}.weight", p(n.k_norm)), &[nkv, hd])?,
                 eps,
             },
         };
@@ -143,8 +153,27 @@ impl Attention {
                     _ => return Err(ModelError::Other("qkv split gave fewer than 3".into())),
                 }
             }
+            Qkv::Interleaved(f) => {
+                // internlm2.py: reshape (B, L, -1, 2 + groups, head_dim); queries are
+                // `[..., :groups, :]`, keys `[..., -2, :]`, values `[..., -1, :]`.
+                let groups = self.n_heads / self.n_kv_heads;
+                let qkv =
+                    ops::reshape(&f.forward(x)?, &[b, l, -1, 2 + groups, self.head_dim], None)?;
+                let q = ops::slice_axis(&qkv, 3, 0, groups, None)?;
+                let q = ops::reshape(&q, &[b, l, -1, self.head_dim], None)?;
+                let pick = |i: i32| -> Result<Array> {
+                    let a = ops::slice_axis(&qkv, 3, i, i + 1, None)?;
+                    Ok(ops::squeeze(&a, &[3], None)?)
+                };
+                (q, pick(groups)?, pick(groups + 1)?)
+            }
         };
-        if let QkNormLayers::Norm { q, k, full: true } = &self.qk_norm {
+        if let QkNormLayers::Norm {
+            q,
+            k,
+            at: QkNorm::Full,
+        } = &self.qk_norm
+        {
             queries = q.forward(&queries)?;
             keys = k.forward(&keys)?;
         }
@@ -152,7 +181,11 @@ impl Attention {
         let mut queries = split(&queries, self.n_heads)?;
         let mut keys = split(&keys, self.n_kv_heads)?;
         match &self.qk_norm {
-            QkNormLayers::Norm { q, k, full: false } => {
+            QkNormLayers::Norm {
+                q,
+                k,
+                at: QkNorm::PerHead,
+            } => {
                 queries = q.forward(&queries)?;
                 keys = k.forward(&keys)?;
             }
@@ -173,20 +206,21 @@ impl Attention {
                 None => Ok(y),
             }
         };
-        let (queries, kv) = match cache {
-            Some(c) => {
-                let offset = c.offset();
-                let q = rope(queries, offset)?;
-                let k = rope(keys, offset)?;
-                (q, c.update_and_fetch(&k, &values)?)
-            }
-            None => (
-                rope(queries, 0)?,
-                Kv::Dense {
-                    keys: rope(keys, 0)?,
-                    values,
-                },
-            ),
+        let offset = cache.as_ref().map_or(0, |c| c.offset());
+        let mut queries = rope(queries, offset)?;
+        let mut keys = rope(keys, offset)?;
+        if let QkNormLayers::Norm {
+            q,
+            k,
+            at: QkNorm::PerHeadAfterRope,
+        } = &self.qk_norm
+        {
+            queries = q.forward(&queries)?;
+            keys = k.forward(&keys)?;
+        }
+        let kv = match cache {
+            Some(c) => c.update_and_fetch(&keys, &values)?,
+            None => Kv::Dense { keys, values },
         };
         let out = match self.softcap {
             None => scaled_dot_product_attention(&queries, &kv, self.scale, mask, None)?,
@@ -388,12 +422,12 @@ impl Model {
         let untied = match d.head {
             Head::Tied => false,
             Head::Untied => true,
-            Head::TiedIfMissing => w.contains("lm_head.weight"),
+            Head::TiedIfMissing => w.contains(&format!("{}.weight", d.names.lm_head)),
         };
         let lm_head = if untied {
             Some(Linear::load(
                 w,
-                "lm_head",
+                d.names.lm_head,
                 d.hidden_size,
                 d.vocab_size,
                 false,
@@ -419,12 +453,9 @@ impl Model {
     }
 
     fn sanitize(d: &Descriptor, w: &mut Weights) {
-        if d.drop_rotary_inv_freq {
-            for i in 0..d.num_layers {
-                w.discard(&format!(
-                    "{}.{i}.{}.rotary_emb.inv_freq",
-                    d.names.layers, d.names.attn
-                ));
+        for i in 0..d.num_layers {
+            for t in &d.drop_layer_tensors {
+                w.discard(&format!("{}.{i}.{t}", d.names.layers));
             }
         }
         for prefix in &d.drop_prefixes {
@@ -432,7 +463,7 @@ impl Model {
         }
         if d.head == Head::Tied {
             for suffix in ["weight", "scales", "biases"] {
-                w.discard(&format!("lm_head.{suffix}"));
+                w.discard(&format!("{}.{suffix}", d.names.lm_head));
             }
         }
     }

@@ -27,6 +27,8 @@ pub enum QkNorm {
     None,
     /// Per head (over `head_dim`), before rope (Qwen 3, Gemma 3).
     PerHead,
+    /// Per head, after rope (Hunyuan).
+    PerHeadAfterRope,
     /// Over the whole projection, before splitting into heads (OLMo 2).
     Full,
     /// Cohere's `LayerNorm2D`: `weight * layer_norm(x)` with a `(heads, head_dim)` weight.
@@ -74,6 +76,8 @@ pub struct RopeSpec {
     pub traditional: bool,
     pub scaling: Option<RopeScaling>,
     pub max_position_embeddings: Option<i64>,
+    /// Hunyuan's NTK-alpha frequency table (always a table, even for alpha 1).
+    pub ntk_alpha: Option<f64>,
 }
 
 /// Module names of a row (llama's unless a row says otherwise).
@@ -89,6 +93,11 @@ pub struct Names {
     pub o: &'static str,
     /// When set, q, k and v are one projection split at `[q, q + kv]`.
     pub qkv: Option<&'static str>,
+    /// The fused projection is laid out per KV head, `(groups q heads, k, v)` (InternLM 2).
+    pub qkv_interleaved: bool,
+    pub q_norm: &'static str,
+    pub k_norm: &'static str,
+    pub lm_head: &'static str,
     pub mlp: &'static str,
     pub mlp_names: MlpNames,
     pub pre_attn_norm: &'static str,
@@ -108,6 +117,10 @@ impl Names {
         v: "v_proj",
         o: "o_proj",
         qkv: None,
+        qkv_interleaved: false,
+        q_norm: "q_norm",
+        k_norm: "k_norm",
+        lm_head: "lm_head",
         mlp: "mlp",
         mlp_names: MlpNames::LLAMA,
         pre_attn_norm: "input_layernorm",
@@ -166,8 +179,8 @@ pub struct Descriptor {
     pub defines_make_cache: bool,
     /// Per layer: no positions at all (SmolLM 3's NoPE layers).
     pub no_rope: Vec<bool>,
-    /// sanitize: drop `*.self_attn.rotary_emb.inv_freq`.
-    pub drop_rotary_inv_freq: bool,
+    /// sanitize: drop these tensors inside every layer (precomputed rotary tables).
+    pub drop_layer_tensors: Vec<&'static str>,
     /// sanitize: drop every tensor under these prefixes (e.g. MiMo's `model.mtp_layers.`).
     pub drop_prefixes: Vec<&'static str>,
     pub names: Names,
@@ -302,6 +315,8 @@ impl<'a> Cfg<'a> {
     }
 }
 
+const INV_FREQ: &str = "self_attn.rotary_emb.inv_freq";
+
 type RowFn = fn(&Cfg) -> Result<Descriptor>;
 
 /// The table: every `model_type` the dense decoder serves, with its row.
@@ -327,6 +342,10 @@ pub const ROWS: &[(&str, RowFn)] = &[
     ("glm4", glm4),
     ("olmo3", olmo3),
     ("minicpm", minicpm),
+    ("exaone4", exaone4),
+    ("internlm2", internlm2),
+    ("hunyuan_v1_dense", hunyuan_v1_dense),
+    ("glm", glm),
 ];
 
 /// The descriptor of `model_type` (after remapping), or `None` when no row serves it.
@@ -396,6 +415,7 @@ fn rope(
         traditional,
         scaling: c.rope_scaling()?,
         max_position_embeddings: max_pos,
+        ntk_alpha: None,
     })
 }
 
@@ -438,7 +458,7 @@ fn base(model_type: &str, k: &Common, head_dim: i32, eps: f64) -> Descriptor {
         head: Head::Tied,
         defines_make_cache: false,
         no_rope: vec![false; k.layers.max(0) as usize],
-        drop_rotary_inv_freq: false,
+        drop_layer_tensors: Vec::new(),
         drop_prefixes: Vec::new(),
         names: Names::LLAMA,
     }
@@ -474,7 +494,7 @@ fn llama(c: &Cfg) -> Result<Descriptor> {
     }
     d.sliding_window = c.opt_i64("sliding_window")?.map(|w| w.max(0) as usize);
     d.defines_make_cache = true;
-    d.drop_rotary_inv_freq = true;
+    d.drop_layer_tensors = vec![INV_FREQ];
     Ok(d)
 }
 
@@ -492,7 +512,7 @@ fn qwen2(c: &Cfg) -> Result<Descriptor> {
         Some(c.opt_i64("max_position_embeddings")?.unwrap_or(32768)),
     )?);
     d.head = tie(c.bool_or("tie_word_embeddings", true)?);
-    d.drop_rotary_inv_freq = true;
+    d.drop_layer_tensors = vec![INV_FREQ];
     Ok(d)
 }
 
@@ -535,6 +555,7 @@ fn gemma(c: &Cfg) -> Result<Descriptor> {
         traditional: c.bool_or("rope_traditional", false)?,
         scaling: None,
         max_position_embeddings: None,
+        ntk_alpha: None,
     });
     d.embed_scale = EmbedScale::Weak(f64::from(k.hidden).powf(0.5));
     Ok(d)
@@ -578,6 +599,7 @@ fn gemma3_text(c: &Cfg) -> Result<Descriptor> {
         traditional: false,
         scaling: c.opt_map("rope_scaling")?,
         max_position_embeddings: Some(c.opt_i64("max_position_embeddings")?.unwrap_or(32768)),
+        ntk_alpha: None,
     });
     d.local_rope = Some(RopeSpec {
         dims: hd,
@@ -585,6 +607,7 @@ fn gemma3_text(c: &Cfg) -> Result<Descriptor> {
         traditional: false,
         scaling: None,
         max_position_embeddings: None,
+        ntk_alpha: None,
     });
     let pattern = c.i32_or("sliding_window_pattern", 6)?;
     if pattern <= 0 {
@@ -634,6 +657,7 @@ fn phi3(c: &Cfg) -> Result<Descriptor> {
         traditional: c.bool_or("rope_traditional", false)?,
         scaling,
         max_position_embeddings: Some(max_pos),
+        ntk_alpha: None,
     });
     d.head = tie(c.bool_or("tie_word_embeddings", false)?);
     Ok(d)
@@ -658,7 +682,7 @@ fn olmo2(c: &Cfg) -> Result<Descriptor> {
         c.opt_i64("max_position_embeddings")?,
     )?);
     d.head = tie(c.bool_or("tie_word_embeddings", true)?);
-    d.drop_rotary_inv_freq = true;
+    d.drop_layer_tensors = vec![INV_FREQ];
     Ok(d)
 }
 
@@ -713,6 +737,7 @@ fn cohere(c: &Cfg) -> Result<Descriptor> {
         traditional: true,
         scaling: None,
         max_position_embeddings: None,
+        ntk_alpha: None,
     });
     d.logit_scale = LogitScale::Mul(c.f64_or("logit_scale", 0.0625)?);
     Ok(d)
@@ -741,6 +766,7 @@ fn starcoder2(c: &Cfg) -> Result<Descriptor> {
         traditional: false,
         scaling: None,
         max_position_embeddings: None,
+        ntk_alpha: None,
     });
     d.head = tie(c.bool_or("tie_word_embeddings", true)?);
     Ok(d)
@@ -793,6 +819,7 @@ fn helium(c: &Cfg) -> Result<Descriptor> {
         traditional: true,
         scaling: None,
         max_position_embeddings: None,
+        ntk_alpha: None,
     });
     d.head = Head::Untied;
     Ok(d)
@@ -850,6 +877,7 @@ fn internlm3(c: &Cfg) -> Result<Descriptor> {
         traditional: c.bool_or("rope_traditional", false)?,
         scaling,
         max_position_embeddings: Some(c.opt_i64("max_position_embeddings")?.unwrap_or(32768)),
+        ntk_alpha: None,
     });
     d.head = tie(c.bool_or("tie_word_embeddings", false)?);
     Ok(d)
@@ -868,6 +896,7 @@ fn ernie4_5(c: &Cfg) -> Result<Descriptor> {
         traditional: true,
         scaling: None,
         max_position_embeddings: Some(c.i64_required("max_position_embeddings")?),
+        ntk_alpha: None,
     });
     d.head = tie(c.bool("tie_word_embeddings")?);
     Ok(d)
@@ -933,6 +962,7 @@ fn glm4(c: &Cfg) -> Result<Descriptor> {
         traditional: c.bool_or("rope_traditional", true)?,
         scaling: None,
         max_position_embeddings: None,
+        ntk_alpha: None,
     });
     d.head = Head::Untied;
     Ok(d)
@@ -961,6 +991,7 @@ fn olmo3(c: &Cfg) -> Result<Descriptor> {
         traditional: false,
         scaling: None,
         max_position_embeddings: None,
+        ntk_alpha: None,
     });
     d.sliding = match c.opt_strings("layer_types")? {
         Some(t) => t.iter().map(|t| t != "full_attention").collect(),
@@ -996,6 +1027,152 @@ fn minicpm(c: &Cfg) -> Result<Descriptor> {
         d.logit_scale =
             LogitScale::DivBeforeHead(f64::from(k.hidden) / f64::from(c.i32("dim_model_base")?));
     }
+    Ok(d)
+}
+
+/// `models/exaone4.py`: post-norms only, per-head q/k norms; with `sliding_window_pattern`
+/// (e.g. "LLLG") local layers slide and only they use rope.
+fn exaone4(c: &Cfg) -> Result<Descriptor> {
+    let k = common(c, true)?;
+    let hd = c.i32("head_dim")?;
+    let mut d = base("exaone4", &k, hd, c.f64("rms_norm_eps")?);
+    d.placement = Placement::PostOnly;
+    d.qk_norm = QkNorm::PerHead;
+    d.rope = Some(RopeSpec {
+        dims: hd,
+        theta: c.f64("rope_theta")?,
+        traditional: false,
+        scaling: c.opt_map("rope_scaling")?,
+        max_position_embeddings: Some(c.i64_required("max_position_embeddings")?),
+        ntk_alpha: None,
+    });
+    d.head = tie(c.bool("tie_word_embeddings")?);
+    let pattern = match c.get("sliding_window_pattern") {
+        None => None,
+        Some(Value::String(p)) if !p.is_empty() => Some(p.clone()),
+        Some(Value::String(_)) => None,
+        Some(v) => {
+            return Err(c.err(
+                "sliding_window_pattern",
+                &format!("must be a string, got {v}"),
+            ))
+        }
+    };
+    if let Some(p) = pattern {
+        let p: Vec<char> = p.chars().collect();
+        if !p.contains(&'L') || !p.contains(&'G') {
+            return Err(c.err("sliding_window_pattern", "needs both L and G layers"));
+        }
+        d.sliding = (0..k.layers.max(0) as usize)
+            .map(|i| p[i % p.len()] == 'L')
+            .collect();
+        d.no_rope = d.sliding.iter().map(|s| !s).collect();
+        d.sliding_window = c.opt_i64("sliding_window")?.map(|w| w.max(0) as usize);
+    }
+    d.defines_make_cache = true;
+    Ok(d)
+}
+
+/// `models/internlm2.py`: a per-head interleaved fused `wqkv`, InternLM names.
+fn internlm2(c: &Cfg) -> Result<Descriptor> {
+    let k = common(c, false)?;
+    let hd = k.hidden / k.heads.max(1);
+    let mut d = base("internlm2", &k, hd, c.f64("rms_norm_eps")?);
+    let bias = c.bool_or("bias", true)?;
+    (d.qkv_bias, d.o_bias) = (bias, bias);
+    let scaling = c.opt_map("rope_scaling")?;
+    if let Some(s) = &scaling {
+        let ty = s.get("type").and_then(Value::as_str);
+        if !s.contains_key("factor") || !matches!(ty, Some("linear") | Some("dynamic")) {
+            return Err(c.err(
+                "rope_scaling",
+                "must have `factor` and a `type` of linear or dynamic",
+            ));
+        }
+    }
+    d.rope = Some(RopeSpec {
+        dims: hd,
+        theta: c.f64_or("rope_theta", 10000.0)?,
+        traditional: c.bool_or("rope_traditional", false)?,
+        scaling,
+        max_position_embeddings: Some(c.opt_i64("max_position_embeddings")?.unwrap_or(32768)),
+        ntk_alpha: None,
+    });
+    d.head = tie(c.bool_or("tie_word_embeddings", false)?);
+    d.names = Names {
+        embed: "model.tok_embeddings",
+        attn: "attention",
+        qkv: Some("wqkv"),
+        qkv_interleaved: true,
+        o: "wo",
+        mlp: "feed_forward",
+        mlp_names: MlpNames {
+            gate: "w1",
+            up: "w3",
+            down: "w2",
+            gate_up: None,
+        },
+        pre_attn_norm: "attention_norm",
+        pre_mlp_norm: "ffn_norm",
+        lm_head: "output",
+        ..Names::LLAMA
+    };
+    d.drop_layer_tensors = vec!["attention.rope.inv_freq"];
+    Ok(d)
+}
+
+/// `models/hunyuan_v1_dense.py`: q/k norms after rope, NTK-alpha rope.
+fn hunyuan_v1_dense(c: &Cfg) -> Result<Descriptor> {
+    let k = common(c, true)?;
+    let hd = head_dim_or(c, k.hidden, k.heads)?;
+    let mut d = base("hunyuan_v1_dense", &k, hd, c.f64("rms_norm_eps")?);
+    let bias = c.bool_or("attention_bias", false)?;
+    (d.qkv_bias, d.o_bias) = (bias, bias);
+    if c.bool_or("use_qk_norm", true)? {
+        d.qk_norm = QkNorm::PerHeadAfterRope;
+        d.names.q_norm = "query_layernorm";
+        d.names.k_norm = "key_layernorm";
+    }
+    let scaling = c.opt_map("rope_scaling")?;
+    let mut alpha = 1.0;
+    if let Some(s) = &scaling {
+        if !["alpha", "factor", "type"]
+            .iter()
+            .all(|k| s.contains_key(*k))
+        {
+            return Err(c.err("rope_scaling", "must contain keys alpha, factor and type"));
+        }
+        alpha = s.get("alpha").and_then(Value::as_f64).unwrap_or(1.0);
+    }
+    d.rope = Some(RopeSpec {
+        dims: hd,
+        theta: c.f64_or("rope_theta", 10000.0)?,
+        traditional: false,
+        scaling: None,
+        max_position_embeddings: None,
+        ntk_alpha: Some(alpha),
+    });
+    d.head = tie(c.bool_or("tie_word_embeddings", false)?);
+    Ok(d)
+}
+
+/// `models/glm.py`: traditional rope, fused gate/up, bias-free output projection.
+fn glm(c: &Cfg) -> Result<Descriptor> {
+    let k = common(c, true)?;
+    let hd = c.i32("head_dim")?;
+    let mut d = base("glm", &k, hd, c.f64("rms_norm_eps")?);
+    d.qkv_bias = c.bool_or("attention_bias", false)?;
+    d.names.mlp_names.gate_up = Some("gate_up_proj");
+    d.rope = Some(RopeSpec {
+        dims: hd,
+        theta: c.f64_or("rope_theta", 10000.0)?,
+        traditional: true,
+        scaling: None,
+        max_position_embeddings: None,
+        ntk_alpha: None,
+    });
+    d.head = tie(c.bool_or("tie_word_embeddings", true)?);
+    d.drop_layer_tensors = vec![INV_FREQ];
     Ok(d)
 }
 
