@@ -8,7 +8,7 @@ use mlx_core::prelude::*;
 use crate::error::{ModelError, Result};
 use crate::layers::{scaled_dot_product_attention, Embedding, Linear, Mlp, Norm, NormKind, Rope};
 use crate::models::descriptor::{
-    Descriptor, EmbedScale, Head, LogitScale, Placement, QkNorm, RopeSpec,
+    Descriptor, EmbedScale, Head, LogitScale, Placement, QkNorm, QkvLayout, RopeSpec, Upcast,
 };
 use crate::models::LanguageModel;
 use crate::weights::Weights;
@@ -35,6 +35,8 @@ enum Qkv {
     Fused(Linear),
     /// Per KV head: `groups` query heads, then its key, then its value.
     Interleaved(Linear),
+    /// Per head: `[q | k | v]`.
+    PerHead(Linear),
 }
 
 enum QkNormLayers {
@@ -59,6 +61,8 @@ pub struct Attention {
     head_dim: i32,
     scale: f32,
     softcap: Option<f32>,
+    upcast: Upcast,
+    slice_concat: bool,
     qkv: Qkv,
     o_proj: Linear,
     qk_norm: QkNormLayers,
@@ -79,10 +83,10 @@ impl Attention {
         let qkv = match n.qkv {
             Some(f) => {
                 let l = Linear::load(w, &p(f), dim, (nh + 2 * nkv) * hd, d.qkv_bias)?;
-                if n.qkv_interleaved {
-                    Qkv::Interleaved(l)
-                } else {
-                    Qkv::Fused(l)
+                match n.qkv_layout {
+                    QkvLayout::Split => Qkv::Fused(l),
+                    QkvLayout::Interleaved => Qkv::Interleaved(l),
+                    QkvLayout::PerHead => Qkv::PerHead(l),
                 }
             }
             None => Qkv::Separate {
@@ -110,6 +114,20 @@ impl Attention {
                 k: w.take(&format!("{}.weight", p(n.k_norm)), &[nkv, hd])?,
                 eps,
             },
+            QkNorm::LayerNormPerHead => {
+                let mut stacked = |name: &str, heads: i32| -> Result<Array> {
+                    let rows = (0..heads)
+                        .map(|h| w.take(&format!("{}.norms.{h}.weight", p(name)), &[hd]))
+                        .collect::<Result<Vec<_>>>()?;
+                    let refs: Vec<&Array> = rows.iter().collect();
+                    Ok(ops::stack(&refs, 0, None)?)
+                };
+                QkNormLayers::LayerNorm2d {
+                    q: stacked(n.q_norm, nh)?,
+                    k: stacked(n.k_norm, nkv)?,
+                    eps,
+                }
+            }
         };
         let spec = match (&d.local_rope, sliding) {
             _ if nope => None,
@@ -122,6 +140,8 @@ impl Attention {
             head_dim: hd,
             scale: d.attn_scale as f32,
             softcap: d.attn_logit_softcap.map(|c| c as f32),
+            upcast: d.upcast,
+            slice_concat: d.rope_slice_concat,
             qkv,
             o_proj,
             qk_norm,
@@ -167,6 +187,19 @@ impl Attention {
                 };
                 (q, pick(groups)?, pick(groups + 1)?)
             }
+            Qkv::PerHead(f) => {
+                // gpt_neox.py: reshape (B, L, heads, 3 * head_dim), split in three.
+                let qkv = ops::reshape(
+                    &f.forward(x)?,
+                    &[b, l, self.n_heads, 3 * self.head_dim],
+                    None,
+                )?;
+                let mut parts = ops::split_equal(&qkv, 3, -1, None)?.into_iter();
+                match (parts.next(), parts.next(), parts.next()) {
+                    (Some(q), Some(k), Some(v)) => (q, k, v),
+                    _ => return Err(ModelError::Other("qkv split gave fewer than 3".into())),
+                }
+            }
         };
         if let QkNormLayers::Norm {
             q,
@@ -202,6 +235,14 @@ impl Attention {
         let values = t(&split(&values, self.n_kv_heads)?)?;
         let rope = |y: Array, offset: usize| -> Result<Array> {
             match &self.rope {
+                Some(r) if self.slice_concat => {
+                    // gptj.py: rope on `x[..., :dims]`, then concatenated with the rest.
+                    let last = self.head_dim;
+                    let rot = ops::slice_axis(&y, 3, 0, r.dims(), None)?;
+                    let pass = ops::slice_axis(&y, 3, r.dims(), last, None)?;
+                    let rot = r.forward(&rot, offset)?;
+                    Ok(ops::concatenate(&[&rot, &pass], -1, None)?)
+                }
                 Some(r) => r.forward(&y, offset),
                 None => Ok(y),
             }
@@ -222,9 +263,24 @@ impl Attention {
             Some(c) => c.update_and_fetch(&keys, &values)?,
             None => Kv::Dense { keys, values },
         };
-        let out = match self.softcap {
-            None => scaled_dot_product_attention(&queries, &kv, self.scale, mask, None)?,
-            Some(cap) => self.softcapped(&queries, &kv, mask, cap)?,
+        let out = match (self.softcap, self.upcast, &kv) {
+            (Some(cap), _, _) => self.softcapped(&queries, &kv, mask, cap)?,
+            (None, Upcast::None, _) | (None, _, Kv::Quantized { .. }) => {
+                scaled_dot_product_attention(&queries, &kv, self.scale, mask, None)?
+            }
+            (None, up, Kv::Dense { keys, values }) => {
+                let f32_ = |a: &Array| a.astype(Dtype::Float32);
+                let keys = match up {
+                    Upcast::QueriesKeys => f32_(keys)?,
+                    _ => keys.clone(),
+                };
+                let kv32 = Kv::Dense {
+                    keys,
+                    values: values.clone(),
+                };
+                scaled_dot_product_attention(&f32_(&queries)?, &kv32, self.scale, mask, None)?
+                    .astype(values.dtype())?
+            }
         };
         let out = ops::reshape(&t(&out)?, &[b, l, -1], None)?;
         self.o_proj.forward(&out)
@@ -331,7 +387,12 @@ impl TransformerBlock {
                 norm(n.post_mlp_norm)?,
             ),
             Placement::PostOnly => (None, norm(n.post_attn_norm)?, None, norm(n.post_mlp_norm)?),
-            Placement::Parallel => (norm(n.pre_attn_norm)?, None, None, None),
+            Placement::Parallel | Placement::ParallelResidualFirst => {
+                (norm(n.pre_attn_norm)?, None, None, None)
+            }
+            Placement::ParallelTwoNorms => {
+                (norm(n.pre_attn_norm)?, None, norm(n.pre_mlp_norm)?, None)
+            }
         };
         Ok(TransformerBlock {
             sliding,
@@ -383,11 +444,25 @@ impl TransformerBlock {
         mask: &AttentionMask,
         cache: Option<&mut Box<dyn Cache>>,
     ) -> Result<Array> {
-        if self.placement == Placement::Parallel {
-            let h = norm_opt(&self.pre_attn, x)?;
-            let attn_h = self.self_attn.forward(&h, mask, cache)?;
-            let ff_h = self.mlp.forward(&h)?;
-            return Ok((&(&attn_h + &ff_h)? + x)?);
+        match self.placement {
+            Placement::Parallel | Placement::ParallelResidualFirst => {
+                let h = norm_opt(&self.pre_attn, x)?;
+                let attn_h = self.self_attn.forward(&h, mask, cache)?;
+                let ff_h = self.mlp.forward(&h)?;
+                return if self.placement == Placement::Parallel {
+                    Ok((&(&attn_h + &ff_h)? + x)?)
+                } else {
+                    Ok((&(x + &attn_h)? + &ff_h)?)
+                };
+            }
+            Placement::ParallelTwoNorms => {
+                let attn = self
+                    .self_attn
+                    .forward(&norm_opt(&self.pre_attn, x)?, mask, cache)?;
+                let ffn = self.mlp.forward(&norm_opt(&self.pre_mlp, x)?)?;
+                return Ok((&(&attn + &ffn)? + x)?);
+            }
+            _ => {}
         }
         let r = self
             .self_attn
@@ -402,6 +477,7 @@ impl TransformerBlock {
 pub struct Model {
     desc: Descriptor,
     embed_tokens: Embedding,
+    positions: Option<Embedding>,
     layers: Vec<TransformerBlock>,
     norm: Norm,
     lm_head: Option<Linear>,
@@ -415,6 +491,10 @@ impl Model {
         let d = &desc;
         Self::sanitize(d, w);
         let embed_tokens = Embedding::load(w, d.names.embed, d.vocab_size, d.hidden_size)?;
+        let positions = match d.names.positions {
+            Some(p) => Some(Embedding::load(w, p, d.n_positions, d.hidden_size)?),
+            None => None,
+        };
         let layers = (0..d.num_layers as usize)
             .map(|i| TransformerBlock::load(d, w, i))
             .collect::<Result<Vec<_>>>()?;
@@ -430,7 +510,7 @@ impl Model {
                 d.names.lm_head,
                 d.hidden_size,
                 d.vocab_size,
-                false,
+                d.lm_head_bias,
             )?)
         } else {
             None
@@ -443,6 +523,7 @@ impl Model {
         let swa_idx = d.sliding.iter().position(|s| *s);
         Ok(Model {
             embed_tokens,
+            positions,
             layers,
             norm,
             lm_head,
@@ -472,8 +553,22 @@ impl Model {
         &self.desc
     }
 
-    fn embed(&self, inputs: &Array) -> Result<Array> {
-        let h = self.embed_tokens.forward(inputs)?;
+    fn embed(&self, inputs: &Array, offset: usize) -> Result<Array> {
+        let mut h = self.embed_tokens.forward(inputs)?;
+        if let Some(wpe) = &self.positions {
+            // gpt2.py: `h += wpe(mx.arange(L) + offset)`.
+            let l = inputs.shape().get(1).copied().unwrap_or(0);
+            if offset + l.max(0) as usize > self.desc.n_positions as usize {
+                return Err(ModelError::Other(format!(
+                    "position {} is past the learned position table ({} rows)",
+                    offset + l.max(0) as usize,
+                    self.desc.n_positions
+                )));
+            }
+            let start = offset as f64;
+            let ids = ops::arange(start, start + f64::from(l), 1.0, Dtype::Int32, None)?;
+            h = (&h + &wpe.forward(&ids)?)?;
+        }
         Ok(match self.desc.embed_scale {
             EmbedScale::None => h,
             EmbedScale::Weak(s) => (&h * (s as f32))?,
@@ -510,7 +605,11 @@ impl Model {
 
 impl LanguageModel for Model {
     fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
-        let mut h = self.embed(inputs)?;
+        let offset = match &caches {
+            Some(c) => c.first().map_or(0, |c| c.offset()),
+            None => 0,
+        };
+        let mut h = self.embed(inputs, offset)?;
         let n = h.shape().get(1).copied().unwrap_or(0) as usize;
         let window = self.desc.sliding_window;
         let as_array = self.desc.mask_as_array;

@@ -17,8 +17,33 @@ pub enum Placement {
     Sandwich,
     /// `h = x + n2(attn(x)); out = h + n4(mlp(h))` (OLMo 2).
     PostOnly,
-    /// `h = n1(x); out = attn(h) + mlp(h) + x` (Cohere).
+    /// `h = n1(x); out = attn(h) + mlp(h) + x` (Cohere, Phi, GPT-J).
     Parallel,
+    /// `h = n1(x); out = x + attn(h) + mlp(h)` (StableLM's parallel residual).
+    ParallelResidualFirst,
+    /// `out = attn(n1(x)) + mlp(n2(x)) + x` (GPT-NeoX).
+    ParallelTwoNorms,
+}
+
+/// Layout of a fused q/k/v projection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QkvLayout {
+    /// `[q | k | v]`, split at `[q, q + kv]` (Phi 3, GPT-2, GPT-BigCode).
+    Split,
+    /// Per KV head: its `groups` query heads, then its key, then its value (InternLM 2).
+    Interleaved,
+    /// Per head: `[q | k | v]` of `head_dim` each (GPT-NeoX).
+    PerHead,
+}
+
+/// Casts to float32 around the attention kernel (Phi, StableLM).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Upcast {
+    None,
+    /// `sdpa(q.astype(f32), k, v).astype(v.dtype)`.
+    Queries,
+    /// `sdpa(q.astype(f32), k.astype(f32), v).astype(v.dtype)`.
+    QueriesKeys,
 }
 
 /// Normalization of queries and keys.
@@ -33,6 +58,9 @@ pub enum QkNorm {
     Full,
     /// Cohere's `LayerNorm2D`: `weight * layer_norm(x)` with a `(heads, head_dim)` weight.
     LayerNorm2d,
+    /// StableLM's `LayerNormPerHead`: the same with one stored weight per head
+    /// (`<norm>.norms.<h>.weight`), stacked.
+    LayerNormPerHead,
 }
 
 /// How the output head is chosen.
@@ -93,8 +121,9 @@ pub struct Names {
     pub o: &'static str,
     /// When set, q, k and v are one projection split at `[q, q + kv]`.
     pub qkv: Option<&'static str>,
-    /// The fused projection is laid out per KV head, `(groups q heads, k, v)` (InternLM 2).
-    pub qkv_interleaved: bool,
+    pub qkv_layout: QkvLayout,
+    /// A learned absolute position table (`wpe`), when the row has one.
+    pub positions: Option<&'static str>,
     pub q_norm: &'static str,
     pub k_norm: &'static str,
     pub lm_head: &'static str,
@@ -117,7 +146,8 @@ impl Names {
         v: "v_proj",
         o: "o_proj",
         qkv: None,
-        qkv_interleaved: false,
+        qkv_layout: QkvLayout::Split,
+        positions: None,
         q_norm: "q_norm",
         k_norm: "k_norm",
         lm_head: "lm_head",
@@ -155,6 +185,12 @@ pub struct Descriptor {
     /// Bias of the down projection (differs from `mlp_bias` in a few rows).
     pub down_bias: bool,
     pub qk_norm: QkNorm,
+    pub lm_head_bias: bool,
+    pub upcast: Upcast,
+    /// Rope applied to `x[..., :dims]` then concatenated back (GPT-J's explicit slicing).
+    pub rope_slice_concat: bool,
+    /// Rows of the learned position table (`n_positions`), with [`Names::positions`].
+    pub n_positions: i32,
     pub mlp: MlpKind,
     /// Rope of full-attention layers (`None`: no positions).
     pub rope: Option<RopeSpec>,
@@ -346,6 +382,12 @@ pub const ROWS: &[(&str, RowFn)] = &[
     ("internlm2", internlm2),
     ("hunyuan_v1_dense", hunyuan_v1_dense),
     ("glm", glm),
+    ("phi", phi),
+    ("stablelm", stablelm),
+    ("gpt_neox", gpt_neox),
+    ("gpt2", gpt2),
+    ("gpt_bigcode", gpt_bigcode),
+    ("gptj", gptj),
 ];
 
 /// The descriptor of `model_type` (after remapping), or `None` when no row serves it.
@@ -442,6 +484,10 @@ fn base(model_type: &str, k: &Common, head_dim: i32, eps: f64) -> Descriptor {
         mlp_bias: false,
         down_bias: false,
         qk_norm: QkNorm::None,
+        lm_head_bias: false,
+        upcast: Upcast::None,
+        rope_slice_concat: false,
+        n_positions: 0,
         mlp: MlpKind::SwiGlu,
         rope: None,
         local_rope: None,
@@ -1103,7 +1149,7 @@ fn internlm2(c: &Cfg) -> Result<Descriptor> {
         embed: "model.tok_embeddings",
         attn: "attention",
         qkv: Some("wqkv"),
-        qkv_interleaved: true,
+        qkv_layout: QkvLayout::Interleaved,
         o: "wo",
         mlp: "feed_forward",
         mlp_names: MlpNames {
@@ -1173,6 +1219,284 @@ fn glm(c: &Cfg) -> Result<Descriptor> {
     });
     d.head = tie(c.bool_or("tie_word_embeddings", true)?);
     d.drop_layer_tensors = vec![INV_FREQ];
+    Ok(d)
+}
+
+fn layer_norm_row(model_type: &str, k: &Common, hd: i32, eps: f64) -> Descriptor {
+    let mut d = base(model_type, k, hd, eps);
+    d.norm = NormKind::Layer { bias: true };
+    d.head = Head::Untied;
+    d
+}
+
+fn plain_mlp(up: &'static str, down: &'static str) -> MlpNames {
+    MlpNames {
+        gate: "",
+        up,
+        down,
+        gate_up: None,
+    }
+}
+
+/// `models/phi.py` (Phi 1 / 1.5 / 2): parallel block, partial rope, f32 queries.
+fn phi(c: &Cfg) -> Result<Descriptor> {
+    let heads = c.i32_or("num_attention_heads", 32)?;
+    let k = Common {
+        hidden: c.i32_or("hidden_size", 2560)?,
+        layers: c.i32_or("num_hidden_layers", 32)?,
+        inter: c.i32_or("intermediate_size", 10240)?,
+        heads,
+        kv_heads: c.i32_or("num_key_value_heads", heads)?,
+        vocab: c.i32_or("vocab_size", 51200)?,
+    };
+    if k.heads <= 0 || k.hidden % k.heads != 0 {
+        return Err(c.err("hidden_size", "must be divisible by num_attention_heads"));
+    }
+    let hd = k.hidden / k.heads;
+    let mut d = layer_norm_row("phi", &k, hd, c.f64_or("layer_norm_eps", 1e-5)?);
+    d.placement = Placement::Parallel;
+    (
+        d.qkv_bias,
+        d.o_bias,
+        d.mlp_bias,
+        d.down_bias,
+        d.lm_head_bias,
+    ) = (true, true, true, true, true);
+    d.names.o = "dense";
+    d.names.final_norm = "model.final_layernorm";
+    d.names.mlp_names = plain_mlp("fc1", "fc2");
+    d.mlp = MlpKind::GeluTanh;
+    d.rope = Some(RopeSpec {
+        dims: (c.f64_or("partial_rotary_factor", 0.4)? * f64::from(hd)) as i32,
+        theta: c.f64_or("rope_theta", 10000.0)?,
+        traditional: false,
+        scaling: None,
+        max_position_embeddings: None,
+        ntk_alpha: None,
+    });
+    d.attn_scale = (1.0 / f64::from(hd)).sqrt();
+    d.upcast = Upcast::Queries;
+    Ok(d)
+}
+
+/// `models/stablelm.py`.
+fn stablelm(c: &Cfg) -> Result<Descriptor> {
+    let k = common(c, true)?;
+    if k.heads <= 0 || k.hidden % k.heads != 0 {
+        return Err(c.err("hidden_size", "must be divisible by num_attention_heads"));
+    }
+    let hd = k.hidden / k.heads;
+    let mut d = layer_norm_row("stablelm", &k, hd, c.f64("layer_norm_eps")?);
+    d.qkv_bias = c.bool("use_qkv_bias")?;
+    if c.bool_or("use_parallel_residual", false)? {
+        d.placement = Placement::ParallelResidualFirst;
+    }
+    if c.bool_or("qk_layernorm", false)? {
+        d.qk_norm = QkNorm::LayerNormPerHead;
+        d.names.q_norm = "q_layernorm";
+        d.names.k_norm = "k_layernorm";
+    }
+    d.rope = Some(RopeSpec {
+        dims: (c.f64("partial_rotary_factor")? * f64::from(hd)) as i32,
+        theta: c.f64("rope_theta")?,
+        traditional: false,
+        scaling: None,
+        max_position_embeddings: None,
+        ntk_alpha: None,
+    });
+    d.attn_scale = (1.0 / f64::from(hd)).sqrt();
+    d.upcast = Upcast::QueriesKeys;
+    Ok(d)
+}
+
+/// `models/gpt_neox.py`.
+fn gpt_neox(c: &Cfg) -> Result<Descriptor> {
+    let hidden = c.i32("hidden_size")?;
+    let heads = c.i32("num_attention_heads")?;
+    let k = Common {
+        hidden,
+        layers: c.i32("num_hidden_layers")?,
+        inter: 4 * hidden,
+        heads,
+        kv_heads: c.i32_or("num_key_value_heads", heads)?,
+        vocab: c.i32("vocab_size")?,
+    };
+    if heads <= 0 || hidden % heads != 0 {
+        return Err(c.err("hidden_size", "must be divisible by num_attention_heads"));
+    }
+    if k.kv_heads != heads {
+        return Err(c.err(
+            "num_key_value_heads",
+            "must equal num_attention_heads (fused qkv)",
+        ));
+    }
+    let hd = hidden / heads;
+    let mut d = layer_norm_row("gpt_neox", &k, hd, c.f64("layer_norm_eps")?);
+    (d.qkv_bias, d.o_bias, d.mlp_bias, d.down_bias) = (true, true, true, true);
+    d.placement = if c.bool_or("use_parallel_residual", true)? {
+        Placement::ParallelTwoNorms
+    } else {
+        Placement::Pre
+    };
+    d.mlp = MlpKind::GeluTanh;
+    d.names = Names {
+        embed: "model.embed_in",
+        layers: "model.h",
+        final_norm: "model.final_layer_norm",
+        attn: "attention",
+        qkv: Some("query_key_value"),
+        qkv_layout: QkvLayout::PerHead,
+        o: "dense",
+        mlp_names: plain_mlp("dense_h_to_4h", "dense_4h_to_h"),
+        lm_head: "model.embed_out",
+        ..Names::LLAMA
+    };
+    d.rope = Some(RopeSpec {
+        dims: (f64::from(hd) * c.f64("rotary_pct")?) as i32,
+        theta: c.f64("rotary_emb_base")?,
+        traditional: false,
+        scaling: None,
+        max_position_embeddings: None,
+        ntk_alpha: None,
+    });
+    d.drop_layer_tensors = vec![
+        "attention.bias",
+        "attention.masked_bias",
+        "attention.rotary_emb.inv_freq",
+    ];
+    Ok(d)
+}
+
+/// GPT-2-style names under `prefix` (`model` or `transformer`).
+fn gpt2_names(prefix: &'static str) -> Names {
+    let (embed, layers, final_norm, positions) = match prefix {
+        "model" => ("model.wte", "model.h", "model.ln_f", "model.wpe"),
+        _ => (
+            "transformer.wte",
+            "transformer.h",
+            "transformer.ln_f",
+            "transformer.wpe",
+        ),
+    };
+    Names {
+        embed,
+        layers,
+        final_norm,
+        positions: Some(positions),
+        attn: "attn",
+        qkv: Some("c_attn"),
+        o: "c_proj",
+        mlp_names: plain_mlp("c_fc", "c_proj"),
+        pre_attn_norm: "ln_1",
+        pre_mlp_norm: "ln_2",
+        ..Names::LLAMA
+    }
+}
+
+/// `models/gpt2.py`: learned absolute positions, fused `c_attn`, tied head.
+fn gpt2(c: &Cfg) -> Result<Descriptor> {
+    let hidden = c.i32("n_embd")?;
+    let heads = c.i32("n_head")?;
+    c.i32("n_ctx")?;
+    let k = Common {
+        hidden,
+        layers: c.i32("n_layer")?,
+        inter: 4 * hidden,
+        heads,
+        kv_heads: heads,
+        vocab: c.i32("vocab_size")?,
+    };
+    if heads <= 0 || hidden % heads != 0 {
+        return Err(c.err("n_embd", "must be divisible by n_head"));
+    }
+    let hd = hidden / heads;
+    let mut d = layer_norm_row("gpt2", &k, hd, c.f64("layer_norm_epsilon")?);
+    (d.qkv_bias, d.o_bias, d.mlp_bias, d.down_bias) = (true, true, true, true);
+    d.mlp = MlpKind::GeluTanh;
+    d.names = gpt2_names("model");
+    d.n_positions = c.i32("n_positions")?;
+    d.head = Head::Tied;
+    d.drop_layer_tensors = vec!["attn.bias"];
+    Ok(d)
+}
+
+/// `models/gpt_bigcode.py`: GPT-2 with multi-query attention and erf GELU.
+fn gpt_bigcode(c: &Cfg) -> Result<Descriptor> {
+    let hidden = c.i32("n_embd")?;
+    let heads = c.i32("n_head")?;
+    let k = Common {
+        hidden,
+        layers: c.i32("n_layer")?,
+        inter: c.i32("n_inner")?,
+        heads,
+        kv_heads: if c.bool_or("multi_query", true)? {
+            1
+        } else {
+            heads
+        },
+        vocab: c.i32("vocab_size")?,
+    };
+    if heads <= 0 || hidden % heads != 0 {
+        return Err(c.err("n_embd", "must be divisible by n_head"));
+    }
+    let hd = hidden / heads;
+    let mut d = layer_norm_row("gpt_bigcode", &k, hd, c.f64("layer_norm_epsilon")?);
+    let bias = c.bool_or("attention_bias", true)?;
+    (d.qkv_bias, d.o_bias) = (bias, bias);
+    let mlp_bias = c.bool_or("mlp_bias", true)?;
+    (d.mlp_bias, d.down_bias) = (mlp_bias, mlp_bias);
+    d.mlp = MlpKind::Gelu;
+    d.names = gpt2_names("transformer");
+    d.n_positions = c.i32("n_positions")?;
+    d.head = tie(c.bool_or("tie_word_embeddings", true)?);
+    Ok(d)
+}
+
+/// `models/gptj.py`: parallel block, traditional partial rope on an explicit slice.
+fn gptj(c: &Cfg) -> Result<Descriptor> {
+    let hidden = c.i32_or("n_embd", 4096)?;
+    let heads = c.i32_or("n_head", 16)?;
+    let k = Common {
+        hidden,
+        layers: c.i32_or("n_layer", 28)?,
+        inter: 4 * hidden,
+        heads,
+        kv_heads: heads,
+        vocab: c.i32_or("vocab_size", 50400)?,
+    };
+    if heads <= 0 || hidden % heads != 0 {
+        return Err(c.err("n_embd", "must be divisible by n_head"));
+    }
+    let hd = hidden / heads;
+    let mut d = layer_norm_row("gptj", &k, hd, c.f64_or("layer_norm_epsilon", 1e-5)?);
+    d.placement = Placement::Parallel;
+    (d.mlp_bias, d.down_bias, d.lm_head_bias) = (true, true, true);
+    d.mlp = MlpKind::GeluTanh;
+    d.names = Names {
+        embed: "model.wte",
+        layers: "model.h",
+        final_norm: "model.ln_f",
+        attn: "attn",
+        o: "out_proj",
+        mlp_names: plain_mlp("fc_in", "fc_out"),
+        pre_attn_norm: "ln_1",
+        ..Names::LLAMA
+    };
+    let rotary = match c.opt_i32("rotary_dim")? {
+        Some(r) if r != 0 => r,
+        Some(_) => hd,
+        None => 64,
+    };
+    d.rope = Some(RopeSpec {
+        dims: rotary,
+        theta: 10000.0,
+        traditional: true,
+        scaling: None,
+        max_position_embeddings: Some(c.opt_i64("n_positions")?.unwrap_or(2048)),
+        ntk_alpha: None,
+    });
+    d.rope_slice_concat = true;
+    d.drop_layer_tensors = vec!["attn.masked_bias", "attn.bias"];
     Ok(d)
 }
 
