@@ -292,6 +292,51 @@ CASES = {
         "float32",
         None,
     ),
+    "cohere2": (
+        "cohere2",
+        {
+            "num_hidden_layers": 3,
+            "head_dim": 8,
+            "sliding_window": 4,
+            "sliding_window_pattern": 2,
+            "logit_scale": 0.5,
+            "layer_norm_bias": True,
+        },
+        "float32",
+        None,
+    ),
+    "cohere2_f16": (
+        "cohere2",
+        {"num_hidden_layers": 2, "head_dim": 8, "sliding_window": 4, "sliding_window_pattern": 2},
+        "float16",
+        None,
+    ),
+    "nemotron": (
+        "nemotron",
+        {
+            "hidden_act": "relu2",
+            "norm_eps": 1e-5,
+            "partial_rotary_factor": 0.5,
+            "mlp_bias": True,
+            "rope_scaling": {"type": "linear", "factor": 2.0},
+        },
+        "float32",
+        None,
+    ),
+    "apertus": (
+        "apertus",
+        {
+            "mlp_bias": False,
+            "attention_bias": False,
+            "max_position_embeddings": 512,
+            "rope_theta": 10000.0,
+            "post_norm": False,
+            "qk_norm": True,
+            "tie_word_embeddings": False,
+        },
+        "float32",
+        None,
+    ),
 }
 
 PROMPT = [1, 17, 90, 5, 42, 42, 7, 88, 3, 64]

@@ -24,6 +24,8 @@ pub enum MlpKind {
     Silu,
     /// `down(relu(up(x)) ** 2)` (squared ReLU).
     Relu2,
+    /// `down(xielu(up(x)))` with the learned scalars under `act_fn` (Apertus).
+    XieLu,
 }
 
 impl MlpKind {
@@ -62,11 +64,21 @@ enum GateUp {
     Plain(Linear),
 }
 
+/// xIELU's learned scalars (`alpha_p`, `alpha_n`, `beta`, `eps`, each 0-d).
+#[derive(Clone, Debug)]
+struct XieLuParams {
+    alpha_p: Array,
+    alpha_n: Array,
+    beta: Array,
+    eps: Array,
+}
+
 #[derive(Clone, Debug)]
 pub struct Mlp {
     kind: MlpKind,
     gate_up: GateUp,
     down: Linear,
+    xielu: Option<XieLuParams>,
 }
 
 impl Mlp {
@@ -91,10 +103,22 @@ impl Mlp {
             (false, _) => GateUp::Plain(Linear::load(w, &p(names.up), dim, hidden, bias)?),
         };
         let down = Linear::load(w, &p(names.down), hidden, dim, down_bias)?;
+        let xielu = if kind == MlpKind::XieLu {
+            let mut s = |n: &str| w.take(&format!("{path}.act_fn.{n}"), &[]);
+            Some(XieLuParams {
+                alpha_p: s("alpha_p")?,
+                alpha_n: s("alpha_n")?,
+                beta: s("beta")?,
+                eps: s("eps")?,
+            })
+        } else {
+            None
+        };
         Ok(Mlp {
             kind,
             gate_up,
             down,
+            xielu,
         })
     }
 
@@ -110,6 +134,10 @@ impl Mlp {
                 match self.kind {
                     MlpKind::GeluTanh => gelu_approx(&u)?,
                     MlpKind::Silu => silu(&u)?,
+                    MlpKind::XieLu => match &self.xielu {
+                        Some(p) => xielu(&u, p)?,
+                        None => u,
+                    },
                     MlpKind::Relu2 => {
                         let r = ops::maximum(&u, &Scalar::Int(0).to_array_like(u.dtype())?, None)?;
                         ops::square(&r, None)?
@@ -128,4 +156,22 @@ impl Mlp {
             _ => swiglu(g, u)?,
         })
     }
+}
+
+/// mlx-lm's `xielu(x, alpha_p, alpha_n, beta, eps)`.
+fn xielu(x: &Array, p: &XieLuParams) -> Result<Array> {
+    let softplus = |a: &Array| -> Result<Array> {
+        Ok(ops::logaddexp(
+            a,
+            &Scalar::Int(0).to_array_like(a.dtype())?,
+            None,
+        )?)
+    };
+    let alpha_p = softplus(&p.alpha_p)?;
+    let alpha_n = (&p.beta + &softplus(&p.alpha_n)?)?;
+    let pos = (&(&alpha_p * &ops::square(x, None)?)? + &(&p.beta * x)?)?;
+    let neg = (&(&(&ops::expm1(&ops::minimum(x, &p.eps, None)?, None)? - x)? * &alpha_n)?
+        + &(&p.beta * x)?)?;
+    let cond = ops::greater(x, &Scalar::Int(0).to_array_like(x.dtype())?, None)?;
+    Ok(ops::where_(&cond, &pos, &neg, None)?)
 }

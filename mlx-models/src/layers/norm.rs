@@ -74,6 +74,8 @@ pub enum NormKind {
     RmsOffset,
     /// `nn.LayerNorm(dims, eps, bias=...)`.
     Layer { bias: bool },
+    /// Nemotron's `LayerNorm1P`: `layer_norm(x, weight + 1, bias)`.
+    LayerOffset { bias: bool },
 }
 
 /// A normalization layer of any [`NormKind`].
@@ -98,6 +100,14 @@ impl Norm {
             }
             NormKind::Layer { bias } => {
                 Norm::Layer(LayerNorm::load(w, path, dims, eps, true, bias)?)
+            }
+            NormKind::LayerOffset { bias } => {
+                let mut n = LayerNorm::load(w, path, dims, eps, true, bias)?;
+                // `self.weight + 1`: a weak Python int, so the weight's dtype.
+                if let Some(wt) = n.weight.take() {
+                    n.weight = Some((&wt + 1)?);
+                }
+                Norm::Layer(n)
             }
         })
     }

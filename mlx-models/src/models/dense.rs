@@ -268,6 +268,17 @@ impl Attention {
             (None, Upcast::None, _) | (None, _, Kv::Quantized { .. }) => {
                 scaled_dot_product_attention(&queries, &kv, self.scale, mask, None)?
             }
+            (None, Upcast::QueriesIfF16, _) if queries.dtype() != Dtype::Float16 => {
+                scaled_dot_product_attention(&queries, &kv, self.scale, mask, None)?
+            }
+            (None, Upcast::QueriesIfF16, _) => scaled_dot_product_attention(
+                &queries.astype(Dtype::Float32)?,
+                &kv,
+                self.scale,
+                mask,
+                None,
+            )?
+            .astype(queries.dtype())?,
             (None, up, Kv::Dense { keys, values }) => {
                 let f32_ = |a: &Array| a.astype(Dtype::Float32);
                 let keys = match up {
@@ -693,6 +704,7 @@ impl NormKind {
             NormKind::RmsOffset => "RMSNorm (1 + w)",
             NormKind::Layer { bias: true } => "LayerNorm",
             NormKind::Layer { bias: false } => "LayerNorm (no bias)",
+            NormKind::LayerOffset { .. } => "LayerNorm (1 + w)",
         }
     }
 }

@@ -44,6 +44,8 @@ pub enum Upcast {
     Queries,
     /// `sdpa(q.astype(f32), k.astype(f32), v).astype(v.dtype)`.
     QueriesKeys,
+    /// Cohere 2: float16 queries in float32, the output back in the queries' dtype.
+    QueriesIfF16,
 }
 
 /// Normalization of queries and keys.
@@ -388,6 +390,9 @@ pub const ROWS: &[(&str, RowFn)] = &[
     ("gpt2", gpt2),
     ("gpt_bigcode", gpt_bigcode),
     ("gptj", gptj),
+    ("cohere2", cohere2),
+    ("nemotron", nemotron),
+    ("apertus", apertus),
 ];
 
 /// The descriptor of `model_type` (after remapping), or `None` when no row serves it.
@@ -1497,6 +1502,111 @@ fn gptj(c: &Cfg) -> Result<Descriptor> {
     });
     d.rope_slice_concat = true;
     d.drop_layer_tensors = vec!["attn.masked_bias", "attn.bias"];
+    Ok(d)
+}
+
+/// `models/cohere2.py`: Cohere with sliding layers; only sliding layers use rope.
+fn cohere2(c: &Cfg) -> Result<Descriptor> {
+    let k = Common {
+        hidden: c.i32_or("hidden_size", 4096)?,
+        layers: c.i32_or("num_hidden_layers", 32)?,
+        inter: c.i32_or("intermediate_size", 14336)?,
+        heads: c.i32_or("num_attention_heads", 32)?,
+        kv_heads: c.i32_or("num_key_value_heads", 8)?,
+        vocab: c.i32_or("vocab_size", 256000)?,
+    };
+    let hd = c.i32_or("head_dim", 128)?;
+    if hd * k.heads != k.hidden {
+        return Err(c.err("hidden_size", "must equal num_attention_heads * head_dim"));
+    }
+    let mut d = base("cohere2", &k, hd, c.f64_or("layer_norm_eps", 1e-5)?);
+    d.norm = NormKind::Layer {
+        bias: c.bool_or("layer_norm_bias", false)?,
+    };
+    let bias = c.bool_or("attention_bias", false)?;
+    (d.qkv_bias, d.o_bias) = (bias, bias);
+    d.placement = Placement::Parallel;
+    d.rope = Some(RopeSpec {
+        dims: hd,
+        theta: c.f64_or("rope_theta", 50000.0)?,
+        traditional: true,
+        scaling: None,
+        max_position_embeddings: None,
+        ntk_alpha: None,
+    });
+    let pattern = c.i32_or("sliding_window_pattern", 4)?;
+    if pattern <= 0 {
+        return Err(c.err("sliding_window_pattern", "must be positive"));
+    }
+    d.sliding = (0..k.layers.max(0))
+        .map(|i| (i + 1) % pattern != 0)
+        .collect();
+    d.no_rope = d.sliding.iter().map(|s| !s).collect();
+    d.sliding_window = Some(c.opt_i64("sliding_window")?.unwrap_or(4096).max(0) as usize);
+    d.upcast = Upcast::QueriesIfF16;
+    d.logit_scale = LogitScale::Mul(c.f64_or("logit_scale", 0.0625)?);
+    d.defines_make_cache = true;
+    Ok(d)
+}
+
+/// `models/nemotron.py`: LayerNorm (1 + w), squared-ReLU MLP, partial rope.
+fn nemotron(c: &Cfg) -> Result<Descriptor> {
+    let k = common(c, true)?;
+    c.get("hidden_act")
+        .ok_or_else(|| c.err("hidden_act", "is required but missing"))?;
+    let hd = head_dim_or(c, k.hidden, k.heads)?;
+    let mut d = base("nemotron", &k, hd, c.f64("norm_eps")?);
+    d.norm = NormKind::LayerOffset { bias: true };
+    let bias = c.bool_or("attention_bias", false)?;
+    (d.qkv_bias, d.o_bias) = (bias, bias);
+    let mlp_bias = c.bool_or("mlp_bias", false)?;
+    (d.mlp_bias, d.down_bias) = (mlp_bias, mlp_bias);
+    d.mlp = MlpKind::Relu2;
+    let scaling = c.opt_map("rope_scaling")?;
+    if let Some(s) = &scaling {
+        let ty = s
+            .get("type")
+            .or_else(|| s.get("rope_type"))
+            .and_then(Value::as_str);
+        if !s.contains_key("factor") || ty != Some("linear") {
+            return Err(c.err("rope_scaling", "must be linear with a `factor`"));
+        }
+    }
+    d.rope = Some(RopeSpec {
+        dims: (c.f64_or("partial_rotary_factor", 0.5)? * f64::from(hd)) as i32,
+        theta: c.f64_or("rope_theta", 10000.0)?,
+        traditional: false,
+        scaling,
+        max_position_embeddings: None,
+        ntk_alpha: None,
+    });
+    d.head = tie(c.bool_or("tie_word_embeddings", false)?);
+    Ok(d)
+}
+
+/// `models/apertus.py`: xIELU MLP, per-head q/k norms, its own norm names.
+fn apertus(c: &Cfg) -> Result<Descriptor> {
+    let k = common(c, true)?;
+    let hd = k.hidden / k.heads.max(1);
+    let mut d = base("apertus", &k, hd, c.f64("rms_norm_eps")?);
+    let mlp_bias = c.bool("mlp_bias")?;
+    (d.mlp_bias, d.down_bias) = (mlp_bias, mlp_bias);
+    c.bool("attention_bias")?;
+    c.bool("post_norm")?;
+    c.bool("qk_norm")?;
+    d.qk_norm = QkNorm::PerHead;
+    d.mlp = MlpKind::XieLu;
+    d.names.mlp_names = plain_mlp("up_proj", "down_proj");
+    d.names.pre_attn_norm = "attention_layernorm";
+    d.names.pre_mlp_norm = "feedforward_layernorm";
+    d.rope = Some(rope(
+        hd,
+        c.f64("rope_theta")?,
+        c.bool_or("rope_traditional", false)?,
+        c,
+        Some(c.i64_required("max_position_embeddings")?),
+    )?);
+    d.head = tie(c.bool("tie_word_embeddings")?);
     Ok(d)
 }
 
