@@ -337,6 +337,41 @@ CASES = {
         "float32",
         None,
     ),
+    "telechat3": (
+        "telechat3",
+        {"max_position_embeddings": 512, "rope_theta": 10000.0, "attention_bias": True, "head_dim": 16},
+        "float32",
+        None,
+    ),
+    "nanochat": ("nanochat", {"num_key_value_heads": 4}, "float32", None),
+    "nanochat_gqa_bf16": ("nanochat", {}, "bfloat16", None),
+    "llama4_text": (
+        "llama4_text",
+        {
+            "num_hidden_layers": 3,
+            "intermediate_size_mlp": 64,
+            "rope_theta": 10000.0,
+            "head_dim": 8,
+            "tie_word_embeddings": False,
+            "no_rope_layers": [1, 1, 0],
+            "use_qk_norm": True,
+        },
+        "float32",
+        None,
+    ),
+    "llama4_text_q4": (
+        "llama4_text",
+        {
+            "intermediate_size_mlp": 64,
+            "rope_theta": 10000.0,
+            "head_dim": 8,
+            "tie_word_embeddings": False,
+            "no_rope_layers": [1, 0],
+            "use_qk_norm": False,
+        },
+        "float32",
+        (32, 4),
+    ),
 }
 
 PROMPT = [1, 17, 90, 5, 42, 42, 7, 88, 3, 64]

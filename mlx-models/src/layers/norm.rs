@@ -72,6 +72,8 @@ pub enum NormKind {
     Rms,
     /// Gemma's `RMSNorm`: `rms_norm(x, 1.0 + weight)`.
     RmsOffset,
+    /// `mx.fast.rms_norm(x, None, eps)`: no weight.
+    RmsNoWeight,
     /// `nn.LayerNorm(dims, eps, bias=...)`.
     Layer { bias: bool },
     /// Nemotron's `LayerNorm1P`: `layer_norm(x, weight + 1, bias)`.
@@ -82,6 +84,7 @@ pub enum NormKind {
 #[derive(Clone, Debug)]
 pub enum Norm {
     Rms(RmsNorm),
+    RmsNoWeight { eps: f32 },
     Layer(LayerNorm),
 }
 
@@ -89,6 +92,7 @@ impl Norm {
     pub fn load(w: &mut Weights, path: &str, kind: NormKind, dims: i32, eps: f32) -> Result<Norm> {
         Ok(match kind {
             NormKind::Rms => Norm::Rms(RmsNorm::load(w, path, dims, eps)?),
+            NormKind::RmsNoWeight => Norm::RmsNoWeight { eps },
             NormKind::RmsOffset => {
                 let n = RmsNorm::load(w, path, dims, eps)?;
                 // `1.0 + self.weight`: a weak Python float, so the weight's dtype. Elementwise,
@@ -115,6 +119,7 @@ impl Norm {
     pub fn forward(&self, x: &Array) -> Result<Array> {
         match self {
             Norm::Rms(n) => n.forward(x),
+            Norm::RmsNoWeight { eps } => Ok(fast::rms_norm(x, None, *eps, None)?),
             Norm::Layer(n) => n.forward(x),
         }
     }

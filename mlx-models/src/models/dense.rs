@@ -8,14 +8,17 @@ use mlx_core::prelude::*;
 use crate::error::{ModelError, Result};
 use crate::layers::{scaled_dot_product_attention, Embedding, Linear, Mlp, Norm, NormKind, Rope};
 use crate::models::descriptor::{
-    Descriptor, EmbedScale, Head, LogitScale, Placement, QkNorm, QkvLayout, RopeSpec, Upcast,
+    Descriptor, EmbedScale, Head, LogitScale, Placement, QkNorm, QkvLayout, RopeSpec, RopeTable,
+    Upcast,
 };
 use crate::models::LanguageModel;
 use crate::weights::Weights;
 
 fn init_rope(r: &RopeSpec) -> Result<Rope> {
-    if let Some(alpha) = r.ntk_alpha {
-        return Rope::ntk_alpha(r.dims, r.theta, alpha);
+    match r.table {
+        RopeTable::NtkAlpha(alpha) => return Rope::ntk_alpha(r.dims, r.theta, alpha),
+        RopeTable::NegExp => return Rope::neg_exp(r.dims, r.theta),
+        RopeTable::Initialize => {}
     }
     Rope::initialize(
         r.dims,
@@ -97,16 +100,17 @@ impl Attention {
         };
         let o_proj = Linear::load(w, &p(n.o), nh * hd, dim, d.o_bias)?;
         let eps = d.norm_eps;
+        let qk_kind = d.qk_norm_kind.unwrap_or(d.norm);
         let qk_norm = match d.qk_norm {
             QkNorm::None => QkNormLayers::None,
             QkNorm::PerHead | QkNorm::PerHeadAfterRope => QkNormLayers::Norm {
-                q: Norm::load(w, &p(n.q_norm), d.norm, hd, eps)?,
-                k: Norm::load(w, &p(n.k_norm), d.norm, hd, eps)?,
+                q: Norm::load(w, &p(n.q_norm), qk_kind, hd, eps)?,
+                k: Norm::load(w, &p(n.k_norm), qk_kind, hd, eps)?,
                 at: d.qk_norm,
             },
             QkNorm::Full => QkNormLayers::Norm {
-                q: Norm::load(w, &p(n.q_norm), d.norm, nh * hd, eps)?,
-                k: Norm::load(w, &p(n.k_norm), d.norm, nkv * hd, eps)?,
+                q: Norm::load(w, &p(n.q_norm), qk_kind, nh * hd, eps)?,
+                k: Norm::load(w, &p(n.k_norm), qk_kind, nkv * hd, eps)?,
                 at: QkNorm::Full,
             },
             QkNorm::LayerNorm2d => QkNormLayers::LayerNorm2d {
@@ -488,6 +492,7 @@ impl TransformerBlock {
 pub struct Model {
     desc: Descriptor,
     embed_tokens: Embedding,
+    embed_norm: Option<Norm>,
     positions: Option<Embedding>,
     layers: Vec<TransformerBlock>,
     norm: Norm,
@@ -532,8 +537,20 @@ impl Model {
             .position(|s| !s)
             .ok_or_else(|| ModelError::Config("no full-attention layer".into()))?;
         let swa_idx = d.sliding.iter().position(|s| *s);
+        let embed_norm = if d.embed_norm {
+            Some(Norm::load(
+                w,
+                "embed_norm",
+                d.norm,
+                d.hidden_size,
+                d.norm_eps,
+            )?)
+        } else {
+            None
+        };
         Ok(Model {
             embed_tokens,
+            embed_norm,
             positions,
             layers,
             norm,
@@ -580,14 +597,18 @@ impl Model {
             let ids = ops::arange(start, start + f64::from(l), 1.0, Dtype::Int32, None)?;
             h = (&h + &wpe.forward(&ids)?)?;
         }
-        Ok(match self.desc.embed_scale {
+        let h = match self.desc.embed_scale {
             EmbedScale::None => h,
             EmbedScale::Weak(s) => (&h * (s as f32))?,
             EmbedScale::Bf16(s) => {
                 let c = Array::from_f32(s as f32, Dtype::Bfloat16)?.astype(h.dtype())?;
                 (&h * &c)?
             }
-        })
+        };
+        match &self.embed_norm {
+            Some(n) => n.forward(&h),
+            None => Ok(h),
+        }
     }
 
     fn head(&self, out: &Array) -> Result<Array> {
@@ -705,6 +726,7 @@ impl NormKind {
             NormKind::Layer { bias: true } => "LayerNorm",
             NormKind::Layer { bias: false } => "LayerNorm (no bias)",
             NormKind::LayerOffset { .. } => "LayerNorm (1 + w)",
+            NormKind::RmsNoWeight => "RMSNorm (no weight)",
         }
     }
 }

@@ -106,8 +106,18 @@ pub struct RopeSpec {
     pub traditional: bool,
     pub scaling: Option<RopeScaling>,
     pub max_position_embeddings: Option<i64>,
-    /// Hunyuan's NTK-alpha frequency table (always a table, even for alpha 1).
-    pub ntk_alpha: Option<f64>,
+    pub table: RopeTable,
+}
+
+/// Where the rotary frequencies come from.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RopeTable {
+    /// `initialize_rope` (with `scaling`).
+    Initialize,
+    /// Hunyuan's NTK-alpha table (always a table, even for alpha 1).
+    NtkAlpha(f64),
+    /// nanochat: `-exp(arange(half) * (log(base) / half))`.
+    NegExp,
 }
 
 /// Module names of a row (llama's unless a row says otherwise).
@@ -180,6 +190,10 @@ pub struct Descriptor {
     pub vocab_size: i32,
     pub norm: NormKind,
     pub norm_eps: f32,
+    /// Norm of q/k when it differs from `norm` (Llama 4's weightless RMS).
+    pub qk_norm_kind: Option<NormKind>,
+    /// A norm on the embeddings (nanochat), with [`Names::embed_norm`].
+    pub embed_norm: bool,
     pub placement: Placement,
     pub qkv_bias: bool,
     pub o_bias: bool,
@@ -393,6 +407,9 @@ pub const ROWS: &[(&str, RowFn)] = &[
     ("cohere2", cohere2),
     ("nemotron", nemotron),
     ("apertus", apertus),
+    ("telechat3", telechat3),
+    ("nanochat", nanochat),
+    ("llama4_text", llama4_text),
 ];
 
 /// The descriptor of `model_type` (after remapping), or `None` when no row serves it.
@@ -462,7 +479,7 @@ fn rope(
         traditional,
         scaling: c.rope_scaling()?,
         max_position_embeddings: max_pos,
-        ntk_alpha: None,
+        table: RopeTable::Initialize,
     })
 }
 
@@ -483,6 +500,8 @@ fn base(model_type: &str, k: &Common, head_dim: i32, eps: f64) -> Descriptor {
         vocab_size: k.vocab,
         norm: NormKind::Rms,
         norm_eps: eps as f32,
+        qk_norm_kind: None,
+        embed_norm: false,
         placement: Placement::Pre,
         qkv_bias: false,
         o_bias: false,
@@ -606,7 +625,7 @@ fn gemma(c: &Cfg) -> Result<Descriptor> {
         traditional: c.bool_or("rope_traditional", false)?,
         scaling: None,
         max_position_embeddings: None,
-        ntk_alpha: None,
+        table: RopeTable::Initialize,
     });
     d.embed_scale = EmbedScale::Weak(f64::from(k.hidden).powf(0.5));
     Ok(d)
@@ -650,7 +669,7 @@ fn gemma3_text(c: &Cfg) -> Result<Descriptor> {
         traditional: false,
         scaling: c.opt_map("rope_scaling")?,
         max_position_embeddings: Some(c.opt_i64("max_position_embeddings")?.unwrap_or(32768)),
-        ntk_alpha: None,
+        table: RopeTable::Initialize,
     });
     d.local_rope = Some(RopeSpec {
         dims: hd,
@@ -658,7 +677,7 @@ fn gemma3_text(c: &Cfg) -> Result<Descriptor> {
         traditional: false,
         scaling: None,
         max_position_embeddings: None,
-        ntk_alpha: None,
+        table: RopeTable::Initialize,
     });
     let pattern = c.i32_or("sliding_window_pattern", 6)?;
     if pattern <= 0 {
@@ -708,7 +727,7 @@ fn phi3(c: &Cfg) -> Result<Descriptor> {
         traditional: c.bool_or("rope_traditional", false)?,
         scaling,
         max_position_embeddings: Some(max_pos),
-        ntk_alpha: None,
+        table: RopeTable::Initialize,
     });
     d.head = tie(c.bool_or("tie_word_embeddings", false)?);
     Ok(d)
@@ -788,7 +807,7 @@ fn cohere(c: &Cfg) -> Result<Descriptor> {
         traditional: true,
         scaling: None,
         max_position_embeddings: None,
-        ntk_alpha: None,
+        table: RopeTable::Initialize,
     });
     d.logit_scale = LogitScale::Mul(c.f64_or("logit_scale", 0.0625)?);
     Ok(d)
@@ -817,7 +836,7 @@ fn starcoder2(c: &Cfg) -> Result<Descriptor> {
         traditional: false,
         scaling: None,
         max_position_embeddings: None,
-        ntk_alpha: None,
+        table: RopeTable::Initialize,
     });
     d.head = tie(c.bool_or("tie_word_embeddings", true)?);
     Ok(d)
@@ -870,7 +889,7 @@ fn helium(c: &Cfg) -> Result<Descriptor> {
         traditional: true,
         scaling: None,
         max_position_embeddings: None,
-        ntk_alpha: None,
+        table: RopeTable::Initialize,
     });
     d.head = Head::Untied;
     Ok(d)
@@ -928,7 +947,7 @@ fn internlm3(c: &Cfg) -> Result<Descriptor> {
         traditional: c.bool_or("rope_traditional", false)?,
         scaling,
         max_position_embeddings: Some(c.opt_i64("max_position_embeddings")?.unwrap_or(32768)),
-        ntk_alpha: None,
+        table: RopeTable::Initialize,
     });
     d.head = tie(c.bool_or("tie_word_embeddings", false)?);
     Ok(d)
@@ -947,7 +966,7 @@ fn ernie4_5(c: &Cfg) -> Result<Descriptor> {
         traditional: true,
         scaling: None,
         max_position_embeddings: Some(c.i64_required("max_position_embeddings")?),
-        ntk_alpha: None,
+        table: RopeTable::Initialize,
     });
     d.head = tie(c.bool("tie_word_embeddings")?);
     Ok(d)
@@ -1013,7 +1032,7 @@ fn glm4(c: &Cfg) -> Result<Descriptor> {
         traditional: c.bool_or("rope_traditional", true)?,
         scaling: None,
         max_position_embeddings: None,
-        ntk_alpha: None,
+        table: RopeTable::Initialize,
     });
     d.head = Head::Untied;
     Ok(d)
@@ -1042,7 +1061,7 @@ fn olmo3(c: &Cfg) -> Result<Descriptor> {
         traditional: false,
         scaling: None,
         max_position_embeddings: None,
-        ntk_alpha: None,
+        table: RopeTable::Initialize,
     });
     d.sliding = match c.opt_strings("layer_types")? {
         Some(t) => t.iter().map(|t| t != "full_attention").collect(),
@@ -1095,7 +1114,7 @@ fn exaone4(c: &Cfg) -> Result<Descriptor> {
         traditional: false,
         scaling: c.opt_map("rope_scaling")?,
         max_position_embeddings: Some(c.i64_required("max_position_embeddings")?),
-        ntk_alpha: None,
+        table: RopeTable::Initialize,
     });
     d.head = tie(c.bool("tie_word_embeddings")?);
     let pattern = match c.get("sliding_window_pattern") {
@@ -1147,7 +1166,7 @@ fn internlm2(c: &Cfg) -> Result<Descriptor> {
         traditional: c.bool_or("rope_traditional", false)?,
         scaling,
         max_position_embeddings: Some(c.opt_i64("max_position_embeddings")?.unwrap_or(32768)),
-        ntk_alpha: None,
+        table: RopeTable::Initialize,
     });
     d.head = tie(c.bool_or("tie_word_embeddings", false)?);
     d.names = Names {
@@ -1201,7 +1220,7 @@ fn hunyuan_v1_dense(c: &Cfg) -> Result<Descriptor> {
         traditional: false,
         scaling: None,
         max_position_embeddings: None,
-        ntk_alpha: Some(alpha),
+        table: RopeTable::NtkAlpha(alpha),
     });
     d.head = tie(c.bool_or("tie_word_embeddings", false)?);
     Ok(d)
@@ -1220,7 +1239,7 @@ fn glm(c: &Cfg) -> Result<Descriptor> {
         traditional: true,
         scaling: None,
         max_position_embeddings: None,
-        ntk_alpha: None,
+        table: RopeTable::Initialize,
     });
     d.head = tie(c.bool_or("tie_word_embeddings", true)?);
     d.drop_layer_tensors = vec![INV_FREQ];
@@ -1277,7 +1296,7 @@ fn phi(c: &Cfg) -> Result<Descriptor> {
         traditional: false,
         scaling: None,
         max_position_embeddings: None,
-        ntk_alpha: None,
+        table: RopeTable::Initialize,
     });
     d.attn_scale = (1.0 / f64::from(hd)).sqrt();
     d.upcast = Upcast::Queries;
@@ -1307,7 +1326,7 @@ fn stablelm(c: &Cfg) -> Result<Descriptor> {
         traditional: false,
         scaling: None,
         max_position_embeddings: None,
-        ntk_alpha: None,
+        table: RopeTable::Initialize,
     });
     d.attn_scale = (1.0 / f64::from(hd)).sqrt();
     d.upcast = Upcast::QueriesKeys;
@@ -1362,7 +1381,7 @@ fn gpt_neox(c: &Cfg) -> Result<Descriptor> {
         traditional: false,
         scaling: None,
         max_position_embeddings: None,
-        ntk_alpha: None,
+        table: RopeTable::Initialize,
     });
     d.drop_layer_tensors = vec![
         "attention.bias",
@@ -1498,7 +1517,7 @@ fn gptj(c: &Cfg) -> Result<Descriptor> {
         traditional: true,
         scaling: None,
         max_position_embeddings: Some(c.opt_i64("n_positions")?.unwrap_or(2048)),
-        ntk_alpha: None,
+        table: RopeTable::Initialize,
     });
     d.rope_slice_concat = true;
     d.drop_layer_tensors = vec!["attn.masked_bias", "attn.bias"];
@@ -1532,7 +1551,7 @@ fn cohere2(c: &Cfg) -> Result<Descriptor> {
         traditional: true,
         scaling: None,
         max_position_embeddings: None,
-        ntk_alpha: None,
+        table: RopeTable::Initialize,
     });
     let pattern = c.i32_or("sliding_window_pattern", 4)?;
     if pattern <= 0 {
@@ -1578,7 +1597,7 @@ fn nemotron(c: &Cfg) -> Result<Descriptor> {
         traditional: false,
         scaling,
         max_position_embeddings: None,
-        ntk_alpha: None,
+        table: RopeTable::Initialize,
     });
     d.head = tie(c.bool_or("tie_word_embeddings", false)?);
     Ok(d)
@@ -1606,6 +1625,103 @@ fn apertus(c: &Cfg) -> Result<Descriptor> {
         c,
         Some(c.i64_required("max_position_embeddings")?),
     )?);
+    d.head = tie(c.bool("tie_word_embeddings")?);
+    Ok(d)
+}
+
+/// `models/telechat3.py`.
+fn telechat3(c: &Cfg) -> Result<Descriptor> {
+    let k = common(c, true)?;
+    let hd = head_dim_or(c, k.hidden, k.heads)?;
+    let mut d = base("telechat3", &k, hd, c.f64("rms_norm_eps")?);
+    let bias = c.bool_or("attention_bias", false)?;
+    (d.qkv_bias, d.o_bias) = (bias, bias);
+    let mlp_bias = c.bool_or("mlp_bias", false)?;
+    (d.mlp_bias, d.down_bias) = (mlp_bias, mlp_bias);
+    d.rope = Some(RopeSpec {
+        dims: hd,
+        theta: c.f64("rope_theta")?,
+        traditional: false,
+        scaling: c.opt_map("rope_scaling")?,
+        max_position_embeddings: Some(c.i64_required("max_position_embeddings")?),
+        table: RopeTable::Initialize,
+    });
+    d.head = tie(c.bool_or("tie_word_embeddings", false)?);
+    Ok(d)
+}
+
+/// `models/nanochat.py`: weightless RMS norms everywhere (also on the embeddings and on
+/// q/k after rope), relu² MLP, its own rope table, final soft cap 15.
+fn nanochat(c: &Cfg) -> Result<Descriptor> {
+    let heads = c.i32_or("num_attention_heads", 10)?;
+    let k = Common {
+        hidden: c.i32_or("hidden_size", 1280)?,
+        layers: c.i32_or("num_hidden_layers", 20)?,
+        inter: c.i32_or("intermediate_size", 5120)?,
+        heads,
+        kv_heads: c.i32_or("num_key_value_heads", 10)?,
+        vocab: c.i32_or("vocab_size", 65536)?,
+    };
+    let hd = k.hidden / k.heads.max(1);
+    let mut d = base("nanochat", &k, hd, 1e-5);
+    d.norm = NormKind::RmsNoWeight;
+    d.embed_norm = true;
+    d.qk_norm = QkNorm::PerHeadAfterRope;
+    d.mlp = MlpKind::Relu2;
+    d.names = Names {
+        embed: "transformer.wte",
+        layers: "transformer.h",
+        attn: "attn",
+        q: "c_q",
+        k: "c_k",
+        v: "c_v",
+        o: "c_proj",
+        mlp_names: plain_mlp("c_fc", "c_proj"),
+        ..Names::LLAMA
+    };
+    d.rope = Some(RopeSpec {
+        dims: hd,
+        theta: c.f64_or("rope_theta", 10000.0)?,
+        traditional: false,
+        scaling: None,
+        max_position_embeddings: None,
+        table: RopeTable::NegExp,
+    });
+    d.final_logit_softcap = Some(15.0);
+    d.head = Head::Untied;
+    Ok(d)
+}
+
+/// `models/llama4_text.py`: weightless q/k norms, traditional rope except on the
+/// `no_rope_layers` entries that are 0, `feed_forward` MLP of `intermediate_size_mlp`,
+/// head named `output`.
+fn llama4_text(c: &Cfg) -> Result<Descriptor> {
+    let mut k = common(c, true)?;
+    k.inter = c.i32("intermediate_size_mlp")?;
+    let hd = c.i32("head_dim")?;
+    let mut d = base("llama4_text", &k, hd, c.f64("rms_norm_eps")?);
+    if c.bool("use_qk_norm")? {
+        d.qk_norm = QkNorm::PerHead;
+        d.qk_norm_kind = Some(NormKind::RmsNoWeight);
+    }
+    d.rope = Some(RopeSpec {
+        dims: hd,
+        theta: c.f64("rope_theta")?,
+        traditional: true,
+        scaling: None,
+        max_position_embeddings: None,
+        table: RopeTable::Initialize,
+    });
+    let n = k.layers.max(0) as usize;
+    d.no_rope = match c.get("no_rope_layers") {
+        Some(Value::Array(a)) if a.len() == n => a
+            .iter()
+            .map(|v| !(v.as_bool().unwrap_or(false) || v.as_i64().unwrap_or(0) != 0))
+            .collect(),
+        _ => return Err(c.err("no_rope_layers", "must list one 0/1 per layer")),
+    };
+    d.names.mlp = "feed_forward";
+    d.names.lm_head = "output";
     d.head = tie(c.bool("tie_word_embeddings")?);
     Ok(d)
 }
