@@ -372,6 +372,39 @@ CASES = {
         "float32",
         (32, 4),
     ),
+    "ministral3": (
+        "ministral3",
+        {
+            "head_dim": 8,
+            "max_position_embeddings": 512,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "llama_4_scaling_beta": 0.1,
+                "original_max_position_embeddings": 4,
+            },
+            "layer_types": ["sliding_attention", "full_attention"],
+            "sliding_window": 4,
+        },
+        "float32",
+        None,
+    ),
+    "ministral3_bf16": (
+        "ministral3",
+        {
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 8,
+                "rope_theta": 10000.0,
+                "llama_4_scaling_beta": 0.5,
+            },
+            "max_position_embeddings": 64,
+            "tie_word_embeddings": False,
+        },
+        "bfloat16",
+        None,
+    ),
 }
 
 PROMPT = [1, 17, 90, 5, 42, 42, 7, 88, 3, 64]

@@ -153,12 +153,7 @@ impl Attention {
         })
     }
 
-    fn forward(
-        &self,
-        x: &Array,
-        mask: &AttentionMask,
-        cache: Option<&mut Box<dyn Cache>>,
-    ) -> Result<Array> {
+    fn forward(&self, x: &Array, ctx: &Ctx, cache: Option<&mut Box<dyn Cache>>) -> Result<Array> {
         let s = x.shape();
         let (b, l) = (s[0], s[1]);
         let (mut queries, mut keys, values) = match &self.qkv {
@@ -267,6 +262,10 @@ impl Attention {
             Some(c) => c.update_and_fetch(&keys, &values)?,
             None => Kv::Dense { keys, values },
         };
+        let mask = ctx.mask;
+        if let Some(s) = ctx.query_scale {
+            queries = (&queries * s)?;
+        }
         let out = match (self.softcap, self.upcast, &kv) {
             (Some(cap), _, _) => self.softcapped(&queries, &kv, mask, cap)?,
             (None, Upcast::None, _) | (None, _, Kv::Quantized { .. }) => {
@@ -453,16 +452,11 @@ impl TransformerBlock {
         }
     }
 
-    fn forward(
-        &self,
-        x: &Array,
-        mask: &AttentionMask,
-        cache: Option<&mut Box<dyn Cache>>,
-    ) -> Result<Array> {
+    fn forward(&self, x: &Array, ctx: &Ctx, cache: Option<&mut Box<dyn Cache>>) -> Result<Array> {
         match self.placement {
             Placement::Parallel | Placement::ParallelResidualFirst => {
                 let h = norm_opt(&self.pre_attn, x)?;
-                let attn_h = self.self_attn.forward(&h, mask, cache)?;
+                let attn_h = self.self_attn.forward(&h, ctx, cache)?;
                 let ff_h = self.mlp.forward(&h)?;
                 return if self.placement == Placement::Parallel {
                     Ok((&(&attn_h + &ff_h)? + x)?)
@@ -473,7 +467,7 @@ impl TransformerBlock {
             Placement::ParallelTwoNorms => {
                 let attn = self
                     .self_attn
-                    .forward(&norm_opt(&self.pre_attn, x)?, mask, cache)?;
+                    .forward(&norm_opt(&self.pre_attn, x)?, ctx, cache)?;
                 let ffn = self.mlp.forward(&norm_opt(&self.pre_mlp, x)?)?;
                 return Ok((&(&attn + &ffn)? + x)?);
             }
@@ -481,11 +475,18 @@ impl TransformerBlock {
         }
         let r = self
             .self_attn
-            .forward(&norm_opt(&self.pre_attn, x)?, mask, cache)?;
+            .forward(&norm_opt(&self.pre_attn, x)?, ctx, cache)?;
         let h = self.residual(x, &norm_opt(&self.post_attn, &r)?)?;
         let r = self.mlp.forward(&norm_opt(&self.pre_mlp, &h)?)?;
         self.residual(&h, &norm_opt(&self.post_mlp, &r)?)
     }
+}
+
+/// What every layer of one forward shares: its mask and Ministral 3's per-position query
+/// scale.
+struct Ctx<'a> {
+    mask: &'a AttentionMask,
+    query_scale: Option<&'a Array>,
 }
 
 /// The model: embeddings, blocks, final norm, head and logit transforms of a descriptor.
@@ -643,6 +644,13 @@ impl LanguageModel for Model {
         };
         let mut h = self.embed(inputs, offset)?;
         let n = h.shape().get(1).copied().unwrap_or(0) as usize;
+        let qs = match self.desc.query_scale {
+            Some((beta, original)) => {
+                Some(llama4_attn_scale(n, offset, beta, original, h.dtype())?)
+            }
+            None => None,
+        };
+        let query_scale = qs.as_ref();
         let window = self.desc.sliding_window;
         let as_array = self.desc.mask_as_array;
         match caches {
@@ -664,7 +672,7 @@ impl LanguageModel for Model {
                         (Some(m), true) => m,
                         _ => &fa_mask,
                     };
-                    h = layer.forward(&h, mask, Some(cache))?;
+                    h = layer.forward(&h, &Ctx { mask, query_scale }, Some(cache))?;
                 }
             }
             None => {
@@ -672,7 +680,7 @@ impl LanguageModel for Model {
                 let swa_mask = no_cache_mask(n, window, as_array)?;
                 for layer in &self.layers {
                     let mask = if layer.sliding { &swa_mask } else { &fa_mask };
-                    h = layer.forward(&h, mask, None)?;
+                    h = layer.forward(&h, &Ctx { mask, query_scale }, None)?;
                 }
             }
         }
@@ -710,6 +718,26 @@ impl LanguageModel for Model {
     fn vocab_size(&self) -> i32 {
         self.desc.vocab_size
     }
+}
+
+/// ministral3.py `_get_llama_4_attn_scale(L, offset, beta, original)[:, None]`, in `dtype`:
+/// `1 + beta * log(1 + floor((arange(L) + offset) / original))`.
+fn llama4_attn_scale(
+    n: usize,
+    offset: usize,
+    beta: f64,
+    original: i64,
+    dtype: Dtype,
+) -> Result<Array> {
+    let pos = ops::arange(0.0, n as f64, 1.0, Dtype::Int32, None)?;
+    let pos = (&pos + &Scalar::Int(offset as i64).to_array_like(Dtype::Int32)?)?;
+    let q = (&pos / &Scalar::Int(original).to_array_like(Dtype::Int32)?)?;
+    let f = ops::floor(&q, None)?;
+    let one_plus = (1 + &f)?;
+    let l = ops::log(&one_plus, None)?;
+    let scaled = (&l * &Scalar::from(beta).to_array_like(l.dtype())?)?;
+    let s = (1 + &scaled)?;
+    Ok(ops::expand_dims(&s, &[1], None)?.astype(dtype)?)
 }
 
 /// `base.create_attention_mask(h, None, window_size, return_array)`.

@@ -215,6 +215,9 @@ pub struct Descriptor {
     /// Python's attention scale, computed as the row's file computes it.
     pub attn_scale: f64,
     pub attn_logit_softcap: Option<f64>,
+    /// Ministral 3's per-position query scale `(llama_4_scaling_beta,
+    /// original_max_position_embeddings)`.
+    pub query_scale: Option<(f64, i64)>,
     pub embed_scale: EmbedScale,
     pub residual_multiplier: Option<f64>,
     pub logit_scale: LogitScale,
@@ -410,6 +413,7 @@ pub const ROWS: &[(&str, RowFn)] = &[
     ("telechat3", telechat3),
     ("nanochat", nanochat),
     ("llama4_text", llama4_text),
+    ("ministral3", ministral3),
 ];
 
 /// The descriptor of `model_type` (after remapping), or `None` when no row serves it.
@@ -517,6 +521,7 @@ fn base(model_type: &str, k: &Common, head_dim: i32, eps: f64) -> Descriptor {
         local_rope: None,
         attn_scale: scale_of(head_dim),
         attn_logit_softcap: None,
+        query_scale: None,
         embed_scale: EmbedScale::None,
         residual_multiplier: None,
         logit_scale: LogitScale::None,
@@ -1723,6 +1728,43 @@ fn llama4_text(c: &Cfg) -> Result<Descriptor> {
     d.names.mlp = "feed_forward";
     d.names.lm_head = "output";
     d.head = tie(c.bool("tie_word_embeddings")?);
+    Ok(d)
+}
+
+/// `models/ministral3.py`: llama with `rope_parameters` and Llama 4's per-position query
+/// scale.
+fn ministral3(c: &Cfg) -> Result<Descriptor> {
+    let k = common(c, false)?;
+    let hd = head_dim_or(c, k.hidden, k.heads)?;
+    let mut d = base("ministral3", &k, hd, c.f64("rms_norm_eps")?);
+    let params = c
+        .opt_map("rope_parameters")?
+        .ok_or_else(|| c.err("rope_parameters", "is required but missing"))?;
+    let num = |key: &str| {
+        params
+            .get(key)
+            .and_then(Value::as_f64)
+            .ok_or_else(|| c.err("rope_parameters", &format!("needs a number `{key}`")))
+    };
+    d.query_scale = Some((
+        num("llama_4_scaling_beta")?,
+        num("original_max_position_embeddings")? as i64,
+    ));
+    d.rope = Some(RopeSpec {
+        dims: hd,
+        theta: num("rope_theta")?,
+        traditional: false,
+        scaling: Some(params.clone()),
+        max_position_embeddings: c.opt_i64("max_position_embeddings")?,
+        table: RopeTable::Initialize,
+    });
+    d.head = tie(c.bool_or("tie_word_embeddings", true)?);
+    if let Some(types) = c.opt_strings("layer_types")? {
+        d.sliding = types.iter().map(|t| t == "sliding_attention").collect();
+    }
+    d.sliding_window = c.opt_i64("sliding_window")?.map(|w| w.max(0) as usize);
+    d.defines_make_cache = true;
+    d.drop_layer_tensors = vec![INV_FREQ];
     Ok(d)
 }
 
