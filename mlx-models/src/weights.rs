@@ -111,6 +111,22 @@ impl Weights {
         }
     }
 
+    /// Renames every tensor under `prefix` to the name without it (a wrapper's
+    /// `language_model.`).
+    pub fn strip_prefix(&mut self, prefix: &str) {
+        let names: Vec<String> = self
+            .tensors
+            .keys()
+            .filter(|k| k.starts_with(prefix))
+            .cloned()
+            .collect();
+        for n in names {
+            if let Some(a) = self.tensors.remove(&n) {
+                self.tensors.insert(n[prefix.len()..].to_string(), a);
+            }
+        }
+    }
+
     /// Records a shape problem found by a layer.
     pub fn report(&mut self, problem: String) {
         self.misshaped.push(problem);

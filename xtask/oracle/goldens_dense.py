@@ -405,6 +405,49 @@ CASES = {
         "bfloat16",
         None,
     ),
+    # Multimodal wrappers: only their text model (BASE keys sit unused at the top level).
+    "gemma3_wrapper": (
+        "gemma3",
+        {
+            "vocab_size": 96,
+            "text_config": {
+                "model_type": "gemma3_text",
+                "hidden_size": 32,
+                "num_hidden_layers": 2,
+                "intermediate_size": 64,
+                "head_dim": 8,
+                "sliding_window": 4,
+                "sliding_window_pattern": 2,
+                "query_pre_attn_scalar": 8,
+            },
+        },
+        "float32",
+        None,
+    ),
+    "mistral3_wrapper": (
+        "mistral3",
+        {
+            "text_config": {
+                "model_type": "ministral3",
+                "hidden_size": 32,
+                "num_hidden_layers": 2,
+                "intermediate_size": 64,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "rms_norm_eps": 1e-5,
+                "vocab_size": 96,
+                "head_dim": 8,
+                "rope_parameters": {
+                    "rope_type": "default",
+                    "rope_theta": 10000.0,
+                    "llama_4_scaling_beta": 0.1,
+                    "original_max_position_embeddings": 4,
+                },
+            },
+        },
+        "float32",
+        None,
+    ),
 }
 
 PROMPT = [1, 17, 90, 5, 42, 42, 7, 88, 3, 64]

@@ -563,13 +563,16 @@ impl Model {
     }
 
     fn sanitize(d: &Descriptor, w: &mut Weights) {
+        for prefix in &d.drop_prefixes {
+            w.discard_prefix(prefix);
+        }
+        if let Some(p) = d.strip_prefix {
+            w.strip_prefix(p);
+        }
         for i in 0..d.num_layers {
             for t in &d.drop_layer_tensors {
                 w.discard(&format!("{}.{i}.{t}", d.names.layers));
             }
-        }
-        for prefix in &d.drop_prefixes {
-            w.discard_prefix(prefix);
         }
         if d.head == Head::Tied {
             for suffix in ["weight", "scales", "biases"] {

@@ -238,6 +238,9 @@ pub struct Descriptor {
     pub drop_layer_tensors: Vec<&'static str>,
     /// sanitize: drop every tensor under these prefixes (e.g. MiMo's `model.mtp_layers.`).
     pub drop_prefixes: Vec<&'static str>,
+    /// sanitize: a wrapper's prefix taken off every name (`language_model.`), after the
+    /// drops.
+    pub strip_prefix: Option<&'static str>,
     pub names: Names,
 }
 
@@ -414,7 +417,60 @@ pub const ROWS: &[(&str, RowFn)] = &[
     ("nanochat", nanochat),
     ("llama4_text", llama4_text),
     ("ministral3", ministral3),
+    ("gemma3", gemma3),
+    ("mistral3", mistral3),
 ];
+
+/// A multimodal wrapper's text model: the inner row on `text_config`, with the wrapper's
+/// weight prefix and its vision modules dropped.
+fn wrapped(c: &Cfg, text: Value, row: RowFn, model_type: &'static str) -> Result<Descriptor> {
+    let inner = Cfg::new(&text, c.ty)?;
+    let mut d = row(&inner)?;
+    d.model_type = model_type.into();
+    d.drop_prefixes
+        .extend(["vision_tower.", "multi_modal_projector."]);
+    d.strip_prefix = Some("language_model.");
+    Ok(d)
+}
+
+fn text_config(c: &Cfg) -> Result<Map<String, Value>> {
+    match c.get("text_config") {
+        Some(Value::Object(m)) => Ok(m.clone()),
+        Some(v) => Err(c.err("text_config", &format!("must be an object, got {v}"))),
+        None => Err(c.err("text_config", "is required but missing")),
+    }
+}
+
+/// `models/gemma3.py`: the Gemma 3 wrapper around `gemma3_text`.
+fn gemma3(c: &Cfg) -> Result<Descriptor> {
+    let mut t = text_config(c)?;
+    t.insert("vocab_size".into(), c.i32_or("vocab_size", 262208)?.into());
+    for (key, d) in [("num_attention_heads", 8), ("num_key_value_heads", 4)] {
+        if !t.contains_key(key) {
+            t.insert(key.into(), d.into());
+        }
+    }
+    wrapped(c, Value::Object(t), gemma3_text, "gemma3")
+}
+
+/// `models/mistral3.py`: the Mistral 3 wrapper around `ministral3` or `llama`.
+fn mistral3(c: &Cfg) -> Result<Descriptor> {
+    let mut t = text_config(c)?;
+    if !t.contains_key("tie_word_embeddings") {
+        t.insert("tie_word_embeddings".into(), false.into());
+    }
+    let row: RowFn = match t.get("model_type").and_then(Value::as_str) {
+        Some("ministral3") => ministral3,
+        Some("mistral4") => {
+            return Err(c.err(
+                "text_config.model_type",
+                "`mistral4` text models are not supported",
+            ))
+        }
+        _ => llama,
+    };
+    wrapped(c, Value::Object(t), row, "mistral3")
+}
 
 /// The descriptor of `model_type` (after remapping), or `None` when no row serves it.
 pub fn describe(model_type: &str, raw: &Value) -> Option<Result<Descriptor>> {
@@ -535,6 +591,7 @@ fn base(model_type: &str, k: &Common, head_dim: i32, eps: f64) -> Descriptor {
         no_rope: vec![false; k.layers.max(0) as usize],
         drop_layer_tensors: Vec::new(),
         drop_prefixes: Vec::new(),
+        strip_prefix: None,
         names: Names::LLAMA,
     }
 }
