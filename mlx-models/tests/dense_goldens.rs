@@ -108,3 +108,26 @@ fn bad_configs_name_the_field() {
         "{msg}"
     );
 }
+
+#[test]
+fn model_info_describes_the_resolved_descriptor() {
+    let info = mlx_models::load::model_info(&root().join("models/dense/gemma3_text_q4")).unwrap();
+    let text = info.to_string();
+    assert!(text.contains("model_type: gemma3_text"), "{text}");
+    assert!(
+        text.contains("RMSNorm (1 + w)") && text.contains("Sandwich"),
+        "{text}"
+    );
+    assert!(
+        text.contains("quantization: 4 bits, group size 32"),
+        "{text}"
+    );
+    assert!(text.contains("sliding layers: [0, 1], window 4"), "{text}");
+    // mlx_lm.utils.get_total_parameters on the same directories.
+    assert_eq!(info.parameters, 34256);
+    let dense = mlx_models::load::model_info(&root().join("models/dense/qwen2")).unwrap();
+    assert_eq!(dense.parameters, 24864);
+    assert_eq!(dense.dtypes.len(), 1, "{}", dense);
+    let phi3 = mlx_models::load::model_info(&root().join("models/dense/phi3_q4")).unwrap();
+    assert_eq!(phi3.parameters, 24736);
+}

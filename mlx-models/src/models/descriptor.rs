@@ -1896,3 +1896,117 @@ impl Descriptor {
         Ok(self)
     }
 }
+
+impl Descriptor {
+    /// The resolved knobs, one per line (`mlx info`).
+    pub fn summary(&self) -> String {
+        let mut out = String::new();
+        let mut line = |k: &str, v: String| {
+            out.push_str(&format!("  {k}: {v}\n"));
+        };
+        line(
+            "shape",
+            format!(
+                "hidden {}, {} layers, {} heads / {} kv heads of {}, intermediate {}, vocab {}",
+                self.hidden_size,
+                self.num_layers,
+                self.n_heads,
+                self.n_kv_heads,
+                self.head_dim,
+                self.intermediate_size,
+                self.vocab_size
+            ),
+        );
+        line(
+            "norm",
+            format!("{} (eps {})", self.norm.describe(), self.norm_eps),
+        );
+        line("placement", format!("{:?}", self.placement));
+        line(
+            "biases",
+            format!(
+                "qkv {}, o {}, mlp {}, down {}, lm_head {}",
+                self.qkv_bias, self.o_bias, self.mlp_bias, self.down_bias, self.lm_head_bias
+            ),
+        );
+        line("q/k norm", format!("{:?}", self.qk_norm));
+        line("mlp", format!("{:?}", self.mlp));
+        if let Some(q) = self.names.qkv {
+            line("fused qkv", format!("{q} ({:?})", self.names.qkv_layout));
+        }
+        if let Some(g) = self.names.mlp_names.gate_up {
+            line("fused gate/up", g.to_string());
+        }
+        match &self.rope {
+            Some(r) => line(
+                "rope",
+                format!(
+                    "{} of {} dims, base {}, traditional {}, scaling {}, table {:?}",
+                    r.dims,
+                    self.head_dim,
+                    r.theta,
+                    r.traditional,
+                    r.scaling
+                        .as_ref()
+                        .map_or("none".to_string(), |m| Value::Object(m.clone()).to_string()),
+                    r.table
+                ),
+            ),
+            None => line("rope", "none".into()),
+        }
+        if let Some(r) = &self.local_rope {
+            line("local rope base", format!("{}", r.theta));
+        }
+        if self.no_rope.iter().any(|&n| n) {
+            line("NoPE layers", format!("{:?}", indices(&self.no_rope)));
+        }
+        if self.names.positions.is_some() {
+            line("learned positions", format!("{}", self.n_positions));
+        }
+        line("attention scale", format!("{}", self.attn_scale));
+        if let Some(c) = self.attn_logit_softcap {
+            line("attention softcap", format!("{c}"));
+        }
+        if self.upcast != Upcast::None {
+            line("attention upcast", format!("{:?}", self.upcast));
+        }
+        if let Some((beta, orig)) = self.query_scale {
+            line(
+                "query scale",
+                format!("llama 4 beta {beta}, original {orig}"),
+            );
+        }
+        if self.embed_scale != EmbedScale::None {
+            line("embedding scale", format!("{:?}", self.embed_scale));
+        }
+        if let Some(m) = self.residual_multiplier {
+            line("residual multiplier", format!("{m}"));
+        }
+        if self.logit_scale != LogitScale::None {
+            line("logit scale", format!("{:?}", self.logit_scale));
+        }
+        if let Some(c) = self.final_logit_softcap {
+            line("final softcap", format!("{c}"));
+        }
+        if self.sliding.iter().any(|&s| s) {
+            line(
+                "sliding layers",
+                format!(
+                    "{:?}, window {}",
+                    indices(&self.sliding),
+                    self.sliding_window.unwrap_or(0)
+                ),
+            );
+        }
+        line("head", format!("{:?}", self.head));
+        out
+    }
+}
+
+fn indices(flags: &[bool]) -> Vec<usize> {
+    flags
+        .iter()
+        .enumerate()
+        .filter_map(|(i, &f)| f.then_some(i))
+        .collect()
+}
