@@ -63,6 +63,9 @@ fn supported_types_list_rows_and_remaps() {
         Some("llama")
     );
     assert!(find("mamba").is_none());
+    // 40 rows plus the MODEL_REMAPPING aliases of served types (mistral, iquestcoder, xverse,
+    // llava).
+    assert_eq!(all.len(), 44, "{all:?}");
 }
 
 #[test]
