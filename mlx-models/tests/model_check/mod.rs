@@ -1,3 +1,4 @@
+#![allow(dead_code)] // each test crate uses its own subset
 //! The L1 check shared by the model golden tests: a model directory written by an oracle
 //! script gives mlx-lm's logits to the last bit for the prefill, every cached decode step and
 //! a cache-less forward, and so the same greedy ids.
@@ -6,10 +7,16 @@ use std::path::Path;
 
 use mlx_core::testing::Goldens;
 use mlx_models::load::{load_model_dir, LoadOptions};
+use mlx_models::LanguageModel;
 
 pub fn check_model(model_dir: &Path, golden: &Path) -> Result<(), String> {
     let (model, _) =
         load_model_dir(model_dir, &LoadOptions::default()).map_err(|e| e.to_string())?;
+    check_loaded(model.as_ref(), golden)
+}
+
+/// [`check_model`] for a model already loaded (e.g. from a GGUF file).
+pub fn check_loaded(model: &dyn LanguageModel, golden: &Path) -> Result<(), String> {
     let g = Goldens::load(golden).map_err(|e| e.to_string())?;
     let mut caches = model.make_cache();
     let prefill = g.case("prefill").map_err(|e| e.to_string())?;
