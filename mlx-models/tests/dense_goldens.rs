@@ -134,3 +134,28 @@ fn model_info_describes_the_resolved_descriptor() {
     let phi3 = mlx_models::load::model_info(&root().join("models/dense/phi3_q4")).unwrap();
     assert_eq!(phi3.parameters, 24736);
 }
+
+#[test]
+fn trace_names_every_sub_step_in_order() {
+    // What `cargo xtask port-check` compares with xtask/oracle/port_check.py's taps.
+    let (model, _) = mlx_models::load::load_model_dir(
+        &root().join("models/dense/olmo2"),
+        &mlx_models::load::LoadOptions::default(),
+    )
+    .unwrap();
+    let ids = mlx_core::prelude::Array::from_slice(&[1i32, 2, 3], &[1, 3]).unwrap();
+    let names: Vec<String> = model
+        .trace(&ids)
+        .unwrap()
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    let mut want = Vec::new();
+    for i in 0..2 {
+        for s in ["in", "attn_in", "attn", "mlp_in", "mlp", "out"] {
+            want.push(format!("layers.{i}.{s}"));
+        }
+    }
+    want.push("logits".into());
+    assert_eq!(names, want);
+}

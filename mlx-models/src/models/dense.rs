@@ -2,6 +2,8 @@
 //! variants a [`Descriptor`] selects, in mlx-lm's op order for every row (see
 //! [`super::descriptor`] for the rows).
 
+use std::cell::RefCell;
+
 use mlx_cache::{AttentionMask, Cache, KVCache, Kv, RotatingKVCache};
 use mlx_core::prelude::*;
 
@@ -456,8 +458,8 @@ impl TransformerBlock {
         match self.placement {
             Placement::Parallel | Placement::ParallelResidualFirst => {
                 let h = norm_opt(&self.pre_attn, x)?;
-                let attn_h = self.self_attn.forward(&h, ctx, cache)?;
-                let ff_h = self.mlp.forward(&h)?;
+                let attn_h = self.attn(&h, ctx, cache)?;
+                let ff_h = self.ffn(&h, ctx)?;
                 return if self.placement == Placement::Parallel {
                     Ok((&(&attn_h + &ff_h)? + x)?)
                 } else {
@@ -465,20 +467,32 @@ impl TransformerBlock {
                 };
             }
             Placement::ParallelTwoNorms => {
-                let attn = self
-                    .self_attn
-                    .forward(&norm_opt(&self.pre_attn, x)?, ctx, cache)?;
-                let ffn = self.mlp.forward(&norm_opt(&self.pre_mlp, x)?)?;
+                let attn = self.attn(&norm_opt(&self.pre_attn, x)?, ctx, cache)?;
+                let ffn = self.ffn(&norm_opt(&self.pre_mlp, x)?, ctx)?;
                 return Ok((&(&attn + &ffn)? + x)?);
             }
             _ => {}
         }
-        let r = self
-            .self_attn
-            .forward(&norm_opt(&self.pre_attn, x)?, ctx, cache)?;
+        let r = self.attn(&norm_opt(&self.pre_attn, x)?, ctx, cache)?;
         let h = self.residual(x, &norm_opt(&self.post_attn, &r)?)?;
-        let r = self.mlp.forward(&norm_opt(&self.pre_mlp, &h)?)?;
+        let r = self.ffn(&norm_opt(&self.pre_mlp, &h)?, ctx)?;
         self.residual(&h, &norm_opt(&self.post_mlp, &r)?)
+    }
+
+    /// The attention sub-step, recorded (input and output) when tracing.
+    fn attn(&self, x: &Array, ctx: &Ctx, cache: Option<&mut Box<dyn Cache>>) -> Result<Array> {
+        ctx.tap("attn_in", x);
+        let y = self.self_attn.forward(x, ctx, cache)?;
+        ctx.tap("attn", &y);
+        Ok(y)
+    }
+
+    /// The MLP sub-step, recorded (input and output) when tracing.
+    fn ffn(&self, x: &Array, ctx: &Ctx) -> Result<Array> {
+        ctx.tap("mlp_in", x);
+        let y = self.mlp.forward(x)?;
+        ctx.tap("mlp", &y);
+        Ok(y)
     }
 }
 
@@ -487,6 +501,18 @@ impl TransformerBlock {
 struct Ctx<'a> {
     mask: &'a AttentionMask,
     query_scale: Option<&'a Array>,
+    layer: usize,
+    trace: Option<&'a RefCell<Vec<(String, Array)>>>,
+}
+
+impl Ctx<'_> {
+    /// Records `layers.<i>.<what>` when tracing (`cargo xtask port-check`).
+    fn tap(&self, what: &str, a: &Array) {
+        if let Some(t) = self.trace {
+            t.borrow_mut()
+                .push((format!("layers.{}.{what}", self.layer), a.clone()));
+        }
+    }
 }
 
 /// The model: embeddings, blocks, final norm, head and logit transforms of a descriptor.
@@ -639,8 +665,13 @@ impl Model {
     }
 }
 
-impl LanguageModel for Model {
-    fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
+impl Model {
+    fn run(
+        &self,
+        inputs: &Array,
+        caches: Option<&mut [Box<dyn Cache>]>,
+        trace: Option<&RefCell<Vec<(String, Array)>>>,
+    ) -> Result<Array> {
         let offset = match &caches {
             Some(c) => c.first().map_or(0, |c| c.offset()),
             None => 0,
@@ -670,25 +701,55 @@ impl LanguageModel for Model {
                     Some(i) => Some(caches[i].make_mask(n, window, as_array)?),
                     None => None,
                 };
-                for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
+                for (i, (layer, cache)) in self.layers.iter().zip(caches.iter_mut()).enumerate() {
                     let mask = match (&swa_mask, layer.sliding) {
                         (Some(m), true) => m,
                         _ => &fa_mask,
                     };
-                    h = layer.forward(&h, &Ctx { mask, query_scale }, Some(cache))?;
+                    let ctx = Ctx {
+                        mask,
+                        query_scale,
+                        layer: i,
+                        trace,
+                    };
+                    ctx.tap("in", &h);
+                    h = layer.forward(&h, &ctx, Some(cache))?;
+                    ctx.tap("out", &h);
                 }
             }
             None => {
                 let fa_mask = no_cache_mask(n, None, as_array)?;
                 let swa_mask = no_cache_mask(n, window, as_array)?;
-                for layer in &self.layers {
+                for (i, layer) in self.layers.iter().enumerate() {
                     let mask = if layer.sliding { &swa_mask } else { &fa_mask };
-                    h = layer.forward(&h, &Ctx { mask, query_scale }, None)?;
+                    let ctx = Ctx {
+                        mask,
+                        query_scale,
+                        layer: i,
+                        trace,
+                    };
+                    ctx.tap("in", &h);
+                    h = layer.forward(&h, &ctx, None)?;
+                    ctx.tap("out", &h);
                 }
             }
         }
         let out = self.norm.forward(&h)?;
         self.head(&out)
+    }
+}
+
+impl LanguageModel for Model {
+    fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
+        self.run(inputs, caches, None)
+    }
+
+    fn trace(&self, inputs: &Array) -> Result<Vec<(String, Array)>> {
+        let taps = RefCell::new(Vec::new());
+        let logits = self.run(inputs, None, Some(&taps))?;
+        let mut taps = taps.into_inner();
+        taps.push(("logits".into(), logits));
+        Ok(taps)
     }
 
     fn make_cache(&self) -> Vec<Box<dyn Cache>> {

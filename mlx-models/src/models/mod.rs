@@ -38,6 +38,16 @@ pub trait LanguageModel: Send {
 
     /// Vocabulary size (last dimension of the logits).
     fn vocab_size(&self) -> i32;
+
+    /// A cache-less forward that also returns every layer's intermediate states, named as
+    /// `xtask/oracle/port_check.py` names mlx-lm's: `layers.<i>.{in, attn_in, attn, mlp_in,
+    /// mlp, out}` in execution order, then `logits`.
+    fn trace(&self, _inputs: &Array) -> Result<Vec<(String, Array)>> {
+        Err(ModelError::Other(format!(
+            "`{}` does not support tracing",
+            self.model_type()
+        )))
+    }
 }
 
 type DedicatedFn = fn(&ModelConfig, &mut Weights) -> Result<Box<dyn LanguageModel>>;
