@@ -450,6 +450,31 @@ CASES = {
     ),
 }
 
+# Cases saved with a Hugging Face checkpoint's names (mlx-lm's `sanitize` maps them back):
+# name -> function from mlx-lm's (name, array) to the checkpoint's.
+def _gpt2_hf(k, v):
+    k = k.removeprefix("model.")
+    if k.endswith(("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")):
+        v = v.T  # Conv1D stores (in, out)
+    return k, v
+
+
+def _neox_hf(k, v):
+    if k == "model.embed_out.weight":
+        return "embed_out.weight", v
+    k = k.replace("model.h.", "gpt_neox.layers.").replace("model.", "gpt_neox.")
+    return k, v
+
+
+def _gptj_hf(k, v):
+    return k.replace("model.", "transformer."), v
+
+
+HF_NAMES = {"gpt2_hf": _gpt2_hf, "gpt_neox_hf": _neox_hf, "gptj_hf": _gptj_hf}
+CASES["gpt2_hf"] = ("gpt2", dict(CASES["gpt2"][1]), "float32", None)
+CASES["gpt_neox_hf"] = ("gpt_neox", dict(CASES["gpt_neox"][1]), "float32", None)
+CASES["gptj_hf"] = ("gptj", dict(CASES["gptj"][1]), "float32", None)
+
 PROMPT = [1, 17, 90, 5, 42, 42, 7, 88, 3, 64]
 STEPS = 5
 
@@ -474,7 +499,10 @@ for i, (name, (model_type, overrides, dtype, quant)) in enumerate(CASES.items())
     out_dir = f"mlx-models/tests/models/dense/{name}"
     shutil.rmtree(out_dir, ignore_errors=True)
     os.makedirs(out_dir)
-    mx.save_safetensors(f"{out_dir}/model.safetensors", dict(tree_flatten(model.parameters())))
+    params = dict(tree_flatten(model.parameters()))
+    if name in HF_NAMES:
+        params = dict(HF_NAMES[name](k, v) for k, v in params.items())
+    mx.save_safetensors(f"{out_dir}/model.safetensors", params)
     with open(f"{out_dir}/config.json", "w") as f:
         json.dump(config, f, indent=2)
 

@@ -532,7 +532,7 @@ impl Model {
     /// Builds the model from `w`, after the row's `sanitize`.
     pub fn load(desc: Descriptor, w: &mut Weights) -> Result<Model> {
         let d = &desc;
-        Self::sanitize(d, w);
+        Self::sanitize(d, w)?;
         let embed_tokens = Embedding::load(w, d.names.embed, d.vocab_size, d.hidden_size)?;
         let positions = match d.names.positions {
             Some(p) => Some(Embedding::load(w, p, d.n_positions, d.hidden_size)?),
@@ -588,7 +588,15 @@ impl Model {
         })
     }
 
-    fn sanitize(d: &Descriptor, w: &mut Weights) {
+    fn sanitize(d: &Descriptor, w: &mut Weights) -> Result<()> {
+        if let Some(r) = &d.hf_renames {
+            for k in w.names() {
+                if r.is_conv1d(&k) {
+                    w.map_tensor(&k, |a| Ok(ops::transpose_all(a, None)?))?;
+                }
+            }
+            w.rename_all(|k| r.rename(k))?;
+        }
         for prefix in &d.drop_prefixes {
             w.discard_prefix(prefix);
         }
@@ -605,6 +613,7 @@ impl Model {
                 w.discard(&format!("{}.{suffix}", d.names.lm_head));
             }
         }
+        Ok(())
     }
 
     pub fn descriptor(&self) -> &Descriptor {

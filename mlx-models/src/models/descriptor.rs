@@ -241,7 +241,45 @@ pub struct Descriptor {
     /// sanitize: a wrapper's prefix taken off every name (`language_model.`), after the
     /// drops.
     pub strip_prefix: Option<&'static str>,
+    /// sanitize: a Hugging Face checkpoint's names to mlx-lm's (GPT-2, GPT-NeoX, GPT-J).
+    pub hf_renames: Option<HfRenames>,
     pub names: Names,
+}
+
+/// The rename part of a `sanitize`: applied to every stored name, in this order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HfRenames {
+    /// Names ending so are dropped (`.attention.masked_bias`).
+    pub drop_suffixes: &'static [&'static str],
+    /// Conv1D weights (`(in, out)`) to transpose: names ending so that lack `add_prefix`.
+    pub conv1d_suffixes: &'static [&'static str],
+    /// Prefixed to every name that does not start with it (`model.`).
+    pub add_prefix: Option<&'static str>,
+    /// Substring replacements (`.gpt_neox.layers.` -> `.h.`).
+    pub replace: &'static [(&'static str, &'static str)],
+}
+
+impl HfRenames {
+    /// The new name of `k`, or `None` to drop it.
+    pub fn rename(&self, k: &str) -> Option<String> {
+        if self.drop_suffixes.iter().any(|s| k.ends_with(s)) {
+            return None;
+        }
+        let mut n = match self.add_prefix {
+            Some(p) if !k.starts_with(p) => format!("{p}{k}"),
+            _ => k.to_string(),
+        };
+        for (from, to) in self.replace {
+            n = n.replace(from, to);
+        }
+        Some(n)
+    }
+
+    /// Whether the stored `k` is a Conv1D weight to transpose.
+    pub fn is_conv1d(&self, k: &str) -> bool {
+        let prefixed = self.add_prefix.is_some_and(|p| k.starts_with(p));
+        !prefixed && self.conv1d_suffixes.iter().any(|s| k.ends_with(s))
+    }
 }
 
 /// How a `model_type` is served.
@@ -592,6 +630,7 @@ fn base(model_type: &str, k: &Common, head_dim: i32, eps: f64) -> Descriptor {
         drop_layer_tensors: Vec::new(),
         drop_prefixes: Vec::new(),
         strip_prefix: None,
+        hf_renames: None,
         names: Names::LLAMA,
     }
 }
@@ -1445,11 +1484,17 @@ fn gpt_neox(c: &Cfg) -> Result<Descriptor> {
         max_position_embeddings: None,
         table: RopeTable::Initialize,
     });
-    d.drop_layer_tensors = vec![
-        "attention.bias",
-        "attention.masked_bias",
-        "attention.rotary_emb.inv_freq",
-    ];
+    // gpt_neox.py sanitize.
+    d.hf_renames = Some(HfRenames {
+        drop_suffixes: &[
+            ".attention.bias",
+            ".attention.masked_bias",
+            ".attention.rotary_emb.inv_freq",
+        ],
+        conv1d_suffixes: &[],
+        add_prefix: Some("model."),
+        replace: &[(".gpt_neox.layers.", ".h."), (".gpt_neox.", ".")],
+    });
     Ok(d)
 }
 
@@ -1502,7 +1547,18 @@ fn gpt2(c: &Cfg) -> Result<Descriptor> {
     d.names = gpt2_names("model");
     d.n_positions = c.i32("n_positions")?;
     d.head = Head::Tied;
-    d.drop_layer_tensors = vec!["attn.bias"];
+    // gpt2.py sanitize: Conv1D weights transposed, `attn.bias` dropped, `model.` prefixed.
+    d.hf_renames = Some(HfRenames {
+        drop_suffixes: &[".attn.bias"],
+        conv1d_suffixes: &[
+            ".attn.c_attn.weight",
+            ".attn.c_proj.weight",
+            ".mlp.c_fc.weight",
+            ".mlp.c_proj.weight",
+        ],
+        add_prefix: Some("model."),
+        replace: &[],
+    });
     Ok(d)
 }
 
@@ -1582,7 +1638,13 @@ fn gptj(c: &Cfg) -> Result<Descriptor> {
         table: RopeTable::Initialize,
     });
     d.rope_slice_concat = true;
-    d.drop_layer_tensors = vec!["attn.masked_bias", "attn.bias"];
+    // gptj.py sanitize.
+    d.hf_renames = Some(HfRenames {
+        drop_suffixes: &[".attn.masked_bias", ".attn.bias"],
+        conv1d_suffixes: &[],
+        add_prefix: None,
+        replace: &[("transformer.", "model.")],
+    });
     Ok(d)
 }
 
