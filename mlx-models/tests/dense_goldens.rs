@@ -159,3 +159,41 @@ fn trace_names_every_sub_step_in_order() {
     want.push("logits".into());
     assert_eq!(names, want);
 }
+
+#[test]
+fn bad_inputs_and_weights_are_errors_not_panics() {
+    let (model, _) = mlx_models::load::load_model_dir(
+        &root().join("models/dense/gemma2"),
+        &mlx_models::load::LoadOptions::default(),
+    )
+    .unwrap();
+    let ids = mlx_core::prelude::Array::from_slice(&[1i32, 2, 3], &[3]).unwrap();
+    let err = model.forward(&ids, None).unwrap_err().to_string();
+    assert!(err.contains("(batch, seq)"), "{err}");
+    // A qwen3 checkpoint offered as gemma3_text: every missing and unexpected tensor listed.
+    let dir = std::env::temp_dir().join(format!("dense_wrong_type_{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(
+        root().join("models/dense/qwen3/model.safetensors"),
+        dir.join("model.safetensors"),
+    )
+    .unwrap();
+    let cfg = std::fs::read_to_string(root().join("models/dense/qwen3/config.json")).unwrap();
+    std::fs::write(
+        dir.join("config.json"),
+        cfg.replace(
+            "\"qwen3\"",
+            "\"gemma3_text\", \"sliding_window_pattern\": 2",
+        ),
+    )
+    .unwrap();
+    let err = match mlx_models::load::load_model_dir(&dir, &Default::default()) {
+        Ok(_) => panic!("loaded a qwen3 checkpoint as gemma3_text"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains("missing: model.layers.0.pre_feedforward_layernorm.weight"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -681,6 +681,12 @@ impl Model {
         caches: Option<&mut [Box<dyn Cache>]>,
         trace: Option<&RefCell<Vec<(String, Array)>>>,
     ) -> Result<Array> {
+        if inputs.ndim() != 2 {
+            return Err(ModelError::Other(format!(
+                "inputs must be token ids of shape (batch, seq), got shape {:?}",
+                inputs.shape()
+            )));
+        }
         let offset = match &caches {
             Some(c) => c.first().map_or(0, |c| c.offset()),
             None => 0,

@@ -1947,6 +1947,25 @@ impl Descriptor {
         if !self.sliding.iter().any(|&s| !s) {
             return bad("no full-attention layer".into());
         }
+        if let Some((_, original)) = self.query_scale {
+            if original <= 0 {
+                return bad(format!(
+                    "original_max_position_embeddings must be positive, got {original}"
+                ));
+            }
+        }
+        if self.names.positions.is_some() && self.n_positions <= 0 {
+            return bad(format!(
+                "n_positions must be positive, got {}",
+                self.n_positions
+            ));
+        }
+        if self.names.qkv.is_some()
+            && self.names.qkv_layout == QkvLayout::PerHead
+            && self.n_kv_heads != self.n_heads
+        {
+            return bad("a per-head fused qkv needs as many kv heads as heads".into());
+        }
         if let Some(r) = &self.rope {
             if r.dims <= 0 || r.dims > self.head_dim || r.dims % 2 != 0 {
                 return bad(format!(
