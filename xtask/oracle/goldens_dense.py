@@ -475,6 +475,14 @@ CASES["gpt2_hf"] = ("gpt2", dict(CASES["gpt2"][1]), "float32", None)
 CASES["gpt_neox_hf"] = ("gpt_neox", dict(CASES["gpt_neox"][1]), "float32", None)
 CASES["gptj_hf"] = ("gptj", dict(CASES["gptj"][1]), "float32", None)
 
+# Sliding layers in a class without `make_cache`: mlx-lm gives every layer a plain KVCache.
+CASES["smollm3_sliding"] = (
+    "smollm3",
+    {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 4},
+    "float32",
+    None,
+)
+
 PROMPT = [1, 17, 90, 5, 42, 42, 7, 88, 3, 64]
 STEPS = 5
 

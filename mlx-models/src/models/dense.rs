@@ -771,7 +771,12 @@ impl LanguageModel for Model {
         self.layers
             .iter()
             .map(|l| -> Box<dyn Cache> {
-                match (l.sliding, self.desc.sliding_window) {
+                // Without a `make_cache` of its own, mlx-lm's `make_prompt_cache` gives every
+                // layer a plain KVCache.
+                match (
+                    l.sliding && self.desc.defines_make_cache,
+                    self.desc.sliding_window,
+                ) {
                     (true, Some(w)) => match RotatingKVCache::new(w, 0) {
                         Ok(c) => Box::new(c),
                         Err(_) => Box::new(KVCache::new()),

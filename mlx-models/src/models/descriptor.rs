@@ -507,7 +507,10 @@ fn mistral3(c: &Cfg) -> Result<Descriptor> {
         }
         _ => llama,
     };
-    wrapped(c, Value::Object(t), row, "mistral3")
+    let mut d = wrapped(c, Value::Object(t), row, "mistral3")?;
+    // mistral3.Model has no `make_cache` (gemma3.Model delegates its own).
+    d.defines_make_cache = false;
+    Ok(d)
 }
 
 /// The descriptor of `model_type` (after remapping), or `None` when no row serves it.
