@@ -63,9 +63,9 @@ fn supported_types_list_rows_and_remaps() {
         Some("llama")
     );
     assert!(find("mamba").is_none());
-    // 40 rows plus the MODEL_REMAPPING aliases of served types (mistral, iquestcoder, xverse,
+    // 41 rows plus the MODEL_REMAPPING aliases of served types (mistral, iquestcoder, xverse,
     // llava).
-    assert_eq!(all.len(), 44, "{all:?}");
+    assert_eq!(all.len(), 45, "{all:?}");
 }
 
 #[test]
@@ -196,4 +196,45 @@ fn bad_inputs_and_weights_are_errors_not_panics() {
         "{err}"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn olmo_multi_token_forward_agrees_with_its_one_token_steps() {
+    // mlx-lm 0.32.2 runs OLMo 1 one token at a time only (its goldens are such steps); our
+    // causal mask lets a prompt run at once. Not bit-exact by construction (other matmul
+    // shapes): the last position must agree closely with the cached steps.
+    use mlx_core::prelude::*;
+    let (model, _) = mlx_models::load::load_model_dir(
+        &root().join("models/dense/olmo"),
+        &mlx_models::load::LoadOptions::default(),
+    )
+    .unwrap();
+    let ids = [1i32, 17, 90, 5, 42];
+    let full = model
+        .forward(&Array::from_slice(&ids, &[1, 5]).unwrap(), None)
+        .unwrap();
+    let mut caches = model.make_cache();
+    let mut last = None;
+    for &t in &ids {
+        let x = Array::from_slice(&[t], &[1, 1]).unwrap();
+        last = Some(model.forward(&x, Some(&mut caches)).unwrap());
+    }
+    let step = last
+        .unwrap()
+        .reshape(&[-1])
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    let full_last = ops::slice_axis(&full, 1, 4, 5, None)
+        .unwrap()
+        .reshape(&[-1])
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    let max = step
+        .iter()
+        .zip(&full_last)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(max < 1e-4, "max |diff| {max}");
 }

@@ -46,6 +46,8 @@ pub struct MlpNames {
     pub down: &'static str,
     /// When set, gate and up are one projection of twice the width, split in half.
     pub gate_up: Option<&'static str>,
+    /// The fused projection holds `[up | gate]` rather than `[gate | up]` (OLMo).
+    pub up_first: bool,
 }
 
 impl MlpNames {
@@ -54,6 +56,7 @@ impl MlpNames {
         up: "up_proj",
         down: "down_proj",
         gate_up: None,
+        up_first: false,
     };
 }
 
@@ -79,6 +82,7 @@ pub struct Mlp {
     gate_up: GateUp,
     down: Linear,
     xielu: Option<XieLuParams>,
+    up_first: bool,
 }
 
 impl Mlp {
@@ -93,7 +97,7 @@ impl Mlp {
         down_bias: bool,
         kind: MlpKind,
     ) -> Result<Mlp> {
-        let p = |n: &str| format!("{path}.{n}");
+        let p = |n: &str| join(path, n);
         let gate_up = match (kind.gated(), names.gate_up) {
             (true, Some(f)) => GateUp::Fused(Linear::load(w, &p(f), dim, 2 * hidden, bias)?),
             (true, None) => GateUp::Separate {
@@ -119,6 +123,7 @@ impl Mlp {
             gate_up,
             down,
             xielu,
+            up_first: names.up_first,
         })
     }
 
@@ -127,7 +132,11 @@ impl Mlp {
             GateUp::Separate { gate, up } => self.gated(&gate.forward(x)?, &up.forward(x)?)?,
             GateUp::Fused(l) => {
                 let parts = ops::split_equal(&l.forward(x)?, 2, -1, None)?;
-                self.gated(&parts[0], &parts[1])?
+                if self.up_first {
+                    self.gated(&parts[1], &parts[0])?
+                } else {
+                    self.gated(&parts[0], &parts[1])?
+                }
             }
             GateUp::Plain(up) => {
                 let u = up.forward(x)?;
@@ -174,4 +183,13 @@ fn xielu(x: &Array, p: &XieLuParams) -> Result<Array> {
         + &(&p.beta * x)?)?;
     let cond = ops::greater(x, &Scalar::Int(0).to_array_like(x.dtype())?, None)?;
     Ok(ops::where_(&cond, &pos, &neg, None)?)
+}
+
+/// `path.name`, or `path` alone for an empty name (modules that sit directly in their parent).
+pub fn join(path: &str, name: &str) -> String {
+    match (path.is_empty(), name.is_empty()) {
+        (_, true) => path.to_string(),
+        (true, false) => name.to_string(),
+        _ => format!("{path}.{name}"),
+    }
 }

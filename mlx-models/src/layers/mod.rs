@@ -13,6 +13,6 @@ pub(crate) use attention::finfo_min;
 pub use attention::{quantized_scaled_dot_product_attention, scaled_dot_product_attention};
 pub use embedding::Embedding;
 pub use linear::{Linear, QuantizedWeight};
-pub use mlp::{Mlp, MlpKind, MlpNames};
+pub use mlp::{join, Mlp, MlpKind, MlpNames};
 pub use norm::{LayerNorm, Norm, NormKind, RmsNorm};
 pub use rope::{Rope, RopeScaling};

@@ -78,6 +78,8 @@ pub enum NormKind {
     Layer { bias: bool },
     /// Nemotron's `LayerNorm1P`: `layer_norm(x, weight + 1, bias)`.
     LayerOffset { bias: bool },
+    /// `nn.LayerNorm(dims, affine=False)`: no weight, no bias (OLMo).
+    LayerNoAffine,
 }
 
 /// A normalization layer of any [`NormKind`].
@@ -104,6 +106,9 @@ impl Norm {
             }
             NormKind::Layer { bias } => {
                 Norm::Layer(LayerNorm::load(w, path, dims, eps, true, bias)?)
+            }
+            NormKind::LayerNoAffine => {
+                Norm::Layer(LayerNorm::load(w, path, dims, eps, false, false)?)
             }
             NormKind::LayerOffset { bias } => {
                 let mut n = LayerNorm::load(w, path, dims, eps, true, bias)?;

@@ -8,7 +8,9 @@ use mlx_cache::{AttentionMask, Cache, KVCache, Kv, RotatingKVCache};
 use mlx_core::prelude::*;
 
 use crate::error::{ModelError, Result};
-use crate::layers::{scaled_dot_product_attention, Embedding, Linear, Mlp, Norm, NormKind, Rope};
+use crate::layers::{
+    join, scaled_dot_product_attention, Embedding, Linear, Mlp, Norm, NormKind, Rope,
+};
 use crate::models::descriptor::{
     Descriptor, EmbedScale, Head, LogitScale, Placement, QkNorm, QkvLayout, RopeSpec, RopeTable,
     Upcast,
@@ -68,6 +70,7 @@ pub struct Attention {
     softcap: Option<f32>,
     upcast: Upcast,
     slice_concat: bool,
+    manual: bool,
     qkv: Qkv,
     o_proj: Linear,
     qk_norm: QkNormLayers,
@@ -84,7 +87,7 @@ impl Attention {
     ) -> Result<Attention> {
         let n = &d.names;
         let (dim, nh, nkv, hd) = (d.hidden_size, d.n_heads, d.n_kv_heads, d.head_dim);
-        let p = |s: &str| format!("{path}.{s}");
+        let p = |s: &str| join(path, s);
         let qkv = match n.qkv {
             Some(f) => {
                 let l = Linear::load(w, &p(f), dim, (nh + 2 * nkv) * hd, d.qkv_bias)?;
@@ -148,6 +151,7 @@ impl Attention {
             softcap: d.attn_logit_softcap.map(|c| c as f32),
             upcast: d.upcast,
             slice_concat: d.rope_slice_concat,
+            manual: d.manual_attention,
             qkv,
             o_proj,
             qk_norm,
@@ -270,6 +274,7 @@ impl Attention {
         }
         let out = match (self.softcap, self.upcast, &kv) {
             (Some(cap), _, _) => self.softcapped(&queries, &kv, mask, cap)?,
+            (None, _, _) if self.manual => self.manual_attention(&queries, &kv, mask)?,
             (None, Upcast::None, _) | (None, _, Kv::Quantized { .. }) => {
                 scaled_dot_product_attention(&queries, &kv, self.scale, mask, None)?
             }
@@ -300,6 +305,41 @@ impl Attention {
         };
         let out = ops::reshape(&t(&out)?, &[b, l, -1], None)?;
         self.o_proj.forward(&out)
+    }
+
+    /// OLMo's attention as olmo.py writes it (one head per KV head).
+    fn manual_attention(&self, queries: &Array, kv: &Kv, mask: &AttentionMask) -> Result<Array> {
+        let Kv::Dense { keys, values } = kv else {
+            return Err(ModelError::Other(
+                "OLMo's attention needs a dense (unquantized) cache".into(),
+            ));
+        };
+        let q = (queries * self.scale)?;
+        let mut scores = ops::matmul(&q, &ops::transpose(keys, &[0, 1, 3, 2], None)?, None)?;
+        match mask {
+            AttentionMask::None => {}
+            AttentionMask::Array(m) if m.dtype() != Dtype::Bool => scores = (&scores + m)?,
+            other => {
+                // mlx-lm adds the mask as is (and fails on its "causal" string); here a
+                // boolean or causal mask becomes the additive 0 / -inf it means.
+                let ss = scores.shape();
+                let (ql, kl) = (ss[ss.len() - 2], ss[ss.len() - 1]);
+                let allowed = match other {
+                    AttentionMask::Array(m) => m.clone(),
+                    _ => mlx_cache::mask::create_causal_mask(
+                        ql.max(0) as usize,
+                        (kl - ql).max(0) as usize,
+                        None,
+                    )?,
+                };
+                let zero = Array::from_f32(0.0, scores.dtype())?;
+                let ninf = Array::from_f32(f32::NEG_INFINITY, scores.dtype())?;
+                scores = (&scores + &ops::where_(&allowed, &zero, &ninf, None)?)?;
+            }
+        }
+        let dtype = scores.dtype();
+        let scores = ops::softmax(&scores.astype(Dtype::Float32)?, &[-1], false, None)?;
+        Ok(ops::matmul(&scores.astype(dtype)?, values, None)?)
     }
 
     /// Gemma 2's attention with a logit soft cap, written out as mlx-lm does.
@@ -418,13 +458,13 @@ impl TransformerBlock {
             self_attn: Attention::load(
                 d,
                 w,
-                &format!("{p}.{}", n.attn),
+                &join(&p, n.attn),
                 sliding,
                 d.no_rope.get(i).copied().unwrap_or(false),
             )?,
             mlp: Mlp::load(
                 w,
-                &format!("{p}.{}", n.mlp),
+                &join(&p, n.mlp),
                 &n.mlp_names,
                 d.hidden_size,
                 d.intermediate_size,
@@ -839,6 +879,7 @@ impl NormKind {
             NormKind::Layer { bias: false } => "LayerNorm (no bias)",
             NormKind::LayerOffset { .. } => "LayerNorm (1 + w)",
             NormKind::RmsNoWeight => "RMSNorm (no weight)",
+            NormKind::LayerNoAffine => "LayerNorm (no affine)",
         }
     }
 }

@@ -232,6 +232,9 @@ pub struct Descriptor {
     pub head: Head,
     /// Whether the mlx-lm class defines `make_cache`.
     pub defines_make_cache: bool,
+    /// OLMo's hand-written attention: `softmax(((q * scale) @ k.T + mask).astype(f32))`
+    /// cast back, then `@ v`.
+    pub manual_attention: bool,
     /// Per layer: no positions at all (SmolLM 3's NoPE layers).
     pub no_rope: Vec<bool>,
     /// sanitize: drop these tensors inside every layer (precomputed rotary tables).
@@ -457,7 +460,66 @@ pub const ROWS: &[(&str, RowFn)] = &[
     ("ministral3", ministral3),
     ("gemma3", gemma3),
     ("mistral3", mistral3),
+    ("olmo", olmo),
 ];
+
+/// `models/olmo.py` (OLMo 1): non-affine LayerNorms, fused `att_proj`, fused `ff_proj` holding
+/// `[up | gate]`, its own attention. mlx-lm 0.32.2 can only run it one token at a time (it
+/// adds the "causal" mask string to the scores); a causal mask here is additive 0 / -inf.
+fn olmo(c: &Cfg) -> Result<Descriptor> {
+    let hidden = c.i32("d_model")?;
+    let heads = c.i32("n_heads")?;
+    let mlp_hidden = match c.opt_i32("mlp_hidden_size")? {
+        Some(m) => m,
+        None => c.i32_or("mlp_ratio", 4)? * hidden,
+    };
+    let k = Common {
+        hidden,
+        layers: c.i32("n_layers")?,
+        inter: mlp_hidden / 2,
+        heads,
+        kv_heads: heads,
+        vocab: c.i32("embedding_size")?,
+    };
+    c.i32("vocab_size")?;
+    if heads <= 0 || hidden % heads != 0 {
+        return Err(c.err("d_model", "must be divisible by n_heads"));
+    }
+    let hd = hidden / heads;
+    let mut d = base("olmo", &k, hd, 1e-5);
+    d.norm = NormKind::LayerNoAffine;
+    d.manual_attention = true;
+    d.rope = Some(RopeSpec {
+        dims: hd,
+        theta: c.f64_or("rope_theta", 10000.0)?,
+        traditional: c.bool_or("rope_traditional", false)?,
+        scaling: None,
+        max_position_embeddings: None,
+        table: RopeTable::Initialize,
+    });
+    d.head = tie(c.bool_or("weight_tying", false)?);
+    d.names = Names {
+        embed: "model.transformer.wte",
+        layers: "model.transformer.blocks",
+        final_norm: "model.transformer.norm",
+        attn: "",
+        qkv: Some("att_proj"),
+        o: "attn_out",
+        mlp: "",
+        mlp_names: MlpNames {
+            gate: "",
+            up: "",
+            down: "ff_out",
+            gate_up: Some("ff_proj"),
+            up_first: true,
+        },
+        pre_attn_norm: "att_norm",
+        pre_mlp_norm: "ff_norm",
+        lm_head: "model.transformer.ff_out",
+        ..Names::LLAMA
+    };
+    Ok(d)
+}
 
 /// A multimodal wrapper's text model: the inner row on `text_config`, with the wrapper's
 /// weight prefix and its vision modules dropped.
@@ -629,6 +691,7 @@ fn base(model_type: &str, k: &Common, head_dim: i32, eps: f64) -> Descriptor {
         clip_residual: false,
         head: Head::Tied,
         defines_make_cache: false,
+        manual_attention: false,
         no_rope: vec![false; k.layers.max(0) as usize],
         drop_layer_tensors: Vec::new(),
         drop_prefixes: Vec::new(),
@@ -933,6 +996,7 @@ fn starcoder2(c: &Cfg) -> Result<Descriptor> {
         up: "c_fc",
         down: "c_proj",
         gate_up: None,
+        up_first: false,
     };
     d.rope = Some(RopeSpec {
         dims: hd,
@@ -1111,6 +1175,7 @@ fn exaone(c: &Cfg) -> Result<Descriptor> {
             up: "c_fc_1",
             down: "c_proj",
             gate_up: None,
+            up_first: false,
         },
         pre_attn_norm: "ln_1",
         pre_mlp_norm: "ln_2",
@@ -1285,6 +1350,7 @@ fn internlm2(c: &Cfg) -> Result<Descriptor> {
             up: "w3",
             down: "w2",
             gate_up: None,
+            up_first: false,
         },
         pre_attn_norm: "attention_norm",
         pre_mlp_norm: "ffn_norm",
@@ -1363,6 +1429,7 @@ fn plain_mlp(up: &'static str, down: &'static str) -> MlpNames {
         up,
         down,
         gate_up: None,
+        up_first: false,
     }
 }
 

@@ -35,11 +35,13 @@ pub fn check_loaded(model: &dyn LanguageModel, golden: &Path) -> Result<(), Stri
             .map_err(|e| e.to_string())?;
         step.check(&[logits]).map_err(|e| format!("step{s}: {e}"))?;
     }
-    let full = g.case("full").map_err(|e| e.to_string())?;
-    let logits = model
-        .forward(full.input(0).unwrap(), None)
-        .map_err(|e| e.to_string())?;
-    full.check(&[logits]).map_err(|e| format!("full: {e}"))?;
+    // Absent where mlx-lm cannot run a cache-less multi-token forward (OLMo 1).
+    if let Ok(full) = g.case("full") {
+        let logits = model
+            .forward(full.input(0).unwrap(), None)
+            .map_err(|e| e.to_string())?;
+        full.check(&[logits]).map_err(|e| format!("full: {e}"))?;
+    }
     // Greedy ids follow from the logits; check them explicitly as well.
     let greedy: Vec<i32> = g.metadata()["greedy"]
         .split(',')
