@@ -9,15 +9,30 @@ use serde_json::Value;
 
 use crate::error::{ModelError, Result};
 
-/// mlx-lm 0.32.2's `MODEL_REMAPPING`, restricted to the targets this crate implements.
+/// mlx-lm 0.32.2's `MODEL_REMAPPING` (`mlx_lm/utils.py`), whole: whether a target is served
+/// is decided by [`crate::models::build`]'s dispatch ladder.
 pub const MODEL_REMAPPING: &[(&str, &str)] = &[
     ("mistral", "llama"),
+    ("llava", "mistral3"),
+    ("phi-msft", "phixtral"),
+    ("falcon_mamba", "mamba"),
+    ("joyai_llm_flash", "deepseek_v3"),
+    ("kimi_k2", "deepseek_v3"),
+    ("qwen2_5_vl", "qwen2_vl"),
+    ("minimax_m2", "minimax"),
     ("iquestcoder", "llama"),
     ("xverse", "llama"),
+    ("gemma4_unified", "gemma4"),
+    ("deepseek_v41_text", "deepseek_v41"),
 ];
 
-/// The `model_type`s this crate can build (after remapping).
-pub const SUPPORTED_MODEL_TYPES: &[&str] = &["llama"];
+/// `model_type` after [`MODEL_REMAPPING`].
+pub fn remap(model_type: &str) -> &str {
+    MODEL_REMAPPING
+        .iter()
+        .find(|(from, _)| *from == model_type)
+        .map_or(model_type, |(_, to)| to)
+}
 
 /// A parsed `config.json`.
 #[derive(Clone, Debug)]
@@ -73,20 +88,8 @@ impl ModelConfig {
             .and_then(Value::as_str)
             .ok_or_else(|| ModelError::Config("config.json has no string `model_type`".into()))?
             .to_string();
-        let architecture = MODEL_REMAPPING
-            .iter()
-            .find(|(from, _)| *from == model_type)
-            .map_or(model_type.as_str(), |(_, to)| to)
-            .to_string();
-        if !SUPPORTED_MODEL_TYPES.contains(&architecture.as_str()) {
-            return Err(ModelError::UnsupportedModelType {
-                model_type,
-                supported: SUPPORTED_MODEL_TYPES
-                    .iter()
-                    .map(|s| s.to_string())
-                    .collect(),
-            });
-        }
+        let architecture = remap(&model_type).to_string();
+        crate::models::check_supported(&model_type)?;
         let quantization = match obj
             .get("quantization")
             .or_else(|| obj.get("quantization_config"))

@@ -8,9 +8,16 @@ pub enum ModelError {
     /// A malformed or inconsistent `config.json` (or GGUF hyper-parameters).
     #[error("invalid model config: {0}")]
     Config(String),
-    #[error("unsupported model_type `{model_type}`; supported: {}", supported.join(", "))]
+    /// A `model_type` no port and no descriptor row serves; `remapped_to` is what mlx-lm's
+    /// `MODEL_REMAPPING` runs it as, when it remaps it.
+    #[error(
+        "unsupported model_type `{model_type}`{}; supported: {}",
+        remapped_to.as_ref().map(|r| format!(" (mlx-lm runs it as `{r}`)")).unwrap_or_default(),
+        supported.join(", ")
+    )]
     UnsupportedModelType {
         model_type: String,
+        remapped_to: Option<String>,
         supported: Vec<String>,
     },
     /// Weights that do not match the model: every problem, sorted.

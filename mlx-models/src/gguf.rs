@@ -1,6 +1,7 @@
-//! GGUF model files, read through MLX's loader: llama-architecture tensor names mapped to
-//! mlx-lm's, the Q/K rows un-permuted (llama.cpp stores them interleaved for its rope),
-//! hyper-parameters from metadata, and the tokenizer data.
+//! GGUF model files, read through MLX's loader: llama.cpp tensor names mapped to mlx-lm's per
+//! architecture (llama, qwen2, qwen3, phi3, gemma, gemma2, gemma3), llama's Q/K rows
+//! un-permuted (llama.cpp stores them interleaved for its rope), Gemma's `1 + w` norms
+//! turned back into mlx-lm's `w`, hyper-parameters from metadata, and the tokenizer data.
 //!
 //! MLX returns Q4_0 / Q4_1 / Q8_0 tensors as affine-quantized triples (`<name>.weight`,
 //! `.scales`, `.biases`, group size 32) and every other GGUF type as f16; quantization is then
@@ -49,8 +50,86 @@ pub fn meta_str<'a>(meta: &'a GgufMetadata, key: &str) -> Option<&'a str> {
     }
 }
 
-/// `llama.cpp` tensor names to mlx-lm's.
-fn map_name(name: &str) -> Option<String> {
+/// One GGUF architecture: the `model_type` that serves it and how its tensors map.
+struct GgufArch {
+    arch: &'static str,
+    model_type: &'static str,
+    /// llama.cpp stores Q / K rows permuted for its interleaved rope (llama only).
+    permute_qk: bool,
+    /// llama.cpp stores Gemma norm weights as `1 + w`: every `*_norm` tensor gets `- 1`.
+    norm_plus_one: bool,
+    /// Per-layer names that differ from llama's.
+    parts: &'static [(&'static str, &'static str)],
+}
+
+const GEMMA2_PARTS: &[(&str, &str)] = &[
+    ("post_attention_norm", "post_attention_layernorm"),
+    ("ffn_norm", "pre_feedforward_layernorm"),
+    ("post_ffw_norm", "post_feedforward_layernorm"),
+    ("attn_q_norm", "self_attn.q_norm"),
+    ("attn_k_norm", "self_attn.k_norm"),
+];
+
+const ARCHS: &[GgufArch] = &[
+    GgufArch {
+        arch: "llama",
+        model_type: "llama",
+        permute_qk: true,
+        norm_plus_one: false,
+        parts: &[],
+    },
+    GgufArch {
+        arch: "qwen2",
+        model_type: "qwen2",
+        permute_qk: false,
+        norm_plus_one: false,
+        parts: &[],
+    },
+    GgufArch {
+        arch: "qwen3",
+        model_type: "qwen3",
+        permute_qk: false,
+        norm_plus_one: false,
+        parts: &[
+            ("attn_q_norm", "self_attn.q_norm"),
+            ("attn_k_norm", "self_attn.k_norm"),
+        ],
+    },
+    GgufArch {
+        arch: "phi3",
+        model_type: "phi3",
+        permute_qk: false,
+        norm_plus_one: false,
+        parts: &[
+            ("attn_qkv", "self_attn.qkv_proj"),
+            ("ffn_up", "mlp.gate_up_proj"),
+        ],
+    },
+    GgufArch {
+        arch: "gemma",
+        model_type: "gemma",
+        permute_qk: false,
+        norm_plus_one: true,
+        parts: &[],
+    },
+    GgufArch {
+        arch: "gemma2",
+        model_type: "gemma2",
+        permute_qk: false,
+        norm_plus_one: true,
+        parts: GEMMA2_PARTS,
+    },
+    GgufArch {
+        arch: "gemma3",
+        model_type: "gemma3_text",
+        permute_qk: false,
+        norm_plus_one: true,
+        parts: GEMMA2_PARTS,
+    },
+];
+
+/// `llama.cpp` tensor names to mlx-lm's, for `a`.
+fn map_name(a: &GgufArch, name: &str) -> Option<String> {
     let (base, suffix) = name.rsplit_once('.')?;
     let mapped = match base {
         "token_embd" => "model.embed_tokens".to_string(),
@@ -59,18 +138,21 @@ fn map_name(name: &str) -> Option<String> {
         _ => {
             let rest = base.strip_prefix("blk.")?;
             let (layer, part) = rest.split_once('.')?;
-            let part = match part {
-                "attn_q" => "self_attn.q_proj",
-                "attn_k" => "self_attn.k_proj",
-                "attn_v" => "self_attn.v_proj",
-                "attn_output" => "self_attn.o_proj",
-                "attn_norm" => "input_layernorm",
-                "ffn_norm" => "post_attention_layernorm",
-                "ffn_gate" => "mlp.gate_proj",
-                "ffn_up" => "mlp.up_proj",
-                "ffn_down" => "mlp.down_proj",
-                "attn_rot_embd" => "self_attn.rotary_emb.inv_freq",
-                _ => return None,
+            let part = match a.parts.iter().find(|(from, _)| *from == part) {
+                Some((_, to)) => *to,
+                None => match part {
+                    "attn_q" => "self_attn.q_proj",
+                    "attn_k" => "self_attn.k_proj",
+                    "attn_v" => "self_attn.v_proj",
+                    "attn_output" => "self_attn.o_proj",
+                    "attn_norm" => "input_layernorm",
+                    "ffn_norm" => "post_attention_layernorm",
+                    "ffn_gate" => "mlp.gate_proj",
+                    "ffn_up" => "mlp.up_proj",
+                    "ffn_down" => "mlp.down_proj",
+                    "attn_rot_embd" => "self_attn.rotary_emb.inv_freq",
+                    _ => return None,
+                },
             };
             format!("model.layers.{layer}.{part}")
         }
@@ -90,31 +172,47 @@ fn unpermute(a: &Array, heads: i32) -> Result<Array> {
     Ok(ops::reshape(&v, &[rows, cols], None)?)
 }
 
-/// Reads a llama-architecture GGUF file.
+/// The GGUF architectures [`read_gguf`] maps (`general.architecture` values).
+pub fn supported_gguf_architectures() -> Vec<&'static str> {
+    ARCHS.iter().map(|a| a.arch).collect()
+}
+
+/// Reads a GGUF file of a supported architecture (see [`supported_gguf_architectures`]).
 pub fn read_gguf(path: &Path) -> Result<GgufModel> {
     let (raw, metadata) = load_gguf(path, None).map_err(|e| cfg_err(path, e))?;
-    let arch = meta_str(&metadata, "general.architecture").unwrap_or("");
-    if arch != "llama" {
+    let arch_name = meta_str(&metadata, "general.architecture").unwrap_or("");
+    let Some(arch) = ARCHS.iter().find(|a| a.arch == arch_name) else {
         return Err(ModelError::UnsupportedModelType {
-            model_type: format!("gguf:{arch}"),
-            supported: vec!["gguf:llama".into()],
+            model_type: format!("gguf:{arch_name}"),
+            remapped_to: None,
+            supported: ARCHS.iter().map(|a| format!("gguf:{}", a.arch)).collect(),
         });
-    }
-    let num = |key: &str| -> Result<f64> {
-        meta_f64(&metadata, &format!("llama.{key}"))
-            .ok_or_else(|| cfg_err(path, format!("metadata `llama.{key}` missing")))
+    };
+    let key = |k: &str| format!("{arch_name}.{k}");
+    let num = |k: &str| -> Result<f64> {
+        meta_f64(&metadata, &key(k))
+            .ok_or_else(|| cfg_err(path, format!("metadata `{}` missing", key(k))))
     };
     let heads = num("attention.head_count")? as i32;
-    let kv_heads = meta_f64(&metadata, "llama.attention.head_count_kv").map_or(heads, |v| v as i32);
+    let kv_heads = meta_f64(&metadata, &key("attention.head_count_kv")).map_or(heads, |v| v as i32);
     let hidden = num("embedding_length")? as i32;
-    let vocab = match meta_f64(&metadata, "llama.vocab_size") {
+    if heads <= 0 || kv_heads <= 0 || hidden <= 0 {
+        return Err(cfg_err(
+            path,
+            "head counts and embedding_length must be positive",
+        ));
+    }
+    let vocab = match meta_f64(&metadata, &key("vocab_size")) {
         Some(v) => v as i32,
         None => match metadata.get("tokenizer.ggml.tokens") {
             Some(GgufValue::Strings(t)) => t.len() as i32,
             _ => {
                 return Err(cfg_err(
                     path,
-                    "no vocabulary size (llama.vocab_size or tokenizer.ggml.tokens)",
+                    format!(
+                        "no vocabulary size ({} or tokenizer.ggml.tokens)",
+                        key("vocab_size")
+                    ),
                 ))
             }
         },
@@ -122,12 +220,15 @@ pub fn read_gguf(path: &Path) -> Result<GgufModel> {
     let mut tensors = BTreeMap::new();
     let mut unknown = Vec::new();
     for (name, a) in raw {
-        match map_name(&name) {
+        match map_name(arch, &name) {
             Some(m) => {
-                let a = if m.contains(".self_attn.q_proj.") {
+                let a = if arch.permute_qk && m.contains(".self_attn.q_proj.") {
                     unpermute(&a, heads)?
-                } else if m.contains(".self_attn.k_proj.") {
+                } else if arch.permute_qk && m.contains(".self_attn.k_proj.") {
                     unpermute(&a, kv_heads)?
+                } else if arch.norm_plus_one && name.contains("_norm.") {
+                    // Stored as `1 + w` (a weak Python int in mlx-lm terms: the tensor's dtype).
+                    (&a - 1)?
                 } else {
                     a
                 };
@@ -146,8 +247,11 @@ pub fn read_gguf(path: &Path) -> Result<GgufModel> {
         ));
     }
     let tied = !tensors.contains_key("lm_head.weight");
+    let head_dim = meta_f64(&metadata, &key("attention.key_length"))
+        .or_else(|| meta_f64(&metadata, &key("rope.dimension_count")))
+        .map(|d| d as i64);
     let mut config = json!({
-        "model_type": "llama",
+        "model_type": arch.model_type,
         "hidden_size": hidden,
         "num_hidden_layers": num("block_count")? as i64,
         "intermediate_size": num("feed_forward_length")? as i64,
@@ -155,16 +259,43 @@ pub fn read_gguf(path: &Path) -> Result<GgufModel> {
         "num_key_value_heads": kv_heads,
         "rms_norm_eps": num("attention.layer_norm_rms_epsilon")?,
         "vocab_size": vocab,
-        "rope_theta": meta_f64(&metadata, "llama.rope.freq_base").unwrap_or(10000.0),
+        "rope_theta": meta_f64(&metadata, &key("rope.freq_base")).unwrap_or(10000.0),
         "tie_word_embeddings": tied,
     });
-    if let Some(ctx) = meta_f64(&metadata, "llama.context_length") {
+    if let Some(ctx) = meta_f64(&metadata, &key("context_length")) {
         config["max_position_embeddings"] = Value::from(ctx as i64);
     }
-    if let Some(d) = meta_f64(&metadata, "llama.rope.dimension_count") {
-        if d as i32 != hidden / heads {
-            config["head_dim"] = Value::from(d as i64);
+    match head_dim {
+        Some(d) if d != i64::from(hidden / heads) || arch.arch != "llama" => {
+            config["head_dim"] = Value::from(d);
         }
+        _ => {}
+    }
+    match arch.arch {
+        "gemma2" | "gemma3" => {
+            if let Some(d) = head_dim {
+                // llama.cpp's Gemma 2 / 3 scale queries by head_dim ** -0.5.
+                config["query_pre_attn_scalar"] = Value::from(d);
+            }
+            if let Some(w) = meta_f64(&metadata, &key("attention.sliding_window")) {
+                config["sliding_window"] = Value::from(w as i64);
+            }
+            for (k, name) in [
+                ("attn_logit_softcapping", "attn_logit_softcapping"),
+                ("final_logit_softcapping", "final_logit_softcapping"),
+            ] {
+                if let Some(v) = meta_f64(&metadata, &key(k)) {
+                    config[name] = Value::from(v);
+                }
+            }
+        }
+        "phi3" => {
+            if let Some(d) = meta_f64(&metadata, &key("rope.dimension_count")) {
+                let hd = f64::from(hidden / heads);
+                config["partial_rotary_factor"] = Value::from(d / hd);
+            }
+        }
+        _ => {}
     }
     let config = ModelConfig::from_value(config)?;
     Ok(GgufModel {
@@ -174,7 +305,7 @@ pub fn read_gguf(path: &Path) -> Result<GgufModel> {
     })
 }
 
-/// Loads a llama-architecture GGUF file as a model.
+/// Loads a GGUF file of a supported architecture as a model.
 pub fn load_gguf_model(
     path: &Path,
     opts: &LoadOptions,

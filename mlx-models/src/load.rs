@@ -66,3 +66,105 @@ pub fn load_model_dir(
     let model = build(&config, weights)?;
     Ok((model, config))
 }
+
+/// What `mlx info` prints about a model directory, without building the model.
+#[derive(Clone, Debug)]
+pub struct ModelInfo {
+    /// `model_type` as written in `config.json`.
+    pub model_type: String,
+    /// The type that serves it (after `MODEL_REMAPPING`).
+    pub architecture: String,
+    pub serving: crate::models::Serving,
+    /// The resolved descriptor (table rows).
+    pub descriptor: Option<crate::models::Descriptor>,
+    /// Parameters as mlx-lm counts them (`get_total_parameters`: packed quantized weights
+    /// count as their unpacked size).
+    pub parameters: u64,
+    /// Tensor count per stored dtype.
+    pub dtypes: BTreeMap<String, usize>,
+    pub quantization: Option<crate::config::QuantConfig>,
+}
+
+/// Reads `config.json` and the weight files' headers of `dir` and resolves its descriptor.
+pub fn model_info(dir: &Path) -> Result<ModelInfo> {
+    let config = ModelConfig::from_file(&dir.join("config.json"))?;
+    let descriptor = crate::models::resolve(&config)?;
+    let serving = if descriptor.is_some() {
+        crate::models::Serving::Table
+    } else {
+        crate::models::Serving::Dedicated
+    };
+    let tensors = load_weights(dir)?;
+    let mut dtypes = BTreeMap::new();
+    let mut parameters = 0u64;
+    for (name, a) in &tensors {
+        *dtypes.entry(format!("{:?}", a.dtype())).or_insert(0) += 1;
+        let size: u64 = a.shape().iter().map(|&d| d.max(0) as u64).product();
+        if let Some(module) = name
+            .strip_suffix(".scales")
+            .or(name.strip_suffix(".biases"))
+        {
+            if tensors.contains_key(&format!("{module}.scales")) {
+                continue; // quantization side tables, not parameters
+            }
+        }
+        match name
+            .strip_suffix(".weight")
+            .and_then(|m| tensors.get(&format!("{m}.scales")).map(|s| (m, s)))
+        {
+            Some((_, scales)) => {
+                // Packed: infer bits as mlx-lm does (`weight.shape[-1] * 32 / in_dims`).
+                let groups = scales.shape().last().copied().unwrap_or(0).max(0) as u64;
+                let packed = a.shape().last().copied().unwrap_or(0).max(0) as u64;
+                let rows = size / packed.max(1);
+                let group_size = config
+                    .quantization
+                    .as_ref()
+                    .map_or(64, |q| q.default.group_size.max(1) as u64);
+                parameters += rows * groups * group_size;
+            }
+            None => parameters += size,
+        }
+    }
+    Ok(ModelInfo {
+        model_type: config.model_type.clone(),
+        architecture: config.architecture.clone(),
+        serving,
+        descriptor,
+        parameters,
+        dtypes,
+        quantization: config.quantization.clone(),
+    })
+}
+
+impl std::fmt::Display for ModelInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "model_type: {}", self.model_type)?;
+        if self.architecture != self.model_type {
+            writeln!(f, "served as: {}", self.architecture)?;
+        }
+        writeln!(f, "serving: {:?}", self.serving)?;
+        writeln!(f, "parameters: {}", self.parameters)?;
+        let dt: Vec<String> = self
+            .dtypes
+            .iter()
+            .map(|(d, n)| format!("{d} ({n} tensors)"))
+            .collect();
+        writeln!(f, "dtypes: {}", dt.join(", "))?;
+        match &self.quantization {
+            Some(q) => writeln!(
+                f,
+                "quantization: {} bits, group size {}, mode {} ({} per-module entries)",
+                q.default.bits,
+                q.default.group_size,
+                q.default.mode,
+                q.overrides.len()
+            )?,
+            None => writeln!(f, "quantization: none")?,
+        }
+        if let Some(d) = &self.descriptor {
+            write!(f, "{}", d.summary())?;
+        }
+        Ok(())
+    }
+}

@@ -98,6 +98,65 @@ impl Weights {
         }
     }
 
+    /// Drops every tensor whose name starts with `prefix` (sanitize removals of whole modules).
+    pub fn discard_prefix(&mut self, prefix: &str) {
+        let names: Vec<String> = self
+            .tensors
+            .keys()
+            .filter(|k| k.starts_with(prefix))
+            .cloned()
+            .collect();
+        for n in names {
+            self.discard(&n);
+        }
+    }
+
+    /// Renames every tensor under `prefix` to the name without it (a wrapper's
+    /// `language_model.`).
+    pub fn strip_prefix(&mut self, prefix: &str) {
+        let names: Vec<String> = self
+            .tensors
+            .keys()
+            .filter(|k| k.starts_with(prefix))
+            .cloned()
+            .collect();
+        for n in names {
+            if let Some(a) = self.tensors.remove(&n) {
+                self.tensors.insert(n[prefix.len()..].to_string(), a);
+            }
+        }
+    }
+
+    /// Renames every stored tensor with `f` (`None` drops it): mlx-lm `sanitize` rules that
+    /// turn a Hugging Face checkpoint's names into the model's.
+    pub fn rename_all(&mut self, f: impl Fn(&str) -> Option<String>) -> Result<()> {
+        let old = std::mem::take(&mut self.tensors);
+        for (k, v) in old {
+            if let Some(n) = f(&k) {
+                if self.tensors.insert(n.clone(), v).is_some() {
+                    return Err(ModelError::Weights(vec![format!(
+                        "two tensors map to {n} (one of them is {k})"
+                    )]));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Replaces a stored tensor by `f(tensor)` (e.g. a Conv1D weight transposed).
+    pub fn map_tensor(&mut self, name: &str, f: impl Fn(&Array) -> Result<Array>) -> Result<()> {
+        if let Some(a) = self.tensors.get(name) {
+            let b = f(a)?;
+            self.tensors.insert(name.to_string(), b);
+        }
+        Ok(())
+    }
+
+    /// Names of the stored tensors.
+    pub fn names(&self) -> Vec<String> {
+        self.tensors.keys().cloned().collect()
+    }
+
     /// Records a shape problem found by a layer.
     pub fn report(&mut self, problem: String) {
         self.misshaped.push(problem);

@@ -4,8 +4,9 @@
 
 use std::path::PathBuf;
 
+mod model_check;
+
 use mlx_core::prelude::*;
-use mlx_core::testing::Goldens;
 use mlx_models::load::{load_model_dir, LoadOptions};
 
 fn root() -> PathBuf {
@@ -27,54 +28,12 @@ const MODELS: &[&str] = &[
 ];
 
 fn check_model(name: &str) -> Result<(), String> {
-    let (model, _) = load_model_dir(&root().join("models").join(name), &LoadOptions::default())
-        .map_err(|e| e.to_string())?;
-    let g = Goldens::load(
-        root()
+    model_check::check_model(
+        &root().join("models").join(name),
+        &root()
             .join("goldens")
             .join(format!("llama_{name}.safetensors")),
     )
-    .map_err(|e| e.to_string())?;
-    let mut caches = model.make_cache();
-    let prefill = g.case("prefill").map_err(|e| e.to_string())?;
-    let logits = model
-        .forward(prefill.input(0).unwrap(), Some(&mut caches))
-        .map_err(|e| e.to_string())?;
-    prefill.check(&[logits])?;
-    for s in 0.. {
-        let Ok(step) = g.case(&format!("step{s}")) else {
-            break;
-        };
-        let logits = model
-            .forward(step.input(0).unwrap(), Some(&mut caches))
-            .map_err(|e| e.to_string())?;
-        step.check(&[logits])?;
-    }
-    let full = g.case("full").map_err(|e| e.to_string())?;
-    let logits = model
-        .forward(full.input(0).unwrap(), None)
-        .map_err(|e| e.to_string())?;
-    full.check(&[logits])?;
-    // Greedy ids follow from the logits; check them explicitly as well.
-    let greedy: Vec<i32> = g.metadata()["greedy"]
-        .split(',')
-        .map(|x| x.parse().unwrap())
-        .collect();
-    let mut fed = Vec::new();
-    for s in 0..greedy.len() {
-        fed.push(
-            g.case(&format!("step{s}"))
-                .unwrap()
-                .input(0)
-                .unwrap()
-                .to_vec::<i32>()
-                .unwrap()[0],
-        );
-    }
-    if fed != greedy {
-        return Err(format!("greedy ids {fed:?} vs {greedy:?}"));
-    }
-    Ok(())
 }
 
 #[test]

@@ -5,6 +5,8 @@
 //! - `oracle [ARGS]`: makes sure the Python oracle (mlx-lm 0.32.2, mlx 0.32.4) is installed in
 //!   `target/oracle-venv`, then runs its python with ARGS.
 //! - `goldens [SET ...]`: regenerates golden files with `xtask/oracle/goldens_<SET>.py`.
+//! - `port-check DIR [--ids 1,2,3]`: runs DIR's model through mlx-lm and through ours layer
+//!   by layer and names the first layer and sub-step (norm, attention, MLP) that differs.
 //! - `bench [--quick | --full] [...]`: generation speed (prefill and decode tok/s) of this
 //!   project against mlx-lm on the same models, alternating; see `bench.rs`.
 #![forbid(unsafe_code)]
@@ -22,10 +24,11 @@ fn main() -> ExitCode {
         Some("oracle") => oracle::python(&args[1..]),
         Some("goldens") => oracle::goldens(&args[1..]),
         Some("bench") => bench::run(&args[1..]),
+        Some("port-check") => oracle::port_check(&args[1..]),
         _ => {
             eprintln!(
                 "usage: cargo xtask bindgen [--check] | oracle [ARGS] | goldens [SET ...] \
-                 | bench [--quick | --full] [--help]"
+                 | port-check DIR [--ids 1,2,3] | bench [--quick | --full] [--help]"
             );
             return ExitCode::from(2);
         }

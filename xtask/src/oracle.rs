@@ -123,3 +123,31 @@ pub fn python(args: &[String]) -> Result<(), String> {
         "oracle python",
     )
 }
+
+/// `port-check DIR [--ids ...]`: runs `mlx-models/examples/port_check.rs` (which runs
+/// `xtask/oracle/port_check.py` in the oracle venv) on DIR: the first layer and sub-step whose
+/// hidden state differs from mlx-lm's.
+pub fn port_check(args: &[String]) -> Result<(), String> {
+    let py = ensure()?;
+    let venv = py
+        .parent()
+        .and_then(|bin| bin.parent())
+        .map(PathBuf::from)
+        .ok_or("oracle venv path")?;
+    run(
+        Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .current_dir(workspace_root())
+            .args([
+                "run",
+                "-q",
+                "-p",
+                "mlx-models",
+                "--example",
+                "port_check",
+                "--",
+            ])
+            .args(args)
+            .env("MLX_ORACLE_VENV", venv),
+        "port_check",
+    )
+}

@@ -123,7 +123,7 @@ pub fn quantized_scaled_dot_product_attention(
 }
 
 /// `mx.finfo(dtype).min` as the Python float mlx-lm passes on.
-fn finfo_min(d: Dtype) -> f32 {
+pub(crate) fn finfo_min(d: Dtype) -> f32 {
     match d {
         Dtype::Float16 => -65504.0,
         Dtype::Bfloat16 => half::bf16::MIN.to_f32(),

@@ -1,67 +1,195 @@
-//! The MLP variants: SwiGLU (llama), GeGLU (gemma), plain GELU.
+//! The MLP variants of the dense decoders: gated (SwiGLU, GeGLU with erf or tanh GELU) with
+//! separate or fused gate/up projections, and plain two-layer MLPs (GELU, GELU-tanh, relu²).
 
 use mlx_core::prelude::*;
 
 use crate::error::Result;
-use crate::layers::activations::{gelu, gelu_approx, swiglu};
+use crate::layers::activations::{gelu, gelu_approx, silu, swiglu};
 use crate::layers::linear::Linear;
 use crate::weights::Weights;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MlpKind {
-    /// `down(silu(gate(x)) * up(x))`.
+    /// `down(swiglu(gate(x), up(x)))`.
     SwiGlu,
-    /// `down(gelu_approx(gate(x)) * up(x))`.
-    GeGlu,
-    /// `fc2(gelu(fc1(x)))`, with `up_proj` / `down_proj` names.
+    /// `down(nn.gelu(gate(x)) * up(x))` (Gemma 1).
+    GeGluErf,
+    /// `down(nn.gelu_approx(gate(x)) * up(x))` (Gemma 2 / 3).
+    GeGluTanh,
+    /// `down(nn.gelu(up(x)))`.
     Gelu,
+    /// `down(nn.gelu_approx(up(x)))`.
+    GeluTanh,
+    /// `down(silu(up(x)))`.
+    Silu,
+    /// `down(relu(up(x)) ** 2)` (squared ReLU).
+    Relu2,
+    /// `down(xielu(up(x)))` with the learned scalars under `act_fn` (Apertus).
+    XieLu,
+}
+
+impl MlpKind {
+    pub fn gated(self) -> bool {
+        matches!(
+            self,
+            MlpKind::SwiGlu | MlpKind::GeGluErf | MlpKind::GeGluTanh
+        )
+    }
+}
+
+/// The module names of an MLP inside its parent (`gate_proj`, `up_proj`, `down_proj`, or a
+/// fused `gate_up_proj`; `c_fc` / `c_proj`, `fc1` / `fc2` for plain MLPs as `up` / `down`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MlpNames {
+    pub gate: &'static str,
+    pub up: &'static str,
+    pub down: &'static str,
+    /// When set, gate and up are one projection of twice the width, split in half.
+    pub gate_up: Option<&'static str>,
+    /// The fused projection holds `[up | gate]` rather than `[gate | up]` (OLMo).
+    pub up_first: bool,
+}
+
+impl MlpNames {
+    pub const LLAMA: MlpNames = MlpNames {
+        gate: "gate_proj",
+        up: "up_proj",
+        down: "down_proj",
+        gate_up: None,
+        up_first: false,
+    };
+}
+
+#[derive(Clone, Debug)]
+enum GateUp {
+    Separate { gate: Linear, up: Linear },
+    Fused(Linear),
+    Plain(Linear),
+}
+
+/// xIELU's learned scalars (`alpha_p`, `alpha_n`, `beta`, `eps`, each 0-d).
+#[derive(Clone, Debug)]
+struct XieLuParams {
+    alpha_p: Array,
+    alpha_n: Array,
+    beta: Array,
+    eps: Array,
 }
 
 #[derive(Clone, Debug)]
 pub struct Mlp {
-    pub kind: MlpKind,
-    pub gate_proj: Option<Linear>,
-    pub up_proj: Linear,
-    pub down_proj: Linear,
+    kind: MlpKind,
+    gate_up: GateUp,
+    down: Linear,
+    xielu: Option<XieLuParams>,
+    up_first: bool,
 }
 
 impl Mlp {
+    #[allow(clippy::too_many_arguments)]
     pub fn load(
         w: &mut Weights,
         path: &str,
+        names: &MlpNames,
         dim: i32,
         hidden: i32,
         bias: bool,
+        down_bias: bool,
         kind: MlpKind,
     ) -> Result<Mlp> {
-        let gate_proj = match kind {
-            MlpKind::Gelu => None,
-            _ => Some(Linear::load(
-                w,
-                &format!("{path}.gate_proj"),
-                dim,
-                hidden,
-                bias,
-            )?),
+        let p = |n: &str| join(path, n);
+        let gate_up = match (kind.gated(), names.gate_up) {
+            (true, Some(f)) => GateUp::Fused(Linear::load(w, &p(f), dim, 2 * hidden, bias)?),
+            (true, None) => GateUp::Separate {
+                gate: Linear::load(w, &p(names.gate), dim, hidden, bias)?,
+                up: Linear::load(w, &p(names.up), dim, hidden, bias)?,
+            },
+            (false, _) => GateUp::Plain(Linear::load(w, &p(names.up), dim, hidden, bias)?),
         };
-        let down_proj = Linear::load(w, &format!("{path}.down_proj"), hidden, dim, bias)?;
-        let up_proj = Linear::load(w, &format!("{path}.up_proj"), dim, hidden, bias)?;
+        let down = Linear::load(w, &p(names.down), hidden, dim, down_bias)?;
+        let xielu = if kind == MlpKind::XieLu {
+            let mut s = |n: &str| w.take(&format!("{path}.act_fn.{n}"), &[]);
+            Some(XieLuParams {
+                alpha_p: s("alpha_p")?,
+                alpha_n: s("alpha_n")?,
+                beta: s("beta")?,
+                eps: s("eps")?,
+            })
+        } else {
+            None
+        };
         Ok(Mlp {
             kind,
-            gate_proj,
-            up_proj,
-            down_proj,
+            gate_up,
+            down,
+            xielu,
+            up_first: names.up_first,
         })
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        let h = match (&self.gate_proj, self.kind) {
-            (Some(g), MlpKind::SwiGlu) => swiglu(&g.forward(x)?, &self.up_proj.forward(x)?)?,
-            (Some(g), MlpKind::GeGlu) => {
-                (&gelu_approx(&g.forward(x)?)? * &self.up_proj.forward(x)?)?
+        let h = match &self.gate_up {
+            GateUp::Separate { gate, up } => self.gated(&gate.forward(x)?, &up.forward(x)?)?,
+            GateUp::Fused(l) => {
+                let parts = ops::split_equal(&l.forward(x)?, 2, -1, None)?;
+                if self.up_first {
+                    self.gated(&parts[1], &parts[0])?
+                } else {
+                    self.gated(&parts[0], &parts[1])?
+                }
             }
-            _ => gelu(&self.up_proj.forward(x)?)?,
+            GateUp::Plain(up) => {
+                let u = up.forward(x)?;
+                match self.kind {
+                    MlpKind::GeluTanh => gelu_approx(&u)?,
+                    MlpKind::Silu => silu(&u)?,
+                    MlpKind::XieLu => match &self.xielu {
+                        Some(p) => xielu(&u, p)?,
+                        None => u,
+                    },
+                    MlpKind::Relu2 => {
+                        let r = ops::maximum(&u, &Scalar::Int(0).to_array_like(u.dtype())?, None)?;
+                        ops::square(&r, None)?
+                    }
+                    _ => gelu(&u)?,
+                }
+            }
         };
-        self.down_proj.forward(&h)
+        self.down.forward(&h)
+    }
+
+    fn gated(&self, g: &Array, u: &Array) -> Result<Array> {
+        Ok(match self.kind {
+            MlpKind::GeGluErf => (&gelu(g)? * u)?,
+            MlpKind::GeGluTanh => (&gelu_approx(g)? * u)?,
+            _ => swiglu(g, u)?,
+        })
+    }
+}
+
+/// mlx-lm's `xielu(x, alpha_p, alpha_n, beta, eps)`.
+fn xielu(x: &Array, p: &XieLuParams) -> Result<Array> {
+    let softplus = |a: &Array| -> Result<Array> {
+        Ok(ops::logaddexp(
+            a,
+            &Scalar::Int(0).to_array_like(a.dtype())?,
+            None,
+        )?)
+    };
+    let alpha_p = softplus(&p.alpha_p)?;
+    let alpha_n = (&p.beta + &softplus(&p.alpha_n)?)?;
+    let pos = (&(&alpha_p * &ops::square(x, None)?)? + &(&p.beta * x)?)?;
+    let neg = (&(&(&ops::expm1(&ops::minimum(x, &p.eps, None)?, None)? - x)? * &alpha_n)?
+        + &(&p.beta * x)?)?;
+    let cond = ops::greater(x, &Scalar::Int(0).to_array_like(x.dtype())?, None)?;
+    Ok(ops::where_(&cond, &pos, &neg, None)?)
+}
+
+/// `path.name`, or `path` alone for an empty name (modules that sit directly in their parent).
+pub fn join(path: &str, name: &str) -> String {
+    match (path.is_empty(), name.is_empty()) {
+        (_, true) => path.to_string(),
+        (true, false) => name.to_string(),
+        _ => format!("{path}.{name}"),
     }
 }

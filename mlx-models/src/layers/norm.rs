@@ -64,3 +64,68 @@ impl LayerNorm {
         )?)
     }
 }
+
+/// Which normalization a descriptor asks for (mlx-lm's spellings in brackets).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NormKind {
+    /// `nn.RMSNorm`.
+    Rms,
+    /// Gemma's `RMSNorm`: `rms_norm(x, 1.0 + weight)`.
+    RmsOffset,
+    /// `mx.fast.rms_norm(x, None, eps)`: no weight.
+    RmsNoWeight,
+    /// `nn.LayerNorm(dims, eps, bias=...)`.
+    Layer { bias: bool },
+    /// Nemotron's `LayerNorm1P`: `layer_norm(x, weight + 1, bias)`.
+    LayerOffset { bias: bool },
+    /// `nn.LayerNorm(dims, affine=False)`: no weight, no bias (OLMo).
+    LayerNoAffine,
+}
+
+/// A normalization layer of any [`NormKind`].
+#[derive(Clone, Debug)]
+pub enum Norm {
+    Rms(RmsNorm),
+    RmsNoWeight { eps: f32 },
+    Layer(LayerNorm),
+}
+
+impl Norm {
+    pub fn load(w: &mut Weights, path: &str, kind: NormKind, dims: i32, eps: f32) -> Result<Norm> {
+        Ok(match kind {
+            NormKind::Rms => Norm::Rms(RmsNorm::load(w, path, dims, eps)?),
+            NormKind::RmsNoWeight => Norm::RmsNoWeight { eps },
+            NormKind::RmsOffset => {
+                let n = RmsNorm::load(w, path, dims, eps)?;
+                // `1.0 + self.weight`: a weak Python float, so the weight's dtype. Elementwise,
+                // so computing it once at load gives the same bits as at every call.
+                Norm::Rms(RmsNorm {
+                    weight: (1.0f32 + &n.weight)?,
+                    eps,
+                })
+            }
+            NormKind::Layer { bias } => {
+                Norm::Layer(LayerNorm::load(w, path, dims, eps, true, bias)?)
+            }
+            NormKind::LayerNoAffine => {
+                Norm::Layer(LayerNorm::load(w, path, dims, eps, false, false)?)
+            }
+            NormKind::LayerOffset { bias } => {
+                let mut n = LayerNorm::load(w, path, dims, eps, true, bias)?;
+                // `self.weight + 1`: a weak Python int, so the weight's dtype.
+                if let Some(wt) = n.weight.take() {
+                    n.weight = Some((&wt + 1)?);
+                }
+                Norm::Layer(n)
+            }
+        })
+    }
+
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        match self {
+            Norm::Rms(n) => n.forward(x),
+            Norm::RmsNoWeight { eps } => Ok(fast::rms_norm(x, None, *eps, None)?),
+            Norm::Layer(n) => n.forward(x),
+        }
+    }
+}

@@ -126,6 +126,33 @@ impl Rope {
         }
     }
 
+    /// Hunyuan's `DynamicNTKAlphaRoPE`: `base * alpha ** (dims / (dims - 2))` (Python floats),
+    /// then `base ** (mx.arange(0, dims, 2) / dims)` as a frequency table.
+    pub fn ntk_alpha(dims: i32, base: f64, alpha: f64) -> Result<Rope> {
+        let d = f64::from(dims);
+        let base = base * alpha.powf(d / (d - 2.0));
+        Ok(Rope::Freqs {
+            dims,
+            traditional: false,
+            freqs: base_pow(base, dims, Dtype::Int32)?,
+            input_scale: None,
+        })
+    }
+
+    /// nanochat's table: `-exp(arange(0.0, dims // 2, f32) * (log(base) / (dims // 2)))`.
+    pub fn neg_exp(dims: i32, base: f64) -> Result<Rope> {
+        let half = dims / 2;
+        let ar = ops::arange(0.0, f64::from(half), 1.0, Dtype::Float32, None)?;
+        let e = ops::multiply(&ar, &weak(base.ln() / f64::from(half), &ar)?, None)?;
+        let freqs = ops::negative(&ops::exp(&e, None)?, None)?;
+        Ok(Rope::Freqs {
+            dims,
+            traditional: false,
+            freqs,
+            input_scale: None,
+        })
+    }
+
     fn llama3(dims: i32, traditional: bool, base: f64, cfg: &RopeScaling) -> Result<Rope> {
         let factor = need_f64(cfg, "factor")?;
         let low_freq_factor = get_f64(cfg, "low_freq_factor").unwrap_or(1.0);

@@ -1,14 +1,19 @@
-//! Architectures. Each is a port of `mlx_lm/models/<model_type>.py` with the same structure
-//! (args, attention, MLP, block, inner model, outer model, sanitize) and op order.
+//! Architectures, behind one dispatch ladder ([`build`]): a dedicated port where one exists,
+//! else a row of the universal dense decoder's descriptor table ([`descriptor::ROWS`], run by
+//! [`dense::Model`]), else a rejection naming the `model_type`, what mlx-lm remaps it to, and
+//! every supported type.
 
-pub mod llama;
+pub mod dense;
+pub mod descriptor;
 
 use mlx_cache::Cache;
 use mlx_core::prelude::*;
 
-use crate::config::ModelConfig;
-use crate::error::Result;
+use crate::config::{remap, ModelConfig, MODEL_REMAPPING};
+use crate::error::{ModelError, Result};
 use crate::weights::Weights;
+
+pub use descriptor::{Descriptor, Serving};
 
 /// A causal language model: token ids in, logits out. Models never own caches.
 pub trait LanguageModel: Send {
@@ -33,23 +38,114 @@ pub trait LanguageModel: Send {
 
     /// Vocabulary size (last dimension of the logits).
     fn vocab_size(&self) -> i32;
+
+    /// A cache-less forward that also returns every layer's intermediate states, named as
+    /// `xtask/oracle/port_check.py` names mlx-lm's: `layers.<i>.{in, attn_in, attn, mlp_in,
+    /// mlp, out}` in execution order, then `logits`.
+    fn trace(&self, _inputs: &Array) -> Result<Vec<(String, Array)>> {
+        Err(ModelError::Other(format!(
+            "`{}` does not support tracing",
+            self.model_type()
+        )))
+    }
+}
+
+type DedicatedFn = fn(&ModelConfig, &mut Weights) -> Result<Box<dyn LanguageModel>>;
+
+/// Dedicated ports, tried before the table (none yet: every served type is a table row).
+const DEDICATED: &[(&str, DedicatedFn)] = &[];
+
+/// One supported `model_type` and how it is served.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SupportedType {
+    pub model_type: String,
+    pub serving: Serving,
+    /// For a remapped name (e.g. `mistral`), the type that serves it.
+    pub via: Option<String>,
+}
+
+/// Every `model_type` a config may name, sorted: dedicated ports, table rows, and the
+/// `MODEL_REMAPPING` aliases whose target is one of those.
+pub fn supported_model_types() -> Vec<SupportedType> {
+    let mut out: Vec<SupportedType> = DEDICATED
+        .iter()
+        .map(|(t, _)| SupportedType {
+            model_type: t.to_string(),
+            serving: Serving::Dedicated,
+            via: None,
+        })
+        .chain(descriptor::ROWS.iter().map(|(t, _)| SupportedType {
+            model_type: t.to_string(),
+            serving: Serving::Table,
+            via: None,
+        }))
+        .collect();
+    for (from, to) in MODEL_REMAPPING {
+        if let Some(target) = out.iter().find(|s| s.model_type == *to).cloned() {
+            out.push(SupportedType {
+                model_type: from.to_string(),
+                serving: target.serving,
+                via: Some(to.to_string()),
+            });
+        }
+    }
+    out.sort_by(|a, b| a.model_type.cmp(&b.model_type));
+    out
+}
+
+/// Ok when [`build`] serves `model_type`; else the rejection error.
+pub fn check_supported(model_type: &str) -> Result<()> {
+    let arch = remap(model_type);
+    let served = DEDICATED.iter().any(|(t, _)| *t == arch)
+        || descriptor::ROWS.iter().any(|(t, _)| *t == arch);
+    if served {
+        return Ok(());
+    }
+    Err(ModelError::UnsupportedModelType {
+        model_type: model_type.to_string(),
+        remapped_to: (arch != model_type).then(|| arch.to_string()),
+        supported: supported_model_types()
+            .into_iter()
+            .map(|s| s.model_type)
+            .collect(),
+    })
+}
+
+/// The resolved descriptor of a config served by the table (`None` for a dedicated port).
+pub fn resolve(config: &ModelConfig) -> Result<Option<Descriptor>> {
+    check_supported(&config.model_type)?;
+    if DEDICATED.iter().any(|(t, _)| *t == config.architecture) {
+        return Ok(None);
+    }
+    match descriptor::describe(&config.architecture, &config.raw) {
+        Some(d) => {
+            let mut d = d?;
+            d.model_type = config.model_type.clone();
+            Ok(Some(d))
+        }
+        None => Err(ModelError::Other(format!(
+            "no descriptor row for `{}`",
+            config.architecture
+        ))),
+    }
 }
 
 /// Builds the model named by `config.architecture` from `weights`, strictly: every problem
 /// with the weights is reported together.
 pub fn build(config: &ModelConfig, mut weights: Weights) -> Result<Box<dyn LanguageModel>> {
-    let model: Box<dyn LanguageModel> = match config.architecture.as_str() {
-        "llama" => Box::new(llama::Model::load(config, &mut weights)?),
-        other => {
-            return Err(crate::ModelError::UnsupportedModelType {
-                model_type: other.to_string(),
-                supported: crate::config::SUPPORTED_MODEL_TYPES
-                    .iter()
-                    .map(|s| s.to_string())
-                    .collect(),
-            })
-        }
-    };
+    let model: Box<dyn LanguageModel> =
+        match DEDICATED.iter().find(|(t, _)| *t == config.architecture) {
+            Some((_, f)) => f(config, &mut weights)?,
+            None => match resolve(config)? {
+                Some(desc) => Box::new(dense::Model::load(desc, &mut weights)?),
+                None => {
+                    return Err(ModelError::Other(format!(
+                        "`{}` has neither a port nor a row",
+                        config.model_type
+                    )))
+                }
+            },
+        };
     weights.finish()?;
     Ok(model)
 }

@@ -1,0 +1,885 @@
+//! The universal dense decoder: one attention, one MLP, one block and one model, each with the
+//! variants a [`Descriptor`] selects, in mlx-lm's op order for every row (see
+//! [`super::descriptor`] for the rows).
+
+use std::cell::RefCell;
+
+use mlx_cache::{AttentionMask, Cache, KVCache, Kv, RotatingKVCache};
+use mlx_core::prelude::*;
+
+use crate::error::{ModelError, Result};
+use crate::layers::{
+    join, scaled_dot_product_attention, Embedding, Linear, Mlp, Norm, NormKind, Rope,
+};
+use crate::models::descriptor::{
+    Descriptor, EmbedScale, Head, LogitScale, Placement, QkNorm, QkvLayout, RopeSpec, RopeTable,
+    Upcast,
+};
+use crate::models::LanguageModel;
+use crate::weights::Weights;
+
+fn init_rope(r: &RopeSpec) -> Result<Rope> {
+    match r.table {
+        RopeTable::NtkAlpha(alpha) => return Rope::ntk_alpha(r.dims, r.theta, alpha),
+        RopeTable::NegExp => return Rope::neg_exp(r.dims, r.theta),
+        RopeTable::Initialize => {}
+    }
+    Rope::initialize(
+        r.dims,
+        r.theta,
+        r.traditional,
+        r.scaling.as_ref(),
+        r.max_position_embeddings,
+    )
+}
+
+enum Qkv {
+    Separate {
+        q: Linear,
+        k: Linear,
+        v: Linear,
+    },
+    Fused(Linear),
+    /// Per KV head: `groups` query heads, then its key, then its value.
+    Interleaved(Linear),
+    /// Per head: `[q | k | v]`.
+    PerHead(Linear),
+}
+
+enum QkNormLayers {
+    None,
+    /// `rms_norm` (or layer norm) per head or over the full projection.
+    Norm {
+        q: Norm,
+        k: Norm,
+        at: QkNorm,
+    },
+    /// Cohere's `LayerNorm2D`: `weight * layer_norm(x, None, None, eps)`.
+    LayerNorm2d {
+        q: Array,
+        k: Array,
+        eps: f32,
+    },
+}
+
+pub struct Attention {
+    n_heads: i32,
+    n_kv_heads: i32,
+    head_dim: i32,
+    scale: f32,
+    softcap: Option<f32>,
+    upcast: Upcast,
+    slice_concat: bool,
+    manual: bool,
+    qkv: Qkv,
+    o_proj: Linear,
+    qk_norm: QkNormLayers,
+    rope: Option<Rope>,
+}
+
+impl Attention {
+    fn load(
+        d: &Descriptor,
+        w: &mut Weights,
+        path: &str,
+        sliding: bool,
+        nope: bool,
+    ) -> Result<Attention> {
+        let n = &d.names;
+        let (dim, nh, nkv, hd) = (d.hidden_size, d.n_heads, d.n_kv_heads, d.head_dim);
+        let p = |s: &str| join(path, s);
+        let qkv = match n.qkv {
+            Some(f) => {
+                let l = Linear::load(w, &p(f), dim, (nh + 2 * nkv) * hd, d.qkv_bias)?;
+                match n.qkv_layout {
+                    QkvLayout::Split => Qkv::Fused(l),
+                    QkvLayout::Interleaved => Qkv::Interleaved(l),
+                    QkvLayout::PerHead => Qkv::PerHead(l),
+                }
+            }
+            None => Qkv::Separate {
+                q: Linear::load(w, &p(n.q), dim, nh * hd, d.qkv_bias)?,
+                k: Linear::load(w, &p(n.k), dim, nkv * hd, d.qkv_bias)?,
+                v: Linear::load(w, &p(n.v), dim, nkv * hd, d.qkv_bias)?,
+            },
+        };
+        let o_proj = Linear::load(w, &p(n.o), nh * hd, dim, d.o_bias)?;
+        let eps = d.norm_eps;
+        let qk_kind = d.qk_norm_kind.unwrap_or(d.norm);
+        let qk_norm = match d.qk_norm {
+            QkNorm::None => QkNormLayers::None,
+            QkNorm::PerHead | QkNorm::PerHeadAfterRope => QkNormLayers::Norm {
+                q: Norm::load(w, &p(n.q_norm), qk_kind, hd, eps)?,
+                k: Norm::load(w, &p(n.k_norm), qk_kind, hd, eps)?,
+                at: d.qk_norm,
+            },
+            QkNorm::Full => QkNormLayers::Norm {
+                q: Norm::load(w, &p(n.q_norm), qk_kind, nh * hd, eps)?,
+                k: Norm::load(w, &p(n.k_norm), qk_kind, nkv * hd, eps)?,
+                at: QkNorm::Full,
+            },
+            QkNorm::LayerNorm2d => QkNormLayers::LayerNorm2d {
+                q: w.take(&format!("{}.weight", p(n.q_norm)), &[nh, hd])?,
+                k: w.take(&format!("{}.weight", p(n.k_norm)), &[nkv, hd])?,
+                eps,
+            },
+            QkNorm::LayerNormPerHead => {
+                let mut stacked = |name: &str, heads: i32| -> Result<Array> {
+                    let rows = (0..heads)
+                        .map(|h| w.take(&format!("{}.norms.{h}.weight", p(name)), &[hd]))
+                        .collect::<Result<Vec<_>>>()?;
+                    let refs: Vec<&Array> = rows.iter().collect();
+                    Ok(ops::stack(&refs, 0, None)?)
+                };
+                QkNormLayers::LayerNorm2d {
+                    q: stacked(n.q_norm, nh)?,
+                    k: stacked(n.k_norm, nkv)?,
+                    eps,
+                }
+            }
+        };
+        let spec = match (&d.local_rope, sliding) {
+            _ if nope => None,
+            (Some(local), true) => Some(local),
+            _ => d.rope.as_ref(),
+        };
+        Ok(Attention {
+            n_heads: nh,
+            n_kv_heads: nkv,
+            head_dim: hd,
+            scale: d.attn_scale as f32,
+            softcap: d.attn_logit_softcap.map(|c| c as f32),
+            upcast: d.upcast,
+            slice_concat: d.rope_slice_concat,
+            manual: d.manual_attention,
+            qkv,
+            o_proj,
+            qk_norm,
+            rope: spec.map(init_rope).transpose()?,
+        })
+    }
+
+    fn forward(&self, x: &Array, ctx: &Ctx, cache: Option<&mut Box<dyn Cache>>) -> Result<Array> {
+        let s = x.shape();
+        let (b, l) = (s[0], s[1]);
+        let (mut queries, mut keys, values) = match &self.qkv {
+            Qkv::Separate { q, k, v } => (q.forward(x)?, k.forward(x)?, v.forward(x)?),
+            Qkv::Fused(f) => {
+                let qp = self.n_heads * self.head_dim;
+                let mut parts = ops::split_at(
+                    &f.forward(x)?,
+                    &[qp, qp + self.n_kv_heads * self.head_dim],
+                    -1,
+                    None,
+                )?
+                .into_iter();
+                match (parts.next(), parts.next(), parts.next()) {
+                    (Some(q), Some(k), Some(v)) => (q, k, v),
+                    _ => return Err(ModelError::Other("qkv split gave fewer than 3".into())),
+                }
+            }
+            Qkv::Interleaved(f) => {
+                // internlm2.py: reshape (B, L, -1, 2 + groups, head_dim); queries are
+                // `[..., :groups, :]`, keys `[..., -2, :]`, values `[..., -1, :]`.
+                let groups = self.n_heads / self.n_kv_heads;
+                let qkv =
+                    ops::reshape(&f.forward(x)?, &[b, l, -1, 2 + groups, self.head_dim], None)?;
+                let q = ops::slice_axis(&qkv, 3, 0, groups, None)?;
+                let q = ops::reshape(&q, &[b, l, -1, self.head_dim], None)?;
+                let pick = |i: i32| -> Result<Array> {
+                    let a = ops::slice_axis(&qkv, 3, i, i + 1, None)?;
+                    Ok(ops::squeeze(&a, &[3], None)?)
+                };
+                (q, pick(groups)?, pick(groups + 1)?)
+            }
+            Qkv::PerHead(f) => {
+                // gpt_neox.py: reshape (B, L, heads, 3 * head_dim), split in three.
+                let qkv = ops::reshape(
+                    &f.forward(x)?,
+                    &[b, l, self.n_heads, 3 * self.head_dim],
+                    None,
+                )?;
+                let mut parts = ops::split_equal(&qkv, 3, -1, None)?.into_iter();
+                match (parts.next(), parts.next(), parts.next()) {
+                    (Some(q), Some(k), Some(v)) => (q, k, v),
+                    _ => return Err(ModelError::Other("qkv split gave fewer than 3".into())),
+                }
+            }
+        };
+        if let QkNormLayers::Norm {
+            q,
+            k,
+            at: QkNorm::Full,
+        } = &self.qk_norm
+        {
+            queries = q.forward(&queries)?;
+            keys = k.forward(&keys)?;
+        }
+        let split = |y: &Array, n: i32| ops::reshape(y, &[b, l, n, -1], None);
+        let mut queries = split(&queries, self.n_heads)?;
+        let mut keys = split(&keys, self.n_kv_heads)?;
+        match &self.qk_norm {
+            QkNormLayers::Norm {
+                q,
+                k,
+                at: QkNorm::PerHead,
+            } => {
+                queries = q.forward(&queries)?;
+                keys = k.forward(&keys)?;
+            }
+            QkNormLayers::LayerNorm2d { q, k, eps } => {
+                let ln = |x: &Array| mlx_core::fast::layer_norm(x, None, None, *eps, None);
+                queries = (q * &ln(&queries)?)?;
+                keys = (k * &ln(&keys)?)?;
+            }
+            _ => {}
+        }
+        let t = |y: &Array| ops::transpose(y, &[0, 2, 1, 3], None);
+        let queries = t(&queries)?;
+        let keys = t(&keys)?;
+        let values = t(&split(&values, self.n_kv_heads)?)?;
+        let rope = |y: Array, offset: usize| -> Result<Array> {
+            match &self.rope {
+                Some(r) if self.slice_concat => {
+                    // gptj.py: rope on `x[..., :dims]`, then concatenated with the rest.
+                    let last = self.head_dim;
+                    let rot = ops::slice_axis(&y, 3, 0, r.dims(), None)?;
+                    let pass = ops::slice_axis(&y, 3, r.dims(), last, None)?;
+                    let rot = r.forward(&rot, offset)?;
+                    Ok(ops::concatenate(&[&rot, &pass], -1, None)?)
+                }
+                Some(r) => r.forward(&y, offset),
+                None => Ok(y),
+            }
+        };
+        let offset = cache.as_ref().map_or(0, |c| c.offset());
+        let mut queries = rope(queries, offset)?;
+        let mut keys = rope(keys, offset)?;
+        if let QkNormLayers::Norm {
+            q,
+            k,
+            at: QkNorm::PerHeadAfterRope,
+        } = &self.qk_norm
+        {
+            queries = q.forward(&queries)?;
+            keys = k.forward(&keys)?;
+        }
+        let kv = match cache {
+            Some(c) => c.update_and_fetch(&keys, &values)?,
+            None => Kv::Dense { keys, values },
+        };
+        let mask = ctx.mask;
+        if let Some(s) = ctx.query_scale {
+            queries = (&queries * s)?;
+        }
+        let out = match (self.softcap, self.upcast, &kv) {
+            (Some(cap), _, _) => self.softcapped(&queries, &kv, mask, cap)?,
+            (None, _, _) if self.manual => self.manual_attention(&queries, &kv, mask)?,
+            (None, Upcast::None, _) | (None, _, Kv::Quantized { .. }) => {
+                scaled_dot_product_attention(&queries, &kv, self.scale, mask, None)?
+            }
+            (None, Upcast::QueriesIfF16, _) if queries.dtype() != Dtype::Float16 => {
+                scaled_dot_product_attention(&queries, &kv, self.scale, mask, None)?
+            }
+            (None, Upcast::QueriesIfF16, _) => scaled_dot_product_attention(
+                &queries.astype(Dtype::Float32)?,
+                &kv,
+                self.scale,
+                mask,
+                None,
+            )?
+            .astype(queries.dtype())?,
+            (None, up, Kv::Dense { keys, values }) => {
+                let f32_ = |a: &Array| a.astype(Dtype::Float32);
+                let keys = match up {
+                    Upcast::QueriesKeys => f32_(keys)?,
+                    _ => keys.clone(),
+                };
+                let kv32 = Kv::Dense {
+                    keys,
+                    values: values.clone(),
+                };
+                scaled_dot_product_attention(&f32_(&queries)?, &kv32, self.scale, mask, None)?
+                    .astype(values.dtype())?
+            }
+        };
+        let out = ops::reshape(&t(&out)?, &[b, l, -1], None)?;
+        self.o_proj.forward(&out)
+    }
+
+    /// OLMo's attention as olmo.py writes it (one head per KV head).
+    fn manual_attention(&self, queries: &Array, kv: &Kv, mask: &AttentionMask) -> Result<Array> {
+        let Kv::Dense { keys, values } = kv else {
+            return Err(ModelError::Other(
+                "OLMo's attention needs a dense (unquantized) cache".into(),
+            ));
+        };
+        let q = (queries * self.scale)?;
+        let mut scores = ops::matmul(&q, &ops::transpose(keys, &[0, 1, 3, 2], None)?, None)?;
+        match mask {
+            AttentionMask::None => {}
+            AttentionMask::Array(m) if m.dtype() != Dtype::Bool => scores = (&scores + m)?,
+            other => {
+                // mlx-lm adds the mask as is (and fails on its "causal" string); here a
+                // boolean or causal mask becomes the additive 0 / -inf it means.
+                let ss = scores.shape();
+                let (ql, kl) = (ss[ss.len() - 2], ss[ss.len() - 1]);
+                let allowed = match other {
+                    AttentionMask::Array(m) => m.clone(),
+                    _ => mlx_cache::mask::create_causal_mask(
+                        ql.max(0) as usize,
+                        (kl - ql).max(0) as usize,
+                        None,
+                    )?,
+                };
+                let zero = Array::from_f32(0.0, scores.dtype())?;
+                let ninf = Array::from_f32(f32::NEG_INFINITY, scores.dtype())?;
+                scores = (&scores + &ops::where_(&allowed, &zero, &ninf, None)?)?;
+            }
+        }
+        let dtype = scores.dtype();
+        let scores = ops::softmax(&scores.astype(Dtype::Float32)?, &[-1], false, None)?;
+        Ok(ops::matmul(&scores.astype(dtype)?, values, None)?)
+    }
+
+    /// Gemma 2's attention with a logit soft cap, written out as mlx-lm does.
+    fn softcapped(
+        &self,
+        queries: &Array,
+        kv: &Kv,
+        mask: &AttentionMask,
+        cap: f32,
+    ) -> Result<Array> {
+        let Kv::Dense { keys, values } = kv else {
+            return Err(ModelError::Other(
+                "attention logit soft-capping needs a dense (unquantized) cache".into(),
+            ));
+        };
+        let qs = queries.shape();
+        let (b, l) = (qs[0], qs[2]);
+        let repeats = self.n_heads / self.n_kv_heads;
+        let mut queries = (queries * self.scale)?;
+        let (mut keys, mut values) = (keys.clone(), values.clone());
+        if repeats > 1 {
+            queries = ops::reshape(
+                &queries,
+                &[b, self.n_kv_heads, repeats, l, self.head_dim],
+                None,
+            )?;
+            keys = ops::expand_dims(&keys, &[2], None)?;
+            values = ops::expand_dims(&values, &[2], None)?;
+        }
+        let scores = ops::matmul(&queries, &ops::swapaxes(&keys, -1, -2, None)?, None)?;
+        let scores = ops::tanh(&(&scores / cap)?, None)?;
+        let mut scores = (&scores * cap)?;
+        match mask {
+            AttentionMask::None => {}
+            AttentionMask::Array(m) if m.dtype() == Dtype::Bool => {
+                let min = crate::layers::finfo_min(scores.dtype());
+                let fill = Array::from_f32(min, scores.dtype())?;
+                scores = ops::where_(m, &scores, &fill, None)?;
+            }
+            AttentionMask::Array(m) => scores = (&scores + m)?,
+            AttentionMask::Causal => {
+                return Err(ModelError::Other(
+                    "soft-capped attention needs an explicit mask array".into(),
+                ))
+            }
+        }
+        let scores = ops::softmax(&scores, &[-1], true, None)?;
+        let out = ops::matmul(&scores, &values, None)?;
+        if repeats > 1 {
+            Ok(ops::reshape(
+                &out,
+                &[b, self.n_heads, l, self.head_dim],
+                None,
+            )?)
+        } else {
+            Ok(out)
+        }
+    }
+}
+
+pub struct TransformerBlock {
+    sliding: bool,
+    placement: Placement,
+    residual_multiplier: Option<f32>,
+    clip_residual: bool,
+    self_attn: Attention,
+    mlp: Mlp,
+    pre_attn: Option<Norm>,
+    post_attn: Option<Norm>,
+    pre_mlp: Option<Norm>,
+    post_mlp: Option<Norm>,
+}
+
+fn norm_opt(n: &Option<Norm>, x: &Array) -> Result<Array> {
+    match n {
+        Some(n) => n.forward(x),
+        None => Ok(x.clone()),
+    }
+}
+
+impl TransformerBlock {
+    fn load(d: &Descriptor, w: &mut Weights, i: usize) -> Result<TransformerBlock> {
+        let n = &d.names;
+        let p = format!("{}.{i}", n.layers);
+        let sliding = d.sliding.get(i).copied().unwrap_or(false);
+        let mut norm = |name: &str| -> Result<Option<Norm>> {
+            Ok(Some(Norm::load(
+                w,
+                &format!("{p}.{name}"),
+                d.norm,
+                d.hidden_size,
+                d.norm_eps,
+            )?))
+        };
+        let (pre_attn, post_attn, pre_mlp, post_mlp) = match d.placement {
+            Placement::Pre => (norm(n.pre_attn_norm)?, None, norm(n.pre_mlp_norm)?, None),
+            Placement::Sandwich => (
+                norm(n.pre_attn_norm)?,
+                norm(n.post_attn_norm)?,
+                norm(n.pre_mlp_norm)?,
+                norm(n.post_mlp_norm)?,
+            ),
+            Placement::PostOnly => (None, norm(n.post_attn_norm)?, None, norm(n.post_mlp_norm)?),
+            Placement::Parallel | Placement::ParallelResidualFirst => {
+                (norm(n.pre_attn_norm)?, None, None, None)
+            }
+            Placement::ParallelTwoNorms => {
+                (norm(n.pre_attn_norm)?, None, norm(n.pre_mlp_norm)?, None)
+            }
+        };
+        Ok(TransformerBlock {
+            sliding,
+            placement: d.placement,
+            residual_multiplier: d.residual_multiplier.map(|m| m as f32),
+            clip_residual: d.clip_residual,
+            self_attn: Attention::load(
+                d,
+                w,
+                &join(&p, n.attn),
+                sliding,
+                d.no_rope.get(i).copied().unwrap_or(false),
+            )?,
+            mlp: Mlp::load(
+                w,
+                &join(&p, n.mlp),
+                &n.mlp_names,
+                d.hidden_size,
+                d.intermediate_size,
+                d.mlp_bias,
+                d.down_bias,
+                d.mlp,
+            )?,
+            pre_attn,
+            post_attn,
+            pre_mlp,
+            post_mlp,
+        })
+    }
+
+    /// `x + r` (times the residual multiplier; Gemma 3's `clip_residual` for float16).
+    fn residual(&self, x: &Array, r: &Array) -> Result<Array> {
+        if self.clip_residual && x.dtype() == Dtype::Float16 {
+            let sum = (&x.astype(Dtype::Float32)? + &r.astype(Dtype::Float32)?)?;
+            let bound = 65504.0f32;
+            let lo = Array::from_f32(-bound, Dtype::Float32)?;
+            let hi = Array::from_f32(bound, Dtype::Float32)?;
+            return Ok(ops::clip(&sum, Some(&lo), Some(&hi), None)?.astype(Dtype::Float16)?);
+        }
+        match self.residual_multiplier {
+            Some(m) => Ok((x + &(r * m)?)?),
+            None => Ok((x + r)?),
+        }
+    }
+
+    fn forward(&self, x: &Array, ctx: &Ctx, cache: Option<&mut Box<dyn Cache>>) -> Result<Array> {
+        match self.placement {
+            Placement::Parallel | Placement::ParallelResidualFirst => {
+                let h = norm_opt(&self.pre_attn, x)?;
+                let attn_h = self.attn(&h, ctx, cache)?;
+                let ff_h = self.ffn(&h, ctx)?;
+                return if self.placement == Placement::Parallel {
+                    Ok((&(&attn_h + &ff_h)? + x)?)
+                } else {
+                    Ok((&(x + &attn_h)? + &ff_h)?)
+                };
+            }
+            Placement::ParallelTwoNorms => {
+                let attn = self.attn(&norm_opt(&self.pre_attn, x)?, ctx, cache)?;
+                let ffn = self.ffn(&norm_opt(&self.pre_mlp, x)?, ctx)?;
+                return Ok((&(&attn + &ffn)? + x)?);
+            }
+            _ => {}
+        }
+        let r = self.attn(&norm_opt(&self.pre_attn, x)?, ctx, cache)?;
+        let h = self.residual(x, &norm_opt(&self.post_attn, &r)?)?;
+        let r = self.ffn(&norm_opt(&self.pre_mlp, &h)?, ctx)?;
+        self.residual(&h, &norm_opt(&self.post_mlp, &r)?)
+    }
+
+    /// The attention sub-step, recorded (input and output) when tracing.
+    fn attn(&self, x: &Array, ctx: &Ctx, cache: Option<&mut Box<dyn Cache>>) -> Result<Array> {
+        ctx.tap("attn_in", x);
+        let y = self.self_attn.forward(x, ctx, cache)?;
+        ctx.tap("attn", &y);
+        Ok(y)
+    }
+
+    /// The MLP sub-step, recorded (input and output) when tracing.
+    fn ffn(&self, x: &Array, ctx: &Ctx) -> Result<Array> {
+        ctx.tap("mlp_in", x);
+        let y = self.mlp.forward(x)?;
+        ctx.tap("mlp", &y);
+        Ok(y)
+    }
+}
+
+/// What every layer of one forward shares: its mask and Ministral 3's per-position query
+/// scale.
+struct Ctx<'a> {
+    mask: &'a AttentionMask,
+    query_scale: Option<&'a Array>,
+    layer: usize,
+    trace: Option<&'a RefCell<Vec<(String, Array)>>>,
+}
+
+impl Ctx<'_> {
+    /// Records `layers.<i>.<what>` when tracing (`cargo xtask port-check`).
+    fn tap(&self, what: &str, a: &Array) {
+        if let Some(t) = self.trace {
+            t.borrow_mut()
+                .push((format!("layers.{}.{what}", self.layer), a.clone()));
+        }
+    }
+}
+
+/// The model: embeddings, blocks, final norm, head and logit transforms of a descriptor.
+pub struct Model {
+    desc: Descriptor,
+    embed_tokens: Embedding,
+    embed_norm: Option<Norm>,
+    positions: Option<Embedding>,
+    layers: Vec<TransformerBlock>,
+    norm: Norm,
+    lm_head: Option<Linear>,
+    fa_idx: usize,
+    swa_idx: Option<usize>,
+}
+
+impl Model {
+    /// Builds the model from `w`, after the row's `sanitize`.
+    pub fn load(desc: Descriptor, w: &mut Weights) -> Result<Model> {
+        let d = &desc;
+        Self::sanitize(d, w)?;
+        let embed_tokens = Embedding::load(w, d.names.embed, d.vocab_size, d.hidden_size)?;
+        let positions = match d.names.positions {
+            Some(p) => Some(Embedding::load(w, p, d.n_positions, d.hidden_size)?),
+            None => None,
+        };
+        let layers = (0..d.num_layers as usize)
+            .map(|i| TransformerBlock::load(d, w, i))
+            .collect::<Result<Vec<_>>>()?;
+        let norm = Norm::load(w, d.names.final_norm, d.norm, d.hidden_size, d.norm_eps)?;
+        let untied = match d.head {
+            Head::Tied => false,
+            Head::Untied => true,
+            Head::TiedIfMissing => w.contains(&format!("{}.weight", d.names.lm_head)),
+        };
+        let lm_head = if untied {
+            Some(Linear::load(
+                w,
+                d.names.lm_head,
+                d.hidden_size,
+                d.vocab_size,
+                d.lm_head_bias,
+            )?)
+        } else {
+            None
+        };
+        let fa_idx = d
+            .sliding
+            .iter()
+            .position(|s| !s)
+            .ok_or_else(|| ModelError::Config("no full-attention layer".into()))?;
+        let swa_idx = d.sliding.iter().position(|s| *s);
+        let embed_norm = if d.embed_norm {
+            Some(Norm::load(
+                w,
+                "embed_norm",
+                d.norm,
+                d.hidden_size,
+                d.norm_eps,
+            )?)
+        } else {
+            None
+        };
+        Ok(Model {
+            embed_tokens,
+            embed_norm,
+            positions,
+            layers,
+            norm,
+            lm_head,
+            fa_idx,
+            swa_idx,
+            desc,
+        })
+    }
+
+    fn sanitize(d: &Descriptor, w: &mut Weights) -> Result<()> {
+        if let Some(r) = &d.hf_renames {
+            for k in w.names() {
+                if r.is_conv1d(&k) {
+                    w.map_tensor(&k, |a| Ok(ops::transpose_all(a, None)?))?;
+                }
+            }
+            w.rename_all(|k| r.rename(k))?;
+        }
+        for prefix in &d.drop_prefixes {
+            w.discard_prefix(prefix);
+        }
+        if let Some(p) = d.strip_prefix {
+            w.strip_prefix(p);
+        }
+        for i in 0..d.num_layers {
+            for t in &d.drop_layer_tensors {
+                w.discard(&format!("{}.{i}.{t}", d.names.layers));
+            }
+        }
+        if d.head == Head::Tied {
+            for suffix in ["weight", "scales", "biases"] {
+                w.discard(&format!("{}.{suffix}", d.names.lm_head));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn descriptor(&self) -> &Descriptor {
+        &self.desc
+    }
+
+    fn embed(&self, inputs: &Array, offset: usize) -> Result<Array> {
+        let mut h = self.embed_tokens.forward(inputs)?;
+        if let Some(wpe) = &self.positions {
+            // gpt2.py: `h += wpe(mx.arange(L) + offset)`.
+            let l = inputs.shape().get(1).copied().unwrap_or(0);
+            if offset + l.max(0) as usize > self.desc.n_positions as usize {
+                return Err(ModelError::Other(format!(
+                    "position {} is past the learned position table ({} rows)",
+                    offset + l.max(0) as usize,
+                    self.desc.n_positions
+                )));
+            }
+            let start = offset as f64;
+            let ids = ops::arange(start, start + f64::from(l), 1.0, Dtype::Int32, None)?;
+            h = (&h + &wpe.forward(&ids)?)?;
+        }
+        let h = match self.desc.embed_scale {
+            EmbedScale::None => h,
+            EmbedScale::Weak(s) => (&h * (s as f32))?,
+            EmbedScale::Bf16(s) => {
+                let c = Array::from_f32(s as f32, Dtype::Bfloat16)?.astype(h.dtype())?;
+                (&h * &c)?
+            }
+        };
+        match &self.embed_norm {
+            Some(n) => n.forward(&h),
+            None => Ok(h),
+        }
+    }
+
+    fn head(&self, out: &Array) -> Result<Array> {
+        let out = match self.desc.logit_scale {
+            LogitScale::DivBeforeHead(s) if self.lm_head.is_some() => (out / (s as f32))?,
+            _ => out.clone(),
+        };
+        let out = match &self.lm_head {
+            Some(head) => head.forward(&out)?,
+            None => self.embed_tokens.as_linear(&out)?,
+        };
+        let out = match self.desc.logit_scale {
+            LogitScale::None | LogitScale::DivBeforeHead(_) => out,
+            LogitScale::Mul(s) => (&out * (s as f32))?,
+            LogitScale::Div(s) => (&out / (s as f32))?,
+        };
+        match self.desc.final_logit_softcap {
+            None => Ok(out),
+            Some(cap) => {
+                let cap = cap as f32;
+                Ok((&ops::tanh(&(&out / cap)?, None)? * cap)?)
+            }
+        }
+    }
+}
+
+impl Model {
+    fn run(
+        &self,
+        inputs: &Array,
+        caches: Option<&mut [Box<dyn Cache>]>,
+        trace: Option<&RefCell<Vec<(String, Array)>>>,
+    ) -> Result<Array> {
+        if inputs.ndim() != 2 {
+            return Err(ModelError::Other(format!(
+                "inputs must be token ids of shape (batch, seq), got shape {:?}",
+                inputs.shape()
+            )));
+        }
+        let offset = match &caches {
+            Some(c) => c.first().map_or(0, |c| c.offset()),
+            None => 0,
+        };
+        let mut h = self.embed(inputs, offset)?;
+        let n = h.shape().get(1).copied().unwrap_or(0) as usize;
+        let qs = match self.desc.query_scale {
+            Some((beta, original)) => {
+                Some(llama4_attn_scale(n, offset, beta, original, h.dtype())?)
+            }
+            None => None,
+        };
+        let query_scale = qs.as_ref();
+        let window = self.desc.sliding_window;
+        let as_array = self.desc.mask_as_array;
+        match caches {
+            Some(caches) => {
+                if caches.len() != self.layers.len() {
+                    return Err(ModelError::Other(format!(
+                        "{} caches for {} layers",
+                        caches.len(),
+                        self.layers.len()
+                    )));
+                }
+                let fa_mask = caches[self.fa_idx].make_mask(n, None, as_array)?;
+                let swa_mask = match self.swa_idx {
+                    Some(i) => Some(caches[i].make_mask(n, window, as_array)?),
+                    None => None,
+                };
+                for (i, (layer, cache)) in self.layers.iter().zip(caches.iter_mut()).enumerate() {
+                    let mask = match (&swa_mask, layer.sliding) {
+                        (Some(m), true) => m,
+                        _ => &fa_mask,
+                    };
+                    let ctx = Ctx {
+                        mask,
+                        query_scale,
+                        layer: i,
+                        trace,
+                    };
+                    ctx.tap("in", &h);
+                    h = layer.forward(&h, &ctx, Some(cache))?;
+                    ctx.tap("out", &h);
+                }
+            }
+            None => {
+                let fa_mask = no_cache_mask(n, None, as_array)?;
+                let swa_mask = no_cache_mask(n, window, as_array)?;
+                for (i, layer) in self.layers.iter().enumerate() {
+                    let mask = if layer.sliding { &swa_mask } else { &fa_mask };
+                    let ctx = Ctx {
+                        mask,
+                        query_scale,
+                        layer: i,
+                        trace,
+                    };
+                    ctx.tap("in", &h);
+                    h = layer.forward(&h, &ctx, None)?;
+                    ctx.tap("out", &h);
+                }
+            }
+        }
+        let out = self.norm.forward(&h)?;
+        self.head(&out)
+    }
+}
+
+impl LanguageModel for Model {
+    fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
+        self.run(inputs, caches, None)
+    }
+
+    fn trace(&self, inputs: &Array) -> Result<Vec<(String, Array)>> {
+        let taps = RefCell::new(Vec::new());
+        let logits = self.run(inputs, None, Some(&taps))?;
+        let mut taps = taps.into_inner();
+        taps.push(("logits".into(), logits));
+        Ok(taps)
+    }
+
+    fn make_cache(&self) -> Vec<Box<dyn Cache>> {
+        self.layers
+            .iter()
+            .map(|l| -> Box<dyn Cache> {
+                // Without a `make_cache` of its own, mlx-lm's `make_prompt_cache` gives every
+                // layer a plain KVCache.
+                match (
+                    l.sliding && self.desc.defines_make_cache,
+                    self.desc.sliding_window,
+                ) {
+                    (true, Some(w)) => match RotatingKVCache::new(w, 0) {
+                        Ok(c) => Box::new(c),
+                        Err(_) => Box::new(KVCache::new()),
+                    },
+                    _ => Box::new(KVCache::new()),
+                }
+            })
+            .collect()
+    }
+
+    fn defines_make_cache(&self) -> bool {
+        self.desc.defines_make_cache
+    }
+
+    fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    fn model_type(&self) -> &str {
+        &self.desc.model_type
+    }
+
+    fn vocab_size(&self) -> i32 {
+        self.desc.vocab_size
+    }
+}
+
+/// ministral3.py `_get_llama_4_attn_scale(L, offset, beta, original)[:, None]`, in `dtype`:
+/// `1 + beta * log(1 + floor((arange(L) + offset) / original))`.
+fn llama4_attn_scale(
+    n: usize,
+    offset: usize,
+    beta: f64,
+    original: i64,
+    dtype: Dtype,
+) -> Result<Array> {
+    let pos = ops::arange(0.0, n as f64, 1.0, Dtype::Int32, None)?;
+    let pos = (&pos + &Scalar::Int(offset as i64).to_array_like(Dtype::Int32)?)?;
+    let q = (&pos / &Scalar::Int(original).to_array_like(Dtype::Int32)?)?;
+    let f = ops::floor(&q, None)?;
+    let one_plus = (1 + &f)?;
+    let l = ops::log(&one_plus, None)?;
+    let scaled = (&l * &Scalar::from(beta).to_array_like(l.dtype())?)?;
+    let s = (1 + &scaled)?;
+    Ok(ops::expand_dims(&s, &[1], None)?.astype(dtype)?)
+}
+
+/// `base.create_attention_mask(h, None, window_size, return_array)`.
+fn no_cache_mask(n: usize, window: Option<usize>, return_array: bool) -> Result<AttentionMask> {
+    Ok(mlx_cache::mask::fallback_mask(n, window, return_array)?)
+}
+
+impl NormKind {
+    /// mlx-lm's name for the norm, for descriptions.
+    pub fn describe(self) -> &'static str {
+        match self {
+            NormKind::Rms => "RMSNorm",
+            NormKind::RmsOffset => "RMSNorm (1 + w)",
+            NormKind::Layer { bias: true } => "LayerNorm",
+            NormKind::Layer { bias: false } => "LayerNorm (no bias)",
+            NormKind::LayerOffset { .. } => "LayerNorm (1 + w)",
+            NormKind::RmsNoWeight => "RMSNorm (no weight)",
+            NormKind::LayerNoAffine => "LayerNorm (no affine)",
+        }
+    }
+}

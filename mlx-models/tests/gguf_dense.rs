@@ -1,0 +1,41 @@
+//! GGUF name maps of the dense table (qwen2, qwen3, phi3, gemma, gemma2, gemma3): tiny seeded
+//! models written with llama.cpp's names, norm conventions and metadata keys by `cargo xtask
+//! goldens gguf_dense`, loaded by `mlx_models::gguf`, give mlx-lm's logits on the same
+//! weights to the last bit.
+
+mod model_check;
+
+use std::path::PathBuf;
+
+use mlx_models::gguf::{load_gguf_model, supported_gguf_architectures};
+use mlx_models::load::LoadOptions;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests")
+}
+
+#[test]
+fn gguf_files_of_every_mapped_architecture_match_mlx_lm() {
+    let names = ["qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3"];
+    let failures: Vec<String> = names
+        .iter()
+        .filter_map(|n| {
+            let run = || -> Result<(), String> {
+                let path = root().join("models/gguf").join(format!("{n}.gguf"));
+                let (model, _) =
+                    load_gguf_model(&path, &LoadOptions::default()).map_err(|e| e.to_string())?;
+                model_check::check_loaded(
+                    model.as_ref(),
+                    &root().join("goldens/gguf").join(format!("{n}.safetensors")),
+                )
+            };
+            run().err().map(|e| format!("{n}: {e}"))
+        })
+        .collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    for a in [
+        "llama", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3",
+    ] {
+        assert!(supported_gguf_architectures().contains(&a), "{a}");
+    }
+}
