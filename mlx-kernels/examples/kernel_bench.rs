@@ -105,6 +105,25 @@ fn swiglu_rows(shape: &[i32]) -> Result<Row> {
     })
 }
 
+/// One native MLX op (`add`, one kernel) timed the same way: the per-node baseline.
+fn native_add() -> Result<(f64, f64)> {
+    let a = rnd(&[1, 1, 576], 1.0, 6)?;
+    let b = rnd(&[1, 1, 576], 1.0, 7)?;
+    eval([&a, &b])?;
+    let (call, chain) = time_both(REPS, |p| {
+        if p == Path::Fused {
+            ops::add(&a, &b, None)?.eval()
+        } else {
+            let mut c = a.clone();
+            for _ in 0..CHAIN {
+                c = ops::add(&c, &b, None)?;
+            }
+            c.eval()
+        }
+    })?;
+    Ok((call, chain / CHAIN as f64))
+}
+
 fn main() -> Result<()> {
     let out = std::env::args().nth(1);
     if Path::auto() != Path::Fused {
@@ -148,6 +167,16 @@ fn main() -> Result<()> {
             r.chain.1 / r.chain.0,
         );
     }
+    let (call, chain) = native_add()?;
+    let _ = writeln!(
+        md,
+        "\nBaseline, one native op (`add`, bf16 [1, 1, 576]): call {call:.1} us, chain {chain:.2} us/node."
+    );
+    let _ = writeln!(
+        md,
+        "MLX_USE_CUDA_GRAPHS={}",
+        std::env::var("MLX_USE_CUDA_GRAPHS").unwrap_or_else(|_| "(unset: on)".into())
+    );
     print!("{md}");
     if let Some(path) = out {
         std::fs::write(&path, &md).map_err(|e| Error::Io {

@@ -70,7 +70,9 @@ __device__ float mlxk_block_sum(
 "#;
 
 // Template arguments: T (dtype), D (features), NR (elements per 16-byte vector), BLOCK
-// (threads per row), CHUNKS (vectors per thread), SMALL (rms_norm_small vs the looped kernel).
+// (threads per row), CHUNKS (vectors per thread), SMALL (rms_norm_small vs the looped kernel),
+// EPS_BITS (eps's float32 bits: a constant rather than an input array, which would cost a
+// fresh host-to-device array per call).
 const SOURCE: &str = r#"
   auto block = cg::this_thread_block();
   __shared__ float temp[(BLOCK / 32) > 1 ? (BLOCK / 32) : 1];
@@ -81,6 +83,7 @@ const SOURCE: &str = r#"
   T* outr = out + row * D;
   const uint32_t index = threadIdx.x;
   const uint32_t axis_size = D;
+  const float eps = __int_as_float(EPS_BITS);
   float normalizer = 0;
   if constexpr (SMALL) {
     AlignedVector<T, NR> hn[CHUNKS];
@@ -101,7 +104,7 @@ const SOURCE: &str = r#"
       }
     }
     normalizer = mlxk_block_sum<BLOCK>(block, temp, normalizer);
-    normalizer = rsqrt(normalizer / axis_size + eps[0]);
+    normalizer = rsqrt(normalizer / axis_size + eps);
 #pragma unroll
     for (int i = 0; i < CHUNKS; i++) {
       int offset = BLOCK * i + index;
@@ -129,7 +132,7 @@ const SOURCE: &str = r#"
       store_vector<NR>(hr, idx, hn, axis_size);
     }
     normalizer = mlxk_block_sum<BLOCK>(block, temp, normalizer);
-    normalizer = rsqrt(normalizer / axis_size + eps[0]);
+    normalizer = rsqrt(normalizer / axis_size + eps);
     for (int r = 0; r < rounds; ++r) {
       auto idx = r * BLOCK + block.thread_rank();
       // Each thread reads back only what it wrote itself above.
@@ -147,7 +150,7 @@ const SOURCE: &str = r#"
 
 fn kernel() -> KernelBuilder {
     CustomKernel::builder("mlxk_add_rms_norm")
-        .inputs(["x", "residual", "weight", "eps"])
+        .inputs(["x", "residual", "weight"])
         .outputs(["h", "out"])
         .header(HEADER)
         .source(SOURCE)
@@ -258,12 +261,12 @@ fn add_rms_norm_fused(
         .template("BLOCK", TemplateArg::Int(block))
         .template("CHUNKS", TemplateArg::Int(chunks))
         .template("SMALL", TemplateArg::Bool(small))
+        .template("EPS_BITS", TemplateArg::Int(eps.to_bits() as i32))
         .output(&shape, dtype)
         .output(&shape, dtype);
-    let eps = Array::from_slice(&[eps], &[1])?;
     let mut outs = with_kernel("add_rms_norm", kernel, |k| {
         k.call(
-            &[x.clone(), residual.clone(), weight.clone(), eps],
+            &[x.clone(), residual.clone(), weight.clone()],
             &launch,
             None,
         )

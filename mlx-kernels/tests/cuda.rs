@@ -7,7 +7,7 @@ use mlx_core::kernels::KernelBackend;
 use mlx_core::prelude::*;
 use mlx_kernels::rms_norm::{self, add_rms_norm_reference};
 use mlx_kernels::swiglu::{self, swiglu_reference};
-use mlx_kernels::{add_rms_norm, swiglu, Path, Tier};
+use mlx_kernels::{add_rms_norm, Path, Tier};
 
 const DTYPES: [Dtype; 3] = [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16];
 
@@ -135,7 +135,7 @@ fn swiglu_fused_matches_its_reference() {
             seed += 1;
             let gate = rnd(shape, dtype, 4.0, seed);
             let up = rnd(shape, dtype, 1.0, seed + 1000);
-            let out = swiglu(&gate, &up, Path::Fused).unwrap();
+            let out = swiglu::swiglu(&gate, &up, Path::Fused).unwrap();
             let reference = swiglu_reference(&gate, &up).unwrap();
             eval([&out, &reference]).unwrap();
             compare(
@@ -166,7 +166,7 @@ fn swiglu_fused_matches_its_reference() {
             .astype(dtype)
             .unwrap();
         let up = ops::ones(&[v.len() as i32], dtype, None).unwrap();
-        let out = swiglu(&gate, &up, Path::Fused).unwrap();
+        let out = swiglu::swiglu(&gate, &up, Path::Fused).unwrap();
         let reference = swiglu_reference(&gate, &up).unwrap();
         compare(
             &format!("swiglu {dtype} extremes"),

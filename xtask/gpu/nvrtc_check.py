@@ -82,9 +82,10 @@ def main():
     for dt, nr in (("float32", 4), ("float16", 8), ("bfloat16", 8)):
         for dims, block, chunks, small in ((576, 128, 1, True), (4096, 128, 4, True), (10000, 1024, 1, False)):
             src = build("mlxk_add_rms_norm", rms_h, rms_s,
-                        [("x", dt, 3), ("residual", dt, 3), ("weight", dt, 1), ("eps", "float32", 1)],
+                        [("x", dt, 3), ("residual", dt, 3), ("weight", dt, 1)],
                         [("h", dt), ("out", dt)],
-                        [("T", dt), ("D", dims), ("NR", nr), ("BLOCK", block), ("CHUNKS", chunks), ("SMALL", small)])
+                        [("T", dt), ("D", dims), ("NR", nr), ("BLOCK", block), ("CHUNKS", chunks), ("SMALL", small),
+                         ("EPS_BITS", 0x3727C5AC)])
             ok &= compile_one(f"add_rms_norm {dt} D={dims} BLOCK={block} CHUNKS={chunks} SMALL={small}", src)
         src = build("mlxk_swiglu", swi_h, swi_s, [("gate", dt, 3), ("up", dt, 3)], [("out", dt)],
                     [("T", dt), ("NR", nr)])
