@@ -1,7 +1,10 @@
 #!/bin/bash
 # Like prepare.sh, for the mlx-kernels session: fills .gpu/a (setup.sh's wheels and half one of
-# libmlx) and .gpu/b (half two, the `cuda` test set and `kernel_bench` built here against the
-# CUDA wheel in the debug profile, decode_breakdown.py, env.sh, kernels.sh). Then:
+# libmlx) and .gpu/b (half two, the `cuda` test set (debug profile) and `kernel_bench` (release
+# profile; BENCH_PROFILE=dev for a quicker build) built here against the CUDA wheel,
+# decode_breakdown.py, env.sh, kernels.sh). The device tool sends the checkout its session
+# started in: when that is another worktree, copy .gpu/a and .gpu/b into its ignored .gpu/.
+# Then:
 #   device call 1, carrying .gpu/a:  bash .gpu/a/setup.sh
 #   device call 2, carrying .gpu/b:  bash .gpu/b/kernels.sh      (results under $OUT)
 set -euo pipefail
@@ -22,10 +25,13 @@ cp .gpu/tmp/libmlx.so.xz.00 .gpu/a/ && cp .gpu/tmp/libmlx.so.xz.01 .gpu/b/
 # libmlx's CUDA dependencies are not here: let the linker leave them to the machine that runs it.
 export CARGO_TARGET_DIR=target/cuda MLX_DIR="$PWD/.gpu/tmp/cuda" \
   RUSTFLAGS="-C link-arg=-Wl,--allow-shlib-undefined"
-nice -n 10 cargo build -p mlx-kernels --features cuda --tests --examples
+nice -n 10 cargo build -p mlx-kernels --features cuda --tests
+profile=${BENCH_PROFILE:-release}
+nice -n 10 cargo build -p mlx-kernels --features cuda --example kernel_bench --profile "$profile"
 test_bin=$(nice -n 10 cargo test -p mlx-kernels --features cuda --test cuda --no-run 2>&1 |
   sed -n 's/.*Executable tests\/cuda.rs (\(.*\))/\1/p')
-cp "$test_bin" .gpu/b/cuda_tests && cp target/cuda/debug/examples/kernel_bench .gpu/b/
+dir=$([ "$profile" = dev ] && echo debug || echo "$profile")
+cp "$test_bin" .gpu/b/cuda_tests && cp "target/cuda/$dir/examples/kernel_bench" .gpu/b/
 strip .gpu/b/cuda_tests .gpu/b/kernel_bench
 cp xtask/gpu/setup.sh .gpu/a/
 cp xtask/gpu/env.sh xtask/gpu/kernels.sh xtask/gpu/decode_breakdown.py .gpu/b/
