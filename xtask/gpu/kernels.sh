@@ -1,7 +1,7 @@
 #!/bin/bash
 # Device call 2 of the mlx-kernels session (after setup.sh; see prepare_kernels.sh): the `cuda`
-# test set, the kernel micro-benchmark (with MLX's CUDA graphs on, then off) and the
-# decode-step breakdown, logs under $OUT. Each part runs even when an earlier one fails; the
+# test set, the kernel micro-benchmark (with MLX's CUDA graphs on, then off), the host cost per
+# node (node_costs.py) and the decode-step breakdown, logs under $OUT. Each part runs even when an earlier one fails; the
 # exit status is the tests'. BREAKDOWN_MODELS picks models (default: all four).
 set -x
 source .gpu/b/env.sh
@@ -13,6 +13,7 @@ rc=$?
 timeout 150 .gpu/b/kernel_bench "$OUT/kernel_bench.md" 2>&1 | tee "$OUT/kernel_bench.log"
 MLX_USE_CUDA_GRAPHS=0 timeout 150 .gpu/b/kernel_bench "$OUT/kernel_bench_nographs.md" 2>&1 |
   tee "$OUT/kernel_bench_nographs.log"
+timeout 120 python3 .gpu/b/node_costs.py "$OUT/node_costs.md" 2>&1 | tee "$OUT/node_costs.log"
 timeout 300 python3 .gpu/b/decode_breakdown.py "$OUT/decode_breakdown.json" ${BREAKDOWN_MODELS:-} 2>&1 |
   tee "$OUT/decode_breakdown.log"
 exit $rc

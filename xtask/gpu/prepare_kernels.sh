@@ -34,5 +34,5 @@ dir=$([ "$profile" = dev ] && echo debug || echo "$profile")
 cp "$test_bin" .gpu/b/cuda_tests && cp "target/cuda/$dir/examples/kernel_bench" .gpu/b/
 strip .gpu/b/cuda_tests .gpu/b/kernel_bench
 cp xtask/gpu/setup.sh .gpu/a/
-cp xtask/gpu/env.sh xtask/gpu/kernels.sh xtask/gpu/decode_breakdown.py .gpu/b/
+cp xtask/gpu/env.sh xtask/gpu/kernels.sh xtask/gpu/decode_breakdown.py xtask/gpu/node_costs.py .gpu/b/
 du -sh .gpu/a .gpu/b
