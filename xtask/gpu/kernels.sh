@@ -1,8 +1,9 @@
 #!/bin/bash
 # Device call 2 of the mlx-kernels session (after setup.sh; see prepare_kernels.sh): the `cuda`
 # test set, the kernel micro-benchmark (with MLX's CUDA graphs on, then off), the host cost per
-# node (node_costs.py) and the decode-step breakdown, logs under $OUT. Each part runs even when an earlier one fails; the
-# exit status is the tests'. BREAKDOWN_MODELS picks models (default: all four).
+# node (node_costs.py) and the decode-step breakdown, logs under $OUT. Each part runs even
+# when an earlier one fails; the exit status is the tests'. BREAKDOWN_MODELS picks models
+# (default: all four).
 set -x
 source .gpu/b/env.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; command -v nsys ncu
