@@ -1,0 +1,96 @@
+"""Compile-checks mlx-kernels' CUDA sources with NVRTC, here, without a GPU.
+
+    python nvrtc_check.py NVIDIA_ROOT MLX_SRC
+
+NVIDIA_ROOT holds the unpacked `nvidia-cuda-nvrtc`, `nvidia-cuda-runtime` and
+`nvidia-cuda-cccl` 13.0 wheels (`nvidia/cu13/{lib,include}`); MLX_SRC a checkout of MLX's
+`mlx/backend/cuda/device` headers (MLX's JIT bundles them). Each kernel's source is wrapped as
+MLX's `cuda_kernel` wraps it (mlx/backend/cuda/custom_kernel.cpp `build_kernel`) for every
+dtype and template instance the crate launches, and compiled for compute_90a with MLX's
+options. It catches compile errors before a device call is spent on them.
+"""
+
+import ctypes
+import os
+import re
+import sys
+
+ROOT, MLX_SRC = sys.argv[1], sys.argv[2]
+HERE = os.path.dirname(os.path.abspath(__file__))
+CRATE = os.path.join(HERE, "..", "..", "mlx-kernels", "src")
+CU = os.path.join(ROOT, "nvidia", "cu13")
+nvrtc = ctypes.CDLL(os.path.join(CU, "lib", "libnvrtc.so.13"))
+
+DEFAULT_HEADER = """
+#include "mlx/backend/cuda/device/utils.cuh"
+
+#include <cooperative_groups.h>
+
+#define inf cuda::std::numeric_limits<float>::infinity()
+
+"""
+CUDA_TYPE = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
+
+
+def rust_str(path, name):
+    text = open(os.path.join(CRATE, path)).read()
+    return re.search(r"const %s: &str = r#\"(.*?)\"#;" % name, text, re.S).group(1)
+
+
+def build(name, header, source, inputs, outputs, templates):
+    s = DEFAULT_HEADER + header + "namespace mlx::core::cu {\n\nnamespace cg = cooperative_groups;\n\n"
+    s += f"__global__ void {name}(\n"
+    for n, t, ndim in inputs:
+        s += f"    const {CUDA_TYPE[t]}* {n},\n"
+        if ndim > 0:
+            for suffix, ty in (("_shape", "Shape"), ("_strides", "Strides"), ("_ndim", "int")):
+                if n + suffix in source:
+                    s += f"    const __grid_constant__ {ty} {n}{suffix},\n"
+    s += ",\n".join(f"    {CUDA_TYPE[t]}* {n}" for n, t in outputs) + ") {\n"
+    for k, v in templates:
+        if isinstance(v, bool):
+            s += f"  constexpr bool {k} = {'true' if v else 'false'};\n"
+        elif isinstance(v, int):
+            s += f"  constexpr int {k} = {v};\n"
+        else:
+            s += f"  using {k} = {CUDA_TYPE[v]};\n"
+    s += "\n" + source + "\n}\n\n} // namespace mlx::core::cu\n"
+    return s
+
+
+def compile_one(label, src):
+    prog = ctypes.c_void_p()
+    assert nvrtc.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"k.cu", 0, None, None) == 0
+    opts = [b"--device-as-default-execution-space", b"--gpu-architecture=compute_90a",
+            f"--include-path={MLX_SRC}".encode(), f"--include-path={CU}/include/cccl".encode(),
+            f"--include-path={CU}/include".encode()]
+    arr = (ctypes.c_char_p * len(opts))(*opts)
+    rc = nvrtc.nvrtcCompileProgram(prog, len(opts), arr)
+    size = ctypes.c_size_t()
+    nvrtc.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    nvrtc.nvrtcGetProgramLog(prog, log)
+    text = log.value.decode(errors="replace").strip()
+    print(f"{'ok  ' if rc == 0 else 'FAIL'} {label}" + (f"\n{text}" if text else ""))
+    return rc == 0
+
+
+def main():
+    ok = True
+    rms_h, rms_s = rust_str("rms_norm.rs", "HEADER"), rust_str("rms_norm.rs", "SOURCE")
+    swi_h, swi_s = rust_str("swiglu.rs", "HEADER"), rust_str("swiglu.rs", "SOURCE")
+    for dt, nr in (("float32", 4), ("float16", 8), ("bfloat16", 8)):
+        for dims, block, chunks, small in ((576, 128, 1, True), (4096, 128, 4, True), (10000, 1024, 1, False)):
+            src = build("mlxk_add_rms_norm", rms_h, rms_s,
+                        [("x", dt, 3), ("residual", dt, 3), ("weight", dt, 1)],
+                        [("h", dt), ("out", dt)],
+                        [("T", dt), ("D", dims), ("NR", nr), ("BLOCK", block), ("CHUNKS", chunks), ("SMALL", small),
+                         ("EPS_BITS", 0x3727C5AC)])
+            ok &= compile_one(f"add_rms_norm {dt} D={dims} BLOCK={block} CHUNKS={chunks} SMALL={small}", src)
+        src = build("mlxk_swiglu", swi_h, swi_s, [("gate", dt, 3), ("up", dt, 3)], [("out", dt)],
+                    [("T", dt), ("NR", nr)])
+        ok &= compile_one(f"swiglu {dt}", src)
+    sys.exit(0 if ok else 1)
+
+
+main()
