@@ -17,7 +17,17 @@ pub const MODEL_REMAPPING: &[(&str, &str)] = &[
 ];
 
 /// The `model_type`s this crate can build (after remapping).
-pub const SUPPORTED_MODEL_TYPES: &[&str] = &["llama"];
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
+    "llama",
+    "mixtral",
+    "qwen2_moe",
+    "qwen3_moe",
+    "olmoe",
+    "qwen3_next",
+    "qwen3_5",
+    "qwen3_5_moe",
+    "lfm2",
+];
 
 /// A parsed `config.json`.
 #[derive(Clone, Debug)]

@@ -3,10 +3,12 @@
 mod activations;
 mod attention;
 mod embedding;
+pub mod gated_delta;
 mod linear;
 mod mlp;
 mod norm;
 mod rope;
+mod switch;
 
 pub use activations::{gelu, gelu_approx, silu, swiglu};
 pub use attention::{quantized_scaled_dot_product_attention, scaled_dot_product_attention};
@@ -15,3 +17,4 @@ pub use linear::{Linear, QuantizedWeight};
 pub use mlp::{Mlp, MlpKind};
 pub use norm::{LayerNorm, RmsNorm};
 pub use rope::{Rope, RopeScaling};
+pub use switch::{SwitchActivation, SwitchGlu, SwitchLinear};

@@ -1,7 +1,10 @@
 //! Architectures. Each is a port of `mlx_lm/models/<model_type>.py` with the same structure
 //! (args, attention, MLP, block, inner model, outer model, sanitize) and op order.
 
+pub mod lfm2;
 pub mod llama;
+pub mod moe;
+pub mod qwen3_next;
 
 use mlx_cache::Cache;
 use mlx_core::prelude::*;
@@ -40,6 +43,13 @@ pub trait LanguageModel: Send {
 pub fn build(config: &ModelConfig, mut weights: Weights) -> Result<Box<dyn LanguageModel>> {
     let model: Box<dyn LanguageModel> = match config.architecture.as_str() {
         "llama" => Box::new(llama::Model::load(config, &mut weights)?),
+        "mixtral" | "qwen2_moe" | "qwen3_moe" | "olmoe" => {
+            Box::new(moe::Model::load(config, &mut weights)?)
+        }
+        "lfm2" => Box::new(lfm2::Model::load(config, &mut weights)?),
+        "qwen3_next" | "qwen3_5" | "qwen3_5_moe" => {
+            Box::new(qwen3_next::Model::load(config, &mut weights)?)
+        }
         other => {
             return Err(crate::ModelError::UnsupportedModelType {
                 model_type: other.to_string(),
