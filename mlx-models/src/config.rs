@@ -23,6 +23,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "qwen2_moe",
     "qwen3_moe",
     "olmoe",
+    "gpt_oss",
     "qwen3_next",
     "qwen3_5",
     "qwen3_5_moe",

@@ -91,6 +91,8 @@ fn moe_rows_match_mlx_lm_bit_for_bit() {
         "mixtral",
         "olmoe",
         "olmoe_q8",
+        "gpt_oss",
+        "gpt_oss_q4",
     ]);
 }
 

@@ -117,6 +117,32 @@ ROWS = {
         "float32",
         (64, 8),
     ),
+    "gpt_oss": (
+        "gpt_oss",
+        {
+            "num_hidden_layers": 4,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "intermediate_size": 32,
+            "head_dim": 16,
+            "sliding_window": 8,
+        },
+        "float32",
+        None,
+    ),
+    "gpt_oss_q4": (
+        "gpt_oss",
+        {
+            "num_hidden_layers": 2,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "intermediate_size": 64,
+            "head_dim": 16,
+            "sliding_window": 16,
+        },
+        "float32",
+        (32, 4),
+    ),
 }
 
 HYBRID = {

@@ -130,6 +130,9 @@ impl SwitchLinear {
 pub enum SwitchActivation {
     /// mlx-lm's `SwiGLU()`: `silu(gate) * up`.
     SwiGlu,
+    /// gpt_oss's `SwigluOAI` (`swiglu_oai`, alpha 1.702, limit 7): the gate clipped from
+    /// above, the linear part clipped both ways and offset by one.
+    SwiGluOai,
 }
 
 impl SwitchActivation {
@@ -137,6 +140,14 @@ impl SwitchActivation {
     fn apply(self, up: &Array, gate: &Array) -> Result<Array> {
         match self {
             SwitchActivation::SwiGlu => Ok(swiglu(gate, up)?),
+            SwitchActivation::SwiGluOai => {
+                let (alpha, limit) = (1.702f32, 7.0f32);
+                let gate = ops::minimum_scalar(gate, limit, None)?;
+                let x = ops::clip_scalar(up, Some((-limit).into()), Some(limit.into()), None)?;
+                let glu =
+                    (&gate * &ops::sigmoid(&ops::scalar_multiply(alpha, &gate, None)?, None)?)?;
+                Ok((&ops::add_scalar(&x, 1.0f32, None)? * &glu)?)
+            }
         }
     }
 }

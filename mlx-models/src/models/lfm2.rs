@@ -276,6 +276,8 @@ impl Model {
                         eps,
                         rope: Rope::initialize(head_dim, args.rope_theta, false, None, None)?,
                         names: ["out_proj", "q_layernorm", "k_layernorm"],
+                        sinks: false,
+                        inv_sqrt_scale: false,
                     },
                     w,
                     &format!("{p}.self_attn"),

@@ -43,7 +43,7 @@ pub trait LanguageModel: Send {
 pub fn build(config: &ModelConfig, mut weights: Weights) -> Result<Box<dyn LanguageModel>> {
     let model: Box<dyn LanguageModel> = match config.architecture.as_str() {
         "llama" => Box::new(llama::Model::load(config, &mut weights)?),
-        "mixtral" | "qwen2_moe" | "qwen3_moe" | "olmoe" => {
+        "mixtral" | "qwen2_moe" | "qwen3_moe" | "olmoe" | "gpt_oss" => {
             Box::new(moe::Model::load(config, &mut weights)?)
         }
         "lfm2" => Box::new(lfm2::Model::load(config, &mut weights)?),

@@ -4,7 +4,7 @@
 //! experts (one [`SwitchGlu`]) and the optional shared expert are written once here, in each
 //! file's op order.
 
-use mlx_cache::{AttentionMask, Cache, KVCache};
+use mlx_cache::{AttentionMask, Cache, KVCache, RotatingKVCache};
 use mlx_core::prelude::*;
 use serde::Deserialize;
 
@@ -41,6 +41,9 @@ pub enum Router {
     SoftmaxLowerPartition { norm_topk_prob: bool, flatten: bool },
     /// mixtral: `argpartition(-gates, k - 1)[..., :k]` on the logits, softmax over the `k`.
     TopKThenSoftmax,
+    /// gpt_oss (`mlx_topk`): `argpartition(gates, -k)[..., -k:]` on the logits, softmax over
+    /// the `k`.
+    UpperTopKThenSoftmax,
 }
 
 /// What a row fixes about the family.
@@ -79,6 +82,15 @@ pub struct MoeSpec {
     pub moe_module: &'static str,
     /// `sanitize` drops `lm_head.weight` when tied (qwen3_moe, mixtral; olmoe does not).
     pub drops_tied_head: bool,
+    /// gpt_oss: attention sinks, biased router `router`, experts `experts` with biases and
+    /// the clamped SwiGLU.
+    pub attn_sinks: bool,
+    pub moe_names: [&'static str; 2],
+    pub router_bias: bool,
+    pub activation: SwitchActivation,
+    /// Per layer: sliding-window attention (a `RotatingKVCache` of `sliding_window`).
+    pub sliding: Vec<bool>,
+    pub sliding_window: Option<usize>,
 }
 
 fn default_true() -> bool {
@@ -230,6 +242,68 @@ fn olmoe_rope_theta() -> f64 {
     10000.0
 }
 
+/// gpt_oss.py `ModelArgs` (all defaulted there).
+#[derive(Deserialize)]
+struct GptOssArgs {
+    #[serde(default = "gpt_oss_type")]
+    model_type: String,
+    #[serde(default = "gpt_oss_layers")]
+    num_hidden_layers: i32,
+    #[serde(default = "gpt_oss_experts")]
+    num_local_experts: i32,
+    #[serde(default = "gpt_oss_top_k")]
+    num_experts_per_tok: i32,
+    #[serde(default = "gpt_oss_vocab")]
+    vocab_size: i32,
+    #[serde(default = "mixtral_eps")]
+    rms_norm_eps: f64,
+    #[serde(default = "gpt_oss_hidden")]
+    hidden_size: i32,
+    #[serde(default = "gpt_oss_hidden")]
+    intermediate_size: i32,
+    #[serde(default = "gpt_oss_head_dim")]
+    head_dim: i32,
+    #[serde(default = "gpt_oss_head_dim")]
+    num_attention_heads: i32,
+    #[serde(default = "mixtral_experts")]
+    num_key_value_heads: i32,
+    #[serde(default = "gpt_oss_window")]
+    sliding_window: i64,
+    #[serde(default = "gpt_oss_theta")]
+    rope_theta: f64,
+    #[serde(default)]
+    rope_scaling: Option<RopeScaling>,
+    #[serde(default)]
+    layer_types: Option<Vec<String>>,
+}
+fn gpt_oss_type() -> String {
+    "gpt_oss".into()
+}
+fn gpt_oss_layers() -> i32 {
+    36
+}
+fn gpt_oss_experts() -> i32 {
+    128
+}
+fn gpt_oss_top_k() -> i32 {
+    4
+}
+fn gpt_oss_vocab() -> i32 {
+    201088
+}
+fn gpt_oss_hidden() -> i32 {
+    2880
+}
+fn gpt_oss_head_dim() -> i32 {
+    64
+}
+fn gpt_oss_window() -> i64 {
+    128
+}
+fn gpt_oss_theta() -> f64 {
+    150000.0
+}
+
 impl MoeSpec {
     /// The row for `config.architecture`.
     pub fn from_config(config: &ModelConfig) -> Result<MoeSpec> {
@@ -275,6 +349,12 @@ impl MoeSpec {
                     intermediate_size: a.intermediate_size,
                     moe_module: "mlp",
                     drops_tied_head: true,
+                    attn_sinks: false,
+                    moe_names: ["gate", "switch_mlp"],
+                    router_bias: false,
+                    activation: SwitchActivation::SwiGlu,
+                    sliding: Vec::new(),
+                    sliding_window: None,
                 }
             }
             "qwen2_moe" => {
@@ -321,6 +401,12 @@ impl MoeSpec {
                     intermediate_size: a.intermediate_size,
                     moe_module: "mlp",
                     drops_tied_head: false,
+                    attn_sinks: false,
+                    moe_names: ["gate", "switch_mlp"],
+                    router_bias: false,
+                    activation: SwitchActivation::SwiGlu,
+                    sliding: Vec::new(),
+                    sliding_window: None,
                 }
             }
             "mixtral" => {
@@ -352,6 +438,12 @@ impl MoeSpec {
                     intermediate_size: a.intermediate_size,
                     moe_module: "block_sparse_moe",
                     drops_tied_head: true,
+                    attn_sinks: false,
+                    moe_names: ["gate", "switch_mlp"],
+                    router_bias: false,
+                    activation: SwitchActivation::SwiGlu,
+                    sliding: Vec::new(),
+                    sliding_window: None,
                 }
             }
             "olmoe" => {
@@ -390,6 +482,80 @@ impl MoeSpec {
                     intermediate_size: a.intermediate_size,
                     moe_module: "mlp",
                     drops_tied_head: false,
+                    attn_sinks: false,
+                    moe_names: ["gate", "switch_mlp"],
+                    router_bias: false,
+                    activation: SwitchActivation::SwiGlu,
+                    sliding: Vec::new(),
+                    sliding_window: None,
+                }
+            }
+            "gpt_oss" => {
+                let a: GptOssArgs = config.args()?;
+                let n = a.num_hidden_layers.max(0) as usize;
+                let types = a.layer_types.unwrap_or_else(|| {
+                    ["sliding_attention", "full_attention"]
+                        .iter()
+                        .cycle()
+                        .take(n / 2 * 2)
+                        .map(|t| t.to_string())
+                        .collect()
+                });
+                if types.len() != n {
+                    return Err(ModelError::Config(format!(
+                        "gpt_oss: layer_types has {} entries for {n} layers",
+                        types.len()
+                    )));
+                }
+                for t in &types {
+                    if t != "sliding_attention" && t != "full_attention" {
+                        return Err(ModelError::Config(format!(
+                            "gpt_oss: unknown layer type `{t}`"
+                        )));
+                    }
+                }
+                let window = usize::try_from(a.sliding_window)
+                    .ok()
+                    .filter(|w| *w > 0)
+                    .ok_or_else(|| {
+                        ModelError::Config(format!(
+                            "gpt_oss: sliding_window must be positive, got {}",
+                            a.sliding_window
+                        ))
+                    })?;
+                MoeSpec {
+                    model_type: a.model_type,
+                    hidden_size: a.hidden_size,
+                    num_hidden_layers: a.num_hidden_layers,
+                    vocab_size: a.vocab_size,
+                    rms_norm_eps: a.rms_norm_eps as f32,
+                    tie_word_embeddings: false,
+                    n_heads: a.num_attention_heads,
+                    n_kv_heads: a.num_key_value_heads,
+                    head_dim: a.head_dim,
+                    qkv_bias: true,
+                    o_bias: true,
+                    qk_norm: QkNorm::None,
+                    rope_theta: a.rope_theta,
+                    rope_traditional: false,
+                    rope_scaling: a.rope_scaling,
+                    max_position_embeddings: None,
+                    num_experts: a.num_local_experts,
+                    top_k: a.num_experts_per_tok,
+                    moe_intermediate_size: a.intermediate_size,
+                    expert_bias: true,
+                    router: Router::UpperTopKThenSoftmax,
+                    shared_expert_intermediate_size: None,
+                    dense_layers: vec![false; n],
+                    intermediate_size: a.intermediate_size,
+                    moe_module: "mlp",
+                    drops_tied_head: false,
+                    attn_sinks: true,
+                    moe_names: ["router", "experts"],
+                    router_bias: true,
+                    activation: SwitchActivation::SwiGluOai,
+                    sliding: types.iter().map(|t| t == "sliding_attention").collect(),
+                    sliding_window: Some(window),
                 }
             }
             other => {
@@ -459,6 +625,10 @@ pub(crate) struct AttentionSpec {
     pub rope: Rope,
     /// Module names: output projection, q norm, k norm.
     pub names: [&'static str; 3],
+    /// Learned per-head attention sinks (`<path>.sinks`, gpt_oss).
+    pub sinks: bool,
+    /// gpt_oss writes `1 / sqrt(head_dim)`, the others `head_dim ** -0.5`.
+    pub inv_sqrt_scale: bool,
 }
 
 pub(crate) struct Attention {
@@ -472,6 +642,7 @@ pub(crate) struct Attention {
     o_proj: Linear,
     q_norm: Option<RmsNorm>,
     k_norm: Option<RmsNorm>,
+    sinks: Option<Array>,
     rope: Rope,
 }
 
@@ -494,6 +665,8 @@ impl Attention {
                 s.max_position_embeddings,
             )?,
             names: ["o_proj", "q_norm", "k_norm"],
+            sinks: s.attn_sinks,
+            inv_sqrt_scale: s.attn_sinks,
         };
         Attention::new(spec, w, path)
     }
@@ -516,7 +689,11 @@ impl Attention {
         Ok(Attention {
             n_heads: s.n_heads,
             n_kv_heads: s.n_kv_heads,
-            scale: f64::from(hd).powf(-0.5) as f32,
+            scale: if s.inv_sqrt_scale {
+                (1.0 / f64::from(hd).sqrt()) as f32
+            } else {
+                f64::from(hd).powf(-0.5) as f32
+            },
             qk_norm: s.qk_norm,
             q_proj: Linear::load(w, &p("q_proj"), dim, s.n_heads * hd, s.qkv_bias)?,
             k_proj: Linear::load(w, &p("k_proj"), dim, s.n_kv_heads * hd, s.qkv_bias)?,
@@ -524,6 +701,11 @@ impl Attention {
             o_proj: Linear::load(w, &p(o_name), s.n_heads * hd, dim, s.o_bias)?,
             q_norm,
             k_norm,
+            sinks: if s.sinks {
+                Some(w.take(&p("sinks"), &[s.n_heads])?)
+            } else {
+                None
+            },
             rope: s.rope,
         })
     }
@@ -575,7 +757,8 @@ impl Attention {
                 },
             ),
         };
-        let out = scaled_dot_product_attention(&queries, &kv, self.scale, mask, None)?;
+        let out =
+            scaled_dot_product_attention(&queries, &kv, self.scale, mask, self.sinks.as_ref())?;
         let out = ops::reshape(&heads(&out)?, &[b, l, -1], None)?;
         self.o_proj.forward(&out)
     }
@@ -591,6 +774,11 @@ pub struct SparseMoeParams {
     pub expert_bias: bool,
     pub router: Router,
     pub shared_expert_intermediate_size: Option<i32>,
+    /// Module names of the router and the experts (`gate`/`switch_mlp`; gpt_oss
+    /// `router`/`experts`).
+    pub names: [&'static str; 2],
+    pub router_bias: bool,
+    pub activation: SwitchActivation,
 }
 
 /// The expert block: router, experts, optional gated shared expert.
@@ -615,6 +803,9 @@ impl SparseMoe {
                 expert_bias: s.expert_bias,
                 router: s.router,
                 shared_expert_intermediate_size: s.shared_expert_intermediate_size,
+                names: s.moe_names,
+                router_bias: s.router_bias,
+                activation: s.activation,
             },
         )
     }
@@ -640,15 +831,21 @@ impl SparseMoe {
         Ok(SparseMoe {
             top_k: s.top_k,
             router: s.router,
-            gate: Linear::load(w, &p("gate"), s.hidden_size, s.num_experts, false)?,
+            gate: Linear::load(
+                w,
+                &p(s.names[0]),
+                s.hidden_size,
+                s.num_experts,
+                s.router_bias,
+            )?,
             switch_mlp: SwitchGlu::load(
                 w,
-                &p("switch_mlp"),
+                &p(s.names[1]),
                 s.hidden_size,
                 s.moe_intermediate_size,
                 s.num_experts,
                 s.expert_bias,
-                SwitchActivation::SwiGlu,
+                s.activation,
             )?,
             shared_expert,
         })
@@ -695,6 +892,13 @@ impl SparseMoe {
                     scores = (&scores / &ops::sum(&scores, &[-1], true, None)?)?;
                 }
                 (inds, scores, false)
+            }
+            Router::UpperTopKThenSoftmax => {
+                let n = gates.shape().last().copied().unwrap_or(0);
+                let inds = last(&ops::argpartition(&gates, -k, -1, None)?, n - k, n)?;
+                let inds = ops::stop_gradient(&inds, None)?;
+                let values = ops::take_along_axis(&gates, &inds, -1, None)?;
+                (inds, ops::softmax(&values, &[-1], true, None)?, false)
             }
             Router::TopKThenSoftmax => {
                 let inds = lower_top_k(&gates, k)?;
@@ -767,6 +971,9 @@ pub struct Model {
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
     lm_head: Option<Linear>,
+    /// First full-attention and first sliding-window layer (whose caches make the masks).
+    fa_idx: usize,
+    swa_idx: Option<usize>,
 }
 
 impl Model {
@@ -813,19 +1020,33 @@ impl Model {
         } else {
             Some(Linear::load(w, "lm_head", dim, spec.vocab_size, false)?)
         };
+        let sliding = |i: usize| spec.sliding.get(i).copied().unwrap_or(false);
+        let fa_idx = (0..layers.len()).find(|&i| !sliding(i)).unwrap_or(0);
+        let swa_idx = (0..layers.len()).find(|&i| sliding(i));
         Ok(Model {
             spec,
             embed_tokens,
             layers,
             norm,
             lm_head,
+            fa_idx,
+            swa_idx,
         })
+    }
+}
+
+impl Model {
+    fn is_sliding(&self, i: usize) -> bool {
+        self.spec.sliding.get(i).copied().unwrap_or(false)
     }
 }
 
 /// The rows' `sanitize`: drop a tied `lm_head`, and stack per-expert checkpoints
 /// (`experts.<e>.<proj>.{weight,scales,biases}`, mixtral's `w1`/`w2`/`w3`) into `switch_mlp`.
 fn sanitize(s: &MoeSpec, w: &mut Weights) -> Result<()> {
+    if s.attn_sinks {
+        return sanitize_gpt_oss(w);
+    }
     if s.tie_word_embeddings && s.drops_tied_head {
         w.discard("lm_head.weight");
     }
@@ -864,6 +1085,76 @@ fn sanitize(s: &MoeSpec, w: &mut Weights) -> Result<()> {
     Ok(())
 }
 
+/// gpt_oss.py `sanitize`: HF's interleaved `gate_up_proj` (rows alternate gate, up) split
+/// into `gate_proj` / `up_proj`, `*_blocks` (mxfp4 bytes) viewed as uint32 weights,
+/// `*_scales` renamed, biases split the same way. A checkpoint with `gate_proj.weight` is
+/// already sanitized.
+fn sanitize_gpt_oss(w: &mut Weights) -> Result<()> {
+    let names = w.names();
+    if names.iter().any(|k| k.contains("gate_proj.weight")) {
+        return Ok(());
+    }
+    // `v[..., start::2, :]` (or `v[..., start::2]` for biases) along `axis`.
+    let every_other = |v: &Array, axis: i32, start: i32| -> Result<Array> {
+        let nd = v.ndim();
+        let ax = if axis < 0 { nd as i32 + axis } else { axis } as usize;
+        let sh = v.shape();
+        let mut lo = vec![0; nd];
+        let hi = sh.clone();
+        let mut st = vec![1; nd];
+        lo[ax] = start;
+        st[ax] = 2;
+        Ok(ops::contiguous(
+            &ops::slice(v, &lo, &hi, &st, None)?,
+            false,
+            None,
+        )?)
+    };
+    let blocks = |k: &str, v: Array| -> Result<(String, Array)> {
+        let mut k = k.to_string();
+        let mut v = v;
+        if k.contains("_blocks") {
+            v = ops::flatten(&ops::view(&v, Dtype::Uint32, None)?, -2, -1, None)?;
+            k = k.replace("_blocks", ".weight");
+        }
+        if k.contains("_scales") {
+            k = k.replace("_scales", ".scales");
+        }
+        Ok((k, v))
+    };
+    for k in names {
+        let Some(v) = w.remove(&k) else { continue };
+        if k.contains("gate_up_proj") && !k.contains("bias") {
+            let (k, v) = blocks(&k, v)?;
+            w.insert(
+                k.replace("gate_up_proj", "gate_proj"),
+                every_other(&v, -2, 0)?,
+            );
+            w.insert(
+                k.replace("gate_up_proj", "up_proj"),
+                every_other(&v, -2, 1)?,
+            );
+        } else if k.contains("down_proj") && !k.contains("bias") {
+            let (k, v) = blocks(&k, v)?;
+            w.insert(k, v);
+        } else if k.contains("gate_up_proj_bias") {
+            w.insert(
+                k.replace("gate_up_proj_bias", "gate_proj.bias"),
+                every_other(&v, -1, 0)?,
+            );
+            w.insert(
+                k.replace("gate_up_proj_bias", "up_proj.bias"),
+                every_other(&v, -1, 1)?,
+            );
+        } else if k.contains("down_proj_bias") {
+            w.insert(k.replace("down_proj_bias", "down_proj.bias"), v);
+        } else {
+            w.insert(k, v);
+        }
+    }
+    Ok(())
+}
+
 impl LanguageModel for Model {
     fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
         let mut h = self.embed_tokens.forward(inputs)?;
@@ -877,15 +1168,26 @@ impl LanguageModel for Model {
                         self.layers.len()
                     )));
                 }
-                let mask = caches[0].make_mask(n, None, false)?;
-                for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
-                    h = layer.forward(&h, &mask, Some(cache))?;
+                let mask = caches[self.fa_idx].make_mask(n, None, false)?;
+                let swa_mask = match self.swa_idx {
+                    Some(i) => Some(caches[i].make_mask(n, self.spec.sliding_window, false)?),
+                    None => None,
+                };
+                for (i, (layer, cache)) in self.layers.iter().zip(caches.iter_mut()).enumerate() {
+                    let m = if self.is_sliding(i) {
+                        swa_mask.as_ref().unwrap_or(&mask)
+                    } else {
+                        &mask
+                    };
+                    h = layer.forward(&h, m, Some(cache))?;
                 }
             }
             None => {
                 let mask = mlx_cache::mask::fallback_mask(n, None, false)?;
-                for layer in &self.layers {
-                    h = layer.forward(&h, &mask, None)?;
+                let swa_mask = mlx_cache::mask::fallback_mask(n, self.spec.sliding_window, false)?;
+                for (i, layer) in self.layers.iter().enumerate() {
+                    let m = if self.is_sliding(i) { &swa_mask } else { &mask };
+                    h = layer.forward(&h, m, None)?;
                 }
             }
         }
@@ -897,14 +1199,22 @@ impl LanguageModel for Model {
     }
 
     fn make_cache(&self) -> Vec<Box<dyn Cache>> {
-        self.layers
-            .iter()
-            .map(|_| -> Box<dyn Cache> { Box::new(KVCache::new()) })
+        (0..self.layers.len())
+            .map(|i| -> Box<dyn Cache> {
+                match (self.is_sliding(i), self.spec.sliding_window) {
+                    (true, Some(w)) => match RotatingKVCache::new(w, 0) {
+                        Ok(c) => Box::new(c),
+                        Err(_) => Box::new(KVCache::new()),
+                    },
+                    _ => Box::new(KVCache::new()),
+                }
+            })
             .collect()
     }
 
+    /// Only gpt_oss defines `make_cache` (rotating caches on its sliding layers).
     fn defines_make_cache(&self) -> bool {
-        false
+        self.swa_idx.is_some()
     }
 
     fn num_layers(&self) -> usize {

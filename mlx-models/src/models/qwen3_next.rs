@@ -18,7 +18,8 @@ use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::gated_delta::{gated_delta_update, normalize_qk, RmsNormGated};
 use crate::layers::{
-    scaled_dot_product_attention, silu, Embedding, Linear, Mlp, MlpKind, RmsNorm, Rope, RopeScaling,
+    scaled_dot_product_attention, silu, Embedding, Linear, Mlp, MlpKind, RmsNorm, Rope,
+    RopeScaling, SwitchActivation,
 };
 use crate::models::moe::{Router, SparseMoe, SparseMoeParams};
 use crate::models::LanguageModel;
@@ -715,6 +716,9 @@ impl Model {
                             cast_back: false,
                         },
                         shared_expert_intermediate_size: Some(args.shared_expert_intermediate_size),
+                        names: ["gate", "switch_mlp"],
+                        router_bias: false,
+                        activation: SwitchActivation::SwiGlu,
                     },
                 )?)
             } else {
