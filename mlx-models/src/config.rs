@@ -28,6 +28,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "qwen3_5",
     "qwen3_5_moe",
     "lfm2",
+    "gemma4_text",
 ];
 
 /// A parsed `config.json`.

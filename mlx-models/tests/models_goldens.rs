@@ -105,3 +105,8 @@ fn gated_deltanet_hybrids_match_mlx_lm_bit_for_bit() {
 fn lfm2_matches_mlx_lm_bit_for_bit() {
     check_all(&["lfm2"]);
 }
+
+#[test]
+fn gemma4_text_matches_mlx_lm_bit_for_bit() {
+    check_all(&["gemma4_text", "gemma4_text_kv_eq"]);
+}

@@ -6,7 +6,7 @@ use mlx_core::prelude::*;
 use mlx_core::quantized::QuantMode;
 
 use crate::error::{ModelError, Result};
-use crate::layers::activations::swiglu;
+use crate::layers::activations::{gelu_approx, swiglu};
 use crate::layers::linear::{quant_mode, QuantizedWeight};
 use crate::weights::Weights;
 
@@ -133,6 +133,8 @@ pub enum SwitchActivation {
     /// gpt_oss's `SwigluOAI` (`swiglu_oai`, alpha 1.702, limit 7): the gate clipped from
     /// above, the linear part clipped both ways and offset by one.
     SwiGluOai,
+    /// gemma4's `GeGLU`: `gelu_approx(gate) * up`.
+    GeGlu,
 }
 
 impl SwitchActivation {
@@ -140,6 +142,7 @@ impl SwitchActivation {
     fn apply(self, up: &Array, gate: &Array) -> Result<Array> {
         match self {
             SwitchActivation::SwiGlu => Ok(swiglu(gate, up)?),
+            SwitchActivation::GeGlu => Ok((&gelu_approx(gate)? * up)?),
             SwitchActivation::SwiGluOai => {
                 let (alpha, limit) = (1.702f32, 7.0f32);
                 let gate = ops::minimum_scalar(gate, limit, None)?;

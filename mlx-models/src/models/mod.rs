@@ -1,6 +1,7 @@
 //! Architectures. Each is a port of `mlx_lm/models/<model_type>.py` with the same structure
 //! (args, attention, MLP, block, inner model, outer model, sanitize) and op order.
 
+pub mod gemma4_text;
 pub mod lfm2;
 pub mod llama;
 pub mod moe;
@@ -47,6 +48,7 @@ pub fn build(config: &ModelConfig, mut weights: Weights) -> Result<Box<dyn Langu
             Box::new(moe::Model::load(config, &mut weights)?)
         }
         "lfm2" => Box::new(lfm2::Model::load(config, &mut weights)?),
+        "gemma4_text" => Box::new(gemma4_text::Model::load(config, &mut weights)?),
         "qwen3_next" | "qwen3_5" | "qwen3_5_moe" => {
             Box::new(qwen3_next::Model::load(config, &mut weights)?)
         }
