@@ -1,7 +1,9 @@
-//! Rollback of hybrid models' caches (which mlx-lm cannot trim, its issue #1446): with caches
-//! from `make_cache_with_rollback`, decoding k tokens, trimming j and decoding on gives logits
-//! bit-for-bit equal to decoding the k - j tokens directly, for the Gated DeltaNet hybrid
-//! (ArraysCache conv + recurrent state, KVCache) and LFM2 (ArraysCache conv state, KVCache).
+//! Rollback for every cache kind the new rows use: decoding k tokens, trimming j and decoding
+//! on gives logits bit-for-bit equal to decoding the k - j tokens directly. Hybrids (which
+//! mlx-lm cannot trim, its issue #1446) use caches from `make_cache_with_rollback`: the Gated
+//! DeltaNet hybrid (ArraysCache conv + recurrent state, KVCache) and LFM2 (ArraysCache conv
+//! state, KVCache). gpt_oss and gemma4_text use their own caches (KVCache and
+//! RotatingKVCache, trimmable until the window wraps; gemma4's KV-shared layers have none).
 
 use std::path::PathBuf;
 
@@ -9,7 +11,7 @@ use mlx_cache::{trim_prompt_cache, Cache};
 use mlx_core::prelude::*;
 use mlx_core::testing::assert_bit_equal;
 use mlx_models::config::ModelConfig;
-use mlx_models::load::load_weights;
+use mlx_models::load::{load_model_dir, load_weights, LoadOptions};
 use mlx_models::models::{lfm2, qwen3_next, LanguageModel};
 use mlx_models::weights::Weights;
 use proptest::prelude::*;
@@ -23,6 +25,11 @@ fn load(name: &str) -> (Box<dyn LanguageModel>, MakeCache) {
     let config = ModelConfig::from_file(&dir.join("config.json")).unwrap();
     let weights = || Weights::new(load_weights(&dir).unwrap(), None, None);
     match name {
+        "gpt_oss_q4" | "gemma4_text" => {
+            let (m, _) = load_model_dir(&dir, &LoadOptions::default()).unwrap();
+            let (m2, _) = load_model_dir(&dir, &LoadOptions::default()).unwrap();
+            (m, Box::new(move |_| m2.make_cache()))
+        }
         "lfm2" => {
             let mut w = weights();
             let m = lfm2::Model::load(&config, &mut w).unwrap();
@@ -61,13 +68,14 @@ const MAX_ROLLBACK: usize = 6;
 fn check(
     model: &dyn LanguageModel,
     make: &MakeCache,
+    prompt: &[i32],
     decoded: &[i32],
     back: usize,
     then: &[i32],
 ) -> Result<(), TestCaseError> {
     // Decode k tokens one at a time, roll back j, decode on.
     let mut caches = make(MAX_ROLLBACK);
-    step(model, &mut caches, PROMPT);
+    step(model, &mut caches, prompt);
     for &t in decoded {
         step(model, &mut caches, &[t]);
     }
@@ -75,7 +83,7 @@ fn check(
     let kept = &decoded[..decoded.len() - back];
     // Decoding the k - j tokens directly.
     let mut fresh = make(MAX_ROLLBACK);
-    step(model, &mut fresh, PROMPT);
+    step(model, &mut fresh, prompt);
     for &t in kept {
         step(model, &mut fresh, &[t]);
     }
@@ -90,7 +98,8 @@ fn check(
     Ok(())
 }
 
-fn property(name: &str) {
+/// `prompt_len` keeps rotating caches short of their window.
+fn property(name: &str, prompt_len: usize) {
     let (model, make) = load(name);
     let vocab = model.vocab_size();
     let cfg = ProptestConfig {
@@ -103,18 +112,30 @@ fn property(name: &str) {
         then in prop::collection::vec(0..vocab, 1..3),
     )| {
         let back = ((decoded.len() as f64) * back_frac).round() as usize;
-        check(model.as_ref(), &make, &decoded, back, &then)?;
+        check(model.as_ref(), &make, &PROMPT[..prompt_len], &decoded, back, &then)?;
     });
 }
 
 #[test]
 fn gated_deltanet_hybrid_rolls_back_bit_for_bit() {
-    property("qwen3_next");
+    property("qwen3_next", PROMPT.len());
 }
 
 #[test]
 fn lfm2_rolls_back_bit_for_bit() {
-    property("lfm2");
+    property("lfm2", PROMPT.len());
+}
+
+#[test]
+fn gpt_oss_rolls_back_bit_for_bit() {
+    // Window 16: 8 + 6 + 2 tokens stay inside it.
+    property("gpt_oss_q4", PROMPT.len());
+}
+
+#[test]
+fn gemma4_text_rolls_back_bit_for_bit() {
+    // Window 8: 1 + 6 tokens before the rotating caches could wrap.
+    property("gemma4_text", 1);
 }
 
 #[test]

@@ -87,6 +87,7 @@ fn moe_rows_match_mlx_lm_bit_for_bit() {
     check_all(&[
         "qwen3_moe",
         "qwen3_moe_q4",
+        "qwen3_moe_q8_bf16",
         "qwen2_moe",
         "mixtral",
         "olmoe",

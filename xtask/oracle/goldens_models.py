@@ -76,6 +76,24 @@ ROWS = {
         "float32",
         (32, 4),
     ),
+    # Quantized experts under bf16 activations (gather_mm itself is float32-only on CPU).
+    "qwen3_moe_q8_bf16": (
+        "qwen3_moe",
+        {
+            "intermediate_size": 96,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+            "moe_intermediate_size": 32,
+            "head_dim": 16,
+            "tie_word_embeddings": False,
+            "max_position_embeddings": 512,
+            "norm_topk_prob": True,
+        },
+        "bfloat16",
+        (32, 8),
+    ),
     "qwen2_moe": (
         "qwen2_moe",
         {

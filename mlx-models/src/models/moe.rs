@@ -932,9 +932,19 @@ fn lower_top_k(gates: &Array, k: i32) -> Result<Array> {
     Ok(ops::stop_gradient(&inds, None)?)
 }
 
-enum Ffn {
+/// A layer's feed-forward block: a dense MLP or the experts.
+pub(crate) enum Ffn {
     Dense(Mlp),
-    Sparse(SparseMoe),
+    Sparse(Box<SparseMoe>),
+}
+
+impl Ffn {
+    pub(crate) fn forward(&self, x: &Array) -> Result<Array> {
+        match self {
+            Ffn::Dense(m) => m.forward(x),
+            Ffn::Sparse(m) => m.forward(x),
+        }
+    }
 }
 
 struct DecoderLayer {
@@ -956,10 +966,7 @@ impl DecoderLayer {
             .forward(&self.input_layernorm.forward(x)?, mask, cache)?;
         let h = (x + &r)?;
         let n = self.post_attention_layernorm.forward(&h)?;
-        let r = match &self.ffn {
-            Ffn::Dense(m) => m.forward(&n)?,
-            Ffn::Sparse(m) => m.forward(&n)?,
-        };
+        let r = self.ffn.forward(&n)?;
         Ok((&h + &r)?)
     }
 }
@@ -996,11 +1003,11 @@ impl Model {
                     MlpKind::SwiGlu,
                 )?)
             } else {
-                Ffn::Sparse(SparseMoe::load(
+                Ffn::Sparse(Box::new(SparseMoe::load(
                     &spec,
                     w,
                     &format!("{p}.{}", spec.moe_module),
-                )?)
+                )?))
             };
             layers.push(DecoderLayer {
                 self_attn: Attention::load(&spec, w, &format!("{p}.self_attn"))?,

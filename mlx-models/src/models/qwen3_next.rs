@@ -21,7 +21,7 @@ use crate::layers::{
     scaled_dot_product_attention, silu, Embedding, Linear, Mlp, MlpKind, RmsNorm, Rope,
     RopeScaling, SwitchActivation,
 };
-use crate::models::moe::{Router, SparseMoe, SparseMoeParams};
+use crate::models::moe::{Ffn, Router, SparseMoe, SparseMoeParams};
 use crate::models::LanguageModel;
 use crate::weights::Weights;
 
@@ -588,7 +588,7 @@ impl GatedDeltaNet {
         &self,
         inputs: &Array,
         mask: Option<&Array>,
-        mut cache: Option<&mut ArraysCache>,
+        cache: Option<&mut ArraysCache>,
     ) -> Result<Array> {
         let sh = inputs.shape();
         let (bsz, s) = (sh[0], sh[1]);
@@ -631,7 +631,7 @@ impl GatedDeltaNet {
             mask,
             keep_states,
         )?;
-        if let Some(c) = cache.as_deref_mut() {
+        if let Some(c) = cache {
             let conv_at = |t: i32| -> Result<Array> {
                 Ok(ops::contiguous(
                     &ops::slice_axis(&conv_input, 1, t, t + n_keep, None)?,
@@ -659,11 +659,6 @@ impl GatedDeltaNet {
 enum Mixer {
     Linear(GatedDeltaNet),
     Attention(Attention),
-}
-
-enum Ffn {
-    Dense(Mlp),
-    Sparse(SparseMoe),
 }
 
 struct DecoderLayer {
@@ -702,7 +697,7 @@ impl Model {
                 Mixer::Attention(Attention::load(&args, w, &format!("{p}.self_attn"))?)
             };
             let mlp = if args.is_sparse(i) {
-                Ffn::Sparse(SparseMoe::load_parts(
+                Ffn::Sparse(Box::new(SparseMoe::load_parts(
                     w,
                     &format!("{p}.mlp"),
                     &SparseMoeParams {
@@ -720,7 +715,7 @@ impl Model {
                         router_bias: false,
                         activation: SwitchActivation::SwiGlu,
                     },
-                )?)
+                )?))
             } else {
                 Ffn::Dense(Mlp::load(
                     w,
@@ -939,10 +934,7 @@ impl LanguageModel for Model {
             };
             let hh = (&h + &r)?;
             let n2 = layer.post_attention_layernorm.forward(&hh)?;
-            let f = match &layer.mlp {
-                Ffn::Dense(m) => m.forward(&n2)?,
-                Ffn::Sparse(m) => m.forward(&n2)?,
-            };
+            let f = layer.mlp.forward(&n2)?;
             h = (&hh + &f)?;
         }
         let out = self.norm.forward(&h)?;
