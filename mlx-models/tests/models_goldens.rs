@@ -7,7 +7,10 @@ use std::path::PathBuf;
 
 use mlx_core::prelude::*;
 use mlx_core::testing::Goldens;
-use mlx_models::load::{load_model_dir, LoadOptions};
+use mlx_models::config::ModelConfig;
+use mlx_models::load::{load_model_dir, load_weights, LoadOptions};
+use mlx_models::models::{qwen3_next, LanguageModel};
+use mlx_models::weights::Weights;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests")
@@ -16,6 +19,10 @@ fn root() -> PathBuf {
 fn check_model(name: &str) -> Result<(), String> {
     let (model, _) = load_model_dir(&root().join("models").join(name), &LoadOptions::default())
         .map_err(|e| e.to_string())?;
+    check_loaded(name, model.as_ref())
+}
+
+fn check_loaded(name: &str, model: &dyn LanguageModel) -> Result<(), String> {
     let g = Goldens::load(
         root()
             .join("goldens")
@@ -110,4 +117,24 @@ fn lfm2_matches_mlx_lm_bit_for_bit() {
 #[test]
 fn gemma4_text_matches_mlx_lm_bit_for_bit() {
     check_all(&["gemma4_text", "gemma4_text_kv_eq"]);
+}
+
+/// The kernel path (MLX's fused `fast::gated_delta_update`) on the CPU backend gives the same
+/// bits as mlx-lm's plain-ops path in float32, so it passes the same goldens. (In bf16 it
+/// rounds differently: `gated_delta_parity.rs` bounds that.)
+#[test]
+fn fused_gated_delta_is_bit_identical_on_cpu_in_f32() {
+    let mut failures = Vec::new();
+    for name in ["qwen3_next", "qwen3_5", "qwen3_5_moe"] {
+        let dir = root().join("models").join(name);
+        let config = ModelConfig::from_file(&dir.join("config.json")).unwrap();
+        let mut w = Weights::new(load_weights(&dir).unwrap(), None, None);
+        let mut model = qwen3_next::Model::load(&config, &mut w).unwrap();
+        w.finish().unwrap();
+        model.use_fast_gated_delta(true);
+        if let Err(e) = check_loaded(name, &model) {
+            failures.push(format!("{name}: {e}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -164,6 +164,48 @@ pub fn gated_delta_update(
     gated_delta_ops(q, k, v, &g, &beta, state, mask, keep_states)
 }
 
+/// The kernel path: the same `beta` and `g`, then MLX's fused `fast::gated_delta_update`
+/// (mlx-lm's `gated_delta_kernel` role). Tier: on MLX's CPU backend it gives the same bits as
+/// [`gated_delta_ops`] (checked on the model goldens); on GPUs it is a kernel with its own
+/// reduction order, to be compared with [`gated_delta_ops`] under a tolerance.
+#[allow(clippy::too_many_arguments)]
+pub fn gated_delta_update_fast(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    a: &Array,
+    b: &Array,
+    a_log: &Array,
+    dt_bias: &Array,
+    state: Option<&Array>,
+    mask: Option<&Array>,
+) -> Result<(Array, Array)> {
+    let beta = ops::sigmoid(b, None)?;
+    let g = compute_g(a_log, a, dt_bias)?;
+    let state = match state {
+        Some(s) => s.clone(),
+        None => {
+            let (qs, vs) = (q.shape(), v.shape());
+            if qs.len() != 4 || vs.len() != 4 {
+                return Err(ModelError::Other(format!(
+                    "gated delta: q {qs:?} and v {vs:?} must be (B, T, H, D)"
+                )));
+            }
+            ops::zeros(&[qs[0], vs[2], vs[3], qs[3]], Dtype::Float32, None)?
+        }
+    };
+    Ok(fast::gated_delta_update(
+        q,
+        k,
+        v,
+        &g,
+        &beta,
+        Some(&state),
+        mask,
+        None,
+    )?)
+}
+
 /// `Qwen3NextRMSNormGated`: `rms_norm(x)`, then `silu(gate) * normed` in float32 and cast back
 /// (`precise_swiglu`).
 #[derive(Clone, Debug)]

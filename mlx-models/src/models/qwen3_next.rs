@@ -16,7 +16,9 @@ use serde_json::Value;
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::layers::gated_delta::{gated_delta_update, normalize_qk, RmsNormGated};
+use crate::layers::gated_delta::{
+    gated_delta_update, gated_delta_update_fast, normalize_qk, RmsNormGated,
+};
 use crate::layers::{
     scaled_dot_product_attention, silu, Embedding, Linear, Mlp, MlpKind, RmsNorm, Rope,
     RopeScaling, SwitchActivation,
@@ -492,6 +494,9 @@ struct GatedDeltaNet {
     a_log: Array,
     norm: RmsNormGated,
     out_proj: Linear,
+    /// MLX's fused `fast::gated_delta_update` instead of the plain-ops loop (never while a
+    /// cache records per-token states, which only the loop yields).
+    use_kernel: bool,
 }
 
 impl GatedDeltaNet {
@@ -542,6 +547,7 @@ impl GatedDeltaNet {
             a_log: w.take(&p("A_log"), &[nv])?,
             norm: RmsNormGated::load(w, &p("norm"), dv, a.rms_norm_eps as f32)?,
             out_proj: Linear::load(w, &p("out_proj"), value_dim, dim, false)?,
+            use_kernel: false,
         })
     }
 
@@ -619,18 +625,33 @@ impl GatedDeltaNet {
         let v = ops::reshape(&qkv[2], &[bsz, s, self.num_v_heads, self.head_v_dim], None)?;
         let state = cache.as_ref().and_then(|c| c.get(1)).cloned();
         let (q, k) = normalize_qk(&q, &k, f64::from(self.head_k_dim).powf(-0.5), 1e-6)?;
-        let (out, state, steps) = gated_delta_update(
-            &q,
-            &k,
-            &v,
-            &a,
-            &b,
-            &self.a_log,
-            &self.dt_bias,
-            state.as_ref(),
-            mask,
-            keep_states,
-        )?;
+        let (out, state, steps) = if self.use_kernel && !keep_states {
+            let (y, s) = gated_delta_update_fast(
+                &q,
+                &k,
+                &v,
+                &a,
+                &b,
+                &self.a_log,
+                &self.dt_bias,
+                state.as_ref(),
+                mask,
+            )?;
+            (y, s, Vec::new())
+        } else {
+            gated_delta_update(
+                &q,
+                &k,
+                &v,
+                &a,
+                &b,
+                &self.a_log,
+                &self.dt_bias,
+                state.as_ref(),
+                mask,
+                keep_states,
+            )?
+        };
         if let Some(c) = cache {
             let conv_at = |t: i32| -> Result<Array> {
                 Ok(ops::contiguous(
@@ -761,6 +782,17 @@ impl Model {
             ssm_idx,
             fa_idx,
         })
+    }
+
+    /// Runs the DeltaNet layers through MLX's fused `fast::gated_delta_update` (the kernel
+    /// path) instead of mlx-lm's plain-ops loop (the default, the L1 reference off Apple
+    /// GPUs). On the CPU backend both give the same bits.
+    pub fn use_fast_gated_delta(&mut self, on: bool) {
+        for l in &mut self.layers {
+            if let Mixer::Linear(m) = &mut l.mixer {
+                m.use_kernel = on;
+            }
+        }
     }
 
     /// Caches whose recurrent layers keep the last `max_rollback` per-token states, so that
