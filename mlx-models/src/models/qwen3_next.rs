@@ -233,9 +233,7 @@ impl ModelArgs {
                     .get("text_config")
                     .cloned()
                     .unwrap_or_else(|| config.raw.clone());
-                let a: Qwen35Args = serde_json::from_value(text).map_err(|e| {
-                    ModelError::Config(format!("arguments for `{}`: {e}", config.architecture))
-                })?;
+                let a: Qwen35Args = crate::config::parse_args(&text, &config.architecture)?;
                 let head_dim = match a.head_dim {
                     Some(d) => d,
                     None if a.num_attention_heads > 0 => a.hidden_size / a.num_attention_heads,
