@@ -156,3 +156,28 @@ fn rollback_is_refused_beyond_the_kept_history_and_without_it() {
     step(model.as_ref(), &mut plain, PROMPT);
     assert_eq!(trim_prompt_cache(&mut plain, 1), 0);
 }
+
+/// Speculative verification feeds several draft tokens in one call and rolls back the
+/// rejected ones: the recurrent state restored from inside the call must be the one the
+/// accepted tokens lead to, so the next logits equal those after feeding only the accepted
+/// tokens (in one call).
+#[test]
+fn rollback_inside_a_multi_token_call() {
+    for name in ["qwen3_next", "lfm2"] {
+        let (model, make) = load(name);
+        let draft = [11, 22, 33, 44, 55];
+        for back in 1..draft.len() {
+            let mut caches = make(MAX_ROLLBACK);
+            step(model.as_ref(), &mut caches, PROMPT);
+            step(model.as_ref(), &mut caches, &draft);
+            assert_eq!(trim_prompt_cache(&mut caches, back), back);
+            let got = step(model.as_ref(), &mut caches, &[7]);
+            let mut fresh = make(MAX_ROLLBACK);
+            step(model.as_ref(), &mut fresh, PROMPT);
+            step(model.as_ref(), &mut fresh, &draft[..draft.len() - back]);
+            let want = step(model.as_ref(), &mut fresh, &[7]);
+            assert_bit_equal(&got, &want)
+                .unwrap_or_else(|e| panic!("{name}, {back} rolled back: {e}"));
+        }
+    }
+}
