@@ -141,3 +141,23 @@ fn caches_of_the_wrong_kind_or_number_are_errors() {
         .to_string();
     assert!(msg.contains("caches"), "{msg}");
 }
+
+#[test]
+fn malformed_inputs_are_errors() {
+    for name in ["qwen3_moe", "qwen3_next", "lfm2", "gemma4_text", "gpt_oss"] {
+        let (config, w) = fixture(name);
+        let model = build(&ModelConfig::from_value(config).unwrap(), w).unwrap();
+        for bad in [
+            Array::from_slice(&[1i32], &[]).unwrap(),
+            Array::from_slice(&[1i32, 2], &[2]).unwrap(),
+            Array::from_slice(&[1.0f32, 2.0], &[1, 2]).unwrap(),
+        ] {
+            let mut caches = model.make_cache();
+            let msg = model
+                .forward(&bad, Some(&mut caches))
+                .unwrap_err()
+                .to_string();
+            assert!(msg.contains("(batch, seq)"), "{name}: {msg}");
+        }
+    }
+}

@@ -722,6 +722,7 @@ fn sanitize(a: &ModelArgs, w: &mut Weights) -> Result<()> {
 
 impl LanguageModel for Model {
     fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
+        crate::models::moe::check_inputs(inputs)?;
         let emb = self.embed_tokens.forward(inputs)?;
         let h0 = ops::multiply_scalar(&emb, f64::from(self.args.hidden_size).powf(0.5), None)?;
         let n = h0.shape().get(1).copied().unwrap_or(0) as usize;

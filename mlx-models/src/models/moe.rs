@@ -925,6 +925,18 @@ impl SparseMoe {
     }
 }
 
+/// The token ids a model's `forward` accepts: `(batch, seq)` of an integer type.
+pub(crate) fn check_inputs(inputs: &Array) -> Result<()> {
+    if inputs.ndim() != 2 || !inputs.dtype().is_integer() {
+        return Err(ModelError::Other(format!(
+            "inputs must be (batch, seq) integer token ids, got shape {:?} of {:?}",
+            inputs.shape(),
+            inputs.dtype()
+        )));
+    }
+    Ok(())
+}
+
 /// `stop_gradient(argpartition(-gates, kth=k - 1, axis=-1)[..., :k])`.
 fn lower_top_k(gates: &Array, k: i32) -> Result<Array> {
     let neg = ops::negative(gates, None)?;
@@ -1164,6 +1176,7 @@ fn sanitize_gpt_oss(w: &mut Weights) -> Result<()> {
 
 impl LanguageModel for Model {
     fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
+        crate::models::moe::check_inputs(inputs)?;
         let mut h = self.embed_tokens.forward(inputs)?;
         let n = h.shape().get(1).copied().unwrap_or(0) as usize;
         match caches {

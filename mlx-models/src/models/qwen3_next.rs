@@ -919,6 +919,7 @@ fn sanitize(a: &ModelArgs, w: &mut Weights) -> Result<()> {
 
 impl LanguageModel for Model {
     fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
+        crate::models::moe::check_inputs(inputs)?;
         let mut h = self.embed_tokens.forward(inputs)?;
         let n = h.shape().get(1).copied().unwrap_or(0) as usize;
         let mut caches = caches;
