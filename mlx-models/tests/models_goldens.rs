@@ -106,7 +106,13 @@ fn moe_rows_match_mlx_lm_bit_for_bit() {
 
 #[test]
 fn gated_deltanet_hybrids_match_mlx_lm_bit_for_bit() {
-    check_all(&["qwen3_next", "qwen3_5", "qwen3_5_bf16", "qwen3_5_moe"]);
+    check_all(&[
+        "qwen3_next",
+        "qwen3_5",
+        "qwen3_5_bf16",
+        "qwen3_5_q4",
+        "qwen3_5_moe",
+    ]);
 }
 
 #[test]

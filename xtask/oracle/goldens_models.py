@@ -217,6 +217,7 @@ ROWS.update(
             "bfloat16",
             None,
         ),
+        "qwen3_5_q4": ("qwen3_5", {**HYBRID}, "float32", (32, 4)),
         "qwen3_5_moe": (
             "qwen3_5_moe",
             {
@@ -300,7 +301,7 @@ ROWS.update(
 
 # Rows whose prompt is also prefilled in chunks, evaluating the cache state after each chunk
 # as mlx-lm's generate_step does (`chunk<i>` cases, then the same decode steps).
-CHUNKED = {"qwen3_next", "qwen3_5", "qwen3_5_bf16", "qwen3_5_moe", "lfm2"}
+CHUNKED = {"qwen3_next", "qwen3_5", "qwen3_5_bf16", "qwen3_5_q4", "qwen3_5_moe", "lfm2"}
 CHUNKS = [16, 16, 8]
 
 PROMPT = [(7 * i + 3) % 128 for i in range(40)]
