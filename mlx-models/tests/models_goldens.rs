@@ -101,6 +101,7 @@ fn moe_rows_match_mlx_lm_bit_for_bit() {
         "olmoe_q8",
         "gpt_oss",
         "gpt_oss_q4",
+        "gpt_oss_q8_bf16",
     ]);
 }
 
@@ -117,12 +118,12 @@ fn gated_deltanet_hybrids_match_mlx_lm_bit_for_bit() {
 
 #[test]
 fn lfm2_matches_mlx_lm_bit_for_bit() {
-    check_all(&["lfm2"]);
+    check_all(&["lfm2", "lfm2_bf16"]);
 }
 
 #[test]
 fn gemma4_text_matches_mlx_lm_bit_for_bit() {
-    check_all(&["gemma4_text", "gemma4_text_kv_eq"]);
+    check_all(&["gemma4_text", "gemma4_text_bf16", "gemma4_text_kv_eq"]);
 }
 
 /// The kernel path (MLX's fused `fast::gated_delta_update`) on the CPU backend gives the same

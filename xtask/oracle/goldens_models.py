@@ -161,6 +161,19 @@ ROWS = {
         "float32",
         (32, 4),
     ),
+    "gpt_oss_q8_bf16": (
+        "gpt_oss",
+        {
+            "num_hidden_layers": 2,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "intermediate_size": 64,
+            "head_dim": 16,
+            "sliding_window": 16,
+        },
+        "bfloat16",
+        (64, 8),
+    ),
 }
 
 HYBRID = {
@@ -249,6 +262,25 @@ ROWS.update(
             "float32",
             None,
         ),
+        "lfm2_bf16": (
+            "lfm2",
+            {
+                "hidden_size": 32,
+                "num_hidden_layers": 3,
+                "max_position_embeddings": 512,
+                "norm_eps": 1e-5,
+                "conv_bias": False,
+                "conv_L_cache": 4,
+                "block_dim": 32,
+                "block_multiple_of": 16,
+                "block_ffn_dim_multiplier": None,
+                "block_auto_adjust_ff_dim": False,
+                "intermediate_size": 48,
+                "full_attn_idxs": [2],
+            },
+            "bfloat16",
+            None,
+        ),
         "gemma4_text": (
             "gemma4_text",
             {
@@ -271,6 +303,26 @@ ROWS.update(
                 "moe_intermediate_size": 16,
             },
             "float32",
+            None,
+        ),
+        "gemma4_text_bf16": (
+            "gemma4_text",
+            {
+                "hidden_size": 32,
+                "num_hidden_layers": 4,
+                "intermediate_size": 32,
+                "num_attention_heads": 2,
+                "head_dim": 8,
+                "global_head_dim": 16,
+                "num_key_value_heads": 1,
+                "num_kv_shared_layers": 2,
+                "hidden_size_per_layer_input": 8,
+                "vocab_size_per_layer_input": 128,
+                "sliding_window": 8,
+                "sliding_window_pattern": 2,
+                "max_position_embeddings": 512,
+            },
+            "bfloat16",
             None,
         ),
         "gemma4_text_kv_eq": (
@@ -301,7 +353,15 @@ ROWS.update(
 
 # Rows whose prompt is also prefilled in chunks, evaluating the cache state after each chunk
 # as mlx-lm's generate_step does (`chunk<i>` cases, then the same decode steps).
-CHUNKED = {"qwen3_next", "qwen3_5", "qwen3_5_bf16", "qwen3_5_q4", "qwen3_5_moe", "lfm2"}
+CHUNKED = {
+    "qwen3_next",
+    "qwen3_5",
+    "qwen3_5_bf16",
+    "qwen3_5_q4",
+    "qwen3_5_moe",
+    "lfm2",
+    "lfm2_bf16",
+}
 CHUNKS = [16, 16, 8]
 
 PROMPT = [(7 * i + 3) % 128 for i in range(40)]
