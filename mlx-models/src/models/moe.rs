@@ -1174,8 +1174,14 @@ fn sanitize_gpt_oss(w: &mut Weights) -> Result<()> {
     Ok(())
 }
 
-impl LanguageModel for Model {
-    fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
+impl Model {
+    /// The final normed hidden states `(batch, seq, hidden)` (the inner model's output, before
+    /// the output head).
+    pub fn hidden_states(
+        &self,
+        inputs: &Array,
+        caches: Option<&mut [Box<dyn Cache>]>,
+    ) -> Result<Array> {
         crate::models::moe::check_inputs(inputs)?;
         let mut h = self.embed_tokens.forward(inputs)?;
         let n = h.shape().get(1).copied().unwrap_or(0) as usize;
@@ -1211,11 +1217,22 @@ impl LanguageModel for Model {
                 }
             }
         }
-        let out = self.norm.forward(&h)?;
+        self.norm.forward(&h)
+    }
+
+    /// The output head over normed hidden states.
+    fn head(&self, out: &Array) -> Result<Array> {
         match &self.lm_head {
-            Some(head) => head.forward(&out),
-            None => self.embed_tokens.as_linear(&out),
+            Some(head) => head.forward(out),
+            None => self.embed_tokens.as_linear(out),
         }
+    }
+}
+
+impl LanguageModel for Model {
+    fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
+        let out = self.hidden_states(inputs, caches)?;
+        self.head(&out)
     }
 
     fn make_cache(&self) -> Vec<Box<dyn Cache>> {
