@@ -1,5 +1,12 @@
 //! mlx-lm's `ArraysCache`: recurrent state for hybrid models (e.g. a conv state and an SSM
 //! state per layer), plus snapshot / restore so a speculative step can be rolled back.
+//!
+//! Rollback beyond mlx-lm (its issue #1446: a recurrent state cannot be trimmed): a cache made
+//! with [`ArraysCache::with_history`] keeps the state after each of the last `max_rollback`
+//! tokens (the model records them with [`ArraysCache::checkpoint_steps`]), so
+//! [`Cache::trim`] can restore the state at any of those positions exactly.
+
+use std::collections::VecDeque;
 
 use mlx_core::prelude::*;
 
@@ -12,6 +19,16 @@ pub struct ArraysCache {
     cache: Vec<Option<Array>>,
     left_padding: Option<Array>,
     lengths: Option<Array>,
+    /// Tokens advanced through this cache (not part of mlx-lm's state).
+    position: usize,
+    history: Option<History>,
+}
+
+/// States at recent positions, oldest first; the newest is the current state.
+#[derive(Clone, Debug)]
+struct History {
+    max_rollback: usize,
+    checkpoints: VecDeque<(usize, Vec<Option<Array>>)>,
 }
 
 /// A saved copy of an [`ArraysCache`]'s state (arrays are immutable: this is cheap).
@@ -25,6 +42,90 @@ impl ArraysCache {
             cache: vec![None; size],
             left_padding: None,
             lengths: None,
+            position: 0,
+            history: None,
+        }
+    }
+
+    /// `size` empty slots, keeping the states of the last `max_rollback` tokens so that
+    /// [`Cache::trim`] can undo up to that many.
+    pub fn with_history(size: usize, max_rollback: usize) -> Self {
+        let mut c = Self::new(size);
+        c.history = Some(History {
+            max_rollback,
+            checkpoints: VecDeque::new(),
+        });
+        c
+    }
+
+    /// Whether this cache keeps per-token states (then models record them).
+    pub fn keeps_history(&self) -> bool {
+        self.history.as_ref().is_some_and(|h| h.max_rollback > 0)
+    }
+
+    /// Tokens advanced so far.
+    pub fn position(&self) -> usize {
+        self.position
+    }
+
+    /// mlx-lm's `advance(N)`: moves lengths / left padding on, and the position.
+    pub fn advance(&mut self, n: usize) -> Result<()> {
+        let step = i32::try_from(n).map_err(|_| Error::InvalidArgument {
+            op: "ArraysCache::advance",
+            message: format!("{n} exceeds i32"),
+        })?;
+        if let Some(l) = &self.lengths {
+            self.lengths = Some(ops::subtract_scalar(l, step, None)?);
+        }
+        if let Some(l) = &self.left_padding {
+            self.left_padding = Some(ops::subtract_scalar(l, step, None)?);
+        }
+        self.position += n;
+        Ok(())
+    }
+
+    /// Records the slots after each token of a call that starts at the current position
+    /// (`steps[i]` = the state after token `i`), before the call writes its final state and
+    /// advances. A no-op without history.
+    pub fn checkpoint_steps(&mut self, steps: Vec<Vec<Option<Array>>>) -> Result<()> {
+        let Some(h) = self.history.as_mut() else {
+            return Ok(());
+        };
+        if let Some(bad) = steps.iter().find(|s| s.len() != self.cache.len()) {
+            return Err(Error::InvalidArgument {
+                op: "ArraysCache::checkpoint_steps",
+                message: format!(
+                    "{} slots recorded for {} slots",
+                    bad.len(),
+                    self.cache.len()
+                ),
+            });
+        }
+        if h.checkpoints.back().map(|(p, _)| *p) != Some(self.position) {
+            h.checkpoints.clear();
+            h.checkpoints.push_back((self.position, self.cache.clone()));
+        }
+        for (i, slots) in steps.into_iter().enumerate() {
+            h.checkpoints.push_back((self.position + i + 1, slots));
+        }
+        let newest = h.checkpoints.back().map_or(0, |(p, _)| *p);
+        while h
+            .checkpoints
+            .front()
+            .is_some_and(|(p, _)| p + h.max_rollback < newest)
+        {
+            h.checkpoints.pop_front();
+        }
+        Ok(())
+    }
+
+    /// How many tokens [`Cache::trim`] can undo now.
+    pub fn rollback_depth(&self) -> usize {
+        match &self.history {
+            Some(h) if h.checkpoints.back().map(|(p, _)| *p) == Some(self.position) => {
+                h.checkpoints.front().map_or(0, |(p, _)| self.position - p)
+            }
+            _ => 0,
         }
     }
 
@@ -121,6 +222,8 @@ impl ArraysCache {
             cache,
             left_padding: next()?.opt_array(c)?,
             lengths: next()?.opt_array(c)?,
+            position: 0,
+            history: None,
         })
     }
 }
@@ -158,11 +261,34 @@ impl Cache for ArraysCache {
             StateValue::opt(&self.lengths),
         ])
     }
+    /// Only with history, and only while the current state is the newest recorded one.
     fn is_trimmable(&self) -> bool {
-        false
+        self.rollback_depth() > 0
     }
-    fn trim(&mut self, _n: usize) -> usize {
-        0
+    fn can_trim(&self, n: usize) -> bool {
+        n == 0 || n <= self.rollback_depth()
+    }
+    /// Restores the state `n` tokens back when it was recorded (`n` at most
+    /// [`ArraysCache::rollback_depth`]); otherwise removes nothing and returns 0.
+    fn trim(&mut self, n: usize) -> usize {
+        if n == 0 || n > self.rollback_depth() {
+            return 0;
+        }
+        let target = self.position - n;
+        let Some(h) = self.history.as_mut() else {
+            return 0;
+        };
+        while h.checkpoints.back().is_some_and(|(p, _)| *p > target) {
+            h.checkpoints.pop_back();
+        }
+        match h.checkpoints.back() {
+            Some((p, slots)) if *p == target => {
+                self.cache = slots.clone();
+                self.position = target;
+                n
+            }
+            _ => 0,
+        }
     }
     fn nbytes(&self) -> usize {
         self.cache.iter().flatten().map(Array::nbytes).sum()

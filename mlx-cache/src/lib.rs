@@ -149,6 +149,12 @@ pub trait Cache: CacheObject + Send + std::fmt::Debug {
     /// cache is not trimmable, leaving it unchanged).
     fn trim(&mut self, n: usize) -> usize;
 
+    /// Whether [`Cache::trim`] of `n` tokens would act now (a recurrent cache can only go back
+    /// exactly to a recorded position, so this depends on `n`).
+    fn can_trim(&self, _n: usize) -> bool {
+        self.is_trimmable()
+    }
+
     /// Bytes held.
     fn nbytes(&self) -> usize;
 
@@ -168,9 +174,10 @@ pub fn can_trim_prompt_cache(caches: &[Box<dyn Cache>]) -> bool {
 }
 
 /// Trims every cache by `n` if all can be trimmed; returns the tokens trimmed (mlx-lm's
-/// `trim_prompt_cache`): 0 and no change otherwise.
+/// `trim_prompt_cache`): 0 and no change otherwise. A recurrent cache with history must be able
+/// to go back exactly `n` tokens ([`Cache::can_trim`]), or nothing is trimmed.
 pub fn trim_prompt_cache(caches: &mut [Box<dyn Cache>], n: usize) -> usize {
-    if caches.is_empty() || !can_trim_prompt_cache(caches) {
+    if caches.is_empty() || !caches.iter().all(|c| c.can_trim(n)) {
         return 0;
     }
     // Every cache is trimmed; the first one's count is reported, as in mlx-lm.

@@ -88,8 +88,11 @@ impl Cache for CacheList {
     fn is_trimmable(&self) -> bool {
         self.caches.iter().all(|c| c.is_trimmable())
     }
+    fn can_trim(&self, n: usize) -> bool {
+        self.caches.iter().all(|c| c.can_trim(n))
+    }
     fn trim(&mut self, n: usize) -> usize {
-        if !self.is_trimmable() {
+        if !self.can_trim(n) {
             return 0;
         }
         self.caches

@@ -76,6 +76,15 @@ impl StateValue {
         }
     }
 
+    /// Every array in the tree, depth first (what `mx.eval(cache.state)` evaluates).
+    pub fn into_arrays(self) -> Vec<Array> {
+        match self {
+            StateValue::Array(a) => vec![a],
+            StateValue::List(v) => v.into_iter().flat_map(StateValue::into_arrays).collect(),
+            _ => Vec::new(),
+        }
+    }
+
     pub(crate) fn opt(a: &Option<Array>) -> StateValue {
         a.as_ref()
             .map_or(StateValue::None, |a| StateValue::Array(a.clone()))

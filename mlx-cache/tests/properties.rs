@@ -297,3 +297,72 @@ fn bad_shapes_are_errors_not_panics() {
     assert!(RotatingKVCache::new(4, 4).is_err());
     assert!(RotatingKVCache::new(0, 0).is_err());
 }
+
+/// Writes `chunks` through an ArraysCache as a recurrent layer would (state after token `p` is
+/// `tokens(p, 1, 0.0)` in slot 0 and `tokens(p, 1, 7.0)` in slot 1), recording per-token states.
+fn recurrent(max_rollback: usize, chunks: &[usize]) -> ArraysCache {
+    let mut c = ArraysCache::with_history(2, max_rollback);
+    for &n in chunks {
+        let start = c.position();
+        let steps = (1..=n)
+            .map(|i| {
+                vec![
+                    Some(tokens(start + i, 1, 0.0)),
+                    Some(tokens(start + i, 1, 7.0)),
+                ]
+            })
+            .collect();
+        c.checkpoint_steps(steps).unwrap();
+        c.set(0, tokens(start + n, 1, 0.0)).unwrap();
+        c.set(1, tokens(start + n, 1, 7.0)).unwrap();
+        c.advance(n).unwrap();
+    }
+    c
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// Rolling a recurrent cache back `n` tokens restores exactly the state recorded there,
+    /// when `n` is within the kept history; otherwise nothing changes.
+    #[test]
+    fn recurrent_rollback_restores_recorded_state(
+        chunks in prop::collection::vec(1usize..5, 1..6),
+        max_rollback in 0usize..6,
+        n in 0usize..8,
+    ) {
+        let mut c = recurrent(max_rollback, &chunks);
+        let total: usize = chunks.iter().sum();
+        let depth = c.rollback_depth();
+        prop_assert_eq!(depth, max_rollback.min(total));
+        let trimmed = c.trim(n);
+        if n >= 1 && n <= depth {
+            prop_assert_eq!(trimmed, n);
+            prop_assert!(c.can_trim(0));
+            let p = total - n;
+            prop_assert_eq!(c.position(), p);
+            let want0 = if p == 0 { None } else { Some(tokens(p, 1, 0.0)) };
+            match (c.get(0), want0) {
+                (Some(a), Some(b)) => assert_bit_equal(a, &b).map_err(TestCaseError::fail)?,
+                (None, None) => {}
+                (a, b) => prop_assert!(false, "slot 0 {:?} vs {:?}", a.is_some(), b.is_some()),
+            }
+            if p > 0 {
+                assert_bit_equal(c.get(1).unwrap(), &tokens(p, 1, 7.0))
+                    .map_err(TestCaseError::fail)?;
+            }
+            // Going on from there records again, and can be rolled back again.
+            let start = c.position();
+            c.checkpoint_steps(vec![vec![Some(tokens(99, 1, 0.0)), None]]).unwrap();
+            c.set(0, tokens(99, 1, 0.0)).unwrap();
+            c.advance(1).unwrap();
+            prop_assert_eq!(c.trim(1), 1);
+            prop_assert_eq!(c.position(), start);
+        } else {
+            prop_assert_eq!(trimmed, 0);
+            prop_assert_eq!(c.position(), total);
+            assert_bit_equal(c.get(0).unwrap(), &tokens(total, 1, 0.0))
+                .map_err(TestCaseError::fail)?;
+        }
+    }
+}

@@ -1,5 +1,5 @@
 //! MLX's fused ops (`mlx.core.fast`): RMS and layer normalization, rotary position
-//! embeddings, and scaled dot-product attention.
+//! embeddings, scaled dot-product attention, and the gated delta recurrence.
 //!
 //! Each function calls the C++ op the way MLX's Python binding does, so results are those of
 //! `mx.fast.*` bit for bit (an integer RoPE offset is passed as an `int32` array, as Python
@@ -153,4 +153,43 @@ pub fn scaled_dot_product_attention(
             raw(s),
         )
     })
+}
+
+/// The gated delta rule recurrence of Qwen3-Next / Qwen3.5 (`mx.fast.gated_delta_update`):
+/// `q`, `k` `[B, T, Hk, Dk]`, `v` `[B, T, Hv, Dv]`, `gates` `[B, T, Hv]` (or `[B, T, Hv, Dk]`),
+/// `beta` `[B, T, Hv]`, optional `initial_state` `[B, Hv, Dv, Dk]` (zeros) and `mask`
+/// `[B, T]`. Returns `(y [B, T, Hv, Dv], final_state)`.
+#[allow(clippy::too_many_arguments)]
+pub fn gated_delta_update(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    gates: &Array,
+    beta: &Array,
+    initial_state: Option<&Array>,
+    mask: Option<&Array>,
+    s: Option<&Stream>,
+) -> Result<(Array, Array)> {
+    let op = "gated_delta_update";
+    // SAFETY: live handles (initial_state and mask may be null); owned vector out.
+    let mut out = crate::ffi::vec_out(op, |o| unsafe {
+        sys::mlxs_fast_gated_delta_update(
+            o,
+            q.as_raw(),
+            k.as_raw(),
+            v.as_raw(),
+            gates.as_raw(),
+            beta.as_raw(),
+            opt_raw(initial_state),
+            opt_raw(mask),
+            raw(s),
+        )
+    })?;
+    match (out.pop(), out.pop(), out.is_empty()) {
+        (Some(state), Some(y), true) => Ok((y, state)),
+        _ => Err(crate::Error::Mlx {
+            op,
+            message: "expected two outputs (y, state)".into(),
+        }),
+    }
 }

@@ -107,9 +107,34 @@ impl ModelConfig {
 
     /// Typed architecture arguments (unknown keys ignored, missing ones defaulted by `T`).
     pub fn args<T: DeserializeOwned>(&self) -> Result<T> {
-        serde_json::from_value(self.raw.clone())
-            .map_err(|e| ModelError::Config(format!("arguments for `{}`: {e}", self.architecture)))
+        parse_args(&self.raw, &self.architecture)
     }
+}
+
+/// Deserializes `T` from a config object; an error names the offending key (serde's own
+/// message does not for a wrongly typed value): the first key whose removal makes the
+/// arguments parse, or turns the error into that key missing.
+pub fn parse_args<T: DeserializeOwned>(raw: &Value, architecture: &str) -> Result<T> {
+    serde_json::from_value(raw.clone()).map_err(|e| {
+        let culprit = raw.as_object().and_then(|obj| {
+            obj.keys()
+                .find(|k| {
+                    let mut o = obj.clone();
+                    o.remove(*k);
+                    match serde_json::from_value::<T>(Value::Object(o)) {
+                        Ok(_) => true,
+                        Err(e2) => e2.to_string().contains(&format!("missing field `{k}`")),
+                    }
+                })
+                .cloned()
+        });
+        match culprit {
+            Some(k) => {
+                ModelError::Config(format!("arguments for `{architecture}`: field `{k}`: {e}"))
+            }
+            None => ModelError::Config(format!("arguments for `{architecture}`: {e}")),
+        }
+    })
 }
 
 fn int_field(v: &Value, key: &str, ctx: &str) -> Result<i32> {

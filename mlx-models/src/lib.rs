@@ -6,13 +6,15 @@
 //! - [`weights`]: strict loading (missing, unexpected and mis-shaped tensors reported together).
 //! - [`layers`]: `Linear` (dense or quantized, with bias), `Embedding`, `RmsNorm`,
 //!   `LayerNorm`, rotary embeddings (`Rope::initialize` = `initialize_rope`), MLPs, attention.
-//! - [`models`]: the architectures ([`models::llama`]) behind [`models::LanguageModel`].
+//! - [`models`]: the architectures (the descriptor table [`models::descriptor`] run by [`models::dense`], and dedicated ports) behind [`models::LanguageModel`].
 //! - [`load`]: HF-style directories; [`gguf`]: GGUF files.
+//! - [`embed`]: sentence embeddings (last-token pooling, L2-normalised).
 //!
 //! Models never own caches: `forward` takes the caches made by `make_cache` (or loaded).
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod embed;
 mod error;
 pub mod gguf;
 pub mod layers;

@@ -152,9 +152,20 @@ impl Weights {
         Ok(())
     }
 
-    /// Names of the stored tensors.
+    /// Removes and returns a stored tensor (for `sanitize` steps that rebuild tensors).
+    pub fn remove(&mut self, name: &str) -> Option<Array> {
+        self.used.remove(name);
+        self.tensors.remove(name)
+    }
+
+    /// The names of every stored tensor, sorted.
     pub fn names(&self) -> Vec<String> {
         self.tensors.keys().cloned().collect()
+    }
+
+    /// Adds (or replaces) a tensor, as a `sanitize` step that renames or stacks does.
+    pub fn insert(&mut self, name: String, value: Array) {
+        self.tensors.insert(name, value);
     }
 
     /// Records a shape problem found by a layer.

@@ -35,4 +35,13 @@ int mlxs_fast_scaled_dot_product_attention(mlxs_array* out, mlxs_array q, mlxs_a
   });
 }
 
+int mlxs_fast_gated_delta_update(mlxs_vec* out, mlxs_array q, mlxs_array k, mlxs_array v,
+                                 mlxs_array gates, mlxs_array beta, mlxs_array initial_state,
+                                 mlxs_array mask, mlxs_stream s) {
+  return guard([&] {
+    *out = wrap_vec(mx::fast::gated_delta_update(A(q), A(k), A(v), A(gates), A(beta),
+                                              opt(initial_state), opt(mask), S(s)));
+  });
+}
+
 }  // extern "C"

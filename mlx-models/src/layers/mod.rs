@@ -3,10 +3,12 @@
 mod activations;
 mod attention;
 mod embedding;
+pub mod gated_delta;
 mod linear;
 mod mlp;
 mod norm;
 mod rope;
+mod switch;
 
 pub use activations::{gelu, gelu_approx, silu, swiglu};
 pub(crate) use attention::finfo_min;
@@ -16,3 +18,4 @@ pub use linear::{Linear, QuantizedWeight};
 pub use mlp::{join, Mlp, MlpKind, MlpNames};
 pub use norm::{LayerNorm, Norm, NormKind, RmsNorm};
 pub use rope::{Rope, RopeScaling};
+pub use switch::{SwitchActivation, SwitchGlu, SwitchLinear};

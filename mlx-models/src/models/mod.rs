@@ -5,6 +5,10 @@
 
 pub mod dense;
 pub mod descriptor;
+pub mod gemma4_text;
+pub mod lfm2;
+pub mod moe;
+pub mod qwen3_next;
 
 use mlx_cache::Cache;
 use mlx_core::prelude::*;
@@ -52,8 +56,28 @@ pub trait LanguageModel: Send {
 
 type DedicatedFn = fn(&ModelConfig, &mut Weights) -> Result<Box<dyn LanguageModel>>;
 
-/// Dedicated ports, tried before the table (none yet: every served type is a table row).
-const DEDICATED: &[(&str, DedicatedFn)] = &[];
+/// Dedicated ports, tried before the table: architectures the descriptor cannot express
+/// (mixtures of experts, recurrent hybrids, Gemma 4).
+const DEDICATED: &[(&str, DedicatedFn)] = &[
+    ("mixtral", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
+    ("qwen2_moe", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
+    ("qwen3_moe", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
+    ("olmoe", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
+    ("gpt_oss", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
+    ("qwen3_next", |c, w| {
+        Ok(Box::new(qwen3_next::Model::load(c, w)?))
+    }),
+    ("qwen3_5", |c, w| {
+        Ok(Box::new(qwen3_next::Model::load(c, w)?))
+    }),
+    ("qwen3_5_moe", |c, w| {
+        Ok(Box::new(qwen3_next::Model::load(c, w)?))
+    }),
+    ("lfm2", |c, w| Ok(Box::new(lfm2::Model::load(c, w)?))),
+    ("gemma4_text", |c, w| {
+        Ok(Box::new(gemma4_text::Model::load(c, w)?))
+    }),
+];
 
 /// One supported `model_type` and how it is served.
 #[derive(Clone, Debug, PartialEq, Eq)]

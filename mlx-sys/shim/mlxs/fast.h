@@ -24,6 +24,12 @@ int mlxs_fast_rope(mlxs_array* out, mlxs_array x, int dims, bool traditional, bo
 int mlxs_fast_scaled_dot_product_attention(mlxs_array* out, mlxs_array q, mlxs_array k,
                                            mlxs_array v, float scale, const char* mask_mode,
                                            mlxs_array mask, mlxs_array sinks, mlxs_stream s);
+/* The gated delta rule recurrence (Qwen3-Next / Qwen3.5): out receives [y, final_state].
+ * q, k (B, T, Hk, Dk); v (B, T, Hv, Dv); gates (B, T, Hv) or (B, T, Hv, Dk); beta (B, T, Hv);
+ * initial_state (B, Hv, Dv, Dk) and mask (B, T) may be NULL. */
+int mlxs_fast_gated_delta_update(mlxs_vec* out, mlxs_array q, mlxs_array k, mlxs_array v,
+                                 mlxs_array gates, mlxs_array beta, mlxs_array initial_state,
+                                 mlxs_array mask, mlxs_stream s);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,242 @@
+//! mlx-lm 0.32.2 `models/switch_layers.py`: per-expert linears over `gather_mm` /
+//! `gather_qmm` (`SwitchLinear`, `QuantizedSwitchLinear`) and the expert MLP (`SwitchGLU`),
+//! with mlx-lm's sorting of tokens by expert when 64 or more (token, expert) pairs are routed.
+
+use mlx_core::prelude::*;
+use mlx_core::quantized::QuantMode;
+
+use crate::error::{ModelError, Result};
+use crate::layers::activations::{gelu_approx, swiglu};
+use crate::layers::linear::{quant_mode, QuantizedWeight};
+use crate::weights::Weights;
+
+/// `SwitchLinear` / `QuantizedSwitchLinear`: `num_experts` stacked `(out, in)` matrices; each
+/// row of `x` is multiplied by the expert its index names.
+#[derive(Clone, Debug)]
+pub enum SwitchLinear {
+    Dense {
+        /// `(experts, out, in)`.
+        weight: Array,
+        bias: Option<Array>,
+    },
+    Quantized {
+        /// Packed `(experts, out, in * bits / 32)` with `(experts, out, in / group)` scales.
+        weight: QuantizedWeight,
+        bias: Option<Array>,
+    },
+}
+
+impl SwitchLinear {
+    /// Loads `<path>.weight` (plus `.scales`/`.biases` when quantized, `.bias` when `bias`).
+    pub fn load(
+        w: &mut Weights,
+        path: &str,
+        in_dims: i32,
+        out_dims: i32,
+        num_experts: i32,
+        bias: bool,
+    ) -> Result<SwitchLinear> {
+        let b = if bias {
+            Some(w.take(&format!("{path}.bias"), &[num_experts, out_dims])?)
+        } else {
+            None
+        };
+        match w.quantization(path, in_dims)? {
+            None => Ok(SwitchLinear::Dense {
+                weight: w.take(&format!("{path}.weight"), &[num_experts, out_dims, in_dims])?,
+                bias: b,
+            }),
+            Some(q) => {
+                let mode = quant_mode(&q.mode)?;
+                if q.bits <= 0
+                    || q.group_size <= 0
+                    || (in_dims * q.bits) % 32 != 0
+                    || in_dims % q.group_size != 0
+                {
+                    return Err(ModelError::Config(format!(
+                        "{path}: {in_dims} columns cannot be packed with {} bits in groups of {}",
+                        q.bits, q.group_size
+                    )));
+                }
+                let groups = [num_experts, out_dims, in_dims / q.group_size];
+                let weight = w.take(
+                    &format!("{path}.weight"),
+                    &[num_experts, out_dims, in_dims * q.bits / 32],
+                )?;
+                let scales = w.take(&format!("{path}.scales"), &groups)?;
+                let biases = if mode == QuantMode::Affine {
+                    Some(w.take(&format!("{path}.biases"), &groups)?)
+                } else {
+                    None
+                };
+                Ok(SwitchLinear::Quantized {
+                    weight: QuantizedWeight {
+                        weight,
+                        scales,
+                        biases,
+                        group_size: q.group_size,
+                        bits: q.bits,
+                        mode,
+                    },
+                    bias: b,
+                })
+            }
+        }
+    }
+
+    /// `SwitchLinear.__call__(x, indices, sorted_indices)`.
+    pub fn forward(&self, x: &Array, indices: &Array, sorted_indices: bool) -> Result<Array> {
+        let (y, bias) = match self {
+            SwitchLinear::Dense { weight, bias } => (
+                quantized::gather_mm(
+                    x,
+                    &ops::swapaxes(weight, -1, -2, None)?,
+                    None,
+                    Some(indices),
+                    sorted_indices,
+                    None,
+                )?,
+                bias,
+            ),
+            SwitchLinear::Quantized { weight: q, bias } => (
+                quantized::gather_qmm(
+                    x,
+                    &q.weight,
+                    &q.scales,
+                    q.biases.as_ref(),
+                    None,
+                    Some(indices),
+                    true,
+                    q.group_size,
+                    q.bits,
+                    q.mode,
+                    sorted_indices,
+                    None,
+                )?,
+                bias,
+            ),
+        };
+        match bias {
+            Some(b) => {
+                Ok((&y + &ops::expand_dims(&ops::take(b, indices, 0, None)?, &[-2], None)?)?)
+            }
+            None => Ok(y),
+        }
+    }
+}
+
+/// The activation between the up/gate and down projections of a [`SwitchGlu`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum SwitchActivation {
+    /// mlx-lm's `SwiGLU()`: `silu(gate) * up`.
+    SwiGlu,
+    /// gpt_oss's `SwigluOAI` (`swiglu_oai`, alpha 1.702, limit 7): the gate clipped from
+    /// above, the linear part clipped both ways and offset by one.
+    SwiGluOai,
+    /// gemma4's `GeGLU`: `gelu_approx(gate) * up`.
+    GeGlu,
+}
+
+impl SwitchActivation {
+    /// `activation(x_up, x_gate)`.
+    fn apply(self, up: &Array, gate: &Array) -> Result<Array> {
+        match self {
+            SwitchActivation::SwiGlu => Ok(swiglu(gate, up)?),
+            SwitchActivation::GeGlu => Ok((&gelu_approx(gate)? * up)?),
+            SwitchActivation::SwiGluOai => {
+                let (alpha, limit) = (1.702f32, 7.0f32);
+                let gate = ops::minimum_scalar(gate, limit, None)?;
+                let x = ops::clip_scalar(up, Some((-limit).into()), Some(limit.into()), None)?;
+                let glu =
+                    (&gate * &ops::sigmoid(&ops::scalar_multiply(alpha, &gate, None)?, None)?)?;
+                Ok((&ops::add_scalar(&x, 1.0f32, None)? * &glu)?)
+            }
+        }
+    }
+}
+
+/// `SwitchGLU`: `down(activation(up(x), gate(x)))` with each token's rows sent to its experts.
+#[derive(Clone, Debug)]
+pub struct SwitchGlu {
+    pub gate_proj: SwitchLinear,
+    pub up_proj: SwitchLinear,
+    pub down_proj: SwitchLinear,
+    pub activation: SwitchActivation,
+}
+
+impl SwitchGlu {
+    pub fn load(
+        w: &mut Weights,
+        path: &str,
+        input_dims: i32,
+        hidden_dims: i32,
+        num_experts: i32,
+        bias: bool,
+        activation: SwitchActivation,
+    ) -> Result<SwitchGlu> {
+        let p = |n: &str| format!("{path}.{n}");
+        Ok(SwitchGlu {
+            gate_proj: SwitchLinear::load(
+                w,
+                &p("gate_proj"),
+                input_dims,
+                hidden_dims,
+                num_experts,
+                bias,
+            )?,
+            up_proj: SwitchLinear::load(
+                w,
+                &p("up_proj"),
+                input_dims,
+                hidden_dims,
+                num_experts,
+                bias,
+            )?,
+            down_proj: SwitchLinear::load(
+                w,
+                &p("down_proj"),
+                hidden_dims,
+                input_dims,
+                num_experts,
+                bias,
+            )?,
+            activation,
+        })
+    }
+
+    /// `x` of shape `(..., dims)` and `indices` `(..., k)` to `(..., k, dims)`.
+    pub fn forward(&self, x: &Array, indices: &Array) -> Result<Array> {
+        let x = ops::expand_dims(x, &[-2, -3], None)?;
+        let indices = ops::stop_gradient(indices, None)?;
+        let do_sort = indices.size() >= 64;
+        let (x, idx, inv_order) = if do_sort {
+            let (x, idx, inv) = gather_sort(&x, &indices)?;
+            (x, idx, Some(inv))
+        } else {
+            (x, indices.clone(), None)
+        };
+        let x_up = self.up_proj.forward(&x, &idx, do_sort)?;
+        let x_gate = self.gate_proj.forward(&x, &idx, do_sort)?;
+        let mut x =
+            self.down_proj
+                .forward(&self.activation.apply(&x_up, &x_gate)?, &idx, do_sort)?;
+        if let Some(inv) = inv_order {
+            x = ops::unflatten(&ops::take(&x, &inv, 0, None)?, 0, &indices.shape(), None)?;
+        }
+        Ok(ops::squeeze(&x, &[-2], None)?)
+    }
+}
+
+/// `_gather_sort`: token rows ordered by expert, the sorted indices, and the inverse order.
+fn gather_sort(x: &Array, indices: &Array) -> Result<(Array, Array, Array)> {
+    let m = indices.shape().last().copied().unwrap_or(1);
+    let flat = ops::flatten(indices, 0, -1, None)?;
+    let order = ops::argsort(&flat, -1, None)?;
+    let inv_order = ops::argsort(&order, -1, None)?;
+    let rows = ops::floor_divide_scalar(&order, i64::from(m), None)?;
+    Ok((
+        ops::take(&ops::flatten(x, 0, -3, None)?, &rows, 0, None)?,
+        ops::take(&flat, &order, 0, None)?,
+        inv_order,
+    ))
+}

@@ -1,0 +1,437 @@
+//! mlx-lm 0.32.2 `models/lfm2.py`: gated short-convolution blocks (conv state in an
+//! [`ArraysCache`] of one slot) interleaved with attention layers (per-head q/k norms).
+//! A cache from [`Model::make_cache_with_rollback`] keeps recent per-token conv states so
+//! `trim(n)` works (see `mlx_cache::ArraysCache`).
+
+use mlx_cache::{ArraysCache, Cache, KVCache};
+use mlx_core::prelude::*;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+use crate::layers::{swiglu, Embedding, Linear, RmsNorm, Rope};
+use crate::models::moe::{Attention, AttentionSpec, QkNorm};
+use crate::models::LanguageModel;
+use crate::weights::Weights;
+
+fn default_rope_theta() -> f64 {
+    1_000_000.0
+}
+
+/// lfm2.py `ModelArgs`.
+#[derive(Clone, Debug, Deserialize)]
+pub struct ModelArgs {
+    pub model_type: String,
+    pub vocab_size: i32,
+    pub hidden_size: i32,
+    pub num_hidden_layers: i32,
+    pub num_attention_heads: i32,
+    pub num_key_value_heads: Option<i32>,
+    pub max_position_embeddings: i64,
+    pub norm_eps: f64,
+    pub conv_bias: bool,
+    #[serde(rename = "conv_L_cache")]
+    pub conv_l_cache: i32,
+    pub block_dim: i32,
+    pub block_multiple_of: i32,
+    pub block_ffn_dim_multiplier: Option<f64>,
+    pub block_auto_adjust_ff_dim: bool,
+    #[serde(default)]
+    pub block_ff_dim: Option<i32>,
+    #[serde(default)]
+    pub intermediate_size: Option<i32>,
+    #[serde(default = "default_rope_theta")]
+    pub rope_theta: f64,
+    #[serde(default)]
+    pub rope_parameters: Option<Value>,
+    #[serde(default)]
+    pub full_attn_idxs: Option<Vec<i32>>,
+    #[serde(default)]
+    pub layer_types: Option<Vec<String>>,
+}
+
+impl ModelArgs {
+    /// `__post_init__`, plus the checks that keep MLX from seeing bad shapes.
+    fn post_init(mut self) -> Result<ModelArgs> {
+        if self.block_ff_dim.is_none() {
+            self.block_ff_dim = Some(self.intermediate_size.ok_or_else(|| {
+                ModelError::Config(
+                    "lfm2: config must specify either 'block_ff_dim' or 'intermediate_size'".into(),
+                )
+            })?);
+        }
+        if let Some(t) = self
+            .rope_parameters
+            .as_ref()
+            .and_then(|p| p.get("rope_theta"))
+            .and_then(Value::as_f64)
+        {
+            self.rope_theta = t;
+        }
+        if self.num_key_value_heads.is_none() {
+            self.num_key_value_heads = Some(self.num_attention_heads);
+        }
+        if self.full_attn_idxs.is_none() {
+            let types = self.layer_types.as_ref().ok_or_else(|| {
+                ModelError::Config("lfm2: needs `full_attn_idxs` or `layer_types`".into())
+            })?;
+            self.full_attn_idxs = Some(
+                types
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, t)| *t == "full_attention")
+                    .map(|(i, _)| i as i32)
+                    .collect(),
+            );
+        }
+        let kv = self.num_key_value_heads.unwrap_or(0);
+        for (name, v) in [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("num_attention_heads", self.num_attention_heads),
+            ("num_key_value_heads", kv),
+            ("conv_L_cache", self.conv_l_cache),
+            ("block_multiple_of", self.block_multiple_of),
+        ] {
+            if v <= 0 {
+                return Err(ModelError::Config(format!(
+                    "lfm2: `{name}` must be positive, got {v}"
+                )));
+            }
+        }
+        if self.hidden_size % self.num_attention_heads != 0 || self.num_attention_heads % kv != 0 {
+            return Err(ModelError::Config(format!(
+                "lfm2: hidden_size {} / num_attention_heads {} / num_key_value_heads {kv} do not divide",
+                self.hidden_size, self.num_attention_heads
+            )));
+        }
+        let attn = self.full_attn_idxs.as_deref().unwrap_or_default();
+        if attn.is_empty() || attn.len() as i32 == self.num_hidden_layers {
+            return Err(ModelError::Config(
+                "lfm2: needs at least one attention and one convolution layer".into(),
+            ));
+        }
+        Ok(self)
+    }
+
+    /// `MLP.__init__`'s feed-forward width.
+    fn ff_dim(&self) -> i32 {
+        let mut ff = self.block_ff_dim.unwrap_or(0);
+        if self.block_auto_adjust_ff_dim {
+            ff = (2.0 * f64::from(ff) / 3.0) as i32;
+            if let Some(m) = self.block_ffn_dim_multiplier {
+                ff = (m * f64::from(ff)) as i32;
+            }
+            let m = self.block_multiple_of;
+            ff = m * ((ff + m - 1) / m);
+        }
+        ff
+    }
+
+    fn is_attention(&self, layer: i32) -> bool {
+        self.full_attn_idxs
+            .as_deref()
+            .is_some_and(|a| a.contains(&layer))
+    }
+}
+
+/// `ShortConv`: `out_proj(C * conv(B * x))` over a depthwise causal convolution.
+struct ShortConv {
+    l_cache: i32,
+    conv_weight: Array,
+    conv_bias: Option<Array>,
+    in_proj: Linear,
+    out_proj: Linear,
+}
+
+impl ShortConv {
+    fn load(a: &ModelArgs, w: &mut Weights, path: &str) -> Result<ShortConv> {
+        let d = a.hidden_size;
+        let p = |n: &str| format!("{path}.{n}");
+        Ok(ShortConv {
+            l_cache: a.conv_l_cache,
+            conv_weight: w.take(&p("conv.weight"), &[d, a.conv_l_cache, 1])?,
+            conv_bias: if a.conv_bias {
+                Some(w.take(&p("conv.bias"), &[d])?)
+            } else {
+                None
+            },
+            in_proj: Linear::load(w, &p("in_proj"), d, 3 * d, a.conv_bias)?,
+            out_proj: Linear::load(w, &p("out_proj"), d, d, a.conv_bias)?,
+        })
+    }
+
+    fn forward(
+        &self,
+        x: &Array,
+        mask: Option<&Array>,
+        cache: Option<&mut ArraysCache>,
+    ) -> Result<Array> {
+        let bcx = ops::split_equal(&self.in_proj.forward(x)?, 3, -1, None)?;
+        let (b, c, x) = (&bcx[0], &bcx[1], &bcx[2]);
+        let mut bx = (b * x)?;
+        if let Some(m) = mask {
+            bx = ops::where_scalar(&ops::expand_dims(m, &[-1], None)?, &bx, 0i32, None)?;
+        }
+        let n_keep = self.l_cache - 1;
+        let t = x.shape().get(1).copied().unwrap_or(0);
+        let bx = match cache {
+            Some(cache) => {
+                let state = match cache.get(0) {
+                    Some(s) => s.clone(),
+                    None => {
+                        let sh = bx.shape();
+                        ops::zeros(&[sh[0], n_keep, sh[2]], bx.dtype(), None)?
+                    }
+                };
+                let bx = ops::concatenate(&[&state, &bx], 1, None)?;
+                let keep = |from: i32| ops::slice_axis(&bx, 1, from, from + n_keep, None);
+                if cache.keeps_history() {
+                    let steps = (1..=t)
+                        .map(|s| Ok(vec![Some(keep(s)?)]))
+                        .collect::<Result<Vec<_>>>()?;
+                    cache.checkpoint_steps(steps)?;
+                }
+                cache.set(0, keep(t)?)?;
+                cache.advance(t as usize)?;
+                bx
+            }
+            None => ops::pad_widths(
+                &bx,
+                &[(0, 0), (n_keep, 0), (0, 0)],
+                &Scalar::Int(0).to_array_like(bx.dtype())?,
+                "constant",
+                None,
+            )?,
+        };
+        let mut conv_out = ops::conv1d(
+            &bx,
+            &self.conv_weight,
+            1,
+            0,
+            1,
+            self.conv_weight.shape()[0],
+            None,
+        )?;
+        if let Some(bias) = &self.conv_bias {
+            conv_out = (&conv_out + bias)?;
+        }
+        self.out_proj.forward(&(c * &conv_out)?)
+    }
+}
+
+struct FeedForward {
+    w1: Linear,
+    w2: Linear,
+    w3: Linear,
+}
+
+enum Operator {
+    Attention(Attention),
+    Conv(ShortConv),
+}
+
+struct DecoderLayer {
+    op: Operator,
+    feed_forward: FeedForward,
+    operator_norm: RmsNorm,
+    ffn_norm: RmsNorm,
+}
+
+/// The LFM2 model (always tied output embeddings).
+pub struct Model {
+    args: ModelArgs,
+    embed_tokens: Embedding,
+    layers: Vec<DecoderLayer>,
+    embedding_norm: RmsNorm,
+    fa_idx: usize,
+    conv_idx: usize,
+}
+
+impl Model {
+    pub fn load(config: &ModelConfig, w: &mut Weights) -> Result<Model> {
+        let args: ModelArgs = config.args::<ModelArgs>()?.post_init()?;
+        sanitize_conv(w)?;
+        let eps = args.norm_eps as f32;
+        let d = args.hidden_size;
+        let ff = args.ff_dim();
+        let embed_tokens = Embedding::load(w, "model.embed_tokens", args.vocab_size, d)?;
+        let mut layers = Vec::with_capacity(args.num_hidden_layers as usize);
+        for i in 0..args.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            let op = if args.is_attention(i) {
+                let n_heads = args.num_attention_heads;
+                let head_dim = d / n_heads;
+                Operator::Attention(Attention::new(
+                    AttentionSpec {
+                        hidden_size: d,
+                        n_heads,
+                        n_kv_heads: args.num_key_value_heads.unwrap_or(n_heads),
+                        head_dim,
+                        qkv_bias: false,
+                        o_bias: false,
+                        qk_norm: QkNorm::PerHead,
+                        eps,
+                        rope: Rope::initialize(head_dim, args.rope_theta, false, None, None)?,
+                        names: ["out_proj", "q_layernorm", "k_layernorm"],
+                        sinks: false,
+                        inv_sqrt_scale: false,
+                    },
+                    w,
+                    &format!("{p}.self_attn"),
+                )?)
+            } else {
+                Operator::Conv(ShortConv::load(&args, w, &format!("{p}.conv"))?)
+            };
+            let f = |n: &str| format!("{p}.feed_forward.{n}");
+            layers.push(DecoderLayer {
+                op,
+                feed_forward: FeedForward {
+                    w1: Linear::load(w, &f("w1"), args.block_dim, ff, false)?,
+                    w2: Linear::load(w, &f("w2"), ff, args.block_dim, false)?,
+                    w3: Linear::load(w, &f("w3"), args.block_dim, ff, false)?,
+                },
+                operator_norm: RmsNorm::load(w, &format!("{p}.operator_norm"), d, eps)?,
+                ffn_norm: RmsNorm::load(w, &format!("{p}.ffn_norm"), d, eps)?,
+            });
+        }
+        let embedding_norm = RmsNorm::load(w, "model.embedding_norm", d, eps)?;
+        let attn = args.full_attn_idxs.clone().unwrap_or_default();
+        let fa_idx = attn.first().copied().unwrap_or(0).max(0) as usize;
+        let conv_idx = (0..args.num_hidden_layers)
+            .position(|i| !attn.contains(&i))
+            .unwrap_or(0);
+        Ok(Model {
+            args,
+            embed_tokens,
+            layers,
+            embedding_norm,
+            fa_idx,
+            conv_idx,
+        })
+    }
+
+    /// Caches whose conv layers keep the last `max_rollback` per-token states.
+    pub fn make_cache_with_rollback(&self, max_rollback: usize) -> Vec<Box<dyn Cache>> {
+        self.layers
+            .iter()
+            .map(|l| -> Box<dyn Cache> {
+                match l.op {
+                    Operator::Attention(_) => Box::new(KVCache::new()),
+                    Operator::Conv(_) if max_rollback == 0 => Box::new(ArraysCache::new(1)),
+                    Operator::Conv(_) => Box::new(ArraysCache::with_history(1, max_rollback)),
+                }
+            })
+            .collect()
+    }
+}
+
+/// lfm2.py `sanitize`: HF conv weights `(C, 1, K)` become `(C, K, 1)`.
+fn sanitize_conv(w: &mut Weights) -> Result<()> {
+    for name in w.names() {
+        let Some(shape) = w.shape_of(&name) else {
+            continue;
+        };
+        if name.contains("conv.weight") && shape.len() == 3 && shape[2] > shape[1] {
+            if let Some(t) = w.remove(&name) {
+                w.insert(name, ops::transpose(&t, &[0, 2, 1], None)?);
+            }
+        }
+    }
+    Ok(())
+}
+
+impl Model {
+    /// The final normed hidden states `(batch, seq, hidden)` (the inner model's output, before
+    /// the output head).
+    pub fn hidden_states(
+        &self,
+        inputs: &Array,
+        caches: Option<&mut [Box<dyn Cache>]>,
+    ) -> Result<Array> {
+        crate::models::moe::check_inputs(inputs)?;
+        let mut h = self.embed_tokens.forward(inputs)?;
+        let n = h.shape().get(1).copied().unwrap_or(0) as usize;
+        let mut caches = caches;
+        let (attn_mask, conv_mask) = match caches.as_deref() {
+            Some(c) => {
+                if c.len() != self.layers.len() {
+                    return Err(ModelError::Other(format!(
+                        "{} caches for {} layers",
+                        c.len(),
+                        self.layers.len()
+                    )));
+                }
+                (
+                    c[self.fa_idx].make_mask(n, None, false)?,
+                    c[self.conv_idx]
+                        .make_mask(n, None, false)?
+                        .as_array()
+                        .cloned(),
+                )
+            }
+            None => (mlx_cache::mask::fallback_mask(n, None, false)?, None),
+        };
+        for (i, layer) in self.layers.iter().enumerate() {
+            let cache = caches.as_deref_mut().map(|c| &mut c[i]);
+            let x = layer.operator_norm.forward(&h)?;
+            let r = match &layer.op {
+                Operator::Attention(a) => a.forward(&x, &attn_mask, cache)?,
+                Operator::Conv(conv) => {
+                    let c = match cache {
+                        Some(c) => Some(c.as_any_mut().downcast_mut::<ArraysCache>().ok_or_else(
+                            || {
+                                ModelError::Other(format!(
+                                    "layer {i} is a convolution layer and needs an ArraysCache"
+                                ))
+                            },
+                        )?),
+                        None => None,
+                    };
+                    conv.forward(&x, conv_mask.as_ref(), c)?
+                }
+            };
+            let hh = (&h + &r)?;
+            let f = &layer.feed_forward;
+            let y = layer.ffn_norm.forward(&hh)?;
+            let y =
+                f.w2.forward(&swiglu(&f.w1.forward(&y)?, &f.w3.forward(&y)?)?)?;
+            h = (&hh + &y)?;
+        }
+        self.embedding_norm.forward(&h)
+    }
+
+    /// The output head over normed hidden states.
+    fn head(&self, out: &Array) -> Result<Array> {
+        self.embed_tokens.as_linear(out)
+    }
+}
+
+impl LanguageModel for Model {
+    fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
+        let out = self.hidden_states(inputs, caches)?;
+        self.head(&out)
+    }
+
+    fn make_cache(&self) -> Vec<Box<dyn Cache>> {
+        self.make_cache_with_rollback(0)
+    }
+
+    fn defines_make_cache(&self) -> bool {
+        true
+    }
+
+    fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    fn model_type(&self) -> &str {
+        &self.args.model_type
+    }
+
+    fn vocab_size(&self) -> i32 {
+        self.args.vocab_size
+    }
+}

@@ -1,0 +1,1016 @@
+//! mlx-lm 0.32.2 `models/qwen3_next.py` and `models/qwen3_5.py` (text; `qwen3_5_moe` is the
+//! same model with experts): Gated DeltaNet linear-attention layers interleaved with gated full
+//! attention every `full_attention_interval` layers. The two differ only in the DeltaNet's
+//! input projections (qwen3_next: fused `in_proj_qkvz` / `in_proj_ba` grouped per key head;
+//! qwen3_5: separate `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`) and in where the
+//! weights live (`model.*` vs `language_model.model.*`).
+//!
+//! Recurrent state (conv state, DeltaNet state) lives in an [`ArraysCache`] of two slots per
+//! linear layer; a cache made by [`Model::make_cache_with_rollback`] also keeps the state after
+//! each recent token, so `trim(n)` restores it exactly (see `mlx_cache::ArraysCache`).
+
+use mlx_cache::{ArraysCache, AttentionMask, Cache, KVCache};
+use mlx_core::prelude::*;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+use crate::layers::gated_delta::{
+    gated_delta_update, gated_delta_update_fast, normalize_qk, RmsNormGated,
+};
+use crate::layers::{
+    scaled_dot_product_attention, silu, Embedding, Linear, Mlp, MlpKind, RmsNorm, Rope,
+    RopeScaling, SwitchActivation,
+};
+use crate::models::moe::{Ffn, Router, SparseMoe, SparseMoeParams};
+use crate::models::LanguageModel;
+use crate::weights::Weights;
+
+/// The arguments both files read (qwen3_next `ModelArgs`, qwen3_5 `TextModelArgs` after
+/// `__post_init__`), with mlx-lm's names.
+#[derive(Clone, Debug)]
+pub struct ModelArgs {
+    pub model_type: String,
+    pub hidden_size: i32,
+    pub num_hidden_layers: i32,
+    pub intermediate_size: i32,
+    pub num_attention_heads: i32,
+    pub num_key_value_heads: i32,
+    pub head_dim: i32,
+    pub rms_norm_eps: f64,
+    pub vocab_size: i32,
+    pub linear_num_value_heads: i32,
+    pub linear_num_key_heads: i32,
+    pub linear_key_head_dim: i32,
+    pub linear_value_head_dim: i32,
+    pub linear_conv_kernel_dim: i32,
+    pub num_experts: i32,
+    pub num_experts_per_tok: i32,
+    pub decoder_sparse_step: i32,
+    pub shared_expert_intermediate_size: i32,
+    pub mlp_only_layers: Vec<i32>,
+    pub moe_intermediate_size: i32,
+    pub norm_topk_prob: bool,
+    pub rope_theta: f64,
+    pub partial_rotary_factor: f64,
+    pub rope_scaling: Option<RopeScaling>,
+    pub max_position_embeddings: Option<i64>,
+    pub tie_word_embeddings: bool,
+    pub attention_bias: bool,
+    pub full_attention_interval: i32,
+    /// qwen3_5's separate projections (vs qwen3_next's fused ones).
+    pub split_projections: bool,
+    /// Every layer with experts when `num_experts > 0` (qwen3_5) rather than qwen3_next's
+    /// `decoder_sparse_step` / `mlp_only_layers` rule.
+    pub all_layers_sparse: bool,
+    /// `language_model.` (qwen3_5) or empty.
+    pub prefix: &'static str,
+}
+
+#[derive(Deserialize)]
+struct NextArgs {
+    model_type: String,
+    hidden_size: i32,
+    num_hidden_layers: i32,
+    intermediate_size: i32,
+    num_attention_heads: i32,
+    linear_num_value_heads: i32,
+    linear_num_key_heads: i32,
+    linear_key_head_dim: i32,
+    linear_value_head_dim: i32,
+    linear_conv_kernel_dim: i32,
+    num_experts: i32,
+    num_experts_per_tok: i32,
+    decoder_sparse_step: i32,
+    shared_expert_intermediate_size: i32,
+    mlp_only_layers: Vec<i32>,
+    moe_intermediate_size: i32,
+    rms_norm_eps: f64,
+    vocab_size: i32,
+    num_key_value_heads: i32,
+    rope_theta: f64,
+    partial_rotary_factor: f64,
+    max_position_embeddings: i64,
+    head_dim: i32,
+    #[serde(default)]
+    norm_topk_prob: bool,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+    #[serde(default)]
+    attention_bias: bool,
+    #[serde(default)]
+    rope_scaling: Option<RopeScaling>,
+    #[serde(default = "four")]
+    full_attention_interval: i32,
+}
+
+fn four() -> i32 {
+    4
+}
+
+macro_rules! defaults {
+    ($($name:ident: $t:ty = $v:expr;)*) => {$(
+        fn $name() -> $t {
+            $v
+        }
+    )*};
+}
+
+defaults! {
+    d_hidden: i32 = 4096;
+    d_intermediate: i32 = 14336;
+    d_layers: i32 = 32;
+    d_eps: f64 = 1e-6;
+    d_vocab: i32 = 151936;
+    d_kv_heads: i32 = 8;
+    d_max_pos: i64 = 131072;
+    d_lin_v_heads: i32 = 64;
+    d_lin_k_heads: i32 = 16;
+    d_lin_k_dim: i32 = 192;
+    d_lin_v_dim: i32 = 128;
+    d_one: i32 = 1;
+    d_true: bool = true;
+}
+
+/// qwen3_5.py `TextModelArgs` (all defaulted there).
+#[derive(Deserialize)]
+struct Qwen35Args {
+    #[serde(default = "d_hidden")]
+    hidden_size: i32,
+    #[serde(default = "d_intermediate")]
+    intermediate_size: i32,
+    #[serde(default = "d_layers")]
+    num_hidden_layers: i32,
+    #[serde(default = "d_layers")]
+    num_attention_heads: i32,
+    #[serde(default = "d_eps")]
+    rms_norm_eps: f64,
+    #[serde(default = "d_vocab")]
+    vocab_size: i32,
+    #[serde(default = "d_kv_heads")]
+    num_key_value_heads: i32,
+    #[serde(default = "d_max_pos")]
+    max_position_embeddings: i64,
+    #[serde(default = "d_lin_v_heads")]
+    linear_num_value_heads: i32,
+    #[serde(default = "d_lin_k_heads")]
+    linear_num_key_heads: i32,
+    #[serde(default = "d_lin_k_dim")]
+    linear_key_head_dim: i32,
+    #[serde(default = "d_lin_v_dim")]
+    linear_value_head_dim: i32,
+    #[serde(default = "four")]
+    linear_conv_kernel_dim: i32,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+    #[serde(default)]
+    attention_bias: bool,
+    #[serde(default)]
+    head_dim: Option<i32>,
+    #[serde(default = "four")]
+    full_attention_interval: i32,
+    #[serde(default)]
+    num_experts: i32,
+    #[serde(default)]
+    num_experts_per_tok: i32,
+    #[serde(default = "d_one")]
+    decoder_sparse_step: i32,
+    #[serde(default)]
+    shared_expert_intermediate_size: i32,
+    #[serde(default)]
+    moe_intermediate_size: i32,
+    #[serde(default = "d_true")]
+    norm_topk_prob: bool,
+    #[serde(default)]
+    rope_parameters: Option<Value>,
+}
+
+impl ModelArgs {
+    pub fn from_config(config: &ModelConfig) -> Result<ModelArgs> {
+        let args = match config.architecture.as_str() {
+            "qwen3_next" => {
+                let a: NextArgs = config.args()?;
+                ModelArgs {
+                    model_type: a.model_type,
+                    hidden_size: a.hidden_size,
+                    num_hidden_layers: a.num_hidden_layers,
+                    intermediate_size: a.intermediate_size,
+                    num_attention_heads: a.num_attention_heads,
+                    num_key_value_heads: a.num_key_value_heads,
+                    head_dim: a.head_dim,
+                    rms_norm_eps: a.rms_norm_eps,
+                    vocab_size: a.vocab_size,
+                    linear_num_value_heads: a.linear_num_value_heads,
+                    linear_num_key_heads: a.linear_num_key_heads,
+                    linear_key_head_dim: a.linear_key_head_dim,
+                    linear_value_head_dim: a.linear_value_head_dim,
+                    linear_conv_kernel_dim: a.linear_conv_kernel_dim,
+                    num_experts: a.num_experts,
+                    num_experts_per_tok: a.num_experts_per_tok,
+                    decoder_sparse_step: a.decoder_sparse_step,
+                    shared_expert_intermediate_size: a.shared_expert_intermediate_size,
+                    mlp_only_layers: a.mlp_only_layers,
+                    moe_intermediate_size: a.moe_intermediate_size,
+                    norm_topk_prob: a.norm_topk_prob,
+                    rope_theta: a.rope_theta,
+                    partial_rotary_factor: a.partial_rotary_factor,
+                    rope_scaling: a.rope_scaling,
+                    max_position_embeddings: Some(a.max_position_embeddings),
+                    tie_word_embeddings: a.tie_word_embeddings,
+                    attention_bias: a.attention_bias,
+                    full_attention_interval: a.full_attention_interval,
+                    split_projections: false,
+                    all_layers_sparse: false,
+                    prefix: "",
+                }
+            }
+            "qwen3_5" | "qwen3_5_moe" => {
+                // `ModelArgs.from_dict`: the text arguments are `text_config`, or the whole
+                // config when there is none.
+                let text = config
+                    .raw
+                    .get("text_config")
+                    .cloned()
+                    .unwrap_or_else(|| config.raw.clone());
+                let a: Qwen35Args = crate::config::parse_args(&text, &config.architecture)?;
+                let head_dim = match a.head_dim {
+                    Some(d) => d,
+                    None if a.num_attention_heads > 0 => a.hidden_size / a.num_attention_heads,
+                    None => 0,
+                };
+                // `__post_init__`: rope settings come from `rope_parameters` (`rope_type`
+                // renamed `type`), which also becomes `rope_scaling`.
+                let default_params = serde_json::json!({
+                    "type": "default",
+                    "mrope_section": [11, 11, 10],
+                    "rope_theta": 100000,
+                    "partial_rotary_factor": 0.25,
+                });
+                let params = match a.rope_parameters {
+                    Some(Value::Null) => None,
+                    Some(p) => Some(p),
+                    None => Some(default_params),
+                };
+                let (mut prf, mut theta, mut scaling) = (0.25, 100000.0, None);
+                if let Some(p) = params {
+                    let mut obj = p.as_object().cloned().ok_or_else(|| {
+                        ModelError::Config("rope_parameters must be an object".into())
+                    })?;
+                    if !obj.is_empty() {
+                        if !obj.contains_key("type") {
+                            if let Some(t) = obj.remove("rope_type") {
+                                obj.insert("type".into(), t);
+                            }
+                        }
+                        prf = obj
+                            .get("partial_rotary_factor")
+                            .and_then(Value::as_f64)
+                            .unwrap_or(0.25);
+                        theta = obj
+                            .get("rope_theta")
+                            .and_then(Value::as_f64)
+                            .unwrap_or(100000.0);
+                        scaling = Some(obj);
+                    }
+                }
+                ModelArgs {
+                    model_type: config.model_type.clone(),
+                    hidden_size: a.hidden_size,
+                    num_hidden_layers: a.num_hidden_layers,
+                    intermediate_size: a.intermediate_size,
+                    num_attention_heads: a.num_attention_heads,
+                    num_key_value_heads: a.num_key_value_heads,
+                    head_dim,
+                    rms_norm_eps: a.rms_norm_eps,
+                    vocab_size: a.vocab_size,
+                    linear_num_value_heads: a.linear_num_value_heads,
+                    linear_num_key_heads: a.linear_num_key_heads,
+                    linear_key_head_dim: a.linear_key_head_dim,
+                    linear_value_head_dim: a.linear_value_head_dim,
+                    linear_conv_kernel_dim: a.linear_conv_kernel_dim,
+                    num_experts: a.num_experts,
+                    num_experts_per_tok: a.num_experts_per_tok,
+                    decoder_sparse_step: a.decoder_sparse_step,
+                    shared_expert_intermediate_size: a.shared_expert_intermediate_size,
+                    mlp_only_layers: Vec::new(),
+                    moe_intermediate_size: a.moe_intermediate_size,
+                    norm_topk_prob: a.norm_topk_prob,
+                    rope_theta: theta,
+                    partial_rotary_factor: prf,
+                    rope_scaling: scaling,
+                    max_position_embeddings: Some(a.max_position_embeddings),
+                    tie_word_embeddings: a.tie_word_embeddings,
+                    attention_bias: a.attention_bias,
+                    full_attention_interval: a.full_attention_interval,
+                    split_projections: true,
+                    all_layers_sparse: true,
+                    prefix: "language_model.",
+                }
+            }
+            other => {
+                return Err(ModelError::Config(format!(
+                    "`{other}` is not a Gated DeltaNet hybrid"
+                )))
+            }
+        };
+        args.validate()
+    }
+
+    fn validate(self) -> Result<ModelArgs> {
+        let t = &self.model_type;
+        for (name, v) in [
+            ("hidden_size", self.hidden_size),
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("vocab_size", self.vocab_size),
+            ("num_attention_heads", self.num_attention_heads),
+            ("num_key_value_heads", self.num_key_value_heads),
+            ("head_dim", self.head_dim),
+            ("linear_num_value_heads", self.linear_num_value_heads),
+            ("linear_num_key_heads", self.linear_num_key_heads),
+            ("linear_key_head_dim", self.linear_key_head_dim),
+            ("linear_value_head_dim", self.linear_value_head_dim),
+            ("linear_conv_kernel_dim", self.linear_conv_kernel_dim),
+            ("full_attention_interval", self.full_attention_interval),
+        ] {
+            if v <= 0 {
+                return Err(ModelError::Config(format!(
+                    "{t}: `{name}` must be positive, got {v}"
+                )));
+            }
+        }
+        if self.linear_num_value_heads % self.linear_num_key_heads != 0 {
+            return Err(ModelError::Config(format!(
+                "{t}: num_v_heads ({}) must be divisible by num_k_heads ({})",
+                self.linear_num_value_heads, self.linear_num_key_heads
+            )));
+        }
+        if self.num_attention_heads % self.num_key_value_heads != 0 {
+            return Err(ModelError::Config(format!(
+                "{t}: num_attention_heads {} must be a multiple of num_key_value_heads {}",
+                self.num_attention_heads, self.num_key_value_heads
+            )));
+        }
+        if self.num_experts > 0
+            && (self.num_experts_per_tok <= 0 || self.num_experts_per_tok > self.num_experts)
+        {
+            return Err(ModelError::Config(format!(
+                "{t}: num_experts_per_tok {} must be in 1..={}",
+                self.num_experts_per_tok, self.num_experts
+            )));
+        }
+        Ok(self)
+    }
+
+    fn is_linear(&self, layer: i32) -> bool {
+        (layer + 1) % self.full_attention_interval != 0
+    }
+
+    fn is_sparse(&self, layer: i32) -> bool {
+        if self.all_layers_sparse {
+            return self.num_experts > 0;
+        }
+        !self.mlp_only_layers.contains(&layer)
+            && self.num_experts > 0
+            && self.decoder_sparse_step > 0
+            && (layer + 1) % self.decoder_sparse_step == 0
+    }
+}
+
+/// `Qwen3NextAttention`: queries emit a sigmoid gate on the output; per-head q/k norms;
+/// partial rotary embedding.
+struct Attention {
+    n_heads: i32,
+    n_kv_heads: i32,
+    scale: f32,
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    q_norm: RmsNorm,
+    k_norm: RmsNorm,
+    rope: Rope,
+}
+
+impl Attention {
+    fn load(a: &ModelArgs, w: &mut Weights, path: &str) -> Result<Attention> {
+        let (dim, hd, h, kv) = (
+            a.hidden_size,
+            a.head_dim,
+            a.num_attention_heads,
+            a.num_key_value_heads,
+        );
+        let p = |n: &str| format!("{path}.{n}");
+        let eps = a.rms_norm_eps as f32;
+        let bias = a.attention_bias;
+        Ok(Attention {
+            n_heads: h,
+            n_kv_heads: kv,
+            scale: f64::from(hd).powf(-0.5) as f32,
+            q_proj: Linear::load(w, &p("q_proj"), dim, h * hd * 2, bias)?,
+            k_proj: Linear::load(w, &p("k_proj"), dim, kv * hd, bias)?,
+            v_proj: Linear::load(w, &p("v_proj"), dim, kv * hd, bias)?,
+            o_proj: Linear::load(w, &p("o_proj"), h * hd, dim, bias)?,
+            q_norm: RmsNorm::load(w, &p("q_norm"), hd, eps)?,
+            k_norm: RmsNorm::load(w, &p("k_norm"), hd, eps)?,
+            rope: Rope::initialize(
+                (f64::from(hd) * a.partial_rotary_factor) as i32,
+                a.rope_theta,
+                false,
+                a.rope_scaling.as_ref(),
+                a.max_position_embeddings,
+            )?,
+        })
+    }
+
+    fn forward(
+        &self,
+        x: &Array,
+        mask: &AttentionMask,
+        cache: Option<&mut Box<dyn Cache>>,
+    ) -> Result<Array> {
+        let sh = x.shape();
+        let (b, l) = (sh[0], sh[1]);
+        let q_out = ops::reshape(&self.q_proj.forward(x)?, &[b, l, self.n_heads, -1], None)?;
+        let qg = ops::split_equal(&q_out, 2, -1, None)?;
+        let (queries, gate) = (&qg[0], ops::reshape(&qg[1], &[b, l, -1], None)?);
+        let keys = self.k_proj.forward(x)?;
+        let values = self.v_proj.forward(x)?;
+        let heads = |y: &Array| ops::transpose(y, &[0, 2, 1, 3], None);
+        let queries = heads(&self.q_norm.forward(queries)?)?;
+        let keys = heads(&self.k_norm.forward(&ops::reshape(
+            &keys,
+            &[b, l, self.n_kv_heads, -1],
+            None,
+        )?)?)?;
+        let values = heads(&ops::reshape(&values, &[b, l, self.n_kv_heads, -1], None)?)?;
+        let (queries, kv) = match cache {
+            Some(c) => {
+                let offset = c.offset();
+                let q = self.rope.forward(&queries, offset)?;
+                let k = self.rope.forward(&keys, offset)?;
+                (q, c.update_and_fetch(&k, &values)?)
+            }
+            None => (
+                self.rope.forward(&queries, 0)?,
+                mlx_cache::Kv::Dense {
+                    keys: self.rope.forward(&keys, 0)?,
+                    values,
+                },
+            ),
+        };
+        let out = scaled_dot_product_attention(&queries, &kv, self.scale, mask, None)?;
+        let out = ops::reshape(&heads(&out)?, &[b, l, -1], None)?;
+        self.o_proj.forward(&(&out * &ops::sigmoid(&gate, None)?)?)
+    }
+}
+
+enum Projections {
+    /// qwen3_next: `in_proj_qkvz`, `in_proj_ba`, grouped per key head.
+    Fused { qkvz: Linear, ba: Linear },
+    /// qwen3_5: `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`.
+    Split {
+        qkv: Linear,
+        z: Linear,
+        b: Linear,
+        a: Linear,
+    },
+}
+
+/// `Qwen3NextGatedDeltaNet` / qwen3_5 `GatedDeltaNet`.
+struct GatedDeltaNet {
+    num_k_heads: i32,
+    num_v_heads: i32,
+    head_k_dim: i32,
+    head_v_dim: i32,
+    key_dim: i32,
+    conv_dim: i32,
+    conv_kernel_size: i32,
+    conv1d_weight: Array,
+    proj: Projections,
+    dt_bias: Array,
+    a_log: Array,
+    norm: RmsNormGated,
+    out_proj: Linear,
+    /// MLX's fused `fast::gated_delta_update` instead of the plain-ops loop (never while a
+    /// cache records per-token states, which only the loop yields).
+    use_kernel: bool,
+}
+
+impl GatedDeltaNet {
+    fn load(a: &ModelArgs, w: &mut Weights, path: &str) -> Result<GatedDeltaNet> {
+        let p = |n: &str| format!("{path}.{n}");
+        let (nk, nv, dk, dv) = (
+            a.linear_num_key_heads,
+            a.linear_num_value_heads,
+            a.linear_key_head_dim,
+            a.linear_value_head_dim,
+        );
+        let (key_dim, value_dim) = (dk * nk, dv * nv);
+        let conv_dim = key_dim * 2 + value_dim;
+        let dim = a.hidden_size;
+        let proj = if a.split_projections {
+            Projections::Split {
+                qkv: Linear::load(w, &p("in_proj_qkv"), dim, conv_dim, false)?,
+                z: Linear::load(w, &p("in_proj_z"), dim, value_dim, false)?,
+                b: Linear::load(w, &p("in_proj_b"), dim, nv, false)?,
+                a: Linear::load(w, &p("in_proj_a"), dim, nv, false)?,
+            }
+        } else {
+            Projections::Fused {
+                qkvz: Linear::load(
+                    w,
+                    &p("in_proj_qkvz"),
+                    dim,
+                    key_dim * 2 + value_dim * 2,
+                    false,
+                )?,
+                ba: Linear::load(w, &p("in_proj_ba"), dim, nv * 2, false)?,
+            }
+        };
+        Ok(GatedDeltaNet {
+            num_k_heads: nk,
+            num_v_heads: nv,
+            head_k_dim: dk,
+            head_v_dim: dv,
+            key_dim,
+            conv_dim,
+            conv_kernel_size: a.linear_conv_kernel_dim,
+            conv1d_weight: w.take(
+                &p("conv1d.weight"),
+                &[conv_dim, a.linear_conv_kernel_dim, 1],
+            )?,
+            proj,
+            dt_bias: w.take(&p("dt_bias"), &[nv])?,
+            a_log: w.take(&p("A_log"), &[nv])?,
+            norm: RmsNormGated::load(w, &p("norm"), dv, a.rms_norm_eps as f32)?,
+            out_proj: Linear::load(w, &p("out_proj"), value_dim, dim, false)?,
+            use_kernel: false,
+        })
+    }
+
+    /// `(mixed_qkv (B, S, conv_dim), z (B, S, nv, dv), b (B, S, nv), a (B, S, nv))`.
+    fn project(&self, x: &Array, bsz: i32, s: i32) -> Result<(Array, Array, Array, Array)> {
+        let (nk, dn, nv, dv) = (
+            self.num_k_heads,
+            self.head_k_dim,
+            self.num_v_heads,
+            self.head_v_dim,
+        );
+        match &self.proj {
+            Projections::Split { qkv, z, b, a } => Ok((
+                qkv.forward(x)?,
+                ops::reshape(&z.forward(x)?, &[bsz, s, nv, dv], None)?,
+                b.forward(x)?,
+                a.forward(x)?,
+            )),
+            Projections::Fused { qkvz, ba } => {
+                // `fix_query_key_value_ordering`.
+                let mixed_qkvz = ops::reshape(&qkvz.forward(x)?, &[bsz, s, nk, -1], None)?;
+                let mixed_ba = ops::reshape(&ba.forward(x)?, &[bsz, s, nk, -1], None)?;
+                let parts =
+                    ops::split_at(&mixed_qkvz, &[dn, 2 * dn, 2 * dn + nv / nk * dv], -1, None)?;
+                let ba_parts = ops::split_at(&mixed_ba, &[nv / nk], -1, None)?;
+                let flat = |t: &Array| ops::reshape(t, &[bsz, s, -1], None);
+                let v = ops::reshape(&parts[2], &[bsz, s, -1, dv], None)?;
+                let mixed_qkv = ops::concatenate(
+                    &[&flat(&parts[0])?, &flat(&parts[1])?, &flat(&v)?],
+                    -1,
+                    None,
+                )?;
+                Ok((
+                    mixed_qkv,
+                    ops::reshape(&parts[3], &[bsz, s, -1, dv], None)?,
+                    ops::reshape(&ba_parts[0], &[bsz, s, nv], None)?,
+                    ops::reshape(&ba_parts[1], &[bsz, s, nv], None)?,
+                ))
+            }
+        }
+    }
+
+    fn forward(
+        &self,
+        inputs: &Array,
+        mask: Option<&Array>,
+        cache: Option<&mut ArraysCache>,
+    ) -> Result<Array> {
+        let sh = inputs.shape();
+        let (bsz, s) = (sh[0], sh[1]);
+        let (mut mixed_qkv, z, b, a) = self.project(inputs, bsz, s)?;
+        let n_keep = self.conv_kernel_size - 1;
+        let conv_state = match cache.as_ref().and_then(|c| c.get(0)) {
+            Some(c) => c.clone(),
+            None => ops::zeros(&[bsz, n_keep, self.conv_dim], inputs.dtype(), None)?,
+        };
+        if let Some(m) = mask {
+            mixed_qkv =
+                ops::where_scalar(&ops::expand_dims(m, &[-1], None)?, &mixed_qkv, 0i32, None)?;
+        }
+        let conv_input = ops::concatenate(&[&conv_state, &mixed_qkv], 1, None)?;
+        let keep_states = cache.as_ref().is_some_and(|c| c.keeps_history());
+        let conv_out = silu(&ops::conv1d(
+            &conv_input,
+            &self.conv1d_weight,
+            1,
+            0,
+            1,
+            self.conv_dim,
+            None,
+        )?)?;
+        let qkv = ops::split_at(&conv_out, &[self.key_dim, 2 * self.key_dim], -1, None)?;
+        let q = ops::reshape(&qkv[0], &[bsz, s, self.num_k_heads, self.head_k_dim], None)?;
+        let k = ops::reshape(&qkv[1], &[bsz, s, self.num_k_heads, self.head_k_dim], None)?;
+        let v = ops::reshape(&qkv[2], &[bsz, s, self.num_v_heads, self.head_v_dim], None)?;
+        let state = cache.as_ref().and_then(|c| c.get(1)).cloned();
+        let (q, k) = normalize_qk(&q, &k, f64::from(self.head_k_dim).powf(-0.5), 1e-6)?;
+        let (out, state, steps) = if self.use_kernel && !keep_states {
+            let (y, s) = gated_delta_update_fast(
+                &q,
+                &k,
+                &v,
+                &a,
+                &b,
+                &self.a_log,
+                &self.dt_bias,
+                state.as_ref(),
+                mask,
+            )?;
+            (y, s, Vec::new())
+        } else {
+            gated_delta_update(
+                &q,
+                &k,
+                &v,
+                &a,
+                &b,
+                &self.a_log,
+                &self.dt_bias,
+                state.as_ref(),
+                mask,
+                keep_states,
+            )?
+        };
+        if let Some(c) = cache {
+            let conv_at = |t: i32| -> Result<Array> {
+                Ok(ops::contiguous(
+                    &ops::slice_axis(&conv_input, 1, t, t + n_keep, None)?,
+                    false,
+                    None,
+                )?)
+            };
+            if keep_states {
+                let mut recorded = Vec::with_capacity(steps.len());
+                for (t, st) in steps.into_iter().enumerate() {
+                    recorded.push(vec![Some(conv_at(t as i32 + 1)?), Some(st)]);
+                }
+                c.checkpoint_steps(recorded)?;
+            }
+            c.set(0, conv_at(s)?)?;
+            c.set(1, state)?;
+            c.advance(s as usize)?;
+        }
+        let out = self.norm.forward(&out, Some(&z))?;
+        self.out_proj
+            .forward(&ops::reshape(&out, &[bsz, s, -1], None)?)
+    }
+}
+
+enum Mixer {
+    Linear(GatedDeltaNet),
+    Attention(Attention),
+}
+
+struct DecoderLayer {
+    mixer: Mixer,
+    mlp: Ffn,
+    input_layernorm: RmsNorm,
+    post_attention_layernorm: RmsNorm,
+}
+
+/// The qwen3_next / qwen3_5 model.
+pub struct Model {
+    args: ModelArgs,
+    embed_tokens: Embedding,
+    layers: Vec<DecoderLayer>,
+    norm: RmsNorm,
+    lm_head: Option<Linear>,
+    ssm_idx: Option<usize>,
+    fa_idx: Option<usize>,
+}
+
+impl Model {
+    pub fn load(config: &ModelConfig, w: &mut Weights) -> Result<Model> {
+        let args = ModelArgs::from_config(config)?;
+        sanitize(&args, w)?;
+        let pre = format!("{}model", args.prefix);
+        let eps = args.rms_norm_eps as f32;
+        let dim = args.hidden_size;
+        let embed_tokens =
+            Embedding::load(w, &format!("{pre}.embed_tokens"), args.vocab_size, dim)?;
+        let mut layers = Vec::with_capacity(args.num_hidden_layers as usize);
+        for i in 0..args.num_hidden_layers {
+            let p = format!("{pre}.layers.{i}");
+            let mixer = if args.is_linear(i) {
+                Mixer::Linear(GatedDeltaNet::load(&args, w, &format!("{p}.linear_attn"))?)
+            } else {
+                Mixer::Attention(Attention::load(&args, w, &format!("{p}.self_attn"))?)
+            };
+            let mlp = if args.is_sparse(i) {
+                Ffn::Sparse(Box::new(SparseMoe::load_parts(
+                    w,
+                    &format!("{p}.mlp"),
+                    &SparseMoeParams {
+                        hidden_size: dim,
+                        num_experts: args.num_experts,
+                        top_k: args.num_experts_per_tok,
+                        moe_intermediate_size: args.moe_intermediate_size,
+                        expert_bias: false,
+                        router: Router::SoftmaxUpperPartition {
+                            norm_topk_prob: args.norm_topk_prob,
+                            cast_back: false,
+                        },
+                        shared_expert_intermediate_size: Some(args.shared_expert_intermediate_size),
+                        names: ["gate", "switch_mlp"],
+                        router_bias: false,
+                        activation: SwitchActivation::SwiGlu,
+                    },
+                )?))
+            } else {
+                Ffn::Dense(Mlp::load(
+                    w,
+                    &format!("{p}.mlp"),
+                    &crate::layers::MlpNames::LLAMA,
+                    dim,
+                    args.intermediate_size,
+                    false,
+                    false,
+                    MlpKind::SwiGlu,
+                )?)
+            };
+            layers.push(DecoderLayer {
+                mixer,
+                mlp,
+                input_layernorm: RmsNorm::load(w, &format!("{p}.input_layernorm"), dim, eps)?,
+                post_attention_layernorm: RmsNorm::load(
+                    w,
+                    &format!("{p}.post_attention_layernorm"),
+                    dim,
+                    eps,
+                )?,
+            });
+        }
+        let norm = RmsNorm::load(w, &format!("{pre}.norm"), dim, eps)?;
+        let lm_head = if args.tie_word_embeddings {
+            None
+        } else {
+            Some(Linear::load(
+                w,
+                &format!("{}lm_head", args.prefix),
+                dim,
+                args.vocab_size,
+                false,
+            )?)
+        };
+        let ssm_idx = (0..args.num_hidden_layers).position(|i| args.is_linear(i));
+        let fa_idx = (0..args.num_hidden_layers).position(|i| !args.is_linear(i));
+        Ok(Model {
+            args,
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            ssm_idx,
+            fa_idx,
+        })
+    }
+
+    /// Runs the DeltaNet layers through MLX's fused `fast::gated_delta_update` (the kernel
+    /// path) instead of mlx-lm's plain-ops loop (the default, the L1 reference off Apple
+    /// GPUs). On the CPU backend both give the same bits.
+    pub fn use_fast_gated_delta(&mut self, on: bool) {
+        for l in &mut self.layers {
+            if let Mixer::Linear(m) = &mut l.mixer {
+                m.use_kernel = on;
+            }
+        }
+    }
+
+    /// Caches whose recurrent layers keep the last `max_rollback` per-token states, so that
+    /// `trim_prompt_cache(caches, n)` works for `n <= max_rollback` (mlx-lm cannot trim these).
+    pub fn make_cache_with_rollback(&self, max_rollback: usize) -> Vec<Box<dyn Cache>> {
+        self.layers
+            .iter()
+            .map(|l| -> Box<dyn Cache> {
+                match l.mixer {
+                    Mixer::Linear(_) if max_rollback == 0 => Box::new(ArraysCache::new(2)),
+                    Mixer::Linear(_) => Box::new(ArraysCache::with_history(2, max_rollback)),
+                    Mixer::Attention(_) => Box::new(KVCache::new()),
+                }
+            })
+            .collect()
+    }
+}
+
+/// Both files' `sanitize`: qwen3_5 moves `model.language_model.*` to `language_model.model.*`
+/// (dropping the vision tower) and prefixes the rest with `language_model.`; both drop `mtp.*`
+/// and a tied `lm_head`, stack per-expert weights, move HF conv weights `(C, 1, K)` to
+/// `(C, K, 1)`, and add 1 to the RMS norm weights of HF checkpoints (the `(C, 1, K)` conv is
+/// the sign of one; qwen3_next applies both only when it stacked experts).
+fn sanitize(a: &ModelArgs, w: &mut Weights) -> Result<()> {
+    if a.split_projections {
+        for name in w.names() {
+            if name.starts_with("vision_tower") || name.starts_with("model.visual") {
+                w.remove(&name);
+                continue;
+            }
+            let new = if let Some(rest) = name.strip_prefix("model.language_model") {
+                format!("language_model.model{rest}")
+            } else if name.starts_with("language_model.") {
+                continue;
+            } else {
+                format!("language_model.{name}")
+            };
+            if let Some(t) = w.remove(&name) {
+                w.insert(new, t);
+            }
+        }
+    }
+    let pre = format!("{}model", a.prefix);
+    let mut stacked = false;
+    for l in 0..a.num_hidden_layers {
+        let prefix = format!("{pre}.layers.{l}.mlp");
+        if a.split_projections {
+            // qwen3_5_moe: fused `experts.gate_up_proj` (E, 2H, D) and `experts.down_proj`.
+            if let Some(gate_up) = w.remove(&format!("{prefix}.experts.gate_up_proj")) {
+                let mid = gate_up.shape().get(1).copied().unwrap_or(0) / 2;
+                let halves = ops::split_at(&gate_up, &[mid], -2, None)?;
+                w.insert(
+                    format!("{prefix}.switch_mlp.gate_proj.weight"),
+                    halves[0].clone(),
+                );
+                w.insert(
+                    format!("{prefix}.switch_mlp.up_proj.weight"),
+                    halves[1].clone(),
+                );
+                if let Some(down) = w.remove(&format!("{prefix}.experts.down_proj")) {
+                    w.insert(format!("{prefix}.switch_mlp.down_proj.weight"), down);
+                }
+            }
+            continue;
+        }
+        if !w.contains(&format!("{prefix}.experts.0.up_proj.weight")) {
+            continue;
+        }
+        stacked = true;
+        for n in ["up_proj", "down_proj", "gate_proj"] {
+            let mut parts = Vec::with_capacity(a.num_experts.max(0) as usize);
+            for e in 0..a.num_experts {
+                let name = format!("{prefix}.experts.{e}.{n}.weight");
+                parts.push(
+                    w.remove(&name)
+                        .ok_or_else(|| ModelError::Weights(vec![format!("missing: {name}")]))?,
+                );
+            }
+            let refs: Vec<&Array> = parts.iter().collect();
+            w.insert(
+                format!("{prefix}.switch_mlp.{n}.weight"),
+                ops::stack(&refs, 0, None)?,
+            );
+        }
+    }
+    let hf_checkpoint = if a.split_projections {
+        w.names().iter().any(|k| {
+            k.contains("conv1d.weight") && w.shape_of(k).and_then(|s| s.last().copied()) != Some(1)
+        })
+    } else {
+        stacked
+    };
+    if !a.split_projections && !stacked {
+        return Ok(());
+    }
+    for name in w.names() {
+        if name.contains("mtp.") {
+            w.remove(&name);
+        }
+    }
+    if a.tie_word_embeddings {
+        w.discard(&format!("{}lm_head.weight", a.prefix));
+    }
+    let norm_keys = [
+        ".input_layernorm.weight",
+        ".post_attention_layernorm.weight",
+        "model.norm.weight",
+        ".q_norm.weight",
+        ".k_norm.weight",
+    ];
+    for name in w.names() {
+        let shape = w.shape_of(&name).unwrap_or_default();
+        if name.contains("conv1d.weight") && shape.last().copied() != Some(1) {
+            if let Some(t) = w.remove(&name) {
+                w.insert(name.clone(), ops::moveaxis(&t, 2, 1, None)?);
+            }
+        }
+        if hf_checkpoint && shape.len() == 1 && norm_keys.iter().any(|k| name.ends_with(k)) {
+            if let Some(t) = w.remove(&name) {
+                w.insert(name.clone(), ops::add_scalar(&t, 1.0f32, None)?);
+            }
+        }
+    }
+    Ok(())
+}
+
+impl Model {
+    /// The final normed hidden states `(batch, seq, hidden)` (the inner model's output, before
+    /// the output head).
+    pub fn hidden_states(
+        &self,
+        inputs: &Array,
+        caches: Option<&mut [Box<dyn Cache>]>,
+    ) -> Result<Array> {
+        crate::models::moe::check_inputs(inputs)?;
+        let mut h = self.embed_tokens.forward(inputs)?;
+        let n = h.shape().get(1).copied().unwrap_or(0) as usize;
+        let mut caches = caches;
+        let (fa_mask, ssm_mask) = match caches.as_deref() {
+            Some(c) => {
+                if c.len() != self.layers.len() {
+                    return Err(ModelError::Other(format!(
+                        "{} caches for {} layers",
+                        c.len(),
+                        self.layers.len()
+                    )));
+                }
+                let fa = match self.fa_idx {
+                    Some(i) => c[i].make_mask(n, None, false)?,
+                    None => AttentionMask::None,
+                };
+                let ssm = match self.ssm_idx {
+                    Some(i) => c[i].make_mask(n, None, false)?.as_array().cloned(),
+                    None => None,
+                };
+                (fa, ssm)
+            }
+            None => (mlx_cache::mask::fallback_mask(n, None, false)?, None),
+        };
+        for (i, layer) in self.layers.iter().enumerate() {
+            let cache = caches.as_deref_mut().map(|c| &mut c[i]);
+            let x = layer.input_layernorm.forward(&h)?;
+            let r = match &layer.mixer {
+                Mixer::Linear(m) => {
+                    let c = match cache {
+                        Some(c) => Some(c.as_any_mut().downcast_mut::<ArraysCache>().ok_or_else(
+                            || {
+                                ModelError::Other(format!(
+                                    "layer {i} is a Gated DeltaNet layer and needs an ArraysCache"
+                                ))
+                            },
+                        )?),
+                        None => None,
+                    };
+                    m.forward(&x, ssm_mask.as_ref(), c)?
+                }
+                Mixer::Attention(m) => m.forward(&x, &fa_mask, cache)?,
+            };
+            let hh = (&h + &r)?;
+            let n2 = layer.post_attention_layernorm.forward(&hh)?;
+            let f = layer.mlp.forward(&n2)?;
+            h = (&hh + &f)?;
+        }
+        self.norm.forward(&h)
+    }
+
+    /// The output head over normed hidden states.
+    fn head(&self, out: &Array) -> Result<Array> {
+        match &self.lm_head {
+            Some(head) => head.forward(out),
+            None => self.embed_tokens.as_linear(out),
+        }
+    }
+}
+
+impl LanguageModel for Model {
+    fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
+        let out = self.hidden_states(inputs, caches)?;
+        self.head(&out)
+    }
+
+    fn make_cache(&self) -> Vec<Box<dyn Cache>> {
+        self.make_cache_with_rollback(0)
+    }
+
+    fn defines_make_cache(&self) -> bool {
+        true
+    }
+
+    fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    fn model_type(&self) -> &str {
+        &self.args.model_type
+    }
+
+    fn vocab_size(&self) -> i32 {
+        self.args.vocab_size
+    }
+}
