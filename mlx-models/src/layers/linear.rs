@@ -82,7 +82,17 @@ impl QuantizedWeight {
     }
 }
 
-/// `y = x W^T (+ b)`, dense or quantized.
+/// A layer that replaces a [`Linear`] in a model and computes its output itself, usually
+/// from the linear it wraps (LoRA and DoRA in `mlx-train`, as mlx-lm's tuner swaps a module).
+pub trait LinearAdapter: Send + Sync + std::fmt::Debug {
+    fn forward(&self, x: &Array) -> Result<Array>;
+    /// The wrapped linear.
+    fn base(&self) -> &Linear;
+    /// For downcasting to the concrete adapter.
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+/// `y = x W^T (+ b)`, dense or quantized, or an adapter standing in for one.
 #[derive(Clone, Debug)]
 pub enum Linear {
     Dense {
@@ -93,6 +103,7 @@ pub enum Linear {
         weight: QuantizedWeight,
         bias: Option<Array>,
     },
+    Adapted(std::sync::Arc<dyn LinearAdapter>),
 }
 
 impl Linear {
@@ -122,8 +133,24 @@ impl Linear {
         }
     }
 
+    /// `(output_dims, input_dims)` of the logical (dequantized) weight.
+    pub fn dims(&self) -> Result<(i32, i32)> {
+        match self {
+            Linear::Dense { weight, .. } => {
+                let s = weight.shape();
+                Ok((s[0], s[1]))
+            }
+            Linear::Quantized { weight, .. } => {
+                let s = weight.weight.shape();
+                Ok((s[0], s[1] * 32 / weight.bits))
+            }
+            Linear::Adapted(a) => a.base().dims(),
+        }
+    }
+
     pub fn forward(&self, x: &Array) -> Result<Array> {
         match self {
+            Linear::Adapted(a) => a.forward(x),
             Linear::Dense {
                 weight,
                 bias: Some(b),

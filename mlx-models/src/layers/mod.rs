@@ -11,7 +11,7 @@ mod rope;
 pub use activations::{gelu, gelu_approx, silu, swiglu};
 pub use attention::{quantized_scaled_dot_product_attention, scaled_dot_product_attention};
 pub use embedding::Embedding;
-pub use linear::{Linear, QuantizedWeight};
+pub use linear::{Linear, LinearAdapter, QuantizedWeight};
 pub use mlp::{Mlp, MlpKind};
 pub use norm::{LayerNorm, RmsNorm};
 pub use rope::{Rope, RopeScaling};

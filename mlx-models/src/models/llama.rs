@@ -403,6 +403,24 @@ impl LanguageModel for Model {
     fn vocab_size(&self) -> i32 {
         self.args.vocab_size
     }
+
+    fn layer_linears_mut(&mut self) -> Vec<Vec<(&'static str, &mut Linear)>> {
+        self.layers
+            .iter_mut()
+            .map(|l| {
+                let (a, m) = (&mut l.self_attn, &mut l.mlp);
+                vec![
+                    ("self_attn.q_proj", &mut a.q_proj),
+                    ("self_attn.k_proj", &mut a.k_proj),
+                    ("self_attn.v_proj", &mut a.v_proj),
+                    ("self_attn.o_proj", &mut a.o_proj),
+                    ("mlp.gate_proj", &mut m.gate_proj),
+                    ("mlp.down_proj", &mut m.down_proj),
+                    ("mlp.up_proj", &mut m.up_proj),
+                ]
+            })
+            .collect()
+    }
 }
 
 /// `base.create_attention_mask(h, None, window_size)`.

@@ -8,6 +8,7 @@ use mlx_core::prelude::*;
 
 use crate::config::ModelConfig;
 use crate::error::Result;
+use crate::layers::Linear;
 use crate::weights::Weights;
 
 /// A causal language model: token ids in, logits out. Models never own caches.
@@ -33,6 +34,14 @@ pub trait LanguageModel: Send {
 
     /// Vocabulary size (last dimension of the logits).
     fn vocab_size(&self) -> i32;
+
+    /// The linears of each decoder layer (`model.layers`), under their path inside the layer
+    /// as mlx-lm names the modules (`self_attn.q_proj`), in the order the Python module
+    /// declares them; adapters (LoRA, DoRA) wrap or replace them in place. Empty when the
+    /// architecture does not support adapters.
+    fn layer_linears_mut(&mut self) -> Vec<Vec<(&'static str, &mut Linear)>> {
+        Vec::new()
+    }
 }
 
 /// Builds the model named by `config.architecture` from `weights`, strictly: every problem
