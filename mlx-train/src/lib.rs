@@ -1,5 +1,20 @@
-//! LoRA, flash attention with a correct backward, segmented backward, SFT/DPO/ORPO.
-//!
-//! Not implemented yet: this crate is a placeholder in the workspace layout so that later
-//! work lands where the design puts it. It exports nothing.
+//! Fine-tuning with mlx-lm's tuner semantics, bit for bit on CPU: LoRA and DoRA adapters
+//! over dense or quantized linears ([`lora`]), mlx-lm's data formats and batching
+//! ([`data`]), `default_loss` ([`loss`]), `mlx.optimizers` ([`optim`]), the training loop
+//! ([`trainer`]), adapter files in mlx-lm's format and fusing ([`adapters`]).
 #![forbid(unsafe_code)]
+
+pub mod adapters;
+pub mod data;
+mod error;
+pub mod loss;
+pub mod lora;
+pub mod nprand;
+pub mod optim;
+pub mod params;
+pub mod run;
+pub mod tokenize;
+pub mod trainer;
+
+pub use error::{Result, TrainError};
+pub use params::Params;
