@@ -84,8 +84,9 @@ impl QuantizedWeight {
 
 /// A layer that replaces a [`Linear`] in a model and computes its output itself, usually
 /// from the linear it wraps (LoRA and DoRA in `mlx-train`, as mlx-lm's tuner swaps a module).
-pub trait LinearAdapter: Send + Sync + std::fmt::Debug {
+pub trait LinearAdapter: Send + std::fmt::Debug {
     fn forward(&self, x: &Array) -> Result<Array>;
+    fn clone_box(&self) -> Box<dyn LinearAdapter>;
     /// The wrapped linear.
     fn base(&self) -> &Linear;
     /// For downcasting to the concrete adapter.
@@ -103,7 +104,13 @@ pub enum Linear {
         weight: QuantizedWeight,
         bias: Option<Array>,
     },
-    Adapted(std::sync::Arc<dyn LinearAdapter>),
+    Adapted(Box<dyn LinearAdapter>),
+}
+
+impl Clone for Box<dyn LinearAdapter> {
+    fn clone(&self) -> Self {
+        self.clone_box()
+    }
 }
 
 impl Linear {
