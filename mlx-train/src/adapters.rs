@@ -60,7 +60,11 @@ pub fn save_adapter_weights(path: &Path, params: &Params) -> Result<()> {
         std::fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
     }
     let snap = params.snapshot();
-    save_safetensors(path, snap.iter().map(|(k, v)| (k.as_str(), v)), &StringMap::new())?;
+    save_safetensors(
+        path,
+        snap.iter().map(|(k, v)| (k.as_str(), v)),
+        &StringMap::new(),
+    )?;
     Ok(())
 }
 
@@ -157,7 +161,9 @@ pub fn fuse_model_dir(model_dir: &Path, adapter_dir: &Path, out_dir: &Path) -> R
                 }
             }
             Linear::Adapted(_) => {
-                return Err(TrainError::Config(format!("{path}: fused layer still adapted")))
+                return Err(TrainError::Config(format!(
+                    "{path}: fused layer still adapted"
+                )))
             }
         }
     }
@@ -168,9 +174,8 @@ pub fn fuse_model_dir(model_dir: &Path, adapter_dir: &Path, out_dir: &Path) -> R
         let entry = entry.map_err(|e| io_err(model_dir, e))?;
         let p = entry.path();
         let name = entry.file_name();
-        let skip = weight_set.contains(&p)
-            || name == "model.safetensors.index.json"
-            || !p.is_file();
+        let skip =
+            weight_set.contains(&p) || name == "model.safetensors.index.json" || !p.is_file();
         if !skip {
             let dst = out_dir.join(&name);
             std::fs::copy(&p, &dst).map_err(|e| io_err(&dst, e))?;

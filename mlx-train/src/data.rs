@@ -125,7 +125,12 @@ fn process(
             let messages = match row.get(&cfg.chat_feature) {
                 Some(Value::Array(m)) if !m.is_empty() => m,
                 Some(Value::Array(_)) => return Err(format!("`{}` is empty", cfg.chat_feature)),
-                _ => return Err(format!("field `{}` must be a list of messages", cfg.chat_feature)),
+                _ => {
+                    return Err(format!(
+                        "field `{}` must be a list of messages",
+                        cfg.chat_feature
+                    ))
+                }
             };
             if let Some(i) = messages.iter().position(|m| !m.is_object()) {
                 return Err(format!("`{}`[{i}] is not an object", cfg.chat_feature));
@@ -137,9 +142,14 @@ fn process(
                     .and_then(|m| m.get("role"))
                     .and_then(Value::as_str)
                     == Some("assistant");
-                tokenize::chat_ids(tok, &messages[..messages.len() - 1], tools, last_is_assistant)
-                    .map_err(e)?
-                    .len()
+                tokenize::chat_ids(
+                    tok,
+                    &messages[..messages.len() - 1],
+                    tools,
+                    last_is_assistant,
+                )
+                .map_err(e)?
+                .len()
             } else {
                 0
             };
@@ -279,7 +289,9 @@ impl BatchIter {
             return Err(TrainError::Config("batch_size must be positive".into()));
         }
         if max_seq_length < 2 {
-            return Err(TrainError::Config("max_seq_length must be at least 2".into()));
+            return Err(TrainError::Config(
+                "max_seq_length must be at least 2".into(),
+            ));
         }
         let mut idx: Vec<usize> = (0..data.len()).collect();
         idx.sort_by_key(|&i| data.examples[i].item_len);
@@ -321,7 +333,11 @@ impl BatchIter {
         let members = &self.batch_idx[self.order[self.pos]];
         self.pos += 1;
         let examples: Vec<&Example> = members.iter().map(|&j| &data.examples[j]).collect();
-        Ok(Some(pad_batch(&examples, self.batch_size, self.max_seq_length)?))
+        Ok(Some(pad_batch(
+            &examples,
+            self.batch_size,
+            self.max_seq_length,
+        )?))
     }
 }
 

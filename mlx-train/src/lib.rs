@@ -5,10 +5,11 @@
 #![forbid(unsafe_code)]
 
 pub mod adapters;
+pub mod cli;
 pub mod data;
 mod error;
-pub mod loss;
 pub mod lora;
+pub mod loss;
 pub mod nprand;
 pub mod optim;
 pub mod params;

@@ -52,7 +52,9 @@ impl LoraConfig {
             )));
         }
         if !self.scale.is_finite() {
-            return Err(TrainError::Config("lora_parameters.scale must be finite".into()));
+            return Err(TrainError::Config(
+                "lora_parameters.scale must be finite".into(),
+            ));
         }
         Ok(())
     }

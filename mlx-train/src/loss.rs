@@ -10,8 +10,8 @@ use crate::error::Result;
 /// `reduction="none"`, as it runs off the GPU.
 pub fn cross_entropy(logits: &Array, targets: &Array) -> Result<Array> {
     let logits = (logits - &logits.max(&[-1], true)?.stop_gradient()?)?;
-    let score = ops::take_along_axis(&logits, &targets.expand_dims(&[-1])?, -1, None)?
-        .squeeze(&[-1])?;
+    let score =
+        ops::take_along_axis(&logits, &targets.expand_dims(&[-1])?, -1, None)?.squeeze(&[-1])?;
     let lse = logits.logsumexp(&[-1], false)?;
     Ok((&lse - &score)?)
 }

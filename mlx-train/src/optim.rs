@@ -63,7 +63,9 @@ impl Schedule {
     /// `step_decay(init, decay_rate, step_size)`: `init * decay_rate**(step // step_size)`.
     pub fn step_decay(init: f64, decay_rate: f64, step_size: i64) -> Result<Schedule> {
         if step_size < 1 {
-            return Err(TrainError::Config("step_decay step_size must be positive".into()));
+            return Err(TrainError::Config(
+                "step_decay step_size must be positive".into(),
+            ));
         }
         Ok(Schedule(Box::new(move |step| {
             let k = ops::floor_divide_scalar(step, step_size, None)?;
@@ -105,13 +107,17 @@ pub struct ScheduleConfig {
 
 fn num(args: &[Value], i: usize, name: &str) -> Result<f64> {
     args.get(i).and_then(Value::as_f64).ok_or_else(|| {
-        TrainError::Config(format!("lr_schedule `{name}`: argument {i} must be a number"))
+        TrainError::Config(format!(
+            "lr_schedule `{name}`: argument {i} must be a number"
+        ))
     })
 }
 
 fn int(args: &[Value], i: usize, name: &str) -> Result<i64> {
     args.get(i).and_then(Value::as_i64).ok_or_else(|| {
-        TrainError::Config(format!("lr_schedule `{name}`: argument {i} must be an integer"))
+        TrainError::Config(format!(
+            "lr_schedule `{name}`: argument {i} must be an integer"
+        ))
     })
 }
 
@@ -194,11 +200,13 @@ impl Method {
                 None => Ok([0.9, 0.999]),
                 Some(Value::Array(v)) if v.len() == 2 => {
                     let g = |i: usize| {
-                        v[i].as_f64().filter(|b| (0.0..1.0).contains(b)).ok_or_else(|| {
-                            TrainError::Config(format!(
-                                "optimizer_config.{name}.betas[{i}] must be in [0, 1)"
-                            ))
-                        })
+                        v[i].as_f64()
+                            .filter(|b| (0.0..1.0).contains(b))
+                            .ok_or_else(|| {
+                                TrainError::Config(format!(
+                                    "optimizer_config.{name}.betas[{i}] must be in [0, 1)"
+                                ))
+                            })
                     };
                     Ok([g(0)?, g(1)?])
                 }
@@ -224,7 +232,8 @@ impl Method {
         }
         let m = match name {
             "sgd" => {
-                let (momentum, dampening, nesterov) = (f("momentum", 0.0)?, f("dampening", 0.0)?, b("nesterov")?);
+                let (momentum, dampening, nesterov) =
+                    (f("momentum", 0.0)?, f("dampening", 0.0)?, b("nesterov")?);
                 if nesterov && (momentum <= 0.0 || dampening != 0.0) {
                     return Err(TrainError::Config(
                         "Nesterov momentum requires a momentum and zero dampening.".into(),
@@ -337,7 +346,10 @@ impl Optimizer {
                             )))
                         }
                     };
-                    self.state.entry(p.to_string()).or_default().insert(leaf, a.clone());
+                    self.state
+                        .entry(p.to_string())
+                        .or_default()
+                        .insert(leaf, a.clone());
                 }
             }
         }
@@ -432,7 +444,8 @@ fn apply_single(
             weight_decay,
             bias_correction,
         } => {
-            let decay = ops::scalar_subtract(1.0, &ops::multiply_scalar(&lr, weight_decay, None)?, None)?;
+            let decay =
+                ops::scalar_subtract(1.0, &ops::multiply_scalar(&lr, weight_decay, None)?, None)?;
             let p = (p * &decay)?;
             adam(&lr, step, betas, eps, bias_correction, g, &p, state)
         }

@@ -35,7 +35,9 @@ impl Params {
     pub fn insert(&self, name: &str, value: Array) -> Result<()> {
         let mut g = self.lock();
         if g.values.contains_key(name) {
-            return Err(TrainError::Config(format!("parameter {name} defined twice")));
+            return Err(TrainError::Config(format!(
+                "parameter {name} defined twice"
+            )));
         }
         g.values.insert(name.to_string(), value);
         Ok(())

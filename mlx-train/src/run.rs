@@ -149,7 +149,9 @@ impl RunConfig {
     pub fn to_json(&self) -> Result<Map<String, Value>> {
         match serde_json::to_value(self) {
             Ok(Value::Object(m)) => Ok(m),
-            Ok(_) => Err(TrainError::Config("options do not serialize to an object".into())),
+            Ok(_) => Err(TrainError::Config(
+                "options do not serialize to an object".into(),
+            )),
             Err(e) => Err(TrainError::Config(format!("serializing the options: {e}"))),
         }
     }
@@ -290,7 +292,10 @@ pub fn prepare(config: &RunConfig) -> Result<Prepared> {
     }
     let adapter_path = Path::new(&config.adapter_path);
     std::fs::create_dir_all(adapter_path).map_err(|e| io_err(adapter_path, e))?;
-    save_adapter_config(&adapter_path.join("adapter_config.json"), &config.to_json()?)?;
+    save_adapter_config(
+        &adapter_path.join("adapter_config.json"),
+        &config.to_json()?,
+    )?;
     Ok(Prepared {
         model,
         params,

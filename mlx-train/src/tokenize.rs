@@ -3,8 +3,8 @@
 
 use serde_json::Value;
 
-pub use mlx_models::Tokenizer;
 use mlx_models::ChatTemplateOptions;
+pub use mlx_models::Tokenizer;
 
 use crate::error::{Result, TrainError};
 
@@ -31,7 +31,8 @@ pub fn chat_ids(
 ) -> Result<Vec<u32>> {
     let mut opts = ChatTemplateOptions::generation(add_generation_prompt);
     opts.tools = tools.cloned();
-    tok.apply_chat_template_ids(messages, &opts).map_err(tok_err)
+    tok.apply_chat_template_ids(messages, &opts)
+        .map_err(tok_err)
 }
 
 pub fn load(dir: &std::path::Path) -> Result<Tokenizer> {

@@ -141,7 +141,9 @@ pub fn loss_and_grad(
     let mut it = values.into_iter();
     match (it.next(), it.next()) {
         (Some(l), Some(n)) => Ok((l, n, grads)),
-        _ => Err(TrainError::Config("the loss must return (loss, ntoks)".into())),
+        _ => Err(TrainError::Config(
+            "the loss must return (loss, ntoks)".into(),
+        )),
     }
 }
 
@@ -213,8 +215,7 @@ pub fn train(
             .next_batch(train_set, rng)?
             .ok_or_else(|| TrainError::Config("the training set yields no batch".into()))?;
         let mut tic = Instant::now();
-        if !val_set.is_empty() && (it == 1 || it % args.steps_per_eval == 0 || it == args.iters)
-        {
+        if !val_set.is_empty() && (it == 1 || it % args.steps_per_eval == 0 || it == args.iters) {
             let t = Instant::now();
             let val_loss = evaluate(
                 model,

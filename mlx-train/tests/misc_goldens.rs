@@ -20,14 +20,22 @@ fn goldens() -> Goldens {
 #[test]
 fn numpy_permutations() {
     let g = goldens();
-    for (seed, n, draws) in [(0u32, 5usize, 3usize), (7, 1, 2), (3, 37, 2), (12345, 1000, 1)] {
+    for (seed, n, draws) in [
+        (0u32, 5usize, 3usize),
+        (7, 1, 2),
+        (3, 37, 2),
+        (12345, 1000, 1),
+    ] {
         let mut rng = NumpyRandom::new(seed);
         let got: Vec<i32> = (0..draws)
             .flat_map(|_| rng.permutation(n))
             .map(|i| i as i32)
             .collect();
         let got = Array::from_slice(&got, &[draws as i32, n as i32]).unwrap();
-        g.case(&format!("perm_{seed}_{n}")).unwrap().check(&[got]).unwrap();
+        g.case(&format!("perm_{seed}_{n}"))
+            .unwrap()
+            .check(&[got])
+            .unwrap();
     }
 }
 
@@ -51,11 +59,26 @@ fn clip_grad_norm_matches() {
 fn schedules_match() {
     let g = goldens();
     let configs = [
-        ("cosine_warmup", json!({"name": "cosine_decay", "arguments": [2e-2, 6, 1e-3], "warmup": 2})),
-        ("cosine", json!({"name": "cosine_decay", "arguments": [1e-3, 10]})),
-        ("linear_warmup_init", json!({"name": "linear_schedule", "arguments": [1e-2, 1e-4, 5], "warmup": 3, "warmup_init": 1e-5})),
-        ("exp", json!({"name": "exponential_decay", "arguments": [1e-2, 0.9]})),
-        ("step", json!({"name": "step_decay", "arguments": [1e-2, 0.5, 3]})),
+        (
+            "cosine_warmup",
+            json!({"name": "cosine_decay", "arguments": [2e-2, 6, 1e-3], "warmup": 2}),
+        ),
+        (
+            "cosine",
+            json!({"name": "cosine_decay", "arguments": [1e-3, 10]}),
+        ),
+        (
+            "linear_warmup_init",
+            json!({"name": "linear_schedule", "arguments": [1e-2, 1e-4, 5], "warmup": 3, "warmup_init": 1e-5}),
+        ),
+        (
+            "exp",
+            json!({"name": "exponential_decay", "arguments": [1e-2, 0.9]}),
+        ),
+        (
+            "step",
+            json!({"name": "step_decay", "arguments": [1e-2, 0.5, 3]}),
+        ),
     ];
     for (label, cfg) in configs {
         let cfg: ScheduleConfig = serde_json::from_value(cfg).unwrap();

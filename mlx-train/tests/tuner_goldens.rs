@@ -46,8 +46,11 @@ fn check_named(case: &Case, skip: usize, got: &ParamMap) -> Result<(), String> {
         ));
     }
     for (i, n) in names.iter().enumerate() {
-        let a = got.get(n).ok_or_else(|| format!("{}: missing {n}", case.name))?;
-        assert_bit_equal(a, &case.outputs[skip + i]).map_err(|m| format!("{}: {n}: {m}", case.name))?;
+        let a = got
+            .get(n)
+            .ok_or_else(|| format!("{}: missing {n}", case.name))?;
+        assert_bit_equal(a, &case.outputs[skip + i])
+            .map_err(|m| format!("{}: {n}: {m}", case.name))?;
     }
     Ok(())
 }
@@ -69,9 +72,13 @@ impl TrainingCallback for Rec {
 
 fn config_for(run: &str, out: &Path) -> RunConfig {
     let ws = root().join("../..");
-    let mut c =
-        RunConfig::from_json_file(&root().join("adapters").join(run).join("adapter_config.json"))
-            .unwrap();
+    let mut c = RunConfig::from_json_file(
+        &root()
+            .join("adapters")
+            .join(run)
+            .join("adapter_config.json"),
+    )
+    .unwrap();
     c.model = ws.join(&c.model).display().to_string();
     c.data = ws.join(&c.data).display().to_string();
     c.adapter_path = out.display().to_string();
@@ -79,8 +86,12 @@ fn config_for(run: &str, out: &Path) -> RunConfig {
 }
 
 fn check_run(run: &str) -> Result<(), String> {
-    let g = Goldens::load(root().join("goldens").join(format!("train_{run}.safetensors")))
-        .map_err(|e| e.to_string())?;
+    let g = Goldens::load(
+        root()
+            .join("goldens")
+            .join(format!("train_{run}.safetensors")),
+    )
+    .map_err(|e| e.to_string())?;
     let out = std::env::temp_dir().join(format!("mlx_train_l1_{run}_{}", std::process::id()));
     let config = config_for(run, &out);
     let e = |e: mlx_train::TrainError| format!("{run}: {e}");
@@ -88,10 +99,18 @@ fn check_run(run: &str) -> Result<(), String> {
     // Batches, from numpy's global generator.
     let prepared = prepare(&config).map_err(e)?;
     let mut rng = NumpyRandom::new(config.seed);
-    let mut it = BatchIter::new(&prepared.train, config.batch_size, config.max_seq_length, true)
-        .map_err(e)?;
+    let mut it = BatchIter::new(
+        &prepared.train,
+        config.batch_size,
+        config.max_seq_length,
+        true,
+    )
+    .map_err(e)?;
     for i in 0..3 {
-        let b = it.next_batch(&prepared.train, &mut rng).map_err(e)?.unwrap();
+        let b = it
+            .next_batch(&prepared.train, &mut rng)
+            .map_err(e)?
+            .unwrap();
         g.case(&format!("batch{i}"))
             .map_err(|e| e.to_string())?
             .check(&[b.tokens, b.lengths])?;
@@ -132,12 +151,14 @@ fn check_run(run: &str) -> Result<(), String> {
     let lc = g.case("logits").unwrap();
     let ids = lc.input(0).unwrap();
     let model_dir = PathBuf::from(&config.model);
-    let (mut model, _) = load_model_dir(&model_dir, &LoadOptions::default()).map_err(|e| e.to_string())?;
+    let (mut model, _) =
+        load_model_dir(&model_dir, &LoadOptions::default()).map_err(|e| e.to_string())?;
     load_adapters(model.as_mut(), &root().join("adapters").join(run)).map_err(e)?;
     let logits = model.forward(ids, None).map_err(|e| e.to_string())?;
     assert_bit_equal(&logits, &lc.outputs[0]).map_err(|m| format!("adapted logits: {m}"))?;
     // Ours, loaded the same way, gives the same logits.
-    let (mut model, _) = load_model_dir(&model_dir, &LoadOptions::default()).map_err(|e| e.to_string())?;
+    let (mut model, _) =
+        load_model_dir(&model_dir, &LoadOptions::default()).map_err(|e| e.to_string())?;
     load_adapters(model.as_mut(), &out).map_err(e)?;
     let logits = model.forward(ids, None).map_err(|e| e.to_string())?;
     assert_bit_equal(&logits, &lc.outputs[0]).map_err(|m| format!("own adapter logits: {m}"))?;
