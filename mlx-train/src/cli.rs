@@ -8,7 +8,6 @@
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
-use mlx_core::prelude::*;
 use mlx_models::load::{load_model_dir, LoadOptions};
 use mlx_models::LanguageModel;
 use serde_json::{Map, Value};
@@ -16,9 +15,8 @@ use serde_json::{Map, Value};
 use crate::adapters::load_adapters;
 use crate::data::load_local_dataset;
 use crate::error::{io_err, Result, TrainError};
-use crate::loss::default_loss;
 use crate::nprand::NumpyRandom;
-use crate::run::{train_model, RunConfig};
+use crate::run::{objective_loss, train_model, RunConfig};
 use crate::tokenize;
 use crate::trainer::{evaluate, TrainReport, TrainingCallback, ValReport};
 
@@ -94,9 +92,12 @@ pub struct TrainArgs {
     /// The PRNG seed.
     #[arg(long)]
     pub seed: Option<u32>,
-    /// Training objective: sft (dpo and orpo are not implemented yet).
+    /// Training objective: sft, or dpo / orpo on prompt/chosen/rejected data.
     #[arg(long, value_parser = ["sft", "dpo", "orpo"])]
     pub objective: Option<String>,
+    /// DPO's beta or ORPO's lambda (default 0.1).
+    #[arg(long)]
+    pub beta: Option<f64>,
     /// Clip gradients to this global norm before each update (off by default, as mlx-lm).
     #[arg(long)]
     pub max_grad_norm: Option<f64>,
@@ -146,6 +147,7 @@ impl TrainArgs {
         set("grad_checkpoint", flag(self.grad_checkpoint));
         set("seed", self.seed.map(Value::from));
         set("objective", s(&self.objective));
+        set("beta", self.beta.map(Value::from));
         set("max_grad_norm", self.max_grad_norm.map(Value::from));
         // `null` in a config file means "not given" (mlx_lm.lora's `args.get(k) is None`).
         map.retain(|_, v| !v.is_null());
@@ -327,7 +329,7 @@ fn test(
             "Test set not found or empty. Must provide test set for evaluation.".into(),
         ));
     }
-    let loss = |m: &dyn LanguageModel, b: &Array, l: &Array| default_loss(m, b, l);
+    let loss = objective_loss(config, params)?;
     let test_loss = evaluate(
         model,
         params,
@@ -335,7 +337,7 @@ fn test(
         config.batch_size,
         config.test_batches,
         config.max_seq_length,
-        &loss,
+        loss.as_ref(),
         rng,
     )?;
     println!("Test loss {test_loss:.3}, Test ppl {:.3}.", test_loss.exp());

@@ -42,6 +42,8 @@ pub struct Example {
     /// What mlx-lm's `CacheDataset.itemlen` sorts by: `len()` of the raw row, i.e. its
     /// number of JSON keys (not its token count).
     pub item_len: usize,
+    /// Preference data: the rejected completion `(tokens, offset)` beside the chosen one.
+    pub rejected: Option<(Vec<u32>, usize)>,
 }
 
 /// A tokenized split.
@@ -62,6 +64,7 @@ impl Dataset {
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Format {
+    Preference,
     Completions,
     Chat,
     Text,
@@ -90,7 +93,27 @@ fn process(
     cfg: &DataConfig,
 ) -> std::result::Result<Example, String> {
     let e = |e: TrainError| e.to_string();
+    let mut rejected = None;
     let (tokens, offset) = match format {
+        Format::Preference => {
+            let tools = tools_field(row)?;
+            let prompt = str_field(row, &cfg.prompt_feature)?;
+            let turn = |answer: &str| {
+                vec![
+                    serde_json::json!({"role": "user", "content": prompt}),
+                    serde_json::json!({"role": "assistant", "content": answer}),
+                ]
+            };
+            let chosen = turn(str_field(row, "chosen")?);
+            let offset = tokenize::chat_ids(tok, &chosen[..1], tools, true)
+                .map_err(e)?
+                .len();
+            let c = tokenize::chat_ids(tok, &chosen, tools, false).map_err(e)?;
+            let r = tokenize::chat_ids(tok, &turn(str_field(row, "rejected")?), tools, false)
+                .map_err(e)?;
+            rejected = Some((r, offset));
+            (c, offset)
+        }
         Format::Text => {
             let mut d = tokenize::encode(tok, str_field(row, &cfg.text_feature)?).map_err(e)?;
             let eos = tokenize::eos_token_id(tok);
@@ -160,6 +183,7 @@ fn process(
         tokens,
         offset,
         item_len: row.len(),
+        rejected,
     })
 }
 
@@ -174,7 +198,9 @@ pub fn create_dataset(
     let Some(sample) = rows.first() else {
         return Ok(Dataset::default());
     };
-    let format = if sample.contains_key(&cfg.prompt_feature)
+    let format = if sample.contains_key("chosen") && sample.contains_key("rejected") {
+        Format::Preference
+    } else if sample.contains_key(&cfg.prompt_feature)
         && sample.contains_key(&cfg.completion_feature)
     {
         Format::Completions
@@ -341,8 +367,35 @@ impl BatchIter {
     }
 }
 
-/// The padding of `iterate_batches`.
+/// The padding of `iterate_batches`. Preference examples give `2 * batch_size` rows: the
+/// chosen sequences, then the rejected ones (prompt masked in both).
 pub fn pad_batch(examples: &[&Example], batch_size: usize, max_seq_length: usize) -> Result<Batch> {
+    if examples.iter().any(|e| e.rejected.is_some()) {
+        let rejected: Vec<Example> = examples
+            .iter()
+            .map(|e| {
+                let (tokens, offset) = e.rejected.clone().ok_or_else(|| {
+                    TrainError::Config("preference and plain examples in one batch".into())
+                })?;
+                Ok(Example {
+                    tokens,
+                    offset,
+                    item_len: e.item_len,
+                    rejected: None,
+                })
+            })
+            .collect::<Result<_>>()?;
+        let mut rows: Vec<Example> = examples
+            .iter()
+            .map(|e| Example {
+                rejected: None,
+                ..(*e).clone()
+            })
+            .collect();
+        rows.extend(rejected);
+        let refs: Vec<&Example> = rows.iter().collect();
+        return pad_batch(&refs, 2 * batch_size, max_seq_length);
+    }
     let max_len = examples.iter().map(|e| e.tokens.len()).max().unwrap_or(0);
     let pad_to = 32;
     let width = (1 + pad_to * max_len.div_ceil(pad_to)).min(max_seq_length);

@@ -11,6 +11,7 @@ mod error;
 pub mod lora;
 pub mod loss;
 pub mod nprand;
+pub mod objectives;
 pub mod optim;
 pub mod params;
 pub mod run;

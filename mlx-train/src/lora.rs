@@ -209,6 +209,9 @@ impl LoraLinear {
 
 impl LinearAdapter for LoraLinear {
     fn forward(&self, x: &Array) -> mlx_models::Result<Array> {
+        if !self.params.enabled() {
+            return self.base.forward(x);
+        }
         let r = if self.dora {
             self.dora_forward(x)
         } else {

@@ -14,6 +14,7 @@ use crate::error::{Result, TrainError};
 struct Inner {
     values: BTreeMap<String, Array>,
     training: bool,
+    disabled: bool,
 }
 
 /// Named trainable arrays (`model.trainable_parameters()`, flattened with mlx's dotted
@@ -88,5 +89,14 @@ impl Params {
 
     pub fn training(&self) -> bool {
         self.lock().training
+    }
+
+    /// Switches every adapter off (the model computes as its base) or back on.
+    pub fn set_enabled(&self, enabled: bool) {
+        self.lock().disabled = !enabled;
+    }
+
+    pub fn enabled(&self) -> bool {
+        !self.lock().disabled
     }
 }

@@ -17,10 +17,11 @@ use crate::error::{io_err, Result, TrainError};
 use crate::lora::{linear_to_lora_layers, LoraConfig};
 use crate::loss::default_loss;
 use crate::nprand::NumpyRandom;
+use crate::objectives::{dpo_loss, orpo_loss, reference_logps};
 use crate::optim::{build_schedule, LearningRate, Method, Optimizer, ScheduleConfig};
 use crate::params::Params;
 use crate::tokenize;
-use crate::trainer::{train, TrainOutcome, TrainingArgs, TrainingCallback};
+use crate::trainer::{train, LossFn, TrainOutcome, TrainingArgs, TrainingCallback};
 
 fn d_model() -> String {
     "Qwen/Qwen3-0.6b".into()
@@ -72,6 +73,9 @@ fn d_one() -> usize {
 }
 fn d_objective() -> String {
     "sft".into()
+}
+fn d_beta() -> f64 {
+    0.1
 }
 
 /// mlx_lm.lora's options (`CONFIG_DEFAULTS`), by their config-file names. Unknown keys are
@@ -128,9 +132,13 @@ pub struct RunConfig {
     pub lora_parameters: LoraConfig,
     #[serde(default)]
     pub mask_prompt: bool,
-    /// Not in mlx-lm: the training objective (`sft`; `dpo` and `orpo` are not done yet).
+    /// Not in mlx-lm: the training objective, `sft`, `dpo` or `orpo` (the last two on
+    /// `prompt`/`chosen`/`rejected` data).
     #[serde(default = "d_objective")]
     pub objective: String,
+    /// Not in mlx-lm: DPO's beta or ORPO's lambda.
+    #[serde(default = "d_beta")]
+    pub beta: f64,
     /// Not in mlx-lm: clip gradients to this global norm.
     #[serde(default)]
     pub max_grad_norm: Option<f64>,
@@ -228,11 +236,14 @@ impl RunConfig {
                 )))
             }
         }
-        if self.objective != "sft" {
+        if !["sft", "dpo", "orpo"].contains(&self.objective.as_str()) {
             return Err(TrainError::Config(format!(
-                "--objective {} is not implemented yet (sft)",
+                "unknown objective `{}` (sft, dpo, orpo)",
                 self.objective
             )));
+        }
+        if !self.beta.is_finite() {
+            return Err(TrainError::Config("beta must be finite".into()));
         }
         if self.grad_checkpoint {
             return Err(TrainError::Config(
@@ -265,6 +276,26 @@ pub fn prepare(config: &RunConfig) -> Result<Prepared> {
     let tok = tokenize::load(model_dir)?;
     let data_dir = Path::new(&config.data);
     let (train_set, valid, test) = load_local_dataset(data_dir, &tok, &config.data_config())?;
+    let preference = config.objective != "sft";
+    for (name, set) in [("train", &train_set), ("valid", &valid), ("test", &test)] {
+        if set
+            .examples
+            .iter()
+            .any(|e| e.rejected.is_some() != preference)
+        {
+            return Err(io_err(
+                &data_dir.join(format!("{name}.jsonl")),
+                if preference {
+                    format!(
+                        "--objective {} needs prompt/chosen/rejected rows",
+                        config.objective
+                    )
+                } else {
+                    "prompt/chosen/rejected rows need --objective dpo or orpo".to_string()
+                },
+            ));
+        }
+    }
     if train_set.is_empty() {
         return Err(io_err(
             data_dir,
@@ -306,14 +337,33 @@ pub fn prepare(config: &RunConfig) -> Result<Prepared> {
     })
 }
 
-/// `mlx_lm.lora --train`: [`prepare`], then [`train`] with `default_loss`.
+/// The loss of `config.objective`: mlx-lm's `default_loss`, DPO or ORPO.
+pub fn objective_loss(config: &RunConfig, params: &Params) -> Result<Box<LossFn>> {
+    let beta = config.beta;
+    Ok(match config.objective.as_str() {
+        "sft" => Box::new(|m: &dyn LanguageModel, b: &Array, l: &Array| default_loss(m, b, l)),
+        "dpo" => {
+            let params = params.clone();
+            Box::new(move |m: &dyn LanguageModel, b: &Array, l: &Array| {
+                let r = reference_logps(m, &params, b, l)?;
+                dpo_loss(m, b, l, &r, beta)
+            })
+        }
+        "orpo" => {
+            Box::new(move |m: &dyn LanguageModel, b: &Array, l: &Array| orpo_loss(m, b, l, beta))
+        }
+        other => return Err(TrainError::Config(format!("unknown objective `{other}`"))),
+    })
+}
+
+/// `mlx_lm.lora --train`: [`prepare`], then [`train`] with the objective's loss.
 pub fn train_model(
     config: &RunConfig,
     callback: &mut dyn TrainingCallback,
 ) -> Result<(Prepared, TrainOutcome)> {
     let mut p = prepare(config)?;
     let optimizer = config.build_optimizer()?;
-    let loss = |m: &dyn LanguageModel, b: &Array, l: &Array| default_loss(m, b, l);
+    let loss = objective_loss(config, &p.params)?;
     let outcome = train(
         p.model.as_ref(),
         &p.params,
@@ -321,7 +371,7 @@ pub fn train_model(
         &p.train,
         &p.valid,
         &config.training_args(),
-        &loss,
+        loss.as_ref(),
         &mut p.rng,
         callback,
     )?;

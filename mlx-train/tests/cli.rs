@@ -155,6 +155,42 @@ fn same_options_same_adapter_as_mlx_lm_lora() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
+#[test]
+fn dpo_and_orpo_runs() {
+    let _g = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
+    for objective in ["dpo", "orpo"] {
+        let out = tmp(objective);
+        let args = parse(&[
+            "--model",
+            &model(),
+            "--data",
+            &data("preference"),
+            "--objective",
+            objective,
+            "--beta",
+            "0.2",
+            "--num-layers",
+            "1",
+            "--batch-size",
+            "2",
+            "--iters",
+            "3",
+            "--val-batches",
+            "1",
+            "--adapter-path",
+            out.to_str().unwrap(),
+        ]);
+        run(&args).unwrap_or_else(|e| panic!("{objective}: {e}"));
+        assert!(out.join("adapters.safetensors").is_file());
+        let conf = std::fs::read_to_string(out.join("adapter_config.json")).unwrap();
+        assert!(
+            conf.contains(&format!("\"objective\": \"{objective}\"")),
+            "{conf}"
+        );
+        let _ = std::fs::remove_dir_all(&out);
+    }
+}
+
 fn err(argv: &[&str]) -> String {
     let _g = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
     run(&parse(argv)).unwrap_err().to_string()
@@ -254,6 +290,34 @@ fn bad_input_is_a_clear_error() {
     std::fs::write(&cfg, "batch_size: [1, 2]\n").unwrap();
     let e = err(&["--model", &model(), "-c", cfg.to_str().unwrap()]);
     assert!(e.contains("bad.yaml") && e.contains("batch_size"), "{e}");
+    // Preference rows need a preference objective, and the other way round.
+    let e = err(&[
+        "--model",
+        &model(),
+        "--data",
+        &data("preference"),
+        "--num-layers",
+        "1",
+        "--adapter-path",
+        ap,
+    ]);
+    assert!(
+        e.contains("train.jsonl") && e.contains("--objective dpo or orpo"),
+        "{e}"
+    );
+    let e = err(&[
+        "--model",
+        &model(),
+        "--data",
+        &data("text"),
+        "--objective",
+        "orpo",
+        "--num-layers",
+        "1",
+        "--adapter-path",
+        ap,
+    ]);
+    assert!(e.contains("needs prompt/chosen/rejected"), "{e}");
     // Adapters that do not fit the model.
     let bad = out.join("badadapter");
     std::fs::create_dir_all(&bad).unwrap();

@@ -15,6 +15,9 @@ Writes under mlx-train/tests/:
   - `logits`: the adapted model's logits (mlx_lm.utils.load with adapter_path) and the
     fused model's logits (mlx_lm.fuse's fuse + save, loaded back);
   plus adapters/<run>/ (adapters.safetensors, adapter_config.json) as mlx_lm.lora wrote it.
+- goldens/train_{dpo,orpo}.safetensors: DPO and ORPO (the reference below, over MLX and
+  mlx-lm's LoRA layers): loss, token count and every adapter gradient for three Adam steps
+  on preference batches (`prompt`/`chosen`/`rejected`), and the adapters after them.
 - goldens/train_misc.safetensors: numpy's legacy permutations, clip_grad_norm, schedules.
 Run with `cargo xtask goldens train`.
 """
@@ -121,6 +124,14 @@ def write_data(rng):
                 ]
             chat.append(row)
         sets.setdefault("chat", {})[split] = chat
+        sets.setdefault("preference", {})[split] = [
+            {
+                "prompt": sentence(rng, int(rng.integers(2, 6))),
+                "chosen": sentence(rng, int(rng.integers(2, 9))),
+                "rejected": sentence(rng, int(rng.integers(2, 9))),
+            }
+            for _ in range(n)
+        ]
     corpus = []
     for fmt, splits in sets.items():
         d = f"{ROOT}/data/{fmt}"
@@ -301,6 +312,94 @@ def run(name, model_name, data, overrides):
     g.save()
 
 
+# DPO and ORPO: mlx-lm has none, so this is the reference, written over MLX with mlx-lm's
+# LoRA layers; mlx-train's objectives port it op for op.
+def seq_logps(model, batch, lengths):
+    inputs, targets = batch[:, :-1], batch[:, 1:]
+    logits = model(inputs)
+    steps = mx.arange(1, targets.shape[1] + 1)
+    mask = mx.logical_and(steps >= lengths[:, 0:1], steps <= lengths[:, 1:])
+    ce = nn.losses.cross_entropy(logits, targets) * mask
+    return -ce.astype(mx.float32).sum(axis=1), mask.sum(axis=1)
+
+
+def dpo_loss(model, batch, lengths, ref_logps, beta):
+    logps, ntoks = seq_logps(model, batch, lengths)
+    n = logps.shape[0] // 2
+    pc, pr = logps[:n], logps[n:]
+    rc, rr = ref_logps[:n], ref_logps[n:]
+    logits = (pc - pr) - (rc - rr)
+    loss = mx.mean(mx.logaddexp(0.0, -beta * logits))
+    return loss, ntoks.sum()
+
+
+def orpo_loss(model, batch, lengths, beta):
+    logps, ntoks = seq_logps(model, batch, lengths)
+    n = logps.shape[0] // 2
+    pc, pr = logps[:n], logps[n:]
+    nc, nr = ntoks[:n], ntoks[n:]
+    nll = -pc.sum() / nc.sum()
+    ac, ar = pc / nc, pr / nr
+    log_odds = (ac - ar) - (mx.log1p(-mx.exp(ac)) - mx.log1p(-mx.exp(ar)))
+    ratio = -mx.logaddexp(0.0, -log_odds)
+    loss = nll - beta * mx.mean(ratio)
+    return loss, ntoks.sum()
+
+
+def pad(rows, max_seq_length=2048):
+    # iterate_batches' padding, chosen rows then rejected rows.
+    lengths = [len(t) for t, _ in rows]
+    width = min(1 + 32 * ((max(lengths) + 31) // 32), max_seq_length)
+    arr = np.zeros((len(rows), width), np.int32)
+    lens = []
+    for j, (t, off) in enumerate(rows):
+        n = min(len(t), max_seq_length)
+        arr[j, :n] = t[:n]
+        lens.append((off, n))
+    return mx.array(arr), mx.array(lens)
+
+
+def preference():
+    model_dir = f"{ROOT}/models/dense"
+    _, tokenizer = load(model_dir)
+    rows = [json.loads(l) for l in open(f"{ROOT}/data/preference/train.jsonl")]
+
+    def encode(r, key):
+        msgs = [{"role": "user", "content": r["prompt"]}, {"role": "assistant", "content": r[key]}]
+        toks = tokenizer.apply_chat_template(msgs, return_dict=False)
+        off = len(tokenizer.apply_chat_template(msgs[:1], add_generation_prompt=True, return_dict=False))
+        return toks, off
+
+    pairs = [(encode(r, "chosen"), encode(r, "rejected")) for r in rows]
+    batches = [pad([c for c, _ in pairs[i:i + 2]] + [r for _, r in pairs[i:i + 2]]) for i in (0, 2, 4)]
+    for objective, beta in (("dpo", 0.1), ("orpo", 0.25)):
+        g = Golden(f"{ROOT}/goldens/train_{objective}.safetensors", __file__)
+        base, _ = load(model_dir)
+        model, _ = load(model_dir)
+        mx.random.seed(5)
+        model.freeze()
+        from mlx_lm.tuner.utils import linear_to_lora_layers
+
+        linear_to_lora_layers(model, 2, {"rank": 4, "dropout": 0.0, "scale": 10.0})
+        opt = optim.Adam(learning_rate=1e-2)
+        for i, (b, l) in enumerate(batches):
+            if objective == "dpo":
+                ref = mx.stop_gradient(seq_logps(base, b, l)[0])
+                fn = lambda m, b, l: dpo_loss(m, b, l, ref, beta)
+            else:
+                fn = lambda m, b, l: orpo_loss(m, b, l, beta)
+            (loss, ntoks), grads = nn.value_and_grad(model, fn)(model, b, l)
+            grads = dict(tree_flatten(grads))
+            names = sorted(grads)
+            g.case(f"step{i}", objective, [b, l], [loss, ntoks] + [grads[k] for k in names],
+                   names=names, beta=beta)
+            opt.update(model, tree_unflatten(list(grads.items())))
+            mx.eval(model.parameters(), opt.state)
+        final = dict(tree_flatten(model.trainable_parameters()))
+        g.case("final", "adam", [], [final[k] for k in names], names=names)
+        g.save()
+
+
 def misc():
     g = Golden(f"{ROOT}/goldens/train_misc.safetensors", __file__)
     for seed, n, draws in ((0, 5, 3), (7, 1, 2), (3, 37, 2), (12345, 1000, 1)):
@@ -344,6 +443,7 @@ def main():
     make_model("q4", vocab, 22, (32, 4))
     for name, (model_name, data, overrides) in RUNS.items():
         run(name, model_name, data, overrides)
+    preference()
     misc()
 
 
