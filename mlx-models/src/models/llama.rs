@@ -10,7 +10,7 @@ use crate::error::{ModelError, Result};
 use crate::layers::{
     scaled_dot_product_attention, swiglu, Embedding, Linear, RmsNorm, Rope, RopeScaling,
 };
-use crate::models::LanguageModel;
+use crate::models::{LanguageModel, OutputHead};
 use crate::weights::Weights;
 
 fn default_rope_theta() -> f64 {
@@ -324,8 +324,9 @@ impl Model {
     }
 }
 
-impl LanguageModel for Model {
-    fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
+impl Model {
+    /// The layers and the final norm: the hidden states `forward` projects to logits.
+    fn hidden(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
         let mut h = self.embed_tokens.forward(inputs)?;
         let n = h.shape().get(1).copied().unwrap_or(0) as usize;
         let out = match caches {
@@ -366,11 +367,32 @@ impl LanguageModel for Model {
                 h
             }
         };
-        let out = self.norm.forward(&out)?;
+        self.norm.forward(&out)
+    }
+
+    fn head(&self) -> OutputHead {
+        match &self.lm_head {
+            Some(head) => OutputHead::Linear(head.clone()),
+            None => OutputHead::Tied(self.embed_tokens.clone()),
+        }
+    }
+}
+
+impl LanguageModel for Model {
+    fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
+        let out = self.hidden(inputs, caches)?;
         match &self.lm_head {
             Some(head) => head.forward(&out),
             None => self.embed_tokens.as_linear(&out),
         }
+    }
+
+    fn forward_hidden(&self, inputs: &Array) -> Option<Result<Array>> {
+        Some(self.hidden(inputs, None))
+    }
+
+    fn output_head(&self) -> Option<OutputHead> {
+        Some(self.head())
     }
 
     fn make_cache(&self) -> Vec<Box<dyn Cache>> {

@@ -8,7 +8,7 @@ use mlx_core::prelude::*;
 
 use crate::config::ModelConfig;
 use crate::error::Result;
-use crate::layers::Linear;
+use crate::layers::{Embedding, Linear};
 use crate::weights::Weights;
 
 /// A causal language model: token ids in, logits out. Models never own caches.
@@ -41,6 +41,34 @@ pub trait LanguageModel: Send {
     /// architecture does not support adapters.
     fn layer_linears_mut(&mut self) -> Vec<Vec<(&'static str, &mut Linear)>> {
         Vec::new()
+    }
+
+    /// The hidden states before the output projection (`forward` is
+    /// `output_head().forward(forward_hidden(...))`), for losses that project them in chunks.
+    /// `None` when the architecture does not split its forward.
+    fn forward_hidden(&self, _inputs: &Array) -> Option<Result<Array>> {
+        None
+    }
+
+    /// The output projection that turns [`LanguageModel::forward_hidden`] into logits.
+    fn output_head(&self) -> Option<OutputHead> {
+        None
+    }
+}
+
+/// A model's output projection: its own `lm_head`, or the tied input embedding.
+#[derive(Clone, Debug)]
+pub enum OutputHead {
+    Linear(Linear),
+    Tied(Embedding),
+}
+
+impl OutputHead {
+    pub fn forward(&self, h: &Array) -> Result<Array> {
+        match self {
+            OutputHead::Linear(l) => l.forward(h),
+            OutputHead::Tied(e) => e.as_linear(h),
+        }
     }
 }
 
