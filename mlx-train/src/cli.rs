@@ -98,6 +98,9 @@ pub struct TrainArgs {
     /// DPO's beta or ORPO's lambda (default 0.1).
     #[arg(long)]
     pub beta: Option<f64>,
+    /// Chunked cross-entropy: project logits this many positions at a time (SFT).
+    #[arg(long)]
+    pub ce_chunk_size: Option<i32>,
     /// Clip gradients to this global norm before each update (off by default, as mlx-lm).
     #[arg(long)]
     pub max_grad_norm: Option<f64>,
@@ -148,6 +151,7 @@ impl TrainArgs {
         set("seed", self.seed.map(Value::from));
         set("objective", s(&self.objective));
         set("beta", self.beta.map(Value::from));
+        set("ce_chunk_size", self.ce_chunk_size.map(Value::from));
         set("max_grad_norm", self.max_grad_norm.map(Value::from));
         // `null` in a config file means "not given" (mlx_lm.lora's `args.get(k) is None`).
         map.retain(|_, v| !v.is_null());

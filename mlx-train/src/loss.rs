@@ -4,7 +4,7 @@
 use mlx_core::prelude::*;
 use mlx_models::LanguageModel;
 
-use crate::error::Result;
+use crate::error::{Result, TrainError};
 
 /// `nn.losses.cross_entropy(logits, targets)` with integer targets over the last axis,
 /// `reduction="none"`, as it runs off the GPU.
@@ -51,4 +51,67 @@ pub fn default_loss(
     let ntoks = mask.sum_all(false)?;
     let ce = (&ce.astype(Dtype::Float32)?.sum_all(false)? / &ntoks)?;
     Ok((ce, ntoks))
+}
+
+/// `default_loss` with a chunked cross-entropy: the hidden states are projected to logits
+/// `chunk` target positions at a time, each chunk under `checkpoint`, so the
+/// `[tokens, vocab]` logits never exist at once (not in the forward pass, and in the
+/// backward pass one chunk is recomputed at a time). The mean is the sum of per-chunk sums
+/// over the token count: with one chunk it is `default_loss` bit for bit; with several the
+/// float32 summation order differs (relative error around 1e-7 of the loss).
+pub fn chunked_loss(
+    model: &dyn LanguageModel,
+    batch: &Array,
+    lengths: &Array,
+    chunk: i32,
+) -> Result<(Array, Array)> {
+    if chunk <= 0 {
+        return Err(TrainError::Config(format!(
+            "the cross-entropy chunk must be positive, got {chunk}"
+        )));
+    }
+    let unsupported = || {
+        TrainError::Config(format!(
+            "model_type {} does not expose its hidden states for a chunked loss",
+            model.model_type()
+        ))
+    };
+    let (inputs, targets) = shift(batch)?;
+    let h = model.forward_hidden(&inputs).ok_or_else(unsupported)??;
+    let head = model.output_head().ok_or_else(unsupported)?;
+    let (b, t) = (targets.dim(0)?, targets.dim(1)?);
+    let mask = length_mask(lengths, t)?;
+    let d = h.dim(2)?;
+    let mut total: Option<Array> = None;
+    let mut start = 0;
+    while start < t {
+        let end = (start + chunk).min(t);
+        let hc = h.slice(&[0, start, 0], &[b, end, d], &[1, 1, 1])?;
+        let tc = targets.slice(&[0, start], &[b, end], &[1, 1])?;
+        let mc = mask.slice(&[0, start], &[b, end], &[1, 1])?;
+        // Only the hidden states are an input (the targets are indices, not differentiable).
+        let head = head.clone();
+        let piece = transforms::checkpoint(move |x: &[Array]| -> mlx_core::Result<Vec<Array>> {
+            let cb = |e: &dyn std::fmt::Display| mlx_core::Error::Callback(e.to_string());
+            let logits = head.forward(&x[0]).map_err(|e| cb(&e))?;
+            let ce = (&cross_entropy(&logits, &tc).map_err(|e| cb(&e))? * &mc)?;
+            Ok(vec![ce.astype(Dtype::Float32)?.sum_all(false)?])
+        })?;
+        let s = piece
+            .call(&[hc])?
+            .into_iter()
+            .next()
+            .ok_or_else(|| TrainError::Config("the chunk loss returned nothing".into()))?;
+        total = Some(match total {
+            None => s,
+            Some(a) => (&a + &s)?,
+        });
+        start = end;
+    }
+    let ntoks = mask.sum_all(false)?;
+    let total = match total {
+        Some(t) => t,
+        None => Array::from_f32(0.0, Dtype::Float32)?,
+    };
+    Ok(((&total / &ntoks)?, ntoks))
 }

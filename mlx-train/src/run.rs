@@ -15,7 +15,7 @@ use crate::adapters::{load_adapter_weights, save_adapter_config};
 use crate::data::{load_local_dataset, DataConfig, Dataset};
 use crate::error::{io_err, Result, TrainError};
 use crate::lora::{linear_to_lora_layers, LoraConfig};
-use crate::loss::default_loss;
+use crate::loss::{chunked_loss, default_loss};
 use crate::nprand::NumpyRandom;
 use crate::objectives::{dpo_loss, orpo_loss, reference_logps};
 use crate::optim::{build_schedule, LearningRate, Method, Optimizer, ScheduleConfig};
@@ -139,6 +139,10 @@ pub struct RunConfig {
     /// Not in mlx-lm: DPO's beta or ORPO's lambda.
     #[serde(default = "d_beta")]
     pub beta: f64,
+    /// Not in mlx-lm: project the logits this many positions at a time in the SFT loss
+    /// (chunked cross-entropy; see [`crate::loss::chunked_loss`]).
+    #[serde(default)]
+    pub ce_chunk_size: Option<i32>,
     /// Not in mlx-lm: clip gradients to this global norm.
     #[serde(default)]
     pub max_grad_norm: Option<f64>,
@@ -242,6 +246,14 @@ impl RunConfig {
                 self.objective
             )));
         }
+        if self.ce_chunk_size.is_some_and(|c| c <= 0) {
+            return Err(TrainError::Config("ce_chunk_size must be positive".into()));
+        }
+        if self.ce_chunk_size.is_some() && self.objective != "sft" {
+            return Err(TrainError::Config(
+                "ce_chunk_size applies to the sft objective only".into(),
+            ));
+        }
         if !self.beta.is_finite() {
             return Err(TrainError::Config("beta must be finite".into()));
         }
@@ -341,7 +353,12 @@ pub fn prepare(config: &RunConfig) -> Result<Prepared> {
 pub fn objective_loss(config: &RunConfig, params: &Params) -> Result<Box<LossFn>> {
     let beta = config.beta;
     Ok(match config.objective.as_str() {
-        "sft" => Box::new(|m: &dyn LanguageModel, b: &Array, l: &Array| default_loss(m, b, l)),
+        "sft" => match config.ce_chunk_size {
+            Some(c) => Box::new(move |m: &dyn LanguageModel, b: &Array, l: &Array| {
+                chunked_loss(m, b, l, c)
+            }),
+            None => Box::new(|m: &dyn LanguageModel, b: &Array, l: &Array| default_loss(m, b, l)),
+        },
         "dpo" => {
             let params = params.clone();
             Box::new(move |m: &dyn LanguageModel, b: &Array, l: &Array| {
