@@ -91,6 +91,15 @@ pub trait LinearAdapter: Send + std::fmt::Debug {
     fn base(&self) -> &Linear;
     /// For downcasting to the concrete adapter.
     fn as_any(&self) -> &dyn std::any::Any;
+    /// The adapter's trainable arrays, for transforms that must see them as inputs
+    /// (per-layer gradient checkpointing).
+    fn parameters(&self) -> Result<Vec<Array>> {
+        Ok(Vec::new())
+    }
+    /// Replaces the arrays [`LinearAdapter::parameters`] returned (same order).
+    fn set_parameters(&self, _values: &[Array]) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// `y = x W^T (+ b)`, dense or quantized, or an adapter standing in for one.

@@ -87,6 +87,7 @@ impl ModelArgs {
     }
 }
 
+#[derive(Clone)]
 pub struct Attention {
     n_heads: i32,
     n_kv_heads: i32,
@@ -176,6 +177,7 @@ impl Attention {
     }
 }
 
+#[derive(Clone)]
 pub struct Mlp {
     gate_proj: Linear,
     down_proj: Linear,
@@ -200,6 +202,7 @@ impl Mlp {
     }
 }
 
+#[derive(Clone)]
 pub struct TransformerBlock {
     use_sliding: bool,
     self_attn: Attention,
@@ -224,6 +227,50 @@ impl TransformerBlock {
             .forward(&self.post_attention_layernorm.forward(&h)?)?;
         Ok((&h + &r)?)
     }
+
+    fn linears(&self) -> [&Linear; 7] {
+        let (a, m) = (&self.self_attn, &self.mlp);
+        [
+            &a.q_proj,
+            &a.k_proj,
+            &a.v_proj,
+            &a.o_proj,
+            &m.gate_proj,
+            &m.down_proj,
+            &m.up_proj,
+        ]
+    }
+
+    /// `forward` under `mx.checkpoint`, with the adapters' parameters as inputs (mlx-lm's
+    /// `grad_checkpoint`: `checkpoint(inner_fn)(model.trainable_parameters(), x, mask)`).
+    fn forward_checkpointed(&self, x: &Array, mask: &AttentionMask) -> Result<Array> {
+        let mut inputs = vec![x.clone()];
+        for l in self.linears() {
+            if let Linear::Adapted(a) = l {
+                inputs.extend(a.parameters()?);
+            }
+        }
+        let (layer, mask) = (self.clone(), mask.clone());
+        let f = transforms::checkpoint(move |xs: &[Array]| -> mlx_core::Result<Vec<Array>> {
+            let cb = |e: ModelError| mlx_core::Error::Callback(e.to_string());
+            let mut i = 1;
+            for l in layer.linears() {
+                if let Linear::Adapted(a) = l {
+                    let n = a.parameters().map_err(cb)?.len();
+                    let vals = xs.get(i..i + n).ok_or_else(|| {
+                        mlx_core::Error::Callback("checkpoint: missing adapter inputs".into())
+                    })?;
+                    a.set_parameters(vals).map_err(cb)?;
+                    i += n;
+                }
+            }
+            Ok(vec![layer.forward(&xs[0], &mask, None).map_err(cb)?])
+        })?;
+        f.call(&inputs)?
+            .into_iter()
+            .next()
+            .ok_or_else(|| ModelError::Other("checkpointed layer returned nothing".into()))
+    }
 }
 
 /// `Model` of llama.py (`model.*` submodules plus an optional `lm_head`).
@@ -235,6 +282,7 @@ pub struct Model {
     lm_head: Option<Linear>,
     fa_idx: usize,
     swa_idx: Option<usize>,
+    grad_checkpoint: bool,
 }
 
 impl Model {
@@ -304,6 +352,7 @@ impl Model {
             lm_head,
             fa_idx,
             swa_idx,
+            grad_checkpoint: false,
         })
     }
 
@@ -362,7 +411,11 @@ impl Model {
                     } else {
                         &fa_mask
                     };
-                    h = layer.forward(&h, mask, None)?;
+                    h = if self.grad_checkpoint {
+                        layer.forward_checkpointed(&h, mask)?
+                    } else {
+                        layer.forward(&h, mask, None)?
+                    };
                 }
                 h
             }
@@ -385,6 +438,11 @@ impl LanguageModel for Model {
             Some(head) => head.forward(&out),
             None => self.embed_tokens.as_linear(&out),
         }
+    }
+
+    fn set_grad_checkpoint(&mut self, on: bool) -> bool {
+        self.grad_checkpoint = on;
+        true
     }
 
     fn forward_hidden(&self, inputs: &Array) -> Option<Result<Array>> {

@@ -50,6 +50,14 @@ pub trait LanguageModel: Send {
         None
     }
 
+    /// Recompute each decoder layer in the backward pass instead of keeping its
+    /// activations (mlx-lm's `grad_checkpoint`, applied to every layer). Adapter
+    /// parameters enter each checkpoint as inputs, so their gradients are unchanged.
+    /// Returns whether the architecture supports it.
+    fn set_grad_checkpoint(&mut self, _on: bool) -> bool {
+        false
+    }
+
     /// The output projection that turns [`LanguageModel::forward_hidden`] into logits.
     fn output_head(&self) -> Option<OutputHead> {
         None
