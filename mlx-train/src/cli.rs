@@ -86,7 +86,7 @@ pub struct TrainArgs {
     /// A YAML configuration file with the training options.
     #[arg(short = 'c', long)]
     pub config: Option<PathBuf>,
-    /// Use gradient checkpointing to reduce memory use (not implemented yet).
+    /// Use gradient checkpointing to reduce memory use.
     #[arg(long)]
     pub grad_checkpoint: bool,
     /// The PRNG seed.

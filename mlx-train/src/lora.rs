@@ -128,6 +128,14 @@ impl LoraLinear {
         self.dora
     }
 
+    fn leaves(&self) -> &'static [&'static str] {
+        if self.dora {
+            &["lora_a", "lora_b", "m"]
+        } else {
+            &["lora_a", "lora_b"]
+        }
+    }
+
     fn key(&self, leaf: &str) -> String {
         format!("{}.{leaf}", self.path)
     }
@@ -217,11 +225,7 @@ impl LinearAdapter for LoraLinear {
         } else {
             self.lora_forward(x)
         };
-        r.map_err(|e| match e {
-            TrainError::Mlx(e) => mlx_models::ModelError::Mlx(e),
-            TrainError::Model(e) => e,
-            other => mlx_models::ModelError::Other(other.to_string()),
-        })
+        r.map_err(model_err)
     }
 
     fn clone_box(&self) -> Box<dyn LinearAdapter> {
@@ -241,6 +245,39 @@ impl LinearAdapter for LoraLinear {
 
     fn as_any(&self) -> &dyn std::any::Any {
         self
+    }
+
+    fn parameters(&self) -> mlx_models::Result<Vec<Array>> {
+        self.leaves()
+            .iter()
+            .map(|l| self.params.get(&self.key(l)).map_err(model_err))
+            .collect()
+    }
+
+    fn set_parameters(&self, values: &[Array]) -> mlx_models::Result<()> {
+        let leaves = self.leaves();
+        if values.len() != leaves.len() {
+            return Err(mlx_models::ModelError::Other(format!(
+                "{}: {} values for {} parameters",
+                self.path,
+                values.len(),
+                leaves.len()
+            )));
+        }
+        let map: ParamMap = leaves
+            .iter()
+            .map(|l| self.key(l))
+            .zip(values.iter().cloned())
+            .collect();
+        self.params.update(&map).map_err(model_err)
+    }
+}
+
+fn model_err(e: TrainError) -> mlx_models::ModelError {
+    match e {
+        TrainError::Mlx(e) => mlx_models::ModelError::Mlx(e),
+        TrainError::Model(e) => e,
+        other => mlx_models::ModelError::Other(other.to_string()),
     }
 }
 

@@ -257,11 +257,6 @@ impl RunConfig {
         if !self.beta.is_finite() {
             return Err(TrainError::Config("beta must be finite".into()));
         }
-        if self.grad_checkpoint {
-            return Err(TrainError::Config(
-                "--grad-checkpoint is not implemented yet".into(),
-            ));
-        }
         self.lora_parameters.validate()
     }
 }
@@ -330,6 +325,12 @@ pub fn prepare(config: &RunConfig) -> Result<Prepared> {
         config.fine_tune_type == "dora",
         &params,
     )?;
+    if config.grad_checkpoint && !model.set_grad_checkpoint(true) {
+        return Err(TrainError::Config(format!(
+            "--grad-checkpoint is not supported for model_type {}",
+            model.model_type()
+        )));
+    }
     if let Some(f) = &config.resume_adapter_file {
         load_adapter_weights(Path::new(f), &params)?;
     }

@@ -189,6 +189,30 @@ run_test!(q4_completions_mask_adamw_cosine_accum);
 run_test!(dense_chat_sgd_keys);
 run_test!(dense_chat_dora_mask);
 
+/// With `grad_checkpoint` (every layer recomputed in the backward pass) the runs give
+/// mlx-lm's results unchanged, LoRA on the 4-bit base and DoRA.
+#[test]
+fn grad_checkpoint_changes_nothing() {
+    let _g = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
+    for run in [
+        "q4_completions_mask_adamw_cosine_accum",
+        "dense_chat_dora_mask",
+    ] {
+        let g = Goldens::load(
+            root()
+                .join("goldens")
+                .join(format!("train_{run}.safetensors")),
+        )
+        .unwrap();
+        let out = std::env::temp_dir().join(format!("mlx_train_ckpt_{run}_{}", std::process::id()));
+        let mut config = config_for(run, &out);
+        config.grad_checkpoint = true;
+        let (p, _) = train_model(&config, &mut Rec::default()).unwrap();
+        check_named(&g.case("final").unwrap(), 0, &p.params.snapshot()).unwrap();
+        let _ = std::fs::remove_dir_all(&out);
+    }
+}
+
 #[test]
 fn init_draws_follow_the_global_seed() {
     // Two conversions after the same seed give the same arrays; a different seed does not.
