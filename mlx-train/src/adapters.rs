@@ -7,11 +7,12 @@ use std::path::Path;
 
 use mlx_core::io::{load_safetensors, save_safetensors, StringMap};
 use mlx_core::prelude::*;
+use mlx_core::quantized::QuantMode;
 use mlx_models::layers::Linear;
 use mlx_models::load::{load_model_dir, load_weights, weight_files, LoadOptions};
 use mlx_models::LanguageModel;
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::error::{io_err, Result, TrainError};
 use crate::lora::{as_lora, linear_to_lora_layers, LoraConfig};
@@ -139,15 +140,49 @@ pub fn fused_linears(
     Ok(out)
 }
 
-/// `mlx_lm.fuse --model MODEL --adapter-path ADAPTERS --save-path OUT`: a normal model
-/// directory whose adapted linears carry the update (re-quantized as the base was). Every
-/// other file of the model directory (tokenizer, config) is copied.
-pub fn fuse_model_dir(model_dir: &Path, adapter_dir: &Path, out_dir: &Path) -> Result<()> {
+/// The quantization of `path` per a config's `quantization` block (a per-layer entry wins
+/// over the global `group_size`/`bits`/`mode`).
+fn quant_of(q: &Map<String, Value>, path: &str) -> Result<(i32, i32, QuantMode)> {
+    let layer = q.get(path).and_then(Value::as_object);
+    let get = |k: &str| layer.and_then(|l| l.get(k)).or_else(|| q.get(k));
+    let int = |k: &str| {
+        get(k)
+            .and_then(Value::as_i64)
+            .map(|v| v as i32)
+            .ok_or_else(|| TrainError::Config(format!("config.json: quantization.{k} missing")))
+    };
+    let mode = match get("mode").and_then(Value::as_str).unwrap_or("affine") {
+        "affine" => QuantMode::Affine,
+        "mxfp4" => QuantMode::Mxfp4,
+        "nvfp4" => QuantMode::Nvfp4,
+        "mxfp8" => QuantMode::Mxfp8,
+        other => {
+            return Err(TrainError::Config(format!(
+                "config.json: unknown quantization mode `{other}`"
+            )))
+        }
+    };
+    Ok((int("group_size")?, int("bits")?, mode))
+}
+
+/// `mlx_lm.fuse --model MODEL --adapter-path ADAPTERS --save-path OUT [--dequantize]`: a
+/// normal model directory whose adapted linears carry the update, re-quantized as the base
+/// was, or with `dequantize` every quantized tensor dequantized (`dequantize_model`) and the
+/// quantization dropped from `config.json`. The other files (tokenizer) are copied.
+pub fn fuse_model_dir(
+    model_dir: &Path,
+    adapter_dir: &Path,
+    out_dir: &Path,
+    dequantize: bool,
+) -> Result<()> {
     let (mut model, _) = load_model_dir(model_dir, &LoadOptions::default())?;
     load_adapters(model.as_mut(), adapter_dir)?;
-    let fused = fused_linears(model.as_mut(), false)?;
+    let fused = fused_linears(model.as_mut(), dequantize)?;
     let mut tensors = load_weights(model_dir)?;
     for (path, lin) in fused {
+        for suffix in ["weight", "scales", "biases"] {
+            tensors.remove(&format!("{path}.{suffix}"));
+        }
         let mut put = |suffix: &str, a: Array| {
             tensors.insert(format!("{path}.{suffix}"), a);
         };
@@ -167,6 +202,37 @@ pub fn fuse_model_dir(model_dir: &Path, adapter_dir: &Path, out_dir: &Path) -> R
             }
         }
     }
+    let config_path = model_dir.join("config.json");
+    let config_text = std::fs::read_to_string(&config_path).map_err(|e| io_err(&config_path, e))?;
+    let mut config: Map<String, Value> = serde_json::from_str(&config_text)
+        .map_err(|e| io_err(&config_path, format!("invalid JSON: {e}")))?;
+    if dequantize {
+        let q = config
+            .get("quantization")
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
+        let quantized: Vec<String> = tensors
+            .keys()
+            .filter_map(|k| k.strip_suffix(".scales").map(str::to_string))
+            .collect();
+        for path in quantized {
+            let (gs, bits, mode) = quant_of(&q, &path)?;
+            let w = tensors.remove(&format!("{path}.weight"));
+            let scales = tensors.remove(&format!("{path}.scales"));
+            let biases = tensors.remove(&format!("{path}.biases"));
+            let (Some(w), Some(scales)) = (w, scales) else {
+                return Err(TrainError::Config(format!(
+                    "{path}: scales without a weight"
+                )));
+            };
+            let deq =
+                quantized::dequantize(&w, &scales, biases.as_ref(), gs, bits, mode, None, None)?;
+            tensors.insert(format!("{path}.weight"), deq);
+        }
+        config.remove("quantization");
+        config.remove("quantization_config");
+    }
     std::fs::create_dir_all(out_dir).map_err(|e| io_err(out_dir, e))?;
     let weight_set: Vec<_> = weight_files(model_dir)?;
     let rd = std::fs::read_dir(model_dir).map_err(|e| io_err(model_dir, e))?;
@@ -174,13 +240,19 @@ pub fn fuse_model_dir(model_dir: &Path, adapter_dir: &Path, out_dir: &Path) -> R
         let entry = entry.map_err(|e| io_err(model_dir, e))?;
         let p = entry.path();
         let name = entry.file_name();
-        let skip =
-            weight_set.contains(&p) || name == "model.safetensors.index.json" || !p.is_file();
+        let skip = weight_set.contains(&p)
+            || name == "model.safetensors.index.json"
+            || name == "config.json"
+            || !p.is_file();
         if !skip {
             let dst = out_dir.join(&name);
             std::fs::copy(&p, &dst).map_err(|e| io_err(&dst, e))?;
         }
     }
+    let out_config = out_dir.join("config.json");
+    let text = serde_json::to_string_pretty(&config)
+        .map_err(|e| io_err(&out_config, format!("serializing: {e}")))?;
+    std::fs::write(&out_config, text).map_err(|e| io_err(&out_config, e))?;
     eval(tensors.values())?;
     let mut meta = StringMap::new();
     meta.insert("format".into(), "mlx".into());

@@ -109,6 +109,35 @@ pub struct TrainArgs {
     pub log_file: Option<PathBuf>,
 }
 
+/// Fuse fine-tuned adapters into the base model (the options of `mlx_lm.fuse`).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct FuseArgs {
+    /// The path to the local model directory.
+    #[arg(long, default_value = "mlx_model")]
+    pub model: String,
+    /// The path to save the fused model.
+    #[arg(long, default_value = "fused_model")]
+    pub save_path: String,
+    /// Path to the trained adapter weights and config.
+    #[arg(long, default_value = "adapters")]
+    pub adapter_path: String,
+    /// Generate a dequantized model.
+    #[arg(long)]
+    pub dequantize: bool,
+}
+
+/// `mlx fuse`.
+pub fn run_fuse(args: &FuseArgs) -> Result<()> {
+    crate::adapters::fuse_model_dir(
+        Path::new(&args.model),
+        Path::new(&args.adapter_path),
+        Path::new(&args.save_path),
+        args.dequantize,
+    )?;
+    println!("Saved the fused model to {}.", args.save_path);
+    Ok(())
+}
+
 /// For a standalone binary: `#[derive(Parser)] struct Cli { #[command(flatten)] args: TrainArgs }`.
 impl TrainArgs {
     /// The options after mlx_lm.lora's merge: command line, then `-c` file, then defaults.

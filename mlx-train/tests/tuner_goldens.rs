@@ -164,12 +164,30 @@ fn check_run(run: &str) -> Result<(), String> {
     assert_bit_equal(&logits, &lc.outputs[0]).map_err(|m| format!("own adapter logits: {m}"))?;
 
     let fused = out.join("fused");
-    fuse_model_dir(&model_dir, &root().join("adapters").join(run), &fused).map_err(e)?;
+    fuse_model_dir(
+        &model_dir,
+        &root().join("adapters").join(run),
+        &fused,
+        false,
+    )
+    .map_err(e)?;
     let (fmodel, _) = load_model_dir(&fused, &LoadOptions::default()).map_err(|e| e.to_string())?;
     let logits = fmodel.forward(ids, None).map_err(|e| e.to_string())?;
     assert_bit_equal(&logits, &lc.outputs[1]).map_err(|m| format!("fused logits: {m}"))?;
     let (fw, _) = mlx_core::io::load_safetensors(fused.join("model.safetensors"), None).unwrap();
     check_named(&g.case("fused_weights").unwrap(), 0, &fw)?;
+    if let Ok(dq) = g.case("dequantized") {
+        // mlx_lm.fuse --dequantize.
+        let dir = out.join("dequantized");
+        fuse_model_dir(&model_dir, &root().join("adapters").join(run), &dir, true).map_err(e)?;
+        let (dmodel, _) =
+            load_model_dir(&dir, &LoadOptions::default()).map_err(|e| e.to_string())?;
+        let logits = dmodel.forward(ids, None).map_err(|e| e.to_string())?;
+        assert_bit_equal(&logits, &dq.outputs[0])
+            .map_err(|m| format!("dequantized logits: {m}"))?;
+        let (dw, _) = mlx_core::io::load_safetensors(dir.join("model.safetensors"), None).unwrap();
+        check_named(&dq, 1, &dw)?;
+    }
     let _ = std::fs::remove_dir_all(&out);
     Ok(())
 }

@@ -13,7 +13,8 @@ Writes under mlx-train/tests/:
   - `final`: `adapters.safetensors` after training (compiled steps, as mlx_lm.lora);
   - `grad`: `nn.value_and_grad(model, default_loss)` at the trained weights on batch 0;
   - `logits`: the adapted model's logits (mlx_lm.utils.load with adapter_path) and the
-    fused model's logits (mlx_lm.fuse's fuse + save, loaded back);
+    fused model's logits (mlx_lm.fuse's fuse + save, loaded back); `fused_weights`;
+  - `dequantized` (quantized bases): `mlx_lm.fuse --dequantize`'s logits and weights;
   plus adapters/<run>/ (adapters.safetensors, adapter_config.json) as mlx_lm.lora wrote it.
 - goldens/train_{dpo,orpo}.safetensors: DPO and ORPO (the reference below, over MLX and
   mlx-lm's LoRA layers): loss, token count and every adapter gradient for three Adam steps
@@ -37,7 +38,7 @@ from mlx_lm import lora as lora_cli
 from mlx_lm.models import llama
 from mlx_lm.tuner.datasets import CacheDataset, load_dataset
 from mlx_lm.tuner.trainer import TrainingCallback, default_loss, iterate_batches
-from mlx_lm.utils import load, save
+from mlx_lm.utils import dequantize_model, load, save
 
 from golden import Golden
 
@@ -309,6 +310,15 @@ def run(name, model_name, data, overrides):
     fnames = sorted(fw)
     g.case("fused_weights", "fuse", [], [fw[k] for k in fnames], names=fnames)
     shutil.rmtree(fused_dir, ignore_errors=True)
+    if "quantization" in config:
+        # mlx_lm.fuse --dequantize: fused linears dense, then dequantize_model.
+        deq, _ = load(args.model, adapter_path=adapter_dir)
+        fused = [(n, m.fuse(dequantize=True)) for n, m in deq.named_modules() if hasattr(m, "fuse")]
+        deq.update_modules(tree_unflatten(fused))
+        deq = dequantize_model(deq)
+        dw = dict(tree_flatten(deq.parameters()))
+        dn = sorted(dw)
+        g.case("dequantized", "fuse_dequantize", [ids], [deq(ids)] + [dw[k] for k in dn], names=dn)
     g.save()
 
 
