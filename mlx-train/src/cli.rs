@@ -101,6 +101,9 @@ pub struct TrainArgs {
     /// Chunked cross-entropy: project logits this many positions at a time (SFT).
     #[arg(long)]
     pub ce_chunk_size: Option<i32>,
+    /// Segmented backward: process the sequence in segments of this many tokens (SFT).
+    #[arg(long)]
+    pub segment_length: Option<i32>,
     /// Clip gradients to this global norm before each update (off by default, as mlx-lm).
     #[arg(long)]
     pub max_grad_norm: Option<f64>,
@@ -181,6 +184,7 @@ impl TrainArgs {
         set("objective", s(&self.objective));
         set("beta", self.beta.map(Value::from));
         set("ce_chunk_size", self.ce_chunk_size.map(Value::from));
+        set("segment_length", self.segment_length.map(Value::from));
         set("max_grad_norm", self.max_grad_norm.map(Value::from));
         // `null` in a config file means "not given" (mlx_lm.lora's `args.get(k) is None`).
         map.retain(|_, v| !v.is_null());

@@ -1,7 +1,25 @@
 //! Fine-tuning with mlx-lm's tuner semantics, bit for bit on CPU: LoRA and DoRA adapters
 //! over dense or quantized linears ([`lora`]), mlx-lm's data formats and batching
 //! ([`data`]), `default_loss` ([`loss`]), `mlx.optimizers` ([`optim`]), the training loop
-//! ([`trainer`]), adapter files in mlx-lm's format and fusing ([`adapters`]).
+//! ([`trainer`]), adapter files in mlx-lm's format and fusing ([`adapters`]); DPO and ORPO
+//! ([`objectives`]); `mlx_lm.lora`'s options and run ([`run`], [`cli`]).
+//!
+//! Memory options: per-layer gradient checkpointing (`LanguageModel::set_grad_checkpoint`,
+//! `--grad-checkpoint`) and a chunked cross-entropy ([`loss::chunked_loss`]).
+//!
+//! ```no_run
+//! use mlx_train::run::{train_model, RunConfig};
+//! use mlx_train::trainer::NoCallback;
+//!
+//! # fn main() -> mlx_train::Result<()> {
+//! // mlx_lm.lora --train --model DIR --data DIR --iters 10
+//! let config: RunConfig = serde_json::from_value(serde_json::json!({
+//!     "model": "path/to/model", "data": "path/to/data", "train": true, "iters": 10,
+//! }))
+//! .map_err(|e| mlx_train::TrainError::Config(e.to_string()))?;
+//! train_model(&config, &mut NoCallback)?;
+//! # Ok(()) }
+//! ```
 #![forbid(unsafe_code)]
 
 pub mod adapters;
@@ -15,6 +33,7 @@ pub mod objectives;
 pub mod optim;
 pub mod params;
 pub mod run;
+pub mod segmented;
 pub mod tokenize;
 pub mod trainer;
 

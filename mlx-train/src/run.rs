@@ -143,17 +143,14 @@ pub struct RunConfig {
     /// (chunked cross-entropy; see [`crate::loss::chunked_loss`]).
     #[serde(default)]
     pub ce_chunk_size: Option<i32>,
+    /// Not in mlx-lm: segmented backward with segments of this many tokens (SFT).
+    #[serde(default)]
+    pub segment_length: Option<i32>,
     /// Not in mlx-lm: clip gradients to this global norm.
     #[serde(default)]
     pub max_grad_norm: Option<f64>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
-}
-
-impl Default for RunConfig {
-    fn default() -> Self {
-        serde_json::from_value(Value::Object(Map::new())).unwrap_or_else(|_| unreachable!())
-    }
 }
 
 impl RunConfig {
@@ -203,6 +200,7 @@ impl RunConfig {
             adapter_file: PathBuf::from(&self.adapter_path).join("adapters.safetensors"),
             grad_accumulation_steps: self.grad_accumulation_steps,
             max_grad_norm: self.max_grad_norm,
+            segment_length: self.segment_length,
         }
     }
 
@@ -253,6 +251,16 @@ impl RunConfig {
             return Err(TrainError::Config(
                 "ce_chunk_size applies to the sft objective only".into(),
             ));
+        }
+        if let Some(s) = self.segment_length {
+            if s <= 0 {
+                return Err(TrainError::Config("segment_length must be positive".into()));
+            }
+            if self.objective != "sft" || self.ce_chunk_size.is_some() {
+                return Err(TrainError::Config(
+                    "segment_length applies to the plain sft loss only (no ce_chunk_size)".into(),
+                ));
+            }
         }
         if !self.beta.is_finite() {
             return Err(TrainError::Config("beta must be finite".into()));

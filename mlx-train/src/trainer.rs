@@ -14,6 +14,7 @@ use crate::error::{Result, TrainError};
 use crate::nprand::NumpyRandom;
 use crate::optim::{clip_grad_norm, Optimizer};
 use crate::params::Params;
+use crate::segmented::segmented_loss_and_grad;
 
 /// A loss over a batch: `(mean loss, number of tokens)`, as mlx-lm's `default_loss`.
 pub type LossFn = dyn Fn(&dyn LanguageModel, &Array, &Array) -> Result<(Array, Array)>;
@@ -33,6 +34,9 @@ pub struct TrainingArgs {
     pub adapter_file: PathBuf,
     pub grad_accumulation_steps: usize,
     pub max_grad_norm: Option<f64>,
+    /// Segmented backward with segments of this many positions (SFT's `default_loss` only;
+    /// the `loss` argument of [`train`] is then not used for the training steps).
+    pub segment_length: Option<i32>,
 }
 
 impl Default for TrainingArgs {
@@ -48,6 +52,7 @@ impl Default for TrainingArgs {
             adapter_file: PathBuf::from("adapters.safetensors"),
             grad_accumulation_steps: 1,
             max_grad_norm: None,
+            segment_length: None,
         }
     }
 }
@@ -236,7 +241,12 @@ pub fn train(
             tic = Instant::now();
         }
 
-        let (lvalue, toks, mut grad) = loss_and_grad(model, params, loss, &batch)?;
+        let (lvalue, toks, mut grad) = match args.segment_length {
+            Some(seg) => {
+                segmented_loss_and_grad(model, params, &batch.tokens, &batch.lengths, seg)?
+            }
+            None => loss_and_grad(model, params, loss, &batch)?,
+        };
         if let Some(prev) = grad_accum.take() {
             grad = add_trees(&grad, &prev)?;
         }

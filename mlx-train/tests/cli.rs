@@ -156,6 +156,41 @@ fn same_options_same_adapter_as_mlx_lm_lora() {
 }
 
 #[test]
+fn memory_options_run() {
+    let _g = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
+    for extra in [
+        &["--segment-length", "8"][..],
+        &["--ce-chunk-size", "8", "--grad-checkpoint"][..],
+    ] {
+        let out = tmp("mem");
+        let (m, d) = (model_q4(), data("completions"));
+        let mut argv = vec![
+            "--model",
+            &m,
+            "--data",
+            &d,
+            "--num-layers",
+            "2",
+            "--batch-size",
+            "2",
+            "--iters",
+            "2",
+            "--mask-prompt",
+        ];
+        let ap = out.display().to_string();
+        argv.extend(["--adapter-path", &ap]);
+        argv.extend_from_slice(extra);
+        run(&parse(&argv)).unwrap_or_else(|e| panic!("{extra:?}: {e}"));
+        assert!(out.join("adapters.safetensors").is_file());
+        let _ = std::fs::remove_dir_all(&out);
+    }
+}
+
+fn model_q4() -> String {
+    tests().join("models/q4").display().to_string()
+}
+
+#[test]
 fn dpo_and_orpo_runs() {
     let _g = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
     for objective in ["dpo", "orpo"] {
