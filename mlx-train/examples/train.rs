@@ -8,7 +8,7 @@ use mlx_train::cli::{run, run_fuse, FuseArgs, TrainArgs};
 #[derive(Parser)]
 enum Cli {
     /// LoRA or QLoRA finetuning (mlx_lm.lora).
-    Train(TrainArgs),
+    Train(Box<TrainArgs>),
     /// Fuse adapters into the base model (mlx_lm.fuse).
     Fuse(FuseArgs),
 }
