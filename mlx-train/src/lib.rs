@@ -1,5 +1,41 @@
-//! LoRA, flash attention with a correct backward, segmented backward, SFT/DPO/ORPO.
+//! Fine-tuning with mlx-lm's tuner semantics, bit for bit on CPU: LoRA and DoRA adapters
+//! over dense or quantized linears ([`lora`]), mlx-lm's data formats and batching
+//! ([`data`]), `default_loss` ([`loss`]), `mlx.optimizers` ([`optim`]), the training loop
+//! ([`trainer`]), adapter files in mlx-lm's format and fusing ([`adapters`]); DPO and ORPO
+//! ([`objectives`]); `mlx_lm.lora`'s options and run ([`run`], [`cli`]).
 //!
-//! Not implemented yet: this crate is a placeholder in the workspace layout so that later
-//! work lands where the design puts it. It exports nothing.
+//! Memory options: per-layer gradient checkpointing (`LanguageModel::set_grad_checkpoint`,
+//! `--grad-checkpoint`) and a chunked cross-entropy ([`loss::chunked_loss`]).
+//!
+//! ```no_run
+//! use mlx_train::run::{train_model, RunConfig};
+//! use mlx_train::trainer::NoCallback;
+//!
+//! # fn main() -> mlx_train::Result<()> {
+//! // mlx_lm.lora --train --model DIR --data DIR --iters 10
+//! let config: RunConfig = serde_json::from_value(serde_json::json!({
+//!     "model": "path/to/model", "data": "path/to/data", "train": true, "iters": 10,
+//! }))
+//! .map_err(|e| mlx_train::TrainError::Config(e.to_string()))?;
+//! train_model(&config, &mut NoCallback)?;
+//! # Ok(()) }
+//! ```
 #![forbid(unsafe_code)]
+
+pub mod adapters;
+pub mod cli;
+pub mod data;
+mod error;
+pub mod lora;
+pub mod loss;
+pub mod nprand;
+pub mod objectives;
+pub mod optim;
+pub mod params;
+pub mod run;
+pub mod segmented;
+pub mod tokenize;
+pub mod trainer;
+
+pub use error::{Result, TrainError};
+pub use params::Params;

@@ -82,7 +82,27 @@ impl QuantizedWeight {
     }
 }
 
-/// `y = x W^T (+ b)`, dense or quantized.
+/// A layer that replaces a [`Linear`] in a model and computes its output itself, usually
+/// from the linear it wraps (LoRA and DoRA in `mlx-train`, as mlx-lm's tuner swaps a module).
+pub trait LinearAdapter: Send + std::fmt::Debug {
+    fn forward(&self, x: &Array) -> Result<Array>;
+    fn clone_box(&self) -> Box<dyn LinearAdapter>;
+    /// The wrapped linear.
+    fn base(&self) -> &Linear;
+    /// For downcasting to the concrete adapter.
+    fn as_any(&self) -> &dyn std::any::Any;
+    /// The adapter's trainable arrays, for transforms that must see them as inputs
+    /// (per-layer gradient checkpointing).
+    fn parameters(&self) -> Result<Vec<Array>> {
+        Ok(Vec::new())
+    }
+    /// Replaces the arrays [`LinearAdapter::parameters`] returned (same order).
+    fn set_parameters(&self, _values: &[Array]) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// `y = x W^T (+ b)`, dense or quantized, or an adapter standing in for one.
 #[derive(Clone, Debug)]
 pub enum Linear {
     Dense {
@@ -93,6 +113,13 @@ pub enum Linear {
         weight: QuantizedWeight,
         bias: Option<Array>,
     },
+    Adapted(Box<dyn LinearAdapter>),
+}
+
+impl Clone for Box<dyn LinearAdapter> {
+    fn clone(&self) -> Self {
+        self.clone_box()
+    }
 }
 
 impl Linear {
@@ -122,8 +149,24 @@ impl Linear {
         }
     }
 
+    /// `(output_dims, input_dims)` of the logical (dequantized) weight.
+    pub fn dims(&self) -> Result<(i32, i32)> {
+        match self {
+            Linear::Dense { weight, .. } => {
+                let s = weight.shape();
+                Ok((s[0], s[1]))
+            }
+            Linear::Quantized { weight, .. } => {
+                let s = weight.weight.shape();
+                Ok((s[0], s[1] * 32 / weight.bits))
+            }
+            Linear::Adapted(a) => a.base().dims(),
+        }
+    }
+
     pub fn forward(&self, x: &Array) -> Result<Array> {
         match self {
+            Linear::Adapted(a) => a.forward(x),
             Linear::Dense {
                 weight,
                 bias: Some(b),

@@ -86,6 +86,29 @@ pub struct Mlp {
 }
 
 impl Mlp {
+    /// The projections under their names, in mlx-lm's declaration order (gate, down, up).
+    pub fn linears_mut(&mut self, names: &MlpNames) -> Vec<(&'static str, &mut Linear)> {
+        let Mlp { gate_up, down, .. } = self;
+        match gate_up {
+            GateUp::Separate { gate, up } => {
+                vec![(names.gate, gate), (names.down, down), (names.up, up)]
+            }
+            GateUp::Fused(l) => vec![
+                (names.gate_up.unwrap_or("gate_up_proj"), l),
+                (names.down, down),
+            ],
+            GateUp::Plain(l) => vec![(names.up, l), (names.down, down)],
+        }
+    }
+
+    /// The projections, in the order of [`Mlp::linears_mut`].
+    pub fn linears(&self) -> Vec<&Linear> {
+        match &self.gate_up {
+            GateUp::Separate { gate, up } => vec![gate, &self.down, up],
+            GateUp::Fused(l) | GateUp::Plain(l) => vec![l, &self.down],
+        }
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub fn load(
         w: &mut Weights,

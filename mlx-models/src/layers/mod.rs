@@ -14,7 +14,7 @@ pub use activations::{gelu, gelu_approx, silu, swiglu};
 pub(crate) use attention::finfo_min;
 pub use attention::{quantized_scaled_dot_product_attention, scaled_dot_product_attention};
 pub use embedding::Embedding;
-pub use linear::{Linear, QuantizedWeight};
+pub use linear::{Linear, LinearAdapter, QuantizedWeight};
 pub use mlp::{join, Mlp, MlpKind, MlpNames};
 pub use norm::{LayerNorm, Norm, NormKind, RmsNorm};
 pub use rope::{Rope, RopeScaling};

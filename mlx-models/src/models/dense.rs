@@ -6,16 +6,17 @@ use std::cell::RefCell;
 
 use mlx_cache::{AttentionMask, Cache, KVCache, Kv, RotatingKVCache};
 use mlx_core::prelude::*;
+use mlx_core::transforms;
 
 use crate::error::{ModelError, Result};
 use crate::layers::{
     join, scaled_dot_product_attention, Embedding, Linear, Mlp, Norm, NormKind, Rope,
 };
 use crate::models::descriptor::{
-    Descriptor, EmbedScale, Head, LogitScale, Placement, QkNorm, QkvLayout, RopeSpec, RopeTable,
-    Upcast,
+    Descriptor, EmbedScale, Head, LogitScale, Names, Placement, QkNorm, QkvLayout, RopeSpec,
+    RopeTable, Upcast,
 };
-use crate::models::LanguageModel;
+use crate::models::{LanguageModel, OutputHead};
 use crate::weights::Weights;
 
 fn init_rope(r: &RopeSpec) -> Result<Rope> {
@@ -33,6 +34,7 @@ fn init_rope(r: &RopeSpec) -> Result<Rope> {
     )
 }
 
+#[derive(Clone)]
 enum Qkv {
     Separate {
         q: Linear,
@@ -46,6 +48,7 @@ enum Qkv {
     PerHead(Linear),
 }
 
+#[derive(Clone)]
 enum QkNormLayers {
     None,
     /// `rms_norm` (or layer norm) per head or over the full projection.
@@ -62,6 +65,7 @@ enum QkNormLayers {
     },
 }
 
+#[derive(Clone)]
 pub struct Attention {
     n_heads: i32,
     n_kv_heads: i32,
@@ -78,6 +82,33 @@ pub struct Attention {
 }
 
 impl Attention {
+    /// The projections, under their module paths inside the layer (mlx-lm's names), in
+    /// declaration order.
+    fn linears_mut(&mut self, n: &Names) -> Vec<(String, &mut Linear)> {
+        let mut out = Vec::new();
+        match &mut self.qkv {
+            Qkv::Separate { q, k, v } => {
+                out.push((join(n.attn, n.q), q));
+                out.push((join(n.attn, n.k), k));
+                out.push((join(n.attn, n.v), v));
+            }
+            Qkv::Fused(l) | Qkv::Interleaved(l) | Qkv::PerHead(l) => {
+                out.push((join(n.attn, n.qkv.unwrap_or("qkv_proj")), l));
+            }
+        }
+        out.push((join(n.attn, n.o), &mut self.o_proj));
+        out
+    }
+
+    fn linears(&self) -> Vec<&Linear> {
+        let mut out: Vec<&Linear> = match &self.qkv {
+            Qkv::Separate { q, k, v } => vec![q, k, v],
+            Qkv::Fused(l) | Qkv::Interleaved(l) | Qkv::PerHead(l) => vec![l],
+        };
+        out.push(&self.o_proj);
+        out
+    }
+
     fn load(
         d: &Descriptor,
         w: &mut Weights,
@@ -400,6 +431,7 @@ impl Attention {
     }
 }
 
+#[derive(Clone)]
 pub struct TransformerBlock {
     sliding: bool,
     placement: Placement,
@@ -519,6 +551,66 @@ impl TransformerBlock {
         self.residual(&h, &norm_opt(&self.post_mlp, &r)?)
     }
 
+    fn linears_mut(&mut self, n: &Names) -> Vec<(String, &mut Linear)> {
+        let mut out = self.self_attn.linears_mut(n);
+        out.extend(
+            self.mlp
+                .linears_mut(&n.mlp_names)
+                .into_iter()
+                .map(|(name, l)| (join(n.mlp, name), l)),
+        );
+        out
+    }
+
+    fn linears(&self) -> Vec<&Linear> {
+        let mut out = self.self_attn.linears();
+        out.extend(self.mlp.linears());
+        out
+    }
+
+    /// `forward` under `mx.checkpoint`, with the adapters' parameters as inputs (mlx-lm's
+    /// `grad_checkpoint`: `checkpoint(inner_fn)(model.trainable_parameters(), x, mask)`).
+    fn forward_checkpointed(
+        &self,
+        x: &Array,
+        mask: &AttentionMask,
+        query_scale: Option<&Array>,
+        layer: usize,
+    ) -> Result<Array> {
+        let mut inputs = vec![x.clone()];
+        for l in self.linears() {
+            if let Linear::Adapted(a) = l {
+                inputs.extend(a.parameters()?);
+            }
+        }
+        let (block, mask, query_scale) = (self.clone(), mask.clone(), query_scale.cloned());
+        let f = transforms::checkpoint(move |xs: &[Array]| -> mlx_core::Result<Vec<Array>> {
+            let cb = |e: ModelError| mlx_core::Error::Callback(e.to_string());
+            let mut i = 1;
+            for l in block.linears() {
+                if let Linear::Adapted(a) = l {
+                    let n = a.parameters().map_err(cb)?.len();
+                    let vals = xs.get(i..i + n).ok_or_else(|| {
+                        mlx_core::Error::Callback("checkpoint: missing adapter inputs".into())
+                    })?;
+                    a.set_parameters(vals).map_err(cb)?;
+                    i += n;
+                }
+            }
+            let ctx = Ctx {
+                mask: &mask,
+                query_scale: query_scale.as_ref(),
+                layer,
+                trace: None,
+            };
+            Ok(vec![block.forward(&xs[0], &ctx, None).map_err(cb)?])
+        })?;
+        f.call(&inputs)?
+            .into_iter()
+            .next()
+            .ok_or_else(|| ModelError::Other("checkpointed layer returned nothing".into()))
+    }
+
     /// The attention sub-step, recorded (input and output) when tracing.
     fn attn(&self, x: &Array, ctx: &Ctx, cache: Option<&mut Box<dyn Cache>>) -> Result<Array> {
         ctx.tap("attn_in", x);
@@ -566,6 +658,8 @@ pub struct Model {
     lm_head: Option<Linear>,
     fa_idx: usize,
     swa_idx: Option<usize>,
+    /// Recompute each layer in the backward pass (training; cache-less forwards only).
+    grad_checkpoint: bool,
 }
 
 impl Model {
@@ -625,6 +719,7 @@ impl Model {
             fa_idx,
             swa_idx,
             desc,
+            grad_checkpoint: false,
         })
     }
 
@@ -715,6 +810,7 @@ impl Model {
 }
 
 impl Model {
+    /// The layers and the final norm: the hidden states [`Model::head`] turns into logits.
     fn run(
         &self,
         inputs: &Array,
@@ -784,24 +880,55 @@ impl Model {
                         trace,
                     };
                     ctx.tap("in", &h);
-                    h = layer.forward(&h, &ctx, None)?;
+                    h = if self.grad_checkpoint && trace.is_none() {
+                        layer.forward_checkpointed(&h, mask, query_scale, i)?
+                    } else {
+                        layer.forward(&h, &ctx, None)?
+                    };
                     ctx.tap("out", &h);
                 }
             }
         }
-        let out = self.norm.forward(&h)?;
-        self.head(&out)
+        self.norm.forward(&h)
     }
 }
 
 impl LanguageModel for Model {
     fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
-        self.run(inputs, caches, None)
+        self.head(&self.run(inputs, caches, None)?)
+    }
+
+    fn layer_linears_mut(&mut self) -> Vec<Vec<(String, &mut Linear)>> {
+        let names = &self.desc.names;
+        self.layers
+            .iter_mut()
+            .map(|l| l.linears_mut(names))
+            .collect()
+    }
+
+    fn forward_hidden(&self, inputs: &Array) -> Option<Result<Array>> {
+        Some(self.run(inputs, None, None))
+    }
+
+    fn output_head(&self) -> Option<OutputHead> {
+        // Only a plain projection: rows that scale or soft-cap their logits do more.
+        if self.desc.logit_scale != LogitScale::None || self.desc.final_logit_softcap.is_some() {
+            return None;
+        }
+        Some(match &self.lm_head {
+            Some(head) => OutputHead::Linear(head.clone()),
+            None => OutputHead::Tied(self.embed_tokens.clone()),
+        })
+    }
+
+    fn set_grad_checkpoint(&mut self, on: bool) -> bool {
+        self.grad_checkpoint = on;
+        true
     }
 
     fn trace(&self, inputs: &Array) -> Result<Vec<(String, Array)>> {
         let taps = RefCell::new(Vec::new());
-        let logits = self.run(inputs, None, Some(&taps))?;
+        let logits = self.head(&self.run(inputs, None, Some(&taps))?)?;
         let mut taps = taps.into_inner();
         taps.push(("logits".into(), logits));
         Ok(taps)

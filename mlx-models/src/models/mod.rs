@@ -15,6 +15,7 @@ use mlx_core::prelude::*;
 
 use crate::config::{remap, ModelConfig, MODEL_REMAPPING};
 use crate::error::{ModelError, Result};
+use crate::layers::{Embedding, Linear};
 use crate::weights::Weights;
 
 pub use descriptor::{Descriptor, Serving};
@@ -51,6 +52,50 @@ pub trait LanguageModel: Send {
             "`{}` does not support tracing",
             self.model_type()
         )))
+    }
+
+    /// The linears of each decoder layer (`model.layers`), under their path inside the layer
+    /// as mlx-lm names the modules (`self_attn.q_proj`), in the order the Python module
+    /// declares them; adapters (LoRA, DoRA) wrap or replace them in place. Empty when the
+    /// architecture does not support adapters.
+    fn layer_linears_mut(&mut self) -> Vec<Vec<(String, &mut Linear)>> {
+        Vec::new()
+    }
+
+    /// The hidden states before the output projection (`forward` is
+    /// `output_head().forward(forward_hidden(...))`), for losses that project them in chunks.
+    /// `None` when the architecture does not split its forward.
+    fn forward_hidden(&self, _inputs: &Array) -> Option<Result<Array>> {
+        None
+    }
+
+    /// Recompute each decoder layer in the backward pass instead of keeping its
+    /// activations (mlx-lm's `grad_checkpoint`, applied to every layer). Adapter
+    /// parameters enter each checkpoint as inputs, so their gradients are unchanged.
+    /// Returns whether the architecture supports it.
+    fn set_grad_checkpoint(&mut self, _on: bool) -> bool {
+        false
+    }
+
+    /// The output projection that turns [`LanguageModel::forward_hidden`] into logits.
+    fn output_head(&self) -> Option<OutputHead> {
+        None
+    }
+}
+
+/// A model's output projection: its own `lm_head`, or the tied input embedding.
+#[derive(Clone, Debug)]
+pub enum OutputHead {
+    Linear(Linear),
+    Tied(Embedding),
+}
+
+impl OutputHead {
+    pub fn forward(&self, h: &Array) -> Result<Array> {
+        match self {
+            OutputHead::Linear(l) => l.forward(h),
+            OutputHead::Tied(e) => e.as_linear(h),
+        }
     }
 }
 

@@ -1,0 +1,265 @@
+//! Adapter files in mlx-lm's format (`adapters.safetensors` with the trainable parameters
+//! under mlx's flattened names, `adapter_config.json` with `fine_tune_type`, `num_layers`
+//! and `lora_parameters`), `load_adapters` as mlx-lm's, and fusing (`mlx_lm.fuse`).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use mlx_core::io::{load_safetensors, save_safetensors, StringMap};
+use mlx_core::prelude::*;
+use mlx_core::quantized::QuantMode;
+use mlx_models::layers::Linear;
+use mlx_models::load::{load_model_dir, load_weights, weight_files, LoadOptions};
+use mlx_models::LanguageModel;
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use crate::error::{io_err, Result, TrainError};
+use crate::lora::{as_lora, linear_to_lora_layers, LoraConfig};
+use crate::params::Params;
+
+/// The fields of `adapter_config.json` that matter when loading (the file holds every
+/// training option; the rest is ignored, as mlx-lm does).
+#[derive(Clone, Debug, Deserialize)]
+pub struct AdapterConfig {
+    #[serde(default = "default_type")]
+    pub fine_tune_type: String,
+    pub num_layers: i32,
+    #[serde(default)]
+    pub lora_parameters: Option<LoraConfig>,
+}
+
+fn default_type() -> String {
+    "lora".into()
+}
+
+impl AdapterConfig {
+    pub fn read(path: &Path) -> Result<AdapterConfig> {
+        let text = std::fs::read_to_string(path).map_err(|e| io_err(path, e))?;
+        let c: AdapterConfig =
+            serde_json::from_str(&text).map_err(|e| io_err(path, format!("invalid: {e}")))?;
+        match c.fine_tune_type.as_str() {
+            "lora" | "dora" => {}
+            "full" => {
+                return Err(io_err(
+                    path,
+                    "fine_tune_type `full` adapters are not supported here",
+                ))
+            }
+            other => return Err(io_err(path, format!("unknown fine_tune_type `{other}`"))),
+        }
+        if c.lora_parameters.is_none() {
+            return Err(io_err(path, "missing field `lora_parameters`"));
+        }
+        Ok(c)
+    }
+}
+
+/// Writes every trainable parameter (`mx.save_safetensors(file, dict(tree_flatten(...)))`).
+pub fn save_adapter_weights(path: &Path, params: &Params) -> Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
+    }
+    let snap = params.snapshot();
+    save_safetensors(
+        path,
+        snap.iter().map(|(k, v)| (k.as_str(), v)),
+        &StringMap::new(),
+    )?;
+    Ok(())
+}
+
+/// Writes `adapter_config.json` from the run's options (a JSON object; keys sorted as
+/// mlx-lm's `save_config` sorts them).
+pub fn save_adapter_config(path: &Path, options: &serde_json::Map<String, Value>) -> Result<()> {
+    let sorted: BTreeMap<&String, &Value> = options.iter().collect();
+    let text = serde_json::to_string_pretty(&sorted)
+        .map_err(|e| io_err(path, format!("serializing: {e}")))?;
+    std::fs::write(path, text).map_err(|e| io_err(path, e))
+}
+
+/// Reads adapter weights and puts them into `params`, checking each against the model's
+/// adapter parameters as mlx-lm's `load_adapters` does (every problem listed together).
+pub fn load_adapter_weights(path: &Path, params: &Params) -> Result<()> {
+    let (weights, _) = load_safetensors(path, None).map_err(|e| io_err(path, e))?;
+    let current = params.snapshot();
+    let mut errors = Vec::new();
+    for (name, w) in &weights {
+        match current.get(name) {
+            None => errors.push(format!("  {name}: not an adapter parameter in the model")),
+            Some(p) if p.shape() != w.shape() => errors.push(format!(
+                "  {name}: adapter shape {:?} does not match model parameter shape {:?}",
+                w.shape(),
+                p.shape()
+            )),
+            Some(_) => {}
+        }
+    }
+    if !errors.is_empty() {
+        return Err(io_err(
+            path,
+            format!("contains incompatible tensors:\n{}", errors.join("\n")),
+        ));
+    }
+    params.update(&weights)
+}
+
+/// `load_adapters(model, adapter_path)`: wraps the model's linears as the adapter's config
+/// says (drawing the same init mlx-lm draws) and loads the trained weights.
+pub fn load_adapters(model: &mut dyn LanguageModel, dir: &Path) -> Result<Params> {
+    if !dir.exists() {
+        return Err(io_err(dir, "The adapter path does not exist"));
+    }
+    let config = AdapterConfig::read(&dir.join("adapter_config.json"))?;
+    let params = Params::new();
+    let lora = config.lora_parameters.clone().unwrap_or_default();
+    linear_to_lora_layers(
+        model,
+        config.num_layers,
+        &lora,
+        config.fine_tune_type == "dora",
+        &params,
+    )?;
+    load_adapter_weights(&dir.join("adapters.safetensors"), &params)?;
+    Ok(params)
+}
+
+/// The fused linears of an adapted model: `(module path, fused linear)`.
+pub fn fused_linears(
+    model: &mut dyn LanguageModel,
+    dequantize: bool,
+) -> Result<Vec<(String, Linear)>> {
+    let mut out = Vec::new();
+    for layer in model.layer_linears_mut() {
+        for (_, lin) in layer {
+            if let Some(a) = as_lora(lin) {
+                out.push((a.path().to_string(), a.fuse(dequantize)?));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The quantization of `path` per a config's `quantization` block (a per-layer entry wins
+/// over the global `group_size`/`bits`/`mode`).
+fn quant_of(q: &Map<String, Value>, path: &str) -> Result<(i32, i32, QuantMode)> {
+    let layer = q.get(path).and_then(Value::as_object);
+    let get = |k: &str| layer.and_then(|l| l.get(k)).or_else(|| q.get(k));
+    let int = |k: &str| {
+        get(k)
+            .and_then(Value::as_i64)
+            .map(|v| v as i32)
+            .ok_or_else(|| TrainError::Config(format!("config.json: quantization.{k} missing")))
+    };
+    let mode = match get("mode").and_then(Value::as_str).unwrap_or("affine") {
+        "affine" => QuantMode::Affine,
+        "mxfp4" => QuantMode::Mxfp4,
+        "nvfp4" => QuantMode::Nvfp4,
+        "mxfp8" => QuantMode::Mxfp8,
+        other => {
+            return Err(TrainError::Config(format!(
+                "config.json: unknown quantization mode `{other}`"
+            )))
+        }
+    };
+    Ok((int("group_size")?, int("bits")?, mode))
+}
+
+/// `mlx_lm.fuse --model MODEL --adapter-path ADAPTERS --save-path OUT [--dequantize]`: a
+/// normal model directory whose adapted linears carry the update, re-quantized as the base
+/// was, or with `dequantize` every quantized tensor dequantized (`dequantize_model`) and the
+/// quantization dropped from `config.json`. The other files (tokenizer) are copied.
+pub fn fuse_model_dir(
+    model_dir: &Path,
+    adapter_dir: &Path,
+    out_dir: &Path,
+    dequantize: bool,
+) -> Result<()> {
+    let (mut model, _) = load_model_dir(model_dir, &LoadOptions::default())?;
+    load_adapters(model.as_mut(), adapter_dir)?;
+    let fused = fused_linears(model.as_mut(), dequantize)?;
+    let mut tensors = load_weights(model_dir)?;
+    for (path, lin) in fused {
+        for suffix in ["weight", "scales", "biases"] {
+            tensors.remove(&format!("{path}.{suffix}"));
+        }
+        let mut put = |suffix: &str, a: Array| {
+            tensors.insert(format!("{path}.{suffix}"), a);
+        };
+        match lin {
+            Linear::Dense { weight, .. } => put("weight", weight),
+            Linear::Quantized { weight, .. } => {
+                put("weight", weight.weight);
+                put("scales", weight.scales);
+                if let Some(b) = weight.biases {
+                    put("biases", b);
+                }
+            }
+            Linear::Adapted(_) => {
+                return Err(TrainError::Config(format!(
+                    "{path}: fused layer still adapted"
+                )))
+            }
+        }
+    }
+    let config_path = model_dir.join("config.json");
+    let config_text = std::fs::read_to_string(&config_path).map_err(|e| io_err(&config_path, e))?;
+    let mut config: Map<String, Value> = serde_json::from_str(&config_text)
+        .map_err(|e| io_err(&config_path, format!("invalid JSON: {e}")))?;
+    if dequantize {
+        let q = config
+            .get("quantization")
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
+        let quantized: Vec<String> = tensors
+            .keys()
+            .filter_map(|k| k.strip_suffix(".scales").map(str::to_string))
+            .collect();
+        for path in quantized {
+            let (gs, bits, mode) = quant_of(&q, &path)?;
+            let w = tensors.remove(&format!("{path}.weight"));
+            let scales = tensors.remove(&format!("{path}.scales"));
+            let biases = tensors.remove(&format!("{path}.biases"));
+            let (Some(w), Some(scales)) = (w, scales) else {
+                return Err(TrainError::Config(format!(
+                    "{path}: scales without a weight"
+                )));
+            };
+            let deq =
+                quantized::dequantize(&w, &scales, biases.as_ref(), gs, bits, mode, None, None)?;
+            tensors.insert(format!("{path}.weight"), deq);
+        }
+        config.remove("quantization");
+        config.remove("quantization_config");
+    }
+    std::fs::create_dir_all(out_dir).map_err(|e| io_err(out_dir, e))?;
+    let weight_set: Vec<_> = weight_files(model_dir)?;
+    let rd = std::fs::read_dir(model_dir).map_err(|e| io_err(model_dir, e))?;
+    for entry in rd {
+        let entry = entry.map_err(|e| io_err(model_dir, e))?;
+        let p = entry.path();
+        let name = entry.file_name();
+        let skip = weight_set.contains(&p)
+            || name == "model.safetensors.index.json"
+            || name == "config.json"
+            || !p.is_file();
+        if !skip {
+            let dst = out_dir.join(&name);
+            std::fs::copy(&p, &dst).map_err(|e| io_err(&dst, e))?;
+        }
+    }
+    let out_config = out_dir.join("config.json");
+    let text = serde_json::to_string_pretty(&config)
+        .map_err(|e| io_err(&out_config, format!("serializing: {e}")))?;
+    std::fs::write(&out_config, text).map_err(|e| io_err(&out_config, e))?;
+    eval(tensors.values())?;
+    let mut meta = StringMap::new();
+    meta.insert("format".into(), "mlx".into());
+    save_safetensors(
+        out_dir.join("model.safetensors"),
+        tensors.iter().map(|(k, v)| (k.as_str(), v)),
+        &meta,
+    )?;
+    Ok(())
+}

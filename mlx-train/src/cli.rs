@@ -1,0 +1,382 @@
+//! `mlx train`: mlx_lm.lora's options under the same names (`--model`, `--data`,
+//! `--fine-tune-type`, `--num-layers`, ..., `-c config.yaml`), merged as mlx_lm.lora merges
+//! them (command line over config file over `CONFIG_DEFAULTS`), plus `--objective`,
+//! `--max-grad-norm` and `--log-file`. [`run`] trains with a progress line (loss, tokens/s)
+//! on a terminal, a JSONL log, validation, checkpoints every `--save-every` steps, resume
+//! from `--resume-adapter-file`, and `--test` evaluation. The `mlx` binary wires it in.
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+
+use mlx_models::load::{load_model_dir, LoadOptions};
+use mlx_models::LanguageModel;
+use serde_json::{Map, Value};
+
+use crate::adapters::load_adapters;
+use crate::data::load_local_dataset;
+use crate::error::{io_err, Result, TrainError};
+use crate::nprand::NumpyRandom;
+use crate::run::{objective_loss, train_model, RunConfig};
+use crate::tokenize;
+use crate::trainer::{evaluate, TrainReport, TrainingCallback, ValReport};
+
+/// LoRA or QLoRA finetuning (the options of `mlx_lm.lora`).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct TrainArgs {
+    /// The path to the local model directory.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Do training (the default when `--test` is not given).
+    #[arg(long)]
+    pub train: bool,
+    /// Directory with {train, valid, test}.jsonl files.
+    #[arg(long)]
+    pub data: Option<String>,
+    /// Type of fine-tuning to perform: lora, dora (full is not supported yet).
+    #[arg(long, value_parser = ["lora", "dora", "full"])]
+    pub fine_tune_type: Option<String>,
+    /// Optimizer to use for training.
+    #[arg(long, value_parser = ["adam", "adamw", "sgd"])]
+    pub optimizer: Option<String>,
+    /// Mask the prompt in the loss when training.
+    #[arg(long)]
+    pub mask_prompt: bool,
+    /// Number of layers to fine-tune (-1: all).
+    #[arg(long, allow_hyphen_values = true)]
+    pub num_layers: Option<i32>,
+    /// Minibatch size.
+    #[arg(long)]
+    pub batch_size: Option<usize>,
+    /// Iterations to train for.
+    #[arg(long)]
+    pub iters: Option<usize>,
+    /// Number of validation batches, -1 uses the entire validation set.
+    #[arg(long, allow_hyphen_values = true)]
+    pub val_batches: Option<i64>,
+    /// Adam learning rate.
+    #[arg(long)]
+    pub learning_rate: Option<f64>,
+    /// Number of training steps between loss reporting.
+    #[arg(long)]
+    pub steps_per_report: Option<usize>,
+    /// Number of training steps between validations.
+    #[arg(long)]
+    pub steps_per_eval: Option<usize>,
+    /// Number of steps to accumulate gradients before an optimizer update.
+    #[arg(long)]
+    pub grad_accumulation_steps: Option<usize>,
+    /// Load path to resume training from the given fine-tuned weights.
+    #[arg(long)]
+    pub resume_adapter_file: Option<String>,
+    /// Save/load path for the fine-tuned weights.
+    #[arg(long)]
+    pub adapter_path: Option<String>,
+    /// Save the model every N iterations.
+    #[arg(long)]
+    pub save_every: Option<usize>,
+    /// Evaluate on the test set after training.
+    #[arg(long)]
+    pub test: bool,
+    /// Number of test set batches, -1 uses the entire test set.
+    #[arg(long, allow_hyphen_values = true)]
+    pub test_batches: Option<i64>,
+    /// Maximum sequence length.
+    #[arg(long)]
+    pub max_seq_length: Option<usize>,
+    /// A YAML configuration file with the training options.
+    #[arg(short = 'c', long)]
+    pub config: Option<PathBuf>,
+    /// Use gradient checkpointing to reduce memory use.
+    #[arg(long)]
+    pub grad_checkpoint: bool,
+    /// The PRNG seed.
+    #[arg(long)]
+    pub seed: Option<u32>,
+    /// Training objective: sft, or dpo / orpo on prompt/chosen/rejected data.
+    #[arg(long, value_parser = ["sft", "dpo", "orpo"])]
+    pub objective: Option<String>,
+    /// DPO's beta or ORPO's lambda (default 0.1).
+    #[arg(long)]
+    pub beta: Option<f64>,
+    /// Chunked cross-entropy: project logits this many positions at a time (SFT).
+    #[arg(long)]
+    pub ce_chunk_size: Option<i32>,
+    /// Segmented backward: process the sequence in segments of this many tokens (SFT).
+    #[arg(long)]
+    pub segment_length: Option<i32>,
+    /// Clip gradients to this global norm before each update (off by default, as mlx-lm).
+    #[arg(long)]
+    pub max_grad_norm: Option<f64>,
+    /// Where to write the JSONL log (default: ADAPTER_PATH/train_log.jsonl).
+    #[arg(long)]
+    pub log_file: Option<PathBuf>,
+}
+
+/// Fuse fine-tuned adapters into the base model (the options of `mlx_lm.fuse`).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct FuseArgs {
+    /// The path to the local model directory.
+    #[arg(long, default_value = "mlx_model")]
+    pub model: String,
+    /// The path to save the fused model.
+    #[arg(long, default_value = "fused_model")]
+    pub save_path: String,
+    /// Path to the trained adapter weights and config.
+    #[arg(long, default_value = "adapters")]
+    pub adapter_path: String,
+    /// Generate a dequantized model.
+    #[arg(long)]
+    pub dequantize: bool,
+}
+
+/// `mlx fuse`.
+pub fn run_fuse(args: &FuseArgs) -> Result<()> {
+    crate::adapters::fuse_model_dir(
+        Path::new(&args.model),
+        Path::new(&args.adapter_path),
+        Path::new(&args.save_path),
+        args.dequantize,
+    )?;
+    println!("Saved the fused model to {}.", args.save_path);
+    Ok(())
+}
+
+/// For a standalone binary: `#[derive(Parser)] struct Cli { #[command(flatten)] args: TrainArgs }`.
+impl TrainArgs {
+    /// The options after mlx_lm.lora's merge: command line, then `-c` file, then defaults.
+    pub fn resolve(&self) -> Result<RunConfig> {
+        let mut map = match &self.config {
+            Some(p) => read_config_file(p)?,
+            None => Map::new(),
+        };
+        let mut set = |k: &str, v: Option<Value>| {
+            if let Some(v) = v {
+                map.insert(k.to_string(), v);
+            }
+        };
+        let s = |v: &Option<String>| v.clone().map(Value::from);
+        let flag = |b: bool| b.then_some(Value::Bool(true));
+        set("model", s(&self.model));
+        set("train", flag(self.train));
+        set("data", s(&self.data));
+        set("fine_tune_type", s(&self.fine_tune_type));
+        set("optimizer", s(&self.optimizer));
+        set("mask_prompt", flag(self.mask_prompt));
+        set("num_layers", self.num_layers.map(Value::from));
+        set("batch_size", self.batch_size.map(Value::from));
+        set("iters", self.iters.map(Value::from));
+        set("val_batches", self.val_batches.map(Value::from));
+        set("learning_rate", self.learning_rate.map(Value::from));
+        set("steps_per_report", self.steps_per_report.map(Value::from));
+        set("steps_per_eval", self.steps_per_eval.map(Value::from));
+        set(
+            "grad_accumulation_steps",
+            self.grad_accumulation_steps.map(Value::from),
+        );
+        set("resume_adapter_file", s(&self.resume_adapter_file));
+        set("adapter_path", s(&self.adapter_path));
+        set("save_every", self.save_every.map(Value::from));
+        set("test", flag(self.test));
+        set("test_batches", self.test_batches.map(Value::from));
+        set("max_seq_length", self.max_seq_length.map(Value::from));
+        set("grad_checkpoint", flag(self.grad_checkpoint));
+        set("seed", self.seed.map(Value::from));
+        set("objective", s(&self.objective));
+        set("beta", self.beta.map(Value::from));
+        set("ce_chunk_size", self.ce_chunk_size.map(Value::from));
+        set("segment_length", self.segment_length.map(Value::from));
+        set("max_grad_norm", self.max_grad_norm.map(Value::from));
+        // `null` in a config file means "not given" (mlx_lm.lora's `args.get(k) is None`).
+        map.retain(|_, v| !v.is_null());
+        let what = self
+            .config
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| "options".into());
+        serde_json::from_value(Value::Object(map.clone())).map_err(|e| {
+            // Name the option at fault: the first one that fails on its own.
+            let field = map.iter().find_map(|(k, v)| {
+                let one = Map::from_iter([(k.clone(), v.clone())]);
+                serde_json::from_value::<RunConfig>(Value::Object(one))
+                    .err()
+                    .map(|e| format!("option `{k}`: {e}"))
+            });
+            TrainError::Config(format!(
+                "{what}: {}",
+                field.unwrap_or_else(|| e.to_string())
+            ))
+        })
+    }
+}
+
+/// A YAML (or JSON, a subset) file of options.
+fn read_config_file(path: &Path) -> Result<Map<String, Value>> {
+    let text = std::fs::read_to_string(path).map_err(|e| io_err(path, e))?;
+    let v: Value =
+        serde_yaml::from_str(&text).map_err(|e| io_err(path, format!("invalid YAML: {e}")))?;
+    match v {
+        Value::Object(m) => Ok(m),
+        Value::Null => Ok(Map::new()),
+        _ => Err(io_err(path, "expected a mapping of option names to values")),
+    }
+}
+
+/// The reports of a run: a progress line on a terminal, a line per report on stdout, and
+/// the JSONL log.
+struct Reporter {
+    log: Option<std::fs::File>,
+    log_path: PathBuf,
+    iters: usize,
+    tty: bool,
+    tokens: i64,
+    started: std::time::Instant,
+    error: Option<TrainError>,
+}
+
+impl Reporter {
+    fn write(&mut self, v: Value) {
+        if let Some(f) = &mut self.log {
+            if let Err(e) = writeln!(f, "{v}") {
+                self.error.get_or_insert(io_err(&self.log_path, e));
+                self.log = None;
+            }
+        }
+    }
+}
+
+impl TrainingCallback for Reporter {
+    fn on_step(&mut self, it: usize, loss: f32, tokens: i64) {
+        self.tokens += tokens;
+        if self.tty {
+            let tps = self.tokens as f64 / self.started.elapsed().as_secs_f64().max(1e-9);
+            let width = 30;
+            let done = width * it / self.iters.max(1);
+            eprint!(
+                "\rtrain [{}{}] {it}/{} loss {loss:.3} {tps:.0} tok/s ",
+                "#".repeat(done),
+                "-".repeat(width - done),
+                self.iters
+            );
+            let _ = std::io::stderr().flush();
+        }
+    }
+
+    fn on_train_loss_report(&mut self, r: &TrainReport) {
+        if self.tty {
+            eprintln!();
+        }
+        println!(
+            "Iter {}: Train loss {:.3}, Learning Rate {:.3e}, It/sec {:.3}, Tokens/sec {:.3}, \
+             Trained Tokens {}, Peak mem {:.3} GB",
+            r.iteration,
+            r.train_loss,
+            r.learning_rate,
+            r.iterations_per_second,
+            r.tokens_per_second,
+            r.trained_tokens,
+            r.peak_memory
+        );
+        let mut v = serde_json::to_value(r).unwrap_or(Value::Null);
+        if let Value::Object(m) = &mut v {
+            m.insert("event".into(), "train".into());
+        }
+        self.write(v);
+    }
+
+    fn on_val_loss_report(&mut self, r: &ValReport) {
+        if self.tty {
+            eprintln!();
+        }
+        println!(
+            "Iter {}: Val loss {:.3}, Val took {:.3}s",
+            r.iteration + 1,
+            r.val_loss,
+            r.val_time
+        );
+        let mut v = serde_json::to_value(r).unwrap_or(Value::Null);
+        if let Value::Object(m) = &mut v {
+            m.insert("event".into(), "val".into());
+        }
+        self.write(v);
+    }
+
+    fn on_save(&mut self, it: usize, path: &Path) {
+        if self.tty {
+            eprintln!();
+        }
+        println!("Iter {it}: Saved adapter weights to {}.", path.display());
+        self.write(serde_json::json!({"event": "save", "iteration": it, "path": path.display().to_string()}));
+    }
+}
+
+/// `mlx train`: trains (unless only `--test` is given) and evaluates with `--test`.
+pub fn run(args: &TrainArgs) -> Result<()> {
+    let config = args.resolve()?;
+    let train = config.train || !config.test;
+    if train {
+        let adapter_path = PathBuf::from(&config.adapter_path);
+        std::fs::create_dir_all(&adapter_path).map_err(|e| io_err(&adapter_path, e))?;
+        let log_path = args
+            .log_file
+            .clone()
+            .unwrap_or_else(|| adapter_path.join("train_log.jsonl"));
+        let log = std::fs::File::create(&log_path).map_err(|e| io_err(&log_path, e))?;
+        let mut rep = Reporter {
+            log: Some(log),
+            log_path,
+            iters: config.iters,
+            tty: std::io::stderr().is_terminal(),
+            tokens: 0,
+            started: std::time::Instant::now(),
+            error: None,
+        };
+        let (mut p, _) = train_model(&config, &mut rep)?;
+        if let Some(e) = rep.error.take() {
+            return Err(e);
+        }
+        println!(
+            "Saved final weights to {}.",
+            adapter_path.join("adapters.safetensors").display()
+        );
+        if config.test {
+            test(&config, p.model.as_ref(), &p.params, &p.test, &mut p.rng)?;
+        }
+    } else {
+        let model_dir = Path::new(&config.model);
+        let (mut model, _) = load_model_dir(model_dir, &LoadOptions::default())?;
+        let params = load_adapters(model.as_mut(), Path::new(&config.adapter_path))?;
+        let tok = tokenize::load(model_dir)?;
+        let (_, _, test_set) =
+            load_local_dataset(Path::new(&config.data), &tok, &config.data_config())?;
+        let mut rng = NumpyRandom::new(config.seed);
+        test(&config, model.as_ref(), &params, &test_set, &mut rng)?;
+    }
+    Ok(())
+}
+
+fn test(
+    config: &RunConfig,
+    model: &dyn LanguageModel,
+    params: &crate::Params,
+    test_set: &crate::data::Dataset,
+    rng: &mut NumpyRandom,
+) -> Result<()> {
+    if test_set.is_empty() {
+        return Err(TrainError::Config(
+            "Test set not found or empty. Must provide test set for evaluation.".into(),
+        ));
+    }
+    let loss = objective_loss(config, params)?;
+    let test_loss = evaluate(
+        model,
+        params,
+        test_set,
+        config.batch_size,
+        config.test_batches,
+        config.max_seq_length,
+        loss.as_ref(),
+        rng,
+    )?;
+    println!("Test loss {test_loss:.3}, Test ppl {:.3}.", test_loss.exp());
+    Ok(())
+}

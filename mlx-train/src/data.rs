@@ -1,0 +1,420 @@
+//! mlx-lm's `tuner/datasets.py` and `iterate_batches`: JSONL data in the `text`,
+//! `prompt`/`completion` and `messages` (+ `tools`) formats, prompt masking, and batches
+//! sorted, shuffled (numpy's global generator) and padded as mlx-lm makes them.
+
+use std::path::Path;
+
+use mlx_core::prelude::*;
+use serde_json::{Map, Value};
+
+use crate::error::{io_err, Result, TrainError};
+use crate::nprand::NumpyRandom;
+use crate::tokenize::{self, Tokenizer};
+
+/// The feature names and masking of `create_dataset` (mlx-lm's defaults).
+#[derive(Clone, Debug)]
+pub struct DataConfig {
+    pub mask_prompt: bool,
+    pub prompt_feature: String,
+    pub completion_feature: String,
+    pub text_feature: String,
+    pub chat_feature: String,
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        DataConfig {
+            mask_prompt: false,
+            prompt_feature: "prompt".into(),
+            completion_feature: "completion".into(),
+            text_feature: "text".into(),
+            chat_feature: "messages".into(),
+        }
+    }
+}
+
+/// One tokenized example: the tokens and the number of leading tokens excluded from the
+/// loss (the prompt, with `mask_prompt`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Example {
+    pub tokens: Vec<u32>,
+    pub offset: usize,
+    /// What mlx-lm's `CacheDataset.itemlen` sorts by: `len()` of the raw row, i.e. its
+    /// number of JSON keys (not its token count).
+    pub item_len: usize,
+    /// Preference data: the rejected completion `(tokens, offset)` beside the chosen one.
+    pub rejected: Option<(Vec<u32>, usize)>,
+}
+
+/// A tokenized split.
+#[derive(Clone, Debug, Default)]
+pub struct Dataset {
+    pub examples: Vec<Example>,
+}
+
+impl Dataset {
+    pub fn len(&self) -> usize {
+        self.examples.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.examples.is_empty()
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Format {
+    Preference,
+    Completions,
+    Chat,
+    Text,
+}
+
+fn str_field<'a>(row: &'a Map<String, Value>, key: &str) -> std::result::Result<&'a str, String> {
+    match row.get(key) {
+        Some(Value::String(s)) => Ok(s),
+        Some(_) => Err(format!("field `{key}` must be a string")),
+        None => Err(format!("missing field `{key}`")),
+    }
+}
+
+fn tools_field(row: &Map<String, Value>) -> std::result::Result<Option<&Vec<Value>>, String> {
+    match row.get("tools") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Array(a)) => Ok(Some(a)),
+        Some(_) => Err("field `tools` must be a list".into()),
+    }
+}
+
+fn process(
+    row: &Map<String, Value>,
+    format: Format,
+    tok: &Tokenizer,
+    cfg: &DataConfig,
+) -> std::result::Result<Example, String> {
+    let e = |e: TrainError| e.to_string();
+    let mut rejected = None;
+    let (tokens, offset) = match format {
+        Format::Preference => {
+            let tools = tools_field(row)?;
+            let prompt = str_field(row, &cfg.prompt_feature)?;
+            let turn = |answer: &str| {
+                vec![
+                    serde_json::json!({"role": "user", "content": prompt}),
+                    serde_json::json!({"role": "assistant", "content": answer}),
+                ]
+            };
+            let chosen = turn(str_field(row, "chosen")?);
+            let offset = tokenize::chat_ids(tok, &chosen[..1], tools, true)
+                .map_err(e)?
+                .len();
+            let c = tokenize::chat_ids(tok, &chosen, tools, false).map_err(e)?;
+            let r = tokenize::chat_ids(tok, &turn(str_field(row, "rejected")?), tools, false)
+                .map_err(e)?;
+            rejected = Some((r, offset));
+            (c, offset)
+        }
+        Format::Text => {
+            let mut d = tokenize::encode(tok, str_field(row, &cfg.text_feature)?).map_err(e)?;
+            let eos = tokenize::eos_token_id(tok);
+            if d.is_empty() {
+                return Err(format!("field `{}` encodes to no tokens", cfg.text_feature));
+            }
+            if let Some(eos) = eos {
+                if d.last() != Some(&eos) {
+                    d.push(eos);
+                }
+            }
+            (d, 0)
+        }
+        Format::Completions => {
+            let tools = tools_field(row)?;
+            let messages = vec![
+                serde_json::json!({"role": "user", "content": str_field(row, &cfg.prompt_feature)?}),
+                serde_json::json!({"role": "assistant", "content": str_field(row, &cfg.completion_feature)?}),
+            ];
+            let tokens = tokenize::chat_ids(tok, &messages, tools, false).map_err(e)?;
+            let offset = if cfg.mask_prompt {
+                tokenize::chat_ids(tok, &messages[..1], tools, true)
+                    .map_err(e)?
+                    .len()
+            } else {
+                0
+            };
+            (tokens, offset)
+        }
+        Format::Chat => {
+            let tools = tools_field(row)?;
+            let messages = match row.get(&cfg.chat_feature) {
+                Some(Value::Array(m)) if !m.is_empty() => m,
+                Some(Value::Array(_)) => return Err(format!("`{}` is empty", cfg.chat_feature)),
+                _ => {
+                    return Err(format!(
+                        "field `{}` must be a list of messages",
+                        cfg.chat_feature
+                    ))
+                }
+            };
+            if let Some(i) = messages.iter().position(|m| !m.is_object()) {
+                return Err(format!("`{}`[{i}] is not an object", cfg.chat_feature));
+            }
+            let tokens = tokenize::chat_ids(tok, messages, tools, false).map_err(e)?;
+            let offset = if cfg.mask_prompt {
+                let last_is_assistant = messages
+                    .last()
+                    .and_then(|m| m.get("role"))
+                    .and_then(Value::as_str)
+                    == Some("assistant");
+                tokenize::chat_ids(
+                    tok,
+                    &messages[..messages.len() - 1],
+                    tools,
+                    last_is_assistant,
+                )
+                .map_err(e)?
+                .len()
+            } else {
+                0
+            };
+            (tokens, offset)
+        }
+    };
+    Ok(Example {
+        tokens,
+        offset,
+        item_len: row.len(),
+        rejected,
+    })
+}
+
+/// `create_dataset` over the rows of one JSONL file (the format is decided by the first row,
+/// as mlx-lm does); `file` names the source in errors.
+pub fn create_dataset(
+    rows: &[Map<String, Value>],
+    tok: &Tokenizer,
+    cfg: &DataConfig,
+    file: &str,
+) -> Result<Dataset> {
+    let Some(sample) = rows.first() else {
+        return Ok(Dataset::default());
+    };
+    let format = if sample.contains_key("chosen") && sample.contains_key("rejected") {
+        Format::Preference
+    } else if sample.contains_key(&cfg.prompt_feature)
+        && sample.contains_key(&cfg.completion_feature)
+    {
+        Format::Completions
+    } else if sample.contains_key(&cfg.chat_feature) {
+        Format::Chat
+    } else if sample.contains_key(&cfg.text_feature) {
+        if cfg.mask_prompt {
+            return Err(TrainError::Data {
+                file: file.into(),
+                line: 1,
+                message: "prompt masking is not supported for a text dataset".into(),
+            });
+        }
+        Format::Text
+    } else {
+        return Err(TrainError::Data {
+            file: file.into(),
+            line: 1,
+            message: format!(
+                "unsupported data format: expected `{}`/`{}`, `{}` or `{}` fields",
+                cfg.prompt_feature, cfg.completion_feature, cfg.chat_feature, cfg.text_feature
+            ),
+        });
+    };
+    let examples = rows
+        .iter()
+        .enumerate()
+        .map(|(i, row)| {
+            process(row, format, tok, cfg).map_err(|message| TrainError::Data {
+                file: file.into(),
+                line: i + 1,
+                message,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Dataset { examples })
+}
+
+/// Reads a JSONL file: one JSON object per line (blank lines are an error, as in mlx-lm).
+pub fn read_jsonl(path: &Path) -> Result<Vec<Map<String, Value>>> {
+    let text = std::fs::read_to_string(path).map_err(|e| io_err(path, e))?;
+    text.lines()
+        .enumerate()
+        .map(|(i, line)| match serde_json::from_str::<Value>(line) {
+            Ok(Value::Object(m)) => Ok(m),
+            Ok(_) => Err(TrainError::Data {
+                file: path.display().to_string(),
+                line: i + 1,
+                message: "expected a JSON object".into(),
+            }),
+            Err(e) => Err(TrainError::Data {
+                file: path.display().to_string(),
+                line: i + 1,
+                message: format!("invalid JSON: {e}"),
+            }),
+        })
+        .collect()
+}
+
+/// `load_local_dataset`: `{train,valid,test}.jsonl` in `dir`; a missing file is an empty set.
+pub fn load_local_dataset(
+    dir: &Path,
+    tok: &Tokenizer,
+    cfg: &DataConfig,
+) -> Result<(Dataset, Dataset, Dataset)> {
+    if !dir.is_dir() {
+        return Err(io_err(dir, "not a directory with {train,valid,test}.jsonl"));
+    }
+    let load = |name: &str| -> Result<Dataset> {
+        let p = dir.join(format!("{name}.jsonl"));
+        if !p.exists() {
+            return Ok(Dataset::default());
+        }
+        create_dataset(&read_jsonl(&p)?, tok, cfg, &p.display().to_string())
+    };
+    Ok((load("train")?, load("valid")?, load("test")?))
+}
+
+/// One padded batch: `tokens` `(batch, width)` int32 and `lengths` `(batch, 2)` int32 rows
+/// of `(offset, length)`.
+#[derive(Clone, Debug)]
+pub struct Batch {
+    pub tokens: Array,
+    pub lengths: Array,
+    /// Whether a sequence was cut at `max_seq_length`.
+    pub truncated: bool,
+}
+
+/// mlx-lm's `iterate_batches` as an explicit state machine: sorted by `item_len`, grouped
+/// in consecutive batches, visited in `np.random.permutation` order (drawn from `rng` when
+/// the generator starts and, with `looping`, each time it runs out), padded to one plus a
+/// multiple of 32 (at most `max_seq_length`).
+#[derive(Clone, Debug)]
+pub struct BatchIter {
+    batch_idx: Vec<Vec<usize>>,
+    batch_size: usize,
+    max_seq_length: usize,
+    looping: bool,
+    order: Vec<usize>,
+    pos: usize,
+    started: bool,
+}
+
+impl BatchIter {
+    pub fn new(
+        data: &Dataset,
+        batch_size: usize,
+        max_seq_length: usize,
+        looping: bool,
+    ) -> Result<Self> {
+        if batch_size == 0 {
+            return Err(TrainError::Config("batch_size must be positive".into()));
+        }
+        if max_seq_length < 2 {
+            return Err(TrainError::Config(
+                "max_seq_length must be at least 2".into(),
+            ));
+        }
+        let mut idx: Vec<usize> = (0..data.len()).collect();
+        idx.sort_by_key(|&i| data.examples[i].item_len);
+        if data.len() < batch_size {
+            return Err(TrainError::Config(format!(
+                "Dataset must have at least batch_size={batch_size} examples but only has {}.",
+                data.len()
+            )));
+        }
+        let batch_idx = (0..=data.len() - batch_size)
+            .step_by(batch_size)
+            .map(|i| idx[i..i + batch_size].to_vec())
+            .collect();
+        Ok(BatchIter {
+            batch_idx,
+            batch_size,
+            max_seq_length,
+            looping,
+            order: Vec::new(),
+            pos: 0,
+            started: false,
+        })
+    }
+
+    pub fn num_batches(&self) -> usize {
+        self.batch_idx.len()
+    }
+
+    /// The next batch, or `None` when a non-looping pass is over.
+    pub fn next_batch(&mut self, data: &Dataset, rng: &mut NumpyRandom) -> Result<Option<Batch>> {
+        if !self.started || (self.pos == self.order.len() && self.looping) {
+            self.order = rng.permutation(self.batch_idx.len());
+            self.pos = 0;
+            self.started = true;
+        }
+        if self.pos == self.order.len() {
+            return Ok(None);
+        }
+        let members = &self.batch_idx[self.order[self.pos]];
+        self.pos += 1;
+        let examples: Vec<&Example> = members.iter().map(|&j| &data.examples[j]).collect();
+        Ok(Some(pad_batch(
+            &examples,
+            self.batch_size,
+            self.max_seq_length,
+        )?))
+    }
+}
+
+/// The padding of `iterate_batches`. Preference examples give `2 * batch_size` rows: the
+/// chosen sequences, then the rejected ones (prompt masked in both).
+pub fn pad_batch(examples: &[&Example], batch_size: usize, max_seq_length: usize) -> Result<Batch> {
+    if examples.iter().any(|e| e.rejected.is_some()) {
+        let rejected: Vec<Example> = examples
+            .iter()
+            .map(|e| {
+                let (tokens, offset) = e.rejected.clone().ok_or_else(|| {
+                    TrainError::Config("preference and plain examples in one batch".into())
+                })?;
+                Ok(Example {
+                    tokens,
+                    offset,
+                    item_len: e.item_len,
+                    rejected: None,
+                })
+            })
+            .collect::<Result<_>>()?;
+        let mut rows: Vec<Example> = examples
+            .iter()
+            .map(|e| Example {
+                rejected: None,
+                ..(*e).clone()
+            })
+            .collect();
+        rows.extend(rejected);
+        let refs: Vec<&Example> = rows.iter().collect();
+        return pad_batch(&refs, 2 * batch_size, max_seq_length);
+    }
+    let max_len = examples.iter().map(|e| e.tokens.len()).max().unwrap_or(0);
+    let pad_to = 32;
+    let width = (1 + pad_to * max_len.div_ceil(pad_to)).min(max_seq_length);
+    let mut tokens = vec![0i32; batch_size * width];
+    let mut lengths = Vec::with_capacity(batch_size * 2);
+    let mut truncated = false;
+    for (j, e) in examples.iter().enumerate().take(batch_size) {
+        let n = e.tokens.len().min(max_seq_length);
+        truncated |= n < e.tokens.len();
+        for (k, &t) in e.tokens[..n].iter().enumerate() {
+            tokens[j * width + k] = i32::try_from(t)
+                .map_err(|_| TrainError::Config(format!("token id {t} does not fit in int32")))?;
+        }
+        lengths.push(e.offset as i32);
+        lengths.push(n as i32);
+    }
+    Ok(Batch {
+        tokens: Array::from_slice(&tokens, &[batch_size as i32, width as i32])?,
+        lengths: Array::from_slice(&lengths, &[batch_size as i32, 2])?,
+        truncated,
+    })
+}

@@ -1,0 +1,387 @@
+//! mlx-lm's `tuner/lora.py` and `tuner/dora.py`: LoRA and DoRA layers wrapping a dense or
+//! quantized linear, `linear_to_lora_layers` (which layers, which keys, the random init in
+//! mlx-lm's order), and `fuse`.
+
+use std::collections::BTreeSet;
+
+use mlx_core::prelude::*;
+use mlx_core::quantized::{self as q};
+use mlx_models::layers::{Linear, LinearAdapter, QuantizedWeight};
+use mlx_models::LanguageModel;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Result, TrainError};
+use crate::params::Params;
+
+/// `lora_parameters` of mlx-lm's config: rank, scale (mlx-lm's name for alpha), dropout and
+/// the optional module keys (paths inside a decoder layer, e.g. `self_attn.q_proj`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LoraConfig {
+    pub rank: i32,
+    pub scale: f64,
+    #[serde(default)]
+    pub dropout: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keys: Option<Vec<String>>,
+}
+
+impl Default for LoraConfig {
+    /// mlx_lm.lora's defaults: rank 8, dropout 0, scale 20.
+    fn default() -> Self {
+        LoraConfig {
+            rank: 8,
+            scale: 20.0,
+            dropout: 0.0,
+            keys: None,
+        }
+    }
+}
+
+impl LoraConfig {
+    pub fn validate(&self) -> Result<()> {
+        if self.rank <= 0 {
+            return Err(TrainError::Config(format!(
+                "lora_parameters.rank must be positive, got {}",
+                self.rank
+            )));
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return Err(TrainError::Config(format!(
+                "lora_parameters.dropout must be in [0, 1), got {}",
+                self.dropout
+            )));
+        }
+        if !self.scale.is_finite() {
+            return Err(TrainError::Config(
+                "lora_parameters.scale must be finite".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `LoRALinear` (`dora: false`) or `DoRALinear` (`dora: true`) around `base`. Its arrays
+/// (`<path>.lora_a`, `<path>.lora_b`, and DoRA's `<path>.m`) live in [`Params`].
+#[derive(Debug)]
+pub struct LoraLinear {
+    base: Linear,
+    params: Params,
+    /// `model.layers.<i>.<key>`: the module path in mlx-lm's naming.
+    path: String,
+    scale: f64,
+    dropout: f64,
+    dora: bool,
+}
+
+/// `nn.Dropout` in training mode: `(bernoulli(1 - p) * x) * (1 / (1 - p))`.
+fn dropout(x: &Array, p: f64, training: bool) -> Result<Array> {
+    if p == 0.0 || !training {
+        return Ok(x.clone());
+    }
+    let p1 = 1.0 - p;
+    let mask = random::bernoulli(p1 as f32, Some(&x.shape()), None, None)?;
+    Ok(((&mask * x)? * (1.0 / p1) as f32)?)
+}
+
+/// The base weight, dequantized as mlx-lm's `_dequantized_weight` / `fuse` do.
+fn dense_weight(base: &Linear) -> Result<Array> {
+    match base {
+        Linear::Dense { weight, .. } => Ok(weight.clone()),
+        Linear::Quantized { weight, .. } => Ok(q::dequantize(
+            &weight.weight,
+            &weight.scales,
+            weight.biases.as_ref(),
+            weight.group_size,
+            weight.bits,
+            weight.mode,
+            None,
+            None,
+        )?),
+        Linear::Adapted(_) => Err(TrainError::Config(
+            "an adapter cannot wrap another adapter".into(),
+        )),
+    }
+}
+
+fn base_bias(base: &Linear) -> Option<&Array> {
+    match base {
+        Linear::Dense { bias, .. } | Linear::Quantized { bias, .. } => bias.as_ref(),
+        Linear::Adapted(_) => None,
+    }
+}
+
+/// `mx.linalg.norm(w, axis=1)`: the 2-norm of each row.
+pub(crate) fn row_norm(w: &Array) -> Result<Array> {
+    Ok(w.square()?.sum(&[1], false)?.sqrt()?)
+}
+
+impl LoraLinear {
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    pub fn base(&self) -> &Linear {
+        &self.base
+    }
+
+    pub fn is_dora(&self) -> bool {
+        self.dora
+    }
+
+    fn leaves(&self) -> &'static [&'static str] {
+        if self.dora {
+            &["lora_a", "lora_b", "m"]
+        } else {
+            &["lora_a", "lora_b"]
+        }
+    }
+
+    fn key(&self, leaf: &str) -> String {
+        format!("{}.{leaf}", self.path)
+    }
+
+    /// `(scale * lora_b.T) @ lora_a.T`, the low-rank update of the weight.
+    fn delta(&self) -> Result<Array> {
+        let a = self.params.get(&self.key("lora_a"))?;
+        let b = self.params.get(&self.key("lora_b"))?;
+        let sb = ops::multiply_scalar(&b.t()?, self.scale, None)?;
+        Ok(sb.matmul(&a.t()?)?)
+    }
+
+    fn lora_forward(&self, x: &Array) -> Result<Array> {
+        let a = self.params.get(&self.key("lora_a"))?;
+        let b = self.params.get(&self.key("lora_b"))?;
+        let y = self.base.forward(x)?;
+        let z = dropout(x, self.dropout, self.params.training())?
+            .matmul(&a)?
+            .matmul(&b)?;
+        let z = ops::multiply_scalar(&z, self.scale, None)?.astype(x.dtype())?;
+        Ok((&y + &z)?)
+    }
+
+    fn dora_forward(&self, x: &Array) -> Result<Array> {
+        let a = self.params.get(&self.key("lora_a"))?;
+        let b = self.params.get(&self.key("lora_b"))?;
+        let m = self.params.get(&self.key("m"))?;
+        let w = dense_weight(&self.base)?;
+        let y = x.matmul(&w.t()?)?;
+        let z = dropout(x, self.dropout, self.params.training())?
+            .matmul(&a)?
+            .matmul(&b)?;
+        let out = (&y + &ops::multiply_scalar(&z, self.scale, None)?.astype(x.dtype())?)?;
+        let adapted = (&w + &self.delta()?)?;
+        let denom = row_norm(&adapted)?.stop_gradient()?;
+        let out = ((&m / &denom)?.astype(x.dtype())? * &out)?;
+        match base_bias(&self.base) {
+            Some(bias) => Ok((&out + bias)?),
+            None => Ok(out),
+        }
+    }
+
+    /// `fuse(dequantize)`: the plain (or re-quantized) linear with the update folded in.
+    pub fn fuse(&self, dequantize: bool) -> Result<Linear> {
+        let weight = dense_weight(&self.base)?;
+        let wdt = weight.dtype();
+        let fused = if self.dora {
+            let w = (&weight + &self.delta()?.astype(wdt)?)?;
+            let m = self.params.get(&self.key("m"))?;
+            let norm_scale = (&m / &row_norm(&w)?)?;
+            (&norm_scale.expand_dims(&[1])? * &w)?
+        } else {
+            (&weight + &self.delta()?.astype(wdt)?)?
+        };
+        let bias = base_bias(&self.base).cloned();
+        match &self.base {
+            Linear::Quantized { weight: qw, .. } if !dequantize => {
+                let (w, scales, biases) =
+                    q::quantize(&fused, qw.group_size, qw.bits, qw.mode, None)?;
+                Ok(Linear::Quantized {
+                    weight: QuantizedWeight {
+                        weight: w,
+                        scales,
+                        biases,
+                        group_size: qw.group_size,
+                        bits: qw.bits,
+                        mode: qw.mode,
+                    },
+                    bias,
+                })
+            }
+            _ => Ok(Linear::Dense {
+                weight: fused,
+                bias,
+            }),
+        }
+    }
+}
+
+impl LinearAdapter for LoraLinear {
+    fn forward(&self, x: &Array) -> mlx_models::Result<Array> {
+        if !self.params.enabled() {
+            return self.base.forward(x);
+        }
+        let r = if self.dora {
+            self.dora_forward(x)
+        } else {
+            self.lora_forward(x)
+        };
+        r.map_err(model_err)
+    }
+
+    fn clone_box(&self) -> Box<dyn LinearAdapter> {
+        Box::new(LoraLinear {
+            base: self.base.clone(),
+            params: self.params.clone(),
+            path: self.path.clone(),
+            scale: self.scale,
+            dropout: self.dropout,
+            dora: self.dora,
+        })
+    }
+
+    fn base(&self) -> &Linear {
+        &self.base
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    fn parameters(&self) -> mlx_models::Result<Vec<Array>> {
+        self.leaves()
+            .iter()
+            .map(|l| self.params.get(&self.key(l)).map_err(model_err))
+            .collect()
+    }
+
+    fn set_parameters(&self, values: &[Array]) -> mlx_models::Result<()> {
+        let leaves = self.leaves();
+        if values.len() != leaves.len() {
+            return Err(mlx_models::ModelError::Other(format!(
+                "{}: {} values for {} parameters",
+                self.path,
+                values.len(),
+                leaves.len()
+            )));
+        }
+        let map: ParamMap = leaves
+            .iter()
+            .map(|l| self.key(l))
+            .zip(values.iter().cloned())
+            .collect();
+        self.params.update(&map).map_err(model_err)
+    }
+}
+
+fn model_err(e: TrainError) -> mlx_models::ModelError {
+    match e {
+        TrainError::Mlx(e) => mlx_models::ModelError::Mlx(e),
+        TrainError::Model(e) => e,
+        other => mlx_models::ModelError::Other(other.to_string()),
+    }
+}
+
+/// The adapter inside an adapted linear, if it is one of ours.
+pub fn as_lora(linear: &Linear) -> Option<&LoraLinear> {
+    match linear {
+        Linear::Adapted(a) => a.as_any().downcast_ref::<LoraLinear>(),
+        _ => None,
+    }
+}
+
+/// Which layers `num_layers` selects, as `model.layers[-max(num_layers, 0):]` does (so 0 and
+/// negative values mean all layers).
+pub fn selected_layers(n_layers: usize, num_layers: i32) -> std::ops::Range<usize> {
+    let k = num_layers.max(0) as usize;
+    if k == 0 || k >= n_layers {
+        0..n_layers
+    } else {
+        n_layers - k..n_layers
+    }
+}
+
+/// `linear_to_lora_layers(model, num_layers, config, use_dora)`: wraps the linears named by
+/// `config.keys` (default: every linear of a decoder layer) in the last `num_layers` layers,
+/// adding their arrays to `params`. Draws from the global PRNG exactly as mlx-lm does: per
+/// wrapped module, in mlx-lm's module order (`named_modules`: reverse declaration order),
+/// one key for the discarded `nn.Linear` init, then `lora_a ~ U(-1/sqrt(in), 1/sqrt(in))`.
+pub fn linear_to_lora_layers(
+    model: &mut dyn LanguageModel,
+    num_layers: i32,
+    config: &LoraConfig,
+    use_dora: bool,
+    params: &Params,
+) -> Result<()> {
+    config.validate()?;
+    let model_type = model.model_type().to_string();
+    let mut layers = model.layer_linears_mut();
+    if layers.is_empty() {
+        return Err(TrainError::Config(format!(
+            "model_type {model_type} does not support adapters"
+        )));
+    }
+    let keys: BTreeSet<String> = match &config.keys {
+        Some(k) => k.iter().cloned().collect(),
+        None => layers
+            .iter()
+            .flat_map(|l| l.iter().map(|(n, _)| n.to_string()))
+            .collect(),
+    };
+    let range = selected_layers(layers.len(), num_layers);
+    for (i, layer) in layers.iter_mut().enumerate() {
+        if !range.contains(&i) {
+            continue;
+        }
+        for (name, lin) in layer.iter_mut().rev() {
+            if !keys.contains(name.as_str()) {
+                continue;
+            }
+            let path = format!("model.layers.{i}.{name}");
+            let adapter = from_base(lin, &path, config, use_dora, params)?;
+            **lin = Linear::Adapted(Box::new(adapter));
+        }
+    }
+    Ok(())
+}
+
+/// `LoRALinear.from_base` / `DoRALinear.from_base`.
+fn from_base(
+    linear: &Linear,
+    path: &str,
+    config: &LoraConfig,
+    dora: bool,
+    params: &Params,
+) -> Result<LoraLinear> {
+    if matches!(linear, Linear::Adapted(_)) {
+        return Err(TrainError::Config(format!(
+            "{path} is already adapted; cannot convert it to LoRA again"
+        )));
+    }
+    let (output_dims, input_dims) = linear.dims()?;
+    // `nn.Linear(input_dims, output_dims)` inside __init__: its weight draw uses one key.
+    random::next_key()?;
+    let s = 1.0 / f64::from(input_dims).sqrt();
+    let lora_a = random::uniform(
+        -s as f32,
+        s as f32,
+        &[input_dims, config.rank],
+        Dtype::Float32,
+        None,
+        None,
+    )?;
+    let lora_b = ops::zeros(&[config.rank, output_dims], Dtype::Float32, None)?;
+    params.insert(&format!("{path}.lora_a"), lora_a)?;
+    params.insert(&format!("{path}.lora_b"), lora_b)?;
+    if dora {
+        let m = row_norm(&dense_weight(linear)?.astype(Dtype::Float32)?)?;
+        params.insert(&format!("{path}.m"), m)?;
+    }
+    Ok(LoraLinear {
+        base: linear.clone(),
+        params: params.clone(),
+        path: path.to_string(),
+        scale: config.scale,
+        dropout: config.dropout,
+        dora,
+    })
+}

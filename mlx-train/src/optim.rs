@@ -1,0 +1,530 @@
+//! `mlx.optimizers`: SGD, Adam, AdamW with a learning rate that may follow a schedule
+//! (`cosine_decay`, `linear_schedule`, `exponential_decay`, `step_decay`, warmup joined as
+//! mlx-lm's `build_schedule` does), and `clip_grad_norm`. Same ops, same order, same dtypes
+//! (the step counter is `uint64`, the learning rate `float32`), so updates match bit for bit.
+
+use std::collections::BTreeMap;
+use std::f64::consts::PI;
+
+use mlx_core::prelude::*;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::{Result, TrainError};
+
+type ScheduleFn = Box<dyn Fn(&Array) -> Result<Array>>;
+
+/// A learning-rate schedule: a function of the (uint64) step.
+pub struct Schedule(ScheduleFn);
+
+impl Schedule {
+    pub fn at(&self, step: &Array) -> Result<Array> {
+        (self.0)(step)
+    }
+
+    /// `cosine_decay(init, decay_steps, end)`.
+    pub fn cosine_decay(init: f64, decay_steps: i64, end: f64) -> Result<Schedule> {
+        if decay_steps < 1 {
+            return Err(TrainError::Config(format!(
+                "decay_steps must be greater than 0, but got {decay_steps}."
+            )));
+        }
+        Ok(Schedule(Box::new(move |step| {
+            let s = ops::minimum_scalar(step, decay_steps, None)?;
+            let c = ops::multiply_scalar(&s, PI / decay_steps as f64, None)?.cos()?;
+            let decay = ops::multiply_scalar(&ops::add_scalar(&c, 1.0, None)?, 0.5, None)?;
+            let d = ops::multiply_scalar(&decay, init - end, None)?;
+            Ok(ops::add_scalar(&d, end, None)?)
+        })))
+    }
+
+    /// `linear_schedule(init, end, steps)`.
+    pub fn linear(init: f64, end: f64, steps: i64) -> Result<Schedule> {
+        if steps < 1 {
+            return Err(TrainError::Config(format!(
+                "steps must be greater than 0, but got {steps}."
+            )));
+        }
+        Ok(Schedule(Box::new(move |step| {
+            let s = ops::minimum_scalar(step, steps, None)?;
+            let y = ops::multiply_scalar(&s, (end - init) / steps as f64, None)?;
+            Ok(ops::add_scalar(&y, init, None)?)
+        })))
+    }
+
+    /// `exponential_decay(init, decay_rate)`: `init * decay_rate**step`.
+    pub fn exponential_decay(init: f64, decay_rate: f64) -> Schedule {
+        Schedule(Box::new(move |step| {
+            let p = ops::scalar_power(decay_rate, step, None)?;
+            Ok(ops::scalar_multiply(init, &p, None)?)
+        }))
+    }
+
+    /// `step_decay(init, decay_rate, step_size)`: `init * decay_rate**(step // step_size)`.
+    pub fn step_decay(init: f64, decay_rate: f64, step_size: i64) -> Result<Schedule> {
+        if step_size < 1 {
+            return Err(TrainError::Config(
+                "step_decay step_size must be positive".into(),
+            ));
+        }
+        Ok(Schedule(Box::new(move |step| {
+            let k = ops::floor_divide_scalar(step, step_size, None)?;
+            let p = ops::scalar_power(decay_rate, &k, None)?;
+            Ok(ops::scalar_multiply(init, &p, None)?)
+        })))
+    }
+
+    /// `join_schedules(schedules, boundaries)`.
+    pub fn join(schedules: Vec<Schedule>, boundaries: Vec<i64>) -> Result<Schedule> {
+        if schedules.is_empty() || schedules.len() != boundaries.len() + 1 {
+            return Err(TrainError::Config(format!(
+                "Received {} boundaries but expected {}.",
+                boundaries.len(),
+                schedules.len().saturating_sub(1)
+            )));
+        }
+        Ok(Schedule(Box::new(move |step| {
+            let mut out = schedules[0].at(step)?;
+            for (b, s) in boundaries.iter().zip(&schedules[1..]) {
+                let later = s.at(&ops::subtract_scalar(step, *b, None)?)?;
+                out = ops::where_(&ops::less_scalar(step, *b, None)?, &out, &later, None)?;
+            }
+            Ok(out)
+        })))
+    }
+}
+
+/// mlx-lm's `lr_schedule` config: `{name, arguments, warmup?, warmup_init?}`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ScheduleConfig {
+    pub name: String,
+    pub arguments: Vec<Value>,
+    #[serde(default)]
+    pub warmup: i64,
+    #[serde(default)]
+    pub warmup_init: f64,
+}
+
+fn num(args: &[Value], i: usize, name: &str) -> Result<f64> {
+    args.get(i).and_then(Value::as_f64).ok_or_else(|| {
+        TrainError::Config(format!(
+            "lr_schedule `{name}`: argument {i} must be a number"
+        ))
+    })
+}
+
+fn int(args: &[Value], i: usize, name: &str) -> Result<i64> {
+    args.get(i).and_then(Value::as_i64).ok_or_else(|| {
+        TrainError::Config(format!(
+            "lr_schedule `{name}`: argument {i} must be an integer"
+        ))
+    })
+}
+
+/// `build_schedule(config)`.
+pub fn build_schedule(c: &ScheduleConfig) -> Result<Schedule> {
+    let a = &c.arguments;
+    let n = c.name.as_str();
+    let opt_num = |i: usize, d: f64| -> Result<f64> {
+        if a.len() > i {
+            num(a, i, n)
+        } else {
+            Ok(d)
+        }
+    };
+    let base = match n {
+        "cosine_decay" => Schedule::cosine_decay(num(a, 0, n)?, int(a, 1, n)?, opt_num(2, 0.0)?)?,
+        "linear_schedule" => Schedule::linear(num(a, 0, n)?, num(a, 1, n)?, int(a, 2, n)?)?,
+        "exponential_decay" => Schedule::exponential_decay(num(a, 0, n)?, num(a, 1, n)?),
+        "step_decay" => Schedule::step_decay(num(a, 0, n)?, num(a, 1, n)?, int(a, 2, n)?)?,
+        other => {
+            return Err(TrainError::Config(format!(
+                "lr_schedule name `{other}` is not supported (cosine_decay, linear_schedule, \
+                 exponential_decay, step_decay)"
+            )))
+        }
+    };
+    if c.warmup > 0 {
+        let initial = num(a, 0, n)?;
+        let warm = Schedule::linear(c.warmup_init, initial, c.warmup)?;
+        Schedule::join(vec![warm, base], vec![c.warmup + 1])
+    } else {
+        Ok(base)
+    }
+}
+
+/// The update rule and its hyper-parameters (mlx's defaults via `Default`-like builders).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Method {
+    Sgd {
+        momentum: f64,
+        weight_decay: f64,
+        dampening: f64,
+        nesterov: bool,
+    },
+    Adam {
+        betas: [f64; 2],
+        eps: f64,
+        bias_correction: bool,
+    },
+    AdamW {
+        betas: [f64; 2],
+        eps: f64,
+        weight_decay: f64,
+        bias_correction: bool,
+    },
+}
+
+impl Method {
+    /// `name` (`sgd`, `adam`, `adamw`) with mlx's defaults overridden by `config` (mlx-lm's
+    /// `optimizer_config.<name>`: `momentum`, `betas`, `eps`, `weight_decay`, ...).
+    pub fn from_config(name: &str, config: &serde_json::Map<String, Value>) -> Result<Method> {
+        let f = |k: &str, d: f64| -> Result<f64> {
+            match config.get(k) {
+                None => Ok(d),
+                Some(v) => v.as_f64().ok_or_else(|| {
+                    TrainError::Config(format!("optimizer_config.{name}.{k} must be a number"))
+                }),
+            }
+        };
+        let b = |k: &str| -> Result<bool> {
+            match config.get(k) {
+                None => Ok(false),
+                Some(v) => v.as_bool().ok_or_else(|| {
+                    TrainError::Config(format!("optimizer_config.{name}.{k} must be a boolean"))
+                }),
+            }
+        };
+        let betas = || -> Result<[f64; 2]> {
+            match config.get("betas") {
+                None => Ok([0.9, 0.999]),
+                Some(Value::Array(v)) if v.len() == 2 => {
+                    let g = |i: usize| {
+                        v[i].as_f64()
+                            .filter(|b| (0.0..1.0).contains(b))
+                            .ok_or_else(|| {
+                                TrainError::Config(format!(
+                                    "optimizer_config.{name}.betas[{i}] must be in [0, 1)"
+                                ))
+                            })
+                    };
+                    Ok([g(0)?, g(1)?])
+                }
+                Some(_) => Err(TrainError::Config(format!(
+                    "optimizer_config.{name}.betas must be two numbers"
+                ))),
+            }
+        };
+        let known: &[&str] = match name {
+            "sgd" => &["momentum", "weight_decay", "dampening", "nesterov"],
+            "adam" => &["betas", "eps", "bias_correction"],
+            "adamw" => &["betas", "eps", "weight_decay", "bias_correction"],
+            other => {
+                return Err(TrainError::Config(format!(
+                    "optimizer `{other}` is not supported (sgd, adam, adamw)"
+                )))
+            }
+        };
+        if let Some(k) = config.keys().find(|k| !known.contains(&k.as_str())) {
+            return Err(TrainError::Config(format!(
+                "optimizer_config.{name}: unknown option `{k}`"
+            )));
+        }
+        let m = match name {
+            "sgd" => {
+                let (momentum, dampening, nesterov) =
+                    (f("momentum", 0.0)?, f("dampening", 0.0)?, b("nesterov")?);
+                if nesterov && (momentum <= 0.0 || dampening != 0.0) {
+                    return Err(TrainError::Config(
+                        "Nesterov momentum requires a momentum and zero dampening.".into(),
+                    ));
+                }
+                Method::Sgd {
+                    momentum,
+                    weight_decay: f("weight_decay", 0.0)?,
+                    dampening,
+                    nesterov,
+                }
+            }
+            "adam" => Method::Adam {
+                betas: betas()?,
+                eps: f("eps", 1e-8)?,
+                bias_correction: b("bias_correction")?,
+            },
+            _ => Method::AdamW {
+                betas: betas()?,
+                eps: f("eps", 1e-8)?,
+                weight_decay: f("weight_decay", 0.01)?,
+                bias_correction: b("bias_correction")?,
+            },
+        };
+        Ok(m)
+    }
+}
+
+/// A learning rate: a constant or a schedule.
+pub enum LearningRate {
+    Constant(f64),
+    Scheduled(Schedule),
+}
+
+/// An `mlx.optimizers.Optimizer` over named parameters.
+pub struct Optimizer {
+    method: Method,
+    schedule: Option<Schedule>,
+    /// `state["step"]` (uint64).
+    step: Array,
+    /// `state["learning_rate"]` (float32).
+    learning_rate: Array,
+    /// Per parameter: `m`/`v` (Adam) or `v` (SGD).
+    state: BTreeMap<String, BTreeMap<&'static str, Array>>,
+}
+
+impl Optimizer {
+    pub fn new(method: Method, lr: LearningRate) -> Result<Optimizer> {
+        let step = Array::from_int(0, Dtype::Uint64)?;
+        let (schedule, learning_rate) = match lr {
+            LearningRate::Constant(v) => (None, Array::from_f32(v as f32, Dtype::Float32)?),
+            LearningRate::Scheduled(s) => {
+                let lr = s.at(&step)?;
+                (Some(s), lr)
+            }
+        };
+        Ok(Optimizer {
+            method,
+            schedule,
+            step,
+            learning_rate,
+            state: BTreeMap::new(),
+        })
+    }
+
+    pub fn learning_rate(&self) -> &Array {
+        &self.learning_rate
+    }
+
+    pub fn step(&self) -> &Array {
+        &self.step
+    }
+
+    /// Every array of the state (for `eval`).
+    pub fn state_arrays(&self) -> Vec<Array> {
+        let mut v = vec![self.step.clone(), self.learning_rate.clone()];
+        v.extend(self.state.values().flat_map(|m| m.values().cloned()));
+        v
+    }
+
+    /// The state as named arrays, mlx's flattened names (`<param>.m`, `step`, ...).
+    pub fn state_map(&self) -> BTreeMap<String, Array> {
+        let mut out = BTreeMap::new();
+        out.insert("step".to_string(), self.step.clone());
+        out.insert("learning_rate".to_string(), self.learning_rate.clone());
+        for (p, m) in &self.state {
+            for (k, a) in m {
+                out.insert(format!("{p}.{k}"), a.clone());
+            }
+        }
+        out
+    }
+
+    /// Restores a state written by [`Optimizer::state_map`].
+    pub fn load_state_map(&mut self, map: &BTreeMap<String, Array>) -> Result<()> {
+        for (k, a) in map {
+            match k.as_str() {
+                "step" => self.step = a.astype(Dtype::Uint64)?,
+                "learning_rate" => self.learning_rate = a.clone(),
+                _ => {
+                    let (p, leaf) = k.rsplit_once('.').ok_or_else(|| {
+                        TrainError::Config(format!("optimizer state: bad name `{k}`"))
+                    })?;
+                    let leaf: &'static str = match leaf {
+                        "m" => "m",
+                        "v" => "v",
+                        other => {
+                            return Err(TrainError::Config(format!(
+                                "optimizer state: unknown entry `{other}` in `{k}`"
+                            )))
+                        }
+                    };
+                    self.state
+                        .entry(p.to_string())
+                        .or_default()
+                        .insert(leaf, a.clone());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `apply_gradients(gradients, parameters)`: the updated parameters (only those with a
+    /// gradient), the state advanced.
+    pub fn apply_gradients(&mut self, grads: &ParamMap, params: &ParamMap) -> Result<ParamMap> {
+        for (k, g) in grads {
+            if !self.state.contains_key(k) {
+                let z = || ops::zeros_like(g, None);
+                let s = match self.method {
+                    Method::Sgd { .. } => BTreeMap::from([("v", z()?)]),
+                    _ => BTreeMap::from([("m", z()?), ("v", z()?)]),
+                };
+                self.state.insert(k.clone(), s);
+            }
+        }
+        if let Some(s) = &self.schedule {
+            self.learning_rate = s.at(&self.step)?;
+        }
+        self.step = ops::add_scalar(&self.step, 1, None)?;
+        let mut out = ParamMap::new();
+        for (k, g) in grads {
+            let p = params
+                .get(k)
+                .ok_or_else(|| TrainError::Config(format!("gradient for unknown parameter {k}")))?;
+            let state = self
+                .state
+                .get_mut(k)
+                .ok_or_else(|| TrainError::Config(format!("no optimizer state for {k}")))?;
+            let new = apply_single(&self.method, &self.learning_rate, &self.step, g, p, state)?;
+            out.insert(k.clone(), new);
+        }
+        Ok(out)
+    }
+}
+
+fn apply_single(
+    method: &Method,
+    learning_rate: &Array,
+    step: &Array,
+    g: &Array,
+    p: &Array,
+    state: &mut BTreeMap<&'static str, Array>,
+) -> Result<Array> {
+    let lr = learning_rate.astype(g.dtype())?;
+    let get = |state: &BTreeMap<&'static str, Array>, k: &str| {
+        state
+            .get(k)
+            .cloned()
+            .ok_or_else(|| TrainError::Config(format!("optimizer state lacks `{k}`")))
+    };
+    match *method {
+        Method::Sgd {
+            momentum,
+            weight_decay,
+            dampening,
+            nesterov,
+        } => {
+            let g = if weight_decay != 0.0 {
+                (g + &ops::scalar_multiply(weight_decay, p, None)?)?
+            } else {
+                g.clone()
+            };
+            if momentum <= 0.0 {
+                return Ok((p - &(&lr * &g)?)?);
+            }
+            let mut v = ops::scalar_multiply(momentum, &get(state, "v")?, None)?;
+            if dampening > 0.0 {
+                v = (&v + &ops::scalar_multiply(1.0 - dampening, &g, None)?)?;
+            } else {
+                v = (&v + &g)?;
+            }
+            let update = if nesterov {
+                (&g + &ops::scalar_multiply(momentum, &v, None)?)?
+            } else {
+                v.clone()
+            };
+            state.insert("v", v);
+            Ok((p - &(&lr * &update)?)?)
+        }
+        Method::Adam {
+            betas,
+            eps,
+            bias_correction,
+        } => adam(&lr, step, betas, eps, bias_correction, g, p, state),
+        Method::AdamW {
+            betas,
+            eps,
+            weight_decay,
+            bias_correction,
+        } => {
+            let decay =
+                ops::scalar_subtract(1.0, &ops::multiply_scalar(&lr, weight_decay, None)?, None)?;
+            let p = (p * &decay)?;
+            adam(&lr, step, betas, eps, bias_correction, g, &p, state)
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn adam(
+    lr: &Array,
+    step: &Array,
+    [b1, b2]: [f64; 2],
+    eps: f64,
+    bias_correction: bool,
+    g: &Array,
+    p: &Array,
+    state: &mut BTreeMap<&'static str, Array>,
+) -> Result<Array> {
+    let (m, v) = match (state.get("m"), state.get("v")) {
+        (Some(m), Some(v)) => (m.clone(), v.clone()),
+        _ => return Err(TrainError::Config("Adam state lacks m or v".into())),
+    };
+    let m = (&ops::scalar_multiply(b1, &m, None)? + &ops::scalar_multiply(1.0 - b1, g, None)?)?;
+    let v = (&ops::scalar_multiply(b2, &v, None)?
+        + &ops::scalar_multiply(1.0 - b2, &g.square()?, None)?)?;
+    state.insert("m", m.clone());
+    state.insert("v", v.clone());
+    if bias_correction {
+        let c1 = (lr / &ops::scalar_subtract(1.0, &ops::scalar_power(b1, step, None)?, None)?)?
+            .astype(g.dtype())?;
+        let c2 = ops::scalar_subtract(1.0, &ops::scalar_power(b2, step, None)?, None)?
+            .rsqrt()?
+            .astype(g.dtype())?;
+        let num = (&c1 * &m)?;
+        let den = ops::add_scalar(&(&v.sqrt()? * &c2)?, eps, None)?;
+        Ok((p - &(&num / &den)?)?)
+    } else {
+        let den = ops::add_scalar(&v.sqrt()?, eps, None)?;
+        Ok((p - &(&(lr * &m)? / &den)?)?)
+    }
+}
+
+/// `optim.clip_grad_norm(grads, max_norm)`: the rescaled gradients and the global norm.
+pub fn clip_grad_norm(grads: &ParamMap, max_norm: f64) -> Result<(ParamMap, Array)> {
+    if max_norm < 0.0 {
+        return Err(TrainError::Config(format!(
+            "max_norm should be >=0, {max_norm} was provided instead"
+        )));
+    }
+    let mut acc: Option<Array> = None;
+    for g in grads.values() {
+        let g32 = if g.dtype() == Dtype::Float16 {
+            g.astype(Dtype::Float32)?
+        } else {
+            g.clone()
+        };
+        let sq = g32.square()?.sum_all(false)?;
+        acc = Some(match acc {
+            None => ops::scalar_add(0.0, &sq, None)?,
+            Some(a) => (&a + &sq)?,
+        });
+    }
+    let norm_sq = match acc {
+        Some(a) => a,
+        None => Array::from_f32(0.0, Dtype::Float32)?,
+    };
+    let total = norm_sq.sqrt()?;
+    let normalizer = ops::minimum_scalar(
+        &ops::scalar_divide(max_norm, &ops::add_scalar(&total, 1e-6, None)?, None)?,
+        1.0,
+        None,
+    )?;
+    let mut out = ParamMap::new();
+    for (k, g) in grads {
+        let c = if g.dtype().is_floating() {
+            (g * &normalizer)?.astype(g.dtype())?
+        } else {
+            (g * &normalizer)?
+        };
+        out.insert(k.clone(), c);
+    }
+    Ok((out, total))
+}

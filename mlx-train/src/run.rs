@@ -1,0 +1,405 @@
+//! `mlx_lm.lora --train` as a library call: the options under mlx-lm's names and defaults
+//! ([`RunConfig`], also what `adapter_config.json` holds), and [`train_model`], which does
+//! what mlx-lm's `run` + `train_model` do, in the same order (numpy seed, load, datasets,
+//! `mx.random.seed`, adapters, resume, config file, optimizer, `train`).
+
+use std::path::{Path, PathBuf};
+
+use mlx_core::prelude::*;
+use mlx_models::load::{load_model_dir, LoadOptions};
+use mlx_models::LanguageModel;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::adapters::{load_adapter_weights, save_adapter_config};
+use crate::data::{load_local_dataset, DataConfig, Dataset};
+use crate::error::{io_err, Result, TrainError};
+use crate::lora::{linear_to_lora_layers, LoraConfig};
+use crate::loss::{chunked_loss, default_loss};
+use crate::nprand::NumpyRandom;
+use crate::objectives::{dpo_loss, orpo_loss, reference_logps};
+use crate::optim::{build_schedule, LearningRate, Method, Optimizer, ScheduleConfig};
+use crate::params::Params;
+use crate::tokenize;
+use crate::trainer::{train, LossFn, TrainOutcome, TrainingArgs, TrainingCallback};
+
+fn d_model() -> String {
+    "Qwen/Qwen3-0.6b".into()
+}
+fn d_ftt() -> String {
+    "lora".into()
+}
+fn d_opt() -> String {
+    "adam".into()
+}
+fn d_data() -> String {
+    "mlx-community/WikiSQL".into()
+}
+fn d_num_layers() -> i32 {
+    16
+}
+fn d_batch() -> usize {
+    4
+}
+fn d_iters() -> usize {
+    1000
+}
+fn d_val_batches() -> i64 {
+    25
+}
+fn d_lr() -> f64 {
+    1e-5
+}
+fn d_report() -> usize {
+    10
+}
+fn d_eval() -> usize {
+    200
+}
+fn d_adapter_path() -> String {
+    "adapters".into()
+}
+fn d_save_every() -> usize {
+    100
+}
+fn d_test_batches() -> i64 {
+    500
+}
+fn d_max_seq() -> usize {
+    2048
+}
+fn d_one() -> usize {
+    1
+}
+fn d_objective() -> String {
+    "sft".into()
+}
+fn d_beta() -> f64 {
+    0.1
+}
+
+/// mlx_lm.lora's options (`CONFIG_DEFAULTS`), by their config-file names. Unknown keys are
+/// kept in `extra` (and written back to `adapter_config.json`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RunConfig {
+    #[serde(default = "d_model")]
+    pub model: String,
+    #[serde(default)]
+    pub train: bool,
+    #[serde(default = "d_ftt")]
+    pub fine_tune_type: String,
+    #[serde(default = "d_opt")]
+    pub optimizer: String,
+    #[serde(default)]
+    pub optimizer_config: Map<String, Value>,
+    #[serde(default = "d_data")]
+    pub data: String,
+    #[serde(default)]
+    pub seed: u32,
+    #[serde(default = "d_num_layers")]
+    pub num_layers: i32,
+    #[serde(default = "d_batch")]
+    pub batch_size: usize,
+    #[serde(default = "d_iters")]
+    pub iters: usize,
+    #[serde(default = "d_val_batches")]
+    pub val_batches: i64,
+    #[serde(default = "d_lr")]
+    pub learning_rate: f64,
+    #[serde(default = "d_report")]
+    pub steps_per_report: usize,
+    #[serde(default = "d_eval")]
+    pub steps_per_eval: usize,
+    #[serde(default)]
+    pub resume_adapter_file: Option<String>,
+    #[serde(default = "d_adapter_path")]
+    pub adapter_path: String,
+    #[serde(default = "d_save_every")]
+    pub save_every: usize,
+    #[serde(default)]
+    pub test: bool,
+    #[serde(default = "d_test_batches")]
+    pub test_batches: i64,
+    #[serde(default = "d_max_seq")]
+    pub max_seq_length: usize,
+    #[serde(default)]
+    pub grad_checkpoint: bool,
+    #[serde(default = "d_one")]
+    pub grad_accumulation_steps: usize,
+    #[serde(default)]
+    pub lr_schedule: Option<ScheduleConfig>,
+    #[serde(default)]
+    pub lora_parameters: LoraConfig,
+    #[serde(default)]
+    pub mask_prompt: bool,
+    /// Not in mlx-lm: the training objective, `sft`, `dpo` or `orpo` (the last two on
+    /// `prompt`/`chosen`/`rejected` data).
+    #[serde(default = "d_objective")]
+    pub objective: String,
+    /// Not in mlx-lm: DPO's beta or ORPO's lambda.
+    #[serde(default = "d_beta")]
+    pub beta: f64,
+    /// Not in mlx-lm: project the logits this many positions at a time in the SFT loss
+    /// (chunked cross-entropy; see [`crate::loss::chunked_loss`]).
+    #[serde(default)]
+    pub ce_chunk_size: Option<i32>,
+    /// Not in mlx-lm: segmented backward with segments of this many tokens (SFT).
+    #[serde(default)]
+    pub segment_length: Option<i32>,
+    /// Not in mlx-lm: clip gradients to this global norm.
+    #[serde(default)]
+    pub max_grad_norm: Option<f64>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+impl RunConfig {
+    /// The options as a JSON object (what `adapter_config.json` records).
+    pub fn to_json(&self) -> Result<Map<String, Value>> {
+        match serde_json::to_value(self) {
+            Ok(Value::Object(m)) => Ok(m),
+            Ok(_) => Err(TrainError::Config(
+                "options do not serialize to an object".into(),
+            )),
+            Err(e) => Err(TrainError::Config(format!("serializing the options: {e}"))),
+        }
+    }
+
+    /// Reads an `adapter_config.json` or a JSON config file.
+    pub fn from_json_file(path: &Path) -> Result<RunConfig> {
+        let text = std::fs::read_to_string(path).map_err(|e| io_err(path, e))?;
+        serde_json::from_str(&text).map_err(|e| io_err(path, format!("invalid: {e}")))
+    }
+
+    pub fn data_config(&self) -> DataConfig {
+        let s = |k: &str, d: &str| {
+            self.extra
+                .get(k)
+                .and_then(Value::as_str)
+                .unwrap_or(d)
+                .to_string()
+        };
+        DataConfig {
+            mask_prompt: self.mask_prompt,
+            prompt_feature: s("prompt_feature", "prompt"),
+            completion_feature: s("completion_feature", "completion"),
+            text_feature: s("text_feature", "text"),
+            chat_feature: s("chat_feature", "messages"),
+        }
+    }
+
+    pub fn training_args(&self) -> TrainingArgs {
+        TrainingArgs {
+            batch_size: self.batch_size,
+            iters: self.iters,
+            val_batches: self.val_batches,
+            steps_per_report: self.steps_per_report,
+            steps_per_eval: self.steps_per_eval,
+            steps_per_save: self.save_every,
+            max_seq_length: self.max_seq_length,
+            adapter_file: PathBuf::from(&self.adapter_path).join("adapters.safetensors"),
+            grad_accumulation_steps: self.grad_accumulation_steps,
+            max_grad_norm: self.max_grad_norm,
+            segment_length: self.segment_length,
+        }
+    }
+
+    /// The optimizer mlx-lm's `train_model` builds.
+    pub fn build_optimizer(&self) -> Result<Optimizer> {
+        let name = self.optimizer.to_lowercase();
+        let cfg = match self.optimizer_config.get(&name) {
+            None => Map::new(),
+            Some(Value::Object(m)) => m.clone(),
+            Some(_) => {
+                return Err(TrainError::Config(format!(
+                    "optimizer_config.{name} must be a mapping"
+                )))
+            }
+        };
+        let method = Method::from_config(&name, &cfg)?;
+        let lr = match &self.lr_schedule {
+            Some(s) => LearningRate::Scheduled(build_schedule(s)?),
+            None => LearningRate::Constant(self.learning_rate),
+        };
+        Optimizer::new(method, lr)
+    }
+
+    fn validate(&self) -> Result<()> {
+        match self.fine_tune_type.as_str() {
+            "lora" | "dora" => {}
+            "full" => {
+                return Err(TrainError::Config(
+                    "--fine-tune-type full is not supported yet (lora, dora)".into(),
+                ))
+            }
+            other => {
+                return Err(TrainError::Config(format!(
+                    "Received unknown fine-tune-type {other}"
+                )))
+            }
+        }
+        if !["sft", "dpo", "orpo"].contains(&self.objective.as_str()) {
+            return Err(TrainError::Config(format!(
+                "unknown objective `{}` (sft, dpo, orpo)",
+                self.objective
+            )));
+        }
+        if self.ce_chunk_size.is_some_and(|c| c <= 0) {
+            return Err(TrainError::Config("ce_chunk_size must be positive".into()));
+        }
+        if self.ce_chunk_size.is_some() && self.objective != "sft" {
+            return Err(TrainError::Config(
+                "ce_chunk_size applies to the sft objective only".into(),
+            ));
+        }
+        if let Some(s) = self.segment_length {
+            if s <= 0 {
+                return Err(TrainError::Config("segment_length must be positive".into()));
+            }
+            if self.objective != "sft" || self.ce_chunk_size.is_some() {
+                return Err(TrainError::Config(
+                    "segment_length applies to the plain sft loss only (no ce_chunk_size)".into(),
+                ));
+            }
+        }
+        if !self.beta.is_finite() {
+            return Err(TrainError::Config("beta must be finite".into()));
+        }
+        self.lora_parameters.validate()
+    }
+}
+
+/// A model ready to train: the model with its adapters, their parameters, the data and
+/// numpy's global generator as `run` leaves them.
+pub struct Prepared {
+    pub model: Box<dyn LanguageModel>,
+    pub params: Params,
+    pub train: Dataset,
+    pub valid: Dataset,
+    pub test: Dataset,
+    pub rng: NumpyRandom,
+}
+
+/// `run` up to `train`: seeds, loads the model, tokenizer and data, wraps the linears
+/// (after `mx.random.seed(seed)`), loads `resume_adapter_file`, and writes
+/// `adapter_config.json` into `adapter_path`.
+pub fn prepare(config: &RunConfig) -> Result<Prepared> {
+    config.validate()?;
+    let rng = NumpyRandom::new(config.seed);
+    let model_dir = Path::new(&config.model);
+    let (mut model, _) = load_model_dir(model_dir, &LoadOptions::default())?;
+    let tok = tokenize::load(model_dir)?;
+    let data_dir = Path::new(&config.data);
+    let (train_set, valid, test) = load_local_dataset(data_dir, &tok, &config.data_config())?;
+    let preference = config.objective != "sft";
+    for (name, set) in [("train", &train_set), ("valid", &valid), ("test", &test)] {
+        if set
+            .examples
+            .iter()
+            .any(|e| e.rejected.is_some() != preference)
+        {
+            return Err(io_err(
+                &data_dir.join(format!("{name}.jsonl")),
+                if preference {
+                    format!(
+                        "--objective {} needs prompt/chosen/rejected rows",
+                        config.objective
+                    )
+                } else {
+                    "prompt/chosen/rejected rows need --objective dpo or orpo".to_string()
+                },
+            ));
+        }
+    }
+    if train_set.is_empty() {
+        return Err(io_err(
+            data_dir,
+            "Training set not found or empty. Must provide training set for fine-tuning.",
+        ));
+    }
+    random::seed(u64::from(config.seed))?;
+    if config.num_layers > model.num_layers() as i32 {
+        return Err(TrainError::Config(format!(
+            "Requested to train {} layers but the model only has {} layers.",
+            config.num_layers,
+            model.num_layers()
+        )));
+    }
+    let params = Params::new();
+    linear_to_lora_layers(
+        model.as_mut(),
+        config.num_layers,
+        &config.lora_parameters,
+        config.fine_tune_type == "dora",
+        &params,
+    )?;
+    if config.grad_checkpoint && !model.set_grad_checkpoint(true) {
+        return Err(TrainError::Config(format!(
+            "--grad-checkpoint is not supported for model_type {}",
+            model.model_type()
+        )));
+    }
+    if let Some(f) = &config.resume_adapter_file {
+        load_adapter_weights(Path::new(f), &params)?;
+    }
+    let adapter_path = Path::new(&config.adapter_path);
+    std::fs::create_dir_all(adapter_path).map_err(|e| io_err(adapter_path, e))?;
+    save_adapter_config(
+        &adapter_path.join("adapter_config.json"),
+        &config.to_json()?,
+    )?;
+    Ok(Prepared {
+        model,
+        params,
+        train: train_set,
+        valid,
+        test,
+        rng,
+    })
+}
+
+/// The loss of `config.objective`: mlx-lm's `default_loss`, DPO or ORPO.
+pub fn objective_loss(config: &RunConfig, params: &Params) -> Result<Box<LossFn>> {
+    let beta = config.beta;
+    Ok(match config.objective.as_str() {
+        "sft" => match config.ce_chunk_size {
+            Some(c) => Box::new(move |m: &dyn LanguageModel, b: &Array, l: &Array| {
+                chunked_loss(m, b, l, c)
+            }),
+            None => Box::new(|m: &dyn LanguageModel, b: &Array, l: &Array| default_loss(m, b, l)),
+        },
+        "dpo" => {
+            let params = params.clone();
+            Box::new(move |m: &dyn LanguageModel, b: &Array, l: &Array| {
+                let r = reference_logps(m, &params, b, l)?;
+                dpo_loss(m, b, l, &r, beta)
+            })
+        }
+        "orpo" => {
+            Box::new(move |m: &dyn LanguageModel, b: &Array, l: &Array| orpo_loss(m, b, l, beta))
+        }
+        other => return Err(TrainError::Config(format!("unknown objective `{other}`"))),
+    })
+}
+
+/// `mlx_lm.lora --train`: [`prepare`], then [`train`] with the objective's loss.
+pub fn train_model(
+    config: &RunConfig,
+    callback: &mut dyn TrainingCallback,
+) -> Result<(Prepared, TrainOutcome)> {
+    let mut p = prepare(config)?;
+    let optimizer = config.build_optimizer()?;
+    let loss = objective_loss(config, &p.params)?;
+    let outcome = train(
+        p.model.as_ref(),
+        &p.params,
+        optimizer,
+        &p.train,
+        &p.valid,
+        &config.training_args(),
+        loss.as_ref(),
+        &mut p.rng,
+        callback,
+    )?;
+    Ok((p, outcome))
+}

@@ -1,0 +1,330 @@
+//! mlx-lm's `tuner/trainer.py`: the step (loss, gradients, accumulation, optimizer update),
+//! `evaluate` and the `train` loop with its reports, validation and checkpoints.
+
+use std::cell::RefCell;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use mlx_core::prelude::*;
+use mlx_models::LanguageModel;
+
+use crate::adapters::save_adapter_weights;
+use crate::data::{Batch, BatchIter, Dataset};
+use crate::error::{Result, TrainError};
+use crate::nprand::NumpyRandom;
+use crate::optim::{clip_grad_norm, Optimizer};
+use crate::params::Params;
+use crate::segmented::segmented_loss_and_grad;
+
+/// A loss over a batch: `(mean loss, number of tokens)`, as mlx-lm's `default_loss`.
+pub type LossFn = dyn Fn(&dyn LanguageModel, &Array, &Array) -> Result<(Array, Array)>;
+
+/// `TrainingArgs` (mlx-lm's names and defaults) plus `max_grad_norm` (clipping, off by
+/// default as in mlx-lm).
+#[derive(Clone, Debug)]
+pub struct TrainingArgs {
+    pub batch_size: usize,
+    pub iters: usize,
+    /// `-1` uses the entire validation set.
+    pub val_batches: i64,
+    pub steps_per_report: usize,
+    pub steps_per_eval: usize,
+    pub steps_per_save: usize,
+    pub max_seq_length: usize,
+    pub adapter_file: PathBuf,
+    pub grad_accumulation_steps: usize,
+    pub max_grad_norm: Option<f64>,
+    /// Segmented backward with segments of this many positions (SFT's `default_loss` only;
+    /// the `loss` argument of [`train`] is then not used for the training steps).
+    pub segment_length: Option<i32>,
+}
+
+impl Default for TrainingArgs {
+    fn default() -> Self {
+        TrainingArgs {
+            batch_size: 4,
+            iters: 100,
+            val_batches: 25,
+            steps_per_report: 10,
+            steps_per_eval: 200,
+            steps_per_save: 100,
+            max_seq_length: 2048,
+            adapter_file: PathBuf::from("adapters.safetensors"),
+            grad_accumulation_steps: 1,
+            max_grad_norm: None,
+            segment_length: None,
+        }
+    }
+}
+
+impl TrainingArgs {
+    pub fn validate(&self) -> Result<()> {
+        let pos = |v: usize, name: &str| {
+            if v == 0 {
+                Err(TrainError::Config(format!("{name} must be at least 1")))
+            } else {
+                Ok(())
+            }
+        };
+        pos(self.batch_size, "batch_size")?;
+        pos(self.steps_per_report, "steps_per_report")?;
+        pos(self.steps_per_eval, "steps_per_eval")?;
+        pos(self.steps_per_save, "save_every")?;
+        pos(self.grad_accumulation_steps, "grad_accumulation_steps")?;
+        if self.val_batches < -1 {
+            return Err(TrainError::Config("val_batches must be -1 or more".into()));
+        }
+        Ok(())
+    }
+}
+
+/// What `on_train_loss_report` receives.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct TrainReport {
+    pub iteration: usize,
+    pub train_loss: f64,
+    pub learning_rate: f64,
+    pub iterations_per_second: f64,
+    pub tokens_per_second: f64,
+    pub trained_tokens: u64,
+    pub peak_memory: f64,
+}
+
+/// What `on_val_loss_report` receives.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ValReport {
+    pub iteration: usize,
+    pub val_loss: f64,
+    pub val_time: f64,
+}
+
+/// mlx-lm's `TrainingCallback`, plus a hook per step (progress) and per checkpoint.
+pub trait TrainingCallback {
+    fn on_train_loss_report(&mut self, _info: &TrainReport) {}
+    fn on_val_loss_report(&mut self, _info: &ValReport) {}
+    fn on_step(&mut self, _iteration: usize, _loss: f32, _tokens: i64) {}
+    fn on_save(&mut self, _iteration: usize, _path: &Path) {}
+}
+
+/// A callback that does nothing.
+pub struct NoCallback;
+impl TrainingCallback for NoCallback {}
+
+/// `loss_value_and_grad(model, batch, lengths)`: the loss, its token count, and the gradient
+/// of every trainable parameter (`nn.value_and_grad(model, loss)`).
+pub fn loss_and_grad(
+    model: &dyn LanguageModel,
+    params: &Params,
+    loss: &LossFn,
+    batch: &Batch,
+) -> Result<(Array, Array, ParamMap)> {
+    let failure: RefCell<Option<TrainError>> = RefCell::new(None);
+    let f = |p: &ParamMap, data: &[Array]| -> mlx_core::Result<Vec<Array>> {
+        let r = params
+            .update(p)
+            .and_then(|_| loss(model, &data[0], &data[1]));
+        match r {
+            Ok((l, n)) => Ok(vec![l, n]),
+            Err(e) => {
+                let msg = e.to_string();
+                *failure.borrow_mut() = Some(e);
+                Err(mlx_core::Error::Callback(msg))
+            }
+        }
+    };
+    let current = params.snapshot();
+    let r = transforms::value_and_grad_tree(f)(
+        &current,
+        &[batch.tokens.clone(), batch.lengths.clone()],
+    );
+    // The model saw tracers; give it the concrete arrays back whatever happened.
+    params.update(&current)?;
+    let (values, grads) = match r {
+        Ok(v) => v,
+        Err(e) => return Err(failure.into_inner().unwrap_or(TrainError::Mlx(e))),
+    };
+    let mut it = values.into_iter();
+    match (it.next(), it.next()) {
+        (Some(l), Some(n)) => Ok((l, n, grads)),
+        _ => Err(TrainError::Config(
+            "the loss must return (loss, ntoks)".into(),
+        )),
+    }
+}
+
+/// `evaluate(model, dataset, batch_size, num_batches, max_seq_length, loss)`: the mean loss
+/// per token over `num_batches` batches (`-1`: all), drawing the batch order from `rng`.
+#[allow(clippy::too_many_arguments)]
+pub fn evaluate(
+    model: &dyn LanguageModel,
+    params: &Params,
+    dataset: &Dataset,
+    batch_size: usize,
+    num_batches: i64,
+    max_seq_length: usize,
+    loss: &LossFn,
+    rng: &mut NumpyRandom,
+) -> Result<f64> {
+    params.set_training(false);
+    let mut all_losses = Array::from_f32(0.0, Dtype::Float32)?;
+    let mut ntokens = Array::from_int(0, Dtype::Int32)?;
+    let mut it = BatchIter::new(dataset, batch_size, max_seq_length, false)?;
+    let mut i = 0i64;
+    while num_batches == -1 || i < num_batches {
+        let Some(batch) = it.next_batch(dataset, rng)? else {
+            break;
+        };
+        let (l, t) = loss(model, &batch.tokens, &batch.lengths)?;
+        all_losses = (&all_losses + &(&l * &t)?)?;
+        ntokens = (&ntokens + &t)?;
+        eval([&all_losses, &ntokens])?;
+        i += 1;
+    }
+    Ok(f64::from((&all_losses / &ntokens)?.item::<f32>()?))
+}
+
+/// The state a run leaves: the optimizer (for checkpoints that resume exactly).
+pub struct TrainOutcome {
+    pub optimizer: Optimizer,
+}
+
+/// `train(model, optimizer, train_dataset, val_dataset, args, loss)`: the mlx-lm loop,
+/// with `rng` the numpy global generator (seeded once by the caller, as mlx_lm.lora does).
+/// Adapters are written to `args.adapter_file` every `steps_per_save` steps (plus a
+/// `{it:07}_adapters.safetensors` checkpoint beside it) and at the end.
+#[allow(clippy::too_many_arguments)]
+pub fn train(
+    model: &dyn LanguageModel,
+    params: &Params,
+    mut optimizer: Optimizer,
+    train_set: &Dataset,
+    val_set: &Dataset,
+    args: &TrainingArgs,
+    loss: &LossFn,
+    rng: &mut NumpyRandom,
+    callback: &mut dyn TrainingCallback,
+) -> Result<TrainOutcome> {
+    args.validate()?;
+    if params.is_empty() {
+        return Err(TrainError::Config("no trainable parameters".into()));
+    }
+    let accum = args.grad_accumulation_steps;
+    params.set_training(true);
+    let mut batches = BatchIter::new(train_set, args.batch_size, args.max_seq_length, true)?;
+    let mut grad_accum: Option<ParamMap> = None;
+    let mut losses: Option<Array> = None;
+    let mut n_tokens: Option<Array> = None;
+    let (mut steps, mut trained_tokens, mut train_time) = (0usize, 0u64, 0f64);
+    for it in 1..=args.iters {
+        let batch = batches
+            .next_batch(train_set, rng)?
+            .ok_or_else(|| TrainError::Config("the training set yields no batch".into()))?;
+        let mut tic = Instant::now();
+        if !val_set.is_empty() && (it == 1 || it % args.steps_per_eval == 0 || it == args.iters) {
+            let t = Instant::now();
+            let val_loss = evaluate(
+                model,
+                params,
+                val_set,
+                args.batch_size,
+                args.val_batches,
+                args.max_seq_length,
+                loss,
+                rng,
+            )?;
+            params.set_training(true);
+            callback.on_val_loss_report(&ValReport {
+                iteration: it - 1,
+                val_loss,
+                val_time: t.elapsed().as_secs_f64(),
+            });
+            tic = Instant::now();
+        }
+
+        let (lvalue, toks, mut grad) = match args.segment_length {
+            Some(seg) => {
+                segmented_loss_and_grad(model, params, &batch.tokens, &batch.lengths, seg)?
+            }
+            None => loss_and_grad(model, params, loss, &batch)?,
+        };
+        if let Some(prev) = grad_accum.take() {
+            grad = add_trees(&grad, &prev)?;
+        }
+        if it % accum == 0 {
+            if accum > 1 {
+                grad = grad
+                    .into_iter()
+                    .map(|(k, g)| Ok((k, ops::divide_scalar(&g, accum as i64, None)?)))
+                    .collect::<Result<_>>()?;
+            }
+            if let Some(max_norm) = args.max_grad_norm {
+                grad = clip_grad_norm(&grad, max_norm)?.0;
+            }
+            let new = optimizer.apply_gradients(&grad, &params.snapshot())?;
+            params.update(&new)?;
+        } else {
+            grad_accum = Some(grad);
+        }
+        let l = match losses.take() {
+            None => ops::scalar_add(0, &lvalue, None)?,
+            Some(a) => (&a + &lvalue)?,
+        };
+        let n = match n_tokens.take() {
+            None => ops::scalar_add(0, &toks, None)?,
+            Some(a) => (&a + &toks)?,
+        };
+        let mut to_eval: Vec<Array> = params.snapshot().into_values().collect();
+        to_eval.extend(optimizer.state_arrays());
+        to_eval.push(l.clone());
+        to_eval.push(n.clone());
+        if let Some(g) = &grad_accum {
+            to_eval.extend(g.values().cloned());
+        }
+        eval(&to_eval)?;
+        steps += 1;
+        train_time += tic.elapsed().as_secs_f64();
+        callback.on_step(it, lvalue.item::<f32>()?, i64::from(toks.item::<i32>()?));
+
+        if it % args.steps_per_report == 0 || it == args.iters {
+            let train_loss = f64::from(l.item::<f32>()?) / steps as f64;
+            let ntok = u64::try_from(n.item::<i32>()?).unwrap_or(0);
+            trained_tokens += ntok;
+            let t = train_time.max(1e-9);
+            callback.on_train_loss_report(&TrainReport {
+                iteration: it,
+                train_loss,
+                learning_rate: f64::from(optimizer.learning_rate().item::<f32>()?),
+                iterations_per_second: args.steps_per_report as f64 / t,
+                tokens_per_second: ntok as f64 / t,
+                trained_tokens,
+                peak_memory: mlx_core::memory::peak_memory().unwrap_or(0) as f64 / 1e9,
+            });
+            steps = 0;
+            train_time = 0.0;
+        } else {
+            losses = Some(l);
+            n_tokens = Some(n);
+        }
+
+        if it % args.steps_per_save == 0 {
+            save_adapter_weights(&args.adapter_file, params)?;
+            let dir = args.adapter_file.parent().unwrap_or(Path::new("."));
+            let checkpoint = dir.join(format!("{it:07}_adapters.safetensors"));
+            save_adapter_weights(&checkpoint, params)?;
+            callback.on_save(it, &checkpoint);
+        }
+    }
+    save_adapter_weights(&args.adapter_file, params)?;
+    Ok(TrainOutcome { optimizer })
+}
+
+fn add_trees(a: &ParamMap, b: &ParamMap) -> Result<ParamMap> {
+    a.iter()
+        .map(|(k, x)| {
+            let y = b
+                .get(k)
+                .ok_or_else(|| TrainError::Config(format!("accumulated gradient lacks {k}")))?;
+            Ok((k.clone(), (x + y)?))
+        })
+        .collect()
+}

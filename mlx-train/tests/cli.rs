@@ -1,0 +1,383 @@
+//! `mlx train` (the `cli` module): mlx_lm.lora's option names give mlx_lm.lora's adapter
+//! bit for bit; checkpoints, the JSONL log, `-c` YAML configs, resume, `--test`; and bad
+//! input fails with an error naming the file and the problem.
+
+use std::path::{Path, PathBuf};
+
+use clap::Parser;
+use mlx_core::testing::{assert_bit_equal, Goldens};
+use mlx_train::cli::{run, TrainArgs};
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    args: TrainArgs,
+}
+
+static SEEDED: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn tests() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests")
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("mlx_train_cli_{name}_{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn parse(argv: &[&str]) -> TrainArgs {
+    let mut v = vec!["mlx-train"];
+    v.extend_from_slice(argv);
+    Cli::try_parse_from(v).unwrap().args
+}
+
+fn model() -> String {
+    tests().join("models/dense").display().to_string()
+}
+
+fn data(fmt: &str) -> String {
+    tests().join("data").join(fmt).display().to_string()
+}
+
+#[test]
+fn same_options_same_adapter_as_mlx_lm_lora() {
+    let _g = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
+    let out = tmp("same");
+    // The dense_text_adam run of goldens_train.py, given as mlx_lm.lora's flags plus a config
+    // file for the LoRA parameters (as mlx_lm.lora takes them).
+    std::fs::create_dir_all(&out).unwrap();
+    let cfg = out.join("c.yaml");
+    std::fs::write(
+        &cfg,
+        "lora_parameters:\n  rank: 4\n  dropout: 0.0\n  scale: 10.0\nlearning_rate: 1e-2\n",
+    )
+    .unwrap();
+    let adapters = out.join("adapters");
+    let args = parse(&[
+        "--model",
+        &model(),
+        "--train",
+        "--data",
+        &data("text"),
+        "--num-layers",
+        "1",
+        "--batch-size",
+        "2",
+        "--iters",
+        "6",
+        "--steps-per-eval",
+        "4",
+        "--val-batches",
+        "2",
+        "--steps-per-report",
+        "1",
+        "--save-every",
+        "4",
+        "-c",
+        cfg.to_str().unwrap(),
+        "--adapter-path",
+        adapters.to_str().unwrap(),
+    ]);
+    run(&args).unwrap();
+    let g = Goldens::load(tests().join("goldens/train_dense_text_adam.safetensors")).unwrap();
+    let fin = g.case("final").unwrap();
+    let names: Vec<&str> = fin.params["names"]
+        .trim_matches(['[', ']'])
+        .split(',')
+        .collect();
+    let (ours, _) =
+        mlx_core::io::load_safetensors(adapters.join("adapters.safetensors"), None).unwrap();
+    assert_eq!(ours.len(), names.len());
+    for (i, n) in names.iter().enumerate() {
+        assert_bit_equal(&ours[*n], &fin.outputs[i]).unwrap_or_else(|m| panic!("{n}: {m}"));
+    }
+    // A checkpoint at step 4, the config, and a JSONL log with 6 train, 2 val, 1 save events.
+    assert!(adapters.join("0000004_adapters.safetensors").is_file());
+    let conf: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(adapters.join("adapter_config.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(conf["num_layers"], 1);
+    assert_eq!(conf["lora_parameters"]["rank"], 4);
+    let log = std::fs::read_to_string(adapters.join("train_log.jsonl")).unwrap();
+    let events: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let count = |e: &str| events.iter().filter(|v| v["event"] == e).count();
+    assert_eq!((count("train"), count("val"), count("save")), (6, 3, 1));
+    let rep = g.case("report").unwrap();
+    let losses: Vec<f32> = events
+        .iter()
+        .filter(|v| v["event"] == "train")
+        .map(|v| v["train_loss"].as_f64().unwrap() as f32)
+        .collect();
+    assert_eq!(losses, rep.outputs[0].to_vec::<f32>().unwrap());
+
+    // Resume from the step-4 checkpoint for 2 more steps, then evaluate on the test split
+    // (there is none: a clear error).
+    let resumed = out.join("resumed");
+    let args = parse(&[
+        "--model",
+        &model(),
+        "--data",
+        &data("text"),
+        "--num-layers",
+        "1",
+        "--batch-size",
+        "2",
+        "--iters",
+        "2",
+        "-c",
+        cfg.to_str().unwrap(),
+        "--resume-adapter-file",
+        adapters
+            .join("0000004_adapters.safetensors")
+            .to_str()
+            .unwrap(),
+        "--adapter-path",
+        resumed.to_str().unwrap(),
+    ]);
+    run(&args).unwrap();
+    assert!(resumed.join("adapters.safetensors").is_file());
+    let args = parse(&[
+        "--model",
+        &model(),
+        "--data",
+        &data("text"),
+        "--test",
+        "--adapter-path",
+        adapters.to_str().unwrap(),
+    ]);
+    let e = run(&args).unwrap_err().to_string();
+    assert!(e.contains("Test set not found"), "{e}");
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn memory_options_run() {
+    let _g = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
+    for extra in [
+        &["--segment-length", "8"][..],
+        &["--ce-chunk-size", "8", "--grad-checkpoint"][..],
+    ] {
+        let out = tmp("mem");
+        let (m, d) = (model_q4(), data("completions"));
+        let mut argv = vec![
+            "--model",
+            &m,
+            "--data",
+            &d,
+            "--num-layers",
+            "2",
+            "--batch-size",
+            "2",
+            "--iters",
+            "2",
+            "--mask-prompt",
+        ];
+        let ap = out.display().to_string();
+        argv.extend(["--adapter-path", &ap]);
+        argv.extend_from_slice(extra);
+        run(&parse(&argv)).unwrap_or_else(|e| panic!("{extra:?}: {e}"));
+        assert!(out.join("adapters.safetensors").is_file());
+        let _ = std::fs::remove_dir_all(&out);
+    }
+}
+
+fn model_q4() -> String {
+    tests().join("models/q4").display().to_string()
+}
+
+#[test]
+fn dpo_and_orpo_runs() {
+    let _g = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
+    for objective in ["dpo", "orpo"] {
+        let out = tmp(objective);
+        let args = parse(&[
+            "--model",
+            &model(),
+            "--data",
+            &data("preference"),
+            "--objective",
+            objective,
+            "--beta",
+            "0.2",
+            "--num-layers",
+            "1",
+            "--batch-size",
+            "2",
+            "--iters",
+            "3",
+            "--val-batches",
+            "1",
+            "--adapter-path",
+            out.to_str().unwrap(),
+        ]);
+        run(&args).unwrap_or_else(|e| panic!("{objective}: {e}"));
+        assert!(out.join("adapters.safetensors").is_file());
+        let conf = std::fs::read_to_string(out.join("adapter_config.json")).unwrap();
+        assert!(
+            conf.contains(&format!("\"objective\": \"{objective}\"")),
+            "{conf}"
+        );
+        let _ = std::fs::remove_dir_all(&out);
+    }
+}
+
+fn err(argv: &[&str]) -> String {
+    let _g = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
+    run(&parse(argv)).unwrap_err().to_string()
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    let out = tmp("bad");
+    let ap = out.join("a");
+    let ap = ap.to_str().unwrap();
+    // A JSONL line that is not JSON: file and line named.
+    let d = out.join("data");
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::write(
+        d.join("train.jsonl"),
+        "{\"text\": \"the cat\"}\n{not json\n",
+    )
+    .unwrap();
+    let e = err(&[
+        "--model",
+        &model(),
+        "--data",
+        d.to_str().unwrap(),
+        "--adapter-path",
+        ap,
+    ]);
+    assert!(
+        e.contains("train.jsonl:2") && e.contains("invalid JSON"),
+        "{e}"
+    );
+    // A row of the wrong shape.
+    std::fs::write(
+        d.join("train.jsonl"),
+        "{\"text\": \"the cat\"}\n{\"text\": 3}\n",
+    )
+    .unwrap();
+    let e = err(&[
+        "--model",
+        &model(),
+        "--data",
+        d.to_str().unwrap(),
+        "--adapter-path",
+        ap,
+    ]);
+    assert!(
+        e.contains("train.jsonl:2") && e.contains("`text` must be a string"),
+        "{e}"
+    );
+    // Unknown format.
+    std::fs::write(d.join("train.jsonl"), "{\"foo\": \"x\"}\n").unwrap();
+    let e = err(&[
+        "--model",
+        &model(),
+        "--data",
+        d.to_str().unwrap(),
+        "--adapter-path",
+        ap,
+    ]);
+    assert!(e.contains("unsupported data format"), "{e}");
+    // Fewer examples than the batch size.
+    std::fs::write(d.join("train.jsonl"), "{\"text\": \"the cat\"}\n").unwrap();
+    let e = err(&[
+        "--model",
+        &model(),
+        "--data",
+        d.to_str().unwrap(),
+        "--adapter-path",
+        ap,
+        "--batch-size",
+        "4",
+        "--num-layers",
+        "-1",
+    ]);
+    assert!(e.contains("at least batch_size=4"), "{e}");
+    // More layers than the model has; a missing data directory; a bad config file.
+    let e = err(&[
+        "--model",
+        &model(),
+        "--data",
+        &data("text"),
+        "--num-layers",
+        "9",
+        "--adapter-path",
+        ap,
+    ]);
+    assert!(e.contains("only has 2 layers"), "{e}");
+    let e = err(&[
+        "--model",
+        &model(),
+        "--data",
+        "/nonexistent/dir",
+        "--adapter-path",
+        ap,
+    ]);
+    assert!(e.contains("/nonexistent/dir"), "{e}");
+    let cfg = out.join("bad.yaml");
+    std::fs::write(&cfg, "batch_size: [1, 2]\n").unwrap();
+    let e = err(&["--model", &model(), "-c", cfg.to_str().unwrap()]);
+    assert!(e.contains("bad.yaml") && e.contains("batch_size"), "{e}");
+    // Preference rows need a preference objective, and the other way round.
+    let e = err(&[
+        "--model",
+        &model(),
+        "--data",
+        &data("preference"),
+        "--num-layers",
+        "1",
+        "--adapter-path",
+        ap,
+    ]);
+    assert!(
+        e.contains("train.jsonl") && e.contains("--objective dpo or orpo"),
+        "{e}"
+    );
+    let e = err(&[
+        "--model",
+        &model(),
+        "--data",
+        &data("text"),
+        "--objective",
+        "orpo",
+        "--num-layers",
+        "1",
+        "--adapter-path",
+        ap,
+    ]);
+    assert!(e.contains("needs prompt/chosen/rejected"), "{e}");
+    // Adapters that do not fit the model.
+    let bad = out.join("badadapter");
+    std::fs::create_dir_all(&bad).unwrap();
+    std::fs::copy(
+        tests().join("adapters/dense_text_adam/adapter_config.json"),
+        bad.join("adapter_config.json"),
+    )
+    .unwrap();
+    std::fs::copy(
+        tests().join("adapters/dense_chat_sgd_keys/adapters.safetensors"),
+        bad.join("adapters.safetensors"),
+    )
+    .unwrap();
+    let e = err(&[
+        "--model",
+        &model(),
+        "--data",
+        &data("text"),
+        "--test",
+        "--adapter-path",
+        bad.to_str().unwrap(),
+    ]);
+    assert!(
+        e.contains("incompatible tensors") && e.contains("adapters.safetensors"),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(Path::new(&out));
+}

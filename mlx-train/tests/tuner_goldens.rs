@@ -1,0 +1,248 @@
+//! L1 against mlx-lm 0.32.2's tuner (goldens from `cargo xtask goldens train`): for each run
+//! of `xtask/oracle/goldens_train.py` (its options are read back from the
+//! `adapter_config.json` mlx_lm.lora wrote), bit for bit on CPU:
+//! the batches, the adapter init, every step's training loss and the validation losses, the
+//! adapter weights after training, the loss and every adapter gradient at the trained
+//! weights, the logits with mlx-lm's adapter loaded here, and the fused model.
+
+use std::path::{Path, PathBuf};
+
+use mlx_core::prelude::*;
+use mlx_core::testing::{assert_bit_equal, Case, Goldens};
+use mlx_models::load::{load_model_dir, LoadOptions};
+use mlx_train::adapters::{fuse_model_dir, load_adapters};
+use mlx_train::data::BatchIter;
+use mlx_train::lora::linear_to_lora_layers;
+use mlx_train::loss::default_loss;
+use mlx_train::nprand::NumpyRandom;
+use mlx_train::run::{prepare, train_model, RunConfig};
+use mlx_train::trainer::{loss_and_grad, TrainReport, TrainingCallback, ValReport};
+use mlx_train::Params;
+
+/// MLX's global PRNG key is process-wide: runs that seed it take turns.
+static SEEDED: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests")
+}
+
+fn names(case: &Case) -> Vec<String> {
+    case.params["names"]
+        .trim_matches(|c| c == '[' || c == ']')
+        .split(',')
+        .map(str::to_string)
+        .collect()
+}
+
+fn check_named(case: &Case, skip: usize, got: &ParamMap) -> Result<(), String> {
+    let names = names(case);
+    if got.len() != names.len() {
+        return Err(format!(
+            "{}: {} parameters, oracle has {} ({:?})",
+            case.name,
+            got.len(),
+            names.len(),
+            got.keys().collect::<Vec<_>>()
+        ));
+    }
+    for (i, n) in names.iter().enumerate() {
+        let a = got
+            .get(n)
+            .ok_or_else(|| format!("{}: missing {n}", case.name))?;
+        assert_bit_equal(a, &case.outputs[skip + i])
+            .map_err(|m| format!("{}: {n}: {m}", case.name))?;
+    }
+    Ok(())
+}
+
+#[derive(Default)]
+struct Rec {
+    train: Vec<f32>,
+    val: Vec<f32>,
+}
+
+impl TrainingCallback for Rec {
+    fn on_train_loss_report(&mut self, info: &TrainReport) {
+        self.train.push(info.train_loss as f32);
+    }
+    fn on_val_loss_report(&mut self, info: &ValReport) {
+        self.val.push(info.val_loss as f32);
+    }
+}
+
+fn config_for(run: &str, out: &Path) -> RunConfig {
+    let ws = root().join("../..");
+    let mut c = RunConfig::from_json_file(
+        &root()
+            .join("adapters")
+            .join(run)
+            .join("adapter_config.json"),
+    )
+    .unwrap();
+    c.model = ws.join(&c.model).display().to_string();
+    c.data = ws.join(&c.data).display().to_string();
+    c.adapter_path = out.display().to_string();
+    c
+}
+
+fn check_run(run: &str) -> Result<(), String> {
+    let g = Goldens::load(
+        root()
+            .join("goldens")
+            .join(format!("train_{run}.safetensors")),
+    )
+    .map_err(|e| e.to_string())?;
+    let out = std::env::temp_dir().join(format!("mlx_train_l1_{run}_{}", std::process::id()));
+    let config = config_for(run, &out);
+    let e = |e: mlx_train::TrainError| format!("{run}: {e}");
+
+    // Batches, from numpy's global generator.
+    let prepared = prepare(&config).map_err(e)?;
+    let mut rng = NumpyRandom::new(config.seed);
+    let mut it = BatchIter::new(
+        &prepared.train,
+        config.batch_size,
+        config.max_seq_length,
+        true,
+    )
+    .map_err(e)?;
+    for i in 0..3 {
+        let b = it
+            .next_batch(&prepared.train, &mut rng)
+            .map_err(e)?
+            .unwrap();
+        g.case(&format!("batch{i}"))
+            .map_err(|e| e.to_string())?
+            .check(&[b.tokens, b.lengths])?;
+    }
+    // Adapter init right after linear_to_lora_layers.
+    check_named(&g.case("init").unwrap(), 0, &prepared.params.snapshot())?;
+    drop(prepared);
+
+    // Training: every reported loss, the validation losses and the final adapters.
+    let mut rec = Rec::default();
+    let (p, _) = train_model(&config, &mut rec).map_err(e)?;
+    let report = g.case("report").unwrap();
+    let got = [
+        Array::from_slice(&rec.train, &[rec.train.len() as i32]).unwrap(),
+        Array::from_slice(&rec.val, &[rec.val.len() as i32]).unwrap(),
+    ];
+    report.check(&got)?;
+    check_named(&g.case("final").unwrap(), 0, &p.params.snapshot())?;
+    // Our adapters.safetensors holds the same arrays.
+    let (saved, _) =
+        mlx_core::io::load_safetensors(out.join("adapters.safetensors"), None).unwrap();
+    check_named(&g.case("final").unwrap(), 0, &saved)?;
+
+    // Loss and gradients at the trained weights on the first batch.
+    p.params.set_training(true);
+    let mut rng = NumpyRandom::new(config.seed);
+    let mut it =
+        BatchIter::new(&p.train, config.batch_size, config.max_seq_length, true).map_err(e)?;
+    let b0 = it.next_batch(&p.train, &mut rng).map_err(e)?.unwrap();
+    let loss = |m: &dyn mlx_models::LanguageModel, b: &Array, l: &Array| default_loss(m, b, l);
+    let (l, n, grads) = loss_and_grad(p.model.as_ref(), &p.params, &loss, &b0).map_err(e)?;
+    let gc = g.case("grad").unwrap();
+    assert_bit_equal(&l, &gc.outputs[0]).map_err(|m| format!("grad loss: {m}"))?;
+    assert_bit_equal(&n, &gc.outputs[1]).map_err(|m| format!("grad ntoks: {m}"))?;
+    check_named(&gc, 2, &grads)?;
+
+    // mlx-lm's adapter loaded here; and the fused model.
+    let lc = g.case("logits").unwrap();
+    let ids = lc.input(0).unwrap();
+    let model_dir = PathBuf::from(&config.model);
+    let (mut model, _) =
+        load_model_dir(&model_dir, &LoadOptions::default()).map_err(|e| e.to_string())?;
+    load_adapters(model.as_mut(), &root().join("adapters").join(run)).map_err(e)?;
+    let logits = model.forward(ids, None).map_err(|e| e.to_string())?;
+    assert_bit_equal(&logits, &lc.outputs[0]).map_err(|m| format!("adapted logits: {m}"))?;
+    // Ours, loaded the same way, gives the same logits.
+    let (mut model, _) =
+        load_model_dir(&model_dir, &LoadOptions::default()).map_err(|e| e.to_string())?;
+    load_adapters(model.as_mut(), &out).map_err(e)?;
+    let logits = model.forward(ids, None).map_err(|e| e.to_string())?;
+    assert_bit_equal(&logits, &lc.outputs[0]).map_err(|m| format!("own adapter logits: {m}"))?;
+
+    let fused = out.join("fused");
+    fuse_model_dir(
+        &model_dir,
+        &root().join("adapters").join(run),
+        &fused,
+        false,
+    )
+    .map_err(e)?;
+    let (fmodel, _) = load_model_dir(&fused, &LoadOptions::default()).map_err(|e| e.to_string())?;
+    let logits = fmodel.forward(ids, None).map_err(|e| e.to_string())?;
+    assert_bit_equal(&logits, &lc.outputs[1]).map_err(|m| format!("fused logits: {m}"))?;
+    let (fw, _) = mlx_core::io::load_safetensors(fused.join("model.safetensors"), None).unwrap();
+    check_named(&g.case("fused_weights").unwrap(), 0, &fw)?;
+    if let Ok(dq) = g.case("dequantized") {
+        // mlx_lm.fuse --dequantize.
+        let dir = out.join("dequantized");
+        fuse_model_dir(&model_dir, &root().join("adapters").join(run), &dir, true).map_err(e)?;
+        let (dmodel, _) =
+            load_model_dir(&dir, &LoadOptions::default()).map_err(|e| e.to_string())?;
+        let logits = dmodel.forward(ids, None).map_err(|e| e.to_string())?;
+        assert_bit_equal(&logits, &dq.outputs[0])
+            .map_err(|m| format!("dequantized logits: {m}"))?;
+        let (dw, _) = mlx_core::io::load_safetensors(dir.join("model.safetensors"), None).unwrap();
+        check_named(&dq, 1, &dw)?;
+    }
+    let _ = std::fs::remove_dir_all(&out);
+    Ok(())
+}
+
+macro_rules! run_test {
+    ($name:ident) => {
+        #[test]
+        fn $name() {
+            let _g = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
+            check_run(stringify!($name)).unwrap();
+        }
+    };
+}
+
+run_test!(dense_text_adam);
+run_test!(q4_completions_mask_adamw_cosine_accum);
+run_test!(dense_chat_sgd_keys);
+run_test!(dense_chat_dora_mask);
+
+/// With `grad_checkpoint` (every layer recomputed in the backward pass) the runs give
+/// mlx-lm's results unchanged, LoRA on the 4-bit base and DoRA.
+#[test]
+fn grad_checkpoint_changes_nothing() {
+    let _g = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
+    for run in [
+        "q4_completions_mask_adamw_cosine_accum",
+        "dense_chat_dora_mask",
+    ] {
+        let g = Goldens::load(
+            root()
+                .join("goldens")
+                .join(format!("train_{run}.safetensors")),
+        )
+        .unwrap();
+        let out = std::env::temp_dir().join(format!("mlx_train_ckpt_{run}_{}", std::process::id()));
+        let mut config = config_for(run, &out);
+        config.grad_checkpoint = true;
+        let (p, _) = train_model(&config, &mut Rec::default()).unwrap();
+        check_named(&g.case("final").unwrap(), 0, &p.params.snapshot()).unwrap();
+        let _ = std::fs::remove_dir_all(&out);
+    }
+}
+
+#[test]
+fn init_draws_follow_the_global_seed() {
+    // Two conversions after the same seed give the same arrays; a different seed does not.
+    let _g = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = root().join("models/dense");
+    let draw = |seed: u64| {
+        let (mut m, _) = load_model_dir(&dir, &LoadOptions::default()).unwrap();
+        random::seed(seed).unwrap();
+        let p = Params::new();
+        linear_to_lora_layers(m.as_mut(), 1, &Default::default(), false, &p).unwrap();
+        p.get("model.layers.1.self_attn.q_proj.lora_a").unwrap()
+    };
+    assert_bit_equal(&draw(3), &draw(3)).unwrap();
+    assert!(assert_bit_equal(&draw(3), &draw(4)).is_err());
+}
