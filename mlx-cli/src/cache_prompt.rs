@@ -56,15 +56,11 @@ pub fn run(a: &CachePromptArgs) -> Result<(), String> {
     a.kv.apply(&mut opts);
     let caches =
         make_prompt_cache(m.model.as_ref(), opts.max_kv_size).map_err(|e| e.to_string())?;
-    let bar = crate::progress::prefill_bar(ids.len());
-    opts.prompt_progress = bar.as_ref().map(|b| b.0.clone());
+    opts.prompt_progress = crate::progress::prefill_bar(ids.len());
     let mut steps =
         generate_step(&ids, m.model.as_ref(), Some(caches), opts).map_err(|e| e.to_string())?;
     for s in steps.by_ref() {
         s.map_err(|e| e.to_string())?;
-    }
-    if let Some((_, pb)) = &bar {
-        pb.finish_and_clear();
     }
     let caches = steps.into_cache();
     println!(

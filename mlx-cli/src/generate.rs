@@ -262,8 +262,7 @@ pub fn run(a: &GenerateArgs) -> Result<(), String> {
         ..GenerateOptions::default()
     };
     a.kv.apply(&mut generate);
-    let bar = crate::progress::prefill_bar(ids.len());
-    generate.prompt_progress = bar.as_ref().map(|b| b.0.clone());
+    generate.prompt_progress = crate::progress::prefill_bar(ids.len());
     let opts = StreamOptions {
         generate,
         stop_strings: a.stop.clone(),
@@ -271,9 +270,6 @@ pub fn run(a: &GenerateArgs) -> Result<(), String> {
     };
     let stream = stream_generate(m.model.as_ref(), &m.tokenizer, &ids, caches, opts)
         .map_err(|e| e.to_string())?;
-    if let Some((_, pb)) = &bar {
-        pb.finish_and_clear();
-    }
     let mut out = std::io::stdout().lock();
     let streaming = a.verbose && !a.json;
     if streaming {

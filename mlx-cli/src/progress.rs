@@ -90,9 +90,9 @@ impl Drop for DownloadBar {
 /// Prompts shorter than this show no prefill bar.
 const PREFILL_BAR_MIN_TOKENS: usize = 4096;
 
-/// A prefill bar for a prompt of `total` tokens (none for short prompts or off a terminal):
-/// the `prompt_progress` callback of `generate_step`, and the bar to clear afterwards.
-pub fn prefill_bar(total: usize) -> Option<(PromptProgress, ProgressBar)> {
+/// A prefill bar for a prompt of `total` tokens (none for short prompts or off a terminal), as
+/// the `prompt_progress` callback of `generate_step`; it clears itself when the prompt is done.
+pub fn prefill_bar(total: usize) -> Option<PromptProgress> {
     if total < PREFILL_BAR_MIN_TOKENS || !std::io::stderr().is_terminal() {
         return None;
     }
@@ -100,13 +100,16 @@ pub fn prefill_bar(total: usize) -> Option<(PromptProgress, ProgressBar)> {
         Some(total as u64),
         "[mlx] prefill [{bar:30}] {pos}/{len} tokens {per_sec}",
     );
-    let cb = pb.clone();
-    let progress = PromptProgress(Arc::new(move |done: usize, total: usize| {
-        cb.set_length(total as u64);
-        cb.set_position(done as u64);
-        if done >= total {
-            cb.finish_and_clear();
-        }
-    }));
-    Some((progress, pb))
+    Some(PromptProgress(Arc::new(
+        move |done: usize, total: usize| {
+            if pb.is_finished() {
+                return;
+            }
+            pb.set_length(total as u64);
+            pb.set_position(done as u64);
+            if done >= total {
+                pb.finish_and_clear();
+            }
+        },
+    )))
 }
