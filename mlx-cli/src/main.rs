@@ -25,6 +25,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per run: the size difference between the variants does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Generate a reply to a prompt (as `mlx_lm.generate`).
