@@ -1,232 +1,68 @@
 //! `mlx`: generate text and chat with a language model on MLX, with results identical to
-//! mlx-lm's (see the workspace README).
+//! mlx-lm's command-line tools (see the workspace README).
+//!
+//! One module per subcommand, each with its `clap::Args` struct and a `run`; [`Command`] has one
+//! variant per subcommand. Shared flag groups live in `common`, model loading in `model`,
+//! progress bars in `progress`.
 #![forbid(unsafe_code)]
 
-mod args;
+mod cache_prompt;
+mod chat;
+mod common;
+mod generate;
 mod model;
 mod progress;
 
-use std::io::{BufRead, Write};
 use std::process::ExitCode;
 
-use mlx_engine::chat::ChatSession;
-use mlx_engine::chat_template::ChatTemplateOptions;
-use mlx_engine::generate::GenerateOptions;
-use mlx_engine::sample::{Sampler, SamplerSettings};
-use mlx_engine::stream::{stream_generate, FinishReason, StreamOptions};
-use serde_json::{json, Value};
+use clap::{Parser, Subcommand};
 
-use crate::args::Args;
-
-fn stream_options(a: &Args) -> StreamOptions {
-    StreamOptions {
-        generate: GenerateOptions {
-            max_tokens: Some(a.max_tokens),
-            sampler: Sampler::new(SamplerSettings {
-                temp: a.temp,
-                top_p: a.top_p,
-                min_p: a.min_p,
-                top_k: a.top_k,
-                ..SamplerSettings::default()
-            }),
-            ..GenerateOptions::default()
-        },
-        stop_strings: a.stop.clone(),
-        top_logprobs: a.top_logprobs,
-    }
+/// Generate text with a language model on MLX (results identical to mlx-lm 0.32.2).
+#[derive(Parser, Debug)]
+#[command(name = "mlx", version, about, args_override_self = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
 }
 
-fn prompt_ids(a: &Args, m: &model::Loaded) -> Result<Vec<u32>, String> {
-    if let Some(ids) = &a.prompt_ids {
-        return Ok(ids.clone());
-    }
-    let mut text = a
-        .prompt
-        .clone()
-        .unwrap_or_else(|| "hello".into())
-        .replace("\\n", "\n")
-        .replace("\\t", "\t");
-    if text == "-" {
-        text.clear();
-        std::io::stdin()
-            .lock()
-            .read_line(&mut text)
-            .map_err(|e| format!("reading stdin: {e}"))?;
-    }
-    let tok = &m.tokenizer;
-    let use_template = !a.no_chat_template && tok.has_chat_template();
-    if use_template {
-        let mut messages: Vec<Value> = Vec::new();
-        if let Some(s) = &a.system {
-            messages.push(json!({"role": "system", "content": s}));
-        }
-        messages.push(json!({"role": "user", "content": text}));
-        text = tok
-            .apply_chat_template(&messages, &ChatTemplateOptions::generation(true))
-            .map_err(|e| e.to_string())?;
-    }
-    tok.encode(&text, !use_template).map_err(|e| e.to_string())
+// Parsed once per run: the size difference between the variants does not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Generate a reply to a prompt (as `mlx_lm.generate`).
+    Generate(generate::GenerateArgs),
+    /// Chat in the terminal, one growing cache over the turns (as `mlx_lm.chat`).
+    Chat(chat::ChatArgs),
+    /// Run a prompt through the model and save its KV cache to a file that `mlx generate
+    /// --prompt-cache-file` and `mlx_lm.generate --prompt-cache-file` read (as
+    /// `mlx_lm.cache_prompt`).
+    CachePrompt(cache_prompt::CachePromptArgs),
 }
 
-fn generate(a: &Args) -> Result<(), String> {
-    let m = model::load(a)?;
-    let ids = prompt_ids(a, &m)?;
-    if let Some(s) = a.seed {
-        mlx_core::random::seed(s).map_err(|e| e.to_string())?;
-    }
-    let stream = stream_generate(
-        m.model.as_ref(),
-        &m.tokenizer,
-        &ids,
-        None,
-        stream_options(a),
-    )
-    .map_err(|e| e.to_string())?;
-    let mut out = std::io::stdout().lock();
-    if !a.json {
-        writeln!(out, "==========").ok();
-    }
-    let (mut tokens, mut logprobs, mut tops, mut text) =
-        (Vec::new(), Vec::new(), Vec::new(), String::new());
-    let mut last = None;
-    for r in stream {
-        let r = r.map_err(|e| e.to_string())?;
-        if a.json {
-            if let (Some(t), Some(lp)) = (r.token, r.logprob) {
-                tokens.push(t);
-                logprobs.push(f64::from(lp));
-                tops.push(
-                    r.top_logprobs
-                        .iter()
-                        .map(|(i, v)| json!([i, f64::from(*v)]))
-                        .collect::<Vec<_>>(),
-                );
-            }
-        } else {
-            write!(out, "{}", r.text).ok();
-            out.flush().ok();
+/// The first argument that is not valid UTF-8, as an error naming it (clap's own message does
+/// not say which one).
+fn check_utf8() -> Result<(), String> {
+    for (i, a) in std::env::args_os().enumerate().skip(1) {
+        if a.to_str().is_none() {
+            return Err(format!(
+                "argument {i} ({:?}) is not valid UTF-8; arguments must be UTF-8 text",
+                a.to_string_lossy()
+            ));
         }
-        text.push_str(&r.text);
-        last = Some(r);
-    }
-    let Some(r) = last else {
-        return Err("generation produced no output".into());
-    };
-    if a.json {
-        let mut obj = json!({
-            "prompt_ids": ids,
-            "tokens": tokens,
-            "logprobs": logprobs,
-            "text": text,
-            "prompt_tps": r.prompt_tps,
-            "generation_tps": r.generation_tps,
-            "peak_memory_bytes": r.peak_memory_bytes,
-            "dtype": m.dtype_name,
-            "finish_reason": r.finish_reason.unwrap_or(FinishReason::Length).as_str(),
-        });
-        if a.top_logprobs > 0 {
-            obj["top_logprobs"] = Value::Array(tops.into_iter().map(Value::Array).collect());
-        }
-        writeln!(out, "{obj}").ok();
-    } else {
-        writeln!(out).ok();
-        writeln!(out, "==========").ok();
-        if r.generation_tokens == 0 && text.is_empty() {
-            writeln!(out, "No text generated for this prompt").ok();
-        }
-        writeln!(
-            out,
-            "Prompt: {} tokens, {:.3} tokens-per-sec",
-            r.prompt_tokens, r.prompt_tps
-        )
-        .ok();
-        writeln!(
-            out,
-            "Generation: {} tokens, {:.3} tokens-per-sec",
-            r.generation_tokens, r.generation_tps
-        )
-        .ok();
-        writeln!(
-            out,
-            "Peak memory: {:.3} GB",
-            r.peak_memory_bytes as f64 / 1e9
-        )
-        .ok();
-    }
-    Ok(())
-}
-
-fn chat(a: &Args) -> Result<(), String> {
-    let m = model::load(a)?;
-    if !m.tokenizer.has_chat_template() {
-        return Err("this model's tokenizer has no chat template; use `mlx generate`".into());
-    }
-    if let Some(s) = a.seed {
-        mlx_core::random::seed(s).map_err(|e| e.to_string())?;
-    }
-    let mut session = ChatSession::new(
-        m.model.as_ref(),
-        &m.tokenizer,
-        a.system.as_deref(),
-        stream_options(a),
-    );
-    let stdin = std::io::stdin();
-    let mut out = std::io::stdout();
-    eprintln!("[chat] type a message; an empty line or Ctrl-D quits");
-    loop {
-        write!(out, ">> ").ok();
-        out.flush().ok();
-        let mut line = String::new();
-        if stdin
-            .lock()
-            .read_line(&mut line)
-            .map_err(|e| e.to_string())?
-            == 0
-        {
-            break;
-        }
-        let line = line.trim_end_matches(['\n', '\r']);
-        if line.is_empty() {
-            break;
-        }
-        let (_, stats) = session
-            .send(line, |r| {
-                let mut o = std::io::stdout();
-                write!(o, "{}", r.text).ok();
-                o.flush().ok();
-            })
-            .map_err(|e| e.to_string())?;
-        writeln!(out).ok();
-        eprintln!(
-            "[chat] prompt {} tokens ({} run, {} reused from the cache), {:.3} tokens-per-sec; generation {} tokens, {:.3} tokens-per-sec",
-            stats.prompt_tokens,
-            stats.prefilled,
-            stats.prompt_tokens - stats.prefilled,
-            stats.prompt_tps,
-            stats.generated,
-            stats.generation_tps
-        );
     }
     Ok(())
 }
 
 fn main() -> ExitCode {
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    let a = match args::parse(&argv) {
-        Ok(Some(a)) => a,
-        Ok(None) => {
-            print!("{}", args::USAGE);
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!("error: {e}\n\n{}", args::USAGE);
-            return ExitCode::from(2);
-        }
-    };
-    let r = if a.command == "chat" {
-        chat(&a)
-    } else {
-        generate(&a)
+    if let Err(e) = check_utf8() {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
+    let cli = Cli::parse();
+    let r = match cli.command {
+        Command::Generate(a) => generate::run(&a),
+        Command::Chat(a) => chat::run(&a),
+        Command::CachePrompt(a) => cache_prompt::run(&a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -234,5 +70,16 @@ fn main() -> ExitCode {
             eprintln!("error: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        Cli::command().debug_assert();
     }
 }

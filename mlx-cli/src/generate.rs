@@ -1,0 +1,352 @@
+//! `mlx generate`: `mlx_lm.generate`'s flags and output, plus `--prompt-ids`, `--stop`,
+//! `--top-logprobs`, `--json` and `--dtype`.
+
+use std::io::Write;
+
+use clap::Args;
+use mlx_cache::{load_prompt_cache, Cache, QuantizedKVCache};
+use mlx_engine::chat_template::ChatTemplateOptions;
+use mlx_engine::generate::GenerateOptions;
+use mlx_engine::sample::{Sampler, SamplerSettings};
+use mlx_engine::stream::{stream_generate, FinishReason, StreamOptions};
+use serde_json::{json, Map, Value};
+
+use crate::common::{self, KvArgs, ModelArgs};
+use crate::model::{self, Loaded};
+
+/// `mlx_lm.generate`'s flags.
+#[derive(Args, Debug, Clone)]
+#[command(args_override_self = true)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Message to be processed by the model (`\n`, `\t` unescaped; `-` reads all of stdin).
+    #[arg(
+        long,
+        short = 'p',
+        default_value = "hello",
+        conflicts_with = "prompt_ids"
+    )]
+    pub prompt: String,
+    /// Prompt token ids, used as they are (no chat template).
+    #[arg(long, value_delimiter = ',', value_name = "ID,ID,...")]
+    pub prompt_ids: Option<Vec<u32>>,
+    /// System prompt to be used for the chat template.
+    #[arg(long, alias = "system")]
+    pub system_prompt: Option<String>,
+    /// Prefill response to be used for the chat template (the reply continues it).
+    #[arg(long)]
+    pub prefill_response: Option<String>,
+    /// Maximum number of tokens to generate (-1: no limit).
+    #[arg(
+        long,
+        short = 'm',
+        default_value_t = 100,
+        allow_negative_numbers = true
+    )]
+    pub max_tokens: i64,
+    /// Sampling temperature (0: greedy).
+    #[arg(long, default_value_t = 0.0)]
+    pub temp: f64,
+    /// Sampling top-p (1: off).
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f64,
+    /// Sampling min-p (0: off).
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f64,
+    /// Sampling top-k (0: off).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i32).range(0..))]
+    pub top_k: i32,
+    /// Probability of XTC sampling to happen each next token.
+    #[arg(long, default_value_t = 0.0)]
+    pub xtc_probability: f64,
+    /// Threshold the probs of each next token candidate to be sampled by XTC.
+    #[arg(long, default_value_t = 0.1)]
+    pub xtc_threshold: f64,
+    /// Minimum tokens to keep for min-p sampling.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub min_tokens_to_keep: u64,
+    /// PRNG seed (as mlx-lm: seeded before the model is built, so the same seed samples the
+    /// same tokens).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Use the raw prompt without the tokenizer's chat template.
+    #[arg(long, alias = "no-chat-template")]
+    pub ignore_chat_template: bool,
+    /// Additional variables for the chat template, as a JSON object.
+    #[arg(long, value_name = "JSON")]
+    pub chat_template_config: Option<String>,
+    /// Add tokens to the EOS tokens that stop generation.
+    #[arg(long, num_args = 1.., value_name = "TOKEN")]
+    pub extra_eos_token: Vec<String>,
+    /// Print the text as it streams plus statistics (`true`), or only the reply (`false` or
+    /// `f`, any case).
+    #[arg(long, default_value = "true", value_parser = common::str2bool, value_name = "BOOL",
+          action = clap::ArgAction::Set)]
+    pub verbose: bool,
+    #[command(flatten)]
+    pub kv: KvArgs,
+    /// A file of saved KV caches (`mlx cache-prompt`, `mlx_lm.cache_prompt`): the prompt
+    /// continues what it holds.
+    #[arg(long, value_name = "FILE")]
+    pub prompt_cache_file: Option<String>,
+    /// Stop when this text appears (repeatable).
+    #[arg(long)]
+    pub stop: Vec<String>,
+    /// With --json: the K most likely tokens of each step.
+    #[arg(long, default_value_t = 0, value_name = "K")]
+    pub top_logprobs: usize,
+    /// Print one JSON object instead of streaming text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A prompt-cache file and its metadata.
+struct CacheFile {
+    caches: Vec<Box<dyn Cache>>,
+    model: Option<String>,
+}
+
+/// `main`'s prompt-cache checks: the kv flags must match a quantized cache.
+fn load_cache_file(path: &str, a: &GenerateArgs) -> Result<CacheFile, String> {
+    let (caches, metadata) = load_prompt_cache(path).map_err(|e| e.to_string())?;
+    if let Some(q) = caches
+        .first()
+        .and_then(|c| c.as_any().downcast_ref::<QuantizedKVCache>())
+    {
+        if a.kv.kv_bits.is_some_and(|b| b != q.spec().bits) {
+            return Err(format!(
+                "{path}: --kv-bits does not match the kv cache loaded from --prompt-cache-file"
+            ));
+        }
+        if a.kv.kv_group_size != q.spec().group_size {
+            return Err(format!(
+                "{path}: --kv-group-size does not match the kv cache loaded from \
+                 --prompt-cache-file"
+            ));
+        }
+    }
+    Ok(CacheFile {
+        caches,
+        model: metadata.get("model").cloned(),
+    })
+}
+
+fn template_kwargs(a: &GenerateArgs) -> Result<Map<String, Value>, String> {
+    match &a.chat_template_config {
+        None => Ok(Map::new()),
+        Some(s) => match serde_json::from_str(s) {
+            Ok(Value::Object(m)) => Ok(m),
+            Ok(_) => Err("--chat-template-config must be a JSON object".into()),
+            Err(e) => Err(format!("--chat-template-config: invalid JSON: {e}")),
+        },
+    }
+}
+
+/// The prompt's token ids, as `mlx_lm.generate.main` builds them.
+fn prompt_ids(a: &GenerateArgs, m: &Loaded, using_cache: bool) -> Result<Vec<u32>, String> {
+    if let Some(ids) = &a.prompt_ids {
+        return Ok(ids.clone());
+    }
+    let mut prompt = common::read_prompt(&a.prompt)?;
+    let tok = &m.tokenizer;
+    let use_template = !a.ignore_chat_template && tok.has_chat_template();
+    if use_template {
+        let mut messages: Vec<Value> = Vec::new();
+        if let Some(s) = &a.system_prompt {
+            messages.push(json!({"role": "system", "content": s}));
+        }
+        messages.push(json!({"role": "user", "content": prompt}));
+        let has_prefill = a.prefill_response.is_some();
+        if let Some(p) = &a.prefill_response {
+            messages.push(json!({"role": "assistant", "content": p}));
+        }
+        let opts = |kwargs: Map<String, Value>| ChatTemplateOptions {
+            add_generation_prompt: !has_prefill,
+            continue_final_message: has_prefill.then(|| "content".to_string()),
+            kwargs,
+            ..ChatTemplateOptions::default()
+        };
+        prompt = tok
+            .apply_chat_template(&messages, &opts(template_kwargs(a)?))
+            .map_err(|e| e.to_string())?;
+        if using_cache {
+            // The cache holds the prefix: keep the prompt from where the last message starts.
+            if let Some(last) = messages.last_mut() {
+                last["content"] = json!("<query>");
+            }
+            let test = tok
+                .apply_chat_template(&messages, &opts(Map::new()))
+                .map_err(|e| e.to_string())?;
+            let at = test.find("<query>").ok_or_else(|| {
+                "the chat template drops the message content; cannot continue a prompt cache"
+                    .to_string()
+            })?;
+            prompt = prompt.get(at..).unwrap_or_default().to_string();
+        }
+    }
+    tok.encode(&prompt, !use_template)
+        .map_err(|e| e.to_string())
+}
+
+/// `make_sampler(...)` with `mlx_lm.generate.main`'s XTC special tokens: `"\n"` encoded, then
+/// the EOS ids.
+fn sampler(a: &GenerateArgs, m: &Loaded) -> Result<Sampler, String> {
+    common::check_sampling(a.temp, a.top_p, a.min_p, a.xtc_probability)?;
+    let mut special: Vec<i32> = m
+        .tokenizer
+        .encode("\n", true)
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .map(|t| t as i32)
+        .collect();
+    special.extend(m.tokenizer.eos_token_ids().iter().map(|&t| t as i32));
+    Ok(Sampler::new(SamplerSettings {
+        temp: a.temp,
+        top_p: a.top_p,
+        min_p: a.min_p,
+        min_tokens_to_keep: a.min_tokens_to_keep as usize,
+        top_k: a.top_k,
+        xtc_probability: a.xtc_probability,
+        xtc_threshold: a.xtc_threshold,
+        xtc_special_tokens: special,
+    }))
+}
+
+pub fn run(a: &GenerateArgs) -> Result<(), String> {
+    let cache_file = a
+        .prompt_cache_file
+        .as_deref()
+        .map(|p| load_cache_file(p, a))
+        .transpose()?;
+    let mut model_args = a.model.clone();
+    if let Some(cf) = &cache_file {
+        match (&model_args.model, &cf.model) {
+            (None, Some(m)) => model_args.model = Some(m.clone()),
+            (Some(given), Some(m)) if given != m => {
+                return Err(format!(
+                    "Providing a different model ({given}) than that used to create the prompt \
+                     cache ({m}) is an error."
+                ))
+            }
+            _ => {}
+        }
+    }
+    let mut m = model::load(&model_args)?;
+    for t in &a.extra_eos_token {
+        m.tokenizer
+            .add_eos_token(t)
+            .map_err(|e| format!("--extra-eos-token {t:?}: {e}"))?;
+    }
+    let using_cache = cache_file.is_some();
+    let ids = prompt_ids(a, &m, using_cache)?;
+    let caches = match cache_file {
+        Some(cf) => {
+            if cf.caches.len() != m.model.num_layers() {
+                return Err(format!(
+                    "the prompt cache file has {} layers, the model {}",
+                    cf.caches.len(),
+                    m.model.num_layers()
+                ));
+            }
+            Some(cf.caches)
+        }
+        None => None,
+    };
+    if let Some(s) = a.seed {
+        m.seed(s)?;
+    }
+    let mut generate = GenerateOptions {
+        max_tokens: common::max_tokens(a.max_tokens),
+        sampler: sampler(a, &m)?,
+        ..GenerateOptions::default()
+    };
+    a.kv.apply(&mut generate);
+    generate.prompt_progress = crate::progress::prefill_bar(ids.len());
+    let opts = StreamOptions {
+        generate,
+        stop_strings: a.stop.clone(),
+        top_logprobs: a.top_logprobs,
+    };
+    let stream = stream_generate(m.model.as_ref(), &m.tokenizer, &ids, caches, opts)
+        .map_err(|e| e.to_string())?;
+    let mut out = std::io::stdout().lock();
+    let streaming = a.verbose && !a.json;
+    if streaming {
+        writeln!(out, "==========").ok();
+    }
+    let (mut tokens, mut logprobs, mut tops, mut text) =
+        (Vec::new(), Vec::new(), Vec::new(), String::new());
+    let mut last = None;
+    for r in stream {
+        let r = r.map_err(|e| e.to_string())?;
+        let eos = r.finish_reason == Some(FinishReason::Stop)
+            && r.token
+                .is_some_and(|t| m.tokenizer.eos_token_ids().contains(&t));
+        if let (Some(t), Some(lp), false) = (r.token, r.logprob, eos) {
+            tokens.push(t);
+            logprobs.push(f64::from(lp));
+            tops.push(
+                r.top_logprobs
+                    .iter()
+                    .map(|(i, v)| json!([i, f64::from(*v)]))
+                    .collect::<Vec<_>>(),
+            );
+        }
+        if streaming {
+            write!(out, "{}", r.text).ok();
+            out.flush().ok();
+        }
+        text.push_str(&r.text);
+        last = Some(r);
+    }
+    let Some(r) = last else {
+        return Err("generation produced no output".into());
+    };
+    if a.json {
+        let mut obj = json!({
+            "prompt_ids": ids,
+            "tokens": tokens,
+            "logprobs": logprobs,
+            "text": text,
+            "prompt_tps": r.prompt_tps,
+            "generation_tokens": r.generation_tokens,
+            "generation_tps": r.generation_tps,
+            "peak_memory_bytes": r.peak_memory_bytes,
+            "dtype": m.dtype_name,
+            "finish_reason": r.finish_reason.unwrap_or(FinishReason::Length).as_str(),
+        });
+        if a.top_logprobs > 0 {
+            obj["top_logprobs"] = Value::Array(tops.into_iter().map(Value::Array).collect());
+        }
+        writeln!(out, "{obj}").ok();
+    } else if !a.verbose {
+        writeln!(out, "{text}").ok();
+    } else {
+        writeln!(out).ok();
+        writeln!(out, "==========").ok();
+        if text.is_empty() {
+            writeln!(out, "No text generated for this prompt").ok();
+            return Ok(());
+        }
+        writeln!(
+            out,
+            "Prompt: {} tokens, {:.3} tokens-per-sec",
+            r.prompt_tokens, r.prompt_tps
+        )
+        .ok();
+        writeln!(
+            out,
+            "Generation: {} tokens, {:.3} tokens-per-sec",
+            r.generation_tokens, r.generation_tps
+        )
+        .ok();
+        writeln!(
+            out,
+            "Peak memory: {:.3} GB",
+            r.peak_memory_bytes as f64 / 1e9
+        )
+        .ok();
+    }
+    Ok(())
+}

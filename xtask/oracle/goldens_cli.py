@@ -1,0 +1,180 @@
+"""What mlx-lm 0.32.2's command-line tools print, for the `mlx` command's parity tests.
+
+Fixtures (written here too, deterministic): a tiny word-level tokenizer (128 ids, `<s>` BOS,
+`</s>` EOS, a chat template) in mlx-cli/tests/models/tokenizer/, and one model directory per
+tiny seeded llama model of mlx-models/tests/models, under mlx-cli/tests/models/<name>/, made of
+symlinks to that model's config.json and model.safetensors and to the tokenizer files.
+
+Goldens (mlx-cli/tests/goldens/cli.json), every one through mlx-lm's own entry points run as
+`python -m mlx_lm <tool>` from the repository root:
+- `generate`: seeded sampling (`--seed S --temp T` and more sampler flags) on dense and 4-bit
+  models; the streamed text and the "Generation: N tokens" count of its verbose output.
+- `chat`: a scripted session fed on stdin (three turns, a reset, more turns, `q`); the reply
+  text and token count of each turn, parsed from its output.
+- `cache_prompt` then `generate --prompt-cache-file`: the cache file
+  (mlx-cli/tests/goldens/prompt_cache_<name>.safetensors) and the continued text.
+Run with `cargo xtask goldens cli`.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+ROOT_MODELS = "mlx-models/tests/models"
+OUT = "mlx-cli/tests/models"
+GOLDENS = "mlx-cli/tests/goldens"
+
+SPECIAL = ["<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>"]
+WORDS = (
+    ", . ? ! hello world the a an cat dog bird fish sun moon star rain snow wind tree leaf "
+    "river sea hill road house door window book pen cup tea milk bread apple red green blue "
+    "black white big small old new fast slow happy sad good bad is are was be have has do "
+    "say go see come make take know think look want give use find tell ask work feel try "
+    "leave call i you he she it we they me him her us them my your his its our their what "
+    "who when where why how all some many one two three four five yes no not and or but if "
+    "then so very"
+).split()
+assert len(SPECIAL) + len(WORDS) <= 128, len(SPECIAL) + len(WORDS)
+VOCAB = SPECIAL + WORDS + [f"w{i}" for i in range(128 - len(SPECIAL) - len(WORDS))]
+TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+MODELS = ["dense_f32", "dense_bf16_untied", "q4_g32", "q4_g64_untied", "mistral_bias_llama3rope"]
+
+GENERATE = [
+    # name, model, args
+    ("seed_dense", "dense_f32", ["--seed", "7", "--temp", "0.9"]),
+    ("seed_dense_untied_bf16", "dense_bf16_untied", ["--seed", "3", "--temp", "1.2", "--top-p", "0.9"]),
+    ("seed_q4", "q4_g32", ["--seed", "11", "--temp", "1.0", "--top-k", "20", "--min-p", "0.02"]),
+    ("seed_q4_untied", "q4_g64_untied", ["--seed", "5", "--temp", "0.8", "--xtc-probability", "0.5",
+                                         "--xtc-threshold", "0.02"]),
+    ("seed_bias", "mistral_bias_llama3rope", ["--seed", "123", "--temp", "1.0", "--system-prompt",
+                                              "you are a cat"]),
+    ("seed_raw_kv", "mistral_bias_llama3rope", ["--seed", "42", "--temp", "1.0", "--ignore-chat-template",
+                                  "--kv-bits", "4", "--kv-group-size", "32", "--quantized-kv-start", "4",
+                                  "--prefill-step-size", "3"]),
+    ("greedy_no_seed", "q4_g32", []),
+]
+GEN_PROMPT = "hello , what is the big red sun ?"
+GEN_TOKENS = "24"
+
+CHAT = [
+    # name, model, args, stdin lines
+    ("chat_default", "dense_f32", ["--max-tokens", "10"],
+     ["hello world", "what is the sun ?", "tell me a story", "q"]),
+    ("chat_seeded", "q4_g32", ["--max-tokens", "12", "--temp", "0.9", "--seed", "4",
+                               "--system-prompt", "you are a dog"],
+     ["hello", "where is the moon ?", "r", "h", "say yes", "q"]),
+]
+
+CACHE = [
+    # name, model, cached prompt, continued prompt
+    ("cache_dense", "dense_f32", "the cat and the dog", "what is red ?"),
+    ("cache_q4", "q4_g64_untied", "one two three", "four five"),
+]
+
+
+def rel(target, link_dir):
+    return os.path.relpath(target, link_dir)
+
+
+def write_fixtures():
+    tdir = f"{OUT}/tokenizer"
+    os.makedirs(tdir, exist_ok=True)
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(VOCAB)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(SPECIAL)
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)]
+    )
+    tok.save(f"{tdir}/tokenizer.json")
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "unk_token": "<unk>",
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": 4096,
+        "chat_template": TEMPLATE,
+    }
+    with open(f"{tdir}/tokenizer_config.json", "w") as f:
+        json.dump(config, f, indent=1)
+    for m in MODELS:
+        d = f"{OUT}/{m}"
+        os.makedirs(d, exist_ok=True)
+        for name, target in [
+            ("config.json", f"{ROOT_MODELS}/{m}/config.json"),
+            ("model.safetensors", f"{ROOT_MODELS}/{m}/model.safetensors"),
+            ("tokenizer.json", f"{tdir}/tokenizer.json"),
+            ("tokenizer_config.json", f"{tdir}/tokenizer_config.json"),
+        ]:
+            link = f"{d}/{name}"
+            if os.path.lexists(link):
+                os.remove(link)
+            os.symlink(rel(target, d), link)
+
+
+def mlx_lm(tool, args, stdin=None):
+    r = subprocess.run([sys.executable, "-m", "mlx_lm", tool, *args], input=stdin,
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"mlx_lm {tool} {args} failed:\n{r.stdout}\n{r.stderr}")
+    return r.stdout
+
+
+def parse_generate(out):
+    m = re.search(r"==========\n(.*)\n==========\n", out, re.S)
+    assert m, out
+    text = m.group(1)
+    g = re.search(r"^Generation: (\d+) tokens", out, re.M)
+    return {"text": text, "generation_tokens": int(g.group(1)) if g else None}
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]|[\x01\x02]")
+
+
+def parse_chat(out):
+    """The reply of each turn: what follows the input prompt's line break up to the statistics
+    line that `ChatUI.end_turn` prints."""
+    out = ANSI.sub("", out)
+    turns = []
+    for m in re.finditer(r"› \n([^›]*?)\n  (\d+) tokens · ", out):
+        turns.append({"text": m.group(1), "generation_tokens": int(m.group(2))})
+    return turns
+
+
+def main():
+    write_fixtures()
+    goldens = {"generator": "xtask/oracle/goldens_cli.py", "generate": [], "chat": [], "cache": []}
+    for name, model, args in GENERATE:
+        full = ["--model", f"{OUT}/{model}", "--prompt", GEN_PROMPT, "--max-tokens", GEN_TOKENS, *args]
+        r = parse_generate(mlx_lm("generate", full))
+        goldens["generate"].append({"name": name, "args": full, **r})
+    for name, model, args, lines in CHAT:
+        full = ["--model", f"{OUT}/{model}", *args]
+        out = mlx_lm("chat", full, stdin="\n".join(lines) + "\n")
+        turns = parse_chat(out)
+        n_turns = sum(1 for l in lines if l not in ("q", "r", "h"))
+        assert len(turns) == n_turns, (turns, out)
+        goldens["chat"].append({"name": name, "args": full, "lines": lines, "turns": turns})
+    for name, model, cached, prompt in CACHE:
+        path = f"{GOLDENS}/prompt_cache_{name}.safetensors"
+        mdir = f"{OUT}/{model}"
+        mlx_lm("cache_prompt", ["--model", mdir, "--prompt", cached, "--prompt-cache-file", path])
+        full = ["--model", mdir, "--prompt-cache-file", path, "--prompt", prompt, "--max-tokens", "12"]
+        r = parse_generate(mlx_lm("generate", full))
+        goldens["cache"].append({"name": name, "model": mdir, "cached_prompt": cached,
+                                 "file": path, "args": full, **r})
+    with open(f"{GOLDENS}/cli.json", "w") as f:
+        json.dump(goldens, f, indent=1, ensure_ascii=False)
+    print(f"wrote {GOLDENS}/cli.json", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
