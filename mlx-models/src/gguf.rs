@@ -27,8 +27,28 @@ pub struct GgufModel {
     pub metadata: GgufMetadata,
 }
 
-fn cfg_err(path: &Path, m: impl std::fmt::Display) -> ModelError {
-    ModelError::Config(format!("{}: {m}", path.display()))
+fn gguf_err(path: &Path, m: impl std::fmt::Display) -> ModelError {
+    ModelError::Io {
+        path: path.display().to_string(),
+        message: m.to_string(),
+    }
+}
+
+/// A positive integer hyper-parameter `key`, as a 32-bit value.
+fn meta_count(meta: &GgufMetadata, path: &Path, key: &str) -> Result<Option<i32>> {
+    let Some(v) = meta_f64(meta, key) else {
+        return match meta.get(key) {
+            None => Ok(None),
+            Some(_) => Err(gguf_err(path, format!("metadata `{key}` is not a number"))),
+        };
+    };
+    if v.fract() != 0.0 || !(1.0..=f64::from(i32::MAX)).contains(&v) {
+        return Err(gguf_err(
+            path,
+            format!("metadata `{key}` is {v}; it must be a positive 32-bit integer"),
+        ));
+    }
+    Ok(Some(v as i32))
 }
 
 /// A metadata number (scalar array) as f64.
@@ -80,10 +100,21 @@ fn map_name(name: &str) -> Option<String> {
 
 /// Undoes llama.cpp's row permutation of Q / K: rows viewed as
 /// `(heads, head_dim / 2, 2)` -> swap the last two -> flatten. Scales and biases of a
-/// quantized tensor move with their rows.
-fn unpermute(a: &Array, heads: i32) -> Result<Array> {
+/// quantized tensor move with their rows. `name`/`key` name the tensor and the head count for
+/// the message when the shape does not allow it.
+fn unpermute(a: &Array, heads: i32, name: &str, key: &str) -> Result<Array> {
     let shape = a.shape();
-    let (rows, cols) = (shape[0], shape[1]);
+    let &[rows, cols] = shape.as_slice() else {
+        return Err(ModelError::Weights(vec![format!(
+            "GGUF tensor {name}: shape {shape:?}, expected 2 dimensions"
+        )]));
+    };
+    if heads <= 0 || rows % heads != 0 || (rows / heads) % 2 != 0 {
+        return Err(ModelError::Weights(vec![format!(
+            "GGUF tensor {name}: {rows} rows cannot be split into {key} = {heads} heads of an \
+             even head dimension"
+        )]));
+    }
     let hd = rows / heads;
     let v = ops::reshape(a, &[heads, hd / 2, 2, cols], None)?;
     let v = ops::swapaxes(&v, 1, 2, None)?;
@@ -92,7 +123,7 @@ fn unpermute(a: &Array, heads: i32) -> Result<Array> {
 
 /// Reads a llama-architecture GGUF file.
 pub fn read_gguf(path: &Path) -> Result<GgufModel> {
-    let (raw, metadata) = load_gguf(path, None).map_err(|e| cfg_err(path, e))?;
+    let (raw, metadata) = load_gguf(path, None)?;
     let arch = meta_str(&metadata, "general.architecture").unwrap_or("");
     if arch != "llama" {
         return Err(ModelError::UnsupportedModelType {
@@ -102,55 +133,78 @@ pub fn read_gguf(path: &Path) -> Result<GgufModel> {
     }
     let num = |key: &str| -> Result<f64> {
         meta_f64(&metadata, &format!("llama.{key}"))
-            .ok_or_else(|| cfg_err(path, format!("metadata `llama.{key}` missing")))
-    };
-    let heads = num("attention.head_count")? as i32;
-    let kv_heads = meta_f64(&metadata, "llama.attention.head_count_kv").map_or(heads, |v| v as i32);
-    let hidden = num("embedding_length")? as i32;
-    let vocab = match meta_f64(&metadata, "llama.vocab_size") {
-        Some(v) => v as i32,
-        None => match metadata.get("tokenizer.ggml.tokens") {
-            Some(GgufValue::Strings(t)) => t.len() as i32,
-            _ => {
-                return Err(cfg_err(
+            .filter(|v| v.is_finite())
+            .ok_or_else(|| {
+                gguf_err(
                     path,
-                    "no vocabulary size (llama.vocab_size or tokenizer.ggml.tokens)",
-                ))
-            }
-        },
+                    format!("metadata `llama.{key}` is missing or not a finite number"),
+                )
+            })
     };
+    let count = |key: &str| -> Result<i32> {
+        meta_count(&metadata, path, &format!("llama.{key}"))?
+            .ok_or_else(|| gguf_err(path, format!("metadata `llama.{key}` is missing")))
+    };
+    let heads = count("attention.head_count")?;
+    let kv_heads = meta_count(&metadata, path, "llama.attention.head_count_kv")?.unwrap_or(heads);
+    let hidden = count("embedding_length")?;
+    let vocab =
+        match meta_count(&metadata, path, "llama.vocab_size")? {
+            Some(v) => v,
+            None => match metadata.get("tokenizer.ggml.tokens") {
+                Some(GgufValue::Strings(t)) => i32::try_from(t.len()).map_err(|_| {
+                    gguf_err(
+                        path,
+                        "metadata `tokenizer.ggml.tokens` has too many entries",
+                    )
+                })?,
+                _ => return Err(gguf_err(
+                    path,
+                    "no vocabulary size (metadata `llama.vocab_size` or `tokenizer.ggml.tokens`)",
+                )),
+            },
+        };
+    let blocks = count("block_count")?;
+    let ffn = count("feed_forward_length")?;
     let mut tensors = BTreeMap::new();
     let mut unknown = Vec::new();
     for (name, a) in raw {
         match map_name(&name) {
             Some(m) => {
                 let a = if m.contains(".self_attn.q_proj.") {
-                    unpermute(&a, heads)?
+                    unpermute(&a, heads, &name, "llama.attention.head_count")?
                 } else if m.contains(".self_attn.k_proj.") {
-                    unpermute(&a, kv_heads)?
+                    unpermute(&a, kv_heads, &name, "llama.attention.head_count_kv")?
                 } else {
                     a
                 };
-                tensors.insert(m, a);
+                if tensors.insert(m.clone(), a).is_some() {
+                    return Err(gguf_err(
+                        path,
+                        format!(
+                            "GGUF tensor {name} maps to {m}, which another tensor already gave"
+                        ),
+                    ));
+                }
             }
             None => unknown.push(name),
         }
     }
     if !unknown.is_empty() {
         unknown.sort();
-        return Err(ModelError::Weights(
+        return Err(ModelError::Weights(crate::weights::cap_listing(
             unknown
                 .into_iter()
                 .map(|n| format!("unexpected GGUF tensor: {n}"))
                 .collect(),
-        ));
+        )));
     }
     let tied = !tensors.contains_key("lm_head.weight");
     let mut config = json!({
         "model_type": "llama",
         "hidden_size": hidden,
-        "num_hidden_layers": num("block_count")? as i64,
-        "intermediate_size": num("feed_forward_length")? as i64,
+        "num_hidden_layers": blocks,
+        "intermediate_size": ffn,
         "num_attention_heads": heads,
         "num_key_value_heads": kv_heads,
         "rms_norm_eps": num("attention.layer_norm_rms_epsilon")?,
@@ -158,15 +212,18 @@ pub fn read_gguf(path: &Path) -> Result<GgufModel> {
         "rope_theta": meta_f64(&metadata, "llama.rope.freq_base").unwrap_or(10000.0),
         "tie_word_embeddings": tied,
     });
-    if let Some(ctx) = meta_f64(&metadata, "llama.context_length") {
-        config["max_position_embeddings"] = Value::from(ctx as i64);
+    if let Some(ctx) = meta_count(&metadata, path, "llama.context_length")? {
+        config["max_position_embeddings"] = Value::from(ctx);
     }
-    if let Some(d) = meta_f64(&metadata, "llama.rope.dimension_count") {
-        if d as i32 != hidden / heads {
-            config["head_dim"] = Value::from(d as i64);
+    if let Some(d) = meta_count(&metadata, path, "llama.rope.dimension_count")? {
+        if d != hidden / heads {
+            config["head_dim"] = Value::from(d);
         }
     }
-    let config = ModelConfig::from_value(config)?;
+    let config = ModelConfig::from_value(config).map_err(|e| match e {
+        ModelError::Config(m) => gguf_err(path, format!("hyper-parameters: {m}")),
+        other => other,
+    })?;
     Ok(GgufModel {
         config,
         tensors,

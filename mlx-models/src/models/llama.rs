@@ -66,15 +66,39 @@ impl ModelArgs {
                 self.num_hidden_layers.max(0) as usize
             ]);
         }
-        if self.vocab_size <= 0 || self.hidden_size <= 0 || self.num_attention_heads <= 0 {
+        if self.vocab_size <= 0
+            || self.hidden_size <= 0
+            || self.num_attention_heads <= 0
+            || self.intermediate_size <= 0
+            || self.num_hidden_layers < 0
+            || self.head_dim.is_some_and(|d| d <= 0)
+        {
             return Err(ModelError::Config(
-                "vocab_size, hidden_size and num_attention_heads must be positive".into(),
+                "vocab_size, hidden_size, intermediate_size, num_attention_heads and head_dim \
+                 must be positive (num_hidden_layers non-negative)"
+                    .into(),
             ));
+        }
+        if !self.rms_norm_eps.is_finite() || !(self.rope_theta.is_finite() && self.rope_theta > 0.0)
+        {
+            return Err(ModelError::Config(format!(
+                "rms_norm_eps ({}) must be finite and rope_theta ({}) finite and positive",
+                self.rms_norm_eps, self.rope_theta
+            )));
         }
         if self.hidden_size % self.num_attention_heads != 0 && self.head_dim.is_none() {
             return Err(ModelError::Config(
                 "hidden_size must divide by num_attention_heads (or give head_dim)".into(),
             ));
+        }
+        let head_dim = self
+            .head_dim
+            .unwrap_or(self.hidden_size / self.num_attention_heads);
+        if i64::from(head_dim) * i64::from(self.num_attention_heads) > i64::from(i32::MAX) {
+            return Err(ModelError::Config(format!(
+                "num_attention_heads {} x head_dim {head_dim} is past 2^31 - 1",
+                self.num_attention_heads
+            )));
         }
         let kv = self.num_key_value_heads.unwrap_or(1);
         if kv <= 0 || self.num_attention_heads % kv != 0 {
