@@ -122,6 +122,15 @@ impl ChatTemplateOptions {
     }
 }
 
+/// The work one render may do (minijinja fuel: about one unit per instruction and per 64 bytes
+/// built), so a template cannot run forever or fill memory: real chat templates use well under
+/// a hundredth of it.
+pub const TEMPLATE_FUEL: u64 = 10_000_000;
+/// The largest `tojson` indent (Python accepts any; a huge one only exhausts memory).
+pub const MAX_TOJSON_INDENT: usize = 256;
+/// The most text one `tojson` call may produce.
+pub const MAX_TOJSON_OUTPUT: usize = 64 << 20;
+
 const CONTINUE_TAG: &str = "CONTINUE_FINAL_MESSAGE_TAG ";
 const REASONING_FIELDS: [&str; 3] = ["reasoning_content", "thinking", "reasoning"];
 
@@ -136,6 +145,7 @@ impl ChatTemplate {
     /// Compiles `source` in transformers' Jinja environment.
     pub fn new(source: &str) -> Result<Self> {
         let mut env = Environment::new();
+        env.set_fuel(Some(TEMPLATE_FUEL));
         let syntax = minijinja::syntax::SyntaxConfig::builder()
             .trim_blocks(true)
             .lstrip_blocks(true)
@@ -348,6 +358,13 @@ impl ChatTemplate {
 }
 
 fn template_error(e: Error) -> TokenizerError {
+    if e.kind() == ErrorKind::OutOfFuel {
+        return TokenizerError::Template(format!(
+            "chat template: rendering stopped after {TEMPLATE_FUEL} units of work (about that \
+             many steps, or 64 times that many bytes built): the template loops too long or \
+             produces too much text"
+        ));
+    }
     if e.kind() == ErrorKind::InvalidOperation {
         if let Some(detail) = e.detail() {
             // raise_exception(message): transformers raises `TemplateError(message)`.
@@ -583,6 +600,12 @@ fn json_string(s: &str, ensure_ascii: bool, out: &mut String) {
 }
 
 fn json_dump(v: &Value, style: &JsonStyle, level: usize, out: &mut String) -> Result2<()> {
+    if out.len() > MAX_TOJSON_OUTPUT {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!("tojson: the output is longer than {MAX_TOJSON_OUTPUT} bytes"),
+        ));
+    }
     let newline = |out: &mut String, level: usize| {
         if let Some(ind) = &style.indent {
             out.push('\n');
@@ -705,10 +728,31 @@ fn tojson_filter(value: &Value, args: Rest<Value>, kwargs: Kwargs) -> Result2<Va
     let indent = match indent_v {
         None => None,
         Some(v) if v.is_none() || v.is_undefined() => None,
-        Some(v) => match v.as_str() {
-            Some(s) => Some(s.to_string()),
-            None => Some(" ".repeat(v.as_i64().unwrap_or(0).max(0) as usize)),
-        },
+        Some(v) => {
+            let indent = match v.as_str() {
+                Some(s) => s.to_string(),
+                None => {
+                    let n = v.as_i64().unwrap_or(0).max(0);
+                    if n > MAX_TOJSON_INDENT as i64 {
+                        return Err(Error::new(
+                            ErrorKind::InvalidOperation,
+                            format!("tojson: indent {n} is larger than {MAX_TOJSON_INDENT}"),
+                        ));
+                    }
+                    " ".repeat(n as usize)
+                }
+            };
+            if indent.len() > MAX_TOJSON_INDENT {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!(
+                        "tojson: an indent of {} characters is longer than {MAX_TOJSON_INDENT}",
+                        indent.len()
+                    ),
+                ));
+            }
+            Some(indent)
+        }
     };
     let (item_sep, key_sep) = match separators_v {
         Some(v) if !v.is_none() && !v.is_undefined() => {

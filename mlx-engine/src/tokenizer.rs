@@ -167,11 +167,16 @@ fn read_json(path: &Path) -> Result<Value> {
 /// Ids from a config's `eos_token_id`: an int or a list of ints.
 fn eos_ids_from(v: &Value) -> Vec<u32> {
     match v {
-        Value::Number(n) => n.as_u64().map(|n| vec![n as u32]).unwrap_or_default(),
+        // Ids past u32 are kept as u32::MAX (not truncated onto a real token), so that
+        // generation refuses them as outside the vocabulary.
+        Value::Number(n) => n
+            .as_u64()
+            .map(|n| vec![u32::try_from(n).unwrap_or(u32::MAX)])
+            .unwrap_or_default(),
         Value::Array(a) => a
             .iter()
             .filter_map(Value::as_u64)
-            .map(|n| n as u32)
+            .map(|n| u32::try_from(n).unwrap_or(u32::MAX))
             .collect(),
         _ => Vec::new(),
     }
