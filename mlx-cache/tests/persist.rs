@@ -207,3 +207,26 @@ fn deeply_nested_prompt_cache_keys_are_refused() {
     let err = load_prompt_cache(&path).unwrap_err().to_string();
     assert!(err.contains("nests 5000 levels"), "{err}");
 }
+
+/// Found by `cargo xtask fuzz prompt_cache`: a cached array without a sequence axis made the
+/// next update index past its shape (a panic).
+#[test]
+fn fuzz_regression_cached_arrays_without_a_sequence_axis() {
+    let mut c = KVCache::new();
+    c.update_and_fetch(&kv(2, 2, 32, 0.0), &kv(2, 2, 32, 1.0))
+        .unwrap();
+    let good = tmp("seqaxis");
+    let caches: Vec<Box<dyn Cache>> = vec![Box::new(c)];
+    save_prompt_cache(&good, &caches, &BTreeMap::new()).unwrap();
+    let (mut arrays, meta) = load_safetensors(&good, None).unwrap();
+    let flat = Array::from_slice(&[1.0f32, 2.0], &[2]).unwrap();
+    arrays.insert("0.0".into(), flat.clone());
+    arrays.insert("0.1".into(), flat);
+    let bad = tmp("seqaxis_bad");
+    mlx_core::io::save_safetensors(&bad, arrays.iter().map(|(k, a)| (k.as_str(), a)), &meta)
+        .unwrap();
+    if let Ok((mut loaded, _)) = load_prompt_cache(&bad) {
+        let r = loaded[0].update_and_fetch(&kv(1, 2, 32, 0.0), &kv(1, 2, 32, 1.0));
+        assert!(r.is_err());
+    }
+}

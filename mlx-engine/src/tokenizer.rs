@@ -164,6 +164,48 @@ fn read_json(path: &Path) -> Result<Value> {
         .map_err(|e| TokenizerError::Config(format!("parsing {}: {e}", path.display())))
 }
 
+/// How deeply a tokenizer.json may nest (real ones nest about 6 levels).
+const MAX_TOKENIZER_JSON_DEPTH: usize = 64;
+
+/// `tokenizers::Tokenizer::from_bytes`, hardened: deeply nested documents are refused first
+/// (the tokenizers crate panics on them, `expect("Helper")` in its decoder deserializer), and
+/// any other panic inside the crate becomes an error.
+fn parse_tokenizer_json(bytes: &[u8]) -> std::result::Result<tokenizers::Tokenizer, String> {
+    let mut depth = 0usize;
+    let mut max = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for &b in bytes {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                max = max.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    if max > MAX_TOKENIZER_JSON_DEPTH {
+        return Err(format!(
+            "the document nests {max} levels deep (at most {MAX_TOKENIZER_JSON_DEPTH})"
+        ));
+    }
+    match std::panic::catch_unwind(|| tokenizers::Tokenizer::from_bytes(bytes)) {
+        Ok(r) => r.map_err(|e| e.to_string()),
+        Err(_) => Err("the tokenizers crate could not parse it (it panicked)".into()),
+    }
+}
+
 /// Ids from a config's `eos_token_id`: an int or a list of ints.
 fn eos_ids_from(v: &Value) -> Vec<u32> {
     match v {
@@ -227,7 +269,7 @@ impl Tokenizer {
         let bytes = std::fs::read(&tokenizer_json).map_err(|e| {
             TokenizerError::Io(format!("reading {}: {e}", tokenizer_json.display()))
         })?;
-        let inner = tokenizers::Tokenizer::from_bytes(&bytes)
+        let inner = parse_tokenizer_json(&bytes)
             .map_err(|e| TokenizerError::Backend(format!("{}: {e}", tokenizer_json.display())))?;
         let config_path = dir.join("tokenizer_config.json");
         let mut config = if config_path.is_file() {

@@ -246,3 +246,27 @@ fn templates_cannot_abort_run_forever_or_exhaust_memory() {
     .unwrap_err();
     assert!(e.contains("too much text"), "{e}");
 }
+
+/// Found by `cargo xtask fuzz template`: `{%}` made the `{% generation %}` rewrite slice
+/// backwards (a panic).
+#[test]
+fn fuzz_regression_overlapping_tag_delimiters() {
+    for src in ["{%}{%", "{%}%- endfor %}", "{%}", "x{%"] {
+        assert!(render(src).is_err(), "{src}");
+    }
+}
+
+/// Found by `cargo xtask fuzz tokenizer`: a deeply nested `decoder` made the tokenizers crate
+/// panic (`expect("Helper")`) instead of failing.
+#[test]
+fn fuzz_regression_deeply_nested_tokenizer_json() {
+    let dir = std::env::temp_dir().join(format!("mlx-engine-deep-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let nested = format!("{}1{}", "[".repeat(173), "]".repeat(173));
+    let json = format!(
+        r#"{{"version":"1.0","added_tokens":[],"normalizer":null,"pre_tokenizer":null,"post_processor":null,"decoder":{{"type":{nested}}},"model":{{"type":"WordLevel","vocab":{{"a":0}},"unk_token":"a"}}}}"#
+    );
+    std::fs::write(dir.join("tokenizer.json"), json).unwrap();
+    let e = Tokenizer::from_dir(&dir).unwrap_err().to_string();
+    assert!(e.contains("tokenizer.json") && e.contains("nests"), "{e}");
+}
