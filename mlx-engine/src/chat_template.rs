@@ -126,6 +126,9 @@ impl ChatTemplateOptions {
 /// built), so a template cannot run forever or fill memory: real chat templates use well under
 /// a hundredth of it.
 pub const TEMPLATE_FUEL: u64 = 10_000_000;
+/// The longest Python `str()` of one value a template may print (`{{ messages * 1000000 }}`
+/// would otherwise build hundreds of megabytes outside the fuel budget).
+pub const MAX_PRINTED_VALUE: usize = 16 << 20;
 /// The largest `tojson` indent (Python accepts any; a huge one only exhausts memory).
 pub const MAX_TOJSON_INDENT: usize = 256;
 /// The most text one `tojson` call may produce.
@@ -537,26 +540,55 @@ type Result2<T> = std::result::Result<T, Error>;
 
 /// Python's `repr` of a template value.
 fn py_repr(v: &Value) -> Result2<String> {
-    Ok(match v.kind() {
-        ValueKind::Undefined => String::new(),
-        ValueKind::None => "None".into(),
-        ValueKind::Bool => if v.is_true() { "True" } else { "False" }.into(),
-        ValueKind::Number => number_repr(v)?,
-        ValueKind::String => py_str_repr(v.as_str().unwrap_or_default()),
+    let mut budget = MAX_PRINTED_VALUE;
+    py_repr_in(v, &mut budget)
+}
+
+/// Takes `n` bytes from the budget of one printed value.
+fn charge(budget: &mut usize, n: usize) -> Result2<()> {
+    *budget = budget.checked_sub(n).ok_or_else(|| {
+        Error::new(
+            ErrorKind::InvalidOperation,
+            format!("chat template: a printed value is longer than {MAX_PRINTED_VALUE} bytes"),
+        )
+    })?;
+    Ok(())
+}
+
+fn py_repr_in(v: &Value, budget: &mut usize) -> Result2<String> {
+    let leaf = |s: String, budget: &mut usize| -> Result2<String> {
+        charge(budget, s.len())?;
+        Ok(s)
+    };
+    match v.kind() {
+        ValueKind::Undefined => Ok(String::new()),
+        ValueKind::None => leaf("None".into(), budget),
+        ValueKind::Bool => leaf(if v.is_true() { "True" } else { "False" }.into(), budget),
+        ValueKind::Number => leaf(number_repr(v)?, budget),
+        ValueKind::String => leaf(py_str_repr(v.as_str().unwrap_or_default()), budget),
         ValueKind::Seq | ValueKind::Iterable => {
-            let items: Result2<Vec<String>> = v.try_iter()?.map(|x| py_repr(&x)).collect();
-            format!("[{}]", items?.join(", "))
+            let mut items = Vec::new();
+            for x in v.try_iter()? {
+                charge(budget, 2)?;
+                items.push(py_repr_in(&x, budget)?);
+            }
+            Ok(format!("[{}]", items.join(", ")))
         }
         ValueKind::Map => {
             let mut parts = Vec::new();
             for k in v.try_iter()? {
+                charge(budget, 4)?;
                 let item = v.get_item(&k)?;
-                parts.push(format!("{}: {}", py_repr(&k)?, py_repr(&item)?));
+                parts.push(format!(
+                    "{}: {}",
+                    py_repr_in(&k, budget)?,
+                    py_repr_in(&item, budget)?
+                ));
             }
-            format!("{{{}}}", parts.join(", "))
+            Ok(format!("{{{}}}", parts.join(", ")))
         }
-        _ => v.to_string(),
-    })
+        _ => leaf(v.to_string(), budget),
+    }
 }
 
 /// Python's `str()` of a template value (what `{{ value }}` prints in Jinja2).

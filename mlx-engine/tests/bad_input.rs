@@ -270,3 +270,12 @@ fn fuzz_regression_deeply_nested_tokenizer_json() {
     let e = Tokenizer::from_dir(&dir).unwrap_err().to_string();
     assert!(e.contains("tokenizer.json") && e.contains("nests"), "{e}");
 }
+
+/// Found by `cargo xtask fuzz template` (a 5 s hang): printing `messages * 1000000` built a
+/// Python repr of three million dicts outside the fuel budget.
+#[test]
+fn fuzz_regression_printing_a_huge_list() {
+    let e = render("{{ messages * 1000000 }}").unwrap_err();
+    assert!(e.contains("longer than"), "{e}");
+    assert!(render("{{ messages * 3 }}").is_ok());
+}
