@@ -129,6 +129,8 @@ pub const TEMPLATE_FUEL: u64 = 10_000_000;
 /// The longest Python `str()` of one value a template may print (`{{ messages * 1000000 }}`
 /// would otherwise build hundreds of megabytes outside the fuel budget).
 pub const MAX_PRINTED_VALUE: usize = 16 << 20;
+/// How deeply a printed or `tojson` value may nest (a namespace can contain itself).
+pub const MAX_VALUE_DEPTH: usize = 128;
 /// The largest `tojson` indent (Python accepts any; a huge one only exhausts memory).
 pub const MAX_TOJSON_INDENT: usize = 256;
 /// The most text one `tojson` call may produce.
@@ -541,7 +543,17 @@ type Result2<T> = std::result::Result<T, Error>;
 /// Python's `repr` of a template value.
 fn py_repr(v: &Value) -> Result2<String> {
     let mut budget = MAX_PRINTED_VALUE;
-    py_repr_in(v, &mut budget)
+    py_repr_in(v, &mut budget, 0)
+}
+
+fn too_deep(what: &str) -> Error {
+    Error::new(
+        ErrorKind::InvalidOperation,
+        format!(
+            "chat template: {what} a value nested more than {MAX_VALUE_DEPTH} levels deep \
+             (a value that contains itself?)"
+        ),
+    )
 }
 
 /// Takes `n` bytes from the budget of one printed value.
@@ -555,7 +567,10 @@ fn charge(budget: &mut usize, n: usize) -> Result2<()> {
     Ok(())
 }
 
-fn py_repr_in(v: &Value, budget: &mut usize) -> Result2<String> {
+fn py_repr_in(v: &Value, budget: &mut usize, depth: usize) -> Result2<String> {
+    if depth > MAX_VALUE_DEPTH {
+        return Err(too_deep("printing"));
+    }
     let leaf = |s: String, budget: &mut usize| -> Result2<String> {
         charge(budget, s.len())?;
         Ok(s)
@@ -570,7 +585,7 @@ fn py_repr_in(v: &Value, budget: &mut usize) -> Result2<String> {
             let mut items = Vec::new();
             for x in v.try_iter()? {
                 charge(budget, 2)?;
-                items.push(py_repr_in(&x, budget)?);
+                items.push(py_repr_in(&x, budget, depth + 1)?);
             }
             Ok(format!("[{}]", items.join(", ")))
         }
@@ -581,8 +596,8 @@ fn py_repr_in(v: &Value, budget: &mut usize) -> Result2<String> {
                 let item = v.get_item(&k)?;
                 parts.push(format!(
                     "{}: {}",
-                    py_repr_in(&k, budget)?,
-                    py_repr_in(&item, budget)?
+                    py_repr_in(&k, budget, depth + 1)?,
+                    py_repr_in(&item, budget, depth + 1)?
                 ));
             }
             Ok(format!("{{{}}}", parts.join(", ")))
@@ -633,6 +648,9 @@ fn json_string(s: &str, ensure_ascii: bool, out: &mut String) {
 }
 
 fn json_dump(v: &Value, style: &JsonStyle, level: usize, out: &mut String) -> Result2<()> {
+    if level > MAX_VALUE_DEPTH {
+        return Err(too_deep("tojson of"));
+    }
     if out.len() > MAX_TOJSON_OUTPUT {
         return Err(Error::new(
             ErrorKind::InvalidOperation,

@@ -279,3 +279,14 @@ fn fuzz_regression_printing_a_huge_list() {
     assert!(e.contains("longer than"), "{e}");
     assert!(render("{{ messages * 3 }}").is_ok());
 }
+
+/// Found by `cargo xtask fuzz template` (a stack overflow): a namespace holding itself made
+/// printing and `tojson` recurse forever.
+#[test]
+fn fuzz_regression_a_value_that_contains_itself() {
+    let e = render("{% set ns = namespace(n=0) %}{% set ns.n = ns %}{{ ns.n }}").unwrap_err();
+    assert!(e.contains("nested more than"), "{e}");
+    let e =
+        render("{% set ns = namespace(n=0) %}{% set ns.n = ns %}{{ ns | tojson }}").unwrap_err();
+    assert!(e.contains("nested more than"), "{e}");
+}

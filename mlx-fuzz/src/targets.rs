@@ -401,7 +401,7 @@ impl Target {
         for _ in 0..=below(u, 5) {
             let at = floor_boundary(&src, below(u, src.len() + 1));
             match below(u, 4) {
-                0 | 1 => src.insert_str(at, *pick(u, SNIPPETS)),
+                0 | 1 => src.insert_str(at, pick::<&str>(u, SNIPPETS)),
                 2 => {
                     let end = floor_boundary(&src, at + below(u, 20));
                     src.replace_range(at..end.max(at), "");
@@ -740,7 +740,7 @@ impl GgufSpec {
                     let t = below(u, 14) as u32;
                     let mut v = Vec::new();
                     match t {
-                        8 => gguf_string(&mut v, *pick(u, &["", "llama", "gpt2", "x"])),
+                        8 => gguf_string(&mut v, pick::<&str>(u, &["", "llama", "gpt2", "x"])),
                         9 => {
                             v.extend((below(u, 13) as u32).to_le_bytes());
                             v.extend(interesting_u64(u).min(64).to_le_bytes());

@@ -79,7 +79,7 @@ impl ModelArgs {
                     .into(),
             ));
         }
-        if !self.rms_norm_eps.is_finite() || !(self.rope_theta.is_finite() && self.rope_theta > 0.0)
+        if !(self.rms_norm_eps.is_finite() && self.rope_theta.is_finite() && self.rope_theta > 0.0)
         {
             return Err(ModelError::Config(format!(
                 "rms_norm_eps ({}) must be finite and rope_theta ({}) finite and positive",
