@@ -230,3 +230,26 @@ fn fuzz_regression_cached_arrays_without_a_sequence_axis() {
         assert!(r.is_err());
     }
 }
+
+/// Found by `cargo xtask fuzz prompt_cache` (117 inputs): a ChunkedKVCache whose
+/// start_position is past its offset made the next update subtract with overflow.
+#[test]
+fn fuzz_regression_chunked_cache_positions_are_checked() {
+    let mut c = ChunkedKVCache::new(8);
+    c.update_and_fetch(&kv(2, 2, 32, 0.0), &kv(2, 2, 32, 1.0))
+        .unwrap();
+    let good = tmp("chunked");
+    let caches: Vec<Box<dyn Cache>> = vec![Box::new(c)];
+    save_prompt_cache(&good, &caches, &BTreeMap::new()).unwrap();
+    let (mut arrays, meta) = load_safetensors(&good, None).unwrap();
+    // State: keys, values, offset (0.2), chunk_size (0.3), start_position (0.4).
+    arrays.insert("0.4".into(), Array::from_int(5, Dtype::Int32).unwrap());
+    let bad = tmp("chunked_bad");
+    mlx_core::io::save_safetensors(&bad, arrays.iter().map(|(k, a)| (k.as_str(), a)), &meta)
+        .unwrap();
+    let err = match load_prompt_cache(&bad) {
+        Ok(_) => panic!("a start_position past the offset loaded"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("start_position 5"), "{err}");
+}

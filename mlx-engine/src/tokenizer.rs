@@ -60,6 +60,16 @@ pub(crate) fn backend_err(e: impl std::fmt::Display) -> TokenizerError {
     TokenizerError::Backend(e.to_string())
 }
 
+/// Runs a call into the tokenizers crate, turning a panic inside it (it indexes past its
+/// buffers for some malformed normalizers) into an error.
+fn backend<T>(what: &str, f: impl FnOnce() -> T) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|_| {
+        TokenizerError::Backend(format!(
+            "{what}: the tokenizers crate failed (it panicked); the tokenizer files are malformed"
+        ))
+    })
+}
+
 /// The special-token attributes transformers names, in its order (`SPECIAL_TOKENS_ATTRIBUTES`).
 const NAMED_SPECIAL_TOKENS: [&str; 7] = [
     "bos_token",
@@ -376,8 +386,7 @@ impl Tokenizer {
             }
         }
         if !to_add.is_empty() {
-            inner
-                .add_special_tokens(to_add)
+            backend("adding special tokens", || inner.add_special_tokens(to_add))?
                 .map_err(|e| TokenizerError::Backend(format!("adding special tokens: {e}")))?;
         }
 
@@ -499,10 +508,10 @@ impl Tokenizer {
 
     /// Token ids of `text`; `add_special_tokens` applies the post-processor (e.g. BOS).
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
-        let enc = self
-            .inner
-            .encode_fast(text, add_special_tokens)
-            .map_err(backend_err)?;
+        let enc = backend("encoding", || {
+            self.inner.encode_fast(text, add_special_tokens)
+        })?
+        .map_err(backend_err)?;
         Ok(enc.get_ids().to_vec())
     }
 
@@ -518,9 +527,7 @@ impl Tokenizer {
 
     /// The text of `ids` (transformers `decode`). Ids outside the vocabulary are skipped.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
-        let text = self
-            .inner
-            .decode(ids, skip_special_tokens)
+        let text = backend("decoding", || self.inner.decode(ids, skip_special_tokens))?
             .map_err(backend_err)?;
         Ok(if self.clean_up_tokenization_spaces {
             clean_up_tokenization(&text)

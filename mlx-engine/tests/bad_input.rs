@@ -290,3 +290,17 @@ fn fuzz_regression_a_value_that_contains_itself() {
         render("{% set ns = namespace(n=0) %}{% set ns.n = ns %}{{ ns | tojson }}").unwrap_err();
     assert!(e.contains("nested more than"), "{e}");
 }
+
+/// Found by `cargo xtask fuzz tokenizer` (2 inputs in 330k): with this malformed normalizer
+/// the tokenizers crate indexes past a buffer while encoding (a panic inside the crate).
+#[test]
+fn fuzz_regression_tokenizers_crate_panic_is_an_error() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fuzz_regressions/tokenizer_normalizer");
+    let r = Tokenizer::from_dir(&dir).and_then(|t| {
+        let ids = t.encode("hello world <s> héllo\u{0} </s> 123", true)?;
+        t.decode(&ids, false).map(|_| ())
+    });
+    let e = r.expect_err("the tokenizer should fail").to_string();
+    assert!(e.contains("panicked"), "{e}");
+}
