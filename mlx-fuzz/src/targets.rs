@@ -400,8 +400,15 @@ impl Target {
         let mut src: String = pick(u, SEED_TEMPLATES).to_string();
         for _ in 0..=below(u, 5) {
             let at = floor_boundary(&src, below(u, src.len() + 1));
-            match below(u, 4) {
-                0 | 1 => src.insert_str(at, pick::<&str>(u, SNIPPETS)),
+            // Tag boundaries, where a whole snippet keeps the template parseable.
+            let mut seams = vec![0, src.len()];
+            seams.extend(src.match_indices("}}").map(|(i, _)| i + 2));
+            seams.extend(src.match_indices("%}").map(|(i, _)| i + 2));
+            match below(u, 5) {
+                0..=2 => {
+                    let at = if chance(u, 80) { *pick(u, &seams) } else { at };
+                    src.insert_str(at, pick::<&str>(u, SNIPPETS));
+                }
                 2 => {
                     let end = floor_boundary(&src, at + below(u, 20));
                     src.replace_range(at..end.max(at), "");
@@ -565,6 +572,11 @@ const SEED_TEMPLATES: &[&str] = &[
 ];
 
 const SNIPPETS: &[&str] = &[
+    "{% for i in range(100000) %}{% for j in range(100000) %}{{ i }}{% endfor %}{% endfor %}",
+    "{% for m in messages * 100000 %}{{ m }}{% endfor %}",
+    "{% for m in messages %}{{ m | tojson(indent=4) }}{% endfor %}",
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}{% endif %}",
+    "{% set ns = namespace(n=ns) %}{{ ns }}",
     "{% for i in range(100000) %}",
     "{% for i in range(1000000000) %}",
     "{% endfor %}",
