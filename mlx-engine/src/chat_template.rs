@@ -128,7 +128,7 @@ impl ChatTemplateOptions {
 pub const TEMPLATE_FUEL: u64 = 10_000_000;
 /// The longest Python `str()` of one value a template may print (`{{ messages * 1000000 }}`
 /// would otherwise build hundreds of megabytes outside the fuel budget).
-pub const MAX_PRINTED_VALUE: usize = 16 << 20;
+pub const MAX_PRINTED_VALUE: usize = 4 << 20;
 /// How deeply a printed or `tojson` value may nest (a namespace can contain itself).
 pub const MAX_VALUE_DEPTH: usize = 128;
 /// The largest `tojson` indent (Python accepts any; a huge one only exhausts memory).
