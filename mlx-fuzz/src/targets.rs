@@ -409,7 +409,7 @@ impl Target {
                     let at = if chance(u, 80) { *pick(u, &seams) } else { at };
                     src.insert_str(at, pick::<&str>(u, SNIPPETS));
                 }
-                2 => {
+                3 => {
                     let end = floor_boundary(&src, at + below(u, 20));
                     src.replace_range(at..end.max(at), "");
                 }
