@@ -123,9 +123,9 @@ impl ChatTemplateOptions {
 }
 
 /// The work one render may do (minijinja fuel: about one unit per instruction and per 64 bytes
-/// built), so a template cannot run forever or fill memory: real chat templates use well under
-/// a hundredth of it.
-pub const TEMPLATE_FUEL: u64 = 10_000_000;
+/// built, so at most about 128 MB of text), so a template cannot run forever or fill memory;
+/// every real template of the golden tests renders well within it.
+pub const TEMPLATE_FUEL: u64 = 2_000_000;
 /// The longest Python `str()` of one value a template may print (`{{ messages * 1000000 }}`
 /// would otherwise build hundreds of megabytes outside the fuel budget).
 pub const MAX_PRINTED_VALUE: usize = 4 << 20;

@@ -304,3 +304,12 @@ fn fuzz_regression_tokenizers_crate_panic_is_an_error() {
     let e = r.expect_err("the tokenizer should fail").to_string();
     assert!(e.contains("panicked"), "{e}");
 }
+
+/// Found by `cargo xtask fuzz template` (a 5 s watchdog hit under load): a 100 MB string
+/// printed once per message used 300 MB before the fuel ran out; the budget now stops it at
+/// the first.
+#[test]
+fn fuzz_regression_huge_strings_run_out_of_fuel() {
+    let e = render("{% for m in messages %}{{ 'x' * 100000000 }}{% endfor %}").unwrap_err();
+    assert!(e.contains("too much text"), "{e}");
+}
