@@ -63,13 +63,29 @@ impl ChunkedKVCache {
                 message: c.into(),
             })
         };
-        Ok(ChunkedKVCache {
+        let cache = ChunkedKVCache {
             keys: store_from_state(next()?, c)?,
             values: store_from_state(next()?, c)?,
             offset: next()?.usize(c)?,
             chunk_size: next()?.usize(c)?,
             start_position: next()?.usize(c)?,
-        })
+        };
+        // A file's numbers must describe its arrays: the cache subtracts and slices with them.
+        let held = cache.keys.as_ref().map_or(0, |k| k.seq_len() as usize);
+        if cache.start_position > cache.offset
+            || cache.offset - cache.start_position > held
+            || cache.chunk_size == 0
+        {
+            return Err(Error::InvalidArgument {
+                op: "from_state",
+                message: format!(
+                    "{c}: offset {}, start_position {} and chunk_size {} do not fit the {held} \
+                     cached positions",
+                    cache.offset, cache.start_position, cache.chunk_size
+                ),
+            });
+        }
+        Ok(cache)
     }
 
     fn fetch(&self) -> Result<Kv> {

@@ -185,7 +185,7 @@ impl KVCache {
 
     /// Quantizes the whole buffer (mlx-lm's `to_quantized`; defaults there are 64 / 4).
     pub fn to_quantized(&self, group_size: i32, bits: i32) -> Result<QuantizedKVCache> {
-        let spec = QuantSpec { group_size, bits };
+        let spec = QuantSpec::new(group_size, bits)?;
         let q = |s: &Option<Store>| s.as_ref().map(|s| s.quantized(spec)).transpose();
         Ok(QuantizedKVCache {
             buf: StepBuffer {
@@ -273,11 +273,12 @@ pub struct QuantizedKVCache {
 }
 
 impl QuantizedKVCache {
-    pub fn new(group_size: i32, bits: i32) -> Self {
-        QuantizedKVCache {
+    /// Fails for settings MLX cannot quantize with (see [`QuantSpec::new`]).
+    pub fn new(group_size: i32, bits: i32) -> Result<Self> {
+        Ok(QuantizedKVCache {
             buf: StepBuffer::default(),
-            spec: QuantSpec { group_size, bits },
-        }
+            spec: QuantSpec::new(group_size, bits)?,
+        })
     }
 
     pub fn spec(&self) -> QuantSpec {
@@ -296,15 +297,16 @@ impl QuantizedKVCache {
         let keys = store_from_state(next()?, c)?;
         let values = store_from_state(next()?, c)?;
         let offset = next()?.usize(c)?;
-        let group_size = next()?.int(c)? as i32;
-        let bits = next()?.int(c)? as i32;
+        let group_size = next()?.int(c)?;
+        let bits = next()?.int(c)?;
+        let spec = QuantSpec::from_state(c, group_size, bits)?;
         Ok(QuantizedKVCache {
             buf: StepBuffer {
                 keys,
                 values,
                 offset,
             },
-            spec: QuantSpec { group_size, bits },
+            spec,
         })
     }
 }

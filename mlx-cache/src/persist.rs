@@ -80,6 +80,9 @@ pub fn save_prompt_cache(
     save_safetensors(path, arrays.iter().map(|(k, a)| (k.as_str(), a)), &meta)
 }
 
+/// How deep a flattened key (`<layer>.<i>.<j>...`) may nest.
+const MAX_KEY_DEPTH: usize = 8;
+
 /// A tree being rebuilt from flattened keys.
 enum Node {
     Leaf(StateValue),
@@ -220,6 +223,17 @@ pub fn load_prompt_cache(path: impl AsRef<Path>) -> Result<(Vec<Box<dyn Cache>>,
             .map(|p| p.parse::<usize>())
             .collect::<std::result::Result<_, _>>()
             .map_err(|_| bad(path, format!("unexpected array key {key:?}")))?;
+        // Cache states nest at most a few levels; a deeper key would only recurse.
+        if path_ints.len() > MAX_KEY_DEPTH {
+            return Err(bad(
+                path,
+                format!(
+                    "array key {:?}... nests {} levels (at most {MAX_KEY_DEPTH})",
+                    key.chars().take(40).collect::<String>(),
+                    path_ints.len()
+                ),
+            ));
+        }
         insert(&mut trees, &path_ints, value)
             .map_err(|e| bad(path, format!("array {key:?}: {e}")))?;
     }

@@ -481,7 +481,7 @@ impl RotatingKVCache {
 
     /// The same window with quantized contents (mlx-lm raises here).
     pub fn to_quantized(&self, group_size: i32, bits: i32) -> Result<RotatingQuantizedKVCache> {
-        let spec = QuantSpec { group_size, bits };
+        let spec = QuantSpec::new(group_size, bits)?;
         let q = |s: &Option<Store>| s.as_ref().map(|s| s.quantized(spec)).transpose();
         let mut r = self.0.clone();
         r.keys = q(&self.0.keys)?;
@@ -509,19 +509,19 @@ impl RotatingQuantizedKVCache {
         Ok(RotatingQuantizedKVCache(Rotating::new(
             max_size,
             keep,
-            Some(QuantSpec { group_size, bits }),
+            Some(QuantSpec::new(group_size, bits)?),
         )?))
     }
 
     pub fn from_state(state: StateValue) -> Result<Self> {
         let c = "RotatingQuantizedKVCache";
         let mut items = state.list(c, 8)?;
-        let bits = items.pop().map_or(Ok(0), |v| v.int(c))? as i32;
-        let group_size = items.pop().map_or(Ok(0), |v| v.int(c))? as i32;
+        let bits = items.pop().map_or(Ok(0), |v| v.int(c))?;
+        let group_size = items.pop().map_or(Ok(0), |v| v.int(c))?;
         Ok(RotatingQuantizedKVCache(Rotating::from_state(
             items,
             c,
-            Some(QuantSpec { group_size, bits }),
+            Some(QuantSpec::from_state(c, group_size, bits)?),
         )?))
     }
 }

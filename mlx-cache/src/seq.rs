@@ -15,6 +15,16 @@ pub(crate) fn slice(x: &Array, start: i32, stop: i32) -> Result<Array> {
 /// `x[..., start:stop, :] = y`, returning the updated array.
 pub(crate) fn update(x: &Array, y: &Array, start: i32, stop: i32) -> Result<Array> {
     let shape = x.shape();
+    if shape.len() <= SEQ as usize {
+        // Only reachable from a malformed prompt-cache file.
+        return Err(Error::InvalidArgument {
+            op: "cache update",
+            message: format!(
+                "a cached array of shape {shape:?} has no sequence axis (expected (batch, \
+                 heads, seq, dim))"
+            ),
+        });
+    }
     let mut lo = vec![0; shape.len()];
     let mut hi = shape.clone();
     lo[SEQ as usize] = start;

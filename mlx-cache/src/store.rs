@@ -31,6 +31,34 @@ pub struct QuantSpec {
 }
 
 impl QuantSpec {
+    /// Affine settings MLX accepts (1-6 or 8 bits, groups of 32, 64 or 128); anything else is
+    /// refused here, before a first update would divide by zero inside the cache.
+    pub fn new(group_size: i32, bits: i32) -> Result<QuantSpec> {
+        QuantMode::Affine
+            .check(group_size, bits)
+            .map_err(|message| Error::InvalidArgument {
+                op: "QuantizedKVCache",
+                message,
+            })?;
+        Ok(QuantSpec { group_size, bits })
+    }
+
+    /// [`QuantSpec::new`] from a prompt-cache file's integers (checked, not truncated).
+    pub(crate) fn from_state(class: &'static str, group_size: i64, bits: i64) -> Result<QuantSpec> {
+        let narrow = |what: &str, v: i64| {
+            i32::try_from(v).map_err(|_| Error::InvalidArgument {
+                op: "from_state",
+                message: format!("{class}: {what} {v} is out of range"),
+            })
+        };
+        QuantSpec::new(narrow("group_size", group_size)?, narrow("bits", bits)?).map_err(|e| {
+            Error::InvalidArgument {
+                op: "from_state",
+                message: format!("{class}: {}", e.message()),
+            }
+        })
+    }
+
     /// Quantizes `x` along its last axis as `mx.quantize(x, group_size, bits)` does.
     pub fn quantize(self, x: &Array) -> Result<QTensor> {
         let (weight, scales, biases) =

@@ -73,7 +73,7 @@ fn kv(t: usize, heads: i32, dim: i32, base: f32) -> Array {
 fn save_then_load_is_the_identity_for_every_kind() {
     let mut caches: Vec<Box<dyn Cache>> = vec![
         Box::new(KVCache::new()),
-        Box::new(QuantizedKVCache::new(32, 4)),
+        Box::new(QuantizedKVCache::new(32, 4).unwrap()),
         Box::new(RotatingKVCache::new(6, 2).unwrap()),
         Box::new(RotatingQuantizedKVCache::new(6, 1, 32, 8).unwrap()),
         Box::new(ChunkedKVCache::new(8)),
@@ -147,4 +147,109 @@ fn bad_prompt_cache_files_are_errors() {
     let err = load_prompt_cache(&path).unwrap_err().to_string();
     assert!(err.contains("weight"), "{err}");
     assert!(load_prompt_cache(tmp("missing").with_extension("nope")).is_err());
+}
+
+#[test]
+fn quantization_settings_are_validated_up_front() {
+    for (group, bits) in [(64, 0), (64, 9), (64, 7), (0, 4), (48, 4), (-32, 4)] {
+        let err = QuantizedKVCache::new(group, bits).unwrap_err().to_string();
+        assert!(
+            err.contains("bits") || err.contains("group_size"),
+            "({group}, {bits}): {err}"
+        );
+        assert!(RotatingQuantizedKVCache::new(8, 1, group, bits).is_err());
+        assert!(KVCache::new().to_quantized(group, bits).is_err());
+    }
+    let mut ok = QuantizedKVCache::new(32, 4).unwrap();
+    ok.update_and_fetch(&kv(1, 2, 32, 0.0), &kv(1, 2, 32, 1.0))
+        .unwrap();
+}
+
+#[test]
+fn prompt_cache_files_with_bad_quantization_settings_are_refused() {
+    let mut c = QuantizedKVCache::new(32, 4).unwrap();
+    c.update_and_fetch(&kv(2, 2, 32, 0.0), &kv(2, 2, 32, 1.0))
+        .unwrap();
+    let good = tmp("qgood");
+    let caches: Vec<Box<dyn Cache>> = vec![Box::new(c)];
+    save_prompt_cache(&good, &caches, &BTreeMap::new()).unwrap();
+    let (arrays, meta) = mlx_core::io::load_safetensors(&good, None).unwrap();
+    // Entries 0.3 and 0.4 are group_size and bits.
+    for (key, value, needle) in [
+        ("0.4", 0i64, "bits 0"),
+        ("0.4", 9, "bits 9"),
+        ("0.3", 0, "group_size 0"),
+        ("0.4", (1i64 << 32) + 4, "out of range"),
+    ] {
+        let mut edited = arrays.clone();
+        edited.insert(key.into(), Array::from_int(value, Dtype::Int64).unwrap());
+        let bad = tmp("qbad");
+        mlx_core::io::save_safetensors(&bad, edited.iter().map(|(k, a)| (k.as_str(), a)), &meta)
+            .unwrap();
+        let err = match load_prompt_cache(&bad) {
+            Ok(_) => panic!("{key}={value} loaded"),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            err.contains(needle) && err.contains("qbad"),
+            "{key}={value}: {err}"
+        );
+    }
+}
+
+#[test]
+fn deeply_nested_prompt_cache_keys_are_refused() {
+    let path = tmp("deep");
+    let key = vec!["0"; 5000].join(".");
+    let a = Array::from_slice(&[1.0f32], &[1]).unwrap();
+    let meta = BTreeMap::from([("1.0".to_string(), "KVCache".to_string())]);
+    mlx_core::io::save_safetensors(&path, [(key.as_str(), &a)], &meta).unwrap();
+    let err = load_prompt_cache(&path).unwrap_err().to_string();
+    assert!(err.contains("nests 5000 levels"), "{err}");
+}
+
+/// Found by `cargo xtask fuzz prompt_cache`: a cached array without a sequence axis made the
+/// next update index past its shape (a panic).
+#[test]
+fn fuzz_regression_cached_arrays_without_a_sequence_axis() {
+    let mut c = KVCache::new();
+    c.update_and_fetch(&kv(2, 2, 32, 0.0), &kv(2, 2, 32, 1.0))
+        .unwrap();
+    let good = tmp("seqaxis");
+    let caches: Vec<Box<dyn Cache>> = vec![Box::new(c)];
+    save_prompt_cache(&good, &caches, &BTreeMap::new()).unwrap();
+    let (mut arrays, meta) = load_safetensors(&good, None).unwrap();
+    let flat = Array::from_slice(&[1.0f32, 2.0], &[2]).unwrap();
+    arrays.insert("0.0".into(), flat.clone());
+    arrays.insert("0.1".into(), flat);
+    let bad = tmp("seqaxis_bad");
+    mlx_core::io::save_safetensors(&bad, arrays.iter().map(|(k, a)| (k.as_str(), a)), &meta)
+        .unwrap();
+    if let Ok((mut loaded, _)) = load_prompt_cache(&bad) {
+        let r = loaded[0].update_and_fetch(&kv(1, 2, 32, 0.0), &kv(1, 2, 32, 1.0));
+        assert!(r.is_err());
+    }
+}
+
+/// Found by `cargo xtask fuzz prompt_cache` (117 inputs): a ChunkedKVCache whose
+/// start_position is past its offset made the next update subtract with overflow.
+#[test]
+fn fuzz_regression_chunked_cache_positions_are_checked() {
+    let mut c = ChunkedKVCache::new(8);
+    c.update_and_fetch(&kv(2, 2, 32, 0.0), &kv(2, 2, 32, 1.0))
+        .unwrap();
+    let good = tmp("chunked");
+    let caches: Vec<Box<dyn Cache>> = vec![Box::new(c)];
+    save_prompt_cache(&good, &caches, &BTreeMap::new()).unwrap();
+    let (mut arrays, meta) = load_safetensors(&good, None).unwrap();
+    // State: keys, values, offset (0.2), chunk_size (0.3), start_position (0.4).
+    arrays.insert("0.4".into(), Array::from_int(5, Dtype::Int32).unwrap());
+    let bad = tmp("chunked_bad");
+    mlx_core::io::save_safetensors(&bad, arrays.iter().map(|(k, a)| (k.as_str(), a)), &meta)
+        .unwrap();
+    let err = match load_prompt_cache(&bad) {
+        Ok(_) => panic!("a start_position past the offset loaded"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("start_position 5"), "{err}");
 }

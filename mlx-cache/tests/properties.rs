@@ -55,7 +55,7 @@ proptest! {
     fn offset_is_written_minus_trimmed(ops in prop::collection::vec((1usize..40, 0usize..30), 1..12)) {
         let mut caches: Vec<Box<dyn Cache>> = vec![
             Box::new(KVCache::new()),
-            Box::new(QuantizedKVCache::new(32, 4)),
+            Box::new(QuantizedKVCache::new(32, 4).unwrap()),
             Box::new(ConcatenateKVCache::new()),
             Box::new(ChunkedKVCache::new(1 << 20)),
         ];

@@ -20,10 +20,9 @@ fn new_cache(c: &Case) -> Box<dyn Cache> {
     let int = |k: &str| c.int(k).expect(k);
     match c.str("kind").unwrap() {
         "kv" => Box::new(KVCache::new()),
-        "quantized" => Box::new(QuantizedKVCache::new(
-            int("group_size") as i32,
-            int("bits") as i32,
-        )),
+        "quantized" => {
+            Box::new(QuantizedKVCache::new(int("group_size") as i32, int("bits") as i32).unwrap())
+        }
         "rotating" => {
             Box::new(RotatingKVCache::new(int("max_size") as usize, int("keep") as usize).unwrap())
         }

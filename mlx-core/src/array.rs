@@ -242,12 +242,12 @@ impl Drop for Array {
 
 impl std::fmt::Display for Array {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut s: sys::mlxs_string = std::ptr::null_mut();
-        // SAFETY: live handle; on success s is an owned string.
+        let mut s = ffi::StringHandle::null();
+        // SAFETY: live handle; on success s.0 is an owned string, freed by StringHandle.
         match check("display", unsafe {
-            sys::mlxs_array_tostring(&mut s, self.as_raw())
+            sys::mlxs_array_tostring(&mut s.0, self.as_raw())
         }) {
-            Ok(()) => f.write_str(&ffi::take_string(s)),
+            Ok(()) => f.write_str(&s.text()),
             Err(e) => write!(f, "<array: {e}>"),
         }
     }

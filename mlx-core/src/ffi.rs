@@ -108,14 +108,31 @@ impl Drop for VecHandle {
     }
 }
 
-/// Owned string from the shim.
-pub(crate) fn take_string(s: sys::mlxs_string) -> String {
-    // SAFETY: s is an owned, live string handle; we copy and free it.
-    unsafe {
-        let text = CStr::from_ptr(sys::mlxs_string_data(s))
+/// An owned `mlxs_string`, freed on drop.
+pub(crate) struct StringHandle(pub(crate) sys::mlxs_string);
+
+impl StringHandle {
+    /// A null handle for a shim function to write into.
+    pub(crate) fn null() -> Self {
+        StringHandle(std::ptr::null_mut())
+    }
+
+    /// The text (invalid UTF-8 replaced); empty for a null handle.
+    pub(crate) fn text(&self) -> String {
+        if self.0.is_null() {
+            return String::new();
+        }
+        // SAFETY: a live string handle; the data pointer is valid and NUL-terminated while
+        // the handle lives, and is copied before it is freed.
+        unsafe { CStr::from_ptr(sys::mlxs_string_data(self.0)) }
             .to_string_lossy()
-            .into_owned();
-        sys::mlxs_string_free(s);
-        text
+            .into_owned()
+    }
+}
+
+impl Drop for StringHandle {
+    fn drop(&mut self) {
+        // SAFETY: we own the handle (or it is null, which the shim ignores).
+        unsafe { sys::mlxs_string_free(self.0) }
     }
 }

@@ -140,6 +140,7 @@ pub fn load_safetensors(
 ) -> Result<(ArrayMap, StringMap)> {
     let path = path.as_ref();
     require_file(path)?;
+    safetensors_check::check(path)?;
     let p = c_path("load_safetensors", path)?;
     let mut arrays: sys::mlxs_map = std::ptr::null_mut();
     let mut meta: sys::mlxs_strmap = std::ptr::null_mut();
@@ -598,28 +599,48 @@ pub fn save_gguf<'a>(
     })
 }
 
+/// Checks the header of GGUF data (`len` bytes read from `r`), without MLX: what
+/// [`load_gguf`] runs before MLX sees a file. The message names the field and the problem.
+pub fn check_gguf_header<R: std::io::Read + std::io::Seek>(
+    r: R,
+    len: u64,
+) -> std::result::Result<(), String> {
+    let mut r = gguf_check::Reader {
+        r: std::io::BufReader::with_capacity(1 << 16, r),
+        pos: 0,
+        len,
+    };
+    gguf_check::scan(&mut r)
+}
+
 /// A reading pass over a GGUF header (metadata and tensor infos, not the data) that rejects
-/// what MLX 0.32.4's reader cannot survive. Everything else is left to MLX.
+/// what MLX 0.32.4's reader cannot survive or would load wrongly: versions other than 2 and
+/// 3, unknown metadata or tensor types (gguflib stops listing tensors at the first unknown
+/// type, so every later tensor would silently be missing), duplicate tensor names, shapes
+/// MLX cannot represent, data offsets that are misaligned, overlap or run past the file.
 mod gguf_check {
+    use std::collections::BTreeSet;
     use std::fs::File;
-    use std::io::{BufReader, Read, Seek, SeekFrom};
+    use std::io::{BufReader, Read, Seek};
     use std::path::Path;
 
     use crate::error::{Error, Result};
 
+    const UINT32: u32 = 4;
     const STRING: u32 = 8;
     const ARRAY: u32 = 9;
     const FLOAT64: u32 = 12;
     /// GGUF_TENSOR_MAX_DIM of the gguflib that MLX vendors (it asserts, aborting the process).
     const MAX_DIMS: u32 = 8;
+    const DEFAULT_ALIGNMENT: u64 = 32;
 
-    struct Reader {
-        r: BufReader<File>,
-        pos: u64,
-        len: u64,
+    pub(super) struct Reader<R> {
+        pub(super) r: BufReader<R>,
+        pub(super) pos: u64,
+        pub(super) len: u64,
     }
 
-    impl Reader {
+    impl<R: Read + Seek> Reader<R> {
         fn need(&self, n: u64, what: &str) -> std::result::Result<(), String> {
             if self.pos.checked_add(n).is_none_or(|end| end > self.len) {
                 Err(format!(
@@ -672,16 +693,52 @@ mod gguf_check {
         })
     }
 
-    fn scan(r: &mut Reader) -> std::result::Result<(), String> {
+    /// `(name, elements per block, bytes per block)` of the GGML tensor types gguflib knows.
+    fn tensor_type(t: u32) -> Option<(&'static str, u64, u64)> {
+        Some(match t {
+            0 => ("F32", 1, 4),
+            1 => ("F16", 1, 2),
+            2 => ("Q4_0", 32, 18),
+            3 => ("Q4_1", 32, 20),
+            6 => ("Q5_0", 32, 22),
+            7 => ("Q5_1", 32, 24),
+            8 => ("Q8_0", 32, 34),
+            9 => ("Q8_1", 32, 36),
+            10 => ("Q2_K", 256, 84),
+            11 => ("Q3_K", 256, 110),
+            12 => ("Q4_K", 256, 144),
+            13 => ("Q5_K", 256, 176),
+            14 => ("Q6_K", 256, 210),
+            15 => ("Q8_K", 256, 292),
+            24 => ("I8", 1, 1),
+            25 => ("I16", 1, 2),
+            26 => ("I32", 1, 4),
+            27 => ("I64", 1, 8),
+            28 => ("F64", 1, 8),
+            30 => ("BF16", 1, 2),
+            _ => return None,
+        })
+    }
+
+    struct TensorInfo {
+        name: String,
+        offset: u64,
+        bytes: u64,
+    }
+
+    pub(super) fn scan<R: Read + Seek>(r: &mut Reader<R>) -> std::result::Result<(), String> {
         if &r.bytes::<4>("the magic number")? != b"GGUF" {
             return Err("not a GGUF file (no GGUF magic number)".into());
         }
         let version = r.u32("the version")?;
-        if version < 2 {
-            return Err(format!("GGUF version {version} is not supported"));
+        if !(2..=3).contains(&version) {
+            return Err(format!(
+                "GGUF version {version} is not supported (expected 2 or 3)"
+            ));
         }
         let n_tensors = r.u64("the tensor count")?;
         let n_kv = r.u64("the metadata count")?;
+        let mut alignment = DEFAULT_ALIGNMENT;
         for _ in 0..n_kv {
             let key = r.string("a metadata key")?;
             let t = r.u32("a metadata type")?;
@@ -692,7 +749,18 @@ mod gguf_check {
                      cannot skip in a file with tensors (it would crash)"
                 ));
             }
-            if t == STRING {
+            if key == "general.alignment" {
+                if t != UINT32 {
+                    return Err(format!(
+                        "{what} must be a UINT32 (type {UINT32}), not type {t}"
+                    ));
+                }
+                let a = u64::from(r.u32(&what)?);
+                if a == 0 || !a.is_power_of_two() {
+                    return Err(format!("{what} is {a}, not a power of two"));
+                }
+                alignment = a;
+            } else if t == STRING {
                 let n = r.u64(&what)?;
                 r.skip(n, &what)?;
             } else if t == ARRAY {
@@ -726,6 +794,8 @@ mod gguf_check {
                 r.skip(size, &what)?;
             }
         }
+        let mut names = BTreeSet::new();
+        let mut infos = Vec::new();
         for _ in 0..n_tensors {
             let name = r.string("a tensor name")?;
             let what = format!("tensor {name:?}");
@@ -736,7 +806,75 @@ mod gguf_check {
                      {MAX_DIMS}"
                 ));
             }
-            r.skip(8 * u64::from(ndim) + 4 + 8, &what)?;
+            let mut dims = Vec::with_capacity(ndim as usize);
+            for _ in 0..ndim {
+                dims.push(r.u64(&what)?);
+            }
+            let t = r.u32(&what)?;
+            let offset = r.u64(&what)?;
+            let (type_name, block, block_bytes) = tensor_type(t)
+                .ok_or_else(|| format!("tensor {name:?} has unknown GGML type {t}"))?;
+            if let Some(d) = dims.iter().find(|&&d| d > i32::MAX as u64) {
+                return Err(format!(
+                    "tensor {name:?} has dimension {d}, past MLX's limit of {}",
+                    i32::MAX
+                ));
+            }
+            let elements = dims
+                .iter()
+                .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+                .filter(|&n| n <= i64::MAX as u64)
+                .ok_or_else(|| format!("tensor {name:?} has too many elements ({dims:?})"))?;
+            if dims.first().is_some_and(|d0| d0 % block != 0) {
+                return Err(format!(
+                    "tensor {name:?}: a {type_name} tensor's first dimension must be a multiple \
+                     of {block}, got {dims:?}"
+                ));
+            }
+            let bytes = (elements / block)
+                .checked_mul(block_bytes)
+                .ok_or_else(|| format!("tensor {name:?} is too large"))?;
+            if !names.insert(name.clone()) {
+                return Err(format!("tensor {name:?} appears more than once"));
+            }
+            infos.push(TensorInfo {
+                name,
+                offset,
+                bytes,
+            });
+        }
+        let data_start = r.pos.div_ceil(alignment) * alignment;
+        let data_len = r.len.saturating_sub(data_start);
+        infos.sort_by_key(|t| t.offset);
+        let mut end_of_previous: Option<(u64, &str)> = None;
+        for t in &infos {
+            if t.offset % alignment != 0 {
+                return Err(format!(
+                    "tensor {:?}: data offset {} is not a multiple of the alignment {alignment}",
+                    t.name, t.offset
+                ));
+            }
+            let end = t
+                .offset
+                .checked_add(t.bytes)
+                .filter(|&e| e <= data_len)
+                .ok_or_else(|| {
+                    format!(
+                        "tensor {:?}: its {} bytes at data offset {} run past the end of the file \
+                     (the data section holds {data_len} bytes); truncated or corrupt?",
+                        t.name, t.bytes, t.offset
+                    )
+                })?;
+            if let Some((prev_end, prev)) = end_of_previous {
+                if t.offset < prev_end {
+                    return Err(format!(
+                        "tensors {prev:?} and {:?} share bytes (data offset {} is before the \
+                         end of the previous tensor at {prev_end})",
+                        t.name, t.offset
+                    ));
+                }
+            }
+            end_of_previous = Some((end, &t.name));
         }
         Ok(())
     }
@@ -748,15 +886,160 @@ mod gguf_check {
         };
         let file = File::open(path).map_err(|e| io_err(e.to_string()))?;
         let len = file.metadata().map_err(|e| io_err(e.to_string()))?.len();
-        let mut r = Reader {
-            r: BufReader::with_capacity(1 << 16, file),
-            pos: 0,
-            len,
-        };
-        r.r.seek(SeekFrom::Start(0))
-            .map_err(|e| io_err(e.to_string()))?;
-        scan(&mut r).map_err(|m| Error::InvalidArgument {
+        super::check_gguf_header(file, len).map_err(|m| Error::InvalidArgument {
             op: "load_gguf",
+            message: format!("{}: {m}", path.display()),
+        })
+    }
+}
+
+/// Checks the header of safetensors data (`len` bytes read from `r`), without MLX: what
+/// [`load_safetensors`] runs before MLX sees a file. The message names the tensor, the field
+/// and the problem.
+pub fn check_safetensors_header<R: std::io::Read>(
+    r: R,
+    len: u64,
+) -> std::result::Result<(), String> {
+    safetensors_check::scan(r, len)
+}
+
+/// The safetensors header rules MLX 0.32.4 does not enforce itself: dimensions past 2^31 - 1
+/// (MLX keeps 32-bit dimensions and would truncate them), byte ranges that disagree with the
+/// shape and dtype, that run past the file, or that two tensors share; unknown dtypes; a
+/// header larger than the file or than the format's 100 MB limit.
+mod safetensors_check {
+    use std::fs::File;
+    use std::io::Read;
+    use std::path::Path;
+
+    use serde_json::Value;
+
+    use crate::error::{Error, Result};
+
+    /// The safetensors format's limit on the JSON header.
+    const MAX_HEADER: u64 = 100_000_000;
+
+    fn dtype_size(d: &str) -> Option<u64> {
+        Some(match d {
+            "BOOL" | "U8" | "I8" | "F8_E4M3" | "F8_E5M2" => 1,
+            "U16" | "I16" | "F16" | "BF16" => 2,
+            "U32" | "I32" | "F32" => 4,
+            "U64" | "I64" | "F64" | "C64" => 8,
+            _ => return None,
+        })
+    }
+
+    pub(super) fn scan<R: Read>(mut r: R, len: u64) -> std::result::Result<(), String> {
+        let mut n = [0u8; 8];
+        if len < 8 {
+            return Err(format!(
+                "{len} bytes is too short for a safetensors file (no header length)"
+            ));
+        }
+        r.read_exact(&mut n).map_err(|e| e.to_string())?;
+        let n = u64::from_le_bytes(n);
+        if n > MAX_HEADER || n > len - 8 {
+            return Err(format!(
+                "header length {n} is larger than the file ({len} bytes) or the format's \
+                 limit of {MAX_HEADER} bytes; truncated or not a safetensors file?"
+            ));
+        }
+        let mut header = vec![0u8; n as usize];
+        r.read_exact(&mut header).map_err(|e| e.to_string())?;
+        let header: Value = serde_json::from_slice(&header)
+            .map_err(|e| format!("the header is not valid JSON: {e}"))?;
+        let obj = header
+            .as_object()
+            .ok_or("the header is not a JSON object")?;
+        let data_len = len - 8 - n;
+        let mut ranges: Vec<(u64, u64, &str)> = Vec::with_capacity(obj.len());
+        for (name, info) in obj {
+            if name == "__metadata__" {
+                // MLX writes `null` when there is no metadata.
+                let ok = info.is_null()
+                    || info
+                        .as_object()
+                        .is_some_and(|m| m.values().all(Value::is_string));
+                if !ok {
+                    return Err("`__metadata__` must map strings to strings (or be null)".into());
+                }
+                continue;
+            }
+            let field = |f: &str| {
+                info.get(f)
+                    .ok_or_else(|| format!("tensor {name:?} has no `{f}`"))
+            };
+            let dtype = field("dtype")?
+                .as_str()
+                .ok_or_else(|| format!("tensor {name:?}: `dtype` is not a string"))?;
+            let size = dtype_size(dtype)
+                .ok_or_else(|| format!("tensor {name:?}: unknown `dtype` {dtype:?}"))?;
+            let shape = field("shape")?
+                .as_array()
+                .ok_or_else(|| format!("tensor {name:?}: `shape` is not a list"))?;
+            let mut elements: u64 = 1;
+            for d in shape {
+                let d = d.as_u64().ok_or_else(|| {
+                    format!("tensor {name:?}: `shape` entry {d} is not a non-negative integer")
+                })?;
+                if d > i32::MAX as u64 {
+                    return Err(format!(
+                        "tensor {name:?}: `shape` dimension {d} is past MLX's limit of {}",
+                        i32::MAX
+                    ));
+                }
+                elements = elements
+                    .checked_mul(d)
+                    .ok_or_else(|| format!("tensor {name:?}: `shape` {shape:?} is too large"))?;
+            }
+            let offsets = field("data_offsets")?
+                .as_array()
+                .filter(|o| o.len() == 2)
+                .ok_or_else(|| format!("tensor {name:?}: `data_offsets` is not [begin, end]"))?;
+            let (Some(begin), Some(end)) = (offsets[0].as_u64(), offsets[1].as_u64()) else {
+                return Err(format!(
+                    "tensor {name:?}: `data_offsets` must hold non-negative integers"
+                ));
+            };
+            if begin > end || end > data_len {
+                return Err(format!(
+                    "tensor {name:?}: `data_offsets` [{begin}, {end}] lie outside the {data_len} \
+                     data bytes of the file; truncated or corrupt?"
+                ));
+            }
+            let expected = elements
+                .checked_mul(size)
+                .ok_or_else(|| format!("tensor {name:?}: `shape` {shape:?} is too large"))?;
+            if end - begin != expected {
+                return Err(format!(
+                    "tensor {name:?}: `data_offsets` [{begin}, {end}] span {} bytes, but a \
+                     {dtype} tensor of shape {shape:?} needs {expected}",
+                    end - begin
+                ));
+            }
+            ranges.push((begin, end, name));
+        }
+        ranges.sort();
+        for w in ranges.windows(2) {
+            let ((_, prev_end, prev), (begin, _, name)) = (w[0], w[1]);
+            if begin < prev_end {
+                return Err(format!(
+                    "tensors {prev:?} and {name:?} share bytes (`data_offsets` overlap)"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn check(path: &Path) -> Result<()> {
+        let io_err = |message: String| Error::Io {
+            path: path.display().to_string(),
+            message,
+        };
+        let file = File::open(path).map_err(|e| io_err(e.to_string()))?;
+        let len = file.metadata().map_err(|e| io_err(e.to_string()))?.len();
+        scan(std::io::BufReader::new(file), len).map_err(|m| Error::InvalidArgument {
+            op: "load_safetensors",
             message: format!("{}: {m}", path.display()),
         })
     }

@@ -65,6 +65,30 @@ impl QuantMode {
     pub fn has_biases(self) -> bool {
         self == QuantMode::Affine
     }
+
+    /// Checks `group_size` and `bits` against what MLX 0.32.4 accepts for this mode (affine:
+    /// 1-6 or 8 bits in groups of 32, 64 or 128; mxfp4: 4 bits / 32; nvfp4: 4 / 16; mxfp8:
+    /// 8 / 32), so a bad value is refused before any array is quantized or unpacked (MLX
+    /// itself divides by the bit width on some paths). The message names the bad parameter.
+    pub fn check(self, group_size: i32, bits: i32) -> std::result::Result<(), String> {
+        let (groups, bit_widths): (&[i32], &[i32]) = match self {
+            QuantMode::Affine => (&[32, 64, 128], &[1, 2, 3, 4, 5, 6, 8]),
+            QuantMode::Mxfp4 => (&[32], &[4]),
+            QuantMode::Mxfp8 => (&[32], &[8]),
+            QuantMode::Nvfp4 => (&[16], &[4]),
+        };
+        if !bit_widths.contains(&bits) {
+            return Err(format!(
+                "bits {bits} is not supported by {self} quantization (expected one of {bit_widths:?})"
+            ));
+        }
+        if !groups.contains(&group_size) {
+            return Err(format!(
+                "group_size {group_size} is not supported by {self} quantization (expected one of {groups:?})"
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl std::fmt::Display for QuantMode {

@@ -133,16 +133,19 @@ fn missing_and_truncated_files_are_errors() {
     assert!(err.to_string().contains("magic"), "{err}");
 }
 
-/// A minimal GGUF v3 writer for files MLX cannot write itself.
+/// A minimal GGUF writer for files MLX cannot write itself (and for broken ones).
 struct Gguf {
+    version: u32,
     kv: Vec<u8>,
     n_kv: u64,
-    tensors: Vec<(String, Vec<u64>)>,
+    /// Name, dims (innermost first), GGML type, and an offset overriding the computed one.
+    tensors: Vec<(String, Vec<u64>, u32, Option<u64>)>,
 }
 
 impl Gguf {
     fn new() -> Self {
         Gguf {
+            version: 3,
             kv: Vec::new(),
             n_kv: 0,
             tensors: Vec::new(),
@@ -160,26 +163,38 @@ impl Gguf {
         self
     }
     /// An f32 tensor of `dims` (innermost first, as GGUF lists them).
-    fn tensor(mut self, name: &str, dims: &[u64]) -> Self {
-        self.tensors.push((name.into(), dims.to_vec()));
+    fn tensor(self, name: &str, dims: &[u64]) -> Self {
+        self.tensor_raw(name, dims, 0, None)
+    }
+    /// A tensor of GGML type `ty` (only its header entry is typed: the data is zeros of the f32
+    /// size); with `offset`, only the header entry is written, at that offset.
+    fn tensor_raw(mut self, name: &str, dims: &[u64], ty: u32, offset: Option<u64>) -> Self {
+        self.tensors.push((name.into(), dims.to_vec(), ty, offset));
+        self
+    }
+    fn version(mut self, v: u32) -> Self {
+        self.version = v;
         self
     }
     fn bytes(&self) -> Vec<u8> {
         let mut out = b"GGUF".to_vec();
-        out.extend(3u32.to_le_bytes());
+        out.extend(self.version.to_le_bytes());
         out.extend((self.tensors.len() as u64).to_le_bytes());
         out.extend(self.n_kv.to_le_bytes());
         out.extend(&self.kv);
         let mut offset = 0u64;
         let mut data = Vec::new();
-        for (name, dims) in &self.tensors {
+        for (name, dims, ty, at) in &self.tensors {
             Self::string(&mut out, name);
             out.extend((dims.len() as u32).to_le_bytes());
             for d in dims {
                 out.extend(d.to_le_bytes());
             }
-            out.extend(0u32.to_le_bytes()); // F32
-            out.extend(offset.to_le_bytes());
+            out.extend(ty.to_le_bytes());
+            out.extend(at.unwrap_or(offset).to_le_bytes());
+            if at.is_some() {
+                continue;
+            }
             let n: u64 = dims.iter().product();
             let size = 4 * n;
             data.extend(std::iter::repeat_n(0u8, size as usize));
@@ -293,4 +308,80 @@ fn save_and_load_round_trip() {
     assert_bit_equal(back.get_array("v").unwrap(), meta.get_array("v").unwrap()).unwrap();
     // Only the file itself is left in the directory.
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+}
+
+#[test]
+fn files_mlx_would_load_wrongly_are_refused() {
+    let dir = tmpdir("wrong");
+    let write = |name: &str, g: &Gguf| {
+        let p = dir.join(name);
+        std::fs::write(&p, g.bytes()).unwrap();
+        p
+    };
+    let err = |name: &str, g: &Gguf| -> String {
+        let p = write(name, g);
+        match load_gguf(&p, None) {
+            Ok((a, _)) => panic!("{name} loaded {} tensors", a.len()),
+            Err(e) => {
+                let e = e.to_string();
+                assert!(e.contains(name), "the message should name the file: {e}");
+                e
+            }
+        }
+    };
+    let two = || Gguf::new().tensor("a", &[8]).tensor("b", &[8]);
+    // Control.
+    assert_eq!(
+        load_gguf(write("two.gguf", &two()), None).unwrap().0.len(),
+        2
+    );
+
+    // Versions other than 2 and 3.
+    let e = err("v99.gguf", &two().version(99));
+    assert!(e.contains("version 99"), "{e}");
+    assert!(err("v1.gguf", &two().version(1)).contains("version 1"));
+    // A data offset one byte off (misaligned), or overlapping the previous tensor.
+    let e = err(
+        "offset.gguf",
+        &Gguf::new()
+            .tensor("a", &[8])
+            .tensor_raw("b", &[8], 0, Some(33)),
+    );
+    assert!(e.contains("\"b\"") && e.contains("offset 33"), "{e}");
+    let e = err(
+        "overlap.gguf",
+        &Gguf::new()
+            .tensor("a", &[16])
+            .tensor_raw("b", &[8], 0, Some(32)),
+    );
+    assert!(e.contains("share bytes"), "{e}");
+    // An offset past the end of the file.
+    let e = err(
+        "past.gguf",
+        &Gguf::new().tensor_raw("a", &[8], 0, Some(1 << 20)),
+    );
+    assert!(e.contains("past the end"), "{e}");
+    // A duplicate name, printed by name.
+    let e = err("dup.gguf", &Gguf::new().tensor("a", &[8]).tensor("a", &[8]));
+    assert!(e.contains("\"a\" appears more than once"), "{e}");
+    // An unknown tensor type: gguflib would stop listing tensors there.
+    let e = err(
+        "type.gguf",
+        &Gguf::new()
+            .tensor_raw("a", &[8], 99, None)
+            .tensor("b", &[8]),
+    );
+    assert!(e.contains("unknown GGML type 99"), "{e}");
+    // A dimension past 2^31 - 1.
+    let e = err(
+        "dim.gguf",
+        &Gguf::new().tensor_raw("a", &[1 << 32, 1], 0, Some(0)),
+    );
+    assert!(e.contains("4294967296"), "{e}");
+    // An alignment that is not a power of two.
+    let e = err(
+        "align.gguf",
+        &two().kv("general.alignment", 4, &7u32.to_le_bytes()),
+    );
+    assert!(e.contains("general.alignment"), "{e}");
 }

@@ -80,3 +80,78 @@ fn bit_equality_reports_the_largest_difference() {
     assert!(assert_bit_equal(&a, &a.astype(Dtype::Float16).unwrap()).is_err());
     assert!(assert_bit_equal(&a, &a.reshape(&[3, 1]).unwrap()).is_err());
 }
+
+/// A safetensors file from a header (JSON) and a data section.
+fn raw_safetensors(path: &std::path::Path, header: &str, data: &[u8]) {
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend(header.as_bytes());
+    bytes.extend(data);
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn safetensors_headers_mlx_would_misread_are_refused() {
+    let dir = std::env::temp_dir().join(format!("mlx-core-st-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let data = [0u8; 64];
+    let case = |name: &str, header: &str| -> Result<usize, String> {
+        let p = dir.join(name);
+        raw_safetensors(&p, header, &data);
+        match mlx_core::io::load_safetensors(&p, None) {
+            Ok((a, _)) => Ok(a.len()),
+            Err(e) => {
+                let e = e.to_string();
+                assert!(e.contains(name), "the message should name the file: {e}");
+                Err(e)
+            }
+        }
+    };
+    // Control: two tensors side by side.
+    let ok = r#"{"a":{"dtype":"F32","shape":[8],"data_offsets":[0,32]},"b":{"dtype":"F32","shape":[8],"data_offsets":[32,64]}}"#;
+    assert_eq!(case("ok.safetensors", ok), Ok(2));
+    // Two tensors sharing bytes.
+    let e = case(
+        "shared.safetensors",
+        r#"{"a":{"dtype":"F32","shape":[8],"data_offsets":[0,32]},"b":{"dtype":"F32","shape":[8],"data_offsets":[16,48]}}"#,
+    )
+    .unwrap_err();
+    assert!(e.contains("share bytes"), "{e}");
+    // A dimension past 2^32 (MLX would truncate it to 32 bits: 2^32 + 8 -> 8).
+    let e = case(
+        "big.safetensors",
+        r#"{"a":{"dtype":"U8","shape":[4294967304],"data_offsets":[0,8]}}"#,
+    )
+    .unwrap_err();
+    assert!(e.contains("4294967304"), "{e}");
+    // Offsets that disagree with the shape, or lie past the data.
+    let e = case(
+        "size.safetensors",
+        r#"{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,32]}}"#,
+    )
+    .unwrap_err();
+    assert!(e.contains("\"a\"") && e.contains("needs 16"), "{e}");
+    let e = case(
+        "past.safetensors",
+        r#"{"a":{"dtype":"F32","shape":[32],"data_offsets":[0,128]}}"#,
+    )
+    .unwrap_err();
+    assert!(e.contains("outside"), "{e}");
+    // Unknown dtype, missing field, header longer than the file.
+    assert!(case(
+        "dtype.safetensors",
+        r#"{"a":{"dtype":"F33","shape":[8],"data_offsets":[0,32]}}"#
+    )
+    .unwrap_err()
+    .contains("F33"));
+    assert!(
+        case("field.safetensors", r#"{"a":{"dtype":"F32","shape":[8]}}"#)
+            .unwrap_err()
+            .contains("data_offsets")
+    );
+    let p = dir.join("long.safetensors");
+    std::fs::write(&p, 1_000_000u64.to_le_bytes()).unwrap();
+    let e = mlx_core::io::load_safetensors(&p, None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("header length"), "{e}");
+}

@@ -122,6 +122,20 @@ impl ChatTemplateOptions {
     }
 }
 
+/// The work one render may do (minijinja fuel: about one unit per instruction and per 64 bytes
+/// built, so at most about 128 MB of text), so a template cannot run forever or fill memory;
+/// every real template of the golden tests renders well within it.
+pub const TEMPLATE_FUEL: u64 = 2_000_000;
+/// The longest Python `str()` of one value a template may print (`{{ messages * 1000000 }}`
+/// would otherwise build hundreds of megabytes outside the fuel budget).
+pub const MAX_PRINTED_VALUE: usize = 4 << 20;
+/// How deeply a printed or `tojson` value may nest (a namespace can contain itself).
+pub const MAX_VALUE_DEPTH: usize = 128;
+/// The largest `tojson` indent (Python accepts any; a huge one only exhausts memory).
+pub const MAX_TOJSON_INDENT: usize = 256;
+/// The most text one `tojson` call may produce.
+pub const MAX_TOJSON_OUTPUT: usize = 64 << 20;
+
 const CONTINUE_TAG: &str = "CONTINUE_FINAL_MESSAGE_TAG ";
 const REASONING_FIELDS: [&str; 3] = ["reasoning_content", "thinking", "reasoning"];
 
@@ -136,6 +150,7 @@ impl ChatTemplate {
     /// Compiles `source` in transformers' Jinja environment.
     pub fn new(source: &str) -> Result<Self> {
         let mut env = Environment::new();
+        env.set_fuel(Some(TEMPLATE_FUEL));
         let syntax = minijinja::syntax::SyntaxConfig::builder()
             .trim_blocks(true)
             .lstrip_blocks(true)
@@ -348,6 +363,13 @@ impl ChatTemplate {
 }
 
 fn template_error(e: Error) -> TokenizerError {
+    if e.kind() == ErrorKind::OutOfFuel {
+        return TokenizerError::Template(format!(
+            "chat template: rendering stopped after {TEMPLATE_FUEL} units of work (about that \
+             many steps, or 64 times that many bytes built): the template loops too long or \
+             produces too much text"
+        ));
+    }
     if e.kind() == ErrorKind::InvalidOperation {
         if let Some(detail) = e.detail() {
             // raise_exception(message): transformers raises `TemplateError(message)`.
@@ -396,7 +418,8 @@ fn rewrite_generation_tags(source: &str) -> String {
     while let Some(start) = rest.find("{%") {
         out.push_str(&rest[..start]);
         let tag = &rest[start..];
-        let Some(end) = tag.find("%}") else {
+        // The closing `%}` comes after the opening `{%` (in `{%}` they overlap).
+        let Some(end) = tag[2..].find("%}").map(|e| e + 2) else {
             out.push_str(tag);
             return out;
         };
@@ -519,26 +542,68 @@ type Result2<T> = std::result::Result<T, Error>;
 
 /// Python's `repr` of a template value.
 fn py_repr(v: &Value) -> Result2<String> {
-    Ok(match v.kind() {
-        ValueKind::Undefined => String::new(),
-        ValueKind::None => "None".into(),
-        ValueKind::Bool => if v.is_true() { "True" } else { "False" }.into(),
-        ValueKind::Number => number_repr(v)?,
-        ValueKind::String => py_str_repr(v.as_str().unwrap_or_default()),
+    let mut budget = MAX_PRINTED_VALUE;
+    py_repr_in(v, &mut budget, 0)
+}
+
+fn too_deep(what: &str) -> Error {
+    Error::new(
+        ErrorKind::InvalidOperation,
+        format!(
+            "chat template: {what} a value nested more than {MAX_VALUE_DEPTH} levels deep \
+             (a value that contains itself?)"
+        ),
+    )
+}
+
+/// Takes `n` bytes from the budget of one printed value.
+fn charge(budget: &mut usize, n: usize) -> Result2<()> {
+    *budget = budget.checked_sub(n).ok_or_else(|| {
+        Error::new(
+            ErrorKind::InvalidOperation,
+            format!("chat template: a printed value is longer than {MAX_PRINTED_VALUE} bytes"),
+        )
+    })?;
+    Ok(())
+}
+
+fn py_repr_in(v: &Value, budget: &mut usize, depth: usize) -> Result2<String> {
+    if depth > MAX_VALUE_DEPTH {
+        return Err(too_deep("printing"));
+    }
+    let leaf = |s: String, budget: &mut usize| -> Result2<String> {
+        charge(budget, s.len())?;
+        Ok(s)
+    };
+    match v.kind() {
+        ValueKind::Undefined => Ok(String::new()),
+        ValueKind::None => leaf("None".into(), budget),
+        ValueKind::Bool => leaf(if v.is_true() { "True" } else { "False" }.into(), budget),
+        ValueKind::Number => leaf(number_repr(v)?, budget),
+        ValueKind::String => leaf(py_str_repr(v.as_str().unwrap_or_default()), budget),
         ValueKind::Seq | ValueKind::Iterable => {
-            let items: Result2<Vec<String>> = v.try_iter()?.map(|x| py_repr(&x)).collect();
-            format!("[{}]", items?.join(", "))
+            let mut items = Vec::new();
+            for x in v.try_iter()? {
+                charge(budget, 2)?;
+                items.push(py_repr_in(&x, budget, depth + 1)?);
+            }
+            Ok(format!("[{}]", items.join(", ")))
         }
         ValueKind::Map => {
             let mut parts = Vec::new();
             for k in v.try_iter()? {
+                charge(budget, 4)?;
                 let item = v.get_item(&k)?;
-                parts.push(format!("{}: {}", py_repr(&k)?, py_repr(&item)?));
+                parts.push(format!(
+                    "{}: {}",
+                    py_repr_in(&k, budget, depth + 1)?,
+                    py_repr_in(&item, budget, depth + 1)?
+                ));
             }
-            format!("{{{}}}", parts.join(", "))
+            Ok(format!("{{{}}}", parts.join(", ")))
         }
-        _ => v.to_string(),
-    })
+        _ => leaf(v.to_string(), budget),
+    }
 }
 
 /// Python's `str()` of a template value (what `{{ value }}` prints in Jinja2).
@@ -583,6 +648,15 @@ fn json_string(s: &str, ensure_ascii: bool, out: &mut String) {
 }
 
 fn json_dump(v: &Value, style: &JsonStyle, level: usize, out: &mut String) -> Result2<()> {
+    if level > MAX_VALUE_DEPTH {
+        return Err(too_deep("tojson of"));
+    }
+    if out.len() > MAX_TOJSON_OUTPUT {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!("tojson: the output is longer than {MAX_TOJSON_OUTPUT} bytes"),
+        ));
+    }
     let newline = |out: &mut String, level: usize| {
         if let Some(ind) = &style.indent {
             out.push('\n');
@@ -705,10 +779,31 @@ fn tojson_filter(value: &Value, args: Rest<Value>, kwargs: Kwargs) -> Result2<Va
     let indent = match indent_v {
         None => None,
         Some(v) if v.is_none() || v.is_undefined() => None,
-        Some(v) => match v.as_str() {
-            Some(s) => Some(s.to_string()),
-            None => Some(" ".repeat(v.as_i64().unwrap_or(0).max(0) as usize)),
-        },
+        Some(v) => {
+            let indent = match v.as_str() {
+                Some(s) => s.to_string(),
+                None => {
+                    let n = v.as_i64().unwrap_or(0).max(0);
+                    if n > MAX_TOJSON_INDENT as i64 {
+                        return Err(Error::new(
+                            ErrorKind::InvalidOperation,
+                            format!("tojson: indent {n} is larger than {MAX_TOJSON_INDENT}"),
+                        ));
+                    }
+                    " ".repeat(n as usize)
+                }
+            };
+            if indent.len() > MAX_TOJSON_INDENT {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!(
+                        "tojson: an indent of {} characters is longer than {MAX_TOJSON_INDENT}",
+                        indent.len()
+                    ),
+                ));
+            }
+            Some(indent)
+        }
     };
     let (item_sep, key_sep) = match separators_v {
         Some(v) if !v.is_none() && !v.is_undefined() => {

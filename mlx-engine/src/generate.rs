@@ -11,7 +11,7 @@ use mlx_core::prelude::*;
 use mlx_core::{async_eval, memory};
 
 use crate::error::{EngineError, Result};
-use crate::sample::{LogitsProcessor, Sampler};
+use crate::sample::{check_logits_processors, check_token_ids, LogitsProcessor, Sampler};
 use mlx_models::LanguageModel;
 
 /// mlx-lm's `DEFAULT_QUANTIZED_KV_START`.
@@ -146,7 +146,9 @@ pub struct GenerateStep<'m> {
     caches: Vec<Box<dyn Cache>>,
     opts: GenerateOptions,
     tokens: Vec<i32>,
-    y: Option<(Array, Array)>,
+    /// The pending token, its log-probabilities and the log-sum-exp of its logits (checked for
+    /// NaN or infinity when the token is read).
+    y: Option<(Array, Array, Array)>,
     n: usize,
     done: bool,
     prompt_len: usize,
@@ -162,13 +164,22 @@ pub fn generate_step<'m>(
 ) -> Result<GenerateStep<'m>> {
     if prompt.is_empty() {
         return Err(EngineError::Other(
-            "Either input_embeddings or prompt (or both) must be provided.".into(),
+            "the prompt is empty: give at least one token (mlx-lm: \"Either input_embeddings \
+             or prompt (or both) must be provided.\")"
+                .into(),
         ));
     }
     if opts.prefill_step_size == 0 {
         return Err(EngineError::Other(
             "prefill_step_size must be positive".into(),
         ));
+    }
+    let vocab = model.vocab_size();
+    check_token_ids("prompt", prompt, vocab)?;
+    opts.sampler.settings().validate(vocab)?;
+    check_logits_processors(&opts.logits_processors, vocab)?;
+    if let Some(bits) = opts.kv_bits {
+        mlx_cache::QuantSpec::new(opts.kv_group_size, bits)?;
     }
     let caches = match prompt_cache {
         Some(c) => c,
@@ -196,7 +207,7 @@ impl<'m> GenerateStep<'m> {
     }
 
     /// `_step`: one forward of `input` through the cache, then processors and the sampler.
-    fn step(&mut self, input: &Array, ids: Option<&[i32]>) -> Result<(Array, Array)> {
+    fn step(&mut self, input: &Array, ids: Option<&[i32]>) -> Result<(Array, Array, Array)> {
         let len = input.size();
         let x = ops::expand_dims(input, &[0], None)?;
         let logits = self.model.forward(&x, Some(&mut self.caches))?;
@@ -224,7 +235,7 @@ impl<'m> GenerateStep<'m> {
         let lse = ops::logsumexp(&logits, &all, true, None)?;
         let logprobs = ops::subtract(&logits, &lse, None)?;
         let sampled = self.opts.sampler.sample(&logprobs)?;
-        Ok((sampled, ops::squeeze(&logprobs, &[0], None)?))
+        Ok((sampled, ops::squeeze(&logprobs, &[0], None)?, lse))
     }
 
     fn progress(&self, done: usize) {
@@ -260,9 +271,9 @@ impl<'m> GenerateStep<'m> {
             memory::clear_cache()?;
         }
         let last = Array::from_slice(rest, &[rest.len() as i32])?;
-        let (y, lp) = self.step(&last, Some(rest))?;
-        async_eval([&y, &lp])?;
-        self.y = Some((y, lp));
+        let (y, lp, lse) = self.step(&last, Some(rest))?;
+        async_eval([&y, &lp, &lse])?;
+        self.y = Some((y, lp, lse));
         Ok(())
     }
 
@@ -279,13 +290,13 @@ impl<'m> GenerateStep<'m> {
         if self.done {
             return Ok(None);
         }
-        let Some((y, logprobs)) = self.y.take() else {
+        let Some((y, logprobs, lse)) = self.y.take() else {
             return Ok(None);
         };
         let stop = self.opts.max_tokens == Some(self.n);
         let next = if !stop {
             let next = self.step(&y, None)?;
-            async_eval([&next.0, &next.1])?;
+            async_eval([&next.0, &next.1, &next.2])?;
             Some(next)
         } else {
             None
@@ -299,6 +310,16 @@ impl<'m> GenerateStep<'m> {
             return Ok(None);
         }
         let token = y.astype(Dtype::Uint32)?.item::<u32>()?;
+        // A NaN or infinite logit makes every log-probability NaN; the samplers would then
+        // return token 0 as if it had been chosen.
+        let norm = lse.astype(Dtype::Float32)?.to_vec::<f32>()?;
+        if let Some(v) = norm.iter().find(|v| !v.is_finite()) {
+            return Err(EngineError::Other(format!(
+                "the model's logits at generated token {} are not finite (their log-sum-exp is \
+                 {v}); the weights or the inputs are corrupt",
+                self.n
+            )));
+        }
         if self.n % 256 == 0 {
             memory::clear_cache()?;
         }

@@ -36,6 +36,76 @@ impl Default for SamplerSettings {
     }
 }
 
+impl SamplerSettings {
+    /// Refuses values mlx-lm would turn into NaN probabilities or silently misuse: a
+    /// temperature that is negative or not finite, `top_p`/`min_p`/`xtc_*` outside [0, 1], a
+    /// negative `top_k`, special-token ids outside `0..vocab_size`.
+    pub fn validate(&self, vocab_size: i32) -> Result<()> {
+        let bad = |m: String| Err(EngineError::Other(format!("sampler: {m}")));
+        if !(self.temp.is_finite() && self.temp >= 0.0) {
+            return bad(format!(
+                "temp must be a finite number >= 0, got {}",
+                self.temp
+            ));
+        }
+        for (name, v) in [
+            ("top_p", self.top_p),
+            ("min_p", self.min_p),
+            ("xtc_probability", self.xtc_probability),
+            ("xtc_threshold", self.xtc_threshold),
+        ] {
+            if !(0.0..=1.0).contains(&v) {
+                return bad(format!("{name} must be in [0, 1], got {v}"));
+            }
+        }
+        if self.top_k < 0 {
+            return bad(format!("top_k must be >= 0, got {}", self.top_k));
+        }
+        check_token_ids("xtc_special_tokens", &self.xtc_special_tokens, vocab_size)
+    }
+}
+
+/// Every id in `ids` must index the model's vocabulary (`0..vocab_size`): MLX's gather does
+/// not check, and an id past the embedding reads out of bounds (or crashes).
+pub fn check_token_ids(what: &str, ids: &[i32], vocab_size: i32) -> Result<()> {
+    match ids
+        .iter()
+        .enumerate()
+        .find(|(_, &t)| t < 0 || t >= vocab_size)
+    {
+        None => Ok(()),
+        Some((i, t)) => Err(EngineError::Other(format!(
+            "{what}: token id {t} (position {i}) is outside the model's vocabulary of \
+             {vocab_size} tokens (ids 0 to {})",
+            vocab_size - 1
+        ))),
+    }
+}
+
+/// Checks processor arguments against the vocabulary (logit-bias ids) and for finiteness.
+pub fn check_logits_processors(processors: &[LogitsProcessor], vocab_size: i32) -> Result<()> {
+    for p in processors {
+        match p {
+            LogitsProcessor::LogitBias { ids, values } => {
+                check_token_ids("logit_bias", ids, vocab_size)?;
+                if let Some(v) = values.iter().find(|v| v.is_nan()) {
+                    return Err(EngineError::Other(format!("logit_bias: value {v}")));
+                }
+            }
+            LogitsProcessor::Repetition { penalty, .. }
+            | LogitsProcessor::Presence { penalty, .. }
+            | LogitsProcessor::Frequency { penalty, .. } => {
+                if !penalty.is_finite() {
+                    return Err(EngineError::Other(format!(
+                        "penalty must be finite, got {penalty}"
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 fn weak(v: f64, like: &Array) -> Result<Array> {
     Ok(Scalar::from(v).to_array_like(like.dtype())?)
 }

@@ -110,9 +110,26 @@ pub fn stream_generate<'m>(
     let ids: Vec<i32> = prompt
         .iter()
         .map(|&t| {
-            i32::try_from(t).map_err(|_| EngineError::Other(format!("token id {t} out of range")))
+            i32::try_from(t).map_err(|_| {
+                EngineError::Other(format!(
+                    "prompt: token id {t} is outside the model's vocabulary of {} tokens",
+                    model.vocab_size()
+                ))
+            })
         })
         .collect::<Result<_>>()?;
+    // An EOS id the model can never produce would silently never stop generation.
+    let vocab = model.vocab_size();
+    if let Some(e) = tokenizer
+        .eos_token_ids()
+        .iter()
+        .find(|&&e| i64::from(e) >= i64::from(vocab))
+    {
+        return Err(EngineError::Other(format!(
+            "EOS token id {e} (from config.json `eos_token_id` or the tokenizer's eos_token) is \
+             outside the model's vocabulary of {vocab} tokens"
+        )));
+    }
     let start = Instant::now();
     let steps = generate_step(&ids, model, prompt_cache, opts.generate.clone())?;
     Ok(TextStream {

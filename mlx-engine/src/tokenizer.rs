@@ -60,6 +60,16 @@ pub(crate) fn backend_err(e: impl std::fmt::Display) -> TokenizerError {
     TokenizerError::Backend(e.to_string())
 }
 
+/// Runs a call into the tokenizers crate, turning a panic inside it (it indexes past its
+/// buffers for some malformed normalizers) into an error.
+fn backend<T>(what: &str, f: impl FnOnce() -> T) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|_| {
+        TokenizerError::Backend(format!(
+            "{what}: the tokenizers crate failed (it panicked); the tokenizer files are malformed"
+        ))
+    })
+}
+
 /// The special-token attributes transformers names, in its order (`SPECIAL_TOKENS_ATTRIBUTES`).
 const NAMED_SPECIAL_TOKENS: [&str; 7] = [
     "bos_token",
@@ -164,14 +174,61 @@ fn read_json(path: &Path) -> Result<Value> {
         .map_err(|e| TokenizerError::Config(format!("parsing {}: {e}", path.display())))
 }
 
+/// How deeply a tokenizer.json may nest (real ones nest about 6 levels).
+const MAX_TOKENIZER_JSON_DEPTH: usize = 64;
+
+/// `tokenizers::Tokenizer::from_bytes`, hardened: deeply nested documents are refused first
+/// (the tokenizers crate panics on them, `expect("Helper")` in its decoder deserializer), and
+/// any other panic inside the crate becomes an error.
+fn parse_tokenizer_json(bytes: &[u8]) -> std::result::Result<tokenizers::Tokenizer, String> {
+    let mut depth = 0usize;
+    let mut max = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for &b in bytes {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                max = max.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    if max > MAX_TOKENIZER_JSON_DEPTH {
+        return Err(format!(
+            "the document nests {max} levels deep (at most {MAX_TOKENIZER_JSON_DEPTH})"
+        ));
+    }
+    match std::panic::catch_unwind(|| tokenizers::Tokenizer::from_bytes(bytes)) {
+        Ok(r) => r.map_err(|e| e.to_string()),
+        Err(_) => Err("the tokenizers crate could not parse it (it panicked)".into()),
+    }
+}
+
 /// Ids from a config's `eos_token_id`: an int or a list of ints.
 fn eos_ids_from(v: &Value) -> Vec<u32> {
     match v {
-        Value::Number(n) => n.as_u64().map(|n| vec![n as u32]).unwrap_or_default(),
+        // Ids past u32 are kept as u32::MAX (not truncated onto a real token), so that
+        // generation refuses them as outside the vocabulary.
+        Value::Number(n) => n
+            .as_u64()
+            .map(|n| vec![u32::try_from(n).unwrap_or(u32::MAX)])
+            .unwrap_or_default(),
         Value::Array(a) => a
             .iter()
             .filter_map(Value::as_u64)
-            .map(|n| n as u32)
+            .map(|n| u32::try_from(n).unwrap_or(u32::MAX))
             .collect(),
         _ => Vec::new(),
     }
@@ -222,7 +279,7 @@ impl Tokenizer {
         let bytes = std::fs::read(&tokenizer_json).map_err(|e| {
             TokenizerError::Io(format!("reading {}: {e}", tokenizer_json.display()))
         })?;
-        let inner = tokenizers::Tokenizer::from_bytes(&bytes)
+        let inner = parse_tokenizer_json(&bytes)
             .map_err(|e| TokenizerError::Backend(format!("{}: {e}", tokenizer_json.display())))?;
         let config_path = dir.join("tokenizer_config.json");
         let mut config = if config_path.is_file() {
@@ -329,8 +386,7 @@ impl Tokenizer {
             }
         }
         if !to_add.is_empty() {
-            inner
-                .add_special_tokens(to_add)
+            backend("adding special tokens", || inner.add_special_tokens(to_add))?
                 .map_err(|e| TokenizerError::Backend(format!("adding special tokens: {e}")))?;
         }
 
@@ -452,10 +508,10 @@ impl Tokenizer {
 
     /// Token ids of `text`; `add_special_tokens` applies the post-processor (e.g. BOS).
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
-        let enc = self
-            .inner
-            .encode_fast(text, add_special_tokens)
-            .map_err(backend_err)?;
+        let enc = backend("encoding", || {
+            self.inner.encode_fast(text, add_special_tokens)
+        })?
+        .map_err(backend_err)?;
         Ok(enc.get_ids().to_vec())
     }
 
@@ -471,9 +527,7 @@ impl Tokenizer {
 
     /// The text of `ids` (transformers `decode`). Ids outside the vocabulary are skipped.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
-        let text = self
-            .inner
-            .decode(ids, skip_special_tokens)
+        let text = backend("decoding", || self.inner.decode(ids, skip_special_tokens))?
             .map_err(backend_err)?;
         Ok(if self.clean_up_tokenization_spaces {
             clean_up_tokenization(&text)

@@ -7,6 +7,8 @@ use std::path::Path;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use mlx_core::quantized::QuantMode;
+
 use crate::error::{ModelError, Result};
 
 /// mlx-lm 0.32.2's `MODEL_REMAPPING` (`mlx_lm/utils.py`), whole: whether a target is served
@@ -146,15 +148,34 @@ fn int_field(v: &Value, key: &str, ctx: &str) -> Result<i32> {
 
 impl QuantParams {
     fn parse(v: &Value, ctx: &str, default_mode: &str) -> Result<QuantParams> {
-        Ok(QuantParams {
+        let mode = match v.get("mode") {
+            None | Some(Value::Null) => default_mode.to_string(),
+            Some(Value::String(m)) => m.clone(),
+            Some(other) => {
+                return Err(ModelError::Config(format!(
+                    "quantization{ctx}: `mode` must be a string, got {other}"
+                )))
+            }
+        };
+        let q = QuantParams {
             group_size: int_field(v, "group_size", ctx)?,
             bits: int_field(v, "bits", ctx)?,
-            mode: v
-                .get("mode")
-                .and_then(Value::as_str)
-                .unwrap_or(default_mode)
-                .to_string(),
-        })
+            mode,
+        };
+        q.validate()
+            .map_err(|m| ModelError::Config(format!("quantization{ctx}: {m}")))?;
+        Ok(q)
+    }
+
+    /// Checks the mode, bits and group size against what MLX accepts.
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        let mode = QuantMode::from_name(&self.mode).ok_or_else(|| {
+            format!(
+                "unknown `mode` {:?} (expected affine, mxfp4, nvfp4 or mxfp8)",
+                self.mode
+            )
+        })?;
+        mode.check(self.group_size, self.bits)
     }
 }
 

@@ -28,8 +28,28 @@ pub struct GgufModel {
     pub metadata: GgufMetadata,
 }
 
-fn cfg_err(path: &Path, m: impl std::fmt::Display) -> ModelError {
-    ModelError::Config(format!("{}: {m}", path.display()))
+fn gguf_err(path: &Path, m: impl std::fmt::Display) -> ModelError {
+    ModelError::Io {
+        path: path.display().to_string(),
+        message: m.to_string(),
+    }
+}
+
+/// A positive integer hyper-parameter `key`, as a 32-bit value.
+fn meta_count(meta: &GgufMetadata, path: &Path, key: &str) -> Result<Option<i32>> {
+    let Some(v) = meta_f64(meta, key) else {
+        return match meta.get(key) {
+            None => Ok(None),
+            Some(_) => Err(gguf_err(path, format!("metadata `{key}` is not a number"))),
+        };
+    };
+    if v.fract() != 0.0 || !(1.0..=f64::from(i32::MAX)).contains(&v) {
+        return Err(gguf_err(
+            path,
+            format!("metadata `{key}` is {v}; it must be a positive 32-bit integer"),
+        ));
+    }
+    Ok(Some(v as i32))
 }
 
 /// A metadata number (scalar array) as f64.
@@ -162,10 +182,21 @@ fn map_name(a: &GgufArch, name: &str) -> Option<String> {
 
 /// Undoes llama.cpp's row permutation of Q / K: rows viewed as
 /// `(heads, head_dim / 2, 2)` -> swap the last two -> flatten. Scales and biases of a
-/// quantized tensor move with their rows.
-fn unpermute(a: &Array, heads: i32) -> Result<Array> {
+/// quantized tensor move with their rows. `name`/`key` name the tensor and the head count for
+/// the message when the shape does not allow it.
+fn unpermute(a: &Array, heads: i32, name: &str, key: &str) -> Result<Array> {
     let shape = a.shape();
-    let (rows, cols) = (shape[0], shape[1]);
+    let &[rows, cols] = shape.as_slice() else {
+        return Err(ModelError::Weights(vec![format!(
+            "GGUF tensor {name}: shape {shape:?}, expected 2 dimensions"
+        )]));
+    };
+    if heads <= 0 || rows % heads != 0 || (rows / heads) % 2 != 0 {
+        return Err(ModelError::Weights(vec![format!(
+            "GGUF tensor {name}: {rows} rows cannot be split into {key} = {heads} heads of an \
+             even head dimension"
+        )]));
+    }
     let hd = rows / heads;
     let v = ops::reshape(a, &[heads, hd / 2, 2, cols], None)?;
     let v = ops::swapaxes(&v, 1, 2, None)?;
@@ -179,7 +210,7 @@ pub fn supported_gguf_architectures() -> Vec<&'static str> {
 
 /// Reads a GGUF file of a supported architecture (see [`supported_gguf_architectures`]).
 pub fn read_gguf(path: &Path) -> Result<GgufModel> {
-    let (raw, metadata) = load_gguf(path, None).map_err(|e| cfg_err(path, e))?;
+    let (raw, metadata) = load_gguf(path, None).map_err(|e| gguf_err(path, e))?;
     let arch_name = meta_str(&metadata, "general.architecture").unwrap_or("");
     let Some(arch) = ARCHS.iter().find(|a| a.arch == arch_name) else {
         return Err(ModelError::UnsupportedModelType {
@@ -191,13 +222,13 @@ pub fn read_gguf(path: &Path) -> Result<GgufModel> {
     let key = |k: &str| format!("{arch_name}.{k}");
     let num = |k: &str| -> Result<f64> {
         meta_f64(&metadata, &key(k))
-            .ok_or_else(|| cfg_err(path, format!("metadata `{}` missing", key(k))))
+            .ok_or_else(|| gguf_err(path, format!("metadata `{}` missing", key(k))))
     };
     let heads = num("attention.head_count")? as i32;
     let kv_heads = meta_f64(&metadata, &key("attention.head_count_kv")).map_or(heads, |v| v as i32);
     let hidden = num("embedding_length")? as i32;
     if heads <= 0 || kv_heads <= 0 || hidden <= 0 {
-        return Err(cfg_err(
+        return Err(gguf_err(
             path,
             "head counts and embedding_length must be positive",
         ));
@@ -207,7 +238,7 @@ pub fn read_gguf(path: &Path) -> Result<GgufModel> {
         None => match metadata.get("tokenizer.ggml.tokens") {
             Some(GgufValue::Strings(t)) => t.len() as i32,
             _ => {
-                return Err(cfg_err(
+                return Err(gguf_err(
                     path,
                     format!(
                         "no vocabulary size ({} or tokenizer.ggml.tokens)",
@@ -217,34 +248,66 @@ pub fn read_gguf(path: &Path) -> Result<GgufModel> {
             }
         },
     };
+    let count = |key: &str| -> Result<i32> {
+        meta_count(&metadata, path, &format!("llama.{key}"))?
+            .ok_or_else(|| gguf_err(path, format!("metadata `llama.{key}` is missing")))
+    };
+    let heads = count("attention.head_count")?;
+    let kv_heads = meta_count(&metadata, path, "llama.attention.head_count_kv")?.unwrap_or(heads);
+    let hidden = count("embedding_length")?;
+    let vocab =
+        match meta_count(&metadata, path, "llama.vocab_size")? {
+            Some(v) => v,
+            None => match metadata.get("tokenizer.ggml.tokens") {
+                Some(GgufValue::Strings(t)) => i32::try_from(t.len()).map_err(|_| {
+                    gguf_err(
+                        path,
+                        "metadata `tokenizer.ggml.tokens` has too many entries",
+                    )
+                })?,
+                _ => return Err(gguf_err(
+                    path,
+                    "no vocabulary size (metadata `llama.vocab_size` or `tokenizer.ggml.tokens`)",
+                )),
+            },
+        };
+    let blocks = count("block_count")?;
+    let ffn = count("feed_forward_length")?;
     let mut tensors = BTreeMap::new();
     let mut unknown = Vec::new();
     for (name, a) in raw {
         match map_name(arch, &name) {
             Some(m) => {
                 let a = if arch.permute_qk && m.contains(".self_attn.q_proj.") {
-                    unpermute(&a, heads)?
+                    unpermute(&a, heads, &name, &key("attention.head_count"))?
                 } else if arch.permute_qk && m.contains(".self_attn.k_proj.") {
-                    unpermute(&a, kv_heads)?
+                    unpermute(&a, kv_heads, &name, &key("attention.head_count_kv"))?
                 } else if arch.norm_plus_one && name.contains("_norm.") {
                     // Stored as `1 + w` (a weak Python int in mlx-lm terms: the tensor's dtype).
                     (&a - 1)?
                 } else {
                     a
                 };
-                tensors.insert(m, a);
+                if tensors.insert(m.clone(), a).is_some() {
+                    return Err(gguf_err(
+                        path,
+                        format!(
+                            "GGUF tensor {name} maps to {m}, which another tensor already gave"
+                        ),
+                    ));
+                }
             }
             None => unknown.push(name),
         }
     }
     if !unknown.is_empty() {
         unknown.sort();
-        return Err(ModelError::Weights(
+        return Err(ModelError::Weights(crate::weights::cap_listing(
             unknown
                 .into_iter()
                 .map(|n| format!("unexpected GGUF tensor: {n}"))
                 .collect(),
-        ));
+        )));
     }
     let tied = !tensors.contains_key("lm_head.weight");
     let head_dim = meta_f64(&metadata, &key("attention.key_length"))
@@ -253,8 +316,8 @@ pub fn read_gguf(path: &Path) -> Result<GgufModel> {
     let mut config = json!({
         "model_type": arch.model_type,
         "hidden_size": hidden,
-        "num_hidden_layers": num("block_count")? as i64,
-        "intermediate_size": num("feed_forward_length")? as i64,
+        "num_hidden_layers": blocks,
+        "intermediate_size": ffn,
         "num_attention_heads": heads,
         "num_key_value_heads": kv_heads,
         "rms_norm_eps": num("attention.layer_norm_rms_epsilon")?,
@@ -297,7 +360,10 @@ pub fn read_gguf(path: &Path) -> Result<GgufModel> {
         }
         _ => {}
     }
-    let config = ModelConfig::from_value(config)?;
+    let config = ModelConfig::from_value(config).map_err(|e| match e {
+        ModelError::Config(m) => gguf_err(path, format!("hyper-parameters: {m}")),
+        other => other,
+    })?;
     Ok(GgufModel {
         config,
         tensors,

@@ -8,6 +8,20 @@ use mlx_core::prelude::*;
 use crate::config::{QuantConfig, QuantParams};
 use crate::error::{ModelError, Result};
 
+/// How many problems [`Weights::finish`] lists before summarising the rest as "and N more".
+pub const MAX_LISTED_PROBLEMS: usize = 50;
+
+/// `problems` sorted, the first [`MAX_LISTED_PROBLEMS`] kept and the rest counted.
+pub fn cap_listing(mut problems: Vec<String>) -> Vec<String> {
+    problems.sort();
+    if problems.len() > MAX_LISTED_PROBLEMS {
+        let more = problems.len() - MAX_LISTED_PROBLEMS;
+        problems.truncate(MAX_LISTED_PROBLEMS);
+        problems.push(format!("... and {more} more"));
+    }
+    problems
+}
+
 /// The tensors of a checkpoint, consumed by name while a model is built.
 pub struct Weights {
     tensors: BTreeMap<String, Array>,
@@ -16,6 +30,9 @@ pub struct Weights {
     misshaped: Vec<String>,
     quant: Option<QuantConfig>,
     dtype: Option<Dtype>,
+    /// What a missing tensor is replaced by while building goes on: one shared scalar, so a
+    /// config asking for far more tensors than the files hold allocates nothing per tensor.
+    placeholder: Option<Array>,
 }
 
 impl Weights {
@@ -32,6 +49,35 @@ impl Weights {
             misshaped: Vec::new(),
             quant,
             dtype,
+            placeholder: None,
+        }
+    }
+
+    /// One more than the highest `<prefix><i>.` index among the tensor names (0 if none):
+    /// how many layers the files hold tensors for.
+    pub fn layers_present(&self, prefix: &str) -> usize {
+        self.tensors
+            .keys()
+            .filter_map(|k| {
+                k.strip_prefix(prefix)?
+                    .split('.')
+                    .next()?
+                    .parse::<usize>()
+                    .ok()
+            })
+            .max()
+            .map_or(0, |i| i + 1)
+    }
+
+    fn missing_placeholder(&mut self, name: &str) -> Result<Array> {
+        self.missing.insert(name.to_string());
+        match &self.placeholder {
+            Some(p) => Ok(p.clone()),
+            None => {
+                let p = Array::from_f32(0.0, Dtype::Float32)?;
+                self.placeholder = Some(p.clone());
+                Ok(p)
+            }
         }
     }
 
@@ -60,10 +106,7 @@ impl Weights {
     /// reported by [`Weights::finish`]) and a placeholder returned so building can go on.
     pub fn take(&mut self, name: &str, shape: &[i32]) -> Result<Array> {
         match self.tensors.get(name) {
-            None => {
-                self.missing.insert(name.to_string());
-                Ok(ops::zeros(shape, Dtype::Float32, None)?)
-            }
+            None => self.missing_placeholder(name),
             Some(a) => {
                 let a = a.clone();
                 self.used.insert(name.to_string());
@@ -79,10 +122,7 @@ impl Weights {
     /// Takes a tensor whose shape the model cannot know in advance (packed weights).
     pub fn take_any(&mut self, name: &str) -> Result<Array> {
         match self.tensors.get(name) {
-            None => {
-                self.missing.insert(name.to_string());
-                Ok(ops::zeros(&[1], Dtype::Float32, None)?)
-            }
+            None => self.missing_placeholder(name),
             Some(a) => {
                 let a = a.clone();
                 self.used.insert(name.to_string());
@@ -201,7 +241,7 @@ impl Weights {
             )]));
         }
         let group_size = in_dims / s_last;
-        let bits = (w_last * 32) / in_dims;
+        let bits = i32::try_from(i64::from(w_last) * 32 / i64::from(in_dims)).unwrap_or(i32::MAX);
         let mode = if scales.dtype() != Dtype::Uint8 {
             "affine"
         } else {
@@ -216,14 +256,22 @@ impl Weights {
                 }
             }
         };
-        Ok(Some(QuantParams {
+        let q = QuantParams {
             group_size,
             bits,
             mode: mode.to_string(),
-        }))
+        };
+        q.validate().map_err(|m| {
+            ModelError::Weights(vec![format!(
+                "{path}: quantization inferred from the shapes of {path}.weight and \
+                 {path}.scales: {m}"
+            )])
+        })?;
+        Ok(Some(q))
     }
 
-    /// Ends loading: an error listing every missing, unexpected and mis-shaped tensor.
+    /// Ends loading: an error listing the missing, unexpected and mis-shaped tensors (sorted;
+    /// the first [`MAX_LISTED_PROBLEMS`], then how many more).
     pub fn finish(self) -> Result<()> {
         let mut problems: Vec<String> = self
             .missing
@@ -243,11 +291,10 @@ impl Weights {
             .map(|m| format!("wrong shape: {m}"))
             .collect();
         problems.append(&mut mis);
-        problems.sort();
         if problems.is_empty() {
             Ok(())
         } else {
-            Err(ModelError::Weights(problems))
+            Err(ModelError::Weights(cap_listing(problems)))
         }
     }
 }

@@ -116,3 +116,139 @@ fn missing_files_are_errors() {
     std::fs::remove_file(d.join("config.json")).unwrap();
     assert!(load_err(&d).contains("config.json"));
 }
+
+fn write_config(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src().join("config.json")).unwrap()).unwrap();
+    edit(&mut cfg);
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+}
+
+#[test]
+fn a_million_layers_fail_fast_without_building_them() {
+    let d = scratch("layers");
+    write_weights(&d, |_| {});
+    write_config(&d, |c| c["num_hidden_layers"] = 1_000_000.into());
+    let e = load_err(&d);
+    assert!(
+        e.contains("num_hidden_layers (GGUF: llama.block_count) is 1000000")
+            && e.contains("model.layers.2"),
+        "{e}"
+    );
+    assert!(e.len() < 1000, "{} bytes of message", e.len());
+    write_config(&d, |c| c["num_hidden_layers"] = (-1).into());
+    assert!(load_err(&d).contains("num_hidden_layers"));
+}
+
+#[test]
+fn long_problem_lists_are_capped() {
+    let d = scratch("cap");
+    write_weights(&d, |w| {
+        for i in 0..120 {
+            w.insert(
+                format!("extra.{i:03}.weight"),
+                Array::from_slice(&[1.0f32], &[1]).unwrap(),
+            );
+        }
+    });
+    let e = load_err(&d);
+    assert!(e.contains("unexpected: extra.000.weight"), "{e}");
+    assert!(e.contains("... and 70 more"), "{e}");
+    assert!(!e.contains("extra.119"), "{e}");
+}
+
+#[test]
+fn quantization_parameters_are_validated() {
+    let d = scratch("quant");
+    write_weights(&d, |_| {});
+    for (q, needle) in [
+        (serde_json::json!({"group_size": 64, "bits": 7}), "bits 7"),
+        (
+            serde_json::json!({"group_size": 0, "bits": 4}),
+            "group_size 0",
+        ),
+        (
+            serde_json::json!({"group_size": 64, "bits": 4, "mode": "int3"}),
+            "int3",
+        ),
+        (
+            serde_json::json!({"group_size": 64, "bits": 4, "model.norm": {"group_size": 64, "bits": 9}}),
+            "quantization.model.norm: bits 9",
+        ),
+    ] {
+        write_config(&d, |c| c["quantization"] = q.clone());
+        let e = load_err(&d);
+        assert!(e.contains("config.json") && e.contains(needle), "{q}: {e}");
+    }
+}
+
+#[test]
+fn config_values_that_would_overflow_are_refused() {
+    let d = scratch("overflow");
+    write_weights(&d, |_| {});
+    for (key, v) in [
+        ("head_dim", 1_000_000_000i64),
+        ("intermediate_size", 0),
+        ("intermediate_size", -5),
+    ] {
+        write_config(&d, |c| c[key] = v.into());
+        let e = load_err(&d);
+        assert!(e.contains("invalid model config"), "{key}={v}: {e}");
+    }
+}
+
+mod gguf {
+    use super::*;
+    use mlx_core::io::{save_gguf, GgufMetadata, GgufValue};
+    use mlx_models::gguf::read_gguf;
+
+    /// A llama GGUF with one Q projection of 64 rows and the given head counts.
+    fn file(name: &str, heads: u32, kv_heads: u32) -> PathBuf {
+        let d = scratch(name);
+        let mut meta = GgufMetadata::new();
+        meta.insert("general.architecture", GgufValue::String("llama".into()));
+        let u = |v: u32| GgufValue::Array(Array::scalar(v).unwrap());
+        meta.insert("llama.attention.head_count", u(heads));
+        meta.insert("llama.attention.head_count_kv", u(kv_heads));
+        meta.insert("llama.embedding_length", u(64));
+        meta.insert("llama.block_count", u(1));
+        meta.insert("llama.feed_forward_length", u(128));
+        meta.insert("llama.vocab_size", u(128));
+        meta.insert(
+            "llama.attention.layer_norm_rms_epsilon",
+            GgufValue::Array(Array::scalar(1e-5f32).unwrap()),
+        );
+        let q = ops::zeros(&[64, 64], Dtype::Float32, None).unwrap();
+        let p = d.join(format!("{name}.gguf"));
+        save_gguf(&p, [("blk.0.attn_q.weight", &q)], &meta).unwrap();
+        p
+    }
+
+    fn err(p: &Path) -> String {
+        match read_gguf(p) {
+            Ok(_) => panic!("{} should not load", p.display()),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn zero_head_counts_are_errors_not_a_division_by_zero() {
+        let e = err(&file("heads0", 0, 0));
+        assert!(
+            e.contains("llama.attention.head_count") && e.contains("heads0.gguf"),
+            "{e}"
+        );
+        let e = err(&file("kvheads0", 4, 0));
+        assert!(e.contains("llama.attention.head_count_kv"), "{e}");
+    }
+
+    #[test]
+    fn head_counts_that_do_not_divide_the_rows_name_the_tensor() {
+        let e = err(&file("heads3", 3, 3));
+        assert!(
+            e.contains("blk.0.attn_q.weight") && e.contains("head_count = 3"),
+            "{e}"
+        );
+        assert!(!e.contains("invalid model config"), "{e}");
+    }
+}

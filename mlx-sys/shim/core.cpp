@@ -38,8 +38,14 @@ extern "C" {
 
 const char* mlxs_last_error(void) { return last_error.c_str(); }
 const char* mlxs_version(void) {
-  static const std::string v = mx::version();
-  return v.c_str();
+  // Outside guard (it returns no status): an exception here yields "" instead of crossing
+  // the C ABI.
+  try {
+    static const std::string v = mx::version();
+    return v.c_str();
+  } catch (...) {
+    return "";
+  }
 }
 
 const char* mlxs_string_data(mlxs_string s) { return s ? s->s.c_str() : ""; }
@@ -119,7 +125,9 @@ int mlxs_array_tostring(mlxs_string* out, mlxs_array a) {
   });
 }
 
-mlxs_vec mlxs_vec_new(void) { return new mlxs_vec_{}; }
+// Constructors without a status return null when out of memory (nothrow new): every entry
+// point taking the handle treats null as an error, and freeing null is a no-op.
+mlxs_vec mlxs_vec_new(void) { return new (std::nothrow) mlxs_vec_{}; }
 void mlxs_vec_free(mlxs_vec v) { delete v; }
 int mlxs_vec_push(mlxs_vec v, mlxs_array a) {
   return guard([&] { V(v).push_back(A(a)); });

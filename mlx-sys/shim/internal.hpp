@@ -4,6 +4,7 @@
 #include <mlx/mlx.h>
 
 #include <exception>
+#include <new>
 #include <optional>
 #include <string>
 #include <vector>

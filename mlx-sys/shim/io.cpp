@@ -23,7 +23,7 @@ void gguf_insert(mlxs_gguf_meta m, const char* key, mx::GGUFMetaData v) {
 
 extern "C" {
 
-mlxs_map mlxs_map_new(void) { return new mlxs_map_{}; }
+mlxs_map mlxs_map_new(void) { return new (std::nothrow) mlxs_map_{}; }
 void mlxs_map_free(mlxs_map m) { delete m; }
 int mlxs_map_insert(mlxs_map m, const char* key, mlxs_array a) {
   return guard([&] {
@@ -42,7 +42,7 @@ int mlxs_map_value(mlxs_array* out, mlxs_map m, size_t i) {
   });
 }
 
-mlxs_strmap mlxs_strmap_new(void) { return new mlxs_strmap_{}; }
+mlxs_strmap mlxs_strmap_new(void) { return new (std::nothrow) mlxs_strmap_{}; }
 void mlxs_strmap_free(mlxs_strmap m) { delete m; }
 int mlxs_strmap_insert(mlxs_strmap m, const char* key, const char* value) {
   return guard([&] {
@@ -88,7 +88,7 @@ int mlxs_save_npy(const char* path, mlxs_array a) {
   return guard([&] { mx::save(std::string(cstr(path, "path")), A(a)); });
 }
 
-mlxs_gguf_meta mlxs_gguf_meta_new(void) { return new mlxs_gguf_meta_{}; }
+mlxs_gguf_meta mlxs_gguf_meta_new(void) { return new (std::nothrow) mlxs_gguf_meta_{}; }
 void mlxs_gguf_meta_free(mlxs_gguf_meta m) { delete m; }
 size_t mlxs_gguf_meta_size(mlxs_gguf_meta m) { return m ? m->items.size() : 0; }
 const char* mlxs_gguf_meta_key(mlxs_gguf_meta m, size_t i) {

@@ -9,6 +9,8 @@
 //!   by layer and names the first layer and sub-step (norm, attention, MLP) that differs.
 //! - `bench [--quick | --full] [...]`: generation speed (prefill and decode tok/s) of this
 //!   project against mlx-lm on the same models, alternating; see `bench.rs`.
+//! - `fuzz [TARGET|all] [--runs N] [--seed S] [--start I] [--seconds T]`: the structure-aware
+//!   fuzz targets of `mlx-fuzz` (release build, in-process, stable toolchain).
 #![forbid(unsafe_code)]
 
 mod bench;
@@ -25,10 +27,12 @@ fn main() -> ExitCode {
         Some("goldens") => oracle::goldens(&args[1..]),
         Some("bench") => bench::run(&args[1..]),
         Some("port-check") => oracle::port_check(&args[1..]),
+        Some("fuzz") => fuzz(&args[1..]),
         _ => {
             eprintln!(
                 "usage: cargo xtask bindgen [--check] | oracle [ARGS] | goldens [SET ...] \
-                 | port-check DIR [--ids 1,2,3] | bench [--quick | --full] [--help]"
+                 | port-check DIR [--ids 1,2,3] | bench [--quick | --full] [--help] \
+                 | fuzz [TARGET|all] [--runs N] [--seed S]"
             );
             return ExitCode::from(2);
         }
@@ -39,5 +43,22 @@ fn main() -> ExitCode {
             eprintln!("xtask: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `cargo run --release -p mlx-fuzz -- ARGS` from the workspace root (work files under
+/// `target/fuzz`).
+fn fuzz(args: &[String]) -> Result<(), String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = std::process::Command::new(cargo)
+        .current_dir(bindings::workspace_root())
+        .args(["run", "--release", "-q", "-p", "mlx-fuzz", "--"])
+        .args(args)
+        .status()
+        .map_err(|e| format!("running cargo: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("fuzzing found problems or failed ({status})"))
     }
 }

@@ -42,14 +42,18 @@ impl QuantizedWeight {
         q: &QuantParams,
     ) -> Result<QuantizedWeight> {
         let mode = quant_mode(&q.mode)?;
-        if q.bits <= 0 || q.group_size <= 0 || (cols * q.bits) % 32 != 0 || cols % q.group_size != 0
+        if q.bits <= 0
+            || q.group_size <= 0
+            || (i64::from(cols) * i64::from(q.bits)) % 32 != 0
+            || cols % q.group_size != 0
         {
             return Err(ModelError::Config(format!(
                 "{path}: {cols} columns cannot be packed with {} bits in groups of {}",
                 q.bits, q.group_size
             )));
         }
-        let weight = w.take(&format!("{path}.weight"), &[rows, cols * q.bits / 32])?;
+        let packed = (i64::from(cols) * i64::from(q.bits) / 32) as i32;
+        let weight = w.take(&format!("{path}.weight"), &[rows, packed])?;
         let scales = w.take(&format!("{path}.scales"), &[rows, cols / q.group_size])?;
         let biases = if mode == QuantMode::Affine {
             Some(w.take(&format!("{path}.biases"), &[rows, cols / q.group_size])?)

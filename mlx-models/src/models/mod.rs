@@ -202,6 +202,7 @@ pub fn resolve(config: &ModelConfig) -> Result<Option<Descriptor>> {
 /// Builds the model named by `config.architecture` from `weights`, strictly: every problem
 /// with the weights is reported together.
 pub fn build(config: &ModelConfig, mut weights: Weights) -> Result<Box<dyn LanguageModel>> {
+    check_layer_count(config, &weights)?;
     let model: Box<dyn LanguageModel> =
         match DEDICATED.iter().find(|(t, _)| *t == config.architecture) {
             Some((_, f)) => f(config, &mut weights)?,
@@ -217,4 +218,31 @@ pub fn build(config: &ModelConfig, mut weights: Weights) -> Result<Box<dyn Langu
         };
     weights.finish()?;
     Ok(model)
+}
+
+/// Refuses a `num_hidden_layers` past the layers the files hold tensors for before any layer
+/// is built: such a model would only fail with every tensor of every missing layer listed, after
+/// building them all (a `num_hidden_layers` of a million once used 17 GB doing so).
+fn check_layer_count(config: &ModelConfig, weights: &Weights) -> Result<()> {
+    let Some(v) = config.raw.get("num_hidden_layers") else {
+        return Ok(());
+    };
+    let n = v
+        .as_i64()
+        .filter(|n| (0..=i64::from(i32::MAX)).contains(n))
+        .ok_or_else(|| {
+            ModelError::Config(format!(
+                "`num_hidden_layers` must be a non-negative 32-bit integer, got {v}"
+            ))
+        })?;
+    let present = weights.layers_present("model.layers.");
+    if n as usize > present {
+        return Err(ModelError::Weights(vec![format!(
+            "num_hidden_layers (GGUF: llama.block_count) is {n} but the weights hold tensors for \
+             {present} layers: \
+             model.layers.{present} to model.layers.{} are missing",
+            n - 1
+        )]));
+    }
+    Ok(())
 }
