@@ -9,11 +9,14 @@
 //! - [`stream`]: `stream_generate` (text, stop conditions, statistics).
 //! - [`prompt_cache`]: longest-prefix reuse with a byte-capped LRU; [`chat`]: a multi-turn
 //!   session over it.
+//! - [`batch`]: continuous batching on an engine thread (mlx-lm's `BatchGenerator` and
+//!   `BatchKVCache`), the core of `mlx serve`.
 //! - [`fetch`]: verified, cached downloads of files shipped in PyPI wheels (SmolLM2).
 //!
 //! Models never own caches: the engine makes them (`make_prompt_cache`) and passes them in.
 #![forbid(unsafe_code)]
 
+pub mod batch;
 pub mod chat;
 pub mod chat_template;
 mod error;

@@ -7,9 +7,12 @@
 //! - `goldens [SET ...]`: regenerates golden files with `xtask/oracle/goldens_<SET>.py`.
 //! - `bench [--quick | --full] [...]`: generation speed (prefill and decode tok/s) of this
 //!   project against mlx-lm on the same models, alternating; see `bench.rs`.
+//! - `bench serve [...]`: aggregate decode throughput of `mlx serve` against `mlx_lm.server`
+//!   at 1, 4, 16 and 32 concurrent clients; see `bench_serve.rs`.
 #![forbid(unsafe_code)]
 
 mod bench;
+mod bench_serve;
 mod bindings;
 mod oracle;
 
@@ -21,11 +24,14 @@ fn main() -> ExitCode {
         Some("bindgen") => bindings::run(args.iter().any(|a| a == "--check")),
         Some("oracle") => oracle::python(&args[1..]),
         Some("goldens") => oracle::goldens(&args[1..]),
+        Some("bench") if args.get(1).map(String::as_str) == Some("serve") => {
+            bench_serve::run(&args[2..])
+        }
         Some("bench") => bench::run(&args[1..]),
         _ => {
             eprintln!(
                 "usage: cargo xtask bindgen [--check] | oracle [ARGS] | goldens [SET ...] \
-                 | bench [--quick | --full] [--help]"
+                 | bench [--quick | --full] [--help] | bench serve [--help]"
             );
             return ExitCode::from(2);
         }

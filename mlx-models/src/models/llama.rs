@@ -155,9 +155,19 @@ impl Attention {
         let values = heads(self.v_proj.forward(x)?, self.n_kv_heads)?;
         let (queries, kv) = match cache {
             Some(c) => {
-                let offset = c.offset();
-                let q = self.rope.forward(&queries, offset)?;
-                let k = self.rope.forward(&keys, offset)?;
+                let (q, k) = match c.offsets() {
+                    Some(offsets) => (
+                        self.rope.forward_offsets(&queries, &offsets)?,
+                        self.rope.forward_offsets(&keys, &offsets)?,
+                    ),
+                    None => {
+                        let offset = c.offset();
+                        (
+                            self.rope.forward(&queries, offset)?,
+                            self.rope.forward(&keys, offset)?,
+                        )
+                    }
+                };
                 (q, c.update_and_fetch(&k, &values)?)
             }
             None => {
