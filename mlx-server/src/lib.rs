@@ -97,7 +97,9 @@ impl Server {
             return Err(ServeError::Args("--max-batch must be at least 1".into()));
         }
         if args.max_tokens_limit == 0 {
-            return Err(ServeError::Args("--max-tokens-limit must be at least 1".into()));
+            return Err(ServeError::Args(
+                "--max-tokens-limit must be at least 1".into(),
+            ));
         }
         let template_args = template_args(&args)?;
         let config = EngineConfig {
@@ -110,9 +112,7 @@ impl Server {
         let load_args = args.clone();
         let (engine, _thread) = tokio::task::spawn_blocking(move || {
             Engine::start(
-                move || {
-                    load(&load_args).map_err(mlx_engine::EngineError::Other)
-                },
+                move || load(&load_args).map_err(mlx_engine::EngineError::Other),
                 config,
             )
         })

@@ -5,7 +5,10 @@
 use clap::Parser;
 
 #[derive(Parser)]
-#[command(name = "mlx-serve", about = "An OpenAI-compatible server for an MLX model directory")]
+#[command(
+    name = "mlx-serve",
+    about = "An OpenAI-compatible server for an MLX model directory"
+)]
 struct Cli {
     #[command(flatten)]
     serve: mlx_server::ServeArgs,

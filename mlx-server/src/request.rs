@@ -58,9 +58,10 @@ fn integer(body: &Map<String, Value>, name: &str) -> Result<Option<i64>, ApiErro
 fn boolean(body: &Map<String, Value>, name: &str) -> Result<Option<bool>, ApiError> {
     match field(body, name) {
         None => Ok(None),
-        Some(v) => v.as_bool().map(Some).ok_or_else(|| {
-            ApiError::invalid(name, format!("`{name}` must be a boolean, got {v}"))
-        }),
+        Some(v) => v
+            .as_bool()
+            .map(Some)
+            .ok_or_else(|| ApiError::invalid(name, format!("`{name}` must be a boolean, got {v}"))),
     }
 }
 
@@ -119,7 +120,10 @@ fn logit_bias(body: &Map<String, Value>, vocab: usize) -> Result<Vec<(i32, f32)>
     map.iter()
         .map(|(k, v)| {
             let id: usize = k.trim().parse().map_err(|_| {
-                ApiError::invalid("logit_bias", format!("`logit_bias` key {k:?} is not a token id"))
+                ApiError::invalid(
+                    "logit_bias",
+                    format!("`logit_bias` key {k:?} is not a token id"),
+                )
             })?;
             if id >= vocab {
                 return Err(ApiError::invalid(
@@ -143,7 +147,10 @@ fn normalize_messages(messages: &Value) -> Result<Vec<Value>, ApiError> {
         .as_array()
         .ok_or_else(|| ApiError::invalid("messages", "`messages` must be a list of messages"))?;
     if list.is_empty() {
-        return Err(ApiError::invalid("messages", "`messages` must not be empty"));
+        return Err(ApiError::invalid(
+            "messages",
+            "`messages` must not be empty",
+        ));
     }
     list.iter()
         .enumerate()
@@ -224,12 +231,20 @@ pub fn parse(state: &AppState, kind: Kind, bytes: &[u8]) -> Result<Parsed, ApiEr
             }
             m.clone()
         }
-        Some(v) => return Err(ApiError::invalid("model", format!("`model` must be a string, got {v}"))),
+        Some(v) => {
+            return Err(ApiError::invalid(
+                "model",
+                format!("`model` must be a string, got {v}"),
+            ))
+        }
     };
 
     let n = integer(body, "n")?.unwrap_or(1);
     if n != 1 {
-        return Err(ApiError::invalid("n", format!("only `n` = 1 is supported, got {n}")));
+        return Err(ApiError::invalid(
+            "n",
+            format!("only `n` = 1 is supported, got {n}"),
+        ));
     }
 
     let max_tokens = match integer(body, "max_completion_tokens")? {
@@ -256,9 +271,24 @@ pub fn parse(state: &AppState, kind: Kind, bytes: &[u8]) -> Result<Parsed, ApiEr
         Some(m) => m as usize,
     };
 
-    let temp = in_range("temperature", number(body, "temperature")?.unwrap_or(args.temp), 0.0, 100.0)?;
-    let top_p = in_range("top_p", number(body, "top_p")?.unwrap_or(args.top_p), 0.0, 1.0)?;
-    let min_p = in_range("min_p", number(body, "min_p")?.unwrap_or(args.min_p), 0.0, 1.0)?;
+    let temp = in_range(
+        "temperature",
+        number(body, "temperature")?.unwrap_or(args.temp),
+        0.0,
+        100.0,
+    )?;
+    let top_p = in_range(
+        "top_p",
+        number(body, "top_p")?.unwrap_or(args.top_p),
+        0.0,
+        1.0,
+    )?;
+    let min_p = in_range(
+        "min_p",
+        number(body, "min_p")?.unwrap_or(args.min_p),
+        0.0,
+        1.0,
+    )?;
     let vocab = state.engine.vocab_size();
     let top_k = integer(body, "top_k")?.unwrap_or(i64::from(args.top_k));
     if top_k < 0 || top_k >= vocab as i64 {
@@ -267,8 +297,18 @@ pub fn parse(state: &AppState, kind: Kind, bytes: &[u8]) -> Result<Parsed, ApiEr
             format!("`top_k` must be in [0, {vocab}), got {top_k}"),
         ));
     }
-    let xtc_probability = in_range("xtc_probability", number(body, "xtc_probability")?.unwrap_or(0.0), 0.0, 1.0)?;
-    let xtc_threshold = in_range("xtc_threshold", number(body, "xtc_threshold")?.unwrap_or(0.1), 0.0, 0.5)?;
+    let xtc_probability = in_range(
+        "xtc_probability",
+        number(body, "xtc_probability")?.unwrap_or(0.0),
+        0.0,
+        1.0,
+    )?;
+    let xtc_threshold = in_range(
+        "xtc_threshold",
+        number(body, "xtc_threshold")?.unwrap_or(0.1),
+        0.0,
+        0.5,
+    )?;
     let repetition_penalty = number(body, "repetition_penalty")?
         .map(|p| in_range("repetition_penalty", p, 0.0, 100.0))
         .transpose()?;
@@ -291,7 +331,12 @@ pub fn parse(state: &AppState, kind: Kind, bytes: &[u8]) -> Result<Parsed, ApiEr
     let seed = match integer(body, "seed")? {
         None => None,
         Some(s) if s >= 0 => Some(s as u64),
-        Some(s) => return Err(ApiError::invalid("seed", format!("`seed` must be non-negative, got {s}"))),
+        Some(s) => {
+            return Err(ApiError::invalid(
+                "seed",
+                format!("`seed` must be non-negative, got {s}"),
+            ))
+        }
     };
 
     // Chat: `logprobs` is a boolean and `top_logprobs` a count; completions: `logprobs` is the
@@ -322,7 +367,12 @@ pub fn parse(state: &AppState, kind: Kind, bytes: &[u8]) -> Result<Parsed, ApiEr
     let include_usage = match field(body, "stream_options") {
         None => false,
         Some(Value::Object(o)) => boolean(o, "include_usage")?.unwrap_or(false),
-        Some(_) => return Err(ApiError::invalid("stream_options", "`stream_options` must be an object")),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "stream_options",
+                "`stream_options` must be an object",
+            ))
+        }
     };
 
     let tokenizer = state.engine.tokenizer();
@@ -364,7 +414,9 @@ pub fn parse(state: &AppState, kind: Kind, bytes: &[u8]) -> Result<Parsed, ApiEr
             };
             tokenizer
                 .apply_chat_template_ids(&messages, &opts)
-                .map_err(|e| ApiError::invalid("messages", format!("rendering the chat template: {e}")))?
+                .map_err(|e| {
+                    ApiError::invalid("messages", format!("rendering the chat template: {e}"))
+                })?
         }
         Kind::Completion => {
             let text = match field(body, "prompt") {
@@ -386,7 +438,10 @@ pub fn parse(state: &AppState, kind: Kind, bytes: &[u8]) -> Result<Parsed, ApiEr
         }
     };
     if prompt.is_empty() {
-        return Err(ApiError::invalid("prompt", "the prompt encodes to no tokens"));
+        return Err(ApiError::invalid(
+            "prompt",
+            "the prompt encodes to no tokens",
+        ));
     }
     if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
         return Err(ApiError::bad_request(format!(

@@ -63,7 +63,11 @@ fn authorize(state: &Shared, headers: &HeaderMap) -> Result<(), ApiError> {
         .and_then(|v| v.strip_prefix("Bearer "));
     // Compare without an early exit, so timing does not reveal a prefix of the key.
     let ok = given.is_some_and(|g| {
-        g.len() == key.len() && g.bytes().zip(key.bytes()).fold(0u8, |a, (x, y)| a | (x ^ y)) == 0
+        g.len() == key.len()
+            && g.bytes()
+                .zip(key.bytes())
+                .fold(0u8, |a, (x, y)| a | (x ^ y))
+                == 0
     });
     if ok {
         Ok(())
@@ -143,9 +147,9 @@ async fn handle(
             .engine
             .submit(parsed.request.clone(), Box::new(Sink(tx)))
             .map_err(|e| match e {
-                SubmitError::QueueFull(_) => ApiError::busy(format!(
-                    "The server is busy: {e}. Retry later."
-                )),
+                SubmitError::QueueFull(_) => {
+                    ApiError::busy(format!("The server is busy: {e}. Retry later."))
+                }
                 SubmitError::Stopped => ApiError::server(e.to_string()),
             })?;
         Ok::<_, ApiError>((parsed, rx))
@@ -263,15 +267,19 @@ impl Ctx {
                 let content: Vec<Value> = range
                     .map(|i| {
                         let mut e = entry(self.tokens[i], self.logprobs[i].unwrap_or(f32::NAN));
-                        e["top_logprobs"] =
-                            Value::Array(self.top[i].iter().map(|&(id, lp)| entry(id, lp)).collect());
+                        e["top_logprobs"] = Value::Array(
+                            self.top[i].iter().map(|&(id, lp)| entry(id, lp)).collect(),
+                        );
                         e
                     })
                     .collect();
                 json!({"content": content})
             }
             Kind::Completion => {
-                let tokens: Vec<String> = range.clone().map(|i| self.token_text(self.tokens[i])).collect();
+                let tokens: Vec<String> = range
+                    .clone()
+                    .map(|i| self.token_text(self.tokens[i]))
+                    .collect();
                 let lps: Vec<Option<f32>> = range.clone().map(|i| self.logprobs[i]).collect();
                 let tops: Vec<Value> = range
                     .map(|i| {
@@ -400,7 +408,11 @@ impl Ctx {
                         })
                     })
                     .collect();
-                let content = if content.is_empty() { Value::Null } else { Value::String(content) };
+                let content = if content.is_empty() {
+                    Value::Null
+                } else {
+                    Value::String(content)
+                };
                 return (
                     json!({"role": "assistant", "content": content, "tool_calls": calls}),
                     "tool_calls",
@@ -431,11 +443,12 @@ impl Ctx {
                 } else {
                     json!({"content": text})
                 };
-                self.chunk(json!({"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}))
+                self.chunk(
+                    json!({"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}),
+                )
             }
-            Kind::Completion => {
-                self.chunk(json!({"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}))
-            }
+            Kind::Completion => self
+                .chunk(json!({"index": 0, "text": text, "logprobs": lp, "finish_reason": finish})),
         }
     }
 }
@@ -513,7 +526,9 @@ fn sse_stream(ctx: Ctx) -> impl Stream<Item = Result<Event, Infallible>> {
                                 o.remove("content");
                             }
                         }
-                        if let Some(calls) = delta.get_mut("tool_calls").and_then(Value::as_array_mut) {
+                        if let Some(calls) =
+                            delta.get_mut("tool_calls").and_then(Value::as_array_mut)
+                        {
                             for (i, c) in calls.iter_mut().enumerate() {
                                 c["index"] = json!(i);
                             }
@@ -547,7 +562,8 @@ fn sse_stream(ctx: Ctx) -> impl Stream<Item = Result<Event, Infallible>> {
                 }
                 Step::Failed(e) => {
                     st.ctx.log(e.status.as_u16(), "error");
-                    st.pending.push_back(Event::default().data(e.body().to_string()));
+                    st.pending
+                        .push_back(Event::default().data(e.body().to_string()));
                     st.pending.push_back(Event::default().data("[DONE]"));
                     st.finished = true;
                 }

@@ -62,6 +62,10 @@ impl AppState {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.subsec_nanos())
             .unwrap_or(0);
-        format!("{prefix}-{:08x}{:06x}{n:x}", self.created as u32, nanos & 0xffffff)
+        format!(
+            "{prefix}-{:08x}{:06x}{n:x}",
+            self.created as u32,
+            nanos & 0xffffff
+        )
     }
 }

@@ -58,7 +58,11 @@ pub fn extract(text: &str) -> (String, Vec<ToolCall>) {
     if calls.is_empty() {
         let t = content.trim();
         if t.starts_with('{') {
-            if let Some(c) = serde_json::from_str::<Value>(t).ok().as_ref().and_then(call_from) {
+            if let Some(c) = serde_json::from_str::<Value>(t)
+                .ok()
+                .as_ref()
+                .and_then(call_from)
+            {
                 return (String::new(), vec![c]);
             }
         }
@@ -72,9 +76,8 @@ mod tests {
 
     #[test]
     fn qwen_markers_and_llama_json() {
-        let (c, calls) = extract(
-            "ok <tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call>",
-        );
+        let (c, calls) =
+            extract("ok <tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call>");
         assert_eq!(c, "ok");
         assert_eq!(
             calls,

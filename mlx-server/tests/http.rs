@@ -73,7 +73,9 @@ fn chat_and_completions_equal_mlx_lm_streaming_and_not() {
         assert_eq!(finish, vec![&json!("length")]);
         let usage = &chunks.last().unwrap()["usage"];
         assert_eq!(usage["completion_tokens"], 24);
-        assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk"));
+        assert!(chunks
+            .iter()
+            .all(|c| c["object"] == "chat.completion.chunk"));
     }
 
     let c = case("completion", 0);
@@ -100,38 +102,146 @@ fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
     let cases: Vec<(Vec<u8>, u16, Option<&str>)> = vec![
         (b"{not json".to_vec(), 400, None),
         (b"[1, 2]".to_vec(), 400, None),
-        (json!({"messages": msgs, "temperature": "hot"}).to_string().into_bytes(), 400, Some("temperature")),
-        (json!({"messages": msgs, "temperature": -1}).to_string().into_bytes(), 400, Some("temperature")),
-        (json!({"messages": msgs, "top_p": 2}).to_string().into_bytes(), 400, Some("top_p")),
-        (json!({"messages": msgs, "max_tokens": 0}).to_string().into_bytes(), 400, Some("max_tokens")),
-        (json!({"messages": msgs, "max_tokens": 65}).to_string().into_bytes(), 400, Some("max_tokens")),
-        (json!({"messages": msgs, "max_tokens": 1.5}).to_string().into_bytes(), 400, Some("max_tokens")),
-        (json!({"messages": msgs, "n": 2}).to_string().into_bytes(), 400, Some("n")),
-        (json!({"messages": msgs, "stop": 3}).to_string().into_bytes(), 400, Some("stop")),
-        (json!({"messages": msgs, "logit_bias": {"999": 1}}).to_string().into_bytes(), 400, Some("logit_bias")),
-        (json!({"messages": msgs, "top_logprobs": 50}).to_string().into_bytes(), 400, Some("top_logprobs")),
-        (json!({"messages": msgs, "stream": "yes"}).to_string().into_bytes(), 400, Some("stream")),
-        (json!({"messages": "hi"}).to_string().into_bytes(), 400, Some("messages")),
-        (json!({"messages": []}).to_string().into_bytes(), 400, Some("messages")),
-        (json!({"messages": [{"content": "x"}]}).to_string().into_bytes(), 400, Some("messages")),
+        (
+            json!({"messages": msgs, "temperature": "hot"})
+                .to_string()
+                .into_bytes(),
+            400,
+            Some("temperature"),
+        ),
+        (
+            json!({"messages": msgs, "temperature": -1})
+                .to_string()
+                .into_bytes(),
+            400,
+            Some("temperature"),
+        ),
+        (
+            json!({"messages": msgs, "top_p": 2})
+                .to_string()
+                .into_bytes(),
+            400,
+            Some("top_p"),
+        ),
+        (
+            json!({"messages": msgs, "max_tokens": 0})
+                .to_string()
+                .into_bytes(),
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            json!({"messages": msgs, "max_tokens": 65})
+                .to_string()
+                .into_bytes(),
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            json!({"messages": msgs, "max_tokens": 1.5})
+                .to_string()
+                .into_bytes(),
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            json!({"messages": msgs, "n": 2}).to_string().into_bytes(),
+            400,
+            Some("n"),
+        ),
+        (
+            json!({"messages": msgs, "stop": 3})
+                .to_string()
+                .into_bytes(),
+            400,
+            Some("stop"),
+        ),
+        (
+            json!({"messages": msgs, "logit_bias": {"999": 1}})
+                .to_string()
+                .into_bytes(),
+            400,
+            Some("logit_bias"),
+        ),
+        (
+            json!({"messages": msgs, "top_logprobs": 50})
+                .to_string()
+                .into_bytes(),
+            400,
+            Some("top_logprobs"),
+        ),
+        (
+            json!({"messages": msgs, "stream": "yes"})
+                .to_string()
+                .into_bytes(),
+            400,
+            Some("stream"),
+        ),
+        (
+            json!({"messages": "hi"}).to_string().into_bytes(),
+            400,
+            Some("messages"),
+        ),
+        (
+            json!({"messages": []}).to_string().into_bytes(),
+            400,
+            Some("messages"),
+        ),
+        (
+            json!({"messages": [{"content": "x"}]})
+                .to_string()
+                .into_bytes(),
+            400,
+            Some("messages"),
+        ),
         (json!({}).to_string().into_bytes(), 400, Some("messages")),
-        (json!({"messages": msgs, "model": "gpt-4"}).to_string().into_bytes(), 404, Some("model")),
-        (json!({"messages": msgs, "model": 7}).to_string().into_bytes(), 400, Some("model")),
+        (
+            json!({"messages": msgs, "model": "gpt-4"})
+                .to_string()
+                .into_bytes(),
+            404,
+            Some("model"),
+        ),
+        (
+            json!({"messages": msgs, "model": 7})
+                .to_string()
+                .into_bytes(),
+            400,
+            Some("model"),
+        ),
         (vec![b' '; 5000], 413, None),
     ];
     for (body, status, param) in cases {
         let r = http(s.addr, "POST", chat, &[], &body);
-        assert_eq!(r.status, status, "{} -> {}", String::from_utf8_lossy(&body[..body.len().min(80)]), r.body);
+        assert_eq!(
+            r.status,
+            status,
+            "{} -> {}",
+            String::from_utf8_lossy(&body[..body.len().min(80)]),
+            r.body
+        );
         let e = r.json();
-        assert!(e["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{e}");
+        assert!(
+            e["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{e}"
+        );
         assert!(e["error"]["type"].is_string());
         if let Some(p) = param {
             assert_eq!(e["error"]["param"], p, "{e}");
         }
     }
     let r = post(s.addr, "/v1/completions", &json!({"prompt": ["a", "b"]}));
-    assert_eq!((r.status, r.json()["error"]["param"].clone()), (400, json!("prompt")));
-    let r = post(s.addr, "/v1/completions", &json!({"prompt": "x", "max_tokens": 8, "max_context": 1}));
+    assert_eq!(
+        (r.status, r.json()["error"]["param"].clone()),
+        (400, json!("prompt"))
+    );
+    let r = post(
+        s.addr,
+        "/v1/completions",
+        &json!({"prompt": "x", "max_tokens": 8, "max_context": 1}),
+    );
     assert_eq!(r.status, 200, "unknown fields are ignored");
     let r = http(s.addr, "GET", "/v1/nothing", &[], b"");
     assert_eq!(r.status, 404);
@@ -147,26 +257,52 @@ fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
 #[test]
 fn context_limit_queue_limit_and_api_key() {
     let s = TestServer::start(&[
-        "--max-batch", "1", "--queue-size", "1", "--max-context", "64", "--api-key", "sekret",
+        "--max-batch",
+        "1",
+        "--queue-size",
+        "1",
+        "--max-context",
+        "4096",
+        "--api-key",
+        "sekret",
     ]);
     let auth = [("Authorization", "Bearer sekret")];
     let msgs = json!([{"role": "user", "content": "hi"}]);
     let body = |v: Value| v.to_string().into_bytes();
 
-    let r = http(s.addr, "POST", "/v1/chat/completions", &[], &body(json!({"messages": msgs})));
-    assert_eq!((r.status, r.json()["error"]["code"].clone()), (401, json!("invalid_api_key")));
-    let r = http(s.addr, "GET", "/v1/models", &[("Authorization", "Bearer wrong")], b"");
+    let r = http(
+        s.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        &body(json!({"messages": msgs})),
+    );
+    assert_eq!(
+        (r.status, r.json()["error"]["code"].clone()),
+        (401, json!("invalid_api_key"))
+    );
+    let r = http(
+        s.addr,
+        "GET",
+        "/v1/models",
+        &[("Authorization", "Bearer wrong")],
+        b"",
+    );
     assert_eq!(r.status, 401);
     assert_eq!(http(s.addr, "GET", "/health", &[], b"").status, 200);
 
-    // 20 prompt tokens + 50 > 64.
-    let long = json!({"prompt": "x".repeat(20), "max_tokens": 50});
+    // 20 prompt tokens + 4090 > 4096.
+    let long = json!({"prompt": "x".repeat(20), "max_tokens": 4090});
     let r = http(s.addr, "POST", "/v1/completions", &auth, &body(long));
-    assert_eq!((r.status, r.json()["error"]["param"].clone()), (400, json!("max_tokens")));
+    assert_eq!(
+        (r.status, r.json()["error"]["param"].clone()),
+        (400, json!("max_tokens"))
+    );
 
-    // One decoding, one waiting, the third refused.
-    let streaming = json!({"prompt": "ab", "max_tokens": 60, "stream": true});
-    let open = |v: &Value| {
+    // One decoding (it has sent a token), one waiting (accepted: its headers came), the
+    // third refused.
+    let streaming = json!({"prompt": "ab", "max_tokens": 4000, "stream": true});
+    let open = |v: &Value, wait_for_data: bool| {
         use std::io::{BufRead, BufReader, Write};
         let mut sock = std::net::TcpStream::connect(s.addr).unwrap();
         let b = v.to_string();
@@ -181,14 +317,41 @@ fn context_limit_queue_limit_and_api_key() {
         let mut line = String::new();
         r.read_line(&mut line).unwrap();
         assert!(line.contains(" 200 "), "{line}");
+        while wait_for_data && !line.starts_with("data: ") {
+            line.clear();
+            assert!(r.read_line(&mut line).unwrap() > 0);
+        }
         r
     };
-    let first = open(&streaming);
-    let second = open(&streaming);
-    let r = http(s.addr, "POST", "/v1/completions", &auth, &body(streaming.clone()));
-    assert_eq!((r.status, r.json()["error"]["type"].clone()), (429, json!("rate_limit_error")));
+    let first = open(&streaming, true);
+    let second = open(&streaming, false);
+    let r = http(
+        s.addr,
+        "POST",
+        "/v1/completions",
+        &auth,
+        &body(streaming.clone()),
+    );
+    assert_eq!(
+        (r.status, r.json()["error"]["type"].clone()),
+        (429, json!("rate_limit_error"))
+    );
     drop((first, second));
-    let r = http(s.addr, "POST", "/v1/completions", &auth, &body(json!({"prompt": "ab", "max_tokens": 3})));
+    // Both leave once the server notices (bounded polling, no timing assertion).
+    for _ in 0..1000 {
+        let h = http(s.addr, "GET", "/health", &[], b"").json();
+        if h["active"] == 0 && h["queued"] == 0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let r = http(
+        s.addr,
+        "POST",
+        "/v1/completions",
+        &auth,
+        &body(json!({"prompt": "ab", "max_tokens": 3})),
+    );
     assert_eq!(r.status, 200, "{}", r.body);
 }
 
@@ -214,6 +377,10 @@ fn a_client_that_disconnects_mid_stream_frees_its_slot() {
     }
     assert_eq!(h["active"], 0, "{h}");
     assert!(h["decode_steps"].as_u64().unwrap() < 8000, "{h}");
-    let r = post(s.addr, "/v1/completions", &json!({"prompt": "abc", "max_tokens": 3}));
+    let r = post(
+        s.addr,
+        "/v1/completions",
+        &json!({"prompt": "abc", "max_tokens": 3}),
+    );
     assert_eq!(r.status, 200);
 }

@@ -23,7 +23,11 @@ fn venv_python() -> PathBuf {
             .arg(&venv)
             .status()
             .expect("running python3 -m venv");
-        assert!(status.success(), "python3 -m venv {} failed", venv.display());
+        assert!(
+            status.success(),
+            "python3 -m venv {} failed",
+            venv.display()
+        );
         let status = Command::new(&py)
             .args(["-m", "pip", "install", "--quiet", OPENAI])
             .status()
@@ -48,6 +52,9 @@ fn the_official_openai_client_including_32_concurrent_streams() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     eprintln!("{stdout}");
-    assert!(out.status.success(), "openai_client.py failed:\n{stdout}\n{stderr}");
+    assert!(
+        out.status.success(),
+        "openai_client.py failed:\n{stdout}\n{stderr}"
+    );
     assert!(stdout.contains("all checks passed"));
 }

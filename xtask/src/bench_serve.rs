@@ -84,7 +84,10 @@ fn wait_ready(port: u16, path: &str, server: &mut Server) -> Result<(), String> 
             return Err(format!("the server exited ({status}) before it was ready"));
         }
         if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
-            let _ = write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+            let _ = write!(
+                s,
+                "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            );
             let mut buf = String::new();
             let _ = s.read_to_string(&mut buf);
             if buf.starts_with("HTTP/1.1 200") || buf.starts_with("HTTP/1.0 200") {
@@ -121,7 +124,14 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let o = parse(args)?;
     let py = oracle::ensure()?;
     let status = Command::new("cargo")
-        .args(["build", "--release", "-p", "mlx-server", "--bin", "mlx-serve"])
+        .args([
+            "build",
+            "--release",
+            "-p",
+            "mlx-server",
+            "--bin",
+            "mlx-serve",
+        ])
         .current_dir(workspace_root())
         .status()
         .map_err(|e| format!("cargo build: {e}"))?;
@@ -135,7 +145,12 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let mut ours = Server(
         Command::new(&bin)
             .args(["--model", &model, "--port", &port.to_string()])
-            .args(["--max-batch", &o.max_batch.to_string(), "--queue-size", "256"])
+            .args([
+                "--max-batch",
+                &o.max_batch.to_string(),
+                "--queue-size",
+                "256",
+            ])
             .args(["--log-level", "warn"])
             .spawn()
             .map_err(|e| format!("starting {}: {e}", bin.display()))?,

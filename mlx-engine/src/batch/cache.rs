@@ -118,7 +118,9 @@ impl BatchKVCache {
         }
         let max_idx = self.idx.max(other.idx);
         let template = match (&self.keys, &self.values, &other.keys, &other.values) {
-            (Some(k), Some(v), _, _) | (_, _, Some(k), Some(v)) => (k.shape(), v.shape(), k.dtype()),
+            (Some(k), Some(v), _, _) | (_, _, Some(k), Some(v)) => {
+                (k.shape(), v.shape(), k.dtype())
+            }
             _ => return Err(err("keys without values".into())),
         };
         let (ks, vs, dtype) = template;

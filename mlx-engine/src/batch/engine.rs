@@ -24,8 +24,8 @@ use super::text::TextState;
 use crate::error::{EngineError, Result};
 use crate::generate::make_prompt_cache;
 use crate::prompt_cache::PromptCache;
-use crate::sample::{make_logits_processors, LogitsProcessor, ProcessorSettings, Sampler};
 use crate::sample::SamplerSettings;
+use crate::sample::{make_logits_processors, LogitsProcessor, ProcessorSettings, Sampler};
 use crate::stream::FinishReason;
 use crate::tokenizer::Tokenizer;
 
@@ -326,7 +326,9 @@ impl Worker {
                 continue;
             }
             while self.rows.len() < self.config.max_batch {
-                let Some(job) = waiting.pop_front() else { break };
+                let Some(job) = waiting.pop_front() else {
+                    break;
+                };
                 self.stats.queued.fetch_sub(1, Ordering::Relaxed);
                 if let Err(e) = self.admit(job) {
                     // The batch may be inconsistent after a failed join: start over.
@@ -532,7 +534,9 @@ impl Worker {
                 c.class_name()
             )));
         }
-        self.stats.reused_tokens.fetch_add(reused, Ordering::Relaxed);
+        self.stats
+            .reused_tokens
+            .fetch_add(reused, Ordering::Relaxed);
         self.stats
             .prefilled_tokens
             .fetch_add(r.prompt.len() - reused, Ordering::Relaxed);
@@ -582,9 +586,7 @@ impl Worker {
     /// One forward pass for every row, then each row's token.
     fn decode_step(&mut self) -> Result<()> {
         let b = self.rows.len();
-        self.stats
-            .max_batch_seen
-            .fetch_max(b, Ordering::Relaxed);
+        self.stats.max_batch_seen.fetch_max(b, Ordering::Relaxed);
         let inputs: Vec<i32> = self.rows.iter().map(|r| r.next_input as i32).collect();
         let x = Array::from_slice(&inputs, &[b as i32, 1])?;
         let logits = self.model.forward(&x, Some(&mut self.caches))?;
@@ -617,8 +619,13 @@ impl Worker {
                 .iter()
                 .enumerate()
                 .map(|(e, r)| {
-                    r.sampler
-                        .sample(&ops::slice_axis(&logprobs, 0, e as i32, e as i32 + 1, None)?)
+                    r.sampler.sample(&ops::slice_axis(
+                        &logprobs,
+                        0,
+                        e as i32,
+                        e as i32 + 1,
+                        None,
+                    )?)
                 })
                 .collect::<Result<_>>()?;
             ops::concatenate(&parts.iter().collect::<Vec<_>>(), 0, None)?

@@ -102,12 +102,17 @@ pub struct Reply {
 
 impl Reply {
     pub fn json(&self) -> Value {
-        serde_json::from_str(&self.body)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
     }
 }
 
-fn request_bytes(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Vec<u8> {
+fn request_bytes(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Vec<u8> {
     let mut req = format!(
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
         body.len()
@@ -125,7 +130,13 @@ fn request_bytes(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &
 }
 
 /// One request on a fresh connection; the whole reply (chunked bodies decoded).
-pub fn http(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Reply {
+pub fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Reply {
     let mut s = TcpStream::connect(addr).unwrap();
     s.write_all(&request_bytes(addr, method, path, headers, body))
         .unwrap();
@@ -134,7 +145,10 @@ pub fn http(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)]
     let mut raw = Vec::new();
     // The server may close early on a refused body; what was read is the reply.
     let _ = r.read_to_end(&mut raw);
-    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
         dechunk(&raw)
     } else {
         raw
@@ -173,8 +187,8 @@ fn dechunk(mut raw: &[u8]) -> Vec<u8> {
         let Some(nl) = raw.windows(2).position(|w| w == b"\r\n") else {
             return out;
         };
-        let size = usize::from_str_radix(std::str::from_utf8(&raw[..nl]).unwrap().trim(), 16)
-            .unwrap_or(0);
+        let size =
+            usize::from_str_radix(std::str::from_utf8(&raw[..nl]).unwrap().trim(), 16).unwrap_or(0);
         if size == 0 || raw.len() < nl + 2 + size {
             return out;
         }
@@ -192,8 +206,14 @@ pub struct EventStream {
 impl EventStream {
     pub fn open(addr: SocketAddr, path: &str, body: &Value) -> EventStream {
         let mut s = TcpStream::connect(addr).unwrap();
-        s.write_all(&request_bytes(addr, "POST", path, &[], body.to_string().as_bytes()))
-            .unwrap();
+        s.write_all(&request_bytes(
+            addr,
+            "POST",
+            path,
+            &[],
+            body.to_string().as_bytes(),
+        ))
+        .unwrap();
         let mut reader = BufReader::new(s);
         let (status, _) = read_head(&mut reader);
         EventStream { status, reader }
