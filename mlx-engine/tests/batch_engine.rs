@@ -61,13 +61,16 @@ fn request(prompt: Vec<u32>, max_tokens: usize) -> BatchRequest {
     }
 }
 
+/// A token's log-probability and its step's top alternatives.
+type TokenLogprobs = (Option<f32>, Vec<(u32, f32)>);
+
 #[derive(Debug, Default)]
 struct Outcome {
     tokens: Vec<u32>,
     text: String,
     finish: Option<FinishReason>,
     cached_tokens: usize,
-    logprobs: Vec<(Option<f32>, Vec<(u32, f32)>)>,
+    logprobs: Vec<TokenLogprobs>,
 }
 
 fn submit(engine: &Engine, r: BatchRequest) -> Receiver<BatchEvent> {

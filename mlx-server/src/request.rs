@@ -460,6 +460,19 @@ pub fn parse(state: &AppState, kind: Kind, bytes: &[u8]) -> Result<Parsed, ApiEr
         ));
     }
 
+    // mlx_lm.server: XTC never removes the newline or EOS tokens.
+    let xtc_special_tokens: Vec<i32> = if xtc_probability > 0.0 {
+        tokenizer
+            .encode("\n", false)
+            .unwrap_or_default()
+            .into_iter()
+            .chain(tokenizer.eos_token_ids().iter().copied())
+            .map(|t| t as i32)
+            .collect()
+    } else {
+        Vec::new()
+    };
+
     Ok(Parsed {
         kind,
         model,
@@ -477,6 +490,7 @@ pub fn parse(state: &AppState, kind: Kind, bytes: &[u8]) -> Result<Parsed, ApiEr
                 top_k: top_k as i32,
                 xtc_probability,
                 xtc_threshold,
+                xtc_special_tokens,
                 ..SamplerSettings::default()
             },
             processors,

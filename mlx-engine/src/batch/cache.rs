@@ -171,10 +171,7 @@ impl BatchKVCache {
     }
 
     fn left_padding_array(&self) -> Result<Array> {
-        Ok(Array::from_slice(
-            &self.left_padding,
-            &[to_i32(self.left_padding.len())?],
-        )?)
+        Array::from_slice(&self.left_padding, &[to_i32(self.left_padding.len())?])
     }
 }
 

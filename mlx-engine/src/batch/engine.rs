@@ -714,12 +714,11 @@ fn batch_cache(c: &mut Box<dyn Cache>) -> Result<&mut BatchKVCache> {
         .ok_or_else(|| EngineError::Other("the running batch holds a non-batch cache".into()))
 }
 
+/// A token's log-probability and the most likely `(id, logprob)` pairs of its step.
+type TokenLogprobs = (Option<f32>, Vec<(u32, f32)>);
+
 /// The token's log-probability and the `top` most likely `(id, logprob)` pairs.
-fn token_logprobs(
-    logprobs: &Array,
-    token: u32,
-    top: usize,
-) -> Result<(Option<f32>, Vec<(u32, f32)>)> {
+fn token_logprobs(logprobs: &Array, token: u32, top: usize) -> Result<TokenLogprobs> {
     let lp = logprobs.astype(Dtype::Float32)?;
     let logprob = ops::take(&lp, &Array::from_slice(&[token as i32], &[1])?, 0, None)?
         .to_vec::<f32>()?
