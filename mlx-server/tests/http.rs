@@ -1,6 +1,6 @@
 //! The HTTP API over raw HTTP/1.1 on loopback: greedy replies equal mlx-lm's
 //! (`stream_generate` on the same model and prompt, goldens from `cargo xtask goldens batch`),
-//! streaming as server-sent events, every bad request a 4xx with an OpenAI error object, the
+//! streaming as server-sent events, prompt-cache reuse, every bad request a 4xx with an OpenAI error object, the
 //! queue limit, the API key, and a client that disconnects mid-stream.
 
 mod common;
@@ -73,6 +73,12 @@ fn chat_and_completions_equal_mlx_lm_streaming_and_not() {
         assert_eq!(finish, vec![&json!("length")]);
         let usage = &chunks.last().unwrap()["usage"];
         assert_eq!(usage["completion_tokens"], 24);
+        // The same prompt again: all but its last token come from the prompt cache, and the
+        // reply is unchanged.
+        assert_eq!(
+            usage["prompt_tokens_details"]["cached_tokens"],
+            prompt_len - 1
+        );
         assert!(chunks
             .iter()
             .all(|c| c["object"] == "chat.completion.chunk"));
