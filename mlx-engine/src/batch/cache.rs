@@ -309,3 +309,58 @@ impl Cache for BatchKVCache {
         self.keys.is_none()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mlx_cache::KVCache;
+
+    fn single(len: i32, fill: f32) -> KVCache {
+        let mut c = KVCache::new();
+        let k = ops::full(
+            &[1, 2, len, 4],
+            &Array::scalar(fill).unwrap(),
+            Dtype::Float32,
+            None,
+        )
+        .unwrap();
+        c.update_and_fetch(&k, &k).unwrap();
+        c
+    }
+
+    #[test]
+    fn rows_join_right_justified_and_leave_without_common_padding() {
+        let mut b = BatchKVCache::from_single(&single(3, 1.0)).unwrap();
+        b.extend(&BatchKVCache::from_single(&single(5, 2.0)).unwrap())
+            .unwrap();
+        assert_eq!(b.left_padding(), &[2, 0]);
+        assert_eq!(b.offset(), 5);
+        assert_eq!(b.offsets().unwrap().to_vec::<i32>().unwrap(), vec![3, 5]);
+        // Row 0's padding is masked, its tokens are not.
+        let AttentionMask::Array(m) = b.make_mask(1, None, false).unwrap() else {
+            panic!("a batch always has an explicit mask");
+        };
+        assert_eq!(m.shape(), vec![2, 1, 1, 6]);
+        assert_eq!(
+            m.to_vec::<bool>().unwrap(),
+            vec![false, false, true, true, true, true, true, true, true, true, true, true]
+        );
+        let Some(Kv::Dense { keys, .. }) = b.fetch().unwrap() else {
+            panic!("dense keys expected");
+        };
+        let row0: Vec<f32> = ops::slice(&keys, &[0, 0, 0, 0], &[1, 1, 5, 1], &[1, 1, 1, 1], None)
+            .unwrap()
+            .to_vec()
+            .unwrap();
+        assert_eq!(row0, vec![0.0, 0.0, 1.0, 1.0, 1.0]);
+        // One step for both rows, then the longer row leaves: row 0 keeps its 4 tokens and
+        // the padding nobody needs is dropped.
+        let k = ops::zeros(&[2, 2, 1, 4], Dtype::Float32, None).unwrap();
+        b.update_and_fetch(&k, &k).unwrap();
+        b.filter(&[0]).unwrap();
+        assert_eq!(b.left_padding(), &[0]);
+        assert_eq!(b.offset(), 4);
+        assert_eq!(b.offsets().unwrap().to_vec::<i32>().unwrap(), vec![4]);
+        assert!(b.filter(&[3]).is_err());
+    }
+}
