@@ -307,7 +307,8 @@ fn context_limit_queue_limit_and_api_key() {
 
     // One decoding (it has sent a token), one waiting (accepted: its headers came), the
     // third refused.
-    let streaming = json!({"prompt": "ab", "max_tokens": 4000, "stream": true});
+    let streaming =
+        json!({"prompt": "ab", "max_tokens": 4000, "stream": true, "logit_bias": {"2": -100}});
     let open = |v: &Value, wait_for_data: bool| {
         use std::io::{BufRead, BufReader, Write};
         let mut sock = std::net::TcpStream::connect(s.addr).unwrap();
@@ -364,7 +365,8 @@ fn context_limit_queue_limit_and_api_key() {
 #[test]
 fn a_client_that_disconnects_mid_stream_frees_its_slot() {
     let s = TestServer::start(&["--max-batch", "2"]);
-    let body = json!({"prompt": "abc", "max_tokens": 8000, "stream": true});
+    let body =
+        json!({"prompt": "abc", "max_tokens": 8000, "stream": true, "logit_bias": {"2": -100}});
     let mut ev = EventStream::open(s.addr, "/v1/completions", &body);
     assert_eq!(ev.status, 200);
     for _ in 0..3 {
@@ -389,4 +391,21 @@ fn a_client_that_disconnects_mid_stream_frees_its_slot() {
         &json!({"prompt": "abc", "max_tokens": 3}),
     );
     assert_eq!(r.status, 200);
+}
+
+#[test]
+fn a_request_past_its_timeout_ends_with_an_error_event() {
+    let s = TestServer::start(&["--request-timeout", "1"]);
+    let body =
+        json!({"prompt": "abc", "max_tokens": 8000, "stream": true, "logit_bias": {"2": -100}});
+    let data = EventStream::open(s.addr, "/v1/completions", &body).all();
+    assert_eq!(data.last().unwrap(), "[DONE]");
+    let last: Value = serde_json::from_str(&data[data.len() - 2]).unwrap();
+    assert!(
+        last["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("timed out")),
+        "{last}"
+    );
+    assert!(data.len() < 8000);
 }
