@@ -467,7 +467,7 @@ impl Worker {
                     top_logprobs: request.top_logprobs,
                     deadline: request.timeout.map(|t| Instant::now() + t),
                 };
-                let outcome = self.emit(&mut row, first, &logprobs)?;
+                let outcome = self.emit(&mut row, first, Some(&logprobs))?;
                 if matches!(outcome, Outcome::Finished) {
                     if self.config.prompt_cache_entries > 0 {
                         self.prompt_cache.insert(row.cached.clone(), caches);
@@ -637,13 +637,21 @@ impl Worker {
         if self.steps % 256 == 0 {
             memory::clear_cache()?;
         }
-        let lps: Vec<Array> = (0..b as i32)
-            .map(|e| -> Result<Array> {
-                Ok(ops::squeeze(
+        // Rows that report log-probabilities get their `(vocab,)` row.
+        let lps: Vec<Option<Array>> = self
+            .rows
+            .iter()
+            .enumerate()
+            .map(|(e, r)| -> Result<Option<Array>> {
+                if !r.logprobs {
+                    return Ok(None);
+                }
+                let e = e as i32;
+                Ok(Some(ops::squeeze(
                     &ops::slice_axis(&logprobs, 0, e, e + 1, None)?,
                     &[0],
                     None,
-                )?)
+                )?))
             })
             .collect::<Result<_>>()?;
         let mut keep = Vec::with_capacity(b);
@@ -651,7 +659,7 @@ impl Worker {
         let mut result = Ok(());
         for (e, row) in rows.iter_mut().enumerate() {
             row.cached.push(row.next_input);
-            match self.emit(row, tokens[e], &lps[e]) {
+            match self.emit(row, tokens[e], lps[e].as_ref()) {
                 Ok(Outcome::Continue) => keep.push(e),
                 Ok(Outcome::Finished) => {}
                 Err(err) => {
@@ -666,7 +674,7 @@ impl Worker {
     }
 
     /// Hands `token` to its row: EOS, stop strings and the token limit end the row.
-    fn emit(&mut self, row: &mut Seq, token: u32, logprobs: &Array) -> Result<Outcome> {
+    fn emit(&mut self, row: &mut Seq, token: u32, logprobs: Option<&Array>) -> Result<Outcome> {
         let done = |row: &mut Seq, text: String, reason: FinishReason| -> Result<Outcome> {
             row.sink.send(BatchEvent::Done {
                 text,
@@ -683,10 +691,9 @@ impl Worker {
         row.generated += 1;
         row.next_input = token;
         let (text, stopped) = row.text.push(token)?;
-        let (logprob, top) = if row.logprobs {
-            token_logprobs(logprobs, token, row.top_logprobs)?
-        } else {
-            (None, Vec::new())
+        let (logprob, top) = match logprobs {
+            Some(lp) if row.logprobs => token_logprobs(lp, token, row.top_logprobs)?,
+            _ => (None, Vec::new()),
         };
         if stopped {
             // The text ends before the stop string; the token that completed it is not sent.
