@@ -1,6 +1,7 @@
 //! The continuous-batching engine against mlx-lm 0.32.2 (goldens from
 //! `xtask/oracle/goldens_batch.py`): a request alone returns exactly what `stream_generate`
-//! returns (L1), requests joining and leaving a running batch return their single-run tokens,
+//! returns (L1), requests joining and leaving a running batch return their single-run tokens
+//! with bit-equal log-probabilities (on the CPU backend),
 //! a cancelled request frees its row, and a follow-up request reuses the cached prefix.
 
 use std::path::{Path, PathBuf};
