@@ -118,6 +118,13 @@ pub trait Cache: CacheObject + Send + std::fmt::Debug {
     /// Tokens seen so far (mlx-lm's `offset`): the position of the next token.
     fn offset(&self) -> usize;
 
+    /// One position per batch row (int32, `(batch,)`) when rows differ, as mlx-lm's batched
+    /// caches (`BatchKVCache`) keep an array `offset`; rope then uses these instead of
+    /// [`Cache::offset`]. `None` for the single-sequence caches.
+    fn offsets(&self) -> Option<Array> {
+        None
+    }
+
     /// Tokens held (mlx-lm's `size()`), e.g. at most `max_size` for a rotating cache.
     fn size(&self) -> usize {
         0

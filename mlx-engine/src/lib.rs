@@ -11,11 +11,14 @@
 //!   conversation over one growing cache ([`chat::Conversation`]) and a prefix-reusing
 //!   session ([`chat::ChatSession`]).
 //! - [`seed`]: `--seed` as mlx-lm applies it (the key advanced as building the model does).
+//! - [`batch`]: continuous batching on an engine thread (mlx-lm's `BatchGenerator` and
+//!   `BatchKVCache`), the core of `mlx serve`.
 //! - [`fetch`]: verified, cached downloads of files shipped in PyPI wheels (SmolLM2).
 //!
 //! Models never own caches: the engine makes them (`make_prompt_cache`) and passes them in.
 #![forbid(unsafe_code)]
 
+pub mod batch;
 pub mod chat;
 pub mod chat_template;
 mod error;

@@ -222,55 +222,41 @@ pub fn read_gguf(path: &Path) -> Result<GgufModel> {
     let key = |k: &str| format!("{arch_name}.{k}");
     let num = |k: &str| -> Result<f64> {
         meta_f64(&metadata, &key(k))
-            .ok_or_else(|| gguf_err(path, format!("metadata `{}` missing", key(k))))
+            .filter(|v| v.is_finite())
+            .ok_or_else(|| {
+                gguf_err(
+                    path,
+                    format!("metadata `{}` is missing or not a finite number", key(k)),
+                )
+            })
     };
-    let heads = num("attention.head_count")? as i32;
-    let kv_heads = meta_f64(&metadata, &key("attention.head_count_kv")).map_or(heads, |v| v as i32);
-    let hidden = num("embedding_length")? as i32;
-    if heads <= 0 || kv_heads <= 0 || hidden <= 0 {
-        return Err(gguf_err(
-            path,
-            "head counts and embedding_length must be positive",
-        ));
-    }
-    let vocab = match meta_f64(&metadata, &key("vocab_size")) {
-        Some(v) => v as i32,
+    let count = |k: &str| -> Result<i32> {
+        meta_count(&metadata, path, &key(k))?
+            .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
+    };
+    let heads = count("attention.head_count")?;
+    let kv_heads = meta_count(&metadata, path, &key("attention.head_count_kv"))?.unwrap_or(heads);
+    let hidden = count("embedding_length")?;
+    let vocab = match meta_count(&metadata, path, &key("vocab_size"))? {
+        Some(v) => v,
         None => match metadata.get("tokenizer.ggml.tokens") {
-            Some(GgufValue::Strings(t)) => t.len() as i32,
+            Some(GgufValue::Strings(t)) => i32::try_from(t.len()).map_err(|_| {
+                gguf_err(
+                    path,
+                    "metadata `tokenizer.ggml.tokens` has too many entries",
+                )
+            })?,
             _ => {
                 return Err(gguf_err(
                     path,
                     format!(
-                        "no vocabulary size ({} or tokenizer.ggml.tokens)",
+                        "no vocabulary size (metadata `{}` or `tokenizer.ggml.tokens`)",
                         key("vocab_size")
                     ),
                 ))
             }
         },
     };
-    let count = |key: &str| -> Result<i32> {
-        meta_count(&metadata, path, &format!("llama.{key}"))?
-            .ok_or_else(|| gguf_err(path, format!("metadata `llama.{key}` is missing")))
-    };
-    let heads = count("attention.head_count")?;
-    let kv_heads = meta_count(&metadata, path, "llama.attention.head_count_kv")?.unwrap_or(heads);
-    let hidden = count("embedding_length")?;
-    let vocab =
-        match meta_count(&metadata, path, "llama.vocab_size")? {
-            Some(v) => v,
-            None => match metadata.get("tokenizer.ggml.tokens") {
-                Some(GgufValue::Strings(t)) => i32::try_from(t.len()).map_err(|_| {
-                    gguf_err(
-                        path,
-                        "metadata `tokenizer.ggml.tokens` has too many entries",
-                    )
-                })?,
-                _ => return Err(gguf_err(
-                    path,
-                    "no vocabulary size (metadata `llama.vocab_size` or `tokenizer.ggml.tokens`)",
-                )),
-            },
-        };
     let blocks = count("block_count")?;
     let ffn = count("feed_forward_length")?;
     let mut tensors = BTreeMap::new();
@@ -310,9 +296,10 @@ pub fn read_gguf(path: &Path) -> Result<GgufModel> {
         )));
     }
     let tied = !tensors.contains_key("lm_head.weight");
-    let head_dim = meta_f64(&metadata, &key("attention.key_length"))
-        .or_else(|| meta_f64(&metadata, &key("rope.dimension_count")))
-        .map(|d| d as i64);
+    let head_dim = match meta_count(&metadata, path, &key("attention.key_length"))? {
+        Some(d) => Some(i64::from(d)),
+        None => meta_count(&metadata, path, &key("rope.dimension_count"))?.map(i64::from),
+    };
     let mut config = json!({
         "model_type": arch.model_type,
         "hidden_size": hidden,
@@ -325,8 +312,8 @@ pub fn read_gguf(path: &Path) -> Result<GgufModel> {
         "rope_theta": meta_f64(&metadata, &key("rope.freq_base")).unwrap_or(10000.0),
         "tie_word_embeddings": tied,
     });
-    if let Some(ctx) = meta_f64(&metadata, &key("context_length")) {
-        config["max_position_embeddings"] = Value::from(ctx as i64);
+    if let Some(ctx) = meta_count(&metadata, path, &key("context_length"))? {
+        config["max_position_embeddings"] = Value::from(ctx);
     }
     match head_dim {
         Some(d) if d != i64::from(hidden / heads) || arch.arch != "llama" => {

@@ -11,9 +11,12 @@
 //!   project against mlx-lm on the same models, alternating; see `bench.rs`.
 //! - `fuzz [TARGET|all] [--runs N] [--seed S] [--start I] [--seconds T]`: the structure-aware
 //!   fuzz targets of `mlx-fuzz` (release build, in-process, stable toolchain).
+//! - `bench serve [...]`: aggregate decode throughput of `mlx serve` against `mlx_lm.server`
+//!   at 1, 4, 16 and 32 concurrent clients; see `bench_serve.rs`.
 #![forbid(unsafe_code)]
 
 mod bench;
+mod bench_serve;
 mod bindings;
 mod oracle;
 
@@ -25,6 +28,9 @@ fn main() -> ExitCode {
         Some("bindgen") => bindings::run(args.iter().any(|a| a == "--check")),
         Some("oracle") => oracle::python(&args[1..]),
         Some("goldens") => oracle::goldens(&args[1..]),
+        Some("bench") if args.get(1).map(String::as_str) == Some("serve") => {
+            bench_serve::run(&args[2..])
+        }
         Some("bench") => bench::run(&args[1..]),
         Some("port-check") => oracle::port_check(&args[1..]),
         Some("fuzz") => fuzz(&args[1..]),
@@ -32,7 +38,7 @@ fn main() -> ExitCode {
             eprintln!(
                 "usage: cargo xtask bindgen [--check] | oracle [ARGS] | goldens [SET ...] \
                  | port-check DIR [--ids 1,2,3] | bench [--quick | --full] [--help] \
-                 | fuzz [TARGET|all] [--runs N] [--seed S]"
+                 | bench serve [--help] | fuzz [TARGET|all] [--runs N] [--seed S]"
             );
             return ExitCode::from(2);
         }

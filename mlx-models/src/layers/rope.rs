@@ -373,6 +373,22 @@ impl Rope {
             i32::try_from(offset)
                 .map_err(|_| ModelError::Other(format!("offset {offset} too large")))?,
         );
+        self.apply(x, off, offset)
+    }
+
+    /// Applies the embedding with one offset per batch row (`offsets` int32 of shape
+    /// `(batch,)`), as mlx-lm does with a batched cache's array `offset`. The dynamic NTK
+    /// variant needs a scalar offset (mlx-lm's does too) and is refused.
+    pub fn forward_offsets(&self, x: &Array, offsets: &Array) -> Result<Array> {
+        if matches!(self, Rope::Dynamic { .. }) {
+            return Err(ModelError::Other(
+                "dynamic NTK rope needs a scalar offset; batched caches are not supported".into(),
+            ));
+        }
+        self.apply(x, RopeOffset::Array(offsets), 0)
+    }
+
+    fn apply(&self, x: &Array, off: RopeOffset<'_>, offset: usize) -> Result<Array> {
         match self {
             Rope::Base {
                 dims,

@@ -269,23 +269,31 @@ impl Attention {
         let queries = t(&queries)?;
         let keys = t(&keys)?;
         let values = t(&split(&values, self.n_kv_heads)?)?;
-        let rope = |y: Array, offset: usize| -> Result<Array> {
+        // A batched cache (left-padded rows) carries one offset per row.
+        let offset = cache.as_ref().map_or(0, |c| c.offset());
+        let offsets = cache.as_ref().and_then(|c| c.offsets());
+        let rotate = |r: &Rope, y: &Array| -> Result<Array> {
+            match &offsets {
+                Some(o) => r.forward_offsets(y, o),
+                None => r.forward(y, offset),
+            }
+        };
+        let rope = |y: Array| -> Result<Array> {
             match &self.rope {
                 Some(r) if self.slice_concat => {
                     // gptj.py: rope on `x[..., :dims]`, then concatenated with the rest.
                     let last = self.head_dim;
                     let rot = ops::slice_axis(&y, 3, 0, r.dims(), None)?;
                     let pass = ops::slice_axis(&y, 3, r.dims(), last, None)?;
-                    let rot = r.forward(&rot, offset)?;
+                    let rot = rotate(r, &rot)?;
                     Ok(ops::concatenate(&[&rot, &pass], -1, None)?)
                 }
-                Some(r) => r.forward(&y, offset),
+                Some(r) => rotate(r, &y),
                 None => Ok(y),
             }
         };
-        let offset = cache.as_ref().map_or(0, |c| c.offset());
-        let mut queries = rope(queries, offset)?;
-        let mut keys = rope(keys, offset)?;
+        let mut queries = rope(queries)?;
+        let mut keys = rope(keys)?;
         if let QkNormLayers::Norm {
             q,
             k,

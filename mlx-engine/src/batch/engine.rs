@@ -1,0 +1,744 @@
+//! The engine thread: a bounded queue of requests in, a stream of [`BatchEvent`]s out per
+//! request, continuous batching in between.
+//!
+//! Each loop iteration (1) drops rows whose client has gone or whose deadline has passed,
+//! (2) admits queued requests while the batch has room (prefilling each alone, reusing a cached
+//! prefix when one is stored), (3) runs one batched decode step and hands every row its token.
+//! A finished row leaves the batch before the next step; its cache (prompt plus generated
+//! tokens) is stored for prefix reuse.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError, TrySendError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use mlx_cache::{Cache, KVCache, StateValue};
+use mlx_core::memory;
+use mlx_core::prelude::*;
+use mlx_models::LanguageModel;
+
+use super::cache::BatchKVCache;
+use super::text::TextState;
+use crate::error::{EngineError, Result};
+use crate::generate::make_prompt_cache;
+use crate::prompt_cache::PromptCache;
+use crate::sample::SamplerSettings;
+use crate::sample::{make_logits_processors, LogitsProcessor, ProcessorSettings, Sampler};
+use crate::stream::FinishReason;
+use crate::tokenizer::Tokenizer;
+
+/// One request, already tokenized and validated by the caller.
+#[derive(Clone, Debug)]
+pub struct BatchRequest {
+    pub prompt: Vec<u32>,
+    /// At least 1.
+    pub max_tokens: usize,
+    pub sampler: SamplerSettings,
+    pub processors: ProcessorSettings,
+    pub stop_strings: Vec<String>,
+    /// Report each token's log-probability.
+    pub logprobs: bool,
+    /// How many most likely alternatives to report per token (with `logprobs`).
+    pub top_logprobs: usize,
+    /// `mx.random.seed(seed)` when the request is admitted.
+    pub seed: Option<u64>,
+    /// Give up (with [`BatchEvent::Error`]) after this long in the engine.
+    pub timeout: Option<Duration>,
+}
+
+/// What a request receives, in order: `Started`, any number of `Token`s, then `Done` or
+/// `Error`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum BatchEvent {
+    /// Prefill finished; `cached_tokens` of the prompt came from the prompt cache.
+    Started {
+        prompt_tokens: usize,
+        cached_tokens: usize,
+    },
+    /// One generated token and the text it completes (possibly empty while a character or a
+    /// possible stop string is incomplete).
+    Token {
+        token: u32,
+        text: String,
+        logprob: Option<f32>,
+        top_logprobs: Vec<(u32, f32)>,
+    },
+    /// Generation ended; `text` is what was still held back.
+    Done {
+        text: String,
+        finish_reason: FinishReason,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+    },
+    Error(String),
+}
+
+/// Where a request's events go. `send` returns `false` once nobody listens (the request is then
+/// cancelled); `is_closed` lets the engine notice a gone client before computing its next token.
+pub trait EventSink: Send {
+    fn send(&mut self, event: BatchEvent) -> bool;
+    fn is_closed(&self) -> bool;
+}
+
+impl EventSink for mpsc::Sender<BatchEvent> {
+    fn send(&mut self, event: BatchEvent) -> bool {
+        mpsc::Sender::send(self, event).is_ok()
+    }
+    fn is_closed(&self) -> bool {
+        false
+    }
+}
+
+/// Limits of the engine.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Sequences decoded together at most.
+    pub max_batch: usize,
+    /// Requests waiting for a slot at most; [`Engine::submit`] refuses more.
+    pub queue_size: usize,
+    pub prefill_step_size: usize,
+    /// Prompt-cache entries kept for prefix reuse (0 disables reuse).
+    pub prompt_cache_entries: usize,
+    /// Bytes the prompt cache may hold.
+    pub prompt_cache_bytes: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            max_batch: 8,
+            queue_size: 64,
+            prefill_step_size: 2048,
+            prompt_cache_entries: 16,
+            prompt_cache_bytes: 1 << 30,
+        }
+    }
+}
+
+/// Why [`Engine::submit`] refused a request.
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    #[error("the request queue is full ({0} waiting)")]
+    QueueFull(usize),
+    #[error("the engine has stopped")]
+    Stopped,
+}
+
+/// Counters shared with the engine thread.
+#[derive(Debug, Default)]
+pub struct EngineStats {
+    pub queued: AtomicUsize,
+    pub active: AtomicUsize,
+    /// Prompt tokens taken from the prompt cache, over all requests.
+    pub reused_tokens: AtomicUsize,
+    pub prefilled_tokens: AtomicUsize,
+    pub decode_steps: AtomicUsize,
+    /// Largest batch a decode step ran with.
+    pub max_batch_seen: AtomicUsize,
+}
+
+struct Job {
+    request: BatchRequest,
+    sink: Box<dyn EventSink>,
+}
+
+/// A handle to the engine thread. Dropping every handle stops the thread once the queue and
+/// the batch are empty.
+#[derive(Clone)]
+pub struct Engine {
+    tx: SyncSender<Job>,
+    queue_size: usize,
+    stats: Arc<EngineStats>,
+    tokenizer: Arc<Tokenizer>,
+    vocab_size: usize,
+}
+
+impl Engine {
+    /// Starts the engine thread, which calls `load` (so the model and its arrays live on that
+    /// thread only) and then serves requests. Returns once loading finished, with its error if
+    /// it failed.
+    pub fn start<F>(load: F, config: EngineConfig) -> Result<(Engine, JoinHandle<()>)>
+    where
+        F: FnOnce() -> Result<(Box<dyn LanguageModel>, Tokenizer)> + Send + 'static,
+    {
+        if config.max_batch == 0 {
+            return Err(EngineError::Other("max_batch must be at least 1".into()));
+        }
+        if config.prefill_step_size == 0 {
+            return Err(EngineError::Other(
+                "prefill_step_size must be positive".into(),
+            ));
+        }
+        let (tx, rx) = mpsc::sync_channel::<Job>(config.queue_size);
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<(Arc<Tokenizer>, usize)>>();
+        let stats = Arc::new(EngineStats::default());
+        let thread_stats = stats.clone();
+        let queue_size = config.queue_size;
+        let handle = std::thread::Builder::new()
+            .name("mlx-engine".into())
+            .spawn(move || {
+                let (model, tokenizer) = match load() {
+                    Ok(x) => x,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let tokenizer = Arc::new(tokenizer);
+                let vocab = model.vocab_size().max(0) as usize;
+                if ready_tx.send(Ok((tokenizer.clone(), vocab))).is_err() {
+                    return;
+                }
+                let mut worker = Worker::new(model, tokenizer, config, thread_stats);
+                worker.run(rx);
+            })
+            .map_err(|e| EngineError::Other(format!("starting the engine thread: {e}")))?;
+        match ready_rx.recv() {
+            Ok(Ok((tokenizer, vocab_size))) => Ok((
+                Engine {
+                    tx,
+                    queue_size,
+                    stats,
+                    tokenizer,
+                    vocab_size,
+                },
+                handle,
+            )),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(EngineError::Other(
+                "the engine thread stopped while loading".into(),
+            )),
+        }
+    }
+
+    /// The tokenizer the engine was loaded with (tokenize on the caller's thread).
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tokenizer
+    }
+
+    /// The model's vocabulary size: prompt ids must be below it.
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    pub fn stats(&self) -> &Arc<EngineStats> {
+        &self.stats
+    }
+
+    /// Queues a request; its events go to `sink`. Refused when the queue is full.
+    pub fn submit(
+        &self,
+        request: BatchRequest,
+        sink: Box<dyn EventSink>,
+    ) -> std::result::Result<(), SubmitError> {
+        match self.tx.try_send(Job { request, sink }) {
+            Ok(()) => {
+                self.stats.queued.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(TrySendError::Full(_)) => Err(SubmitError::QueueFull(self.queue_size)),
+            Err(TrySendError::Disconnected(_)) => Err(SubmitError::Stopped),
+        }
+    }
+}
+
+/// One sequence of the running batch.
+struct Seq {
+    sink: Box<dyn EventSink>,
+    sampler: Sampler,
+    processors: Vec<LogitsProcessor>,
+    /// Every token so far, for the logits processors.
+    context: Vec<i32>,
+    /// Tokens the batch cache holds for this row.
+    cached: Vec<u32>,
+    text: TextState,
+    /// The next input of the decode step (the last token emitted).
+    next_input: u32,
+    generated: usize,
+    max_tokens: usize,
+    prompt_tokens: usize,
+    logprobs: bool,
+    top_logprobs: usize,
+    deadline: Option<Instant>,
+}
+
+struct Worker {
+    model: Box<dyn LanguageModel>,
+    tokenizer: Arc<Tokenizer>,
+    config: EngineConfig,
+    stats: Arc<EngineStats>,
+    prompt_cache: PromptCache,
+    rows: Vec<Seq>,
+    caches: Vec<Box<dyn Cache>>,
+    steps: usize,
+}
+
+/// What happened to a row after its token.
+enum Outcome {
+    Continue,
+    Finished,
+}
+
+impl Worker {
+    fn new(
+        model: Box<dyn LanguageModel>,
+        tokenizer: Arc<Tokenizer>,
+        config: EngineConfig,
+        stats: Arc<EngineStats>,
+    ) -> Self {
+        let prompt_cache = PromptCache::new(config.prompt_cache_entries, config.prompt_cache_bytes);
+        Worker {
+            model,
+            tokenizer,
+            config,
+            stats,
+            prompt_cache,
+            rows: Vec::new(),
+            caches: Vec::new(),
+            steps: 0,
+        }
+    }
+
+    fn run(&mut self, rx: Receiver<Job>) {
+        let mut waiting: VecDeque<Job> = VecDeque::new();
+        let mut open = true;
+        loop {
+            if self.rows.is_empty() && waiting.is_empty() {
+                if !open {
+                    return;
+                }
+                match rx.recv() {
+                    Ok(job) => waiting.push_back(job),
+                    Err(_) => return,
+                }
+            }
+            while open && self.rows.len() + waiting.len() < self.config.max_batch {
+                match rx.try_recv() {
+                    Ok(job) => waiting.push_back(job),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => open = false,
+                }
+            }
+            if let Err(e) = self.drop_gone_rows() {
+                self.fail_all(&e);
+                continue;
+            }
+            while self.rows.len() < self.config.max_batch {
+                let Some(job) = waiting.pop_front() else {
+                    break;
+                };
+                self.stats.queued.fetch_sub(1, Ordering::Relaxed);
+                if let Err(e) = self.admit(job) {
+                    // The batch may be inconsistent after a failed join: start over.
+                    self.fail_all(&e);
+                }
+            }
+            self.stats.active.store(self.rows.len(), Ordering::Relaxed);
+            if !self.rows.is_empty() {
+                if let Err(e) = self.decode_step() {
+                    self.fail_all(&e);
+                }
+            }
+            self.stats.active.store(self.rows.len(), Ordering::Relaxed);
+        }
+    }
+
+    fn fail_all(&mut self, e: &EngineError) {
+        for mut row in self.rows.drain(..) {
+            row.sink.send(BatchEvent::Error(e.to_string()));
+        }
+        self.caches.clear();
+    }
+
+    /// Rows whose client went away or whose deadline passed leave the batch.
+    fn drop_gone_rows(&mut self) -> Result<()> {
+        let now = Instant::now();
+        let mut keep = Vec::with_capacity(self.rows.len());
+        for (i, row) in self.rows.iter_mut().enumerate() {
+            if row.sink.is_closed() {
+                continue;
+            }
+            if row.deadline.is_some_and(|d| now >= d) {
+                row.sink
+                    .send(BatchEvent::Error("the request timed out".into()));
+                continue;
+            }
+            keep.push(i);
+        }
+        self.keep_rows(&keep, false)
+    }
+
+    /// Keeps the rows `keep` (indices, ascending); stores the caches of the others when
+    /// `store` is set.
+    fn keep_rows(&mut self, keep: &[usize], store: bool) -> Result<()> {
+        if keep.len() == self.rows.len() {
+            return Ok(());
+        }
+        if store && self.config.prompt_cache_entries > 0 {
+            for i in (0..self.rows.len()).filter(|i| !keep.contains(i)) {
+                let caches = self.extract_row(i)?;
+                if caches.first().map(|c| c.offset()) == Some(self.rows[i].cached.len()) {
+                    self.prompt_cache
+                        .insert(self.rows[i].cached.clone(), caches);
+                }
+            }
+        }
+        let mut old: Vec<Option<Seq>> = self.rows.drain(..).map(Some).collect();
+        self.rows = keep.iter().filter_map(|&i| old[i].take()).collect();
+        if self.rows.is_empty() {
+            self.caches.clear();
+            return Ok(());
+        }
+        for c in &mut self.caches {
+            batch_cache(c)?.filter(keep)?;
+        }
+        Ok(())
+    }
+
+    /// mlx-lm's `BatchKVCache.extract(idx)`: row `i` without its padding, as plain caches.
+    fn extract_row(&self, i: usize) -> Result<Vec<Box<dyn Cache>>> {
+        self.caches
+            .iter()
+            .map(|c| -> Result<Box<dyn Cache>> {
+                let pad = c
+                    .as_any()
+                    .downcast_ref::<BatchKVCache>()
+                    .map(|b| b.left_padding()[i])
+                    .unwrap_or(0);
+                let Some(mlx_cache::Kv::Dense { keys, values }) = c.fetch()? else {
+                    return Ok(Box::new(KVCache::new()));
+                };
+                let row = |a: &Array| -> Result<Array> {
+                    let s = a.shape();
+                    Ok(ops::contiguous(
+                        &ops::slice(
+                            a,
+                            &[i as i32, 0, pad, 0],
+                            &[i as i32 + 1, s[1], s[2], s[3]],
+                            &[1, 1, 1, 1],
+                            None,
+                        )?,
+                        false,
+                        None,
+                    )?)
+                };
+                let (k, v) = (row(&keys)?, row(&values)?);
+                let n = k.dim(2)? as i64;
+                Ok(Box::new(KVCache::from_state(StateValue::List(vec![
+                    StateValue::Array(k),
+                    StateValue::Array(v),
+                    StateValue::Int(n),
+                ]))?))
+            })
+            .collect()
+    }
+
+    /// Prefills a request alone, emits its first token and, unless it is already finished,
+    /// adds it to the batch.
+    fn admit(&mut self, job: Job) -> Result<()> {
+        let Job { request, mut sink } = job;
+        if sink.is_closed() {
+            return Ok(());
+        }
+        match self.prefill(&request) {
+            Ok((caches, first, logprobs, reused)) => {
+                let prompt_tokens = request.prompt.len();
+                if !sink.send(BatchEvent::Started {
+                    prompt_tokens,
+                    cached_tokens: reused,
+                }) {
+                    return Ok(());
+                }
+                let processors = make_logits_processors(&request.processors)?;
+                let mut row = Seq {
+                    sink,
+                    sampler: Sampler::new(request.sampler.clone()),
+                    processors,
+                    context: request.prompt.iter().map(|&t| t as i32).collect(),
+                    cached: request.prompt.clone(),
+                    text: TextState::new(&self.tokenizer, request.stop_strings.clone()),
+                    next_input: first,
+                    generated: 0,
+                    max_tokens: request.max_tokens,
+                    prompt_tokens,
+                    logprobs: request.logprobs,
+                    top_logprobs: request.top_logprobs,
+                    deadline: request.timeout.map(|t| Instant::now() + t),
+                };
+                let outcome = self.emit(&mut row, first, Some(&logprobs))?;
+                if matches!(outcome, Outcome::Finished) {
+                    if self.config.prompt_cache_entries > 0 {
+                        self.prompt_cache.insert(row.cached.clone(), caches);
+                    }
+                    return Ok(());
+                }
+                self.join(&caches)?;
+                self.rows.push(row);
+                Ok(())
+            }
+            Err(e) => {
+                sink.send(BatchEvent::Error(e.to_string()));
+                Ok(())
+            }
+        }
+    }
+
+    /// Adds a single sequence's caches to the batch as a new last row.
+    fn join(&mut self, caches: &[Box<dyn Cache>]) -> Result<()> {
+        let singles: Vec<BatchKVCache> = caches
+            .iter()
+            .map(|c| BatchKVCache::from_single(c.as_ref()))
+            .collect::<mlx_core::Result<_>>()?;
+        if self.rows.is_empty() {
+            self.caches = singles
+                .into_iter()
+                .map(|c| Box::new(c) as Box<dyn Cache>)
+                .collect();
+            return Ok(());
+        }
+        for (c, s) in self.caches.iter_mut().zip(&singles) {
+            batch_cache(c)?.extend(s)?;
+        }
+        Ok(())
+    }
+
+    /// `generate_step`'s prefill: chunks of all but the last prompt token, then one step on
+    /// the last token. Returns the caches, the first token, its log-probabilities and how many
+    /// prompt tokens came from the prompt cache.
+    #[allow(clippy::type_complexity)]
+    fn prefill(&mut self, r: &BatchRequest) -> Result<(Vec<Box<dyn Cache>>, u32, Array, usize)> {
+        if r.prompt.is_empty() {
+            return Err(EngineError::Other("the prompt is empty".into()));
+        }
+        if let Some(&bad) = r.prompt.iter().find(|&&t| t as usize >= self.vocab()) {
+            return Err(EngineError::Other(format!(
+                "token id {bad} is outside the model's vocabulary of {}",
+                self.vocab()
+            )));
+        }
+        if let Some(seed) = r.seed {
+            random::seed(seed)?;
+        }
+        let (mut caches, reused) = match self.prompt_cache.fetch(&r.prompt) {
+            Some(hit) => (hit.caches, hit.reused),
+            None => (make_prompt_cache(self.model.as_ref(), None)?, 0),
+        };
+        if let Some(c) = caches
+            .iter()
+            .find(|c| c.as_any().downcast_ref::<KVCache>().is_none())
+        {
+            return Err(EngineError::Other(format!(
+                "continuous batching needs plain KV caches; this model uses {}",
+                c.class_name()
+            )));
+        }
+        self.stats
+            .reused_tokens
+            .fetch_add(reused, Ordering::Relaxed);
+        self.stats
+            .prefilled_tokens
+            .fetch_add(r.prompt.len() - reused, Ordering::Relaxed);
+        let ids: Vec<i32> = r.prompt[reused..].iter().map(|&t| t as i32).collect();
+        let mut rest = ids.as_slice();
+        while rest.len() > 1 {
+            let n = self.config.prefill_step_size.min(rest.len() - 1);
+            let x = Array::from_slice(&rest[..n], &[1, n as i32])?;
+            self.model.forward(&x, Some(&mut caches))?;
+            let states: Vec<Array> = caches
+                .iter()
+                .filter_map(|c| c.fetch().ok().flatten())
+                .flat_map(|kv| kv.arrays().into_iter().cloned().collect::<Vec<_>>())
+                .collect();
+            mlx_core::eval(states.iter())?;
+            rest = &rest[n..];
+            memory::clear_cache()?;
+        }
+        let x = Array::from_slice(rest, &[1, rest.len() as i32])?;
+        let logits = self.model.forward(&x, Some(&mut caches))?;
+        let n = logits.dim(1)?;
+        let mut logits = ops::squeeze(&ops::slice_axis(&logits, 1, n - 1, n, None)?, &[1], None)?;
+        let processors = make_logits_processors(&r.processors)?;
+        if !processors.is_empty() {
+            let context: Vec<i32> = r.prompt.iter().map(|&t| t as i32).collect();
+            for p in &processors {
+                logits = p.apply(&context, &logits)?;
+            }
+        }
+        let all: Vec<i32> = (0..logits.ndim() as i32).collect();
+        let lse = ops::logsumexp(&logits, &all, true, None)?;
+        let logprobs = ops::subtract(&logits, &lse, None)?;
+        let sampled = Sampler::new(r.sampler.clone()).sample(&logprobs)?;
+        mlx_core::eval([&sampled, &logprobs])?;
+        let token = sampled.astype(Dtype::Uint32)?.to_vec::<u32>()?;
+        let token = token
+            .first()
+            .copied()
+            .ok_or_else(|| EngineError::Other("the sampler returned no token".into()))?;
+        Ok((caches, token, ops::squeeze(&logprobs, &[0], None)?, reused))
+    }
+
+    fn vocab(&self) -> usize {
+        self.model.vocab_size().max(0) as usize
+    }
+
+    /// One forward pass for every row, then each row's token.
+    fn decode_step(&mut self) -> Result<()> {
+        let b = self.rows.len();
+        self.stats.max_batch_seen.fetch_max(b, Ordering::Relaxed);
+        let inputs: Vec<i32> = self.rows.iter().map(|r| r.next_input as i32).collect();
+        let x = Array::from_slice(&inputs, &[b as i32, 1])?;
+        let logits = self.model.forward(&x, Some(&mut self.caches))?;
+        let n = logits.dim(1)?;
+        let mut logits = ops::squeeze(&ops::slice_axis(&logits, 1, n - 1, n, None)?, &[1], None)?;
+        for (row, &t) in self.rows.iter_mut().zip(&inputs) {
+            if !row.processors.is_empty() {
+                row.context.push(t);
+            }
+        }
+        if self.rows.iter().any(|r| !r.processors.is_empty()) {
+            let mut parts = Vec::with_capacity(b);
+            for (e, row) in self.rows.iter().enumerate() {
+                let mut l = ops::slice_axis(&logits, 0, e as i32, e as i32 + 1, None)?;
+                for p in &row.processors {
+                    l = p.apply(&row.context, &l)?;
+                }
+                parts.push(l);
+            }
+            logits = ops::concatenate(&parts.iter().collect::<Vec<_>>(), 0, None)?;
+        }
+        let lse = ops::logsumexp(&logits, &[-1], true, None)?;
+        let logprobs = ops::subtract(&logits, &lse, None)?;
+        let first = self.rows[0].sampler.settings().clone();
+        let sampled = if self.rows.iter().all(|r| *r.sampler.settings() == first) {
+            self.rows[0].sampler.sample(&logprobs)?
+        } else {
+            let parts: Vec<Array> = self
+                .rows
+                .iter()
+                .enumerate()
+                .map(|(e, r)| {
+                    r.sampler.sample(&ops::slice_axis(
+                        &logprobs,
+                        0,
+                        e as i32,
+                        e as i32 + 1,
+                        None,
+                    )?)
+                })
+                .collect::<Result<_>>()?;
+            ops::concatenate(&parts.iter().collect::<Vec<_>>(), 0, None)?
+        };
+        mlx_core::eval([&sampled, &logprobs])?;
+        let tokens = sampled.astype(Dtype::Uint32)?.to_vec::<u32>()?;
+        self.steps += 1;
+        self.stats.decode_steps.fetch_add(1, Ordering::Relaxed);
+        if self.steps % 256 == 0 {
+            memory::clear_cache()?;
+        }
+        // Rows that report log-probabilities get their `(vocab,)` row.
+        let lps: Vec<Option<Array>> = self
+            .rows
+            .iter()
+            .enumerate()
+            .map(|(e, r)| -> Result<Option<Array>> {
+                if !r.logprobs {
+                    return Ok(None);
+                }
+                let e = e as i32;
+                Ok(Some(ops::squeeze(
+                    &ops::slice_axis(&logprobs, 0, e, e + 1, None)?,
+                    &[0],
+                    None,
+                )?))
+            })
+            .collect::<Result<_>>()?;
+        let mut keep = Vec::with_capacity(b);
+        let mut rows = std::mem::take(&mut self.rows);
+        let mut result = Ok(());
+        for (e, row) in rows.iter_mut().enumerate() {
+            row.cached.push(row.next_input);
+            match self.emit(row, tokens[e], lps[e].as_ref()) {
+                Ok(Outcome::Continue) => keep.push(e),
+                Ok(Outcome::Finished) => {}
+                Err(err) => {
+                    row.sink.send(BatchEvent::Error(err.to_string()));
+                    result = Err(err);
+                }
+            }
+        }
+        self.rows = rows;
+        result?;
+        self.keep_rows(&keep, true)
+    }
+
+    /// Hands `token` to its row: EOS, stop strings and the token limit end the row.
+    fn emit(&mut self, row: &mut Seq, token: u32, logprobs: Option<&Array>) -> Result<Outcome> {
+        let done = |row: &mut Seq, text: String, reason: FinishReason| -> Result<Outcome> {
+            row.sink.send(BatchEvent::Done {
+                text,
+                finish_reason: reason,
+                prompt_tokens: row.prompt_tokens,
+                completion_tokens: row.generated,
+            });
+            Ok(Outcome::Finished)
+        };
+        if self.tokenizer.eos_token_ids().contains(&token) {
+            let text = row.text.finish()?;
+            return done(row, text, FinishReason::Stop);
+        }
+        row.generated += 1;
+        row.next_input = token;
+        let (text, stopped) = row.text.push(token)?;
+        let (logprob, top) = match logprobs {
+            Some(lp) if row.logprobs => token_logprobs(lp, token, row.top_logprobs)?,
+            _ => (None, Vec::new()),
+        };
+        if stopped {
+            // The text ends before the stop string; the token that completed it is not sent.
+            return done(row, text, FinishReason::Stop);
+        }
+        if !row.sink.send(BatchEvent::Token {
+            token,
+            text,
+            logprob,
+            top_logprobs: top,
+        }) {
+            return Ok(Outcome::Finished);
+        }
+        if row.generated >= row.max_tokens {
+            let text = row.text.finish()?;
+            return done(row, text, FinishReason::Length);
+        }
+        Ok(Outcome::Continue)
+    }
+}
+
+fn batch_cache(c: &mut Box<dyn Cache>) -> Result<&mut BatchKVCache> {
+    c.as_any_mut()
+        .downcast_mut::<BatchKVCache>()
+        .ok_or_else(|| EngineError::Other("the running batch holds a non-batch cache".into()))
+}
+
+/// A token's log-probability and the most likely `(id, logprob)` pairs of its step.
+type TokenLogprobs = (Option<f32>, Vec<(u32, f32)>);
+
+/// The token's log-probability and the `top` most likely `(id, logprob)` pairs.
+fn token_logprobs(logprobs: &Array, token: u32, top: usize) -> Result<TokenLogprobs> {
+    let lp = logprobs.astype(Dtype::Float32)?;
+    let logprob = ops::take(&lp, &Array::from_slice(&[token as i32], &[1])?, 0, None)?
+        .to_vec::<f32>()?
+        .first()
+        .copied();
+    let pairs = if top > 0 {
+        let k = (top as i32).min(lp.size() as i32);
+        let order = ops::argsort(&ops::negative(&lp, None)?, -1, None)?;
+        let idx = ops::slice_axis(&order, 0, 0, k, None)?;
+        let vals = ops::take(&lp, &idx, 0, None)?.to_vec::<f32>()?;
+        idx.to_vec::<u32>()?.into_iter().zip(vals).collect()
+    } else {
+        Vec::new()
+    };
+    Ok((logprob, pairs))
+}

@@ -1,0 +1,21 @@
+//! Continuous batching: one engine thread owns the model (and every MLX array), requests join
+//! a running batch between decode steps and leave it when they finish or their client goes
+//! away, as mlx-lm's `BatchGenerator` does.
+//!
+//! - [`cache::BatchKVCache`]: mlx-lm's batched KV cache, rows right-justified with left
+//!   padding, rope at per-row offsets, an explicit padded causal mask.
+//! - [`engine`]: the engine thread, its bounded queue and the events a request receives.
+//!
+//! A new request is prefilled alone (the same chunked prefill as
+//! [`crate::generate::generate_step`], optionally continuing a cached prefix from
+//! [`crate::prompt_cache::PromptCache`]); its cache then joins the batch and every later token
+//! comes from one batched decode step.
+
+pub mod cache;
+pub mod engine;
+mod text;
+
+pub use cache::BatchKVCache;
+pub use engine::{
+    BatchEvent, BatchRequest, Engine, EngineConfig, EngineStats, EventSink, SubmitError,
+};

@@ -1,0 +1,96 @@
+//! `ServeArgs`: the options of `mlx serve`, named as `mlx_lm.server` names them, plus the
+//! limits a server exposed to clients needs.
+
+use std::time::Duration;
+
+use clap::Args;
+
+/// Options of `mlx serve` (`mlx_lm.server`'s names where it has the option).
+#[derive(Args, Clone, Debug)]
+pub struct ServeArgs {
+    /// The model: a directory with config.json, safetensors and tokenizer files.
+    #[arg(long)]
+    pub model: Option<String>,
+
+    /// Host to bind. Loopback by default: the server has no TLS.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+
+    /// Port to bind (0 picks a free one; the chosen address is logged).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+
+    /// Default sampling temperature.
+    #[arg(long, default_value_t = 0.0)]
+    pub temp: f64,
+
+    /// Default nucleus sampling top-p.
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f64,
+
+    /// Default top-k (0 disables it).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: i32,
+
+    /// Default min-p (0 disables it).
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f64,
+
+    /// Default maximum number of tokens to generate.
+    #[arg(long, default_value_t = 512)]
+    pub max_tokens: usize,
+
+    /// The largest `max_tokens` a request may ask for.
+    #[arg(long, default_value_t = 8192)]
+    pub max_tokens_limit: usize,
+
+    /// Prompt plus generated tokens may not exceed this.
+    #[arg(long, default_value_t = 32768)]
+    pub max_context: usize,
+
+    /// Sequences decoded together at most (continuous batching).
+    #[arg(long, alias = "decode-concurrency", default_value_t = 32)]
+    pub max_batch: usize,
+
+    /// Requests waiting for a batch slot at most; more get HTTP 429.
+    #[arg(long, default_value_t = 64)]
+    pub queue_size: usize,
+
+    /// Step size for prefill processing.
+    #[arg(long, default_value_t = 2048)]
+    pub prefill_step_size: usize,
+
+    /// Distinct KV caches kept for prompt-prefix reuse (0 disables reuse).
+    #[arg(long, default_value_t = 10)]
+    pub prompt_cache_size: usize,
+
+    /// Bytes the prompt cache may hold.
+    #[arg(long, default_value_t = 1 << 30)]
+    pub prompt_cache_bytes: usize,
+
+    /// Require `Authorization: Bearer <key>` on every /v1 request.
+    #[arg(long, env = "MLX_SERVE_API_KEY")]
+    pub api_key: Option<String>,
+
+    /// Largest request body in bytes.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub max_body_bytes: usize,
+
+    /// Seconds a request may run in the engine before it fails.
+    #[arg(long, default_value_t = 600)]
+    pub request_timeout: u64,
+
+    /// JSON object of extra chat-template variables, e.g. '{"enable_thinking":false}'.
+    #[arg(long, default_value = "{}")]
+    pub chat_template_args: String,
+
+    /// Log level (error, warn, info, debug, trace).
+    #[arg(long, default_value = "info")]
+    pub log_level: String,
+}
+
+impl ServeArgs {
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_secs(self.request_timeout)
+    }
+}

@@ -1,0 +1,178 @@
+//! `mlx serve`: an OpenAI-compatible HTTP server (tokio + axum) in front of
+//! [`mlx_engine::batch::Engine`], which owns the model on its own thread and decodes every
+//! running request in one batch (continuous batching).
+//!
+//! Endpoints: `POST /v1/chat/completions`, `POST /v1/completions` (streaming as server-sent
+//! events ending in `data: [DONE]`, or not), `GET /v1/models`, `GET /health`. Every bad request
+//! gets a 4xx with an OpenAI error object; the server keeps serving.
+//!
+//! ```no_run
+//! use clap::Parser;
+//! #[derive(Parser)]
+//! struct Cli {
+//!     #[command(flatten)]
+//!     serve: mlx_server::ServeArgs,
+//! }
+//! let cli = Cli::parse();
+//! mlx_server::run(cli.serve, mlx_server::load_model_dir).unwrap();
+//! ```
+#![forbid(unsafe_code)]
+
+mod args;
+mod error;
+mod request;
+mod routes;
+mod state;
+pub mod tools;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use mlx_engine::batch::{Engine, EngineConfig};
+use mlx_engine::Tokenizer;
+use mlx_models::LanguageModel;
+use serde_json::{Map, Value};
+
+pub use args::ServeArgs;
+pub use error::ApiError;
+
+/// What can stop the server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("invalid option: {0}")]
+    Args(String),
+    #[error("loading the model: {0}")]
+    Load(String),
+    #[error("binding {addr}: {source}")]
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("server: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Loads a model directory (config.json, safetensors, tokenizer.json) in its stored dtypes:
+/// the default loader of the `mlx-serve` binary.
+pub fn load_model_dir(args: &ServeArgs) -> Result<(Box<dyn LanguageModel>, Tokenizer), String> {
+    let dir = args
+        .model
+        .as_deref()
+        .ok_or_else(|| "--model DIR is required".to_string())?;
+    let dir = Path::new(dir);
+    let (model, _) = mlx_models::load::load_model_dir(dir, &Default::default())
+        .map_err(|e| format!("{}: {e}", dir.display()))?;
+    let tokenizer = Tokenizer::from_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    Ok((model, tokenizer))
+}
+
+fn template_args(args: &ServeArgs) -> Result<Map<String, Value>, ServeError> {
+    match serde_json::from_str::<Value>(&args.chat_template_args) {
+        Ok(Value::Object(m)) => Ok(m),
+        _ => Err(ServeError::Args(format!(
+            "--chat-template-args must be a JSON object, got {:?}",
+            args.chat_template_args
+        ))),
+    }
+}
+
+/// A server that is listening: its address, and the future that serves until shutdown.
+pub struct Server {
+    pub addr: SocketAddr,
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+}
+
+impl Server {
+    /// Starts the engine (loading the model on its thread with `load`) and binds the
+    /// listener. Must run inside a tokio runtime.
+    pub async fn bind<F>(args: ServeArgs, load: F) -> Result<Server, ServeError>
+    where
+        F: FnOnce(&ServeArgs) -> Result<(Box<dyn LanguageModel>, Tokenizer), String>
+            + Send
+            + 'static,
+    {
+        if args.max_batch == 0 {
+            return Err(ServeError::Args("--max-batch must be at least 1".into()));
+        }
+        if args.max_tokens_limit == 0 {
+            return Err(ServeError::Args(
+                "--max-tokens-limit must be at least 1".into(),
+            ));
+        }
+        let template_args = template_args(&args)?;
+        let config = EngineConfig {
+            max_batch: args.max_batch,
+            queue_size: args.queue_size,
+            prefill_step_size: args.prefill_step_size,
+            prompt_cache_entries: args.prompt_cache_size,
+            prompt_cache_bytes: args.prompt_cache_bytes,
+        };
+        let load_args = args.clone();
+        let (engine, _thread) = tokio::task::spawn_blocking(move || {
+            Engine::start(
+                move || load(&load_args).map_err(mlx_engine::EngineError::Other),
+                config,
+            )
+        })
+        .await
+        .map_err(|e| ServeError::Load(e.to_string()))?
+        .map_err(|e| ServeError::Load(e.to_string()))?;
+        let addr = format!("{}:{}", args.host, args.port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .map_err(|source| ServeError::Bind { addr, source })?;
+        let addr = listener.local_addr()?;
+        let state = Arc::new(state::AppState::new(engine, args, template_args));
+        Ok(Server {
+            addr,
+            listener,
+            router: routes::router(state),
+        })
+    }
+
+    /// Serves until `shutdown` completes.
+    pub async fn serve(
+        self,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServeError> {
+        axum::serve(self.listener, self.router)
+            .with_graceful_shutdown(shutdown)
+            .await?;
+        Ok(())
+    }
+}
+
+fn init_logging(level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    // A second server in the same process keeps the first subscriber.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Runs the server until Ctrl-C: `mlx serve`'s entry point. `load` runs on the engine thread
+/// and returns the model and its tokenizer.
+pub fn run<F>(args: ServeArgs, load: F) -> Result<(), ServeError>
+where
+    F: FnOnce(&ServeArgs) -> Result<(Box<dyn LanguageModel>, Tokenizer), String> + Send + 'static,
+{
+    init_logging(&args.log_level);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let server = Server::bind(args, load).await?;
+        tracing::info!(addr = %server.addr, "listening");
+        // Tests and scripts read this line to find an ephemeral port.
+        eprintln!("mlx serve: listening on http://{}", server.addr);
+        server
+            .serve(async {
+                let _ = tokio::signal::ctrl_c().await;
+            })
+            .await
+    })
+}

@@ -1,0 +1,504 @@
+//! Parsing and validating request bodies at the edge: every field is checked for its type and
+//! range here, with an error naming it, before anything reaches the engine.
+
+use std::time::Duration;
+
+use mlx_engine::batch::BatchRequest;
+use mlx_engine::chat_template::ChatTemplateOptions;
+use mlx_engine::sample::{ProcessorSettings, SamplerSettings};
+use serde_json::{Map, Value};
+
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// Which endpoint a request came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Chat,
+    Completion,
+}
+
+/// A validated request, tokenized.
+#[derive(Debug)]
+pub struct Parsed {
+    pub kind: Kind,
+    pub model: String,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub logprobs: bool,
+    /// Tools were given (tool calls are parsed from the reply).
+    pub has_tools: bool,
+    pub request: BatchRequest,
+}
+
+fn field<'a>(body: &'a Map<String, Value>, name: &str) -> Option<&'a Value> {
+    body.get(name).filter(|v| !v.is_null())
+}
+
+fn number(body: &Map<String, Value>, name: &str) -> Result<Option<f64>, ApiError> {
+    match field(body, name) {
+        None => Ok(None),
+        Some(v) => v
+            .as_f64()
+            .filter(|x| x.is_finite())
+            .map(Some)
+            .ok_or_else(|| ApiError::invalid(name, format!("`{name}` must be a number, got {v}"))),
+    }
+}
+
+fn integer(body: &Map<String, Value>, name: &str) -> Result<Option<i64>, ApiError> {
+    match field(body, name) {
+        None => Ok(None),
+        Some(v) => v.as_i64().map(Some).ok_or_else(|| {
+            ApiError::invalid(name, format!("`{name}` must be an integer, got {v}"))
+        }),
+    }
+}
+
+fn boolean(body: &Map<String, Value>, name: &str) -> Result<Option<bool>, ApiError> {
+    match field(body, name) {
+        None => Ok(None),
+        Some(v) => v
+            .as_bool()
+            .map(Some)
+            .ok_or_else(|| ApiError::invalid(name, format!("`{name}` must be a boolean, got {v}"))),
+    }
+}
+
+fn in_range(name: &str, v: f64, lo: f64, hi: f64) -> Result<f64, ApiError> {
+    if (lo..=hi).contains(&v) {
+        Ok(v)
+    } else {
+        Err(ApiError::invalid(
+            name,
+            format!("`{name}` must be in [{lo}, {hi}], got {v}"),
+        ))
+    }
+}
+
+fn context_size(body: &Map<String, Value>, name: &str) -> Result<Option<usize>, ApiError> {
+    match integer(body, name)? {
+        None => Ok(None),
+        Some(n) if (1..=1 << 20).contains(&n) => Ok(Some(n as usize)),
+        Some(n) => Err(ApiError::invalid(
+            name,
+            format!("`{name}` must be a positive integer, got {n}"),
+        )),
+    }
+}
+
+/// `stop`: a string or a list of at most 4 strings.
+fn stop_strings(body: &Map<String, Value>) -> Result<Vec<String>, ApiError> {
+    let bad = || ApiError::invalid("stop", "`stop` must be a string or a list of strings");
+    match field(body, "stop") {
+        None => Ok(Vec::new()),
+        Some(Value::String(s)) => Ok(vec![s.clone()]),
+        Some(Value::Array(items)) => {
+            if items.len() > 16 {
+                return Err(ApiError::invalid(
+                    "stop",
+                    "`stop` may hold at most 16 strings",
+                ));
+            }
+            items
+                .iter()
+                .map(|v| v.as_str().map(str::to_string).ok_or_else(bad))
+                .collect()
+        }
+        Some(_) => Err(bad()),
+    }
+}
+
+/// `logit_bias`: `{"token id": bias}`, ids inside the vocabulary, biases in [-100, 100].
+fn logit_bias(body: &Map<String, Value>, vocab: usize) -> Result<Vec<(i32, f32)>, ApiError> {
+    let Some(v) = field(body, "logit_bias") else {
+        return Ok(Vec::new());
+    };
+    let map = v
+        .as_object()
+        .ok_or_else(|| ApiError::invalid("logit_bias", "`logit_bias` must be an object"))?;
+    map.iter()
+        .map(|(k, v)| {
+            let id: usize = k.trim().parse().map_err(|_| {
+                ApiError::invalid(
+                    "logit_bias",
+                    format!("`logit_bias` key {k:?} is not a token id"),
+                )
+            })?;
+            if id >= vocab {
+                return Err(ApiError::invalid(
+                    "logit_bias",
+                    format!("`logit_bias` token id {id} is outside the vocabulary of {vocab}"),
+                ));
+            }
+            let b = v.as_f64().ok_or_else(|| {
+                ApiError::invalid("logit_bias", format!("`logit_bias[{k}]` must be a number"))
+            })?;
+            let b = in_range("logit_bias", b, -100.0, 100.0)?;
+            Ok((id as i32, b as f32))
+        })
+        .collect()
+}
+
+/// A message's content as the chat template gets it: a string (text parts joined, as
+/// `mlx_lm.server`'s `process_message_content` does) or null.
+fn normalize_messages(messages: &Value) -> Result<Vec<Value>, ApiError> {
+    let list = messages
+        .as_array()
+        .ok_or_else(|| ApiError::invalid("messages", "`messages` must be a list of messages"))?;
+    if list.is_empty() {
+        return Err(ApiError::invalid(
+            "messages",
+            "`messages` must not be empty",
+        ));
+    }
+    list.iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let mut m = m.as_object().cloned().ok_or_else(|| {
+                ApiError::invalid("messages", format!("`messages[{i}]` must be an object"))
+            })?;
+            match m.get("role") {
+                Some(Value::String(_)) => {}
+                _ => {
+                    return Err(ApiError::invalid(
+                        "messages",
+                        format!("`messages[{i}].role` must be a string"),
+                    ))
+                }
+            }
+            match m.get("content") {
+                None | Some(Value::Null) | Some(Value::String(_)) => {}
+                Some(Value::Array(parts)) => {
+                    let mut text = String::new();
+                    for (j, p) in parts.iter().enumerate() {
+                        match (
+                            p.get("type").and_then(Value::as_str),
+                            p.get("text").and_then(Value::as_str),
+                        ) {
+                            (Some("text"), Some(t)) => text.push_str(t),
+                            _ => {
+                                return Err(ApiError::invalid(
+                                    "messages",
+                                    format!(
+                                        "`messages[{i}].content[{j}]`: only text parts \
+                                         ({{\"type\": \"text\", \"text\": ...}}) are supported"
+                                    ),
+                                ))
+                            }
+                        }
+                    }
+                    m.insert("content".into(), Value::String(text));
+                }
+                Some(_) => {
+                    return Err(ApiError::invalid(
+                        "messages",
+                        format!("`messages[{i}].content` must be a string or a list of parts"),
+                    ))
+                }
+            }
+            // Tool-call arguments arrive as JSON strings; templates expect objects.
+            if let Some(Value::Array(calls)) = m.get_mut("tool_calls") {
+                for c in calls.iter_mut() {
+                    if let Some(f) = c.get_mut("function") {
+                        if let Some(Value::String(a)) = f.get("arguments") {
+                            if let Ok(parsed) = serde_json::from_str::<Value>(a) {
+                                f["arguments"] = parsed;
+                            }
+                        }
+                    }
+                }
+            }
+            Ok(Value::Object(m))
+        })
+        .collect()
+}
+
+/// Parses and validates a body of `/v1/chat/completions` or `/v1/completions`.
+pub fn parse(state: &AppState, kind: Kind, bytes: &[u8]) -> Result<Parsed, ApiError> {
+    let value: Value = serde_json::from_slice(bytes)
+        .map_err(|e| ApiError::bad_request(format!("The request body is not valid JSON: {e}")))?;
+    let body = value
+        .as_object()
+        .ok_or_else(|| ApiError::bad_request("The request body must be a JSON object"))?;
+    let args = &state.args;
+
+    let model = match field(body, "model") {
+        None => state.model_id.clone(),
+        Some(Value::String(m)) => {
+            if !state.knows_model(m) {
+                return Err(ApiError::model_not_found(m));
+            }
+            m.clone()
+        }
+        Some(v) => {
+            return Err(ApiError::invalid(
+                "model",
+                format!("`model` must be a string, got {v}"),
+            ))
+        }
+    };
+
+    let n = integer(body, "n")?.unwrap_or(1);
+    if n != 1 {
+        return Err(ApiError::invalid(
+            "n",
+            format!("only `n` = 1 is supported, got {n}"),
+        ));
+    }
+
+    let max_tokens = match integer(body, "max_completion_tokens")? {
+        Some(m) => Some(m),
+        None => integer(body, "max_tokens")?,
+    };
+    let max_tokens = match max_tokens {
+        None => args.max_tokens.min(args.max_tokens_limit),
+        Some(m) if m < 1 => {
+            return Err(ApiError::invalid(
+                "max_tokens",
+                format!("`max_tokens` must be at least 1, got {m}"),
+            ))
+        }
+        Some(m) if m as u64 > args.max_tokens_limit as u64 => {
+            return Err(ApiError::invalid(
+                "max_tokens",
+                format!(
+                    "`max_tokens` is {m}, above this server's limit of {}",
+                    args.max_tokens_limit
+                ),
+            ))
+        }
+        Some(m) => m as usize,
+    };
+
+    let temp = in_range(
+        "temperature",
+        number(body, "temperature")?.unwrap_or(args.temp),
+        0.0,
+        100.0,
+    )?;
+    let top_p = in_range(
+        "top_p",
+        number(body, "top_p")?.unwrap_or(args.top_p),
+        0.0,
+        1.0,
+    )?;
+    let min_p = in_range(
+        "min_p",
+        number(body, "min_p")?.unwrap_or(args.min_p),
+        0.0,
+        1.0,
+    )?;
+    let vocab = state.engine.vocab_size();
+    let top_k = integer(body, "top_k")?.unwrap_or(i64::from(args.top_k));
+    if top_k < 0 || top_k >= vocab as i64 {
+        return Err(ApiError::invalid(
+            "top_k",
+            format!("`top_k` must be in [0, {vocab}), got {top_k}"),
+        ));
+    }
+    let xtc_probability = in_range(
+        "xtc_probability",
+        number(body, "xtc_probability")?.unwrap_or(0.0),
+        0.0,
+        1.0,
+    )?;
+    let xtc_threshold = in_range(
+        "xtc_threshold",
+        number(body, "xtc_threshold")?.unwrap_or(0.1),
+        0.0,
+        0.5,
+    )?;
+    let repetition_penalty = number(body, "repetition_penalty")?
+        .map(|p| in_range("repetition_penalty", p, 0.0, 100.0))
+        .transpose()?;
+    let presence_penalty = number(body, "presence_penalty")?
+        .map(|p| in_range("presence_penalty", p, -2.0, 2.0))
+        .transpose()?;
+    let frequency_penalty = number(body, "frequency_penalty")?
+        .map(|p| in_range("frequency_penalty", p, -2.0, 2.0))
+        .transpose()?;
+    let processors = ProcessorSettings {
+        logit_bias: logit_bias(body, vocab)?,
+        repetition_penalty,
+        repetition_context_size: context_size(body, "repetition_context_size")?,
+        presence_penalty,
+        presence_context_size: context_size(body, "presence_context_size")?,
+        frequency_penalty,
+        frequency_context_size: context_size(body, "frequency_context_size")?,
+    };
+
+    let seed = match integer(body, "seed")? {
+        None => None,
+        Some(s) if s >= 0 => Some(s as u64),
+        Some(s) => {
+            return Err(ApiError::invalid(
+                "seed",
+                format!("`seed` must be non-negative, got {s}"),
+            ))
+        }
+    };
+
+    // Chat: `logprobs` is a boolean and `top_logprobs` a count; completions: `logprobs` is the
+    // count.
+    let (logprobs, top_logprobs) = match kind {
+        Kind::Chat => {
+            let lp = boolean(body, "logprobs")?.unwrap_or(false);
+            let top = integer(body, "top_logprobs")?.unwrap_or(0);
+            (lp, top)
+        }
+        Kind::Completion => match field(body, "logprobs") {
+            None => (false, 0),
+            Some(Value::Bool(b)) => (*b, 0),
+            Some(_) => {
+                let top = integer(body, "logprobs")?.unwrap_or(0);
+                (true, top)
+            }
+        },
+    };
+    if !(0..=20).contains(&top_logprobs) {
+        return Err(ApiError::invalid(
+            "top_logprobs",
+            format!("`top_logprobs` must be in [0, 20], got {top_logprobs}"),
+        ));
+    }
+
+    let stream = boolean(body, "stream")?.unwrap_or(false);
+    let include_usage = match field(body, "stream_options") {
+        None => false,
+        Some(Value::Object(o)) => boolean(o, "include_usage")?.unwrap_or(false),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "stream_options",
+                "`stream_options` must be an object",
+            ))
+        }
+    };
+
+    let tokenizer = state.engine.tokenizer();
+    let mut has_tools = false;
+    let prompt = match kind {
+        Kind::Chat => {
+            let messages = normalize_messages(
+                field(body, "messages")
+                    .ok_or_else(|| ApiError::invalid("messages", "`messages` is required"))?,
+            )?;
+            let tools = match field(body, "tools") {
+                None => None,
+                Some(Value::Array(t)) if t.is_empty() => None,
+                Some(Value::Array(t)) => Some(t.clone()),
+                Some(_) => return Err(ApiError::invalid("tools", "`tools` must be a list")),
+            };
+            has_tools = tools.is_some();
+            if !tokenizer.has_chat_template() {
+                return Err(ApiError::bad_request(
+                    "This model's tokenizer has no chat template: use /v1/completions",
+                ));
+            }
+            let mut kwargs = state.template_args.clone();
+            match field(body, "chat_template_kwargs") {
+                None => {}
+                Some(Value::Object(o)) => kwargs.extend(o.clone()),
+                Some(_) => {
+                    return Err(ApiError::invalid(
+                        "chat_template_kwargs",
+                        "`chat_template_kwargs` must be an object",
+                    ))
+                }
+            }
+            let opts = ChatTemplateOptions {
+                add_generation_prompt: true,
+                tools,
+                kwargs,
+                ..ChatTemplateOptions::default()
+            };
+            tokenizer
+                .apply_chat_template_ids(&messages, &opts)
+                .map_err(|e| {
+                    ApiError::invalid("messages", format!("rendering the chat template: {e}"))
+                })?
+        }
+        Kind::Completion => {
+            let text = match field(body, "prompt") {
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
+                    a[0].as_str().unwrap_or_default().to_string()
+                }
+                Some(_) => {
+                    return Err(ApiError::invalid(
+                        "prompt",
+                        "`prompt` must be a string (batches of prompts are not supported)",
+                    ))
+                }
+                None => return Err(ApiError::invalid("prompt", "`prompt` is required")),
+            };
+            tokenizer
+                .encode(&text, true)
+                .map_err(|e| ApiError::invalid("prompt", format!("tokenizing the prompt: {e}")))?
+        }
+    };
+    if prompt.is_empty() {
+        return Err(ApiError::invalid(
+            "prompt",
+            "the prompt encodes to no tokens",
+        ));
+    }
+    if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
+        return Err(ApiError::bad_request(format!(
+            "the prompt has token id {bad}, outside the model's vocabulary of {vocab}"
+        )));
+    }
+    if prompt.len() + max_tokens > args.max_context {
+        return Err(ApiError::invalid(
+            "max_tokens",
+            format!(
+                "the prompt has {} tokens; with max_tokens {max_tokens} that exceeds the \
+                 context of {} tokens",
+                prompt.len(),
+                args.max_context
+            ),
+        ));
+    }
+
+    // mlx_lm.server: XTC never removes the newline or EOS tokens.
+    let xtc_special_tokens: Vec<i32> = if xtc_probability > 0.0 {
+        tokenizer
+            .encode("\n", false)
+            .unwrap_or_default()
+            .into_iter()
+            .chain(tokenizer.eos_token_ids().iter().copied())
+            .map(|t| t as i32)
+            .collect()
+    } else {
+        Vec::new()
+    };
+
+    Ok(Parsed {
+        kind,
+        model,
+        stream,
+        include_usage,
+        logprobs,
+        has_tools,
+        request: BatchRequest {
+            prompt,
+            max_tokens,
+            sampler: SamplerSettings {
+                temp,
+                top_p,
+                min_p,
+                top_k: top_k as i32,
+                xtc_probability,
+                xtc_threshold,
+                xtc_special_tokens,
+                ..SamplerSettings::default()
+            },
+            processors,
+            stop_strings: stop_strings(body)?,
+            logprobs,
+            top_logprobs: top_logprobs as usize,
+            seed,
+            timeout: Some(Duration::from_secs(args.request_timeout)),
+        },
+    })
+}

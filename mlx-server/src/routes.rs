@@ -1,0 +1,573 @@
+//! The HTTP API: handlers, response bodies (shaped as the OpenAI API shapes them) and
+//! server-sent event streams.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures_util::stream::{self, Stream};
+use mlx_engine::batch::{BatchEvent, EventSink, SubmitError};
+use serde_json::{json, Value};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+
+use crate::error::ApiError;
+use crate::request::{parse, Kind, Parsed};
+use crate::state::{unix_now, Shared};
+use crate::tools;
+
+pub fn router(state: Shared) -> Router {
+    let limit = state.args.max_body_bytes;
+    Router::new()
+        .route("/health", get(health))
+        .route("/v1/models", get(models))
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .fallback(fallback)
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(state)
+}
+
+/// Liveness, with the engine's load (requests decoding, waiting, decode steps so far).
+async fn health(State(state): State<Shared>) -> Json<Value> {
+    let s = state.engine.stats();
+    Json(json!({
+        "status": "ok",
+        "active": s.active.load(Ordering::Relaxed),
+        "queued": s.queued.load(Ordering::Relaxed),
+        "decode_steps": s.decode_steps.load(Ordering::Relaxed),
+        "max_batch_seen": s.max_batch_seen.load(Ordering::Relaxed),
+        "reused_tokens": s.reused_tokens.load(Ordering::Relaxed),
+    }))
+}
+
+async fn fallback(uri: Uri) -> ApiError {
+    ApiError::not_found(uri.path())
+}
+
+fn authorize(state: &Shared, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(key) = &state.args.api_key else {
+        return Ok(());
+    };
+    let given = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    // Compare without an early exit, so timing does not reveal a prefix of the key.
+    let ok = given.is_some_and(|g| {
+        g.len() == key.len()
+            && g.bytes()
+                .zip(key.bytes())
+                .fold(0u8, |a, (x, y)| a | (x ^ y))
+                == 0
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::unauthorized())
+    }
+}
+
+async fn models(State(state): State<Shared>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
+    authorize(&state, &headers)?;
+    Ok(Json(json!({
+        "object": "list",
+        "data": [{
+            "id": state.model_id,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "mlx-rs",
+        }],
+    })))
+}
+
+async fn chat(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    handle(state, headers, body, Kind::Chat).await
+}
+
+async fn completions(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    handle(state, headers, body, Kind::Completion).await
+}
+
+/// Events from the engine into a tokio channel; a dropped receiver (client gone) cancels.
+struct Sink(UnboundedSender<BatchEvent>);
+
+impl EventSink for Sink {
+    fn send(&mut self, event: BatchEvent) -> bool {
+        self.0.send(event).is_ok()
+    }
+    fn is_closed(&self) -> bool {
+        self.0.is_closed()
+    }
+}
+
+async fn handle(
+    state: Shared,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    kind: Kind,
+) -> Response {
+    let start = Instant::now();
+    let route = match kind {
+        Kind::Chat => "/v1/chat/completions",
+        Kind::Completion => "/v1/completions",
+    };
+    let result = async {
+        authorize(&state, &headers)?;
+        let bytes = body.map_err(|e| {
+            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::too_large(state.args.max_body_bytes)
+            } else {
+                ApiError::bad_request(format!("reading the request body: {e}"))
+            }
+        })?;
+        // Tokenizing (chat template, encoding) runs off the async workers.
+        let st = state.clone();
+        let parsed = tokio::task::spawn_blocking(move || parse(&st, kind, &bytes))
+            .await
+            .map_err(|e| ApiError::server(format!("parsing the request: {e}")))??;
+        let (tx, rx) = unbounded_channel();
+        state
+            .engine
+            .submit(parsed.request.clone(), Box::new(Sink(tx)))
+            .map_err(|e| match e {
+                SubmitError::QueueFull(_) => {
+                    ApiError::busy(format!("The server is busy: {e}. Retry later."))
+                }
+                SubmitError::Stopped => ApiError::server(e.to_string()),
+            })?;
+        Ok::<_, ApiError>((parsed, rx))
+    }
+    .await;
+    let (parsed, rx) = match result {
+        Ok(x) => x,
+        Err(e) => {
+            tracing::warn!(route, status = e.status.as_u16(), error = %e.message, "request rejected");
+            return e.into_response();
+        }
+    };
+    let ctx = Ctx::new(state, parsed, rx, route, start);
+    if ctx.parsed.stream {
+        let stream = sse_stream(ctx);
+        Sse::new(stream)
+            .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+            .into_response()
+    } else {
+        match ctx.collect().await {
+            Ok(v) => Json(v).into_response(),
+            Err(e) => e.into_response(),
+        }
+    }
+}
+
+/// One request in flight: what it accumulated so far.
+struct Ctx {
+    state: Shared,
+    parsed: Parsed,
+    rx: UnboundedReceiver<BatchEvent>,
+    route: &'static str,
+    start: Instant,
+    id: String,
+    created: u64,
+    text: String,
+    tokens: Vec<u32>,
+    logprobs: Vec<Option<f32>>,
+    top: Vec<Vec<(u32, f32)>>,
+    prompt_tokens: usize,
+    cached_tokens: usize,
+    completion_tokens: usize,
+    first_token: Option<Duration>,
+}
+
+impl Ctx {
+    fn new(
+        state: Shared,
+        parsed: Parsed,
+        rx: UnboundedReceiver<BatchEvent>,
+        route: &'static str,
+        start: Instant,
+    ) -> Self {
+        let id = state.next_id(match parsed.kind {
+            Kind::Chat => "chatcmpl",
+            Kind::Completion => "cmpl",
+        });
+        let prompt_tokens = parsed.request.prompt.len();
+        Ctx {
+            state,
+            parsed,
+            rx,
+            route,
+            start,
+            id,
+            created: unix_now(),
+            text: String::new(),
+            tokens: Vec::new(),
+            logprobs: Vec::new(),
+            top: Vec::new(),
+            prompt_tokens,
+            cached_tokens: 0,
+            completion_tokens: 0,
+            first_token: None,
+        }
+    }
+
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.parsed.kind, chunk) {
+            (Kind::Chat, false) => "chat.completion",
+            (Kind::Chat, true) => "chat.completion.chunk",
+            (Kind::Completion, _) => "text_completion",
+        }
+    }
+
+    fn usage(&self) -> Value {
+        json!({
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        })
+    }
+
+    fn token_text(&self, id: u32) -> String {
+        self.state
+            .engine
+            .tokenizer()
+            .decode(&[id], false)
+            .unwrap_or_default()
+    }
+
+    /// Log-probabilities of tokens `from..` in the API's shape for this endpoint.
+    fn logprobs_value(&self, from: usize) -> Value {
+        if !self.parsed.logprobs {
+            return Value::Null;
+        }
+        let range = from..self.tokens.len();
+        match self.parsed.kind {
+            Kind::Chat => {
+                let entry = |id: u32, lp: f32| {
+                    let t = self.token_text(id);
+                    json!({"token": t, "logprob": lp, "bytes": t.as_bytes()})
+                };
+                let content: Vec<Value> = range
+                    .map(|i| {
+                        let mut e = entry(self.tokens[i], self.logprobs[i].unwrap_or(f32::NAN));
+                        e["top_logprobs"] = Value::Array(
+                            self.top[i].iter().map(|&(id, lp)| entry(id, lp)).collect(),
+                        );
+                        e
+                    })
+                    .collect();
+                json!({"content": content})
+            }
+            Kind::Completion => {
+                let tokens: Vec<String> = range
+                    .clone()
+                    .map(|i| self.token_text(self.tokens[i]))
+                    .collect();
+                let lps: Vec<Option<f32>> = range.clone().map(|i| self.logprobs[i]).collect();
+                let tops: Vec<Value> = range
+                    .map(|i| {
+                        Value::Object(
+                            self.top[i]
+                                .iter()
+                                .map(|&(id, lp)| (self.token_text(id), json!(lp)))
+                                .collect(),
+                        )
+                    })
+                    .collect();
+                json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops})
+            }
+        }
+    }
+
+    /// Applies an engine event; returns the text it adds, or the end of the request.
+    fn apply(&mut self, ev: BatchEvent) -> Step {
+        match ev {
+            BatchEvent::Started {
+                prompt_tokens,
+                cached_tokens,
+            } => {
+                self.prompt_tokens = prompt_tokens;
+                self.cached_tokens = cached_tokens;
+                Step::Text(String::new())
+            }
+            BatchEvent::Token {
+                token,
+                text,
+                logprob,
+                top_logprobs,
+            } => {
+                if self.first_token.is_none() {
+                    self.first_token = Some(self.start.elapsed());
+                }
+                self.tokens.push(token);
+                self.logprobs.push(logprob);
+                self.top.push(top_logprobs);
+                self.completion_tokens += 1;
+                self.text.push_str(&text);
+                Step::Text(text)
+            }
+            BatchEvent::Done {
+                text,
+                finish_reason,
+                prompt_tokens,
+                completion_tokens,
+            } => {
+                self.prompt_tokens = prompt_tokens;
+                self.completion_tokens = completion_tokens;
+                self.text.push_str(&text);
+                Step::Done(text, finish_reason.as_str())
+            }
+            BatchEvent::Error(e) => Step::Failed(ApiError::server(e)),
+        }
+    }
+
+    fn log(&self, status: u16, finish: &str) {
+        tracing::info!(
+            route = self.route,
+            id = %self.id,
+            status,
+            stream = self.parsed.stream,
+            prompt_tokens = self.prompt_tokens,
+            cached_tokens = self.cached_tokens,
+            completion_tokens = self.completion_tokens,
+            finish,
+            ttft_ms = self.first_token.map(|d| d.as_millis() as u64),
+            total_ms = self.start.elapsed().as_millis() as u64,
+            "request"
+        );
+    }
+
+    /// A non-streaming request: waits for the end and builds the whole response.
+    async fn collect(mut self) -> Result<Value, ApiError> {
+        let finish = loop {
+            let Some(ev) = self.rx.recv().await else {
+                return Err(ApiError::server("the engine dropped the request"));
+            };
+            match self.apply(ev) {
+                Step::Text(_) => {}
+                Step::Done(_, reason) => break reason,
+                Step::Failed(e) => {
+                    self.log(e.status.as_u16(), "error");
+                    return Err(e);
+                }
+            }
+        };
+        self.log(200, finish);
+        let logprobs = self.logprobs_value(0);
+        let choice = match self.parsed.kind {
+            Kind::Chat => {
+                let (message, finish) = self.message(finish);
+                json!({"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish})
+            }
+            Kind::Completion => json!({
+                "index": 0, "text": self.text, "logprobs": logprobs, "finish_reason": finish,
+            }),
+        };
+        Ok(json!({
+            "id": self.id,
+            "object": self.object(false),
+            "created": self.created,
+            "model": self.parsed.model,
+            "system_fingerprint": fingerprint(),
+            "choices": [choice],
+            "usage": self.usage(),
+        }))
+    }
+
+    /// The assistant message (with tool calls parsed out when tools were given) and the
+    /// finish reason (`tool_calls` when there are calls).
+    fn message(&self, finish: &'static str) -> (Value, &'static str) {
+        if self.parsed.has_tools {
+            let (content, calls) = tools::extract(&self.text);
+            if !calls.is_empty() {
+                let calls: Vec<Value> = calls
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| {
+                        json!({
+                            "id": format!("call_{}_{i}", self.id),
+                            "type": "function",
+                            "function": {"name": c.name, "arguments": c.arguments},
+                        })
+                    })
+                    .collect();
+                let content = if content.is_empty() {
+                    Value::Null
+                } else {
+                    Value::String(content)
+                };
+                return (
+                    json!({"role": "assistant", "content": content, "tool_calls": calls}),
+                    "tool_calls",
+                );
+            }
+        }
+        (json!({"role": "assistant", "content": self.text}), finish)
+    }
+
+    fn chunk(&self, choice: Value) -> Event {
+        let v = json!({
+            "id": self.id,
+            "object": self.object(true),
+            "created": self.created,
+            "model": self.parsed.model,
+            "system_fingerprint": fingerprint(),
+            "choices": [choice],
+        });
+        Event::default().data(v.to_string())
+    }
+
+    fn delta_chunk(&self, text: &str, from: usize, finish: Option<&str>) -> Event {
+        let lp = self.logprobs_value(from);
+        match self.parsed.kind {
+            Kind::Chat => {
+                let delta = if text.is_empty() && finish.is_some() {
+                    json!({})
+                } else {
+                    json!({"content": text})
+                };
+                self.chunk(
+                    json!({"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}),
+                )
+            }
+            Kind::Completion => self
+                .chunk(json!({"index": 0, "text": text, "logprobs": lp, "finish_reason": finish})),
+        }
+    }
+}
+
+enum Step {
+    Text(String),
+    Done(String, &'static str),
+    Failed(ApiError),
+}
+
+fn fingerprint() -> String {
+    format!("mlx-rs-{}", env!("CARGO_PKG_VERSION"))
+}
+
+struct StreamState {
+    ctx: Ctx,
+    pending: VecDeque<Event>,
+    /// Tokens already reported in a chunk.
+    sent: usize,
+    started: bool,
+    finished: bool,
+}
+
+/// The SSE stream of a streaming request. Dropping it (client gone) drops the receiver, and
+/// the engine frees the row at its next step.
+fn sse_stream(ctx: Ctx) -> impl Stream<Item = Result<Event, Infallible>> {
+    let st = StreamState {
+        ctx,
+        pending: VecDeque::new(),
+        sent: 0,
+        started: false,
+        finished: false,
+    };
+    stream::unfold(st, |mut st| async move {
+        loop {
+            if let Some(ev) = st.pending.pop_front() {
+                return Some((Ok(ev), st));
+            }
+            if st.finished {
+                return None;
+            }
+            if !st.started && st.ctx.parsed.kind == Kind::Chat {
+                st.started = true;
+                let first = st.ctx.chunk(json!({
+                    "index": 0,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": null,
+                    "finish_reason": null,
+                }));
+                st.pending.push_back(first);
+                continue;
+            }
+            let step = match st.ctx.rx.recv().await {
+                Some(ev) => st.ctx.apply(ev),
+                None => Step::Failed(ApiError::server("the engine dropped the request")),
+            };
+            // With tools, the reply is held until the end: a call is only known once whole.
+            let tools = st.ctx.parsed.has_tools && st.ctx.parsed.kind == Kind::Chat;
+            match step {
+                Step::Text(t) if tools || (t.is_empty() && !st.ctx.parsed.logprobs) => {}
+                Step::Text(t) => {
+                    if st.ctx.tokens.len() > st.sent || !t.is_empty() {
+                        let ev = st.ctx.delta_chunk(&t, st.sent, None);
+                        st.sent = st.ctx.tokens.len();
+                        st.pending.push_back(ev);
+                    }
+                }
+                Step::Done(t, reason) => {
+                    st.ctx.log(200, reason);
+                    if tools {
+                        let (message, finish) = st.ctx.message(reason);
+                        let mut delta = message;
+                        if delta["content"].is_null() {
+                            if let Some(o) = delta.as_object_mut() {
+                                o.remove("content");
+                            }
+                        }
+                        if let Some(calls) =
+                            delta.get_mut("tool_calls").and_then(Value::as_array_mut)
+                        {
+                            for (i, c) in calls.iter_mut().enumerate() {
+                                c["index"] = json!(i);
+                            }
+                        }
+                        let ev = st.ctx.chunk(json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": null}));
+                        st.pending.push_back(ev);
+                        let ev = st.ctx.delta_chunk("", st.ctx.tokens.len(), Some(finish));
+                        st.pending.push_back(ev);
+                    } else {
+                        if !t.is_empty() {
+                            let ev = st.ctx.delta_chunk(&t, st.sent, None);
+                            st.pending.push_back(ev);
+                        }
+                        let ev = st.ctx.delta_chunk("", st.ctx.tokens.len(), Some(reason));
+                        st.pending.push_back(ev);
+                    }
+                    if st.ctx.parsed.include_usage {
+                        let v = json!({
+                            "id": st.ctx.id,
+                            "object": st.ctx.object(true),
+                            "created": st.ctx.created,
+                            "model": st.ctx.parsed.model,
+                            "system_fingerprint": fingerprint(),
+                            "choices": [],
+                            "usage": st.ctx.usage(),
+                        });
+                        st.pending.push_back(Event::default().data(v.to_string()));
+                    }
+                    st.pending.push_back(Event::default().data("[DONE]"));
+                    st.finished = true;
+                }
+                Step::Failed(e) => {
+                    st.ctx.log(e.status.as_u16(), "error");
+                    st.pending
+                        .push_back(Event::default().data(e.body().to_string()));
+                    st.pending.push_back(Event::default().data("[DONE]"));
+                    st.finished = true;
+                }
+            }
+        }
+    })
+}

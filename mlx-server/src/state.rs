@@ -1,0 +1,71 @@
+//! What every handler shares: the engine handle, the options, the served model's names.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use mlx_engine::batch::Engine;
+use serde_json::{Map, Value};
+
+use crate::args::ServeArgs;
+
+pub struct AppState {
+    pub engine: Engine,
+    pub args: ServeArgs,
+    /// The id `/v1/models` lists.
+    pub model_id: String,
+    /// Extra chat-template variables (`--chat-template-args`).
+    pub template_args: Map<String, Value>,
+    pub created: u64,
+    counter: AtomicU64,
+}
+
+pub type Shared = Arc<AppState>;
+
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+impl AppState {
+    pub fn new(engine: Engine, args: ServeArgs, template_args: Map<String, Value>) -> Self {
+        let model_id = args
+            .model
+            .clone()
+            .unwrap_or_else(|| "default_model".to_string());
+        AppState {
+            engine,
+            args,
+            model_id,
+            template_args,
+            created: unix_now(),
+            counter: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether a request's `model` names the served model: its id, the last component of
+    /// its path, or mlx_lm.server's `default_model`.
+    pub fn knows_model(&self, name: &str) -> bool {
+        let base = std::path::Path::new(&self.model_id)
+            .file_name()
+            .and_then(|s| s.to_str())
+            .unwrap_or(&self.model_id);
+        name == self.model_id || name == base || name == "default_model"
+    }
+
+    /// A fresh id with the OpenAI prefix (`chatcmpl-...`, `cmpl-...`).
+    pub fn next_id(&self, prefix: &str) -> String {
+        let n = self.counter.fetch_add(1, Ordering::Relaxed);
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        format!(
+            "{prefix}-{:08x}{:06x}{n:x}",
+            self.created as u32,
+            nanos & 0xffffff
+        )
+    }
+}

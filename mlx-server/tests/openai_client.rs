@@ -1,0 +1,60 @@
+//! The server driven by the official `openai` Python package (installed into a venv under
+//! `target/`, pinned), including a 32-client concurrent streaming load test. The checks are
+//! in `openai_client.py`.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{golden_path, TestServer};
+
+const OPENAI: &str = "openai==3.57.0";
+
+/// `target/openai-venv` with the pinned client, made on first use.
+fn venv_python() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let venv = root.join("target").join("openai-venv");
+    let py = venv.join("bin").join("python");
+    let ready = venv.join(format!(".installed-{OPENAI}"));
+    if !ready.is_file() {
+        let status = Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .status()
+            .expect("running python3 -m venv");
+        assert!(
+            status.success(),
+            "python3 -m venv {} failed",
+            venv.display()
+        );
+        let status = Command::new(&py)
+            .args(["-m", "pip", "install", "--quiet", OPENAI])
+            .status()
+            .expect("running pip");
+        assert!(status.success(), "pip install {OPENAI} failed");
+        std::fs::write(&ready, b"").unwrap();
+    }
+    py
+}
+
+#[test]
+fn the_official_openai_client_including_32_concurrent_streams() {
+    let py = venv_python();
+    let s = TestServer::start(&["--max-batch", "16", "--queue-size", "64"]);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py");
+    let out = Command::new(py)
+        .arg(script)
+        .arg(s.url())
+        .arg(golden_path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{stdout}");
+    assert!(
+        out.status.success(),
+        "openai_client.py failed:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("all checks passed"));
+}

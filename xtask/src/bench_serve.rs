@@ -1,0 +1,215 @@
+//! `cargo xtask bench serve`: aggregate decode throughput of `mlx serve` against
+//! `mlx_lm.server` on the same model and machine, at 1, 4, 16 and 32 concurrent streaming
+//! clients (`xtask/oracle/bench_serve_client.py` is the load generator; both servers are
+//! greedy, EOS suppressed, the same prompt and length).
+//!
+//! The model must be a directory with a tokenizer; the default is the tiny fixture
+//! (`mlx-engine/tests/fixtures/tiny_chat`), where kernels cost next to nothing and the numbers
+//! measure the serving loop itself.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::bindings::workspace_root;
+use crate::oracle;
+
+struct Options {
+    model: PathBuf,
+    clients: String,
+    max_tokens: usize,
+    rounds: usize,
+    max_batch: usize,
+    skip_mlx_lm: bool,
+}
+
+const USAGE: &str = "usage: cargo xtask bench serve [--model DIR] [--clients 1,4,16,32] \
+                     [--max-tokens N] [--rounds R] [--max-batch B] [--skip-mlx-lm]";
+
+fn parse(args: &[String]) -> Result<Options, String> {
+    let mut o = Options {
+        model: workspace_root().join("mlx-engine/tests/fixtures/tiny_chat"),
+        clients: "1,4,16,32".into(),
+        max_tokens: 64,
+        rounds: 2,
+        max_batch: 32,
+        skip_mlx_lm: false,
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut val = || {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{a} needs a value\n{USAGE}"))
+        };
+        let num = |v: String| v.parse::<usize>().map_err(|e| format!("{a} {v}: {e}"));
+        match a.as_str() {
+            "--model" => o.model = PathBuf::from(val()?),
+            "--clients" => o.clients = val()?,
+            "--max-tokens" => o.max_tokens = num(val()?)?,
+            "--rounds" => o.rounds = num(val()?)?,
+            "--max-batch" => o.max_batch = num(val()?)?,
+            "--skip-mlx-lm" => o.skip_mlx_lm = true,
+            "--help" | "-h" => return Err(USAGE.into()),
+            other => return Err(format!("unknown option {other}\n{USAGE}")),
+        }
+    }
+    Ok(o)
+}
+
+fn free_port() -> Result<u16, String> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    Ok(l.local_addr().map_err(|e| e.to_string())?.port())
+}
+
+/// Kills the server when dropped.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Waits until `GET path` answers 200 (the server loaded its model).
+fn wait_ready(port: u16, path: &str, server: &mut Server) -> Result<(), String> {
+    use std::io::{Read, Write};
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(600) {
+        if let Ok(Some(status)) = server.0.try_wait() {
+            return Err(format!("the server exited ({status}) before it was ready"));
+        }
+        if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            let _ = write!(
+                s,
+                "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            );
+            let mut buf = String::new();
+            let _ = s.read_to_string(&mut buf);
+            if buf.starts_with("HTTP/1.1 200") || buf.starts_with("HTTP/1.0 200") {
+                return Ok(());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    Err("the server did not become ready in 600 s".into())
+}
+
+fn load(py: &Path, port: u16, o: &Options) -> Result<Vec<Value>, String> {
+    let script = workspace_root().join("xtask/oracle/bench_serve_client.py");
+    let out = Command::new(py)
+        .arg(script)
+        .arg(format!("http://127.0.0.1:{port}"))
+        .args(["--clients", &o.clients])
+        .args(["--max-tokens", &o.max_tokens.to_string()])
+        .args(["--rounds", &o.rounds.to_string()])
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("running the load generator: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("the load generator failed ({})", out.status));
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).map_err(|e| format!("{l}: {e}")))
+        .collect()
+}
+
+pub fn run(args: &[String]) -> Result<(), String> {
+    let o = parse(args)?;
+    let py = oracle::ensure()?;
+    let status = Command::new("cargo")
+        .args([
+            "build",
+            "--release",
+            "-p",
+            "mlx-server",
+            "--bin",
+            "mlx-serve",
+        ])
+        .current_dir(workspace_root())
+        .status()
+        .map_err(|e| format!("cargo build: {e}"))?;
+    if !status.success() {
+        return Err("building mlx-serve failed".into());
+    }
+    let bin = workspace_root().join("target/release/mlx-serve");
+    let model = o.model.display().to_string();
+
+    let port = free_port()?;
+    let mut ours = Server(
+        Command::new(&bin)
+            .args(["--model", &model, "--port", &port.to_string()])
+            .args([
+                "--max-batch",
+                &o.max_batch.to_string(),
+                "--queue-size",
+                "256",
+            ])
+            .args(["--log-level", "warn"])
+            .spawn()
+            .map_err(|e| format!("starting {}: {e}", bin.display()))?,
+    );
+    wait_ready(port, "/health", &mut ours)?;
+    eprintln!("bench serve: mlx serve on port {port}");
+    let ours_rows = load(&py, port, &o)?;
+    drop(ours);
+
+    let theirs_rows = if o.skip_mlx_lm {
+        Vec::new()
+    } else {
+        let port = free_port()?;
+        let mut theirs = Server(
+            Command::new(&py)
+                .args(["-m", "mlx_lm", "server", "--model", &model])
+                .args(["--port", &port.to_string()])
+                .args(["--decode-concurrency", &o.max_batch.to_string()])
+                .args(["--log-level", "WARNING"])
+                .spawn()
+                .map_err(|e| format!("starting mlx_lm.server: {e}"))?,
+        );
+        wait_ready(port, "/v1/models", &mut theirs)?;
+        eprintln!("bench serve: mlx_lm.server on port {port}");
+        load(&py, port, &o)?
+    };
+
+    println!(
+        "model {} | {} tokens per request, {} rounds per client, --max-batch {}",
+        model, o.max_tokens, o.rounds, o.max_batch
+    );
+    println!(
+        "{:>8} {:>14} {:>16} {:>8} {:>8}",
+        "clients", "ours tok/s", "mlx_lm tok/s", "ratio", "errors"
+    );
+    let single = ours_rows
+        .first()
+        .and_then(|r| r["tokens_per_s"].as_f64())
+        .unwrap_or(0.0);
+    for (i, r) in ours_rows.iter().enumerate() {
+        let ours_tps = r["tokens_per_s"].as_f64().unwrap_or(0.0);
+        let theirs = theirs_rows.get(i);
+        let theirs_tps = theirs.and_then(|t| t["tokens_per_s"].as_f64());
+        let errors = r["errors"].as_u64().unwrap_or(0)
+            + theirs.and_then(|t| t["errors"].as_u64()).unwrap_or(0);
+        println!(
+            "{:>8} {:>14.1} {:>16} {:>8} {:>8}",
+            r["clients"],
+            ours_tps,
+            theirs_tps.map_or("-".into(), |t| format!("{t:.1}")),
+            theirs_tps.map_or("-".into(), |t| format!("{:.2}", ours_tps / t)),
+            errors
+        );
+    }
+    if single > 0.0 {
+        if let Some(r16) = ours_rows.iter().find(|r| r["clients"] == 16) {
+            let x = r16["tokens_per_s"].as_f64().unwrap_or(0.0) / single;
+            println!("ours: 16 clients = {x:.2}x one client (target >= 4x)");
+        }
+    }
+    Ok(())
+}
