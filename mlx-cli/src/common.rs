@@ -24,6 +24,10 @@ pub struct ModelArgs {
         "auto", "stored", "f32", "f16", "bf16", "float32", "float16", "bfloat16",
     ])]
     pub dtype: String,
+    /// A directory with trained adapters (`adapters.safetensors` + `adapter_config.json`, as
+    /// `mlx train` and `mlx_lm.lora` write them), applied to the model as mlx-lm does.
+    #[arg(long, value_name = "DIR")]
+    pub adapter_path: Option<String>,
 }
 
 /// The key-value cache and prefill flags of `generate_step`.

@@ -1,4 +1,4 @@
-//! `mlx`: generate text and chat with a language model on MLX, with results identical to
+//! `mlx`: generate text, chat, serve and fine-tune language models on MLX, with results identical to
 //! mlx-lm's command-line tools (see the workspace README).
 //!
 //! One module per subcommand, each with its `clap::Args` struct and a `run`; [`Command`] has one
@@ -10,8 +10,11 @@ mod cache_prompt;
 mod chat;
 mod common;
 mod generate;
+mod info;
 mod model;
+mod models;
 mod progress;
+mod serve;
 
 use std::process::ExitCode;
 
@@ -37,6 +40,17 @@ enum Command {
     /// --prompt-cache-file` and `mlx_lm.generate --prompt-cache-file` read (as
     /// `mlx_lm.cache_prompt`).
     CachePrompt(cache_prompt::CachePromptArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API with continuous batching (as
+    /// `mlx_lm.server`).
+    Serve(mlx_server::ServeArgs),
+    /// Fine-tune LoRA or DoRA adapters (as `mlx_lm.lora`), with SFT, DPO or ORPO.
+    Train(mlx_train::cli::TrainArgs),
+    /// Fuse trained adapters into the base model (as `mlx_lm.fuse`).
+    Fuse(mlx_train::cli::FuseArgs),
+    /// List every supported model_type and how it is served (descriptor table or dedicated port).
+    Models(models::ModelsArgs),
+    /// Describe a model directory: resolved descriptor, parameters, dtypes, quantization.
+    Info(info::InfoArgs),
 }
 
 /// The first argument that is not valid UTF-8, as an error naming it (clap's own message does
@@ -63,6 +77,11 @@ fn main() -> ExitCode {
         Command::Generate(a) => generate::run(&a),
         Command::Chat(a) => chat::run(&a),
         Command::CachePrompt(a) => cache_prompt::run(&a),
+        Command::Serve(a) => serve::run(a),
+        Command::Train(a) => mlx_train::cli::run(&a).map_err(|e| e.to_string()),
+        Command::Fuse(a) => mlx_train::cli::run_fuse(&a).map_err(|e| e.to_string()),
+        Command::Models(a) => models::run(&a),
+        Command::Info(a) => info::run(&a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

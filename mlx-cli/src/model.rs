@@ -23,6 +23,8 @@ pub struct Loaded {
     /// How many times building this model in mlx-lm splits the global random key (an error
     /// when that is not known for the architecture).
     pub draws: Result<usize, String>,
+    /// The adapters' arrays, when `--adapter-path` applied some (the adapters read them).
+    pub adapters: Option<mlx_train::Params>,
 }
 
 impl Loaded {
@@ -112,6 +114,19 @@ fn pick_dtype(flag: &str) -> Result<(Option<Dtype>, String), String> {
 }
 
 pub fn load(a: &ModelArgs) -> Result<Loaded, String> {
+    let mut m = load_base(a)?;
+    if let Some(dir) = &a.adapter_path {
+        let params = mlx_train::adapters::load_adapters(m.model.as_mut(), Path::new(dir))
+            .map_err(|e| format!("{dir}: {e}"))?;
+        m.adapters = Some(params);
+        // Applying adapters draws from the global key too (mlx-lm's LoRA init); that count is
+        // not reproduced yet, so seeded sampling would not match mlx-lm's stream.
+        m.draws = Err("--seed together with --adapter-path is not supported yet".into());
+    }
+    Ok(m)
+}
+
+fn load_base(a: &ModelArgs) -> Result<Loaded, String> {
     let path = resolve(a.model.as_deref())?;
     let (dtype, dtype_name) = pick_dtype(&a.dtype)?;
     let opts = LoadOptions { dtype };
@@ -131,6 +146,7 @@ pub fn load(a: &ModelArgs) -> Result<Loaded, String> {
             tokenizer,
             dtype_name,
             draws,
+            adapters: None,
         })
     } else if path.is_dir() {
         let (model, config) = load_model_dir(&path, &opts).map_err(|e| e.to_string())?;
@@ -145,6 +161,7 @@ pub fn load(a: &ModelArgs) -> Result<Loaded, String> {
             tokenizer,
             dtype_name,
             draws,
+            adapters: None,
         })
     } else {
         Err(format!(

@@ -55,15 +55,19 @@ impl Weights {
 
     /// One more than the highest `<prefix><i>.` index among the tensor names (0 if none):
     /// how many layers the files hold tensors for.
-    pub fn layers_present(&self, prefix: &str) -> usize {
+    /// How many numbered layers the stored tensors hold: one past the largest `N` in a name
+    /// part `layers.N.`, `h.N.`, `blocks.N.` or `layer.N.` (each architecture's naming, before
+    /// or after its `sanitize`).
+    pub fn layers_present(&self) -> usize {
         self.tensors
             .keys()
             .filter_map(|k| {
-                k.strip_prefix(prefix)?
-                    .split('.')
-                    .next()?
-                    .parse::<usize>()
-                    .ok()
+                let parts: Vec<&str> = k.split('.').collect();
+                parts
+                    .windows(2)
+                    .filter(|w| matches!(w[0], "layers" | "h" | "blocks" | "layer"))
+                    .filter_map(|w| w[1].parse::<usize>().ok())
+                    .max()
             })
             .max()
             .map_or(0, |i| i + 1)

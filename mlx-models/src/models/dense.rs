@@ -118,6 +118,16 @@ impl Attention {
     ) -> Result<Attention> {
         let n = &d.names;
         let (dim, nh, nkv, hd) = (d.hidden_size, d.n_heads, d.n_kv_heads, d.head_dim);
+        let width = |heads: i32| {
+            heads.checked_mul(hd).filter(|w| *w > 0).ok_or_else(|| {
+                ModelError::Config(format!(
+                    "{}: {heads} heads x head_dim {hd} is not a positive 32-bit size",
+                    d.model_type
+                ))
+            })
+        };
+        width(nh)?;
+        width(nkv)?;
         let p = |s: &str| join(path, s);
         let qkv = match n.qkv {
             Some(f) => {

@@ -235,12 +235,11 @@ fn check_layer_count(config: &ModelConfig, weights: &Weights) -> Result<()> {
                 "`num_hidden_layers` must be a non-negative 32-bit integer, got {v}"
             ))
         })?;
-    let present = weights.layers_present("model.layers.");
+    let present = weights.layers_present();
     if n as usize > present {
         return Err(ModelError::Weights(vec![format!(
-            "num_hidden_layers (GGUF: llama.block_count) is {n} but the weights hold tensors for \
-             {present} layers: \
-             model.layers.{present} to model.layers.{} are missing",
+            "num_hidden_layers (GGUF: <arch>.block_count) is {n} but the weights hold tensors \
+             for {present} layers: layers {present} to {} are missing",
             n - 1
         )]));
     }

@@ -1,0 +1,19 @@
+//! `mlx serve`: the OpenAI-compatible server of `mlx-server`, with the model found and loaded
+//! as the other subcommands find it (the default SmolLM2 when `--model` is omitted).
+
+use mlx_server::ServeArgs;
+
+use crate::common::ModelArgs;
+use crate::model;
+
+pub fn run(a: ServeArgs) -> Result<(), String> {
+    mlx_server::run(a, |a: &ServeArgs| {
+        let m = model::load(&ModelArgs {
+            model: a.model.clone(),
+            dtype: "auto".into(),
+            adapter_path: None,
+        })?;
+        Ok((m.model, m.tokenizer))
+    })
+    .map_err(|e| e.to_string())
+}
