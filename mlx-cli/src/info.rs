@@ -1,6 +1,8 @@
 //! `mlx info --model DIR`: the resolved descriptor, parameter count, dtypes and quantization
 //! of a model directory, without building the model.
 
+use std::fmt::Write as _;
+use std::io::Write as _;
 use std::path::Path;
 
 use clap::Args;
@@ -15,22 +17,25 @@ pub struct InfoArgs {
 
 pub fn run(a: &InfoArgs) -> Result<(), String> {
     let info = model_info(Path::new(&a.model)).map_err(|e| format!("{}: {e}", a.model))?;
-    println!("model_type:   {}", info.model_type);
-    println!("architecture: {}", info.architecture);
-    println!("served by:    {:?}", info.serving);
-    println!("parameters:   {}", info.parameters);
+    let mut text = String::new();
+    writeln!(text, "model_type:   {}", info.model_type).ok();
+    writeln!(text, "architecture: {}", info.architecture).ok();
+    writeln!(text, "served by:    {:?}", info.serving).ok();
+    writeln!(text, "parameters:   {}", info.parameters).ok();
     let dtypes: Vec<String> = info
         .dtypes
         .iter()
         .map(|(d, n)| format!("{d} ({n} tensors)"))
         .collect();
-    println!("dtypes:       {}", dtypes.join(", "));
+    writeln!(text, "dtypes:       {}", dtypes.join(", ")).ok();
     match &info.quantization {
-        Some(q) => println!("quantization: {q:?}"),
-        None => println!("quantization: none"),
-    }
+        Some(q) => writeln!(text, "quantization: {q:?}").ok(),
+        None => writeln!(text, "quantization: none").ok(),
+    };
     if let Some(d) = &info.descriptor {
-        println!("descriptor:   {d:#?}");
+        writeln!(text, "descriptor:   {d:#?}").ok();
     }
+    // A closed pipe (`mlx info ... | head`) ends the output quietly.
+    std::io::stdout().lock().write_all(text.as_bytes()).ok();
     Ok(())
 }

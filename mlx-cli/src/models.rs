@@ -1,5 +1,7 @@
 //! `mlx models`: every supported `model_type` and how it is served.
 
+use std::io::Write;
+
 use clap::Args;
 use mlx_models::models::{supported_model_types, Serving};
 
@@ -12,6 +14,7 @@ pub struct ModelsArgs {
 
 pub fn run(a: &ModelsArgs) -> Result<(), String> {
     let all = supported_model_types();
+    let mut out = std::io::stdout().lock();
     let serving = |s: Serving| match s {
         Serving::Table => "table",
         Serving::Dedicated => "dedicated",
@@ -27,15 +30,19 @@ pub fn run(a: &ModelsArgs) -> Result<(), String> {
                 })
             })
             .collect();
-        println!("{}", serde_json::Value::Array(rows));
+        // A closed pipe (`mlx models --json | head`) ends the listing quietly.
+        writeln!(out, "{}", serde_json::Value::Array(rows)).ok();
         return Ok(());
     }
     for t in &all {
-        match &t.via {
-            Some(v) => println!("{:<20} {} (as {v})", t.model_type, serving(t.serving)),
-            None => println!("{:<20} {}", t.model_type, serving(t.serving)),
+        let line = match &t.via {
+            Some(v) => writeln!(out, "{:<20} {} (as {v})", t.model_type, serving(t.serving)),
+            None => writeln!(out, "{:<20} {}", t.model_type, serving(t.serving)),
+        };
+        if line.is_err() {
+            return Ok(());
         }
     }
-    println!("{} model types", all.len());
+    writeln!(out, "{} model types", all.len()).ok();
     Ok(())
 }

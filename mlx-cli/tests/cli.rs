@@ -172,3 +172,37 @@ fn a_failed_first_fetch_is_a_clear_error() {
     let _ = std::fs::remove_dir_all(&cache);
     assert!(left.is_empty(), "{left:?}");
 }
+
+#[test]
+fn models_and_info_describe_what_is_served() {
+    let (code, out, err) = mlx(&["models", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let rows: Value = serde_json::from_str(&out).unwrap();
+    let rows = rows.as_array().unwrap();
+    assert!(rows.len() >= 40, "{} model types", rows.len());
+    let serving = |t: &str| {
+        rows.iter()
+            .find(|r| r["model_type"] == t)
+            .map(|r| r["serving"].as_str().unwrap().to_string())
+    };
+    assert_eq!(serving("qwen3").as_deref(), Some("table"));
+    assert_eq!(serving("qwen3_next").as_deref(), Some("dedicated"));
+
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../mlx-models/tests/models/dense_f32"
+    );
+    let (code, out, err) = mlx(&["info", "--model", dir]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("model_type:   llama") && out.contains("parameters:"),
+        "{out}"
+    );
+
+    let (code, _, err) = mlx(&["info", "--model", "/nonexistent-model-dir"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("/nonexistent-model-dir") && err.contains("config.json"),
+        "{err}"
+    );
+}
