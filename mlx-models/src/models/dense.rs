@@ -808,10 +808,7 @@ impl Model {
             LogitScale::DivBeforeHead(s) if self.lm_head.is_some() => (out / (s as f32))?,
             _ => out.clone(),
         };
-        let out = match &self.lm_head {
-            Some(head) => head.forward(&out)?,
-            None => self.embed_tokens.as_linear(&out)?,
-        };
+        let out = super::project(self.lm_head.as_ref(), &self.embed_tokens, &out)?;
         let out = match self.desc.logit_scale {
             LogitScale::None | LogitScale::DivBeforeHead(_) => out,
             LogitScale::Mul(s) => (&out * (s as f32))?,

@@ -793,10 +793,7 @@ impl Model {
 
     /// The output head and the logit soft-cap over normed hidden states.
     fn head(&self, out: &Array) -> Result<Array> {
-        let out = match &self.lm_head {
-            Some(head) => head.forward(out)?,
-            None => self.embed_tokens.as_linear(out)?,
-        };
+        let out = super::project(self.lm_head.as_ref(), &self.embed_tokens, out)?;
         match self.args.final_logit_softcapping {
             Some(cap) => {
                 let t = ops::tanh(&ops::divide_scalar(&out, cap, None)?, None)?;

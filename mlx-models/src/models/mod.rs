@@ -83,6 +83,15 @@ pub trait LanguageModel: Send {
     }
 }
 
+/// `lm_head(h)`, or with tied embeddings `embed_tokens.as_linear(h)`: the head every
+/// architecture ends with.
+pub(crate) fn project(lm_head: Option<&Linear>, embed: &Embedding, h: &Array) -> Result<Array> {
+    match lm_head {
+        Some(head) => head.forward(h),
+        None => embed.as_linear(h),
+    }
+}
+
 /// A model's output projection: its own `lm_head`, or the tied input embedding.
 #[derive(Clone, Debug)]
 pub enum OutputHead {

@@ -981,10 +981,7 @@ impl Model {
 
     /// The output head over normed hidden states.
     fn head(&self, out: &Array) -> Result<Array> {
-        match &self.lm_head {
-            Some(head) => head.forward(out),
-            None => self.embed_tokens.as_linear(out),
-        }
+        super::project(self.lm_head.as_ref(), &self.embed_tokens, out)
     }
 }
 
