@@ -613,17 +613,80 @@ pub fn check_gguf_header<R: std::io::Read + std::io::Seek>(
     gguf_check::scan(&mut r)
 }
 
+/// One tensor of a GGUF file as its header describes it (validated by [`read_gguf_header`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GgufTensorInfo {
+    pub name: String,
+    /// GGUF's dimension order: `dims[0]` varies fastest (the reverse of a row-major shape).
+    pub dims: Vec<u64>,
+    /// The GGML type id (`0` = F32, `1` = F16, `8` = Q8_0, `12` = Q4_K, ...).
+    pub ggml_type: u32,
+    /// The GGML type's name (`"Q4_K"`).
+    pub type_name: &'static str,
+    /// Where the tensor's bytes start, from the beginning of the file.
+    pub offset: u64,
+    /// How many bytes it has.
+    pub bytes: u64,
+}
+
+/// A GGUF file's header read in Rust, without MLX: its metadata (the values MLX's loader
+/// gives: numbers and booleans as 0-d or 1-d arrays of their GGUF type, strings, string lists)
+/// and its tensors in file order, every offset and size checked against the file as
+/// [`check_gguf_header`] checks them. For readers of tensor types MLX cannot load.
+#[derive(Debug, Clone)]
+pub struct GgufHeader {
+    pub metadata: GgufMetadata,
+    pub tensors: Vec<GgufTensorInfo>,
+}
+
+/// Reads and validates the header of the GGUF file at `path` (see [`GgufHeader`]); errors
+/// name the file, the field and the problem.
+pub fn read_gguf_header(path: impl AsRef<Path>) -> Result<GgufHeader> {
+    let path = path.as_ref();
+    require_file(path)?;
+    let io_err = |message: String| Error::Io {
+        path: path.display().to_string(),
+        message,
+    };
+    let file = std::fs::File::open(path).map_err(|e| io_err(e.to_string()))?;
+    let len = file.metadata().map_err(|e| io_err(e.to_string()))?.len();
+    let mut r = gguf_check::Reader {
+        r: std::io::BufReader::with_capacity(1 << 16, file),
+        pos: 0,
+        len,
+    };
+    let mut values = BTreeMap::new();
+    let tensors = gguf_check::scan_collect(&mut r, Some(&mut values)).map_err(|m| {
+        Error::InvalidArgument {
+            op: "read_gguf_header",
+            message: format!("{}: {m}", path.display()),
+        }
+    })?;
+    Ok(GgufHeader {
+        metadata: GgufMetadata { values },
+        tensors,
+    })
+}
+
+/// `(name, elements per block, bytes per block)` of GGML tensor type `t`, for the types
+/// MLX's GGUF reader knows; `None` for others.
+pub fn ggml_type_info(t: u32) -> Option<(&'static str, u64, u64)> {
+    gguf_check::tensor_type(t)
+}
+
 /// A reading pass over a GGUF header (metadata and tensor infos, not the data) that rejects
 /// what MLX 0.32.4's reader cannot survive or would load wrongly: versions other than 2 and
 /// 3, unknown metadata or tensor types (gguflib stops listing tensors at the first unknown
 /// type, so every later tensor would silently be missing), duplicate tensor names, shapes
 /// MLX cannot represent, data offsets that are misaligned, overlap or run past the file.
 mod gguf_check {
-    use std::collections::BTreeSet;
+    use std::collections::{BTreeMap, BTreeSet};
     use std::fs::File;
     use std::io::{BufReader, Read, Seek};
     use std::path::Path;
 
+    use super::{GgufTensorInfo, GgufValue};
+    use crate::array::Array;
     use crate::error::{Error, Result};
 
     const UINT32: u32 = 4;
@@ -694,7 +757,7 @@ mod gguf_check {
     }
 
     /// `(name, elements per block, bytes per block)` of the GGML tensor types gguflib knows.
-    fn tensor_type(t: u32) -> Option<(&'static str, u64, u64)> {
+    pub(super) fn tensor_type(t: u32) -> Option<(&'static str, u64, u64)> {
         Some(match t {
             0 => ("F32", 1, 4),
             1 => ("F16", 1, 2),
@@ -720,13 +783,82 @@ mod gguf_check {
         })
     }
 
-    struct TensorInfo {
-        name: String,
-        offset: u64,
-        bytes: u64,
-    }
 
     pub(super) fn scan<R: Read + Seek>(r: &mut Reader<R>) -> std::result::Result<(), String> {
+        scan_collect(r, None).map(|_| ())
+    }
+
+    /// A metadata value as MLX's loader gives it: numbers and booleans as arrays of their
+    /// GGUF type (0-d for a scalar, 1-d for a list), strings, string lists.
+    fn read_value<R: Read + Seek>(
+        r: &mut Reader<R>,
+        t: u32,
+        what: &str,
+    ) -> std::result::Result<GgufValue, String> {
+        if t == STRING {
+            return Ok(GgufValue::String(r.string(what)?));
+        }
+        let (et, count, scalar) = if t == ARRAY {
+            let et = r.u32(what)?;
+            (et, r.u64(what)?, false)
+        } else {
+            (t, 1, true)
+        };
+        if et == STRING {
+            let mut v = Vec::new();
+            for _ in 0..count {
+                v.push(r.string(what)?);
+            }
+            return Ok(GgufValue::Strings(v));
+        }
+        if et == ARRAY {
+            return Err(format!("{what} is a nested array, which MLX does not load"));
+        }
+        let size = scalar_size(et).ok_or_else(|| format!("{what} has unknown type {et}"))?;
+        let total = size
+            .checked_mul(count)
+            .ok_or_else(|| format!("{what}: {count} elements is too many"))?;
+        r.need(total, what)?;
+        let n = usize::try_from(count).map_err(|_| format!("{what}: too many elements"))?;
+        let mut b = vec![0u8; n * size as usize];
+        r.r.read_exact(&mut b).map_err(|e| e.to_string())?;
+        r.pos += total;
+        let shape: Vec<i32> = if scalar {
+            Vec::new()
+        } else {
+            vec![i32::try_from(n).map_err(|_| format!("{what}: too many elements"))?]
+        };
+        macro_rules! numbers {
+            ($t:ty) => {{
+                let v: Vec<$t> = b
+                    .chunks_exact(std::mem::size_of::<$t>())
+                    .map(|c| <$t>::from_le_bytes(c.try_into().unwrap_or_default()))
+                    .collect();
+                Array::from_slice(&v, &shape)
+            }};
+        }
+        let a = match et {
+            0 => numbers!(u8),
+            1 => numbers!(i8),
+            2 => numbers!(u16),
+            3 => numbers!(i16),
+            4 => numbers!(u32),
+            5 => numbers!(i32),
+            6 => numbers!(f32),
+            7 => Array::from_slice(&b.iter().map(|&x| x != 0).collect::<Vec<_>>(), &shape),
+            10 => numbers!(u64),
+            11 => numbers!(i64),
+            _ => numbers!(f64),
+        };
+        a.map(GgufValue::Array).map_err(|e| format!("{what}: {e}"))
+    }
+
+    /// [`scan`], also collecting the metadata values into `values` when given; returns the
+    /// tensor infos in file order with absolute offsets.
+    pub(super) fn scan_collect<R: Read + Seek>(
+        r: &mut Reader<R>,
+        mut values: Option<&mut BTreeMap<String, GgufValue>>,
+    ) -> std::result::Result<Vec<GgufTensorInfo>, String> {
         if &r.bytes::<4>("the magic number")? != b"GGUF" {
             return Err("not a GGUF file (no GGUF magic number)".into());
         }
@@ -760,6 +892,13 @@ mod gguf_check {
                     return Err(format!("{what} is {a}, not a power of two"));
                 }
                 alignment = a;
+                if let Some(v) = values.as_deref_mut() {
+                    let a = Array::from_slice(&[a as u32], &[]).map_err(|e| e.to_string())?;
+                    v.insert(key, GgufValue::Array(a));
+                }
+            } else if let Some(v) = values.as_deref_mut() {
+                let value = read_value(r, t, &what)?;
+                v.insert(key, value);
             } else if t == STRING {
                 let n = r.u64(&what)?;
                 r.skip(n, &what)?;
@@ -837,17 +976,21 @@ mod gguf_check {
             if !names.insert(name.clone()) {
                 return Err(format!("tensor {name:?} appears more than once"));
             }
-            infos.push(TensorInfo {
+            infos.push(GgufTensorInfo {
                 name,
+                dims,
+                ggml_type: t,
+                type_name,
                 offset,
                 bytes,
             });
         }
         let data_start = r.pos.div_ceil(alignment) * alignment;
         let data_len = r.len.saturating_sub(data_start);
-        infos.sort_by_key(|t| t.offset);
+        let mut sorted: Vec<&GgufTensorInfo> = infos.iter().collect();
+        sorted.sort_by_key(|t| t.offset);
         let mut end_of_previous: Option<(u64, &str)> = None;
-        for t in &infos {
+        for t in sorted {
             if t.offset % alignment != 0 {
                 return Err(format!(
                     "tensor {:?}: data offset {} is not a multiple of the alignment {alignment}",
@@ -876,7 +1019,10 @@ mod gguf_check {
             }
             end_of_previous = Some((end, &t.name));
         }
-        Ok(())
+        for t in &mut infos {
+            t.offset += data_start;
+        }
+        Ok(infos)
     }
 
     pub(super) fn check(path: &Path) -> Result<()> {

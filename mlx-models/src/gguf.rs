@@ -3,15 +3,18 @@
 //! un-permuted (llama.cpp stores them interleaved for its rope), Gemma's `1 + w` norms
 //! turned back into mlx-lm's `w`, hyper-parameters from metadata, and the tokenizer data.
 //!
-//! MLX returns Q4_0 / Q4_1 / Q8_0 tensors as affine-quantized triples (`<name>.weight`,
-//! `.scales`, `.biases`, group size 32) and every other GGUF type as f16; quantization is then
-//! inferred from the shapes exactly as mlx-lm infers it for a checkpoint without a
-//! `quantization` block.
+//! Tensors come one of two ways ([`GgufTensors`]). MLX's reader returns Q4_0 / Q4_1 / Q8_0
+//! tensors as affine-quantized triples (`<name>.weight`, `.scales`, `.biases`, group size 32),
+//! whose quantization is then inferred from the shapes exactly as mlx-lm infers it for a
+//! checkpoint without a `quantization` block; F32 and F16 keep their dtype. Files holding any
+//! other type (k-quants, Q5_0, Q5_1, BF16: MLX 0.32.4 fails on some and turns the others into
+//! f16) are read in Rust instead ([`mlx_core::io::read_gguf_header`]) and every tensor is
+//! dequantized to f32 by [`crate::gguf_dequant`], bit for bit as gguf-py dequantizes it.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use mlx_core::io::{load_gguf, GgufMetadata, GgufValue};
+use mlx_core::io::{load_gguf, read_gguf_header, GgufMetadata, GgufValue};
 use mlx_core::prelude::*;
 use serde_json::{json, Value};
 
@@ -203,14 +206,88 @@ fn unpermute(a: &Array, heads: i32, name: &str, key: &str) -> Result<Array> {
     Ok(ops::reshape(&v, &[rows, cols], None)?)
 }
 
+/// How [`read_gguf_with`] obtains the tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GgufTensors {
+    /// MLX's reader when every tensor is of a type it loads as stored (F32, F16, Q4_0, Q4_1,
+    /// Q8_0), else [`GgufTensors::Dequantize`].
+    #[default]
+    Auto,
+    /// MLX's reader (`mx.load`).
+    Mlx,
+    /// Every tensor dequantized to f32 in Rust, as gguf-py's `dequantize` does.
+    Dequantize,
+}
+
+/// GGML types MLX's GGUF reader loads without converting them (F32, F16, Q4_0, Q4_1, Q8_0).
+const MLX_NATIVE_TYPES: &[u32] = &[0, 1, 2, 3, 8];
+
+/// Every tensor of the GGUF file at `path` dequantized to f32 (shapes row-major, as MLX and
+/// numpy give them), with the file's metadata; both read in Rust.
+pub fn read_gguf_dequantized(path: &Path) -> Result<(BTreeMap<String, Array>, GgufMetadata)> {
+    use std::io::{Read, Seek, SeekFrom};
+    let header = read_gguf_header(path).map_err(|e| gguf_err(path, e))?;
+    let mut file = std::fs::File::open(path).map_err(|e| gguf_err(path, e))?;
+    let mut tensors = BTreeMap::new();
+    for t in &header.tensors {
+        let elements = t
+            .dims
+            .iter()
+            .try_fold(1usize, |acc, &d| acc.checked_mul(usize::try_from(d).ok()?))
+            .ok_or_else(|| gguf_err(path, format!("tensor {}: too many elements", t.name)))?;
+        let shape = t
+            .dims
+            .iter()
+            .rev()
+            .map(|&d| i32::try_from(d))
+            .collect::<std::result::Result<Vec<i32>, _>>()
+            .map_err(|_| gguf_err(path, format!("tensor {}: dimension too large", t.name)))?;
+        let len = usize::try_from(t.bytes)
+            .map_err(|_| gguf_err(path, format!("tensor {}: too large", t.name)))?;
+        let mut bytes = vec![0u8; len];
+        file.seek(SeekFrom::Start(t.offset))
+            .and_then(|_| file.read_exact(&mut bytes))
+            .map_err(|e| gguf_err(path, format!("tensor {}: {e}", t.name)))?;
+        let values = crate::gguf_dequant::dequantize(t.ggml_type, &bytes, elements)
+            .map_err(|e| gguf_err(path, format!("tensor {}: {e}", t.name)))?;
+        drop(bytes);
+        tensors.insert(t.name.clone(), Array::from_slice(&values, &shape)?);
+    }
+    Ok((tensors, header.metadata))
+}
+
 /// The GGUF architectures [`read_gguf`] maps (`general.architecture` values).
 pub fn supported_gguf_architectures() -> Vec<&'static str> {
     ARCHS.iter().map(|a| a.arch).collect()
 }
 
-/// Reads a GGUF file of a supported architecture (see [`supported_gguf_architectures`]).
+/// Reads a GGUF file of a supported architecture (see [`supported_gguf_architectures`]),
+/// its tensors as [`GgufTensors::Auto`] chooses.
 pub fn read_gguf(path: &Path) -> Result<GgufModel> {
-    let (raw, metadata) = load_gguf(path, None).map_err(|e| gguf_err(path, e))?;
+    read_gguf_with(path, GgufTensors::Auto)
+}
+
+/// [`read_gguf`] with the tensors obtained as `how` says.
+pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
+    let how = match how {
+        GgufTensors::Auto => {
+            let header = read_gguf_header(path).map_err(|e| gguf_err(path, e))?;
+            if header
+                .tensors
+                .iter()
+                .all(|t| MLX_NATIVE_TYPES.contains(&t.ggml_type))
+            {
+                GgufTensors::Mlx
+            } else {
+                GgufTensors::Dequantize
+            }
+        }
+        other => other,
+    };
+    let (raw, metadata) = match how {
+        GgufTensors::Dequantize => read_gguf_dequantized(path)?,
+        _ => load_gguf(path, None).map_err(|e| gguf_err(path, e))?,
+    };
     let arch_name = meta_str(&metadata, "general.architecture").unwrap_or("");
     let Some(arch) = ARCHS.iter().find(|a| a.arch == arch_name) else {
         return Err(ModelError::UnsupportedModelType {
@@ -363,7 +440,16 @@ pub fn load_gguf_model(
     path: &Path,
     opts: &LoadOptions,
 ) -> Result<(Box<dyn LanguageModel>, GgufModel)> {
-    let g = read_gguf(path)?;
+    load_gguf_model_with(path, opts, GgufTensors::Auto)
+}
+
+/// [`load_gguf_model`] with the tensors obtained as `how` says.
+pub fn load_gguf_model_with(
+    path: &Path,
+    opts: &LoadOptions,
+    how: GgufTensors,
+) -> Result<(Box<dyn LanguageModel>, GgufModel)> {
+    let g = read_gguf_with(path, how)?;
     let weights = Weights::new(g.tensors.clone(), None, opts.dtype);
     let model = build(&g.config, weights)?;
     Ok((model, g))

@@ -17,6 +17,7 @@ pub mod config;
 pub mod embed;
 mod error;
 pub mod gguf;
+pub mod gguf_dequant;
 pub mod layers;
 pub mod load;
 pub mod models;

@@ -1,0 +1,124 @@
+//! The GGUF dequantizers against gguf-py's `gguf.quants.dequantize` (goldens:
+//! `cargo xtask goldens gguf_dequant`): every type bit for bit on seeded blocks (finite scales,
+//! and fully random bytes with infinities and NaN scales), a GGUF file of every type read
+//! through the header reader (offsets, shapes, metadata), and bad sizes refused.
+
+use std::path::PathBuf;
+
+use mlx_core::prelude::*;
+use mlx_core::testing::{assert_bit_equal, Goldens};
+use mlx_models::gguf::read_gguf_dequantized;
+use mlx_models::gguf_dequant::{dequantize, DEQUANTIZED_TYPES};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests")
+}
+
+fn goldens() -> Goldens {
+    Goldens::load(root().join("goldens/gguf_dequant.safetensors")).unwrap()
+}
+
+#[test]
+fn every_type_matches_gguf_py_bit_for_bit() {
+    let g = goldens();
+    let cases: Vec<_> = g
+        .cases()
+        .unwrap()
+        .into_iter()
+        .filter(|c| c.op == "dequantize")
+        .collect();
+    assert_eq!(cases.len(), 2 * DEQUANTIZED_TYPES.len());
+    let mut failures = Vec::new();
+    for c in &cases {
+        let t = c.int("ggml_type").unwrap() as u32;
+        let n = c.int("elements").unwrap() as usize;
+        let bytes = c.inputs[0].to_vec::<u8>().unwrap();
+        match dequantize(t, &bytes, n) {
+            Ok(v) => {
+                let got = Array::from_slice(&v, &[n as i32]).unwrap();
+                if let Err(e) = assert_bit_equal(&got, &c.outputs[0]) {
+                    failures.push(format!("{}: {e}", c.name));
+                }
+            }
+            Err(e) => failures.push(format!("{}: {e}", c.name)),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn a_file_of_every_type_reads_as_gguf_py_reads_it() {
+    let g = goldens();
+    let (tensors, meta) = read_gguf_dequantized(&root().join("models/gguf/quants.gguf")).unwrap();
+    let mut failures = Vec::new();
+    let mut seen = 0;
+    for c in g.cases().unwrap().into_iter().filter(|c| c.op == "file") {
+        let name = c.name.strip_prefix("file_").unwrap();
+        seen += 1;
+        match tensors.get(name) {
+            Some(t) => {
+                if let Err(e) = assert_bit_equal(t, &c.outputs[0]) {
+                    failures.push(format!("{name}: {e}"));
+                }
+            }
+            None => failures.push(format!("{name}: missing")),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert_eq!(seen, DEQUANTIZED_TYPES.len());
+    assert_eq!(tensors.len(), seen);
+    assert_eq!(meta.get_u64("test.u32").unwrap(), 7);
+    assert_eq!(meta.get_i64("test.i8").unwrap(), -3);
+    assert_eq!(meta.get_f32("test.f32").unwrap(), 0.5);
+    assert!(meta.get_bool("test.bool").unwrap());
+    assert_eq!(meta.get_str("test.str").unwrap(), "héllo");
+    assert_eq!(meta.get_str("general.architecture").unwrap(), "quants");
+    assert_eq!(
+        meta.get_array("test.ints").unwrap().to_vec::<i32>().unwrap(),
+        [1, 2, 3]
+    );
+    assert_eq!(meta.get_strings("test.strs").unwrap(), ["a", "bc"]);
+}
+
+#[test]
+fn bad_sizes_and_types_are_errors() {
+    for &(t, name) in DEQUANTIZED_TYPES {
+        let (_, block, bytes) = mlx_core::io::ggml_type_info(t).unwrap();
+        let (block, bytes) = (block as usize, bytes as usize);
+        let data = vec![0u8; 2 * bytes];
+        assert!(dequantize(t, &data, 2 * block).is_ok(), "{name}");
+        // Short, long and empty data; a partial block.
+        for (d, n) in [
+            (&data[..2 * bytes - 1], 2 * block),
+            (&data[..], block),
+            (&data[..0], block),
+        ] {
+            let e = dequantize(t, d, n).unwrap_err();
+            assert!(e.contains(name) && e.contains("bytes"), "{name}: {e}");
+        }
+        if block > 1 {
+            let e = dequantize(t, &data, 2 * block - 1).unwrap_err();
+            assert!(e.contains("whole number"), "{name}: {e}");
+        }
+    }
+    // Types this module does not read: Q8_1, Q8_K, integer tensors, unknown ids.
+    for t in [9, 15, 24, 26, 99, u32::MAX] {
+        assert!(dequantize(t, &[0; 64], 16).is_err(), "{t}");
+    }
+}
+
+/// A truncated or corrupted quantized file is an error naming the file, never a panic.
+#[test]
+fn truncated_files_are_errors() {
+    let src = std::fs::read(root().join("models/gguf/quants.gguf")).unwrap();
+    let dir = std::env::temp_dir().join(format!("mlx-dequant-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("cut.gguf");
+    // (The file ends with up to 31 bytes of alignment padding after the last tensor.)
+    for cut in [8, 100, src.len() / 2, src.len() - 40] {
+        std::fs::write(&p, &src[..cut]).unwrap();
+        let e = read_gguf_dequantized(&p).err().expect("truncated file");
+        assert!(e.to_string().contains("cut.gguf"), "{e}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
