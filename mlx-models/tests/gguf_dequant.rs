@@ -122,3 +122,44 @@ fn truncated_files_are_errors() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Seeded byte mutations of the quantized file (a small xorshift, no dependency): each read
+/// either succeeds or is an error; none panics, hangs or allocates past the file's bounds.
+#[test]
+fn mutated_files_never_panic() {
+    let src = std::fs::read(root().join("models/gguf/quants.gguf")).unwrap();
+    let dir = std::env::temp_dir().join(format!("mlx-dequant-mut-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("mutated.gguf");
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let (mut ok, mut refused) = (0, 0);
+    for _ in 0..300 {
+        let mut b = src.clone();
+        for _ in 0..1 + next() % 4 {
+            let at = (next() % b.len() as u64) as usize;
+            // Mostly the header (the first ~1 KB), where sizes, types and offsets live.
+            let at = if next() % 4 == 0 { at } else { at % 1024 };
+            b[at] = match next() % 3 {
+                0 => next() as u8,
+                1 => 0xff,
+                _ => 0,
+            };
+        }
+        std::fs::write(&p, &b).unwrap();
+        match read_gguf_dequantized(&p) {
+            Ok(_) => ok += 1,
+            Err(e) => {
+                assert!(e.to_string().contains("mutated.gguf"), "{e}");
+                refused += 1;
+            }
+        }
+    }
+    assert!(ok > 0 && refused > 0, "ok {ok}, refused {refused}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
