@@ -783,7 +783,6 @@ mod gguf_check {
         })
     }
 
-
     pub(super) fn scan<R: Read + Seek>(r: &mut Reader<R>) -> std::result::Result<(), String> {
         scan_collect(r, None).map(|_| ())
     }

