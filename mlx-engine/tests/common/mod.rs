@@ -1,10 +1,14 @@
-//! Checks shared by the tokenizer golden tests (`tokenizer_goldens.rs`, `smollm2_tokenizer.rs`):
-//! reading the JSON goldens, collecting every mismatch before failing, and the encode, decode,
-//! special-token and streaming comparisons both make against the oracle.
+//! Checks shared by the golden tests: for the tokenizer tests (`tokenizer_goldens.rs`,
+//! `smollm2_tokenizer.rs`) reading the JSON goldens, collecting every mismatch before failing,
+//! and the encode, decode, special-token and streaming comparisons both make against the
+//! oracle; for the real-model tests (`smollm2_gguf_logits.rs`, `gemma3_gguf.rs`) the digest
+//! comparison of a logits vector.
 #![allow(dead_code)] // each test crate uses its own subset
 
+use mlx_core::Array;
 use mlx_engine::{ChatTemplateOptions, DetokenizerKind, Tokenizer};
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 
 pub fn ids(v: &Value) -> Vec<u32> {
     v.as_array()
@@ -259,4 +263,31 @@ pub fn options_from(kwargs: &Value) -> ChatTemplateOptions {
         }
     }
     opts
+}
+
+/// `Ok` when the sha256 of `a`'s bytes (a 1-d logits or log-probabilities vector) is
+/// `want["sha256"]`; otherwise a report of ours against the oracle's values at its recorded
+/// top entries (`want["top"]`: `[id, value]` pairs).
+pub fn check_digest(what: &str, a: &Array, want: &Value) -> Result<(), String> {
+    let bytes = a.to_bytes().map_err(|e| format!("{what}: {e}"))?;
+    if format!("{:x}", Sha256::digest(&bytes)) == s(&want["sha256"]) {
+        return Ok(());
+    }
+    let vals = a
+        .astype(mlx_core::Dtype::Float32)
+        .and_then(|v| v.to_vec::<f32>())
+        .map_err(|e| format!("{what}: {e}"))?;
+    let report: Vec<String> = want["top"]
+        .as_array()
+        .expect("top entries")
+        .iter()
+        .map(|t| {
+            let id = t[0].as_u64().expect("id") as usize;
+            format!("id {id}: mlx-lm {} ours {}", t[1], vals[id])
+        })
+        .collect();
+    Err(format!(
+        "{what}: differs from mlx-lm\n{}",
+        report.join("\n")
+    ))
 }
