@@ -385,3 +385,39 @@ fn files_mlx_would_load_wrongly_are_refused() {
     );
     assert!(e.contains("general.alignment"), "{e}");
 }
+
+/// `read_gguf_header` (Rust, for types MLX cannot load) gives the metadata MLX's reader gives,
+/// value for value (kind, dtype, shape, bytes), and the tensors' names, types and shapes.
+#[test]
+fn rust_header_reader_agrees_with_mlx() {
+    let path = golden_dir().join("small.gguf");
+    let (arrays, mlx_meta) = load_gguf(&path, None).unwrap();
+    let header = mlx_core::io::read_gguf_header(&path).unwrap();
+    let keys = |m: &GgufMetadata| m.keys().cloned().collect::<Vec<_>>();
+    assert_eq!(keys(&header.metadata), keys(&mlx_meta));
+    for (key, want) in &mlx_meta {
+        match (header.metadata.get(key).unwrap(), want) {
+            (GgufValue::Array(a), GgufValue::Array(b)) => {
+                assert_bit_equal(a, b).unwrap_or_else(|e| panic!("{key}: {e}"))
+            }
+            (GgufValue::String(a), GgufValue::String(b)) => assert_eq!(a, b, "{key}"),
+            (GgufValue::Strings(a), GgufValue::Strings(b)) => assert_eq!(a, b, "{key}"),
+            (got, want) => panic!("{key}: ours {got:?}, MLX {want:?}"),
+        }
+    }
+    for t in &header.tensors {
+        let shape: Vec<i32> = t.dims.iter().rev().map(|&d| d as i32).collect();
+        let name = t.name.clone();
+        match t.type_name {
+            "Q4_0" | "Q4_1" | "Q8_0" => {
+                let prefix = name.trim_end_matches(".weight");
+                let w = &arrays[&format!("{prefix}.weight")];
+                assert_eq!(w.shape()[0], shape[0], "{name}");
+            }
+            _ => assert_eq!(arrays[&name].shape(), shape, "{name}"),
+        }
+        let (_, block, bytes) = mlx_core::io::ggml_type_info(t.ggml_type).unwrap();
+        let n: u64 = t.dims.iter().product();
+        assert_eq!(t.bytes, n / block * bytes, "{name}");
+    }
+}
