@@ -98,7 +98,8 @@ fn seeded_sampling_matches_mlx_lm_generate() {
 
 /// `--seed` replays the draws building the model takes in mlx-lm: the count computed from
 /// each tiny fixture's module tree (and its adapters) equals the number of splits of the global
-/// key mlx-lm's `load_model` (+ `load_adapters`) takes for it.
+/// key mlx-lm's `load_model` (+ `load_adapters`) takes for it. Also: each model says whether
+/// mlx-lm's class defines `make_cache` as mlx-lm does (what `--max-kv-size` depends on).
 #[test]
 fn construction_draws_match_mlx_lm_for_every_fixture() {
     let g = golden();
@@ -111,10 +112,18 @@ fn construction_draws_match_mlx_lm_for_every_fixture() {
     let models = sd["models"].as_object().unwrap();
     assert!(models.len() >= 90, "{}", models.len());
     for (dir, want) in models {
-        let (_, config, params) = load(dir);
+        let (model, config, params) = load(dir);
         let got = construction_draws(&config, &params).unwrap();
         if got as u64 != want.as_u64().unwrap() {
             wrong.push(format!("{dir}: {got} draws, mlx-lm {want}"));
+        }
+        // `--max-kv-size` picks rotating caches only where mlx-lm's class has no make_cache.
+        let makes = g["defines_make_cache"][dir.as_str()].as_bool().unwrap();
+        if model.defines_make_cache() != makes {
+            wrong.push(format!(
+                "{dir}: defines_make_cache {}, mlx-lm {makes}",
+                !makes
+            ));
         }
     }
     let adapters = sd["adapters"].as_array().unwrap();

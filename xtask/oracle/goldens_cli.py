@@ -21,6 +21,8 @@ Goldens (mlx-cli/tests/goldens/cli.json), every one through mlx-lm's own entry p
 - `seed_draws`: for every tiny model fixture, how many times mlx-lm's `load` splits the global
   random key while it builds the model (seed, load, then count the splits that lead from the
   seeded key to the key after loading), with `--adapter-path` too: what `--seed` replays.
+- `defines_make_cache`: whether each fixture's mlx-lm model class has `make_cache` (when not,
+  `--max-kv-size` gives rotating caches).
 Run with `cargo xtask goldens cli`.
 """
 
@@ -216,9 +218,13 @@ def seed_draws():
     import mlx.core as mx
     from mlx_lm.utils import load_adapters, load_model
 
+    makes_cache = {}
+
     def count(path, adapter=None):
         mx.random.seed(0)
         model, _ = load_model(Path(path))
+        # Whether the class defines make_cache (then make_prompt_cache ignores max_kv_size).
+        makes_cache[path] = hasattr(model, "make_cache")
         if adapter is not None:
             load_adapters(model, adapter)
         after = mx.random.state[0]
@@ -244,7 +250,7 @@ def seed_draws():
         with open(f"{a}/adapter_config.json") as f:
             model = json.load(f)["model"]
         out["adapters"].append({"model": model, "adapter": a, "draws": count(model, a)})
-    return out
+    return out, makes_cache
 
 
 def main():
@@ -273,7 +279,7 @@ def main():
         r = parse_generate(mlx_lm("generate", full))
         goldens["cache"].append({"name": name, "model": mdir, "cached_prompt": cached,
                                  "file": path, "args": full, **r})
-    goldens["seed_draws"] = seed_draws()
+    goldens["seed_draws"], goldens["defines_make_cache"] = seed_draws()
     with open(f"{GOLDENS}/cli.json", "w") as f:
         json.dump(goldens, f, indent=1, ensure_ascii=False)
     print(f"wrote {GOLDENS}/cli.json", file=sys.stderr)
