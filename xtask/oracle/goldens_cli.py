@@ -29,6 +29,7 @@ Run with `cargo xtask goldens cli`.
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -64,6 +65,9 @@ MODELS = {
                                  "phi3", "phi3_q4", "gpt_neox", "gpt_neox_sequential_q4",
                                  "gpt2", "internlm2_q4", "smollm3_q4", "helium"]},
 }
+# Made here by mlx-lm's own quantizer (`python -m mlx_lm convert -q`) from a model above:
+# name -> (source name, bits, group size). A 4-bit hybrid (LFM2's convolutions and attention).
+CONVERTED = {"lfm2_q4": ("lfm2", 4, 32)}
 TRAIN_MODELS = "mlx-train/tests/models"
 ADAPTERS = "mlx-train/tests/adapters"
 
@@ -98,6 +102,7 @@ GENERATE = [
     ("seed_qwen3_next", "qwen3_next", ["--seed", "15", "--temp", "1.0"]),
     ("seed_lfm2", "lfm2", ["--seed", "17", "--temp", "1.0"]),
     ("seed_gemma4_text", "gemma4_text", ["--seed", "18", "--temp", "1.0"]),
+    ("seed_lfm2_q4", "lfm2_q4", ["--seed", "24", "--temp", "1.0"]),
     # --adapter-path: mlx-lm builds the adapter layers after the model (more draws).
     ("seed_adapter_dora", f"{TRAIN_MODELS}/dense",
      ["--seed", "19", "--temp", "1.0", "--adapter-path", f"{ADAPTERS}/dense_chat_dora_mask"]),
@@ -173,6 +178,18 @@ def write_fixtures():
             if os.path.lexists(link):
                 os.remove(link)
             os.symlink(rel(target, d), link)
+    for m, (src, bits, group) in CONVERTED.items():
+        d = f"{OUT}/{m}"
+        if os.path.exists(d):
+            shutil.rmtree(d)
+        mlx_lm("convert", ["--hf-path", f"{OUT}/{src}", "--mlx-path", d, "-q", "--q-bits",
+                           str(bits), "--q-group-size", str(group)])
+        # Keep the weights and config; the tokenizer files are the shared ones.
+        for f in os.listdir(d):
+            if f not in ("config.json", "model.safetensors"):
+                os.remove(f"{d}/{f}")
+        for f in ["tokenizer.json", "tokenizer_config.json"]:
+            os.symlink(rel(f"{tdir}/{f}", d), f"{d}/{f}")
 
 
 def mlx_lm(tool, args, stdin=None):
@@ -237,7 +254,8 @@ def seed_draws():
     out = {"models": {}, "adapters": [], "not_buildable": {}}
     dirs = sorted(glob.glob(f"{ROOT_MODELS}/dense/*/config.json")
                   + glob.glob(f"{ROOT_MODELS}/*/config.json")
-                  + glob.glob(f"{TRAIN_MODELS}/*/config.json"))
+                  + glob.glob(f"{TRAIN_MODELS}/*/config.json")
+                  + [f"{OUT}/{m}/config.json" for m in CONVERTED])
     for cfg in dirs:
         d = os.path.dirname(cfg)
         try:
