@@ -131,6 +131,11 @@ CHAT = [
     ("chat_seeded", "q4_g32", ["--max-tokens", "12", "--temp", "0.9", "--seed", "4",
                                "--system-prompt", "you are a dog"],
      ["hello", "where is the moon ?", "r", "h", "say yes", "q"]),
+    # Another architecture: mlx_lm.chat seeds with 0 before loading, so its draws count too.
+    ("chat_moe", "qwen3_moe", ["--max-tokens", "8", "--temp", "0.8"],
+     ["hello world", "what is the sun ?", "q"]),
+    ("chat_hybrid_q4", "lfm2_q4", ["--max-tokens", "8", "--temp", "1.0", "--seed", "9"],
+     ["hello", "tell me a story", "q"]),
 ]
 
 CACHE = [
