@@ -7,10 +7,10 @@ use mlx_core::DeviceType;
 use mlx_engine::tokenizer_gguf::tokenizer_data;
 use mlx_engine::Tokenizer;
 use mlx_models::gguf::load_gguf_model;
-use mlx_models::load::{load_model_dir, load_weights, LoadOptions};
+use mlx_models::load::{load_model_dir_with_params, LoadOptions};
 use mlx_models::LanguageModel;
 
-use mlx_engine::seed::{construction_draws, seed_as_mlx_lm, shapes};
+use mlx_engine::seed::{adapter_draws, construction_draws, seed_as_mlx_lm, shapes};
 
 use crate::common::ModelArgs;
 use crate::progress::DownloadBar;
@@ -118,10 +118,12 @@ pub fn load(a: &ModelArgs) -> Result<Loaded, String> {
     if let Some(dir) = &a.adapter_path {
         let params = mlx_train::adapters::load_adapters(m.model.as_mut(), Path::new(dir))
             .map_err(|e| format!("{dir}: {e}"))?;
+        // mlx-lm builds the adapter layers after the model, drawing from the global key too.
+        let names = params.names();
+        m.draws = m
+            .draws
+            .map(|d| d + adapter_draws(names.iter().map(String::as_str)));
         m.adapters = Some(params);
-        // Applying adapters draws from the global key too (mlx-lm's LoRA init); that count is
-        // not reproduced yet, so seeded sampling would not match mlx-lm's stream.
-        m.draws = Err("--seed together with --adapter-path is not supported yet".into());
     }
     Ok(m)
 }
@@ -149,11 +151,10 @@ fn load_base(a: &ModelArgs) -> Result<Loaded, String> {
             adapters: None,
         })
     } else if path.is_dir() {
-        let (model, config) = load_model_dir(&path, &opts).map_err(|e| e.to_string())?;
-        // The tensors' shapes (lazily loaded: only the headers are read).
-        let draws = load_weights(&path)
-            .map_err(|e| e.to_string())
-            .and_then(|t| construction_draws(&config, &shapes(&t)).map_err(|e| e.to_string()));
+        let (model, config, params) =
+            load_model_dir_with_params(&path, &opts).map_err(|e| e.to_string())?;
+        // Counted over the parameters the model took (its module tree, after `sanitize`).
+        let draws = construction_draws(&config, &params).map_err(|e| e.to_string());
         let tokenizer = Tokenizer::from_dir(&path)
             .map_err(|e| format!("{}: tokenizer: {e}", path.display()))?;
         Ok(Loaded {

@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use mlx_core::io::load_safetensors;
+use mlx_engine::seed::{adapter_draws, construction_draws};
+use mlx_models::load::{load_model_dir_with_params, LoadOptions};
 use serde_json::Value;
 
 fn root() -> PathBuf {
@@ -92,6 +94,59 @@ fn seeded_sampling_matches_mlx_lm_generate() {
     for case in cases {
         check_generate(case, &["--dtype", "stored"]);
     }
+}
+
+/// `--seed` replays the draws building the model takes in mlx-lm: the count computed from
+/// each tiny fixture's module tree (and its adapters) equals the number of splits of the global
+/// key mlx-lm's `load_model` (+ `load_adapters`) takes for it. Also: each model says whether
+/// mlx-lm's class defines `make_cache` as mlx-lm does (what `--max-kv-size` depends on).
+#[test]
+fn construction_draws_match_mlx_lm_for_every_fixture() {
+    let g = golden();
+    let sd = &g["seed_draws"];
+    let load = |dir: &str| {
+        load_model_dir_with_params(&root().join(dir), &LoadOptions::default())
+            .unwrap_or_else(|e| panic!("{dir}: {e}"))
+    };
+    let mut wrong = Vec::new();
+    let models = sd["models"].as_object().unwrap();
+    assert!(models.len() >= 90, "{}", models.len());
+    for (dir, want) in models {
+        let (model, config, params) = load(dir);
+        let got = construction_draws(&config, &params).unwrap();
+        if got as u64 != want.as_u64().unwrap() {
+            wrong.push(format!("{dir}: {got} draws, mlx-lm {want}"));
+        }
+        // `--max-kv-size` picks rotating caches only where mlx-lm's class has no make_cache.
+        let makes = g["defines_make_cache"][dir.as_str()].as_bool().unwrap();
+        if model.defines_make_cache() != makes {
+            wrong.push(format!(
+                "{dir}: defines_make_cache {}, mlx-lm {makes}",
+                !makes
+            ));
+        }
+    }
+    let adapters = sd["adapters"].as_array().unwrap();
+    assert!(!adapters.is_empty());
+    for case in adapters {
+        let (dir, adapter) = (
+            case["model"].as_str().unwrap(),
+            case["adapter"].as_str().unwrap(),
+        );
+        let (mut model, config, params) = load(dir);
+        let lora = mlx_train::adapters::load_adapters(model.as_mut(), &root().join(adapter))
+            .unwrap_or_else(|e| panic!("{adapter}: {e}"));
+        let names = lora.names();
+        let got = construction_draws(&config, &params).unwrap()
+            + adapter_draws(names.iter().map(String::as_str));
+        if got as u64 != case["draws"].as_u64().unwrap() {
+            wrong.push(format!(
+                "{dir} + {adapter}: {got} draws, mlx-lm {}",
+                case["draws"]
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
 #[test]

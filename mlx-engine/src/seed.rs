@@ -1,16 +1,25 @@
 //! `--seed` as mlx-lm's command-line tools apply it: `mx.random.seed(seed)` happens *before*
-//! the model is loaded, and building the model draws from MLX's global key. Every
-//! `nn.Linear` draws its weight (`mx.random.uniform`) and its bias when it has one, every
-//! `nn.Embedding` its weight (`mx.random.normal`), and `nn.quantize` builds each
-//! `QuantizedLinear` / `QuantizedEmbedding` from a freshly drawn weight again. Each draw splits
-//! the global key once, so sampling afterwards starts from the key advanced by that many
+//! the model is loaded, and building the model draws from MLX's global key. Each draw (any
+//! `mx.random.*` call without an explicit key) splits the global key once, so only the *count*
+//! of draws matters: sampling afterwards starts from the seeded key advanced by that many
 //! splits. [`seed_as_mlx_lm`] reproduces that: seed, then advance the key by
-//! [`construction_draws`].
+//! [`construction_draws`] (+ [`adapter_draws`] with `--adapter-path`).
 //!
-//! The count depends on the architecture's module tree, which is what strict loading checks the
-//! checkpoint against: so it is computed from the tensors the model consumes (after the
-//! architecture's `sanitize`). Per architecture, [`init_rule`] says which tensors belong to
-//! modules initialised with random draws.
+//! Who draws while mlx-lm's `load` builds a model (mlx 0.32.4, mlx-lm 0.32.2):
+//! - `nn.Linear`: its weight, and its bias when it has one (`mx.random.uniform`);
+//! - `nn.Embedding`: its weight (`mx.random.normal`);
+//! - `nn.Conv1d` and mlx-lm's `SwitchLinear`: their weight only (a bias starts as zeros);
+//! - `nn.quantize` replaces each quantized module by a `QuantizedLinear` /
+//!   `QuantizedEmbedding` / `QuantizedSwitchLinear` built from a freshly drawn weight: one more;
+//! - norms (`RMSNorm`, `LayerNorm`, Cohere's 2-D `LayerNorm2D`) start from ones or zeros;
+//! - model-specific draws: Gated DeltaNet's `A_log` (qwen3_next, qwen3_5: `mx.random.uniform`
+//!   in `__init__`); helium builds `lm_head` twice when it is untied.
+//!
+//! The count is computed from the module tree: the parameters the model took while it was
+//! built ([`mlx_models::weights::Weights::taken_shapes`]: names after `sanitize`, the same set
+//! mlx-lm's strict `load_weights` checks), where a `<p>.weight` of rank 2 is a linear or an
+//! embedding and one of rank 3 a convolution or a switch linear. The rule is checked against
+//! mlx-lm for every tiny model fixture (`seed_draws` in `cargo xtask goldens cli`).
 
 use std::collections::BTreeMap;
 
@@ -18,64 +27,63 @@ use mlx_core::prelude::*;
 use mlx_core::random;
 use mlx_models::config::ModelConfig;
 
-use crate::error::{EngineError, Result};
+use crate::error::Result;
 
-/// How an architecture's mlx-lm module tree draws from the global key while it is built.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum InitRule {
-    /// Only `nn.Linear` and `nn.Embedding` draw: every 2-D (or packed quantized) `<p>.weight`
-    /// is one draw, `<p>.bias` beside it one more, `<p>.scales` (quantized) one more.
-    /// `drop_tied_lm_head`: `sanitize` drops `lm_head.*` when `tie_word_embeddings` (default
-    /// true).
-    LinearEmbedding { drop_tied_lm_head: bool },
-}
+/// Parameters named with this leaf are drawn in the mlx-lm module's `__init__`
+/// (`A = mx.random.uniform(...)`, `A_log = mx.log(A)` in qwen3_next's and qwen3_5's
+/// `GatedDeltaNet`).
+const DRAWN_LEAVES: &[&str] = &["A_log"];
 
-/// The rule of an mlx-lm architecture (`ModelConfig::architecture`), `None` when unknown.
-pub fn init_rule(architecture: &str) -> Option<InitRule> {
-    match architecture {
-        "llama" => Some(InitRule::LinearEmbedding {
-            drop_tied_lm_head: true,
-        }),
-        _ => None,
-    }
-}
+/// Modules an mlx-lm model class builds twice: `(model_type, module path)` (helium's `Model`
+/// assigns `self.lm_head = nn.Linear(...)` and, when untied, assigns a new one).
+const BUILT_TWICE: &[(&str, &str)] = &[("helium", "lm_head")];
 
 /// How many times building `config`'s model in mlx-lm (`load_model`: the model class, then
-/// `nn.quantize`) splits the global key, given the checkpoint's tensors (name -> shape).
+/// `nn.quantize`) splits the global key, given the model's parameters (name -> shape, after
+/// `sanitize`: what the built model took).
 pub fn construction_draws(
     config: &ModelConfig,
-    tensors: &BTreeMap<String, Vec<i32>>,
+    params: &BTreeMap<String, Vec<i32>>,
 ) -> Result<usize> {
-    let rule = init_rule(&config.architecture).ok_or_else(|| {
-        EngineError::Other(format!(
-            "--seed: how mlx-lm's {} model draws from the random key while it is built is not \
-             known here, so seeded sampling cannot match mlx-lm",
-            config.architecture
-        ))
-    })?;
-    match rule {
-        InitRule::LinearEmbedding { drop_tied_lm_head } => {
-            let tied = drop_tied_lm_head
-                && config
-                    .raw
-                    .get("tie_word_embeddings")
-                    .and_then(serde_json::Value::as_bool)
-                    .unwrap_or(true);
-            let mut draws = 0;
-            for (name, shape) in tensors {
-                let Some(module) = name.strip_suffix(".weight") else {
-                    continue;
-                };
-                if shape.len() < 2 || (tied && module == "lm_head") {
-                    continue;
-                }
-                draws += 1;
-                draws += usize::from(tensors.contains_key(&format!("{module}.bias")));
-                draws += usize::from(tensors.contains_key(&format!("{module}.scales")));
-            }
-            Ok(draws)
+    let mut draws = 0;
+    for (name, shape) in params {
+        let (module, leaf) = name.rsplit_once('.').unwrap_or(("", name));
+        if DRAWN_LEAVES.contains(&leaf) {
+            draws += 1;
+            continue;
+        }
+        if leaf != "weight" {
+            continue;
+        }
+        let module_leaf = module.rsplit('.').next().unwrap_or(module);
+        if module_leaf.contains("norm") {
+            continue;
+        }
+        let has = |p: &str| params.contains_key(&format!("{module}.{p}"));
+        draws += match shape.len() {
+            // Linear (weight, bias) or Embedding; quantized: one more.
+            2 => 1 + usize::from(has("bias")) + usize::from(has("scales")),
+            // Conv1d or SwitchLinear: the weight only; quantized: one more.
+            3 => 1 + usize::from(has("scales")),
+            _ => 0,
+        };
+        if BUILT_TWICE.contains(&(config.architecture.as_str(), module)) {
+            draws += 1;
         }
     }
+    Ok(draws)
+}
+
+/// The draws `--adapter-path` adds, given the names of the adapter parameters: mlx-lm's
+/// `load_adapters` (LoRA or DoRA) replaces each targeted module by a `LoRALinear` /
+/// `DoRALinear` (or switch / embedding variant) whose constructor builds a fresh base module
+/// (`nn.Linear(..., bias=False)`: one draw) and draws `lora_a`: two per adapted module, one
+/// `lora_a` each.
+pub fn adapter_draws<'a>(names: impl IntoIterator<Item = &'a str>) -> usize {
+    2 * names
+        .into_iter()
+        .filter(|n| n.rsplit('.').next() == Some("lora_a"))
+        .count()
 }
 
 /// The shapes of a tensor map, as [`construction_draws`] takes them.
@@ -105,25 +113,40 @@ mod tests {
     }
 
     #[test]
-    fn llama_draws_count_linears_embeddings_biases_and_quantization() {
-        let base = r#"{"model_type":"llama","hidden_size":8,"num_hidden_layers":1,
+    fn draws_count_linears_embeddings_biases_convs_and_quantization() {
+        let llama = config(
+            r#"{"model_type":"llama","hidden_size":8,"num_hidden_layers":1,
             "intermediate_size":16,"num_attention_heads":2,"rms_norm_eps":1e-5,
-            "vocab_size":32"#;
+            "vocab_size":32}"#,
+        );
         let mut t: BTreeMap<String, Vec<i32>> = BTreeMap::new();
         t.insert("model.embed_tokens.weight".into(), vec![32, 8]);
         t.insert("model.norm.weight".into(), vec![8]);
         t.insert("model.layers.0.self_attn.q_proj.weight".into(), vec![8, 8]);
         t.insert("model.layers.0.self_attn.q_proj.bias".into(), vec![8]);
+        t.insert("model.layers.0.self_attn.q_norm.weight".into(), vec![2, 4]);
         t.insert("model.layers.0.mlp.up_proj.weight".into(), vec![16, 1]);
         t.insert("model.layers.0.mlp.up_proj.scales".into(), vec![16, 1]);
         t.insert("model.layers.0.mlp.up_proj.biases".into(), vec![16, 1]);
+        t.insert("model.layers.0.conv.weight".into(), vec![8, 4, 1]);
+        t.insert("model.layers.0.conv.bias".into(), vec![8]);
+        t.insert("model.layers.0.linear_attn.A_log".into(), vec![2]);
+        // embed 1, q_proj 2, 2-D norm 0, up_proj 1 + 1 (quantize), conv 1, A_log 1.
+        assert_eq!(construction_draws(&llama, &t).unwrap(), 7);
         t.insert("lm_head.weight".into(), vec![32, 8]);
-        // embed 1, q_proj 2, up_proj 1 + 1 (quantize); lm_head dropped (tied by default).
-        assert_eq!(
-            construction_draws(&config(&format!("{base}}}")), &t).unwrap(),
-            5
-        );
-        let untied = config(&format!("{base},\"tie_word_embeddings\":false}}"));
-        assert_eq!(construction_draws(&untied, &t).unwrap(), 6);
+        assert_eq!(construction_draws(&llama, &t).unwrap(), 8);
+        let helium = config(&serde_json::json!({"model_type": "helium"}).to_string());
+        assert_eq!(construction_draws(&helium, &t).unwrap(), 9);
+    }
+
+    #[test]
+    fn adapters_draw_twice_per_adapted_module() {
+        let names = [
+            "a.q_proj.lora_a",
+            "a.q_proj.lora_b",
+            "a.v_proj.lora_a",
+            "a.v_proj.m",
+        ];
+        assert_eq!(adapter_draws(names), 4);
     }
 }

@@ -9,8 +9,8 @@ use mlx_core::prelude::*;
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::models::{build, LanguageModel};
-use crate::weights::Weights;
+use crate::models::{build_with_params, LanguageModel};
+use crate::weights::{ParamShapes, Weights};
 
 /// Options for [`load_model_dir`].
 #[derive(Clone, Debug, Default)]
@@ -60,11 +60,20 @@ pub fn load_model_dir(
     dir: &Path,
     opts: &LoadOptions,
 ) -> Result<(Box<dyn LanguageModel>, ModelConfig)> {
+    load_model_dir_with_params(dir, opts).map(|(model, config, _)| (model, config))
+}
+
+/// [`load_model_dir`], also returning the parameters the model took (names after `sanitize`,
+/// with their shapes).
+pub fn load_model_dir_with_params(
+    dir: &Path,
+    opts: &LoadOptions,
+) -> Result<(Box<dyn LanguageModel>, ModelConfig, ParamShapes)> {
     let config = ModelConfig::from_file(&dir.join("config.json"))?;
     let tensors = load_weights(dir)?;
     let weights = Weights::new(tensors, config.quantization.clone(), opts.dtype);
-    let model = build(&config, weights)?;
-    Ok((model, config))
+    let (model, params) = build_with_params(&config, weights)?;
+    Ok((model, config, params))
 }
 
 /// What `mlx info` prints about a model directory, without building the model.

@@ -22,6 +22,9 @@ pub fn cap_listing(mut problems: Vec<String>) -> Vec<String> {
     problems
 }
 
+/// Tensor names and shapes: [`Weights::taken_shapes`], the parameters of a built model.
+pub type ParamShapes = BTreeMap<String, Vec<i32>>;
+
 /// The tensors of a checkpoint, consumed by name while a model is built.
 pub struct Weights {
     tensors: BTreeMap<String, Array>,
@@ -121,6 +124,16 @@ impl Weights {
                 self.cast(a)
             }
         }
+    }
+
+    /// The tensors taken so far with their stored shapes. Once a model is built, these are the
+    /// parameters of mlx-lm's module tree for the same checkpoint (names after `sanitize`, as
+    /// strict loading matches them on both sides): what `--seed` counts initialiser draws from.
+    pub fn taken_shapes(&self) -> ParamShapes {
+        self.used
+            .iter()
+            .filter_map(|n| self.tensors.get(n).map(|a| (n.clone(), a.shape())))
+            .collect()
     }
 
     /// Takes a tensor whose shape the model cannot know in advance (packed weights).

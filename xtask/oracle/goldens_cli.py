@@ -2,8 +2,10 @@
 
 Fixtures (written here too, deterministic): a tiny word-level tokenizer (128 ids, `<s>` BOS,
 `</s>` EOS, a chat template) in mlx-cli/tests/models/tokenizer/, and one model directory per
-tiny seeded llama model of mlx-models/tests/models, under mlx-cli/tests/models/<name>/, made of
-symlinks to that model's config.json and model.safetensors and to the tokenizer files.
+tiny seeded model of mlx-models/tests/models used here (llama and other architectures: dense
+rows, MoE, hybrids; dense and 4-bit), under mlx-cli/tests/models/<name>/, made of symlinks to
+that model's config.json and model.safetensors and to the tokenizer files. The adapter cases
+use mlx-train's tiny models and the adapters mlx_lm.lora trained for them (LoRA and DoRA).
 
 Goldens (mlx-cli/tests/goldens/cli.json), every one through mlx-lm's own entry points run as
 `python -m mlx_lm <tool>` from the repository root:
@@ -11,14 +13,23 @@ Goldens (mlx-cli/tests/goldens/cli.json), every one through mlx-lm's own entry p
   models; the streamed text and the "Generation: N tokens" count of its verbose output.
 - `chat`: a scripted session fed on stdin (three turns, a reset, more turns, `q`); the reply
   text and token count of each turn, parsed from its output.
+  Several architectures (qwen3, gemma3_text, phi3, gpt_neox, gpt2, internlm2, helium, the MoE
+  and hybrid ports), `--adapter-path`, and `--max-kv-size` small enough that the rotating
+  cache wraps on types with and without their own `make_cache`.
 - `cache_prompt` then `generate --prompt-cache-file`: the cache file
   (mlx-cli/tests/goldens/prompt_cache_<name>.safetensors) and the continued text.
+- `seed_draws`: for every tiny model fixture, how many times mlx-lm's `load` splits the global
+  random key while it builds the model (seed, load, then count the splits that lead from the
+  seeded key to the key after loading), with `--adapter-path` too: what `--seed` replays.
+- `defines_make_cache`: whether each fixture's mlx-lm model class has `make_cache` (when not,
+  `--max-kv-size` gives rotating caches).
 Run with `cargo xtask goldens cli`.
 """
 
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -45,7 +56,20 @@ TEMPLATE = (
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 
-MODELS = ["dense_f32", "dense_bf16_untied", "q4_g32", "q4_g64_untied", "mistral_bias_llama3rope"]
+MODELS = {
+    # name under mlx-cli/tests/models -> model directory under mlx-models/tests/models
+    **{m: m for m in ["dense_f32", "dense_bf16_untied", "q4_g32", "q4_g64_untied",
+                      "mistral_bias_llama3rope", "qwen3_moe", "qwen3_moe_q4", "mixtral",
+                      "qwen3_next", "lfm2", "gemma4_text"]},
+    **{m: f"dense/{m}" for m in ["qwen3", "qwen3_bf16", "gemma3_text", "gemma3_text_q4",
+                                 "phi3", "phi3_q4", "gpt_neox", "gpt_neox_sequential_q4",
+                                 "gpt2", "internlm2_q4", "smollm3_q4", "helium"]},
+}
+# Made here by mlx-lm's own quantizer (`python -m mlx_lm convert -q`) from a model above:
+# name -> (source name, bits, group size). A 4-bit hybrid (LFM2's convolutions and attention).
+CONVERTED = {"lfm2_q4": ("lfm2", 4, 32)}
+TRAIN_MODELS = "mlx-train/tests/models"
+ADAPTERS = "mlx-train/tests/adapters"
 
 GENERATE = [
     # name, model, args
@@ -60,8 +84,44 @@ GENERATE = [
                                   "--kv-bits", "4", "--kv-group-size", "32", "--quantized-kv-start", "4",
                                   "--prefill-step-size", "3"]),
     ("greedy_no_seed", "q4_g32", []),
+    # Other architectures (seeded sampling needs each one's construction draws).
+    ("seed_qwen3", "qwen3", ["--seed", "1", "--temp", "1.0"]),
+    ("seed_qwen3_bf16", "qwen3_bf16", ["--seed", "2", "--temp", "6.0"]),
+    ("seed_gemma3_text", "gemma3_text", ["--seed", "3", "--temp", "1.0"]),
+    ("seed_gemma3_text_q4", "gemma3_text_q4", ["--seed", "4", "--temp", "1.0", "--top-k", "30"]),
+    ("seed_phi3", "phi3", ["--seed", "5", "--temp", "1.0"]),
+    ("seed_phi3_q4", "phi3_q4", ["--seed", "6", "--temp", "1.0", "--top-p", "0.95"]),
+    ("seed_gpt_neox", "gpt_neox", ["--seed", "7", "--temp", "6.0"]),
+    ("seed_gpt_neox_q4", "gpt_neox_sequential_q4", ["--seed", "8", "--temp", "1.0"]),
+    ("seed_gpt2", "gpt2", ["--seed", "29", "--temp", "1.0"]),
+    ("seed_internlm2_q4", "internlm2_q4", ["--seed", "10", "--temp", "1.0"]),
+    ("seed_helium", "helium", ["--seed", "11", "--temp", "1.0"]),
+    ("seed_qwen3_moe", "qwen3_moe", ["--seed", "12", "--temp", "1.0"]),
+    ("seed_qwen3_moe_q4", "qwen3_moe_q4", ["--seed", "13", "--temp", "1.0"]),
+    ("seed_mixtral", "mixtral", ["--seed", "14", "--temp", "1.0"]),
+    ("seed_qwen3_next", "qwen3_next", ["--seed", "15", "--temp", "1.0"]),
+    ("seed_lfm2", "lfm2", ["--seed", "17", "--temp", "1.0"]),
+    ("seed_gemma4_text", "gemma4_text", ["--seed", "18", "--temp", "1.0"]),
+    ("seed_lfm2_q4", "lfm2_q4", ["--seed", "24", "--temp", "1.0"]),
+    # --adapter-path: mlx-lm builds the adapter layers after the model (more draws).
+    ("seed_adapter_dora", f"{TRAIN_MODELS}/dense",
+     ["--seed", "19", "--temp", "1.0", "--adapter-path", f"{ADAPTERS}/dense_chat_dora_mask"]),
+    ("seed_adapter_lora_q4", f"{TRAIN_MODELS}/q4",
+     ["--seed", "20", "--temp", "1.0", "--adapter-path",
+      f"{ADAPTERS}/q4_completions_mask_adamw_cosine_accum"]),
+    # --max-kv-size: a RotatingKVCache(max_kv_size, keep=4) that wraps on types without their
+    # own make_cache (qwen3, phi3, smollm3); llama's and gemma3_text's make_cache ignore it.
+    # (qwen2 and qwen3_5 are left out: transformers 5 loads their tokenizer as its own
+    # Qwen2Tokenizer class, rebuilt from the vocabulary, not the word-level tokenizer.json.)
+    ("max_kv_llama", "dense_f32", ["--max-kv-size", "7"]),
+    ("max_kv_qwen3", "qwen3", ["--max-kv-size", "6", "--seed", "21", "--temp", "0.7"]),
+    ("max_kv_phi3", "phi3", ["--max-kv-size", "9"]),
+    ("max_kv_smollm3_q4", "smollm3_q4", ["--max-kv-size", "5"]),
+    ("max_kv_gemma3_text", "gemma3_text", ["--max-kv-size", "6"]),
 ]
 GEN_PROMPT = "hello , what is the big red sun ?"
+# For the models with 96 ids (the dense rows): every word's id is below 96.
+SMALL_PROMPT = "hello , is the big red sun a star ?"
 GEN_TOKENS = "24"
 
 CHAT = [
@@ -71,6 +131,11 @@ CHAT = [
     ("chat_seeded", "q4_g32", ["--max-tokens", "12", "--temp", "0.9", "--seed", "4",
                                "--system-prompt", "you are a dog"],
      ["hello", "where is the moon ?", "r", "h", "say yes", "q"]),
+    # Another architecture: mlx_lm.chat seeds with 0 before loading, so its draws count too.
+    ("chat_moe", "qwen3_moe", ["--max-tokens", "8", "--temp", "0.8"],
+     ["hello world", "what is the sun ?", "q"]),
+    ("chat_hybrid_q4", "lfm2_q4", ["--max-tokens", "8", "--temp", "1.0", "--seed", "9"],
+     ["hello", "tell me a story", "q"]),
 ]
 
 CACHE = [
@@ -105,12 +170,12 @@ def write_fixtures():
     }
     with open(f"{tdir}/tokenizer_config.json", "w") as f:
         json.dump(config, f, indent=1)
-    for m in MODELS:
+    for m, src in MODELS.items():
         d = f"{OUT}/{m}"
         os.makedirs(d, exist_ok=True)
         for name, target in [
-            ("config.json", f"{ROOT_MODELS}/{m}/config.json"),
-            ("model.safetensors", f"{ROOT_MODELS}/{m}/model.safetensors"),
+            ("config.json", f"{ROOT_MODELS}/{src}/config.json"),
+            ("model.safetensors", f"{ROOT_MODELS}/{src}/model.safetensors"),
             ("tokenizer.json", f"{tdir}/tokenizer.json"),
             ("tokenizer_config.json", f"{tdir}/tokenizer_config.json"),
         ]:
@@ -118,6 +183,18 @@ def write_fixtures():
             if os.path.lexists(link):
                 os.remove(link)
             os.symlink(rel(target, d), link)
+    for m, (src, bits, group) in CONVERTED.items():
+        d = f"{OUT}/{m}"
+        if os.path.exists(d):
+            shutil.rmtree(d)
+        mlx_lm("convert", ["--hf-path", f"{OUT}/{src}", "--mlx-path", d, "-q", "--q-bits",
+                           str(bits), "--q-group-size", str(group)])
+        # Keep the weights and config; the tokenizer files are the shared ones.
+        for f in os.listdir(d):
+            if f not in ("config.json", "model.safetensors"):
+                os.remove(f"{d}/{f}")
+        for f in ["tokenizer.json", "tokenizer_config.json"]:
+            os.symlink(rel(f"{tdir}/{f}", d), f"{d}/{f}")
 
 
 def mlx_lm(tool, args, stdin=None):
@@ -149,11 +226,65 @@ def parse_chat(out):
     return turns
 
 
+def model_dir(model):
+    return model if "/" in model else f"{OUT}/{model}"
+
+
+def seed_draws():
+    """How many splits of the global key building each fixture takes in mlx-lm's `load`
+    (`load_model`, then `load_adapters` with an adapter path: what `load` runs before the
+    tokenizer, which draws nothing)."""
+    import glob
+    from pathlib import Path
+
+    import mlx.core as mx
+    from mlx_lm.utils import load_adapters, load_model
+
+    makes_cache = {}
+
+    def count(path, adapter=None):
+        mx.random.seed(0)
+        model, _ = load_model(Path(path))
+        # Whether the class defines make_cache (then make_prompt_cache ignores max_kv_size).
+        makes_cache[path] = hasattr(model, "make_cache")
+        if adapter is not None:
+            load_adapters(model, adapter)
+        after = mx.random.state[0]
+        key, n = mx.random.key(0), 0
+        while not mx.array_equal(key, after).item():
+            key, n = mx.random.split(key)[0], n + 1
+            assert n < 100000, path
+        return n
+
+    out = {"models": {}, "adapters": [], "not_buildable": {}}
+    dirs = sorted(glob.glob(f"{ROOT_MODELS}/dense/*/config.json")
+                  + glob.glob(f"{ROOT_MODELS}/*/config.json")
+                  + glob.glob(f"{TRAIN_MODELS}/*/config.json")
+                  + [f"{OUT}/{m}/config.json" for m in CONVERTED])
+    for cfg in dirs:
+        d = os.path.dirname(cfg)
+        try:
+            out["models"][d] = count(d)
+        except SystemExit as e:
+            # olmo: mlx-lm's module needs a package (ai2-olmo) the oracle does not install.
+            out["not_buildable"][d] = f"mlx-lm cannot build it here (exit {e})"
+    for a in sorted(glob.glob(f"{ADAPTERS}/*/adapter_config.json")):
+        a = os.path.dirname(a)
+        with open(f"{a}/adapter_config.json") as f:
+            model = json.load(f)["model"]
+        out["adapters"].append({"model": model, "adapter": a, "draws": count(model, a)})
+    return out, makes_cache
+
+
 def main():
     write_fixtures()
     goldens = {"generator": "xtask/oracle/goldens_cli.py", "generate": [], "chat": [], "cache": []}
     for name, model, args in GENERATE:
-        full = ["--model", f"{OUT}/{model}", "--prompt", GEN_PROMPT, "--max-tokens", GEN_TOKENS, *args]
+        with open(f"{model_dir(model)}/config.json") as f:
+            c = json.load(f)
+        vocab = c.get("vocab_size", c.get("text_config", {}).get("vocab_size"))
+        prompt = GEN_PROMPT if vocab >= len(VOCAB) else SMALL_PROMPT
+        full = ["--model", model_dir(model), "--prompt", prompt, "--max-tokens", GEN_TOKENS, *args]
         r = parse_generate(mlx_lm("generate", full))
         goldens["generate"].append({"name": name, "args": full, **r})
     for name, model, args, lines in CHAT:
@@ -171,6 +302,7 @@ def main():
         r = parse_generate(mlx_lm("generate", full))
         goldens["cache"].append({"name": name, "model": mdir, "cached_prompt": cached,
                                  "file": path, "args": full, **r})
+    goldens["seed_draws"], goldens["defines_make_cache"] = seed_draws()
     with open(f"{GOLDENS}/cli.json", "w") as f:
         json.dump(goldens, f, indent=1, ensure_ascii=False)
     print(f"wrote {GOLDENS}/cli.json", file=sys.stderr)

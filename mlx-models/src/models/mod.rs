@@ -16,7 +16,7 @@ use mlx_core::prelude::*;
 use crate::config::{remap, ModelConfig, MODEL_REMAPPING};
 use crate::error::{ModelError, Result};
 use crate::layers::{Embedding, Linear};
-use crate::weights::Weights;
+use crate::weights::{ParamShapes, Weights};
 
 pub use descriptor::{Descriptor, Serving};
 
@@ -210,7 +210,15 @@ pub fn resolve(config: &ModelConfig) -> Result<Option<Descriptor>> {
 
 /// Builds the model named by `config.architecture` from `weights`, strictly: every problem
 /// with the weights is reported together.
-pub fn build(config: &ModelConfig, mut weights: Weights) -> Result<Box<dyn LanguageModel>> {
+pub fn build(config: &ModelConfig, weights: Weights) -> Result<Box<dyn LanguageModel>> {
+    build_with_params(config, weights).map(|(model, _)| model)
+}
+
+/// [`build`], also returning the parameters the model took ([`Weights::taken_shapes`]).
+pub fn build_with_params(
+    config: &ModelConfig,
+    mut weights: Weights,
+) -> Result<(Box<dyn LanguageModel>, ParamShapes)> {
     check_layer_count(config, &weights)?;
     let model: Box<dyn LanguageModel> =
         match DEDICATED.iter().find(|(t, _)| *t == config.architecture) {
@@ -225,8 +233,9 @@ pub fn build(config: &ModelConfig, mut weights: Weights) -> Result<Box<dyn Langu
                 }
             },
         };
+    let params = weights.taken_shapes();
     weights.finish()?;
-    Ok(model)
+    Ok((model, params))
 }
 
 /// Refuses a `num_hidden_layers` past the layers the files hold tensors for before any layer
