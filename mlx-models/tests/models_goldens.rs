@@ -170,3 +170,49 @@ fn embeddings_match_bit_for_bit() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// `embed` checks what it is given before the model sees it, and names the model type when
+/// the architecture has no hidden-state entry.
+#[test]
+fn embed_errors_are_clear() {
+    use mlx_models::embed::embed;
+    let (model, _) =
+        load_model_dir(&root().join("models/qwen3_moe"), &LoadOptions::default()).unwrap();
+    let err = |r: mlx_models::Result<Array>| r.unwrap_err().to_string();
+    assert!(err(embed(model.as_ref(), &[])).contains("no texts"));
+    assert!(err(embed(model.as_ref(), &[vec![1], vec![]])).contains("text 1 has no tokens"));
+    let e = err(embed(model.as_ref(), &[vec![1, 128]]));
+    assert!(
+        e.contains("token id 128") && e.contains("vocabulary"),
+        "{e}"
+    );
+
+    /// A model without `forward_hidden`.
+    struct NoHidden;
+    impl LanguageModel for NoHidden {
+        fn forward(
+            &self,
+            inputs: &Array,
+            _caches: Option<&mut [Box<dyn mlx_cache::Cache>]>,
+        ) -> mlx_models::Result<Array> {
+            Ok(inputs.clone())
+        }
+        fn make_cache(&self) -> Vec<Box<dyn mlx_cache::Cache>> {
+            Vec::new()
+        }
+        fn defines_make_cache(&self) -> bool {
+            false
+        }
+        fn num_layers(&self) -> usize {
+            0
+        }
+        fn model_type(&self) -> &str {
+            "no_hidden_type"
+        }
+        fn vocab_size(&self) -> i32 {
+            8
+        }
+    }
+    let e = err(embed(&NoHidden, &[vec![1]]));
+    assert!(e.contains("`no_hidden_type`"), "{e}");
+}
