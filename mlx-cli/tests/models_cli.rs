@@ -3,8 +3,9 @@
 //! `models_goldens.rs`, the llama fixtures), in the fixture's own stored dtype,
 //! `mlx generate --model DIR --prompt-ids ... --top-logprobs 5 --json --max-tokens 8` prints
 //! mlx-lm 0.32.2's greedy ids, chosen log-probabilities and per-step top-5 ids and
-//! log-probabilities exactly (float32 bit patterns compared). Goldens from mlx-lm's own
-//! `generate_step` through `cargo xtask goldens cli_models`.
+//! log-probabilities exactly (float32 bit patterns compared). Every `model_type` that
+//! `mlx models` serves has a fixture. Goldens from mlx-lm's own `generate_step` through
+//! `cargo xtask goldens cli_models`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -114,22 +115,37 @@ fn every_model_fixture_reproduces_mlx_lm_top5_through_the_cli() {
     )
     .unwrap();
     let cases: Vec<(&String, &Value)> = golden["cases"].as_object().unwrap().iter().collect();
-    // Every descriptor-table row and every dedicated port has at least one fixture.
+    // Every model_type `mlx models` serves (table rows and dedicated ports; aliases aside)
+    // has at least one fixture here.
     assert!(cases.len() >= 90, "only {} fixtures", cases.len());
-    for port in [
-        "mixtral",
-        "qwen2_moe",
-        "qwen3_moe",
-        "olmoe",
-        "gpt_oss",
-        "qwen3_next",
-        "qwen3_5",
-        "qwen3_5_moe",
-        "lfm2",
-        "gemma4_text",
-    ] {
-        assert!(golden["cases"].get(port).is_some(), "no fixture for {port}");
-    }
+    let covered: std::collections::BTreeSet<String> = cases
+        .iter()
+        .map(|(name, _)| {
+            let c: Value = serde_json::from_str(
+                &std::fs::read_to_string(models().join(name).join("config.json")).unwrap(),
+            )
+            .unwrap();
+            c["model_type"].as_str().unwrap().to_string()
+        })
+        .collect();
+    let listed = Command::new(env!("CARGO_BIN_EXE_mlx"))
+        .args(["models", "--json"])
+        .output()
+        .unwrap();
+    let listed: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let served: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["via"].is_null())
+        .map(|t| t["model_type"].as_str().unwrap())
+        .collect();
+    assert!(served.len() >= 50, "{served:?}");
+    let missing: Vec<&&str> = served.iter().filter(|t| !covered.contains(**t)).collect();
+    assert!(
+        missing.is_empty(),
+        "served types without a fixture: {missing:?}"
+    );
     let work = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("models_cli");
     std::fs::remove_dir_all(&work).ok();
     // Two workers: the fixtures are tiny, so process start and loading dominate.
