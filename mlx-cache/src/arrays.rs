@@ -51,11 +51,17 @@ impl ArraysCache {
     /// [`Cache::trim`] can undo up to that many.
     pub fn with_history(size: usize, max_rollback: usize) -> Self {
         let mut c = Self::new(size);
-        c.history = Some(History {
+        c.set_max_rollback(max_rollback);
+        c
+    }
+
+    /// Keep the states of the last `max_rollback` tokens from now on (0: none, mlx-lm's
+    /// behaviour).
+    pub fn set_max_rollback(&mut self, max_rollback: usize) {
+        self.history = (max_rollback > 0).then(|| History {
             max_rollback,
             checkpoints: VecDeque::new(),
         });
-        c
     }
 
     /// Whether this cache keeps per-token states (then models record them).

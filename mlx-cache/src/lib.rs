@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | [`KVCache`] | `KVCache` | grows in steps of 256, fetches views of the filled prefix |
 //! | [`QuantizedKVCache`] | `QuantizedKVCache` | affine-quantized triples |
-//! | [`RotatingKVCache`] | `RotatingKVCache` | sliding window with `keep`; checked [`RotatingKVCache::rollback`] |
+//! | [`RotatingKVCache`] | `RotatingKVCache` | sliding window with `keep`; checked [`RotatingKVCache::rollback`]; optional history so `trim` works after wrapping |
 //! | [`RotatingQuantizedKVCache`] | none | what mlx-lm's `RotatingKVCache.to_quantized` refuses |
 //! | [`ChunkedKVCache`] | `ChunkedKVCache` | |
 //! | [`ConcatenateKVCache`] | `ConcatenateKVCache` | |
@@ -18,7 +18,8 @@
 //! Trim semantics: [`Cache::trim`] removes up to `n` of the most recent tokens and returns how
 //! many it removed. A cache that cannot be trimmed (a rotating cache that has wrapped, a
 //! recurrent state) removes nothing, returns 0 and stays valid; mlx-lm's `trim_prompt_cache`
-//! behaves the same, its raw `RotatingKVCache.trim` does not.
+//! behaves the same, its raw `RotatingKVCache.trim` does not. With [`enable_rollback`], rotating
+//! and recurrent caches keep what they need to go back up to `max_rollback` tokens exactly.
 #![forbid(unsafe_code)]
 
 mod arrays;
@@ -190,6 +191,27 @@ pub fn trim_prompt_cache(caches: &mut [Box<dyn Cache>], n: usize) -> usize {
     // Every cache is trimmed; the first one's count is reported, as in mlx-lm.
     let trimmed: Vec<usize> = caches.iter_mut().map(|c| c.trim(n)).collect();
     trimmed[0]
+}
+
+/// Makes every cache able to undo up to `max_rollback` tokens exactly with [`Cache::trim`]
+/// (beyond mlx-lm, which cannot trim a wrapped rotating cache or a recurrent state): rotating
+/// caches keep their earlier rings ([`RotatingKVCache::set_max_rollback`]), recurrent caches
+/// their per-token states ([`ArraysCache::set_max_rollback`]; the model records them), the
+/// members of a [`CacheList`] likewise. Plain KV caches are trimmable already. Call it on fresh
+/// caches, before the first write.
+pub fn enable_rollback(caches: &mut [Box<dyn Cache>], max_rollback: usize) {
+    for c in caches {
+        let any = c.as_mut().as_any_mut();
+        if let Some(r) = any.downcast_mut::<RotatingKVCache>() {
+            r.set_max_rollback(max_rollback);
+        } else if let Some(r) = any.downcast_mut::<RotatingQuantizedKVCache>() {
+            r.set_max_rollback(max_rollback);
+        } else if let Some(a) = any.downcast_mut::<ArraysCache>() {
+            a.set_max_rollback(max_rollback);
+        } else if let Some(l) = any.downcast_mut::<CacheList>() {
+            enable_rollback(l.caches_mut(), max_rollback);
+        }
+    }
 }
 
 /// Builds a cache from its mlx-lm class name and state (mlx-lm's `from_state`).

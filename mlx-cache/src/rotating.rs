@@ -7,7 +7,15 @@
 //! - [`Cache::trim`] only trims while the cache is trimmable (before it wraps) and otherwise
 //!   returns 0 leaving the cache untouched (mlx-lm's raw `trim` would corrupt the ring);
 //! - [`RotatingKVCache::rollback`] removes the last `n` tokens right after a multi-token write
-//!   even when wrapped (speculative decoding), checking its precondition.
+//!   even when wrapped (speculative decoding), checking its precondition;
+//! - a cache with history ([`RotatingKVCache::set_max_rollback`]) keeps the whole ring as it
+//!   was before each of its last writes (arrays are immutable: a snapshot shares them, and a
+//!   kept array is never overwritten in place), so [`Cache::trim`] of up to `max_rollback`
+//!   tokens restores exactly the cache that decoding `offset - n` tokens left, wrapped or not:
+//!   the same rows in the same ring positions, `idx` and `offset`. Without history, or deeper
+//!   than it, a wrapped cache refuses the trim (returns 0, unchanged): the evicted rows are gone.
+
+use std::collections::VecDeque;
 
 use mlx_core::prelude::*;
 
@@ -33,6 +41,24 @@ pub(crate) struct Rotating {
     rollback_room: usize,
     /// The rows that write evicted (keys, values), put back if every new token is rolled back.
     rollback_dropped: Option<(Store, Store)>,
+    history: Option<History>,
+}
+
+/// The recent writes, oldest first: each with the cache as it was before it and what it
+/// wrote, so any position inside it can be rebuilt by writing a prefix again.
+#[derive(Clone, Debug)]
+struct History {
+    max_rollback: usize,
+    writes: VecDeque<Record>,
+}
+
+#[derive(Clone, Debug)]
+struct Record {
+    /// The cache before the write (without history).
+    before: Rotating,
+    keys: Array,
+    values: Array,
+    len: usize,
 }
 
 fn i(v: usize) -> Result<i32> {
@@ -57,7 +83,88 @@ impl Rotating {
             quant,
             rollback_room: 0,
             rollback_dropped: None,
+            history: None,
         })
+    }
+
+    /// This cache without its history (what a record keeps).
+    fn clone_core(&self) -> Rotating {
+        Rotating {
+            keys: self.keys.clone(),
+            values: self.values.clone(),
+            offset: self.offset,
+            max_size: self.max_size,
+            keep: self.keep,
+            idx: self.idx,
+            quant: self.quant,
+            rollback_room: self.rollback_room,
+            rollback_dropped: self.rollback_dropped.clone(),
+            history: None,
+        }
+    }
+
+    /// Keep what undoing the last `max_rollback` tokens needs (0: nothing).
+    fn set_max_rollback(&mut self, max_rollback: usize) {
+        self.history = (max_rollback > 0).then(|| History {
+            max_rollback,
+            writes: VecDeque::new(),
+        });
+    }
+
+    /// Records a write before it happens, dropping records no trim within `max_rollback` needs.
+    fn remember(&mut self, keys: &Array, values: &Array, len: usize) {
+        let before = self.clone_core();
+        let Some(h) = self.history.as_mut() else {
+            return;
+        };
+        h.writes.push_back(Record {
+            before,
+            keys: keys.clone(),
+            values: values.clone(),
+            len,
+        });
+        let newest = self.offset + len;
+        while h
+            .writes
+            .front()
+            .is_some_and(|r| r.before.offset + r.len + h.max_rollback <= newest)
+        {
+            h.writes.pop_front();
+        }
+    }
+
+    /// The recorded write that position `offset - n` falls in (at its start or inside it).
+    fn record_for(&self, n: usize) -> Option<usize> {
+        if n == 0 {
+            return None;
+        }
+        let target = self.offset.checked_sub(n)?;
+        let h = self.history.as_ref()?;
+        h.writes
+            .iter()
+            .rposition(|r| r.before.offset <= target && target < r.before.offset + r.len)
+    }
+
+    /// The cache that writing everything up to `offset - n` would have left: the cache before
+    /// the write that position falls in, then that write's first tokens written again (the same
+    /// call a direct decode makes, so the same ring, `idx` and bits).
+    fn rebuilt(&self, n: usize) -> Option<Rotating> {
+        let at = self.record_for(n)?;
+        let h = self.history.as_ref()?;
+        let r = h.writes.get(at)?;
+        let mut c = r.before.clone_core();
+        c.history = Some(History {
+            max_rollback: h.max_rollback,
+            writes: h.writes.iter().take(at).cloned().collect(),
+        });
+        let m = self.offset - n - r.before.offset;
+        if m > 0 {
+            let m = i32::try_from(m).ok()?;
+            let k = ops::slice_axis(&r.keys, 2, 0, m, None).ok()?;
+            let v = ops::slice_axis(&r.values, 2, 0, m, None).ok()?;
+            c.update(&k, &v).ok()?;
+        }
+        Some(c)
     }
 
     /// `_trim`: drop `trim_size` tokens after the first `keep`, then append.
@@ -186,6 +293,7 @@ impl Rotating {
 
     fn update(&mut self, keys: &Array, values: &Array) -> Result<(Store, Store)> {
         let s = seq_of(keys, values, "update_and_fetch")?;
+        self.remember(keys, values, s);
         if s == 1 {
             self.update_in_place(keys, values, s)
         } else {
@@ -207,12 +315,25 @@ impl Rotating {
         }
     }
 
+    /// mlx-lm's rule (not wrapped yet), or recorded writes to go back through.
     fn is_trimmable(&self) -> bool {
-        self.offset < self.max_size
+        self.offset < self.max_size || self.history.as_ref().is_some_and(|h| !h.writes.is_empty())
+    }
+
+    /// Whether `trim(n)` acts now: exactly, from the records, or as mlx-lm before wrapping.
+    fn can_trim(&self, n: usize) -> bool {
+        n == 0 || self.record_for(n).is_some() || self.offset < self.max_size
     }
 
     fn trim(&mut self, n: usize) -> usize {
-        if !self.is_trimmable() {
+        if n == 0 {
+            return 0;
+        }
+        if let Some(c) = self.rebuilt(n) {
+            *self = c;
+            return n;
+        }
+        if self.offset >= self.max_size {
             return 0;
         }
         let n = n.min(self.offset).min(self.idx);
@@ -220,7 +341,21 @@ impl Rotating {
         self.idx -= n;
         self.rollback_room = 0;
         self.rollback_dropped = None;
+        self.forget_after(self.offset);
         n
+    }
+
+    /// Drops the records of writes that end after `offset`: they no longer lead here.
+    fn forget_after(&mut self, offset: usize) {
+        if let Some(h) = self.history.as_mut() {
+            while h
+                .writes
+                .back()
+                .is_some_and(|r| r.before.offset + r.len > offset)
+            {
+                h.writes.pop_back();
+            }
+        }
     }
 
     fn rollback(&mut self, n: usize) -> Result<()> {
@@ -261,6 +396,7 @@ impl Rotating {
         self.keys = Some(k);
         self.values = Some(v);
         self.offset -= n;
+        self.forget_after(self.offset);
         Ok(())
     }
 
@@ -349,6 +485,7 @@ impl Rotating {
             quant,
             rollback_room: 0,
             rollback_dropped: None,
+            history: None,
         })
     }
 
@@ -438,6 +575,9 @@ macro_rules! rotating_cache {
             fn trim(&mut self, n: usize) -> usize {
                 self.0.trim(n)
             }
+            fn can_trim(&self, n: usize) -> bool {
+                self.0.can_trim(n)
+            }
             fn nbytes(&self) -> usize {
                 self.0.nbytes()
             }
@@ -463,6 +603,13 @@ macro_rules! rotating_cache {
                 self.0.max_size
             }
 
+            /// Keep what [`Cache::trim`] needs to undo up to `max_rollback` tokens exactly,
+            /// also after the ring has wrapped (0: mlx-lm's behaviour, the default). Each kept
+            /// step holds one earlier copy of the ring.
+            pub fn set_max_rollback(&mut self, max_rollback: usize) {
+                self.0.set_max_rollback(max_rollback);
+            }
+
             pub fn keep(&self) -> usize {
                 self.0.keep
             }
@@ -483,7 +630,7 @@ impl RotatingKVCache {
     pub fn to_quantized(&self, group_size: i32, bits: i32) -> Result<RotatingQuantizedKVCache> {
         let spec = QuantSpec::new(group_size, bits)?;
         let q = |s: &Option<Store>| s.as_ref().map(|s| s.quantized(spec)).transpose();
-        let mut r = self.0.clone();
+        let mut r = self.0.clone_core();
         r.keys = q(&self.0.keys)?;
         r.values = q(&self.0.values)?;
         r.quant = Some(spec);

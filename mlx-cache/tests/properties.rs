@@ -366,3 +366,147 @@ proptest! {
         }
     }
 }
+
+/// Every array and count of a cache's state, for exact comparison (arrays as their bits).
+fn flat_state(s: StateValue, out: &mut Vec<String>, arrays: &mut Vec<Array>) {
+    match s {
+        StateValue::Array(a) => {
+            out.push(format!("array{:?}", a.shape()));
+            arrays.push(a);
+        }
+        StateValue::List(v) => v.into_iter().for_each(|s| flat_state(s, out, arrays)),
+        other => out.push(format!("{other:?}")),
+    }
+}
+
+fn same_state(a: &dyn Cache, b: &dyn Cache) -> Result<(), TestCaseError> {
+    let (mut ma, mut aa, mut mb, mut ab) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    flat_state(a.state(), &mut ma, &mut aa);
+    flat_state(b.state(), &mut mb, &mut ab);
+    prop_assert_eq!(ma, mb);
+    for (x, y) in aa.iter().zip(&ab) {
+        eq(x, y)?;
+    }
+    Ok(())
+}
+
+/// The first `n` tokens of a write sequence, as the writes a direct decode makes (the last
+/// one cut short).
+fn prefix_writes(writes: &[usize], n: usize) -> Vec<usize> {
+    let mut out = Vec::new();
+    let mut left = n;
+    for &w in writes {
+        if left == 0 {
+            break;
+        }
+        out.push(w.min(left));
+        left -= w.min(left);
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// With history a rotating cache (dense or quantized) can be trimmed after it has wrapped:
+    /// trimming `n <= max_rollback` tokens leaves exactly the cache that writing only the first
+    /// `total - n` tokens (the last write cut short, as a direct decode would make it) leaves:
+    /// the same ring buffers bit for bit, the same `offset`, `idx`, `keep`, and the same
+    /// future. Deeper than the history, a wrapped cache refuses (0, unchanged).
+    #[test]
+    fn rotating_with_history_trims_exactly_after_wrapping(
+        max_size in 3usize..10, keep in 0usize..2, quantized in any::<bool>(),
+        writes in prop::collection::vec(prop_oneof![3 => Just(1usize), 1 => 2usize..6], 1..24),
+        max_rollback in 1usize..7, n in 1usize..9, then in 1usize..4,
+    ) {
+        let keep = keep.min(max_size - 1);
+        let make = |rollback: usize| -> Box<dyn Cache> {
+            if quantized {
+                let mut c = RotatingQuantizedKVCache::new(max_size, keep, 32, 4).unwrap();
+                c.set_max_rollback(rollback);
+                Box::new(c)
+            } else {
+                let mut c = RotatingKVCache::new(max_size, keep).unwrap();
+                c.set_max_rollback(rollback);
+                Box::new(c)
+            }
+        };
+        let feed = |c: &mut Box<dyn Cache>, ws: &[usize]| {
+            let mut t = 0;
+            for &w in ws {
+                write(c.as_mut(), t, w);
+                t += w;
+            }
+        };
+        let total: usize = writes.iter().sum();
+        let mut a = make(max_rollback);
+        feed(&mut a, &writes);
+        let before = a.boxed_clone();
+        let trimmed = a.trim(n);
+        // Within the history a trim is exact; deeper it may still be (a recorded write that
+        // reaches further back), and once wrapped it is exact or refused.
+        if n <= max_rollback && n <= total {
+            prop_assert_eq!(trimmed, n);
+        }
+        let exact = n <= total && (n <= max_rollback || (trimmed == n && total >= max_size));
+        if exact {
+            let mut b = make(0);
+            feed(&mut b, &prefix_writes(&writes, total - n));
+            prop_assert_eq!(a.offset(), total - n);
+            same_state(a.as_ref(), b.as_ref())?;
+            // The same future, one token at a time and in one write.
+            let mut t = total - n;
+            for _ in 0..then {
+                let (x, y) = (write(a.as_mut(), t, 1), write(b.as_mut(), t, 1));
+                for (p, q) in x.arrays().iter().zip(y.arrays()) {
+                    eq(p, q)?;
+                }
+                t += 1;
+            }
+            write(a.as_mut(), t, 3);
+            write(b.as_mut(), t, 3);
+            same_state(a.as_ref(), b.as_ref())?;
+        } else if total >= max_size {
+            // Wrapped and beyond what was recorded: refused, nothing changed.
+            prop_assert_eq!(trimmed, 0);
+            same_state(a.as_ref(), before.as_ref())?;
+        }
+    }
+}
+
+/// Without history (mlx-lm's behaviour) a wrapped rotating cache cannot be trimmed, and
+/// `trim_prompt_cache` refuses the whole trim when one cache cannot go back.
+#[test]
+fn a_wrapped_rotating_cache_without_history_refuses_and_so_does_the_prompt_cache() {
+    let mut caches: Vec<Box<dyn Cache>> = vec![
+        Box::new(KVCache::new()),
+        Box::new(RotatingKVCache::new(4, 0).unwrap()),
+    ];
+    for t in 0..6 {
+        for c in caches.iter_mut() {
+            write(c.as_mut(), t, 1);
+        }
+    }
+    assert!(!can_trim_prompt_cache(&caches));
+    assert_eq!(trim_prompt_cache(&mut caches, 1), 0);
+    assert_eq!(caches[0].offset(), 6);
+    // With history enabled on fresh caches the same sequence can go back.
+    let mut caches: Vec<Box<dyn Cache>> = vec![
+        Box::new(KVCache::new()),
+        Box::new(RotatingKVCache::new(4, 0).unwrap()),
+    ];
+    enable_rollback(&mut caches, 3);
+    for t in 0..6 {
+        for c in caches.iter_mut() {
+            write(c.as_mut(), t, 1);
+        }
+    }
+    assert!(can_trim_prompt_cache(&caches));
+    assert_eq!(
+        trim_prompt_cache(&mut caches, 4),
+        0,
+        "deeper than the history"
+    );
+    assert_eq!(trim_prompt_cache(&mut caches, 3), 3);
+    assert_eq!(caches[1].offset(), 3);
+}

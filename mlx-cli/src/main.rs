@@ -9,6 +9,7 @@
 mod cache_prompt;
 mod chat;
 mod common;
+mod embed;
 mod generate;
 mod info;
 mod model;
@@ -49,6 +50,9 @@ enum Command {
     Fuse(mlx_train::cli::FuseArgs),
     /// List every supported model_type and how it is served (descriptor table or dedicated port).
     Models(models::ModelsArgs),
+    /// Sentence embeddings of texts as JSON vectors (last-token pooling, L2-normalised, as
+    /// sentence-transformers computes them for Qwen3-Embedding-style models).
+    Embed(embed::EmbedArgs),
     /// Describe a model directory: resolved descriptor, parameters, dtypes, quantization.
     Info(info::InfoArgs),
 }
@@ -82,6 +86,7 @@ fn main() -> ExitCode {
         Command::Fuse(a) => mlx_train::cli::run_fuse(&a).map_err(|e| e.to_string()),
         Command::Models(a) => models::run(&a),
         Command::Info(a) => info::run(&a),
+        Command::Embed(a) => embed::run(&a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -258,11 +258,12 @@ impl<'m> GenerateStep<'m> {
                 self.opts.kv_group_size,
                 self.opts.kv_bits,
             )?;
+            // `mx.eval([c.state for c in prompt_cache])`: every cache's state, recurrent
+            // (ArraysCache) state included, so the lazy graph never grows with the prompt.
             let states: Vec<Array> = self
                 .caches
                 .iter()
-                .filter_map(|c| c.fetch().ok().flatten())
-                .flat_map(|kv| kv.arrays().into_iter().cloned().collect::<Vec<_>>())
+                .flat_map(|c| c.state().into_arrays())
                 .collect();
             mlx_core::eval(states.iter())?;
             self.track(chunk);

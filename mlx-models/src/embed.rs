@@ -3,40 +3,22 @@
 //! L2-normalised (`torch.nn.functional.normalize`: `x / max(||x||, 1e-12)`), in float32.
 //!
 //! Each text runs alone (no padding), which is what left padding with an attention mask
-//! computes. The hidden states come from the model's inner stack (mlx-lm's `model.model`).
+//! computes. The hidden states are the model's inner stack (mlx-lm's `model.model`), from
+//! [`LanguageModel::forward_hidden`]: every descriptor-table row and every dedicated port has
+//! it; a model without it is an error naming its `model_type`.
 
 use mlx_core::prelude::*;
 
 use crate::error::{ModelError, Result};
-use crate::models::{gemma4_text, lfm2, moe, qwen3_next};
+use crate::models::LanguageModel;
 
-/// A model that can return its final normed hidden states `(batch, seq, hidden)`.
-pub trait HiddenStates {
-    fn final_hidden_states(&self, inputs: &Array) -> Result<Array>;
-}
-
-macro_rules! hidden_states_via_inner_model {
-    ($($t:ty),*) => {$(
-        impl HiddenStates for $t {
-            fn final_hidden_states(&self, inputs: &Array) -> Result<Array> {
-                self.hidden_states(inputs, None)
-            }
-        }
-    )*};
-}
-
-hidden_states_via_inner_model!(
-    moe::Model,
-    qwen3_next::Model,
-    lfm2::Model,
-    gemma4_text::Model
-);
-
-/// Embeds each token sequence of `batch`: an `(n, hidden)` float32 array of unit rows.
-pub fn embed(model: &dyn HiddenStates, batch: &[Vec<i32>]) -> Result<Array> {
+/// Embeds each token sequence of `batch`: an `(n, hidden)` float32 array of unit rows. Token
+/// ids are checked against the vocabulary first.
+pub fn embed(model: &dyn LanguageModel, batch: &[Vec<u32>]) -> Result<Array> {
     if batch.is_empty() {
         return Err(ModelError::Other("embed: no texts given".into()));
     }
+    let vocab = model.vocab_size();
     let mut rows = Vec::with_capacity(batch.len());
     for (i, ids) in batch.iter().enumerate() {
         if ids.is_empty() {
@@ -44,7 +26,24 @@ pub fn embed(model: &dyn HiddenStates, batch: &[Vec<i32>]) -> Result<Array> {
         }
         let n = i32::try_from(ids.len())
             .map_err(|_| ModelError::Other(format!("embed: text {i} is too long")))?;
-        let h = model.final_hidden_states(&Array::from_slice(ids, &[1, n])?)?;
+        let ids = ids
+            .iter()
+            .map(|&t| {
+                i32::try_from(t).ok().filter(|&t| t < vocab).ok_or_else(|| {
+                    ModelError::Other(format!(
+                        "embed: text {i}: token id {t} is outside the vocabulary (size {vocab})"
+                    ))
+                })
+            })
+            .collect::<Result<Vec<i32>>>()?;
+        let h = model
+            .forward_hidden(&Array::from_slice(&ids, &[1, n])?)
+            .ok_or_else(|| {
+                ModelError::Other(format!(
+                    "embed: model type `{}` has no hidden-state entry (cannot embed)",
+                    model.model_type()
+                ))
+            })??;
         let last = ops::slice_axis(&h, 1, n - 1, n, None)?;
         let last = ops::squeeze(&last, &[1], None)?.astype(Dtype::Float32)?;
         rows.push(normalize(&last)?);

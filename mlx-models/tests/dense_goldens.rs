@@ -67,14 +67,14 @@ fn supported_types_list_rows_and_remaps() {
         Some(Serving::Dedicated)
     );
     assert!(find("mamba").is_none());
-    // 41 rows, 10 dedicated ports (mixtral, qwen2_moe, qwen3_moe, olmoe, gpt_oss, qwen3_next,
+    // 42 rows, 10 dedicated ports (mixtral, qwen2_moe, qwen3_moe, olmoe, gpt_oss, qwen3_next,
     // qwen3_5, qwen3_5_moe, lfm2, gemma4_text), plus the MODEL_REMAPPING aliases of served
     // types (mistral, iquestcoder, xverse, llava).
     let dedicated = all
         .iter()
         .filter(|s| s.serving == Serving::Dedicated && s.via.is_none());
     assert_eq!(dedicated.count(), 10, "{all:?}");
-    assert_eq!(all.len(), 55, "{all:?}");
+    assert_eq!(all.len(), 56, "{all:?}");
 }
 
 #[test]

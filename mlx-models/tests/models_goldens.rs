@@ -150,24 +150,18 @@ fn fused_gated_delta_is_bit_identical_on_cpu_in_f32() {
 /// mlx-lm's inner model, bit for bit.
 #[test]
 fn embeddings_match_bit_for_bit() {
-    use mlx_models::embed::{embed, HiddenStates};
-    use mlx_models::models::{gemma4_text, lfm2, moe};
+    use mlx_models::embed::embed;
     let mut failures = Vec::new();
     for name in ["qwen3_moe", "qwen3_5", "lfm2", "gemma4_text"] {
-        let dir = root().join("models").join(name);
-        let config = ModelConfig::from_file(&dir.join("config.json")).unwrap();
-        let mut w = Weights::new(load_weights(&dir).unwrap(), None, None);
-        let model: Box<dyn HiddenStates> = match name {
-            "qwen3_moe" => Box::new(moe::Model::load(&config, &mut w).unwrap()),
-            "qwen3_5" => Box::new(qwen3_next::Model::load(&config, &mut w).unwrap()),
-            "lfm2" => Box::new(lfm2::Model::load(&config, &mut w).unwrap()),
-            _ => Box::new(gemma4_text::Model::load(&config, &mut w).unwrap()),
-        };
-        w.finish().unwrap();
+        let (model, _) =
+            load_model_dir(&root().join("models").join(name), &LoadOptions::default()).unwrap();
         let g = Goldens::load(root().join(format!("goldens/models_{name}.safetensors"))).unwrap();
         let case = g.case("embed").unwrap();
-        let texts: Vec<Vec<i32>> = (0..2)
-            .map(|i| case.input(i).unwrap().to_vec::<i32>().unwrap())
+        let texts: Vec<Vec<u32>> = (0..2)
+            .map(|i| {
+                let ids = case.input(i).unwrap().to_vec::<i32>().unwrap();
+                ids.into_iter().map(|t| t as u32).collect()
+            })
             .collect();
         let got = embed(model.as_ref(), &texts).unwrap();
         if let Err(e) = case.check(&[got]) {
@@ -175,4 +169,50 @@ fn embeddings_match_bit_for_bit() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// `embed` checks what it is given before the model sees it, and names the model type when
+/// the architecture has no hidden-state entry.
+#[test]
+fn embed_errors_are_clear() {
+    use mlx_models::embed::embed;
+    let (model, _) =
+        load_model_dir(&root().join("models/qwen3_moe"), &LoadOptions::default()).unwrap();
+    let err = |r: mlx_models::Result<Array>| r.unwrap_err().to_string();
+    assert!(err(embed(model.as_ref(), &[])).contains("no texts"));
+    assert!(err(embed(model.as_ref(), &[vec![1], vec![]])).contains("text 1 has no tokens"));
+    let e = err(embed(model.as_ref(), &[vec![1, 128]]));
+    assert!(
+        e.contains("token id 128") && e.contains("vocabulary"),
+        "{e}"
+    );
+
+    /// A model without `forward_hidden`.
+    struct NoHidden;
+    impl LanguageModel for NoHidden {
+        fn forward(
+            &self,
+            inputs: &Array,
+            _caches: Option<&mut [Box<dyn mlx_cache::Cache>]>,
+        ) -> mlx_models::Result<Array> {
+            Ok(inputs.clone())
+        }
+        fn make_cache(&self) -> Vec<Box<dyn mlx_cache::Cache>> {
+            Vec::new()
+        }
+        fn defines_make_cache(&self) -> bool {
+            false
+        }
+        fn num_layers(&self) -> usize {
+            0
+        }
+        fn model_type(&self) -> &str {
+            "no_hidden_type"
+        }
+        fn vocab_size(&self) -> i32 {
+            8
+        }
+    }
+    let e = err(embed(&NoHidden, &[vec![1]]));
+    assert!(e.contains("`no_hidden_type`"), "{e}");
 }

@@ -506,6 +506,26 @@ CASES["olmo"] = (
 )
 ONE_TOKEN = {"olmo"}
 
+# Spark 2.5: fused q_k_v_proj, the head-wise sigmoid output gate (`g_proj`), GeGLU (erf), a
+# sliding and a full layer with their own rope (`rope_parameters`: partial rotary on the
+# sliding one), rotating caches (window 4: the prompt wraps them).
+CASES["spark2_5"] = (
+    "spark2_5",
+    {
+        "head_dim": 8,
+        "sliding_window": 4,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "rope_parameters": {
+            "sliding_attention": {"rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+            "full_attention": {"rope_theta": 1000000.0},
+        },
+        "attention_bias": True,
+        "tie_word_embeddings": False,
+    },
+    "float32",
+    None,
+)
+
 PROMPT = [1, 17, 90, 5, 42, 42, 7, 88, 3, 64]
 STEPS = 5
 

@@ -76,6 +76,8 @@ pub struct Attention {
     slice_concat: bool,
     manual: bool,
     qkv: Qkv,
+    /// The head-wise output gate (`hidden -> heads`), with its module name.
+    gate: Option<(&'static str, Linear)>,
     o_proj: Linear,
     qk_norm: QkNormLayers,
     rope: Option<Rope>,
@@ -96,6 +98,9 @@ impl Attention {
                 out.push((join(n.attn, n.qkv.unwrap_or("qkv_proj")), l));
             }
         }
+        if let Some((name, g)) = &mut self.gate {
+            out.push((join(n.attn, name), g));
+        }
         out.push((join(n.attn, n.o), &mut self.o_proj));
         out
     }
@@ -105,6 +110,9 @@ impl Attention {
             Qkv::Separate { q, k, v } => vec![q, k, v],
             Qkv::Fused(l) | Qkv::Interleaved(l) | Qkv::PerHead(l) => vec![l],
         };
+        if let Some((_, g)) = &self.gate {
+            out.push(g);
+        }
         out.push(&self.o_proj);
         out
     }
@@ -143,6 +151,10 @@ impl Attention {
                 k: Linear::load(w, &p(n.k), dim, nkv * hd, d.qkv_bias)?,
                 v: Linear::load(w, &p(n.v), dim, nkv * hd, d.qkv_bias)?,
             },
+        };
+        let gate = match d.head_gate {
+            Some(g) => Some((g, Linear::load(w, &p(g), dim, nh, d.qkv_bias)?)),
+            None => None,
         };
         let o_proj = Linear::load(w, &p(n.o), nh * hd, dim, d.o_bias)?;
         let eps = d.norm_eps;
@@ -194,6 +206,7 @@ impl Attention {
             slice_concat: d.rope_slice_concat,
             manual: d.manual_attention,
             qkv,
+            gate,
             o_proj,
             qk_norm,
             rope: spec.map(init_rope).transpose()?,
@@ -352,7 +365,14 @@ impl Attention {
                     .astype(values.dtype())?
             }
         };
-        let out = ops::reshape(&t(&out)?, &[b, l, -1], None)?;
+        let mut out = t(&out)?;
+        if let Some((_, g)) = &self.gate {
+            // spark2_5.py: `sigmoid(g_proj(x).astype(float32)).astype(output.dtype)`, per head.
+            let gate = ops::sigmoid(&g.forward(x)?.astype(Dtype::Float32)?, None)?;
+            let gate = ops::expand_dims(&gate.astype(out.dtype())?, &[-1], None)?;
+            out = (&out * &gate)?;
+        }
+        let out = ops::reshape(&out, &[b, l, -1], None)?;
         self.o_proj.forward(&out)
     }
 

@@ -215,6 +215,10 @@ pub struct Descriptor {
     /// Python's attention scale, computed as the row's file computes it.
     pub attn_scale: f64,
     pub attn_logit_softcap: Option<f64>,
+    /// A head-wise attention output gate: this module (inside the attention, `hidden -> heads`,
+    /// with the q/k/v bias) scales each head's output by `sigmoid(g(x).astype(f32))` cast back,
+    /// before the output projection (Spark 2.5's `g_proj`).
+    pub head_gate: Option<&'static str>,
     /// Ministral 3's per-position query scale `(llama_4_scaling_beta,
     /// original_max_position_embeddings)`.
     pub query_scale: Option<(f64, i64)>,
@@ -427,6 +431,7 @@ pub const ROWS: &[(&str, RowFn)] = &[
     ("gemma2", gemma2),
     ("gemma3_text", gemma3_text),
     ("phi3", phi3),
+    ("spark2_5", spark2_5),
     ("olmo2", olmo2),
     ("granite", granite),
     ("cohere", cohere),
@@ -680,6 +685,7 @@ fn base(model_type: &str, k: &Common, head_dim: i32, eps: f64) -> Descriptor {
         local_rope: None,
         attn_scale: scale_of(head_dim),
         attn_logit_softcap: None,
+        head_gate: None,
         query_scale: None,
         embed_scale: EmbedScale::None,
         residual_multiplier: None,
@@ -857,6 +863,108 @@ fn gemma3_text(c: &Cfg) -> Result<Descriptor> {
     d.embed_scale = EmbedScale::Bf16(f64::from(k.hidden).powf(0.5));
     d.clip_residual = true;
     d.head = Head::TiedIfMissing;
+    d.defines_make_cache = true;
+    Ok(d)
+}
+
+/// `models/spark2_5.py`: fused `q_k_v_proj`, a head-wise sigmoid output gate (`g_proj`),
+/// GeGLU (erf), sliding and full layers each with their own rope from `rope_parameters`
+/// (`rope_theta`, `partial_rotary_factor`), rotating caches on the sliding layers.
+fn spark2_5(c: &Cfg) -> Result<Descriptor> {
+    let k = common(c, false)?;
+    let hd = c.i32("head_dim")?;
+    let mut d = base("spark2_5", &k, hd, c.f64_or("rms_norm_eps", 1e-6)?);
+    let bias = c.bool_or("attention_bias", false)?;
+    (d.qkv_bias, d.o_bias) = (bias, bias);
+    let mlp_bias = c.bool_or("mlp_bias", false)?;
+    (d.mlp_bias, d.down_bias) = (mlp_bias, mlp_bias);
+    if c.get("hidden_act")
+        .is_some_and(|v| v.as_str() != Some("gelu"))
+    {
+        return Err(c.err("hidden_act", "must be \"gelu\" (Spark2_5 requires GELU)"));
+    }
+    if !c.bool_or("headwise_attn_output_gate", true)? {
+        return Err(c.err("headwise_attn_output_gate", "must be true"));
+    }
+    if c.get("gate_attn_act_mode")
+        .is_some_and(|v| v.as_str() != Some("sigmoid"))
+    {
+        return Err(c.err("gate_attn_act_mode", "must be \"sigmoid\""));
+    }
+    d.mlp = MlpKind::GeGluErf;
+    d.head_gate = Some("g_proj");
+    d.names.embed = "model.embedding";
+    d.names.qkv = Some("q_k_v_proj");
+    d.names.o = "out_proj";
+    let n = k.layers.max(0) as usize;
+    let types = match c.opt_strings("layer_types")? {
+        Some(t) => t,
+        None => (0..n)
+            .map(|i| {
+                if i % 4 == 3 {
+                    "full_attention"
+                } else {
+                    "sliding_attention"
+                }
+                .to_string()
+            })
+            .collect(),
+    };
+    if types.len() != n {
+        return Err(c.err("layer_types", "length must match num_hidden_layers"));
+    }
+    if let Some(t) = types
+        .iter()
+        .find(|t| *t != "sliding_attention" && *t != "full_attention")
+    {
+        return Err(c.err("layer_types", &format!("has an unsupported type {t:?}")));
+    }
+    let params = c
+        .opt_map("rope_parameters")?
+        .ok_or_else(|| c.err("rope_parameters", "is required but missing"))?;
+    let rope_of = |ty: &str| -> Result<RopeSpec> {
+        let p = params
+            .get(ty)
+            .and_then(Value::as_object)
+            .ok_or_else(|| c.err("rope_parameters", &format!("has no object for {ty}")))?;
+        let num = |key: &str, default: f64| -> Result<f64> {
+            match p.get(key) {
+                None => Ok(default),
+                Some(v) => v.as_f64().ok_or_else(|| {
+                    c.err("rope_parameters", &format!("{ty}.{key} must be a number"))
+                }),
+            }
+        };
+        let dims = (f64::from(hd) * num("partial_rotary_factor", 1.0)?) as i32;
+        if dims <= 0 || dims > hd || dims % 2 != 0 {
+            return Err(c.err(
+                "rope_parameters",
+                &format!("{ty}: invalid rotary dimension {dims} for head_dim {hd}"),
+            ));
+        }
+        Ok(RopeSpec {
+            dims,
+            theta: num("rope_theta", 10000.0)?,
+            traditional: false,
+            scaling: None,
+            max_position_embeddings: None,
+            table: RopeTable::Initialize,
+        })
+    };
+    d.sliding = types.iter().map(|t| t == "sliding_attention").collect();
+    if d.sliding.iter().any(|&s| !s) {
+        d.rope = Some(rope_of("full_attention")?);
+    }
+    if d.sliding.iter().any(|&s| s) {
+        d.local_rope = Some(rope_of("sliding_attention")?);
+        // Full layers' rope is needed as the fallback only when there are any.
+        if d.rope.is_none() {
+            d.rope = d.local_rope.clone();
+        }
+    }
+    d.sliding_window = Some(c.i64_required("sliding_window")?.max(0) as usize);
+    d.head = tie(c.bool_or("tie_word_embeddings", true)?);
+    d.drop_layer_tensors = vec![INV_FREQ];
     d.defines_make_cache = true;
     Ok(d)
 }

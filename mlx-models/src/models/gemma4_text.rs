@@ -810,6 +810,10 @@ impl LanguageModel for Model {
         self.head(&out)
     }
 
+    fn forward_hidden(&self, inputs: &Array) -> Option<Result<Array>> {
+        Some(self.hidden_states(inputs, None))
+    }
+
     fn make_cache(&self) -> Vec<Box<dyn Cache>> {
         let window = usize::try_from(self.args.sliding_window).unwrap_or(1);
         self.layers[..self.args.first_kv_shared()]

@@ -1,7 +1,7 @@
 //! mlx-lm 0.32.2 `models/lfm2.py`: gated short-convolution blocks (conv state in an
 //! [`ArraysCache`] of one slot) interleaved with attention layers (per-head q/k norms).
-//! A cache from [`Model::make_cache_with_rollback`] keeps recent per-token conv states so
-//! `trim(n)` works (see `mlx_cache::ArraysCache`).
+//! A cache from [`LanguageModel::make_cache_with_rollback`] keeps recent per-token conv states
+//! so `trim(n)` works (see `mlx_cache::ArraysCache`).
 
 use mlx_cache::{ArraysCache, Cache, KVCache};
 use mlx_core::prelude::*;
@@ -312,20 +312,6 @@ impl Model {
             conv_idx,
         })
     }
-
-    /// Caches whose conv layers keep the last `max_rollback` per-token states.
-    pub fn make_cache_with_rollback(&self, max_rollback: usize) -> Vec<Box<dyn Cache>> {
-        self.layers
-            .iter()
-            .map(|l| -> Box<dyn Cache> {
-                match l.op {
-                    Operator::Attention(_) => Box::new(KVCache::new()),
-                    Operator::Conv(_) if max_rollback == 0 => Box::new(ArraysCache::new(1)),
-                    Operator::Conv(_) => Box::new(ArraysCache::with_history(1, max_rollback)),
-                }
-            })
-            .collect()
-    }
 }
 
 /// lfm2.py `sanitize`: HF conv weights `(C, 1, K)` become `(C, K, 1)`.
@@ -415,8 +401,20 @@ impl LanguageModel for Model {
         self.head(&out)
     }
 
+    fn forward_hidden(&self, inputs: &Array) -> Option<Result<Array>> {
+        Some(self.hidden_states(inputs, None))
+    }
+
     fn make_cache(&self) -> Vec<Box<dyn Cache>> {
-        self.make_cache_with_rollback(0)
+        self.layers
+            .iter()
+            .map(|l| -> Box<dyn Cache> {
+                match l.op {
+                    Operator::Attention(_) => Box::new(KVCache::new()),
+                    Operator::Conv(_) => Box::new(ArraysCache::new(1)),
+                }
+            })
+            .collect()
     }
 
     fn defines_make_cache(&self) -> bool {

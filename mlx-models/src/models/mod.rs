@@ -31,6 +31,15 @@ pub trait LanguageModel: Send {
     /// Fresh caches, one per layer, of the kinds this architecture uses.
     fn make_cache(&self) -> Vec<Box<dyn Cache>>;
 
+    /// [`LanguageModel::make_cache`]'s caches able to undo up to `max_rollback` tokens exactly
+    /// with `trim` (speculative decoding), also where mlx-lm cannot: recurrent state (its
+    /// issue #1446) and rotating caches that have wrapped (see `mlx_cache::enable_rollback`).
+    fn make_cache_with_rollback(&self, max_rollback: usize) -> Vec<Box<dyn Cache>> {
+        let mut caches = self.make_cache();
+        mlx_cache::enable_rollback(&mut caches, max_rollback);
+        caches
+    }
+
     /// Whether the mlx-lm model class defines `make_cache` (then `make_prompt_cache` ignores
     /// `max_kv_size`, as mlx-lm does); otherwise [`LanguageModel::make_cache`] is the default
     /// of plain caches.

@@ -1236,6 +1236,10 @@ impl LanguageModel for Model {
         self.head(&out)
     }
 
+    fn forward_hidden(&self, inputs: &Array) -> Option<Result<Array>> {
+        Some(self.hidden_states(inputs, None))
+    }
+
     fn make_cache(&self) -> Vec<Box<dyn Cache>> {
         (0..self.layers.len())
             .map(|i| -> Box<dyn Cache> {

@@ -6,8 +6,8 @@
 //! weights live (`model.*` vs `language_model.model.*`).
 //!
 //! Recurrent state (conv state, DeltaNet state) lives in an [`ArraysCache`] of two slots per
-//! linear layer; a cache made by [`Model::make_cache_with_rollback`] also keeps the state after
-//! each recent token, so `trim(n)` restores it exactly (see `mlx_cache::ArraysCache`).
+//! linear layer; a cache made by [`LanguageModel::make_cache_with_rollback`] also keeps the state
+//! after each recent token, so `trim(n)` restores it exactly (see `mlx_cache::ArraysCache`).
 
 use mlx_cache::{ArraysCache, AttentionMask, Cache, KVCache};
 use mlx_core::prelude::*;
@@ -794,21 +794,6 @@ impl Model {
             }
         }
     }
-
-    /// Caches whose recurrent layers keep the last `max_rollback` per-token states, so that
-    /// `trim_prompt_cache(caches, n)` works for `n <= max_rollback` (mlx-lm cannot trim these).
-    pub fn make_cache_with_rollback(&self, max_rollback: usize) -> Vec<Box<dyn Cache>> {
-        self.layers
-            .iter()
-            .map(|l| -> Box<dyn Cache> {
-                match l.mixer {
-                    Mixer::Linear(_) if max_rollback == 0 => Box::new(ArraysCache::new(2)),
-                    Mixer::Linear(_) => Box::new(ArraysCache::with_history(2, max_rollback)),
-                    Mixer::Attention(_) => Box::new(KVCache::new()),
-                }
-            })
-            .collect()
-    }
 }
 
 /// Both files' `sanitize`: qwen3_5 moves `model.language_model.*` to `language_model.model.*`
@@ -991,8 +976,20 @@ impl LanguageModel for Model {
         self.head(&out)
     }
 
+    fn forward_hidden(&self, inputs: &Array) -> Option<Result<Array>> {
+        Some(self.hidden_states(inputs, None))
+    }
+
     fn make_cache(&self) -> Vec<Box<dyn Cache>> {
-        self.make_cache_with_rollback(0)
+        self.layers
+            .iter()
+            .map(|l| -> Box<dyn Cache> {
+                match l.mixer {
+                    Mixer::Linear(_) => Box::new(ArraysCache::new(2)),
+                    Mixer::Attention(_) => Box::new(KVCache::new()),
+                }
+            })
+            .collect()
     }
 
     fn defines_make_cache(&self) -> bool {
