@@ -22,7 +22,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use crate::error::ApiError;
 use crate::request::{parse, Kind, Parsed};
 use crate::state::{unix_now, Shared};
-use crate::tools;
+use crate::tools::{self, ToolFormat, ToolText};
 
 pub fn router(state: Shared) -> Router {
     let limit = state.args.max_body_bytes;
@@ -193,6 +193,21 @@ struct Ctx {
     cached_tokens: usize,
     completion_tokens: usize,
     first_token: Option<Duration>,
+    /// Tool-call parsing of this reply, when the template defines a format that applies.
+    tools: Option<ToolState>,
+}
+
+/// A reply read for tool calls (see [`crate::tools`]).
+struct ToolState {
+    format: ToolFormat,
+    text: ToolText,
+    /// Content not yet sent (streaming) or all content (not streaming).
+    content: String,
+    /// Raw text of calls not yet sent.
+    calls: Vec<String>,
+    made_call: bool,
+    /// Calls formatted so far (their ids and stream indices).
+    formatted: usize,
 }
 
 impl Ctx {
@@ -208,6 +223,23 @@ impl Ctx {
             Kind::Completion => "cmpl",
         });
         let prompt_tokens = parsed.request.prompt.len();
+        // mlx_lm.server reads `<tool_call>` markers in every chat reply of a model whose
+        // template defines them; Llama 3's bare JSON only when tools were given.
+        let format = match (parsed.kind, state.tool_format) {
+            (Kind::Chat, Some(ToolFormat::Markers)) => Some(ToolFormat::Markers),
+            (Kind::Chat, Some(ToolFormat::Llama3Json)) if parsed.has_tools => {
+                Some(ToolFormat::Llama3Json)
+            }
+            _ => None,
+        };
+        let tools = format.map(|format| ToolState {
+            format,
+            text: ToolText::default(),
+            content: String::new(),
+            calls: Vec::new(),
+            made_call: false,
+            formatted: 0,
+        });
         Ctx {
             state,
             parsed,
@@ -224,6 +256,7 @@ impl Ctx {
             cached_tokens: 0,
             completion_tokens: 0,
             first_token: None,
+            tools,
         }
     }
 
@@ -369,16 +402,19 @@ impl Ctx {
                 }
             }
         };
-        self.log(200, finish);
         let logprobs = self.logprobs_value(0);
         let choice = match self.parsed.kind {
             Kind::Chat => {
                 let (message, finish) = self.message(finish);
+                self.log(200, finish);
                 json!({"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish})
             }
-            Kind::Completion => json!({
-                "index": 0, "text": self.text, "logprobs": logprobs, "finish_reason": finish,
-            }),
+            Kind::Completion => {
+                self.log(200, finish);
+                json!({
+                    "index": 0, "text": self.text, "logprobs": logprobs, "finish_reason": finish,
+                })
+            }
         };
         Ok(json!({
             "id": self.id,
@@ -391,35 +427,94 @@ impl Ctx {
         }))
     }
 
-    /// The assistant message (with tool calls parsed out when tools were given) and the
-    /// finish reason (`tool_calls` when there are calls).
-    fn message(&self, finish: &'static str) -> (Value, &'static str) {
-        if self.parsed.has_tools {
-            let (content, calls) = tools::extract(&self.text);
-            if !calls.is_empty() {
-                let calls: Vec<Value> = calls
-                    .iter()
-                    .enumerate()
-                    .map(|(i, c)| {
-                        json!({
-                            "id": format!("call_{}_{i}", self.id),
-                            "type": "function",
-                            "function": {"name": c.name, "arguments": c.arguments},
-                        })
-                    })
-                    .collect();
-                let content = if content.is_empty() {
-                    Value::Null
-                } else {
-                    Value::String(content)
-                };
-                return (
-                    json!({"role": "assistant", "content": content, "tool_calls": calls}),
-                    "tool_calls",
-                );
+    /// Feeds reply text to the tool parser (Markers: as it comes; Llama 3: all at the end).
+    fn tool_feed(&mut self, text: &str) {
+        if let Some(t) = &mut self.tools {
+            match t.format {
+                ToolFormat::Markers => {
+                    let split = t.text.push(text);
+                    t.content.push_str(&split.content);
+                    t.made_call |= !split.calls.is_empty();
+                    t.calls.extend(split.calls);
+                }
+                ToolFormat::Llama3Json => t.content.push_str(text),
             }
         }
-        (json!({"role": "assistant", "content": self.text}), finish)
+    }
+
+    /// The end of the reply for the tool parser; returns the finish reason, `tool_calls` when
+    /// the reply stopped after a call (mlx_lm.server's rule).
+    fn tool_end(&mut self, reason: &'static str) -> &'static str {
+        let Some(t) = &mut self.tools else {
+            return reason;
+        };
+        match t.format {
+            ToolFormat::Markers => {
+                let split = t.text.finish(reason == "length");
+                t.content.push_str(&split.content);
+                t.made_call |= !split.calls.is_empty();
+                t.calls.extend(split.calls);
+            }
+            ToolFormat::Llama3Json => {
+                if tools::parse_llama3(&t.content).is_some() {
+                    t.calls.push(std::mem::take(&mut t.content));
+                    t.made_call = true;
+                }
+            }
+        }
+        if reason == "stop" && t.made_call {
+            "tool_calls"
+        } else {
+            reason
+        }
+    }
+
+    /// The calls read since the last call of this, in the API's shape (`index` when
+    /// streaming).
+    fn take_calls(&mut self, streaming: bool) -> Vec<Value> {
+        let Some(t) = &mut self.tools else {
+            return Vec::new();
+        };
+        let raw = std::mem::take(&mut t.calls);
+        let parsed: Vec<tools::ToolCall> = match t.format {
+            ToolFormat::Markers => raw.iter().flat_map(|r| tools::parse_calls(r)).collect(),
+            ToolFormat::Llama3Json => raw.iter().filter_map(|r| tools::parse_llama3(r)).collect(),
+        };
+        parsed
+            .iter()
+            .map(|c| {
+                let i = t.formatted;
+                t.formatted += 1;
+                c.to_json(format!("call_{}_{i}", self.id), streaming.then_some(i))
+            })
+            .collect()
+    }
+
+    /// The assistant message and the finish reason. With a tool format, the calls are parsed
+    /// out of the text and the content is what remains (null when empty, as mlx_lm.server
+    /// sends it).
+    fn message(&mut self, finish: &'static str) -> (Value, &'static str) {
+        if self.tools.is_none() {
+            return (json!({"role": "assistant", "content": self.text}), finish);
+        }
+        let text = std::mem::take(&mut self.text);
+        self.tool_feed(&text);
+        self.text = text;
+        let finish = self.tool_end(finish);
+        let calls = self.take_calls(false);
+        let content = self
+            .tools
+            .as_mut()
+            .map(|t| std::mem::take(&mut t.content))
+            .unwrap_or_default();
+        let mut message = json!({
+            "role": "assistant",
+            "content": if content.is_empty() { Value::Null } else { Value::String(content) },
+        });
+        if !calls.is_empty() {
+            message["tool_calls"] = Value::Array(calls);
+        }
+        (message, finish)
     }
 
     fn chunk(&self, choice: Value) -> Event {
@@ -472,6 +567,38 @@ struct StreamState {
     finished: bool,
 }
 
+impl StreamState {
+    /// mlx_lm.server's streaming with a tool format: a chunk whenever the reply is outside a
+    /// call and has content or finished calls to report (calls as `tool_calls` deltas with
+    /// their `index`), and always the last one (with `finish`).
+    fn tool_chunk(&mut self, finish: Option<&'static str>) -> Option<Event> {
+        let t = self.ctx.tools.as_ref()?;
+        let hold = t.format == ToolFormat::Llama3Json || t.text.in_tool();
+        if finish.is_none() && (hold || (t.content.is_empty() && t.calls.is_empty())) {
+            return None;
+        }
+        let calls = self.ctx.take_calls(true);
+        let content = self
+            .ctx
+            .tools
+            .as_mut()
+            .map(|t| std::mem::take(&mut t.content))
+            .unwrap_or_default();
+        let mut delta = json!({"role": "assistant"});
+        if !content.is_empty() {
+            delta["content"] = json!(content);
+        }
+        if !calls.is_empty() {
+            delta["tool_calls"] = Value::Array(calls);
+        }
+        let logprobs = self.ctx.logprobs_value(self.sent);
+        self.sent = self.ctx.tokens.len();
+        Some(self.ctx.chunk(json!({
+            "index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish,
+        })))
+    }
+}
+
 /// The SSE stream of a streaming request. Dropping it (client gone) drops the receiver, and
 /// the engine frees the row at its next step.
 fn sse_stream(ctx: Ctx) -> impl Stream<Item = Result<Event, Infallible>> {
@@ -505,10 +632,14 @@ fn sse_stream(ctx: Ctx) -> impl Stream<Item = Result<Event, Infallible>> {
                 Some(ev) => st.ctx.apply(ev),
                 None => Step::Failed(ApiError::server("the engine dropped the request")),
             };
-            // With tools, the reply is held until the end: a call is only known once whole.
-            let tools = st.ctx.parsed.has_tools && st.ctx.parsed.kind == Kind::Chat;
             match step {
-                Step::Text(t) if tools || (t.is_empty() && !st.ctx.parsed.logprobs) => {}
+                Step::Text(t) if st.ctx.tools.is_some() => {
+                    st.ctx.tool_feed(&t);
+                    if let Some(ev) = st.tool_chunk(None) {
+                        st.pending.push_back(ev);
+                    }
+                }
+                Step::Text(t) if t.is_empty() && !st.ctx.parsed.logprobs => {}
                 Step::Text(t) => {
                     if st.ctx.tokens.len() > st.sent || !t.is_empty() {
                         let ev = st.ctx.delta_chunk(&t, st.sent, None);
@@ -517,27 +648,14 @@ fn sse_stream(ctx: Ctx) -> impl Stream<Item = Result<Event, Infallible>> {
                     }
                 }
                 Step::Done(t, reason) => {
-                    st.ctx.log(200, reason);
-                    if tools {
-                        let (message, finish) = st.ctx.message(reason);
-                        let mut delta = message;
-                        if delta["content"].is_null() {
-                            if let Some(o) = delta.as_object_mut() {
-                                o.remove("content");
-                            }
-                        }
-                        if let Some(calls) =
-                            delta.get_mut("tool_calls").and_then(Value::as_array_mut)
-                        {
-                            for (i, c) in calls.iter_mut().enumerate() {
-                                c["index"] = json!(i);
-                            }
-                        }
-                        let ev = st.ctx.chunk(json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": null}));
-                        st.pending.push_back(ev);
-                        let ev = st.ctx.delta_chunk("", st.ctx.tokens.len(), Some(finish));
-                        st.pending.push_back(ev);
+                    if st.ctx.tools.is_some() {
+                        st.ctx.tool_feed(&t);
+                        let finish = st.ctx.tool_end(reason);
+                        st.ctx.log(200, finish);
+                        let ev = st.tool_chunk(Some(finish));
+                        st.pending.extend(ev);
                     } else {
+                        st.ctx.log(200, reason);
                         if !t.is_empty() {
                             let ev = st.ctx.delta_chunk(&t, st.sent, None);
                             st.pending.push_back(ev);

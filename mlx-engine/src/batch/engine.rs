@@ -65,7 +65,8 @@ pub enum BatchEvent {
         logprob: Option<f32>,
         top_logprobs: Vec<(u32, f32)>,
     },
-    /// Generation ended; `text` is what was still held back.
+    /// Generation ended; `text` is what was still held back. `completion_tokens` counts a final
+    /// EOS token, as mlx-lm does.
     Done {
         text: String,
         finish_reason: FinishReason,
@@ -685,6 +686,8 @@ impl Worker {
             Ok(Outcome::Finished)
         };
         if self.tokenizer.eos_token_ids().contains(&token) {
+            // Counted among the generated tokens, as mlx-lm (and mlx_lm.server's usage) count it.
+            row.generated += 1;
             let text = row.text.finish()?;
             return done(row, text, FinishReason::Stop);
         }
