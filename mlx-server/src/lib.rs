@@ -3,7 +3,8 @@
 //! running request in one batch (continuous batching).
 //!
 //! Endpoints: `POST /v1/chat/completions`, `POST /v1/completions` (streaming as server-sent
-//! events ending in `data: [DONE]`, or not), `GET /v1/models`, `GET /health`. Every bad request
+//! events ending in `data: [DONE]`, or not), `POST /v1/embeddings`, `GET /v1/models`,
+//! `GET /health`. Every bad request
 //! gets a 4xx with an OpenAI error object; the server keeps serving.
 //!
 //! ```no_run
@@ -19,6 +20,7 @@
 #![forbid(unsafe_code)]
 
 mod args;
+mod embeddings;
 mod error;
 mod request;
 mod routes;

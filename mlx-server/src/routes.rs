@@ -31,6 +31,7 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(crate::embeddings::embeddings))
         .fallback(fallback)
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
@@ -53,7 +54,7 @@ async fn fallback(uri: Uri) -> ApiError {
     ApiError::not_found(uri.path())
 }
 
-fn authorize(state: &Shared, headers: &HeaderMap) -> Result<(), ApiError> {
+pub(crate) fn authorize(state: &Shared, headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(key) = &state.args.api_key else {
         return Ok(());
     };

@@ -4,7 +4,8 @@ tool call (mlx-server/tests/fixtures/tools_qwen3: Qwen3's chat template, `<tool_
 Usage: python openai_tools.py BASE_URL
 Checks: the typed `tool_calls` of a reply (non-streaming, and streamed deltas assembled by
 index), `finish_reason == "tool_calls"`, a second turn carrying the call and the tool's result
-back, and the model's context length surfacing as `BadRequestError`.
+back, the model's context length surfacing as `BadRequestError`, and embeddings (base64, as
+the client asks for them, and float).
 """
 
 import json
@@ -64,4 +65,11 @@ try:
     raise AssertionError("a prompt past the model's context was accepted")
 except openai.BadRequestError as e:
     assert e.code == "context_length_exceeded" and "2048" in str(e), e
+# Embeddings (the client asks for base64 and decodes it).
+e = client.embeddings.create(model=model, input=["hello", "Paris"])
+assert [d.index for d in e.data] == [0, 1] and e.usage.prompt_tokens == 10, e.usage
+for d in e.data:
+    assert len(d.embedding) == 32 and abs(sum(x * x for x in d.embedding) - 1) < 1e-5
+f = client.embeddings.create(model=model, input="Paris", encoding_format="float")
+assert f.data[0].embedding == e.data[1].embedding
 print("openai tools: all checks passed")

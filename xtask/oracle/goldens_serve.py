@@ -15,8 +15,9 @@
    EOS. `max_position_embeddings` is 2048 (the server's context test uses it).
 2. Runs the real `mlx_lm.server` on `tools_qwen3` and records its responses (non-streaming and
    streaming, with and without `tools`): what our server must return (ids and times aside).
-3. Embeddings of the dense qwen3 fixture (mlx-models/tests/models/dense/qwen3): mlx-lm's inner
-   model (`model.model`), last token, L2-normalised in float32, as sentence-transformers does.
+3. Embeddings of the dense qwen3 fixture (mlx-models/tests/models/dense/qwen3, served from
+   `embed_qwen3`, which adds a tokenizer): mlx-lm's inner model (`model.model`), last token,
+   L2-normalised in float32, as sentence-transformers does; token-id inputs and texts.
 
 Writes mlx-server/tests/goldens/serve.json. Run with `cargo xtask goldens serve`.
 """
@@ -33,7 +34,6 @@ from pathlib import Path
 
 import mlx.core as mx
 from mlx_lm import load
-from mlx_lm.utils import load_model
 
 FIXTURES = Path("mlx-server/tests/fixtures")
 OUT = Path("mlx-server/tests/goldens/serve.json")
@@ -212,12 +212,22 @@ finally:
     server.terminate()
     server.wait()
 
-# Embeddings of the dense qwen3 fixture.
-EMBED_DIR = "mlx-models/tests/models/dense/qwen3"
+# Embeddings of the dense qwen3 fixture, served from a directory that adds the character-level
+# tokenizer of mlx-engine/tests/fixtures/tiny_chat (ids of ASCII letters are below its 96).
+EMBED_DIR = FIXTURES / "embed_qwen3"
+shutil.rmtree(EMBED_DIR, ignore_errors=True)
+EMBED_DIR.mkdir(parents=True)
+shutil.copy("mlx-models/tests/models/dense/qwen3/config.json", EMBED_DIR)
+os.symlink("../../../../mlx-models/tests/models/dense/qwen3/model.safetensors",
+           EMBED_DIR / "model.safetensors")
+for f in ("tokenizer.json", "tokenizer_config.json"):
+    shutil.copy(f"mlx-engine/tests/fixtures/tiny_chat/{f}", EMBED_DIR)
 EMBED_INPUTS = [[5, 17, 33, 2, 90], [1, 2, 3, 4, 5, 6, 7, 8, 95], [42]]
-model, _ = load_model(Path(EMBED_DIR))
+EMBED_TEXTS = ["hello world", "Paris"]
+model, tokenizer = load(str(EMBED_DIR))
+embed_ids = EMBED_INPUTS + [tokenizer.encode(t) for t in EMBED_TEXTS]
 embeddings = []
-for ids in EMBED_INPUTS:
+for ids in embed_ids:
     x = model.model(mx.array([ids], dtype=mx.int32))[:, -1, :].astype(mx.float32)
     norm = mx.sqrt(mx.sum(x * x, axis=-1, keepdims=True))
     embeddings.append((x / mx.maximum(norm, 1e-12))[0].tolist())
@@ -227,6 +237,7 @@ OUT.parent.mkdir(parents=True, exist_ok=True)
 OUT.write_text(json.dumps({
     "__generator__": f"xtask/oracle/goldens_serve.py {versions}",
     "tools": {"requests": REQUESTS, "responses": responses},
-    "embeddings": {"model": EMBED_DIR, "inputs": EMBED_INPUTS, "float32": embeddings},
+    "embeddings": {"inputs": EMBED_INPUTS, "texts": EMBED_TEXTS, "token_ids": embed_ids,
+                   "float32": embeddings},
 }, indent=1, ensure_ascii=False) + "\n")
 print(f"wrote {OUT}")

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use mlx_cache::{Cache, KVCache, StateValue};
 use mlx_core::memory;
 use mlx_core::prelude::*;
+use mlx_models::embed::{embed, to_vecs, HiddenStates};
 use mlx_models::LanguageModel;
 
 use super::cache::BatchKVCache;
@@ -145,11 +146,39 @@ struct Job {
     sink: Box<dyn EventSink>,
 }
 
+/// Receives the embeddings of an [`Engine::submit_embed`] call: one unit-length float32 row
+/// per input, or the error.
+pub type EmbedReply = Box<dyn FnOnce(std::result::Result<Vec<Vec<f32>>, String>) + Send>;
+
+/// What the engine thread is asked to do.
+enum Work {
+    Generate(Job),
+    Embed {
+        inputs: Vec<Vec<i32>>,
+        reply: EmbedReply,
+    },
+}
+
+/// A model's final normed hidden states through [`LanguageModel::forward_hidden`], for
+/// [`mlx_models::embed::embed`].
+struct ForwardHidden<'a>(&'a dyn LanguageModel);
+
+impl HiddenStates for ForwardHidden<'_> {
+    fn final_hidden_states(&self, inputs: &Array) -> mlx_models::Result<Array> {
+        self.0.forward_hidden(inputs).unwrap_or_else(|| {
+            Err(mlx_models::ModelError::Other(format!(
+                "`{}` models do not expose their hidden states here, so they cannot embed",
+                self.0.model_type()
+            )))
+        })
+    }
+}
+
 /// A handle to the engine thread. Dropping every handle stops the thread once the queue and
 /// the batch are empty.
 #[derive(Clone)]
 pub struct Engine {
-    tx: SyncSender<Job>,
+    tx: SyncSender<Work>,
     queue_size: usize,
     stats: Arc<EngineStats>,
     tokenizer: Arc<Tokenizer>,
@@ -172,7 +201,7 @@ impl Engine {
                 "prefill_step_size must be positive".into(),
             ));
         }
-        let (tx, rx) = mpsc::sync_channel::<Job>(config.queue_size);
+        let (tx, rx) = mpsc::sync_channel::<Work>(config.queue_size);
         let (ready_tx, ready_rx) = mpsc::channel::<Result<(Arc<Tokenizer>, usize)>>();
         let stats = Arc::new(EngineStats::default());
         let thread_stats = stats.clone();
@@ -234,7 +263,22 @@ impl Engine {
         request: BatchRequest,
         sink: Box<dyn EventSink>,
     ) -> std::result::Result<(), SubmitError> {
-        match self.tx.try_send(Job { request, sink }) {
+        self.send(Work::Generate(Job { request, sink }))
+    }
+
+    /// Queues sentence embeddings of `inputs` (token ids, each below the vocabulary size and
+    /// non-empty): [`mlx_models::embed::embed`] over the model's final normed hidden states,
+    /// run on the engine thread between decode steps. `reply` receives the rows.
+    pub fn submit_embed(
+        &self,
+        inputs: Vec<Vec<i32>>,
+        reply: EmbedReply,
+    ) -> std::result::Result<(), SubmitError> {
+        self.send(Work::Embed { inputs, reply })
+    }
+
+    fn send(&self, work: Work) -> std::result::Result<(), SubmitError> {
+        match self.tx.try_send(work) {
             Ok(()) => {
                 self.stats.queued.fetch_add(1, Ordering::Relaxed);
                 Ok(())
@@ -302,7 +346,7 @@ impl Worker {
         }
     }
 
-    fn run(&mut self, rx: Receiver<Job>) {
+    fn run(&mut self, rx: Receiver<Work>) {
         let mut waiting: VecDeque<Job> = VecDeque::new();
         let mut open = true;
         loop {
@@ -311,13 +355,13 @@ impl Worker {
                     return;
                 }
                 match rx.recv() {
-                    Ok(job) => waiting.push_back(job),
+                    Ok(work) => self.take(work, &mut waiting),
                     Err(_) => return,
                 }
             }
             while open && self.rows.len() + waiting.len() < self.config.max_batch {
                 match rx.try_recv() {
-                    Ok(job) => waiting.push_back(job),
+                    Ok(work) => self.take(work, &mut waiting),
                     Err(TryRecvError::Empty) => break,
                     Err(TryRecvError::Disconnected) => open = false,
                 }
@@ -343,6 +387,30 @@ impl Worker {
                 }
             }
             self.stats.active.store(self.rows.len(), Ordering::Relaxed);
+        }
+    }
+
+    /// A generation request waits for a slot; embeddings run at once (one forward per input,
+    /// no cache).
+    fn take(&mut self, work: Work, waiting: &mut VecDeque<Job>) {
+        match work {
+            Work::Generate(job) => waiting.push_back(job),
+            Work::Embed { inputs, reply } => {
+                self.stats.queued.fetch_sub(1, Ordering::Relaxed);
+                let vocab = self.vocab() as i64;
+                let bad = inputs.iter().enumerate().find_map(|(i, ids)| {
+                    ids.iter()
+                        .find(|&&t| t < 0 || i64::from(t) >= vocab)
+                        .map(|t| format!("input {i}: token id {t} is outside the vocabulary of {vocab}"))
+                });
+                let result = match bad {
+                    Some(e) => Err(e),
+                    None => embed(&ForwardHidden(self.model.as_ref()), &inputs)
+                        .and_then(|e| to_vecs(&e))
+                        .map_err(|e| e.to_string()),
+                };
+                reply(result);
+            }
         }
     }
 

@@ -17,5 +17,6 @@ mod text;
 
 pub use cache::BatchKVCache;
 pub use engine::{
-    BatchEvent, BatchRequest, Engine, EngineConfig, EngineStats, EventSink, SubmitError,
+    BatchEvent, BatchRequest, EmbedReply, Engine, EngineConfig, EngineStats, EventSink,
+    SubmitError,
 };
