@@ -222,7 +222,12 @@ mod tests {
     #[test]
     fn markers_split_across_pieces() {
         let (c, calls) = run(
-            &["ok <tool", "_call>\n{\"name\": \"f\", ", "\"arguments\": {\"x\": 1}}\n</tool_", "call> bye <"],
+            &[
+                "ok <tool",
+                "_call>\n{\"name\": \"f\", ",
+                "\"arguments\": {\"x\": 1}}\n</tool_",
+                "call> bye <",
+            ],
             false,
         );
         assert_eq!(c, "ok  bye ");

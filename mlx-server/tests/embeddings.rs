@@ -17,7 +17,10 @@ fn rows(v: &Value) -> Vec<Vec<f32>> {
         .iter()
         .enumerate()
         .map(|(i, d)| {
-            assert_eq!((d["object"].as_str(), d["index"].as_u64()), (Some("embedding"), Some(i as u64)));
+            assert_eq!(
+                (d["object"].as_str(), d["index"].as_u64()),
+                (Some("embedding"), Some(i as u64))
+            );
             d["embedding"]
                 .as_array()
                 .unwrap()
@@ -47,7 +50,9 @@ fn unbase64(s: &str) -> Vec<u8> {
         let n = chunk
             .iter()
             .filter(|&&c| c != b'=')
-            .fold((0u32, 0), |(n, k), &c| (n | u32::from(val(c)) << (18 - 6 * k), k + 1));
+            .fold((0u32, 0), |(n, k), &c| {
+                (n | u32::from(val(c)) << (18 - 6 * k), k + 1)
+            });
         let bytes = [(n.0 >> 16) as u8, (n.0 >> 8) as u8, n.0 as u8];
         out.extend_from_slice(&bytes[..n.1 - 1]);
     }
@@ -82,7 +87,11 @@ fn embeddings_equal_mlx_lm_and_the_library_call() {
     let s = TestServer::start_model(&dir, &[]);
 
     // Token ids.
-    let r = post(s.addr, "/v1/embeddings", &json!({"input": g["inputs"], "model": "embed_qwen3"}));
+    let r = post(
+        s.addr,
+        "/v1/embeddings",
+        &json!({"input": g["inputs"], "model": "embed_qwen3"}),
+    );
     assert_eq!(r.status, 200, "{}", r.body);
     let v = r.json();
     assert_eq!(v["object"], "list");
@@ -92,7 +101,10 @@ fn embeddings_equal_mlx_lm_and_the_library_call() {
     let got = rows(&v);
     assert_eq!(bits(&got), bits(&want[..n_ids]));
     let tokens: usize = ids[..n_ids].iter().map(Vec::len).sum();
-    assert_eq!(v["usage"], json!({"prompt_tokens": tokens, "total_tokens": tokens}));
+    assert_eq!(
+        v["usage"],
+        json!({"prompt_tokens": tokens, "total_tokens": tokens})
+    );
 
     // Texts, tokenized by the server as mlx-lm's tokenizer encodes them.
     let v = post(s.addr, "/v1/embeddings", &json!({"input": g["texts"]})).json();
@@ -132,14 +144,21 @@ fn embeddings_equal_mlx_lm_and_the_library_call() {
         (json!({"input": [1.5]}), "input"),
         (json!({"input": {"a": 1}}), "input"),
         (json!({}), "input"),
-        (json!({"input": "a", "encoding_format": "int8"}), "encoding_format"),
+        (
+            json!({"input": "a", "encoding_format": "int8"}),
+            "encoding_format",
+        ),
         (json!({"input": "a", "dimensions": 8}), "dimensions"),
     ] {
         let r = post(s.addr, "/v1/embeddings", &body);
         assert_eq!(r.status, 400, "{body}: {}", r.body);
         assert_eq!(r.json()["error"]["param"], param, "{body}");
     }
-    let r = post(s.addr, "/v1/embeddings", &json!({"input": "a", "model": "other"}));
+    let r = post(
+        s.addr,
+        "/v1/embeddings",
+        &json!({"input": "a", "model": "other"}),
+    );
     assert_eq!(r.status, 404);
     let r = post(s.addr, "/v1/embeddings", &json!({"input": "ok"}));
     assert_eq!(r.status, 200);

@@ -71,11 +71,7 @@ fn the_official_openai_client_gets_typed_tool_calls() {
     let py = venv_python();
     let s = TestServer::start_model(&server_fixture("tools_qwen3"), &[]);
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_tools.py");
-    let out = Command::new(py)
-        .arg(script)
-        .arg(s.url())
-        .output()
-        .unwrap();
+    let out = Command::new(py).arg(script).arg(s.url()).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(

@@ -48,9 +48,7 @@ fn tool_calls_equal_mlx_lm_server_streaming_and_not() {
             let got: Vec<Value> = data[..data.len() - 1]
                 .iter()
                 .map(|d| serde_json::from_str::<Value>(d).unwrap())
-                .filter(|c| {
-                    c["choices"][0]["delta"] != json!({"role": "assistant", "content": ""})
-                })
+                .filter(|c| c["choices"][0]["delta"] != json!({"role": "assistant", "content": ""}))
                 .map(|c| scrub_choice(&c["choices"][0]))
                 .collect();
             let want: Vec<Value> = want
@@ -64,11 +62,7 @@ fn tool_calls_equal_mlx_lm_server_streaming_and_not() {
             let r = post(s.addr, "/v1/chat/completions", body);
             assert_eq!(r.status, 200, "{name}: {}", r.body);
             let v = r.json();
-            assert_eq!(
-                scrub_choice(&v["choices"][0]),
-                want["choices"][0],
-                "{name}"
-            );
+            assert_eq!(scrub_choice(&v["choices"][0]), want["choices"][0], "{name}");
             for k in ["prompt_tokens", "completion_tokens", "total_tokens"] {
                 assert_eq!(v["usage"][k], want["usage"][k], "{name}: usage.{k}");
             }
