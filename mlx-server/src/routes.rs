@@ -46,6 +46,7 @@ async fn health(State(state): State<Shared>) -> Json<Value> {
         "queued": s.queued.load(Ordering::Relaxed),
         "decode_steps": s.decode_steps.load(Ordering::Relaxed),
         "max_batch_seen": s.max_batch_seen.load(Ordering::Relaxed),
+        "batched_prefills": s.batched_prefills.load(Ordering::Relaxed),
         "reused_tokens": s.reused_tokens.load(Ordering::Relaxed),
     }))
 }

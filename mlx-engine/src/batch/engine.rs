@@ -154,7 +154,7 @@ pub type EmbedReply = Box<dyn FnOnce(std::result::Result<Vec<Vec<f32>>, String>)
 
 /// What the engine thread is asked to do.
 enum Work {
-    Generate(Job),
+    Generate(Box<Job>),
     /// Requests that join the batch in the same step (so they are prefilled together).
     Group(Vec<Job>),
     Embed {
@@ -267,7 +267,7 @@ impl Engine {
         request: BatchRequest,
         sink: Box<dyn EventSink>,
     ) -> std::result::Result<(), SubmitError> {
-        self.send(Work::Generate(Job { request, sink }), 1)
+        self.send(Work::Generate(Box::new(Job { request, sink })), 1)
     }
 
     /// Queues requests that join the batch together, in one step: those without a cached
@@ -418,7 +418,7 @@ impl Worker {
     /// no cache).
     fn take(&mut self, work: Work, waiting: &mut VecDeque<Job>) {
         match work {
-            Work::Generate(job) => waiting.push_back(job),
+            Work::Generate(job) => waiting.push_back(*job),
             Work::Group(jobs) => waiting.extend(jobs),
             Work::Embed { inputs, reply } => {
                 self.stats.queued.fetch_sub(1, Ordering::Relaxed);
@@ -536,6 +536,9 @@ fn extract_row(caches: &[Box<dyn Cache>], i: usize) -> Result<Vec<Box<dyn Cache>
         })
         .collect()
 }
+
+/// A prefill's caches, first token and its `(vocab,)` log-probabilities.
+type Prefilled = (Vec<Box<dyn Cache>>, u32, Array);
 
 /// How an admitted request is prefilled.
 enum Start {
@@ -815,7 +818,7 @@ impl Worker {
         r: &BatchRequest,
         mut caches: Vec<Box<dyn Cache>>,
         reused: usize,
-    ) -> Result<(Vec<Box<dyn Cache>>, u32, Array)> {
+    ) -> Result<Prefilled> {
         if let Some(seed) = r.seed {
             random::seed(seed)?;
         }
