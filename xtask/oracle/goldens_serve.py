@@ -203,7 +203,7 @@ server = subprocess.Popen([sys.executable, "-m", "mlx_lm", "server", "--model", 
 try:
     for _ in range(600):
         try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5).read()
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).read()
             break
         except OSError:
             time.sleep(0.2)
