@@ -189,7 +189,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
             model, o.max_tokens, o.rounds, o.max_batch
         ),
         String::new(),
-        "| clients | mlx serve tok/s | mlx_lm.server tok/s | ratio | errors |".into(),
+        "| clients | mlx serve tok/s | mlx_lm.server tok/s | ratio | errors (ours / mlx_lm) |"
+            .into(),
         "|---:|---:|---:|---:|---:|".into(),
     ];
     let single = ours_rows
@@ -200,15 +201,19 @@ pub fn run(args: &[String]) -> Result<(), String> {
         let ours_tps = r["tokens_per_s"].as_f64().unwrap_or(0.0);
         let theirs = theirs_rows.get(i);
         let theirs_tps = theirs.and_then(|t| t["tokens_per_s"].as_f64());
-        let errors = r["errors"].as_u64().unwrap_or(0)
-            + theirs.and_then(|t| t["errors"].as_u64()).unwrap_or(0);
+        for (who, row) in [("mlx serve", Some(r)), ("mlx_lm.server", theirs)] {
+            if let Some(e) = row.and_then(|x| x["first_error"].as_str()) {
+                eprintln!("bench serve: {who} at {} clients: {e}", r["clients"]);
+            }
+        }
         lines.push(format!(
-            "| {} | {:.1} | {} | {} | {} |",
+            "| {} | {:.1} | {} | {} | {} / {} |",
             r["clients"],
             ours_tps,
             theirs_tps.map_or("-".into(), |t| format!("{t:.1}")),
             theirs_tps.map_or("-".into(), |t| format!("{:.2}", ours_tps / t)),
-            errors
+            r["errors"].as_u64().unwrap_or(0),
+            theirs.and_then(|t| t["errors"].as_u64()).unwrap_or(0),
         ));
     }
     if single > 0.0 {
