@@ -350,3 +350,43 @@ fn requests_joining_in_one_step_are_prefilled_together_and_keep_their_single_run
         );
     }
 }
+
+/// Rows sharing one logit bias get it in one batched application: their tokens and
+/// log-probabilities stay those of the same requests run alone.
+#[test]
+fn a_logit_bias_shared_by_every_row_keeps_single_run_results() {
+    let g = golden();
+    let cases = g["cases"].as_array().unwrap();
+    let req = |c: &Value| {
+        let mut r = request(ids(&c["prompt"]), 12);
+        r.logprobs = true;
+        r.processors.logit_bias = vec![(2, -100.0), (70, 3.5), (71, -1.25)];
+        r
+    };
+    let alone = start(1, 0);
+    let singles: Vec<Outcome> = cases.iter().map(|c| run(&alone, req(c))).collect();
+    let engine = start(16, 0);
+    let mut rxs = Vec::new();
+    let group = cases
+        .iter()
+        .map(|c| {
+            let (tx, rx) = channel();
+            rxs.push(rx);
+            (
+                req(c),
+                Box::new(tx) as Box<dyn mlx_engine::batch::EventSink>,
+            )
+        })
+        .collect();
+    engine.submit_group(group).unwrap();
+    for (rx, single) in rxs.iter().zip(&singles) {
+        let mut out = Outcome::default();
+        read(rx, &mut out, None);
+        assert_eq!(out.tokens, single.tokens);
+        let bits = |o: &Outcome| -> Vec<u32> {
+            o.logprobs.iter().map(|l| l.0.unwrap().to_bits()).collect()
+        };
+        assert_eq!(bits(&out), bits(single));
+    }
+    assert!(engine.stats().max_batch_seen.load(Ordering::Relaxed) > 1);
+}

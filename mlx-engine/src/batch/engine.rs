@@ -886,7 +886,18 @@ impl Worker {
                 row.context.push(t);
             }
         }
-        if self.rows.iter().any(|r| !r.processors.is_empty()) {
+        let shared = bias_only(&self.rows[0].processors).filter(|first| {
+            self.rows[1..]
+                .iter()
+                .all(|r| bias_only(&r.processors).as_ref() == Some(first))
+        });
+        if shared.is_some() {
+            // The same logit bias on every row (it reads no context): one application over the
+            // whole batch, element for element what each row would get alone.
+            for p in &self.rows[0].processors {
+                logits = p.apply(&[], &logits)?;
+            }
+        } else if self.rows.iter().any(|r| !r.processors.is_empty()) {
             let mut parts = Vec::with_capacity(b);
             for (e, row) in self.rows.iter().enumerate() {
                 let mut l = ops::slice_axis(&logits, 0, e as i32, e as i32 + 1, None)?;
@@ -1004,6 +1015,23 @@ impl Worker {
         }
         Ok(Outcome::Continue)
     }
+}
+
+/// A row's processors when they are only logit biases (which read no context): their ids and
+/// value bits, to compare rows; `None` otherwise or when there are none.
+fn bias_only(processors: &[LogitsProcessor]) -> Option<Vec<(Vec<i32>, Vec<u32>)>> {
+    if processors.is_empty() {
+        return None;
+    }
+    processors
+        .iter()
+        .map(|p| match p {
+            LogitsProcessor::LogitBias { ids, values } => {
+                Some((ids.clone(), values.iter().map(|v| v.to_bits()).collect()))
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 fn batch_cache(c: &mut Box<dyn Cache>) -> Result<&mut BatchKVCache> {
