@@ -4,14 +4,13 @@
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use mlx_engine::batch::SubmitError;
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
-use crate::routes::authorize;
+use crate::routes::{accept, refused};
 use crate::state::{AppState, Shared};
 
 /// At most this many inputs per request (the OpenAI API's limit).
@@ -167,14 +166,7 @@ pub async fn embeddings(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let result = async {
-        authorize(&state, &headers)?;
-        let bytes = body.map_err(|e| {
-            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::too_large(state.args.max_body_bytes)
-            } else {
-                ApiError::bad_request(format!("reading the request body: {e}"))
-            }
-        })?;
+        let bytes = accept(&state, &headers, body)?;
         let st = state.clone();
         let req = tokio::task::spawn_blocking(move || parse(&st, &bytes))
             .await
@@ -189,12 +181,7 @@ pub async fn embeddings(
                     let _ = tx.send(r);
                 }),
             )
-            .map_err(|e| match e {
-                SubmitError::QueueFull(_) => {
-                    ApiError::busy(format!("The server is busy: {e}. Retry later."))
-                }
-                SubmitError::Stopped => ApiError::server(e.to_string()),
-            })?;
+            .map_err(refused)?;
         let rows = rx
             .await
             .map_err(|_| ApiError::server("the engine dropped the request"))?

@@ -55,7 +55,7 @@ async fn fallback(uri: Uri) -> ApiError {
     ApiError::not_found(uri.path())
 }
 
-pub(crate) fn authorize(state: &Shared, headers: &HeaderMap) -> Result<(), ApiError> {
+fn authorize(state: &Shared, headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(key) = &state.args.api_key else {
         return Ok(());
     };
@@ -107,6 +107,32 @@ async fn completions(
     handle(state, headers, body, Kind::Completion).await
 }
 
+/// The API key check and the body of a POST (413 past the size limit).
+pub(crate) fn accept(
+    state: &Shared,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Bytes, ApiError> {
+    authorize(state, headers)?;
+    body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::too_large(state.args.max_body_bytes)
+        } else {
+            ApiError::bad_request(format!("reading the request body: {e}"))
+        }
+    })
+}
+
+/// The answer to a request the engine's queue refused (429 when full).
+pub(crate) fn refused(e: SubmitError) -> ApiError {
+    match e {
+        SubmitError::QueueFull(_) => {
+            ApiError::busy(format!("The server is busy: {e}. Retry later."))
+        }
+        SubmitError::Stopped => ApiError::server(e.to_string()),
+    }
+}
+
 /// Events from the engine into a tokio channel; a dropped receiver (client gone) cancels.
 struct Sink(UnboundedSender<BatchEvent>);
 
@@ -131,14 +157,7 @@ async fn handle(
         Kind::Completion => "/v1/completions",
     };
     let result = async {
-        authorize(&state, &headers)?;
-        let bytes = body.map_err(|e| {
-            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::too_large(state.args.max_body_bytes)
-            } else {
-                ApiError::bad_request(format!("reading the request body: {e}"))
-            }
-        })?;
+        let bytes = accept(&state, &headers, body)?;
         // Tokenizing (chat template, encoding) runs off the async workers.
         let st = state.clone();
         let parsed = tokio::task::spawn_blocking(move || parse(&st, kind, &bytes))
@@ -148,12 +167,7 @@ async fn handle(
         state
             .engine
             .submit(parsed.request.clone(), Box::new(Sink(tx)))
-            .map_err(|e| match e {
-                SubmitError::QueueFull(_) => {
-                    ApiError::busy(format!("The server is busy: {e}. Retry later."))
-                }
-                SubmitError::Stopped => ApiError::server(e.to_string()),
-            })?;
+            .map_err(refused)?;
         Ok::<_, ApiError>((parsed, rx))
     }
     .await;
