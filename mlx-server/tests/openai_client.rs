@@ -62,6 +62,12 @@ fn the_official_openai_client_including_32_concurrent_streams() {
         "openai_client.py failed:\n{stdout}\n{stderr}"
     );
     assert!(stdout.contains("all checks passed"));
+    // How the 32 streams joined: prefills of several new requests together, the largest batch.
+    let health = common::http(s.addr, "GET", "/health", &[], b"").json();
+    eprintln!(
+        "batched prefills: {}, largest decode batch: {}",
+        health["batched_prefills"], health["max_batch_seen"]
+    );
 }
 
 /// Tool calls and the context limit through the `openai` client (`openai_tools.py`), on the
