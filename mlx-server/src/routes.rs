@@ -22,7 +22,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use crate::error::ApiError;
 use crate::request::{parse, Kind, Parsed};
 use crate::state::{unix_now, Shared};
-use crate::tools::{self, ToolFormat, ToolText};
+use crate::tools::{self, ReplyText, State as ReplyState, ToolFormat};
 
 pub fn router(state: Shared) -> Router {
     let limit = state.args.max_body_bytes;
@@ -213,10 +213,12 @@ struct Ctx {
     tools: Option<ToolState>,
 }
 
-/// A reply read for tool calls (see [`crate::tools`]).
+/// A reply read for reasoning and tool calls (see [`crate::tools`]).
 struct ToolState {
     format: ToolFormat,
-    text: ToolText,
+    text: ReplyText,
+    /// Reasoning not yet sent (streaming) or all of it.
+    reasoning: String,
     /// Content not yet sent (streaming) or all content (not streaming).
     content: String,
     /// Raw text of calls not yet sent.
@@ -239,18 +241,30 @@ impl Ctx {
             Kind::Completion => "cmpl",
         });
         let prompt_tokens = parsed.request.prompt.len();
-        // mlx_lm.server reads `<tool_call>` markers in every chat reply of a model whose
-        // template defines them; Llama 3's bare JSON only when tools were given.
+        // mlx_lm.server reads `<think>` blocks and `<tool_call>` markers in every chat reply
+        // of a model whose tokenizer and template define them; Llama 3's bare JSON only when
+        // tools were given. A prompt that ends inside a think block starts in reasoning.
+        let thinking = state.engine.tokenizer().thinking();
+        let think = thinking.map(|t| (t.start.clone(), t.end.clone()));
+        let prompt = &parsed.request.prompt;
+        let initial = match thinking {
+            Some(t) if rfind(prompt, &t.start_ids) > rfind(prompt, &t.end_ids) => {
+                ReplyState::Reasoning
+            }
+            _ => ReplyState::Normal,
+        };
+        let markers = state.tool_format == Some(ToolFormat::Markers);
         let format = match (parsed.kind, state.tool_format) {
-            (Kind::Chat, Some(ToolFormat::Markers)) => Some(ToolFormat::Markers),
             (Kind::Chat, Some(ToolFormat::Llama3Json)) if parsed.has_tools => {
                 Some(ToolFormat::Llama3Json)
             }
+            (Kind::Chat, _) if markers || think.is_some() => Some(ToolFormat::Markers),
             _ => None,
         };
         let tools = format.map(|format| ToolState {
             format,
-            text: ToolText::default(),
+            text: ReplyText::new(think, markers, initial),
+            reasoning: String::new(),
             content: String::new(),
             calls: Vec::new(),
             made_call: false,
@@ -450,6 +464,7 @@ impl Ctx {
                 ToolFormat::Markers => {
                     let split = t.text.push(text);
                     t.content.push_str(&split.content);
+                    t.reasoning.push_str(&split.reasoning);
                     t.made_call |= !split.calls.is_empty();
                     t.calls.extend(split.calls);
                 }
@@ -468,6 +483,7 @@ impl Ctx {
             ToolFormat::Markers => {
                 let split = t.text.finish(reason == "length");
                 t.content.push_str(&split.content);
+                t.reasoning.push_str(&split.reasoning);
                 t.made_call |= !split.calls.is_empty();
                 t.calls.extend(split.calls);
             }
@@ -518,15 +534,19 @@ impl Ctx {
         self.text = text;
         let finish = self.tool_end(finish);
         let calls = self.take_calls(false);
-        let content = self
-            .tools
-            .as_mut()
-            .map(|t| std::mem::take(&mut t.content))
-            .unwrap_or_default();
+        let (content, reasoning) = self.tools.as_mut().map_or_else(Default::default, |t| {
+            (
+                std::mem::take(&mut t.content),
+                std::mem::take(&mut t.reasoning),
+            )
+        });
         let mut message = json!({
             "role": "assistant",
             "content": if content.is_empty() { Value::Null } else { Value::String(content) },
         });
+        if !reasoning.is_empty() {
+            message["reasoning"] = json!(reasoning);
+        }
         if !calls.is_empty() {
             message["tool_calls"] = Value::Array(calls);
         }
@@ -570,6 +590,17 @@ enum Step {
     Failed(ApiError),
 }
 
+/// The start of the last occurrence of `pat` in `tokens` (mlx-lm's `rfind_think_*`), `None`
+/// when absent (below every position, as mlx-lm's -1).
+fn rfind(tokens: &[u32], pat: &[u32]) -> Option<usize> {
+    if pat.is_empty() || pat.len() > tokens.len() {
+        return None;
+    }
+    (0..=tokens.len() - pat.len())
+        .rev()
+        .find(|&i| &tokens[i..i + pat.len()] == pat)
+}
+
 fn fingerprint() -> String {
     format!("mlx-rs-{}", env!("CARGO_PKG_VERSION"))
 }
@@ -590,19 +621,23 @@ impl StreamState {
     fn tool_chunk(&mut self, finish: Option<&'static str>) -> Option<Event> {
         let t = self.ctx.tools.as_ref()?;
         let hold = t.format == ToolFormat::Llama3Json || t.text.in_tool();
-        if finish.is_none() && (hold || (t.content.is_empty() && t.calls.is_empty())) {
+        let nothing = t.content.is_empty() && t.calls.is_empty() && t.reasoning.is_empty();
+        if finish.is_none() && (hold || nothing) {
             return None;
         }
         let calls = self.ctx.take_calls(true);
-        let content = self
-            .ctx
-            .tools
-            .as_mut()
-            .map(|t| std::mem::take(&mut t.content))
-            .unwrap_or_default();
+        let (content, reasoning) = self.ctx.tools.as_mut().map_or_else(Default::default, |t| {
+            (
+                std::mem::take(&mut t.content),
+                std::mem::take(&mut t.reasoning),
+            )
+        });
         let mut delta = json!({"role": "assistant"});
         if !content.is_empty() {
             delta["content"] = json!(content);
+        }
+        if !reasoning.is_empty() {
+            delta["reasoning"] = json!(reasoning);
         }
         if !calls.is_empty() {
             delta["tool_calls"] = Value::Array(calls);

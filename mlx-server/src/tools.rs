@@ -2,9 +2,10 @@
 //!
 //! - [`ToolFormat::Markers`]: mlx-lm's `json_tools` parser (Qwen3, Hermes), picked when the
 //!   chat template names `<tool_call>` and `tool_call.name` (mlx-lm's `_infer_tool_parser`).
-//!   The reply text runs through [`ToolText`], mlx-lm's `TextStateMachine` with its two tool
-//!   transitions: text between `<tool_call>` and `</tool_call>` is a call (`json.loads` of the
-//!   stripped text), the markers are removed, everything else is content. As in mlx-lm this
+//!   The reply text runs through [`ReplyText`], mlx-lm's `TextStateMachine` with its reasoning
+//!   and tool transitions: text between `<tool_call>` and `</tool_call>` is a call (`json.loads`
+//!   of the stripped text), `<think>` ... `</think>` (when the tokenizer has those markers) is
+//!   `reasoning`, the markers are removed, everything else is content. As in mlx-lm this
 //!   applies whether or not the request passed `tools`, and text that does not parse is dropped.
 //! - [`ToolFormat::Llama3Json`]: Llama 3.1's format, a reply that is one JSON object
 //!   `{"name": ..., "parameters": ...}` (templates with `<|start_header_id|>` that describe
@@ -118,25 +119,6 @@ pub fn parse_llama3(text: &str) -> Option<ToolCall> {
     call_from(&v)
 }
 
-/// What a piece of reply text gave: content, and the tool calls that closed in it (their raw
-/// text, before parsing).
-#[derive(Debug, Default, PartialEq)]
-pub struct Split {
-    pub content: String,
-    pub calls: Vec<String>,
-}
-
-/// mlx-lm's `TextStateMachine` restricted to the `normal <-> tool` transitions: strips the
-/// markers, holds back text that may be the start of one, and collects the text of each call.
-#[derive(Debug, Default)]
-pub struct ToolText {
-    in_tool: bool,
-    /// Text that may be the beginning of the marker that ends the current state.
-    pending: String,
-    /// The text of the call being read.
-    tool_text: String,
-}
-
 /// Length of the longest suffix of `s` that is a proper prefix of `pat`, at a char boundary.
 fn partial_suffix(s: &str, pat: &str) -> usize {
     (1..pat.len().min(s.len() + 1))
@@ -145,10 +127,87 @@ fn partial_suffix(s: &str, pat: &str) -> usize {
         .unwrap_or(0)
 }
 
-impl ToolText {
+/// What a piece of reply text gave: content, reasoning, and the tool calls that closed in it
+/// (their raw text, before parsing).
+#[derive(Debug, Default, PartialEq)]
+pub struct Split {
+    pub content: String,
+    pub reasoning: String,
+    pub calls: Vec<String>,
+}
+
+/// Where the reply is: mlx-lm's `normal`, `reasoning` and `tool` states.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    Normal,
+    Reasoning,
+    Tool,
+}
+
+/// mlx-lm's `TextStateMachine` (`make_text_state_machine`) with its reasoning and tool
+/// transitions: `<think>` ... `</think>` is reasoning, `<tool_call>` ... `</tool_call>` a call
+/// (also straight from reasoning), the markers are removed, text that may be the start of a
+/// marker is held back.
+#[derive(Debug)]
+pub struct ReplyText {
+    /// The thinking markers (`<think>`, `</think>`), when the tokenizer has them.
+    think: Option<(String, String)>,
+    /// Whether `<tool_call>` markers are read.
+    tools: bool,
+    state: State,
+    /// Text that may be the beginning of a marker leaving the current state.
+    pending: String,
+    /// The text of the call being read.
+    tool_text: String,
+}
+
+impl ReplyText {
+    pub fn new(think: Option<(String, String)>, tools: bool, initial: State) -> Self {
+        ReplyText {
+            think,
+            tools,
+            state: initial,
+            pending: String::new(),
+            tool_text: String::new(),
+        }
+    }
+
     /// Whether the text so far ends inside a call.
     pub fn in_tool(&self) -> bool {
-        self.in_tool
+        self.state == State::Tool
+    }
+
+    /// The markers that leave `state`, and where they lead.
+    fn edges(&self) -> Vec<(&str, State)> {
+        let mut out = Vec::new();
+        match self.state {
+            State::Normal => {
+                if let Some((start, _)) = &self.think {
+                    out.push((start.as_str(), State::Reasoning));
+                }
+                if self.tools {
+                    out.push((START, State::Tool));
+                }
+            }
+            State::Reasoning => {
+                if let Some((_, end)) = &self.think {
+                    out.push((end.as_str(), State::Normal));
+                }
+                if self.tools {
+                    out.push((START, State::Tool));
+                }
+            }
+            State::Tool => out.push((END, State::Normal)),
+        }
+        out
+    }
+
+    fn take(&mut self, text: &str, out: &mut Split) {
+        match self.state {
+            State::Normal => out.content.push_str(text),
+            State::Reasoning => out.reasoning.push_str(text),
+            State::Tool => self.tool_text.push_str(text),
+        }
     }
 
     /// Consumes a chunk of decoded text (mlx-lm's `TextStateMachine.split`).
@@ -156,34 +215,34 @@ impl ToolText {
         let mut out = Split::default();
         let mut buf = std::mem::take(&mut self.pending);
         buf.push_str(chunk);
-        let mut rest = buf.as_str();
-        loop {
-            let marker = if self.in_tool { END } else { START };
-            match rest.find(marker) {
-                Some(i) => {
-                    self.take(&rest[..i], &mut out);
-                    if self.in_tool {
-                        out.calls.push(std::mem::take(&mut self.tool_text));
-                    }
-                    self.in_tool = !self.in_tool;
-                    rest = &rest[i + marker.len()..];
+        let mut begin = 0;
+        let ends: Vec<usize> = buf.char_indices().map(|(i, c)| i + c.len_utf8()).collect();
+        for end in ends {
+            let hit = self
+                .edges()
+                .into_iter()
+                .find(|(m, _)| end - begin >= m.len() && buf[begin..end].ends_with(m))
+                .map(|(m, to)| (m.len(), to));
+            if let Some((len, to)) = hit {
+                self.take(&buf[begin..end - len], &mut out);
+                if self.state == State::Tool {
+                    out.calls.push(std::mem::take(&mut self.tool_text));
                 }
-                None => {
-                    let keep = partial_suffix(rest, marker);
-                    self.take(&rest[..rest.len() - keep], &mut out);
-                    self.pending = rest[rest.len() - keep..].to_string();
-                    return out;
-                }
+                self.state = to;
+                begin = end;
             }
         }
-    }
-
-    fn take(&mut self, text: &str, out: &mut Split) {
-        if self.in_tool {
-            self.tool_text.push_str(text);
-        } else {
-            out.content.push_str(text);
-        }
+        let rest = &buf[begin..];
+        let keep = self
+            .edges()
+            .iter()
+            .map(|(m, _)| partial_suffix(rest, m))
+            .max()
+            .unwrap_or(0);
+        let text = rest[..rest.len() - keep].to_string();
+        self.pending = rest[rest.len() - keep..].to_string();
+        self.take(&text, &mut out);
+        out
     }
 
     /// The end of the reply: held-back text is kept when the reply was cut by the token limit
@@ -194,7 +253,7 @@ impl ToolText {
         if keep_pending {
             self.take(&pending, &mut out);
         }
-        if self.in_tool && !self.tool_text.is_empty() {
+        if self.state == State::Tool && !self.tool_text.is_empty() {
             out.calls.push(std::mem::take(&mut self.tool_text));
         }
         out
@@ -206,17 +265,26 @@ mod tests {
     use super::*;
 
     fn run(pieces: &[&str], keep: bool) -> (String, Vec<String>) {
-        let mut t = ToolText::default();
-        let (mut content, mut calls) = (String::new(), Vec::new());
-        for p in pieces.iter().copied() {
-            let s = t.push(p);
+        run_all(pieces, keep).0
+    }
+
+    fn run_all(pieces: &[&str], keep: bool) -> ((String, Vec<String>), String) {
+        let mut t = ReplyText::new(
+            Some(("<think>".into(), "</think>".into())),
+            true,
+            State::Normal,
+        );
+        let (mut content, mut calls, mut reasoning) = (String::new(), Vec::new(), String::new());
+        for p in pieces.iter().copied().map(Some).chain([None]) {
+            let s = match p {
+                Some(p) => t.push(p),
+                None => t.finish(keep),
+            };
             content.push_str(&s.content);
+            reasoning.push_str(&s.reasoning);
             calls.extend(s.calls);
         }
-        let s = t.finish(keep);
-        content.push_str(&s.content);
-        calls.extend(s.calls);
-        (content, calls)
+        ((content, calls), reasoning)
     }
 
     #[test]
@@ -245,6 +313,18 @@ mod tests {
         let (_, calls) = run(&["<tool_call>{\"name\": \"g\", \"arguments\": {}}"], true);
         assert_eq!(parse_calls(&calls[0])[0].name, "g");
         assert!(parse_calls("{\"name\": ").is_empty());
+        // Reasoning, then a call straight from it; a split `</think>`.
+        let ((c, calls), r) = run_all(
+            &[
+                "<th",
+                "ink>hm</thi",
+                "nk>ok<tool_call>{\"name\": \"f\"}</tool_call>",
+            ],
+            false,
+        );
+        assert_eq!((c.as_str(), r.as_str(), calls.len()), ("ok", "hm", 1));
+        let ((c, calls), r) = run_all(&["<think>a<tool_call>{}</tool_call>b"], false);
+        assert_eq!((c.as_str(), r.as_str(), calls.len()), ("b", "a", 1));
     }
 
     #[test]

@@ -2,7 +2,7 @@
 tool call (mlx-server/tests/fixtures/tools_qwen3: Qwen3's chat template, `<tool_call>` markers).
 
 Usage: python openai_tools.py BASE_URL
-Checks: the typed `tool_calls` of a reply (non-streaming, and streamed deltas assembled by
+Checks: the reasoning and typed `tool_calls` of a reply (non-streaming, and streamed deltas assembled by
 index), `finish_reason == "tool_calls"`, a second turn carrying the call and the tool's result
 back, the model's context length surfacing as `BadRequestError`, and embeddings (base64, as
 the client asks for them, and float).
@@ -26,7 +26,8 @@ ARGS = {"city": "Paris", "unit": "celsius"}
 r = client.chat.completions.create(model=model, messages=messages, tools=tools, max_tokens=16)
 choice = r.choices[0]
 assert choice.finish_reason == "tool_calls", choice
-assert choice.message.content == "Let me check. ", choice.message
+assert choice.message.content == "\n\nLet me check. ", choice.message
+assert choice.message.reasoning == "\nThe user wants the weather in Paris.\n", choice.message
 (call,) = choice.message.tool_calls
 assert call.type == "function" and call.function.name == "get_weather", call
 assert json.loads(call.function.arguments) == ARGS, call.function.arguments
@@ -43,7 +44,7 @@ for chunk in client.chat.completions.create(model=model, messages=messages, tool
         c["name"] += tc.function.name or ""
         c["arguments"] += tc.function.arguments or ""
     finish = chunk.choices[0].finish_reason or finish
-assert content == "Let me check. " and finish == "tool_calls", (content, finish)
+assert content == "\n\nLet me check. " and finish == "tool_calls", (content, finish)
 assert list(calls) == [0] and calls[0]["name"] == "get_weather", calls
 assert json.loads(calls[0]["arguments"]) == ARGS
 

