@@ -13,7 +13,14 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
             dtype: "auto".into(),
             adapter_path: None,
         })?;
-        Ok((m.model, m.tokenizer))
+        Ok(mlx_server::LoadedModel {
+            model: m.model,
+            tokenizer: m.tokenizer,
+            context_length: a
+                .model
+                .as_deref()
+                .and_then(|p| mlx_server::context_length_at(std::path::Path::new(p))),
+        })
     })
     .map_err(|e| e.to_string())
 }

@@ -757,6 +757,21 @@ fn json_dump(v: &Value, style: &JsonStyle, level: usize, out: &mut String) -> Re
     Ok(())
 }
 
+/// Python's `json.dumps(v, ensure_ascii=False)` (separators `", "` and `": "`, keys in their
+/// order): how mlx_lm.server writes tool-call arguments.
+pub fn py_json_dumps(v: &Json) -> Result<String> {
+    let style = JsonStyle {
+        ensure_ascii: false,
+        indent: None,
+        item_sep: ", ".into(),
+        key_sep: ": ".into(),
+        sort_keys: false,
+    };
+    let mut out = String::new();
+    json_dump(&Value::from(Serde(v)), &style, 0, &mut out).map_err(template_error)?;
+    Ok(out)
+}
+
 /// transformers' `tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)`.
 fn tojson_filter(value: &Value, args: Rest<Value>, kwargs: Kwargs) -> Result2<Value> {
     let mut ensure_ascii = args.first().is_some_and(Value::is_true);

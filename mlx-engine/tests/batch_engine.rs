@@ -263,3 +263,130 @@ fn stop_strings_and_logprobs() {
         assert!(top[0].1 >= top[1].1 && top[1].1 >= top[2].1);
     }
 }
+
+/// Requests that join in the same step are prefilled together (left-padded to the longest, in
+/// chunks), and each still returns its single-run tokens (mlx-lm's `stream_generate`, the
+/// goldens) with log-probabilities bit-equal to the same request run alone.
+#[test]
+fn requests_joining_in_one_step_are_prefilled_together_and_keep_their_single_run_tokens() {
+    let g = golden();
+    let max = g["max_tokens"].as_u64().unwrap() as usize;
+    let cases = g["cases"].as_array().unwrap();
+    let req = |prompt: Vec<u32>| {
+        let mut r = request(prompt, max);
+        r.logprobs = true;
+        r.top_logprobs = 2;
+        r
+    };
+    // The golden prompts (lengths 5 to 60) plus a one-token prompt (nothing to prefill but its
+    // last token).
+    let mut prompts: Vec<Vec<u32>> = cases.iter().map(|c| ids(&c["prompt"])).collect();
+    prompts.push(vec![70]);
+    let alone = start(1, 0);
+    let singles: Vec<Outcome> = prompts
+        .iter()
+        .map(|p| run(&alone, req(p.clone())))
+        .collect();
+    for (c, s) in cases.iter().zip(&singles) {
+        assert_eq!(s.tokens, ids(&c["tokens"]), "single run vs mlx-lm");
+    }
+    // Long prompts in chunks of 7 too, so chunk boundaries fall inside the padding.
+    for step in [2048, 7] {
+        let dir = fixture();
+        let (engine, _thread) = Engine::start(
+            move || {
+                let (model, _) = load_model_dir(&dir, &LoadOptions::default())?;
+                Ok((model, Tokenizer::from_dir(&dir)?))
+            },
+            EngineConfig {
+                max_batch: 16,
+                prompt_cache_entries: 0,
+                prefill_step_size: step,
+                ..EngineConfig::default()
+            },
+        )
+        .unwrap();
+        let mut rxs = Vec::new();
+        let group = prompts
+            .iter()
+            .map(|p| {
+                let (tx, rx) = channel();
+                rxs.push(rx);
+                (
+                    req(p.clone()),
+                    Box::new(tx) as Box<dyn mlx_engine::batch::EventSink>,
+                )
+            })
+            .collect();
+        engine.submit_group(group).unwrap();
+        let outs: Vec<Outcome> = rxs
+            .iter()
+            .map(|rx| {
+                let mut out = Outcome::default();
+                read(rx, &mut out, None);
+                out
+            })
+            .collect();
+        assert_eq!(engine.stats().batched_prefills.load(Ordering::Relaxed), 1);
+        let (mut same, mut n) = (0, 0);
+        for (i, (out, single)) in outs.iter().zip(&singles).enumerate() {
+            assert_eq!(out.tokens, single.tokens, "step {step}, prompt {i}");
+            assert_eq!(out.text, single.text);
+            assert_eq!(out.finish, single.finish);
+            for (a, b) in out.logprobs.iter().zip(&single.logprobs) {
+                n += 1 + a.1.len();
+                same += usize::from(a.0.unwrap().to_bits() == b.0.unwrap().to_bits());
+                same +=
+                    a.1.iter()
+                        .zip(&b.1)
+                        .filter(|(x, y)| x.0 == y.0 && x.1.to_bits() == y.1.to_bits())
+                        .count();
+            }
+        }
+        // On the CPU backend the padded, batched prefill is bit-exact with the single one.
+        assert_eq!(
+            same, n,
+            "step {step}: {same}/{n} log-probabilities bit-equal"
+        );
+    }
+}
+
+/// Rows sharing one logit bias get it in one batched application: their tokens and
+/// log-probabilities stay those of the same requests run alone.
+#[test]
+fn a_logit_bias_shared_by_every_row_keeps_single_run_results() {
+    let g = golden();
+    let cases = g["cases"].as_array().unwrap();
+    let req = |c: &Value| {
+        let mut r = request(ids(&c["prompt"]), 12);
+        r.logprobs = true;
+        r.processors.logit_bias = vec![(2, -100.0), (70, 3.5), (71, -1.25)];
+        r
+    };
+    let alone = start(1, 0);
+    let singles: Vec<Outcome> = cases.iter().map(|c| run(&alone, req(c))).collect();
+    let engine = start(16, 0);
+    let mut rxs = Vec::new();
+    let group = cases
+        .iter()
+        .map(|c| {
+            let (tx, rx) = channel();
+            rxs.push(rx);
+            (
+                req(c),
+                Box::new(tx) as Box<dyn mlx_engine::batch::EventSink>,
+            )
+        })
+        .collect();
+    engine.submit_group(group).unwrap();
+    for (rx, single) in rxs.iter().zip(&singles) {
+        let mut out = Outcome::default();
+        read(rx, &mut out, None);
+        assert_eq!(out.tokens, single.tokens);
+        let bits = |o: &Outcome| -> Vec<u32> {
+            o.logprobs.iter().map(|l| l.0.unwrap().to_bits()).collect()
+        };
+        assert_eq!(bits(&out), bits(single));
+    }
+    assert!(engine.stats().max_batch_seen.load(Ordering::Relaxed) > 1);
+}

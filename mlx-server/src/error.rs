@@ -37,6 +37,38 @@ impl ApiError {
         }
     }
 
+    /// OpenAI's `context_length_exceeded`: the prompt plus `max_tokens` do not fit.
+    pub fn context_length(
+        limit: usize,
+        models_own: bool,
+        prompt: usize,
+        max_tokens: usize,
+        chat: bool,
+    ) -> Self {
+        let (what, param) = if chat {
+            ("messages", "messages")
+        } else {
+            ("prompt", "prompt")
+        };
+        let whose = if models_own {
+            "This model's maximum context length"
+        } else {
+            "This server's maximum context length (--max-context)"
+        };
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: format!(
+                "{whose} is {limit} tokens. However, you requested {} tokens ({prompt} in the \
+                 {what}, {max_tokens} in the completion). Please reduce the length of the \
+                 {what} or completion.",
+                prompt + max_tokens
+            ),
+            kind: "invalid_request_error",
+            param: Some(param.into()),
+            code: Some("context_length_exceeded"),
+        }
+    }
+
     pub fn unauthorized() -> Self {
         ApiError {
             status: StatusCode::UNAUTHORIZED,

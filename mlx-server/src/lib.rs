@@ -3,7 +3,8 @@
 //! running request in one batch (continuous batching).
 //!
 //! Endpoints: `POST /v1/chat/completions`, `POST /v1/completions` (streaming as server-sent
-//! events ending in `data: [DONE]`, or not), `GET /v1/models`, `GET /health`. Every bad request
+//! events ending in `data: [DONE]`, or not), `POST /v1/embeddings`, `GET /v1/models`,
+//! `GET /health`. Every bad request
 //! gets a 4xx with an OpenAI error object; the server keeps serving.
 //!
 //! ```no_run
@@ -19,6 +20,7 @@
 #![forbid(unsafe_code)]
 
 mod args;
+mod embeddings;
 mod error;
 mod request;
 mod routes;
@@ -53,18 +55,75 @@ pub enum ServeError {
     Io(#[from] std::io::Error),
 }
 
+/// What a loader hands the server: the model, its tokenizer and, when known, the model's own
+/// context length (prompts plus `max_tokens` beyond it are refused with a 400).
+pub struct LoadedModel {
+    pub model: Box<dyn LanguageModel>,
+    pub tokenizer: Tokenizer,
+    pub context_length: Option<usize>,
+}
+
+impl From<(Box<dyn LanguageModel>, Tokenizer)> for LoadedModel {
+    fn from((model, tokenizer): (Box<dyn LanguageModel>, Tokenizer)) -> Self {
+        LoadedModel {
+            model,
+            tokenizer,
+            context_length: None,
+        }
+    }
+}
+
+/// The context length a `config.json` declares: `max_position_embeddings`, or the name the
+/// model type uses for it (`n_positions`, `max_sequence_length`, `seq_length`, `n_ctx`,
+/// `max_seq_len`), at the top level or in `text_config`. `None` when none is a positive
+/// integer.
+pub fn context_length(config: &Value) -> Option<usize> {
+    const KEYS: [&str; 6] = [
+        "max_position_embeddings",
+        "n_positions",
+        "max_sequence_length",
+        "seq_length",
+        "n_ctx",
+        "max_seq_len",
+    ];
+    let find = |v: &Value| {
+        KEYS.iter()
+            .find_map(|k| v.get(*k).and_then(Value::as_u64).filter(|&n| n > 0))
+    };
+    find(config)
+        .or_else(|| config.get("text_config").and_then(find))
+        .and_then(|n| usize::try_from(n).ok())
+}
+
+/// The context length of the model at `path`: a directory's `config.json`, or a `.gguf`
+/// file's `<arch>.context_length`. `None` when it declares none or cannot be read (the
+/// loader reports unreadable models).
+pub fn context_length_at(path: &Path) -> Option<usize> {
+    if path.is_dir() {
+        let text = std::fs::read_to_string(path.join("config.json")).ok()?;
+        context_length(&serde_json::from_str(&text).ok()?)
+    } else {
+        let g = mlx_models::gguf::read_gguf(path).ok()?;
+        context_length(&g.config.raw)
+    }
+}
+
 /// Loads a model directory (config.json, safetensors, tokenizer.json) in its stored dtypes:
 /// the default loader of the `mlx-serve` binary.
-pub fn load_model_dir(args: &ServeArgs) -> Result<(Box<dyn LanguageModel>, Tokenizer), String> {
+pub fn load_model_dir(args: &ServeArgs) -> Result<LoadedModel, String> {
     let dir = args
         .model
         .as_deref()
         .ok_or_else(|| "--model DIR is required".to_string())?;
     let dir = Path::new(dir);
-    let (model, _) = mlx_models::load::load_model_dir(dir, &Default::default())
+    let (model, config) = mlx_models::load::load_model_dir(dir, &Default::default())
         .map_err(|e| format!("{}: {e}", dir.display()))?;
     let tokenizer = Tokenizer::from_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    Ok((model, tokenizer))
+    Ok(LoadedModel {
+        model,
+        tokenizer,
+        context_length: context_length(&config.raw),
+    })
 }
 
 fn template_args(args: &ServeArgs) -> Result<Map<String, Value>, ServeError> {
@@ -87,11 +146,10 @@ pub struct Server {
 impl Server {
     /// Starts the engine (loading the model on its thread with `load`) and binds the
     /// listener. Must run inside a tokio runtime.
-    pub async fn bind<F>(args: ServeArgs, load: F) -> Result<Server, ServeError>
+    pub async fn bind<F, L>(args: ServeArgs, load: F) -> Result<Server, ServeError>
     where
-        F: FnOnce(&ServeArgs) -> Result<(Box<dyn LanguageModel>, Tokenizer), String>
-            + Send
-            + 'static,
+        F: FnOnce(&ServeArgs) -> Result<L, String> + Send + 'static,
+        L: Into<LoadedModel>,
     {
         if args.max_batch == 0 {
             return Err(ServeError::Args("--max-batch must be at least 1".into()));
@@ -110,21 +168,37 @@ impl Server {
             prompt_cache_bytes: args.prompt_cache_bytes,
         };
         let load_args = args.clone();
+        let (ctx_tx, ctx_rx) = std::sync::mpsc::channel();
         let (engine, _thread) = tokio::task::spawn_blocking(move || {
             Engine::start(
-                move || load(&load_args).map_err(mlx_engine::EngineError::Other),
+                move || {
+                    let m: LoadedModel = load(&load_args)
+                        .map_err(mlx_engine::EngineError::Other)?
+                        .into();
+                    let _ = ctx_tx.send(m.context_length);
+                    Ok((m.model, m.tokenizer))
+                },
                 config,
             )
         })
         .await
         .map_err(|e| ServeError::Load(e.to_string()))?
         .map_err(|e| ServeError::Load(e.to_string()))?;
+        let model_context = ctx_rx.try_recv().ok().flatten();
         let addr = format!("{}:{}", args.host, args.port);
         let listener = tokio::net::TcpListener::bind(&addr)
             .await
             .map_err(|source| ServeError::Bind { addr, source })?;
         let addr = listener.local_addr()?;
-        let state = Arc::new(state::AppState::new(engine, args, template_args));
+        if let Some(n) = model_context {
+            tracing::info!(context_length = n, "the model's context length");
+        }
+        let state = Arc::new(state::AppState::new(
+            engine,
+            args,
+            template_args,
+            model_context,
+        ));
         Ok(Server {
             addr,
             listener,
@@ -156,9 +230,10 @@ fn init_logging(level: &str) {
 
 /// Runs the server until Ctrl-C: `mlx serve`'s entry point. `load` runs on the engine thread
 /// and returns the model and its tokenizer.
-pub fn run<F>(args: ServeArgs, load: F) -> Result<(), ServeError>
+pub fn run<F, L>(args: ServeArgs, load: F) -> Result<(), ServeError>
 where
-    F: FnOnce(&ServeArgs) -> Result<(Box<dyn LanguageModel>, Tokenizer), String> + Send + 'static,
+    F: FnOnce(&ServeArgs) -> Result<L, String> + Send + 'static,
+    L: Into<LoadedModel>,
 {
     init_logging(&args.log_level);
     let rt = tokio::runtime::Builder::new_multi_thread()

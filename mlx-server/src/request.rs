@@ -448,15 +448,13 @@ pub fn parse(state: &AppState, kind: Kind, bytes: &[u8]) -> Result<Parsed, ApiEr
             "the prompt has token id {bad}, outside the model's vocabulary of {vocab}"
         )));
     }
-    if prompt.len() + max_tokens > args.max_context {
-        return Err(ApiError::invalid(
-            "max_tokens",
-            format!(
-                "the prompt has {} tokens; with max_tokens {max_tokens} that exceeds the \
-                 context of {} tokens",
-                prompt.len(),
-                args.max_context
-            ),
+    if prompt.len() + max_tokens > state.max_context {
+        return Err(ApiError::context_length(
+            state.max_context,
+            state.model_context == Some(state.max_context),
+            prompt.len(),
+            max_tokens,
+            kind == Kind::Chat,
         ));
     }
 

@@ -22,7 +22,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use crate::error::ApiError;
 use crate::request::{parse, Kind, Parsed};
 use crate::state::{unix_now, Shared};
-use crate::tools;
+use crate::tools::{self, ReplyText, State as ReplyState, ToolFormat};
 
 pub fn router(state: Shared) -> Router {
     let limit = state.args.max_body_bytes;
@@ -31,6 +31,7 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(crate::embeddings::embeddings))
         .fallback(fallback)
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
@@ -45,6 +46,7 @@ async fn health(State(state): State<Shared>) -> Json<Value> {
         "queued": s.queued.load(Ordering::Relaxed),
         "decode_steps": s.decode_steps.load(Ordering::Relaxed),
         "max_batch_seen": s.max_batch_seen.load(Ordering::Relaxed),
+        "batched_prefills": s.batched_prefills.load(Ordering::Relaxed),
         "reused_tokens": s.reused_tokens.load(Ordering::Relaxed),
     }))
 }
@@ -105,6 +107,32 @@ async fn completions(
     handle(state, headers, body, Kind::Completion).await
 }
 
+/// The API key check and the body of a POST (413 past the size limit).
+pub(crate) fn accept(
+    state: &Shared,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Bytes, ApiError> {
+    authorize(state, headers)?;
+    body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::too_large(state.args.max_body_bytes)
+        } else {
+            ApiError::bad_request(format!("reading the request body: {e}"))
+        }
+    })
+}
+
+/// The answer to a request the engine's queue refused (429 when full).
+pub(crate) fn refused(e: SubmitError) -> ApiError {
+    match e {
+        SubmitError::QueueFull(_) => {
+            ApiError::busy(format!("The server is busy: {e}. Retry later."))
+        }
+        SubmitError::Stopped => ApiError::server(e.to_string()),
+    }
+}
+
 /// Events from the engine into a tokio channel; a dropped receiver (client gone) cancels.
 struct Sink(UnboundedSender<BatchEvent>);
 
@@ -129,14 +157,7 @@ async fn handle(
         Kind::Completion => "/v1/completions",
     };
     let result = async {
-        authorize(&state, &headers)?;
-        let bytes = body.map_err(|e| {
-            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::too_large(state.args.max_body_bytes)
-            } else {
-                ApiError::bad_request(format!("reading the request body: {e}"))
-            }
-        })?;
+        let bytes = accept(&state, &headers, body)?;
         // Tokenizing (chat template, encoding) runs off the async workers.
         let st = state.clone();
         let parsed = tokio::task::spawn_blocking(move || parse(&st, kind, &bytes))
@@ -146,12 +167,7 @@ async fn handle(
         state
             .engine
             .submit(parsed.request.clone(), Box::new(Sink(tx)))
-            .map_err(|e| match e {
-                SubmitError::QueueFull(_) => {
-                    ApiError::busy(format!("The server is busy: {e}. Retry later."))
-                }
-                SubmitError::Stopped => ApiError::server(e.to_string()),
-            })?;
+            .map_err(refused)?;
         Ok::<_, ApiError>((parsed, rx))
     }
     .await;
@@ -193,6 +209,23 @@ struct Ctx {
     cached_tokens: usize,
     completion_tokens: usize,
     first_token: Option<Duration>,
+    /// Tool-call parsing of this reply, when the template defines a format that applies.
+    tools: Option<ToolState>,
+}
+
+/// A reply read for reasoning and tool calls (see [`crate::tools`]).
+struct ToolState {
+    format: ToolFormat,
+    text: ReplyText,
+    /// Reasoning not yet sent (streaming) or all of it.
+    reasoning: String,
+    /// Content not yet sent (streaming) or all content (not streaming).
+    content: String,
+    /// Raw text of calls not yet sent.
+    calls: Vec<String>,
+    made_call: bool,
+    /// Calls formatted so far (their ids and stream indices).
+    formatted: usize,
 }
 
 impl Ctx {
@@ -208,6 +241,35 @@ impl Ctx {
             Kind::Completion => "cmpl",
         });
         let prompt_tokens = parsed.request.prompt.len();
+        // mlx_lm.server reads `<think>` blocks and `<tool_call>` markers in every chat reply
+        // of a model whose tokenizer and template define them; Llama 3's bare JSON only when
+        // tools were given. A prompt that ends inside a think block starts in reasoning.
+        let thinking = state.engine.tokenizer().thinking();
+        let think = thinking.map(|t| (t.start.clone(), t.end.clone()));
+        let prompt = &parsed.request.prompt;
+        let initial = match thinking {
+            Some(t) if rfind(prompt, &t.start_ids) > rfind(prompt, &t.end_ids) => {
+                ReplyState::Reasoning
+            }
+            _ => ReplyState::Normal,
+        };
+        let markers = state.tool_format == Some(ToolFormat::Markers);
+        let format = match (parsed.kind, state.tool_format) {
+            (Kind::Chat, Some(ToolFormat::Llama3Json)) if parsed.has_tools => {
+                Some(ToolFormat::Llama3Json)
+            }
+            (Kind::Chat, _) if markers || think.is_some() => Some(ToolFormat::Markers),
+            _ => None,
+        };
+        let tools = format.map(|format| ToolState {
+            format,
+            text: ReplyText::new(think, markers, initial),
+            reasoning: String::new(),
+            content: String::new(),
+            calls: Vec::new(),
+            made_call: false,
+            formatted: 0,
+        });
         Ctx {
             state,
             parsed,
@@ -224,6 +286,7 @@ impl Ctx {
             cached_tokens: 0,
             completion_tokens: 0,
             first_token: None,
+            tools,
         }
     }
 
@@ -369,16 +432,19 @@ impl Ctx {
                 }
             }
         };
-        self.log(200, finish);
         let logprobs = self.logprobs_value(0);
         let choice = match self.parsed.kind {
             Kind::Chat => {
                 let (message, finish) = self.message(finish);
+                self.log(200, finish);
                 json!({"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish})
             }
-            Kind::Completion => json!({
-                "index": 0, "text": self.text, "logprobs": logprobs, "finish_reason": finish,
-            }),
+            Kind::Completion => {
+                self.log(200, finish);
+                json!({
+                    "index": 0, "text": self.text, "logprobs": logprobs, "finish_reason": finish,
+                })
+            }
         };
         Ok(json!({
             "id": self.id,
@@ -391,35 +457,100 @@ impl Ctx {
         }))
     }
 
-    /// The assistant message (with tool calls parsed out when tools were given) and the
-    /// finish reason (`tool_calls` when there are calls).
-    fn message(&self, finish: &'static str) -> (Value, &'static str) {
-        if self.parsed.has_tools {
-            let (content, calls) = tools::extract(&self.text);
-            if !calls.is_empty() {
-                let calls: Vec<Value> = calls
-                    .iter()
-                    .enumerate()
-                    .map(|(i, c)| {
-                        json!({
-                            "id": format!("call_{}_{i}", self.id),
-                            "type": "function",
-                            "function": {"name": c.name, "arguments": c.arguments},
-                        })
-                    })
-                    .collect();
-                let content = if content.is_empty() {
-                    Value::Null
-                } else {
-                    Value::String(content)
-                };
-                return (
-                    json!({"role": "assistant", "content": content, "tool_calls": calls}),
-                    "tool_calls",
-                );
+    /// Feeds reply text to the tool parser (Markers: as it comes; Llama 3: all at the end).
+    fn tool_feed(&mut self, text: &str) {
+        if let Some(t) = &mut self.tools {
+            match t.format {
+                ToolFormat::Markers => {
+                    let split = t.text.push(text);
+                    t.content.push_str(&split.content);
+                    t.reasoning.push_str(&split.reasoning);
+                    t.made_call |= !split.calls.is_empty();
+                    t.calls.extend(split.calls);
+                }
+                ToolFormat::Llama3Json => t.content.push_str(text),
             }
         }
-        (json!({"role": "assistant", "content": self.text}), finish)
+    }
+
+    /// The end of the reply for the tool parser; returns the finish reason, `tool_calls` when
+    /// the reply stopped after a call (mlx_lm.server's rule).
+    fn tool_end(&mut self, reason: &'static str) -> &'static str {
+        let Some(t) = &mut self.tools else {
+            return reason;
+        };
+        match t.format {
+            ToolFormat::Markers => {
+                let split = t.text.finish(reason == "length");
+                t.content.push_str(&split.content);
+                t.reasoning.push_str(&split.reasoning);
+                t.made_call |= !split.calls.is_empty();
+                t.calls.extend(split.calls);
+            }
+            ToolFormat::Llama3Json => {
+                if tools::parse_llama3(&t.content).is_some() {
+                    t.calls.push(std::mem::take(&mut t.content));
+                    t.made_call = true;
+                }
+            }
+        }
+        if reason == "stop" && t.made_call {
+            "tool_calls"
+        } else {
+            reason
+        }
+    }
+
+    /// The calls read since the last call of this, in the API's shape (`index` when
+    /// streaming).
+    fn take_calls(&mut self, streaming: bool) -> Vec<Value> {
+        let Some(t) = &mut self.tools else {
+            return Vec::new();
+        };
+        let raw = std::mem::take(&mut t.calls);
+        let parsed: Vec<tools::ToolCall> = match t.format {
+            ToolFormat::Markers => raw.iter().flat_map(|r| tools::parse_calls(r)).collect(),
+            ToolFormat::Llama3Json => raw.iter().filter_map(|r| tools::parse_llama3(r)).collect(),
+        };
+        parsed
+            .iter()
+            .map(|c| {
+                let i = t.formatted;
+                t.formatted += 1;
+                c.to_json(format!("call_{}_{i}", self.id), streaming.then_some(i))
+            })
+            .collect()
+    }
+
+    /// The assistant message and the finish reason. With a tool format, the calls are parsed
+    /// out of the text and the content is what remains (null when empty, as mlx_lm.server
+    /// sends it).
+    fn message(&mut self, finish: &'static str) -> (Value, &'static str) {
+        if self.tools.is_none() {
+            return (json!({"role": "assistant", "content": self.text}), finish);
+        }
+        let text = std::mem::take(&mut self.text);
+        self.tool_feed(&text);
+        self.text = text;
+        let finish = self.tool_end(finish);
+        let calls = self.take_calls(false);
+        let (content, reasoning) = self.tools.as_mut().map_or_else(Default::default, |t| {
+            (
+                std::mem::take(&mut t.content),
+                std::mem::take(&mut t.reasoning),
+            )
+        });
+        let mut message = json!({
+            "role": "assistant",
+            "content": if content.is_empty() { Value::Null } else { Value::String(content) },
+        });
+        if !reasoning.is_empty() {
+            message["reasoning"] = json!(reasoning);
+        }
+        if !calls.is_empty() {
+            message["tool_calls"] = Value::Array(calls);
+        }
+        (message, finish)
     }
 
     fn chunk(&self, choice: Value) -> Event {
@@ -459,6 +590,17 @@ enum Step {
     Failed(ApiError),
 }
 
+/// The start of the last occurrence of `pat` in `tokens` (mlx-lm's `rfind_think_*`), `None`
+/// when absent (below every position, as mlx-lm's -1).
+fn rfind(tokens: &[u32], pat: &[u32]) -> Option<usize> {
+    if pat.is_empty() || pat.len() > tokens.len() {
+        return None;
+    }
+    (0..=tokens.len() - pat.len())
+        .rev()
+        .find(|&i| &tokens[i..i + pat.len()] == pat)
+}
+
 fn fingerprint() -> String {
     format!("mlx-rs-{}", env!("CARGO_PKG_VERSION"))
 }
@@ -470,6 +612,42 @@ struct StreamState {
     sent: usize,
     started: bool,
     finished: bool,
+}
+
+impl StreamState {
+    /// mlx_lm.server's streaming with a tool format: a chunk whenever the reply is outside a
+    /// call and has content or finished calls to report (calls as `tool_calls` deltas with
+    /// their `index`), and always the last one (with `finish`).
+    fn tool_chunk(&mut self, finish: Option<&'static str>) -> Option<Event> {
+        let t = self.ctx.tools.as_ref()?;
+        let hold = t.format == ToolFormat::Llama3Json || t.text.in_tool();
+        let nothing = t.content.is_empty() && t.calls.is_empty() && t.reasoning.is_empty();
+        if finish.is_none() && (hold || nothing) {
+            return None;
+        }
+        let calls = self.ctx.take_calls(true);
+        let (content, reasoning) = self.ctx.tools.as_mut().map_or_else(Default::default, |t| {
+            (
+                std::mem::take(&mut t.content),
+                std::mem::take(&mut t.reasoning),
+            )
+        });
+        let mut delta = json!({"role": "assistant"});
+        if !content.is_empty() {
+            delta["content"] = json!(content);
+        }
+        if !reasoning.is_empty() {
+            delta["reasoning"] = json!(reasoning);
+        }
+        if !calls.is_empty() {
+            delta["tool_calls"] = Value::Array(calls);
+        }
+        let logprobs = self.ctx.logprobs_value(self.sent);
+        self.sent = self.ctx.tokens.len();
+        Some(self.ctx.chunk(json!({
+            "index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish,
+        })))
+    }
 }
 
 /// The SSE stream of a streaming request. Dropping it (client gone) drops the receiver, and
@@ -505,10 +683,14 @@ fn sse_stream(ctx: Ctx) -> impl Stream<Item = Result<Event, Infallible>> {
                 Some(ev) => st.ctx.apply(ev),
                 None => Step::Failed(ApiError::server("the engine dropped the request")),
             };
-            // With tools, the reply is held until the end: a call is only known once whole.
-            let tools = st.ctx.parsed.has_tools && st.ctx.parsed.kind == Kind::Chat;
             match step {
-                Step::Text(t) if tools || (t.is_empty() && !st.ctx.parsed.logprobs) => {}
+                Step::Text(t) if st.ctx.tools.is_some() => {
+                    st.ctx.tool_feed(&t);
+                    if let Some(ev) = st.tool_chunk(None) {
+                        st.pending.push_back(ev);
+                    }
+                }
+                Step::Text(t) if t.is_empty() && !st.ctx.parsed.logprobs => {}
                 Step::Text(t) => {
                     if st.ctx.tokens.len() > st.sent || !t.is_empty() {
                         let ev = st.ctx.delta_chunk(&t, st.sent, None);
@@ -517,27 +699,14 @@ fn sse_stream(ctx: Ctx) -> impl Stream<Item = Result<Event, Infallible>> {
                     }
                 }
                 Step::Done(t, reason) => {
-                    st.ctx.log(200, reason);
-                    if tools {
-                        let (message, finish) = st.ctx.message(reason);
-                        let mut delta = message;
-                        if delta["content"].is_null() {
-                            if let Some(o) = delta.as_object_mut() {
-                                o.remove("content");
-                            }
-                        }
-                        if let Some(calls) =
-                            delta.get_mut("tool_calls").and_then(Value::as_array_mut)
-                        {
-                            for (i, c) in calls.iter_mut().enumerate() {
-                                c["index"] = json!(i);
-                            }
-                        }
-                        let ev = st.ctx.chunk(json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": null}));
-                        st.pending.push_back(ev);
-                        let ev = st.ctx.delta_chunk("", st.ctx.tokens.len(), Some(finish));
-                        st.pending.push_back(ev);
+                    if st.ctx.tools.is_some() {
+                        st.ctx.tool_feed(&t);
+                        let finish = st.ctx.tool_end(reason);
+                        st.ctx.log(200, finish);
+                        let ev = st.tool_chunk(Some(finish));
+                        st.pending.extend(ev);
                     } else {
+                        st.ctx.log(200, reason);
                         if !t.is_empty() {
                             let ev = st.ctx.delta_chunk(&t, st.sent, None);
                             st.pending.push_back(ev);

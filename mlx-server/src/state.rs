@@ -5,9 +5,11 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use mlx_engine::batch::Engine;
+use mlx_engine::chat_template::ChatTemplates;
 use serde_json::{Map, Value};
 
 use crate::args::ServeArgs;
+use crate::tools::{self, ToolFormat};
 
 pub struct AppState {
     pub engine: Engine,
@@ -17,6 +19,13 @@ pub struct AppState {
     /// Extra chat-template variables (`--chat-template-args`).
     pub template_args: Map<String, Value>,
     pub created: u64,
+    /// Prompt plus `max_tokens` may not exceed this: `--max-context`, or the model's own
+    /// context length when that is smaller.
+    pub max_context: usize,
+    /// The model's own context length, when its config declares one.
+    pub model_context: Option<usize>,
+    /// How the chat template marks tool calls, if it does.
+    pub tool_format: Option<ToolFormat>,
     counter: AtomicU64,
 }
 
@@ -30,7 +39,18 @@ pub fn unix_now() -> u64 {
 }
 
 impl AppState {
-    pub fn new(engine: Engine, args: ServeArgs, template_args: Map<String, Value>) -> Self {
+    pub fn new(
+        engine: Engine,
+        args: ServeArgs,
+        template_args: Map<String, Value>,
+        model_context: Option<usize>,
+    ) -> Self {
+        let max_context = model_context.map_or(args.max_context, |n| n.min(args.max_context));
+        let tool_format = match engine.tokenizer().chat_templates() {
+            Some(ChatTemplates::Single(t)) => tools::detect(t),
+            Some(ChatTemplates::Named(list)) => list.iter().find_map(|(_, t)| tools::detect(t)),
+            None => None,
+        };
         let model_id = args
             .model
             .clone()
@@ -41,6 +61,9 @@ impl AppState {
             model_id,
             template_args,
             created: unix_now(),
+            max_context,
+            model_context,
+            tool_format,
             counter: AtomicU64::new(0),
         }
     }

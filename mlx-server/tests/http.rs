@@ -300,9 +300,14 @@ fn context_limit_queue_limit_and_api_key() {
     // 20 prompt tokens + 4090 > 4096.
     let long = json!({"prompt": "x".repeat(20), "max_tokens": 4090});
     let r = http(s.addr, "POST", "/v1/completions", &auth, &body(long));
+    let e = r.json()["error"].clone();
     assert_eq!(
-        (r.status, r.json()["error"]["param"].clone()),
-        (400, json!("max_tokens"))
+        (r.status, e["param"].clone(), e["code"].clone()),
+        (400, json!("prompt"), json!("context_length_exceeded"))
+    );
+    assert!(
+        e["message"].as_str().unwrap().contains("(--max-context)"),
+        "{e}"
     );
 
     // One decoding (it has sent a token), one waiting (accepted: its headers came), the

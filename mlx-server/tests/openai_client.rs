@@ -7,12 +7,17 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{golden_path, TestServer};
+use common::{golden_path, server_fixture, TestServer};
 
 const OPENAI: &str = "openai==3.57.0";
 
 /// `target/openai-venv` with the pinned client, made on first use.
 fn venv_python() -> PathBuf {
+    // The tests run in parallel threads: one creates the venv, the others wait for it.
+    static MAKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = MAKING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let venv = root.join("target").join("openai-venv");
     let py = venv.join("bin").join("python");
@@ -55,6 +60,29 @@ fn the_official_openai_client_including_32_concurrent_streams() {
     assert!(
         out.status.success(),
         "openai_client.py failed:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("all checks passed"));
+    // How the 32 streams joined: prefills of several new requests together, the largest batch.
+    let health = common::http(s.addr, "GET", "/health", &[], b"").json();
+    eprintln!(
+        "batched prefills: {}, largest decode batch: {}",
+        health["batched_prefills"], health["max_batch_seen"]
+    );
+}
+
+/// Tool calls and the context limit through the `openai` client (`openai_tools.py`), on the
+/// fixture whose reply is a tool call.
+#[test]
+fn the_official_openai_client_gets_typed_tool_calls() {
+    let py = venv_python();
+    let s = TestServer::start_model(&server_fixture("tools_qwen3"), &[]);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_tools.py");
+    let out = Command::new(py).arg(script).arg(s.url()).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "openai_tools.py failed:\n{stdout}\n{stderr}"
     );
     assert!(stdout.contains("all checks passed"));
 }

@@ -24,10 +24,12 @@ struct Options {
     rounds: usize,
     max_batch: usize,
     skip_mlx_lm: bool,
+    /// Also write the table (Markdown) here.
+    out: Option<PathBuf>,
 }
 
 const USAGE: &str = "usage: cargo xtask bench serve [--model DIR] [--clients 1,4,16,32] \
-                     [--max-tokens N] [--rounds R] [--max-batch B] [--skip-mlx-lm]";
+                     [--max-tokens N] [--rounds R] [--max-batch B] [--skip-mlx-lm] [--out FILE.md]";
 
 fn parse(args: &[String]) -> Result<Options, String> {
     let mut o = Options {
@@ -37,6 +39,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         rounds: 2,
         max_batch: 32,
         skip_mlx_lm: false,
+        out: None,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -53,6 +56,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
             "--rounds" => o.rounds = num(val()?)?,
             "--max-batch" => o.max_batch = num(val()?)?,
             "--skip-mlx-lm" => o.skip_mlx_lm = true,
+            "--out" => o.out = Some(PathBuf::from(val()?)),
             "--help" | "-h" => return Err(USAGE.into()),
             other => return Err(format!("unknown option {other}\n{USAGE}")),
         }
@@ -173,19 +177,22 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 .spawn()
                 .map_err(|e| format!("starting mlx_lm.server: {e}"))?,
         );
-        wait_ready(port, "/v1/models", &mut theirs)?;
+        wait_ready(port, "/health", &mut theirs)?;
         eprintln!("bench serve: mlx_lm.server on port {port}");
         load(&py, port, &o)?
     };
 
-    println!(
-        "model {} | {} tokens per request, {} rounds per client, --max-batch {}",
-        model, o.max_tokens, o.rounds, o.max_batch
-    );
-    println!(
-        "{:>8} {:>14} {:>16} {:>8} {:>8}",
-        "clients", "ours tok/s", "mlx_lm tok/s", "ratio", "errors"
-    );
+    let mut lines = vec![
+        format!(
+            "model `{}`; {} tokens per request, {} rounds per client, `--max-batch {}`; \
+             aggregate generated tokens/s over all clients (streaming, greedy, EOS suppressed)",
+            model, o.max_tokens, o.rounds, o.max_batch
+        ),
+        String::new(),
+        "| clients | mlx serve tok/s | mlx_lm.server tok/s | ratio | errors (ours / mlx_lm) |"
+            .into(),
+        "|---:|---:|---:|---:|---:|".into(),
+    ];
     let single = ours_rows
         .first()
         .and_then(|r| r["tokens_per_s"].as_f64())
@@ -194,22 +201,36 @@ pub fn run(args: &[String]) -> Result<(), String> {
         let ours_tps = r["tokens_per_s"].as_f64().unwrap_or(0.0);
         let theirs = theirs_rows.get(i);
         let theirs_tps = theirs.and_then(|t| t["tokens_per_s"].as_f64());
-        let errors = r["errors"].as_u64().unwrap_or(0)
-            + theirs.and_then(|t| t["errors"].as_u64()).unwrap_or(0);
-        println!(
-            "{:>8} {:>14.1} {:>16} {:>8} {:>8}",
+        for (who, row) in [("mlx serve", Some(r)), ("mlx_lm.server", theirs)] {
+            if let Some(e) = row.and_then(|x| x["first_error"].as_str()) {
+                eprintln!("bench serve: {who} at {} clients: {e}", r["clients"]);
+            }
+        }
+        lines.push(format!(
+            "| {} | {:.1} | {} | {} | {} / {} |",
             r["clients"],
             ours_tps,
             theirs_tps.map_or("-".into(), |t| format!("{t:.1}")),
             theirs_tps.map_or("-".into(), |t| format!("{:.2}", ours_tps / t)),
-            errors
-        );
+            r["errors"].as_u64().unwrap_or(0),
+            theirs.and_then(|t| t["errors"].as_u64()).unwrap_or(0),
+        ));
     }
     if single > 0.0 {
         if let Some(r16) = ours_rows.iter().find(|r| r["clients"] == 16) {
             let x = r16["tokens_per_s"].as_f64().unwrap_or(0.0) / single;
-            println!("ours: 16 clients = {x:.2}x one client (target >= 4x)");
+            lines.push(String::new());
+            lines.push(format!(
+                "mlx serve at 16 clients = {x:.2}x mlx serve at 1 client (target >= 4x)"
+            ));
         }
+    }
+    let table = lines.join("\n") + "\n";
+    print!("{table}");
+    if let Some(path) = &o.out {
+        std::fs::write(path, format!("# `cargo xtask bench serve`\n\n{table}"))
+            .map_err(|e| format!("writing {}: {e}", path.display()))?;
+        eprintln!("bench serve: wrote {}", path.display());
     }
     Ok(())
 }

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use mlx_cache::{Cache, KVCache, StateValue};
 use mlx_core::memory;
 use mlx_core::prelude::*;
+use mlx_models::embed::{embed, to_vecs, HiddenStates};
 use mlx_models::LanguageModel;
 
 use super::cache::BatchKVCache;
@@ -65,7 +66,8 @@ pub enum BatchEvent {
         logprob: Option<f32>,
         top_logprobs: Vec<(u32, f32)>,
     },
-    /// Generation ended; `text` is what was still held back.
+    /// Generation ended; `text` is what was still held back. `completion_tokens` counts a final
+    /// EOS token, as mlx-lm does.
     Done {
         text: String,
         finish_reason: FinishReason,
@@ -137,6 +139,8 @@ pub struct EngineStats {
     pub decode_steps: AtomicUsize,
     /// Largest batch a decode step ran with.
     pub max_batch_seen: AtomicUsize,
+    /// Prefills that ran several new requests together.
+    pub batched_prefills: AtomicUsize,
 }
 
 struct Job {
@@ -144,11 +148,41 @@ struct Job {
     sink: Box<dyn EventSink>,
 }
 
+/// Receives the embeddings of an [`Engine::submit_embed`] call: one unit-length float32 row
+/// per input, or the error.
+pub type EmbedReply = Box<dyn FnOnce(std::result::Result<Vec<Vec<f32>>, String>) + Send>;
+
+/// What the engine thread is asked to do.
+enum Work {
+    Generate(Box<Job>),
+    /// Requests that join the batch in the same step (so they are prefilled together).
+    Group(Vec<Job>),
+    Embed {
+        inputs: Vec<Vec<i32>>,
+        reply: EmbedReply,
+    },
+}
+
+/// A model's final normed hidden states through [`LanguageModel::forward_hidden`], for
+/// [`mlx_models::embed::embed`].
+struct ForwardHidden<'a>(&'a dyn LanguageModel);
+
+impl HiddenStates for ForwardHidden<'_> {
+    fn final_hidden_states(&self, inputs: &Array) -> mlx_models::Result<Array> {
+        self.0.forward_hidden(inputs).unwrap_or_else(|| {
+            Err(mlx_models::ModelError::Other(format!(
+                "`{}` models do not expose their hidden states here, so they cannot embed",
+                self.0.model_type()
+            )))
+        })
+    }
+}
+
 /// A handle to the engine thread. Dropping every handle stops the thread once the queue and
 /// the batch are empty.
 #[derive(Clone)]
 pub struct Engine {
-    tx: SyncSender<Job>,
+    tx: SyncSender<Work>,
     queue_size: usize,
     stats: Arc<EngineStats>,
     tokenizer: Arc<Tokenizer>,
@@ -171,7 +205,7 @@ impl Engine {
                 "prefill_step_size must be positive".into(),
             ));
         }
-        let (tx, rx) = mpsc::sync_channel::<Job>(config.queue_size);
+        let (tx, rx) = mpsc::sync_channel::<Work>(config.queue_size);
         let (ready_tx, ready_rx) = mpsc::channel::<Result<(Arc<Tokenizer>, usize)>>();
         let stats = Arc::new(EngineStats::default());
         let thread_stats = stats.clone();
@@ -233,13 +267,47 @@ impl Engine {
         request: BatchRequest,
         sink: Box<dyn EventSink>,
     ) -> std::result::Result<(), SubmitError> {
-        match self.tx.try_send(Job { request, sink }) {
-            Ok(()) => {
-                self.stats.queued.fetch_add(1, Ordering::Relaxed);
-                Ok(())
+        self.send(Work::Generate(Box::new(Job { request, sink })), 1)
+    }
+
+    /// Queues requests that join the batch together, in one step: those without a cached
+    /// prefix or a seed are prefilled in one left-padded batch. Takes one queue slot.
+    pub fn submit_group(
+        &self,
+        requests: Vec<(BatchRequest, Box<dyn EventSink>)>,
+    ) -> std::result::Result<(), SubmitError> {
+        let n = requests.len();
+        let jobs = requests
+            .into_iter()
+            .map(|(request, sink)| Job { request, sink })
+            .collect();
+        self.send(Work::Group(jobs), n)
+    }
+
+    /// Queues sentence embeddings of `inputs` (token ids, each below the vocabulary size and
+    /// non-empty): [`mlx_models::embed::embed`] over the model's final normed hidden states,
+    /// run on the engine thread between decode steps. `reply` receives the rows.
+    pub fn submit_embed(
+        &self,
+        inputs: Vec<Vec<i32>>,
+        reply: EmbedReply,
+    ) -> std::result::Result<(), SubmitError> {
+        self.send(Work::Embed { inputs, reply }, 1)
+    }
+
+    /// Queues `work`, which holds `requests` requests (the `queued` count).
+    fn send(&self, work: Work, requests: usize) -> std::result::Result<(), SubmitError> {
+        // Counted before sending, so the engine never takes away more than was added.
+        self.stats.queued.fetch_add(requests, Ordering::Relaxed);
+        match self.tx.try_send(work) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.stats.queued.fetch_sub(requests, Ordering::Relaxed);
+                Err(match e {
+                    TrySendError::Full(_) => SubmitError::QueueFull(self.queue_size),
+                    TrySendError::Disconnected(_) => SubmitError::Stopped,
+                })
             }
-            Err(TrySendError::Full(_)) => Err(SubmitError::QueueFull(self.queue_size)),
-            Err(TrySendError::Disconnected(_)) => Err(SubmitError::Stopped),
         }
     }
 }
@@ -301,7 +369,7 @@ impl Worker {
         }
     }
 
-    fn run(&mut self, rx: Receiver<Job>) {
+    fn run(&mut self, rx: Receiver<Work>) {
         let mut waiting: VecDeque<Job> = VecDeque::new();
         let mut open = true;
         loop {
@@ -310,13 +378,13 @@ impl Worker {
                     return;
                 }
                 match rx.recv() {
-                    Ok(job) => waiting.push_back(job),
+                    Ok(work) => self.take(work, &mut waiting),
                     Err(_) => return,
                 }
             }
             while open && self.rows.len() + waiting.len() < self.config.max_batch {
                 match rx.try_recv() {
-                    Ok(job) => waiting.push_back(job),
+                    Ok(work) => self.take(work, &mut waiting),
                     Err(TryRecvError::Empty) => break,
                     Err(TryRecvError::Disconnected) => open = false,
                 }
@@ -325,12 +393,13 @@ impl Worker {
                 self.fail_all(&e);
                 continue;
             }
-            while self.rows.len() < self.config.max_batch {
-                let Some(job) = waiting.pop_front() else {
-                    break;
-                };
-                self.stats.queued.fetch_sub(1, Ordering::Relaxed);
-                if let Err(e) = self.admit(job) {
+            let room = self.config.max_batch.saturating_sub(self.rows.len());
+            let joining: Vec<Job> = waiting.drain(..room.min(waiting.len())).collect();
+            if !joining.is_empty() {
+                self.stats
+                    .queued
+                    .fetch_sub(joining.len(), Ordering::Relaxed);
+                if let Err(e) = self.admit_all(joining) {
                     // The batch may be inconsistent after a failed join: start over.
                     self.fail_all(&e);
                 }
@@ -342,6 +411,33 @@ impl Worker {
                 }
             }
             self.stats.active.store(self.rows.len(), Ordering::Relaxed);
+        }
+    }
+
+    /// A generation request waits for a slot; embeddings run at once (one forward per input,
+    /// no cache).
+    fn take(&mut self, work: Work, waiting: &mut VecDeque<Job>) {
+        match work {
+            Work::Generate(job) => waiting.push_back(*job),
+            Work::Group(jobs) => waiting.extend(jobs),
+            Work::Embed { inputs, reply } => {
+                self.stats.queued.fetch_sub(1, Ordering::Relaxed);
+                let vocab = self.vocab() as i64;
+                let bad = inputs.iter().enumerate().find_map(|(i, ids)| {
+                    ids.iter()
+                        .find(|&&t| t < 0 || i64::from(t) >= vocab)
+                        .map(|t| {
+                            format!("input {i}: token id {t} is outside the vocabulary of {vocab}")
+                        })
+                });
+                let result = match bad {
+                    Some(e) => Err(e),
+                    None => embed(&ForwardHidden(self.model.as_ref()), &inputs)
+                        .and_then(|e| to_vecs(&e))
+                        .map_err(|e| e.to_string()),
+                };
+                reply(result);
+            }
         }
     }
 
@@ -399,83 +495,163 @@ impl Worker {
 
     /// mlx-lm's `BatchKVCache.extract(idx)`: row `i` without its padding, as plain caches.
     fn extract_row(&self, i: usize) -> Result<Vec<Box<dyn Cache>>> {
-        self.caches
-            .iter()
-            .map(|c| -> Result<Box<dyn Cache>> {
-                let pad = c
-                    .as_any()
-                    .downcast_ref::<BatchKVCache>()
-                    .map(|b| b.left_padding()[i])
-                    .unwrap_or(0);
-                let Some(mlx_cache::Kv::Dense { keys, values }) = c.fetch()? else {
-                    return Ok(Box::new(KVCache::new()));
-                };
-                let row = |a: &Array| -> Result<Array> {
-                    let s = a.shape();
-                    Ok(ops::contiguous(
-                        &ops::slice(
-                            a,
-                            &[i as i32, 0, pad, 0],
-                            &[i as i32 + 1, s[1], s[2], s[3]],
-                            &[1, 1, 1, 1],
-                            None,
-                        )?,
-                        false,
+        extract_row(&self.caches, i)
+    }
+}
+
+/// Row `i` of batch caches without its padding, as plain caches.
+fn extract_row(caches: &[Box<dyn Cache>], i: usize) -> Result<Vec<Box<dyn Cache>>> {
+    caches
+        .iter()
+        .map(|c| -> Result<Box<dyn Cache>> {
+            let pad = c
+                .as_any()
+                .downcast_ref::<BatchKVCache>()
+                .map(|b| b.left_padding()[i])
+                .unwrap_or(0);
+            let Some(mlx_cache::Kv::Dense { keys, values }) = c.fetch()? else {
+                return Ok(Box::new(KVCache::new()));
+            };
+            let row = |a: &Array| -> Result<Array> {
+                let s = a.shape();
+                Ok(ops::contiguous(
+                    &ops::slice(
+                        a,
+                        &[i as i32, 0, pad, 0],
+                        &[i as i32 + 1, s[1], s[2], s[3]],
+                        &[1, 1, 1, 1],
                         None,
-                    )?)
-                };
-                let (k, v) = (row(&keys)?, row(&values)?);
-                let n = k.dim(2)? as i64;
-                Ok(Box::new(KVCache::from_state(StateValue::List(vec![
-                    StateValue::Array(k),
-                    StateValue::Array(v),
-                    StateValue::Int(n),
-                ]))?))
-            })
-            .collect()
+                    )?,
+                    false,
+                    None,
+                )?)
+            };
+            let (k, v) = (row(&keys)?, row(&values)?);
+            let n = k.dim(2)? as i64;
+            Ok(Box::new(KVCache::from_state(StateValue::List(vec![
+                StateValue::Array(k),
+                StateValue::Array(v),
+                StateValue::Int(n),
+            ]))?))
+        })
+        .collect()
+}
+
+/// A prefill's caches, first token and its `(vocab,)` log-probabilities.
+type Prefilled = (Vec<Box<dyn Cache>>, u32, Array);
+
+/// How an admitted request is prefilled.
+enum Start {
+    /// Alone: it continues a cached prefix, or it has a seed.
+    Alone(Vec<Box<dyn Cache>>, usize),
+    /// From nothing: together with the other such requests of the same step.
+    Fresh,
+}
+
+fn check_plain(caches: &[Box<dyn Cache>]) -> Result<()> {
+    match caches
+        .iter()
+        .find(|c| c.as_any().downcast_ref::<KVCache>().is_none())
+    {
+        Some(c) => Err(EngineError::Other(format!(
+            "continuous batching needs plain KV caches; this model uses {}",
+            c.class_name()
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Evaluates every cache's keys and values (between prefill chunks, as mlx-lm does).
+fn eval_caches(caches: &[Box<dyn Cache>]) -> Result<()> {
+    let states: Vec<Array> = caches
+        .iter()
+        .filter_map(|c| c.fetch().ok().flatten())
+        .flat_map(|kv| kv.arrays().into_iter().cloned().collect::<Vec<_>>())
+        .collect();
+    mlx_core::eval(states.iter())?;
+    memory::clear_cache()?;
+    Ok(())
+}
+
+/// The logits of the last position, `(batch, vocab)`.
+fn last_logits(logits: &Array) -> Result<Array> {
+    let n = logits.dim(1)?;
+    Ok(ops::squeeze(
+        &ops::slice_axis(logits, 1, n - 1, n, None)?,
+        &[1],
+        None,
+    )?)
+}
+
+impl Worker {
+    /// Admits the requests that join in this step. Those without a cached prefix or a seed are
+    /// prefilled together, left-padded in one batch cache (mlx-lm's `BatchGenerator`); the
+    /// others alone, continuing their cached prefix.
+    fn admit_all(&mut self, jobs: Vec<Job>) -> Result<()> {
+        let mut fresh = Vec::new();
+        for job in jobs {
+            if job.sink.is_closed() {
+                continue;
+            }
+            match self.plan(&job.request) {
+                Ok(Start::Alone(caches, reused)) => self.admit_alone(job, caches, reused)?,
+                Ok(Start::Fresh) => fresh.push(job),
+                Err(e) => {
+                    let mut sink = job.sink;
+                    sink.send(BatchEvent::Error(e.to_string()));
+                }
+            }
+        }
+        if fresh.len() == 1 {
+            let caches = make_prompt_cache(self.model.as_ref(), None)?;
+            let job = fresh.remove(0);
+            return self.admit_alone(job, caches, 0);
+        }
+        if !fresh.is_empty() {
+            self.admit_together(fresh)?;
+        }
+        Ok(())
+    }
+
+    /// Validates the prompt and decides how it is prefilled.
+    fn plan(&mut self, r: &BatchRequest) -> Result<Start> {
+        if r.prompt.is_empty() {
+            return Err(EngineError::Other("the prompt is empty".into()));
+        }
+        if let Some(&bad) = r.prompt.iter().find(|&&t| t as usize >= self.vocab()) {
+            return Err(EngineError::Other(format!(
+                "token id {bad} is outside the model's vocabulary of {}",
+                self.vocab()
+            )));
+        }
+        match self.prompt_cache.fetch(&r.prompt) {
+            Some(hit) => Ok(Start::Alone(hit.caches, hit.reused)),
+            None if r.seed.is_some() => Ok(Start::Alone(
+                make_prompt_cache(self.model.as_ref(), None)?,
+                0,
+            )),
+            None => Ok(Start::Fresh),
+        }
     }
 
     /// Prefills a request alone, emits its first token and, unless it is already finished,
     /// adds it to the batch.
-    fn admit(&mut self, job: Job) -> Result<()> {
+    fn admit_alone(&mut self, job: Job, caches: Vec<Box<dyn Cache>>, reused: usize) -> Result<()> {
         let Job { request, mut sink } = job;
-        if sink.is_closed() {
-            return Ok(());
-        }
-        match self.prefill(&request) {
-            Ok((caches, first, logprobs, reused)) => {
-                let prompt_tokens = request.prompt.len();
-                if !sink.send(BatchEvent::Started {
-                    prompt_tokens,
-                    cached_tokens: reused,
-                }) {
-                    return Ok(());
-                }
-                let processors = make_logits_processors(&request.processors)?;
-                let mut row = Seq {
-                    sink,
-                    sampler: Sampler::new(request.sampler.clone()),
-                    processors,
-                    context: request.prompt.iter().map(|&t| t as i32).collect(),
-                    cached: request.prompt.clone(),
-                    text: TextState::new(&self.tokenizer, request.stop_strings.clone()),
-                    next_input: first,
-                    generated: 0,
-                    max_tokens: request.max_tokens,
-                    prompt_tokens,
-                    logprobs: request.logprobs,
-                    top_logprobs: request.top_logprobs,
-                    deadline: request.timeout.map(|t| Instant::now() + t),
-                };
-                let outcome = self.emit(&mut row, first, Some(&logprobs))?;
-                if matches!(outcome, Outcome::Finished) {
-                    if self.config.prompt_cache_entries > 0 {
-                        self.prompt_cache.insert(row.cached.clone(), caches);
+        match self.prefill(&request, caches, reused) {
+            Ok((caches, first, logprobs)) => {
+                match self.start_row(&request, sink, first, &logprobs, reused)? {
+                    Some(row) => {
+                        self.join(&caches)?;
+                        self.rows.push(row);
                     }
-                    return Ok(());
+                    None if self.config.prompt_cache_entries > 0 => {
+                        let mut tokens = request.prompt.clone();
+                        tokens.truncate(caches.first().map_or(0, |c| c.offset()));
+                        self.prompt_cache.insert(tokens, caches);
+                    }
+                    None => {}
                 }
-                self.join(&caches)?;
-                self.rows.push(row);
                 Ok(())
             }
             Err(e) => {
@@ -483,6 +659,136 @@ impl Worker {
                 Ok(())
             }
         }
+    }
+
+    /// Prefills requests with no cached prefix together: all but their last prompt token,
+    /// left-padded to the longest into one `BatchKVCache` per layer (rope at per-row offsets,
+    /// the padding masked), in chunks of `prefill_step_size`; then one step on every last
+    /// token gives each its first token. The rows that go on join the running batch.
+    fn admit_together(&mut self, jobs: Vec<Job>) -> Result<()> {
+        let layers = make_prompt_cache(self.model.as_ref(), None)?;
+        if let Err(e) = check_plain(&layers) {
+            for mut job in jobs {
+                job.sink.send(BatchEvent::Error(e.to_string()));
+            }
+            return Ok(());
+        }
+        let k = jobs.len();
+        let heads: Vec<&[u32]> = jobs
+            .iter()
+            .map(|j| &j.request.prompt[..j.request.prompt.len() - 1])
+            .collect();
+        let m = heads.iter().map(|h| h.len()).max().unwrap_or(0);
+        let pad: Vec<i32> = heads.iter().map(|h| (m - h.len()) as i32).collect();
+        let mut caches: Vec<Box<dyn Cache>> = layers
+            .iter()
+            .map(|_| Box::new(BatchKVCache::new(&pad)) as Box<dyn Cache>)
+            .collect();
+        let total: usize = jobs.iter().map(|j| j.request.prompt.len()).sum();
+        self.stats
+            .prefilled_tokens
+            .fetch_add(total, Ordering::Relaxed);
+        self.stats.batched_prefills.fetch_add(1, Ordering::Relaxed);
+        let mut padded = Vec::with_capacity(k * m);
+        for h in &heads {
+            padded.extend(std::iter::repeat_n(0i32, m - h.len()));
+            padded.extend(h.iter().map(|&t| t as i32));
+        }
+        let all = Array::from_slice(&padded, &[k as i32, m as i32])?;
+        let mut start = 0;
+        while start < m {
+            let n = self.config.prefill_step_size.min(m - start);
+            let x = ops::slice_axis(&all, 1, start as i32, (start + n) as i32, None)?;
+            self.model.forward(&x, Some(&mut caches))?;
+            eval_caches(&caches)?;
+            start += n;
+        }
+        let last: Vec<i32> = jobs
+            .iter()
+            .map(|j| j.request.prompt[j.request.prompt.len() - 1] as i32)
+            .collect();
+        let x = Array::from_slice(&last, &[k as i32, 1])?;
+        let logits = last_logits(&self.model.forward(&x, Some(&mut caches))?)?;
+        let mut keep = Vec::with_capacity(k);
+        let mut rows = Vec::with_capacity(k);
+        for (e, job) in jobs.into_iter().enumerate() {
+            let Job { request, mut sink } = job;
+            let row_logits = ops::slice_axis(&logits, 0, e as i32, e as i32 + 1, None)?;
+            let (first, logprobs) = match self.first_token(&request, row_logits) {
+                Ok(x) => x,
+                Err(err) => {
+                    sink.send(BatchEvent::Error(err.to_string()));
+                    continue;
+                }
+            };
+            match self.start_row(&request, sink, first, &logprobs, 0)? {
+                Some(row) => {
+                    keep.push(e);
+                    rows.push(row);
+                }
+                None if self.config.prompt_cache_entries > 0 => {
+                    self.prompt_cache
+                        .insert(request.prompt.clone(), extract_row(&caches, e)?);
+                }
+                None => {}
+            }
+        }
+        if keep.is_empty() {
+            return Ok(());
+        }
+        if keep.len() < k {
+            for c in &mut caches {
+                batch_cache(c)?.filter(&keep)?;
+            }
+        }
+        if self.rows.is_empty() {
+            self.caches = caches;
+        } else {
+            for (c, new) in self.caches.iter_mut().zip(&mut caches) {
+                let new = batch_cache(new)?.clone();
+                batch_cache(c)?.extend(&new)?;
+            }
+        }
+        self.rows.extend(rows);
+        Ok(())
+    }
+
+    /// Tells the client its prefill is done and hands it its first token. Returns the row
+    /// when it goes on (`None`: finished already, or the client is gone).
+    fn start_row(
+        &mut self,
+        request: &BatchRequest,
+        mut sink: Box<dyn EventSink>,
+        first: u32,
+        logprobs: &Array,
+        reused: usize,
+    ) -> Result<Option<Seq>> {
+        let prompt_tokens = request.prompt.len();
+        if !sink.send(BatchEvent::Started {
+            prompt_tokens,
+            cached_tokens: reused,
+        }) {
+            return Ok(None);
+        }
+        let mut row = Seq {
+            sink,
+            sampler: Sampler::new(request.sampler.clone()),
+            processors: make_logits_processors(&request.processors)?,
+            context: request.prompt.iter().map(|&t| t as i32).collect(),
+            cached: request.prompt.clone(),
+            text: TextState::new(&self.tokenizer, request.stop_strings.clone()),
+            next_input: first,
+            generated: 0,
+            max_tokens: request.max_tokens,
+            prompt_tokens,
+            logprobs: request.logprobs,
+            top_logprobs: request.top_logprobs,
+            deadline: request.timeout.map(|t| Instant::now() + t),
+        };
+        Ok(match self.emit(&mut row, first, Some(logprobs))? {
+            Outcome::Continue => Some(row),
+            Outcome::Finished => None,
+        })
     }
 
     /// Adds a single sequence's caches to the batch as a new last row.
@@ -504,36 +810,19 @@ impl Worker {
         Ok(())
     }
 
-    /// `generate_step`'s prefill: chunks of all but the last prompt token, then one step on
-    /// the last token. Returns the caches, the first token, its log-probabilities and how many
-    /// prompt tokens came from the prompt cache.
-    #[allow(clippy::type_complexity)]
-    fn prefill(&mut self, r: &BatchRequest) -> Result<(Vec<Box<dyn Cache>>, u32, Array, usize)> {
-        if r.prompt.is_empty() {
-            return Err(EngineError::Other("the prompt is empty".into()));
-        }
-        if let Some(&bad) = r.prompt.iter().find(|&&t| t as usize >= self.vocab()) {
-            return Err(EngineError::Other(format!(
-                "token id {bad} is outside the model's vocabulary of {}",
-                self.vocab()
-            )));
-        }
+    /// `generate_step`'s prefill over `caches` (holding the first `reused` prompt tokens):
+    /// chunks of all but the last prompt token, then one step on the last token. Returns the
+    /// caches, the first token and its log-probabilities.
+    fn prefill(
+        &mut self,
+        r: &BatchRequest,
+        mut caches: Vec<Box<dyn Cache>>,
+        reused: usize,
+    ) -> Result<Prefilled> {
         if let Some(seed) = r.seed {
             random::seed(seed)?;
         }
-        let (mut caches, reused) = match self.prompt_cache.fetch(&r.prompt) {
-            Some(hit) => (hit.caches, hit.reused),
-            None => (make_prompt_cache(self.model.as_ref(), None)?, 0),
-        };
-        if let Some(c) = caches
-            .iter()
-            .find(|c| c.as_any().downcast_ref::<KVCache>().is_none())
-        {
-            return Err(EngineError::Other(format!(
-                "continuous batching needs plain KV caches; this model uses {}",
-                c.class_name()
-            )));
-        }
+        check_plain(&caches)?;
         self.stats
             .reused_tokens
             .fetch_add(reused, Ordering::Relaxed);
@@ -546,19 +835,19 @@ impl Worker {
             let n = self.config.prefill_step_size.min(rest.len() - 1);
             let x = Array::from_slice(&rest[..n], &[1, n as i32])?;
             self.model.forward(&x, Some(&mut caches))?;
-            let states: Vec<Array> = caches
-                .iter()
-                .filter_map(|c| c.fetch().ok().flatten())
-                .flat_map(|kv| kv.arrays().into_iter().cloned().collect::<Vec<_>>())
-                .collect();
-            mlx_core::eval(states.iter())?;
+            eval_caches(&caches)?;
             rest = &rest[n..];
-            memory::clear_cache()?;
         }
         let x = Array::from_slice(rest, &[1, rest.len() as i32])?;
-        let logits = self.model.forward(&x, Some(&mut caches))?;
-        let n = logits.dim(1)?;
-        let mut logits = ops::squeeze(&ops::slice_axis(&logits, 1, n - 1, n, None)?, &[1], None)?;
+        let logits = last_logits(&self.model.forward(&x, Some(&mut caches))?)?;
+        let (token, logprobs) = self.first_token(r, logits)?;
+        Ok((caches, token, logprobs))
+    }
+
+    /// The first token from the prompt's last logits `(1, vocab)`: the request's logits
+    /// processors (over the prompt), log-probabilities, its sampler. Returns the token and the
+    /// `(vocab,)` log-probabilities.
+    fn first_token(&self, r: &BatchRequest, mut logits: Array) -> Result<(u32, Array)> {
         let processors = make_logits_processors(&r.processors)?;
         if !processors.is_empty() {
             let context: Vec<i32> = r.prompt.iter().map(|&t| t as i32).collect();
@@ -576,7 +865,7 @@ impl Worker {
             .first()
             .copied()
             .ok_or_else(|| EngineError::Other("the sampler returned no token".into()))?;
-        Ok((caches, token, ops::squeeze(&logprobs, &[0], None)?, reused))
+        Ok((token, ops::squeeze(&logprobs, &[0], None)?))
     }
 
     fn vocab(&self) -> usize {
@@ -597,7 +886,18 @@ impl Worker {
                 row.context.push(t);
             }
         }
-        if self.rows.iter().any(|r| !r.processors.is_empty()) {
+        let shared = bias_only(&self.rows[0].processors).filter(|first| {
+            self.rows[1..]
+                .iter()
+                .all(|r| bias_only(&r.processors).as_ref() == Some(first))
+        });
+        if shared.is_some() {
+            // The same logit bias on every row (it reads no context): one application over the
+            // whole batch, element for element what each row would get alone.
+            for p in &self.rows[0].processors {
+                logits = p.apply(&[], &logits)?;
+            }
+        } else if self.rows.iter().any(|r| !r.processors.is_empty()) {
             let mut parts = Vec::with_capacity(b);
             for (e, row) in self.rows.iter().enumerate() {
                 let mut l = ops::slice_axis(&logits, 0, e as i32, e as i32 + 1, None)?;
@@ -685,6 +985,8 @@ impl Worker {
             Ok(Outcome::Finished)
         };
         if self.tokenizer.eos_token_ids().contains(&token) {
+            // Counted among the generated tokens, as mlx-lm (and mlx_lm.server's usage) count it.
+            row.generated += 1;
             let text = row.text.finish()?;
             return done(row, text, FinishReason::Stop);
         }
@@ -713,6 +1015,23 @@ impl Worker {
         }
         Ok(Outcome::Continue)
     }
+}
+
+/// A row's processors when they are only logit biases (which read no context): their ids and
+/// value bits, to compare rows; `None` otherwise or when there are none.
+fn bias_only(processors: &[LogitsProcessor]) -> Option<Vec<(Vec<i32>, Vec<u32>)>> {
+    if processors.is_empty() {
+        return None;
+    }
+    processors
+        .iter()
+        .map(|p| match p {
+            LogitsProcessor::LogitBias { ids, values } => {
+                Some((ids.clone(), values.iter().map(|v| v.to_bits()).collect()))
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 fn batch_cache(c: &mut Box<dyn Cache>) -> Result<&mut BatchKVCache> {

@@ -17,5 +17,5 @@ mod text;
 
 pub use cache::BatchKVCache;
 pub use engine::{
-    BatchEvent, BatchRequest, Engine, EngineConfig, EngineStats, EventSink, SubmitError,
+    BatchEvent, BatchRequest, EmbedReply, Engine, EngineConfig, EngineStats, EventSink, SubmitError,
 };

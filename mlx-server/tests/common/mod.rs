@@ -15,6 +15,19 @@ pub fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../mlx-engine/tests/fixtures/tiny_chat")
 }
 
+/// A fixture of this crate (`cargo xtask goldens serve` writes them).
+pub fn server_fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+/// mlx_lm.server's responses and mlx-lm's embeddings (`cargo xtask goldens serve`).
+pub fn serve_golden() -> Value {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/goldens/serve.json");
+    serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
+}
+
 /// mlx-lm's outputs for the fixture (`cargo xtask goldens batch`).
 pub fn golden_path() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../mlx-engine/tests/goldens/batch.json")
@@ -39,7 +52,11 @@ pub struct TestServer {
 impl TestServer {
     /// Starts `mlx-serve --model <fixture> --port 0 <extra...>`, parsed as the CLI parses it.
     pub fn start(extra: &[&str]) -> TestServer {
-        let model = fixture();
+        Self::start_model(&fixture(), extra)
+    }
+
+    /// Starts `mlx-serve --model <model> --port 0 <extra...>`.
+    pub fn start_model(model: &Path, extra: &[&str]) -> TestServer {
         let mut argv = vec![
             "mlx-serve".to_string(),
             "--model".into(),
