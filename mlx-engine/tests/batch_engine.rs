@@ -7,6 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{channel, Receiver};
+use std::thread::JoinHandle;
 
 use mlx_engine::batch::{BatchEvent, BatchRequest, Engine, EngineConfig};
 use mlx_engine::stream::FinishReason;
@@ -31,21 +32,52 @@ fn ids(v: &Value) -> Vec<u32> {
         .collect()
 }
 
-fn start(max_batch: usize, prompt_cache_entries: usize) -> Engine {
+/// The engine and its thread. Dropping it drops the handle, then waits for the thread: no
+/// engine thread may still be freeing MLX arrays while the test process exits (that raced
+/// MLX's static destructors and corrupted the heap at exit).
+struct Running {
+    engine: Option<Engine>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::ops::Deref for Running {
+    type Target = Engine;
+    fn deref(&self) -> &Engine {
+        self.engine.as_ref().expect("engine present until drop")
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        drop(self.engine.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn start_with(config: EngineConfig) -> Running {
     let dir = fixture();
-    let (engine, _thread) = Engine::start(
+    let (engine, thread) = Engine::start(
         move || {
             let (model, _) = load_model_dir(&dir, &LoadOptions::default())?;
             Ok((model, Tokenizer::from_dir(&dir)?))
         },
-        EngineConfig {
-            max_batch,
-            prompt_cache_entries,
-            ..EngineConfig::default()
-        },
+        config,
     )
     .unwrap();
-    engine
+    Running {
+        engine: Some(engine),
+        thread: Some(thread),
+    }
+}
+
+fn start(max_batch: usize, prompt_cache_entries: usize) -> Running {
+    start_with(EngineConfig {
+        max_batch,
+        prompt_cache_entries,
+        ..EngineConfig::default()
+    })
 }
 
 fn request(prompt: Vec<u32>, max_tokens: usize) -> BatchRequest {
@@ -292,20 +324,12 @@ fn requests_joining_in_one_step_are_prefilled_together_and_keep_their_single_run
     }
     // Long prompts in chunks of 7 too, so chunk boundaries fall inside the padding.
     for step in [2048, 7] {
-        let dir = fixture();
-        let (engine, _thread) = Engine::start(
-            move || {
-                let (model, _) = load_model_dir(&dir, &LoadOptions::default())?;
-                Ok((model, Tokenizer::from_dir(&dir)?))
-            },
-            EngineConfig {
-                max_batch: 16,
-                prompt_cache_entries: 0,
-                prefill_step_size: step,
-                ..EngineConfig::default()
-            },
-        )
-        .unwrap();
+        let engine = start_with(EngineConfig {
+            max_batch: 16,
+            prompt_cache_entries: 0,
+            prefill_step_size: step,
+            ..EngineConfig::default()
+        });
         let mut rxs = Vec::new();
         let group = prompts
             .iter()

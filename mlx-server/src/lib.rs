@@ -141,6 +141,9 @@ pub struct Server {
     pub addr: SocketAddr,
     listener: tokio::net::TcpListener,
     router: axum::Router,
+    /// The engine thread, waited for (bounded) once serving ends, so it does not free MLX
+    /// arrays while the process exits.
+    engine_thread: std::thread::JoinHandle<()>,
 }
 
 impl Server {
@@ -169,7 +172,7 @@ impl Server {
         };
         let load_args = args.clone();
         let (ctx_tx, ctx_rx) = std::sync::mpsc::channel();
-        let (engine, _thread) = tokio::task::spawn_blocking(move || {
+        let (engine, engine_thread) = tokio::task::spawn_blocking(move || {
             Engine::start(
                 move || {
                     let m: LoadedModel = load(&load_args)
@@ -203,6 +206,7 @@ impl Server {
             addr,
             listener,
             router: routes::router(state),
+            engine_thread,
         })
     }
 
@@ -214,6 +218,15 @@ impl Server {
         axum::serve(self.listener, self.router)
             .with_graceful_shutdown(shutdown)
             .await?;
+        // The router (and with it the last engine handle) is gone: the engine thread finishes
+        // its batch and stops. Wait for it, but never hang the exit on it.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !self.engine_thread.is_finished() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        if self.engine_thread.is_finished() {
+            let _ = self.engine_thread.join();
+        }
         Ok(())
     }
 }

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use mlx_cache::{Cache, KVCache, StateValue};
 use mlx_core::memory;
 use mlx_core::prelude::*;
-use mlx_models::embed::{embed, to_vecs, HiddenStates};
+use mlx_models::embed::{embed, to_vecs};
 use mlx_models::LanguageModel;
 
 use super::cache::BatchKVCache;
@@ -161,21 +161,6 @@ enum Work {
         inputs: Vec<Vec<i32>>,
         reply: EmbedReply,
     },
-}
-
-/// A model's final normed hidden states through [`LanguageModel::forward_hidden`], for
-/// [`mlx_models::embed::embed`].
-struct ForwardHidden<'a>(&'a dyn LanguageModel);
-
-impl HiddenStates for ForwardHidden<'_> {
-    fn final_hidden_states(&self, inputs: &Array) -> mlx_models::Result<Array> {
-        self.0.forward_hidden(inputs).unwrap_or_else(|| {
-            Err(mlx_models::ModelError::Other(format!(
-                "`{}` models do not expose their hidden states here, so they cannot embed",
-                self.0.model_type()
-            )))
-        })
-    }
 }
 
 /// A handle to the engine thread. Dropping every handle stops the thread once the queue and
@@ -432,9 +417,15 @@ impl Worker {
                 });
                 let result = match bad {
                     Some(e) => Err(e),
-                    None => embed(&ForwardHidden(self.model.as_ref()), &inputs)
-                        .and_then(|e| to_vecs(&e))
-                        .map_err(|e| e.to_string()),
+                    None => {
+                        // Checked above: every id is in 0..vocab.
+                        let ids: Vec<Vec<u32>> = inputs
+                            .iter()
+                            .map(|r| r.iter().map(|&t| t as u32).collect())
+                            .collect();
+                        embed(self.model.as_ref(), &ids).and_then(|e| to_vecs(&e))
+                    }
+                    .map_err(|e| e.to_string()),
                 };
                 reply(result);
             }
