@@ -91,6 +91,7 @@ fn run(c: &Case) -> Result<(), String> {
         },
         quantized_kv_start: u(c, "quantized_kv_start").unwrap_or(dflt.quantized_kv_start),
         prompt_progress: None,
+        compiled_decode: dflt.compiled_decode,
     };
     let prompt = c.input(0).unwrap().to_vec::<i32>().unwrap();
     random::seed(c.int("seed").unwrap() as u64).unwrap();
