@@ -27,7 +27,7 @@
 //! loaded machine it is much steadier than wall time.
 //!
 //! `--compiled off` decodes uncompiled (default `auto`: the compiled step where the model has
-//! one, as `generate_step` does; `MLX_COMPILED_DECODE=off` does the same). `--step-timing N`
+//! one, as `generate_step` does; `MLX_COMPILED_DECODE=off` does the same; `generate_step` itself defaults to off). `--step-timing N`
 //! adds `step_timing`: after the prompt, `N` decode steps each timed in three phases, for the
 //! compiled step and the uncompiled forward alike: building the step's graph (`build_ms`),
 //! `async_eval` (`schedule_ms`) and waiting for the result (`sync_ms`); medians.

@@ -3,8 +3,7 @@
 //!   ids and the same per-step log-probabilities, bit for bit, compiled and not, for the tiny
 //!   dense fixtures (f32, f16, bf16, 4- and 8-bit weights, llama3/yarn/linear ropes, sliding
 //!   windows), with plain, quantized and rotating caches, and for a random model of
-//!   SmolLM2-135M's shape; (mlx-lm's own goldens, `generate_goldens.rs`, run through the
-//!   compiled step too, as it is on by default);
+//!   SmolLM2-135M's shape (the uncompiled path is L1 with mlx-lm: `generate_goldens.rs`);
 //! - one trace of each segment serves every step;
 //! - transactional: a fault injected after each layer's staged cache write fails the step,
 //!   every cache stays byte for byte as it was, and the step then runs uncompiled (and
