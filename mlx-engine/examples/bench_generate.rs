@@ -350,7 +350,14 @@ fn run(a: &Args) -> BoxResult<()> {
         .min(a.prompt_len);
     let wg = a.warmup_gen_len.unwrap_or(a.gen_len).max(1);
     for _ in 0..a.warmup {
-        trial(model.as_ref(), &prompt[..wp], wg, a.prefill_step_size, a.compiled, None)?;
+        trial(
+            model.as_ref(),
+            &prompt[..wp],
+            wg,
+            a.prefill_step_size,
+            a.compiled,
+            None,
+        )?;
     }
     let mut trials = Vec::new();
     let mut tokens = Vec::new();

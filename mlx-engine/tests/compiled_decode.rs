@@ -133,7 +133,8 @@ fn smollm2_shaped() -> Box<dyn LanguageModel> {
         k += 1;
         random::normal(shape, Dtype::Float32, None, Some(0.02), Some(&sub), None).unwrap()
     };
-    let mut w: Vec<(String, Array)> = vec![("model.embed_tokens.weight".into(), draw(&[49152, 576]))];
+    let mut w: Vec<(String, Array)> =
+        vec![("model.embed_tokens.weight".into(), draw(&[49152, 576]))];
     let ones = |n: i32| ops::ones(&[n], Dtype::Float32, None).unwrap();
     for i in 0..30 {
         let p = format!("model.layers.{i}");
@@ -239,12 +240,17 @@ fn a_failed_step_leaves_every_cache_byte_for_byte_and_reruns_uncompiled() {
         for fail_at in 0..layers {
             dec.set_fault_hook(Some(Box::new(move |layer| {
                 if layer == fail_at {
-                    Err(EngineError::Other(format!("injected fault at layer {layer}")))
+                    Err(EngineError::Other(format!(
+                        "injected fault at layer {layer}"
+                    )))
                 } else {
                     Ok(())
                 }
             })));
-            let err = dec.step(&token, &caches).err().expect("the step should fail");
+            let err = dec
+                .step(&token, &caches)
+                .err()
+                .expect("the step should fail");
             assert!(err.to_string().contains("injected fault"), "{err}");
             assert!(
                 snapshot(&caches) == before,
@@ -258,7 +264,11 @@ fn a_failed_step_leaves_every_cache_byte_for_byte_and_reruns_uncompiled() {
         assert!(got.to_bytes().unwrap() == want, "{name}: uncompiled re-run");
         assert!(snapshot(&rerun) == want_caches, "{name}: re-run caches");
         // And compiled, to the same bits.
-        let got = dec.step(&token, &caches).unwrap().commit(&mut caches).unwrap();
+        let got = dec
+            .step(&token, &caches)
+            .unwrap()
+            .commit(&mut caches)
+            .unwrap();
         assert!(got.to_bytes().unwrap() == want, "{name}: compiled step");
         assert!(snapshot(&caches) == want_caches, "{name}: compiled caches");
         assert_eq!(dec.trace_counts(), vec![1; layers + 1], "{name}");

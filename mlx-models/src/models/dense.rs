@@ -385,7 +385,11 @@ impl Attention {
     fn output(&self, out: &Array) -> Result<Array> {
         let s = out.shape();
         let (b, l) = (s[0], s[2]);
-        let out = ops::reshape(&ops::transpose(out, &[0, 2, 1, 3], None)?, &[b, l, -1], None)?;
+        let out = ops::reshape(
+            &ops::transpose(out, &[0, 2, 1, 3], None)?,
+            &[b, l, -1],
+            None,
+        )?;
         self.o_proj.forward(&out)
     }
 
@@ -916,8 +920,7 @@ impl Model {
             && self.desc.query_scale.is_none()
             && self.layers.iter().all(|l| {
                 l.sequential()
-                    && l
-                        .self_attn
+                    && l.self_attn
                         .rope
                         .as_ref()
                         .is_none_or(Rope::takes_array_offset)
@@ -1131,10 +1134,17 @@ impl SegmentedDecode for Model {
             .collect())
     }
 
-    fn attend(&self, layer: usize, queries: &Array, kv: &Kv, mask: &AttentionMask) -> Result<Array> {
-        let l = self.layers.get(layer).ok_or_else(|| {
-            ModelError::Other(format!("layer {layer} of {}", self.layers.len()))
-        })?;
+    fn attend(
+        &self,
+        layer: usize,
+        queries: &Array,
+        kv: &Kv,
+        mask: &AttentionMask,
+    ) -> Result<Array> {
+        let l = self
+            .layers
+            .get(layer)
+            .ok_or_else(|| ModelError::Other(format!("layer {layer} of {}", self.layers.len())))?;
         let ctx = Ctx {
             mask,
             query_scale: None,
