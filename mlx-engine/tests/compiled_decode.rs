@@ -2,7 +2,8 @@
 //! - tier L1 with the uncompiled forward: greedy decode through `generate_step` gives the same
 //!   ids and the same per-step log-probabilities, bit for bit, compiled and not, for the tiny
 //!   dense fixtures (f32, f16, bf16, 4- and 8-bit weights, llama3/yarn/linear ropes, sliding
-//!   windows), with plain, quantized and rotating caches, and for a random model of
+//!   windows), with plain and rotating caches (quantized where head_dim allows), and for a
+//!   random model of
 //!   SmolLM2-135M's shape (the uncompiled path is L1 with mlx-lm: `generate_goldens.rs`);
 //! - one trace of each segment serves every step;
 //! - transactional: a fault injected after each layer's staged cache write fails the step,
@@ -111,8 +112,11 @@ fn compiled_decode_is_bit_exact_on_the_dense_fixtures() {
         let model = fixture(name);
         assert!(model.segmented().is_some(), "{name} should be segmentable");
         let p = prompt(11, model.vocab_size());
-        for caches in [Caches::Plain, Caches::Quantized, Caches::Rotating] {
-            assert_same(model.as_ref(), name, &p, 12, caches);
+        assert_same(model.as_ref(), name, &p, 12, Caches::Plain);
+        assert_same(model.as_ref(), name, &p, 12, Caches::Rotating);
+        // A quantized cache needs head_dim >= 32 (MLX's smallest group): only this fixture.
+        if name == "mistral_bias_llama3rope" {
+            assert_same(model.as_ref(), name, &p, 12, Caches::Quantized);
         }
     }
 }
@@ -170,6 +174,7 @@ fn compiled_decode_is_bit_exact_on_a_smollm2_shaped_model() {
     let model = smollm2_shaped();
     let p = prompt(24, model.vocab_size());
     assert_same(model.as_ref(), "smollm2-shaped", &p, 8, Caches::Plain);
+    assert_same(model.as_ref(), "smollm2-shaped", &p, 4, Caches::Quantized);
 }
 
 /// Every byte of every cache (whole buffers, not only the filled prefix) and the offsets.
@@ -211,7 +216,7 @@ fn fresh_caches(model: &dyn LanguageModel, kind: Caches) -> Vec<Box<dyn Cache>> 
 fn a_failed_step_leaves_every_cache_byte_for_byte_and_reruns_uncompiled() {
     for (name, kind) in [
         ("dense_f32", Caches::Plain),
-        ("q8_g32_bf16", Caches::Quantized),
+        ("mistral_bias_llama3rope", Caches::Quantized),
         ("dense_bf16_mha", Caches::Rotating),
     ] {
         let model = fixture(name);
