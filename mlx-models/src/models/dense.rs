@@ -348,17 +348,17 @@ impl Attention {
             queries = (&queries * s)?;
         }
         let out = match (self.softcap, self.upcast, kv) {
-            (Some(cap), _, _) => self.softcapped(&queries, &kv, mask, cap)?,
-            (None, _, _) if self.manual => self.manual_attention(&queries, &kv, mask)?,
+            (Some(cap), _, _) => self.softcapped(&queries, kv, mask, cap)?,
+            (None, _, _) if self.manual => self.manual_attention(&queries, kv, mask)?,
             (None, Upcast::None, _) | (None, _, Kv::Quantized { .. }) => {
-                scaled_dot_product_attention(&queries, &kv, self.scale, mask, None)?
+                scaled_dot_product_attention(&queries, kv, self.scale, mask, None)?
             }
             (None, Upcast::QueriesIfF16, _) if queries.dtype() != Dtype::Float16 => {
-                scaled_dot_product_attention(&queries, &kv, self.scale, mask, None)?
+                scaled_dot_product_attention(&queries, kv, self.scale, mask, None)?
             }
             (None, Upcast::QueriesIfF16, _) => scaled_dot_product_attention(
                 &queries.astype(Dtype::Float32)?,
-                &kv,
+                kv,
                 self.scale,
                 mask,
                 None,
