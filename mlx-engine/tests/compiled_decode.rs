@@ -121,6 +121,39 @@ fn compiled_decode_is_bit_exact_on_the_dense_fixtures() {
     }
 }
 
+/// Every row of the descriptor table that has a fixture (`mlx-models/tests/models/dense`,
+/// each L1 with mlx-lm in `dense_goldens.rs`): the compiled step gives the same bits where
+/// the row is segmentable (sequential blocks, no learned positions or per-position query
+/// scale); the others (parallel blocks, GPT-2's positions, Ministral 3) decode uncompiled.
+#[test]
+fn compiled_decode_is_bit_exact_on_every_segmentable_descriptor_row() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../mlx-models/tests/models/dense");
+    let mut rows: Vec<_> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    rows.sort();
+    let (mut compiled, mut skipped) = (Vec::new(), Vec::new());
+    for row in &rows {
+        let model = load_model_dir(&root.join(row), &LoadOptions::default())
+            .unwrap()
+            .0;
+        if model.segmented().is_none() {
+            skipped.push(row.clone());
+            continue;
+        }
+        let p = prompt(7, model.vocab_size());
+        assert_same(model.as_ref(), row, &p, 6, Caches::Plain);
+        compiled.push(row.clone());
+    }
+    eprintln!("compiled and bit-exact: {compiled:?}\nnot segmentable: {skipped:?}");
+    assert!(
+        compiled.len() >= 40,
+        "only {} rows compiled",
+        compiled.len()
+    );
+}
+
 /// A random llama of SmolLM2-135M's shape (30 layers, hidden 576, 9 / 3 heads, vocab 49152,
 /// tied embeddings), float32.
 fn smollm2_shaped() -> Box<dyn LanguageModel> {
