@@ -6,7 +6,7 @@
 //! cargo run --release -p mlx-models --example bench_generate -- --model PATH|smollm2
 //!     [--dtype float32|float16|bfloat16|keep] [--prompt-len 512] [--gen-len 32] [--seed 0]
 //!     [--warmup 1] [--warmup-prompt-len N] [--warmup-gen-len N] [--trials 1]
-//!     [--prefill-step-size 2048] [--device cpu|gpu]
+//!     [--prefill-step-size 2048] [--device cpu|gpu] [--compiled auto|off] [--step-timing N]
 //! bench_generate --model smollm2 --resolve    # prints the fetched GGUF's path and exits
 //! ```
 //!
@@ -26,6 +26,12 @@
 //! `/proc/self/stat` in clock ticks of 10 ms; `null` where there is none) is reported: on a
 //! loaded machine it is much steadier than wall time.
 //!
+//! `--compiled off` decodes uncompiled (default `auto`: the compiled step where the model has
+//! one, as `generate_step` does; `MLX_COMPILED_DECODE=off` does the same; `generate_step` itself defaults to off). `--step-timing N`
+//! adds `step_timing`: after the prompt, `N` decode steps each timed in three phases, for the
+//! compiled step and the uncompiled forward alike: building the step's graph (`build_ms`),
+//! `async_eval` (`schedule_ms`) and waiting for the result (`sync_ms`); medians.
+//!
 //! Prints one JSON line on stdout.
 #![forbid(unsafe_code)]
 
@@ -35,7 +41,8 @@ use std::time::Instant;
 
 use mlx_core::memory;
 use mlx_core::prelude::*;
-use mlx_engine::generate::{generate_step, GenerateOptions};
+use mlx_engine::compiled::CompiledDecoder;
+use mlx_engine::generate::{generate_step, CompiledDecode, GenerateOptions};
 use mlx_engine::sample::Sampler;
 use mlx_models::gguf::load_gguf_model;
 use mlx_models::load::{load_model_dir, LoadOptions};
@@ -46,6 +53,7 @@ const USAGE: &str =
     "usage: bench_generate --model PATH|smollm2 [--dtype float32|float16|bfloat16|keep]
     [--prompt-len 512] [--gen-len 32] [--seed 0] [--warmup 1] [--warmup-prompt-len N]
     [--warmup-gen-len N] [--trials 1] [--prefill-step-size 2048] [--device cpu|gpu] [--digests]
+    [--compiled auto|off] [--step-timing N]
   bench_generate --model smollm2 --resolve   (prints the fetched GGUF's path)
 Prints one JSON line: prompt_tps, generation_tps (mlx-lm stream_generate's definitions),
 times, CPU times, peak memory per trial, and the last trial's greedy tokens. --digests adds
@@ -69,6 +77,8 @@ struct Args {
     device: Option<String>,
     resolve: bool,
     digests: bool,
+    compiled: CompiledDecode,
+    step_timing: usize,
 }
 
 fn parse_args() -> BoxResult<Args> {
@@ -86,6 +96,11 @@ fn parse_args() -> BoxResult<Args> {
         device: None,
         resolve: false,
         digests: false,
+        compiled: match std::env::var("MLX_COMPILED_DECODE").as_deref() {
+            Ok("off") | Ok("0") => CompiledDecode::Off,
+            _ => CompiledDecode::Auto,
+        },
+        step_timing: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -117,6 +132,14 @@ fn parse_args() -> BoxResult<Args> {
             "--trials" => a.trials = num(&value)?,
             "--prefill-step-size" => a.prefill_step_size = num(&value)?,
             "--device" => a.device = Some(value),
+            "--compiled" => {
+                a.compiled = match value.as_str() {
+                    "auto" | "on" => CompiledDecode::Auto,
+                    "off" => CompiledDecode::Off,
+                    v => return Err(format!("--compiled {v}: auto|off").into()),
+                }
+            }
+            "--step-timing" => a.step_timing = num(&value)?,
             other => return Err(format!("unknown flag {other}").into()),
         }
     }
@@ -202,12 +225,14 @@ fn trial(
     prompt: &[i32],
     gen_len: usize,
     prefill_step_size: usize,
+    compiled: CompiledDecode,
     mut digests: Option<&mut Vec<String>>,
 ) -> BoxResult<(Value, Vec<u32>)> {
     let opts = GenerateOptions {
         max_tokens: Some(gen_len),
         sampler: Sampler::greedy(),
         prefill_step_size,
+        compiled_decode: compiled,
         ..GenerateOptions::default()
     };
     let mut tokens = Vec::with_capacity(gen_len);
@@ -246,6 +271,62 @@ fn trial(
     Ok((r, tokens))
 }
 
+fn median_ms(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).map_or(0.0, |m| m * 1e3)
+}
+
+/// `n` synchronous decode steps after `prompt`, each split into graph building, scheduling
+/// (`async_eval`) and waiting (medians in ms; see the module docs).
+fn step_timing(
+    model: &dyn LanguageModel,
+    prompt: &[i32],
+    n: usize,
+    compiled: bool,
+) -> BoxResult<Value> {
+    let decoder = if compiled {
+        match CompiledDecoder::new(model)? {
+            Some(d) => Some(d),
+            None => return Ok(Value::Null),
+        }
+    } else {
+        None
+    };
+    let mut caches = model.make_cache();
+    let x = mlx_core::Array::from_slice(prompt, &[1, prompt.len() as i32])?;
+    let logits = model.forward(&x, Some(&mut caches))?;
+    logits.eval()?;
+    let mut token = ops::argmax(&logits, -1, false, None)?;
+    let n1 = token.dim(1)?;
+    token = ops::slice_axis(&token, 1, n1 - 1, n1, None)?;
+    let (mut build, mut sched, mut sync) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..n + 2 {
+        let t0 = Instant::now();
+        let logits = match &decoder {
+            Some(d) => d.step(&token, &caches)?.commit(&mut caches)?,
+            None => model.forward(&token, Some(&mut caches))?,
+        };
+        let next = ops::argmax(&logits, -1, false, None)?;
+        let t1 = Instant::now();
+        mlx_core::async_eval([&next])?;
+        let t2 = Instant::now();
+        next.eval()?;
+        let t3 = Instant::now();
+        build.push((t1 - t0).as_secs_f64());
+        sched.push((t2 - t1).as_secs_f64());
+        sync.push((t3 - t2).as_secs_f64());
+        token = next;
+    }
+    // The first two steps trace (compiled) and warm up: left out.
+    let skip = |v: Vec<f64>| median_ms(v.into_iter().skip(2).collect());
+    Ok(json!({
+        "steps": n,
+        "build_ms": skip(build),
+        "schedule_ms": skip(sched),
+        "sync_ms": skip(sync),
+    }))
+}
+
 fn run(a: &Args) -> BoxResult<()> {
     let path = resolve_model(&a.model)?;
     if a.resolve {
@@ -269,7 +350,14 @@ fn run(a: &Args) -> BoxResult<()> {
         .min(a.prompt_len);
     let wg = a.warmup_gen_len.unwrap_or(a.gen_len).max(1);
     for _ in 0..a.warmup {
-        trial(model.as_ref(), &prompt[..wp], wg, a.prefill_step_size, None)?;
+        trial(
+            model.as_ref(),
+            &prompt[..wp],
+            wg,
+            a.prefill_step_size,
+            a.compiled,
+            None,
+        )?;
     }
     let mut trials = Vec::new();
     let mut tokens = Vec::new();
@@ -277,7 +365,14 @@ fn run(a: &Args) -> BoxResult<()> {
     for _ in 0..a.trials {
         digests.clear();
         let d = a.digests.then_some(&mut digests);
-        let (r, t) = trial(model.as_ref(), &prompt, a.gen_len, a.prefill_step_size, d)?;
+        let (r, t) = trial(
+            model.as_ref(),
+            &prompt,
+            a.gen_len,
+            a.prefill_step_size,
+            a.compiled,
+            d,
+        )?;
         trials.push(r);
         tokens = t;
     }
@@ -295,8 +390,15 @@ fn run(a: &Args) -> BoxResult<()> {
         "trials": trials,
         "tokens": tokens,
     });
+    out["compiled"] = json!(format!("{:?}", a.compiled));
     if a.digests {
         out["logprob_digests"] = json!(digests);
+    }
+    if a.step_timing > 0 {
+        out["step_timing"] = json!({
+            "uncompiled": step_timing(model.as_ref(), &prompt, a.step_timing, false)?,
+            "compiled": step_timing(model.as_ref(), &prompt, a.step_timing, true)?,
+        });
     }
     println!("{out}");
     Ok(())

@@ -10,6 +10,7 @@ use mlx_cache::{Cache, KVCache, RotatingKVCache};
 use mlx_core::prelude::*;
 use mlx_core::{async_eval, memory};
 
+use crate::compiled::CompiledDecoder;
 use crate::error::{EngineError, Result};
 use crate::sample::{check_logits_processors, check_token_ids, LogitsProcessor, Sampler};
 use mlx_models::LanguageModel;
@@ -42,6 +43,24 @@ pub struct GenerateOptions {
     pub kv_group_size: i32,
     pub quantized_kv_start: usize,
     pub prompt_progress: Option<PromptProgress>,
+    /// Decode through [`crate::compiled::CompiledDecoder`] where the model supports it (see
+    /// [`CompiledDecode`]).
+    pub compiled_decode: CompiledDecode,
+}
+
+/// Whether `generate_step` decodes through the compiled step. Off by default: on the CPU
+/// the two paths give the same bits (`tests/compiled_decode.rs`), but on the H200 the
+/// compiled step gained only ~5-10% for a 135M model and lost ~5% for an 8B 4-bit one
+/// (`xtask/gpu/results/README.md`), so it stays opt-in until it pays.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CompiledDecode {
+    /// The uncompiled forward (mlx-lm's path).
+    #[default]
+    Off,
+    /// The compiled step where the model offers one, else the uncompiled forward; a step
+    /// that fails compiled leaves the caches untouched and runs uncompiled (and later steps
+    /// stay uncompiled).
+    Auto,
 }
 
 impl Default for GenerateOptions {
@@ -56,6 +75,7 @@ impl Default for GenerateOptions {
             kv_group_size: 64,
             quantized_kv_start: DEFAULT_QUANTIZED_KV_START,
             prompt_progress: None,
+            compiled_decode: CompiledDecode::default(),
         }
     }
 }
@@ -152,6 +172,8 @@ pub struct GenerateStep<'m> {
     n: usize,
     done: bool,
     prompt_len: usize,
+    decoder: Option<CompiledDecoder<'m>>,
+    compiled_steps: usize,
 }
 
 /// Starts generating from `prompt` (token ids). With `prompt_cache`, the cache is used and
@@ -185,6 +207,10 @@ pub fn generate_step<'m>(
         Some(c) => c,
         None => make_prompt_cache(model, opts.max_kv_size)?,
     };
+    let decoder = match opts.compiled_decode {
+        CompiledDecode::Off => None,
+        CompiledDecode::Auto => CompiledDecoder::new(model)?,
+    };
     let mut g = GenerateStep {
         model,
         caches,
@@ -194,6 +220,8 @@ pub fn generate_step<'m>(
         n: 0,
         done: false,
         prompt_len: prompt.len(),
+        decoder,
+        compiled_steps: 0,
     };
     on_generation_stream(|| g.prefill(prompt))?;
     Ok(g)
@@ -210,7 +238,21 @@ impl<'m> GenerateStep<'m> {
     fn step(&mut self, input: &Array, ids: Option<&[i32]>) -> Result<(Array, Array, Array)> {
         let len = input.size();
         let x = ops::expand_dims(input, &[0], None)?;
-        let logits = self.model.forward(&x, Some(&mut self.caches))?;
+        let staged = match &self.decoder {
+            Some(d) if len == 1 => match d.step(&x, &self.caches) {
+                Ok(s) => Some(s),
+                // The caches are untouched: go on uncompiled.
+                Err(_) => {
+                    self.decoder = None;
+                    None
+                }
+            },
+            _ => None,
+        };
+        let logits = match &staged {
+            Some(s) => s.logits().clone(),
+            None => self.model.forward(&x, Some(&mut self.caches))?,
+        };
         let n = logits.dim(1)?;
         let mut logits = ops::squeeze(&ops::slice_axis(&logits, 1, n - 1, n, None)?, &[1], None)?;
         if !self.opts.logits_processors.is_empty() && len > 0 {
@@ -225,16 +267,20 @@ impl<'m> GenerateStep<'m> {
                 logits = p.apply(&self.tokens, &logits)?;
             }
         }
+        let all: Vec<i32> = (0..logits.ndim() as i32).collect();
+        let lse = ops::logsumexp(&logits, &all, true, None)?;
+        let logprobs = ops::subtract(&logits, &lse, None)?;
+        let sampled = self.opts.sampler.sample(&logprobs)?;
+        if let Some(s) = staged {
+            s.commit(&mut self.caches)?;
+            self.compiled_steps += 1;
+        }
         maybe_quantize_kv_cache(
             &mut self.caches,
             self.opts.quantized_kv_start,
             self.opts.kv_group_size,
             self.opts.kv_bits,
         )?;
-        let all: Vec<i32> = (0..logits.ndim() as i32).collect();
-        let lse = ops::logsumexp(&logits, &all, true, None)?;
-        let logprobs = ops::subtract(&logits, &lse, None)?;
-        let sampled = self.opts.sampler.sample(&logprobs)?;
         Ok((sampled, ops::squeeze(&logprobs, &[0], None)?, lse))
     }
 
@@ -285,6 +331,11 @@ impl<'m> GenerateStep<'m> {
 
     pub fn cache(&self) -> &[Box<dyn Cache>] {
         &self.caches
+    }
+
+    /// How many steps ran through the compiled decode step.
+    pub fn compiled_steps(&self) -> usize {
+        self.compiled_steps
     }
 
     fn advance(&mut self) -> Result<Option<Step>> {

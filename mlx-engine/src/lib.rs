@@ -5,7 +5,8 @@
 //! - [`tokenizer::Tokenizer`] (HF `tokenizer.json` with mlx-lm's special-token and EOS
 //!   handling), [`tokenizer_gguf`] (built from GGUF metadata), [`tokenizer_stream`]
 //!   (streaming detokenizers), [`chat_template`] (Jinja, rendered as transformers does).
-//! - [`generate`], [`sample`]: mlx-lm's `generate_step`, samplers and logits processors.
+//! - [`generate`], [`sample`]: mlx-lm's `generate_step`, samplers and logits processors;
+//!   [`compiled`]: the compiled, transactional decode step `generate_step` can use.
 //! - [`stream`]: `stream_generate` (text, stop conditions, statistics).
 //! - [`prompt_cache`]: longest-prefix reuse with a byte-capped LRU; [`chat`]: `mlx_lm.chat`'s
 //!   conversation over one growing cache ([`chat::Conversation`]) and a prefix-reusing
@@ -21,6 +22,7 @@
 pub mod batch;
 pub mod chat;
 pub mod chat_template;
+pub mod compiled;
 mod error;
 pub mod fetch;
 pub mod generate;

@@ -1,6 +1,7 @@
 //! L1 against mlx-lm 0.32.2 `generate_step`: seeded sampling with every sampler option and
 //! logits processor, chunked prefill, a quantized KV cache switching on mid-prompt, and a
-//! rotating cache give the same ids and the same per-step log-probabilities, bit for bit.
+//! rotating cache give the same ids and the same per-step log-probabilities, bit for bit, with
+//! the uncompiled forward and with the compiled decode step.
 
 use std::path::PathBuf;
 
@@ -8,7 +9,7 @@ use mlx_cache::{Cache, RotatingKVCache};
 use mlx_core::prelude::*;
 use mlx_core::random;
 use mlx_core::testing::{Case, Goldens};
-use mlx_engine::generate::{generate_step, GenerateOptions};
+use mlx_engine::generate::{generate_step, CompiledDecode, GenerateOptions};
 use mlx_engine::sample::{make_logits_processors, ProcessorSettings, Sampler, SamplerSettings};
 use mlx_models::load::{load_model_dir, LoadOptions};
 
@@ -33,7 +34,7 @@ fn floats(c: &Case, k: &str) -> Vec<f32> {
         .collect()
 }
 
-fn run(c: &Case) -> Result<(), String> {
+fn run(c: &Case, compiled: CompiledDecode) -> Result<(), String> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../mlx-models/tests/models")
         .join(c.str("model").unwrap());
@@ -91,6 +92,7 @@ fn run(c: &Case) -> Result<(), String> {
         },
         quantized_kv_start: u(c, "quantized_kv_start").unwrap_or(dflt.quantized_kv_start),
         prompt_progress: None,
+        compiled_decode: compiled,
     };
     let prompt = c.input(0).unwrap().to_vec::<i32>().unwrap();
     random::seed(c.int("seed").unwrap() as u64).unwrap();
@@ -110,10 +112,14 @@ fn run(c: &Case) -> Result<(), String> {
         ),
         None => None,
     };
-    for step in generate_step(&prompt, model.as_ref(), caches, opts).map_err(|e| e.to_string())? {
+    let mut g = generate_step(&prompt, model.as_ref(), caches, opts).map_err(|e| e.to_string())?;
+    for step in g.by_ref() {
         let step = step.map_err(|e| e.to_string())?;
         ids.push(step.token as i64);
         lps.push(step.logprobs);
+    }
+    if compiled == CompiledDecode::Auto && ids.len() > 1 && g.compiled_steps() == 0 {
+        return Err("no step ran through the compiled decode step".into());
     }
     let expect = c.ints("ids").unwrap();
     if ids != expect {
@@ -127,9 +133,16 @@ fn generation_matches_mlx_lm_for_every_sampler_option() {
     let g = Goldens::load(root().join("goldens/generate.safetensors")).unwrap();
     let cases = g.cases().unwrap();
     assert!(cases.len() >= 17);
-    let failures: Vec<String> = cases
-        .iter()
-        .filter_map(|c| run(c).err().map(|e| format!("{}: {e}", c.name)))
+    // Every case also through the compiled decode step (`mlx_engine::compiled`).
+    let failures: Vec<String> = [CompiledDecode::Off, CompiledDecode::Auto]
+        .into_iter()
+        .flat_map(|mode| {
+            cases.iter().filter_map(move |c| {
+                run(c, mode)
+                    .err()
+                    .map(|e| format!("{} ({mode:?}): {e}", c.name))
+            })
+        })
         .collect();
     assert!(
         failures.is_empty(),

@@ -48,6 +48,21 @@ BASE_135M = {
     "tie_word_embeddings": True,
 }
 
+# Llama-3-8B's shape (GPU only: the bf16 weights alone are 16 GB).
+BASE_8B = {
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05,
+    "vocab_size": 128256,
+    "rope_theta": 500000.0,
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": False,
+}
+
 # name -> (config, dtype, (group_size, bits) or None)
 MODELS = {
     "llama-0.5b-f32": (BASE_0_5B, "float32", None),
@@ -55,6 +70,7 @@ MODELS = {
     "llama-0.5b-bf16": (BASE_0_5B, "bfloat16", None),
     "llama-135m-bf16": (BASE_135M, "bfloat16", None),
     "llama-135m-q4": (BASE_135M, "bfloat16", (64, 4)),
+    "llama-8b-q4": (BASE_8B, "bfloat16", (64, 4)),
 }
 
 

@@ -457,6 +457,11 @@ impl Rope {
         }
     }
 
+    /// Whether [`Rope::forward_offsets`] works (every variant but dynamic NTK).
+    pub fn takes_array_offset(&self) -> bool {
+        !matches!(self, Rope::Dynamic { .. })
+    }
+
     pub fn dims(&self) -> i32 {
         match self {
             Rope::Base { dims, .. } | Rope::Freqs { dims, .. } | Rope::Dynamic { dims, .. } => {

@@ -16,7 +16,7 @@ use crate::models::descriptor::{
     Descriptor, EmbedScale, Head, LogitScale, Names, Placement, QkNorm, QkvLayout, RopeSpec,
     RopeTable, Upcast,
 };
-use crate::models::{LanguageModel, OutputHead};
+use crate::models::{LanguageModel, OutputHead, SegmentedDecode};
 use crate::weights::Weights;
 
 fn init_rope(r: &RopeSpec) -> Result<Rope> {
@@ -63,6 +63,14 @@ enum QkNormLayers {
         k: Array,
         eps: f32,
     },
+}
+
+/// Where rope rotates: a position (a plain cache's offset) or an int32 array of offsets (a
+/// batched cache's per-row offsets, or the compiled decode step's scalar input).
+#[derive(Clone, Copy)]
+enum RopeAt<'a> {
+    Int(usize),
+    Array(&'a Array),
 }
 
 #[derive(Clone)]
@@ -214,6 +222,25 @@ impl Attention {
     }
 
     fn forward(&self, x: &Array, ctx: &Ctx, cache: Option<&mut Box<dyn Cache>>) -> Result<Array> {
+        // A batched cache (left-padded rows) carries one offset per row.
+        let offset = cache.as_ref().map_or(0, |c| c.offset());
+        let offsets = cache.as_ref().and_then(|c| c.offsets());
+        let at = match &offsets {
+            Some(o) => RopeAt::Array(o),
+            None => RopeAt::Int(offset),
+        };
+        let (queries, keys, values) = self.project(x, at)?;
+        let kv = match cache {
+            Some(c) => c.update_and_fetch(&keys, &values)?,
+            None => Kv::Dense { keys, values },
+        };
+        let out = self.attend(&queries, &kv, ctx)?;
+        self.output(x, &out)
+    }
+
+    /// Everything before the cache write: projections, QK norms, head split and rope at `at`;
+    /// queries, keys and values as `(B, heads, L, head_dim)`.
+    fn project(&self, x: &Array, at: RopeAt<'_>) -> Result<(Array, Array, Array)> {
         let s = x.shape();
         let (b, l) = (s[0], s[1]);
         let (mut queries, mut keys, values) = match &self.qkv {
@@ -292,13 +319,10 @@ impl Attention {
         let queries = t(&queries)?;
         let keys = t(&keys)?;
         let values = t(&split(&values, self.n_kv_heads)?)?;
-        // A batched cache (left-padded rows) carries one offset per row.
-        let offset = cache.as_ref().map_or(0, |c| c.offset());
-        let offsets = cache.as_ref().and_then(|c| c.offsets());
         let rotate = |r: &Rope, y: &Array| -> Result<Array> {
-            match &offsets {
-                Some(o) => r.forward_offsets(y, o),
-                None => r.forward(y, offset),
+            match at {
+                RopeAt::Array(o) => r.forward_offsets(y, o),
+                RopeAt::Int(offset) => r.forward(y, offset),
             }
         };
         let rope = |y: Array| -> Result<Array> {
@@ -326,26 +350,28 @@ impl Attention {
             queries = q.forward(&queries)?;
             keys = k.forward(&keys)?;
         }
-        let kv = match cache {
-            Some(c) => c.update_and_fetch(&keys, &values)?,
-            None => Kv::Dense { keys, values },
-        };
+        Ok((queries, keys, values))
+    }
+
+    /// Attention of `queries` over what the cache returned, `(B, heads, L, head_dim)`.
+    fn attend(&self, queries: &Array, kv: &Kv, ctx: &Ctx) -> Result<Array> {
         let mask = ctx.mask;
+        let mut queries = queries.clone();
         if let Some(s) = ctx.query_scale {
             queries = (&queries * s)?;
         }
-        let out = match (self.softcap, self.upcast, &kv) {
-            (Some(cap), _, _) => self.softcapped(&queries, &kv, mask, cap)?,
-            (None, _, _) if self.manual => self.manual_attention(&queries, &kv, mask)?,
+        let out = match (self.softcap, self.upcast, kv) {
+            (Some(cap), _, _) => self.softcapped(&queries, kv, mask, cap)?,
+            (None, _, _) if self.manual => self.manual_attention(&queries, kv, mask)?,
             (None, Upcast::None, _) | (None, _, Kv::Quantized { .. }) => {
-                scaled_dot_product_attention(&queries, &kv, self.scale, mask, None)?
+                scaled_dot_product_attention(&queries, kv, self.scale, mask, None)?
             }
             (None, Upcast::QueriesIfF16, _) if queries.dtype() != Dtype::Float16 => {
-                scaled_dot_product_attention(&queries, &kv, self.scale, mask, None)?
+                scaled_dot_product_attention(&queries, kv, self.scale, mask, None)?
             }
             (None, Upcast::QueriesIfF16, _) => scaled_dot_product_attention(
                 &queries.astype(Dtype::Float32)?,
-                &kv,
+                kv,
                 self.scale,
                 mask,
                 None,
@@ -365,7 +391,15 @@ impl Attention {
                     .astype(values.dtype())?
             }
         };
-        let mut out = t(&out)?;
+        Ok(out)
+    }
+
+    /// The output projection of the attention result `(B, heads, L, head_dim)`; `x` is the
+    /// attention's input, which the output gate (spark2_5) reads.
+    fn output(&self, x: &Array, out: &Array) -> Result<Array> {
+        let s = out.shape();
+        let (b, l) = (s[0], s[2]);
+        let mut out = ops::transpose(out, &[0, 2, 1, 3], None)?;
         if let Some((_, g)) = &self.gate {
             // spark2_5.py: `sigmoid(g_proj(x).astype(float32)).astype(output.dtype)`, per head.
             let gate = ops::sigmoid(&g.forward(x)?.astype(Dtype::Float32)?, None)?;
@@ -584,7 +618,34 @@ impl TransformerBlock {
             _ => {}
         }
         let r = self.attn(&norm_opt(&self.pre_attn, x)?, ctx, cache)?;
-        let h = self.residual(x, &norm_opt(&self.post_attn, &r)?)?;
+        self.after_attn(x, &r, ctx)
+    }
+
+    /// This layer's mask: the sliding-window one for a sliding layer where there is one.
+    fn pick_mask<'a>(
+        &self,
+        fa: &'a AttentionMask,
+        swa: &'a Option<AttentionMask>,
+    ) -> &'a AttentionMask {
+        match (swa, self.sliding) {
+            (Some(m), true) => m,
+            _ => fa,
+        }
+    }
+
+    /// Whether the attention sub-step sits between two sequential halves (every placement
+    /// but the parallel ones): `pre_attn` before it, [`TransformerBlock::after_attn`] after.
+    fn sequential(&self) -> bool {
+        matches!(
+            self.placement,
+            Placement::Pre | Placement::Sandwich | Placement::PostOnly
+        )
+    }
+
+    /// A sequential block after its attention output `r`: the attention residual, the MLP
+    /// and its residual.
+    fn after_attn(&self, x: &Array, r: &Array, ctx: &Ctx) -> Result<Array> {
+        let h = self.residual(x, &norm_opt(&self.post_attn, r)?)?;
         let r = self.ffn(&norm_opt(&self.pre_mlp, &h)?, ctx)?;
         self.residual(&h, &norm_opt(&self.post_mlp, &r)?)
     }
@@ -845,6 +906,46 @@ impl Model {
 }
 
 impl Model {
+    /// The full-attention mask and (with sliding layers) the sliding-window mask for `n` new
+    /// tokens over `caches` as they are before the step (`create_attention_mask` on the first
+    /// full and the first sliding layer's cache, as mlx-lm's models do).
+    fn cache_masks(
+        &self,
+        caches: &[Box<dyn Cache>],
+        n: usize,
+    ) -> Result<(AttentionMask, Option<AttentionMask>)> {
+        if caches.len() != self.layers.len() {
+            return Err(ModelError::Other(format!(
+                "{} caches for {} layers",
+                caches.len(),
+                self.layers.len()
+            )));
+        }
+        let as_array = self.desc.mask_as_array;
+        let fa_mask = caches[self.fa_idx].make_mask(n, None, as_array)?;
+        let swa_mask = match self.swa_idx {
+            Some(i) => Some(caches[i].make_mask(n, self.desc.sliding_window, as_array)?),
+            None => None,
+        };
+        Ok((fa_mask, swa_mask))
+    }
+
+    /// Whether [`SegmentedDecode`] can run this model: sequential blocks, no learned
+    /// positions, no per-position query scale, no output gate (it reads the attention's
+    /// input, which the segments do not carry), ropes that take an array offset.
+    fn segmentable(&self) -> bool {
+        self.positions.is_none()
+            && self.desc.query_scale.is_none()
+            && self.layers.iter().all(|l| {
+                l.sequential()
+                    && l.self_attn.gate.is_none()
+                    && l.self_attn
+                        .rope
+                        .as_ref()
+                        .is_none_or(Rope::takes_array_offset)
+            })
+    }
+
     /// The layers and the final norm: the hidden states [`Model::head`] turns into logits.
     fn run(
         &self,
@@ -875,23 +976,9 @@ impl Model {
         let as_array = self.desc.mask_as_array;
         match caches {
             Some(caches) => {
-                if caches.len() != self.layers.len() {
-                    return Err(ModelError::Other(format!(
-                        "{} caches for {} layers",
-                        caches.len(),
-                        self.layers.len()
-                    )));
-                }
-                let fa_mask = caches[self.fa_idx].make_mask(n, None, as_array)?;
-                let swa_mask = match self.swa_idx {
-                    Some(i) => Some(caches[i].make_mask(n, window, as_array)?),
-                    None => None,
-                };
+                let (fa_mask, swa_mask) = self.cache_masks(caches, n)?;
                 for (i, (layer, cache)) in self.layers.iter().zip(caches.iter_mut()).enumerate() {
-                    let mask = match (&swa_mask, layer.sliding) {
-                        (Some(m), true) => m,
-                        _ => &fa_mask,
-                    };
+                    let mask = layer.pick_mask(&fa_mask, &swa_mask);
                     let ctx = Ctx {
                         mask,
                         query_scale,
@@ -993,6 +1080,14 @@ impl LanguageModel for Model {
         self.desc.defines_make_cache
     }
 
+    fn segmented(&self) -> Option<&dyn SegmentedDecode> {
+        if self.segmentable() {
+            Some(self)
+        } else {
+            None
+        }
+    }
+
     fn num_layers(&self) -> usize {
         self.layers.len()
     }
@@ -1003,6 +1098,80 @@ impl LanguageModel for Model {
 
     fn vocab_size(&self) -> i32 {
         self.desc.vocab_size
+    }
+}
+
+impl SegmentedDecode for Model {
+    fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    fn segment(&self, i: usize, inputs: &[Array]) -> Result<Vec<Array>> {
+        let n = self.layers.len();
+        let input = |j: usize| {
+            inputs.get(j).ok_or_else(|| {
+                ModelError::Other(format!(
+                    "decode segment {i}: expected {} inputs, got {}",
+                    if i == 0 { 2 } else { 3 },
+                    inputs.len()
+                ))
+            })
+        };
+        let (x, offset) = if i == 0 {
+            (self.embed(input(0)?, 0)?, input(1)?)
+        } else if i <= n {
+            let layer = &self.layers[i - 1];
+            let ctx = Ctx {
+                mask: &AttentionMask::None,
+                query_scale: None,
+                layer: i - 1,
+                trace: None,
+            };
+            // `x` is read only by an output gate, which `segmentable` excludes.
+            let r = layer.self_attn.output(input(0)?, input(1)?)?;
+            (layer.after_attn(input(0)?, &r, &ctx)?, input(2)?)
+        } else {
+            return Err(ModelError::Other(format!(
+                "decode segment {i} of a model with {n} layers"
+            )));
+        };
+        match self.layers.get(i) {
+            Some(layer) => {
+                let h = norm_opt(&layer.pre_attn, &x)?;
+                let (q, k, v) = layer.self_attn.project(&h, RopeAt::Array(offset))?;
+                Ok(vec![x, q, k, v])
+            }
+            None => Ok(vec![self.head(&self.norm.forward(&x)?)?]),
+        }
+    }
+
+    fn masks(&self, caches: &[Box<dyn Cache>], n: usize) -> Result<Vec<AttentionMask>> {
+        let (fa, swa) = self.cache_masks(caches, n)?;
+        Ok(self
+            .layers
+            .iter()
+            .map(|l| l.pick_mask(&fa, &swa).clone())
+            .collect())
+    }
+
+    fn attend(
+        &self,
+        layer: usize,
+        queries: &Array,
+        kv: &Kv,
+        mask: &AttentionMask,
+    ) -> Result<Array> {
+        let l = self
+            .layers
+            .get(layer)
+            .ok_or_else(|| ModelError::Other(format!("layer {layer} of {}", self.layers.len())))?;
+        let ctx = Ctx {
+            mask,
+            query_scale: None,
+            layer,
+            trace: None,
+        };
+        l.self_attn.attend(queries, kv, &ctx)
     }
 }
 

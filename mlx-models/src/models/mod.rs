@@ -9,6 +9,7 @@ pub mod gemma4_text;
 pub mod lfm2;
 pub mod moe;
 pub mod qwen3_next;
+pub mod segmented;
 
 use mlx_cache::Cache;
 use mlx_core::prelude::*;
@@ -19,6 +20,7 @@ use crate::layers::{Embedding, Linear};
 use crate::weights::{ParamShapes, Weights};
 
 pub use descriptor::{Descriptor, Serving};
+pub use segmented::SegmentedDecode;
 
 /// A causal language model: token ids in, logits out. Models never own caches.
 pub trait LanguageModel: Send {
@@ -88,6 +90,12 @@ pub trait LanguageModel: Send {
 
     /// The output projection that turns [`LanguageModel::forward_hidden`] into logits.
     fn output_head(&self) -> Option<OutputHead> {
+        None
+    }
+
+    /// The decode step cut into compilable segments ([`SegmentedDecode`]); `None` where the
+    /// architecture (or this model's variant of it) does not support it.
+    fn segmented(&self) -> Option<&dyn SegmentedDecode> {
         None
     }
 }
