@@ -23,6 +23,7 @@ CARGO_TARGET_DIR=target/cuda RUSTFLAGS="-C link-arg=-Wl,--allow-shlib-undefined"
   cargo build --release -p mlx-train --features cuda --example train
 strip -o .gpu-train/b/train target/cuda/release/examples/train
 cargo build -p xtask && strip -o .gpu-train/b/xtask target/debug/xtask
-cp xtask/oracle/bench_models.py xtask/gpu/train.sh .gpu-train/b/
+cp xtask/oracle/bench_models.py xtask/oracle/bench_train_mlx_lm.py xtask/gpu/train.sh .gpu-train/b/
 sed 's#\.gpu/b/#.gpu-train/b/#g' xtask/gpu/env.sh > .gpu-train/b/env.sh
+xz -9 -f .gpu-train/b/train .gpu-train/b/xtask
 du -sh .gpu-train/a .gpu-train/b

@@ -3,7 +3,8 @@
 //! several sequence lengths, batch 1, rank 8 (mlx-lm's default LoRA parameters).
 //!
 //! Both sides get the same flags and print the same report line per step (`Iter N: ... It/sec
-//! X, ... Peak mem Y GB`); a run's step time is the median of `1 / It/sec` over the steps after
+//! X, ... Peak mem Y GB`: mlx-lm's CLI through `xtask/oracle/bench_train_mlx_lm.py`, which
+//! runs `mlx_lm.lora.main` with a callback printing its train reports); a run's step time is the median of `1 / It/sec` over the steps after
 //! the first (which compiles kernels and warms the allocator), its peak the largest `Peak mem`
 //! (MLX's peak since the process started: weights included). Each sequence is exactly `LEN`
 //! tokens (longer rows truncated by `--max-seq-length LEN`, as both tuners do). Ours runs in
@@ -291,7 +292,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         let adapters = scratch.join("adapters");
         for v in &o.theirs {
             let mut c = Command::new(&py);
-            c.args(["-m", "mlx_lm", "lora"])
+            c.arg(workspace_root().join("xtask/oracle/bench_train_mlx_lm.py"))
                 .args(common_args(&model, &data, len, &o, &adapters))
                 .current_dir(workspace_root());
             if v == "ckpt" {
