@@ -8,7 +8,7 @@
 //! layers, padding masks), sinks, or differing query/key dtypes stays on MLX's SDPA.
 //!
 //! Gradients are within `mlx_kernels::flash_attention::GRAD_REL_BOUND` of the materialised
-//! attention's, not bit-equal (another summation order; `tests/flash.rs` on the tiny models).
+//! attention's, not bit-equal (another summation order; `tests/segmented.rs` on the tiny models).
 
 use std::rc::Rc;
 
