@@ -10,6 +10,10 @@
 //! | `add_rms_norm` | [`rms_norm`] | `h = x + r; rms_norm(h, w, eps)` (2 launches -> 1) | [`rms_norm::TIER`] |
 //! | `swiglu` | [`swiglu`] | `silu(gate) * up` (3 launches -> 1) | [`swiglu::TIER`] |
 //!
+//! [`flash_attention`] is of another kind: tiled attention with an online softmax and its own
+//! backward pass (a custom VJP), over plain MLX ops on every back-end; its reference is the
+//! materialised attention ([`attention_reference`]), its tier L3 with stated bounds.
+//!
 //! Tiers (as in the project): L1 is bit-equality with the oracle (mlx-lm) for the same
 //! weights, dtype and back-end; L2 is bit-equality of the fused kernel with its plain-ops
 //! reference on the same back-end; L3 is agreement within a measured bound. The references
@@ -26,9 +30,11 @@ use std::sync::Mutex;
 use mlx_core::kernels::{CustomKernel, KernelBackend, KernelBuilder};
 use mlx_core::{Array, Dtype, Error, Result};
 
+pub mod flash_attention;
 pub mod rms_norm;
 pub mod swiglu;
 
+pub use flash_attention::{attention_reference, flash_attention, FlashSpec};
 pub use rms_norm::add_rms_norm;
 pub use swiglu::swiglu;
 

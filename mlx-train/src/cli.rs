@@ -107,6 +107,9 @@ pub struct TrainArgs {
     /// Clip gradients to this global norm before each update (off by default, as mlx-lm).
     #[arg(long)]
     pub max_grad_norm: Option<f64>,
+    /// Flash attention with tiles of N tokens: the backward keeps no [L, L] probabilities.
+    #[arg(long)]
+    pub flash_block: Option<i32>,
     /// Where to write the JSONL log (default: ADAPTER_PATH/train_log.jsonl).
     #[arg(long)]
     pub log_file: Option<PathBuf>,
@@ -186,6 +189,7 @@ impl TrainArgs {
         set("ce_chunk_size", self.ce_chunk_size.map(Value::from));
         set("segment_length", self.segment_length.map(Value::from));
         set("max_grad_norm", self.max_grad_norm.map(Value::from));
+        set("flash_block", self.flash_block.map(Value::from));
         // `null` in a config file means "not given" (mlx_lm.lora's `args.get(k) is None`).
         map.retain(|_, v| !v.is_null());
         let what = self

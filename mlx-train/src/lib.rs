@@ -5,7 +5,8 @@
 //! ([`objectives`]); `mlx_lm.lora`'s options and run ([`run`], [`cli`]).
 //!
 //! Memory options: per-layer gradient checkpointing (`LanguageModel::set_grad_checkpoint`,
-//! `--grad-checkpoint`) and a chunked cross-entropy ([`loss::chunked_loss`]).
+//! `--grad-checkpoint`), a chunked cross-entropy ([`loss::chunked_loss`]), the segmented
+//! backward ([`segmented`]) and flash attention ([`attention`], `mlx_kernels::flash_attention`).
 //!
 //! ```no_run
 //! use mlx_train::run::{train_model, RunConfig};
@@ -23,6 +24,7 @@
 #![forbid(unsafe_code)]
 
 pub mod adapters;
+pub mod attention;
 pub mod cli;
 pub mod data;
 mod error;

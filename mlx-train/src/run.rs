@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::adapters::{load_adapter_weights, save_adapter_config};
+use crate::attention::with_flash_attention;
 use crate::data::{load_local_dataset, DataConfig, Dataset};
 use crate::error::{io_err, Result, TrainError};
 use crate::lora::{linear_to_lora_layers, LoraConfig};
@@ -149,6 +150,10 @@ pub struct RunConfig {
     /// Not in mlx-lm: clip gradients to this global norm.
     #[serde(default)]
     pub max_grad_norm: Option<f64>,
+    /// Not in mlx-lm: flash attention with tiles of this many tokens (see
+    /// [`crate::attention`]).
+    #[serde(default)]
+    pub flash_block: Option<i32>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }
@@ -261,6 +266,9 @@ impl RunConfig {
                     "segment_length applies to the plain sft loss only (no ce_chunk_size)".into(),
                 ));
             }
+        }
+        if let Some(b) = self.flash_block {
+            crate::attention::check_block(b)?;
         }
         if !self.beta.is_finite() {
             return Err(TrainError::Config("beta must be finite".into()));
@@ -390,16 +398,18 @@ pub fn train_model(
     let mut p = prepare(config)?;
     let optimizer = config.build_optimizer()?;
     let loss = objective_loss(config, &p.params)?;
-    let outcome = train(
-        p.model.as_ref(),
-        &p.params,
-        optimizer,
-        &p.train,
-        &p.valid,
-        &config.training_args(),
-        loss.as_ref(),
-        &mut p.rng,
-        callback,
-    )?;
+    let outcome = with_flash_attention(config.flash_block, || {
+        train(
+            p.model.as_ref(),
+            &p.params,
+            optimizer,
+            &p.train,
+            &p.valid,
+            &config.training_args(),
+            loss.as_ref(),
+            &mut p.rng,
+            callback,
+        )
+    })?;
     Ok((p, outcome))
 }

@@ -186,7 +186,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
     Ok(o)
 }
 
-fn cargo() -> Command {
+pub(crate) fn cargo() -> Command {
     let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     c.current_dir(workspace_root());
     c
@@ -233,6 +233,16 @@ fn resolve_model(spec: &str, o: &Options, py: &Path) -> Result<PathBuf, String> 
         let out = output(c, "fetching SmolLM2")?;
         return Ok(PathBuf::from(out.trim()));
     }
+    resolve_model_dir(spec, models_dir, py)
+}
+
+/// A model directory: `spec` itself when it exists, else the bench model of that name from
+/// `xtask/oracle/bench_models.py`, written into `models_dir` once.
+pub(crate) fn resolve_model_dir(
+    spec: &str,
+    models_dir: &Path,
+    py: &Path,
+) -> Result<PathBuf, String> {
     let p = PathBuf::from(spec);
     if p.exists() {
         return Ok(p);
@@ -332,7 +342,7 @@ impl Side {
 }
 
 /// The median of the non-NaN values (NaN if none).
-fn median(v: &[f64]) -> f64 {
+pub(crate) fn median(v: &[f64]) -> f64 {
     let mut s: Vec<f64> = v.iter().copied().filter(|x| !x.is_nan()).collect();
     s.sort_by(f64::total_cmp);
     let n = s.len();
@@ -352,7 +362,7 @@ fn spread(v: &[f64]) -> f64 {
     (hi / lo - 1.0) * 100.0
 }
 
-fn loadavg() -> String {
+pub(crate) fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_else(|_| "?".into())

@@ -13,10 +13,13 @@
 //!   fuzz targets of `mlx-fuzz` (release build, in-process, stable toolchain).
 //! - `bench serve [...]`: aggregate decode throughput of `mlx serve` against `mlx_lm.server`
 //!   at 1, 4, 16 and 32 concurrent clients; see `bench_serve.rs`.
+//! - `bench train [...]`: LoRA training step time and peak memory of `mlx train` against
+//!   `mlx_lm lora --train` at several sequence lengths; see `bench_train.rs`.
 #![forbid(unsafe_code)]
 
 mod bench;
 mod bench_serve;
+mod bench_train;
 mod bindings;
 mod oracle;
 
@@ -28,6 +31,9 @@ fn main() -> ExitCode {
         Some("bindgen") => bindings::run(args.iter().any(|a| a == "--check")),
         Some("oracle") => oracle::python(&args[1..]),
         Some("goldens") => oracle::goldens(&args[1..]),
+        Some("bench") if args.get(1).map(String::as_str) == Some("train") => {
+            bench_train::run(&args[2..])
+        }
         Some("bench") if args.get(1).map(String::as_str) == Some("serve") => {
             bench_serve::run(&args[2..])
         }
@@ -38,7 +44,7 @@ fn main() -> ExitCode {
             eprintln!(
                 "usage: cargo xtask bindgen [--check] | oracle [ARGS] | goldens [SET ...] \
                  | port-check DIR [--ids 1,2,3] | bench [--quick | --full] [--help] \
-                 | bench serve [--help] | fuzz [TARGET|all] [--runs N] [--seed S]"
+                 | bench serve [--help] | bench train [--help] | fuzz [TARGET|all] [--runs N] [--seed S]"
             );
             return ExitCode::from(2);
         }

@@ -7,6 +7,40 @@ use mlx_core::quantized::{self, QuantMode};
 
 use crate::error::Result;
 
+/// An attention that stands in for MLX's SDPA over dense keys and values on this thread
+/// (training's flash attention, `mlx_train::attention`): called with `(queries, keys, values,
+/// scale, mask)`; `Ok(None)` leaves the call to MLX.
+pub type DenseAttention =
+    dyn Fn(&Array, &Array, &Array, f32, &AttentionMask) -> Result<Option<Array>>;
+
+thread_local! {
+    static DENSE_ATTENTION: std::cell::RefCell<Option<std::rc::Rc<DenseAttention>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `body` with `attention` standing in for MLX's SDPA wherever a model on this thread
+/// attends over dense keys and values without sinks (also inside transforms and gradient
+/// checkpoints that `body` runs). The previous stand-in is restored afterwards, also on panic.
+pub fn with_dense_attention<R>(
+    attention: std::rc::Rc<DenseAttention>,
+    body: impl FnOnce() -> R,
+) -> R {
+    struct Restore(Option<std::rc::Rc<DenseAttention>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let prev = self.0.take();
+            DENSE_ATTENTION.with(|c| *c.borrow_mut() = prev);
+        }
+    }
+    let prev = DENSE_ATTENTION.with(|c| c.borrow_mut().replace(attention));
+    let _restore = Restore(prev);
+    body()
+}
+
+fn dense_attention() -> Option<std::rc::Rc<DenseAttention>> {
+    DENSE_ATTENTION.with(|c| c.borrow().clone())
+}
+
 /// mlx-lm's `scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks)`:
 /// MLX's fused kernel for dense keys/values, the quantized path for a quantized cache.
 pub fn scaled_dot_product_attention(
@@ -18,6 +52,11 @@ pub fn scaled_dot_product_attention(
 ) -> Result<Array> {
     match kv {
         Kv::Dense { keys, values } => {
+            if let (Some(f), None) = (dense_attention(), sinks) {
+                if let Some(out) = f(queries, keys, values, scale, mask)? {
+                    return Ok(out);
+                }
+            }
             let m = match mask {
                 AttentionMask::None => SdpaMask::None,
                 AttentionMask::Causal => SdpaMask::Causal,

@@ -12,7 +12,10 @@ mod switch;
 
 pub use activations::{gelu, gelu_approx, silu, swiglu};
 pub(crate) use attention::finfo_min;
-pub use attention::{quantized_scaled_dot_product_attention, scaled_dot_product_attention};
+pub use attention::{
+    quantized_scaled_dot_product_attention, scaled_dot_product_attention, with_dense_attention,
+    DenseAttention,
+};
 pub use embedding::Embedding;
 pub use linear::{Linear, LinearAdapter, QuantizedWeight};
 pub use mlp::{join, Mlp, MlpKind, MlpNames};

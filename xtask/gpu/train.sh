@@ -1,0 +1,21 @@
+#!/bin/bash
+# Device call 2 of the training bench (after `bash .gpu-train/a/setup.sh`): joins libmlx, writes
+# the Llama-3-8B-shaped 4-bit model, runs `xtask bench train` with our prebuilt `train` example
+# against `python -m mlx_lm lora`. LENGTHS, OURS, MLXLM, ITERS, FLASH pick the runs.
+set -x
+source .gpu-train/b/env.sh
+for f in train xtask; do [ -x /tmp/gt/$f ] || { mkdir -p /tmp/gt && xz -dc .gpu-train/b/$f.xz > /tmp/gt/$f && chmod +x /tmp/gt/$f; }; done
+python3 -c 'import mlx.core as mx; print(mx.__version__, mx.default_device())' || exit 1
+mkdir -p /tmp/ov/bin && printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" > /tmp/ov/bin/python && chmod +x /tmp/ov/bin/python
+export MLX_ORACLE_VENV=/tmp/ov
+# xtask looks for the workspace where it was built.
+for d in /work/wt-train /work/main; do [ -e $d ] || { mkdir -p /work && ln -s "$PWD" $d; }; done
+# The carried checkout may predate the bench's mlx-lm driver.
+cp .gpu-train/b/bench_train_mlx_lm.py xtask/oracle/
+python3 .gpu-train/b/bench_models.py /tmp/bench-models llama-8b-q4 || exit 1
+set -o pipefail
+/tmp/gt/xtask bench train --ours-bin /tmp/gt/train --model /tmp/bench-models/llama-8b-q4 \
+  --lengths "${LENGTHS:-512,2048,8192}" --iters "${ITERS:-3}" --flash-block "${FLASH:-1024}" \
+  --ours "${OURS:-plain,flash,ckpt+flash}" --mlx-lm "${MLXLM:-plain}" \
+  --models-dir /tmp/bench-models --json "$OUT/train_bench.json" 2>&1 | tee "$OUT/train_bench.log"
+nvidia-smi --query-gpu=name,driver_version --format=csv
