@@ -345,6 +345,13 @@ mod tests {
         );
     }
 
+    /// Found by the argv target's design review: `-c /dev/zero` read forever before the cap.
+    #[test]
+    fn an_endless_train_config_file_is_refused() {
+        let e = run(&["train", "-c", "/dev/zero"]).expect_err("/dev/zero passed");
+        assert!(e.contains("/dev/zero") && e.contains("larger than"), "{e}");
+    }
+
     #[test]
     fn help_is_not_an_error_exit() {
         let e = parse(["mlx", "--help"].map(OsString::from)).err();
