@@ -249,12 +249,6 @@ fn check_serve(a: &mlx_server::ServeArgs) -> Result<(), String> {
             return Err(format!("{flag} must be at least 1"));
         }
     }
-    if a.max_tokens > a.max_tokens_limit {
-        return Err(format!(
-            "--max-tokens {} is above --max-tokens-limit {}",
-            a.max_tokens, a.max_tokens_limit
-        ));
-    }
     match serde_json::from_str::<serde_json::Value>(&a.chat_template_args) {
         Ok(serde_json::Value::Object(_)) => Ok(()),
         _ => Err(format!(
