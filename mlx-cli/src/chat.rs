@@ -61,8 +61,8 @@ pub struct ChatArgs {
 
 const HELP: &str = "  commands    q exit   r reset   h help";
 
+/// Runs a checked command line (the sampler flags were checked by `check`).
 pub fn run(a: &ChatArgs) -> Result<(), String> {
-    common::check_sampling(a.temp, a.top_p, 0.0, a.xtc_probability)?;
     let m = model::load(&a.model)?;
     if !m.tokenizer.has_chat_template() {
         return Err("this model's tokenizer has no chat template; use `mlx generate`".into());

@@ -102,13 +102,13 @@ pub struct GenerateArgs {
 }
 
 /// A prompt-cache file and its metadata.
-struct CacheFile {
+pub struct CacheFile {
     caches: Vec<Box<dyn Cache>>,
     model: Option<String>,
 }
 
 /// `main`'s prompt-cache checks: the kv flags must match a quantized cache.
-fn load_cache_file(path: &str, a: &GenerateArgs) -> Result<CacheFile, String> {
+pub(crate) fn load_cache_file(path: &str, a: &GenerateArgs) -> Result<CacheFile, String> {
     let (caches, metadata) = load_prompt_cache(path).map_err(|e| e.to_string())?;
     if let Some(q) = caches
         .first()
@@ -132,7 +132,7 @@ fn load_cache_file(path: &str, a: &GenerateArgs) -> Result<CacheFile, String> {
     })
 }
 
-fn template_kwargs(a: &GenerateArgs) -> Result<Map<String, Value>, String> {
+pub(crate) fn template_kwargs(a: &GenerateArgs) -> Result<Map<String, Value>, String> {
     match &a.chat_template_config {
         None => Ok(Map::new()),
         Some(s) => match serde_json::from_str(s) {
@@ -190,9 +190,8 @@ fn prompt_ids(a: &GenerateArgs, m: &Loaded, using_cache: bool) -> Result<Vec<u32
 }
 
 /// `make_sampler(...)` with `mlx_lm.generate.main`'s XTC special tokens: `"\n"` encoded, then
-/// the EOS ids.
+/// the EOS ids (the flags were checked by `check`).
 fn sampler(a: &GenerateArgs, m: &Loaded) -> Result<Sampler, String> {
-    common::check_sampling(a.temp, a.top_p, a.min_p, a.xtc_probability)?;
     let mut special: Vec<i32> = m
         .tokenizer
         .encode("\n", true)
@@ -213,12 +212,8 @@ fn sampler(a: &GenerateArgs, m: &Loaded) -> Result<Sampler, String> {
     }))
 }
 
-pub fn run(a: &GenerateArgs) -> Result<(), String> {
-    let cache_file = a
-        .prompt_cache_file
-        .as_deref()
-        .map(|p| load_cache_file(p, a))
-        .transpose()?;
+/// Runs a checked command line; `cache_file` is `--prompt-cache-file` as `check` loaded it.
+pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String> {
     let mut model_args = a.model.clone();
     if let Some(cf) = &cache_file {
         match (&model_args.model, &cf.model) {

@@ -3,10 +3,9 @@
 
 use std::fmt::Write as _;
 use std::io::Write as _;
-use std::path::Path;
 
 use clap::Args;
-use mlx_models::load::model_info;
+use mlx_models::load::ModelInfo;
 
 #[derive(Args, Debug)]
 pub struct InfoArgs {
@@ -15,8 +14,8 @@ pub struct InfoArgs {
     pub model: String,
 }
 
-pub fn run(a: &InfoArgs) -> Result<(), String> {
-    let info = model_info(Path::new(&a.model)).map_err(|e| format!("{}: {e}", a.model))?;
+/// Prints what `check` read from the directory.
+pub fn run(_a: &InfoArgs, info: &ModelInfo) -> Result<(), String> {
     let mut text = String::new();
     writeln!(text, "model_type:   {}", info.model_type).ok();
     writeln!(text, "architecture: {}", info.architecture).ok();

@@ -71,14 +71,16 @@ fn default_model() -> Result<PathBuf, String> {
     Ok(path)
 }
 
-fn resolve(model: Option<&str>) -> Result<PathBuf, String> {
+/// `--model` as given: `None` for the built-in default, else the path it names (checked to
+/// exist). Touches neither the network nor the model's files.
+pub fn model_path(model: Option<&str>) -> Result<Option<PathBuf>, String> {
     match model {
-        None => default_model(),
-        Some(m) if DEFAULT_NAMES.contains(&m) => default_model(),
+        None => Ok(None),
+        Some(m) if DEFAULT_NAMES.contains(&m) => Ok(None),
         Some(m) => {
             let p = Path::new(m);
             if p.exists() {
-                Ok(p.to_path_buf())
+                Ok(Some(p.to_path_buf()))
             } else {
                 Err(format!(
                     "model {m:?} not found: give an HF-style directory or a .gguf file \
@@ -87,6 +89,13 @@ fn resolve(model: Option<&str>) -> Result<PathBuf, String> {
                 ))
             }
         }
+    }
+}
+
+fn resolve(model: Option<&str>) -> Result<PathBuf, String> {
+    match model_path(model)? {
+        Some(p) => Ok(p),
+        None => default_model(),
     }
 }
 

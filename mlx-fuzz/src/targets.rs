@@ -15,6 +15,8 @@ use serde_json::{json, Value};
 
 use crate::mutate::{below, chance, interesting_u64, mutate_bytes, mutate_json, pick};
 
+mod argv;
+
 /// What an input did.
 pub enum Outcome {
     /// Loaded and used without error.
@@ -40,6 +42,7 @@ pub const TARGETS: &[&str] = &[
     "tokenizer",
     "template",
     "prompt_cache",
+    "argv",
 ];
 
 /// State shared by the inputs of one target: seed files and the work directory.
@@ -141,6 +144,7 @@ impl Target {
             "gguf" => self.gguf(u),
             "tokenizer" => self.tokenizer(u),
             "template" => self.template(u),
+            "argv" => self.argv(u),
             _ => self.prompt_cache(u),
         }
     }
@@ -151,7 +155,8 @@ impl Target {
 
     // -- config.json ---------------------------------------------------------------------
 
-    fn config(&self, u: &mut Unstructured) -> Outcome {
+    /// A mutated config.json of the tiny dense model, as text.
+    fn craft_config(&self, u: &mut Unstructured) -> String {
         const KEYS: &[&str] = &[
             "model_type",
             "hidden_size",
@@ -214,7 +219,11 @@ impl Target {
             _ => {}
         }
         mutate_json(u, &mut cfg, KEYS);
-        let text = cfg.to_string();
+        cfg.to_string()
+    }
+
+    fn config(&self, u: &mut Unstructured) -> Outcome {
+        let text = self.craft_config(u);
         let path = self.dense_dir.join("config.json");
         if let Err(e) = std::fs::write(&path, &text) {
             return Outcome::Refused(e.to_string());
@@ -458,7 +467,8 @@ impl Target {
 
     // -- prompt-cache files ----------------------------------------------------------------
 
-    fn prompt_cache(&self, u: &mut Unstructured) -> Outcome {
+    /// Writes a mutated prompt-cache file (the seed cache of every kind) to `path`.
+    fn craft_prompt_cache(&self, u: &mut Unstructured, path: &Path) -> Result<(), String> {
         let (mut arrays, mut meta) = self.seed_cache.clone();
         const CLASSES: &[&str] = &[
             "KVCache",
@@ -531,10 +541,14 @@ impl Target {
                 }
             }
         }
+        save_safetensors(path, arrays.iter().map(|(k, a)| (k.as_str(), a)), &meta)
+            .map_err(|e| e.to_string())
+    }
+
+    fn prompt_cache(&self, u: &mut Unstructured) -> Outcome {
         let path = self.current("safetensors");
-        if let Err(e) = save_safetensors(&path, arrays.iter().map(|(k, a)| (k.as_str(), a)), &meta)
-        {
-            return Outcome::Refused(e.to_string());
+        if let Err(e) = self.craft_prompt_cache(u, &path) {
+            return Outcome::Refused(e);
         }
         let r = load_prompt_cache(&path).and_then(|(mut caches, _)| {
             let kv = ops::ones(&[1, 2, 1, 32], Dtype::Float32, None)?;

@@ -213,9 +213,32 @@ impl TrainArgs {
     }
 }
 
+/// The largest training config file read (a config is a few hundred bytes; `-c /dev/zero`
+/// must not read forever).
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
 /// A YAML (or JSON, a subset) file of options.
 fn read_config_file(path: &Path) -> Result<Map<String, Value>> {
-    let text = std::fs::read_to_string(path).map_err(|e| io_err(path, e))?;
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_CONFIG_BYTES + 1).read_to_end(&mut bytes))
+        .map_err(|e| io_err(path, e))?;
+    if bytes.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(io_err(
+            path,
+            format!("larger than {MAX_CONFIG_BYTES} bytes; not a training config"),
+        ));
+    }
+    let text = String::from_utf8(bytes).map_err(|e| {
+        io_err(
+            path,
+            format!(
+                "not UTF-8 text (bad byte at offset {})",
+                e.utf8_error().valid_up_to()
+            ),
+        )
+    })?;
     let v: Value =
         serde_yaml::from_str(&text).map_err(|e| io_err(path, format!("invalid YAML: {e}")))?;
     match v {

@@ -229,7 +229,8 @@ impl RunConfig {
         Optimizer::new(method, lr)
     }
 
-    fn validate(&self) -> Result<()> {
+    /// The options' own consistency (no files read).
+    pub fn validate(&self) -> Result<()> {
         match self.fine_tune_type.as_str() {
             "lora" | "dora" => {}
             "full" => {

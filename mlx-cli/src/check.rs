@@ -1,0 +1,361 @@
+//! The command line's parse-and-validate layer: [`parse`] runs the real clap parser over an
+//! argument vector, then every check that needs neither a model nor the network (numbers in
+//! range, JSON flags well formed, the files the flags name: a prompt-cache file is loaded, a
+//! training config file resolved, an `info` directory described). The `mlx` binary runs it
+//! before anything else; `mlx-fuzz`'s `argv` target runs it in-process on mutated argument
+//! vectors. Nothing here reads standard input, prints, loads a model or fetches.
+
+use std::ffi::OsString;
+use std::path::Path;
+use std::process::ExitCode;
+
+use clap::Parser;
+use mlx_cache::QuantizedKVCache;
+use mlx_models::load::{model_info, ModelInfo};
+
+use crate::cache_prompt::CachePromptArgs;
+use crate::chat::ChatArgs;
+use crate::common::{self, KvArgs, ModelArgs};
+use crate::embed::EmbedArgs;
+use crate::generate::{self, CacheFile, GenerateArgs};
+use crate::info::InfoArgs;
+use crate::models::ModelsArgs;
+use crate::{model, Cli, Command};
+
+/// A command line that parsed and passed every check, with what the checks loaded.
+pub enum Checked {
+    Generate(Box<GenerateArgs>, Option<CacheFile>),
+    Chat(Box<ChatArgs>),
+    CachePrompt(Box<CachePromptArgs>),
+    Serve(Box<mlx_server::ServeArgs>),
+    Train(Box<mlx_train::cli::TrainArgs>),
+    Fuse(Box<mlx_train::cli::FuseArgs>),
+    Models(ModelsArgs),
+    Info(InfoArgs, Box<ModelInfo>),
+    Embed(Box<EmbedArgs>),
+}
+
+impl Checked {
+    /// The subcommand's name.
+    pub fn subcommand(&self) -> &'static str {
+        match self {
+            Checked::Generate(..) => "generate",
+            Checked::Chat(_) => "chat",
+            Checked::CachePrompt(_) => "cache-prompt",
+            Checked::Serve(_) => "serve",
+            Checked::Train(_) => "train",
+            Checked::Fuse(_) => "fuse",
+            Checked::Models(_) => "models",
+            Checked::Info(..) => "info",
+            Checked::Embed(_) => "embed",
+        }
+    }
+}
+
+/// Why a command line does not run.
+#[derive(Debug)]
+pub enum CliError {
+    /// clap's outcome: a usage error (exit 2), or `--help` / `--version` (exit 0, stdout).
+    Clap(clap::Error),
+    /// An argument that is not UTF-8 (exit 2).
+    NotUtf8(String),
+    /// A check failed (exit 1).
+    Invalid(String),
+}
+
+impl CliError {
+    /// The message, as plain text (clap's rendered without colour).
+    pub fn message(&self) -> String {
+        match self {
+            CliError::Clap(e) => e.render().to_string(),
+            CliError::NotUtf8(m) | CliError::Invalid(m) => format!("error: {m}"),
+        }
+    }
+
+    /// The exit status.
+    pub fn code(&self) -> u8 {
+        match self {
+            CliError::Clap(e) => u8::try_from(e.exit_code()).unwrap_or(2),
+            CliError::NotUtf8(_) => 2,
+            CliError::Invalid(_) => 1,
+        }
+    }
+
+    /// Prints the message where it belongs and returns the exit status.
+    pub fn report(&self) -> ExitCode {
+        match self {
+            // clap writes help to stdout, errors to stderr, with colour on a terminal.
+            CliError::Clap(e) => {
+                let _ = e.print();
+            }
+            e => eprintln!("{}", e.message()),
+        }
+        ExitCode::from(self.code())
+    }
+}
+
+/// The first argument (after the program name) that is not valid UTF-8, as an error naming it
+/// (clap's own message does not say which one).
+fn check_utf8(args: &[OsString]) -> Result<(), CliError> {
+    for (i, a) in args.iter().enumerate().skip(1) {
+        if a.to_str().is_none() {
+            return Err(CliError::NotUtf8(format!(
+                "argument {i} ({:?}) is not valid UTF-8; arguments must be UTF-8 text",
+                a.to_string_lossy()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Parses `args` (the program name first) with clap and checks the result.
+pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Checked, CliError> {
+    let args: Vec<OsString> = args.into_iter().collect();
+    check_utf8(&args)?;
+    let cli = Cli::try_parse_from(&args).map_err(CliError::Clap)?;
+    check(cli.command).map_err(CliError::Invalid)
+}
+
+/// Every check of a parsed command that needs no model and no network.
+pub fn check(c: Command) -> Result<Checked, String> {
+    Ok(match c {
+        Command::Generate(a) => {
+            check_model(&a.model)?;
+            check_sampling(a.temp, a.top_p, a.min_p, a.xtc_probability, a.xtc_threshold)?;
+            check_kv(&a.kv)?;
+            if a.prompt_ids.as_ref().is_some_and(Vec::is_empty) {
+                return Err("--prompt-ids: give at least one token id".into());
+            }
+            if a.stop.iter().any(String::is_empty) {
+                return Err("--stop: an empty stop string would end every reply at once".into());
+            }
+            if a.extra_eos_token.iter().any(String::is_empty) {
+                return Err("--extra-eos-token: the token must not be empty".into());
+            }
+            generate::template_kwargs(&a)?;
+            let cache_file = a
+                .prompt_cache_file
+                .as_deref()
+                .map(|p| generate::load_cache_file(p, &a))
+                .transpose()?;
+            Checked::Generate(Box::new(a), cache_file)
+        }
+        Command::Chat(a) => {
+            check_model(&a.model)?;
+            check_sampling(a.temp, a.top_p, 0.0, a.xtc_probability, a.xtc_threshold)?;
+            Checked::Chat(Box::new(a))
+        }
+        Command::CachePrompt(a) => {
+            check_model(&a.model)?;
+            check_kv(&a.kv)?;
+            check_output_file("--prompt-cache-file", &a.prompt_cache_file)?;
+            Checked::CachePrompt(Box::new(a))
+        }
+        Command::Serve(a) => {
+            model::model_path(a.model.as_deref())?;
+            check_serve(&a)?;
+            Checked::Serve(Box::new(a))
+        }
+        Command::Train(a) => {
+            a.resolve()
+                .and_then(|c| c.validate())
+                .map_err(|e| e.to_string())?;
+            Checked::Train(Box::new(a))
+        }
+        Command::Fuse(a) => {
+            for (flag, p) in [("--model", &a.model), ("--adapter-path", &a.adapter_path)] {
+                if !Path::new(p).exists() {
+                    return Err(format!("{flag} {p:?}: no such file or directory"));
+                }
+            }
+            Checked::Fuse(Box::new(a))
+        }
+        Command::Models(a) => Checked::Models(a),
+        Command::Info(a) => {
+            let info = model_info(Path::new(&a.model)).map_err(|e| format!("{}: {e}", a.model))?;
+            Checked::Info(a, Box::new(info))
+        }
+        Command::Embed(a) => {
+            check_model(&a.model)?;
+            Checked::Embed(Box::new(a))
+        }
+    })
+}
+
+fn check_model(m: &ModelArgs) -> Result<(), String> {
+    model::model_path(m.model.as_deref())?;
+    if let Some(dir) = &m.adapter_path {
+        if !Path::new(dir).is_dir() {
+            return Err(format!("--adapter-path {dir:?}: not a directory"));
+        }
+    }
+    Ok(())
+}
+
+/// The sampler flags mlx-lm would accept silently but that make no sense, and the XTC
+/// threshold that mlx-lm refuses when XTC is on.
+fn check_sampling(temp: f64, top_p: f64, min_p: f64, xtc_p: f64, xtc_t: f64) -> Result<(), String> {
+    common::check_sampling(temp, top_p, min_p, xtc_p)?;
+    if xtc_p > 0.0 && !(0.0..=0.5).contains(&xtc_t) {
+        return Err(format!(
+            "--xtc-threshold must be in [0, 0.5] when --xtc-probability is above 0, got {xtc_t}"
+        ));
+    }
+    Ok(())
+}
+
+/// `--kv-bits` and `--kv-group-size` as the quantized cache checks them.
+fn check_kv(kv: &KvArgs) -> Result<(), String> {
+    if let Some(bits) = kv.kv_bits {
+        QuantizedKVCache::new(kv.kv_group_size, bits)
+            .map_err(|e| format!("--kv-bits {bits} --kv-group-size {}: {e}", kv.kv_group_size))?;
+    }
+    Ok(())
+}
+
+/// A file to be written: its directory must exist and it must not be a directory.
+fn check_output_file(flag: &str, p: &str) -> Result<(), String> {
+    let path = Path::new(p);
+    if p.is_empty() || path.is_dir() {
+        return Err(format!("{flag} {p:?}: not a file name"));
+    }
+    let parent = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    if !parent.is_dir() {
+        return Err(format!(
+            "{flag} {p:?}: the directory {} does not exist",
+            parent.display()
+        ));
+    }
+    Ok(())
+}
+
+fn check_serve(a: &mlx_server::ServeArgs) -> Result<(), String> {
+    // The ranges each request is held to (`mlx-server`'s request checks), so that a default
+    // the server would refuse on every request is refused at start.
+    if !(0.0..=100.0).contains(&a.temp) {
+        return Err(format!("--temp must be in [0, 100], got {}", a.temp));
+    }
+    for (flag, v) in [("--top-p", a.top_p), ("--min-p", a.min_p)] {
+        if !(0.0..=1.0).contains(&v) {
+            return Err(format!("{flag} must be in [0, 1], got {v}"));
+        }
+    }
+    if a.top_k < 0 {
+        return Err(format!("--top-k must be 0 or more, got {}", a.top_k));
+    }
+    for (flag, v) in [
+        ("--max-batch", a.max_batch),
+        ("--max-tokens-limit", a.max_tokens_limit),
+        ("--prefill-step-size", a.prefill_step_size),
+        ("--max-context", a.max_context),
+    ] {
+        if v == 0 {
+            return Err(format!("{flag} must be at least 1"));
+        }
+    }
+    match serde_json::from_str::<serde_json::Value>(&a.chat_template_args) {
+        Ok(serde_json::Value::Object(_)) => Ok(()),
+        _ => Err(format!(
+            "--chat-template-args must be a JSON object, got {:?}",
+            a.chat_template_args
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(args: &[&str]) -> Result<&'static str, String> {
+        let argv = std::iter::once("mlx")
+            .chain(args.iter().copied())
+            .map(OsString::from);
+        parse(argv).map(|c| c.subcommand()).map_err(|e| e.message())
+    }
+
+    #[test]
+    fn valid_command_lines_pass() {
+        assert_eq!(run(&["models"]), Ok("models"));
+        assert_eq!(run(&["generate", "--temp", "0.7"]), Ok("generate"));
+        assert_eq!(run(&["serve", "--port", "0"]), Ok("serve"));
+    }
+
+    #[test]
+    fn bad_values_are_refused_with_the_flag_named() {
+        for (args, flag) in [
+            (&["generate", "--temp", "nan"][..], "--temp"),
+            (&["generate", "--temp", "inf"], "--temp"),
+            (&["chat", "--top-p", "2"], "--top-p"),
+            (
+                &[
+                    "generate",
+                    "--xtc-probability",
+                    "0.5",
+                    "--xtc-threshold",
+                    "0.9",
+                ],
+                "--xtc-threshold",
+            ),
+            (
+                &["generate", "--kv-bits", "3", "--kv-group-size", "7"],
+                "--kv-bits",
+            ),
+            (&["generate", "--stop", ""], "--stop"),
+            (
+                &["generate", "--chat-template-config", "[1]"],
+                "--chat-template-config",
+            ),
+            (&["serve", "--temp", "nan"], "--temp"),
+            (&["serve", "--max-batch", "0"], "--max-batch"),
+            (
+                &["serve", "--chat-template-args", "{"],
+                "--chat-template-args",
+            ),
+            (
+                &[
+                    "cache-prompt",
+                    "-p",
+                    "x",
+                    "--prompt-cache-file",
+                    "/no/such/dir/c.safetensors",
+                ],
+                "--prompt-cache-file",
+            ),
+            (&["fuse", "--model", "/no/such/model"], "--model"),
+        ] {
+            let e = run(args).expect_err(&format!("{args:?} passed"));
+            assert!(e.contains(flag), "{args:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn non_utf8_arguments_are_named() {
+        use std::os::unix::ffi::OsStringExt;
+        let argv = vec![
+            OsString::from("mlx"),
+            OsString::from("generate"),
+            OsString::from_vec(vec![0x2d, 0x2d, 0xff]),
+        ];
+        let e = parse(argv).err().map(|e| (e.code(), e.message()));
+        assert!(
+            matches!(&e, Some((2, m)) if m.contains("argument 2")),
+            "{e:?}"
+        );
+    }
+
+    /// Found by the argv target's design review: `-c /dev/zero` read forever before the cap.
+    #[test]
+    fn an_endless_train_config_file_is_refused() {
+        let e = run(&["train", "-c", "/dev/zero"]).expect_err("/dev/zero passed");
+        assert!(e.contains("/dev/zero") && e.contains("larger than"), "{e}");
+    }
+
+    #[test]
+    fn help_is_not_an_error_exit() {
+        let e = parse(["mlx", "--help"].map(OsString::from)).err();
+        assert_eq!(e.map(|e| e.code()), Some(0));
+    }
+}
