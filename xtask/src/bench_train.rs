@@ -70,15 +70,8 @@ fn parse(args: &[String]) -> Result<Options, String> {
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
-        let mut value = || {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))
-        };
-        let num = |v: String| {
-            v.parse::<usize>()
-                .map_err(|e| format!("{flag} {v}: {e}\n{USAGE}"))
-        };
+        let mut value = || crate::bench::flag_value(&mut it, flag, USAGE);
+        let num = |v: String| crate::bench::flag_num(flag, &v, USAGE);
         match flag.as_str() {
             "--model" => o.model = value()?,
             "--lengths" => {
