@@ -3,6 +3,30 @@
 //! [`dense::Model`]), else a rejection naming the `model_type`, what mlx-lm remaps it to, and
 //! every supported type.
 
+/// The entry points every dedicated port shares, inside its `impl LanguageModel`: `forward`
+/// (the port's `hidden_states`, then its `head`), `forward_hidden`, and `model_type` /
+/// `vocab_size` read from the port's config field `$cfg`.
+macro_rules! port_entry_points {
+    ($cfg:ident) => {
+        fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
+            let out = self.hidden_states(inputs, caches)?;
+            self.head(&out)
+        }
+
+        fn forward_hidden(&self, inputs: &Array) -> Option<Result<Array>> {
+            Some(self.hidden_states(inputs, None))
+        }
+
+        fn model_type(&self) -> &str {
+            &self.$cfg.model_type
+        }
+
+        fn vocab_size(&self) -> i32 {
+            self.$cfg.vocab_size
+        }
+    };
+}
+
 pub mod dense;
 pub mod descriptor;
 pub mod gemma4_text;

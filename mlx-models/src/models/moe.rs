@@ -1231,14 +1231,7 @@ impl Model {
 }
 
 impl LanguageModel for Model {
-    fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
-        let out = self.hidden_states(inputs, caches)?;
-        self.head(&out)
-    }
-
-    fn forward_hidden(&self, inputs: &Array) -> Option<Result<Array>> {
-        Some(self.hidden_states(inputs, None))
-    }
+    port_entry_points!(spec);
 
     fn make_cache(&self) -> Vec<Box<dyn Cache>> {
         (0..self.layers.len())
@@ -1261,13 +1254,5 @@ impl LanguageModel for Model {
 
     fn num_layers(&self) -> usize {
         self.layers.len()
-    }
-
-    fn model_type(&self) -> &str {
-        &self.spec.model_type
-    }
-
-    fn vocab_size(&self) -> i32 {
-        self.spec.vocab_size
     }
 }
