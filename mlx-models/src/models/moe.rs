@@ -93,6 +93,15 @@ pub struct MoeSpec {
     pub sliding_window: Option<usize>,
 }
 
+/// Serde's `default = "..."` functions, one `name: type = value;` each.
+macro_rules! serde_defaults {
+    ($($name:ident: $t:ty = $v:expr;)*) => {
+        $(fn $name() -> $t {
+            $v
+        })*
+    };
+}
+
 fn default_true() -> bool {
     true
 }
@@ -180,29 +189,16 @@ struct MixtralArgs {
     #[serde(default)]
     tie_word_embeddings: bool,
 }
-fn mixtral_vocab() -> i32 {
-    32000
-}
-fn mixtral_hidden() -> i32 {
-    4096
-}
-fn mixtral_intermediate() -> i32 {
-    14336
-}
-fn mixtral_layers() -> i32 {
-    32
-}
-fn mixtral_top_k() -> i32 {
-    2
-}
-fn mixtral_kv_heads() -> Option<i32> {
-    Some(8)
-}
-fn mixtral_experts() -> i32 {
-    8
-}
-fn mixtral_eps() -> f64 {
-    1e-5
+
+serde_defaults! {
+    mixtral_vocab: i32 = 32000;
+    mixtral_hidden: i32 = 4096;
+    mixtral_intermediate: i32 = 14336;
+    mixtral_layers: i32 = 32;
+    mixtral_top_k: i32 = 2;
+    mixtral_kv_heads: Option<i32> = Some(8);
+    mixtral_experts: i32 = 8;
+    mixtral_eps: f64 = 1e-5;
 }
 
 /// olmoe.py `ModelArgs`.
@@ -276,32 +272,16 @@ struct GptOssArgs {
     #[serde(default)]
     layer_types: Option<Vec<String>>,
 }
-fn gpt_oss_type() -> String {
-    "gpt_oss".into()
-}
-fn gpt_oss_layers() -> i32 {
-    36
-}
-fn gpt_oss_experts() -> i32 {
-    128
-}
-fn gpt_oss_top_k() -> i32 {
-    4
-}
-fn gpt_oss_vocab() -> i32 {
-    201088
-}
-fn gpt_oss_hidden() -> i32 {
-    2880
-}
-fn gpt_oss_head_dim() -> i32 {
-    64
-}
-fn gpt_oss_window() -> i64 {
-    128
-}
-fn gpt_oss_theta() -> f64 {
-    150000.0
+serde_defaults! {
+    gpt_oss_type: String = "gpt_oss".into();
+    gpt_oss_layers: i32 = 36;
+    gpt_oss_experts: i32 = 128;
+    gpt_oss_top_k: i32 = 4;
+    gpt_oss_vocab: i32 = 201088;
+    gpt_oss_hidden: i32 = 2880;
+    gpt_oss_head_dim: i32 = 64;
+    gpt_oss_window: i64 = 128;
+    gpt_oss_theta: f64 = 150000.0;
 }
 
 impl MoeSpec {
