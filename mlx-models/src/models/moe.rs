@@ -272,6 +272,7 @@ struct GptOssArgs {
     #[serde(default)]
     layer_types: Option<Vec<String>>,
 }
+
 serde_defaults! {
     gpt_oss_type: String = "gpt_oss".into();
     gpt_oss_layers: i32 = 36;
