@@ -1,6 +1,7 @@
 //! Adapter files in mlx-lm's format (`adapters.safetensors` with the trainable parameters
 //! under mlx's flattened names, `adapter_config.json` with `fine_tune_type`, `num_layers`
-//! and `lora_parameters`), `load_adapters` as mlx-lm's, and fusing (`mlx_lm.fuse`).
+//! and `lora_parameters`), `load_adapters` as mlx-lm's (LoRA, DoRA, and full fine-tunes,
+//! whose file holds layer weights), and fusing (`mlx_lm.fuse`).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -15,6 +16,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::error::{io_err, Result, TrainError};
+use crate::full::{layer_parameter_shapes, write_layer_parameters};
 use crate::lora::{as_lora, linear_to_lora_layers, LoraConfig};
 use crate::params::Params;
 
@@ -39,19 +41,18 @@ impl AdapterConfig {
         let c: AdapterConfig =
             serde_json::from_str(&text).map_err(|e| io_err(path, format!("invalid: {e}")))?;
         match c.fine_tune_type.as_str() {
-            "lora" | "dora" => {}
-            "full" => {
-                return Err(io_err(
-                    path,
-                    "fine_tune_type `full` adapters are not supported here",
-                ))
-            }
+            "lora" | "dora" | "full" => {}
             other => return Err(io_err(path, format!("unknown fine_tune_type `{other}`"))),
         }
-        if c.lora_parameters.is_none() {
+        if c.lora_parameters.is_none() && !c.is_full() {
             return Err(io_err(path, "missing field `lora_parameters`"));
         }
         Ok(c)
+    }
+
+    /// A full fine-tune: the file holds layer weights, not adapters.
+    pub fn is_full(&self) -> bool {
+        self.fine_tune_type == "full"
     }
 }
 
@@ -78,19 +79,18 @@ pub fn save_adapter_config(path: &Path, options: &serde_json::Map<String, Value>
     std::fs::write(path, text).map_err(|e| io_err(path, e))
 }
 
-/// Reads adapter weights and puts them into `params`, checking each against the model's
-/// adapter parameters as mlx-lm's `load_adapters` does (every problem listed together).
-pub fn load_adapter_weights(path: &Path, params: &Params) -> Result<()> {
+/// Reads an adapter file, checking each tensor against `allowed` (name to shape) as
+/// mlx-lm's `load_adapters` does (every problem listed together).
+fn read_checked(path: &Path, allowed: &BTreeMap<String, Vec<i32>>) -> Result<ParamMap> {
     let (weights, _) = load_safetensors(path, None).map_err(|e| io_err(path, e))?;
-    let current = params.snapshot();
     let mut errors = Vec::new();
     for (name, w) in &weights {
-        match current.get(name) {
+        match allowed.get(name) {
             None => errors.push(format!("  {name}: not an adapter parameter in the model")),
-            Some(p) if p.shape() != w.shape() => errors.push(format!(
+            Some(shape) if *shape != w.shape() => errors.push(format!(
                 "  {name}: adapter shape {:?} does not match model parameter shape {:?}",
                 w.shape(),
-                p.shape()
+                shape
             )),
             Some(_) => {}
         }
@@ -101,17 +101,46 @@ pub fn load_adapter_weights(path: &Path, params: &Params) -> Result<()> {
             format!("contains incompatible tensors:\n{}", errors.join("\n")),
         ));
     }
-    params.update(&weights)
+    Ok(weights)
+}
+
+/// Reads adapter weights and puts them into `params` (every name must be one of them, with
+/// its shape).
+pub fn load_adapter_weights(path: &Path, params: &Params) -> Result<()> {
+    let allowed = params
+        .snapshot()
+        .into_iter()
+        .map(|(k, v)| (k, v.shape()))
+        .collect();
+    params.update(&read_checked(path, &allowed)?)
+}
+
+/// A full fine-tune's `adapters.safetensors`, checked against every array of the model's
+/// decoder layers.
+fn read_full_weights(model: &mut dyn LanguageModel, path: &Path) -> Result<ParamMap> {
+    let allowed = layer_parameter_shapes(model)?
+        .into_iter()
+        .map(|(k, shape, _)| (k, shape))
+        .collect();
+    read_checked(path, &allowed)
 }
 
 /// `load_adapters(model, adapter_path)`: wraps the model's linears as the adapter's config
-/// says (drawing the same init mlx-lm draws) and loads the trained weights.
+/// says (drawing the same init mlx-lm draws) and loads the trained weights; a full
+/// fine-tune's weights replace the layers' own (the returned [`Params`] is then empty).
 pub fn load_adapters(model: &mut dyn LanguageModel, dir: &Path) -> Result<Params> {
     if !dir.exists() {
         return Err(io_err(dir, "The adapter path does not exist"));
     }
     let config = AdapterConfig::read(&dir.join("adapter_config.json"))?;
     let params = Params::new();
+    let file = dir.join("adapters.safetensors");
+    if config.is_full() {
+        // The layers' own weights, replaced in place: nothing to adapt, nothing drawn.
+        let weights = read_full_weights(model, &file)?;
+        write_layer_parameters(model, &weights)?;
+        return Ok(params);
+    }
     let lora = config.lora_parameters.clone().unwrap_or_default();
     linear_to_lora_layers(
         model,
@@ -120,7 +149,7 @@ pub fn load_adapters(model: &mut dyn LanguageModel, dir: &Path) -> Result<Params
         config.fine_tune_type == "dora",
         &params,
     )?;
-    load_adapter_weights(&dir.join("adapters.safetensors"), &params)?;
+    load_adapter_weights(&file, &params)?;
     Ok(params)
 }
 
@@ -179,6 +208,11 @@ pub fn fuse_model_dir(
     load_adapters(model.as_mut(), adapter_dir)?;
     let fused = fused_linears(model.as_mut(), dequantize)?;
     let mut tensors = load_weights(model_dir)?;
+    if AdapterConfig::read(&adapter_dir.join("adapter_config.json"))?.is_full() {
+        // `load(model, adapter_path)` then `save`: the trained arrays replace the base's.
+        let file = adapter_dir.join("adapters.safetensors");
+        tensors.extend(read_full_weights(model.as_mut(), &file)?);
+    }
     for (path, lin) in fused {
         for suffix in ["weight", "scales", "biases"] {
             tensors.remove(&format!("{path}.{suffix}"));

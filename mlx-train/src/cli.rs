@@ -32,7 +32,7 @@ pub struct TrainArgs {
     /// Directory with {train, valid, test}.jsonl files.
     #[arg(long)]
     pub data: Option<String>,
-    /// Type of fine-tuning to perform: lora, dora (full is not supported yet).
+    /// Type of fine-tuning to perform: lora, dora, or full.
     #[arg(long, value_parser = ["lora", "dora", "full"])]
     pub fine_tune_type: Option<String>,
     /// Optimizer to use for training.

@@ -1,7 +1,8 @@
 //! Fine-tuning with mlx-lm's tuner semantics, bit for bit on CPU: LoRA and DoRA adapters
 //! over dense or quantized linears ([`lora`]), mlx-lm's data formats and batching
 //! ([`data`]), `default_loss` ([`loss`]), `mlx.optimizers` ([`optim`]), the training loop
-//! ([`trainer`]), adapter files in mlx-lm's format and fusing ([`adapters`]); DPO and ORPO
+//! ([`trainer`]), full fine-tuning of the last layers ([`full`]), adapter files in mlx-lm's
+//! format and fusing ([`adapters`]); DPO and ORPO
 //! ([`objectives`]); `mlx_lm.lora`'s options and run ([`run`], [`cli`]).
 //!
 //! Memory options: per-layer gradient checkpointing (`LanguageModel::set_grad_checkpoint`,
@@ -28,6 +29,7 @@ pub mod attention;
 pub mod cli;
 pub mod data;
 mod error;
+pub mod full;
 pub mod lora;
 pub mod loss;
 pub mod nprand;

@@ -15,6 +15,7 @@ use crate::adapters::{load_adapter_weights, save_adapter_config};
 use crate::attention::with_flash_attention;
 use crate::data::{load_local_dataset, DataConfig, Dataset};
 use crate::error::{io_err, Result, TrainError};
+use crate::full::FullModel;
 use crate::lora::{linear_to_lora_layers, LoraConfig};
 use crate::loss::{chunked_loss, default_loss};
 use crate::nprand::NumpyRandom;
@@ -79,6 +80,14 @@ fn d_beta() -> f64 {
     0.1
 }
 
+fn null_as_default<'de, D, T>(d: D) -> std::result::Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
 /// mlx_lm.lora's options (`CONFIG_DEFAULTS`), by their config-file names. Unknown keys are
 /// kept in `extra` (and written back to `adapter_config.json`).
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -129,7 +138,8 @@ pub struct RunConfig {
     pub grad_accumulation_steps: usize,
     #[serde(default)]
     pub lr_schedule: Option<ScheduleConfig>,
-    #[serde(default)]
+    /// `null` (what a full run's `adapter_config.json` holds) reads as the defaults.
+    #[serde(default, deserialize_with = "null_as_default")]
     pub lora_parameters: LoraConfig,
     #[serde(default)]
     pub mask_prompt: bool,
@@ -162,7 +172,13 @@ impl RunConfig {
     /// The options as a JSON object (what `adapter_config.json` records).
     pub fn to_json(&self) -> Result<Map<String, Value>> {
         match serde_json::to_value(self) {
-            Ok(Value::Object(m)) => Ok(m),
+            Ok(Value::Object(mut m)) => {
+                if self.fine_tune_type == "full" {
+                    // mlx_lm.lora sets `args.lora_parameters = None` before saving the config.
+                    m.insert("lora_parameters".into(), Value::Null);
+                }
+                Ok(m)
+            }
             Ok(_) => Err(TrainError::Config(
                 "options do not serialize to an object".into(),
             )),
@@ -233,11 +249,12 @@ impl RunConfig {
     pub fn validate(&self) -> Result<()> {
         match self.fine_tune_type.as_str() {
             "lora" | "dora" => {}
-            "full" => {
+            "full" if self.grad_checkpoint => {
                 return Err(TrainError::Config(
-                    "--fine-tune-type full is not supported yet (lora, dora)".into(),
+                    "--grad-checkpoint is not supported with --fine-tune-type full".into(),
                 ))
             }
+            "full" => {}
             other => {
                 return Err(TrainError::Config(format!(
                     "Received unknown fine-tune-type {other}"
@@ -335,13 +352,17 @@ pub fn prepare(config: &RunConfig) -> Result<Prepared> {
         )));
     }
     let params = Params::new();
-    linear_to_lora_layers(
-        model.as_mut(),
-        config.num_layers,
-        &config.lora_parameters,
-        config.fine_tune_type == "dora",
-        &params,
-    )?;
+    if config.fine_tune_type == "full" {
+        model = Box::new(FullModel::new(model, config.num_layers, &params)?);
+    } else {
+        linear_to_lora_layers(
+            model.as_mut(),
+            config.num_layers,
+            &config.lora_parameters,
+            config.fine_tune_type == "dora",
+            &params,
+        )?;
+    }
     if config.grad_checkpoint && !model.set_grad_checkpoint(true) {
         return Err(TrainError::Config(format!(
             "--grad-checkpoint is not supported for model_type {}",

@@ -3,7 +3,8 @@
 //! `adapter_config.json` mlx_lm.lora wrote), bit for bit on CPU:
 //! the batches, the adapter init, every step's training loss and the validation losses, the
 //! adapter weights after training, the loss and every adapter gradient at the trained
-//! weights, the logits with mlx-lm's adapter loaded here, and the fused model.
+//! weights, the logits with mlx-lm's adapter loaded here, and the fused model. The `full_*`
+//! runs are `--fine-tune-type full` (their "adapters" are the trained layer weights).
 
 use std::path::{Path, PathBuf};
 
@@ -81,6 +82,9 @@ fn config_for(run: &str, out: &Path) -> RunConfig {
     .unwrap();
     c.model = ws.join(&c.model).display().to_string();
     c.data = ws.join(&c.data).display().to_string();
+    c.resume_adapter_file = c
+        .resume_adapter_file
+        .map(|f| ws.join(f).display().to_string());
     c.adapter_path = out.display().to_string();
     c
 }
@@ -206,6 +210,11 @@ run_test!(dense_text_adam);
 run_test!(q4_completions_mask_adamw_cosine_accum);
 run_test!(dense_chat_sgd_keys);
 run_test!(dense_chat_dora_mask);
+// --fine-tune-type full: whole layers train (Adam; AdamW resuming from the first run's
+// weights; the 4-bit base, where only the norms train).
+run_test!(full_dense_text_adam);
+run_test!(full_dense_chat_adamw_resume);
+run_test!(full_q4_completions_adamw_accum);
 
 /// With `grad_checkpoint` (every layer recomputed in the backward pass) the runs give
 /// mlx-lm's results unchanged, LoRA on the 4-bit base and DoRA.

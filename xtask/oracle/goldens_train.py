@@ -7,7 +7,8 @@ Writes under mlx-train/tests/:
 - goldens/train_<run>.safetensors, one per run below, made by mlx-lm's own entry points
   (`mlx_lm.utils.load`, `tuner.datasets.load_dataset`, `mlx_lm.lora.train_model`, which
   runs `linear_to_lora_layers`, builds the optimizer and schedule and calls `tuner.train`):
-  - `init`: every adapter parameter right after `linear_to_lora_layers` (seeded);
+  - `init`: every adapter parameter right after `linear_to_lora_layers` (seeded) and the
+    `resume_adapter_file`, if any;
   - `batches`: the first training batches `iterate_batches` yields (numpy's global seed);
   - `report`: the training loss of every step and the validation losses (callback values);
   - `final`: `adapters.safetensors` after training (compiled steps, as mlx_lm.lora);
@@ -16,6 +17,9 @@ Writes under mlx-train/tests/:
     fused model's logits (mlx_lm.fuse's fuse + save, loaded back); `fused_weights`;
   - `dequantized` (quantized bases): `mlx_lm.fuse --dequantize`'s logits and weights;
   plus adapters/<run>/ (adapters.safetensors, adapter_config.json) as mlx_lm.lora wrote it.
+  The `full_*` runs fine-tune whole layers (`--fine-tune-type full`); `init` is then the
+  trainable arrays after `freeze` + `unfreeze`, and on the 4-bit base a quantized linear's
+  own arrays stay frozen (`frozen_quantized`).
 - goldens/train_{dpo,orpo}.safetensors: DPO and ORPO (the reference below, over MLX and
   mlx-lm's LoRA layers): loss, token count and every adapter gradient for three Adam steps
   on preference batches (`prompt`/`chosen`/`rejected`), and the adapters after them.
@@ -23,6 +27,7 @@ Writes under mlx-train/tests/:
 Run with `cargo xtask goldens train`.
 """
 
+import contextlib
 import json
 import os
 import shutil
@@ -227,7 +232,62 @@ RUNS = {
          "lora_parameters": {"rank": 4, "dropout": 0.0, "scale": 8.0},
          "steps_per_eval": 100, "val_batches": 1},
     ),
+    # Full fine-tuning: every array of the last `num_layers` layers trains.
+    "full_dense_text_adam": (
+        "dense",
+        "text",
+        {"fine_tune_type": "full", "num_layers": 1, "batch_size": 2, "iters": 5,
+         "learning_rate": 1e-3, "steps_per_eval": 4, "val_batches": 2, "seed": 2},
+    ),
+    # Resumes from the run above's adapters.safetensors (layer 1 only) with both layers
+    # trainable, AdamW, masked prompts.
+    "full_dense_chat_adamw_resume": (
+        "dense",
+        "chat",
+        {"fine_tune_type": "full", "num_layers": 2, "batch_size": 2, "iters": 3,
+         "learning_rate": 5e-3, "optimizer": "adamw",
+         "optimizer_config": {"adamw": {"weight_decay": 0.02}}, "mask_prompt": True,
+         "resume_adapter_file": f"{ROOT}/adapters/full_dense_text_adam/adapters.safetensors",
+         "seed": 4, "steps_per_eval": 100, "val_batches": 1},
+    ),
+    # A 4-bit base: only the norms train (see `frozen_quantized`).
+    "full_q4_completions_adamw_accum": (
+        "q4",
+        "completions",
+        {"fine_tune_type": "full", "num_layers": -1, "batch_size": 2, "iters": 4,
+         "learning_rate": 2e-2, "optimizer": "adamw", "grad_accumulation_steps": 2,
+         "mask_prompt": True, "seed": 6, "steps_per_eval": 100, "val_batches": -1},
+    ),
 }
+
+
+@contextlib.contextmanager
+def frozen_quantized(on):
+    """On mlx 0.32.4 a layer's `unfreeze()` unfreezes the packed arrays of the
+    `QuantizedLinear`s inside it too, so mlx_lm.lora's full fine-tuning of a quantized base
+    fails at the first step (`[QuantizedMatmul::vjp] no gradient wrt the quantized weights`).
+    mlx-train keeps a quantized linear's own arrays frozen instead; this reference does the
+    same by re-freezing them after every `unfreeze` (what mlx's sharded quantized layers do
+    for themselves), and is otherwise mlx-lm's tuner unchanged."""
+    if not on:
+        yield
+        return
+    original = nn.Module.unfreeze
+
+    def refreeze(_, m):
+        if isinstance(m, nn.QuantizedLinear):
+            m.freeze(recurse=False)
+
+    def unfreeze(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.apply_to_modules(refreeze)
+        return self
+
+    nn.Module.unfreeze = unfreeze
+    try:
+        yield
+    finally:
+        nn.Module.unfreeze = original
 
 LOGIT_IDS = [3, 50, 7, 99, 120, 4, 8]
 N_BATCHES = 3
@@ -263,17 +323,30 @@ def run(name, model_name, data, overrides):
     for i, (b, l) in enumerate(batches):
         g.case(f"batch{i}", "iterate_batches", [], [b, l])
 
-    # Record the init: run linear_to_lora_layers exactly as train_model will, on a copy.
-    # train_model seeds mx.random itself; snapshot what it will create.
+    full = args.fine_tune_type == "full"
+    with frozen_quantized(full):
+        run_tuner(g, args, model, train_set, valid_set, batches, adapter_dir, name, full)
+
+
+def run_tuner(g, args, model, train_set, valid_set, batches, adapter_dir, name, full):
+    # Record the init: run linear_to_lora_layers (or a full run's freeze and unfreeze) exactly
+    # as train_model will, on a copy. train_model seeds mx.random itself; snapshot what it
+    # will create.
     probe, _ = load(args.model)
     mx.random.seed(args.seed)
     probe.freeze()
     from mlx_lm.tuner.utils import linear_to_lora_layers
 
-    linear_to_lora_layers(
-        probe, args.num_layers, args.lora_parameters,
-        use_dora=(args.fine_tune_type == "dora"),
-    )
+    if full:
+        for layer in probe.layers[-max(args.num_layers, 0):]:
+            layer.unfreeze()
+    else:
+        linear_to_lora_layers(
+            probe, args.num_layers, args.lora_parameters,
+            use_dora=(args.fine_tune_type == "dora"),
+        )
+    if args.resume_adapter_file is not None:
+        probe.load_weights(args.resume_adapter_file, strict=False)
     init = dict(tree_flatten(probe.trainable_parameters()))
     names = sorted(init)
     g.case("init", "linear_to_lora_layers", [], [init[k] for k in names], names=names)
@@ -300,7 +373,8 @@ def run(name, model_name, data, overrides):
     adapted, tok2, config = load(args.model, adapter_path=adapter_dir, return_config=True)
     adapted_logits = adapted(ids)
     fused = [(n, m.fuse(dequantize=False)) for n, m in adapted.named_modules() if hasattr(m, "fuse")]
-    adapted.update_modules(tree_unflatten(fused))
+    if fused:
+        adapted.update_modules(tree_unflatten(fused))
     fused_dir = f"/tmp/mlx_train_fused_{name}"
     shutil.rmtree(fused_dir, ignore_errors=True)
     save(Path(fused_dir), args.model, adapted, tok2, config, donate_model=False)
@@ -314,7 +388,8 @@ def run(name, model_name, data, overrides):
         # mlx_lm.fuse --dequantize: fused linears dense, then dequantize_model.
         deq, _ = load(args.model, adapter_path=adapter_dir)
         fused = [(n, m.fuse(dequantize=True)) for n, m in deq.named_modules() if hasattr(m, "fuse")]
-        deq.update_modules(tree_unflatten(fused))
+        if fused:
+            deq.update_modules(tree_unflatten(fused))
         deq = dequantize_model(deq)
         dw = dict(tree_flatten(deq.parameters()))
         dn = sorted(dw)

@@ -5,6 +5,7 @@ use mlx_core::quantized::{self, QuantMode};
 
 use crate::config::QuantParams;
 use crate::error::{ModelError, Result};
+use crate::layers::LayerParam;
 use crate::weights::Weights;
 
 /// A packed, quantized weight: `(weight, scales, biases)` plus how it was packed.
@@ -151,6 +152,45 @@ impl Linear {
                 bias: b,
             }),
         }
+    }
+
+    /// The layer's arrays under `path` as mlx names them: `weight`, `bias`; a quantized
+    /// layer's `weight`, `scales`, `biases` and `bias`, marked quantized. An adapted linear
+    /// has none of its own to give (an error).
+    pub fn parameters_mut<'a>(
+        &'a mut self,
+        path: &str,
+        out: &mut Vec<LayerParam<'a>>,
+    ) -> Result<()> {
+        let (bias, quantized) = match self {
+            Linear::Dense { weight, bias } => {
+                LayerParam::push(out, path, "weight", weight, false);
+                (bias, false)
+            }
+            Linear::Quantized { weight, bias } => {
+                let QuantizedWeight {
+                    weight,
+                    scales,
+                    biases,
+                    ..
+                } = weight;
+                LayerParam::push(out, path, "weight", weight, true);
+                LayerParam::push(out, path, "scales", scales, true);
+                if let Some(b) = biases {
+                    LayerParam::push(out, path, "biases", b, true);
+                }
+                (bias, true)
+            }
+            Linear::Adapted(_) => {
+                return Err(ModelError::Other(format!(
+                    "{path}: an adapted linear has no parameters of its own"
+                )))
+            }
+        };
+        if let Some(b) = bias {
+            LayerParam::push(out, path, "bias", b, quantized);
+        }
+        Ok(())
     }
 
     /// `(output_dims, input_dims)` of the logical (dequantized) weight.

@@ -3,9 +3,10 @@
 
 use mlx_core::prelude::*;
 
-use crate::error::Result;
+use crate::error::{ModelError, Result};
 use crate::layers::activations::{gelu, gelu_approx, silu, swiglu};
 use crate::layers::linear::Linear;
+use crate::layers::LayerParam;
 use crate::weights::Weights;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -99,6 +100,25 @@ impl Mlp {
             ],
             GateUp::Plain(l) => vec![(names.up, l), (names.down, down)],
         }
+    }
+
+    /// The projections' arrays under `path` (full fine-tuning). xIELU's learned scalars are
+    /// not exposed (an error).
+    pub fn parameters_mut<'a>(
+        &'a mut self,
+        path: &str,
+        names: &MlpNames,
+        out: &mut Vec<LayerParam<'a>>,
+    ) -> Result<()> {
+        if self.xielu.is_some() {
+            return Err(ModelError::Other(format!(
+                "{path}: xIELU's parameters cannot be trained in full"
+            )));
+        }
+        for (name, l) in self.linears_mut(names) {
+            l.parameters_mut(&join(path, name), out)?;
+        }
+        Ok(())
     }
 
     /// The projections, in the order of [`Mlp::linears_mut`].

@@ -22,3 +22,33 @@ pub use mlp::{join, Mlp, MlpKind, MlpNames};
 pub use norm::{LayerNorm, Norm, NormKind, RmsNorm};
 pub use rope::{Rope, RopeScaling};
 pub use switch::{SwitchActivation, SwitchGlu, SwitchLinear};
+
+use mlx_core::prelude::Array;
+
+/// One parameter array of a decoder layer under its full mlx-lm name
+/// (`model.layers.3.self_attn.q_proj.weight`), for full fine-tuning (`mlx-train`), which
+/// reads and replaces it in place.
+#[derive(Debug)]
+pub struct LayerParam<'a> {
+    pub name: String,
+    pub value: &'a mut Array,
+    /// Part of a quantized linear (packed weight, scales, biases, or its bias): no gradient
+    /// flows into it, so it stays frozen.
+    pub quantized: bool,
+}
+
+impl<'a> LayerParam<'a> {
+    pub(crate) fn push(
+        out: &mut Vec<LayerParam<'a>>,
+        path: &str,
+        leaf: &str,
+        value: &'a mut Array,
+        quantized: bool,
+    ) {
+        out.push(LayerParam {
+            name: join(path, leaf),
+            value,
+            quantized,
+        });
+    }
+}

@@ -4,6 +4,7 @@ use mlx_core::fast;
 use mlx_core::prelude::*;
 
 use crate::error::Result;
+use crate::layers::LayerParam;
 use crate::weights::Weights;
 
 #[derive(Clone, Debug)]
@@ -119,6 +120,23 @@ impl Norm {
                 Norm::Layer(n)
             }
         })
+    }
+
+    /// The norm's arrays under `path` (`weight`, `bias`). For the offset kinds the stored
+    /// weight already holds its `+ 1`, which the caller must rule out.
+    pub fn parameters_mut<'a>(&'a mut self, path: &str, out: &mut Vec<LayerParam<'a>>) {
+        match self {
+            Norm::Rms(n) => LayerParam::push(out, path, "weight", &mut n.weight, false),
+            Norm::RmsNoWeight { .. } => {}
+            Norm::Layer(n) => {
+                if let Some(w) = &mut n.weight {
+                    LayerParam::push(out, path, "weight", w, false);
+                }
+                if let Some(b) = &mut n.bias {
+                    LayerParam::push(out, path, "bias", b, false);
+                }
+            }
+        }
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {

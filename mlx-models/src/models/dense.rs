@@ -10,7 +10,7 @@ use mlx_core::transforms;
 
 use crate::error::{ModelError, Result};
 use crate::layers::{
-    join, scaled_dot_product_attention, Embedding, Linear, Mlp, Norm, NormKind, Rope,
+    join, scaled_dot_product_attention, Embedding, LayerParam, Linear, Mlp, Norm, NormKind, Rope,
 };
 use crate::models::descriptor::{
     Descriptor, EmbedScale, Head, LogitScale, Names, Placement, QkNorm, QkvLayout, RopeSpec,
@@ -91,26 +91,73 @@ pub struct Attention {
     rope: Option<Rope>,
 }
 
+/// The attention's projections, under their module paths inside the layer (mlx-lm's
+/// names), in declaration order.
+fn attn_linears<'a>(
+    qkv: &'a mut Qkv,
+    gate: &'a mut Option<(&'static str, Linear)>,
+    o_proj: &'a mut Linear,
+    n: &Names,
+) -> Vec<(String, &'a mut Linear)> {
+    let mut out = Vec::new();
+    match qkv {
+        Qkv::Separate { q, k, v } => {
+            out.push((join(n.attn, n.q), q));
+            out.push((join(n.attn, n.k), k));
+            out.push((join(n.attn, n.v), v));
+        }
+        Qkv::Fused(l) | Qkv::Interleaved(l) | Qkv::PerHead(l) => {
+            out.push((join(n.attn, n.qkv.unwrap_or("qkv_proj")), l));
+        }
+    }
+    if let Some((name, g)) = gate {
+        out.push((join(n.attn, name), g));
+    }
+    out.push((join(n.attn, n.o), o_proj));
+    out
+}
+
 impl Attention {
     /// The projections, under their module paths inside the layer (mlx-lm's names), in
     /// declaration order.
     fn linears_mut(&mut self, n: &Names) -> Vec<(String, &mut Linear)> {
-        let mut out = Vec::new();
-        match &mut self.qkv {
-            Qkv::Separate { q, k, v } => {
-                out.push((join(n.attn, n.q), q));
-                out.push((join(n.attn, n.k), k));
-                out.push((join(n.attn, n.v), v));
+        let Attention {
+            qkv, gate, o_proj, ..
+        } = self;
+        attn_linears(qkv, gate, o_proj, n)
+    }
+
+    /// Every array of the attention under `path` (the layer's), for full fine-tuning:
+    /// the projections, then the QK norms.
+    fn parameters_mut<'a>(
+        &'a mut self,
+        path: &str,
+        n: &Names,
+        out: &mut Vec<LayerParam<'a>>,
+    ) -> Result<()> {
+        let Attention {
+            qkv,
+            gate,
+            o_proj,
+            qk_norm,
+            ..
+        } = self;
+        for (name, l) in attn_linears(qkv, gate, o_proj, n) {
+            l.parameters_mut(&join(path, &name), out)?;
+        }
+        let norm_path = |name: &str| join(path, &join(n.attn, name));
+        match qk_norm {
+            QkNormLayers::None => {}
+            QkNormLayers::Norm { q, k, .. } => {
+                q.parameters_mut(&norm_path(n.q_norm), out);
+                k.parameters_mut(&norm_path(n.k_norm), out);
             }
-            Qkv::Fused(l) | Qkv::Interleaved(l) | Qkv::PerHead(l) => {
-                out.push((join(n.attn, n.qkv.unwrap_or("qkv_proj")), l));
+            QkNormLayers::LayerNorm2d { q, k, .. } => {
+                LayerParam::push(out, &norm_path(n.q_norm), "weight", q, false);
+                LayerParam::push(out, &norm_path(n.k_norm), "weight", k, false);
             }
         }
-        if let Some((name, g)) = &mut self.gate {
-            out.push((join(n.attn, name), g));
-        }
-        out.push((join(n.attn, n.o), &mut self.o_proj));
-        out
+        Ok(())
     }
 
     fn linears(&self) -> Vec<&Linear> {
@@ -661,6 +708,33 @@ impl TransformerBlock {
         out
     }
 
+    /// Every array of the block under `path` (`model.layers.<i>`), for full fine-tuning.
+    fn parameters_mut(&mut self, path: &str, n: &Names) -> Result<Vec<LayerParam<'_>>> {
+        let TransformerBlock {
+            self_attn,
+            mlp,
+            pre_attn,
+            post_attn,
+            pre_mlp,
+            post_mlp,
+            ..
+        } = self;
+        let mut out = Vec::new();
+        self_attn.parameters_mut(path, n, &mut out)?;
+        mlp.parameters_mut(&join(path, n.mlp), &n.mlp_names, &mut out)?;
+        for (norm, name) in [
+            (pre_attn, n.pre_attn_norm),
+            (post_attn, n.post_attn_norm),
+            (pre_mlp, n.pre_mlp_norm),
+            (post_mlp, n.post_mlp_norm),
+        ] {
+            if let Some(norm) = norm {
+                norm.parameters_mut(&join(path, name), &mut out);
+            }
+        }
+        Ok(out)
+    }
+
     fn linears(&self) -> Vec<&Linear> {
         let mut out = self.self_attn.linears();
         out.extend(self.mlp.linears());
@@ -1025,6 +1099,25 @@ impl LanguageModel for Model {
         self.layers
             .iter_mut()
             .map(|l| l.linears_mut(names))
+            .collect()
+    }
+
+    fn layer_parameters_mut(&mut self) -> Result<Vec<Vec<LayerParam<'_>>>> {
+        let d = &self.desc;
+        let offset = |k: NormKind| matches!(k, NormKind::RmsOffset | NormKind::LayerOffset { .. });
+        let qk_offset = d.qk_norm != QkNorm::None && offset(d.qk_norm_kind.unwrap_or(d.norm));
+        if offset(d.norm) || qk_offset || d.qk_norm == QkNorm::LayerNormPerHead {
+            return Err(ModelError::Other(format!(
+                "{}: its norms are stored transformed (a `+ 1` offset or stacked heads), \
+                 so their parameters cannot be trained in full",
+                d.model_type
+            )));
+        }
+        let names = &d.names;
+        self.layers
+            .iter_mut()
+            .enumerate()
+            .map(|(i, l)| l.parameters_mut(&format!("{}.{i}", names.layers), names))
             .collect()
     }
 

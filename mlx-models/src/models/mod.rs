@@ -40,7 +40,7 @@ use mlx_core::prelude::*;
 
 use crate::config::{remap, ModelConfig, MODEL_REMAPPING};
 use crate::error::{ModelError, Result};
-use crate::layers::{Embedding, Linear};
+use crate::layers::{Embedding, LayerParam, Linear};
 use crate::weights::{ParamShapes, Weights};
 
 pub use descriptor::{Descriptor, Serving};
@@ -95,6 +95,14 @@ pub trait LanguageModel: Send {
     /// architecture does not support adapters.
     fn layer_linears_mut(&mut self) -> Vec<Vec<(String, &mut Linear)>> {
         Vec::new()
+    }
+
+    /// Every parameter array of each decoder layer (`model.layers`) under its full mlx-lm
+    /// name, for full fine-tuning, which reads and replaces them in place. Empty when the
+    /// architecture does not support it; an error when a layer holds parameters in a
+    /// transformed form (offset norms) or is adapted.
+    fn layer_parameters_mut(&mut self) -> Result<Vec<Vec<LayerParam<'_>>>> {
+        Ok(Vec::new())
     }
 
     /// The hidden states before the output projection (`forward` is

@@ -1,0 +1,212 @@
+//! `--fine-tune-type full`: mlx_lm.lora's `model.freeze()` followed by `layer.unfreeze()` for
+//! the last `num_layers` decoder layers. Every array of those layers trains (linears' weights
+//! and biases, norms), under its mlx-lm name (`model.layers.1.self_attn.q_proj.weight`);
+//! `adapters.safetensors` then holds exactly those arrays.
+//!
+//! A quantized linear's own arrays (packed weight, scales, biases, bias) stay frozen: no
+//! gradient reaches them. mlx-lm 0.32.2 on mlx 0.32.4 differs here: `unfreeze` unfreezes them
+//! too and the first step fails with `[QuantizedMatmul::vjp] no gradient wrt the quantized
+//! weights`; on a quantized base only the other arrays (norms) train here, as they would in
+//! mlx-lm with `QuantizedLinear.unfreeze` keeping its own parameters frozen.
+//!
+//! The trainable arrays live in [`Params`] like adapter arrays do. [`FullModel`] wraps the
+//! model and writes the current values into its layers before each forward pass (the base
+//! values while [`Params::set_enabled`] is off, for DPO's reference), so the training loop,
+//! checkpoints, resume and the objectives work unchanged.
+
+use std::collections::BTreeSet;
+use std::sync::{Mutex, MutexGuard};
+
+use mlx_cache::Cache;
+use mlx_core::prelude::*;
+use mlx_models::layers::LayerParam;
+use mlx_models::models::OutputHead;
+use mlx_models::LanguageModel;
+
+use crate::error::{Result, TrainError};
+use crate::lora::selected_layers;
+use crate::params::Params;
+
+/// Every array of the model's decoder layers, by name, with its shape and whether it can
+/// train (`false` for a quantized linear's arrays).
+pub fn layer_parameter_shapes(
+    model: &mut dyn LanguageModel,
+) -> Result<Vec<(String, Vec<i32>, bool)>> {
+    Ok(layers(model)?
+        .into_iter()
+        .flatten()
+        .map(|p| (p.name, p.value.shape(), !p.quantized))
+        .collect())
+}
+
+fn layers(model: &mut dyn LanguageModel) -> Result<Vec<Vec<LayerParam<'_>>>> {
+    let model_type = model.model_type().to_string();
+    let layers = model.layer_parameters_mut()?;
+    if layers.is_empty() {
+        return Err(TrainError::Config(format!(
+            "model_type {model_type} does not support --fine-tune-type full"
+        )));
+    }
+    Ok(layers)
+}
+
+/// What `model.freeze()` + `unfreeze()` of the last `num_layers` layers leaves trainable:
+/// the current values of those layers' arrays (quantized linears' excepted).
+pub fn trainable_parameters(model: &mut dyn LanguageModel, num_layers: i32) -> Result<ParamMap> {
+    let layers = layers(model)?;
+    let range = selected_layers(layers.len(), num_layers);
+    let out: ParamMap = layers
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| range.contains(i))
+        .flat_map(|(_, l)| l)
+        .filter(|p| !p.quantized)
+        .map(|p| (p.name, p.value.clone()))
+        .collect();
+    if out.is_empty() {
+        return Err(TrainError::Config(
+            "--fine-tune-type full: the selected layers have no trainable parameters".into(),
+        ));
+    }
+    Ok(out)
+}
+
+/// Writes `values` into the model's layers by name (`model.load_weights(..., strict=False)`
+/// restricted to the layers). Every name must be a layer array of the model.
+pub fn write_layer_parameters(model: &mut dyn LanguageModel, values: &ParamMap) -> Result<()> {
+    let mut seen = BTreeSet::new();
+    for p in layers(model)?.into_iter().flatten() {
+        if let Some(v) = values.get(&p.name) {
+            *p.value = v.clone();
+            seen.insert(p.name);
+        }
+    }
+    match values.keys().find(|k| !seen.contains(*k)) {
+        Some(k) => Err(TrainError::Config(format!(
+            "{k}: not a parameter of the model's decoder layers"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// A model whose last `num_layers` layers train in full: [`trainable_parameters`] go into
+/// `params`, and every forward pass first writes their current values into the model.
+pub struct FullModel {
+    inner: Mutex<Box<dyn LanguageModel>>,
+    params: Params,
+    base: ParamMap,
+    model_type: String,
+    vocab_size: i32,
+    num_layers: usize,
+    defines_make_cache: bool,
+}
+
+impl FullModel {
+    pub fn new(
+        mut model: Box<dyn LanguageModel>,
+        num_layers: i32,
+        params: &Params,
+    ) -> Result<FullModel> {
+        let base = trainable_parameters(model.as_mut(), num_layers)?;
+        for (k, v) in &base {
+            params.insert(k, v.clone())?;
+        }
+        Ok(FullModel {
+            model_type: model.model_type().to_string(),
+            vocab_size: model.vocab_size(),
+            num_layers: model.num_layers(),
+            defines_make_cache: model.defines_make_cache(),
+            inner: Mutex::new(model),
+            params: params.clone(),
+            base,
+        })
+    }
+
+    /// The model with the trained values in place.
+    pub fn into_inner(self) -> Result<Box<dyn LanguageModel>> {
+        let values = self.params.snapshot();
+        let mut model = self.inner.into_inner().unwrap_or_else(|p| p.into_inner());
+        write_layer_parameters(model.as_mut(), &values)?;
+        Ok(model)
+    }
+
+    /// The model, its layers holding the current values (the base ones with adapters off).
+    fn synced(&self) -> mlx_models::Result<MutexGuard<'_, Box<dyn LanguageModel>>> {
+        let values = if self.params.enabled() {
+            self.params.snapshot()
+        } else {
+            self.base.clone()
+        };
+        // A poisoned lock only means another thread panicked mid-forward; it is rewritten here.
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        write_layer_parameters(g.as_mut(), &values)
+            .map_err(|e| mlx_models::ModelError::Other(e.to_string()))?;
+        Ok(g)
+    }
+}
+
+impl LanguageModel for FullModel {
+    fn forward(
+        &self,
+        inputs: &Array,
+        caches: Option<&mut [Box<dyn Cache>]>,
+    ) -> mlx_models::Result<Array> {
+        self.synced()?.forward(inputs, caches)
+    }
+
+    fn make_cache(&self) -> Vec<Box<dyn Cache>> {
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .make_cache()
+    }
+
+    fn defines_make_cache(&self) -> bool {
+        self.defines_make_cache
+    }
+
+    fn num_layers(&self) -> usize {
+        self.num_layers
+    }
+
+    fn model_type(&self) -> &str {
+        &self.model_type
+    }
+
+    fn vocab_size(&self) -> i32 {
+        self.vocab_size
+    }
+
+    fn trace(&self, inputs: &Array) -> mlx_models::Result<Vec<(String, Array)>> {
+        self.synced()?.trace(inputs)
+    }
+
+    fn layer_linears_mut(&mut self) -> Vec<Vec<(String, &mut mlx_models::layers::Linear)>> {
+        self.inner
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .layer_linears_mut()
+    }
+
+    fn layer_parameters_mut(&mut self) -> mlx_models::Result<Vec<Vec<LayerParam<'_>>>> {
+        self.inner
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .layer_parameters_mut()
+    }
+
+    fn forward_hidden(&self, inputs: &Array) -> Option<mlx_models::Result<Array>> {
+        match self.synced() {
+            Ok(g) => g.forward_hidden(inputs),
+            Err(e) => Some(Err(e)),
+        }
+    }
+
+    fn output_head(&self) -> Option<OutputHead> {
+        // The head is outside the decoder layers: never trained here.
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .output_head()
+    }
+}
