@@ -113,3 +113,15 @@ fn mlx_lm_reads_our_lora_adapter() {
     let _g = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
     check("dense_completions_lora");
 }
+
+#[test]
+fn mlx_lm_reads_our_full_fine_tune() {
+    let _g = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
+    check("dense_text_full");
+}
+
+#[test]
+fn mlx_lm_reads_our_full_fine_tune_of_a_4bit_base() {
+    let _g = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
+    check("q4_chat_full");
+}

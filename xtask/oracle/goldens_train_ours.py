@@ -8,7 +8,8 @@ with mlx-lm's own loader (`mlx_lm.utils.load(model, adapter_path=...)`) and reco
 - `argv`: the `mlx train` flags (params `argv`, `model`, `data`, `config`) so the Rust test
   trains the same way;
 - `loaded`: every adapter parameter of mlx-lm's model after loading (names sorted), which
-  must be the file's arrays: nothing of ours ignored, nothing left at its initial value;
+  must be the file's arrays: nothing of ours ignored, nothing left at its initial value (for
+  the `--fine-tune-type full` runs: the model's arrays under the file's names);
 - `logits`: mlx-lm's logits with our adapter on fixed ids, and mlx-lm's greedy continuation
   (`mlx_lm.generate.generate_step`, 6 tokens).
 Writes goldens/train_ours.safetensors and data/configs/ours_<run>.yaml.
@@ -47,6 +48,23 @@ RUNS = {
          "--learning-rate", "1e-2", "--seed", "9", "--steps-per-eval", "100",
          "--val-batches", "1"],
     ),
+    # Full fine-tuning: adapters.safetensors holds the trained layer weights.
+    "dense_text_full": (
+        "dense",
+        "text",
+        "mask_prompt: false\n",
+        ["--fine-tune-type", "full", "--num-layers", "1", "--batch-size", "2",
+         "--iters", "3", "--learning-rate", "2e-3", "--seed", "8", "--optimizer", "adamw",
+         "--steps-per-eval", "100", "--val-batches", "1"],
+    ),
+    "q4_chat_full": (
+        "q4",
+        "chat",
+        "mask_prompt: true\n",
+        ["--fine-tune-type", "full", "--num-layers", "-1", "--batch-size", "2",
+         "--iters", "3", "--learning-rate", "2e-2", "--seed", "3",
+         "--steps-per-eval", "100", "--val-batches", "1"],
+    ),
 }
 
 LOGIT_IDS = [3, 50, 7, 99, 120, 4, 8, 200, 31]
@@ -83,9 +101,10 @@ def main():
         # mlx-lm's own loader applies our adapter.
         model, _ = load(model_dir, adapter_path=adapter_dir)
         ours = mx.load(f"{adapter_dir}/adapters.safetensors")
+        full = "full" in flags
         loaded = {
             k: v for k, v in tree_flatten(model.parameters())
-            if k.rsplit(".", 1)[-1] in ("lora_a", "lora_b", "m")
+            if (k in ours if full else k.rsplit(".", 1)[-1] in ("lora_a", "lora_b", "m"))
         }
         assert sorted(loaded) == sorted(ours), (sorted(loaded), sorted(ours))
         names = sorted(ours)
