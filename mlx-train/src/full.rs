@@ -95,6 +95,8 @@ pub struct FullModel {
     inner: Mutex<Box<dyn LanguageModel>>,
     params: Params,
     base: ParamMap,
+    /// The layers that train.
+    layers: std::ops::Range<usize>,
     model_type: String,
     vocab_size: i32,
     num_layers: usize,
@@ -108,6 +110,7 @@ impl FullModel {
         params: &Params,
     ) -> Result<FullModel> {
         let base = trainable_parameters(model.as_mut(), num_layers)?;
+        let layers = selected_layers(model.num_layers(), num_layers);
         for (k, v) in &base {
             params.insert(k, v.clone())?;
         }
@@ -119,6 +122,7 @@ impl FullModel {
             inner: Mutex::new(model),
             params: params.clone(),
             base,
+            layers,
         })
     }
 
@@ -186,6 +190,12 @@ impl LanguageModel for FullModel {
             .get_mut()
             .unwrap_or_else(|p| p.into_inner())
             .layer_linears_mut()
+    }
+
+    fn set_grad_checkpoint(&mut self, on: bool) -> bool {
+        let range = if on { self.layers.clone() } else { 0..0 };
+        let inner = self.inner.get_mut().unwrap_or_else(|p| p.into_inner());
+        inner.set_checkpoint_layer_params(range) && inner.set_grad_checkpoint(on)
     }
 
     fn layer_parameters_mut(&mut self) -> mlx_models::Result<Vec<Vec<LayerParam<'_>>>> {

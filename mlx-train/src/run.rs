@@ -248,13 +248,7 @@ impl RunConfig {
     /// The options' own consistency (no files read).
     pub fn validate(&self) -> Result<()> {
         match self.fine_tune_type.as_str() {
-            "lora" | "dora" => {}
-            "full" if self.grad_checkpoint => {
-                return Err(TrainError::Config(
-                    "--grad-checkpoint is not supported with --fine-tune-type full".into(),
-                ))
-            }
-            "full" => {}
+            "lora" | "dora" | "full" => {}
             other => {
                 return Err(TrainError::Config(format!(
                     "Received unknown fine-tune-type {other}"

@@ -217,13 +217,16 @@ run_test!(full_dense_chat_adamw_resume);
 run_test!(full_q4_completions_adamw_accum);
 
 /// With `grad_checkpoint` (every layer recomputed in the backward pass) the runs give
-/// mlx-lm's results unchanged, LoRA on the 4-bit base and DoRA.
+/// mlx-lm's results unchanged: LoRA on the 4-bit base, DoRA, and full fine-tuning (the
+/// layers' own arrays enter each checkpoint).
 #[test]
 fn grad_checkpoint_changes_nothing() {
     let _g = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
     for run in [
         "q4_completions_mask_adamw_cosine_accum",
         "dense_chat_dora_mask",
+        "full_dense_text_adam",
+        "full_q4_completions_adamw_accum",
     ] {
         let g = Goldens::load(
             root()

@@ -743,12 +743,15 @@ impl TransformerBlock {
 
     /// `forward` under `mx.checkpoint`, with the adapters' parameters as inputs (mlx-lm's
     /// `grad_checkpoint`: `checkpoint(inner_fn)(model.trainable_parameters(), x, mask)`).
+    /// With `own` (full fine-tuning), the block's own trainable arrays (those
+    /// [`TransformerBlock::parameters_mut`] gives, quantized ones excepted) enter as inputs too.
     fn forward_checkpointed(
         &self,
         x: &Array,
         mask: &AttentionMask,
         query_scale: Option<&Array>,
         layer: usize,
+        own: Option<&Names>,
     ) -> Result<Array> {
         let mut inputs = vec![x.clone()];
         for l in self.linears() {
@@ -756,18 +759,35 @@ impl TransformerBlock {
                 inputs.extend(a.parameters()?);
             }
         }
-        let (block, mask, query_scale) = (self.clone(), mask.clone(), query_scale.cloned());
+        let mut block = self.clone();
+        let names = own.copied();
+        if let Some(n) = &names {
+            let own = block.parameters_mut("", n)?;
+            inputs.extend(
+                own.into_iter()
+                    .filter(|p| !p.quantized)
+                    .map(|p| p.value.clone()),
+            );
+        }
+        let (mask, query_scale) = (mask.clone(), query_scale.cloned());
         let f = transforms::checkpoint(move |xs: &[Array]| -> mlx_core::Result<Vec<Array>> {
             let cb = |e: ModelError| mlx_core::Error::Callback(e.to_string());
+            let missing = || mlx_core::Error::Callback("checkpoint: missing layer inputs".into());
             let mut i = 1;
             for l in block.linears() {
                 if let Linear::Adapted(a) = l {
                     let n = a.parameters().map_err(cb)?.len();
-                    let vals = xs.get(i..i + n).ok_or_else(|| {
-                        mlx_core::Error::Callback("checkpoint: missing adapter inputs".into())
-                    })?;
+                    let vals = xs.get(i..i + n).ok_or_else(missing)?;
                     a.set_parameters(vals).map_err(cb)?;
                     i += n;
+                }
+            }
+            let mut block = block.clone();
+            if let Some(n) = &names {
+                let own = block.parameters_mut("", n).map_err(cb)?;
+                for p in own.into_iter().filter(|p| !p.quantized) {
+                    *p.value = xs.get(i).ok_or_else(missing)?.clone();
+                    i += 1;
                 }
             }
             let ctx = Ctx {
@@ -833,6 +853,8 @@ pub struct Model {
     swa_idx: Option<usize>,
     /// Recompute each layer in the backward pass (training; cache-less forwards only).
     grad_checkpoint: bool,
+    /// The layers whose own arrays train in full (checkpoint inputs).
+    checkpoint_own: std::ops::Range<usize>,
 }
 
 impl Model {
@@ -893,6 +915,7 @@ impl Model {
             swa_idx,
             desc,
             grad_checkpoint: false,
+            checkpoint_own: 0..0,
         })
     }
 
@@ -1077,7 +1100,8 @@ impl Model {
                     };
                     ctx.tap("in", &h);
                     h = if self.grad_checkpoint && trace.is_none() {
-                        layer.forward_checkpointed(&h, mask, query_scale, i)?
+                        let own = self.checkpoint_own.contains(&i).then_some(&self.desc.names);
+                        layer.forward_checkpointed(&h, mask, query_scale, i, own)?
                     } else {
                         layer.forward(&h, &ctx, None)?
                     };
@@ -1138,6 +1162,11 @@ impl LanguageModel for Model {
 
     fn set_grad_checkpoint(&mut self, on: bool) -> bool {
         self.grad_checkpoint = on;
+        true
+    }
+
+    fn set_checkpoint_layer_params(&mut self, layers: std::ops::Range<usize>) -> bool {
+        self.checkpoint_own = layers;
         true
     }
 

@@ -120,6 +120,14 @@ pub trait LanguageModel: Send {
         false
     }
 
+    /// Under [`LanguageModel::set_grad_checkpoint`], the layers whose own arrays train
+    /// (full fine-tuning): each of their checkpoints takes those arrays as inputs too, as
+    /// mlx-lm's `checkpoint(inner_fn)(layer.trainable_parameters(), ...)` does. Returns
+    /// whether the architecture supports it.
+    fn set_checkpoint_layer_params(&mut self, _layers: std::ops::Range<usize>) -> bool {
+        false
+    }
+
     /// The output projection that turns [`LanguageModel::forward_hidden`] into logits.
     fn output_head(&self) -> Option<OutputHead> {
         None
