@@ -381,3 +381,92 @@ fn bad_input_is_a_clear_error() {
     );
     let _ = std::fs::remove_dir_all(Path::new(&out));
 }
+
+/// Records each step's loss.
+#[derive(Default)]
+struct Steps(Vec<f32>);
+impl mlx_train::trainer::TrainingCallback for Steps {
+    fn on_step(&mut self, _iteration: usize, loss: f32, _tokens: i64) {
+        self.0.push(loss);
+    }
+}
+
+#[test]
+fn full_fine_tune_with_dpo_uses_the_base_as_reference() {
+    // With policy = reference, DPO's loss is exactly log(2); after one update the base
+    // layers (the reference, with `Params` disabled) and the trained ones differ.
+    let _g = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
+    let out = tmp("full_dpo");
+    let config: mlx_train::run::RunConfig = serde_json::from_value(serde_json::json!({
+        "model": model(), "data": data("preference"), "train": true, "iters": 2,
+        "fine_tune_type": "full", "num_layers": 1, "batch_size": 2, "learning_rate": 1e-2,
+        "objective": "dpo", "beta": 0.5, "val_batches": 1, "steps_per_eval": 100,
+        "adapter_path": out.display().to_string(),
+    }))
+    .unwrap();
+    let mut steps = Steps::default();
+    mlx_train::run::train_model(&config, &mut steps).unwrap();
+    assert_eq!(steps.0.len(), 2);
+    assert_eq!(steps.0[0], std::f32::consts::LN_2, "{:?}", steps.0);
+    assert!(steps.0[1].is_finite() && steps.0[1] != std::f32::consts::LN_2);
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn full_adapters_test_and_check() {
+    let _g = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
+    // `--test` without `--train` loads a full fine-tune (mlx-lm's) and evaluates it.
+    let full = tests().join("adapters/full_dense_text_adam");
+    let out = tmp("full_test");
+    let text = out.join("text");
+    std::fs::create_dir_all(&text).unwrap();
+    for (from, to) in [("train", "train"), ("valid", "valid"), ("valid", "test")] {
+        std::fs::copy(
+            tests().join(format!("data/text/{from}.jsonl")),
+            text.join(format!("{to}.jsonl")),
+        )
+        .unwrap();
+    }
+    run(&parse(&[
+        "--model",
+        &model(),
+        "--data",
+        text.to_str().unwrap(),
+        "--test",
+        "--test-batches",
+        "1",
+        "--adapter-path",
+        full.to_str().unwrap(),
+    ]))
+    .unwrap();
+    // A full config over LoRA weights: every foreign tensor named, with the file.
+    let bad = out.join("bad");
+    std::fs::create_dir_all(&bad).unwrap();
+    std::fs::copy(
+        full.join("adapter_config.json"),
+        bad.join("adapter_config.json"),
+    )
+    .unwrap();
+    std::fs::copy(
+        tests().join("adapters/dense_text_adam/adapters.safetensors"),
+        bad.join("adapters.safetensors"),
+    )
+    .unwrap();
+    let e = run(&parse(&[
+        "--model",
+        &model(),
+        "--data",
+        text.to_str().unwrap(),
+        "--test",
+        "--adapter-path",
+        bad.to_str().unwrap(),
+    ]))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("adapters.safetensors")
+            && e.contains("model.layers.1.self_attn.q_proj.lora_a: not an adapter parameter"),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(&out);
+}
