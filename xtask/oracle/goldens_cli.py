@@ -5,7 +5,8 @@ Fixtures (written here too, deterministic): a tiny word-level tokenizer (128 ids
 tiny seeded model of mlx-models/tests/models used here (llama and other architectures: dense
 rows, MoE, hybrids; dense and 4-bit), under mlx-cli/tests/models/<name>/, made of symlinks to
 that model's config.json and model.safetensors and to the tokenizer files. The adapter cases
-use mlx-train's tiny models and the adapters mlx_lm.lora trained for them (LoRA and DoRA).
+use mlx-train's tiny models and the adapters mlx_lm.lora trained for them (LoRA, DoRA and
+full fine-tunes).
 
 Goldens (mlx-cli/tests/goldens/cli.json), every one through mlx-lm's own entry points run as
 `python -m mlx_lm <tool>` from the repository root:
@@ -109,6 +110,12 @@ GENERATE = [
     ("seed_adapter_lora_q4", f"{TRAIN_MODELS}/q4",
      ["--seed", "20", "--temp", "1.0", "--adapter-path",
       f"{ADAPTERS}/q4_completions_mask_adamw_cosine_accum"]),
+    # Full fine-tunes: the trained layer weights replace the model's, nothing drawn.
+    ("seed_adapter_full", f"{TRAIN_MODELS}/dense",
+     ["--seed", "22", "--temp", "1.0", "--adapter-path", f"{ADAPTERS}/full_dense_text_adam"]),
+    ("seed_adapter_full_q4", f"{TRAIN_MODELS}/q4",
+     ["--seed", "23", "--temp", "1.0", "--adapter-path",
+      f"{ADAPTERS}/full_q4_completions_adamw_accum"]),
     # --max-kv-size: a RotatingKVCache(max_kv_size, keep=4) that wraps on types without their
     # own make_cache (qwen3, phi3, smollm3); llama's and gemma3_text's make_cache ignore it.
     # (qwen2 and qwen3_5 are left out: transformers 5 loads their tokenizer as its own
