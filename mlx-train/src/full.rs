@@ -11,8 +11,8 @@
 //!
 //! The trainable arrays live in [`Params`] like adapter arrays do. [`FullModel`] wraps the
 //! model and writes the current values into its layers before each forward pass (the base
-//! values while [`Params::set_enabled`] is off, for DPO's reference), so the training loop,
-//! checkpoints, resume and the objectives work unchanged.
+//! values while [`Params::set_enabled`] is off, for DPO's reference; they are kept only for
+//! DPO), so the training loop, checkpoints, resume and the objectives work unchanged.
 
 use std::collections::BTreeSet;
 use std::sync::{Mutex, MutexGuard};
@@ -94,7 +94,8 @@ pub fn write_layer_parameters(model: &mut dyn LanguageModel, values: &ParamMap) 
 pub struct FullModel {
     inner: Mutex<Box<dyn LanguageModel>>,
     params: Params,
-    base: ParamMap,
+    /// The untrained values, kept only for a reference model (`Params` disabled: DPO).
+    base: Option<ParamMap>,
     /// The layers that train.
     layers: std::ops::Range<usize>,
     model_type: String,
@@ -104,10 +105,13 @@ pub struct FullModel {
 }
 
 impl FullModel {
+    /// `keep_base`: keep the untrained values for forwards with `params` disabled (one more
+    /// copy of the trained layers; mlx-lm's tuner keeps none).
     pub fn new(
         mut model: Box<dyn LanguageModel>,
         num_layers: i32,
         params: &Params,
+        keep_base: bool,
     ) -> Result<FullModel> {
         let base = trainable_parameters(model.as_mut(), num_layers)?;
         let layers = selected_layers(model.num_layers(), num_layers);
@@ -121,7 +125,7 @@ impl FullModel {
             defines_make_cache: model.defines_make_cache(),
             inner: Mutex::new(model),
             params: params.clone(),
-            base,
+            base: keep_base.then_some(base),
             layers,
         })
     }
@@ -129,6 +133,7 @@ impl FullModel {
     /// The model with the trained values in place.
     pub fn into_inner(self) -> Result<Box<dyn LanguageModel>> {
         let values = self.params.snapshot();
+        // A poisoned lock only means another thread panicked mid-forward; values are rewritten.
         let mut model = self.inner.into_inner().unwrap_or_else(|p| p.into_inner());
         write_layer_parameters(model.as_mut(), &values)?;
         Ok(model)
@@ -136,16 +141,29 @@ impl FullModel {
 
     /// The model, its layers holding the current values (the base ones with adapters off).
     fn synced(&self) -> mlx_models::Result<MutexGuard<'_, Box<dyn LanguageModel>>> {
-        let values = if self.params.enabled() {
-            self.params.snapshot()
-        } else {
-            self.base.clone()
+        let values = match (self.params.enabled(), &self.base) {
+            (true, _) => self.params.snapshot(),
+            (false, Some(base)) => base.clone(),
+            (false, None) => {
+                return Err(mlx_models::ModelError::Other(
+                    "full fine-tuning: the base weights were not kept for a reference model".into(),
+                ))
+            }
         };
-        // A poisoned lock only means another thread panicked mid-forward; it is rewritten here.
-        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.lock();
         write_layer_parameters(g.as_mut(), &values)
             .map_err(|e| mlx_models::ModelError::Other(e.to_string()))?;
         Ok(g)
+    }
+
+    /// The wrapped model as it stands.
+    fn lock(&self) -> MutexGuard<'_, Box<dyn LanguageModel>> {
+        // A poisoned lock only means another thread panicked mid-forward; values are rewritten.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn inner_mut(&mut self) -> &mut Box<dyn LanguageModel> {
+        self.inner.get_mut().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -159,10 +177,7 @@ impl LanguageModel for FullModel {
     }
 
     fn make_cache(&self) -> Vec<Box<dyn Cache>> {
-        self.inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .make_cache()
+        self.lock().make_cache()
     }
 
     fn defines_make_cache(&self) -> bool {
@@ -186,23 +201,17 @@ impl LanguageModel for FullModel {
     }
 
     fn layer_linears_mut(&mut self) -> Vec<Vec<(String, &mut mlx_models::layers::Linear)>> {
-        self.inner
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .layer_linears_mut()
+        self.inner_mut().layer_linears_mut()
     }
 
     fn set_grad_checkpoint(&mut self, on: bool) -> bool {
         let range = if on { self.layers.clone() } else { 0..0 };
-        let inner = self.inner.get_mut().unwrap_or_else(|p| p.into_inner());
+        let inner = self.inner_mut();
         inner.set_checkpoint_layer_params(range) && inner.set_grad_checkpoint(on)
     }
 
     fn layer_parameters_mut(&mut self) -> mlx_models::Result<Vec<Vec<LayerParam<'_>>>> {
-        self.inner
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .layer_parameters_mut()
+        self.inner_mut().layer_parameters_mut()
     }
 
     fn forward_hidden(&self, inputs: &Array) -> Option<mlx_models::Result<Array>> {
@@ -214,9 +223,6 @@ impl LanguageModel for FullModel {
 
     fn output_head(&self) -> Option<OutputHead> {
         // The head is outside the decoder layers: never trained here.
-        self.inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .output_head()
+        self.lock().output_head()
     }
 }

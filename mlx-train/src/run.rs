@@ -347,7 +347,14 @@ pub fn prepare(config: &RunConfig) -> Result<Prepared> {
     }
     let params = Params::new();
     if config.fine_tune_type == "full" {
-        model = Box::new(FullModel::new(model, config.num_layers, &params)?);
+        // DPO's reference runs the model with `params` disabled: the untrained layers.
+        let keep_base = config.objective == "dpo";
+        model = Box::new(FullModel::new(
+            model,
+            config.num_layers,
+            &params,
+            keep_base,
+        )?);
     } else {
         linear_to_lora_layers(
             model.as_mut(),
