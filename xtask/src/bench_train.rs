@@ -1,6 +1,7 @@
 //! `cargo xtask bench train`: LoRA training step time and peak memory of `mlx train` against
 //! mlx-lm's tuner (`python -m mlx_lm lora --train`) on the same model, data and machine, at
-//! several sequence lengths, batch 1, rank 8 (mlx-lm's default LoRA parameters).
+//! several sequence lengths, batch 1, rank 8 (mlx-lm's default LoRA parameters), or full
+//! fine-tuning (`--fine-tune-type full`).
 //!
 //! Both sides get the same flags and print the same report line per step (`Iter N: ... It/sec
 //! X, ... Peak mem Y GB`: mlx-lm's CLI through `xtask/oracle/bench_train_mlx_lm.py`, which
@@ -27,7 +28,8 @@ use crate::bindings::workspace_root;
 use crate::oracle;
 
 const USAGE: &str = "usage: cargo xtask bench train [--model NAME|DIR] [--lengths 128,512]
-    [--iters N] [--num-layers N] [--ours plain,flash,...] [--mlx-lm plain,ckpt]
+    [--iters N] [--num-layers N] [--fine-tune-type lora|dora|full] [--ours plain,flash,...]
+    [--mlx-lm plain,ckpt]
     [--flash-block B] [--segment-length S] [--ours-bin PATH] [--models-dir DIR] [--json FILE]
   variants: plain | flash | ckpt | seg, joined with + (e.g. ckpt+flash); mlx-lm: plain | ckpt
   --ours-bin PATH: a prebuilt `mlx` (or anything taking `train ARGS`), e.g. built here against
@@ -38,6 +40,7 @@ struct Options {
     lengths: Vec<usize>,
     iters: usize,
     num_layers: i32,
+    fine_tune_type: String,
     ours: Vec<String>,
     theirs: Vec<String>,
     flash_block: usize,
@@ -60,6 +63,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         lengths: vec![128, 512],
         iters: 5,
         num_layers: 16,
+        fine_tune_type: "lora".into(),
         ours: list("plain,flash,ckpt+flash"),
         theirs: list("plain,ckpt"),
         flash_block: 512,
@@ -85,6 +89,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
                 let v = value()?;
                 o.num_layers = v.parse().map_err(|e| format!("--num-layers {v}: {e}"))?
             }
+            "--fine-tune-type" => o.fine_tune_type = value()?,
             "--ours" => o.ours = list(&value()?),
             "--mlx-lm" => o.theirs = list(&value()?),
             "--flash-block" => o.flash_block = num(value()?)?.max(1),
@@ -235,6 +240,8 @@ fn common_args(model: &Path, data: &Path, len: usize, o: &Options, adapters: &Pa
         &o.iters.to_string(),
         "--num-layers",
         &o.num_layers.to_string(),
+        "--fine-tune-type",
+        &o.fine_tune_type,
         "--max-seq-length",
         &len.to_string(),
         "--steps-per-report",
@@ -339,10 +346,19 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
     println!();
     println!(
-        "model {}, batch 1, LoRA rank 8 (mlx-lm's defaults) on {} layers, {} steps per run; \
+        "model {}, batch 1, {} on {} layers, {} steps per run; \
          s/step = median of 1 / It/sec over steps 2..{}; peak = MLX's peak memory of the \
          process (weights included); flash block {}, segment {}.",
-        o.model, o.num_layers, o.iters, o.iters, o.flash_block, o.segment_length
+        o.model,
+        match o.fine_tune_type.as_str() {
+            "full" => "full fine-tuning".to_string(),
+            t => format!("{} rank 8 (mlx-lm's defaults)", t.to_uppercase()),
+        },
+        o.num_layers,
+        o.iters,
+        o.iters,
+        o.flash_block,
+        o.segment_length
     );
     println!(
         "load average (1/5/15 min) before: {load_before}, after: {}; total {:.0} s.",
