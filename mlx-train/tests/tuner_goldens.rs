@@ -12,7 +12,8 @@ use mlx_core::prelude::*;
 use mlx_core::testing::{assert_bit_equal, Case, Goldens};
 use mlx_models::load::{load_model_dir, LoadOptions};
 use mlx_train::adapters::{fuse_model_dir, load_adapters};
-use mlx_train::data::BatchIter;
+use mlx_train::data::{Batch, BatchIter};
+use mlx_train::full::FullModel;
 use mlx_train::lora::linear_to_lora_layers;
 use mlx_train::loss::default_loss;
 use mlx_train::nprand::NumpyRandom;
@@ -257,4 +258,61 @@ fn init_draws_follow_the_global_seed() {
     };
     assert_bit_equal(&draw(3), &draw(3)).unwrap();
     assert!(assert_bit_equal(&draw(3), &draw(4)).is_err());
+}
+
+/// Full fine-tuning of the last layer beyond llama (fused QKV and gate/up projections, QK
+/// norms, biases, layer norms, interleaved and per-head QKV layouts): the trainable set is
+/// mlx-lm's, names included, and the loss and every gradient equal its
+/// `nn.value_and_grad(model, default_loss)` bit for bit.
+#[test]
+fn full_fine_tuning_gradients_across_architectures() {
+    let _g = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
+    let g = Goldens::load(root().join("goldens/train_full_archs.safetensors")).unwrap();
+    let fixtures = root().join("../../mlx-models/tests/models/dense");
+    let mut checked = 0;
+    for case in g.cases().unwrap() {
+        let dir = fixtures.join(&case.name);
+        let (model, _) = load_model_dir(&dir, &LoadOptions::default()).unwrap();
+        let params = Params::new();
+        let full = FullModel::new(model, 1, &params, false).unwrap();
+        let got: Vec<String> = params.names();
+        assert_eq!(got, names(&case), "{}: trainable parameters", case.name);
+        params.set_training(true);
+        let batch = Batch {
+            tokens: case.inputs[0].clone(),
+            lengths: case.inputs[1].clone(),
+            truncated: false,
+        };
+        let loss = |m: &dyn mlx_models::LanguageModel, b: &Array, l: &Array| default_loss(m, b, l);
+        let (l, n, grads) = loss_and_grad(&full, &params, &loss, &batch).unwrap();
+        assert_bit_equal(&l, &case.outputs[0])
+            .unwrap_or_else(|m| panic!("{}: loss {m}", case.name));
+        assert_bit_equal(&n, &case.outputs[1]).unwrap();
+        check_named(&case, 2, &grads).unwrap();
+        checked += 1;
+    }
+    assert_eq!(checked, 8);
+}
+
+/// What full fine-tuning cannot train exactly is refused with the reason: norms stored with
+/// their `+ 1` (Gemma), stacked per-head QK layer norms (StableLM), architectures outside the
+/// descriptor table.
+#[test]
+fn full_fine_tuning_refuses_what_it_cannot_train() {
+    let fixtures = root().join("../../mlx-models/tests/models");
+    for (dir, want) in [
+        ("dense/gemma", "cannot be trained in full"),
+        (
+            "dense/stablelm_parallel_qknorm",
+            "cannot be trained in full",
+        ),
+        ("gpt_oss", "does not support --fine-tune-type full"),
+    ] {
+        let (model, _) = load_model_dir(&fixtures.join(dir), &LoadOptions::default()).unwrap();
+        let e = FullModel::new(model, 1, &Params::new(), false)
+            .err()
+            .unwrap_or_else(|| panic!("{dir}: accepted"))
+            .to_string();
+        assert!(e.contains(want), "{dir}: {e}");
+    }
 }

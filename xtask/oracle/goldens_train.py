@@ -24,6 +24,8 @@ Writes under mlx-train/tests/:
   mlx-lm's LoRA layers): loss, token count and every adapter gradient for three Adam steps
   on preference batches (`prompt`/`chosen`/`rejected`), and the adapters after them.
 - goldens/train_misc.safetensors: numpy's legacy permutations, clip_grad_norm, schedules.
+- goldens/train_full_archs.safetensors: full fine-tuning's trainable names and gradients on
+  the last layer of other architectures' fixtures (`FULL_ARCHS`).
 Run with `cargo xtask goldens train`.
 """
 
@@ -516,6 +518,32 @@ def misc():
     g.save()
 
 
+# Full fine-tuning beyond llama: the last layer of tiny mlx-models fixtures unfrozen as
+# mlx_lm.lora does it, and `nn.value_and_grad(model, default_loss)` on a fixed batch: the
+# trainable names (mlx-lm's module paths) and every gradient.
+FULL_ARCHS = ["qwen3", "phi3", "gpt2", "cohere", "gpt_neox", "internlm2", "olmo2", "starcoder2"]
+
+
+def full_architectures():
+    from mlx_lm.utils import load_model
+
+    g = Golden(f"{ROOT}/goldens/train_full_archs.safetensors", __file__)
+    batch = mx.array([[3, 17, 40, 9, 88, 5, 61, 23, 12], [7, 2, 55, 31, 80, 14, 6, 47, 29]], mx.int32)
+    lengths = mx.array([[0, 8], [2, 6]], mx.int32)
+    for arch in FULL_ARCHS:
+        model, _ = load_model(Path(f"mlx-models/tests/models/dense/{arch}"))
+        model.freeze()
+        for layer in model.layers[-1:]:
+            layer.unfreeze()
+        names = sorted(k for k, _ in tree_flatten(model.trainable_parameters()))
+        model.train()
+        (loss, ntoks), grads = nn.value_and_grad(model, default_loss)(model, batch, lengths)
+        grads = dict(tree_flatten(grads))
+        g.case(arch, "value_and_grad", [batch, lengths], [loss, ntoks] + [grads[k] for k in names],
+               names=names)
+    g.save()
+
+
 def main():
     rng = np.random.default_rng(1234)
     corpus = write_data(rng)
@@ -530,6 +558,7 @@ def main():
         run(name, model_name, data, overrides)
     preference()
     misc()
+    full_architectures()
 
 
 main()
