@@ -96,6 +96,9 @@ pub struct FullModel {
     params: Params,
     /// The untrained values, kept only for a reference model (`Params` disabled: DPO).
     base: Option<ParamMap>,
+    /// What the trained slots hold between forwards (one 0-d array), so that the model
+    /// keeps no stale values (or tracers) alive once `params` moves on.
+    placeholders: ParamMap,
     /// The layers that train.
     layers: std::ops::Range<usize>,
     model_type: String,
@@ -118,6 +121,9 @@ impl FullModel {
         for (k, v) in &base {
             params.insert(k, v.clone())?;
         }
+        let empty = Array::from_f32(0.0, Dtype::Float32)?;
+        let placeholders: ParamMap = base.keys().map(|k| (k.clone(), empty.clone())).collect();
+        write_layer_parameters(model.as_mut(), &placeholders)?;
         Ok(FullModel {
             model_type: model.model_type().to_string(),
             vocab_size: model.vocab_size(),
@@ -126,6 +132,7 @@ impl FullModel {
             inner: Mutex::new(model),
             params: params.clone(),
             base: keep_base.then_some(base),
+            placeholders,
             layers,
         })
     }
@@ -139,8 +146,9 @@ impl FullModel {
         Ok(model)
     }
 
-    /// The model, its layers holding the current values (the base ones with adapters off).
-    fn synced(&self) -> mlx_models::Result<MutexGuard<'_, Box<dyn LanguageModel>>> {
+    /// `f` on the model, its layers holding the current values (the base ones with adapters
+    /// off); the graph `f` builds holds them, the model only for the call.
+    fn synced<T>(&self, f: impl FnOnce(&dyn LanguageModel) -> T) -> mlx_models::Result<T> {
         let values = match (self.params.enabled(), &self.base) {
             (true, _) => self.params.snapshot(),
             (false, Some(base)) => base.clone(),
@@ -150,10 +158,12 @@ impl FullModel {
                 ))
             }
         };
+        let err = |e: TrainError| mlx_models::ModelError::Other(e.to_string());
         let mut g = self.lock();
-        write_layer_parameters(g.as_mut(), &values)
-            .map_err(|e| mlx_models::ModelError::Other(e.to_string()))?;
-        Ok(g)
+        write_layer_parameters(g.as_mut(), &values).map_err(err)?;
+        let r = f(g.as_ref());
+        write_layer_parameters(g.as_mut(), &self.placeholders).map_err(err)?;
+        Ok(r)
     }
 
     /// The wrapped model as it stands.
@@ -173,7 +183,7 @@ impl LanguageModel for FullModel {
         inputs: &Array,
         caches: Option<&mut [Box<dyn Cache>]>,
     ) -> mlx_models::Result<Array> {
-        self.synced()?.forward(inputs, caches)
+        self.synced(|m| m.forward(inputs, caches))?
     }
 
     fn make_cache(&self) -> Vec<Box<dyn Cache>> {
@@ -197,7 +207,7 @@ impl LanguageModel for FullModel {
     }
 
     fn trace(&self, inputs: &Array) -> mlx_models::Result<Vec<(String, Array)>> {
-        self.synced()?.trace(inputs)
+        self.synced(|m| m.trace(inputs))?
     }
 
     fn layer_linears_mut(&mut self) -> Vec<Vec<(String, &mut mlx_models::layers::Linear)>> {
@@ -210,15 +220,18 @@ impl LanguageModel for FullModel {
         inner.set_checkpoint_layer_params(range) && inner.set_grad_checkpoint(on)
     }
 
+    /// The layers with the current values written in.
     fn layer_parameters_mut(&mut self) -> mlx_models::Result<Vec<Vec<LayerParam<'_>>>> {
-        self.inner_mut().layer_parameters_mut()
+        let values = self.params.snapshot();
+        let inner = self.inner_mut();
+        write_layer_parameters(inner.as_mut(), &values)
+            .map_err(|e| mlx_models::ModelError::Other(e.to_string()))?;
+        inner.layer_parameters_mut()
     }
 
     fn forward_hidden(&self, inputs: &Array) -> Option<mlx_models::Result<Array>> {
-        match self.synced() {
-            Ok(g) => g.forward_hidden(inputs),
-            Err(e) => Some(Err(e)),
-        }
+        self.synced(|m| m.forward_hidden(inputs))
+            .unwrap_or_else(|e| Some(Err(e)))
     }
 
     fn output_head(&self) -> Option<OutputHead> {
