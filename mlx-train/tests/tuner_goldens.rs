@@ -316,3 +316,22 @@ fn full_fine_tuning_refuses_what_it_cannot_train() {
         assert!(e.contains(want), "{dir}: {e}");
     }
 }
+
+/// Full fine-tuning under the other memory options: one cross-entropy chunk or one segment
+/// spanning the sequence is the plain step, so the trained weights stay mlx-lm's bit for bit.
+#[test]
+fn full_fine_tuning_memory_options_one_chunk() {
+    let _g = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
+    let run = "full_dense_text_adam";
+    let g = Goldens::load(root().join(format!("goldens/train_{run}.safetensors"))).unwrap();
+    for (chunk, segment) in [(Some(4096), None), (None, Some(4096))] {
+        let out = std::env::temp_dir().join(format!("mlx_train_fullmem_{}", std::process::id()));
+        let mut config = config_for(run, &out);
+        config.ce_chunk_size = chunk;
+        config.segment_length = segment;
+        let (p, _) = train_model(&config, &mut Rec::default()).unwrap();
+        check_named(&g.case("final").unwrap(), 0, &p.params.snapshot())
+            .unwrap_or_else(|m| panic!("chunk {chunk:?} segment {segment:?}: {m}"));
+        let _ = std::fs::remove_dir_all(&out);
+    }
+}
