@@ -117,7 +117,7 @@ pub fn load_adapter_weights(path: &Path, params: &Params) -> Result<()> {
 
 /// A full fine-tune's `adapters.safetensors`, checked against every array of the model's
 /// decoder layers.
-fn read_full_weights(model: &mut dyn LanguageModel, path: &Path) -> Result<ParamMap> {
+pub(crate) fn read_full_weights(model: &mut dyn LanguageModel, path: &Path) -> Result<ParamMap> {
     let allowed = layer_parameter_shapes(model)?
         .into_iter()
         .map(|(k, shape, _)| (k, shape))

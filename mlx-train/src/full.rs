@@ -15,6 +15,7 @@
 //! DPO), so the training loop, checkpoints, resume and the objectives work unchanged.
 
 use std::collections::BTreeSet;
+use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
 use mlx_cache::Cache;
@@ -23,6 +24,7 @@ use mlx_models::layers::LayerParam;
 use mlx_models::models::OutputHead;
 use mlx_models::LanguageModel;
 
+use crate::adapters::read_full_weights;
 use crate::error::{Result, TrainError};
 use crate::lora::selected_layers;
 use crate::params::Params;
@@ -87,6 +89,19 @@ pub fn write_layer_parameters(model: &mut dyn LanguageModel, values: &ParamMap) 
         ))),
         None => Ok(()),
     }
+}
+
+/// `--resume-adapter-file` of a full run, as mlx-lm's `model.load_weights(file, strict=False)`:
+/// the trained arrays go into `params`, arrays of the layers that do not train into the model
+/// (every name must be an array of the decoder layers, with its shape).
+pub fn load_resume(model: &mut dyn LanguageModel, path: &Path, params: &Params) -> Result<()> {
+    let weights = read_full_weights(model, path)?;
+    let trained = params.snapshot();
+    let (ours, frozen): (ParamMap, ParamMap) = weights
+        .into_iter()
+        .partition(|(k, _)| trained.contains_key(k));
+    params.update(&ours)?;
+    write_layer_parameters(model, &frozen)
 }
 
 /// A model whose last `num_layers` layers train in full: [`trainable_parameters`] go into

@@ -15,7 +15,7 @@ use crate::adapters::{load_adapter_weights, save_adapter_config};
 use crate::attention::with_flash_attention;
 use crate::data::{load_local_dataset, DataConfig, Dataset};
 use crate::error::{io_err, Result, TrainError};
-use crate::full::FullModel;
+use crate::full::{load_resume, FullModel};
 use crate::lora::{linear_to_lora_layers, LoraConfig};
 use crate::loss::{chunked_loss, default_loss};
 use crate::nprand::NumpyRandom;
@@ -371,7 +371,11 @@ pub fn prepare(config: &RunConfig) -> Result<Prepared> {
         )));
     }
     if let Some(f) = &config.resume_adapter_file {
-        load_adapter_weights(Path::new(f), &params)?;
+        if config.fine_tune_type == "full" {
+            load_resume(model.as_mut(), Path::new(f), &params)?;
+        } else {
+            load_adapter_weights(Path::new(f), &params)?;
+        }
     }
     let adapter_path = Path::new(&config.adapter_path);
     std::fs::create_dir_all(adapter_path).map_err(|e| io_err(adapter_path, e))?;

@@ -335,3 +335,24 @@ fn full_fine_tuning_memory_options_one_chunk() {
         let _ = std::fs::remove_dir_all(&out);
     }
 }
+
+/// Resuming a one-layer full run from a two-layer file loads the other layer into the model
+/// too (mlx-lm's `load_weights(file, strict=False)`): the prepared model's logits equal the
+/// model with that whole file loaded.
+#[test]
+fn full_resume_loads_untrained_layers_too() {
+    let _g = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
+    let out = std::env::temp_dir().join(format!("mlx_train_fullres_{}", std::process::id()));
+    let mut config = config_for("full_dense_text_adam", &out);
+    let two = root().join("adapters/full_dense_chat_adamw_resume");
+    config.resume_adapter_file = Some(two.join("adapters.safetensors").display().to_string());
+    let p = prepare(&config).unwrap();
+    assert_eq!(p.params.len(), 9, "one layer trains");
+    let ids = Array::from_slice(&[3i32, 50, 7, 99, 120], &[1, 5]).unwrap();
+    let got = p.model.forward(&ids, None).unwrap();
+    let (mut model, _) =
+        load_model_dir(&PathBuf::from(&config.model), &LoadOptions::default()).unwrap();
+    load_adapters(model.as_mut(), &two).unwrap();
+    assert_bit_equal(&got, &model.forward(&ids, None).unwrap()).unwrap();
+    let _ = std::fs::remove_dir_all(&out);
+}
