@@ -39,6 +39,8 @@ pub struct Report {
     /// Panics and inputs past the memory cap: `(input number, message)`.
     pub findings: Vec<(u64, String)>,
     pub slowest: Duration,
+    /// The number of the slowest input (replay it with `--start N --runs 1`).
+    pub slowest_input: u64,
     pub elapsed: Duration,
 }
 
@@ -46,13 +48,14 @@ impl std::fmt::Display for Report {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{}: {} executions ({} accepted, {} refused), {} findings, slowest input {:.1} ms, {:.1} s",
+            "{}: {} executions ({} accepted, {} refused), {} findings, slowest input {:.1} ms (input {}), {:.1} s",
             self.target,
             self.executions,
             self.accepted,
             self.refused,
             self.findings.len(),
             self.slowest.as_secs_f64() * 1e3,
+            self.slowest_input,
             self.elapsed.as_secs_f64()
         )
     }
@@ -150,14 +153,26 @@ pub fn run(target: &str, work: &Path, opts: &RunOptions) -> Result<Report, Strin
             t.run(&mut Unstructured::new(&bytes))
         }));
         current.0.store(0, Ordering::SeqCst);
-        report.slowest = report.slowest.max(t0.elapsed());
+        let took = t0.elapsed();
+        if took > report.slowest || report.executions == 0 {
+            report.slowest = took;
+            report.slowest_input = i;
+        }
         report.executions += 1;
         match outcome {
-            Ok(Outcome::Accepted) => report.accepted += 1,
+            Ok(Outcome::Accepted) => {
+                report.accepted += 1;
+                if show_refusals {
+                    eprintln!("input {i} accepted ({:.1} ms)", took.as_secs_f64() * 1e3);
+                }
+            }
             Ok(Outcome::Refused(m)) => {
                 report.refused += 1;
                 if show_refusals {
-                    eprintln!("input {i} refused: {m}");
+                    eprintln!(
+                        "input {i} refused ({:.1} ms): {m}",
+                        took.as_secs_f64() * 1e3
+                    );
                 }
             }
             Err(p) => {
