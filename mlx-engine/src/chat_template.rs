@@ -142,12 +142,14 @@ impl ChatTemplateOptions {
 /// [`TEMPLATE_FUEL_PER_BYTE`] per byte of its input, so a runaway template on a short chat stops
 /// early while a long chat still renders.
 ///
-/// Sized from measurement (`tests/template_fuel.rs`; mlx-engine's real Qwen3 (with tools), Llama 3
-/// and Gemma 3 templates): one turn with two tools uses at most 598 fuel, and each further message
-/// 60-120 (Qwen3 with tools, reasoning and tool calls: 353,389 fuel for 4,001 messages, 1.1 MB of
-/// text). So the base is over 400 times the fixed part, and the per-item and per-byte parts over
-/// 15 times what a message needs. A runaway template then stops within ~0.1-0.2 s on a short chat
-/// on one core of a 2-core x86-64 build machine.
+/// Sized from measurement (`real_templates_use_a_small_part_of_their_fuel` in
+/// `tests/tokenizer_goldens.rs`: the real Qwen3 (with two tools), Llama 3 and Gemma 3 templates;
+/// figures of a release build): one turn uses at most 721 fuel, each further message 60-100
+/// (Qwen3 with reasoning, a tool call and its reply per turn: 362,503 fuel for 4,001 messages and
+/// 1.1 MB of text). So the base is over 300 times the fixed part, and the per-message part alone
+/// over 20 times what a message needs. A runaway template on a short chat stops within about
+/// 50 ms of CPU on the 2-core x86-64 build machine (was up to 3.4 s with the earlier fixed budget
+/// of 2,000,000); the campaign figures are in `xtask/fuzz/results/template.md`.
 pub const TEMPLATE_FUEL: u64 = 250_000;
 /// The fuel a render gets per message, tool and document it is given.
 pub const TEMPLATE_FUEL_PER_ITEM: u64 = 2_000;
@@ -162,8 +164,8 @@ pub const SERIALIZED_BYTES_PER_FUEL: u64 = 4;
 /// longest context of any model this project runs (rendered text is tokenized and fed to the
 /// model, so more can only fail later, after more work).
 pub const MAX_RENDERED_TEXT: usize = 32 << 20;
-/// The longest Python `str()` of one value a template may print (`{{ messages * 1000000 }}`
-/// would otherwise build hundreds of megabytes outside the fuel budget).
+/// The longest Python `str()` of one value a template may print, whatever fuel is left (a
+/// render with a large budget could otherwise print hundreds of megabytes at once).
 pub const MAX_PRINTED_VALUE: usize = 4 << 20;
 /// How deeply a printed or `tojson` value may nest (a namespace can contain itself).
 pub const MAX_VALUE_DEPTH: usize = 128;
