@@ -18,7 +18,7 @@
 use serde_json::{Map, Value as Json};
 
 use minijinja::value::{Kwargs, Rest, Serde, ValueKind};
-use minijinja::{Environment, Error, ErrorKind, Value};
+use minijinja::{Environment, Error, ErrorKind, State, Value};
 
 use crate::tokenizer::{Result, TokenizerError};
 
@@ -69,12 +69,26 @@ impl ChatTemplates {
     /// itself as a template when it is no known name), else `tool_use` when tools are given,
     /// else `default`.
     pub fn select<'a>(&'a self, name: Option<&'a str>, has_tools: bool) -> Result<&'a str> {
+        self.select_named(name, has_tools).map(|(_, source)| source)
+    }
+
+    /// [`ChatTemplates::select`], also returning the picked template's name
+    /// ([`DEFAULT_TEMPLATE_NAME`] for a single template or a template given as source).
+    pub fn select_named<'a>(
+        &'a self,
+        name: Option<&'a str>,
+        has_tools: bool,
+    ) -> Result<(&'a str, &'a str)> {
         match self {
-            Self::Single(t) => Ok(name.unwrap_or(t)),
+            Self::Single(t) => Ok((DEFAULT_TEMPLATE_NAME, name.unwrap_or(t))),
             Self::Named(list) => {
-                let find = |n: &str| list.iter().find(|(k, _)| k == n).map(|(_, t)| t.as_str());
+                let find = |n: &str| {
+                    list.iter()
+                        .find(|(k, _)| k == n)
+                        .map(|(k, t)| (k.as_str(), t.as_str()))
+                };
                 if let Some(n) = name {
-                    return Ok(find(n).unwrap_or(n));
+                    return Ok(find(n).unwrap_or((DEFAULT_TEMPLATE_NAME, n)));
                 }
                 if has_tools {
                     if let Some(t) = find("tool_use") {
@@ -122,12 +136,36 @@ impl ChatTemplateOptions {
     }
 }
 
-/// The work one render may do (minijinja fuel: about one unit per instruction and per 64 bytes
-/// built, so at most about 128 MB of text), so a template cannot run forever or fill memory;
-/// every real template of the golden tests renders well within it.
-pub const TEMPLATE_FUEL: u64 = 2_000_000;
-/// The longest Python `str()` of one value a template may print (`{{ messages * 1000000 }}`
-/// would otherwise build hundreds of megabytes outside the fuel budget).
+/// The work one render may do, in minijinja fuel (one unit per instruction, per 64 bytes of text
+/// built, per item a filter visits, ...): a template cannot run forever or fill memory. A render
+/// gets this much, plus [`TEMPLATE_FUEL_PER_ITEM`] per message, tool and document and
+/// [`TEMPLATE_FUEL_PER_BYTE`] per byte of its input, so a runaway template on a short chat stops
+/// early while a long chat still renders.
+///
+/// Sized from measurement (`real_templates_use_a_small_part_of_their_fuel` in
+/// `tests/tokenizer_goldens.rs`: the real Qwen3 (with two tools), Llama 3 and Gemma 3 templates;
+/// figures of a release build): one turn uses at most 721 fuel, each further message 60-100
+/// (Qwen3 with reasoning, a tool call and its reply per turn: 362,503 fuel for 4,001 messages and
+/// 1.1 MB of text). So the base is over 300 times the fixed part, and the per-message part alone
+/// over 20 times what a message needs. A runaway template on a short chat stops within about
+/// 50 ms of CPU on the 2-core x86-64 build machine (was up to 3.4 s with the earlier fixed budget
+/// of 2,000,000); the campaign figures are in `xtask/fuzz/results/template.md`.
+pub const TEMPLATE_FUEL: u64 = 250_000;
+/// The fuel a render gets per message, tool and document it is given.
+pub const TEMPLATE_FUEL_PER_ITEM: u64 = 2_000;
+/// The fuel a render gets per byte of its input (strings and keys of the messages, tools,
+/// documents and variables): each byte may be copied 64 times.
+pub const TEMPLATE_FUEL_PER_BYTE: u64 = 1;
+/// Bytes that serializing (`tojson`, printing a list or a dict) may produce per unit of fuel of
+/// the render: 4, the price minijinja puts on its own serialization (16 of the 64 sub-units of a
+/// fuel per byte), as serializing is far slower than copying text.
+pub const SERIALIZED_BYTES_PER_FUEL: u64 = 4;
+/// The longest text one render may produce: 32 MiB, about eight million tokens, eight times the
+/// longest context of any model this project runs (rendered text is tokenized and fed to the
+/// model, so more can only fail later, after more work).
+pub const MAX_RENDERED_TEXT: usize = 32 << 20;
+/// The longest Python `str()` of one value a template may print, whatever fuel is left (a
+/// render with a large budget could otherwise print hundreds of megabytes at once).
 pub const MAX_PRINTED_VALUE: usize = 4 << 20;
 /// How deeply a printed or `tojson` value may nest (a namespace can contain itself).
 pub const MAX_VALUE_DEPTH: usize = 128;
@@ -144,13 +182,24 @@ const REASONING_FIELDS: [&str; 3] = ["reasoning_content", "thinking", "reasoning
 pub struct ChatTemplate {
     env: Environment<'static>,
     source: String,
+    name: String,
+    /// A fixed budget per render ([`ChatTemplate::with_fuel`]) instead of one sized from the input.
+    fuel: Option<u64>,
 }
+
+/// The name errors give a template that was not given one.
+pub const DEFAULT_TEMPLATE_NAME: &str = "chat_template";
 
 impl ChatTemplate {
     /// Compiles `source` in transformers' Jinja environment.
     pub fn new(source: &str) -> Result<Self> {
+        Self::named(DEFAULT_TEMPLATE_NAME, source)
+    }
+
+    /// Compiles `source` under `name` (e.g. `tool_use` of a config's named templates), which
+    /// its errors name.
+    pub fn named(name: &str, source: &str) -> Result<Self> {
         let mut env = Environment::new();
-        env.set_fuel(Some(TEMPLATE_FUEL));
         let syntax = minijinja::syntax::SyntaxConfig::builder()
             .trim_blocks(true)
             .lstrip_blocks(true)
@@ -158,26 +207,30 @@ impl ChatTemplate {
             .build()
             .map_err(|e| TokenizerError::Template(format!("{e:#}")))?;
         env.set_syntax(syntax);
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.set_formatter(|out, _state, value| {
-            let s = py_str(value)?;
-            out.write_str(&s).map_err(Error::from)
+        env.set_unknown_method_callback(python_method);
+        env.set_formatter(|out, state, value| {
+            let written = match value.as_str() {
+                Some(s) => out.write_str(s),
+                None => out.write_str(&py_repr(value, Meter(Some(state)))?),
+            };
+            written.map_err(Error::from)
         });
         env.add_filter("tojson", tojson_filter);
         // Jinja2's `trim` and `string` stringify with Python's `str()` first.
         env.add_filter(
             "trim",
-            |value: &Value, chars: Option<String>| -> Result2<String> {
-                let s = py_str(value)?;
+            |state: &State, value: &Value, chars: Option<String>| -> Result2<String> {
+                let s = py_str(value, Meter(Some(state)))?;
                 Ok(match chars {
                     None => py_strip(&s).to_string(),
                     Some(c) => s.trim_matches(|x| c.contains(x)).to_string(),
                 })
             },
         );
-        env.add_filter("string", |value: &Value| -> Result2<String> {
-            py_str(value)
-        });
+        env.add_filter(
+            "string",
+            |state: &State, value: &Value| -> Result2<String> { py_str(value, Meter(Some(state))) },
+        );
         env.add_function(
             "raise_exception",
             |message: String| -> std::result::Result<Value, Error> {
@@ -187,12 +240,45 @@ impl ChatTemplate {
         env.add_function("strftime_now", |format: String| -> String {
             strftime_now(&format)
         });
-        env.add_template_owned("chat_template", rewrite_generation_tags(source))
+        env.add_template_owned(name.to_string(), rewrite_generation_tags(source))
             .map_err(|e| TokenizerError::Template(format!("{e:#}")))?;
         Ok(Self {
             env,
             source: source.to_string(),
+            name: name.to_string(),
+            fuel: None,
         })
+    }
+
+    /// The same template with a fixed fuel budget of `fuel` per render instead of one sized from
+    /// the input ([`TEMPLATE_FUEL`]).
+    pub fn with_fuel(mut self, fuel: u64) -> Self {
+        self.fuel = Some(fuel);
+        self
+    }
+
+    /// The fuel a render of this input gets (see [`TEMPLATE_FUEL`]).
+    pub fn fuel_for(&self, messages: &[Json], options: &ChatTemplateOptions) -> u64 {
+        if let Some(fuel) = self.fuel {
+            return fuel;
+        }
+        let len = |v: &Option<Vec<Json>>| v.as_ref().map_or(0, Vec::len) as u64;
+        let items = messages.len() as u64 + len(&options.tools) + len(&options.documents);
+        let bytes = messages
+            .iter()
+            .chain(options.tools.iter().flatten())
+            .chain(options.documents.iter().flatten())
+            .chain(options.kwargs.values())
+            .map(json_bytes)
+            .fold(0u64, u64::saturating_add);
+        TEMPLATE_FUEL
+            .saturating_add(items.saturating_mul(TEMPLATE_FUEL_PER_ITEM))
+            .saturating_add(bytes.saturating_mul(TEMPLATE_FUEL_PER_BYTE))
+    }
+
+    /// The name errors give this template.
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     /// The template source.
@@ -209,6 +295,19 @@ impl ChatTemplate {
         options: &ChatTemplateOptions,
         special_tokens: &[(String, String)],
     ) -> Result<String> {
+        self.render_counted(messages, options, special_tokens)
+            .map(|(text, _)| text)
+    }
+
+    /// [`ChatTemplate::render`], also returning the fuel the render used (what
+    /// [`TEMPLATE_FUEL`] was sized from).
+    pub fn render_counted(
+        &self,
+        messages: &[Json],
+        options: &ChatTemplateOptions,
+        special_tokens: &[(String, String)],
+    ) -> Result<(String, u64)> {
+        let fuel = self.fuel_for(messages, options);
         let mut chat: Vec<Json> = Vec::with_capacity(messages.len());
         for m in messages {
             let Json::Object(map) = m else {
@@ -334,11 +433,27 @@ impl ChatTemplate {
             .collect::<std::collections::BTreeMap<_, _>>()
             .into();
 
-        let template = self
-            .env
-            .get_template("chat_template")
+        // The fuel is the environment's: a cheap copy (its parts are shared) carries this one's.
+        let mut env = self.env.clone();
+        env.set_fuel(Some(fuel));
+        let template = env
+            .get_template(&self.name)
             .map_err(|e| TokenizerError::Template(format!("{e:#}")))?;
-        let mut rendered = template.render(ctx).map_err(template_error)?;
+        let mut out = BoundedText::default();
+        let (mut rendered, fuel_used) = match template.render_captured_to(ctx, &mut out) {
+            Ok(captured) => {
+                let used = captured.state().fuel_levels().map_or(0, |(used, _)| used);
+                drop(captured);
+                let text = String::from_utf8(out.bytes).map_err(|_| {
+                    TokenizerError::Template(format!(
+                        "rendering {:?} produced text that is not UTF-8",
+                        self.name
+                    ))
+                })?;
+                (text, used)
+            }
+            Err(e) => return Err(self.render_error(e, fuel, out.overflowed)),
+        };
 
         if let Some(final_message) = final_message {
             let tag = CONTINUE_TAG.trim();
@@ -358,18 +473,133 @@ impl ChatTemplate {
                 }
             }
         }
-        Ok(rendered)
+        Ok((rendered, fuel_used))
+    }
+
+    /// The error of a failed render, naming the template and what stopped it.
+    fn render_error(&self, e: Error, fuel: u64, overflowed: bool) -> TokenizerError {
+        let name = &self.name;
+        if overflowed {
+            return TokenizerError::Template(format!(
+                "rendering {name:?} stopped: the rendered text passed {MAX_RENDERED_TEXT} bytes \
+                 (the template produces too much text)"
+            ));
+        }
+        if e.kind() == ErrorKind::OutOfFuel {
+            return TokenizerError::Template(format!(
+                "rendering {name:?} stopped after {fuel} units of work (about that many steps, \
+                 or 64 times that many bytes built; this input's budget): the template loops \
+                 too long or builds too much text"
+            ));
+        }
+        template_error(e)
+    }
+}
+
+/// Python's string, dict and list methods (`minijinja-contrib`'s pycompat), with `split` and
+/// `splitlines` paying one fuel per piece before they build the pieces (minijinja charges
+/// the list only after it exists, so `('a ' * 10000000).split()` would otherwise build ten
+/// million strings before running out).
+fn python_method(state: &mut State, value: &Value, method: &str, args: &[Value]) -> Result2<Value> {
+    if let Some(s) = value.as_str() {
+        let pieces = match method {
+            "split" => match args.first().and_then(Value::as_str) {
+                Some(sep) if !sep.is_empty() => s.matches(sep).count() + 1,
+                _ => s.split_whitespace().count(),
+            },
+            "splitlines" => s.lines().count(),
+            _ => 0,
+        };
+        let max_split = args.get(1).and_then(Value::as_i64);
+        let pieces = match max_split {
+            Some(n) if n >= 0 => pieces.min(n as usize + 1),
+            _ => pieces,
+        };
+        state.consume_fuel(pieces as u64)?;
+    }
+    minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)
+}
+
+/// Pays for serializing (`tojson`, printing a list or a dict) out of the render's fuel, at
+/// [`SERIALIZED_BYTES_PER_FUEL`]. Outside a render (`py_json_dumps`) only the fixed caps apply.
+#[derive(Clone, Copy)]
+struct Meter<'a, 's, 'e>(Option<&'a State<'s, 'e>>);
+
+impl Meter<'_, '_, '_> {
+    /// The most bytes one serialization may produce now: `cap`, or less when the render's fuel
+    /// pays for less.
+    fn cap(&self, cap: usize) -> usize {
+        match self.0.and_then(State::fuel_levels) {
+            Some((_, left)) => usize::try_from(left.saturating_mul(SERIALIZED_BYTES_PER_FUEL))
+                .map_or(cap, |n| n.min(cap)),
+            None => cap,
+        }
+    }
+
+    /// Pays for `bytes` serialized.
+    fn pay(&self, bytes: usize) -> Result2<()> {
+        match self.0 {
+            Some(state) => state.consume_fuel(bytes as u64 / SERIALIZED_BYTES_PER_FUEL),
+            None => Ok(()),
+        }
+    }
+
+    /// The error of a serialization past [`Meter::cap`]`(cap)` bytes: out of fuel when the
+    /// fuel was the smaller bound.
+    fn too_long(&self, what: &str, cap: usize) -> Error {
+        if self.cap(cap) < cap {
+            return Error::from(ErrorKind::OutOfFuel);
+        }
+        Error::new(
+            ErrorKind::InvalidOperation,
+            format!("{what} is longer than {cap} bytes"),
+        )
+    }
+}
+
+/// The length of the strings and keys in `v` (no recursion: a value may nest deeply).
+fn json_bytes(v: &Json) -> u64 {
+    let mut total = 0u64;
+    let mut stack = vec![v];
+    while let Some(v) = stack.pop() {
+        match v {
+            Json::String(s) => total = total.saturating_add(s.len() as u64),
+            Json::Array(items) => stack.extend(items),
+            Json::Object(map) => {
+                for (k, x) in map {
+                    total = total.saturating_add(k.len() as u64);
+                    stack.push(x);
+                }
+            }
+            _ => total = total.saturating_add(1),
+        }
+    }
+    total
+}
+
+/// The sink of one render: the text, refusing to grow past [`MAX_RENDERED_TEXT`].
+#[derive(Default)]
+struct BoundedText {
+    bytes: Vec<u8>,
+    overflowed: bool,
+}
+
+impl std::io::Write for BoundedText {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.len() + buf.len() > MAX_RENDERED_TEXT {
+            self.overflowed = true;
+            return Err(std::io::Error::other("the rendered text is too long"));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
 fn template_error(e: Error) -> TokenizerError {
-    if e.kind() == ErrorKind::OutOfFuel {
-        return TokenizerError::Template(format!(
-            "chat template: rendering stopped after {TEMPLATE_FUEL} units of work (about that \
-             many steps, or 64 times that many bytes built): the template loops too long or \
-             produces too much text"
-        ));
-    }
     if e.kind() == ErrorKind::InvalidOperation {
         if let Some(detail) = e.detail() {
             // raise_exception(message): transformers raises `TemplateError(message)`.
@@ -496,14 +726,14 @@ pub fn py_float_repr(x: f64) -> String {
     }
 }
 
-/// Python's `repr` of a string.
-fn py_str_repr(s: &str) -> String {
+/// Appends Python's `repr` of a string to `out`.
+fn py_str_repr_into(s: &str, out: &mut String) {
     let quote = if s.contains('\'') && !s.contains('"') {
         '"'
     } else {
         '\''
     };
-    let mut out = String::with_capacity(s.len() + 2);
+    out.reserve(s.len() + 2);
     out.push(quote);
     for c in s.chars() {
         match c {
@@ -522,7 +752,6 @@ fn py_str_repr(s: &str) -> String {
         }
     }
     out.push(quote);
-    out
 }
 
 fn number_repr(v: &Value) -> Result2<String> {
@@ -541,86 +770,97 @@ fn number_repr(v: &Value) -> Result2<String> {
 type Result2<T> = std::result::Result<T, Error>;
 
 /// Python's `repr` of a template value.
-fn py_repr(v: &Value) -> Result2<String> {
-    let mut budget = MAX_PRINTED_VALUE;
-    py_repr_in(v, &mut budget, 0)
+fn py_repr(v: &Value, meter: Meter) -> Result2<String> {
+    let mut out = String::new();
+    let r = py_repr_into(v, &mut out, 0, &meter, meter.cap(MAX_PRINTED_VALUE));
+    meter.pay(out.len())?;
+    r?;
+    Ok(out)
 }
 
 fn too_deep(what: &str) -> Error {
     Error::new(
         ErrorKind::InvalidOperation,
         format!(
-            "chat template: {what} a value nested more than {MAX_VALUE_DEPTH} levels deep \
+            "{what} a value nested more than {MAX_VALUE_DEPTH} levels deep \
              (a value that contains itself?)"
         ),
     )
 }
 
-/// Takes `n` bytes from the budget of one printed value.
-fn charge(budget: &mut usize, n: usize) -> Result2<()> {
-    *budget = budget.checked_sub(n).ok_or_else(|| {
-        Error::new(
-            ErrorKind::InvalidOperation,
-            format!("chat template: a printed value is longer than {MAX_PRINTED_VALUE} bytes"),
-        )
-    })?;
+/// Fails once `out` holds more than `cap` bytes.
+fn check_printed_len(out: &str, meter: &Meter, cap: usize) -> Result2<()> {
+    if out.len() > cap {
+        return Err(meter.too_long("a printed value", MAX_PRINTED_VALUE));
+    }
     Ok(())
 }
 
-fn py_repr_in(v: &Value, budget: &mut usize, depth: usize) -> Result2<String> {
+/// Appends Python's `repr` of `v` to `out` (one buffer for the whole value: no string per
+/// item).
+fn py_repr_into(
+    v: &Value,
+    out: &mut String,
+    depth: usize,
+    meter: &Meter,
+    cap: usize,
+) -> Result2<()> {
     if depth > MAX_VALUE_DEPTH {
         return Err(too_deep("printing"));
     }
-    let leaf = |s: String, budget: &mut usize| -> Result2<String> {
-        charge(budget, s.len())?;
-        Ok(s)
-    };
     match v.kind() {
-        ValueKind::Undefined => Ok(String::new()),
-        ValueKind::None => leaf("None".into(), budget),
-        ValueKind::Bool => leaf(if v.is_true() { "True" } else { "False" }.into(), budget),
-        ValueKind::Number => leaf(number_repr(v)?, budget),
-        ValueKind::String => leaf(py_str_repr(v.as_str().unwrap_or_default()), budget),
+        ValueKind::Undefined => {}
+        ValueKind::None => out.push_str("None"),
+        ValueKind::Bool => out.push_str(if v.is_true() { "True" } else { "False" }),
+        ValueKind::Number => out.push_str(&number_repr(v)?),
+        ValueKind::String => py_str_repr_into(v.as_str().unwrap_or_default(), out),
         ValueKind::Seq | ValueKind::Iterable => {
-            let mut items = Vec::new();
-            for x in v.try_iter()? {
-                charge(budget, 2)?;
-                items.push(py_repr_in(&x, budget, depth + 1)?);
+            out.push('[');
+            for (i, x) in v.try_iter()?.enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                py_repr_into(&x, out, depth + 1, meter, cap)?;
+                check_printed_len(out, meter, cap)?;
             }
-            Ok(format!("[{}]", items.join(", ")))
+            out.push(']');
         }
         ValueKind::Map => {
-            let mut parts = Vec::new();
-            for k in v.try_iter()? {
-                charge(budget, 4)?;
-                let item = v.get_item(&k)?;
-                parts.push(format!(
-                    "{}: {}",
-                    py_repr_in(&k, budget, depth + 1)?,
-                    py_repr_in(&item, budget, depth + 1)?
-                ));
+            out.push('{');
+            for (i, k) in v.try_iter()?.enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                py_repr_into(&k, out, depth + 1, meter, cap)?;
+                out.push_str(": ");
+                py_repr_into(&v.get_item(&k)?, out, depth + 1, meter, cap)?;
+                check_printed_len(out, meter, cap)?;
             }
-            Ok(format!("{{{}}}", parts.join(", ")))
+            out.push('}');
         }
-        _ => leaf(v.to_string(), budget),
+        _ => out.push_str(&v.to_string()),
     }
+    check_printed_len(out, meter, cap)
 }
 
 /// Python's `str()` of a template value (what `{{ value }}` prints in Jinja2).
-fn py_str(v: &Value) -> Result2<String> {
+fn py_str(v: &Value, meter: Meter) -> Result2<String> {
     Ok(match v.kind() {
         ValueKind::String => v.as_str().unwrap_or_default().to_string(),
-        _ => py_repr(v)?,
+        _ => py_repr(v, meter)?,
     })
 }
 
 /// Options of Python's `json.dumps`.
-struct JsonStyle {
+struct JsonStyle<'a, 's, 'e> {
     ensure_ascii: bool,
     indent: Option<String>,
     item_sep: String,
     key_sep: String,
     sort_keys: bool,
+    /// The most bytes to produce.
+    cap: usize,
+    meter: Meter<'a, 's, 'e>,
 }
 
 fn json_string(s: &str, ensure_ascii: bool, out: &mut String) {
@@ -651,11 +891,10 @@ fn json_dump(v: &Value, style: &JsonStyle, level: usize, out: &mut String) -> Re
     if level > MAX_VALUE_DEPTH {
         return Err(too_deep("tojson of"));
     }
-    if out.len() > MAX_TOJSON_OUTPUT {
-        return Err(Error::new(
-            ErrorKind::InvalidOperation,
-            format!("tojson: the output is longer than {MAX_TOJSON_OUTPUT} bytes"),
-        ));
+    if out.len() > style.cap {
+        return Err(style
+            .meter
+            .too_long("tojson: the output", MAX_TOJSON_OUTPUT));
     }
     let newline = |out: &mut String, level: usize| {
         if let Some(ind) = &style.indent {
@@ -707,7 +946,7 @@ fn json_dump(v: &Value, style: &JsonStyle, level: usize, out: &mut String) -> Re
                 return Ok(());
             }
             if style.sort_keys {
-                keys.sort_by_key(|k| py_str(k).unwrap_or_default());
+                keys.sort_by_cached_key(|k| py_str(k, style.meter).unwrap_or_default());
             }
             out.push('{');
             for (i, k) in keys.iter().enumerate() {
@@ -766,6 +1005,8 @@ pub fn py_json_dumps(v: &Json) -> Result<String> {
         item_sep: ", ".into(),
         key_sep: ": ".into(),
         sort_keys: false,
+        cap: MAX_TOJSON_OUTPUT,
+        meter: Meter(None),
     };
     let mut out = String::new();
     json_dump(&Value::from(Serde(v)), &style, 0, &mut out).map_err(template_error)?;
@@ -773,7 +1014,12 @@ pub fn py_json_dumps(v: &Json) -> Result<String> {
 }
 
 /// transformers' `tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)`.
-fn tojson_filter(value: &Value, args: Rest<Value>, kwargs: Kwargs) -> Result2<Value> {
+fn tojson_filter(
+    state: &State,
+    value: &Value,
+    args: Rest<Value>,
+    kwargs: Kwargs,
+) -> Result2<Value> {
     let mut ensure_ascii = args.first().is_some_and(Value::is_true);
     let mut indent_v = args.get(1).cloned();
     let mut separators_v = args.get(2).cloned();
@@ -847,9 +1093,13 @@ fn tojson_filter(value: &Value, args: Rest<Value>, kwargs: Kwargs) -> Result2<Va
         item_sep,
         key_sep,
         sort_keys,
+        cap: Meter(Some(state)).cap(MAX_TOJSON_OUTPUT),
+        meter: Meter(Some(state)),
     };
     let mut out = String::new();
-    json_dump(value, &style, 0, &mut out)?;
+    let r = json_dump(value, &style, 0, &mut out);
+    style.meter.pay(out.len())?;
+    r?;
     Ok(Value::from(out))
 }
 

@@ -644,8 +644,9 @@ impl Tokenizer {
                     .into(),
             )
         })?;
-        let source = templates.select(options.template_name.as_deref(), options.tools.is_some())?;
-        let template = ChatTemplate::new(source)?;
+        let (name, source) =
+            templates.select_named(options.template_name.as_deref(), options.tools.is_some())?;
+        let template = ChatTemplate::named(name, source)?;
         let mut opts = options.clone();
         if !opts.kwargs.contains_key("enable_thinking") {
             opts.kwargs

@@ -272,12 +272,134 @@ fn fuzz_regression_deeply_nested_tokenizer_json() {
 }
 
 /// Found by `cargo xtask fuzz template` (a 5 s hang): printing `messages * 1000000` built a
-/// Python repr of three million dicts outside the fuel budget.
+/// Python repr of three million dicts outside the fuel budget. The list is now refused before
+/// it is built; a list the fuel allows still may not print longer than `MAX_PRINTED_VALUE`.
 #[test]
 fn fuzz_regression_printing_a_huge_list() {
     let e = render("{{ messages * 1000000 }}").unwrap_err();
-    assert!(e.contains("longer than"), "{e}");
+    assert!(e.contains("stopped after"), "{e}");
     assert!(render("{{ messages * 3 }}").is_ok());
+    let big = ChatTemplate::new("{{ messages * 200000 }}")
+        .unwrap()
+        .with_fuel(100_000_000);
+    let msgs = vec![serde_json::json!({"role": "user", "content": "hi"})];
+    let e = big
+        .render(&msgs, &ChatTemplateOptions::default(), &[])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("a printed value is longer than"), "{e}");
+}
+
+/// A runaway template stops within the default budget, with an error that names the template
+/// and its budget: `TEMPLATE_FUEL` plus `TEMPLATE_FUEL_PER_ITEM` per message and
+/// `TEMPLATE_FUEL_PER_BYTE` per byte of input.
+#[test]
+fn a_runaway_template_stops_within_the_default_fuel() {
+    use mlx_engine::chat_template::{
+        TEMPLATE_FUEL, TEMPLATE_FUEL_PER_BYTE, TEMPLATE_FUEL_PER_ITEM,
+    };
+    let forever =
+        "{% for i in range(100000) %}{% for j in range(100000) %}{{ i }}{% endfor %}{% endfor %}";
+    let msgs = vec![serde_json::json!({"role": "user", "content": "hi"})];
+    let opts = ChatTemplateOptions::generation(true);
+    let t = ChatTemplate::named("tool_use", forever).unwrap();
+    // "role" "user" "content" "hi": 17 bytes.
+    let budget = TEMPLATE_FUEL + TEMPLATE_FUEL_PER_ITEM + 17 * TEMPLATE_FUEL_PER_BYTE;
+    assert_eq!(t.fuel_for(&msgs, &opts), budget);
+    let e = t.render(&msgs, &opts, &[]).unwrap_err().to_string();
+    assert!(
+        e.contains(&format!(
+            "rendering \"tool_use\" stopped after {budget} units of work"
+        )) && e.contains("loops too long"),
+        "{e}"
+    );
+    // A fixed budget replaces the sized one.
+    let e = t
+        .with_fuel(1000)
+        .render(&msgs, &opts, &[])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("stopped after 1000 units of work"), "{e}");
+    // Through the tokenizer, the name of the config's template it picked.
+    let mut tok = tokenizer(128, &[2]);
+    tok.set_chat_template(Some(mlx_engine::ChatTemplates::Named(vec![
+        ("default".into(), "{{ messages[0].content }}".into()),
+        ("tool_use".into(), forever.into()),
+    ])));
+    assert_eq!(tok.apply_chat_template(&msgs, &opts).unwrap(), "hi");
+    let mut with_tools = opts.clone();
+    with_tools.tools = Some(vec![serde_json::json!({"type": "function"})]);
+    let e = tok
+        .apply_chat_template(&msgs, &with_tools)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("rendering \"tool_use\" stopped after"), "{e}");
+    let e = render(forever).unwrap_err();
+    assert!(e.contains("rendering \"chat_template\" stopped"), "{e}");
+}
+
+/// The rendered text may not pass `MAX_RENDERED_TEXT` (32 MiB), even where a long input pays
+/// for the work.
+#[test]
+fn rendered_text_is_bounded() {
+    let msgs = vec![serde_json::json!({"role": "user", "content": "x".repeat(1 << 20)})];
+    let t =
+        ChatTemplate::new("{% for i in range(40) %}{{ messages[0].content }}{% endfor %}").unwrap();
+    let e = t
+        .render(&msgs, &ChatTemplateOptions::default(), &[])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("rendering \"chat_template\" stopped: the rendered text passed 33554432 bytes"),
+        "{e}"
+    );
+    let t =
+        ChatTemplate::new("{% for i in range(30) %}{{ messages[0].content }}{% endfor %}").unwrap();
+    let text = t
+        .render(&msgs, &ChatTemplateOptions::default(), &[])
+        .unwrap();
+    assert_eq!(text.len(), 30 << 20);
+}
+
+/// Serializing is paid from the fuel (a byte costs a quarter of a fuel, the price minijinja puts
+/// on its own serialization) and `split` pays one fuel per piece before building the pieces:
+/// both used to do far more work per unit of fuel than anything else.
+#[test]
+fn serializing_and_splitting_are_paid_for() {
+    let msgs = vec![serde_json::json!({"role": "user", "content": "x".repeat(40_000)})];
+    let opts = ChatTemplateOptions::default();
+    let t = ChatTemplate::new("{{ messages | tojson }}").unwrap();
+    let (text, used) = t.render_counted(&msgs, &opts, &[]).unwrap();
+    assert!(
+        used as usize >= text.len() / 4,
+        "{used} fuel for {} bytes",
+        text.len()
+    );
+    let t = ChatTemplate::new("{% for m in messages %}{{ m }}{% endfor %}").unwrap();
+    let (text, used) = t.render_counted(&msgs, &opts, &[]).unwrap();
+    assert!(
+        used as usize >= text.len() / 4,
+        "{used} fuel for {} bytes",
+        text.len()
+    );
+    let e = render("{% for i in range(100000) %}{% for j in range(100000) %}{% set x = messages | tojson %}{% endfor %}{% endfor %}")
+        .unwrap_err();
+    assert!(e.contains("stopped after"), "{e}");
+    // 50,000 pieces: 50,000 fuel up front (the list alone would cost 25,000 after the fact).
+    let split = "{{ ('a ' * 50000).split() | length }}";
+    let e = ChatTemplate::new(split)
+        .unwrap()
+        .with_fuel(40_000)
+        .render(&[], &opts, &[])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("stopped after 40000 units"), "{e}");
+    let n = ChatTemplate::new(split)
+        .unwrap()
+        .with_fuel(200_000)
+        .render(&[], &opts, &[])
+        .unwrap();
+    assert_eq!(n, "50000");
 }
 
 /// Found by `cargo xtask fuzz template` (a stack overflow): a namespace holding itself made

@@ -39,6 +39,13 @@ pub struct Report {
     /// Panics and inputs past the memory cap: `(input number, message)`.
     pub findings: Vec<(u64, String)>,
     pub slowest: Duration,
+    /// The number of the slowest input (replay it with `--start N --runs 1`).
+    pub slowest_input: u64,
+    /// The most CPU time the fuzzing thread spent on one input (wall time includes waiting for
+    /// a core on a loaded machine), where the OS tells it (Linux).
+    pub most_cpu: Option<Duration>,
+    /// The number of that input.
+    pub most_cpu_input: u64,
     pub elapsed: Duration,
 }
 
@@ -46,15 +53,24 @@ impl std::fmt::Display for Report {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{}: {} executions ({} accepted, {} refused), {} findings, slowest input {:.1} ms, {:.1} s",
+            "{}: {} executions ({} accepted, {} refused), {} findings, slowest input {:.1} ms (input {})",
             self.target,
             self.executions,
             self.accepted,
             self.refused,
             self.findings.len(),
             self.slowest.as_secs_f64() * 1e3,
-            self.elapsed.as_secs_f64()
-        )
+            self.slowest_input,
+        )?;
+        if let Some(cpu) = self.most_cpu {
+            write!(
+                f,
+                ", most CPU {:.1} ms (input {})",
+                cpu.as_secs_f64() * 1e3,
+                self.most_cpu_input
+            )?;
+        }
+        write!(f, ", {:.1} s", self.elapsed.as_secs_f64())
     }
 }
 
@@ -141,6 +157,7 @@ pub fn run(target: &str, work: &Path, opts: &RunOptions) -> Result<Report, Strin
         }
         let bytes = input_bytes(opts.seed, i);
         let _ = mlx_core::memory::reset_peak_memory();
+        let cpu0 = thread_cpu_time();
         let t0 = Instant::now();
         current.1.store(i, Ordering::SeqCst);
         current
@@ -150,14 +167,33 @@ pub fn run(target: &str, work: &Path, opts: &RunOptions) -> Result<Report, Strin
             t.run(&mut Unstructured::new(&bytes))
         }));
         current.0.store(0, Ordering::SeqCst);
-        report.slowest = report.slowest.max(t0.elapsed());
+        let took = t0.elapsed();
+        if took > report.slowest || report.executions == 0 {
+            report.slowest = took;
+            report.slowest_input = i;
+        }
+        if let (Some(a), Some(b)) = (cpu0, thread_cpu_time()) {
+            let cpu = b.saturating_sub(a);
+            if report.most_cpu.is_none_or(|m| cpu > m) {
+                report.most_cpu = Some(cpu);
+                report.most_cpu_input = i;
+            }
+        }
         report.executions += 1;
         match outcome {
-            Ok(Outcome::Accepted) => report.accepted += 1,
+            Ok(Outcome::Accepted) => {
+                report.accepted += 1;
+                if show_refusals {
+                    eprintln!("input {i} accepted ({:.1} ms)", took.as_secs_f64() * 1e3);
+                }
+            }
             Ok(Outcome::Refused(m)) => {
                 report.refused += 1;
                 if show_refusals {
-                    eprintln!("input {i} refused: {m}");
+                    eprintln!(
+                        "input {i} refused ({:.1} ms): {m}",
+                        took.as_secs_f64() * 1e3
+                    );
                 }
             }
             Err(p) => {
@@ -179,10 +215,18 @@ pub fn run(target: &str, work: &Path, opts: &RunOptions) -> Result<Report, Strin
         }
         let _ = mlx_core::memory::clear_cache();
         if opts.progress_every > 0 && report.executions % opts.progress_every == 0 {
+            report.elapsed = started.elapsed();
             eprintln!("{report}");
         }
     }
     std::panic::set_hook(default_hook);
     report.elapsed = started.elapsed();
     Ok(report)
+}
+
+/// CPU time the calling thread has run (Linux `/proc/thread-self/schedstat`; `None` elsewhere).
+fn thread_cpu_time() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let ns: u64 = stat.split_whitespace().next()?.parse().ok()?;
+    Some(Duration::from_nanos(ns))
 }
