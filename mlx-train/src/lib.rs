@@ -29,6 +29,7 @@ pub mod cli;
 pub mod data;
 mod error;
 pub mod lora;
+pub mod memory;
 pub mod loss;
 pub mod nprand;
 pub mod objectives;

@@ -4,7 +4,9 @@
 
 use std::cell::RefCell;
 
-use mlx_cache::{AttentionMask, Cache, KVCache, Kv, RotatingKVCache};
+use mlx_cache::{
+    AttentionMask, Cache, ConcatenateKVCache, KVCache, Kv, RotatingKVCache, StateValue,
+};
 use mlx_core::prelude::*;
 use mlx_core::transforms;
 
@@ -669,29 +671,39 @@ impl TransformerBlock {
 
     /// `forward` under `mx.checkpoint`, with the adapters' parameters as inputs (mlx-lm's
     /// `grad_checkpoint`: `checkpoint(inner_fn)(model.trainable_parameters(), x, mask)`).
+    /// With a `ConcatenateKVCache` (training's segmented backward) the cache's keys and
+    /// values enter as inputs too and the layer's full keys and values come out, so the
+    /// checkpointed function stays pure; the cache then holds those outputs.
     fn forward_checkpointed(
         &self,
         x: &Array,
         mask: &AttentionMask,
         query_scale: Option<&Array>,
         layer: usize,
+        cache: Option<&mut Box<dyn Cache>>,
     ) -> Result<Array> {
         let mut inputs = vec![x.clone()];
+        let prev = match &cache {
+            Some(c) => Some(c.state().into_arrays()),
+            None => None,
+        };
+        let n_prev = prev.as_ref().map_or(0, Vec::len);
+        inputs.extend(prev.iter().flatten().cloned());
         for l in self.linears() {
             if let Linear::Adapted(a) = l {
                 inputs.extend(a.parameters()?);
             }
         }
+        let cached = cache.is_some();
         let (block, mask, query_scale) = (self.clone(), mask.clone(), query_scale.cloned());
         let f = transforms::checkpoint(move |xs: &[Array]| -> mlx_core::Result<Vec<Array>> {
             let cb = |e: ModelError| mlx_core::Error::Callback(e.to_string());
-            let mut i = 1;
+            let missing = || mlx_core::Error::Callback("checkpoint: missing inputs".into());
+            let mut i = 1 + n_prev;
             for l in block.linears() {
                 if let Linear::Adapted(a) = l {
                     let n = a.parameters().map_err(cb)?.len();
-                    let vals = xs.get(i..i + n).ok_or_else(|| {
-                        mlx_core::Error::Callback("checkpoint: missing adapter inputs".into())
-                    })?;
+                    let vals = xs.get(i..i + n).ok_or_else(missing)?;
                     a.set_parameters(vals).map_err(cb)?;
                     i += n;
                 }
@@ -702,12 +714,28 @@ impl TransformerBlock {
                 layer,
                 trace: None,
             };
-            Ok(vec![block.forward(&xs[0], &ctx, None).map_err(cb)?])
+            if !cached {
+                return Ok(vec![block.forward(&xs[0], &ctx, None).map_err(cb)?]);
+            }
+            let prev = xs.get(1..1 + n_prev).ok_or_else(missing)?;
+            let mut c: Box<dyn Cache> = Box::new(concat_cache(prev).map_err(cb)?);
+            let h = block.forward(&xs[0], &ctx, Some(&mut c)).map_err(cb)?;
+            match c.fetch()? {
+                Some(Kv::Dense { keys, values }) => Ok(vec![h, keys, values]),
+                _ => Err(mlx_core::Error::Callback(
+                    "checkpoint: the layer left no dense keys".into(),
+                )),
+            }
         })?;
-        f.call(&inputs)?
-            .into_iter()
+        let mut out = f.call(&inputs)?.into_iter();
+        let h = out
             .next()
-            .ok_or_else(|| ModelError::Other("checkpointed layer returned nothing".into()))
+            .ok_or_else(|| ModelError::Other("checkpointed layer returned nothing".into()))?;
+        if let Some(c) = cache {
+            let kv: Vec<Array> = out.collect();
+            *c = Box::new(concat_cache(&kv)?);
+        }
+        Ok(h)
     }
 
     /// The attention sub-step, recorded (input and output) when tracing.
@@ -986,7 +1014,14 @@ impl Model {
                         trace,
                     };
                     ctx.tap("in", &h);
-                    h = layer.forward(&h, &ctx, Some(cache))?;
+                    h = if self.grad_checkpoint
+                        && trace.is_none()
+                        && cache.class_name() == "ConcatenateKVCache"
+                    {
+                        layer.forward_checkpointed(&h, mask, query_scale, i, Some(cache))?
+                    } else {
+                        layer.forward(&h, &ctx, Some(cache))?
+                    };
                     ctx.tap("out", &h);
                 }
             }
@@ -1003,7 +1038,7 @@ impl Model {
                     };
                     ctx.tap("in", &h);
                     h = if self.grad_checkpoint && trace.is_none() {
-                        layer.forward_checkpointed(&h, mask, query_scale, i)?
+                        layer.forward_checkpointed(&h, mask, query_scale, i, None)?
                     } else {
                         layer.forward(&h, &ctx, None)?
                     };
@@ -1013,6 +1048,16 @@ impl Model {
         }
         self.norm.forward(&h)
     }
+}
+
+/// A `ConcatenateKVCache` holding `kv` (`[keys, values]`, or nothing for an empty cache).
+fn concat_cache(kv: &[Array]) -> Result<ConcatenateKVCache> {
+    let state = match kv {
+        [k, v] => vec![StateValue::Array(k.clone()), StateValue::Array(v.clone())],
+        [] => vec![StateValue::None, StateValue::None],
+        _ => return Err(ModelError::Other("a concatenating cache holds keys and values".into())),
+    };
+    Ok(ConcatenateKVCache::from_state(StateValue::List(state))?)
 }
 
 impl LanguageModel for Model {
@@ -1030,6 +1075,14 @@ impl LanguageModel for Model {
 
     fn forward_hidden(&self, inputs: &Array) -> Option<Result<Array>> {
         Some(self.run(inputs, None, None))
+    }
+
+    fn forward_hidden_cached(
+        &self,
+        inputs: &Array,
+        caches: &mut [Box<dyn Cache>],
+    ) -> Option<Result<Array>> {
+        Some(self.run(inputs, Some(caches), None))
     }
 
     fn output_head(&self) -> Option<OutputHead> {
