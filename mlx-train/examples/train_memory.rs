@@ -3,8 +3,9 @@
 //! segmented backward, and all three together; beside each memory-option row, the peak the
 //! arithmetic predicts for it (see `predicted`).
 //!
-//! `cargo run -p mlx-train --example train_memory -- [--q4] [--seg S] [--chunk C]
-//! [HIDDEN LAYERS VOCAB LEN...]` (defaults: 256 4 32000 512 2048, segment 512, chunk 256;
+//! `cargo run -p mlx-train --example train_memory -- [--q4] [--seg S] [--chunk C] [--flash B]
+//! [--modes plain,ckpt+seg+ce,...] [HIDDEN LAYERS VOCAB LEN...]` (defaults: 256 4 32000 512
+//! 2048, segment 512, chunk 256, flash block 256; all modes;
 //! `--q4`: 4-bit group-64 base, LoRA over quantized linears). CPU figures for CI-size checks;
 //! times vary with the machine, so nothing here is asserted (`tests/memory.rs` asserts the
 //! peaks).
@@ -16,13 +17,23 @@ use mlx_train::memory::{measure_step, write_random_llama, Shape, StepOptions};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut nums: Vec<i64> = Vec::new();
-    let (mut q4, mut seg, mut chunk) = (false, 512, 256);
+    let (mut q4, mut seg, mut chunk, mut flash) = (false, 512, 256, 256);
+    let mut modes: Vec<String> = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--q4" => q4 = true,
             "--seg" => seg = args.next().ok_or("--seg N")?.parse()?,
             "--chunk" => chunk = args.next().ok_or("--chunk N")?.parse()?,
+            "--flash" => flash = args.next().ok_or("--flash N")?.parse()?,
+            "--modes" => {
+                modes = args
+                    .next()
+                    .ok_or("--modes a,b")?
+                    .split(',')
+                    .map(String::from)
+                    .collect()
+            }
             n => nums.push(n.parse()?),
         }
     }
@@ -42,18 +53,24 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("| tokens | mode | peak MB | predicted MB | step s |");
     println!("|---:|---|---:|---:|---:|");
     for &len in &lens {
-        for (mode, ckpt, ce, sg) in [
-            ("plain", false, None, None),
-            ("ckpt", true, None, None),
-            ("ce", false, Some(chunk), None),
-            ("ckpt+ce", true, Some(chunk), None),
-            ("seg", false, None, Some(seg)),
-            ("ckpt+seg+ce", true, Some(chunk), Some(seg)),
+        for (mode, ckpt, ce, sg, fl) in [
+            ("plain", false, None, None, None),
+            ("ckpt", true, None, None, None),
+            ("ce", false, Some(chunk), None, None),
+            ("ckpt+ce", true, Some(chunk), None, None),
+            ("seg", false, None, Some(seg), None),
+            ("ckpt+seg+ce", true, Some(chunk), Some(seg), None),
+            ("ckpt+ce+flash", true, Some(chunk), None, Some(flash)),
+            ("ckpt+seg+ce+flash", true, Some(chunk), Some(seg), Some(flash)),
         ] {
+            if !modes.is_empty() && !modes.iter().any(|m| m == mode) {
+                continue;
+            }
             let opts = StepOptions {
                 grad_checkpoint: ckpt,
                 ce_chunk: ce,
                 segment: sg,
+                flash_block: fl,
             };
             let t = Instant::now();
             let m = measure_step(&dir, &shape, len, &opts)?;

@@ -10,6 +10,7 @@ use mlx_core::prelude::*;
 use mlx_models::load::{load_model_dir, LoadOptions};
 use mlx_models::LanguageModel;
 
+use crate::attention::with_flash_attention;
 use crate::data::Batch;
 use crate::error::{Result, TrainError};
 use crate::lora::{linear_to_lora_layers, LoraConfig};
@@ -113,6 +114,9 @@ pub struct StepOptions {
     pub grad_checkpoint: bool,
     pub ce_chunk: Option<i32>,
     pub segment: Option<i32>,
+    /// `--flash-block`: attention through `mlx_kernels::flash_attention` in tiles of this many
+    /// positions instead of MLX's SDPA.
+    pub flash_block: Option<i32>,
 }
 
 /// One step's figures: MLX's peak memory during the step, the memory held before it
@@ -133,10 +137,12 @@ pub struct StepMemory {
 /// - one layer's recompute and its gradients at `s` tokens: what autograd keeps of a LoRA
 ///   llama layer, `12 hidden + 5 kv + 6 inter` per token (norms, projections with their
 ///   LoRA outputs, rope, attention output, SwiGLU's four `inter`-wide tensors), twice;
-/// - the attention probabilities of MLX's unfused SDPA (the CPU's; a fused SDPA keeps
-///   none): `heads * s * t`, three copies (scores, probabilities, their gradient);
-/// - the keys and values of every layer and position, and their gradients:
-///   `4 * layers * t * kv` (the segmented backward; without segments they are a layer's);
+/// - the attention probabilities of MLX's unfused SDPA (the CPU's, and on CUDA its backward
+///   as measured): `heads * s * t`, three copies (scores, probabilities, their gradient); with
+///   flash attention one tile's, `heads * block * block`;
+/// - keys and values: the final ones of every layer, the ones a segment's backward
+///   recomputes, and the gradients of both, `8 * layers * t * kv` (the segmented backward;
+///   without segments one layer's);
 /// - one cross-entropy chunk: logits, their exponentials and gradient, `3 * c * vocab`.
 pub fn predicted_peak(shape: &Shape, t: i32, opts: &StepOptions, before: usize) -> usize {
     let (d, l, v) = (
@@ -155,8 +161,8 @@ pub fn predicted_peak(shape: &Shape, t: i32, opts: &StepOptions, before: usize) 
     let kv_layers = if opts.segment.is_some() { l } else { 1 };
     let elems = 2 * l * s * d
         + 2 * s * (12 * d + 5 * kv + 6 * f)
-        + 3 * h * s * t
-        + 4 * kv_layers * t * kv
+        + 3 * h * opts.flash_block.map_or(s * t, |b| (b as usize).min(s).pow(2))
+        + 8 * kv_layers * t * kv
         + 3 * c * v;
     before + 4 * elems
 }
@@ -190,7 +196,7 @@ pub fn measure_step(dir: &Path, shape: &Shape, len: i32, opts: &StepOptions) -> 
         Some(c) => chunked_loss(m, b, l, c),
         None => default_loss(m, b, l),
     };
-    let (l, _, g) = match opts.segment {
+    let (l, _, g) = with_flash_attention(opts.flash_block, || match opts.segment {
         Some(s) => segmented_loss_and_grad(
             model.as_ref(),
             &params,
@@ -198,9 +204,9 @@ pub fn measure_step(dir: &Path, shape: &Shape, len: i32, opts: &StepOptions) -> 
             &batch.lengths,
             s,
             chunk,
-        )?,
-        None => loss_and_grad(model.as_ref(), &params, &f, &batch)?,
-    };
+        ),
+        None => loss_and_grad(model.as_ref(), &params, &f, &batch),
+    })?;
     let mut out: Vec<Array> = g.into_values().collect();
     out.push(l.clone());
     eval(&out)?;

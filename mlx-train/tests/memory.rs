@@ -9,42 +9,43 @@ use mlx_train::memory::{measure_step, write_random_llama, Shape, StepOptions};
 #[test]
 fn checkpointed_segmented_chunked_step_fits_the_arithmetic() {
     let shape = Shape {
-        hidden: 256,
+        hidden: 128,
         layers: 4,
-        vocab: 32000,
+        vocab: 4096,
         q4: true,
     };
     let dir = std::env::temp_dir().join(format!("mlx_train_mem_test_{}", std::process::id()));
     write_random_llama(&dir, &shape).unwrap();
-    let len = 2048;
+    let len = 1024;
     let plain = measure_step(&dir, &shape, len, &StepOptions::default()).unwrap();
     let all = StepOptions {
         grad_checkpoint: true,
-        ce_chunk: Some(256),
-        segment: Some(512),
+        ce_chunk: Some(128),
+        segment: Some(256),
+        flash_block: None,
     };
     let m = measure_step(&dir, &shape, len, &all).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
     let predicted = m.predicted.unwrap();
     let mb = |b: usize| b as f64 / 1e6;
     eprintln!(
-        "{len} tokens: plain peak {:.0} MB; ckpt+seg+ce peak {:.0} MB, predicted {:.0} MB, \
-         held before {:.0} MB",
+        "{len} tokens: plain peak {:.1} MB; ckpt+seg+ce peak {:.1} MB, predicted {:.1} MB, \
+         held before {:.1} MB",
         mb(plain.peak),
         mb(m.peak),
         mb(predicted),
         mb(m.before)
     );
-    let _ = std::fs::remove_dir_all(&dir);
     // Same loss up to the summation order.
     assert!((m.loss - plain.loss).abs() <= 1e-5 * plain.loss.abs());
-    // The arithmetic bounds the measured peak, and is not loose by more than 2x in what the
-    // step adds over the weights.
-    assert!(m.peak <= predicted, "peak {} > predicted {predicted}", m.peak);
+    // What the step adds over the weights is what the arithmetic says, within 20%: nothing
+    // else (a `[tokens, vocab]` logits array, earlier segments' copies of the keys and
+    // values, a whole model's activations) stays alive.
+    let (step, expected) = ((m.peak - m.before) as f64, (predicted - m.before) as f64);
     assert!(
-        2 * (m.peak - m.before) >= predicted - m.before,
-        "the prediction {predicted} is more than twice what the step added ({})",
-        m.peak - m.before
+        (step - expected).abs() <= 0.2 * expected,
+        "step peak {step} vs predicted {expected}"
     );
     // And the options cut the step's own memory to a fraction of the plain step's.
-    assert!(4 * (m.peak - m.before) < plain.peak - plain.before);
+    assert!(3.0 * step < (plain.peak - plain.before) as f64);
 }
