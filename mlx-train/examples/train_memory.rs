@@ -61,7 +61,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ("seg", false, None, Some(seg), None),
             ("ckpt+seg+ce", true, Some(chunk), Some(seg), None),
             ("ckpt+ce+flash", true, Some(chunk), None, Some(flash)),
-            ("ckpt+seg+ce+flash", true, Some(chunk), Some(seg), Some(flash)),
+            (
+                "ckpt+seg+ce+flash",
+                true,
+                Some(chunk),
+                Some(seg),
+                Some(flash),
+            ),
         ] {
             if !modes.is_empty() && !modes.iter().any(|m| m == mode) {
                 continue;

@@ -161,7 +161,10 @@ pub fn predicted_peak(shape: &Shape, t: i32, opts: &StepOptions, before: usize) 
     let kv_layers = if opts.segment.is_some() { l } else { 1 };
     let elems = 2 * l * s * d
         + 2 * s * (12 * d + 5 * kv + 6 * f)
-        + 3 * h * opts.flash_block.map_or(s * t, |b| (b as usize).min(s).pow(2))
+        + 3 * h
+            * opts
+                .flash_block
+                .map_or(s * t, |b| (b as usize).min(s).pow(2))
         + 8 * kv_layers * t * kv
         + 3 * c * v;
     before + 4 * elems

@@ -245,16 +245,14 @@ pub fn train(
         }
 
         let (lvalue, toks, mut grad) = match args.segment_length {
-            Some(seg) => {
-                segmented_loss_and_grad(
-                    model,
-                    params,
-                    &batch.tokens,
-                    &batch.lengths,
-                    seg,
-                    args.ce_chunk_size,
-                )?
-            }
+            Some(seg) => segmented_loss_and_grad(
+                model,
+                params,
+                &batch.tokens,
+                &batch.lengths,
+                seg,
+                args.ce_chunk_size,
+            )?,
             None => loss_and_grad(model, params, loss, &batch)?,
         };
         if let Some(prev) = grad_accum.take() {

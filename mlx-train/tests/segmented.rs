@@ -175,10 +175,16 @@ fn checkpoint_segments_and_chunks_compose() {
                 }
             } else {
                 let r = max_rel(&l1, &l0);
-                assert!(r < 1e-5, "{model} segment {seg} chunk {chunk} loss: relative {r}");
+                assert!(
+                    r < 1e-5,
+                    "{model} segment {seg} chunk {chunk} loss: relative {r}"
+                );
                 for (k, g) in &g0 {
                     let r = max_rel(&g1[k], g);
-                    assert!(r < 1e-5, "{model} segment {seg} chunk {chunk} {k}: relative {r}");
+                    assert!(
+                        r < 1e-5,
+                        "{model} segment {seg} chunk {chunk} {k}: relative {r}"
+                    );
                 }
             }
         }

@@ -8,6 +8,7 @@
 set -x
 source .gpu-train/b/env.sh
 for f in train xtask; do [ -x /tmp/gt/$f ] || { mkdir -p /tmp/gt && xz -dc .gpu-train/b/$f.xz > /tmp/gt/$f && chmod +x /tmp/gt/$f; }; done
+python3 -c 'import mlx_lm' 2>/dev/null || python3 -m pip install -q --no-index --no-deps --no-compile .gpu-train/b/*.whl
 python3 -c 'import mlx.core as mx; print(mx.__version__, mx.default_device())' || exit 1
 mkdir -p /tmp/ov/bin && printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" > /tmp/ov/bin/python && chmod +x /tmp/ov/bin/python
 export MLX_ORACLE_VENV=/tmp/ov

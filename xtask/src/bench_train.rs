@@ -206,8 +206,12 @@ fn run_one(mut cmd: Command, what: &str, scratch: &Path, timeout_s: u64) -> Figu
         ..Figures::default()
     };
     let (out_path, err_path) = (scratch.join("run.stdout"), scratch.join("run.stderr"));
-    let files = std::fs::create_dir_all(scratch)
-        .and_then(|_| Ok((std::fs::File::create(&out_path)?, std::fs::File::create(&err_path)?)));
+    let files = std::fs::create_dir_all(scratch).and_then(|_| {
+        Ok((
+            std::fs::File::create(&out_path)?,
+            std::fs::File::create(&err_path)?,
+        ))
+    });
     let (fo, fe) = match files {
         Ok(f) => f,
         Err(e) => return failed(format!("{}: {e}", scratch.display())),
@@ -338,7 +342,12 @@ pub fn run(args: &[String]) -> Result<(), String> {
             if v == "ckpt" {
                 c.arg("--grad-checkpoint");
             }
-            let f = run_one(c, &format!("{len} tokens, mlx-lm {v}"), &scratch, o.timeout_s);
+            let f = run_one(
+                c,
+                &format!("{len} tokens, mlx-lm {v}"),
+                &scratch,
+                o.timeout_s,
+            );
             rows.push((len, format!("mlx-lm {v}"), f));
         }
         for v in &o.ours {

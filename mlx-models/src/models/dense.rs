@@ -683,10 +683,7 @@ impl TransformerBlock {
         cache: Option<&mut Box<dyn Cache>>,
     ) -> Result<Array> {
         let mut inputs = vec![x.clone()];
-        let prev = match &cache {
-            Some(c) => Some(c.state().into_arrays()),
-            None => None,
-        };
+        let prev = cache.as_ref().map(|c| c.state().into_arrays());
         let n_prev = prev.as_ref().map_or(0, Vec::len);
         inputs.extend(prev.iter().flatten().cloned());
         for l in self.linears() {
@@ -1055,7 +1052,11 @@ fn concat_cache(kv: &[Array]) -> Result<ConcatenateKVCache> {
     let state = match kv {
         [k, v] => vec![StateValue::Array(k.clone()), StateValue::Array(v.clone())],
         [] => vec![StateValue::None, StateValue::None],
-        _ => return Err(ModelError::Other("a concatenating cache holds keys and values".into())),
+        _ => {
+            return Err(ModelError::Other(
+                "a concatenating cache holds keys and values".into(),
+            ))
+        }
     };
     Ok(ConcatenateKVCache::from_state(StateValue::List(state))?)
 }
