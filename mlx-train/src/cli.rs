@@ -101,7 +101,8 @@ pub struct TrainArgs {
     /// Chunked cross-entropy: project logits this many positions at a time (SFT).
     #[arg(long)]
     pub ce_chunk_size: Option<i32>,
-    /// Segmented backward: process the sequence in segments of this many tokens (SFT).
+    /// Segmented backward: process the sequence in segments of this many tokens (SFT;
+    /// composes with --grad-checkpoint and --ce-chunk-size).
     #[arg(long)]
     pub segment_length: Option<i32>,
     /// Clip gradients to this global norm before each update (off by default, as mlx-lm).

@@ -32,6 +32,7 @@ mod error;
 pub mod full;
 pub mod lora;
 pub mod loss;
+pub mod memory;
 pub mod nprand;
 pub mod objectives;
 pub mod optim;

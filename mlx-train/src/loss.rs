@@ -2,6 +2,7 @@
 //! `default_loss` with its prompt/padding mask.
 
 use mlx_core::prelude::*;
+use mlx_models::models::OutputHead;
 use mlx_models::LanguageModel;
 
 use crate::error::{Result, TrainError};
@@ -53,40 +54,35 @@ pub fn default_loss(
     Ok((ce, ntoks))
 }
 
-/// `default_loss` with a chunked cross-entropy: the hidden states are projected to logits
-/// `chunk` target positions at a time, each chunk under `checkpoint`, so the
-/// `[tokens, vocab]` logits never exist at once (not in the forward pass, and in the
-/// backward pass one chunk is recomputed at a time). The mean is the sum of per-chunk sums
-/// over the token count: with one chunk it is `default_loss` bit for bit; with several the
-/// float32 summation order differs (relative error around 1e-7 of the loss).
-pub fn chunked_loss(
-    model: &dyn LanguageModel,
-    batch: &Array,
-    lengths: &Array,
+/// The summed masked cross-entropy (float32) of the hidden states `h` (`[B, T, D]`) through
+/// `head`, `chunk` target positions at a time, each chunk under `checkpoint`, so the
+/// `[tokens, vocab]` logits never exist at once (not in the forward pass, and in the backward
+/// pass one chunk is recomputed at a time).
+pub fn chunked_ce_sum(
+    head: &OutputHead,
+    h: &Array,
+    targets: &Array,
+    mask: &Array,
     chunk: i32,
-) -> Result<(Array, Array)> {
+) -> Result<Array> {
     if chunk <= 0 {
         return Err(TrainError::Config(format!(
             "the cross-entropy chunk must be positive, got {chunk}"
         )));
     }
-    let unsupported = || {
-        TrainError::Config(format!(
-            "model_type {} does not expose its hidden states for a chunked loss",
-            model.model_type()
-        ))
-    };
-    let (inputs, targets) = shift(batch)?;
-    let h = model.forward_hidden(&inputs).ok_or_else(unsupported)??;
-    let head = model.output_head().ok_or_else(unsupported)?;
     let (b, t) = (targets.dim(0)?, targets.dim(1)?);
-    let mask = length_mask(lengths, t)?;
-    let d = h.dim(2)?;
+    // One split rather than a slice per chunk: the split's gradient is one concatenation of
+    // the chunks' gradients, where slices would each scatter into a zero `[B, T, D]` array.
+    let bounds: Vec<i32> = (chunk..t).step_by(chunk as usize).collect();
+    let pieces = if bounds.is_empty() {
+        vec![h.clone()]
+    } else {
+        ops::split_at(h, &bounds, 1, None)?
+    };
     let mut total: Option<Array> = None;
-    let mut start = 0;
-    while start < t {
+    for (i, hc) in pieces.into_iter().enumerate() {
+        let start = i as i32 * chunk;
         let end = (start + chunk).min(t);
-        let hc = h.slice(&[0, start, 0], &[b, end, d], &[1, 1, 1])?;
         let tc = targets.slice(&[0, start], &[b, end], &[1, 1])?;
         let mc = mask.slice(&[0, start], &[b, end], &[1, 1])?;
         // Only the hidden states are an input (the targets are indices, not differentiable).
@@ -106,12 +102,42 @@ pub fn chunked_loss(
             None => s,
             Some(a) => (&a + &s)?,
         });
-        start = end;
     }
+    match total {
+        Some(t) => Ok(t),
+        None => Ok(Array::from_f32(0.0, Dtype::Float32)?),
+    }
+}
+
+/// The error for a model that does not split its forward into hidden states and a head.
+pub(crate) fn no_hidden_states(model: &dyn LanguageModel) -> TrainError {
+    TrainError::Config(format!(
+        "model_type {} does not expose its hidden states for a chunked loss",
+        model.model_type()
+    ))
+}
+
+/// `default_loss` with a chunked cross-entropy ([`chunked_ce_sum`]). The mean is the sum of
+/// per-chunk sums over the token count: with one chunk it is `default_loss` bit for bit; with
+/// several the float32 summation order differs (relative error around 1e-7 of the loss).
+pub fn chunked_loss(
+    model: &dyn LanguageModel,
+    batch: &Array,
+    lengths: &Array,
+    chunk: i32,
+) -> Result<(Array, Array)> {
+    if chunk <= 0 {
+        return Err(TrainError::Config(format!(
+            "the cross-entropy chunk must be positive, got {chunk}"
+        )));
+    }
+    let (inputs, targets) = shift(batch)?;
+    let h = model
+        .forward_hidden(&inputs)
+        .ok_or_else(|| no_hidden_states(model))??;
+    let head = model.output_head().ok_or_else(|| no_hidden_states(model))?;
+    let mask = length_mask(lengths, targets.dim(1)?)?;
+    let total = chunked_ce_sum(&head, &h, &targets, &mask, chunk)?;
     let ntoks = mask.sum_all(false)?;
-    let total = match total {
-        Some(t) => t,
-        None => Array::from_f32(0.0, Dtype::Float32)?,
-    };
     Ok(((&total / &ntoks)?, ntoks))
 }

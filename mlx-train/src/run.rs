@@ -222,6 +222,7 @@ impl RunConfig {
             grad_accumulation_steps: self.grad_accumulation_steps,
             max_grad_norm: self.max_grad_norm,
             segment_length: self.segment_length,
+            ce_chunk_size: self.ce_chunk_size,
         }
     }
 
@@ -273,9 +274,9 @@ impl RunConfig {
             if s <= 0 {
                 return Err(TrainError::Config("segment_length must be positive".into()));
             }
-            if self.objective != "sft" || self.ce_chunk_size.is_some() {
+            if self.objective != "sft" {
                 return Err(TrainError::Config(
-                    "segment_length applies to the plain sft loss only (no ce_chunk_size)".into(),
+                    "segment_length applies to the sft objective only".into(),
                 ));
             }
         }

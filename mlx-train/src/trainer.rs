@@ -37,6 +37,8 @@ pub struct TrainingArgs {
     /// Segmented backward with segments of this many positions (SFT's `default_loss` only;
     /// the `loss` argument of [`train`] is then not used for the training steps).
     pub segment_length: Option<i32>,
+    /// With `segment_length`: each segment's cross-entropy in chunks of this many positions.
+    pub ce_chunk_size: Option<i32>,
 }
 
 impl Default for TrainingArgs {
@@ -53,6 +55,7 @@ impl Default for TrainingArgs {
             grad_accumulation_steps: 1,
             max_grad_norm: None,
             segment_length: None,
+            ce_chunk_size: None,
         }
     }
 }
@@ -242,9 +245,14 @@ pub fn train(
         }
 
         let (lvalue, toks, mut grad) = match args.segment_length {
-            Some(seg) => {
-                segmented_loss_and_grad(model, params, &batch.tokens, &batch.lengths, seg)?
-            }
+            Some(seg) => segmented_loss_and_grad(
+                model,
+                params,
+                &batch.tokens,
+                &batch.lengths,
+                seg,
+                args.ce_chunk_size,
+            )?,
             None => loss_and_grad(model, params, loss, &batch)?,
         };
         if let Some(prev) = grad_accum.take() {

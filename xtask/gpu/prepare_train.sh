@@ -17,8 +17,11 @@ else
   bash xtask/gpu/prepare.sh
   cp .gpu/a/* .gpu-train/a/ && cp .gpu/b/libmlx.so.xz.01 .gpu-train/b/
 fi
+# The mlx and mlx-lm wheels travel in b (train.sh installs them): the checkout plus a must stay
+# under the 64 MiB a call carries.
+mv .gpu-train/a/*.whl .gpu-train/b/
 cp xtask/gpu/setup.sh .gpu-train/a/
-sed -i 's#\.gpu/a/#.gpu-train/a/#g' .gpu-train/a/setup.sh
+sed -i -e 's#\.gpu/a/#.gpu-train/a/#g' -e '/pip install/d' .gpu-train/a/setup.sh
 CARGO_TARGET_DIR=target/cuda RUSTFLAGS="-C link-arg=-Wl,--allow-shlib-undefined" \
   cargo build --release -p mlx-train --features cuda --example train
 strip -o .gpu-train/b/train target/cuda/release/examples/train

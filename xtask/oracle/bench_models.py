@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import sys
+import time
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -79,20 +80,43 @@ BASE_8B = {
     "tie_word_embeddings": False,
 }
 
-# name -> (config, dtype, (group_size, bits) or None)
+# name -> (config, dtype, (group_size, bits) or None, direct)
+# `direct`: the quantized tensors are drawn as they are stored (uniform 4-bit codes, scales and
+# biases giving weights of mean 0 and standard deviation 0.02), never as float weights that
+# are then quantized: the 8B model is written in seconds (the float path took minutes).
 MODELS = {
-    "llama-0.5b-f32": (BASE_0_5B, "float32", None),
-    "llama-0.5b-q4": (BASE_0_5B, "float32", (64, 4)),
-    "llama-0.5b-bf16": (BASE_0_5B, "bfloat16", None),
-    "llama-135m-bf16": (BASE_135M, "bfloat16", None),
-    "llama-135m-q4": (BASE_135M, "bfloat16", (64, 4)),
-    "llama-small-f32": (BASE_SMALL, "float32", None),
-    "llama-8b-q4": (BASE_8B, "bfloat16", (64, 4)),
+    "llama-0.5b-f32": (BASE_0_5B, "float32", None, False),
+    "llama-0.5b-q4": (BASE_0_5B, "float32", (64, 4), False),
+    "llama-0.5b-bf16": (BASE_0_5B, "bfloat16", None, False),
+    "llama-135m-bf16": (BASE_135M, "bfloat16", None, False),
+    "llama-135m-q4": (BASE_135M, "bfloat16", (64, 4), False),
+    "llama-small-f32": (BASE_SMALL, "float32", None, False),
+    "llama-8b-q4": (BASE_8B, "bfloat16", (64, 4), True),
 }
 
 
+def direct_params(model, dtype, gs, bits):
+    """The quantized model's tensors drawn directly: uniform codes q in [0, 2^bits), weight =
+    scale * q + bias with scale = 0.02 / std(q) and bias = -scale * mean(q); other tensors
+    normal * 0.02. Only the shapes of `model`'s (lazy) parameters are used."""
+    levels = 2**bits
+    scale = 0.02 / (((levels**2 - 1) / 12) ** 0.5)
+    out = {}
+    for k, v in tree_flatten(model.parameters()):
+        if v.dtype == mx.uint32:
+            lo, hi = (mx.random.randint(0, 2**16, v.shape).astype(mx.uint32) for _ in "lh")
+            out[k] = lo | (hi << 16)
+        elif k.endswith(".scales"):
+            out[k] = mx.full(v.shape, scale, dtype=dtype)
+        elif k.endswith(".biases"):
+            out[k] = mx.full(v.shape, -scale * (levels - 1) / 2, dtype=dtype)
+        else:
+            out[k] = (mx.random.normal(v.shape) * 0.02).astype(dtype)
+    return out
+
+
 def write(out_root, name):
-    config, dtype, quant = MODELS[name]
+    config, dtype, quant, direct = MODELS[name]
     config = dict(config)
     out_dir = os.path.join(out_root, name)
     if os.path.isfile(os.path.join(out_dir, "config.json")):
@@ -100,8 +124,19 @@ def write(out_root, name):
         return
     shutil.rmtree(out_dir, ignore_errors=True)
     os.makedirs(out_dir)
+    t0 = time.perf_counter()
     mx.random.seed(7)
     model = llama.Model(llama.ModelArgs.from_dict(config))
+    if direct:
+        gs, bits = quant
+        nn.quantize(model, group_size=gs, bits=bits)
+        config["quantization"] = {"group_size": gs, "bits": bits}
+        params = direct_params(model, getattr(mx, dtype), gs, bits)
+        n = sum(v.size * (32 // bits if v.dtype == mx.uint32 else 1) for v in params.values())
+        mx.eval(params)
+        mx.save_safetensors(os.path.join(out_dir, "model.safetensors"), params)
+        finish(out_dir, config, n, t0)
+        return
     # Small normal weights (norms included) keep activations and logits in a sane range.
     model.update(tree_map(lambda p: mx.random.normal(p.shape) * 0.02, model.parameters()))
     model.set_dtype(getattr(mx, dtype))
@@ -113,11 +148,19 @@ def write(out_root, name):
     mx.eval(model.parameters())
     params = dict(tree_flatten(model.parameters()))
     mx.save_safetensors(os.path.join(out_dir, "model.safetensors"), params)
+    finish(out_dir, config, n, t0)
+
+
+def finish(out_dir, config, n, t0):
     # config.json last: its presence marks a complete model.
     with open(os.path.join(out_dir, "config.json.part"), "w") as f:
         json.dump(config, f, indent=2)
     os.replace(os.path.join(out_dir, "config.json.part"), os.path.join(out_dir, "config.json"))
-    print(f"bench model {out_dir}: written ({n / 1e6:.0f}M parameters)", file=sys.stderr)
+    print(
+        f"bench model {out_dir}: written ({n / 1e6:.0f}M parameters) in "
+        f"{time.perf_counter() - t0:.1f} s",
+        file=sys.stderr,
+    )
 
 
 def main():

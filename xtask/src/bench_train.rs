@@ -10,8 +10,10 @@
 //! (MLX's peak since the process started: weights included). Each sequence is exactly `LEN`
 //! tokens (longer rows truncated by `--max-seq-length LEN`, as both tuners do). Ours runs in
 //! the variants given (`plain`, `flash` = `--flash-block B`, `ckpt` = `--grad-checkpoint`,
-//! `seg` = `--segment-length S`, combined with `+`), mlx-lm in `plain` and `ckpt`. A run that
-//! fails (out of memory, an MLX error) is a row with its last error line.
+//! `seg` = `--segment-length S`, `ce` = `--ce-chunk-size C`, combined with `+`, e.g. the
+//! memory variant `ckpt+seg+ce`), mlx-lm in `plain` and `ckpt`. A run that fails (out of
+//! memory, an MLX error) or outlives `--timeout` seconds (then killed) is a row with its last
+//! error line.
 //!
 //! The model is a name from `xtask/oracle/bench_models.py` (seeded random weights: default
 //! `llama-small-f32` for the CPU, `llama-8b-q4` on the GPU) or a directory; the tokenizer of
@@ -29,9 +31,10 @@ use crate::oracle;
 
 const USAGE: &str = "usage: cargo xtask bench train [--model NAME|DIR] [--lengths 128,512]
     [--iters N] [--num-layers N] [--fine-tune-type lora|dora|full] [--ours plain,flash,...]
-    [--mlx-lm plain,ckpt]
-    [--flash-block B] [--segment-length S] [--ours-bin PATH] [--models-dir DIR] [--json FILE]
-  variants: plain | flash | ckpt | seg, joined with + (e.g. ckpt+flash); mlx-lm: plain | ckpt
+    [--mlx-lm plain,ckpt] [--flash-block B] [--segment-length S] [--ce-chunk-size C]
+    [--timeout SECS] [--ours-bin PATH] [--models-dir DIR] [--json FILE]
+  variants: plain | flash | ckpt | seg | ce, joined with + (e.g. ckpt+seg+ce); mlx-lm: plain | ckpt
+  --timeout SECS: kill a run after SECS seconds (default 600) and record it as failed
   --ours-bin PATH: a prebuilt `mlx` (or anything taking `train ARGS`), e.g. built here against
                    MLX's CUDA wheel for a GPU machine; default: cargo build --release -p mlx-cli";
 
@@ -45,6 +48,8 @@ struct Options {
     theirs: Vec<String>,
     flash_block: usize,
     segment_length: usize,
+    ce_chunk: usize,
+    timeout_s: u64,
     ours_bin: Option<PathBuf>,
     models_dir: PathBuf,
     json: Option<PathBuf>,
@@ -68,6 +73,8 @@ fn parse(args: &[String]) -> Result<Options, String> {
         theirs: list("plain,ckpt"),
         flash_block: 512,
         segment_length: 2048,
+        ce_chunk: 1024,
+        timeout_s: 600,
         ours_bin: None,
         models_dir: workspace_root().join("target").join("bench-models"),
         json: None,
@@ -94,6 +101,8 @@ fn parse(args: &[String]) -> Result<Options, String> {
             "--mlx-lm" => o.theirs = list(&value()?),
             "--flash-block" => o.flash_block = num(value()?)?.max(1),
             "--segment-length" => o.segment_length = num(value()?)?.max(1),
+            "--ce-chunk-size" => o.ce_chunk = num(value()?)?.max(1),
+            "--timeout" => o.timeout_s = num(value()?)?.max(1) as u64,
             "--ours-bin" => o.ours_bin = Some(PathBuf::from(value()?)),
             "--models-dir" => o.models_dir = PathBuf::from(value()?),
             "--json" => o.json = Some(PathBuf::from(value()?)),
@@ -102,7 +111,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
     }
     for v in &o.ours {
         for part in v.split('+') {
-            if !["plain", "flash", "ckpt", "seg"].contains(&part) {
+            if !["plain", "flash", "ckpt", "seg", "ce"].contains(&part) {
                 return Err(format!("unknown variant {part} in {v}\n{USAGE}"));
             }
         }
@@ -156,6 +165,8 @@ struct Figures {
     peak_gb: Option<f64>,
     error: Option<String>,
     steps: Vec<f64>,
+    /// The run's whole wall time (model load and every step).
+    wall_s: f64,
 }
 
 /// Reads `Iter N: ... It/sec X, ... Peak mem Y GB` lines.
@@ -191,19 +202,53 @@ fn figures(stdout: &str) -> Figures {
     f
 }
 
-fn run_one(mut cmd: Command, what: &str) -> Figures {
+/// Runs `cmd` with its output in files under `scratch`, killed after `timeout_s` seconds.
+fn run_one(mut cmd: Command, what: &str, scratch: &Path, timeout_s: u64) -> Figures {
     eprintln!("bench train: {what}");
-    let out = match cmd.stdin(Stdio::null()).output() {
-        Ok(o) => o,
-        Err(e) => {
-            return Figures {
-                error: Some(format!("could not start: {e}")),
-                ..Figures::default()
+    let failed = |e: String| Figures {
+        error: Some(e),
+        ..Figures::default()
+    };
+    let (out_path, err_path) = (scratch.join("run.stdout"), scratch.join("run.stderr"));
+    let files = std::fs::create_dir_all(scratch).and_then(|_| {
+        Ok((
+            std::fs::File::create(&out_path)?,
+            std::fs::File::create(&err_path)?,
+        ))
+    });
+    let (fo, fe) = match files {
+        Ok(f) => f,
+        Err(e) => return failed(format!("{}: {e}", scratch.display())),
+    };
+    let started = Instant::now();
+    let mut child = match cmd.stdin(Stdio::null()).stdout(fo).stderr(fe).spawn() {
+        Ok(c) => c,
+        Err(e) => return failed(format!("could not start: {e}")),
+    };
+    let mut timed_out = false;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(st)) => break Some(st),
+            Ok(None) if started.elapsed().as_secs() >= timeout_s => {
+                let _ = child.kill();
+                timed_out = true;
+                break child.wait().ok();
             }
+            Ok(None) => std::thread::sleep(std::time::Duration::from_millis(200)),
+            Err(_) => break None,
         }
+    };
+    let out = std::process::Output {
+        status: status.unwrap_or_else(|| {
+            use std::os::unix::process::ExitStatusExt;
+            std::process::ExitStatus::from_raw(-1)
+        }),
+        stdout: std::fs::read(&out_path).unwrap_or_default(),
+        stderr: std::fs::read(&err_path).unwrap_or_default(),
     };
     let stdout = String::from_utf8_lossy(&out.stdout);
     let mut f = figures(&stdout);
+    f.wall_s = started.elapsed().as_secs_f64();
     if !out.status.success() || f.step_s.is_none() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         let last = stderr
@@ -214,12 +259,17 @@ fn run_one(mut cmd: Command, what: &str) -> Figures {
             .chars()
             .take(160)
             .collect::<String>();
-        f.error = Some(format!("{}: {last}", out.status));
+        f.error = Some(if timed_out {
+            format!("killed after {timeout_s} s: {last}")
+        } else {
+            format!("{}: {last}", out.status)
+        });
     }
     eprintln!(
-        "bench train: {what}: {} s/step, peak {} GB{}",
+        "bench train: {what}: {} s/step, peak {} GB, {:.0} s in all{}",
         f.step_s.map_or("-".into(), |s| format!("{s:.3}")),
         f.peak_gb.map_or("-".into(), |p| format!("{p:.3}")),
+        f.wall_s,
         f.error
             .as_ref()
             .map_or(String::new(), |e| format!(" ({e})"))
@@ -298,7 +348,12 @@ pub fn run(args: &[String]) -> Result<(), String> {
             if v == "ckpt" {
                 c.arg("--grad-checkpoint");
             }
-            let f = run_one(c, &format!("{len} tokens, mlx-lm {v}"));
+            let f = run_one(
+                c,
+                &format!("{len} tokens, mlx-lm {v}"),
+                &scratch,
+                o.timeout_s,
+            );
             rows.push((len, format!("mlx-lm {v}"), f));
         }
         for v in &o.ours {
@@ -317,10 +372,13 @@ pub fn run(args: &[String]) -> Result<(), String> {
                     "seg" => {
                         c.args(["--segment-length", &o.segment_length.to_string()]);
                     }
+                    "ce" => {
+                        c.args(["--ce-chunk-size", &o.ce_chunk.to_string()]);
+                    }
                     _ => {}
                 }
             }
-            let f = run_one(c, &format!("{len} tokens, ours {v}"));
+            let f = run_one(c, &format!("{len} tokens, ours {v}"), &scratch, o.timeout_s);
             rows.push((len, format!("ours {v}"), f));
         }
     }
@@ -348,7 +406,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
     println!(
         "model {}, batch 1, {} on {} layers, {} steps per run; \
          s/step = median of 1 / It/sec over steps 2..{}; peak = MLX's peak memory of the \
-         process (weights included); flash block {}, segment {}.",
+         process (weights included); flash block {}, segment {}, CE chunk {}; runs killed after \
+         {} s.",
         o.model,
         match o.fine_tune_type.as_str() {
             "full" => "full fine-tuning".to_string(),
@@ -358,7 +417,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
         o.iters,
         o.iters,
         o.flash_block,
-        o.segment_length
+        o.segment_length,
+        o.ce_chunk,
+        o.timeout_s
     );
     println!(
         "load average (1/5/15 min) before: {load_before}, after: {}; total {:.0} s.",
@@ -370,7 +431,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             .iter()
             .map(|(len, name, f)| {
                 json!({"tokens": len, "run": name, "step_s": f.step_s, "peak_gb": f.peak_gb,
-                       "steps": f.steps, "error": f.error})
+                       "steps": f.steps, "wall_s": f.wall_s, "error": f.error})
             })
             .collect();
         std::fs::write(

@@ -4,7 +4,9 @@
 
 use std::cell::RefCell;
 
-use mlx_cache::{AttentionMask, Cache, KVCache, Kv, RotatingKVCache};
+use mlx_cache::{
+    AttentionMask, Cache, ConcatenateKVCache, KVCache, Kv, RotatingKVCache, StateValue,
+};
 use mlx_core::prelude::*;
 use mlx_core::transforms;
 
@@ -745,6 +747,9 @@ impl TransformerBlock {
     /// `grad_checkpoint`: `checkpoint(inner_fn)(model.trainable_parameters(), x, mask)`).
     /// With `own` (full fine-tuning), the block's own trainable arrays (those
     /// [`TransformerBlock::parameters_mut`] gives, quantized ones excepted) enter as inputs too.
+    /// With a `ConcatenateKVCache` (training's segmented backward) the cache's keys and
+    /// values enter as inputs too and the layer's full keys and values come out, so the
+    /// checkpointed function stays pure; the cache then holds those outputs.
     fn forward_checkpointed(
         &self,
         x: &Array,
@@ -752,8 +757,12 @@ impl TransformerBlock {
         query_scale: Option<&Array>,
         layer: usize,
         own: Option<&Names>,
+        cache: Option<&mut Box<dyn Cache>>,
     ) -> Result<Array> {
         let mut inputs = vec![x.clone()];
+        let prev = cache.as_ref().map(|c| c.state().into_arrays());
+        let n_prev = prev.as_ref().map_or(0, Vec::len);
+        inputs.extend(prev.iter().flatten().cloned());
         for l in self.linears() {
             if let Linear::Adapted(a) = l {
                 inputs.extend(a.parameters()?);
@@ -769,11 +778,12 @@ impl TransformerBlock {
                     .map(|p| p.value.clone()),
             );
         }
+        let cached = cache.is_some();
         let (mask, query_scale) = (mask.clone(), query_scale.cloned());
         let f = transforms::checkpoint(move |xs: &[Array]| -> mlx_core::Result<Vec<Array>> {
             let cb = |e: ModelError| mlx_core::Error::Callback(e.to_string());
-            let missing = || mlx_core::Error::Callback("checkpoint: missing layer inputs".into());
-            let mut i = 1;
+            let missing = || mlx_core::Error::Callback("checkpoint: missing inputs".into());
+            let mut i = 1 + n_prev;
             for l in block.linears() {
                 if let Linear::Adapted(a) = l {
                     let n = a.parameters().map_err(cb)?.len();
@@ -796,12 +806,28 @@ impl TransformerBlock {
                 layer,
                 trace: None,
             };
-            Ok(vec![block.forward(&xs[0], &ctx, None).map_err(cb)?])
+            if !cached {
+                return Ok(vec![block.forward(&xs[0], &ctx, None).map_err(cb)?]);
+            }
+            let prev = xs.get(1..1 + n_prev).ok_or_else(missing)?;
+            let mut c: Box<dyn Cache> = Box::new(concat_cache(prev).map_err(cb)?);
+            let h = block.forward(&xs[0], &ctx, Some(&mut c)).map_err(cb)?;
+            match c.fetch()? {
+                Some(Kv::Dense { keys, values }) => Ok(vec![h, keys, values]),
+                _ => Err(mlx_core::Error::Callback(
+                    "checkpoint: the layer left no dense keys".into(),
+                )),
+            }
         })?;
-        f.call(&inputs)?
-            .into_iter()
+        let mut out = f.call(&inputs)?.into_iter();
+        let h = out
             .next()
-            .ok_or_else(|| ModelError::Other("checkpointed layer returned nothing".into()))
+            .ok_or_else(|| ModelError::Other("checkpointed layer returned nothing".into()))?;
+        if let Some(c) = cache {
+            let kv: Vec<Array> = out.collect();
+            *c = Box::new(concat_cache(&kv)?);
+        }
+        Ok(h)
     }
 
     /// The attention sub-step, recorded (input and output) when tracing.
@@ -1083,7 +1109,15 @@ impl Model {
                         trace,
                     };
                     ctx.tap("in", &h);
-                    h = layer.forward(&h, &ctx, Some(cache))?;
+                    h = if self.grad_checkpoint
+                        && trace.is_none()
+                        && cache.class_name() == "ConcatenateKVCache"
+                    {
+                        let own = self.checkpoint_own.contains(&i).then_some(&self.desc.names);
+                        layer.forward_checkpointed(&h, mask, query_scale, i, own, Some(cache))?
+                    } else {
+                        layer.forward(&h, &ctx, Some(cache))?
+                    };
                     ctx.tap("out", &h);
                 }
             }
@@ -1101,7 +1135,7 @@ impl Model {
                     ctx.tap("in", &h);
                     h = if self.grad_checkpoint && trace.is_none() {
                         let own = self.checkpoint_own.contains(&i).then_some(&self.desc.names);
-                        layer.forward_checkpointed(&h, mask, query_scale, i, own)?
+                        layer.forward_checkpointed(&h, mask, query_scale, i, own, None)?
                     } else {
                         layer.forward(&h, &ctx, None)?
                     };
@@ -1111,6 +1145,20 @@ impl Model {
         }
         self.norm.forward(&h)
     }
+}
+
+/// A `ConcatenateKVCache` holding `kv` (`[keys, values]`, or nothing for an empty cache).
+fn concat_cache(kv: &[Array]) -> Result<ConcatenateKVCache> {
+    let state = match kv {
+        [k, v] => vec![StateValue::Array(k.clone()), StateValue::Array(v.clone())],
+        [] => vec![StateValue::None, StateValue::None],
+        _ => {
+            return Err(ModelError::Other(
+                "a concatenating cache holds keys and values".into(),
+            ))
+        }
+    };
+    Ok(ConcatenateKVCache::from_state(StateValue::List(state))?)
 }
 
 impl LanguageModel for Model {
@@ -1147,6 +1195,14 @@ impl LanguageModel for Model {
 
     fn forward_hidden(&self, inputs: &Array) -> Option<Result<Array>> {
         Some(self.run(inputs, None, None))
+    }
+
+    fn forward_hidden_cached(
+        &self,
+        inputs: &Array,
+        caches: &mut [Box<dyn Cache>],
+    ) -> Option<Result<Array>> {
+        Some(self.run(inputs, Some(caches), None))
     }
 
     fn output_head(&self) -> Option<OutputHead> {

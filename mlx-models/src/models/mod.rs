@@ -112,6 +112,17 @@ pub trait LanguageModel: Send {
         None
     }
 
+    /// [`LanguageModel::forward_hidden`] through caches (the segmented backward of training:
+    /// hidden states of a segment attending to the keys and values of the earlier ones).
+    /// `None` where the architecture does not split its forward.
+    fn forward_hidden_cached(
+        &self,
+        _inputs: &Array,
+        _caches: &mut [Box<dyn Cache>],
+    ) -> Option<Result<Array>> {
+        None
+    }
+
     /// Recompute each decoder layer in the backward pass instead of keeping its
     /// activations (mlx-lm's `grad_checkpoint`, applied to every layer). Adapter
     /// parameters enter each checkpoint as inputs, so their gradients are unchanged.

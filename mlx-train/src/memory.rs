@@ -1,0 +1,226 @@
+//! Peak memory of one training step, measured with MLX's own peak counter, and the
+//! arithmetic that predicts it for the memory options (`--grad-checkpoint`,
+//! `--segment-length`, `--ce-chunk-size` together), on a seeded random llama written to a
+//! directory. The `train_memory` example prints the table; `tests/memory.rs` asserts it.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use mlx_core::prelude::*;
+use mlx_models::load::{load_model_dir, LoadOptions};
+use mlx_models::LanguageModel;
+
+use crate::attention::with_flash_attention;
+use crate::data::Batch;
+use crate::error::{Result, TrainError};
+use crate::lora::{linear_to_lora_layers, LoraConfig};
+use crate::loss::{chunked_loss, default_loss};
+use crate::params::Params;
+use crate::segmented::segmented_loss_and_grad;
+use crate::trainer::loss_and_grad;
+
+/// A random llama's shape: intermediate `3 * hidden`, heads of 64, half as many KV heads,
+/// tied embeddings; `q4`: every linear and the embedding 4-bit (group 64), float32 otherwise.
+#[derive(Clone, Debug)]
+pub struct Shape {
+    pub hidden: i32,
+    pub layers: i32,
+    pub vocab: i32,
+    pub q4: bool,
+}
+
+impl Shape {
+    fn heads(&self) -> i32 {
+        (self.hidden / 64).max(1)
+    }
+    fn kv_dim(&self) -> i32 {
+        (self.heads() / 2).max(1) * 64
+    }
+    fn inter(&self) -> i32 {
+        self.hidden * 3
+    }
+}
+
+/// Writes `config.json` and `model.safetensors` of a seeded random llama of `shape`.
+pub fn write_random_llama(dir: &Path, shape: &Shape) -> Result<()> {
+    let io = |e: std::io::Error| TrainError::Config(format!("{}: {e}", dir.display()));
+    std::fs::create_dir_all(dir).map_err(io)?;
+    let (hidden, vocab, inter, kv) = (shape.hidden, shape.vocab, shape.inter(), shape.kv_dim());
+    let mut config = serde_json::json!({
+        "model_type": "llama", "hidden_size": hidden, "num_hidden_layers": shape.layers,
+        "intermediate_size": inter, "num_attention_heads": shape.heads(),
+        "num_key_value_heads": kv / 64, "rms_norm_eps": 1e-5,
+        "vocab_size": vocab, "tie_word_embeddings": true,
+    });
+    if shape.q4 {
+        config["quantization"] = serde_json::json!({"group_size": 64, "bits": 4});
+    }
+    random::seed(0)?;
+    let mut w = BTreeMap::new();
+    let mut put = |k: String, s: &[i32]| -> Result<()> {
+        let a = (&random::normal(s, Dtype::Float32, None, None, None, None)? * 0.02f32)?;
+        if shape.q4 {
+            let (q, sc, b) = mlx_core::quantized::quantize(&a, 64, 4, Default::default(), None)?;
+            let base = k.trim_end_matches(".weight").to_string();
+            w.insert(k, q);
+            w.insert(format!("{base}.scales"), sc);
+            if let Some(b) = b {
+                w.insert(format!("{base}.biases"), b);
+            }
+        } else {
+            w.insert(k, a);
+        }
+        Ok(())
+    };
+    put("model.embed_tokens.weight".into(), &[vocab, hidden])?;
+    for i in 0..shape.layers {
+        let p = format!("model.layers.{i}");
+        for (n, s) in [
+            ("self_attn.q_proj", [hidden, hidden]),
+            ("self_attn.k_proj", [kv, hidden]),
+            ("self_attn.v_proj", [kv, hidden]),
+            ("self_attn.o_proj", [hidden, hidden]),
+            ("mlp.gate_proj", [inter, hidden]),
+            ("mlp.up_proj", [inter, hidden]),
+            ("mlp.down_proj", [hidden, inter]),
+        ] {
+            put(format!("{p}.{n}.weight"), &s)?;
+        }
+    }
+    for i in 0..shape.layers {
+        for n in ["input_layernorm", "post_attention_layernorm"] {
+            w.insert(
+                format!("model.layers.{i}.{n}.weight"),
+                ops::ones(&[hidden], Dtype::Float32, None)?,
+            );
+        }
+    }
+    w.insert(
+        "model.norm.weight".into(),
+        ops::ones(&[hidden], Dtype::Float32, None)?,
+    );
+    mlx_core::io::save_safetensors(
+        dir.join("model.safetensors"),
+        w.iter().map(|(k, v)| (k.as_str(), v)),
+        &Default::default(),
+    )?;
+    std::fs::write(dir.join("config.json"), config.to_string()).map_err(io)?;
+    Ok(())
+}
+
+/// Which memory options a step runs with.
+#[derive(Clone, Debug, Default)]
+pub struct StepOptions {
+    pub grad_checkpoint: bool,
+    pub ce_chunk: Option<i32>,
+    pub segment: Option<i32>,
+    /// `--flash-block`: attention through `mlx_kernels::flash_attention` in tiles of this many
+    /// positions instead of MLX's SDPA.
+    pub flash_block: Option<i32>,
+}
+
+/// One step's figures: MLX's peak memory during the step, the memory held before it
+/// (weights, adapters, tokens), and the arithmetic's prediction of the peak (for the
+/// checkpointed runs).
+#[derive(Clone, Debug)]
+pub struct StepMemory {
+    pub peak: usize,
+    pub before: usize,
+    pub predicted: Option<usize>,
+    pub loss: f32,
+}
+
+/// The peak the arithmetic predicts for a checkpointed step (float32 activations, batch 1,
+/// `t` tokens, segments of `s` (`t` without), cross-entropy chunks of `c` (`t` without)),
+/// over `before` (weights, adapters, tokens):
+/// - the layer inputs the checkpoints keep: `layers * s * hidden`, and as many gradients;
+/// - one layer's recompute and its gradients at `s` tokens: what autograd keeps of a LoRA
+///   llama layer, `12 hidden + 5 kv + 6 inter` per token (norms, projections with their
+///   LoRA outputs, rope, attention output, SwiGLU's four `inter`-wide tensors), twice;
+/// - the attention probabilities of MLX's unfused SDPA (the CPU's, and on CUDA its backward
+///   as measured): `heads * s * t`, three copies (scores, probabilities, their gradient); with
+///   flash attention one tile's, `heads * block * block`;
+/// - keys and values: the final ones of every layer, the ones a segment's backward
+///   recomputes, and the gradients of both, `8 * layers * t * kv` (the segmented backward;
+///   without segments one layer's);
+/// - one cross-entropy chunk: logits, their exponentials and gradient, `3 * c * vocab`.
+pub fn predicted_peak(shape: &Shape, t: i32, opts: &StepOptions, before: usize) -> usize {
+    let (d, l, v) = (
+        shape.hidden as usize,
+        shape.layers as usize,
+        shape.vocab as usize,
+    );
+    let (kv, f, h) = (
+        shape.kv_dim() as usize,
+        shape.inter() as usize,
+        shape.heads() as usize,
+    );
+    let t = t as usize;
+    let s = opts.segment.map_or(t, |s| (s as usize).min(t));
+    let c = opts.ce_chunk.map_or(t, |c| (c as usize).min(t));
+    let kv_layers = if opts.segment.is_some() { l } else { 1 };
+    let elems = 2 * l * s * d
+        + 2 * s * (12 * d + 5 * kv + 6 * f)
+        + 3 * h
+            * opts
+                .flash_block
+                .map_or(s * t, |b| (b as usize).min(s).pow(2))
+        + 8 * kv_layers * t * kv
+        + 3 * c * v;
+    before + 4 * elems
+}
+
+/// Loads the llama in `dir`, adds LoRA (rank 8, every layer), and measures one step of
+/// `len` tokens with `opts`: loss and gradients evaluated, MLX's peak counter reset first.
+pub fn measure_step(dir: &Path, shape: &Shape, len: i32, opts: &StepOptions) -> Result<StepMemory> {
+    let (mut model, _) = load_model_dir(dir, &LoadOptions::default())?;
+    let params = Params::new();
+    linear_to_lora_layers(model.as_mut(), -1, &LoraConfig::default(), false, &params)?;
+    if opts.grad_checkpoint && !model.set_grad_checkpoint(true) {
+        return Err(TrainError::Config("no gradient checkpointing here".into()));
+    }
+    params.set_training(true);
+    random::seed(1)?;
+    let tokens = random::randint(0, shape.vocab, &[1, len + 1], Dtype::Int32, None, None)?;
+    let batch = Batch {
+        tokens,
+        lengths: Array::from_slice(&[0i32, len + 1], &[1, 2])?,
+        truncated: false,
+    };
+    let mut held: Vec<Array> = params.snapshot().into_values().collect();
+    held.push(batch.tokens.clone());
+    held.push(batch.lengths.clone());
+    eval(&held)?;
+    mlx_core::memory::clear_cache()?;
+    let before = mlx_core::memory::active_memory()?;
+    mlx_core::memory::reset_peak_memory()?;
+    let chunk = opts.ce_chunk;
+    let f = move |m: &dyn LanguageModel, b: &Array, l: &Array| match chunk {
+        Some(c) => chunked_loss(m, b, l, c),
+        None => default_loss(m, b, l),
+    };
+    let (l, _, g) = with_flash_attention(opts.flash_block, || match opts.segment {
+        Some(s) => segmented_loss_and_grad(
+            model.as_ref(),
+            &params,
+            &batch.tokens,
+            &batch.lengths,
+            s,
+            chunk,
+        ),
+        None => loss_and_grad(model.as_ref(), &params, &f, &batch),
+    })?;
+    let mut out: Vec<Array> = g.into_values().collect();
+    out.push(l.clone());
+    eval(&out)?;
+    let peak = mlx_core::memory::peak_memory()?;
+    let predicted = opts
+        .grad_checkpoint
+        .then(|| predicted_peak(shape, len, opts, before));
+    Ok(StepMemory {
+        peak,
+        before,
+        predicted,
+        loss: l.item::<f32>()?,
+    })
+}
