@@ -192,6 +192,30 @@ impl Array {
         Ok(v)
     }
 
+    /// Evaluates a floating-point array and copies its elements out as `f32`, row-major:
+    /// float16 and bfloat16 are widened exactly on the host. Unlike `astype(Float32)` then
+    /// [`Array::to_vec`], this adds no node to the graph, so it waits for this array only, not
+    /// for work queued on its stream after it (a pipelined decode keeps its overlap).
+    pub fn to_vec_f32(&self) -> Result<Vec<f32>> {
+        match self.dtype() {
+            Dtype::Float32 => self.to_vec::<f32>(),
+            Dtype::Bfloat16 => Ok(self
+                .to_vec::<half::bf16>()?
+                .into_iter()
+                .map(f32::from)
+                .collect()),
+            Dtype::Float16 => Ok(self
+                .to_vec::<half::f16>()?
+                .into_iter()
+                .map(f32::from)
+                .collect()),
+            d => Err(Error::invalid(
+                "to_vec_f32",
+                format!("array has dtype {d}, not float32, float16 or bfloat16"),
+            )),
+        }
+    }
+
     /// Evaluates and copies the raw element bytes out, row-major, whatever the dtype.
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
         let mut v = vec![0u8; self.nbytes()];

@@ -2,6 +2,8 @@
 #include <cstring>
 #include <sstream>
 
+#include <mlx/graph_utils.h>
+
 #include "internal.hpp"
 
 using namespace mlxs;
@@ -149,6 +151,17 @@ int mlxs_eval(mlxs_vec v) {
 }
 int mlxs_async_eval(mlxs_vec v) {
   return guard([&] { mx::async_eval(V(v)); });
+}
+int mlxs_graph_text(mlxs_string* out, mlxs_vec v, bool dot) {
+  return guard([&] {
+    std::ostringstream os;
+    if (dot) {
+      mx::export_to_dot(os, V(v));
+    } else {
+      mx::print_graph(os, V(v));
+    }
+    *out = new mlxs_string_{os.str()};
+  });
 }
 
 static mx::Device::DeviceType devtype(mlxs_device_type t) {

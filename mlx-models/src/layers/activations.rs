@@ -1,17 +1,53 @@
-//! Activations as `mlx.nn` and mlx-lm's `activations.py` define them. mlx-lm compiles these
-//! with `mx.compile(shapeless=True)`; on MLX's CPU backend the compiled and uncompiled graphs
-//! give identical bits (checked by the model goldens), so they run uncompiled here.
+//! Activations as `mlx.nn` and mlx-lm's `activations.py` define them. mlx-lm compiles `silu`
+//! and `swiglu` with `mx.compile(shapeless=True)`, so on a GPU each is one fused kernel (one
+//! graph node) where the plain ops would be two or three; they are compiled here too
+//! ([`compiled`]), with the same ops inside, so the bits are those of the plain ops (the model
+//! goldens check it on the CPU). The others run uncompiled, as mlx-lm runs them.
 
 use mlx_core::prelude::*;
 
-/// `nn.silu`: `x * sigmoid(x)`.
-pub fn silu(x: &Array) -> Result<Array> {
+/// `x * sigmoid(x)` as plain ops (the body `silu` compiles).
+fn silu_ops(x: &Array) -> Result<Array> {
     x * &ops::sigmoid(x, None)?
 }
 
-/// mlx-lm's `swiglu(gate, x)`: `silu(gate) * x`.
+/// A shapeless compiled function of this thread, made on first use. MLX keeps compile caches
+/// per thread, so each thread has its own; each is leaked on purpose (a few hundred bytes per
+/// thread): dropping it at thread exit would erase its entry from MLX's thread-local compile
+/// cache, which may already be gone by then.
+macro_rules! compiled {
+    ($body:expr) => {{
+        thread_local! {
+            static F: std::cell::OnceCell<&'static Compiled<'static>> =
+                const { std::cell::OnceCell::new() };
+        }
+        F.with(|cell| -> Result<&'static Compiled<'static>> {
+            if let Some(f) = cell.get() {
+                return Ok(*f);
+            }
+            let f: &'static Compiled<'static> = Box::leak(Box::new(compile($body, true)?));
+            Ok(*cell.get_or_init(|| f))
+        })
+    }};
+}
+
+fn one(out: Vec<Array>, what: &str) -> Result<Array> {
+    out.into_iter()
+        .next()
+        .ok_or_else(|| Error::Callback(format!("compiled {what} returned nothing")))
+}
+
+/// `nn.silu`: `x * sigmoid(x)`, compiled shapeless as in mlx.nn.
+pub fn silu(x: &Array) -> Result<Array> {
+    let f = compiled!(|xs: &[Array]| Ok(vec![silu_ops(&xs[0])?]))?;
+    one(f.call(std::slice::from_ref(x))?, "silu")
+}
+
+/// mlx-lm's `swiglu(gate, x)`: `silu(gate) * x`, compiled shapeless as mlx-lm compiles it
+/// (its inner `nn.silu` is inlined into the same trace).
 pub fn swiglu(gate: &Array, x: &Array) -> Result<Array> {
-    &silu(gate)? * x
+    let f = compiled!(|xs: &[Array]| Ok(vec![(&silu_ops(&xs[0])? * &xs[1])?]))?;
+    one(f.call(&[gate.clone(), x.clone()])?, "swiglu")
 }
 
 /// `nn.gelu`: `x * (1 + erf(x / sqrt(2))) / 2`.
