@@ -27,6 +27,9 @@
 //! `/proc/self/stat` in clock ticks of 10 ms; `null` where there is none) is reported: on a
 //! loaded machine it is much steadier than wall time.
 //!
+//! `--graph` adds `graph`: the primitive counts (MLX's `export_to_dot` labels) of the first
+//! prefill chunk's and of the third decode step's graphs, from an extra untimed generation.
+//!
 //! `--compiled off` decodes uncompiled (default `auto`: the compiled step where the model has
 //! one, made once per process and kept across trials with
 //! [`mlx_engine::generate::generate_step_with_decoder`], so its segments are traced during the
@@ -41,15 +44,18 @@
 //! Prints one JSON line on stdout.
 #![forbid(unsafe_code)]
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use mlx_core::graph;
 use mlx_core::memory;
 use mlx_core::prelude::*;
 use mlx_engine::compiled::CompiledDecoder;
 use mlx_engine::generate::{
-    generate_step, generate_step_with_decoder, CompiledDecode, GenerateOptions,
+    generate_step, generate_step_with_decoder, CompiledDecode, EvalProbe, GenerateOptions,
 };
 use mlx_engine::sample::Sampler;
 use mlx_models::gguf::load_gguf_model;
@@ -61,7 +67,7 @@ const USAGE: &str =
     "usage: bench_generate --model PATH|smollm2 [--dtype float32|float16|bfloat16|keep]
     [--prompt-len 512] [--gen-len 32] [--seed 0] [--warmup 1] [--warmup-prompt-len N]
     [--warmup-gen-len N] [--trials 1] [--prefill-step-size 2048] [--device cpu|gpu] [--digests]
-    [--compiled auto|percall|off] [--step-timing N]
+    [--compiled auto|percall|off] [--step-timing N] [--graph]
   bench_generate --model smollm2 --resolve   (prints the fetched GGUF's path)
 Prints one JSON line: prompt_tps, generation_tps (mlx-lm stream_generate's definitions),
 times, CPU times, peak memory per trial, and the last trial's greedy tokens. --digests adds
@@ -85,6 +91,7 @@ struct Args {
     device: Option<String>,
     resolve: bool,
     digests: bool,
+    graph: bool,
     compiled: Compiled,
     step_timing: usize,
 }
@@ -114,6 +121,7 @@ fn parse_args() -> BoxResult<Args> {
         device: None,
         resolve: false,
         digests: false,
+        graph: false,
         compiled: match std::env::var("MLX_COMPILED_DECODE").as_deref() {
             Ok("off") | Ok("0") => Compiled::Off,
             _ => Compiled::Auto,
@@ -132,6 +140,10 @@ fn parse_args() -> BoxResult<Args> {
         }
         if flag == "--digests" {
             a.digests = true;
+            continue;
+        }
+        if flag == "--graph" {
+            a.graph = true;
             continue;
         }
         let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
@@ -247,6 +259,7 @@ fn trial(
     compiled: Compiled,
     decoder: Option<&CompiledDecoder>,
     mut digests: Option<&mut Vec<String>>,
+    eval_probe: Option<EvalProbe>,
 ) -> BoxResult<(Value, Vec<u32>)> {
     let opts = GenerateOptions {
         max_tokens: Some(gen_len),
@@ -256,6 +269,7 @@ fn trial(
             Compiled::Off => CompiledDecode::Off,
             Compiled::Auto | Compiled::PerCall => CompiledDecode::Auto,
         },
+        eval_probe,
         ..GenerateOptions::default()
     };
     let mut tokens = Vec::with_capacity(gen_len);
@@ -389,6 +403,7 @@ fn run(a: &Args) -> BoxResult<()> {
             a.compiled,
             decoder.as_ref(),
             None,
+            None,
         )?;
     }
     let mut trials = Vec::new();
@@ -405,6 +420,7 @@ fn run(a: &Args) -> BoxResult<()> {
             a.compiled,
             decoder.as_ref(),
             d,
+            None,
         )?;
         trials.push(r);
         tokens = t;
@@ -426,6 +442,37 @@ fn run(a: &Args) -> BoxResult<()> {
     out["compiled"] = json!(format!("{:?}", a.compiled));
     if a.digests {
         out["logprob_digests"] = json!(digests);
+    }
+    if a.graph {
+        // An untimed extra generation of 3 tokens: the graphs of the first prefill chunk and
+        // of the third step (the first decode steps may trace the compiled step).
+        let seen: Arc<Mutex<Vec<(&'static str, BTreeMap<String, usize>)>>> = Arc::default();
+        let sink = Arc::clone(&seen);
+        let probe = EvalProbe(Arc::new(move |what, arrays| {
+            if let Ok(dot) = graph::to_dot(arrays.iter().copied()) {
+                if let Ok(mut v) = sink.lock() {
+                    v.push((what, graph::primitive_counts(&dot)));
+                }
+            }
+        }));
+        trial(
+            model.as_ref(),
+            &prompt,
+            3,
+            a.prefill_step_size,
+            a.compiled,
+            decoder.as_ref(),
+            None,
+            Some(probe),
+        )?;
+        let seen = seen.lock().map_err(|_| "graph probe poisoned")?;
+        let pick = |what: &str, nth: usize| {
+            seen.iter()
+                .filter(|(w, _)| *w == what)
+                .nth(nth)
+                .map(|(_, c)| json!({"nodes": c.values().sum::<usize>(), "by_kind": c}))
+        };
+        out["graph"] = json!({"prefill": pick("prefill", 0), "step": pick("step", 2)});
     }
     if a.step_timing > 0 {
         out["step_timing"] = json!({

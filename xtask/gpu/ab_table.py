@@ -3,10 +3,10 @@ every trial of every round of prefill tok/s (prompt tokens / time to the first t
 tok/s (tokens / time from the first token to the last), the decode rate as weight bytes per
 second, and the step phases of `--step-timing` (ms; graph build, async_eval, sync).
 
-    python3 ab_table.py ab.jsonl [MODELS_DIR]
+    python3 ab_table.py ab.jsonl [SIZES]
 
-MODELS_DIR (default /tmp/bench-models) is where the weight bytes are read from, when present;
-else the sizes below are used.
+SIZES is `ab.sh`'s sizes.txt (`du -b` of each model.safetensors: weight bytes per token); models
+it does not list use the sizes below.
 """
 
 import json
@@ -19,20 +19,25 @@ WEIGHT_BYTES = {
     "llama-135m-q4": 76e6,
     "llama-135m-bf16": 269e6,
     "llama-8b-q4": 4.52e9,
+    "llama-8b-q8": 8.54e9,
+    "llama-8b-bf16": 16.06e9,
 }
 SIDES = ["mlx-lm", "ours-off", "ours-auto", "ours-percall"]
 
 
 def main():
     rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip().startswith("{")]
-    models_dir = sys.argv[2] if len(sys.argv) > 2 else "/tmp/bench-models"
+    sizes = dict(WEIGHT_BYTES)
+    if len(sys.argv) > 2:
+        for line in open(sys.argv[2]):
+            size, path = line.split(None, 1)
+            sizes[os.path.basename(os.path.dirname(path.strip()))] = int(size)
     names = list(dict.fromkeys(r["name"] for r in rows))
     print("| model | side | prefill tok/s | decode tok/s | decode GB/s | trials | "
           "step build / async_eval / sync ms (ours, uncompiled; compiled) | tokens = mlx-lm's |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name in names:
-        path = os.path.join(models_dir, name, "model.safetensors")
-        wbytes = os.path.getsize(path) if os.path.exists(path) else WEIGHT_BYTES.get(name)
+        wbytes = sizes.get(name)
         ref_tokens = [r["tokens"] for r in rows if r["name"] == name and r["side"] == "mlx-lm"]
         for side in SIDES:
             rs = [r for r in rows if r["name"] == name and r["side"] == side]

@@ -88,6 +88,8 @@ MODELS = {
     "llama-135m-q4": (BASE_135M, "bfloat16", (64, 4)),
     "llama-small-f32": (BASE_SMALL, "float32", None),
     "llama-8b-q4": (BASE_8B, "bfloat16", (64, 4)),
+    "llama-8b-q8": (BASE_8B, "bfloat16", (64, 8)),
+    "llama-8b-bf16": (BASE_8B, "bfloat16", None),
 }
 
 
