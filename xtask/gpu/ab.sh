@@ -29,7 +29,7 @@ ts.sort(); t = ts[len(ts) // 2]
 print(f"copy (x * 1, bf16, 512 MB read + 512 MB written): median {t * 1e3:.3f} ms = {2 * x.nbytes / t / 1e9:.0f} GB/s")
 PY
 xz -d -k -f "$G/bench_generate.xz" && chmod +x "$G/bench_generate"
-COMMON="--dtype keep --prompt-len $PROMPT --gen-len $GEN --trials $TRIALS --device gpu"
+COMMON="--dtype keep --prompt-len $PROMPT --gen-len $GEN --trials $TRIALS --device ${DEVICE:-gpu}"
 for m in $MODELS; do
   if [ "$SECONDS" -gt "$BUDGET_S" ]; then echo "skip $m: ${SECONDS}s spent"; continue; fi
   python3 "$G/bench_models.py" /tmp/bench-models "$m" || continue

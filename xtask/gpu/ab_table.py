@@ -1,7 +1,8 @@
 """Summarises `ab.sh`'s ab.jsonl as a Markdown table: per model and side, the medians over
 every trial of every round of prefill tok/s (prompt tokens / time to the first token) and decode
 tok/s (tokens / time from the first token to the last), the decode rate as weight bytes per
-second, and the step phases of `--step-timing` (ms; graph build, async_eval, sync).
+second, the step phases of `--step-timing` (ms; graph build, async_eval, sync) and the primitive
+counts of `--graph` (the first prefill chunk, the third decode step).
 
     python3 ab_table.py ab.jsonl [SIZES]
 
@@ -34,8 +35,9 @@ def main():
             sizes[os.path.basename(os.path.dirname(path.strip()))] = int(size)
     names = list(dict.fromkeys(r["name"] for r in rows))
     print("| model | side | prefill tok/s | decode tok/s | decode GB/s | trials | "
-          "step build / async_eval / sync ms (ours, uncompiled; compiled) | tokens = mlx-lm's |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+          "step build / async_eval / sync ms (ours, uncompiled; compiled) | graph nodes prefill / step "
+          "| tokens = mlx-lm's |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for name in names:
         wbytes = sizes.get(name)
         ref_tokens = [r["tokens"] for r in rows if r["name"] == name and r["side"] == "mlx-lm"]
@@ -56,10 +58,14 @@ def main():
                     if v:
                         parts.append(f"{v['build_ms']:.2f} / {v['schedule_ms']:.2f} / {v['sync_ms']:.2f}")
                 steps = "; ".join(parts)
+            gr = next((r["graph"] for r in rs if r.get("graph")), None)
+            nodes = "-"
+            if gr:
+                nodes = " / ".join(str((gr.get(k) or {}).get("nodes", "-")) for k in ("prefill", "step"))
             same = "-"
             if side != "mlx-lm" and ref_tokens:
                 same = "yes" if all(r["tokens"] == ref_tokens[0] for r in rs) else "no"
-            print(f"| {name} | {side} | {pre:,.0f} | {dec:.1f} | {gbs} | {len(trials)} | {steps} | {same} |")
+            print(f"| {name} | {side} | {pre:,.0f} | {dec:.1f} | {gbs} | {len(trials)} | {steps} | {nodes} | {same} |")
 
 
 main()
