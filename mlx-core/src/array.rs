@@ -305,3 +305,27 @@ pub(crate) fn shape_numel(op: &'static str, shape: &[i32]) -> Result<usize> {
             .ok_or_else(|| Error::invalid(op, format!("invalid shape {shape:?}")))
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops;
+
+    /// `to_vec` copies a contiguous array straight from its buffer and makes strided views
+    /// contiguous first: both read row-major.
+    #[test]
+    fn to_vec_reads_views_row_major() -> Result<()> {
+        let a = Array::from_slice(&[0.0f32, 1.0, 2.0, 3.0, 4.0, 5.0], &[2, 3])?;
+        let t = ops::transpose(&a, &[1, 0], None)?;
+        assert_eq!(t.to_vec::<f32>()?, vec![0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
+        let row = ops::slice_axis(&a, 0, 1, 2, None)?;
+        assert_eq!(row.to_vec::<f32>()?, vec![3.0, 4.0, 5.0]);
+        let col = ops::slice_axis(&a, 1, 1, 2, None)?;
+        assert_eq!(col.to_vec::<f32>()?, vec![1.0, 4.0]);
+        let b = ops::broadcast_to(&Array::from_slice(&[7.0f32], &[1])?, &[3], None)?;
+        assert_eq!(b.to_vec::<f32>()?, vec![7.0; 3]);
+        let h = a.astype(Dtype::Bfloat16)?;
+        assert_eq!(h.to_vec_f32()?, vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
+        Ok(())
+    }
+}

@@ -37,7 +37,7 @@ for m in $MODELS; do
   for r in $(seq 1 "$ROUNDS"); do
     if [ "$r" -gt 1 ] && [ "$SECONDS" -gt "$ROUND_BUDGET_S" ]; then echo "skip $m round $r: ${SECONDS}s spent"; break; fi
     EXTRA=""; MODES="off auto"; PYEXTRA=""
-    if [ "$r" = 1 ]; then EXTRA="--step-timing 32 --graph"; MODES="off auto percall"; PYEXTRA="--graph"; fi
+    if [ "$r" = 1 ]; then EXTRA="--step-timing 32 --graph"; MODES=${R1_MODES:-"off auto percall"}; PYEXTRA="--graph"; fi
     { timeout 200 python3 "$G/bench_mlx_lm.py" --model "$M" $COMMON $PYEXTRA | sed "s/^{/{\"side\": \"mlx-lm\", \"name\": \"$m\", \"round\": $r, /"; } >> "$OUT/ab.jsonl" 2>> "$OUT/ab.err"
     for c in $MODES; do
       { timeout 200 "$G/bench_generate" --model "$M" $COMMON --compiled $c $EXTRA | sed "s/^{/{\"side\": \"ours-$c\", \"name\": \"$m\", \"round\": $r, /"; } >> "$OUT/ab.jsonl" 2>> "$OUT/ab.err"
