@@ -17,8 +17,18 @@ use std::time::Instant;
 use mlx_core::prelude::*;
 
 fn main() -> Result<()> {
-    let n: usize = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(8);
-    let m = random::normal(&[1024, 1024], Dtype::Float32, Some(0.0), Some(0.03), None, None)?;
+    let n: usize = std::env::args()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(8);
+    let m = random::normal(
+        &[1024, 1024],
+        Dtype::Float32,
+        Some(0.0),
+        Some(0.03),
+        None,
+        None,
+    )?;
     m.eval()?;
     let read = |how: &str| -> Result<()> {
         let a = (&Array::from_slice(&[1.0f32, 2.0], &[2])? + 1.0f32)?;
@@ -38,7 +48,9 @@ fn main() -> Result<()> {
         let ms = t.elapsed().as_secs_f64() * 1e3;
         let b_done = b.is_evaluated();
         b.eval()?;
-        println!("{how:>10}: read {v:?} in {ms:8.2} ms; the queued chain finished by then: {b_done}");
+        println!(
+            "{how:>10}: read {v:?} in {ms:8.2} ms; the queued chain finished by then: {b_done}"
+        );
         Ok(())
     };
     for how in ["to_vec", "contiguous", "astype", "to_vec"] {

@@ -255,8 +255,7 @@ fn trial(
     model: &dyn LanguageModel,
     prompt: &[i32],
     gen_len: usize,
-    prefill_step_size: usize,
-    compiled: Compiled,
+    a: &Args,
     decoder: Option<&CompiledDecoder>,
     mut digests: Option<&mut Vec<String>>,
     eval_probe: Option<EvalProbe>,
@@ -264,8 +263,8 @@ fn trial(
     let opts = GenerateOptions {
         max_tokens: Some(gen_len),
         sampler: Sampler::greedy(),
-        prefill_step_size,
-        compiled_decode: match compiled {
+        prefill_step_size: a.prefill_step_size,
+        compiled_decode: match a.compiled {
             Compiled::Off => CompiledDecode::Off,
             Compiled::Auto | Compiled::PerCall => CompiledDecode::Auto,
         },
@@ -399,8 +398,7 @@ fn run(a: &Args) -> BoxResult<()> {
             model.as_ref(),
             &prompt[..wp],
             wg,
-            a.prefill_step_size,
-            a.compiled,
+            a,
             decoder.as_ref(),
             None,
             None,
@@ -416,8 +414,7 @@ fn run(a: &Args) -> BoxResult<()> {
             model.as_ref(),
             &prompt,
             a.gen_len,
-            a.prefill_step_size,
-            a.compiled,
+            a,
             decoder.as_ref(),
             d,
             None,
@@ -446,7 +443,8 @@ fn run(a: &Args) -> BoxResult<()> {
     if a.graph {
         // An untimed extra generation of 3 tokens: the graphs of the first prefill chunk and
         // of the third step (the first decode steps may trace the compiled step).
-        let seen: Arc<Mutex<Vec<(&'static str, BTreeMap<String, usize>)>>> = Arc::default();
+        type Seen = Vec<(&'static str, BTreeMap<String, usize>)>;
+        let seen: Arc<Mutex<Seen>> = Arc::default();
         let sink = Arc::clone(&seen);
         let probe = EvalProbe(Arc::new(move |what, arrays| {
             if let Ok(dot) = graph::to_dot(arrays.iter().copied()) {
@@ -459,8 +457,7 @@ fn run(a: &Args) -> BoxResult<()> {
             model.as_ref(),
             &prompt,
             3,
-            a.prefill_step_size,
-            a.compiled,
+            a,
             decoder.as_ref(),
             None,
             Some(probe),

@@ -35,7 +35,10 @@ impl std::fmt::Debug for PromptProgress {
 /// arrays are unevaluated, so their graphs can be inspected ([`mlx_core::graph`]); the graph
 /// test compares them with what mlx-lm's `generate_step` evaluates.
 #[derive(Clone)]
-pub struct EvalProbe(pub Arc<dyn Fn(&'static str, &[&Array]) + Send + Sync>);
+pub struct EvalProbe(pub Arc<ProbeFn>);
+
+/// What an [`EvalProbe`] calls: the call's name and the arrays about to be evaluated.
+pub type ProbeFn = dyn Fn(&'static str, &[&Array]) + Send + Sync;
 
 impl std::fmt::Debug for EvalProbe {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
