@@ -204,7 +204,7 @@ impl ArraysCache {
             let in_length = ops::less(&pos, &ops::expand_dims(len, &[1], None)?, None)?;
             mask = Some(match mask {
                 None => in_length,
-                Some(m) => ops::logical_and(&m, &in_length, None)?,
+                Some(m) => ops::bitwise_and(&m, &in_length, None)?,
             });
         }
         Ok(mask)

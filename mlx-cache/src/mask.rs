@@ -54,7 +54,7 @@ pub fn create_causal_mask(n: usize, offset: usize, window_size: Option<usize>) -
     let mut mask = ops::greater_equal(&linds, &rinds, None)?;
     if let Some(w) = window_size {
         let upper = ops::add_scalar(&rinds, i64::from(int(w, "create_causal_mask")?), None)?;
-        mask = ops::logical_and(&mask, &ops::less(&linds, &upper, None)?, None)?;
+        mask = ops::bitwise_and(&mask, &ops::less(&linds, &upper, None)?, None)?;
     }
     Ok(mask)
 }

@@ -192,6 +192,30 @@ impl Array {
         Ok(v)
     }
 
+    /// Evaluates a floating-point array and copies its elements out as `f32`, row-major:
+    /// float16 and bfloat16 are widened exactly on the host. Unlike `astype(Float32)` then
+    /// [`Array::to_vec`], this adds no node to the graph, so it waits for this array only, not
+    /// for work queued on its stream after it (a pipelined decode keeps its overlap).
+    pub fn to_vec_f32(&self) -> Result<Vec<f32>> {
+        match self.dtype() {
+            Dtype::Float32 => self.to_vec::<f32>(),
+            Dtype::Bfloat16 => Ok(self
+                .to_vec::<half::bf16>()?
+                .into_iter()
+                .map(f32::from)
+                .collect()),
+            Dtype::Float16 => Ok(self
+                .to_vec::<half::f16>()?
+                .into_iter()
+                .map(f32::from)
+                .collect()),
+            d => Err(Error::invalid(
+                "to_vec_f32",
+                format!("array has dtype {d}, not float32, float16 or bfloat16"),
+            )),
+        }
+    }
+
     /// Evaluates and copies the raw element bytes out, row-major, whatever the dtype.
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
         let mut v = vec![0u8; self.nbytes()];
@@ -280,4 +304,28 @@ pub(crate) fn shape_numel(op: &'static str, shape: &[i32]) -> Result<usize> {
             .and_then(|d| acc.checked_mul(d))
             .ok_or_else(|| Error::invalid(op, format!("invalid shape {shape:?}")))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops;
+
+    /// `to_vec` copies a contiguous array straight from its buffer and makes strided views
+    /// contiguous first: both read row-major.
+    #[test]
+    fn to_vec_reads_views_row_major() -> Result<()> {
+        let a = Array::from_slice(&[0.0f32, 1.0, 2.0, 3.0, 4.0, 5.0], &[2, 3])?;
+        let t = ops::transpose(&a, &[1, 0], None)?;
+        assert_eq!(t.to_vec::<f32>()?, vec![0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
+        let row = ops::slice_axis(&a, 0, 1, 2, None)?;
+        assert_eq!(row.to_vec::<f32>()?, vec![3.0, 4.0, 5.0]);
+        let col = ops::slice_axis(&a, 1, 1, 2, None)?;
+        assert_eq!(col.to_vec::<f32>()?, vec![1.0, 4.0]);
+        let b = ops::broadcast_to(&Array::from_slice(&[7.0f32], &[1])?, &[3], None)?;
+        assert_eq!(b.to_vec::<f32>()?, vec![7.0; 3]);
+        let h = a.astype(Dtype::Bfloat16)?;
+        assert_eq!(h.to_vec_f32()?, vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
+        Ok(())
+    }
 }

@@ -6,7 +6,8 @@
 //! cargo run --release -p mlx-models --example bench_generate -- --model PATH|smollm2
 //!     [--dtype float32|float16|bfloat16|keep] [--prompt-len 512] [--gen-len 32] [--seed 0]
 //!     [--warmup 1] [--warmup-prompt-len N] [--warmup-gen-len N] [--trials 1]
-//!     [--prefill-step-size 2048] [--device cpu|gpu] [--compiled auto|off] [--step-timing N]
+//!     [--prefill-step-size 2048] [--device cpu|gpu] [--compiled auto|percall|off]
+//!     [--step-timing N]
 //! bench_generate --model smollm2 --resolve    # prints the fetched GGUF's path and exits
 //! ```
 //!
@@ -26,8 +27,16 @@
 //! `/proc/self/stat` in clock ticks of 10 ms; `null` where there is none) is reported: on a
 //! loaded machine it is much steadier than wall time.
 //!
+//! `--graph` adds `graph`: the primitive counts (MLX's `export_to_dot` labels) of the first
+//! prefill chunk's and of the third decode step's graphs, from an extra untimed generation.
+//!
 //! `--compiled off` decodes uncompiled (default `auto`: the compiled step where the model has
-//! one, as `generate_step` does; `MLX_COMPILED_DECODE=off` does the same; `generate_step` itself defaults to off). `--step-timing N`
+//! one, made once per process and kept across trials with
+//! [`mlx_engine::generate::generate_step_with_decoder`], so its segments are traced during the
+//! warmup, as a server or chat session keeps it; `percall`: a new compiled step per trial, as
+//! `generate_step` with [`CompiledDecode::Auto`] makes it, whose tracing then lands in each
+//! trial's time to first token; `MLX_COMPILED_DECODE=off` is `off`; `generate_step` itself
+//! defaults to off). `--step-timing N`
 //! adds `step_timing`: after the prompt, `N` decode steps each timed in three phases, for the
 //! compiled step and the uncompiled forward alike: building the step's graph (`build_ms`),
 //! `async_eval` (`schedule_ms`) and waiting for the result (`sync_ms`); medians.
@@ -35,14 +44,19 @@
 //! Prints one JSON line on stdout.
 #![forbid(unsafe_code)]
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use mlx_core::graph;
 use mlx_core::memory;
 use mlx_core::prelude::*;
 use mlx_engine::compiled::CompiledDecoder;
-use mlx_engine::generate::{generate_step, CompiledDecode, GenerateOptions};
+use mlx_engine::generate::{
+    generate_step, generate_step_with_decoder, CompiledDecode, EvalProbe, GenerateOptions,
+};
 use mlx_engine::sample::Sampler;
 use mlx_models::gguf::load_gguf_model;
 use mlx_models::load::{load_model_dir, LoadOptions};
@@ -53,7 +67,7 @@ const USAGE: &str =
     "usage: bench_generate --model PATH|smollm2 [--dtype float32|float16|bfloat16|keep]
     [--prompt-len 512] [--gen-len 32] [--seed 0] [--warmup 1] [--warmup-prompt-len N]
     [--warmup-gen-len N] [--trials 1] [--prefill-step-size 2048] [--device cpu|gpu] [--digests]
-    [--compiled auto|off] [--step-timing N]
+    [--compiled auto|percall|off] [--step-timing N] [--graph]
   bench_generate --model smollm2 --resolve   (prints the fetched GGUF's path)
 Prints one JSON line: prompt_tps, generation_tps (mlx-lm stream_generate's definitions),
 times, CPU times, peak memory per trial, and the last trial's greedy tokens. --digests adds
@@ -77,8 +91,19 @@ struct Args {
     device: Option<String>,
     resolve: bool,
     digests: bool,
-    compiled: CompiledDecode,
+    graph: bool,
+    compiled: Compiled,
     step_timing: usize,
+}
+
+/// `--compiled`: which decode step the trials use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Compiled {
+    Off,
+    /// One compiled step for the process, reused by every trial.
+    Auto,
+    /// A new compiled step per trial (`generate_step` with `CompiledDecode::Auto`).
+    PerCall,
 }
 
 fn parse_args() -> BoxResult<Args> {
@@ -96,9 +121,10 @@ fn parse_args() -> BoxResult<Args> {
         device: None,
         resolve: false,
         digests: false,
+        graph: false,
         compiled: match std::env::var("MLX_COMPILED_DECODE").as_deref() {
-            Ok("off") | Ok("0") => CompiledDecode::Off,
-            _ => CompiledDecode::Auto,
+            Ok("off") | Ok("0") => Compiled::Off,
+            _ => Compiled::Auto,
         },
         step_timing: 0,
     };
@@ -114,6 +140,10 @@ fn parse_args() -> BoxResult<Args> {
         }
         if flag == "--digests" {
             a.digests = true;
+            continue;
+        }
+        if flag == "--graph" {
+            a.graph = true;
             continue;
         }
         let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
@@ -134,9 +164,10 @@ fn parse_args() -> BoxResult<Args> {
             "--device" => a.device = Some(value),
             "--compiled" => {
                 a.compiled = match value.as_str() {
-                    "auto" | "on" => CompiledDecode::Auto,
-                    "off" => CompiledDecode::Off,
-                    v => return Err(format!("--compiled {v}: auto|off").into()),
+                    "auto" | "on" => Compiled::Auto,
+                    "percall" => Compiled::PerCall,
+                    "off" => Compiled::Off,
+                    v => return Err(format!("--compiled {v}: auto|percall|off").into()),
                 }
             }
             "--step-timing" => a.step_timing = num(&value)?,
@@ -224,15 +255,20 @@ fn trial(
     model: &dyn LanguageModel,
     prompt: &[i32],
     gen_len: usize,
-    prefill_step_size: usize,
-    compiled: CompiledDecode,
+    a: &Args,
+    decoder: Option<&CompiledDecoder>,
     mut digests: Option<&mut Vec<String>>,
+    eval_probe: Option<EvalProbe>,
 ) -> BoxResult<(Value, Vec<u32>)> {
     let opts = GenerateOptions {
         max_tokens: Some(gen_len),
         sampler: Sampler::greedy(),
-        prefill_step_size,
-        compiled_decode: compiled,
+        prefill_step_size: a.prefill_step_size,
+        compiled_decode: match a.compiled {
+            Compiled::Off => CompiledDecode::Off,
+            Compiled::Auto | Compiled::PerCall => CompiledDecode::Auto,
+        },
+        eval_probe,
         ..GenerateOptions::default()
     };
     let mut tokens = Vec::with_capacity(gen_len);
@@ -241,7 +277,11 @@ fn trial(
     let mut cpu1 = None;
     let mut tic = Instant::now();
     let mut prompt_time = 0.0;
-    for (n, step) in generate_step(prompt, model, None, opts)?.enumerate() {
+    let steps = match decoder {
+        Some(d) => generate_step_with_decoder(prompt, model, None, opts, d)?,
+        None => generate_step(prompt, model, None, opts)?,
+    };
+    for (n, step) in steps.enumerate() {
         let step = step?;
         if n == 0 {
             prompt_time = tic.elapsed().as_secs_f64();
@@ -349,13 +389,18 @@ fn run(a: &Args) -> BoxResult<()> {
         .unwrap_or(a.prompt_len)
         .min(a.prompt_len);
     let wg = a.warmup_gen_len.unwrap_or(a.gen_len).max(1);
+    let decoder = match a.compiled {
+        Compiled::Auto => CompiledDecoder::new(model.as_ref())?,
+        Compiled::Off | Compiled::PerCall => None,
+    };
     for _ in 0..a.warmup {
         trial(
             model.as_ref(),
             &prompt[..wp],
             wg,
-            a.prefill_step_size,
-            a.compiled,
+            a,
+            decoder.as_ref(),
+            None,
             None,
         )?;
     }
@@ -369,9 +414,10 @@ fn run(a: &Args) -> BoxResult<()> {
             model.as_ref(),
             &prompt,
             a.gen_len,
-            a.prefill_step_size,
-            a.compiled,
+            a,
+            decoder.as_ref(),
             d,
+            None,
         )?;
         trials.push(r);
         tokens = t;
@@ -393,6 +439,37 @@ fn run(a: &Args) -> BoxResult<()> {
     out["compiled"] = json!(format!("{:?}", a.compiled));
     if a.digests {
         out["logprob_digests"] = json!(digests);
+    }
+    if a.graph {
+        // An untimed extra generation of 3 tokens: the graphs of the first prefill chunk and
+        // of the third step (the first decode steps may trace the compiled step).
+        type Seen = Vec<(&'static str, BTreeMap<String, usize>)>;
+        let seen: Arc<Mutex<Seen>> = Arc::default();
+        let sink = Arc::clone(&seen);
+        let probe = EvalProbe(Arc::new(move |what, arrays| {
+            if let Ok(dot) = graph::to_dot(arrays.iter().copied()) {
+                if let Ok(mut v) = sink.lock() {
+                    v.push((what, graph::primitive_counts(&dot)));
+                }
+            }
+        }));
+        trial(
+            model.as_ref(),
+            &prompt,
+            3,
+            a,
+            decoder.as_ref(),
+            None,
+            Some(probe),
+        )?;
+        let seen = seen.lock().map_err(|_| "graph probe poisoned")?;
+        let pick = |what: &str, nth: usize| {
+            seen.iter()
+                .filter(|(w, _)| *w == what)
+                .nth(nth)
+                .map(|(_, c)| json!({"nodes": c.values().sum::<usize>(), "by_kind": c}))
+        };
+        out["graph"] = json!({"prefill": pick("prefill", 0), "step": pick("step", 2)});
     }
     if a.step_timing > 0 {
         out["step_timing"] = json!({

@@ -29,6 +29,23 @@ impl std::fmt::Debug for PromptProgress {
     }
 }
 
+/// Called with what `generate_step` is about to evaluate, before it evaluates it: `"prefill"`
+/// with every cache's state after a prefill chunk (`mx.eval([c.state for c in cache])`),
+/// `"step"` with a step's token, log-probabilities and log-sum-exp (`mx.async_eval`). The
+/// arrays are unevaluated, so their graphs can be inspected ([`mlx_core::graph`]); the graph
+/// test compares them with what mlx-lm's `generate_step` evaluates.
+#[derive(Clone)]
+pub struct EvalProbe(pub Arc<ProbeFn>);
+
+/// What an [`EvalProbe`] calls: the call's name and the arrays about to be evaluated.
+pub type ProbeFn = dyn Fn(&'static str, &[&Array]) + Send + Sync;
+
+impl std::fmt::Debug for EvalProbe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EvalProbe(..)")
+    }
+}
+
 /// `generate_step`'s keyword arguments.
 #[derive(Clone, Debug)]
 pub struct GenerateOptions {
@@ -46,6 +63,8 @@ pub struct GenerateOptions {
     /// Decode through [`crate::compiled::CompiledDecoder`] where the model supports it (see
     /// [`CompiledDecode`]).
     pub compiled_decode: CompiledDecode,
+    /// Sees each graph before it is evaluated (tests and diagnostics; see [`EvalProbe`]).
+    pub eval_probe: Option<EvalProbe>,
 }
 
 /// Whether `generate_step` decodes through the compiled step. Off by default: on the CPU
@@ -76,6 +95,7 @@ impl Default for GenerateOptions {
             quantized_kv_start: DEFAULT_QUANTIZED_KV_START,
             prompt_progress: None,
             compiled_decode: CompiledDecode::default(),
+            eval_probe: None,
         }
     }
 }
@@ -172,8 +192,26 @@ pub struct GenerateStep<'m> {
     n: usize,
     done: bool,
     prompt_len: usize,
-    decoder: Option<CompiledDecoder<'m>>,
+    decoder: Decoder<'m>,
     compiled_steps: usize,
+}
+
+/// The compiled decode step a [`GenerateStep`] uses: none, its own (traced during this
+/// generation), or the caller's (traced once, reused by every generation of the model).
+enum Decoder<'m> {
+    None,
+    Owned(CompiledDecoder<'m>),
+    Shared(&'m CompiledDecoder<'m>),
+}
+
+impl<'m> Decoder<'m> {
+    fn get(&self) -> Option<&CompiledDecoder<'m>> {
+        match self {
+            Decoder::None => None,
+            Decoder::Owned(d) => Some(d),
+            Decoder::Shared(d) => Some(d),
+        }
+    }
 }
 
 /// Starts generating from `prompt` (token ids). With `prompt_cache`, the cache is used and
@@ -183,6 +221,38 @@ pub fn generate_step<'m>(
     model: &'m dyn LanguageModel,
     prompt_cache: Option<Vec<Box<dyn Cache>>>,
     opts: GenerateOptions,
+) -> Result<GenerateStep<'m>> {
+    let decoder = match opts.compiled_decode {
+        CompiledDecode::Off => Decoder::None,
+        CompiledDecode::Auto => match CompiledDecoder::new(model)? {
+            Some(d) => Decoder::Owned(d),
+            None => Decoder::None,
+        },
+    };
+    start(prompt, model, prompt_cache, opts, decoder)
+}
+
+/// [`generate_step`] decoding through `decoder`, a compiled step of `model` that the caller
+/// keeps across generations (`opts.compiled_decode` is not consulted). A decoder made per
+/// call traces its segments during the first decode step, which then lands in the time to
+/// the first token of every generation; a kept one traces once (a server, a chat session,
+/// repeated benchmark trials). If a step fails compiled, this generation goes on uncompiled.
+pub fn generate_step_with_decoder<'m>(
+    prompt: &[i32],
+    model: &'m dyn LanguageModel,
+    prompt_cache: Option<Vec<Box<dyn Cache>>>,
+    opts: GenerateOptions,
+    decoder: &'m CompiledDecoder<'m>,
+) -> Result<GenerateStep<'m>> {
+    start(prompt, model, prompt_cache, opts, Decoder::Shared(decoder))
+}
+
+fn start<'m>(
+    prompt: &[i32],
+    model: &'m dyn LanguageModel,
+    prompt_cache: Option<Vec<Box<dyn Cache>>>,
+    opts: GenerateOptions,
+    decoder: Decoder<'m>,
 ) -> Result<GenerateStep<'m>> {
     if prompt.is_empty() {
         return Err(EngineError::Other(
@@ -206,10 +276,6 @@ pub fn generate_step<'m>(
     let caches = match prompt_cache {
         Some(c) => c,
         None => make_prompt_cache(model, opts.max_kv_size)?,
-    };
-    let decoder = match opts.compiled_decode {
-        CompiledDecode::Off => None,
-        CompiledDecode::Auto => CompiledDecoder::new(model)?,
     };
     let mut g = GenerateStep {
         model,
@@ -238,12 +304,12 @@ impl<'m> GenerateStep<'m> {
     fn step(&mut self, input: &Array, ids: Option<&[i32]>) -> Result<(Array, Array, Array)> {
         let len = input.size();
         let x = ops::expand_dims(input, &[0], None)?;
-        let staged = match &self.decoder {
+        let staged = match self.decoder.get() {
             Some(d) if len == 1 => match d.step(&x, &self.caches) {
                 Ok(s) => Some(s),
                 // The caches are untouched: go on uncompiled.
                 Err(_) => {
-                    self.decoder = None;
+                    self.decoder = Decoder::None;
                     None
                 }
             },
@@ -284,6 +350,12 @@ impl<'m> GenerateStep<'m> {
         Ok((sampled, ops::squeeze(&logprobs, &[0], None)?, lse))
     }
 
+    fn probe(&self, what: &'static str, arrays: &[&Array]) {
+        if let Some(p) = &self.opts.eval_probe {
+            (p.0)(what, arrays);
+        }
+    }
+
     fn progress(&self, done: usize) {
         if let Some(p) = &self.opts.prompt_progress {
             (p.0)(done, self.prompt_len);
@@ -292,11 +364,15 @@ impl<'m> GenerateStep<'m> {
 
     fn prefill(&mut self, prompt: &[i32]) -> Result<()> {
         let mut rest = prompt;
+        // One array for the prompt, sliced per chunk as mlx-lm slices it (`prompt[:n][None]`,
+        // then `prompt = prompt[n:]`), so the graphs are mlx-lm's node for node.
+        let mut remaining = Array::from_slice(rest, &[rest.len() as i32])?;
         self.progress(0);
         while rest.len() > 1 {
             let n = self.opts.prefill_step_size.min(rest.len() - 1);
             let chunk = &rest[..n];
-            let x = Array::from_slice(chunk, &[1, n as i32])?;
+            let processed = ops::slice_axis(&remaining, 0, 0, n as i32, None)?;
+            let x = ops::expand_dims(&processed, &[0], None)?;
             self.model.forward(&x, Some(&mut self.caches))?;
             maybe_quantize_kv_cache(
                 &mut self.caches,
@@ -311,14 +387,16 @@ impl<'m> GenerateStep<'m> {
                 .iter()
                 .flat_map(|c| c.state().into_arrays())
                 .collect();
+            self.probe("prefill", &states.iter().collect::<Vec<_>>());
             mlx_core::eval(states.iter())?;
             self.track(chunk);
             rest = &rest[n..];
+            remaining = ops::slice_axis(&remaining, 0, n as i32, (n + rest.len()) as i32, None)?;
             self.progress(self.prompt_len - rest.len());
             memory::clear_cache()?;
         }
-        let last = Array::from_slice(rest, &[rest.len() as i32])?;
-        let (y, lp, lse) = self.step(&last, Some(rest))?;
+        let (y, lp, lse) = self.step(&remaining, Some(rest))?;
+        self.probe("step", &[&y, &lp, &lse]);
         async_eval([&y, &lp, &lse])?;
         self.y = Some((y, lp, lse));
         Ok(())
@@ -348,6 +426,7 @@ impl<'m> GenerateStep<'m> {
         let stop = self.opts.max_tokens == Some(self.n);
         let next = if !stop {
             let next = self.step(&y, None)?;
+            self.probe("step", &[&next.0, &next.1, &next.2]);
             async_eval([&next.0, &next.1, &next.2])?;
             Some(next)
         } else {
@@ -364,7 +443,10 @@ impl<'m> GenerateStep<'m> {
         let token = y.astype(Dtype::Uint32)?.item::<u32>()?;
         // A NaN or infinite logit makes every log-probability NaN; the samplers would then
         // return token 0 as if it had been chosen.
-        let norm = lse.astype(Dtype::Float32)?.to_vec::<f32>()?;
+        // Read in its own dtype: an `astype` here would be a new node queued on the
+        // generation stream behind the whole next step, and waiting for it would serialise
+        // the pipeline (the host could not build step n+2 while the device runs step n+1).
+        let norm = lse.to_vec_f32()?;
         if let Some(v) = norm.iter().find(|v| !v.is_finite()) {
             return Err(EngineError::Other(format!(
                 "the model's logits at generated token {} are not finite (their log-sum-exp is \

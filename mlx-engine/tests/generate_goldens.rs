@@ -93,6 +93,7 @@ fn run(c: &Case, compiled: CompiledDecode) -> Result<(), String> {
         quantized_kv_start: u(c, "quantized_kv_start").unwrap_or(dflt.quantized_kv_start),
         prompt_progress: None,
         compiled_decode: compiled,
+        eval_probe: None,
     };
     let prompt = c.input(0).unwrap().to_vec::<i32>().unwrap();
     random::seed(c.int("seed").unwrap() as u64).unwrap();

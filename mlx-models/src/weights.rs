@@ -36,6 +36,9 @@ pub struct Weights {
     /// What a missing tensor is replaced by while building goes on: one shared scalar, so a
     /// config asking for far more tensors than the files hold allocates nothing per tensor.
     placeholder: Option<Array>,
+    /// Every array handed out by `take`/`take_any` (after the dtype cast), for
+    /// [`Weights::taken_arrays`].
+    taken: Vec<Array>,
 }
 
 impl Weights {
@@ -53,6 +56,7 @@ impl Weights {
             quant,
             dtype,
             placeholder: None,
+            taken: Vec::new(),
         }
     }
 
@@ -121,7 +125,9 @@ impl Weights {
                     self.misshaped
                         .push(format!("{name}: shape {:?}, expected {shape:?}", a.shape()));
                 }
-                self.cast(a)
+                let a = self.cast(a)?;
+                self.taken.push(a.clone());
+                Ok(a)
             }
         }
     }
@@ -136,6 +142,14 @@ impl Weights {
             .collect()
     }
 
+    /// The arrays taken so far, as handed out (lazy: the files are read when they are
+    /// evaluated). Evaluating them once the model is built is mlx-lm's `load_model` with
+    /// `lazy=False` (`mx.eval(model.parameters())`): the weights are read at load, not inside
+    /// the first forward, whose time to first token would otherwise include reading the files.
+    pub fn taken_arrays(&self) -> &[Array] {
+        &self.taken
+    }
+
     /// Takes a tensor whose shape the model cannot know in advance (packed weights).
     pub fn take_any(&mut self, name: &str) -> Result<Array> {
         match self.tensors.get(name) {
@@ -143,7 +157,9 @@ impl Weights {
             Some(a) => {
                 let a = a.clone();
                 self.used.insert(name.to_string());
-                self.cast(a)
+                let a = self.cast(a)?;
+                self.taken.push(a.clone());
+                Ok(a)
             }
         }
     }

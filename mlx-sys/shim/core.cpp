@@ -2,6 +2,8 @@
 #include <cstring>
 #include <sstream>
 
+#include <mlx/graph_utils.h>
+
 #include "internal.hpp"
 
 using namespace mlxs;
@@ -111,6 +113,15 @@ int mlxs_array_to_data(mlxs_array a, void* dst, size_t nbytes) {
       throw std::invalid_argument("[to_data] array holds " + std::to_string(x.nbytes()) +
                                   " bytes, destination has " + std::to_string(nbytes));
     }
+    // Evaluate the array itself first: that waits for it alone. A new node (contiguous) made
+    // before it is evaluated would be queued on the default stream behind everything already
+    // scheduled there (a pipelined decode's next step), and waiting for it would wait for all
+    // of that. Only a strided view still needs the copy, made once the array is ready.
+    x.eval();
+    if (x.flags().row_contiguous) {
+      if (nbytes > 0) std::memcpy(dst, x.data<char>(), nbytes);
+      return;
+    }
     auto c = mx::contiguous(x);
     c.eval();
     if (nbytes > 0) std::memcpy(dst, c.data<char>(), nbytes);
@@ -149,6 +160,17 @@ int mlxs_eval(mlxs_vec v) {
 }
 int mlxs_async_eval(mlxs_vec v) {
   return guard([&] { mx::async_eval(V(v)); });
+}
+int mlxs_graph_text(mlxs_string* out, mlxs_vec v, bool dot) {
+  return guard([&] {
+    std::ostringstream os;
+    if (dot) {
+      mx::export_to_dot(os, V(v));
+    } else {
+      mx::print_graph(os, V(v));
+    }
+    *out = new mlxs_string_{os.str()};
+  });
 }
 
 static mx::Device::DeviceType devtype(mlxs_device_type t) {

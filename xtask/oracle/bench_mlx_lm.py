@@ -3,7 +3,7 @@
     python bench_mlx_lm.py --model PATH [--dtype float32|float16|bfloat16|keep]
         [--prompt-len 512] [--gen-len 32] [--seed 0] [--warmup 1]
         [--warmup-prompt-len N] [--warmup-gen-len N] [--trials 1]
-        [--prefill-step-size 2048] [--device cpu|gpu] [--digests]
+        [--prefill-step-size 2048] [--device cpu|gpu] [--digests] [--graph]
 
 PATH is an HF-style directory (loaded by `mlx_lm.utils.load_model`) or a llama `.gguf` file
 (mapped to mlx-lm's names and loaded into `mlx_lm.models.llama` exactly as
@@ -25,6 +25,10 @@ are not reported.
 Besides wall time, each phase's process CPU time (user + system, all threads, `os.times()`,
 clock ticks as bench_generate.rs reads them from /proc/self/stat) is reported: on a loaded
 machine it is much steadier than wall time.
+
+`--graph` adds `graph`: the primitive counts (`mx.export_to_dot` labels) of the first prefill
+chunk's `mx.eval` and the third step's `mx.async_eval` in `generate_step`, from an extra
+untimed generation of 3 tokens (bench_generate.rs `--graph` writes the same for ours).
 
 Prints one JSON line on stdout.
 """
@@ -142,6 +146,53 @@ def trial(model, prompt, gen_len, prefill_step_size, digests=None):
     }, tokens
 
 
+def graph_counts(model, prompt, prefill_step_size):
+    """The graphs generate_step evaluates, seen by wrapping mx.eval / mx.async_eval."""
+    import io
+    import re
+
+    from mlx.utils import tree_flatten
+    from mlx_lm.generate import generate_step
+
+    label = re.compile(r'\[label ="([^"]*)", shape=rectangle\]')
+    seen = []
+
+    def counts(args):
+        arrays = [a for _, a in tree_flatten(list(args)) if isinstance(a, mx.array)]
+        buf = io.StringIO()
+        mx.export_to_dot(buf, *arrays)
+        c = {}
+        for m in label.finditer(buf.getvalue()):
+            c[m.group(1)] = c.get(m.group(1), 0) + 1
+        return c
+
+    real_eval, real_async = mx.eval, mx.async_eval
+
+    def probe_eval(*args):
+        seen.append(("prefill", counts(args)))
+        return real_eval(*args)
+
+    def probe_async(*args):
+        seen.append(("step", counts(args)))
+        return real_async(*args)
+
+    mx.eval, mx.async_eval = probe_eval, probe_async
+    try:
+        for _ in generate_step(prompt, model, max_tokens=3, sampler=make_sampler(0.0),
+                               prefill_step_size=prefill_step_size):
+            pass
+    finally:
+        mx.eval, mx.async_eval = real_eval, real_async
+
+    def pick(what, nth):
+        got = [c for w, c in seen if w == what and c]
+        if len(got) <= nth:
+            return None
+        return {"nodes": sum(got[nth].values()), "by_kind": dict(sorted(got[nth].items()))}
+
+    return {"prefill": pick("prefill", 0), "step": pick("step", 2)}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
@@ -156,6 +207,8 @@ def main():
     ap.add_argument("--trials", type=int, default=1)
     ap.add_argument("--prefill-step-size", type=int, default=2048)
     ap.add_argument("--device", choices=["cpu", "gpu"], default=None)
+    ap.add_argument("--graph", action="store_true",
+                    help="add the primitive counts of the prefill and decode graphs")
     ap.add_argument("--digests", action="store_true",
                     help="add each step's log-probability digest (untimed use only)")
     a = ap.parse_args()
@@ -180,6 +233,8 @@ def main():
         r, tokens = trial(model, prompt, a.gen_len, a.prefill_step_size, digests)
         trials.append(r)
     extra = {"logprob_digests": digests} if a.digests else {}
+    if a.graph:
+        extra["graph"] = graph_counts(model, prompt, a.prefill_step_size)
     print(json.dumps({
         "impl": "mlx-lm",
         "version": __import__("mlx_lm").__version__,

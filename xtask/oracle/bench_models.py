@@ -92,6 +92,8 @@ MODELS = {
     "llama-135m-q4": (BASE_135M, "bfloat16", (64, 4), False),
     "llama-small-f32": (BASE_SMALL, "float32", None, False),
     "llama-8b-q4": (BASE_8B, "bfloat16", (64, 4), True),
+    "llama-8b-q8": (BASE_8B, "bfloat16", (64, 8), False),
+    "llama-8b-bf16": (BASE_8B, "bfloat16", None, False),
 }
 
 

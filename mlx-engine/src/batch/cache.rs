@@ -273,7 +273,7 @@ impl Cache for BatchKVCache {
         )?;
         let lp = ops::expand_dims(&self.left_padding_array()?, &[1, 2, 3], None)?;
         let keep = ops::less_equal(&lp, &rinds, None)?;
-        Ok(AttentionMask::Array(ops::logical_and(&mask, &keep, None)?))
+        Ok(AttentionMask::Array(ops::bitwise_and(&mask, &keep, None)?))
     }
 
     fn state(&self) -> StateValue {

@@ -1,21 +1,100 @@
-//! Activations as `mlx.nn` and mlx-lm's `activations.py` define them. mlx-lm compiles these
-//! with `mx.compile(shapeless=True)`; on MLX's CPU backend the compiled and uncompiled graphs
-//! give identical bits (checked by the model goldens), so they run uncompiled here.
+//! Activations as `mlx.nn` and mlx-lm's `activations.py` define them. mlx.nn and mlx-lm
+//! compile `silu`, `swiglu`, `gelu`, `gelu_approx` and gemma4's `geglu` with
+//! `mx.compile(shapeless=True)`, so on a GPU each is one fused kernel (one graph node) where
+//! the plain ops would be several; they are compiled here too
+//! ([`compiled`]), with the same ops inside, so the bits are those of the plain ops (the model
+//! goldens check it on the CPU). The others run uncompiled, as mlx-lm runs them.
 
 use mlx_core::prelude::*;
 
-/// `nn.silu`: `x * sigmoid(x)`.
-pub fn silu(x: &Array) -> Result<Array> {
+/// `x * sigmoid(x)` as plain ops (the body `silu` compiles).
+fn silu_ops(x: &Array) -> Result<Array> {
     x * &ops::sigmoid(x, None)?
 }
 
-/// mlx-lm's `swiglu(gate, x)`: `silu(gate) * x`.
-pub fn swiglu(gate: &Array, x: &Array) -> Result<Array> {
-    &silu(gate)? * x
+/// A shapeless compiled function of this thread, made on first use. MLX keeps compile caches
+/// per thread, so each thread has its own; each is leaked on purpose (a few hundred bytes per
+/// thread): dropping it at thread exit would erase its entry from MLX's thread-local compile
+/// cache, which may already be gone by then.
+macro_rules! compiled {
+    ($body:expr) => {{
+        thread_local! {
+            static F: std::cell::OnceCell<&'static Compiled<'static>> =
+                const { std::cell::OnceCell::new() };
+        }
+        F.with(|cell| -> Result<&'static Compiled<'static>> {
+            if let Some(f) = cell.get() {
+                return Ok(*f);
+            }
+            let f: &'static Compiled<'static> = Box::leak(Box::new(compile($body, true)?));
+            Ok(*cell.get_or_init(|| f))
+        })
+    }};
 }
 
-/// `nn.gelu`: `x * (1 + erf(x / sqrt(2))) / 2`.
+fn one(out: Vec<Array>, what: &str) -> Result<Array> {
+    out.into_iter()
+        .next()
+        .ok_or_else(|| Error::Callback(format!("compiled {what} returned nothing")))
+}
+
+/// `nn.silu`: `x * sigmoid(x)`, compiled shapeless as in mlx.nn.
+pub fn silu(x: &Array) -> Result<Array> {
+    let f = compiled!(|xs: &[Array]| Ok(vec![silu_ops(&xs[0])?]))?;
+    one(f.call(std::slice::from_ref(x))?, "silu")
+}
+
+/// mlx-lm's `swiglu(gate, x)`: `silu(gate) * x`, compiled shapeless as mlx-lm compiles it
+/// (its inner `nn.silu` is inlined into the same trace).
+pub fn swiglu(gate: &Array, x: &Array) -> Result<Array> {
+    let f = compiled!(|xs: &[Array]| Ok(vec![(&silu_ops(&xs[0])? * &xs[1])?]))?;
+    one(f.call(&[gate.clone(), x.clone()])?, "swiglu")
+}
+
+/// `nn.gelu`: `x * (1 + erf(x / sqrt(2))) / 2`, compiled shapeless as in mlx.nn.
 pub fn gelu(x: &Array) -> Result<Array> {
+    let f = compiled!(|xs: &[Array]| Ok(vec![gelu_ops(&xs[0])?]))?;
+    one(f.call(std::slice::from_ref(x))?, "gelu")
+}
+
+/// `nn.gelu_approx`: `0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x**3)))`, compiled
+/// shapeless as in mlx.nn.
+pub fn gelu_approx(x: &Array) -> Result<Array> {
+    let f = compiled!(|xs: &[Array]| Ok(vec![gelu_approx_ops(&xs[0])?]))?;
+    one(f.call(std::slice::from_ref(x))?, "gelu_approx")
+}
+
+/// `geglu(gate, x)` (gemma4_text's, compiled shapeless there): `gelu_approx(gate) * x`.
+pub fn geglu(gate: &Array, x: &Array) -> Result<Array> {
+    let f = compiled!(|xs: &[Array]| Ok(vec![(&gelu_approx_ops(&xs[0])? * &xs[1])?]))?;
+    one(f.call(&[gate.clone(), x.clone()])?, "geglu")
+}
+
+/// gemma4_text's `logit_softcap(softcap, x)`: `tanh(x / softcap) * softcap`, compiled
+/// shapeless there with `softcap` a constant of the trace; here one compiled function per
+/// distinct `softcap` and thread (leaked like the others: a model has one).
+pub fn logit_softcap(softcap: f64, x: &Array) -> Result<Array> {
+    type Table = std::collections::HashMap<u64, &'static Compiled<'static>>;
+    thread_local! {
+        static F: std::cell::RefCell<Table> = std::cell::RefCell::new(Table::new());
+    }
+    let f = F.with(|table| -> Result<&'static Compiled<'static>> {
+        if let Some(f) = table.borrow().get(&softcap.to_bits()) {
+            return Ok(*f);
+        }
+        let body = move |xs: &[Array]| -> Result<Vec<Array>> {
+            let t = ops::tanh(&ops::divide_scalar(&xs[0], softcap, None)?, None)?;
+            Ok(vec![ops::multiply_scalar(&t, softcap, None)?])
+        };
+        let f: &'static Compiled<'static> = Box::leak(Box::new(compile(body, true)?));
+        table.borrow_mut().insert(softcap.to_bits(), f);
+        Ok(f)
+    })?;
+    one(f.call(std::slice::from_ref(x))?, "logit_softcap")
+}
+
+/// The body `gelu` compiles.
+fn gelu_ops(x: &Array) -> Result<Array> {
     let inner = ops::erf(
         &ops::divide(
             x,
@@ -28,8 +107,8 @@ pub fn gelu(x: &Array) -> Result<Array> {
     &(x * &one_plus)? / 2.0f32
 }
 
-/// `nn.gelu_approx`: `0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x**3)))`.
-pub fn gelu_approx(x: &Array) -> Result<Array> {
+/// The body `gelu_approx` compiles.
+fn gelu_approx_ops(x: &Array) -> Result<Array> {
     let x3 = ops::power(x, &Scalar::Int(3).to_array_like(x.dtype())?, None)?;
     let inner = (x + &(0.044715f32 * &x3)?)?;
     let c = (2.0f64 / std::f64::consts::PI).sqrt();

@@ -10,7 +10,7 @@ mod norm;
 mod rope;
 mod switch;
 
-pub use activations::{gelu, gelu_approx, silu, swiglu};
+pub use activations::{geglu, gelu, gelu_approx, logit_softcap, silu, swiglu};
 pub(crate) use attention::finfo_min;
 pub use attention::{
     quantized_scaled_dot_product_attention, scaled_dot_product_attention, with_dense_attention,

@@ -182,7 +182,7 @@ impl Rope {
             &freqs,
             None,
         )?;
-        let is_medium = ops::logical_and(
+        let is_medium = ops::bitwise_and(
             &ops::greater(&wavelens, &weak(high_freq_wavelen, &wavelens)?, None)?,
             &ops::less(&wavelens, &weak(low_freq_wavelen, &wavelens)?, None)?,
             None,

@@ -374,9 +374,9 @@ impl Attention {
     }
 }
 
-/// `geglu(gate, x)`: `gelu_approx(gate) * x`.
+/// `geglu(gate, x)`: `gelu_approx(gate) * x`, compiled as gemma4_text.py compiles it.
 fn geglu(gate: &Array, x: &Array) -> Result<Array> {
-    Ok((&gelu_approx(gate)? * x)?)
+    Ok(crate::layers::geglu(gate, x)?)
 }
 
 struct Mlp {
@@ -795,10 +795,7 @@ impl Model {
     fn head(&self, out: &Array) -> Result<Array> {
         let out = super::project(self.lm_head.as_ref(), &self.embed_tokens, out)?;
         match self.args.final_logit_softcapping {
-            Some(cap) => {
-                let t = ops::tanh(&ops::divide_scalar(&out, cap, None)?, None)?;
-                Ok(ops::multiply_scalar(&t, cap, None)?)
-            }
+            Some(cap) => Ok(crate::layers::logit_softcap(cap, &out)?),
             None => Ok(out),
         }
     }

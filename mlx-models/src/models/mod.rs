@@ -302,7 +302,10 @@ pub fn build_with_params(
             },
         };
     let params = weights.taken_shapes();
+    let taken = weights.taken_arrays().to_vec();
     weights.finish()?;
+    // mlx-lm's `load_model` (lazy=False): read every weight now, not in the first forward.
+    mlx_core::eval(taken.iter())?;
     Ok((model, params))
 }
 

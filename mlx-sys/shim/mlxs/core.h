@@ -91,6 +91,10 @@ int mlxs_vec_get(mlxs_array* out, mlxs_vec v, size_t i);
 
 int mlxs_eval(mlxs_vec v);
 int mlxs_async_eval(mlxs_vec v);
+/* The unevaluated graph that computes the arrays of v, as text: MLX's print_graph (dot false:
+ * one line per primitive, its inputs and outputs with shapes and dtypes) or export_to_dot
+ * (dot true: the format Python's mx.export_to_dot writes). */
+int mlxs_graph_text(mlxs_string* out, mlxs_vec v, bool dot);
 
 /* ---- devices and streams ---- */
 int mlxs_device_new(mlxs_device* out, mlxs_device_type type, int index);

@@ -1,0 +1,90 @@
+"""Graph goldens: what mlx-lm 0.32.2's own `generate_step` evaluates, as primitive counts.
+
+For each tiny fixture model (mlx-models/tests/models/NAME) `generate_step` runs on the CPU with
+the greedy sampler, a PROMPT-token prompt, prefill_step_size 4 (so the prefill takes chunks)
+and 3 new tokens, while `mx.eval` and `mx.async_eval` are wrapped to export each graph they are
+given to DOT first (`mx.export_to_dot`): the prefill chunks' `mx.eval([c.state for c in
+cache])` and each step's `mx.async_eval(y, logprobs)`. Each graph is recorded as a count of
+primitive nodes per kind (the DOT labels). Ours (`mlx-engine/tests/graph_parity.rs`) records
+the same through `GenerateOptions::eval_probe` and must build the same primitives: a lost
+compile (an unfused activation), an extra cast, a dequantize in place of a quantized matmul, an
+explicit mask where mlx-lm passes "causal", or an lm_head over the whole prompt would each show.
+Writes mlx-engine/tests/goldens/graph.json. Run with `cargo xtask goldens graph`.
+"""
+
+import importlib
+import io
+import json
+import re
+from pathlib import Path
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+from mlx_lm.utils import load_model
+
+gen = importlib.import_module("mlx_lm.generate")
+
+OUT = Path("mlx-engine/tests/goldens/graph.json")
+# Not here yet: gpt_oss, qwen3_5 and qwen3_next, where mlx-lm compiles more activations
+# (swiglu_oai, the gated delta helpers) than our ports do: their graphs have more, unfused,
+# elementwise nodes.
+MODELS = [
+    "dense_bf16_untied", "dense_f32", "dense_bf16_mha", "q4_g32", "q8_g32_bf16",
+    "mistral_bias_llama3rope", "linear_rope_sliding", "yarn_rope", "mixtral", "qwen3_moe_q4",
+    "olmoe_q8", "lfm2_bf16", "gemma4_text_bf16",
+]
+PROMPT = [1, 17, 99, 5, 42, 42, 7, 120, 3, 64]
+PREFILL_STEP = 4
+MAX_TOKENS = 3
+LABEL = re.compile(r'\[label ="([^"]*)", shape=rectangle\]')
+
+
+def counts(arrays):
+    buf = io.StringIO()
+    mx.export_to_dot(buf, *arrays)
+    out = {}
+    for m in LABEL.finditer(buf.getvalue()):
+        out[m.group(1)] = out.get(m.group(1), 0) + 1
+    return dict(sorted(out.items()))
+
+
+def arrays_of(args):
+    return [a for _, a in tree_flatten(list(args)) if isinstance(a, mx.array)]
+
+
+def capture(model):
+    graphs = []
+    real_eval, real_async = mx.eval, mx.async_eval
+
+    def probe_eval(*args):
+        graphs.append(["eval", counts(arrays_of(args))])
+        return real_eval(*args)
+
+    def probe_async(*args):
+        graphs.append(["async_eval", counts(arrays_of(args))])
+        return real_async(*args)
+
+    mx.eval, mx.async_eval = probe_eval, probe_async
+    try:
+        prompt = mx.array(PROMPT, dtype=mx.int32)
+        for _ in gen.generate_step(prompt, model, max_tokens=MAX_TOKENS,
+                                   prefill_step_size=PREFILL_STEP):
+            pass
+    finally:
+        mx.eval, mx.async_eval = real_eval, real_async
+    # `mx.eval(y)` on the first token evaluates an array already scheduled: no graph.
+    return [g for g in graphs if g[1]]
+
+
+def main():
+    mx.set_default_device(mx.cpu)
+    out = {"prompt": PROMPT, "prefill_step_size": PREFILL_STEP, "max_tokens": MAX_TOKENS,
+           "models": {}}
+    for name in MODELS:
+        model, _ = load_model(Path(f"mlx-models/tests/models/{name}"))
+        out["models"][name] = capture(model)
+    OUT.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {OUT}")
+
+
+main()
