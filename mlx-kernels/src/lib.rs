@@ -31,10 +31,11 @@ use mlx_core::kernels::{CustomKernel, KernelBackend, KernelBuilder};
 use mlx_core::{Array, Dtype, Error, Result};
 
 pub mod flash_attention;
+pub mod flash_cuda;
 pub mod rms_norm;
 pub mod swiglu;
 
-pub use flash_attention::{attention_reference, flash_attention, FlashSpec};
+pub use flash_attention::{attention_reference, flash_attention, flash_attention_with, FlashSpec};
 pub use rms_norm::add_rms_norm;
 pub use swiglu::swiglu;
 
