@@ -92,7 +92,7 @@ const PRELUDE: &str = r#"
   constexpr int BR = THREADS / TPR;
   constexpr int DPT = D / TPR;
   constexpr int DVPT = DV / TPR;
-  const float scale = __int_as_float((SCALE_HI << 16) | SCALE_LO);
+  const float scale = __uint_as_float((unsigned(SCALE_HI) << 16) | unsigned(SCALE_LO));
   const int HQ = q_shape[1], L = q_shape[2];
   const int HKV = k_shape[1], S = k_shape[2];
   const int G = HQ / HKV;
@@ -484,9 +484,10 @@ pub(crate) fn backward(
 /// MLX's TF32 matmuls off so that the reference is float32 throughout).
 pub const FUSED_F32_REL_BOUND: f32 = 1e-5;
 /// Bound of the CUDA path in bfloat16 against the float32 materialised attention of the same
-/// (bfloat16-valued) inputs, relative to the largest magnitude: about two roundings to
-/// bfloat16 (`q * scale`, then the result). `tests/cuda.rs` also accepts anything no worse
-/// than the bfloat16 materialised attention's own error.
-pub const FUSED_BF16_REL_BOUND: f32 = 1e-2;
-/// As [`FUSED_BF16_REL_BOUND`], for float16.
-pub const FUSED_F16_REL_BOUND: f32 = 2e-3;
+/// (bfloat16-valued) inputs, relative to the largest magnitude. The kernels round twice to
+/// bfloat16 (`q * scale`, then the result; 2^-9 relative each) and the probabilities and `ds`
+/// carry the first rounding on: a few roundings' worth, with room. `tests/cuda.rs` also
+/// accepts anything no worse than the bfloat16 materialised attention's own error.
+pub const FUSED_BF16_REL_BOUND: f32 = 3e-2;
+/// As [`FUSED_BF16_REL_BOUND`], for float16 (2^-12 relative per rounding).
+pub const FUSED_F16_REL_BOUND: f32 = 4e-3;
