@@ -23,7 +23,9 @@
 //! differences). With one tile (`block_q >= L`, `block_k >= S`) it is still not the
 //! reference's bits: the softmax is normalised after the product with `v`.
 //!
-//! Everything runs on every back-end (it is plain ops); on the GPU it is the same graph.
+//! This plain-ops path runs on every back-end. [`flash_attention_with`] with [`Path::Fused`]
+//! runs the same custom VJP over the CUDA kernels of [`crate::flash_cuda`] instead (bounds
+//! there).
 
 use mlx_core::prelude::*;
 use mlx_core::transforms::{custom_vjp, Function};

@@ -373,8 +373,9 @@ fn tiling(d: i32, dv: i32) -> (i32, i32) {
     (tpr, bk)
 }
 
-/// Checks what the CUDA path needs beyond [`crate::flash_attention`]'s own validation.
-pub(crate) fn check(q: &Array, k: &Array, v: &Array) -> Result<()> {
+/// Checks what the CUDA path needs beyond [`crate::flash_attention`]'s own validation (head
+/// dims, batch and head counts, lengths); `Err` names the limit.
+pub fn check(q: &Array, k: &Array, v: &Array) -> Result<()> {
     let (d, dv) = (q.dim(3)?, v.dim(3)?);
     let (tpr, _) = tiling(d, dv);
     for (name, x) in [("queries' and keys' head_dim", d), ("values' head_dim", dv)] {
