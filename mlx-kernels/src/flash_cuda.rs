@@ -102,8 +102,10 @@ const PRELUDE: &str = r#"
   const int r = threadIdx.x / TPR;
 "#;
 
-// One block: queries [q0, q0 + BR) of head h. Outputs: out [B, HQ, L, DV], lse [B, HQ, L].
-const FWD_SOURCE: &str = r#"
+// The start of the two query-tile kernels: block (x, y, z) holds queries [q0, q0 + BR) of head
+// h = y of batch row z; thread row r the query i (clamped: rows past L compute and write
+// nothing); [lo, hi) the keys some query of the block sees.
+const QUERY_PRELUDE: &str = r#"
   const int h = blockIdx.y, hk = h / G;
   const int q0 = blockIdx.x * BR;
   const bool active = q0 + r < L;
@@ -112,6 +114,19 @@ const FWD_SOURCE: &str = r#"
   __shared__ float ks[BK][D];
   __shared__ float vs[BK][DV];
   const size_t row = (size_t)(b * HQ + h) * L + i;
+  int lo = 0, hi = S;
+  if constexpr (CAUSAL) {
+    hi = min(S, min(q0 + BR, L) + off);
+  }
+  if constexpr (WINDOW > 0) {
+    lo = max(0, q0 + off - WINDOW + 1);
+  }
+  const T* kb = k + (size_t)(b * HKV + hk) * S * D;
+  const T* vb = v + (size_t)(b * HKV + hk) * S * DV;
+"#;
+
+// After QUERY_PRELUDE. Outputs: out [B, HQ, L, DV], lse [B, HQ, L].
+const FWD_SOURCE: &str = r#"
   float qv[DPT];
 #pragma unroll
   for (int t = 0; t < DPT; ++t) {
@@ -123,15 +138,6 @@ const FWD_SOURCE: &str = r#"
     o[t] = 0.0f;
   }
   float m = -inf, l = 0.0f;
-  int lo = 0, hi = S;
-  if constexpr (CAUSAL) {
-    hi = min(S, min(q0 + BR, L) + off);
-  }
-  if constexpr (WINDOW > 0) {
-    lo = max(0, q0 + off - WINDOW + 1);
-  }
-  const T* kb = k + (size_t)(b * HKV + hk) * S * D;
-  const T* vb = v + (size_t)(b * HKV + hk) * S * DV;
   for (int k0 = lo; k0 < hi; k0 += BK) {
     __syncthreads();
     mlxk_load_tile<T, BK, D, THREADS, false>(ks, kb, k0, S, scale);
@@ -182,17 +188,9 @@ const FWD_SOURCE: &str = r#"
   }
 "#;
 
-// One block: queries [q0, q0 + BR) of head h. Inputs also dout [B, HQ, L, DV], lse and delta
-// [B, HQ, L] (float32). Output: dq [B, HQ, L, D].
+// After QUERY_PRELUDE. Inputs also dout [B, HQ, L, DV], lse and delta [B, HQ, L] (float32).
+// Output: dq [B, HQ, L, D].
 const DQ_SOURCE: &str = r#"
-  const int h = blockIdx.y, hk = h / G;
-  const int q0 = blockIdx.x * BR;
-  const bool active = q0 + r < L;
-  const int i = min(q0 + r, L - 1);
-  const int p = i + off;
-  __shared__ float ks[BK][D];
-  __shared__ float vs[BK][DV];
-  const size_t row = (size_t)(b * HQ + h) * L + i;
   float qv[DPT], dq[DPT], dov[DVPT];
 #pragma unroll
   for (int t = 0; t < DPT; ++t) {
@@ -204,15 +202,6 @@ const DQ_SOURCE: &str = r#"
     dov[t] = static_cast<float>(dout[row * DV + lane + t * TPR]);
   }
   const float li = lse[row], di = delta[row];
-  int lo = 0, hi = S;
-  if constexpr (CAUSAL) {
-    hi = min(S, min(q0 + BR, L) + off);
-  }
-  if constexpr (WINDOW > 0) {
-    lo = max(0, q0 + off - WINDOW + 1);
-  }
-  const T* kb = k + (size_t)(b * HKV + hk) * S * D;
-  const T* vb = v + (size_t)(b * HKV + hk) * S * DV;
   for (int k0 = lo; k0 < hi; k0 += BK) {
     __syncthreads();
     mlxk_load_tile<T, BK, D, THREADS, false>(ks, kb, k0, S, scale);
@@ -331,35 +320,49 @@ const DKDV_SOURCE: &str = r#"
   }
 "#;
 
-/// The three kernels: name, inputs, outputs, body.
-const KERNELS: [(&str, &[&str], &[&str], &str); 3] = [
-    (
-        "mlxk_flash_fwd",
-        &["q", "k", "v"],
-        &["out", "lse"],
-        FWD_SOURCE,
-    ),
-    (
-        "mlxk_flash_dq",
-        &["q", "k", "v", "dout", "lse", "delta"],
-        &["dqo"],
-        DQ_SOURCE,
-    ),
-    (
-        "mlxk_flash_dkdv",
-        &["q", "k", "v", "dout", "lse", "delta"],
-        &["dko", "dvo"],
-        DKDV_SOURCE,
-    ),
+/// One kernel: its name, inputs and outputs, and its source after [`PRELUDE`]: `start` (the
+/// query-tile kernels' [`QUERY_PRELUDE`]) then `body`.
+struct KernelSource {
+    name: &'static str,
+    inputs: &'static [&'static str],
+    outputs: &'static [&'static str],
+    start: &'static str,
+    body: &'static str,
+}
+
+const BACKWARD_INPUTS: &[&str] = &["q", "k", "v", "dout", "lse", "delta"];
+
+const KERNELS: [KernelSource; 3] = [
+    KernelSource {
+        name: "mlxk_flash_fwd",
+        inputs: &["q", "k", "v"],
+        outputs: &["out", "lse"],
+        start: QUERY_PRELUDE,
+        body: FWD_SOURCE,
+    },
+    KernelSource {
+        name: "mlxk_flash_dq",
+        inputs: BACKWARD_INPUTS,
+        outputs: &["dqo"],
+        start: QUERY_PRELUDE,
+        body: DQ_SOURCE,
+    },
+    KernelSource {
+        name: "mlxk_flash_dkdv",
+        inputs: BACKWARD_INPUTS,
+        outputs: &["dko", "dvo"],
+        start: "",
+        body: DKDV_SOURCE,
+    },
 ];
 
 fn builder(which: usize) -> KernelBuilder {
-    let (name, ins, outs, body) = KERNELS[which];
-    CustomKernel::builder(name)
-        .inputs(ins.iter().copied())
-        .outputs(outs.iter().copied())
+    let k = &KERNELS[which];
+    CustomKernel::builder(k.name)
+        .inputs(k.inputs.iter().copied())
+        .outputs(k.outputs.iter().copied())
         .header(HEADER)
-        .source(format!("{PRELUDE}{body}"))
+        .source(format!("{PRELUDE}{}{}", k.start, k.body))
 }
 
 /// Lanes per row and rows per shared tile for head dims `d`, `dv`: `TPR` 4 up to 64, else 8;

@@ -22,7 +22,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 src = open(os.path.join(HERE, "..", "..", "mlx-kernels", "src", "flash_cuda.rs")).read()
 def rs(name):
     return re.search(r'const %s: &str = r#"(.*?)"#;' % name, src, re.S).group(1)
-H, P = rs("HEADER"), rs("PRELUDE")
+H, P, QP = rs("HEADER"), rs("PRELUDE"), rs("QUERY_PRELUDE")
 pre = r'''
 #include <cmath>
 #include <barrier>
@@ -54,8 +54,8 @@ typedef std::array<int, 8> Shape;
 '''
 tpl = "template <int D, int DV, int TPR, int BK, bool CAUSAL, int WINDOW, int SCALE_HI, int SCALE_LO>\n"
 out = pre + H + "namespace mlx::core::cu {\n"
-out += tpl + "void fwd(const float* q, Shape q_shape, const float* k, Shape k_shape, const float* v, float* out, float* lse) {\n using T = float;\n" + P + rs("FWD_SOURCE") + "}\n"
-out += tpl + "void dqk(const float* q, Shape q_shape, const float* k, Shape k_shape, const float* v, const float* dout, const float* lse, const float* delta, float* dqo) {\n using T = float;\n" + P + rs("DQ_SOURCE") + "}\n"
+out += tpl + "void fwd(const float* q, Shape q_shape, const float* k, Shape k_shape, const float* v, float* out, float* lse) {\n using T = float;\n" + P + QP + rs("FWD_SOURCE") + "}\n"
+out += tpl + "void dqk(const float* q, Shape q_shape, const float* k, Shape k_shape, const float* v, const float* dout, const float* lse, const float* delta, float* dqo) {\n using T = float;\n" + P + QP + rs("DQ_SOURCE") + "}\n"
 out += tpl + "void dkdv(const float* q, Shape q_shape, const float* k, Shape k_shape, const float* v, const float* dout, const float* lse, const float* delta, float* dko, float* dvo) {\n using T = float;\n" + P + rs("DKDV_SOURCE") + "}\n"
 out += "}\n"
 out += open(os.path.join(HERE, "flash_emulate_driver.cpp")).read()

@@ -95,13 +95,14 @@ def main():
 
 
 def check_flash():
-    """The three flash attention kernels (flash_cuda.rs: HEADER + PRELUDE + body) for every
+    """The three flash attention kernels (flash_cuda.rs: HEADER + PRELUDE [+ QUERY_PRELUDE] + body) for every
     dtype, the head dims the tests use, and each mask kind."""
     ok = True
     header, prelude = rust_str("flash_cuda.rs", "HEADER"), rust_str("flash_cuda.rs", "PRELUDE")
-    kernels = [("mlxk_flash_fwd", "FWD_SOURCE", ["q", "k", "v"], ["out", "lse"]),
-               ("mlxk_flash_dq", "DQ_SOURCE", ["q", "k", "v", "dout", "lse", "delta"], ["dqo"]),
-               ("mlxk_flash_dkdv", "DKDV_SOURCE", ["q", "k", "v", "dout", "lse", "delta"], ["dko", "dvo"])]
+    qp = rust_str("flash_cuda.rs", "QUERY_PRELUDE")
+    kernels = [("mlxk_flash_fwd", qp, "FWD_SOURCE", ["q", "k", "v"], ["out", "lse"]),
+               ("mlxk_flash_dq", qp, "DQ_SOURCE", ["q", "k", "v", "dout", "lse", "delta"], ["dqo"]),
+               ("mlxk_flash_dkdv", "", "DKDV_SOURCE", ["q", "k", "v", "dout", "lse", "delta"], ["dko", "dvo"])]
     f32 = ("lse", "delta")
     for dt in ("float32", "float16", "bfloat16"):
         for d, dv, causal, window in ((64, 64, True, 0), (128, 128, True, 100), (128, 128, False, 0),
@@ -110,8 +111,8 @@ def check_flash():
             bk = 64
             while bk > 1 and bk * (d + dv) * 4 > 32 * 1024:
                 bk //= 2
-            for name, body, ins, outs in kernels:
-                src = build(name, header, prelude + rust_str("flash_cuda.rs", body),
+            for name, start, body, ins, outs in kernels:
+                src = build(name, header, prelude + start + rust_str("flash_cuda.rs", body),
                             [(n, "float32" if n in f32 else dt, 4 if n not in f32 else 3) for n in ins],
                             [(n, "float32" if n == "lse" else dt) for n in outs],
                             [("T", dt), ("D", d), ("DV", dv), ("TPR", tpr), ("BK", bk), ("CAUSAL", causal),
