@@ -489,9 +489,11 @@ pub(crate) fn backward(
 pub const FUSED_F32_REL_BOUND: f32 = 1e-5;
 /// Bound of the CUDA path in bfloat16 against the float32 materialised attention of the same
 /// (bfloat16-valued) inputs, relative to the largest magnitude. The kernels round twice to
-/// bfloat16 (`q * scale`, then the result; 2^-9 relative each) and the probabilities and `ds`
-/// carry the first rounding on: a few roundings' worth, with room. `tests/cuda.rs` also
-/// accepts anything no worse than the bfloat16 materialised attention's own error.
-pub const FUSED_BF16_REL_BOUND: f32 = 3e-2;
-/// As [`FUSED_BF16_REL_BOUND`], for float16 (2^-12 relative per rounding).
-pub const FUSED_F16_REL_BOUND: f32 = 4e-3;
+/// bfloat16 (`q * scale`, then the result; 2^-9 relative each) and the probabilities carry the
+/// first rounding on: `xtask/gpu/flash_emulate.py` measures at most 4.8e-3 over its shapes.
+/// `tests/cuda.rs` also accepts anything no worse than the bfloat16 materialised attention's
+/// own error.
+pub const FUSED_BF16_REL_BOUND: f32 = 1e-2;
+/// As [`FUSED_BF16_REL_BOUND`], for float16 (2^-12 relative per rounding; the emulation
+/// measures at most 5.0e-4).
+pub const FUSED_F16_REL_BOUND: f32 = 2e-3;

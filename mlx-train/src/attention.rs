@@ -9,17 +9,12 @@
 //!
 //! Gradients are within `mlx_kernels::flash_attention::GRAD_REL_BOUND` of the materialised
 //! attention's, not bit-equal (another summation order; `tests/segmented.rs` on the tiny models).
-//!
-//! Where MLX runs CUDA kernels (`Path::auto()` is `Fused`) and the head dims suit them
-//! (`mlx_kernels::flash_cuda::check`), the forward and backward passes are the CUDA kernels of
-//! `mlx_kernels::flash_cuda` (their own tiles; `N` only picks the plain path's); elsewhere, the
-//! plain-ops flash path.
 
 use std::rc::Rc;
 
 use mlx_cache::AttentionMask;
 use mlx_core::Array;
-use mlx_kernels::{flash_attention_with, flash_cuda, FlashSpec, Path};
+use mlx_kernels::{flash_attention, FlashSpec};
 use mlx_models::layers::{with_dense_attention, DenseAttention};
 
 use crate::error::{Result, TrainError};
@@ -62,11 +57,7 @@ pub fn with_flash_attention<R>(block: Option<i32>, body: impl FnOnce() -> R) -> 
                 block_q: block,
                 block_k: block,
             };
-            let path = match Path::auto() {
-                Path::Fused if flash_cuda::check(q, k, v).is_ok() => Path::Fused,
-                _ => Path::Reference,
-            };
-            Ok(Some(flash_attention_with(q, k, v, spec, path)?))
+            Ok(Some(flash_attention(q, k, v, spec)?))
         },
     );
     with_dense_attention(attention, body)
