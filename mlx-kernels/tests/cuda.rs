@@ -3,6 +3,9 @@
 //! run on the lent H200 (`xtask/gpu/kernels.sh`). Each check prints one line (dtype, shape,
 //! differing elements, largest difference in ulps) so the run's log is the evidence.
 
+mod common;
+
+use common::{check_finite_differences, rel_err};
 use mlx_core::kernels::KernelBackend;
 use mlx_core::prelude::*;
 use mlx_core::transforms::vjp;
@@ -178,15 +181,6 @@ fn swiglu_fused_matches_its_reference() {
             &reference,
         );
     }
-}
-
-/// `max|a - b| / max|b|`, in float32.
-fn rel_err(a: &Array, b: &Array) -> f32 {
-    let a = a.astype(Dtype::Float32).unwrap();
-    let b = b.astype(Dtype::Float32).unwrap();
-    let d = (&a - &b).unwrap().abs().unwrap().max_all(false).unwrap();
-    let m = b.abs().unwrap().max_all(false).unwrap();
-    d.item::<f32>().unwrap() / m.item::<f32>().unwrap().max(f32::MIN_POSITIVE)
 }
 
 struct FlashCase {
@@ -377,32 +371,12 @@ fn flash_fused_gradients_match_finite_differences() {
                 .item::<f32>()
                 .unwrap()
         };
-        for (n, which) in [("q", 0usize), ("k", 1), ("v", 2)] {
-            let u = rnd(
-                &x[which].shape(),
-                Dtype::Float32,
-                1.0,
-                310_000 + which as u64,
-            );
-            let eps = 1e-2f32;
-            let shifted = |sign: f32| -> f32 {
-                let mut xs = x.clone();
-                xs[which] = (&x[which] + &u.multiply_scalar(sign * eps).unwrap()).unwrap();
-                loss(&xs)
-            };
-            let fd = (shifted(1.0) - shifted(-1.0)) / (2.0 * eps);
-            let an = (&g[which + 1] * &u)
-                .unwrap()
-                .sum_all(false)
-                .unwrap()
-                .item::<f32>()
-                .unwrap();
-            let rel = (fd - an).abs() / an.abs().max(1e-3);
-            println!(
-                "flash {} d{n}: finite difference {fd}, fused backward {an}, rel {rel:.3e}",
-                c.name
-            );
-            assert!(rel < 2e-2, "{}: d{n}: {fd} vs {an}", c.name);
-        }
+        check_finite_differences(
+            &format!("flash {}", c.name),
+            &x[..3],
+            &g[1..],
+            310_000,
+            loss,
+        );
     }
 }

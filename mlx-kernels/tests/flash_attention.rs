@@ -2,6 +2,9 @@
 //! stated bounds `FWD_REL_BOUND` / `GRAD_REL_BOUND`), against central finite differences, the
 //! reference against MLX's own SDPA (which mlx-lm calls; bit for bit), memory, and bad input.
 
+mod common;
+
+use common::{check_finite_differences, rel_err};
 use mlx_core::prelude::*;
 use mlx_core::testing::assert_bit_equal;
 use mlx_core::transforms::vjp;
@@ -11,13 +14,6 @@ use mlx_kernels::{attention_reference, flash_attention, flash_attention_with, Fl
 fn randn(shape: &[i32], seed: u64) -> Array {
     let key = random::key(seed).unwrap();
     random::normal(shape, Dtype::Float32, None, None, Some(&key), None).unwrap()
-}
-
-/// `max|a - b| / max|b|`.
-fn rel_err(a: &Array, b: &Array) -> f32 {
-    let d = (a - b).unwrap().abs().unwrap().max_all(false).unwrap();
-    let m = b.abs().unwrap().max_all(false).unwrap();
-    d.item::<f32>().unwrap() / m.item::<f32>().unwrap().max(f32::MIN_POSITIVE)
 }
 
 struct Case {
@@ -156,32 +152,7 @@ fn flash_gradients_match_finite_differences() {
                 .unwrap()
         };
         let (_, g) = grads(flash_attention, c.spec, &x, &w);
-        for (n, which) in [("q", 0usize), ("k", 1), ("v", 2)] {
-            let u = randn(&x[which].shape(), 50 + which as u64);
-            let eps = 1e-2f32;
-            let shifted = |sign: f32| -> f32 {
-                let mut xs = x.clone();
-                xs[which] = (&x[which] + &u.multiply_scalar(sign * eps).unwrap()).unwrap();
-                loss(&xs)
-            };
-            let fd = (shifted(1.0) - shifted(-1.0)) / (2.0 * eps);
-            let an = (&g[which] * &u)
-                .unwrap()
-                .sum_all(false)
-                .unwrap()
-                .item::<f32>()
-                .unwrap();
-            let rel = (fd - an).abs() / an.abs().max(1e-3);
-            eprintln!(
-                "{}: d{n}: finite difference {fd}, backward {an}, rel {rel:e}",
-                c.name
-            );
-            assert!(
-                rel < 2e-2,
-                "{}: d{n}: finite difference {fd} vs backward {an}",
-                c.name
-            );
-        }
+        check_finite_differences(c.name, &x, &g, 50, loss);
     }
 }
 
