@@ -23,12 +23,14 @@
 //! differences). With one tile (`block_q >= L`, `block_k >= S`) it is still not the
 //! reference's bits: the softmax is normalised after the product with `v`.
 //!
-//! Everything runs on every back-end (it is plain ops); on the GPU it is the same graph.
+//! This plain-ops path runs on every back-end. [`flash_attention_with`] with [`Path::Fused`]
+//! runs the same custom VJP over the CUDA kernels of [`crate::flash_cuda`] instead (bounds
+//! there).
 
 use mlx_core::prelude::*;
 use mlx_core::transforms::{custom_vjp, Function};
 
-use crate::{check_float, check_same_dtype, invalid};
+use crate::{check_float, check_same_dtype, flash_cuda, invalid, Path};
 
 const OP: &str = "flash_attention";
 
@@ -409,11 +411,29 @@ fn pad_rows(a: Array, n: i32) -> Result<Array> {
     ops::concatenate(&[&a, &z], 2, None)
 }
 
-/// Flash attention (see the module docs): the output `[B, Hq, L, Dv]`, differentiable through
-/// its own backward pass.
+/// Flash attention (see the module docs) on the plain-ops path: the output `[B, Hq, L, Dv]`,
+/// differentiable through its own backward pass. The same as [`flash_attention_with`] with
+/// [`Path::Reference`].
 pub fn flash_attention(q: &Array, k: &Array, v: &Array, spec: FlashSpec) -> Result<Array> {
+    flash_attention_with(q, k, v, spec, Path::Reference)
+}
+
+/// Flash attention on the chosen [`Path`]: [`Path::Reference`] is the tiled plain-ops graph
+/// (every back-end; `block_q`/`block_k` are its tiles), [`Path::Fused`] the CUDA kernels of
+/// [`crate::flash_cuda`] for the forward pass and the backward pass (their own tiles; head dims
+/// as [`crate::flash_cuda`] states). Both are one custom VJP with the same interface.
+pub fn flash_attention_with(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    spec: FlashSpec,
+    path: Path,
+) -> Result<Array> {
     validate(q, k, v, &spec)?;
-    let f = flash_function(spec)?;
+    if path == Path::Fused {
+        flash_cuda::check(q, k, v)?;
+    }
+    let f = flash_function(spec, path)?;
     let mut outs = f.call(&[q.clone(), k.clone(), v.clone()])?;
     if outs.is_empty() {
         return Err(invalid(OP, "the custom function returned nothing"));
@@ -421,15 +441,18 @@ pub fn flash_attention(q: &Array, k: &Array, v: &Array, spec: FlashSpec) -> Resu
     Ok(outs.swap_remove(0))
 }
 
-/// The custom-VJP function `[q, k, v] -> [out, lse]`.
-fn flash_function(spec: FlashSpec) -> Result<Function> {
+/// The custom-VJP function `[q, k, v] -> [out, lse]` on `path`.
+fn flash_function(spec: FlashSpec, path: Path) -> Result<Function> {
     custom_vjp(
         move |xs: &[Array]| {
             let [q, k, v] = xs else {
                 return Err(invalid(OP, "expected queries, keys and values"));
             };
             let dims = validate(q, k, v, &spec)?;
-            let (out, lse) = forward(q, k, v, &spec, &dims)?;
+            let (out, lse) = match path {
+                Path::Reference => forward(q, k, v, &spec, &dims)?,
+                Path::Fused => flash_cuda::forward(q, k, v, &spec)?,
+            };
             Ok(vec![out, lse])
         },
         move |primals: &[Array], cotangents: &[Array], outputs: &[Array]| {
@@ -437,7 +460,10 @@ fn flash_function(spec: FlashSpec) -> Result<Function> {
                 return Err(invalid(OP, "unexpected arity in the backward pass"));
             };
             let dims = validate(q, k, v, &spec)?;
-            backward(q, k, v, out, lse, dout, &spec, &dims)
+            match path {
+                Path::Reference => backward(q, k, v, out, lse, dout, &spec, &dims),
+                Path::Fused => flash_cuda::backward(q, k, v, out, lse, dout, &spec),
+            }
         },
     )
 }

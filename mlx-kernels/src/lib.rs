@@ -11,8 +11,10 @@
 //! | `swiglu` | [`swiglu`] | `silu(gate) * up` (3 launches -> 1) | [`swiglu::TIER`] |
 //!
 //! [`flash_attention`] is of another kind: tiled attention with an online softmax and its own
-//! backward pass (a custom VJP), over plain MLX ops on every back-end; its reference is the
-//! materialised attention ([`attention_reference`]), its tier L3 with stated bounds.
+//! backward pass (a custom VJP), over plain MLX ops on every back-end, or over the CUDA kernels
+//! of [`flash_cuda`] ([`flash_attention_with`] and a [`Path`]); its reference is the
+//! materialised attention ([`attention_reference`]), its tier L3 with stated bounds on both
+//! paths.
 //!
 //! Tiers (as in the project): L1 is bit-equality with the oracle (mlx-lm) for the same
 //! weights, dtype and back-end; L2 is bit-equality of the fused kernel with its plain-ops
@@ -31,10 +33,11 @@ use mlx_core::kernels::{CustomKernel, KernelBackend, KernelBuilder};
 use mlx_core::{Array, Dtype, Error, Result};
 
 pub mod flash_attention;
+pub mod flash_cuda;
 pub mod rms_norm;
 pub mod swiglu;
 
-pub use flash_attention::{attention_reference, flash_attention, FlashSpec};
+pub use flash_attention::{attention_reference, flash_attention, flash_attention_with, FlashSpec};
 pub use rms_norm::add_rms_norm;
 pub use swiglu::swiglu;
 

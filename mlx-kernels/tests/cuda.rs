@@ -3,11 +3,17 @@
 //! run on the lent H200 (`xtask/gpu/kernels.sh`). Each check prints one line (dtype, shape,
 //! differing elements, largest difference in ulps) so the run's log is the evidence.
 
+mod common;
+
+use common::{check_finite_differences, rel_err};
 use mlx_core::kernels::KernelBackend;
 use mlx_core::prelude::*;
+use mlx_core::transforms::vjp;
+use mlx_kernels::flash_cuda::{FUSED_BF16_REL_BOUND, FUSED_F16_REL_BOUND, FUSED_F32_REL_BOUND};
 use mlx_kernels::rms_norm::{self, add_rms_norm_reference};
 use mlx_kernels::swiglu::{self, swiglu_reference};
 use mlx_kernels::{add_rms_norm, Path, Tier};
+use mlx_kernels::{attention_reference, flash_attention_with, FlashSpec};
 
 const DTYPES: [Dtype; 3] = [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16];
 
@@ -173,6 +179,204 @@ fn swiglu_fused_matches_its_reference() {
             swiglu::TIER,
             &out,
             &reference,
+        );
+    }
+}
+
+struct FlashCase {
+    name: &'static str,
+    b: i32,
+    hq: i32,
+    hkv: i32,
+    l: i32,
+    s: i32,
+    d: i32,
+    dv: i32,
+    causal: bool,
+    window: Option<i32>,
+    dtypes: &'static [Dtype],
+}
+
+fn flash_cases() -> Vec<FlashCase> {
+    let all: &'static [Dtype] = &[Dtype::Float32, Dtype::Bfloat16, Dtype::Float16];
+    let two: &'static [Dtype] = &[Dtype::Float32, Dtype::Bfloat16];
+    let f32_only: &'static [Dtype] = &[Dtype::Float32];
+    let case = |name, (b, hq, hkv), (l, s), (d, dv), causal, window, dtypes| FlashCase {
+        name,
+        b,
+        hq,
+        hkv,
+        l,
+        s,
+        d,
+        dv,
+        causal,
+        window,
+        dtypes,
+    };
+    vec![
+        case(
+            "causal gqa",
+            (1, 8, 2),
+            (300, 300),
+            (64, 64),
+            true,
+            None,
+            all,
+        ),
+        case("causal", (2, 4, 4), (257, 257), (128, 128), true, None, two),
+        case(
+            "sliding window gqa",
+            (1, 4, 1),
+            (333, 333),
+            (128, 128),
+            true,
+            Some(100),
+            two,
+        ),
+        case(
+            "causal after a prefix",
+            (2, 4, 2),
+            (77, 200),
+            (64, 64),
+            true,
+            None,
+            f32_only,
+        ),
+        case("full", (1, 3, 1), (50, 131), (64, 64), false, None, two),
+        case(
+            "window after a prefix",
+            (1, 4, 2),
+            (45, 190),
+            (128, 128),
+            true,
+            Some(37),
+            f32_only,
+        ),
+        case(
+            "short, odd head dims",
+            (1, 2, 1),
+            (7, 7),
+            (16, 8),
+            true,
+            Some(3),
+            f32_only,
+        ),
+    ]
+}
+
+fn flash_inputs(c: &FlashCase, dtype: Dtype, seed: u64) -> [Array; 4] {
+    [
+        rnd(&[c.b, c.hq, c.l, c.d], dtype, 1.0, seed),
+        rnd(&[c.b, c.hkv, c.s, c.d], dtype, 1.0, seed + 1),
+        rnd(&[c.b, c.hkv, c.s, c.dv], dtype, 1.0, seed + 2),
+        rnd(&[c.b, c.hq, c.l, c.dv], dtype, 1.0, seed + 3),
+    ]
+}
+
+fn flash_spec(c: &FlashCase) -> FlashSpec {
+    FlashSpec {
+        scale: 1.0 / (c.d as f32).sqrt(),
+        causal: c.causal,
+        window: c.window,
+        block_q: 64,
+        block_k: 64,
+    }
+}
+
+/// `[out, dq, dk, dv]` of `path` (`None`: the materialised attention) for cotangent `x[3]`.
+fn flash_grads(spec: FlashSpec, path: Option<Path>, x: &[Array; 4]) -> Vec<Array> {
+    let f = |xs: &[Array]| -> Result<Vec<Array>> {
+        Ok(vec![match path {
+            Some(p) => flash_attention_with(&xs[0], &xs[1], &xs[2], spec, p)?,
+            None => attention_reference(&xs[0], &xs[1], &xs[2], spec)?,
+        }])
+    };
+    let (outs, grads) = vjp(f, &x[..3], &x[3..]).unwrap();
+    let mut all = outs;
+    all.extend(grads);
+    eval(&all).unwrap();
+    all
+}
+
+fn check_tf32_off() {
+    assert_eq!(
+        std::env::var("MLX_ENABLE_TF32").as_deref(),
+        Ok("0"),
+        "run the flash tests with MLX_ENABLE_TF32=0: the float32 reference needs float32 matmuls"
+    );
+}
+
+#[test]
+fn flash_fused_matches_the_materialised_attention() {
+    gpu();
+    check_tf32_off();
+    let mut seed = 200_000;
+    for c in flash_cases() {
+        let spec = flash_spec(&c);
+        for &dtype in c.dtypes {
+            seed += 10;
+            let x = flash_inputs(&c, dtype, seed);
+            // The yardstick: the materialised attention in float32 of the same values.
+            let x32 = x.clone().map(|a| a.astype(Dtype::Float32).unwrap());
+            let truth = flash_grads(spec, None, &x32);
+            let fused = flash_grads(spec, Some(Path::Fused), &x);
+            let reference = flash_grads(spec, None, &x);
+            let bound = match dtype {
+                Dtype::Float32 => FUSED_F32_REL_BOUND,
+                Dtype::Bfloat16 => FUSED_BF16_REL_BOUND,
+                _ => FUSED_F16_REL_BOUND,
+            };
+            for (n, name) in ["out", "dq", "dk", "dv"].iter().enumerate() {
+                assert_eq!(fused[n].shape(), truth[n].shape(), "{}: {name}", c.name);
+                assert_eq!(fused[n].dtype(), dtype, "{}: {name} dtype", c.name);
+                let e = rel_err(&fused[n], &truth[n]);
+                let r = rel_err(&reference[n], &truth[n]);
+                let line = format!(
+                    "flash {} {dtype} {name}: fused rel err {e:.3e}, materialised {dtype} \
+                     rel err {r:.3e} (vs float32 materialised; bound {bound:e})",
+                    c.name
+                );
+                println!("{line}");
+                let allowed = if dtype == Dtype::Float32 {
+                    bound
+                } else {
+                    bound.max(r)
+                };
+                assert!(e.is_finite() && e <= allowed, "over the bound: {line}");
+            }
+        }
+    }
+}
+
+#[test]
+fn flash_fused_gradients_match_finite_differences() {
+    gpu();
+    check_tf32_off();
+    // d/de sum(w * fused(x + e*u)) at e = 0 by central differences in float32, against
+    // <grad, u> from the fused backward, along a random direction per input.
+    for c in flash_cases()
+        .iter()
+        .filter(|c| c.window.is_some() || c.hq != c.hkv)
+    {
+        let spec = flash_spec(c);
+        let x = flash_inputs(c, Dtype::Float32, 300_000);
+        let g = flash_grads(spec, Some(Path::Fused), &x);
+        let loss = |xs: &[Array]| -> f32 {
+            let o = flash_attention_with(&xs[0], &xs[1], &xs[2], spec, Path::Fused).unwrap();
+            (&o * &x[3])
+                .unwrap()
+                .sum_all(false)
+                .unwrap()
+                .item::<f32>()
+                .unwrap()
+        };
+        check_finite_differences(
+            &format!("flash {}", c.name),
+            &x[..3],
+            &g[1..],
+            310_000,
+            loss,
         );
     }
 }

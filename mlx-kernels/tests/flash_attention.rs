@@ -2,22 +2,18 @@
 //! stated bounds `FWD_REL_BOUND` / `GRAD_REL_BOUND`), against central finite differences, the
 //! reference against MLX's own SDPA (which mlx-lm calls; bit for bit), memory, and bad input.
 
+mod common;
+
+use common::{check_finite_differences, rel_err};
 use mlx_core::prelude::*;
 use mlx_core::testing::assert_bit_equal;
 use mlx_core::transforms::vjp;
 use mlx_kernels::flash_attention::{FWD_REL_BOUND, GRAD_REL_BOUND};
-use mlx_kernels::{attention_reference, flash_attention, FlashSpec};
+use mlx_kernels::{attention_reference, flash_attention, flash_attention_with, FlashSpec, Path};
 
 fn randn(shape: &[i32], seed: u64) -> Array {
     let key = random::key(seed).unwrap();
     random::normal(shape, Dtype::Float32, None, None, Some(&key), None).unwrap()
-}
-
-/// `max|a - b| / max|b|`.
-fn rel_err(a: &Array, b: &Array) -> f32 {
-    let d = (a - b).unwrap().abs().unwrap().max_all(false).unwrap();
-    let m = b.abs().unwrap().max_all(false).unwrap();
-    d.item::<f32>().unwrap() / m.item::<f32>().unwrap().max(f32::MIN_POSITIVE)
 }
 
 struct Case {
@@ -156,32 +152,7 @@ fn flash_gradients_match_finite_differences() {
                 .unwrap()
         };
         let (_, g) = grads(flash_attention, c.spec, &x, &w);
-        for (n, which) in [("q", 0usize), ("k", 1), ("v", 2)] {
-            let u = randn(&x[which].shape(), 50 + which as u64);
-            let eps = 1e-2f32;
-            let shifted = |sign: f32| -> f32 {
-                let mut xs = x.clone();
-                xs[which] = (&x[which] + &u.multiply_scalar(sign * eps).unwrap()).unwrap();
-                loss(&xs)
-            };
-            let fd = (shifted(1.0) - shifted(-1.0)) / (2.0 * eps);
-            let an = (&g[which] * &u)
-                .unwrap()
-                .sum_all(false)
-                .unwrap()
-                .item::<f32>()
-                .unwrap();
-            let rel = (fd - an).abs() / an.abs().max(1e-3);
-            eprintln!(
-                "{}: d{n}: finite difference {fd}, backward {an}, rel {rel:e}",
-                c.name
-            );
-            assert!(
-                rel < 2e-2,
-                "{}: d{n}: finite difference {fd} vs backward {an}",
-                c.name
-            );
-        }
+        check_finite_differences(c.name, &x, &g, 50, loss);
     }
 }
 
@@ -281,4 +252,48 @@ fn bad_input_is_a_clear_error() {
     assert!(msg(flash_attention(&q, &k, &v, spec(false, Some(3), 4, 4))).contains("needs causal"));
     let qi = ops::zeros(&[1, 4, 8, 16], Dtype::Int32, None).unwrap();
     assert!(msg(flash_attention(&qi, &k, &v, s)).contains("dtype"));
+}
+
+#[test]
+fn the_cuda_path_is_refused_clearly_where_it_cannot_run() {
+    let z = |shape: &[i32]| ops::zeros(shape, Dtype::Float32, None).unwrap();
+    let (q, k, v) = (z(&[1, 4, 8, 16]), z(&[1, 2, 8, 16]), z(&[1, 2, 8, 8]));
+    let s = spec(true, None, 4, 4);
+    let msg = |r: Result<Array>| r.expect_err("must fail").to_string();
+    // Head dims the kernels do not take, before any back-end question.
+    let m = msg(flash_attention_with(
+        &z(&[1, 4, 8, 6]),
+        &z(&[1, 2, 8, 6]),
+        &v,
+        s,
+        Path::Fused,
+    ));
+    assert!(m.contains("multiple of 4"), "{m}");
+    let m = msg(flash_attention_with(
+        &z(&[1, 4, 8, 264]),
+        &z(&[1, 2, 8, 264]),
+        &v,
+        s,
+        Path::Fused,
+    ));
+    assert!(m.contains("at most 256"), "{m}");
+    // Shared validation comes first on both paths.
+    let m = msg(flash_attention_with(
+        &z(&[1, 4, 9, 16]),
+        &k,
+        &v,
+        s,
+        Path::Fused,
+    ));
+    assert!(m.contains("at least as many keys"), "{m}");
+    if Path::auto() == Path::Reference {
+        // The CPU build: a clear error, not a panic.
+        let m = msg(flash_attention_with(&q, &k, &v, s, Path::Fused));
+        assert!(m.contains("CUDA"), "{m}");
+    }
+    // The reference path is `flash_attention` itself.
+    let x = inputs(&cases()[0], 1);
+    let a = flash_attention(&x[0], &x[1], &x[2], cases()[0].spec).unwrap();
+    let b = flash_attention_with(&x[0], &x[1], &x[2], cases()[0].spec, Path::Reference).unwrap();
+    assert_bit_equal(&a, &b).unwrap();
 }

@@ -6,6 +6,8 @@
 # (default: all four).
 set -x
 source .gpu/b/env.sh
+# The flash attention tests compare against a float32 materialised attention: no TF32 matmuls.
+export MLX_ENABLE_TF32=0
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; command -v nsys ncu
 python3 -c 'import mlx.core as mx; print(mx.__version__, mx.default_device())' || exit 1
 set -o pipefail

@@ -71,7 +71,7 @@ def compile_one(label, src):
     log = ctypes.create_string_buffer(size.value)
     nvrtc.nvrtcGetProgramLog(prog, log)
     text = log.value.decode(errors="replace").strip()
-    print(f"{'ok  ' if rc == 0 else 'FAIL'} {label}" + (f"\n{text}" if text else ""))
+    print(f"{'ok  ' if rc == 0 else 'FAIL'} {label}" + (f"\n{text}" if text else ""), flush=True)
     return rc == 0
 
 
@@ -90,7 +90,35 @@ def main():
         src = build("mlxk_swiglu", swi_h, swi_s, [("gate", dt, 3), ("up", dt, 3)], [("out", dt)],
                     [("T", dt), ("NR", nr)])
         ok &= compile_one(f"swiglu {dt}", src)
+    ok &= check_flash()
     sys.exit(0 if ok else 1)
+
+
+def check_flash():
+    """The three flash attention kernels (flash_cuda.rs: HEADER + PRELUDE [+ QUERY_PRELUDE] + body) for every
+    dtype, the head dims the tests use, and each mask kind."""
+    ok = True
+    header, prelude = rust_str("flash_cuda.rs", "HEADER"), rust_str("flash_cuda.rs", "PRELUDE")
+    qp = rust_str("flash_cuda.rs", "QUERY_PRELUDE")
+    kernels = [("mlxk_flash_fwd", qp, "FWD_SOURCE", ["q", "k", "v"], ["out", "lse"]),
+               ("mlxk_flash_dq", qp, "DQ_SOURCE", ["q", "k", "v", "dout", "lse", "delta"], ["dqo"]),
+               ("mlxk_flash_dkdv", "", "DKDV_SOURCE", ["q", "k", "v", "dout", "lse", "delta"], ["dko", "dvo"])]
+    f32 = ("lse", "delta")
+    for dt in ("float32", "float16", "bfloat16"):
+        for d, dv, causal, window in ((64, 64, True, 0), (128, 128, True, 100), (128, 128, False, 0),
+                                      (16, 8, True, 9), (256, 256, True, 0)):
+            tpr = 4 if max(d, dv) <= 64 else 8
+            bk = 64
+            while bk > 1 and bk * (d + dv) * 4 > 32 * 1024:
+                bk //= 2
+            for name, start, body, ins, outs in kernels:
+                src = build(name, header, prelude + start + rust_str("flash_cuda.rs", body),
+                            [(n, "float32" if n in f32 else dt, 4 if n not in f32 else 3) for n in ins],
+                            [(n, "float32" if n == "lse" else dt) for n in outs],
+                            [("T", dt), ("D", d), ("DV", dv), ("TPR", tpr), ("BK", bk), ("CAUSAL", causal),
+                             ("WINDOW", window), ("SCALE_HI", 0x3e00), ("SCALE_LO", 0)])
+                ok &= compile_one(f"{name} {dt} D={d} DV={dv} causal={causal} window={window}", src)
+    return ok
 
 
 main()

@@ -7,6 +7,7 @@
 # Then:
 #   device call 1, carrying .gpu/a:  bash .gpu/a/setup.sh
 #   device call 2, carrying .gpu/b:  bash .gpu/b/kernels.sh      (results under $OUT)
+#   (or, for flash attention alone:  bash .gpu/b/flash.sh)
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 mkdir -p .gpu/a .gpu/b .gpu/tmp
@@ -27,12 +28,12 @@ export CARGO_TARGET_DIR=target/cuda MLX_DIR="$PWD/.gpu/tmp/cuda" \
   RUSTFLAGS="-C link-arg=-Wl,--allow-shlib-undefined"
 nice -n 10 cargo build -p mlx-kernels --features cuda --tests
 profile=${BENCH_PROFILE:-release}
-nice -n 10 cargo build -p mlx-kernels --features cuda --example kernel_bench --profile "$profile"
+nice -n 10 cargo build -p mlx-kernels --features cuda --example kernel_bench --example flash_bench --profile "$profile"
 test_bin=$(nice -n 10 cargo test -p mlx-kernels --features cuda --test cuda --no-run 2>&1 |
   sed -n 's/.*Executable tests\/cuda.rs (\(.*\))/\1/p')
 dir=$([ "$profile" = dev ] && echo debug || echo "$profile")
-cp "$test_bin" .gpu/b/cuda_tests && cp "target/cuda/$dir/examples/kernel_bench" .gpu/b/
-strip .gpu/b/cuda_tests .gpu/b/kernel_bench
+cp "$test_bin" .gpu/b/cuda_tests && cp "target/cuda/$dir/examples/kernel_bench" "target/cuda/$dir/examples/flash_bench" .gpu/b/
+strip .gpu/b/cuda_tests .gpu/b/kernel_bench .gpu/b/flash_bench
 cp xtask/gpu/setup.sh .gpu/a/
-cp xtask/gpu/env.sh xtask/gpu/kernels.sh xtask/gpu/decode_breakdown.py xtask/gpu/node_costs.py .gpu/b/
+cp xtask/gpu/env.sh xtask/gpu/kernels.sh xtask/gpu/flash.sh xtask/gpu/decode_breakdown.py xtask/gpu/node_costs.py .gpu/b/
 du -sh .gpu/a .gpu/b
