@@ -79,19 +79,30 @@ pub fn save_adapter_config(path: &Path, options: &serde_json::Map<String, Value>
     std::fs::write(path, text).map_err(|e| io_err(path, e))
 }
 
-/// Reads an adapter file, checking each tensor against `allowed` (name to shape) as
-/// mlx-lm's `load_adapters` does (every problem listed together).
-fn read_checked(path: &Path, allowed: &BTreeMap<String, Vec<i32>>) -> Result<ParamMap> {
+/// Reads an adapter file, checking each tensor against `allowed` (name to shape and dtype) as
+/// mlx-lm's `load_adapters` does (every problem listed together). A floating-point tensor may
+/// replace one of another floating-point dtype (mlx-lm's `load_weights` keeps the file's);
+/// any other dtype must match exactly (an integer array where the model holds floats, or a
+/// float where it holds a quantized linear's packed weight, would only fail in the forward).
+fn read_checked(path: &Path, allowed: &BTreeMap<String, (Vec<i32>, Dtype)>) -> Result<ParamMap> {
     let (weights, _) = load_safetensors(path, None).map_err(|e| io_err(path, e))?;
     let mut errors = Vec::new();
     for (name, w) in &weights {
         match allowed.get(name) {
             None => errors.push(format!("  {name}: not an adapter parameter in the model")),
-            Some(shape) if *shape != w.shape() => errors.push(format!(
+            Some((shape, _)) if *shape != w.shape() => errors.push(format!(
                 "  {name}: adapter shape {:?} does not match model parameter shape {:?}",
                 w.shape(),
                 shape
             )),
+            Some((_, dtype))
+                if w.dtype() != *dtype && !(w.dtype().is_floating() && dtype.is_floating()) =>
+            {
+                errors.push(format!(
+                    "  {name}: adapter dtype {} does not suit model parameter dtype {dtype}",
+                    w.dtype()
+                ))
+            }
             Some(_) => {}
         }
     }
@@ -110,7 +121,7 @@ pub fn load_adapter_weights(path: &Path, params: &Params) -> Result<()> {
     let allowed = params
         .snapshot()
         .into_iter()
-        .map(|(k, v)| (k, v.shape()))
+        .map(|(k, v)| (k, (v.shape(), v.dtype())))
         .collect();
     params.update(&read_checked(path, &allowed)?)
 }
@@ -120,7 +131,7 @@ pub fn load_adapter_weights(path: &Path, params: &Params) -> Result<()> {
 pub(crate) fn read_full_weights(model: &mut dyn LanguageModel, path: &Path) -> Result<ParamMap> {
     let allowed = layer_parameter_shapes(model)?
         .into_iter()
-        .map(|(k, shape, _)| (k, shape))
+        .map(|(k, shape, dtype, _)| (k, (shape, dtype)))
         .collect();
     read_checked(path, &allowed)
 }

@@ -29,15 +29,15 @@ use crate::error::{Result, TrainError};
 use crate::lora::selected_layers;
 use crate::params::Params;
 
-/// Every array of the model's decoder layers, by name, with its shape and whether it can
-/// train (`false` for a quantized linear's arrays).
+/// Every array of the model's decoder layers, by name, with its shape, its dtype and whether
+/// it can train (`false` for a quantized linear's arrays).
 pub fn layer_parameter_shapes(
     model: &mut dyn LanguageModel,
-) -> Result<Vec<(String, Vec<i32>, bool)>> {
+) -> Result<Vec<(String, Vec<i32>, Dtype, bool)>> {
     Ok(layers(model)?
         .into_iter()
         .flatten()
-        .map(|p| (p.name, p.value.shape(), !p.quantized))
+        .map(|p| (p.name, p.value.shape(), p.value.dtype(), !p.quantized))
         .collect())
 }
 

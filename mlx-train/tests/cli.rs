@@ -470,3 +470,47 @@ fn full_adapters_test_and_check() {
     );
     let _ = std::fs::remove_dir_all(&out);
 }
+
+#[test]
+fn full_adapter_with_a_non_float_array_is_refused_at_load() {
+    // A full fine-tune's file whose array has the right name and shape but an integer dtype
+    // (a float layer array; mlx-lm would fail later, inside the forward pass): the load
+    // names the file, the array and both dtypes.
+    let full = tests().join("adapters/full_dense_text_adam");
+    let out = tmp("full_dtype");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::copy(
+        full.join("adapter_config.json"),
+        out.join("adapter_config.json"),
+    )
+    .unwrap();
+    let (mut weights, _) =
+        mlx_core::io::load_safetensors(full.join("adapters.safetensors"), None).unwrap();
+    let name = "model.layers.1.self_attn.q_proj.weight";
+    let w = weights
+        .get(name)
+        .unwrap()
+        .astype(mlx_core::Dtype::Int32)
+        .unwrap();
+    weights.insert(name.to_string(), w);
+    mlx_core::io::save_safetensors(
+        out.join("adapters.safetensors"),
+        weights.iter().map(|(k, v)| (k.as_str(), v)),
+        &Default::default(),
+    )
+    .unwrap();
+    let (mut m, _) = mlx_models::load::load_model_dir(
+        &tests().join("models/dense"),
+        &mlx_models::load::LoadOptions::default(),
+    )
+    .unwrap();
+    let e = match mlx_train::adapters::load_adapters(m.as_mut(), &out) {
+        Ok(_) => panic!("an int32 layer weight was accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        e.contains("adapters.safetensors") && e.contains(name) && e.contains("int32"),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(&out);
+}
