@@ -89,6 +89,14 @@ impl<'m> CompiledDecoder<'m> {
         }))
     }
 
+    /// Whether this is the compiled step of `model` (the same model, not one like it): its
+    /// traces hold that model's weights.
+    pub fn is_for(&self, model: &dyn LanguageModel) -> bool {
+        model
+            .segmented()
+            .is_some_and(|m| std::ptr::addr_eq(m, self.model))
+    }
+
     /// Sets (or clears) the fault-injection hook.
     #[doc(hidden)]
     pub fn set_fault_hook(&mut self, hook: Option<FaultHook>) {

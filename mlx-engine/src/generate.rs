@@ -237,6 +237,7 @@ pub fn generate_step<'m>(
 /// call traces its segments during the first decode step, which then lands in the time to
 /// the first token of every generation; a kept one traces once (a server, a chat session,
 /// repeated benchmark trials). If a step fails compiled, this generation goes on uncompiled.
+/// A decoder made for another model is an error.
 pub fn generate_step_with_decoder<'m>(
     prompt: &[i32],
     model: &'m dyn LanguageModel,
@@ -244,6 +245,13 @@ pub fn generate_step_with_decoder<'m>(
     opts: GenerateOptions,
     decoder: &'m CompiledDecoder<'m>,
 ) -> Result<GenerateStep<'m>> {
+    if !decoder.is_for(model) {
+        return Err(EngineError::Other(format!(
+            "generate_step_with_decoder: the compiled decoder was made for another model \
+             than this {} model",
+            model.model_type()
+        )));
+    }
     start(prompt, model, prompt_cache, opts, Decoder::Shared(decoder))
 }
 

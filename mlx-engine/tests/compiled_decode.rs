@@ -15,7 +15,9 @@ use std::path::PathBuf;
 use mlx_cache::{Cache, RotatingKVCache, StateValue};
 use mlx_core::prelude::*;
 use mlx_engine::compiled::CompiledDecoder;
-use mlx_engine::generate::{generate_step, CompiledDecode, GenerateOptions};
+use mlx_engine::generate::{
+    generate_step, generate_step_with_decoder, CompiledDecode, GenerateOptions,
+};
 use mlx_engine::EngineError;
 use mlx_models::load::{load_model_dir, LoadOptions};
 use mlx_models::LanguageModel;
@@ -310,5 +312,31 @@ fn a_failed_step_leaves_every_cache_byte_for_byte_and_reruns_uncompiled() {
         assert!(got.to_bytes().unwrap() == want, "{name}: compiled step");
         assert!(snapshot(&caches) == want_caches, "{name}: compiled caches");
         assert_eq!(dec.trace_counts(), vec![1; layers + 1], "{name}");
+    }
+}
+
+/// A decoder kept across generations serves only the model it was made for: another model
+/// (even one of the same shape, whose steps would run and decode with the wrong weights) is
+/// refused, and the right one decodes compiled, twice, to the uncompiled tokens.
+#[test]
+fn a_kept_decoder_serves_only_its_own_model() {
+    let (a, b) = (fixture("dense_f32"), fixture("dense_f32"));
+    let dec = CompiledDecoder::new(a.as_ref()).unwrap().unwrap();
+    let p = prompt(5, a.vocab_size());
+    let opts = GenerateOptions {
+        max_tokens: Some(4),
+        ..GenerateOptions::default()
+    };
+    let e = match generate_step_with_decoder(&p, b.as_ref(), None, opts.clone(), &dec) {
+        Ok(_) => panic!("a decoder made for another model was used"),
+        Err(e) => e.to_string(),
+    };
+    assert!(e.contains("another model"), "{e}");
+    let (ids0, _, _) = decode(a.as_ref(), &p, 4, CompiledDecode::Off, Caches::Plain);
+    for _ in 0..2 {
+        let mut g = generate_step_with_decoder(&p, a.as_ref(), None, opts.clone(), &dec).unwrap();
+        let ids: Vec<u32> = g.by_ref().map(|s| s.unwrap().token).collect();
+        assert_eq!(ids, ids0);
+        assert!(g.compiled_steps() >= 3, "{}", g.compiled_steps());
     }
 }
