@@ -499,9 +499,14 @@ impl ChatTemplate {
 /// Python's string, dict and list methods (`minijinja-contrib`'s pycompat), with `split` and
 /// `splitlines` paying one fuel per piece before they build the pieces (minijinja charges
 /// the list only after it exists, so `('a ' * 10000000).split()` would otherwise build ten
-/// million strings before running out).
+/// million strings before running out), and `format` paying for the widths and precisions
+/// of its spec before it pads to them (`'{:>999999999999}'.format('a')` would otherwise
+/// allocate a terabyte at once).
 fn python_method(state: &mut State, value: &Value, method: &str, args: &[Value]) -> Result2<Value> {
     if let Some(s) = value.as_str() {
+        if method == "format" {
+            state.consume_fuel(format_spec_bytes(s) / 64)?;
+        }
         let pieces = match method {
             "split" => match args.first().and_then(Value::as_str) {
                 Some(sep) if !sep.is_empty() => s.matches(sep).count() + 1,
@@ -518,6 +523,33 @@ fn python_method(state: &mut State, value: &Value, method: &str, args: &[Value])
         state.consume_fuel(pieces as u64)?;
     }
     minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)
+}
+
+/// The bytes `str.format` with this format string may pad or print to: the sum of every number
+/// in its replacement fields' specs (`{:>20}`, `{0:.3f}`), saturating.
+fn format_spec_bytes(format: &str) -> u64 {
+    let mut total = 0u64;
+    let mut rest = format;
+    while let Some(open) = rest.find('{') {
+        rest = &rest[open + 1..];
+        if let Some(after) = rest.strip_prefix('{') {
+            // `{{`: a literal brace.
+            rest = after;
+            continue;
+        }
+        let field = rest.split('}').next().unwrap_or_default();
+        rest = &rest[field.len()..];
+        let Some((_, spec)) = field.split_once(':') else {
+            continue;
+        };
+        for digits in spec.split(|c: char| !c.is_ascii_digit()) {
+            let n = digits.bytes().fold(0u64, |n, d| {
+                n.saturating_mul(10).saturating_add(u64::from(d - b'0'))
+            });
+            total = total.saturating_add(n);
+        }
+    }
+    total
 }
 
 /// Pays for serializing (`tojson`, printing a list or a dict) out of the render's fuel, at

@@ -435,3 +435,22 @@ fn fuzz_regression_huge_strings_run_out_of_fuel() {
     let e = render("{% for m in messages %}{{ 'x' * 100000000 }}{% endfor %}").unwrap_err();
     assert!(e.contains("too much text"), "{e}");
 }
+
+/// `str.format` padded or printed to the width or precision its spec asks for before any
+/// fuel was paid: `'{:>999999999999}'.format('a')` aborted the process (a 1 TB allocation).
+/// The spec's widths and precisions are now paid for first.
+#[test]
+fn str_format_widths_are_paid_for_before_they_are_built() {
+    for src in [
+        "{{ '{:>999999999999}'.format('a') }}",
+        "{{ '{0:<300000000}{0}'.format('a') | length }}",
+        "{{ '{:.300000000f}'.format(1.5) | length }}",
+    ] {
+        let e = render(src).unwrap_err();
+        assert!(e.contains("too much text"), "{src}: {e}");
+    }
+    assert_eq!(
+        render("{{ '{:>6}|{:.2f}|{{}}'.format('a', 1.5) }}").unwrap(),
+        "     a|1.50|{}"
+    );
+}
