@@ -29,11 +29,12 @@ use crate::error::{Result, TrainError};
 use crate::lora::selected_layers;
 use crate::params::Params;
 
+/// A decoder layer array's name, shape, dtype and whether it can train.
+pub type LayerParamShape = (String, Vec<i32>, Dtype, bool);
+
 /// Every array of the model's decoder layers, by name, with its shape, its dtype and whether
 /// it can train (`false` for a quantized linear's arrays).
-pub fn layer_parameter_shapes(
-    model: &mut dyn LanguageModel,
-) -> Result<Vec<(String, Vec<i32>, Dtype, bool)>> {
+pub fn layer_parameter_shapes(model: &mut dyn LanguageModel) -> Result<Vec<LayerParamShape>> {
     Ok(layers(model)?
         .into_iter()
         .flatten()
