@@ -505,7 +505,15 @@ impl ChatTemplate {
 fn python_method(state: &mut State, value: &Value, method: &str, args: &[Value]) -> Result2<Value> {
     if let Some(s) = value.as_str() {
         if method == "format" {
-            state.consume_fuel(format_spec_bytes(s) / 64)?;
+            // Each field may print the largest argument (padded to its spec's width).
+            let (fields, widths) = format_fields(s);
+            let cap = match state.fuel_levels() {
+                Some((_, left)) => left.saturating_mul(64).saturating_add(64),
+                None => MAX_RENDERED_TEXT as u64,
+            };
+            let largest = args.iter().map(|a| value_bytes(a, cap)).max().unwrap_or(0);
+            let bytes = widths.saturating_add(fields.saturating_mul(largest));
+            state.consume_fuel(bytes / 64)?;
         }
         let pieces = match method {
             "split" => match args.first().and_then(Value::as_str) {
@@ -525,10 +533,10 @@ fn python_method(state: &mut State, value: &Value, method: &str, args: &[Value])
     minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)
 }
 
-/// The bytes `str.format` with this format string may pad or print to: the sum of every number
-/// in its replacement fields' specs (`{:>20}`, `{0:.3f}`), saturating.
-fn format_spec_bytes(format: &str) -> u64 {
-    let mut total = 0u64;
+/// The replacement fields of a `str.format` string and the bytes their specs may pad or print
+/// to: the sum of every number in the specs (`{:>20}`, `{0:.3f}`), saturating.
+fn format_fields(format: &str) -> (u64, u64) {
+    let (mut fields, mut widths) = (0u64, 0u64);
     let mut rest = format;
     while let Some(open) = rest.find('{') {
         rest = &rest[open + 1..];
@@ -537,6 +545,7 @@ fn format_spec_bytes(format: &str) -> u64 {
             rest = after;
             continue;
         }
+        fields += 1;
         let field = rest.split('}').next().unwrap_or_default();
         rest = &rest[field.len()..];
         let Some((_, spec)) = field.split_once(':') else {
@@ -546,7 +555,47 @@ fn format_spec_bytes(format: &str) -> u64 {
             let n = digits.bytes().fold(0u64, |n, d| {
                 n.saturating_mul(10).saturating_add(u64::from(d - b'0'))
             });
-            total = total.saturating_add(n);
+            widths = widths.saturating_add(n);
+        }
+    }
+    (fields, widths)
+}
+
+/// About how many bytes printing `v` takes (strings their length, other scalars 32, and 4 more
+/// per item of a sequence or map), counted up to `cap` (the walk stops there, so a large or
+/// self-containing value costs at most `cap / 4` steps).
+fn value_bytes(v: &Value, cap: u64) -> u64 {
+    let mut total = 0u64;
+    let mut stack = vec![v.clone()];
+    while let Some(v) = stack.pop() {
+        if total >= cap {
+            break;
+        }
+        match v.kind() {
+            ValueKind::String => {
+                total = total.saturating_add(v.as_str().map_or(0, str::len) as u64)
+            }
+            // Not `Iterable`: a one-shot iterator would be used up here.
+            ValueKind::Seq | ValueKind::Map => {
+                let Ok(items) = v.try_iter() else {
+                    total = total.saturating_add(32);
+                    continue;
+                };
+                let is_map = v.kind() == ValueKind::Map;
+                for item in items {
+                    total = total.saturating_add(4);
+                    if total >= cap {
+                        break;
+                    }
+                    if is_map {
+                        if let Ok(x) = v.get_item(&item) {
+                            stack.push(x);
+                        }
+                    }
+                    stack.push(item);
+                }
+            }
+            _ => total = total.saturating_add(32),
         }
     }
     total
