@@ -37,7 +37,7 @@ impl Shape {
         (self.heads() / 2).max(1) * 64
     }
     fn inter(&self) -> i32 {
-        self.hidden * 3
+        self.hidden.saturating_mul(3)
     }
 }
 
@@ -145,29 +145,21 @@ pub struct StepMemory {
 ///   without segments one layer's);
 /// - one cross-entropy chunk: logits, their exponentials and gradient, `3 * c * vocab`.
 pub fn predicted_peak(shape: &Shape, t: i32, opts: &StepOptions, before: usize) -> usize {
-    let (d, l, v) = (
-        shape.hidden as usize,
-        shape.layers as usize,
-        shape.vocab as usize,
-    );
-    let (kv, f, h) = (
-        shape.kv_dim() as usize,
-        shape.inter() as usize,
-        shape.heads() as usize,
-    );
-    let t = t as usize;
-    let s = opts.segment.map_or(t, |s| (s as usize).min(t));
-    let c = opts.ce_chunk.map_or(t, |c| (c as usize).min(t));
+    // Computed in u128 from non-negative sizes (a negative one counts as 0), saturating at
+    // usize::MAX: the figure is an estimate and must not overflow for any input.
+    let n = |x: i32| u128::from(x.max(0).unsigned_abs());
+    let (d, l, v) = (n(shape.hidden), n(shape.layers), n(shape.vocab));
+    let (kv, f, h) = (n(shape.kv_dim()), n(shape.inter()), n(shape.heads()));
+    let t = n(t);
+    let s = opts.segment.map_or(t, |s| n(s).min(t));
+    let c = opts.ce_chunk.map_or(t, |c| n(c).min(t));
     let kv_layers = if opts.segment.is_some() { l } else { 1 };
     let elems = 2 * l * s * d
         + 2 * s * (12 * d + 5 * kv + 6 * f)
-        + 3 * h
-            * opts
-                .flash_block
-                .map_or(s * t, |b| (b as usize).min(s).pow(2))
+        + 3 * h * opts.flash_block.map_or(s * t, |b| n(b).min(s).pow(2))
         + 8 * kv_layers * t * kv
         + 3 * c * v;
-    before + 4 * elems
+    usize::try_from(before as u128 + 4 * elems).unwrap_or(usize::MAX)
 }
 
 /// Loads the llama in `dir`, adds LoRA (rank 8, every layer), and measures one step of
@@ -223,4 +215,32 @@ pub fn measure_step(dir: &Path, shape: &Shape, len: i32, opts: &StepOptions) -> 
         predicted,
         loss: l.item::<f32>()?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_prediction_never_overflows() {
+        let opts = |v: i32| StepOptions {
+            grad_checkpoint: true,
+            ce_chunk: Some(v),
+            segment: Some(v),
+            flash_block: Some(v),
+        };
+        let shape = |v: i32| Shape {
+            hidden: v,
+            layers: v,
+            vocab: v,
+            q4: false,
+        };
+        assert_eq!(predicted_peak(&shape(-5), -1, &opts(-3), 7), 7);
+        assert_eq!(
+            predicted_peak(&shape(i32::MAX), i32::MAX, &opts(i32::MAX), usize::MAX),
+            usize::MAX
+        );
+        let small = predicted_peak(&shape(64), 16, &opts(8), 0);
+        assert!(small > 0 && small < 1 << 30);
+    }
 }
