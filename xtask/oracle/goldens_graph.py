@@ -25,13 +25,11 @@ from mlx_lm.utils import load_model
 gen = importlib.import_module("mlx_lm.generate")
 
 OUT = Path("mlx-engine/tests/goldens/graph.json")
-# Not here yet: gpt_oss, qwen3_5 and qwen3_next, where mlx-lm compiles more activations
-# (swiglu_oai, the gated delta helpers) than our ports do: their graphs have more, unfused,
-# elementwise nodes.
 MODELS = [
     "dense_bf16_untied", "dense_f32", "dense_bf16_mha", "q4_g32", "q8_g32_bf16",
     "mistral_bias_llama3rope", "linear_rope_sliding", "yarn_rope", "mixtral", "qwen3_moe_q4",
-    "olmoe_q8", "lfm2_bf16", "gemma4_text_bf16",
+    "olmoe_q8", "lfm2_bf16", "gemma4_text_bf16", "gpt_oss", "gpt_oss_q4", "qwen3_next",
+    "qwen3_5", "qwen3_5_moe",
 ]
 PROMPT = [1, 17, 99, 5, 42, 42, 7, 120, 3, 64]
 PREFILL_STEP = 4

@@ -10,7 +10,9 @@ mod norm;
 mod rope;
 mod switch;
 
-pub use activations::{geglu, gelu, gelu_approx, logit_softcap, silu, swiglu};
+pub use activations::{
+    geglu, gelu, gelu_approx, logit_softcap, precise_swiglu, silu, swiglu, swiglu_oai,
+};
 pub(crate) use attention::finfo_min;
 pub use attention::{
     quantized_scaled_dot_product_attention, scaled_dot_product_attention, with_dense_attention,
