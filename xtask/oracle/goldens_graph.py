@@ -29,7 +29,7 @@ MODELS = [
     "dense_bf16_untied", "dense_f32", "dense_bf16_mha", "q4_g32", "q8_g32_bf16",
     "mistral_bias_llama3rope", "linear_rope_sliding", "yarn_rope", "mixtral", "qwen3_moe_q4",
     "olmoe_q8", "lfm2_bf16", "gemma4_text_bf16", "gpt_oss", "gpt_oss_q4", "qwen3_next",
-    "qwen3_5", "qwen3_5_moe",
+    "qwen3_5", "qwen3_5_moe", "qwen3_5_bf16", "gpt_oss_q8_bf16",
 ]
 PROMPT = [1, 17, 99, 5, 42, 42, 7, 120, 3, 64]
 PREFILL_STEP = 4
