@@ -30,8 +30,7 @@ macro_rules! compiled {
             if let Some(f) = cell.get() {
                 return Ok(*f);
             }
-            let f: &'static Compiled<'static> =
-                Box::leak(Box::new(compile($body, $shapeless)?));
+            let f: &'static Compiled<'static> = Box::leak(Box::new(compile($body, $shapeless)?));
             Ok(*cell.get_or_init(|| f))
         })
     }};
