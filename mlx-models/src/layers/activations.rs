@@ -88,6 +88,70 @@ pub fn swiglu_oai(gate: &Array, x: &Array) -> Result<Array> {
     one(f.call(&[gate.clone(), x.clone()])?, "swiglu_oai")
 }
 
+/// `nn.relu2` (and nemotron's `relu_squared`): `square(maximum(x, 0))`, compiled shapeless as
+/// mlx.nn / mlx-lm compile it.
+pub fn relu2(x: &Array) -> Result<Array> {
+    let f = compiled!(|xs: &[Array]| {
+        let x = &xs[0];
+        let r = ops::maximum(x, &Scalar::Int(0).to_array_like(x.dtype())?, None)?;
+        Ok(vec![ops::square(&r, None)?])
+    })?;
+    one(f.call(std::slice::from_ref(x))?, "relu2")
+}
+
+/// mlx-lm's `xielu(x, alpha_p, alpha_n, beta, eps)` (Apertus), compiled shapeless as mlx-lm
+/// compiles it, the four learned scalars inputs of the trace.
+pub fn xielu(
+    x: &Array,
+    alpha_p: &Array,
+    alpha_n: &Array,
+    beta: &Array,
+    eps: &Array,
+) -> Result<Array> {
+    let f = compiled!(|xs: &[Array]| {
+        let (x, alpha_p, alpha_n, beta, eps) = (&xs[0], &xs[1], &xs[2], &xs[3], &xs[4]);
+        // nn.softplus(a) = logaddexp(a, 0), the 0 a weak Python int.
+        let softplus =
+            |a: &Array| ops::logaddexp(a, &Scalar::Int(0).to_array_like(a.dtype())?, None);
+        let alpha_p = softplus(alpha_p)?;
+        let alpha_n = (beta + &softplus(alpha_n)?)?;
+        let cond = ops::greater(x, &Scalar::Int(0).to_array_like(x.dtype())?, None)?;
+        let pos = (&(&alpha_p * &ops::square(x, None)?)? + &(beta * x)?)?;
+        let neg = (&(&(&ops::expm1(&ops::minimum(x, eps, None)?, None)? - x)? * &alpha_n)?
+            + &(beta * x)?)?;
+        Ok(vec![ops::where_(&cond, &pos, &neg, None)?])
+    })?;
+    one(
+        f.call(&[
+            x.clone(),
+            alpha_p.clone(),
+            alpha_n.clone(),
+            beta.clone(),
+            eps.clone(),
+        ])?,
+        "xielu",
+    )
+}
+
+/// gemma3_text's `clip_residual(x, y)`: `x + y`, or for float16 the sum in float32 clipped to
+/// float16's range and cast back; compiled shapeless as mlx-lm compiles it.
+pub fn clip_residual(x: &Array, y: &Array) -> Result<Array> {
+    let f = compiled!(|xs: &[Array]| {
+        let (x, y) = (&xs[0], &xs[1]);
+        if x.dtype() != Dtype::Float16 {
+            return Ok(vec![(x + y)?]);
+        }
+        let bound = 65504.0f32;
+        let sum = (&x.astype(Dtype::Float32)? + &y.astype(Dtype::Float32)?)?;
+        let lo = Array::from_f32(-bound, Dtype::Float32)?;
+        let hi = Array::from_f32(bound, Dtype::Float32)?;
+        Ok(vec![
+            ops::clip(&sum, Some(&lo), Some(&hi), None)?.astype(Dtype::Float16)?
+        ])
+    })?;
+    one(f.call(&[x.clone(), y.clone()])?, "clip_residual")
+}
+
 /// `nn.gelu`: `x * (1 + erf(x / sqrt(2))) / 2`, compiled shapeless as in mlx.nn.
 pub fn gelu(x: &Array) -> Result<Array> {
     let f = compiled!(|xs: &[Array]| Ok(vec![gelu_ops(&xs[0])?]))?;

@@ -11,7 +11,8 @@ mod rope;
 mod switch;
 
 pub use activations::{
-    geglu, gelu, gelu_approx, logit_softcap, precise_swiglu, silu, swiglu, swiglu_oai,
+    clip_residual, geglu, gelu, gelu_approx, logit_softcap, precise_swiglu, relu2, silu, swiglu,
+    swiglu_oai, xielu,
 };
 pub(crate) use attention::finfo_min;
 pub use attention::{

@@ -6,7 +6,7 @@ use mlx_core::prelude::*;
 use mlx_core::quantized::QuantMode;
 
 use crate::error::{ModelError, Result};
-use crate::layers::activations::{gelu_approx, swiglu, swiglu_oai};
+use crate::layers::activations::{geglu, swiglu, swiglu_oai};
 use crate::layers::linear::{quant_mode, QuantizedWeight};
 use crate::weights::Weights;
 
@@ -142,7 +142,7 @@ impl SwitchActivation {
     fn apply(self, up: &Array, gate: &Array) -> Result<Array> {
         match self {
             SwitchActivation::SwiGlu => Ok(swiglu(gate, up)?),
-            SwitchActivation::GeGlu => Ok((&gelu_approx(gate)? * up)?),
+            SwitchActivation::GeGlu => Ok(geglu(gate, up)?),
             SwitchActivation::SwiGluOai => Ok(swiglu_oai(gate, up)?),
         }
     }

@@ -12,7 +12,8 @@ use mlx_core::transforms;
 
 use crate::error::{ModelError, Result};
 use crate::layers::{
-    join, scaled_dot_product_attention, Embedding, LayerParam, Linear, Mlp, Norm, NormKind, Rope,
+    clip_residual, join, logit_softcap, scaled_dot_product_attention, Embedding, LayerParam,
+    Linear, Mlp, Norm, NormKind, Rope,
 };
 use crate::models::descriptor::{
     Descriptor, EmbedScale, Head, LogitScale, Names, Placement, QkNorm, QkvLayout, RopeSpec,
@@ -634,12 +635,8 @@ impl TransformerBlock {
 
     /// `x + r` (times the residual multiplier; Gemma 3's `clip_residual` for float16).
     fn residual(&self, x: &Array, r: &Array) -> Result<Array> {
-        if self.clip_residual && x.dtype() == Dtype::Float16 {
-            let sum = (&x.astype(Dtype::Float32)? + &r.astype(Dtype::Float32)?)?;
-            let bound = 65504.0f32;
-            let lo = Array::from_f32(-bound, Dtype::Float32)?;
-            let hi = Array::from_f32(bound, Dtype::Float32)?;
-            return Ok(ops::clip(&sum, Some(&lo), Some(&hi), None)?.astype(Dtype::Float16)?);
+        if self.clip_residual {
+            return Ok(clip_residual(x, r)?);
         }
         match self.residual_multiplier {
             Some(m) => Ok((x + &(r * m)?)?),
@@ -1020,6 +1017,8 @@ impl Model {
         };
         match self.desc.final_logit_softcap {
             None => Ok(out),
+            // nanochat's `cap * tanh(logits / cap)`: the same ops, one compiled function.
+            Some(cap) if self.desc.final_logit_softcap_compiled => Ok(logit_softcap(cap, &out)?),
             Some(cap) => {
                 let cap = cap as f32;
                 Ok((&ops::tanh(&(&out / cap)?, None)? * cap)?)

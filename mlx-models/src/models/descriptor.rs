@@ -226,6 +226,9 @@ pub struct Descriptor {
     pub residual_multiplier: Option<f64>,
     pub logit_scale: LogitScale,
     pub final_logit_softcap: Option<f64>,
+    /// The final softcap is a helper mlx-lm compiles shapeless (nanochat's `softcap`), not
+    /// plain ops (gemma2): the same bits, one fused node.
+    pub final_logit_softcap_compiled: bool,
     /// Per layer: sliding-window attention (else full).
     pub sliding: Vec<bool>,
     pub sliding_window: Option<usize>,
@@ -691,6 +694,7 @@ fn base(model_type: &str, k: &Common, head_dim: i32, eps: f64) -> Descriptor {
         residual_multiplier: None,
         logit_scale: LogitScale::None,
         final_logit_softcap: None,
+        final_logit_softcap_compiled: false,
         sliding: vec![false; k.layers.max(0) as usize],
         sliding_window: None,
         mask_as_array: false,
@@ -1990,6 +1994,7 @@ fn nanochat(c: &Cfg) -> Result<Descriptor> {
         table: RopeTable::NegExp,
     });
     d.final_logit_softcap = Some(15.0);
+    d.final_logit_softcap_compiled = true;
     d.head = Head::Untied;
     Ok(d)
 }
