@@ -977,7 +977,8 @@ impl Model {
     fn embed(&self, inputs: &Array, offset: usize) -> Result<Array> {
         let mut h = self.embed_tokens.forward(inputs)?;
         if let Some(wpe) = &self.positions {
-            // gpt2.py: `h += wpe(mx.arange(L) + offset)`.
+            // gpt2.py: `h += wpe(mx.arange(L) + mx.array(offset)[..., None])`;
+            // gpt_bigcode.py: `h += wpe(mx.array(np.arange(offset, offset + L)))`.
             let l = inputs.shape().get(1).copied().unwrap_or(0);
             if offset + l.max(0) as usize > self.desc.n_positions as usize {
                 return Err(ModelError::Other(format!(
@@ -986,8 +987,14 @@ impl Model {
                     self.desc.n_positions
                 )));
             }
-            let start = offset as f64;
-            let ids = ops::arange(start, start + f64::from(l), 1.0, Dtype::Int32, None)?;
+            let ids = if self.desc.positions_on_host {
+                let ids: Vec<i64> = (0..i64::from(l)).map(|i| offset as i64 + i).collect();
+                Array::from_slice(&ids, &[l])?
+            } else {
+                let start = Array::from_int(offset as i64, Dtype::Int32)?;
+                let range = ops::arange(0.0, f64::from(l), 1.0, Dtype::Int32, None)?;
+                (&range + &ops::expand_dims(&start, &[-1], None)?)?
+            };
             h = (&h + &wpe.forward(&ids)?)?;
         }
         let h = match self.desc.embed_scale {

@@ -207,6 +207,9 @@ pub struct Descriptor {
     pub rope_slice_concat: bool,
     /// Rows of the learned position table (`n_positions`), with [`Names::positions`].
     pub n_positions: i32,
+    /// The learned positions' ids are a host array (gpt_bigcode's `mx.array(np.arange(...))`),
+    /// not `mx.arange(L) + offset` built in the graph (gpt2): the same ids, other nodes.
+    pub positions_on_host: bool,
     pub mlp: MlpKind,
     /// Rope of full-attention layers (`None`: no positions).
     pub rope: Option<RopeSpec>,
@@ -683,6 +686,7 @@ fn base(model_type: &str, k: &Common, head_dim: i32, eps: f64) -> Descriptor {
         upcast: Upcast::None,
         rope_slice_concat: false,
         n_positions: 0,
+        positions_on_host: false,
         mlp: MlpKind::SwiGlu,
         rope: None,
         local_rope: None,
@@ -1772,6 +1776,7 @@ fn gpt_bigcode(c: &Cfg) -> Result<Descriptor> {
     d.mlp = MlpKind::Gelu;
     d.names = gpt2_names("transformer");
     d.n_positions = c.i32("n_positions")?;
+    d.positions_on_host = true;
     d.head = tie(c.bool_or("tie_word_embeddings", true)?);
     Ok(d)
 }
