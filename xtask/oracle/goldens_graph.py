@@ -31,8 +31,8 @@ OUT = Path("mlx-engine/tests/goldens/graph.json")
 #   is computed once at load (`Norm::load`), where mlx-lm adds it at every call: from the
 #   second graph on ours has one Add fewer per norm;
 # - gpt_neox (+ _hf, _sequential_q4): more Reshapes (the fused qkv split);
-# - spark2_5: mlx-lm has Contiguous nodes ours has not;
-# - stablelm_parallel_qknorm: fewer Concatenate / ExpandDims while decoding (per-head qk norm);
+# - stablelm_parallel_qknorm: the per-head qk norms' weights are stacked once at load, where
+#   mlx-lm's `LayerNormPerHead` runs `mx.stack` at every call (Concatenate, ExpandDims);
 # - olmo: mlx-lm's olmo needs the `ai2-olmo` package, not in the oracle venv.
 # The prompt's ids fit the smallest fixture vocabulary (96).
 MODELS = [
@@ -47,8 +47,9 @@ MODELS = [
     "dense/olmo2_bf16", "dense/olmo3", "dense/phi", "dense/phi3", "dense/phi3_partial",
     "dense/phi3_q4", "dense/phi_bf16", "dense/qwen2", "dense/qwen2_q4", "dense/qwen3",
     "dense/qwen3_bf16", "dense/seed_oss", "dense/smollm3", "dense/smollm3_q4",
-    "dense/smollm3_sliding", "dense/stablelm", "dense/starcoder2", "dense/starcoder2_bf16",
-    "dense/telechat3", "dense_bf16_mha", "dense_bf16_untied", "dense_f16", "dense_f32",
+    "dense/smollm3_sliding", "dense/spark2_5", "dense/stablelm", "dense/starcoder2",
+    "dense/starcoder2_bf16", "dense/telechat3", "dense_bf16_mha", "dense_bf16_untied",
+    "dense_f16", "dense_f32",
     "gemma4_text", "gemma4_text_bf16", "gemma4_text_kv_eq", "gpt_oss", "gpt_oss_q4",
     "gpt_oss_q8_bf16", "lfm2", "lfm2_bf16", "linear_rope_sliding", "mistral_bias_llama3rope",
     "mixtral", "olmoe", "olmoe_q8", "q4_g32", "q4_g64_untied", "q8_g32_bf16", "q8_g64",

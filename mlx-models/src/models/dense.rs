@@ -86,6 +86,8 @@ pub struct Attention {
     upcast: Upcast,
     slice_concat: bool,
     manual: bool,
+    /// [`Descriptor::contiguous_heads`].
+    contiguous: bool,
     qkv: Qkv,
     /// The head-wise output gate (`hidden -> heads`), with its module name.
     gate: Option<(&'static str, Linear)>,
@@ -263,6 +265,7 @@ impl Attention {
             upcast: d.upcast,
             slice_concat: d.rope_slice_concat,
             manual: d.manual_attention,
+            contiguous: d.contiguous_heads,
             qkv,
             gate,
             o_proj,
@@ -365,7 +368,7 @@ impl Attention {
             }
             _ => {}
         }
-        let t = |y: &Array| ops::transpose(y, &[0, 2, 1, 3], None);
+        let t = |y: &Array| self.heads_transpose(y);
         let queries = t(&queries)?;
         let keys = t(&keys)?;
         let values = t(&split(&values, self.n_kv_heads)?)?;
@@ -444,12 +447,21 @@ impl Attention {
         Ok(out)
     }
 
+    /// `transpose(0, 2, 1, 3)`, made contiguous where mlx-lm does ([`Descriptor::contiguous_heads`]).
+    fn heads_transpose(&self, y: &Array) -> Result<Array> {
+        let y = ops::transpose(y, &[0, 2, 1, 3], None)?;
+        if self.contiguous {
+            return Ok(ops::contiguous(&y, false, None)?);
+        }
+        Ok(y)
+    }
+
     /// The output projection of the attention result `(B, heads, L, head_dim)`; `x` is the
     /// attention's input, which the output gate (spark2_5) reads.
     fn output(&self, x: &Array, out: &Array) -> Result<Array> {
         let s = out.shape();
         let (b, l) = (s[0], s[2]);
-        let mut out = ops::transpose(out, &[0, 2, 1, 3], None)?;
+        let mut out = self.heads_transpose(out)?;
         if let Some((_, g)) = &self.gate {
             // spark2_5.py: `sigmoid(g_proj(x).astype(float32)).astype(output.dtype)`, per head.
             let gate = ops::sigmoid(&g.forward(x)?.astype(Dtype::Float32)?, None)?;

@@ -222,6 +222,9 @@ pub struct Descriptor {
     /// with the q/k/v bias) scales each head's output by `sigmoid(g(x).astype(f32))` cast back,
     /// before the output projection (Spark 2.5's `g_proj`).
     pub head_gate: Option<&'static str>,
+    /// `mx.contiguous` on q, k and v after their transposes and on the attention output after
+    /// its transpose (Spark 2.5): the same values, the nodes mlx-lm builds.
+    pub contiguous_heads: bool,
     /// Ministral 3's per-position query scale `(llama_4_scaling_beta,
     /// original_max_position_embeddings)`.
     pub query_scale: Option<(f64, i64)>,
@@ -693,6 +696,7 @@ fn base(model_type: &str, k: &Common, head_dim: i32, eps: f64) -> Descriptor {
         attn_scale: scale_of(head_dim),
         attn_logit_softcap: None,
         head_gate: None,
+        contiguous_heads: false,
         query_scale: None,
         embed_scale: EmbedScale::None,
         residual_multiplier: None,
@@ -901,6 +905,7 @@ fn spark2_5(c: &Cfg) -> Result<Descriptor> {
     }
     d.mlp = MlpKind::GeGluErf;
     d.head_gate = Some("g_proj");
+    d.contiguous_heads = true;
     d.names.embed = "model.embedding";
     d.names.qkv = Some("q_k_v_proj");
     d.names.o = "out_proj";
