@@ -30,7 +30,6 @@ OUT = Path("mlx-engine/tests/goldens/graph.json")
 # - gemma, gemma2, gemma3_text (+ _q4, the gemma3 wrapper) and nemotron: the norms' `1 + weight`
 #   is computed once at load (`Norm::load`), where mlx-lm adds it at every call: from the
 #   second graph on ours has one Add fewer per norm;
-# - gpt_neox (+ _hf, _sequential_q4): more Reshapes (the fused qkv split);
 # - stablelm_parallel_qknorm: the per-head qk norms' weights are stacked once at load, where
 #   mlx-lm's `LayerNormPerHead` runs `mx.stack` at every call (Concatenate, ExpandDims);
 # - olmo: mlx-lm's olmo needs the `ai2-olmo` package, not in the oracle venv.
@@ -39,7 +38,8 @@ MODELS = [
     "dense/apertus", "dense/cohere", "dense/cohere2", "dense/cohere2_f16", "dense/cohere_bias",
     "dense/ernie4_5", "dense/exaone", "dense/exaone4", "dense/exaone4_plain", "dense/glm",
     "dense/glm4", "dense/glm4_bf16", "dense/gpt2", "dense/gpt2_hf", "dense/gpt_bigcode",
-    "dense/gpt_bigcode_mha_bf16", "dense/gptj", "dense/gptj_hf", "dense/granite",
+    "dense/gpt_bigcode_mha_bf16", "dense/gpt_neox", "dense/gpt_neox_hf",
+    "dense/gpt_neox_sequential_q4", "dense/gptj", "dense/gptj_hf", "dense/granite",
     "dense/helium", "dense/hunyuan_v1_dense", "dense/hunyuan_v1_dense_plain", "dense/internlm2",
     "dense/internlm2_q4", "dense/internlm3", "dense/llama4_text", "dense/llama4_text_q4",
     "dense/mimo", "dense/minicpm", "dense/ministral3", "dense/ministral3_bf16",

@@ -349,7 +349,15 @@ impl Attention {
             queries = q.forward(&queries)?;
             keys = k.forward(&keys)?;
         }
-        let split = |y: &Array, n: i32| ops::reshape(y, &[b, l, n, -1], None);
+        // gpt_neox's per-head layout is already `(B, L, heads, head_dim)`: mlx-lm reshapes
+        // nothing more there.
+        let per_head = matches!(self.qkv, Qkv::PerHead(_));
+        let split = |y: &Array, n: i32| -> mlx_core::Result<Array> {
+            if per_head {
+                return Ok(y.clone());
+            }
+            ops::reshape(y, &[b, l, n, -1], None)
+        };
         let mut queries = split(&queries, self.n_heads)?;
         let mut keys = split(&keys, self.n_kv_heads)?;
         match &self.qk_norm {
