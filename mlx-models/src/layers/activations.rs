@@ -1,6 +1,6 @@
 //! Activations as `mlx.nn` and mlx-lm's `activations.py` define them. mlx.nn and mlx-lm
-//! compile `silu`, `swiglu`, `gelu`, `gelu_approx` and gemma4's `geglu` with
-//! `mx.compile(shapeless=True)`, so on a GPU each is one fused kernel (one graph node) where
+//! compile `silu`, `swiglu`, `precise_swiglu`, `swiglu_oai`, `gelu`, `gelu_approx` and
+//! gemma4's `geglu` with `mx.compile(shapeless=True)`, so on a GPU each is one fused kernel (one graph node) where
 //! the plain ops would be several; they are compiled here too
 //! ([`compiled`]), with the same ops inside, so the bits are those of the plain ops (the model
 //! goldens check it on the CPU). The others run uncompiled, as mlx-lm runs them.
@@ -12,12 +12,16 @@ fn silu_ops(x: &Array) -> Result<Array> {
     x * &ops::sigmoid(x, None)?
 }
 
-/// A shapeless compiled function of this thread, made on first use. MLX keeps compile caches
-/// per thread, so each thread has its own; each is leaked on purpose (a few hundred bytes per
-/// thread): dropping it at thread exit would erase its entry from MLX's thread-local compile
-/// cache, which may already be gone by then.
+/// A compiled function of this thread (shapeless unless `shapeless = false` is given), made on
+/// first use: the crate's one way to hold an `mx.compile`d helper of mlx-lm. MLX keeps compile
+/// caches per thread, so each thread has its own; each is leaked on purpose (a few hundred
+/// bytes per thread): dropping it at thread exit would erase its entry from MLX's thread-local
+/// compile cache, which may already be gone by then.
 macro_rules! compiled {
-    ($body:expr) => {{
+    ($body:expr) => {
+        $crate::layers::activations::compiled!($body, shapeless = true)
+    };
+    ($body:expr, shapeless = $shapeless:expr) => {{
         thread_local! {
             static F: std::cell::OnceCell<&'static Compiled<'static>> =
                 const { std::cell::OnceCell::new() };
@@ -26,13 +30,15 @@ macro_rules! compiled {
             if let Some(f) = cell.get() {
                 return Ok(*f);
             }
-            let f: &'static Compiled<'static> = Box::leak(Box::new(compile($body, true)?));
+            let f: &'static Compiled<'static> = Box::leak(Box::new(compile($body, $shapeless)?));
             Ok(*cell.get_or_init(|| f))
         })
     }};
 }
+pub(crate) use compiled;
 
-fn one(out: Vec<Array>, what: &str) -> Result<Array> {
+/// The single output of a compiled function.
+pub(crate) fn one(out: Vec<Array>, what: &str) -> Result<Array> {
     out.into_iter()
         .next()
         .ok_or_else(|| Error::Callback(format!("compiled {what} returned nothing")))
@@ -49,6 +55,101 @@ pub fn silu(x: &Array) -> Result<Array> {
 pub fn swiglu(gate: &Array, x: &Array) -> Result<Array> {
     let f = compiled!(|xs: &[Array]| Ok(vec![(&silu_ops(&xs[0])? * &xs[1])?]))?;
     one(f.call(&[gate.clone(), x.clone()])?, "swiglu")
+}
+
+/// mlx-lm's `precise_swiglu(h, gate, x)`: `silu(gate.astype(float32)) * x.astype(float32)`,
+/// cast to `h`'s dtype; compiled shapeless as mlx-lm compiles it (`h` is an input of the
+/// trace, as there, read only for its dtype).
+pub fn precise_swiglu(h: &Array, gate: &Array, x: &Array) -> Result<Array> {
+    let f = compiled!(|xs: &[Array]| {
+        let gate = silu_ops(&xs[1].astype(Dtype::Float32)?)?;
+        let x = xs[2].astype(Dtype::Float32)?;
+        Ok(vec![(&gate * &x)?.astype(xs[0].dtype())?])
+    })?;
+    one(
+        f.call(&[h.clone(), gate.clone(), x.clone()])?,
+        "precise_swiglu",
+    )
+}
+
+/// mlx-lm's `swiglu_oai(gate, x)` (gpt_oss's `SwigluOAI`, alpha 1.702, limit 7): the gate
+/// clipped from above, the linear part clipped both ways and offset by one,
+/// `(x + 1) * (gate * sigmoid(alpha * gate))`; compiled shapeless as mlx-lm compiles it, the
+/// two constants weak scalars of the trace.
+pub fn swiglu_oai(gate: &Array, x: &Array) -> Result<Array> {
+    let f = compiled!(|xs: &[Array]| {
+        let (alpha, limit) = (1.702f32, 7.0f32);
+        let gate = ops::minimum_scalar(&xs[0], limit, None)?;
+        let x = ops::clip_scalar(&xs[1], Some((-limit).into()), Some(limit.into()), None)?;
+        let x1 = ops::add_scalar(&x, 1.0f32, None)?;
+        let glu = (&gate * &ops::sigmoid(&ops::scalar_multiply(alpha, &gate, None)?, None)?)?;
+        Ok(vec![(&x1 * &glu)?])
+    })?;
+    one(f.call(&[gate.clone(), x.clone()])?, "swiglu_oai")
+}
+
+/// `nn.relu2` (and nemotron's `relu_squared`): `square(maximum(x, 0))`, compiled shapeless as
+/// mlx.nn / mlx-lm compile it.
+pub fn relu2(x: &Array) -> Result<Array> {
+    let f = compiled!(|xs: &[Array]| {
+        let x = &xs[0];
+        let r = ops::maximum(x, &Scalar::Int(0).to_array_like(x.dtype())?, None)?;
+        Ok(vec![ops::square(&r, None)?])
+    })?;
+    one(f.call(std::slice::from_ref(x))?, "relu2")
+}
+
+/// mlx-lm's `xielu(x, alpha_p, alpha_n, beta, eps)` (Apertus), compiled shapeless as mlx-lm
+/// compiles it, the four learned scalars inputs of the trace.
+pub fn xielu(
+    x: &Array,
+    alpha_p: &Array,
+    alpha_n: &Array,
+    beta: &Array,
+    eps: &Array,
+) -> Result<Array> {
+    let f = compiled!(|xs: &[Array]| {
+        let (x, alpha_p, alpha_n, beta, eps) = (&xs[0], &xs[1], &xs[2], &xs[3], &xs[4]);
+        // nn.softplus(a) = logaddexp(a, 0), the 0 a weak Python int.
+        let softplus =
+            |a: &Array| ops::logaddexp(a, &Scalar::Int(0).to_array_like(a.dtype())?, None);
+        let alpha_p = softplus(alpha_p)?;
+        let alpha_n = (beta + &softplus(alpha_n)?)?;
+        let cond = ops::greater(x, &Scalar::Int(0).to_array_like(x.dtype())?, None)?;
+        let pos = (&(&alpha_p * &ops::square(x, None)?)? + &(beta * x)?)?;
+        let neg = (&(&(&ops::expm1(&ops::minimum(x, eps, None)?, None)? - x)? * &alpha_n)?
+            + &(beta * x)?)?;
+        Ok(vec![ops::where_(&cond, &pos, &neg, None)?])
+    })?;
+    one(
+        f.call(&[
+            x.clone(),
+            alpha_p.clone(),
+            alpha_n.clone(),
+            beta.clone(),
+            eps.clone(),
+        ])?,
+        "xielu",
+    )
+}
+
+/// gemma3_text's `clip_residual(x, y)`: `x + y`, or for float16 the sum in float32 clipped to
+/// float16's range and cast back; compiled shapeless as mlx-lm compiles it.
+pub fn clip_residual(x: &Array, y: &Array) -> Result<Array> {
+    let f = compiled!(|xs: &[Array]| {
+        let (x, y) = (&xs[0], &xs[1]);
+        if x.dtype() != Dtype::Float16 {
+            return Ok(vec![(x + y)?]);
+        }
+        let bound = 65504.0f32;
+        let sum = (&x.astype(Dtype::Float32)? + &y.astype(Dtype::Float32)?)?;
+        let lo = Array::from_f32(-bound, Dtype::Float32)?;
+        let hi = Array::from_f32(bound, Dtype::Float32)?;
+        Ok(vec![
+            ops::clip(&sum, Some(&lo), Some(&hi), None)?.astype(Dtype::Float16)?
+        ])
+    })?;
+    one(f.call(&[x.clone(), y.clone()])?, "clip_residual")
 }
 
 /// `nn.gelu`: `x * (1 + erf(x / sqrt(2))) / 2`, compiled shapeless as in mlx.nn.

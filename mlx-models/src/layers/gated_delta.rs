@@ -5,17 +5,23 @@
 use mlx_core::prelude::*;
 
 use crate::error::{ModelError, Result};
-use crate::layers::activations::silu;
+use crate::layers::activations::{compiled, one, precise_swiglu};
 use crate::weights::Weights;
 
-/// `compute_g`: `exp(-exp(A_log.astype(float32)) * softplus(a + dt_bias))`.
+/// `compute_g`: `exp(-exp(A_log.astype(float32)) * softplus(a + dt_bias))`, compiled shapeless
+/// as mlx-lm compiles it.
 pub fn compute_g(a_log: &Array, a: &Array, dt_bias: &Array) -> Result<Array> {
-    let decay_rate = ops::exp(&a_log.astype(Dtype::Float32)?, None)?;
-    let x = (a + dt_bias)?;
-    // nn.softplus(x) = logaddexp(x, 0), the 0 a weak Python int.
-    let softplus = ops::logaddexp_scalar(&x, 0i32, None)?;
-    let prod = (&ops::negative(&decay_rate, None)? * &softplus)?;
-    Ok(ops::exp(&prod, None)?)
+    let f = compiled!(|xs: &[Array]| {
+        let (a_log, a, dt_bias) = (&xs[0], &xs[1], &xs[2]);
+        let neg_decay = ops::negative(&ops::exp(&a_log.astype(Dtype::Float32)?, None)?, None)?;
+        // nn.softplus(x) = logaddexp(x, 0), the 0 a weak Python int.
+        let softplus = ops::logaddexp_scalar(&(a + dt_bias)?, 0i32, None)?;
+        Ok(vec![ops::exp(&(&neg_decay * &softplus)?, None)?])
+    })?;
+    Ok(one(
+        f.call(&[a_log.clone(), a.clone(), dt_bias.clone()])?,
+        "compute_g",
+    )?)
 }
 
 /// `normalize_qk`: RMS-normalize q and k (the l2 norm's `eps` rescaled for `rms_norm`) and
@@ -29,7 +35,8 @@ pub fn normalize_qk(q: &Array, k: &Array, inv_scale: f64, eps: f64) -> Result<(A
 }
 
 /// `_gated_delta_step_ops`: one recurrent step. `q`, `k` `(B, H, Dk)`, `v` `(B, H, Dv)`,
-/// `g` `(B, H)` or `(B, H, Dk)`, `beta` `(B, H)`, `state` `(B, H, Dv, Dk)`.
+/// `g` `(B, H)` or `(B, H, Dk)`, `beta` `(B, H)`, `state` `(B, H, Dv, Dk)`. Compiled (not
+/// shapeless) as mlx-lm compiles it; the mask, when given, is a seventh input of the trace.
 fn step_ops(
     q: &Array,
     k: &Array,
@@ -39,28 +46,61 @@ fn step_ops(
     state: &Array,
     mask: Option<&Array>,
 ) -> Result<(Array, Array)> {
+    let f = compiled!(|xs: &[Array]| step_ops_body(xs), shapeless = false)?;
+    let mut inputs = vec![
+        q.clone(),
+        k.clone(),
+        v.clone(),
+        g.clone(),
+        beta.clone(),
+        state.clone(),
+    ];
+    inputs.extend(mask.cloned());
+    let mut out = f.call(&inputs)?.into_iter();
+    match (out.next(), out.next()) {
+        (Some(y), Some(state)) => Ok((y, state)),
+        _ => Err(ModelError::Other(
+            "compiled gated delta step returned fewer than two arrays".into(),
+        )),
+    }
+}
+
+/// The body `_gated_delta_step_ops` compiles: inputs `[q, k, v, g, beta, state(, mask)]`,
+/// outputs `[y, state]`.
+fn step_ops_body(xs: &[Array]) -> mlx_core::Result<Vec<Array>> {
+    let [q, k, v, g, beta, state, ..] = xs else {
+        return Err(mlx_core::Error::Callback(format!(
+            "gated delta step: {} inputs, expected 6 or 7",
+            xs.len()
+        )));
+    };
     let decay = match g.ndim() {
         2 => ops::expand_dims(g, &[-1, -2], None)?,
         3 => ops::expand_dims(g, &[-2], None)?,
         n => {
-            return Err(ModelError::Other(format!(
+            return Err(mlx_core::Error::Callback(format!(
                 "gated delta: unsupported gating rank {n}"
             )))
         }
     };
     let old_state = state;
     let state = (state * &decay)?;
-    let k_row = ops::expand_dims(k, &[-2], None)?;
-    let kv_mem = ops::sum(&(&state * &k_row)?, &[-1], false, None)?;
+    let kv_mem = ops::sum(
+        &(&state * &ops::expand_dims(k, &[-2], None)?)?,
+        &[-1],
+        false,
+        None,
+    )?;
     let delta = (&(v - &kv_mem)? * &ops::expand_dims(beta, &[-1], None)?)?;
-    let state = (&state + &(&k_row * &ops::expand_dims(&delta, &[-1], None)?)?)?;
+    let state = (&state
+        + &(&ops::expand_dims(k, &[-2], None)? * &ops::expand_dims(&delta, &[-1], None)?)?)?;
     let y = ops::sum(
         &(&state * &ops::expand_dims(q, &[-2], None)?)?,
         &[-1],
         false,
         None,
     )?;
-    let state = match mask {
+    let state = match xs.get(6) {
         Some(m) => ops::where_(
             &ops::expand_dims(m, &[1, 2, 3], None)?,
             &state,
@@ -69,7 +109,7 @@ fn step_ops(
         )?,
         None => state,
     };
-    Ok((y.astype(q.dtype())?, state))
+    Ok(vec![y.astype(q.dtype())?, state])
 }
 
 /// `gated_delta_ops`: the sequential recurrence over `T`. `q`, `k` `(B, T, Hk, Dk)`, `v`
@@ -225,10 +265,7 @@ impl RmsNormGated {
     pub fn forward(&self, hidden: &Array, gate: Option<&Array>) -> Result<Array> {
         let x = fast::rms_norm(hidden, Some(&self.weight), self.eps, None)?;
         match gate {
-            Some(gate) => {
-                let g = silu(&gate.astype(Dtype::Float32)?)?;
-                Ok((&g * &x.astype(Dtype::Float32)?)?.astype(hidden.dtype())?)
-            }
+            Some(gate) => Ok(precise_swiglu(hidden, gate, &x)?),
             None => Ok(x.astype(hidden.dtype())?),
         }
     }

@@ -4,7 +4,7 @@
 use mlx_core::prelude::*;
 
 use crate::error::{ModelError, Result};
-use crate::layers::activations::{gelu, gelu_approx, silu, swiglu};
+use crate::layers::activations::{gelu, gelu_approx, relu2, silu, swiglu, xielu};
 use crate::layers::linear::Linear;
 use crate::layers::LayerParam;
 use crate::weights::Weights;
@@ -187,13 +187,10 @@ impl Mlp {
                     MlpKind::GeluTanh => gelu_approx(&u)?,
                     MlpKind::Silu => silu(&u)?,
                     MlpKind::XieLu => match &self.xielu {
-                        Some(p) => xielu(&u, p)?,
+                        Some(p) => xielu(&u, &p.alpha_p, &p.alpha_n, &p.beta, &p.eps)?,
                         None => u,
                     },
-                    MlpKind::Relu2 => {
-                        let r = ops::maximum(&u, &Scalar::Int(0).to_array_like(u.dtype())?, None)?;
-                        ops::square(&r, None)?
-                    }
+                    MlpKind::Relu2 => relu2(&u)?,
                     _ => gelu(&u)?,
                 }
             }
@@ -208,24 +205,6 @@ impl Mlp {
             _ => swiglu(g, u)?,
         })
     }
-}
-
-/// mlx-lm's `xielu(x, alpha_p, alpha_n, beta, eps)`.
-fn xielu(x: &Array, p: &XieLuParams) -> Result<Array> {
-    let softplus = |a: &Array| -> Result<Array> {
-        Ok(ops::logaddexp(
-            a,
-            &Scalar::Int(0).to_array_like(a.dtype())?,
-            None,
-        )?)
-    };
-    let alpha_p = softplus(&p.alpha_p)?;
-    let alpha_n = (&p.beta + &softplus(&p.alpha_n)?)?;
-    let pos = (&(&alpha_p * &ops::square(x, None)?)? + &(&p.beta * x)?)?;
-    let neg = (&(&(&ops::expm1(&ops::minimum(x, &p.eps, None)?, None)? - x)? * &alpha_n)?
-        + &(&p.beta * x)?)?;
-    let cond = ops::greater(x, &Scalar::Int(0).to_array_like(x.dtype())?, None)?;
-    Ok(ops::where_(&cond, &pos, &neg, None)?)
 }
 
 /// `path.name`, or `path` alone for an empty name (modules that sit directly in their parent).

@@ -10,7 +10,10 @@ mod norm;
 mod rope;
 mod switch;
 
-pub use activations::{geglu, gelu, gelu_approx, logit_softcap, silu, swiglu};
+pub use activations::{
+    clip_residual, geglu, gelu, gelu_approx, logit_softcap, precise_swiglu, relu2, silu, swiglu,
+    swiglu_oai, xielu,
+};
 pub(crate) use attention::finfo_min;
 pub use attention::{
     quantized_scaled_dot_product_attention, scaled_dot_product_attention, with_dense_attention,

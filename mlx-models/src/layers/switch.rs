@@ -6,7 +6,7 @@ use mlx_core::prelude::*;
 use mlx_core::quantized::QuantMode;
 
 use crate::error::{ModelError, Result};
-use crate::layers::activations::{gelu_approx, swiglu};
+use crate::layers::activations::{geglu, swiglu, swiglu_oai};
 use crate::layers::linear::{quant_mode, QuantizedWeight};
 use crate::weights::Weights;
 
@@ -142,15 +142,8 @@ impl SwitchActivation {
     fn apply(self, up: &Array, gate: &Array) -> Result<Array> {
         match self {
             SwitchActivation::SwiGlu => Ok(swiglu(gate, up)?),
-            SwitchActivation::GeGlu => Ok((&gelu_approx(gate)? * up)?),
-            SwitchActivation::SwiGluOai => {
-                let (alpha, limit) = (1.702f32, 7.0f32);
-                let gate = ops::minimum_scalar(gate, limit, None)?;
-                let x = ops::clip_scalar(up, Some((-limit).into()), Some(limit.into()), None)?;
-                let glu =
-                    (&gate * &ops::sigmoid(&ops::scalar_multiply(alpha, &gate, None)?, None)?)?;
-                Ok((&ops::add_scalar(&x, 1.0f32, None)? * &glu)?)
-            }
+            SwitchActivation::GeGlu => Ok(geglu(gate, up)?),
+            SwitchActivation::SwiGluOai => Ok(swiglu_oai(gate, up)?),
         }
     }
 }

@@ -12,7 +12,8 @@ use mlx_core::transforms;
 
 use crate::error::{ModelError, Result};
 use crate::layers::{
-    join, scaled_dot_product_attention, Embedding, LayerParam, Linear, Mlp, Norm, NormKind, Rope,
+    clip_residual, join, logit_softcap, scaled_dot_product_attention, Embedding, LayerParam,
+    Linear, Mlp, Norm, NormKind, Rope,
 };
 use crate::models::descriptor::{
     Descriptor, EmbedScale, Head, LogitScale, Names, Placement, QkNorm, QkvLayout, RopeSpec,
@@ -85,6 +86,8 @@ pub struct Attention {
     upcast: Upcast,
     slice_concat: bool,
     manual: bool,
+    /// [`Descriptor::contiguous_heads`].
+    contiguous: bool,
     qkv: Qkv,
     /// The head-wise output gate (`hidden -> heads`), with its module name.
     gate: Option<(&'static str, Linear)>,
@@ -262,6 +265,7 @@ impl Attention {
             upcast: d.upcast,
             slice_concat: d.rope_slice_concat,
             manual: d.manual_attention,
+            contiguous: d.contiguous_heads,
             qkv,
             gate,
             o_proj,
@@ -345,7 +349,15 @@ impl Attention {
             queries = q.forward(&queries)?;
             keys = k.forward(&keys)?;
         }
-        let split = |y: &Array, n: i32| ops::reshape(y, &[b, l, n, -1], None);
+        // gpt_neox's per-head layout is already `(B, L, heads, head_dim)`: mlx-lm reshapes
+        // nothing more there.
+        let per_head = matches!(self.qkv, Qkv::PerHead(_));
+        let split = |y: &Array, n: i32| -> mlx_core::Result<Array> {
+            if per_head {
+                return Ok(y.clone());
+            }
+            ops::reshape(y, &[b, l, n, -1], None)
+        };
         let mut queries = split(&queries, self.n_heads)?;
         let mut keys = split(&keys, self.n_kv_heads)?;
         match &self.qk_norm {
@@ -364,7 +376,7 @@ impl Attention {
             }
             _ => {}
         }
-        let t = |y: &Array| ops::transpose(y, &[0, 2, 1, 3], None);
+        let t = |y: &Array| self.heads_transpose(y);
         let queries = t(&queries)?;
         let keys = t(&keys)?;
         let values = t(&split(&values, self.n_kv_heads)?)?;
@@ -443,12 +455,21 @@ impl Attention {
         Ok(out)
     }
 
+    /// `transpose(0, 2, 1, 3)`, made contiguous where mlx-lm does ([`Descriptor::contiguous_heads`]).
+    fn heads_transpose(&self, y: &Array) -> Result<Array> {
+        let y = ops::transpose(y, &[0, 2, 1, 3], None)?;
+        if self.contiguous {
+            return Ok(ops::contiguous(&y, false, None)?);
+        }
+        Ok(y)
+    }
+
     /// The output projection of the attention result `(B, heads, L, head_dim)`; `x` is the
     /// attention's input, which the output gate (spark2_5) reads.
     fn output(&self, x: &Array, out: &Array) -> Result<Array> {
         let s = out.shape();
         let (b, l) = (s[0], s[2]);
-        let mut out = ops::transpose(out, &[0, 2, 1, 3], None)?;
+        let mut out = self.heads_transpose(out)?;
         if let Some((_, g)) = &self.gate {
             // spark2_5.py: `sigmoid(g_proj(x).astype(float32)).astype(output.dtype)`, per head.
             let gate = ops::sigmoid(&g.forward(x)?.astype(Dtype::Float32)?, None)?;
@@ -634,12 +655,8 @@ impl TransformerBlock {
 
     /// `x + r` (times the residual multiplier; Gemma 3's `clip_residual` for float16).
     fn residual(&self, x: &Array, r: &Array) -> Result<Array> {
-        if self.clip_residual && x.dtype() == Dtype::Float16 {
-            let sum = (&x.astype(Dtype::Float32)? + &r.astype(Dtype::Float32)?)?;
-            let bound = 65504.0f32;
-            let lo = Array::from_f32(-bound, Dtype::Float32)?;
-            let hi = Array::from_f32(bound, Dtype::Float32)?;
-            return Ok(ops::clip(&sum, Some(&lo), Some(&hi), None)?.astype(Dtype::Float16)?);
+        if self.clip_residual {
+            return Ok(clip_residual(x, r)?);
         }
         match self.residual_multiplier {
             Some(m) => Ok((x + &(r * m)?)?),
@@ -980,7 +997,8 @@ impl Model {
     fn embed(&self, inputs: &Array, offset: usize) -> Result<Array> {
         let mut h = self.embed_tokens.forward(inputs)?;
         if let Some(wpe) = &self.positions {
-            // gpt2.py: `h += wpe(mx.arange(L) + offset)`.
+            // gpt2.py: `h += wpe(mx.arange(L) + mx.array(offset)[..., None])`;
+            // gpt_bigcode.py: `h += wpe(mx.array(np.arange(offset, offset + L)))`.
             let l = inputs.shape().get(1).copied().unwrap_or(0);
             if offset + l.max(0) as usize > self.desc.n_positions as usize {
                 return Err(ModelError::Other(format!(
@@ -989,8 +1007,14 @@ impl Model {
                     self.desc.n_positions
                 )));
             }
-            let start = offset as f64;
-            let ids = ops::arange(start, start + f64::from(l), 1.0, Dtype::Int32, None)?;
+            let ids = if self.desc.positions_on_host {
+                let ids: Vec<i64> = (0..i64::from(l)).map(|i| offset as i64 + i).collect();
+                Array::from_slice(&ids, &[l])?
+            } else {
+                let start = Array::from_int(offset as i64, Dtype::Int32)?;
+                let range = ops::arange(0.0, f64::from(l), 1.0, Dtype::Int32, None)?;
+                (&range + &ops::expand_dims(&start, &[-1], None)?)?
+            };
             h = (&h + &wpe.forward(&ids)?)?;
         }
         let h = match self.desc.embed_scale {
@@ -1020,6 +1044,8 @@ impl Model {
         };
         match self.desc.final_logit_softcap {
             None => Ok(out),
+            // nanochat's `cap * tanh(logits / cap)`: the same ops, one compiled function.
+            Some(cap) if self.desc.final_logit_softcap_compiled => Ok(logit_softcap(cap, &out)?),
             Some(cap) => {
                 let cap = cap as f32;
                 Ok((&ops::tanh(&(&out / cap)?, None)? * cap)?)

@@ -207,6 +207,9 @@ pub struct Descriptor {
     pub rope_slice_concat: bool,
     /// Rows of the learned position table (`n_positions`), with [`Names::positions`].
     pub n_positions: i32,
+    /// The learned positions' ids are a host array (gpt_bigcode's `mx.array(np.arange(...))`),
+    /// not `mx.arange(L) + offset` built in the graph (gpt2): the same ids, other nodes.
+    pub positions_on_host: bool,
     pub mlp: MlpKind,
     /// Rope of full-attention layers (`None`: no positions).
     pub rope: Option<RopeSpec>,
@@ -219,6 +222,9 @@ pub struct Descriptor {
     /// with the q/k/v bias) scales each head's output by `sigmoid(g(x).astype(f32))` cast back,
     /// before the output projection (Spark 2.5's `g_proj`).
     pub head_gate: Option<&'static str>,
+    /// `mx.contiguous` on q, k and v after their transposes and on the attention output after
+    /// its transpose (Spark 2.5): the same values, the nodes mlx-lm builds.
+    pub contiguous_heads: bool,
     /// Ministral 3's per-position query scale `(llama_4_scaling_beta,
     /// original_max_position_embeddings)`.
     pub query_scale: Option<(f64, i64)>,
@@ -226,6 +232,9 @@ pub struct Descriptor {
     pub residual_multiplier: Option<f64>,
     pub logit_scale: LogitScale,
     pub final_logit_softcap: Option<f64>,
+    /// The final softcap is a helper mlx-lm compiles shapeless (nanochat's `softcap`), not
+    /// plain ops (gemma2): the same bits, one fused node.
+    pub final_logit_softcap_compiled: bool,
     /// Per layer: sliding-window attention (else full).
     pub sliding: Vec<bool>,
     pub sliding_window: Option<usize>,
@@ -680,17 +689,20 @@ fn base(model_type: &str, k: &Common, head_dim: i32, eps: f64) -> Descriptor {
         upcast: Upcast::None,
         rope_slice_concat: false,
         n_positions: 0,
+        positions_on_host: false,
         mlp: MlpKind::SwiGlu,
         rope: None,
         local_rope: None,
         attn_scale: scale_of(head_dim),
         attn_logit_softcap: None,
         head_gate: None,
+        contiguous_heads: false,
         query_scale: None,
         embed_scale: EmbedScale::None,
         residual_multiplier: None,
         logit_scale: LogitScale::None,
         final_logit_softcap: None,
+        final_logit_softcap_compiled: false,
         sliding: vec![false; k.layers.max(0) as usize],
         sliding_window: None,
         mask_as_array: false,
@@ -893,6 +905,7 @@ fn spark2_5(c: &Cfg) -> Result<Descriptor> {
     }
     d.mlp = MlpKind::GeGluErf;
     d.head_gate = Some("g_proj");
+    d.contiguous_heads = true;
     d.names.embed = "model.embedding";
     d.names.qkv = Some("q_k_v_proj");
     d.names.o = "out_proj";
@@ -1768,6 +1781,7 @@ fn gpt_bigcode(c: &Cfg) -> Result<Descriptor> {
     d.mlp = MlpKind::Gelu;
     d.names = gpt2_names("transformer");
     d.n_positions = c.i32("n_positions")?;
+    d.positions_on_host = true;
     d.head = tie(c.bool_or("tie_word_embeddings", true)?);
     Ok(d)
 }
@@ -1990,6 +2004,7 @@ fn nanochat(c: &Cfg) -> Result<Descriptor> {
         table: RopeTable::NegExp,
     });
     d.final_logit_softcap = Some(15.0);
+    d.final_logit_softcap_compiled = true;
     d.head = Head::Untied;
     Ok(d)
 }
