@@ -19,15 +19,7 @@ use crate::layers::{
 use crate::models::LanguageModel;
 use crate::weights::Weights;
 
-macro_rules! defaults {
-    ($($name:ident: $t:ty = $v:expr;)*) => {$(
-        fn $name() -> $t {
-            $v
-        }
-    )*};
-}
-
-defaults! {
+serde_defaults! {
     d_type: String = "gemma4_text".into();
     d_hidden: i32 = 1536;
     d_layers: i32 = 35;

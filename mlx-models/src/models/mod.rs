@@ -27,6 +27,16 @@ macro_rules! port_entry_points {
     };
 }
 
+/// Serde default functions from one table (`name: Type = value;` each), for the ports'
+/// configuration structs.
+macro_rules! serde_defaults {
+    ($($name:ident: $t:ty = $v:expr;)*) => {$(
+        fn $name() -> $t {
+            $v
+        }
+    )*};
+}
+
 pub mod dense;
 pub mod descriptor;
 pub mod gemma4_text;

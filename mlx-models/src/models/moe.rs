@@ -93,15 +93,6 @@ pub struct MoeSpec {
     pub sliding_window: Option<usize>,
 }
 
-/// Serde's `default = "..."` functions, one `name: type = value;` each.
-macro_rules! serde_defaults {
-    ($($name:ident: $t:ty = $v:expr;)*) => {
-        $(fn $name() -> $t {
-            $v
-        })*
-    };
-}
-
 fn default_true() -> bool {
     true
 }

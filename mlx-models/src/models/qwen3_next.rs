@@ -109,15 +109,7 @@ fn four() -> i32 {
     4
 }
 
-macro_rules! defaults {
-    ($($name:ident: $t:ty = $v:expr;)*) => {$(
-        fn $name() -> $t {
-            $v
-        }
-    )*};
-}
-
-defaults! {
+serde_defaults! {
     d_hidden: i32 = 4096;
     d_intermediate: i32 = 14336;
     d_layers: i32 = 32;
