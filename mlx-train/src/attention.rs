@@ -9,12 +9,17 @@
 //!
 //! Gradients are within `mlx_kernels::flash_attention::GRAD_REL_BOUND` of the materialised
 //! attention's, not bit-equal (another summation order; `tests/segmented.rs` on the tiny models).
+//!
+//! [`FlashKernel::Cuda`] (`--flash-kernel cuda`) runs the CUDA kernels of
+//! `mlx_kernels::flash_cuda` instead of the plain-ops flash path where MLX runs CUDA kernels
+//! (`Path::auto()` is `Fused`) and the head dims suit them (`flash_cuda::check`); elsewhere it
+//! is the plain path. Their own tiles apply; `N` only picks the plain path's.
 
 use std::rc::Rc;
 
 use mlx_cache::AttentionMask;
 use mlx_core::Array;
-use mlx_kernels::{flash_attention, FlashSpec};
+use mlx_kernels::{flash_attention_with, flash_cuda, FlashSpec, Path};
 use mlx_models::layers::{with_dense_attention, DenseAttention};
 
 use crate::error::{Result, TrainError};
@@ -29,9 +34,43 @@ pub fn check_block(block: i32) -> Result<()> {
     Ok(())
 }
 
+/// Which flash attention `--flash-block` runs (`--flash-kernel`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FlashKernel {
+    /// The plain-ops flash path on every back-end.
+    #[default]
+    Plain,
+    /// The CUDA kernels where they run, the plain path elsewhere.
+    Cuda,
+}
+
+impl FlashKernel {
+    /// Reads a `--flash-kernel` value (`None`: the default, plain).
+    pub fn parse(name: Option<&str>) -> Result<FlashKernel> {
+        match name {
+            None | Some("plain") => Ok(FlashKernel::Plain),
+            Some("cuda") => Ok(FlashKernel::Cuda),
+            Some(other) => Err(TrainError::Config(format!(
+                "flash_kernel must be `plain` or `cuda`, got `{other}`"
+            ))),
+        }
+    }
+
+    fn path(self, q: &Array, k: &Array, v: &Array) -> Path {
+        match (self, Path::auto()) {
+            (FlashKernel::Cuda, Path::Fused) if flash_cuda::check(q, k, v).is_ok() => Path::Fused,
+            _ => Path::Reference,
+        }
+    }
+}
+
 /// Runs `body` with flash attention of `block`-token tiles standing in for MLX's SDPA (see the
-/// module docs); with `None`, runs `body` as it is.
-pub fn with_flash_attention<R>(block: Option<i32>, body: impl FnOnce() -> R) -> R {
+/// module docs), through `kernel`; with `None`, runs `body` as it is.
+pub fn with_flash_attention<R>(
+    block: Option<i32>,
+    kernel: FlashKernel,
+    body: impl FnOnce() -> R,
+) -> R {
     let Some(block) = block else {
         return body();
     };
@@ -57,7 +96,8 @@ pub fn with_flash_attention<R>(block: Option<i32>, body: impl FnOnce() -> R) -> 
                 block_q: block,
                 block_k: block,
             };
-            Ok(Some(flash_attention(q, k, v, spec)?))
+            let path = kernel.path(q, k, v);
+            Ok(Some(flash_attention_with(q, k, v, spec, path)?))
         },
     );
     with_dense_attention(attention, body)

@@ -111,6 +111,14 @@ pub struct TrainArgs {
     /// Flash attention with tiles of N tokens: the backward keeps no [L, L] probabilities.
     #[arg(long)]
     pub flash_block: Option<i32>,
+    /// Which flash attention --flash-block runs: plain (MLX ops, the default) or cuda (the
+    /// CUDA kernels where MLX runs on an NVIDIA GPU).
+    #[arg(long, value_parser = ["plain", "cuda"])]
+    pub flash_kernel: Option<String>,
+    /// MLX's memory limit while training, in GB: past it, MLX waits for queued GPU work
+    /// (and the buffers it holds) before scheduling more, trading some speed for a lower peak.
+    #[arg(long)]
+    pub memory_limit: Option<f64>,
     /// Where to write the JSONL log (default: ADAPTER_PATH/train_log.jsonl).
     #[arg(long)]
     pub log_file: Option<PathBuf>,
@@ -191,6 +199,8 @@ impl TrainArgs {
         set("segment_length", self.segment_length.map(Value::from));
         set("max_grad_norm", self.max_grad_norm.map(Value::from));
         set("flash_block", self.flash_block.map(Value::from));
+        set("flash_kernel", s(&self.flash_kernel));
+        set("memory_limit", self.memory_limit.map(Value::from));
         // `null` in a config file means "not given" (mlx_lm.lora's `args.get(k) is None`).
         map.retain(|_, v| !v.is_null());
         let what = self

@@ -10,7 +10,7 @@ use mlx_core::prelude::*;
 use mlx_models::load::{load_model_dir, LoadOptions};
 use mlx_models::LanguageModel;
 
-use crate::attention::with_flash_attention;
+use crate::attention::{with_flash_attention, FlashKernel};
 use crate::data::Batch;
 use crate::error::{Result, TrainError};
 use crate::lora::{linear_to_lora_layers, LoraConfig};
@@ -108,6 +108,52 @@ pub fn write_random_llama(dir: &Path, shape: &Shape) -> Result<()> {
     Ok(())
 }
 
+/// MLX's memory limit for as long as the guard lives (`--memory-limit GB`), the previous one
+/// restored on drop.
+///
+/// MLX's evaluation holds every buffer a queued GPU command graph reads until that graph has
+/// run, and on CUDA up to ten graphs of up to 100 nodes or 1,000 MB each are in flight (MLX
+/// 0.32's defaults for Hopper). When the host schedules far ahead of a GPU busy with large
+/// matmuls, those held buffers, not the step's live arrays, set the peak. Past the limit,
+/// MLX's `eval` waits for queued graphs to finish (and free what they hold) before scheduling
+/// more; the limit is not a cap on allocation, so a step that needs more still runs.
+#[derive(Debug)]
+pub struct MemoryLimit {
+    previous: Option<usize>,
+}
+
+impl MemoryLimit {
+    /// A limit of `gb` GB in bytes, or an error naming the value when it is not a positive,
+    /// finite size.
+    pub fn bytes(gb: f64) -> Result<usize> {
+        let bytes = gb * 1e9;
+        if !(gb.is_finite() && gb > 0.0 && bytes < usize::MAX as f64) {
+            return Err(TrainError::Config(format!(
+                "memory_limit must be a positive number of GB, got {gb}"
+            )));
+        }
+        Ok((bytes as usize).max(1))
+    }
+
+    /// Sets MLX's memory limit to `gb` GB until the guard drops; `None` changes nothing.
+    pub fn set(gb: Option<f64>) -> Result<MemoryLimit> {
+        let previous = match gb {
+            Some(gb) => Some(mlx_core::memory::set_memory_limit(Self::bytes(gb)?)?),
+            None => None,
+        };
+        Ok(MemoryLimit { previous })
+    }
+}
+
+impl Drop for MemoryLimit {
+    fn drop(&mut self) {
+        if let Some(p) = self.previous {
+            // Restoring a limit MLX gave us back cannot fail for a reason we could act on.
+            let _ = mlx_core::memory::set_memory_limit(p);
+        }
+    }
+}
+
 /// Which memory options a step runs with.
 #[derive(Clone, Debug, Default)]
 pub struct StepOptions {
@@ -191,7 +237,7 @@ pub fn measure_step(dir: &Path, shape: &Shape, len: i32, opts: &StepOptions) -> 
         Some(c) => chunked_loss(m, b, l, c),
         None => default_loss(m, b, l),
     };
-    let (l, _, g) = with_flash_attention(opts.flash_block, || match opts.segment {
+    let (l, _, g) = with_flash_attention(opts.flash_block, FlashKernel::Plain, || match opts.segment {
         Some(s) => segmented_loss_and_grad(
             model.as_ref(),
             &params,

@@ -12,7 +12,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::adapters::{load_adapter_weights, save_adapter_config};
-use crate::attention::with_flash_attention;
+use crate::attention::{with_flash_attention, FlashKernel};
+use crate::memory::MemoryLimit;
 use crate::data::{load_local_dataset, DataConfig, Dataset};
 use crate::error::{io_err, Result, TrainError};
 use crate::full::{load_resume, FullModel};
@@ -164,6 +165,15 @@ pub struct RunConfig {
     /// [`crate::attention`]).
     #[serde(default)]
     pub flash_block: Option<i32>,
+    /// Not in mlx-lm: which flash attention `flash_block` runs, `plain` (MLX ops, every
+    /// back-end; the default) or `cuda` (the CUDA kernels of `mlx_kernels::flash_cuda` where
+    /// MLX runs CUDA kernels and the head dims suit them, the plain path elsewhere).
+    #[serde(default)]
+    pub flash_kernel: Option<String>,
+    /// Not in mlx-lm: MLX's memory limit while training, in GB (10^9 bytes); see
+    /// [`crate::memory::MemoryLimit`].
+    #[serde(default)]
+    pub memory_limit: Option<f64>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }
@@ -282,6 +292,10 @@ impl RunConfig {
         }
         if let Some(b) = self.flash_block {
             crate::attention::check_block(b)?;
+        }
+        crate::attention::FlashKernel::parse(self.flash_kernel.as_deref())?;
+        if let Some(gb) = self.memory_limit {
+            crate::memory::MemoryLimit::bytes(gb)?;
         }
         if !self.beta.is_finite() {
             return Err(TrainError::Config("beta must be finite".into()));
@@ -426,7 +440,9 @@ pub fn train_model(
     let mut p = prepare(config)?;
     let optimizer = config.build_optimizer()?;
     let loss = objective_loss(config, &p.params)?;
-    let outcome = with_flash_attention(config.flash_block, || {
+    let kernel = FlashKernel::parse(config.flash_kernel.as_deref())?;
+    let _limit = MemoryLimit::set(config.memory_limit)?;
+    let outcome = with_flash_attention(config.flash_block, kernel, || {
         train(
             p.model.as_ref(),
             &p.params,

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use mlx_core::prelude::*;
 use mlx_core::testing::assert_bit_equal;
 use mlx_models::LanguageModel;
-use mlx_train::attention::with_flash_attention;
+use mlx_train::attention::{with_flash_attention, FlashKernel};
 use mlx_train::data::{Batch, BatchIter};
 use mlx_train::loss::{chunked_loss, default_loss};
 use mlx_train::nprand::NumpyRandom;
@@ -108,11 +108,11 @@ fn flash_attention_trains_within_the_bound() {
         let (l0, n0, g0) = loss_and_grad(p.model.as_ref(), &p.params, &plain, &batch).unwrap();
         let mut worst = 0f32;
         for block in [4, 7, 64] {
-            let (l1, n1, g1) = with_flash_attention(Some(block), || {
+            let (l1, n1, g1) = with_flash_attention(Some(block), FlashKernel::Plain, || {
                 loss_and_grad(p.model.as_ref(), &p.params, &plain, &batch)
             })
             .unwrap();
-            let (l2, _, g2) = with_flash_attention(Some(block), || {
+            let (l2, _, g2) = with_flash_attention(Some(block), FlashKernel::Plain, || {
                 segmented_loss_and_grad(
                     p.model.as_ref(),
                     &p.params,

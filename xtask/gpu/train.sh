@@ -3,8 +3,8 @@
 # the Llama-3-8B-shaped 4-bit model (once per machine, in seconds: its 4-bit codes are drawn
 # directly; under /dev/shm when it has room), runs `xtask bench train` with our prebuilt `train`
 # example against `python -m mlx_lm lora`. LENGTHS, OURS, MLXLM, ITERS, FLASH, SEG, CE, TIMEOUT
-# pick the runs; TAG names the files written under $OUT. A later call on the same (warm) machine
-# reuses the unpacked binaries and the model.
+# and LIMIT (the GB of the `lim` variant) pick the runs; TAG names the files written under $OUT.
+# A later call on the same (warm) machine reuses the unpacked binaries and the model.
 set -x
 source .gpu-train/b/env.sh
 for f in train xtask; do [ -x /tmp/gt/$f ] || { mkdir -p /tmp/gt && xz -dc .gpu-train/b/$f.xz > /tmp/gt/$f && chmod +x /tmp/gt/$f; }; done
@@ -25,7 +25,7 @@ set -o pipefail
 TAG=${TAG:-train_bench}
 /tmp/gt/xtask bench train --ours-bin /tmp/gt/train --model $MODELS/llama-8b-q4 \
   --lengths "${LENGTHS:-512,2048,8192}" --iters "${ITERS:-3}" --flash-block "${FLASH:-1024}" \
-  --segment-length "${SEG:-4096}" --ce-chunk-size "${CE:-1024}" --timeout "${TIMEOUT:-240}" \
+  --segment-length "${SEG:-4096}" --ce-chunk-size "${CE:-1024}" --memory-limit "${LIMIT:-12}" --timeout "${TIMEOUT:-240}" \
   --ours "${OURS:-ckpt+ce,ckpt+seg+ce}" --mlx-lm "${MLXLM:-ckpt}" \
   --models-dir $MODELS --json "$OUT/$TAG.json" 2>&1 | tee "$OUT/$TAG.log"
 nvidia-smi --query-gpu=name,driver_version --format=csv

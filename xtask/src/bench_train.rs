@@ -32,8 +32,10 @@ use crate::oracle;
 const USAGE: &str = "usage: cargo xtask bench train [--model NAME|DIR] [--lengths 128,512]
     [--iters N] [--num-layers N] [--fine-tune-type lora|dora|full] [--ours plain,flash,...]
     [--mlx-lm plain,ckpt] [--flash-block B] [--segment-length S] [--ce-chunk-size C]
-    [--timeout SECS] [--ours-bin PATH] [--models-dir DIR] [--json FILE]
-  variants: plain | flash | ckpt | seg | ce, joined with + (e.g. ckpt+seg+ce); mlx-lm: plain | ckpt
+    [--memory-limit GB] [--timeout SECS] [--ours-bin PATH] [--models-dir DIR] [--json FILE]
+  variants: plain | flash | flashk | ckpt | seg | ce | lim, joined with + (e.g. ckpt+seg+ce);
+            flashk: --flash-block with --flash-kernel cuda; lim: --memory-limit GB (default 12)
+  mlx-lm: plain | ckpt
   --timeout SECS: kill a run after SECS seconds (default 600) and record it as failed
   --ours-bin PATH: a prebuilt `mlx` (or anything taking `train ARGS`), e.g. built here against
                    MLX's CUDA wheel for a GPU machine; default: cargo build --release -p mlx-cli";
@@ -49,6 +51,7 @@ struct Options {
     flash_block: usize,
     segment_length: usize,
     ce_chunk: usize,
+    memory_limit_gb: f64,
     timeout_s: u64,
     ours_bin: Option<PathBuf>,
     models_dir: PathBuf,
@@ -74,6 +77,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         flash_block: 512,
         segment_length: 2048,
         ce_chunk: 1024,
+        memory_limit_gb: 12.0,
         timeout_s: 600,
         ours_bin: None,
         models_dir: workspace_root().join("target").join("bench-models"),
@@ -102,6 +106,13 @@ fn parse(args: &[String]) -> Result<Options, String> {
             "--flash-block" => o.flash_block = num(value()?)?.max(1),
             "--segment-length" => o.segment_length = num(value()?)?.max(1),
             "--ce-chunk-size" => o.ce_chunk = num(value()?)?.max(1),
+            "--memory-limit" => {
+                let v = value()?;
+                o.memory_limit_gb = match v.parse::<f64>() {
+                    Ok(g) if g.is_finite() && g > 0.0 => g,
+                    _ => return Err(format!("--memory-limit {v}: a positive number of GB")),
+                }
+            }
             "--timeout" => o.timeout_s = num(value()?)?.max(1) as u64,
             "--ours-bin" => o.ours_bin = Some(PathBuf::from(value()?)),
             "--models-dir" => o.models_dir = PathBuf::from(value()?),
@@ -111,7 +122,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
     }
     for v in &o.ours {
         for part in v.split('+') {
-            if !["plain", "flash", "ckpt", "seg", "ce"].contains(&part) {
+            if !["plain", "flash", "flashk", "ckpt", "seg", "ce", "lim"].contains(&part) {
                 return Err(format!("unknown variant {part} in {v}\n{USAGE}"));
             }
         }
@@ -366,6 +377,13 @@ pub fn run(args: &[String]) -> Result<(), String> {
                     "flash" => {
                         c.args(["--flash-block", &o.flash_block.to_string()]);
                     }
+                    "flashk" => {
+                        c.args(["--flash-block", &o.flash_block.to_string()]);
+                        c.args(["--flash-kernel", "cuda"]);
+                    }
+                    "lim" => {
+                        c.args(["--memory-limit", &o.memory_limit_gb.to_string()]);
+                    }
                     "ckpt" => {
                         c.arg("--grad-checkpoint");
                     }
@@ -384,21 +402,25 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
 
     println!(
-        "| tokens | run | s/step | peak GB | step vs mlx-lm plain | note |\n|---:|---|---:|---:|---:|---|"
+        "| tokens | run | s/step | peak GB | step vs mlx-lm plain | step vs mlx-lm ckpt | note |\n|---:|---|---:|---:|---:|---:|---|"
     );
     for (len, name, f) in &rows {
-        let base = rows
-            .iter()
-            .find(|(l, n, _)| l == len && n == "mlx-lm plain")
-            .and_then(|(_, _, f)| f.step_s);
-        let ratio = match (f.step_s, base) {
-            (Some(s), Some(b)) => format!("{:.2}x", s / b),
-            _ => "-".into(),
+        let ratio = |base: &str| {
+            let b = rows
+                .iter()
+                .find(|(l, n, _)| l == len && n == base)
+                .and_then(|(_, _, f)| f.step_s);
+            match (f.step_s, b) {
+                (Some(s), Some(b)) => format!("{:.2}x", s / b),
+                _ => "-".into(),
+            }
         };
         println!(
-            "| {len} | {name} | {} | {} | {ratio} | {} |",
+            "| {len} | {name} | {} | {} | {} | {} | {} |",
             f.step_s.map_or("-".into(), |s| format!("{s:.3}")),
             f.peak_gb.map_or("-".into(), |p| format!("{p:.3}")),
+            ratio("mlx-lm plain"),
+            ratio("mlx-lm ckpt"),
             f.error.clone().unwrap_or_default().replace('|', "/")
         );
     }
@@ -406,8 +428,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
     println!(
         "model {}, batch 1, {} on {} layers, {} steps per run; \
          s/step = median of 1 / It/sec over steps 2..{}; peak = MLX's peak memory of the \
-         process (weights included); flash block {}, segment {}, CE chunk {}; runs killed after \
-         {} s.",
+         process (weights included); flash block {}, segment {}, CE chunk {}, memory limit \
+         (lim) {} GB; runs killed after {} s.",
         o.model,
         match o.fine_tune_type.as_str() {
             "full" => "full fine-tuning".to_string(),
@@ -419,6 +441,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         o.flash_block,
         o.segment_length,
         o.ce_chunk,
+        o.memory_limit_gb,
         o.timeout_s
     );
     println!(
