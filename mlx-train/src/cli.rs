@@ -157,6 +157,19 @@ pub fn run_fuse(args: &FuseArgs) -> Result<()> {
 impl TrainArgs {
     /// The options after mlx_lm.lora's merge: command line, then `-c` file, then defaults.
     pub fn resolve(&self) -> Result<RunConfig> {
+        // JSON has no NaN or infinity (they would become `null`, read as "not given").
+        for (name, v) in [
+            ("--learning-rate", self.learning_rate),
+            ("--beta", self.beta),
+            ("--max-grad-norm", self.max_grad_norm),
+            ("--memory-limit", self.memory_limit),
+        ] {
+            if let Some(v) = v.filter(|v| !v.is_finite()) {
+                return Err(TrainError::Config(format!(
+                    "{name} must be a finite number, got {v}"
+                )));
+            }
+        }
         let mut map = match &self.config {
             Some(p) => read_config_file(p)?,
             None => Map::new(),

@@ -514,3 +514,73 @@ fn full_adapter_with_a_non_float_array_is_refused_at_load() {
     );
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// `--memory-limit` only changes when MLX waits for queued work: the adapter is byte-equal to
+/// the run without it, and MLX's own limit is back to what it was afterwards. `--flash-kernel
+/// cuda` on a back-end without CUDA kernels is the plain flash path, byte for byte.
+#[test]
+fn memory_limit_and_flash_kernel_change_no_bits() {
+    let _g = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
+    let before = mlx_core::memory::memory_limit().unwrap();
+    let (m, d) = (model_q4(), data("completions"));
+    let adapter = |extra: &[&str]| {
+        let out = tmp("limit");
+        let ap = out.display().to_string();
+        let mut argv = vec![
+            "--model",
+            &m,
+            "--data",
+            &d,
+            "--num-layers",
+            "2",
+            "--batch-size",
+            "2",
+            "--iters",
+            "3",
+            "--grad-checkpoint",
+            "--adapter-path",
+            &ap,
+        ];
+        argv.extend_from_slice(extra);
+        run(&parse(&argv)).unwrap_or_else(|e| panic!("{extra:?}: {e}"));
+        let bytes = std::fs::read(out.join("adapters.safetensors")).unwrap();
+        let _ = std::fs::remove_dir_all(&out);
+        bytes
+    };
+    let plain = adapter(&[]);
+    // 1 MB: below what the step holds, so every scheduled op waits for the queue to drain.
+    assert!(plain == adapter(&["--memory-limit", "0.001"]), "--memory-limit changed bits");
+    assert_eq!(mlx_core::memory::memory_limit().unwrap(), before);
+    let flash = adapter(&["--flash-block", "4"]);
+    assert!(
+        flash == adapter(&["--flash-block", "4", "--flash-kernel", "cuda"]),
+        "--flash-kernel cuda changed bits where no CUDA kernels run"
+    );
+}
+
+#[test]
+fn bad_memory_limit_and_flash_kernel_are_clear_errors() {
+    let (m, d) = (model(), data("completions"));
+    for bad in ["0", "-1", "1e300"] {
+        let e = err(&["--model", &m, "--data", &d, &format!("--memory-limit={bad}")]);
+        assert!(
+            e.contains("memory_limit must be a positive number of GB"),
+            "{bad}: {e}"
+        );
+    }
+    for (flag, bad) in [
+        ("--memory-limit", "nan"),
+        ("--memory-limit", "inf"),
+        ("--learning-rate", "nan"),
+        ("--beta", "-inf"),
+        ("--max-grad-norm", "NaN"),
+    ] {
+        let e = err(&["--model", &m, "--data", &d, &format!("{flag}={bad}")]);
+        assert!(e.contains(&format!("{flag} must be a finite number")), "{flag} {bad}: {e}");
+    }
+    assert!(Cli::try_parse_from(["mlx-train", "--flash-kernel", "metal"]).is_err());
+    let cfg: mlx_train::run::RunConfig =
+        serde_json::from_value(serde_json::json!({"flash_kernel": "metal"})).unwrap();
+    let e = cfg.validate().unwrap_err().to_string();
+    assert!(e.contains("flash_kernel must be `plain` or `cuda`, got `metal`"), "{e}");
+}
