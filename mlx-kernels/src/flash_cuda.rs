@@ -39,6 +39,8 @@ const THREADS: i32 = 128;
 pub const MAX_HEAD_DIM: i32 = 256;
 
 const HEADER: &str = r#"
+// MLX's cuda_kernel header defines no `inf`; utils.cuh brings cuda::std::numeric_limits.
+#define MLXK_INF (cuda::std::numeric_limits<float>::infinity())
 namespace mlx::core::cu {
 // Sum over the TPR adjacent lanes that own one row (every lane gets the sum).
 template <int TPR>
@@ -142,14 +144,14 @@ const FWD_SOURCE: &str = r#"
   for (int t = 0; t < DVPT; ++t) {
     o[t] = 0.0f;
   }
-  float m = -inf, l = 0.0f;
+  float m = -MLXK_INF, l = 0.0f;
   for (int k0 = lo; k0 < hi; k0 += BK) {
     __syncthreads();
     mlxk_load_tile<T, BK, D, THREADS, false>(ks, kb, k0, S, scale);
     mlxk_load_tile<T, BK, DV, THREADS, false>(vs, vb, k0, S, scale);
     __syncthreads();
     float s[BK];
-    float mt = -inf;
+    float mt = -MLXK_INF;
 #pragma unroll
     for (int jj = 0; jj < BK; ++jj) {
       float acc = 0.0f;
@@ -158,11 +160,11 @@ const FWD_SOURCE: &str = r#"
         acc += qv[t] * ks[jj][lane + t * TPR];
       }
       acc = mlxk_row_sum<TPR>(acc);
-      s[jj] = mlxk_visible<CAUSAL, WINDOW>(p, k0 + jj, S) ? acc : -inf;
+      s[jj] = mlxk_visible<CAUSAL, WINDOW>(p, k0 + jj, S) ? acc : -MLXK_INF;
       mt = fmaxf(mt, s[jj]);
     }
     const float mn = fmaxf(m, mt);
-    if (mn == -inf) {
+    if (mn == -MLXK_INF) {
       continue;
     }
     const float alpha = expf(m - mn);

@@ -38,7 +38,7 @@ pre = r'''
 #include <array>
 #include <random>
 using std::min; using std::max;
-#define inf std::numeric_limits<float>::infinity()
+namespace cuda { namespace std = ::std; }  // MLXK_INF names cuda::std::numeric_limits
 #define __device__
 #define __forceinline__ inline
 #define __shared__ static
