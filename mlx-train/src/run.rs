@@ -13,12 +13,12 @@ use serde_json::{Map, Value};
 
 use crate::adapters::{load_adapter_weights, save_adapter_config};
 use crate::attention::{with_flash_attention, FlashKernel};
-use crate::memory::MemoryLimit;
 use crate::data::{load_local_dataset, DataConfig, Dataset};
 use crate::error::{io_err, Result, TrainError};
 use crate::full::{load_resume, FullModel};
 use crate::lora::{linear_to_lora_layers, LoraConfig};
 use crate::loss::{chunked_loss, default_loss};
+use crate::memory::MemoryLimit;
 use crate::nprand::NumpyRandom;
 use crate::objectives::{dpo_loss, orpo_loss, reference_logps};
 use crate::optim::{build_schedule, LearningRate, Method, Optimizer, ScheduleConfig};
@@ -233,6 +233,9 @@ impl RunConfig {
             max_grad_norm: self.max_grad_norm,
             segment_length: self.segment_length,
             ce_chunk_size: self.ce_chunk_size,
+            // mlx-lm's step is compiled; DPO and ORPO (not in mlx-lm) read the reference
+            // model through the disabled parameters, which a trace does not capture.
+            compile: self.lora_parameters.dropout == 0.0 && self.objective == "sft",
         }
     }
 

@@ -39,6 +39,11 @@ pub struct TrainingArgs {
     pub segment_length: Option<i32>,
     /// With `segment_length`: each segment's cross-entropy in chunks of this many positions.
     pub ce_chunk_size: Option<i32>,
+    /// Loss and gradients through one compiled function, as mlx-lm's `mx.compile`d step
+    /// (see [`CompiledLossGrad`]); off where the loss draws random numbers (LoRA dropout),
+    /// whose state a trace would freeze, and for losses that read arrays a trace cannot
+    /// capture (`RunConfig` compiles SFT only).
+    pub compile: bool,
 }
 
 impl Default for TrainingArgs {
@@ -56,6 +61,7 @@ impl Default for TrainingArgs {
             max_grad_norm: None,
             segment_length: None,
             ce_chunk_size: None,
+            compile: true,
         }
     }
 }
@@ -155,6 +161,111 @@ pub fn loss_and_grad(
     }
 }
 
+/// [`loss_and_grad`] as one compiled function of the trainable parameters and the batch,
+/// as mlx-lm's trainer compiles its step (`mx.compile(step, inputs=state, outputs=state)`):
+/// MLX fuses the step's elementwise work, which on a GPU saves time and the memory of the
+/// intermediate arrays. One trace per batch shape, as in mlx-lm; the frozen weights are
+/// constants of the trace. The values are the uncompiled ones (the CPU goldens hold either
+/// way).
+pub struct CompiledLossGrad<'a> {
+    compiled: mlx_core::compile::Compiled<'a>,
+    params: &'a Params,
+    names: Vec<String>,
+    failure: std::rc::Rc<RefCell<Option<TrainError>>>,
+}
+
+impl<'a> CompiledLossGrad<'a> {
+    pub fn new(model: &'a dyn LanguageModel, params: &'a Params, loss: &'a LossFn) -> Result<Self> {
+        let names = params.names();
+        let failure = std::rc::Rc::new(RefCell::new(None));
+        let (keys, fail) = (names.clone(), std::rc::Rc::clone(&failure));
+        let f =
+            move |inputs: &[Array]| -> mlx_core::Result<Vec<Array>> {
+                let n = keys.len();
+                if inputs.len() != n + 2 {
+                    return Err(mlx_core::Error::Callback(format!(
+                        "the compiled step takes {} arrays, got {}",
+                        n + 2,
+                        inputs.len()
+                    )));
+                }
+                let tree: ParamMap = keys
+                    .iter()
+                    .cloned()
+                    .zip(inputs[..n].iter().cloned())
+                    .collect();
+                let batch = Batch {
+                    tokens: inputs[n].clone(),
+                    lengths: inputs[n + 1].clone(),
+                    truncated: false,
+                };
+                params
+                    .update(&tree)
+                    .and_then(|_| loss_and_grad(model, params, loss, &batch))
+                    .and_then(|(l, t, mut g)| {
+                        let mut out = vec![l, t];
+                        for k in &keys {
+                            out.push(g.remove(k).ok_or_else(|| {
+                                TrainError::Config(format!("no gradient for {k}"))
+                            })?);
+                        }
+                        Ok(out)
+                    })
+                    .map_err(|e| {
+                        let msg = e.to_string();
+                        *fail.borrow_mut() = Some(e);
+                        mlx_core::Error::Callback(msg)
+                    })
+            };
+        let compiled = mlx_core::compile::compile(f, false)?;
+        Ok(CompiledLossGrad {
+            compiled,
+            params,
+            names,
+            failure,
+        })
+    }
+
+    /// The loss, its token count and the gradients for `batch` (as [`loss_and_grad`]).
+    pub fn call(&self, batch: &Batch) -> Result<(Array, Array, ParamMap)> {
+        let current = self.params.snapshot();
+        let mut inputs: Vec<Array> = self
+            .names
+            .iter()
+            .map(|k| {
+                current.get(k).cloned().ok_or_else(|| {
+                    TrainError::Config(format!("trainable parameter {k} went missing"))
+                })
+            })
+            .collect::<Result<_>>()?;
+        inputs.push(batch.tokens.clone());
+        inputs.push(batch.lengths.clone());
+        let r = self.compiled.call(&inputs);
+        // A trace leaves its tracers in the parameters: give them the concrete arrays back.
+        self.params.update(&current)?;
+        let out = match r {
+            Ok(v) => v,
+            Err(e) => {
+                return Err(self
+                    .failure
+                    .borrow_mut()
+                    .take()
+                    .unwrap_or(TrainError::Mlx(e)));
+            }
+        };
+        let mut it = out.into_iter();
+        match (it.next(), it.next()) {
+            (Some(l), Some(n)) => {
+                let grads: ParamMap = self.names.iter().cloned().zip(it).collect();
+                Ok((l, n, grads))
+            }
+            _ => Err(TrainError::Config(
+                "the compiled step returned no loss".into(),
+            )),
+        }
+    }
+}
+
 /// `evaluate(model, dataset, batch_size, num_batches, max_seq_length, loss)`: the mean loss
 /// per token over `num_batches` batches (`-1`: all), drawing the batch order from `rng`.
 #[allow(clippy::too_many_arguments)]
@@ -212,6 +323,10 @@ pub fn train(
         return Err(TrainError::Config("no trainable parameters".into()));
     }
     let accum = args.grad_accumulation_steps;
+    let compiled = match args.compile && args.segment_length.is_none() {
+        true => Some(CompiledLossGrad::new(model, params, loss)?),
+        false => None,
+    };
     params.set_training(true);
     let mut batches = BatchIter::new(train_set, args.batch_size, args.max_seq_length, true)?;
     let mut grad_accum: Option<ParamMap> = None;
@@ -253,7 +368,10 @@ pub fn train(
                 seg,
                 args.ce_chunk_size,
             )?,
-            None => loss_and_grad(model, params, loss, &batch)?,
+            None => match &compiled {
+                Some(c) => c.call(&batch)?,
+                None => loss_and_grad(model, params, loss, &batch)?,
+            },
         };
         if let Some(prev) = grad_accum.take() {
             grad = add_trees(&grad, &prev)?;
