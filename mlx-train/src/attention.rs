@@ -14,6 +14,11 @@
 //! `mlx_kernels::flash_cuda` instead of the plain-ops flash path where MLX runs CUDA kernels
 //! (`Path::auto()` is `Fused`) and the head dims suit them (`flash_cuda::check`); elsewhere it
 //! is the plain path. Their own tiles apply; `N` only picks the plain path's.
+//!
+//! [`FlashKernel::PaddedSdpa`] (`--flash-kernel sdpa`) keeps MLX's own SDPA but pads the
+//! queries to a multiple of 128 on CUDA, where MLX's fused SDPA backward needs it: mlx-lm's
+//! batches give the model `1 + 32k`-wide rows less one token (8191 queries for an 8192-token
+//! row), for which MLX materialises the attention.
 
 use std::rc::Rc;
 
@@ -42,6 +47,56 @@ pub enum FlashKernel {
     Plain,
     /// The CUDA kernels where they run, the plain path elsewhere.
     Cuda,
+    /// MLX's own SDPA with the queries (and, causal, the keys and values) zero-padded at the
+    /// end to a multiple of [`SDPA_QUERY_MULTIPLE`] where MLX runs CUDA kernels (see
+    /// [`padded_sdpa`]); MLX's SDPA as it is elsewhere. `--flash-block` is not used.
+    PaddedSdpa,
+}
+
+/// The query lengths MLX 0.32's CUDA back-end runs its fused (cuDNN) SDPA backward for
+/// (`ScaledDotProductAttentionVJP::use_fallback`: `L % 128 == 0`); other lengths fall back to
+/// the materialised attention, `[heads, L, S]` scores, probabilities and their gradients.
+pub const SDPA_QUERY_MULTIPLE: i32 = 128;
+
+/// MLX's SDPA over `q` zero-padded at the end to a multiple of `multiple` queries, the padded
+/// rows dropped from the result; with `causal`, the keys and values are padded as much, which
+/// keeps MLX's lower-right causal alignment, and no real query sees a padded key. Without a
+/// mask only the queries are padded. The real rows and every gradient are those of the
+/// unpadded attention up to the kernels' own rounding: the padded rows' cotangents are zero,
+/// so they add nothing to the keys' and values' gradients. Dims `[B, H, L, D]`.
+pub fn padded_sdpa(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    scale: f32,
+    causal: bool,
+    multiple: i32,
+) -> mlx_core::Result<Array> {
+    use mlx_core::fast::{scaled_dot_product_attention as sdpa, SdpaMask};
+    let shape = q.shape();
+    let l = shape[2];
+    let pad = (multiple - l % multiple) % multiple;
+    let mask = if causal {
+        SdpaMask::Causal
+    } else {
+        SdpaMask::None
+    };
+    if pad == 0 {
+        return sdpa(q, k, v, scale, mask, None, None);
+    }
+    let zero = Array::from_slice(&[0.0f32], &[])?.astype(q.dtype())?;
+    let padded = |a: &Array| mlx_core::ops::pad(a, &[2], &[0], &[pad], &zero, "constant", None);
+    let qp = padded(q)?;
+    let out = if causal {
+        sdpa(&qp, &padded(k)?, &padded(v)?, scale, mask, None, None)?
+    } else {
+        sdpa(&qp, k, v, scale, mask, None, None)?
+    };
+    let mut stop = out.shape();
+    stop[2] = l;
+    let start = vec![0; stop.len()];
+    let strides = vec![1; stop.len()];
+    mlx_core::ops::slice(&out, &start, &stop, &strides, None)
 }
 
 impl FlashKernel {
@@ -50,8 +105,9 @@ impl FlashKernel {
         match name {
             None | Some("plain") => Ok(FlashKernel::Plain),
             Some("cuda") => Ok(FlashKernel::Cuda),
+            Some("sdpa") => Ok(FlashKernel::PaddedSdpa),
             Some(other) => Err(TrainError::Config(format!(
-                "flash_kernel must be `plain` or `cuda`, got `{other}`"
+                "flash_kernel must be `plain`, `cuda` or `sdpa`, got `{other}`"
             ))),
         }
     }
@@ -65,14 +121,17 @@ impl FlashKernel {
 }
 
 /// Runs `body` with flash attention of `block`-token tiles standing in for MLX's SDPA (see the
-/// module docs), through `kernel`; with `None`, runs `body` as it is.
+/// module docs), through `kernel`; with `None`, runs `body` as it is, except that
+/// [`FlashKernel::PaddedSdpa`] applies either way.
 pub fn with_flash_attention<R>(
     block: Option<i32>,
     kernel: FlashKernel,
     body: impl FnOnce() -> R,
 ) -> R {
-    let Some(block) = block else {
-        return body();
+    let block = match (block, kernel) {
+        (_, FlashKernel::PaddedSdpa) => 0,
+        (Some(b), _) => b,
+        (None, _) => return body(),
     };
     let attention: Rc<DenseAttention> = Rc::new(
         move |q: &Array,
@@ -88,6 +147,13 @@ pub fn with_flash_attention<R>(
             };
             if q.dtype() != k.dtype() || q.dtype() != v.dtype() {
                 return Ok(None);
+            }
+            if kernel == FlashKernel::PaddedSdpa {
+                if Path::auto() != Path::Fused {
+                    return Ok(None);
+                }
+                let out = padded_sdpa(q, k, v, scale, causal, SDPA_QUERY_MULTIPLE)?;
+                return Ok(Some(out));
             }
             let spec = FlashSpec {
                 scale,

@@ -111,9 +111,11 @@ pub struct TrainArgs {
     /// Flash attention with tiles of N tokens: the backward keeps no [L, L] probabilities.
     #[arg(long)]
     pub flash_block: Option<i32>,
-    /// Which flash attention --flash-block runs: plain (MLX ops, the default) or cuda (the
-    /// CUDA kernels where MLX runs on an NVIDIA GPU).
-    #[arg(long, value_parser = ["plain", "cuda"])]
+    /// Which flash attention --flash-block runs: plain (MLX ops, the default), cuda (the
+    /// CUDA kernels where MLX runs on an NVIDIA GPU), or sdpa (MLX's own SDPA with the
+    /// queries padded to a multiple of 128 on CUDA, where its fused backward needs it; no
+    /// --flash-block needed).
+    #[arg(long, value_parser = ["plain", "cuda", "sdpa"])]
     pub flash_kernel: Option<String>,
     /// MLX's memory limit while training, in GB: past it, MLX waits for queued GPU work
     /// (and the buffers it holds) before scheduling more, trading some speed for a lower peak.

@@ -167,7 +167,8 @@ pub struct RunConfig {
     pub flash_block: Option<i32>,
     /// Not in mlx-lm: which flash attention `flash_block` runs, `plain` (MLX ops, every
     /// back-end; the default) or `cuda` (the CUDA kernels of `mlx_kernels::flash_cuda` where
-    /// MLX runs CUDA kernels and the head dims suit them, the plain path elsewhere).
+    /// MLX runs CUDA kernels and the head dims suit them, the plain path elsewhere); or `sdpa`
+    /// (MLX's SDPA, queries padded for its fused CUDA backward; see `attention::padded_sdpa`).
     #[serde(default)]
     pub flash_kernel: Option<String>,
     /// Not in mlx-lm: MLX's memory limit while training, in GB (10^9 bytes); see

@@ -595,7 +595,7 @@ fn bad_memory_limit_and_flash_kernel_are_clear_errors() {
         serde_json::from_value(serde_json::json!({"flash_kernel": "metal"})).unwrap();
     let e = cfg.validate().unwrap_err().to_string();
     assert!(
-        e.contains("flash_kernel must be `plain` or `cuda`, got `metal`"),
+        e.contains("flash_kernel must be `plain`, `cuda` or `sdpa`, got `metal`"),
         "{e}"
     );
 }

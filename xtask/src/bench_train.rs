@@ -33,8 +33,9 @@ const USAGE: &str = "usage: cargo xtask bench train [--model NAME|DIR] [--length
     [--iters N] [--num-layers N] [--fine-tune-type lora|dora|full] [--ours plain,flash,...]
     [--mlx-lm plain,ckpt] [--flash-block B] [--segment-length S] [--ce-chunk-size C]
     [--memory-limit GB] [--timeout SECS] [--ours-bin PATH] [--models-dir DIR] [--json FILE]
-  variants: plain | flash | flashk | ckpt | seg | ce | lim, joined with + (e.g. ckpt+seg+ce);
-            flashk: --flash-block with --flash-kernel cuda; lim: --memory-limit GB (default 12)
+  variants: plain | flash | flashk | sdpa | ckpt | seg | ce | lim, joined with + (e.g. ckpt+ce);
+            flashk: --flash-block with --flash-kernel cuda; sdpa: --flash-kernel sdpa;
+            lim: --memory-limit GB (default 12)
   mlx-lm: plain | ckpt
   --timeout SECS: kill a run after SECS seconds (default 600) and record it as failed
   --ours-bin PATH: a prebuilt `mlx` (or anything taking `train ARGS`), e.g. built here against
@@ -122,7 +123,11 @@ fn parse(args: &[String]) -> Result<Options, String> {
     }
     for v in &o.ours {
         for part in v.split('+') {
-            if !["plain", "flash", "flashk", "ckpt", "seg", "ce", "lim"].contains(&part) {
+            if ![
+                "plain", "flash", "flashk", "sdpa", "ckpt", "seg", "ce", "lim",
+            ]
+            .contains(&part)
+            {
                 return Err(format!("unknown variant {part} in {v}\n{USAGE}"));
             }
         }
@@ -380,6 +385,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
                     "flashk" => {
                         c.args(["--flash-block", &o.flash_block.to_string()]);
                         c.args(["--flash-kernel", "cuda"]);
+                    }
+                    "sdpa" => {
+                        c.args(["--flash-kernel", "sdpa"]);
                     }
                     "lim" => {
                         c.args(["--memory-limit", &o.memory_limit_gb.to_string()]);
