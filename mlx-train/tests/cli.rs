@@ -163,27 +163,33 @@ fn memory_options_run() {
         &["--ce-chunk-size", "8", "--grad-checkpoint"][..],
     ] {
         let out = tmp("mem");
-        let (m, d) = (model_q4(), data("completions"));
-        let mut argv = vec![
-            "--model",
-            &m,
-            "--data",
-            &d,
-            "--num-layers",
-            "2",
-            "--batch-size",
-            "2",
-            "--iters",
-            "2",
-            "--mask-prompt",
-        ];
-        let ap = out.display().to_string();
-        argv.extend(["--adapter-path", &ap]);
+        let mut argv = vec!["--iters", "2", "--mask-prompt"];
         argv.extend_from_slice(extra);
-        run(&parse(&argv)).unwrap_or_else(|e| panic!("{extra:?}: {e}"));
+        train_small_q4(&out, &argv);
         assert!(out.join("adapters.safetensors").is_file());
         let _ = std::fs::remove_dir_all(&out);
     }
+}
+
+/// Trains LoRA on 2 layers of the 4-bit fixture, batch 2, completions, into `out`, with
+/// `extra` options.
+fn train_small_q4(out: &Path, extra: &[&str]) {
+    let (m, d) = (model_q4(), data("completions"));
+    let ap = out.display().to_string();
+    let mut argv = vec![
+        "--model",
+        &m,
+        "--data",
+        &d,
+        "--num-layers",
+        "2",
+        "--batch-size",
+        "2",
+        "--adapter-path",
+        &ap,
+    ];
+    argv.extend_from_slice(extra);
+    run(&parse(&argv)).unwrap_or_else(|e| panic!("{extra:?}: {e}"));
 }
 
 fn model_q4() -> String {
@@ -522,27 +528,11 @@ fn full_adapter_with_a_non_float_array_is_refused_at_load() {
 fn memory_limit_and_flash_kernel_change_no_bits() {
     let _g = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
     let before = mlx_core::memory::memory_limit().unwrap();
-    let (m, d) = (model_q4(), data("completions"));
     let adapter = |extra: &[&str]| {
         let out = tmp("limit");
-        let ap = out.display().to_string();
-        let mut argv = vec![
-            "--model",
-            &m,
-            "--data",
-            &d,
-            "--num-layers",
-            "2",
-            "--batch-size",
-            "2",
-            "--iters",
-            "3",
-            "--grad-checkpoint",
-            "--adapter-path",
-            &ap,
-        ];
+        let mut argv = vec!["--iters", "3", "--grad-checkpoint"];
         argv.extend_from_slice(extra);
-        run(&parse(&argv)).unwrap_or_else(|e| panic!("{extra:?}: {e}"));
+        train_small_q4(&out, &argv);
         let bytes = std::fs::read(out.join("adapters.safetensors")).unwrap();
         let _ = std::fs::remove_dir_all(&out);
         bytes
