@@ -126,7 +126,10 @@ const SUBCOMMANDS: &[(&str, &[Flag])] = &[
             ("--train", &[]),
             ("--data", &[DIR]),
             ("--fine-tune-type", &["lora", "dora"]),
-            ("--optimizer", &["adam", "adamw", "sgd"]),
+            (
+                "--optimizer",
+                &["adam", "adamw", "muon", "sgd", "adafactor"],
+            ),
             ("--mask-prompt", &[]),
             ("--num-layers", &["2", "-1"]),
             ("--batch-size", &["1", "4"]),
