@@ -435,6 +435,9 @@ fn craft_train_config(u: &mut Unstructured) -> Vec<u8> {
         "fine_tune_type",
         "optimizer",
         "optimizer_config",
+        "ns_steps",
+        "beta_1",
+        "relative_step",
         "num_layers",
         "batch_size",
         "iters",
@@ -470,7 +473,11 @@ fn craft_train_config(u: &mut Unstructured) -> Vec<u8> {
         "data": "data",
         "fine_tune_type": "lora",
         "optimizer": "adamw",
-        "optimizer_config": {"adamw": {"betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.01}},
+        "optimizer_config": {
+            "adamw": {"betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.01},
+            "muon": {"momentum": 0.95, "nesterov": true, "ns_steps": 5},
+            "adafactor": {"eps": [1e-30, 1e-3], "beta_1": null, "relative_step": true}
+        },
         "num_layers": 4,
         "batch_size": 2,
         "iters": 100,
