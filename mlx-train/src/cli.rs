@@ -36,7 +36,7 @@ pub struct TrainArgs {
     #[arg(long, value_parser = ["lora", "dora", "full"])]
     pub fine_tune_type: Option<String>,
     /// Optimizer to use for training.
-    #[arg(long, value_parser = ["adam", "adamw", "sgd"])]
+    #[arg(long, value_parser = ["adam", "adamw", "muon", "sgd", "adafactor"])]
     pub optimizer: Option<String>,
     /// Mask the prompt in the loss when training.
     #[arg(long)]

@@ -1,7 +1,8 @@
-//! `mlx.optimizers`: SGD, Adam, AdamW with a learning rate that may follow a schedule
-//! (`cosine_decay`, `linear_schedule`, `exponential_decay`, `step_decay`, warmup joined as
-//! mlx-lm's `build_schedule` does), and `clip_grad_norm`. Same ops, same order, same dtypes
-//! (the step counter is `uint64`, the learning rate `float32`), so updates match bit for bit.
+//! `mlx.optimizers`: SGD, Adam, AdamW, Muon and Adafactor (every `mlx_lm.lora --optimizer`)
+//! with a learning rate that may follow a schedule (`cosine_decay`, `linear_schedule`,
+//! `exponential_decay`, `step_decay`, warmup joined as mlx-lm's `build_schedule` does), and
+//! `clip_grad_norm`. Same ops, same order, same dtypes (the step counter is `uint64`, the
+//! learning rate `float32`, Python's scalars weak), so updates match bit for bit.
 
 use std::collections::BTreeMap;
 use std::f64::consts::PI;
@@ -153,6 +154,10 @@ pub fn build_schedule(c: &ScheduleConfig) -> Result<Schedule> {
     }
 }
 
+/// Muon's Newton-Schulz iterations are three matrix products each: more than this many is
+/// refused as a configuration mistake rather than run.
+pub const MAX_NS_STEPS: u64 = 1000;
+
 /// The update rule and its hyper-parameters (mlx's defaults via `Default`-like builders).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Method {
@@ -173,11 +178,31 @@ pub enum Method {
         weight_decay: f64,
         bias_correction: bool,
     },
+    /// `optim.Muon`: momentum, then Newton-Schulz orthogonalization of 2-D (and higher,
+    /// flattened) updates; arrays under 2-D take the momentum update as is.
+    Muon {
+        momentum: f64,
+        weight_decay: f64,
+        nesterov: bool,
+        ns_steps: usize,
+    },
+    /// `optim.Adafactor`: factored second moments for arrays of 2-D and more.
+    Adafactor {
+        eps: [f64; 2],
+        clip_threshold: f64,
+        decay_rate: f64,
+        beta_1: Option<f64>,
+        weight_decay: f64,
+        scale_parameter: bool,
+        relative_step: bool,
+        warmup_init: bool,
+    },
 }
 
 impl Method {
-    /// `name` (`sgd`, `adam`, `adamw`) with mlx's defaults overridden by `config` (mlx-lm's
-    /// `optimizer_config.<name>`: `momentum`, `betas`, `eps`, `weight_decay`, ...).
+    /// `name` (`sgd`, `adam`, `adamw`, `muon`, `adafactor`) with mlx's defaults overridden by
+    /// `config` (mlx-lm's `optimizer_config.<name>`: the keyword arguments of the
+    /// `mlx.optimizers` class: `momentum`, `betas`, `eps`, `weight_decay`, ...).
     pub fn from_config(name: &str, config: &serde_json::Map<String, Value>) -> Result<Method> {
         let f = |k: &str, d: f64| -> Result<f64> {
             match config.get(k) {
@@ -187,41 +212,58 @@ impl Method {
                 }),
             }
         };
-        let b = |k: &str| -> Result<bool> {
+        let b = |k: &str, d: bool| -> Result<bool> {
             match config.get(k) {
-                None => Ok(false),
+                None => Ok(d),
                 Some(v) => v.as_bool().ok_or_else(|| {
                     TrainError::Config(format!("optimizer_config.{name}.{k} must be a boolean"))
                 }),
             }
         };
-        let betas = || -> Result<[f64; 2]> {
-            match config.get("betas") {
-                None => Ok([0.9, 0.999]),
-                Some(Value::Array(v)) if v.len() == 2 => {
-                    let g = |i: usize| {
-                        v[i].as_f64()
-                            .filter(|b| (0.0..1.0).contains(b))
-                            .ok_or_else(|| {
-                                TrainError::Config(format!(
-                                    "optimizer_config.{name}.betas[{i}] must be in [0, 1)"
-                                ))
-                            })
-                    };
-                    Ok([g(0)?, g(1)?])
-                }
-                Some(_) => Err(TrainError::Config(format!(
-                    "optimizer_config.{name}.betas must be two numbers"
-                ))),
+        // A pair of numbers (`betas`, Adafactor's `eps`), each checked by `ok` (what it must be).
+        let pair = |k: &str, d: [f64; 2], ok: &dyn Fn(f64) -> bool, what: &str| match config.get(k)
+        {
+            None => Ok(d),
+            Some(Value::Array(v)) if v.len() == 2 => {
+                let g = |i: usize| {
+                    v[i].as_f64().filter(|x| ok(*x)).ok_or_else(|| {
+                        TrainError::Config(format!(
+                            "optimizer_config.{name}.{k}[{i}] must be {what}"
+                        ))
+                    })
+                };
+                Ok([g(0)?, g(1)?])
             }
+            Some(_) => Err(TrainError::Config(format!(
+                "optimizer_config.{name}.{k} must be two numbers"
+            ))),
+        };
+        let betas = || {
+            pair(
+                "betas",
+                [0.9, 0.999],
+                &|b| (0.0..1.0).contains(&b),
+                "in [0, 1)",
+            )
         };
         let known: &[&str] = match name {
             "sgd" => &["momentum", "weight_decay", "dampening", "nesterov"],
             "adam" => &["betas", "eps", "bias_correction"],
             "adamw" => &["betas", "eps", "weight_decay", "bias_correction"],
+            "muon" => &["momentum", "weight_decay", "nesterov", "ns_steps"],
+            "adafactor" => &[
+                "eps",
+                "clip_threshold",
+                "decay_rate",
+                "beta_1",
+                "weight_decay",
+                "scale_parameter",
+                "relative_step",
+                "warmup_init",
+            ],
             other => {
                 return Err(TrainError::Config(format!(
-                    "optimizer `{other}` is not supported (sgd, adam, adamw)"
+                    "optimizer `{other}` is not supported (sgd, adam, adamw, muon, adafactor)"
                 )))
             }
         };
@@ -232,8 +274,11 @@ impl Method {
         }
         let m = match name {
             "sgd" => {
-                let (momentum, dampening, nesterov) =
-                    (f("momentum", 0.0)?, f("dampening", 0.0)?, b("nesterov")?);
+                let (momentum, dampening, nesterov) = (
+                    f("momentum", 0.0)?,
+                    f("dampening", 0.0)?,
+                    b("nesterov", false)?,
+                );
                 if nesterov && (momentum <= 0.0 || dampening != 0.0) {
                     return Err(TrainError::Config(
                         "Nesterov momentum requires a momentum and zero dampening.".into(),
@@ -249,23 +294,59 @@ impl Method {
             "adam" => Method::Adam {
                 betas: betas()?,
                 eps: f("eps", 1e-8)?,
-                bias_correction: b("bias_correction")?,
+                bias_correction: b("bias_correction", false)?,
             },
-            _ => Method::AdamW {
+            "adamw" => Method::AdamW {
                 betas: betas()?,
                 eps: f("eps", 1e-8)?,
                 weight_decay: f("weight_decay", 0.01)?,
-                bias_correction: b("bias_correction")?,
+                bias_correction: b("bias_correction", false)?,
             },
+            "muon" => Method::Muon {
+                momentum: f("momentum", 0.95)?,
+                weight_decay: f("weight_decay", 0.01)?,
+                nesterov: b("nesterov", true)?,
+                ns_steps: match config.get("ns_steps") {
+                    None => 5,
+                    Some(v) => v.as_u64().filter(|n| *n <= MAX_NS_STEPS).ok_or_else(|| {
+                        TrainError::Config(format!(
+                            "optimizer_config.muon.ns_steps must be an integer in \
+                                 0..={MAX_NS_STEPS}"
+                        ))
+                    })? as usize,
+                },
+            },
+            _ => {
+                let beta_1 = match config.get("beta_1") {
+                    None | Some(Value::Null) => None,
+                    Some(v) => Some(v.as_f64().ok_or_else(|| {
+                        TrainError::Config(
+                            "optimizer_config.adafactor.beta_1 must be a number or null".into(),
+                        )
+                    })?),
+                };
+                Method::Adafactor {
+                    eps: pair("eps", [1e-30, 1e-3], &f64::is_finite, "a finite number")?,
+                    clip_threshold: f("clip_threshold", 1.0)?,
+                    decay_rate: f("decay_rate", -0.8)?,
+                    beta_1,
+                    weight_decay: f("weight_decay", 0.0)?,
+                    scale_parameter: b("scale_parameter", true)?,
+                    relative_step: b("relative_step", true)?,
+                    warmup_init: b("warmup_init", false)?,
+                }
+            }
         };
         Ok(m)
     }
 }
 
-/// A learning rate: a constant or a schedule.
+/// A learning rate: a constant, a schedule, or none (Adafactor's `learning_rate=None`, which
+/// only its relative step size can do without).
 pub enum LearningRate {
     Constant(f64),
     Scheduled(Schedule),
+    Unset,
 }
 
 /// An `mlx.optimizers.Optimizer` over named parameters.
@@ -274,9 +355,10 @@ pub struct Optimizer {
     schedule: Option<Schedule>,
     /// `state["step"]` (uint64).
     step: Array,
-    /// `state["learning_rate"]` (float32).
-    learning_rate: Array,
-    /// Per parameter: `m`/`v` (Adam) or `v` (SGD).
+    /// `state["learning_rate"]` (float32); absent for [`LearningRate::Unset`].
+    learning_rate: Option<Array>,
+    /// Per parameter: `m`/`v` (Adam), `v` (SGD, Muon), `exp_avg_sq_row`/`exp_avg_sq_col` or
+    /// `exp_avg_sq`, and `exp_avg` (Adafactor).
     state: BTreeMap<String, BTreeMap<&'static str, Array>>,
 }
 
@@ -284,10 +366,26 @@ impl Optimizer {
     pub fn new(method: Method, lr: LearningRate) -> Result<Optimizer> {
         let step = Array::from_int(0, Dtype::Uint64)?;
         let (schedule, learning_rate) = match lr {
-            LearningRate::Constant(v) => (None, Array::from_f32(v as f32, Dtype::Float32)?),
+            LearningRate::Constant(v) => (None, Some(Array::from_f32(v as f32, Dtype::Float32)?)),
             LearningRate::Scheduled(s) => {
                 let lr = s.at(&step)?;
-                (Some(s), lr)
+                (Some(s), Some(lr))
+            }
+            LearningRate::Unset => {
+                if !matches!(
+                    method,
+                    Method::Adafactor {
+                        relative_step: true,
+                        ..
+                    }
+                ) {
+                    return Err(TrainError::Config(
+                        "a learning rate is required (only Adafactor with relative_step \
+                         can do without one)"
+                            .into(),
+                    ));
+                }
+                (None, None)
             }
         };
         Ok(Optimizer {
@@ -299,8 +397,9 @@ impl Optimizer {
         })
     }
 
-    pub fn learning_rate(&self) -> &Array {
-        &self.learning_rate
+    /// `state["learning_rate"]`, if the optimizer has one.
+    pub fn learning_rate(&self) -> Option<&Array> {
+        self.learning_rate.as_ref()
     }
 
     pub fn step(&self) -> &Array {
@@ -309,7 +408,8 @@ impl Optimizer {
 
     /// Every array of the state (for `eval`).
     pub fn state_arrays(&self) -> Vec<Array> {
-        let mut v = vec![self.step.clone(), self.learning_rate.clone()];
+        let mut v = vec![self.step.clone()];
+        v.extend(self.learning_rate.clone());
         v.extend(self.state.values().flat_map(|m| m.values().cloned()));
         v
     }
@@ -318,7 +418,9 @@ impl Optimizer {
     pub fn state_map(&self) -> BTreeMap<String, Array> {
         let mut out = BTreeMap::new();
         out.insert("step".to_string(), self.step.clone());
-        out.insert("learning_rate".to_string(), self.learning_rate.clone());
+        if let Some(lr) = &self.learning_rate {
+            out.insert("learning_rate".to_string(), lr.clone());
+        }
         for (p, m) in &self.state {
             for (k, a) in m {
                 out.insert(format!("{p}.{k}"), a.clone());
@@ -332,17 +434,16 @@ impl Optimizer {
         for (k, a) in map {
             match k.as_str() {
                 "step" => self.step = a.astype(Dtype::Uint64)?,
-                "learning_rate" => self.learning_rate = a.clone(),
+                "learning_rate" => self.learning_rate = Some(a.clone()),
                 _ => {
                     let (p, leaf) = k.rsplit_once('.').ok_or_else(|| {
                         TrainError::Config(format!("optimizer state: bad name `{k}`"))
                     })?;
-                    let leaf: &'static str = match leaf {
-                        "m" => "m",
-                        "v" => "v",
-                        other => {
+                    let leaf: &'static str = match STATE_LEAVES.iter().find(|l| **l == leaf) {
+                        Some(l) => l,
+                        None => {
                             return Err(TrainError::Config(format!(
-                                "optimizer state: unknown entry `{other}` in `{k}`"
+                                "optimizer state: unknown entry `{leaf}` in `{k}`"
                             )))
                         }
                     };
@@ -361,16 +462,11 @@ impl Optimizer {
     pub fn apply_gradients(&mut self, grads: &ParamMap, params: &ParamMap) -> Result<ParamMap> {
         for (k, g) in grads {
             if !self.state.contains_key(k) {
-                let z = || ops::zeros_like(g, None);
-                let s = match self.method {
-                    Method::Sgd { .. } => BTreeMap::from([("v", z()?)]),
-                    _ => BTreeMap::from([("m", z()?), ("v", z()?)]),
-                };
-                self.state.insert(k.clone(), s);
+                self.state.insert(k.clone(), init_single(&self.method, g)?);
             }
         }
         if let Some(s) = &self.schedule {
-            self.learning_rate = s.at(&self.step)?;
+            self.learning_rate = Some(s.at(&self.step)?);
         }
         self.step = ops::add_scalar(&self.step, 1, None)?;
         let mut out = ParamMap::new();
@@ -382,28 +478,82 @@ impl Optimizer {
                 .state
                 .get_mut(k)
                 .ok_or_else(|| TrainError::Config(format!("no optimizer state for {k}")))?;
-            let new = apply_single(&self.method, &self.learning_rate, &self.step, g, p, state)?;
+            let new = apply_single(
+                &self.method,
+                self.learning_rate.as_ref(),
+                &self.step,
+                g,
+                p,
+                state,
+            )?;
             out.insert(k.clone(), new);
         }
         Ok(out)
     }
 }
 
+/// Every per-parameter state entry an optimizer keeps.
+const STATE_LEAVES: [&str; 6] = [
+    "m",
+    "v",
+    "exp_avg_sq_row",
+    "exp_avg_sq_col",
+    "exp_avg_sq",
+    "exp_avg",
+];
+
+/// `init_single(parameter, state)`; mlx initializes from the gradients' tree, so `g`.
+fn init_single(method: &Method, g: &Array) -> Result<BTreeMap<&'static str, Array>> {
+    let z = || ops::zeros_like(g, None);
+    Ok(match *method {
+        Method::Sgd { .. } | Method::Muon { .. } => BTreeMap::from([("v", z()?)]),
+        Method::Adam { .. } | Method::AdamW { .. } => BTreeMap::from([("m", z()?), ("v", z()?)]),
+        Method::Adafactor { beta_1, .. } => {
+            let mut s = BTreeMap::new();
+            let shape = g.shape();
+            let n = shape.len();
+            if n >= 2 {
+                let row = &shape[..n - 1];
+                let col: Vec<i32> = shape[..n - 2]
+                    .iter()
+                    .chain(&shape[n - 1..])
+                    .copied()
+                    .collect();
+                s.insert("exp_avg_sq_row", ops::zeros(row, g.dtype(), None)?);
+                s.insert("exp_avg_sq_col", ops::zeros(&col, g.dtype(), None)?);
+            } else {
+                s.insert("exp_avg_sq", z()?);
+            }
+            if beta_1.is_some() {
+                s.insert("exp_avg", z()?);
+            }
+            s
+        }
+    })
+}
+
+fn state_get(state: &BTreeMap<&'static str, Array>, k: &str) -> Result<Array> {
+    state
+        .get(k)
+        .cloned()
+        .ok_or_else(|| TrainError::Config(format!("optimizer state lacks `{k}`")))
+}
+
 fn apply_single(
     method: &Method,
-    learning_rate: &Array,
+    learning_rate: Option<&Array>,
     step: &Array,
     g: &Array,
     p: &Array,
     state: &mut BTreeMap<&'static str, Array>,
 ) -> Result<Array> {
-    let lr = learning_rate.astype(g.dtype())?;
-    let get = |state: &BTreeMap<&'static str, Array>, k: &str| {
-        state
-            .get(k)
-            .cloned()
-            .ok_or_else(|| TrainError::Config(format!("optimizer state lacks `{k}`")))
-    };
+    if let Method::Adafactor { .. } = method {
+        return adafactor(method, learning_rate, step, g, p, state);
+    }
+    let lr = learning_rate
+        .ok_or_else(|| TrainError::Config("the optimizer has no learning rate".into()))?
+        .astype(g.dtype())?;
+    let get = state_get;
     match *method {
         Method::Sgd {
             momentum,
@@ -449,7 +599,185 @@ fn apply_single(
             let p = (p * &decay)?;
             adam(&lr, step, betas, eps, bias_correction, g, &p, state)
         }
+        Method::Muon {
+            momentum,
+            weight_decay,
+            nesterov,
+            ns_steps,
+        } => {
+            let g = if weight_decay != 0.0 {
+                (g + &ops::scalar_multiply(weight_decay, p, None)?)?
+            } else {
+                g.clone()
+            };
+            let v = ops::scalar_multiply(momentum, &get(state, "v")?, None)?;
+            let v = (&v + &ops::scalar_multiply(1.0 - momentum, &g, None)?)?;
+            state.insert("v", v.clone());
+            let update = if nesterov {
+                (&ops::multiply_scalar(&g, 1.0 - momentum, None)?
+                    + &ops::multiply_scalar(&v, momentum, None)?)?
+            } else {
+                v
+            };
+            let shape = update.shape();
+            let (update, lr) = if shape.len() >= 2 {
+                let reshaped = if shape.len() > 2 {
+                    update.reshape(&[shape[0], -1])?
+                } else {
+                    update
+                };
+                let mut o = zeropower_via_newtonschulz5(&reshaped, ns_steps)?;
+                if shape.len() > 2 {
+                    o = o.reshape(&shape)?;
+                }
+                // `max(1, rows / cols) ** 0.5` in Python floats.
+                let n = shape.len();
+                let ratio = f64::from(shape[n - 2]) / f64::from(shape[n - 1]);
+                let scale = if ratio > 1.0 { ratio.powf(0.5) } else { 1.0 };
+                (o, ops::multiply_scalar(&lr, scale, None)?)
+            } else {
+                (update, lr)
+            };
+            Ok((p - &(&lr * &update)?)?)
+        }
+        Method::Adafactor { .. } => adafactor(method, learning_rate, step, g, p, state),
     }
+}
+
+/// Muon's `_zeropower_via_newtonschulz5(X, steps)` on a 2-D `x`.
+fn zeropower_via_newtonschulz5(x: &Array, steps: usize) -> Result<Array> {
+    let (a, b, c) = (3.4445, -4.7750, 2.0315);
+    let shape = x.shape();
+    let transpose_needed = shape[0] > shape[1];
+    let mut x = if transpose_needed {
+        x.transpose_all()?
+    } else {
+        x.clone()
+    };
+    // `mx.linalg.norm(X, keepdims=True)`: the flattened array's 2-norm, shaped (1, 1).
+    let norm = x
+        .flatten(0, -1)?
+        .square()?
+        .sum(&[0], true)?
+        .sqrt()?
+        .reshape(&[1, 1])?;
+    // mlx-lm runs this inside its compiled step, where the fused division writes a
+    // row-major array even from the transposed `X`; uncompiled, the division keeps X's
+    // column-major layout and the products below take another BLAS path (1-ulp apart).
+    // `contiguous` gives the compiled layout, so the products match bit for bit.
+    x = ops::contiguous(&(&x / &ops::add_scalar(&norm, 1e-7, None)?)?, false, None)?;
+    for _ in 0..steps {
+        let xt = x.transpose_all()?;
+        let a_ = ops::matmul(&x, &xt, None)?;
+        let b_ = ops::addmm(
+            &ops::scalar_multiply(b, &a_, None)?,
+            &a_,
+            &a_,
+            c as f32,
+            1.0,
+            None,
+        )?;
+        x = ops::addmm(&ops::scalar_multiply(a, &x, None)?, &b_, &x, 1.0, 1.0, None)?;
+    }
+    if transpose_needed {
+        x = x.transpose_all()?;
+    }
+    Ok(x)
+}
+
+/// `sqrt(mean(square(x)))`.
+fn rms(x: &Array) -> Result<Array> {
+    Ok(x.square()?.mean_all(false)?.sqrt()?)
+}
+
+/// Adafactor's `apply_single`.
+fn adafactor(
+    method: &Method,
+    learning_rate: Option<&Array>,
+    step: &Array,
+    g: &Array,
+    p: &Array,
+    state: &mut BTreeMap<&'static str, Array>,
+) -> Result<Array> {
+    let Method::Adafactor {
+        eps,
+        clip_threshold,
+        decay_rate,
+        beta_1,
+        weight_decay,
+        scale_parameter,
+        relative_step,
+        warmup_init,
+    } = *method
+    else {
+        return Err(TrainError::Config("not Adafactor".into()));
+    };
+    let factored = g.ndim() >= 2;
+    let parameter_rms = rms(p)?;
+    // _compute_learning_rate(step, parameter_rms)
+    let relative_step_size = if relative_step {
+        let r = step.rsqrt()?;
+        if warmup_init {
+            ops::minimum(&ops::scalar_multiply(1e-6, step, None)?, &r, None)?
+        } else {
+            ops::scalar_minimum(1e-2, &r, None)?
+        }
+    } else {
+        learning_rate.cloned().ok_or_else(|| {
+            TrainError::Config("Adafactor without relative_step needs a learning rate".into())
+        })?
+    };
+    let relative_step_size = relative_step_size.astype(parameter_rms.dtype())?;
+    let lr = if scale_parameter {
+        let scale = ops::scalar_maximum(eps[1], &parameter_rms, None)?;
+        (&scale * &relative_step_size)?
+    } else {
+        ops::scalar_multiply(1.0, &relative_step_size, None)?
+    };
+    let beta_2 = ops::scalar_subtract(
+        1.0,
+        &ops::power_scalar(step, decay_rate, None)?.astype(parameter_rms.dtype())?,
+        None,
+    )?;
+    let one_minus_beta_2 = ops::scalar_subtract(1, &beta_2, None)?;
+    let update = ops::add_scalar(&g.square()?, eps[0], None)?;
+    let update = if factored {
+        let row = (&(&beta_2 * &state_get(state, "exp_avg_sq_row")?)?
+            + &(&one_minus_beta_2 * &update.mean(&[-1], false)?)?)?;
+        let col = (&(&beta_2 * &state_get(state, "exp_avg_sq_col")?)?
+            + &(&one_minus_beta_2 * &update.mean(&[-2], false)?)?)?;
+        state.insert("exp_avg_sq_row", row.clone());
+        state.insert("exp_avg_sq_col", col.clone());
+        // _approximate_exp_moving_avg(row, col)
+        let r_factor = (&row / &row.mean(&[-1], true)?)?.rsqrt()?;
+        let c_factor = col.rsqrt()?;
+        let u = (&r_factor.expand_dims(&[-1])? * &c_factor.expand_dims(&[-2])?)?;
+        (&u * g)?
+    } else {
+        let sq =
+            (&(&beta_2 * &state_get(state, "exp_avg_sq")?)? + &(&one_minus_beta_2 * &update)?)?;
+        state.insert("exp_avg_sq", sq.clone());
+        (&sq.rsqrt()? * g)?
+    };
+    let denom = ops::scalar_maximum(
+        1.0,
+        &ops::divide_scalar(&rms(&update)?, clip_threshold, None)?,
+        None,
+    )?;
+    let update = (&update / &denom)?;
+    let mut update = (&lr * &update)?;
+    if let Some(b1) = beta_1 {
+        let m = (&ops::scalar_multiply(b1, &state_get(state, "exp_avg")?, None)?
+            + &ops::scalar_multiply(1.0 - b1, &update, None)?)?;
+        state.insert("exp_avg", m.clone());
+        update = m;
+    }
+    let p = if weight_decay != 0.0 {
+        (p + &(p * &ops::scalar_multiply(-weight_decay, &lr, None)?)?)?
+    } else {
+        p.clone()
+    };
+    Ok((&p - &update)?)
 }
 
 #[allow(clippy::too_many_arguments)]

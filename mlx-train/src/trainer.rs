@@ -419,7 +419,11 @@ pub fn train(
             callback.on_train_loss_report(&TrainReport {
                 iteration: it,
                 train_loss,
-                learning_rate: f64::from(optimizer.learning_rate().item::<f32>()?),
+                // NaN where there is none (Adafactor's relative steps, `learning_rate=None`).
+                learning_rate: match optimizer.learning_rate() {
+                    Some(lr) => f64::from(lr.item::<f32>()?),
+                    None => f64::NAN,
+                },
                 iterations_per_second: args.steps_per_report as f64 / t,
                 tokens_per_second: ntok as f64 / t,
                 trained_tokens,

@@ -81,17 +81,7 @@ fn same_options_same_adapter_as_mlx_lm_lora() {
     ]);
     run(&args).unwrap();
     let g = Goldens::load(tests().join("goldens/train_dense_text_adam.safetensors")).unwrap();
-    let fin = g.case("final").unwrap();
-    let names: Vec<&str> = fin.params["names"]
-        .trim_matches(['[', ']'])
-        .split(',')
-        .collect();
-    let (ours, _) =
-        mlx_core::io::load_safetensors(adapters.join("adapters.safetensors"), None).unwrap();
-    assert_eq!(ours.len(), names.len());
-    for (i, n) in names.iter().enumerate() {
-        assert_bit_equal(&ours[*n], &fin.outputs[i]).unwrap_or_else(|m| panic!("{n}: {m}"));
-    }
+    assert_final_is(&adapters, &g);
     // A checkpoint at step 4, the config, and a JSONL log with 6 train, 2 val, 1 save events.
     assert!(adapters.join("0000004_adapters.safetensors").is_file());
     let conf: serde_json::Value = serde_json::from_str(
@@ -152,6 +142,112 @@ fn same_options_same_adapter_as_mlx_lm_lora() {
     ]);
     let e = run(&args).unwrap_err().to_string();
     assert!(e.contains("Test set not found"), "{e}");
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// `adapters/adapters.safetensors` holds the golden run's trained arrays, bit for bit.
+fn assert_final_is(adapters: &Path, g: &Goldens) {
+    let fin = g.case("final").unwrap();
+    let names: Vec<&str> = fin.params["names"]
+        .trim_matches(['[', ']'])
+        .split(',')
+        .collect();
+    let (ours, _) =
+        mlx_core::io::load_safetensors(adapters.join("adapters.safetensors"), None).unwrap();
+    assert_eq!(ours.len(), names.len());
+    for (i, n) in names.iter().enumerate() {
+        assert_bit_equal(&ours[*n], &fin.outputs[i]).unwrap_or_else(|m| panic!("{n}: {m}"));
+    }
+}
+
+/// `--optimizer muon` with its options from a `-c` file, and Adafactor named by the file
+/// itself: mlx_lm.lora's adapters (goldens_train_optim.py's runs) bit for bit.
+#[test]
+fn muon_and_adafactor_from_the_command_line() {
+    let _g = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
+    let out = tmp("optim");
+    std::fs::create_dir_all(&out).unwrap();
+    let runs = [
+        (
+            "full_dense_chat_muon_options",
+            "optimizer_config:\n  muon:\n    momentum: 0.8\n    weight_decay: 0.05\n    \
+             nesterov: false\n    ns_steps: 3\n",
+            "chat",
+            vec!["--optimizer", "muon", "--iters", "3", "--seed", "13"],
+        ),
+        (
+            "full_dense_text_adafactor_options",
+            "optimizer: adafactor\noptimizer_config:\n  adafactor:\n    eps: [1.0e-29, 2.0e-3]\n    \
+             clip_threshold: 0.5\n    decay_rate: -0.6\n    beta_1: 0.9\n    \
+             weight_decay: 0.02\n    scale_parameter: false\n    relative_step: false\n\
+             lr_schedule:\n  name: cosine_decay\n  arguments: [1.0e-2, 4, 1.0e-3]\n  warmup: 1\n",
+            "text",
+            vec!["--iters", "4", "--seed", "15"],
+        ),
+    ];
+    for (run_name, yaml, fmt, mut argv) in runs {
+        let cfg = out.join(format!("{run_name}.yaml"));
+        std::fs::write(&cfg, yaml).unwrap();
+        let adapters = out.join(run_name);
+        let d = data(fmt);
+        let (m, c, a) = (
+            model(),
+            cfg.display().to_string(),
+            adapters.display().to_string(),
+        );
+        argv.extend([
+            "--model",
+            &m,
+            "--train",
+            "--data",
+            &d,
+            "--fine-tune-type",
+            "full",
+            "--num-layers",
+            "1",
+            "--batch-size",
+            "2",
+            "--learning-rate",
+            "1e-2",
+            "--steps-per-eval",
+            "100",
+            "--val-batches",
+            "1",
+            "-c",
+            &c,
+            "--adapter-path",
+            &a,
+        ]);
+        run(&parse(&argv)).unwrap_or_else(|e| panic!("{run_name}: {e}"));
+        let g =
+            Goldens::load(tests().join(format!("goldens/train_{run_name}.safetensors"))).unwrap();
+        assert_final_is(&adapters, &g);
+    }
+    // An option Adafactor does not have, named with the optimizer.
+    let cfg = out.join("bad.yaml");
+    std::fs::write(&cfg, "optimizer_config:\n  adafactor:\n    momentum: 0.9\n").unwrap();
+    let ap = out.join("bad");
+    let e = run(&parse(&[
+        "--model",
+        &model(),
+        "--train",
+        "--data",
+        &data("text"),
+        "--optimizer",
+        "adafactor",
+        "--num-layers",
+        "1",
+        "-c",
+        cfg.to_str().unwrap(),
+        "--adapter-path",
+        ap.to_str().unwrap(),
+    ]))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("optimizer_config.adafactor: unknown option `momentum`"),
+        "{e}"
+    );
     let _ = std::fs::remove_dir_all(&out);
 }
 

@@ -4,7 +4,8 @@
 //! the batches, the adapter init, every step's training loss and the validation losses, the
 //! adapter weights after training, the loss and every adapter gradient at the trained
 //! weights, the logits with mlx-lm's adapter loaded here, and the fused model. The `full_*`
-//! runs are `--fine-tune-type full` (their "adapters" are the trained layer weights).
+//! runs are `--fine-tune-type full` (their "adapters" are the trained layer weights). The
+//! Muon and Adafactor runs come from `cargo xtask goldens train_optim`.
 
 use std::path::{Path, PathBuf};
 
@@ -216,6 +217,100 @@ run_test!(dense_chat_dora_mask);
 run_test!(full_dense_text_adam);
 run_test!(full_dense_chat_adamw_resume);
 run_test!(full_q4_completions_adamw_accum);
+// Muon and Adafactor (`cargo xtask goldens train_optim`): defaults on LoRA, and every option
+// off its default under full fine-tuning (1-D norms take their non-matrix paths), a
+// scheduled learning rate, relative steps with warmup_init and a first moment.
+run_test!(dense_text_muon);
+run_test!(full_dense_chat_muon_options);
+run_test!(q4_completions_adafactor);
+run_test!(full_dense_text_adafactor_options);
+run_test!(dense_chat_adafactor_warmup);
+
+/// `optimizer_config` for Muon and Adafactor: what mlx's constructors accept, and a clear
+/// error naming the option otherwise.
+#[test]
+fn muon_and_adafactor_configs() {
+    use mlx_train::optim::{LearningRate, Method, Optimizer};
+    let cfg = |j: &str| serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(j);
+    let err = |name: &str, j: &str| {
+        Method::from_config(name, &cfg(j).unwrap())
+            .err()
+            .unwrap_or_else(|| panic!("{name} {j}: accepted"))
+            .to_string()
+    };
+    assert_eq!(
+        Method::from_config("muon", &cfg("{}").unwrap()).unwrap(),
+        Method::Muon {
+            momentum: 0.95,
+            weight_decay: 0.01,
+            nesterov: true,
+            ns_steps: 5
+        }
+    );
+    assert_eq!(
+        Method::from_config("adafactor", &cfg(r#"{"beta_1": null}"#).unwrap()).unwrap(),
+        Method::Adafactor {
+            eps: [1e-30, 1e-3],
+            clip_threshold: 1.0,
+            decay_rate: -0.8,
+            beta_1: None,
+            weight_decay: 0.0,
+            scale_parameter: true,
+            relative_step: true,
+            warmup_init: false
+        }
+    );
+    for (name, j, want) in [
+        (
+            "muon",
+            r#"{"betas": [0.9, 0.99]}"#,
+            "optimizer_config.muon: unknown option `betas`",
+        ),
+        ("muon", r#"{"ns_steps": -1}"#, "ns_steps must be an integer"),
+        (
+            "muon",
+            r#"{"ns_steps": 2.5}"#,
+            "ns_steps must be an integer",
+        ),
+        (
+            "muon",
+            r#"{"nesterov": "yes"}"#,
+            "muon.nesterov must be a boolean",
+        ),
+        (
+            "adafactor",
+            r#"{"eps": 1e-30}"#,
+            "adafactor.eps must be two numbers",
+        ),
+        (
+            "adafactor",
+            r#"{"eps": [1e-30, "x"]}"#,
+            "adafactor.eps[1] must be a finite number",
+        ),
+        (
+            "adafactor",
+            r#"{"beta_1": "0.9"}"#,
+            "beta_1 must be a number or null",
+        ),
+        (
+            "adafactor",
+            r#"{"momentum": 0.9}"#,
+            "unknown option `momentum`",
+        ),
+        ("lion", "{}", "(sgd, adam, adamw, muon, adafactor)"),
+    ] {
+        let e = err(name, j);
+        assert!(e.contains(want), "{name} {j}: {e}");
+    }
+    // No learning rate: only Adafactor's relative steps do without one.
+    let m = |j: &str| Method::from_config("adafactor", &cfg(j).unwrap()).unwrap();
+    assert!(Optimizer::new(m("{}"), LearningRate::Unset).is_ok());
+    let e = Optimizer::new(m(r#"{"relative_step": false}"#), LearningRate::Unset)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("a learning rate is required"), "{e}");
+}
 
 /// With `grad_checkpoint` (every layer recomputed in the backward pass) the runs give
 /// mlx-lm's results unchanged: LoRA on the 4-bit base, DoRA, and full fine-tuning (the

@@ -295,8 +295,8 @@ LOGIT_IDS = [3, 50, 7, 99, 120, 4, 8]
 N_BATCHES = 3
 
 
-def run(name, model_name, data, overrides):
-    g = Golden(f"{ROOT}/goldens/train_{name}.safetensors", __file__)
+def run(name, model_name, data, overrides, script=__file__):
+    g = Golden(f"{ROOT}/goldens/train_{name}.safetensors", script)
     adapter_dir = f"{ROOT}/adapters/{name}"
     shutil.rmtree(adapter_dir, ignore_errors=True)
     defaults = json.loads(json.dumps(lora_cli.CONFIG_DEFAULTS))
@@ -561,4 +561,5 @@ def main():
     full_architectures()
 
 
-main()
+if __name__ == "__main__":
+    main()
