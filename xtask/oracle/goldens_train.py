@@ -25,7 +25,8 @@ Writes under mlx-train/tests/:
   on preference batches (`prompt`/`chosen`/`rejected`), and the adapters after them.
 - goldens/train_misc.safetensors: numpy's legacy permutations, clip_grad_norm, schedules.
 - goldens/train_full_archs.safetensors: full fine-tuning's trainable names and gradients on
-  the last layer of other architectures' fixtures (`FULL_ARCHS`).
+  the last layer of other architectures' fixtures (`FULL_ARCHS`), and the arrays after two
+  Adam steps.
 Run with `cargo xtask goldens train`.
 """
 
@@ -520,8 +521,13 @@ def misc():
 
 # Full fine-tuning beyond llama: the last layer of tiny mlx-models fixtures unfrozen as
 # mlx_lm.lora does it, and `nn.value_and_grad(model, default_loss)` on a fixed batch: the
-# trainable names (mlx-lm's module paths) and every gradient.
-FULL_ARCHS = ["qwen3", "phi3", "gpt2", "cohere", "gpt_neox", "internlm2", "olmo2", "starcoder2"]
+# trainable names (mlx-lm's module paths) and every gradient (case `<arch>`); then two steps
+# of mlx's `optim.Adam` on that batch, as the tuner's step applies them: the second step's
+# loss and the trained arrays (case `<arch>_adam`).
+FULL_ARCHS = ["qwen3", "phi3", "gpt2", "cohere", "gpt_neox", "internlm2", "olmo2", "starcoder2",
+              "gemma", "gemma2", "gemma2_bf16", "gemma3_text", "nemotron", "stablelm",
+              "stablelm_parallel_qknorm", "apertus"]
+FULL_ADAM_LR = 1e-2
 
 
 def full_architectures():
@@ -537,10 +543,20 @@ def full_architectures():
             layer.unfreeze()
         names = sorted(k for k, _ in tree_flatten(model.trainable_parameters()))
         model.train()
-        (loss, ntoks), grads = nn.value_and_grad(model, default_loss)(model, batch, lengths)
-        grads = dict(tree_flatten(grads))
-        g.case(arch, "value_and_grad", [batch, lengths], [loss, ntoks] + [grads[k] for k in names],
+        loss_and_grad = nn.value_and_grad(model, default_loss)
+        (loss, ntoks), grads = loss_and_grad(model, batch, lengths)
+        flat = dict(tree_flatten(grads))
+        g.case(arch, "value_and_grad", [batch, lengths], [loss, ntoks] + [flat[k] for k in names],
                names=names)
+        opt = optim.Adam(learning_rate=FULL_ADAM_LR)
+        opt.update(model, grads)
+        mx.eval(model.parameters(), opt.state)
+        (loss, _), grads = loss_and_grad(model, batch, lengths)
+        opt.update(model, grads)
+        mx.eval(model.parameters(), opt.state)
+        final = dict(tree_flatten(model.trainable_parameters()))
+        g.case(f"{arch}_adam", "adam", [], [loss] + [final[k] for k in names], names=names,
+               steps=2, learning_rate=FULL_ADAM_LR)
     g.save()
 
 
