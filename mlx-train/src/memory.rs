@@ -237,16 +237,18 @@ pub fn measure_step(dir: &Path, shape: &Shape, len: i32, opts: &StepOptions) -> 
         Some(c) => chunked_loss(m, b, l, c),
         None => default_loss(m, b, l),
     };
-    let (l, _, g) = with_flash_attention(opts.flash_block, FlashKernel::Plain, || match opts.segment {
-        Some(s) => segmented_loss_and_grad(
-            model.as_ref(),
-            &params,
-            &batch.tokens,
-            &batch.lengths,
-            s,
-            chunk,
-        ),
-        None => loss_and_grad(model.as_ref(), &params, &f, &batch),
+    let (l, _, g) = with_flash_attention(opts.flash_block, FlashKernel::Plain, || {
+        match opts.segment {
+            Some(s) => segmented_loss_and_grad(
+                model.as_ref(),
+                &params,
+                &batch.tokens,
+                &batch.lengths,
+                s,
+                chunk,
+            ),
+            None => loss_and_grad(model.as_ref(), &params, &f, &batch),
+        }
     })?;
     let mut out: Vec<Array> = g.into_values().collect();
     out.push(l.clone());

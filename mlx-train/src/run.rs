@@ -13,12 +13,12 @@ use serde_json::{Map, Value};
 
 use crate::adapters::{load_adapter_weights, save_adapter_config};
 use crate::attention::{with_flash_attention, FlashKernel};
-use crate::memory::MemoryLimit;
 use crate::data::{load_local_dataset, DataConfig, Dataset};
 use crate::error::{io_err, Result, TrainError};
 use crate::full::{load_resume, FullModel};
 use crate::lora::{linear_to_lora_layers, LoraConfig};
 use crate::loss::{chunked_loss, default_loss};
+use crate::memory::MemoryLimit;
 use crate::nprand::NumpyRandom;
 use crate::objectives::{dpo_loss, orpo_loss, reference_logps};
 use crate::optim::{build_schedule, LearningRate, Method, Optimizer, ScheduleConfig};

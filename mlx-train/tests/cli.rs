@@ -549,7 +549,10 @@ fn memory_limit_and_flash_kernel_change_no_bits() {
     };
     let plain = adapter(&[]);
     // 1 MB: below what the step holds, so every scheduled op waits for the queue to drain.
-    assert!(plain == adapter(&["--memory-limit", "0.001"]), "--memory-limit changed bits");
+    assert!(
+        plain == adapter(&["--memory-limit", "0.001"]),
+        "--memory-limit changed bits"
+    );
     assert_eq!(mlx_core::memory::memory_limit().unwrap(), before);
     let flash = adapter(&["--flash-block", "4"]);
     assert!(
@@ -562,7 +565,13 @@ fn memory_limit_and_flash_kernel_change_no_bits() {
 fn bad_memory_limit_and_flash_kernel_are_clear_errors() {
     let (m, d) = (model(), data("completions"));
     for bad in ["0", "-1", "1e300"] {
-        let e = err(&["--model", &m, "--data", &d, &format!("--memory-limit={bad}")]);
+        let e = err(&[
+            "--model",
+            &m,
+            "--data",
+            &d,
+            &format!("--memory-limit={bad}"),
+        ]);
         assert!(
             e.contains("memory_limit must be a positive number of GB"),
             "{bad}: {e}"
@@ -576,11 +585,17 @@ fn bad_memory_limit_and_flash_kernel_are_clear_errors() {
         ("--max-grad-norm", "NaN"),
     ] {
         let e = err(&["--model", &m, "--data", &d, &format!("{flag}={bad}")]);
-        assert!(e.contains(&format!("{flag} must be a finite number")), "{flag} {bad}: {e}");
+        assert!(
+            e.contains(&format!("{flag} must be a finite number")),
+            "{flag} {bad}: {e}"
+        );
     }
     assert!(Cli::try_parse_from(["mlx-train", "--flash-kernel", "metal"]).is_err());
     let cfg: mlx_train::run::RunConfig =
         serde_json::from_value(serde_json::json!({"flash_kernel": "metal"})).unwrap();
     let e = cfg.validate().unwrap_err().to_string();
-    assert!(e.contains("flash_kernel must be `plain` or `cuda`, got `metal`"), "{e}");
+    assert!(
+        e.contains("flash_kernel must be `plain` or `cuda`, got `metal`"),
+        "{e}"
+    );
 }
