@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use mlx_core::prelude::*;
 use mlx_core::testing::{assert_bit_equal, Case, Goldens};
 use mlx_models::load::{load_model_dir, LoadOptions};
+use mlx_models::LanguageModel;
 use mlx_train::adapters::{fuse_model_dir, load_adapters};
 use mlx_train::data::{Batch, BatchIter};
 use mlx_train::full::FullModel;
@@ -266,7 +267,8 @@ fn init_draws_follow_the_global_seed() {
 /// norms, Nemotron's `weight + 1` layer norms, StableLM's per-head QK layer norms, xIELU's
 /// learned scalars): the trainable set is mlx-lm's, names included, the loss and every
 /// gradient equal its `nn.value_and_grad(model, default_loss)` bit for bit, and so do the
-/// loss and the trained arrays after two steps of mlx's Adam.
+/// loss and the trained arrays after two steps of mlx's Adam. The gradients are the same
+/// under `--grad-checkpoint`.
 #[test]
 fn full_fine_tuning_gradients_across_architectures() {
     let _g = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
@@ -295,6 +297,17 @@ fn full_fine_tuning_gradients_across_architectures() {
             .unwrap_or_else(|m| panic!("{}: loss {m}", case.name));
         assert_bit_equal(&n, &case.outputs[1]).unwrap();
         check_named(&case, 2, &grads).unwrap();
+
+        // The same under --grad-checkpoint: the layer's own arrays enter its checkpoint.
+        let (model, _) = load_model_dir(&dir, &LoadOptions::default()).unwrap();
+        let ck_params = Params::new();
+        let mut ck = FullModel::new(model, 1, &ck_params, false).unwrap();
+        assert!(ck.set_grad_checkpoint(true));
+        ck_params.set_training(true);
+        let (ck_l, _, ck_grads) = loss_and_grad(&ck, &ck_params, &loss, &batch).unwrap();
+        assert_bit_equal(&ck_l, &case.outputs[0])
+            .unwrap_or_else(|m| panic!("{}: checkpointed loss {m}", case.name));
+        check_named(&case, 2, &ck_grads).unwrap_or_else(|m| panic!("checkpointed: {m}"));
 
         let adam = g.case(&format!("{}_adam", case.name)).unwrap();
         let lr = adam.params["learning_rate"].parse::<f64>().unwrap();
