@@ -519,14 +519,17 @@ def misc():
     g.save()
 
 
-# Full fine-tuning beyond llama: the last layer of tiny mlx-models fixtures unfrozen as
+# Full fine-tuning beyond llama: the last layer of tiny mlx-models fixtures (descriptor rows
+# under dense/, the MoE family's port beside them; the case is the fixture's name) unfrozen as
 # mlx_lm.lora does it, and `nn.value_and_grad(model, default_loss)` on a fixed batch: the
 # trainable names (mlx-lm's module paths) and every gradient (case `<arch>`); then two steps
 # of mlx's `optim.Adam` on that batch, as the tuner's step applies them: the second step's
 # loss and the trained arrays (case `<arch>_adam`).
-FULL_ARCHS = ["qwen3", "phi3", "gpt2", "cohere", "gpt_neox", "internlm2", "olmo2", "starcoder2",
-              "gemma", "gemma2", "gemma2_bf16", "gemma3_text", "nemotron", "stablelm",
-              "stablelm_parallel_qknorm", "apertus"]
+FULL_ARCHS = ["dense/qwen3", "dense/phi3", "dense/gpt2", "dense/cohere", "dense/gpt_neox",
+              "dense/internlm2", "dense/olmo2", "dense/starcoder2", "dense/gemma", "dense/gemma2",
+              "dense/gemma2_bf16", "dense/gemma3_text", "dense/nemotron", "dense/stablelm",
+              "dense/stablelm_parallel_qknorm", "dense/apertus", "mixtral", "qwen2_moe",
+              "qwen3_moe", "olmoe", "gpt_oss"]
 FULL_ADAM_LR = 1e-2
 
 
@@ -536,8 +539,9 @@ def full_architectures():
     g = Golden(f"{ROOT}/goldens/train_full_archs.safetensors", __file__)
     batch = mx.array([[3, 17, 40, 9, 88, 5, 61, 23, 12], [7, 2, 55, 31, 80, 14, 6, 47, 29]], mx.int32)
     lengths = mx.array([[0, 8], [2, 6]], mx.int32)
-    for arch in FULL_ARCHS:
-        model, _ = load_model(Path(f"mlx-models/tests/models/dense/{arch}"))
+    for fixture in FULL_ARCHS:
+        arch = fixture.split("/")[-1]
+        model, _ = load_model(Path(f"mlx-models/tests/models/{fixture}"))
         model.freeze()
         for layer in model.layers[-1:]:
             layer.unfreeze()

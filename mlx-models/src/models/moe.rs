@@ -11,8 +11,8 @@ use serde::Deserialize;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::{
-    scaled_dot_product_attention, Embedding, Linear, Mlp, MlpKind, RmsNorm, Rope, RopeScaling,
-    SwitchActivation, SwitchGlu,
+    scaled_dot_product_attention, Embedding, LayerParam, Linear, Mlp, MlpKind, MlpNames, RmsNorm,
+    Rope, RopeScaling, SwitchActivation, SwitchGlu,
 };
 use crate::models::LanguageModel;
 use crate::weights::Weights;
@@ -616,6 +616,8 @@ pub(crate) struct Attention {
     k_norm: Option<RmsNorm>,
     sinks: Option<Array>,
     rope: Rope,
+    /// Module names: output projection, q norm, k norm ([`AttentionSpec::names`]).
+    names: [&'static str; 3],
 }
 
 impl Attention {
@@ -679,7 +681,45 @@ impl Attention {
                 None
             },
             rope: s.rope,
+            names: s.names,
         })
+    }
+
+    /// Every array of the attention under `path` (`...self_attn`), for full fine-tuning.
+    pub(crate) fn parameters_mut<'a>(
+        &'a mut self,
+        path: &str,
+        out: &mut Vec<LayerParam<'a>>,
+    ) -> Result<()> {
+        let Attention {
+            q_proj,
+            k_proj,
+            v_proj,
+            o_proj,
+            q_norm,
+            k_norm,
+            sinks,
+            names: [o_name, q_name, k_name],
+            ..
+        } = self;
+        let p = |n: &str| format!("{path}.{n}");
+        for (name, l) in [
+            ("q_proj", q_proj),
+            ("k_proj", k_proj),
+            ("v_proj", v_proj),
+            (*o_name, o_proj),
+        ] {
+            l.parameters_mut(&p(name), out)?;
+        }
+        for (name, n) in [(*q_name, q_norm), (*k_name, k_norm)] {
+            if let Some(n) = n {
+                LayerParam::push(out, &p(name), "weight", &mut n.weight, false);
+            }
+        }
+        if let Some(sinks) = sinks {
+            LayerParam::push(out, path, "sinks", sinks, false);
+        }
+        Ok(())
     }
 
     pub(crate) fn forward(
@@ -760,6 +800,8 @@ pub struct SparseMoe {
     gate: Linear,
     switch_mlp: SwitchGlu,
     shared_expert: Option<(Mlp, Linear)>,
+    /// Module names of the router and the experts ([`SparseMoeParams::names`]).
+    names: [&'static str; 2],
 }
 
 impl SparseMoe {
@@ -822,7 +864,32 @@ impl SparseMoe {
                 s.activation,
             )?,
             shared_expert,
+            names: s.names,
         })
+    }
+
+    /// Every array of the block under `path`, for full fine-tuning: router, experts, shared
+    /// expert and its gate.
+    pub fn parameters_mut<'a>(
+        &'a mut self,
+        path: &str,
+        out: &mut Vec<LayerParam<'a>>,
+    ) -> Result<()> {
+        let SparseMoe {
+            gate,
+            switch_mlp,
+            shared_expert,
+            names: [router, experts],
+            ..
+        } = self;
+        let p = |n: &str| format!("{path}.{n}");
+        gate.parameters_mut(&p(router), out)?;
+        switch_mlp.parameters_mut(&p(experts), out);
+        if let Some((mlp, shared_gate)) = shared_expert {
+            mlp.parameters_mut(&p("shared_expert"), &MlpNames::LLAMA, out)?;
+            shared_gate.parameters_mut(&p("shared_expert_gate"), out)?;
+        }
+        Ok(())
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
@@ -925,6 +992,18 @@ pub(crate) enum Ffn {
 }
 
 impl Ffn {
+    /// The block's arrays under `path` (full fine-tuning).
+    pub(crate) fn parameters_mut<'a>(
+        &'a mut self,
+        path: &str,
+        out: &mut Vec<LayerParam<'a>>,
+    ) -> Result<()> {
+        match self {
+            Ffn::Dense(m) => m.parameters_mut(path, &MlpNames::LLAMA, out),
+            Ffn::Sparse(m) => m.parameters_mut(path, out),
+        }
+    }
+
     pub(crate) fn forward(&self, x: &Array) -> Result<Array> {
         match self {
             Ffn::Dense(m) => m.forward(x),
@@ -941,6 +1020,33 @@ struct DecoderLayer {
 }
 
 impl DecoderLayer {
+    /// Every array of the layer under `path` (`model.layers.<i>`); `ffn` is the feed-forward
+    /// block's module name.
+    fn parameters_mut(&mut self, path: &str, ffn: &str) -> Result<Vec<LayerParam<'_>>> {
+        let DecoderLayer {
+            self_attn,
+            ffn: block,
+            input_layernorm,
+            post_attention_layernorm,
+        } = self;
+        let mut out = Vec::new();
+        self_attn.parameters_mut(&format!("{path}.self_attn"), &mut out)?;
+        block.parameters_mut(&format!("{path}.{ffn}"), &mut out)?;
+        for (name, n) in [
+            ("input_layernorm", input_layernorm),
+            ("post_attention_layernorm", post_attention_layernorm),
+        ] {
+            LayerParam::push(
+                &mut out,
+                &format!("{path}.{name}"),
+                "weight",
+                &mut n.weight,
+                false,
+            );
+        }
+        Ok(out)
+    }
+
     fn forward(
         &self,
         x: &Array,
@@ -1226,5 +1332,18 @@ impl LanguageModel for Model {
 
     fn num_layers(&self) -> usize {
         self.layers.len()
+    }
+
+    fn layer_parameters_mut(&mut self) -> Result<Vec<Vec<LayerParam<'_>>>> {
+        let Model { spec, layers, .. } = self;
+        layers
+            .iter_mut()
+            .zip(&spec.dense_layers)
+            .enumerate()
+            .map(|(i, (l, dense))| {
+                let ffn = if *dense { "mlp" } else { spec.moe_module };
+                l.parameters_mut(&format!("model.layers.{i}"), ffn)
+            })
+            .collect()
     }
 }
