@@ -287,8 +287,9 @@ fn full_fine_tuning_gradients_across_architectures() {
             fixtures.join(&case.name)
         };
         let (model, _) = load_model_dir(&dir, &LoadOptions::default()).unwrap();
+        let layers: i32 = case.params["num_layers"].parse().unwrap();
         let params = Params::new();
-        let full = FullModel::new(model, 1, &params, false).unwrap();
+        let full = FullModel::new(model, layers, &params, false).unwrap();
         let got: Vec<String> = params.names();
         assert_eq!(got, names(&case), "{}: trainable parameters", case.name);
         params.set_training(true);
@@ -304,11 +305,11 @@ fn full_fine_tuning_gradients_across_architectures() {
         assert_bit_equal(&n, &case.outputs[1]).unwrap();
         check_named(&case, 2, &grads).unwrap();
 
-        // The same under --grad-checkpoint (descriptor rows; the MoE port has no
+        // The same under --grad-checkpoint (descriptor rows; the ports have no
         // checkpointing): the layer's own arrays enter its checkpoint.
         let (model, _) = load_model_dir(&dir, &LoadOptions::default()).unwrap();
         let ck_params = Params::new();
-        let mut ck = FullModel::new(model, 1, &ck_params, false).unwrap();
+        let mut ck = FullModel::new(model, layers, &ck_params, false).unwrap();
         assert_eq!(ck.set_grad_checkpoint(true), is_row, "{}", case.name);
         if is_row {
             ck_params.set_training(true);
@@ -337,7 +338,7 @@ fn full_fine_tuning_gradients_across_architectures() {
         check_named(&adam, 1, &params.snapshot()).unwrap();
         checked += 1;
     }
-    assert_eq!(checked, 21);
+    assert_eq!(checked, 22);
 }
 
 /// What full fine-tuning cannot train is refused with the reason: the ports without

@@ -519,8 +519,8 @@ def misc():
     g.save()
 
 
-# Full fine-tuning beyond llama: the last layer of tiny mlx-models fixtures (descriptor rows
-# under dense/, the MoE family's port beside them; the case is the fixture's name) unfrozen as
+# Full fine-tuning beyond llama: the last layer (`FULL_LAYERS`) of tiny mlx-models fixtures (descriptor rows
+# under dense/, the ports beside them; the case is the fixture's name) unfrozen as
 # mlx_lm.lora does it, and `nn.value_and_grad(model, default_loss)` on a fixed batch: the
 # trainable names (mlx-lm's module paths) and every gradient (case `<arch>`); then two steps
 # of mlx's `optim.Adam` on that batch, as the tuner's step applies them: the second step's
@@ -529,7 +529,9 @@ FULL_ARCHS = ["dense/qwen3", "dense/phi3", "dense/gpt2", "dense/cohere", "dense/
               "dense/internlm2", "dense/olmo2", "dense/starcoder2", "dense/gemma", "dense/gemma2",
               "dense/gemma2_bf16", "dense/gemma3_text", "dense/nemotron", "dense/stablelm",
               "dense/stablelm_parallel_qknorm", "dense/apertus", "mixtral", "qwen2_moe",
-              "qwen3_moe", "olmoe", "gpt_oss"]
+              "qwen3_moe", "olmoe", "gpt_oss", "lfm2"]
+# Fixtures whose last layer alone would leave a layer kind out: lfm2 ends conv, attention.
+FULL_LAYERS = {"lfm2": 2}
 FULL_ADAM_LR = 1e-2
 
 
@@ -542,8 +544,9 @@ def full_architectures():
     for fixture in FULL_ARCHS:
         arch = fixture.split("/")[-1]
         model, _ = load_model(Path(f"mlx-models/tests/models/{fixture}"))
+        num_layers = FULL_LAYERS.get(arch, 1)
         model.freeze()
-        for layer in model.layers[-1:]:
+        for layer in model.layers[-num_layers:]:
             layer.unfreeze()
         names = sorted(k for k, _ in tree_flatten(model.trainable_parameters()))
         model.train()
@@ -551,7 +554,7 @@ def full_architectures():
         (loss, ntoks), grads = loss_and_grad(model, batch, lengths)
         flat = dict(tree_flatten(grads))
         g.case(arch, "value_and_grad", [batch, lengths], [loss, ntoks] + [flat[k] for k in names],
-               names=names)
+               names=names, num_layers=num_layers)
         opt = optim.Adam(learning_rate=FULL_ADAM_LR)
         opt.update(model, grads)
         mx.eval(model.parameters(), opt.state)

@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::layers::{swiglu, Embedding, Linear, RmsNorm, Rope};
+use crate::layers::{swiglu, Embedding, LayerParam, Linear, RmsNorm, Rope};
 use crate::models::moe::{Attention, AttentionSpec, QkNorm};
 use crate::models::LanguageModel;
 use crate::weights::Weights;
@@ -222,10 +222,60 @@ impl ShortConv {
     }
 }
 
+impl ShortConv {
+    /// The block's arrays under `path` (`...conv`), for full fine-tuning.
+    fn parameters_mut<'a>(&'a mut self, path: &str, out: &mut Vec<LayerParam<'a>>) -> Result<()> {
+        let ShortConv {
+            conv_weight,
+            conv_bias,
+            in_proj,
+            out_proj,
+            ..
+        } = self;
+        let conv = format!("{path}.conv");
+        LayerParam::push(out, &conv, "weight", conv_weight, false);
+        if let Some(b) = conv_bias {
+            LayerParam::push(out, &conv, "bias", b, false);
+        }
+        in_proj.parameters_mut(&format!("{path}.in_proj"), out)?;
+        out_proj.parameters_mut(&format!("{path}.out_proj"), out)
+    }
+}
+
 struct FeedForward {
     w1: Linear,
     w2: Linear,
     w3: Linear,
+}
+
+impl DecoderLayer {
+    /// Every array of the layer under `path` (`model.layers.<i>`), for full fine-tuning.
+    fn parameters_mut(&mut self, path: &str) -> Result<Vec<LayerParam<'_>>> {
+        let DecoderLayer {
+            op,
+            feed_forward: FeedForward { w1, w2, w3 },
+            operator_norm,
+            ffn_norm,
+        } = self;
+        let mut out = Vec::new();
+        match op {
+            Operator::Attention(a) => a.parameters_mut(&format!("{path}.self_attn"), &mut out)?,
+            Operator::Conv(c) => c.parameters_mut(&format!("{path}.conv"), &mut out)?,
+        }
+        for (name, l) in [("w1", w1), ("w2", w2), ("w3", w3)] {
+            l.parameters_mut(&format!("{path}.feed_forward.{name}"), &mut out)?;
+        }
+        for (name, n) in [("operator_norm", operator_norm), ("ffn_norm", ffn_norm)] {
+            LayerParam::push(
+                &mut out,
+                &format!("{path}.{name}"),
+                "weight",
+                &mut n.weight,
+                false,
+            );
+        }
+        Ok(out)
+    }
 }
 
 enum Operator {
@@ -416,5 +466,13 @@ impl LanguageModel for Model {
 
     fn num_layers(&self) -> usize {
         self.layers.len()
+    }
+
+    fn layer_parameters_mut(&mut self) -> Result<Vec<Vec<LayerParam<'_>>>> {
+        self.layers
+            .iter_mut()
+            .enumerate()
+            .map(|(i, l)| l.parameters_mut(&format!("model.layers.{i}")))
+            .collect()
     }
 }
