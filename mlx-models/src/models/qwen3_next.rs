@@ -19,6 +19,7 @@ use crate::error::{ModelError, Result};
 use crate::layers::gated_delta::{
     gated_delta_update, gated_delta_update_fast, normalize_qk, RmsNormGated,
 };
+use crate::layers::LayerParam;
 use crate::layers::{
     scaled_dot_product_attention, silu, Embedding, Linear, Mlp, MlpKind, RmsNorm, Rope,
     RopeScaling, SwitchActivation,
@@ -457,6 +458,39 @@ impl Attention {
     }
 }
 
+impl Attention {
+    /// Every array of the attention under `path` (`...self_attn`), for full fine-tuning.
+    fn parameters_mut<'a>(&'a mut self, path: &str, out: &mut Vec<LayerParam<'a>>) -> Result<()> {
+        let Attention {
+            q_proj,
+            k_proj,
+            v_proj,
+            o_proj,
+            q_norm,
+            k_norm,
+            ..
+        } = self;
+        for (name, l) in [
+            ("q_proj", q_proj),
+            ("k_proj", k_proj),
+            ("v_proj", v_proj),
+            ("o_proj", o_proj),
+        ] {
+            l.parameters_mut(&format!("{path}.{name}"), out)?;
+        }
+        for (name, n) in [("q_norm", q_norm), ("k_norm", k_norm)] {
+            LayerParam::push(
+                out,
+                &format!("{path}.{name}"),
+                "weight",
+                &mut n.weight,
+                false,
+            );
+        }
+        Ok(())
+    }
+}
+
 enum Projections {
     /// qwen3_next: `in_proj_qkvz`, `in_proj_ba`, grouped per key head.
     Fused { qkvz: Linear, ba: Linear },
@@ -539,6 +573,39 @@ impl GatedDeltaNet {
             out_proj: Linear::load(w, &p("out_proj"), value_dim, dim, false)?,
             use_kernel: false,
         })
+    }
+
+    /// Every array of the block under `path` (`...linear_attn`), for full fine-tuning, under
+    /// mlx-lm's names (`A_log`, `conv1d.weight`, `in_proj_*`).
+    fn parameters_mut<'a>(&'a mut self, path: &str, out: &mut Vec<LayerParam<'a>>) -> Result<()> {
+        let GatedDeltaNet {
+            conv1d_weight,
+            proj,
+            dt_bias,
+            a_log,
+            norm,
+            out_proj,
+            ..
+        } = self;
+        let p = |n: &str| format!("{path}.{n}");
+        let linears: Vec<(&str, &mut Linear)> = match proj {
+            Projections::Fused { qkvz, ba } => vec![("in_proj_qkvz", qkvz), ("in_proj_ba", ba)],
+            Projections::Split { qkv, z, b, a } => vec![
+                ("in_proj_qkv", qkv),
+                ("in_proj_z", z),
+                ("in_proj_b", b),
+                ("in_proj_a", a),
+            ],
+        };
+        for (name, l) in linears {
+            l.parameters_mut(&p(name), out)?;
+        }
+        out_proj.parameters_mut(&p("out_proj"), out)?;
+        LayerParam::push(out, &p("conv1d"), "weight", conv1d_weight, false);
+        LayerParam::push(out, path, "dt_bias", dt_bias, false);
+        LayerParam::push(out, path, "A_log", a_log, false);
+        LayerParam::push(out, &p("norm"), "weight", &mut norm.weight, false);
+        Ok(())
     }
 
     /// `(mixed_qkv (B, S, conv_dim), z (B, S, nv, dv), b (B, S, nv), a (B, S, nv))`.
@@ -677,6 +744,38 @@ struct DecoderLayer {
     mlp: Ffn,
     input_layernorm: RmsNorm,
     post_attention_layernorm: RmsNorm,
+}
+
+impl DecoderLayer {
+    /// Every array of the layer under `path` (`[language_model.]model.layers.<i>`), for full
+    /// fine-tuning.
+    fn parameters_mut(&mut self, path: &str) -> Result<Vec<LayerParam<'_>>> {
+        let DecoderLayer {
+            mixer,
+            mlp,
+            input_layernorm,
+            post_attention_layernorm,
+        } = self;
+        let mut out = Vec::new();
+        match mixer {
+            Mixer::Linear(m) => m.parameters_mut(&format!("{path}.linear_attn"), &mut out)?,
+            Mixer::Attention(a) => a.parameters_mut(&format!("{path}.self_attn"), &mut out)?,
+        }
+        mlp.parameters_mut(&format!("{path}.mlp"), &mut out)?;
+        for (name, n) in [
+            ("input_layernorm", input_layernorm),
+            ("post_attention_layernorm", post_attention_layernorm),
+        ] {
+            LayerParam::push(
+                &mut out,
+                &format!("{path}.{name}"),
+                "weight",
+                &mut n.weight,
+                false,
+            );
+        }
+        Ok(out)
+    }
 }
 
 /// The qwen3_next / qwen3_5 model.
@@ -983,5 +1082,14 @@ impl LanguageModel for Model {
 
     fn num_layers(&self) -> usize {
         self.layers.len()
+    }
+
+    fn layer_parameters_mut(&mut self) -> Result<Vec<Vec<LayerParam<'_>>>> {
+        let pre = format!("{}model.layers", self.args.prefix);
+        self.layers
+            .iter_mut()
+            .enumerate()
+            .map(|(i, l)| l.parameters_mut(&format!("{pre}.{i}")))
+            .collect()
     }
 }
