@@ -529,10 +529,13 @@ FULL_ARCHS = ["dense/qwen3", "dense/phi3", "dense/gpt2", "dense/cohere", "dense/
               "dense/internlm2", "dense/olmo2", "dense/starcoder2", "dense/gemma", "dense/gemma2",
               "dense/gemma2_bf16", "dense/gemma3_text", "dense/nemotron", "dense/stablelm",
               "dense/stablelm_parallel_qknorm", "dense/apertus", "mixtral", "qwen2_moe",
-              "qwen3_moe", "olmoe", "gpt_oss", "lfm2", "qwen3_next", "qwen3_5", "qwen3_5_moe"]
+              "qwen3_moe", "olmoe", "gpt_oss", "lfm2", "qwen3_next", "qwen3_5", "qwen3_5_moe",
+              "gemma4_text", "gemma4_text_bf16", "gemma4_text_kv_eq"]
 # Fixtures whose last layer alone would leave a layer kind out: lfm2 ends conv, attention;
-# the DeltaNet hybrids linear attention, full attention.
-FULL_LAYERS = {"lfm2": 2, "qwen3_next": 2, "qwen3_5": 2, "qwen3_5_moe": 2}
+# the DeltaNet hybrids linear attention, full attention; gemma4_text's last layers share an
+# earlier layer's keys and values, so the trained layers reach back to one that has its own.
+FULL_LAYERS = {"lfm2": 2, "qwen3_next": 2, "qwen3_5": 2, "qwen3_5_moe": 2, "gemma4_text": 3,
+               "gemma4_text_bf16": 3, "gemma4_text_kv_eq": 2}
 FULL_ADAM_LR = 1e-2
 
 

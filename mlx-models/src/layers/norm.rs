@@ -21,6 +21,11 @@ impl RmsNorm {
         })
     }
 
+    /// `weight` under `path`, for full fine-tuning.
+    pub fn parameters_mut<'a>(&'a mut self, path: &str, out: &mut Vec<LayerParam<'a>>) {
+        LayerParam::push(out, path, "weight", &mut self.weight, false);
+    }
+
     pub fn forward(&self, x: &Array) -> Result<Array> {
         Ok(fast::rms_norm(x, Some(&self.weight), self.eps, None)?)
     }
@@ -116,9 +121,7 @@ impl Norm {
     /// The norm's arrays under `path` (`weight`, `bias`), as mlx-lm names and stores them.
     pub fn parameters_mut<'a>(&'a mut self, path: &str, out: &mut Vec<LayerParam<'a>>) {
         match self {
-            Norm::Rms(n) | Norm::RmsOffset(n) => {
-                LayerParam::push(out, path, "weight", &mut n.weight, false)
-            }
+            Norm::Rms(n) | Norm::RmsOffset(n) => n.parameters_mut(path, out),
             Norm::RmsNoWeight { .. } => {}
             Norm::Layer(n) | Norm::LayerOffset(n) => {
                 if let Some(w) = &mut n.weight {

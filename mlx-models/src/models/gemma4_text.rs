@@ -13,8 +13,8 @@ use serde_json::Value;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::{
-    gelu_approx, scaled_dot_product_attention, Embedding, Linear, RmsNorm, Rope, SwitchActivation,
-    SwitchGlu,
+    gelu_approx, scaled_dot_product_attention, Embedding, LayerParam, Linear, RmsNorm, Rope,
+    SwitchActivation, SwitchGlu,
 };
 use crate::models::LanguageModel;
 use crate::weights::Weights;
@@ -366,6 +366,36 @@ impl Attention {
     }
 }
 
+impl Attention {
+    /// Every array of the attention under `path` (`...self_attn`), for full fine-tuning; a
+    /// KV-shared layer has no `k_proj`, `v_proj` or `k_norm`.
+    fn parameters_mut<'a>(&'a mut self, path: &str, out: &mut Vec<LayerParam<'a>>) -> Result<()> {
+        let Attention {
+            q_proj,
+            k_proj,
+            v_proj,
+            o_proj,
+            q_norm,
+            k_norm,
+            ..
+        } = self;
+        let p = |n: &str| format!("{path}.{n}");
+        q_proj.parameters_mut(&p("q_proj"), out)?;
+        if let Some(k) = k_proj {
+            k.parameters_mut(&p("k_proj"), out)?;
+        }
+        if let Some(v) = v_proj {
+            v.parameters_mut(&p("v_proj"), out)?;
+        }
+        o_proj.parameters_mut(&p("o_proj"), out)?;
+        q_norm.parameters_mut(&p("q_norm"), out);
+        if let Some(k) = k_norm {
+            k.parameters_mut(&p("k_norm"), out);
+        }
+        Ok(())
+    }
+}
+
 /// `geglu(gate, x)`: `gelu_approx(gate) * x`, compiled as gemma4_text.py compiles it.
 fn geglu(gate: &Array, x: &Array) -> Result<Array> {
     Ok(crate::layers::geglu(gate, x)?)
@@ -443,6 +473,85 @@ struct DecoderLayer {
 }
 
 impl DecoderLayer {
+    /// Every array of the layer under `path` (`model.layers.<i>`), for full fine-tuning,
+    /// under mlx-lm's names (the router's under `router`, the experts' under
+    /// `experts.switch_glu`, the MoE block's norms on the layer).
+    fn parameters_mut(&mut self, path: &str) -> Result<Vec<LayerParam<'_>>> {
+        let DecoderLayer {
+            self_attn,
+            mlp,
+            moe,
+            per_layer,
+            input_layernorm,
+            post_attention_layernorm,
+            pre_feedforward_layernorm,
+            post_feedforward_layernorm,
+            layer_scalar,
+            ..
+        } = self;
+        let p = |n: &str| format!("{path}.{n}");
+        let mut out = Vec::new();
+        self_attn.parameters_mut(&p("self_attn"), &mut out)?;
+        let Mlp {
+            gate_proj,
+            down_proj,
+            up_proj,
+        } = mlp;
+        for (name, l) in [
+            ("gate_proj", gate_proj),
+            ("down_proj", down_proj),
+            ("up_proj", up_proj),
+        ] {
+            l.parameters_mut(&p(&format!("mlp.{name}")), &mut out)?;
+        }
+        let mut norms = vec![
+            ("input_layernorm", input_layernorm),
+            ("post_attention_layernorm", post_attention_layernorm),
+            ("pre_feedforward_layernorm", pre_feedforward_layernorm),
+            ("post_feedforward_layernorm", post_feedforward_layernorm),
+        ];
+        if let Some(m) = moe {
+            let Moe {
+                proj,
+                scale,
+                per_expert_scale,
+                switch_glu,
+                post_feedforward_layernorm_1,
+                post_feedforward_layernorm_2,
+                pre_feedforward_layernorm_2,
+                ..
+            } = m;
+            proj.parameters_mut(&p("router.proj"), &mut out)?;
+            LayerParam::push(&mut out, &p("router"), "scale", scale, false);
+            LayerParam::push(
+                &mut out,
+                &p("router"),
+                "per_expert_scale",
+                per_expert_scale,
+                false,
+            );
+            switch_glu.parameters_mut(&p("experts.switch_glu"), &mut out);
+            norms.push(("post_feedforward_layernorm_1", post_feedforward_layernorm_1));
+            norms.push(("post_feedforward_layernorm_2", post_feedforward_layernorm_2));
+            norms.push(("pre_feedforward_layernorm_2", pre_feedforward_layernorm_2));
+        }
+        if let Some(pl) = per_layer {
+            let PerLayerInput {
+                per_layer_input_gate,
+                per_layer_projection,
+                post_per_layer_input_norm,
+            } = pl;
+            per_layer_input_gate.parameters_mut(&p("per_layer_input_gate"), &mut out)?;
+            per_layer_projection.parameters_mut(&p("per_layer_projection"), &mut out)?;
+            norms.push(("post_per_layer_input_norm", post_per_layer_input_norm));
+        }
+        for (name, n) in norms {
+            n.parameters_mut(&p(name), &mut out);
+        }
+        LayerParam::push(&mut out, path, "layer_scalar", layer_scalar, false);
+        Ok(out)
+    }
+
     fn forward(
         &self,
         x: &Array,
@@ -820,5 +929,13 @@ impl LanguageModel for Model {
     /// The layers that own caches (the KV-shared ones have none).
     fn num_layers(&self) -> usize {
         self.args.first_kv_shared()
+    }
+
+    fn layer_parameters_mut(&mut self) -> Result<Vec<Vec<LayerParam<'_>>>> {
+        self.layers
+            .iter_mut()
+            .enumerate()
+            .map(|(i, l)| l.parameters_mut(&format!("model.layers.{i}")))
+            .collect()
     }
 }

@@ -266,13 +266,7 @@ impl DecoderLayer {
             l.parameters_mut(&format!("{path}.feed_forward.{name}"), &mut out)?;
         }
         for (name, n) in [("operator_norm", operator_norm), ("ffn_norm", ffn_norm)] {
-            LayerParam::push(
-                &mut out,
-                &format!("{path}.{name}"),
-                "weight",
-                &mut n.weight,
-                false,
-            );
+            n.parameters_mut(&format!("{path}.{name}"), &mut out);
         }
         Ok(out)
     }

@@ -713,7 +713,7 @@ impl Attention {
         }
         for (name, n) in [(*q_name, q_norm), (*k_name, k_norm)] {
             if let Some(n) = n {
-                LayerParam::push(out, &p(name), "weight", &mut n.weight, false);
+                n.parameters_mut(&p(name), out);
             }
         }
         if let Some(sinks) = sinks {
@@ -1036,13 +1036,7 @@ impl DecoderLayer {
             ("input_layernorm", input_layernorm),
             ("post_attention_layernorm", post_attention_layernorm),
         ] {
-            LayerParam::push(
-                &mut out,
-                &format!("{path}.{name}"),
-                "weight",
-                &mut n.weight,
-                false,
-            );
+            n.parameters_mut(&format!("{path}.{name}"), &mut out);
         }
         Ok(out)
     }

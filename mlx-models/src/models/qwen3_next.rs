@@ -479,13 +479,7 @@ impl Attention {
             l.parameters_mut(&format!("{path}.{name}"), out)?;
         }
         for (name, n) in [("q_norm", q_norm), ("k_norm", k_norm)] {
-            LayerParam::push(
-                out,
-                &format!("{path}.{name}"),
-                "weight",
-                &mut n.weight,
-                false,
-            );
+            n.parameters_mut(&format!("{path}.{name}"), out);
         }
         Ok(())
     }
@@ -766,13 +760,7 @@ impl DecoderLayer {
             ("input_layernorm", input_layernorm),
             ("post_attention_layernorm", post_attention_layernorm),
         ] {
-            LayerParam::push(
-                &mut out,
-                &format!("{path}.{name}"),
-                "weight",
-                &mut n.weight,
-                false,
-            );
+            n.parameters_mut(&format!("{path}.{name}"), &mut out);
         }
         Ok(out)
     }
