@@ -273,7 +273,7 @@ impl DecoderLayer {
 }
 
 enum Operator {
-    Attention(Attention),
+    Attention(Box<Attention>),
     Conv(ShortConv),
 }
 
@@ -308,7 +308,7 @@ impl Model {
             let op = if args.is_attention(i) {
                 let n_heads = args.num_attention_heads;
                 let head_dim = d / n_heads;
-                Operator::Attention(Attention::new(
+                Operator::Attention(Box::new(Attention::new(
                     AttentionSpec {
                         hidden_size: d,
                         n_heads,
@@ -325,7 +325,7 @@ impl Model {
                     },
                     w,
                     &format!("{p}.self_attn"),
-                )?)
+                )?))
             } else {
                 Operator::Conv(ShortConv::load(&args, w, &format!("{p}.conv"))?)
             };
