@@ -108,9 +108,9 @@ pub trait LanguageModel: Send {
     }
 
     /// Every parameter array of each decoder layer (`model.layers`) under its full mlx-lm
-    /// name, for full fine-tuning, which reads and replaces them in place. Empty when the
-    /// architecture does not support it; an error when a layer holds parameters in a
-    /// transformed form (offset norms) or is adapted.
+    /// name, as mlx-lm stores it, for full fine-tuning, which reads and replaces them in
+    /// place. Empty when the architecture does not support it (every model here does); an
+    /// error when a layer is adapted.
     fn layer_parameters_mut(&mut self) -> Result<Vec<Vec<LayerParam<'_>>>> {
         Ok(Vec::new())
     }
