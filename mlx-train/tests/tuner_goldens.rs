@@ -218,6 +218,9 @@ run_test!(dense_chat_dora_mask);
 run_test!(full_dense_text_adam);
 run_test!(full_dense_chat_adamw_resume);
 run_test!(full_q4_completions_adamw_accum);
+// Gemma 3 (`1 + weight` norms, QK norms after the heads' transpose, a sliding layer), both
+// layers in full.
+run_test!(full_gemma3_chat_adamw);
 
 /// With `grad_checkpoint` (every layer recomputed in the backward pass) the runs give
 /// mlx-lm's results unchanged: LoRA on the 4-bit base, DoRA, and full fine-tuning (the
@@ -230,6 +233,7 @@ fn grad_checkpoint_changes_nothing() {
         "dense_chat_dora_mask",
         "full_dense_text_adam",
         "full_q4_completions_adamw_accum",
+        "full_gemma3_chat_adamw",
     ] {
         let g = Goldens::load(
             root()

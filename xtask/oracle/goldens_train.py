@@ -1,8 +1,8 @@
-"""mlx-lm 0.32.2's tuner on tiny seeded llamas: the L1 reference for mlx-train.
+"""mlx-lm 0.32.2's tuner on tiny seeded models: the L1 reference for mlx-train.
 
 Writes under mlx-train/tests/:
-- models/<name>/: a tiny llama (config.json, model.safetensors) with a byte-level BPE
-  tokenizer trained here (tokenizer.json, tokenizer_config.json with a ChatML template);
+- models/<name>/: a tiny llama (`dense`, `q4`) or Gemma 3 (`gemma3`) (config.json,
+  model.safetensors) with a byte-level BPE tokenizer trained here (tokenizer.json, tokenizer_config.json with a ChatML template);
 - data/<format>/{train,valid}.jsonl: `text`, `prompt`/`completion` and `messages` data;
 - goldens/train_<run>.safetensors, one per run below, made by mlx-lm's own entry points
   (`mlx_lm.utils.load`, `tuner.datasets.load_dataset`, `mlx_lm.lora.train_model`, which
@@ -31,6 +31,7 @@ Run with `cargo xtask goldens train`.
 """
 
 import contextlib
+import importlib
 import json
 import os
 import shutil
@@ -156,7 +157,26 @@ def write_data(rng):
     return corpus
 
 
-def make_model(name, vocab, seed, quant):
+# A tiny Gemma 3 (the architecture of Gemma 3 270M): `1 + weight` norms, per-head QK norms,
+# a sliding window shorter than the data's sequences on the first layer, tied embeddings.
+GEMMA3 = {
+    "model_type": "gemma3_text",
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "intermediate_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "query_pre_attn_scalar": 8,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "rope_local_base_freq": 10000.0,
+    "sliding_window": 16,
+    "sliding_window_pattern": 2,
+}
+
+
+def make_model(name, vocab, seed, quant, arch=None):
     config = {
         "model_type": "llama",
         "hidden_size": 32,
@@ -169,8 +189,12 @@ def make_model(name, vocab, seed, quant):
         "rope_theta": 10000.0,
         "tie_word_embeddings": True,
     }
+    module = llama
+    if arch is not None:
+        config = {**arch, "vocab_size": vocab}
+        module = importlib.import_module(f"mlx_lm.models.{arch['model_type']}")
     mx.random.seed(seed)
-    model = llama.Model(llama.ModelArgs.from_dict(config))
+    model = module.Model(module.ModelArgs.from_dict(config))
     model.update(tree_map(lambda p: mx.random.normal(p.shape) * 0.3, model.parameters()))
     if quant is not None:
         gs, bits = quant
@@ -181,7 +205,10 @@ def make_model(name, vocab, seed, quant):
     for f in ("config.json", "model.safetensors"):
         if os.path.exists(f"{d}/{f}"):
             os.remove(f"{d}/{f}")
-    mx.save_safetensors(f"{d}/model.safetensors", dict(tree_flatten(model.parameters())))
+    weights = dict(tree_flatten(model.parameters()))
+    if arch is not None:
+        weights.pop("lm_head.weight", None)  # tied, as Gemma 3 270M
+    mx.save_safetensors(f"{d}/model.safetensors", weights)
     with open(f"{d}/config.json", "w") as f:
         json.dump(config, f, indent=2)
 
@@ -252,6 +279,14 @@ RUNS = {
          "optimizer_config": {"adamw": {"weight_decay": 0.02}}, "mask_prompt": True,
          "resume_adapter_file": f"{ROOT}/adapters/full_dense_text_adam/adapters.safetensors",
          "seed": 4, "steps_per_eval": 100, "val_batches": 1},
+    ),
+    # Gemma 3: both layers (sliding and global) train in full, AdamW, masked prompts.
+    "full_gemma3_chat_adamw": (
+        "gemma3",
+        "chat",
+        {"fine_tune_type": "full", "num_layers": 2, "batch_size": 2, "iters": 4,
+         "learning_rate": 5e-3, "optimizer": "adamw", "mask_prompt": True, "seed": 8,
+         "steps_per_eval": 2, "val_batches": 1},
     ),
     # A 4-bit base: only the norms train (see `frozen_quantized`).
     "full_q4_completions_adamw_accum": (
@@ -575,12 +610,13 @@ def main():
     rng = np.random.default_rng(1234)
     corpus = write_data(rng)
     vocab = None
-    for name in ("dense", "q4"):
+    for name in ("dense", "q4", "gemma3"):
         d = f"{ROOT}/models/{name}"
         os.makedirs(d, exist_ok=True)
         vocab = make_tokenizer(d, corpus)
     make_model("dense", vocab, 21, None)
     make_model("q4", vocab, 22, (32, 4))
+    make_model("gemma3", vocab, 23, None, GEMMA3)
     for name, (model_name, data, overrides) in RUNS.items():
         run(name, model_name, data, overrides)
     preference()
