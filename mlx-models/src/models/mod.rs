@@ -37,6 +37,7 @@ macro_rules! serde_defaults {
     )*};
 }
 
+mod checkpoint;
 pub mod dense;
 pub mod descriptor;
 pub mod gemma4_text;

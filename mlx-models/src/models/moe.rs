@@ -14,6 +14,7 @@ use crate::layers::{
     scaled_dot_product_attention, Embedding, LayerParam, Linear, Mlp, MlpKind, MlpNames, RmsNorm,
     Rope, RopeScaling, SwitchActivation, SwitchGlu,
 };
+use crate::models::checkpoint::{checkpointed, LayerArrays};
 use crate::models::LanguageModel;
 use crate::weights::Weights;
 
@@ -603,6 +604,7 @@ pub(crate) struct AttentionSpec {
     pub inv_sqrt_scale: bool,
 }
 
+#[derive(Clone)]
 pub(crate) struct Attention {
     n_heads: i32,
     n_kv_heads: i32,
@@ -794,6 +796,7 @@ pub struct SparseMoeParams {
 }
 
 /// The expert block: router, experts, optional gated shared expert.
+#[derive(Clone)]
 pub struct SparseMoe {
     top_k: i32,
     router: Router,
@@ -986,6 +989,7 @@ fn lower_top_k(gates: &Array, k: i32) -> Result<Array> {
 }
 
 /// A layer's feed-forward block: a dense MLP or the experts.
+#[derive(Clone)]
 pub(crate) enum Ffn {
     Dense(Mlp),
     Sparse(Box<SparseMoe>),
@@ -1012,6 +1016,7 @@ impl Ffn {
     }
 }
 
+#[derive(Clone)]
 struct DecoderLayer {
     self_attn: Attention,
     ffn: Ffn,
@@ -1057,6 +1062,12 @@ impl DecoderLayer {
     }
 }
 
+impl LayerArrays for DecoderLayer {
+    fn arrays_mut(&mut self) -> Result<Vec<LayerParam<'_>>> {
+        self.parameters_mut("", "ffn")
+    }
+}
+
 /// A mixture-of-experts decoder (mixtral, qwen2_moe, qwen3_moe, olmoe).
 pub struct Model {
     spec: MoeSpec,
@@ -1067,6 +1078,10 @@ pub struct Model {
     /// First full-attention and first sliding-window layer (whose caches make the masks).
     fa_idx: usize,
     swa_idx: Option<usize>,
+    /// `--grad-checkpoint`: every layer under `mx.checkpoint` (training, no caches).
+    grad_checkpoint: bool,
+    /// The layers whose own arrays enter their checkpoints (full fine-tuning).
+    checkpoint_own: std::ops::Range<usize>,
 }
 
 impl Model {
@@ -1126,6 +1141,8 @@ impl Model {
             lm_head,
             fa_idx,
             swa_idx,
+            grad_checkpoint: false,
+            checkpoint_own: 0..0,
         })
     }
 }
@@ -1289,7 +1306,13 @@ impl Model {
                 let swa_mask = mlx_cache::mask::fallback_mask(n, self.spec.sliding_window, false)?;
                 for (i, layer) in self.layers.iter().enumerate() {
                     let m = if self.is_sliding(i) { &swa_mask } else { &mask };
-                    h = layer.forward(&h, m, None)?;
+                    h = if self.grad_checkpoint {
+                        let m = m.clone();
+                        let own = self.checkpoint_own.contains(&i);
+                        checkpointed(layer, &h, own, move |l, x| l.forward(x, &m, None))?
+                    } else {
+                        layer.forward(&h, m, None)?
+                    };
                 }
             }
         }
@@ -1326,6 +1349,16 @@ impl LanguageModel for Model {
 
     fn num_layers(&self) -> usize {
         self.layers.len()
+    }
+
+    fn set_grad_checkpoint(&mut self, on: bool) -> bool {
+        self.grad_checkpoint = on;
+        true
+    }
+
+    fn set_checkpoint_layer_params(&mut self, layers: std::ops::Range<usize>) -> bool {
+        self.checkpoint_own = layers;
+        true
     }
 
     fn layer_parameters_mut(&mut self) -> Result<Vec<Vec<LayerParam<'_>>>> {
