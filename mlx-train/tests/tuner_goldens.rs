@@ -274,7 +274,17 @@ fn init_draws_follow_the_global_seed() {
 /// loss and the trained arrays after two steps of mlx's Adam. The gradients are the same
 /// under `--grad-checkpoint`.
 /// The dedicated ports' fixtures with `--grad-checkpoint`.
-const CHECKPOINTED_PORTS: &[&str] = &["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss"];
+const CHECKPOINTED_PORTS: &[&str] = &[
+    "mixtral",
+    "qwen2_moe",
+    "qwen3_moe",
+    "olmoe",
+    "gpt_oss",
+    "lfm2",
+    "qwen3_next",
+    "qwen3_5",
+    "qwen3_5_moe",
+];
 
 #[test]
 fn full_fine_tuning_gradients_across_architectures() {

@@ -3,7 +3,7 @@
 //! A cache from [`LanguageModel::make_cache_with_rollback`] keeps recent per-token conv states
 //! so `trim(n)` works (see `mlx_cache::ArraysCache`).
 
-use mlx_cache::{ArraysCache, Cache, KVCache};
+use mlx_cache::{ArraysCache, AttentionMask, Cache, KVCache};
 use mlx_core::prelude::*;
 use serde::Deserialize;
 use serde_json::Value;
@@ -11,6 +11,7 @@ use serde_json::Value;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::{swiglu, Embedding, LayerParam, Linear, RmsNorm, Rope};
+use crate::models::checkpoint::{checkpointed, LayerArrays};
 use crate::models::moe::{Attention, AttentionSpec, QkNorm};
 use crate::models::LanguageModel;
 use crate::weights::Weights;
@@ -138,6 +139,7 @@ impl ModelArgs {
 }
 
 /// `ShortConv`: `out_proj(C * conv(B * x))` over a depthwise causal convolution.
+#[derive(Clone)]
 struct ShortConv {
     l_cache: i32,
     conv_weight: Array,
@@ -242,6 +244,7 @@ impl ShortConv {
     }
 }
 
+#[derive(Clone)]
 struct FeedForward {
     w1: Linear,
     w2: Linear,
@@ -270,13 +273,55 @@ impl DecoderLayer {
         }
         Ok(out)
     }
+
+    /// One layer at index `i` (for its error message) over `h`.
+    fn forward(
+        &self,
+        h: &Array,
+        i: usize,
+        attn_mask: &AttentionMask,
+        conv_mask: Option<&Array>,
+        cache: Option<&mut Box<dyn Cache>>,
+    ) -> Result<Array> {
+        let x = self.operator_norm.forward(h)?;
+        let r = match &self.op {
+            Operator::Attention(a) => a.forward(&x, attn_mask, cache)?,
+            Operator::Conv(conv) => {
+                let c = match cache {
+                    Some(c) => Some(c.as_any_mut().downcast_mut::<ArraysCache>().ok_or_else(
+                        || {
+                            ModelError::Other(format!(
+                                "layer {i} is a convolution layer and needs an ArraysCache"
+                            ))
+                        },
+                    )?),
+                    None => None,
+                };
+                conv.forward(&x, conv_mask, c)?
+            }
+        };
+        let hh = (h + &r)?;
+        let f = &self.feed_forward;
+        let y = self.ffn_norm.forward(&hh)?;
+        let y =
+            f.w2.forward(&swiglu(&f.w1.forward(&y)?, &f.w3.forward(&y)?)?)?;
+        Ok((&hh + &y)?)
+    }
 }
 
+impl LayerArrays for DecoderLayer {
+    fn arrays_mut(&mut self) -> Result<Vec<LayerParam<'_>>> {
+        self.parameters_mut("")
+    }
+}
+
+#[derive(Clone)]
 enum Operator {
     Attention(Box<Attention>),
     Conv(ShortConv),
 }
 
+#[derive(Clone)]
 struct DecoderLayer {
     op: Operator,
     feed_forward: FeedForward,
@@ -292,6 +337,10 @@ pub struct Model {
     embedding_norm: RmsNorm,
     fa_idx: usize,
     conv_idx: usize,
+    /// `--grad-checkpoint`: every layer under `mx.checkpoint` (training, no caches).
+    grad_checkpoint: bool,
+    /// The layers whose own arrays enter their checkpoints (full fine-tuning).
+    checkpoint_own: std::ops::Range<usize>,
 }
 
 impl Model {
@@ -354,6 +403,8 @@ impl Model {
             embedding_norm,
             fa_idx,
             conv_idx,
+            grad_checkpoint: false,
+            checkpoint_own: 0..0,
         })
     }
 }
@@ -406,29 +457,16 @@ impl Model {
         };
         for (i, layer) in self.layers.iter().enumerate() {
             let cache = caches.as_deref_mut().map(|c| &mut c[i]);
-            let x = layer.operator_norm.forward(&h)?;
-            let r = match &layer.op {
-                Operator::Attention(a) => a.forward(&x, &attn_mask, cache)?,
-                Operator::Conv(conv) => {
-                    let c = match cache {
-                        Some(c) => Some(c.as_any_mut().downcast_mut::<ArraysCache>().ok_or_else(
-                            || {
-                                ModelError::Other(format!(
-                                    "layer {i} is a convolution layer and needs an ArraysCache"
-                                ))
-                            },
-                        )?),
-                        None => None,
-                    };
-                    conv.forward(&x, conv_mask.as_ref(), c)?
+            h = match cache {
+                None if self.grad_checkpoint => {
+                    let (am, cm) = (attn_mask.clone(), conv_mask.clone());
+                    let own = self.checkpoint_own.contains(&i);
+                    checkpointed(layer, &h, own, move |l, x| {
+                        l.forward(x, i, &am, cm.as_ref(), None)
+                    })?
                 }
+                cache => layer.forward(&h, i, &attn_mask, conv_mask.as_ref(), cache)?,
             };
-            let hh = (&h + &r)?;
-            let f = &layer.feed_forward;
-            let y = layer.ffn_norm.forward(&hh)?;
-            let y =
-                f.w2.forward(&swiglu(&f.w1.forward(&y)?, &f.w3.forward(&y)?)?)?;
-            h = (&hh + &y)?;
         }
         self.embedding_norm.forward(&h)
     }
@@ -460,6 +498,16 @@ impl LanguageModel for Model {
 
     fn num_layers(&self) -> usize {
         self.layers.len()
+    }
+
+    fn set_grad_checkpoint(&mut self, on: bool) -> bool {
+        self.grad_checkpoint = on;
+        true
+    }
+
+    fn set_checkpoint_layer_params(&mut self, layers: std::ops::Range<usize>) -> bool {
+        self.checkpoint_own = layers;
+        true
     }
 
     fn layer_parameters_mut(&mut self) -> Result<Vec<Vec<LayerParam<'_>>>> {

@@ -24,6 +24,7 @@ use crate::layers::{
     scaled_dot_product_attention, silu, Embedding, Linear, Mlp, MlpKind, RmsNorm, Rope,
     RopeScaling, SwitchActivation,
 };
+use crate::models::checkpoint::{checkpointed, LayerArrays};
 use crate::models::moe::{Ffn, Router, SparseMoe, SparseMoeParams};
 use crate::models::LanguageModel;
 use crate::weights::Weights;
@@ -372,6 +373,7 @@ impl ModelArgs {
 
 /// `Qwen3NextAttention`: queries emit a sigmoid gate on the output; per-head q/k norms;
 /// partial rotary embedding.
+#[derive(Clone)]
 struct Attention {
     n_heads: i32,
     n_kv_heads: i32,
@@ -485,6 +487,7 @@ impl Attention {
     }
 }
 
+#[derive(Clone)]
 enum Projections {
     /// qwen3_next: `in_proj_qkvz`, `in_proj_ba`, grouped per key head.
     Fused { qkvz: Linear, ba: Linear },
@@ -498,6 +501,7 @@ enum Projections {
 }
 
 /// `Qwen3NextGatedDeltaNet` / qwen3_5 `GatedDeltaNet`.
+#[derive(Clone)]
 struct GatedDeltaNet {
     num_k_heads: i32,
     num_v_heads: i32,
@@ -728,11 +732,13 @@ impl GatedDeltaNet {
     }
 }
 
+#[derive(Clone)]
 enum Mixer {
     Linear(GatedDeltaNet),
     Attention(Attention),
 }
 
+#[derive(Clone)]
 struct DecoderLayer {
     mixer: Mixer,
     mlp: Ffn,
@@ -764,6 +770,44 @@ impl DecoderLayer {
         }
         Ok(out)
     }
+
+    /// One layer at index `i` (for its error message) over `h`.
+    fn forward(
+        &self,
+        h: &Array,
+        i: usize,
+        fa_mask: &AttentionMask,
+        ssm_mask: Option<&Array>,
+        cache: Option<&mut Box<dyn Cache>>,
+    ) -> Result<Array> {
+        let x = self.input_layernorm.forward(h)?;
+        let r = match &self.mixer {
+            Mixer::Linear(m) => {
+                let c = match cache {
+                    Some(c) => Some(c.as_any_mut().downcast_mut::<ArraysCache>().ok_or_else(
+                        || {
+                            ModelError::Other(format!(
+                                "layer {i} is a Gated DeltaNet layer and needs an ArraysCache"
+                            ))
+                        },
+                    )?),
+                    None => None,
+                };
+                m.forward(&x, ssm_mask, c)?
+            }
+            Mixer::Attention(m) => m.forward(&x, fa_mask, cache)?,
+        };
+        let hh = (h + &r)?;
+        let n2 = self.post_attention_layernorm.forward(&hh)?;
+        let f = self.mlp.forward(&n2)?;
+        Ok((&hh + &f)?)
+    }
+}
+
+impl LayerArrays for DecoderLayer {
+    fn arrays_mut(&mut self) -> Result<Vec<LayerParam<'_>>> {
+        self.parameters_mut("")
+    }
 }
 
 /// The qwen3_next / qwen3_5 model.
@@ -775,6 +819,10 @@ pub struct Model {
     lm_head: Option<Linear>,
     ssm_idx: Option<usize>,
     fa_idx: Option<usize>,
+    /// `--grad-checkpoint`: every layer under `mx.checkpoint` (training, no caches).
+    grad_checkpoint: bool,
+    /// The layers whose own arrays enter their checkpoints (full fine-tuning).
+    checkpoint_own: std::ops::Range<usize>,
 }
 
 impl Model {
@@ -860,6 +908,8 @@ impl Model {
             lm_head,
             ssm_idx,
             fa_idx,
+            grad_checkpoint: false,
+            checkpoint_own: 0..0,
         })
     }
 
@@ -1018,27 +1068,16 @@ impl Model {
         };
         for (i, layer) in self.layers.iter().enumerate() {
             let cache = caches.as_deref_mut().map(|c| &mut c[i]);
-            let x = layer.input_layernorm.forward(&h)?;
-            let r = match &layer.mixer {
-                Mixer::Linear(m) => {
-                    let c = match cache {
-                        Some(c) => Some(c.as_any_mut().downcast_mut::<ArraysCache>().ok_or_else(
-                            || {
-                                ModelError::Other(format!(
-                                    "layer {i} is a Gated DeltaNet layer and needs an ArraysCache"
-                                ))
-                            },
-                        )?),
-                        None => None,
-                    };
-                    m.forward(&x, ssm_mask.as_ref(), c)?
+            h = match cache {
+                None if self.grad_checkpoint => {
+                    let (fm, sm) = (fa_mask.clone(), ssm_mask.clone());
+                    let own = self.checkpoint_own.contains(&i);
+                    checkpointed(layer, &h, own, move |l, x| {
+                        l.forward(x, i, &fm, sm.as_ref(), None)
+                    })?
                 }
-                Mixer::Attention(m) => m.forward(&x, &fa_mask, cache)?,
+                cache => layer.forward(&h, i, &fa_mask, ssm_mask.as_ref(), cache)?,
             };
-            let hh = (&h + &r)?;
-            let n2 = layer.post_attention_layernorm.forward(&hh)?;
-            let f = layer.mlp.forward(&n2)?;
-            h = (&hh + &f)?;
         }
         self.norm.forward(&h)
     }
@@ -1070,6 +1109,16 @@ impl LanguageModel for Model {
 
     fn num_layers(&self) -> usize {
         self.layers.len()
+    }
+
+    fn set_grad_checkpoint(&mut self, on: bool) -> bool {
+        self.grad_checkpoint = on;
+        true
+    }
+
+    fn set_checkpoint_layer_params(&mut self, layers: std::ops::Range<usize>) -> bool {
+        self.checkpoint_own = layers;
+        true
     }
 
     fn layer_parameters_mut(&mut self) -> Result<Vec<Vec<LayerParam<'_>>>> {
