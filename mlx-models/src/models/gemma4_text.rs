@@ -16,6 +16,7 @@ use crate::layers::{
     gelu_approx, scaled_dot_product_attention, Embedding, LayerParam, Linear, RmsNorm, Rope,
     SwitchActivation, SwitchGlu,
 };
+use crate::models::checkpoint::{checkpointed_many, LayerArrays};
 use crate::models::LanguageModel;
 use crate::weights::Weights;
 
@@ -213,6 +214,7 @@ impl ModelArgs {
     }
 }
 
+#[derive(Clone)]
 struct Attention {
     n_heads: i32,
     n_kv_heads: i32,
@@ -401,6 +403,7 @@ fn geglu(gate: &Array, x: &Array) -> Result<Array> {
     Ok(crate::layers::geglu(gate, x)?)
 }
 
+#[derive(Clone)]
 struct Mlp {
     gate_proj: Linear,
     down_proj: Linear,
@@ -418,6 +421,7 @@ impl Mlp {
 
 /// The MoE block: `Router` (norm, scale, project, top-k, softmax, per-expert scale) and the
 /// GeGLU experts, with its three extra norms.
+#[derive(Clone)]
 struct Moe {
     top_k: i32,
     eps: f32,
@@ -453,12 +457,14 @@ impl Moe {
     }
 }
 
+#[derive(Clone)]
 struct PerLayerInput {
     per_layer_input_gate: Linear,
     per_layer_projection: Linear,
     post_per_layer_input_norm: RmsNorm,
 }
 
+#[derive(Clone)]
 struct DecoderLayer {
     sliding: bool,
     self_attn: Attention,
@@ -601,6 +607,80 @@ impl DecoderLayer {
     }
 }
 
+impl LayerArrays for DecoderLayer {
+    fn arrays_mut(&mut self) -> Result<Vec<LayerParam<'_>>> {
+        self.parameters_mut("")
+    }
+}
+
+impl DecoderLayer {
+    /// [`DecoderLayer::forward`] without a cache under `mx.checkpoint` (mlx-lm's
+    /// `grad_checkpoint`): the hidden states, the per-layer input and the shared keys and
+    /// values are the checkpoint's inputs, the output and the layer's keys and values its
+    /// outputs.
+    fn forward_checkpointed(
+        &self,
+        x: &Array,
+        mask: &AttentionMask,
+        per_layer_input: Option<Array>,
+        shared: Option<(&Kv, usize)>,
+        own: bool,
+    ) -> Result<(Array, Kv, usize)> {
+        let mut inputs = vec![x.clone()];
+        let has_pli = per_layer_input.is_some();
+        inputs.extend(per_layer_input);
+        let offset = shared.map_or(0, |(_, o)| o);
+        match shared {
+            Some((Kv::Dense { keys, values }, _)) => inputs.extend([keys.clone(), values.clone()]),
+            Some(_) => {
+                return Err(ModelError::Other(
+                    "a checkpointed gemma4 layer shares only dense keys and values".into(),
+                ))
+            }
+            None => {}
+        }
+        let has_shared = shared.is_some();
+        let mask = mask.clone();
+        let out = checkpointed_many(self, &inputs, own, move |l, xs| {
+            let missing = || ModelError::Other("checkpoint: missing inputs".into());
+            let x = xs.first().ok_or_else(missing)?;
+            let pli = if has_pli {
+                Some(xs.get(1).ok_or_else(missing)?)
+            } else {
+                None
+            };
+            let at = 1 + usize::from(has_pli);
+            let kv = match (has_shared, xs.get(at), xs.get(at + 1)) {
+                (true, Some(k), Some(v)) => Some(Kv::Dense {
+                    keys: k.clone(),
+                    values: v.clone(),
+                }),
+                (true, _, _) => return Err(missing()),
+                (false, _, _) => None,
+            };
+            let (h, kv, _) = l.forward(x, &mask, None, pli, kv.as_ref().map(|kv| (kv, offset)))?;
+            // A KV-shared layer's keys and values are its inputs: only `h` comes out.
+            match kv {
+                _ if has_shared => Ok(vec![h]),
+                Kv::Dense { keys, values } => Ok(vec![h, keys, values]),
+                _ => Err(ModelError::Other(
+                    "a checkpointed gemma4 layer left no dense keys and values".into(),
+                )),
+            }
+        })?;
+        let mut out = out.into_iter();
+        match (out.next(), shared, out.next(), out.next()) {
+            (Some(h), Some((kv, _)), None, None) => Ok((h, kv.clone(), offset)),
+            (Some(h), None, Some(keys), Some(values)) => {
+                Ok((h, Kv::Dense { keys, values }, offset))
+            }
+            _ => Err(ModelError::Other(
+                "a checkpointed gemma4 layer returned an unexpected number of arrays".into(),
+            )),
+        }
+    }
+}
+
 struct PerLayerEmbedding {
     embed_tokens_per_layer: Embedding,
     per_layer_model_projection: Linear,
@@ -617,6 +697,10 @@ pub struct Model {
     per_layer: Option<PerLayerEmbedding>,
     /// For each layer, the layer whose keys and values it uses (itself unless KV-shared).
     previous_kvs: Vec<usize>,
+    /// `--grad-checkpoint`: every layer under `mx.checkpoint` (training, no caches).
+    grad_checkpoint: bool,
+    /// The layers whose own arrays enter their checkpoints (full fine-tuning).
+    checkpoint_own: std::ops::Range<usize>,
 }
 
 impl Model {
@@ -747,6 +831,8 @@ impl Model {
             lm_head,
             per_layer,
             previous_kvs,
+            grad_checkpoint: false,
+            checkpoint_own: 0..0,
         })
     }
 
@@ -885,7 +971,13 @@ impl Model {
                 )?),
                 None => None,
             };
-            let (out, kv, offset) = layer.forward(&h, mask, cache, pli.as_ref(), shared)?;
+            let (out, kv, offset) = match cache {
+                None if self.grad_checkpoint => {
+                    let own = self.checkpoint_own.contains(&i);
+                    layer.forward_checkpointed(&h, mask, pli, shared, own)?
+                }
+                cache => layer.forward(&h, mask, cache, pli.as_ref(), shared)?,
+            };
             h = out;
             intermediates[i] = Some((kv, offset));
         }
@@ -929,6 +1021,16 @@ impl LanguageModel for Model {
     /// The layers that own caches (the KV-shared ones have none).
     fn num_layers(&self) -> usize {
         self.args.first_kv_shared()
+    }
+
+    fn set_grad_checkpoint(&mut self, on: bool) -> bool {
+        self.grad_checkpoint = on;
+        true
+    }
+
+    fn set_checkpoint_layer_params(&mut self, layers: std::ops::Range<usize>) -> bool {
+        self.checkpoint_own = layers;
+        true
     }
 
     fn layer_parameters_mut(&mut self) -> Result<Vec<Vec<LayerParam<'_>>>> {
