@@ -24,6 +24,18 @@ macro_rules! port_entry_points {
         fn vocab_size(&self) -> i32 {
             self.$cfg.vocab_size
         }
+
+        // mlx-lm's `grad_checkpoint` (`models/checkpoint.rs`), over the port's
+        // `grad_checkpoint` and `checkpoint_own` fields.
+        fn set_grad_checkpoint(&mut self, on: bool) -> bool {
+            self.grad_checkpoint = on;
+            true
+        }
+
+        fn set_checkpoint_layer_params(&mut self, layers: std::ops::Range<usize>) -> bool {
+            self.checkpoint_own = layers;
+            true
+        }
     };
 }
 

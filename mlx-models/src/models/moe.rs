@@ -1351,16 +1351,6 @@ impl LanguageModel for Model {
         self.layers.len()
     }
 
-    fn set_grad_checkpoint(&mut self, on: bool) -> bool {
-        self.grad_checkpoint = on;
-        true
-    }
-
-    fn set_checkpoint_layer_params(&mut self, layers: std::ops::Range<usize>) -> bool {
-        self.checkpoint_own = layers;
-        true
-    }
-
     fn layer_parameters_mut(&mut self) -> Result<Vec<Vec<LayerParam<'_>>>> {
         let Model { spec, layers, .. } = self;
         layers
