@@ -53,6 +53,12 @@ fn layers(model: &mut dyn LanguageModel) -> Result<Vec<Vec<LayerParam<'_>>>> {
     Ok(layers)
 }
 
+/// `len(model.layers)`: the decoder layers full fine-tuning selects from (gemma4_text's
+/// `LanguageModel::num_layers` counts only the layers that own caches).
+pub fn decoder_layer_count(model: &mut dyn LanguageModel) -> Result<usize> {
+    Ok(layers(model)?.len())
+}
+
 /// What `model.freeze()` + `unfreeze()` of the last `num_layers` layers leaves trainable:
 /// the current values of those layers' arrays (quantized linears' excepted).
 pub fn trainable_parameters(model: &mut dyn LanguageModel, num_layers: i32) -> Result<ParamMap> {
@@ -133,7 +139,7 @@ impl FullModel {
         keep_base: bool,
     ) -> Result<FullModel> {
         let base = trainable_parameters(model.as_mut(), num_layers)?;
-        let layers = selected_layers(model.num_layers(), num_layers);
+        let layers = selected_layers(decoder_layer_count(model.as_mut())?, num_layers);
         for (k, v) in &base {
             params.insert(k, v.clone())?;
         }

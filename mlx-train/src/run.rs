@@ -357,11 +357,16 @@ pub fn prepare(config: &RunConfig) -> Result<Prepared> {
         ));
     }
     random::seed(u64::from(config.seed))?;
-    if config.num_layers > model.num_layers() as i32 {
+    // `len(model.layers)`.
+    let n_layers = if config.fine_tune_type == "full" {
+        crate::full::decoder_layer_count(model.as_mut())?
+    } else {
+        model.num_layers()
+    };
+    if config.num_layers > n_layers as i32 {
         return Err(TrainError::Config(format!(
-            "Requested to train {} layers but the model only has {} layers.",
+            "Requested to train {} layers but the model only has {n_layers} layers.",
             config.num_layers,
-            model.num_layers()
         )));
     }
     let params = Params::new();

@@ -1,5 +1,6 @@
-"""Seeded random llama checkpoints for `cargo xtask bench`, written once as HF-style directories
-(config.json + model.safetensors) by mlx-lm 0.32.2's own llama model.
+"""Seeded random checkpoints for `cargo xtask bench`, written once as HF-style directories
+(config.json + model.safetensors) by mlx-lm 0.32.2's own model classes (llama; gemma3_text for
+Gemma 3 270M's shape).
 
     python bench_models.py OUT_DIR NAME [NAME ...]
 
@@ -9,6 +10,7 @@ The shapes are those of a ~0.5B llama (Qwen2.5-0.5B-like widths with a 32k vocab
 enough that the matmuls dominate, small enough for a 2-core CPU.
 """
 
+import importlib
 import json
 import os
 import shutil
@@ -18,7 +20,6 @@ import time
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
-from mlx_lm.models import llama
 
 BASE_0_5B = {
     "model_type": "llama",
@@ -80,6 +81,27 @@ BASE_8B = {
     "tie_word_embeddings": False,
 }
 
+# Gemma 3 270M's shape (gemma3_text: 18 layers, head_dim 256, one KV head, sliding window 512
+# every layer but each sixth, a 262k vocabulary, tied embeddings), for full fine-tuning on the
+# CPU.
+BASE_GEMMA3_270M = {
+    "model_type": "gemma3_text",
+    "hidden_size": 640,
+    "num_hidden_layers": 18,
+    "intermediate_size": 2048,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "head_dim": 256,
+    "query_pre_attn_scalar": 256,
+    "rms_norm_eps": 1e-06,
+    "vocab_size": 262144,
+    "rope_theta": 1000000.0,
+    "rope_local_base_freq": 10000.0,
+    "sliding_window": 512,
+    "sliding_window_pattern": 6,
+    "max_position_embeddings": 32768,
+}
+
 # name -> (config, dtype, (group_size, bits) or None, direct)
 # `direct`: the quantized tensors are drawn as they are stored (uniform 4-bit codes, scales and
 # biases giving weights of mean 0 and standard deviation 0.02), never as float weights that
@@ -91,6 +113,7 @@ MODELS = {
     "llama-135m-bf16": (BASE_135M, "bfloat16", None, False),
     "llama-135m-q4": (BASE_135M, "bfloat16", (64, 4), False),
     "llama-small-f32": (BASE_SMALL, "float32", None, False),
+    "gemma3-270m-f32": (BASE_GEMMA3_270M, "float32", None, False),
     "llama-8b-q4": (BASE_8B, "bfloat16", (64, 4), True),
     "llama-8b-q8": (BASE_8B, "bfloat16", (64, 8), False),
     "llama-8b-bf16": (BASE_8B, "bfloat16", None, False),
@@ -128,7 +151,8 @@ def write(out_root, name):
     os.makedirs(out_dir)
     t0 = time.perf_counter()
     mx.random.seed(7)
-    model = llama.Model(llama.ModelArgs.from_dict(config))
+    arch = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
+    model = arch.Model(arch.ModelArgs.from_dict(config))
     if direct:
         gs, bits = quant
         nn.quantize(model, group_size=gs, bits=bits)
@@ -149,6 +173,8 @@ def write(out_root, name):
         config["quantization"] = {"group_size": gs, "bits": bits}
     mx.eval(model.parameters())
     params = dict(tree_flatten(model.parameters()))
+    if config["model_type"] == "gemma3_text":
+        params.pop("lm_head.weight")  # tied, as Gemma 3 270M
     mx.save_safetensors(os.path.join(out_dir, "model.safetensors"), params)
     finish(out_dir, config, n, t0)
 

@@ -26,28 +26,26 @@ gen = importlib.import_module("mlx_lm.generate")
 
 OUT = Path("mlx-engine/tests/goldens/graph.json")
 # Every fixture of `mlx-cli/tests/goldens/cli_models.json` (one or more per served model_type)
-# but these, whose graphs still differ from mlx-lm's (same bits, other nodes):
-# - gemma, gemma2, gemma3_text (+ _q4, the gemma3 wrapper) and nemotron: the norms' `1 + weight`
-#   is computed once at load (`Norm::load`), where mlx-lm adds it at every call: from the
-#   second graph on ours has one Add fewer per norm;
-# - stablelm_parallel_qknorm: the per-head qk norms' weights are stacked once at load, where
-#   mlx-lm's `LayerNormPerHead` runs `mx.stack` at every call (Concatenate, ExpandDims);
-# - olmo: mlx-lm's olmo needs the `ai2-olmo` package, not in the oracle venv.
+# but olmo: mlx-lm's olmo needs the `ai2-olmo` package, not in the oracle venv.
 # The prompt's ids fit the smallest fixture vocabulary (96).
 MODELS = [
     "dense/apertus", "dense/cohere", "dense/cohere2", "dense/cohere2_f16", "dense/cohere_bias",
-    "dense/ernie4_5", "dense/exaone", "dense/exaone4", "dense/exaone4_plain", "dense/glm",
+    "dense/ernie4_5", "dense/exaone", "dense/exaone4", "dense/exaone4_plain", "dense/gemma",
+    "dense/gemma2", "dense/gemma2_bf16", "dense/gemma3_text", "dense/gemma3_text_q4",
+    "dense/gemma3_wrapper", "dense/glm",
     "dense/glm4", "dense/glm4_bf16", "dense/gpt2", "dense/gpt2_hf", "dense/gpt_bigcode",
     "dense/gpt_bigcode_mha_bf16", "dense/gpt_neox", "dense/gpt_neox_hf",
     "dense/gpt_neox_sequential_q4", "dense/gptj", "dense/gptj_hf", "dense/granite",
     "dense/helium", "dense/hunyuan_v1_dense", "dense/hunyuan_v1_dense_plain", "dense/internlm2",
     "dense/internlm2_q4", "dense/internlm3", "dense/llama4_text", "dense/llama4_text_q4",
     "dense/mimo", "dense/minicpm", "dense/ministral3", "dense/ministral3_bf16",
-    "dense/mistral3_wrapper", "dense/nanochat", "dense/nanochat_gqa_bf16", "dense/olmo2",
+    "dense/mistral3_wrapper", "dense/nanochat", "dense/nanochat_gqa_bf16", "dense/nemotron",
+    "dense/olmo2",
     "dense/olmo2_bf16", "dense/olmo3", "dense/phi", "dense/phi3", "dense/phi3_partial",
     "dense/phi3_q4", "dense/phi_bf16", "dense/qwen2", "dense/qwen2_q4", "dense/qwen3",
     "dense/qwen3_bf16", "dense/seed_oss", "dense/smollm3", "dense/smollm3_q4",
-    "dense/smollm3_sliding", "dense/spark2_5", "dense/stablelm", "dense/starcoder2",
+    "dense/smollm3_sliding", "dense/spark2_5", "dense/stablelm",
+    "dense/stablelm_parallel_qknorm", "dense/starcoder2",
     "dense/starcoder2_bf16", "dense/telechat3", "dense_bf16_mha", "dense_bf16_untied",
     "dense_f16", "dense_f32",
     "gemma4_text", "gemma4_text_bf16", "gemma4_text_kv_eq", "gpt_oss", "gpt_oss_q4",

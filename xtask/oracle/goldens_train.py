@@ -1,8 +1,8 @@
-"""mlx-lm 0.32.2's tuner on tiny seeded llamas: the L1 reference for mlx-train.
+"""mlx-lm 0.32.2's tuner on tiny seeded models: the L1 reference for mlx-train.
 
 Writes under mlx-train/tests/:
-- models/<name>/: a tiny llama (config.json, model.safetensors) with a byte-level BPE
-  tokenizer trained here (tokenizer.json, tokenizer_config.json with a ChatML template);
+- models/<name>/: a tiny llama (`dense`, `q4`) or Gemma 3 (`gemma3`) (config.json,
+  model.safetensors) with a byte-level BPE tokenizer trained here (tokenizer.json, tokenizer_config.json with a ChatML template);
 - data/<format>/{train,valid}.jsonl: `text`, `prompt`/`completion` and `messages` data;
 - goldens/train_<run>.safetensors, one per run below, made by mlx-lm's own entry points
   (`mlx_lm.utils.load`, `tuner.datasets.load_dataset`, `mlx_lm.lora.train_model`, which
@@ -25,11 +25,13 @@ Writes under mlx-train/tests/:
   on preference batches (`prompt`/`chosen`/`rejected`), and the adapters after them.
 - goldens/train_misc.safetensors: numpy's legacy permutations, clip_grad_norm, schedules.
 - goldens/train_full_archs.safetensors: full fine-tuning's trainable names and gradients on
-  the last layer of other architectures' fixtures (`FULL_ARCHS`).
+  the last layer of other architectures' fixtures (`FULL_ARCHS`), and the arrays after two
+  Adam steps.
 Run with `cargo xtask goldens train`.
 """
 
 import contextlib
+import importlib
 import json
 import os
 import shutil
@@ -155,7 +157,26 @@ def write_data(rng):
     return corpus
 
 
-def make_model(name, vocab, seed, quant):
+# A tiny Gemma 3 (the architecture of Gemma 3 270M): `1 + weight` norms, per-head QK norms,
+# a sliding window shorter than the data's sequences on the first layer, tied embeddings.
+GEMMA3 = {
+    "model_type": "gemma3_text",
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "intermediate_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "query_pre_attn_scalar": 8,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "rope_local_base_freq": 10000.0,
+    "sliding_window": 16,
+    "sliding_window_pattern": 2,
+}
+
+
+def make_model(name, vocab, seed, quant, arch=None):
     config = {
         "model_type": "llama",
         "hidden_size": 32,
@@ -168,8 +189,12 @@ def make_model(name, vocab, seed, quant):
         "rope_theta": 10000.0,
         "tie_word_embeddings": True,
     }
+    module = llama
+    if arch is not None:
+        config = {**arch, "vocab_size": vocab}
+        module = importlib.import_module(f"mlx_lm.models.{arch['model_type']}")
     mx.random.seed(seed)
-    model = llama.Model(llama.ModelArgs.from_dict(config))
+    model = module.Model(module.ModelArgs.from_dict(config))
     model.update(tree_map(lambda p: mx.random.normal(p.shape) * 0.3, model.parameters()))
     if quant is not None:
         gs, bits = quant
@@ -180,7 +205,10 @@ def make_model(name, vocab, seed, quant):
     for f in ("config.json", "model.safetensors"):
         if os.path.exists(f"{d}/{f}"):
             os.remove(f"{d}/{f}")
-    mx.save_safetensors(f"{d}/model.safetensors", dict(tree_flatten(model.parameters())))
+    weights = dict(tree_flatten(model.parameters()))
+    if arch is not None:
+        weights.pop("lm_head.weight", None)  # tied, as Gemma 3 270M
+    mx.save_safetensors(f"{d}/model.safetensors", weights)
     with open(f"{d}/config.json", "w") as f:
         json.dump(config, f, indent=2)
 
@@ -251,6 +279,14 @@ RUNS = {
          "optimizer_config": {"adamw": {"weight_decay": 0.02}}, "mask_prompt": True,
          "resume_adapter_file": f"{ROOT}/adapters/full_dense_text_adam/adapters.safetensors",
          "seed": 4, "steps_per_eval": 100, "val_batches": 1},
+    ),
+    # Gemma 3: both layers (sliding and global) train in full, AdamW, masked prompts.
+    "full_gemma3_chat_adamw": (
+        "gemma3",
+        "chat",
+        {"fine_tune_type": "full", "num_layers": 2, "batch_size": 2, "iters": 4,
+         "learning_rate": 5e-3, "optimizer": "adamw", "mask_prompt": True, "seed": 8,
+         "steps_per_eval": 2, "val_batches": 1},
     ),
     # A 4-bit base: only the norms train (see `frozen_quantized`).
     "full_q4_completions_adamw_accum": (
@@ -518,10 +554,24 @@ def misc():
     g.save()
 
 
-# Full fine-tuning beyond llama: the last layer of tiny mlx-models fixtures unfrozen as
+# Full fine-tuning beyond llama: the last layer (`FULL_LAYERS`) of tiny mlx-models fixtures (descriptor rows
+# under dense/, the ports beside them; the case is the fixture's name) unfrozen as
 # mlx_lm.lora does it, and `nn.value_and_grad(model, default_loss)` on a fixed batch: the
-# trainable names (mlx-lm's module paths) and every gradient.
-FULL_ARCHS = ["qwen3", "phi3", "gpt2", "cohere", "gpt_neox", "internlm2", "olmo2", "starcoder2"]
+# trainable names (mlx-lm's module paths) and every gradient (case `<arch>`); then two steps
+# of mlx's `optim.Adam` on that batch, as the tuner's step applies them: the second step's
+# loss and the trained arrays (case `<arch>_adam`).
+FULL_ARCHS = ["dense/qwen3", "dense/phi3", "dense/gpt2", "dense/cohere", "dense/gpt_neox",
+              "dense/internlm2", "dense/olmo2", "dense/starcoder2", "dense/gemma", "dense/gemma2",
+              "dense/gemma2_bf16", "dense/gemma3_text", "dense/nemotron", "dense/stablelm",
+              "dense/stablelm_parallel_qknorm", "dense/apertus", "mixtral", "qwen2_moe",
+              "qwen3_moe", "olmoe", "gpt_oss", "lfm2", "qwen3_next", "qwen3_5", "qwen3_5_moe",
+              "gemma4_text", "gemma4_text_bf16", "gemma4_text_kv_eq"]
+# Fixtures whose last layer alone would leave a layer kind out: lfm2 ends conv, attention;
+# the DeltaNet hybrids linear attention, full attention; gemma4_text's last layers share an
+# earlier layer's keys and values, so the trained layers reach back to one that has its own.
+FULL_LAYERS = {"lfm2": 2, "qwen3_next": 2, "qwen3_5": 2, "qwen3_5_moe": 2, "gemma4_text": 3,
+               "gemma4_text_bf16": 3, "gemma4_text_kv_eq": 2}
+FULL_ADAM_LR = 1e-2
 
 
 def full_architectures():
@@ -530,17 +580,29 @@ def full_architectures():
     g = Golden(f"{ROOT}/goldens/train_full_archs.safetensors", __file__)
     batch = mx.array([[3, 17, 40, 9, 88, 5, 61, 23, 12], [7, 2, 55, 31, 80, 14, 6, 47, 29]], mx.int32)
     lengths = mx.array([[0, 8], [2, 6]], mx.int32)
-    for arch in FULL_ARCHS:
-        model, _ = load_model(Path(f"mlx-models/tests/models/dense/{arch}"))
+    for fixture in FULL_ARCHS:
+        arch = fixture.split("/")[-1]
+        model, _ = load_model(Path(f"mlx-models/tests/models/{fixture}"))
+        num_layers = FULL_LAYERS.get(arch, 1)
         model.freeze()
-        for layer in model.layers[-1:]:
+        for layer in model.layers[-num_layers:]:
             layer.unfreeze()
         names = sorted(k for k, _ in tree_flatten(model.trainable_parameters()))
         model.train()
-        (loss, ntoks), grads = nn.value_and_grad(model, default_loss)(model, batch, lengths)
-        grads = dict(tree_flatten(grads))
-        g.case(arch, "value_and_grad", [batch, lengths], [loss, ntoks] + [grads[k] for k in names],
-               names=names)
+        loss_and_grad = nn.value_and_grad(model, default_loss)
+        (loss, ntoks), grads = loss_and_grad(model, batch, lengths)
+        flat = dict(tree_flatten(grads))
+        g.case(arch, "value_and_grad", [batch, lengths], [loss, ntoks] + [flat[k] for k in names],
+               names=names, num_layers=num_layers)
+        opt = optim.Adam(learning_rate=FULL_ADAM_LR)
+        opt.update(model, grads)
+        mx.eval(model.parameters(), opt.state)
+        (loss, _), grads = loss_and_grad(model, batch, lengths)
+        opt.update(model, grads)
+        mx.eval(model.parameters(), opt.state)
+        final = dict(tree_flatten(model.trainable_parameters()))
+        g.case(f"{arch}_adam", "adam", [], [loss] + [final[k] for k in names], names=names,
+               steps=2, learning_rate=FULL_ADAM_LR)
     g.save()
 
 
@@ -548,12 +610,13 @@ def main():
     rng = np.random.default_rng(1234)
     corpus = write_data(rng)
     vocab = None
-    for name in ("dense", "q4"):
+    for name in ("dense", "q4", "gemma3"):
         d = f"{ROOT}/models/{name}"
         os.makedirs(d, exist_ok=True)
         vocab = make_tokenizer(d, corpus)
     make_model("dense", vocab, 21, None)
     make_model("q4", vocab, 22, (32, 4))
+    make_model("gemma3", vocab, 23, None, GEMMA3)
     for name, (model_name, data, overrides) in RUNS.items():
         run(name, model_name, data, overrides)
     preference()

@@ -20,6 +20,24 @@ pub struct QuantizedWeight {
     pub mode: QuantMode,
 }
 
+impl QuantizedWeight {
+    /// The packed `weight`, `scales` and (affine) `biases` under `path`, marked quantized:
+    /// no gradient reaches them, so full fine-tuning keeps them frozen.
+    pub(crate) fn parameters_mut<'a>(&'a mut self, path: &str, out: &mut Vec<LayerParam<'a>>) {
+        let QuantizedWeight {
+            weight,
+            scales,
+            biases,
+            ..
+        } = self;
+        LayerParam::push(out, path, "weight", weight, true);
+        LayerParam::push(out, path, "scales", scales, true);
+        if let Some(b) = biases {
+            LayerParam::push(out, path, "biases", b, true);
+        }
+    }
+}
+
 pub(crate) fn quant_mode(mode: &str) -> Result<QuantMode> {
     match mode {
         "affine" => Ok(QuantMode::Affine),
@@ -168,17 +186,7 @@ impl Linear {
                 (bias, false)
             }
             Linear::Quantized { weight, bias } => {
-                let QuantizedWeight {
-                    weight,
-                    scales,
-                    biases,
-                    ..
-                } = weight;
-                LayerParam::push(out, path, "weight", weight, true);
-                LayerParam::push(out, path, "scales", scales, true);
-                if let Some(b) = biases {
-                    LayerParam::push(out, path, "biases", b, true);
-                }
+                weight.parameters_mut(path, out);
                 (bias, true)
             }
             Linear::Adapted(_) => {

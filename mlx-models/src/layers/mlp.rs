@@ -3,7 +3,7 @@
 
 use mlx_core::prelude::*;
 
-use crate::error::{ModelError, Result};
+use crate::error::Result;
 use crate::layers::activations::{gelu, gelu_approx, relu2, silu, swiglu, xielu};
 use crate::layers::linear::Linear;
 use crate::layers::LayerParam;
@@ -77,6 +77,24 @@ struct XieLuParams {
     eps: Array,
 }
 
+/// The projections under their names, in mlx-lm's declaration order (gate, down, up).
+fn gate_up_down<'a>(
+    gate_up: &'a mut GateUp,
+    down: &'a mut Linear,
+    names: &MlpNames,
+) -> Vec<(&'static str, &'a mut Linear)> {
+    match gate_up {
+        GateUp::Separate { gate, up } => {
+            vec![(names.gate, gate), (names.down, down), (names.up, up)]
+        }
+        GateUp::Fused(l) => vec![
+            (names.gate_up.unwrap_or("gate_up_proj"), l),
+            (names.down, down),
+        ],
+        GateUp::Plain(l) => vec![(names.up, l), (names.down, down)],
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct Mlp {
     kind: MlpKind,
@@ -90,33 +108,43 @@ impl Mlp {
     /// The projections under their names, in mlx-lm's declaration order (gate, down, up).
     pub fn linears_mut(&mut self, names: &MlpNames) -> Vec<(&'static str, &mut Linear)> {
         let Mlp { gate_up, down, .. } = self;
-        match gate_up {
-            GateUp::Separate { gate, up } => {
-                vec![(names.gate, gate), (names.down, down), (names.up, up)]
-            }
-            GateUp::Fused(l) => vec![
-                (names.gate_up.unwrap_or("gate_up_proj"), l),
-                (names.down, down),
-            ],
-            GateUp::Plain(l) => vec![(names.up, l), (names.down, down)],
-        }
+        gate_up_down(gate_up, down, names)
     }
 
-    /// The projections' arrays under `path` (full fine-tuning). xIELU's learned scalars are
-    /// not exposed (an error).
+    /// The MLP's arrays under `path` (full fine-tuning): the projections', then xIELU's
+    /// learned scalars (`act_fn.alpha_p`, `alpha_n`, `beta`, `eps`: mlx-lm's `XieLU` holds all
+    /// four as parameters, so all four train).
     pub fn parameters_mut<'a>(
         &'a mut self,
         path: &str,
         names: &MlpNames,
         out: &mut Vec<LayerParam<'a>>,
     ) -> Result<()> {
-        if self.xielu.is_some() {
-            return Err(ModelError::Other(format!(
-                "{path}: xIELU's parameters cannot be trained in full"
-            )));
-        }
-        for (name, l) in self.linears_mut(names) {
+        let Mlp {
+            gate_up,
+            down,
+            xielu,
+            ..
+        } = self;
+        for (name, l) in gate_up_down(gate_up, down, names) {
             l.parameters_mut(&join(path, name), out)?;
+        }
+        if let Some(p) = xielu {
+            let act = join(path, "act_fn");
+            let XieLuParams {
+                alpha_p,
+                alpha_n,
+                beta,
+                eps,
+            } = p;
+            for (leaf, a) in [
+                ("alpha_p", alpha_p),
+                ("alpha_n", alpha_n),
+                ("beta", beta),
+                ("eps", eps),
+            ] {
+                LayerParam::push(out, &act, leaf, a, false);
+            }
         }
         Ok(())
     }

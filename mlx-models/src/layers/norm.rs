@@ -21,6 +21,11 @@ impl RmsNorm {
         })
     }
 
+    /// `weight` under `path`, for full fine-tuning.
+    pub fn parameters_mut<'a>(&'a mut self, path: &str, out: &mut Vec<LayerParam<'a>>) {
+        LayerParam::push(out, path, "weight", &mut self.weight, false);
+    }
+
     pub fn forward(&self, x: &Array) -> Result<Array> {
         Ok(fast::rms_norm(x, Some(&self.weight), self.eps, None)?)
     }
@@ -83,52 +88,42 @@ pub enum NormKind {
     LayerNoAffine,
 }
 
-/// A normalization layer of any [`NormKind`].
+/// A normalization layer of any [`NormKind`]. The offset kinds keep `weight` as the file
+/// stores it (mlx-lm's parameter, which full fine-tuning trains) and add the `1` at every call,
+/// where mlx-lm adds it.
 #[derive(Clone, Debug)]
 pub enum Norm {
     Rms(RmsNorm),
-    RmsNoWeight { eps: f32 },
+    /// Gemma's `RMSNorm`: `rms_norm(x, 1.0 + weight, eps)`.
+    RmsOffset(RmsNorm),
+    RmsNoWeight {
+        eps: f32,
+    },
     Layer(LayerNorm),
+    /// Nemotron's `LayerNorm1P`: `layer_norm(x, weight + 1, bias, eps)`.
+    LayerOffset(LayerNorm),
 }
 
 impl Norm {
     pub fn load(w: &mut Weights, path: &str, kind: NormKind, dims: i32, eps: f32) -> Result<Norm> {
+        let layer =
+            |w: &mut Weights, affine, bias| LayerNorm::load(w, path, dims, eps, affine, bias);
         Ok(match kind {
             NormKind::Rms => Norm::Rms(RmsNorm::load(w, path, dims, eps)?),
+            NormKind::RmsOffset => Norm::RmsOffset(RmsNorm::load(w, path, dims, eps)?),
             NormKind::RmsNoWeight => Norm::RmsNoWeight { eps },
-            NormKind::RmsOffset => {
-                let n = RmsNorm::load(w, path, dims, eps)?;
-                // `1.0 + self.weight`: a weak Python float, so the weight's dtype. Elementwise,
-                // so computing it once at load gives the same bits as at every call.
-                Norm::Rms(RmsNorm {
-                    weight: (1.0f32 + &n.weight)?,
-                    eps,
-                })
-            }
-            NormKind::Layer { bias } => {
-                Norm::Layer(LayerNorm::load(w, path, dims, eps, true, bias)?)
-            }
-            NormKind::LayerNoAffine => {
-                Norm::Layer(LayerNorm::load(w, path, dims, eps, false, false)?)
-            }
-            NormKind::LayerOffset { bias } => {
-                let mut n = LayerNorm::load(w, path, dims, eps, true, bias)?;
-                // `self.weight + 1`: a weak Python int, so the weight's dtype.
-                if let Some(wt) = n.weight.take() {
-                    n.weight = Some((&wt + 1)?);
-                }
-                Norm::Layer(n)
-            }
+            NormKind::Layer { bias } => Norm::Layer(layer(w, true, bias)?),
+            NormKind::LayerOffset { bias } => Norm::LayerOffset(layer(w, true, bias)?),
+            NormKind::LayerNoAffine => Norm::Layer(layer(w, false, false)?),
         })
     }
 
-    /// The norm's arrays under `path` (`weight`, `bias`). For the offset kinds the stored
-    /// weight already holds its `+ 1`, which the caller must rule out.
+    /// The norm's arrays under `path` (`weight`, `bias`), as mlx-lm names and stores them.
     pub fn parameters_mut<'a>(&'a mut self, path: &str, out: &mut Vec<LayerParam<'a>>) {
         match self {
-            Norm::Rms(n) => LayerParam::push(out, path, "weight", &mut n.weight, false),
+            Norm::Rms(n) | Norm::RmsOffset(n) => n.parameters_mut(path, out),
             Norm::RmsNoWeight { .. } => {}
-            Norm::Layer(n) => {
+            Norm::Layer(n) | Norm::LayerOffset(n) => {
                 if let Some(w) = &mut n.weight {
                     LayerParam::push(out, path, "weight", w, false);
                 }
@@ -142,8 +137,26 @@ impl Norm {
     pub fn forward(&self, x: &Array) -> Result<Array> {
         match self {
             Norm::Rms(n) => n.forward(x),
+            // `1.0 + self.weight`: a weak Python float, so the weight's dtype.
+            Norm::RmsOffset(n) => Ok(fast::rms_norm(
+                x,
+                Some(&(1.0f32 + &n.weight)?),
+                n.eps,
+                None,
+            )?),
             Norm::RmsNoWeight { eps } => Ok(fast::rms_norm(x, None, *eps, None)?),
             Norm::Layer(n) => n.forward(x),
+            // `self.weight + 1`: a weak Python int, so the weight's dtype.
+            Norm::LayerOffset(n) => {
+                let weight = n.weight.as_ref().map(|w| w + 1).transpose()?;
+                Ok(fast::layer_norm(
+                    x,
+                    weight.as_ref(),
+                    n.bias.as_ref(),
+                    n.eps,
+                    None,
+                )?)
+            }
         }
     }
 }

@@ -8,6 +8,7 @@ use mlx_core::quantized::QuantMode;
 use crate::error::{ModelError, Result};
 use crate::layers::activations::{geglu, swiglu, swiglu_oai};
 use crate::layers::linear::{quant_mode, QuantizedWeight};
+use crate::layers::LayerParam;
 use crate::weights::Weights;
 
 /// `SwitchLinear` / `QuantizedSwitchLinear`: `num_experts` stacked `(out, in)` matrices; each
@@ -81,6 +82,24 @@ impl SwitchLinear {
                     bias: b,
                 })
             }
+        }
+    }
+
+    /// The layer's arrays under `path` as mlx names them (full fine-tuning): `weight`,
+    /// `bias`; a quantized layer's (`weight`, `scales`, `biases`, `bias`) marked quantized.
+    pub fn parameters_mut<'a>(&'a mut self, path: &str, out: &mut Vec<LayerParam<'a>>) {
+        let (bias, quantized) = match self {
+            SwitchLinear::Dense { weight, bias } => {
+                LayerParam::push(out, path, "weight", weight, false);
+                (bias, false)
+            }
+            SwitchLinear::Quantized { weight, bias } => {
+                weight.parameters_mut(path, out);
+                (bias, true)
+            }
+        };
+        if let Some(b) = bias {
+            LayerParam::push(out, path, "bias", b, quantized);
         }
     }
 
@@ -195,6 +214,23 @@ impl SwitchGlu {
             )?,
             activation,
         })
+    }
+
+    /// The three projections' arrays under `path` (full fine-tuning).
+    pub fn parameters_mut<'a>(&'a mut self, path: &str, out: &mut Vec<LayerParam<'a>>) {
+        let SwitchGlu {
+            gate_proj,
+            up_proj,
+            down_proj,
+            ..
+        } = self;
+        for (name, l) in [
+            ("gate_proj", gate_proj),
+            ("up_proj", up_proj),
+            ("down_proj", down_proj),
+        ] {
+            l.parameters_mut(&format!("{path}.{name}"), out);
+        }
     }
 
     /// `x` of shape `(..., dims)` and `indices` `(..., k)` to `(..., k, dims)`.

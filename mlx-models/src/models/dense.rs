@@ -66,6 +66,25 @@ enum QkNormLayers {
         k: Array,
         eps: f32,
     },
+    /// StableLM's `LayerNormPerHead`: one weight per head (`norms.<h>.weight`), stacked at
+    /// every call, then as `LayerNorm2d`.
+    PerHead {
+        q: Vec<Array>,
+        k: Vec<Array>,
+        eps: f32,
+    },
+}
+
+/// `weight * mx.fast.layer_norm(x, None, None, eps)` (Cohere's `LayerNorm2D`, StableLM's
+/// `LayerNormPerHead` after its `mx.stack`).
+fn scaled_layer_norm(weight: &Array, x: &Array, eps: f32) -> Result<Array> {
+    Ok((weight * &mlx_core::fast::layer_norm(x, None, None, eps, None)?)?)
+}
+
+/// `mx.stack([n.weight for n in self.norms])`.
+fn stack_heads(rows: &[Array]) -> Result<Array> {
+    let refs: Vec<&Array> = rows.iter().collect();
+    Ok(ops::stack(&refs, 0, None)?)
 }
 
 /// Where rope rotates: a position (a plain cache's offset) or an int32 array of offsets (a
@@ -161,6 +180,20 @@ impl Attention {
                 LayerParam::push(out, &norm_path(n.q_norm), "weight", q, false);
                 LayerParam::push(out, &norm_path(n.k_norm), "weight", k, false);
             }
+            QkNormLayers::PerHead { q, k, .. } => {
+                for (name, rows) in [(n.q_norm, q), (n.k_norm, k)] {
+                    let path = norm_path(name);
+                    for (h, w) in rows.iter_mut().enumerate() {
+                        LayerParam::push(
+                            out,
+                            &join(&path, &format!("norms.{h}")),
+                            "weight",
+                            w,
+                            false,
+                        );
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -221,11 +254,13 @@ impl Attention {
         let qk_kind = d.qk_norm_kind.unwrap_or(d.norm);
         let qk_norm = match d.qk_norm {
             QkNorm::None => QkNormLayers::None,
-            QkNorm::PerHead | QkNorm::PerHeadAfterRope => QkNormLayers::Norm {
-                q: Norm::load(w, &p(n.q_norm), qk_kind, hd, eps)?,
-                k: Norm::load(w, &p(n.k_norm), qk_kind, hd, eps)?,
-                at: d.qk_norm,
-            },
+            QkNorm::PerHead | QkNorm::PerHeadTransposed | QkNorm::PerHeadAfterRope => {
+                QkNormLayers::Norm {
+                    q: Norm::load(w, &p(n.q_norm), qk_kind, hd, eps)?,
+                    k: Norm::load(w, &p(n.k_norm), qk_kind, hd, eps)?,
+                    at: d.qk_norm,
+                }
+            }
             QkNorm::Full => QkNormLayers::Norm {
                 q: Norm::load(w, &p(n.q_norm), qk_kind, nh * hd, eps)?,
                 k: Norm::load(w, &p(n.k_norm), qk_kind, nkv * hd, eps)?,
@@ -237,16 +272,14 @@ impl Attention {
                 eps,
             },
             QkNorm::LayerNormPerHead => {
-                let mut stacked = |name: &str, heads: i32| -> Result<Array> {
-                    let rows = (0..heads)
+                let mut rows = |name: &str, heads: i32| -> Result<Vec<Array>> {
+                    (0..heads)
                         .map(|h| w.take(&format!("{}.norms.{h}.weight", p(name)), &[hd]))
-                        .collect::<Result<Vec<_>>>()?;
-                    let refs: Vec<&Array> = rows.iter().collect();
-                    Ok(ops::stack(&refs, 0, None)?)
+                        .collect()
                 };
-                QkNormLayers::LayerNorm2d {
-                    q: stacked(n.q_norm, nh)?,
-                    k: stacked(n.k_norm, nkv)?,
+                QkNormLayers::PerHead {
+                    q: rows(n.q_norm, nh)?,
+                    k: rows(n.k_norm, nkv)?,
                     eps,
                 }
             }
@@ -370,15 +403,27 @@ impl Attention {
                 keys = k.forward(&keys)?;
             }
             QkNormLayers::LayerNorm2d { q, k, eps } => {
-                let ln = |x: &Array| mlx_core::fast::layer_norm(x, None, None, *eps, None);
-                queries = (q * &ln(&queries)?)?;
-                keys = (k * &ln(&keys)?)?;
+                queries = scaled_layer_norm(q, &queries, *eps)?;
+                keys = scaled_layer_norm(k, &keys, *eps)?;
+            }
+            QkNormLayers::PerHead { q, k, eps } => {
+                queries = scaled_layer_norm(&stack_heads(q)?, &queries, *eps)?;
+                keys = scaled_layer_norm(&stack_heads(k)?, &keys, *eps)?;
             }
             _ => {}
         }
         let t = |y: &Array| self.heads_transpose(y);
-        let queries = t(&queries)?;
-        let keys = t(&keys)?;
+        let mut queries = t(&queries)?;
+        let mut keys = t(&keys)?;
+        if let QkNormLayers::Norm {
+            q,
+            k,
+            at: QkNorm::PerHeadTransposed,
+        } = &self.qk_norm
+        {
+            queries = q.forward(&queries)?;
+            keys = k.forward(&keys)?;
+        }
         let values = t(&split(&values, self.n_kv_heads)?)?;
         let rotate = |r: &Rope, y: &Array| -> Result<Array> {
             match at {
@@ -1202,15 +1247,6 @@ impl LanguageModel for Model {
 
     fn layer_parameters_mut(&mut self) -> Result<Vec<Vec<LayerParam<'_>>>> {
         let d = &self.desc;
-        let offset = |k: NormKind| matches!(k, NormKind::RmsOffset | NormKind::LayerOffset { .. });
-        let qk_offset = d.qk_norm != QkNorm::None && offset(d.qk_norm_kind.unwrap_or(d.norm));
-        if offset(d.norm) || qk_offset || d.qk_norm == QkNorm::LayerNormPerHead {
-            return Err(ModelError::Other(format!(
-                "{}: its norms are stored transformed (a `+ 1` offset or stacked heads), \
-                 so their parameters cannot be trained in full",
-                d.model_type
-            )));
-        }
         let names = &d.names;
         self.layers
             .iter_mut()

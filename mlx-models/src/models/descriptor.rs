@@ -52,8 +52,12 @@ pub enum Upcast {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QkNorm {
     None,
-    /// Per head (over `head_dim`), before rope (Qwen 3, Gemma 3).
+    /// Per head (over `head_dim`) on `(B, L, heads, head_dim)`, before rope (Qwen 3).
     PerHead,
+    /// Per head on `(B, heads, L, head_dim)`, after the heads' transpose, before rope
+    /// (Gemma 3). The same values as `PerHead`, but the weight's gradient sums the rows in
+    /// this order.
+    PerHeadTransposed,
     /// Per head, after rope (Hunyuan).
     PerHeadAfterRope,
     /// Over the whole projection, before splitting into heads (OLMo 2).
@@ -846,7 +850,7 @@ fn gemma3_text(c: &Cfg) -> Result<Descriptor> {
     d.mlp = MlpKind::GeGluTanh;
     d.placement = Placement::Sandwich;
     d.names = Names::SANDWICH;
-    d.qk_norm = QkNorm::PerHead;
+    d.qk_norm = QkNorm::PerHeadTransposed;
     d.attn_scale = c.f64_or("query_pre_attn_scalar", 256.0)?.powf(-0.5);
     d.rope = Some(RopeSpec {
         dims: hd,

@@ -13,9 +13,10 @@ use serde_json::Value;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::{
-    gelu_approx, scaled_dot_product_attention, Embedding, Linear, RmsNorm, Rope, SwitchActivation,
-    SwitchGlu,
+    gelu_approx, scaled_dot_product_attention, Embedding, LayerParam, Linear, RmsNorm, Rope,
+    SwitchActivation, SwitchGlu,
 };
+use crate::models::checkpoint::{checkpointed_many, LayerArrays};
 use crate::models::LanguageModel;
 use crate::weights::Weights;
 
@@ -213,6 +214,7 @@ impl ModelArgs {
     }
 }
 
+#[derive(Clone)]
 struct Attention {
     n_heads: i32,
     n_kv_heads: i32,
@@ -366,11 +368,42 @@ impl Attention {
     }
 }
 
+impl Attention {
+    /// Every array of the attention under `path` (`...self_attn`), for full fine-tuning; a
+    /// KV-shared layer has no `k_proj`, `v_proj` or `k_norm`.
+    fn parameters_mut<'a>(&'a mut self, path: &str, out: &mut Vec<LayerParam<'a>>) -> Result<()> {
+        let Attention {
+            q_proj,
+            k_proj,
+            v_proj,
+            o_proj,
+            q_norm,
+            k_norm,
+            ..
+        } = self;
+        let p = |n: &str| format!("{path}.{n}");
+        q_proj.parameters_mut(&p("q_proj"), out)?;
+        if let Some(k) = k_proj {
+            k.parameters_mut(&p("k_proj"), out)?;
+        }
+        if let Some(v) = v_proj {
+            v.parameters_mut(&p("v_proj"), out)?;
+        }
+        o_proj.parameters_mut(&p("o_proj"), out)?;
+        q_norm.parameters_mut(&p("q_norm"), out);
+        if let Some(k) = k_norm {
+            k.parameters_mut(&p("k_norm"), out);
+        }
+        Ok(())
+    }
+}
+
 /// `geglu(gate, x)`: `gelu_approx(gate) * x`, compiled as gemma4_text.py compiles it.
 fn geglu(gate: &Array, x: &Array) -> Result<Array> {
     Ok(crate::layers::geglu(gate, x)?)
 }
 
+#[derive(Clone)]
 struct Mlp {
     gate_proj: Linear,
     down_proj: Linear,
@@ -388,6 +421,7 @@ impl Mlp {
 
 /// The MoE block: `Router` (norm, scale, project, top-k, softmax, per-expert scale) and the
 /// GeGLU experts, with its three extra norms.
+#[derive(Clone)]
 struct Moe {
     top_k: i32,
     eps: f32,
@@ -423,12 +457,14 @@ impl Moe {
     }
 }
 
+#[derive(Clone)]
 struct PerLayerInput {
     per_layer_input_gate: Linear,
     per_layer_projection: Linear,
     post_per_layer_input_norm: RmsNorm,
 }
 
+#[derive(Clone)]
 struct DecoderLayer {
     sliding: bool,
     self_attn: Attention,
@@ -443,6 +479,85 @@ struct DecoderLayer {
 }
 
 impl DecoderLayer {
+    /// Every array of the layer under `path` (`model.layers.<i>`), for full fine-tuning,
+    /// under mlx-lm's names (the router's under `router`, the experts' under
+    /// `experts.switch_glu`, the MoE block's norms on the layer).
+    fn parameters_mut(&mut self, path: &str) -> Result<Vec<LayerParam<'_>>> {
+        let DecoderLayer {
+            self_attn,
+            mlp,
+            moe,
+            per_layer,
+            input_layernorm,
+            post_attention_layernorm,
+            pre_feedforward_layernorm,
+            post_feedforward_layernorm,
+            layer_scalar,
+            ..
+        } = self;
+        let p = |n: &str| format!("{path}.{n}");
+        let mut out = Vec::new();
+        self_attn.parameters_mut(&p("self_attn"), &mut out)?;
+        let Mlp {
+            gate_proj,
+            down_proj,
+            up_proj,
+        } = mlp;
+        for (name, l) in [
+            ("gate_proj", gate_proj),
+            ("down_proj", down_proj),
+            ("up_proj", up_proj),
+        ] {
+            l.parameters_mut(&p(&format!("mlp.{name}")), &mut out)?;
+        }
+        let mut norms = vec![
+            ("input_layernorm", input_layernorm),
+            ("post_attention_layernorm", post_attention_layernorm),
+            ("pre_feedforward_layernorm", pre_feedforward_layernorm),
+            ("post_feedforward_layernorm", post_feedforward_layernorm),
+        ];
+        if let Some(m) = moe {
+            let Moe {
+                proj,
+                scale,
+                per_expert_scale,
+                switch_glu,
+                post_feedforward_layernorm_1,
+                post_feedforward_layernorm_2,
+                pre_feedforward_layernorm_2,
+                ..
+            } = m;
+            proj.parameters_mut(&p("router.proj"), &mut out)?;
+            LayerParam::push(&mut out, &p("router"), "scale", scale, false);
+            LayerParam::push(
+                &mut out,
+                &p("router"),
+                "per_expert_scale",
+                per_expert_scale,
+                false,
+            );
+            switch_glu.parameters_mut(&p("experts.switch_glu"), &mut out);
+            norms.push(("post_feedforward_layernorm_1", post_feedforward_layernorm_1));
+            norms.push(("post_feedforward_layernorm_2", post_feedforward_layernorm_2));
+            norms.push(("pre_feedforward_layernorm_2", pre_feedforward_layernorm_2));
+        }
+        if let Some(pl) = per_layer {
+            let PerLayerInput {
+                per_layer_input_gate,
+                per_layer_projection,
+                post_per_layer_input_norm,
+            } = pl;
+            per_layer_input_gate.parameters_mut(&p("per_layer_input_gate"), &mut out)?;
+            per_layer_projection.parameters_mut(&p("per_layer_projection"), &mut out)?;
+            norms.push(("post_per_layer_input_norm", post_per_layer_input_norm));
+        }
+        for (name, n) in norms {
+            n.parameters_mut(&p(name), &mut out);
+        }
+        LayerParam::push(&mut out, path, "layer_scalar", layer_scalar, false);
+        Ok(out)
+    }
+
     fn forward(
         &self,
         x: &Array,
@@ -492,6 +607,80 @@ impl DecoderLayer {
     }
 }
 
+impl LayerArrays for DecoderLayer {
+    fn arrays_mut(&mut self) -> Result<Vec<LayerParam<'_>>> {
+        self.parameters_mut("")
+    }
+}
+
+impl DecoderLayer {
+    /// [`DecoderLayer::forward`] without a cache under `mx.checkpoint` (mlx-lm's
+    /// `grad_checkpoint`): the hidden states, the per-layer input and the shared keys and
+    /// values are the checkpoint's inputs, the output and the layer's keys and values its
+    /// outputs.
+    fn forward_checkpointed(
+        &self,
+        x: &Array,
+        mask: &AttentionMask,
+        per_layer_input: Option<Array>,
+        shared: Option<(&Kv, usize)>,
+        own: bool,
+    ) -> Result<(Array, Kv, usize)> {
+        let mut inputs = vec![x.clone()];
+        let has_pli = per_layer_input.is_some();
+        inputs.extend(per_layer_input);
+        let offset = shared.map_or(0, |(_, o)| o);
+        match shared {
+            Some((Kv::Dense { keys, values }, _)) => inputs.extend([keys.clone(), values.clone()]),
+            Some(_) => {
+                return Err(ModelError::Other(
+                    "a checkpointed gemma4 layer shares only dense keys and values".into(),
+                ))
+            }
+            None => {}
+        }
+        let has_shared = shared.is_some();
+        let mask = mask.clone();
+        let out = checkpointed_many(self, &inputs, own, move |l, xs| {
+            let missing = || ModelError::Other("checkpoint: missing inputs".into());
+            let x = xs.first().ok_or_else(missing)?;
+            let pli = if has_pli {
+                Some(xs.get(1).ok_or_else(missing)?)
+            } else {
+                None
+            };
+            let at = 1 + usize::from(has_pli);
+            let kv = match (has_shared, xs.get(at), xs.get(at + 1)) {
+                (true, Some(k), Some(v)) => Some(Kv::Dense {
+                    keys: k.clone(),
+                    values: v.clone(),
+                }),
+                (true, _, _) => return Err(missing()),
+                (false, _, _) => None,
+            };
+            let (h, kv, _) = l.forward(x, &mask, None, pli, kv.as_ref().map(|kv| (kv, offset)))?;
+            // A KV-shared layer's keys and values are its inputs: only `h` comes out.
+            match kv {
+                _ if has_shared => Ok(vec![h]),
+                Kv::Dense { keys, values } => Ok(vec![h, keys, values]),
+                _ => Err(ModelError::Other(
+                    "a checkpointed gemma4 layer left no dense keys and values".into(),
+                )),
+            }
+        })?;
+        let mut out = out.into_iter();
+        match (out.next(), shared, out.next(), out.next()) {
+            (Some(h), Some((kv, _)), None, None) => Ok((h, kv.clone(), offset)),
+            (Some(h), None, Some(keys), Some(values)) => {
+                Ok((h, Kv::Dense { keys, values }, offset))
+            }
+            _ => Err(ModelError::Other(
+                "a checkpointed gemma4 layer returned an unexpected number of arrays".into(),
+            )),
+        }
+    }
+}
+
 struct PerLayerEmbedding {
     embed_tokens_per_layer: Embedding,
     per_layer_model_projection: Linear,
@@ -508,6 +697,10 @@ pub struct Model {
     per_layer: Option<PerLayerEmbedding>,
     /// For each layer, the layer whose keys and values it uses (itself unless KV-shared).
     previous_kvs: Vec<usize>,
+    /// `--grad-checkpoint`: every layer under `mx.checkpoint` (training, no caches).
+    grad_checkpoint: bool,
+    /// The layers whose own arrays enter their checkpoints (full fine-tuning).
+    checkpoint_own: std::ops::Range<usize>,
 }
 
 impl Model {
@@ -638,6 +831,8 @@ impl Model {
             lm_head,
             per_layer,
             previous_kvs,
+            grad_checkpoint: false,
+            checkpoint_own: 0..0,
         })
     }
 
@@ -776,7 +971,13 @@ impl Model {
                 )?),
                 None => None,
             };
-            let (out, kv, offset) = layer.forward(&h, mask, cache, pli.as_ref(), shared)?;
+            let (out, kv, offset) = match cache {
+                None if self.grad_checkpoint => {
+                    let own = self.checkpoint_own.contains(&i);
+                    layer.forward_checkpointed(&h, mask, pli, shared, own)?
+                }
+                cache => layer.forward(&h, mask, cache, pli.as_ref(), shared)?,
+            };
             h = out;
             intermediates[i] = Some((kv, offset));
         }
@@ -820,5 +1021,13 @@ impl LanguageModel for Model {
     /// The layers that own caches (the KV-shared ones have none).
     fn num_layers(&self) -> usize {
         self.args.first_kv_shared()
+    }
+
+    fn layer_parameters_mut(&mut self) -> Result<Vec<Vec<LayerParam<'_>>>> {
+        self.layers
+            .iter_mut()
+            .enumerate()
+            .map(|(i, l)| l.parameters_mut(&format!("model.layers.{i}")))
+            .collect()
     }
 }

@@ -3,14 +3,15 @@
 //! A cache from [`LanguageModel::make_cache_with_rollback`] keeps recent per-token conv states
 //! so `trim(n)` works (see `mlx_cache::ArraysCache`).
 
-use mlx_cache::{ArraysCache, Cache, KVCache};
+use mlx_cache::{ArraysCache, AttentionMask, Cache, KVCache};
 use mlx_core::prelude::*;
 use serde::Deserialize;
 use serde_json::Value;
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::layers::{swiglu, Embedding, Linear, RmsNorm, Rope};
+use crate::layers::{swiglu, Embedding, LayerParam, Linear, RmsNorm, Rope};
+use crate::models::checkpoint::{checkpointed, LayerArrays};
 use crate::models::moe::{Attention, AttentionSpec, QkNorm};
 use crate::models::LanguageModel;
 use crate::weights::Weights;
@@ -138,6 +139,7 @@ impl ModelArgs {
 }
 
 /// `ShortConv`: `out_proj(C * conv(B * x))` over a depthwise causal convolution.
+#[derive(Clone)]
 struct ShortConv {
     l_cache: i32,
     conv_weight: Array,
@@ -222,17 +224,104 @@ impl ShortConv {
     }
 }
 
+impl ShortConv {
+    /// The block's arrays under `path` (`...conv`), for full fine-tuning.
+    fn parameters_mut<'a>(&'a mut self, path: &str, out: &mut Vec<LayerParam<'a>>) -> Result<()> {
+        let ShortConv {
+            conv_weight,
+            conv_bias,
+            in_proj,
+            out_proj,
+            ..
+        } = self;
+        let conv = format!("{path}.conv");
+        LayerParam::push(out, &conv, "weight", conv_weight, false);
+        if let Some(b) = conv_bias {
+            LayerParam::push(out, &conv, "bias", b, false);
+        }
+        in_proj.parameters_mut(&format!("{path}.in_proj"), out)?;
+        out_proj.parameters_mut(&format!("{path}.out_proj"), out)
+    }
+}
+
+#[derive(Clone)]
 struct FeedForward {
     w1: Linear,
     w2: Linear,
     w3: Linear,
 }
 
+impl DecoderLayer {
+    /// Every array of the layer under `path` (`model.layers.<i>`), for full fine-tuning.
+    fn parameters_mut(&mut self, path: &str) -> Result<Vec<LayerParam<'_>>> {
+        let DecoderLayer {
+            op,
+            feed_forward: FeedForward { w1, w2, w3 },
+            operator_norm,
+            ffn_norm,
+        } = self;
+        let mut out = Vec::new();
+        match op {
+            Operator::Attention(a) => a.parameters_mut(&format!("{path}.self_attn"), &mut out)?,
+            Operator::Conv(c) => c.parameters_mut(&format!("{path}.conv"), &mut out)?,
+        }
+        for (name, l) in [("w1", w1), ("w2", w2), ("w3", w3)] {
+            l.parameters_mut(&format!("{path}.feed_forward.{name}"), &mut out)?;
+        }
+        for (name, n) in [("operator_norm", operator_norm), ("ffn_norm", ffn_norm)] {
+            n.parameters_mut(&format!("{path}.{name}"), &mut out);
+        }
+        Ok(out)
+    }
+
+    /// One layer at index `i` (for its error message) over `h`.
+    fn forward(
+        &self,
+        h: &Array,
+        i: usize,
+        attn_mask: &AttentionMask,
+        conv_mask: Option<&Array>,
+        cache: Option<&mut Box<dyn Cache>>,
+    ) -> Result<Array> {
+        let x = self.operator_norm.forward(h)?;
+        let r = match &self.op {
+            Operator::Attention(a) => a.forward(&x, attn_mask, cache)?,
+            Operator::Conv(conv) => {
+                let c = match cache {
+                    Some(c) => Some(c.as_any_mut().downcast_mut::<ArraysCache>().ok_or_else(
+                        || {
+                            ModelError::Other(format!(
+                                "layer {i} is a convolution layer and needs an ArraysCache"
+                            ))
+                        },
+                    )?),
+                    None => None,
+                };
+                conv.forward(&x, conv_mask, c)?
+            }
+        };
+        let hh = (h + &r)?;
+        let f = &self.feed_forward;
+        let y = self.ffn_norm.forward(&hh)?;
+        let y =
+            f.w2.forward(&swiglu(&f.w1.forward(&y)?, &f.w3.forward(&y)?)?)?;
+        Ok((&hh + &y)?)
+    }
+}
+
+impl LayerArrays for DecoderLayer {
+    fn arrays_mut(&mut self) -> Result<Vec<LayerParam<'_>>> {
+        self.parameters_mut("")
+    }
+}
+
+#[derive(Clone)]
 enum Operator {
-    Attention(Attention),
+    Attention(Box<Attention>),
     Conv(ShortConv),
 }
 
+#[derive(Clone)]
 struct DecoderLayer {
     op: Operator,
     feed_forward: FeedForward,
@@ -248,6 +337,10 @@ pub struct Model {
     embedding_norm: RmsNorm,
     fa_idx: usize,
     conv_idx: usize,
+    /// `--grad-checkpoint`: every layer under `mx.checkpoint` (training, no caches).
+    grad_checkpoint: bool,
+    /// The layers whose own arrays enter their checkpoints (full fine-tuning).
+    checkpoint_own: std::ops::Range<usize>,
 }
 
 impl Model {
@@ -264,7 +357,7 @@ impl Model {
             let op = if args.is_attention(i) {
                 let n_heads = args.num_attention_heads;
                 let head_dim = d / n_heads;
-                Operator::Attention(Attention::new(
+                Operator::Attention(Box::new(Attention::new(
                     AttentionSpec {
                         hidden_size: d,
                         n_heads,
@@ -281,7 +374,7 @@ impl Model {
                     },
                     w,
                     &format!("{p}.self_attn"),
-                )?)
+                )?))
             } else {
                 Operator::Conv(ShortConv::load(&args, w, &format!("{p}.conv"))?)
             };
@@ -310,6 +403,8 @@ impl Model {
             embedding_norm,
             fa_idx,
             conv_idx,
+            grad_checkpoint: false,
+            checkpoint_own: 0..0,
         })
     }
 }
@@ -362,29 +457,16 @@ impl Model {
         };
         for (i, layer) in self.layers.iter().enumerate() {
             let cache = caches.as_deref_mut().map(|c| &mut c[i]);
-            let x = layer.operator_norm.forward(&h)?;
-            let r = match &layer.op {
-                Operator::Attention(a) => a.forward(&x, &attn_mask, cache)?,
-                Operator::Conv(conv) => {
-                    let c = match cache {
-                        Some(c) => Some(c.as_any_mut().downcast_mut::<ArraysCache>().ok_or_else(
-                            || {
-                                ModelError::Other(format!(
-                                    "layer {i} is a convolution layer and needs an ArraysCache"
-                                ))
-                            },
-                        )?),
-                        None => None,
-                    };
-                    conv.forward(&x, conv_mask.as_ref(), c)?
+            h = match cache {
+                None if self.grad_checkpoint => {
+                    let (am, cm) = (attn_mask.clone(), conv_mask.clone());
+                    let own = self.checkpoint_own.contains(&i);
+                    checkpointed(layer, &h, own, move |l, x| {
+                        l.forward(x, i, &am, cm.as_ref(), None)
+                    })?
                 }
+                cache => layer.forward(&h, i, &attn_mask, conv_mask.as_ref(), cache)?,
             };
-            let hh = (&h + &r)?;
-            let f = &layer.feed_forward;
-            let y = layer.ffn_norm.forward(&hh)?;
-            let y =
-                f.w2.forward(&swiglu(&f.w1.forward(&y)?, &f.w3.forward(&y)?)?)?;
-            h = (&hh + &y)?;
         }
         self.embedding_norm.forward(&h)
     }
@@ -416,5 +498,13 @@ impl LanguageModel for Model {
 
     fn num_layers(&self) -> usize {
         self.layers.len()
+    }
+
+    fn layer_parameters_mut(&mut self) -> Result<Vec<Vec<LayerParam<'_>>>> {
+        self.layers
+            .iter_mut()
+            .enumerate()
+            .map(|(i, l)| l.parameters_mut(&format!("model.layers.{i}")))
+            .collect()
     }
 }

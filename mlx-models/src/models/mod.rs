@@ -24,6 +24,18 @@ macro_rules! port_entry_points {
         fn vocab_size(&self) -> i32 {
             self.$cfg.vocab_size
         }
+
+        // mlx-lm's `grad_checkpoint` (`models/checkpoint.rs`), over the port's
+        // `grad_checkpoint` and `checkpoint_own` fields.
+        fn set_grad_checkpoint(&mut self, on: bool) -> bool {
+            self.grad_checkpoint = on;
+            true
+        }
+
+        fn set_checkpoint_layer_params(&mut self, layers: std::ops::Range<usize>) -> bool {
+            self.checkpoint_own = layers;
+            true
+        }
     };
 }
 
@@ -37,6 +49,7 @@ macro_rules! serde_defaults {
     )*};
 }
 
+mod checkpoint;
 pub mod dense;
 pub mod descriptor;
 pub mod gemma4_text;
@@ -108,9 +121,9 @@ pub trait LanguageModel: Send {
     }
 
     /// Every parameter array of each decoder layer (`model.layers`) under its full mlx-lm
-    /// name, for full fine-tuning, which reads and replaces them in place. Empty when the
-    /// architecture does not support it; an error when a layer holds parameters in a
-    /// transformed form (offset norms) or is adapted.
+    /// name, as mlx-lm stores it, for full fine-tuning, which reads and replaces them in
+    /// place. Empty when the architecture does not support it (every model here does); an
+    /// error when a layer is adapted.
     fn layer_parameters_mut(&mut self) -> Result<Vec<Vec<LayerParam<'_>>>> {
         Ok(Vec::new())
     }

@@ -11,9 +11,10 @@ use serde::Deserialize;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::{
-    scaled_dot_product_attention, Embedding, Linear, Mlp, MlpKind, RmsNorm, Rope, RopeScaling,
-    SwitchActivation, SwitchGlu,
+    scaled_dot_product_attention, Embedding, LayerParam, Linear, Mlp, MlpKind, MlpNames, RmsNorm,
+    Rope, RopeScaling, SwitchActivation, SwitchGlu,
 };
+use crate::models::checkpoint::{checkpointed, LayerArrays};
 use crate::models::LanguageModel;
 use crate::weights::Weights;
 
@@ -603,6 +604,7 @@ pub(crate) struct AttentionSpec {
     pub inv_sqrt_scale: bool,
 }
 
+#[derive(Clone)]
 pub(crate) struct Attention {
     n_heads: i32,
     n_kv_heads: i32,
@@ -616,6 +618,8 @@ pub(crate) struct Attention {
     k_norm: Option<RmsNorm>,
     sinks: Option<Array>,
     rope: Rope,
+    /// Module names: output projection, q norm, k norm ([`AttentionSpec::names`]).
+    names: [&'static str; 3],
 }
 
 impl Attention {
@@ -679,7 +683,45 @@ impl Attention {
                 None
             },
             rope: s.rope,
+            names: s.names,
         })
+    }
+
+    /// Every array of the attention under `path` (`...self_attn`), for full fine-tuning.
+    pub(crate) fn parameters_mut<'a>(
+        &'a mut self,
+        path: &str,
+        out: &mut Vec<LayerParam<'a>>,
+    ) -> Result<()> {
+        let Attention {
+            q_proj,
+            k_proj,
+            v_proj,
+            o_proj,
+            q_norm,
+            k_norm,
+            sinks,
+            names: [o_name, q_name, k_name],
+            ..
+        } = self;
+        let p = |n: &str| format!("{path}.{n}");
+        for (name, l) in [
+            ("q_proj", q_proj),
+            ("k_proj", k_proj),
+            ("v_proj", v_proj),
+            (*o_name, o_proj),
+        ] {
+            l.parameters_mut(&p(name), out)?;
+        }
+        for (name, n) in [(*q_name, q_norm), (*k_name, k_norm)] {
+            if let Some(n) = n {
+                n.parameters_mut(&p(name), out);
+            }
+        }
+        if let Some(sinks) = sinks {
+            LayerParam::push(out, path, "sinks", sinks, false);
+        }
+        Ok(())
     }
 
     pub(crate) fn forward(
@@ -754,12 +796,15 @@ pub struct SparseMoeParams {
 }
 
 /// The expert block: router, experts, optional gated shared expert.
+#[derive(Clone)]
 pub struct SparseMoe {
     top_k: i32,
     router: Router,
     gate: Linear,
     switch_mlp: SwitchGlu,
     shared_expert: Option<(Mlp, Linear)>,
+    /// Module names of the router and the experts ([`SparseMoeParams::names`]).
+    names: [&'static str; 2],
 }
 
 impl SparseMoe {
@@ -822,7 +867,32 @@ impl SparseMoe {
                 s.activation,
             )?,
             shared_expert,
+            names: s.names,
         })
+    }
+
+    /// Every array of the block under `path`, for full fine-tuning: router, experts, shared
+    /// expert and its gate.
+    pub fn parameters_mut<'a>(
+        &'a mut self,
+        path: &str,
+        out: &mut Vec<LayerParam<'a>>,
+    ) -> Result<()> {
+        let SparseMoe {
+            gate,
+            switch_mlp,
+            shared_expert,
+            names: [router, experts],
+            ..
+        } = self;
+        let p = |n: &str| format!("{path}.{n}");
+        gate.parameters_mut(&p(router), out)?;
+        switch_mlp.parameters_mut(&p(experts), out);
+        if let Some((mlp, shared_gate)) = shared_expert {
+            mlp.parameters_mut(&p("shared_expert"), &MlpNames::LLAMA, out)?;
+            shared_gate.parameters_mut(&p("shared_expert_gate"), out)?;
+        }
+        Ok(())
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
@@ -919,12 +989,25 @@ fn lower_top_k(gates: &Array, k: i32) -> Result<Array> {
 }
 
 /// A layer's feed-forward block: a dense MLP or the experts.
+#[derive(Clone)]
 pub(crate) enum Ffn {
     Dense(Mlp),
     Sparse(Box<SparseMoe>),
 }
 
 impl Ffn {
+    /// The block's arrays under `path` (full fine-tuning).
+    pub(crate) fn parameters_mut<'a>(
+        &'a mut self,
+        path: &str,
+        out: &mut Vec<LayerParam<'a>>,
+    ) -> Result<()> {
+        match self {
+            Ffn::Dense(m) => m.parameters_mut(path, &MlpNames::LLAMA, out),
+            Ffn::Sparse(m) => m.parameters_mut(path, out),
+        }
+    }
+
     pub(crate) fn forward(&self, x: &Array) -> Result<Array> {
         match self {
             Ffn::Dense(m) => m.forward(x),
@@ -933,6 +1016,7 @@ impl Ffn {
     }
 }
 
+#[derive(Clone)]
 struct DecoderLayer {
     self_attn: Attention,
     ffn: Ffn,
@@ -941,6 +1025,27 @@ struct DecoderLayer {
 }
 
 impl DecoderLayer {
+    /// Every array of the layer under `path` (`model.layers.<i>`); `ffn` is the feed-forward
+    /// block's module name.
+    fn parameters_mut(&mut self, path: &str, ffn: &str) -> Result<Vec<LayerParam<'_>>> {
+        let DecoderLayer {
+            self_attn,
+            ffn: block,
+            input_layernorm,
+            post_attention_layernorm,
+        } = self;
+        let mut out = Vec::new();
+        self_attn.parameters_mut(&format!("{path}.self_attn"), &mut out)?;
+        block.parameters_mut(&format!("{path}.{ffn}"), &mut out)?;
+        for (name, n) in [
+            ("input_layernorm", input_layernorm),
+            ("post_attention_layernorm", post_attention_layernorm),
+        ] {
+            n.parameters_mut(&format!("{path}.{name}"), &mut out);
+        }
+        Ok(out)
+    }
+
     fn forward(
         &self,
         x: &Array,
@@ -957,6 +1062,12 @@ impl DecoderLayer {
     }
 }
 
+impl LayerArrays for DecoderLayer {
+    fn arrays_mut(&mut self) -> Result<Vec<LayerParam<'_>>> {
+        self.parameters_mut("", "ffn")
+    }
+}
+
 /// A mixture-of-experts decoder (mixtral, qwen2_moe, qwen3_moe, olmoe).
 pub struct Model {
     spec: MoeSpec,
@@ -967,6 +1078,10 @@ pub struct Model {
     /// First full-attention and first sliding-window layer (whose caches make the masks).
     fa_idx: usize,
     swa_idx: Option<usize>,
+    /// `--grad-checkpoint`: every layer under `mx.checkpoint` (training, no caches).
+    grad_checkpoint: bool,
+    /// The layers whose own arrays enter their checkpoints (full fine-tuning).
+    checkpoint_own: std::ops::Range<usize>,
 }
 
 impl Model {
@@ -1026,6 +1141,8 @@ impl Model {
             lm_head,
             fa_idx,
             swa_idx,
+            grad_checkpoint: false,
+            checkpoint_own: 0..0,
         })
     }
 }
@@ -1189,7 +1306,13 @@ impl Model {
                 let swa_mask = mlx_cache::mask::fallback_mask(n, self.spec.sliding_window, false)?;
                 for (i, layer) in self.layers.iter().enumerate() {
                     let m = if self.is_sliding(i) { &swa_mask } else { &mask };
-                    h = layer.forward(&h, m, None)?;
+                    h = if self.grad_checkpoint {
+                        let m = m.clone();
+                        let own = self.checkpoint_own.contains(&i);
+                        checkpointed(layer, &h, own, move |l, x| l.forward(x, &m, None))?
+                    } else {
+                        layer.forward(&h, m, None)?
+                    };
                 }
             }
         }
@@ -1226,5 +1349,18 @@ impl LanguageModel for Model {
 
     fn num_layers(&self) -> usize {
         self.layers.len()
+    }
+
+    fn layer_parameters_mut(&mut self) -> Result<Vec<Vec<LayerParam<'_>>>> {
+        let Model { spec, layers, .. } = self;
+        layers
+            .iter_mut()
+            .zip(&spec.dense_layers)
+            .enumerate()
+            .map(|(i, (l, dense))| {
+                let ffn = if *dense { "mlp" } else { spec.moe_module };
+                l.parameters_mut(&format!("model.layers.{i}"), ffn)
+            })
+            .collect()
     }
 }

@@ -19,10 +19,12 @@ use crate::error::{ModelError, Result};
 use crate::layers::gated_delta::{
     gated_delta_update, gated_delta_update_fast, normalize_qk, RmsNormGated,
 };
+use crate::layers::LayerParam;
 use crate::layers::{
     scaled_dot_product_attention, silu, Embedding, Linear, Mlp, MlpKind, RmsNorm, Rope,
     RopeScaling, SwitchActivation,
 };
+use crate::models::checkpoint::{checkpointed, LayerArrays};
 use crate::models::moe::{Ffn, Router, SparseMoe, SparseMoeParams};
 use crate::models::LanguageModel;
 use crate::weights::Weights;
@@ -371,6 +373,7 @@ impl ModelArgs {
 
 /// `Qwen3NextAttention`: queries emit a sigmoid gate on the output; per-head q/k norms;
 /// partial rotary embedding.
+#[derive(Clone)]
 struct Attention {
     n_heads: i32,
     n_kv_heads: i32,
@@ -457,6 +460,34 @@ impl Attention {
     }
 }
 
+impl Attention {
+    /// Every array of the attention under `path` (`...self_attn`), for full fine-tuning.
+    fn parameters_mut<'a>(&'a mut self, path: &str, out: &mut Vec<LayerParam<'a>>) -> Result<()> {
+        let Attention {
+            q_proj,
+            k_proj,
+            v_proj,
+            o_proj,
+            q_norm,
+            k_norm,
+            ..
+        } = self;
+        for (name, l) in [
+            ("q_proj", q_proj),
+            ("k_proj", k_proj),
+            ("v_proj", v_proj),
+            ("o_proj", o_proj),
+        ] {
+            l.parameters_mut(&format!("{path}.{name}"), out)?;
+        }
+        for (name, n) in [("q_norm", q_norm), ("k_norm", k_norm)] {
+            n.parameters_mut(&format!("{path}.{name}"), out);
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone)]
 enum Projections {
     /// qwen3_next: `in_proj_qkvz`, `in_proj_ba`, grouped per key head.
     Fused { qkvz: Linear, ba: Linear },
@@ -470,6 +501,7 @@ enum Projections {
 }
 
 /// `Qwen3NextGatedDeltaNet` / qwen3_5 `GatedDeltaNet`.
+#[derive(Clone)]
 struct GatedDeltaNet {
     num_k_heads: i32,
     num_v_heads: i32,
@@ -539,6 +571,39 @@ impl GatedDeltaNet {
             out_proj: Linear::load(w, &p("out_proj"), value_dim, dim, false)?,
             use_kernel: false,
         })
+    }
+
+    /// Every array of the block under `path` (`...linear_attn`), for full fine-tuning, under
+    /// mlx-lm's names (`A_log`, `conv1d.weight`, `in_proj_*`).
+    fn parameters_mut<'a>(&'a mut self, path: &str, out: &mut Vec<LayerParam<'a>>) -> Result<()> {
+        let GatedDeltaNet {
+            conv1d_weight,
+            proj,
+            dt_bias,
+            a_log,
+            norm,
+            out_proj,
+            ..
+        } = self;
+        let p = |n: &str| format!("{path}.{n}");
+        let linears: Vec<(&str, &mut Linear)> = match proj {
+            Projections::Fused { qkvz, ba } => vec![("in_proj_qkvz", qkvz), ("in_proj_ba", ba)],
+            Projections::Split { qkv, z, b, a } => vec![
+                ("in_proj_qkv", qkv),
+                ("in_proj_z", z),
+                ("in_proj_b", b),
+                ("in_proj_a", a),
+            ],
+        };
+        for (name, l) in linears {
+            l.parameters_mut(&p(name), out)?;
+        }
+        out_proj.parameters_mut(&p("out_proj"), out)?;
+        LayerParam::push(out, &p("conv1d"), "weight", conv1d_weight, false);
+        LayerParam::push(out, path, "dt_bias", dt_bias, false);
+        LayerParam::push(out, path, "A_log", a_log, false);
+        LayerParam::push(out, &p("norm"), "weight", &mut norm.weight, false);
+        Ok(())
     }
 
     /// `(mixed_qkv (B, S, conv_dim), z (B, S, nv, dv), b (B, S, nv), a (B, S, nv))`.
@@ -667,16 +732,82 @@ impl GatedDeltaNet {
     }
 }
 
+#[derive(Clone)]
 enum Mixer {
     Linear(GatedDeltaNet),
     Attention(Attention),
 }
 
+#[derive(Clone)]
 struct DecoderLayer {
     mixer: Mixer,
     mlp: Ffn,
     input_layernorm: RmsNorm,
     post_attention_layernorm: RmsNorm,
+}
+
+impl DecoderLayer {
+    /// Every array of the layer under `path` (`[language_model.]model.layers.<i>`), for full
+    /// fine-tuning.
+    fn parameters_mut(&mut self, path: &str) -> Result<Vec<LayerParam<'_>>> {
+        let DecoderLayer {
+            mixer,
+            mlp,
+            input_layernorm,
+            post_attention_layernorm,
+        } = self;
+        let mut out = Vec::new();
+        match mixer {
+            Mixer::Linear(m) => m.parameters_mut(&format!("{path}.linear_attn"), &mut out)?,
+            Mixer::Attention(a) => a.parameters_mut(&format!("{path}.self_attn"), &mut out)?,
+        }
+        mlp.parameters_mut(&format!("{path}.mlp"), &mut out)?;
+        for (name, n) in [
+            ("input_layernorm", input_layernorm),
+            ("post_attention_layernorm", post_attention_layernorm),
+        ] {
+            n.parameters_mut(&format!("{path}.{name}"), &mut out);
+        }
+        Ok(out)
+    }
+
+    /// One layer at index `i` (for its error message) over `h`.
+    fn forward(
+        &self,
+        h: &Array,
+        i: usize,
+        fa_mask: &AttentionMask,
+        ssm_mask: Option<&Array>,
+        cache: Option<&mut Box<dyn Cache>>,
+    ) -> Result<Array> {
+        let x = self.input_layernorm.forward(h)?;
+        let r = match &self.mixer {
+            Mixer::Linear(m) => {
+                let c = match cache {
+                    Some(c) => Some(c.as_any_mut().downcast_mut::<ArraysCache>().ok_or_else(
+                        || {
+                            ModelError::Other(format!(
+                                "layer {i} is a Gated DeltaNet layer and needs an ArraysCache"
+                            ))
+                        },
+                    )?),
+                    None => None,
+                };
+                m.forward(&x, ssm_mask, c)?
+            }
+            Mixer::Attention(m) => m.forward(&x, fa_mask, cache)?,
+        };
+        let hh = (h + &r)?;
+        let n2 = self.post_attention_layernorm.forward(&hh)?;
+        let f = self.mlp.forward(&n2)?;
+        Ok((&hh + &f)?)
+    }
+}
+
+impl LayerArrays for DecoderLayer {
+    fn arrays_mut(&mut self) -> Result<Vec<LayerParam<'_>>> {
+        self.parameters_mut("")
+    }
 }
 
 /// The qwen3_next / qwen3_5 model.
@@ -688,6 +819,10 @@ pub struct Model {
     lm_head: Option<Linear>,
     ssm_idx: Option<usize>,
     fa_idx: Option<usize>,
+    /// `--grad-checkpoint`: every layer under `mx.checkpoint` (training, no caches).
+    grad_checkpoint: bool,
+    /// The layers whose own arrays enter their checkpoints (full fine-tuning).
+    checkpoint_own: std::ops::Range<usize>,
 }
 
 impl Model {
@@ -773,6 +908,8 @@ impl Model {
             lm_head,
             ssm_idx,
             fa_idx,
+            grad_checkpoint: false,
+            checkpoint_own: 0..0,
         })
     }
 
@@ -931,27 +1068,16 @@ impl Model {
         };
         for (i, layer) in self.layers.iter().enumerate() {
             let cache = caches.as_deref_mut().map(|c| &mut c[i]);
-            let x = layer.input_layernorm.forward(&h)?;
-            let r = match &layer.mixer {
-                Mixer::Linear(m) => {
-                    let c = match cache {
-                        Some(c) => Some(c.as_any_mut().downcast_mut::<ArraysCache>().ok_or_else(
-                            || {
-                                ModelError::Other(format!(
-                                    "layer {i} is a Gated DeltaNet layer and needs an ArraysCache"
-                                ))
-                            },
-                        )?),
-                        None => None,
-                    };
-                    m.forward(&x, ssm_mask.as_ref(), c)?
+            h = match cache {
+                None if self.grad_checkpoint => {
+                    let (fm, sm) = (fa_mask.clone(), ssm_mask.clone());
+                    let own = self.checkpoint_own.contains(&i);
+                    checkpointed(layer, &h, own, move |l, x| {
+                        l.forward(x, i, &fm, sm.as_ref(), None)
+                    })?
                 }
-                Mixer::Attention(m) => m.forward(&x, &fa_mask, cache)?,
+                cache => layer.forward(&h, i, &fa_mask, ssm_mask.as_ref(), cache)?,
             };
-            let hh = (&h + &r)?;
-            let n2 = layer.post_attention_layernorm.forward(&hh)?;
-            let f = layer.mlp.forward(&n2)?;
-            h = (&hh + &f)?;
         }
         self.norm.forward(&h)
     }
@@ -983,5 +1109,14 @@ impl LanguageModel for Model {
 
     fn num_layers(&self) -> usize {
         self.layers.len()
+    }
+
+    fn layer_parameters_mut(&mut self) -> Result<Vec<Vec<LayerParam<'_>>>> {
+        let pre = format!("{}model.layers", self.args.prefix);
+        self.layers
+            .iter_mut()
+            .enumerate()
+            .map(|(i, l)| l.parameters_mut(&format!("{pre}.{i}")))
+            .collect()
     }
 }

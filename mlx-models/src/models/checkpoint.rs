@@ -1,0 +1,83 @@
+//! mlx-lm's `grad_checkpoint` for the dedicated ports' layers (`tuner/trainer.py`): each
+//! layer's call becomes `mx.checkpoint(inner_fn)(layer.trainable_parameters(), x, ...)`, so
+//! its intermediates are recomputed in the backward pass. The dense model has its own (it also
+//! carries adapters and segment caches); the ports train in full only, so a layer's inputs
+//! are its hidden states and, while it trains, its own arrays.
+
+use mlx_core::prelude::*;
+use mlx_core::transforms;
+
+use crate::error::{ModelError, Result};
+use crate::layers::LayerParam;
+
+/// A port's decoder layer whose own arrays can enter its checkpoint.
+pub(crate) trait LayerArrays: Clone + Send + 'static {
+    /// The layer's own arrays, always in the same order (their names are not used).
+    fn arrays_mut(&mut self) -> Result<Vec<LayerParam<'_>>>;
+}
+
+/// `forward(layer, x)` under `mx.checkpoint`; with `own` (the layer trains in full) the
+/// layer's own arrays, quantized ones excepted, are inputs of the checkpoint too.
+pub(crate) fn checkpointed<L, F>(layer: &L, x: &Array, own: bool, forward: F) -> Result<Array>
+where
+    L: LayerArrays,
+    F: Fn(&L, &Array) -> Result<Array> + Send + 'static,
+{
+    let out = checkpointed_many(layer, std::slice::from_ref(x), own, move |l, xs| {
+        let x = xs
+            .first()
+            .ok_or_else(|| ModelError::Other("checkpoint: no input".into()))?;
+        Ok(vec![forward(l, x)?])
+    })?;
+    out.into_iter()
+        .next()
+        .ok_or_else(|| ModelError::Other("checkpointed layer returned nothing".into()))
+}
+
+/// `forward(layer, inputs)` under `mx.checkpoint`, for a layer with several array inputs and
+/// outputs (gemma4_text's shared keys and values, per-layer inputs); with `own`, the layer's
+/// own arrays (quantized ones excepted) follow `inputs` as inputs of the checkpoint.
+pub(crate) fn checkpointed_many<L, F>(
+    layer: &L,
+    inputs: &[Array],
+    own: bool,
+    forward: F,
+) -> Result<Vec<Array>>
+where
+    L: LayerArrays,
+    F: Fn(&L, &[Array]) -> Result<Vec<Array>> + Send + 'static,
+{
+    let n = inputs.len();
+    let mut all = inputs.to_vec();
+    let mut block = layer.clone();
+    if own {
+        let arrays = block.arrays_mut()?;
+        all.extend(
+            arrays
+                .into_iter()
+                .filter(|p| !p.quantized)
+                .map(|p| p.value.clone()),
+        );
+    }
+    let f = transforms::checkpoint(move |xs: &[Array]| -> mlx_core::Result<Vec<Array>> {
+        let cb = |e: ModelError| mlx_core::Error::Callback(e.to_string());
+        let (args, own_values) = xs.split_at(n.min(xs.len()));
+        let mut block = block.clone();
+        if own {
+            let arrays = block.arrays_mut().map_err(cb)?;
+            let slots: Vec<_> = arrays.into_iter().filter(|p| !p.quantized).collect();
+            if slots.len() != own_values.len() {
+                return Err(mlx_core::Error::Callback(format!(
+                    "checkpoint: {} layer arrays for {} inputs",
+                    slots.len(),
+                    own_values.len()
+                )));
+            }
+            for (p, v) in slots.into_iter().zip(own_values) {
+                *p.value = v.clone();
+            }
+        }
+        forward(&block, args).map_err(cb)
+    })?;
+    Ok(f.call(&all)?)
+}
