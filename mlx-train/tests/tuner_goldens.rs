@@ -21,7 +21,9 @@ use mlx_train::loss::default_loss;
 use mlx_train::nprand::NumpyRandom;
 use mlx_train::optim::{LearningRate, Method, Optimizer};
 use mlx_train::run::{prepare, train_model, RunConfig};
-use mlx_train::trainer::{loss_and_grad, TrainReport, TrainingCallback, ValReport};
+use mlx_train::trainer::{
+    loss_and_grad, CompiledLossGrad, TrainReport, TrainingCallback, ValReport,
+};
 use mlx_train::Params;
 
 /// MLX's global PRNG key is process-wide: runs that seed it take turns.
@@ -413,10 +415,17 @@ fn full_fine_tuning_gradients_across_architectures() {
         let (ck_l, _, ck_grads) = loss_and_grad(&ck, &ck_params, &loss, &batch).unwrap();
         assert_bit_equal(&ck_l, &case.outputs[0])
             .unwrap_or_else(|m| panic!("{}: checkpointed loss {m}", case.name));
-        for (i, n) in names(&case).iter().enumerate() {
-            if let Err(m) = assert_bit_equal(&ck_grads[n], &case.outputs[2 + i]) {
-                eprintln!("DBG {}: {n}: {}", case.name, &m[..m.len().min(120)]);
-            }
+        check_named(&case, 2, &ck_grads)
+            .unwrap_or_else(|m| panic!("{}: checkpointed gradients {m}", case.name));
+        // And through the compiled step `train` runs (as mlx-lm compiles its step), with and
+        // without the checkpoints.
+        for (m, p) in [(&full, &params), (&ck, &ck_params)] {
+            let compiled = CompiledLossGrad::new(m, p, &loss).unwrap();
+            let (c_l, _, c_grads) = compiled.call(&batch).unwrap();
+            assert_bit_equal(&c_l, &case.outputs[0])
+                .unwrap_or_else(|m| panic!("{}: compiled loss {m}", case.name));
+            check_named(&case, 2, &c_grads)
+                .unwrap_or_else(|m| panic!("{}: compiled gradients {m}", case.name));
         }
 
         let adam = g.case(&format!("{}_adam", case.name)).unwrap();
