@@ -323,7 +323,7 @@ pub fn train(
         return Err(TrainError::Config("no trainable parameters".into()));
     }
     let accum = args.grad_accumulation_steps;
-    let compiled = match args.compile && args.segment_length.is_none() {
+    let mut compiled = match args.compile && args.segment_length.is_none() {
         true => Some(CompiledLossGrad::new(model, params, loss)?),
         false => None,
     };
@@ -368,8 +368,15 @@ pub fn train(
                 seg,
                 args.ce_chunk_size,
             )?,
-            None => match &compiled {
-                Some(c) => c.call(&batch)?,
+            None => match compiled.as_ref().map(|c| c.call(&batch)) {
+                Some(Ok(r)) => r,
+                // A loss MLX cannot trace (one reading arrays that are neither its inputs nor
+                // constants) fails at its first trace, having changed nothing: from here on
+                // the step runs uncompiled, and a real error surfaces from there.
+                Some(Err(_)) => {
+                    compiled = None;
+                    loss_and_grad(model, params, loss, &batch)?
+                }
                 None => loss_and_grad(model, params, loss, &batch)?,
             },
         };

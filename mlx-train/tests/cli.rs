@@ -493,6 +493,47 @@ impl mlx_train::trainer::TrainingCallback for Steps {
     }
 }
 
+/// A loss the compiled step cannot trace (full fine-tuning's DPO reads its reference through
+/// disabled parameters) with compilation forced on: `train` runs the step uncompiled instead,
+/// with the same losses as with compilation off.
+#[test]
+fn a_loss_that_cannot_be_compiled_trains_uncompiled() {
+    let _g = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
+    let out = tmp("full_dpo_compile");
+    let config: mlx_train::run::RunConfig = serde_json::from_value(serde_json::json!({
+        "model": model(), "data": data("preference"), "train": true, "iters": 2,
+        "fine_tune_type": "full", "num_layers": 1, "batch_size": 2, "learning_rate": 1e-2,
+        "objective": "dpo", "beta": 0.5, "val_batches": 1, "steps_per_eval": 100,
+        "adapter_path": out.display().to_string(),
+    }))
+    .unwrap();
+    let run = |compile: bool| {
+        let mut p = mlx_train::run::prepare(&config).unwrap();
+        let optimizer = config.build_optimizer().unwrap();
+        let loss = mlx_train::run::objective_loss(&config, &p.params).unwrap();
+        let mut args = config.training_args();
+        args.compile = compile;
+        let mut steps = Steps::default();
+        mlx_train::trainer::train(
+            p.model.as_ref(),
+            &p.params,
+            optimizer,
+            &p.train,
+            &p.valid,
+            &args,
+            loss.as_ref(),
+            &mut p.rng,
+            &mut steps,
+        )
+        .unwrap();
+        steps.0
+    };
+    let (forced, off) = (run(true), run(false));
+    assert_eq!(forced.len(), 2);
+    assert_eq!(forced, off);
+    let _ = std::fs::remove_dir_all(&out);
+}
+
 #[test]
 fn full_fine_tune_with_dpo_uses_the_base_as_reference() {
     // With policy = reference, DPO's loss is exactly log(2); after one update the base
