@@ -314,6 +314,7 @@ pub fn linear_to_lora_layers(
 ) -> Result<()> {
     config.validate()?;
     let model_type = model.model_type().to_string();
+    let layers_path = model.layers_path();
     let mut layers = model.layer_linears_mut();
     if layers.is_empty() {
         return Err(TrainError::Config(format!(
@@ -336,7 +337,7 @@ pub fn linear_to_lora_layers(
             if !keys.contains(name.as_str()) {
                 continue;
             }
-            let path = format!("model.layers.{i}.{name}");
+            let path = format!("{layers_path}.{i}.{name}");
             let adapter = from_base(lin, &path, config, use_dora, params)?;
             **lin = Linear::Adapted(Box::new(adapter));
         }

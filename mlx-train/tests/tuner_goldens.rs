@@ -450,6 +450,63 @@ fn full_fine_tuning_gradients_across_architectures() {
     assert_eq!(checked, 28);
 }
 
+/// LoRA and DoRA on the dedicated ports (lfm2's convolution and attention layers, qwen3_5's
+/// Gated DeltaNet and attention layers, f32 and bf16): mlx-lm's own `linear_to_lora_layers`
+/// after the same seed gives the same adapter names and init, and the loss and every adapter
+/// gradient equal its `nn.value_and_grad(model, default_loss)` bit for bit.
+#[test]
+fn lora_gradients_across_ports() {
+    let _g = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
+    let g = Goldens::load(root().join("goldens/train_lora_archs.safetensors")).unwrap();
+    let fixtures = root().join("../../mlx-models/tests/models");
+    let mut checked = 0;
+    for case in g.cases().unwrap() {
+        let p = |k: &str| case.params[k].clone();
+        let (mut model, _) =
+            load_model_dir(&fixtures.join(p("fixture")), &LoadOptions::default()).unwrap();
+        let config = mlx_train::lora::LoraConfig {
+            rank: p("rank").parse().unwrap(),
+            scale: p("scale").parse().unwrap(),
+            dropout: p("dropout").parse().unwrap(),
+            keys: None,
+        };
+        random::seed(p("seed").parse().unwrap()).unwrap();
+        let params = Params::new();
+        let layers: i32 = p("num_layers").parse().unwrap();
+        linear_to_lora_layers(
+            model.as_mut(),
+            layers,
+            &config,
+            p("dora") == "true",
+            &params,
+        )
+        .unwrap();
+        assert_eq!(
+            params.names(),
+            names(&case),
+            "{}: adapter parameters",
+            case.name
+        );
+        check_named(&case, 2, &params.snapshot())
+            .unwrap_or_else(|m| panic!("{}: init {m}", case.name));
+        params.set_training(true);
+        let batch = Batch {
+            tokens: case.inputs[0].clone(),
+            lengths: case.inputs[1].clone(),
+            truncated: false,
+        };
+        let loss = |m: &dyn mlx_models::LanguageModel, b: &Array, l: &Array| default_loss(m, b, l);
+        let (l, n, grads) = loss_and_grad(model.as_ref(), &params, &loss, &batch).unwrap();
+        assert_bit_equal(&l, &case.outputs[0])
+            .unwrap_or_else(|m| panic!("{}: loss {m}", case.name));
+        assert_bit_equal(&n, &case.outputs[1]).unwrap();
+        check_named(&case, 2 + grads.len(), &grads)
+            .unwrap_or_else(|m| panic!("{}: gradients {m}", case.name));
+        checked += 1;
+    }
+    assert_eq!(checked, 6);
+}
+
 /// Full fine-tuning under the other memory options: one cross-entropy chunk or one segment
 /// spanning the sequence is the plain step, so the trained weights stay mlx-lm's bit for bit.
 #[test]

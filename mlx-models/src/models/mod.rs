@@ -120,6 +120,12 @@ pub trait LanguageModel: Send {
         Vec::new()
     }
 
+    /// The module path of the decoder layers (`model.layers`; qwen3_5's
+    /// `language_model.model.layers`): adapter parameters are named under it.
+    fn layers_path(&self) -> String {
+        "model.layers".into()
+    }
+
     /// Every parameter array of each decoder layer (`model.layers`) under its full mlx-lm
     /// name, as mlx-lm stores it, for full fine-tuning, which reads and replaces them in
     /// place. Empty when the architecture does not support it (every model here does); an

@@ -688,6 +688,26 @@ impl Attention {
     }
 
     /// Every array of the attention under `path` (`...self_attn`), for full fine-tuning.
+    /// The projections under their names (`q_proj`, `k_proj`, `v_proj`, then the output
+    /// projection under this model's name), the order every mlx-lm attention here declares
+    /// them in.
+    pub(crate) fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
+        let Attention {
+            q_proj,
+            k_proj,
+            v_proj,
+            o_proj,
+            names: [o_name, ..],
+            ..
+        } = self;
+        vec![
+            ("q_proj".into(), q_proj),
+            ("k_proj".into(), k_proj),
+            ("v_proj".into(), v_proj),
+            (o_name.to_string(), o_proj),
+        ]
+    }
+
     pub(crate) fn parameters_mut<'a>(
         &'a mut self,
         path: &str,
@@ -1005,6 +1025,20 @@ impl Ffn {
         match self {
             Ffn::Dense(m) => m.parameters_mut(path, &MlpNames::LLAMA, out),
             Ffn::Sparse(m) => m.parameters_mut(path, out),
+        }
+    }
+
+    /// A dense block's projections under their names (mlx-lm's declaration order: gate,
+    /// down, up); `None` for a sparse block, whose experts are switch layers.
+    pub(crate) fn linears_mut(&mut self) -> Option<Vec<(String, &mut Linear)>> {
+        match self {
+            Ffn::Dense(m) => Some(
+                m.linears_mut(&MlpNames::LLAMA)
+                    .into_iter()
+                    .map(|(n, l)| (n.to_string(), l))
+                    .collect(),
+            ),
+            Ffn::Sparse(_) => None,
         }
     }
 

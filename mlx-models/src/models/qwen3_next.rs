@@ -747,6 +747,45 @@ struct DecoderLayer {
 }
 
 impl DecoderLayer {
+    /// The layer's linears under their mlx-lm paths, in declaration order (the mixer, then
+    /// `mlp`); `None` when the MLP is sparse (its experts are switch layers).
+    fn linears_mut(&mut self) -> Option<Vec<(String, &mut Linear)>> {
+        let DecoderLayer { mixer, mlp, .. } = self;
+        let mut out: Vec<(String, &mut Linear)> = match mixer {
+            Mixer::Attention(a) => [
+                ("q_proj", &mut a.q_proj),
+                ("k_proj", &mut a.k_proj),
+                ("v_proj", &mut a.v_proj),
+                ("o_proj", &mut a.o_proj),
+            ]
+            .into_iter()
+            .map(|(n, l)| (format!("self_attn.{n}"), l))
+            .collect(),
+            Mixer::Linear(m) => {
+                let GatedDeltaNet { proj, out_proj, .. } = m;
+                let mut v: Vec<(&str, &mut Linear)> = match proj {
+                    Projections::Fused { qkvz, ba } => {
+                        vec![("in_proj_qkvz", qkvz), ("in_proj_ba", ba)]
+                    }
+                    Projections::Split { qkv, z, b, a } => vec![
+                        ("in_proj_qkv", qkv),
+                        ("in_proj_z", z),
+                        ("in_proj_b", b),
+                        ("in_proj_a", a),
+                    ],
+                };
+                v.push(("out_proj", out_proj));
+                v.into_iter()
+                    .map(|(n, l)| (format!("linear_attn.{n}"), l))
+                    .collect()
+            }
+        };
+        for (n, l) in mlp.linears_mut()? {
+            out.push((format!("mlp.{n}"), l));
+        }
+        Some(out)
+    }
+
     /// Every array of the layer under `path` (`[language_model.]model.layers.<i>`), for full
     /// fine-tuning.
     fn parameters_mut(&mut self, path: &str) -> Result<Vec<LayerParam<'_>>> {
@@ -1109,6 +1148,19 @@ impl LanguageModel for Model {
 
     fn num_layers(&self) -> usize {
         self.layers.len()
+    }
+
+    /// Empty (no adapters) when a layer's MLP is sparse.
+    fn layer_linears_mut(&mut self) -> Vec<Vec<(String, &mut Linear)>> {
+        self.layers
+            .iter_mut()
+            .map(DecoderLayer::linears_mut)
+            .collect::<Option<Vec<_>>>()
+            .unwrap_or_default()
+    }
+
+    fn layers_path(&self) -> String {
+        format!("{}model.layers", self.args.prefix)
     }
 
     fn layer_parameters_mut(&mut self) -> Result<Vec<Vec<LayerParam<'_>>>> {

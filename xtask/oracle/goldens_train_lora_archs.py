@@ -1,0 +1,62 @@
+"""LoRA / DoRA beyond the descriptor table: mlx-lm 0.32.2's own `linear_to_lora_layers` on
+the tiny mlx-models fixtures of the dedicated ports, the L1 reference for
+`mlx_train::lora` there.
+
+Writes mlx-train/tests/goldens/train_lora_archs.safetensors. Per case (`<fixture>[_dora]`):
+the fixture loaded with `mlx_lm.utils.load_model`, `mx.random.seed(SEED)`, `model.freeze()`
+and `linear_to_lora_layers(model, num_layers, LORA)` as `mlx_lm.lora.train_model` runs them
+(default keys: every linear of a layer), then `nn.value_and_grad(model, default_loss)` in
+training mode on a fixed batch. Outputs: loss, token count, the adapter arrays right after
+the conversion (the seeded init), and every adapter gradient; `names` is the sorted
+trainable parameter names (mlx-lm's module paths).
+Run with `cargo xtask goldens train_lora_archs`.
+"""
+
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+from mlx_lm.tuner.trainer import default_loss
+from mlx_lm.tuner.utils import linear_to_lora_layers
+from mlx_lm.utils import load_model
+
+from golden import Golden
+
+SEED = 7
+LORA = {"rank": 4, "scale": 10.0, "dropout": 0.0}
+# (case, fixture, num_layers, dora). Two layers each so both layer kinds are adapted:
+# lfm2 ends conv, attention; qwen3_5 ends linear attention, full attention.
+CASES = [
+    ("lfm2", "lfm2", 2, False),
+    ("lfm2_bf16", "lfm2_bf16", 2, False),
+    ("lfm2_dora", "lfm2", 2, True),
+    ("qwen3_5", "qwen3_5", 2, False),
+    ("qwen3_5_bf16", "qwen3_5_bf16", 2, False),
+    ("qwen3_5_dora", "qwen3_5", 2, True),
+]
+
+
+def main():
+    g = Golden("mlx-train/tests/goldens/train_lora_archs.safetensors", __file__)
+    batch = mx.array([[3, 17, 40, 9, 88, 5, 61, 23, 12], [7, 2, 55, 31, 80, 14, 6, 47, 29]], mx.int32)
+    lengths = mx.array([[0, 8], [2, 6]], mx.int32)
+    for case, fixture, num_layers, dora in CASES:
+        model, _ = load_model(Path(f"mlx-models/tests/models/{fixture}"))
+        mx.random.seed(SEED)
+        model.freeze()
+        linear_to_lora_layers(model, num_layers, dict(LORA), use_dora=dora)
+        init = dict(tree_flatten(model.trainable_parameters()))
+        names = sorted(init)
+        model.train()
+        (loss, ntoks), grads = nn.value_and_grad(model, default_loss)(model, batch, lengths)
+        flat = dict(tree_flatten(grads))
+        g.case(case, "value_and_grad", [batch, lengths],
+               [loss, ntoks] + [init[k] for k in names] + [flat[k] for k in names],
+               names=names, num_layers=num_layers, dora=dora, seed=SEED, fixture=fixture,
+               **LORA)
+    g.save()
+
+
+if __name__ == "__main__":
+    main()
