@@ -451,7 +451,8 @@ fn full_fine_tuning_gradients_across_architectures() {
 }
 
 /// LoRA and DoRA on the dedicated ports (lfm2's convolution and attention layers, qwen3_5's
-/// Gated DeltaNet and attention layers, f32 and bf16): mlx-lm's own `linear_to_lora_layers`
+/// Gated DeltaNet and attention layers, gemma4_text's KV-shared, `attention_k_eq_v` and
+/// per-layer-input layers; f32 and bf16): mlx-lm's own `linear_to_lora_layers`
 /// after the same seed gives the same adapter names and init, and the loss and every adapter
 /// gradient equal its `nn.value_and_grad(model, default_loss)` bit for bit.
 #[test]
@@ -504,7 +505,7 @@ fn lora_gradients_across_ports() {
             .unwrap_or_else(|m| panic!("{}: gradients {m}", case.name));
         checked += 1;
     }
-    assert_eq!(checked, 6);
+    assert_eq!(checked, 9);
 }
 
 /// Full fine-tuning under the other memory options: one cross-entropy chunk or one segment

@@ -25,8 +25,8 @@ from golden import Golden
 
 SEED = 7
 LORA = {"rank": 4, "scale": 10.0, "dropout": 0.0}
-# (case, fixture, num_layers, dora). Two layers each so both layer kinds are adapted:
-# lfm2 ends conv, attention; qwen3_5 ends linear attention, full attention.
+# (case, fixture, num_layers, dora). lfm2 ends conv, attention; qwen3_5 ends linear
+# attention, full attention: two layers adapt both kinds.
 CASES = [
     ("lfm2", "lfm2", 2, False),
     ("lfm2_bf16", "lfm2_bf16", 2, False),
@@ -34,6 +34,12 @@ CASES = [
     ("qwen3_5", "qwen3_5", 2, False),
     ("qwen3_5_bf16", "qwen3_5_bf16", 2, False),
     ("qwen3_5_dora", "qwen3_5", 2, True),
+    # gemma4_text: the last two layers share an earlier layer's keys and values (no
+    # k_proj/v_proj), so four layers reach the ones that own them; bf16 has per-layer
+    # inputs, kv_eq has `attention_k_eq_v` (no v_proj).
+    ("gemma4_text_bf16", "gemma4_text_bf16", 4, False),
+    ("gemma4_text_kv_eq", "gemma4_text_kv_eq", 4, False),
+    ("gemma4_text_kv_eq_dora", "gemma4_text_kv_eq", 3, True),
 ]
 
 

@@ -479,6 +479,54 @@ struct DecoderLayer {
 }
 
 impl DecoderLayer {
+    /// The layer's linears under their mlx-lm paths, in declaration order (`self_attn`'s
+    /// projections a KV-shared or `attention_k_eq_v` layer has, `mlp`'s, then the per-layer
+    /// input's); `None` on a MoE layer (its experts are switch layers).
+    fn linears_mut(&mut self) -> Option<Vec<(String, &mut Linear)>> {
+        if self.moe.is_some() {
+            return None;
+        }
+        let DecoderLayer {
+            self_attn,
+            mlp,
+            per_layer,
+            ..
+        } = self;
+        let Attention {
+            q_proj,
+            k_proj,
+            v_proj,
+            o_proj,
+            ..
+        } = self_attn;
+        let mut out: Vec<(String, &mut Linear)> = vec![("self_attn.q_proj".into(), q_proj)];
+        if let Some(k) = k_proj {
+            out.push(("self_attn.k_proj".into(), k));
+        }
+        if let Some(v) = v_proj {
+            out.push(("self_attn.v_proj".into(), v));
+        }
+        out.push(("self_attn.o_proj".into(), o_proj));
+        let Mlp {
+            gate_proj,
+            down_proj,
+            up_proj,
+        } = mlp;
+        out.push(("mlp.gate_proj".into(), gate_proj));
+        out.push(("mlp.down_proj".into(), down_proj));
+        out.push(("mlp.up_proj".into(), up_proj));
+        if let Some(PerLayerInput {
+            per_layer_input_gate,
+            per_layer_projection,
+            ..
+        }) = per_layer
+        {
+            out.push(("per_layer_input_gate".into(), per_layer_input_gate));
+            out.push(("per_layer_projection".into(), per_layer_projection));
+        }
+        Some(out)
+    }
+
     /// Every array of the layer under `path` (`model.layers.<i>`), for full fine-tuning,
     /// under mlx-lm's names (the router's under `router`, the experts' under
     /// `experts.switch_glu`, the MoE block's norms on the layer).
@@ -1021,6 +1069,15 @@ impl LanguageModel for Model {
     /// The layers that own caches (the KV-shared ones have none).
     fn num_layers(&self) -> usize {
         self.args.first_kv_shared()
+    }
+
+    /// Empty (no adapters) when a layer has a MoE block.
+    fn layer_linears_mut(&mut self) -> Vec<Vec<(String, &mut Linear)>> {
+        self.layers
+            .iter_mut()
+            .map(DecoderLayer::linears_mut)
+            .collect::<Option<Vec<_>>>()
+            .unwrap_or_default()
     }
 
     fn layer_parameters_mut(&mut self) -> Result<Vec<Vec<LayerParam<'_>>>> {
