@@ -454,7 +454,8 @@ fn full_fine_tuning_gradients_across_architectures() {
 /// Gated DeltaNet and attention layers, gemma4_text's KV-shared, `attention_k_eq_v` and
 /// per-layer-input layers; f32 and bf16): mlx-lm's own `linear_to_lora_layers`
 /// after the same seed gives the same adapter names and init, and the loss and every adapter
-/// gradient equal its `nn.value_and_grad(model, default_loss)` bit for bit.
+/// gradient equal its `nn.value_and_grad(model, default_loss)` bit for bit, also under
+/// `--grad-checkpoint` and through the compiled step.
 #[test]
 fn lora_gradients_across_ports() {
     let _g = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
@@ -503,6 +504,20 @@ fn lora_gradients_across_ports() {
         assert_bit_equal(&n, &case.outputs[1]).unwrap();
         check_named(&case, 2 + grads.len(), &grads)
             .unwrap_or_else(|m| panic!("{}: gradients {m}", case.name));
+        // The same under --grad-checkpoint (the adapters' arrays enter each layer's
+        // checkpoint) and through the compiled step.
+        assert!(model.set_grad_checkpoint(true), "{}", case.name);
+        let (ck_l, _, ck_grads) = loss_and_grad(model.as_ref(), &params, &loss, &batch).unwrap();
+        assert_bit_equal(&ck_l, &case.outputs[0])
+            .unwrap_or_else(|m| panic!("{}: checkpointed loss {m}", case.name));
+        check_named(&case, 2 + grads.len(), &ck_grads)
+            .unwrap_or_else(|m| panic!("{}: checkpointed gradients {m}", case.name));
+        let compiled = CompiledLossGrad::new(model.as_ref(), &params, &loss).unwrap();
+        let (c_l, _, c_grads) = compiled.call(&batch).unwrap();
+        assert_bit_equal(&c_l, &case.outputs[0])
+            .unwrap_or_else(|m| panic!("{}: compiled loss {m}", case.name));
+        check_named(&case, 2 + grads.len(), &c_grads)
+            .unwrap_or_else(|m| panic!("{}: compiled gradients {m}", case.name));
         checked += 1;
     }
     assert_eq!(checked, 9);

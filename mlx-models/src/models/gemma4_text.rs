@@ -659,6 +659,14 @@ impl LayerArrays for DecoderLayer {
     fn arrays_mut(&mut self) -> Result<Vec<LayerParam<'_>>> {
         self.parameters_mut("")
     }
+
+    fn linears(&mut self) -> Vec<&mut Linear> {
+        self.linears_mut()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(_, l)| l)
+            .collect()
+    }
 }
 
 impl DecoderLayer {

@@ -338,6 +338,10 @@ impl LayerArrays for DecoderLayer {
     fn arrays_mut(&mut self) -> Result<Vec<LayerParam<'_>>> {
         self.parameters_mut("")
     }
+
+    fn linears(&mut self) -> Vec<&mut Linear> {
+        self.linears_mut().into_iter().map(|(_, l)| l).collect()
+    }
 }
 
 #[derive(Clone)]

@@ -1100,6 +1100,11 @@ impl LayerArrays for DecoderLayer {
     fn arrays_mut(&mut self) -> Result<Vec<LayerParam<'_>>> {
         self.parameters_mut("", "ffn")
     }
+
+    fn linears(&mut self) -> Vec<&mut Linear> {
+        // No adapters on these layers (yet).
+        Vec::new()
+    }
 }
 
 /// A mixture-of-experts decoder (mixtral, qwen2_moe, qwen3_moe, olmoe).
