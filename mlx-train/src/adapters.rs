@@ -9,7 +9,7 @@ use std::path::Path;
 use mlx_core::io::{load_safetensors, save_safetensors, StringMap};
 use mlx_core::prelude::*;
 use mlx_core::quantized::QuantMode;
-use mlx_models::layers::Linear;
+use mlx_models::layers::{Linear, LinearMut, SwitchLinear};
 use mlx_models::load::{load_model_dir, load_weights, weight_files, LoadOptions};
 use mlx_models::LanguageModel;
 use serde::Deserialize;
@@ -170,10 +170,20 @@ pub fn fused_linears(
     dequantize: bool,
 ) -> Result<Vec<(String, Linear)>> {
     let mut out = Vec::new();
-    for layer in model.layer_linears_mut() {
-        for (_, lin) in layer {
-            if let Some(a) = as_lora(lin) {
-                out.push((a.path().to_string(), a.fuse(dequantize)?));
+    for layer in model.layer_adaptables_mut() {
+        for (name, lin) in layer {
+            match lin {
+                LinearMut::Linear(lin) => {
+                    if let Some(a) = as_lora(lin) {
+                        out.push((a.path().to_string(), a.fuse(dequantize)?));
+                    }
+                }
+                LinearMut::Switch(SwitchLinear::Adapted(_)) => {
+                    return Err(TrainError::Config(format!(
+                        "{name}: fusing LoRA into switch (expert) layers is not supported yet"
+                    )))
+                }
+                LinearMut::Switch(_) => {}
             }
         }
     }

@@ -358,7 +358,7 @@ pub fn prepare(config: &RunConfig) -> Result<Prepared> {
     }
     random::seed(u64::from(config.seed))?;
     // `len(model.layers)`.
-    let n_layers = match model.layer_linears_mut().len() {
+    let n_layers = match model.layer_adaptables_mut().len() {
         _ if config.fine_tune_type == "full" => crate::full::decoder_layer_count(model.as_mut())?,
         0 => model.num_layers(),
         n => n,

@@ -520,7 +520,7 @@ fn lora_gradients_across_ports() {
             .unwrap_or_else(|m| panic!("{}: compiled gradients {m}", case.name));
         checked += 1;
     }
-    assert_eq!(checked, 9);
+    assert_eq!(checked, 18);
 }
 
 /// Full fine-tuning under the other memory options: one cross-entropy chunk or one segment

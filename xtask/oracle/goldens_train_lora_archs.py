@@ -40,6 +40,16 @@ CASES = [
     ("gemma4_text_bf16", "gemma4_text_bf16", 4, False),
     ("gemma4_text_kv_eq", "gemma4_text_kv_eq", 4, False),
     ("gemma4_text_kv_eq_dora", "gemma4_text_kv_eq", 3, True),
+    # MoE: the experts' SwitchLinear / QuantizedSwitchLinear become LoRASwitchLinear.
+    ("mixtral", "mixtral", 2, False),
+    ("qwen2_moe", "qwen2_moe", 2, False),
+    ("qwen3_moe", "qwen3_moe", 2, False),
+    ("qwen3_moe_q4", "qwen3_moe_q4", 2, False),
+    ("olmoe", "olmoe", 2, False),
+    ("gpt_oss", "gpt_oss", 2, False),
+    ("qwen3_next", "qwen3_next", 3, False),
+    ("qwen3_5_moe", "qwen3_5_moe", 2, False),
+    ("gemma4_text", "gemma4_text", 4, False),
 ]
 
 

@@ -8,24 +8,23 @@ use mlx_core::prelude::*;
 use mlx_core::transforms;
 
 use crate::error::{ModelError, Result};
-use crate::layers::{LayerParam, Linear};
+use crate::layers::{LayerParam, LinearMut};
 
 /// A port's decoder layer whose own arrays can enter its checkpoint.
 pub(crate) trait LayerArrays: Clone + Send + 'static {
     /// The layer's own arrays, always in the same order (their names are not used).
     fn arrays_mut(&mut self) -> Result<Vec<LayerParam<'_>>>;
-    /// The layer's linears, always in the same order: the adapted ones' trainable arrays
-    /// enter the checkpoint as inputs (else their gradients would not flow through it).
-    fn linears(&mut self) -> Vec<&mut Linear>;
+    /// The layer's linears and switch linears, always in the same order: the adapted ones'
+    /// trainable arrays enter the checkpoint as inputs (else their gradients would not flow
+    /// through it).
+    fn linears(&mut self) -> Vec<LinearMut<'_>>;
 }
 
 /// The trainable arrays of the layer's adapters, in [`LayerArrays::linears`] order.
 fn adapter_arrays<L: LayerArrays>(layer: &mut L) -> Result<Vec<Array>> {
     let mut out = Vec::new();
     for l in layer.linears() {
-        if let Linear::Adapted(a) = l {
-            out.extend(a.parameters()?);
-        }
+        out.extend(l.adapter_parameters()?);
     }
     Ok(out)
 }
@@ -34,14 +33,15 @@ fn adapter_arrays<L: LayerArrays>(layer: &mut L) -> Result<Vec<Array>> {
 fn set_adapter_arrays<L: LayerArrays>(layer: &mut L, values: &[Array]) -> Result<()> {
     let mut i = 0;
     for l in layer.linears() {
-        if let Linear::Adapted(a) = l {
-            let n = a.parameters()?.len();
-            let vals = values
-                .get(i..i + n)
-                .ok_or_else(|| ModelError::Other("checkpoint: missing adapter inputs".into()))?;
-            a.set_parameters(vals)?;
-            i += n;
+        let n = l.adapter_parameters()?.len();
+        if n == 0 {
+            continue;
         }
+        let vals = values
+            .get(i..i + n)
+            .ok_or_else(|| ModelError::Other("checkpoint: missing adapter inputs".into()))?;
+        l.set_adapter_parameters(vals)?;
+        i += n;
     }
     Ok(())
 }

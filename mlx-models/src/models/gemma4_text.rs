@@ -13,8 +13,8 @@ use serde_json::Value;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::{
-    gelu_approx, scaled_dot_product_attention, Embedding, LayerParam, Linear, RmsNorm, Rope,
-    SwitchActivation, SwitchGlu,
+    gelu_approx, scaled_dot_product_attention, Embedding, LayerParam, Linear, LinearMut, RmsNorm,
+    Rope, SwitchActivation, SwitchGlu,
 };
 use crate::models::checkpoint::{checkpointed_many, LayerArrays};
 use crate::models::LanguageModel;
@@ -479,16 +479,14 @@ struct DecoderLayer {
 }
 
 impl DecoderLayer {
-    /// The layer's linears under their mlx-lm paths, in declaration order (`self_attn`'s
-    /// projections a KV-shared or `attention_k_eq_v` layer has, `mlp`'s, then the per-layer
-    /// input's); `None` on a MoE layer (its experts are switch layers).
-    fn linears_mut(&mut self) -> Option<Vec<(String, &mut Linear)>> {
-        if self.moe.is_some() {
-            return None;
-        }
+    /// The layer's linears and switch linears under their mlx-lm paths, in declaration order:
+    /// `self_attn`'s projections (those a KV-shared or `attention_k_eq_v` layer has), `mlp`'s,
+    /// a MoE layer's `router.proj` and `experts.switch_glu.*`, then the per-layer input's.
+    fn linears_mut(&mut self) -> Vec<(String, LinearMut<'_>)> {
         let DecoderLayer {
             self_attn,
             mlp,
+            moe,
             per_layer,
             ..
         } = self;
@@ -499,32 +497,51 @@ impl DecoderLayer {
             o_proj,
             ..
         } = self_attn;
-        let mut out: Vec<(String, &mut Linear)> = vec![("self_attn.q_proj".into(), q_proj)];
-        if let Some(k) = k_proj {
-            out.push(("self_attn.k_proj".into(), k));
-        }
-        if let Some(v) = v_proj {
-            out.push(("self_attn.v_proj".into(), v));
-        }
-        out.push(("self_attn.o_proj".into(), o_proj));
         let Mlp {
             gate_proj,
             down_proj,
             up_proj,
         } = mlp;
-        out.push(("mlp.gate_proj".into(), gate_proj));
-        out.push(("mlp.down_proj".into(), down_proj));
-        out.push(("mlp.up_proj".into(), up_proj));
+        let mut linears: Vec<(&str, &mut Linear)> = vec![("self_attn.q_proj", q_proj)];
+        if let Some(k) = k_proj {
+            linears.push(("self_attn.k_proj", k));
+        }
+        if let Some(v) = v_proj {
+            linears.push(("self_attn.v_proj", v));
+        }
+        linears.push(("self_attn.o_proj", o_proj));
+        linears.push(("mlp.gate_proj", gate_proj));
+        linears.push(("mlp.down_proj", down_proj));
+        linears.push(("mlp.up_proj", up_proj));
+        let mut out: Vec<(String, LinearMut<'_>)> = linears
+            .into_iter()
+            .map(|(n, l)| (n.to_string(), LinearMut::Linear(l)))
+            .collect();
+        if let Some(m) = moe {
+            let Moe {
+                proj, switch_glu, ..
+            } = m;
+            out.push(("router.proj".into(), LinearMut::Linear(proj)));
+            for (n, l) in switch_glu.linears_mut() {
+                out.push((format!("experts.switch_glu.{n}"), LinearMut::Switch(l)));
+            }
+        }
         if let Some(PerLayerInput {
             per_layer_input_gate,
             per_layer_projection,
             ..
         }) = per_layer
         {
-            out.push(("per_layer_input_gate".into(), per_layer_input_gate));
-            out.push(("per_layer_projection".into(), per_layer_projection));
+            out.push((
+                "per_layer_input_gate".into(),
+                LinearMut::Linear(per_layer_input_gate),
+            ));
+            out.push((
+                "per_layer_projection".into(),
+                LinearMut::Linear(per_layer_projection),
+            ));
         }
-        Some(out)
+        out
     }
 
     /// Every array of the layer under `path` (`model.layers.<i>`), for full fine-tuning,
@@ -660,12 +677,8 @@ impl LayerArrays for DecoderLayer {
         self.parameters_mut("")
     }
 
-    fn linears(&mut self) -> Vec<&mut Linear> {
-        self.linears_mut()
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(_, l)| l)
-            .collect()
+    fn linears(&mut self) -> Vec<LinearMut<'_>> {
+        self.linears_mut().into_iter().map(|(_, l)| l).collect()
     }
 }
 
@@ -1079,13 +1092,11 @@ impl LanguageModel for Model {
         self.args.first_kv_shared()
     }
 
-    /// Empty (no adapters) when a layer has a MoE block.
-    fn layer_linears_mut(&mut self) -> Vec<Vec<(String, &mut Linear)>> {
+    fn layer_adaptables_mut(&mut self) -> Vec<Vec<(String, LinearMut<'_>)>> {
         self.layers
             .iter_mut()
             .map(DecoderLayer::linears_mut)
-            .collect::<Option<Vec<_>>>()
-            .unwrap_or_default()
+            .collect()
     }
 
     fn layer_parameters_mut(&mut self) -> Result<Vec<Vec<LayerParam<'_>>>> {

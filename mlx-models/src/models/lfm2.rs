@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::layers::{swiglu, Embedding, LayerParam, Linear, RmsNorm, Rope};
+use crate::layers::{swiglu, Embedding, LayerParam, Linear, LinearMut, RmsNorm, Rope};
 use crate::models::checkpoint::{checkpointed, LayerArrays};
 use crate::models::moe::{Attention, AttentionSpec, QkNorm};
 use crate::models::LanguageModel;
@@ -339,8 +339,11 @@ impl LayerArrays for DecoderLayer {
         self.parameters_mut("")
     }
 
-    fn linears(&mut self) -> Vec<&mut Linear> {
-        self.linears_mut().into_iter().map(|(_, l)| l).collect()
+    fn linears(&mut self) -> Vec<LinearMut<'_>> {
+        self.linears_mut()
+            .into_iter()
+            .map(|(_, l)| LinearMut::Linear(l))
+            .collect()
     }
 }
 

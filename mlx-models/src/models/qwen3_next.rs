@@ -19,11 +19,11 @@ use crate::error::{ModelError, Result};
 use crate::layers::gated_delta::{
     gated_delta_update, gated_delta_update_fast, normalize_qk, RmsNormGated,
 };
-use crate::layers::LayerParam;
 use crate::layers::{
     scaled_dot_product_attention, silu, Embedding, Linear, Mlp, MlpKind, RmsNorm, Rope,
     RopeScaling, SwitchActivation,
 };
+use crate::layers::{LayerParam, LinearMut};
 use crate::models::checkpoint::{checkpointed, LayerArrays};
 use crate::models::moe::{Ffn, Router, SparseMoe, SparseMoeParams};
 use crate::models::LanguageModel;
@@ -747,11 +747,11 @@ struct DecoderLayer {
 }
 
 impl DecoderLayer {
-    /// The layer's linears under their mlx-lm paths, in declaration order (the mixer, then
-    /// `mlp`); `None` when the MLP is sparse (its experts are switch layers).
-    fn linears_mut(&mut self) -> Option<Vec<(String, &mut Linear)>> {
+    /// The layer's linears and switch linears under their mlx-lm paths, in declaration
+    /// order (the mixer, then `mlp`).
+    fn linears_mut(&mut self) -> Vec<(String, LinearMut<'_>)> {
         let DecoderLayer { mixer, mlp, .. } = self;
-        let mut out: Vec<(String, &mut Linear)> = match mixer {
+        let mut out: Vec<(String, LinearMut<'_>)> = match mixer {
             Mixer::Attention(a) => [
                 ("q_proj", &mut a.q_proj),
                 ("k_proj", &mut a.k_proj),
@@ -759,7 +759,7 @@ impl DecoderLayer {
                 ("o_proj", &mut a.o_proj),
             ]
             .into_iter()
-            .map(|(n, l)| (format!("self_attn.{n}"), l))
+            .map(|(n, l)| (format!("self_attn.{n}"), LinearMut::Linear(l)))
             .collect(),
             Mixer::Linear(m) => {
                 let GatedDeltaNet { proj, out_proj, .. } = m;
@@ -776,14 +776,14 @@ impl DecoderLayer {
                 };
                 v.push(("out_proj", out_proj));
                 v.into_iter()
-                    .map(|(n, l)| (format!("linear_attn.{n}"), l))
+                    .map(|(n, l)| (format!("linear_attn.{n}"), LinearMut::Linear(l)))
                     .collect()
             }
         };
-        for (n, l) in mlp.linears_mut()? {
+        for (n, l) in mlp.linears_mut() {
             out.push((format!("mlp.{n}"), l));
         }
-        Some(out)
+        out
     }
 
     /// Every array of the layer under `path` (`[language_model.]model.layers.<i>`), for full
@@ -848,12 +848,8 @@ impl LayerArrays for DecoderLayer {
         self.parameters_mut("")
     }
 
-    fn linears(&mut self) -> Vec<&mut Linear> {
-        self.linears_mut()
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(_, l)| l)
-            .collect()
+    fn linears(&mut self) -> Vec<LinearMut<'_>> {
+        self.linears_mut().into_iter().map(|(_, l)| l).collect()
     }
 }
 
@@ -1158,13 +1154,11 @@ impl LanguageModel for Model {
         self.layers.len()
     }
 
-    /// Empty (no adapters) when a layer's MLP is sparse.
-    fn layer_linears_mut(&mut self) -> Vec<Vec<(String, &mut Linear)>> {
+    fn layer_adaptables_mut(&mut self) -> Vec<Vec<(String, LinearMut<'_>)>> {
         self.layers
             .iter_mut()
             .map(DecoderLayer::linears_mut)
-            .collect::<Option<Vec<_>>>()
-            .unwrap_or_default()
+            .collect()
     }
 
     fn layers_path(&self) -> String {
