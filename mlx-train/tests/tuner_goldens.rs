@@ -470,7 +470,12 @@ fn lora_gradients_across_ports() {
             rank: p("rank").parse().unwrap(),
             scale: p("scale").parse().unwrap(),
             dropout: p("dropout").parse().unwrap(),
-            keys: None,
+            keys: case.params.get("keys").map(|k| {
+                k.trim_matches(|c| c == '[' || c == ']')
+                    .split(',')
+                    .map(str::to_string)
+                    .collect()
+            }),
         };
         random::seed(p("seed").parse().unwrap()).unwrap();
         let params = Params::new();
@@ -520,7 +525,29 @@ fn lora_gradients_across_ports() {
             .unwrap_or_else(|m| panic!("{}: compiled gradients {m}", case.name));
         checked += 1;
     }
-    assert_eq!(checked, 18);
+    assert_eq!(checked, 19);
+}
+
+/// mlx-lm refuses DoRA on switch layers: the default keys of a MoE model include the
+/// experts, so DoRA is refused naming them; fusing LoRA on the experts is refused too.
+#[test]
+fn switch_layers_refuse_dora_and_fusing() {
+    let _g = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = root().join("../../mlx-models/tests/models/mixtral");
+    let (mut m, _) = load_model_dir(&dir, &LoadOptions::default()).unwrap();
+    let err = linear_to_lora_layers(m.as_mut(), 1, &Default::default(), true, &Params::new())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("block_sparse_moe.switch_mlp") && err.contains("DoRA"),
+        "{err}"
+    );
+    let (mut m, _) = load_model_dir(&dir, &LoadOptions::default()).unwrap();
+    linear_to_lora_layers(m.as_mut(), 1, &Default::default(), false, &Params::new()).unwrap();
+    let err = mlx_train::adapters::fused_linears(m.as_mut(), false)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("switch"), "{err}");
 }
 
 /// Full fine-tuning under the other memory options: one cross-entropy chunk or one segment

@@ -8,7 +8,8 @@ and `linear_to_lora_layers(model, num_layers, LORA)` as `mlx_lm.lora.train_model
 (default keys: every linear of a layer), then `nn.value_and_grad(model, default_loss)` in
 training mode on a fixed batch. Outputs: loss, token count, the adapter arrays right after
 the conversion (the seeded init), and every adapter gradient; `names` is the sorted
-trainable parameter names (mlx-lm's module paths).
+trainable parameter names (mlx-lm's module paths). The MoE fixtures' experts become
+`LoRASwitchLinear`; one case trains DoRA on a MoE model with `keys` leaving the experts out.
 Run with `cargo xtask goldens train_lora_archs`.
 """
 
@@ -51,17 +52,28 @@ CASES = [
     ("qwen3_5_moe", "qwen3_5_moe", 2, False),
     ("gemma4_text", "gemma4_text", 4, False),
 ]
+# (case, fixture, num_layers, keys): DoRA on a MoE model's plain linears, the experts left
+# out by `keys` (mlx-lm refuses DoRA on switch layers).
+KEYED = [
+    ("qwen3_moe_keys_dora", "qwen3_moe", 2, ["self_attn.q_proj", "self_attn.o_proj", "mlp.gate"]),
+]
 
 
 def main():
     g = Golden("mlx-train/tests/goldens/train_lora_archs.safetensors", __file__)
     batch = mx.array([[3, 17, 40, 9, 88, 5, 61, 23, 12], [7, 2, 55, 31, 80, 14, 6, 47, 29]], mx.int32)
     lengths = mx.array([[0, 8], [2, 6]], mx.int32)
-    for case, fixture, num_layers, dora in CASES:
+    cases = [(c, f, n, d, None) for c, f, n, d in CASES] + [(c, f, n, True, k) for c, f, n, k in KEYED]
+    for case, fixture, num_layers, dora, keys in cases:
         model, _ = load_model(Path(f"mlx-models/tests/models/{fixture}"))
         mx.random.seed(SEED)
         model.freeze()
-        linear_to_lora_layers(model, num_layers, dict(LORA), use_dora=dora)
+        config = dict(LORA)
+        extra = {}
+        if keys is not None:
+            config["keys"] = keys
+            extra["keys"] = keys
+        linear_to_lora_layers(model, num_layers, config, use_dora=dora)
         init = dict(tree_flatten(model.trainable_parameters()))
         names = sorted(init)
         model.train()
@@ -70,7 +82,7 @@ def main():
         g.case(case, "value_and_grad", [batch, lengths],
                [loss, ntoks] + [init[k] for k in names] + [flat[k] for k in names],
                names=names, num_layers=num_layers, dora=dora, seed=SEED, fixture=fixture,
-               **LORA)
+               **LORA, **extra)
     g.save()
 
 
