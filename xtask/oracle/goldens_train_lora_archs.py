@@ -2,7 +2,8 @@
 the tiny mlx-models fixtures of the dedicated ports, the L1 reference for
 `mlx_train::lora` there.
 
-Writes mlx-train/tests/goldens/train_lora_archs.safetensors. Per case (`<fixture>[_dora]`):
+Writes mlx-train/tests/goldens/train_lora_archs.safetensors (and the adapter directories of
+`ADAPTED` below). Per case (`<fixture>[_dora]`):
 the fixture loaded with `mlx_lm.utils.load_model`, `mx.random.seed(SEED)`, `model.freeze()`
 and `linear_to_lora_layers(model, num_layers, LORA)` as `mlx_lm.lora.train_model` runs them
 (default keys: every linear of a layer), then `nn.value_and_grad(model, default_loss)` in
@@ -13,13 +14,14 @@ trainable parameter names (mlx-lm's module paths). The MoE fixtures' experts bec
 Run with `cargo xtask goldens train_lora_archs`.
 """
 
+import json
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
+from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.tuner.trainer import default_loss
-from mlx_lm.tuner.utils import linear_to_lora_layers
+from mlx_lm.tuner.utils import linear_to_lora_layers, load_adapters
 from mlx_lm.utils import load_model
 
 from golden import Golden
@@ -52,6 +54,12 @@ CASES = [
     ("qwen3_5_moe", "qwen3_5_moe", 2, False),
     ("gemma4_text", "gemma4_text", 4, False),
 ]
+# Cases whose adapters are then given random `lora_b` (seeded) and saved as mlx_lm.lora
+# saves them (adapters/lora_archs_<case>/: adapters.safetensors, adapter_config.json); case
+# `<case>_adapted` holds the adapted model's logits (eval mode), which mlx-lm's own
+# `load_adapters` reproduces from that directory.
+ADAPTED = ["lfm2_dora", "qwen3_5", "gemma4_text", "qwen3_moe_q4", "gpt_oss", "qwen3_next"]
+
 # (case, fixture, num_layers, keys): DoRA on a MoE model's plain linears, the experts left
 # out by `keys` (mlx-lm refuses DoRA on switch layers).
 KEYED = [
@@ -83,7 +91,30 @@ def main():
                [loss, ntoks] + [init[k] for k in names] + [flat[k] for k in names],
                names=names, num_layers=num_layers, dora=dora, seed=SEED, fixture=fixture,
                **LORA, **extra)
+        if case in ADAPTED:
+            adapted(g, case, fixture, model, num_layers, dora, config, batch)
     g.save()
+
+
+def adapted(g, case, fixture, model, num_layers, dora, config, batch):
+    mx.random.seed(SEED + 1)
+    b = [(k, 0.05 * mx.random.normal(v.shape)) for k, v in
+         tree_flatten(model.trainable_parameters()) if k.endswith(".lora_b")]
+    model.update(tree_unflatten(b))
+    model.eval()
+    logits = model(batch)
+    out = Path(f"mlx-train/tests/adapters/lora_archs_{case}")
+    out.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(out / "adapters.safetensors"),
+                        dict(tree_flatten(model.trainable_parameters())))
+    with open(out / "adapter_config.json", "w") as f:
+        json.dump({"fine_tune_type": "dora" if dora else "lora", "num_layers": num_layers,
+                   "lora_parameters": config}, f, indent=4)
+    fresh, _ = load_model(Path(f"mlx-models/tests/models/{fixture}"))
+    load_adapters(fresh, str(out))
+    fresh.eval()
+    assert mx.array_equal(fresh(batch), logits).item(), case
+    g.case(f"{case}_adapted", "adapted_logits", [batch], [logits], fixture=fixture)
 
 
 if __name__ == "__main__":
