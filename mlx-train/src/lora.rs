@@ -293,6 +293,62 @@ impl LoraSwitchLinear {
     }
 }
 
+impl LoraSwitchLinear {
+    /// `fuse(dequantize)`: `weight + (scale * lora_b @ lora_a).astype(weight.dtype)` per
+    /// expert, re-quantized as the base was unless `dequantize`.
+    pub fn fuse(&self, dequantize: bool) -> Result<SwitchLinear> {
+        let (weight, bias) = match &self.base {
+            SwitchLinear::Dense { weight, bias } => (weight.clone(), bias),
+            SwitchLinear::Quantized { weight, bias } => (
+                q::dequantize(
+                    &weight.weight,
+                    &weight.scales,
+                    weight.biases.as_ref(),
+                    weight.group_size,
+                    weight.bits,
+                    weight.mode,
+                    None,
+                    None,
+                )?,
+                bias,
+            ),
+            SwitchLinear::Adapted(_) => {
+                return Err(TrainError::Config(
+                    "an adapter cannot wrap another adapter".into(),
+                ))
+            }
+        };
+        let (experts, _, input_dims) = self.base.dims();
+        let a = self.params.get(&format!("{}.lora_a", self.path))?;
+        let b = self.params.get(&format!("{}.lora_b", self.path))?;
+        let b = ops::multiply_scalar(&b, self.scale, None)?;
+        let a = a.reshape(&[experts, -1, input_dims])?;
+        let fused = (&weight + &b.matmul(&a)?.astype(weight.dtype())?)?;
+        let bias = bias.clone();
+        match &self.base {
+            SwitchLinear::Quantized { weight: qw, .. } if !dequantize => {
+                let (w, scales, biases) =
+                    q::quantize(&fused, qw.group_size, qw.bits, qw.mode, None)?;
+                Ok(SwitchLinear::Quantized {
+                    weight: QuantizedWeight {
+                        weight: w,
+                        scales,
+                        biases,
+                        group_size: qw.group_size,
+                        bits: qw.bits,
+                        mode: qw.mode,
+                    },
+                    bias,
+                })
+            }
+            _ => Ok(SwitchLinear::Dense {
+                weight: fused,
+                bias,
+            }),
+        }
+    }
+}
+
 impl SwitchAdapter for LoraSwitchLinear {
     fn forward(&self, x: &Array, indices: &Array, sorted: bool) -> mlx_models::Result<Array> {
         if !self.params.enabled() {

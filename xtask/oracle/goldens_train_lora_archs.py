@@ -57,7 +57,8 @@ CASES = [
 # Cases whose adapters are then given random `lora_b` (seeded) and saved as mlx_lm.lora
 # saves them (adapters/lora_archs_<case>/: adapters.safetensors, adapter_config.json); case
 # `<case>_adapted` holds the adapted model's logits (eval mode), which mlx-lm's own
-# `load_adapters` reproduces from that directory.
+# `load_adapters` reproduces from that directory; `<case>_fused` the logits after
+# mlx_lm.fuse's fusing step.
 ADAPTED = ["lfm2_dora", "qwen3_5", "gemma4_text", "qwen3_moe_q4", "gpt_oss", "qwen3_next"]
 
 # (case, fixture, num_layers, keys): DoRA on a MoE model's plain linears, the experts left
@@ -115,6 +116,11 @@ def adapted(g, case, fixture, model, num_layers, dora, config, batch):
     fresh.eval()
     assert mx.array_equal(fresh(batch), logits).item(), case
     g.case(f"{case}_adapted", "adapted_logits", [batch], [logits], fixture=fixture)
+    # mlx_lm.fuse's step (its `main` needs a tokenizer): every module with `fuse` replaced by
+    # its fused layer (LoRASwitchLinear's included), then the fused model's logits.
+    fused = [(n, m.fuse(dequantize=False)) for n, m in fresh.named_modules() if hasattr(m, "fuse")]
+    fresh.update_modules(tree_unflatten(fused))
+    g.case(f"{case}_fused", "fused_logits", [batch], [fresh(batch)], fixture=fixture)
 
 
 if __name__ == "__main__":
