@@ -528,7 +528,7 @@ fn lora_gradients_across_ports() {
             .unwrap_or_else(|m| panic!("{}: compiled gradients {m}", case.name));
         checked += 1;
     }
-    assert_eq!(checked, 19);
+    assert_eq!(checked, 21);
 }
 
 /// Adapters mlx-lm wrote for the ports (random `lora_b`, so the low-rank products count:

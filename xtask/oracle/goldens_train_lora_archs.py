@@ -53,6 +53,9 @@ CASES = [
     ("qwen3_next", "qwen3_next", 3, False),
     ("qwen3_5_moe", "qwen3_5_moe", 2, False),
     ("gemma4_text", "gemma4_text", 4, False),
+    # Descriptor rows whose layers are not `model.layers` (the adapter names follow).
+    ("gpt2", "dense/gpt2", 1, False),
+    ("gpt_neox", "dense/gpt_neox", 1, False),
 ]
 # Cases whose adapters are then given random `lora_b` (seeded) and saved as mlx_lm.lora
 # saves them (adapters/lora_archs_<case>/: adapters.safetensors, adapter_config.json); case
