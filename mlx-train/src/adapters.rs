@@ -9,7 +9,7 @@ use std::path::Path;
 use mlx_core::io::{load_safetensors, save_safetensors, StringMap};
 use mlx_core::prelude::*;
 use mlx_core::quantized::QuantMode;
-use mlx_models::layers::Linear;
+use mlx_models::layers::{Linear, LinearMut, QuantizedWeight, SwitchLinear};
 use mlx_models::load::{load_model_dir, load_weights, weight_files, LoadOptions};
 use mlx_models::LanguageModel;
 use serde::Deserialize;
@@ -17,7 +17,7 @@ use serde_json::{Map, Value};
 
 use crate::error::{io_err, Result, TrainError};
 use crate::full::{layer_parameter_shapes, write_layer_parameters};
-use crate::lora::{as_lora, linear_to_lora_layers, LoraConfig};
+use crate::lora::{as_lora, linear_to_lora_layers, LoraConfig, LoraSwitchLinear};
 use crate::params::Params;
 
 /// The fields of `adapter_config.json` that matter when loading (the file holds every
@@ -164,16 +164,54 @@ pub fn load_adapters(model: &mut dyn LanguageModel, dir: &Path) -> Result<Params
     Ok(params)
 }
 
-/// The fused linears of an adapted model: `(module path, fused linear)`.
-pub fn fused_linears(
+/// A fused layer's arrays under their names (`weight`, `scales`, `biases`).
+pub type FusedArrays = Vec<(&'static str, Array)>;
+
+/// The fused layers of an adapted model: `(module path, [(array name, array)])`, the
+/// arrays (`weight`, or a quantized layer's `weight`, `scales`, `biases`) that replace the
+/// base's; linears and MoE experts' switch linears alike.
+pub fn fused_layers(
     model: &mut dyn LanguageModel,
     dequantize: bool,
-) -> Result<Vec<(String, Linear)>> {
+) -> Result<Vec<(String, FusedArrays)>> {
+    fn arrays(weight: Option<Array>, q: Option<QuantizedWeight>) -> FusedArrays {
+        match (weight, q) {
+            (Some(w), _) => vec![("weight", w)],
+            (None, Some(q)) => {
+                let mut v = vec![("weight", q.weight), ("scales", q.scales)];
+                if let Some(b) = q.biases {
+                    v.push(("biases", b));
+                }
+                v
+            }
+            (None, None) => Vec::new(),
+        }
+    }
     let mut out = Vec::new();
-    for layer in model.layer_linears_mut() {
+    for layer in model.layer_adaptables_mut() {
         for (_, lin) in layer {
-            if let Some(a) = as_lora(lin) {
-                out.push((a.path().to_string(), a.fuse(dequantize)?));
+            match lin {
+                LinearMut::Linear(lin) => {
+                    if let Some(a) = as_lora(lin) {
+                        let t = match a.fuse(dequantize)? {
+                            Linear::Dense { weight, .. } => arrays(Some(weight), None),
+                            Linear::Quantized { weight, .. } => arrays(None, Some(weight)),
+                            Linear::Adapted(_) => Vec::new(),
+                        };
+                        out.push((a.path().to_string(), t));
+                    }
+                }
+                LinearMut::Switch(SwitchLinear::Adapted(a)) => {
+                    if let Some(a) = a.as_any().downcast_ref::<LoraSwitchLinear>() {
+                        let t = match a.fuse(dequantize)? {
+                            SwitchLinear::Dense { weight, .. } => arrays(Some(weight), None),
+                            SwitchLinear::Quantized { weight, .. } => arrays(None, Some(weight)),
+                            SwitchLinear::Adapted(_) => Vec::new(),
+                        };
+                        out.push((a.path().to_string(), t));
+                    }
+                }
+                LinearMut::Switch(_) => {}
             }
         }
     }
@@ -217,34 +255,30 @@ pub fn fuse_model_dir(
 ) -> Result<()> {
     let (mut model, _) = load_model_dir(model_dir, &LoadOptions::default())?;
     load_adapters(model.as_mut(), adapter_dir)?;
-    let fused = fused_linears(model.as_mut(), dequantize)?;
+    let fused = fused_layers(model.as_mut(), dequantize)?;
     let mut tensors = load_weights(model_dir)?;
     if AdapterConfig::read(&adapter_dir.join("adapter_config.json"))?.is_full() {
         // `load(model, adapter_path)` then `save`: the trained arrays replace the base's.
         let file = adapter_dir.join("adapters.safetensors");
         tensors.extend(read_full_weights(model.as_mut(), &file)?);
     }
-    for (path, lin) in fused {
+    for (path, arrays) in fused {
+        if arrays.is_empty() {
+            return Err(TrainError::Config(format!(
+                "{path}: fused layer still adapted"
+            )));
+        }
+        if !tensors.contains_key(&format!("{path}.weight")) {
+            return Err(io_err(
+                model_dir,
+                format!("no `{path}.weight` to fuse into (the weights are not in mlx-lm's layout)"),
+            ));
+        }
         for suffix in ["weight", "scales", "biases"] {
             tensors.remove(&format!("{path}.{suffix}"));
         }
-        let mut put = |suffix: &str, a: Array| {
+        for (suffix, a) in arrays {
             tensors.insert(format!("{path}.{suffix}"), a);
-        };
-        match lin {
-            Linear::Dense { weight, .. } => put("weight", weight),
-            Linear::Quantized { weight, .. } => {
-                put("weight", weight.weight);
-                put("scales", weight.scales);
-                if let Some(b) = weight.biases {
-                    put("biases", b);
-                }
-            }
-            Linear::Adapted(_) => {
-                return Err(TrainError::Config(format!(
-                    "{path}: fused layer still adapted"
-                )))
-            }
         }
     }
     let config_path = model_dir.join("config.json");

@@ -236,6 +236,10 @@ impl LanguageModel for FullModel {
         self.inner_mut().layer_linears_mut()
     }
 
+    fn layer_adaptables_mut(&mut self) -> Vec<Vec<(String, mlx_models::layers::LinearMut<'_>)>> {
+        self.inner_mut().layer_adaptables_mut()
+    }
+
     fn set_grad_checkpoint(&mut self, on: bool) -> bool {
         let range = if on { self.layers.clone() } else { 0..0 };
         let inner = self.inner_mut();

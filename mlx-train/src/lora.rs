@@ -1,12 +1,15 @@
 //! mlx-lm's `tuner/lora.py` and `tuner/dora.py`: LoRA and DoRA layers wrapping a dense or
-//! quantized linear, `linear_to_lora_layers` (which layers, which keys, the random init in
-//! mlx-lm's order), and `fuse`.
+//! quantized linear, `LoRASwitchLinear` wrapping a (quantized) switch linear (MoE experts),
+//! `linear_to_lora_layers` (which layers, which keys, the random init in mlx-lm's order),
+//! and `fuse`.
 
 use std::collections::BTreeSet;
 
 use mlx_core::prelude::*;
 use mlx_core::quantized::{self as q};
-use mlx_models::layers::{Linear, LinearAdapter, QuantizedWeight};
+use mlx_models::layers::{
+    Linear, LinearAdapter, LinearMut, QuantizedWeight, SwitchAdapter, SwitchLinear,
+};
 use mlx_models::LanguageModel;
 use serde::{Deserialize, Serialize};
 
@@ -248,29 +251,161 @@ impl LinearAdapter for LoraLinear {
     }
 
     fn parameters(&self) -> mlx_models::Result<Vec<Array>> {
-        self.leaves()
-            .iter()
-            .map(|l| self.params.get(&self.key(l)).map_err(model_err))
-            .collect()
+        leaf_arrays(&self.params, &self.path, self.leaves())
     }
 
     fn set_parameters(&self, values: &[Array]) -> mlx_models::Result<()> {
-        let leaves = self.leaves();
-        if values.len() != leaves.len() {
-            return Err(mlx_models::ModelError::Other(format!(
-                "{}: {} values for {} parameters",
-                self.path,
-                values.len(),
-                leaves.len()
-            )));
-        }
-        let map: ParamMap = leaves
-            .iter()
-            .map(|l| self.key(l))
-            .zip(values.iter().cloned())
-            .collect();
-        self.params.update(&map).map_err(model_err)
+        set_leaf_arrays(&self.params, &self.path, self.leaves(), values)
     }
+}
+
+/// mlx-lm's `LoRASwitchLinear` around a (quantized) switch linear: per-expert `lora_a`
+/// `(experts, rank, in)` and `lora_b` `(experts, out, rank)` in [`Params`], applied with
+/// `gather_mm` on the experts the router picked.
+#[derive(Clone, Debug)]
+pub struct LoraSwitchLinear {
+    base: SwitchLinear,
+    params: Params,
+    /// `model.layers.<i>.<key>`: the module path in mlx-lm's naming.
+    path: String,
+    scale: f64,
+    dropout: f64,
+}
+
+const LORA_LEAVES: &[&str] = &["lora_a", "lora_b"];
+
+impl LoraSwitchLinear {
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// `__call__`: `y + (scale * z).astype(x.dtype)` with `z` the two gathered low-rank
+    /// products.
+    fn lora_forward(&self, x: &Array, indices: &Array, sorted: bool) -> Result<Array> {
+        let a = self.params.get(&format!("{}.lora_a", self.path))?;
+        let b = self.params.get(&format!("{}.lora_b", self.path))?;
+        let y = self.base.forward(x, indices, sorted)?;
+        let xd = dropout(x, self.dropout, self.params.training())?;
+        let z = q::gather_mm(&xd, &a.swapaxes(-1, -2)?, None, Some(indices), sorted, None)?;
+        let z = q::gather_mm(&z, &b.swapaxes(-1, -2)?, None, Some(indices), sorted, None)?;
+        let z = ops::multiply_scalar(&z, self.scale, None)?.astype(x.dtype())?;
+        Ok((&y + &z)?)
+    }
+}
+
+impl LoraSwitchLinear {
+    /// `fuse(dequantize)`: `weight + (scale * lora_b @ lora_a).astype(weight.dtype)` per
+    /// expert, re-quantized as the base was unless `dequantize`.
+    pub fn fuse(&self, dequantize: bool) -> Result<SwitchLinear> {
+        let (weight, bias) = match &self.base {
+            SwitchLinear::Dense { weight, bias } => (weight.clone(), bias),
+            SwitchLinear::Quantized { weight, bias } => (
+                q::dequantize(
+                    &weight.weight,
+                    &weight.scales,
+                    weight.biases.as_ref(),
+                    weight.group_size,
+                    weight.bits,
+                    weight.mode,
+                    None,
+                    None,
+                )?,
+                bias,
+            ),
+            SwitchLinear::Adapted(_) => {
+                return Err(TrainError::Config(
+                    "an adapter cannot wrap another adapter".into(),
+                ))
+            }
+        };
+        let (experts, _, input_dims) = self.base.dims();
+        let a = self.params.get(&format!("{}.lora_a", self.path))?;
+        let b = self.params.get(&format!("{}.lora_b", self.path))?;
+        let b = ops::multiply_scalar(&b, self.scale, None)?;
+        let a = a.reshape(&[experts, -1, input_dims])?;
+        let fused = (&weight + &b.matmul(&a)?.astype(weight.dtype())?)?;
+        let bias = bias.clone();
+        match &self.base {
+            SwitchLinear::Quantized { weight: qw, .. } if !dequantize => {
+                let (w, scales, biases) =
+                    q::quantize(&fused, qw.group_size, qw.bits, qw.mode, None)?;
+                Ok(SwitchLinear::Quantized {
+                    weight: QuantizedWeight {
+                        weight: w,
+                        scales,
+                        biases,
+                        group_size: qw.group_size,
+                        bits: qw.bits,
+                        mode: qw.mode,
+                    },
+                    bias,
+                })
+            }
+            _ => Ok(SwitchLinear::Dense {
+                weight: fused,
+                bias,
+            }),
+        }
+    }
+}
+
+impl SwitchAdapter for LoraSwitchLinear {
+    fn forward(&self, x: &Array, indices: &Array, sorted: bool) -> mlx_models::Result<Array> {
+        if !self.params.enabled() {
+            return self.base.forward(x, indices, sorted);
+        }
+        self.lora_forward(x, indices, sorted).map_err(model_err)
+    }
+
+    fn clone_box(&self) -> Box<dyn SwitchAdapter> {
+        Box::new(self.clone())
+    }
+
+    fn base(&self) -> &SwitchLinear {
+        &self.base
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    fn parameters(&self) -> mlx_models::Result<Vec<Array>> {
+        leaf_arrays(&self.params, &self.path, LORA_LEAVES)
+    }
+
+    fn set_parameters(&self, values: &[Array]) -> mlx_models::Result<()> {
+        set_leaf_arrays(&self.params, &self.path, LORA_LEAVES, values)
+    }
+}
+
+/// The arrays `<path>.<leaf>` in `params`, in `leaves` order (an adapter's trainable arrays).
+fn leaf_arrays(params: &Params, path: &str, leaves: &[&str]) -> mlx_models::Result<Vec<Array>> {
+    leaves
+        .iter()
+        .map(|l| params.get(&format!("{path}.{l}")).map_err(model_err))
+        .collect()
+}
+
+/// Replaces the arrays [`leaf_arrays`] returned (same order).
+fn set_leaf_arrays(
+    params: &Params,
+    path: &str,
+    leaves: &[&str],
+    values: &[Array],
+) -> mlx_models::Result<()> {
+    if values.len() != leaves.len() {
+        return Err(mlx_models::ModelError::Other(format!(
+            "{path}: {} values for {} parameters",
+            values.len(),
+            leaves.len()
+        )));
+    }
+    let map: ParamMap = leaves
+        .iter()
+        .map(|l| format!("{path}.{l}"))
+        .zip(values.iter().cloned())
+        .collect();
+    params.update(&map).map_err(model_err)
 }
 
 fn model_err(e: TrainError) -> mlx_models::ModelError {
@@ -314,7 +449,8 @@ pub fn linear_to_lora_layers(
 ) -> Result<()> {
     config.validate()?;
     let model_type = model.model_type().to_string();
-    let mut layers = model.layer_linears_mut();
+    let layers_path = model.layers_path();
+    let mut layers = model.layer_adaptables_mut();
     if layers.is_empty() {
         return Err(TrainError::Config(format!(
             "model_type {model_type} does not support adapters"
@@ -336,12 +472,68 @@ pub fn linear_to_lora_layers(
             if !keys.contains(name.as_str()) {
                 continue;
             }
-            let path = format!("model.layers.{i}.{name}");
-            let adapter = from_base(lin, &path, config, use_dora, params)?;
-            **lin = Linear::Adapted(Box::new(adapter));
+            let path = format!("{layers_path}.{i}.{name}");
+            match lin {
+                LinearMut::Linear(lin) => {
+                    let adapter = from_base(lin, &path, config, use_dora, params)?;
+                    **lin = Linear::Adapted(Box::new(adapter));
+                }
+                LinearMut::Switch(lin) => {
+                    let adapter = switch_from_base(lin, &path, config, use_dora, params)?;
+                    **lin = SwitchLinear::Adapted(Box::new(adapter));
+                }
+            }
         }
     }
     Ok(())
+}
+
+/// `LoRASwitchLinear.from_base`: one key for the discarded `SwitchLinear` init, then
+/// `lora_a ~ U(-1/sqrt(in), 1/sqrt(in))` of shape `(experts, rank, in)`; DoRA is refused
+/// as mlx-lm refuses it.
+fn switch_from_base(
+    linear: &SwitchLinear,
+    path: &str,
+    config: &LoraConfig,
+    dora: bool,
+    params: &Params,
+) -> Result<LoraSwitchLinear> {
+    let kind = match linear {
+        SwitchLinear::Dense { .. } => "SwitchLinear",
+        SwitchLinear::Quantized { .. } => "QuantizedSwitchLinear",
+        SwitchLinear::Adapted(_) => {
+            return Err(TrainError::Config(format!(
+                "{path} is already adapted; cannot convert it to LoRA again"
+            )))
+        }
+    };
+    if dora {
+        return Err(TrainError::Config(format!(
+            "{path}: {kind} doesn't support DoRA yet (mlx-lm refuses it too); \
+             pass lora_parameters.keys without the experts' switch layers, or use LoRA"
+        )));
+    }
+    let (experts, output_dims, input_dims) = linear.dims();
+    random::next_key()?;
+    let s = 1.0 / f64::from(input_dims).sqrt();
+    let lora_a = random::uniform(
+        -s as f32,
+        s as f32,
+        &[experts, config.rank, input_dims],
+        Dtype::Float32,
+        None,
+        None,
+    )?;
+    let lora_b = ops::zeros(&[experts, output_dims, config.rank], Dtype::Float32, None)?;
+    params.insert(&format!("{path}.lora_a"), lora_a)?;
+    params.insert(&format!("{path}.lora_b"), lora_b)?;
+    Ok(LoraSwitchLinear {
+        base: linear.clone(),
+        params: params.clone(),
+        path: path.to_string(),
+        scale: config.scale,
+        dropout: config.dropout,
+    })
 }
 
 /// `LoRALinear.from_base` / `DoRALinear.from_base`.

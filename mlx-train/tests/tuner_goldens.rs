@@ -450,6 +450,142 @@ fn full_fine_tuning_gradients_across_architectures() {
     assert_eq!(checked, 28);
 }
 
+/// LoRA and DoRA on the dedicated ports (lfm2's convolution and attention layers, qwen3_5's
+/// Gated DeltaNet and attention layers, gemma4_text's KV-shared, `attention_k_eq_v` and
+/// per-layer-input layers; f32 and bf16): mlx-lm's own `linear_to_lora_layers`
+/// after the same seed gives the same adapter names and init, and the loss and every adapter
+/// gradient equal its `nn.value_and_grad(model, default_loss)` bit for bit, also under
+/// `--grad-checkpoint` and through the compiled step.
+#[test]
+fn lora_gradients_across_ports() {
+    let _g = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
+    let g = Goldens::load(root().join("goldens/train_lora_archs.safetensors")).unwrap();
+    let fixtures = root().join("../../mlx-models/tests/models");
+    let mut checked = 0;
+    for case in g.cases().unwrap() {
+        if case.name.ends_with("_adapted") || case.name.ends_with("_fused") {
+            continue;
+        }
+        let p = |k: &str| case.params[k].clone();
+        let (mut model, _) =
+            load_model_dir(&fixtures.join(p("fixture")), &LoadOptions::default()).unwrap();
+        let config = mlx_train::lora::LoraConfig {
+            rank: p("rank").parse().unwrap(),
+            scale: p("scale").parse().unwrap(),
+            dropout: p("dropout").parse().unwrap(),
+            keys: case.params.get("keys").map(|k| {
+                k.trim_matches(|c| c == '[' || c == ']')
+                    .split(',')
+                    .map(str::to_string)
+                    .collect()
+            }),
+        };
+        random::seed(p("seed").parse().unwrap()).unwrap();
+        let params = Params::new();
+        let layers: i32 = p("num_layers").parse().unwrap();
+        linear_to_lora_layers(
+            model.as_mut(),
+            layers,
+            &config,
+            p("dora") == "true",
+            &params,
+        )
+        .unwrap();
+        assert_eq!(
+            params.names(),
+            names(&case),
+            "{}: adapter parameters",
+            case.name
+        );
+        check_named(&case, 2, &params.snapshot())
+            .unwrap_or_else(|m| panic!("{}: init {m}", case.name));
+        params.set_training(true);
+        let batch = Batch {
+            tokens: case.inputs[0].clone(),
+            lengths: case.inputs[1].clone(),
+            truncated: false,
+        };
+        let loss = |m: &dyn mlx_models::LanguageModel, b: &Array, l: &Array| default_loss(m, b, l);
+        let (l, n, grads) = loss_and_grad(model.as_ref(), &params, &loss, &batch).unwrap();
+        assert_bit_equal(&l, &case.outputs[0])
+            .unwrap_or_else(|m| panic!("{}: loss {m}", case.name));
+        assert_bit_equal(&n, &case.outputs[1]).unwrap();
+        check_named(&case, 2 + grads.len(), &grads)
+            .unwrap_or_else(|m| panic!("{}: gradients {m}", case.name));
+        // The same under --grad-checkpoint (the adapters' arrays enter each layer's
+        // checkpoint) and through the compiled step.
+        assert!(model.set_grad_checkpoint(true), "{}", case.name);
+        let (ck_l, _, ck_grads) = loss_and_grad(model.as_ref(), &params, &loss, &batch).unwrap();
+        assert_bit_equal(&ck_l, &case.outputs[0])
+            .unwrap_or_else(|m| panic!("{}: checkpointed loss {m}", case.name));
+        check_named(&case, 2 + grads.len(), &ck_grads)
+            .unwrap_or_else(|m| panic!("{}: checkpointed gradients {m}", case.name));
+        let compiled = CompiledLossGrad::new(model.as_ref(), &params, &loss).unwrap();
+        let (c_l, _, c_grads) = compiled.call(&batch).unwrap();
+        assert_bit_equal(&c_l, &case.outputs[0])
+            .unwrap_or_else(|m| panic!("{}: compiled loss {m}", case.name));
+        check_named(&case, 2 + grads.len(), &c_grads)
+            .unwrap_or_else(|m| panic!("{}: compiled gradients {m}", case.name));
+        checked += 1;
+    }
+    assert_eq!(checked, 21);
+}
+
+/// Adapters mlx-lm wrote for the ports (random `lora_b`, so the low-rank products count:
+/// LoRA, DoRA, `LoRASwitchLinear` over dense and 4-bit experts, qwen3_5's
+/// `language_model.` names) load here, and the adapted model's logits equal mlx-lm's bit for
+/// bit (mlx-lm's own `load_adapters` reproduced them from the same directory); `mlx fuse`
+/// with them gives mlx_lm.fuse's fused logits (experts' `LoRASwitchLinear.fuse` included,
+/// re-quantized on the 4-bit base).
+#[test]
+fn port_adapters_from_mlx_lm_load_and_fuse_bit_equal() {
+    let _g = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
+    let g = Goldens::load(root().join("goldens/train_lora_archs.safetensors")).unwrap();
+    let fixtures = root().join("../../mlx-models/tests/models");
+    let mut checked = 0;
+    for case in g.cases().unwrap() {
+        let Some(run) = case.name.strip_suffix("_adapted") else {
+            continue;
+        };
+        let dir = fixtures.join(&case.params["fixture"]);
+        let (mut model, _) = load_model_dir(&dir, &LoadOptions::default()).unwrap();
+        let adapters = root().join(format!("adapters/lora_archs_{run}"));
+        load_adapters(model.as_mut(), &adapters).unwrap();
+        let logits = model.forward(&case.inputs[0], None).unwrap();
+        assert_bit_equal(&logits, &case.outputs[0])
+            .unwrap_or_else(|m| panic!("{run}: adapted logits {m}"));
+        // `mlx fuse`: the fused model directory gives mlx_lm.fuse's fused logits.
+        let out = std::env::temp_dir().join(format!("mlx_lora_archs_{run}_{}", std::process::id()));
+        fuse_model_dir(&dir, &adapters, &out, false).unwrap();
+        let (fused, _) = load_model_dir(&out, &LoadOptions::default()).unwrap();
+        let fused_case = g.case(&format!("{run}_fused")).unwrap();
+        assert_bit_equal(
+            &fused.forward(&case.inputs[0], None).unwrap(),
+            &fused_case.outputs[0],
+        )
+        .unwrap_or_else(|m| panic!("{run}: fused logits {m}"));
+        let _ = std::fs::remove_dir_all(&out);
+        checked += 1;
+    }
+    assert_eq!(checked, 6);
+}
+
+/// mlx-lm refuses DoRA on switch layers: the default keys of a MoE model include the
+/// experts, so DoRA is refused naming them.
+#[test]
+fn switch_layers_refuse_dora() {
+    let _g = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = root().join("../../mlx-models/tests/models/mixtral");
+    let (mut m, _) = load_model_dir(&dir, &LoadOptions::default()).unwrap();
+    let err = linear_to_lora_layers(m.as_mut(), 1, &Default::default(), true, &Params::new())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("block_sparse_moe.switch_mlp") && err.contains("DoRA"),
+        "{err}"
+    );
+}
+
 /// Full fine-tuning under the other memory options: one cross-entropy chunk or one segment
 /// spanning the sequence is the plain step, so the trained weights stay mlx-lm's bit for bit.
 #[test]

@@ -24,9 +24,39 @@ pub use linear::{Linear, LinearAdapter, QuantizedWeight};
 pub use mlp::{join, Mlp, MlpKind, MlpNames};
 pub use norm::{LayerNorm, Norm, NormKind, RmsNorm};
 pub use rope::{Rope, RopeScaling};
-pub use switch::{SwitchActivation, SwitchGlu, SwitchLinear};
+pub use switch::{SwitchActivation, SwitchAdapter, SwitchGlu, SwitchLinear};
 
 use mlx_core::prelude::Array;
+
+use crate::error::Result;
+
+/// A layer module adapters can replace: a linear or a switch (per-expert) linear.
+#[derive(Debug)]
+pub enum LinearMut<'a> {
+    Linear(&'a mut Linear),
+    Switch(&'a mut SwitchLinear),
+}
+
+impl LinearMut<'_> {
+    /// The trainable arrays of the adapter standing in for the layer (none when it is not
+    /// adapted).
+    pub fn adapter_parameters(&self) -> Result<Vec<Array>> {
+        match self {
+            LinearMut::Linear(Linear::Adapted(a)) => a.parameters(),
+            LinearMut::Switch(SwitchLinear::Adapted(a)) => a.parameters(),
+            _ => Ok(Vec::new()),
+        }
+    }
+
+    /// Replaces the arrays [`LinearMut::adapter_parameters`] returned (same order).
+    pub fn set_adapter_parameters(&self, values: &[Array]) -> Result<()> {
+        match self {
+            LinearMut::Linear(Linear::Adapted(a)) => a.set_parameters(values),
+            LinearMut::Switch(SwitchLinear::Adapted(a)) => a.set_parameters(values),
+            _ => Ok(()),
+        }
+    }
+}
 
 /// One parameter array of a decoder layer under its full mlx-lm name
 /// (`model.layers.3.self_attn.q_proj.weight`), for full fine-tuning (`mlx-train`), which

@@ -11,8 +11,30 @@ use crate::layers::linear::{quant_mode, QuantizedWeight};
 use crate::layers::LayerParam;
 use crate::weights::Weights;
 
+/// A layer that replaces a [`SwitchLinear`] in a model (mlx-lm's `LoRASwitchLinear`, in
+/// `mlx-train`), as [`crate::layers::LinearAdapter`] replaces a linear.
+pub trait SwitchAdapter: Send + std::fmt::Debug {
+    /// `__call__(x, indices, sorted_indices)`.
+    fn forward(&self, x: &Array, indices: &Array, sorted_indices: bool) -> Result<Array>;
+    fn clone_box(&self) -> Box<dyn SwitchAdapter>;
+    /// The wrapped layer.
+    fn base(&self) -> &SwitchLinear;
+    /// For downcasting to the concrete adapter.
+    fn as_any(&self) -> &dyn std::any::Any;
+    /// The adapter's trainable arrays (inputs of per-layer gradient checkpoints).
+    fn parameters(&self) -> Result<Vec<Array>>;
+    /// Replaces the arrays [`SwitchAdapter::parameters`] returned (same order).
+    fn set_parameters(&self, values: &[Array]) -> Result<()>;
+}
+
+impl Clone for Box<dyn SwitchAdapter> {
+    fn clone(&self) -> Self {
+        self.clone_box()
+    }
+}
+
 /// `SwitchLinear` / `QuantizedSwitchLinear`: `num_experts` stacked `(out, in)` matrices; each
-/// row of `x` is multiplied by the expert its index names.
+/// row of `x` is multiplied by the expert its index names. Or an adapter standing in for one.
 #[derive(Clone, Debug)]
 pub enum SwitchLinear {
     Dense {
@@ -25,6 +47,7 @@ pub enum SwitchLinear {
         weight: QuantizedWeight,
         bias: Option<Array>,
     },
+    Adapted(Box<dyn SwitchAdapter>),
 }
 
 impl SwitchLinear {
@@ -85,10 +108,27 @@ impl SwitchLinear {
         }
     }
 
+    /// `(num_experts, output_dims, input_dims)` of the logical (dequantized) weight.
+    pub fn dims(&self) -> (i32, i32, i32) {
+        match self {
+            SwitchLinear::Dense { weight, .. } => {
+                let s = weight.shape();
+                (s[0], s[1], s[2])
+            }
+            SwitchLinear::Quantized { weight, .. } => {
+                let s = weight.weight.shape();
+                (s[0], s[1], s[2] * 32 / weight.bits)
+            }
+            SwitchLinear::Adapted(a) => a.base().dims(),
+        }
+    }
+
     /// The layer's arrays under `path` as mlx names them (full fine-tuning): `weight`,
     /// `bias`; a quantized layer's (`weight`, `scales`, `biases`, `bias`) marked quantized.
+    /// An adapted layer has none of its own (its adapter's arrays train instead).
     pub fn parameters_mut<'a>(&'a mut self, path: &str, out: &mut Vec<LayerParam<'a>>) {
         let (bias, quantized) = match self {
+            SwitchLinear::Adapted(_) => return,
             SwitchLinear::Dense { weight, bias } => {
                 LayerParam::push(out, path, "weight", weight, false);
                 (bias, false)
@@ -106,6 +146,7 @@ impl SwitchLinear {
     /// `SwitchLinear.__call__(x, indices, sorted_indices)`.
     pub fn forward(&self, x: &Array, indices: &Array, sorted_indices: bool) -> Result<Array> {
         let (y, bias) = match self {
+            SwitchLinear::Adapted(a) => return a.forward(x, indices, sorted_indices),
             SwitchLinear::Dense { weight, bias } => (
                 quantized::gather_mm(
                     x,
@@ -216,19 +257,24 @@ impl SwitchGlu {
         })
     }
 
-    /// The three projections' arrays under `path` (full fine-tuning).
-    pub fn parameters_mut<'a>(&'a mut self, path: &str, out: &mut Vec<LayerParam<'a>>) {
+    /// The three projections under their names, in `SwitchGLU`'s declaration order.
+    pub fn linears_mut(&mut self) -> [(&'static str, &mut SwitchLinear); 3] {
         let SwitchGlu {
             gate_proj,
             up_proj,
             down_proj,
             ..
         } = self;
-        for (name, l) in [
+        [
             ("gate_proj", gate_proj),
             ("up_proj", up_proj),
             ("down_proj", down_proj),
-        ] {
+        ]
+    }
+
+    /// The three projections' arrays under `path` (full fine-tuning).
+    pub fn parameters_mut<'a>(&'a mut self, path: &str, out: &mut Vec<LayerParam<'a>>) {
+        for (name, l) in self.linears_mut() {
             l.parameters_mut(&format!("{path}.{name}"), out);
         }
     }

@@ -1,19 +1,49 @@
 //! mlx-lm's `grad_checkpoint` for the dedicated ports' layers (`tuner/trainer.py`): each
 //! layer's call becomes `mx.checkpoint(inner_fn)(layer.trainable_parameters(), x, ...)`, so
 //! its intermediates are recomputed in the backward pass. The dense model has its own (it also
-//! carries adapters and segment caches); the ports train in full only, so a layer's inputs
-//! are its hidden states and, while it trains, its own arrays.
+//! carries segment caches); a port layer's inputs are its hidden states, its adapters' arrays
+//! (LoRA, DoRA) and, while it trains in full, its own arrays.
 
 use mlx_core::prelude::*;
 use mlx_core::transforms;
 
 use crate::error::{ModelError, Result};
-use crate::layers::LayerParam;
+use crate::layers::{LayerParam, LinearMut};
 
 /// A port's decoder layer whose own arrays can enter its checkpoint.
 pub(crate) trait LayerArrays: Clone + Send + 'static {
     /// The layer's own arrays, always in the same order (their names are not used).
     fn arrays_mut(&mut self) -> Result<Vec<LayerParam<'_>>>;
+    /// The layer's linears and switch linears, always in the same order: the adapted ones'
+    /// trainable arrays enter the checkpoint as inputs (else their gradients would not flow
+    /// through it).
+    fn linears(&mut self) -> Vec<LinearMut<'_>>;
+}
+
+/// The trainable arrays of the layer's adapters, in [`LayerArrays::linears`] order.
+fn adapter_arrays<L: LayerArrays>(layer: &mut L) -> Result<Vec<Array>> {
+    let mut out = Vec::new();
+    for l in layer.linears() {
+        out.extend(l.adapter_parameters()?);
+    }
+    Ok(out)
+}
+
+/// Hands the adapters their arrays from `values` (as [`adapter_arrays`] ordered them).
+fn set_adapter_arrays<L: LayerArrays>(layer: &mut L, values: &[Array]) -> Result<()> {
+    let mut i = 0;
+    for l in layer.linears() {
+        let n = l.adapter_parameters()?.len();
+        if n == 0 {
+            continue;
+        }
+        let vals = values
+            .get(i..i + n)
+            .ok_or_else(|| ModelError::Other("checkpoint: missing adapter inputs".into()))?;
+        l.set_adapter_parameters(vals)?;
+        i += n;
+    }
+    Ok(())
 }
 
 /// `forward(layer, x)` under `mx.checkpoint`; with `own` (the layer trains in full) the
@@ -50,6 +80,9 @@ where
     let n = inputs.len();
     let mut all = inputs.to_vec();
     let mut block = layer.clone();
+    let adapters = adapter_arrays(&mut block)?;
+    let n_adapters = adapters.len();
+    all.extend(adapters);
     if own {
         let arrays = block.arrays_mut()?;
         all.extend(
@@ -61,8 +94,10 @@ where
     }
     let f = transforms::checkpoint(move |xs: &[Array]| -> mlx_core::Result<Vec<Array>> {
         let cb = |e: ModelError| mlx_core::Error::Callback(e.to_string());
-        let (args, own_values) = xs.split_at(n.min(xs.len()));
+        let (args, rest) = xs.split_at(n.min(xs.len()));
+        let (adapters, own_values) = rest.split_at(n_adapters.min(rest.len()));
         let mut block = block.clone();
+        set_adapter_arrays(&mut block, adapters).map_err(cb)?;
         if own {
             let arrays = block.arrays_mut().map_err(cb)?;
             let slots: Vec<_> = arrays.into_iter().filter(|p| !p.quantized).collect();

@@ -1245,6 +1245,10 @@ impl LanguageModel for Model {
             .collect()
     }
 
+    fn layers_path(&self) -> String {
+        self.desc.names.layers.to_string()
+    }
+
     fn layer_parameters_mut(&mut self) -> Result<Vec<Vec<LayerParam<'_>>>> {
         let d = &self.desc;
         let names = &d.names;

@@ -13,8 +13,8 @@ use serde_json::Value;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::{
-    gelu_approx, scaled_dot_product_attention, Embedding, LayerParam, Linear, RmsNorm, Rope,
-    SwitchActivation, SwitchGlu,
+    gelu_approx, scaled_dot_product_attention, Embedding, LayerParam, Linear, LinearMut, RmsNorm,
+    Rope, SwitchActivation, SwitchGlu,
 };
 use crate::models::checkpoint::{checkpointed_many, LayerArrays};
 use crate::models::LanguageModel;
@@ -479,6 +479,71 @@ struct DecoderLayer {
 }
 
 impl DecoderLayer {
+    /// The layer's linears and switch linears under their mlx-lm paths, in declaration order:
+    /// `self_attn`'s projections (those a KV-shared or `attention_k_eq_v` layer has), `mlp`'s,
+    /// a MoE layer's `router.proj` and `experts.switch_glu.*`, then the per-layer input's.
+    fn linears_mut(&mut self) -> Vec<(String, LinearMut<'_>)> {
+        let DecoderLayer {
+            self_attn,
+            mlp,
+            moe,
+            per_layer,
+            ..
+        } = self;
+        let Attention {
+            q_proj,
+            k_proj,
+            v_proj,
+            o_proj,
+            ..
+        } = self_attn;
+        let Mlp {
+            gate_proj,
+            down_proj,
+            up_proj,
+        } = mlp;
+        let mut linears: Vec<(&str, &mut Linear)> = vec![("self_attn.q_proj", q_proj)];
+        if let Some(k) = k_proj {
+            linears.push(("self_attn.k_proj", k));
+        }
+        if let Some(v) = v_proj {
+            linears.push(("self_attn.v_proj", v));
+        }
+        linears.push(("self_attn.o_proj", o_proj));
+        linears.push(("mlp.gate_proj", gate_proj));
+        linears.push(("mlp.down_proj", down_proj));
+        linears.push(("mlp.up_proj", up_proj));
+        let mut out: Vec<(String, LinearMut<'_>)> = linears
+            .into_iter()
+            .map(|(n, l)| (n.to_string(), LinearMut::Linear(l)))
+            .collect();
+        if let Some(m) = moe {
+            let Moe {
+                proj, switch_glu, ..
+            } = m;
+            out.push(("router.proj".into(), LinearMut::Linear(proj)));
+            for (n, l) in switch_glu.linears_mut() {
+                out.push((format!("experts.switch_glu.{n}"), LinearMut::Switch(l)));
+            }
+        }
+        if let Some(PerLayerInput {
+            per_layer_input_gate,
+            per_layer_projection,
+            ..
+        }) = per_layer
+        {
+            out.push((
+                "per_layer_input_gate".into(),
+                LinearMut::Linear(per_layer_input_gate),
+            ));
+            out.push((
+                "per_layer_projection".into(),
+                LinearMut::Linear(per_layer_projection),
+            ));
+        }
+        out
+    }
+
     /// Every array of the layer under `path` (`model.layers.<i>`), for full fine-tuning,
     /// under mlx-lm's names (the router's under `router`, the experts' under
     /// `experts.switch_glu`, the MoE block's norms on the layer).
@@ -610,6 +675,10 @@ impl DecoderLayer {
 impl LayerArrays for DecoderLayer {
     fn arrays_mut(&mut self) -> Result<Vec<LayerParam<'_>>> {
         self.parameters_mut("")
+    }
+
+    fn linears(&mut self) -> Vec<LinearMut<'_>> {
+        self.linears_mut().into_iter().map(|(_, l)| l).collect()
     }
 }
 
@@ -1021,6 +1090,13 @@ impl LanguageModel for Model {
     /// The layers that own caches (the KV-shared ones have none).
     fn num_layers(&self) -> usize {
         self.args.first_kv_shared()
+    }
+
+    fn layer_adaptables_mut(&mut self) -> Vec<Vec<(String, LinearMut<'_>)>> {
+        self.layers
+            .iter_mut()
+            .map(DecoderLayer::linears_mut)
+            .collect()
     }
 
     fn layer_parameters_mut(&mut self) -> Result<Vec<Vec<LayerParam<'_>>>> {

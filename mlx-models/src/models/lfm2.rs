@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::layers::{swiglu, Embedding, LayerParam, Linear, RmsNorm, Rope};
+use crate::layers::{swiglu, Embedding, LayerParam, Linear, LinearMut, RmsNorm, Rope};
 use crate::models::checkpoint::{checkpointed, LayerArrays};
 use crate::models::moe::{Attention, AttentionSpec, QkNorm};
 use crate::models::LanguageModel;
@@ -252,6 +252,31 @@ struct FeedForward {
 }
 
 impl DecoderLayer {
+    /// The layer's linears under their mlx-lm paths, in declaration order (`self_attn` or
+    /// `conv` before `feed_forward`: `w1`, `w3`, `w2`).
+    fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
+        let DecoderLayer {
+            op,
+            feed_forward: FeedForward { w1, w2, w3 },
+            ..
+        } = self;
+        let mut out: Vec<(String, &mut Linear)> = match op {
+            Operator::Attention(a) => a
+                .linears_mut()
+                .into_iter()
+                .map(|(n, l)| (format!("self_attn.{n}"), l))
+                .collect(),
+            Operator::Conv(c) => vec![
+                ("conv.in_proj".into(), &mut c.in_proj),
+                ("conv.out_proj".into(), &mut c.out_proj),
+            ],
+        };
+        for (name, l) in [("w1", w1), ("w3", w3), ("w2", w2)] {
+            out.push((format!("feed_forward.{name}"), l));
+        }
+        out
+    }
+
     /// Every array of the layer under `path` (`model.layers.<i>`), for full fine-tuning.
     fn parameters_mut(&mut self, path: &str) -> Result<Vec<LayerParam<'_>>> {
         let DecoderLayer {
@@ -312,6 +337,13 @@ impl DecoderLayer {
 impl LayerArrays for DecoderLayer {
     fn arrays_mut(&mut self) -> Result<Vec<LayerParam<'_>>> {
         self.parameters_mut("")
+    }
+
+    fn linears(&mut self) -> Vec<LinearMut<'_>> {
+        self.linears_mut()
+            .into_iter()
+            .map(|(_, l)| LinearMut::Linear(l))
+            .collect()
     }
 }
 
@@ -498,6 +530,13 @@ impl LanguageModel for Model {
 
     fn num_layers(&self) -> usize {
         self.layers.len()
+    }
+
+    fn layer_linears_mut(&mut self) -> Vec<Vec<(String, &mut Linear)>> {
+        self.layers
+            .iter_mut()
+            .map(DecoderLayer::linears_mut)
+            .collect()
     }
 
     fn layer_parameters_mut(&mut self) -> Result<Vec<Vec<LayerParam<'_>>>> {

@@ -63,7 +63,7 @@ use mlx_core::prelude::*;
 
 use crate::config::{remap, ModelConfig, MODEL_REMAPPING};
 use crate::error::{ModelError, Result};
-use crate::layers::{Embedding, LayerParam, Linear};
+use crate::layers::{Embedding, LayerParam, Linear, LinearMut};
 use crate::weights::{ParamShapes, Weights};
 
 pub use descriptor::{Descriptor, Serving};
@@ -118,6 +118,26 @@ pub trait LanguageModel: Send {
     /// architecture does not support adapters.
     fn layer_linears_mut(&mut self) -> Vec<Vec<(String, &mut Linear)>> {
         Vec::new()
+    }
+
+    /// [`LanguageModel::layer_linears_mut`] with the switch (per-expert) linears too, in
+    /// the order mlx-lm's module declares them (MoE ports override it; the default gives the
+    /// linears). Adapters convert these.
+    fn layer_adaptables_mut(&mut self) -> Vec<Vec<(String, LinearMut<'_>)>> {
+        self.layer_linears_mut()
+            .into_iter()
+            .map(|l| {
+                l.into_iter()
+                    .map(|(n, x)| (n, LinearMut::Linear(x)))
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// The module path of the decoder layers (`model.layers`; qwen3_5's
+    /// `language_model.model.layers`): adapter parameters are named under it.
+    fn layers_path(&self) -> String {
+        "model.layers".into()
     }
 
     /// Every parameter array of each decoder layer (`model.layers`) under its full mlx-lm

@@ -11,8 +11,8 @@ use serde::Deserialize;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::{
-    scaled_dot_product_attention, Embedding, LayerParam, Linear, Mlp, MlpKind, MlpNames, RmsNorm,
-    Rope, RopeScaling, SwitchActivation, SwitchGlu,
+    scaled_dot_product_attention, Embedding, LayerParam, Linear, LinearMut, Mlp, MlpKind, MlpNames,
+    RmsNorm, Rope, RopeScaling, SwitchActivation, SwitchGlu,
 };
 use crate::models::checkpoint::{checkpointed, LayerArrays};
 use crate::models::LanguageModel;
@@ -688,6 +688,26 @@ impl Attention {
     }
 
     /// Every array of the attention under `path` (`...self_attn`), for full fine-tuning.
+    /// The projections under their names (`q_proj`, `k_proj`, `v_proj`, then the output
+    /// projection under this model's name), the order every mlx-lm attention here declares
+    /// them in.
+    pub(crate) fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
+        let Attention {
+            q_proj,
+            k_proj,
+            v_proj,
+            o_proj,
+            names: [o_name, ..],
+            ..
+        } = self;
+        vec![
+            ("q_proj".into(), q_proj),
+            ("k_proj".into(), k_proj),
+            ("v_proj".into(), v_proj),
+            (o_name.to_string(), o_proj),
+        ]
+    }
+
     pub(crate) fn parameters_mut<'a>(
         &'a mut self,
         path: &str,
@@ -873,6 +893,40 @@ impl SparseMoe {
 
     /// Every array of the block under `path`, for full fine-tuning: router, experts, shared
     /// expert and its gate.
+    /// The router, the experts' switch linears and the shared expert's linears under their
+    /// paths inside the block, in the order mlx-lm's blocks declare them (gpt_oss: experts,
+    /// router; the others: gate, switch_mlp, shared_expert, shared_expert_gate).
+    pub fn linears_mut(&mut self) -> Vec<(String, LinearMut<'_>)> {
+        let SparseMoe {
+            gate,
+            switch_mlp,
+            shared_expert,
+            names: [router, experts],
+            ..
+        } = self;
+        let router_name = router.to_string();
+        let mut out: Vec<(String, LinearMut<'_>)> = switch_mlp
+            .linears_mut()
+            .into_iter()
+            .map(|(n, l)| (format!("{experts}.{n}"), LinearMut::Switch(l)))
+            .collect();
+        // gpt_oss's `MLPBlock` declares `experts` before `router`; the others' blocks
+        // declare `gate` first.
+        let pos = if router_name == "router" {
+            out.len()
+        } else {
+            0
+        };
+        out.insert(pos, (router_name, LinearMut::Linear(gate)));
+        if let Some((mlp, shared_gate)) = shared_expert {
+            for (n, l) in mlp.linears_mut(&MlpNames::LLAMA) {
+                out.push((format!("shared_expert.{n}"), LinearMut::Linear(l)));
+            }
+            out.push(("shared_expert_gate".into(), LinearMut::Linear(shared_gate)));
+        }
+        out
+    }
+
     pub fn parameters_mut<'a>(
         &'a mut self,
         path: &str,
@@ -1008,6 +1062,19 @@ impl Ffn {
         }
     }
 
+    /// The block's linears and switch linears under their paths inside it, in mlx-lm's
+    /// declaration order (a dense MLP: gate, down, up).
+    pub(crate) fn linears_mut(&mut self) -> Vec<(String, LinearMut<'_>)> {
+        match self {
+            Ffn::Dense(m) => m
+                .linears_mut(&MlpNames::LLAMA)
+                .into_iter()
+                .map(|(n, l)| (n.to_string(), LinearMut::Linear(l)))
+                .collect(),
+            Ffn::Sparse(m) => m.linears_mut(),
+        }
+    }
+
     pub(crate) fn forward(&self, x: &Array) -> Result<Array> {
         match self {
             Ffn::Dense(m) => m.forward(x),
@@ -1025,6 +1092,25 @@ struct DecoderLayer {
 }
 
 impl DecoderLayer {
+    /// The layer's linears and switch linears under their paths inside it (`ffn` is the
+    /// feed-forward block's module name), attention first.
+    fn linears_mut(&mut self, ffn: &str) -> Vec<(String, LinearMut<'_>)> {
+        let DecoderLayer {
+            self_attn,
+            ffn: block,
+            ..
+        } = self;
+        let mut out: Vec<(String, LinearMut<'_>)> = self_attn
+            .linears_mut()
+            .into_iter()
+            .map(|(n, l)| (format!("self_attn.{n}"), LinearMut::Linear(l)))
+            .collect();
+        for (n, l) in block.linears_mut() {
+            out.push((format!("{ffn}.{n}"), l));
+        }
+        out
+    }
+
     /// Every array of the layer under `path` (`model.layers.<i>`); `ffn` is the feed-forward
     /// block's module name.
     fn parameters_mut(&mut self, path: &str, ffn: &str) -> Result<Vec<LayerParam<'_>>> {
@@ -1065,6 +1151,13 @@ impl DecoderLayer {
 impl LayerArrays for DecoderLayer {
     fn arrays_mut(&mut self) -> Result<Vec<LayerParam<'_>>> {
         self.parameters_mut("", "ffn")
+    }
+
+    fn linears(&mut self) -> Vec<LinearMut<'_>> {
+        self.linears_mut("ffn")
+            .into_iter()
+            .map(|(_, l)| l)
+            .collect()
     }
 }
 
@@ -1349,6 +1442,15 @@ impl LanguageModel for Model {
 
     fn num_layers(&self) -> usize {
         self.layers.len()
+    }
+
+    fn layer_adaptables_mut(&mut self) -> Vec<Vec<(String, LinearMut<'_>)>> {
+        let Model { spec, layers, .. } = self;
+        layers
+            .iter_mut()
+            .zip(&spec.dense_layers)
+            .map(|(l, dense)| l.linears_mut(if *dense { "mlp" } else { spec.moe_module }))
+            .collect()
     }
 
     fn layer_parameters_mut(&mut self) -> Result<Vec<Vec<LayerParam<'_>>>> {

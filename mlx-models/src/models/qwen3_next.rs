@@ -19,11 +19,11 @@ use crate::error::{ModelError, Result};
 use crate::layers::gated_delta::{
     gated_delta_update, gated_delta_update_fast, normalize_qk, RmsNormGated,
 };
-use crate::layers::LayerParam;
 use crate::layers::{
     scaled_dot_product_attention, silu, Embedding, Linear, Mlp, MlpKind, RmsNorm, Rope,
     RopeScaling, SwitchActivation,
 };
+use crate::layers::{LayerParam, LinearMut};
 use crate::models::checkpoint::{checkpointed, LayerArrays};
 use crate::models::moe::{Ffn, Router, SparseMoe, SparseMoeParams};
 use crate::models::LanguageModel;
@@ -747,6 +747,45 @@ struct DecoderLayer {
 }
 
 impl DecoderLayer {
+    /// The layer's linears and switch linears under their mlx-lm paths, in declaration
+    /// order (the mixer, then `mlp`).
+    fn linears_mut(&mut self) -> Vec<(String, LinearMut<'_>)> {
+        let DecoderLayer { mixer, mlp, .. } = self;
+        let mut out: Vec<(String, LinearMut<'_>)> = match mixer {
+            Mixer::Attention(a) => [
+                ("q_proj", &mut a.q_proj),
+                ("k_proj", &mut a.k_proj),
+                ("v_proj", &mut a.v_proj),
+                ("o_proj", &mut a.o_proj),
+            ]
+            .into_iter()
+            .map(|(n, l)| (format!("self_attn.{n}"), LinearMut::Linear(l)))
+            .collect(),
+            Mixer::Linear(m) => {
+                let GatedDeltaNet { proj, out_proj, .. } = m;
+                let mut v: Vec<(&str, &mut Linear)> = match proj {
+                    Projections::Fused { qkvz, ba } => {
+                        vec![("in_proj_qkvz", qkvz), ("in_proj_ba", ba)]
+                    }
+                    Projections::Split { qkv, z, b, a } => vec![
+                        ("in_proj_qkv", qkv),
+                        ("in_proj_z", z),
+                        ("in_proj_b", b),
+                        ("in_proj_a", a),
+                    ],
+                };
+                v.push(("out_proj", out_proj));
+                v.into_iter()
+                    .map(|(n, l)| (format!("linear_attn.{n}"), LinearMut::Linear(l)))
+                    .collect()
+            }
+        };
+        for (n, l) in mlp.linears_mut() {
+            out.push((format!("mlp.{n}"), l));
+        }
+        out
+    }
+
     /// Every array of the layer under `path` (`[language_model.]model.layers.<i>`), for full
     /// fine-tuning.
     fn parameters_mut(&mut self, path: &str) -> Result<Vec<LayerParam<'_>>> {
@@ -807,6 +846,10 @@ impl DecoderLayer {
 impl LayerArrays for DecoderLayer {
     fn arrays_mut(&mut self) -> Result<Vec<LayerParam<'_>>> {
         self.parameters_mut("")
+    }
+
+    fn linears(&mut self) -> Vec<LinearMut<'_>> {
+        self.linears_mut().into_iter().map(|(_, l)| l).collect()
     }
 }
 
@@ -1109,6 +1152,17 @@ impl LanguageModel for Model {
 
     fn num_layers(&self) -> usize {
         self.layers.len()
+    }
+
+    fn layer_adaptables_mut(&mut self) -> Vec<Vec<(String, LinearMut<'_>)>> {
+        self.layers
+            .iter_mut()
+            .map(DecoderLayer::linears_mut)
+            .collect()
+    }
+
+    fn layers_path(&self) -> String {
+        format!("{}model.layers", self.args.prefix)
     }
 
     fn layer_parameters_mut(&mut self) -> Result<Vec<Vec<LayerParam<'_>>>> {
