@@ -87,19 +87,24 @@ fn dropout(x: &Array, p: f64, training: bool) -> Result<Array> {
 }
 
 /// The base weight, dequantized as mlx-lm's `_dequantized_weight` / `fuse` do.
+/// A quantized weight as a dense matrix (`mx.dequantize` with its own parameters).
+fn dequantized(weight: &QuantizedWeight) -> Result<Array> {
+    Ok(q::dequantize(
+        &weight.weight,
+        &weight.scales,
+        weight.biases.as_ref(),
+        weight.group_size,
+        weight.bits,
+        weight.mode,
+        None,
+        None,
+    )?)
+}
+
 fn dense_weight(base: &Linear) -> Result<Array> {
     match base {
         Linear::Dense { weight, .. } => Ok(weight.clone()),
-        Linear::Quantized { weight, .. } => Ok(q::dequantize(
-            &weight.weight,
-            &weight.scales,
-            weight.biases.as_ref(),
-            weight.group_size,
-            weight.bits,
-            weight.mode,
-            None,
-            None,
-        )?),
+        Linear::Quantized { weight, .. } => dequantized(weight),
         Linear::Adapted(_) => Err(TrainError::Config(
             "an adapter cannot wrap another adapter".into(),
         )),
@@ -195,27 +200,30 @@ impl LoraLinear {
         };
         let bias = base_bias(&self.base).cloned();
         match &self.base {
-            Linear::Quantized { weight: qw, .. } if !dequantize => {
-                let (w, scales, biases) =
-                    q::quantize(&fused, qw.group_size, qw.bits, qw.mode, None)?;
-                Ok(Linear::Quantized {
-                    weight: QuantizedWeight {
-                        weight: w,
-                        scales,
-                        biases,
-                        group_size: qw.group_size,
-                        bits: qw.bits,
-                        mode: qw.mode,
-                    },
-                    bias,
-                })
-            }
+            Linear::Quantized { weight: qw, .. } if !dequantize => Ok(Linear::Quantized {
+                weight: requantized_like(&fused, qw)?,
+                bias,
+            }),
             _ => Ok(Linear::Dense {
                 weight: fused,
                 bias,
             }),
         }
     }
+}
+
+/// A fused weight quantized as `like` is (group size, bits, mode), as mlx-lm's `fuse`
+/// re-quantizes a quantized base.
+fn requantized_like(fused: &Array, like: &QuantizedWeight) -> Result<QuantizedWeight> {
+    let (weight, scales, biases) = q::quantize(fused, like.group_size, like.bits, like.mode, None)?;
+    Ok(QuantizedWeight {
+        weight,
+        scales,
+        biases,
+        group_size: like.group_size,
+        bits: like.bits,
+        mode: like.mode,
+    })
 }
 
 impl LinearAdapter for LoraLinear {
@@ -299,19 +307,7 @@ impl LoraSwitchLinear {
     pub fn fuse(&self, dequantize: bool) -> Result<SwitchLinear> {
         let (weight, bias) = match &self.base {
             SwitchLinear::Dense { weight, bias } => (weight.clone(), bias),
-            SwitchLinear::Quantized { weight, bias } => (
-                q::dequantize(
-                    &weight.weight,
-                    &weight.scales,
-                    weight.biases.as_ref(),
-                    weight.group_size,
-                    weight.bits,
-                    weight.mode,
-                    None,
-                    None,
-                )?,
-                bias,
-            ),
+            SwitchLinear::Quantized { weight, bias } => (dequantized(weight)?, bias),
             SwitchLinear::Adapted(_) => {
                 return Err(TrainError::Config(
                     "an adapter cannot wrap another adapter".into(),
@@ -327,17 +323,8 @@ impl LoraSwitchLinear {
         let bias = bias.clone();
         match &self.base {
             SwitchLinear::Quantized { weight: qw, .. } if !dequantize => {
-                let (w, scales, biases) =
-                    q::quantize(&fused, qw.group_size, qw.bits, qw.mode, None)?;
                 Ok(SwitchLinear::Quantized {
-                    weight: QuantizedWeight {
-                        weight: w,
-                        scales,
-                        biases,
-                        group_size: qw.group_size,
-                        bits: qw.bits,
-                        mode: qw.mode,
-                    },
+                    weight: requantized_like(&fused, qw)?,
                     bias,
                 })
             }
