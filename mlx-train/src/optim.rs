@@ -561,11 +561,7 @@ fn apply_single(
             dampening,
             nesterov,
         } => {
-            let g = if weight_decay != 0.0 {
-                (g + &ops::scalar_multiply(weight_decay, p, None)?)?
-            } else {
-                g.clone()
-            };
+            let g = with_weight_decay(g, p, weight_decay)?;
             if momentum <= 0.0 {
                 return Ok((p - &(&lr * &g)?)?);
             }
@@ -605,11 +601,7 @@ fn apply_single(
             nesterov,
             ns_steps,
         } => {
-            let g = if weight_decay != 0.0 {
-                (g + &ops::scalar_multiply(weight_decay, p, None)?)?
-            } else {
-                g.clone()
-            };
+            let g = with_weight_decay(g, p, weight_decay)?;
             let v = ops::scalar_multiply(momentum, &get(state, "v")?, None)?;
             let v = (&v + &ops::scalar_multiply(1.0 - momentum, &g, None)?)?;
             state.insert("v", v.clone());
@@ -778,6 +770,16 @@ fn adafactor(
         p.clone()
     };
     Ok((&p - &update)?)
+}
+
+/// `g + weight_decay * p` (SGD's and Muon's coupled decay); `g` itself when the decay is 0,
+/// as mlx's optimizers skip it.
+fn with_weight_decay(g: &Array, p: &Array, weight_decay: f64) -> Result<Array> {
+    Ok(if weight_decay != 0.0 {
+        (g + &ops::scalar_multiply(weight_decay, p, None)?)?
+    } else {
+        g.clone()
+    })
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -323,9 +323,10 @@ pub fn train(
         return Err(TrainError::Config("no trainable parameters".into()));
     }
     let accum = args.grad_accumulation_steps;
-    let mut compiled = match args.compile && args.segment_length.is_none() {
-        true => Some(CompiledLossGrad::new(model, params, loss)?),
-        false => None,
+    let mut compiled = if args.compile && args.segment_length.is_none() {
+        Some(CompiledLossGrad::new(model, params, loss)?)
+    } else {
+        None
     };
     params.set_training(true);
     let mut batches = BatchIter::new(train_set, args.batch_size, args.max_seq_length, true)?;

@@ -493,6 +493,17 @@ impl mlx_train::trainer::TrainingCallback for Steps {
     }
 }
 
+/// Two steps of full fine-tuning of one layer with DPO (beta 0.5) on the preference data.
+fn full_dpo_config(out: &Path) -> mlx_train::run::RunConfig {
+    serde_json::from_value(serde_json::json!({
+        "model": model(), "data": data("preference"), "train": true, "iters": 2,
+        "fine_tune_type": "full", "num_layers": 1, "batch_size": 2, "learning_rate": 1e-2,
+        "objective": "dpo", "beta": 0.5, "val_batches": 1, "steps_per_eval": 100,
+        "adapter_path": out.display().to_string(),
+    }))
+    .unwrap()
+}
+
 /// A loss the compiled step cannot trace (full fine-tuning's DPO reads its reference through
 /// disabled parameters) with compilation forced on: `train` runs the step uncompiled instead,
 /// with the same losses as with compilation off.
@@ -500,13 +511,7 @@ impl mlx_train::trainer::TrainingCallback for Steps {
 fn a_loss_that_cannot_be_compiled_trains_uncompiled() {
     let _g = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
     let out = tmp("full_dpo_compile");
-    let config: mlx_train::run::RunConfig = serde_json::from_value(serde_json::json!({
-        "model": model(), "data": data("preference"), "train": true, "iters": 2,
-        "fine_tune_type": "full", "num_layers": 1, "batch_size": 2, "learning_rate": 1e-2,
-        "objective": "dpo", "beta": 0.5, "val_batches": 1, "steps_per_eval": 100,
-        "adapter_path": out.display().to_string(),
-    }))
-    .unwrap();
+    let config = full_dpo_config(&out);
     let run = |compile: bool| {
         let mut p = mlx_train::run::prepare(&config).unwrap();
         let optimizer = config.build_optimizer().unwrap();
@@ -540,13 +545,7 @@ fn full_fine_tune_with_dpo_uses_the_base_as_reference() {
     // layers (the reference, with `Params` disabled) and the trained ones differ.
     let _g = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
     let out = tmp("full_dpo");
-    let config: mlx_train::run::RunConfig = serde_json::from_value(serde_json::json!({
-        "model": model(), "data": data("preference"), "train": true, "iters": 2,
-        "fine_tune_type": "full", "num_layers": 1, "batch_size": 2, "learning_rate": 1e-2,
-        "objective": "dpo", "beta": 0.5, "val_batches": 1, "steps_per_eval": 100,
-        "adapter_path": out.display().to_string(),
-    }))
-    .unwrap();
+    let config = full_dpo_config(&out);
     let mut steps = Steps::default();
     mlx_train::run::train_model(&config, &mut steps).unwrap();
     assert_eq!(steps.0.len(), 2);
