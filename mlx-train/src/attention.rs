@@ -74,6 +74,14 @@ pub fn padded_sdpa(
 ) -> mlx_core::Result<Array> {
     use mlx_core::fast::{scaled_dot_product_attention as sdpa, SdpaMask};
     let shape = q.shape();
+    if multiple <= 0 || shape.len() != 4 {
+        return Err(mlx_core::Error::InvalidArgument {
+            op: "padded_sdpa",
+            message: format!(
+                "needs [B, H, L, D] queries and a positive multiple, got {shape:?} and {multiple}"
+            ),
+        });
+    }
     let l = shape[2];
     let pad = (multiple - l % multiple) % multiple;
     let mask = if causal {
@@ -84,7 +92,7 @@ pub fn padded_sdpa(
     if pad == 0 {
         return sdpa(q, k, v, scale, mask, None, None);
     }
-    let zero = Array::from_slice(&[0.0f32], &[])?.astype(q.dtype())?;
+    let zero = mlx_core::ops::zeros(&[], q.dtype(), None)?;
     let padded = |a: &Array| mlx_core::ops::pad(a, &[2], &[0], &[pad], &zero, "constant", None);
     let qp = padded(q)?;
     let out = if causal {
@@ -128,11 +136,9 @@ pub fn with_flash_attention<R>(
     kernel: FlashKernel,
     body: impl FnOnce() -> R,
 ) -> R {
-    let block = match (block, kernel) {
-        (_, FlashKernel::PaddedSdpa) => 0,
-        (Some(b), _) => b,
-        (None, _) => return body(),
-    };
+    if block.is_none() && kernel != FlashKernel::PaddedSdpa {
+        return body();
+    }
     let attention: Rc<DenseAttention> = Rc::new(
         move |q: &Array,
               k: &Array,
@@ -155,6 +161,9 @@ pub fn with_flash_attention<R>(
                 let out = padded_sdpa(q, k, v, scale, causal, SDPA_QUERY_MULTIPLE)?;
                 return Ok(Some(out));
             }
+            let Some(block) = block else {
+                return Ok(None);
+            };
             let spec = FlashSpec {
                 scale,
                 causal,

@@ -256,3 +256,19 @@ fn padded_sdpa_equals_the_unpadded_attention() {
     case(2, 1, 3, 7, false);
     case(2, 2, 8, 8, true);
 }
+
+/// `padded_sdpa` refuses a multiple that is not positive and queries that are not 4-D with an
+/// error, rather than dividing by zero.
+#[test]
+fn padded_sdpa_refuses_bad_input() {
+    use mlx_train::attention::padded_sdpa;
+    let x = mlx_core::ops::zeros(&[1, 2, 5, 16], Dtype::Float32, None).unwrap();
+    for multiple in [0, -8] {
+        let e = padded_sdpa(&x, &x, &x, 0.25, true, multiple)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("positive multiple"), "{e}");
+    }
+    let flat = mlx_core::ops::zeros(&[5, 16], Dtype::Float32, None).unwrap();
+    assert!(padded_sdpa(&flat, &flat, &flat, 0.25, true, 8).is_err());
+}
