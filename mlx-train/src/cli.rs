@@ -92,6 +92,21 @@ pub struct TrainArgs {
     /// The PRNG seed.
     #[arg(long)]
     pub seed: Option<u32>,
+    /// Clear the allocator cache between steps if it grows past this size (bytes, or a size
+    /// such as 500MB or 2G; default 0: clear whenever it holds anything).
+    #[arg(long, value_parser = crate::run::parse_size)]
+    pub clear_cache_threshold: Option<u64>,
+    /// Services to report logs to (wandb, swanlab): not supported here (an error); the JSONL
+    /// log holds the same reports.
+    #[arg(long)]
+    pub report_to: Option<String>,
+    /// Project name for --report-to (recorded in adapter_config.json).
+    #[arg(long)]
+    pub project_name: Option<String>,
+    /// Accepted for mlx_lm.lora's command lines; no model code is run from a model
+    /// directory here, so it changes nothing (recorded in adapter_config.json).
+    #[arg(long)]
+    pub trust_remote_code: bool,
     /// Training objective: sft, or dpo / orpo on prompt/chosen/rejected data.
     #[arg(long, value_parser = ["sft", "dpo", "orpo"])]
     pub objective: Option<String>,
@@ -208,6 +223,19 @@ impl TrainArgs {
         set("max_seq_length", self.max_seq_length.map(Value::from));
         set("grad_checkpoint", flag(self.grad_checkpoint));
         set("seed", self.seed.map(Value::from));
+        set(
+            "clear_cache_threshold",
+            self.clear_cache_threshold.map(Value::from),
+        );
+        set("report_to", s(&self.report_to));
+        set("project_name", s(&self.project_name));
+        set("trust_remote_code", flag(self.trust_remote_code));
+        set(
+            "config",
+            self.config
+                .as_ref()
+                .map(|p| Value::from(p.display().to_string())),
+        );
         set("objective", s(&self.objective));
         set("beta", self.beta.map(Value::from));
         set("ce_chunk_size", self.ce_chunk_size.map(Value::from));
@@ -429,6 +457,7 @@ fn test(
         config.max_seq_length,
         loss.as_ref(),
         rng,
+        Some(config.clear_cache_threshold),
     )?;
     println!("Test loss {test_loss:.3}, Test ppl {:.3}.", test_loss.exp());
     Ok(())

@@ -81,6 +81,68 @@ fn d_beta() -> f64 {
     0.1
 }
 
+/// mlx-lm's `_parse_size`: digits (with a decimal point) then an optional unit, `M` or `MB`
+/// (10^6) or `G` or `GB` (10^9), in any case, spaces allowed before it; the bytes rounded
+/// down. `"1.5G"` is 1,500,000,000.
+pub fn parse_size(text: &str) -> std::result::Result<u64, String> {
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let scale: u64 = match unit.trim().to_uppercase().as_str() {
+        "" => 1,
+        "M" | "MB" => 1_000_000,
+        "G" | "GB" => 1_000_000_000,
+        other => {
+            return Err(format!(
+                "`{text}`: unknown size unit `{other}` (M, MB, G or GB)"
+            ))
+        }
+    };
+    let (whole, frac) = digits.split_once('.').unwrap_or((digits, ""));
+    if whole.is_empty() && frac.is_empty() || frac.contains('.') {
+        return Err(format!("`{text}` is not a size such as 500MB or 2G"));
+    }
+    let too_big = || format!("`{text}` is too large a size");
+    let w: u64 = if whole.is_empty() {
+        0
+    } else {
+        whole.parse().map_err(|_| too_big())?
+    };
+    let mut bytes = w.checked_mul(scale).ok_or_else(too_big)?;
+    // The fraction, digit by digit, exactly (no float rounding): `int(Decimal * scale)`.
+    let mut unit_part = scale;
+    for d in frac.bytes() {
+        unit_part /= 10;
+        if unit_part == 0 {
+            break;
+        }
+        bytes = bytes
+            .checked_add(u64::from(d - b'0') * unit_part)
+            .ok_or_else(too_big)?;
+    }
+    Ok(bytes)
+}
+
+fn size_or_bytes<'de, D>(d: D) -> std::result::Result<u64, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    use serde::de::Error;
+    match Option::<Value>::deserialize(d)? {
+        None => Ok(0),
+        Some(Value::String(s)) => parse_size(&s).map_err(D::Error::custom),
+        Some(Value::Number(n)) => n.as_u64().ok_or_else(|| {
+            D::Error::custom(format!(
+                "{n} is not a size in bytes (a whole number, 0 or more)"
+            ))
+        }),
+        Some(other) => Err(D::Error::custom(format!(
+            "{other} is not a size (bytes, or a string such as \"2G\")"
+        ))),
+    }
+}
+
 fn null_as_default<'de, D, T>(d: D) -> std::result::Result<T, D::Error>
 where
     D: serde::Deserializer<'de>,
@@ -144,6 +206,27 @@ pub struct RunConfig {
     pub lora_parameters: LoraConfig,
     #[serde(default)]
     pub mask_prompt: bool,
+    /// Clear MLX's allocator cache after each training step and each evaluation batch when it
+    /// holds more than this many bytes (`0`: whenever it holds any). In a config file, a
+    /// number of bytes or a size such as `"2G"` or `"500MB"` (see [`parse_size`]). mlx-lm
+    /// 0.32.2 records the option but its `train_model` never passes it on, so it always
+    /// clears at 0; here the value is honoured. It changes no values, only memory held.
+    #[serde(default, deserialize_with = "size_or_bytes")]
+    pub clear_cache_threshold: u64,
+    /// mlx-lm's `report_to` (`wandb`, `swanlab`): not supported here, so anything but
+    /// `null` is an error; the JSONL log records the same reports.
+    #[serde(default)]
+    pub report_to: Option<String>,
+    /// mlx-lm's `project_name` for `report_to`; recorded only.
+    #[serde(default)]
+    pub project_name: Option<String>,
+    /// mlx-lm's `trust_remote_code`; recorded only (no model code is ever run from a model
+    /// directory here).
+    #[serde(default)]
+    pub trust_remote_code: bool,
+    /// The `-c` config file the options came from, as mlx_lm.lora records it.
+    #[serde(default)]
+    pub config: Option<String>,
     /// Not in mlx-lm: the training objective, `sft`, `dpo` or `orpo` (the last two on
     /// `prompt`/`chosen`/`rejected` data).
     #[serde(default = "d_objective")]
@@ -234,6 +317,7 @@ impl RunConfig {
             max_grad_norm: self.max_grad_norm,
             segment_length: self.segment_length,
             ce_chunk_size: self.ce_chunk_size,
+            clear_cache_threshold: Some(self.clear_cache_threshold),
             // mlx-lm's step is compiled; DPO and ORPO (not in mlx-lm) read the reference
             // model through the disabled parameters, which a trace does not capture.
             compile: self.lora_parameters.dropout == 0.0 && self.objective == "sft",
@@ -303,6 +387,13 @@ impl RunConfig {
         }
         if !self.beta.is_finite() {
             return Err(TrainError::Config("beta must be finite".into()));
+        }
+        if let Some(r) = self.report_to.as_deref().filter(|r| !r.trim().is_empty()) {
+            return Err(TrainError::Config(format!(
+                "report_to `{r}`: reporting to wandb or swanlab is not supported here; the \
+                 JSONL log (--log-file, default ADAPTER_PATH/train_log.jsonl) holds the same \
+                 reports"
+            )));
         }
         self.lora_parameters.validate()
     }

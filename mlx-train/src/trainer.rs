@@ -44,6 +44,10 @@ pub struct TrainingArgs {
     /// whose state a trace would freeze, and for losses that read arrays a trace cannot
     /// capture (`RunConfig` compiles SFT only).
     pub compile: bool,
+    /// Clear MLX's allocator cache after each step and each evaluation batch when it holds
+    /// more than this many bytes (mlx-lm's `clear_cache_threshold`, whose `TrainingArgs`
+    /// default 0 clears whenever it holds any); `None` never clears.
+    pub clear_cache_threshold: Option<u64>,
 }
 
 impl Default for TrainingArgs {
@@ -62,6 +66,7 @@ impl Default for TrainingArgs {
             segment_length: None,
             ce_chunk_size: None,
             compile: true,
+            clear_cache_threshold: Some(0),
         }
     }
 }
@@ -278,6 +283,7 @@ pub fn evaluate(
     max_seq_length: usize,
     loss: &LossFn,
     rng: &mut NumpyRandom,
+    clear_cache_threshold: Option<u64>,
 ) -> Result<f64> {
     params.set_training(false);
     let mut all_losses = Array::from_f32(0.0, Dtype::Float32)?;
@@ -292,6 +298,7 @@ pub fn evaluate(
         all_losses = (&all_losses + &(&l * &t)?)?;
         ntokens = (&ntokens + &t)?;
         eval([&all_losses, &ntokens])?;
+        clear_cache(clear_cache_threshold)?;
         i += 1;
     }
     Ok(f64::from((&all_losses / &ntokens)?.item::<f32>()?))
@@ -350,6 +357,7 @@ pub fn train(
                 args.max_seq_length,
                 loss,
                 rng,
+                args.clear_cache_threshold,
             )?;
             params.set_training(true);
             callback.on_val_loss_report(&ValReport {
@@ -415,6 +423,7 @@ pub fn train(
             to_eval.extend(g.values().cloned());
         }
         eval(&to_eval)?;
+        clear_cache(args.clear_cache_threshold)?;
         steps += 1;
         train_time += tic.elapsed().as_secs_f64();
         callback.on_step(it, lvalue.item::<f32>()?, i64::from(toks.item::<i32>()?));
@@ -454,6 +463,16 @@ pub fn train(
     }
     save_adapter_weights(&args.adapter_file, params)?;
     Ok(TrainOutcome { optimizer })
+}
+
+/// mlx-lm's `_clear_cache`: frees MLX's cached buffers when they pass `threshold` bytes.
+fn clear_cache(threshold: Option<u64>) -> Result<()> {
+    if let Some(t) = threshold {
+        if mlx_core::memory::cache_memory()? as u64 > t {
+            mlx_core::memory::clear_cache()?;
+        }
+    }
+    Ok(())
 }
 
 fn add_trees(a: &ParamMap, b: &ParamMap) -> Result<ParamMap> {

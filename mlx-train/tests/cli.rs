@@ -725,3 +725,85 @@ fn bad_memory_limit_and_flash_kernel_are_clear_errors() {
         "{e}"
     );
 }
+
+/// mlx_lm.lora's remaining flags: `--clear-cache-threshold` (a size, as its `_parse_size`
+/// reads it) changes no bits; `--trust-remote-code` and `--project-name` are recorded;
+/// `--report-to` (wandb, swanlab) is a clear error. The `adapter_config.json` written holds
+/// every key mlx_lm.lora's own holds for the same run.
+#[test]
+fn clear_cache_threshold_and_the_recorded_flags() {
+    let _g = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
+    let adapter = |extra: &[&str]| {
+        let out = tmp("clear");
+        train_small_q4(&out, &[&["--iters", "3"], extra].concat());
+        let bytes = std::fs::read(out.join("adapters.safetensors")).unwrap();
+        let conf: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(out.join("adapter_config.json")).unwrap(),
+        )
+        .unwrap();
+        let _ = std::fs::remove_dir_all(&out);
+        (bytes, conf)
+    };
+    let (plain, conf) = adapter(&[]);
+    assert_eq!(conf["clear_cache_threshold"], 0);
+    let (big, conf) = adapter(&[
+        "--clear-cache-threshold",
+        "1.5G",
+        "--trust-remote-code",
+        "--project-name",
+        "p",
+    ]);
+    assert!(plain == big, "--clear-cache-threshold changed bits");
+    assert_eq!(conf["clear_cache_threshold"], 1_500_000_000u64);
+    assert_eq!(conf["trust_remote_code"], true);
+    assert_eq!(conf["project_name"], "p");
+    assert_eq!(conf["report_to"], serde_json::Value::Null);
+    // Every key of the adapter_config.json mlx_lm.lora wrote for a run of its own.
+    let theirs: serde_json::Map<String, serde_json::Value> = serde_json::from_str(
+        &std::fs::read_to_string(tests().join("adapters/dense_text_adam/adapter_config.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let missing: Vec<&String> = theirs
+        .keys()
+        .filter(|k| conf.get(k.as_str()).is_none())
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "keys mlx-lm writes and we do not: {missing:?}"
+    );
+
+    for (size, bytes) in [
+        ("0", 0u64),
+        ("100", 100),
+        ("500MB", 500_000_000),
+        ("2 gb", 2_000_000_000),
+        (".5G", 500_000_000),
+        ("1.", 1),
+        ("0.0000015M", 1),
+    ] {
+        assert_eq!(mlx_train::run::parse_size(size), Ok(bytes), "{size}");
+    }
+    for bad in ["", "G", "2T", "1.2.3G", "-1", "99999999999999999999G"] {
+        assert!(mlx_train::run::parse_size(bad).is_err(), "{bad}");
+        assert!(
+            Cli::try_parse_from(["mlx-train", "--clear-cache-threshold", bad]).is_err(),
+            "{bad}"
+        );
+    }
+    drop(_g);
+    let (m, d) = (model(), data("completions"));
+    let e = err(&["--model", &m, "--data", &d, "--report-to", "wandb"]);
+    assert!(
+        e.contains("report_to `wandb`") && e.contains("not supported"),
+        "{e}"
+    );
+    // In a config file, a size string or a number of bytes.
+    let cfg: mlx_train::run::RunConfig =
+        serde_json::from_str(r#"{"clear_cache_threshold": "2G"}"#).unwrap();
+    assert_eq!(cfg.clear_cache_threshold, 2_000_000_000);
+    let e = serde_json::from_str::<mlx_train::run::RunConfig>(r#"{"clear_cache_threshold": -3}"#)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not a size in bytes"), "{e}");
+}
