@@ -4,6 +4,9 @@
 //! carries segment caches); a port layer's inputs are its hidden states, its adapters' arrays
 //! (LoRA, DoRA) and, while it trains in full, its own arrays.
 
+use std::sync::{Arc, Mutex};
+
+use mlx_cache::{cache_from_state, Cache, ConcatenateKVCache, StateValue};
 use mlx_core::prelude::*;
 use mlx_core::transforms;
 
@@ -115,4 +118,120 @@ where
         forward(&block, args).map_err(cb)
     })?;
     Ok(f.call(&all)?)
+}
+
+/// A cache state's tree with its arrays taken out (their places marked).
+enum StateShape {
+    Array,
+    Leaf(StateValue),
+    List(Vec<StateShape>),
+}
+
+/// A cache state as its shape and its arrays, depth first.
+fn split_state(state: StateValue) -> (StateShape, Vec<Array>) {
+    fn walk(v: StateValue, out: &mut Vec<Array>) -> StateShape {
+        match v {
+            StateValue::Array(a) => {
+                out.push(a);
+                StateShape::Array
+            }
+            StateValue::List(items) => {
+                StateShape::List(items.into_iter().map(|i| walk(i, out)).collect())
+            }
+            leaf => StateShape::Leaf(leaf),
+        }
+    }
+    let mut arrays = Vec::new();
+    let shape = walk(state, &mut arrays);
+    (shape, arrays)
+}
+
+/// The state of `shape` with `arrays` put back in order.
+fn fill_state(shape: &StateShape, arrays: &[Array]) -> Result<StateValue> {
+    fn walk(s: &StateShape, it: &mut std::slice::Iter<'_, Array>) -> Result<StateValue> {
+        Ok(match s {
+            StateShape::Array => StateValue::Array(
+                it.next()
+                    .ok_or_else(|| ModelError::Other("checkpoint: missing cache arrays".into()))?
+                    .clone(),
+            ),
+            StateShape::Leaf(v) => v.clone(),
+            StateShape::List(items) => {
+                StateValue::List(items.iter().map(|i| walk(i, it)).collect::<Result<_>>()?)
+            }
+        })
+    }
+    let mut it = arrays.iter();
+    let v = walk(shape, &mut it)?;
+    if it.next().is_some() {
+        return Err(ModelError::Other(
+            "checkpoint: more cache arrays than the cache holds".into(),
+        ));
+    }
+    Ok(v)
+}
+
+/// [`checkpointed`] for a layer writing one of training's caches (the segmented backward's
+/// `ConcatenateKVCache` of keys and values, or `ArraysCache` of recurrent state): the arrays
+/// the cache holds enter the checkpoint, the arrays it holds afterwards come out of it, and
+/// the cache is rebuilt from those, so the checkpointed function stays pure. Any other cache
+/// (generation's) runs the layer as it is, with no checkpoint.
+pub(crate) fn checkpointed_cached<L, F>(
+    layer: &L,
+    x: &Array,
+    own: bool,
+    cache: &mut Box<dyn Cache>,
+    forward: F,
+) -> Result<Array>
+where
+    L: LayerArrays,
+    F: Fn(&L, &Array, &mut Box<dyn Cache>) -> Result<Array> + Send + 'static,
+{
+    let class = cache.class_name();
+    if !matches!(class, "ConcatenateKVCache" | "ArraysCache") {
+        return forward(layer, x, cache);
+    }
+    let (before, prev) = split_state(cache.state());
+    let after: Arc<Mutex<Option<StateShape>>> = Arc::new(Mutex::new(None));
+    let after_in = Arc::clone(&after);
+    let mut inputs = vec![x.clone()];
+    inputs.extend(prev);
+    let out = checkpointed_many(layer, &inputs, own, move |l, xs| {
+        let (x, prev) = xs
+            .split_first()
+            .ok_or_else(|| ModelError::Other("checkpoint: no input".into()))?;
+        let mut c = cache_from_state(class, fill_state(&before, prev)?)?;
+        let h = forward(l, x, &mut c)?;
+        let (shape, arrays) = split_state(c.state());
+        if let Ok(mut slot) = after_in.lock() {
+            *slot = Some(shape);
+        }
+        let mut out = vec![h];
+        out.extend(arrays);
+        Ok(out)
+    })?;
+    let shape = after
+        .lock()
+        .ok()
+        .and_then(|mut s| s.take())
+        .ok_or_else(|| ModelError::Other("checkpoint: the layer did not run".into()))?;
+    let (h, arrays) = out
+        .split_first()
+        .ok_or_else(|| ModelError::Other("checkpointed layer returned nothing".into()))?;
+    *cache = cache_from_state(class, fill_state(&shape, arrays)?)?;
+    Ok(h.clone())
+}
+
+/// A `ConcatenateKVCache` holding `kv` (keys, then values), or an empty one.
+pub(crate) fn concat_cache(kv: &[Array]) -> Result<ConcatenateKVCache> {
+    let state = match kv {
+        [k, v] => vec![StateValue::Array(k.clone()), StateValue::Array(v.clone())],
+        [] => vec![StateValue::None, StateValue::None],
+        _ => {
+            return Err(ModelError::Other(
+                "a concatenating cache holds keys and values".into(),
+            ))
+        }
+    };
+    Ok(ConcatenateKVCache::from_state(StateValue::List(state))?)
 }

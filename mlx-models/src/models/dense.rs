@@ -4,9 +4,7 @@
 
 use std::cell::RefCell;
 
-use mlx_cache::{
-    AttentionMask, Cache, ConcatenateKVCache, KVCache, Kv, RotatingKVCache, StateValue,
-};
+use mlx_cache::{AttentionMask, Cache, KVCache, Kv, RotatingKVCache};
 use mlx_core::prelude::*;
 use mlx_core::transforms;
 
@@ -15,6 +13,7 @@ use crate::layers::{
     clip_residual, join, logit_softcap, scaled_dot_product_attention, Embedding, LayerParam,
     Linear, Mlp, Norm, NormKind, Rope,
 };
+use crate::models::checkpoint::concat_cache;
 use crate::models::descriptor::{
     Descriptor, EmbedScale, Head, LogitScale, Names, Placement, QkNorm, QkvLayout, RopeSpec,
     RopeTable, Upcast,
@@ -1218,20 +1217,6 @@ impl Model {
     }
 }
 
-/// A `ConcatenateKVCache` holding `kv` (`[keys, values]`, or nothing for an empty cache).
-fn concat_cache(kv: &[Array]) -> Result<ConcatenateKVCache> {
-    let state = match kv {
-        [k, v] => vec![StateValue::Array(k.clone()), StateValue::Array(v.clone())],
-        [] => vec![StateValue::None, StateValue::None],
-        _ => {
-            return Err(ModelError::Other(
-                "a concatenating cache holds keys and values".into(),
-            ))
-        }
-    };
-    Ok(ConcatenateKVCache::from_state(StateValue::List(state))?)
-}
-
 impl LanguageModel for Model {
     fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
         self.head(&self.run(inputs, caches, None)?)
@@ -1276,10 +1261,7 @@ impl LanguageModel for Model {
         if self.desc.logit_scale != LogitScale::None || self.desc.final_logit_softcap.is_some() {
             return None;
         }
-        Some(match &self.lm_head {
-            Some(head) => OutputHead::Linear(head.clone()),
-            None => OutputHead::Tied(self.embed_tokens.clone()),
-        })
+        Some(OutputHead::of(self.lm_head.as_ref(), &self.embed_tokens))
     }
 
     fn set_grad_checkpoint(&mut self, on: bool) -> bool {

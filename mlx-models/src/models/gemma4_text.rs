@@ -16,7 +16,7 @@ use crate::layers::{
     gelu_approx, scaled_dot_product_attention, Embedding, LayerParam, Linear, LinearMut, RmsNorm,
     Rope, SwitchActivation, SwitchGlu,
 };
-use crate::models::checkpoint::{checkpointed_many, LayerArrays};
+use crate::models::checkpoint::{checkpointed_many, concat_cache, LayerArrays};
 use crate::models::LanguageModel;
 use crate::weights::Weights;
 
@@ -750,6 +750,60 @@ impl DecoderLayer {
     }
 }
 
+impl DecoderLayer {
+    /// A layer that owns its keys and values, under `mx.checkpoint` with the segmented
+    /// backward's `ConcatenateKVCache`: the earlier keys and values enter the checkpoint, the
+    /// layer's full keys and values come out, and the cache is rebuilt from them.
+    fn forward_checkpointed_cached(
+        &self,
+        x: &Array,
+        mask: &AttentionMask,
+        per_layer_input: Option<Array>,
+        cache: &mut Box<dyn Cache>,
+        own: bool,
+    ) -> Result<(Array, Kv, usize)> {
+        let offset = cache.offset();
+        let prev = cache.state().into_arrays();
+        let n_prev = prev.len();
+        let has_pli = per_layer_input.is_some();
+        let mut inputs = vec![x.clone()];
+        inputs.extend(per_layer_input);
+        inputs.extend(prev);
+        let mask = mask.clone();
+        let out = checkpointed_many(self, &inputs, own, move |l, xs| {
+            let missing = || ModelError::Other("checkpoint: missing inputs".into());
+            let x = xs.first().ok_or_else(missing)?;
+            let pli = if has_pli {
+                Some(xs.get(1).ok_or_else(missing)?)
+            } else {
+                None
+            };
+            let at = 1 + usize::from(has_pli);
+            let prev = xs.get(at..at + n_prev).ok_or_else(missing)?;
+            let mut c: Box<dyn Cache> = Box::new(concat_cache(prev)?);
+            match l.forward(x, &mask, Some(&mut c), pli, None)? {
+                (h, Kv::Dense { keys, values }, _) => Ok(vec![h, keys, values]),
+                _ => Err(ModelError::Other(
+                    "a checkpointed gemma4 layer left no dense keys and values".into(),
+                )),
+            }
+        })?;
+        match out.as_slice() {
+            [h, keys, values] => {
+                *cache = Box::new(concat_cache(&[keys.clone(), values.clone()])?);
+                let kv = Kv::Dense {
+                    keys: keys.clone(),
+                    values: values.clone(),
+                };
+                Ok((h.clone(), kv, offset))
+            }
+            _ => Err(ModelError::Other(
+                "a checkpointed gemma4 layer returned an unexpected number of arrays".into(),
+            )),
+        }
+    }
+}
+
 struct PerLayerEmbedding {
     embed_tokens_per_layer: Embedding,
     per_layer_model_projection: Linear,
@@ -1044,6 +1098,11 @@ impl Model {
                 None if self.grad_checkpoint => {
                     let own = self.checkpoint_own.contains(&i);
                     layer.forward_checkpointed(&h, mask, pli, shared, own)?
+                }
+                // The segmented backward's caches.
+                Some(c) if self.grad_checkpoint && c.class_name() == "ConcatenateKVCache" => {
+                    let own = self.checkpoint_own.contains(&i);
+                    layer.forward_checkpointed_cached(&h, mask, pli, c, own)?
                 }
                 cache => layer.forward(&h, mask, cache, pli.as_ref(), shared)?,
             };

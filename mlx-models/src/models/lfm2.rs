@@ -11,7 +11,7 @@ use serde_json::Value;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::{swiglu, Embedding, LayerParam, Linear, LinearMut, RmsNorm, Rope};
-use crate::models::checkpoint::{checkpointed, LayerArrays};
+use crate::models::checkpoint::{checkpointed, checkpointed_cached, LayerArrays};
 use crate::models::moe::{Attention, AttentionSpec, QkNorm};
 use crate::models::LanguageModel;
 use crate::weights::Weights;
@@ -497,6 +497,14 @@ impl Model {
                         l.forward(x, i, &am, cm.as_ref(), None)
                     })?
                 }
+                // The segmented backward's caches.
+                Some(c) if self.grad_checkpoint => {
+                    let (am, cm) = (attn_mask.clone(), conv_mask.clone());
+                    let own = self.checkpoint_own.contains(&i);
+                    checkpointed_cached(layer, &h, own, c, move |l, x, c| {
+                        l.forward(x, i, &am, cm.as_ref(), Some(c))
+                    })?
+                }
                 cache => layer.forward(&h, i, &attn_mask, conv_mask.as_ref(), cache)?,
             };
         }
@@ -511,6 +519,11 @@ impl Model {
 
 impl LanguageModel for Model {
     port_entry_points!(args);
+
+    /// The projection `head` applies (for the chunked cross-entropy of training).
+    fn output_head(&self) -> Option<crate::models::OutputHead> {
+        Some(crate::models::OutputHead::Tied(self.embed_tokens.clone()))
+    }
 
     fn make_cache(&self) -> Vec<Box<dyn Cache>> {
         self.layers

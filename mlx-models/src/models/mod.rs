@@ -17,6 +17,14 @@ macro_rules! port_entry_points {
             Some(self.hidden_states(inputs, None))
         }
 
+        fn forward_hidden_cached(
+            &self,
+            inputs: &Array,
+            caches: &mut [Box<dyn Cache>],
+        ) -> Option<Result<Array>> {
+            Some(self.hidden_states(inputs, Some(caches)))
+        }
+
         fn model_type(&self) -> &str {
             &self.$cfg.model_type
         }
@@ -211,6 +219,14 @@ pub enum OutputHead {
 }
 
 impl OutputHead {
+    /// What [`project`] multiplies by.
+    pub(crate) fn of(lm_head: Option<&Linear>, embed: &Embedding) -> OutputHead {
+        match lm_head {
+            Some(head) => OutputHead::Linear(head.clone()),
+            None => OutputHead::Tied(embed.clone()),
+        }
+    }
+
     pub fn forward(&self, h: &Array) -> Result<Array> {
         match self {
             OutputHead::Linear(l) => l.forward(h),

@@ -14,7 +14,7 @@ use crate::layers::{
     scaled_dot_product_attention, Embedding, LayerParam, Linear, LinearMut, Mlp, MlpKind, MlpNames,
     RmsNorm, Rope, RopeScaling, SwitchActivation, SwitchGlu,
 };
-use crate::models::checkpoint::{checkpointed, LayerArrays};
+use crate::models::checkpoint::{checkpointed, checkpointed_cached, LayerArrays};
 use crate::models::LanguageModel;
 use crate::weights::Weights;
 
@@ -1391,7 +1391,16 @@ impl Model {
                     } else {
                         &mask
                     };
-                    h = layer.forward(&h, m, Some(cache))?;
+                    h = if self.grad_checkpoint {
+                        // The segmented backward's caches.
+                        let m = m.clone();
+                        let own = self.checkpoint_own.contains(&i);
+                        checkpointed_cached(layer, &h, own, cache, move |l, x, c| {
+                            l.forward(x, &m, Some(c))
+                        })?
+                    } else {
+                        layer.forward(&h, m, Some(cache))?
+                    };
                 }
             }
             None => {
@@ -1420,6 +1429,14 @@ impl Model {
 
 impl LanguageModel for Model {
     port_entry_points!(spec);
+
+    /// The projection `head` applies (for the chunked cross-entropy of training).
+    fn output_head(&self) -> Option<crate::models::OutputHead> {
+        Some(crate::models::OutputHead::of(
+            self.lm_head.as_ref(),
+            &self.embed_tokens,
+        ))
+    }
 
     fn make_cache(&self) -> Vec<Box<dyn Cache>> {
         (0..self.layers.len())

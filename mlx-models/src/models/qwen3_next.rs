@@ -24,7 +24,7 @@ use crate::layers::{
     RopeScaling, SwitchActivation,
 };
 use crate::layers::{LayerParam, LinearMut};
-use crate::models::checkpoint::{checkpointed, LayerArrays};
+use crate::models::checkpoint::{checkpointed, checkpointed_cached, LayerArrays};
 use crate::models::moe::{Ffn, Router, SparseMoe, SparseMoeParams};
 use crate::models::LanguageModel;
 use crate::weights::Weights;
@@ -1119,6 +1119,14 @@ impl Model {
                         l.forward(x, i, &fm, sm.as_ref(), None)
                     })?
                 }
+                // The segmented backward's caches.
+                Some(c) if self.grad_checkpoint => {
+                    let (fm, sm) = (fa_mask.clone(), ssm_mask.clone());
+                    let own = self.checkpoint_own.contains(&i);
+                    checkpointed_cached(layer, &h, own, c, move |l, x, c| {
+                        l.forward(x, i, &fm, sm.as_ref(), Some(c))
+                    })?
+                }
                 cache => layer.forward(&h, i, &fa_mask, ssm_mask.as_ref(), cache)?,
             };
         }
@@ -1133,6 +1141,14 @@ impl Model {
 
 impl LanguageModel for Model {
     port_entry_points!(args);
+
+    /// The projection `head` applies (for the chunked cross-entropy of training).
+    fn output_head(&self) -> Option<crate::models::OutputHead> {
+        Some(crate::models::OutputHead::of(
+            self.lm_head.as_ref(),
+            &self.embed_tokens,
+        ))
+    }
 
     fn make_cache(&self) -> Vec<Box<dyn Cache>> {
         self.layers
