@@ -187,20 +187,22 @@ pub fn fused_layers(
             (None, None) => Vec::new(),
         }
     }
+    let fused_linear = |lin: &Linear| -> Result<Option<(String, FusedArrays)>> {
+        let Some(a) = as_lora(lin) else {
+            return Ok(None);
+        };
+        let t = match a.fuse(dequantize)? {
+            Linear::Dense { weight, .. } => arrays(Some(weight), None),
+            Linear::Quantized { weight, .. } => arrays(None, Some(weight)),
+            Linear::Adapted(_) => Vec::new(),
+        };
+        Ok(Some((a.path().to_string(), t)))
+    };
     let mut out = Vec::new();
     for layer in model.layer_adaptables_mut() {
         for (_, lin) in layer {
             match lin {
-                LinearMut::Linear(lin) => {
-                    if let Some(a) = as_lora(lin) {
-                        let t = match a.fuse(dequantize)? {
-                            Linear::Dense { weight, .. } => arrays(Some(weight), None),
-                            Linear::Quantized { weight, .. } => arrays(None, Some(weight)),
-                            Linear::Adapted(_) => Vec::new(),
-                        };
-                        out.push((a.path().to_string(), t));
-                    }
-                }
+                LinearMut::Linear(lin) => out.extend(fused_linear(lin)?),
                 LinearMut::Switch(SwitchLinear::Adapted(a)) => {
                     if let Some(a) = a.as_any().downcast_ref::<LoraSwitchLinear>() {
                         let t = match a.fuse(dequantize)? {
@@ -214,6 +216,9 @@ pub fn fused_layers(
                 LinearMut::Switch(_) => {}
             }
         }
+    }
+    for (_, lin) in model.top_linears_mut() {
+        out.extend(fused_linear(lin)?);
     }
     Ok(out)
 }

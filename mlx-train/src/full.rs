@@ -240,6 +240,10 @@ impl LanguageModel for FullModel {
         self.inner_mut().layer_adaptables_mut()
     }
 
+    fn top_linears_mut(&mut self) -> Vec<(String, &mut mlx_models::layers::Linear)> {
+        self.inner_mut().top_linears_mut()
+    }
+
     fn set_grad_checkpoint(&mut self, on: bool) -> bool {
         let range = if on { self.layers.clone() } else { 0..0 };
         let inner = self.inner_mut();

@@ -451,6 +451,7 @@ pub fn linear_to_lora_layers(
             .collect(),
     };
     let range = selected_layers(layers.len(), num_layers);
+    let mut matched: BTreeSet<String> = BTreeSet::new();
     for (i, layer) in layers.iter_mut().enumerate() {
         if !range.contains(&i) {
             continue;
@@ -459,6 +460,7 @@ pub fn linear_to_lora_layers(
             if !keys.contains(name.as_str()) {
                 continue;
             }
+            matched.insert(name.clone());
             let path = format!("{layers_path}.{i}.{name}");
             match lin {
                 LinearMut::Linear(lin) => {
@@ -470,6 +472,31 @@ pub fn linear_to_lora_layers(
                     **lin = SwitchLinear::Adapted(Box::new(adapter));
                 }
             }
+        }
+    }
+    drop(layers);
+    // Then, as mlx-lm, the modules outside the layers whose full path is a key (`lm_head`):
+    // only explicit keys can name them.
+    if config.keys.is_some() {
+        for (path, lin) in model.top_linears_mut() {
+            if keys.contains(&path) {
+                matched.insert(path.clone());
+                let adapter = from_base(lin, &path, config, use_dora, params)?;
+                *lin = Linear::Adapted(Box::new(adapter));
+            }
+        }
+        // mlx-lm would wrap an embedding in its LoRAEmbedding; that layer is not here, and a
+        // key left out silently would train something else than asked.
+        if let Some(k) = keys.iter().find(|k| {
+            !matched.contains(k.as_str())
+                && ["embed_tokens", "wte", "embed_in", "word_embeddings"]
+                    .iter()
+                    .any(|e| k.ends_with(e))
+        }) {
+            return Err(TrainError::Config(format!(
+                "lora_parameters.keys: `{k}` is an embedding; LoRA on embeddings (mlx-lm's \
+                 LoRAEmbedding) is not supported here"
+            )));
         }
     }
     Ok(())

@@ -528,7 +528,7 @@ fn lora_gradients_across_ports() {
             .unwrap_or_else(|m| panic!("{}: compiled gradients {m}", case.name));
         checked += 1;
     }
-    assert_eq!(checked, 21);
+    assert_eq!(checked, 24);
 }
 
 /// Adapters mlx-lm wrote for the ports (random `lora_b`, so the low-rank products count:
@@ -567,7 +567,7 @@ fn port_adapters_from_mlx_lm_load_and_fuse_bit_equal() {
         let _ = std::fs::remove_dir_all(&out);
         checked += 1;
     }
-    assert_eq!(checked, 6);
+    assert_eq!(checked, 8);
 }
 
 /// mlx-lm refuses DoRA on switch layers: the default keys of a MoE model include the
@@ -624,4 +624,21 @@ fn full_resume_loads_untrained_layers_too() {
     load_adapters(model.as_mut(), &two).unwrap();
     assert_bit_equal(&got, &model.forward(&ids, None).unwrap()).unwrap();
     let _ = std::fs::remove_dir_all(&out);
+}
+
+/// A key naming an embedding (mlx-lm would wrap it in its `LoRAEmbedding`, which is not
+/// here) is a clear error, not a key silently left out.
+#[test]
+fn lora_on_an_embedding_is_refused() {
+    let fixtures = root().join("../../mlx-models/tests/models");
+    let (mut model, _) =
+        load_model_dir(&fixtures.join("dense_bf16_untied"), &LoadOptions::default()).unwrap();
+    let config = mlx_train::lora::LoraConfig {
+        keys: Some(vec!["self_attn.q_proj".into(), "model.embed_tokens".into()]),
+        ..Default::default()
+    };
+    let e = linear_to_lora_layers(model.as_mut(), 1, &config, false, &Params::new())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("`model.embed_tokens` is an embedding"), "{e}");
 }

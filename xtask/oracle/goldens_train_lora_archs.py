@@ -62,12 +62,20 @@ CASES = [
 # `<case>_adapted` holds the adapted model's logits (eval mode), which mlx-lm's own
 # `load_adapters` reproduces from that directory; `<case>_fused` the logits after
 # mlx_lm.fuse's fusing step.
-ADAPTED = ["lfm2_dora", "qwen3_5", "gemma4_text", "qwen3_moe_q4", "gpt_oss", "qwen3_next"]
+ADAPTED = ["lfm2_dora", "qwen3_5", "gemma4_text", "qwen3_moe_q4", "gpt_oss", "qwen3_next",
+           "dense_untied_lm_head", "q4_untied_lm_head_dora"]
 
-# (case, fixture, num_layers, keys): DoRA on a MoE model's plain linears, the experts left
-# out by `keys` (mlx-lm refuses DoRA on switch layers).
+# (case, fixture, num_layers, dora, keys): DoRA on a MoE model's plain linears, the experts
+# left out by `keys` (mlx-lm refuses DoRA on switch layers); `lm_head` named by `keys`, which
+# mlx-lm's `linear_to_lora_layers` converts after the layers (on a dense, a 4-bit and a MoE
+# model with untied heads).
 KEYED = [
-    ("qwen3_moe_keys_dora", "qwen3_moe", 2, ["self_attn.q_proj", "self_attn.o_proj", "mlp.gate"]),
+    ("qwen3_moe_keys_dora", "qwen3_moe", 2, True,
+     ["self_attn.q_proj", "self_attn.o_proj", "mlp.gate"]),
+    ("dense_untied_lm_head", "dense_bf16_untied", 1, False,
+     ["self_attn.q_proj", "mlp.down_proj", "lm_head"]),
+    ("q4_untied_lm_head_dora", "q4_g64_untied", 2, True, ["self_attn.v_proj", "lm_head"]),
+    ("olmoe_lm_head", "olmoe", 1, False, ["self_attn.q_proj", "lm_head"]),
 ]
 
 
@@ -75,7 +83,7 @@ def main():
     g = Golden("mlx-train/tests/goldens/train_lora_archs.safetensors", __file__)
     batch = mx.array([[3, 17, 40, 9, 88, 5, 61, 23, 12], [7, 2, 55, 31, 80, 14, 6, 47, 29]], mx.int32)
     lengths = mx.array([[0, 8], [2, 6]], mx.int32)
-    cases = [(c, f, n, d, None) for c, f, n, d in CASES] + [(c, f, n, True, k) for c, f, n, k in KEYED]
+    cases = [(c, f, n, d, None) for c, f, n, d in CASES] + KEYED
     for case, fixture, num_layers, dora, keys in cases:
         model, _ = load_model(Path(f"mlx-models/tests/models/{fixture}"))
         mx.random.seed(SEED)

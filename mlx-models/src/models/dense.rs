@@ -1234,6 +1234,11 @@ impl LanguageModel for Model {
         self.desc.names.layers.to_string()
     }
 
+    fn top_linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
+        let name = self.desc.names.lm_head.to_string();
+        self.lm_head.iter_mut().map(|l| (name.clone(), l)).collect()
+    }
+
     fn layer_parameters_mut(&mut self) -> Result<Vec<Vec<LayerParam<'_>>>> {
         let d = &self.desc;
         let names = &d.names;

@@ -142,6 +142,13 @@ pub trait LanguageModel: Send {
             .collect()
     }
 
+    /// The linears outside the decoder layers under their full mlx-lm module path (an untied
+    /// `lm_head`), which a LoRA config's `keys` can name as mlx-lm's `linear_to_lora_layers`
+    /// lets them. Empty by default.
+    fn top_linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
+        Vec::new()
+    }
+
     /// The module path of the decoder layers (`model.layers`; qwen3_5's
     /// `language_model.model.layers`): adapter parameters are named under it.
     fn layers_path(&self) -> String {

@@ -1430,6 +1430,13 @@ impl Model {
 impl LanguageModel for Model {
     port_entry_points!(spec);
 
+    fn top_linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
+        self.lm_head
+            .iter_mut()
+            .map(|l| ("lm_head".to_string(), l))
+            .collect()
+    }
+
     /// The projection `head` applies (for the chunked cross-entropy of training).
     fn output_head(&self) -> Option<crate::models::OutputHead> {
         Some(crate::models::OutputHead::of(

@@ -1181,6 +1181,11 @@ impl LanguageModel for Model {
         format!("{}model.layers", self.args.prefix)
     }
 
+    fn top_linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
+        let name = format!("{}lm_head", self.args.prefix);
+        self.lm_head.iter_mut().map(|l| (name.clone(), l)).collect()
+    }
+
     fn layer_parameters_mut(&mut self) -> Result<Vec<Vec<LayerParam<'_>>>> {
         let pre = format!("{}model.layers", self.args.prefix);
         self.layers
