@@ -224,6 +224,11 @@ run_test!(full_q4_completions_adamw_accum);
 // Gemma 3 (`1 + weight` norms, QK norms after the heads' transpose, a sliding layer), both
 // layers in full.
 run_test!(full_gemma3_chat_adamw);
+// The dedicated ports end to end through mlx_lm.lora's train_model: LoRA on a Qwen3 MoE (the
+// experts through LoRASwitchLinear), DoRA on a Qwen3-Next hybrid (gated delta and attention
+// layers, experts left out by `keys`) with gradient checkpointing.
+run_test!(moe_text_adam);
+run_test!(hybrid_chat_dora_ckpt);
 // Muon and Adafactor (`cargo xtask goldens train_optim`): defaults on LoRA, and every option
 // off its default under full fine-tuning (1-D norms take their non-matrix paths), a
 // scheduled learning rate, relative steps with warmup_init and a first moment.

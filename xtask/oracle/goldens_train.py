@@ -1,7 +1,8 @@
 """mlx-lm 0.32.2's tuner on tiny seeded models: the L1 reference for mlx-train.
 
 Writes under mlx-train/tests/:
-- models/<name>/: a tiny llama (`dense`, `q4`) or Gemma 3 (`gemma3`) (config.json,
+- models/<name>/: a tiny llama (`dense`, `q4`), Gemma 3 (`gemma3`), Qwen3 MoE (`moe`) or
+  Qwen3-Next hybrid (`hybrid`) (config.json,
   model.safetensors) with a byte-level BPE tokenizer trained here (tokenizer.json, tokenizer_config.json with a ChatML template);
 - data/<format>/{train,valid}.jsonl: `text`, `prompt`/`completion` and `messages` data;
 - goldens/train_<run>.safetensors, one per run below, made by mlx-lm's own entry points
@@ -175,6 +176,55 @@ GEMMA3 = {
     "sliding_window_pattern": 2,
 }
 
+# A mixture of experts (the experts' SwitchLinear become LoRASwitchLinear) and a recurrent
+# hybrid (gated delta layers, a full-attention layer, experts), both with tied embeddings.
+QWEN3_MOE = {
+    "model_type": "qwen3_moe",
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "intermediate_size": 64,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [1],
+    "moe_intermediate_size": 16,
+    "head_dim": 8,
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 512,
+    "norm_topk_prob": True,
+}
+QWEN3_NEXT = {
+    "model_type": "qwen3_next",
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "full_attention_interval": 2,
+    "intermediate_size": 64,
+    "head_dim": 8,
+    "linear_num_value_heads": 4,
+    "linear_num_key_heads": 2,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 8,
+    "linear_conv_kernel_dim": 4,
+    "max_position_embeddings": 512,
+    "tie_word_embeddings": True,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "shared_expert_intermediate_size": 16,
+    "moe_intermediate_size": 16,
+    "partial_rotary_factor": 0.5,
+    "norm_topk_prob": True,
+}
+
 
 def make_model(name, vocab, seed, quant, arch=None):
     config = {
@@ -287,6 +337,28 @@ RUNS = {
         {"fine_tune_type": "full", "num_layers": 2, "batch_size": 2, "iters": 4,
          "learning_rate": 5e-3, "optimizer": "adamw", "mask_prompt": True, "seed": 8,
          "steps_per_eval": 2, "val_batches": 1},
+    ),
+    # LoRA on a mixture of experts: the experts train through LoRASwitchLinear.
+    "moe_text_adam": (
+        "moe",
+        "text",
+        {"num_layers": 2, "batch_size": 2, "iters": 4, "learning_rate": 1e-2, "seed": 12,
+         "lora_parameters": {"rank": 4, "dropout": 0.0, "scale": 10.0},
+         "steps_per_eval": 2, "val_batches": 1},
+    ),
+    # DoRA on the hybrid's plain linears (the experts left out by `keys`), with gradient
+    # checkpointing and masked prompts: the gated delta layer and the attention layer.
+    "hybrid_chat_dora_ckpt": (
+        "hybrid",
+        "chat",
+        {"fine_tune_type": "dora", "num_layers": -1, "batch_size": 2, "iters": 4,
+         "learning_rate": 5e-3, "optimizer": "adamw", "mask_prompt": True,
+         "grad_checkpoint": True, "seed": 13,
+         "lora_parameters": {"rank": 4, "dropout": 0.0, "scale": 8.0,
+                             "keys": ["self_attn.q_proj", "self_attn.o_proj",
+                                      "linear_attn.in_proj_qkvz", "linear_attn.out_proj",
+                                      "mlp.shared_expert.down_proj"]},
+         "steps_per_eval": 100, "val_batches": 1},
     ),
     # A 4-bit base: only the norms train (see `frozen_quantized`).
     "full_q4_completions_adamw_accum": (
@@ -610,13 +682,15 @@ def main():
     rng = np.random.default_rng(1234)
     corpus = write_data(rng)
     vocab = None
-    for name in ("dense", "q4", "gemma3"):
+    for name in ("dense", "q4", "gemma3", "moe", "hybrid"):
         d = f"{ROOT}/models/{name}"
         os.makedirs(d, exist_ok=True)
         vocab = make_tokenizer(d, corpus)
     make_model("dense", vocab, 21, None)
     make_model("q4", vocab, 22, (32, 4))
     make_model("gemma3", vocab, 23, None, GEMMA3)
+    make_model("moe", vocab, 24, None, QWEN3_MOE)
+    make_model("hybrid", vocab, 25, None, QWEN3_NEXT)
     for name, (model_name, data, overrides) in RUNS.items():
         run(name, model_name, data, overrides)
     preference()
