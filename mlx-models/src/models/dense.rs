@@ -10,15 +10,15 @@ use mlx_core::transforms;
 
 use crate::error::{ModelError, Result};
 use crate::layers::{
-    clip_residual, join, logit_softcap, scaled_dot_product_attention, Embedding, LayerParam,
-    Linear, Mlp, Norm, NormKind, Rope,
+    clip_residual, join, scaled_dot_product_attention, Embedding, LayerParam, Linear, Mlp, Norm,
+    NormKind, Rope,
 };
 use crate::models::checkpoint::concat_cache;
 use crate::models::descriptor::{
     Descriptor, EmbedScale, Head, LogitScale, Names, Placement, QkNorm, QkvLayout, RopeSpec,
     RopeTable, Upcast,
 };
-use crate::models::{LanguageModel, OutputHead, SegmentedDecode};
+use crate::models::{LanguageModel, LogitTransform, OutputHead, SegmentedDecode};
 use crate::weights::Weights;
 
 fn init_rope(r: &RopeSpec) -> Result<Rope> {
@@ -1076,24 +1076,37 @@ impl Model {
     }
 
     fn head(&self, out: &Array) -> Result<Array> {
-        let out = match self.desc.logit_scale {
-            LogitScale::DivBeforeHead(s) if self.lm_head.is_some() => (out / (s as f32))?,
-            _ => out.clone(),
+        self.shaped_head().forward(out)
+    }
+
+    /// The projection with the row's logit scaling and soft-capping around it.
+    fn shaped_head(&self) -> OutputHead {
+        let plain = OutputHead::of(self.lm_head.as_ref(), &self.embed_tokens);
+        let pre_div = match self.desc.logit_scale {
+            LogitScale::DivBeforeHead(s) if self.lm_head.is_some() => Some(s as f32),
+            _ => None,
         };
-        let out = super::project(self.lm_head.as_ref(), &self.embed_tokens, &out)?;
-        let out = match self.desc.logit_scale {
-            LogitScale::None | LogitScale::DivBeforeHead(_) => out,
-            LogitScale::Mul(s) => (&out * (s as f32))?,
-            LogitScale::Div(s) => (&out / (s as f32))?,
-        };
+        let mut post = Vec::new();
+        match self.desc.logit_scale {
+            LogitScale::None | LogitScale::DivBeforeHead(_) => {}
+            LogitScale::Mul(s) => post.push(LogitTransform::Mul(s as f32)),
+            LogitScale::Div(s) => post.push(LogitTransform::Div(s as f32)),
+        }
         match self.desc.final_logit_softcap {
-            None => Ok(out),
+            None => {}
             // nanochat's `cap * tanh(logits / cap)`: the same ops, one compiled function.
-            Some(cap) if self.desc.final_logit_softcap_compiled => Ok(logit_softcap(cap, &out)?),
-            Some(cap) => {
-                let cap = cap as f32;
-                Ok((&ops::tanh(&(&out / cap)?, None)? * cap)?)
+            Some(cap) if self.desc.final_logit_softcap_compiled => {
+                post.push(LogitTransform::SoftcapCompiled(cap))
             }
+            Some(cap) => post.push(LogitTransform::Softcap(cap as f32)),
+        }
+        if pre_div.is_none() && post.is_empty() {
+            return plain;
+        }
+        OutputHead::Shaped {
+            inner: Box::new(plain),
+            pre_div,
+            post,
         }
     }
 }
@@ -1262,11 +1275,7 @@ impl LanguageModel for Model {
     }
 
     fn output_head(&self) -> Option<OutputHead> {
-        // Only a plain projection: rows that scale or soft-cap their logits do more.
-        if self.desc.logit_scale != LogitScale::None || self.desc.final_logit_softcap.is_some() {
-            return None;
-        }
-        Some(OutputHead::of(self.lm_head.as_ref(), &self.embed_tokens))
+        Some(self.shaped_head())
     }
 
     fn set_grad_checkpoint(&mut self, on: bool) -> bool {

@@ -1114,16 +1114,30 @@ impl Model {
 
     /// The output head and the logit soft-cap over normed hidden states.
     fn head(&self, out: &Array) -> Result<Array> {
-        let out = super::project(self.lm_head.as_ref(), &self.embed_tokens, out)?;
+        self.shaped_head().forward(out)
+    }
+
+    /// The projection, then the logit soft-cap.
+    fn shaped_head(&self) -> super::OutputHead {
+        let plain = super::OutputHead::of(self.lm_head.as_ref(), &self.embed_tokens);
         match self.args.final_logit_softcapping {
-            Some(cap) => Ok(crate::layers::logit_softcap(cap, &out)?),
-            None => Ok(out),
+            Some(cap) => super::OutputHead::Shaped {
+                inner: Box::new(plain),
+                pre_div: None,
+                post: vec![super::LogitTransform::SoftcapCompiled(cap)],
+            },
+            None => plain,
         }
     }
 }
 
 impl LanguageModel for Model {
     port_entry_points!(args);
+
+    /// The projection `head` applies (for the chunked cross-entropy of training).
+    fn output_head(&self) -> Option<super::OutputHead> {
+        Some(self.shaped_head())
+    }
 
     fn make_cache(&self) -> Vec<Box<dyn Cache>> {
         let window = usize::try_from(self.args.sliding_window).unwrap_or(1);

@@ -218,11 +218,42 @@ pub(crate) fn project(lm_head: Option<&Linear>, embed: &Embedding, h: &Array) ->
     }
 }
 
-/// A model's output projection: its own `lm_head`, or the tied input embedding.
+/// A model's output projection: its own `lm_head`, or the tied input embedding; or one of
+/// those with the scaling and soft-capping the model applies around it.
 #[derive(Clone, Debug)]
 pub enum OutputHead {
     Linear(Linear),
     Tied(Embedding),
+    /// `inner(h / pre_div)` (MiniCPM divides before an untied head), then `post` in order.
+    Shaped {
+        inner: Box<OutputHead>,
+        pre_div: Option<f32>,
+        post: Vec<LogitTransform>,
+    },
+}
+
+/// One step after a head's projection, in the model's own ops.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum LogitTransform {
+    /// `logits * s`.
+    Mul(f32),
+    /// `logits / s`.
+    Div(f32),
+    /// `cap * tanh(logits / cap)` as one compiled function (mlx-lm's `logit_softcap`).
+    SoftcapCompiled(f64),
+    /// `tanh(logits / cap) * cap` in plain ops.
+    Softcap(f32),
+}
+
+impl LogitTransform {
+    fn apply(self, x: &Array) -> Result<Array> {
+        Ok(match self {
+            LogitTransform::Mul(s) => (x * s)?,
+            LogitTransform::Div(s) => (x / s)?,
+            LogitTransform::SoftcapCompiled(cap) => crate::layers::logit_softcap(cap, x)?,
+            LogitTransform::Softcap(cap) => (&ops::tanh(&(x / cap)?, None)? * cap)?,
+        })
+    }
 }
 
 impl OutputHead {
@@ -238,6 +269,20 @@ impl OutputHead {
         match self {
             OutputHead::Linear(l) => l.forward(h),
             OutputHead::Tied(e) => e.as_linear(h),
+            OutputHead::Shaped {
+                inner,
+                pre_div,
+                post,
+            } => {
+                let mut out = match pre_div {
+                    Some(d) => inner.forward(&(h / *d)?)?,
+                    None => inner.forward(h)?,
+                };
+                for t in post {
+                    out = t.apply(&out)?;
+                }
+                Ok(out)
+            }
         }
     }
 }
