@@ -9,15 +9,18 @@ use std::path::Path;
 use mlx_core::io::{load_safetensors, save_safetensors, StringMap};
 use mlx_core::prelude::*;
 use mlx_core::quantized::QuantMode;
-use mlx_models::layers::{Linear, LinearMut, QuantizedWeight, SwitchLinear};
+use mlx_models::layers::{Embedding, Linear, LinearMut, QuantizedWeight, SwitchLinear};
 use mlx_models::load::{load_model_dir, load_weights, weight_files, LoadOptions};
+use mlx_models::models::TopModuleMut;
 use mlx_models::LanguageModel;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::error::{io_err, Result, TrainError};
 use crate::full::{layer_parameter_shapes, write_layer_parameters};
-use crate::lora::{as_lora, linear_to_lora_layers, LoraConfig, LoraSwitchLinear};
+use crate::lora::{
+    as_lora, as_lora_embedding, linear_to_lora_layers, LoraConfig, LoraSwitchLinear,
+};
 use crate::params::Params;
 
 /// The fields of `adapter_config.json` that matter when loading (the file holds every
@@ -217,8 +220,20 @@ pub fn fused_layers(
             }
         }
     }
-    for (_, lin) in model.top_linears_mut() {
-        out.extend(fused_linear(lin)?);
+    for (_, module) in model.top_modules_mut() {
+        match module {
+            TopModuleMut::Linear(lin) => out.extend(fused_linear(lin)?),
+            TopModuleMut::Embedding(e) => {
+                if let Some(a) = as_lora_embedding(e) {
+                    let t = match a.fuse(dequantize)? {
+                        Embedding::Dense(w) => arrays(Some(w), None),
+                        Embedding::Quantized(q) => arrays(None, Some(q)),
+                        Embedding::Adapted(_) => Vec::new(),
+                    };
+                    out.push((a.path().to_string(), t));
+                }
+            }
+        }
     }
     Ok(out)
 }

@@ -240,8 +240,8 @@ impl LanguageModel for FullModel {
         self.inner_mut().layer_adaptables_mut()
     }
 
-    fn top_linears_mut(&mut self) -> Vec<(String, &mut mlx_models::layers::Linear)> {
-        self.inner_mut().top_linears_mut()
+    fn top_modules_mut(&mut self) -> Vec<(String, mlx_models::models::TopModuleMut<'_>)> {
+        self.inner_mut().top_modules_mut()
     }
 
     fn set_grad_checkpoint(&mut self, on: bool) -> bool {

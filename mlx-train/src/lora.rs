@@ -8,8 +8,10 @@ use std::collections::BTreeSet;
 use mlx_core::prelude::*;
 use mlx_core::quantized::{self as q};
 use mlx_models::layers::{
-    Linear, LinearAdapter, LinearMut, QuantizedWeight, SwitchAdapter, SwitchLinear,
+    Embedding, EmbeddingAdapter, Linear, LinearAdapter, LinearMut, QuantizedWeight, SwitchAdapter,
+    SwitchLinear,
 };
+use mlx_models::models::TopModuleMut;
 use mlx_models::LanguageModel;
 use serde::{Deserialize, Serialize};
 
@@ -451,7 +453,6 @@ pub fn linear_to_lora_layers(
             .collect(),
     };
     let range = selected_layers(layers.len(), num_layers);
-    let mut matched: BTreeSet<String> = BTreeSet::new();
     for (i, layer) in layers.iter_mut().enumerate() {
         if !range.contains(&i) {
             continue;
@@ -460,7 +461,6 @@ pub fn linear_to_lora_layers(
             if !keys.contains(name.as_str()) {
                 continue;
             }
-            matched.insert(name.clone());
             let path = format!("{layers_path}.{i}.{name}");
             match lin {
                 LinearMut::Linear(lin) => {
@@ -475,28 +475,23 @@ pub fn linear_to_lora_layers(
         }
     }
     drop(layers);
-    // Then, as mlx-lm, the modules outside the layers whose full path is a key (`lm_head`):
-    // only explicit keys can name them.
+    // Then, as mlx-lm, the modules outside the layers whose full path is a key (`lm_head`,
+    // `model.embed_tokens`), in `named_modules` order: only explicit keys can name them.
     if config.keys.is_some() {
-        for (path, lin) in model.top_linears_mut() {
-            if keys.contains(&path) {
-                matched.insert(path.clone());
-                let adapter = from_base(lin, &path, config, use_dora, params)?;
-                *lin = Linear::Adapted(Box::new(adapter));
+        for (path, module) in model.top_modules_mut() {
+            if !keys.contains(&path) {
+                continue;
             }
-        }
-        // mlx-lm would wrap an embedding in its LoRAEmbedding; that layer is not here, and a
-        // key left out silently would train something else than asked.
-        if let Some(k) = keys.iter().find(|k| {
-            !matched.contains(k.as_str())
-                && ["embed_tokens", "wte", "embed_in", "word_embeddings"]
-                    .iter()
-                    .any(|e| k.ends_with(e))
-        }) {
-            return Err(TrainError::Config(format!(
-                "lora_parameters.keys: `{k}` is an embedding; LoRA on embeddings (mlx-lm's \
-                 LoRAEmbedding) is not supported here"
-            )));
+            match module {
+                TopModuleMut::Linear(lin) => {
+                    let adapter = from_base(lin, &path, config, use_dora, params)?;
+                    *lin = Linear::Adapted(Box::new(adapter));
+                }
+                TopModuleMut::Embedding(e) => {
+                    let adapter = embedding_from_base(e, &path, config, use_dora, params)?;
+                    *e = Embedding::Adapted(Box::new(adapter));
+                }
+            }
         }
     }
     Ok(())
@@ -590,4 +585,196 @@ fn from_base(
         dropout: config.dropout,
         dora,
     })
+}
+
+/// mlx-lm's `LoRAEmbedding` (`dora: false`) or `DoRAEmbedding` (`dora: true`) around a
+/// table: `lora_a` `(num_embeddings, rank)`, `lora_b` `(rank, dims)` (and DoRA's `m`, the
+/// table's row norms) in [`Params`], for the lookups and for a tied head's `as_linear`.
+#[derive(Clone, Debug)]
+pub struct LoraEmbedding {
+    base: Embedding,
+    params: Params,
+    /// `model.embed_tokens`: the module path in mlx-lm's naming.
+    path: String,
+    scale: f64,
+    dropout: f64,
+    dora: bool,
+}
+
+impl LoraEmbedding {
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    pub fn is_dora(&self) -> bool {
+        self.dora
+    }
+
+    fn get(&self, leaf: &str) -> Result<Array> {
+        self.params.get(&format!("{}.{leaf}", self.path))
+    }
+
+    /// The table as a dense matrix (a quantized one dequantized, as `fuse` does).
+    fn dense_table(&self) -> Result<Array> {
+        match &self.base {
+            Embedding::Dense(w) => Ok(w.clone()),
+            Embedding::Quantized(q) => dequantized(q),
+            Embedding::Adapted(_) => Err(TrainError::Config(
+                "an adapter cannot wrap another adapter".into(),
+            )),
+        }
+    }
+
+    /// `__call__`. LoRA: `y + (scale * dropout(lora_a[x] @ lora_b)).astype(y.dtype)`. DoRA:
+    /// `z = (scale * lora_a[x]) @ lora_b`, `y + dropout(z).astype(y.dtype)` rescaled by
+    /// `m[x] / stop_gradient(norm(y + z))`.
+    fn lookup(&self, ids: &Array) -> Result<Array> {
+        let (a, b) = (self.get("lora_a")?, self.get("lora_b")?);
+        let y = self.base.forward(ids)?;
+        let rows = ops::take(&a, ids, 0, None)?;
+        let training = self.params.training();
+        if !self.dora {
+            let z = dropout(&rows.matmul(&b)?, self.dropout, training)?;
+            let z = ops::multiply_scalar(&z, self.scale, None)?.astype(y.dtype())?;
+            return Ok((&y + &z)?);
+        }
+        let z = ops::multiply_scalar(&rows, self.scale, None)?.matmul(&b)?;
+        let out = (&y + &dropout(&z, self.dropout, training)?.astype(y.dtype())?)?;
+        let adapted = (&y + &z)?;
+        let denom = adapted
+            .square()?
+            .sum(&[-1], false)?
+            .sqrt()?
+            .stop_gradient()?;
+        let m = ops::take(&self.get("m")?, ids, 0, None)?;
+        Ok((&(&m / &denom)?.expand_dims(&[-1])? * &out)?)
+    }
+
+    /// `as_linear`: `y + (scale * ((dropout(x) @ lora_b.T) @ lora_a.T)).astype(x.dtype)`,
+    /// DoRA's rescaled by `m / stop_gradient(norm(weight + (scale * lora_a) @ lora_b))`.
+    fn projection(&self, x: &Array) -> Result<Array> {
+        let (a, b) = (self.get("lora_a")?, self.get("lora_b")?);
+        let y = self.base.as_linear(x)?;
+        let z = dropout(x, self.dropout, self.params.training())?
+            .matmul(&b.t()?)?
+            .matmul(&a.t()?)?;
+        let out = (&y + &ops::multiply_scalar(&z, self.scale, None)?.astype(x.dtype())?)?;
+        if !self.dora {
+            return Ok(out);
+        }
+        let adapted = (&self.dense_table()? + &self.delta()?)?;
+        let denom = row_norm(&adapted)?.stop_gradient()?;
+        Ok((&(&self.get("m")? / &denom)? * &out)?)
+    }
+
+    /// `(scale * lora_a) @ lora_b`, the low-rank update of the table.
+    fn delta(&self) -> Result<Array> {
+        let a = ops::multiply_scalar(&self.get("lora_a")?, self.scale, None)?;
+        Ok(a.matmul(&self.get("lora_b")?)?)
+    }
+
+    /// `fuse(dequantize)`: the plain (or, for LoRA on a quantized table, re-quantized)
+    /// table with the update folded in.
+    pub fn fuse(&self, dequantize: bool) -> Result<Embedding> {
+        let weight = self.dense_table()?;
+        let w = (&weight + &self.delta()?.astype(weight.dtype())?)?;
+        if self.dora {
+            let norm_scale = (&self.get("m")? / &row_norm(&w)?)?;
+            return Ok(Embedding::Dense((&norm_scale.expand_dims(&[1])? * &w)?));
+        }
+        match &self.base {
+            Embedding::Quantized(qw) if !dequantize => {
+                Ok(Embedding::Quantized(requantized_like(&w, qw)?))
+            }
+            _ => Ok(Embedding::Dense(w)),
+        }
+    }
+}
+
+impl EmbeddingAdapter for LoraEmbedding {
+    fn forward(&self, ids: &Array) -> mlx_models::Result<Array> {
+        if !self.params.enabled() {
+            return self.base.forward(ids);
+        }
+        self.lookup(ids).map_err(model_err)
+    }
+
+    fn as_linear(&self, x: &Array) -> mlx_models::Result<Array> {
+        if !self.params.enabled() {
+            return self.base.as_linear(x);
+        }
+        self.projection(x).map_err(model_err)
+    }
+
+    fn clone_box(&self) -> Box<dyn EmbeddingAdapter> {
+        Box::new(self.clone())
+    }
+
+    fn base(&self) -> &Embedding {
+        &self.base
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// `LoRAEmbedding.from_base` / `DoRAEmbedding.from_base`: one key for the discarded
+/// `nn.Embedding` init (a normal draw), then `lora_a ~ U(-1/sqrt(num), 1/sqrt(num))` of shape
+/// `(num_embeddings, rank)`; DoRA's `m` is the table's row norms in its own dtype. DoRA on a
+/// quantized table is refused (mlx-lm's check looks for a quantized *linear* and lets a
+/// quantized embedding through, to take norms of its packed integers).
+fn embedding_from_base(
+    embedding: &Embedding,
+    path: &str,
+    config: &LoraConfig,
+    dora: bool,
+    params: &Params,
+) -> Result<LoraEmbedding> {
+    match embedding {
+        Embedding::Adapted(_) => {
+            return Err(TrainError::Config(format!(
+                "{path} is already adapted; cannot convert it to LoRA again"
+            )))
+        }
+        Embedding::Quantized(_) if dora => {
+            return Err(TrainError::Config(format!(
+                "{path}: DoRA on a quantized embedding is not supported; use LoRA"
+            )))
+        }
+        _ => {}
+    }
+    let (num, dims) = embedding.shape();
+    random::next_key()?;
+    let s = 1.0 / f64::from(num).sqrt();
+    let lora_a = random::uniform(
+        -s as f32,
+        s as f32,
+        &[num, config.rank],
+        Dtype::Float32,
+        None,
+        None,
+    )?;
+    let lora_b = ops::zeros(&[config.rank, dims], Dtype::Float32, None)?;
+    params.insert(&format!("{path}.lora_a"), lora_a)?;
+    params.insert(&format!("{path}.lora_b"), lora_b)?;
+    if let (true, Embedding::Dense(w)) = (dora, embedding) {
+        params.insert(&format!("{path}.m"), row_norm(w)?)?;
+    }
+    Ok(LoraEmbedding {
+        base: embedding.clone(),
+        params: params.clone(),
+        path: path.to_string(),
+        scale: config.scale,
+        dropout: config.dropout,
+        dora,
+    })
+}
+
+/// The adapter inside an adapted embedding, if it is one of ours.
+pub fn as_lora_embedding(embedding: &Embedding) -> Option<&LoraEmbedding> {
+    match embedding {
+        Embedding::Adapted(a) => a.as_any().downcast_ref::<LoraEmbedding>(),
+        _ => None,
+    }
 }

@@ -63,7 +63,8 @@ CASES = [
 # `load_adapters` reproduces from that directory; `<case>_fused` the logits after
 # mlx_lm.fuse's fusing step.
 ADAPTED = ["lfm2_dora", "qwen3_5", "gemma4_text", "qwen3_moe_q4", "gpt_oss", "qwen3_next",
-           "dense_untied_lm_head", "q4_untied_lm_head_dora"]
+           "dense_untied_lm_head", "q4_untied_lm_head_dora", "dense_untied_embed",
+           "tied_embed_dora", "q4_tied_embed"]
 
 # (case, fixture, num_layers, dora, keys): DoRA on a MoE model's plain linears, the experts
 # left out by `keys` (mlx-lm refuses DoRA on switch layers); `lm_head` named by `keys`, which
@@ -76,6 +77,13 @@ KEYED = [
      ["self_attn.q_proj", "mlp.down_proj", "lm_head"]),
     ("q4_untied_lm_head_dora", "q4_g64_untied", 2, True, ["self_attn.v_proj", "lm_head"]),
     ("olmoe_lm_head", "olmoe", 1, False, ["self_attn.q_proj", "lm_head"]),
+    # `model.embed_tokens` becomes LoRAEmbedding / DoRAEmbedding: its lookups and, tied, its
+    # use as the head (`as_linear`); after `lm_head` in `named_modules` order.
+    ("dense_untied_embed", "dense_bf16_untied", 1, False,
+     ["self_attn.q_proj", "lm_head", "model.embed_tokens"]),
+    ("tied_embed_dora", "dense_f32", 1, True, ["self_attn.k_proj", "model.embed_tokens"]),
+    ("q4_tied_embed", "q4_g32", 1, False, ["model.embed_tokens"]),
+    ("lfm2_embed", "lfm2", 1, False, ["model.embed_tokens"]),
 ]
 
 

@@ -11,6 +11,29 @@ use crate::weights::Weights;
 pub enum Embedding {
     Dense(Array),
     Quantized(QuantizedWeight),
+    /// An adapter standing in for the table (LoRA and DoRA in `mlx-train`, as mlx-lm's
+    /// `LoRAEmbedding` and `DoRAEmbedding` replace an `nn.Embedding`).
+    Adapted(Box<dyn EmbeddingAdapter>),
+}
+
+/// A layer that replaces an [`Embedding`] and computes its lookups and its use as an output
+/// projection itself, usually from the table it wraps.
+pub trait EmbeddingAdapter: Send + std::fmt::Debug {
+    /// The rows of `ids`.
+    fn forward(&self, ids: &Array) -> Result<Array>;
+    /// The table as an output projection (a tied head).
+    fn as_linear(&self, x: &Array) -> Result<Array>;
+    fn clone_box(&self) -> Box<dyn EmbeddingAdapter>;
+    /// The wrapped table.
+    fn base(&self) -> &Embedding;
+    /// For downcasting to the concrete adapter.
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+impl Clone for Box<dyn EmbeddingAdapter> {
+    fn clone(&self) -> Self {
+        self.clone_box()
+    }
 }
 
 impl Embedding {
@@ -25,9 +48,25 @@ impl Embedding {
         }
     }
 
+    /// `(num_embeddings, dims)` (a quantized table's unpacked width).
+    pub fn shape(&self) -> (i32, i32) {
+        match self {
+            Embedding::Dense(w) => {
+                let s = w.shape();
+                (s[0], s[1])
+            }
+            Embedding::Quantized(q) => {
+                let s = q.weight.shape();
+                (s[0], s[1] * 32 / q.bits)
+            }
+            Embedding::Adapted(a) => a.base().shape(),
+        }
+    }
+
     /// `weight[ids]` (dequantized rows for a quantized table).
     pub fn forward(&self, ids: &Array) -> Result<Array> {
         match self {
+            Embedding::Adapted(a) => a.forward(ids),
             Embedding::Dense(w) => Ok(ops::take(w, ids, 0, None)?),
             Embedding::Quantized(q) => {
                 let rows = |a: &Array| ops::take(a, ids, 0, None);
@@ -51,6 +90,7 @@ impl Embedding {
         match self {
             Embedding::Dense(w) => Ok(ops::matmul(x, &ops::transpose_all(w, None)?, None)?),
             Embedding::Quantized(q) => q.matmul_t(x),
+            Embedding::Adapted(a) => a.as_linear(x),
         }
     }
 }

@@ -19,7 +19,7 @@ pub use attention::{
     quantized_scaled_dot_product_attention, scaled_dot_product_attention, with_dense_attention,
     DenseAttention,
 };
-pub use embedding::Embedding;
+pub use embedding::{Embedding, EmbeddingAdapter};
 pub use linear::{Linear, LinearAdapter, QuantizedWeight};
 pub use mlp::{join, Mlp, MlpKind, MlpNames};
 pub use norm::{LayerNorm, Norm, NormKind, RmsNorm};

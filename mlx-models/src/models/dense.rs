@@ -1247,9 +1247,15 @@ impl LanguageModel for Model {
         self.desc.names.layers.to_string()
     }
 
-    fn top_linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
-        let name = self.desc.names.lm_head.to_string();
-        self.lm_head.iter_mut().map(|l| (name.clone(), l)).collect()
+    fn top_modules_mut(&mut self) -> Vec<(String, super::TopModuleMut<'_>)> {
+        let names = &self.desc.names;
+        super::head_and_embedding(
+            "",
+            self.lm_head.as_mut(),
+            names.lm_head,
+            &mut self.embed_tokens,
+            names.embed,
+        )
     }
 
     fn layer_parameters_mut(&mut self) -> Result<Vec<Vec<LayerParam<'_>>>> {

@@ -1134,6 +1134,16 @@ impl Model {
 impl LanguageModel for Model {
     port_entry_points!(args);
 
+    fn top_modules_mut(&mut self) -> Vec<(String, super::TopModuleMut<'_>)> {
+        super::head_and_embedding(
+            "",
+            self.lm_head.as_mut(),
+            "lm_head",
+            &mut self.embed_tokens,
+            "model.embed_tokens",
+        )
+    }
+
     /// The projection `head` applies (for the chunked cross-entropy of training).
     fn output_head(&self) -> Option<super::OutputHead> {
         Some(self.shaped_head())

@@ -142,10 +142,12 @@ pub trait LanguageModel: Send {
             .collect()
     }
 
-    /// The linears outside the decoder layers under their full mlx-lm module path (an untied
-    /// `lm_head`), which a LoRA config's `keys` can name as mlx-lm's `linear_to_lora_layers`
-    /// lets them. Empty by default.
-    fn top_linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
+    /// The modules outside the decoder layers that adapters can wrap (an untied `lm_head`,
+    /// the input embedding), under their full mlx-lm module path, in the order mlx-lm's
+    /// `model.named_modules()` lists them (`lm_head` before `model.embed_tokens`), which is
+    /// the order `linear_to_lora_layers` converts them when a LoRA config's `keys` names
+    /// them. Empty by default.
+    fn top_modules_mut(&mut self) -> Vec<(String, TopModuleMut<'_>)> {
         Vec::new()
     }
 
@@ -230,6 +232,31 @@ pub enum OutputHead {
         pre_div: Option<f32>,
         post: Vec<LogitTransform>,
     },
+}
+
+/// A module outside the decoder layers (see [`LanguageModel::top_modules_mut`]).
+pub enum TopModuleMut<'a> {
+    Linear(&'a mut Linear),
+    Embedding(&'a mut Embedding),
+}
+
+/// The untied head, if any, then the input embedding, under `prefix` (mlx-lm's order).
+pub(crate) fn head_and_embedding<'a>(
+    prefix: &str,
+    lm_head: Option<&'a mut Linear>,
+    head_name: &str,
+    embed: &'a mut Embedding,
+    embed_name: &str,
+) -> Vec<(String, TopModuleMut<'a>)> {
+    let mut out = Vec::new();
+    if let Some(h) = lm_head {
+        out.push((format!("{prefix}{head_name}"), TopModuleMut::Linear(h)));
+    }
+    out.push((
+        format!("{prefix}{embed_name}"),
+        TopModuleMut::Embedding(embed),
+    ));
+    out
 }
 
 /// One step after a head's projection, in the model's own ops.

@@ -1430,11 +1430,14 @@ impl Model {
 impl LanguageModel for Model {
     port_entry_points!(spec);
 
-    fn top_linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
-        self.lm_head
-            .iter_mut()
-            .map(|l| ("lm_head".to_string(), l))
-            .collect()
+    fn top_modules_mut(&mut self) -> Vec<(String, super::TopModuleMut<'_>)> {
+        super::head_and_embedding(
+            "",
+            self.lm_head.as_mut(),
+            "lm_head",
+            &mut self.embed_tokens,
+            "model.embed_tokens",
+        )
     }
 
     /// The projection `head` applies (for the chunked cross-entropy of training).

@@ -1181,9 +1181,14 @@ impl LanguageModel for Model {
         format!("{}model.layers", self.args.prefix)
     }
 
-    fn top_linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
-        let name = format!("{}lm_head", self.args.prefix);
-        self.lm_head.iter_mut().map(|l| (name.clone(), l)).collect()
+    fn top_modules_mut(&mut self) -> Vec<(String, super::TopModuleMut<'_>)> {
+        super::head_and_embedding(
+            &self.args.prefix,
+            self.lm_head.as_mut(),
+            "lm_head",
+            &mut self.embed_tokens,
+            "model.embed_tokens",
+        )
     }
 
     fn layer_parameters_mut(&mut self) -> Result<Vec<Vec<LayerParam<'_>>>> {
