@@ -1183,7 +1183,7 @@ impl LanguageModel for Model {
 
     fn top_modules_mut(&mut self) -> Vec<(String, super::TopModuleMut<'_>)> {
         super::head_and_embedding(
-            &self.args.prefix,
+            self.args.prefix,
             self.lm_head.as_mut(),
             "lm_head",
             &mut self.embed_tokens,
