@@ -497,6 +497,21 @@ pub fn linear_to_lora_layers(
     Ok(())
 }
 
+/// One key for the discarded base layer's init (drawn inside the adapter's `__init__`),
+/// then `lora_a ~ U(-1/sqrt(fan), 1/sqrt(fan))` of `shape`, float32.
+fn lora_a_init(fan: i32, shape: &[i32]) -> Result<Array> {
+    random::next_key()?;
+    let s = 1.0 / f64::from(fan).sqrt();
+    Ok(random::uniform(
+        -s as f32,
+        s as f32,
+        shape,
+        Dtype::Float32,
+        None,
+        None,
+    )?)
+}
+
 /// `LoRASwitchLinear.from_base`: one key for the discarded `SwitchLinear` init, then
 /// `lora_a ~ U(-1/sqrt(in), 1/sqrt(in))` of shape `(experts, rank, in)`; DoRA is refused
 /// as mlx-lm refuses it.
@@ -523,16 +538,7 @@ fn switch_from_base(
         )));
     }
     let (experts, output_dims, input_dims) = linear.dims();
-    random::next_key()?;
-    let s = 1.0 / f64::from(input_dims).sqrt();
-    let lora_a = random::uniform(
-        -s as f32,
-        s as f32,
-        &[experts, config.rank, input_dims],
-        Dtype::Float32,
-        None,
-        None,
-    )?;
+    let lora_a = lora_a_init(input_dims, &[experts, config.rank, input_dims])?;
     let lora_b = ops::zeros(&[experts, output_dims, config.rank], Dtype::Float32, None)?;
     params.insert(&format!("{path}.lora_a"), lora_a)?;
     params.insert(&format!("{path}.lora_b"), lora_b)?;
@@ -560,16 +566,7 @@ fn from_base(
     }
     let (output_dims, input_dims) = linear.dims()?;
     // `nn.Linear(input_dims, output_dims)` inside __init__: its weight draw uses one key.
-    random::next_key()?;
-    let s = 1.0 / f64::from(input_dims).sqrt();
-    let lora_a = random::uniform(
-        -s as f32,
-        s as f32,
-        &[input_dims, config.rank],
-        Dtype::Float32,
-        None,
-        None,
-    )?;
+    let lora_a = lora_a_init(input_dims, &[input_dims, config.rank])?;
     let lora_b = ops::zeros(&[config.rank, output_dims], Dtype::Float32, None)?;
     params.insert(&format!("{path}.lora_a"), lora_a)?;
     params.insert(&format!("{path}.lora_b"), lora_b)?;
@@ -745,16 +742,8 @@ fn embedding_from_base(
         _ => {}
     }
     let (num, dims) = embedding.shape();
-    random::next_key()?;
-    let s = 1.0 / f64::from(num).sqrt();
-    let lora_a = random::uniform(
-        -s as f32,
-        s as f32,
-        &[num, config.rank],
-        Dtype::Float32,
-        None,
-        None,
-    )?;
+    // `nn.Embedding(num, dims)` inside __init__: its weight draw uses one key.
+    let lora_a = lora_a_init(num, &[num, config.rank])?;
     let lora_b = ops::zeros(&[config.rank, dims], Dtype::Float32, None)?;
     params.insert(&format!("{path}.lora_a"), lora_a)?;
     params.insert(&format!("{path}.lora_b"), lora_b)?;

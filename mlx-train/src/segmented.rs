@@ -247,9 +247,9 @@ pub fn segmented_loss_and_grad(
         let mut grads: Option<Vec<Array>> = None;
         for (i, &(s, e)) in bounds.iter().enumerate().rev() {
             let sg = seg(s, e, i == 0)?;
-            // This segment's input keys and values: the first `s` positions of the final ones
-            // (slices share the final arrays' memory).
-            // and the recurrent states recorded when it ran forward.
+            // This segment's inputs: the first `s` positions of the final keys and values
+            // (slices share the final arrays' memory) and the recurrent states recorded
+            // when it ran forward.
             let mut primals = pvals.clone();
             if i > 0 {
                 let mut at = 0;

@@ -712,14 +712,8 @@ impl DecoderLayer {
         let mask = mask.clone();
         let out = checkpointed_many(self, &inputs, own, move |l, xs| {
             let missing = || ModelError::Other("checkpoint: missing inputs".into());
-            let x = xs.first().ok_or_else(missing)?;
-            let pli = if has_pli {
-                Some(xs.get(1).ok_or_else(missing)?)
-            } else {
-                None
-            };
-            let at = 1 + usize::from(has_pli);
-            let kv = match (has_shared, xs.get(at), xs.get(at + 1)) {
+            let (x, pli, rest) = hidden_and_per_layer_input(xs, has_pli)?;
+            let kv = match (has_shared, rest.first(), rest.get(1)) {
                 (true, Some(k), Some(v)) => Some(Kv::Dense {
                     keys: k.clone(),
                     values: v.clone(),
@@ -750,6 +744,20 @@ impl DecoderLayer {
     }
 }
 
+/// A checkpoint's inputs as `(hidden states, per-layer input if `has_pli`, the rest)`.
+fn hidden_and_per_layer_input(
+    xs: &[Array],
+    has_pli: bool,
+) -> Result<(&Array, Option<&Array>, &[Array])> {
+    let missing = || ModelError::Other("checkpoint: missing inputs".into());
+    let (x, rest) = xs.split_first().ok_or_else(missing)?;
+    if !has_pli {
+        return Ok((x, None, rest));
+    }
+    let (pli, rest) = rest.split_first().ok_or_else(missing)?;
+    Ok((x, Some(pli), rest))
+}
+
 impl DecoderLayer {
     /// A layer that owns its keys and values, under `mx.checkpoint` with the segmented
     /// backward's `ConcatenateKVCache`: the earlier keys and values enter the checkpoint, the
@@ -772,14 +780,8 @@ impl DecoderLayer {
         let mask = mask.clone();
         let out = checkpointed_many(self, &inputs, own, move |l, xs| {
             let missing = || ModelError::Other("checkpoint: missing inputs".into());
-            let x = xs.first().ok_or_else(missing)?;
-            let pli = if has_pli {
-                Some(xs.get(1).ok_or_else(missing)?)
-            } else {
-                None
-            };
-            let at = 1 + usize::from(has_pli);
-            let prev = xs.get(at..at + n_prev).ok_or_else(missing)?;
+            let (x, pli, rest) = hidden_and_per_layer_input(xs, has_pli)?;
+            let prev = rest.get(..n_prev).ok_or_else(missing)?;
             let mut c: Box<dyn Cache> = Box::new(concat_cache(prev)?);
             match l.forward(x, &mask, Some(&mut c), pli, None)? {
                 (h, Kv::Dense { keys, values }, _) => Ok(vec![h, keys, values]),
