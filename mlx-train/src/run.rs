@@ -388,6 +388,13 @@ impl RunConfig {
         if !self.beta.is_finite() {
             return Err(TrainError::Config("beta must be finite".into()));
         }
+        if let Some(hf) = self.extra.get("hf_dataset").filter(|v| !v.is_null()) {
+            return Err(TrainError::Config(format!(
+                "hf_dataset ({hf}): datasets from the Hugging Face hub are not fetched here; save \
+                 its splits as train.jsonl, valid.jsonl and test.jsonl in a directory and pass \
+                 that directory as --data"
+            )));
+        }
         if let Some(r) = self.report_to.as_deref().filter(|r| !r.trim().is_empty()) {
             return Err(TrainError::Config(format!(
                 "report_to `{r}`: reporting to wandb or swanlab is not supported here; the \

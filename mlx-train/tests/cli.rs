@@ -728,7 +728,7 @@ fn bad_memory_limit_and_flash_kernel_are_clear_errors() {
 
 /// mlx_lm.lora's remaining flags: `--clear-cache-threshold` (a size, as its `_parse_size`
 /// reads it) changes no bits; `--trust-remote-code` and `--project-name` are recorded;
-/// `--report-to` (wandb, swanlab) is a clear error. The `adapter_config.json` written holds
+/// `--report-to` (wandb, swanlab) and `hf_dataset` are clear errors. The `adapter_config.json` written holds
 /// every key mlx_lm.lora's own holds for the same run.
 #[test]
 fn clear_cache_threshold_and_the_recorded_flags() {
@@ -798,6 +798,14 @@ fn clear_cache_threshold_and_the_recorded_flags() {
         e.contains("report_to `wandb`") && e.contains("not supported"),
         "{e}"
     );
+    // mlx-lm's `hf_dataset` (a dataset from the hub) is refused before anything loads.
+    let out = tmp("hf");
+    std::fs::create_dir_all(&out).unwrap();
+    let cfg = out.join("c.yaml");
+    std::fs::write(&cfg, "hf_dataset:\n  path: mlx-community/wikisql\n").unwrap();
+    let e = err(&["--model", &m, "-c", cfg.to_str().unwrap()]);
+    assert!(e.contains("hf_dataset") && e.contains("--data"), "{e}");
+    let _ = std::fs::remove_dir_all(&out);
     // In a config file, a size string or a number of bytes.
     let cfg: mlx_train::run::RunConfig =
         serde_json::from_str(r#"{"clear_cache_threshold": "2G"}"#).unwrap();
