@@ -177,27 +177,21 @@ pub fn fused_layers(
     model: &mut dyn LanguageModel,
     dequantize: bool,
 ) -> Result<Vec<(String, FusedArrays)>> {
-    fn arrays(weight: Option<Array>, q: Option<QuantizedWeight>) -> FusedArrays {
-        match (weight, q) {
-            (Some(w), _) => vec![("weight", w)],
-            (None, Some(q)) => {
-                let mut v = vec![("weight", q.weight), ("scales", q.scales)];
-                if let Some(b) = q.biases {
-                    v.push(("biases", b));
-                }
-                v
-            }
-            (None, None) => Vec::new(),
-        }
+    fn quantized(q: QuantizedWeight) -> FusedArrays {
+        let mut v = vec![("weight", q.weight), ("scales", q.scales)];
+        v.extend(q.biases.map(|b| ("biases", b)));
+        v
     }
+    let still_adapted =
+        |path: &str| TrainError::Config(format!("{path}: fused layer still adapted"));
     let fused_linear = |lin: &Linear| -> Result<Option<(String, FusedArrays)>> {
         let Some(a) = as_lora(lin) else {
             return Ok(None);
         };
         let t = match a.fuse(dequantize)? {
-            Linear::Dense { weight, .. } => arrays(Some(weight), None),
-            Linear::Quantized { weight, .. } => arrays(None, Some(weight)),
-            Linear::Adapted(_) => Vec::new(),
+            Linear::Dense { weight, .. } => vec![("weight", weight)],
+            Linear::Quantized { weight, .. } => quantized(weight),
+            Linear::Adapted(_) => return Err(still_adapted(a.path())),
         };
         Ok(Some((a.path().to_string(), t)))
     };
@@ -209,9 +203,9 @@ pub fn fused_layers(
                 LinearMut::Switch(SwitchLinear::Adapted(a)) => {
                     if let Some(a) = a.as_any().downcast_ref::<LoraSwitchLinear>() {
                         let t = match a.fuse(dequantize)? {
-                            SwitchLinear::Dense { weight, .. } => arrays(Some(weight), None),
-                            SwitchLinear::Quantized { weight, .. } => arrays(None, Some(weight)),
-                            SwitchLinear::Adapted(_) => Vec::new(),
+                            SwitchLinear::Dense { weight, .. } => vec![("weight", weight)],
+                            SwitchLinear::Quantized { weight, .. } => quantized(weight),
+                            SwitchLinear::Adapted(_) => return Err(still_adapted(a.path())),
                         };
                         out.push((a.path().to_string(), t));
                     }
@@ -226,9 +220,9 @@ pub fn fused_layers(
             TopModuleMut::Embedding(e) => {
                 if let Some(a) = as_lora_embedding(e) {
                     let t = match a.fuse(dequantize)? {
-                        Embedding::Dense(w) => arrays(Some(w), None),
-                        Embedding::Quantized(q) => arrays(None, Some(q)),
-                        Embedding::Adapted(_) => Vec::new(),
+                        Embedding::Dense(w) => vec![("weight", w)],
+                        Embedding::Quantized(q) => quantized(q),
+                        Embedding::Adapted(_) => return Err(still_adapted(a.path())),
                     };
                     out.push((a.path().to_string(), t));
                 }
@@ -283,11 +277,6 @@ pub fn fuse_model_dir(
         tensors.extend(read_full_weights(model.as_mut(), &file)?);
     }
     for (path, arrays) in fused {
-        if arrays.is_empty() {
-            return Err(TrainError::Config(format!(
-                "{path}: fused layer still adapted"
-            )));
-        }
         if !tensors.contains_key(&format!("{path}.weight")) {
             return Err(io_err(
                 model_dir,

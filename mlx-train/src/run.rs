@@ -456,10 +456,13 @@ pub fn prepare(config: &RunConfig) -> Result<Prepared> {
     }
     random::seed(u64::from(config.seed))?;
     // `len(model.layers)`.
-    let n_layers = match model.layer_adaptables_mut().len() {
-        _ if config.fine_tune_type == "full" => crate::full::decoder_layer_count(model.as_mut())?,
-        0 => model.num_layers(),
-        n => n,
+    let n_layers = if config.fine_tune_type == "full" {
+        crate::full::decoder_layer_count(model.as_mut())?
+    } else {
+        match model.layer_adaptables_mut().len() {
+            0 => model.num_layers(),
+            n => n,
+        }
     };
     if config.num_layers > n_layers as i32 {
         return Err(TrainError::Config(format!(
