@@ -1,5 +1,7 @@
 // Handles, errors, dtypes, arrays, vectors, devices, streams, memory.
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <sstream>
 
 #include <mlx/graph_utils.h>
@@ -13,6 +15,32 @@ thread_local std::string last_error;
 }
 
 void mlxs::set_error(std::string msg) { last_error = std::move(msg); }
+
+// MLX 0.32.4 keeps its CPU allocator (and its buffer cache) in a function-local static, so
+// exit() destroys it, while the stream threads, never joined, may still be running queued
+// work that frees buffers into that cache: a process that returns from main with work in
+// flight (a pipelined decode's next step, an async_eval nobody waited for) corrupts the heap
+// or crashes ("malloc_consolidate(): unaligned fastbin chunk detected", SIGSEGV in
+// CommonAllocator::free). An exit handler registered after the allocator exists runs before
+// its destructor (exit handlers run in reverse order of registration); it waits for every
+// stream, so nothing is in flight when MLX's statics go.
+void mlxs::drain_streams_at_exit() noexcept {
+  static std::once_flag once;
+  try {
+    std::call_once(once, [] {
+      // Both statics the handler needs, constructed now so they outlive it.
+      (void)mx::allocator::allocator();
+      (void)mx::get_streams();
+      std::atexit([] {
+        try {
+          for (auto& s : mx::get_streams()) mx::synchronize(s);
+        } catch (...) {
+        }
+      });
+    });
+  } catch (...) {
+  }
+}
 
 mx::Dtype mlxs::dtype_of(mlxs_dtype d) {
   switch (d) {

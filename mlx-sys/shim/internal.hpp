@@ -33,10 +33,15 @@ namespace mlxs {
 
 void set_error(std::string msg);
 
+// Once per process: makes exit() wait for every MLX stream before MLX's statics are
+// destroyed (see core.cpp). Cheap after the first call.
+void drain_streams_at_exit() noexcept;
+
 // Runs f, turning every exception into a status and a stored message.
 template <class F>
 int guard(F&& f) noexcept {
   try {
+    drain_streams_at_exit();
     f();
     return 0;
   } catch (const std::exception& e) {
