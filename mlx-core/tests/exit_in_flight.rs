@@ -45,7 +45,10 @@ fn exit_with_work_in_flight(n: usize) -> ! {
 #[test]
 fn exiting_with_work_in_flight_is_clean() {
     if std::env::var_os(CHILD).is_some() {
-        let n = std::env::var(CHILD).ok().and_then(|s| s.parse().ok()).unwrap_or(20);
+        let n = std::env::var(CHILD)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(20);
         exit_with_work_in_flight(n);
     }
     let exe = std::env::current_exe().unwrap();
@@ -56,7 +59,11 @@ fn exiting_with_work_in_flight_is_clean() {
     let mut failed = Vec::new();
     for i in 0..runs {
         let out = Command::new(&exe)
-            .args(["exiting_with_work_in_flight_is_clean", "--exact", "--test-threads=1"])
+            .args([
+                "exiting_with_work_in_flight_is_clean",
+                "--exact",
+                "--test-threads=1",
+            ])
             .env(CHILD, (10 + i % 31).to_string())
             .output()
             .unwrap();
