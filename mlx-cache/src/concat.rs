@@ -34,6 +34,14 @@ impl ConcatenateKVCache {
             offset,
         })
     }
+
+    /// A cache already holding `keys` and `values` (`from_state` of the two).
+    pub fn holding(keys: Array, values: Array) -> Result<Self> {
+        Self::from_state(StateValue::List(vec![
+            StateValue::Array(keys),
+            StateValue::Array(values),
+        ]))
+    }
 }
 
 impl Cache for ConcatenateKVCache {

@@ -120,9 +120,10 @@ fn base_bias(base: &Linear) -> Option<&Array> {
     }
 }
 
-/// `mx.linalg.norm(w, axis=1)`: the 2-norm of each row.
+/// `mx.linalg.norm(w, axis=-1)`: the 2-norm along the last axis (of each row of a matrix,
+/// where it is mlx-lm's `axis=1`).
 pub(crate) fn row_norm(w: &Array) -> Result<Array> {
-    Ok(w.square()?.sum(&[1], false)?.sqrt()?)
+    Ok(w.square()?.sum(&[-1], false)?.sqrt()?)
 }
 
 impl LoraLinear {
@@ -637,12 +638,7 @@ impl LoraEmbedding {
         }
         let z = ops::multiply_scalar(&rows, self.scale, None)?.matmul(&b)?;
         let out = (&y + &dropout(&z, self.dropout, training)?.astype(y.dtype())?)?;
-        let adapted = (&y + &z)?;
-        let denom = adapted
-            .square()?
-            .sum(&[-1], false)?
-            .sqrt()?
-            .stop_gradient()?;
+        let denom = row_norm(&(&y + &z)?)?.stop_gradient()?;
         let m = ops::take(&self.get("m")?, ids, 0, None)?;
         Ok((&(&m / &denom)?.expand_dims(&[-1])? * &out)?)
     }

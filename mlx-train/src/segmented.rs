@@ -16,7 +16,7 @@
 //! of every layer (the earlier segments' inputs are slices of it, not copies) and, in the
 //! backward pass, their gradients.
 
-use mlx_cache::{ArraysCache, Cache, ConcatenateKVCache, StateValue};
+use mlx_cache::{ArraysCache, Cache, ConcatenateKVCache};
 use mlx_core::prelude::*;
 use mlx_models::LanguageModel;
 
@@ -101,10 +101,7 @@ impl Segment<'_> {
                 Carry::Kv if self.first => Box::new(ConcatenateKVCache::new()),
                 Carry::Kv => {
                     let (k, v) = (next()?, next()?);
-                    Box::new(ConcatenateKVCache::from_state(StateValue::List(vec![
-                        StateValue::Array(k),
-                        StateValue::Array(v),
-                    ]))?)
+                    Box::new(ConcatenateKVCache::holding(k, v)?)
                 }
                 Carry::State { slots } => {
                     let mut c = ArraysCache::new(slots);

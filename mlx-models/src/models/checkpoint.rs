@@ -224,14 +224,11 @@ where
 
 /// A `ConcatenateKVCache` holding `kv` (keys, then values), or an empty one.
 pub(crate) fn concat_cache(kv: &[Array]) -> Result<ConcatenateKVCache> {
-    let state = match kv {
-        [k, v] => vec![StateValue::Array(k.clone()), StateValue::Array(v.clone())],
-        [] => vec![StateValue::None, StateValue::None],
-        _ => {
-            return Err(ModelError::Other(
-                "a concatenating cache holds keys and values".into(),
-            ))
-        }
-    };
-    Ok(ConcatenateKVCache::from_state(StateValue::List(state))?)
+    match kv {
+        [k, v] => Ok(ConcatenateKVCache::holding(k.clone(), v.clone())?),
+        [] => Ok(ConcatenateKVCache::new()),
+        _ => Err(ModelError::Other(
+            "a concatenating cache holds keys and values".into(),
+        )),
+    }
 }
