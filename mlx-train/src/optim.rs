@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::f64::consts::PI;
+use std::rc::Rc;
 
 use mlx_core::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -13,9 +14,10 @@ use serde_json::Value;
 
 use crate::error::{Result, TrainError};
 
-type ScheduleFn = Box<dyn Fn(&Array) -> Result<Array>>;
+type ScheduleFn = Rc<dyn Fn(&Array) -> Result<Array>>;
 
 /// A learning-rate schedule: a function of the (uint64) step.
+#[derive(Clone)]
 pub struct Schedule(ScheduleFn);
 
 impl Schedule {
@@ -30,7 +32,7 @@ impl Schedule {
                 "decay_steps must be greater than 0, but got {decay_steps}."
             )));
         }
-        Ok(Schedule(Box::new(move |step| {
+        Ok(Schedule(Rc::new(move |step| {
             let s = ops::minimum_scalar(step, decay_steps, None)?;
             let c = ops::multiply_scalar(&s, PI / decay_steps as f64, None)?.cos()?;
             let decay = ops::multiply_scalar(&ops::add_scalar(&c, 1.0, None)?, 0.5, None)?;
@@ -46,7 +48,7 @@ impl Schedule {
                 "steps must be greater than 0, but got {steps}."
             )));
         }
-        Ok(Schedule(Box::new(move |step| {
+        Ok(Schedule(Rc::new(move |step| {
             let s = ops::minimum_scalar(step, steps, None)?;
             let y = ops::multiply_scalar(&s, (end - init) / steps as f64, None)?;
             Ok(ops::add_scalar(&y, init, None)?)
@@ -55,7 +57,7 @@ impl Schedule {
 
     /// `exponential_decay(init, decay_rate)`: `init * decay_rate**step`.
     pub fn exponential_decay(init: f64, decay_rate: f64) -> Schedule {
-        Schedule(Box::new(move |step| {
+        Schedule(Rc::new(move |step| {
             let p = ops::scalar_power(decay_rate, step, None)?;
             Ok(ops::scalar_multiply(init, &p, None)?)
         }))
@@ -68,7 +70,7 @@ impl Schedule {
                 "step_decay step_size must be positive".into(),
             ));
         }
-        Ok(Schedule(Box::new(move |step| {
+        Ok(Schedule(Rc::new(move |step| {
             let k = ops::floor_divide_scalar(step, step_size, None)?;
             let p = ops::scalar_power(decay_rate, &k, None)?;
             Ok(ops::scalar_multiply(init, &p, None)?)
@@ -84,7 +86,7 @@ impl Schedule {
                 schedules.len().saturating_sub(1)
             )));
         }
-        Ok(Schedule(Box::new(move |step| {
+        Ok(Schedule(Rc::new(move |step| {
             let mut out = schedules[0].at(step)?;
             for (b, s) in boundaries.iter().zip(&schedules[1..]) {
                 let later = s.at(&ops::subtract_scalar(step, *b, None)?)?;
@@ -359,7 +361,26 @@ pub struct Optimizer {
     learning_rate: Option<Array>,
     /// Per parameter: `m`/`v` (Adam), `v` (SGD, Muon), `exp_avg_sq_row`/`exp_avg_sq_col` or
     /// `exp_avg_sq`, and `exp_avg` (Adafactor).
-    state: BTreeMap<String, BTreeMap<&'static str, Array>>,
+    state: OptState,
+    /// The update traced by [`Optimizer::apply_gradients_compiled`], for the layout it was
+    /// traced for; `Err(())` once a trace failed (the update then runs uncompiled).
+    compiled: Option<std::result::Result<CompiledUpdate, ()>>,
+}
+
+/// Per parameter, its named state arrays.
+type OptState = BTreeMap<String, BTreeMap<&'static str, Array>>;
+
+/// Which arrays a compiled update takes and returns, in order: `step`, `learning_rate` if
+/// any, then per parameter with a gradient its gradient, value and state leaves.
+#[derive(Clone, Debug, PartialEq)]
+struct UpdateLayout {
+    has_lr: bool,
+    params: Vec<(String, Vec<&'static str>)>,
+}
+
+struct CompiledUpdate {
+    layout: UpdateLayout,
+    f: mlx_core::compile::Compiled<'static>,
 }
 
 impl Optimizer {
@@ -394,6 +415,7 @@ impl Optimizer {
             step,
             learning_rate,
             state: BTreeMap::new(),
+            compiled: None,
         })
     }
 
@@ -404,6 +426,12 @@ impl Optimizer {
 
     pub fn step(&self) -> &Array {
         &self.step
+    }
+
+    /// Whether [`Optimizer::apply_gradients_compiled`] holds a traced update (false before
+    /// its first call and after a trace failed).
+    pub fn is_update_compiled(&self) -> bool {
+        matches!(self.compiled, Some(Ok(_)))
     }
 
     /// Every array of the state (for `eval`).
@@ -459,35 +487,188 @@ impl Optimizer {
 
     /// `apply_gradients(gradients, parameters)`: the updated parameters (only those with a
     /// gradient), the state advanced.
+    /// On any error the optimizer is as it was (step, learning rate and state).
     pub fn apply_gradients(&mut self, grads: &ParamMap, params: &ParamMap) -> Result<ParamMap> {
+        let state = self.initialized_state(grads)?;
+        self.apply_on(state, grads, params)
+    }
+
+    /// The state with a fresh entry for every parameter with a gradient and none yet (the
+    /// optimizer's own state is not touched until an update succeeds).
+    fn initialized_state(&self, grads: &ParamMap) -> Result<OptState> {
+        let mut state = self.state.clone();
         for (k, g) in grads {
-            if !self.state.contains_key(k) {
-                self.state.insert(k.clone(), init_single(&self.method, g)?);
+            if !state.contains_key(k) {
+                state.insert(k.clone(), init_single(&self.method, g)?);
             }
         }
-        if let Some(s) = &self.schedule {
-            self.learning_rate = Some(s.at(&self.step)?);
+        Ok(state)
+    }
+
+    /// [`Optimizer::apply_gradients`] as one compiled function of the step, the learning rate,
+    /// the gradients, the parameters and the state, as mlx-lm's trainer compiles
+    /// `optimizer.update` inside its step (`mx.compile(step, inputs=state, outputs=state)`):
+    /// MLX fuses each parameter's elementwise update, where uncompiled every op is its own
+    /// node (a dozen per parameter for Adam), which on a GPU costs the host a few
+    /// microseconds each. Traced once per layout (which parameters, which state); the same
+    /// values as uncompiled (the CPU goldens hold either way). A trace that fails changes
+    /// nothing: that update and every later one run uncompiled, and a real error surfaces
+    /// from there.
+    pub fn apply_gradients_compiled(
+        &mut self,
+        grads: &ParamMap,
+        params: &ParamMap,
+    ) -> Result<ParamMap> {
+        let state = self.initialized_state(grads)?;
+        let layout = UpdateLayout {
+            has_lr: self.learning_rate.is_some(),
+            params: grads
+                .keys()
+                .map(|k| {
+                    let leaves = state.get(k).map(|m| m.keys().copied().collect());
+                    (k.clone(), leaves.unwrap_or_default())
+                })
+                .collect(),
+        };
+        let stale = match &self.compiled {
+            Some(Ok(c)) => c.layout != layout,
+            Some(Err(())) => return self.apply_on(state, grads, params),
+            None => true,
+        };
+        if stale {
+            self.compiled = Some(self.compile_update(layout).map_err(|_| ()));
         }
-        self.step = ops::add_scalar(&self.step, 1, None)?;
+        let Some(Ok(c)) = &self.compiled else {
+            return self.apply_on(state, grads, params);
+        };
+        let mut inputs = vec![self.step.clone()];
+        inputs.extend(self.learning_rate.clone());
+        for (k, leaves) in &c.layout.params {
+            let missing = |what: &str| TrainError::Config(format!("{what} for {k} went missing"));
+            inputs.push(
+                grads
+                    .get(k)
+                    .cloned()
+                    .ok_or_else(|| missing("the gradient"))?,
+            );
+            inputs.push(params.get(k).cloned().ok_or_else(|| {
+                TrainError::Config(format!("gradient for unknown parameter {k}"))
+            })?);
+            let entry = state.get(k).ok_or_else(|| missing("the optimizer state"))?;
+            for leaf in leaves {
+                inputs.push(state_get(entry, leaf)?);
+            }
+        }
+        let out = match c.f.call(&inputs) {
+            Ok(out) => out,
+            Err(_) => {
+                self.compiled = Some(Err(()));
+                return self.apply_on(state, grads, params);
+            }
+        };
+        let layout = c.layout.clone();
+        let mut it = out.into_iter();
+        let mut next = || {
+            it.next()
+                .ok_or_else(|| TrainError::Config("the compiled update returned too few".into()))
+        };
+        let step = next()?;
+        let lr = if layout.has_lr { Some(next()?) } else { None };
+        let mut new = ParamMap::new();
+        let mut state = state;
+        for (k, leaves) in &layout.params {
+            new.insert(k.clone(), next()?);
+            let mut m = BTreeMap::new();
+            for leaf in leaves {
+                m.insert(*leaf, next()?);
+            }
+            state.insert(k.clone(), m);
+        }
+        self.step = step;
+        self.learning_rate = lr;
+        self.state = state;
+        Ok(new)
+    }
+
+    fn compile_update(&self, layout: UpdateLayout) -> Result<CompiledUpdate> {
+        let (method, schedule, traced) =
+            (self.method.clone(), self.schedule.clone(), layout.clone());
+        let f = move |inputs: &[Array]| -> mlx_core::Result<Vec<Array>> {
+            let fail = |e: TrainError| mlx_core::Error::Callback(e.to_string());
+            let mut it = inputs.iter().cloned();
+            let mut next = || {
+                it.next().ok_or_else(|| {
+                    mlx_core::Error::Callback("the compiled update got too few arrays".into())
+                })
+            };
+            let step = next()?;
+            let learning_rate = if traced.has_lr { Some(next()?) } else { None };
+            let mut opt = Optimizer {
+                method: method.clone(),
+                schedule: schedule.clone(),
+                step,
+                learning_rate,
+                state: BTreeMap::new(),
+                compiled: None,
+            };
+            let (mut grads, mut params) = (ParamMap::new(), ParamMap::new());
+            let mut state = OptState::new();
+            for (k, leaves) in &traced.params {
+                grads.insert(k.clone(), next()?);
+                params.insert(k.clone(), next()?);
+                let mut m = BTreeMap::new();
+                for leaf in leaves {
+                    m.insert(*leaf, next()?);
+                }
+                state.insert(k.clone(), m);
+            }
+            let new = opt.apply_on(state, &grads, &params).map_err(fail)?;
+            let mut out = vec![opt.step];
+            out.extend(opt.learning_rate);
+            for (k, leaves) in &traced.params {
+                let lost = || mlx_core::Error::Callback(format!("the update lost {k}"));
+                out.push(new.get(k).cloned().ok_or_else(lost)?);
+                let state = opt.state.get(k).ok_or_else(lost)?;
+                for leaf in leaves {
+                    out.push(state_get(state, leaf).map_err(fail)?);
+                }
+            }
+            Ok(out)
+        };
+        Ok(CompiledUpdate {
+            layout,
+            f: mlx_core::compile::compile(f, false)?,
+        })
+    }
+
+    /// The update over `state` (the optimizer's, with an entry for every parameter with a
+    /// gradient), adopted with the new step and learning rate only once every parameter's
+    /// update is built.
+    fn apply_on(
+        &mut self,
+        mut state: OptState,
+        grads: &ParamMap,
+        params: &ParamMap,
+    ) -> Result<ParamMap> {
+        let learning_rate = match &self.schedule {
+            Some(s) => Some(s.at(&self.step)?),
+            None => self.learning_rate.clone(),
+        };
+        let step = ops::add_scalar(&self.step, 1, None)?;
         let mut out = ParamMap::new();
         for (k, g) in grads {
             let p = params
                 .get(k)
                 .ok_or_else(|| TrainError::Config(format!("gradient for unknown parameter {k}")))?;
-            let state = self
-                .state
+            let entry = state
                 .get_mut(k)
                 .ok_or_else(|| TrainError::Config(format!("no optimizer state for {k}")))?;
-            let new = apply_single(
-                &self.method,
-                self.learning_rate.as_ref(),
-                &self.step,
-                g,
-                p,
-                state,
-            )?;
+            let new = apply_single(&self.method, learning_rate.as_ref(), &step, g, p, entry)?;
             out.insert(k.clone(), new);
         }
+        self.learning_rate = learning_rate;
+        self.step = step;
+        self.state = state;
         Ok(out)
     }
 }

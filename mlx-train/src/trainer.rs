@@ -402,7 +402,9 @@ pub fn train(
             if let Some(max_norm) = args.max_grad_norm {
                 grad = clip_grad_norm(&grad, max_norm)?.0;
             }
-            let new = optimizer.apply_gradients(&grad, &params.snapshot())?;
+            // Compiled whatever `args.compile` says: the update draws no random numbers and
+            // reads nothing a trace cannot capture (mlx-lm compiles it inside its step).
+            let new = optimizer.apply_gradients_compiled(&grad, &params.snapshot())?;
             params.update(&new)?;
         } else {
             grad_accum = Some(grad);
