@@ -46,10 +46,12 @@ fn bytes(m: &std::collections::BTreeMap<String, Array>) -> Vec<(String, Vec<u8>)
 
 #[test]
 fn compiled_update_equals_the_uncompiled_one_bit_for_bit() {
-    let shapes: [(&str, &[i32], Dtype); 3] = [
+    let shapes: [(&str, &[i32], Dtype); 5] = [
         ("a.lora_a", &[16, 4], Dtype::Float32),
         ("a.lora_b", &[4, 8], Dtype::Float32),
         ("b.bias", &[8], Dtype::Bfloat16),
+        ("c.weight", &[8, 12], Dtype::Bfloat16),
+        ("d.weight", &[6, 10], Dtype::Float16),
     ];
     for (name, config) in methods() {
         for scheduled in [false, true] {
@@ -64,11 +66,12 @@ fn compiled_update_equals_the_uncompiled_one_bit_for_bit() {
                 .collect();
             let (mut p1, mut p2) = (params.clone(), params.clone());
             for step in 0..5u64 {
-                // Steps 0-1 update two parameters, 2-3 all three (a new one joins the state),
-                // 4 two again: the compiled update is retraced for each layout.
+                // Steps 0-1 update two parameters, 2-3 all five (new ones join the state), 4
+                // two again: the compiled update is retraced for each layout. Full
+                // fine-tuning updates bf16 and f16 weights.
                 let names: Vec<&str> = match step {
                     0 | 1 => vec!["a.lora_a", "a.lora_b"],
-                    2 | 3 => vec!["a.lora_a", "a.lora_b", "b.bias"],
+                    2 | 3 => vec!["a.lora_a", "a.lora_b", "b.bias", "c.weight", "d.weight"],
                     _ => vec!["a.lora_b", "b.bias"],
                 };
                 let grads: ParamMap = names
