@@ -362,9 +362,18 @@ pub struct Optimizer {
     /// Per parameter: `m`/`v` (Adam), `v` (SGD, Muon), `exp_avg_sq_row`/`exp_avg_sq_col` or
     /// `exp_avg_sq`, and `exp_avg` (Adafactor).
     state: OptState,
-    /// The update traced by [`Optimizer::apply_gradients_compiled`], for the layout it was
-    /// traced for; `Err(())` once a trace failed (the update then runs uncompiled).
-    compiled: Option<std::result::Result<CompiledUpdate, ()>>,
+    /// The update traced by [`Optimizer::apply_gradients_compiled`].
+    trace: UpdateTrace,
+}
+
+/// Where [`Optimizer::apply_gradients_compiled`] stands.
+enum UpdateTrace {
+    /// Not traced yet.
+    Untraced,
+    /// Traced for the layout it holds.
+    Traced(CompiledUpdate),
+    /// A trace failed: the update runs uncompiled from then on.
+    Failed,
 }
 
 /// Per parameter, its named state arrays.
@@ -376,6 +385,60 @@ type OptState = BTreeMap<String, BTreeMap<&'static str, Array>>;
 struct UpdateLayout {
     has_lr: bool,
     params: Vec<(String, Vec<&'static str>)>,
+}
+
+impl UpdateLayout {
+    /// `step`, the learning rate if any, then per parameter its array in each of `maps` and
+    /// its state leaves.
+    fn pack(
+        &self,
+        step: &Array,
+        learning_rate: Option<&Array>,
+        maps: &[&ParamMap],
+        state: &OptState,
+    ) -> Result<Vec<Array>> {
+        let mut out = vec![step.clone()];
+        out.extend(learning_rate.cloned());
+        for (k, leaves) in &self.params {
+            let missing = || TrainError::Config(format!("the optimizer update lost {k}"));
+            for m in maps {
+                out.push(m.get(k).cloned().ok_or_else(missing)?);
+            }
+            let entry = state.get(k).ok_or_else(missing)?;
+            for leaf in leaves {
+                out.push(state_get(entry, leaf)?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The inverse of [`UpdateLayout::pack`] with `maps` maps.
+    fn unpack(
+        &self,
+        arrays: Vec<Array>,
+        maps: usize,
+    ) -> Result<(Array, Option<Array>, Vec<ParamMap>, OptState)> {
+        let mut it = arrays.into_iter();
+        let mut next = || {
+            it.next()
+                .ok_or_else(|| TrainError::Config("the optimizer update lost arrays".into()))
+        };
+        let step = next()?;
+        let learning_rate = if self.has_lr { Some(next()?) } else { None };
+        let mut out = vec![ParamMap::new(); maps];
+        let mut state = OptState::new();
+        for (k, leaves) in &self.params {
+            for m in out.iter_mut() {
+                m.insert(k.clone(), next()?);
+            }
+            let mut entry = BTreeMap::new();
+            for leaf in leaves {
+                entry.insert(*leaf, next()?);
+            }
+            state.insert(k.clone(), entry);
+        }
+        Ok((step, learning_rate, out, state))
+    }
 }
 
 struct CompiledUpdate {
@@ -415,7 +478,7 @@ impl Optimizer {
             step,
             learning_rate,
             state: BTreeMap::new(),
-            compiled: None,
+            trace: UpdateTrace::Untraced,
         })
     }
 
@@ -431,7 +494,7 @@ impl Optimizer {
     /// Whether [`Optimizer::apply_gradients_compiled`] holds a traced update (false before
     /// its first call and after a trace failed).
     pub fn is_update_compiled(&self) -> bool {
-        matches!(self.compiled, Some(Ok(_)))
+        matches!(self.trace, UpdateTrace::Traced(_))
     }
 
     /// Every array of the state (for `eval`).
@@ -489,15 +552,26 @@ impl Optimizer {
     /// gradient), the state advanced.
     /// On any error the optimizer is as it was (step, learning rate and state).
     pub fn apply_gradients(&mut self, grads: &ParamMap, params: &ParamMap) -> Result<ParamMap> {
-        let state = self.initialized_state(grads)?;
+        let state = self.initialized_state(grads, params)?;
         self.apply_on(state, grads, params)
     }
 
-    /// The state with a fresh entry for every parameter with a gradient and none yet (the
-    /// optimizer's own state is not touched until an update succeeds).
-    fn initialized_state(&self, grads: &ParamMap) -> Result<OptState> {
+    /// Checks that every gradient has its parameter, of its shape, and returns the state with
+    /// a fresh entry for every parameter with a gradient and none yet (the optimizer's own
+    /// state is not touched until an update succeeds).
+    fn initialized_state(&self, grads: &ParamMap, params: &ParamMap) -> Result<OptState> {
         let mut state = self.state.clone();
         for (k, g) in grads {
+            let p = params
+                .get(k)
+                .ok_or_else(|| TrainError::Config(format!("gradient for unknown parameter {k}")))?;
+            if g.shape() != p.shape() {
+                return Err(TrainError::Config(format!(
+                    "gradient for {k} has shape {:?}, the parameter {:?}",
+                    g.shape(),
+                    p.shape()
+                )));
+            }
             if !state.contains_key(k) {
                 state.insert(k.clone(), init_single(&self.method, g)?);
             }
@@ -519,7 +593,7 @@ impl Optimizer {
         grads: &ParamMap,
         params: &ParamMap,
     ) -> Result<ParamMap> {
-        let state = self.initialized_state(grads)?;
+        let mut state = self.initialized_state(grads, params)?;
         let layout = UpdateLayout {
             has_lr: self.learning_rate.is_some(),
             params: grads
@@ -530,110 +604,60 @@ impl Optimizer {
                 })
                 .collect(),
         };
-        let stale = match &self.compiled {
-            Some(Ok(c)) => c.layout != layout,
-            Some(Err(())) => return self.apply_on(state, grads, params),
-            None => true,
+        let stale = match &self.trace {
+            UpdateTrace::Traced(c) => c.layout != layout,
+            UpdateTrace::Failed => return self.apply_on(state, grads, params),
+            UpdateTrace::Untraced => true,
         };
         if stale {
-            self.compiled = Some(self.compile_update(layout).map_err(|_| ()));
+            self.trace = match self.compile_update(layout) {
+                Ok(c) => UpdateTrace::Traced(c),
+                Err(_) => UpdateTrace::Failed,
+            };
         }
-        let Some(Ok(c)) = &self.compiled else {
+        let UpdateTrace::Traced(c) = &self.trace else {
             return self.apply_on(state, grads, params);
         };
-        let mut inputs = vec![self.step.clone()];
-        inputs.extend(self.learning_rate.clone());
-        for (k, leaves) in &c.layout.params {
-            let missing = |what: &str| TrainError::Config(format!("{what} for {k} went missing"));
-            inputs.push(
-                grads
-                    .get(k)
-                    .cloned()
-                    .ok_or_else(|| missing("the gradient"))?,
-            );
-            inputs.push(params.get(k).cloned().ok_or_else(|| {
-                TrainError::Config(format!("gradient for unknown parameter {k}"))
-            })?);
-            let entry = state.get(k).ok_or_else(|| missing("the optimizer state"))?;
-            for leaf in leaves {
-                inputs.push(state_get(entry, leaf)?);
-            }
-        }
-        let out = match c.f.call(&inputs) {
-            Ok(out) => out,
+        let inputs = c.layout.pack(
+            &self.step,
+            self.learning_rate.as_ref(),
+            &[grads, params],
+            &state,
+        )?;
+        let (step, lr, mut new, updated) = match c.f.call(&inputs) {
+            Ok(out) => c.layout.unpack(out, 1)?,
             Err(_) => {
-                self.compiled = Some(Err(()));
+                self.trace = UpdateTrace::Failed;
                 return self.apply_on(state, grads, params);
             }
         };
-        let layout = c.layout.clone();
-        let mut it = out.into_iter();
-        let mut next = || {
-            it.next()
-                .ok_or_else(|| TrainError::Config("the compiled update returned too few".into()))
-        };
-        let step = next()?;
-        let lr = if layout.has_lr { Some(next()?) } else { None };
-        let mut new = ParamMap::new();
-        let mut state = state;
-        for (k, leaves) in &layout.params {
-            new.insert(k.clone(), next()?);
-            let mut m = BTreeMap::new();
-            for leaf in leaves {
-                m.insert(*leaf, next()?);
-            }
-            state.insert(k.clone(), m);
-        }
+        state.extend(updated);
         self.step = step;
         self.learning_rate = lr;
         self.state = state;
-        Ok(new)
+        Ok(new.pop().unwrap_or_default())
     }
 
     fn compile_update(&self, layout: UpdateLayout) -> Result<CompiledUpdate> {
         let (method, schedule, traced) =
             (self.method.clone(), self.schedule.clone(), layout.clone());
-        let f = move |inputs: &[Array]| -> mlx_core::Result<Vec<Array>> {
-            let fail = |e: TrainError| mlx_core::Error::Callback(e.to_string());
-            let mut it = inputs.iter().cloned();
-            let mut next = || {
-                it.next().ok_or_else(|| {
-                    mlx_core::Error::Callback("the compiled update got too few arrays".into())
-                })
-            };
-            let step = next()?;
-            let learning_rate = if traced.has_lr { Some(next()?) } else { None };
+        let update = move |inputs: &[Array]| -> Result<Vec<Array>> {
+            let (step, learning_rate, maps, state) = traced.unpack(inputs.to_vec(), 2)?;
+            let [grads, params] = <[ParamMap; 2]>::try_from(maps)
+                .map_err(|_| TrainError::Config("the compiled update lost its inputs".into()))?;
             let mut opt = Optimizer {
                 method: method.clone(),
                 schedule: schedule.clone(),
                 step,
                 learning_rate,
                 state: BTreeMap::new(),
-                compiled: None,
+                trace: UpdateTrace::Untraced,
             };
-            let (mut grads, mut params) = (ParamMap::new(), ParamMap::new());
-            let mut state = OptState::new();
-            for (k, leaves) in &traced.params {
-                grads.insert(k.clone(), next()?);
-                params.insert(k.clone(), next()?);
-                let mut m = BTreeMap::new();
-                for leaf in leaves {
-                    m.insert(*leaf, next()?);
-                }
-                state.insert(k.clone(), m);
-            }
-            let new = opt.apply_on(state, &grads, &params).map_err(fail)?;
-            let mut out = vec![opt.step];
-            out.extend(opt.learning_rate);
-            for (k, leaves) in &traced.params {
-                let lost = || mlx_core::Error::Callback(format!("the update lost {k}"));
-                out.push(new.get(k).cloned().ok_or_else(lost)?);
-                let state = opt.state.get(k).ok_or_else(lost)?;
-                for leaf in leaves {
-                    out.push(state_get(state, leaf).map_err(fail)?);
-                }
-            }
-            Ok(out)
+            let new = opt.apply_on(state, &grads, &params)?;
+            traced.pack(&opt.step, opt.learning_rate.as_ref(), &[&new], &opt.state)
+        };
+        let f = move |inputs: &[Array]| {
+            update(inputs).map_err(|e| mlx_core::Error::Callback(e.to_string()))
         };
         Ok(CompiledUpdate {
             layout,

@@ -109,8 +109,8 @@ fn a_failing_compiled_update_changes_nothing_and_reports_the_error() {
     let g: ParamMap = [("w".to_string(), draw(&[4, 4], Dtype::Float32, 2))].into();
     opt.apply_gradients_compiled(&g, &p).unwrap();
     let before = bytes(&opt.state_map());
-    // A gradient whose shape does not match its state: an error naming no panic, and the
-    // state as it was.
+    // A gradient whose shape does not match its parameter: a clear error, not a panic, and
+    // the state as it was.
     let bad: ParamMap = [("w".to_string(), draw(&[3, 4], Dtype::Float32, 3))].into();
     let err = opt.apply_gradients_compiled(&bad, &p);
     assert!(err.is_err());
