@@ -1,4 +1,6 @@
 #!/bin/bash
+# Superseded since 2026-12-02 by prepare_thirds.sh: the checkout (33.7 MiB) plus half of libmlx
+# no longer fits one call's 64 MiB. Kept for the runs it made (results/).
 # Prepares the carry folders for `ab.sh` (issue #15's comparison with mlx-lm) on a lent NVIDIA
 # machine: .gpu-gpu/a = half one of libmlx.so, the CUDA wheel's headers and bundled libraries
 # (support.tar.xz) and setup.sh; .gpu-gpu/b = half two, the mlx and mlx-lm wheels,

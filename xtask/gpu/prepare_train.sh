@@ -1,4 +1,6 @@
 #!/bin/bash
+# Superseded since 2026-12-02 by prepare_thirds.sh: the checkout (33.7 MiB) plus half of libmlx
+# no longer fits one call's 64 MiB. Kept for the runs it made (results/).
 # Prepares the carry folders for `cargo xtask bench train` on a lent NVIDIA machine (see
 # README.md here): .gpu-train/a as prepare.sh's .gpu/a (half one of libmlx.so, headers and
 # bundled libraries, the mlx and mlx-lm wheels, setup.sh), .gpu-train/b with half two, the
