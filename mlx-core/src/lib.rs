@@ -26,6 +26,7 @@ mod dtype;
 mod error;
 pub mod fast;
 mod ffi;
+pub mod gpurt;
 pub mod graph;
 pub mod io;
 pub mod kernels;

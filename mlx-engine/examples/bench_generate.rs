@@ -41,6 +41,15 @@
 //! compiled step and the uncompiled forward alike: building the step's graph (`build_ms`),
 //! `async_eval` (`schedule_ms`) and waiting for the result (`sync_ms`); medians.
 //!
+//! `--decoder graph` decodes with [`mlx_kernels::graph_decode::GraphDecoder`] (CUDA only;
+//! `--model` must be a llama directory): the prompt goes through the model's MLX forward in
+//! chunks of `--prefill-step-size` as mlx-lm's prefill does, the first token is its greedy
+//! token, the prompt's KV cache is copied into the decoder (inside the generation time), and
+//! the other tokens come from replaying the decoder's CUDA graph. `--graph-check N` instead
+//! prints, for `N` teacher-forced steps after the prompt, how the decoder's logits compare
+//! with the MLX forward's (`graph_check`: largest difference relative to the largest logit,
+//! greedy agreement), and exits.
+//!
 //! Prints one JSON line on stdout.
 #![forbid(unsafe_code)]
 
@@ -60,6 +69,7 @@ use mlx_engine::generate::{
 use mlx_engine::sample::Sampler;
 use mlx_models::gguf::load_gguf_model;
 use mlx_models::load::{load_model_dir, LoadOptions};
+use mlx_kernels::graph_decode::GraphDecoder;
 use mlx_models::LanguageModel;
 use serde_json::{json, Value};
 
@@ -67,7 +77,8 @@ const USAGE: &str =
     "usage: bench_generate --model PATH|smollm2 [--dtype float32|float16|bfloat16|keep]
     [--prompt-len 512] [--gen-len 32] [--seed 0] [--warmup 1] [--warmup-prompt-len N]
     [--warmup-gen-len N] [--trials 1] [--prefill-step-size 2048] [--device cpu|gpu] [--digests]
-    [--compiled auto|percall|off] [--step-timing N] [--graph]
+    [--compiled auto|percall|off] [--step-timing N] [--graph] [--decoder mlx|graph]
+    [--graph-check N]
   bench_generate --model smollm2 --resolve   (prints the fetched GGUF's path)
 Prints one JSON line: prompt_tps, generation_tps (mlx-lm stream_generate's definitions),
 times, CPU times, peak memory per trial, and the last trial's greedy tokens. --digests adds
@@ -94,6 +105,8 @@ struct Args {
     graph: bool,
     compiled: Compiled,
     step_timing: usize,
+    graph_decoder: bool,
+    graph_check: usize,
 }
 
 /// `--compiled`: which decode step the trials use.
@@ -127,6 +140,8 @@ fn parse_args() -> BoxResult<Args> {
             _ => Compiled::Auto,
         },
         step_timing: 0,
+        graph_decoder: false,
+        graph_check: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -171,6 +186,14 @@ fn parse_args() -> BoxResult<Args> {
                 }
             }
             "--step-timing" => a.step_timing = num(&value)?,
+            "--decoder" => {
+                a.graph_decoder = match value.as_str() {
+                    "mlx" => false,
+                    "graph" => true,
+                    v => return Err(format!("--decoder {v}: mlx|graph").into()),
+                }
+            }
+            "--graph-check" => a.graph_check = num(&value)?,
             other => return Err(format!("unknown flag {other}").into()),
         }
     }
@@ -367,6 +390,141 @@ fn step_timing(
     }))
 }
 
+/// One layer's cached keys and values.
+type LayerKv = (mlx_core::Array, mlx_core::Array);
+
+/// The prompt through the model's MLX forward in chunks (mlx-lm's prefill), keeping the
+/// caches; returns the greedy token after the prompt and the caches' keys and values.
+fn prefill_mlx(
+    model: &dyn LanguageModel,
+    prompt: &[i32],
+    step: usize,
+) -> BoxResult<(u32, Vec<LayerKv>)> {
+    let mut caches = model.make_cache();
+    let chunks: Vec<&[i32]> = prompt.chunks(step.max(1)).collect();
+    let mut last = None;
+    for (i, chunk) in chunks.iter().enumerate() {
+        let x = mlx_core::Array::from_slice(chunk, &[1, chunk.len() as i32])?;
+        let logits = model.forward(&x, Some(&mut caches))?;
+        if i + 1 == chunks.len() {
+            let n = logits.dim(1)?;
+            last = Some(ops::slice_axis(&logits, 1, n - 1, n, None)?);
+        } else {
+            let kv = cache_kv(&caches)?;
+            mlx_core::eval(kv.iter().flat_map(|(k, v)| [k, v]))?;
+        }
+    }
+    let last = last.ok_or("empty prompt")?;
+    let tok = ops::argmax(&last, -1, false, None)?;
+    mlx_core::eval([&tok, &last])?;
+    let first = tok.astype(Dtype::Uint32)?.to_vec::<u32>()?[0];
+    Ok((first, cache_kv(&caches)?))
+}
+
+fn cache_kv(caches: &[Box<dyn mlx_cache::Cache>]) -> BoxResult<Vec<LayerKv>> {
+    caches
+        .iter()
+        .map(|c| match c.fetch()? {
+            Some(mlx_cache::Kv::Dense { keys, values }) => Ok((keys, values)),
+            _ => Err(format!("the graph decoder needs plain KV caches, got {}", c.class_name()).into()),
+        })
+        .collect()
+}
+
+fn trial_graph(
+    model: &dyn LanguageModel,
+    dec: &mut GraphDecoder,
+    prompt: &[i32],
+    gen_len: usize,
+    a: &Args,
+) -> BoxResult<(Value, Vec<u32>)> {
+    let mut tokens = Vec::with_capacity(gen_len);
+    memory::reset_peak_memory()?;
+    let cpu0 = cpu_seconds();
+    let tic = Instant::now();
+    let (first, kv) = prefill_mlx(model, prompt, a.prefill_step_size)?;
+    let prompt_time = tic.elapsed().as_secs_f64();
+    let cpu1 = cpu_seconds();
+    let tic = Instant::now();
+    tokens.push(first);
+    dec.set_prefix(&kv)?;
+    dec.generate(first, gen_len - 1, |t| tokens.push(t))?;
+    let gen_time = tic.elapsed().as_secs_f64();
+    let cpu2 = cpu_seconds();
+    mlx_core::synchronize()?;
+    let r = json!({
+        "prompt_tps": prompt.len() as f64 / prompt_time,
+        "generation_tps": tokens.len() as f64 / gen_time,
+        "prompt_time_s": prompt_time,
+        "generation_time_s": gen_time,
+        "prompt_cpu_s": diff(cpu1, cpu0),
+        "generation_cpu_s": diff(cpu2, cpu1),
+        "peak_memory_gb": (memory::peak_memory()? + dec.device_bytes()) as f64 / 1e9,
+    });
+    Ok((r, tokens))
+}
+
+/// Teacher-forced comparison of the graph decoder with the model's MLX forward: both get
+/// the MLX forward's greedy token at every step.
+fn graph_check(
+    model: &dyn LanguageModel,
+    dec: &mut GraphDecoder,
+    prompt: &[i32],
+    steps: usize,
+    a: &Args,
+) -> BoxResult<Value> {
+    let mut caches = model.make_cache();
+    let x = mlx_core::Array::from_slice(prompt, &[1, prompt.len() as i32])?;
+    let logits = model.forward(&x, Some(&mut caches))?;
+    let n = logits.dim(1)?;
+    let last = ops::slice_axis(&logits, 1, n - 1, n, None)?;
+    let mut token = ops::argmax(&last, -1, false, None)?
+        .astype(Dtype::Uint32)?
+        .to_vec::<u32>()?[0];
+    let kv = cache_kv(&caches)?;
+    dec.set_prefix(&kv)?;
+    let _ = a;
+    let (mut worst, mut agree, mut sum_rel) = (0f32, 0usize, 0f64);
+    let mut per_step = Vec::new();
+    for _ in 0..steps {
+        let x = mlx_core::Array::from_slice(&[token as i32], &[1, 1])?;
+        let reference = model
+            .forward(&x, Some(&mut caches))?
+            .astype(Dtype::Float32)?
+            .to_vec::<f32>()?;
+        let ours = dec.step_logits(token)?;
+        let amax = |v: &[f32]| {
+            v.iter()
+                .enumerate()
+                .fold((0usize, f32::NEG_INFINITY), |b, (i, &x)| if x > b.1 { (i, x) } else { b })
+        };
+        let (ri, _) = amax(&reference);
+        let (oi, _) = amax(&ours);
+        let scale = reference.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-6);
+        let d = reference
+            .iter()
+            .zip(&ours)
+            .fold(0f32, |m, (r, o)| m.max((r - o).abs()));
+        let rel = d / scale;
+        worst = worst.max(rel);
+        sum_rel += rel as f64;
+        agree += usize::from(ri == oi);
+        per_step.push(json!({"rel": rel, "mlx": ri, "ours": oi}));
+        token = ri as u32;
+    }
+    let (bound_rel, bound_agree) = mlx_kernels::graph_decode::TEACHER_FORCED_BOUNDS;
+    let agreement = agree as f64 / steps.max(1) as f64;
+    Ok(json!({
+        "steps": steps,
+        "max_rel_diff": worst,
+        "mean_rel_diff": sum_rel / steps.max(1) as f64,
+        "greedy_agreement": agreement,
+        "within_bounds": worst <= bound_rel && agreement >= bound_agree as f64,
+        "bounds": [bound_rel, bound_agree],
+        "per_step": per_step,
+    }))
+}
+
 fn run(a: &Args) -> BoxResult<()> {
     let path = resolve_model(&a.model)?;
     if a.resolve {
@@ -389,20 +547,46 @@ fn run(a: &Args) -> BoxResult<()> {
         .unwrap_or(a.prompt_len)
         .min(a.prompt_len);
     let wg = a.warmup_gen_len.unwrap_or(a.gen_len).max(1);
-    let decoder = match a.compiled {
-        Compiled::Auto => CompiledDecoder::new(model.as_ref())?,
-        Compiled::Off | Compiled::PerCall => None,
+    let mut graph_dec = None;
+    if a.graph_decoder || a.graph_check > 0 {
+        let t = Instant::now();
+        let dec = GraphDecoder::load(&path, a.prompt_len + a.gen_len.max(a.graph_check) + 1)?;
+        eprintln!(
+            "graph decoder: {} on {}, {:.2} GB on the device, loaded in {:.1} s",
+            path.display(),
+            dec.device_name()?,
+            dec.device_bytes() as f64 / 1e9,
+            t.elapsed().as_secs_f64()
+        );
+        graph_dec = Some(dec);
+    }
+    if let (true, Some(dec)) = (a.graph_check > 0, graph_dec.as_mut()) {
+        let check = graph_check(model.as_ref(), dec, &prompt, a.graph_check, a)?;
+        println!("{}", json!({ "graph_check": check }));
+        return Ok(());
+    }
+    let decoder = match (a.compiled, a.graph_decoder) {
+        (_, true) => None,
+        (Compiled::Auto, false) => CompiledDecoder::new(model.as_ref())?,
+        (Compiled::Off | Compiled::PerCall, false) => None,
     };
     for _ in 0..a.warmup {
-        trial(
-            model.as_ref(),
-            &prompt[..wp],
-            wg,
-            a,
-            decoder.as_ref(),
-            None,
-            None,
-        )?;
+        match graph_dec.as_mut() {
+            Some(dec) => {
+                trial_graph(model.as_ref(), dec, &prompt[..wp], wg, a)?;
+            }
+            None => {
+                trial(
+                    model.as_ref(),
+                    &prompt[..wp],
+                    wg,
+                    a,
+                    decoder.as_ref(),
+                    None,
+                    None,
+                )?;
+            }
+        }
     }
     let mut trials = Vec::new();
     let mut tokens = Vec::new();
@@ -410,15 +594,18 @@ fn run(a: &Args) -> BoxResult<()> {
     for _ in 0..a.trials {
         digests.clear();
         let d = a.digests.then_some(&mut digests);
-        let (r, t) = trial(
-            model.as_ref(),
-            &prompt,
-            a.gen_len,
-            a,
-            decoder.as_ref(),
-            d,
-            None,
-        )?;
+        let (r, t) = match graph_dec.as_mut() {
+            Some(dec) => trial_graph(model.as_ref(), dec, &prompt, a.gen_len, a)?,
+            None => trial(
+                model.as_ref(),
+                &prompt,
+                a.gen_len,
+                a,
+                decoder.as_ref(),
+                d,
+                None,
+            )?,
+        };
         trials.push(r);
         tokens = t;
     }
@@ -437,6 +624,9 @@ fn run(a: &Args) -> BoxResult<()> {
         "tokens": tokens,
     });
     out["compiled"] = json!(format!("{:?}", a.compiled));
+    if a.graph_decoder {
+        out["decoder"] = json!("graph");
+    }
     if a.digests {
         out["logprob_digests"] = json!(digests);
     }

@@ -34,6 +34,7 @@ use mlx_core::{Array, Dtype, Error, Result};
 
 pub mod flash_attention;
 pub mod flash_cuda;
+pub mod graph_decode;
 pub mod rms_norm;
 pub mod swiglu;
 

@@ -20,5 +20,6 @@
 #include "mlxs/random.h"
 #include "mlxs/transforms.h"
 #include "mlxs/kernels.h"
+#include "mlxs/gpurt.h"
 
 #endif

@@ -4,7 +4,7 @@
 # PROMPT-token prompt and GEN greedy tokens: mlx-lm's generate_step (bench_mlx_lm.py), ours
 # uncompiled (`bench_generate --compiled off`) and ours compiled with the step kept across
 # trials (`--compiled auto`); round 1 also runs ours with a compiled step made per trial
-# (`--compiled percall`, as the bench did before), adds `--step-timing 32` to ours and `--graph`
+# (`--compiled percall`, as the bench did before; a mode `graph` runs `--decoder graph`), adds `--step-timing 32` to ours and `--graph`
 # (primitive counts of the prefill and decode graphs) to both sides. One
 # JSON line per process goes to $OUT/ab.jsonl (summarise with `python3 xtask/gpu/ab_table.py`),
 # the copy bandwidth to $OUT/copy_bandwidth.txt. Models are written by bench_models.py into
@@ -40,7 +40,9 @@ for m in $MODELS; do
     if [ "$r" = 1 ]; then EXTRA="--step-timing 32 --graph"; MODES=${R1_MODES:-"off auto percall"}; PYEXTRA="--graph"; fi
     { timeout 200 python3 "$G/bench_mlx_lm.py" --model "$M" $COMMON $PYEXTRA | sed "s/^{/{\"side\": \"mlx-lm\", \"name\": \"$m\", \"round\": $r, /"; } >> "$OUT/ab.jsonl" 2>> "$OUT/ab.err"
     for c in $MODES; do
-      { timeout 200 "$G/bench_generate" --model "$M" $COMMON --compiled $c $EXTRA | sed "s/^{/{\"side\": \"ours-$c\", \"name\": \"$m\", \"round\": $r, /"; } >> "$OUT/ab.jsonl" 2>> "$OUT/ab.err"
+      # `graph`: the graph decoder (bench_generate --decoder graph), without the MLX-only extras.
+      if [ "$c" = graph ]; then FLAGS="--decoder graph"; else FLAGS="--compiled $c $EXTRA"; fi
+      { timeout 200 "$G/bench_generate" --model "$M" $COMMON $FLAGS | sed "s/^{/{\"side\": \"ours-$c\", \"name\": \"$m\", \"round\": $r, /"; } >> "$OUT/ab.jsonl" 2>> "$OUT/ab.err"
     done
     echo "$m round $r done at ${SECONDS}s"
   done

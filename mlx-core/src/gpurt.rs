@@ -1,0 +1,303 @@
+//! A small CUDA runtime of our own beside MLX: kernels compiled from CUDA C source with NVRTC,
+//! device buffers, launches, and CUDA graphs captured once and replayed.
+//!
+//! MLX schedules every primitive of a step on the host (~3 us each on its CUDA back-end), so a
+//! decode step of ~1,000 primitives costs milliseconds of host time whatever the GPU does. A
+//! graph captured here is replayed by one driver call. This module is the safe, owning side;
+//! the kernels themselves live where they are used (`mlx-kernels`' graph decoder).
+//!
+//! The driver (`libcuda.so.1`) and NVRTC are loaded at run time, so this builds and links
+//! everywhere; without a driver or a GPU, [`GpuRuntime::new`] returns an error saying so and
+//! [`GpuRuntime::available`] is `false`. The runtime uses device 0's primary context, the one
+//! MLX's CUDA back-end uses.
+//!
+//! Checks made before the driver sees anything: buffer indices and byte ranges (every copy and
+//! every buffer argument), argument counts (each kernel's declared arity, and where the driver
+//! can tell, the kernel's own parameter list, all of whose parameters must be 8 bytes:
+//! pointers, `long long` and `double`), block sizes, and no copies or allocations while a
+//! graph is being captured. What a kernel does with the pointers it is given is the kernel's
+//! contract: this is the same trust as [`crate::kernels::CustomKernel`].
+
+use std::ffi::CString;
+
+use mlx_sys as sys;
+
+use crate::error::{Error, Result};
+use crate::ffi::{check, StringHandle};
+
+/// A device buffer of a [`GpuRuntime`] (an index; meaningless for another runtime, whose
+/// checks reject it if out of range).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Buffer(u32);
+
+/// A kernel of a [`GpuRuntime`], in the order given to [`GpuRuntime::new`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Kernel(u32);
+
+/// A captured, instantiated CUDA graph of a [`GpuRuntime`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Graph(u32);
+
+/// A read queued with [`GpuRuntime::read_begin`].
+#[derive(Debug, PartialEq, Eq, Hash)]
+#[must_use = "a queued read holds one of 16 slots until read_end"]
+pub struct Ticket(u64);
+
+/// A kernel argument: every parameter of a kernel launched here is 8 bytes wide.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Arg {
+    /// A pointer into a buffer, `offset` bytes from its start.
+    Buf(Buffer, usize),
+    /// A `long long`.
+    I64(i64),
+    /// A `double`.
+    F64(f64),
+}
+
+impl From<Buffer> for Arg {
+    fn from(b: Buffer) -> Self {
+        Arg::Buf(b, 0)
+    }
+}
+
+/// The most bytes one [`GpuRuntime::read_begin`] moves.
+pub const MAX_READ_BYTES: usize = 1 << 20;
+
+/// The runtime: one stream, one module of kernels, its buffers and graphs. Dropping it waits
+/// for its stream and frees everything it allocated.
+pub struct GpuRuntime {
+    raw: sys::mlxs_gpurt,
+    kernels: Vec<String>,
+}
+
+// SAFETY: the handle is owned by this value alone, and every shim call makes the runtime's
+// context current on the calling thread first, so it may move between threads (not be shared:
+// no Sync).
+unsafe impl Send for GpuRuntime {}
+
+impl std::fmt::Debug for GpuRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuRuntime")
+            .field("kernels", &self.kernels)
+            .field("allocated", &self.allocated())
+            .finish()
+    }
+}
+
+fn op_err(op: &'static str, e: impl std::fmt::Display) -> Error {
+    Error::invalid(op, e.to_string())
+}
+
+impl GpuRuntime {
+    /// Whether a CUDA driver loads and sees a device.
+    pub fn available() -> bool {
+        // SAFETY: no arguments; never fails.
+        unsafe { sys::mlxs_gpurt_available() }
+    }
+
+    /// Compiles `source` (CUDA C++, `extern "C"` kernels, no includes needed) for device 0 and
+    /// loads `kernels`, each `(name, number of 8-byte parameters)`.
+    pub fn new(source: &str, kernels: &[(&str, u32)]) -> Result<Self> {
+        let src = CString::new(source).map_err(|e| op_err("gpurt_new", e))?;
+        let names: Vec<CString> = kernels
+            .iter()
+            .map(|(n, _)| CString::new(*n).map_err(|e| op_err("gpurt_new", e)))
+            .collect::<Result<_>>()?;
+        let ptrs: Vec<*const std::os::raw::c_char> = names.iter().map(|n| n.as_ptr()).collect();
+        let arities: Vec<u32> = kernels.iter().map(|(_, a)| *a).collect();
+        let mut raw: sys::mlxs_gpurt = std::ptr::null_mut();
+        // SAFETY: every pointer is valid for the call; n_kernels matches both arrays.
+        check("gpurt_new", unsafe {
+            sys::mlxs_gpurt_new(
+                &mut raw,
+                src.as_ptr(),
+                ptrs.as_ptr(),
+                arities.as_ptr(),
+                kernels.len(),
+            )
+        })?;
+        Ok(GpuRuntime {
+            raw,
+            kernels: kernels.iter().map(|(n, _)| n.to_string()).collect(),
+        })
+    }
+
+    /// The kernel named `name`.
+    pub fn kernel(&self, name: &str) -> Result<Kernel> {
+        self.kernels
+            .iter()
+            .position(|k| k == name)
+            .map(|i| Kernel(i as u32))
+            .ok_or_else(|| Error::invalid("gpurt_kernel", format!("no kernel named {name}")))
+    }
+
+    /// The device's name and architecture, e.g. `NVIDIA H200 (sm_90)`.
+    pub fn device_name(&self) -> Result<String> {
+        let mut s = StringHandle::null();
+        // SAFETY: live handle; s receives an owned string.
+        check("gpurt_device_name", unsafe {
+            sys::mlxs_gpurt_device_name(self.raw, &mut s.0)
+        })?;
+        Ok(s.text())
+    }
+
+    /// A zeroed device buffer.
+    pub fn alloc(&mut self, bytes: usize) -> Result<Buffer> {
+        let mut b = 0u32;
+        // SAFETY: live handle; b is a valid out-pointer.
+        check("gpurt_alloc", unsafe {
+            sys::mlxs_gpurt_alloc(self.raw, bytes, &mut b)
+        })?;
+        Ok(Buffer(b))
+    }
+
+    /// Bytes allocated on the device by this runtime.
+    pub fn allocated(&self) -> usize {
+        // SAFETY: live handle.
+        unsafe { sys::mlxs_gpurt_allocated(self.raw) }
+    }
+
+    /// Copies `data` into `buffer` at byte `offset` (waits for the copy).
+    pub fn upload(&mut self, buffer: Buffer, offset: usize, data: &[u8]) -> Result<()> {
+        // SAFETY: data is valid for data.len() bytes of reads; the shim checks the range.
+        check("gpurt_upload", unsafe {
+            sys::mlxs_gpurt_upload(
+                self.raw,
+                buffer.0,
+                offset,
+                data.as_ptr().cast(),
+                data.len(),
+            )
+        })
+    }
+
+    /// Copies `out.len()` bytes of `buffer` from byte `offset` (after everything queued).
+    pub fn download(&mut self, buffer: Buffer, offset: usize, out: &mut [u8]) -> Result<()> {
+        // SAFETY: out is valid for out.len() bytes of writes; the shim checks the range.
+        check("gpurt_download", unsafe {
+            sys::mlxs_gpurt_download(
+                self.raw,
+                buffer.0,
+                offset,
+                out.as_mut_ptr().cast(),
+                out.len(),
+            )
+        })
+    }
+
+    /// Raises `kernel`'s dynamic shared memory limit to `bytes`.
+    pub fn set_shared_limit(&mut self, kernel: Kernel, bytes: u32) -> Result<()> {
+        // SAFETY: live handle; the shim checks the kernel index.
+        check("gpurt_set_shared_limit", unsafe {
+            sys::mlxs_gpurt_set_shared_limit(self.raw, kernel.0, bytes)
+        })
+    }
+
+    /// Queues a launch on the runtime's stream (or records it, while capturing).
+    pub fn launch(
+        &mut self,
+        kernel: Kernel,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_bytes: u32,
+        args: &[Arg],
+    ) -> Result<()> {
+        let raw_args: Vec<sys::mlxs_gpurt_arg> = args
+            .iter()
+            .map(|a| match *a {
+                Arg::Buf(b, off) => sys::mlxs_gpurt_arg {
+                    kind: sys::mlxs_gpurt_arg_kind_MLXS_GPURT_ARG_BUFFER,
+                    buffer: b.0,
+                    value: off as u64,
+                },
+                Arg::I64(v) => sys::mlxs_gpurt_arg {
+                    kind: sys::mlxs_gpurt_arg_kind_MLXS_GPURT_ARG_BITS,
+                    buffer: 0,
+                    value: v as u64,
+                },
+                Arg::F64(v) => sys::mlxs_gpurt_arg {
+                    kind: sys::mlxs_gpurt_arg_kind_MLXS_GPURT_ARG_BITS,
+                    buffer: 0,
+                    value: v.to_bits(),
+                },
+            })
+            .collect();
+        // SAFETY: grid, block and args are valid for their lengths; the shim checks counts,
+        // indices and ranges.
+        check("gpurt_launch", unsafe {
+            sys::mlxs_gpurt_launch(
+                self.raw,
+                kernel.0,
+                grid.as_ptr(),
+                block.as_ptr(),
+                shared_bytes,
+                raw_args.as_ptr(),
+                raw_args.len(),
+            )
+        })
+    }
+
+    /// Records launches into a graph until [`GpuRuntime::capture_end`]. If `f` fails, the
+    /// capture is ended and dropped, and `f`'s error returned.
+    pub fn capture<F>(&mut self, f: F) -> Result<Graph>
+    where
+        F: FnOnce(&mut GpuRuntime) -> Result<()>,
+    {
+        // SAFETY: live handle.
+        check("gpurt_capture_begin", unsafe {
+            sys::mlxs_gpurt_capture_begin(self.raw)
+        })?;
+        let recorded = f(self);
+        let mut g = 0u32;
+        // SAFETY: live handle; g is a valid out-pointer.
+        let ended = check("gpurt_capture_end", unsafe {
+            sys::mlxs_gpurt_capture_end(self.raw, &mut g)
+        });
+        recorded?;
+        ended?;
+        Ok(Graph(g))
+    }
+
+    /// Queues `times` replays of `graph`.
+    pub fn replay(&mut self, graph: Graph, times: u32) -> Result<()> {
+        // SAFETY: live handle; the shim checks the graph index.
+        check("gpurt_replay", unsafe {
+            sys::mlxs_gpurt_graph_launch(self.raw, graph.0, times)
+        })
+    }
+
+    /// Queues a copy of `bytes` (at most [`MAX_READ_BYTES`]) of `buffer` into a pinned slot,
+    /// after everything queued so far; [`GpuRuntime::read_end`] waits for it. At most 16 reads
+    /// are in flight.
+    pub fn read_begin(&mut self, buffer: Buffer, offset: usize, bytes: usize) -> Result<Ticket> {
+        let mut t = 0u64;
+        // SAFETY: live handle; t is a valid out-pointer; the shim checks the range.
+        check("gpurt_read_begin", unsafe {
+            sys::mlxs_gpurt_read_begin(self.raw, buffer.0, offset, bytes, &mut t)
+        })?;
+        Ok(Ticket(t))
+    }
+
+    /// Waits for a queued read and copies it into `out`, whose length must be the read's.
+    pub fn read_end(&mut self, ticket: Ticket, out: &mut [u8]) -> Result<()> {
+        // SAFETY: out is valid for out.len() bytes of writes; the shim checks the length.
+        check("gpurt_read_end", unsafe {
+            sys::mlxs_gpurt_read_end(self.raw, ticket.0, out.as_mut_ptr().cast(), out.len())
+        })
+    }
+
+    /// Waits for everything queued on the runtime's stream.
+    pub fn synchronize(&mut self) -> Result<()> {
+        // SAFETY: live handle.
+        check("gpurt_synchronize", unsafe {
+            sys::mlxs_gpurt_synchronize(self.raw)
+        })
+    }
+}
+
+impl Drop for GpuRuntime {
+    fn drop(&mut self) {
+        // SAFETY: we own the handle; it is not used after this.
+        unsafe { sys::mlxs_gpurt_free(self.raw) }
+    }
+}

@@ -1,0 +1,374 @@
+// The graph decoder's kernels (mlx-kernels/src/graph_decode.rs): one llama decode step as
+// 7 kernels a layer, captured once into a CUDA graph and replayed for every token.
+//
+// Compiled by NVRTC at run time with no includes. Every parameter is 8 bytes wide (pointers,
+// long long, double): the runtime checks launches against that. Activations are bfloat16
+// values rounded where MLX rounds them (after each op), arithmetic in float32.
+//
+// The step state lives on the device: state[0] the token to embed, state[1] its position
+// (where its keys and values go; attention covers state[1] + 1 positions), state[2] the
+// number of steps taken (the index the next sampled token is written at).
+
+typedef unsigned short bf16_t;
+typedef unsigned int u32;
+typedef long long ll;
+
+#define NEG_INF __int_as_float(0xff800000)
+#define MV_WARPS 8
+#define MODE_NORM 1
+#define MODE_RES 2
+#define MODE_SWIGLU 4
+#define MODE_F32 8
+#define ATTN_CHUNK 64
+#define ATTN_THREADS 128
+
+__device__ __forceinline__ float bf2f(bf16_t h) { return __uint_as_float(((u32)h) << 16); }
+__device__ __forceinline__ float lo2f(u32 w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float hi2f(u32 w) { return __uint_as_float(w & 0xffff0000u); }
+
+// Round to nearest even, as MLX's bfloat16 conversion does; NaN stays NaN.
+__device__ __forceinline__ bf16_t f2bf(float f) {
+  u32 u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16_t)((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (bf16_t)(u >> 16);
+}
+__device__ __forceinline__ float rbf(float f) { return bf2f(f2bf(f)); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// h = embedding row state[0] (bfloat16 table, or MLX affine-quantized: dequantize(w, s, b)).
+extern "C" __global__ void embed(const void* table, const bf16_t* scales, const bf16_t* biases,
+                                 const int* state, bf16_t* h, ll H, ll bits, ll gs) {
+  const ll tok = state[0];
+  for (ll k = threadIdx.x; k < H; k += blockDim.x) {
+    float v;
+    if (bits == 16) {
+      v = bf2f(((const bf16_t*)table)[tok * H + k]);
+    } else {
+      const ll per = 32 / bits;
+      const u32* w = (const u32*)table + tok * (H / per);
+      const u32 q = (w[k / per] >> ((k % per) * bits)) & ((1u << bits) - 1u);
+      const ll g = tok * (H / gs) + k / gs;
+      v = rbf(rbf(bf2f(scales[g]) * (float)q) + bf2f(biases[g]));
+    }
+    h[k] = f2bf(v);
+  }
+}
+
+// Dot product of 8 bfloat16 weights with 8 bfloat16 inputs, added to acc.
+__device__ __forceinline__ float dot8(const uint4 w, const uint4 x, float acc) {
+  acc += lo2f(w.x) * lo2f(x.x);
+  acc += hi2f(w.x) * hi2f(x.x);
+  acc += lo2f(w.y) * lo2f(x.y);
+  acc += hi2f(w.y) * hi2f(x.y);
+  acc += lo2f(w.z) * lo2f(x.z);
+  acc += hi2f(w.z) * hi2f(x.z);
+  acc += lo2f(w.w) * lo2f(x.w);
+  acc += hi2f(w.w) * hi2f(x.w);
+  return acc;
+}
+
+// One 16-byte chunk of two quantized rows: 4 words of BITS-bit codes each (32 / BITS per word,
+// the lowest bits first), against the matching inputs: d0 = sum(q0 * x), d1 = sum(q1 * x),
+// xsum = sum(x).
+template <int BITS>
+__device__ __forceinline__ void qchunk2(const uint4 w0, const uint4 w1, const bf16_t* xs,
+                                        float& d0, float& d1, float& xsum) {
+  constexpr int PER = 32 / BITS;
+  constexpr int VALS = 4 * PER;
+  constexpr u32 MASK = (1u << BITS) - 1u;
+  float x[VALS];
+  const uint4* xv = (const uint4*)xs;
+#pragma unroll
+  for (int i = 0; i < VALS / 8; ++i) {
+    const uint4 t = xv[i];
+    x[8 * i + 0] = lo2f(t.x);
+    x[8 * i + 1] = hi2f(t.x);
+    x[8 * i + 2] = lo2f(t.y);
+    x[8 * i + 3] = hi2f(t.y);
+    x[8 * i + 4] = lo2f(t.z);
+    x[8 * i + 5] = hi2f(t.z);
+    x[8 * i + 6] = lo2f(t.w);
+    x[8 * i + 7] = hi2f(t.w);
+  }
+  const u32 a[4] = {w0.x, w0.y, w0.z, w0.w};
+  const u32 b[4] = {w1.x, w1.y, w1.z, w1.w};
+  d0 = 0.f;
+  d1 = 0.f;
+  xsum = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+      const float v = x[i * PER + j];
+      d0 += (float)((a[i] >> (j * BITS)) & MASK) * v;
+      d1 += (float)((b[i] >> (j * BITS)) & MASK) * v;
+      xsum += v;
+    }
+  }
+}
+
+// Rows r0 and r1 of W against xs (in shared memory), one warp; each lane's partial sums.
+template <int BITS>
+__device__ __forceinline__ void rows2(const void* W, const bf16_t* S, const bf16_t* B,
+                                      const bf16_t* xs, ll r0, ll r1, int K, int gs_shift,
+                                      int lane, float& a0, float& a1) {
+  if (BITS == 16) {
+    const uint4* w0 = (const uint4*)((const bf16_t*)W + r0 * K);
+    const uint4* w1 = (const uint4*)((const bf16_t*)W + r1 * K);
+    const uint4* x = (const uint4*)xs;
+    const int C = K / 8;
+#pragma unroll 2
+    for (int c = lane; c < C; c += 32) {
+      const uint4 xv = x[c];
+      a0 = dot8(w0[c], xv, a0);
+      a1 = dot8(w1[c], xv, a1);
+    }
+  } else {
+    constexpr int VALS = 4 * (32 / BITS);  // inputs per 16-byte chunk
+    const int words = K / (32 / BITS);
+    const uint4* w0 = (const uint4*)((const u32*)W + r0 * words);
+    const uint4* w1 = (const uint4*)((const u32*)W + r1 * words);
+    const int G = K >> gs_shift;
+    const bf16_t* s0 = S + r0 * G;
+    const bf16_t* s1 = S + r1 * G;
+    const bf16_t* b0 = B + r0 * G;
+    const bf16_t* b1 = B + r1 * G;
+    const int C = words / 4;
+#pragma unroll 2
+    for (int c = lane; c < C; c += 32) {
+      const int g = (c * VALS) >> gs_shift;
+      float d0, d1, xsum;
+      qchunk2<BITS>(w0[c], w1[c], xs + c * VALS, d0, d1, xsum);
+      a0 += bf2f(s0[g]) * d0 + bf2f(b0[g]) * xsum;
+      a1 += bf2f(s1[g]) * d1 + bf2f(b1[g]) * xsum;
+    }
+  }
+}
+
+// out = W x for W [N, K] (bfloat16, or MLX affine-quantized with BITS-bit codes, group gs,
+// bfloat16 scales and biases), x [K] bfloat16.
+// mode: NORM: x = rms_norm(xin, normw, eps) first (as MLX's fast.rms_norm rounds it);
+//       RES: out = res + (W x) (out may be res; each element is read and written by one lane);
+//       SWIGLU: rows are interleaved (gate_i, up_i); out[i] = silu(gate_i) * up_i;
+//       F32: out is float32 (the bfloat16-rounded values).
+// Each warp computes a pair of rows; blocks stride over the pairs.
+extern "C" __global__ void matvec(const void* W, const bf16_t* S, const bf16_t* B,
+                                  const bf16_t* xin, const bf16_t* normw, const bf16_t* res,
+                                  void* out, ll N, ll K, ll bits, ll gs, ll mode, double eps) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16_t* xs = (bf16_t*)smem;
+  __shared__ float red[MV_WARPS];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  if (mode & MODE_NORM) {
+    float ss = 0.f;
+    for (ll k = tid; k < K; k += blockDim.x) {
+      const float v = bf2f(xin[k]);
+      ss += v * v;
+    }
+    ss = warp_sum(ss);
+    if (lane == 0) red[warp] = ss;
+    __syncthreads();
+    float tot = 0.f;
+    for (int i = 0; i < MV_WARPS; ++i) tot += red[i];
+    const float inv = rsqrtf(tot / (float)K + (float)eps);
+    for (ll k = tid; k < K; k += blockDim.x) {
+      xs[k] = f2bf(bf2f(normw[k]) * rbf(bf2f(xin[k]) * inv));
+    }
+  } else {
+    for (ll k = tid; k < K; k += blockDim.x) xs[k] = xin[k];
+  }
+  __syncthreads();
+  const int gs_shift = __ffsll(gs) - 1;  // gs is a power of two
+  const ll pairs = (N + 1) / 2;
+  for (ll p = (ll)blockIdx.x * MV_WARPS + warp; p < pairs; p += (ll)gridDim.x * MV_WARPS) {
+    const ll r0 = 2 * p;
+    const bool has1 = r0 + 1 < N;
+    const ll r1 = has1 ? r0 + 1 : r0;
+    float a0 = 0.f, a1 = 0.f;
+    switch (bits) {
+      case 4: rows2<4>(W, S, B, xs, r0, r1, (int)K, gs_shift, lane, a0, a1); break;
+      case 8: rows2<8>(W, S, B, xs, r0, r1, (int)K, gs_shift, lane, a0, a1); break;
+      default: rows2<16>(W, S, B, xs, r0, r1, (int)K, gs_shift, lane, a0, a1); break;
+    }
+    a0 = warp_sum(a0);
+    a1 = warp_sum(a1);
+    if (lane == 0) {
+      if (mode & MODE_SWIGLU) {
+        const float g = rbf(a0), u = rbf(a1);
+        const float s = rbf(1.f / (1.f + expf(-g)));
+        ((bf16_t*)out)[p] = f2bf(rbf(g * s) * u);
+      } else if (mode & MODE_F32) {
+        ((float*)out)[r0] = rbf(a0);
+        if (has1) ((float*)out)[r1] = rbf(a1);
+      } else if (mode & MODE_RES) {
+        ((bf16_t*)out)[r0] = f2bf(bf2f(res[r0]) + rbf(a0));
+        if (has1) ((bf16_t*)out)[r1] = f2bf(bf2f(res[r1]) + rbf(a1));
+      } else {
+        ((bf16_t*)out)[r0] = f2bf(a0);
+        if (has1) ((bf16_t*)out)[r1] = f2bf(a1);
+      }
+    }
+  }
+}
+
+// RoPE (MLX's non-traditional layout: pairs (i, i + D/2)) at position state[1] on the query
+// heads in place and on the key heads, which go to the key cache with the values.
+// Grid: nh + nkv blocks of D/2 threads.
+extern "C" __global__ void rope_kv(bf16_t* qkv, bf16_t* kc, bf16_t* vc, const int* state, ll nh,
+                                   ll nkv, ll D, ll cap, double log2_base) {
+  const ll head = blockIdx.x;
+  const ll half = D / 2;
+  const ll i = threadIdx.x;
+  if (i >= half) return;
+  const ll pos = state[1];
+  const float d = (float)i / (float)half;
+  const float inv_freq = exp2f(-d * (float)log2_base);
+  const float theta = (float)pos * inv_freq;
+  const float c = cosf(theta), s = sinf(theta);
+  bf16_t* x = qkv + head * D;
+  const float x1 = bf2f(x[i]), x2 = bf2f(x[i + half]);
+  const bf16_t o1 = f2bf(x1 * c - x2 * s), o2 = f2bf(x1 * s + x2 * c);
+  if (head < nh) {
+    x[i] = o1;
+    x[i + half] = o2;
+  } else {
+    const ll kvh = head - nh;
+    bf16_t* kd = kc + (kvh * cap + pos) * D;
+    kd[i] = o1;
+    kd[i + half] = o2;
+    const bf16_t* v = qkv + (nh + nkv + kvh) * D;
+    bf16_t* vd = vc + (kvh * cap + pos) * D;
+    vd[i] = v[i];
+    vd[i + half] = v[i + half];
+  }
+}
+
+// Attention of one query over the cache, split over the sequence: block (h, s) covers
+// positions [64 s, 64 s + 64) and writes its unnormalised output, max and sum.
+// 128 threads; D a multiple of 8, at most 128.
+extern "C" __global__ void attn_partial(const bf16_t* qkv, const bf16_t* kc, const bf16_t* vc,
+                                        const int* state, float* po, float* pml, ll nh, ll nkv,
+                                        ll D, ll cap, ll NS, double scale) {
+  const ll h = blockIdx.x, s = blockIdx.y;
+  const ll L = (ll)state[1] + 1;
+  const ll start = s * ATTN_CHUNK;
+  if (start >= L) return;
+  const ll n = (L - start) < ATTN_CHUNK ? (L - start) : ATTN_CHUNK;
+  const ll kvh = h / (nh / nkv);
+  __shared__ __align__(16) float q[128];
+  __shared__ float p[ATTN_CHUNK];
+  __shared__ float part[ATTN_THREADS];
+  const int tid = threadIdx.x;
+  for (ll d = tid; d < D; d += ATTN_THREADS) q[d] = (float)scale * bf2f(qkv[h * D + d]);
+  __syncthreads();
+  if (tid < n) {
+    const uint4* k = (const uint4*)(kc + (kvh * cap + start + tid) * D);
+    float sc = 0.f;
+    for (ll c = 0; c < D / 8; ++c) {
+      const uint4 w = k[c];
+      const float* qq = q + 8 * c;
+      sc += qq[0] * lo2f(w.x) + qq[1] * hi2f(w.x) + qq[2] * lo2f(w.y) + qq[3] * hi2f(w.y) +
+            qq[4] * lo2f(w.z) + qq[5] * hi2f(w.z) + qq[6] * lo2f(w.w) + qq[7] * hi2f(w.w);
+    }
+    p[tid] = sc;
+  }
+  __syncthreads();
+  float m = NEG_INF;
+  for (ll j = 0; j < n; ++j) m = fmaxf(m, p[j]);
+  __syncthreads();
+  if (tid < n) p[tid] = expf(p[tid] - m);
+  __syncthreads();
+  float l = 0.f;
+  for (ll j = 0; j < n; ++j) l += p[j];
+  const ll sub = ATTN_THREADS / D;  // 2 for D = 64, 1 for D = 128
+  const ll d = tid % D, which = tid / D;
+  float o = 0.f;
+  if (which < sub) {
+    for (ll j = which; j < n; j += sub) o += p[j] * bf2f(vc[(kvh * cap + start + j) * D + d]);
+  }
+  part[tid] = o;
+  __syncthreads();
+  if (tid < D) {
+    float t = 0.f;
+    for (ll w = 0; w < sub; ++w) t += part[w * D + tid];
+    po[(h * NS + s) * D + tid] = t;
+  }
+  if (tid == 0) {
+    pml[(h * NS + s) * 2] = m;
+    pml[(h * NS + s) * 2 + 1] = l;
+  }
+}
+
+// Combines the splits of attn_partial: out[h] = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s.
+extern "C" __global__ void attn_combine(const float* po, const float* pml, const int* state,
+                                        bf16_t* out, ll D, ll NS) {
+  const ll h = blockIdx.x;
+  const ll L = (ll)state[1] + 1;
+  const ll ns = (L + ATTN_CHUNK - 1) / ATTN_CHUNK;
+  float M = NEG_INF;
+  for (ll s = 0; s < ns; ++s) M = fmaxf(M, pml[(h * NS + s) * 2]);
+  float den = 0.f;
+  for (ll s = 0; s < ns; ++s) den += pml[(h * NS + s) * 2 + 1] * expf(pml[(h * NS + s) * 2] - M);
+  for (ll d = threadIdx.x; d < D; d += blockDim.x) {
+    float num = 0.f;
+    for (ll s = 0; s < ns; ++s) num += po[(h * NS + s) * D + d] * expf(pml[(h * NS + s) * 2] - M);
+    out[h * D + d] = f2bf(num / den);
+  }
+}
+
+// Greedy sampling: the first index of the largest logit becomes the next token; the state
+// advances one position. One block of 1024 threads.
+extern "C" __global__ void argmax_next(const float* logits, int* state, int* tokens, ll V,
+                                       ll max_steps) {
+  __shared__ float sb[32];
+  __shared__ int si[32];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  float best = NEG_INF;
+  int idx = 0x7fffffff;
+  for (ll i = tid; i < V; i += blockDim.x) {
+    const float v = logits[i];
+    if (v > best) {
+      best = v;
+      idx = (int)i;
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+    if (ob > best || (ob == best && oi < idx)) {
+      best = ob;
+      idx = oi;
+    }
+  }
+  if (lane == 0) {
+    sb[warp] = best;
+    si[warp] = idx;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    const int nw = (blockDim.x + 31) / 32;
+    best = lane < nw ? sb[lane] : NEG_INF;
+    idx = lane < nw ? si[lane] : 0x7fffffff;
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+      if (ob > best || (ob == best && oi < idx)) {
+        best = ob;
+        idx = oi;
+      }
+    }
+    if (lane == 0) {
+      if (idx == 0x7fffffff) idx = 0;
+      const int step = state[2];
+      if (step < max_steps) tokens[step] = idx;
+      state[0] = idx;
+      state[1] += 1;
+      state[2] = step + 1;
+    }
+  }
+}

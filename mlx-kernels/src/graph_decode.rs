@@ -1,0 +1,1012 @@
+//! The graph decoder: a llama decode step as a CUDA graph of our own kernels, captured once and
+//! replayed for every token ([`GraphDecoder`]).
+//!
+//! Why: MLX 0.32.4's CUDA back-end spends ~3 us of host time scheduling each primitive, and a
+//! decode step of a 30-layer llama is 800-1,500 primitives, so MLX decodes at a few hundred
+//! tokens a second whatever the GPU could do (`xtask/gpu/results/README.md`). Here one step is
+//! 7 kernels a layer (`graph_decode.cu`): RMSNorm fused into the projections that follow it,
+//! q/k/v as one matrix, gate/up as one interleaved matrix with SiLU-multiply in its epilogue,
+//! RoPE with the cache write, attention split over the sequence and its combine, and the
+//! residual adds in the output projections' epilogues; then the final norm with the LM head
+//! and a greedy argmax that advances the step state on the device. The whole step is one CUDA
+//! graph ([`mlx_core::gpurt`]); the host replays it and reads tokens back, pipelined.
+//!
+//! What it covers: `model_type: llama` without biases, RoPE scaling or traditional RoPE;
+//! bfloat16 weights, or MLX affine quantization (4 or 8 bits, groups of 32, 64 or 128) with
+//! bfloat16 scales; head size 16-128; greedy decoding; one sequence. The prompt is processed
+//! by MLX (the model's own forward, which is exact) and its KV cache copied in with
+//! [`GraphDecoder::set_prefix`]; or fed through the decoder with [`GraphDecoder::feed`].
+//!
+//! # Tier
+//!
+//! L3 against the model's MLX forward (the plain-ops reference, itself L1 with mlx-lm on the
+//! CPU): the kernels round to bfloat16 where MLX rounds (after every op) but sum in their own
+//! order, so logits differ by bfloat16 ulps. On MLX's CUDA back-end there is no exact oracle
+//! anyway (MLX is not deterministic run to run there past a few hundred cached tokens). The
+//! `cuda` test set checks teacher-forced logits against the MLX forward with the bounds in
+//! [`TEACHER_FORCED_BOUNDS`]. The exact path stays the default everywhere: this decoder is
+//! only used when asked for (`bench_generate --decoder graph`).
+//!
+//! # Robustness
+//!
+//! Everything in the model directory is checked before the GPU is touched: the config's
+//! fields, every tensor's name, dtype and shape (missing, mis-shaped and unused tensors are
+//! listed together), token ids against the vocabulary, the cache's capacity. A failed CUDA
+//! call poisons the decoder (every later call returns the first error); the caller's MLX
+//! caches are never touched (the prefix is copied).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::{Path, PathBuf};
+
+use mlx_core::gpurt::{Arg, Buffer, GpuRuntime, Graph, Kernel};
+use mlx_core::io::load_safetensors;
+use mlx_core::{Array, Dtype, Error, Result, Stream};
+
+/// The kernels' CUDA source.
+pub const SOURCE: &str = include_str!("graph_decode.cu");
+
+const KERNELS: &[(&str, u32)] = &[
+    ("embed", 8),
+    ("matvec", 13),
+    ("rope_kv", 9),
+    ("attn_partial", 12),
+    ("attn_combine", 6),
+    ("argmax_next", 5),
+];
+const MODE_NORM: i64 = 1;
+const MODE_RES: i64 = 2;
+const MODE_SWIGLU: i64 = 4;
+const MODE_F32: i64 = 8;
+const ATTN_CHUNK: usize = 64;
+const MV_THREADS: u32 = 256;
+const MV_MAX_BLOCKS: usize = 1056;
+const MAX_LISTED: usize = 12;
+
+/// Bounds the `cuda` test set holds the decoder to, against the model's MLX forward on the
+/// same GPU, teacher-forced over a prompt and a continuation: the largest logit difference
+/// relative to the largest logit magnitude, and the share of steps whose greedy token equals
+/// the MLX forward's. Random bench models have many near-ties among bfloat16 logits.
+pub const TEACHER_FORCED_BOUNDS: (f32, f32) = (0.05, 0.9);
+
+/// A llama's shape as the decoder needs it (from `config.json`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LlamaShape {
+    /// `hidden_size`.
+    pub hidden: usize,
+    /// `num_hidden_layers`.
+    pub layers: usize,
+    /// `num_attention_heads`.
+    pub heads: usize,
+    /// `num_key_value_heads`.
+    pub kv_heads: usize,
+    /// `head_dim` (default `hidden / heads`).
+    pub head_dim: usize,
+    /// `intermediate_size`.
+    pub intermediate: usize,
+    /// `vocab_size`.
+    pub vocab: usize,
+    /// `rms_norm_eps`.
+    pub eps: f32,
+    /// `rope_theta`.
+    pub rope_theta: f32,
+    /// `tie_word_embeddings` (default true, as mlx-lm's llama).
+    pub tied: bool,
+    /// `quantization`: (group size, bits).
+    pub quant: Option<(usize, usize)>,
+}
+
+fn cfg_err(path: &Path, msg: impl Into<String>) -> Error {
+    Error::Io {
+        path: path.display().to_string(),
+        message: msg.into(),
+    }
+}
+
+impl LlamaShape {
+    /// Reads and checks `dir/config.json`.
+    pub fn from_dir(dir: &Path) -> Result<Self> {
+        let path = dir.join("config.json");
+        let text = std::fs::read_to_string(&path).map_err(|e| cfg_err(&path, e.to_string()))?;
+        let v: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| cfg_err(&path, format!("not JSON: {e}")))?;
+        Self::from_config(&v).map_err(|m| cfg_err(&path, m))
+    }
+
+    /// Checks a parsed `config.json`; the error names the field.
+    pub fn from_config(v: &serde_json::Value) -> std::result::Result<Self, String> {
+        let int = |k: &str| -> std::result::Result<usize, String> {
+            match v.get(k) {
+                Some(x) => x
+                    .as_u64()
+                    .filter(|&n| n > 0 && n < (1 << 31))
+                    .map(|n| n as usize)
+                    .ok_or_else(|| format!("field {k}: {x} is not a positive integer")),
+                None => Err(format!("field {k} is missing")),
+            }
+        };
+        let float = |k: &str, default: f64| -> std::result::Result<f32, String> {
+            match v.get(k) {
+                None | Some(serde_json::Value::Null) => Ok(default as f32),
+                Some(x) => x
+                    .as_f64()
+                    .filter(|f| f.is_finite() && *f > 0.0)
+                    .map(|f| f as f32)
+                    .ok_or_else(|| format!("field {k}: {x} is not a positive number")),
+            }
+        };
+        let flag = |k: &str, default: bool| -> std::result::Result<bool, String> {
+            match v.get(k) {
+                None | Some(serde_json::Value::Null) => Ok(default),
+                Some(x) => x
+                    .as_bool()
+                    .ok_or_else(|| format!("field {k}: {x} is not a boolean")),
+            }
+        };
+        let mt = v.get("model_type").and_then(|m| m.as_str()).unwrap_or("");
+        if mt != "llama" {
+            return Err(format!(
+                "field model_type: {mt:?}; the graph decoder runs llama models only"
+            ));
+        }
+        for k in ["attention_bias", "mlp_bias", "rope_traditional"] {
+            if flag(k, false)? {
+                return Err(format!("field {k}: true is not supported by the graph decoder"));
+            }
+        }
+        if let Some(s) = v.get("rope_scaling").filter(|s| !s.is_null()) {
+            return Err(format!(
+                "field rope_scaling: {s} is not supported by the graph decoder"
+            ));
+        }
+        let hidden = int("hidden_size")?;
+        let heads = int("num_attention_heads")?;
+        let kv_heads = match v.get("num_key_value_heads") {
+            None | Some(serde_json::Value::Null) => heads,
+            _ => int("num_key_value_heads")?,
+        };
+        let head_dim = match v.get("head_dim") {
+            None | Some(serde_json::Value::Null) => hidden / heads,
+            _ => int("head_dim")?,
+        };
+        let quant = match v.get("quantization").or_else(|| v.get("quantization_config")) {
+            None | Some(serde_json::Value::Null) => None,
+            Some(q) => {
+                let o = q
+                    .as_object()
+                    .ok_or_else(|| format!("field quantization: {q} is not an object"))?;
+                for (k, x) in o {
+                    match k.as_str() {
+                        "group_size" | "bits" => {}
+                        "mode" if x.as_str() == Some("affine") => {}
+                        _ => {
+                            return Err(format!(
+                                "field quantization.{k}: {x}; the graph decoder needs one \
+                                 affine group size and bit width for the whole model"
+                            ))
+                        }
+                    }
+                }
+                let get = |k: &str| o.get(k).and_then(|x| x.as_u64()).map(|n| n as usize);
+                let gs = get("group_size").ok_or("field quantization.group_size is missing")?;
+                let bits = get("bits").ok_or("field quantization.bits is missing")?;
+                if ![32, 64, 128].contains(&gs) || ![4, 8].contains(&bits) {
+                    return Err(format!(
+                        "field quantization: group_size {gs}, bits {bits}; the graph decoder \
+                         runs groups of 32, 64 or 128 with 4 or 8 bits"
+                    ));
+                }
+                Some((gs, bits))
+            }
+        };
+        let s = LlamaShape {
+            hidden,
+            layers: int("num_hidden_layers")?,
+            heads,
+            kv_heads,
+            head_dim,
+            intermediate: int("intermediate_size")?,
+            vocab: int("vocab_size")?,
+            eps: float("rms_norm_eps", 1e-6)?,
+            rope_theta: float("rope_theta", 10000.0)?,
+            tied: flag("tie_word_embeddings", true)?,
+            quant,
+        };
+        if s.heads % s.kv_heads != 0 {
+            return Err(format!(
+                "fields num_attention_heads {} and num_key_value_heads {}: not a multiple",
+                s.heads, s.kv_heads
+            ));
+        }
+        if ![16, 32, 64, 128].contains(&s.head_dim) {
+            return Err(format!(
+                "field head_dim: {}; the graph decoder runs head sizes 16, 32, 64 and 128",
+                s.head_dim
+            ));
+        }
+        let (gs, align) = match s.quant {
+            Some((gs, _)) => (gs, 32),
+            None => (1, 8),
+        };
+        for (k, n) in [
+            ("hidden_size", s.hidden),
+            ("intermediate_size", s.intermediate),
+            ("num_attention_heads * head_dim", s.heads * s.head_dim),
+        ] {
+            if n % align != 0 || n % gs != 0 {
+                return Err(format!(
+                    "field {k}: {n} is not a multiple of {}",
+                    align.max(gs)
+                ));
+            }
+        }
+        Ok(s)
+    }
+
+    fn qkv_rows(&self) -> usize {
+        (self.heads + 2 * self.kv_heads) * self.head_dim
+    }
+}
+
+/// A linear layer's (or the embedding's) device tensors.
+#[derive(Debug, Clone, Copy)]
+struct Lin {
+    w: Buffer,
+    s: Option<Buffer>,
+    b: Option<Buffer>,
+    n: usize,
+    k: usize,
+}
+
+#[derive(Debug)]
+struct Layer {
+    in_norm: Buffer,
+    post_norm: Buffer,
+    qkv: Lin,
+    o: Lin,
+    gu: Lin,
+    down: Lin,
+    kc: Buffer,
+    vc: Buffer,
+}
+
+#[derive(Debug)]
+struct Activations {
+    h: Buffer,
+    qkv: Buffer,
+    attn: Buffer,
+    act: Buffer,
+    logits: Buffer,
+    state: Buffer,
+    tokens: Buffer,
+    po: Buffer,
+    pml: Buffer,
+}
+
+/// One llama's decode step as a replayed CUDA graph. See the module docs.
+pub struct GraphDecoder {
+    rt: GpuRuntime,
+    shape: LlamaShape,
+    capacity: usize,
+    pos: usize,
+    graph: Graph,
+    acts: Activations,
+    layers: Vec<Layer>,
+    broken: Option<String>,
+}
+
+impl std::fmt::Debug for GraphDecoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GraphDecoder")
+            .field("shape", &self.shape)
+            .field("capacity", &self.capacity)
+            .field("position", &self.pos)
+            .finish()
+    }
+}
+
+fn invalid(op: &'static str, msg: impl Into<String>) -> Error {
+    Error::InvalidArgument {
+        op,
+        message: msg.into(),
+    }
+}
+
+/// The tensors of a model directory, checked against what a llama of `shape` needs.
+struct Weights {
+    arrays: BTreeMap<String, Array>,
+}
+
+impl Weights {
+    fn load(dir: &Path, shape: &LlamaShape) -> Result<Self> {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(|e| cfg_err(dir, e.to_string()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+            .collect();
+        files.sort();
+        if files.is_empty() {
+            return Err(cfg_err(dir, "no .safetensors files"));
+        }
+        let cpu = Stream::cpu()?;
+        let mut arrays = BTreeMap::new();
+        for f in &files {
+            let (m, _) = load_safetensors(f, Some(&cpu))?;
+            for (k, a) in m {
+                if k.ends_with(".rotary_emb.inv_freq") {
+                    continue; // mlx-lm drops these too
+                }
+                arrays.insert(k, a);
+            }
+        }
+        // The expected tensors, and every problem at once.
+        let mut expect: BTreeMap<String, (Vec<i32>, Dtype)> = BTreeMap::new();
+        let s = shape;
+        let mut lin = |name: &str, n: usize, k: usize| {
+            match s.quant {
+                None => {
+                    expect.insert(
+                        format!("{name}.weight"),
+                        (vec![n as i32, k as i32], Dtype::Bfloat16),
+                    );
+                }
+                Some((gs, bits)) => {
+                    expect.insert(
+                        format!("{name}.weight"),
+                        (vec![n as i32, (k * bits / 32) as i32], Dtype::Uint32),
+                    );
+                    for part in ["scales", "biases"] {
+                        expect.insert(
+                            format!("{name}.{part}"),
+                            (vec![n as i32, (k / gs) as i32], Dtype::Bfloat16),
+                        );
+                    }
+                }
+            };
+        };
+        let (h, d) = (s.hidden, s.head_dim);
+        lin("model.embed_tokens", s.vocab, h);
+        if !s.tied {
+            lin("lm_head", s.vocab, h);
+        }
+        for i in 0..s.layers {
+            let p = format!("model.layers.{i}");
+            lin(&format!("{p}.self_attn.q_proj"), s.heads * d, h);
+            lin(&format!("{p}.self_attn.k_proj"), s.kv_heads * d, h);
+            lin(&format!("{p}.self_attn.v_proj"), s.kv_heads * d, h);
+            lin(&format!("{p}.self_attn.o_proj"), h, s.heads * d);
+            lin(&format!("{p}.mlp.gate_proj"), s.intermediate, h);
+            lin(&format!("{p}.mlp.up_proj"), s.intermediate, h);
+            lin(&format!("{p}.mlp.down_proj"), h, s.intermediate);
+        }
+        for i in 0..s.layers {
+            for n in ["input_layernorm", "post_attention_layernorm"] {
+                expect.insert(
+                    format!("model.layers.{i}.{n}.weight"),
+                    (vec![h as i32], Dtype::Bfloat16),
+                );
+            }
+        }
+        expect.insert("model.norm.weight".into(), (vec![h as i32], Dtype::Bfloat16));
+        let mut problems = Vec::new();
+        for (name, (sh, dt)) in &expect {
+            match arrays.get(name) {
+                None => problems.push(format!("missing {name}")),
+                Some(a) => {
+                    if a.shape() != sh.as_slice() || a.dtype() != *dt {
+                        problems.push(format!(
+                            "{name}: {:?} {}, expected {:?} {}",
+                            a.shape(),
+                            a.dtype(),
+                            sh,
+                            dt
+                        ));
+                    }
+                }
+            }
+        }
+        for name in arrays.keys() {
+            if !expect.contains_key(name) {
+                problems.push(format!("unused {name}"));
+            }
+        }
+        if !problems.is_empty() {
+            let n = problems.len();
+            let mut msg = problems
+                .into_iter()
+                .take(MAX_LISTED)
+                .collect::<Vec<_>>()
+                .join("; ");
+            if n > MAX_LISTED {
+                msg.push_str(&format!("; and {} more", n - MAX_LISTED));
+            }
+            return Err(cfg_err(
+                dir,
+                format!("{n} tensor problem(s) for the graph decoder: {msg}"),
+            ));
+        }
+        Ok(Weights { arrays })
+    }
+
+    /// Takes a tensor's bytes (the tensor was checked to exist).
+    fn bytes(&mut self, name: &str) -> Result<Vec<u8>> {
+        let a = self
+            .arrays
+            .remove(name)
+            .ok_or_else(|| invalid("graph_decoder", format!("{name} taken twice")))?;
+        a.to_bytes()
+    }
+}
+
+/// Interleaves the rows of two equally shaped row-major tensors: a0, b0, a1, b1, ...
+fn interleave_rows(a: &[u8], b: &[u8], rows: usize) -> Vec<u8> {
+    let rb = a.len() / rows;
+    let mut out = Vec::with_capacity(a.len() + b.len());
+    for r in 0..rows {
+        out.extend_from_slice(&a[r * rb..(r + 1) * rb]);
+        out.extend_from_slice(&b[r * rb..(r + 1) * rb]);
+    }
+    out
+}
+
+impl GraphDecoder {
+    /// Whether a CUDA driver and a GPU are there.
+    pub fn available() -> bool {
+        GpuRuntime::available()
+    }
+
+    /// Loads the llama in `dir` (`config.json` and `*.safetensors`, as mlx-lm saves them) for
+    /// up to `capacity` cached positions, compiles the kernels and captures the step.
+    pub fn load(dir: &Path, capacity: usize) -> Result<Self> {
+        let shape = LlamaShape::from_dir(dir)?;
+        if capacity == 0 || capacity > (1 << 24) {
+            return Err(invalid(
+                "graph_decoder",
+                format!("capacity {capacity}: must be 1 to 16777216 positions"),
+            ));
+        }
+        let capacity = capacity.div_ceil(ATTN_CHUNK) * ATTN_CHUNK;
+        let mut w = Weights::load(dir, &shape)?;
+        let mut rt = GpuRuntime::new(SOURCE, KERNELS)?;
+        let s = shape.clone();
+        let (h, d, i_sz) = (s.hidden, s.head_dim, s.intermediate);
+
+        // Uploads a linear layer made of row blocks of several tensors (q, k, v), or of two
+        // interleaved tensors (gate, up).
+        fn upload_lin(
+            rt: &mut GpuRuntime,
+            w: &mut Weights,
+            s: &LlamaShape,
+            names: &[String],
+            ns: &[usize],
+            k: usize,
+            interleave: bool,
+        ) -> Result<Lin> {
+            let n: usize = ns.iter().sum();
+            let parts: &[&str] = if s.quant.is_some() {
+                &["weight", "scales", "biases"]
+            } else {
+                &["weight"]
+            };
+            let mut bufs = Vec::new();
+            for part in parts {
+                let blobs: Vec<Vec<u8>> = names
+                    .iter()
+                    .map(|nm| w.bytes(&format!("{nm}.{part}")))
+                    .collect::<Result<_>>()?;
+                let total: usize = blobs.iter().map(Vec::len).sum();
+                let buf = rt.alloc(total)?;
+                if interleave {
+                    let joined = interleave_rows(&blobs[0], &blobs[1], ns[0]);
+                    rt.upload(buf, 0, &joined)?;
+                } else {
+                    let mut off = 0;
+                    for b in &blobs {
+                        rt.upload(buf, off, b)?;
+                        off += b.len();
+                    }
+                }
+                bufs.push(buf);
+            }
+            Ok(Lin {
+                w: bufs[0],
+                s: bufs.get(1).copied(),
+                b: bufs.get(2).copied(),
+                n,
+                k,
+            })
+        }
+
+        let embed = upload_lin(
+            &mut rt,
+            &mut w,
+            &s,
+            &["model.embed_tokens".into()],
+            &[s.vocab],
+            h,
+            false,
+        )?;
+        let head = if s.tied {
+            embed
+        } else {
+            upload_lin(&mut rt, &mut w, &s, &["lm_head".into()], &[s.vocab], h, false)?
+        };
+        let norm_buf = |rt: &mut GpuRuntime, w: &mut Weights, name: &str| -> Result<Buffer> {
+            let b = w.bytes(name)?;
+            let buf = rt.alloc(b.len())?;
+            rt.upload(buf, 0, &b)?;
+            Ok(buf)
+        };
+        let final_norm = norm_buf(&mut rt, &mut w, "model.norm.weight")?;
+        let kv_bytes = s.kv_heads * capacity * d * 2;
+        let mut layers = Vec::with_capacity(s.layers);
+        for l in 0..s.layers {
+            let p = format!("model.layers.{l}");
+            let a = format!("{p}.self_attn");
+            let m = format!("{p}.mlp");
+            layers.push(Layer {
+                in_norm: norm_buf(&mut rt, &mut w, &format!("{p}.input_layernorm.weight"))?,
+                post_norm: norm_buf(
+                    &mut rt,
+                    &mut w,
+                    &format!("{p}.post_attention_layernorm.weight"),
+                )?,
+                qkv: upload_lin(
+                    &mut rt,
+                    &mut w,
+                    &s,
+                    &[
+                        format!("{a}.q_proj"),
+                        format!("{a}.k_proj"),
+                        format!("{a}.v_proj"),
+                    ],
+                    &[s.heads * d, s.kv_heads * d, s.kv_heads * d],
+                    h,
+                    false,
+                )?,
+                o: upload_lin(
+                    &mut rt,
+                    &mut w,
+                    &s,
+                    &[format!("{a}.o_proj")],
+                    &[h],
+                    s.heads * d,
+                    false,
+                )?,
+                gu: upload_lin(
+                    &mut rt,
+                    &mut w,
+                    &s,
+                    &[format!("{m}.gate_proj"), format!("{m}.up_proj")],
+                    &[i_sz, i_sz],
+                    h,
+                    true,
+                )?,
+                down: upload_lin(
+                    &mut rt,
+                    &mut w,
+                    &s,
+                    &[format!("{m}.down_proj")],
+                    &[h],
+                    i_sz,
+                    false,
+                )?,
+                kc: rt.alloc(kv_bytes)?,
+                vc: rt.alloc(kv_bytes)?,
+            });
+        }
+        let ns = capacity / ATTN_CHUNK;
+        let acts = Activations {
+            h: rt.alloc(h * 2)?,
+            qkv: rt.alloc(s.qkv_rows() * 2)?,
+            attn: rt.alloc(s.heads * d * 2)?,
+            act: rt.alloc(i_sz * 2)?,
+            logits: rt.alloc(s.vocab * 4)?,
+            state: rt.alloc(16)?,
+            tokens: rt.alloc(capacity * 4)?,
+            po: rt.alloc(s.heads * ns * d * 4)?,
+            pml: rt.alloc(s.heads * ns * 2 * 4)?,
+        };
+        let matvec = rt.kernel("matvec")?;
+        let max_k = h.max(i_sz).max(s.heads * d);
+        if max_k * 2 > 48 * 1024 {
+            rt.set_shared_limit(matvec, (max_k * 2) as u32)?;
+        }
+        let graph = rt.capture(|rt| {
+            record_step(
+                rt,
+                &s,
+                capacity,
+                &acts,
+                &layers,
+                embed,
+                head,
+                final_norm,
+            )
+        })?;
+        Ok(GraphDecoder {
+            rt,
+            shape,
+            capacity,
+            pos: 0,
+            graph,
+            acts,
+            layers,
+            broken: None,
+        })
+    }
+
+    /// The model's shape.
+    pub fn shape(&self) -> &LlamaShape {
+        &self.shape
+    }
+
+    /// Positions the cache holds (the requested capacity rounded up to a multiple of 64).
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Positions cached so far.
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
+    /// Device bytes held (weights, cache, activations).
+    pub fn device_bytes(&self) -> usize {
+        self.rt.allocated()
+    }
+
+    /// The GPU's name.
+    pub fn device_name(&self) -> Result<String> {
+        self.rt.device_name()
+    }
+
+    fn ok(&self) -> Result<()> {
+        match &self.broken {
+            Some(e) => Err(invalid(
+                "graph_decoder",
+                format!("an earlier CUDA call failed, the decoder is unusable: {e}"),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    fn guard<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
+        self.ok()?;
+        let r = f(self);
+        if let Err(e) = &r {
+            if matches!(e, Error::Mlx { .. }) {
+                self.broken = Some(e.to_string());
+            }
+        }
+        r
+    }
+
+    fn check_token(&self, token: u32) -> Result<()> {
+        if token as usize >= self.shape.vocab {
+            return Err(invalid(
+                "graph_decoder",
+                format!("token id {token} outside the vocabulary of {}", self.shape.vocab),
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_room(&self, n: usize) -> Result<()> {
+        if n > self.capacity - self.pos {
+            return Err(invalid(
+                "graph_decoder",
+                format!(
+                    "{n} more positions do not fit: {} of {} are used",
+                    self.pos, self.capacity
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Forgets the cache (position 0).
+    pub fn reset(&mut self) {
+        self.pos = 0;
+    }
+
+    /// Copies a prompt's KV cache in: per layer, keys and values `[1, kv_heads, n, head_dim]`
+    /// bfloat16 (what an MLX `KVCache` fetches after the prompt). The position becomes `n`.
+    pub fn set_prefix(&mut self, kv: &[(Array, Array)]) -> Result<()> {
+        let s = &self.shape;
+        if kv.len() != s.layers {
+            return Err(invalid(
+                "graph_decoder",
+                format!("set_prefix: {} layers of cache, the model has {}", kv.len(), s.layers),
+            ));
+        }
+        let n = kv.first().map_or(0, |(k, _)| k.shape().get(2).copied().unwrap_or(0)) as usize;
+        if n > self.capacity {
+            return Err(invalid(
+                "graph_decoder",
+                format!("set_prefix: {n} positions, the capacity is {}", self.capacity),
+            ));
+        }
+        let want = [1, s.kv_heads as i32, n as i32, s.head_dim as i32];
+        for (l, (k, v)) in kv.iter().enumerate() {
+            for (what, a) in [("keys", k), ("values", v)] {
+                if a.shape() != want || a.dtype() != Dtype::Bfloat16 {
+                    return Err(invalid(
+                        "graph_decoder",
+                        format!(
+                            "set_prefix: layer {l} {what} are {:?} {}, expected {want:?} bfloat16",
+                            a.shape(),
+                            a.dtype()
+                        ),
+                    ));
+                }
+            }
+        }
+        let (cap, d, nkv) = (self.capacity, s.head_dim, s.kv_heads);
+        let bufs: Vec<(Buffer, Buffer)> = self.layers.iter().map(|l| (l.kc, l.vc)).collect();
+        let host: Vec<(Vec<u8>, Vec<u8>)> = kv
+            .iter()
+            .map(|(k, v)| Ok((k.to_bytes()?, v.to_bytes()?)))
+            .collect::<Result<_>>()?;
+        self.guard(|me| {
+            me.pos = 0;
+            let row = n * d * 2;
+            for ((kb, vb), (kh, vh)) in bufs.iter().zip(&host) {
+                for hd in 0..nkv {
+                    me.rt.upload(*kb, hd * cap * d * 2, &kh[hd * row..(hd + 1) * row])?;
+                    me.rt.upload(*vb, hd * cap * d * 2, &vh[hd * row..(hd + 1) * row])?;
+                }
+            }
+            me.pos = n;
+            Ok(())
+        })
+    }
+
+    fn set_state(&mut self, token: u32) -> Result<()> {
+        let mut st = [0u8; 16];
+        st[0..4].copy_from_slice(&(token as i32).to_le_bytes());
+        st[4..8].copy_from_slice(&(self.pos as i32).to_le_bytes());
+        self.rt.upload(self.acts.state, 0, &st)
+    }
+
+    /// Runs one step on `token` at the current position (teacher-forced) and returns the
+    /// step's logits (bfloat16 values as float32).
+    pub fn step_logits(&mut self, token: u32) -> Result<Vec<f32>> {
+        self.check_token(token)?;
+        self.check_room(1)?;
+        let vocab = self.shape.vocab;
+        self.guard(|me| {
+            me.set_state(token)?;
+            me.rt.replay(me.graph, 1)?;
+            me.pos += 1;
+            let mut b = vec![0u8; vocab * 4];
+            me.rt.download(me.acts.logits, 0, &mut b)?;
+            Ok(b.chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect())
+        })
+    }
+
+    /// Feeds `tokens` through the decoder (a prompt, without MLX), keeping nothing but the
+    /// cache.
+    pub fn feed(&mut self, tokens: &[u32]) -> Result<()> {
+        for &t in tokens {
+            self.check_token(t)?;
+        }
+        self.check_room(tokens.len())?;
+        self.guard(|me| {
+            for &t in tokens {
+                me.set_state(t)?;
+                me.rt.replay(me.graph, 1)?;
+                me.pos += 1;
+            }
+            me.rt.synchronize()
+        })
+    }
+
+    /// Greedy decoding: `first` (the last token sampled, not yet cached) goes in at the
+    /// current position, and `n` tokens come out, each handed to `on_token` as soon as it is
+    /// read back (the GPU runs up to 8 steps ahead of the reads).
+    pub fn generate(&mut self, first: u32, n: usize, mut on_token: impl FnMut(u32)) -> Result<()> {
+        self.check_token(first)?;
+        self.check_room(n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        self.guard(|me| {
+            me.set_state(first)?;
+            let start = me.pos;
+            let mut inflight = VecDeque::new();
+            let mut buf = [0u8; 4];
+            for i in 0..n {
+                me.rt.replay(me.graph, 1)?;
+                inflight.push_back(me.rt.read_begin(me.acts.tokens, i * 4, 4)?);
+                if inflight.len() >= 8 {
+                    if let Some(t) = inflight.pop_front() {
+                        me.rt.read_end(t, &mut buf)?;
+                        on_token(u32::from_le_bytes(buf));
+                    }
+                }
+            }
+            while let Some(t) = inflight.pop_front() {
+                me.rt.read_end(t, &mut buf)?;
+                on_token(u32::from_le_bytes(buf));
+            }
+            me.pos = start + n;
+            Ok(())
+        })
+    }
+}
+
+fn opt(b: Option<Buffer>, dummy: Buffer) -> Arg {
+    Arg::Buf(b.unwrap_or(dummy), 0)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn matvec(
+    rt: &mut GpuRuntime,
+    k: Kernel,
+    s: &LlamaShape,
+    lin: &Lin,
+    x: Buffer,
+    norm: Option<Buffer>,
+    res: Option<Buffer>,
+    out: Buffer,
+    mode: i64,
+) -> Result<()> {
+    let pairs = lin.n.div_ceil(2);
+    let blocks = pairs.div_ceil(8).clamp(1, MV_MAX_BLOCKS) as u32;
+    let (gs, bits) = s.quant.unwrap_or((1, 16));
+    rt.launch(
+        k,
+        [blocks, 1, 1],
+        [MV_THREADS, 1, 1],
+        (lin.k * 2) as u32,
+        &[
+            Arg::Buf(lin.w, 0),
+            opt(lin.s, x),
+            opt(lin.b, x),
+            Arg::Buf(x, 0),
+            opt(norm, x),
+            opt(res, x),
+            Arg::Buf(out, 0),
+            Arg::I64(lin.n as i64),
+            Arg::I64(lin.k as i64),
+            Arg::I64(bits as i64),
+            Arg::I64(gs as i64),
+            Arg::I64(mode),
+            Arg::F64(s.eps as f64),
+        ],
+    )
+}
+
+/// Records one decode step (while capturing).
+#[allow(clippy::too_many_arguments)]
+fn record_step(
+    rt: &mut GpuRuntime,
+    s: &LlamaShape,
+    cap: usize,
+    a: &Activations,
+    layers: &[Layer],
+    embed: Lin,
+    head: Lin,
+    final_norm: Buffer,
+) -> Result<()> {
+    let k_embed = rt.kernel("embed")?;
+    let k_mv = rt.kernel("matvec")?;
+    let k_rope = rt.kernel("rope_kv")?;
+    let k_part = rt.kernel("attn_partial")?;
+    let k_comb = rt.kernel("attn_combine")?;
+    let k_argmax = rt.kernel("argmax_next")?;
+    let (gs, bits) = s.quant.unwrap_or((1, 16));
+    let (d, nh, nkv) = (s.head_dim as i64, s.heads as i64, s.kv_heads as i64);
+    let ns = cap / ATTN_CHUNK;
+    rt.launch(
+        k_embed,
+        [1, 1, 1],
+        [256, 1, 1],
+        0,
+        &[
+            Arg::Buf(embed.w, 0),
+            opt(embed.s, a.h),
+            opt(embed.b, a.h),
+            Arg::Buf(a.state, 0),
+            Arg::Buf(a.h, 0),
+            Arg::I64(s.hidden as i64),
+            Arg::I64(bits as i64),
+            Arg::I64(gs as i64),
+        ],
+    )?;
+    let log2_base = (s.rope_theta).log2() as f64;
+    let scale = (1.0f32 / (s.head_dim as f32).sqrt()) as f64;
+    for l in layers {
+        matvec(rt, k_mv, s, &l.qkv, a.h, Some(l.in_norm), None, a.qkv, MODE_NORM)?;
+        rt.launch(
+            k_rope,
+            [(s.heads + s.kv_heads) as u32, 1, 1],
+            [(s.head_dim / 2) as u32, 1, 1],
+            0,
+            &[
+                Arg::Buf(a.qkv, 0),
+                Arg::Buf(l.kc, 0),
+                Arg::Buf(l.vc, 0),
+                Arg::Buf(a.state, 0),
+                Arg::I64(nh),
+                Arg::I64(nkv),
+                Arg::I64(d),
+                Arg::I64(cap as i64),
+                Arg::F64(log2_base),
+            ],
+        )?;
+        rt.launch(
+            k_part,
+            [s.heads as u32, ns as u32, 1],
+            [128, 1, 1],
+            0,
+            &[
+                Arg::Buf(a.qkv, 0),
+                Arg::Buf(l.kc, 0),
+                Arg::Buf(l.vc, 0),
+                Arg::Buf(a.state, 0),
+                Arg::Buf(a.po, 0),
+                Arg::Buf(a.pml, 0),
+                Arg::I64(nh),
+                Arg::I64(nkv),
+                Arg::I64(d),
+                Arg::I64(cap as i64),
+                Arg::I64(ns as i64),
+                Arg::F64(scale),
+            ],
+        )?;
+        rt.launch(
+            k_comb,
+            [s.heads as u32, 1, 1],
+            [128, 1, 1],
+            0,
+            &[
+                Arg::Buf(a.po, 0),
+                Arg::Buf(a.pml, 0),
+                Arg::Buf(a.state, 0),
+                Arg::Buf(a.attn, 0),
+                Arg::I64(d),
+                Arg::I64(ns as i64),
+            ],
+        )?;
+        matvec(rt, k_mv, s, &l.o, a.attn, None, Some(a.h), a.h, MODE_RES)?;
+        matvec(
+            rt,
+            k_mv,
+            s,
+            &l.gu,
+            a.h,
+            Some(l.post_norm),
+            None,
+            a.act,
+            MODE_NORM | MODE_SWIGLU,
+        )?;
+        matvec(rt, k_mv, s, &l.down, a.act, None, Some(a.h), a.h, MODE_RES)?;
+    }
+    matvec(
+        rt,
+        k_mv,
+        s,
+        &head,
+        a.h,
+        Some(final_norm),
+        None,
+        a.logits,
+        MODE_NORM | MODE_F32,
+    )?;
+    rt.launch(
+        k_argmax,
+        [1, 1, 1],
+        [1024, 1, 1],
+        0,
+        &[
+            Arg::Buf(a.logits, 0),
+            Arg::Buf(a.state, 0),
+            Arg::Buf(a.tokens, 0),
+            Arg::I64(s.vocab as i64),
+            Arg::I64(cap as i64),
+        ],
+    )
+}

@@ -1,0 +1,637 @@
+// A small CUDA runtime beside MLX (see mlxs/gpurt.h): the driver API and NVRTC through dlopen,
+// so that nothing here needs CUDA headers or libraries at build time.
+#include <dirent.h>
+#include <dlfcn.h>
+
+#include <array>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "internal.hpp"
+
+using namespace mlxs;
+
+namespace {
+
+// The few driver types and constants used here (their ABI is stable across CUDA versions).
+using CUresult = int;
+using CUdevice = int;
+using CUdeviceptr = unsigned long long;
+using CUcontext = void*;
+using CUmodule = void*;
+using CUfunction = void*;
+using CUstream = void*;
+using CUgraph = void*;
+using CUgraphExec = void*;
+using CUevent = void*;
+using nvrtcResult = int;
+using nvrtcProgram = void*;
+
+constexpr int kAttrCcMajor = 75;            // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
+constexpr int kAttrCcMinor = 76;            // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR
+constexpr int kFuncMaxDynamicShared = 8;    // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+constexpr unsigned kStreamNonBlocking = 1;  // CU_STREAM_NON_BLOCKING
+constexpr int kCaptureThreadLocal = 1;      // CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+constexpr unsigned kEventDisableTiming = 2; // CU_EVENT_DISABLE_TIMING
+constexpr size_t kSlotBytes = 1 << 20;
+constexpr size_t kSlots = 16;
+
+struct Driver {
+  void* lib = nullptr;
+  std::string error;
+  CUresult (*cuInit)(unsigned);
+  CUresult (*cuDeviceGetCount)(int*);
+  CUresult (*cuDeviceGet)(CUdevice*, int);
+  CUresult (*cuDeviceGetName)(char*, int, CUdevice);
+  CUresult (*cuDeviceGetAttribute)(int*, int, CUdevice);
+  CUresult (*cuDevicePrimaryCtxRetain)(CUcontext*, CUdevice);
+  CUresult (*cuDevicePrimaryCtxRelease)(CUdevice);
+  CUresult (*cuCtxSetCurrent)(CUcontext);
+  CUresult (*cuModuleLoadData)(CUmodule*, const void*);
+  CUresult (*cuModuleUnload)(CUmodule);
+  CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*);
+  CUresult (*cuFuncSetAttribute)(CUfunction, int, int);
+  CUresult (*cuFuncGetParamInfo)(CUfunction, size_t, size_t*, size_t*);  // CUDA >= 12.4
+  CUresult (*cuMemAlloc)(CUdeviceptr*, size_t);
+  CUresult (*cuMemFree)(CUdeviceptr);
+  CUresult (*cuMemAllocHost)(void**, size_t);
+  CUresult (*cuMemFreeHost)(void*);
+  CUresult (*cuMemcpyHtoDAsync)(CUdeviceptr, const void*, size_t, CUstream);
+  CUresult (*cuMemcpyDtoHAsync)(void*, CUdeviceptr, size_t, CUstream);
+  CUresult (*cuMemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream);
+  CUresult (*cuStreamCreate)(CUstream*, unsigned);
+  CUresult (*cuStreamDestroy)(CUstream);
+  CUresult (*cuStreamSynchronize)(CUstream);
+  CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             unsigned, unsigned, CUstream, void**, void**);
+  CUresult (*cuStreamBeginCapture)(CUstream, int);
+  CUresult (*cuStreamEndCapture)(CUstream, CUgraph*);
+  CUresult (*cuGraphInstantiateWithFlags)(CUgraphExec*, CUgraph, unsigned long long);
+  CUresult (*cuGraphLaunch)(CUgraphExec, CUstream);
+  CUresult (*cuGraphExecDestroy)(CUgraphExec);
+  CUresult (*cuGraphDestroy)(CUgraph);
+  CUresult (*cuEventCreate)(CUevent*, unsigned);
+  CUresult (*cuEventRecord)(CUevent, CUstream);
+  CUresult (*cuEventSynchronize)(CUevent);
+  CUresult (*cuEventDestroy)(CUevent);
+  CUresult (*cuGetErrorName)(CUresult, const char**);
+  CUresult (*cuGetErrorString)(CUresult, const char**);
+};
+
+struct Nvrtc {
+  void* lib = nullptr;
+  std::string error;
+  nvrtcResult (*nvrtcCreateProgram)(nvrtcProgram*, const char*, const char*, int,
+                                    const char* const*, const char* const*);
+  nvrtcResult (*nvrtcCompileProgram)(nvrtcProgram, int, const char* const*);
+  nvrtcResult (*nvrtcGetProgramLogSize)(nvrtcProgram, size_t*);
+  nvrtcResult (*nvrtcGetProgramLog)(nvrtcProgram, char*);
+  nvrtcResult (*nvrtcGetCUBINSize)(nvrtcProgram, size_t*);
+  nvrtcResult (*nvrtcGetCUBIN)(nvrtcProgram, char*);
+  nvrtcResult (*nvrtcDestroyProgram)(nvrtcProgram*);
+  const char* (*nvrtcGetErrorString)(nvrtcResult);
+};
+
+template <class T>
+bool sym(void* lib, const char* name, T& out, std::string& error) {
+  out = reinterpret_cast<T>(dlsym(lib, name));
+  if (out == nullptr && error.empty()) error = std::string("symbol ") + name + " not found";
+  return out != nullptr;
+}
+
+const Driver& driver() {
+  static Driver d = [] {
+    Driver d{};
+    d.lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (d.lib == nullptr) {
+      const char* e = dlerror();
+      d.error = std::string("the CUDA driver (libcuda.so.1) could not be loaded: ") +
+                (e ? e : "unknown reason");
+      return d;
+    }
+    std::string& err = d.error;
+    sym(d.lib, "cuInit", d.cuInit, err);
+    sym(d.lib, "cuDeviceGetCount", d.cuDeviceGetCount, err);
+    sym(d.lib, "cuDeviceGet", d.cuDeviceGet, err);
+    sym(d.lib, "cuDeviceGetName", d.cuDeviceGetName, err);
+    sym(d.lib, "cuDeviceGetAttribute", d.cuDeviceGetAttribute, err);
+    sym(d.lib, "cuDevicePrimaryCtxRetain", d.cuDevicePrimaryCtxRetain, err);
+    sym(d.lib, "cuDevicePrimaryCtxRelease_v2", d.cuDevicePrimaryCtxRelease, err);
+    sym(d.lib, "cuCtxSetCurrent", d.cuCtxSetCurrent, err);
+    sym(d.lib, "cuModuleLoadData", d.cuModuleLoadData, err);
+    sym(d.lib, "cuModuleUnload", d.cuModuleUnload, err);
+    sym(d.lib, "cuModuleGetFunction", d.cuModuleGetFunction, err);
+    sym(d.lib, "cuFuncSetAttribute", d.cuFuncSetAttribute, err);
+    d.cuFuncGetParamInfo = reinterpret_cast<decltype(d.cuFuncGetParamInfo)>(
+        dlsym(d.lib, "cuFuncGetParamInfo"));  // optional
+    sym(d.lib, "cuMemAlloc_v2", d.cuMemAlloc, err);
+    sym(d.lib, "cuMemFree_v2", d.cuMemFree, err);
+    sym(d.lib, "cuMemAllocHost_v2", d.cuMemAllocHost, err);
+    sym(d.lib, "cuMemFreeHost", d.cuMemFreeHost, err);
+    sym(d.lib, "cuMemcpyHtoDAsync_v2", d.cuMemcpyHtoDAsync, err);
+    sym(d.lib, "cuMemcpyDtoHAsync_v2", d.cuMemcpyDtoHAsync, err);
+    sym(d.lib, "cuMemsetD8Async", d.cuMemsetD8Async, err);
+    sym(d.lib, "cuStreamCreate", d.cuStreamCreate, err);
+    sym(d.lib, "cuStreamDestroy_v2", d.cuStreamDestroy, err);
+    sym(d.lib, "cuStreamSynchronize", d.cuStreamSynchronize, err);
+    sym(d.lib, "cuLaunchKernel", d.cuLaunchKernel, err);
+    sym(d.lib, "cuStreamBeginCapture_v2", d.cuStreamBeginCapture, err);
+    sym(d.lib, "cuStreamEndCapture", d.cuStreamEndCapture, err);
+    sym(d.lib, "cuGraphInstantiateWithFlags", d.cuGraphInstantiateWithFlags, err);
+    sym(d.lib, "cuGraphLaunch", d.cuGraphLaunch, err);
+    sym(d.lib, "cuGraphExecDestroy", d.cuGraphExecDestroy, err);
+    sym(d.lib, "cuGraphDestroy", d.cuGraphDestroy, err);
+    sym(d.lib, "cuEventCreate", d.cuEventCreate, err);
+    sym(d.lib, "cuEventRecord", d.cuEventRecord, err);
+    sym(d.lib, "cuEventSynchronize", d.cuEventSynchronize, err);
+    sym(d.lib, "cuEventDestroy_v2", d.cuEventDestroy, err);
+    sym(d.lib, "cuGetErrorName", d.cuGetErrorName, err);
+    sym(d.lib, "cuGetErrorString", d.cuGetErrorString, err);
+    if (!err.empty()) {
+      err = "the CUDA driver is too old or incomplete: " + err;
+      return d;
+    }
+    CUresult r = d.cuInit(0);
+    if (r != 0) {
+      const char* name = nullptr;
+      d.cuGetErrorName(r, &name);
+      err = std::string("cuInit failed: ") + (name ? name : std::to_string(r));
+    }
+    return d;
+  }();
+  return d;
+}
+
+// NVRTC: by soname (found when MLX's CUDA build already loaded it), then beside libmlx
+// (the wheels' layout: site-packages/nvidia/cu13/lib), then $MLXS_NVRTC.
+const Nvrtc& nvrtc() {
+  static Nvrtc n = [] {
+    Nvrtc n{};
+    std::vector<std::string> tried;
+    if (const char* p = std::getenv("MLXS_NVRTC")) tried.push_back(p);
+    tried.push_back("libnvrtc.so.13");
+    tried.push_back("libnvrtc.so.12");
+    Dl_info info{};
+    if (dladdr(reinterpret_cast<void*>(static_cast<void (*)()>(&mx::synchronize)), &info) != 0 && info.dli_fname) {
+      std::string lib = info.dli_fname;
+      auto slash = lib.rfind('/');
+      if (slash != std::string::npos) {
+        std::string dir = lib.substr(0, slash);
+        tried.push_back(dir + "/../../nvidia/cu13/lib/libnvrtc.so.13");
+        tried.push_back(dir + "/../../nvidia/cuda_nvrtc/lib/libnvrtc.so.12");
+      }
+    }
+    for (const auto& t : tried) {
+      n.lib = dlopen(t.c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (n.lib) break;
+    }
+    if (n.lib == nullptr) {
+      n.error = "NVRTC could not be loaded (tried";
+      for (const auto& t : tried) n.error += " " + t;
+      n.error += "; set MLXS_NVRTC to libnvrtc's path)";
+      return n;
+    }
+    std::string& err = n.error;
+    sym(n.lib, "nvrtcCreateProgram", n.nvrtcCreateProgram, err);
+    sym(n.lib, "nvrtcCompileProgram", n.nvrtcCompileProgram, err);
+    sym(n.lib, "nvrtcGetProgramLogSize", n.nvrtcGetProgramLogSize, err);
+    sym(n.lib, "nvrtcGetProgramLog", n.nvrtcGetProgramLog, err);
+    sym(n.lib, "nvrtcGetCUBINSize", n.nvrtcGetCUBINSize, err);
+    sym(n.lib, "nvrtcGetCUBIN", n.nvrtcGetCUBIN, err);
+    sym(n.lib, "nvrtcDestroyProgram", n.nvrtcDestroyProgram, err);
+    sym(n.lib, "nvrtcGetErrorString", n.nvrtcGetErrorString, err);
+    if (!err.empty()) {
+      err = "NVRTC is incomplete: " + err;
+      return n;
+    }
+    // NVRTC loads libnvrtc-builtins.so.* by name when it compiles; load the one beside it
+    // first, so that it is found whatever the library search path is.
+    Dl_info nv{};
+    if (dladdr(reinterpret_cast<void*>(n.nvrtcCreateProgram), &nv) != 0 && nv.dli_fname) {
+      std::string path = nv.dli_fname;
+      auto slash = path.rfind('/');
+      std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
+      if (DIR* dp = opendir(dir.c_str())) {
+        while (dirent* e = readdir(dp)) {
+          if (std::strncmp(e->d_name, "libnvrtc-builtins.so", 20) == 0) {
+            dlopen((dir + "/" + e->d_name).c_str(), RTLD_NOW | RTLD_GLOBAL);
+          }
+        }
+        closedir(dp);
+      }
+    }
+    return n;
+  }();
+  return n;
+}
+
+void check(CUresult r, const char* what) {
+  if (r == 0) return;
+  const Driver& d = driver();
+  const char* name = nullptr;
+  const char* text = nullptr;
+  d.cuGetErrorName(r, &name);
+  d.cuGetErrorString(r, &text);
+  throw std::runtime_error(std::string("[gpurt] ") + what + ": " +
+                           (name ? name : std::to_string(r)) + " (" + (text ? text : "") + ")");
+}
+
+const Driver& ready_driver() {
+  const Driver& d = driver();
+  if (!d.error.empty()) throw std::runtime_error("[gpurt] " + d.error);
+  return d;
+}
+
+}  // namespace
+
+struct mlxs_gpurt_ {
+  CUdevice device = 0;
+  CUcontext ctx = nullptr;
+  CUstream stream = nullptr;
+  CUmodule module = nullptr;
+  std::string name;
+  std::vector<CUfunction> kernels;
+  std::vector<uint32_t> arities;
+  std::vector<std::pair<CUdeviceptr, size_t>> buffers;
+  size_t allocated = 0;
+  std::vector<std::pair<CUgraph, CUgraphExec>> graphs;
+  bool capturing = false;
+  // Pinned read slots.
+  void* pinned = nullptr;
+  std::array<CUevent, kSlots> events{};
+  std::array<uint64_t, kSlots> slot_ticket{};  // 0: free
+  std::array<size_t, kSlots> slot_bytes{};
+  uint64_t next_ticket = 1;
+
+  const Driver& d() {
+    const Driver& dr = ready_driver();
+    check(dr.cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+    return dr;
+  }
+  CUdeviceptr at(uint32_t buffer, size_t offset, size_t bytes, const char* what) {
+    if (buffer >= buffers.size()) {
+      throw std::invalid_argument(std::string("[gpurt] ") + what + ": no buffer " +
+                                  std::to_string(buffer));
+    }
+    auto [ptr, size] = buffers[buffer];
+    if (offset > size || bytes > size - offset) {
+      throw std::invalid_argument(std::string("[gpurt] ") + what + ": bytes [" +
+                                  std::to_string(offset) + ", " +
+                                  std::to_string(offset + bytes) + ") outside buffer " +
+                                  std::to_string(buffer) + " of " + std::to_string(size) +
+                                  " bytes");
+    }
+    return ptr + offset;
+  }
+  void not_capturing(const char* what) {
+    if (capturing) {
+      throw std::logic_error(std::string("[gpurt] ") + what +
+                             " is not allowed while a graph is being captured");
+    }
+  }
+  ~mlxs_gpurt_() {
+    const Driver& dr = driver();
+    if (!dr.error.empty() || ctx == nullptr) return;
+    dr.cuCtxSetCurrent(ctx);
+    if (stream) dr.cuStreamSynchronize(stream);
+    for (auto& [g, e] : graphs) {
+      if (e) dr.cuGraphExecDestroy(e);
+      if (g) dr.cuGraphDestroy(g);
+    }
+    for (auto ev : events) {
+      if (ev) dr.cuEventDestroy(ev);
+    }
+    if (pinned) dr.cuMemFreeHost(pinned);
+    for (auto& [p, n] : buffers) dr.cuMemFree(p);
+    if (module) dr.cuModuleUnload(module);
+    if (stream) dr.cuStreamDestroy(stream);
+    dr.cuDevicePrimaryCtxRelease(device);
+  }
+};
+
+extern "C" {
+
+bool mlxs_gpurt_available(void) {
+  try {
+    const Driver& d = driver();
+    if (!d.error.empty()) return false;
+    int n = 0;
+    return d.cuDeviceGetCount(&n) == 0 && n > 0;
+  } catch (...) {
+    return false;
+  }
+}
+
+int mlxs_gpurt_new(mlxs_gpurt* out, const char* source, const char* const* kernel_names,
+                   const uint32_t* arities, size_t n_kernels) {
+  return guard([&] {
+    std::string src = cstr(source, "kernel source");
+    if (n_kernels > 0 && (kernel_names == nullptr || arities == nullptr)) {
+      throw std::invalid_argument("[gpurt] null kernel names or arities");
+    }
+    const Driver& d = ready_driver();
+    int count = 0;
+    check(d.cuDeviceGetCount(&count), "cuDeviceGetCount");
+    if (count == 0) throw std::runtime_error("[gpurt] the CUDA driver sees no device");
+    auto rt = std::make_unique<mlxs_gpurt_>();
+    check(d.cuDeviceGet(&rt->device, 0), "cuDeviceGet");
+    check(d.cuDevicePrimaryCtxRetain(&rt->ctx, rt->device), "cuDevicePrimaryCtxRetain");
+    check(d.cuCtxSetCurrent(rt->ctx), "cuCtxSetCurrent");
+    int major = 0, minor = 0;
+    check(d.cuDeviceGetAttribute(&major, kAttrCcMajor, rt->device), "cuDeviceGetAttribute");
+    check(d.cuDeviceGetAttribute(&minor, kAttrCcMinor, rt->device), "cuDeviceGetAttribute");
+    char name[256] = {0};
+    check(d.cuDeviceGetName(name, sizeof(name) - 1, rt->device), "cuDeviceGetName");
+    std::string arch = "sm_" + std::to_string(major) + std::to_string(minor);
+    rt->name = std::string(name) + " (" + arch + ")";
+    check(d.cuStreamCreate(&rt->stream, kStreamNonBlocking), "cuStreamCreate");
+
+    const Nvrtc& n = nvrtc();
+    if (!n.error.empty()) throw std::runtime_error("[gpurt] " + n.error);
+    nvrtcProgram prog = nullptr;
+    nvrtcResult nr = n.nvrtcCreateProgram(&prog, src.c_str(), "gpurt.cu", 0, nullptr, nullptr);
+    if (nr != 0) {
+      throw std::runtime_error(std::string("[gpurt] nvrtcCreateProgram: ") +
+                               n.nvrtcGetErrorString(nr));
+    }
+    std::string arch_opt = "--gpu-architecture=" + arch;
+    const char* opts[] = {arch_opt.c_str(), "-std=c++17", "--fmad=true"};
+    nr = n.nvrtcCompileProgram(prog, 3, opts);
+    std::string log;
+    size_t log_size = 0;
+    if (n.nvrtcGetProgramLogSize(prog, &log_size) == 0 && log_size > 1) {
+      log.resize(log_size);
+      n.nvrtcGetProgramLog(prog, log.data());
+    }
+    std::string cubin;
+    if (nr == 0) {
+      size_t size = 0;
+      nr = n.nvrtcGetCUBINSize(prog, &size);
+      if (nr == 0) {
+        cubin.resize(size);
+        nr = n.nvrtcGetCUBIN(prog, cubin.data());
+      }
+    }
+    n.nvrtcDestroyProgram(&prog);
+    if (nr != 0) {
+      throw std::runtime_error(std::string("[gpurt] NVRTC could not compile the kernels for ") +
+                               arch + ": " + n.nvrtcGetErrorString(nr) + "\n" + log);
+    }
+    check(d.cuModuleLoadData(&rt->module, cubin.data()), "cuModuleLoadData");
+    for (size_t i = 0; i < n_kernels; ++i) {
+      std::string kname = cstr(kernel_names[i], "kernel name");
+      CUfunction f = nullptr;
+      check(d.cuModuleGetFunction(&f, rt->module, kname.c_str()),
+            ("cuModuleGetFunction(" + kname + ")").c_str());
+      if (d.cuFuncGetParamInfo != nullptr) {
+        // Every parameter must be 8 bytes wide, and the declared count must be right.
+        size_t k = 0;
+        for (;; ++k) {
+          size_t off = 0, size = 0;
+          if (d.cuFuncGetParamInfo(f, k, &off, &size) != 0) break;
+          if (size != 8 || off != 8 * k) {
+            throw std::invalid_argument("[gpurt] kernel " + kname + ": parameter " +
+                                        std::to_string(k) + " is " + std::to_string(size) +
+                                        " bytes at offset " + std::to_string(off) +
+                                        "; every parameter must be 8 bytes");
+          }
+        }
+        if (k != arities[i]) {
+          throw std::invalid_argument("[gpurt] kernel " + kname + " takes " + std::to_string(k) +
+                                      " parameters, declared " + std::to_string(arities[i]));
+        }
+      }
+      rt->kernels.push_back(f);
+      rt->arities.push_back(arities[i]);
+    }
+    *out = rt.release();
+  });
+}
+
+void mlxs_gpurt_free(mlxs_gpurt rt) {
+  try {
+    delete rt;
+  } catch (...) {
+  }
+}
+
+int mlxs_gpurt_device_name(mlxs_gpurt rt, mlxs_string* out) {
+  return guard([&] {
+    if (rt == nullptr) throw std::invalid_argument("[gpurt] null runtime");
+    *out = new mlxs_string_{rt->name};
+  });
+}
+
+int mlxs_gpurt_alloc(mlxs_gpurt rt, size_t bytes, uint32_t* out_buffer) {
+  return guard([&] {
+    if (rt == nullptr) throw std::invalid_argument("[gpurt] null runtime");
+    rt->not_capturing("alloc");
+    if (bytes == 0) throw std::invalid_argument("[gpurt] alloc: zero bytes");
+    const Driver& d = rt->d();
+    CUdeviceptr p = 0;
+    check(d.cuMemAlloc(&p, bytes), ("cuMemAlloc(" + std::to_string(bytes) + " bytes)").c_str());
+    CUresult r = d.cuMemsetD8Async(p, 0, bytes, rt->stream);
+    if (r == 0) r = d.cuStreamSynchronize(rt->stream);
+    if (r != 0) {
+      d.cuMemFree(p);
+      check(r, "cuMemsetD8Async");
+    }
+    rt->buffers.emplace_back(p, bytes);
+    rt->allocated += bytes;
+    *out_buffer = static_cast<uint32_t>(rt->buffers.size() - 1);
+  });
+}
+
+size_t mlxs_gpurt_allocated(mlxs_gpurt rt) { return rt ? rt->allocated : 0; }
+
+int mlxs_gpurt_upload(mlxs_gpurt rt, uint32_t buffer, size_t offset, const void* src,
+                      size_t bytes) {
+  return guard([&] {
+    if (rt == nullptr) throw std::invalid_argument("[gpurt] null runtime");
+    rt->not_capturing("upload");
+    if (bytes == 0) return;
+    if (src == nullptr) throw std::invalid_argument("[gpurt] upload: null source");
+    CUdeviceptr p = rt->at(buffer, offset, bytes, "upload");
+    const Driver& d = rt->d();
+    check(d.cuMemcpyHtoDAsync(p, src, bytes, rt->stream), "cuMemcpyHtoDAsync");
+    check(d.cuStreamSynchronize(rt->stream), "upload: cuStreamSynchronize");
+  });
+}
+
+int mlxs_gpurt_download(mlxs_gpurt rt, uint32_t buffer, size_t offset, void* dst, size_t bytes) {
+  return guard([&] {
+    if (rt == nullptr) throw std::invalid_argument("[gpurt] null runtime");
+    rt->not_capturing("download");
+    if (bytes == 0) return;
+    if (dst == nullptr) throw std::invalid_argument("[gpurt] download: null destination");
+    CUdeviceptr p = rt->at(buffer, offset, bytes, "download");
+    const Driver& d = rt->d();
+    check(d.cuMemcpyDtoHAsync(dst, p, bytes, rt->stream), "cuMemcpyDtoHAsync");
+    check(d.cuStreamSynchronize(rt->stream), "download: cuStreamSynchronize");
+  });
+}
+
+int mlxs_gpurt_set_shared_limit(mlxs_gpurt rt, uint32_t kernel, uint32_t bytes) {
+  return guard([&] {
+    if (rt == nullptr) throw std::invalid_argument("[gpurt] null runtime");
+    if (kernel >= rt->kernels.size()) throw std::invalid_argument("[gpurt] no such kernel");
+    const Driver& d = rt->d();
+    check(d.cuFuncSetAttribute(rt->kernels[kernel], kFuncMaxDynamicShared, int(bytes)),
+          "cuFuncSetAttribute(max dynamic shared memory)");
+  });
+}
+
+int mlxs_gpurt_launch(mlxs_gpurt rt, uint32_t kernel, const uint32_t* grid3,
+                      const uint32_t* block3, uint32_t shared_bytes, const mlxs_gpurt_arg* args,
+                      size_t n_args) {
+  return guard([&] {
+    if (rt == nullptr) throw std::invalid_argument("[gpurt] null runtime");
+    if (grid3 == nullptr || block3 == nullptr) {
+      throw std::invalid_argument("[gpurt] launch: null grid or block");
+    }
+    if (kernel >= rt->kernels.size()) {
+      throw std::invalid_argument("[gpurt] launch: no kernel " + std::to_string(kernel));
+    }
+    if (n_args != rt->arities[kernel]) {
+      throw std::invalid_argument("[gpurt] launch: kernel " + std::to_string(kernel) + " takes " +
+                                  std::to_string(rt->arities[kernel]) + " arguments, got " +
+                                  std::to_string(n_args));
+    }
+    if (n_args > 0 && args == nullptr) throw std::invalid_argument("[gpurt] launch: null args");
+    for (int i = 0; i < 3; ++i) {
+      if (grid3[i] == 0 || block3[i] == 0) {
+        throw std::invalid_argument("[gpurt] launch: zero grid or block dimension");
+      }
+    }
+    if (uint64_t(block3[0]) * block3[1] * block3[2] > 1024) {
+      throw std::invalid_argument("[gpurt] launch: more than 1024 threads in a block");
+    }
+    std::vector<uint64_t> vals(n_args);
+    std::vector<void*> ptrs(n_args);
+    for (size_t i = 0; i < n_args; ++i) {
+      if (args[i].kind == MLXS_GPURT_ARG_BUFFER) {
+        vals[i] = rt->at(args[i].buffer, args[i].value, 0, "launch argument");
+      } else if (args[i].kind == MLXS_GPURT_ARG_BITS) {
+        vals[i] = args[i].value;
+      } else {
+        throw std::invalid_argument("[gpurt] launch: unknown argument kind");
+      }
+      ptrs[i] = &vals[i];
+    }
+    const Driver& d = rt->d();
+    check(d.cuLaunchKernel(rt->kernels[kernel], grid3[0], grid3[1], grid3[2], block3[0],
+                           block3[1], block3[2], shared_bytes, rt->stream,
+                           n_args ? ptrs.data() : nullptr, nullptr),
+          "cuLaunchKernel");
+  });
+}
+
+int mlxs_gpurt_capture_begin(mlxs_gpurt rt) {
+  return guard([&] {
+    if (rt == nullptr) throw std::invalid_argument("[gpurt] null runtime");
+    rt->not_capturing("capture_begin");
+    const Driver& d = rt->d();
+    check(d.cuStreamBeginCapture(rt->stream, kCaptureThreadLocal), "cuStreamBeginCapture");
+    rt->capturing = true;
+  });
+}
+
+int mlxs_gpurt_capture_end(mlxs_gpurt rt, uint32_t* out_graph) {
+  return guard([&] {
+    if (rt == nullptr) throw std::invalid_argument("[gpurt] null runtime");
+    if (!rt->capturing) throw std::logic_error("[gpurt] capture_end without capture_begin");
+    const Driver& d = rt->d();
+    rt->capturing = false;
+    CUgraph g = nullptr;
+    check(d.cuStreamEndCapture(rt->stream, &g), "cuStreamEndCapture");
+    CUgraphExec e = nullptr;
+    CUresult r = d.cuGraphInstantiateWithFlags(&e, g, 0);
+    if (r != 0) {
+      d.cuGraphDestroy(g);
+      check(r, "cuGraphInstantiateWithFlags");
+    }
+    rt->graphs.emplace_back(g, e);
+    *out_graph = static_cast<uint32_t>(rt->graphs.size() - 1);
+  });
+}
+
+int mlxs_gpurt_graph_launch(mlxs_gpurt rt, uint32_t graph, uint32_t times) {
+  return guard([&] {
+    if (rt == nullptr) throw std::invalid_argument("[gpurt] null runtime");
+    rt->not_capturing("graph_launch");
+    if (graph >= rt->graphs.size()) {
+      throw std::invalid_argument("[gpurt] graph_launch: no graph " + std::to_string(graph));
+    }
+    const Driver& d = rt->d();
+    for (uint32_t i = 0; i < times; ++i) {
+      check(d.cuGraphLaunch(rt->graphs[graph].second, rt->stream), "cuGraphLaunch");
+    }
+  });
+}
+
+int mlxs_gpurt_read_begin(mlxs_gpurt rt, uint32_t buffer, size_t offset, size_t bytes,
+                          uint64_t* out_ticket) {
+  return guard([&] {
+    if (rt == nullptr) throw std::invalid_argument("[gpurt] null runtime");
+    rt->not_capturing("read_begin");
+    if (bytes == 0 || bytes > kSlotBytes) {
+      throw std::invalid_argument("[gpurt] read_begin: " + std::to_string(bytes) +
+                                  " bytes; a read takes 1 to " + std::to_string(kSlotBytes));
+    }
+    CUdeviceptr p = rt->at(buffer, offset, bytes, "read_begin");
+    const Driver& d = rt->d();
+    if (rt->pinned == nullptr) {
+      check(d.cuMemAllocHost(&rt->pinned, kSlotBytes * kSlots), "cuMemAllocHost");
+      for (auto& ev : rt->events) check(d.cuEventCreate(&ev, kEventDisableTiming), "cuEventCreate");
+    }
+    uint64_t ticket = rt->next_ticket;
+    size_t slot = ticket % kSlots;
+    if (rt->slot_ticket[slot] != 0) {
+      throw std::logic_error("[gpurt] read_begin: " + std::to_string(kSlots) +
+                             " reads are already in flight; end one first");
+    }
+    char* host = static_cast<char*>(rt->pinned) + slot * kSlotBytes;
+    check(d.cuMemcpyDtoHAsync(host, p, bytes, rt->stream), "cuMemcpyDtoHAsync");
+    check(d.cuEventRecord(rt->events[slot], rt->stream), "cuEventRecord");
+    rt->slot_ticket[slot] = ticket;
+    rt->slot_bytes[slot] = bytes;
+    rt->next_ticket++;
+    *out_ticket = ticket;
+  });
+}
+
+int mlxs_gpurt_read_end(mlxs_gpurt rt, uint64_t ticket, void* dst, size_t bytes) {
+  return guard([&] {
+    if (rt == nullptr) throw std::invalid_argument("[gpurt] null runtime");
+    size_t slot = ticket % kSlots;
+    if (ticket == 0 || rt->slot_ticket[slot] != ticket) {
+      throw std::invalid_argument("[gpurt] read_end: no read in flight with ticket " +
+                                  std::to_string(ticket));
+    }
+    if (bytes != rt->slot_bytes[slot] || (bytes > 0 && dst == nullptr)) {
+      throw std::invalid_argument("[gpurt] read_end: the read holds " +
+                                  std::to_string(rt->slot_bytes[slot]) + " bytes, asked for " +
+                                  std::to_string(bytes));
+    }
+    const Driver& d = rt->d();
+    rt->slot_ticket[slot] = 0;
+    check(d.cuEventSynchronize(rt->events[slot]), "cuEventSynchronize");
+    std::memcpy(dst, static_cast<char*>(rt->pinned) + slot * kSlotBytes, bytes);
+  });
+}
+
+int mlxs_gpurt_synchronize(mlxs_gpurt rt) {
+  return guard([&] {
+    if (rt == nullptr) throw std::invalid_argument("[gpurt] null runtime");
+    rt->not_capturing("synchronize");
+    const Driver& d = rt->d();
+    check(d.cuStreamSynchronize(rt->stream), "cuStreamSynchronize");
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,83 @@
+/* A small CUDA runtime of our own beside MLX: kernels compiled from source with NVRTC, device
+ * buffers, launches, and CUDA graphs captured once and replayed. It reaches the CUDA driver
+ * (libcuda) and NVRTC through dlopen at run time, so it builds everywhere and fails cleanly
+ * (an error, never a crash) where there is no driver or no GPU. It shares the device's primary
+ * context with MLX's CUDA back-end.
+ *
+ * Safety rules the shim enforces:
+ * - buffers are named by index; every copy and every buffer argument is checked against the
+ *   buffer's size (offset + length);
+ * - a launch must pass exactly as many arguments as the kernel declares, each 8 bytes wide
+ *   (kernels take pointers, long long and double only);
+ * - nothing but launches may happen while a graph is being captured. */
+#ifndef MLXS_GPURT_H
+#define MLXS_GPURT_H
+
+#include "core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mlxs_gpurt_* mlxs_gpurt;
+
+/* A kernel argument: a buffer (buffer index, byte offset in value) or 8 raw bytes. */
+typedef enum mlxs_gpurt_arg_kind {
+  MLXS_GPURT_ARG_BUFFER = 0,
+  MLXS_GPURT_ARG_BITS = 1,
+} mlxs_gpurt_arg_kind;
+
+typedef struct mlxs_gpurt_arg {
+  mlxs_gpurt_arg_kind kind;
+  uint32_t buffer;
+  uint64_t value;
+} mlxs_gpurt_arg;
+
+/* Whether the CUDA driver can be loaded and sees a device (never fails). */
+bool mlxs_gpurt_available(void);
+
+/* Compiles `source` with NVRTC for device 0's architecture and loads the kernels named in
+ * `kernel_names` (extern "C" functions) with their declared argument counts. */
+int mlxs_gpurt_new(mlxs_gpurt* out, const char* source, const char* const* kernel_names,
+                   const uint32_t* arities, size_t n_kernels);
+void mlxs_gpurt_free(mlxs_gpurt rt);
+
+/* "NVIDIA H200 (sm_90)". */
+int mlxs_gpurt_device_name(mlxs_gpurt rt, mlxs_string* out);
+
+/* A zeroed device buffer of `bytes` bytes (> 0). */
+int mlxs_gpurt_alloc(mlxs_gpurt rt, size_t bytes, uint32_t* out_buffer);
+/* Total bytes allocated by this runtime. */
+size_t mlxs_gpurt_allocated(mlxs_gpurt rt);
+
+int mlxs_gpurt_upload(mlxs_gpurt rt, uint32_t buffer, size_t offset, const void* src,
+                      size_t bytes);
+int mlxs_gpurt_download(mlxs_gpurt rt, uint32_t buffer, size_t offset, void* dst, size_t bytes);
+
+/* Raises a kernel's dynamic shared memory limit. */
+int mlxs_gpurt_set_shared_limit(mlxs_gpurt rt, uint32_t kernel, uint32_t bytes);
+
+int mlxs_gpurt_launch(mlxs_gpurt rt, uint32_t kernel, const uint32_t* grid3,
+                      const uint32_t* block3, uint32_t shared_bytes, const mlxs_gpurt_arg* args,
+                      size_t n_args);
+
+/* Captures the launches between begin and end into a graph, instantiated for replay. */
+int mlxs_gpurt_capture_begin(mlxs_gpurt rt);
+int mlxs_gpurt_capture_end(mlxs_gpurt rt, uint32_t* out_graph);
+/* Queues `times` replays of a graph on the runtime's stream (asynchronous). */
+int mlxs_gpurt_graph_launch(mlxs_gpurt rt, uint32_t graph, uint32_t times);
+
+/* Queues a copy of `bytes` (at most 1 MiB) from a buffer into one of 16 pinned host slots,
+ * after everything queued so far; read_end waits for it and copies it out. */
+int mlxs_gpurt_read_begin(mlxs_gpurt rt, uint32_t buffer, size_t offset, size_t bytes,
+                          uint64_t* out_ticket);
+int mlxs_gpurt_read_end(mlxs_gpurt rt, uint64_t ticket, void* dst, size_t bytes);
+
+/* Waits for everything queued. */
+int mlxs_gpurt_synchronize(mlxs_gpurt rt);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
