@@ -393,30 +393,32 @@ fn step_timing(
 /// One layer's cached keys and values.
 type LayerKv = (mlx_core::Array, mlx_core::Array);
 
-/// The prompt through the model's MLX forward in chunks (mlx-lm's prefill), keeping the
-/// caches; returns the greedy token after the prompt and the caches' keys and values.
+/// The prompt through the model's MLX forward as mlx-lm's `generate_step` prefills it (all
+/// but the last token in chunks of `step`, each chunk's cache evaluated; then the last token
+/// alone), keeping the caches; returns the greedy token after the prompt (the argmax of the
+/// log-probabilities, as mlx-lm's sampler takes it) and the caches' keys and values.
 fn prefill_mlx(
     model: &dyn LanguageModel,
     prompt: &[i32],
     step: usize,
 ) -> BoxResult<(u32, Vec<LayerKv>)> {
     let mut caches = model.make_cache();
-    let chunks: Vec<&[i32]> = prompt.chunks(step.max(1)).collect();
-    let mut last = None;
-    for (i, chunk) in chunks.iter().enumerate() {
-        let x = mlx_core::Array::from_slice(chunk, &[1, chunk.len() as i32])?;
-        let logits = model.forward(&x, Some(&mut caches))?;
-        if i + 1 == chunks.len() {
-            let n = logits.dim(1)?;
-            last = Some(ops::slice_axis(&logits, 1, n - 1, n, None)?);
-        } else {
-            let kv = cache_kv(&caches)?;
-            mlx_core::eval(kv.iter().flat_map(|(k, v)| [k, v]))?;
-        }
+    let mut rest = prompt;
+    while rest.len() > 1 {
+        let n = step.max(1).min(rest.len() - 1);
+        let x = mlx_core::Array::from_slice(&rest[..n], &[1, n as i32])?;
+        model.forward(&x, Some(&mut caches))?;
+        let kv = cache_kv(&caches)?;
+        mlx_core::eval(kv.iter().flat_map(|(k, v)| [k, v]))?;
+        rest = &rest[n..];
     }
-    let last = last.ok_or("empty prompt")?;
-    let tok = ops::argmax(&last, -1, false, None)?;
-    mlx_core::eval([&tok, &last])?;
+    let x = mlx_core::Array::from_slice(rest, &[1, rest.len() as i32])?;
+    let logits = model.forward(&x, Some(&mut caches))?;
+    let n = logits.dim(1)?;
+    let last = ops::slice_axis(&logits, 1, n - 1, n, None)?;
+    let lp = ops::subtract(&last, &last.logsumexp(&[-1], true)?, None)?;
+    let tok = ops::argmax(&lp, -1, false, None)?;
+    tok.eval()?;
     let first = tok.astype(Dtype::Uint32)?.to_vec::<u32>()?[0];
     Ok((first, cache_kv(&caches)?))
 }

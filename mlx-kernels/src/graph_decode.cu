@@ -122,7 +122,7 @@ __device__ __forceinline__ void rows2(const void* W, const bf16_t* S, const bf16
     const uint4* w1 = (const uint4*)((const bf16_t*)W + r1 * K);
     const uint4* x = (const uint4*)xs;
     const int C = K / 8;
-#pragma unroll 2
+#pragma unroll 4
     for (int c = lane; c < C; c += 32) {
       const uint4 xv = x[c];
       a0 = dot8(w0[c], xv, a0);
@@ -139,7 +139,7 @@ __device__ __forceinline__ void rows2(const void* W, const bf16_t* S, const bf16
     const bf16_t* b0 = B + r0 * G;
     const bf16_t* b1 = B + r1 * G;
     const int C = words / 4;
-#pragma unroll 2
+#pragma unroll 4
     for (int c = lane; c < C; c += 32) {
       const int g = (c * VALS) >> gs_shift;
       float d0, d1, xsum;
@@ -150,21 +150,12 @@ __device__ __forceinline__ void rows2(const void* W, const bf16_t* S, const bf16
   }
 }
 
-// out = W x for W [N, K] (bfloat16, or MLX affine-quantized with BITS-bit codes, group gs,
-// bfloat16 scales and biases), x [K] bfloat16.
-// mode: NORM: x = rms_norm(xin, normw, eps) first (as MLX's fast.rms_norm rounds it);
-//       RES: out = res + (W x) (out may be res; each element is read and written by one lane);
-//       SWIGLU: rows are interleaved (gate_i, up_i); out[i] = silu(gate_i) * up_i;
-//       F32: out is float32 (the bfloat16-rounded values).
-// Each warp computes a pair of rows; blocks stride over the pairs.
-extern "C" __global__ void matvec(const void* W, const bf16_t* S, const bf16_t* B,
-                                  const bf16_t* xin, const bf16_t* normw, const bf16_t* res,
-                                  void* out, ll N, ll K, ll bits, ll gs, ll mode, double eps) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  bf16_t* xs = (bf16_t*)smem;
-  __shared__ float red[MV_WARPS];
+// Fills xs (shared) with the input vector: xin, or rms_norm(xin, normw, eps) rounded as MLX's
+// fast.rms_norm rounds it. All threads of the block take part.
+__device__ __forceinline__ void mv_prologue(bf16_t* xs, float* red, const bf16_t* xin,
+                                            const bf16_t* normw, ll K, bool norm, double eps) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  if (mode & MODE_NORM) {
+  if (norm) {
     float ss = 0.f;
     for (ll k = tid; k < K; k += blockDim.x) {
       const float v = bf2f(xin[k]);
@@ -183,20 +174,47 @@ extern "C" __global__ void matvec(const void* W, const bf16_t* S, const bf16_t* 
     for (ll k = tid; k < K; k += blockDim.x) xs[k] = xin[k];
   }
   __syncthreads();
+}
+
+// Rows r0 and r1 of W x, summed over the warp (every lane gets the sums).
+__device__ __forceinline__ void mv_pair(const void* W, const bf16_t* S, const bf16_t* B,
+                                        const bf16_t* xs, ll r0, ll r1, ll K, ll bits,
+                                        int gs_shift, float& a0, float& a1) {
+  const int lane = threadIdx.x & 31;
+  a0 = 0.f;
+  a1 = 0.f;
+  switch (bits) {
+    case 4: rows2<4>(W, S, B, xs, r0, r1, (int)K, gs_shift, lane, a0, a1); break;
+    case 8: rows2<8>(W, S, B, xs, r0, r1, (int)K, gs_shift, lane, a0, a1); break;
+    default: rows2<16>(W, S, B, xs, r0, r1, (int)K, gs_shift, lane, a0, a1); break;
+  }
+  a0 = warp_sum(a0);
+  a1 = warp_sum(a1);
+}
+
+// out = W x for W [N, K] (bfloat16, or MLX affine-quantized with BITS-bit codes, group gs,
+// bfloat16 scales and biases), x [K] bfloat16.
+// mode: NORM: x = rms_norm(xin, normw, eps) first;
+//       RES: out = res + (W x) (out may be res; each element is read and written by one lane);
+//       SWIGLU: rows are interleaved (gate_i, up_i); out[i] = silu(gate_i) * up_i;
+//       F32: out is float32 (the bfloat16-rounded values).
+// Each warp computes a pair of rows; blocks stride over the pairs.
+extern "C" __global__ void matvec(const void* W, const bf16_t* S, const bf16_t* B,
+                                  const bf16_t* xin, const bf16_t* normw, const bf16_t* res,
+                                  void* out, ll N, ll K, ll bits, ll gs, ll mode, double eps) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16_t* xs = (bf16_t*)smem;
+  __shared__ float red[MV_WARPS];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  mv_prologue(xs, red, xin, normw, K, (mode & MODE_NORM) != 0, eps);
   const int gs_shift = __ffsll(gs) - 1;  // gs is a power of two
   const ll pairs = (N + 1) / 2;
   for (ll p = (ll)blockIdx.x * MV_WARPS + warp; p < pairs; p += (ll)gridDim.x * MV_WARPS) {
     const ll r0 = 2 * p;
     const bool has1 = r0 + 1 < N;
     const ll r1 = has1 ? r0 + 1 : r0;
-    float a0 = 0.f, a1 = 0.f;
-    switch (bits) {
-      case 4: rows2<4>(W, S, B, xs, r0, r1, (int)K, gs_shift, lane, a0, a1); break;
-      case 8: rows2<8>(W, S, B, xs, r0, r1, (int)K, gs_shift, lane, a0, a1); break;
-      default: rows2<16>(W, S, B, xs, r0, r1, (int)K, gs_shift, lane, a0, a1); break;
-    }
-    a0 = warp_sum(a0);
-    a1 = warp_sum(a1);
+    float a0, a1;
+    mv_pair(W, S, B, xs, r0, r1, K, bits, gs_shift, a0, a1);
     if (lane == 0) {
       if (mode & MODE_SWIGLU) {
         const float g = rbf(a0), u = rbf(a1);
@@ -216,75 +234,115 @@ extern "C" __global__ void matvec(const void* W, const bf16_t* S, const bf16_t* 
   }
 }
 
-// RoPE (MLX's non-traditional layout: pairs (i, i + D/2)) at position state[1] on the query
-// heads in place and on the key heads, which go to the key cache with the values.
-// Grid: nh + nkv blocks of D/2 threads.
-extern "C" __global__ void rope_kv(bf16_t* qkv, bf16_t* kc, bf16_t* vc, const int* state, ll nh,
-                                   ll nkv, ll D, ll cap, double log2_base) {
-  const ll head = blockIdx.x;
-  const ll half = D / 2;
-  const ll i = threadIdx.x;
-  if (i >= half) return;
-  const ll pos = state[1];
+// RoPE of one pair (x1, x2) = (x[i], x[i + D/2]) at position pos, as MLX's fast.rope computes
+// it (non-traditional layout, base given as log2(base)).
+__device__ __forceinline__ void rope_pair(float x1, float x2, ll i, ll half, ll pos,
+                                          double log2_base, bf16_t& o1, bf16_t& o2) {
   const float d = (float)i / (float)half;
   const float inv_freq = exp2f(-d * (float)log2_base);
   const float theta = (float)pos * inv_freq;
   const float c = cosf(theta), s = sinf(theta);
-  bf16_t* x = qkv + head * D;
-  const float x1 = bf2f(x[i]), x2 = bf2f(x[i + half]);
-  const bf16_t o1 = f2bf(x1 * c - x2 * s), o2 = f2bf(x1 * s + x2 * c);
-  if (head < nh) {
-    x[i] = o1;
-    x[i + half] = o2;
-  } else {
-    const ll kvh = head - nh;
-    bf16_t* kd = kc + (kvh * cap + pos) * D;
-    kd[i] = o1;
-    kd[i + half] = o2;
-    const bf16_t* v = qkv + (nh + nkv + kvh) * D;
-    bf16_t* vd = vc + (kvh * cap + pos) * D;
-    vd[i] = v[i];
-    vd[i + half] = v[i + half];
+  o1 = f2bf(x1 * c - x2 * s);
+  o2 = f2bf(x1 * s + x2 * c);
+}
+
+// The attention projections with RoPE and the cache write in the epilogue:
+// [q; k; v] = W rms_norm(xin) with W's q and k rows permuted per head so that rows 2i and
+// 2i + 1 are the rotation pair (i, i + D/2) (the host permutes them). q goes to qout (its
+// usual layout, roped), k (roped) and v to the caches at position state[1].
+extern "C" __global__ void matvec_qkv(const void* W, const bf16_t* S, const bf16_t* B,
+                                      const bf16_t* xin, const bf16_t* normw, bf16_t* qout,
+                                      bf16_t* kc, bf16_t* vc, const int* state, ll K, ll bits,
+                                      ll gs, ll nh, ll nkv, ll D, ll cap, double eps,
+                                      double log2_base) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16_t* xs = (bf16_t*)smem;
+  __shared__ float red[MV_WARPS];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  mv_prologue(xs, red, xin, normw, K, true, eps);
+  const int gs_shift = __ffsll(gs) - 1;
+  const ll pos = state[1];
+  const ll half = D / 2;
+  const ll pairs = (nh + 2 * nkv) * D / 2;
+  for (ll p = (ll)blockIdx.x * MV_WARPS + warp; p < pairs; p += (ll)gridDim.x * MV_WARPS) {
+    const ll r0 = 2 * p;
+    float a0, a1;
+    mv_pair(W, S, B, xs, r0, r0 + 1, K, bits, gs_shift, a0, a1);
+    if (lane == 0) {
+      const float x1 = rbf(a0), x2 = rbf(a1);
+      if (r0 < nh * D) {
+        const ll h = r0 / D, i = (r0 % D) / 2;
+        bf16_t o1, o2;
+        rope_pair(x1, x2, i, half, pos, log2_base, o1, o2);
+        qout[h * D + i] = o1;
+        qout[h * D + i + half] = o2;
+      } else if (r0 < (nh + nkv) * D) {
+        const ll j = r0 - nh * D;
+        const ll h = j / D, i = (j % D) / 2;
+        bf16_t o1, o2;
+        rope_pair(x1, x2, i, half, pos, log2_base, o1, o2);
+        bf16_t* kd = kc + (h * cap + pos) * D;
+        kd[i] = o1;
+        kd[i + half] = o2;
+      } else {
+        const ll j = r0 - (nh + nkv) * D;
+        const ll h = j / D, dd = j % D;
+        bf16_t* vd = vc + (h * cap + pos) * D;
+        vd[dd] = f2bf(a0);
+        vd[dd + 1] = f2bf(a1);
+      }
+    }
   }
 }
 
 // Attention of one query over the cache, split over the sequence: block (h, s) covers
-// positions [64 s, 64 s + 64) and writes its unnormalised output, max and sum.
+// positions [64 s, 64 s + 64) and writes its unnormalised output, max and sum; the last block
+// of a head to finish (counted in counters[h], which it resets) combines them:
+// out[h] = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s.
 // 128 threads; D a multiple of 8, at most 128.
-extern "C" __global__ void attn_partial(const bf16_t* qkv, const bf16_t* kc, const bf16_t* vc,
-                                        const int* state, float* po, float* pml, ll nh, ll nkv,
-                                        ll D, ll cap, ll NS, double scale) {
+extern "C" __global__ void attention(const bf16_t* qb, const bf16_t* kc, const bf16_t* vc,
+                                     const int* state, float* po, float* pml, int* counters,
+                                     bf16_t* out, ll nh, ll nkv, ll D, ll cap, ll NS,
+                                     double scale) {
   const ll h = blockIdx.x, s = blockIdx.y;
   const ll L = (ll)state[1] + 1;
   const ll start = s * ATTN_CHUNK;
   if (start >= L) return;
+  const ll ns = (L + ATTN_CHUNK - 1) / ATTN_CHUNK;
   const ll n = (L - start) < ATTN_CHUNK ? (L - start) : ATTN_CHUNK;
   const ll kvh = h / (nh / nkv);
   __shared__ __align__(16) float q[128];
   __shared__ float p[ATTN_CHUNK];
   __shared__ float part[ATTN_THREADS];
-  const int tid = threadIdx.x;
-  for (ll d = tid; d < D; d += ATTN_THREADS) q[d] = (float)scale * bf2f(qkv[h * D + d]);
+  __shared__ int last;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  for (ll d = tid; d < D; d += ATTN_THREADS) q[d] = (float)scale * bf2f(qb[h * D + d]);
   __syncthreads();
+  float sc = NEG_INF;
   if (tid < n) {
     const uint4* k = (const uint4*)(kc + (kvh * cap + start + tid) * D);
-    float sc = 0.f;
+    sc = 0.f;
     for (ll c = 0; c < D / 8; ++c) {
       const uint4 w = k[c];
       const float* qq = q + 8 * c;
       sc += qq[0] * lo2f(w.x) + qq[1] * hi2f(w.x) + qq[2] * lo2f(w.y) + qq[3] * hi2f(w.y) +
             qq[4] * lo2f(w.z) + qq[5] * hi2f(w.z) + qq[6] * lo2f(w.w) + qq[7] * hi2f(w.w);
     }
-    p[tid] = sc;
   }
+  // Max and sum over the chunk: the chunk's 64 scores sit in warps 0 and 1.
+  float m = sc;
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if (lane == 0) part[warp] = m;
   __syncthreads();
-  float m = NEG_INF;
-  for (ll j = 0; j < n; ++j) m = fmaxf(m, p[j]);
+  m = fmaxf(part[0], part[1]);
+  const float e = tid < n ? expf(sc - m) : 0.f;
+  if (tid < ATTN_CHUNK) p[tid] = e;
+  float l = warp_sum(e);
   __syncthreads();
-  if (tid < n) p[tid] = expf(p[tid] - m);
+  if (lane == 0) part[warp] = l;
   __syncthreads();
-  float l = 0.f;
-  for (ll j = 0; j < n; ++j) l += p[j];
+  l = part[0] + part[1];
+  __syncthreads();
   const ll sub = ATTN_THREADS / D;  // 2 for D = 64, 1 for D = 128
   const ll d = tid % D, which = tid / D;
   float o = 0.f;
@@ -302,41 +360,31 @@ extern "C" __global__ void attn_partial(const bf16_t* qkv, const bf16_t* kc, con
     pml[(h * NS + s) * 2] = m;
     pml[(h * NS + s) * 2 + 1] = l;
   }
-}
-
-// Combines the splits of attn_partial: out[h] = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s.
-extern "C" __global__ void attn_combine(const float* po, const float* pml, const int* state,
-                                        bf16_t* out, ll D, ll NS) {
-  const ll h = blockIdx.x;
-  const ll L = (ll)state[1] + 1;
-  const ll ns = (L + ATTN_CHUNK - 1) / ATTN_CHUNK;
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) last = atomicAdd(&counters[h], 1) == (int)(ns - 1);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
   float M = NEG_INF;
-  for (ll s = 0; s < ns; ++s) M = fmaxf(M, pml[(h * NS + s) * 2]);
+  for (ll t = 0; t < ns; ++t) M = fmaxf(M, __ldcg(&pml[(h * NS + t) * 2]));
   float den = 0.f;
-  for (ll s = 0; s < ns; ++s) den += pml[(h * NS + s) * 2 + 1] * expf(pml[(h * NS + s) * 2] - M);
-  for (ll d = threadIdx.x; d < D; d += blockDim.x) {
-    float num = 0.f;
-    for (ll s = 0; s < ns; ++s) num += po[(h * NS + s) * D + d] * expf(pml[(h * NS + s) * 2] - M);
-    out[h * D + d] = f2bf(num / den);
+  for (ll t = 0; t < ns; ++t) {
+    den += __ldcg(&pml[(h * NS + t) * 2 + 1]) * expf(__ldcg(&pml[(h * NS + t) * 2]) - M);
   }
+  for (ll dd = tid; dd < D; dd += ATTN_THREADS) {
+    float num = 0.f;
+    for (ll t = 0; t < ns; ++t) {
+      num += __ldcg(&po[(h * NS + t) * D + dd]) * expf(__ldcg(&pml[(h * NS + t) * 2]) - M);
+    }
+    out[h * D + dd] = f2bf(num / den);
+  }
+  if (tid == 0) counters[h] = 0;
 }
 
-// Greedy sampling: the first index of the largest logit becomes the next token; the state
-// advances one position. One block of 1024 threads.
-extern "C" __global__ void argmax_next(const float* logits, int* state, int* tokens, ll V,
-                                       ll max_steps) {
-  __shared__ float sb[32];
-  __shared__ int si[32];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  float best = NEG_INF;
-  int idx = 0x7fffffff;
-  for (ll i = tid; i < V; i += blockDim.x) {
-    const float v = logits[i];
-    if (v > best) {
-      best = v;
-      idx = (int)i;
-    }
-  }
+// Block-wide (max, first index) reduction; every thread gets the result. 1024 threads.
+__device__ __forceinline__ void block_argmax(float& best, int& idx, float* sb, int* si) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int o = 16; o > 0; o >>= 1) {
     const float ob = __shfl_xor_sync(0xffffffffu, best, o);
     const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
@@ -350,25 +398,66 @@ extern "C" __global__ void argmax_next(const float* logits, int* state, int* tok
     si[warp] = idx;
   }
   __syncthreads();
-  if (warp == 0) {
-    const int nw = (blockDim.x + 31) / 32;
-    best = lane < nw ? sb[lane] : NEG_INF;
-    idx = lane < nw ? si[lane] : 0x7fffffff;
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
-      if (ob > best || (ob == best && oi < idx)) {
-        best = ob;
-        idx = oi;
-      }
+  const int nw = (blockDim.x + 31) / 32;
+  best = lane < nw ? sb[lane] : NEG_INF;
+  idx = lane < nw ? si[lane] : 0x7fffffff;
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+    if (ob > best || (ob == best && oi < idx)) {
+      best = ob;
+      idx = oi;
     }
-    if (lane == 0) {
-      if (idx == 0x7fffffff) idx = 0;
-      const int step = state[2];
-      if (step < max_steps) tokens[step] = idx;
-      state[0] = idx;
-      state[1] += 1;
-      state[2] = step + 1;
+  }
+  __syncthreads();
+}
+
+// Greedy sampling as mlx-lm samples: the first index of the largest log-probability
+// (logits - logsumexp(logits), both rounded to bfloat16 as MLX computes them in the logits'
+// dtype) becomes the next token; the state advances one position. One block of 1024 threads.
+extern "C" __global__ void argmax_next(const float* logits, int* state, int* tokens, ll V,
+                                       ll max_steps) {
+  __shared__ float sb[32];
+  __shared__ int si[32];
+  __shared__ float red[32];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  float best = NEG_INF;
+  int idx = 0x7fffffff;
+  for (ll i = tid; i < V; i += blockDim.x) {
+    const float v = logits[i];
+    if (v > best) {
+      best = v;
+      idx = (int)i;
     }
+  }
+  block_argmax(best, idx, sb, si);
+  const float mx = best;
+  float sum = 0.f;
+  if (mx > NEG_INF) {
+    for (ll i = tid; i < V; i += blockDim.x) sum += expf(logits[i] - mx);
+  }
+  sum = warp_sum(sum);
+  if (lane == 0) red[warp] = sum;
+  __syncthreads();
+  float tot = 0.f;
+  for (int i = 0; i < (int)((blockDim.x + 31) / 32); ++i) tot += red[i];
+  const float lse = rbf(logf(tot) + mx);
+  best = NEG_INF;
+  idx = 0x7fffffff;
+  for (ll i = tid; i < V; i += blockDim.x) {
+    const float v = rbf(logits[i] - lse);
+    if (v > best) {
+      best = v;
+      idx = (int)i;
+    }
+  }
+  block_argmax(best, idx, sb, si);
+  if (tid == 0) {
+    if (idx == 0x7fffffff) idx = 0;
+    const int step = state[2];
+    if (step < max_steps) tokens[step] = idx;
+    state[0] = idx;
+    state[1] += 1;
+    state[2] = step + 1;
   }
 }

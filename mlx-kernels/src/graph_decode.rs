@@ -4,11 +4,13 @@
 //! Why: MLX 0.32.4's CUDA back-end spends ~3 us of host time scheduling each primitive, and a
 //! decode step of a 30-layer llama is 800-1,500 primitives, so MLX decodes at a few hundred
 //! tokens a second whatever the GPU could do (`xtask/gpu/results/README.md`). Here one step is
-//! 7 kernels a layer (`graph_decode.cu`): RMSNorm fused into the projections that follow it,
-//! q/k/v as one matrix, gate/up as one interleaved matrix with SiLU-multiply in its epilogue,
-//! RoPE with the cache write, attention split over the sequence and its combine, and the
-//! residual adds in the output projections' epilogues; then the final norm with the LM head
-//! and a greedy argmax that advances the step state on the device. The whole step is one CUDA
+//! 5 kernels a layer (`graph_decode.cu`): RMSNorm fused into the projections that follow it;
+//! q/k/v as one matrix whose epilogue applies RoPE and writes the cache (the q and k rows are
+//! permuted so that a warp's two rows are a rotation pair); attention split over the sequence,
+//! combined by the last block of each head; the output projection with the residual add;
+//! gate/up as one interleaved matrix with SiLU-multiply in its epilogue; the down projection
+//! with the residual add. Then the final norm with the LM head, and a greedy argmax over the
+//! log-probabilities (as mlx-lm's sampler) that advances the step state on the device. The whole step is one CUDA
 //! graph ([`mlx_core::gpurt`]); the host replays it and reads tokens back, pipelined.
 //!
 //! What it covers: `model_type: llama` without biases, RoPE scaling or traditional RoPE;
@@ -48,9 +50,8 @@ pub const SOURCE: &str = include_str!("graph_decode.cu");
 const KERNELS: &[(&str, u32)] = &[
     ("embed", 8),
     ("matvec", 13),
-    ("rope_kv", 9),
-    ("attn_partial", 12),
-    ("attn_combine", 6),
+    ("matvec_qkv", 18),
+    ("attention", 14),
     ("argmax_next", 5),
 ];
 const MODE_NORM: i64 = 1;
@@ -280,6 +281,7 @@ struct Activations {
     tokens: Buffer,
     po: Buffer,
     pml: Buffer,
+    counters: Buffer,
 }
 
 /// One llama's decode step as a replayed CUDA graph. See the module docs.
@@ -448,6 +450,33 @@ fn interleave_rows(a: &[u8], b: &[u8], rows: usize) -> Vec<u8> {
     out
 }
 
+/// Permutes the rows of each head's block of `d` rows so that rows 2i and 2i + 1 are rows i
+/// and i + d/2 (a RoPE rotation pair).
+fn pair_rope_rows(a: &[u8], rows: usize, d: usize) -> Vec<u8> {
+    let rb = a.len() / rows;
+    let half = d / 2;
+    let mut out = Vec::with_capacity(a.len());
+    for head in 0..rows / d {
+        for i in 0..half {
+            for r in [head * d + i, head * d + i + half] {
+                out.extend_from_slice(&a[r * rb..(r + 1) * rb]);
+            }
+        }
+    }
+    out
+}
+
+/// How a linear layer's tensors are laid out on the device.
+#[derive(Clone, Copy, PartialEq)]
+enum Layout {
+    /// Row blocks one after the other.
+    Concat,
+    /// Rows of two tensors interleaved (gate, up).
+    Interleave,
+    /// q, k, v one after the other, q's and k's rows paired for RoPE.
+    Qkv,
+}
+
 impl GraphDecoder {
     /// Whether a CUDA driver and a GPU are there.
     pub fn available() -> bool {
@@ -479,7 +508,7 @@ impl GraphDecoder {
             names: &[String],
             ns: &[usize],
             k: usize,
-            interleave: bool,
+            layout: Layout,
         ) -> Result<Lin> {
             let n: usize = ns.iter().sum();
             let parts: &[&str] = if s.quant.is_some() {
@@ -495,14 +524,21 @@ impl GraphDecoder {
                     .collect::<Result<_>>()?;
                 let total: usize = blobs.iter().map(Vec::len).sum();
                 let buf = rt.alloc(total)?;
-                if interleave {
-                    let joined = interleave_rows(&blobs[0], &blobs[1], ns[0]);
-                    rt.upload(buf, 0, &joined)?;
-                } else {
-                    let mut off = 0;
-                    for b in &blobs {
-                        rt.upload(buf, off, b)?;
-                        off += b.len();
+                match layout {
+                    Layout::Interleave => {
+                        let joined = interleave_rows(&blobs[0], &blobs[1], ns[0]);
+                        rt.upload(buf, 0, &joined)?;
+                    }
+                    Layout::Concat | Layout::Qkv => {
+                        let mut off = 0;
+                        for (j, b) in blobs.iter().enumerate() {
+                            if layout == Layout::Qkv && j < 2 {
+                                rt.upload(buf, off, &pair_rope_rows(b, ns[j], s.head_dim))?;
+                            } else {
+                                rt.upload(buf, off, b)?;
+                            }
+                            off += b.len();
+                        }
                     }
                 }
                 bufs.push(buf);
@@ -523,12 +559,20 @@ impl GraphDecoder {
             &["model.embed_tokens".into()],
             &[s.vocab],
             h,
-            false,
+            Layout::Concat,
         )?;
         let head = if s.tied {
             embed
         } else {
-            upload_lin(&mut rt, &mut w, &s, &["lm_head".into()], &[s.vocab], h, false)?
+            upload_lin(
+                &mut rt,
+                &mut w,
+                &s,
+                &["lm_head".into()],
+                &[s.vocab],
+                h,
+                Layout::Concat,
+            )?
         };
         let norm_buf = |rt: &mut GpuRuntime, w: &mut Weights, name: &str| -> Result<Buffer> {
             let b = w.bytes(name)?;
@@ -561,7 +605,7 @@ impl GraphDecoder {
                     ],
                     &[s.heads * d, s.kv_heads * d, s.kv_heads * d],
                     h,
-                    false,
+                    Layout::Qkv,
                 )?,
                 o: upload_lin(
                     &mut rt,
@@ -570,7 +614,7 @@ impl GraphDecoder {
                     &[format!("{a}.o_proj")],
                     &[h],
                     s.heads * d,
-                    false,
+                    Layout::Concat,
                 )?,
                 gu: upload_lin(
                     &mut rt,
@@ -579,7 +623,7 @@ impl GraphDecoder {
                     &[format!("{m}.gate_proj"), format!("{m}.up_proj")],
                     &[i_sz, i_sz],
                     h,
-                    true,
+                    Layout::Interleave,
                 )?,
                 down: upload_lin(
                     &mut rt,
@@ -588,7 +632,7 @@ impl GraphDecoder {
                     &[format!("{m}.down_proj")],
                     &[h],
                     i_sz,
-                    false,
+                    Layout::Concat,
                 )?,
                 kc: rt.alloc(kv_bytes)?,
                 vc: rt.alloc(kv_bytes)?,
@@ -605,11 +649,14 @@ impl GraphDecoder {
             tokens: rt.alloc(capacity * 4)?,
             po: rt.alloc(s.heads * ns * d * 4)?,
             pml: rt.alloc(s.heads * ns * 2 * 4)?,
+            counters: rt.alloc(s.heads * 4)?,
         };
-        let matvec = rt.kernel("matvec")?;
         let max_k = h.max(i_sz).max(s.heads * d);
         if max_k * 2 > 48 * 1024 {
-            rt.set_shared_limit(matvec, (max_k * 2) as u32)?;
+            for k in ["matvec", "matvec_qkv"] {
+                let k = rt.kernel(k)?;
+                rt.set_shared_limit(k, (max_k * 2) as u32)?;
+            }
         }
         let graph = rt.capture(|rt| {
             record_step(
@@ -893,9 +940,8 @@ fn record_step(
 ) -> Result<()> {
     let k_embed = rt.kernel("embed")?;
     let k_mv = rt.kernel("matvec")?;
-    let k_rope = rt.kernel("rope_kv")?;
-    let k_part = rt.kernel("attn_partial")?;
-    let k_comb = rt.kernel("attn_combine")?;
+    let k_qkv = rt.kernel("matvec_qkv")?;
+    let k_attn = rt.kernel("attention")?;
     let k_argmax = rt.kernel("argmax_next")?;
     let (gs, bits) = s.quant.unwrap_or((1, 16));
     let (d, nh, nkv) = (s.head_dim as i64, s.heads as i64, s.kv_heads as i64);
@@ -919,26 +965,35 @@ fn record_step(
     let log2_base = (s.rope_theta).log2() as f64;
     let scale = (1.0f32 / (s.head_dim as f32).sqrt()) as f64;
     for l in layers {
-        matvec(rt, k_mv, s, &l.qkv, a.h, Some(l.in_norm), None, a.qkv, MODE_NORM)?;
+        let pairs = l.qkv.n / 2;
         rt.launch(
-            k_rope,
-            [(s.heads + s.kv_heads) as u32, 1, 1],
-            [(s.head_dim / 2) as u32, 1, 1],
-            0,
+            k_qkv,
+            [pairs.div_ceil(8).clamp(1, MV_MAX_BLOCKS) as u32, 1, 1],
+            [MV_THREADS, 1, 1],
+            (l.qkv.k * 2) as u32,
             &[
+                Arg::Buf(l.qkv.w, 0),
+                opt(l.qkv.s, a.h),
+                opt(l.qkv.b, a.h),
+                Arg::Buf(a.h, 0),
+                Arg::Buf(l.in_norm, 0),
                 Arg::Buf(a.qkv, 0),
                 Arg::Buf(l.kc, 0),
                 Arg::Buf(l.vc, 0),
                 Arg::Buf(a.state, 0),
+                Arg::I64(l.qkv.k as i64),
+                Arg::I64(bits as i64),
+                Arg::I64(gs as i64),
                 Arg::I64(nh),
                 Arg::I64(nkv),
                 Arg::I64(d),
                 Arg::I64(cap as i64),
+                Arg::F64(s.eps as f64),
                 Arg::F64(log2_base),
             ],
         )?;
         rt.launch(
-            k_part,
+            k_attn,
             [s.heads as u32, ns as u32, 1],
             [128, 1, 1],
             0,
@@ -949,26 +1004,14 @@ fn record_step(
                 Arg::Buf(a.state, 0),
                 Arg::Buf(a.po, 0),
                 Arg::Buf(a.pml, 0),
+                Arg::Buf(a.counters, 0),
+                Arg::Buf(a.attn, 0),
                 Arg::I64(nh),
                 Arg::I64(nkv),
                 Arg::I64(d),
                 Arg::I64(cap as i64),
                 Arg::I64(ns as i64),
                 Arg::F64(scale),
-            ],
-        )?;
-        rt.launch(
-            k_comb,
-            [s.heads as u32, 1, 1],
-            [128, 1, 1],
-            0,
-            &[
-                Arg::Buf(a.po, 0),
-                Arg::Buf(a.pml, 0),
-                Arg::Buf(a.state, 0),
-                Arg::Buf(a.attn, 0),
-                Arg::I64(d),
-                Arg::I64(ns as i64),
             ],
         )?;
         matvec(rt, k_mv, s, &l.o, a.attn, None, Some(a.h), a.h, MODE_RES)?;
