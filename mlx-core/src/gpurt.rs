@@ -237,6 +237,17 @@ impl GpuRuntime {
         })
     }
 
+    /// Whether later launches allow programmatic dependent launch: a kernel's blocks may start
+    /// once the kernel before it executes `griddepcontrol.launch_dependents`, so every kernel
+    /// launched this way must execute `griddepcontrol.wait` before reading what the kernel
+    /// before it wrote. Needs a CUDA 12 driver.
+    pub fn set_programmatic_launch(&mut self, on: bool) -> Result<()> {
+        // SAFETY: live handle.
+        check("gpurt_set_programmatic_launch", unsafe {
+            sys::mlxs_gpurt_set_programmatic_launch(self.raw, on)
+        })
+    }
+
     /// Records launches into a graph until [`GpuRuntime::capture_end`]. If `f` fails, the
     /// capture is ended and dropped, and `f`'s error returned.
     pub fn capture<F>(&mut self, f: F) -> Result<Graph>

@@ -552,11 +552,16 @@ fn run(a: &Args) -> BoxResult<()> {
     let mut graph_dec = None;
     if a.graph_decoder || a.graph_check > 0 {
         let t = Instant::now();
-        let dec = GraphDecoder::load(&path, a.prompt_len + a.gen_len.max(a.graph_check) + 1)?;
+        // MLX_GRAPH_PDL=0: plain launches instead of programmatic dependent launch.
+        let pdl = std::env::var("MLX_GRAPH_PDL").map_or(true, |v| v != "0");
+        let cap = a.prompt_len + a.gen_len.max(a.graph_check) + 1;
+        let dec = GraphDecoder::load_with(&path, cap, pdl)?;
         eprintln!(
-            "graph decoder: {} on {}, {:.2} GB on the device, loaded in {:.1} s",
+            "graph decoder: {} on {} (programmatic launch {}), {:.2} GB on the device, loaded in \
+             {:.1} s",
             path.display(),
             dec.device_name()?,
+            dec.programmatic_launch(),
             dec.device_bytes() as f64 / 1e9,
             t.elapsed().as_secs_f64()
         );
@@ -626,8 +631,9 @@ fn run(a: &Args) -> BoxResult<()> {
         "tokens": tokens,
     });
     out["compiled"] = json!(format!("{:?}", a.compiled));
-    if a.graph_decoder {
+    if let (true, Some(dec)) = (a.graph_decoder, graph_dec.as_ref()) {
         out["decoder"] = json!("graph");
+        out["programmatic_launch"] = json!(dec.programmatic_launch());
     }
     if a.digests {
         out["logprob_digests"] = json!(digests);

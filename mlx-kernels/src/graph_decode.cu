@@ -35,6 +35,19 @@ __device__ __forceinline__ bf16_t f2bf(float f) {
 }
 __device__ __forceinline__ float rbf(float f) { return bf2f(f2bf(f)); }
 
+// Programmatic dependent launch (sm_90; no-ops when a kernel is launched without it): wait for
+// the kernel before this one to finish and flush, then let the next one start its blocks.
+__device__ __forceinline__ void pdl_wait_then_release() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
@@ -43,6 +56,7 @@ __device__ __forceinline__ float warp_sum(float v) {
 // h = embedding row state[0] (bfloat16 table, or MLX affine-quantized: dequantize(w, s, b)).
 extern "C" __global__ void embed(const void* table, const bf16_t* scales, const bf16_t* biases,
                                  const int* state, bf16_t* h, ll H, ll bits, ll gs) {
+  pdl_wait_then_release();
   const ll tok = state[0];
   for (ll k = threadIdx.x; k < H; k += blockDim.x) {
     float v;
@@ -105,8 +119,9 @@ __device__ __forceinline__ void qchunk2(const uint4 w0, const uint4 w1, const bf
 #pragma unroll
     for (int j = 0; j < PER; ++j) {
       const float v = x[i * PER + j];
-      d0 += (float)((a[i] >> (j * BITS)) & MASK) * v;
-      d1 += (float)((b[i] >> (j * BITS)) & MASK) * v;
+      // q as a float without an integer conversion: 2^23 + q has q as its mantissa.
+      d0 += (__uint_as_float(0x4B000000u | ((a[i] >> (j * BITS)) & MASK)) - 8388608.f) * v;
+      d1 += (__uint_as_float(0x4B000000u | ((b[i] >> (j * BITS)) & MASK)) - 8388608.f) * v;
       xsum += v;
     }
   }
@@ -176,6 +191,18 @@ __device__ __forceinline__ void mv_prologue(bf16_t* xs, float* red, const bf16_t
   __syncthreads();
 }
 
+// Before waiting for the previous kernel: pulls the first bytes of a warp's first row pair
+// (what it loads first) into L2. Weights do not depend on the previous kernel.
+__device__ __forceinline__ void mv_prefetch(const void* W, ll p, ll pairs, ll K, ll bits,
+                                            int lane) {
+  if (p >= pairs) return;
+  const ll row_bytes = K * bits / 8;
+  const char* base = (const char*)W + 2 * p * row_bytes;
+  for (ll off = (ll)lane * 128; off < 2 * row_bytes && off < 4096; off += 32 * 128) {
+    prefetch_l2(base + off);
+  }
+}
+
 // Rows r0 and r1 of W x, summed over the warp (every lane gets the sums).
 __device__ __forceinline__ void mv_pair(const void* W, const bf16_t* S, const bf16_t* B,
                                         const bf16_t* xs, ll r0, ll r1, ll K, ll bits,
@@ -206,6 +233,8 @@ extern "C" __global__ void matvec(const void* W, const bf16_t* S, const bf16_t* 
   bf16_t* xs = (bf16_t*)smem;
   __shared__ float red[MV_WARPS];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  mv_prefetch(W, blockIdx.x * MV_WARPS + warp, (N + 1) / 2, K, bits, lane);
+  pdl_wait_then_release();
   mv_prologue(xs, red, xin, normw, K, (mode & MODE_NORM) != 0, eps);
   const int gs_shift = __ffsll(gs) - 1;  // gs is a power of two
   const ll pairs = (N + 1) / 2;
@@ -259,6 +288,8 @@ extern "C" __global__ void matvec_qkv(const void* W, const bf16_t* S, const bf16
   bf16_t* xs = (bf16_t*)smem;
   __shared__ float red[MV_WARPS];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  mv_prefetch(W, blockIdx.x * MV_WARPS + warp, (nh + 2 * nkv) * D / 2, K, bits, lane);
+  pdl_wait_then_release();
   mv_prologue(xs, red, xin, normw, K, true, eps);
   const int gs_shift = __ffsll(gs) - 1;
   const ll pos = state[1];
@@ -304,6 +335,7 @@ extern "C" __global__ void attention(const bf16_t* qb, const bf16_t* kc, const b
                                      const int* state, float* po, float* pml, int* counters,
                                      bf16_t* out, ll nh, ll nkv, ll D, ll cap, ll NS,
                                      double scale) {
+  pdl_wait_then_release();
   const ll h = blockIdx.x, s = blockIdx.y;
   const ll L = (ll)state[1] + 1;
   const ll start = s * ATTN_CHUNK;
@@ -420,6 +452,7 @@ extern "C" __global__ void argmax_next(const float* logits, int* state, int* tok
   __shared__ float sb[32];
   __shared__ int si[32];
   __shared__ float red[32];
+  pdl_wait_then_release();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   float best = NEG_INF;
   int idx = 0x7fffffff;

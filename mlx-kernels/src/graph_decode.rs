@@ -293,6 +293,7 @@ pub struct GraphDecoder {
     graph: Graph,
     acts: Activations,
     layers: Vec<Layer>,
+    pdl: bool,
     broken: Option<String>,
 }
 
@@ -484,8 +485,16 @@ impl GraphDecoder {
     }
 
     /// Loads the llama in `dir` (`config.json` and `*.safetensors`, as mlx-lm saves them) for
-    /// up to `capacity` cached positions, compiles the kernels and captures the step.
+    /// up to `capacity` cached positions, compiles the kernels and captures the step, with
+    /// programmatic dependent launch where the driver has it.
     pub fn load(dir: &Path, capacity: usize) -> Result<Self> {
+        Self::load_with(dir, capacity, true)
+    }
+
+    /// [`GraphDecoder::load`], choosing whether the step's kernels are launched with
+    /// programmatic dependent launch (each kernel's blocks start, and prefetch their weights,
+    /// while the kernel before it finishes; the results are the same either way).
+    pub fn load_with(dir: &Path, capacity: usize, programmatic_launch: bool) -> Result<Self> {
         let shape = LlamaShape::from_dir(dir)?;
         if capacity == 0 || capacity > (1 << 24) {
             return Err(invalid(
@@ -658,7 +667,8 @@ impl GraphDecoder {
                 rt.set_shared_limit(k, (max_k * 2) as u32)?;
             }
         }
-        let graph = rt.capture(|rt| {
+        let mut pdl = programmatic_launch && rt.set_programmatic_launch(true).is_ok();
+        let record = |rt: &mut GpuRuntime| {
             record_step(
                 rt,
                 &s,
@@ -669,13 +679,24 @@ impl GraphDecoder {
                 head,
                 final_norm,
             )
-        })?;
+        };
+        let graph = match rt.capture(record) {
+            Ok(g) => g,
+            Err(_) if pdl => {
+                // A driver that cannot capture programmatic launches: plain launches.
+                pdl = false;
+                rt.set_programmatic_launch(false)?;
+                rt.capture(record)?
+            }
+            Err(e) => return Err(e),
+        };
         Ok(GraphDecoder {
             rt,
             shape,
             capacity,
             pos: 0,
             graph,
+            pdl,
             acts,
             layers,
             broken: None,
@@ -695,6 +716,11 @@ impl GraphDecoder {
     /// Positions cached so far.
     pub fn position(&self) -> usize {
         self.pos
+    }
+
+    /// Whether the step's kernels run with programmatic dependent launch.
+    pub fn programmatic_launch(&self) -> bool {
+        self.pdl
     }
 
     /// Device bytes held (weights, cache, activations).

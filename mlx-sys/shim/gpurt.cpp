@@ -30,6 +30,25 @@ using CUgraph = void*;
 using CUgraphExec = void*;
 using CUevent = void*;
 using nvrtcResult = int;
+
+// cuLaunchKernelEx's configuration (cuda.h, CUDA >= 12): one attribute is used,
+// CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (6), an int in a 64-byte union.
+struct LaunchAttribute {
+  int id;
+  char pad[4];
+  union {
+    char bytes[64];
+    int programmatic_stream_serialization_allowed;
+  } value;
+};
+static_assert(sizeof(LaunchAttribute) == 72, "CUlaunchAttribute is 72 bytes");
+struct LaunchConfig {
+  unsigned grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_bytes;
+  void* stream;
+  LaunchAttribute* attrs;
+  unsigned num_attrs;
+};
+constexpr int kAttrProgrammaticStreamSerialization = 6;
 using nvrtcProgram = void*;
 
 constexpr int kAttrCcMajor = 75;            // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
@@ -69,6 +88,7 @@ struct Driver {
   CUresult (*cuStreamSynchronize)(CUstream);
   CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
                              unsigned, unsigned, CUstream, void**, void**);
+  CUresult (*cuLaunchKernelEx)(const LaunchConfig*, CUfunction, void**, void**);  // optional
   CUresult (*cuStreamBeginCapture)(CUstream, int);
   CUresult (*cuStreamEndCapture)(CUstream, CUgraph*);
   CUresult (*cuGraphInstantiateWithFlags)(CUgraphExec*, CUgraph, unsigned long long);
@@ -140,6 +160,8 @@ const Driver& driver() {
     sym(d.lib, "cuStreamDestroy_v2", d.cuStreamDestroy, err);
     sym(d.lib, "cuStreamSynchronize", d.cuStreamSynchronize, err);
     sym(d.lib, "cuLaunchKernel", d.cuLaunchKernel, err);
+    d.cuLaunchKernelEx =
+        reinterpret_cast<decltype(d.cuLaunchKernelEx)>(dlsym(d.lib, "cuLaunchKernelEx"));
     sym(d.lib, "cuStreamBeginCapture_v2", d.cuStreamBeginCapture, err);
     sym(d.lib, "cuStreamEndCapture", d.cuStreamEndCapture, err);
     sym(d.lib, "cuGraphInstantiateWithFlags", d.cuGraphInstantiateWithFlags, err);
@@ -261,6 +283,7 @@ struct mlxs_gpurt_ {
   size_t allocated = 0;
   std::vector<std::pair<CUgraph, CUgraphExec>> graphs;
   bool capturing = false;
+  bool pdl = false;
   // Pinned read slots.
   void* pinned = nullptr;
   std::array<CUevent, kSlots> events{};
@@ -524,10 +547,31 @@ int mlxs_gpurt_launch(mlxs_gpurt rt, uint32_t kernel, const uint32_t* grid3,
       ptrs[i] = &vals[i];
     }
     const Driver& d = rt->d();
-    check(d.cuLaunchKernel(rt->kernels[kernel], grid3[0], grid3[1], grid3[2], block3[0],
-                           block3[1], block3[2], shared_bytes, rt->stream,
-                           n_args ? ptrs.data() : nullptr, nullptr),
-          "cuLaunchKernel");
+    if (rt->pdl) {
+      LaunchAttribute attr{};
+      attr.id = kAttrProgrammaticStreamSerialization;
+      attr.value.programmatic_stream_serialization_allowed = 1;
+      LaunchConfig cfg{grid3[0], grid3[1], grid3[2], block3[0], block3[1], block3[2],
+                       shared_bytes, rt->stream, &attr, 1};
+      check(d.cuLaunchKernelEx(&cfg, rt->kernels[kernel], n_args ? ptrs.data() : nullptr,
+                               nullptr),
+            "cuLaunchKernelEx");
+    } else {
+      check(d.cuLaunchKernel(rt->kernels[kernel], grid3[0], grid3[1], grid3[2], block3[0],
+                             block3[1], block3[2], shared_bytes, rt->stream,
+                             n_args ? ptrs.data() : nullptr, nullptr),
+            "cuLaunchKernel");
+    }
+  });
+}
+
+int mlxs_gpurt_set_programmatic_launch(mlxs_gpurt rt, bool on) {
+  return guard([&] {
+    if (rt == nullptr) throw std::invalid_argument("[gpurt] null runtime");
+    if (on && ready_driver().cuLaunchKernelEx == nullptr) {
+      throw std::runtime_error("[gpurt] this CUDA driver has no cuLaunchKernelEx (CUDA < 12)");
+    }
+    rt->pdl = on;
   });
 }
 

@@ -41,8 +41,14 @@ for m in $MODELS; do
     { timeout 200 python3 "$G/bench_mlx_lm.py" --model "$M" $COMMON $PYEXTRA | sed "s/^{/{\"side\": \"mlx-lm\", \"name\": \"$m\", \"round\": $r, /"; } >> "$OUT/ab.jsonl" 2>> "$OUT/ab.err"
     for c in $MODES; do
       # `graph`: the graph decoder (bench_generate --decoder graph), without the MLX-only extras.
-      if [ "$c" = graph ]; then FLAGS="--decoder graph"; else FLAGS="--compiled $c $EXTRA"; fi
-      { timeout 200 "$G/bench_generate" --model "$M" $COMMON $FLAGS | sed "s/^{/{\"side\": \"ours-$c\", \"name\": \"$m\", \"round\": $r, /"; } >> "$OUT/ab.jsonl" 2>> "$OUT/ab.err"
+      # `graphplain`: the same without programmatic dependent launch (MLX_GRAPH_PDL=0).
+      PDL=1
+      case "$c" in
+        graph) FLAGS="--decoder graph" ;;
+        graphplain) FLAGS="--decoder graph"; PDL=0 ;;
+        *) FLAGS="--compiled $c $EXTRA" ;;
+      esac
+      { MLX_GRAPH_PDL=$PDL timeout 200 "$G/bench_generate" --model "$M" $COMMON $FLAGS | sed "s/^{/{\"side\": \"ours-$c\", \"name\": \"$m\", \"round\": $r, /"; } >> "$OUT/ab.jsonl" 2>> "$OUT/ab.err"
     done
     echo "$m round $r done at ${SECONDS}s"
   done

@@ -61,6 +61,12 @@ int mlxs_gpurt_launch(mlxs_gpurt rt, uint32_t kernel, const uint32_t* grid3,
                       const uint32_t* block3, uint32_t shared_bytes, const mlxs_gpurt_arg* args,
                       size_t n_args);
 
+/* Launches from now on allow programmatic dependent launch (the next kernel's blocks may start
+ * once the current kernel's blocks execute griddepcontrol.launch_dependents; each kernel must
+ * execute griddepcontrol.wait before it reads what the kernel before it wrote). Needs
+ * cuLaunchKernelEx (CUDA >= 12); kernels of compute capability < 9.0 treat it as a no-op. */
+int mlxs_gpurt_set_programmatic_launch(mlxs_gpurt rt, bool on);
+
 /* Captures the launches between begin and end into a graph, instantiated for replay. */
 int mlxs_gpurt_capture_begin(mlxs_gpurt rt);
 int mlxs_gpurt_capture_end(mlxs_gpurt rt, uint32_t* out_graph);
