@@ -237,6 +237,23 @@ impl GpuRuntime {
         })
     }
 
+    /// How many blocks of `kernel` the device holds at once (its SMs times the occupancy for
+    /// `block_threads` threads and `shared_bytes` of dynamic shared memory): a larger grid
+    /// runs in more than one wave.
+    pub fn resident_blocks(
+        &self,
+        kernel: Kernel,
+        block_threads: u32,
+        shared_bytes: u32,
+    ) -> Result<u32> {
+        let mut n = 0u32;
+        // SAFETY: live handle; n is a valid out-pointer; the shim checks the kernel index.
+        check("gpurt_resident_blocks", unsafe {
+            sys::mlxs_gpurt_resident_blocks(self.raw, kernel.0, block_threads, shared_bytes, &mut n)
+        })?;
+        Ok(n)
+    }
+
     /// Whether later launches allow programmatic dependent launch: a kernel's blocks may start
     /// once the kernel before it executes `griddepcontrol.launch_dependents`, so every kernel
     /// launched this way must execute `griddepcontrol.wait` before reading what the kernel

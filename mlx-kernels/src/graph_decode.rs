@@ -668,9 +668,10 @@ impl GraphDecoder {
             }
         }
         let mut pdl = programmatic_launch && rt.set_programmatic_launch(true).is_ok();
-        let record = |rt: &mut GpuRuntime| {
+        let record = |rt: &mut GpuRuntime, pdl: bool| {
             record_step(
                 rt,
+                pdl,
                 &s,
                 capacity,
                 &acts,
@@ -680,13 +681,13 @@ impl GraphDecoder {
                 final_norm,
             )
         };
-        let graph = match rt.capture(record) {
+        let graph = match rt.capture(|rt| record(rt, pdl)) {
             Ok(g) => g,
             Err(_) if pdl => {
                 // A driver that cannot capture programmatic launches: plain launches.
                 pdl = false;
                 rt.set_programmatic_launch(false)?;
-                rt.capture(record)?
+                rt.capture(|rt| record(rt, false))?
             }
             Err(e) => return Err(e),
         };
@@ -910,12 +911,42 @@ impl GraphDecoder {
     }
 }
 
+/// Launches a step's kernels in order, with programmatic dependent launch where it helps: a
+/// kernel whose predecessor's grid runs in more than one wave is launched plainly (launched
+/// early, its waiting blocks would take the slots the predecessor's later waves need).
+struct Recorder {
+    pdl: bool,
+    prev_multi_wave: bool,
+}
+
+impl Recorder {
+    fn launch(
+        &mut self,
+        rt: &mut GpuRuntime,
+        k: Kernel,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared: u32,
+        args: &[Arg],
+    ) -> Result<()> {
+        if self.pdl {
+            rt.set_programmatic_launch(!self.prev_multi_wave)?;
+        }
+        rt.launch(k, grid, block, shared, args)?;
+        let blocks = grid.iter().map(|&g| g as u64).product::<u64>();
+        let resident = rt.resident_blocks(k, block.iter().product(), shared)?;
+        self.prev_multi_wave = blocks > resident as u64;
+        Ok(())
+    }
+}
+
 fn opt(b: Option<Buffer>, dummy: Buffer) -> Arg {
     Arg::Buf(b.unwrap_or(dummy), 0)
 }
 
 #[allow(clippy::too_many_arguments)]
 fn matvec(
+    rec: &mut Recorder,
     rt: &mut GpuRuntime,
     k: Kernel,
     s: &LlamaShape,
@@ -929,7 +960,8 @@ fn matvec(
     let pairs = lin.n.div_ceil(2);
     let blocks = pairs.div_ceil(8).clamp(1, MV_MAX_BLOCKS) as u32;
     let (gs, bits) = s.quant.unwrap_or((1, 16));
-    rt.launch(
+    rec.launch(
+        rt,
         k,
         [blocks, 1, 1],
         [MV_THREADS, 1, 1],
@@ -956,6 +988,7 @@ fn matvec(
 #[allow(clippy::too_many_arguments)]
 fn record_step(
     rt: &mut GpuRuntime,
+    pdl: bool,
     s: &LlamaShape,
     cap: usize,
     a: &Activations,
@@ -964,6 +997,10 @@ fn record_step(
     head: Lin,
     final_norm: Buffer,
 ) -> Result<()> {
+    let mut rec = Recorder {
+        pdl,
+        prev_multi_wave: false,
+    };
     let k_embed = rt.kernel("embed")?;
     let k_mv = rt.kernel("matvec")?;
     let k_qkv = rt.kernel("matvec_qkv")?;
@@ -972,7 +1009,8 @@ fn record_step(
     let (gs, bits) = s.quant.unwrap_or((1, 16));
     let (d, nh, nkv) = (s.head_dim as i64, s.heads as i64, s.kv_heads as i64);
     let ns = cap / ATTN_CHUNK;
-    rt.launch(
+    rec.launch(
+        rt,
         k_embed,
         [1, 1, 1],
         [256, 1, 1],
@@ -992,7 +1030,8 @@ fn record_step(
     let scale = (1.0f32 / (s.head_dim as f32).sqrt()) as f64;
     for l in layers {
         let pairs = l.qkv.n / 2;
-        rt.launch(
+        rec.launch(
+            rt,
             k_qkv,
             [pairs.div_ceil(8).clamp(1, MV_MAX_BLOCKS) as u32, 1, 1],
             [MV_THREADS, 1, 1],
@@ -1018,7 +1057,8 @@ fn record_step(
                 Arg::F64(log2_base),
             ],
         )?;
-        rt.launch(
+        rec.launch(
+            rt,
             k_attn,
             [s.heads as u32, ns as u32, 1],
             [128, 1, 1],
@@ -1040,8 +1080,9 @@ fn record_step(
                 Arg::F64(scale),
             ],
         )?;
-        matvec(rt, k_mv, s, &l.o, a.attn, None, Some(a.h), a.h, MODE_RES)?;
+        matvec(&mut rec, rt, k_mv, s, &l.o, a.attn, None, Some(a.h), a.h, MODE_RES)?;
         matvec(
+            &mut rec,
             rt,
             k_mv,
             s,
@@ -1052,9 +1093,10 @@ fn record_step(
             a.act,
             MODE_NORM | MODE_SWIGLU,
         )?;
-        matvec(rt, k_mv, s, &l.down, a.act, None, Some(a.h), a.h, MODE_RES)?;
+        matvec(&mut rec, rt, k_mv, s, &l.down, a.act, None, Some(a.h), a.h, MODE_RES)?;
     }
     matvec(
+        &mut rec,
         rt,
         k_mv,
         s,
@@ -1065,7 +1107,8 @@ fn record_step(
         a.logits,
         MODE_NORM | MODE_F32,
     )?;
-    rt.launch(
+    rec.launch(
+        rt,
         k_argmax,
         [1, 1, 1],
         [1024, 1, 1],

@@ -53,6 +53,7 @@ using nvrtcProgram = void*;
 
 constexpr int kAttrCcMajor = 75;            // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
 constexpr int kAttrCcMinor = 76;            // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR
+constexpr int kAttrSmCount = 16;            // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
 constexpr int kFuncMaxDynamicShared = 8;    // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 constexpr unsigned kStreamNonBlocking = 1;  // CU_STREAM_NON_BLOCKING
 constexpr int kCaptureThreadLocal = 1;      // CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
@@ -75,6 +76,7 @@ struct Driver {
   CUresult (*cuModuleUnload)(CUmodule);
   CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*);
   CUresult (*cuFuncSetAttribute)(CUfunction, int, int);
+  CUresult (*cuOccupancyMaxActiveBlocksPerMultiprocessor)(int*, CUfunction, int, size_t);
   CUresult (*cuFuncGetParamInfo)(CUfunction, size_t, size_t*, size_t*);  // CUDA >= 12.4
   CUresult (*cuMemAlloc)(CUdeviceptr*, size_t);
   CUresult (*cuMemFree)(CUdeviceptr);
@@ -147,6 +149,8 @@ const Driver& driver() {
     sym(d.lib, "cuModuleUnload", d.cuModuleUnload, err);
     sym(d.lib, "cuModuleGetFunction", d.cuModuleGetFunction, err);
     sym(d.lib, "cuFuncSetAttribute", d.cuFuncSetAttribute, err);
+    sym(d.lib, "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+        d.cuOccupancyMaxActiveBlocksPerMultiprocessor, err);
     d.cuFuncGetParamInfo = reinterpret_cast<decltype(d.cuFuncGetParamInfo)>(
         dlsym(d.lib, "cuFuncGetParamInfo"));  // optional
     sym(d.lib, "cuMemAlloc_v2", d.cuMemAlloc, err);
@@ -562,6 +566,21 @@ int mlxs_gpurt_launch(mlxs_gpurt rt, uint32_t kernel, const uint32_t* grid3,
                              n_args ? ptrs.data() : nullptr, nullptr),
             "cuLaunchKernel");
     }
+  });
+}
+
+int mlxs_gpurt_resident_blocks(mlxs_gpurt rt, uint32_t kernel, uint32_t block_threads,
+                               uint32_t shared_bytes, uint32_t* out) {
+  return guard([&] {
+    if (rt == nullptr) throw std::invalid_argument("[gpurt] null runtime");
+    if (kernel >= rt->kernels.size()) throw std::invalid_argument("[gpurt] no such kernel");
+    const Driver& d = rt->d();
+    int per_sm = 0, sms = 0;
+    check(d.cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, rt->kernels[kernel],
+                                                        int(block_threads), shared_bytes),
+          "cuOccupancyMaxActiveBlocksPerMultiprocessor");
+    check(d.cuDeviceGetAttribute(&sms, kAttrSmCount, rt->device), "cuDeviceGetAttribute");
+    *out = uint32_t(per_sm) * uint32_t(sms);
   });
 }
 

@@ -61,6 +61,11 @@ int mlxs_gpurt_launch(mlxs_gpurt rt, uint32_t kernel, const uint32_t* grid3,
                       const uint32_t* block3, uint32_t shared_bytes, const mlxs_gpurt_arg* args,
                       size_t n_args);
 
+/* How many blocks of `kernel` (block_threads threads, shared_bytes of dynamic shared memory)
+ * the whole device holds at once: a larger grid runs in more than one wave. */
+int mlxs_gpurt_resident_blocks(mlxs_gpurt rt, uint32_t kernel, uint32_t block_threads,
+                               uint32_t shared_bytes, uint32_t* out);
+
 /* Launches from now on allow programmatic dependent launch (the next kernel's blocks may start
  * once the current kernel's blocks execute griddepcontrol.launch_dependents; each kernel must
  * execute griddepcontrol.wait before it reads what the kernel before it wrote). Needs
