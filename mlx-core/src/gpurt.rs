@@ -161,13 +161,7 @@ impl GpuRuntime {
     pub fn upload(&mut self, buffer: Buffer, offset: usize, data: &[u8]) -> Result<()> {
         // SAFETY: data is valid for data.len() bytes of reads; the shim checks the range.
         check("gpurt_upload", unsafe {
-            sys::mlxs_gpurt_upload(
-                self.raw,
-                buffer.0,
-                offset,
-                data.as_ptr().cast(),
-                data.len(),
-            )
+            sys::mlxs_gpurt_upload(self.raw, buffer.0, offset, data.as_ptr().cast(), data.len())
         })
     }
 

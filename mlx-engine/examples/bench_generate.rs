@@ -67,9 +67,9 @@ use mlx_engine::generate::{
     generate_step, generate_step_with_decoder, CompiledDecode, EvalProbe, GenerateOptions,
 };
 use mlx_engine::sample::Sampler;
+use mlx_kernels::graph_decode::{compare_logits, GraphDecoder};
 use mlx_models::gguf::load_gguf_model;
 use mlx_models::load::{load_model_dir, LoadOptions};
-use mlx_kernels::graph_decode::GraphDecoder;
 use mlx_models::LanguageModel;
 use serde_json::{json, Value};
 
@@ -428,7 +428,11 @@ fn cache_kv(caches: &[Box<dyn mlx_cache::Cache>]) -> BoxResult<Vec<LayerKv>> {
         .iter()
         .map(|c| match c.fetch()? {
             Some(mlx_cache::Kv::Dense { keys, values }) => Ok((keys, values)),
-            _ => Err(format!("the graph decoder needs plain KV caches, got {}", c.class_name()).into()),
+            _ => Err(format!(
+                "the graph decoder needs plain KV caches, got {}",
+                c.class_name()
+            )
+            .into()),
         })
         .collect()
 }
@@ -473,7 +477,6 @@ fn graph_check(
     dec: &mut GraphDecoder,
     prompt: &[i32],
     steps: usize,
-    a: &Args,
 ) -> BoxResult<Value> {
     let mut caches = model.make_cache();
     let x = mlx_core::Array::from_slice(prompt, &[1, prompt.len() as i32])?;
@@ -485,7 +488,6 @@ fn graph_check(
         .to_vec::<u32>()?[0];
     let kv = cache_kv(&caches)?;
     dec.set_prefix(&kv)?;
-    let _ = a;
     let (mut worst, mut agree, mut sum_rel) = (0f32, 0usize, 0f64);
     let mut per_step = Vec::new();
     for _ in 0..steps {
@@ -495,19 +497,8 @@ fn graph_check(
             .astype(Dtype::Float32)?
             .to_vec::<f32>()?;
         let ours = dec.step_logits(token)?;
-        let amax = |v: &[f32]| {
-            v.iter()
-                .enumerate()
-                .fold((0usize, f32::NEG_INFINITY), |b, (i, &x)| if x > b.1 { (i, x) } else { b })
-        };
-        let (ri, _) = amax(&reference);
-        let (oi, _) = amax(&ours);
-        let scale = reference.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-6);
-        let d = reference
-            .iter()
-            .zip(&ours)
-            .fold(0f32, |m, (r, o)| m.max((r - o).abs()));
-        let rel = d / scale;
+        let c = compare_logits(&reference, &ours);
+        let (rel, ri, oi) = (c.rel_diff, c.reference_token, c.ours_token);
         worst = worst.max(rel);
         sum_rel += rel as f64;
         agree += usize::from(ri == oi);
@@ -568,7 +559,7 @@ fn run(a: &Args) -> BoxResult<()> {
         graph_dec = Some(dec);
     }
     if let (true, Some(dec)) = (a.graph_check > 0, graph_dec.as_mut()) {
-        let check = graph_check(model.as_ref(), dec, &prompt, a.graph_check, a)?;
+        let check = graph_check(model.as_ref(), dec, &prompt, a.graph_check)?;
         println!("{}", json!({ "graph_check": check }));
         return Ok(());
     }

@@ -69,6 +69,49 @@ const MAX_LISTED: usize = 12;
 /// the MLX forward's. Random bench models have many near-ties among bfloat16 logits.
 pub const TEACHER_FORCED_BOUNDS: (f32, f32) = (0.05, 0.9);
 
+/// One teacher-forced step compared: the largest logit difference relative to the largest
+/// reference logit magnitude, and both sides' greedy tokens (first index of the maximum).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepComparison {
+    /// max |reference - ours| / max |reference|.
+    pub rel_diff: f32,
+    /// The reference's greedy token.
+    pub reference_token: usize,
+    /// The decoder's greedy token.
+    pub ours_token: usize,
+}
+
+/// Compares one step's logits (the MLX forward's, the decoder's).
+pub fn compare_logits(reference: &[f32], ours: &[f32]) -> StepComparison {
+    let argmax = |v: &[f32]| {
+        v.iter()
+            .enumerate()
+            .fold((0usize, f32::NEG_INFINITY), |b, (i, &x)| {
+                if x > b.1 {
+                    (i, x)
+                } else {
+                    b
+                }
+            })
+            .0
+    };
+    let scale = reference.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-6);
+    let d = reference
+        .iter()
+        .zip(ours)
+        .fold(0f32, |m, (r, o)| m.max((r - o).abs()));
+    let d = if reference.len() == ours.len() {
+        d
+    } else {
+        f32::INFINITY
+    };
+    StepComparison {
+        rel_diff: d / scale,
+        reference_token: argmax(reference),
+        ours_token: argmax(ours),
+    }
+}
+
 /// A llama's shape as the decoder needs it (from `config.json`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct LlamaShape {
@@ -151,7 +194,9 @@ impl LlamaShape {
         }
         for k in ["attention_bias", "mlp_bias", "rope_traditional"] {
             if flag(k, false)? {
-                return Err(format!("field {k}: true is not supported by the graph decoder"));
+                return Err(format!(
+                    "field {k}: true is not supported by the graph decoder"
+                ));
             }
         }
         if let Some(s) = v.get("rope_scaling").filter(|s| !s.is_null()) {
@@ -169,7 +214,10 @@ impl LlamaShape {
             None | Some(serde_json::Value::Null) => hidden / heads,
             _ => int("head_dim")?,
         };
-        let quant = match v.get("quantization").or_else(|| v.get("quantization_config")) {
+        let quant = match v
+            .get("quantization")
+            .or_else(|| v.get("quantization_config"))
+        {
             None | Some(serde_json::Value::Null) => None,
             Some(q) => {
                 let o = q
@@ -389,7 +437,10 @@ impl Weights {
                 );
             }
         }
-        expect.insert("model.norm.weight".into(), (vec![h as i32], Dtype::Bfloat16));
+        expect.insert(
+            "model.norm.weight".into(),
+            (vec![h as i32], Dtype::Bfloat16),
+        );
         let mut problems = Vec::new();
         for (name, (sh, dt)) in &expect {
             match arrays.get(name) {
@@ -670,15 +721,7 @@ impl GraphDecoder {
         let mut pdl = programmatic_launch && rt.set_programmatic_launch(true).is_ok();
         let record = |rt: &mut GpuRuntime, pdl: bool| {
             record_step(
-                rt,
-                pdl,
-                &s,
-                capacity,
-                &acts,
-                &layers,
-                embed,
-                head,
-                final_norm,
+                rt, pdl, &s, capacity, &acts, &layers, embed, head, final_norm,
             )
         };
         let graph = match rt.capture(|rt| record(rt, pdl)) {
@@ -759,7 +802,10 @@ impl GraphDecoder {
         if token as usize >= self.shape.vocab {
             return Err(invalid(
                 "graph_decoder",
-                format!("token id {token} outside the vocabulary of {}", self.shape.vocab),
+                format!(
+                    "token id {token} outside the vocabulary of {}",
+                    self.shape.vocab
+                ),
             ));
         }
         Ok(())
@@ -790,14 +836,23 @@ impl GraphDecoder {
         if kv.len() != s.layers {
             return Err(invalid(
                 "graph_decoder",
-                format!("set_prefix: {} layers of cache, the model has {}", kv.len(), s.layers),
+                format!(
+                    "set_prefix: {} layers of cache, the model has {}",
+                    kv.len(),
+                    s.layers
+                ),
             ));
         }
-        let n = kv.first().map_or(0, |(k, _)| k.shape().get(2).copied().unwrap_or(0)) as usize;
+        let n = kv
+            .first()
+            .map_or(0, |(k, _)| k.shape().get(2).copied().unwrap_or(0)) as usize;
         if n > self.capacity {
             return Err(invalid(
                 "graph_decoder",
-                format!("set_prefix: {n} positions, the capacity is {}", self.capacity),
+                format!(
+                    "set_prefix: {n} positions, the capacity is {}",
+                    self.capacity
+                ),
             ));
         }
         let want = [1, s.kv_heads as i32, n as i32, s.head_dim as i32];
@@ -826,8 +881,10 @@ impl GraphDecoder {
             let row = n * d * 2;
             for ((kb, vb), (kh, vh)) in bufs.iter().zip(&host) {
                 for hd in 0..nkv {
-                    me.rt.upload(*kb, hd * cap * d * 2, &kh[hd * row..(hd + 1) * row])?;
-                    me.rt.upload(*vb, hd * cap * d * 2, &vh[hd * row..(hd + 1) * row])?;
+                    me.rt
+                        .upload(*kb, hd * cap * d * 2, &kh[hd * row..(hd + 1) * row])?;
+                    me.rt
+                        .upload(*vb, hd * cap * d * 2, &vh[hd * row..(hd + 1) * row])?;
                 }
             }
             me.pos = n;
@@ -1080,7 +1137,18 @@ fn record_step(
                 Arg::F64(scale),
             ],
         )?;
-        matvec(&mut rec, rt, k_mv, s, &l.o, a.attn, None, Some(a.h), a.h, MODE_RES)?;
+        matvec(
+            &mut rec,
+            rt,
+            k_mv,
+            s,
+            &l.o,
+            a.attn,
+            None,
+            Some(a.h),
+            a.h,
+            MODE_RES,
+        )?;
         matvec(
             &mut rec,
             rt,
@@ -1093,7 +1161,18 @@ fn record_step(
             a.act,
             MODE_NORM | MODE_SWIGLU,
         )?;
-        matvec(&mut rec, rt, k_mv, s, &l.down, a.act, None, Some(a.h), a.h, MODE_RES)?;
+        matvec(
+            &mut rec,
+            rt,
+            k_mv,
+            s,
+            &l.down,
+            a.act,
+            None,
+            Some(a.h),
+            a.h,
+            MODE_RES,
+        )?;
     }
     matvec(
         &mut rec,
@@ -1121,4 +1200,44 @@ fn record_step(
             Arg::I64(cap as i64),
         ],
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rows(n: usize, width: usize, base: u8) -> Vec<u8> {
+        (0..n)
+            .flat_map(|r| std::iter::repeat_n(base + r as u8, width))
+            .collect()
+    }
+
+    #[test]
+    fn rope_pairs_sit_side_by_side() {
+        // Two heads of 4 rows, 3 bytes a row: each head's rows (0, 2, 1, 3).
+        let a = rows(8, 3, 0);
+        let p = pair_rope_rows(&a, 8, 4);
+        let order: Vec<u8> = p.chunks(3).map(|c| c[0]).collect();
+        assert_eq!(order, [0, 2, 1, 3, 4, 6, 5, 7]);
+        assert!(p.chunks(3).all(|c| c[0] == c[1] && c[1] == c[2]));
+    }
+
+    #[test]
+    fn gate_and_up_rows_alternate() {
+        let g = rows(3, 2, 0);
+        let u = rows(3, 2, 10);
+        let order: Vec<u8> = interleave_rows(&g, &u, 3).chunks(2).map(|c| c[0]).collect();
+        assert_eq!(order, [0, 10, 1, 11, 2, 12]);
+    }
+
+    #[test]
+    fn every_kernel_in_the_source_is_declared_with_its_arity() {
+        for (name, arity) in KERNELS {
+            let start = SOURCE
+                .find(&format!("__global__ void {name}("))
+                .unwrap_or_else(|| panic!("{name} is not in the source"));
+            let params = &SOURCE[start..][..SOURCE[start..].find(')').unwrap()];
+            assert_eq!(params.matches(',').count() + 1, *arity as usize, "{name}");
+        }
+    }
 }

@@ -34,19 +34,39 @@ fn with(mut v: serde_json::Value, k: &str, x: serde_json::Value) -> serde_json::
 #[test]
 fn config_is_checked_field_by_field() {
     let s = LlamaShape::from_config(&config()).unwrap();
-    assert_eq!((s.head_dim, s.kv_heads, s.quant, s.tied), (16, 2, None, true));
-    let q = with(config(), "quantization", json!({"group_size": 32, "bits": 4}));
+    assert_eq!(
+        (s.head_dim, s.kv_heads, s.quant, s.tied),
+        (16, 2, None, true)
+    );
+    let q = with(
+        config(),
+        "quantization",
+        json!({"group_size": 32, "bits": 4}),
+    );
     assert_eq!(LlamaShape::from_config(&q).unwrap().quant, Some((32, 4)));
     let cases = [
         (with(config(), "model_type", json!("gemma3")), "model_type"),
-        (with(config(), "rope_scaling", json!({"type": "llama3"})), "rope_scaling"),
-        (with(config(), "attention_bias", json!(true)), "attention_bias"),
+        (
+            with(config(), "rope_scaling", json!({"type": "llama3"})),
+            "rope_scaling",
+        ),
+        (
+            with(config(), "attention_bias", json!(true)),
+            "attention_bias",
+        ),
         (with(config(), "head_dim", json!(96)), "head_dim"),
-        (with(config(), "num_key_value_heads", json!(3)), "num_key_value_heads"),
+        (
+            with(config(), "num_key_value_heads", json!(3)),
+            "num_key_value_heads",
+        ),
         (with(config(), "hidden_size", json!(-4)), "hidden_size"),
         (with(config(), "vocab_size", json!("many")), "vocab_size"),
         (
-            with(config(), "quantization", json!({"group_size": 64, "bits": 3})),
+            with(
+                config(),
+                "quantization",
+                json!({"group_size": 64, "bits": 3}),
+            ),
             "quantization",
         ),
         (
@@ -125,8 +145,14 @@ fn weight_problems_are_listed_together_before_the_gpu() {
     });
     let e = GraphDecoder::load(&dir, 64).unwrap_err().to_string();
     assert!(e.contains("3 tensor problem(s)"), "{e}");
-    assert!(e.contains("missing model.layers.1.mlp.up_proj.weight"), "{e}");
-    assert!(e.contains("model.layers.0.self_attn.k_proj.weight: [33, 64]"), "{e}");
+    assert!(
+        e.contains("missing model.layers.1.mlp.up_proj.weight"),
+        "{e}"
+    );
+    assert!(
+        e.contains("model.layers.0.self_attn.k_proj.weight: [33, 64]"),
+        "{e}"
+    );
     assert!(e.contains("unused model.layers.0.extra.weight"), "{e}");
     assert!(e.contains(&dir.display().to_string()), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
@@ -154,12 +180,42 @@ fn a_good_model_needs_a_gpu_and_says_so() {
 #[test]
 fn runtime_without_a_driver_is_an_error_not_a_crash() {
     if GpuRuntime::available() {
-        let rt = GpuRuntime::new("extern \"C\" __global__ void k(long long x) {}", &[("k", 1)]);
+        let rt = GpuRuntime::new(
+            "extern \"C\" __global__ void k(long long x) {}",
+            &[("k", 1)],
+        );
         assert!(rt.is_ok(), "{rt:?}");
         let bad = GpuRuntime::new("this is not CUDA", &[]);
         assert!(bad.unwrap_err().to_string().contains("NVRTC"));
     } else {
         let e = GpuRuntime::new("", &[]).unwrap_err().to_string();
         assert!(e.contains("gpurt"), "{e}");
+    }
+}
+
+/// mlx-lm-saved llama fixtures: the decoder accepts their tensors as saved (then needs a GPU),
+/// and rejects what it cannot run with the field or tensor named.
+#[test]
+fn real_fixtures_pass_the_checks_or_are_named() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../mlx-models/tests/models");
+    for name in ["dense_bf16_mha", "dense_bf16_untied", "q8_g32_bf16"] {
+        match GraphDecoder::load(&root.join(name), 32) {
+            Ok(_) => assert!(GraphDecoder::available()),
+            Err(e) => {
+                let e = e.to_string();
+                assert!(!e.contains("tensor problem"), "{name}: {e}");
+                assert!(!GraphDecoder::available(), "{name}: {e}");
+            }
+        }
+    }
+    for (name, what) in [
+        ("yarn_rope", "rope_scaling"),
+        ("dense_f32", "float32, expected"),
+        ("q4_g32", "expected"),
+    ] {
+        let e = GraphDecoder::load(&root.join(name), 32)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(what), "{name}: {e}");
     }
 }
