@@ -277,13 +277,14 @@ __device__ __forceinline__ void rope_pair(float x1, float x2, ll i, ll half, ll 
 
 // The attention projections with RoPE and the cache write in the epilogue:
 // [q; k; v] = W rms_norm(xin) with W's q and k rows permuted per head so that rows 2i and
-// 2i + 1 are the rotation pair (i, i + D/2) (the host permutes them). q goes to qout (its
+// 2i + 1 are the rotation pair (i, i + D/2) (the host permutes them); with traditional RoPE
+// the pairs are (2i, 2i + 1) already. q goes to qout (its
 // usual layout, roped), k (roped) and v to the caches at position state[1].
 extern "C" __global__ void matvec_qkv(const void* W, const bf16_t* S, const bf16_t* B,
                                       const bf16_t* xin, const bf16_t* normw, bf16_t* qout,
                                       bf16_t* kc, bf16_t* vc, const int* state, ll K, ll bits,
-                                      ll gs, ll nh, ll nkv, ll D, ll cap, double eps,
-                                      double log2_base) {
+                                      ll gs, ll nh, ll nkv, ll D, ll cap, ll traditional,
+                                      double eps, double log2_base) {
   extern __shared__ __align__(16) unsigned char smem[];
   bf16_t* xs = (bf16_t*)smem;
   __shared__ float red[MV_WARPS];
@@ -305,16 +306,16 @@ extern "C" __global__ void matvec_qkv(const void* W, const bf16_t* S, const bf16
         const ll h = r0 / D, i = (r0 % D) / 2;
         bf16_t o1, o2;
         rope_pair(x1, x2, i, half, pos, log2_base, o1, o2);
-        qout[h * D + i] = o1;
-        qout[h * D + i + half] = o2;
+        qout[h * D + (traditional ? 2 * i : i)] = o1;
+        qout[h * D + (traditional ? 2 * i + 1 : i + half)] = o2;
       } else if (r0 < (nh + nkv) * D) {
         const ll j = r0 - nh * D;
         const ll h = j / D, i = (j % D) / 2;
         bf16_t o1, o2;
         rope_pair(x1, x2, i, half, pos, log2_base, o1, o2);
         bf16_t* kd = kc + (h * cap + pos) * D;
-        kd[i] = o1;
-        kd[i + half] = o2;
+        kd[traditional ? 2 * i : i] = o1;
+        kd[traditional ? 2 * i + 1 : i + half] = o2;
       } else {
         const ll j = r0 - (nh + nkv) * D;
         const ll h = j / D, dd = j % D;

@@ -13,7 +13,7 @@
 //! log-probabilities (as mlx-lm's sampler) that advances the step state on the device. The whole step is one CUDA
 //! graph ([`mlx_core::gpurt`]); the host replays it and reads tokens back, pipelined.
 //!
-//! What it covers: `model_type: llama` without biases, RoPE scaling or traditional RoPE;
+//! What it covers: `model_type: llama` without biases or RoPE scaling (traditional RoPE or not);
 //! bfloat16 weights, or MLX affine quantization (4 or 8 bits, groups of 32, 64 or 128) with
 //! bfloat16 scales; head size 16-128; greedy decoding; one sequence. The prompt is processed
 //! by MLX (the model's own forward, which is exact) and its KV cache copied in with
@@ -50,7 +50,7 @@ pub const SOURCE: &str = include_str!("graph_decode.cu");
 const KERNELS: &[(&str, u32)] = &[
     ("embed", 8),
     ("matvec", 13),
-    ("matvec_qkv", 18),
+    ("matvec_qkv", 19),
     ("attention", 14),
     ("argmax_next", 5),
 ];
@@ -135,6 +135,9 @@ pub struct LlamaShape {
     pub rope_theta: f32,
     /// `tie_word_embeddings` (default true, as mlx-lm's llama).
     pub tied: bool,
+    /// `rope_traditional` (default false): rotation pairs (2i, 2i + 1) instead of
+    /// (i, i + head_dim / 2).
+    pub rope_traditional: bool,
     /// `quantization`: (group size, bits).
     pub quant: Option<(usize, usize)>,
 }
@@ -192,7 +195,7 @@ impl LlamaShape {
                 "field model_type: {mt:?}; the graph decoder runs llama models only"
             ));
         }
-        for k in ["attention_bias", "mlp_bias", "rope_traditional"] {
+        for k in ["attention_bias", "mlp_bias"] {
             if flag(k, false)? {
                 return Err(format!(
                     "field {k}: true is not supported by the graph decoder"
@@ -258,6 +261,7 @@ impl LlamaShape {
             eps: float("rms_norm_eps", 1e-6)?,
             rope_theta: float("rope_theta", 10000.0)?,
             tied: flag("tie_word_embeddings", true)?,
+            rope_traditional: flag("rope_traditional", false)?,
             quant,
         };
         if s.heads % s.kv_heads != 0 {
@@ -592,7 +596,7 @@ impl GraphDecoder {
                     Layout::Concat | Layout::Qkv => {
                         let mut off = 0;
                         for (j, b) in blobs.iter().enumerate() {
-                            if layout == Layout::Qkv && j < 2 {
+                            if layout == Layout::Qkv && j < 2 && !s.rope_traditional {
                                 rt.upload(buf, off, &pair_rope_rows(b, ns[j], s.head_dim))?;
                             } else {
                                 rt.upload(buf, off, b)?;
@@ -1110,6 +1114,7 @@ fn record_step(
                 Arg::I64(nkv),
                 Arg::I64(d),
                 Arg::I64(cap as i64),
+                Arg::I64(i64::from(s.rope_traditional)),
                 Arg::F64(s.eps as f64),
                 Arg::F64(log2_base),
             ],
