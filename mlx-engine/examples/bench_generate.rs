@@ -274,6 +274,26 @@ fn digest(logprobs: &mlx_core::Array) -> BoxResult<String> {
 
 /// One generation, timed as mlx-lm's `stream_generate` times it; with `digests`, also each
 /// step's log-probability digest.
+/// One trial's figures, as mlx-lm's `stream_generate` defines them; `extra_bytes` (device
+/// memory MLX does not see) is added to MLX's peak.
+fn trial_json(
+    prompt_len: usize,
+    n_tokens: usize,
+    (prompt_time, gen_time): (f64, f64),
+    [cpu0, cpu1, cpu2]: [Option<f64>; 3],
+    extra_bytes: usize,
+) -> BoxResult<Value> {
+    Ok(json!({
+        "prompt_tps": prompt_len as f64 / prompt_time,
+        "generation_tps": n_tokens as f64 / gen_time,
+        "prompt_time_s": prompt_time,
+        "generation_time_s": gen_time,
+        "prompt_cpu_s": diff(cpu1, cpu0),
+        "generation_cpu_s": diff(cpu2, cpu1),
+        "peak_memory_gb": (memory::peak_memory()? + extra_bytes) as f64 / 1e9,
+    }))
+}
+
 fn trial(
     model: &dyn LanguageModel,
     prompt: &[i32],
@@ -322,15 +342,13 @@ fn trial(
     let gen_time = tic.elapsed().as_secs_f64();
     let cpu2 = cpu_seconds();
     mlx_core::synchronize()?;
-    let r = json!({
-        "prompt_tps": prompt.len() as f64 / prompt_time,
-        "generation_tps": tokens.len() as f64 / gen_time,
-        "prompt_time_s": prompt_time,
-        "generation_time_s": gen_time,
-        "prompt_cpu_s": diff(cpu1, cpu0),
-        "generation_cpu_s": diff(cpu2, cpu1),
-        "peak_memory_gb": memory::peak_memory()? as f64 / 1e9,
-    });
+    let r = trial_json(
+        prompt.len(),
+        tokens.len(),
+        (prompt_time, gen_time),
+        [cpu0, cpu1, cpu2],
+        0,
+    )?;
     Ok((r, tokens))
 }
 
@@ -458,15 +476,13 @@ fn trial_graph(
     let gen_time = tic.elapsed().as_secs_f64();
     let cpu2 = cpu_seconds();
     mlx_core::synchronize()?;
-    let r = json!({
-        "prompt_tps": prompt.len() as f64 / prompt_time,
-        "generation_tps": tokens.len() as f64 / gen_time,
-        "prompt_time_s": prompt_time,
-        "generation_time_s": gen_time,
-        "prompt_cpu_s": diff(cpu1, cpu0),
-        "generation_cpu_s": diff(cpu2, cpu1),
-        "peak_memory_gb": (memory::peak_memory()? + dec.device_bytes()) as f64 / 1e9,
-    });
+    let r = trial_json(
+        prompt.len(),
+        tokens.len(),
+        (prompt_time, gen_time),
+        [cpu0, cpu1, cpu2],
+        dec.device_bytes(),
+    )?;
     Ok((r, tokens))
 }
 

@@ -415,9 +415,8 @@ extern "C" __global__ void attention(const bf16_t* qb, const bf16_t* kc, const b
   if (tid == 0) counters[h] = 0;
 }
 
-// Block-wide (max, first index) reduction; every thread gets the result. 1024 threads.
-__device__ __forceinline__ void block_argmax(float& best, int& idx, float* sb, int* si) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+// Warp-wide (max, first index) reduction; every lane gets the result.
+__device__ __forceinline__ void warp_argmax(float& best, int& idx) {
   for (int o = 16; o > 0; o >>= 1) {
     const float ob = __shfl_xor_sync(0xffffffffu, best, o);
     const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
@@ -426,6 +425,12 @@ __device__ __forceinline__ void block_argmax(float& best, int& idx, float* sb, i
       idx = oi;
     }
   }
+}
+
+// Block-wide (max, first index) reduction; every thread gets the result. 1024 threads.
+__device__ __forceinline__ void block_argmax(float& best, int& idx, float* sb, int* si) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  warp_argmax(best, idx);
   if (lane == 0) {
     sb[warp] = best;
     si[warp] = idx;
@@ -434,14 +439,7 @@ __device__ __forceinline__ void block_argmax(float& best, int& idx, float* sb, i
   const int nw = (blockDim.x + 31) / 32;
   best = lane < nw ? sb[lane] : NEG_INF;
   idx = lane < nw ? si[lane] : 0x7fffffff;
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
-    if (ob > best || (ob == best && oi < idx)) {
-      best = ob;
-      idx = oi;
-    }
-  }
+  warp_argmax(best, idx);
   __syncthreads();
 }
 

@@ -1005,11 +1005,12 @@ fn opt(b: Option<Buffer>, dummy: Buffer) -> Arg {
     Arg::Buf(b.unwrap_or(dummy), 0)
 }
 
+/// A matrix-vector product's launch: `out = W x` with `x` (normed by `norm` first when given),
+/// `res` added when given, `mode` the kernel's flags.
 #[allow(clippy::too_many_arguments)]
 fn matvec(
     rec: &mut Recorder,
     rt: &mut GpuRuntime,
-    k: Kernel,
     s: &LlamaShape,
     lin: &Lin,
     x: Buffer,
@@ -1018,6 +1019,7 @@ fn matvec(
     out: Buffer,
     mode: i64,
 ) -> Result<()> {
+    let k = rt.kernel("matvec")?;
     let pairs = lin.n.div_ceil(2);
     let blocks = pairs.div_ceil(8).clamp(1, MV_MAX_BLOCKS) as u32;
     let (gs, bits) = s.quant.unwrap_or((1, 16));
@@ -1063,7 +1065,6 @@ fn record_step(
         prev_multi_wave: false,
     };
     let k_embed = rt.kernel("embed")?;
-    let k_mv = rt.kernel("matvec")?;
     let k_qkv = rt.kernel("matvec_qkv")?;
     let k_attn = rt.kernel("attention")?;
     let k_argmax = rt.kernel("argmax_next")?;
@@ -1142,47 +1143,26 @@ fn record_step(
                 Arg::F64(scale),
             ],
         )?;
-        matvec(
-            &mut rec,
-            rt,
-            k_mv,
-            s,
-            &l.o,
-            a.attn,
-            None,
-            Some(a.h),
-            a.h,
-            MODE_RES,
-        )?;
-        matvec(
-            &mut rec,
-            rt,
-            k_mv,
-            s,
-            &l.gu,
-            a.h,
-            Some(l.post_norm),
-            None,
-            a.act,
-            MODE_NORM | MODE_SWIGLU,
-        )?;
-        matvec(
-            &mut rec,
-            rt,
-            k_mv,
-            s,
-            &l.down,
-            a.act,
-            None,
-            Some(a.h),
-            a.h,
-            MODE_RES,
-        )?;
+        // The output projection with the residual, gate/up with SwiGLU, down with the residual.
+        let mlp = [
+            (&l.o, a.attn, None, Some(a.h), a.h, MODE_RES),
+            (
+                &l.gu,
+                a.h,
+                Some(l.post_norm),
+                None,
+                a.act,
+                MODE_NORM | MODE_SWIGLU,
+            ),
+            (&l.down, a.act, None, Some(a.h), a.h, MODE_RES),
+        ];
+        for (lin, x, norm, res, out, mode) in mlp {
+            matvec(&mut rec, rt, s, lin, x, norm, res, out, mode)?;
+        }
     }
     matvec(
         &mut rec,
         rt,
-        k_mv,
         s,
         &head,
         a.h,
