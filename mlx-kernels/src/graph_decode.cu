@@ -45,7 +45,9 @@ __device__ __forceinline__ void pdl_wait_then_release() {
 }
 
 __device__ __forceinline__ void prefetch_l2(const void* p) {
+#ifdef __CUDA_ARCH__
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#endif
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
