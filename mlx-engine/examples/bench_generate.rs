@@ -67,7 +67,7 @@ use mlx_engine::generate::{
     generate_step, generate_step_with_decoder, CompiledDecode, EvalProbe, GenerateOptions,
 };
 use mlx_engine::sample::Sampler;
-use mlx_kernels::graph_decode::{compare_logits, GraphDecoder};
+use mlx_kernels::graph_decode::{compare_logits, GraphDecoder, GraphOptions};
 use mlx_models::gguf::load_gguf_model;
 use mlx_models::load::{load_model_dir, LoadOptions};
 use mlx_models::LanguageModel;
@@ -559,10 +559,17 @@ fn run(a: &Args) -> BoxResult<()> {
     let mut graph_dec = None;
     if a.graph_decoder || a.graph_check > 0 {
         let t = Instant::now();
-        // MLX_GRAPH_PDL=0: plain launches instead of programmatic dependent launch.
-        let pdl = std::env::var("MLX_GRAPH_PDL").map_or(true, |v| v != "0");
+        // MLX_GRAPH_PDL=0: plain launches instead of programmatic dependent launch;
+        // MLX_GRAPH_ROWS=4: four rows a warp in the matrix-vector products.
+        let opts = GraphOptions {
+            programmatic_launch: std::env::var("MLX_GRAPH_PDL").map_or(true, |v| v != "0"),
+            rows_per_warp: match std::env::var("MLX_GRAPH_ROWS") {
+                Ok(v) => v.parse().map_err(|e| format!("MLX_GRAPH_ROWS {v}: {e}"))?,
+                Err(_) => GraphOptions::default().rows_per_warp,
+            },
+        };
         let cap = a.prompt_len + a.gen_len.max(a.graph_check) + 1;
-        let dec = GraphDecoder::load_with(&path, cap, pdl)?;
+        let dec = GraphDecoder::load_with(&path, cap, &opts)?;
         eprintln!(
             "graph decoder: {} on {} (programmatic launch {}), {:.2} GB on the device, loaded in \
              {:.1} s",
@@ -641,6 +648,7 @@ fn run(a: &Args) -> BoxResult<()> {
     if let (true, Some(dec)) = (a.graph_decoder, graph_dec.as_ref()) {
         out["decoder"] = json!("graph");
         out["programmatic_launch"] = json!(dec.programmatic_launch());
+        out["rows_per_warp"] = json!(dec.rows_per_warp());
     }
     if a.digests {
         out["logprob_digests"] = json!(digests);

@@ -21,6 +21,10 @@ typedef long long ll;
 #define MODE_F32 8
 #define ATTN_CHUNK 64
 #define ATTN_THREADS 128
+// Rows a warp computes at once in the matrix-vector products: 2 or 4 (set by the host).
+#ifndef MV_ROWS
+#define MV_ROWS 2
+#endif
 
 __device__ __forceinline__ float bf2f(bf16_t h) { return __uint_as_float(((u32)h) << 16); }
 __device__ __forceinline__ float lo2f(u32 w) { return __uint_as_float(w << 16); }
@@ -88,12 +92,11 @@ __device__ __forceinline__ float dot8(const uint4 w, const uint4 x, float acc) {
   return acc;
 }
 
-// One 16-byte chunk of two quantized rows: 4 words of BITS-bit codes each (32 / BITS per word,
-// the lowest bits first), against the matching inputs: d0 = sum(q0 * x), d1 = sum(q1 * x),
+// One 16-byte chunk of MV_ROWS quantized rows: 4 words of BITS-bit codes each (32 / BITS per
+// word, the lowest bits first), against the matching inputs: d[r] = sum(q_r * x),
 // xsum = sum(x).
 template <int BITS>
-__device__ __forceinline__ void qchunk2(const uint4 w0, const uint4 w1, const bf16_t* xs,
-                                        float& d0, float& d1, float& xsum) {
+__device__ __forceinline__ void qchunk(const uint4* w, const bf16_t* xs, float* d, float& xsum) {
   constexpr int PER = 32 / BITS;
   constexpr int VALS = 4 * PER;
   constexpr u32 MASK = (1u << BITS) - 1u;
@@ -111,58 +114,75 @@ __device__ __forceinline__ void qchunk2(const uint4 w0, const uint4 w1, const bf
     x[8 * i + 6] = lo2f(t.w);
     x[8 * i + 7] = hi2f(t.w);
   }
-  const u32 a[4] = {w0.x, w0.y, w0.z, w0.w};
-  const u32 b[4] = {w1.x, w1.y, w1.z, w1.w};
-  d0 = 0.f;
-  d1 = 0.f;
+  u32 words[MV_ROWS][4];
+#pragma unroll
+  for (int r = 0; r < MV_ROWS; ++r) {
+    words[r][0] = w[r].x;
+    words[r][1] = w[r].y;
+    words[r][2] = w[r].z;
+    words[r][3] = w[r].w;
+    d[r] = 0.f;
+  }
   xsum = 0.f;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
 #pragma unroll
     for (int j = 0; j < PER; ++j) {
       const float v = x[i * PER + j];
-      // q as a float without an integer conversion: 2^23 + q has q as its mantissa.
-      d0 += (__uint_as_float(0x4B000000u | ((a[i] >> (j * BITS)) & MASK)) - 8388608.f) * v;
-      d1 += (__uint_as_float(0x4B000000u | ((b[i] >> (j * BITS)) & MASK)) - 8388608.f) * v;
+#pragma unroll
+      for (int r = 0; r < MV_ROWS; ++r) {
+        // q as a float without an integer conversion: 2^23 + q has q as its mantissa.
+        d[r] += (__uint_as_float(0x4B000000u | ((words[r][i] >> (j * BITS)) & MASK)) -
+                 8388608.f) *
+                v;
+      }
       xsum += v;
     }
   }
 }
 
-// Rows r0 and r1 of W against xs (in shared memory), one warp; each lane's partial sums.
+// MV_ROWS rows of W (row indices in rows[]) against xs (in shared memory), one warp; each
+// lane's partial sums in acc[].
 template <int BITS>
-__device__ __forceinline__ void rows2(const void* W, const bf16_t* S, const bf16_t* B,
-                                      const bf16_t* xs, ll r0, ll r1, int K, int gs_shift,
-                                      int lane, float& a0, float& a1) {
+__device__ __forceinline__ void rows_dot(const void* W, const bf16_t* S, const bf16_t* B,
+                                         const bf16_t* xs, const ll* rows, int K, int gs_shift,
+                                         int lane, float* acc) {
   if (BITS == 16) {
-    const uint4* w0 = (const uint4*)((const bf16_t*)W + r0 * K);
-    const uint4* w1 = (const uint4*)((const bf16_t*)W + r1 * K);
+    const uint4* w[MV_ROWS];
+#pragma unroll
+    for (int r = 0; r < MV_ROWS; ++r) w[r] = (const uint4*)((const bf16_t*)W + rows[r] * K);
     const uint4* x = (const uint4*)xs;
     const int C = K / 8;
 #pragma unroll 4
     for (int c = lane; c < C; c += 32) {
       const uint4 xv = x[c];
-      a0 = dot8(w0[c], xv, a0);
-      a1 = dot8(w1[c], xv, a1);
+#pragma unroll
+      for (int r = 0; r < MV_ROWS; ++r) acc[r] = dot8(w[r][c], xv, acc[r]);
     }
   } else {
     constexpr int VALS = 4 * (32 / BITS);  // inputs per 16-byte chunk
     const int words = K / (32 / BITS);
-    const uint4* w0 = (const uint4*)((const u32*)W + r0 * words);
-    const uint4* w1 = (const uint4*)((const u32*)W + r1 * words);
     const int G = K >> gs_shift;
-    const bf16_t* s0 = S + r0 * G;
-    const bf16_t* s1 = S + r1 * G;
-    const bf16_t* b0 = B + r0 * G;
-    const bf16_t* b1 = B + r1 * G;
+    const uint4* w[MV_ROWS];
+    const bf16_t* sc[MV_ROWS];
+    const bf16_t* bi[MV_ROWS];
+#pragma unroll
+    for (int r = 0; r < MV_ROWS; ++r) {
+      w[r] = (const uint4*)((const u32*)W + rows[r] * words);
+      sc[r] = S + rows[r] * G;
+      bi[r] = B + rows[r] * G;
+    }
     const int C = words / 4;
 #pragma unroll 4
     for (int c = lane; c < C; c += 32) {
       const int g = (c * VALS) >> gs_shift;
-      float d0, d1, xsum;
-      qchunk2<BITS>(w0[c], w1[c], xs + c * VALS, d0, d1, xsum);
-      a0 += bf2f(s0[g]) * d0 + bf2f(b0[g]) * xsum;
-      a1 += bf2f(s1[g]) * d1 + bf2f(b1[g]) * xsum;
+      uint4 q[MV_ROWS];
+#pragma unroll
+      for (int r = 0; r < MV_ROWS; ++r) q[r] = w[r][c];
+      float d[MV_ROWS], xsum;
+      qchunk<BITS>(q, xs + c * VALS, d, xsum);
+#pragma unroll
+      for (int r = 0; r < MV_ROWS; ++r) acc[r] += bf2f(sc[r][g]) * d[r] + bf2f(bi[r][g]) * xsum;
     }
   }
 }
@@ -193,32 +213,32 @@ __device__ __forceinline__ void mv_prologue(bf16_t* xs, float* red, const bf16_t
   __syncthreads();
 }
 
-// Before waiting for the previous kernel: pulls the first bytes of a warp's first row pair
-// (what it loads first) into L2. Weights do not depend on the previous kernel.
-__device__ __forceinline__ void mv_prefetch(const void* W, ll p, ll pairs, ll K, ll bits,
+// Before waiting for the previous kernel: pulls the first bytes of a warp's first rows (what
+// it loads first) into L2. Weights do not depend on the previous kernel.
+__device__ __forceinline__ void mv_prefetch(const void* W, ll p, ll groups, ll K, ll bits,
                                             int lane) {
-  if (p >= pairs) return;
+  if (p >= groups) return;
   const ll row_bytes = K * bits / 8;
-  const char* base = (const char*)W + 2 * p * row_bytes;
-  for (ll off = (ll)lane * 128; off < 2 * row_bytes && off < 4096; off += 32 * 128) {
+  const char* base = (const char*)W + MV_ROWS * p * row_bytes;
+  for (ll off = (ll)lane * 128; off < MV_ROWS * row_bytes && off < 4096; off += 32 * 128) {
     prefetch_l2(base + off);
   }
 }
 
-// Rows r0 and r1 of W x, summed over the warp (every lane gets the sums).
-__device__ __forceinline__ void mv_pair(const void* W, const bf16_t* S, const bf16_t* B,
-                                        const bf16_t* xs, ll r0, ll r1, ll K, ll bits,
-                                        int gs_shift, float& a0, float& a1) {
+// Rows rows[0..MV_ROWS) of W x, summed over the warp (every lane gets the sums).
+__device__ __forceinline__ void mv_rows(const void* W, const bf16_t* S, const bf16_t* B,
+                                        const bf16_t* xs, const ll* rows, ll K, ll bits,
+                                        int gs_shift, float* acc) {
   const int lane = threadIdx.x & 31;
-  a0 = 0.f;
-  a1 = 0.f;
+#pragma unroll
+  for (int r = 0; r < MV_ROWS; ++r) acc[r] = 0.f;
   switch (bits) {
-    case 4: rows2<4>(W, S, B, xs, r0, r1, (int)K, gs_shift, lane, a0, a1); break;
-    case 8: rows2<8>(W, S, B, xs, r0, r1, (int)K, gs_shift, lane, a0, a1); break;
-    default: rows2<16>(W, S, B, xs, r0, r1, (int)K, gs_shift, lane, a0, a1); break;
+    case 4: rows_dot<4>(W, S, B, xs, rows, (int)K, gs_shift, lane, acc); break;
+    case 8: rows_dot<8>(W, S, B, xs, rows, (int)K, gs_shift, lane, acc); break;
+    default: rows_dot<16>(W, S, B, xs, rows, (int)K, gs_shift, lane, acc); break;
   }
-  a0 = warp_sum(a0);
-  a1 = warp_sum(a1);
+#pragma unroll
+  for (int r = 0; r < MV_ROWS; ++r) acc[r] = warp_sum(acc[r]);
 }
 
 // out = W x for W [N, K] (bfloat16, or MLX affine-quantized with BITS-bit codes, group gs,
@@ -235,31 +255,38 @@ extern "C" __global__ void matvec(const void* W, const bf16_t* S, const bf16_t* 
   bf16_t* xs = (bf16_t*)smem;
   __shared__ float red[MV_WARPS];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  mv_prefetch(W, blockIdx.x * MV_WARPS + warp, (N + 1) / 2, K, bits, lane);
+  const ll groups = (N + MV_ROWS - 1) / MV_ROWS;
+  mv_prefetch(W, blockIdx.x * MV_WARPS + warp, groups, K, bits, lane);
   pdl_wait_then_release();
   mv_prologue(xs, red, xin, normw, K, (mode & MODE_NORM) != 0, eps);
   const int gs_shift = __ffsll(gs) - 1;  // gs is a power of two
-  const ll pairs = (N + 1) / 2;
-  for (ll p = (ll)blockIdx.x * MV_WARPS + warp; p < pairs; p += (ll)gridDim.x * MV_WARPS) {
-    const ll r0 = 2 * p;
-    const bool has1 = r0 + 1 < N;
-    const ll r1 = has1 ? r0 + 1 : r0;
-    float a0, a1;
-    mv_pair(W, S, B, xs, r0, r1, K, bits, gs_shift, a0, a1);
+  for (ll p = (ll)blockIdx.x * MV_WARPS + warp; p < groups; p += (ll)gridDim.x * MV_WARPS) {
+    const ll r0 = MV_ROWS * p;
+    ll rows[MV_ROWS];
+#pragma unroll
+    for (int r = 0; r < MV_ROWS; ++r) rows[r] = r0 + r < N ? r0 + r : N - 1;
+    float acc[MV_ROWS];
+    mv_rows(W, S, B, xs, rows, K, bits, gs_shift, acc);
     if (lane == 0) {
-      if (mode & MODE_SWIGLU) {
-        const float g = rbf(a0), u = rbf(a1);
-        const float s = rbf(1.f / (1.f + expf(-g)));
-        ((bf16_t*)out)[p] = f2bf(rbf(g * s) * u);
-      } else if (mode & MODE_F32) {
-        ((float*)out)[r0] = rbf(a0);
-        if (has1) ((float*)out)[r1] = rbf(a1);
-      } else if (mode & MODE_RES) {
-        ((bf16_t*)out)[r0] = f2bf(bf2f(res[r0]) + rbf(a0));
-        if (has1) ((bf16_t*)out)[r1] = f2bf(bf2f(res[r1]) + rbf(a1));
-      } else {
-        ((bf16_t*)out)[r0] = f2bf(a0);
-        if (has1) ((bf16_t*)out)[r1] = f2bf(a1);
+#pragma unroll
+      for (int r = 0; r < MV_ROWS; r += 2) {
+        const ll i = r0 + r;  // rows i and i + 1
+        if (i >= N) break;
+        const bool has1 = i + 1 < N;
+        if (mode & MODE_SWIGLU) {
+          const float g = rbf(acc[r]), u = rbf(acc[r + 1]);
+          const float sg = rbf(1.f / (1.f + expf(-g)));
+          ((bf16_t*)out)[i / 2] = f2bf(rbf(g * sg) * u);
+        } else if (mode & MODE_F32) {
+          ((float*)out)[i] = rbf(acc[r]);
+          if (has1) ((float*)out)[i + 1] = rbf(acc[r + 1]);
+        } else if (mode & MODE_RES) {
+          ((bf16_t*)out)[i] = f2bf(bf2f(res[i]) + rbf(acc[r]));
+          if (has1) ((bf16_t*)out)[i + 1] = f2bf(bf2f(res[i + 1]) + rbf(acc[r + 1]));
+        } else {
+          ((bf16_t*)out)[i] = f2bf(acc[r]);
+          if (has1) ((bf16_t*)out)[i + 1] = f2bf(acc[r + 1]);
+        }
       }
     }
   }
@@ -291,39 +318,46 @@ extern "C" __global__ void matvec_qkv(const void* W, const bf16_t* S, const bf16
   bf16_t* xs = (bf16_t*)smem;
   __shared__ float red[MV_WARPS];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  mv_prefetch(W, blockIdx.x * MV_WARPS + warp, (nh + 2 * nkv) * D / 2, K, bits, lane);
+  const ll groups = (nh + 2 * nkv) * D / MV_ROWS;  // D is a multiple of MV_ROWS
+  mv_prefetch(W, blockIdx.x * MV_WARPS + warp, groups, K, bits, lane);
   pdl_wait_then_release();
   mv_prologue(xs, red, xin, normw, K, true, eps);
   const int gs_shift = __ffsll(gs) - 1;
   const ll pos = state[1];
   const ll half = D / 2;
-  const ll pairs = (nh + 2 * nkv) * D / 2;
-  for (ll p = (ll)blockIdx.x * MV_WARPS + warp; p < pairs; p += (ll)gridDim.x * MV_WARPS) {
-    const ll r0 = 2 * p;
-    float a0, a1;
-    mv_pair(W, S, B, xs, r0, r0 + 1, K, bits, gs_shift, a0, a1);
+  for (ll p = (ll)blockIdx.x * MV_WARPS + warp; p < groups; p += (ll)gridDim.x * MV_WARPS) {
+    const ll r0 = MV_ROWS * p;
+    ll rows[MV_ROWS];
+#pragma unroll
+    for (int r = 0; r < MV_ROWS; ++r) rows[r] = r0 + r;
+    float acc[MV_ROWS];
+    mv_rows(W, S, B, xs, rows, K, bits, gs_shift, acc);
     if (lane == 0) {
-      const float x1 = rbf(a0), x2 = rbf(a1);
-      if (r0 < nh * D) {
-        const ll h = r0 / D, i = (r0 % D) / 2;
-        bf16_t o1, o2;
-        rope_pair(x1, x2, i, half, pos, log2_base, o1, o2);
-        qout[h * D + (traditional ? 2 * i : i)] = o1;
-        qout[h * D + (traditional ? 2 * i + 1 : i + half)] = o2;
-      } else if (r0 < (nh + nkv) * D) {
-        const ll j = r0 - nh * D;
-        const ll h = j / D, i = (j % D) / 2;
-        bf16_t o1, o2;
-        rope_pair(x1, x2, i, half, pos, log2_base, o1, o2);
-        bf16_t* kd = kc + (h * cap + pos) * D;
-        kd[traditional ? 2 * i : i] = o1;
-        kd[traditional ? 2 * i + 1 : i + half] = o2;
-      } else {
-        const ll j = r0 - (nh + nkv) * D;
-        const ll h = j / D, dd = j % D;
-        bf16_t* vd = vc + (h * cap + pos) * D;
-        vd[dd] = f2bf(a0);
-        vd[dd + 1] = f2bf(a1);
+#pragma unroll
+      for (int r = 0; r < MV_ROWS; r += 2) {
+        const ll i0 = r0 + r;  // rows i0 and i0 + 1: a rotation pair of q or k, or two of v
+        const float x1 = rbf(acc[r]), x2 = rbf(acc[r + 1]);
+        if (i0 < nh * D) {
+          const ll h = i0 / D, i = (i0 % D) / 2;
+          bf16_t o1, o2;
+          rope_pair(x1, x2, i, half, pos, log2_base, o1, o2);
+          qout[h * D + (traditional ? 2 * i : i)] = o1;
+          qout[h * D + (traditional ? 2 * i + 1 : i + half)] = o2;
+        } else if (i0 < (nh + nkv) * D) {
+          const ll j = i0 - nh * D;
+          const ll h = j / D, i = (j % D) / 2;
+          bf16_t o1, o2;
+          rope_pair(x1, x2, i, half, pos, log2_base, o1, o2);
+          bf16_t* kd = kc + (h * cap + pos) * D;
+          kd[traditional ? 2 * i : i] = o1;
+          kd[traditional ? 2 * i + 1 : i + half] = o2;
+        } else {
+          const ll j = i0 - (nh + nkv) * D;
+          const ll h = j / D, dd = j % D;
+          bf16_t* vd = vc + (h * cap + pos) * D;
+          vd[dd] = f2bf(acc[r]);
+          vd[dd + 1] = f2bf(acc[r + 1]);
+        }
       }
     }
   }

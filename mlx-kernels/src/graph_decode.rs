@@ -69,6 +69,27 @@ const MAX_LISTED: usize = 12;
 /// the MLX forward's. Random bench models have many near-ties among bfloat16 logits.
 pub const TEACHER_FORCED_BOUNDS: (f32, f32) = (0.05, 0.9);
 
+/// How [`GraphDecoder::load_with`] builds the step. Both settings change speed, not results.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GraphOptions {
+    /// Launch the step's kernels with programmatic dependent launch: each kernel's blocks
+    /// start, and prefetch their first weights into L2, while the kernel before it finishes
+    /// (default true; off where the driver cannot).
+    pub programmatic_launch: bool,
+    /// Rows of a weight matrix one warp computes at once, sharing each input load: 2
+    /// (default, the measured configuration) or 4.
+    pub rows_per_warp: u32,
+}
+
+impl Default for GraphOptions {
+    fn default() -> Self {
+        GraphOptions {
+            programmatic_launch: true,
+            rows_per_warp: 2,
+        }
+    }
+}
+
 /// One teacher-forced step compared: the largest logit difference relative to the largest
 /// reference logit magnitude, and both sides' greedy tokens (first index of the maximum).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -346,6 +367,7 @@ pub struct GraphDecoder {
     acts: Activations,
     layers: Vec<Layer>,
     pdl: bool,
+    rows: u32,
     broken: Option<String>,
 }
 
@@ -541,15 +563,20 @@ impl GraphDecoder {
 
     /// Loads the llama in `dir` (`config.json` and `*.safetensors`, as mlx-lm saves them) for
     /// up to `capacity` cached positions, compiles the kernels and captures the step, with
-    /// programmatic dependent launch where the driver has it.
+    /// the default [`GraphOptions`].
     pub fn load(dir: &Path, capacity: usize) -> Result<Self> {
-        Self::load_with(dir, capacity, true)
+        Self::load_with(dir, capacity, &GraphOptions::default())
     }
 
-    /// [`GraphDecoder::load`], choosing whether the step's kernels are launched with
-    /// programmatic dependent launch (each kernel's blocks start, and prefetch their weights,
-    /// while the kernel before it finishes; the results are the same either way).
-    pub fn load_with(dir: &Path, capacity: usize, programmatic_launch: bool) -> Result<Self> {
+    /// [`GraphDecoder::load`] with options.
+    pub fn load_with(dir: &Path, capacity: usize, opts: &GraphOptions) -> Result<Self> {
+        if ![2, 4].contains(&opts.rows_per_warp) {
+            return Err(invalid(
+                "graph_decoder",
+                format!("rows_per_warp {}: must be 2 or 4", opts.rows_per_warp),
+            ));
+        }
+        let rows = opts.rows_per_warp as usize;
         let shape = LlamaShape::from_dir(dir)?;
         if capacity == 0 || capacity > (1 << 24) {
             return Err(invalid(
@@ -559,7 +586,8 @@ impl GraphDecoder {
         }
         let capacity = capacity.div_ceil(ATTN_CHUNK) * ATTN_CHUNK;
         let mut w = Weights::load(dir, &shape)?;
-        let mut rt = GpuRuntime::new(SOURCE, KERNELS)?;
+        let source = format!("#define MV_ROWS {rows}\n{SOURCE}");
+        let mut rt = GpuRuntime::new(&source, KERNELS)?;
         let s = shape.clone();
         let (h, d, i_sz) = (s.hidden, s.head_dim, s.intermediate);
 
@@ -722,10 +750,10 @@ impl GraphDecoder {
                 rt.set_shared_limit(k, (max_k * 2) as u32)?;
             }
         }
-        let mut pdl = programmatic_launch && rt.set_programmatic_launch(true).is_ok();
+        let mut pdl = opts.programmatic_launch && rt.set_programmatic_launch(true).is_ok();
         let record = |rt: &mut GpuRuntime, pdl: bool| {
             record_step(
-                rt, pdl, &s, capacity, &acts, &layers, embed, head, final_norm,
+                rt, pdl, rows, &s, capacity, &acts, &layers, embed, head, final_norm,
             )
         };
         let graph = match rt.capture(|rt| record(rt, pdl)) {
@@ -745,6 +773,7 @@ impl GraphDecoder {
             pos: 0,
             graph,
             pdl,
+            rows: opts.rows_per_warp,
             acts,
             layers,
             broken: None,
@@ -769,6 +798,11 @@ impl GraphDecoder {
     /// Whether the step's kernels run with programmatic dependent launch.
     pub fn programmatic_launch(&self) -> bool {
         self.pdl
+    }
+
+    /// Rows a warp computes at once in the matrix-vector products.
+    pub fn rows_per_warp(&self) -> u32 {
+        self.rows
     }
 
     /// Device bytes held (weights, cache, activations).
@@ -977,6 +1011,8 @@ impl GraphDecoder {
 /// early, its waiting blocks would take the slots the predecessor's later waves need).
 struct Recorder {
     pdl: bool,
+    /// Rows a warp computes in the matrix-vector products (`MV_ROWS`).
+    rows: usize,
     prev_multi_wave: bool,
 }
 
@@ -1020,8 +1056,8 @@ fn matvec(
     mode: i64,
 ) -> Result<()> {
     let k = rt.kernel("matvec")?;
-    let pairs = lin.n.div_ceil(2);
-    let blocks = pairs.div_ceil(8).clamp(1, MV_MAX_BLOCKS) as u32;
+    let groups = lin.n.div_ceil(rec.rows);
+    let blocks = groups.div_ceil(8).clamp(1, MV_MAX_BLOCKS) as u32;
     let (gs, bits) = s.quant.unwrap_or((1, 16));
     rec.launch(
         rt,
@@ -1052,6 +1088,7 @@ fn matvec(
 fn record_step(
     rt: &mut GpuRuntime,
     pdl: bool,
+    rows: usize,
     s: &LlamaShape,
     cap: usize,
     a: &Activations,
@@ -1062,6 +1099,7 @@ fn record_step(
 ) -> Result<()> {
     let mut rec = Recorder {
         pdl,
+        rows,
         prev_multi_wave: false,
     };
     let k_embed = rt.kernel("embed")?;
@@ -1091,11 +1129,11 @@ fn record_step(
     let log2_base = (s.rope_theta).log2() as f64;
     let scale = (1.0f32 / (s.head_dim as f32).sqrt()) as f64;
     for l in layers {
-        let pairs = l.qkv.n / 2;
+        let groups = l.qkv.n / rows;
         rec.launch(
             rt,
             k_qkv,
-            [pairs.div_ceil(8).clamp(1, MV_MAX_BLOCKS) as u32, 1, 1],
+            [groups.div_ceil(8).clamp(1, MV_MAX_BLOCKS) as u32, 1, 1],
             [MV_THREADS, 1, 1],
             (l.qkv.k * 2) as u32,
             &[

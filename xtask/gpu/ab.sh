@@ -41,14 +41,16 @@ for m in $MODELS; do
     { timeout 200 python3 "$G/bench_mlx_lm.py" --model "$M" $COMMON $PYEXTRA | sed "s/^{/{\"side\": \"mlx-lm\", \"name\": \"$m\", \"round\": $r, /"; } >> "$OUT/ab.jsonl" 2>> "$OUT/ab.err"
     for c in $MODES; do
       # `graph`: the graph decoder (bench_generate --decoder graph), without the MLX-only extras.
-      # `graphplain`: the same without programmatic dependent launch (MLX_GRAPH_PDL=0).
-      PDL=1
+      # `graphplain`: the same without programmatic dependent launch (MLX_GRAPH_PDL=0);
+      # `graph4`: four rows a warp in the matrix-vector products (MLX_GRAPH_ROWS=4).
+      PDL=1; ROWS=2
       case "$c" in
         graph) FLAGS="--decoder graph" ;;
         graphplain) FLAGS="--decoder graph"; PDL=0 ;;
+        graph4) FLAGS="--decoder graph"; ROWS=4 ;;
         *) FLAGS="--compiled $c $EXTRA" ;;
       esac
-      { MLX_GRAPH_PDL=$PDL timeout 200 "$G/bench_generate" --model "$M" $COMMON $FLAGS | sed "s/^{/{\"side\": \"ours-$c\", \"name\": \"$m\", \"round\": $r, /"; } >> "$OUT/ab.jsonl" 2>> "$OUT/ab.err"
+      { MLX_GRAPH_PDL=$PDL MLX_GRAPH_ROWS=$ROWS timeout 200 "$G/bench_generate" --model "$M" $COMMON $FLAGS | sed "s/^{/{\"side\": \"ours-$c\", \"name\": \"$m\", \"round\": $r, /"; } >> "$OUT/ab.jsonl" 2>> "$OUT/ab.err"
     done
     echo "$m round $r done at ${SECONDS}s"
   done
