@@ -54,12 +54,6 @@ pub enum Arg {
     F64(f64),
 }
 
-impl From<Buffer> for Arg {
-    fn from(b: Buffer) -> Self {
-        Arg::Buf(b, 0)
-    }
-}
-
 /// The most bytes one [`GpuRuntime::read_begin`] moves.
 pub const MAX_READ_BYTES: usize = 1 << 20;
 

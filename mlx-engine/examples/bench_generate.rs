@@ -200,6 +200,13 @@ fn parse_args() -> BoxResult<Args> {
     if a.model.is_empty() {
         return Err("--model PATH|smollm2 is required".into());
     }
+    if a.graph_decoder && (a.digests || a.graph || a.step_timing > 0) {
+        return Err(
+            "--decoder graph measures the graph decoder only: it takes no --digests, --graph \
+             or --step-timing (they measure MLX's decode)"
+                .into(),
+        );
+    }
     if a.prompt_len == 0 || a.gen_len == 0 {
         return Err("--prompt-len and --gen-len must be positive".into());
     }
@@ -272,17 +279,20 @@ fn digest(logprobs: &mlx_core::Array) -> BoxResult<String> {
     Ok(format!("{:x}", h.finalize())[..16].to_string())
 }
 
-/// One generation, timed as mlx-lm's `stream_generate` times it; with `digests`, also each
-/// step's log-probability digest.
-/// One trial's figures, as mlx-lm's `stream_generate` defines them; `extra_bytes` (device
-/// memory MLX does not see) is added to MLX's peak.
-fn trial_json(
+/// Ends a trial and gives its figures, as mlx-lm's `stream_generate` defines them: the
+/// generation time runs from `gen_start` (the first token) to now, before the stream is
+/// drained; `extra_bytes` (device memory MLX does not see) is added to MLX's peak.
+fn finish_trial(
     prompt_len: usize,
     n_tokens: usize,
-    (prompt_time, gen_time): (f64, f64),
-    [cpu0, cpu1, cpu2]: [Option<f64>; 3],
+    prompt_time: f64,
+    gen_start: Instant,
+    [cpu0, cpu1]: [Option<f64>; 2],
     extra_bytes: usize,
 ) -> BoxResult<Value> {
+    let gen_time = gen_start.elapsed().as_secs_f64();
+    let cpu2 = cpu_seconds();
+    mlx_core::synchronize()?;
     Ok(json!({
         "prompt_tps": prompt_len as f64 / prompt_time,
         "generation_tps": n_tokens as f64 / gen_time,
@@ -294,6 +304,8 @@ fn trial_json(
     }))
 }
 
+/// One generation, timed as mlx-lm's `stream_generate` times it; with `digests`, also each
+/// step's log-probability digest.
 fn trial(
     model: &dyn LanguageModel,
     prompt: &[i32],
@@ -339,14 +351,12 @@ fn trial(
             break;
         }
     }
-    let gen_time = tic.elapsed().as_secs_f64();
-    let cpu2 = cpu_seconds();
-    mlx_core::synchronize()?;
-    let r = trial_json(
+    let r = finish_trial(
         prompt.len(),
         tokens.len(),
-        (prompt_time, gen_time),
-        [cpu0, cpu1, cpu2],
+        prompt_time,
+        tic,
+        [cpu0, cpu1],
         0,
     )?;
     Ok((r, tokens))
@@ -473,15 +483,14 @@ fn trial_graph(
     tokens.push(first);
     dec.set_prefix(&kv)?;
     dec.generate(first, gen_len - 1, |t| tokens.push(t))?;
-    let gen_time = tic.elapsed().as_secs_f64();
-    let cpu2 = cpu_seconds();
-    mlx_core::synchronize()?;
-    let r = trial_json(
+    let bytes = dec.device_bytes();
+    let r = finish_trial(
         prompt.len(),
         tokens.len(),
-        (prompt_time, gen_time),
-        [cpu0, cpu1, cpu2],
-        dec.device_bytes(),
+        prompt_time,
+        tic,
+        [cpu0, cpu1],
+        bytes,
     )?;
     Ok((r, tokens))
 }

@@ -13,7 +13,8 @@
 //! log-probabilities (as mlx-lm's sampler) that advances the step state on the device. The whole step is one CUDA
 //! graph ([`mlx_core::gpurt`]); the host replays it and reads tokens back, pipelined.
 //!
-//! What it covers: `model_type: llama` without biases or RoPE scaling (traditional RoPE or not);
+//! What it covers: `model_type: llama` without biases or RoPE scaling (traditional RoPE or
+//! not);
 //! bfloat16 weights, or MLX affine quantization (4 or 8 bits, groups of 32, 64 or 128) with
 //! bfloat16 scales; head size 16-128; greedy decoding; one sequence. The prompt is processed
 //! by MLX (the model's own forward, which is exact) and its KV cache copied in with
@@ -38,11 +39,13 @@
 //! caches are never touched (the prefix is copied).
 
 use std::collections::{BTreeMap, VecDeque};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use mlx_core::gpurt::{Arg, Buffer, GpuRuntime, Graph, Kernel};
 use mlx_core::io::load_safetensors;
 use mlx_core::{Array, Dtype, Error, Result, Stream};
+use mlx_models::load::weight_files;
+use mlx_models::weights::cap_listing;
 
 /// The kernels' CUDA source.
 pub const SOURCE: &str = include_str!("graph_decode.cu");
@@ -60,8 +63,9 @@ const MODE_SWIGLU: i64 = 4;
 const MODE_F32: i64 = 8;
 const ATTN_CHUNK: usize = 64;
 const MV_THREADS: u32 = 256;
+/// Warps a block of the matrix-vector kernels (`MV_WARPS` in the source).
+const MV_WARPS: usize = MV_THREADS as usize / 32;
 const MV_MAX_BLOCKS: usize = 1056;
-const MAX_LISTED: usize = 12;
 
 /// Bounds the `cuda` test set holds the decoder to, against the model's MLX forward on the
 /// same GPU, teacher-forced over a prompt and a continuation: the largest logit difference
@@ -316,6 +320,11 @@ impl LlamaShape {
         Ok(s)
     }
 
+    /// The kernels' `gs` and `bits` arguments: the quantization, or (1, 16) for bfloat16.
+    fn group_and_bits(&self) -> (usize, usize) {
+        self.quant.unwrap_or((1, 16))
+    }
+
     fn qkv_rows(&self) -> usize {
         (self.heads + 2 * self.kv_heads) * self.head_dim
     }
@@ -395,14 +404,10 @@ struct Weights {
 
 impl Weights {
     fn load(dir: &Path, shape: &LlamaShape) -> Result<Self> {
-        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-            .map_err(|e| cfg_err(dir, e.to_string()))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-            .collect();
-        files.sort();
+        // mlx-lm's `model*.safetensors`, as every loader of the project reads them.
+        let files = weight_files(dir).map_err(|e| cfg_err(dir, e.to_string()))?;
         if files.is_empty() {
-            return Err(cfg_err(dir, "no .safetensors files"));
+            return Err(cfg_err(dir, "no model*.safetensors files"));
         }
         let cpu = Stream::cpu()?;
         let mut arrays = BTreeMap::new();
@@ -491,17 +496,10 @@ impl Weights {
         }
         if !problems.is_empty() {
             let n = problems.len();
-            let mut msg = problems
-                .into_iter()
-                .take(MAX_LISTED)
-                .collect::<Vec<_>>()
-                .join("; ");
-            if n > MAX_LISTED {
-                msg.push_str(&format!("; and {} more", n - MAX_LISTED));
-            }
+            let listed = cap_listing(problems).join("; ");
             return Err(cfg_err(
                 dir,
-                format!("{n} tensor problem(s) for the graph decoder: {msg}"),
+                format!("{n} tensor problem(s) for the graph decoder: {listed}"),
             ));
         }
         Ok(Weights { arrays })
@@ -588,7 +586,7 @@ impl GraphDecoder {
         let mut w = Weights::load(dir, &shape)?;
         let source = format!("#define MV_ROWS {rows}\n{SOURCE}");
         let mut rt = GpuRuntime::new(&source, KERNELS)?;
-        let s = shape.clone();
+        let s = &shape;
         let (h, d, i_sz) = (s.hidden, s.head_dim, s.intermediate);
 
         // Uploads a linear layer made of row blocks of several tensors (q, k, v), or of two
@@ -647,7 +645,7 @@ impl GraphDecoder {
         let embed = upload_lin(
             &mut rt,
             &mut w,
-            &s,
+            s,
             &["model.embed_tokens".into()],
             &[s.vocab],
             h,
@@ -659,7 +657,7 @@ impl GraphDecoder {
             upload_lin(
                 &mut rt,
                 &mut w,
-                &s,
+                s,
                 &["lm_head".into()],
                 &[s.vocab],
                 h,
@@ -689,7 +687,7 @@ impl GraphDecoder {
                 qkv: upload_lin(
                     &mut rt,
                     &mut w,
-                    &s,
+                    s,
                     &[
                         format!("{a}.q_proj"),
                         format!("{a}.k_proj"),
@@ -702,7 +700,7 @@ impl GraphDecoder {
                 o: upload_lin(
                     &mut rt,
                     &mut w,
-                    &s,
+                    s,
                     &[format!("{a}.o_proj")],
                     &[h],
                     s.heads * d,
@@ -711,7 +709,7 @@ impl GraphDecoder {
                 gu: upload_lin(
                     &mut rt,
                     &mut w,
-                    &s,
+                    s,
                     &[format!("{m}.gate_proj"), format!("{m}.up_proj")],
                     &[i_sz, i_sz],
                     h,
@@ -720,7 +718,7 @@ impl GraphDecoder {
                 down: upload_lin(
                     &mut rt,
                     &mut w,
-                    &s,
+                    s,
                     &[format!("{m}.down_proj")],
                     &[h],
                     i_sz,
@@ -753,7 +751,7 @@ impl GraphDecoder {
         let mut pdl = opts.programmatic_launch && rt.set_programmatic_launch(true).is_ok();
         let record = |rt: &mut GpuRuntime, pdl: bool| {
             record_step(
-                rt, pdl, rows, &s, capacity, &acts, &layers, embed, head, final_norm,
+                rt, pdl, rows, s, capacity, &acts, &layers, embed, head, final_norm,
             )
         };
         let graph = match rt.capture(|rt| record(rt, pdl)) {
@@ -1037,6 +1035,12 @@ impl Recorder {
     }
 }
 
+/// Blocks for a matrix-vector kernel over `n` rows, `rows` a warp (blocks stride past the
+/// cap).
+fn mv_blocks(n: usize, rows: usize) -> u32 {
+    n.div_ceil(rows).div_ceil(MV_WARPS).clamp(1, MV_MAX_BLOCKS) as u32
+}
+
 fn opt(b: Option<Buffer>, dummy: Buffer) -> Arg {
     Arg::Buf(b.unwrap_or(dummy), 0)
 }
@@ -1056,13 +1060,11 @@ fn matvec(
     mode: i64,
 ) -> Result<()> {
     let k = rt.kernel("matvec")?;
-    let groups = lin.n.div_ceil(rec.rows);
-    let blocks = groups.div_ceil(8).clamp(1, MV_MAX_BLOCKS) as u32;
-    let (gs, bits) = s.quant.unwrap_or((1, 16));
+    let (gs, bits) = s.group_and_bits();
     rec.launch(
         rt,
         k,
-        [blocks, 1, 1],
+        [mv_blocks(lin.n, rec.rows), 1, 1],
         [MV_THREADS, 1, 1],
         (lin.k * 2) as u32,
         &[
@@ -1106,7 +1108,7 @@ fn record_step(
     let k_qkv = rt.kernel("matvec_qkv")?;
     let k_attn = rt.kernel("attention")?;
     let k_argmax = rt.kernel("argmax_next")?;
-    let (gs, bits) = s.quant.unwrap_or((1, 16));
+    let (gs, bits) = s.group_and_bits();
     let (d, nh, nkv) = (s.head_dim as i64, s.heads as i64, s.kv_heads as i64);
     let ns = cap / ATTN_CHUNK;
     rec.launch(
@@ -1129,11 +1131,10 @@ fn record_step(
     let log2_base = (s.rope_theta).log2() as f64;
     let scale = (1.0f32 / (s.head_dim as f32).sqrt()) as f64;
     for l in layers {
-        let groups = l.qkv.n / rows;
         rec.launch(
             rt,
             k_qkv,
-            [groups.div_ceil(8).clamp(1, MV_MAX_BLOCKS) as u32, 1, 1],
+            [mv_blocks(l.qkv.n, rows), 1, 1],
             [MV_THREADS, 1, 1],
             (l.qkv.k * 2) as u32,
             &[

@@ -281,6 +281,7 @@ struct mlxs_gpurt_ {
   CUstream stream = nullptr;
   CUmodule module = nullptr;
   std::string name;
+  uint32_t sm_count = 0;
   std::vector<CUfunction> kernels;
   std::vector<uint32_t> arities;
   std::vector<std::pair<CUdeviceptr, size_t>> buffers;
@@ -315,6 +316,13 @@ struct mlxs_gpurt_ {
     }
     return ptr + offset;
   }
+  CUfunction kernel(uint32_t k, const char* what) {
+    if (k >= kernels.size()) {
+      throw std::invalid_argument(std::string("[gpurt] ") + what + ": no kernel " +
+                                  std::to_string(k));
+    }
+    return kernels[k];
+  }
   void not_capturing(const char* what) {
     if (capturing) {
       throw std::logic_error(std::string("[gpurt] ") + what +
@@ -340,6 +348,16 @@ struct mlxs_gpurt_ {
     dr.cuDevicePrimaryCtxRelease(device);
   }
 };
+
+namespace {
+
+// The runtime behind a handle (as internal.hpp's A() for arrays).
+mlxs_gpurt_& R(mlxs_gpurt rt) {
+  if (rt == nullptr) throw std::invalid_argument("[gpurt] null runtime");
+  return *rt;
+}
+
+}  // namespace
 
 extern "C" {
 
@@ -372,6 +390,9 @@ int mlxs_gpurt_new(mlxs_gpurt* out, const char* source, const char* const* kerne
     int major = 0, minor = 0;
     check(d.cuDeviceGetAttribute(&major, kAttrCcMajor, rt->device), "cuDeviceGetAttribute");
     check(d.cuDeviceGetAttribute(&minor, kAttrCcMinor, rt->device), "cuDeviceGetAttribute");
+    int sms = 0;
+    check(d.cuDeviceGetAttribute(&sms, kAttrSmCount, rt->device), "cuDeviceGetAttribute");
+    rt->sm_count = uint32_t(sms);
     char name[256] = {0};
     check(d.cuDeviceGetName(name, sizeof(name) - 1, rt->device), "cuDeviceGetName");
     std::string arch = "sm_" + std::to_string(major) + std::to_string(minor);
@@ -449,14 +470,14 @@ void mlxs_gpurt_free(mlxs_gpurt rt) {
 
 int mlxs_gpurt_device_name(mlxs_gpurt rt, mlxs_string* out) {
   return guard([&] {
-    if (rt == nullptr) throw std::invalid_argument("[gpurt] null runtime");
+    R(rt);
     *out = new mlxs_string_{rt->name};
   });
 }
 
 int mlxs_gpurt_alloc(mlxs_gpurt rt, size_t bytes, uint32_t* out_buffer) {
   return guard([&] {
-    if (rt == nullptr) throw std::invalid_argument("[gpurt] null runtime");
+    R(rt);
     rt->not_capturing("alloc");
     if (bytes == 0) throw std::invalid_argument("[gpurt] alloc: zero bytes");
     const Driver& d = rt->d();
@@ -479,7 +500,7 @@ size_t mlxs_gpurt_allocated(mlxs_gpurt rt) { return rt ? rt->allocated : 0; }
 int mlxs_gpurt_upload(mlxs_gpurt rt, uint32_t buffer, size_t offset, const void* src,
                       size_t bytes) {
   return guard([&] {
-    if (rt == nullptr) throw std::invalid_argument("[gpurt] null runtime");
+    R(rt);
     rt->not_capturing("upload");
     if (bytes == 0) return;
     if (src == nullptr) throw std::invalid_argument("[gpurt] upload: null source");
@@ -492,7 +513,7 @@ int mlxs_gpurt_upload(mlxs_gpurt rt, uint32_t buffer, size_t offset, const void*
 
 int mlxs_gpurt_download(mlxs_gpurt rt, uint32_t buffer, size_t offset, void* dst, size_t bytes) {
   return guard([&] {
-    if (rt == nullptr) throw std::invalid_argument("[gpurt] null runtime");
+    R(rt);
     rt->not_capturing("download");
     if (bytes == 0) return;
     if (dst == nullptr) throw std::invalid_argument("[gpurt] download: null destination");
@@ -505,10 +526,9 @@ int mlxs_gpurt_download(mlxs_gpurt rt, uint32_t buffer, size_t offset, void* dst
 
 int mlxs_gpurt_set_shared_limit(mlxs_gpurt rt, uint32_t kernel, uint32_t bytes) {
   return guard([&] {
-    if (rt == nullptr) throw std::invalid_argument("[gpurt] null runtime");
-    if (kernel >= rt->kernels.size()) throw std::invalid_argument("[gpurt] no such kernel");
+    CUfunction f = R(rt).kernel(kernel, "set_shared_limit");
     const Driver& d = rt->d();
-    check(d.cuFuncSetAttribute(rt->kernels[kernel], kFuncMaxDynamicShared, int(bytes)),
+    check(d.cuFuncSetAttribute(f, kFuncMaxDynamicShared, int(bytes)),
           "cuFuncSetAttribute(max dynamic shared memory)");
   });
 }
@@ -517,13 +537,11 @@ int mlxs_gpurt_launch(mlxs_gpurt rt, uint32_t kernel, const uint32_t* grid3,
                       const uint32_t* block3, uint32_t shared_bytes, const mlxs_gpurt_arg* args,
                       size_t n_args) {
   return guard([&] {
-    if (rt == nullptr) throw std::invalid_argument("[gpurt] null runtime");
+    R(rt);
     if (grid3 == nullptr || block3 == nullptr) {
       throw std::invalid_argument("[gpurt] launch: null grid or block");
     }
-    if (kernel >= rt->kernels.size()) {
-      throw std::invalid_argument("[gpurt] launch: no kernel " + std::to_string(kernel));
-    }
+    CUfunction f = rt->kernel(kernel, "launch");
     if (n_args != rt->arities[kernel]) {
       throw std::invalid_argument("[gpurt] launch: kernel " + std::to_string(kernel) + " takes " +
                                   std::to_string(rt->arities[kernel]) + " arguments, got " +
@@ -557,11 +575,10 @@ int mlxs_gpurt_launch(mlxs_gpurt rt, uint32_t kernel, const uint32_t* grid3,
       attr.value.programmatic_stream_serialization_allowed = 1;
       LaunchConfig cfg{grid3[0], grid3[1], grid3[2], block3[0], block3[1], block3[2],
                        shared_bytes, rt->stream, &attr, 1};
-      check(d.cuLaunchKernelEx(&cfg, rt->kernels[kernel], n_args ? ptrs.data() : nullptr,
-                               nullptr),
+      check(d.cuLaunchKernelEx(&cfg, f, n_args ? ptrs.data() : nullptr, nullptr),
             "cuLaunchKernelEx");
     } else {
-      check(d.cuLaunchKernel(rt->kernels[kernel], grid3[0], grid3[1], grid3[2], block3[0],
+      check(d.cuLaunchKernel(f, grid3[0], grid3[1], grid3[2], block3[0],
                              block3[1], block3[2], shared_bytes, rt->stream,
                              n_args ? ptrs.data() : nullptr, nullptr),
             "cuLaunchKernel");
@@ -572,21 +589,19 @@ int mlxs_gpurt_launch(mlxs_gpurt rt, uint32_t kernel, const uint32_t* grid3,
 int mlxs_gpurt_resident_blocks(mlxs_gpurt rt, uint32_t kernel, uint32_t block_threads,
                                uint32_t shared_bytes, uint32_t* out) {
   return guard([&] {
-    if (rt == nullptr) throw std::invalid_argument("[gpurt] null runtime");
-    if (kernel >= rt->kernels.size()) throw std::invalid_argument("[gpurt] no such kernel");
+    CUfunction f = R(rt).kernel(kernel, "resident_blocks");
     const Driver& d = rt->d();
-    int per_sm = 0, sms = 0;
-    check(d.cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, rt->kernels[kernel],
-                                                        int(block_threads), shared_bytes),
+    int per_sm = 0;
+    check(d.cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, f, int(block_threads),
+                                                        shared_bytes),
           "cuOccupancyMaxActiveBlocksPerMultiprocessor");
-    check(d.cuDeviceGetAttribute(&sms, kAttrSmCount, rt->device), "cuDeviceGetAttribute");
-    *out = uint32_t(per_sm) * uint32_t(sms);
+    *out = uint32_t(per_sm) * rt->sm_count;
   });
 }
 
 int mlxs_gpurt_set_programmatic_launch(mlxs_gpurt rt, bool on) {
   return guard([&] {
-    if (rt == nullptr) throw std::invalid_argument("[gpurt] null runtime");
+    R(rt);
     if (on && ready_driver().cuLaunchKernelEx == nullptr) {
       throw std::runtime_error("[gpurt] this CUDA driver has no cuLaunchKernelEx (CUDA < 12)");
     }
@@ -596,7 +611,7 @@ int mlxs_gpurt_set_programmatic_launch(mlxs_gpurt rt, bool on) {
 
 int mlxs_gpurt_capture_begin(mlxs_gpurt rt) {
   return guard([&] {
-    if (rt == nullptr) throw std::invalid_argument("[gpurt] null runtime");
+    R(rt);
     rt->not_capturing("capture_begin");
     const Driver& d = rt->d();
     check(d.cuStreamBeginCapture(rt->stream, kCaptureThreadLocal), "cuStreamBeginCapture");
@@ -606,7 +621,7 @@ int mlxs_gpurt_capture_begin(mlxs_gpurt rt) {
 
 int mlxs_gpurt_capture_end(mlxs_gpurt rt, uint32_t* out_graph) {
   return guard([&] {
-    if (rt == nullptr) throw std::invalid_argument("[gpurt] null runtime");
+    R(rt);
     if (!rt->capturing) throw std::logic_error("[gpurt] capture_end without capture_begin");
     const Driver& d = rt->d();
     rt->capturing = false;
@@ -625,7 +640,7 @@ int mlxs_gpurt_capture_end(mlxs_gpurt rt, uint32_t* out_graph) {
 
 int mlxs_gpurt_graph_launch(mlxs_gpurt rt, uint32_t graph, uint32_t times) {
   return guard([&] {
-    if (rt == nullptr) throw std::invalid_argument("[gpurt] null runtime");
+    R(rt);
     rt->not_capturing("graph_launch");
     if (graph >= rt->graphs.size()) {
       throw std::invalid_argument("[gpurt] graph_launch: no graph " + std::to_string(graph));
@@ -640,7 +655,7 @@ int mlxs_gpurt_graph_launch(mlxs_gpurt rt, uint32_t graph, uint32_t times) {
 int mlxs_gpurt_read_begin(mlxs_gpurt rt, uint32_t buffer, size_t offset, size_t bytes,
                           uint64_t* out_ticket) {
   return guard([&] {
-    if (rt == nullptr) throw std::invalid_argument("[gpurt] null runtime");
+    R(rt);
     rt->not_capturing("read_begin");
     if (bytes == 0 || bytes > kSlotBytes) {
       throw std::invalid_argument("[gpurt] read_begin: " + std::to_string(bytes) +
@@ -670,7 +685,7 @@ int mlxs_gpurt_read_begin(mlxs_gpurt rt, uint32_t buffer, size_t offset, size_t 
 
 int mlxs_gpurt_read_end(mlxs_gpurt rt, uint64_t ticket, void* dst, size_t bytes) {
   return guard([&] {
-    if (rt == nullptr) throw std::invalid_argument("[gpurt] null runtime");
+    R(rt);
     size_t slot = ticket % kSlots;
     if (ticket == 0 || rt->slot_ticket[slot] != ticket) {
       throw std::invalid_argument("[gpurt] read_end: no read in flight with ticket " +
@@ -690,7 +705,7 @@ int mlxs_gpurt_read_end(mlxs_gpurt rt, uint64_t ticket, void* dst, size_t bytes)
 
 int mlxs_gpurt_synchronize(mlxs_gpurt rt) {
   return guard([&] {
-    if (rt == nullptr) throw std::invalid_argument("[gpurt] null runtime");
+    R(rt);
     rt->not_capturing("synchronize");
     const Driver& d = rt->d();
     check(d.cuStreamSynchronize(rt->stream), "cuStreamSynchronize");
