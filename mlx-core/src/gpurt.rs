@@ -242,6 +242,16 @@ impl GpuRuntime {
         Ok(n)
     }
 
+    /// The device's streaming multiprocessors.
+    pub fn sm_count(&self) -> Result<u32> {
+        let mut n = 0u32;
+        // SAFETY: live handle; n is a valid out-pointer.
+        check("gpurt_sm_count", unsafe {
+            sys::mlxs_gpurt_sm_count(self.raw, &mut n)
+        })?;
+        Ok(n)
+    }
+
     /// Whether later launches allow programmatic dependent launch: a kernel's blocks may start
     /// once the kernel before it executes `griddepcontrol.launch_dependents`, so every kernel
     /// launched this way must execute `griddepcontrol.wait` before reading what the kernel

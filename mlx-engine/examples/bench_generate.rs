@@ -48,7 +48,9 @@
 //! the other tokens come from replaying the decoder's CUDA graph. `--graph-check N` instead
 //! prints, for `N` teacher-forced steps after the prompt, how the decoder's logits compare
 //! with the MLX forward's (`graph_check`: largest difference relative to the largest logit,
-//! greedy agreement), and exits.
+//! greedy agreement), and exits. `--graph-breakdown N` (with `--decoder graph`) adds
+//! `breakdown`: after the trials, each part of the decoder's step (the q/k/v projections, the
+//! attention, ...) replayed alone `N` times, microseconds a step and the GB/s of its weights.
 //!
 //! Prints one JSON line on stdout.
 #![forbid(unsafe_code)]
@@ -78,7 +80,7 @@ const USAGE: &str =
     [--prompt-len 512] [--gen-len 32] [--seed 0] [--warmup 1] [--warmup-prompt-len N]
     [--warmup-gen-len N] [--trials 1] [--prefill-step-size 2048] [--device cpu|gpu] [--digests]
     [--compiled auto|percall|off] [--step-timing N] [--graph] [--decoder mlx|graph]
-    [--graph-check N]
+    [--graph-check N] [--graph-breakdown N]
   bench_generate --model smollm2 --resolve   (prints the fetched GGUF's path)
 Prints one JSON line: prompt_tps, generation_tps (mlx-lm stream_generate's definitions),
 times, CPU times, peak memory per trial, and the last trial's greedy tokens. --digests adds
@@ -107,6 +109,7 @@ struct Args {
     step_timing: usize,
     graph_decoder: bool,
     graph_check: usize,
+    graph_breakdown: u32,
 }
 
 /// `--compiled`: which decode step the trials use.
@@ -142,6 +145,7 @@ fn parse_args() -> BoxResult<Args> {
         step_timing: 0,
         graph_decoder: false,
         graph_check: 0,
+        graph_breakdown: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -194,6 +198,7 @@ fn parse_args() -> BoxResult<Args> {
                 }
             }
             "--graph-check" => a.graph_check = num(&value)?,
+            "--graph-breakdown" => a.graph_breakdown = num(&value)? as u32,
             other => return Err(format!("unknown flag {other}").into()),
         }
     }
@@ -206,6 +211,9 @@ fn parse_args() -> BoxResult<Args> {
              or --step-timing (they measure MLX's decode)"
                 .into(),
         );
+    }
+    if a.graph_breakdown > 0 && !a.graph_decoder {
+        return Err("--graph-breakdown needs --decoder graph".into());
     }
     if a.prompt_len == 0 || a.gen_len == 0 {
         return Err("--prompt-len and --gen-len must be positive".into());
@@ -569,12 +577,25 @@ fn run(a: &Args) -> BoxResult<()> {
     if a.graph_decoder || a.graph_check > 0 {
         let t = Instant::now();
         // MLX_GRAPH_PDL=0: plain launches instead of programmatic dependent launch;
-        // MLX_GRAPH_ROWS=4: four rows a warp in the matrix-vector products.
+        // MLX_GRAPH_ROWS=4: four rows a warp in the matrix-vector products;
+        // MLX_GRAPH_BATCH=N: N chunks a row in flight; MLX_GRAPH_BLOCKS=N: at most N
+        // matrix-vector blocks a multiprocessor.
         let opts = GraphOptions {
             programmatic_launch: std::env::var("MLX_GRAPH_PDL").map_or(true, |v| v != "0"),
             rows_per_warp: match std::env::var("MLX_GRAPH_ROWS") {
                 Ok(v) => v.parse().map_err(|e| format!("MLX_GRAPH_ROWS {v}: {e}"))?,
                 Err(_) => GraphOptions::default().rows_per_warp,
+            },
+            chunks_in_flight: match std::env::var("MLX_GRAPH_BATCH") {
+                Ok(v) => Some(v.parse().map_err(|e| format!("MLX_GRAPH_BATCH {v}: {e}"))?),
+                Err(_) => None,
+            },
+            blocks_per_sm: match std::env::var("MLX_GRAPH_BLOCKS") {
+                Ok(v) => Some(
+                    v.parse()
+                        .map_err(|e| format!("MLX_GRAPH_BLOCKS {v}: {e}"))?,
+                ),
+                Err(_) => None,
             },
         };
         let cap = a.prompt_len + a.gen_len.max(a.graph_check) + 1;
@@ -654,10 +675,23 @@ fn run(a: &Args) -> BoxResult<()> {
         "tokens": tokens,
     });
     out["compiled"] = json!(format!("{:?}", a.compiled));
-    if let (true, Some(dec)) = (a.graph_decoder, graph_dec.as_ref()) {
+    if let (true, Some(dec)) = (a.graph_decoder, graph_dec.as_mut()) {
         out["decoder"] = json!("graph");
         out["programmatic_launch"] = json!(dec.programmatic_launch());
         out["rows_per_warp"] = json!(dec.rows_per_warp());
+        out["chunks_in_flight"] = json!(dec.chunks_in_flight());
+        if a.graph_breakdown > 0 {
+            let parts = dec.kernel_breakdown(a.graph_breakdown)?;
+            out["breakdown"] = json!(parts
+                .iter()
+                .map(|p| json!({
+                    "part": p.part.name(),
+                    "kernels": p.kernels,
+                    "us": p.us_per_step,
+                    "gb_s": p.bytes_per_step as f64 / p.us_per_step / 1e3,
+                }))
+                .collect::<Vec<_>>());
+        }
     }
     if a.digests {
         out["logprob_digests"] = json!(digests);

@@ -1,5 +1,5 @@
 // The graph decoder's kernels (mlx-kernels/src/graph_decode.rs): one llama decode step as
-// 7 kernels a layer, captured once into a CUDA graph and replayed for every token.
+// 5 kernels a layer, captured once into a CUDA graph and replayed for every token.
 //
 // Compiled by NVRTC at run time with no includes. Every parameter is 8 bytes wide (pointers,
 // long long, double): the runtime checks launches against that. Activations are bfloat16
@@ -48,12 +48,6 @@ __device__ __forceinline__ void pdl_wait_then_release() {
 #endif
 }
 
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-#ifdef __CUDA_ARCH__
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-#endif
-}
-
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
@@ -92,19 +86,45 @@ __device__ __forceinline__ float dot8(const uint4 w, const uint4 x, float acc) {
   return acc;
 }
 
-// One 16-byte chunk of MV_ROWS quantized rows: 4 words of BITS-bit codes each (32 / BITS per
-// word, the lowest bits first), against the matching inputs: d[r] = sum(q_r * x),
-// xsum = sum(x).
+// The input vector sits in shared memory as bfloat16 in 16-byte slots, slot t stored at
+// xs_slot(t): a quarter-warp's lanes reading consecutive 16, 32 or 64-byte pieces (one
+// chunk of bfloat16 weights, of 8-bit or of 4-bit codes) then hit distinct banks.
+__device__ __forceinline__ int xs_slot(int t) { return t ^ ((t >> 3) & 3); }
+__device__ __forceinline__ int xs_index(ll k) { return (xs_slot((int)(k >> 3)) << 3) | (int)(k & 7); }
+
+// The codes of a word as floats, exactly, without integer conversions: each code is masked in
+// place under the exponent of 2^E that gives its lowest bit the weight 1, and 2^E is
+// subtracted (one logic op and one add a code; the high codes shifted down once a word).
+__device__ __forceinline__ void codes4(u32 w, float* q) {
+  const u32 v = w >> 12;
+  q[0] = __uint_as_float((w & 0xFu) | 0x4B000000u) - 8388608.f;
+  q[1] = __uint_as_float((w & 0xF0u) | 0x49000000u) - 524288.f;
+  q[2] = __uint_as_float((w & 0xF00u) | 0x47000000u) - 32768.f;
+  q[3] = __uint_as_float((w & 0xF000u) | 0x45000000u) - 2048.f;
+  q[4] = __uint_as_float((w & 0xF0000u) | 0x43000000u) - 128.f;
+  q[5] = __uint_as_float((v & 0xF00u) | 0x47000000u) - 32768.f;
+  q[6] = __uint_as_float((v & 0xF000u) | 0x45000000u) - 2048.f;
+  q[7] = __uint_as_float((v & 0xF0000u) | 0x43000000u) - 128.f;
+}
+__device__ __forceinline__ void codes8(u32 w, float* q) {
+  const u32 v = w >> 16;
+  q[0] = __uint_as_float((w & 0xFFu) | 0x4B000000u) - 8388608.f;
+  q[1] = __uint_as_float((w & 0xFF00u) | 0x47000000u) - 32768.f;
+  q[2] = __uint_as_float((v & 0xFFu) | 0x4B000000u) - 8388608.f;
+  q[3] = __uint_as_float((v & 0xFF00u) | 0x47000000u) - 32768.f;
+}
+
+// Chunk c (16 bytes of each of MV_ROWS quantized rows: 4 words of BITS-bit codes, 32 / BITS a
+// word, the lowest bits first) against the matching inputs: d[r] = sum(q_r * x).
 template <int BITS>
-__device__ __forceinline__ void qchunk(const uint4* w, const bf16_t* xs, float* d, float& xsum) {
+__device__ __forceinline__ void qchunk(const uint4* w, const bf16_t* xs, int c, float* d) {
   constexpr int PER = 32 / BITS;
   constexpr int VALS = 4 * PER;
-  constexpr u32 MASK = (1u << BITS) - 1u;
   float x[VALS];
   const uint4* xv = (const uint4*)xs;
 #pragma unroll
   for (int i = 0; i < VALS / 8; ++i) {
-    const uint4 t = xv[i];
+    const uint4 t = xv[xs_slot(c * (VALS / 8) + i)];
     x[8 * i + 0] = lo2f(t.x);
     x[8 * i + 1] = hi2f(t.x);
     x[8 * i + 2] = lo2f(t.y);
@@ -114,132 +134,266 @@ __device__ __forceinline__ void qchunk(const uint4* w, const bf16_t* xs, float* 
     x[8 * i + 6] = lo2f(t.w);
     x[8 * i + 7] = hi2f(t.w);
   }
-  u32 words[MV_ROWS][4];
 #pragma unroll
-  for (int r = 0; r < MV_ROWS; ++r) {
-    words[r][0] = w[r].x;
-    words[r][1] = w[r].y;
-    words[r][2] = w[r].z;
-    words[r][3] = w[r].w;
-    d[r] = 0.f;
-  }
-  xsum = 0.f;
+  for (int r = 0; r < MV_ROWS; ++r) d[r] = 0.f;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
 #pragma unroll
-    for (int j = 0; j < PER; ++j) {
-      const float v = x[i * PER + j];
+    for (int r = 0; r < MV_ROWS; ++r) {
+      const u32 word = i == 0 ? w[r].x : i == 1 ? w[r].y : i == 2 ? w[r].z : w[r].w;
+      float q[PER];
+      if (BITS == 4) {
+        codes4(word, q);
+      } else {
+        codes8(word, q);
+      }
+#pragma unroll
+      for (int j = 0; j < PER; ++j) d[r] += q[j] * x[i * PER + j];
+    }
+  }
+}
+
+// Weights are read once a step: loaded past L1.
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
+#ifdef __CUDA_ARCH__
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+#else
+  return *p;
+#endif
+}
+
+// Chunks a lane keeps in flight for each of its MV_ROWS rows: 8 16-byte loads a lane (more
+// would cost the second block an SM: ~120 registers a thread at 8).
+#ifndef MV_BATCH
+#define MV_BATCH (8 / MV_ROWS)
+#endif
+
+// A warp's share of W x, W [N, K] (bfloat16, or BITS-bit codes with bfloat16 scales and
+// biases), as one stream of 16-byte chunks: the warp takes row groups first, first + stride,
+// ... (MV_ROWS rows each), lane l chunks l, l + 32, ... of each row (per_lane of them, the
+// last ones past C skipped). MV_BATCH items are in flight; an item's slot is refilled with
+// the item MV_BATCH ahead, across row groups, as soon as it has been used.
+template <int BITS>
+struct MvStream {
+  static constexpr int VALS = BITS == 16 ? 8 : 4 * (32 / BITS);  // inputs a chunk
+  const unsigned char* W;
+  const bf16_t* S;
+  const bf16_t* B;
+  ll N, groups, stride, row_bytes;
+  int C, G, gs_shift, per_lane, lane;
+  uint4 q[MV_BATCH][MV_ROWS];
+  bf16_t s[MV_BATCH][MV_ROWS], b[MV_BATCH][MV_ROWS];
+  ll lp;   // the next item to load: row group lp, chunk lane + 32 lk
+  int lk;
+
+  __device__ __forceinline__ void load(int u) {
+    const int c = lane + 32 * lk;
+    if (lp < groups && c < C) {
+      const int g = (c * VALS) >> gs_shift;
 #pragma unroll
       for (int r = 0; r < MV_ROWS; ++r) {
-        // q as a float without an integer conversion: 2^23 + q has q as its mantissa.
-        d[r] += (__uint_as_float(0x4B000000u | ((words[r][i] >> (j * BITS)) & MASK)) -
-                 8388608.f) *
-                v;
+        const ll row = MV_ROWS * lp + r < N ? MV_ROWS * lp + r : N - 1;
+        q[u][r] = ld_stream((const uint4*)(W + row * row_bytes) + c);
+        if (BITS != 16) {
+          s[u][r] = S[row * G + g];
+          b[u][r] = B[row * G + g];
+        }
       }
-      xsum += v;
+    }
+    if (++lk == per_lane) {
+      lk = 0;
+      lp += stride;
     }
   }
-}
 
-// MV_ROWS rows of W (row indices in rows[]) against xs (in shared memory), one warp; each
-// lane's partial sums in acc[].
-template <int BITS>
-__device__ __forceinline__ void rows_dot(const void* W, const bf16_t* S, const bf16_t* B,
-                                         const bf16_t* xs, const ll* rows, int K, int gs_shift,
-                                         int lane, float* acc) {
-  if (BITS == 16) {
-    const uint4* w[MV_ROWS];
+  // acc[r] += row r . x over chunk c, from slot u.
+  __device__ __forceinline__ void compute(int u, int c, const bf16_t* xs, const float* xc,
+                                          float* acc) {
+    if (c >= C) return;
+    if (BITS == 16) {
+      const uint4 xv = ((const uint4*)xs)[xs_slot(c)];
 #pragma unroll
-    for (int r = 0; r < MV_ROWS; ++r) w[r] = (const uint4*)((const bf16_t*)W + rows[r] * K);
-    const uint4* x = (const uint4*)xs;
-    const int C = K / 8;
-#pragma unroll 4
-    for (int c = lane; c < C; c += 32) {
-      const uint4 xv = x[c];
+      for (int r = 0; r < MV_ROWS; ++r) acc[r] = dot8(q[u][r], xv, acc[r]);
+    } else {
+      float d[MV_ROWS];
+      qchunk<BITS>(q[u], xs, c, d);
+      const float xsum = xc[c];
 #pragma unroll
-      for (int r = 0; r < MV_ROWS; ++r) acc[r] = dot8(w[r][c], xv, acc[r]);
-    }
-  } else {
-    constexpr int VALS = 4 * (32 / BITS);  // inputs per 16-byte chunk
-    const int words = K / (32 / BITS);
-    const int G = K >> gs_shift;
-    const uint4* w[MV_ROWS];
-    const bf16_t* sc[MV_ROWS];
-    const bf16_t* bi[MV_ROWS];
-#pragma unroll
-    for (int r = 0; r < MV_ROWS; ++r) {
-      w[r] = (const uint4*)((const u32*)W + rows[r] * words);
-      sc[r] = S + rows[r] * G;
-      bi[r] = B + rows[r] * G;
-    }
-    const int C = words / 4;
-#pragma unroll 4
-    for (int c = lane; c < C; c += 32) {
-      const int g = (c * VALS) >> gs_shift;
-      uint4 q[MV_ROWS];
-#pragma unroll
-      for (int r = 0; r < MV_ROWS; ++r) q[r] = w[r][c];
-      float d[MV_ROWS], xsum;
-      qchunk<BITS>(q, xs + c * VALS, d, xsum);
-#pragma unroll
-      for (int r = 0; r < MV_ROWS; ++r) acc[r] += bf2f(sc[r][g]) * d[r] + bf2f(bi[r][g]) * xsum;
+      for (int r = 0; r < MV_ROWS; ++r) acc[r] += bf2f(s[u][r]) * d[r] + bf2f(b[u][r]) * xsum;
     }
   }
+};
+
+// 16-byte pieces (8 inputs) a thread loads at once in the prologue.
+#define PRO_PIECES 4
+
+__device__ __forceinline__ float sum8(uint4 v) {
+  return lo2f(v.x) + hi2f(v.x) + lo2f(v.y) + hi2f(v.y) + lo2f(v.z) + hi2f(v.z) + lo2f(v.w) +
+         hi2f(v.w);
+}
+__device__ __forceinline__ float sq8(uint4 v) {
+  float a = 0.f;
+  const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    a += lo2f(w[i]) * lo2f(w[i]);
+    a += hi2f(w[i]) * hi2f(w[i]);
+  }
+  return a;
+}
+// Two inputs x normed by inv and weighted by g, rounded as MLX's fast.rms_norm rounds them.
+__device__ __forceinline__ u32 norm2(u32 x, u32 g, float inv) {
+  const bf16_t lo = f2bf(lo2f(g) * rbf(lo2f(x) * inv));
+  const bf16_t hi = f2bf(hi2f(g) * rbf(hi2f(x) * inv));
+  return (u32)lo | ((u32)hi << 16);
 }
 
-// Fills xs (shared) with the input vector: xin, or rms_norm(xin, normw, eps) rounded as MLX's
-// fast.rms_norm rounds it. All threads of the block take part.
-__device__ __forceinline__ void mv_prologue(bf16_t* xs, float* red, const bf16_t* xin,
-                                            const bf16_t* normw, ll K, bool norm, double eps) {
+// Fills xs (shared, slots swizzled) with the input vector: xin, or rms_norm(xin, normw, eps)
+// rounded as MLX's fast.rms_norm rounds it; with quantized weights (bits 4 or 8) also xc[c],
+// the sum of chunk c's inputs (128 / bits of them, what a 16-byte chunk of codes covers),
+// shared by every row. All threads of the block take part, each loading PRO_PIECES 16-byte
+// pieces at once (one slot of xs each; K is a multiple of 8).
+__device__ __forceinline__ void mv_prologue(bf16_t* xs, float* xc, float* red, const bf16_t* xin,
+                                            const bf16_t* normw, ll K, bool norm, double eps,
+                                            ll bits) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int T = blockDim.x, pieces = (int)(K / 8);
+  const int rounds = (pieces + T * PRO_PIECES - 1) / (T * PRO_PIECES);
+  const uint4* xv = (const uint4*)xin;
+  const uint4* gv = (const uint4*)normw;
+  float inv = 0.f;
   if (norm) {
     float ss = 0.f;
-    for (ll k = tid; k < K; k += blockDim.x) {
-      const float v = bf2f(xin[k]);
-      ss += v * v;
+    for (int rd = 0; rd < rounds; ++rd) {
+      uint4 v[PRO_PIECES];
+#pragma unroll
+      for (int i = 0; i < PRO_PIECES; ++i) {
+        const int t = (rd * PRO_PIECES + i) * T + tid;
+        if (t < pieces) v[i] = xv[t];
+      }
+#pragma unroll
+      for (int i = 0; i < PRO_PIECES; ++i) {
+        if ((rd * PRO_PIECES + i) * T + tid < pieces) ss += sq8(v[i]);
+      }
     }
     ss = warp_sum(ss);
     if (lane == 0) red[warp] = ss;
     __syncthreads();
     float tot = 0.f;
     for (int i = 0; i < MV_WARPS; ++i) tot += red[i];
-    const float inv = rsqrtf(tot / (float)K + (float)eps);
-    for (ll k = tid; k < K; k += blockDim.x) {
-      xs[k] = f2bf(bf2f(normw[k]) * rbf(bf2f(xin[k]) * inv));
+    inv = rsqrtf(tot / (float)K + (float)eps);
+  }
+  // Slots a chunk of codes covers: 4 (4-bit), 2 (8-bit); they sit in neighbouring lanes. The
+  // rounds are the same for every thread, so the lane sums see whole warps.
+  const int spc = bits == 16 ? 0 : (int)(16 / bits);
+  for (int rd = 0; rd < rounds; ++rd) {
+    uint4 v[PRO_PIECES], g[PRO_PIECES];
+#pragma unroll
+    for (int i = 0; i < PRO_PIECES; ++i) {
+      const int t = (rd * PRO_PIECES + i) * T + tid;
+      if (t < pieces) {
+        v[i] = xv[t];
+        if (norm) g[i] = gv[t];
+      }
     }
-  } else {
-    for (ll k = tid; k < K; k += blockDim.x) xs[k] = xin[k];
+#pragma unroll
+    for (int i = 0; i < PRO_PIECES; ++i) {
+      const int t = (rd * PRO_PIECES + i) * T + tid;
+      float sum = 0.f;
+      if (t < pieces) {
+        uint4 o = v[i];
+        if (norm) {
+          o.x = norm2(v[i].x, g[i].x, inv);
+          o.y = norm2(v[i].y, g[i].y, inv);
+          o.z = norm2(v[i].z, g[i].z, inv);
+          o.w = norm2(v[i].w, g[i].w, inv);
+        }
+        ((uint4*)xs)[xs_slot(t)] = o;
+        if (spc) sum = sum8(o);
+      }
+      if (spc) {
+        for (int o = 1; o < spc; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if (t < pieces && (t & (spc - 1)) == 0) xc[t / spc] = sum;
+      }
+    }
   }
   __syncthreads();
 }
 
-// Before waiting for the previous kernel: pulls the first bytes of a warp's first rows (what
-// it loads first) into L2. Weights do not depend on the previous kernel.
-__device__ __forceinline__ void mv_prefetch(const void* W, ll p, ll groups, ll K, ll bits,
-                                            int lane) {
-  if (p >= groups) return;
-  const ll row_bytes = K * bits / 8;
-  const char* base = (const char*)W + MV_ROWS * p * row_bytes;
-  for (ll off = (ll)lane * 128; off < MV_ROWS * row_bytes && off < 4096; off += 32 * 128) {
-    prefetch_l2(base + off);
+// The chunk sums sit past xs, whose slots are swizzled within 128-byte lines: xs takes K
+// rounded up to 64 values (`mv_shared_bytes` in graph_decode.rs).
+__device__ __forceinline__ float* mv_chunk_sums(unsigned char* smem, ll K) {
+  return (float*)(smem + 2 * ((K + 63) & ~63ll));
+}
+
+// The body of the matrix-vector kernels: W [N, K] times the input (xin, or rms_norm(xin,
+// normw, eps) when norm); epi(first row, sums) on lane 0 with the warp's sums of each row
+// group. The grid is at most one wave: warps stride over the row groups, streaming their
+// chunks (MvStream). The first MV_BATCH chunks are loaded before waiting for the previous
+// kernel (weights do not depend on it).
+template <int BITS, class Epi>
+__device__ __forceinline__ void mv_run(const void* W, const bf16_t* S, const bf16_t* B,
+                                       const bf16_t* xin, const bf16_t* normw, bool norm, ll N,
+                                       ll K, ll gs, double eps, unsigned char* smem, float* red,
+                                       Epi epi) {
+  bf16_t* xs = (bf16_t*)smem;
+  float* xc = mv_chunk_sums(smem, K);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  MvStream<BITS> m;
+  m.W = (const unsigned char*)W;
+  m.S = S;
+  m.B = B;
+  m.N = N;
+  m.groups = (N + MV_ROWS - 1) / MV_ROWS;
+  m.stride = (ll)gridDim.x * MV_WARPS;
+  m.row_bytes = K * BITS / 8;
+  m.gs_shift = __ffsll(gs) - 1;  // gs is a power of two (1 for bfloat16)
+  m.C = (int)(K / m.VALS);
+  m.G = (int)(K >> m.gs_shift);
+  m.per_lane = (m.C + 31) / 32;
+  m.lane = lane;
+  m.lp = (ll)blockIdx.x * MV_WARPS + warp;
+  m.lk = 0;
+#pragma unroll
+  for (int u = 0; u < MV_BATCH; ++u) m.load(u);
+  pdl_wait_then_release();
+  mv_prologue(xs, xc, red, xin, normw, K, norm, eps, BITS);
+  ll p = (ll)blockIdx.x * MV_WARPS + warp;  // the row group being summed, chunk lane + 32 k
+  int k = 0;
+  float acc[MV_ROWS];
+#pragma unroll
+  for (int r = 0; r < MV_ROWS; ++r) acc[r] = 0.f;
+  while (p < m.groups) {
+#pragma unroll
+    for (int u = 0; u < MV_BATCH; ++u) {
+      if (p < m.groups) {
+        m.compute(u, lane + 32 * k, xs, xc, acc);
+        m.load(u);
+        if (++k == m.per_lane) {
+#pragma unroll
+          for (int r = 0; r < MV_ROWS; ++r) acc[r] = warp_sum(acc[r]);
+          if (lane == 0) epi(MV_ROWS * p, acc);
+#pragma unroll
+          for (int r = 0; r < MV_ROWS; ++r) acc[r] = 0.f;
+          k = 0;
+          p += m.stride;
+        }
+      }
+    }
   }
 }
 
-// Rows rows[0..MV_ROWS) of W x, summed over the warp (every lane gets the sums).
-__device__ __forceinline__ void mv_rows(const void* W, const bf16_t* S, const bf16_t* B,
-                                        const bf16_t* xs, const ll* rows, ll K, ll bits,
-                                        int gs_shift, float* acc) {
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int r = 0; r < MV_ROWS; ++r) acc[r] = 0.f;
-  switch (bits) {
-    case 4: rows_dot<4>(W, S, B, xs, rows, (int)K, gs_shift, lane, acc); break;
-    case 8: rows_dot<8>(W, S, B, xs, rows, (int)K, gs_shift, lane, acc); break;
-    default: rows_dot<16>(W, S, B, xs, rows, (int)K, gs_shift, lane, acc); break;
+// Runs mv_run with the codes' width as a template argument.
+#define MV_DISPATCH(bits, ...)                  \
+  switch (bits) {                               \
+    case 4: mv_run<4>(__VA_ARGS__); break;      \
+    case 8: mv_run<8>(__VA_ARGS__); break;      \
+    default: mv_run<16>(__VA_ARGS__); break;    \
   }
-#pragma unroll
-  for (int r = 0; r < MV_ROWS; ++r) acc[r] = warp_sum(acc[r]);
-}
 
 // out = W x for W [N, K] (bfloat16, or MLX affine-quantized with BITS-bit codes, group gs,
 // bfloat16 scales and biases), x [K] bfloat16.
@@ -247,49 +401,34 @@ __device__ __forceinline__ void mv_rows(const void* W, const bf16_t* S, const bf
 //       RES: out = res + (W x) (out may be res; each element is read and written by one lane);
 //       SWIGLU: rows are interleaved (gate_i, up_i); out[i] = silu(gate_i) * up_i;
 //       F32: out is float32 (the bfloat16-rounded values).
-// Each warp computes a pair of rows; blocks stride over the pairs.
 extern "C" __global__ void matvec(const void* W, const bf16_t* S, const bf16_t* B,
                                   const bf16_t* xin, const bf16_t* normw, const bf16_t* res,
                                   void* out, ll N, ll K, ll bits, ll gs, ll mode, double eps) {
   extern __shared__ __align__(16) unsigned char smem[];
-  bf16_t* xs = (bf16_t*)smem;
   __shared__ float red[MV_WARPS];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const ll groups = (N + MV_ROWS - 1) / MV_ROWS;
-  mv_prefetch(W, blockIdx.x * MV_WARPS + warp, groups, K, bits, lane);
-  pdl_wait_then_release();
-  mv_prologue(xs, red, xin, normw, K, (mode & MODE_NORM) != 0, eps);
-  const int gs_shift = __ffsll(gs) - 1;  // gs is a power of two
-  for (ll p = (ll)blockIdx.x * MV_WARPS + warp; p < groups; p += (ll)gridDim.x * MV_WARPS) {
-    const ll r0 = MV_ROWS * p;
-    ll rows[MV_ROWS];
+  auto epi = [&](ll r0, const float* acc) {
 #pragma unroll
-    for (int r = 0; r < MV_ROWS; ++r) rows[r] = r0 + r < N ? r0 + r : N - 1;
-    float acc[MV_ROWS];
-    mv_rows(W, S, B, xs, rows, K, bits, gs_shift, acc);
-    if (lane == 0) {
-#pragma unroll
-      for (int r = 0; r < MV_ROWS; r += 2) {
-        const ll i = r0 + r;  // rows i and i + 1
-        if (i >= N) break;
-        const bool has1 = i + 1 < N;
-        if (mode & MODE_SWIGLU) {
-          const float g = rbf(acc[r]), u = rbf(acc[r + 1]);
-          const float sg = rbf(1.f / (1.f + expf(-g)));
-          ((bf16_t*)out)[i / 2] = f2bf(rbf(g * sg) * u);
-        } else if (mode & MODE_F32) {
-          ((float*)out)[i] = rbf(acc[r]);
-          if (has1) ((float*)out)[i + 1] = rbf(acc[r + 1]);
-        } else if (mode & MODE_RES) {
-          ((bf16_t*)out)[i] = f2bf(bf2f(res[i]) + rbf(acc[r]));
-          if (has1) ((bf16_t*)out)[i + 1] = f2bf(bf2f(res[i + 1]) + rbf(acc[r + 1]));
-        } else {
-          ((bf16_t*)out)[i] = f2bf(acc[r]);
-          if (has1) ((bf16_t*)out)[i + 1] = f2bf(acc[r + 1]);
-        }
+    for (int r = 0; r < MV_ROWS; r += 2) {
+      const ll i = r0 + r;  // rows i and i + 1
+      if (i >= N) break;
+      const bool has1 = i + 1 < N;
+      if (mode & MODE_SWIGLU) {
+        const float g = rbf(acc[r]), u = rbf(acc[r + 1]);
+        const float sg = rbf(1.f / (1.f + expf(-g)));
+        ((bf16_t*)out)[i / 2] = f2bf(rbf(g * sg) * u);
+      } else if (mode & MODE_F32) {
+        ((float*)out)[i] = rbf(acc[r]);
+        if (has1) ((float*)out)[i + 1] = rbf(acc[r + 1]);
+      } else if (mode & MODE_RES) {
+        ((bf16_t*)out)[i] = f2bf(bf2f(res[i]) + rbf(acc[r]));
+        if (has1) ((bf16_t*)out)[i + 1] = f2bf(bf2f(res[i + 1]) + rbf(acc[r + 1]));
+      } else {
+        ((bf16_t*)out)[i] = f2bf(acc[r]);
+        if (has1) ((bf16_t*)out)[i + 1] = f2bf(acc[r + 1]);
       }
     }
-  }
+  };
+  MV_DISPATCH(bits, W, S, B, xin, normw, (mode & MODE_NORM) != 0, N, K, gs, eps, smem, red, epi)
 }
 
 // RoPE of one pair (x1, x2) = (x[i], x[i + D/2]) at position pos, as MLX's fast.rope computes
@@ -307,67 +446,54 @@ __device__ __forceinline__ void rope_pair(float x1, float x2, ll i, ll half, ll 
 // The attention projections with RoPE and the cache write in the epilogue:
 // [q; k; v] = W rms_norm(xin) with W's q and k rows permuted per head so that rows 2i and
 // 2i + 1 are the rotation pair (i, i + D/2) (the host permutes them); with traditional RoPE
-// the pairs are (2i, 2i + 1) already. q goes to qout (its
-// usual layout, roped), k (roped) and v to the caches at position state[1].
+// the pairs are (2i, 2i + 1) already. q goes to qout (its usual layout, roped), k (roped) and
+// v to the caches at position state[1].
 extern "C" __global__ void matvec_qkv(const void* W, const bf16_t* S, const bf16_t* B,
                                       const bf16_t* xin, const bf16_t* normw, bf16_t* qout,
                                       bf16_t* kc, bf16_t* vc, const int* state, ll K, ll bits,
                                       ll gs, ll nh, ll nkv, ll D, ll cap, ll traditional,
                                       double eps, double log2_base) {
   extern __shared__ __align__(16) unsigned char smem[];
-  bf16_t* xs = (bf16_t*)smem;
   __shared__ float red[MV_WARPS];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const ll groups = (nh + 2 * nkv) * D / MV_ROWS;  // D is a multiple of MV_ROWS
-  mv_prefetch(W, blockIdx.x * MV_WARPS + warp, groups, K, bits, lane);
-  pdl_wait_then_release();
-  mv_prologue(xs, red, xin, normw, K, true, eps);
-  const int gs_shift = __ffsll(gs) - 1;
-  const ll pos = state[1];
   const ll half = D / 2;
-  for (ll p = (ll)blockIdx.x * MV_WARPS + warp; p < groups; p += (ll)gridDim.x * MV_WARPS) {
-    const ll r0 = MV_ROWS * p;
-    ll rows[MV_ROWS];
+  auto epi = [&](ll r0, const float* acc) {
+    const ll pos = state[1];  // read after the wait
 #pragma unroll
-    for (int r = 0; r < MV_ROWS; ++r) rows[r] = r0 + r;
-    float acc[MV_ROWS];
-    mv_rows(W, S, B, xs, rows, K, bits, gs_shift, acc);
-    if (lane == 0) {
-#pragma unroll
-      for (int r = 0; r < MV_ROWS; r += 2) {
-        const ll i0 = r0 + r;  // rows i0 and i0 + 1: a rotation pair of q or k, or two of v
-        const float x1 = rbf(acc[r]), x2 = rbf(acc[r + 1]);
-        if (i0 < nh * D) {
-          const ll h = i0 / D, i = (i0 % D) / 2;
-          bf16_t o1, o2;
-          rope_pair(x1, x2, i, half, pos, log2_base, o1, o2);
-          qout[h * D + (traditional ? 2 * i : i)] = o1;
-          qout[h * D + (traditional ? 2 * i + 1 : i + half)] = o2;
-        } else if (i0 < (nh + nkv) * D) {
-          const ll j = i0 - nh * D;
-          const ll h = j / D, i = (j % D) / 2;
-          bf16_t o1, o2;
-          rope_pair(x1, x2, i, half, pos, log2_base, o1, o2);
-          bf16_t* kd = kc + (h * cap + pos) * D;
-          kd[traditional ? 2 * i : i] = o1;
-          kd[traditional ? 2 * i + 1 : i + half] = o2;
-        } else {
-          const ll j = i0 - (nh + nkv) * D;
-          const ll h = j / D, dd = j % D;
-          bf16_t* vd = vc + (h * cap + pos) * D;
-          vd[dd] = f2bf(acc[r]);
-          vd[dd + 1] = f2bf(acc[r + 1]);
-        }
+    for (int r = 0; r < MV_ROWS; r += 2) {
+      const ll i0 = r0 + r;  // rows i0 and i0 + 1: a rotation pair of q or k, or two of v
+      const float x1 = rbf(acc[r]), x2 = rbf(acc[r + 1]);
+      if (i0 < nh * D) {
+        const ll h = i0 / D, i = (i0 % D) / 2;
+        bf16_t o1, o2;
+        rope_pair(x1, x2, i, half, pos, log2_base, o1, o2);
+        qout[h * D + (traditional ? 2 * i : i)] = o1;
+        qout[h * D + (traditional ? 2 * i + 1 : i + half)] = o2;
+      } else if (i0 < (nh + nkv) * D) {
+        const ll j = i0 - nh * D;
+        const ll h = j / D, i = (j % D) / 2;
+        bf16_t o1, o2;
+        rope_pair(x1, x2, i, half, pos, log2_base, o1, o2);
+        bf16_t* kd = kc + (h * cap + pos) * D;
+        kd[traditional ? 2 * i : i] = o1;
+        kd[traditional ? 2 * i + 1 : i + half] = o2;
+      } else {
+        const ll j = i0 - (nh + nkv) * D;
+        const ll h = j / D, dd = j % D;
+        bf16_t* vd = vc + (h * cap + pos) * D;
+        vd[dd] = f2bf(acc[r]);
+        vd[dd + 1] = f2bf(acc[r + 1]);
       }
     }
-  }
+  };
+  // D is a multiple of MV_ROWS: every group is whole.
+  MV_DISPATCH(bits, W, S, B, xin, normw, true, (nh + 2 * nkv) * D, K, gs, eps, smem, red, epi)
 }
 
 // Attention of one query over the cache, split over the sequence: block (h, s) covers
 // positions [64 s, 64 s + 64) and writes its unnormalised output, max and sum; the last block
 // of a head to finish (counted in counters[h], which it resets) combines them:
 // out[h] = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s.
-// 128 threads; D a multiple of 8, at most 128.
+// 128 threads; D 16, 32, 64 or 128.
 extern "C" __global__ void attention(const bf16_t* qb, const bf16_t* kc, const bf16_t* vc,
                                      const int* state, float* po, float* pml, int* counters,
                                      bf16_t* out, ll nh, ll nkv, ll D, ll cap, ll NS,
@@ -382,47 +508,82 @@ extern "C" __global__ void attention(const bf16_t* qb, const bf16_t* kc, const b
   const ll kvh = h / (nh / nkv);
   __shared__ __align__(16) float q[128];
   __shared__ float p[ATTN_CHUNK];
-  __shared__ float part[ATTN_THREADS];
+  __shared__ float part[8 * ATTN_THREADS];
+  __shared__ float red[ATTN_THREADS / 32];
   __shared__ int last;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  // Every load at once: the thread's key (a thread a position), its value pieces (thread
+  // (position group tp, piece td) takes 8 dimensions of positions tp, tp + P, ..., P = 1024 /
+  // D position groups) and the query; then the arithmetic.
+  const int dg = (int)(D / 8), P = ATTN_THREADS / dg;
+  const int td = tid % dg, tp = tid / dg;
+  uint4 kr[16], vr[8];
+  if (tid < n) {
+    const uint4* k = (const uint4*)(kc + (kvh * cap + start + tid) * D);
+#pragma unroll
+    for (int c = 0; c < 16; ++c) {  // D / 8 <= 16 pieces
+      if (c < dg) kr[c] = k[c];
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {  // P >= 8: 8 rounds cover the chunk
+    const int j = tp + i * P;
+    if (j < n) vr[i] = *(const uint4*)(vc + (kvh * cap + start + j) * D + 8 * td);
+  }
   for (ll d = tid; d < D; d += ATTN_THREADS) q[d] = (float)scale * bf2f(qb[h * D + d]);
   __syncthreads();
   float sc = NEG_INF;
   if (tid < n) {
-    const uint4* k = (const uint4*)(kc + (kvh * cap + start + tid) * D);
     sc = 0.f;
-    for (ll c = 0; c < D / 8; ++c) {
-      const uint4 w = k[c];
-      const float* qq = q + 8 * c;
-      sc += qq[0] * lo2f(w.x) + qq[1] * hi2f(w.x) + qq[2] * lo2f(w.y) + qq[3] * hi2f(w.y) +
-            qq[4] * lo2f(w.z) + qq[5] * hi2f(w.z) + qq[6] * lo2f(w.w) + qq[7] * hi2f(w.w);
+#pragma unroll
+    for (int c = 0; c < 16; ++c) {
+      if (c < dg) {
+        const uint4 w = kr[c];
+        const float* qq = q + 8 * c;
+        sc += qq[0] * lo2f(w.x) + qq[1] * hi2f(w.x) + qq[2] * lo2f(w.y) + qq[3] * hi2f(w.y) +
+              qq[4] * lo2f(w.z) + qq[5] * hi2f(w.z) + qq[6] * lo2f(w.w) + qq[7] * hi2f(w.w);
+      }
     }
   }
   // Max and sum over the chunk: the chunk's 64 scores sit in warps 0 and 1.
   float m = sc;
   for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  if (lane == 0) part[warp] = m;
+  if (lane == 0) red[warp] = m;
   __syncthreads();
-  m = fmaxf(part[0], part[1]);
+  m = fmaxf(red[0], red[1]);
   const float e = tid < n ? expf(sc - m) : 0.f;
   if (tid < ATTN_CHUNK) p[tid] = e;
   float l = warp_sum(e);
   __syncthreads();
-  if (lane == 0) part[warp] = l;
+  if (lane == 0) red[warp] = l;
   __syncthreads();
-  l = part[0] + part[1];
-  __syncthreads();
-  const ll sub = ATTN_THREADS / D;  // 2 for D = 64, 1 for D = 128
-  const ll d = tid % D, which = tid / D;
-  float o = 0.f;
-  if (which < sub) {
-    for (ll j = which; j < n; j += sub) o += p[j] * bf2f(vc[(kvh * cap + start + j) * D + d]);
+  l = red[0] + red[1];
+  // Values: each thread's 8 dimensions over its positions, then the position groups summed.
+  float o[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) o[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int j = tp + i * P;
+    if (j < n) {
+      const uint4 v = vr[i];
+      const float pj = p[j];
+      o[0] += pj * lo2f(v.x);
+      o[1] += pj * hi2f(v.x);
+      o[2] += pj * lo2f(v.y);
+      o[3] += pj * hi2f(v.y);
+      o[4] += pj * lo2f(v.z);
+      o[5] += pj * hi2f(v.z);
+      o[6] += pj * lo2f(v.w);
+      o[7] += pj * hi2f(v.w);
+    }
   }
-  part[tid] = o;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) part[8 * tid + i] = o[i];  // = part[tp * D + 8 td + i]
   __syncthreads();
   if (tid < D) {
     float t = 0.f;
-    for (ll w = 0; w < sub; ++w) t += part[w * D + tid];
+    for (int w = 0; w < P; ++w) t += part[w * D + tid];
     po[(h * NS + s) * D + tid] = t;
   }
   if (tid == 0) {
@@ -435,19 +596,47 @@ extern "C" __global__ void attention(const bf16_t* qb, const bf16_t* kc, const b
   __syncthreads();
   if (!last) return;
   __threadfence();
-  float M = NEG_INF;
-  for (ll t = 0; t < ns; ++t) M = fmaxf(M, __ldcg(&pml[(h * NS + t) * 2]));
-  float den = 0.f;
-  for (ll t = 0; t < ns; ++t) {
-    den += __ldcg(&pml[(h * NS + t) * 2 + 1]) * expf(__ldcg(&pml[(h * NS + t) * 2]) - M);
-  }
-  for (ll dd = tid; dd < D; dd += ATTN_THREADS) {
-    float num = 0.f;
-    for (ll t = 0; t < ns; ++t) {
-      num += __ldcg(&po[(h * NS + t) * D + dd]) * expf(__ldcg(&pml[(h * NS + t) * 2]) - M);
+  // The combine, over tiles of 128 chunks, online: each tile's weights e^(m_t - M) go to
+  // shared memory (p), its partial outputs are loaded 8 at a time.
+  float M = NEG_INF, den = 0.f, num = 0.f;
+  for (ll t0 = 0; t0 < ns; t0 += ATTN_THREADS) {
+    const ll t = t0 + tid;
+    const float mt = t < ns ? __ldcg(&pml[(h * NS + t) * 2]) : NEG_INF;
+    const float lt = t < ns ? __ldcg(&pml[(h * NS + t) * 2 + 1]) : 0.f;
+    float mx = mt;
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if (lane == 0) red[warp] = mx;
+    __syncthreads();
+    float Mn = M;
+    for (int i = 0; i < ATTN_THREADS / 32; ++i) Mn = fmaxf(Mn, red[i]);
+    const float keep = expf(M - Mn);  // 0 on the first tile
+    const float wt = t < ns ? expf(mt - Mn) : 0.f;
+    part[tid] = wt;
+    float lw = warp_sum(lt * wt);
+    __syncthreads();
+    if (lane == 0) red[warp] = lw;
+    __syncthreads();
+    float tile = 0.f;
+    for (int i = 0; i < ATTN_THREADS / 32; ++i) tile += red[i];
+    den = den * keep + tile;
+    const int nt = (int)(ns - t0 < ATTN_THREADS ? ns - t0 : ATTN_THREADS);
+    if (tid < D) {
+      num *= keep;
+      const float* pp = po + (h * NS + t0) * D + tid;
+      int j = 0;
+      for (; j + 8 <= nt; j += 8) {
+        float v[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = __ldcg(pp + (j + i) * D);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) num += v[i] * part[j + i];
+      }
+      for (; j < nt; ++j) num += __ldcg(pp + j * D) * part[j];
     }
-    out[h * D + dd] = f2bf(num / den);
+    M = Mn;
+    __syncthreads();
   }
+  if (tid < D) out[h * D + tid] = f2bf(num / den);
   if (tid == 0) counters[h] = 0;
 }
 

@@ -65,7 +65,6 @@ const ATTN_CHUNK: usize = 64;
 const MV_THREADS: u32 = 256;
 /// Warps a block of the matrix-vector kernels (`MV_WARPS` in the source).
 const MV_WARPS: usize = MV_THREADS as usize / 32;
-const MV_MAX_BLOCKS: usize = 1056;
 
 /// Bounds the `cuda` test set holds the decoder to, against the model's MLX forward on the
 /// same GPU, teacher-forced over a prompt and a continuation: the largest logit difference
@@ -77,12 +76,20 @@ pub const TEACHER_FORCED_BOUNDS: (f32, f32) = (0.05, 0.9);
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GraphOptions {
     /// Launch the step's kernels with programmatic dependent launch: each kernel's blocks
-    /// start, and prefetch their first weights into L2, while the kernel before it finishes
-    /// (default true; off where the driver cannot).
+    /// start, and load their first weights, while the kernel before it finishes (default
+    /// true; off where the driver cannot).
     pub programmatic_launch: bool,
     /// Rows of a weight matrix one warp computes at once, sharing each input load: 2
-    /// (default, the measured configuration) or 4.
+    /// (default) or 4 (measured slower for whole steps on the H200, though faster for some
+    /// matrices alone: `xtask/gpu/results/README.md`).
     pub rows_per_warp: u32,
+    /// 16-byte chunks of each of its rows a lane keeps in flight: 1 to 8, with at most 16
+    /// loads a lane (`rows_per_warp` times this). Default `8 / rows_per_warp`.
+    pub chunks_in_flight: Option<u32>,
+    /// At most this many blocks of a matrix-vector kernel on a multiprocessor (1 or more;
+    /// default: as many as fit). Fewer leave room for the next kernel's blocks to start
+    /// early and load their first weights.
+    pub blocks_per_sm: Option<u32>,
 }
 
 impl Default for GraphOptions {
@@ -90,6 +97,8 @@ impl Default for GraphOptions {
         GraphOptions {
             programmatic_launch: true,
             rows_per_warp: 2,
+            chunks_in_flight: None,
+            blocks_per_sm: None,
         }
     }
 }
@@ -104,6 +113,68 @@ pub struct StepComparison {
     pub reference_token: usize,
     /// The decoder's greedy token.
     pub ours_token: usize,
+}
+
+/// A class of the step's kernels, for [`GraphDecoder::kernel_breakdown`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    /// The embedding row.
+    Embed,
+    /// RMSNorm + q/k/v projection with RoPE and the cache write (one a layer).
+    Qkv,
+    /// Attention over the cache (one a layer).
+    Attention,
+    /// The output projection with the residual (one a layer).
+    Output,
+    /// RMSNorm + gate/up projection with SiLU-multiply (one a layer).
+    GateUp,
+    /// The down projection with the residual (one a layer).
+    Down,
+    /// The final norm and the LM head.
+    Head,
+    /// Greedy sampling and the state's advance.
+    Argmax,
+}
+
+impl Part {
+    /// Every part, in step order.
+    pub const ALL: [Part; 8] = [
+        Part::Embed,
+        Part::Qkv,
+        Part::Attention,
+        Part::Output,
+        Part::GateUp,
+        Part::Down,
+        Part::Head,
+        Part::Argmax,
+    ];
+
+    /// A short name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Part::Embed => "embed",
+            Part::Qkv => "qkv",
+            Part::Attention => "attention",
+            Part::Output => "o_proj",
+            Part::GateUp => "gate_up",
+            Part::Down => "down",
+            Part::Head => "head",
+            Part::Argmax => "argmax",
+        }
+    }
+}
+
+/// One part of the step timed alone: a graph of only its kernels, replayed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PartTime {
+    /// Which kernels.
+    pub part: Part,
+    /// Kernels of that part in a step.
+    pub kernels: usize,
+    /// Microseconds a step spends in them, replayed alone.
+    pub us_per_step: f64,
+    /// Bytes of weights (or of the KV cache, for attention) they read a step.
+    pub bytes_per_step: usize,
 }
 
 /// Compares one step's logits (the MLX forward's, the decoder's).
@@ -373,10 +444,17 @@ pub struct GraphDecoder {
     capacity: usize,
     pos: usize,
     graph: Graph,
+    /// Graphs of one part each, captured on the first breakdown.
+    part_graphs: Vec<(Part, Graph)>,
     acts: Activations,
     layers: Vec<Layer>,
+    embed: Lin,
+    head: Lin,
+    final_norm: Buffer,
     pdl: bool,
     rows: u32,
+    batch: u32,
+    mv_cap: u32,
     broken: Option<String>,
 }
 
@@ -575,6 +653,19 @@ impl GraphDecoder {
             ));
         }
         let rows = opts.rows_per_warp as usize;
+        let batch = opts.chunks_in_flight.unwrap_or(8 / opts.rows_per_warp);
+        if !(1..=8).contains(&batch) || batch * opts.rows_per_warp > 16 {
+            return Err(invalid(
+                "graph_decoder",
+                format!("chunks_in_flight {batch}: must be 1 to 8, and at most 16 / rows_per_warp"),
+            ));
+        }
+        if opts.blocks_per_sm == Some(0) {
+            return Err(invalid(
+                "graph_decoder",
+                "blocks_per_sm 0: must be at least 1",
+            ));
+        }
         let shape = LlamaShape::from_dir(dir)?;
         if capacity == 0 || capacity > (1 << 24) {
             return Err(invalid(
@@ -584,7 +675,13 @@ impl GraphDecoder {
         }
         let capacity = capacity.div_ceil(ATTN_CHUNK) * ATTN_CHUNK;
         let mut w = Weights::load(dir, &shape)?;
-        let source = format!("#define MV_ROWS {rows}\n{SOURCE}");
+        if opts.blocks_per_sm == Some(0) {
+            return Err(invalid(
+                "graph_decoder",
+                "blocks_per_sm 0: must be at least 1",
+            ));
+        }
+        let source = format!("#define MV_ROWS {rows}\n#define MV_BATCH {batch}\n{SOURCE}");
         let mut rt = GpuRuntime::new(&source, KERNELS)?;
         let s = &shape;
         let (h, d, i_sz) = (s.hidden, s.head_dim, s.intermediate);
@@ -742,17 +839,30 @@ impl GraphDecoder {
             counters: rt.alloc(s.heads * 4)?,
         };
         let max_k = h.max(i_sz).max(s.heads * d);
-        if max_k * 2 > 48 * 1024 {
+        let shared = mv_shared_bytes(max_k, s.group_and_bits().1);
+        if shared > 48 * 1024 {
             for k in ["matvec", "matvec_qkv"] {
                 let k = rt.kernel(k)?;
-                rt.set_shared_limit(k, (max_k * 2) as u32)?;
+                rt.set_shared_limit(k, shared)?;
             }
         }
+        let mv_cap = match opts.blocks_per_sm {
+            Some(b) => b.saturating_mul(rt.sm_count()?),
+            None => u32::MAX,
+        };
         let mut pdl = opts.programmatic_launch && rt.set_programmatic_launch(true).is_ok();
         let record = |rt: &mut GpuRuntime, pdl: bool| {
-            record_step(
-                rt, pdl, rows, s, capacity, &acts, &layers, embed, head, final_norm,
-            )
+            let step = Step {
+                mv_cap,
+                s,
+                cap: capacity,
+                a: &acts,
+                layers: &layers,
+                embed,
+                head,
+                final_norm,
+            };
+            record_step(rt, pdl, rows, &step, None)
         };
         let graph = match rt.capture(|rt| record(rt, pdl)) {
             Ok(g) => g,
@@ -770,10 +880,16 @@ impl GraphDecoder {
             capacity,
             pos: 0,
             graph,
+            part_graphs: Vec::new(),
             pdl,
             rows: opts.rows_per_warp,
+            batch,
+            mv_cap,
             acts,
             layers,
+            embed,
+            head,
+            final_norm,
             broken: None,
         })
     }
@@ -796,6 +912,11 @@ impl GraphDecoder {
     /// Whether the step's kernels run with programmatic dependent launch.
     pub fn programmatic_launch(&self) -> bool {
         self.pdl
+    }
+
+    /// 16-byte chunks of each row a lane keeps in flight in the matrix-vector products.
+    pub fn chunks_in_flight(&self) -> u32 {
+        self.batch
     }
 
     /// Rows a warp computes at once in the matrix-vector products.
@@ -953,6 +1074,90 @@ impl GraphDecoder {
         })
     }
 
+    /// Times each [`Part`] of the step alone: a graph of only that part's kernels (captured
+    /// once, on the first call), replayed `reps` times at the current position, host time
+    /// per replay. The parts' sum exceeds a whole step's time by what a step overlaps
+    /// (programmatic launch) and falls short by the dependencies between parts. The
+    /// decoder's state (token, position, cache contents up to the position) is kept.
+    pub fn kernel_breakdown(&mut self, reps: u32) -> Result<Vec<PartTime>> {
+        if reps == 0 {
+            return Err(invalid("kernel_breakdown", "reps must be at least 1"));
+        }
+        self.guard(|me| {
+            let mut state = [0u8; 16];
+            me.rt.download(me.acts.state, 0, &mut state)?;
+            if me.part_graphs.is_empty() {
+                for part in Part::ALL {
+                    let step = Step {
+                        mv_cap: me.mv_cap,
+                        s: &me.shape,
+                        cap: me.capacity,
+                        a: &me.acts,
+                        layers: &me.layers,
+                        embed: me.embed,
+                        head: me.head,
+                        final_norm: me.final_norm,
+                    };
+                    let (pdl, rows) = (me.pdl, me.rows as usize);
+                    let g = me
+                        .rt
+                        .capture(|rt| record_step(rt, pdl, rows, &step, Some(part)))?;
+                    me.part_graphs.push((part, g));
+                }
+            }
+            let mut out = Vec::new();
+            for (part, g) in me.part_graphs.clone() {
+                // Attention at the current position reads the cache up to it, and its query
+                // is whatever the last step left: no part writes where a step has not.
+                me.rt.upload(me.acts.state, 0, &state)?;
+                me.rt.replay(g, 1)?;
+                me.rt.synchronize()?;
+                let t = std::time::Instant::now();
+                me.rt.replay(g, reps)?;
+                me.rt.synchronize()?;
+                let us = t.elapsed().as_secs_f64() * 1e6 / f64::from(reps);
+                let (kernels, bytes) = me.part_load(part);
+                out.push(PartTime {
+                    part,
+                    kernels,
+                    us_per_step: us,
+                    bytes_per_step: bytes,
+                });
+            }
+            me.rt.upload(me.acts.state, 0, &state)?;
+            me.rt.synchronize()?;
+            Ok(out)
+        })
+    }
+
+    /// Kernels a step launches for `part`, and the bytes of weights (of cache, for
+    /// attention) they read.
+    fn part_load(&self, part: Part) -> (usize, usize) {
+        let s = &self.shape;
+        let (gs, bits) = s.group_and_bits();
+        let lin_bytes = |l: &Lin| {
+            let scales = if bits == 16 {
+                0
+            } else {
+                2 * 2 * l.n * (l.k / gs)
+            };
+            l.n * l.k * bits / 8 + scales
+        };
+        let layers = |f: &dyn Fn(&Layer) -> usize| -> (usize, usize) {
+            (self.layers.len(), self.layers.iter().map(f).sum())
+        };
+        match part {
+            Part::Embed => (1, s.hidden * bits / 8),
+            Part::Qkv => layers(&|l| lin_bytes(&l.qkv)),
+            Part::Attention => layers(&|_| 2 * s.kv_heads * (self.pos + 1) * s.head_dim * 2),
+            Part::Output => layers(&|l| lin_bytes(&l.o)),
+            Part::GateUp => layers(&|l| lin_bytes(&l.gu)),
+            Part::Down => layers(&|l| lin_bytes(&l.down)),
+            Part::Head => (1, lin_bytes(&self.head)),
+            Part::Argmax => (1, s.vocab * 4),
+        }
+    }
+
     /// Feeds `tokens` through the decoder (a prompt, without MLX), keeping nothing but the
     /// cache.
     pub fn feed(&mut self, tokens: &[u32]) -> Result<()> {
@@ -1009,21 +1214,30 @@ impl GraphDecoder {
 /// early, its waiting blocks would take the slots the predecessor's later waves need).
 struct Recorder {
     pdl: bool,
+    /// The cap on a matrix-vector grid besides one wave.
+    mv_cap: u32,
+    /// Record only this part's kernels (a breakdown), or all.
+    only: Option<Part>,
     /// Rows a warp computes in the matrix-vector products (`MV_ROWS`).
     rows: usize,
     prev_multi_wave: bool,
 }
 
 impl Recorder {
+    #[allow(clippy::too_many_arguments)]
     fn launch(
         &mut self,
         rt: &mut GpuRuntime,
+        part: Part,
         k: Kernel,
         grid: [u32; 3],
         block: [u32; 3],
         shared: u32,
         args: &[Arg],
     ) -> Result<()> {
+        if self.only.is_some_and(|p| p != part) {
+            return Ok(());
+        }
         if self.pdl {
             rt.set_programmatic_launch(!self.prev_multi_wave)?;
         }
@@ -1035,10 +1249,18 @@ impl Recorder {
     }
 }
 
-/// Blocks for a matrix-vector kernel over `n` rows, `rows` a warp (blocks stride past the
-/// cap).
-fn mv_blocks(n: usize, rows: usize) -> u32 {
-    n.div_ceil(rows).div_ceil(MV_WARPS).clamp(1, MV_MAX_BLOCKS) as u32
+/// Blocks for a matrix-vector kernel over `n` rows, `rows` a warp: at most one wave of
+/// `resident` blocks (the warps stride over the rest, streaming).
+fn mv_blocks(n: usize, rows: usize, resident: u32) -> u32 {
+    (n.div_ceil(rows).div_ceil(MV_WARPS) as u32).clamp(1, resident.max(1))
+}
+
+/// Dynamic shared memory of a matrix-vector kernel over inputs of width `k`: the input as
+/// bfloat16 (rounded up to 64 values, its 16-byte slots swizzled within 128-byte lines), then
+/// with quantized weights one float32 sum per 16-byte chunk of codes (`128 / bits` inputs).
+fn mv_shared_bytes(k: usize, bits: usize) -> u32 {
+    let sums = if bits == 16 { 0 } else { k / (128 / bits) * 4 };
+    (k.next_multiple_of(64) * 2 + sums) as u32
 }
 
 fn opt(b: Option<Buffer>, dummy: Buffer) -> Arg {
@@ -1051,6 +1273,7 @@ fn opt(b: Option<Buffer>, dummy: Buffer) -> Arg {
 fn matvec(
     rec: &mut Recorder,
     rt: &mut GpuRuntime,
+    part: Part,
     s: &LlamaShape,
     lin: &Lin,
     x: Buffer,
@@ -1061,12 +1284,22 @@ fn matvec(
 ) -> Result<()> {
     let k = rt.kernel("matvec")?;
     let (gs, bits) = s.group_and_bits();
+    let shared = mv_shared_bytes(lin.k, bits);
     rec.launch(
         rt,
+        part,
         k,
-        [mv_blocks(lin.n, rec.rows), 1, 1],
+        [
+            mv_blocks(
+                lin.n,
+                rec.rows,
+                rt.resident_blocks(k, MV_THREADS, shared)?.min(rec.mv_cap),
+            ),
+            1,
+            1,
+        ],
         [MV_THREADS, 1, 1],
-        (lin.k * 2) as u32,
+        shared,
         &[
             Arg::Buf(lin.w, 0),
             opt(lin.s, x),
@@ -1085,22 +1318,41 @@ fn matvec(
     )
 }
 
-/// Records one decode step (while capturing).
-#[allow(clippy::too_many_arguments)]
+/// What a step's kernels run over.
+struct Step<'a> {
+    /// The cap on a matrix-vector kernel's grid besides one wave (blocks_per_sm x SMs).
+    mv_cap: u32,
+    s: &'a LlamaShape,
+    cap: usize,
+    a: &'a Activations,
+    layers: &'a [Layer],
+    embed: Lin,
+    head: Lin,
+    final_norm: Buffer,
+}
+
+/// Records one decode step (while capturing), or only one part's kernels of it.
 fn record_step(
     rt: &mut GpuRuntime,
     pdl: bool,
     rows: usize,
-    s: &LlamaShape,
-    cap: usize,
-    a: &Activations,
-    layers: &[Layer],
-    embed: Lin,
-    head: Lin,
-    final_norm: Buffer,
+    step: &Step,
+    only: Option<Part>,
 ) -> Result<()> {
+    let Step {
+        mv_cap,
+        s,
+        cap,
+        a,
+        layers,
+        embed,
+        head,
+        final_norm,
+    } = *step;
     let mut rec = Recorder {
         pdl,
+        mv_cap,
+        only,
         rows,
         prev_multi_wave: false,
     };
@@ -1113,6 +1365,7 @@ fn record_step(
     let ns = cap / ATTN_CHUNK;
     rec.launch(
         rt,
+        Part::Embed,
         k_embed,
         [1, 1, 1],
         [256, 1, 1],
@@ -1131,12 +1384,15 @@ fn record_step(
     let log2_base = (s.rope_theta).log2() as f64;
     let scale = (1.0f32 / (s.head_dim as f32).sqrt()) as f64;
     for l in layers {
+        let shared = mv_shared_bytes(l.qkv.k, bits);
+        let resident = rt.resident_blocks(k_qkv, MV_THREADS, shared)?.min(mv_cap);
         rec.launch(
             rt,
+            Part::Qkv,
             k_qkv,
-            [mv_blocks(l.qkv.n, rows), 1, 1],
+            [mv_blocks(l.qkv.n, rows, resident), 1, 1],
             [MV_THREADS, 1, 1],
-            (l.qkv.k * 2) as u32,
+            shared,
             &[
                 Arg::Buf(l.qkv.w, 0),
                 opt(l.qkv.s, a.h),
@@ -1161,6 +1417,7 @@ fn record_step(
         )?;
         rec.launch(
             rt,
+            Part::Attention,
             k_attn,
             [s.heads as u32, ns as u32, 1],
             [128, 1, 1],
@@ -1184,8 +1441,9 @@ fn record_step(
         )?;
         // The output projection with the residual, gate/up with SwiGLU, down with the residual.
         let mlp = [
-            (&l.o, a.attn, None, Some(a.h), a.h, MODE_RES),
+            (Part::Output, &l.o, a.attn, None, Some(a.h), a.h, MODE_RES),
             (
+                Part::GateUp,
                 &l.gu,
                 a.h,
                 Some(l.post_norm),
@@ -1193,15 +1451,16 @@ fn record_step(
                 a.act,
                 MODE_NORM | MODE_SWIGLU,
             ),
-            (&l.down, a.act, None, Some(a.h), a.h, MODE_RES),
+            (Part::Down, &l.down, a.act, None, Some(a.h), a.h, MODE_RES),
         ];
-        for (lin, x, norm, res, out, mode) in mlp {
-            matvec(&mut rec, rt, s, lin, x, norm, res, out, mode)?;
+        for (part, lin, x, norm, res, out, mode) in mlp {
+            matvec(&mut rec, rt, part, s, lin, x, norm, res, out, mode)?;
         }
     }
     matvec(
         &mut rec,
         rt,
+        Part::Head,
         s,
         &head,
         a.h,
@@ -1212,6 +1471,7 @@ fn record_step(
     )?;
     rec.launch(
         rt,
+        Part::Argmax,
         k_argmax,
         [1, 1, 1],
         [1024, 1, 1],
@@ -1234,6 +1494,61 @@ mod tests {
         (0..n)
             .flat_map(|r| std::iter::repeat_n(base + r as u8, width))
             .collect()
+    }
+
+    #[test]
+    fn matrix_vector_grids_and_shared_memory() {
+        // One wave at most; a block is 8 warps of `rows` rows.
+        assert_eq!(mv_blocks(6144, 2, 264), 264);
+        assert_eq!(mv_blocks(576, 2, 264), 36);
+        assert_eq!(mv_blocks(1, 4, 264), 1);
+        assert_eq!(mv_blocks(4096, 2, 0), 1);
+        // bfloat16 inputs rounded up to 64 values, then a float sum per chunk of codes.
+        assert_eq!(mv_shared_bytes(576, 16), 1152);
+        assert_eq!(mv_shared_bytes(100, 16), 256);
+        assert_eq!(mv_shared_bytes(4096, 4), 8192 + 128 * 4);
+        assert_eq!(mv_shared_bytes(14336, 8), 28672 + 896 * 4);
+    }
+
+    #[test]
+    fn options_are_checked_before_the_model_is_read() {
+        let dir = Path::new("/nonexistent/graph-decoder-model");
+        for (opts, what) in [
+            (
+                GraphOptions {
+                    rows_per_warp: 3,
+                    ..GraphOptions::default()
+                },
+                "rows_per_warp 3",
+            ),
+            (
+                GraphOptions {
+                    chunks_in_flight: Some(0),
+                    ..GraphOptions::default()
+                },
+                "chunks_in_flight 0",
+            ),
+            (
+                GraphOptions {
+                    rows_per_warp: 4,
+                    chunks_in_flight: Some(8),
+                    ..GraphOptions::default()
+                },
+                "chunks_in_flight 8",
+            ),
+            (
+                GraphOptions {
+                    blocks_per_sm: Some(0),
+                    ..GraphOptions::default()
+                },
+                "blocks_per_sm 0",
+            ),
+        ] {
+            let e = GraphDecoder::load_with(dir, 64, &opts)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(what), "{what}: {e}");
+        }
     }
 
     #[test]

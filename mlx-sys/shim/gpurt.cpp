@@ -599,6 +599,10 @@ int mlxs_gpurt_resident_blocks(mlxs_gpurt rt, uint32_t kernel, uint32_t block_th
   });
 }
 
+int mlxs_gpurt_sm_count(mlxs_gpurt rt, uint32_t* out) {
+  return guard([&] { *out = R(rt).sm_count; });
+}
+
 int mlxs_gpurt_set_programmatic_launch(mlxs_gpurt rt, bool on) {
   return guard([&] {
     R(rt);

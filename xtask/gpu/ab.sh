@@ -42,15 +42,20 @@ for m in $MODELS; do
     for c in $MODES; do
       # `graph`: the graph decoder (bench_generate --decoder graph), without the MLX-only extras.
       # `graphplain`: the same without programmatic dependent launch (MLX_GRAPH_PDL=0);
-      # `graph4`: four rows a warp in the matrix-vector products (MLX_GRAPH_ROWS=4).
-      PDL=1; ROWS=2
+      # `graph4`: four rows a warp in the matrix-vector products (MLX_GRAPH_ROWS=4);
+      # `graphb8`: eight chunks a row in flight (MLX_GRAPH_BATCH=8); `graph1`: one
+      # matrix-vector block a multiprocessor (MLX_GRAPH_BLOCKS=1).
+      PDL=1; ROWS=2; BATCH=""; BLOCKS=""
+      # GRAPH_EXTRA: more flags for the graph modes (say `--graph-breakdown 20`).
       case "$c" in
-        graph) FLAGS="--decoder graph" ;;
-        graphplain) FLAGS="--decoder graph"; PDL=0 ;;
-        graph4) FLAGS="--decoder graph"; ROWS=4 ;;
+        graph) FLAGS="--decoder graph $GRAPH_EXTRA" ;;
+        graphplain) FLAGS="--decoder graph $GRAPH_EXTRA"; PDL=0 ;;
+        graph4) FLAGS="--decoder graph $GRAPH_EXTRA"; ROWS=4 ;;
+        graphb8) FLAGS="--decoder graph $GRAPH_EXTRA"; BATCH=8 ;;
+        graph1) FLAGS="--decoder graph $GRAPH_EXTRA"; BLOCKS=1 ;;
         *) FLAGS="--compiled $c $EXTRA" ;;
       esac
-      { MLX_GRAPH_PDL=$PDL MLX_GRAPH_ROWS=$ROWS timeout 200 "$G/bench_generate" --model "$M" $COMMON $FLAGS | sed "s/^{/{\"side\": \"ours-$c\", \"name\": \"$m\", \"round\": $r, /"; } >> "$OUT/ab.jsonl" 2>> "$OUT/ab.err"
+      { env MLX_GRAPH_PDL=$PDL MLX_GRAPH_ROWS=$ROWS ${BATCH:+MLX_GRAPH_BATCH=$BATCH} ${BLOCKS:+MLX_GRAPH_BLOCKS=$BLOCKS} timeout 200 "$G/bench_generate" --model "$M" $COMMON $FLAGS | sed "s/^{/{\"side\": \"ours-$c\", \"name\": \"$m\", \"round\": $r, /"; } >> "$OUT/ab.jsonl" 2>> "$OUT/ab.err"
     done
     echo "$m round $r done at ${SECONDS}s"
   done

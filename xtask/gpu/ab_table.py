@@ -23,7 +23,8 @@ WEIGHT_BYTES = {
     "llama-8b-q8": 8.54e9,
     "llama-8b-bf16": 16.06e9,
 }
-SIDES = ["mlx-lm", "ours-off", "ours-auto", "ours-percall", "ours-graph", "ours-graphplain", "ours-graph4"]
+SIDES = ["mlx-lm", "ours-off", "ours-auto", "ours-percall", "ours-graph", "ours-graphplain", "ours-graph4",
+         "ours-graphb8", "ours-graph1"]
 
 
 def main():

@@ -5,7 +5,8 @@
 # 1. for each model of MODELS, `bench_generate --graph-check CHECK`: teacher-forced logits of
 #    the graph decoder against the model's MLX forward on the GPU (one JSON line each in
 #    $OUT/check.jsonl);
-# 2. ab.sh with the modes in MODES_AB (default `graph auto`: the graph decoder and our
+# 2. ab.sh with the modes in MODES_AB (GRAPH_EXTRA: more flags for the graph modes, say
+#    `--graph-breakdown 20`, whose parts are printed at the end) (default `graph auto`: the graph decoder and our
 #    compiled MLX step) against mlx-lm, one round (set ROUNDS, TRIALS, BUDGET_S as for ab.sh).
 set -x
 G=${G:-.gpu-gpu/b}
@@ -35,3 +36,12 @@ fi
 [ "${SKIP_AB:-0}" = 1 ] && exit 0
 MODELS="$MODELS" R1_MODES="${MODES_AB:-graph auto}" ROUNDS=${ROUNDS:-1} TRIALS=${TRIALS:-3} \
   bash "$G/ab.sh"
+# The step's parts timed alone (GRAPH_EXTRA="--graph-breakdown N").
+python3 - "$OUT/ab.jsonl" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    for p in r.get("breakdown", []):
+        print(r["name"], r["side"], p["part"], p["kernels"], "kernels", round(p["us"], 1), "us",
+              round(p["gb_s"]), "GB/s")
+PY

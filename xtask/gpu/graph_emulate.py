@@ -1,6 +1,6 @@
 """Runs the graph decoder's CUDA kernels on the CPU, here, without a GPU, against mlx-lm.
 
-    [GRAPH_EMU_ROWS=2|4] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
+    [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_RESIDENT=N] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
 
 Takes the exact source of `mlx-kernels/src/graph_decode.cu` as plain C++: each CUDA block
 runs as its threads (std::thread); `__syncthreads` is a block barrier, and `__shfl_xor_sync`
@@ -132,10 +132,22 @@ extern "C" void emu(int k, unsigned gx, unsigned gy, unsigned bx, const u64* a) 
 
 
 ROWS = int(os.environ.get("GRAPH_EMU_ROWS", "2"))  # GraphOptions::rows_per_warp
+BATCH = int(os.environ.get("GRAPH_EMU_BATCH", str(8 // ROWS)))  # GraphOptions::chunks_in_flight
+# Prompt tokens: 150 puts the 8 steps' attention over 3 chunks of 64 (the combine by the
+# last block runs over several).
+PROMPT = int(os.environ.get("GRAPH_EMU_PROMPT", "150"))
+# The one-wave cap on a matrix-vector grid (the GPU's resident blocks): small here, so that
+# warps stream over several row groups as they do on the GPU for the large matrices.
+RESIDENT = int(os.environ.get("GRAPH_EMU_RESIDENT", "3"))
+
+
+def mv_grid(rows):
+    """mv_blocks in graph_decode.rs."""
+    return (max(1, min(((rows + ROWS - 1) // ROWS + 7) // 8, RESIDENT)), 1)
 
 
 def build(tmp):
-    src = f"#define MV_ROWS {ROWS}\n" + CU
+    src = f"#define MV_ROWS {ROWS}\n#define MV_BATCH {BATCH}\n" + CU
     src = src.replace("extern __shared__ __align__(16) unsigned char smem[];", "unsigned char* smem = g_smem;")
     cpp, so = os.path.join(tmp, "emu.cpp"), os.path.join(tmp, "emu.so")
     open(cpp, "w").write(PRE + src + LAUNCH)
@@ -231,7 +243,7 @@ def run(lib, name):
         rows = sum(bits(p[f"{n}.weight"]).shape[0] for n in names)
         return out, rows
 
-    cap = 64
+    cap = -(-(PROMPT + 8) // 64) * 64
     ns = cap // 64
     embed, _ = lin(["model.embed_tokens"])
     head = embed if tied else lin(["lm_head"])[0]
@@ -264,8 +276,7 @@ def run(lib, name):
 
     def mv(l, x, norm, res, out, mode):
         (w, s, b), n = l
-        groups = (n + ROWS - 1) // ROWS
-        e.launch(1, ((groups + 7) // 8, 1), 256,
+        e.launch(1, mv_grid(n), 256,
                  [w, s, b, x, norm if norm is not None else x, res if res is not None else x, out,
                   n, l[0][0].shape[-1] * 32 // nbits if q else l[0][0].shape[-1], nbits, gs, mode, float(np.float32(eps))])
 
@@ -273,7 +284,7 @@ def run(lib, name):
         e.launch(0, (1, 1), 256, [embed[0], embed[1], embed[2], state, h, H, nbits, gs])
         for L in layers:
             (w, s, b), n = L["qkv"]
-            e.launch(2, (((n // ROWS) + 7) // 8, 1), 256,
+            e.launch(2, mv_grid(n), 256,
                      [w, s, b, h, L["inn"], qb, L["kc"], L["vc"], state, H, nbits, gs, nh, nkv, d, cap,
                       int(trad), float(np.float32(eps)), log2_base])
             e.launch(3, (nh, ns), 128, [qb, L["kc"], L["vc"], state, po, pml, counters, attn, nh, nkv, d, cap, ns, scale])
@@ -283,7 +294,7 @@ def run(lib, name):
         mv((head, V), h, final_norm, None, logits, 1 | 8)
         e.launch(4, (1, 1), 1024, [logits, state, tokens, V, cap])
 
-    prompt = [(i * 7919 + 13) % V for i in range(20)]
+    prompt = [(i * 7919 + 13) % V for i in range(PROMPT)]
     cache = make_prompt_cache(model)
     out = model(mx.array([prompt]), cache=cache)
     token = int(mx.argmax(out[0, -1]).item())
@@ -329,7 +340,7 @@ def projection_errors(e, p, name, gs, nbits):
                                        bits=nbits)[0].astype(mx.float32))
     out = e.buf(np.zeros(n, np.uint16))
     xb = e.buf(bits(x))
-    e.launch(1, (((n + ROWS - 1) // ROWS + 7) // 8, 1), 256,
+    e.launch(1, mv_grid(n), 256,
              [e.buf(bits(w)), e.buf(bits(s)), e.buf(bits(b)), xb, xb, xb, out, n, k, nbits, gs, 0, 1e-5])
     ours = (out.astype(np.uint32) << 16).view(np.float32)
     deq = np.array(mx.dequantize(w, s, b, group_size=gs, bits=nbits).astype(mx.float32))

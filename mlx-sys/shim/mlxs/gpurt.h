@@ -66,6 +66,9 @@ int mlxs_gpurt_launch(mlxs_gpurt rt, uint32_t kernel, const uint32_t* grid3,
 int mlxs_gpurt_resident_blocks(mlxs_gpurt rt, uint32_t kernel, uint32_t block_threads,
                                uint32_t shared_bytes, uint32_t* out);
 
+/* The device's streaming multiprocessors. */
+int mlxs_gpurt_sm_count(mlxs_gpurt rt, uint32_t* out);
+
 /* Launches from now on allow programmatic dependent launch (the next kernel's blocks may start
  * once the current kernel's blocks execute griddepcontrol.launch_dependents; each kernel must
  * execute griddepcontrol.wait before it reads what the kernel before it wrote). Needs
