@@ -33,7 +33,15 @@ for line in open(sys.argv[1]):
 PY
   tail -5 "$OUT/check.err"
 fi
-[ "${SKIP_AB:-0}" = 1 ] && exit 0
+# 3. (at the end) the cuda test set's graph_decode_cuda, if its stripped binary was carried as
+#    graph_test.xz (SKIP_TEST=1 skips it): $OUT/graph_test.log.
+run_test() {
+  [ "${SKIP_TEST:-0}" = 1 ] || [ ! -f "$G/graph_test.xz" ] && return 0
+  xz -d -k -f "$G/graph_test.xz" && chmod +x "$G/graph_test"
+  timeout "${TEST_TIMEOUT:-120}" "$G/graph_test" > "$OUT/graph_test.log" 2>&1
+  echo "graph_decode_cuda rc=$?"; tail -3 "$OUT/graph_test.log"
+}
+[ "${SKIP_AB:-0}" = 1 ] && { run_test; exit 0; }
 MODELS="$MODELS" R1_MODES="${MODES_AB:-graph auto}" ROUNDS=${ROUNDS:-1} TRIALS=${TRIALS:-3} \
   bash "$G/ab.sh"
 # The step's parts timed alone (GRAPH_EXTRA="--graph-breakdown N").
@@ -45,3 +53,4 @@ for line in open(sys.argv[1]):
         print(r["name"], r["side"], p["part"], p["kernels"], "kernels", round(p["us"], 1), "us",
               round(p["gb_s"]), "GB/s")
 PY
+run_test
