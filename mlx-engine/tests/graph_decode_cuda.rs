@@ -2,7 +2,8 @@
 //! the lent H200, `xtask/gpu/`): teacher-forced logits within
 //! [`TEACHER_FORCED_BOUNDS`] and greedy decoding equal to its own teacher-forced argmax, on the
 //! mlx-lm-saved llama fixtures (bf16 tied and untied, 8-bit with bf16 scales). The same check
-//! on the bench models is `bench_generate --graph-check` (`xtask/gpu/graph.sh`).
+//! on the bench models is `bench_generate --graph-check` (`xtask/gpu/graph.sh`). It also checks
+//! that `kernel_breakdown` leaves the decoder's state as it was.
 //! Without a CUDA driver the test says so and passes.
 
 use std::path::PathBuf;
@@ -85,6 +86,23 @@ fn graph_decoder_follows_the_mlx_forward() {
         assert_eq!(got.len(), 4);
         assert_eq!(got[0], ours_greedy[0], "{name}");
         assert_eq!(dec.position(), prompt.len() + 4);
+        // The breakdown replays each part of the step alone and keeps the decoder's state: the
+        // next step's logits are the same, bit for bit, with or without one in between.
+        dec.set_prefix(&kv).unwrap();
+        let plain = dec.step_logits(first).unwrap();
+        dec.set_prefix(&kv).unwrap();
+        let parts = dec.kernel_breakdown(2).unwrap();
+        assert_eq!(parts.len(), 8, "{name}");
+        assert!(parts.iter().all(|p| p.us_per_step > 0.0 && p.kernels > 0));
+        assert_eq!(dec.position(), prompt.len());
+        let after = dec.step_logits(first).unwrap();
+        assert!(
+            plain
+                .iter()
+                .zip(&after)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{name}: logits changed by the breakdown"
+        );
         // Bad input is an error, not a crash.
         assert!(dec.step_logits(vocab as u32).is_err());
         assert!(dec.generate(first, 1000, |_| {}).is_err());
