@@ -198,7 +198,10 @@ fn parse_args() -> BoxResult<Args> {
                 }
             }
             "--graph-check" => a.graph_check = num(&value)?,
-            "--graph-breakdown" => a.graph_breakdown = num(&value)? as u32,
+            "--graph-breakdown" => {
+                a.graph_breakdown = u32::try_from(num(&value)?)
+                    .map_err(|_| format!("--graph-breakdown {value}: too large"))?
+            }
             other => return Err(format!("unknown flag {other}").into()),
         }
     }

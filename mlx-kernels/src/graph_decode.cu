@@ -90,7 +90,6 @@ __device__ __forceinline__ float dot8(const uint4 w, const uint4 x, float acc) {
 // xs_slot(t): a quarter-warp's lanes reading consecutive 16, 32 or 64-byte pieces (one
 // chunk of bfloat16 weights, of 8-bit or of 4-bit codes) then hit distinct banks.
 __device__ __forceinline__ int xs_slot(int t) { return t ^ ((t >> 3) & 3); }
-__device__ __forceinline__ int xs_index(ll k) { return (xs_slot((int)(k >> 3)) << 3) | (int)(k & 7); }
 
 // The codes of a word as floats, exactly, without integer conversions: each code is masked in
 // place under the exponent of 2^E that gives its lowest bit the weight 1, and 2^E is
@@ -324,7 +323,7 @@ __device__ __forceinline__ void mv_prologue(bf16_t* xs, float* xc, float* red, c
   __syncthreads();
 }
 
-// The chunk sums sit past xs, whose slots are swizzled within 128-byte lines: xs takes K
+// The chunk sums sit past xs, whose slots are swizzled within 64-byte groups: xs takes K
 // rounded up to 64 values (`mv_shared_bytes` in graph_decode.rs).
 __device__ __forceinline__ float* mv_chunk_sums(unsigned char* smem, ll K) {
   return (float*)(smem + 2 * ((K + 63) & ~63ll));

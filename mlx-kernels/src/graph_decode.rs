@@ -72,7 +72,8 @@ const MV_WARPS: usize = MV_THREADS as usize / 32;
 /// the MLX forward's. Random bench models have many near-ties among bfloat16 logits.
 pub const TEACHER_FORCED_BOUNDS: (f32, f32) = (0.05, 0.9);
 
-/// How [`GraphDecoder::load_with`] builds the step. Both settings change speed, not results.
+/// How [`GraphDecoder::load_with`] builds the step. The settings change speed, not results
+/// (each lane sums its chunks in the same order whatever they are).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GraphOptions {
     /// Launch the step's kernels with programmatic dependent launch: each kernel's blocks
@@ -675,12 +676,6 @@ impl GraphDecoder {
         }
         let capacity = capacity.div_ceil(ATTN_CHUNK) * ATTN_CHUNK;
         let mut w = Weights::load(dir, &shape)?;
-        if opts.blocks_per_sm == Some(0) {
-            return Err(invalid(
-                "graph_decoder",
-                "blocks_per_sm 0: must be at least 1",
-            ));
-        }
         let source = format!("#define MV_ROWS {rows}\n#define MV_BATCH {batch}\n{SOURCE}");
         let mut rt = GpuRuntime::new(&source, KERNELS)?;
         let s = &shape;
@@ -840,7 +835,8 @@ impl GraphDecoder {
         };
         let max_k = h.max(i_sz).max(s.heads * d);
         let shared = mv_shared_bytes(max_k, s.group_and_bits().1);
-        if shared > 48 * 1024 {
+        // Past 48 KiB less the kernels' static shared memory (under 1 KiB), opt in.
+        if shared + 1024 > 48 * 1024 {
             for k in ["matvec", "matvec_qkv"] {
                 let k = rt.kernel(k)?;
                 rt.set_shared_limit(k, shared)?;
@@ -1075,17 +1071,23 @@ impl GraphDecoder {
     }
 
     /// Times each [`Part`] of the step alone: a graph of only that part's kernels (captured
-    /// once, on the first call), replayed `reps` times at the current position, host time
-    /// per replay. The parts' sum exceeds a whole step's time by what a step overlaps
+    /// once, on the first call), replayed `reps` times at the current position (which must
+    /// leave room for one more), host time per replay. The parts' sum exceeds a whole step's time by what a step overlaps
     /// (programmatic launch) and falls short by the dependencies between parts. The
     /// decoder's state (token, position, cache contents up to the position) is kept.
     pub fn kernel_breakdown(&mut self, reps: u32) -> Result<Vec<PartTime>> {
         if reps == 0 {
             return Err(invalid("kernel_breakdown", "reps must be at least 1"));
         }
+        // The parts write the cache at the decoder's position (the next one a step writes),
+        // which must exist; the device's own position may lag behind it (after set_prefix).
+        self.check_room(1)?;
         self.guard(|me| {
-            let mut state = [0u8; 16];
-            me.rt.download(me.acts.state, 0, &mut state)?;
+            let mut saved = [0u8; 16];
+            me.rt.download(me.acts.state, 0, &mut saved)?;
+            let mut state = saved;
+            state[4..8].copy_from_slice(&(me.pos as i32).to_le_bytes());
+            state[8..12].copy_from_slice(&0i32.to_le_bytes());
             if me.part_graphs.is_empty() {
                 for part in Part::ALL {
                     let step = Step {
@@ -1107,8 +1109,9 @@ impl GraphDecoder {
             }
             let mut out = Vec::new();
             for (part, g) in me.part_graphs.clone() {
-                // Attention at the current position reads the cache up to it, and its query
-                // is whatever the last step left: no part writes where a step has not.
+                // At the decoder's position: attention reads the cache up to it (its query is
+                // whatever the last step left), q/k/v writes only there, where the next step
+                // writes anyway.
                 me.rt.upload(me.acts.state, 0, &state)?;
                 me.rt.replay(g, 1)?;
                 me.rt.synchronize()?;
@@ -1124,7 +1127,7 @@ impl GraphDecoder {
                     bytes_per_step: bytes,
                 });
             }
-            me.rt.upload(me.acts.state, 0, &state)?;
+            me.rt.upload(me.acts.state, 0, &saved)?;
             me.rt.synchronize()?;
             Ok(out)
         })
@@ -1256,7 +1259,7 @@ fn mv_blocks(n: usize, rows: usize, resident: u32) -> u32 {
 }
 
 /// Dynamic shared memory of a matrix-vector kernel over inputs of width `k`: the input as
-/// bfloat16 (rounded up to 64 values, its 16-byte slots swizzled within 128-byte lines), then
+/// bfloat16 (rounded up to 64 values, its 16-byte slots swizzled within 64-byte groups), then
 /// with quantized weights one float32 sum per 16-byte chunk of codes (`128 / bits` inputs).
 fn mv_shared_bytes(k: usize, bits: usize) -> u32 {
     let sums = if bits == 16 { 0 } else { k / (128 / bits) * 4 };
