@@ -583,23 +583,18 @@ fn run(a: &Args) -> BoxResult<()> {
         // MLX_GRAPH_ROWS=4: four rows a warp in the matrix-vector products;
         // MLX_GRAPH_BATCH=N: N chunks a row in flight; MLX_GRAPH_BLOCKS=N: at most N
         // matrix-vector blocks a multiprocessor.
+        let env_u32 = |name: &str| -> BoxResult<Option<u32>> {
+            match std::env::var(name) {
+                Ok(v) => Ok(Some(v.parse().map_err(|e| format!("{name} {v}: {e}"))?)),
+                Err(_) => Ok(None),
+            }
+        };
         let opts = GraphOptions {
             programmatic_launch: std::env::var("MLX_GRAPH_PDL").map_or(true, |v| v != "0"),
-            rows_per_warp: match std::env::var("MLX_GRAPH_ROWS") {
-                Ok(v) => v.parse().map_err(|e| format!("MLX_GRAPH_ROWS {v}: {e}"))?,
-                Err(_) => GraphOptions::default().rows_per_warp,
-            },
-            chunks_in_flight: match std::env::var("MLX_GRAPH_BATCH") {
-                Ok(v) => Some(v.parse().map_err(|e| format!("MLX_GRAPH_BATCH {v}: {e}"))?),
-                Err(_) => None,
-            },
-            blocks_per_sm: match std::env::var("MLX_GRAPH_BLOCKS") {
-                Ok(v) => Some(
-                    v.parse()
-                        .map_err(|e| format!("MLX_GRAPH_BLOCKS {v}: {e}"))?,
-                ),
-                Err(_) => None,
-            },
+            rows_per_warp: env_u32("MLX_GRAPH_ROWS")?
+                .unwrap_or(GraphOptions::default().rows_per_warp),
+            chunks_in_flight: env_u32("MLX_GRAPH_BATCH")?,
+            blocks_per_sm: env_u32("MLX_GRAPH_BLOCKS")?,
         };
         let cap = a.prompt_len + a.gen_len.max(a.graph_check) + 1;
         let dec = GraphDecoder::load_with(&path, cap, &opts)?;

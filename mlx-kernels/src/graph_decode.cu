@@ -286,6 +286,8 @@ __device__ __forceinline__ void mv_prologue(bf16_t* xs, float* xc, float* red, c
     for (int i = 0; i < MV_WARPS; ++i) tot += red[i];
     inv = rsqrtf(tot / (float)K + (float)eps);
   }
+  // The second pass loads the input again (from L2) rather than keep the first pass's pieces:
+  // the registers hold the weights loaded before the wait.
   // Slots a chunk of codes covers: 4 (4-bit), 2 (8-bit); they sit in neighbouring lanes. The
   // rounds are the same for every thread, so the lane sums see whole warps.
   const int spc = bits == 16 ? 0 : (int)(16 / bits);

@@ -441,29 +441,21 @@ struct Activations {
 /// One llama's decode step as a replayed CUDA graph. See the module docs.
 pub struct GraphDecoder {
     rt: GpuRuntime,
-    shape: LlamaShape,
-    capacity: usize,
+    /// The model on the device and how its step is launched.
+    step: Step,
     pos: usize,
     graph: Graph,
     /// Graphs of one part each, captured on the first breakdown.
     part_graphs: Vec<(Part, Graph)>,
-    acts: Activations,
-    layers: Vec<Layer>,
-    embed: Lin,
-    head: Lin,
-    final_norm: Buffer,
-    pdl: bool,
-    rows: u32,
     batch: u32,
-    mv_cap: u32,
     broken: Option<String>,
 }
 
 impl std::fmt::Debug for GraphDecoder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GraphDecoder")
-            .field("shape", &self.shape)
-            .field("capacity", &self.capacity)
+            .field("shape", &self.step.shape)
+            .field("capacity", &self.step.capacity)
             .field("position", &self.pos)
             .finish()
     }
@@ -846,58 +838,48 @@ impl GraphDecoder {
             Some(b) => b.saturating_mul(rt.sm_count()?),
             None => u32::MAX,
         };
-        let mut pdl = opts.programmatic_launch && rt.set_programmatic_launch(true).is_ok();
-        let record = |rt: &mut GpuRuntime, pdl: bool| {
-            let step = Step {
-                mv_cap,
-                s,
-                cap: capacity,
-                a: &acts,
-                layers: &layers,
-                embed,
-                head,
-                final_norm,
-            };
-            record_step(rt, pdl, rows, &step, None)
-        };
-        let graph = match rt.capture(|rt| record(rt, pdl)) {
-            Ok(g) => g,
-            Err(_) if pdl => {
-                // A driver that cannot capture programmatic launches: plain launches.
-                pdl = false;
-                rt.set_programmatic_launch(false)?;
-                rt.capture(|rt| record(rt, false))?
-            }
-            Err(e) => return Err(e),
-        };
-        Ok(GraphDecoder {
-            rt,
+        let pdl = opts.programmatic_launch && rt.set_programmatic_launch(true).is_ok();
+        let mut step = Step {
             shape,
             capacity,
-            pos: 0,
-            graph,
-            part_graphs: Vec::new(),
-            pdl,
-            rows: opts.rows_per_warp,
-            batch,
-            mv_cap,
             acts,
             layers,
             embed,
             head,
             final_norm,
+            pdl,
+            rows,
+            mv_cap,
+        };
+        let graph = match rt.capture(|rt| record_step(rt, &step, None)) {
+            Ok(g) => g,
+            Err(_) if pdl => {
+                // A driver that cannot capture programmatic launches: plain launches.
+                step.pdl = false;
+                rt.set_programmatic_launch(false)?;
+                rt.capture(|rt| record_step(rt, &step, None))?
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(GraphDecoder {
+            rt,
+            step,
+            pos: 0,
+            graph,
+            part_graphs: Vec::new(),
+            batch,
             broken: None,
         })
     }
 
     /// The model's shape.
     pub fn shape(&self) -> &LlamaShape {
-        &self.shape
+        &self.step.shape
     }
 
     /// Positions the cache holds (the requested capacity rounded up to a multiple of 64).
     pub fn capacity(&self) -> usize {
-        self.capacity
+        self.step.capacity
     }
 
     /// Positions cached so far.
@@ -907,7 +889,7 @@ impl GraphDecoder {
 
     /// Whether the step's kernels run with programmatic dependent launch.
     pub fn programmatic_launch(&self) -> bool {
-        self.pdl
+        self.step.pdl
     }
 
     /// 16-byte chunks of each row a lane keeps in flight in the matrix-vector products.
@@ -917,7 +899,7 @@ impl GraphDecoder {
 
     /// Rows a warp computes at once in the matrix-vector products.
     pub fn rows_per_warp(&self) -> u32 {
-        self.rows
+        self.step.rows as u32
     }
 
     /// Device bytes held (weights, cache, activations).
@@ -952,12 +934,12 @@ impl GraphDecoder {
     }
 
     fn check_token(&self, token: u32) -> Result<()> {
-        if token as usize >= self.shape.vocab {
+        if token as usize >= self.step.shape.vocab {
             return Err(invalid(
                 "graph_decoder",
                 format!(
                     "token id {token} outside the vocabulary of {}",
-                    self.shape.vocab
+                    self.step.shape.vocab
                 ),
             ));
         }
@@ -965,12 +947,12 @@ impl GraphDecoder {
     }
 
     fn check_room(&self, n: usize) -> Result<()> {
-        if n > self.capacity - self.pos {
+        if n > self.step.capacity - self.pos {
             return Err(invalid(
                 "graph_decoder",
                 format!(
                     "{n} more positions do not fit: {} of {} are used",
-                    self.pos, self.capacity
+                    self.pos, self.step.capacity
                 ),
             ));
         }
@@ -985,7 +967,7 @@ impl GraphDecoder {
     /// Copies a prompt's KV cache in: per layer, keys and values `[1, kv_heads, n, head_dim]`
     /// bfloat16 (what an MLX `KVCache` fetches after the prompt). The position becomes `n`.
     pub fn set_prefix(&mut self, kv: &[(Array, Array)]) -> Result<()> {
-        let s = &self.shape;
+        let s = &self.step.shape;
         if kv.len() != s.layers {
             return Err(invalid(
                 "graph_decoder",
@@ -999,12 +981,12 @@ impl GraphDecoder {
         let n = kv
             .first()
             .map_or(0, |(k, _)| k.shape().get(2).copied().unwrap_or(0)) as usize;
-        if n > self.capacity {
+        if n > self.step.capacity {
             return Err(invalid(
                 "graph_decoder",
                 format!(
                     "set_prefix: {n} positions, the capacity is {}",
-                    self.capacity
+                    self.step.capacity
                 ),
             ));
         }
@@ -1023,8 +1005,8 @@ impl GraphDecoder {
                 }
             }
         }
-        let (cap, d, nkv) = (self.capacity, s.head_dim, s.kv_heads);
-        let bufs: Vec<(Buffer, Buffer)> = self.layers.iter().map(|l| (l.kc, l.vc)).collect();
+        let (cap, d, nkv) = (self.step.capacity, s.head_dim, s.kv_heads);
+        let bufs: Vec<(Buffer, Buffer)> = self.step.layers.iter().map(|l| (l.kc, l.vc)).collect();
         let host: Vec<(Vec<u8>, Vec<u8>)> = kv
             .iter()
             .map(|(k, v)| Ok((k.to_bytes()?, v.to_bytes()?)))
@@ -1049,7 +1031,7 @@ impl GraphDecoder {
         let mut st = [0u8; 16];
         st[0..4].copy_from_slice(&(token as i32).to_le_bytes());
         st[4..8].copy_from_slice(&(self.pos as i32).to_le_bytes());
-        self.rt.upload(self.acts.state, 0, &st)
+        self.rt.upload(self.step.acts.state, 0, &st)
     }
 
     /// Runs one step on `token` at the current position (teacher-forced) and returns the
@@ -1057,13 +1039,13 @@ impl GraphDecoder {
     pub fn step_logits(&mut self, token: u32) -> Result<Vec<f32>> {
         self.check_token(token)?;
         self.check_room(1)?;
-        let vocab = self.shape.vocab;
+        let vocab = self.step.shape.vocab;
         self.guard(|me| {
             me.set_state(token)?;
             me.rt.replay(me.graph, 1)?;
             me.pos += 1;
             let mut b = vec![0u8; vocab * 4];
-            me.rt.download(me.acts.logits, 0, &mut b)?;
+            me.rt.download(me.step.acts.logits, 0, &mut b)?;
             Ok(b.chunks_exact(4)
                 .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                 .collect())
@@ -1084,26 +1066,13 @@ impl GraphDecoder {
         self.check_room(1)?;
         self.guard(|me| {
             let mut saved = [0u8; 16];
-            me.rt.download(me.acts.state, 0, &mut saved)?;
+            me.rt.download(me.step.acts.state, 0, &mut saved)?;
             let mut state = saved;
             state[4..8].copy_from_slice(&(me.pos as i32).to_le_bytes());
             state[8..12].copy_from_slice(&0i32.to_le_bytes());
             if me.part_graphs.is_empty() {
                 for part in Part::ALL {
-                    let step = Step {
-                        mv_cap: me.mv_cap,
-                        s: &me.shape,
-                        cap: me.capacity,
-                        a: &me.acts,
-                        layers: &me.layers,
-                        embed: me.embed,
-                        head: me.head,
-                        final_norm: me.final_norm,
-                    };
-                    let (pdl, rows) = (me.pdl, me.rows as usize);
-                    let g = me
-                        .rt
-                        .capture(|rt| record_step(rt, pdl, rows, &step, Some(part)))?;
+                    let g = me.rt.capture(|rt| record_step(rt, &me.step, Some(part)))?;
                     me.part_graphs.push((part, g));
                 }
             }
@@ -1112,7 +1081,7 @@ impl GraphDecoder {
                 // At the decoder's position: attention reads the cache up to it (its query is
                 // whatever the last step left), q/k/v writes only there, where the next step
                 // writes anyway.
-                me.rt.upload(me.acts.state, 0, &state)?;
+                me.rt.upload(me.step.acts.state, 0, &state)?;
                 me.rt.replay(g, 1)?;
                 me.rt.synchronize()?;
                 let t = std::time::Instant::now();
@@ -1127,7 +1096,7 @@ impl GraphDecoder {
                     bytes_per_step: bytes,
                 });
             }
-            me.rt.upload(me.acts.state, 0, &saved)?;
+            me.rt.upload(me.step.acts.state, 0, &saved)?;
             me.rt.synchronize()?;
             Ok(out)
         })
@@ -1136,7 +1105,7 @@ impl GraphDecoder {
     /// Kernels a step launches for `part`, and the bytes of weights (of cache, for
     /// attention) they read.
     fn part_load(&self, part: Part) -> (usize, usize) {
-        let s = &self.shape;
+        let s = &self.step.shape;
         let (gs, bits) = s.group_and_bits();
         let lin_bytes = |l: &Lin| {
             let scales = if bits == 16 {
@@ -1147,7 +1116,7 @@ impl GraphDecoder {
             l.n * l.k * bits / 8 + scales
         };
         let layers = |f: &dyn Fn(&Layer) -> usize| -> (usize, usize) {
-            (self.layers.len(), self.layers.iter().map(f).sum())
+            (self.step.layers.len(), self.step.layers.iter().map(f).sum())
         };
         match part {
             Part::Embed => (1, s.hidden * bits / 8),
@@ -1156,7 +1125,7 @@ impl GraphDecoder {
             Part::Output => layers(&|l| lin_bytes(&l.o)),
             Part::GateUp => layers(&|l| lin_bytes(&l.gu)),
             Part::Down => layers(&|l| lin_bytes(&l.down)),
-            Part::Head => (1, lin_bytes(&self.head)),
+            Part::Head => (1, lin_bytes(&self.step.head)),
             Part::Argmax => (1, s.vocab * 4),
         }
     }
@@ -1194,7 +1163,7 @@ impl GraphDecoder {
             let mut buf = [0u8; 4];
             for i in 0..n {
                 me.rt.replay(me.graph, 1)?;
-                inflight.push_back(me.rt.read_begin(me.acts.tokens, i * 4, 4)?);
+                inflight.push_back(me.rt.read_begin(me.step.acts.tokens, i * 4, 4)?);
                 if inflight.len() >= 8 {
                     if let Some(t) = inflight.pop_front() {
                         me.rt.read_end(t, &mut buf)?;
@@ -1215,18 +1184,14 @@ impl GraphDecoder {
 /// Launches a step's kernels in order, with programmatic dependent launch where it helps: a
 /// kernel whose predecessor's grid runs in more than one wave is launched plainly (launched
 /// early, its waiting blocks would take the slots the predecessor's later waves need).
-struct Recorder {
-    pdl: bool,
-    /// The cap on a matrix-vector grid besides one wave.
-    mv_cap: u32,
+struct Recorder<'a> {
+    step: &'a Step,
     /// Record only this part's kernels (a breakdown), or all.
     only: Option<Part>,
-    /// Rows a warp computes in the matrix-vector products (`MV_ROWS`).
-    rows: usize,
     prev_multi_wave: bool,
 }
 
-impl Recorder {
+impl Recorder<'_> {
     #[allow(clippy::too_many_arguments)]
     fn launch(
         &mut self,
@@ -1241,7 +1206,7 @@ impl Recorder {
         if self.only.is_some_and(|p| p != part) {
             return Ok(());
         }
-        if self.pdl {
+        if self.step.pdl {
             rt.set_programmatic_launch(!self.prev_multi_wave)?;
         }
         rt.launch(k, grid, block, shared, args)?;
@@ -1277,7 +1242,6 @@ fn matvec(
     rec: &mut Recorder,
     rt: &mut GpuRuntime,
     part: Part,
-    s: &LlamaShape,
     lin: &Lin,
     x: Buffer,
     norm: Option<Buffer>,
@@ -1286,6 +1250,7 @@ fn matvec(
     mode: i64,
 ) -> Result<()> {
     let k = rt.kernel("matvec")?;
+    let s = &rec.step.shape;
     let (gs, bits) = s.group_and_bits();
     let shared = mv_shared_bytes(lin.k, bits);
     rec.launch(
@@ -1295,8 +1260,9 @@ fn matvec(
         [
             mv_blocks(
                 lin.n,
-                rec.rows,
-                rt.resident_blocks(k, MV_THREADS, shared)?.min(rec.mv_cap),
+                rec.step.rows,
+                rt.resident_blocks(k, MV_THREADS, shared)?
+                    .min(rec.step.mv_cap),
             ),
             1,
             1,
@@ -1321,42 +1287,41 @@ fn matvec(
     )
 }
 
-/// What a step's kernels run over.
-struct Step<'a> {
-    /// The cap on a matrix-vector kernel's grid besides one wave (blocks_per_sm x SMs).
-    mv_cap: u32,
-    s: &'a LlamaShape,
-    cap: usize,
-    a: &'a Activations,
-    layers: &'a [Layer],
+/// What a step's kernels run over, and how they are launched.
+struct Step {
+    shape: LlamaShape,
+    /// Cached positions.
+    capacity: usize,
+    acts: Activations,
+    layers: Vec<Layer>,
     embed: Lin,
     head: Lin,
     final_norm: Buffer,
+    /// Programmatic dependent launch.
+    pdl: bool,
+    /// Rows a warp computes in the matrix-vector products (`MV_ROWS`).
+    rows: usize,
+    /// The cap on a matrix-vector kernel's grid besides one wave (blocks_per_sm x SMs).
+    mv_cap: u32,
 }
 
 /// Records one decode step (while capturing), or only one part's kernels of it.
-fn record_step(
-    rt: &mut GpuRuntime,
-    pdl: bool,
-    rows: usize,
-    step: &Step,
-    only: Option<Part>,
-) -> Result<()> {
+fn record_step(rt: &mut GpuRuntime, step: &Step, only: Option<Part>) -> Result<()> {
     let Step {
-        mv_cap,
-        s,
-        cap,
-        a,
-        layers,
+        shape: ref s,
+        capacity: cap,
+        acts: ref a,
+        ref layers,
         embed,
         head,
         final_norm,
+        rows,
+        mv_cap,
+        ..
     } = *step;
     let mut rec = Recorder {
-        pdl,
-        mv_cap,
+        step,
         only,
-        rows,
         prev_multi_wave: false,
     };
     let k_embed = rt.kernel("embed")?;
@@ -1386,16 +1351,19 @@ fn record_step(
     )?;
     let log2_base = (s.rope_theta).log2() as f64;
     let scale = (1.0f32 / (s.head_dim as f32).sqrt()) as f64;
+    // Every layer's q/k/v product has the same shape.
+    let qkv_shared = mv_shared_bytes(s.hidden, bits);
+    let qkv_resident = rt
+        .resident_blocks(k_qkv, MV_THREADS, qkv_shared)?
+        .min(mv_cap);
     for l in layers {
-        let shared = mv_shared_bytes(l.qkv.k, bits);
-        let resident = rt.resident_blocks(k_qkv, MV_THREADS, shared)?.min(mv_cap);
         rec.launch(
             rt,
             Part::Qkv,
             k_qkv,
-            [mv_blocks(l.qkv.n, rows, resident), 1, 1],
+            [mv_blocks(l.qkv.n, rows, qkv_resident), 1, 1],
             [MV_THREADS, 1, 1],
-            shared,
+            qkv_shared,
             &[
                 Arg::Buf(l.qkv.w, 0),
                 opt(l.qkv.s, a.h),
@@ -1457,14 +1425,13 @@ fn record_step(
             (Part::Down, &l.down, a.act, None, Some(a.h), a.h, MODE_RES),
         ];
         for (part, lin, x, norm, res, out, mode) in mlp {
-            matvec(&mut rec, rt, part, s, lin, x, norm, res, out, mode)?;
+            matvec(&mut rec, rt, part, lin, x, norm, res, out, mode)?;
         }
     }
     matvec(
         &mut rec,
         rt,
         Part::Head,
-        s,
         &head,
         a.h,
         Some(final_norm),
