@@ -51,6 +51,10 @@
 //! greedy agreement), and exits. `--graph-breakdown N` (with `--decoder graph`) adds
 //! `breakdown`: after the trials, each part of the decoder's step (the q/k/v projections, the
 //! attention, ...) replayed alone `N` times, microseconds a step and the GB/s of its weights.
+//! `--graph-trace PATH` (with `--decoder graph`) writes, after the trials, the timeline of one
+//! decode step (the fifth after a fresh prompt): a line a block of every q/k/v, attention and
+//! matrix-vector kernel, `what block_x block_y sm entry waited prologue end` (the
+//! [`mlx_kernels::graph_decode::TraceRecord`] fields, times in ns of the GPU's global timer).
 //!
 //! Prints one JSON line on stdout.
 #![forbid(unsafe_code)]
@@ -110,6 +114,7 @@ struct Args {
     graph_decoder: bool,
     graph_check: usize,
     graph_breakdown: u32,
+    graph_trace: Option<PathBuf>,
 }
 
 /// `--compiled`: which decode step the trials use.
@@ -146,6 +151,7 @@ fn parse_args() -> BoxResult<Args> {
         graph_decoder: false,
         graph_check: 0,
         graph_breakdown: 0,
+        graph_trace: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -198,6 +204,7 @@ fn parse_args() -> BoxResult<Args> {
                 }
             }
             "--graph-check" => a.graph_check = num(&value)?,
+            "--graph-trace" => a.graph_trace = Some(PathBuf::from(value)),
             "--graph-breakdown" => {
                 a.graph_breakdown = u32::try_from(num(&value)?)
                     .map_err(|_| format!("--graph-breakdown {value}: too large"))?
@@ -215,8 +222,8 @@ fn parse_args() -> BoxResult<Args> {
                 .into(),
         );
     }
-    if a.graph_breakdown > 0 && !a.graph_decoder {
-        return Err("--graph-breakdown needs --decoder graph".into());
+    if (a.graph_breakdown > 0 || a.graph_trace.is_some()) && !a.graph_decoder {
+        return Err("--graph-breakdown and --graph-trace need --decoder graph".into());
     }
     if a.prompt_len == 0 || a.gen_len == 0 {
         return Err("--prompt-len and --gen-len must be positive".into());
@@ -506,6 +513,36 @@ fn trial_graph(
     Ok((r, tokens))
 }
 
+/// Writes the timeline of the fifth decode step after `prompt` to `path`; returns the records.
+fn graph_trace(
+    model: &dyn LanguageModel,
+    dec: &mut GraphDecoder,
+    prompt: &[i32],
+    a: &Args,
+    path: &Path,
+) -> BoxResult<usize> {
+    let (first, kv) = prefill_mlx(model, prompt, a.prefill_step_size)?;
+    dec.set_prefix(&kv)?;
+    let mut last = first;
+    dec.generate(first, 4, |t| last = t)?;
+    dec.take_trace()?;
+    dec.generate(last, 1, |_| {})?;
+    let (records, dropped) = dec.take_trace()?;
+    if dropped > 0 {
+        return Err(format!("--graph-trace: {dropped} records did not fit").into());
+    }
+    let mut text = String::new();
+    for r in &records {
+        let [t0, t1, t2, t3] = r.times;
+        text += &format!(
+            "{} {} {} {} {t0} {t1} {t2} {t3}\n",
+            r.what, r.block.0, r.block.1, r.sm
+        );
+    }
+    std::fs::write(path, text).map_err(|e| format!("--graph-trace {}: {e}", path.display()))?;
+    Ok(records.len())
+}
+
 /// Teacher-forced comparison of the graph decoder with the model's MLX forward: both get
 /// the MLX forward's greedy token at every step.
 fn graph_check(
@@ -582,7 +619,8 @@ fn run(a: &Args) -> BoxResult<()> {
         // MLX_GRAPH_PDL=0: plain launches instead of programmatic dependent launch;
         // MLX_GRAPH_ROWS=4: four rows a warp in the matrix-vector products;
         // MLX_GRAPH_BATCH=N: N chunks a row in flight; MLX_GRAPH_BLOCKS=N: at most N
-        // matrix-vector blocks a multiprocessor.
+        // matrix-vector blocks a multiprocessor; MLX_GRAPH_PF_KB=N: N KiB of the next
+        // matrix-vector kernel's weights prefetched into L2.
         let env_u32 = |name: &str| -> BoxResult<Option<u32>> {
             match std::env::var(name) {
                 Ok(v) => Ok(Some(v.parse().map_err(|e| format!("{name} {v}: {e}"))?)),
@@ -595,6 +633,11 @@ fn run(a: &Args) -> BoxResult<()> {
                 .unwrap_or(GraphOptions::default().rows_per_warp),
             chunks_in_flight: env_u32("MLX_GRAPH_BATCH")?,
             blocks_per_sm: env_u32("MLX_GRAPH_BLOCKS")?,
+            prefetch_bytes: env_u32("MLX_GRAPH_PF_KB")?
+                .map_or(GraphOptions::default().prefetch_bytes, |kb| {
+                    kb as usize * 1024
+                }),
+            trace_records: if a.graph_trace.is_some() { 1 << 18 } else { 0 },
         };
         let cap = a.prompt_len + a.gen_len.max(a.graph_check) + 1;
         let dec = GraphDecoder::load_with(&path, cap, &opts)?;
@@ -678,6 +721,11 @@ fn run(a: &Args) -> BoxResult<()> {
         out["programmatic_launch"] = json!(dec.programmatic_launch());
         out["rows_per_warp"] = json!(dec.rows_per_warp());
         out["chunks_in_flight"] = json!(dec.chunks_in_flight());
+        out["prefetch_bytes"] = json!(dec.prefetch_bytes());
+        if let Some(path) = &a.graph_trace {
+            let n = graph_trace(model.as_ref(), dec, &prompt, a, path)?;
+            out["trace_records"] = json!(n);
+        }
         if a.graph_breakdown > 0 {
             let parts = dec.kernel_breakdown(a.graph_breakdown)?;
             out["breakdown"] = json!(parts

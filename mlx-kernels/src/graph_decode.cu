@@ -53,23 +53,83 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// h = embedding row state[0] (bfloat16 table, or MLX affine-quantized: dequantize(w, s, b)).
-extern "C" __global__ void embed(const void* table, const bf16_t* scales, const bf16_t* biases,
-                                 const int* state, bf16_t* h, ll H, ll bits, ll gs) {
-  pdl_wait_then_release();
-  const ll tok = state[0];
-  for (ll k = threadIdx.x; k < H; k += blockDim.x) {
-    float v;
-    if (bits == 16) {
-      v = bf2f(((const bf16_t*)table)[tok * H + k]);
-    } else {
-      const ll per = 32 / bits;
-      const u32* w = (const u32*)table + tok * (H / per);
-      const u32 q = (w[k / per] >> ((k % per) * bits)) & ((1u << bits) - 1u);
-      const ll g = tok * (H / gs) + k / gs;
-      v = rbf(rbf(bf2f(scales[g]) * (float)q) + bf2f(biases[g]));
-    }
-    h[k] = f2bf(v);
+typedef unsigned long long u64;
+
+// The optional timeline (GraphOptions::trace, GraphDecoder::take_trace): thread 0 of every
+// block of the traced kernels notes %globaltimer at entry, after the wait, after its
+// prologue and at its end, and appends one record of 8 words: what ran (kernel, mode, K),
+// block (x | y << 32), SM, the four times, 0. buf[0] counts the records, buf[1] is the
+// room; record i sits at buf + 8 (i + 1). A null buf traces nothing.
+__device__ __forceinline__ u64 gtime() {
+#ifdef __CUDA_ARCH__
+  u64 t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+#else
+  return 0;
+#endif
+}
+__device__ __forceinline__ u64 sm_id() {
+#ifdef __CUDA_ARCH__
+  u32 v;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(v));
+  return v;
+#else
+  return 0;
+#endif
+}
+struct Trace {
+  u64* buf;
+  u64 t[3];
+  __device__ __forceinline__ void mark(int i) {
+    if (buf && threadIdx.x == 0) t[i] = gtime();
+  }
+  __device__ __forceinline__ void done(u64 what) {
+    if (!buf || threadIdx.x != 0) return;
+    const u64 end = gtime();
+    const u64 i = atomicAdd(buf, 1ull);
+    if (i >= buf[1]) return;
+    u64* r = buf + 8 * (i + 1);
+    r[0] = what;
+    r[1] = (u64)blockIdx.x | ((u64)blockIdx.y << 32);
+    r[2] = sm_id();
+    r[3] = t[0];
+    r[4] = t[1];
+    r[5] = t[2];
+    r[6] = end;
+    r[7] = 0;
+  }
+};
+#define TRACE_QKV 1
+#define TRACE_ATTENTION 2
+#define TRACE_MATVEC 3
+
+// Up to three byte ranges of the next matrix-vector kernel's weights (a prefix of its rows:
+// codes, scales, biases) that this kernel's warps pull into L2 once their own rows are done
+// (GraphOptions::prefetch_bytes): each warp its share of 16-byte units, each lane a piece of
+// that with one bulk prefetch (sm_90; a range's last bytes past a whole unit are left out).
+struct Prefetch {
+  const unsigned char* p[3];
+  ll n[3];
+};
+__device__ __forceinline__ void l2_prefetch(const unsigned char* p, u32 bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+__device__ __forceinline__ void prefetch_share(Prefetch pf) {
+  const ll nw = (ll)gridDim.x * MV_WARPS;
+  const ll gw = (ll)blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int j = 0; j < 3; ++j) {
+    if (!pf.p[j] || pf.n[j] < 16) continue;
+    const ll units = pf.n[j] >> 4, per = (units + nw - 1) / nw;
+    const ll w0 = gw * per, w1 = (gw + 1) * per < units ? (gw + 1) * per : units;
+    if (w0 >= w1) continue;
+    const ll piece = (w1 - w0 + 31) / 32;
+    const ll a = w0 + lane * piece, b = a + piece < w1 ? a + piece : w1;
+    if (a < b) l2_prefetch(pf.p[j] + (a << 4), (u32)((b - a) << 4));
   }
 }
 
@@ -340,7 +400,7 @@ template <int BITS, class Epi>
 __device__ __forceinline__ void mv_run(const void* W, const bf16_t* S, const bf16_t* B,
                                        const bf16_t* xin, const bf16_t* normw, bool norm, ll N,
                                        ll K, ll gs, double eps, unsigned char* smem, float* red,
-                                       Epi epi) {
+                                       Trace& tr, Prefetch pf, Epi epi) {
   bf16_t* xs = (bf16_t*)smem;
   float* xc = mv_chunk_sums(smem, K);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -362,7 +422,9 @@ __device__ __forceinline__ void mv_run(const void* W, const bf16_t* S, const bf1
 #pragma unroll
   for (int u = 0; u < MV_BATCH; ++u) m.load(u);
   pdl_wait_then_release();
+  tr.mark(1);
   mv_prologue(xs, xc, red, xin, normw, K, norm, eps, BITS);
+  tr.mark(2);
   ll p = (ll)blockIdx.x * MV_WARPS + warp;  // the row group being summed, chunk lane + 32 k
   int k = 0;
   float acc[MV_ROWS];
@@ -386,6 +448,8 @@ __device__ __forceinline__ void mv_run(const void* W, const bf16_t* S, const bf1
       }
     }
   }
+  prefetch_share(pf);
+  if (tr.buf) __syncthreads();
 }
 
 // Runs mv_run with the codes' width as a template argument.
@@ -404,9 +468,14 @@ __device__ __forceinline__ void mv_run(const void* W, const bf16_t* S, const bf1
 //       F32: out is float32 (the bfloat16-rounded values).
 extern "C" __global__ void matvec(const void* W, const bf16_t* S, const bf16_t* B,
                                   const bf16_t* xin, const bf16_t* normw, const bf16_t* res,
-                                  void* out, ll N, ll K, ll bits, ll gs, ll mode, double eps) {
+                                  void* out, ll N, ll K, ll bits, ll gs, ll mode, double eps,
+                                  const unsigned char* pf_w, ll pf_wn, const unsigned char* pf_s,
+                                  const unsigned char* pf_b, ll pf_sn, u64* trace) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float red[MV_WARPS];
+  Trace tr{trace};
+  tr.mark(0);
+  const Prefetch pf{{pf_w, pf_s, pf_b}, {pf_wn, pf_sn, pf_sn}};
   auto epi = [&](ll r0, const float* acc) {
 #pragma unroll
     for (int r = 0; r < MV_ROWS; r += 2) {
@@ -429,7 +498,9 @@ extern "C" __global__ void matvec(const void* W, const bf16_t* S, const bf16_t* 
       }
     }
   };
-  MV_DISPATCH(bits, W, S, B, xin, normw, (mode & MODE_NORM) != 0, N, K, gs, eps, smem, red, epi)
+  MV_DISPATCH(bits, W, S, B, xin, normw, (mode & MODE_NORM) != 0, N, K, gs, eps, smem, red, tr,
+              pf, epi)
+  tr.done(TRACE_MATVEC | (u64)mode << 8 | (u64)K << 16);
 }
 
 // RoPE of one pair (x1, x2) = (x[i], x[i + D/2]) at position pos, as MLX's fast.rope computes
@@ -453,9 +524,14 @@ extern "C" __global__ void matvec_qkv(const void* W, const bf16_t* S, const bf16
                                       const bf16_t* xin, const bf16_t* normw, bf16_t* qout,
                                       bf16_t* kc, bf16_t* vc, const int* state, ll K, ll bits,
                                       ll gs, ll nh, ll nkv, ll D, ll cap, ll traditional,
-                                      double eps, double log2_base) {
+                                      double eps, double log2_base, const unsigned char* pf_w,
+                                      ll pf_wn, const unsigned char* pf_s,
+                                      const unsigned char* pf_b, ll pf_sn, u64* trace) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float red[MV_WARPS];
+  Trace tr{trace};
+  tr.mark(0);
+  const Prefetch pf{{pf_w, pf_s, pf_b}, {pf_wn, pf_sn, pf_sn}};
   const ll half = D / 2;
   auto epi = [&](ll r0, const float* acc) {
     const ll pos = state[1];  // read after the wait
@@ -487,7 +563,9 @@ extern "C" __global__ void matvec_qkv(const void* W, const bf16_t* S, const bf16
     }
   };
   // D is a multiple of MV_ROWS: every group is whole.
-  MV_DISPATCH(bits, W, S, B, xin, normw, true, (nh + 2 * nkv) * D, K, gs, eps, smem, red, epi)
+  MV_DISPATCH(bits, W, S, B, xin, normw, true, (nh + 2 * nkv) * D, K, gs, eps, smem, red, tr, pf,
+              epi)
+  tr.done(TRACE_QKV | (u64)K << 16);
 }
 
 // Attention of one query over the cache, split over the sequence: block (h, s) covers
@@ -498,12 +576,19 @@ extern "C" __global__ void matvec_qkv(const void* W, const bf16_t* S, const bf16
 extern "C" __global__ void attention(const bf16_t* qb, const bf16_t* kc, const bf16_t* vc,
                                      const int* state, float* po, float* pml, int* counters,
                                      bf16_t* out, ll nh, ll nkv, ll D, ll cap, ll NS,
-                                     double scale) {
+                                     double scale, u64* trace) {
+  Trace tr{trace};
+  tr.mark(0);
   pdl_wait_then_release();
+  tr.mark(1);
   const ll h = blockIdx.x, s = blockIdx.y;
   const ll L = (ll)state[1] + 1;
   const ll start = s * ATTN_CHUNK;
-  if (start >= L) return;
+  if (start >= L) {
+    tr.mark(2);
+    tr.done(TRACE_ATTENTION);
+    return;
+  }
   const ll ns = (L + ATTN_CHUNK - 1) / ATTN_CHUNK;
   const ll n = (L - start) < ATTN_CHUNK ? (L - start) : ATTN_CHUNK;
   const ll kvh = h / (nh / nkv);
@@ -595,7 +680,11 @@ extern "C" __global__ void attention(const bf16_t* qb, const bf16_t* kc, const b
   __syncthreads();
   if (tid == 0) last = atomicAdd(&counters[h], 1) == (int)(ns - 1);
   __syncthreads();
-  if (!last) return;
+  tr.mark(2);
+  if (!last) {
+    tr.done(TRACE_ATTENTION);
+    return;
+  }
   __threadfence();
   // The combine, over tiles of 128 chunks, online: each tile's weights e^(m_t - M) go to
   // shared memory (p), its partial outputs are loaded 8 at a time.
@@ -639,6 +728,7 @@ extern "C" __global__ void attention(const bf16_t* qb, const bf16_t* kc, const b
   }
   if (tid < D) out[h * D + tid] = f2bf(num / den);
   if (tid == 0) counters[h] = 0;
+  tr.done(TRACE_ATTENTION | 1 << 8);
 }
 
 // Warp-wide (max, first index) reduction; every lane gets the result.

@@ -52,9 +52,9 @@ pub const SOURCE: &str = include_str!("graph_decode.cu");
 
 const KERNELS: &[(&str, u32)] = &[
     ("embed", 8),
-    ("matvec", 13),
-    ("matvec_qkv", 19),
-    ("attention", 14),
+    ("matvec", 19),
+    ("matvec_qkv", 25),
+    ("attention", 15),
     ("argmax_next", 5),
 ];
 const MODE_NORM: i64 = 1;
@@ -91,6 +91,14 @@ pub struct GraphOptions {
     /// default: as many as fit). Fewer leave room for the next kernel's blocks to start
     /// early and load their first weights.
     pub blocks_per_sm: Option<u32>,
+    /// Bytes of the next matrix-vector kernel's weights (a prefix of its rows, with their
+    /// scales and biases) each matrix-vector kernel pulls into L2 as its warps finish, so
+    /// that the next one starts on L2 hits while memory would otherwise idle (the kernel
+    /// boundary, attention). 0: none.
+    pub prefetch_bytes: usize,
+    /// Room for this many records of the step's timeline ([`GraphDecoder::take_trace`]);
+    /// 0 (default): no timeline.
+    pub trace_records: usize,
 }
 
 impl Default for GraphOptions {
@@ -100,8 +108,29 @@ impl Default for GraphOptions {
             rows_per_warp: 2,
             chunks_in_flight: None,
             blocks_per_sm: None,
+            prefetch_bytes: DEFAULT_PREFETCH_BYTES,
+            trace_records: 0,
         }
     }
+}
+
+/// The most records a timeline holds (64 MiB).
+pub const MAX_TRACE_RECORDS: usize = 1 << 20;
+
+/// [`GraphOptions::prefetch_bytes`] by default.
+pub const DEFAULT_PREFETCH_BYTES: usize = 0;
+
+/// One block's record in the step's timeline ([`GraphDecoder::take_trace`]); times are the
+/// GPU's global timer in nanoseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceRecord {
+    /// 1: q/k/v, 2: attention, 3: another matrix-vector product; then the mode (bits 8-15:
+    /// for attention 1 marks a head's combining block) and the input width (bits 16-).
+    pub what: u64,
+    pub block: (u32, u32),
+    pub sm: u32,
+    /// Entry, after waiting for the previous kernel, after the prologue, end.
+    pub times: [u64; 4],
 }
 
 /// One teacher-forced step compared: the largest logit difference relative to the largest
@@ -838,6 +867,17 @@ impl GraphDecoder {
             Some(b) => b.saturating_mul(rt.sm_count()?),
             None => u32::MAX,
         };
+        let trace = match opts.trace_records {
+            0 => None,
+            n => {
+                let n = n.min(MAX_TRACE_RECORDS);
+                let buf = rt.alloc((2 + 8 * n) * 8)?;
+                let mut head = [0u8; 16];
+                head[8..].copy_from_slice(&(n as u64).to_le_bytes());
+                rt.upload(buf, 0, &head)?;
+                Some(buf)
+            }
+        };
         let pdl = opts.programmatic_launch && rt.set_programmatic_launch(true).is_ok();
         let mut step = Step {
             shape,
@@ -850,6 +890,8 @@ impl GraphDecoder {
             pdl,
             rows,
             mv_cap,
+            prefetch: opts.prefetch_bytes,
+            trace,
         };
         let graph = match rt.capture(|rt| record_step(rt, &step, None)) {
             Ok(g) => g,
@@ -895,6 +937,11 @@ impl GraphDecoder {
     /// 16-byte chunks of each row a lane keeps in flight in the matrix-vector products.
     pub fn chunks_in_flight(&self) -> u32 {
         self.batch
+    }
+
+    /// Bytes of the next matrix-vector kernel's weights each one prefetches into L2.
+    pub fn prefetch_bytes(&self) -> usize {
+        self.step.prefetch
     }
 
     /// Rows a warp computes at once in the matrix-vector products.
@@ -1102,6 +1149,44 @@ impl GraphDecoder {
         })
     }
 
+    /// The timeline's records since the last call (or the decoder's load), oldest first by
+    /// entry time, and the number of records that did not fit; the timeline starts empty
+    /// again. Needs [`GraphOptions::trace_records`]. Run it before a step to empty the
+    /// timeline, and after to read that step's.
+    pub fn take_trace(&mut self) -> Result<(Vec<TraceRecord>, usize)> {
+        let Some(buf) = self.step.trace else {
+            return Err(invalid(
+                "take_trace",
+                "the decoder was loaded without a timeline (GraphOptions::trace_records)",
+            ));
+        };
+        self.guard(|me| {
+            me.rt.synchronize()?;
+            let mut head = [0u8; 16];
+            me.rt.download(buf, 0, &mut head)?;
+            let word = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap_or([0; 8]));
+            let (count, room) = (word(&head[..8]), word(&head[8..]));
+            let n = count.min(room) as usize;
+            let mut raw = vec![0u8; n * 64];
+            me.rt.download(buf, 16, &mut raw)?;
+            me.rt.upload(buf, 0, &[0u8; 8])?;
+            let mut out: Vec<TraceRecord> = raw
+                .chunks_exact(64)
+                .map(|r| {
+                    let w: Vec<u64> = r.chunks_exact(8).map(word).collect();
+                    TraceRecord {
+                        what: w[0],
+                        block: (w[1] as u32, (w[1] >> 32) as u32),
+                        sm: w[2] as u32,
+                        times: [w[3], w[4], w[5], w[6]],
+                    }
+                })
+                .collect();
+            out.sort_by_key(|r| r.times[0]);
+            Ok((out, (count - n as u64) as usize))
+        })
+    }
+
     /// Kernels a step launches for `part`, and the bytes of weights (of cache, for
     /// attention) they read.
     fn part_load(&self, part: Part) -> (usize, usize) {
@@ -1243,6 +1328,7 @@ fn matvec(
     rt: &mut GpuRuntime,
     part: Part,
     lin: &Lin,
+    next: &Lin,
     x: Buffer,
     norm: Option<Buffer>,
     res: Option<Buffer>,
@@ -1253,6 +1339,7 @@ fn matvec(
     let s = &rec.step.shape;
     let (gs, bits) = s.group_and_bits();
     let shared = mv_shared_bytes(lin.k, bits);
+    let pf = prefetch_args(rec.step, next);
     rec.launch(
         rt,
         part,
@@ -1283,8 +1370,45 @@ fn matvec(
             Arg::I64(gs as i64),
             Arg::I64(mode),
             Arg::F64(s.eps as f64),
+            pf[0],
+            pf[1],
+            pf[2],
+            pf[3],
+            pf[4],
+            trace_arg(rec.step),
         ],
     )
+}
+
+/// The prefetch arguments of a matrix-vector kernel followed by `next`: a prefix of `next`'s
+/// rows of at most `step.prefetch` bytes (codes, then scales and biases), or null pointers.
+fn prefetch_args(step: &Step, next: &Lin) -> [Arg; 5] {
+    let (gs, bits) = step.shape.group_and_bits();
+    let code_row = next.k * bits / 8;
+    let scale_row = if bits == 16 { 0 } else { next.k / gs * 2 };
+    let rows = (step.prefetch / (code_row + 2 * scale_row)).min(next.n);
+    if rows == 0 {
+        return [
+            Arg::I64(0),
+            Arg::I64(0),
+            Arg::I64(0),
+            Arg::I64(0),
+            Arg::I64(0),
+        ];
+    }
+    let scales = |b: Option<Buffer>| b.map_or(Arg::I64(0), |b| Arg::Buf(b, 0));
+    [
+        Arg::Buf(next.w, 0),
+        Arg::I64((rows * code_row) as i64),
+        scales(next.s),
+        scales(next.b),
+        Arg::I64((rows * scale_row) as i64),
+    ]
+}
+
+/// The timeline's buffer, or a null pointer.
+fn trace_arg(step: &Step) -> Arg {
+    step.trace.map_or(Arg::I64(0), |b| Arg::Buf(b, 0))
 }
 
 /// What a step's kernels run over, and how they are launched.
@@ -1303,6 +1427,10 @@ struct Step {
     rows: usize,
     /// The cap on a matrix-vector kernel's grid besides one wave (blocks_per_sm x SMs).
     mv_cap: u32,
+    /// GraphOptions::prefetch_bytes.
+    prefetch: usize,
+    /// The timeline's buffer (2 words of count and room, then 8 a record), when traced.
+    trace: Option<Buffer>,
 }
 
 /// Records one decode step (while capturing), or only one part's kernels of it.
@@ -1356,7 +1484,11 @@ fn record_step(rt: &mut GpuRuntime, step: &Step, only: Option<Part>) -> Result<(
     let qkv_resident = rt
         .resident_blocks(k_qkv, MV_THREADS, qkv_shared)?
         .min(mv_cap);
-    for l in layers {
+    for (li, l) in layers.iter().enumerate() {
+        // Each matrix-vector kernel prefetches the next one's first rows; the last down
+        // projection the head's, the head the next step's first q/k/v.
+        let next_qkv = layers.get(li + 1).map_or(&head, |n| &n.qkv);
+        let pf = prefetch_args(step, &l.o);
         rec.launch(
             rt,
             Part::Qkv,
@@ -1384,6 +1516,12 @@ fn record_step(rt: &mut GpuRuntime, step: &Step, only: Option<Part>) -> Result<(
                 Arg::I64(i64::from(s.rope_traditional)),
                 Arg::F64(s.eps as f64),
                 Arg::F64(log2_base),
+                pf[0],
+                pf[1],
+                pf[2],
+                pf[3],
+                pf[4],
+                trace_arg(step),
             ],
         )?;
         rec.launch(
@@ -1408,24 +1546,44 @@ fn record_step(rt: &mut GpuRuntime, step: &Step, only: Option<Part>) -> Result<(
                 Arg::I64(cap as i64),
                 Arg::I64(ns as i64),
                 Arg::F64(scale),
+                trace_arg(step),
             ],
         )?;
         // The output projection with the residual, gate/up with SwiGLU, down with the residual.
         let mlp = [
-            (Part::Output, &l.o, a.attn, None, Some(a.h), a.h, MODE_RES),
+            (
+                Part::Output,
+                &l.o,
+                &l.gu,
+                a.attn,
+                None,
+                Some(a.h),
+                a.h,
+                MODE_RES,
+            ),
             (
                 Part::GateUp,
                 &l.gu,
+                &l.down,
                 a.h,
                 Some(l.post_norm),
                 None,
                 a.act,
                 MODE_NORM | MODE_SWIGLU,
             ),
-            (Part::Down, &l.down, a.act, None, Some(a.h), a.h, MODE_RES),
+            (
+                Part::Down,
+                &l.down,
+                next_qkv,
+                a.act,
+                None,
+                Some(a.h),
+                a.h,
+                MODE_RES,
+            ),
         ];
-        for (part, lin, x, norm, res, out, mode) in mlp {
-            matvec(&mut rec, rt, part, lin, x, norm, res, out, mode)?;
+        for (part, lin, next, x, norm, res, out, mode) in mlp {
+            matvec(&mut rec, rt, part, lin, next, x, norm, res, out, mode)?;
         }
     }
     matvec(
@@ -1433,6 +1591,7 @@ fn record_step(rt: &mut GpuRuntime, step: &Step, only: Option<Part>) -> Result<(
         rt,
         Part::Head,
         &head,
+        layers.first().map_or(&head, |l| &l.qkv),
         a.h,
         Some(final_norm),
         None,

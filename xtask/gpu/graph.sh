@@ -6,7 +6,8 @@
 #    the graph decoder against the model's MLX forward on the GPU (one JSON line each in
 #    $OUT/check.jsonl);
 # 2. ab.sh with the modes in MODES_AB (GRAPH_EXTRA: more flags for the graph modes, say
-#    `--graph-breakdown 20`, whose parts are printed at the end) (default `graph auto`: the graph decoder and our
+#    `--graph-breakdown 20`, whose parts are printed at the end; TRACE=1: one step's timeline
+#    a graph mode, summarised at the end by trace_summary.py) (default `graph auto`: the graph decoder and our
 #    compiled MLX step) against mlx-lm, one round (set ROUNDS, TRIALS, BUDGET_S as for ab.sh).
 set -x
 G=${G:-.gpu-gpu/b}
@@ -53,4 +54,6 @@ for line in open(sys.argv[1]):
         print(r["name"], r["side"], p["part"], p["kernels"], "kernels", round(p["us"], 1), "us",
               round(p["gb_s"]), "GB/s")
 PY
+# One step's timeline a graph mode (TRACE=1), summarised.
+for f in "$OUT"/trace-*.txt; do [ -f "$f" ] && python3 "$G/trace_summary.py" "$f"; done
 run_test

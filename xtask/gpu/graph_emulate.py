@@ -95,6 +95,7 @@ inline int __ffsll(long long x) { return __builtin_ffsll(x); }
 inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
 inline float __ldcg(const float* p) { return *p; }
 inline int atomicAdd(int* p, int v) { int o = *p; *p += v; return o; }
+inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) { auto o = *p; *p += v; return o; }
 """
 
 LAUNCH = r"""
@@ -122,9 +123,9 @@ inline double D_(u64 v) { double d; std::memcpy(&d, &v, 8); return d; }
 extern "C" void emu(int k, unsigned gx, unsigned gy, unsigned bx, const u64* a) {
   switch (k) {
     case 0: run_grid(gx, gy, bx, [=] { embed(P(const void*, 0), P(const bf16_t*, 1), P(const bf16_t*, 2), P(const int*, 3), P(bf16_t*, 4), L(5), L(6), L(7)); }); break;
-    case 1: run_grid(gx, gy, bx, [=] { matvec(P(const void*, 0), P(const bf16_t*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(const bf16_t*, 4), P(const bf16_t*, 5), P(void*, 6), L(7), L(8), L(9), L(10), L(11), D_(a[12])); }); break;
-    case 2: run_grid(gx, gy, bx, [=] { matvec_qkv(P(const void*, 0), P(const bf16_t*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(const bf16_t*, 4), P(bf16_t*, 5), P(bf16_t*, 6), P(bf16_t*, 7), P(const int*, 8), L(9), L(10), L(11), L(12), L(13), L(14), L(15), L(16), D_(a[17]), D_(a[18])); }); break;
-    case 3: run_grid(gx, gy, bx, [=] { attention(P(const bf16_t*, 0), P(const bf16_t*, 1), P(const bf16_t*, 2), P(const int*, 3), P(float*, 4), P(float*, 5), P(int*, 6), P(bf16_t*, 7), L(8), L(9), L(10), L(11), L(12), D_(a[13])); }); break;
+    case 1: run_grid(gx, gy, bx, [=] { matvec(P(const void*, 0), P(const bf16_t*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(const bf16_t*, 4), P(const bf16_t*, 5), P(void*, 6), L(7), L(8), L(9), L(10), L(11), D_(a[12]), P(const unsigned char*, 13), L(14), P(const unsigned char*, 15), P(const unsigned char*, 16), L(17), P(u64*, 18)); }); break;
+    case 2: run_grid(gx, gy, bx, [=] { matvec_qkv(P(const void*, 0), P(const bf16_t*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(const bf16_t*, 4), P(bf16_t*, 5), P(bf16_t*, 6), P(bf16_t*, 7), P(const int*, 8), L(9), L(10), L(11), L(12), L(13), L(14), L(15), L(16), D_(a[17]), D_(a[18]), P(const unsigned char*, 19), L(20), P(const unsigned char*, 21), P(const unsigned char*, 22), L(23), P(u64*, 24)); }); break;
+    case 3: run_grid(gx, gy, bx, [=] { attention(P(const bf16_t*, 0), P(const bf16_t*, 1), P(const bf16_t*, 2), P(const int*, 3), P(float*, 4), P(float*, 5), P(int*, 6), P(bf16_t*, 7), L(8), L(9), L(10), L(11), L(12), D_(a[13]), P(u64*, 14)); }); break;
     case 4: run_grid(gx, gy, bx, [=] { argmax_next(P(const float*, 0), P(int*, 1), P(int*, 2), L(3), L(4)); }); break;
   }
 }
@@ -278,7 +279,8 @@ def run(lib, name):
         (w, s, b), n = l
         e.launch(1, mv_grid(n), 256,
                  [w, s, b, x, norm if norm is not None else x, res if res is not None else x, out,
-                  n, l[0][0].shape[-1] * 32 // nbits if q else l[0][0].shape[-1], nbits, gs, mode, float(np.float32(eps))])
+                  n, l[0][0].shape[-1] * 32 // nbits if q else l[0][0].shape[-1], nbits, gs, mode, float(np.float32(eps)),
+                  0, 0, 0, 0, 0, 0])  # no prefetch (a no-op here), no timeline
 
     def step():
         e.launch(0, (1, 1), 256, [embed[0], embed[1], embed[2], state, h, H, nbits, gs])
@@ -286,8 +288,8 @@ def run(lib, name):
             (w, s, b), n = L["qkv"]
             e.launch(2, mv_grid(n), 256,
                      [w, s, b, h, L["inn"], qb, L["kc"], L["vc"], state, H, nbits, gs, nh, nkv, d, cap,
-                      int(trad), float(np.float32(eps)), log2_base])
-            e.launch(3, (nh, ns), 128, [qb, L["kc"], L["vc"], state, po, pml, counters, attn, nh, nkv, d, cap, ns, scale])
+                      int(trad), float(np.float32(eps)), log2_base, 0, 0, 0, 0, 0, 0])
+            e.launch(3, (nh, ns), 128, [qb, L["kc"], L["vc"], state, po, pml, counters, attn, nh, nkv, d, cap, ns, scale, 0])
             mv(L["o"], attn, None, h, h, 2)
             mv(L["gu"], h, L["post"], None, act, 1 | 4)
             mv(L["down"], act, None, h, h, 2)
@@ -341,7 +343,7 @@ def projection_errors(e, p, name, gs, nbits):
     out = e.buf(np.zeros(n, np.uint16))
     xb = e.buf(bits(x))
     e.launch(1, mv_grid(n), 256,
-             [e.buf(bits(w)), e.buf(bits(s)), e.buf(bits(b)), xb, xb, xb, out, n, k, nbits, gs, 0, 1e-5])
+             [e.buf(bits(w)), e.buf(bits(s)), e.buf(bits(b)), xb, xb, xb, out, n, k, nbits, gs, 0, 1e-5, 0, 0, 0, 0, 0, 0])
     ours = (out.astype(np.uint32) << 16).view(np.float32)
     deq = np.array(mx.dequantize(w, s, b, group_size=gs, bits=nbits).astype(mx.float32))
     exact = deq.astype(np.float64) @ np.array(x.astype(mx.float32)).astype(np.float64)

@@ -1,0 +1,93 @@
+"""Summarises a graph decoder timeline (`bench_generate --decoder graph --graph-trace PATH`).
+
+    python3 xtask/gpu/trace_summary.py TRACE [TRACE ...]
+
+Each line of a trace is one block of one kernel: `what block_x block_y sm entry waited
+prologue end` (mlx_kernels::graph_decode::TraceRecord; times in ns). The kernels of the step
+are told apart by `what` (consecutive kernels always differ). For each kernel the step's
+critical path is split at the previous kernel's last block end:
+- `release`: from the previous kernel's end to this kernel's first block past its wait (the
+  launch and the dependency's flush; negative where its blocks waited before the previous
+  kernel ended, which they cannot);
+- `prologue`: from its first block past the wait to its last block past its prologue;
+- `stream`: from there to its last block's end (weights streamed, then the tail);
+and `first_end` is its first block's end (its tail is `end - first_end`). Medians over the
+layers by kind, the sums over the step, and the step's span are printed.
+"""
+import statistics
+import sys
+
+
+def kind(what):
+    k, mode, K = what & 0xFF, (what >> 8) & 0xFF, what >> 16
+    if k == 1:
+        return "qkv"
+    if k == 2:
+        return "attention"
+    if mode & 8:
+        return "head"
+    if mode & 4:
+        return "gate_up"
+    return f"res_k{K}"
+
+
+def instances(path):
+    recs = []
+    for line in open(path):
+        f = [int(x) for x in line.split()]
+        if len(f) == 8:
+            recs.append(f)
+    recs.sort(key=lambda r: r[4])
+    out, cur = [], None
+    for r in recs:
+        if cur is None or r[0] != cur["what"]:
+            cur = {"what": r[0], "recs": []}
+            out.append(cur)
+        cur["recs"].append(r)
+    return out
+
+
+def summarise(path):
+    ins = instances(path)
+    t0 = min(r[4] for i in ins for r in i["recs"])
+    rows = []
+    prev_end = None
+    for i in ins:
+        rs = i["recs"]
+        entry = min(r[4] for r in rs)
+        waited = min(r[5] for r in rs)
+        pro = max(r[6] for r in rs)
+        end = max(r[7] for r in rs)
+        first_end = min(r[7] for r in rs)
+        base = prev_end if prev_end is not None else entry
+        rows.append({
+            "kind": kind(i["what"]),
+            "blocks": len(rs),
+            "release": waited - base,
+            "prologue": pro - waited,
+            "stream": end - pro,
+            "tail": end - first_end,
+            "total": end - base,
+            "entry_lead": base - entry,
+        })
+        prev_end = end
+    span = prev_end - t0
+    print(f"{path}: {len(ins)} kernels, span {span / 1e3:.1f} us")
+    kinds = []
+    for r in rows:
+        if r["kind"] not in kinds:
+            kinds.append(r["kind"])
+    cols = ["release", "prologue", "stream", "tail", "total", "entry_lead"]
+    print(f"{'kind':>10} {'n':>3} {'blocks':>6} " + " ".join(f"{c:>10}" for c in cols) + "   (median us)")
+    sums = {c: 0.0 for c in cols}
+    for k in kinds:
+        rk = [r for r in rows if r["kind"] == k]
+        med = {c: statistics.median(r[c] for r in rk) / 1e3 for c in cols}
+        for c in cols:
+            sums[c] += sum(r[c] for r in rk) / 1e3
+        print(f"{k:>10} {len(rk):>3} {rk[0]['blocks']:>6} " + " ".join(f"{med[c]:>10.2f}" for c in cols))
+    print(f"{'sum':>10} {len(rows):>3} {'':>6} " + " ".join(f"{sums[c]:>10.1f}" for c in cols) + "   (us over the step)")
+
+
+for p in sys.argv[1:]:
+    summarise(p)
