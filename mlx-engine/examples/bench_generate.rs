@@ -52,7 +52,8 @@
 //! `breakdown`: after the trials, each part of the decoder's step (the q/k/v projections, the
 //! attention, ...) replayed alone `N` times, microseconds a step and the GB/s of its weights.
 //! `--graph-trace PATH` (with `--decoder graph`) writes, after the trials, the timeline of one
-//! decode step (the fifth after a fresh prompt): a line a block of every q/k/v, attention and
+//! decode step (the fifth after a fresh prompt, [`GraphDecoder::trace_step`]; the timed trials
+//! record nothing): a line a block of every q/k/v, attention and
 //! matrix-vector kernel, `what block_x block_y sm entry waited prologue end` (the
 //! [`mlx_kernels::graph_decode::TraceRecord`] fields, times in ns of the GPU's global timer).
 //!
@@ -525,12 +526,7 @@ fn graph_trace(
     dec.set_prefix(&kv)?;
     let mut last = first;
     dec.generate(first, 4, |t| last = t)?;
-    dec.take_trace()?;
-    dec.generate(last, 1, |_| {})?;
-    let (records, dropped) = dec.take_trace()?;
-    if dropped > 0 {
-        return Err(format!("--graph-trace: {dropped} records did not fit").into());
-    }
+    let records = dec.trace_step(last)?;
     let mut text = String::new();
     for r in &records {
         let [t0, t1, t2, t3] = r.times;
@@ -619,8 +615,7 @@ fn run(a: &Args) -> BoxResult<()> {
         // MLX_GRAPH_PDL=0: plain launches instead of programmatic dependent launch;
         // MLX_GRAPH_ROWS=4: four rows a warp in the matrix-vector products;
         // MLX_GRAPH_BATCH=N: N chunks a row in flight; MLX_GRAPH_BLOCKS=N: at most N
-        // matrix-vector blocks a multiprocessor; MLX_GRAPH_PF_KB=N: N KiB of the next
-        // matrix-vector kernel's weights prefetched into L2.
+        // matrix-vector blocks a multiprocessor.
         let env_u32 = |name: &str| -> BoxResult<Option<u32>> {
             match std::env::var(name) {
                 Ok(v) => Ok(Some(v.parse().map_err(|e| format!("{name} {v}: {e}"))?)),
@@ -633,11 +628,6 @@ fn run(a: &Args) -> BoxResult<()> {
                 .unwrap_or(GraphOptions::default().rows_per_warp),
             chunks_in_flight: env_u32("MLX_GRAPH_BATCH")?,
             blocks_per_sm: env_u32("MLX_GRAPH_BLOCKS")?,
-            prefetch_bytes: env_u32("MLX_GRAPH_PF_KB")?
-                .map_or(GraphOptions::default().prefetch_bytes, |kb| {
-                    kb as usize * 1024
-                }),
-            trace_records: if a.graph_trace.is_some() { 1 << 18 } else { 0 },
         };
         let cap = a.prompt_len + a.gen_len.max(a.graph_check) + 1;
         let dec = GraphDecoder::load_with(&path, cap, &opts)?;
@@ -721,7 +711,6 @@ fn run(a: &Args) -> BoxResult<()> {
         out["programmatic_launch"] = json!(dec.programmatic_launch());
         out["rows_per_warp"] = json!(dec.rows_per_warp());
         out["chunks_in_flight"] = json!(dec.chunks_in_flight());
-        out["prefetch_bytes"] = json!(dec.prefetch_bytes());
         if let Some(path) = &a.graph_trace {
             let n = graph_trace(model.as_ref(), dec, &prompt, a, path)?;
             out["trace_records"] = json!(n);

@@ -55,11 +55,12 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 typedef unsigned long long u64;
 
-// The optional timeline (GraphOptions::trace, GraphDecoder::take_trace): thread 0 of every
-// block of the traced kernels notes %globaltimer at entry, after the wait, after its
-// prologue and at its end, and appends one record of 8 words: what ran (kernel, mode, K),
-// block (x | y << 32), SM, the four times, 0. buf[0] counts the records, buf[1] is the
-// room; record i sits at buf + 8 (i + 1). A null buf traces nothing.
+// The step's timeline (GraphDecoder::trace_step; a null buf, as in the replayed step, traces
+// nothing): thread 0 of every block of the q/k/v, attention and matrix-vector kernels notes
+// %globaltimer at entry, after the wait, after its prologue and at its end, and appends one
+// record of 8 words: what ran (kernel | mode << 8 | K << 16), block (x | y << 32), SM, the
+// four times, 0. buf[0] counts the records, buf[1] is the room; record i sits at
+// buf + 8 (i + 1).
 __device__ __forceinline__ u64 gtime() {
 #ifdef __CUDA_ARCH__
   u64 t;
@@ -104,32 +105,23 @@ struct Trace {
 #define TRACE_ATTENTION 2
 #define TRACE_MATVEC 3
 
-// Up to three byte ranges of the next matrix-vector kernel's weights (a prefix of its rows:
-// codes, scales, biases) that this kernel's warps pull into L2 once their own rows are done
-// (GraphOptions::prefetch_bytes): each warp its share of 16-byte units, each lane a piece of
-// that with one bulk prefetch (sm_90; a range's last bytes past a whole unit are left out).
-struct Prefetch {
-  const unsigned char* p[3];
-  ll n[3];
-};
-__device__ __forceinline__ void l2_prefetch(const unsigned char* p, u32 bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#endif
-}
-__device__ __forceinline__ void prefetch_share(Prefetch pf) {
-  const ll nw = (ll)gridDim.x * MV_WARPS;
-  const ll gw = (ll)blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int j = 0; j < 3; ++j) {
-    if (!pf.p[j] || pf.n[j] < 16) continue;
-    const ll units = pf.n[j] >> 4, per = (units + nw - 1) / nw;
-    const ll w0 = gw * per, w1 = (gw + 1) * per < units ? (gw + 1) * per : units;
-    if (w0 >= w1) continue;
-    const ll piece = (w1 - w0 + 31) / 32;
-    const ll a = w0 + lane * piece, b = a + piece < w1 ? a + piece : w1;
-    if (a < b) l2_prefetch(pf.p[j] + (a << 4), (u32)((b - a) << 4));
+// h = embedding row state[0] (bfloat16 table, or MLX affine-quantized: dequantize(w, s, b)).
+extern "C" __global__ void embed(const void* table, const bf16_t* scales, const bf16_t* biases,
+                                 const int* state, bf16_t* h, ll H, ll bits, ll gs) {
+  pdl_wait_then_release();
+  const ll tok = state[0];
+  for (ll k = threadIdx.x; k < H; k += blockDim.x) {
+    float v;
+    if (bits == 16) {
+      v = bf2f(((const bf16_t*)table)[tok * H + k]);
+    } else {
+      const ll per = 32 / bits;
+      const u32* w = (const u32*)table + tok * (H / per);
+      const u32 q = (w[k / per] >> ((k % per) * bits)) & ((1u << bits) - 1u);
+      const ll g = tok * (H / gs) + k / gs;
+      v = rbf(rbf(bf2f(scales[g]) * (float)q) + bf2f(biases[g]));
+    }
+    h[k] = f2bf(v);
   }
 }
 
@@ -231,11 +223,25 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
 #define MV_BATCH (8 / MV_ROWS)
 #endif
 
+// Row groups a warp's loads may run ahead of its sums (a power of two past MV_BATCH + 1).
+#define MV_RING 16
+
 // A warp's share of W x, W [N, K] (bfloat16, or BITS-bit codes with bfloat16 scales and
-// biases), as one stream of 16-byte chunks: the warp takes row groups first, first + stride,
-// ... (MV_ROWS rows each), lane l chunks l, l + 32, ... of each row (per_lane of them, the
-// last ones past C skipped). MV_BATCH items are in flight; an item's slot is refilled with
-// the item MV_BATCH ahead, across row groups, as soon as it has been used.
+// biases), as one stream of 16-byte chunks over row groups (MV_ROWS rows each), lane l
+// chunks l, l + 32, ... of each row (per_lane of them, the last ones past C skipped).
+// MV_BATCH items are in flight; an item's slot is refilled with the item MV_BATCH ahead,
+// across row groups, as soon as it has been used.
+// The groups, in units of cb consecutive groups: warp w of the grid's nw first takes unit w.
+// With more units than warps (dynamic), each warp claims its next unit from a counter
+// (`claims`, one a launch) a unit ahead, so that warps served faster take more units and
+// all finish together. Claim c is unit nw + c; a warp stops at its first claim past the
+// units. Claims number (units - nw) + nw = units in all, so the warp handed claim units - 1
+// is the last to claim and zeroes the counter for the next launch. A unit is one group, or
+// with short rows (per_lane < MV_BATCH) and groups to spare, up to MV_BATCH / per_lane, so
+// that a claim has at least MV_BATCH loads' time to come back. The groups a warp loads go
+// through `ring` (MV_RING slots a warp, shared memory) to its sums, which run up to
+// MV_BATCH items behind. Each group is summed by one warp in the same order whichever warp
+// it is: results do not depend on the claims.
 template <int BITS>
 struct MvStream {
   static constexpr int VALS = BITS == 16 ? 8 : 4 * (32 / BITS);  // inputs a chunk
@@ -248,10 +254,50 @@ struct MvStream {
   bf16_t s[MV_BATCH][MV_ROWS], b[MV_BATCH][MV_ROWS];
   ll lp;   // the next item to load: row group lp, chunk lane + 32 lk
   int lk;
+  int* claims;  // the launch's counter; null: no dynamic units (units <= stride)
+  ll cb, units, unit_end;  // groups a unit, units, the group past lp's unit
+  int claim;    // lane 0: the claim taken a unit ahead
+  int* ring;    // this warp's MV_RING slots
+  int li;       // groups started by the loads
+
+  // The first unit (warp w's: unit w), and the first claim (taken before the wait: the
+  // counter is this launch's alone).
+  __device__ __forceinline__ void start(ll w, int* counter) {
+    cb = 1;
+    if (groups > stride) {
+      const ll want = MV_BATCH / per_lane, most = groups / stride;
+      cb = want < 1 ? 1 : want < most ? want : most;
+    }
+    units = (groups + cb - 1) / cb;
+    claims = units > stride ? counter : nullptr;
+    lp = w * cb;
+    unit_end = lp + cb;
+    if (claims && lane == 0) claim = atomicAdd(claims, 1);
+    ring[0] = (int)(lp < groups ? lp : groups);
+    li = 0;
+  }
+
+  // The group after lp: the next of its unit, or the first of the unit claimed a unit ago
+  // (and the next claim taken).
+  __device__ __forceinline__ ll advance() {
+    // (A warp whose unit runs past the last group resolves its claim too: every claim is.)
+    if (lp + 1 < unit_end && lp + 1 < groups) return lp + 1;
+    if (!claims) return groups;  // one unit a warp
+    const int c = __shfl_sync(0xffffffffu, claim, 0);
+    const ll u = stride + c;
+    if (u < units) {
+      if (lane == 0) claim = atomicAdd(claims, 1);
+    } else if (lane == 0 && c == units - 1) {
+      *claims = 0;
+    }
+    unit_end = (u + 1) * cb;
+    return u * cb;
+  }
 
   __device__ __forceinline__ void load(int u) {
+    if (lp >= groups) return;
     const int c = lane + 32 * lk;
-    if (lp < groups && c < C) {
+    if (c < C) {
       const int g = (c * VALS) >> gs_shift;
 #pragma unroll
       for (int r = 0; r < MV_ROWS; ++r) {
@@ -265,7 +311,8 @@ struct MvStream {
     }
     if (++lk == per_lane) {
       lk = 0;
-      lp += stride;
+      lp = advance();
+      ring[++li & (MV_RING - 1)] = (int)(lp < groups ? lp : groups);
     }
   }
 
@@ -400,7 +447,8 @@ template <int BITS, class Epi>
 __device__ __forceinline__ void mv_run(const void* W, const bf16_t* S, const bf16_t* B,
                                        const bf16_t* xin, const bf16_t* normw, bool norm, ll N,
                                        ll K, ll gs, double eps, unsigned char* smem, float* red,
-                                       Trace& tr, Prefetch pf, Epi epi) {
+                                       int* claims, Trace& tr, Epi epi) {
+  __shared__ int ring[MV_WARPS * MV_RING];
   bf16_t* xs = (bf16_t*)smem;
   float* xc = mv_chunk_sums(smem, K);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -417,16 +465,17 @@ __device__ __forceinline__ void mv_run(const void* W, const bf16_t* S, const bf1
   m.G = (int)(K >> m.gs_shift);
   m.per_lane = (m.C + 31) / 32;
   m.lane = lane;
-  m.lp = (ll)blockIdx.x * MV_WARPS + warp;
   m.lk = 0;
+  m.ring = ring + warp * MV_RING;
+  m.start((ll)blockIdx.x * MV_WARPS + warp, claims);
 #pragma unroll
   for (int u = 0; u < MV_BATCH; ++u) m.load(u);
   pdl_wait_then_release();
   tr.mark(1);
   mv_prologue(xs, xc, red, xin, normw, K, norm, eps, BITS);
   tr.mark(2);
-  ll p = (ll)blockIdx.x * MV_WARPS + warp;  // the row group being summed, chunk lane + 32 k
-  int k = 0;
+  ll p = m.ring[0];  // the row group being summed, chunk lane + 32 k
+  int k = 0, ci = 0;
   float acc[MV_ROWS];
 #pragma unroll
   for (int r = 0; r < MV_ROWS; ++r) acc[r] = 0.f;
@@ -443,12 +492,11 @@ __device__ __forceinline__ void mv_run(const void* W, const bf16_t* S, const bf1
 #pragma unroll
           for (int r = 0; r < MV_ROWS; ++r) acc[r] = 0.f;
           k = 0;
-          p += m.stride;
+          p = m.ring[++ci & (MV_RING - 1)];
         }
       }
     }
   }
-  prefetch_share(pf);
   if (tr.buf) __syncthreads();
 }
 
@@ -466,16 +514,14 @@ __device__ __forceinline__ void mv_run(const void* W, const bf16_t* S, const bf1
 //       RES: out = res + (W x) (out may be res; each element is read and written by one lane);
 //       SWIGLU: rows are interleaved (gate_i, up_i); out[i] = silu(gate_i) * up_i;
 //       F32: out is float32 (the bfloat16-rounded values).
-extern "C" __global__ void matvec(const void* W, const bf16_t* S, const bf16_t* B,
+extern "C" __global__ void __launch_bounds__(256, 2) matvec(const void* W, const bf16_t* S, const bf16_t* B,
                                   const bf16_t* xin, const bf16_t* normw, const bf16_t* res,
                                   void* out, ll N, ll K, ll bits, ll gs, ll mode, double eps,
-                                  const unsigned char* pf_w, ll pf_wn, const unsigned char* pf_s,
-                                  const unsigned char* pf_b, ll pf_sn, u64* trace) {
+                                  int* claims, u64* trace) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float red[MV_WARPS];
   Trace tr{trace};
   tr.mark(0);
-  const Prefetch pf{{pf_w, pf_s, pf_b}, {pf_wn, pf_sn, pf_sn}};
   auto epi = [&](ll r0, const float* acc) {
 #pragma unroll
     for (int r = 0; r < MV_ROWS; r += 2) {
@@ -498,8 +544,8 @@ extern "C" __global__ void matvec(const void* W, const bf16_t* S, const bf16_t* 
       }
     }
   };
-  MV_DISPATCH(bits, W, S, B, xin, normw, (mode & MODE_NORM) != 0, N, K, gs, eps, smem, red, tr,
-              pf, epi)
+  MV_DISPATCH(bits, W, S, B, xin, normw, (mode & MODE_NORM) != 0, N, K, gs, eps, smem, red,
+              claims, tr, epi)
   tr.done(TRACE_MATVEC | (u64)mode << 8 | (u64)K << 16);
 }
 
@@ -520,18 +566,15 @@ __device__ __forceinline__ void rope_pair(float x1, float x2, ll i, ll half, ll 
 // 2i + 1 are the rotation pair (i, i + D/2) (the host permutes them); with traditional RoPE
 // the pairs are (2i, 2i + 1) already. q goes to qout (its usual layout, roped), k (roped) and
 // v to the caches at position state[1].
-extern "C" __global__ void matvec_qkv(const void* W, const bf16_t* S, const bf16_t* B,
+extern "C" __global__ void __launch_bounds__(256, 2) matvec_qkv(const void* W, const bf16_t* S, const bf16_t* B,
                                       const bf16_t* xin, const bf16_t* normw, bf16_t* qout,
                                       bf16_t* kc, bf16_t* vc, const int* state, ll K, ll bits,
                                       ll gs, ll nh, ll nkv, ll D, ll cap, ll traditional,
-                                      double eps, double log2_base, const unsigned char* pf_w,
-                                      ll pf_wn, const unsigned char* pf_s,
-                                      const unsigned char* pf_b, ll pf_sn, u64* trace) {
+                                      double eps, double log2_base, int* claims, u64* trace) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float red[MV_WARPS];
   Trace tr{trace};
   tr.mark(0);
-  const Prefetch pf{{pf_w, pf_s, pf_b}, {pf_wn, pf_sn, pf_sn}};
   const ll half = D / 2;
   auto epi = [&](ll r0, const float* acc) {
     const ll pos = state[1];  // read after the wait
@@ -563,8 +606,8 @@ extern "C" __global__ void matvec_qkv(const void* W, const bf16_t* S, const bf16
     }
   };
   // D is a multiple of MV_ROWS: every group is whole.
-  MV_DISPATCH(bits, W, S, B, xin, normw, true, (nh + 2 * nkv) * D, K, gs, eps, smem, red, tr, pf,
-              epi)
+  MV_DISPATCH(bits, W, S, B, xin, normw, true, (nh + 2 * nkv) * D, K, gs, eps, smem, red,
+              claims, tr, epi)
   tr.done(TRACE_QKV | (u64)K << 16);
 }
 

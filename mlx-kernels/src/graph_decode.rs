@@ -52,8 +52,8 @@ pub const SOURCE: &str = include_str!("graph_decode.cu");
 
 const KERNELS: &[(&str, u32)] = &[
     ("embed", 8),
-    ("matvec", 19),
-    ("matvec_qkv", 25),
+    ("matvec", 15),
+    ("matvec_qkv", 21),
     ("attention", 15),
     ("argmax_next", 5),
 ];
@@ -91,14 +91,6 @@ pub struct GraphOptions {
     /// default: as many as fit). Fewer leave room for the next kernel's blocks to start
     /// early and load their first weights.
     pub blocks_per_sm: Option<u32>,
-    /// Bytes of the next matrix-vector kernel's weights (a prefix of its rows, with their
-    /// scales and biases) each matrix-vector kernel pulls into L2 as its warps finish, so
-    /// that the next one starts on L2 hits while memory would otherwise idle (the kernel
-    /// boundary, attention). 0: none.
-    pub prefetch_bytes: usize,
-    /// Room for this many records of the step's timeline ([`GraphDecoder::take_trace`]);
-    /// 0 (default): no timeline.
-    pub trace_records: usize,
 }
 
 impl Default for GraphOptions {
@@ -108,23 +100,15 @@ impl Default for GraphOptions {
             rows_per_warp: 2,
             chunks_in_flight: None,
             blocks_per_sm: None,
-            prefetch_bytes: DEFAULT_PREFETCH_BYTES,
-            trace_records: 0,
         }
     }
 }
 
-/// The most records a timeline holds (64 MiB).
-pub const MAX_TRACE_RECORDS: usize = 1 << 20;
-
-/// [`GraphOptions::prefetch_bytes`] by default.
-pub const DEFAULT_PREFETCH_BYTES: usize = 0;
-
-/// One block's record in the step's timeline ([`GraphDecoder::take_trace`]); times are the
+/// One block's record in a step's timeline ([`GraphDecoder::trace_step`]); times are the
 /// GPU's global timer in nanoseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TraceRecord {
-    /// 1: q/k/v, 2: attention, 3: another matrix-vector product; then the mode (bits 8-15:
+    /// 1: q/k/v, 2: attention, 3: another matrix-vector product; then the mode (bits 8-15;
     /// for attention 1 marks a head's combining block) and the input width (bits 16-).
     pub what: u64,
     pub block: (u32, u32),
@@ -132,6 +116,10 @@ pub struct TraceRecord {
     /// Entry, after waiting for the previous kernel, after the prologue, end.
     pub times: [u64; 4],
 }
+
+/// Room for records in a timeline (64 MiB of device memory, allocated on the first
+/// [`GraphDecoder::trace_step`]).
+const TRACE_RECORDS: usize = 1 << 20;
 
 /// One teacher-forced step compared: the largest logit difference relative to the largest
 /// reference logit magnitude, and both sides' greedy tokens (first index of the maximum).
@@ -465,6 +453,9 @@ struct Activations {
     po: Buffer,
     pml: Buffer,
     counters: Buffer,
+    /// One counter of claimed row groups a matrix-vector launch of the step (each launch
+    /// zeroes its own at its end).
+    claims: Buffer,
 }
 
 /// One llama's decode step as a replayed CUDA graph. See the module docs.
@@ -476,6 +467,8 @@ pub struct GraphDecoder {
     graph: Graph,
     /// Graphs of one part each, captured on the first breakdown.
     part_graphs: Vec<(Part, Graph)>,
+    /// The step recording its timeline, and the timeline's buffer (on the first trace).
+    traced: Option<(Graph, Buffer)>,
     batch: u32,
     broken: Option<String>,
 }
@@ -853,7 +846,9 @@ impl GraphDecoder {
             po: rt.alloc(s.heads * ns * d * 4)?,
             pml: rt.alloc(s.heads * ns * 2 * 4)?,
             counters: rt.alloc(s.heads * 4)?,
+            claims: rt.alloc(4 * (4 * s.layers + 1))?,
         };
+        rt.upload(acts.claims, 0, &vec![0u8; 4 * (4 * s.layers + 1)])?;
         let max_k = h.max(i_sz).max(s.heads * d);
         let shared = mv_shared_bytes(max_k, s.group_and_bits().1);
         // Past 48 KiB less the kernels' static shared memory (under 1 KiB), opt in.
@@ -867,17 +862,6 @@ impl GraphDecoder {
             Some(b) => b.saturating_mul(rt.sm_count()?),
             None => u32::MAX,
         };
-        let trace = match opts.trace_records {
-            0 => None,
-            n => {
-                let n = n.min(MAX_TRACE_RECORDS);
-                let buf = rt.alloc((2 + 8 * n) * 8)?;
-                let mut head = [0u8; 16];
-                head[8..].copy_from_slice(&(n as u64).to_le_bytes());
-                rt.upload(buf, 0, &head)?;
-                Some(buf)
-            }
-        };
         let pdl = opts.programmatic_launch && rt.set_programmatic_launch(true).is_ok();
         let mut step = Step {
             shape,
@@ -890,16 +874,14 @@ impl GraphDecoder {
             pdl,
             rows,
             mv_cap,
-            prefetch: opts.prefetch_bytes,
-            trace,
         };
-        let graph = match rt.capture(|rt| record_step(rt, &step, None)) {
+        let graph = match rt.capture(|rt| record_step(rt, &step, None, None)) {
             Ok(g) => g,
             Err(_) if pdl => {
                 // A driver that cannot capture programmatic launches: plain launches.
                 step.pdl = false;
                 rt.set_programmatic_launch(false)?;
-                rt.capture(|rt| record_step(rt, &step, None))?
+                rt.capture(|rt| record_step(rt, &step, None, None))?
             }
             Err(e) => return Err(e),
         };
@@ -909,6 +891,7 @@ impl GraphDecoder {
             pos: 0,
             graph,
             part_graphs: Vec::new(),
+            traced: None,
             batch,
             broken: None,
         })
@@ -937,11 +920,6 @@ impl GraphDecoder {
     /// 16-byte chunks of each row a lane keeps in flight in the matrix-vector products.
     pub fn chunks_in_flight(&self) -> u32 {
         self.batch
-    }
-
-    /// Bytes of the next matrix-vector kernel's weights each one prefetches into L2.
-    pub fn prefetch_bytes(&self) -> usize {
-        self.step.prefetch
     }
 
     /// Rows a warp computes at once in the matrix-vector products.
@@ -1119,7 +1097,9 @@ impl GraphDecoder {
             state[8..12].copy_from_slice(&0i32.to_le_bytes());
             if me.part_graphs.is_empty() {
                 for part in Part::ALL {
-                    let g = me.rt.capture(|rt| record_step(rt, &me.step, Some(part)))?;
+                    let g = me
+                        .rt
+                        .capture(|rt| record_step(rt, &me.step, Some(part), None))?;
                     me.part_graphs.push((part, g));
                 }
             }
@@ -1149,27 +1129,38 @@ impl GraphDecoder {
         })
     }
 
-    /// The timeline's records since the last call (or the decoder's load), oldest first by
-    /// entry time, and the number of records that did not fit; the timeline starts empty
-    /// again. Needs [`GraphOptions::trace_records`]. Run it before a step to empty the
-    /// timeline, and after to read that step's.
-    pub fn take_trace(&mut self) -> Result<(Vec<TraceRecord>, usize)> {
-        let Some(buf) = self.step.trace else {
-            return Err(invalid(
-                "take_trace",
-                "the decoder was loaded without a timeline (GraphOptions::trace_records)",
-            ));
-        };
+    /// Runs one step on `token` at the current position (teacher-forced, as
+    /// [`GraphDecoder::step_logits`]) through a copy of the step that also records its
+    /// timeline: one [`TraceRecord`] a block of every q/k/v, attention and matrix-vector
+    /// kernel, ordered by entry time. The replayed step itself records nothing. The first
+    /// call captures that copy and allocates its 64 MiB buffer.
+    pub fn trace_step(&mut self, token: u32) -> Result<Vec<TraceRecord>> {
+        self.check_token(token)?;
+        self.check_room(1)?;
         self.guard(|me| {
-            me.rt.synchronize()?;
+            let (graph, buf) = match me.traced {
+                Some(t) => t,
+                None => {
+                    let buf = me.rt.alloc((TRACE_RECORDS + 1) * 64)?;
+                    let g = me
+                        .rt
+                        .capture(|rt| record_step(rt, &me.step, None, Some(buf)))?;
+                    me.traced = Some((g, buf));
+                    (g, buf)
+                }
+            };
             let mut head = [0u8; 16];
+            head[8..].copy_from_slice(&(TRACE_RECORDS as u64).to_le_bytes());
+            me.rt.upload(buf, 0, &head)?;
+            me.set_state(token)?;
+            me.rt.replay(graph, 1)?;
+            me.pos += 1;
+            me.rt.synchronize()?;
             me.rt.download(buf, 0, &mut head)?;
             let word = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap_or([0; 8]));
-            let (count, room) = (word(&head[..8]), word(&head[8..]));
-            let n = count.min(room) as usize;
+            let n = (word(&head[..8]) as usize).min(TRACE_RECORDS);
             let mut raw = vec![0u8; n * 64];
-            me.rt.download(buf, 16, &mut raw)?;
-            me.rt.upload(buf, 0, &[0u8; 8])?;
+            me.rt.download(buf, 64, &mut raw)?;
             let mut out: Vec<TraceRecord> = raw
                 .chunks_exact(64)
                 .map(|r| {
@@ -1183,7 +1174,7 @@ impl GraphDecoder {
                 })
                 .collect();
             out.sort_by_key(|r| r.times[0]);
-            Ok((out, (count - n as u64) as usize))
+            Ok(out)
         })
     }
 
@@ -1273,10 +1264,27 @@ struct Recorder<'a> {
     step: &'a Step,
     /// Record only this part's kernels (a breakdown), or all.
     only: Option<Part>,
+    /// The timeline's buffer (GraphDecoder::trace_step), or none.
+    trace: Option<Buffer>,
     prev_multi_wave: bool,
+    /// Matrix-vector launches recorded or skipped so far: the next one's claims counter.
+    mv_launches: usize,
 }
 
 impl Recorder<'_> {
+    /// The next matrix-vector launch's claims counter (counted whether or not it is
+    /// recorded, so that a part's launches use the whole step's counters).
+    fn claims_arg(&mut self) -> Arg {
+        let i = self.mv_launches;
+        self.mv_launches += 1;
+        Arg::Buf(self.step.acts.claims, 4 * i)
+    }
+
+    /// The kernels' timeline argument: the buffer, or a null pointer.
+    fn trace_arg(&self) -> Arg {
+        self.trace.map_or(Arg::I64(0), |b| Arg::Buf(b, 0))
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn launch(
         &mut self,
@@ -1328,7 +1336,6 @@ fn matvec(
     rt: &mut GpuRuntime,
     part: Part,
     lin: &Lin,
-    next: &Lin,
     x: Buffer,
     norm: Option<Buffer>,
     res: Option<Buffer>,
@@ -1339,7 +1346,7 @@ fn matvec(
     let s = &rec.step.shape;
     let (gs, bits) = s.group_and_bits();
     let shared = mv_shared_bytes(lin.k, bits);
-    let pf = prefetch_args(rec.step, next);
+    let claims = rec.claims_arg();
     rec.launch(
         rt,
         part,
@@ -1370,45 +1377,10 @@ fn matvec(
             Arg::I64(gs as i64),
             Arg::I64(mode),
             Arg::F64(s.eps as f64),
-            pf[0],
-            pf[1],
-            pf[2],
-            pf[3],
-            pf[4],
-            trace_arg(rec.step),
+            claims,
+            rec.trace_arg(),
         ],
     )
-}
-
-/// The prefetch arguments of a matrix-vector kernel followed by `next`: a prefix of `next`'s
-/// rows of at most `step.prefetch` bytes (codes, then scales and biases), or null pointers.
-fn prefetch_args(step: &Step, next: &Lin) -> [Arg; 5] {
-    let (gs, bits) = step.shape.group_and_bits();
-    let code_row = next.k * bits / 8;
-    let scale_row = if bits == 16 { 0 } else { next.k / gs * 2 };
-    let rows = (step.prefetch / (code_row + 2 * scale_row)).min(next.n);
-    if rows == 0 {
-        return [
-            Arg::I64(0),
-            Arg::I64(0),
-            Arg::I64(0),
-            Arg::I64(0),
-            Arg::I64(0),
-        ];
-    }
-    let scales = |b: Option<Buffer>| b.map_or(Arg::I64(0), |b| Arg::Buf(b, 0));
-    [
-        Arg::Buf(next.w, 0),
-        Arg::I64((rows * code_row) as i64),
-        scales(next.s),
-        scales(next.b),
-        Arg::I64((rows * scale_row) as i64),
-    ]
-}
-
-/// The timeline's buffer, or a null pointer.
-fn trace_arg(step: &Step) -> Arg {
-    step.trace.map_or(Arg::I64(0), |b| Arg::Buf(b, 0))
 }
 
 /// What a step's kernels run over, and how they are launched.
@@ -1427,14 +1399,16 @@ struct Step {
     rows: usize,
     /// The cap on a matrix-vector kernel's grid besides one wave (blocks_per_sm x SMs).
     mv_cap: u32,
-    /// GraphOptions::prefetch_bytes.
-    prefetch: usize,
-    /// The timeline's buffer (2 words of count and room, then 8 a record), when traced.
-    trace: Option<Buffer>,
 }
 
-/// Records one decode step (while capturing), or only one part's kernels of it.
-fn record_step(rt: &mut GpuRuntime, step: &Step, only: Option<Part>) -> Result<()> {
+/// Records one decode step (while capturing), or only one part's kernels of it; with a
+/// timeline buffer, the kernels record their timeline there.
+fn record_step(
+    rt: &mut GpuRuntime,
+    step: &Step,
+    only: Option<Part>,
+    trace: Option<Buffer>,
+) -> Result<()> {
     let Step {
         shape: ref s,
         capacity: cap,
@@ -1450,7 +1424,9 @@ fn record_step(rt: &mut GpuRuntime, step: &Step, only: Option<Part>) -> Result<(
     let mut rec = Recorder {
         step,
         only,
+        trace,
         prev_multi_wave: false,
+        mv_launches: 0,
     };
     let k_embed = rt.kernel("embed")?;
     let k_qkv = rt.kernel("matvec_qkv")?;
@@ -1484,11 +1460,8 @@ fn record_step(rt: &mut GpuRuntime, step: &Step, only: Option<Part>) -> Result<(
     let qkv_resident = rt
         .resident_blocks(k_qkv, MV_THREADS, qkv_shared)?
         .min(mv_cap);
-    for (li, l) in layers.iter().enumerate() {
-        // Each matrix-vector kernel prefetches the next one's first rows; the last down
-        // projection the head's, the head the next step's first q/k/v.
-        let next_qkv = layers.get(li + 1).map_or(&head, |n| &n.qkv);
-        let pf = prefetch_args(step, &l.o);
+    for l in layers {
+        let claims = rec.claims_arg();
         rec.launch(
             rt,
             Part::Qkv,
@@ -1516,12 +1489,8 @@ fn record_step(rt: &mut GpuRuntime, step: &Step, only: Option<Part>) -> Result<(
                 Arg::I64(i64::from(s.rope_traditional)),
                 Arg::F64(s.eps as f64),
                 Arg::F64(log2_base),
-                pf[0],
-                pf[1],
-                pf[2],
-                pf[3],
-                pf[4],
-                trace_arg(step),
+                claims,
+                rec.trace_arg(),
             ],
         )?;
         rec.launch(
@@ -1546,44 +1515,25 @@ fn record_step(rt: &mut GpuRuntime, step: &Step, only: Option<Part>) -> Result<(
                 Arg::I64(cap as i64),
                 Arg::I64(ns as i64),
                 Arg::F64(scale),
-                trace_arg(step),
+                rec.trace_arg(),
             ],
         )?;
         // The output projection with the residual, gate/up with SwiGLU, down with the residual.
         let mlp = [
-            (
-                Part::Output,
-                &l.o,
-                &l.gu,
-                a.attn,
-                None,
-                Some(a.h),
-                a.h,
-                MODE_RES,
-            ),
+            (Part::Output, &l.o, a.attn, None, Some(a.h), a.h, MODE_RES),
             (
                 Part::GateUp,
                 &l.gu,
-                &l.down,
                 a.h,
                 Some(l.post_norm),
                 None,
                 a.act,
                 MODE_NORM | MODE_SWIGLU,
             ),
-            (
-                Part::Down,
-                &l.down,
-                next_qkv,
-                a.act,
-                None,
-                Some(a.h),
-                a.h,
-                MODE_RES,
-            ),
+            (Part::Down, &l.down, a.act, None, Some(a.h), a.h, MODE_RES),
         ];
-        for (part, lin, next, x, norm, res, out, mode) in mlp {
-            matvec(&mut rec, rt, part, lin, next, x, norm, res, out, mode)?;
+        for (part, lin, x, norm, res, out, mode) in mlp {
+            matvec(&mut rec, rt, part, lin, x, norm, res, out, mode)?;
         }
     }
     matvec(
@@ -1591,7 +1541,6 @@ fn record_step(rt: &mut GpuRuntime, step: &Step, only: Option<Part>) -> Result<(
         rt,
         Part::Head,
         &head,
-        layers.first().map_or(&head, |l| &l.qkv),
         a.h,
         Some(final_norm),
         None,
@@ -1701,8 +1650,17 @@ mod tests {
     #[test]
     fn every_kernel_in_the_source_is_declared_with_its_arity() {
         for (name, arity) in KERNELS {
+            // `extern "C" __global__ void [__launch_bounds__(..)] name(`
             let start = SOURCE
-                .find(&format!("__global__ void {name}("))
+                .match_indices(&format!(" {name}("))
+                .map(|(i, _)| i)
+                .find(|&i| {
+                    SOURCE[..i]
+                        .rsplit('\n')
+                        .next()
+                        .unwrap()
+                        .contains("__global__ void")
+                })
                 .unwrap_or_else(|| panic!("{name} is not in the source"));
             let params = &SOURCE[start..][..SOURCE[start..].find(')').unwrap()];
             assert_eq!(params.matches(',').count() + 1, *arity as usize, "{name}");

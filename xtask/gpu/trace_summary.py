@@ -4,7 +4,8 @@
 
 Each line of a trace is one block of one kernel: `what block_x block_y sm entry waited
 prologue end` (mlx_kernels::graph_decode::TraceRecord; times in ns). The kernels of the step
-are told apart by `what` (consecutive kernels always differ). For each kernel the step's
+are told apart by `what` (consecutive kernels always differ; attention's combining blocks
+count as attention). For each kernel the step's
 critical path is split at the previous kernel's last block end:
 - `release`: from the previous kernel's end to this kernel's first block past its wait (the
   launch and the dependency's flush; negative where its blocks waited before the previous
@@ -40,8 +41,10 @@ def instances(path):
     recs.sort(key=lambda r: r[4])
     out, cur = [], None
     for r in recs:
-        if cur is None or r[0] != cur["what"]:
-            cur = {"what": r[0], "recs": []}
+        # Attention's combining blocks carry a flag in the mode bits: the same kernel.
+        what = r[0] & ~0xFF00 if r[0] & 0xFF == 2 else r[0]
+        if cur is None or what != cur["what"]:
+            cur = {"what": what, "recs": []}
             out.append(cur)
         cur["recs"].append(r)
     return out
