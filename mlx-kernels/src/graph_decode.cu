@@ -223,25 +223,11 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
 #define MV_BATCH (8 / MV_ROWS)
 #endif
 
-// Row groups a warp's loads may run ahead of its sums (a power of two past MV_BATCH + 1).
-#define MV_RING 16
-
 // A warp's share of W x, W [N, K] (bfloat16, or BITS-bit codes with bfloat16 scales and
-// biases), as one stream of 16-byte chunks over row groups (MV_ROWS rows each), lane l
-// chunks l, l + 32, ... of each row (per_lane of them, the last ones past C skipped).
-// MV_BATCH items are in flight; an item's slot is refilled with the item MV_BATCH ahead,
-// across row groups, as soon as it has been used.
-// The groups, in units of cb consecutive groups: warp w of the grid's nw first takes unit w.
-// With more units than warps (dynamic), each warp claims its next unit from a counter
-// (`claims`, one a launch) a unit ahead, so that warps served faster take more units and
-// all finish together. Claim c is unit nw + c; a warp stops at its first claim past the
-// units. Claims number (units - nw) + nw = units in all, so the warp handed claim units - 1
-// is the last to claim and zeroes the counter for the next launch. A unit is one group, or
-// with short rows (per_lane < MV_BATCH) and groups to spare, up to MV_BATCH / per_lane, so
-// that a claim has at least MV_BATCH loads' time to come back. The groups a warp loads go
-// through `ring` (MV_RING slots a warp, shared memory) to its sums, which run up to
-// MV_BATCH items behind. Each group is summed by one warp in the same order whichever warp
-// it is: results do not depend on the claims.
+// biases), as one stream of 16-byte chunks: the warp takes row groups first, first + stride,
+// ... (MV_ROWS rows each), lane l chunks l, l + 32, ... of each row (per_lane of them, the
+// last ones past C skipped). MV_BATCH items are in flight; an item's slot is refilled with
+// the item MV_BATCH ahead, across row groups, as soon as it has been used.
 template <int BITS>
 struct MvStream {
   static constexpr int VALS = BITS == 16 ? 8 : 4 * (32 / BITS);  // inputs a chunk
@@ -254,50 +240,10 @@ struct MvStream {
   bf16_t s[MV_BATCH][MV_ROWS], b[MV_BATCH][MV_ROWS];
   ll lp;   // the next item to load: row group lp, chunk lane + 32 lk
   int lk;
-  int* claims;  // the launch's counter; null: no dynamic units (units <= stride)
-  ll cb, units, unit_end;  // groups a unit, units, the group past lp's unit
-  int claim;    // lane 0: the claim taken a unit ahead
-  int* ring;    // this warp's MV_RING slots
-  int li;       // groups started by the loads
-
-  // The first unit (warp w's: unit w), and the first claim (taken before the wait: the
-  // counter is this launch's alone).
-  __device__ __forceinline__ void start(ll w, int* counter) {
-    cb = 1;
-    if (groups > stride) {
-      const ll want = MV_BATCH / per_lane, most = groups / stride;
-      cb = want < 1 ? 1 : want < most ? want : most;
-    }
-    units = (groups + cb - 1) / cb;
-    claims = units > stride ? counter : nullptr;
-    lp = w * cb;
-    unit_end = lp + cb;
-    if (claims && lane == 0) claim = atomicAdd(claims, 1);
-    ring[0] = (int)(lp < groups ? lp : groups);
-    li = 0;
-  }
-
-  // The group after lp: the next of its unit, or the first of the unit claimed a unit ago
-  // (and the next claim taken).
-  __device__ __forceinline__ ll advance() {
-    // (A warp whose unit runs past the last group resolves its claim too: every claim is.)
-    if (lp + 1 < unit_end && lp + 1 < groups) return lp + 1;
-    if (!claims) return groups;  // one unit a warp
-    const int c = __shfl_sync(0xffffffffu, claim, 0);
-    const ll u = stride + c;
-    if (u < units) {
-      if (lane == 0) claim = atomicAdd(claims, 1);
-    } else if (lane == 0 && c == units - 1) {
-      *claims = 0;
-    }
-    unit_end = (u + 1) * cb;
-    return u * cb;
-  }
 
   __device__ __forceinline__ void load(int u) {
-    if (lp >= groups) return;
     const int c = lane + 32 * lk;
-    if (c < C) {
+    if (lp < groups && c < C) {
       const int g = (c * VALS) >> gs_shift;
 #pragma unroll
       for (int r = 0; r < MV_ROWS; ++r) {
@@ -311,8 +257,7 @@ struct MvStream {
     }
     if (++lk == per_lane) {
       lk = 0;
-      lp = advance();
-      ring[++li & (MV_RING - 1)] = (int)(lp < groups ? lp : groups);
+      lp += stride;
     }
   }
 
@@ -358,19 +303,30 @@ __device__ __forceinline__ u32 norm2(u32 x, u32 g, float inv) {
   return (u32)lo | ((u32)hi << 16);
 }
 
+// Whether the norm weights are loaded into shared memory before the wait and the input read
+// once (set by the host: GraphOptions::norm_preload).
+#ifndef MV_NORM_PRELOAD
+#define MV_NORM_PRELOAD 1
+#endif
+
 // Fills xs (shared, slots swizzled) with the input vector: xin, or rms_norm(xin, normw, eps)
 // rounded as MLX's fast.rms_norm rounds it; with quantized weights (bits 4 or 8) also xc[c],
 // the sum of chunk c's inputs (128 / bits of them, what a 16-byte chunk of codes covers),
 // shared by every row. All threads of the block take part, each loading PRO_PIECES 16-byte
-// pieces at once (one slot of xs each; K is a multiple of 8).
+// pieces at once (one slot of xs each; K is a multiple of 8). Piece t is thread t mod T's.
+// With gsm (the norm weights, in shared memory already: mv_norm_preload), the first pass
+// keeps the input in xs and the second reads both from shared memory; without it, the
+// second pass loads them again (from L2).
 __device__ __forceinline__ void mv_prologue(bf16_t* xs, float* xc, float* red, const bf16_t* xin,
-                                            const bf16_t* normw, ll K, bool norm, double eps,
-                                            ll bits) {
+                                            const bf16_t* normw, const uint4* gsm, ll K,
+                                            bool norm, double eps, ll bits) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int T = blockDim.x, pieces = (int)(K / 8);
   const int rounds = (pieces + T * PRO_PIECES - 1) / (T * PRO_PIECES);
   const uint4* xv = (const uint4*)xin;
   const uint4* gv = (const uint4*)normw;
+  uint4* xq = (uint4*)xs;
+  const bool kept = norm && gsm;
   float inv = 0.f;
   if (norm) {
     float ss = 0.f;
@@ -383,7 +339,11 @@ __device__ __forceinline__ void mv_prologue(bf16_t* xs, float* xc, float* red, c
       }
 #pragma unroll
       for (int i = 0; i < PRO_PIECES; ++i) {
-        if ((rd * PRO_PIECES + i) * T + tid < pieces) ss += sq8(v[i]);
+        const int t = (rd * PRO_PIECES + i) * T + tid;
+        if (t < pieces) {
+          ss += sq8(v[i]);
+          if (kept) xq[xs_slot(t)] = v[i];
+        }
       }
     }
     ss = warp_sum(ss);
@@ -393,8 +353,9 @@ __device__ __forceinline__ void mv_prologue(bf16_t* xs, float* xc, float* red, c
     for (int i = 0; i < MV_WARPS; ++i) tot += red[i];
     inv = rsqrtf(tot / (float)K + (float)eps);
   }
-  // The second pass loads the input again (from L2) rather than keep the first pass's pieces:
-  // the registers hold the weights loaded before the wait.
+  // The second pass: the input and the norm weights from shared memory (kept), or loaded
+  // again (from L2) rather than kept in registers, which hold the weights loaded before the
+  // wait.
   // Slots a chunk of codes covers: 4 (4-bit), 2 (8-bit); they sit in neighbouring lanes. The
   // rounds are the same for every thread, so the lane sums see whole warps.
   const int spc = bits == 16 ? 0 : (int)(16 / bits);
@@ -404,8 +365,13 @@ __device__ __forceinline__ void mv_prologue(bf16_t* xs, float* xc, float* red, c
     for (int i = 0; i < PRO_PIECES; ++i) {
       const int t = (rd * PRO_PIECES + i) * T + tid;
       if (t < pieces) {
-        v[i] = xv[t];
-        if (norm) g[i] = gv[t];
+        if (kept) {
+          v[i] = xq[xs_slot(t)];
+          g[i] = gsm[t];
+        } else {
+          v[i] = xv[t];
+          if (norm) g[i] = gv[t];
+        }
       }
     }
 #pragma unroll
@@ -420,7 +386,7 @@ __device__ __forceinline__ void mv_prologue(bf16_t* xs, float* xc, float* red, c
           o.z = norm2(v[i].z, g[i].z, inv);
           o.w = norm2(v[i].w, g[i].w, inv);
         }
-        ((uint4*)xs)[xs_slot(t)] = o;
+        xq[xs_slot(t)] = o;
         if (spc) sum = sum8(o);
       }
       if (spc) {
@@ -432,10 +398,24 @@ __device__ __forceinline__ void mv_prologue(bf16_t* xs, float* xc, float* red, c
   __syncthreads();
 }
 
+// Copies the norm weights into shared memory (gsm), piece t by thread t mod T as the
+// prologue takes them; they do not depend on the previous kernel, so this runs before the
+// wait.
+__device__ __forceinline__ void mv_norm_preload(uint4* gsm, const bf16_t* normw, ll K) {
+  const int pieces = (int)(K / 8);
+  const uint4* gv = (const uint4*)normw;
+  for (int t = threadIdx.x; t < pieces; t += blockDim.x) gsm[t] = gv[t];
+}
+
 // The chunk sums sit past xs, whose slots are swizzled within 64-byte groups: xs takes K
 // rounded up to 64 values (`mv_shared_bytes` in graph_decode.rs).
 __device__ __forceinline__ float* mv_chunk_sums(unsigned char* smem, ll K) {
   return (float*)(smem + 2 * ((K + 63) & ~63ll));
+}
+// With the norm preloaded, its weights sit past the chunk sums (K / (128 / bits) floats, none
+// for bfloat16; a multiple of 16 bytes).
+__device__ __forceinline__ uint4* mv_norm_weights(unsigned char* smem, ll K, ll bits) {
+  return (uint4*)((unsigned char*)mv_chunk_sums(smem, K) + (bits == 16 ? 0 : K / (128 / bits) * 4));
 }
 
 // The body of the matrix-vector kernels: W [N, K] times the input (xin, or rms_norm(xin,
@@ -447,8 +427,7 @@ template <int BITS, class Epi>
 __device__ __forceinline__ void mv_run(const void* W, const bf16_t* S, const bf16_t* B,
                                        const bf16_t* xin, const bf16_t* normw, bool norm, ll N,
                                        ll K, ll gs, double eps, unsigned char* smem, float* red,
-                                       int* claims, Trace& tr, Epi epi) {
-  __shared__ int ring[MV_WARPS * MV_RING];
+                                       Trace& tr, Epi epi) {
   bf16_t* xs = (bf16_t*)smem;
   float* xc = mv_chunk_sums(smem, K);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -465,17 +444,21 @@ __device__ __forceinline__ void mv_run(const void* W, const bf16_t* S, const bf1
   m.G = (int)(K >> m.gs_shift);
   m.per_lane = (m.C + 31) / 32;
   m.lane = lane;
+  m.lp = (ll)blockIdx.x * MV_WARPS + warp;
   m.lk = 0;
-  m.ring = ring + warp * MV_RING;
-  m.start((ll)blockIdx.x * MV_WARPS + warp, claims);
 #pragma unroll
   for (int u = 0; u < MV_BATCH; ++u) m.load(u);
+  uint4* gsm = nullptr;
+  if (MV_NORM_PRELOAD && norm) {
+    gsm = mv_norm_weights(smem, K, BITS);
+    mv_norm_preload(gsm, normw, K);
+  }
   pdl_wait_then_release();
   tr.mark(1);
-  mv_prologue(xs, xc, red, xin, normw, K, norm, eps, BITS);
+  mv_prologue(xs, xc, red, xin, normw, gsm, K, norm, eps, BITS);
   tr.mark(2);
-  ll p = m.ring[0];  // the row group being summed, chunk lane + 32 k
-  int k = 0, ci = 0;
+  ll p = (ll)blockIdx.x * MV_WARPS + warp;  // the row group being summed, chunk lane + 32 k
+  int k = 0;
   float acc[MV_ROWS];
 #pragma unroll
   for (int r = 0; r < MV_ROWS; ++r) acc[r] = 0.f;
@@ -492,7 +475,7 @@ __device__ __forceinline__ void mv_run(const void* W, const bf16_t* S, const bf1
 #pragma unroll
           for (int r = 0; r < MV_ROWS; ++r) acc[r] = 0.f;
           k = 0;
-          p = m.ring[++ci & (MV_RING - 1)];
+          p += m.stride;
         }
       }
     }
@@ -517,7 +500,7 @@ __device__ __forceinline__ void mv_run(const void* W, const bf16_t* S, const bf1
 extern "C" __global__ void __launch_bounds__(256, 2) matvec(const void* W, const bf16_t* S, const bf16_t* B,
                                   const bf16_t* xin, const bf16_t* normw, const bf16_t* res,
                                   void* out, ll N, ll K, ll bits, ll gs, ll mode, double eps,
-                                  int* claims, u64* trace) {
+                                  u64* trace) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float red[MV_WARPS];
   Trace tr{trace};
@@ -544,8 +527,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) matvec(const void* W, const
       }
     }
   };
-  MV_DISPATCH(bits, W, S, B, xin, normw, (mode & MODE_NORM) != 0, N, K, gs, eps, smem, red,
-              claims, tr, epi)
+  MV_DISPATCH(bits, W, S, B, xin, normw, (mode & MODE_NORM) != 0, N, K, gs, eps, smem, red, tr,
+              epi)
   tr.done(TRACE_MATVEC | (u64)mode << 8 | (u64)K << 16);
 }
 
@@ -570,7 +553,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) matvec_qkv(const void* W, c
                                       const bf16_t* xin, const bf16_t* normw, bf16_t* qout,
                                       bf16_t* kc, bf16_t* vc, const int* state, ll K, ll bits,
                                       ll gs, ll nh, ll nkv, ll D, ll cap, ll traditional,
-                                      double eps, double log2_base, int* claims, u64* trace) {
+                                      double eps, double log2_base, u64* trace) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float red[MV_WARPS];
   Trace tr{trace};
@@ -606,8 +589,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) matvec_qkv(const void* W, c
     }
   };
   // D is a multiple of MV_ROWS: every group is whole.
-  MV_DISPATCH(bits, W, S, B, xin, normw, true, (nh + 2 * nkv) * D, K, gs, eps, smem, red,
-              claims, tr, epi)
+  MV_DISPATCH(bits, W, S, B, xin, normw, true, (nh + 2 * nkv) * D, K, gs, eps, smem, red, tr,
+              epi)
   tr.done(TRACE_QKV | (u64)K << 16);
 }
 
@@ -616,18 +599,20 @@ extern "C" __global__ void __launch_bounds__(256, 2) matvec_qkv(const void* W, c
 // of a head to finish (counted in counters[h], which it resets) combines them:
 // out[h] = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s.
 // 128 threads; D 16, 32, 64 or 128.
-extern "C" __global__ void attention(const bf16_t* qb, const bf16_t* kc, const bf16_t* vc,
+extern "C" __global__ void __launch_bounds__(128, 4) attention(const bf16_t* qb, const bf16_t* kc, const bf16_t* vc,
                                      const int* state, float* po, float* pml, int* counters,
                                      bf16_t* out, ll nh, ll nkv, ll D, ll cap, ll NS,
                                      double scale, u64* trace) {
   Trace tr{trace};
   tr.mark(0);
-  pdl_wait_then_release();
-  tr.mark(1);
   const ll h = blockIdx.x, s = blockIdx.y;
+  // Read before the wait: the previous step's argmax, which set it, has finished (each
+  // kernel of the step started after the one before it had waited for its own predecessor).
   const ll L = (ll)state[1] + 1;
   const ll start = s * ATTN_CHUNK;
   if (start >= L) {
+    pdl_wait_then_release();
+    tr.mark(1);
     tr.mark(2);
     tr.done(TRACE_ATTENTION);
     return;
@@ -643,21 +628,33 @@ extern "C" __global__ void attention(const bf16_t* qb, const bf16_t* kc, const b
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   // Every load at once: the thread's key (a thread a position), its value pieces (thread
   // (position group tp, piece td) takes 8 dimensions of positions tp, tp + P, ..., P = 1024 /
-  // D position groups) and the query; then the arithmetic.
+  // D position groups) and the query; then the arithmetic. The cached positions' keys and
+  // values are loaded before the wait; the query and position L - 1's key and value (row
+  // cur of the chunk, if it holds it), which the q/k/v kernel before this one writes, after.
   const int dg = (int)(D / 8), P = ATTN_THREADS / dg;
   const int td = tid % dg, tp = tid / dg;
+  const ll cur = L - 1 - start;
   uint4 kr[16], vr[8];
-  if (tid < n) {
+  auto load_key = [&]() {
     const uint4* k = (const uint4*)(kc + (kvh * cap + start + tid) * D);
 #pragma unroll
     for (int c = 0; c < 16; ++c) {  // D / 8 <= 16 pieces
       if (c < dg) kr[c] = k[c];
     }
-  }
+  };
+  if (tid < n && tid != cur) load_key();
 #pragma unroll
   for (int i = 0; i < 8; ++i) {  // P >= 8: 8 rounds cover the chunk
     const int j = tp + i * P;
-    if (j < n) vr[i] = *(const uint4*)(vc + (kvh * cap + start + j) * D + 8 * td);
+    if (j < n && j != cur) vr[i] = *(const uint4*)(vc + (kvh * cap + start + j) * D + 8 * td);
+  }
+  pdl_wait_then_release();
+  tr.mark(1);
+  if (tid < n && tid == cur) load_key();
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int j = tp + i * P;
+    if (j < n && j == cur) vr[i] = *(const uint4*)(vc + (kvh * cap + start + j) * D + 8 * td);
   }
   for (ll d = tid; d < D; d += ATTN_THREADS) q[d] = (float)scale * bf2f(qb[h * D + d]);
   __syncthreads();

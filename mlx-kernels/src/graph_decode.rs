@@ -52,8 +52,8 @@ pub const SOURCE: &str = include_str!("graph_decode.cu");
 
 const KERNELS: &[(&str, u32)] = &[
     ("embed", 8),
-    ("matvec", 15),
-    ("matvec_qkv", 21),
+    ("matvec", 14),
+    ("matvec_qkv", 20),
     ("attention", 15),
     ("argmax_next", 5),
 ];
@@ -91,6 +91,10 @@ pub struct GraphOptions {
     /// default: as many as fit). Fewer leave room for the next kernel's blocks to start
     /// early and load their first weights.
     pub blocks_per_sm: Option<u32>,
+    /// The RMSNorm in front of a projection copies its weights into shared memory before
+    /// waiting for the previous kernel and reads the input once (default true); false: it
+    /// loads both after the wait, the input twice.
+    pub norm_preload: bool,
 }
 
 impl Default for GraphOptions {
@@ -100,6 +104,7 @@ impl Default for GraphOptions {
             rows_per_warp: 2,
             chunks_in_flight: None,
             blocks_per_sm: None,
+            norm_preload: true,
         }
     }
 }
@@ -453,9 +458,6 @@ struct Activations {
     po: Buffer,
     pml: Buffer,
     counters: Buffer,
-    /// One counter of claimed row groups a matrix-vector launch of the step (each launch
-    /// zeroes its own at its end).
-    claims: Buffer,
 }
 
 /// One llama's decode step as a replayed CUDA graph. See the module docs.
@@ -690,7 +692,10 @@ impl GraphDecoder {
         }
         let capacity = capacity.div_ceil(ATTN_CHUNK) * ATTN_CHUNK;
         let mut w = Weights::load(dir, &shape)?;
-        let source = format!("#define MV_ROWS {rows}\n#define MV_BATCH {batch}\n{SOURCE}");
+        let source = format!(
+            "#define MV_ROWS {rows}\n#define MV_BATCH {batch}\n#define MV_NORM_PRELOAD {}\n{SOURCE}",
+            u8::from(opts.norm_preload)
+        );
         let mut rt = GpuRuntime::new(&source, KERNELS)?;
         let s = &shape;
         let (h, d, i_sz) = (s.hidden, s.head_dim, s.intermediate);
@@ -846,11 +851,11 @@ impl GraphDecoder {
             po: rt.alloc(s.heads * ns * d * 4)?,
             pml: rt.alloc(s.heads * ns * 2 * 4)?,
             counters: rt.alloc(s.heads * 4)?,
-            claims: rt.alloc(4 * (4 * s.layers + 1))?,
         };
-        rt.upload(acts.claims, 0, &vec![0u8; 4 * (4 * s.layers + 1)])?;
         let max_k = h.max(i_sz).max(s.heads * d);
-        let shared = mv_shared_bytes(max_k, s.group_and_bits().1);
+        let bits = s.group_and_bits().1;
+        let shared =
+            mv_shared_bytes(max_k, bits, false).max(mv_shared_bytes(h, bits, opts.norm_preload));
         // Past 48 KiB less the kernels' static shared memory (under 1 KiB), opt in.
         if shared + 1024 > 48 * 1024 {
             for k in ["matvec", "matvec_qkv"] {
@@ -874,6 +879,7 @@ impl GraphDecoder {
             pdl,
             rows,
             mv_cap,
+            norm_preload: opts.norm_preload,
         };
         let graph = match rt.capture(|rt| record_step(rt, &step, None, None)) {
             Ok(g) => g,
@@ -920,6 +926,11 @@ impl GraphDecoder {
     /// 16-byte chunks of each row a lane keeps in flight in the matrix-vector products.
     pub fn chunks_in_flight(&self) -> u32 {
         self.batch
+    }
+
+    /// Whether the norms' weights are preloaded ([`GraphOptions::norm_preload`]).
+    pub fn norm_preload(&self) -> bool {
+        self.step.norm_preload
     }
 
     /// Rows a warp computes at once in the matrix-vector products.
@@ -1267,19 +1278,9 @@ struct Recorder<'a> {
     /// The timeline's buffer (GraphDecoder::trace_step), or none.
     trace: Option<Buffer>,
     prev_multi_wave: bool,
-    /// Matrix-vector launches recorded or skipped so far: the next one's claims counter.
-    mv_launches: usize,
 }
 
 impl Recorder<'_> {
-    /// The next matrix-vector launch's claims counter (counted whether or not it is
-    /// recorded, so that a part's launches use the whole step's counters).
-    fn claims_arg(&mut self) -> Arg {
-        let i = self.mv_launches;
-        self.mv_launches += 1;
-        Arg::Buf(self.step.acts.claims, 4 * i)
-    }
-
     /// The kernels' timeline argument: the buffer, or a null pointer.
     fn trace_arg(&self) -> Arg {
         self.trace.map_or(Arg::I64(0), |b| Arg::Buf(b, 0))
@@ -1319,9 +1320,12 @@ fn mv_blocks(n: usize, rows: usize, resident: u32) -> u32 {
 /// Dynamic shared memory of a matrix-vector kernel over inputs of width `k`: the input as
 /// bfloat16 (rounded up to 64 values, its 16-byte slots swizzled within 64-byte groups), then
 /// with quantized weights one float32 sum per 16-byte chunk of codes (`128 / bits` inputs).
-fn mv_shared_bytes(k: usize, bits: usize) -> u32 {
+/// With `norm_weights` (a normed input, its weights preloaded), `k` bfloat16 norm weights
+/// follow.
+fn mv_shared_bytes(k: usize, bits: usize, norm_weights: bool) -> u32 {
     let sums = if bits == 16 { 0 } else { k / (128 / bits) * 4 };
-    (k.next_multiple_of(64) * 2 + sums) as u32
+    let norm = if norm_weights { k * 2 } else { 0 };
+    (k.next_multiple_of(64) * 2 + sums + norm) as u32
 }
 
 fn opt(b: Option<Buffer>, dummy: Buffer) -> Arg {
@@ -1345,8 +1349,7 @@ fn matvec(
     let k = rt.kernel("matvec")?;
     let s = &rec.step.shape;
     let (gs, bits) = s.group_and_bits();
-    let shared = mv_shared_bytes(lin.k, bits);
-    let claims = rec.claims_arg();
+    let shared = mv_shared_bytes(lin.k, bits, norm.is_some() && rec.step.norm_preload);
     rec.launch(
         rt,
         part,
@@ -1377,7 +1380,6 @@ fn matvec(
             Arg::I64(gs as i64),
             Arg::I64(mode),
             Arg::F64(s.eps as f64),
-            claims,
             rec.trace_arg(),
         ],
     )
@@ -1399,6 +1401,8 @@ struct Step {
     rows: usize,
     /// The cap on a matrix-vector kernel's grid besides one wave (blocks_per_sm x SMs).
     mv_cap: u32,
+    /// GraphOptions::norm_preload (MV_NORM_PRELOAD in the source).
+    norm_preload: bool,
 }
 
 /// Records one decode step (while capturing), or only one part's kernels of it; with a
@@ -1426,7 +1430,6 @@ fn record_step(
         only,
         trace,
         prev_multi_wave: false,
-        mv_launches: 0,
     };
     let k_embed = rt.kernel("embed")?;
     let k_qkv = rt.kernel("matvec_qkv")?;
@@ -1456,12 +1459,11 @@ fn record_step(
     let log2_base = (s.rope_theta).log2() as f64;
     let scale = (1.0f32 / (s.head_dim as f32).sqrt()) as f64;
     // Every layer's q/k/v product has the same shape.
-    let qkv_shared = mv_shared_bytes(s.hidden, bits);
+    let qkv_shared = mv_shared_bytes(s.hidden, bits, step.norm_preload);
     let qkv_resident = rt
         .resident_blocks(k_qkv, MV_THREADS, qkv_shared)?
         .min(mv_cap);
     for l in layers {
-        let claims = rec.claims_arg();
         rec.launch(
             rt,
             Part::Qkv,
@@ -1489,7 +1491,6 @@ fn record_step(
                 Arg::I64(i64::from(s.rope_traditional)),
                 Arg::F64(s.eps as f64),
                 Arg::F64(log2_base),
-                claims,
                 rec.trace_arg(),
             ],
         )?;
@@ -1582,10 +1583,12 @@ mod tests {
         assert_eq!(mv_blocks(1, 4, 264), 1);
         assert_eq!(mv_blocks(4096, 2, 0), 1);
         // bfloat16 inputs rounded up to 64 values, then a float sum per chunk of codes.
-        assert_eq!(mv_shared_bytes(576, 16), 1152);
-        assert_eq!(mv_shared_bytes(100, 16), 256);
-        assert_eq!(mv_shared_bytes(4096, 4), 8192 + 128 * 4);
-        assert_eq!(mv_shared_bytes(14336, 8), 28672 + 896 * 4);
+        assert_eq!(mv_shared_bytes(576, 16, false), 1152);
+        assert_eq!(mv_shared_bytes(576, 16, true), 1152 + 1152);
+        assert_eq!(mv_shared_bytes(100, 16, false), 256);
+        assert_eq!(mv_shared_bytes(4096, 4, false), 8192 + 128 * 4);
+        assert_eq!(mv_shared_bytes(4096, 4, true), 8192 + 128 * 4 + 8192);
+        assert_eq!(mv_shared_bytes(14336, 8, false), 28672 + 896 * 4);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 """Runs the graph decoder's CUDA kernels on the CPU, here, without a GPU, against mlx-lm.
 
-    [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_RESIDENT=N] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
+    [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_PRELOAD=0|1] [GRAPH_EMU_RESIDENT=N] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
 
 Takes the exact source of `mlx-kernels/src/graph_decode.cu` as plain C++: each CUDA block
 runs as its threads (std::thread); `__syncthreads` is a block barrier, and `__shfl_xor_sync`
@@ -88,14 +88,7 @@ template <class T> inline T shfl(T (&slot)[32][32], T v, int o) {
   return r;
 }
 inline float __shfl_xor_sync(unsigned, float v, int o) { return shfl(g_fs, v, o); }
-inline int __shfl_sync(unsigned, int v, int src) {
-  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
-  g_is[w][l] = v;
-  g_wbar[w]->arrive_and_wait();
-  int r = g_is[w][src];
-  g_wbar[w]->arrive_and_wait();
-  return r;
-}
+
 inline int __shfl_xor_sync(unsigned, int v, int o) { return shfl(g_is, v, o); }
 inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
@@ -132,8 +125,8 @@ inline double D_(u64 v) { double d; std::memcpy(&d, &v, 8); return d; }
 extern "C" void emu(int k, unsigned gx, unsigned gy, unsigned bx, const u64* a) {
   switch (k) {
     case 0: run_grid(gx, gy, bx, [=] { embed(P(const void*, 0), P(const bf16_t*, 1), P(const bf16_t*, 2), P(const int*, 3), P(bf16_t*, 4), L(5), L(6), L(7)); }); break;
-    case 1: run_grid(gx, gy, bx, [=] { matvec(P(const void*, 0), P(const bf16_t*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(const bf16_t*, 4), P(const bf16_t*, 5), P(void*, 6), L(7), L(8), L(9), L(10), L(11), D_(a[12]), P(int*, 13), P(u64*, 14)); }); break;
-    case 2: run_grid(gx, gy, bx, [=] { matvec_qkv(P(const void*, 0), P(const bf16_t*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(const bf16_t*, 4), P(bf16_t*, 5), P(bf16_t*, 6), P(bf16_t*, 7), P(const int*, 8), L(9), L(10), L(11), L(12), L(13), L(14), L(15), L(16), D_(a[17]), D_(a[18]), P(int*, 19), P(u64*, 20)); }); break;
+    case 1: run_grid(gx, gy, bx, [=] { matvec(P(const void*, 0), P(const bf16_t*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(const bf16_t*, 4), P(const bf16_t*, 5), P(void*, 6), L(7), L(8), L(9), L(10), L(11), D_(a[12]), P(u64*, 13)); }); break;
+    case 2: run_grid(gx, gy, bx, [=] { matvec_qkv(P(const void*, 0), P(const bf16_t*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(const bf16_t*, 4), P(bf16_t*, 5), P(bf16_t*, 6), P(bf16_t*, 7), P(const int*, 8), L(9), L(10), L(11), L(12), L(13), L(14), L(15), L(16), D_(a[17]), D_(a[18]), P(u64*, 19)); }); break;
     case 3: run_grid(gx, gy, bx, [=] { attention(P(const bf16_t*, 0), P(const bf16_t*, 1), P(const bf16_t*, 2), P(const int*, 3), P(float*, 4), P(float*, 5), P(int*, 6), P(bf16_t*, 7), L(8), L(9), L(10), L(11), L(12), D_(a[13]), P(u64*, 14)); }); break;
     case 4: run_grid(gx, gy, bx, [=] { argmax_next(P(const float*, 0), P(int*, 1), P(int*, 2), L(3), L(4)); }); break;
   }
@@ -143,6 +136,7 @@ extern "C" void emu(int k, unsigned gx, unsigned gy, unsigned bx, const u64* a) 
 
 ROWS = int(os.environ.get("GRAPH_EMU_ROWS", "2"))  # GraphOptions::rows_per_warp
 BATCH = int(os.environ.get("GRAPH_EMU_BATCH", str(8 // ROWS)))  # GraphOptions::chunks_in_flight
+PRELOAD = int(os.environ.get("GRAPH_EMU_PRELOAD", "1"))  # GraphOptions::norm_preload
 # Prompt tokens: 150 puts the 8 steps' attention over 3 chunks of 64 (the combine by the
 # last block runs over several).
 PROMPT = int(os.environ.get("GRAPH_EMU_PROMPT", "150"))
@@ -157,7 +151,7 @@ def mv_grid(rows):
 
 
 def build(tmp):
-    src = f"#define MV_ROWS {ROWS}\n#define MV_BATCH {BATCH}\n" + CU
+    src = f"#define MV_ROWS {ROWS}\n#define MV_BATCH {BATCH}\n#define MV_NORM_PRELOAD {PRELOAD}\n" + CU
     src = src.replace("extern __shared__ __align__(16) unsigned char smem[];", "unsigned char* smem = g_smem;")
     cpp, so = os.path.join(tmp, "emu.cpp"), os.path.join(tmp, "emu.so")
     open(cpp, "w").write(PRE + src + LAUNCH)
@@ -281,15 +275,6 @@ def run(lib, name):
     po = e.buf(np.zeros(nh * ns * d, np.float32))
     pml = e.buf(np.zeros(nh * ns * 2, np.float32))
     counters = e.buf(np.zeros(nh, np.int32))
-    # One claims counter a matrix-vector launch of the step, as GraphDecoder lays them out.
-    claims = e.buf(np.zeros(4 * len(layers) + 1, np.int32))
-    slot = [0]
-
-    def claim_arg():
-        i = slot[0]
-        slot[0] += 1
-        return claims.ctypes.data + 4 * i
-
     log2_base = float(np.log2(np.float32(theta)))
     scale = float(np.float32(1.0) / np.sqrt(np.float32(d)))
 
@@ -298,16 +283,15 @@ def run(lib, name):
         e.launch(1, mv_grid(n), 256,
                  [w, s, b, x, norm if norm is not None else x, res if res is not None else x, out,
                   n, l[0][0].shape[-1] * 32 // nbits if q else l[0][0].shape[-1], nbits, gs, mode, float(np.float32(eps)),
-                  claim_arg(), 0])  # no timeline
+                  0])  # no timeline
 
     def step():
-        slot[0] = 0
         e.launch(0, (1, 1), 256, [embed[0], embed[1], embed[2], state, h, H, nbits, gs])
         for L in layers:
             (w, s, b), n = L["qkv"]
             e.launch(2, mv_grid(n), 256,
                      [w, s, b, h, L["inn"], qb, L["kc"], L["vc"], state, H, nbits, gs, nh, nkv, d, cap,
-                      int(trad), float(np.float32(eps)), log2_base, claim_arg(), 0])
+                      int(trad), float(np.float32(eps)), log2_base, 0])
             e.launch(3, (nh, ns), 128, [qb, L["kc"], L["vc"], state, po, pml, counters, attn, nh, nkv, d, cap, ns, scale, 0])
             mv(L["o"], attn, None, h, h, 2)
             mv(L["gu"], h, L["post"], None, act, 1 | 4)
@@ -333,7 +317,6 @@ def run(lib, name):
         step()
         pos += 1
         assert state[1] == pos and state[0] == tokens[0], "the step state did not advance"
-        assert not claims.any(), f"claims counters not zeroed by their launches: {claims}"
         rel = float(np.max(np.abs(ref - logits)) / max(np.max(np.abs(ref)), 1e-6))
         worst = max(worst, rel)
         agree += int(np.argmax(ref) == np.argmax(logits))
@@ -363,7 +346,7 @@ def projection_errors(e, p, name, gs, nbits):
     out = e.buf(np.zeros(n, np.uint16))
     xb = e.buf(bits(x))
     e.launch(1, mv_grid(n), 256,
-             [e.buf(bits(w)), e.buf(bits(s)), e.buf(bits(b)), xb, xb, xb, out, n, k, nbits, gs, 0, 1e-5, e.buf(np.zeros(1, np.int32)), 0])
+             [e.buf(bits(w)), e.buf(bits(s)), e.buf(bits(b)), xb, xb, xb, out, n, k, nbits, gs, 0, 1e-5, 0])
     ours = (out.astype(np.uint32) << 16).view(np.float32)
     deq = np.array(mx.dequantize(w, s, b, group_size=gs, bits=nbits).astype(mx.float32))
     exact = deq.astype(np.float64) @ np.array(x.astype(mx.float32)).astype(np.float64)
