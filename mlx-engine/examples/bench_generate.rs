@@ -615,8 +615,7 @@ fn run(a: &Args) -> BoxResult<()> {
         // MLX_GRAPH_PDL=0: plain launches instead of programmatic dependent launch;
         // MLX_GRAPH_ROWS=4: four rows a warp in the matrix-vector products;
         // MLX_GRAPH_BATCH=N: N chunks a row in flight; MLX_GRAPH_BLOCKS=N: at most N
-        // matrix-vector blocks a multiprocessor; MLX_GRAPH_PRELOAD=0: the norm weights
-        // loaded after the wait.
+        // matrix-vector blocks a multiprocessor.
         let env_u32 = |name: &str| -> BoxResult<Option<u32>> {
             match std::env::var(name) {
                 Ok(v) => Ok(Some(v.parse().map_err(|e| format!("{name} {v}: {e}"))?)),
@@ -629,7 +628,6 @@ fn run(a: &Args) -> BoxResult<()> {
                 .unwrap_or(GraphOptions::default().rows_per_warp),
             chunks_in_flight: env_u32("MLX_GRAPH_BATCH")?,
             blocks_per_sm: env_u32("MLX_GRAPH_BLOCKS")?,
-            norm_preload: std::env::var("MLX_GRAPH_PRELOAD").map_or(true, |v| v != "0"),
         };
         let cap = a.prompt_len + a.gen_len.max(a.graph_check) + 1;
         let dec = GraphDecoder::load_with(&path, cap, &opts)?;
@@ -713,7 +711,6 @@ fn run(a: &Args) -> BoxResult<()> {
         out["programmatic_launch"] = json!(dec.programmatic_launch());
         out["rows_per_warp"] = json!(dec.rows_per_warp());
         out["chunks_in_flight"] = json!(dec.chunks_in_flight());
-        out["norm_preload"] = json!(dec.norm_preload());
         if let Some(path) = &a.graph_trace {
             let n = graph_trace(model.as_ref(), dec, &prompt, a, path)?;
             out["trace_records"] = json!(n);

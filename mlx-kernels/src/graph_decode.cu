@@ -303,30 +303,19 @@ __device__ __forceinline__ u32 norm2(u32 x, u32 g, float inv) {
   return (u32)lo | ((u32)hi << 16);
 }
 
-// Whether the norm weights are loaded into shared memory before the wait and the input read
-// once (set by the host: GraphOptions::norm_preload).
-#ifndef MV_NORM_PRELOAD
-#define MV_NORM_PRELOAD 1
-#endif
-
 // Fills xs (shared, slots swizzled) with the input vector: xin, or rms_norm(xin, normw, eps)
 // rounded as MLX's fast.rms_norm rounds it; with quantized weights (bits 4 or 8) also xc[c],
 // the sum of chunk c's inputs (128 / bits of them, what a 16-byte chunk of codes covers),
 // shared by every row. All threads of the block take part, each loading PRO_PIECES 16-byte
-// pieces at once (one slot of xs each; K is a multiple of 8). Piece t is thread t mod T's.
-// With gsm (the norm weights, in shared memory already: mv_norm_preload), the first pass
-// keeps the input in xs and the second reads both from shared memory; without it, the
-// second pass loads them again (from L2).
+// pieces at once (one slot of xs each; K is a multiple of 8).
 __device__ __forceinline__ void mv_prologue(bf16_t* xs, float* xc, float* red, const bf16_t* xin,
-                                            const bf16_t* normw, const uint4* gsm, ll K,
-                                            bool norm, double eps, ll bits) {
+                                            const bf16_t* normw, ll K, bool norm, double eps,
+                                            ll bits) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int T = blockDim.x, pieces = (int)(K / 8);
   const int rounds = (pieces + T * PRO_PIECES - 1) / (T * PRO_PIECES);
   const uint4* xv = (const uint4*)xin;
   const uint4* gv = (const uint4*)normw;
-  uint4* xq = (uint4*)xs;
-  const bool kept = norm && gsm;
   float inv = 0.f;
   if (norm) {
     float ss = 0.f;
@@ -339,11 +328,7 @@ __device__ __forceinline__ void mv_prologue(bf16_t* xs, float* xc, float* red, c
       }
 #pragma unroll
       for (int i = 0; i < PRO_PIECES; ++i) {
-        const int t = (rd * PRO_PIECES + i) * T + tid;
-        if (t < pieces) {
-          ss += sq8(v[i]);
-          if (kept) xq[xs_slot(t)] = v[i];
-        }
+        if ((rd * PRO_PIECES + i) * T + tid < pieces) ss += sq8(v[i]);
       }
     }
     ss = warp_sum(ss);
@@ -353,9 +338,8 @@ __device__ __forceinline__ void mv_prologue(bf16_t* xs, float* xc, float* red, c
     for (int i = 0; i < MV_WARPS; ++i) tot += red[i];
     inv = rsqrtf(tot / (float)K + (float)eps);
   }
-  // The second pass: the input and the norm weights from shared memory (kept), or loaded
-  // again (from L2) rather than kept in registers, which hold the weights loaded before the
-  // wait.
+  // The second pass loads the input again (from L2) rather than keep the first pass's pieces:
+  // the registers hold the weights loaded before the wait.
   // Slots a chunk of codes covers: 4 (4-bit), 2 (8-bit); they sit in neighbouring lanes. The
   // rounds are the same for every thread, so the lane sums see whole warps.
   const int spc = bits == 16 ? 0 : (int)(16 / bits);
@@ -365,13 +349,8 @@ __device__ __forceinline__ void mv_prologue(bf16_t* xs, float* xc, float* red, c
     for (int i = 0; i < PRO_PIECES; ++i) {
       const int t = (rd * PRO_PIECES + i) * T + tid;
       if (t < pieces) {
-        if (kept) {
-          v[i] = xq[xs_slot(t)];
-          g[i] = gsm[t];
-        } else {
-          v[i] = xv[t];
-          if (norm) g[i] = gv[t];
-        }
+        v[i] = xv[t];
+        if (norm) g[i] = gv[t];
       }
     }
 #pragma unroll
@@ -386,7 +365,7 @@ __device__ __forceinline__ void mv_prologue(bf16_t* xs, float* xc, float* red, c
           o.z = norm2(v[i].z, g[i].z, inv);
           o.w = norm2(v[i].w, g[i].w, inv);
         }
-        xq[xs_slot(t)] = o;
+        ((uint4*)xs)[xs_slot(t)] = o;
         if (spc) sum = sum8(o);
       }
       if (spc) {
@@ -398,24 +377,10 @@ __device__ __forceinline__ void mv_prologue(bf16_t* xs, float* xc, float* red, c
   __syncthreads();
 }
 
-// Copies the norm weights into shared memory (gsm), piece t by thread t mod T as the
-// prologue takes them; they do not depend on the previous kernel, so this runs before the
-// wait.
-__device__ __forceinline__ void mv_norm_preload(uint4* gsm, const bf16_t* normw, ll K) {
-  const int pieces = (int)(K / 8);
-  const uint4* gv = (const uint4*)normw;
-  for (int t = threadIdx.x; t < pieces; t += blockDim.x) gsm[t] = gv[t];
-}
-
 // The chunk sums sit past xs, whose slots are swizzled within 64-byte groups: xs takes K
 // rounded up to 64 values (`mv_shared_bytes` in graph_decode.rs).
 __device__ __forceinline__ float* mv_chunk_sums(unsigned char* smem, ll K) {
   return (float*)(smem + 2 * ((K + 63) & ~63ll));
-}
-// With the norm preloaded, its weights sit past the chunk sums (K / (128 / bits) floats, none
-// for bfloat16; a multiple of 16 bytes).
-__device__ __forceinline__ uint4* mv_norm_weights(unsigned char* smem, ll K, ll bits) {
-  return (uint4*)((unsigned char*)mv_chunk_sums(smem, K) + (bits == 16 ? 0 : K / (128 / bits) * 4));
 }
 
 // The body of the matrix-vector kernels: W [N, K] times the input (xin, or rms_norm(xin,
@@ -448,14 +413,9 @@ __device__ __forceinline__ void mv_run(const void* W, const bf16_t* S, const bf1
   m.lk = 0;
 #pragma unroll
   for (int u = 0; u < MV_BATCH; ++u) m.load(u);
-  uint4* gsm = nullptr;
-  if (MV_NORM_PRELOAD && norm) {
-    gsm = mv_norm_weights(smem, K, BITS);
-    mv_norm_preload(gsm, normw, K);
-  }
   pdl_wait_then_release();
   tr.mark(1);
-  mv_prologue(xs, xc, red, xin, normw, gsm, K, norm, eps, BITS);
+  mv_prologue(xs, xc, red, xin, normw, K, norm, eps, BITS);
   tr.mark(2);
   ll p = (ll)blockIdx.x * MV_WARPS + warp;  // the row group being summed, chunk lane + 32 k
   int k = 0;

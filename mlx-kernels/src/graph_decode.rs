@@ -91,10 +91,6 @@ pub struct GraphOptions {
     /// default: as many as fit). Fewer leave room for the next kernel's blocks to start
     /// early and load their first weights.
     pub blocks_per_sm: Option<u32>,
-    /// The RMSNorm in front of a projection copies its weights into shared memory before
-    /// waiting for the previous kernel and reads the input once (default true); false: it
-    /// loads both after the wait, the input twice.
-    pub norm_preload: bool,
 }
 
 impl Default for GraphOptions {
@@ -104,7 +100,6 @@ impl Default for GraphOptions {
             rows_per_warp: 2,
             chunks_in_flight: None,
             blocks_per_sm: None,
-            norm_preload: true,
         }
     }
 }
@@ -692,10 +687,7 @@ impl GraphDecoder {
         }
         let capacity = capacity.div_ceil(ATTN_CHUNK) * ATTN_CHUNK;
         let mut w = Weights::load(dir, &shape)?;
-        let source = format!(
-            "#define MV_ROWS {rows}\n#define MV_BATCH {batch}\n#define MV_NORM_PRELOAD {}\n{SOURCE}",
-            u8::from(opts.norm_preload)
-        );
+        let source = format!("#define MV_ROWS {rows}\n#define MV_BATCH {batch}\n{SOURCE}");
         let mut rt = GpuRuntime::new(&source, KERNELS)?;
         let s = &shape;
         let (h, d, i_sz) = (s.hidden, s.head_dim, s.intermediate);
@@ -853,9 +845,7 @@ impl GraphDecoder {
             counters: rt.alloc(s.heads * 4)?,
         };
         let max_k = h.max(i_sz).max(s.heads * d);
-        let bits = s.group_and_bits().1;
-        let shared =
-            mv_shared_bytes(max_k, bits, false).max(mv_shared_bytes(h, bits, opts.norm_preload));
+        let shared = mv_shared_bytes(max_k, s.group_and_bits().1);
         // Past 48 KiB less the kernels' static shared memory (under 1 KiB), opt in.
         if shared + 1024 > 48 * 1024 {
             for k in ["matvec", "matvec_qkv"] {
@@ -879,7 +869,6 @@ impl GraphDecoder {
             pdl,
             rows,
             mv_cap,
-            norm_preload: opts.norm_preload,
         };
         let graph = match rt.capture(|rt| record_step(rt, &step, None, None)) {
             Ok(g) => g,
@@ -926,11 +915,6 @@ impl GraphDecoder {
     /// 16-byte chunks of each row a lane keeps in flight in the matrix-vector products.
     pub fn chunks_in_flight(&self) -> u32 {
         self.batch
-    }
-
-    /// Whether the norms' weights are preloaded ([`GraphOptions::norm_preload`]).
-    pub fn norm_preload(&self) -> bool {
-        self.step.norm_preload
     }
 
     /// Rows a warp computes at once in the matrix-vector products.
@@ -1320,12 +1304,9 @@ fn mv_blocks(n: usize, rows: usize, resident: u32) -> u32 {
 /// Dynamic shared memory of a matrix-vector kernel over inputs of width `k`: the input as
 /// bfloat16 (rounded up to 64 values, its 16-byte slots swizzled within 64-byte groups), then
 /// with quantized weights one float32 sum per 16-byte chunk of codes (`128 / bits` inputs).
-/// With `norm_weights` (a normed input, its weights preloaded), `k` bfloat16 norm weights
-/// follow.
-fn mv_shared_bytes(k: usize, bits: usize, norm_weights: bool) -> u32 {
+fn mv_shared_bytes(k: usize, bits: usize) -> u32 {
     let sums = if bits == 16 { 0 } else { k / (128 / bits) * 4 };
-    let norm = if norm_weights { k * 2 } else { 0 };
-    (k.next_multiple_of(64) * 2 + sums + norm) as u32
+    (k.next_multiple_of(64) * 2 + sums) as u32
 }
 
 fn opt(b: Option<Buffer>, dummy: Buffer) -> Arg {
@@ -1349,7 +1330,7 @@ fn matvec(
     let k = rt.kernel("matvec")?;
     let s = &rec.step.shape;
     let (gs, bits) = s.group_and_bits();
-    let shared = mv_shared_bytes(lin.k, bits, norm.is_some() && rec.step.norm_preload);
+    let shared = mv_shared_bytes(lin.k, bits);
     rec.launch(
         rt,
         part,
@@ -1401,8 +1382,6 @@ struct Step {
     rows: usize,
     /// The cap on a matrix-vector kernel's grid besides one wave (blocks_per_sm x SMs).
     mv_cap: u32,
-    /// GraphOptions::norm_preload (MV_NORM_PRELOAD in the source).
-    norm_preload: bool,
 }
 
 /// Records one decode step (while capturing), or only one part's kernels of it; with a
@@ -1459,7 +1438,7 @@ fn record_step(
     let log2_base = (s.rope_theta).log2() as f64;
     let scale = (1.0f32 / (s.head_dim as f32).sqrt()) as f64;
     // Every layer's q/k/v product has the same shape.
-    let qkv_shared = mv_shared_bytes(s.hidden, bits, step.norm_preload);
+    let qkv_shared = mv_shared_bytes(s.hidden, bits);
     let qkv_resident = rt
         .resident_blocks(k_qkv, MV_THREADS, qkv_shared)?
         .min(mv_cap);
@@ -1583,12 +1562,10 @@ mod tests {
         assert_eq!(mv_blocks(1, 4, 264), 1);
         assert_eq!(mv_blocks(4096, 2, 0), 1);
         // bfloat16 inputs rounded up to 64 values, then a float sum per chunk of codes.
-        assert_eq!(mv_shared_bytes(576, 16, false), 1152);
-        assert_eq!(mv_shared_bytes(576, 16, true), 1152 + 1152);
-        assert_eq!(mv_shared_bytes(100, 16, false), 256);
-        assert_eq!(mv_shared_bytes(4096, 4, false), 8192 + 128 * 4);
-        assert_eq!(mv_shared_bytes(4096, 4, true), 8192 + 128 * 4 + 8192);
-        assert_eq!(mv_shared_bytes(14336, 8, false), 28672 + 896 * 4);
+        assert_eq!(mv_shared_bytes(576, 16), 1152);
+        assert_eq!(mv_shared_bytes(100, 16), 256);
+        assert_eq!(mv_shared_bytes(4096, 4), 8192 + 128 * 4);
+        assert_eq!(mv_shared_bytes(14336, 8), 28672 + 896 * 4);
     }
 
     #[test]

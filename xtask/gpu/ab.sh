@@ -45,11 +45,10 @@ for m in $MODELS; do
       # `graphplain`: the same without programmatic dependent launch (MLX_GRAPH_PDL=0);
       # `graph4`: four rows a warp in the matrix-vector products (MLX_GRAPH_ROWS=4);
       # `graphb8`: eight chunks a row in flight (MLX_GRAPH_BATCH=8); `graph1`: one
-      # matrix-vector block a multiprocessor (MLX_GRAPH_BLOCKS=1); `graphnp`: the norm
-      # weights loaded after the wait (MLX_GRAPH_PRELOAD=0).
+      # matrix-vector block a multiprocessor (MLX_GRAPH_BLOCKS=1).
       # TRACE=1: every graph mode also writes one step's timeline to
       # $OUT/trace-MODEL-MODE.txt (--graph-trace; summarise with trace_summary.py).
-      PDL=1; ROWS=2; BATCH=""; BLOCKS=""; PRELOAD=1
+      PDL=1; ROWS=2; BATCH=""; BLOCKS=""
       # GRAPH_EXTRA: more flags for the graph modes (say `--graph-breakdown 20`).
       case "$c" in
         graph) FLAGS="--decoder graph $GRAPH_EXTRA" ;;
@@ -57,11 +56,10 @@ for m in $MODELS; do
         graph4) FLAGS="--decoder graph $GRAPH_EXTRA"; ROWS=4 ;;
         graphb8) FLAGS="--decoder graph $GRAPH_EXTRA"; BATCH=8 ;;
         graph1) FLAGS="--decoder graph $GRAPH_EXTRA"; BLOCKS=1 ;;
-        graphnp) FLAGS="--decoder graph $GRAPH_EXTRA"; PRELOAD=0 ;;
         *) FLAGS="--compiled $c $EXTRA" ;;
       esac
       case "$c" in graph*) [ "${TRACE:-0}" = 1 ] && FLAGS="$FLAGS --graph-trace $OUT/trace-$m-$c.txt" ;; esac
-      { env MLX_GRAPH_PDL=$PDL MLX_GRAPH_ROWS=$ROWS MLX_GRAPH_PRELOAD=$PRELOAD ${BATCH:+MLX_GRAPH_BATCH=$BATCH} ${BLOCKS:+MLX_GRAPH_BLOCKS=$BLOCKS} timeout 200 "$G/bench_generate" --model "$M" $COMMON $FLAGS | sed "s/^{/{\"side\": \"ours-$c\", \"name\": \"$m\", \"round\": $r, /"; } >> "$OUT/ab.jsonl" 2>> "$OUT/ab.err"
+      { env MLX_GRAPH_PDL=$PDL MLX_GRAPH_ROWS=$ROWS ${BATCH:+MLX_GRAPH_BATCH=$BATCH} ${BLOCKS:+MLX_GRAPH_BLOCKS=$BLOCKS} timeout 200 "$G/bench_generate" --model "$M" $COMMON $FLAGS | sed "s/^{/{\"side\": \"ours-$c\", \"name\": \"$m\", \"round\": $r, /"; } >> "$OUT/ab.jsonl" 2>> "$OUT/ab.err"
     done
     echo "$m round $r done at ${SECONDS}s"
   done

@@ -1,6 +1,6 @@
 """Runs the graph decoder's CUDA kernels on the CPU, here, without a GPU, against mlx-lm.
 
-    [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_PRELOAD=0|1] [GRAPH_EMU_RESIDENT=N] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
+    [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_RESIDENT=N] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
 
 Takes the exact source of `mlx-kernels/src/graph_decode.cu` as plain C++: each CUDA block
 runs as its threads (std::thread); `__syncthreads` is a block barrier, and `__shfl_xor_sync`
@@ -136,7 +136,6 @@ extern "C" void emu(int k, unsigned gx, unsigned gy, unsigned bx, const u64* a) 
 
 ROWS = int(os.environ.get("GRAPH_EMU_ROWS", "2"))  # GraphOptions::rows_per_warp
 BATCH = int(os.environ.get("GRAPH_EMU_BATCH", str(8 // ROWS)))  # GraphOptions::chunks_in_flight
-PRELOAD = int(os.environ.get("GRAPH_EMU_PRELOAD", "1"))  # GraphOptions::norm_preload
 # Prompt tokens: 150 puts the 8 steps' attention over 3 chunks of 64 (the combine by the
 # last block runs over several).
 PROMPT = int(os.environ.get("GRAPH_EMU_PROMPT", "150"))
@@ -151,7 +150,7 @@ def mv_grid(rows):
 
 
 def build(tmp):
-    src = f"#define MV_ROWS {ROWS}\n#define MV_BATCH {BATCH}\n#define MV_NORM_PRELOAD {PRELOAD}\n" + CU
+    src = f"#define MV_ROWS {ROWS}\n#define MV_BATCH {BATCH}\n" + CU
     src = src.replace("extern __shared__ __align__(16) unsigned char smem[];", "unsigned char* smem = g_smem;")
     cpp, so = os.path.join(tmp, "emu.cpp"), os.path.join(tmp, "emu.so")
     open(cpp, "w").write(PRE + src + LAUNCH)

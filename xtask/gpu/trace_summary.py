@@ -1,6 +1,6 @@
 """Summarises a graph decoder timeline (`bench_generate --decoder graph --graph-trace PATH`).
 
-    python3 xtask/gpu/trace_summary.py TRACE [TRACE ...]
+    python3 xtask/gpu/trace_summary.py [--blocks LAYER] TRACE [TRACE ...]
 
 Each line of a trace is one block of one kernel: `what block_x block_y sm entry waited
 prologue end` (mlx_kernels::graph_decode::TraceRecord; times in ns). The kernels of the step
@@ -13,7 +13,10 @@ critical path is split at the previous kernel's last block end:
 - `prologue`: from its first block past the wait to its last block past its prologue;
 - `stream`: from there to its last block's end (weights streamed, then the tail);
 and `first_end` is its first block's end (its tail is `end - first_end`). Medians over the
-layers by kind, the sums over the step, and the step's span are printed.
+layers by kind, the sums over the step, and the step's span are printed. `--blocks LAYER`
+adds, for each kernel of that layer, the spread over its blocks (min / median / max, us from
+the kernel's first block past the wait) of entry, wait and end, and of each block's own
+prologue and stream durations.
 """
 import statistics
 import sys
@@ -92,5 +95,30 @@ def summarise(path):
     print(f"{'sum':>10} {len(rows):>3} {'':>6} " + " ".join(f"{sums[c]:>10.1f}" for c in cols) + "   (us over the step)")
 
 
-for p in sys.argv[1:]:
+def blocks(path, layer):
+    ins = instances(path)
+    first = next(i for i, x in enumerate(ins) if kind(x["what"]) == "qkv")
+    print(f"{path}: layer {layer}, per block (min / median / max us)")
+    for x in ins[first + 5 * layer:first + 5 * layer + 5]:
+        rs = x["recs"]
+        base = min(r[5] for r in rs)
+
+        def spread(v):
+            v = sorted(v)
+            return "/".join(f"{t / 1e3:.2f}" for t in (v[0], v[len(v) // 2], v[-1]))
+
+        print(f"{kind(x['what']):>10} {len(rs):>4}  entry {spread([r[4] - base for r in rs])}"
+              f"  wait {spread([r[5] - base for r in rs])}"
+              f"  prologue {spread([r[6] - r[5] for r in rs])}"
+              f"  stream {spread([r[7] - r[6] for r in rs])}"
+              f"  end {spread([r[7] - base for r in rs])}")
+
+
+args = sys.argv[1:]
+layer = None
+if args[:1] == ["--blocks"]:
+    layer, args = int(args[1]), args[2:]
+for p in args:
     summarise(p)
+    if layer is not None:
+        blocks(p, layer)
