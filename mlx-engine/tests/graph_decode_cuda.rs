@@ -13,6 +13,11 @@ use mlx_core::{Array, Dtype};
 use mlx_kernels::graph_decode::{compare_logits, GraphDecoder, TEACHER_FORCED_BOUNDS};
 use mlx_models::load::{load_model_dir, LoadOptions};
 
+/// Equal, bit for bit.
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
 #[test]
 fn graph_decoder_follows_the_mlx_forward() {
     if !GraphDecoder::available() {
@@ -97,10 +102,7 @@ fn graph_decoder_follows_the_mlx_forward() {
         assert_eq!(dec.position(), prompt.len());
         let after = dec.step_logits(first).unwrap();
         assert!(
-            plain
-                .iter()
-                .zip(&after)
-                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            same_bits(&plain, &after),
             "{name}: logits changed by the breakdown"
         );
         // A traced step is the same step: the one after it gives the same logits, bit for
@@ -113,10 +115,7 @@ fn graph_decoder_follows_the_mlx_forward() {
         assert_eq!(dec.position(), prompt.len() + 1);
         let got = dec.step_logits(ours_greedy[0]).unwrap();
         assert!(
-            plain2
-                .iter()
-                .zip(&got)
-                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            same_bits(&plain2, &got),
             "{name}: logits changed by tracing"
         );
         for kind in 1..=3 {
