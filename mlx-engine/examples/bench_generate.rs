@@ -54,7 +54,7 @@
 //! `--graph-trace PATH` (with `--decoder graph`) writes, after the trials, the timeline of one
 //! decode step (the fifth after a fresh prompt, [`GraphDecoder::trace_step`]; the timed trials
 //! record nothing): a line a block of every q/k/v, attention and
-//! matrix-vector kernel, `what block_x block_y sm entry waited prologue end` (the
+//! matrix-vector kernel, `what block_x block_y sm entry waited prologue end first_data` (the
 //! [`mlx_kernels::graph_decode::TraceRecord`] fields, times in ns of the GPU's global timer).
 //!
 //! Prints one JSON line on stdout.
@@ -531,8 +531,8 @@ fn graph_trace(
     for r in &records {
         let [t0, t1, t2, t3] = r.times;
         text += &format!(
-            "{} {} {} {} {t0} {t1} {t2} {t3}\n",
-            r.what, r.block.0, r.block.1, r.sm
+            "{} {} {} {} {t0} {t1} {t2} {t3} {}\n",
+            r.what, r.block.0, r.block.1, r.sm, r.first_data
         );
     }
     std::fs::write(path, text).map_err(|e| format!("--graph-trace {}: {e}", path.display()))?;

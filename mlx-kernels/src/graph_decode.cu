@@ -59,8 +59,9 @@ typedef unsigned long long u64;
 // nothing): thread 0 of every block of the q/k/v, attention and matrix-vector kernels notes
 // %globaltimer at entry, after the wait, after its prologue and at its end, and appends one
 // record of 8 words: what ran (kernel | mode << 8 | K << 16), block (x | y << 32), SM, the
-// four times, 0. buf[0] counts the records, buf[1] is the room; record i sits at
-// buf + 8 (i + 1).
+// four times, and for the matrix-vector kernels when thread 0's first weights were there
+// (waited for after the prologue; 0 elsewhere). buf[0] counts the records, buf[1] is the
+// room; record i sits at buf + 8 (i + 1).
 __device__ __forceinline__ u64 gtime() {
 #ifdef __CUDA_ARCH__
   u64 t;
@@ -81,9 +82,19 @@ __device__ __forceinline__ u64 sm_id() {
 }
 struct Trace {
   u64* buf;
-  u64 t[3];
+  u64 t[4];
   __device__ __forceinline__ void mark(int i) {
     if (buf && threadIdx.x == 0) t[i] = gtime();
+  }
+  // Waits for a loaded word (its register), then notes the time in t[3]: an instruction
+  // with a side effect predicated on the word cannot issue, and the timer read after it
+  // cannot either, before the word is there.
+  __device__ __forceinline__ void arrived(u32 w) {
+    if (!buf || threadIdx.x != 0) return;
+#ifdef __CUDA_ARCH__
+    if (w == 0x9E3779B9u) asm volatile("nanosleep.u32 0;");
+#endif
+    t[3] = gtime();
   }
   __device__ __forceinline__ void done(u64 what) {
     if (!buf || threadIdx.x != 0) return;
@@ -98,7 +109,7 @@ struct Trace {
     r[4] = t[1];
     r[5] = t[2];
     r[6] = end;
-    r[7] = 0;
+    r[7] = t[3];
   }
 };
 #define TRACE_QKV 1
@@ -417,6 +428,7 @@ __device__ __forceinline__ void mv_run(const void* W, const bf16_t* S, const bf1
   tr.mark(1);
   mv_prologue(xs, xc, red, xin, normw, K, norm, eps, BITS);
   tr.mark(2);
+  tr.arrived(m.q[0][0].x);
   ll p = (ll)blockIdx.x * MV_WARPS + warp;  // the row group being summed, chunk lane + 32 k
   int k = 0;
   float acc[MV_ROWS];
@@ -463,7 +475,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) matvec(const void* W, const
                                   u64* trace) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float red[MV_WARPS];
-  Trace tr{trace};
+  Trace tr{trace, {0, 0, 0, 0}};
   tr.mark(0);
   auto epi = [&](ll r0, const float* acc) {
 #pragma unroll
@@ -516,7 +528,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) matvec_qkv(const void* W, c
                                       double eps, double log2_base, u64* trace) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float red[MV_WARPS];
-  Trace tr{trace};
+  Trace tr{trace, {0, 0, 0, 0}};
   tr.mark(0);
   const ll half = D / 2;
   auto epi = [&](ll r0, const float* acc) {
@@ -563,7 +575,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) attention(const bf16_t* qb,
                                      const int* state, float* po, float* pml, int* counters,
                                      bf16_t* out, ll nh, ll nkv, ll D, ll cap, ll NS,
                                      double scale, u64* trace) {
-  Trace tr{trace};
+  Trace tr{trace, {0, 0, 0, 0}};
   tr.mark(0);
   const ll h = blockIdx.x, s = blockIdx.y;
   // Read before the wait: the previous step's argmax, which set it, has finished (each

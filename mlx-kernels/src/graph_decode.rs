@@ -115,6 +115,9 @@ pub struct TraceRecord {
     pub sm: u32,
     /// Entry, after waiting for the previous kernel, after the prologue, end.
     pub times: [u64; 4],
+    /// Matrix-vector kernels: when thread 0's first weights (loaded before the wait) were
+    /// there, waited for after the prologue; 0 for attention.
+    pub first_data: u64,
 }
 
 /// Room for records in a timeline (64 MiB of device memory, allocated on the first
@@ -1165,6 +1168,7 @@ impl GraphDecoder {
                         block: (w[1] as u32, (w[1] >> 32) as u32),
                         sm: w[2] as u32,
                         times: [w[3], w[4], w[5], w[6]],
+                        first_data: w[7],
                     }
                 })
                 .collect();

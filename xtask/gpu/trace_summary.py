@@ -3,7 +3,7 @@
     python3 xtask/gpu/trace_summary.py [--blocks LAYER] TRACE [TRACE ...]
 
 Each line of a trace is one block of one kernel: `what block_x block_y sm entry waited
-prologue end` (mlx_kernels::graph_decode::TraceRecord; times in ns). The kernels of the step
+prologue end [first_data]` (mlx_kernels::graph_decode::TraceRecord; times in ns). The kernels of the step
 are told apart by `what` (consecutive kernels always differ; attention's combining blocks
 count as attention). For each kernel the step's
 critical path is split at the previous kernel's last block end:
@@ -15,8 +15,9 @@ critical path is split at the previous kernel's last block end:
 and `first_end` is its first block's end (its tail is `end - first_end`). Medians over the
 layers by kind, the sums over the step, and the step's span are printed. `--blocks LAYER`
 adds, for each kernel of that layer, the spread over its blocks (min / median / max, us from
-the kernel's first block past the wait) of entry, wait and end, and of each block's own
-prologue and stream durations.
+the kernel's first block past the wait) of entry, wait and end, of each block's own prologue
+and stream durations, and (traces with first_data) of how long after its prologue a
+block's first weights, loaded before the wait, were still missing (`late`).
 """
 import statistics
 import sys
@@ -39,8 +40,8 @@ def instances(path):
     recs = []
     for line in open(path):
         f = [int(x) for x in line.split()]
-        if len(f) == 8:
-            recs.append(f)
+        if len(f) in (8, 9):
+            recs.append(f + [0] * (9 - len(f)))
     recs.sort(key=lambda r: r[4])
     out, cur = [], None
     for r in recs:
@@ -111,7 +112,8 @@ def blocks(path, layer):
               f"  wait {spread([r[5] - base for r in rs])}"
               f"  prologue {spread([r[6] - r[5] for r in rs])}"
               f"  stream {spread([r[7] - r[6] for r in rs])}"
-              f"  end {spread([r[7] - base for r in rs])}")
+              f"  end {spread([r[7] - base for r in rs])}"
+              + (f"  late {spread([r[8] - r[6] for r in rs])}" if all(r[8] for r in rs) else ""))
 
 
 args = sys.argv[1:]
