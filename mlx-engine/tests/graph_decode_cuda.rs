@@ -130,6 +130,16 @@ fn graph_decoder_follows_the_mlx_forward() {
                 .all(|r| r.times.windows(2).all(|w| w[0] <= w[1])),
             "{name}: a record's times go backwards"
         );
+        // The first weights' arrival: between the prologue and the end in the matrix-vector
+        // kernels, none in attention.
+        assert!(
+            records.iter().all(|r| if r.what & 0xff == 2 {
+                r.first_data == 0
+            } else {
+                (r.times[2]..=r.times[3]).contains(&r.first_data)
+            }),
+            "{name}: a record's first_data is out of place"
+        );
         // At least a record a kernel: per layer q/k/v, attention and three matrix-vector
         // products.
         assert!(
