@@ -37,6 +37,12 @@
 //! listed together), token ids against the vocabulary, the cache's capacity. A failed CUDA
 //! call poisons the decoder (every later call returns the first error); the caller's MLX
 //! caches are never touched (the prefix is copied).
+//!
+//! # Measuring
+//!
+//! [`GraphDecoder::kernel_breakdown`] times each part of the step replayed alone;
+//! [`GraphDecoder::trace_step`] records one step's timeline, block by block
+//! (`xtask/gpu/trace_summary.py` summarises it). Neither changes a result.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
