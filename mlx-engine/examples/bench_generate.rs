@@ -53,8 +53,8 @@
 //! attention, ...) replayed alone `N` times, microseconds a step and the GB/s of its weights.
 //! `--graph-trace PATH` (with `--decoder graph`) writes, after the trials, the timeline of one
 //! decode step (the fifth after a fresh prompt, [`GraphDecoder::trace_step`]; the timed trials
-//! record nothing): a line a block of every q/k/v, attention and
-//! matrix-vector kernel, `what block_x block_y sm entry waited prologue end first_data` (the
+//! record nothing): a line a block of every q/k/v, attention and matrix-vector kernel,
+//! `what block_x block_y sm entry waited prologue end first_data` (the
 //! [`mlx_kernels::graph_decode::TraceRecord`] fields, times in ns of the GPU's global timer).
 //!
 //! Prints one JSON line on stdout.

@@ -469,10 +469,9 @@ __device__ __forceinline__ void mv_run(const void* W, const bf16_t* S, const bf1
 //       RES: out = res + (W x) (out may be res; each element is read and written by one lane);
 //       SWIGLU: rows are interleaved (gate_i, up_i); out[i] = silu(gate_i) * up_i;
 //       F32: out is float32 (the bfloat16-rounded values).
-extern "C" __global__ void __launch_bounds__(256, 2) matvec(const void* W, const bf16_t* S, const bf16_t* B,
-                                  const bf16_t* xin, const bf16_t* normw, const bf16_t* res,
-                                  void* out, ll N, ll K, ll bits, ll gs, ll mode, double eps,
-                                  u64* trace) {
+extern "C" __global__ void __launch_bounds__(256, 2) matvec(
+    const void* W, const bf16_t* S, const bf16_t* B, const bf16_t* xin, const bf16_t* normw,
+    const bf16_t* res, void* out, ll N, ll K, ll bits, ll gs, ll mode, double eps, u64* trace) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float red[MV_WARPS];
   Trace tr{trace, {0, 0, 0, 0}};
@@ -521,11 +520,10 @@ __device__ __forceinline__ void rope_pair(float x1, float x2, ll i, ll half, ll 
 // 2i + 1 are the rotation pair (i, i + D/2) (the host permutes them); with traditional RoPE
 // the pairs are (2i, 2i + 1) already. q goes to qout (its usual layout, roped), k (roped) and
 // v to the caches at position state[1].
-extern "C" __global__ void __launch_bounds__(256, 2) matvec_qkv(const void* W, const bf16_t* S, const bf16_t* B,
-                                      const bf16_t* xin, const bf16_t* normw, bf16_t* qout,
-                                      bf16_t* kc, bf16_t* vc, const int* state, ll K, ll bits,
-                                      ll gs, ll nh, ll nkv, ll D, ll cap, ll traditional,
-                                      double eps, double log2_base, u64* trace) {
+extern "C" __global__ void __launch_bounds__(256, 2) matvec_qkv(
+    const void* W, const bf16_t* S, const bf16_t* B, const bf16_t* xin, const bf16_t* normw,
+    bf16_t* qout, bf16_t* kc, bf16_t* vc, const int* state, ll K, ll bits, ll gs, ll nh, ll nkv,
+    ll D, ll cap, ll traditional, double eps, double log2_base, u64* trace) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float red[MV_WARPS];
   Trace tr{trace, {0, 0, 0, 0}};
@@ -571,10 +569,10 @@ extern "C" __global__ void __launch_bounds__(256, 2) matvec_qkv(const void* W, c
 // of a head to finish (counted in counters[h], which it resets) combines them:
 // out[h] = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s.
 // 128 threads; D 16, 32, 64 or 128.
-extern "C" __global__ void __launch_bounds__(128, 4) attention(const bf16_t* qb, const bf16_t* kc, const bf16_t* vc,
-                                     const int* state, float* po, float* pml, int* counters,
-                                     bf16_t* out, ll nh, ll nkv, ll D, ll cap, ll NS,
-                                     double scale, u64* trace) {
+extern "C" __global__ void __launch_bounds__(128, 4) attention(
+    const bf16_t* qb, const bf16_t* kc, const bf16_t* vc, const int* state, float* po,
+    float* pml, int* counters, bf16_t* out, ll nh, ll nkv, ll D, ll cap, ll NS, double scale,
+    u64* trace) {
   Trace tr{trace, {0, 0, 0, 0}};
   tr.mark(0);
   const ll h = blockIdx.x, s = blockIdx.y;
@@ -614,11 +612,15 @@ extern "C" __global__ void __launch_bounds__(128, 4) attention(const bf16_t* qb,
       if (c < dg) kr[c] = k[c];
     }
   };
+  // Value piece i: position j = tp + i P (P >= 8: 8 rounds cover the chunk).
+  auto load_value = [&](int i, int j) {
+    vr[i] = *(const uint4*)(vc + (kvh * cap + start + j) * D + 8 * td);
+  };
   if (tid < n && tid != cur) load_key();
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {  // P >= 8: 8 rounds cover the chunk
+  for (int i = 0; i < 8; ++i) {
     const int j = tp + i * P;
-    if (j < n && j != cur) vr[i] = *(const uint4*)(vc + (kvh * cap + start + j) * D + 8 * td);
+    if (j < n && j != cur) load_value(i, j);
   }
   pdl_wait_then_release();
   tr.mark(1);
@@ -626,7 +628,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) attention(const bf16_t* qb,
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int j = tp + i * P;
-    if (j < n && j == cur) vr[i] = *(const uint4*)(vc + (kvh * cap + start + j) * D + 8 * td);
+    if (j < n && j == cur) load_value(i, j);
   }
   for (ll d = tid; d < D; d += ATTN_THREADS) q[d] = (float)scale * bf2f(qb[h * D + d]);
   __syncthreads();

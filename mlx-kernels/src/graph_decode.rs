@@ -1083,9 +1083,10 @@ impl GraphDecoder {
 
     /// Times each [`Part`] of the step alone: a graph of only that part's kernels (captured
     /// once, on the first call), replayed `reps` times at the current position (which must
-    /// leave room for one more), host time per replay. The parts' sum exceeds a whole step's time by what a step overlaps
-    /// (programmatic launch) and falls short by the dependencies between parts. The
-    /// decoder's state (token, position, cache contents up to the position) is kept.
+    /// leave room for one more), host time per replay. The parts' sum exceeds a whole step's
+    /// time by what a step overlaps (programmatic launch) and falls short by the dependencies
+    /// between parts. The decoder's state (token, position, cache contents up to the
+    /// position) is kept.
     pub fn kernel_breakdown(&mut self, reps: u32) -> Result<Vec<PartTime>> {
         if reps == 0 {
             return Err(invalid("kernel_breakdown", "reps must be at least 1"));

@@ -39,7 +39,9 @@ for m in $MODELS; do
     EXTRA=""; MODES="off auto"; PYEXTRA=""
     if [ "$r" = 1 ]; then EXTRA="--step-timing 32 --graph"; MODES=${R1_MODES:-"off auto percall"}; PYEXTRA="--graph"; fi
     # SKIP_MLX_LM=1: ours only (mlx-lm's figures from another run of the same kind).
-    [ "${SKIP_MLX_LM:-0}" = 1 ] || { { timeout 200 python3 "$G/bench_mlx_lm.py" --model "$M" $COMMON $PYEXTRA | sed "s/^{/{\"side\": \"mlx-lm\", \"name\": \"$m\", \"round\": $r, /"; } >> "$OUT/ab.jsonl" 2>> "$OUT/ab.err" ; }
+    if [ "${SKIP_MLX_LM:-0}" != 1 ]; then
+      { timeout 200 python3 "$G/bench_mlx_lm.py" --model "$M" $COMMON $PYEXTRA | sed "s/^{/{\"side\": \"mlx-lm\", \"name\": \"$m\", \"round\": $r, /"; } >> "$OUT/ab.jsonl" 2>> "$OUT/ab.err"
+    fi
     for c in $MODES; do
       # `graph`: the graph decoder (bench_generate --decoder graph), without the MLX-only extras.
       # `graphplain`: the same without programmatic dependent launch (MLX_GRAPH_PDL=0);

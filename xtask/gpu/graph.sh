@@ -5,10 +5,11 @@
 # 1. for each model of MODELS, `bench_generate --graph-check CHECK`: teacher-forced logits of
 #    the graph decoder against the model's MLX forward on the GPU (one JSON line each in
 #    $OUT/check.jsonl);
-# 2. ab.sh with the modes in MODES_AB (GRAPH_EXTRA: more flags for the graph modes, say
-#    `--graph-breakdown 20`, whose parts are printed at the end; TRACE=1: one step's timeline
-#    a graph mode, summarised at the end by trace_summary.py) (default `graph auto`: the graph decoder and our
+# 2. ab.sh with the modes in MODES_AB (default `graph auto`: the graph decoder and our
 #    compiled MLX step) against mlx-lm, one round (set ROUNDS, TRIALS, BUDGET_S as for ab.sh).
+#    GRAPH_EXTRA: more flags for the graph modes, say `--graph-breakdown 20`, whose parts are
+#    printed at the end. TRACE=1: one step's timeline a graph mode, summarised at the end by
+#    trace_summary.py.
 set -x
 G=${G:-.gpu-gpu/b}
 source "$G/env.sh"

@@ -88,7 +88,6 @@ template <class T> inline T shfl(T (&slot)[32][32], T v, int o) {
   return r;
 }
 inline float __shfl_xor_sync(unsigned, float v, int o) { return shfl(g_fs, v, o); }
-
 inline int __shfl_xor_sync(unsigned, int v, int o) { return shfl(g_is, v, o); }
 inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
@@ -97,7 +96,7 @@ inline int __ffsll(long long x) { return __builtin_ffsll(x); }
 inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
 inline float __ldcg(const float* p) { return *p; }
 inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
-inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) { auto o = *p; *p += v; return o; }
+inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 """
 
 LAUNCH = r"""
