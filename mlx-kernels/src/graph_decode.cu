@@ -117,8 +117,8 @@ struct Trace {
 #define TRACE_MATVEC 3
 
 // h = embedding row state[0] (bfloat16 table, or MLX affine-quantized: dequantize(w, s, b)).
-extern "C" __global__ void embed(const void* table, const bf16_t* scales, const bf16_t* biases,
-                                 const int* state, bf16_t* h, ll H, ll bits, ll gs) {
+extern "C" __global__ void embed(const void* table, const u32* sb, const int* state, bf16_t* h,
+                                 ll H, ll bits, ll gs) {
   pdl_wait_then_release();
   const ll tok = state[0];
   for (ll k = threadIdx.x; k < H; k += blockDim.x) {
@@ -130,7 +130,7 @@ extern "C" __global__ void embed(const void* table, const bf16_t* scales, const 
       const u32* w = (const u32*)table + tok * (H / per);
       const u32 q = (w[k / per] >> ((k % per) * bits)) & ((1u << bits) - 1u);
       const ll g = tok * (H / gs) + k / gs;
-      v = rbf(rbf(bf2f(scales[g]) * (float)q) + bf2f(biases[g]));
+      v = rbf(rbf(lo2f(sb[g]) * (float)q) + hi2f(sb[g]));
     }
     h[k] = f2bf(v);
   }
@@ -154,26 +154,64 @@ __device__ __forceinline__ float dot8(const uint4 w, const uint4 x, float acc) {
 // chunk of bfloat16 weights, of 8-bit or of 4-bit codes) then hit distinct banks.
 __device__ __forceinline__ int xs_slot(int t) { return t ^ ((t >> 3) & 3); }
 
-// The codes of a word as floats, exactly, without integer conversions: each code is masked in
-// place under the exponent of 2^E that gives its lowest bit the weight 1, and 2^E is
-// subtracted (one logic op and one add a code; the high codes shifted down once a word).
-__device__ __forceinline__ void codes4(u32 w, float* q) {
-  const u32 v = w >> 12;
-  q[0] = __uint_as_float((w & 0xFu) | 0x4B000000u) - 8388608.f;
-  q[1] = __uint_as_float((w & 0xF0u) | 0x49000000u) - 524288.f;
-  q[2] = __uint_as_float((w & 0xF00u) | 0x47000000u) - 32768.f;
-  q[3] = __uint_as_float((w & 0xF000u) | 0x45000000u) - 2048.f;
-  q[4] = __uint_as_float((w & 0xF0000u) | 0x43000000u) - 128.f;
-  q[5] = __uint_as_float((v & 0xF00u) | 0x47000000u) - 32768.f;
-  q[6] = __uint_as_float((v & 0xF000u) | 0x45000000u) - 2048.f;
-  q[7] = __uint_as_float((v & 0xF0000u) | 0x43000000u) - 128.f;
+// The codes of a word as floats, scaled by powers of two, without integer conversions: code j
+// is masked in place under the exponent of 2^23 (whose mantissa's lowest bit weighs 1), and
+// 2^23 is subtracted: one logic op and one add a code. With one exponent for every code, code
+// j of a 4-bit word comes out as code * 16^(j % 4) (the high half shifted down once a word),
+// of an 8-bit word as code * 256^(j % 2); the inputs they multiply are stored divided by the
+// same powers (xs_scale), so every product is the one of the unscaled values, bit for bit.
+#define CODE_EXP 0x4B000000u
+#define CODE_OFF 8388608.f
+// (w & M) | e in one instruction: left to itself the compiler splits it in two, an AND and an
+// OR, each with its constant as an immediate.
+template <u32 M>
+__device__ __forceinline__ float code_at(u32 w, u32 e) {
+#ifdef __CUDA_ARCH__
+  u32 d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(w), "n"(M), "r"(e));
+  return __uint_as_float(d) - CODE_OFF;
+#else
+  return __uint_as_float((w & M) | e) - CODE_OFF;
+#endif
 }
-__device__ __forceinline__ void codes8(u32 w, float* q) {
+__device__ __forceinline__ void codes4(u32 w, u32 e, float* q) {
   const u32 v = w >> 16;
-  q[0] = __uint_as_float((w & 0xFFu) | 0x4B000000u) - 8388608.f;
-  q[1] = __uint_as_float((w & 0xFF00u) | 0x47000000u) - 32768.f;
-  q[2] = __uint_as_float((v & 0xFFu) | 0x4B000000u) - 8388608.f;
-  q[3] = __uint_as_float((v & 0xFF00u) | 0x47000000u) - 32768.f;
+  q[0] = code_at<0xFu>(w, e);
+  q[1] = code_at<0xF0u>(w, e);
+  q[2] = code_at<0xF00u>(w, e);
+  q[3] = code_at<0xF000u>(w, e);
+  q[4] = code_at<0xFu>(v, e);
+  q[5] = code_at<0xF0u>(v, e);
+  q[6] = code_at<0xF00u>(v, e);
+  q[7] = code_at<0xF000u>(v, e);
+}
+__device__ __forceinline__ void codes8(u32 w, u32 e, float* q) {
+  const u32 v = w >> 16;
+  q[0] = code_at<0xFFu>(w, e);
+  q[1] = code_at<0xFF00u>(w, e);
+  q[2] = code_at<0xFFu>(v, e);
+  q[3] = code_at<0xFF00u>(v, e);
+}
+
+// An input slot (8 bfloat16 values) as the codes of `bits` bits multiply it: value i divided
+// by 16^(i % 4) (4-bit) or 256^(i % 2) (8-bit); exact (a power of two) unless the quotient
+// is below bfloat16's normal range (|x| < 2^-114), where it loses low bits.
+__device__ __forceinline__ u32 scale2(u32 x, float lo, float hi) {
+  return (u32)f2bf(lo2f(x) * lo) | ((u32)f2bf(hi2f(x) * hi) << 16);
+}
+__device__ __forceinline__ uint4 xs_scale(uint4 o, ll bits) {
+  if (bits == 4) {
+    o.x = scale2(o.x, 1.f, 0.0625f);
+    o.y = scale2(o.y, 0.00390625f, 0.000244140625f);
+    o.z = scale2(o.z, 1.f, 0.0625f);
+    o.w = scale2(o.w, 0.00390625f, 0.000244140625f);
+  } else if (bits == 8) {
+    o.x = scale2(o.x, 1.f, 0.00390625f);
+    o.y = scale2(o.y, 1.f, 0.00390625f);
+    o.z = scale2(o.z, 1.f, 0.00390625f);
+    o.w = scale2(o.w, 1.f, 0.00390625f);
+  }
+  return o;
 }
 
 // Chunk c (16 bytes of each of MV_ROWS quantized rows: 4 words of BITS-bit codes, 32 / BITS a
@@ -205,9 +243,9 @@ __device__ __forceinline__ void qchunk(const uint4* w, const bf16_t* xs, int c, 
       const u32 word = i == 0 ? w[r].x : i == 1 ? w[r].y : i == 2 ? w[r].z : w[r].w;
       float q[PER];
       if (BITS == 4) {
-        codes4(word, q);
+        codes4(word, CODE_EXP, q);
       } else {
-        codes8(word, q);
+        codes8(word, CODE_EXP, q);
       }
 #pragma unroll
       for (int j = 0; j < PER; ++j) d[r] += q[j] * x[i * PER + j];
@@ -243,14 +281,25 @@ template <int BITS>
 struct MvStream {
   static constexpr int VALS = BITS == 16 ? 8 : 4 * (32 / BITS);  // inputs a chunk
   const unsigned char* W;
-  const bf16_t* S;
-  const bf16_t* B;
-  ll N, groups, stride, row_bytes;
-  int C, G, gs_shift, per_lane, lane;
+  const u32* SB;
+  ll N, groups, stride;
+  int row_bytes, C, G, gs_shift, per_lane, lane;
   uint4 q[MV_BATCH][MV_ROWS];
-  bf16_t s[MV_BATCH][MV_ROWS], b[MV_BATCH][MV_ROWS];
-  ll lp;   // the next item to load: row group lp, chunk lane + 32 lk
+  u32 sb[MV_BATCH][MV_ROWS];
+  ll lp;  // the next item to load: row group lp, chunk lane + 32 lk
   int lk;
+  // Row group lp's first row: its weights and its (scale, bias) pairs; rows past its first
+  // that exist (less than MV_ROWS - 1 only in a last group; the missing ones repeat the last).
+  const unsigned char* wg;
+  const u32* sg;
+  int last;
+
+  __device__ __forceinline__ void group() {
+    const ll row0 = MV_ROWS * lp;
+    wg = W + row0 * row_bytes;
+    sg = SB + row0 * G;
+    last = N - 1 - row0 < MV_ROWS - 1 ? (int)(N - 1 - row0) : MV_ROWS - 1;
+  }
 
   __device__ __forceinline__ void load(int u) {
     const int c = lane + 32 * lk;
@@ -258,17 +307,15 @@ struct MvStream {
       const int g = (c * VALS) >> gs_shift;
 #pragma unroll
       for (int r = 0; r < MV_ROWS; ++r) {
-        const ll row = MV_ROWS * lp + r < N ? MV_ROWS * lp + r : N - 1;
-        q[u][r] = ld_stream((const uint4*)(W + row * row_bytes) + c);
-        if (BITS != 16) {
-          s[u][r] = S[row * G + g];
-          b[u][r] = B[row * G + g];
-        }
+        const int rr = r < last ? r : last;
+        q[u][r] = ld_stream((const uint4*)(wg + rr * row_bytes) + c);
+        if (BITS != 16) sb[u][r] = sg[rr * G + g];
       }
     }
     if (++lk == per_lane) {
       lk = 0;
       lp += stride;
+      group();
     }
   }
 
@@ -285,7 +332,7 @@ struct MvStream {
       qchunk<BITS>(q[u], xs, c, d);
       const float xsum = xc[c];
 #pragma unroll
-      for (int r = 0; r < MV_ROWS; ++r) acc[r] += bf2f(s[u][r]) * d[r] + bf2f(b[u][r]) * xsum;
+      for (int r = 0; r < MV_ROWS; ++r) acc[r] += lo2f(sb[u][r]) * d[r] + hi2f(sb[u][r]) * xsum;
     }
   }
 };
@@ -376,7 +423,7 @@ __device__ __forceinline__ void mv_prologue(bf16_t* xs, float* xc, float* red, c
           o.z = norm2(v[i].z, g[i].z, inv);
           o.w = norm2(v[i].w, g[i].w, inv);
         }
-        ((uint4*)xs)[xs_slot(t)] = o;
+        ((uint4*)xs)[xs_slot(t)] = xs_scale(o, bits);
         if (spc) sum = sum8(o);
       }
       if (spc) {
@@ -400,21 +447,20 @@ __device__ __forceinline__ float* mv_chunk_sums(unsigned char* smem, ll K) {
 // chunks (MvStream). The first MV_BATCH chunks are loaded before waiting for the previous
 // kernel (weights do not depend on it).
 template <int BITS, class Epi>
-__device__ __forceinline__ void mv_run(const void* W, const bf16_t* S, const bf16_t* B,
-                                       const bf16_t* xin, const bf16_t* normw, bool norm, ll N,
-                                       ll K, ll gs, double eps, unsigned char* smem, float* red,
-                                       Trace& tr, Epi epi) {
+__device__ __forceinline__ void mv_run(const void* W, const u32* SB, const bf16_t* xin,
+                                       const bf16_t* normw, bool norm, ll N, ll K, ll gs,
+                                       double eps, unsigned char* smem, float* red, Trace& tr,
+                                       Epi epi) {
   bf16_t* xs = (bf16_t*)smem;
   float* xc = mv_chunk_sums(smem, K);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   MvStream<BITS> m;
   m.W = (const unsigned char*)W;
-  m.S = S;
-  m.B = B;
+  m.SB = SB;
   m.N = N;
   m.groups = (N + MV_ROWS - 1) / MV_ROWS;
   m.stride = (ll)gridDim.x * MV_WARPS;
-  m.row_bytes = K * BITS / 8;
+  m.row_bytes = (int)(K * BITS / 8);
   m.gs_shift = __ffsll(gs) - 1;  // gs is a power of two (1 for bfloat16)
   m.C = (int)(K / m.VALS);
   m.G = (int)(K >> m.gs_shift);
@@ -422,6 +468,7 @@ __device__ __forceinline__ void mv_run(const void* W, const bf16_t* S, const bf1
   m.lane = lane;
   m.lp = (ll)blockIdx.x * MV_WARPS + warp;
   m.lk = 0;
+  m.group();
 #pragma unroll
   for (int u = 0; u < MV_BATCH; ++u) m.load(u);
   pdl_wait_then_release();
@@ -470,8 +517,8 @@ __device__ __forceinline__ void mv_run(const void* W, const bf16_t* S, const bf1
 //       SWIGLU: rows are interleaved (gate_i, up_i); out[i] = silu(gate_i) * up_i;
 //       F32: out is float32 (the bfloat16-rounded values).
 extern "C" __global__ void __launch_bounds__(256, 2) matvec(
-    const void* W, const bf16_t* S, const bf16_t* B, const bf16_t* xin, const bf16_t* normw,
-    const bf16_t* res, void* out, ll N, ll K, ll bits, ll gs, ll mode, double eps, u64* trace) {
+    const void* W, const u32* SB, const bf16_t* xin, const bf16_t* normw, const bf16_t* res,
+    void* out, ll N, ll K, ll bits, ll gs, ll mode, double eps, u64* trace) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float red[MV_WARPS];
   Trace tr{trace, {0, 0, 0, 0}};
@@ -498,7 +545,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) matvec(
       }
     }
   };
-  MV_DISPATCH(bits, W, S, B, xin, normw, (mode & MODE_NORM) != 0, N, K, gs, eps, smem, red, tr,
+  MV_DISPATCH(bits, W, SB, xin, normw, (mode & MODE_NORM) != 0, N, K, gs, eps, smem, red, tr,
               epi)
   tr.done(TRACE_MATVEC | (u64)mode << 8 | (u64)K << 16);
 }
@@ -521,9 +568,9 @@ __device__ __forceinline__ void rope_pair(float x1, float x2, ll i, ll half, ll 
 // the pairs are (2i, 2i + 1) already. q goes to qout (its usual layout, roped), k (roped) and
 // v to the caches at position state[1].
 extern "C" __global__ void __launch_bounds__(256, 2) matvec_qkv(
-    const void* W, const bf16_t* S, const bf16_t* B, const bf16_t* xin, const bf16_t* normw,
-    bf16_t* qout, bf16_t* kc, bf16_t* vc, const int* state, ll K, ll bits, ll gs, ll nh, ll nkv,
-    ll D, ll cap, ll traditional, double eps, double log2_base, u64* trace) {
+    const void* W, const u32* SB, const bf16_t* xin, const bf16_t* normw, bf16_t* qout,
+    bf16_t* kc, bf16_t* vc, const int* state, ll K, ll bits, ll gs, ll nh, ll nkv, ll D, ll cap,
+    ll traditional, double eps, double log2_base, u64* trace) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float red[MV_WARPS];
   Trace tr{trace, {0, 0, 0, 0}};
@@ -559,8 +606,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) matvec_qkv(
     }
   };
   // D is a multiple of MV_ROWS: every group is whole.
-  MV_DISPATCH(bits, W, S, B, xin, normw, true, (nh + 2 * nkv) * D, K, gs, eps, smem, red, tr,
-              epi)
+  MV_DISPATCH(bits, W, SB, xin, normw, true, (nh + 2 * nkv) * D, K, gs, eps, smem, red, tr, epi)
   tr.done(TRACE_QKV | (u64)K << 16);
 }
 

@@ -57,9 +57,9 @@ use mlx_models::weights::cap_listing;
 pub const SOURCE: &str = include_str!("graph_decode.cu");
 
 const KERNELS: &[(&str, u32)] = &[
-    ("embed", 8),
-    ("matvec", 14),
-    ("matvec_qkv", 20),
+    ("embed", 7),
+    ("matvec", 13),
+    ("matvec_qkv", 19),
     ("attention", 15),
     ("argmax_next", 5),
 ];
@@ -428,12 +428,12 @@ impl LlamaShape {
     }
 }
 
-/// A linear layer's (or the embedding's) device tensors.
+/// A linear layer's (or the embedding's) device tensors: the weights, and with quantized
+/// weights each group's scale and bias side by side (`pack_scales_biases`).
 #[derive(Debug, Clone, Copy)]
 struct Lin {
     w: Buffer,
-    s: Option<Buffer>,
-    b: Option<Buffer>,
+    sb: Option<Buffer>,
     n: usize,
     k: usize,
 }
@@ -625,6 +625,17 @@ fn interleave_rows(a: &[u8], b: &[u8], rows: usize) -> Vec<u8> {
     out
 }
 
+/// Puts each group's bfloat16 scale and bias side by side (scale in the low half of a 32-bit
+/// word, bias in the high half): a kernel loads both at once.
+fn pack_scales_biases(scales: &[u8], biases: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(scales.len() + biases.len());
+    for (s, b) in scales.chunks_exact(2).zip(biases.chunks_exact(2)) {
+        out.extend_from_slice(s);
+        out.extend_from_slice(b);
+    }
+    out
+}
+
 /// Permutes the rows of each head's block of `d` rows so that rows 2i and 2i + 1 are rows i
 /// and i + d/2 (a RoPE rotation pair).
 fn pair_rope_rows(a: &[u8], rows: usize, d: usize) -> Vec<u8> {
@@ -718,40 +729,38 @@ impl GraphDecoder {
             } else {
                 &["weight"]
             };
-            let mut bufs = Vec::new();
+            let mut laid = Vec::new();
             for part in parts {
                 let blobs: Vec<Vec<u8>> = names
                     .iter()
                     .map(|nm| w.bytes(&format!("{nm}.{part}")))
                     .collect::<Result<_>>()?;
-                let total: usize = blobs.iter().map(Vec::len).sum();
-                let buf = rt.alloc(total)?;
-                match layout {
-                    Layout::Interleave => {
-                        let joined = interleave_rows(&blobs[0], &blobs[1], ns[0]);
-                        rt.upload(buf, 0, &joined)?;
-                    }
+                laid.push(match layout {
+                    Layout::Interleave => interleave_rows(&blobs[0], &blobs[1], ns[0]),
                     Layout::Concat | Layout::Qkv => {
-                        let mut off = 0;
+                        let mut joined = Vec::with_capacity(blobs.iter().map(Vec::len).sum());
                         for (j, b) in blobs.iter().enumerate() {
                             if layout == Layout::Qkv && j < 2 && !s.rope_traditional {
-                                rt.upload(buf, off, &pair_rope_rows(b, ns[j], s.head_dim))?;
+                                joined.extend(pair_rope_rows(b, ns[j], s.head_dim));
                             } else {
-                                rt.upload(buf, off, b)?;
+                                joined.extend_from_slice(b);
                             }
-                            off += b.len();
                         }
+                        joined
                     }
-                }
-                bufs.push(buf);
+                });
             }
-            Ok(Lin {
-                w: bufs[0],
-                s: bufs.get(1).copied(),
-                b: bufs.get(2).copied(),
-                n,
-                k,
-            })
+            let mut upload = |bytes: &[u8]| -> Result<Buffer> {
+                let buf = rt.alloc(bytes.len())?;
+                rt.upload(buf, 0, bytes)?;
+                Ok(buf)
+            };
+            let wbuf = upload(&laid[0])?;
+            let sb = match laid.as_slice() {
+                [_, scales, biases] => Some(upload(&pack_scales_biases(scales, biases))?),
+                _ => None,
+            };
+            Ok(Lin { w: wbuf, sb, n, k })
         }
 
         let embed = upload_lin(
@@ -1360,8 +1369,7 @@ fn matvec(
         shared,
         &[
             Arg::Buf(lin.w, 0),
-            opt(lin.s, x),
-            opt(lin.b, x),
+            opt(lin.sb, x),
             Arg::Buf(x, 0),
             opt(norm, x),
             opt(res, x),
@@ -1437,8 +1445,7 @@ fn record_step(
         0,
         &[
             Arg::Buf(embed.w, 0),
-            opt(embed.s, a.h),
-            opt(embed.b, a.h),
+            opt(embed.sb, a.h),
             Arg::Buf(a.state, 0),
             Arg::Buf(a.h, 0),
             Arg::I64(s.hidden as i64),
@@ -1463,8 +1470,7 @@ fn record_step(
             qkv_shared,
             &[
                 Arg::Buf(l.qkv.w, 0),
-                opt(l.qkv.s, a.h),
-                opt(l.qkv.b, a.h),
+                opt(l.qkv.sb, a.h),
                 Arg::Buf(a.h, 0),
                 Arg::Buf(l.in_norm, 0),
                 Arg::Buf(a.qkv, 0),
@@ -1628,6 +1634,16 @@ mod tests {
         let order: Vec<u8> = p.chunks(3).map(|c| c[0]).collect();
         assert_eq!(order, [0, 2, 1, 3, 4, 6, 5, 7]);
         assert!(p.chunks(3).all(|c| c[0] == c[1] && c[1] == c[2]));
+    }
+
+    #[test]
+    fn scales_and_biases_sit_side_by_side() {
+        let scales = [1u8, 2, 3, 4];
+        let biases = [5u8, 6, 7, 8];
+        assert_eq!(
+            pack_scales_biases(&scales, &biases),
+            vec![1, 2, 5, 6, 3, 4, 7, 8]
+        );
     }
 
     #[test]

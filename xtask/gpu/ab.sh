@@ -29,6 +29,9 @@ ts.sort(); t = ts[len(ts) // 2]
 print(f"copy (x * 1, bf16, 512 MB read + 512 MB written): median {t * 1e3:.3f} ms = {2 * x.nbytes / t / 1e9:.0f} GB/s")
 PY
 xz -d -k -f "$G/bench_generate.xz" && chmod +x "$G/bench_generate"
+if [ -f "$G/bench_generate_alt.xz" ]; then
+  xz -d -k -f "$G/bench_generate_alt.xz" && chmod +x "$G/bench_generate_alt"
+fi
 COMMON="--dtype keep --prompt-len $PROMPT --gen-len $GEN --trials $TRIALS --device ${DEVICE:-gpu}"
 for m in $MODELS; do
   if [ "$SECONDS" -gt "$BUDGET_S" ]; then echo "skip $m: ${SECONDS}s spent"; continue; fi
@@ -47,10 +50,11 @@ for m in $MODELS; do
       # `graphplain`: the same without programmatic dependent launch (MLX_GRAPH_PDL=0);
       # `graph4`: four rows a warp in the matrix-vector products (MLX_GRAPH_ROWS=4);
       # `graphb8`: eight chunks a row in flight (MLX_GRAPH_BATCH=8); `graph1`: one
-      # matrix-vector block a multiprocessor (MLX_GRAPH_BLOCKS=1).
+      # matrix-vector block a multiprocessor (MLX_GRAPH_BLOCKS=1); `graphalt`: the graph
+      # decoder of another build, carried as bench_generate_alt.xz (two builds side by side).
       # TRACE=1: every graph mode also writes one step's timeline to
       # $OUT/trace-MODEL-MODE.txt (--graph-trace; summarise with trace_summary.py).
-      PDL=1; ROWS=2; BATCH=""; BLOCKS=""
+      PDL=1; ROWS=2; BATCH=""; BLOCKS=""; BIN="$G/bench_generate"
       # GRAPH_EXTRA: more flags for the graph modes (say `--graph-breakdown 20`).
       case "$c" in
         graph) FLAGS="--decoder graph $GRAPH_EXTRA" ;;
@@ -58,10 +62,11 @@ for m in $MODELS; do
         graph4) FLAGS="--decoder graph $GRAPH_EXTRA"; ROWS=4 ;;
         graphb8) FLAGS="--decoder graph $GRAPH_EXTRA"; BATCH=8 ;;
         graph1) FLAGS="--decoder graph $GRAPH_EXTRA"; BLOCKS=1 ;;
+        graphalt) FLAGS="--decoder graph $GRAPH_EXTRA"; BIN="$G/bench_generate_alt" ;;
         *) FLAGS="--compiled $c $EXTRA" ;;
       esac
       case "$c" in graph*) [ "${TRACE:-0}" = 1 ] && FLAGS="$FLAGS --graph-trace $OUT/trace-$m-$c.txt" ;; esac
-      { env MLX_GRAPH_PDL=$PDL MLX_GRAPH_ROWS=$ROWS ${BATCH:+MLX_GRAPH_BATCH=$BATCH} ${BLOCKS:+MLX_GRAPH_BLOCKS=$BLOCKS} timeout 200 "$G/bench_generate" --model "$M" $COMMON $FLAGS | sed "s/^{/{\"side\": \"ours-$c\", \"name\": \"$m\", \"round\": $r, /"; } >> "$OUT/ab.jsonl" 2>> "$OUT/ab.err"
+      { env MLX_GRAPH_PDL=$PDL MLX_GRAPH_ROWS=$ROWS ${BATCH:+MLX_GRAPH_BATCH=$BATCH} ${BLOCKS:+MLX_GRAPH_BLOCKS=$BLOCKS} timeout 200 "$BIN" --model "$M" $COMMON $FLAGS | sed "s/^{/{\"side\": \"ours-$c\", \"name\": \"$m\", \"round\": $r, /"; } >> "$OUT/ab.jsonl" 2>> "$OUT/ab.err"
     done
     echo "$m round $r done at ${SECONDS}s"
   done

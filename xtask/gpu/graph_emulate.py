@@ -123,9 +123,9 @@ typedef unsigned long long u64;
 inline double D_(u64 v) { double d; std::memcpy(&d, &v, 8); return d; }
 extern "C" void emu(int k, unsigned gx, unsigned gy, unsigned bx, const u64* a) {
   switch (k) {
-    case 0: run_grid(gx, gy, bx, [=] { embed(P(const void*, 0), P(const bf16_t*, 1), P(const bf16_t*, 2), P(const int*, 3), P(bf16_t*, 4), L(5), L(6), L(7)); }); break;
-    case 1: run_grid(gx, gy, bx, [=] { matvec(P(const void*, 0), P(const bf16_t*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(const bf16_t*, 4), P(const bf16_t*, 5), P(void*, 6), L(7), L(8), L(9), L(10), L(11), D_(a[12]), P(u64*, 13)); }); break;
-    case 2: run_grid(gx, gy, bx, [=] { matvec_qkv(P(const void*, 0), P(const bf16_t*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(const bf16_t*, 4), P(bf16_t*, 5), P(bf16_t*, 6), P(bf16_t*, 7), P(const int*, 8), L(9), L(10), L(11), L(12), L(13), L(14), L(15), L(16), D_(a[17]), D_(a[18]), P(u64*, 19)); }); break;
+    case 0: run_grid(gx, gy, bx, [=] { embed(P(const void*, 0), P(const u32*, 1), P(const int*, 2), P(bf16_t*, 3), L(4), L(5), L(6)); }); break;
+    case 1: run_grid(gx, gy, bx, [=] { matvec(P(const void*, 0), P(const u32*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(const bf16_t*, 4), P(void*, 5), L(6), L(7), L(8), L(9), L(10), D_(a[11]), P(u64*, 12)); }); break;
+    case 2: run_grid(gx, gy, bx, [=] { matvec_qkv(P(const void*, 0), P(const u32*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(bf16_t*, 4), P(bf16_t*, 5), P(bf16_t*, 6), P(const int*, 7), L(8), L(9), L(10), L(11), L(12), L(13), L(14), L(15), D_(a[16]), D_(a[17]), P(u64*, 18)); }); break;
     case 3: run_grid(gx, gy, bx, [=] { attention(P(const bf16_t*, 0), P(const bf16_t*, 1), P(const bf16_t*, 2), P(const int*, 3), P(float*, 4), P(float*, 5), P(int*, 6), P(bf16_t*, 7), L(8), L(9), L(10), L(11), L(12), D_(a[13]), P(u64*, 14)); }); break;
     case 4: run_grid(gx, gy, bx, [=] { argmax_next(P(const float*, 0), P(int*, 1), P(int*, 2), L(3), L(4)); }); break;
   }
@@ -240,7 +240,10 @@ def run(lib, name):
                 out.append(e.buf(interleave(xs[0], xs[1])))
             else:
                 out.append(e.buf(xs[0]))
-        while len(out) < 3:
+        if q:
+            # Each group's scale and bias side by side (pack_scales_biases in graph_decode.rs).
+            out = [out[0], e.buf(np.stack(out[1:], -1))]
+        else:
             out.append(zero)
         rows = sum(bits(p[f"{n}.weight"]).shape[0] for n in names)
         return out, rows
@@ -277,18 +280,18 @@ def run(lib, name):
     scale = float(np.float32(1.0) / np.sqrt(np.float32(d)))
 
     def mv(l, x, norm, res, out, mode):
-        (w, s, b), n = l
+        (w, sb), n = l
         e.launch(1, mv_grid(n), 256,
-                 [w, s, b, x, norm if norm is not None else x, res if res is not None else x, out,
+                 [w, sb, x, norm if norm is not None else x, res if res is not None else x, out,
                   n, l[0][0].shape[-1] * 32 // nbits if q else l[0][0].shape[-1], nbits, gs, mode, float(np.float32(eps)),
                   0])  # no timeline
 
     def step():
-        e.launch(0, (1, 1), 256, [embed[0], embed[1], embed[2], state, h, H, nbits, gs])
+        e.launch(0, (1, 1), 256, [embed[0], embed[1], state, h, H, nbits, gs])
         for L in layers:
-            (w, s, b), n = L["qkv"]
+            (w, sb), n = L["qkv"]
             e.launch(2, mv_grid(n), 256,
-                     [w, s, b, h, L["inn"], qb, L["kc"], L["vc"], state, H, nbits, gs, nh, nkv, d, cap,
+                     [w, sb, h, L["inn"], qb, L["kc"], L["vc"], state, H, nbits, gs, nh, nkv, d, cap,
                       int(trad), float(np.float32(eps)), log2_base, 0])
             e.launch(3, (nh, ns), 128, [qb, L["kc"], L["vc"], state, po, pml, counters, attn, nh, nkv, d, cap, ns, scale, 0])
             mv(L["o"], attn, None, h, h, 2)
@@ -344,7 +347,8 @@ def projection_errors(e, p, name, gs, nbits):
     out = e.buf(np.zeros(n, np.uint16))
     xb = e.buf(bits(x))
     e.launch(1, mv_grid(n), 256,
-             [e.buf(bits(w)), e.buf(bits(s)), e.buf(bits(b)), xb, xb, xb, out, n, k, nbits, gs, 0, 1e-5, 0])
+             [e.buf(bits(w)), e.buf(np.stack([bits(s), bits(b)], -1)), xb, xb, xb, out, n, k, nbits,
+              gs, 0, 1e-5, 0])
     ours = (out.astype(np.uint32) << 16).view(np.float32)
     deq = np.array(mx.dequantize(w, s, b, group_size=gs, bits=nbits).astype(mx.float32))
     exact = deq.astype(np.float64) @ np.array(x.astype(mx.float32)).astype(np.float64)
