@@ -614,8 +614,8 @@ fn run(a: &Args) -> BoxResult<()> {
         let t = Instant::now();
         // MLX_GRAPH_PDL=0: plain launches instead of programmatic dependent launch;
         // MLX_GRAPH_ROWS=4: four rows a warp in the matrix-vector products;
-        // MLX_GRAPH_BATCH=N: N chunks a row in flight; MLX_GRAPH_BLOCKS=N: at most N
-        // matrix-vector blocks a multiprocessor.
+        // MLX_GRAPH_BATCH=N: N chunks a row in flight; MLX_GRAPH_EARLY=N: N of them loaded
+        // before the wait; MLX_GRAPH_BLOCKS=N: at most N matrix-vector blocks a multiprocessor.
         let env_u32 = |name: &str| -> BoxResult<Option<u32>> {
             match std::env::var(name) {
                 Ok(v) => Ok(Some(v.parse().map_err(|e| format!("{name} {v}: {e}"))?)),
@@ -627,6 +627,7 @@ fn run(a: &Args) -> BoxResult<()> {
             rows_per_warp: env_u32("MLX_GRAPH_ROWS")?
                 .unwrap_or(GraphOptions::default().rows_per_warp),
             chunks_in_flight: env_u32("MLX_GRAPH_BATCH")?,
+            chunks_before_wait: env_u32("MLX_GRAPH_EARLY")?,
             blocks_per_sm: env_u32("MLX_GRAPH_BLOCKS")?,
         };
         let cap = a.prompt_len + a.gen_len.max(a.graph_check) + 1;

@@ -194,10 +194,12 @@ __device__ __forceinline__ void codes8(u32 w, u32 e, float* q) {
 }
 
 // An input slot (8 bfloat16 values) as the codes of `bits` bits multiply it: value i divided
-// by 16^(i % 4) (4-bit) or 256^(i % 2) (8-bit); exact (a power of two) unless the quotient
-// is below bfloat16's normal range (|x| < 2^-114), where it loses low bits.
+// by 16^(i % 4) (4-bit) or 256^(i % 2) (8-bit). A power of two scales exactly, so the
+// products' high halves are the bfloat16 quotients (a NaN stays NaN: arithmetic NaNs are
+// quiet), unless a quotient is below bfloat16's normal range (|x| < 2^-114), where it is
+// truncated.
 __device__ __forceinline__ u32 scale2(u32 x, float lo, float hi) {
-  return (u32)f2bf(lo2f(x) * lo) | ((u32)f2bf(hi2f(x) * hi) << 16);
+  return __byte_perm(__float_as_uint(lo2f(x) * lo), __float_as_uint(hi2f(x) * hi), 0x7632);
 }
 __device__ __forceinline__ uint4 xs_scale(uint4 o, ll bits) {
   if (bits == 4) {
@@ -234,8 +236,9 @@ __device__ __forceinline__ void qchunk(const uint4* w, const bf16_t* xs, int c, 
     x[8 * i + 6] = lo2f(t.w);
     x[8 * i + 7] = hi2f(t.w);
   }
-#pragma unroll
-  for (int r = 0; r < MV_ROWS; ++r) d[r] = 0.f;
+  // Each word's codes are summed on their own, then the words' sums in order: four short
+  // chains of dependent adds a row rather than one long one.
+  float t[4][MV_ROWS];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
 #pragma unroll
@@ -247,10 +250,13 @@ __device__ __forceinline__ void qchunk(const uint4* w, const bf16_t* xs, int c, 
       } else {
         codes8(word, CODE_EXP, q);
       }
+      t[i][r] = q[0] * x[i * PER];
 #pragma unroll
-      for (int j = 0; j < PER; ++j) d[r] += q[j] * x[i * PER + j];
+      for (int j = 1; j < PER; ++j) t[i][r] += q[j] * x[i * PER + j];
     }
   }
+#pragma unroll
+  for (int r = 0; r < MV_ROWS; ++r) d[r] = ((t[0][r] + t[1][r]) + t[2][r]) + t[3][r];
 }
 
 // Weights are read once a step: loaded past L1.
@@ -270,6 +276,11 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
 // would cost the second block an SM: ~120 registers a thread at 8).
 #ifndef MV_BATCH
 #define MV_BATCH (8 / MV_ROWS)
+#endif
+// Of those, how many are loaded before the wait for the previous kernel (the rest after the
+// prologue, whose input reads would queue behind them).
+#ifndef MV_EARLY
+#define MV_EARLY MV_BATCH
 #endif
 
 // A warp's share of W x, W [N, K] (bfloat16, or BITS-bit codes with bfloat16 scales and
@@ -337,7 +348,8 @@ struct MvStream {
   }
 };
 
-// 16-byte pieces (8 inputs) a thread loads at once in the prologue.
+// 16-byte pieces (8 inputs) a thread loads at once in the prologue: the input and the norm's
+// weights (PRO_PIECES each), or the input alone (2 PRO_PIECES).
 #define PRO_PIECES 4
 
 __device__ __forceinline__ float sum8(uint4 v) {
@@ -361,21 +373,82 @@ __device__ __forceinline__ u32 norm2(u32 x, u32 g, float inv) {
   return (u32)lo | ((u32)hi << 16);
 }
 
+// Stores piece t of the input (o, normed if it is to be) into xs, scaled for the codes
+// (xs_scale), and with quantized weights the sums of its chunks into xc. Called for every
+// t = i T + tid of a round by every thread (t past the pieces stores nothing), so that the
+// lane sums see whole warps: the slots a chunk of codes covers, 4 (4-bit) or 2 (8-bit), sit
+// in neighbouring lanes.
+__device__ __forceinline__ void mv_store_piece(bf16_t* xs, float* xc, int t, int pieces, uint4 o,
+                                               ll bits) {
+  const int spc = bits == 16 ? 0 : (int)(16 / bits);
+  float sum = 0.f;
+  if (t < pieces) {
+    ((uint4*)xs)[xs_slot(t)] = xs_scale(o, bits);
+    if (spc) sum = sum8(o);
+  }
+  if (spc) {
+    for (int m = 1; m < spc; m <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, m);
+    if (t < pieces && (t & (spc - 1)) == 0) xc[t / spc] = sum;
+  }
+}
+
+__device__ __forceinline__ uint4 norm8(uint4 v, uint4 g, float inv) {
+  v.x = norm2(v.x, g.x, inv);
+  v.y = norm2(v.y, g.y, inv);
+  v.z = norm2(v.z, g.z, inv);
+  v.w = norm2(v.w, g.w, inv);
+  return v;
+}
+
+// 1 / rms of the input from each thread's sum of squares (a block reduction).
+__device__ __forceinline__ float mv_inv_rms(float ss, float* red, ll K, double eps) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  ss = warp_sum(ss);
+  if (lane == 0) red[warp] = ss;
+  __syncthreads();
+  float tot = 0.f;
+  for (int i = 0; i < MV_WARPS; ++i) tot += red[i];
+  return rsqrtf(tot / (float)K + (float)eps);
+}
+
 // Fills xs (shared, slots swizzled) with the input vector: xin, or rms_norm(xin, normw, eps)
-// rounded as MLX's fast.rms_norm rounds it; with quantized weights (bits 4 or 8) also xc[c],
-// the sum of chunk c's inputs (128 / bits of them, what a 16-byte chunk of codes covers),
-// shared by every row. All threads of the block take part, each loading PRO_PIECES 16-byte
-// pieces at once (one slot of xs each; K is a multiple of 8).
+// rounded as MLX's fast.rms_norm rounds it, scaled for the codes (xs_scale); with quantized
+// weights (bits 4 or 8) also xc[c], the sum of chunk c's inputs (128 / bits of them, what a
+// 16-byte chunk of codes covers), shared by every row. All threads of the block take part,
+// each loading its 16-byte pieces (one slot of xs each; K is a multiple of 8) at once: one
+// round trip to L2 when they fit (K up to 8,192 normed, 16,384 not), rounds of them beyond.
 __device__ __forceinline__ void mv_prologue(bf16_t* xs, float* xc, float* red, const bf16_t* xin,
                                             const bf16_t* normw, ll K, bool norm, double eps,
                                             ll bits) {
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x;
   const int T = blockDim.x, pieces = (int)(K / 8);
-  const int rounds = (pieces + T * PRO_PIECES - 1) / (T * PRO_PIECES);
   const uint4* xv = (const uint4*)xin;
   const uint4* gv = (const uint4*)normw;
-  float inv = 0.f;
-  if (norm) {
+  if (norm && pieces <= T * PRO_PIECES) {
+    // The input and the weights at once, kept in registers across the reduction.
+    uint4 v[PRO_PIECES], g[PRO_PIECES];
+    float ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < PRO_PIECES; ++i) {
+      const int t = i * T + tid;
+      if (t < pieces) {
+        v[i] = xv[t];
+        g[i] = gv[t];
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < PRO_PIECES; ++i) {
+      if (i * T + tid < pieces) ss += sq8(v[i]);
+    }
+    const float inv = mv_inv_rms(ss, red, K, eps);
+#pragma unroll
+    for (int i = 0; i < PRO_PIECES; ++i) {
+      const int t = i * T + tid;
+      mv_store_piece(xs, xc, t, pieces, t < pieces ? norm8(v[i], g[i], inv) : v[i], bits);
+    }
+  } else if (norm) {
+    // A long input: its sum of squares, then it and the weights again (from L2), in rounds.
+    const int rounds = (pieces + T * PRO_PIECES - 1) / (T * PRO_PIECES);
     float ss = 0.f;
     for (int rd = 0; rd < rounds; ++rd) {
       uint4 v[PRO_PIECES];
@@ -389,47 +462,35 @@ __device__ __forceinline__ void mv_prologue(bf16_t* xs, float* xc, float* red, c
         if ((rd * PRO_PIECES + i) * T + tid < pieces) ss += sq8(v[i]);
       }
     }
-    ss = warp_sum(ss);
-    if (lane == 0) red[warp] = ss;
-    __syncthreads();
-    float tot = 0.f;
-    for (int i = 0; i < MV_WARPS; ++i) tot += red[i];
-    inv = rsqrtf(tot / (float)K + (float)eps);
-  }
-  // The second pass loads the input again (from L2) rather than keep the first pass's pieces:
-  // the registers hold the weights loaded before the wait.
-  // Slots a chunk of codes covers: 4 (4-bit), 2 (8-bit); they sit in neighbouring lanes. The
-  // rounds are the same for every thread, so the lane sums see whole warps.
-  const int spc = bits == 16 ? 0 : (int)(16 / bits);
-  for (int rd = 0; rd < rounds; ++rd) {
-    uint4 v[PRO_PIECES], g[PRO_PIECES];
+    const float inv = mv_inv_rms(ss, red, K, eps);
+    for (int rd = 0; rd < rounds; ++rd) {
+      uint4 v[PRO_PIECES], g[PRO_PIECES];
 #pragma unroll
-    for (int i = 0; i < PRO_PIECES; ++i) {
-      const int t = (rd * PRO_PIECES + i) * T + tid;
-      if (t < pieces) {
-        v[i] = xv[t];
-        if (norm) g[i] = gv[t];
+      for (int i = 0; i < PRO_PIECES; ++i) {
+        const int t = (rd * PRO_PIECES + i) * T + tid;
+        if (t < pieces) {
+          v[i] = xv[t];
+          g[i] = gv[t];
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < PRO_PIECES; ++i) {
+        const int t = (rd * PRO_PIECES + i) * T + tid;
+        mv_store_piece(xs, xc, t, pieces, t < pieces ? norm8(v[i], g[i], inv) : v[i], bits);
       }
     }
+  } else {
+    constexpr int P = 2 * PRO_PIECES;
+    const int rounds = (pieces + T * P - 1) / (T * P);
+    for (int rd = 0; rd < rounds; ++rd) {
+      uint4 v[P];
 #pragma unroll
-    for (int i = 0; i < PRO_PIECES; ++i) {
-      const int t = (rd * PRO_PIECES + i) * T + tid;
-      float sum = 0.f;
-      if (t < pieces) {
-        uint4 o = v[i];
-        if (norm) {
-          o.x = norm2(v[i].x, g[i].x, inv);
-          o.y = norm2(v[i].y, g[i].y, inv);
-          o.z = norm2(v[i].z, g[i].z, inv);
-          o.w = norm2(v[i].w, g[i].w, inv);
-        }
-        ((uint4*)xs)[xs_slot(t)] = xs_scale(o, bits);
-        if (spc) sum = sum8(o);
+      for (int i = 0; i < P; ++i) {
+        const int t = (rd * P + i) * T + tid;
+        if (t < pieces) v[i] = xv[t];
       }
-      if (spc) {
-        for (int o = 1; o < spc; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        if (t < pieces && (t & (spc - 1)) == 0) xc[t / spc] = sum;
-      }
+#pragma unroll
+      for (int i = 0; i < P; ++i) mv_store_piece(xs, xc, (rd * P + i) * T + tid, pieces, v[i], bits);
     }
   }
   __syncthreads();
@@ -442,15 +503,16 @@ __device__ __forceinline__ float* mv_chunk_sums(unsigned char* smem, ll K) {
 }
 
 // The body of the matrix-vector kernels: W [N, K] times the input (xin, or rms_norm(xin,
-// normw, eps) when norm); epi(first row, sums) on lane 0 with the warp's sums of each row
-// group. The grid is at most one wave: warps stride over the row groups, streaming their
-// chunks (MvStream). The first MV_BATCH chunks are loaded before waiting for the previous
-// kernel (weights do not depend on it).
-template <int BITS, class Epi>
+// normw, eps) when norm); epi(first row, sums, early) on lane 0 with the warp's sums of each
+// row group, where early = pre(first row), loaded by lane 0 when the group's sums begin (what
+// the epilogue reads from memory, there by its end). The grid is at most one wave: warps stride over the row groups, streaming their
+// chunks (MvStream). The first MV_EARLY chunks are loaded before waiting for the previous
+// kernel (weights do not depend on it), the rest of the first MV_BATCH after the prologue.
+template <int BITS, class Pre, class Epi>
 __device__ __forceinline__ void mv_run(const void* W, const u32* SB, const bf16_t* xin,
                                        const bf16_t* normw, bool norm, ll N, ll K, ll gs,
                                        double eps, unsigned char* smem, float* red, Trace& tr,
-                                       Epi epi) {
+                                       Pre pre, Epi epi) {
   bf16_t* xs = (bf16_t*)smem;
   float* xc = mv_chunk_sums(smem, K);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -470,14 +532,17 @@ __device__ __forceinline__ void mv_run(const void* W, const u32* SB, const bf16_
   m.lk = 0;
   m.group();
 #pragma unroll
-  for (int u = 0; u < MV_BATCH; ++u) m.load(u);
+  for (int u = 0; u < MV_EARLY; ++u) m.load(u);
   pdl_wait_then_release();
   tr.mark(1);
   mv_prologue(xs, xc, red, xin, normw, K, norm, eps, BITS);
   tr.mark(2);
+#pragma unroll
+  for (int u = MV_EARLY; u < MV_BATCH; ++u) m.load(u);
   tr.arrived(m.q[0][0].x);
   ll p = (ll)blockIdx.x * MV_WARPS + warp;  // the row group being summed, chunk lane + 32 k
   int k = 0;
+  auto early = (lane == 0 && p < m.groups) ? pre(MV_ROWS * p) : decltype(pre(0)){};
   float acc[MV_ROWS];
 #pragma unroll
   for (int r = 0; r < MV_ROWS; ++r) acc[r] = 0.f;
@@ -490,11 +555,12 @@ __device__ __forceinline__ void mv_run(const void* W, const u32* SB, const bf16_
         if (++k == m.per_lane) {
 #pragma unroll
           for (int r = 0; r < MV_ROWS; ++r) acc[r] = warp_sum(acc[r]);
-          if (lane == 0) epi(MV_ROWS * p, acc);
+          if (lane == 0) epi(MV_ROWS * p, acc, early);
 #pragma unroll
           for (int r = 0; r < MV_ROWS; ++r) acc[r] = 0.f;
           k = 0;
           p += m.stride;
+          if (lane == 0 && p < m.groups) early = pre(MV_ROWS * p);
         }
       }
     }
@@ -523,7 +589,26 @@ extern "C" __global__ void __launch_bounds__(256, 2) matvec(
   __shared__ float red[MV_WARPS];
   Trace tr{trace, {0, 0, 0, 0}};
   tr.mark(0);
-  auto epi = [&](ll r0, const float* acc) {
+  // With a residual, its values for the group's rows (two a word; an odd N's last row alone).
+  struct Res {
+    u32 v[MV_ROWS / 2];
+  };
+  auto pre = [&](ll r0) {
+    Res e{};
+    if (mode & MODE_RES) {
+#pragma unroll
+      for (int r = 0; r < MV_ROWS; r += 2) {
+        const ll i = r0 + r;
+        if (i + 1 < N) {
+          e.v[r / 2] = *(const u32*)(res + i);
+        } else if (i < N) {
+          e.v[r / 2] = res[i];
+        }
+      }
+    }
+    return e;
+  };
+  auto epi = [&](ll r0, const float* acc, const Res& e) {
 #pragma unroll
     for (int r = 0; r < MV_ROWS; r += 2) {
       const ll i = r0 + r;  // rows i and i + 1
@@ -537,8 +622,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) matvec(
         ((float*)out)[i] = rbf(acc[r]);
         if (has1) ((float*)out)[i + 1] = rbf(acc[r + 1]);
       } else if (mode & MODE_RES) {
-        ((bf16_t*)out)[i] = f2bf(bf2f(res[i]) + rbf(acc[r]));
-        if (has1) ((bf16_t*)out)[i + 1] = f2bf(bf2f(res[i + 1]) + rbf(acc[r + 1]));
+        ((bf16_t*)out)[i] = f2bf(lo2f(e.v[r / 2]) + rbf(acc[r]));
+        if (has1) ((bf16_t*)out)[i + 1] = f2bf(hi2f(e.v[r / 2]) + rbf(acc[r + 1]));
       } else {
         ((bf16_t*)out)[i] = f2bf(acc[r]);
         if (has1) ((bf16_t*)out)[i + 1] = f2bf(acc[r + 1]);
@@ -546,7 +631,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) matvec(
     }
   };
   MV_DISPATCH(bits, W, SB, xin, normw, (mode & MODE_NORM) != 0, N, K, gs, eps, smem, red, tr,
-              epi)
+              pre, epi)
   tr.done(TRACE_MATVEC | (u64)mode << 8 | (u64)K << 16);
 }
 
@@ -576,8 +661,9 @@ extern "C" __global__ void __launch_bounds__(256, 2) matvec_qkv(
   Trace tr{trace, {0, 0, 0, 0}};
   tr.mark(0);
   const ll half = D / 2;
-  auto epi = [&](ll r0, const float* acc) {
-    const ll pos = state[1];  // read after the wait
+  // The position, read after the wait.
+  auto pre = [&](ll) { return state[1]; };
+  auto epi = [&](ll r0, const float* acc, int pos) {
 #pragma unroll
     for (int r = 0; r < MV_ROWS; r += 2) {
       const ll i0 = r0 + r;  // rows i0 and i0 + 1: a rotation pair of q or k, or two of v
@@ -606,7 +692,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) matvec_qkv(
     }
   };
   // D is a multiple of MV_ROWS: every group is whole.
-  MV_DISPATCH(bits, W, SB, xin, normw, true, (nh + 2 * nkv) * D, K, gs, eps, smem, red, tr, epi)
+  MV_DISPATCH(bits, W, SB, xin, normw, true, (nh + 2 * nkv) * D, K, gs, eps, smem, red, tr, pre,
+              epi)
   tr.done(TRACE_QKV | (u64)K << 16);
 }
 

@@ -93,6 +93,10 @@ pub struct GraphOptions {
     /// 16-byte chunks of each of its rows a lane keeps in flight: 1 to 8, with at most 16
     /// loads a lane (`rows_per_warp` times this). Default `8 / rows_per_warp`.
     pub chunks_in_flight: Option<u32>,
+    /// Of those, how many a lane loads before waiting for the previous kernel (1 to
+    /// `chunks_in_flight`; default all); the rest follow the prologue. Loads queued ahead of
+    /// the prologue's input reads delay them.
+    pub chunks_before_wait: Option<u32>,
     /// At most this many blocks of a matrix-vector kernel on a multiprocessor (1 or more;
     /// default: as many as fit). Fewer leave room for the next kernel's blocks to start
     /// early and load their first weights.
@@ -105,6 +109,7 @@ impl Default for GraphOptions {
             programmatic_launch: true,
             rows_per_warp: 2,
             chunks_in_flight: None,
+            chunks_before_wait: None,
             blocks_per_sm: None,
         }
     }
@@ -692,6 +697,13 @@ impl GraphDecoder {
                 format!("chunks_in_flight {batch}: must be 1 to 8, and at most 16 / rows_per_warp"),
             ));
         }
+        let early = opts.chunks_before_wait.unwrap_or(batch);
+        if !(1..=batch).contains(&early) {
+            return Err(invalid(
+                "graph_decoder",
+                format!("chunks_before_wait {early}: must be 1 to chunks_in_flight ({batch})"),
+            ));
+        }
         if opts.blocks_per_sm == Some(0) {
             return Err(invalid(
                 "graph_decoder",
@@ -707,7 +719,9 @@ impl GraphDecoder {
         }
         let capacity = capacity.div_ceil(ATTN_CHUNK) * ATTN_CHUNK;
         let mut w = Weights::load(dir, &shape)?;
-        let source = format!("#define MV_ROWS {rows}\n#define MV_BATCH {batch}\n{SOURCE}");
+        let source = format!(
+            "#define MV_ROWS {rows}\n#define MV_BATCH {batch}\n#define MV_EARLY {early}\n{SOURCE}"
+        );
         let mut rt = GpuRuntime::new(&source, KERNELS)?;
         let s = &shape;
         let (h, d, i_sz) = (s.hidden, s.head_dim, s.intermediate);
@@ -1602,6 +1616,21 @@ mod tests {
                     ..GraphOptions::default()
                 },
                 "chunks_in_flight 0",
+            ),
+            (
+                GraphOptions {
+                    chunks_in_flight: Some(2),
+                    chunks_before_wait: Some(3),
+                    ..GraphOptions::default()
+                },
+                "chunks_before_wait 3",
+            ),
+            (
+                GraphOptions {
+                    chunks_before_wait: Some(0),
+                    ..GraphOptions::default()
+                },
+                "chunks_before_wait 0",
             ),
             (
                 GraphOptions {

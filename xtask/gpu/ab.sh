@@ -51,10 +51,11 @@ for m in $MODELS; do
       # `graph4`: four rows a warp in the matrix-vector products (MLX_GRAPH_ROWS=4);
       # `graphb8`: eight chunks a row in flight (MLX_GRAPH_BATCH=8); `graph1`: one
       # matrix-vector block a multiprocessor (MLX_GRAPH_BLOCKS=1); `graphalt`: the graph
-      # decoder of another build, carried as bench_generate_alt.xz (two builds side by side).
+      # decoder of another build, carried as bench_generate_alt.xz (two builds side by side);
+      # `grapheN`: N of the chunks in flight loaded before the wait (MLX_GRAPH_EARLY=N).
       # TRACE=1: every graph mode also writes one step's timeline to
       # $OUT/trace-MODEL-MODE.txt (--graph-trace; summarise with trace_summary.py).
-      PDL=1; ROWS=2; BATCH=""; BLOCKS=""; BIN="$G/bench_generate"
+      PDL=1; ROWS=2; BATCH=""; BLOCKS=""; EARLY=""; BIN="$G/bench_generate"
       # GRAPH_EXTRA: more flags for the graph modes (say `--graph-breakdown 20`).
       case "$c" in
         graph) FLAGS="--decoder graph $GRAPH_EXTRA" ;;
@@ -63,10 +64,11 @@ for m in $MODELS; do
         graphb8) FLAGS="--decoder graph $GRAPH_EXTRA"; BATCH=8 ;;
         graph1) FLAGS="--decoder graph $GRAPH_EXTRA"; BLOCKS=1 ;;
         graphalt) FLAGS="--decoder graph $GRAPH_EXTRA"; BIN="$G/bench_generate_alt" ;;
+        graphe[1-8]) FLAGS="--decoder graph $GRAPH_EXTRA"; EARLY=${c#graphe} ;;
         *) FLAGS="--compiled $c $EXTRA" ;;
       esac
       case "$c" in graph*) [ "${TRACE:-0}" = 1 ] && FLAGS="$FLAGS --graph-trace $OUT/trace-$m-$c.txt" ;; esac
-      { env MLX_GRAPH_PDL=$PDL MLX_GRAPH_ROWS=$ROWS ${BATCH:+MLX_GRAPH_BATCH=$BATCH} ${BLOCKS:+MLX_GRAPH_BLOCKS=$BLOCKS} timeout 200 "$BIN" --model "$M" $COMMON $FLAGS | sed "s/^{/{\"side\": \"ours-$c\", \"name\": \"$m\", \"round\": $r, /"; } >> "$OUT/ab.jsonl" 2>> "$OUT/ab.err"
+      { env MLX_GRAPH_PDL=$PDL MLX_GRAPH_ROWS=$ROWS ${BATCH:+MLX_GRAPH_BATCH=$BATCH} ${BLOCKS:+MLX_GRAPH_BLOCKS=$BLOCKS} ${EARLY:+MLX_GRAPH_EARLY=$EARLY} timeout 200 "$BIN" --model "$M" $COMMON $FLAGS | sed "s/^{/{\"side\": \"ours-$c\", \"name\": \"$m\", \"round\": $r, /"; } >> "$OUT/ab.jsonl" 2>> "$OUT/ab.err"
     done
     echo "$m round $r done at ${SECONDS}s"
   done

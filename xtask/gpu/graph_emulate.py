@@ -93,6 +93,12 @@ inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); retu
 inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline int __ffsll(long long x) { return __builtin_ffsll(x); }
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned sel) {
+  const unsigned long long v = x | ((unsigned long long)y << 32);
+  unsigned r = 0;
+  for (int i = 0; i < 4; ++i) r |= (unsigned)((v >> (8 * ((sel >> (4 * i)) & 7))) & 0xFF) << (8 * i);
+  return r;
+}
 inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
 inline float __ldcg(const float* p) { return *p; }
 inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
