@@ -1,0 +1,137 @@
+"""Compiles the graph decoder's kernels here, as the decoder does on the GPU, and reads their
+machine code: no GPU needed.
+
+    python3 xtask/gpu/sass.py [--rows 2] [--batch N] [--early N] [--kernel matvec] [--dump FILE]
+
+Prints, for each kernel, ptxas's registers, stack and spills, and for --kernel (default
+matvec) its innermost loops of 1,000 or more instructions with the instruction mix: one a
+width of codes, the 4-bit one with the most LOP3, FADD and FFMA (two rows, four chunks in
+flight: 256 codes a row each of four unrolled items, and the epilogue four times). The loops are
+found from backward branches, as nvdisasm prints them. --dump FILE writes the whole
+disassembly.
+
+The compiler is NVRTC, with the options `mlx-sys/shim/gpurt.cpp` passes (sm_90, C++17,
+--fmad=true) and the #defines `GraphDecoder::load_with` prepends. Its library and nvdisasm
+come from PyPI's CUDA 13 wheels:
+
+    python3 -m pip download --no-deps nvidia-cuda-nvrtc nvidia-cuda-nvdisasm -d /tmp/nv
+    (cd /tmp/nv && for w in *.whl; do unzip -oq "$w"; done)
+
+then NVRTC_LIB=/tmp/nv/nvidia/cu13/lib/libnvrtc.so.13 NVDISASM=/tmp/nv/nvidia/cu13/bin/nvdisasm
+(the defaults). PyPI's NVRTC may be newer than the one MLX's wheel loads on the GPU: the
+code can differ a little.
+"""
+import argparse
+import collections
+import ctypes
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+NVRTC_LIB = os.environ.get("NVRTC_LIB", "/tmp/nv/nvidia/cu13/lib/libnvrtc.so.13")
+NVDISASM = os.environ.get("NVDISASM", "/tmp/nv/nvidia/cu13/bin/nvdisasm")
+
+
+def compile_cubin(src):
+    lib = ctypes.CDLL(NVRTC_LIB)
+    prog = ctypes.c_void_p()
+    if lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"gpurt.cu", 0, None, None):
+        sys.exit("nvrtcCreateProgram failed")
+    opts = [b"--gpu-architecture=sm_90", b"-std=c++17", b"--fmad=true", b"-Xptxas=-v"]
+    r = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+    n = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
+    log = ctypes.create_string_buffer(n.value)
+    lib.nvrtcGetProgramLog(prog, log)
+    log = log.value.decode()
+    if r:
+        sys.exit(f"nvrtcCompileProgram: {r}\n{log}")
+    lib.nvrtcGetCUBINSize(prog, ctypes.byref(n))
+    cubin = ctypes.create_string_buffer(n.value)
+    lib.nvrtcGetCUBIN(prog, cubin)
+    return cubin.raw, log
+
+
+def resources(log):
+    """(kernel, registers, stack bytes, spill stores, spill loads) from ptxas's -v log."""
+    out, name = [], None
+    for line in log.splitlines():
+        m = re.search(r"Compiling entry function '(\w+)'", line)
+        if m:
+            name, stack, spills = m.group(1), 0, (0, 0)
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
+                      line)
+        if m:
+            stack, spills = int(m.group(1)), (int(m.group(2)), int(m.group(3)))
+        m = re.search(r"Used (\d+) registers", line)
+        if m and name:
+            out.append((name, int(m.group(1)), stack, *spills))
+    return out
+
+
+def loops(sass, kernel, least=1000):
+    """The loops of `kernel` with at least `least` instructions: (first, last, mix)."""
+    lines = sass.split("\n")
+    start = next(i for i, l in enumerate(lines) if l.startswith(f".text.{kernel}:"))
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("//----")),
+               len(lines))
+    ins, labels = [], {}
+    for line in lines[start:end]:
+        m = re.match(r"\.(L_x_\d+):", line.strip())
+        if m:
+            labels[m.group(1)] = len(ins)
+        m = re.search(r"/\*[0-9a-f]{4,}\*/\s+(.*?);", line)
+        if m:
+            ins.append(m.group(1).strip())
+    found = []
+    for j, text in enumerate(ins):
+        m = re.search(r"BRA\s+`?\(?\.?(L_x_\d+)", text)
+        if m and m.group(1) in labels and labels[m.group(1)] < j:
+            s = labels[m.group(1)]
+            if j - s + 1 >= least:
+                ops = (re.sub(r"^@!?U?P\w+\s+", "", x).split()[0].split(".")[0]
+                       for x in ins[s:j + 1])
+                found.append((s, j, collections.Counter(ops)))
+    # Innermost only, and not the branches back from the warp-divergence fallbacks (`BRA.DIV`
+    # to code with WARPSYNC at the end of the function), which span whole regions.
+    found = [f for f in found if "WARPSYNC" not in f[2]]
+    inner = [f for f in found
+             if not any(g is not f and f[0] <= g[0] and g[1] <= f[1] for g in found)]
+    return len(ins), inner
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=2)
+    ap.add_argument("--batch", type=int)
+    ap.add_argument("--early", type=int)
+    ap.add_argument("--kernel", default="matvec")
+    ap.add_argument("--dump")
+    a = ap.parse_args()
+    batch = a.batch or 8 // a.rows
+    early = a.early or batch
+    src = (f"#define MV_ROWS {a.rows}\n#define MV_BATCH {batch}\n#define MV_EARLY {early}\n"
+           + (ROOT / "mlx-kernels/src/graph_decode.cu").read_text())
+    cubin, log = compile_cubin(src)
+    for name, regs, stack, st, ld in resources(log):
+        print(f"{name:12} {regs:4} registers, {stack} bytes stack, spills {st} stored / {ld} loaded")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = pathlib.Path(tmp) / "k.cubin"
+        path.write_bytes(cubin)
+        sass = subprocess.run([NVDISASM, "-c", str(path)], check=True, capture_output=True,
+                              text=True).stdout
+    if a.dump:
+        pathlib.Path(a.dump).write_text(sass)
+    total, found = loops(sass, a.kernel)
+    print(f"{a.kernel}: {total} instructions; innermost loops of 1,000 or more:")
+    for s, j, mix in found:
+        top = ", ".join(f"{k} {v}" for k, v in mix.most_common(8))
+        print(f"  {s}-{j} ({j - s + 1}): {top}")
+
+
+if __name__ == "__main__":
+    main()
