@@ -1,6 +1,6 @@
 """Runs the graph decoder's CUDA kernels on the CPU, here, without a GPU, against mlx-lm.
 
-    [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_RESIDENT=N] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
+    [GRAPH_EMU_ROWS=2|4] [GRAPH_EMU_BATCH=N] [GRAPH_EMU_RESIDENT=N] [GRAPH_EMU_DUMP=DIR] $MLX_ORACLE_VENV/bin/python xtask/gpu/graph_emulate.py [FIXTURE ...]
 
 Takes the exact source of `mlx-kernels/src/graph_decode.cu` as plain C++: each CUDA block
 runs as its threads (std::thread); `__syncthreads` is a block barrier, and `__shfl_xor_sync`
@@ -147,6 +147,7 @@ PROMPT = int(os.environ.get("GRAPH_EMU_PROMPT", "150"))
 # The one-wave cap on a matrix-vector grid (the GPU's resident blocks): small here, so that
 # warps stream over several row groups as they do on the GPU for the large matrices.
 RESIDENT = int(os.environ.get("GRAPH_EMU_RESIDENT", "3"))
+DUMP = os.environ.get("GRAPH_EMU_DUMP")  # a folder: each step's logits saved there
 
 
 def mv_grid(rows):
@@ -324,6 +325,8 @@ def run(lib, name):
         step()
         pos += 1
         assert state[1] == pos and state[0] == tokens[0], "the step state did not advance"
+        if DUMP:  # every step's logits, to compare two versions of the kernels bit for bit
+            np.save(Path(DUMP) / f"{name.replace(':', '_')}-{pos}.npy", logits)
         rel = float(np.max(np.abs(ref - logits)) / max(np.max(np.abs(ref)), 1e-6))
         worst = max(worst, rel)
         agree += int(np.argmax(ref) == np.argmax(logits))
