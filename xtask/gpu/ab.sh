@@ -29,8 +29,8 @@ ts.sort(); t = ts[len(ts) // 2]
 print(f"copy (x * 1, bf16, 512 MB read + 512 MB written): median {t * 1e3:.3f} ms = {2 * x.nbytes / t / 1e9:.0f} GB/s")
 PY
 xz -d -k -f "$G/bench_generate.xz" && chmod +x "$G/bench_generate"
-for alt in bench_generate_alt bench_generate_alt2; do
-  if [ -f "$G/$alt.xz" ]; then xz -d -k -f "$G/$alt.xz" && chmod +x "$G/$alt"; fi
+for alt in "$G"/bench_generate_alt*.xz; do
+  if [ -f "$alt" ]; then xz -d -k -f "$alt" && chmod +x "${alt%.xz}"; fi
 done
 COMMON="--dtype keep --prompt-len $PROMPT --gen-len $GEN --trials $TRIALS --device ${DEVICE:-gpu}"
 for m in $MODELS; do
@@ -52,7 +52,7 @@ for m in $MODELS; do
       # `graphb8`: eight chunks a row in flight (MLX_GRAPH_BATCH=8); `graph1`: one
       # matrix-vector block a multiprocessor (MLX_GRAPH_BLOCKS=1); `graphalt`: the graph
       # decoder of another build, carried as bench_generate_alt.xz (two builds side by side;
-      # `graphalt2`: a third, bench_generate_alt2.xz);
+      # `graphaltN`: more, bench_generate_altN.xz);
       # `grapheN`: N of the chunks in flight loaded before the wait (MLX_GRAPH_EARLY=N).
       # TRACE=1: every graph mode also writes one step's timeline to
       # $OUT/trace-MODEL-MODE.txt (--graph-trace; summarise with trace_summary.py).
@@ -64,8 +64,7 @@ for m in $MODELS; do
         graph4) FLAGS="--decoder graph $GRAPH_EXTRA"; ROWS=4 ;;
         graphb8) FLAGS="--decoder graph $GRAPH_EXTRA"; BATCH=8 ;;
         graph1) FLAGS="--decoder graph $GRAPH_EXTRA"; BLOCKS=1 ;;
-        graphalt) FLAGS="--decoder graph $GRAPH_EXTRA"; BIN="$G/bench_generate_alt" ;;
-        graphalt2) FLAGS="--decoder graph $GRAPH_EXTRA"; BIN="$G/bench_generate_alt2" ;;
+        graphalt|graphalt[0-9]) FLAGS="--decoder graph $GRAPH_EXTRA"; BIN="$G/bench_generate_${c#graph}" ;;
         graphe[1-8]) FLAGS="--decoder graph $GRAPH_EXTRA"; EARLY=${c#graphe} ;;
         *) FLAGS="--compiled $c $EXTRA" ;;
       esac

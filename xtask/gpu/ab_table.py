@@ -24,7 +24,7 @@ WEIGHT_BYTES = {
     "llama-8b-bf16": 16.06e9,
 }
 SIDES = ["mlx-lm", "ours-off", "ours-auto", "ours-percall", "ours-graph", "ours-graphplain", "ours-graph4",
-         "ours-graphb8", "ours-graph1", "ours-graphalt", "ours-graphalt2",
+         "ours-graphb8", "ours-graph1", "ours-graphalt", "ours-graphalt2", "ours-graphalt3",
          "ours-graphe1", "ours-graphe2", "ours-graphe3"]
 
 
