@@ -145,6 +145,13 @@ impl GpuRuntime {
         Ok(Buffer(b))
     }
 
+    /// A device buffer holding a copy of `data`.
+    pub fn alloc_from(&mut self, data: &[u8]) -> Result<Buffer> {
+        let buf = self.alloc(data.len())?;
+        self.upload(buf, 0, data)?;
+        Ok(buf)
+    }
+
     /// Bytes allocated on the device by this runtime.
     pub fn allocated(&self) -> usize {
         // SAFETY: live handle.

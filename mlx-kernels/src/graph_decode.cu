@@ -162,35 +162,35 @@ __device__ __forceinline__ int xs_slot(int t) { return t ^ ((t >> 3) & 3); }
 // same powers (xs_scale), so every product is the one of the unscaled values, bit for bit.
 #define CODE_EXP 0x4B000000u
 #define CODE_OFF 8388608.f
-// (w & M) | e in one instruction: left to itself the compiler splits it in two, an AND and an
-// OR, each with its constant as an immediate.
+// (w & M) | CODE_EXP in one instruction, the exponent in a register: left to itself the
+// compiler splits it in two, an AND and an OR, each with its constant as an immediate.
 template <u32 M>
-__device__ __forceinline__ float code_at(u32 w, u32 e) {
+__device__ __forceinline__ float code_at(u32 w) {
 #ifdef __CUDA_ARCH__
   u32 d;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(w), "n"(M), "r"(e));
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(w), "n"(M), "r"(CODE_EXP));
   return __uint_as_float(d) - CODE_OFF;
 #else
-  return __uint_as_float((w & M) | e) - CODE_OFF;
+  return __uint_as_float((w & M) | CODE_EXP) - CODE_OFF;
 #endif
 }
-__device__ __forceinline__ void codes4(u32 w, u32 e, float* q) {
+__device__ __forceinline__ void codes4(u32 w, float* q) {
   const u32 v = w >> 16;
-  q[0] = code_at<0xFu>(w, e);
-  q[1] = code_at<0xF0u>(w, e);
-  q[2] = code_at<0xF00u>(w, e);
-  q[3] = code_at<0xF000u>(w, e);
-  q[4] = code_at<0xFu>(v, e);
-  q[5] = code_at<0xF0u>(v, e);
-  q[6] = code_at<0xF00u>(v, e);
-  q[7] = code_at<0xF000u>(v, e);
+  q[0] = code_at<0xFu>(w);
+  q[1] = code_at<0xF0u>(w);
+  q[2] = code_at<0xF00u>(w);
+  q[3] = code_at<0xF000u>(w);
+  q[4] = code_at<0xFu>(v);
+  q[5] = code_at<0xF0u>(v);
+  q[6] = code_at<0xF00u>(v);
+  q[7] = code_at<0xF000u>(v);
 }
-__device__ __forceinline__ void codes8(u32 w, u32 e, float* q) {
+__device__ __forceinline__ void codes8(u32 w, float* q) {
   const u32 v = w >> 16;
-  q[0] = code_at<0xFFu>(w, e);
-  q[1] = code_at<0xFF00u>(w, e);
-  q[2] = code_at<0xFFu>(v, e);
-  q[3] = code_at<0xFF00u>(v, e);
+  q[0] = code_at<0xFFu>(w);
+  q[1] = code_at<0xFF00u>(w);
+  q[2] = code_at<0xFFu>(v);
+  q[3] = code_at<0xFF00u>(v);
 }
 
 // An input slot (8 bfloat16 values) as the codes of `bits` bits multiply it: value i divided
@@ -246,9 +246,9 @@ __device__ __forceinline__ void qchunk(const uint4* w, const bf16_t* xs, int c, 
       const u32 word = i == 0 ? w[r].x : i == 1 ? w[r].y : i == 2 ? w[r].z : w[r].w;
       float q[PER];
       if (BITS == 4) {
-        codes4(word, CODE_EXP, q);
+        codes4(word, q);
       } else {
-        codes8(word, CODE_EXP, q);
+        codes8(word, q);
       }
       t[i][r] = q[0] * x[i * PER];
 #pragma unroll
@@ -400,6 +400,30 @@ __device__ __forceinline__ uint4 norm8(uint4 v, uint4 g, float inv) {
   return v;
 }
 
+// Loads this thread's pieces of the prologue's round rd (piece (rd P + i) T + tid of the input
+// into v[i], and with NORM of the norm's weights into g[i]; those past the end left alone).
+template <int P, bool NORM>
+__device__ __forceinline__ void mv_load_pieces(uint4* v, uint4* g, const uint4* xv,
+                                               const uint4* gv, int rd, int pieces) {
+#pragma unroll
+  for (int i = 0; i < P; ++i) {
+    const int t = (rd * P + i) * (int)blockDim.x + (int)threadIdx.x;
+    if (t < pieces) {
+      v[i] = xv[t];
+      if (NORM) g[i] = gv[t];
+    }
+  }
+}
+
+// Adds the squares of this thread's pieces of round rd to ss.
+template <int P>
+__device__ __forceinline__ void mv_add_squares(float& ss, const uint4* v, int rd, int pieces) {
+#pragma unroll
+  for (int i = 0; i < P; ++i) {
+    if ((rd * P + i) * (int)blockDim.x + (int)threadIdx.x < pieces) ss += sq8(v[i]);
+  }
+}
+
 // 1 / rms of the input from each thread's sum of squares (a block reduction).
 __device__ __forceinline__ float mv_inv_rms(float ss, float* red, ll K, double eps) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -409,6 +433,18 @@ __device__ __forceinline__ float mv_inv_rms(float ss, float* red, ll K, double e
   float tot = 0.f;
   for (int i = 0; i < MV_WARPS; ++i) tot += red[i];
   return rsqrtf(tot / (float)K + (float)eps);
+}
+
+// Stores this thread's pieces of round rd, normed (mv_store_piece).
+template <int P>
+__device__ __forceinline__ void mv_store_normed(bf16_t* xs, float* xc, const uint4* v,
+                                                const uint4* g, float inv, int rd, int pieces,
+                                                ll bits) {
+#pragma unroll
+  for (int i = 0; i < P; ++i) {
+    const int t = (rd * P + i) * (int)blockDim.x + (int)threadIdx.x;
+    mv_store_piece(xs, xc, t, pieces, t < pieces ? norm8(v[i], g[i], inv) : v[i], bits);
+  }
 }
 
 // Fills xs (shared, slots swizzled) with the input vector: xin, or rms_norm(xin, normw, eps)
@@ -428,69 +464,35 @@ __device__ __forceinline__ void mv_prologue(bf16_t* xs, float* xc, float* red, c
     // The input and the weights at once, kept in registers across the reduction.
     uint4 v[PRO_PIECES], g[PRO_PIECES];
     float ss = 0.f;
-#pragma unroll
-    for (int i = 0; i < PRO_PIECES; ++i) {
-      const int t = i * T + tid;
-      if (t < pieces) {
-        v[i] = xv[t];
-        g[i] = gv[t];
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < PRO_PIECES; ++i) {
-      if (i * T + tid < pieces) ss += sq8(v[i]);
-    }
+    mv_load_pieces<PRO_PIECES, true>(v, g, xv, gv, 0, pieces);
+    mv_add_squares<PRO_PIECES>(ss, v, 0, pieces);
     const float inv = mv_inv_rms(ss, red, K, eps);
-#pragma unroll
-    for (int i = 0; i < PRO_PIECES; ++i) {
-      const int t = i * T + tid;
-      mv_store_piece(xs, xc, t, pieces, t < pieces ? norm8(v[i], g[i], inv) : v[i], bits);
-    }
+    mv_store_normed<PRO_PIECES>(xs, xc, v, g, inv, 0, pieces, bits);
   } else if (norm) {
     // A long input: its sum of squares, then it and the weights again (from L2), in rounds.
     const int rounds = (pieces + T * PRO_PIECES - 1) / (T * PRO_PIECES);
     float ss = 0.f;
     for (int rd = 0; rd < rounds; ++rd) {
       uint4 v[PRO_PIECES];
-#pragma unroll
-      for (int i = 0; i < PRO_PIECES; ++i) {
-        const int t = (rd * PRO_PIECES + i) * T + tid;
-        if (t < pieces) v[i] = xv[t];
-      }
-#pragma unroll
-      for (int i = 0; i < PRO_PIECES; ++i) {
-        if ((rd * PRO_PIECES + i) * T + tid < pieces) ss += sq8(v[i]);
-      }
+      mv_load_pieces<PRO_PIECES, false>(v, v, xv, gv, rd, pieces);
+      mv_add_squares<PRO_PIECES>(ss, v, rd, pieces);
     }
     const float inv = mv_inv_rms(ss, red, K, eps);
     for (int rd = 0; rd < rounds; ++rd) {
       uint4 v[PRO_PIECES], g[PRO_PIECES];
-#pragma unroll
-      for (int i = 0; i < PRO_PIECES; ++i) {
-        const int t = (rd * PRO_PIECES + i) * T + tid;
-        if (t < pieces) {
-          v[i] = xv[t];
-          g[i] = gv[t];
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < PRO_PIECES; ++i) {
-        const int t = (rd * PRO_PIECES + i) * T + tid;
-        mv_store_piece(xs, xc, t, pieces, t < pieces ? norm8(v[i], g[i], inv) : v[i], bits);
-      }
+      mv_load_pieces<PRO_PIECES, true>(v, g, xv, gv, rd, pieces);
+      mv_store_normed<PRO_PIECES>(xs, xc, v, g, inv, rd, pieces, bits);
     }
   } else {
     constexpr int P = 2 * PRO_PIECES;
     const int rounds = (pieces + T * P - 1) / (T * P);
     for (int rd = 0; rd < rounds; ++rd) {
       uint4 v[P];
+      mv_load_pieces<P, false>(v, v, xv, gv, rd, pieces);
 #pragma unroll
       for (int i = 0; i < P; ++i) {
-        const int t = (rd * P + i) * T + tid;
-        if (t < pieces) v[i] = xv[t];
+        mv_store_piece(xs, xc, (rd * P + i) * T + tid, pieces, v[i], bits);
       }
-#pragma unroll
-      for (int i = 0; i < P; ++i) mv_store_piece(xs, xc, (rd * P + i) * T + tid, pieces, v[i], bits);
     }
   }
   __syncthreads();
@@ -505,9 +507,10 @@ __device__ __forceinline__ float* mv_chunk_sums(unsigned char* smem, ll K) {
 // The body of the matrix-vector kernels: W [N, K] times the input (xin, or rms_norm(xin,
 // normw, eps) when norm); epi(first row, sums, early) on lane 0 with the warp's sums of each
 // row group, where early = pre(first row), loaded by lane 0 when the group's sums begin (what
-// the epilogue reads from memory, there by its end). The grid is at most one wave: warps stride over the row groups, streaming their
-// chunks (MvStream). The first MV_EARLY chunks are loaded before waiting for the previous
-// kernel (weights do not depend on it), the rest of the first MV_BATCH after the prologue.
+// the epilogue reads from memory, there by its end). The grid is at most one wave: warps
+// stride over the row groups, streaming their chunks (MvStream). The first MV_EARLY chunks
+// are loaded before waiting for the previous kernel (weights do not depend on it), the rest
+// of the first MV_BATCH after the prologue.
 template <int BITS, class Pre, class Epi>
 __device__ __forceinline__ void mv_run(const void* W, const u32* SB, const bf16_t* xin,
                                        const bf16_t* normw, bool norm, ll N, ll K, ll gs,

@@ -745,12 +745,14 @@ impl GraphDecoder {
             };
             let mut laid = Vec::new();
             for part in parts {
-                let blobs: Vec<Vec<u8>> = names
+                let mut blobs: Vec<Vec<u8>> = names
                     .iter()
                     .map(|nm| w.bytes(&format!("{nm}.{part}")))
                     .collect::<Result<_>>()?;
                 laid.push(match layout {
                     Layout::Interleave => interleave_rows(&blobs[0], &blobs[1], ns[0]),
+                    // One tensor as it is, without a copy.
+                    Layout::Concat if blobs.len() == 1 => blobs.swap_remove(0),
                     Layout::Concat | Layout::Qkv => {
                         let mut joined = Vec::with_capacity(blobs.iter().map(Vec::len).sum());
                         for (j, b) in blobs.iter().enumerate() {
@@ -764,17 +766,16 @@ impl GraphDecoder {
                     }
                 });
             }
-            let mut upload = |bytes: &[u8]| -> Result<Buffer> {
-                let buf = rt.alloc(bytes.len())?;
-                rt.upload(buf, 0, bytes)?;
-                Ok(buf)
-            };
-            let wbuf = upload(&laid[0])?;
             let sb = match laid.as_slice() {
-                [_, scales, biases] => Some(upload(&pack_scales_biases(scales, biases))?),
+                [_, scales, biases] => Some(rt.alloc_from(&pack_scales_biases(scales, biases))?),
                 _ => None,
             };
-            Ok(Lin { w: wbuf, sb, n, k })
+            Ok(Lin {
+                w: rt.alloc_from(&laid[0])?,
+                sb,
+                n,
+                k,
+            })
         }
 
         let embed = upload_lin(
@@ -800,10 +801,7 @@ impl GraphDecoder {
             )?
         };
         let norm_buf = |rt: &mut GpuRuntime, w: &mut Weights, name: &str| -> Result<Buffer> {
-            let b = w.bytes(name)?;
-            let buf = rt.alloc(b.len())?;
-            rt.upload(buf, 0, &b)?;
-            Ok(buf)
+            rt.alloc_from(&w.bytes(name)?)
         };
         let final_norm = norm_buf(&mut rt, &mut w, "model.norm.weight")?;
         let kv_bytes = s.kv_heads * capacity * d * 2;
