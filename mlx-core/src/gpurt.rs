@@ -22,6 +22,7 @@ use std::ffi::CString;
 
 use mlx_sys as sys;
 
+use crate::array::Array;
 use crate::error::{Error, Result};
 use crate::ffi::{check, StringHandle};
 
@@ -163,6 +164,36 @@ impl GpuRuntime {
         // SAFETY: data is valid for data.len() bytes of reads; the shim checks the range.
         check("gpurt_upload", unsafe {
             sys::mlxs_gpurt_upload(self.raw, buffer.0, offset, data.as_ptr().cast(), data.len())
+        })
+    }
+
+    /// Copies an MLX array's bytes into `buffer` on the device, without the host: as `height`
+    /// rows of `width` bytes, row r to byte `offset + r * dst_pitch` (the array, made
+    /// row-contiguous here if it is not, must hold exactly `width * height` bytes). The array
+    /// is evaluated first; the copy is waited for. Fails where MLX runs without a GPU (its
+    /// arrays are then in host memory: [`GpuRuntime::upload`] their bytes instead).
+    pub fn copy_from_array(
+        &mut self,
+        buffer: Buffer,
+        offset: usize,
+        dst_pitch: usize,
+        src: &Array,
+        width: usize,
+        height: usize,
+    ) -> Result<()> {
+        // A row-major copy where the array is a view (a reshape of a strided view copies).
+        let flat = src.reshape(&[-1])?;
+        // SAFETY: live handles; the shim checks the array's layout and size and both ranges.
+        check("gpurt_copy_from_array", unsafe {
+            sys::mlxs_gpurt_copy_from_array(
+                self.raw,
+                buffer.0,
+                offset,
+                dst_pitch,
+                flat.as_raw(),
+                width,
+                height,
+            )
         })
     }
 

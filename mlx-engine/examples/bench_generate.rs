@@ -501,9 +501,10 @@ fn trial_graph(
     let tic = Instant::now();
     tokens.push(first);
     dec.set_prefix(&kv)?;
+    let prefix_s = tic.elapsed().as_secs_f64();
     dec.generate(first, gen_len - 1, |t| tokens.push(t))?;
     let bytes = dec.device_bytes();
-    let r = finish_trial(
+    let mut r = finish_trial(
         prompt.len(),
         tokens.len(),
         prompt_time,
@@ -511,6 +512,8 @@ fn trial_graph(
         [cpu0, cpu1],
         bytes,
     )?;
+    // Of the generation time: copying the prompt's cache into the decoder.
+    r["graph_prefix_s"] = json!(prefix_s);
     Ok((r, tokens))
 }
 

@@ -51,6 +51,26 @@ struct LaunchConfig {
 constexpr int kAttrProgrammaticStreamSerialization = 6;
 using nvrtcProgram = void*;
 
+// cuMemcpy2DAsync's description of a copy (cuda.h's CUDA_MEMCPY2D, unchanged since CUDA 3.2).
+struct Memcpy2D {
+  size_t srcXInBytes, srcY;
+  int srcMemoryType;
+  const void* srcHost;
+  CUdeviceptr srcDevice;
+  void* srcArray;
+  size_t srcPitch;
+  size_t dstXInBytes, dstY;
+  int dstMemoryType;
+  void* dstHost;
+  CUdeviceptr dstDevice;
+  void* dstArray;
+  size_t dstPitch;
+  size_t WidthInBytes, Height;
+};
+static_assert(sizeof(Memcpy2D) == 128, "CUDA_MEMCPY2D is 128 bytes");
+constexpr int kMemoryTypeDevice = 2;   // CU_MEMORYTYPE_DEVICE
+constexpr int kMemoryTypeUnified = 4;  // CU_MEMORYTYPE_UNIFIED: any address of the process
+
 constexpr int kAttrCcMajor = 75;            // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
 constexpr int kAttrCcMinor = 76;            // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR
 constexpr int kAttrSmCount = 16;            // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
@@ -85,6 +105,7 @@ struct Driver {
   CUresult (*cuMemcpyHtoDAsync)(CUdeviceptr, const void*, size_t, CUstream);
   CUresult (*cuMemcpyDtoHAsync)(void*, CUdeviceptr, size_t, CUstream);
   CUresult (*cuMemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream);
+  CUresult (*cuMemcpy2DAsync)(const Memcpy2D*, CUstream);
   CUresult (*cuStreamCreate)(CUstream*, unsigned);
   CUresult (*cuStreamDestroy)(CUstream);
   CUresult (*cuStreamSynchronize)(CUstream);
@@ -160,6 +181,7 @@ const Driver& driver() {
     sym(d.lib, "cuMemcpyHtoDAsync_v2", d.cuMemcpyHtoDAsync, err);
     sym(d.lib, "cuMemcpyDtoHAsync_v2", d.cuMemcpyDtoHAsync, err);
     sym(d.lib, "cuMemsetD8Async", d.cuMemsetD8Async, err);
+    sym(d.lib, "cuMemcpy2DAsync_v2", d.cuMemcpy2DAsync, err);
     sym(d.lib, "cuStreamCreate", d.cuStreamCreate, err);
     sym(d.lib, "cuStreamDestroy_v2", d.cuStreamDestroy, err);
     sym(d.lib, "cuStreamSynchronize", d.cuStreamSynchronize, err);
@@ -521,6 +543,63 @@ int mlxs_gpurt_download(mlxs_gpurt rt, uint32_t buffer, size_t offset, void* dst
     const Driver& d = rt->d();
     check(d.cuMemcpyDtoHAsync(dst, p, bytes, rt->stream), "cuMemcpyDtoHAsync");
     check(d.cuStreamSynchronize(rt->stream), "download: cuStreamSynchronize");
+  });
+}
+
+// MLX's CUDA allocator's buffer (mlx/backend/cuda/allocator.h, CudaBuffer): what an array's
+// Buffer::ptr() points to in MLX's CUDA build. Read only for its address and size, and only
+// where MLX runs on a GPU (its other builds have other buffers).
+struct MlxCudaBuffer {
+  void* data;
+  size_t size;
+  int device;  // -1: managed (unified) memory
+};
+
+int mlxs_gpurt_copy_from_array(mlxs_gpurt rt, uint32_t buffer, size_t offset, size_t dst_pitch,
+                               mlxs_array src, size_t width, size_t height) {
+  return guard([&] {
+    R(rt);
+    rt->not_capturing("copy_from_array");
+    if (width == 0 || height == 0) return;
+    if (!mx::is_available(mx::Device::gpu)) {
+      throw std::invalid_argument(
+          "[gpurt] copy_from_array: MLX runs without a GPU here (its arrays are in host memory)");
+    }
+    mx::array& a = A(src);
+    if (height > 1 && dst_pitch < width) {
+      throw std::invalid_argument("[gpurt] copy_from_array: rows of " + std::to_string(width) +
+                                  " bytes overlap at a pitch of " + std::to_string(dst_pitch));
+    }
+    if (width > SIZE_MAX / height || (height - 1) > (SIZE_MAX - width) / dst_pitch) {
+      throw std::invalid_argument("[gpurt] copy_from_array: size overflows");
+    }
+    mx::eval(a);  // waits for MLX's GPU work on it
+    if (!a.flags().row_contiguous) {
+      throw std::invalid_argument("[gpurt] copy_from_array: the array is not row-contiguous");
+    }
+    if (a.nbytes() != width * height) {
+      throw std::invalid_argument("[gpurt] copy_from_array: the array has " +
+                                  std::to_string(a.nbytes()) + " bytes, the copy takes " +
+                                  std::to_string(width * height));
+    }
+    const auto* b = static_cast<const MlxCudaBuffer*>(a.buffer().ptr());
+    const size_t at = size_t(a.offset());
+    if (b == nullptr || b->data == nullptr || at > b->size || a.nbytes() > b->size - at) {
+      throw std::invalid_argument("[gpurt] copy_from_array: the array's data is not in its buffer");
+    }
+    CUdeviceptr dst = rt->at(buffer, offset, (height - 1) * dst_pitch + width, "copy_from_array");
+    Memcpy2D c{};
+    c.srcMemoryType = kMemoryTypeUnified;
+    c.srcDevice = CUdeviceptr(static_cast<const char*>(b->data) + at);
+    c.srcPitch = width;
+    c.dstMemoryType = kMemoryTypeDevice;
+    c.dstDevice = dst;
+    c.dstPitch = height > 1 ? dst_pitch : width;
+    c.WidthInBytes = width;
+    c.Height = height;
+    const Driver& d = rt->d();
+    check(d.cuMemcpy2DAsync(&c, rt->stream), "cuMemcpy2DAsync");
+    check(d.cuStreamSynchronize(rt->stream), "copy_from_array: cuStreamSynchronize");
   });
 }
 

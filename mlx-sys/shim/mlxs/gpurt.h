@@ -54,6 +54,12 @@ int mlxs_gpurt_upload(mlxs_gpurt rt, uint32_t buffer, size_t offset, const void*
                       size_t bytes);
 int mlxs_gpurt_download(mlxs_gpurt rt, uint32_t buffer, size_t offset, void* dst, size_t bytes);
 
+/* Copies a row-contiguous MLX array (evaluated first), where MLX's CUDA back-end holds it on
+ * the device, into a buffer: `height` rows of `width` bytes (the array's bytes, which must
+ * number width x height), row r to offset + r x dst_pitch. Fails where MLX has no GPU. */
+int mlxs_gpurt_copy_from_array(mlxs_gpurt rt, uint32_t buffer, size_t offset, size_t dst_pitch,
+                               mlxs_array src, size_t width, size_t height);
+
 /* Raises a kernel's dynamic shared memory limit. */
 int mlxs_gpurt_set_shared_limit(mlxs_gpurt rt, uint32_t kernel, uint32_t bytes);
 
