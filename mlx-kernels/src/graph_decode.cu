@@ -116,11 +116,27 @@ struct Trace {
 #define TRACE_ATTENTION 2
 #define TRACE_MATVEC 3
 
-// h = embedding row state[0] (bfloat16 table, or MLX affine-quantized: dequantize(w, s, b)).
+// The rotation of RoPE pair i (x[i], x[i + D/2]) at position pos, as MLX's fast.rope computes
+// it (non-traditional layout, base given as log2(base)): its cosine and sine.
+__device__ __forceinline__ void rope_angle(int i, ll half, int pos, double log2_base, float& c,
+                                           float& s) {
+  const float d = (float)i / (float)half;
+  const float inv_freq = exp2f(-d * (float)log2_base);
+  const float theta = (float)pos * inv_freq;
+  c = cosf(theta);
+  s = sinf(theta);
+}
+
+// h = embedding row state[0] (bfloat16 table, or MLX affine-quantized: dequantize(w, s, b)),
+// and the step's RoPE table: rope[i] and rope[half + i], the cosine and sine of pair i at
+// position state[1], for i < half (read by matvec_qkv's epilogue).
 extern "C" __global__ void embed(const void* table, const u32* sb, const int* state, bf16_t* h,
-                                 ll H, ll bits, ll gs) {
+                                 ll H, ll bits, ll gs, float* rope, ll half, double log2_base) {
   pdl_wait_then_release();
   const ll tok = state[0];
+  const int pos = state[1];
+  for (int i = threadIdx.x; i < half; i += blockDim.x)
+    rope_angle(i, half, pos, log2_base, rope[i], rope[half + i]);
   for (ll k = threadIdx.x; k < H; k += blockDim.x) {
     float v;
     if (bits == 16) {
@@ -638,59 +654,61 @@ extern "C" __global__ void __launch_bounds__(256, 2) matvec(
   tr.done(TRACE_MATVEC | (u64)mode << 8 | (u64)K << 16);
 }
 
-// RoPE of one pair (x1, x2) = (x[i], x[i + D/2]) at position pos, as MLX's fast.rope computes
-// it (non-traditional layout, base given as log2(base)).
-__device__ __forceinline__ void rope_pair(float x1, float x2, ll i, ll half, ll pos,
-                                          double log2_base, bf16_t& o1, bf16_t& o2) {
-  const float d = (float)i / (float)half;
-  const float inv_freq = exp2f(-d * (float)log2_base);
-  const float theta = (float)pos * inv_freq;
-  const float c = cosf(theta), s = sinf(theta);
-  o1 = f2bf(x1 * c - x2 * s);
-  o2 = f2bf(x1 * s + x2 * c);
-}
-
 // The attention projections with RoPE and the cache write in the epilogue:
 // [q; k; v] = W rms_norm(xin) with W's q and k rows permuted per head so that rows 2i and
 // 2i + 1 are the rotation pair (i, i + D/2) (the host permutes them); with traditional RoPE
 // the pairs are (2i, 2i + 1) already. q goes to qout (its usual layout, roped), k (roped) and
-// v to the caches at position state[1].
+// v to the caches at position state[1]. rope: the step's table of cosines and sines (embed).
+// Rows (nh + 2 nkv) D fit in 32 bits (the host checks).
 extern "C" __global__ void __launch_bounds__(256, 2) matvec_qkv(
     const void* W, const u32* SB, const bf16_t* xin, const bf16_t* normw, bf16_t* qout,
     bf16_t* kc, bf16_t* vc, const int* state, ll K, ll bits, ll gs, ll nh, ll nkv, ll D, ll cap,
-    ll traditional, double eps, double log2_base, u64* trace) {
+    ll traditional, double eps, const float* rope, u64* trace) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float red[MV_WARPS];
   Trace tr{trace, {0, 0, 0, 0}};
   tr.mark(0);
-  const ll half = D / 2;
-  // The position, read after the wait.
-  auto pre = [&](ll) { return state[1]; };
-  auto epi = [&](ll r0, const float* acc, int pos) {
+  const int Di = (int)D, half = Di / 2, qrows = (int)nh * Di, krows = qrows + (int)nkv * Di;
+  // Where a group's pairs go, and (for q and k) their rotation, loaded when the group begins:
+  // the position (read after the wait), each pair's head and index within it.
+  struct Pre {
+    int pos;
+    int head[MV_ROWS / 2], i[MV_ROWS / 2];
+    float c[MV_ROWS / 2], s[MV_ROWS / 2];
+  };
+  auto pre = [&](ll r0) {
+    Pre e;
+    e.pos = state[1];
 #pragma unroll
     for (int r = 0; r < MV_ROWS; r += 2) {
-      const ll i0 = r0 + r;  // rows i0 and i0 + 1: a rotation pair of q or k, or two of v
+      const int i0 = (int)r0 + r;
+      const int j = i0 < qrows ? i0 : i0 < krows ? i0 - qrows : i0 - krows;
+      e.head[r / 2] = j / Di;
+      e.i[r / 2] = j % Di;  // for q and k, twice the pair's index
+      e.c[r / 2] = e.s[r / 2] = 0.f;
+      if (i0 < krows) {
+        e.c[r / 2] = rope[e.i[r / 2] / 2];
+        e.s[r / 2] = rope[half + e.i[r / 2] / 2];
+      }
+    }
+    return e;
+  };
+  auto epi = [&](ll r0, const float* acc, const Pre& e) {
+#pragma unroll
+    for (int r = 0; r < MV_ROWS; r += 2) {
+      const int i0 = (int)r0 + r;  // rows i0 and i0 + 1: a rotation pair of q or k, or two of v
       const float x1 = rbf(acc[r]), x2 = rbf(acc[r + 1]);
-      if (i0 < nh * D) {
-        const ll h = i0 / D, i = (i0 % D) / 2;
-        bf16_t o1, o2;
-        rope_pair(x1, x2, i, half, pos, log2_base, o1, o2);
-        qout[h * D + (traditional ? 2 * i : i)] = o1;
-        qout[h * D + (traditional ? 2 * i + 1 : i + half)] = o2;
-      } else if (i0 < (nh + nkv) * D) {
-        const ll j = i0 - nh * D;
-        const ll h = j / D, i = (j % D) / 2;
-        bf16_t o1, o2;
-        rope_pair(x1, x2, i, half, pos, log2_base, o1, o2);
-        bf16_t* kd = kc + (h * cap + pos) * D;
-        kd[traditional ? 2 * i : i] = o1;
-        kd[traditional ? 2 * i + 1 : i + half] = o2;
+      const int h = e.head[r / 2], i = e.i[r / 2] / 2;
+      const float c = e.c[r / 2], s = e.s[r / 2];
+      const int a = traditional ? 2 * i : i, b = traditional ? 2 * i + 1 : i + half;
+      if (i0 < krows) {
+        bf16_t* dst = i0 < qrows ? qout + h * Di : kc + ((ll)h * cap + e.pos) * D;
+        dst[a] = f2bf(x1 * c - x2 * s);
+        dst[b] = f2bf(x1 * s + x2 * c);
       } else {
-        const ll j = i0 - (nh + nkv) * D;
-        const ll h = j / D, dd = j % D;
-        bf16_t* vd = vc + (h * cap + pos) * D;
-        vd[dd] = f2bf(acc[r]);
-        vd[dd + 1] = f2bf(acc[r + 1]);
+        bf16_t* vd = vc + ((ll)h * cap + e.pos) * D + e.i[r / 2];
+        vd[0] = f2bf(acc[r]);
+        vd[1] = f2bf(acc[r + 1]);
       }
     }
   };

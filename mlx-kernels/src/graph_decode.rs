@@ -57,7 +57,7 @@ use mlx_models::weights::cap_listing;
 pub const SOURCE: &str = include_str!("graph_decode.cu");
 
 const KERNELS: &[(&str, u32)] = &[
-    ("embed", 7),
+    ("embed", 10),
     ("matvec", 13),
     ("matvec_qkv", 19),
     ("attention", 15),
@@ -404,6 +404,14 @@ impl LlamaShape {
                 s.head_dim
             ));
         }
+        // matvec_qkv indexes its rows in 32 bits.
+        if s.qkv_rows() > i32::MAX as usize {
+            return Err(format!(
+                "fields num_attention_heads {}, num_key_value_heads {} and head_dim {}: \
+                 too many attention rows for the graph decoder",
+                s.heads, s.kv_heads, s.head_dim
+            ));
+        }
         let (gs, align) = match s.quant {
             Some((gs, _)) => (gs, 32),
             None => (1, 8),
@@ -467,6 +475,8 @@ struct Activations {
     po: Buffer,
     pml: Buffer,
     counters: Buffer,
+    /// The step's RoPE table: cosines then sines of the head_dim / 2 pairs.
+    rope: Buffer,
 }
 
 /// One llama's decode step as a replayed CUDA graph. See the module docs.
@@ -873,6 +883,7 @@ impl GraphDecoder {
             po: rt.alloc(s.heads * ns * d * 4)?,
             pml: rt.alloc(s.heads * ns * 2 * 4)?,
             counters: rt.alloc(s.heads * 4)?,
+            rope: rt.alloc(d * 4)?,
         };
         let max_k = h.max(i_sz).max(s.heads * d);
         let shared = mv_shared_bytes(max_k, s.group_and_bits().1);
@@ -1463,6 +1474,7 @@ fn record_step(
     let (gs, bits) = s.group_and_bits();
     let (d, nh, nkv) = (s.head_dim as i64, s.heads as i64, s.kv_heads as i64);
     let ns = cap / ATTN_CHUNK;
+    let log2_base = (s.rope_theta).log2() as f64;
     rec.launch(
         rt,
         Part::Embed,
@@ -1478,9 +1490,11 @@ fn record_step(
             Arg::I64(s.hidden as i64),
             Arg::I64(bits as i64),
             Arg::I64(gs as i64),
+            Arg::Buf(a.rope, 0),
+            Arg::I64(d / 2),
+            Arg::F64(log2_base),
         ],
     )?;
-    let log2_base = (s.rope_theta).log2() as f64;
     let scale = (1.0f32 / (s.head_dim as f32).sqrt()) as f64;
     // Every layer's q/k/v product has the same shape.
     let qkv_shared = mv_shared_bytes(s.hidden, bits);
@@ -1513,7 +1527,7 @@ fn record_step(
                 Arg::I64(cap as i64),
                 Arg::I64(i64::from(s.rope_traditional)),
                 Arg::F64(s.eps as f64),
-                Arg::F64(log2_base),
+                Arg::Buf(a.rope, 0),
                 rec.trace_arg(),
             ],
         )?;

@@ -129,9 +129,9 @@ typedef unsigned long long u64;
 inline double D_(u64 v) { double d; std::memcpy(&d, &v, 8); return d; }
 extern "C" void emu(int k, unsigned gx, unsigned gy, unsigned bx, const u64* a) {
   switch (k) {
-    case 0: run_grid(gx, gy, bx, [=] { embed(P(const void*, 0), P(const u32*, 1), P(const int*, 2), P(bf16_t*, 3), L(4), L(5), L(6)); }); break;
+    case 0: run_grid(gx, gy, bx, [=] { embed(P(const void*, 0), P(const u32*, 1), P(const int*, 2), P(bf16_t*, 3), L(4), L(5), L(6), P(float*, 7), L(8), D_(a[9])); }); break;
     case 1: run_grid(gx, gy, bx, [=] { matvec(P(const void*, 0), P(const u32*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(const bf16_t*, 4), P(void*, 5), L(6), L(7), L(8), L(9), L(10), D_(a[11]), P(u64*, 12)); }); break;
-    case 2: run_grid(gx, gy, bx, [=] { matvec_qkv(P(const void*, 0), P(const u32*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(bf16_t*, 4), P(bf16_t*, 5), P(bf16_t*, 6), P(const int*, 7), L(8), L(9), L(10), L(11), L(12), L(13), L(14), L(15), D_(a[16]), D_(a[17]), P(u64*, 18)); }); break;
+    case 2: run_grid(gx, gy, bx, [=] { matvec_qkv(P(const void*, 0), P(const u32*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(bf16_t*, 4), P(bf16_t*, 5), P(bf16_t*, 6), P(const int*, 7), L(8), L(9), L(10), L(11), L(12), L(13), L(14), L(15), D_(a[16]), P(const float*, 17), P(u64*, 18)); }); break;
     case 3: run_grid(gx, gy, bx, [=] { attention(P(const bf16_t*, 0), P(const bf16_t*, 1), P(const bf16_t*, 2), P(const int*, 3), P(float*, 4), P(float*, 5), P(int*, 6), P(bf16_t*, 7), L(8), L(9), L(10), L(11), L(12), D_(a[13]), P(u64*, 14)); }); break;
     case 4: run_grid(gx, gy, bx, [=] { argmax_next(P(const float*, 0), P(int*, 1), P(int*, 2), L(3), L(4)); }); break;
   }
@@ -283,6 +283,7 @@ def run(lib, name):
     po = e.buf(np.zeros(nh * ns * d, np.float32))
     pml = e.buf(np.zeros(nh * ns * 2, np.float32))
     counters = e.buf(np.zeros(nh, np.int32))
+    rope = e.buf(np.zeros(d, np.float32))  # the step's RoPE table (embed writes it)
     log2_base = float(np.log2(np.float32(theta)))
     scale = float(np.float32(1.0) / np.sqrt(np.float32(d)))
 
@@ -294,12 +295,12 @@ def run(lib, name):
                   0])  # no timeline
 
     def step():
-        e.launch(0, (1, 1), 256, [embed[0], embed[1], state, h, H, nbits, gs])
+        e.launch(0, (1, 1), 256, [embed[0], embed[1], state, h, H, nbits, gs, rope, d // 2, log2_base])
         for L in layers:
             (w, sb), n = L["qkv"]
             e.launch(2, mv_grid(n), 256,
                      [w, sb, h, L["inn"], qb, L["kc"], L["vc"], state, H, nbits, gs, nh, nkv, d, cap,
-                      int(trad), float(np.float32(eps)), log2_base, 0])
+                      int(trad), float(np.float32(eps)), rope, 0])
             e.launch(3, (nh, ns), 128, [qb, L["kc"], L["vc"], state, po, pml, counters, attn, nh, nkv, d, cap, ns, scale, 0])
             mv(L["o"], attn, None, h, h, 2)
             mv(L["gu"], h, L["post"], None, act, 1 | 4)
