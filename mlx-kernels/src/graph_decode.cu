@@ -21,6 +21,9 @@ typedef long long ll;
 #define MODE_F32 8
 #define ATTN_CHUNK 64
 #define ATTN_THREADS 128
+// Partial outputs the combining block loads together with the chunks' maxima and sums (the
+// chunks of a prompt of up to ATTN_EARLY * ATTN_CHUNK positions in one round trip).
+#define ATTN_EARLY 12
 // Rows a warp computes at once in the matrix-vector products: 2 or 4 (set by the host).
 #ifndef MV_ROWS
 #define MV_ROWS 2
@@ -855,8 +858,13 @@ extern "C" __global__ void __launch_bounds__(128, 4) attention(
   }
   __threadfence();
   // The combine, over tiles of 128 chunks, online: each tile's weights e^(m_t - M) go to
-  // shared memory (p), its partial outputs are loaded 8 at a time.
+  // shared memory (p), its partial outputs are loaded 8 at a time (the first ATTN_EARLY
+  // before the tile's maxima are known).
   float M = NEG_INF, den = 0.f, num = 0.f;
+  float early[ATTN_EARLY];
+#pragma unroll
+  for (int i = 0; i < ATTN_EARLY; ++i)
+    early[i] = tid < D && i < ns ? __ldcg(po + (h * NS + i) * D + tid) : 0.f;
   for (ll t0 = 0; t0 < ns; t0 += ATTN_THREADS) {
     const ll t = t0 + tid;
     const float mt = t < ns ? __ldcg(&pml[(h * NS + t) * 2]) : NEG_INF;
@@ -882,6 +890,13 @@ extern "C" __global__ void __launch_bounds__(128, 4) attention(
       num *= keep;
       const float* pp = po + (h * NS + t0) * D + tid;
       int j = 0;
+      if (t0 == 0) {
+#pragma unroll
+        for (int i = 0; i < ATTN_EARLY; ++i) {
+          if (i < nt) num += early[i] * part[i];
+        }
+        j = nt < ATTN_EARLY ? nt : ATTN_EARLY;
+      }
       for (; j + 8 <= nt; j += 8) {
         float v[8];
 #pragma unroll
