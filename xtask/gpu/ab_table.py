@@ -4,11 +4,15 @@ tok/s (tokens / time from the first token to the last), the decode rate as weigh
 second, the step phases of `--step-timing` (ms; graph build, async_eval, sync) and the primitive
 counts of `--graph` (the first prefill chunk, the third decode step).
 
-    python3 ab_table.py ab.jsonl [SIZES]
+    python3 ab_table.py ab.jsonl [SIZES [COPY]]
 
 SIZES is `ab.sh`'s sizes.txt (`du -b` of each model.safetensors: weight bytes per token); models
-it does not list use the sizes below.
+it does not list use the sizes below. COPY is `ab.sh`'s copy_bandwidth.txt (the copy measured in
+the same run): with it, a second table gives per model and side the decode rate's spread over
+the trials (min - max), its share of the copy's bandwidth, its ratio to mlx-lm's and the peak
+memory (median; for the graph decoder, MLX's peak plus the decoder's device buffers).
 """
+import re
 
 import json
 import os
@@ -68,6 +72,28 @@ def main():
             if side != "mlx-lm" and ref_tokens:
                 same = "yes" if all(r["tokens"] == ref_tokens[0] for r in rs) else "no"
             print(f"| {name} | {side} | {pre:,.0f} | {dec:.1f} | {gbs} | {len(trials)} | {steps} | {nodes} | {same} |")
+    if len(sys.argv) > 3:
+        copy = float(re.search(r"= (\d+) GB/s", open(sys.argv[3]).read()).group(1))
+        print(f"\nCopy bandwidth in this run: {copy:,.0f} GB/s\n")
+        print("| model | side | decode tok/s (median, min - max) | GB/s | share of copy | x mlx-lm "
+              "| prefill x mlx-lm | peak GB |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        for name in names:
+            wbytes = sizes.get(name)
+            med = {}
+            for side in SIDES:
+                trials = [t for r in rows if r["name"] == name and r["side"] == side for t in r["trials"]]
+                if trials:
+                    med[side] = (statistics.median(t["generation_tps"] for t in trials),
+                                 statistics.median(t["prompt_tps"] for t in trials), trials)
+            for side, (dec, pre, trials) in med.items():
+                ds = [t["generation_tps"] for t in trials]
+                gbs = dec * wbytes / 1e9 if wbytes else None
+                ref = med.get("mlx-lm")
+                print(f"| {name} | {side} | {dec:.1f} ({min(ds):.1f} - {max(ds):.1f}) | "
+                      f"{f'{gbs:,.0f}' if gbs else '-'} | {f'{100 * gbs / copy:.1f}%' if gbs else '-'} | "
+                      f"{f'{dec / ref[0]:.2f}' if ref else '-'} | {f'{pre / ref[1]:.2f}' if ref else '-'} | "
+                      f"{statistics.median(t['peak_memory_gb'] for t in trials):.2f} |")
 
 
 main()
