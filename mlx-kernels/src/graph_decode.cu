@@ -915,80 +915,145 @@ extern "C" __global__ void __launch_bounds__(128, 4) attention(
 }
 
 // Warp-wide (max, first index) reduction; every lane gets the result.
-__device__ __forceinline__ void warp_argmax(float& best, int& idx) {
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
-    if (ob > best || (ob == best && oi < idx)) {
-      best = ob;
-      idx = oi;
-    }
-  }
-}
-
-// Block-wide (max, first index) reduction; every thread gets the result. 1024 threads.
-__device__ __forceinline__ void block_argmax(float& best, int& idx, float* sb, int* si) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  warp_argmax(best, idx);
-  if (lane == 0) {
-    sb[warp] = best;
-    si[warp] = idx;
-  }
-  __syncthreads();
-  const int nw = (blockDim.x + 31) / 32;
-  best = lane < nw ? sb[lane] : NEG_INF;
-  idx = lane < nw ? si[lane] : 0x7fffffff;
-  warp_argmax(best, idx);
-  __syncthreads();
-}
-
 // Greedy sampling as mlx-lm samples: the first index of the largest log-probability
 // (logits - logsumexp(logits), both rounded to bfloat16 as MLX computes them in the logits'
-// dtype) becomes the next token; the state advances one position. One block of 1024 threads.
-extern "C" __global__ void argmax_next(const float* logits, int* state, int* tokens, ll V,
-                                       ll max_steps) {
-  __shared__ float sb[32];
-  __shared__ int si[32];
-  __shared__ float red[32];
-  pdl_wait_then_release();
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  float best = NEG_INF;
-  int idx = 0x7fffffff;
-  for (ll i = tid; i < V; i += blockDim.x) {
-    const float v = logits[i];
-    if (v > best) {
-      best = v;
-      idx = (int)i;
-    }
-  }
-  block_argmax(best, idx, sb, si);
-  const float mx = best;
-  float sum = 0.f;
-  if (mx > NEG_INF) {
-    for (ll i = tid; i < V; i += blockDim.x) sum += expf(logits[i] - mx);
-  }
-  sum = warp_sum(sum);
-  if (lane == 0) red[warp] = sum;
+// dtype) becomes the next token; the state advances one position. Two kernels of G blocks of
+// ARGMAX_THREADS threads, block b over logits [b ARGMAX_SLICE, (b + 1) ARGMAX_SLICE), each
+// thread's ARGMAX_PER values loaded at once:
+// - argmax_partial: each block's maximum m_b and sum s_b of e^(v - m_b) go to part[2 b]; the
+//   last block to finish (counted in ctl[0]) combines them into lse = logsumexp (bfloat16)
+//   and the largest log-probability, part[2 G] and part[2 G + 1];
+// - argmax_pick: each block's first index whose log-probability is the largest (the largest
+//   log-probability is that of the largest logit: rounding is monotonic), kept in ctl[2] as
+//   V - index (atomicMax: the first index wins; 0 for none); the last block (ctl[1]) writes the
+//   token and advances the state, and resets ctl.
+#define ARGMAX_THREADS 256
+#define ARGMAX_PER 8
+#define ARGMAX_SLICE (ARGMAX_THREADS * ARGMAX_PER)
+
+// Block-wide sum (every thread gets it), in a fixed order: lanes, then warps in turn.
+__device__ __forceinline__ float block_sum(float v, float* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warp_sum(v);
+  if (lane == 0) red[warp] = v;
   __syncthreads();
+  float t = 0.f;
+  for (int i = 0; i < ARGMAX_THREADS / 32; ++i) t += red[i];
+  __syncthreads();
+  return t;
+}
+
+__device__ __forceinline__ float block_max(float v, float* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float t = NEG_INF;
+  for (int i = 0; i < ARGMAX_THREADS / 32; ++i) t = fmaxf(t, red[i]);
+  __syncthreads();
+  return t;
+}
+
+// The thread's values of its block's slice (-inf past V: adds nothing to a sum of
+// exponentials, never the maximum, never picked).
+__device__ __forceinline__ void argmax_load(const float* logits, ll V, float* v) {
+  const ll base = (ll)blockIdx.x * ARGMAX_SLICE + threadIdx.x;
+#pragma unroll
+  for (int k = 0; k < ARGMAX_PER; ++k) {
+    const ll i = base + k * ARGMAX_THREADS;
+    v[k] = i < V ? __ldcg(logits + i) : NEG_INF;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_partial(
+    const float* logits, float* part, int* ctl, ll V) {
+  __shared__ float red[ARGMAX_THREADS / 32];
+  __shared__ int last;
+  pdl_wait_then_release();
+  const int tid = threadIdx.x;
+  const ll G = gridDim.x;
+  float v[ARGMAX_PER];
+  argmax_load(logits, V, v);
+  float m = NEG_INF;
+#pragma unroll
+  for (int k = 0; k < ARGMAX_PER; ++k) m = v[k] > m ? v[k] : m;
+  m = block_max(m, red);
+  float s = 0.f;
+  if (m > NEG_INF) {
+#pragma unroll
+    for (int k = 0; k < ARGMAX_PER; ++k) s += expf(v[k] - m);
+  }
+  s = block_sum(s, red);
+  if (tid == 0) {
+    part[2 * blockIdx.x] = m;
+    part[2 * blockIdx.x + 1] = s;
+  }
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) last = atomicAdd(&ctl[0], 1) == (int)(G - 1);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  float M = NEG_INF;
+  for (ll b = tid; b < G; b += ARGMAX_THREADS) M = fmaxf(M, __ldcg(&part[2 * b]));
+  M = block_max(M, red);
   float tot = 0.f;
-  for (int i = 0; i < (int)((blockDim.x + 31) / 32); ++i) tot += red[i];
-  const float lse = rbf(logf(tot) + mx);
-  best = NEG_INF;
-  idx = 0x7fffffff;
-  for (ll i = tid; i < V; i += blockDim.x) {
-    const float v = rbf(logits[i] - lse);
-    if (v > best) {
-      best = v;
-      idx = (int)i;
+  if (M > NEG_INF) {
+    for (ll b = tid; b < G; b += ARGMAX_THREADS) {
+      const float mb = __ldcg(&part[2 * b]);
+      if (mb > NEG_INF) tot += __ldcg(&part[2 * b + 1]) * expf(mb - M);
     }
   }
-  block_argmax(best, idx, sb, si);
+  tot = block_sum(tot, red);
   if (tid == 0) {
-    if (idx == 0x7fffffff) idx = 0;
-    const int step = state[2];
-    if (step < max_steps) tokens[step] = idx;
-    state[0] = idx;
-    state[1] += 1;
-    state[2] = step + 1;
+    const float lse = rbf(logf(tot) + M);
+    part[2 * G] = lse;
+    part[2 * G + 1] = rbf(M - lse);
+    ctl[0] = 0;
   }
+}
+
+extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_pick(
+    const float* logits, const float* part, int* ctl, int* state, int* tokens, ll V,
+    ll max_steps) {
+  __shared__ int red[ARGMAX_THREADS / 32];
+  __shared__ int last;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const ll G = gridDim.x;
+  // The logits were written two kernels back: loaded before the wait (see attention).
+  float v[ARGMAX_PER];
+  argmax_load(logits, V, v);
+  pdl_wait_then_release();
+  const float lse = __ldcg(&part[2 * G]), best = __ldcg(&part[2 * G + 1]);
+  // V - the thread's first index whose log-probability is the largest, or 0.
+  int mine = 0;
+  const ll base = (ll)blockIdx.x * ARGMAX_SLICE + tid;
+#pragma unroll
+  for (int k = ARGMAX_PER - 1; k >= 0; --k) {
+    if (rbf(v[k] - lse) == best) mine = (int)(V - (base + k * ARGMAX_THREADS));
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const int other = __shfl_xor_sync(0xffffffffu, mine, o);
+    mine = other > mine ? other : mine;
+  }
+  if (lane == 0) red[warp] = mine;
+  __syncthreads();
+  if (tid == 0) {
+    int b = 0;
+    for (int i = 0; i < ARGMAX_THREADS / 32; ++i) b = red[i] > b ? red[i] : b;
+    if (b > 0) atomicMax(&ctl[2], b);
+    __threadfence();
+    last = atomicAdd(&ctl[1], 1) == (int)(G - 1);
+  }
+  __syncthreads();
+  if (!last || tid != 0) return;
+  __threadfence();
+  const int found = atomicExch(&ctl[2], 0);
+  const int idx = found > 0 ? (int)(V - found) : 0;
+  ctl[1] = 0;
+  const int step = state[2];
+  if (step < max_steps) tokens[step] = idx;
+  state[0] = idx;
+  state[1] += 1;
+  state[2] = step + 1;
 }

@@ -10,15 +10,18 @@
 //! combined by the last block of each head; the output projection with the residual add;
 //! gate/up as one interleaved matrix with SiLU-multiply in its epilogue; the down projection
 //! with the residual add. Then the final norm with the LM head, and a greedy argmax over the
-//! log-probabilities (as mlx-lm's sampler) that advances the step state on the device. The whole step is one CUDA
-//! graph ([`mlx_core::gpurt`]); the host replays it and reads tokens back, pipelined.
+//! log-probabilities (as mlx-lm's sampler; two kernels over blocks of 2,048 logits, the
+//! log-sum-exp combined by the last block) that advances the step state on the device. The
+//! whole step is one CUDA graph ([`mlx_core::gpurt`]); the host replays it and reads tokens
+//! back, pipelined.
 //!
 //! What it covers: `model_type: llama` without biases or RoPE scaling (traditional RoPE or
 //! not);
 //! bfloat16 weights, or MLX affine quantization (4 or 8 bits, groups of 32, 64 or 128) with
 //! bfloat16 scales; head size 16-128; greedy decoding; one sequence. The prompt is processed
 //! by MLX (the model's own forward, which is exact) and its KV cache copied in with
-//! [`GraphDecoder::set_prefix`]; or fed through the decoder with [`GraphDecoder::feed`].
+//! [`GraphDecoder::set_prefix`] (device to device where MLX runs on the GPU); or fed through
+//! the decoder with [`GraphDecoder::feed`].
 //!
 //! # Tier
 //!
@@ -61,13 +64,18 @@ const KERNELS: &[(&str, u32)] = &[
     ("matvec", 13),
     ("matvec_qkv", 19),
     ("attention", 15),
-    ("argmax_next", 5),
+    ("argmax_partial", 4),
+    ("argmax_pick", 7),
 ];
 const MODE_NORM: i64 = 1;
 const MODE_RES: i64 = 2;
 const MODE_SWIGLU: i64 = 4;
 const MODE_F32: i64 = 8;
 const ATTN_CHUNK: usize = 64;
+/// The greedy sampler's blocks: threads, and logits a block (`ARGMAX_THREADS`,
+/// `ARGMAX_SLICE` in the source).
+const ARGMAX_THREADS: u32 = 256;
+const ARGMAX_SLICE: usize = 2048;
 const MV_THREADS: u32 = 256;
 /// Warps a block of the matrix-vector kernels (`MV_WARPS` in the source).
 const MV_WARPS: usize = MV_THREADS as usize / 32;
@@ -477,6 +485,10 @@ struct Activations {
     counters: Buffer,
     /// The step's RoPE table: cosines then sines of the head_dim / 2 pairs.
     rope: Buffer,
+    /// The greedy sampler's per-block maxima and sums, then the log-sum-exp and the largest
+    /// log-probability (floats), and its counters and pick (4 ints).
+    am_part: Buffer,
+    am_ctl: Buffer,
 }
 
 /// One llama's decode step as a replayed CUDA graph. See the module docs.
@@ -884,6 +896,8 @@ impl GraphDecoder {
             pml: rt.alloc(s.heads * ns * 2 * 4)?,
             counters: rt.alloc(s.heads * 4)?,
             rope: rt.alloc(d * 4)?,
+            am_part: rt.alloc((2 * s.vocab.div_ceil(ARGMAX_SLICE) + 2) * 4)?,
+            am_ctl: rt.alloc(16)?,
         };
         let max_k = h.max(i_sz).max(s.heads * d);
         let shared = mv_shared_bytes(max_k, s.group_and_bits().1);
@@ -1255,7 +1269,7 @@ impl GraphDecoder {
             Part::GateUp => layers(&|l| lin_bytes(&l.gu)),
             Part::Down => layers(&|l| lin_bytes(&l.down)),
             Part::Head => (1, lin_bytes(&self.step.head)),
-            Part::Argmax => (1, s.vocab * 4),
+            Part::Argmax => (2, s.vocab * 4),
         }
     }
 
@@ -1470,7 +1484,8 @@ fn record_step(
     let k_embed = rt.kernel("embed")?;
     let k_qkv = rt.kernel("matvec_qkv")?;
     let k_attn = rt.kernel("attention")?;
-    let k_argmax = rt.kernel("argmax_next")?;
+    let k_am_partial = rt.kernel("argmax_partial")?;
+    let k_am_pick = rt.kernel("argmax_pick")?;
     let (gs, bits) = s.group_and_bits();
     let (d, nh, nkv) = (s.head_dim as i64, s.heads as i64, s.kv_heads as i64);
     let ns = cap / ATTN_CHUNK;
@@ -1585,15 +1600,32 @@ fn record_step(
         a.logits,
         MODE_NORM | MODE_F32,
     )?;
+    let am_blocks = s.vocab.div_ceil(ARGMAX_SLICE) as u32;
     rec.launch(
         rt,
         Part::Argmax,
-        k_argmax,
-        [1, 1, 1],
-        [1024, 1, 1],
+        k_am_partial,
+        [am_blocks, 1, 1],
+        [ARGMAX_THREADS, 1, 1],
         0,
         &[
             Arg::Buf(a.logits, 0),
+            Arg::Buf(a.am_part, 0),
+            Arg::Buf(a.am_ctl, 0),
+            Arg::I64(s.vocab as i64),
+        ],
+    )?;
+    rec.launch(
+        rt,
+        Part::Argmax,
+        k_am_pick,
+        [am_blocks, 1, 1],
+        [ARGMAX_THREADS, 1, 1],
+        0,
+        &[
+            Arg::Buf(a.logits, 0),
+            Arg::Buf(a.am_part, 0),
+            Arg::Buf(a.am_ctl, 0),
             Arg::Buf(a.state, 0),
             Arg::Buf(a.tokens, 0),
             Arg::I64(s.vocab as i64),
@@ -1708,6 +1740,25 @@ mod tests {
         let u = rows(3, 2, 10);
         let order: Vec<u8> = interleave_rows(&g, &u, 3).chunks(2).map(|c| c[0]).collect();
         assert_eq!(order, [0, 10, 1, 11, 2, 12]);
+    }
+
+    /// A `#define NAME value` of the source: a number, or `(A * B)` of earlier ones.
+    fn define(name: &str) -> usize {
+        let v = SOURCE
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("#define {name} ")))
+            .unwrap_or_else(|| panic!("#define {name} is not in the source"))
+            .trim();
+        match v.strip_prefix('(').and_then(|v| v.strip_suffix(')')) {
+            Some(product) => product.split('*').map(|t| define(t.trim())).product(),
+            None => v.parse().unwrap(),
+        }
+    }
+
+    #[test]
+    fn the_samplers_block_shape_is_the_sources() {
+        assert_eq!(define("ARGMAX_THREADS"), ARGMAX_THREADS as usize);
+        assert_eq!(define("ARGMAX_SLICE"), ARGMAX_SLICE);
     }
 
     #[test]

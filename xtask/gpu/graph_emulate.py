@@ -10,10 +10,11 @@ are launched from here in the order `graph_decode.rs` records one step (`record_
 device buffers laid out as `GraphDecoder::load` lays them out (q/k rows paired for RoPE unless
 it is traditional, gate/up interleaved).
 
-For each llama fixture (default: the three `GraphDecoder` accepts, `dense_bf16_mha` with
-traditional RoPE and MHA, `dense_bf16_untied`, `q8_g32_bf16` with 8-bit weights, and
-`q4:dense_bf16_untied`, that one quantized here to 4 bits in groups of 64), mlx-lm
-0.32.2's own model (`mlx_lm.utils.load_model`, CPU) prefills a prompt. Its KV cache is
+First the greedy sampler's two kernels alone (`sampler_check`: vocabularies of one to 25
+blocks, ties and near ties) against mlx-lm's pick. Then, for each llama fixture (default: the
+three `GraphDecoder` accepts, `dense_bf16_mha` with traditional RoPE and MHA,
+`dense_bf16_untied`, `q8_g32_bf16` with 8-bit weights, and `q4:dense_bf16_untied`, that one
+quantized here to 4 bits in groups of 64), mlx-lm 0.32.2's own model (`mlx_lm.utils.load_model`, CPU) prefills a prompt. Its KV cache is
 copied in, and then, teacher-forced for 8 steps, the emulated step's logits are compared with
 mlx-lm's. The bounds are `TEACHER_FORCED_BOUNDS` in graph_decode.rs. A quantized fixture
 outside them passes only if its layer-0 down projection is closer to a float64 product over
@@ -102,6 +103,12 @@ inline unsigned __byte_perm(unsigned x, unsigned y, unsigned sel) {
 inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
 inline float __ldcg(const float* p) { return *p; }
 inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+inline int atomicExch(int* p, int v) { return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); }
+inline int atomicMax(int* p, int v) {
+  int o = __atomic_load_n(p, __ATOMIC_SEQ_CST);
+  while (o < v && !__atomic_compare_exchange_n(p, &o, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {}
+  return o;
+}
 inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 """
 
@@ -133,7 +140,8 @@ extern "C" void emu(int k, unsigned gx, unsigned gy, unsigned bx, const u64* a) 
     case 1: run_grid(gx, gy, bx, [=] { matvec(P(const void*, 0), P(const u32*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(const bf16_t*, 4), P(void*, 5), L(6), L(7), L(8), L(9), L(10), D_(a[11]), P(u64*, 12)); }); break;
     case 2: run_grid(gx, gy, bx, [=] { matvec_qkv(P(const void*, 0), P(const u32*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(bf16_t*, 4), P(bf16_t*, 5), P(bf16_t*, 6), P(const int*, 7), L(8), L(9), L(10), L(11), L(12), L(13), L(14), L(15), D_(a[16]), P(const float*, 17), P(u64*, 18)); }); break;
     case 3: run_grid(gx, gy, bx, [=] { attention(P(const bf16_t*, 0), P(const bf16_t*, 1), P(const bf16_t*, 2), P(const int*, 3), P(float*, 4), P(float*, 5), P(int*, 6), P(bf16_t*, 7), L(8), L(9), L(10), L(11), L(12), D_(a[13]), P(u64*, 14)); }); break;
-    case 4: run_grid(gx, gy, bx, [=] { argmax_next(P(const float*, 0), P(int*, 1), P(int*, 2), L(3), L(4)); }); break;
+    case 4: run_grid(gx, gy, bx, [=] { argmax_partial(P(const float*, 0), P(float*, 1), P(int*, 2), L(3)); }); break;
+    case 5: run_grid(gx, gy, bx, [=] { argmax_pick(P(const float*, 0), P(const float*, 1), P(int*, 2), P(int*, 3), P(int*, 4), L(5), L(6)); }); break;
   }
 }
 """
@@ -284,6 +292,8 @@ def run(lib, name):
     pml = e.buf(np.zeros(nh * ns * 2, np.float32))
     counters = e.buf(np.zeros(nh, np.int32))
     rope = e.buf(np.zeros(d, np.float32))  # the step's RoPE table (embed writes it)
+    am_part = e.buf(np.zeros(2 * -(-V // 2048) + 2, np.float32))  # the sampler's partials
+    am_ctl = e.buf(np.zeros(4, np.int32))
     log2_base = float(np.log2(np.float32(theta)))
     scale = float(np.float32(1.0) / np.sqrt(np.float32(d)))
 
@@ -306,7 +316,9 @@ def run(lib, name):
             mv(L["gu"], h, L["post"], None, act, 1 | 4)
             mv(L["down"], act, None, h, h, 2)
         mv((head, V), h, final_norm, None, logits, 1 | 8)
-        e.launch(4, (1, 1), 1024, [logits, state, tokens, V, cap])
+        am = -(-V // 2048)  # ARGMAX_SLICE logits a block
+        e.launch(4, (am, 1), 256, [logits, am_part, am_ctl, V])
+        e.launch(5, (am, 1), 256, [logits, am_part, am_ctl, state, tokens, V, cap])
 
     prompt = [(i * 7919 + 13) % V for i in range(PROMPT)]
     cache = make_prompt_cache(model)
@@ -326,6 +338,7 @@ def run(lib, name):
         step()
         pos += 1
         assert state[1] == pos and state[0] == tokens[0], "the step state did not advance"
+        assert state[0] == mlx_lm_pick(logits), "the sampled token is not mlx-lm's pick"
         if DUMP:  # every step's logits, to compare two versions of the kernels bit for bit
             np.save(Path(DUMP) / f"{name.replace(':', '_')}-{pos}.npy", logits)
         rel = float(np.max(np.abs(ref - logits)) / max(np.max(np.abs(ref)), 1e-6))
@@ -365,11 +378,66 @@ def projection_errors(e, p, name, gs, nbits):
     return float(np.max(np.abs(ref - exact))), float(np.max(np.abs(ours - exact)))
 
 
+def mlx_lm_pick(logits):
+    """mlx-lm's greedy pick from bfloat16 logits: generate_step's log-probabilities
+    (logits - logsumexp, in the logits' dtype) through sample_utils' greedy sampler."""
+    from mlx_lm.sample_utils import make_sampler
+
+    lg = mx.array(logits).astype(mx.bfloat16)[None]
+    return int(make_sampler(0.0)(lg - mx.logsumexp(lg, axis=-1, keepdims=True)).item())
+
+
+def sampler_check(lib):
+    """The greedy sampler's kernels (argmax_partial, argmax_pick) alone, over vocabularies of
+    one to many blocks, against mlx-lm's pick: random logits, exact ties, near ties (values
+    whose log-probabilities round to the same bfloat16, the first index winning), -inf and
+    NaN, each sampled twice in a row (the kernels reset their own counters)."""
+    e = Emu(lib)
+    rng = np.random.default_rng(7)
+    cases = []
+    for V in (1, 100, 2047, 2048, 2049, 10007, 50000):
+        cases.append((f"random {V}", rng.normal(0, 3, V)))
+    tie = rng.normal(0, 1, 10007)
+    tie[[9000, 4000, 6000]] = tie.max() + 1
+    cases.append(("exact ties", tie))
+    # Near ties: most logits near 0.5, so that the log-probabilities of the top few (near
+    # -10.3) round to steps of 1/16: 0.9765625 (index 20000) ties with the 1.0 (45000) and,
+    # first, wins; 0.9 (10000) does not.
+    near = 0.5 - rng.integers(0, 4, 50000) / 64
+    near[[45000, 30000, 20000, 10000]] = [1.0, 0.984375, 0.9765625, 0.9]
+    cases.append(("near ties", near))
+    cases.append(("all -inf", np.full(5000, -np.inf)))
+    nan = rng.normal(0, 1, 5000)
+    nan[[3, 4100]] = np.nan
+    cases.append(("NaN", nan))
+    ok = True
+    for what, vals in cases:
+        V = len(vals)
+        lg = (np.asarray(vals, np.float32).view(np.uint32) + 0x7FFF
+              + ((np.asarray(vals, np.float32).view(np.uint32) >> 16) & 1)) & 0xFFFF0000
+        logits = e.buf(np.where(np.isnan(vals), np.float32(np.nan), lg.view(np.float32)).astype(np.float32))
+        want = mlx_lm_pick(logits)
+        am = -(-V // 2048)  # ARGMAX_SLICE logits a block
+        part = e.buf(np.zeros(2 * am + 2, np.float32))
+        ctl = e.buf(np.zeros(4, np.int32))
+        state = e.buf(np.array([0, 5, 0, 0], np.int32))
+        tokens = e.buf(np.zeros(4, np.int32))
+        for _ in range(2):
+            e.launch(4, (am, 1), 256, [logits, part, ctl, V])
+            e.launch(5, (am, 1), 256, [logits, part, ctl, state, tokens, V, 4])
+        got = [int(t) for t in tokens[:2]]
+        good = got == [want, want] and list(state[:3]) == [want, 7, 2] and not ctl.any()
+        ok &= good
+        print(f"sampler, {what} ({V} logits, {am} blocks): ours {got}, mlx-lm {want} "
+              f"{'ok' if good else 'FAILED'}")
+    return ok
+
+
 def main():
     names = sys.argv[1:] or ["dense_bf16_mha", "dense_bf16_untied", "q8_g32_bf16", "q4:dense_bf16_untied"]
     with tempfile.TemporaryDirectory() as tmp:
         lib = build(tmp)
-        results = [run(lib, n) for n in names]
+        results = [sampler_check(lib)] + [run(lib, n) for n in names]
     sys.exit(0 if all(results) else 1)
 
 
