@@ -566,7 +566,9 @@ int mlxs_gpurt_copy_from_array(mlxs_gpurt rt, uint32_t buffer, size_t offset, si
           "[gpurt] copy_from_array: MLX runs without a GPU here (its arrays are in host memory)");
     }
     mx::array& a = A(src);
-    if (height > 1 && dst_pitch < width) {
+    // One row: the pitch is not used.
+    if (height == 1) dst_pitch = width;
+    if (dst_pitch < width) {
       throw std::invalid_argument("[gpurt] copy_from_array: rows of " + std::to_string(width) +
                                   " bytes overlap at a pitch of " + std::to_string(dst_pitch));
     }
@@ -594,7 +596,7 @@ int mlxs_gpurt_copy_from_array(mlxs_gpurt rt, uint32_t buffer, size_t offset, si
     c.srcPitch = width;
     c.dstMemoryType = kMemoryTypeDevice;
     c.dstDevice = dst;
-    c.dstPitch = height > 1 ? dst_pitch : width;
+    c.dstPitch = dst_pitch;
     c.WidthInBytes = width;
     c.Height = height;
     const Driver& d = rt->d();

@@ -55,6 +55,11 @@ BOUND_REL, BOUND_AGREE = (
     float(x) for x in re.search(r"TEACHER_FORCED_BOUNDS: \(f32, f32\) = \((.*?), (.*?)\);", RS).groups()
 )
 
+# Logits a block of the greedy sampler's kernels (ARGMAX_THREADS * ARGMAX_PER in the source).
+ARGMAX_SLICE = 1
+for _name in ("ARGMAX_THREADS", "ARGMAX_PER"):
+    ARGMAX_SLICE *= int(re.search(rf"#define {_name} (\d+)", CU).group(1))
+
 PRE = r"""
 #include <atomic>
 #include <barrier>
@@ -292,7 +297,8 @@ def run(lib, name):
     pml = e.buf(np.zeros(nh * ns * 2, np.float32))
     counters = e.buf(np.zeros(nh, np.int32))
     rope = e.buf(np.zeros(d, np.float32))  # the step's RoPE table (embed writes it)
-    am_part = e.buf(np.zeros(2 * -(-V // 2048) + 2, np.float32))  # the sampler's partials
+    am = -(-V // ARGMAX_SLICE)  # the sampler's blocks
+    am_part = e.buf(np.zeros(2 * am + 2, np.float32))  # its partials
     am_ctl = e.buf(np.zeros(4, np.int32))
     log2_base = float(np.log2(np.float32(theta)))
     scale = float(np.float32(1.0) / np.sqrt(np.float32(d)))
@@ -316,7 +322,6 @@ def run(lib, name):
             mv(L["gu"], h, L["post"], None, act, 1 | 4)
             mv(L["down"], act, None, h, h, 2)
         mv((head, V), h, final_norm, None, logits, 1 | 8)
-        am = -(-V // 2048)  # ARGMAX_SLICE logits a block
         e.launch(4, (am, 1), 256, [logits, am_part, am_ctl, V])
         e.launch(5, (am, 1), 256, [logits, am_part, am_ctl, state, tokens, V, cap])
 
@@ -413,11 +418,11 @@ def sampler_check(lib):
     ok = True
     for what, vals in cases:
         V = len(vals)
-        lg = (np.asarray(vals, np.float32).view(np.uint32) + 0x7FFF
-              + ((np.asarray(vals, np.float32).view(np.uint32) >> 16) & 1)) & 0xFFFF0000
-        logits = e.buf(np.where(np.isnan(vals), np.float32(np.nan), lg.view(np.float32)).astype(np.float32))
+        # bfloat16 values held as float32, as the head kernel writes them.
+        logits = e.buf(np.array(mx.array(np.asarray(vals, np.float32)).astype(mx.bfloat16)
+                                .astype(mx.float32)))
         want = mlx_lm_pick(logits)
-        am = -(-V // 2048)  # ARGMAX_SLICE logits a block
+        am = -(-V // ARGMAX_SLICE)
         part = e.buf(np.zeros(2 * am + 2, np.float32))
         ctl = e.buf(np.zeros(4, np.int32))
         state = e.buf(np.array([0, 5, 0, 0], np.int32))
