@@ -149,7 +149,7 @@ impl ChatTemplateOptions {
 /// 1.1 MB of text). So the base is over 300 times the fixed part, and the per-message part alone
 /// over 20 times what a message needs. A runaway template on a short chat stops within about
 /// 50 ms of CPU on the 2-core x86-64 build machine (was up to 3.4 s with the earlier fixed budget
-/// of 2,000,000); the campaign figures are in `xtask/fuzz/results/template.md`.
+/// of 2,000,000); the campaign figures are in `results/fuzz/template.md`.
 pub const TEMPLATE_FUEL: u64 = 250_000;
 /// The fuel a render gets per message, tool and document it is given.
 pub const TEMPLATE_FUEL_PER_ITEM: u64 = 2_000;

@@ -70,7 +70,7 @@ pub struct GenerateOptions {
 /// Whether `generate_step` decodes through the compiled step. Off by default: on the CPU
 /// the two paths give the same bits (`tests/compiled_decode.rs`), but on the H200 the
 /// compiled step gained only ~5-10% for a 135M model and lost ~5% for an 8B 4-bit one
-/// (`xtask/gpu/results/README.md`), so it stays opt-in until it pays.
+/// (`results/gpu/README.md`), so it stays opt-in until it pays.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum CompiledDecode {
     /// The uncompiled forward (mlx-lm's path).

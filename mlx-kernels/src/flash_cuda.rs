@@ -24,7 +24,7 @@
 //! `cuda_kernel` header (`xtask/gpu/nvrtc_check.py`), and the exact sources, run on the CPU with
 //! one thread per CUDA thread (`xtask/gpu/flash_emulate.py`), match a dense attention in double
 //! within the bounds below. On the H200 (`tests/cuda.rs` through `xtask/gpu/flash.sh`, results
-//! in `xtask/gpu/results/flash/`) the forward and gradients are within those bounds of the
+//! in `results/gpu/flash/`) the forward and gradients are within those bounds of the
 //! float32 materialised attention, and the backward matches finite differences. They are
 //! scalar FMA kernels: memory O(L), speed well below MLX's cuDNN SDPA.
 

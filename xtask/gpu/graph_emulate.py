@@ -20,7 +20,7 @@ mlx-lm's. The bounds are `TEACHER_FORCED_BOUNDS` in graph_decode.rs. A quantized
 outside them passes only if its layer-0 down projection is closer to a float64 product over
 the dequantized weights than MLX's CPU `quantized_matmul` is, and greedy agreement is at
 least 75%: MLX's CPU quantized products are themselves that far off (on the GPU, where
-MLX's are not, the decoder is within the bounds: `results/README.md`).
+MLX's are not, the decoder is within the bounds: `results/gpu/README.md`).
 
 What this checks:
 - the kernels' indexing, layouts, rounding points, barriers and lane sums;
