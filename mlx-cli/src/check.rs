@@ -19,6 +19,7 @@ use crate::common::{self, KvArgs, ModelArgs};
 use crate::embed::EmbedArgs;
 use crate::generate::{self, CacheFile, GenerateArgs};
 use crate::info::InfoArgs;
+use crate::manage::ManageArgs;
 use crate::models::ModelsArgs;
 use crate::{model, Cli, Command};
 
@@ -31,6 +32,7 @@ pub enum Checked {
     Train(Box<mlx_train::cli::TrainArgs>),
     Fuse(Box<mlx_train::cli::FuseArgs>),
     Models(ModelsArgs),
+    Manage(ManageArgs),
     Info(InfoArgs, Box<ModelInfo>),
     Embed(Box<EmbedArgs>),
 }
@@ -46,6 +48,7 @@ impl Checked {
             Checked::Train(_) => "train",
             Checked::Fuse(_) => "fuse",
             Checked::Models(_) => "models",
+            Checked::Manage(_) => "manage",
             Checked::Info(..) => "info",
             Checked::Embed(_) => "embed",
         }
@@ -171,6 +174,12 @@ pub fn check(c: Command) -> Result<Checked, String> {
             Checked::Fuse(Box::new(a))
         }
         Command::Models(a) => Checked::Models(a),
+        Command::Manage(a) => {
+            if !a.scan && !a.delete {
+                return Err("mlx manage: give --scan or --delete".into());
+            }
+            Checked::Manage(a)
+        }
         Command::Info(a) => {
             let info = model_info(Path::new(&a.model)).map_err(|e| format!("{}: {e}", a.model))?;
             Checked::Info(a, Box::new(info))

@@ -15,6 +15,7 @@ mod common;
 mod embed;
 mod generate;
 mod info;
+mod manage;
 mod model;
 mod models;
 mod progress;
@@ -58,6 +59,8 @@ pub enum Command {
     Embed(embed::EmbedArgs),
     /// Describe a model directory: resolved descriptor, parameters, dtypes, quantization.
     Info(info::InfoArgs),
+    /// List or delete models in the Hugging Face cache (as `mlx_lm.manage`).
+    Manage(manage::ManageArgs),
 }
 
 /// Runs a checked command line.
@@ -71,6 +74,7 @@ pub fn run(c: check::Checked) -> Result<(), String> {
         Checked::Train(a) => mlx_train::cli::run(&a).map_err(|e| e.to_string()),
         Checked::Fuse(a) => mlx_train::cli::run_fuse(&a).map_err(|e| e.to_string()),
         Checked::Models(a) => models::run(&a),
+        Checked::Manage(a) => manage::run(&a),
         Checked::Info(a, info) => info::run(&a, &info),
         Checked::Embed(a) => embed::run(&a),
     }

@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 
 use mlx_core::prelude::*;
 use mlx_core::DeviceType;
+use mlx_engine::hub::{self, HubOptions, RepoRef};
 use mlx_engine::tokenizer_gguf::tokenizer_data;
 use mlx_engine::Tokenizer;
 use mlx_models::gguf::load_gguf_model;
@@ -71,31 +72,69 @@ fn default_model() -> Result<PathBuf, String> {
     Ok(path)
 }
 
-/// `--model` as given: `None` for the built-in default, else the path it names (checked to
-/// exist). Touches neither the network nor the model's files.
-pub fn model_path(model: Option<&str>) -> Result<Option<PathBuf>, String> {
+/// What `--model` names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelRef {
+    /// The built-in default (no `--model`, or one of its names).
+    Default,
+    /// A local directory or `.gguf` file.
+    Path(PathBuf),
+    /// `ORG/NAME[@REVISION]` on the Hugging Face Hub: the local Hugging Face cache first,
+    /// then a download into it.
+    Hub(RepoRef),
+}
+
+/// `--model` as given, checked: an existing path, else a Hub name. Touches neither the
+/// network nor the model's files.
+pub fn model_path(model: Option<&str>) -> Result<ModelRef, String> {
     match model {
-        None => Ok(None),
-        Some(m) if DEFAULT_NAMES.contains(&m) => Ok(None),
+        None => Ok(ModelRef::Default),
+        Some(m) if DEFAULT_NAMES.contains(&m) => Ok(ModelRef::Default),
         Some(m) => {
             let p = Path::new(m);
             if p.exists() {
-                Ok(Some(p.to_path_buf()))
-            } else {
-                Err(format!(
-                    "model {m:?} not found: give an HF-style directory or a .gguf file \
-                     (downloads from a model hub are not available; the built-in default is \
+                return Ok(ModelRef::Path(p.to_path_buf()));
+            }
+            // Something that looks like a path is a missing path, not a Hub name.
+            let path_like = m.starts_with(['.', '/', '~']) || m.ends_with(".gguf");
+            match RepoRef::parse(m) {
+                Ok(r) if !path_like => Ok(ModelRef::Hub(r)),
+                _ => Err(format!(
+                    "model {m:?} not found: give an HF-style directory, a .gguf file or a \
+                     Hugging Face name ORG/NAME[@REVISION] (the built-in default is \
                      SmolLM2-135M-Instruct, used when --model is omitted)"
-                ))
+                )),
             }
         }
     }
 }
 
-fn resolve(model: Option<&str>) -> Result<PathBuf, String> {
+/// A Hub model's local folder: the Hugging Face cache's snapshot, else downloaded into that
+/// cache with a progress bar on stderr.
+fn hub_model(repo: &RepoRef) -> Result<PathBuf, String> {
+    let opts = HubOptions::from_env();
+    if let Some(snap) = hub::cached_snapshot(&opts.cache, repo) {
+        return Ok(snap);
+    }
+    if !opts.offline {
+        eprintln!(
+            "[mlx] fetching {repo} from {} into {}",
+            opts.endpoint,
+            opts.cache.display()
+        );
+    }
+    let mut bar = DownloadBar::new();
+    let r = hub::resolve(repo, &opts, &mut |p| bar.update(p));
+    bar.finish();
+    r.map_err(|e| e.to_string())
+}
+
+/// The local path of `--model`, fetching it first when needed.
+pub fn resolve(model: Option<&str>) -> Result<PathBuf, String> {
     match model_path(model)? {
-        Some(p) => Ok(p),
-        None => default_model(),
+        ModelRef::Path(p) => Ok(p),
+        ModelRef::Hub(r) => hub_model(&r),
+        ModelRef::Default => default_model(),
     }
 }
 

@@ -8,18 +8,17 @@ use crate::model;
 
 pub fn run(a: ServeArgs) -> Result<(), String> {
     mlx_server::run(a, |a: &ServeArgs| {
+        // A Hub name is fetched once here; the load and the context length read the folder.
+        let path = model::resolve(a.model.as_deref())?;
         let m = model::load(&ModelArgs {
-            model: a.model.clone(),
+            model: Some(path.display().to_string()),
             dtype: "auto".into(),
             adapter_path: None,
         })?;
         Ok(mlx_server::LoadedModel {
             model: m.model,
             tokenizer: m.tokenizer,
-            context_length: a
-                .model
-                .as_deref()
-                .and_then(|p| mlx_server::context_length_at(std::path::Path::new(p))),
+            context_length: mlx_server::context_length_at(&path),
         })
     })
     .map_err(|e| e.to_string())

@@ -26,6 +26,7 @@ pub mod compiled;
 mod error;
 pub mod fetch;
 pub mod generate;
+pub mod hub;
 pub mod prompt_cache;
 pub mod sample;
 pub mod seed;
