@@ -10,6 +10,12 @@
 //! The library directory lies inside the target directory, so `cargo run` / `cargo test`
 //! put it on the dynamic library path of what they run. Dependents get the directory as
 //! `DEP_MLX_LIBDIR` (this crate `links = "mlx"`) to add an rpath to their binaries.
+//!
+//! A fetched wheel's run-time part (`mlx/lib` and the wheel's bundled `*.libs`, in the wheel's
+//! layout, which libmlx's own RUNPATH expects) is also copied once into the user's cache
+//! (`$MLX_RS_CACHE`, else `$XDG_CACHE_HOME/mlx-rs`, else `~/.cache/mlx-rs`, under
+//! `runtime/<package>-<version>/`) and given to dependents as `DEP_MLX_RUNTIME`: binaries that
+//! outlive the target directory (`cargo install`, a copied `mlx`) find libmlx there.
 
 use std::env;
 use std::fs;
@@ -116,6 +122,95 @@ fn run() -> Result<(), String> {
     println!("cargo:include={}", include.display());
     // This crate's own tests and examples find libmlx without cargo's help too.
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", libdir.display());
+    println!("cargo:rerun-if-env-changed=MLX_RS_CACHE");
+    if env::var_os("MLX_DIR").is_none() {
+        match persist_runtime(&root) {
+            Ok(dir) => println!("cargo:runtime={}", dir.display()),
+            Err(e) => println!(
+                "cargo:warning=libmlx was not copied into the user cache ({e}): installed \
+                 binaries will need it beside them (mlx-runtime/) or on the library path"
+            ),
+        }
+    } else {
+        println!("cargo:runtime={}", root.display());
+    }
+    Ok(())
+}
+
+/// The user's cache directory, as `mlx_engine::fetch::default_cache_dir` finds it.
+fn user_cache() -> Option<PathBuf> {
+    let non_empty = |k: &str| env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    non_empty("MLX_RS_CACHE")
+        .or_else(|| non_empty("XDG_CACHE_HOME").map(|d| d.join("mlx-rs")))
+        .or_else(|| non_empty("HOME").map(|h| h.join(".cache").join("mlx-rs")))
+}
+
+/// Copies the wheel's run-time files (`mlx/lib`, `*.libs`) into
+/// `<user cache>/runtime/<package>-<version>/` once (a staging sibling renamed into place),
+/// so binaries built here keep running after the target directory is gone.
+fn persist_runtime(root: &Path) -> Result<PathBuf, String> {
+    let pkg = package()?;
+    let base = user_cache()
+        .ok_or("no MLX_RS_CACHE, XDG_CACHE_HOME or HOME")?
+        .join("runtime");
+    let dest = base.join(format!("{pkg}-{MLX_VERSION}"));
+    let marker = dest.join(".complete");
+    let lib_name = if cfg!(target_os = "macos") {
+        "libmlx.dylib"
+    } else {
+        "libmlx.so"
+    };
+    let src_lib = root.join("mlx/lib").join(lib_name);
+    let size = |p: &Path| fs::metadata(p).map(|m| m.len()).ok();
+    if marker.is_file() && size(&dest.join("mlx/lib").join(lib_name)) == size(&src_lib) {
+        return Ok(dest);
+    }
+    fs::create_dir_all(&base).map_err(|e| format!("creating {}: {e}", base.display()))?;
+    let staging = base.join(format!(
+        ".{pkg}-{MLX_VERSION}.{}.partial",
+        std::process::id()
+    ));
+    let _ = fs::remove_dir_all(&staging);
+    let mut parts = vec![PathBuf::from("mlx/lib")];
+    for e in fs::read_dir(root).map_err(|e| format!("reading {}: {e}", root.display()))? {
+        let e = e.map_err(|e| e.to_string())?;
+        if e.file_name().to_string_lossy().ends_with(".libs") {
+            parts.push(PathBuf::from(e.file_name()));
+        }
+    }
+    for part in &parts {
+        copy_tree(&root.join(part), &staging.join(part))?;
+    }
+    fs::write(staging.join(".complete"), MLX_VERSION).map_err(|e| e.to_string())?;
+    let _ = fs::remove_dir_all(&dest);
+    if let Err(e) = fs::rename(&staging, &dest) {
+        let _ = fs::remove_dir_all(&staging);
+        // Another build may have put it there first.
+        if !marker.is_file() {
+            return Err(format!("moving the runtime into {}: {e}", dest.display()));
+        }
+    }
+    Ok(dest)
+}
+
+fn copy_tree(from: &Path, to: &Path) -> Result<(), String> {
+    fs::create_dir_all(to).map_err(|e| format!("creating {}: {e}", to.display()))?;
+    for e in fs::read_dir(from).map_err(|e| format!("reading {}: {e}", from.display()))? {
+        let e = e.map_err(|e| e.to_string())?;
+        let (src, dst) = (e.path(), to.join(e.file_name()));
+        let ty = e.file_type().map_err(|e| e.to_string())?;
+        if ty.is_symlink() {
+            let link = fs::read_link(&src).map_err(|e| e.to_string())?;
+            #[cfg(unix)]
+            std::os::unix::fs::symlink(&link, &dst).map_err(|e| e.to_string())?;
+            #[cfg(not(unix))]
+            fs::copy(&src, &dst).map_err(|e| e.to_string())?;
+        } else if ty.is_dir() {
+            copy_tree(&src, &dst)?;
+        } else {
+            fs::copy(&src, &dst).map_err(|e| format!("copying {}: {e}", src.display()))?;
+        }
+    }
     Ok(())
 }
 

