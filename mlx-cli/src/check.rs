@@ -16,6 +16,7 @@ use mlx_models::load::{model_info, ModelInfo};
 use crate::cache_prompt::CachePromptArgs;
 use crate::chat::ChatArgs;
 use crate::common::{self, KvArgs, ModelArgs};
+use crate::completions::CompletionsArgs;
 use crate::embed::EmbedArgs;
 use crate::generate::{self, CacheFile, GenerateArgs};
 use crate::info::InfoArgs;
@@ -33,6 +34,7 @@ pub enum Checked {
     Fuse(Box<mlx_train::cli::FuseArgs>),
     Models(ModelsArgs),
     Manage(ManageArgs),
+    Completions(CompletionsArgs),
     Info(InfoArgs, Box<ModelInfo>),
     Embed(Box<EmbedArgs>),
 }
@@ -49,6 +51,7 @@ impl Checked {
             Checked::Fuse(_) => "fuse",
             Checked::Models(_) => "models",
             Checked::Manage(_) => "manage",
+            Checked::Completions(_) => "completions",
             Checked::Info(..) => "info",
             Checked::Embed(_) => "embed",
         }
@@ -180,6 +183,7 @@ pub fn check(c: Command) -> Result<Checked, String> {
             }
             Checked::Manage(a)
         }
+        Command::Completions(a) => Checked::Completions(a),
         Command::Info(a) => {
             let info = model_info(Path::new(&a.model)).map_err(|e| format!("{}: {e}", a.model))?;
             Checked::Info(a, Box::new(info))

@@ -54,8 +54,8 @@ pub struct GenerateArgs {
     /// Sampling min-p (0: off).
     #[arg(long, default_value_t = 0.0)]
     pub min_p: f64,
-    /// Sampling top-k (0: off).
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i32).range(0..))]
+    /// Sampling top-k (0 or less: off, as mlx-lm reads it).
+    #[arg(long, default_value_t = 0)]
     pub top_k: i32,
     /// Probability of XTC sampling to happen each next token.
     #[arg(long, default_value_t = 0.0)]
@@ -205,7 +205,7 @@ fn sampler(a: &GenerateArgs, m: &Loaded) -> Result<Sampler, String> {
         top_p: a.top_p,
         min_p: a.min_p,
         min_tokens_to_keep: a.min_tokens_to_keep as usize,
-        top_k: a.top_k,
+        top_k: a.top_k.max(0),
         xtc_probability: a.xtc_probability,
         xtc_threshold: a.xtc_threshold,
         xtc_special_tokens: special,

@@ -1,7 +1,6 @@
 //! `mlx info --model DIR`: the resolved descriptor, parameter count, dtypes and quantization
 //! of a model directory, without building the model.
 
-use std::fmt::Write as _;
 use std::io::Write as _;
 
 use clap::Args;
@@ -12,27 +11,24 @@ pub struct InfoArgs {
     /// An HF-style model directory (config.json and safetensors).
     #[arg(long, short = 'm')]
     pub model: String,
+    /// Print one JSON object (the same fields, the descriptor as an object).
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Prints what `check` read from the directory.
-pub fn run(_a: &InfoArgs, info: &ModelInfo) -> Result<(), String> {
-    let mut text = String::new();
-    writeln!(text, "model_type:   {}", info.model_type).ok();
-    writeln!(text, "architecture: {}", info.architecture).ok();
-    writeln!(text, "served by:    {:?}", info.serving).ok();
-    writeln!(text, "parameters:   {}", info.parameters).ok();
-    let dtypes: Vec<String> = info
-        .dtypes
-        .iter()
-        .map(|(d, n)| format!("{d} ({n} tensors)"))
-        .collect();
-    writeln!(text, "dtypes:       {}", dtypes.join(", ")).ok();
-    match &info.quantization {
-        Some(q) => writeln!(text, "quantization: {q:?}").ok(),
-        None => writeln!(text, "quantization: none").ok(),
-    };
-    if let Some(d) = &info.descriptor {
-        writeln!(text, "descriptor:   {d:#?}").ok();
+pub fn run(a: &InfoArgs, info: &ModelInfo) -> Result<(), String> {
+    let json = serde_json::to_value(info).map_err(|e| e.to_string())?;
+    let mut text;
+    if a.json {
+        text = serde_json::to_string_pretty(&json).map_err(|e| e.to_string())?;
+        text.push('\n');
+    } else {
+        // The human description the library gives (no Rust debug structures).
+        text = info.to_string();
+        if !text.ends_with('\n') {
+            text.push('\n');
+        }
     }
     // A closed pipe (`mlx info ... | head`) ends the output quietly.
     std::io::stdout().lock().write_all(text.as_bytes()).ok();

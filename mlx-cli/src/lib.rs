@@ -12,6 +12,7 @@ mod cache_prompt;
 mod chat;
 pub mod check;
 mod common;
+mod completions;
 mod embed;
 mod generate;
 mod info;
@@ -38,17 +39,22 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Generate a reply to a prompt (as `mlx_lm.generate`).
+    #[command(allow_negative_numbers = true)]
     Generate(generate::GenerateArgs),
     /// Chat in the terminal, one growing cache over the turns (as `mlx_lm.chat`).
+    #[command(allow_negative_numbers = true)]
     Chat(chat::ChatArgs),
     /// Run a prompt through the model and save its KV cache to a file that `mlx generate
     /// --prompt-cache-file` and `mlx_lm.generate --prompt-cache-file` read (as
     /// `mlx_lm.cache_prompt`).
+    #[command(allow_negative_numbers = true)]
     CachePrompt(cache_prompt::CachePromptArgs),
     /// Serve the model over an OpenAI-compatible HTTP API with continuous batching (as
     /// `mlx_lm.server`).
+    #[command(allow_negative_numbers = true)]
     Serve(mlx_server::ServeArgs),
     /// Fine-tune LoRA or DoRA adapters (as `mlx_lm.lora`), with SFT, DPO or ORPO.
+    #[command(allow_negative_numbers = true)]
     Train(mlx_train::cli::TrainArgs),
     /// Fuse trained adapters into the base model (as `mlx_lm.fuse`).
     Fuse(mlx_train::cli::FuseArgs),
@@ -56,11 +62,15 @@ pub enum Command {
     Models(models::ModelsArgs),
     /// Sentence embeddings of texts as JSON vectors (last-token pooling, L2-normalised, as
     /// sentence-transformers computes them for Qwen3-Embedding-style models).
+    #[command(allow_negative_numbers = true)]
     Embed(embed::EmbedArgs),
     /// Describe a model directory: resolved descriptor, parameters, dtypes, quantization.
     Info(info::InfoArgs),
     /// List or delete models in the Hugging Face cache (as `mlx_lm.manage`).
     Manage(manage::ManageArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to standard
+    /// output, e.g. `mlx completions bash > ~/.local/share/bash-completion/completions/mlx`.
+    Completions(completions::CompletionsArgs),
 }
 
 /// Runs a checked command line.
@@ -75,6 +85,7 @@ pub fn run(c: check::Checked) -> Result<(), String> {
         Checked::Fuse(a) => mlx_train::cli::run_fuse(&a).map_err(|e| e.to_string()),
         Checked::Models(a) => models::run(&a),
         Checked::Manage(a) => manage::run(&a),
+        Checked::Completions(a) => completions::run(&a),
         Checked::Info(a, info) => info::run(&a, &info),
         Checked::Embed(a) => embed::run(&a),
     }

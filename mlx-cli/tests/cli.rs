@@ -195,9 +195,20 @@ fn models_and_info_describe_what_is_served() {
     let (code, out, err) = mlx(&["info", "--model", dir]);
     assert_eq!(code, 0, "{err}");
     assert!(
-        out.contains("model_type:   llama") && out.contains("parameters:"),
+        out.contains("model_type: llama") && out.contains("parameters:"),
         "{out}"
     );
+    // No Rust debug structures in what users read.
+    assert!(
+        !out.contains("Descriptor {") && !out.contains("Float32"),
+        "{out}"
+    );
+    let (code, out, err) = mlx(&["info", "--model", dir, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect(&out);
+    assert_eq!(v["model_type"], "llama");
+    assert_eq!(v["descriptor"]["num_layers"], 2);
+    assert_eq!(v["dtypes"]["float32"], 20);
 
     let (code, _, err) = mlx(&["info", "--model", "/nonexistent-model-dir"]);
     assert_eq!(code, 1);
@@ -205,4 +216,45 @@ fn models_and_info_describe_what_is_served() {
         err.contains("/nonexistent-model-dir") && err.contains("config.json"),
         "{err}"
     );
+}
+
+/// Negative numbers reach the command's own checks, which name the flag and its range (clap
+/// alone called `--temp -1` an unexpected argument); where mlx-lm gives a negative value a
+/// meaning, it has that meaning here (`--top-k -1` is off, `--max-tokens -1` no limit).
+#[test]
+fn negative_numbers_are_parsed_and_checked() {
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../mlx-engine/tests/fixtures/tiny_chat"
+    );
+    let (code, _, err) = mlx(&["generate", "--model", dir, "--temp", "-1", "-m", "2"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("--temp must be a finite number >= 0, got -1"),
+        "{err}"
+    );
+    let (code, _, err) = mlx(&["chat", "--model", dir, "--top-p", "-0.5"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("--top-p"), "{err}");
+    let run = |extra: &[&str]| {
+        let mut args = vec!["generate", "--model", dir, "-m", "3", "--verbose", "false"];
+        args.extend_from_slice(extra);
+        let (code, out, err) = mlx(&args);
+        assert_eq!(code, 0, "{err}");
+        out
+    };
+    assert_eq!(run(&["--top-k", "-1"]), run(&[]));
+}
+
+#[test]
+fn completion_scripts_name_every_subcommand() {
+    for shell in ["bash", "zsh", "fish"] {
+        let (code, out, err) = mlx(&["completions", shell]);
+        assert_eq!(code, 0, "{err}");
+        for sub in ["generate", "serve", "train", "manage"] {
+            assert!(out.contains(sub), "{shell}: {sub}");
+        }
+    }
+    let (code, _, _) = mlx(&["completions", "tcsh"]);
+    assert_ne!(code, 0);
 }

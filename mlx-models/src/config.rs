@@ -50,7 +50,7 @@ pub struct ModelConfig {
 }
 
 /// Affine (or other mode) quantization parameters of one module.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(serde::Serialize, Clone, Debug, PartialEq, Eq)]
 pub struct QuantParams {
     pub group_size: i32,
     pub bits: i32,
@@ -58,7 +58,7 @@ pub struct QuantParams {
 }
 
 /// The `quantization` block: defaults plus per-module entries (`false` = not quantized).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(serde::Serialize, Clone, Debug, PartialEq)]
 pub struct QuantConfig {
     pub default: QuantParams,
     pub overrides: BTreeMap<String, Option<QuantParams>>,

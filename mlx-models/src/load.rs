@@ -77,7 +77,7 @@ pub fn load_model_dir_with_params(
 }
 
 /// What `mlx info` prints about a model directory, without building the model.
-#[derive(Clone, Debug)]
+#[derive(serde::Serialize, Clone, Debug)]
 pub struct ModelInfo {
     /// `model_type` as written in `config.json`.
     pub model_type: String,
@@ -107,7 +107,7 @@ pub fn model_info(dir: &Path) -> Result<ModelInfo> {
     let mut dtypes = BTreeMap::new();
     let mut parameters = 0u64;
     for (name, a) in &tensors {
-        *dtypes.entry(format!("{:?}", a.dtype())).or_insert(0) += 1;
+        *dtypes.entry(a.dtype().name().to_string()).or_insert(0) += 1;
         let size: u64 = a.shape().iter().map(|&d| d.max(0) as u64).product();
         if let Some(module) = name
             .strip_suffix(".scales")

@@ -9,7 +9,7 @@ use crate::layers::linear::Linear;
 use crate::layers::LayerParam;
 use crate::weights::Weights;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(serde::Serialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MlpKind {
     /// `down(swiglu(gate(x), up(x)))`.
     SwiGlu,
@@ -40,7 +40,7 @@ impl MlpKind {
 
 /// The module names of an MLP inside its parent (`gate_proj`, `up_proj`, `down_proj`, or a
 /// fused `gate_up_proj`; `c_fc` / `c_proj`, `fc1` / `fc2` for plain MLPs as `up` / `down`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(serde::Serialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MlpNames {
     pub gate: &'static str,
     pub up: &'static str,

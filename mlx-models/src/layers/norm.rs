@@ -72,7 +72,7 @@ impl LayerNorm {
 }
 
 /// Which normalization a descriptor asks for (mlx-lm's spellings in brackets).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(serde::Serialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NormKind {
     /// `nn.RMSNorm`.
     Rms,

@@ -9,7 +9,7 @@ use crate::error::{ModelError, Result};
 use crate::layers::{MlpKind, MlpNames, NormKind, RopeScaling};
 
 /// Where the norms sit in a block.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(serde::Serialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Placement {
     /// `h = x + attn(n1(x)); out = h + mlp(n2(h))` (llama).
     Pre,
@@ -26,7 +26,7 @@ pub enum Placement {
 }
 
 /// Layout of a fused q/k/v projection.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(serde::Serialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QkvLayout {
     /// `[q | k | v]`, split at `[q, q + kv]` (Phi 3, GPT-2, GPT-BigCode).
     Split,
@@ -37,7 +37,7 @@ pub enum QkvLayout {
 }
 
 /// Casts to float32 around the attention kernel (Phi, StableLM).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(serde::Serialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Upcast {
     None,
     /// `sdpa(q.astype(f32), k, v).astype(v.dtype)`.
@@ -49,7 +49,7 @@ pub enum Upcast {
 }
 
 /// Normalization of queries and keys.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(serde::Serialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QkNorm {
     None,
     /// Per head (over `head_dim`) on `(B, L, heads, head_dim)`, before rope (Qwen 3).
@@ -70,7 +70,7 @@ pub enum QkNorm {
 }
 
 /// How the output head is chosen.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(serde::Serialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Head {
     /// `embed_tokens.as_linear` (and a stored `lm_head` is dropped by sanitize).
     Tied,
@@ -80,7 +80,7 @@ pub enum Head {
 }
 
 /// A multiplier on the embeddings.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(serde::Serialize, Clone, Copy, Debug, PartialEq)]
 pub enum EmbedScale {
     None,
     /// `h * s` with `s` a Python float (weak: `h`'s dtype).
@@ -90,7 +90,7 @@ pub enum EmbedScale {
 }
 
 /// What happens to the logits after the head.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(serde::Serialize, Clone, Copy, Debug, PartialEq)]
 pub enum LogitScale {
     None,
     /// `out * s`.
@@ -102,7 +102,7 @@ pub enum LogitScale {
 }
 
 /// Rotary embedding parameters for one kind of layer.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(serde::Serialize, Clone, Debug, PartialEq)]
 pub struct RopeSpec {
     /// Rotated features (`head_dim` unless partial).
     pub dims: i32,
@@ -114,7 +114,7 @@ pub struct RopeSpec {
 }
 
 /// Where the rotary frequencies come from.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(serde::Serialize, Clone, Copy, Debug, PartialEq)]
 pub enum RopeTable {
     /// `initialize_rope` (with `scaling`).
     Initialize,
@@ -125,7 +125,7 @@ pub enum RopeTable {
 }
 
 /// Module names of a row (llama's unless a row says otherwise).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(serde::Serialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Names {
     pub embed: &'static str,
     pub layers: &'static str,
@@ -182,7 +182,7 @@ impl Names {
 }
 
 /// Everything the dense decoder needs to know about an architecture.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(serde::Serialize, Clone, Debug, PartialEq)]
 pub struct Descriptor {
     pub model_type: String,
     pub hidden_size: i32,
@@ -267,7 +267,7 @@ pub struct Descriptor {
 }
 
 /// The rename part of a `sanitize`: applied to every stored name, in this order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(serde::Serialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HfRenames {
     /// Names ending so are dropped (`.attention.masked_bias`).
     pub drop_suffixes: &'static [&'static str],
@@ -303,7 +303,7 @@ impl HfRenames {
 }
 
 /// How a `model_type` is served.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(serde::Serialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Serving {
     /// By a row of the descriptor table.
     Table,
