@@ -1,8 +1,9 @@
 //! A tokenizer built from GGUF metadata (`tokenizer.ggml.*`), the way llama.cpp and transformers'
 //! GGUF converter (`integrations/gguf/gguf_tokenizer_mapping.py`) build it.
 //!
-//! Supported: byte-level BPE vocabularies (`tokenizer.ggml.model = "gpt2"`) with the
-//! pre-tokenizers named by `tokenizer.ggml.pre`:
+//! Supported: SentencePiece vocabularies (`tokenizer.ggml.model = "llama"`: Llama 2, Mistral,
+//! Gemma; see [`GgufTokenizerData::build`]), and byte-level BPE vocabularies
+//! (`tokenizer.ggml.model = "gpt2"`) with the pre-tokenizers named by `tokenizer.ggml.pre`:
 //!
 //! | `pre` | split |
 //! | --- | --- |
@@ -58,6 +59,11 @@ pub struct GgufTokenizerData {
     pub token_types: Option<Vec<i32>>,
     /// `tokenizer.ggml.merges`, each `"left right"`.
     pub merges: Vec<String>,
+    /// `tokenizer.ggml.scores` (SentencePiece vocabularies: each piece's score, which orders
+    /// the merges).
+    pub scores: Option<Vec<f32>>,
+    /// `tokenizer.ggml.add_space_prefix` (SentencePiece: prepend `▁` to the text).
+    pub add_space_prefix: Option<bool>,
     /// `tokenizer.ggml.bos_token_id`.
     pub bos_id: Option<u32>,
     /// `tokenizer.ggml.eos_token_id`.
@@ -155,10 +161,13 @@ fn is_byte_level_spelled(token: &str, alphabet: &std::collections::HashSet<char>
 impl GgufTokenizerData {
     /// Builds the tokenizer. Errors name what is unsupported or inconsistent.
     pub fn build(&self) -> Result<Tokenizer> {
+        if self.model == "llama" {
+            return self.build_spm();
+        }
         if self.model != "gpt2" {
             return Err(TokenizerError::Invalid(format!(
                 "GGUF tokenizer model {:?} is not supported; supported: [\"gpt2\"] \
-                 (byte-level BPE)",
+                 (byte-level BPE), [\"llama\"] (SentencePiece)",
                 self.model
             )));
         }
@@ -289,6 +298,231 @@ impl GgufTokenizerData {
     }
 }
 
+impl GgufTokenizerData {
+    /// A SentencePiece vocabulary as transformers' GGUF converters build it: a BPE over the
+    /// pieces with byte fallback and `<unk>` fused, its merges derived from the pieces'
+    /// scores (every split of a piece into two pieces, ranked by the merged piece's score),
+    /// spaces written `▁` by the normalizer (after a `▁` prefix when `add_space_prefix`), a
+    /// decoder that undoes that. Gemma's GGUF files spell runs of spaces with spaces where its
+    /// tokenizer has `▁`s; they are re-spelled, as transformers' Gemma converter does. The
+    /// user-defined pieces (type 4: runs of spaces, tabs and newlines, HTML tags) merge
+    /// first, the longest first, as SentencePiece matches them before its merges (this gives
+    /// Gemma 3's `tokenizer.json`'s ids: the same merges, ranked where they matter).
+    fn build_spm(&self) -> Result<Tokenizer> {
+        use std::collections::{HashMap, HashSet};
+        use tokenizers::decoders::byte_fallback::ByteFallback;
+        use tokenizers::decoders::fuse::Fuse;
+        use tokenizers::decoders::sequence::Sequence as DecoderSequence;
+        use tokenizers::decoders::strip::Strip;
+        use tokenizers::normalizers::prepend::Prepend;
+        use tokenizers::normalizers::replace::Replace;
+        use tokenizers::normalizers::utils::Sequence as NormalizerSequence;
+        use tokenizers::{DecoderWrapper, NormalizerWrapper};
+
+        let bad = |m: String| TokenizerError::Invalid(m);
+        let n = self.tokens.len();
+        let scores = self.scores.as_ref().ok_or_else(|| {
+            bad("GGUF SentencePiece vocabulary has no tokenizer.ggml.scores".into())
+        })?;
+        if scores.len() != n {
+            return Err(bad(format!(
+                "GGUF tokenizer.ggml.scores has {} entries for {n} tokens",
+                scores.len()
+            )));
+        }
+        if let Some(i) = scores.iter().position(|s| !s.is_finite()) {
+            return Err(bad(format!(
+                "GGUF tokenizer.ggml.scores[{i}] is {} (not a finite number)",
+                scores[i]
+            )));
+        }
+        let types: Vec<i32> = match &self.token_types {
+            Some(t) if t.len() == n => t.clone(),
+            Some(t) => {
+                return Err(bad(format!(
+                    "GGUF token_type has {} entries for {n} tokens",
+                    t.len()
+                )))
+            }
+            None => vec![1; n],
+        };
+        for (what, id) in [
+            ("bos", self.bos_id),
+            ("eos", self.eos_id),
+            ("unk", self.unk_id),
+            ("pad", self.pad_id),
+        ] {
+            if id.is_some_and(|id| id as usize >= n) {
+                return Err(bad(format!(
+                    "GGUF {what} token id {} is outside the vocabulary of {n} tokens",
+                    id.unwrap_or(0)
+                )));
+            }
+        }
+        let pieces: Vec<String> = self
+            .tokens
+            .iter()
+            .map(|t| {
+                if !t.is_empty() && t.chars().all(|c| c == ' ') {
+                    "\u{2581}".repeat(t.chars().count())
+                } else {
+                    t.clone()
+                }
+            })
+            .collect();
+        let mut vocab: HashMap<String, u32> = HashMap::with_capacity(n);
+        let mut score_of: HashMap<&str, f32> = HashMap::with_capacity(n);
+        for (i, p) in pieces.iter().enumerate() {
+            // A later duplicate wins, as in a Python dict comprehension.
+            vocab.insert(p.clone(), i as u32);
+            score_of.insert(p.as_str(), scores[i]);
+        }
+        let user: HashSet<&str> = pieces
+            .iter()
+            .zip(&types)
+            .filter(|(_, t)| **t == 4)
+            .map(|(p, _)| p.as_str())
+            .collect();
+        // transformers' `GGUFTokenizerSkeleton` merges: per piece (in vocabulary order), every
+        // split whose halves are pieces, ranked by the halves' scores; then all by the merged
+        // piece's score (stable sorts, as Python's).
+        let mut merges: Vec<(&str, &str, f32)> = Vec::new();
+        let mut seen: HashSet<&str> = HashSet::with_capacity(n);
+        for p in &pieces {
+            if !seen.insert(p.as_str()) {
+                continue;
+            }
+            let score = score_of[p.as_str()];
+            let start = merges.len();
+            for (k, _) in p.char_indices().skip(1) {
+                let (l, r) = p.split_at(k);
+                if score_of.contains_key(l) && score_of.contains_key(r) {
+                    merges.push((l, r, score));
+                }
+            }
+            merges[start..].sort_by(|a, b| {
+                let key = |m: &(&str, &str, f32)| (score_of[m.0], score_of[m.1]);
+                key(b)
+                    .partial_cmp(&key(a))
+                    .unwrap_or(std::cmp::Ordering::Equal)
+            });
+        }
+        let (mut first, mut rest): (Vec<_>, Vec<_>) = merges
+            .into_iter()
+            .partition(|(l, r, _)| user.contains(format!("{l}{r}").as_str()));
+        first.sort_by(|a, b| {
+            let key = |m: &(&str, &str, f32)| (m.0.len() + m.1.len(), m.0.len());
+            key(b).cmp(&key(a))
+        });
+        rest.sort_by(|a, b| b.2.partial_cmp(&a.2).unwrap_or(std::cmp::Ordering::Equal));
+        let merges: Vec<(String, String)> = first
+            .into_iter()
+            .chain(rest)
+            .map(|(l, r, _)| (l.to_string(), r.to_string()))
+            .collect();
+
+        let mut builder = BPE::builder()
+            .vocab_and_merges(
+                vocab
+                    .into_iter()
+                    .collect::<tokenizers::models::bpe::Vocab>(),
+                merges,
+            )
+            .fuse_unk(true)
+            .byte_fallback(true);
+        if let Some(unk) = self.unk_id.and_then(|i| pieces.get(i as usize)) {
+            builder = builder.unk_token(unk.clone());
+        }
+        let bpe = builder
+            .build()
+            .map_err(|e| TokenizerError::Backend(format!("building BPE: {e}")))?;
+        let mut inner = tokenizers::Tokenizer::new(bpe);
+        let space_prefix = self.add_space_prefix.unwrap_or(true);
+        let replace = |from: &str, to: &str| {
+            Replace::new(from, to)
+                .map_err(|e| TokenizerError::Backend(format!("building a Replace: {e}")))
+        };
+        let spaces = NormalizerWrapper::Replace(replace(" ", "\u{2581}")?);
+        inner
+            .with_normalizer(Some(if space_prefix {
+                NormalizerWrapper::Sequence(NormalizerSequence::new(vec![
+                    NormalizerWrapper::Prepend(Prepend::new("\u{2581}".into())),
+                    spaces,
+                ]))
+            } else {
+                spaces
+            }))
+            .map_err(|e| TokenizerError::Backend(format!("setting the normalizer: {e}")))?;
+        if !space_prefix {
+            // Gemma's tokenizer.json splits on spaces (a no-op once they are `▁`s).
+            inner.with_pre_tokenizer(Some(PreTokenizerWrapper::Split(
+                Split::new(
+                    SplitPattern::String(" ".into()),
+                    SplitDelimiterBehavior::MergedWithPrevious,
+                    false,
+                )
+                .map_err(|e| TokenizerError::Backend(format!("building a Split: {e}")))?,
+            )));
+        }
+        let mut decoders = vec![
+            DecoderWrapper::Replace(replace("\u{2581}", " ")?),
+            DecoderWrapper::ByteFallback(ByteFallback::new()),
+            DecoderWrapper::Fuse(Fuse::new()),
+        ];
+        if space_prefix {
+            decoders.push(DecoderWrapper::Strip(Strip::new(' ', 1, 0)));
+        }
+        inner.with_decoder(Some(DecoderWrapper::Sequence(DecoderSequence::new(
+            decoders,
+        ))));
+
+        let added = |ty: i32, special: bool| -> Vec<AddedToken> {
+            pieces
+                .iter()
+                .zip(&types)
+                .filter(|(_, t)| **t == ty)
+                .map(|(p, _)| AddedToken::from(p.clone(), special).normalized(false))
+                .collect()
+        };
+        let control = added(3, true);
+        if !control.is_empty() {
+            inner
+                .add_special_tokens(control)
+                .map_err(|e| TokenizerError::Backend(format!("adding control tokens: {e}")))?;
+        }
+        let user_tokens = added(4, false);
+        if !user_tokens.is_empty() {
+            inner
+                .add_tokens(user_tokens)
+                .map_err(|e| TokenizerError::Backend(format!("adding user-defined tokens: {e}")))?;
+        }
+
+        let token = |id: Option<u32>| -> Value {
+            id.and_then(|i| pieces.get(i as usize))
+                .map_or(Value::Null, |t| Value::String(t.clone()))
+        };
+        let mut config = Map::new();
+        config.insert("bos_token".into(), token(self.bos_id));
+        config.insert("eos_token".into(), token(self.eos_id));
+        config.insert("unk_token".into(), token(self.unk_id));
+        config.insert("pad_token".into(), token(self.pad_id));
+        // llama.cpp adds BOS for SentencePiece vocabularies unless the file says otherwise.
+        config.insert(
+            "add_bos_token".into(),
+            Value::Bool(self.add_bos.unwrap_or(true)),
+        );
+        config.insert(
+            "add_eos_token".into(),
+            Value::Bool(self.add_eos.unwrap_or(false)),
+        );
+        let mut tok = Tokenizer::from_parts(inner, &config, &[])?;
+        if let Some(t) = &self.chat_template {
+            tok.set_chat_template(Some(ChatTemplates::Single(t.clone())));
+        }
+        Ok(tok)
+    }
+}
+
 /// The tokenizer part of GGUF metadata (`tokenizer.ggml.*`, `tokenizer.chat_template`).
 pub fn tokenizer_data(meta: &GgufMetadata) -> Result<GgufTokenizerData> {
     let strings = |k: &str| -> Option<Vec<String>> {
@@ -299,6 +533,14 @@ pub fn tokenizer_data(meta: &GgufMetadata) -> Result<GgufTokenizerData> {
     };
     let id = |k: &str| meta_f64(meta, k).map(|v| v as u32);
     let flag = |k: &str| meta.get_bool(k).ok();
+    let scores = match meta.get("tokenizer.ggml.scores") {
+        Some(GgufValue::Array(a)) => Some(
+            a.astype(Dtype::Float32)
+                .and_then(|a| a.to_vec::<f32>())
+                .map_err(|e| TokenizerError::Config(format!("GGUF tokenizer.ggml.scores: {e}")))?,
+        ),
+        _ => None,
+    };
     let token_types = match meta.get("tokenizer.ggml.token_type") {
         Some(GgufValue::Array(a)) => Some(
             a.astype(Dtype::Int32)
@@ -321,6 +563,8 @@ pub fn tokenizer_data(meta: &GgufMetadata) -> Result<GgufTokenizerData> {
         })?,
         token_types,
         merges: strings("tokenizer.ggml.merges").unwrap_or_default(),
+        scores,
+        add_space_prefix: flag("tokenizer.ggml.add_space_prefix"),
         bos_id: id("tokenizer.ggml.bos_token_id"),
         eos_id: id("tokenizer.ggml.eos_token_id"),
         unk_id: id("tokenizer.ggml.unknown_token_id"),

@@ -53,6 +53,8 @@ fn llama3_as_gguf() -> (Tokenizer, GgufTokenizerData) {
         add_bos: Some(false),
         add_eos: Some(false),
         chat_template: None,
+        scores: None,
+        add_space_prefix: None,
     };
     (reference, data)
 }
@@ -160,6 +162,69 @@ fn unknown_pre_tokenizer_is_a_clear_error() {
         ..Default::default()
     };
     assert!(data.build().unwrap_err().to_string().contains("\"bert\""));
+}
+
+/// A SentencePiece vocabulary needs one finite score per piece; a small one tokenizes with
+/// its merges ranked by score, byte fallback for the rest, and `▁` for spaces.
+#[test]
+fn sentencepiece_vocabularies_build_from_scores() {
+    let mut tokens: Vec<String> = [
+        "<unk>",
+        "<s>",
+        "</s>",
+        "\u{2581}",
+        "a",
+        "b",
+        "\u{2581}a",
+        "ab",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    tokens.extend((0..=255u8).map(|b| format!("<0x{b:02X}>")));
+    let n = tokens.len();
+    let mut types = vec![1; n];
+    types[0] = 2;
+    types[1] = 3;
+    types[2] = 3;
+    for t in types.iter_mut().skip(8) {
+        *t = 6;
+    }
+    let mut scores = vec![0.0f32; n];
+    scores[6] = -1.0; // "▁a" before "ab"
+    scores[7] = -2.0;
+    let data = GgufTokenizerData {
+        model: "llama".into(),
+        tokens: tokens.clone(),
+        token_types: Some(types),
+        scores: Some(scores.clone()),
+        unk_id: Some(0),
+        bos_id: Some(1),
+        eos_id: Some(2),
+        ..Default::default()
+    };
+    let tok = data.build().unwrap();
+    // "▁ab": "▁a" (score -1) wins over "ab" (-2); "é" falls back to its two bytes.
+    let ids = tok.encode("ab é", true).unwrap();
+    assert_eq!(ids, vec![1, 6, 5, 3, 8 + 0xC3, 8 + 0xA9]);
+    assert_eq!(tok.decode(&ids, true).unwrap(), "ab é");
+
+    let missing = GgufTokenizerData {
+        scores: None,
+        ..data.clone()
+    };
+    let err = missing.build().unwrap_err().to_string();
+    assert!(err.contains("tokenizer.ggml.scores"), "{err}");
+    let mut nan = scores;
+    nan[4] = f32::NAN;
+    let err = GgufTokenizerData {
+        scores: Some(nan),
+        ..data
+    }
+    .build()
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("scores[4]"), "{err}");
 }
 
 /// A tiny byte-level vocabulary: every byte, plus merges for "ab" and "12".
