@@ -392,6 +392,39 @@ impl BatchIter {
         self.batch_idx.len()
     }
 
+    /// Where the iterator stands: the batch order of the current pass (empty before the
+    /// first draw) and how many of it were taken.
+    pub fn position(&self) -> BatchPosition {
+        BatchPosition {
+            num_batches: self.batch_idx.len(),
+            order: if self.started {
+                self.order.clone()
+            } else {
+                Vec::new()
+            },
+            taken: self.pos,
+        }
+    }
+
+    /// Continues from `p` (a [`BatchIter::position`] of an iterator over the same data);
+    /// `false`, changing nothing, when `p` does not fit this data.
+    pub fn restore(&mut self, p: &BatchPosition) -> bool {
+        let n = self.batch_idx.len();
+        let mut seen = vec![false; n];
+        let is_permutation = p.order.len() == n
+            && p.order
+                .iter()
+                .all(|&i| i < n && !std::mem::replace(&mut seen[i], true));
+        if p.num_batches != n || !(p.order.is_empty() || is_permutation) || p.taken > p.order.len()
+        {
+            return false;
+        }
+        self.started = !p.order.is_empty();
+        self.order = p.order.clone();
+        self.pos = p.taken;
+        true
+    }
+
     /// The next batch, or `None` when a non-looping pass is over.
     pub fn next_batch(&mut self, data: &Dataset, rng: &mut NumpyRandom) -> Result<Option<Batch>> {
         if !self.started || (self.pos == self.order.len() && self.looping) {
@@ -411,6 +444,15 @@ impl BatchIter {
             self.max_seq_length,
         )?))
     }
+}
+
+/// A [`BatchIter`]'s position, saved with a checkpoint so a resumed run takes the batches
+/// the uninterrupted run would have taken.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct BatchPosition {
+    pub num_batches: usize,
+    pub order: Vec<usize>,
+    pub taken: usize,
 }
 
 /// The padding of `iterate_batches`. Preference examples give `2 * batch_size` rows: the
