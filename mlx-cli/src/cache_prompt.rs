@@ -29,6 +29,9 @@ pub struct CachePromptArgs {
 }
 
 pub fn run(a: &CachePromptArgs) -> Result<(), String> {
+    // Ctrl-C while the cache is written leaves no `.<name>.<pid>.partial.safetensors`;
+    // partials of writers killed outright are removed by the write itself.
+    mlx_core::partial::cleanup_on_interrupt();
     let m = model::load(&a.model)?;
     let text = common::read_prompt(&a.prompt)?;
     let tok = &m.tokenizer;

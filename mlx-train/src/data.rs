@@ -239,25 +239,71 @@ pub fn create_dataset(
     Ok(Dataset { examples })
 }
 
-/// Reads a JSONL file: one JSON object per line (blank lines are an error, as in mlx-lm).
+/// The longest JSONL line read, in bytes (16 MiB). A row this long is millions of tokens,
+/// far past any `max_seq_length`; a longer one is refused with its file and line number
+/// before more than this many bytes of it are held in memory.
+pub const MAX_LINE_BYTES: usize = 16 << 20;
+
+/// Reads a JSONL file: one JSON object per line (blank lines are an error, as in mlx-lm),
+/// line by line, each at most [`MAX_LINE_BYTES`] long.
 pub fn read_jsonl(path: &Path) -> Result<Vec<Map<String, Value>>> {
-    let text = std::fs::read_to_string(path).map_err(|e| io_err(path, e))?;
-    text.lines()
-        .enumerate()
-        .map(|(i, line)| match serde_json::from_str::<Value>(line) {
-            Ok(Value::Object(m)) => Ok(m),
-            Ok(_) => Err(TrainError::Data {
-                file: path.display().to_string(),
-                line: i + 1,
-                message: "expected a JSON object".into(),
-            }),
-            Err(e) => Err(TrainError::Data {
-                file: path.display().to_string(),
-                line: i + 1,
-                message: format!("invalid JSON: {e}"),
-            }),
-        })
-        .collect()
+    read_jsonl_limited(path, MAX_LINE_BYTES)
+}
+
+/// [`read_jsonl`] with another line-length limit.
+pub fn read_jsonl_limited(path: &Path, max_line_bytes: usize) -> Result<Vec<Map<String, Value>>> {
+    use std::io::{BufRead, Read};
+    let file = std::fs::File::open(path).map_err(|e| io_err(path, e))?;
+    let mut reader = std::io::BufReader::with_capacity(1 << 16, file);
+    let bad = |line: usize, message: String| TrainError::Data {
+        file: path.display().to_string(),
+        line,
+        message,
+    };
+    let mut rows = Vec::new();
+    let mut buf = Vec::new();
+    for line in 1.. {
+        buf.clear();
+        // The limit plus room for "\r\n": a longer line stops here, unread past the limit.
+        let n = (&mut reader)
+            .take(max_line_bytes as u64 + 2)
+            .read_until(b'\n', &mut buf)
+            .map_err(|e| io_err(path, format!("line {line}: {e}")))?;
+        if n == 0 {
+            break;
+        }
+        let ended = buf.last() == Some(&b'\n');
+        if ended {
+            buf.pop();
+            if buf.last() == Some(&b'\r') {
+                buf.pop();
+            }
+        }
+        if buf.len() > max_line_bytes {
+            return Err(bad(
+                line,
+                format!(
+                    "line longer than {max_line_bytes} bytes (the limit for one JSONL row); \
+                     split the example or shorten it"
+                ),
+            ));
+        }
+        let text = std::str::from_utf8(&buf).map_err(|e| {
+            bad(
+                line,
+                format!(
+                    "not UTF-8 text (bad byte at column {})",
+                    e.valid_up_to() + 1
+                ),
+            )
+        })?;
+        rows.push(match serde_json::from_str::<Value>(text) {
+            Ok(Value::Object(m)) => m,
+            Ok(_) => return Err(bad(line, "expected a JSON object".into())),
+            Err(e) => return Err(bad(line, format!("invalid JSON: {e}"))),
+        });
+    }
+    Ok(rows)
 }
 
 /// `load_local_dataset`: `{train,valid,test}.jsonl` in `dir`; a missing file is an empty set.
@@ -346,6 +392,39 @@ impl BatchIter {
         self.batch_idx.len()
     }
 
+    /// Where the iterator stands: the batch order of the current pass (empty before the
+    /// first draw) and how many of it were taken.
+    pub fn position(&self) -> BatchPosition {
+        BatchPosition {
+            num_batches: self.batch_idx.len(),
+            order: if self.started {
+                self.order.clone()
+            } else {
+                Vec::new()
+            },
+            taken: self.pos,
+        }
+    }
+
+    /// Continues from `p` (a [`BatchIter::position`] of an iterator over the same data);
+    /// `false`, changing nothing, when `p` does not fit this data.
+    pub fn restore(&mut self, p: &BatchPosition) -> bool {
+        let n = self.batch_idx.len();
+        let mut seen = vec![false; n];
+        let is_permutation = p.order.len() == n
+            && p.order
+                .iter()
+                .all(|&i| i < n && !std::mem::replace(&mut seen[i], true));
+        if p.num_batches != n || !(p.order.is_empty() || is_permutation) || p.taken > p.order.len()
+        {
+            return false;
+        }
+        self.started = !p.order.is_empty();
+        self.order = p.order.clone();
+        self.pos = p.taken;
+        true
+    }
+
     /// The next batch, or `None` when a non-looping pass is over.
     pub fn next_batch(&mut self, data: &Dataset, rng: &mut NumpyRandom) -> Result<Option<Batch>> {
         if !self.started || (self.pos == self.order.len() && self.looping) {
@@ -365,6 +444,15 @@ impl BatchIter {
             self.max_seq_length,
         )?))
     }
+}
+
+/// A [`BatchIter`]'s position, saved with a checkpoint so a resumed run takes the batches
+/// the uninterrupted run would have taken.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct BatchPosition {
+    pub num_batches: usize,
+    pub order: Vec<usize>,
+    pub taken: usize,
 }
 
 /// The padding of `iterate_batches`. Preference examples give `2 * batch_size` rows: the

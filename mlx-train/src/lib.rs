@@ -37,6 +37,7 @@ pub mod nprand;
 pub mod objectives;
 pub mod optim;
 pub mod params;
+pub mod resume;
 pub mod run;
 pub mod segmented;
 pub mod tokenize;

@@ -25,6 +25,22 @@ impl NumpyRandom {
         NumpyRandom { key, pos: N }
     }
 
+    /// The generator's state (numpy's `get_state()`: the 624 key words and the position).
+    pub fn state(&self) -> (Vec<u32>, usize) {
+        (self.key.to_vec(), self.pos)
+    }
+
+    /// A generator in a state given by [`NumpyRandom::state`]; `None` if it is not one.
+    pub fn from_state(key: &[u32], pos: usize) -> Option<Self> {
+        if pos > N {
+            return None;
+        }
+        Some(NumpyRandom {
+            key: key.try_into().ok()?,
+            pos,
+        })
+    }
+
     fn generate(&mut self) {
         const UPPER: u32 = 0x8000_0000;
         const LOWER: u32 = 0x7fff_ffff;

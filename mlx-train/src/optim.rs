@@ -491,6 +491,30 @@ impl Optimizer {
         &self.step
     }
 
+    /// The names [`Optimizer::state_map`] gives once every parameter of `params` was
+    /// updated (`step`, `<param>.<leaf>`; the learning rate left out): what a saved state of
+    /// this optimizer over these parameters holds.
+    pub fn state_names(&self, params: &ParamMap) -> Result<std::collections::BTreeSet<String>> {
+        let mut out = std::collections::BTreeSet::from(["step".to_string()]);
+        for (k, p) in params {
+            for leaf in init_single(&self.method, p)?.keys() {
+                out.insert(format!("{k}.{leaf}"));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Sets the step counter (a resumed run whose optimizer state was not saved: the
+    /// learning-rate schedule continues where it was, the moments start fresh).
+    pub fn set_step(&mut self, step: u64) -> Result<()> {
+        let s = Array::from_slice(&[step], &[])?;
+        if let Some(sched) = &self.schedule {
+            self.learning_rate = Some(sched.at(&s)?);
+        }
+        self.step = s;
+        Ok(())
+    }
+
     /// Whether [`Optimizer::apply_gradients_compiled`] holds a traced update (false before
     /// its first call and after a trace failed).
     pub fn is_update_compiled(&self) -> bool {

@@ -23,6 +23,10 @@ use crate::nprand::NumpyRandom;
 use crate::objectives::{dpo_loss, orpo_loss, reference_logps};
 use crate::optim::{build_schedule, LearningRate, Method, Optimizer, ScheduleConfig};
 use crate::params::Params;
+use crate::resume::{
+    checkpoint_path, load_state, optimizer_path, peek_iteration, same_file, state_path, Outputs,
+    ResumeState,
+};
 use crate::tokenize;
 use crate::trainer::{train, LossFn, TrainOutcome, TrainingArgs, TrainingCallback};
 
@@ -79,6 +83,9 @@ fn d_objective() -> String {
 }
 fn d_beta() -> f64 {
     0.1
+}
+fn yes() -> bool {
+    true
 }
 
 /// mlx-lm's `_parse_size`: digits (with a decimal point) then an optional unit, `M` or `MB`
@@ -258,6 +265,11 @@ pub struct RunConfig {
     /// [`crate::memory::MemoryLimit`].
     #[serde(default)]
     pub memory_limit: Option<f64>,
+    /// Not in mlx-lm, and not recorded: whether the run may replace files that exist
+    /// already and that it does not continue (see [`crate::resume::Outputs`]). `true` (as
+    /// mlx-lm's `train`) unless set; `mlx train` sets it from `--overwrite`.
+    #[serde(skip, default = "yes")]
+    pub overwrite: bool,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }
@@ -321,6 +333,8 @@ impl RunConfig {
             // mlx-lm's step is compiled; DPO and ORPO (not in mlx-lm) read the reference
             // model through the disabled parameters, which a trace does not capture.
             compile: self.lora_parameters.dropout == 0.0 && self.objective == "sft",
+            outputs: Outputs::new(self.overwrite, Vec::new()),
+            ..TrainingArgs::default()
         }
     }
 
@@ -415,6 +429,117 @@ pub struct Prepared {
     pub valid: Dataset,
     pub test: Dataset,
     pub rng: NumpyRandom,
+    /// The state saved with `resume_adapter_file`, when there is a usable one.
+    pub resume: Option<ResumeState>,
+    /// The files the run may write (`adapter_config.json` already written).
+    pub outputs: Outputs,
+}
+
+/// The adapter file a run writes (`adapter_path/adapters.safetensors`).
+pub fn adapter_file(config: &RunConfig) -> PathBuf {
+    PathBuf::from(&config.adapter_path).join("adapters.safetensors")
+}
+
+/// Where a run starts and what it may replace, decided before anything is loaded or
+/// written: the iteration a resume continues from (when its state says so), the files the
+/// run continues, and, unless `overwrite`, an error naming the first file of an earlier
+/// run that this one would replace.
+pub fn plan_outputs(config: &RunConfig) -> Result<(std::result::Result<usize, String>, Outputs)> {
+    let file = adapter_file(config);
+    let config_file = PathBuf::from(&config.adapter_path).join("adapter_config.json");
+    let start = match &config.resume_adapter_file {
+        Some(f) => peek_iteration(Path::new(f)),
+        None => Err("not resuming".into()),
+    };
+    let continues = config
+        .resume_adapter_file
+        .as_deref()
+        .is_some_and(|f| same_file(Path::new(f), &file));
+    let continued = match (continues, &start) {
+        // Resuming from the adapter file with its state: the run carries that file, its
+        // state and its config forward (the file's weights are kept as the numbered
+        // checkpoint of their iteration, see `keep_resumed_weights`).
+        (true, Ok(_)) => vec![
+            file.clone(),
+            optimizer_path(&file),
+            state_path(&file),
+            config_file.clone(),
+        ],
+        _ => Vec::new(),
+    };
+    let mut continued = continued;
+    // A config beside no adapters (a run that stopped before its first save) describes
+    // nothing: replacing it loses nothing.
+    let has_adapters = file.exists()
+        || std::fs::read_dir(&config.adapter_path).is_ok_and(|entries| {
+            entries.flatten().any(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .ends_with("_adapters.safetensors")
+            })
+        });
+    if !has_adapters {
+        continued.push(config_file.clone());
+    }
+    let outputs = Outputs::new(config.overwrite, continued);
+    if config.overwrite {
+        return Ok((start, outputs));
+    }
+    for f in [
+        &config_file,
+        &file,
+        &optimizer_path(&file),
+        &state_path(&file),
+    ] {
+        outputs.check(f).map_err(|e| match (&e, continues) {
+            (TrainError::Io { path, .. }, true) if *f == file => TrainError::Io {
+                path: path.clone(),
+                message: format!(
+                    "resuming into the directory it came from, this run would replace it, and \
+                     its iteration is not known ({}) to keep it as a numbered checkpoint; pass \
+                     --overwrite to replace it, or choose another --adapter-path",
+                    start.as_ref().err().map(String::as_str).unwrap_or("")
+                ),
+            },
+            _ => e,
+        })?;
+    }
+    // The numbered checkpoints this run will write.
+    let first = *start.as_ref().unwrap_or(&0);
+    let last = first.saturating_add(config.iters);
+    let save = config.save_every.max(1);
+    if let Ok(entries) = std::fs::read_dir(&config.adapter_path) {
+        let mut clashes: Vec<usize> = entries
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name();
+                let it = name.to_str()?.strip_suffix("_adapters.safetensors")?;
+                (it.len() == 7 && it.bytes().all(|b| b.is_ascii_digit()))
+                    .then(|| it.parse::<usize>().ok())?
+            })
+            .filter(|&it| it > first && it <= last && it % save == 0)
+            .collect();
+        clashes.sort_unstable();
+        if let Some(&it) = clashes.first() {
+            outputs.check(&checkpoint_path(&file, it))?;
+        }
+    }
+    Ok((start, outputs))
+}
+
+/// Before a run that continues `adapter_file` (resumed from it, at iteration `it`) replaces
+/// it: its weights stay as the numbered checkpoint of that iteration (a hard link, else a
+/// copy), unless that checkpoint exists already.
+fn keep_resumed_weights(adapter_file: &Path, it: usize, outputs: &mut Outputs) -> Result<()> {
+    let keep = checkpoint_path(adapter_file, it);
+    if std::fs::symlink_metadata(&keep).is_ok() {
+        return Ok(());
+    }
+    outputs.claim(&keep)?;
+    if std::fs::hard_link(adapter_file, &keep).is_err() {
+        std::fs::copy(adapter_file, &keep).map_err(|e| io_err(&keep, e))?;
+    }
+    Ok(())
 }
 
 /// `run` up to `train`: seeds, loads the model, tokenizer and data, wraps the linears
@@ -422,6 +547,7 @@ pub struct Prepared {
 /// `adapter_config.json` into `adapter_path`.
 pub fn prepare(config: &RunConfig) -> Result<Prepared> {
     config.validate()?;
+    let (start, mut outputs) = plan_outputs(config)?;
     let rng = NumpyRandom::new(config.seed);
     let model_dir = Path::new(&config.model);
     let (mut model, _) = load_model_dir(model_dir, &LoadOptions::default())?;
@@ -495,19 +621,54 @@ pub fn prepare(config: &RunConfig) -> Result<Prepared> {
             model.model_type()
         )));
     }
+    let mut resume = None;
     if let Some(f) = &config.resume_adapter_file {
         if config.fine_tune_type == "full" {
             load_resume(model.as_mut(), Path::new(f), &params)?;
         } else {
             load_adapter_weights(Path::new(f), &params)?;
         }
+        let mut notes = Vec::new();
+        resume = load_state(Path::new(f), &params.snapshot(), &mut notes)?;
+        match (&resume, &start) {
+            (Some(r), Ok(it)) if r.iteration == *it => {}
+            (None, Err(_)) => {}
+            _ => {
+                return Err(io_err(
+                    Path::new(f),
+                    "its resume state changed while the run was starting",
+                ))
+            }
+        }
+        let why = notes.join("; ");
+        match &resume {
+            None => eprintln!(
+                "{f}: no saved training state ({why}): the optimizer starts fresh and the \
+                 iterations are numbered from 1, as mlx_lm.lora does."
+            ),
+            Some(r) if r.optimizer.is_none() => eprintln!(
+                "{f}: no saved optimizer state ({why}): continuing at iteration {} with a \
+                 fresh optimizer at step {}.",
+                r.iteration + 1,
+                r.optimizer_step
+            ),
+            Some(r) => eprintln!(
+                "{f}: continuing at iteration {} with the saved optimizer state.",
+                r.iteration + 1
+            ),
+        }
     }
     let adapter_path = Path::new(&config.adapter_path);
     std::fs::create_dir_all(adapter_path).map_err(|e| io_err(adapter_path, e))?;
-    save_adapter_config(
-        &adapter_path.join("adapter_config.json"),
-        &config.to_json()?,
-    )?;
+    if let (Some(r), Some(f)) = (&resume, &config.resume_adapter_file) {
+        let file = adapter_file(config);
+        if same_file(Path::new(f), &file) {
+            keep_resumed_weights(&file, r.iteration, &mut outputs)?;
+        }
+    }
+    let config_file = adapter_path.join("adapter_config.json");
+    outputs.claim(&config_file)?;
+    save_adapter_config(&config_file, &config.to_json()?)?;
     Ok(Prepared {
         model,
         params,
@@ -515,6 +676,8 @@ pub fn prepare(config: &RunConfig) -> Result<Prepared> {
         valid,
         test,
         rng,
+        resume,
+        outputs,
     })
 }
 
@@ -548,7 +711,54 @@ pub fn train_model(
     callback: &mut dyn TrainingCallback,
 ) -> Result<(Prepared, TrainOutcome)> {
     let mut p = prepare(config)?;
-    let optimizer = config.build_optimizer()?;
+    let mut optimizer = config.build_optimizer()?;
+    let mut args = config.training_args();
+    args.outputs = p.outputs.clone();
+    if let Some(r) = p.resume.take() {
+        args.start_iteration = r.iteration;
+        let mut saved = r.optimizer;
+        if let Some(state) = &mut saved {
+            // The current options' learning rate (a constant, or the schedule at the
+            // restored step) rather than the saved one.
+            state.remove("learning_rate");
+            let names: std::collections::BTreeSet<String> = state.keys().cloned().collect();
+            if names.len() == 1 {
+                // Only the step: no update was made yet, the state is a fresh one.
+                saved = None;
+            } else if names != optimizer.state_names(&p.params.snapshot())? {
+                eprintln!(
+                    "the saved optimizer state is not that of --optimizer {} over these \
+                     parameters: the optimizer starts fresh at step {}.",
+                    config.optimizer, r.optimizer_step
+                );
+                saved = None;
+            }
+        }
+        match saved {
+            Some(state) => optimizer.load_state_map(&state)?,
+            None => optimizer.set_step(r.optimizer_step)?,
+        }
+        p.rng = r.rng;
+        // Data that changed since (another number of batches) starts a fresh batch order,
+        // drawn from the restored generator.
+        let mut check =
+            crate::data::BatchIter::new(&p.train, config.batch_size, config.max_seq_length, true)?;
+        if check.restore(&r.batches) {
+            args.resume_batches = Some(r.batches);
+        } else {
+            eprintln!(
+                "the training data has {} batches of {} now, the saved batch order {}: \
+                 starting a fresh order.",
+                check.num_batches(),
+                config.batch_size,
+                r.batches.num_batches
+            );
+        }
+        args.resume_grad_accum = r.grad_accum;
+        if let Some(k) = &r.random_key {
+            random::set_state(k)?;
+        }
+    }
     let loss = objective_loss(config, &p.params)?;
     let kernel = FlashKernel::parse(config.flash_kernel.as_deref())?;
     let _limit = MemoryLimit::set(config.memory_limit)?;
@@ -559,7 +769,7 @@ pub fn train_model(
             optimizer,
             &p.train,
             &p.valid,
-            &config.training_args(),
+            &args,
             loss.as_ref(),
             &mut p.rng,
             callback,

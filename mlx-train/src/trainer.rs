@@ -9,11 +9,12 @@ use mlx_core::prelude::*;
 use mlx_models::LanguageModel;
 
 use crate::adapters::save_adapter_weights;
-use crate::data::{Batch, BatchIter, Dataset};
+use crate::data::{Batch, BatchIter, BatchPosition, Dataset};
 use crate::error::{Result, TrainError};
 use crate::nprand::NumpyRandom;
 use crate::optim::{clip_grad_norm, Optimizer};
 use crate::params::Params;
+use crate::resume::{checkpoint_path, optimizer_path, save_state, state_path, Outputs};
 use crate::segmented::segmented_loss_and_grad;
 
 /// A loss over a batch: `(mean loss, number of tokens)`, as mlx-lm's `default_loss`.
@@ -48,6 +49,20 @@ pub struct TrainingArgs {
     /// more than this many bytes (mlx-lm's `clear_cache_threshold`, whose `TrainingArgs`
     /// default 0 clears whenever it holds any); `None` never clears.
     pub clear_cache_threshold: Option<u64>,
+    /// Iterations done before this run (a resumed run's, from its state; see
+    /// [`crate::resume`]): this run's iterations are numbered `start_iteration + 1` to
+    /// `start_iteration + iters`, and evaluation, reports, accumulation and checkpoints go
+    /// by those numbers, as in the uninterrupted run.
+    pub start_iteration: usize,
+    /// Where the resumed run's batch iterator continues.
+    pub resume_batches: Option<BatchPosition>,
+    /// The gradient the earlier run was accumulating when it stopped.
+    pub resume_grad_accum: Option<ParamMap>,
+    /// Which existing files the run may replace (mlx-lm's `train` replaces any; `mlx train`
+    /// refuses files of earlier runs unless `--overwrite`).
+    pub outputs: Outputs,
+    /// Write the resume state beside the adapter file at every checkpoint and at the end.
+    pub save_resume_state: bool,
 }
 
 impl Default for TrainingArgs {
@@ -67,6 +82,11 @@ impl Default for TrainingArgs {
             ce_chunk_size: None,
             compile: true,
             clear_cache_threshold: Some(0),
+            start_iteration: 0,
+            resume_batches: None,
+            resume_grad_accum: None,
+            outputs: Outputs::new(true, Vec::new()),
+            save_resume_state: true,
         }
     }
 }
@@ -118,6 +138,9 @@ pub trait TrainingCallback {
     fn on_val_loss_report(&mut self, _info: &ValReport) {}
     fn on_step(&mut self, _iteration: usize, _loss: f32, _tokens: i64) {}
     fn on_save(&mut self, _iteration: usize, _path: &Path) {}
+    /// Before the first step: the first iteration's number (1, or after a resume the one
+    /// after the earlier run's last) and the last one's.
+    fn on_start(&mut self, _first: usize, _last: usize) {}
 }
 
 /// A callback that does nothing.
@@ -337,16 +360,41 @@ pub fn train(
     };
     params.set_training(true);
     let mut batches = BatchIter::new(train_set, args.batch_size, args.max_seq_length, true)?;
-    let mut grad_accum: Option<ParamMap> = None;
+    if let Some(p) = &args.resume_batches {
+        if !batches.restore(p) {
+            return Err(TrainError::Config(format!(
+                "the resume state's batch order ({} batches) does not fit this training set \
+                 ({} batches of {})",
+                p.num_batches,
+                batches.num_batches(),
+                args.batch_size
+            )));
+        }
+    }
+    let mut grad_accum: Option<ParamMap> = args.resume_grad_accum.clone();
     let mut losses: Option<Array> = None;
     let mut n_tokens: Option<Array> = None;
     let (mut steps, mut trained_tokens, mut train_time) = (0usize, 0u64, 0f64);
-    for it in 1..=args.iters {
+    let mut outputs = args.outputs.clone();
+    let start = args.start_iteration;
+    let end = start
+        .checked_add(args.iters)
+        .ok_or_else(|| TrainError::Config("iters: too many iterations".into()))?;
+    // numpy's generator as the uninterrupted run has it after iteration `end`: the last
+    // iteration's evaluation (mlx-lm evaluates at every run's last iteration) draws a batch
+    // order the longer run would not have drawn there.
+    let mut rng_for_state: Option<NumpyRandom> = None;
+    callback.on_start(start + 1, end);
+    for it in start + 1..=end {
         let batch = batches
             .next_batch(train_set, rng)?
             .ok_or_else(|| TrainError::Config("the training set yields no batch".into()))?;
         let mut tic = Instant::now();
-        if !val_set.is_empty() && (it == 1 || it % args.steps_per_eval == 0 || it == args.iters) {
+        let scheduled_eval = it == 1 || it % args.steps_per_eval == 0;
+        if !val_set.is_empty() && it == end && !scheduled_eval {
+            rng_for_state = Some(rng.clone());
+        }
+        if !val_set.is_empty() && (scheduled_eval || it == end) {
             let t = Instant::now();
             let val_loss = evaluate(
                 model,
@@ -430,7 +478,7 @@ pub fn train(
         train_time += tic.elapsed().as_secs_f64();
         callback.on_step(it, lvalue.item::<f32>()?, i64::from(toks.item::<i32>()?));
 
-        if it % args.steps_per_report == 0 || it == args.iters {
+        if it % args.steps_per_report == 0 || it == end {
             let train_loss = f64::from(l.item::<f32>()?) / steps as f64;
             let ntok = u64::try_from(n.item::<i32>()?).unwrap_or(0);
             trained_tokens += ntok;
@@ -456,15 +504,57 @@ pub fn train(
         }
 
         if it % args.steps_per_save == 0 {
+            outputs.claim(&args.adapter_file)?;
             save_adapter_weights(&args.adapter_file, params)?;
-            let dir = args.adapter_file.parent().unwrap_or(Path::new("."));
-            let checkpoint = dir.join(format!("{it:07}_adapters.safetensors"));
+            let checkpoint = checkpoint_path(&args.adapter_file, it);
+            outputs.claim(&checkpoint)?;
             save_adapter_weights(&checkpoint, params)?;
+            let state_rng: &NumpyRandom = match &rng_for_state {
+                Some(r) if it == end => r,
+                _ => rng,
+            };
+            write_state(
+                args,
+                &mut outputs,
+                it,
+                &optimizer,
+                grad_accum.as_ref(),
+                state_rng,
+                batches.position(),
+            )?;
             callback.on_save(it, &checkpoint);
         }
     }
+    outputs.claim(&args.adapter_file)?;
     save_adapter_weights(&args.adapter_file, params)?;
+    write_state(
+        args,
+        &mut outputs,
+        end,
+        &optimizer,
+        grad_accum.as_ref(),
+        rng_for_state.as_ref().unwrap_or(&*rng),
+        batches.position(),
+    )?;
     Ok(TrainOutcome { optimizer })
+}
+
+/// The resume state of iteration `it` beside the adapter file (see [`crate::resume`]).
+fn write_state(
+    args: &TrainingArgs,
+    outputs: &mut Outputs,
+    it: usize,
+    optimizer: &Optimizer,
+    grad_accum: Option<&ParamMap>,
+    rng: &NumpyRandom,
+    batches: BatchPosition,
+) -> Result<()> {
+    if !args.save_resume_state {
+        return Ok(());
+    }
+    outputs.claim(&optimizer_path(&args.adapter_file))?;
+    outputs.claim(&state_path(&args.adapter_file))?;
+    save_state(&args.adapter_file, it, optimizer, grad_accum, rng, batches)
 }
 
 /// mlx-lm's `_clear_cache`: frees MLX's cached buffers when they pass `threshold` bytes.
