@@ -209,6 +209,31 @@ unsafe fn tile<L: Chunks, const MT: usize>(
     }
 }
 
+/// One dot product of a row with one input, in four accumulators (the two of [`tile`] would
+/// make the loop wait on FMA latency: decode is this case).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile1<L: Chunks>(l: &L, chunks: usize, x: *const f32) -> f32 {
+    // SAFETY: x holds chunks * 32 floats; the loader stays in its row.
+    unsafe {
+        let (mut a0, mut a1, mut a2, mut a3) = (
+            _mm256_setzero_ps(),
+            _mm256_setzero_ps(),
+            _mm256_setzero_ps(),
+            _mm256_setzero_ps(),
+        );
+        for c in 0..chunks {
+            let w = l.load(c);
+            let p = x.add(c * 32);
+            a0 = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(p), a0);
+            a1 = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(p.add(8)), a1);
+            a2 = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(p.add(16)), a2);
+            a3 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(p.add(24)), a3);
+        }
+        hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)))
+    }
+}
+
 /// Every input row against one weight row, in tiles of four inputs.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -232,8 +257,7 @@ unsafe fn row_all<L: Chunks>(
             let put = |t: usize, v: f32| out.write((t0 + t) * rows + r, v + b);
             match m - t0 {
                 1 => {
-                    let [v] = tile::<L, 1>(l, chunks, xp, cols);
-                    put(0, v);
+                    put(0, tile1(l, chunks, xp));
                     t0 += 1;
                 }
                 2 => {
