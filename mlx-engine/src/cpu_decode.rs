@@ -264,6 +264,9 @@ fn layer<'m>(d: &Descriptor, v: LayerView<'m>, i: usize) -> Result<Layer<'m>> {
     })
 }
 
+/// What [`CpuDecoder::feed_all`] calls with each position's logits.
+type LogitsFn<'a> = dyn FnMut(usize, &[f32]) + 'a;
+
 /// Scratch buffers for a block of tokens, allocated once (nothing is allocated per step).
 struct Scratch {
     x: Vec<f32>,
@@ -481,11 +484,7 @@ impl<'m> CpuDecoder<'m> {
         self.capacity = new;
     }
 
-    fn block(
-        &mut self,
-        tokens: &[u32],
-        mut all: Option<&mut dyn FnMut(usize, &[f32])>,
-    ) -> Result<()> {
+    fn block(&mut self, tokens: &[u32], mut all: Option<&mut LogitsFn<'_>>) -> Result<()> {
         let t = tokens.len();
         let (hid, hd) = (self.hidden, self.head_dim);
         let (qd, kd) = (self.n_heads * hd, self.n_kv * hd);

@@ -68,7 +68,8 @@ pub struct GenerateOptions {
     pub eval_probe: Option<EvalProbe>,
     /// Run the model through [`crate::cpu_decode::CpuDecoder`] instead of its MLX forward
     /// (`None`: the exact MLX path). [`cpu_decode_unsupported`] says beforehand whether it
-    /// applies; where it does not, `generate_step` fails with the reason.
+    /// applies; where it does not, `generate_step` fails with the reason. The decoder keeps
+    /// its own cache: the MLX caches ([`GenerateStep::into_cache`]) stay empty.
     pub cpu_decode: Option<CpuDecode>,
 }
 
