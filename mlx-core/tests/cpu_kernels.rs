@@ -366,3 +366,68 @@ fn attention_matches_sdpa() -> Result<()> {
     }
     Ok(())
 }
+
+/// Group sizes MLX's `quantize` does not make (96: not 32 times a power of two) take the
+/// AVX2 kernel's row-buffer path, or the scalar kernel for rows wider than that buffer;
+/// checked against the scalar kernel (itself checked against MLX above) with the same
+/// summation bound.
+#[test]
+fn odd_group_sizes_match_the_scalar_kernel() -> Result<()> {
+    if !Isa::Avx2.available() {
+        return Ok(());
+    }
+    let group = 96usize;
+    // The last shape is wider than the kernel's row buffer: the scalar kernel runs it.
+    for (rows, cols, bits) in [(5usize, 192usize, 4u32), (5, 192, 8), (2, 8256, 4)] {
+        let words: Vec<u32> = values(rows * cols * bits as usize / 32, 3)
+            .iter()
+            .map(|v| (v.to_bits()).wrapping_mul(2_654_435_761))
+            .collect();
+        let scales: Vec<f32> = values(rows * cols / group, 4)
+            .iter()
+            .map(|v| v * 0.1)
+            .collect();
+        let biases = values(rows * cols / group, 5);
+        let mat = Matrix::affine(
+            &words,
+            Floats::F32(&scales),
+            Floats::F32(&biases),
+            rows,
+            cols,
+            bits,
+            group,
+        )?;
+        let mut w = vec![0f32; rows * cols];
+        for r in 0..rows {
+            mat.row_to(r, &mut w[r * cols..(r + 1) * cols])?;
+        }
+        for m in [1usize, 6] {
+            let xv = values(m * cols, 6);
+            let mut outs = Vec::new();
+            for isa in [Isa::Scalar, Isa::Avx2] {
+                let ctx = CpuContext::with_isa(2, isa)?;
+                let mut out = vec![0f32; m * rows];
+                cpu::matmul_t(
+                    &ctx,
+                    &xv,
+                    m,
+                    &mut [MatJob {
+                        w: &mat,
+                        bias: None,
+                        out: &mut out,
+                    }],
+                )?;
+                outs.push(out);
+            }
+            check_dot_bound(
+                &format!("group 96 bits {bits} m {m}"),
+                &outs[1],
+                &outs[0],
+                &w,
+                &xv,
+                cols,
+            );
+        }
+    }
+    Ok(())
+}

@@ -25,7 +25,13 @@ pub(super) fn supports(w: &Matrix<'_>) -> bool {
     }
     match w.kind {
         Kind::Dense(_) => true,
-        Kind::Affine { bits, group, .. } => matches!(bits, 4 | 8) && w.cols() / group <= MAX_GROUPS,
+        // A group size that is not 32 times a power of two dequantizes a whole row into the
+        // stack buffer.
+        Kind::Affine { bits, group, .. } => {
+            matches!(bits, 4 | 8)
+                && w.cols() / group <= MAX_GROUPS
+                && ((group / 32).is_power_of_two() || w.cols() <= MAX_BUF)
+        }
     }
 }
 
