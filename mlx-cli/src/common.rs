@@ -4,7 +4,10 @@
 use std::io::Read;
 
 use clap::Args;
-use mlx_engine::generate::{GenerateOptions, DEFAULT_QUANTIZED_KV_START};
+use mlx_engine::generate::{
+    cpu_decode_unsupported, CpuDecode, GenerateOptions, DEFAULT_QUANTIZED_KV_START,
+};
+use mlx_models::LanguageModel;
 
 /// mlx-lm's `DEFAULT_PREFILL_STEP_SIZE`.
 pub const DEFAULT_PREFILL_STEP_SIZE: usize = 2048;
@@ -60,6 +63,76 @@ impl KvArgs {
         opts.kv_bits = self.kv_bits;
         opts.kv_group_size = self.kv_group_size;
         opts.quantized_kv_start = self.quantized_kv_start as usize;
+    }
+}
+
+/// Which decoder runs the model.
+#[derive(Args, Clone, Debug)]
+pub struct DecoderArgs {
+    /// `auto`: on the CPU backend, with the default `--dtype auto`, our multi-threaded SIMD
+    /// CPU decoder where it covers the model and options (dense llama-family rows; float
+    /// weights or MLX affine 2/4/8-bit), else MLX; `mlx`: MLX's own forward, the exact path
+    /// whose outputs match mlx-lm's (as does any explicit `--dtype`); `cpu`: the CPU decoder,
+    /// an error where it does not apply. Its logits differ from MLX's by float rounding.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "mlx", "cpu"])]
+    pub decoder: String,
+    /// Worker threads of the CPU decoder (default: all cores).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..4097))]
+    pub threads: Option<u64>,
+}
+
+/// What [`DecoderArgs::pick`] chose: the engine option and a line saying which decoder runs
+/// and, when `auto` fell back, why.
+pub struct DecoderChoice {
+    pub cpu: Option<CpuDecode>,
+    pub name: &'static str,
+    pub note: String,
+}
+
+impl DecoderArgs {
+    /// The decoder for `model` with `opts` (`dtype` is the `--dtype` flag; `has_prompt_cache`:
+    /// a prompt cache is continued). `--decoder cpu` where it cannot run is an error naming
+    /// the reason.
+    pub fn pick(
+        &self,
+        model: &dyn LanguageModel,
+        opts: &GenerateOptions,
+        dtype: &str,
+        has_prompt_cache: bool,
+    ) -> Result<DecoderChoice, String> {
+        let threads = self
+            .threads
+            .map_or_else(mlx_core::cpu::available_threads, |t| t as usize);
+        let cpu = || DecoderChoice {
+            cpu: Some(CpuDecode { threads }),
+            name: "cpu",
+            note: format!(
+                "decoder: cpu ({}, {threads} threads)",
+                mlx_core::cpu::Isa::detect().name()
+            ),
+        };
+        let mlx = |why: String| DecoderChoice {
+            cpu: None,
+            name: "mlx",
+            note: why,
+        };
+        let why_not = cpu_decode_unsupported(model, opts, has_prompt_cache);
+        match self.decoder.as_str() {
+            "mlx" => Ok(mlx("decoder: mlx (--decoder mlx)".into())),
+            "cpu" => match why_not {
+                None => Ok(cpu()),
+                Some(why) => Err(format!("--decoder cpu: {why}")),
+            },
+            _ if dtype != "auto" => Ok(mlx(format!(
+                "decoder: mlx (auto: --dtype {dtype} asks for MLX's exact numerics)"
+            ))),
+            _ => match why_not {
+                None => Ok(cpu()),
+                Some(why) => Ok(mlx(format!(
+                    "decoder: mlx (auto: the CPU decoder does not apply: {why})"
+                ))),
+            },
+        }
     }
 }
 

@@ -11,7 +11,7 @@ use mlx_engine::sample::{Sampler, SamplerSettings};
 use mlx_engine::stream::{stream_generate, FinishReason, StreamOptions};
 use serde_json::{json, Map, Value};
 
-use crate::common::{self, KvArgs, ModelArgs};
+use crate::common::{self, DecoderArgs, KvArgs, ModelArgs};
 use crate::model::{self, Loaded};
 
 /// `mlx_lm.generate`'s flags.
@@ -86,6 +86,8 @@ pub struct GenerateArgs {
     pub verbose: bool,
     #[command(flatten)]
     pub kv: KvArgs,
+    #[command(flatten)]
+    pub decoder: DecoderArgs,
     /// A file of saved KV caches (`mlx cache-prompt`, `mlx_lm.cache_prompt`): the prompt
     /// continues what it holds.
     #[arg(long, value_name = "FILE")]
@@ -257,6 +259,16 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
         ..GenerateOptions::default()
     };
     a.kv.apply(&mut generate);
+    let decoder = a.decoder.pick(
+        m.model.as_ref(),
+        &generate,
+        &a.model.dtype,
+        caches.is_some(),
+    )?;
+    generate.cpu_decode = decoder.cpu;
+    if a.verbose {
+        eprintln!("[mlx] {}", decoder.note);
+    }
     generate.prompt_progress = crate::progress::prefill_bar(ids.len());
     let opts = StreamOptions {
         generate,
@@ -309,6 +321,7 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
             "generation_tps": r.generation_tps,
             "peak_memory_bytes": r.peak_memory_bytes,
             "dtype": m.dtype_name,
+            "decoder": decoder.name,
             "finish_reason": r.finish_reason.unwrap_or(FinishReason::Length).as_str(),
         });
         if a.top_logprobs > 0 {

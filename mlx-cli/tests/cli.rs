@@ -96,6 +96,66 @@ fn prompt_ids_and_top_logprobs() {
     }
 }
 
+/// `--decoder`: `auto` runs the CPU decoder on the CPU backend with the default `--dtype
+/// auto` and says so under `--verbose`; an explicit dtype or an option it cannot honour keeps
+/// MLX's exact path (with the reason); `--decoder cpu` where it cannot run is an error naming
+/// why; `--decoder mlx` and `--decoder cpu` agree on a short greedy reply here.
+#[test]
+fn decoder_flag_picks_the_decoder_and_says_why() {
+    let model = mlx_engine::fetch::smollm2_gguf().unwrap();
+    let model = model.to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "--model",
+            model,
+            "--prompt-ids",
+            "1,4093,198",
+            "-m",
+            "4",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        mlx(&args)
+    };
+    let (code, out, err) = run(&[]);
+    assert_eq!(code, 0, "{err}");
+    let cpu: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(cpu["decoder"], "cpu", "{err}");
+    assert!(err.contains("[mlx] decoder: cpu ("), "{err}");
+    let (code, out, err) = run(&["--decoder", "mlx", "--threads", "1"]);
+    assert_eq!(code, 0, "{err}");
+    let exact: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(exact["decoder"], "mlx");
+    assert_eq!(cpu["tokens"], exact["tokens"]);
+    let (code, out, err) = run(&["--dtype", "f32"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        serde_json::from_str::<Value>(out.trim()).unwrap()["decoder"],
+        "mlx"
+    );
+    assert!(
+        err.contains("--dtype f32 asks for MLX's exact numerics"),
+        "{err}"
+    );
+    let (code, out, err) = run(&["--max-kv-size", "64"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        serde_json::from_str::<Value>(out.trim()).unwrap()["decoder"],
+        "mlx"
+    );
+    assert!(err.contains("does not apply: --max-kv-size"), "{err}");
+    let (code, out, err) = run(&["--decoder", "cpu", "--kv-bits", "4"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(err.contains("--decoder cpu: --kv-bits"), "{err}");
+    let (code, _, err) = run(&["--decoder", "gpu"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("--decoder"), "{err}");
+    let (code, _, err) = run(&["--threads", "0"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("--threads"), "{err}");
+}
+
 #[test]
 fn bad_input_is_a_clear_error() {
     let (code, _, err) = mlx(&["generate", "--model", "/no/such/model"]);

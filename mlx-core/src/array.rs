@@ -226,6 +226,51 @@ impl Array {
         Ok(v)
     }
 
+    /// A borrowed, zero-copy view of the array's elements in host memory, row-major: evaluates
+    /// the array, then checks that `T` is its dtype and that it is row-contiguous (a strided
+    /// or broadcast view is refused; [`Array::to_vec`] copies those). The view lives as long as
+    /// the borrow of `self`: the handle keeps the buffer alive, and MLX never writes an array's
+    /// buffer in place (donation) while another handle to it exists. Meant for the CPU
+    /// backend's host buffers, which CPU kernels read directly (`crate::cpu`).
+    pub fn as_slice<T: Element>(&self) -> Result<&[T]> {
+        if T::DTYPE != self.dtype() {
+            return Err(Error::invalid(
+                "as_slice",
+                format!("array has dtype {}, asked for {}", self.dtype(), T::DTYPE),
+            ));
+        }
+        let mut data: *const std::ffi::c_void = std::ptr::null();
+        let mut nbytes = 0usize;
+        // SAFETY: live handle; both outputs are valid for one write.
+        check("as_slice", unsafe {
+            sys::mlxs_array_data_view(self.as_raw(), &mut data, &mut nbytes)
+        })?;
+        let n = self.size();
+        if nbytes != n * std::mem::size_of::<T>() {
+            return Err(Error::invalid(
+                "as_slice",
+                format!(
+                    "array holds {nbytes} bytes, {n} elements need {}",
+                    n * std::mem::size_of::<T>()
+                ),
+            ));
+        }
+        if n == 0 {
+            return Ok(&[]);
+        }
+        if data.is_null() || (data as usize) % std::mem::align_of::<T>() != 0 {
+            return Err(Error::invalid(
+                "as_slice",
+                "the array's data pointer is null or misaligned for the element type",
+            ));
+        }
+        // SAFETY: the shim checked the array is evaluated and row-contiguous, so `data` points
+        // to `n` initialized elements of T's layout (sealed Element trait, dtype checked above),
+        // aligned (checked), owned by the array's buffer, which `self` keeps alive and which
+        // nothing writes while this handle exists.
+        Ok(unsafe { std::slice::from_raw_parts(data.cast::<T>(), n) })
+    }
+
     /// The single element of a one-element array. `T` must match the dtype.
     pub fn item<T: Element>(&self) -> Result<T> {
         if self.size() != 1 {
@@ -326,6 +371,26 @@ mod tests {
         assert_eq!(b.to_vec::<f32>()?, vec![7.0; 3]);
         let h = a.astype(Dtype::Bfloat16)?;
         assert_eq!(h.to_vec_f32()?, vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
+        Ok(())
+    }
+
+    /// `as_slice` borrows an evaluated row-contiguous array's own buffer (a row slice too) and
+    /// refuses a wrong dtype, a transposed view and a broadcast.
+    #[test]
+    fn as_slice_borrows_contiguous_and_refuses_views() -> Result<()> {
+        let a = Array::from_slice(&[0.0f32, 1.0, 2.0, 3.0, 4.0, 5.0], &[2, 3])?;
+        let s = a.as_slice::<f32>()?;
+        assert_eq!(s, &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
+        assert_eq!(a.as_slice::<f32>()?.as_ptr(), s.as_ptr(), "no copy");
+        let row = ops::slice_axis(&a, 0, 1, 2, None)?;
+        assert_eq!(row.as_slice::<f32>()?, &[3.0, 4.0, 5.0]);
+        assert!(a.as_slice::<i32>().is_err());
+        let t = ops::transpose(&a, &[1, 0], None)?;
+        assert!(t.as_slice::<f32>().is_err());
+        let b = ops::broadcast_to(&Array::from_slice(&[7.0f32], &[1])?, &[3], None)?;
+        assert!(b.as_slice::<f32>().is_err());
+        let lazy = (&a * 2.0f32)?;
+        assert_eq!(lazy.as_slice::<f32>()?, &[0.0, 2.0, 4.0, 6.0, 8.0, 10.0]);
         Ok(())
     }
 }

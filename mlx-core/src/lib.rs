@@ -21,6 +21,7 @@
 mod array;
 mod closure;
 pub mod compile;
+pub mod cpu;
 mod device;
 mod dtype;
 mod error;

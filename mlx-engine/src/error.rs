@@ -12,6 +12,9 @@ pub enum EngineError {
     Model(#[from] mlx_models::ModelError),
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
+    /// The CPU decoder does not cover this model or these options (the reason).
+    #[error("the CPU decoder does not apply: {0}")]
+    CpuDecoderUnsupported(String),
     /// An invalid argument or state (a sampler parameter, an empty prompt, ...).
     #[error("{0}")]
     Other(String),

@@ -11,6 +11,7 @@ use mlx_core::prelude::*;
 use mlx_core::{async_eval, memory};
 
 use crate::compiled::CompiledDecoder;
+use crate::cpu_decode::CpuDecoder;
 use crate::error::{EngineError, Result};
 use crate::sample::{check_logits_processors, check_token_ids, LogitsProcessor, Sampler};
 use mlx_models::LanguageModel;
@@ -65,6 +66,42 @@ pub struct GenerateOptions {
     pub compiled_decode: CompiledDecode,
     /// Sees each graph before it is evaluated (tests and diagnostics; see [`EvalProbe`]).
     pub eval_probe: Option<EvalProbe>,
+    /// Run the model through [`crate::cpu_decode::CpuDecoder`] instead of its MLX forward
+    /// (`None`: the exact MLX path). [`cpu_decode_unsupported`] says beforehand whether it
+    /// applies; where it does not, `generate_step` fails with the reason. The decoder keeps
+    /// its own cache: the MLX caches ([`GenerateStep::into_cache`]) stay empty.
+    pub cpu_decode: Option<CpuDecode>,
+}
+
+/// The CPU decoder's settings in [`GenerateOptions`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuDecode {
+    /// Worker threads (0: all cores).
+    pub threads: usize,
+}
+
+/// Why `generate_step` with [`GenerateOptions::cpu_decode`] cannot run `model` with `opts`
+/// and a prompt cache (`has_prompt_cache`); `None` when it can. The CPU decoder keeps its own
+/// cache, so it cannot continue an MLX prompt cache, and it has no rotating or quantized
+/// cache.
+pub fn cpu_decode_unsupported(
+    model: &dyn LanguageModel,
+    opts: &GenerateOptions,
+    has_prompt_cache: bool,
+) -> Option<String> {
+    if has_prompt_cache {
+        return Some("a prompt cache is given (the CPU decoder keeps its own cache)".into());
+    }
+    if opts.max_kv_size.is_some() {
+        return Some("--max-kv-size (a rotating cache)".into());
+    }
+    if opts.kv_bits.is_some() {
+        return Some("--kv-bits (a quantized cache)".into());
+    }
+    if Device::default_device().is_ok_and(|d| d != Device::cpu()) {
+        return Some("MLX runs on a GPU".into());
+    }
+    crate::cpu_decode::unsupported(model)
 }
 
 /// Whether `generate_step` decodes through the compiled step. Off by default: on the CPU
@@ -96,6 +133,7 @@ impl Default for GenerateOptions {
             prompt_progress: None,
             compiled_decode: CompiledDecode::default(),
             eval_probe: None,
+            cpu_decode: None,
         }
     }
 }
@@ -194,6 +232,8 @@ pub struct GenerateStep<'m> {
     prompt_len: usize,
     decoder: Decoder<'m>,
     compiled_steps: usize,
+    /// The CPU decoder, when [`GenerateOptions::cpu_decode`] asked for it.
+    cpu: Option<CpuDecoder<'m>>,
 }
 
 /// The compiled decode step a [`GenerateStep`] uses: none, its own (traced during this
@@ -281,6 +321,16 @@ fn start<'m>(
     if let Some(bits) = opts.kv_bits {
         mlx_cache::QuantSpec::new(opts.kv_group_size, bits)?;
     }
+    let cpu = match opts.cpu_decode {
+        Some(c) => {
+            if let Some(why) = cpu_decode_unsupported(model, &opts, prompt_cache.is_some()) {
+                return Err(EngineError::CpuDecoderUnsupported(why));
+            }
+            let room = prompt.len() + opts.max_tokens.unwrap_or(0) + 1;
+            Some(CpuDecoder::new(model, c.threads, room)?)
+        }
+        None => None,
+    };
     let caches = match prompt_cache {
         Some(c) => c,
         None => make_prompt_cache(model, opts.max_kv_size)?,
@@ -296,6 +346,7 @@ fn start<'m>(
         prompt_len: prompt.len(),
         decoder,
         compiled_steps: 0,
+        cpu,
     };
     on_generation_stream(|| g.prefill(prompt))?;
     Ok(g)
@@ -311,6 +362,20 @@ impl<'m> GenerateStep<'m> {
     /// `_step`: one forward of `input` through the cache, then processors and the sampler.
     fn step(&mut self, input: &Array, ids: Option<&[i32]>) -> Result<(Array, Array, Array)> {
         let len = input.size();
+        if let Some(cpu) = self.cpu.as_mut() {
+            let owned;
+            let ids = match ids {
+                Some(ids) => ids,
+                None => {
+                    owned = input.astype(Dtype::Int32)?.to_vec::<i32>()?;
+                    &owned
+                }
+            };
+            let toks: Vec<u32> = ids.iter().map(|&t| t as u32).collect();
+            let logits = cpu.feed(&toks)?;
+            let logits = Array::from_slice(logits, &[1, logits.len() as i32])?;
+            return self.sample_logits(logits, len, Some(ids), None);
+        }
         let x = ops::expand_dims(input, &[0], None)?;
         let staged = match self.decoder.get() {
             Some(d) if len == 1 => match d.step(&x, &self.caches) {
@@ -328,11 +393,27 @@ impl<'m> GenerateStep<'m> {
             None => self.model.forward(&x, Some(&mut self.caches))?,
         };
         let n = logits.dim(1)?;
-        let mut logits = ops::squeeze(&ops::slice_axis(&logits, 1, n - 1, n, None)?, &[1], None)?;
+        let logits = ops::squeeze(&ops::slice_axis(&logits, 1, n - 1, n, None)?, &[1], None)?;
+        self.sample_logits(logits, len, ids, Some((input, staged)))
+    }
+
+    /// The processors and the sampler on the last position's `logits` `(1, vocab)`; then the
+    /// compiled step's commit (`staged`) and the cache quantization of the MLX path.
+    fn sample_logits(
+        &mut self,
+        mut logits: Array,
+        len: usize,
+        ids: Option<&[i32]>,
+        mlx: Option<(&Array, Option<crate::compiled::StagedStep>)>,
+    ) -> Result<(Array, Array, Array)> {
         if !self.opts.logits_processors.is_empty() && len > 0 {
             match ids {
                 Some(ids) => self.track(ids),
                 None => {
+                    let input = mlx
+                        .as_ref()
+                        .map(|m| m.0)
+                        .ok_or_else(|| EngineError::Other("sample_logits: no input ids".into()))?;
                     let v = input.astype(Dtype::Int32)?.to_vec::<i32>()?;
                     self.track(&v);
                 }
@@ -345,6 +426,9 @@ impl<'m> GenerateStep<'m> {
         let lse = ops::logsumexp(&logits, &all, true, None)?;
         let logprobs = ops::subtract(&logits, &lse, None)?;
         let sampled = self.opts.sampler.sample(&logprobs)?;
+        let Some((_, staged)) = mlx else {
+            return Ok((sampled, ops::squeeze(&logprobs, &[0], None)?, lse));
+        };
         if let Some(s) = staged {
             s.commit(&mut self.caches)?;
             self.compiled_steps += 1;
@@ -376,6 +460,13 @@ impl<'m> GenerateStep<'m> {
         // then `prompt = prompt[n:]`), so the graphs are mlx-lm's node for node.
         let mut remaining = Array::from_slice(rest, &[rest.len() as i32])?;
         self.progress(0);
+        if self.cpu.is_some() {
+            // The whole prompt through the CPU decoder (in blocks, inside `feed`).
+            let (y, lp, lse) = self.step(&remaining, Some(rest))?;
+            async_eval([&y, &lp, &lse])?;
+            self.y = Some((y, lp, lse));
+            return Ok(());
+        }
         while rest.len() > 1 {
             let n = self.opts.prefill_step_size.min(rest.len() - 1);
             let chunk = &rest[..n];

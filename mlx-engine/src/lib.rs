@@ -23,6 +23,7 @@ pub mod batch;
 pub mod chat;
 pub mod chat_template;
 pub mod compiled;
+pub mod cpu_decode;
 mod error;
 pub mod fetch;
 pub mod generate;

@@ -94,6 +94,7 @@ fn run(c: &Case, compiled: CompiledDecode) -> Result<(), String> {
         prompt_progress: None,
         compiled_decode: compiled,
         eval_probe: None,
+        cpu_decode: None,
     };
     let prompt = c.input(0).unwrap().to_vec::<i32>().unwrap();
     random::seed(c.int("seed").unwrap() as u64).unwrap();

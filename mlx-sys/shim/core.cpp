@@ -156,6 +156,20 @@ int mlxs_array_to_data(mlxs_array a, void* dst, size_t nbytes) {
   });
 }
 
+int mlxs_array_data_view(mlxs_array a, const void** data, size_t* nbytes) {
+  return guard([&] {
+    if (!data || !nbytes) throw std::invalid_argument("[data_view] null output pointer");
+    auto& x = A(a);
+    x.eval();
+    if (!x.flags().row_contiguous) {
+      throw std::invalid_argument("[data_view] the array is not row-contiguous (a strided or "
+                                  "broadcast view)");
+    }
+    *data = x.size() > 0 ? static_cast<const void*>(x.data<char>()) : nullptr;
+    *nbytes = x.nbytes();
+  });
+}
+
 int mlxs_array_tostring(mlxs_string* out, mlxs_array a) {
   return guard([&] {
     std::ostringstream os;

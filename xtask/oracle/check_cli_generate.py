@@ -38,7 +38,7 @@ for name in rows:
     write_tokenizer(d)
     out = subprocess.run(
         [str(ROOT / "target/debug/mlx"), "generate", "--model", str(d), "--prompt-ids",
-         ",".join(map(str, PROMPT)), "--max-tokens", "8", "--top-logprobs", "5", "--json"] + (["--dtype", "bf16"] if "bf16" in name else []),
+         ",".join(map(str, PROMPT)), "--max-tokens", "8", "--top-logprobs", "5", "--json", "--decoder", "mlx"] + (["--dtype", "bf16"] if "bf16" in name else []),
         capture_output=True, text=True, env={**os.environ, "LD_LIBRARY_PATH": os.environ.get("LD_LIBRARY_PATH", "")})
     if out.returncode != 0:
         print(name, "CLI failed:", out.stderr[-500:]); continue

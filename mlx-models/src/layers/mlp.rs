@@ -157,6 +157,20 @@ impl Mlp {
         }
     }
 
+    /// The activation.
+    pub fn kind(&self) -> MlpKind {
+        self.kind
+    }
+
+    /// `(gate, up, down)` when the gate and up projections are separate linears (read-only,
+    /// for decoders that run the model's own weights, such as the CPU decoder).
+    pub fn gate_up_down(&self) -> Option<(&Linear, &Linear, &Linear)> {
+        match &self.gate_up {
+            GateUp::Separate { gate, up } => Some((gate, up, &self.down)),
+            _ => None,
+        }
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub fn load(
         w: &mut Weights,

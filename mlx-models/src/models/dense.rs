@@ -94,6 +94,31 @@ enum RopeAt<'a> {
     Array(&'a Array),
 }
 
+/// One layer's weights as the dense model holds them, read-only: for decoders that run the
+/// model's own arrays (the CPU decoder in mlx-engine) instead of a second copy.
+pub struct LayerView<'a> {
+    /// A sliding-window layer ([`Descriptor::sliding`]).
+    pub sliding: bool,
+    pub pre_attn_norm: Option<&'a Norm>,
+    pub post_attn_norm: Option<&'a Norm>,
+    pub pre_mlp_norm: Option<&'a Norm>,
+    pub post_mlp_norm: Option<&'a Norm>,
+    /// The separate q/k/v projections (`None` when the model fuses them).
+    pub q: Option<&'a Linear>,
+    pub k: Option<&'a Linear>,
+    pub v: Option<&'a Linear>,
+    pub o: &'a Linear,
+    /// The layer has a head-wise output gate.
+    pub head_gate: bool,
+    /// The q/k norms of [`Descriptor::qk_norm`] when they are plain norms.
+    pub q_norm: Option<&'a Norm>,
+    pub k_norm: Option<&'a Norm>,
+    /// The q/k norms are Cohere's or StableLM's layer-norm variants (not in `q_norm`).
+    pub other_qk_norm: bool,
+    pub rope: Option<&'a Rope>,
+    pub mlp: &'a Mlp,
+}
+
 #[derive(Clone)]
 pub struct Attention {
     n_heads: i32,
@@ -1038,6 +1063,55 @@ impl Model {
         &self.desc
     }
 
+    /// The input embedding, read-only.
+    pub fn embed_tokens(&self) -> &Embedding {
+        &self.embed_tokens
+    }
+
+    /// The final norm, read-only.
+    pub fn final_norm(&self) -> &Norm {
+        &self.norm
+    }
+
+    /// The untied output head (`None` when the head is the tied embedding).
+    pub fn lm_head(&self) -> Option<&Linear> {
+        self.lm_head.as_ref()
+    }
+
+    /// Layer `i`'s weights, read-only (`None` past the last layer).
+    pub fn layer_view(&self, i: usize) -> Option<LayerView<'_>> {
+        let b = self.layers.get(i)?;
+        let a = &b.self_attn;
+        let (q, k, v) = match &a.qkv {
+            Qkv::Separate { q, k, v } => (Some(q), Some(k), Some(v)),
+            _ => (None, None, None),
+        };
+        let (q_norm, k_norm) = match &a.qk_norm {
+            QkNormLayers::Norm { q, k, .. } => (Some(q), Some(k)),
+            _ => (None, None),
+        };
+        Some(LayerView {
+            sliding: b.sliding,
+            pre_attn_norm: b.pre_attn.as_ref(),
+            post_attn_norm: b.post_attn.as_ref(),
+            pre_mlp_norm: b.pre_mlp.as_ref(),
+            post_mlp_norm: b.post_mlp.as_ref(),
+            q,
+            k,
+            v,
+            o: &a.o_proj,
+            head_gate: a.gate.is_some(),
+            q_norm,
+            k_norm,
+            other_qk_norm: matches!(
+                a.qk_norm,
+                QkNormLayers::LayerNorm2d { .. } | QkNormLayers::PerHead { .. }
+            ),
+            rope: a.rope.as_ref(),
+            mlp: &b.mlp,
+        })
+    }
+
     fn embed(&self, inputs: &Array, offset: usize) -> Result<Array> {
         let mut h = self.embed_tokens.forward(inputs)?;
         if let Some(wpe) = &self.positions {
@@ -1324,6 +1398,10 @@ impl LanguageModel for Model {
 
     fn defines_make_cache(&self) -> bool {
         self.desc.defines_make_cache
+    }
+
+    fn as_dense(&self) -> Option<&Model> {
+        Some(self)
     }
 
     fn segmented(&self) -> Option<&dyn SegmentedDecode> {

@@ -204,6 +204,13 @@ pub trait LanguageModel: Send {
         None
     }
 
+    /// The descriptor-driven dense model behind this one, read-only (its descriptor and its
+    /// layers' weights), for decoders that run the model's own arrays; `None` for the
+    /// dedicated ports.
+    fn as_dense(&self) -> Option<&dense::Model> {
+        None
+    }
+
     /// The decode step cut into compilable segments ([`SegmentedDecode`]); `None` where the
     /// architecture (or this model's variant of it) does not support it.
     fn segmented(&self) -> Option<&dyn SegmentedDecode> {

@@ -79,6 +79,11 @@ int mlxs_array_eval(mlxs_array a);
 /* Evaluates the array and copies its elements, row-major, into dst (nbytes must
  * equal the array's nbytes). */
 int mlxs_array_to_data(mlxs_array a, void* dst, size_t nbytes);
+/* Evaluates the array and, when it is row-contiguous, sets *data to its first element in host
+ * memory and *nbytes to its size in bytes (no copy); fails on a strided or broadcast view. The
+ * pointer stays valid while a handle to the array lives (MLX never writes an array's buffer
+ * in place while another handle holds it). */
+int mlxs_array_data_view(mlxs_array a, const void** data, size_t* nbytes);
 /* The array printed as MLX prints it. */
 int mlxs_array_tostring(mlxs_string* out, mlxs_array a);
 

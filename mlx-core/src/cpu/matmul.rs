@@ -1,0 +1,382 @@
+//! `y = x W^T (+ b)` for `m` input rows over MLX's weight layouts, rows of `W` split across the
+//! pool's workers.
+//!
+//! Layouts (as MLX stores them, read in place):
+//! - dense: `W` row-major `(rows, cols)` in float32, float16 or bfloat16;
+//! - affine (`mx.quantize(..., mode="affine")`): `words` uint32 `(rows, cols * bits / 32)`,
+//!   each word packing `32 / bits` values, the first in the lowest bits; `scales` and `biases`
+//!   `(rows, cols / group)` in float32, float16 or bfloat16; a value is `scale * q + bias`.
+//!
+//! With `m > 1` (a block of prompt tokens) each weight row is read once for all `m` inputs,
+//! which is what makes prefill fast.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use half::{bf16, f16};
+
+use super::{CpuContext, Isa, SharedOut};
+use crate::{Array, Dtype, Error, Result};
+
+/// A borrowed float vector in one of MLX's float dtypes.
+#[derive(Clone, Copy, Debug)]
+pub enum Floats<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+    Bf16(&'a [bf16]),
+}
+
+impl<'a> Floats<'a> {
+    /// The elements of an evaluated, row-contiguous float array, borrowed in place.
+    pub fn from_array(a: &'a Array) -> Result<Floats<'a>> {
+        Ok(match a.dtype() {
+            Dtype::Float32 => Floats::F32(a.as_slice()?),
+            Dtype::Float16 => Floats::F16(a.as_slice()?),
+            Dtype::Bfloat16 => Floats::Bf16(a.as_slice()?),
+            d => {
+                return Err(Error::invalid(
+                    "Floats::from_array",
+                    format!("dtype {d} is not float32, float16 or bfloat16"),
+                ))
+            }
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            Floats::F32(s) => s.len(),
+            Floats::F16(s) => s.len(),
+            Floats::Bf16(s) => s.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Element `i` widened to f32 (exact). Panics past the end, as slice indexing does.
+    #[inline]
+    pub fn get(&self, i: usize) -> f32 {
+        match self {
+            Floats::F32(s) => s[i],
+            Floats::F16(s) => s[i].to_f32(),
+            Floats::Bf16(s) => s[i].to_f32(),
+        }
+    }
+
+    /// Widens `[start, start + out.len())` into `out`.
+    pub fn copy_to(&self, start: usize, out: &mut [f32]) {
+        let n = out.len();
+        match self {
+            Floats::F32(s) => out.copy_from_slice(&s[start..start + n]),
+            Floats::F16(s) => {
+                for (o, v) in out.iter_mut().zip(&s[start..start + n]) {
+                    *o = v.to_f32();
+                }
+            }
+            Floats::Bf16(s) => {
+                for (o, v) in out.iter_mut().zip(&s[start..start + n]) {
+                    *o = v.to_f32();
+                }
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Kind<'a> {
+    Dense(Floats<'a>),
+    Affine {
+        words: &'a [u32],
+        scales: Floats<'a>,
+        biases: Floats<'a>,
+        bits: u32,
+        group: usize,
+    },
+}
+
+/// A weight matrix `(rows, cols)` borrowed in one of MLX's layouts (checked at construction).
+#[derive(Clone, Copy, Debug)]
+pub struct Matrix<'a> {
+    rows: usize,
+    cols: usize,
+    pub(crate) kind: Kind<'a>,
+}
+
+fn bad(msg: String) -> Error {
+    Error::invalid("cpu::Matrix", msg)
+}
+
+impl<'a> Matrix<'a> {
+    /// A dense row-major matrix.
+    pub fn dense(data: Floats<'a>, rows: usize, cols: usize) -> Result<Matrix<'a>> {
+        if rows.checked_mul(cols) != Some(data.len()) {
+            return Err(bad(format!(
+                "a dense ({rows}, {cols}) matrix needs {} elements, got {}",
+                rows.saturating_mul(cols),
+                data.len()
+            )));
+        }
+        Ok(Matrix {
+            rows,
+            cols,
+            kind: Kind::Dense(data),
+        })
+    }
+
+    /// An MLX affine-quantized matrix of logical shape `(rows, cols)`. `bits` must divide 32
+    /// (2, 4 or 8: the widths MLX packs within one word) and `group` be a positive multiple of
+    /// 32 dividing `cols`.
+    pub fn affine(
+        words: &'a [u32],
+        scales: Floats<'a>,
+        biases: Floats<'a>,
+        rows: usize,
+        cols: usize,
+        bits: u32,
+        group: usize,
+    ) -> Result<Matrix<'a>> {
+        if !matches!(bits, 2 | 4 | 8) {
+            return Err(bad(format!(
+                "{bits}-bit affine weights are not supported (2, 4 or 8)"
+            )));
+        }
+        if group == 0 || group % 32 != 0 || cols % group != 0 {
+            return Err(bad(format!(
+                "group size {group} must be a positive multiple of 32 dividing {cols} columns"
+            )));
+        }
+        let n = rows
+            .checked_mul(cols)
+            .ok_or_else(|| bad("matrix too large".into()))?;
+        let need_words = n / 32 * bits as usize;
+        if words.len() != need_words {
+            return Err(bad(format!(
+                "({rows}, {cols}) at {bits} bits needs {need_words} words, got {}",
+                words.len()
+            )));
+        }
+        let groups = n / group;
+        if scales.len() != groups || biases.len() != groups {
+            return Err(bad(format!(
+                "({rows}, {cols}) in groups of {group} needs {groups} scales and biases, got {} \
+                 and {}",
+                scales.len(),
+                biases.len()
+            )));
+        }
+        Ok(Matrix {
+            rows,
+            cols,
+            kind: Kind::Affine {
+                words,
+                scales,
+                biases,
+                bits,
+                group,
+            },
+        })
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Row `r` widened (dequantized) into `out` (`cols` long): an embedding lookup.
+    pub fn row_to(&self, r: usize, out: &mut [f32]) -> Result<()> {
+        if r >= self.rows || out.len() != self.cols {
+            return Err(bad(format!(
+                "row {r} into {} floats of a ({}, {}) matrix",
+                out.len(),
+                self.rows,
+                self.cols
+            )));
+        }
+        for (c, o) in out.iter_mut().enumerate() {
+            *o = self.value(r, c);
+        }
+        Ok(())
+    }
+
+    /// Element `(r, c)` as f32 (dequantized).
+    #[inline]
+    pub(crate) fn value(&self, r: usize, c: usize) -> f32 {
+        match self.kind {
+            Kind::Dense(d) => d.get(r * self.cols + c),
+            Kind::Affine {
+                words,
+                scales,
+                biases,
+                bits,
+                group,
+            } => {
+                let i = r * self.cols + c;
+                let bit = i * bits as usize;
+                let q = (words[bit / 32] >> (bit % 32)) & ((1u32 << bits) - 1);
+                let g = i / group;
+                scales.get(g) * q as f32 + biases.get(g)
+            }
+        }
+    }
+}
+
+/// The most products one [`matmul_t`] call runs together.
+pub const MAX_JOBS: usize = 4;
+
+/// One product of a [`matmul_t`] call: `out (m, rows) = x (m, cols) W^T + bias`.
+#[derive(Debug)]
+pub struct MatJob<'a, 'b> {
+    pub w: &'b Matrix<'a>,
+    pub bias: Option<Floats<'a>>,
+    pub out: &'b mut [f32],
+}
+
+/// `out = x W^T (+ bias)` for every job (one pool run for all of them, so q, k and v or gate
+/// and up share one dispatch). `x` is `(m, cols)` row-major, the same `cols` for every job.
+/// Blocks of rows go to whichever worker is free (a loaded machine stays balanced).
+pub fn matmul_t(ctx: &CpuContext, x: &[f32], m: usize, jobs: &mut [MatJob<'_, '_>]) -> Result<()> {
+    let op = "cpu::matmul_t";
+    let Some(first) = jobs.first() else {
+        return Ok(());
+    };
+    if jobs.len() > MAX_JOBS {
+        return Err(Error::invalid(
+            op,
+            format!("{} products in one call, at most {MAX_JOBS}", jobs.len()),
+        ));
+    }
+    let cols = first.w.cols;
+    if x.len() != m * cols {
+        return Err(Error::invalid(
+            op,
+            format!("x has {} floats, ({m}, {cols}) needs {}", x.len(), m * cols),
+        ));
+    }
+    for j in jobs.iter() {
+        if j.w.cols != cols {
+            return Err(Error::invalid(
+                op,
+                format!("matrices of {} and {cols} columns in one call", j.w.cols),
+            ));
+        }
+        if j.out.len() != m * j.w.rows {
+            return Err(Error::invalid(
+                op,
+                format!(
+                    "out has {} floats, ({m}, {}) needs more",
+                    j.out.len(),
+                    j.w.rows
+                ),
+            ));
+        }
+        if let Some(b) = j.bias {
+            if b.len() != j.w.rows {
+                return Err(Error::invalid(
+                    op,
+                    format!("bias of {} for {} rows", b.len(), j.w.rows),
+                ));
+            }
+        }
+    }
+    if m == 0 {
+        return Ok(());
+    }
+    let threads = ctx.pool.threads();
+    let total: usize = jobs.iter().map(|j| j.w.rows).sum();
+    let block = (total / (threads * 8)).clamp(1, 32);
+    // Per job: its matrix, bias, output and first block index (on the stack: no allocation
+    // in a decode step).
+    type Plan<'p> = (Matrix<'p>, Option<Floats<'p>>, SharedOut, usize);
+    let mut plan: [Option<Plan<'_>>; MAX_JOBS] = [None; MAX_JOBS];
+    let mut blocks = 0;
+    for (p, j) in plan.iter_mut().zip(jobs.iter_mut()) {
+        *p = Some((*j.w, j.bias, SharedOut::new(j.out), blocks));
+        blocks += j.w.rows.div_ceil(block);
+    }
+    let next = AtomicUsize::new(0);
+    let isa = ctx.isa;
+    ctx.pool.run(&|_, _| loop {
+        let b = next.fetch_add(1, Ordering::Relaxed);
+        if b >= blocks {
+            break;
+        }
+        let Some(&(w, bias, out, start)) = plan.iter().rev().flatten().find(|p| p.3 <= b) else {
+            break;
+        };
+        let r0 = (b - start) * block;
+        let r1 = (r0 + block).min(w.rows);
+        rows(isa, &w, r0, r1, x, m, out, bias);
+    });
+    Ok(())
+}
+
+/// Rows `r0..r1` of the product into `out` (`(m, rows)`).
+#[allow(clippy::too_many_arguments)]
+fn rows(
+    isa: Isa,
+    w: &Matrix<'_>,
+    r0: usize,
+    r1: usize,
+    x: &[f32],
+    m: usize,
+    out: SharedOut,
+    bias: Option<Floats<'_>>,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 && super::x86::supports(w) {
+        // SAFETY: Isa::Avx2 is only constructed where the CPU has AVX2, FMA and F16C
+        // (CpuContext checks `available`); the arguments were checked by `matmul_t`.
+        unsafe { super::x86::rows_avx2(w, r0, r1, x, m, out, bias) };
+        return;
+    }
+    let _ = isa;
+    rows_scalar(w, r0, r1, x, m, out, bias);
+}
+
+/// The portable kernel: dequantize each 32-value chunk of a row, then sum its products with
+/// each input row.
+pub(crate) fn rows_scalar(
+    w: &Matrix<'_>,
+    r0: usize,
+    r1: usize,
+    x: &[f32],
+    m: usize,
+    out: SharedOut,
+    bias: Option<Floats<'_>>,
+) {
+    let cols = w.cols;
+    let mut chunk = [0f32; 32];
+    let mut acc = [0f32; 8];
+    for r in r0..r1 {
+        let mut t0 = 0;
+        while t0 < m {
+            let mt = (m - t0).min(8);
+            acc[..mt].fill(0.0);
+            let mut c0 = 0;
+            while c0 < cols {
+                let n = (cols - c0).min(32);
+                for (k, v) in chunk[..n].iter_mut().enumerate() {
+                    *v = w.value(r, c0 + k);
+                }
+                for (t, a) in acc[..mt].iter_mut().enumerate() {
+                    let xr = &x[(t0 + t) * cols + c0..(t0 + t) * cols + c0 + n];
+                    let mut s = 0f32;
+                    for (wv, xv) in chunk[..n].iter().zip(xr) {
+                        s += wv * xv;
+                    }
+                    *a += s;
+                }
+                c0 += n;
+            }
+            let b = bias.map_or(0.0, |b| b.get(r));
+            for (t, a) in acc[..mt].iter().enumerate() {
+                // SAFETY: row r of this block is this worker's alone.
+                unsafe { out.write((t0 + t) * w.rows + r, a + b) };
+            }
+            t0 += mt;
+        }
+    }
+}

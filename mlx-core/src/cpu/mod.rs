@@ -1,0 +1,147 @@
+//! CPU kernels for a decode step run outside MLX's graph: matrix products over MLX's own
+//! weight layouts (dense float, affine-quantized), RMSNorm, RoPE, SwiGLU and decode attention
+//! over a float32 cache, on all cores through a persistent [`ThreadPool`].
+//!
+//! Why outside MLX: MLX 0.32.4's CPU quantized matmul is scalar and single-threaded, so a small
+//! model decodes an order of magnitude below what the cores and memory allow. These kernels
+//! read the model's own evaluated host buffers in place ([`crate::Array::as_slice`]): no
+//! second copy of the weights. They are the building blocks of mlx-engine's CPU decoder.
+//!
+//! Dispatch is at run time ([`Isa::detect`]): AVX2 + FMA + F16C where the CPU has them, else
+//! portable scalar code (also the path every other architecture compiles). Both give the same
+//! results up to the order of float sums (tier L3 against MLX's ops: see each test's bound).
+//!
+//! Nothing here allocates per call except where a function says so; scratch space is the
+//! caller's or on the stack.
+
+mod matmul;
+mod ops;
+mod pool;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+pub use matmul::{matmul_t, Floats, MatJob, Matrix, MAX_JOBS};
+pub use ops::{attention, rms_norm, rope, rope_inv_freqs, silu_mul, AttentionShape, MAX_HEAD_DIM};
+pub use pool::{available_threads, ThreadPool};
+
+/// The instruction set a kernel runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    /// Portable Rust (the fallback, and the reference the SIMD paths are tested against).
+    Scalar,
+    /// x86-64 AVX2 with FMA and F16C.
+    Avx2,
+}
+
+impl Isa {
+    /// The best instruction set this CPU supports.
+    pub fn detect() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+                && std::arch::is_x86_feature_detected!("f16c")
+            {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Scalar
+    }
+
+    /// Whether this CPU can run `self`.
+    pub fn available(self) -> bool {
+        match self {
+            Isa::Scalar => true,
+            Isa::Avx2 => Isa::detect() == Isa::Avx2,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2+fma",
+        }
+    }
+}
+
+/// A pool and the instruction set its kernels use.
+#[derive(Debug)]
+pub struct CpuContext {
+    pub pool: ThreadPool,
+    pub isa: Isa,
+}
+
+impl CpuContext {
+    /// `threads` workers (0: all available) on the best instruction set.
+    pub fn new(threads: usize) -> crate::Result<CpuContext> {
+        Self::with_isa(threads, Isa::detect())
+    }
+
+    /// As [`CpuContext::new`] on a given instruction set (an error where the CPU lacks it).
+    pub fn with_isa(threads: usize, isa: Isa) -> crate::Result<CpuContext> {
+        if !isa.available() {
+            return Err(crate::Error::invalid(
+                "CpuContext",
+                format!("this CPU cannot run the {} kernels", isa.name()),
+            ));
+        }
+        let threads = if threads == 0 {
+            available_threads()
+        } else {
+            threads
+        };
+        Ok(CpuContext {
+            pool: ThreadPool::new(threads)?,
+            isa,
+        })
+    }
+}
+
+/// A raw pointer to an output buffer that several workers write at disjoint indices.
+#[derive(Clone, Copy)]
+pub(crate) struct SharedOut {
+    ptr: *mut f32,
+    len: usize,
+}
+
+// SAFETY: workers only write disjoint indices (each kernel partitions its output), and the
+// buffer outlives the pool run that uses it (borrowed mutably by the caller for its length).
+unsafe impl Send for SharedOut {}
+unsafe impl Sync for SharedOut {}
+
+impl SharedOut {
+    pub(crate) fn new(out: &mut [f32]) -> SharedOut {
+        SharedOut {
+            ptr: out.as_mut_ptr(),
+            len: out.len(),
+        }
+    }
+
+    /// Writes `v` at `i` (bounds-checked).
+    ///
+    /// # Safety
+    /// No other thread reads or writes index `i` during the pool run.
+    #[inline]
+    pub(crate) unsafe fn write(self, i: usize, v: f32) {
+        assert!(i < self.len, "output index {i} out of {}", self.len);
+        // SAFETY: in bounds (checked); exclusive per the contract.
+        unsafe { *self.ptr.add(i) = v }
+    }
+
+    /// The sub-slice `[start, start + n)` for exclusive use by one worker.
+    ///
+    /// # Safety
+    /// No other thread touches that range during the pool run, and the returned slice does not
+    /// outlive it.
+    #[inline]
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn range<'a>(self, start: usize, n: usize) -> &'a mut [f32] {
+        assert!(
+            start.checked_add(n).is_some_and(|e| e <= self.len),
+            "output range {start}+{n} out of {}",
+            self.len
+        );
+        // SAFETY: in bounds (checked); exclusive per the contract.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), n) }
+    }
+}

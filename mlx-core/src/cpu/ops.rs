@@ -1,0 +1,240 @@
+//! The small ops of a decode step: RMSNorm, RoPE, SwiGLU's `silu(g) * u`, and causal
+//! attention over a float32 cache with grouped-query heads.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::matmul::Floats;
+use super::{CpuContext, SharedOut};
+use crate::{Error, Result};
+
+/// `out = x * rsqrt(mean(x^2) + eps) * w` for each row of `x` (rows of `w.len()`), as
+/// `mx.fast.rms_norm` (sums in f32).
+pub fn rms_norm(x: &[f32], w: Floats<'_>, eps: f32, out: &mut [f32]) -> Result<()> {
+    let d = w.len();
+    if d == 0 || x.len() % d != 0 || out.len() != x.len() {
+        return Err(Error::invalid(
+            "cpu::rms_norm",
+            format!("x of {}, out of {}, weight of {d}", x.len(), out.len()),
+        ));
+    }
+    for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+        let ss: f32 = xr.iter().map(|v| v * v).sum();
+        let n = 1.0 / (ss / d as f32 + eps).sqrt();
+        for (i, (o, v)) in or.iter_mut().zip(xr).enumerate() {
+            *o = w.get(i) * (v * n);
+        }
+    }
+    Ok(())
+}
+
+/// The inverse frequencies of the `dims / 2` rotated pairs: `base ** (-2i / dims)` (as
+/// `mx.fast.rope` with a base), or `1 / freqs[i]` (with a frequency table).
+pub fn rope_inv_freqs(
+    dims: usize,
+    base: Option<f32>,
+    freqs: Option<Floats<'_>>,
+    out: &mut [f32],
+) -> Result<()> {
+    let half = dims / 2;
+    if out.len() != half || dims % 2 != 0 {
+        return Err(Error::invalid(
+            "cpu::rope_inv_freqs",
+            format!("{dims} rotated dims, {} outputs", out.len()),
+        ));
+    }
+    match (base, freqs) {
+        (Some(b), None) => {
+            let step = -b.ln() / half as f32;
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = (i as f32 * step).exp();
+            }
+        }
+        (None, Some(f)) if f.len() == half => {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = 1.0 / f.get(i);
+            }
+        }
+        _ => {
+            return Err(Error::invalid(
+                "cpu::rope_inv_freqs",
+                format!("need a base or a table of {half} frequencies"),
+            ))
+        }
+    }
+    Ok(())
+}
+
+/// Rotates the first `2 * inv_freqs.len()` features of every `head_dim` vector of `x` at
+/// `position` (already multiplied by any scale): pairs `(i, i + dims/2)`, or `(2i, 2i + 1)`
+/// when `traditional`, as `mx.fast.rope`.
+pub fn rope(
+    x: &mut [f32],
+    head_dim: usize,
+    traditional: bool,
+    inv_freqs: &[f32],
+    position: f32,
+) -> Result<()> {
+    let half = inv_freqs.len();
+    if head_dim == 0 || x.len() % head_dim != 0 || 2 * half > head_dim {
+        return Err(Error::invalid(
+            "cpu::rope",
+            format!("x of {}, head_dim {head_dim}, {half} pairs", x.len()),
+        ));
+    }
+    // cos/sin once per call on the stack (head_dim <= 1024 pairs).
+    const MAX: usize = 512;
+    if half > MAX {
+        return Err(Error::invalid("cpu::rope", format!("{half} pairs > {MAX}")));
+    }
+    let mut cs = [0f32; MAX];
+    let mut sn = [0f32; MAX];
+    for i in 0..half {
+        let theta = position * inv_freqs[i];
+        cs[i] = theta.cos();
+        sn[i] = theta.sin();
+    }
+    for h in x.chunks_exact_mut(head_dim) {
+        for i in 0..half {
+            let (a, b) = if traditional {
+                (2 * i, 2 * i + 1)
+            } else {
+                (i, i + half)
+            };
+            let (x1, x2) = (h[a], h[b]);
+            h[a] = x1 * cs[i] - x2 * sn[i];
+            h[b] = x1 * sn[i] + x2 * cs[i];
+        }
+    }
+    Ok(())
+}
+
+/// `g = silu(g) * u` elementwise (SwiGLU), `silu(x) = x * sigmoid(x)`.
+pub fn silu_mul(g: &mut [f32], u: &[f32]) -> Result<()> {
+    if g.len() != u.len() {
+        return Err(Error::invalid(
+            "cpu::silu_mul",
+            format!("{} and {} elements", g.len(), u.len()),
+        ));
+    }
+    for (a, b) in g.iter_mut().zip(u) {
+        *a = *a / (1.0 + (-*a).exp()) * b;
+    }
+    Ok(())
+}
+
+/// Head layout of [`attention`].
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionShape {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    /// Positions each cache head holds (its stride in positions).
+    pub capacity: usize,
+}
+
+/// The widest head [`attention`] takes.
+pub const MAX_HEAD_DIM: usize = 512;
+
+/// Causal attention of `m` new tokens at positions `start..start + m`: `q` and `out` are
+/// `(m, n_heads, head_dim)`; `k` and `v` are one layer's cache `(n_kv_heads, capacity,
+/// head_dim)` already holding positions `0..start + m`. Query head `h` reads KV head
+/// `h / (n_heads / n_kv_heads)`. Softmax in f32 with a running maximum (one pass).
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    ctx: &CpuContext,
+    s: AttentionShape,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    start: usize,
+    m: usize,
+    scale: f32,
+    out: &mut [f32],
+) -> Result<()> {
+    let op = "cpu::attention";
+    let hd = s.head_dim;
+    if s.n_kv_heads == 0
+        || s.n_heads % s.n_kv_heads != 0
+        || hd == 0
+        || hd > MAX_HEAD_DIM
+        || start + m > s.capacity
+    {
+        return Err(Error::invalid(
+            op,
+            format!("bad shape {s:?} for {start}+{m}"),
+        ));
+    }
+    let cache = s.n_kv_heads * s.capacity * hd;
+    if q.len() != m * s.n_heads * hd || out.len() != q.len() || k.len() != cache || v.len() != cache
+    {
+        return Err(Error::invalid(
+            op,
+            format!(
+                "q {}, out {}, k {}, v {} for {s:?} and {m} tokens",
+                q.len(),
+                out.len(),
+                k.len(),
+                v.len()
+            ),
+        ));
+    }
+    let group = s.n_heads / s.n_kv_heads;
+    let items = m * s.n_heads;
+    let next = AtomicUsize::new(0);
+    let o = SharedOut::new(out);
+    ctx.pool.run(&|_, _| loop {
+        let it = next.fetch_add(1, Ordering::Relaxed);
+        if it >= items {
+            break;
+        }
+        let (t, h) = (it / s.n_heads, it % s.n_heads);
+        let kvh = h / group;
+        let qv = &q[it * hd..(it + 1) * hd];
+        let base = kvh * s.capacity * hd;
+        let mut acc = [0f32; MAX_HEAD_DIM];
+        let acc = &mut acc[..hd];
+        let (mut mx, mut l) = (f32::NEG_INFINITY, 0f32);
+        for p in 0..=start + t {
+            let kr = &k[base + p * hd..base + (p + 1) * hd];
+            let sc = dot(qv, kr) * scale;
+            let vr = &v[base + p * hd..base + (p + 1) * hd];
+            if sc > mx {
+                let c = (mx - sc).exp();
+                l *= c;
+                for a in acc.iter_mut() {
+                    *a *= c;
+                }
+                mx = sc;
+            }
+            let w = (sc - mx).exp();
+            l += w;
+            for (a, x) in acc.iter_mut().zip(vr) {
+                *a += w * x;
+            }
+        }
+        // SAFETY: item `it` owns out[it * hd .. (it + 1) * hd].
+        let dst = unsafe { o.range(it * hd, hd) };
+        for (d, a) in dst.iter_mut().zip(acc.iter()) {
+            *d = a / l;
+        }
+    });
+    Ok(())
+}
+
+#[inline]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    // Eight partial sums: lets the compiler vectorize without reassociating.
+    let mut s = [0f32; 8];
+    let mut ca = a.chunks_exact(8);
+    let mut cb = b.chunks_exact(8);
+    for (x, y) in (&mut ca).zip(&mut cb) {
+        for i in 0..8 {
+            s[i] += x[i] * y[i];
+        }
+    }
+    let mut t: f32 = s.iter().sum();
+    for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
+        t += x * y;
+    }
+    t
+}

@@ -1,0 +1,433 @@
+//! Parity of the CPU kernels (`mlx_core::cpu`) with their plain-MLX-ops references, on every
+//! instruction set this CPU runs (scalar always, AVX2 where present).
+//!
+//! Tier L3: the kernels sum in another order than MLX (and fuse multiply-adds), so results
+//! differ by float rounding. The bound for a dot product of `n` terms is the classic forward
+//! error bound of recursive summation, `n * eps * sum |w_i x_i|` (plus a tiny absolute
+//! floor), computed per output from the same data; the other ops state theirs.
+
+use mlx_core::cpu::{self, AttentionShape, CpuContext, Floats, Isa, MatJob, Matrix};
+use mlx_core::fast::{self, SdpaMask};
+use mlx_core::quantized::{self, QuantMode};
+use mlx_core::{ops, Array, Dtype, Result};
+
+/// Deterministic values in [-1, 1) (a 64-bit LCG): the tests need no random generator.
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn contexts() -> Vec<CpuContext> {
+    let mut v = vec![CpuContext::with_isa(3, Isa::Scalar).unwrap()];
+    if Isa::Avx2.available() {
+        v.push(CpuContext::with_isa(3, Isa::Avx2).unwrap());
+        v.push(CpuContext::with_isa(1, Isa::Avx2).unwrap());
+    }
+    v
+}
+
+/// Checks `ours` against `reference` (both `(m, rows)`) with the summation bound from the
+/// dequantized weights `w` `(rows, cols)` and `x` `(m, cols)`.
+fn check_dot_bound(what: &str, ours: &[f32], reference: &[f32], w: &[f32], x: &[f32], cols: usize) {
+    let rows = w.len() / cols;
+    let m = x.len() / cols;
+    for t in 0..m {
+        for r in 0..rows {
+            let abs: f32 = (0..cols)
+                .map(|c| (w[r * cols + c] * x[t * cols + c]).abs())
+                .sum();
+            let bound = cols as f32 * f32::EPSILON * abs + 1e-6;
+            let (a, b) = (ours[t * rows + r], reference[t * rows + r]);
+            assert!(
+                (a - b).abs() <= bound,
+                "{what}: row {r} input {t}: ours {a}, MLX {b}, bound {bound}"
+            );
+        }
+    }
+}
+
+fn scales_as(a: &Array, dt: Dtype) -> Array {
+    let c = a.astype(dt).unwrap();
+    c.eval().unwrap();
+    c
+}
+
+/// Affine-quantized products against `dequantize` + `matmul` in MLX: bits 2/4/8, groups
+/// 32/64/128, scales and biases in f32, f16 and bf16, one input and blocks of 3 and 7 (the
+/// multi-input path), with and without a bias vector.
+#[test]
+fn affine_matmul_matches_dequantize_then_matmul() -> Result<()> {
+    let (rows, cols) = (37usize, 256usize);
+    let wf = Array::from_slice(&values(rows * cols, 1), &[rows as i32, cols as i32])?;
+    for ctx in contexts() {
+        for bits in [2, 4, 8] {
+            for group in [32, 64, 128] {
+                let (wq, s32, b32) =
+                    quantized::quantize(&wf, group, bits, QuantMode::Affine, None)?;
+                let b32 = b32.expect("affine biases");
+                for dt in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
+                    let (s, b) = (scales_as(&s32, dt), scales_as(&b32, dt));
+                    // The model's op is `quantized_matmul` with float32 inputs, which
+                    // widens the scales and biases to float32 (type promotion) before
+                    // dequantizing: so is the reference.
+                    let wd = quantized::dequantize(
+                        &wq,
+                        &s.astype(Dtype::Float32)?,
+                        Some(&b.astype(Dtype::Float32)?),
+                        group,
+                        bits,
+                        QuantMode::Affine,
+                        Some(Dtype::Float32),
+                        None,
+                    )?;
+                    let wdv = wd.to_vec::<f32>()?;
+                    let mat = Matrix::affine(
+                        wq.as_slice::<u32>()?,
+                        Floats::from_array(&s)?,
+                        Floats::from_array(&b)?,
+                        rows,
+                        cols,
+                        bits as u32,
+                        group as usize,
+                    )?;
+                    for m in [1usize, 3, 7] {
+                        let xv = values(m * cols, 7 + m as u64);
+                        let x = Array::from_slice(&xv, &[m as i32, cols as i32])?;
+                        let bias = values(rows, 99);
+                        let qmm = quantized::quantized_matmul(
+                            &x,
+                            &wq,
+                            &s,
+                            Some(&b),
+                            true,
+                            group,
+                            bits,
+                            QuantMode::Affine,
+                            None,
+                        )?;
+                        let reference =
+                            (&qmm + &Array::from_slice(&bias, &[rows as i32])?)?.to_vec::<f32>()?;
+                        let mut out = vec![0f32; m * rows];
+                        cpu::matmul_t(
+                            &ctx,
+                            &xv,
+                            m,
+                            &mut [MatJob {
+                                w: &mat,
+                                bias: Some(Floats::F32(&bias)),
+                                out: &mut out,
+                            }],
+                        )?;
+                        let what =
+                            format!("{} bits {bits} group {group} {dt} m {m}", ctx.isa.name());
+                        check_dot_bound(&what, &out, &reference, &wdv, &xv, cols);
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Dense products (f32, f16, bf16 weights) against `matmul` in MLX, several products in one
+/// call (as q, k and v share one dispatch), including a width that is not a multiple of 32
+/// (the scalar kernel's tail).
+#[test]
+fn dense_matmul_matches_matmul() -> Result<()> {
+    for ctx in contexts() {
+        for cols in [64usize, 40] {
+            let shapes = [(19usize, cols), (8, cols), (5, cols)];
+            for dt in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
+                let ws: Vec<Array> = shapes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &(r, c))| {
+                        let a =
+                            Array::from_slice(&values(r * c, 20 + i as u64), &[r as i32, c as i32])
+                                .unwrap();
+                        scales_as(&a, dt)
+                    })
+                    .collect();
+                let mats: Vec<Matrix<'_>> = ws
+                    .iter()
+                    .zip(&shapes)
+                    .map(|(a, &(r, c))| {
+                        Matrix::dense(Floats::from_array(a).unwrap(), r, c).unwrap()
+                    })
+                    .collect();
+                for m in [1usize, 6] {
+                    let xv = values(m * cols, 5);
+                    let x = Array::from_slice(&xv, &[m as i32, cols as i32])?;
+                    let mut outs: Vec<Vec<f32>> =
+                        shapes.iter().map(|&(r, _)| vec![0f32; m * r]).collect();
+                    let mut jobs: Vec<MatJob<'_, '_>> = mats
+                        .iter()
+                        .zip(outs.iter_mut())
+                        .map(|(w, out)| MatJob { w, bias: None, out })
+                        .collect();
+                    cpu::matmul_t(&ctx, &xv, m, &mut jobs)?;
+                    drop(jobs);
+                    for (i, w) in ws.iter().enumerate() {
+                        let wf = w.astype(Dtype::Float32)?;
+                        let reference =
+                            ops::matmul(&x, &wf.transpose_all()?, None)?.to_vec::<f32>()?;
+                        let what =
+                            format!("{} dense {dt} cols {cols} m {m} job {i}", ctx.isa.name());
+                        check_dot_bound(
+                            &what,
+                            &outs[i],
+                            &reference,
+                            &wf.to_vec::<f32>()?,
+                            &xv,
+                            cols,
+                        );
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Mismatched shapes are errors, not panics or reads out of bounds.
+#[test]
+fn bad_shapes_are_refused() -> Result<()> {
+    let words = vec![0u32; 8];
+    let s = vec![1f32; 2];
+    assert!(Matrix::affine(&words[..7], Floats::F32(&s), Floats::F32(&s), 2, 32, 4, 32).is_err());
+    assert!(Matrix::affine(&words, Floats::F32(&s), Floats::F32(&s), 2, 64, 3, 32).is_err());
+    assert!(Matrix::affine(&words, Floats::F32(&s), Floats::F32(&s), 1, 64, 4, 48).is_err());
+    let m = Matrix::affine(&words, Floats::F32(&s), Floats::F32(&s), 2, 64, 2, 64)?;
+    let ctx = CpuContext::new(2)?;
+    let mut out = vec![0f32; 2];
+    assert!(cpu::matmul_t(
+        &ctx,
+        &[0.0; 63],
+        1,
+        &mut [MatJob {
+            w: &m,
+            bias: None,
+            out: &mut out
+        }]
+    )
+    .is_err());
+    let mut short = vec![0f32; 1];
+    assert!(cpu::matmul_t(
+        &ctx,
+        &[0.0; 64],
+        1,
+        &mut [MatJob {
+            w: &m,
+            bias: None,
+            out: &mut short
+        }]
+    )
+    .is_err());
+    assert!(cpu::rms_norm(&[1.0; 5], Floats::F32(&[1.0; 2]), 1e-5, &mut [0.0; 5]).is_err());
+    Ok(())
+}
+
+/// RMSNorm against `mx.fast.rms_norm` (bound: 8 ulps relative, the sum of squares in
+/// another order), with f32 and bf16 weights.
+#[test]
+fn rms_norm_matches_fast_rms_norm() -> Result<()> {
+    let d = 96;
+    let xv = values(3 * d, 3);
+    let x = Array::from_slice(&xv, &[3, d as i32])?;
+    for dt in [Dtype::Float32, Dtype::Bfloat16] {
+        let w = scales_as(&Array::from_slice(&values(d, 4), &[d as i32])?, dt);
+        let reference =
+            fast::rms_norm(&x, Some(&w.astype(Dtype::Float32)?), 1e-5, None)?.to_vec::<f32>()?;
+        let mut out = vec![0f32; 3 * d];
+        cpu::rms_norm(&xv, Floats::from_array(&w)?, 1e-5, &mut out)?;
+        for (a, b) in out.iter().zip(&reference) {
+            assert!(
+                (a - b).abs() <= 8.0 * f32::EPSILON * b.abs().max(1e-3),
+                "{a} vs {b}"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// RoPE against `mx.fast.rope`, traditional or not, with a base and scale or a frequency
+/// table, partial rotation, at positions up to 4,000 (bound: 2e-4 absolute, from the
+/// angles' rounding: `position * inv_freq` in f32 carries ~position * 6e-8 of phase error).
+#[test]
+fn rope_matches_fast_rope() -> Result<()> {
+    let (heads, hd, dims) = (3usize, 32usize, 24usize);
+    let xv = values(heads * hd, 11);
+    let x = Array::from_slice(&xv, &[1, heads as i32, 1, hd as i32])?;
+    let table: Vec<f32> = (0..dims / 2)
+        .map(|i| 10000f32.powf(2.0 * i as f32 / dims as f32) * 1.5)
+        .collect();
+    let freqs = Array::from_slice(&table, &[(dims / 2) as i32])?;
+    for traditional in [false, true] {
+        for pos in [0usize, 7, 4000] {
+            for (base, scale, fr) in [
+                (Some(10000f32), 1.0f32, None),
+                (Some(500000.0), 0.25, None),
+                (None, 1.0, Some(&freqs)),
+            ] {
+                let reference = fast::rope(
+                    &x,
+                    dims as i32,
+                    traditional,
+                    base,
+                    scale,
+                    (pos as i32).into(),
+                    fr,
+                    None,
+                )?
+                .to_vec::<f32>()?;
+                let mut inv = vec![0f32; dims / 2];
+                cpu::rope_inv_freqs(dims, base, fr.map(|_| Floats::F32(&table)), &mut inv)?;
+                let mut ours = xv.clone();
+                cpu::rope(&mut ours, hd, traditional, &inv, pos as f32 * scale)?;
+                for (i, (a, b)) in ours.iter().zip(&reference).enumerate() {
+                    assert!(
+                        (a - b).abs() <= 2e-4,
+                        "traditional {traditional} pos {pos} base {base:?} element {i}: {a} vs {b}"
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `silu(g) * u` against MLX's `sigmoid` ops (bound: 4 ulps relative).
+#[test]
+fn silu_mul_matches_ops() -> Result<()> {
+    let g = values(300, 1).iter().map(|v| v * 8.0).collect::<Vec<_>>();
+    let u = values(300, 2);
+    let ga = Array::from_slice(&g, &[300])?;
+    let reference =
+        (&(&ga * &ops::sigmoid(&ga, None)?)? * &Array::from_slice(&u, &[300])?)?.to_vec::<f32>()?;
+    let mut ours = g.clone();
+    cpu::silu_mul(&mut ours, &u)?;
+    for (a, b) in ours.iter().zip(&reference) {
+        assert!(
+            (a - b).abs() <= 4.0 * f32::EPSILON * b.abs().max(1e-6),
+            "{a} vs {b}"
+        );
+    }
+    Ok(())
+}
+
+/// Decode and prefill attention over a cache with grouped-query heads against
+/// `mx.fast.scaled_dot_product_attention` with a causal mask (bound: 1e-5 absolute on
+/// outputs of magnitude <= 1, the softmax summed in another order).
+#[test]
+fn attention_matches_sdpa() -> Result<()> {
+    let (nh, nkv, hd, cap) = (6usize, 2usize, 16usize, 40usize);
+    let (start, m) = (29usize, 4usize);
+    let total = start + m;
+    let kv = values(nkv * cap * hd, 1);
+    let vv = values(nkv * cap * hd, 2);
+    let qv = values(m * nh * hd, 3);
+    let scale = 1.0 / (hd as f32).sqrt();
+    // MLX's layout: q (1, nh, m, hd); k, v (1, nkv, total, hd).
+    let kf = Array::from_slice(&kv, &[1, nkv as i32, cap as i32, hd as i32])?;
+    let vf = Array::from_slice(&vv, &[1, nkv as i32, cap as i32, hd as i32])?;
+    let k = ops::slice_axis(&kf, 2, 0, total as i32, None)?;
+    let v = ops::slice_axis(&vf, 2, 0, total as i32, None)?;
+    let q =
+        Array::from_slice(&qv, &[1, m as i32, nh as i32, hd as i32])?.transpose(&[0, 2, 1, 3])?;
+    let reference =
+        fast::scaled_dot_product_attention(&q, &k, &v, scale, SdpaMask::Causal, None, None)?
+            .transpose(&[0, 2, 1, 3])?
+            .to_vec::<f32>()?;
+    for ctx in contexts() {
+        let mut out = vec![0f32; m * nh * hd];
+        let shape = AttentionShape {
+            n_heads: nh,
+            n_kv_heads: nkv,
+            head_dim: hd,
+            capacity: cap,
+        };
+        cpu::attention(&ctx, shape, &qv, &kv, &vv, start, m, scale, &mut out)?;
+        for (i, (a, b)) in out.iter().zip(&reference).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-5,
+                "{} element {i}: {a} vs {b}",
+                ctx.isa.name()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Group sizes MLX's `quantize` does not make (96: not 32 times a power of two) take the
+/// AVX2 kernel's row-buffer path, or the scalar kernel for rows wider than that buffer;
+/// checked against the scalar kernel (itself checked against MLX above) with the same
+/// summation bound.
+#[test]
+fn odd_group_sizes_match_the_scalar_kernel() -> Result<()> {
+    if !Isa::Avx2.available() {
+        return Ok(());
+    }
+    let group = 96usize;
+    // The last shape is wider than the kernel's row buffer: the scalar kernel runs it.
+    for (rows, cols, bits) in [(5usize, 192usize, 4u32), (5, 192, 8), (2, 8256, 4)] {
+        let words: Vec<u32> = values(rows * cols * bits as usize / 32, 3)
+            .iter()
+            .map(|v| (v.to_bits()).wrapping_mul(2_654_435_761))
+            .collect();
+        let scales: Vec<f32> = values(rows * cols / group, 4)
+            .iter()
+            .map(|v| v * 0.1)
+            .collect();
+        let biases = values(rows * cols / group, 5);
+        let mat = Matrix::affine(
+            &words,
+            Floats::F32(&scales),
+            Floats::F32(&biases),
+            rows,
+            cols,
+            bits,
+            group,
+        )?;
+        let mut w = vec![0f32; rows * cols];
+        for r in 0..rows {
+            mat.row_to(r, &mut w[r * cols..(r + 1) * cols])?;
+        }
+        for m in [1usize, 6] {
+            let xv = values(m * cols, 6);
+            let mut outs = Vec::new();
+            for isa in [Isa::Scalar, Isa::Avx2] {
+                let ctx = CpuContext::with_isa(2, isa)?;
+                let mut out = vec![0f32; m * rows];
+                cpu::matmul_t(
+                    &ctx,
+                    &xv,
+                    m,
+                    &mut [MatJob {
+                        w: &mat,
+                        bias: None,
+                        out: &mut out,
+                    }],
+                )?;
+                outs.push(out);
+            }
+            check_dot_bound(
+                &format!("group 96 bits {bits} m {m}"),
+                &outs[1],
+                &outs[0],
+                &w,
+                &xv,
+                cols,
+            );
+        }
+    }
+    Ok(())
+}

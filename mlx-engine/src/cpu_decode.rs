@@ -1,0 +1,646 @@
+//! The CPU decoder: a decode step of a descriptor-table dense model (the llama family) run by
+//! our own kernels (`mlx_core::cpu`) on all cores, outside MLX's graph.
+//!
+//! Why: on the CPU backend MLX 0.32.4's quantized matmul is scalar and single-threaded, so a
+//! small model decodes and prefills an order of magnitude below what the cores and memory
+//! allow (and below llama.cpp on the same file). Issue #31 allowed either custom MLX
+//! primitives (C++ `eval_cpu`, keeping MLX's graph and its VJPs) or a Rust decode step like
+//! the GPU graph decoder; this is the second, because generation needs no gradients, a step
+//! outside the graph pays no per-primitive scheduling (a token here is ~200 products and a
+//! few hundred small ops), and the kernels stay in safe-to-audit Rust with one `unsafe`
+//! crate. It reads the loaded model's own arrays in place (MLX's evaluated host buffers,
+//! borrowed through `Array::as_slice`) and its [`Descriptor`]: no second parser and no second
+//! copy of the weights.
+//!
+//! What it covers ([`unsupported`] names the reason for anything else): dense descriptor rows
+//! with pre-norm blocks, RMSNorm, separate q/k/v projections with optional biases, optional
+//! per-head RMS q/k norms, RoPE (a base with linear scaling, or a frequency table such as
+//! llama3's), grouped-query attention, SwiGLU, a tied or untied head; weights dense (float32,
+//! float16, bfloat16) or MLX affine-quantized (2, 4 or 8 bits). Its own float32 KV cache is
+//! filled by running the prompt through it in blocks of [`BLOCK`] tokens, so every weight row
+//! is read once per block.
+//!
+//! Tier L3 against the exact path (the model's MLX forward): float32 activations as MLX's
+//! with `--dtype auto` on the CPU, but sums in another order, so logits differ by rounding
+//! (`tests/cpu_decode.rs` states the bounds). Sampling and logits processors are the
+//! engine's own, applied to these logits.
+
+use mlx_core::cpu::{self, AttentionShape, CpuContext, Floats, MatJob, Matrix};
+use mlx_models::layers::{Embedding, Linear, MlpKind, Norm, NormKind, Rope};
+use mlx_models::models::dense::{LayerView, Model};
+use mlx_models::models::descriptor::{Descriptor, EmbedScale, LogitScale, Placement, QkNorm};
+use mlx_models::LanguageModel;
+
+use crate::error::{EngineError, Result};
+
+/// Prompt tokens run through the layers together (each weight row is read once per block).
+pub const BLOCK: usize = 32;
+
+fn unsup(msg: impl Into<String>) -> EngineError {
+    EngineError::CpuDecoderUnsupported(msg.into())
+}
+
+/// Why the CPU decoder cannot run `model` (`None`: it can).
+pub fn unsupported(model: &dyn LanguageModel) -> Option<String> {
+    // Building a one-thread decoder with room for one token checks every weight's view (a
+    // few small buffers; no thread is spawned).
+    match CpuDecoder::new(model, 1, 1) {
+        Ok(_) => None,
+        Err(EngineError::CpuDecoderUnsupported(m)) => Some(m),
+        Err(e) => Some(e.to_string()),
+    }
+}
+
+fn check(model: &dyn LanguageModel) -> Result<&Model> {
+    let Some(m) = model.as_dense() else {
+        return Err(unsup(format!(
+            "`{}` is a dedicated port, not a dense descriptor row",
+            model.model_type()
+        )));
+    };
+    let d = m.descriptor();
+    let t = &d.model_type;
+    let no = |what: &str| Err(unsup(format!("`{t}`: {what} is not supported")));
+    if d.placement != Placement::Pre {
+        return no(&format!("norm placement {:?}", d.placement));
+    }
+    if d.norm != NormKind::Rms || d.qk_norm_kind.is_some_and(|k| k != NormKind::Rms) {
+        return no("a norm other than RMSNorm");
+    }
+    if d.embed_norm || d.n_positions > 0 || d.names.positions.is_some() {
+        return no("an embedding norm or learned positions");
+    }
+    if d.embed_scale != EmbedScale::None
+        || d.logit_scale != LogitScale::None
+        || d.final_logit_softcap.is_some()
+        || d.attn_logit_softcap.is_some()
+        || d.residual_multiplier.is_some()
+        || d.query_scale.is_some()
+        || d.clip_residual
+    {
+        return no("scaling or soft-capping of embeddings, attention or logits");
+    }
+    if d.head_gate.is_some() {
+        return no("a head-wise attention gate");
+    }
+    if d.sliding.iter().any(|&s| s) || d.sliding_window.is_some() {
+        return no("sliding-window attention");
+    }
+    if d.no_rope.iter().any(|&n| n) || d.rope.is_none() {
+        return no("layers without rotary positions");
+    }
+    if d.mlp != MlpKind::SwiGlu {
+        return no(&format!("the {:?} MLP", d.mlp));
+    }
+    if !matches!(
+        d.qk_norm,
+        QkNorm::None | QkNorm::PerHead | QkNorm::PerHeadTransposed
+    ) {
+        return no(&format!("q/k norm {:?}", d.qk_norm));
+    }
+    if d.head_dim as usize > cpu::MAX_HEAD_DIM || d.n_kv_heads <= 0 || d.n_heads % d.n_kv_heads != 0
+    {
+        return no("this head layout");
+    }
+    Ok(m)
+}
+
+fn floats<'m>(a: &'m mlx_core::Array, what: &str) -> Result<Floats<'m>> {
+    Floats::from_array(a).map_err(|e| unsup(format!("{what}: {e}")))
+}
+
+fn matrix<'m>(l: &'m Linear, what: &str) -> Result<(Matrix<'m>, Option<Floats<'m>>)> {
+    let (rows, cols) = l.dims()?;
+    let (rows, cols) = (rows as usize, cols as usize);
+    match l {
+        Linear::Dense { weight, bias } => Ok((
+            Matrix::dense(floats(weight, what)?, rows, cols)?,
+            bias.as_ref().map(|b| floats(b, what)).transpose()?,
+        )),
+        Linear::Quantized { weight, bias } => Ok((
+            quantized(weight, rows, cols, what)?,
+            bias.as_ref().map(|b| floats(b, what)).transpose()?,
+        )),
+        Linear::Adapted(_) => Err(unsup(format!("{what}: an adapted (LoRA/DoRA) linear"))),
+    }
+}
+
+fn quantized<'m>(
+    q: &'m mlx_models::layers::QuantizedWeight,
+    rows: usize,
+    cols: usize,
+    what: &str,
+) -> Result<Matrix<'m>> {
+    if q.mode != mlx_core::quantized::QuantMode::Affine {
+        return Err(unsup(format!("{what}: {} quantization", q.mode.name())));
+    }
+    let biases = q
+        .biases
+        .as_ref()
+        .ok_or_else(|| unsup(format!("{what}: affine weights without biases")))?;
+    let words = q
+        .weight
+        .as_slice::<u32>()
+        .map_err(|e| unsup(format!("{what}: {e}")))?;
+    Matrix::affine(
+        words,
+        floats(&q.scales, what)?,
+        floats(biases, what)?,
+        rows,
+        cols,
+        q.bits as u32,
+        q.group_size as usize,
+    )
+    .map_err(|e| unsup(format!("{what}: {e}")))
+}
+
+fn rms_weight<'m>(n: Option<&'m Norm>, what: &str) -> Result<Floats<'m>> {
+    match n {
+        Some(Norm::Rms(r)) => floats(&r.weight, what),
+        _ => Err(unsup(format!("{what}: not a weighted RMSNorm"))),
+    }
+}
+
+/// The rotary embedding of a layer: inverse frequencies and the position multiplier.
+#[derive(Clone, Debug, PartialEq)]
+struct RopeTable {
+    traditional: bool,
+    scale: f32,
+    inv: Vec<f32>,
+}
+
+fn rope_table(r: Option<&Rope>, what: &str) -> Result<RopeTable> {
+    match r {
+        Some(Rope::Base {
+            dims,
+            traditional,
+            base,
+            scale,
+        }) => {
+            let mut inv = vec![0f32; *dims as usize / 2];
+            cpu::rope_inv_freqs(*dims as usize, Some(*base), None, &mut inv)?;
+            Ok(RopeTable {
+                traditional: *traditional,
+                scale: *scale,
+                inv,
+            })
+        }
+        Some(Rope::Freqs {
+            dims,
+            traditional,
+            freqs,
+            input_scale: None,
+        }) => {
+            freqs.eval()?;
+            let mut inv = vec![0f32; *dims as usize / 2];
+            cpu::rope_inv_freqs(*dims as usize, None, Some(floats(freqs, what)?), &mut inv)?;
+            Ok(RopeTable {
+                traditional: *traditional,
+                scale: 1.0,
+                inv,
+            })
+        }
+        _ => Err(unsup(format!(
+            "{what}: this RoPE variant (dynamic NTK, or a scaled frequency table)"
+        ))),
+    }
+}
+
+struct Layer<'m> {
+    attn_norm: Floats<'m>,
+    mlp_norm: Floats<'m>,
+    q: (Matrix<'m>, Option<Floats<'m>>),
+    k: (Matrix<'m>, Option<Floats<'m>>),
+    v: (Matrix<'m>, Option<Floats<'m>>),
+    o: (Matrix<'m>, Option<Floats<'m>>),
+    q_norm: Option<Floats<'m>>,
+    k_norm: Option<Floats<'m>>,
+    gate: (Matrix<'m>, Option<Floats<'m>>),
+    up: (Matrix<'m>, Option<Floats<'m>>),
+    down: (Matrix<'m>, Option<Floats<'m>>),
+    rope: RopeTable,
+}
+
+fn layer<'m>(d: &Descriptor, v: LayerView<'m>, i: usize) -> Result<Layer<'m>> {
+    let w = |s: &str| format!("layer {i} {s}");
+    let (Some(q), Some(k), Some(vv)) = (v.q, v.k, v.v) else {
+        return Err(unsup(format!(
+            "`{}`: a fused q/k/v projection",
+            d.model_type
+        )));
+    };
+    if v.head_gate || v.other_qk_norm {
+        return Err(unsup(format!(
+            "`{}`: a gated or layer-normed attention",
+            d.model_type
+        )));
+    }
+    let Some((gate, up, down)) = v.mlp.gate_up_down() else {
+        return Err(unsup(format!(
+            "`{}`: a fused gate/up projection",
+            d.model_type
+        )));
+    };
+    let (q_norm, k_norm) = match (v.q_norm, v.k_norm) {
+        (Some(a), Some(b)) => (
+            Some(rms_weight(Some(a), &w("q_norm"))?),
+            Some(rms_weight(Some(b), &w("k_norm"))?),
+        ),
+        _ => (None, None),
+    };
+    Ok(Layer {
+        attn_norm: rms_weight(v.pre_attn_norm, &w("input norm"))?,
+        mlp_norm: rms_weight(v.pre_mlp_norm, &w("post-attention norm"))?,
+        q: matrix(q, &w("q_proj"))?,
+        k: matrix(k, &w("k_proj"))?,
+        v: matrix(vv, &w("v_proj"))?,
+        o: matrix(v.o, &w("o_proj"))?,
+        q_norm,
+        k_norm,
+        gate: matrix(gate, &w("gate_proj"))?,
+        up: matrix(up, &w("up_proj"))?,
+        down: matrix(down, &w("down_proj"))?,
+        rope: rope_table(v.rope, &w("rope"))?,
+    })
+}
+
+/// What [`CpuDecoder::feed_all`] calls with each position's logits.
+type LogitsFn<'a> = dyn FnMut(usize, &[f32]) + 'a;
+
+/// Scratch buffers for a block of tokens, allocated once (nothing is allocated per step).
+struct Scratch {
+    x: Vec<f32>,
+    h: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    attn: Vec<f32>,
+    o: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    logits: Vec<f32>,
+}
+
+/// A decoder over one model's weights with its own KV cache (one sequence).
+pub struct CpuDecoder<'m> {
+    ctx: CpuContext,
+    hidden: usize,
+    n_heads: usize,
+    n_kv: usize,
+    head_dim: usize,
+    vocab: usize,
+    eps: f32,
+    scale: f32,
+    embed: Matrix<'m>,
+    head: (Matrix<'m>, Option<Floats<'m>>),
+    final_norm: Floats<'m>,
+    layers: Vec<Layer<'m>>,
+    /// Per layer: keys and values `(n_kv, capacity, head_dim)`.
+    keys: Vec<Vec<f32>>,
+    values: Vec<Vec<f32>>,
+    capacity: usize,
+    pos: usize,
+    s: Scratch,
+}
+
+impl std::fmt::Debug for CpuDecoder<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "CpuDecoder({} layers, {} threads, {}, position {})",
+            self.layers.len(),
+            self.ctx.pool.threads(),
+            self.ctx.isa.name(),
+            self.pos
+        )
+    }
+}
+
+impl<'m> CpuDecoder<'m> {
+    /// A decoder for `model` on `threads` workers (0: all cores) with room for `capacity`
+    /// tokens (it grows past that when needed). An unsupported model is
+    /// [`EngineError::CpuDecoderUnsupported`] with the reason.
+    pub fn new(model: &'m dyn LanguageModel, threads: usize, capacity: usize) -> Result<Self> {
+        let m = check(model)?;
+        let d = m.descriptor();
+        let hidden = d.hidden_size as usize;
+        let (n_heads, n_kv, head_dim) = (
+            d.n_heads as usize,
+            d.n_kv_heads as usize,
+            d.head_dim as usize,
+        );
+        let embed = match m.embed_tokens() {
+            Embedding::Dense(w) => {
+                let (r, c) = (w.shape()[0] as usize, w.shape()[1] as usize);
+                Matrix::dense(floats(w, "embed_tokens")?, r, c)?
+            }
+            Embedding::Quantized(q) => {
+                let (r, c) = m.embed_tokens().shape();
+                quantized(q, r as usize, c as usize, "embed_tokens")?
+            }
+            Embedding::Adapted(_) => return Err(unsup("an adapted embedding")),
+        };
+        let head = match m.lm_head() {
+            Some(l) => matrix(l, "lm_head")?,
+            None => (embed, None),
+        };
+        let vocab = head.0.rows();
+        let mut layers = Vec::with_capacity(m.num_layers());
+        for i in 0..m.num_layers() {
+            let v = m
+                .layer_view(i)
+                .ok_or_else(|| unsup(format!("layer {i} is missing")))?;
+            layers.push(layer(d, v, i)?);
+        }
+        let final_norm = rms_weight(Some(m.final_norm()), "final norm")?;
+        for (i, l) in layers.iter().enumerate() {
+            let shapes = [
+                ("q_proj", &l.q.0, n_heads * head_dim, hidden),
+                ("k_proj", &l.k.0, n_kv * head_dim, hidden),
+                ("v_proj", &l.v.0, n_kv * head_dim, hidden),
+                ("o_proj", &l.o.0, hidden, n_heads * head_dim),
+                ("gate_proj", &l.gate.0, l.gate.0.rows(), hidden),
+                ("up_proj", &l.up.0, l.gate.0.rows(), hidden),
+                ("down_proj", &l.down.0, hidden, l.gate.0.rows()),
+            ];
+            for (name, w, r, c) in shapes {
+                if (w.rows(), w.cols()) != (r, c) {
+                    return Err(unsup(format!(
+                        "layer {i} {name}: shape ({}, {}), expected ({r}, {c})",
+                        w.rows(),
+                        w.cols()
+                    )));
+                }
+            }
+            if l.attn_norm.len() != hidden || l.mlp_norm.len() != hidden {
+                return Err(unsup(format!("layer {i}: norm width")));
+            }
+            if l.q_norm.is_some_and(|n| n.len() != head_dim)
+                || l.k_norm.is_some_and(|n| n.len() != head_dim)
+            {
+                return Err(unsup(format!("layer {i}: q/k norm width")));
+            }
+            if 2 * l.rope.inv.len() > head_dim {
+                return Err(unsup(format!("layer {i}: rope wider than a head")));
+            }
+        }
+        if embed.cols() != hidden || head.0.cols() != hidden || final_norm.len() != hidden {
+            return Err(unsup("embedding, head or final norm width"));
+        }
+        let inter = layers.first().map_or(0, |l| l.gate.0.rows());
+        let qd = n_heads * head_dim;
+        let kd = n_kv * head_dim;
+        let s = Scratch {
+            x: vec![0.0; BLOCK * hidden],
+            h: vec![0.0; BLOCK * hidden],
+            q: vec![0.0; BLOCK * qd],
+            k: vec![0.0; BLOCK * kd],
+            v: vec![0.0; BLOCK * kd],
+            attn: vec![0.0; BLOCK * qd],
+            o: vec![0.0; BLOCK * hidden],
+            gate: vec![0.0; BLOCK * inter],
+            up: vec![0.0; BLOCK * inter],
+            logits: vec![0.0; vocab],
+        };
+        let capacity = capacity.max(1);
+        let n = layers.len();
+        Ok(CpuDecoder {
+            ctx: CpuContext::new(threads)?,
+            hidden,
+            n_heads,
+            n_kv,
+            head_dim,
+            vocab,
+            eps: d.norm_eps,
+            scale: d.attn_scale as f32,
+            embed,
+            head,
+            final_norm,
+            layers,
+            keys: (0..n).map(|_| vec![0.0; kd * capacity]).collect(),
+            values: (0..n).map(|_| vec![0.0; kd * capacity]).collect(),
+            capacity,
+            pos: 0,
+            s,
+        })
+    }
+
+    /// Worker threads in use.
+    pub fn threads(&self) -> usize {
+        self.ctx.pool.threads()
+    }
+
+    /// The instruction set of the kernels (`avx2+fma` or `scalar`).
+    pub fn isa(&self) -> &'static str {
+        self.ctx.isa.name()
+    }
+
+    /// Tokens in the cache.
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
+    /// Empties the cache.
+    pub fn reset(&mut self) {
+        self.pos = 0;
+    }
+
+    /// Runs `tokens` through the model after what the cache holds and returns the logits
+    /// `(vocab,)` of the last one.
+    pub fn feed(&mut self, tokens: &[u32]) -> Result<&[f32]> {
+        if tokens.is_empty() {
+            return Err(EngineError::Other("CpuDecoder::feed: no tokens".into()));
+        }
+        for chunk in tokens.chunks(BLOCK) {
+            self.block(chunk, None)?;
+        }
+        Ok(&self.s.logits)
+    }
+
+    /// Runs `tokens` through the model and calls `each(i, logits)` with the logits of every
+    /// one of them (teacher forcing: tests and perplexity).
+    pub fn feed_all(&mut self, tokens: &[u32], each: &mut dyn FnMut(usize, &[f32])) -> Result<()> {
+        let mut done = 0;
+        for chunk in tokens.chunks(BLOCK) {
+            self.block(chunk, Some(&mut |i, l| each(done + i, l)))?;
+            done += chunk.len();
+        }
+        Ok(())
+    }
+
+    fn grow(&mut self, need: usize) {
+        let new = need.max(self.capacity * 2);
+        let kd = self.n_kv * self.head_dim;
+        let hd = self.head_dim;
+        let (old, n) = (self.capacity, self.pos);
+        for cache in self.keys.iter_mut().chain(self.values.iter_mut()) {
+            let mut next = vec![0f32; kd * new];
+            for h in 0..self.n_kv {
+                next[h * new * hd..h * new * hd + n * hd]
+                    .copy_from_slice(&cache[h * old * hd..h * old * hd + n * hd]);
+            }
+            *cache = next;
+        }
+        self.capacity = new;
+    }
+
+    fn block(&mut self, tokens: &[u32], mut all: Option<&mut LogitsFn<'_>>) -> Result<()> {
+        let t = tokens.len();
+        let (hid, hd) = (self.hidden, self.head_dim);
+        let (qd, kd) = (self.n_heads * hd, self.n_kv * hd);
+        let vocab = self.embed.rows();
+        if let Some(&bad) = tokens.iter().find(|&&x| x as usize >= vocab) {
+            return Err(EngineError::Other(format!(
+                "token id {bad} is outside the model's vocabulary of {vocab} tokens"
+            )));
+        }
+        if self.pos + t > self.capacity {
+            self.grow(self.pos + t);
+        }
+        let s = &mut self.s;
+        for (i, &tok) in tokens.iter().enumerate() {
+            self.embed
+                .row_to(tok as usize, &mut s.x[i * hid..(i + 1) * hid])?;
+        }
+        let shape = AttentionShape {
+            n_heads: self.n_heads,
+            n_kv_heads: self.n_kv,
+            head_dim: hd,
+            capacity: self.capacity,
+        };
+        let ctx = &self.ctx;
+        for (li, l) in self.layers.iter().enumerate() {
+            let x = &mut s.x[..t * hid];
+            let h = &mut s.h[..t * hid];
+            cpu::rms_norm(x, l.attn_norm, self.eps, h)?;
+            let (q, k, v) = (&mut s.q[..t * qd], &mut s.k[..t * kd], &mut s.v[..t * kd]);
+            cpu::matmul_t(
+                ctx,
+                h,
+                t,
+                &mut [
+                    MatJob {
+                        w: &l.q.0,
+                        bias: l.q.1,
+                        out: q,
+                    },
+                    MatJob {
+                        w: &l.k.0,
+                        bias: l.k.1,
+                        out: k,
+                    },
+                    MatJob {
+                        w: &l.v.0,
+                        bias: l.v.1,
+                        out: v,
+                    },
+                ],
+            )?;
+            if let (Some(qn), Some(kn)) = (l.q_norm, l.k_norm) {
+                // In place through the attention buffer (free at this point).
+                let tmp = &mut s.attn[..t * qd];
+                cpu::rms_norm(q, qn, self.eps, tmp)?;
+                q.copy_from_slice(tmp);
+                let tmp = &mut s.attn[..t * kd];
+                cpu::rms_norm(k, kn, self.eps, tmp)?;
+                k.copy_from_slice(tmp);
+            }
+            for i in 0..t {
+                let p = (self.pos + i) as f32 * l.rope.scale;
+                cpu::rope(
+                    &mut q[i * qd..(i + 1) * qd],
+                    hd,
+                    l.rope.traditional,
+                    &l.rope.inv,
+                    p,
+                )?;
+                cpu::rope(
+                    &mut k[i * kd..(i + 1) * kd],
+                    hd,
+                    l.rope.traditional,
+                    &l.rope.inv,
+                    p,
+                )?;
+            }
+            let (kc, vc) = (&mut self.keys[li], &mut self.values[li]);
+            for i in 0..t {
+                for kh in 0..self.n_kv {
+                    let at = (kh * self.capacity + self.pos + i) * hd;
+                    kc[at..at + hd].copy_from_slice(&k[i * kd + kh * hd..i * kd + (kh + 1) * hd]);
+                    vc[at..at + hd].copy_from_slice(&v[i * kd + kh * hd..i * kd + (kh + 1) * hd]);
+                }
+            }
+            let attn = &mut s.attn[..t * qd];
+            cpu::attention(ctx, shape, q, kc, vc, self.pos, t, self.scale, attn)?;
+            let o = &mut s.o[..t * hid];
+            cpu::matmul_t(
+                ctx,
+                attn,
+                t,
+                &mut [MatJob {
+                    w: &l.o.0,
+                    bias: l.o.1,
+                    out: o,
+                }],
+            )?;
+            for (a, b) in x.iter_mut().zip(o.iter()) {
+                *a += b;
+            }
+            cpu::rms_norm(x, l.mlp_norm, self.eps, h)?;
+            let inter = l.gate.0.rows();
+            let (g, u) = (&mut s.gate[..t * inter], &mut s.up[..t * inter]);
+            cpu::matmul_t(
+                ctx,
+                h,
+                t,
+                &mut [
+                    MatJob {
+                        w: &l.gate.0,
+                        bias: l.gate.1,
+                        out: g,
+                    },
+                    MatJob {
+                        w: &l.up.0,
+                        bias: l.up.1,
+                        out: u,
+                    },
+                ],
+            )?;
+            cpu::silu_mul(g, u)?;
+            cpu::matmul_t(
+                ctx,
+                g,
+                t,
+                &mut [MatJob {
+                    w: &l.down.0,
+                    bias: l.down.1,
+                    out: o,
+                }],
+            )?;
+            for (a, b) in x.iter_mut().zip(o.iter()) {
+                *a += b;
+            }
+        }
+        self.pos += t;
+        let first = if all.is_some() { 0 } else { t - 1 };
+        for i in first..t {
+            let h = &mut s.h[..hid];
+            cpu::rms_norm(&s.x[i * hid..(i + 1) * hid], self.final_norm, self.eps, h)?;
+            cpu::matmul_t(
+                ctx,
+                h,
+                1,
+                &mut [MatJob {
+                    w: &self.head.0,
+                    bias: self.head.1,
+                    out: &mut s.logits,
+                }],
+            )?;
+            if let Some(f) = all.as_mut() {
+                f(i, &s.logits);
+            }
+        }
+        debug_assert_eq!(s.logits.len(), self.vocab);
+        Ok(())
+    }
+}

@@ -1,0 +1,151 @@
+//! The CPU decoder (`mlx_engine::cpu_decode`) against the exact path (the model's MLX
+//! forward) on the llama-family descriptor fixtures: teacher-forced logits of a prompt that
+//! spans several prefill blocks, then token-by-token decode steps through its cache.
+//!
+//! Tier L3: both compute in float32 (the fixtures are loaded as `--dtype auto` loads them on
+//! the CPU), but the CPU decoder sums in its own order and fuses multiply-adds, so logits
+//! differ by rounding. Bound: `|ours - exact| <= 2e-5 * (1 + max |exact|)` per position
+//! (the largest difference measured on these fixtures was 1.0e-6 of that scale, AVX2; the
+//! bound leaves room for another instruction set's summation order).
+
+use std::path::PathBuf;
+
+use mlx_core::prelude::*;
+use mlx_engine::cpu_decode::{unsupported, CpuDecoder, BLOCK};
+use mlx_models::load::{load_model_dir, LoadOptions};
+use mlx_models::LanguageModel;
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../mlx-models/tests/models")
+        .join(name)
+}
+
+fn load(name: &str) -> Box<dyn LanguageModel> {
+    let opts = LoadOptions {
+        dtype: Some(Dtype::Float32),
+    };
+    load_model_dir(&fixture(name), &opts)
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
+        .0
+}
+
+fn prompt(vocab: i32, n: usize) -> Vec<u32> {
+    (0..n)
+        .map(|i| ((i as u64 * 2_654_435_761 + 17) % vocab as u64) as u32)
+        .collect()
+}
+
+/// The exact path's logits `(n, vocab)` for `ids`, one forward without a cache.
+fn exact(model: &dyn LanguageModel, ids: &[u32]) -> Vec<Vec<f32>> {
+    let v: Vec<i32> = ids.iter().map(|&t| t as i32).collect();
+    let x = Array::from_slice(&v, &[1, v.len() as i32]).unwrap();
+    let logits = model
+        .forward(&x, None)
+        .unwrap()
+        .astype(Dtype::Float32)
+        .unwrap();
+    let vocab = *logits.shape().last().unwrap() as usize;
+    logits
+        .to_vec::<f32>()
+        .unwrap()
+        .chunks(vocab)
+        .map(<[f32]>::to_vec)
+        .collect()
+}
+
+fn check(name: &str, what: &str, ours: &[f32], exact: &[f32]) {
+    let scale = 1.0 + exact.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let bound = 2e-5 * scale;
+    let worst = ours
+        .iter()
+        .zip(exact)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(
+        worst <= bound,
+        "{name} {what}: max |ours - exact| = {worst}, bound {bound}"
+    );
+}
+
+const COVERED: &[&str] = &[
+    "dense_f32",
+    "dense_f16",
+    "dense_bf16_mha",
+    "dense_bf16_untied",
+    "mistral_bias_llama3rope",
+    "q4_g32",
+    "q4_g64_untied",
+    "q8_g32_bf16",
+    "q8_g64",
+    "dense/qwen2",
+    "dense/qwen2_q4",
+    "dense/qwen3",
+    "dense/qwen3_bf16",
+];
+
+/// Every covered fixture: teacher-forced logits of a prompt longer than one block, then
+/// three single-token steps after a prefix, against the exact path.
+#[test]
+fn teacher_forced_logits_match_the_exact_path() {
+    for &name in COVERED {
+        let model = load(name);
+        assert_eq!(unsupported(model.as_ref()), None, "{name}");
+        let ids = prompt(model.vocab_size(), BLOCK + 9);
+        let reference = exact(model.as_ref(), &ids);
+        let mut dec = CpuDecoder::new(model.as_ref(), 2, 8).unwrap();
+        let mut seen = 0;
+        dec.feed_all(&ids, &mut |i, l| {
+            check(name, &format!("position {i}"), l, &reference[i]);
+            seen += 1;
+        })
+        .unwrap();
+        assert_eq!(seen, ids.len());
+        // Decode: a prefix, then one token at a time through the cache (grown past its
+        // initial room of 8).
+        dec.reset();
+        let split = ids.len() - 3;
+        dec.feed(&ids[..split]).unwrap();
+        for (i, &t) in ids.iter().enumerate().skip(split) {
+            let l = dec.feed(&[t]).unwrap();
+            check(name, &format!("step at {i}"), l, &reference[i]);
+        }
+        assert_eq!(dec.position(), ids.len());
+    }
+}
+
+/// Rows the decoder does not cover say why (the CLI prints it when `--decoder auto` falls
+/// back), and building a decoder for them is that error.
+#[test]
+fn uncovered_models_name_the_reason() {
+    for (name, needle) in [
+        ("dense/gemma", "norm"),
+        ("dense/phi3", "fused q/k/v"),
+        ("linear_rope_sliding", "sliding"),
+        ("dense/internlm3", "RoPE"),
+        ("dense/gpt2", "RMSNorm"),
+        ("dense/smollm3_q4", "rotary"),
+    ] {
+        let model = load(name);
+        let why = unsupported(model.as_ref()).unwrap_or_else(|| panic!("{name} is covered?"));
+        assert!(why.contains(needle), "{name}: {why}");
+        let err = CpuDecoder::new(model.as_ref(), 1, 8)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(needle), "{name}: {err}");
+    }
+}
+
+/// Token ids outside the vocabulary are an error, not a read out of bounds.
+#[test]
+fn out_of_vocabulary_ids_are_refused() {
+    let model = load("q4_g32");
+    let mut dec = CpuDecoder::new(model.as_ref(), 1, 8).unwrap();
+    let err = dec
+        .feed(&[model.vocab_size() as u32])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("outside the model's vocabulary"), "{err}");
+    assert!(dec.feed(&[]).is_err());
+    assert_eq!(dec.position(), 0);
+}
