@@ -275,8 +275,20 @@ impl GgufTokenizerData {
             }
         }
 
+        self.finish(inner, &self.tokens, kind == PreKind::Llama3)
+    }
+
+    /// The tokenizer around `inner`: the special tokens named by id (spelled as in `names`),
+    /// BOS/EOS as the file says (BOS by `add_bos_default` when it says nothing), the chat
+    /// template.
+    fn finish(
+        &self,
+        inner: tokenizers::Tokenizer,
+        names: &[String],
+        add_bos_default: bool,
+    ) -> Result<Tokenizer> {
         let token = |id: Option<u32>| -> Value {
-            id.and_then(|i| self.tokens.get(i as usize))
+            id.and_then(|i| names.get(i as usize))
                 .map_or(Value::Null, |t| Value::String(t.clone()))
         };
         let mut config = Map::new();
@@ -284,8 +296,10 @@ impl GgufTokenizerData {
         config.insert("eos_token".into(), token(self.eos_id));
         config.insert("unk_token".into(), token(self.unk_id));
         config.insert("pad_token".into(), token(self.pad_id));
-        let add_bos = self.add_bos.unwrap_or(kind == PreKind::Llama3);
-        config.insert("add_bos_token".into(), Value::Bool(add_bos));
+        config.insert(
+            "add_bos_token".into(),
+            Value::Bool(self.add_bos.unwrap_or(add_bos_default)),
+        );
         config.insert(
             "add_eos_token".into(),
             Value::Bool(self.add_eos.unwrap_or(false)),
@@ -497,29 +511,8 @@ impl GgufTokenizerData {
                 .map_err(|e| TokenizerError::Backend(format!("adding user-defined tokens: {e}")))?;
         }
 
-        let token = |id: Option<u32>| -> Value {
-            id.and_then(|i| pieces.get(i as usize))
-                .map_or(Value::Null, |t| Value::String(t.clone()))
-        };
-        let mut config = Map::new();
-        config.insert("bos_token".into(), token(self.bos_id));
-        config.insert("eos_token".into(), token(self.eos_id));
-        config.insert("unk_token".into(), token(self.unk_id));
-        config.insert("pad_token".into(), token(self.pad_id));
         // llama.cpp adds BOS for SentencePiece vocabularies unless the file says otherwise.
-        config.insert(
-            "add_bos_token".into(),
-            Value::Bool(self.add_bos.unwrap_or(true)),
-        );
-        config.insert(
-            "add_eos_token".into(),
-            Value::Bool(self.add_eos.unwrap_or(false)),
-        );
-        let mut tok = Tokenizer::from_parts(inner, &config, &[])?;
-        if let Some(t) = &self.chat_template {
-            tok.set_chat_template(Some(ChatTemplates::Single(t.clone())));
-        }
-        Ok(tok)
+        self.finish(inner, &pieces, true)
     }
 }
 
