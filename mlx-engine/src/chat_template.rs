@@ -11,6 +11,10 @@
 //! (`True`, `None`, `['a', 1]`, `1.0`). The `{% generation %}` tag of transformers'
 //! `AssistantTracker` is accepted and renders its body.
 //!
+//! A render is bounded by its fuel ([`TEMPLATE_FUEL`]): besides minijinja's own charges, the
+//! template is instrumented so that list concatenation, `~`, comparisons and the filters that
+//! print their input pay for what they build or print (see `template_bounds.rs`).
+//!
 //! Differences left: `strftime_now` formats the current time in UTC (Python uses local time);
 //! tuples (e.g. from `dictsort`) print as lists;
 //! string methods use Rust's Unicode whitespace and case tables.
@@ -206,8 +210,28 @@ impl ChatTemplate {
             .keep_trailing_newline(false)
             .build()
             .map_err(|e| TokenizerError::Template(format!("{e:#}")))?;
-        env.set_syntax(syntax);
+        env.set_syntax(syntax.clone());
         env.set_unknown_method_callback(python_method);
+        // What operators, filters and comparisons build or print is paid for
+        // (`template_bounds`).
+        env.add_function("__mlx_add", crate::template_bounds::add);
+        env.add_function("__mlx_concat", crate::template_bounds::concat);
+        env.add_function("__mlx_small", crate::template_bounds::small);
+        env.add_filter("__mlx_small", crate::template_bounds::small);
+        env.add_filter("sum", crate::template_bounds::sum);
+        env.add_filter(
+            "format",
+            |state: &mut State,
+             format: &Value,
+             args: Rest<minijinja::value::ValueOrKwargs>|
+             -> Result2<Value> {
+                // `%s` prints its arguments: they pay first.
+                for a in args.iter() {
+                    crate::template_bounds::small(state, Value::clone(a))?;
+                }
+                minijinja::filters::format(state, format, args)
+            },
+        );
         env.set_formatter(|out, state, value| {
             let written = match value.as_str() {
                 Some(s) => out.write_str(s),
@@ -233,14 +257,22 @@ impl ChatTemplate {
         );
         env.add_function(
             "raise_exception",
-            |message: String| -> std::result::Result<Value, Error> {
-                Err(Error::new(ErrorKind::InvalidOperation, message))
+            |state: &State, message: Value| -> std::result::Result<Value, Error> {
+                let message = crate::template_bounds::small(state, message)?;
+                Err(Error::new(ErrorKind::InvalidOperation, message.to_string()))
             },
         );
-        env.add_function("strftime_now", |format: String| -> String {
-            strftime_now(&format)
-        });
-        env.add_template_owned(name.to_string(), rewrite_generation_tags(source))
+        env.add_function(
+            "strftime_now",
+            |state: &State, format: Value| -> Result2<String> {
+                let format = crate::template_bounds::small(state, format)?;
+                Ok(strftime_now(&format.to_string()))
+            },
+        );
+        let source_rewritten = rewrite_generation_tags(source);
+        let instrumented = crate::template_bounds::instrument(&source_rewritten, syntax)
+            .unwrap_or(source_rewritten);
+        env.add_template_owned(name.to_string(), instrumented)
             .map_err(|e| TokenizerError::Template(format!("{e:#}")))?;
         Ok(Self {
             env,
@@ -503,6 +535,10 @@ impl ChatTemplate {
 /// of its spec before it pads to them (`'{:>999999999999}'.format('a')` would otherwise
 /// allocate a terabyte at once).
 fn python_method(state: &mut State, value: &Value, method: &str, args: &[Value]) -> Result2<Value> {
+    // The methods print their arguments (`'a'.startswith(list)`) or compare them.
+    for a in args {
+        crate::template_bounds::small(state, a.clone())?;
+    }
     if let Some(s) = value.as_str() {
         if method == "format" {
             // Each field may print the largest argument (padded to its spec's width).

@@ -601,6 +601,11 @@ const SNIPPETS: &[&str] = &[
     "{{ messages * 1000000 }}",
     "{% set ns = namespace(s='xx') %}",
     "{% set ns.s = ns.s ~ ns.s %}",
+    // Doubling a list (`+`: minijinja copies a deep concatenation at once) or nesting it in
+    // itself (prints as terabytes): issues #37 and #39.
+    "{% set ns = namespace(l=[1]) %}{% for i in range(40) %}{% set ns.l = ns.l + ns.l %}{% endfor %}",
+    "{% set ns = namespace(l=[1]) %}{% for i in range(40) %}{% set ns.l = [ns.l, ns.l] %}{% endfor %}",
+    "{{ ns.l ~ '' }}{{ ns.l | join }}{{ ns.l == ns.s }}",
     "{% macro m(n) %}{{ m(n) }}{% endmacro %}{{ m(1) }}",
     "{{ raise_exception('bad') }}",
     "{{ messages[0]['content'][::-1] }}",
