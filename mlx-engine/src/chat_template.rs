@@ -151,7 +151,9 @@ impl ChatTemplateOptions {
 /// figures of a release build): one turn uses at most 721 fuel, each further message 60-100
 /// (Qwen3 with reasoning, a tool call and its reply per turn: 362,503 fuel for 4,001 messages and
 /// 1.1 MB of text). So the base is over 300 times the fixed part, and the per-message part alone
-/// over 20 times what a message needs. A runaway template on a short chat stops within about
+/// over 20 times what a message needs. (Paying for comparisons and concatenations,
+/// `template_bounds.rs`, added about a tenth: 831 fuel for Qwen3's first turn, about 110 a
+/// message.) A runaway template on a short chat stops within about
 /// 50 ms of CPU on the 2-core x86-64 build machine (was up to 3.4 s with the earlier fixed budget
 /// of 2,000,000); the campaign figures are in `xtask/fuzz/results/template.md`.
 pub const TEMPLATE_FUEL: u64 = 250_000;
@@ -189,6 +191,8 @@ pub struct ChatTemplate {
     name: String,
     /// A fixed budget per render ([`ChatTemplate::with_fuel`]) instead of one sized from the input.
     fuel: Option<u64>,
+    /// Whether the source was instrumented (see [`ChatTemplate::bounded`]).
+    bounded: bool,
 }
 
 /// The name errors give a template that was not given one.
@@ -270,15 +274,16 @@ impl ChatTemplate {
             },
         );
         let source_rewritten = rewrite_generation_tags(source);
-        let instrumented = crate::template_bounds::instrument(&source_rewritten, syntax)
-            .unwrap_or(source_rewritten);
-        env.add_template_owned(name.to_string(), instrumented)
+        let instrumented = crate::template_bounds::instrument(&source_rewritten, syntax);
+        let bounded = instrumented.is_some();
+        env.add_template_owned(name.to_string(), instrumented.unwrap_or(source_rewritten))
             .map_err(|e| TokenizerError::Template(format!("{e:#}")))?;
         Ok(Self {
             env,
             source: source.to_string(),
             name: name.to_string(),
             fuel: None,
+            bounded,
         })
     }
 
@@ -306,6 +311,13 @@ impl ChatTemplate {
         TEMPLATE_FUEL
             .saturating_add(items.saturating_mul(TEMPLATE_FUEL_PER_ITEM))
             .saturating_add(bytes.saturating_mul(TEMPLATE_FUEL_PER_BYTE))
+    }
+
+    /// Whether list concatenation, `~`, comparisons and printing filters pay for what they
+    /// build (`template_bounds.rs`): true for every template whose instrumented source parses,
+    /// which is every template minijinja parses unless a node's position was misread.
+    pub fn bounded(&self) -> bool {
+        self.bounded
     }
 
     /// The name errors give this template.

@@ -80,7 +80,7 @@ struct Edit {
 /// The source with the edits described in the module docs, or `None` when it does not parse
 /// (compiling it as written then reports the error).
 pub(crate) fn instrument(source: &str, syntax: minijinja::syntax::SyntaxConfig) -> Option<String> {
-    let ast = minijinja::machinery::parse(source, "<template>", syntax).ok()?;
+    let ast = minijinja::machinery::parse(source, "<template>", syntax.clone()).ok()?;
     let mut w = Walker {
         src: source,
         edits: Vec::new(),
@@ -101,6 +101,8 @@ pub(crate) fn instrument(source: &str, syntax: minijinja::syntax::SyntaxConfig) 
         pos = e.at + e.len;
     }
     out.push_str(&source[pos..]);
+    // Positions that were not where they seemed would show here.
+    minijinja::machinery::parse(&out, "<template>", syntax).ok()?;
     Some(out)
 }
 
@@ -264,6 +266,11 @@ impl Walker<'_> {
         m
     }
 
+    /// The source from byte `i` (empty past its end or inside a character).
+    fn tail(&self, i: usize) -> &str {
+        self.src.get(i..).unwrap_or_default()
+    }
+
     /// The first byte at or after `i` that is neither whitespace nor `)`.
     fn skip_closing(&self, mut i: usize) -> usize {
         let b = self.src.as_bytes();
@@ -285,7 +292,7 @@ impl Walker<'_> {
     /// first token (its opening parentheses included) and end at the right operand's last.
     fn rewrite_binop(&mut self, span: Span, left: &Expr, op: char, name: &'static str) {
         let at = self.skip_closing(Self::extent_end(left));
-        if self.src[at..].chars().next() != Some(op) || at >= end(span) {
+        if !self.tail(at).starts_with(op) || at >= end(span) {
             return;
         }
         self.open(start(span), end(span), name);
@@ -309,7 +316,7 @@ impl Walker<'_> {
             while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_') {
                 i += 1;
             }
-        } else if self.src[i..].starts_with("{{") || self.src[i..].starts_with("{%") {
+        } else if self.tail(i).starts_with("{{") || self.tail(i).starts_with("{%") {
             i += 2;
             if i < b.len() && (b[i] == b'-' || b[i] == b'+') {
                 i += 1;
@@ -317,18 +324,21 @@ impl Walker<'_> {
         } else {
             i += 1;
         }
+        if !self.src.is_char_boundary(i.min(self.src.len())) {
+            return;
+        }
         let left_start = self.skip_space(i);
         let left_end = Self::extent_end(left);
         if left_start > start(left.span()) || left_end > end(span) {
             return;
         }
         let op_at = self.skip_closing(left_end);
-        let rest = &self.src[op_at..];
+        let rest = self.tail(op_at);
         let op_len = if negated_in {
             match rest.strip_prefix("not") {
                 Some(r) if r.starts_with(|c: char| c.is_ascii_whitespace()) => {
                     let after = self.skip_space(op_at + 3);
-                    if !self.src[after..].starts_with("in") {
+                    if !self.tail(after).starts_with("in") {
                         return;
                     }
                     after + 2 - op_at
@@ -411,7 +421,7 @@ impl Walker<'_> {
             Expr::Filter(f) => {
                 if !UNGUARDED_FILTERS.contains(&f.name) {
                     let at = start(f.span());
-                    if self.src[at..].starts_with(f.name) {
+                    if self.tail(at).starts_with(f.name) {
                         self.edits.push(Edit {
                             at,
                             len: 0,

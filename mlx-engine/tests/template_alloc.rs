@@ -101,6 +101,7 @@ fn is_budget_error(e: &str) -> bool {
 #[test]
 fn doubling_templates_stop_within_the_budget() {
     for src in DOUBLING {
+        assert!(ChatTemplate::new(src).unwrap().bounded(), "{src}");
         let e = render(src).expect_err(src);
         assert!(is_budget_error(&e), "{src}: {e}");
     }
