@@ -366,6 +366,38 @@ impl Walker<'_> {
         self.close(end(span), right_start);
     }
 
+    fn guard_args(&mut self, args: &[CallArg]) {
+        for a in args {
+            if let CallArg::Pos(e) | CallArg::Kwarg(_, e) = a {
+                self.guard_simple(e);
+            }
+        }
+    }
+
+    /// Wraps `e` in `__mlx_small((...))` when it is a variable or a lookup on one (`ns.x`,
+    /// `m['k']`): the expressions whose positions start at their first token. Others (literals,
+    /// calls, filters) are left as they are: their values are built, and paid for, where they
+    /// are made.
+    fn guard_simple(&mut self, e: &Expr) {
+        let mut root = e;
+        loop {
+            match root {
+                Expr::GetAttr(g) => root = &g.expr,
+                Expr::GetItem(g) => root = &g.expr,
+                _ => break,
+            }
+        }
+        let Expr::Var(v) = root else {
+            return;
+        };
+        let (from, to) = (start(e.span()), Self::extent_end(e));
+        if start(root.span()) != from || !self.tail(from).starts_with(v.id) || to > self.src.len() {
+            return;
+        }
+        self.open(from, to, "__mlx_small((");
+        self.close(to, from);
+    }
+
     fn expr(&mut self, e: &Expr) {
         match e {
             Expr::Var(_) | Expr::Const(_) => {}
@@ -433,9 +465,16 @@ impl Walker<'_> {
                 if let Some(x) = &f.expr {
                     self.expr(x);
                 }
+                // A filter's string arguments (`join(x)`, `replace(a, x)`) are printed.
+                if f.name != "__mlx_small" {
+                    self.guard_args(&f.args);
+                }
                 self.args(&f.args);
             }
             Expr::Test(t) => {
+                // `x is eq(y)`, `x is in(y)` compare: their operands pay as `==`'s do.
+                self.guard_simple(&t.expr);
+                self.guard_args(&t.args);
                 self.expr(&t.expr);
                 self.args(&t.args);
             }
@@ -747,6 +786,18 @@ mod tests {
             (
                 "{% set ns.x = ns.x + [1] %}",
                 "{% set ns.x = __mlx_add((ns.x ), ( [1])) %}",
+            ),
+            (
+                "{{ a|join(ns.x) }}",
+                "{{ a|__mlx_small|join(__mlx_small((ns.x))) }}",
+            ),
+            (
+                "{{ a is eq(m['k']) }}",
+                "{{ __mlx_small((a)) is eq(__mlx_small((m['k']))) }}",
+            ),
+            (
+                "{{ a|replace('x', y) }}",
+                "{{ a|__mlx_small|replace('x', __mlx_small((y))) }}",
             ),
         ] {
             assert_eq!(inst(src), want, "{src}");

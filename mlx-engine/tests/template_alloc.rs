@@ -78,6 +78,8 @@ const DOUBLING: &[&str] = &[
     "{% set ns = namespace(x=[1]) %}{% for i in range(40) %}{% set ns.x = [ns.x, ns.x] %}{% endfor %}{{ ns.x|sort|length }}",
     "{% set ns = namespace(x=[1]) %}{% for i in range(40) %}{% set ns.x = [ns.x, ns.x] %}{% endfor %}{{ raise_exception(ns.x) }}",
     "{% set ns = namespace(x=[1]) %}{% for i in range(40) %}{% set ns.x = [ns.x, ns.x] %}{% endfor %}{{ ns.x|map('string')|list|length }}",
+    "{% set ns = namespace(x=[1]) %}{% for i in range(40) %}{% set ns.x = [ns.x, ns.x] %}{% endfor %}{{ ['a', 'b']|join(ns.x)|length }}",
+    "{% set ns = namespace(x=[1], y=[2]) %}{% for i in range(40) %}{% set ns.x = [ns.x, ns.x] %}{% set ns.y = [ns.y, ns.y] %}{% endfor %}{{ ns.x is eq(ns.y) }}",
     // Maps.
     "{% set ns = namespace(x={}) %}{% for i in range(40) %}{% set ns.x = {'a': ns.x, 'b': ns.x} %}{% endfor %}{{ (ns.x ~ '')|length }}",
     "{% set ns = namespace(x={}) %}{% for i in range(40) %}{% set ns.x = dict(a=ns.x, b=ns.x) %}{% endfor %}{{ ns.x|dictsort|length }}",
