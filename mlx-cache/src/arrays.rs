@@ -219,11 +219,16 @@ impl ArraysCache {
                 message: c.into(),
             })
         };
-        let cache = next()?
+        let cache: Vec<Option<Array>> = next()?
             .into_list(c)?
             .into_iter()
             .map(|v| v.opt_array(c))
             .collect::<Result<_>>()?;
+        for (i, a) in cache.iter().enumerate() {
+            if let Some(a) = a {
+                crate::kv::check_float(a, c, &format!("state arrays ({i})"))?;
+            }
+        }
         Ok(ArraysCache {
             cache,
             left_padding: next()?.opt_array(c)?,

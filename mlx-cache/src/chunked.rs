@@ -2,7 +2,7 @@
 
 use mlx_core::prelude::*;
 
-use crate::kv::{store_from_state, store_state, STEP};
+use crate::kv::{kv_from_state, store_state, STEP};
 use crate::mask::{fallback_mask, AttentionMask};
 use crate::state::StateValue;
 use crate::store::{zeros_for, Store};
@@ -63,9 +63,11 @@ impl ChunkedKVCache {
                 message: c.into(),
             })
         };
+        let (k, v) = (next()?, next()?);
+        let (keys, values) = kv_from_state(k, v, c, false)?;
         let cache = ChunkedKVCache {
-            keys: store_from_state(next()?, c)?,
-            values: store_from_state(next()?, c)?,
+            keys,
+            values,
             offset: next()?.usize(c)?,
             chunk_size: next()?.usize(c)?,
             start_position: next()?.usize(c)?,

@@ -27,6 +27,11 @@ impl ConcatenateKVCache {
         let mut it = state.list(c, 2)?.into_iter();
         let keys = it.next().map_or(Ok(None), |v| v.opt_array(c))?;
         let values = it.next().map_or(Ok(None), |v| v.opt_array(c))?;
+        for (a, what) in [(&keys, "keys"), (&values, "values")] {
+            if let Some(a) = a {
+                crate::kv::check_float(a, c, what)?;
+            }
+        }
         let offset = keys.as_ref().map_or(0, |k| seq::len(k) as usize);
         Ok(ConcatenateKVCache {
             keys,

@@ -172,6 +172,114 @@ pub(crate) fn store_from_state(v: StateValue, class: &'static str) -> Result<Opt
     }
 }
 
+/// The float dtypes a cache's keys, values, scales and biases may have.
+const FLOAT_DTYPES: &str = "float16, bfloat16, float32 or float64";
+
+fn dtype_err(class: &'static str, message: String) -> Error {
+    Error::InvalidArgument {
+        op: "from_state",
+        message: format!("{class}: {message}"),
+    }
+}
+
+/// Checks that `a` (the cache's `what`) has a floating-point dtype.
+pub(crate) fn check_float(a: &Array, class: &'static str, what: &str) -> Result<()> {
+    if a.dtype().is_floating() {
+        return Ok(());
+    }
+    Err(dtype_err(
+        class,
+        format!(
+            "{what} are {}; expected a floating-point dtype ({FLOAT_DTYPES}), as the model's \
+             attention produces",
+            a.dtype().name()
+        ),
+    ))
+}
+
+/// The float dtype `s` holds (its array's, or its scales') after checking each part: a dense
+/// store floating point, a quantized one `uint32` data with floating-point scales and biases of
+/// one dtype; `quantized` says which the class keeps.
+fn check_store(
+    s: &Store,
+    class: &'static str,
+    what: &str,
+    quantized: bool,
+) -> Result<mlx_core::Dtype> {
+    match (s, quantized) {
+        (Store::Dense(a), false) => {
+            check_float(a, class, what)?;
+            Ok(a.dtype())
+        }
+        (Store::Quantized(q), true) => {
+            if q.weight.dtype() != mlx_core::Dtype::Uint32 {
+                return Err(dtype_err(
+                    class,
+                    format!(
+                        "quantized {what} are {}; expected uint32 (packed affine data)",
+                        q.weight.dtype().name()
+                    ),
+                ));
+            }
+            check_float(&q.scales, class, &format!("{what} scales"))?;
+            check_float(&q.biases, class, &format!("{what} biases"))?;
+            if q.scales.dtype() != q.biases.dtype() {
+                return Err(dtype_err(
+                    class,
+                    format!(
+                        "{what} scales are {} but their biases {}; expected one dtype",
+                        q.scales.dtype().name(),
+                        q.biases.dtype().name()
+                    ),
+                ));
+            }
+            Ok(q.scales.dtype())
+        }
+        (_, true) => Err(dtype_err(
+            class,
+            format!("{what} are a plain array; this cache keeps quantized triples"),
+        )),
+        (_, false) => Err(dtype_err(
+            class,
+            format!("{what} are a quantized triple; this cache keeps plain arrays"),
+        )),
+    }
+}
+
+/// Keys and values from a prompt-cache file's state, their dtypes checked (see
+/// [`check_store`]; keys and values of one dtype): a file whose tensors were relabelled
+/// (`int32` keys) is refused here rather than fed to attention.
+pub(crate) fn kv_from_state(
+    k: StateValue,
+    v: StateValue,
+    class: &'static str,
+    quantized: bool,
+) -> Result<(Option<Store>, Option<Store>)> {
+    let keys = store_from_state(k, class)?;
+    let values = store_from_state(v, class)?;
+    let kd = keys
+        .as_ref()
+        .map(|s| check_store(s, class, "keys", quantized))
+        .transpose()?;
+    let vd = values
+        .as_ref()
+        .map(|s| check_store(s, class, "values", quantized))
+        .transpose()?;
+    if let (Some(kd), Some(vd)) = (kd, vd) {
+        if kd != vd {
+            return Err(dtype_err(
+                class,
+                format!(
+                    "keys are {} but values {}; expected one dtype",
+                    kd.name(),
+                    vd.name()
+                ),
+            ));
+        }
+    }
+    Ok((keys, values))
+}
+
 /// mlx-lm's `KVCache`.
 #[derive(Clone, Debug, Default)]
 pub struct KVCache {
@@ -199,10 +307,7 @@ impl KVCache {
 
     pub fn from_state(state: StateValue) -> Result<Self> {
         let [k, v, o]: [StateValue; 3] = array3(state.list("KVCache", 3)?)?;
-        let (keys, values) = (
-            store_from_state(k, "KVCache")?,
-            store_from_state(v, "KVCache")?,
-        );
+        let (keys, values) = kv_from_state(k, v, "KVCache", false)?;
         Ok(KVCache {
             buf: StepBuffer {
                 keys,
@@ -294,8 +399,8 @@ impl QuantizedKVCache {
                 message: c.into(),
             })
         };
-        let keys = store_from_state(next()?, c)?;
-        let values = store_from_state(next()?, c)?;
+        let (k, v) = (next()?, next()?);
+        let (keys, values) = kv_from_state(k, v, c, true)?;
         let offset = next()?.usize(c)?;
         let group_size = next()?.int(c)?;
         let bits = next()?.int(c)?;

@@ -19,7 +19,7 @@ use std::collections::VecDeque;
 
 use mlx_core::prelude::*;
 
-use crate::kv::{store_from_state, store_state};
+use crate::kv::{kv_from_state, store_state};
 use crate::mask::{create_causal_mask, AttentionMask};
 use crate::state::StateValue;
 use crate::store::{incoming, zeros_for, QuantSpec, Store};
@@ -469,8 +469,8 @@ impl Rotating {
                 message: class.into(),
             })
         };
-        let keys = store_from_state(next()?, class)?;
-        let values = store_from_state(next()?, class)?;
+        let (k, v) = (next()?, next()?);
+        let (keys, values) = kv_from_state(k, v, class, quant.is_some())?;
         let offset = next()?.usize(class)?;
         let keep = next()?.usize(class)?;
         let max_size = next()?.usize(class)?;

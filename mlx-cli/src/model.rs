@@ -187,10 +187,16 @@ fn load_base(a: &ModelArgs) -> Result<Loaded, String> {
     if is_gguf {
         let (model, g) = load_gguf_model(&path, &opts).map_err(|e| e.to_string())?;
         let draws = construction_draws(&g.config, &shapes(&g.tensors)).map_err(|e| e.to_string());
-        let tokenizer = tokenizer_data(&g.metadata)
+        let mut tokenizer = tokenizer_data(&g.metadata)
             .map_err(|e| e.to_string())?
             .build()
             .map_err(|e| format!("{}: tokenizer: {e}", path.display()))?;
+        if tokenizer.has_chat_template() {
+            tokenizer.set_chat_template_origin(format!(
+                "{}: GGUF metadata `tokenizer.chat_template`",
+                path.display()
+            ));
+        }
         Ok(Loaded {
             model,
             tokenizer,

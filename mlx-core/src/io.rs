@@ -725,15 +725,69 @@ mod gguf_check {
             self.pos += n;
             Ok(())
         }
+        /// A length-prefixed string, which must be UTF-8 (GGUF's rule; MLX would hand the bytes
+        /// on as they are and Python's loader refuses them).
         fn string(&mut self, what: &str) -> std::result::Result<String, String> {
-            let n = self.u64(what)?;
-            self.need(n, what)?;
-            let n = usize::try_from(n).map_err(|_| format!("{what}: length {n} too large"))?;
+            self.string_or(|| what.to_string())
+        }
+        /// [`Reader::string`] where `what` is only built for an error (a vocabulary has
+        /// hundreds of thousands of entries).
+        fn string_or(&mut self, what: impl Fn() -> String) -> std::result::Result<String, String> {
+            let at = self.pos;
+            let n = self.u64(&what())?;
+            self.need(n, &what())?;
+            let n = usize::try_from(n).map_err(|_| format!("{}: length {n} too large", what()))?;
             let mut b = vec![0u8; n];
             self.r.read_exact(&mut b).map_err(|e| e.to_string())?;
             self.pos += n as u64;
-            Ok(String::from_utf8_lossy(&b).into_owned())
+            String::from_utf8(b).map_err(|e| not_utf8(&what(), at, e.utf8_error().valid_up_to()))
         }
+        /// Skips a length-prefixed string, checking that it is UTF-8 without holding it.
+        fn skip_string(&mut self, what: impl Fn() -> String) -> std::result::Result<(), String> {
+            let at = self.pos;
+            let n = self.u64(&what())?;
+            self.need(n, &what())?;
+            let mut buf = vec![0u8; (n as usize).min(1 << 16)];
+            // Bytes of a character split across two reads, carried to the next.
+            let mut carry = 0usize;
+            let mut left = n;
+            let mut done = 0u64;
+            while left > 0 {
+                let k = (buf.len() - carry).min(left as usize);
+                self.r
+                    .read_exact(&mut buf[carry..carry + k])
+                    .map_err(|e| e.to_string())?;
+                self.pos += k as u64;
+                left -= k as u64;
+                let chunk = &buf[..carry + k];
+                match std::str::from_utf8(chunk) {
+                    Ok(_) => carry = 0,
+                    Err(e) if e.error_len().is_none() && left > 0 => {
+                        let valid = e.valid_up_to();
+                        done += valid as u64;
+                        carry = chunk.len() - valid;
+                        buf.copy_within(valid..valid + carry, 0);
+                        continue;
+                    }
+                    Err(e) => {
+                        return Err(not_utf8(
+                            &what(),
+                            at,
+                            (done + e.valid_up_to() as u64) as usize,
+                        ))
+                    }
+                }
+                done += chunk.len() as u64;
+            }
+            Ok(())
+        }
+    }
+
+    fn not_utf8(what: &str, at: u64, valid: usize) -> String {
+        format!(
+            "{what} (the string at byte {at} of the file) is not valid UTF-8 (from its byte \
+             {valid} on)"
+        )
     }
 
     fn scalar_size(t: u32) -> Option<u64> {
@@ -795,8 +849,8 @@ mod gguf_check {
         };
         if et == STRING {
             let mut v = Vec::new();
-            for _ in 0..count {
-                v.push(r.string(what)?);
+            for j in 0..count {
+                v.push(r.string_or(|| format!("{what}, entry {j},"))?);
             }
             return Ok(GgufValue::Strings(v));
         }
@@ -889,8 +943,7 @@ mod gguf_check {
                 let value = read_value(r, t, &what)?;
                 v.insert(key, value);
             } else if t == STRING {
-                let n = r.u64(&what)?;
-                r.skip(n, &what)?;
+                r.skip_string(|| what.clone())?;
             } else if t == ARRAY {
                 let et = r.u32(&what)?;
                 let count = r.u64(&what)?;
@@ -901,9 +954,8 @@ mod gguf_check {
                     ));
                 }
                 if et == STRING {
-                    for _ in 0..count {
-                        let n = r.u64(&what)?;
-                        r.skip(n, &what)?;
+                    for j in 0..count {
+                        r.skip_string(|| format!("{what}, entry {j},"))?;
                     }
                 } else if et == ARRAY {
                     return Err(format!(

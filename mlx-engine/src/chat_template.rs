@@ -11,6 +11,10 @@
 //! (`True`, `None`, `['a', 1]`, `1.0`). The `{% generation %}` tag of transformers'
 //! `AssistantTracker` is accepted and renders its body.
 //!
+//! A render is bounded by its fuel ([`TEMPLATE_FUEL`]): besides minijinja's own charges, the
+//! template is instrumented so that list concatenation, `~`, comparisons and the filters that
+//! print their input pay for what they build or print (see `template_bounds.rs`).
+//!
 //! Differences left: `strftime_now` formats the current time in UTC (Python uses local time);
 //! tuples (e.g. from `dictsort`) print as lists;
 //! string methods use Rust's Unicode whitespace and case tables.
@@ -147,7 +151,9 @@ impl ChatTemplateOptions {
 /// figures of a release build): one turn uses at most 721 fuel, each further message 60-100
 /// (Qwen3 with reasoning, a tool call and its reply per turn: 362,503 fuel for 4,001 messages and
 /// 1.1 MB of text). So the base is over 300 times the fixed part, and the per-message part alone
-/// over 20 times what a message needs. A runaway template on a short chat stops within about
+/// over 20 times what a message needs. (Paying for comparisons and concatenations,
+/// `template_bounds.rs`, added about a tenth: 831 fuel for Qwen3's first turn, about 110 a
+/// message.) A runaway template on a short chat stops within about
 /// 50 ms of CPU on the 2-core x86-64 build machine (was up to 3.4 s with the earlier fixed budget
 /// of 2,000,000); the campaign figures are in `results/fuzz/template.md`.
 pub const TEMPLATE_FUEL: u64 = 250_000;
@@ -185,6 +191,8 @@ pub struct ChatTemplate {
     name: String,
     /// A fixed budget per render ([`ChatTemplate::with_fuel`]) instead of one sized from the input.
     fuel: Option<u64>,
+    /// Whether the source was instrumented (see [`ChatTemplate::bounded`]).
+    bounded: bool,
 }
 
 /// The name errors give a template that was not given one.
@@ -206,8 +214,28 @@ impl ChatTemplate {
             .keep_trailing_newline(false)
             .build()
             .map_err(|e| TokenizerError::Template(format!("{e:#}")))?;
-        env.set_syntax(syntax);
+        env.set_syntax(syntax.clone());
         env.set_unknown_method_callback(python_method);
+        // What operators, filters and comparisons build or print is paid for
+        // (`template_bounds`).
+        env.add_function("__mlx_add", crate::template_bounds::add);
+        env.add_function("__mlx_concat", crate::template_bounds::concat);
+        env.add_function("__mlx_small", crate::template_bounds::small);
+        env.add_filter("__mlx_small", crate::template_bounds::small);
+        env.add_filter("sum", crate::template_bounds::sum);
+        env.add_filter(
+            "format",
+            |state: &mut State,
+             format: &Value,
+             args: Rest<minijinja::value::ValueOrKwargs>|
+             -> Result2<Value> {
+                // `%s` prints its arguments: they pay first.
+                for a in args.iter() {
+                    crate::template_bounds::small(state, Value::clone(a))?;
+                }
+                minijinja::filters::format(state, format, args)
+            },
+        );
         env.set_formatter(|out, state, value| {
             let written = match value.as_str() {
                 Some(s) => out.write_str(s),
@@ -233,20 +261,29 @@ impl ChatTemplate {
         );
         env.add_function(
             "raise_exception",
-            |message: String| -> std::result::Result<Value, Error> {
-                Err(Error::new(ErrorKind::InvalidOperation, message))
+            |state: &State, message: Value| -> std::result::Result<Value, Error> {
+                let message = crate::template_bounds::small(state, message)?;
+                Err(Error::new(ErrorKind::InvalidOperation, message.to_string()))
             },
         );
-        env.add_function("strftime_now", |format: String| -> String {
-            strftime_now(&format)
-        });
-        env.add_template_owned(name.to_string(), rewrite_generation_tags(source))
+        env.add_function(
+            "strftime_now",
+            |state: &State, format: Value| -> Result2<String> {
+                let format = crate::template_bounds::small(state, format)?;
+                Ok(strftime_now(&format.to_string()))
+            },
+        );
+        let source_rewritten = rewrite_generation_tags(source);
+        let instrumented = crate::template_bounds::instrument(&source_rewritten, syntax);
+        let bounded = instrumented.is_some();
+        env.add_template_owned(name.to_string(), instrumented.unwrap_or(source_rewritten))
             .map_err(|e| TokenizerError::Template(format!("{e:#}")))?;
         Ok(Self {
             env,
             source: source.to_string(),
             name: name.to_string(),
             fuel: None,
+            bounded,
         })
     }
 
@@ -274,6 +311,13 @@ impl ChatTemplate {
         TEMPLATE_FUEL
             .saturating_add(items.saturating_mul(TEMPLATE_FUEL_PER_ITEM))
             .saturating_add(bytes.saturating_mul(TEMPLATE_FUEL_PER_BYTE))
+    }
+
+    /// Whether list concatenation, `~`, comparisons and printing filters pay for what they
+    /// build (`template_bounds.rs`): true for every template whose instrumented source parses,
+    /// which is every template minijinja parses unless a node's position was misread.
+    pub fn bounded(&self) -> bool {
+        self.bounded
     }
 
     /// The name errors give this template.
@@ -503,6 +547,10 @@ impl ChatTemplate {
 /// of its spec before it pads to them (`'{:>999999999999}'.format('a')` would otherwise
 /// allocate a terabyte at once).
 fn python_method(state: &mut State, value: &Value, method: &str, args: &[Value]) -> Result2<Value> {
+    // The methods print their arguments (`'a'.startswith(list)`) or compare them.
+    for a in args {
+        crate::template_bounds::small(state, a.clone())?;
+    }
     if let Some(s) = value.as_str() {
         if method == "format" {
             // Each field may print the largest argument (padded to its spec's width).

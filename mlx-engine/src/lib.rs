@@ -32,6 +32,7 @@ pub mod prompt_cache;
 pub mod sample;
 pub mod seed;
 pub mod stream;
+mod template_bounds;
 pub mod tokenizer;
 pub mod tokenizer_gguf;
 pub mod tokenizer_stream;

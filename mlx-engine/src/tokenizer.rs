@@ -148,6 +148,8 @@ pub struct Tokenizer {
     eos_token_ids: BTreeSet<u32>,
     clean_up_tokenization_spaces: bool,
     chat_templates: Option<ChatTemplates>,
+    /// Where the chat templates came from (a file, GGUF metadata), which render errors name.
+    chat_template_origin: Option<String>,
     chat_template_type: Option<String>,
     thinking: Option<ThinkingMarkers>,
     detokenizer_kind: DetokenizerKind,
@@ -295,13 +297,19 @@ impl Tokenizer {
         } else {
             Map::new()
         };
+        let mut origin = config
+            .contains_key("chat_template")
+            .then(|| config_path.display().to_string());
         let jinja = dir.join("chat_template.jinja");
         if jinja.is_file() {
             let t = std::fs::read_to_string(&jinja)
                 .map_err(|e| TokenizerError::Io(format!("reading {}: {e}", jinja.display())))?;
             config.insert("chat_template".into(), Value::String(t));
+            origin = Some(jinja.display().to_string());
         }
-        Self::from_parts(inner, &config, extra_eos_ids)
+        let mut tok = Self::from_parts(inner, &config, extra_eos_ids)?;
+        tok.chat_template_origin = origin;
+        Ok(tok)
     }
 
     /// Builds from an already loaded backend tokenizer and a parsed `tokenizer_config.json`
@@ -450,6 +458,7 @@ impl Tokenizer {
             clean_up_tokenization_spaces: clean_up_tokenization_spaces
                 && (!is_bpe || force_cleanup),
             chat_templates,
+            chat_template_origin: None,
             chat_template_type,
             thinking: None,
             detokenizer_kind,
@@ -621,6 +630,18 @@ impl Tokenizer {
     /// Replaces the chat template (e.g. with GGUF's `tokenizer.chat_template`).
     pub fn set_chat_template(&mut self, template: Option<ChatTemplates>) {
         self.chat_templates = template;
+        self.chat_template_origin = None;
+    }
+
+    /// Names where the chat template came from (`tokenizer_config.json`'s path, a GGUF file's
+    /// metadata, a command-line flag): template errors start with it.
+    pub fn set_chat_template_origin(&mut self, origin: impl Into<String>) {
+        self.chat_template_origin = Some(origin.into());
+    }
+
+    /// Where the chat template came from, when known.
+    pub fn chat_template_origin(&self) -> Option<&str> {
+        self.chat_template_origin.as_deref()
     }
 
     /// Renders `messages` with the chat template the way mlx-lm's
@@ -646,13 +667,19 @@ impl Tokenizer {
         })?;
         let (name, source) =
             templates.select_named(options.template_name.as_deref(), options.tools.is_some())?;
-        let template = ChatTemplate::named(name, source)?;
+        let origin = |e: TokenizerError| match (e, &self.chat_template_origin) {
+            (TokenizerError::Template(m), Some(o)) => TokenizerError::Template(format!("{o}: {m}")),
+            (e, _) => e,
+        };
+        let template = ChatTemplate::named(name, source).map_err(origin)?;
         let mut opts = options.clone();
         if !opts.kwargs.contains_key("enable_thinking") {
             opts.kwargs
                 .insert("enable_thinking".into(), Value::Bool(self.has_thinking()));
         }
-        template.render(messages, &opts, &self.special_tokens)
+        template
+            .render(messages, &opts, &self.special_tokens)
+            .map_err(origin)
     }
 
     /// [`Tokenizer::apply_chat_template`] then encoding without special tokens (mlx-lm's

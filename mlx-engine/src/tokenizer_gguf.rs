@@ -307,6 +307,7 @@ impl GgufTokenizerData {
         let mut tok = Tokenizer::from_parts(inner, &config, &[])?;
         if let Some(t) = &self.chat_template {
             tok.set_chat_template(Some(ChatTemplates::Single(t.clone())));
+            tok.set_chat_template_origin("GGUF metadata `tokenizer.chat_template`");
         }
         Ok(tok)
     }

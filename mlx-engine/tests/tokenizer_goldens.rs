@@ -225,6 +225,8 @@ fn real_templates_use_a_small_part_of_their_fuel() {
             .expect("templates");
         let t =
             ChatTemplate::new(templates.select(None, false).expect("default")).expect("compile");
+        // Its operators and filters pay for what they build (`template_bounds.rs`).
+        assert!(t.bounded(), "{name}");
         let with_tools = name == "qwen3";
         let mut opts = ChatTemplateOptions::generation(true);
         if with_tools {

@@ -601,6 +601,11 @@ const SNIPPETS: &[&str] = &[
     "{{ messages * 1000000 }}",
     "{% set ns = namespace(s='xx') %}",
     "{% set ns.s = ns.s ~ ns.s %}",
+    // Doubling a list (`+`: minijinja copies a deep concatenation at once) or nesting it in
+    // itself (prints as terabytes): issues #37 and #39.
+    "{% set ns = namespace(l=[1]) %}{% for i in range(40) %}{% set ns.l = ns.l + ns.l %}{% endfor %}",
+    "{% set ns = namespace(l=[1]) %}{% for i in range(40) %}{% set ns.l = [ns.l, ns.l] %}{% endfor %}",
+    "{{ ns.l ~ '' }}{{ ns.l | join }}{{ ns.l == ns.s }}",
     "{% macro m(n) %}{{ m(n) }}{% endmacro %}{{ m(1) }}",
     "{{ raise_exception('bad') }}",
     "{{ messages[0]['content'][::-1] }}",
@@ -758,7 +763,7 @@ impl GgufSpec {
             tensors: Vec::new(),
         };
         for _ in 0..=below(u, 4) {
-            match below(u, 10) {
+            match below(u, 12) {
                 0 => g.version = *pick(u, &[0u32, 1, 2, 4, 99, u32::MAX]),
                 1 if !kv.is_empty() => {
                     // Another value of another type under the same key.
@@ -808,6 +813,30 @@ impl GgufSpec {
                     4,
                     (interesting_u64(u) as u32).to_le_bytes().to_vec(),
                 )),
+                // Float hyper-parameters that mean nothing (a NaN rope base used to load),
+                // and a vocabulary token that is not UTF-8: issue #37.
+                10 => {
+                    let key = *pick(
+                        u,
+                        &[
+                            "llama.rope.freq_base",
+                            "llama.attention.layer_norm_rms_epsilon",
+                        ],
+                    );
+                    let v = *pick(u, &[f32::NAN, f32::INFINITY, 0.0, -1.0, 10000.0]);
+                    kv.retain(|(k, _, _)| k != key);
+                    kv.push((key.into(), 6, f32v(v)));
+                }
+                11 => {
+                    let mut bad = 8u32.to_le_bytes().to_vec();
+                    bad.extend(3u64.to_le_bytes());
+                    gguf_string(&mut bad, "<s>");
+                    bad.extend(2u64.to_le_bytes());
+                    bad.extend(*pick(u, &[[0xffu8, 0xfe], [0xc3, 0x28], [0xe2, 0x82]]));
+                    gguf_string(&mut bad, "<0x0A>");
+                    kv.retain(|(k, _, _)| k != "tokenizer.ggml.tokens");
+                    kv.push(("tokenizer.ggml.tokens".into(), 9, bad));
+                }
                 _ if !tensors.is_empty() => {
                     let i = below(u, tensors.len());
                     tensors[i].0 = pick(

@@ -92,6 +92,10 @@ impl ModelConfig {
             .to_string();
         let architecture = remap(&model_type).to_string();
         crate::models::check_supported(&model_type)?;
+        check_float_params(obj, "")?;
+        if let Some(Value::Object(text)) = obj.get("text_config") {
+            check_float_params(text, "text_config.")?;
+        }
         let quantization = match obj
             .get("quantization")
             .or_else(|| obj.get("quantization_config"))
@@ -111,6 +115,54 @@ impl ModelConfig {
     pub fn args<T: DeserializeOwned>(&self) -> Result<T> {
         parse_args(&self.raw, &self.architecture)
     }
+}
+
+/// Float hyper-parameters that are meaningless outside a range (`true`: zero allowed): rope
+/// bases, epsilons, scaling factors and soft-caps. A value past `f32::MAX` is refused too, as
+/// the kernels take them as `f32` (an infinite rope base gives NaN logits).
+const FLOAT_PARAMS: &[(&str, bool)] = &[
+    ("rope_theta", false),
+    ("rope_local_base_freq", false),
+    ("rms_norm_eps", true),
+    ("layer_norm_eps", true),
+    ("norm_eps", true),
+    ("layer_norm_epsilon", true),
+    ("attn_logit_softcapping", false),
+    ("final_logit_softcapping", false),
+    ("partial_rotary_factor", false),
+];
+
+/// Checks `obj`'s float hyper-parameters (and `rope_scaling.factor`) when they are numbers;
+/// errors name the field (`prefix` + key) and the value.
+fn check_float_params(obj: &serde_json::Map<String, Value>, prefix: &str) -> Result<()> {
+    let check = |field: String, v: &Value, zero_ok: bool| -> Result<()> {
+        let Some(x) = v.as_f64() else {
+            return Ok(());
+        };
+        if x.is_finite() && x <= f64::from(f32::MAX) && (x > 0.0 || (zero_ok && x == 0.0)) {
+            return Ok(());
+        }
+        let want = if zero_ok { ">= 0" } else { "> 0" };
+        Err(ModelError::Config(format!(
+            "`{field}` is {x}; it must be a finite number {want} (at most {:e})",
+            f32::MAX
+        )))
+    };
+    for (k, zero_ok) in FLOAT_PARAMS {
+        if let Some(v) = obj.get(*k) {
+            check(format!("{prefix}{k}"), v, *zero_ok)?;
+        }
+    }
+    for scaling in ["rope_scaling", "rope_parameters"] {
+        if let Some(Value::Object(r)) = obj.get(scaling) {
+            for k in ["factor", "rope_theta"] {
+                if let Some(v) = r.get(k) {
+                    check(format!("{prefix}{scaling}.{k}"), v, false)?;
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Deserializes `T` from a config object; an error names the offending key (serde's own

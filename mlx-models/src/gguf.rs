@@ -297,15 +297,31 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         });
     };
     let key = |k: &str| format!("{arch_name}.{k}");
-    let num = |k: &str| -> Result<f64> {
-        meta_f64(&metadata, &key(k))
-            .filter(|v| v.is_finite())
-            .ok_or_else(|| {
-                gguf_err(
+    // A float hyper-parameter that is present must be finite and within what it means: a NaN
+    // `rope.freq_base` became JSON null (serde_json's NaN) and the default replaced it.
+    let float = |k: &str, zero_ok: bool| -> Result<Option<f64>> {
+        let Some(v) = meta_f64(&metadata, &key(k)) else {
+            if metadata.contains_key(&key(k)) {
+                return Err(gguf_err(
                     path,
-                    format!("metadata `{}` is missing or not a finite number", key(k)),
-                )
-            })
+                    format!("metadata `{}` is not a number", key(k)),
+                ));
+            }
+            return Ok(None);
+        };
+        let ok = v.is_finite() && v <= f64::from(f32::MAX) && (v > 0.0 || (zero_ok && v == 0.0));
+        if !ok {
+            let want = if zero_ok {
+                "a finite number >= 0"
+            } else {
+                "a finite number > 0"
+            };
+            return Err(gguf_err(
+                path,
+                format!("metadata `{}` is {v}; it must be {want}", key(k)),
+            ));
+        }
+        Ok(Some(v))
     };
     let count = |k: &str| -> Result<i32> {
         meta_count(&metadata, path, &key(k))?
@@ -384,9 +400,14 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         "intermediate_size": ffn,
         "num_attention_heads": heads,
         "num_key_value_heads": kv_heads,
-        "rms_norm_eps": num("attention.layer_norm_rms_epsilon")?,
+        "rms_norm_eps": float("attention.layer_norm_rms_epsilon", true)?.ok_or_else(|| {
+            gguf_err(
+                path,
+                format!("metadata `{}` is missing", key("attention.layer_norm_rms_epsilon")),
+            )
+        })?,
         "vocab_size": vocab,
-        "rope_theta": meta_f64(&metadata, &key("rope.freq_base")).unwrap_or(10000.0),
+        "rope_theta": float("rope.freq_base", false)?.unwrap_or(10000.0),
         "tie_word_embeddings": tied,
     });
     if let Some(ctx) = meta_count(&metadata, path, &key("context_length"))? {
@@ -404,20 +425,20 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                 // llama.cpp's Gemma 2 / 3 scale queries by head_dim ** -0.5.
                 config["query_pre_attn_scalar"] = Value::from(d);
             }
-            if let Some(w) = meta_f64(&metadata, &key("attention.sliding_window")) {
+            if let Some(w) = float("attention.sliding_window", false)? {
                 config["sliding_window"] = Value::from(w as i64);
             }
             for (k, name) in [
                 ("attn_logit_softcapping", "attn_logit_softcapping"),
                 ("final_logit_softcapping", "final_logit_softcapping"),
             ] {
-                if let Some(v) = meta_f64(&metadata, &key(k)) {
+                if let Some(v) = float(k, false)? {
                     config[name] = Value::from(v);
                 }
             }
         }
         "phi3" => {
-            if let Some(d) = meta_f64(&metadata, &key("rope.dimension_count")) {
+            if let Some(d) = float("rope.dimension_count", false)? {
                 let hd = f64::from(hidden / heads);
                 config["partial_rotary_factor"] = Value::from(d / hd);
             }
