@@ -148,11 +148,7 @@ fn index_url() -> String {
 }
 
 fn agent() -> ureq::Agent {
-    ureq::AgentBuilder::new()
-        .timeout_connect(Duration::from_secs(30))
-        .timeout_read(Duration::from_secs(60))
-        .user_agent(concat!("mlx-rust/", env!("CARGO_PKG_VERSION")))
-        .build()
+    crate::hub::agent_builder().build()
 }
 
 fn index_error(url: &str, e: ureq::Error) -> FetchError {
@@ -165,10 +161,7 @@ fn index_error(url: &str, e: ureq::Error) -> FetchError {
             };
             format!("HTTP {code} {}{hint}", r.status_text())
         }
-        ureq::Error::Transport(t) => match t.message() {
-            Some(m) => format!("{}: {m}", t.kind()),
-            None => t.kind().to_string(),
-        },
+        ureq::Error::Transport(t) => crate::hub::transport_message(&t),
     };
     FetchError::Index {
         url: url.to_string(),

@@ -302,6 +302,24 @@ pub fn cached_snapshot(cache: &Path, repo: &RepoRef) -> Option<PathBuf> {
     snapshot_complete(&snap).then_some(snap)
 }
 
+/// The HTTP client settings of every download here: connect and read timeouts (a stalled
+/// server is an error, never a hang) and our user agent.
+pub(crate) fn agent_builder() -> ureq::AgentBuilder {
+    ureq::AgentBuilder::new()
+        .timeout_connect(Duration::from_secs(30))
+        .timeout_read(Duration::from_secs(60))
+        .user_agent(concat!("mlx-rust/", env!("CARGO_PKG_VERSION")))
+}
+
+/// A transport failure (no connection, TLS, a broken read) as one line, without the URL
+/// (the caller's error names it once).
+pub(crate) fn transport_message(t: &ureq::Transport) -> String {
+    match t.message() {
+        Some(m) => format!("{}: {m}", t.kind()),
+        None => t.kind().to_string(),
+    }
+}
+
 /// A path inside a repository that stays inside it: relative, no `..`, no root.
 fn safe_relative(p: &str) -> bool {
     !p.is_empty()
@@ -371,12 +389,7 @@ const MAX_API_BYTES: u64 = 64 << 20;
 
 impl Client {
     fn new(opts: HubOptions) -> Client {
-        let builder = || {
-            ureq::AgentBuilder::new()
-                .timeout_connect(Duration::from_secs(30))
-                .timeout_read(Duration::from_secs(60))
-                .user_agent(concat!("mlx-rust/", env!("CARGO_PKG_VERSION")))
-        };
+        let builder = agent_builder;
         Client {
             opts,
             follow: builder().redirects(8).build(),
@@ -406,10 +419,7 @@ impl Client {
             }
             Err(ureq::Error::Transport(t)) => Err(HubError::Network {
                 url: url.to_string(),
-                message: match t.message() {
-                    Some(m) => format!("{}: {m}", t.kind()),
-                    None => t.kind().to_string(),
-                },
+                message: transport_message(&t),
             }),
         }
     }
