@@ -12,8 +12,8 @@
 //! of a prefill run to the end at once; the chunk that leaves only the last token also runs
 //! that token's step), or one batch of embedding inputs of at most `prefill_step_size` tokens
 //! together (a longer input is a slice of its own: an input's forward is not cut, the caller
-//! bounds its length). So a running row waits at most one slice between two of its tokens,
-//! whatever else arrives. A finished row leaves the batch before the next step; its cache
+//! bounds its length). So a running row waits at most one slice and one decode step between
+//! two of its tokens, whatever else arrives. A finished row leaves the batch before the next step; its cache
 //! (prompt plus generated tokens) is stored for prefix reuse. After a large task, and when the
 //! engine goes idle, freed memory is handed back to the system
 //! ([`memory::release_free_memory`]).
@@ -525,9 +525,7 @@ impl Worker {
                 self.stats
                     .queued
                     .fetch_sub(joining.len(), Ordering::Relaxed);
-                if let Err(e) = self.start_prefills(joining) {
-                    self.fail_all(&e);
-                }
+                self.start_prefills(joining);
             }
             // One slice of large work, then one decode step: a running row waits at most one
             // slice between two tokens.
@@ -798,7 +796,7 @@ impl Worker {
     /// Turns the requests that join in this step into prefill tasks. Those without a cached
     /// prefix or a seed are prefilled together, left-padded in one batch cache (mlx-lm's
     /// `BatchGenerator`); the others alone, continuing their cached prefix.
-    fn start_prefills(&mut self, jobs: Vec<Job>) -> Result<()> {
+    fn start_prefills(&mut self, jobs: Vec<Job>) {
         let mut fresh = Vec::new();
         for job in jobs {
             if job.sink.is_closed() {
@@ -815,14 +813,21 @@ impl Worker {
                 }
             }
         }
-        if fresh.len() == 1 {
-            let caches = make_prompt_cache(self.model.as_ref(), None)?;
-            let job = fresh.remove(0);
-            self.start_alone(job, caches, 0);
-        } else if !fresh.is_empty() {
-            self.start_together(fresh)?;
+        let started = match fresh.len() {
+            0 => Ok(()),
+            1 => make_prompt_cache(self.model.as_ref(), None).map(|caches| {
+                let job = fresh.remove(0);
+                self.start_alone(job, caches, 0);
+            }),
+            _ => self.start_together(&mut fresh),
+        };
+        if let Err(e) = &started {
+            // Whatever was not queued is answered (and no longer counted).
+            for mut job in fresh {
+                release_tokens(&self.stats, job.request.prompt.len());
+                job.sink.send(BatchEvent::Error(e.to_string()));
+            }
         }
-        Ok(())
     }
 
     /// Validates the prompt and decides how it is prefilled.
@@ -897,8 +902,10 @@ impl Worker {
     /// prompt token, left-padded to the longest into one `BatchKVCache` per layer (rope at
     /// per-row offsets, the padding masked), in chunks of `prefill_step_size`; then one step on
     /// every last token gives each its first token.
-    fn start_together(&mut self, jobs: Vec<Job>) -> Result<()> {
+    /// Takes the jobs out of `jobs` once nothing can fail any more.
+    fn start_together(&mut self, jobs: &mut Vec<Job>) -> Result<()> {
         let layers = make_prompt_cache(self.model.as_ref(), None)?;
+        let jobs = std::mem::take(jobs);
         let total: usize = jobs.iter().map(|j| j.request.prompt.len()).sum();
         if let Err(e) = check_plain(&layers) {
             release_tokens(&self.stats, total);
