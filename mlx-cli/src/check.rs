@@ -264,6 +264,9 @@ fn check_serve(a: &mlx_server::ServeArgs) -> Result<(), String> {
         ("--max-tokens-limit", a.max_tokens_limit),
         ("--prefill-step-size", a.prefill_step_size),
         ("--max-context", a.max_context),
+        ("--max-request-tokens", a.max_request_tokens),
+        ("--max-embedding-inputs", a.max_embedding_inputs),
+        ("--max-embedding-input-tokens", a.max_embedding_input_tokens),
     ] {
         if v == 0 {
             return Err(format!("{flag} must be at least 1"));
@@ -323,6 +326,10 @@ mod tests {
             ),
             (&["serve", "--temp", "nan"], "--temp"),
             (&["serve", "--max-batch", "0"], "--max-batch"),
+            (
+                &["serve", "--max-request-tokens", "0"],
+                "--max-request-tokens",
+            ),
             (
                 &["serve", "--chat-template-args", "{"],
                 "--chat-template-args",

@@ -72,3 +72,30 @@ pub fn clear_cache() -> Result<()> {
     // SAFETY: no arguments.
     check("clear_cache", unsafe { sys::mlxs_clear_cache() })
 }
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+extern "C" {
+    fn malloc_trim(pad: usize) -> std::os::raw::c_int;
+}
+
+/// Hands memory nobody holds back to the operating system: MLX's buffer cache
+/// ([`clear_cache`]), then, with glibc, the free pages inside every `malloc` arena and the top
+/// of the main one (`malloc_trim(0)`). MLX's CPU allocator is plain `malloc`, and glibc keeps
+/// freed blocks below its (adaptive) mmap threshold in its arenas, so without the trim a
+/// process keeps much of the peak of one large computation resident long after the arrays
+/// are gone. (The free top of a thread's arena stays, up to glibc's trim threshold.) Returns
+/// whether the trim released anything (always `false` without glibc).
+pub fn release_free_memory() -> Result<bool> {
+    clear_cache()?;
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: `malloc_trim` takes a plain size, touches only the allocator's own state
+        // under its own locks, and is safe to call from any thread at any time.
+        let released = unsafe { malloc_trim(0) };
+        Ok(released != 0)
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        Ok(false)
+    }
+}

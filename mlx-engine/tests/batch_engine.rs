@@ -414,3 +414,210 @@ fn a_logit_bias_shared_by_every_row_keeps_single_run_results() {
     }
     assert!(engine.stats().max_batch_seen.load(Ordering::Relaxed) > 1);
 }
+
+/// What the engine thread did, in its order: tokens of the running row, the other requests'
+/// events and the embeddings reply.
+type Log = std::sync::Arc<std::sync::Mutex<Vec<(&'static str, BatchEvent)>>>;
+
+/// A sink writing into the shared log; once `stop` is set it reports its client gone.
+struct LogSink {
+    name: &'static str,
+    log: Log,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl mlx_engine::batch::EventSink for LogSink {
+    fn send(&mut self, event: BatchEvent) -> bool {
+        self.log.lock().unwrap().push((self.name, event));
+        !self.stop.load(Ordering::SeqCst)
+    }
+    fn is_closed(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+}
+
+fn logged(log: &Log, name: &str) -> Vec<BatchEvent> {
+    log.lock()
+        .unwrap()
+        .iter()
+        .filter(|(n, _)| *n == name)
+        .map(|(_, e)| e.clone())
+        .collect()
+}
+
+/// Large work does not stall a running row: a long prompt's prefill and many embedding inputs
+/// run one slice at a time (a prefill chunk of `prefill_step_size` positions, embedding inputs
+/// of at most that many tokens together), each followed by a decode step of the running row,
+/// so the row gets a token after every slice. The results are those of the same work done at
+/// once: the long prompt's tokens and log-probabilities as when it runs alone, the embeddings
+/// bit-equal to one `embed` call over every input.
+#[test]
+fn large_work_runs_in_slices_between_the_decode_steps_of_a_running_row() {
+    let step = 16;
+    let config = EngineConfig {
+        max_batch: 4,
+        prompt_cache_entries: 0,
+        prefill_step_size: step,
+        ..EngineConfig::default()
+    };
+    let engine = start_with(config.clone());
+    let log: Log = Default::default();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sink = |name| {
+        Box::new(LogSink {
+            name,
+            log: log.clone(),
+            stop: stop.clone(),
+        })
+    };
+    // The running row never ends by itself (EOS suppressed, a large budget).
+    let mut running = request(vec![5, 6, 7], 100_000);
+    running.processors.logit_bias = vec![(2, -100.0)];
+    engine.submit(running, sink("running")).unwrap();
+    for _ in 0..1000 {
+        if logged(&log, "running").len() >= 3 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let stats = engine.stats();
+    let slices_before = stats.slices.load(Ordering::SeqCst);
+    let tokens_before = logged(&log, "running").len();
+    // 20 chunks of prefill; 40 embedding inputs of 3 to 30 tokens (several short ones per
+    // slice, each long one alone).
+    let long_prompt: Vec<u32> = (0..20 * step + 1)
+        .map(|i| 3 + (i * 7 % 120) as u32)
+        .collect();
+    let mut long = request(long_prompt.clone(), 4);
+    long.logprobs = true;
+    engine.submit(long.clone(), sink("long")).unwrap();
+    let inputs: Vec<Vec<i32>> = (0..40)
+        .map(|i| {
+            (0..3 + (i * 11) % 28)
+                .map(|j| 3 + (i + j) * 5 % 120)
+                .collect()
+        })
+        .collect();
+    let (tx, embedded) = channel();
+    let reply_log = log.clone();
+    engine
+        .submit_embed(
+            inputs.clone(),
+            Box::new(move |r| {
+                reply_log
+                    .lock()
+                    .unwrap()
+                    .push(("embed", BatchEvent::Error(String::new())));
+                tx.send(r).unwrap();
+            }),
+        )
+        .unwrap();
+    let rows = embedded.recv().unwrap().unwrap();
+    for _ in 0..2000 {
+        if logged(&log, "long")
+            .iter()
+            .any(|e| matches!(e, BatchEvent::Done { .. }))
+        {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let slices = stats.slices.load(Ordering::SeqCst) - slices_before;
+    // The running row's tokens while the large work ran: one after every slice.
+    let during = {
+        let log = log.lock().unwrap();
+        let end = log
+            .iter()
+            .rposition(|(n, e)| {
+                *n == "embed" || (*n == "long" && matches!(e, BatchEvent::Done { .. }))
+            })
+            .unwrap();
+        log[..end].iter().filter(|(n, _)| *n == "running").count() - tokens_before
+    };
+    stop.store(true, Ordering::SeqCst);
+    let short_inputs = inputs.iter().filter(|x| x.len() <= step).count();
+    assert!(
+        slices >= 20 + 40 - short_inputs,
+        "{slices} slices: the work was not cut"
+    );
+    assert!(
+        during + 1 >= slices,
+        "the running row got {during} tokens during {slices} slices of large work"
+    );
+
+    // The long prompt's result is the one it has alone.
+    let mut out = Outcome::default();
+    for e in logged(&log, "long") {
+        match e {
+            BatchEvent::Token { token, logprob, .. } => {
+                out.tokens.push(token);
+                out.logprobs.push((logprob, Vec::new()));
+            }
+            BatchEvent::Error(e) => panic!("engine error: {e}"),
+            _ => {}
+        }
+    }
+    let alone = run(&start_with(config), long);
+    assert_eq!(out.tokens, alone.tokens);
+    let bits =
+        |o: &Outcome| -> Vec<u32> { o.logprobs.iter().map(|l| l.0.unwrap().to_bits()).collect() };
+    assert_eq!(bits(&out), bits(&alone));
+
+    // The embeddings are one `embed` call's rows, bit for bit.
+    let (model, _) = load_model_dir(&fixture(), &LoadOptions::default()).unwrap();
+    let ids: Vec<Vec<u32>> = inputs
+        .iter()
+        .map(|r| r.iter().map(|&t| t as u32).collect())
+        .collect();
+    let want = mlx_models::embed::to_vecs(&mlx_models::embed::embed(model.as_ref(), &ids).unwrap())
+        .unwrap();
+    let bits = |rows: &[Vec<f32>]| -> Vec<Vec<u32>> {
+        rows.iter()
+            .map(|r| r.iter().map(|x| x.to_bits()).collect())
+            .collect()
+    };
+    assert_eq!(bits(&rows), bits(&want));
+    assert_eq!(stats.queued_tokens.load(Ordering::SeqCst), 0);
+}
+
+/// `max_queued_tokens` caps the prompt and embedding tokens waiting or under way: past it a
+/// submission is refused, naming the count; one request is accepted whatever its size when
+/// nothing is queued; the count goes back to zero when the work is done.
+#[test]
+fn queued_tokens_are_capped() {
+    let engine = start_with(EngineConfig {
+        max_batch: 2,
+        prefill_step_size: 8,
+        max_queued_tokens: 100,
+        ..EngineConfig::default()
+    });
+    // 4000 tokens in 400 slices: far more than the cap, accepted as nothing is queued.
+    let inputs: Vec<Vec<i32>> = (0..400).map(|i| vec![3 + i % 100; 10]).collect();
+    let (tx, embedded) = channel();
+    engine
+        .submit_embed(
+            inputs,
+            Box::new(move |r| {
+                tx.send(r).unwrap();
+            }),
+        )
+        .unwrap();
+    let (tx, _rx) = channel();
+    match engine.submit(request(vec![5, 6, 7], 2), Box::new(tx)) {
+        Err(mlx_engine::batch::SubmitError::TooManyTokens { tokens, limit, .. }) => {
+            assert_eq!((tokens, limit), (3, 100));
+        }
+        other => panic!("expected TooManyTokens, got {other:?}"),
+    }
+    assert_eq!(embedded.recv().unwrap().unwrap().len(), 400);
+    let stats = engine.stats();
+    for _ in 0..1000 {
+        if stats.queued_tokens.load(Ordering::SeqCst) == 0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(stats.queued_tokens.load(Ordering::SeqCst), 0);
+    let out = run(&engine, request(vec![5, 6, 7], 2));
+    assert_eq!(out.tokens.len(), 2);
+}

@@ -56,7 +56,12 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 64)]
     pub queue_size: usize,
 
-    /// Step size for prefill processing.
+    /// Step size for prefill processing. Also the engine's unit of fair scheduling: it
+    /// alternates one slice of large work (a prefill chunk of at most this many prompt
+    /// positions for each request prefilled in it, or embedding inputs of at most this many
+    /// tokens together, or one longer input of at most --max-embedding-input-tokens) with one
+    /// decode step of the running requests. So a streaming request waits at most one decode
+    /// step plus one such slice between two tokens, whatever else arrives.
     #[arg(long, default_value_t = 2048)]
     pub prefill_step_size: usize,
 
@@ -87,6 +92,27 @@ pub struct ServeArgs {
     /// Log level (error, warn, info, debug, trace).
     #[arg(long, default_value = "info")]
     pub log_level: String,
+
+    /// Prompt tokens of one completion request, or input tokens of one embeddings request
+    /// (all inputs together), at most; a larger request gets HTTP 413.
+    #[arg(long, default_value_t = 262_144)]
+    pub max_request_tokens: usize,
+
+    /// Inputs of one embeddings request at most; more get HTTP 413.
+    #[arg(long, default_value_t = 2048)]
+    pub max_embedding_inputs: usize,
+
+    /// Tokens of one embeddings input at most; a longer input gets HTTP 413. One input's
+    /// forward pass is one slice of the engine's work (it is not cut), so this bounds what it
+    /// costs the requests running beside it.
+    #[arg(long, default_value_t = 8192)]
+    pub max_embedding_input_tokens: usize,
+
+    /// Tokens of prompts and embedding inputs waiting or under way at most, over all requests;
+    /// a request that would pass it gets HTTP 429 with Retry-After (one request is always
+    /// accepted when nothing is queued).
+    #[arg(long, default_value_t = 1 << 20)]
+    pub max_queued_tokens: usize,
 }
 
 impl ServeArgs {

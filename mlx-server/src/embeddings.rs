@@ -10,11 +10,9 @@ use axum::Json;
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
+use crate::request::too_large;
 use crate::routes::{accept, refused};
 use crate::state::{AppState, Shared};
-
-/// At most this many inputs per request (the OpenAI API's limit).
-const MAX_INPUTS: usize = 2048;
 
 /// A validated embeddings request.
 struct EmbedRequest {
@@ -89,6 +87,20 @@ fn parse(state: &AppState, bytes: &[u8]) -> Result<EmbedRequest, ApiError> {
             .map_err(|e| ApiError::invalid("input", format!("tokenizing the input: {e}")))?;
         Ok(ids.into_iter().map(|t| t as i32).collect())
     };
+    // Counted before anything is tokenized.
+    let max_inputs = state.args.max_embedding_inputs;
+    if let Some(Value::Array(items)) = body.get("input") {
+        if items.len() > max_inputs && !items[0].is_number() {
+            return Err(too_large(
+                "input",
+                format!(
+                    "`input` has {} items, more than this server's limit of {max_inputs} \
+                     (--max-embedding-inputs)",
+                    items.len()
+                ),
+            ));
+        }
+    }
     let inputs: Vec<Vec<i32>> = match body.get("input") {
         Some(Value::String(s)) => vec![text(s)?],
         Some(Value::Array(items)) if items.is_empty() => {
@@ -106,12 +118,6 @@ fn parse(state: &AppState, bytes: &[u8]) -> Result<EmbedRequest, ApiError> {
         None | Some(Value::Null) => return Err(ApiError::invalid("input", "`input` is required")),
         Some(_) => return Err(bad()),
     };
-    if inputs.len() > MAX_INPUTS {
-        return Err(ApiError::invalid(
-            "input",
-            format!("`input` has {} items; at most {MAX_INPUTS}", inputs.len()),
-        ));
-    }
     for (i, x) in inputs.iter().enumerate() {
         if x.is_empty() {
             return Err(ApiError::invalid(
@@ -129,6 +135,28 @@ fn parse(state: &AppState, bytes: &[u8]) -> Result<EmbedRequest, ApiError> {
                 ),
             ));
         }
+        let limit = state.args.max_embedding_input_tokens;
+        if x.len() > limit {
+            return Err(too_large(
+                "input",
+                format!(
+                    "input {i} has {} tokens, more than this server's limit of {limit} tokens \
+                     per input (--max-embedding-input-tokens)",
+                    x.len()
+                ),
+            ));
+        }
+    }
+    let total: usize = inputs.iter().map(Vec::len).sum();
+    if total > state.args.max_request_tokens {
+        return Err(too_large(
+            "input",
+            format!(
+                "the inputs have {total} tokens together, more than this server's limit of {} \
+                 tokens per request (--max-request-tokens)",
+                state.args.max_request_tokens
+            ),
+        ));
     }
     Ok(EmbedRequest {
         model,

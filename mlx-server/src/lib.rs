@@ -167,6 +167,7 @@ impl Server {
             max_batch: args.max_batch,
             queue_size: args.queue_size,
             prefill_step_size: args.prefill_step_size,
+            max_queued_tokens: args.max_queued_tokens,
             prompt_cache_entries: args.prompt_cache_size,
             prompt_cache_bytes: args.prompt_cache_bytes,
         };

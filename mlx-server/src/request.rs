@@ -31,6 +31,14 @@ pub struct Parsed {
     pub request: BatchRequest,
 }
 
+/// HTTP 413 for a request over one of this server's size limits, naming the field.
+pub(crate) fn too_large(param: &str, message: String) -> ApiError {
+    let mut e = ApiError::invalid(param, message);
+    e.status = axum::http::StatusCode::PAYLOAD_TOO_LARGE;
+    e.code = Some("request_too_large");
+    e
+}
+
 fn field<'a>(body: &'a Map<String, Value>, name: &str) -> Option<&'a Value> {
     body.get(name).filter(|v| !v.is_null())
 }
@@ -441,6 +449,22 @@ pub fn parse(state: &AppState, kind: Kind, bytes: &[u8]) -> Result<Parsed, ApiEr
         return Err(ApiError::invalid(
             "prompt",
             "the prompt encodes to no tokens",
+        ));
+    }
+    if prompt.len() > args.max_request_tokens {
+        let param = if kind == Kind::Chat {
+            "messages"
+        } else {
+            "prompt"
+        };
+        return Err(too_large(
+            param,
+            format!(
+                "the prompt has {} tokens, more than this server's limit of {} tokens per \
+                 request (--max-request-tokens)",
+                prompt.len(),
+                args.max_request_tokens
+            ),
         ));
     }
     if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= vocab) {

@@ -33,6 +33,7 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/embeddings", post(crate::embeddings::embeddings))
         .fallback(fallback)
+        .layer(axum::middleware::map_response(retry_after))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
 }
@@ -44,11 +45,23 @@ async fn health(State(state): State<Shared>) -> Json<Value> {
         "status": "ok",
         "active": s.active.load(Ordering::Relaxed),
         "queued": s.queued.load(Ordering::Relaxed),
+        "queued_tokens": s.queued_tokens.load(Ordering::Relaxed),
         "decode_steps": s.decode_steps.load(Ordering::Relaxed),
         "max_batch_seen": s.max_batch_seen.load(Ordering::Relaxed),
         "batched_prefills": s.batched_prefills.load(Ordering::Relaxed),
         "reused_tokens": s.reused_tokens.load(Ordering::Relaxed),
     }))
+}
+
+/// Every 429 (a full queue, too many queued tokens) tells the client when to come back.
+async fn retry_after(mut response: Response) -> Response {
+    if response.status() == StatusCode::TOO_MANY_REQUESTS {
+        response
+            .headers_mut()
+            .entry(axum::http::header::RETRY_AFTER)
+            .or_insert(axum::http::HeaderValue::from_static("1"));
+    }
+    response
 }
 
 async fn fallback(uri: Uri) -> ApiError {
@@ -128,6 +141,13 @@ pub(crate) fn refused(e: SubmitError) -> ApiError {
     match e {
         SubmitError::QueueFull(_) => {
             ApiError::busy(format!("The server is busy: {e}. Retry later."))
+        }
+        SubmitError::TooManyTokens { .. } => {
+            let mut busy = ApiError::busy(format!(
+                "The server is busy: {e} (--max-queued-tokens). Retry later."
+            ));
+            busy.code = Some("too_many_queued_tokens");
+            busy
         }
         SubmitError::Stopped => ApiError::server(e.to_string()),
     }

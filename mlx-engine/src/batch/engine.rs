@@ -1,11 +1,22 @@
 //! The engine thread: a bounded queue of requests in, a stream of [`BatchEvent`]s out per
 //! request, continuous batching in between.
 //!
-//! Each loop iteration (1) drops rows whose client has gone or whose deadline has passed,
-//! (2) admits queued requests while the batch has room (prefilling each alone, reusing a cached
-//! prefix when one is stored), (3) runs one batched decode step and hands every row its token.
-//! A finished row leaves the batch before the next step; its cache (prompt plus generated
-//! tokens) is stored for prefix reuse.
+//! Large work is cut into bounded slices so that no request stalls the others. Each loop
+//! iteration (1) drops rows whose client has gone or whose deadline has passed, (2) turns the
+//! queued requests that fit in the batch into prefill tasks (those arriving together are
+//! prefilled together, left-padded, as mlx-lm's `BatchGenerator` does; one with a cached prefix
+//! or a seed alone), (3) runs **one slice** of pending large work, taking prefill and
+//! embedding tasks in turn (round robin), (4) runs one batched decode step and hands every row
+//! its token. A slice is one prefill chunk (at most `prefill_step_size` prompt positions per
+//! request of the task, the chunks `generate_step` and mlx-lm cut, so the numerics are those
+//! of a prefill run to the end at once; the chunk that leaves only the last token also runs
+//! that token's step), or one batch of embedding inputs of at most `prefill_step_size` tokens
+//! together (a longer input is a slice of its own: an input's forward is not cut, the caller
+//! bounds its length). So a running row waits at most one slice and one decode step between
+//! two of its tokens, whatever else arrives. A finished row leaves the batch before the next step; its cache
+//! (prompt plus generated tokens) is stored for prefix reuse. After a large task, and when the
+//! engine goes idle, freed memory is handed back to the system
+//! ([`memory::release_free_memory`]).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -100,7 +111,13 @@ pub struct EngineConfig {
     pub max_batch: usize,
     /// Requests waiting for a slot at most; [`Engine::submit`] refuses more.
     pub queue_size: usize,
+    /// Prompt positions per prefill chunk; also the token budget of one slice of embeddings.
     pub prefill_step_size: usize,
+    /// Tokens of prefill and embedding work waiting or under way at most (prompt tokens not
+    /// yet prefilled, embedding input tokens not yet embedded); a submission past it is
+    /// refused with [`SubmitError::TooManyTokens`], unless nothing is queued (so any one
+    /// request can run).
+    pub max_queued_tokens: usize,
     /// Prompt-cache entries kept for prefix reuse (0 disables reuse).
     pub prompt_cache_entries: usize,
     /// Bytes the prompt cache may hold.
@@ -113,6 +130,7 @@ impl Default for EngineConfig {
             max_batch: 8,
             queue_size: 64,
             prefill_step_size: 2048,
+            max_queued_tokens: usize::MAX,
             prompt_cache_entries: 16,
             prompt_cache_bytes: 1 << 30,
         }
@@ -124,6 +142,15 @@ impl Default for EngineConfig {
 pub enum SubmitError {
     #[error("the request queue is full ({0} waiting)")]
     QueueFull(usize),
+    #[error(
+        "{queued} tokens of prompts and embedding inputs are queued; {tokens} more would pass \
+         the limit of {limit}"
+    )]
+    TooManyTokens {
+        queued: usize,
+        tokens: usize,
+        limit: usize,
+    },
     #[error("the engine has stopped")]
     Stopped,
 }
@@ -132,6 +159,9 @@ pub enum SubmitError {
 #[derive(Debug, Default)]
 pub struct EngineStats {
     pub queued: AtomicUsize,
+    /// Tokens of prefill and embedding work waiting or under way (see
+    /// [`EngineConfig::max_queued_tokens`]).
+    pub queued_tokens: AtomicUsize,
     pub active: AtomicUsize,
     /// Prompt tokens taken from the prompt cache, over all requests.
     pub reused_tokens: AtomicUsize,
@@ -141,6 +171,10 @@ pub struct EngineStats {
     pub max_batch_seen: AtomicUsize,
     /// Prefills that ran several new requests together.
     pub batched_prefills: AtomicUsize,
+    /// Slices of large work (prefill chunks, batches of embedding inputs) run so far.
+    pub slices: AtomicUsize,
+    /// Embedding input tokens embedded so far.
+    pub embedded_tokens: AtomicUsize,
 }
 
 struct Job {
@@ -169,6 +203,7 @@ enum Work {
 pub struct Engine {
     tx: SyncSender<Work>,
     queue_size: usize,
+    max_queued_tokens: usize,
     stats: Arc<EngineStats>,
     tokenizer: Arc<Tokenizer>,
     vocab_size: usize,
@@ -195,6 +230,7 @@ impl Engine {
         let stats = Arc::new(EngineStats::default());
         let thread_stats = stats.clone();
         let queue_size = config.queue_size;
+        let max_queued_tokens = config.max_queued_tokens;
         let handle = std::thread::Builder::new()
             .name("mlx-engine".into())
             .spawn(move || {
@@ -219,6 +255,7 @@ impl Engine {
                 Engine {
                     tx,
                     queue_size,
+                    max_queued_tokens,
                     stats,
                     tokenizer,
                     vocab_size,
@@ -252,7 +289,8 @@ impl Engine {
         request: BatchRequest,
         sink: Box<dyn EventSink>,
     ) -> std::result::Result<(), SubmitError> {
-        self.send(Work::Generate(Box::new(Job { request, sink })), 1)
+        let tokens = request.prompt.len();
+        self.send(Work::Generate(Box::new(Job { request, sink })), 1, tokens)
     }
 
     /// Queues requests that join the batch together, in one step: those without a cached
@@ -262,32 +300,53 @@ impl Engine {
         requests: Vec<(BatchRequest, Box<dyn EventSink>)>,
     ) -> std::result::Result<(), SubmitError> {
         let n = requests.len();
+        let tokens = requests.iter().map(|(r, _)| r.prompt.len()).sum();
         let jobs = requests
             .into_iter()
             .map(|(request, sink)| Job { request, sink })
             .collect();
-        self.send(Work::Group(jobs), n)
+        self.send(Work::Group(jobs), n, tokens)
     }
 
     /// Queues sentence embeddings of `inputs` (token ids, each below the vocabulary size and
     /// non-empty): [`mlx_models::embed::embed`] over the model's final normed hidden states,
-    /// run on the engine thread between decode steps. `reply` receives the rows.
+    /// run on the engine thread in slices of at most `prefill_step_size` tokens (one input at
+    /// least) between decode steps. `reply` receives the rows.
     pub fn submit_embed(
         &self,
         inputs: Vec<Vec<i32>>,
         reply: EmbedReply,
     ) -> std::result::Result<(), SubmitError> {
-        self.send(Work::Embed { inputs, reply }, 1)
+        let tokens = inputs.iter().map(Vec::len).sum();
+        self.send(Work::Embed { inputs, reply }, 1, tokens)
     }
 
-    /// Queues `work`, which holds `requests` requests (the `queued` count).
-    fn send(&self, work: Work, requests: usize) -> std::result::Result<(), SubmitError> {
-        // Counted before sending, so the engine never takes away more than was added.
+    /// Queues `work`, which holds `requests` requests (the `queued` count) and `tokens` tokens
+    /// of prefill or embedding work (the `queued_tokens` count, capped).
+    fn send(
+        &self,
+        work: Work,
+        requests: usize,
+        tokens: usize,
+    ) -> std::result::Result<(), SubmitError> {
+        // Reserved before sending, so the engine never takes away more than was added.
+        let limit = self.max_queued_tokens;
+        self.stats
+            .queued_tokens
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |q| {
+                (q == 0 || q.saturating_add(tokens) <= limit).then(|| q.saturating_add(tokens))
+            })
+            .map_err(|queued| SubmitError::TooManyTokens {
+                queued,
+                tokens,
+                limit,
+            })?;
         self.stats.queued.fetch_add(requests, Ordering::Relaxed);
         match self.tx.try_send(work) {
             Ok(()) => Ok(()),
             Err(e) => {
                 self.stats.queued.fetch_sub(requests, Ordering::Relaxed);
+                release_tokens(&self.stats, tokens);
                 Err(match e {
                     TrySendError::Full(_) => SubmitError::QueueFull(self.queue_size),
                     TrySendError::Disconnected(_) => SubmitError::Stopped,
@@ -326,12 +385,67 @@ struct Worker {
     rows: Vec<Seq>,
     caches: Vec<Box<dyn Cache>>,
     steps: usize,
+    /// Large work under way, one slice at a time, in turn.
+    tasks: VecDeque<Task>,
+    /// Tokens of large work done since freed memory was last handed back.
+    since_release: usize,
+    /// Whether anything ran since freed memory was last handed back.
+    dirty: bool,
 }
 
 /// What happened to a row after its token.
 enum Outcome {
     Continue,
     Finished,
+}
+
+/// Large work, done one bounded slice per loop iteration between decode steps.
+enum Task {
+    Prefill(Box<Prefill>),
+    Embed(EmbedTask),
+}
+
+/// A prefill under way: one request (continuing a cached prefix, or seeded), or requests from
+/// nothing prefilled together, left-padded into one `BatchKVCache` per layer.
+struct Prefill {
+    jobs: Vec<Job>,
+    caches: Vec<Box<dyn Cache>>,
+    /// Prompt tokens taken from the prompt cache (a request alone).
+    reused: usize,
+    /// Prefilled together into batch caches (else alone, into plain caches).
+    together: bool,
+    /// Every row's prompt but its last token (after the reused prefix), left-padded to `m`
+    /// with zeros, row after row.
+    heads: Vec<i32>,
+    /// Each row's length in `heads` before padding.
+    lens: Vec<usize>,
+    m: usize,
+    /// Columns of `heads` prefilled so far.
+    done: usize,
+    /// Tokens of this task still counted in `queued_tokens`.
+    pending: usize,
+}
+
+/// Embeddings under way.
+struct EmbedTask {
+    inputs: Vec<Vec<u32>>,
+    /// Inputs embedded so far (their rows are in `rows`).
+    next: usize,
+    rows: Vec<Vec<f32>>,
+    reply: Option<EmbedReply>,
+    /// Tokens of this task still counted in `queued_tokens`.
+    pending: usize,
+}
+
+/// Takes `n` tokens off the queued-token count (never below zero).
+fn release_tokens(stats: &EngineStats, n: usize) {
+    if n > 0 {
+        let _ = stats
+            .queued_tokens
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |q| {
+                Some(q.saturating_sub(n))
+            });
+    }
 }
 
 impl Worker {
@@ -351,14 +465,35 @@ impl Worker {
             rows: Vec::new(),
             caches: Vec::new(),
             steps: 0,
+            tasks: VecDeque::new(),
+            since_release: 0,
+            dirty: false,
         }
+    }
+
+    /// Requests in prefill tasks (they hold a batch slot).
+    fn prefilling(&self) -> usize {
+        self.tasks
+            .iter()
+            .map(|t| match t {
+                Task::Prefill(p) => p.jobs.len(),
+                Task::Embed(_) => 0,
+            })
+            .sum()
     }
 
     fn run(&mut self, rx: Receiver<Work>) {
         let mut waiting: VecDeque<Job> = VecDeque::new();
         let mut open = true;
         loop {
-            if self.rows.is_empty() && waiting.is_empty() {
+            if self.rows.is_empty() && waiting.is_empty() && self.tasks.is_empty() {
+                // Idle: hand back what the last work left behind before sleeping.
+                if self.dirty {
+                    self.since_release = 0;
+                    self.dirty = false;
+                    // Only the resident size depends on it: a failure changes no result.
+                    let _ = memory::release_free_memory();
+                }
                 if !open {
                     return;
                 }
@@ -367,7 +502,9 @@ impl Worker {
                     Err(_) => return,
                 }
             }
-            while open && self.rows.len() + waiting.len() < self.config.max_batch {
+            while open
+                && self.rows.len() + waiting.len() + self.prefilling() < self.config.max_batch
+            {
                 match rx.try_recv() {
                     Ok(work) => self.take(work, &mut waiting),
                     Err(TryRecvError::Empty) => break,
@@ -378,19 +515,33 @@ impl Worker {
                 self.fail_all(&e);
                 continue;
             }
-            let room = self.config.max_batch.saturating_sub(self.rows.len());
+            self.drop_gone_prefills();
+            let room = self
+                .config
+                .max_batch
+                .saturating_sub(self.rows.len() + self.prefilling());
             let joining: Vec<Job> = waiting.drain(..room.min(waiting.len())).collect();
             if !joining.is_empty() {
                 self.stats
                     .queued
                     .fetch_sub(joining.len(), Ordering::Relaxed);
-                if let Err(e) = self.admit_all(joining) {
-                    // The batch may be inconsistent after a failed join: start over.
-                    self.fail_all(&e);
+                self.start_prefills(joining);
+            }
+            // One slice of large work, then one decode step: a running row waits at most one
+            // slice between two tokens.
+            if let Some(mut task) = self.tasks.pop_front() {
+                self.dirty = true;
+                self.stats.slices.fetch_add(1, Ordering::Relaxed);
+                match self.slice(&mut task) {
+                    Ok(false) => self.tasks.push_back(task),
+                    Ok(true) => self.release_memory(),
+                    // A failed join may leave the batch inconsistent: start over.
+                    Err(e) => self.fail_all(&e),
                 }
             }
             self.stats.active.store(self.rows.len(), Ordering::Relaxed);
             if !self.rows.is_empty() {
+                self.dirty = true;
                 if let Err(e) = self.decode_step() {
                     self.fail_all(&e);
                 }
@@ -399,35 +550,105 @@ impl Worker {
         }
     }
 
-    /// A generation request waits for a slot; embeddings run at once (one forward per input,
-    /// no cache).
+    /// After a task: hands freed memory back to the system once at least one slice's worth of
+    /// large work (`prefill_step_size` tokens) ran since the last time.
+    fn release_memory(&mut self) {
+        if self.since_release >= self.config.prefill_step_size {
+            self.since_release = 0;
+            // Only the resident size depends on it: a failure changes no result.
+            let _ = memory::release_free_memory();
+        }
+    }
+
+    /// A generation request waits for a slot; embeddings become a task at once (validated
+    /// here, embedded in slices).
     fn take(&mut self, work: Work, waiting: &mut VecDeque<Job>) {
         match work {
             Work::Generate(job) => waiting.push_back(*job),
             Work::Group(jobs) => waiting.extend(jobs),
             Work::Embed { inputs, reply } => {
                 self.stats.queued.fetch_sub(1, Ordering::Relaxed);
+                let pending: usize = inputs.iter().map(Vec::len).sum();
                 let vocab = self.vocab() as i64;
                 let bad = inputs.iter().enumerate().find_map(|(i, ids)| {
+                    if ids.is_empty() {
+                        return Some(format!("input {i} has no tokens"));
+                    }
                     ids.iter()
                         .find(|&&t| t < 0 || i64::from(t) >= vocab)
                         .map(|t| {
                             format!("input {i}: token id {t} is outside the vocabulary of {vocab}")
                         })
                 });
-                let result = match bad {
-                    Some(e) => Err(e),
-                    None => {
-                        // Checked above: every id is in 0..vocab.
-                        let ids: Vec<Vec<u32>> = inputs
-                            .iter()
-                            .map(|r| r.iter().map(|&t| t as u32).collect())
-                            .collect();
-                        embed(self.model.as_ref(), &ids).and_then(|e| to_vecs(&e))
+                if let Some(e) = bad.or_else(|| inputs.is_empty().then(|| "no inputs".into())) {
+                    release_tokens(&self.stats, pending);
+                    reply(Err(e));
+                    return;
+                }
+                // Checked above: every id is in 0..vocab.
+                let inputs = inputs
+                    .iter()
+                    .map(|r| r.iter().map(|&t| t as u32).collect())
+                    .collect();
+                self.tasks.push_back(Task::Embed(EmbedTask {
+                    inputs,
+                    next: 0,
+                    rows: Vec::new(),
+                    reply: Some(reply),
+                    pending,
+                }));
+            }
+        }
+    }
+
+    /// One slice of `task`; `true` when the task is finished (its requests answered).
+    fn slice(&mut self, task: &mut Task) -> Result<bool> {
+        match task {
+            Task::Embed(t) => {
+                self.embed_slice(t);
+                Ok(t.reply.is_none())
+            }
+            Task::Prefill(p) => self.prefill_slice(p),
+        }
+    }
+
+    /// Embeds the next inputs: as many as fit in `prefill_step_size` tokens, one at least.
+    /// Each input runs alone, as [`embed`] runs it, so the rows are those of one `embed` call
+    /// over every input.
+    fn embed_slice(&mut self, t: &mut EmbedTask) {
+        let budget = self.config.prefill_step_size;
+        let mut end = t.next + 1;
+        let mut tokens = t.inputs[t.next].len();
+        while end < t.inputs.len() && tokens + t.inputs[end].len() <= budget {
+            tokens += t.inputs[end].len();
+            end += 1;
+        }
+        let result = embed(self.model.as_ref(), &t.inputs[t.next..end])
+            .and_then(|e| to_vecs(&e))
+            .map_err(|e| e.to_string());
+        let _ = memory::clear_cache();
+        self.since_release += tokens;
+        match result {
+            Ok(rows) => {
+                self.stats
+                    .embedded_tokens
+                    .fetch_add(tokens, Ordering::Relaxed);
+                release_tokens(&self.stats, tokens);
+                t.pending = t.pending.saturating_sub(tokens);
+                t.rows.extend(rows);
+                t.next = end;
+                if t.next == t.inputs.len() {
+                    if let Some(reply) = t.reply.take() {
+                        reply(Ok(std::mem::take(&mut t.rows)));
                     }
-                    .map_err(|e| e.to_string()),
-                };
-                reply(result);
+                }
+            }
+            Err(e) => {
+                release_tokens(&self.stats, t.pending);
+                t.pending = 0;
+                if let Some(reply) = t.reply.take() {
+                    reply(Err(e));
+                }
             }
         }
     }
@@ -528,9 +749,6 @@ fn extract_row(caches: &[Box<dyn Cache>], i: usize) -> Result<Vec<Box<dyn Cache>
         .collect()
 }
 
-/// A prefill's caches, first token and its `(vocab,)` log-probabilities.
-type Prefilled = (Vec<Box<dyn Cache>>, u32, Array);
-
 /// How an admitted request is prefilled.
 enum Start {
     /// Alone: it continues a cached prefix, or it has a seed.
@@ -575,33 +793,41 @@ fn last_logits(logits: &Array) -> Result<Array> {
 }
 
 impl Worker {
-    /// Admits the requests that join in this step. Those without a cached prefix or a seed are
-    /// prefilled together, left-padded in one batch cache (mlx-lm's `BatchGenerator`); the
-    /// others alone, continuing their cached prefix.
-    fn admit_all(&mut self, jobs: Vec<Job>) -> Result<()> {
+    /// Turns the requests that join in this step into prefill tasks. Those without a cached
+    /// prefix or a seed are prefilled together, left-padded in one batch cache (mlx-lm's
+    /// `BatchGenerator`); the others alone, continuing their cached prefix.
+    fn start_prefills(&mut self, jobs: Vec<Job>) {
         let mut fresh = Vec::new();
         for job in jobs {
             if job.sink.is_closed() {
+                release_tokens(&self.stats, job.request.prompt.len());
                 continue;
             }
             match self.plan(&job.request) {
-                Ok(Start::Alone(caches, reused)) => self.admit_alone(job, caches, reused)?,
+                Ok(Start::Alone(caches, reused)) => self.start_alone(job, caches, reused),
                 Ok(Start::Fresh) => fresh.push(job),
                 Err(e) => {
+                    release_tokens(&self.stats, job.request.prompt.len());
                     let mut sink = job.sink;
                     sink.send(BatchEvent::Error(e.to_string()));
                 }
             }
         }
-        if fresh.len() == 1 {
-            let caches = make_prompt_cache(self.model.as_ref(), None)?;
-            let job = fresh.remove(0);
-            return self.admit_alone(job, caches, 0);
+        let started = match fresh.len() {
+            0 => Ok(()),
+            1 => make_prompt_cache(self.model.as_ref(), None).map(|caches| {
+                let job = fresh.remove(0);
+                self.start_alone(job, caches, 0);
+            }),
+            _ => self.start_together(&mut fresh),
+        };
+        if let Err(e) = &started {
+            // Whatever was not queued is answered (and no longer counted).
+            for mut job in fresh {
+                release_tokens(&self.stats, job.request.prompt.len());
+                job.sink.send(BatchEvent::Error(e.to_string()));
+            }
         }
-        if !fresh.is_empty() {
-            self.admit_together(fresh)?;
-        }
-        Ok(())
     }
 
     /// Validates the prompt and decides how it is prefilled.
@@ -625,81 +851,209 @@ impl Worker {
         }
     }
 
-    /// Prefills a request alone, emits its first token and, unless it is already finished,
-    /// adds it to the batch.
-    fn admit_alone(&mut self, job: Job, caches: Vec<Box<dyn Cache>>, reused: usize) -> Result<()> {
-        let Job { request, mut sink } = job;
-        match self.prefill(&request, caches, reused) {
-            Ok((caches, first, logprobs)) => {
-                match self.start_row(&request, sink, first, &logprobs, reused)? {
-                    Some(row) => {
-                        self.join(&caches)?;
-                        self.rows.push(row);
-                    }
-                    None if self.config.prompt_cache_entries > 0 => {
-                        let mut tokens = request.prompt.clone();
-                        tokens.truncate(caches.first().map_or(0, |c| c.offset()));
-                        self.prompt_cache.insert(tokens, caches);
-                    }
-                    None => {}
-                }
+    /// Queues the prefill of one request over `caches`, which hold its first `reused` prompt
+    /// tokens (`generate_step`'s prefill: chunks of all but the last prompt token, then one
+    /// step on the last token).
+    fn start_alone(&mut self, job: Job, caches: Vec<Box<dyn Cache>>, reused: usize) {
+        let len = job.request.prompt.len();
+        let checked = check_plain(&caches).and_then(|()| {
+            // The prompt cache always leaves the last token to run.
+            if reused < len {
                 Ok(())
+            } else {
+                Err(EngineError::Other(format!(
+                    "the prompt cache reused {reused} of {len} prompt tokens"
+                )))
             }
-            Err(e) => {
-                sink.send(BatchEvent::Error(e.to_string()));
-                Ok(())
-            }
+        });
+        if let Err(e) = checked {
+            release_tokens(&self.stats, len);
+            let mut sink = job.sink;
+            sink.send(BatchEvent::Error(e.to_string()));
+            return;
         }
+        // The cached prefix is no work.
+        release_tokens(&self.stats, reused);
+        self.stats
+            .reused_tokens
+            .fetch_add(reused, Ordering::Relaxed);
+        self.stats
+            .prefilled_tokens
+            .fetch_add(len - reused, Ordering::Relaxed);
+        let heads: Vec<i32> = job.request.prompt[reused..len - 1]
+            .iter()
+            .map(|&t| t as i32)
+            .collect();
+        let m = heads.len();
+        self.tasks.push_back(Task::Prefill(Box::new(Prefill {
+            jobs: vec![job],
+            caches,
+            reused,
+            together: false,
+            heads,
+            lens: vec![m],
+            m,
+            done: 0,
+            pending: len - reused,
+        })));
     }
 
-    /// Prefills requests with no cached prefix together: all but their last prompt token,
-    /// left-padded to the longest into one `BatchKVCache` per layer (rope at per-row offsets,
-    /// the padding masked), in chunks of `prefill_step_size`; then one step on every last
-    /// token gives each its first token. The rows that go on join the running batch.
-    fn admit_together(&mut self, jobs: Vec<Job>) -> Result<()> {
+    /// Queues the prefill of requests with no cached prefix together: all but their last
+    /// prompt token, left-padded to the longest into one `BatchKVCache` per layer (rope at
+    /// per-row offsets, the padding masked), in chunks of `prefill_step_size`; then one step on
+    /// every last token gives each its first token.
+    /// Takes the jobs out of `jobs` once nothing can fail any more.
+    fn start_together(&mut self, jobs: &mut Vec<Job>) -> Result<()> {
         let layers = make_prompt_cache(self.model.as_ref(), None)?;
+        let jobs = std::mem::take(jobs);
+        let total: usize = jobs.iter().map(|j| j.request.prompt.len()).sum();
         if let Err(e) = check_plain(&layers) {
+            release_tokens(&self.stats, total);
             for mut job in jobs {
                 job.sink.send(BatchEvent::Error(e.to_string()));
             }
             return Ok(());
         }
-        let k = jobs.len();
-        let heads: Vec<&[u32]> = jobs
-            .iter()
-            .map(|j| &j.request.prompt[..j.request.prompt.len() - 1])
-            .collect();
-        let m = heads.iter().map(|h| h.len()).max().unwrap_or(0);
-        let pad: Vec<i32> = heads.iter().map(|h| (m - h.len()) as i32).collect();
-        let mut caches: Vec<Box<dyn Cache>> = layers
+        let lens: Vec<usize> = jobs.iter().map(|j| j.request.prompt.len() - 1).collect();
+        let m = lens.iter().copied().max().unwrap_or(0);
+        let pad: Vec<i32> = lens.iter().map(|&h| (m - h) as i32).collect();
+        let caches: Vec<Box<dyn Cache>> = layers
             .iter()
             .map(|_| Box::new(BatchKVCache::new(&pad)) as Box<dyn Cache>)
             .collect();
-        let total: usize = jobs.iter().map(|j| j.request.prompt.len()).sum();
         self.stats
             .prefilled_tokens
             .fetch_add(total, Ordering::Relaxed);
         self.stats.batched_prefills.fetch_add(1, Ordering::Relaxed);
-        let mut padded = Vec::with_capacity(k * m);
-        for h in &heads {
-            padded.extend(std::iter::repeat_n(0i32, m - h.len()));
-            padded.extend(h.iter().map(|&t| t as i32));
+        let mut heads = Vec::with_capacity(jobs.len() * m);
+        for (j, &h) in jobs.iter().zip(&lens) {
+            heads.extend(std::iter::repeat_n(0i32, m - h));
+            heads.extend(j.request.prompt[..h].iter().map(|&t| t as i32));
         }
-        let all = Array::from_slice(&padded, &[k as i32, m as i32])?;
-        let mut start = 0;
-        while start < m {
-            let n = self.config.prefill_step_size.min(m - start);
-            let x = ops::slice_axis(&all, 1, start as i32, (start + n) as i32, None)?;
-            self.model.forward(&x, Some(&mut caches))?;
-            eval_caches(&caches)?;
-            start += n;
+        self.tasks.push_back(Task::Prefill(Box::new(Prefill {
+            jobs,
+            caches,
+            reused: 0,
+            together: true,
+            heads,
+            lens,
+            m,
+            done: 0,
+            pending: total,
+        })));
+        Ok(())
+    }
+
+    /// Prefill tasks whose every client has gone are dropped.
+    fn drop_gone_prefills(&mut self) {
+        let stats = self.stats.clone();
+        self.tasks.retain(|t| match t {
+            Task::Prefill(p) if p.jobs.iter().all(|j| j.sink.is_closed()) => {
+                release_tokens(&stats, p.pending);
+                false
+            }
+            _ => true,
+        });
+    }
+
+    /// One chunk of a prefill: the next `prefill_step_size` columns of every row (the chunks
+    /// `generate_step` cuts). When only the last prompt tokens remain, their step too, which
+    /// gives every request its first token and joins the batch. `true` when finished.
+    fn prefill_slice(&mut self, p: &mut Prefill) -> Result<bool> {
+        if p.done < p.m {
+            let n = self.config.prefill_step_size.min(p.m - p.done);
+            let k = p.jobs.len();
+            let mut chunk = Vec::with_capacity(k * n);
+            for row in p.heads.chunks(p.m) {
+                chunk.extend_from_slice(&row[p.done..p.done + n]);
+            }
+            let step = Array::from_slice(&chunk, &[k as i32, n as i32])
+                .map_err(EngineError::from)
+                .and_then(|x| Ok(self.model.forward(&x, Some(&mut p.caches))?))
+                .and_then(|_| eval_caches(&p.caches));
+            // Tokens of the chunk that are not padding.
+            let real: usize = p
+                .lens
+                .iter()
+                .map(|&h| (p.done + n).saturating_sub((p.m - h).max(p.done)))
+                .sum();
+            release_tokens(&self.stats, real.min(p.pending));
+            p.pending = p.pending.saturating_sub(real);
+            self.since_release += real;
+            p.done += n;
+            if let Err(e) = step {
+                self.fail_prefill(p, &e);
+                return Ok(true);
+            }
+            if p.done < p.m {
+                return Ok(false);
+            }
         }
+        self.finish_prefill(p)?;
+        Ok(true)
+    }
+
+    /// Ends a prefill with an error for each of its requests (the running batch is untouched).
+    fn fail_prefill(&mut self, p: &mut Prefill, e: &EngineError) {
+        release_tokens(&self.stats, p.pending);
+        p.pending = 0;
+        for job in &mut p.jobs {
+            job.sink.send(BatchEvent::Error(e.to_string()));
+        }
+        p.jobs.clear();
+    }
+
+    /// The step on every row's last prompt token: first tokens, rows started; those that go
+    /// on join the running batch.
+    fn finish_prefill(&mut self, p: &mut Prefill) -> Result<()> {
+        release_tokens(&self.stats, p.pending);
+        p.pending = 0;
+        let jobs = std::mem::take(&mut p.jobs);
+        let mut caches = std::mem::take(&mut p.caches);
+        if !p.together {
+            let Some(Job { request, mut sink }) = jobs.into_iter().next() else {
+                return Ok(());
+            };
+            let first = self.last_step(&request, &mut caches);
+            let (first, logprobs) = match first {
+                Ok(x) => x,
+                Err(e) => {
+                    sink.send(BatchEvent::Error(e.to_string()));
+                    return Ok(());
+                }
+            };
+            match self.start_row(&request, sink, first, &logprobs, p.reused)? {
+                Some(row) => {
+                    self.join(&caches)?;
+                    self.rows.push(row);
+                }
+                None if self.config.prompt_cache_entries > 0 => {
+                    let mut tokens = request.prompt.clone();
+                    tokens.truncate(caches.first().map_or(0, |c| c.offset()));
+                    self.prompt_cache.insert(tokens, caches);
+                }
+                None => {}
+            }
+            return Ok(());
+        }
+        let k = jobs.len();
         let last: Vec<i32> = jobs
             .iter()
             .map(|j| j.request.prompt[j.request.prompt.len() - 1] as i32)
             .collect();
-        let x = Array::from_slice(&last, &[k as i32, 1])?;
-        let logits = last_logits(&self.model.forward(&x, Some(&mut caches))?)?;
+        let logits = Array::from_slice(&last, &[k as i32, 1])
+            .map_err(EngineError::from)
+            .and_then(|x| Ok(self.model.forward(&x, Some(&mut caches))?))
+            .and_then(|l| last_logits(&l));
+        let logits = match logits {
+            Ok(l) => l,
+            Err(e) => {
+                for mut job in jobs {
+                    job.sink.send(BatchEvent::Error(e.to_string()));
+                }
+                return Ok(());
+            }
+        };
         let mut keep = Vec::with_capacity(k);
         let mut rows = Vec::with_capacity(k);
         for (e, job) in jobs.into_iter().enumerate() {
@@ -742,6 +1096,23 @@ impl Worker {
         }
         self.rows.extend(rows);
         Ok(())
+    }
+
+    /// A request alone: the step on its last prompt token (the request's seed applied just
+    /// before it: the prefill chunks draw nothing, and decode steps of other rows that ran
+    /// between them may have). Returns the first token and its log-probabilities.
+    fn last_step(
+        &mut self,
+        r: &BatchRequest,
+        caches: &mut [Box<dyn Cache>],
+    ) -> Result<(u32, Array)> {
+        if let Some(seed) = r.seed {
+            random::seed(seed)?;
+        }
+        let last = [r.prompt[r.prompt.len() - 1] as i32];
+        let x = Array::from_slice(&last, &[1, 1])?;
+        let logits = last_logits(&self.model.forward(&x, Some(caches))?)?;
+        self.first_token(r, logits)
     }
 
     /// Tells the client its prefill is done and hands it its first token. Returns the row
@@ -799,40 +1170,6 @@ impl Worker {
             batch_cache(c)?.extend(s)?;
         }
         Ok(())
-    }
-
-    /// `generate_step`'s prefill over `caches` (holding the first `reused` prompt tokens):
-    /// chunks of all but the last prompt token, then one step on the last token. Returns the
-    /// caches, the first token and its log-probabilities.
-    fn prefill(
-        &mut self,
-        r: &BatchRequest,
-        mut caches: Vec<Box<dyn Cache>>,
-        reused: usize,
-    ) -> Result<Prefilled> {
-        if let Some(seed) = r.seed {
-            random::seed(seed)?;
-        }
-        check_plain(&caches)?;
-        self.stats
-            .reused_tokens
-            .fetch_add(reused, Ordering::Relaxed);
-        self.stats
-            .prefilled_tokens
-            .fetch_add(r.prompt.len() - reused, Ordering::Relaxed);
-        let ids: Vec<i32> = r.prompt[reused..].iter().map(|&t| t as i32).collect();
-        let mut rest = ids.as_slice();
-        while rest.len() > 1 {
-            let n = self.config.prefill_step_size.min(rest.len() - 1);
-            let x = Array::from_slice(&rest[..n], &[1, n as i32])?;
-            self.model.forward(&x, Some(&mut caches))?;
-            eval_caches(&caches)?;
-            rest = &rest[n..];
-        }
-        let x = Array::from_slice(rest, &[1, rest.len() as i32])?;
-        let logits = last_logits(&self.model.forward(&x, Some(&mut caches))?)?;
-        let (token, logprobs) = self.first_token(r, logits)?;
-        Ok((caches, token, logprobs))
     }
 
     /// The first token from the prompt's last logits `(1, vocab)`: the request's logits

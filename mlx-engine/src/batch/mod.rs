@@ -9,7 +9,8 @@
 //! A new request is prefilled alone (the same chunked prefill as
 //! [`crate::generate::generate_step`], optionally continuing a cached prefix from
 //! [`crate::prompt_cache::PromptCache`]); its cache then joins the batch and every later token
-//! comes from one batched decode step.
+//! comes from one batched decode step. Prefill chunks and embeddings run one bounded slice at
+//! a time between decode steps, so no request stalls the running ones.
 
 pub mod cache;
 pub mod engine;
