@@ -251,6 +251,7 @@ fn check_serve(a: &mlx_server::ServeArgs) -> Result<(), String> {
         ("--max-tokens-limit", a.max_tokens_limit),
         ("--prefill-step-size", a.prefill_step_size),
         ("--max-context", a.max_context),
+        ("--max-connections", a.max_connections),
     ] {
         if v == 0 {
             return Err(format!("{flag} must be at least 1"));
