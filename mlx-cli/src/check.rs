@@ -267,6 +267,7 @@ fn check_serve(a: &mlx_server::ServeArgs) -> Result<(), String> {
         ("--max-request-tokens", a.max_request_tokens),
         ("--max-embedding-inputs", a.max_embedding_inputs),
         ("--max-embedding-input-tokens", a.max_embedding_input_tokens),
+        ("--max-connections", a.max_connections),
     ] {
         if v == 0 {
             return Err(format!("{flag} must be at least 1"));

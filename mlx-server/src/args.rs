@@ -52,7 +52,7 @@ pub struct ServeArgs {
     #[arg(long, alias = "decode-concurrency", default_value_t = 32)]
     pub max_batch: usize,
 
-    /// Requests waiting for a batch slot at most; more get HTTP 429.
+    /// Requests waiting for a batch slot at most; more get HTTP 503 with `Retry-After`.
     #[arg(long, default_value_t = 64)]
     pub queue_size: usize,
 
@@ -113,10 +113,68 @@ pub struct ServeArgs {
     /// accepted when nothing is queued).
     #[arg(long, default_value_t = 1 << 20)]
     pub max_queued_tokens: usize,
+
+    /// Seconds a client has to send a request's head (counted from when the connection is
+    /// ready for it: opened, or its previous response sent), and as long again for its body;
+    /// slower clients are disconnected (a request head) or answered 408 (a body).
+    #[arg(long, default_value_t = 15.0, value_parser = seconds)]
+    pub header_timeout: f64,
+
+    /// Seconds an idle keep-alive connection (no request in progress, nothing received) is
+    /// kept open; --header-timeout closes it first when shorter.
+    #[arg(long, default_value_t = 10.0, value_parser = seconds)]
+    pub keep_alive_timeout: f64,
+
+    /// Seconds a response may wait on a client that does not read it (its socket full)
+    /// before the connection is dropped and its generation cancelled.
+    #[arg(long, default_value_t = 30.0, value_parser = seconds)]
+    pub write_timeout: f64,
+
+    /// Connections open at once at most. Past it, the connection idle longest (no request
+    /// in progress: keep-alive, or a head not yet complete) is closed to make room; when
+    /// every connection is busy, new ones are answered 503 with `Retry-After` and closed.
+    #[arg(long, default_value_t = 512)]
+    pub max_connections: usize,
+
+    /// Seconds running requests get to finish after SIGINT/SIGTERM before they are
+    /// cancelled; idle and half-sent connections close at once, a second signal exits at once.
+    #[arg(long, default_value_t = 10.0, value_parser = seconds)]
+    pub shutdown_timeout: f64,
+
+    /// Comma-separated host names accepted in the `Host` header besides localhost, IP
+    /// addresses and the --host name (`*` accepts any; `.example.com` a domain and its
+    /// subdomains). Other names are refused (403) against DNS rebinding.
+    #[arg(long, value_delimiter = ',')]
+    pub allowed_hosts: Vec<String>,
+}
+
+/// A positive, finite number of seconds no larger than a year.
+fn seconds(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("expected a number of seconds, got {s:?}"))?;
+    if v.is_finite() && v > 0.0 && v <= 365.0 * 86400.0 {
+        Ok(v)
+    } else {
+        Err(format!("seconds must be in (0, 31536000], got {s}"))
+    }
 }
 
 impl ServeArgs {
     pub fn request_timeout(&self) -> Duration {
         Duration::from_secs(self.request_timeout)
+    }
+
+    /// The connection limits, as durations (the parser bounded the seconds).
+    pub(crate) fn conn_limits(&self) -> crate::conn::Limits {
+        let d = |s: f64| Duration::try_from_secs_f64(s).unwrap_or(Duration::from_secs(1));
+        crate::conn::Limits {
+            header_timeout: d(self.header_timeout),
+            keep_alive_timeout: d(self.keep_alive_timeout),
+            write_timeout: d(self.write_timeout),
+            max_connections: self.max_connections,
+            shutdown_timeout: d(self.shutdown_timeout),
+        }
     }
 }

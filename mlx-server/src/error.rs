@@ -119,6 +119,84 @@ impl ApiError {
         }
     }
 
+    /// 503: the server cannot take the request now (its queue or its connections are
+    /// full); the response carries `Retry-After`. OpenAI's clients retry 503s, honouring it.
+    pub fn overloaded(message: impl Into<String>, code: &'static str) -> Self {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: message.into(),
+            kind: "server_error",
+            param: None,
+            code: Some(code),
+        }
+    }
+
+    /// 403: a `Host` header that names neither this server nor an allowed host (a page on
+    /// another site reaching a local server through DNS rebinding sends its own name).
+    pub fn host_not_allowed(host: &str) -> Self {
+        ApiError {
+            status: StatusCode::FORBIDDEN,
+            message: format!(
+                "The Host header {host:?} is not allowed: this server answers to localhost, IP \
+                 addresses, its --host name and the names given with --allowed-hosts."
+            ),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("host_not_allowed"),
+        }
+    }
+
+    /// 415: a JSON endpoint given another media type (`text/plain` is how a web page posts
+    /// across sites without a CORS preflight).
+    pub fn unsupported_media_type(given: Option<&str>) -> Self {
+        let given = match given {
+            Some(t) => format!("got Content-Type {t:?}"),
+            None => "no Content-Type was given".to_string(),
+        };
+        ApiError {
+            status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            message: format!(
+                "This endpoint takes a JSON body: send Content-Type: application/json ({given})."
+            ),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("unsupported_media_type"),
+        }
+    }
+
+    /// 408: the request body did not arrive within the time allowed.
+    pub fn body_timeout(secs: f64) -> Self {
+        ApiError {
+            status: StatusCode::REQUEST_TIMEOUT,
+            message: format!("The request body did not arrive within {secs} s (--header-timeout)."),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("request_timeout"),
+        }
+    }
+
+    /// The error object for a status that a layer below the handlers answered without one
+    /// (405 from routing, for one).
+    pub fn from_status(status: StatusCode, detail: impl Into<String>) -> Self {
+        let detail = detail.into();
+        let reason = status.canonical_reason().unwrap_or("Error");
+        ApiError {
+            status,
+            message: if detail.is_empty() {
+                reason.to_string()
+            } else {
+                format!("{reason}: {detail}")
+            },
+            kind: if status.is_server_error() {
+                "server_error"
+            } else {
+                "invalid_request_error"
+            },
+            param: None,
+            code: None,
+        }
+    }
+
     pub fn server(message: impl Into<String>) -> Self {
         ApiError {
             status: StatusCode::INTERNAL_SERVER_ERROR,
@@ -143,6 +221,19 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(self.body())).into_response()
+        let mut r = (self.status, Json(self.body())).into_response();
+        if matches!(
+            self.status,
+            StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS
+        ) {
+            r.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static(RETRY_AFTER_SECS),
+            );
+        }
+        r
     }
 }
+
+/// Seconds a client is asked to wait before retrying a 503 or 429.
+pub const RETRY_AFTER_SECS: &str = "1";

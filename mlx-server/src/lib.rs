@@ -20,8 +20,10 @@
 #![forbid(unsafe_code)]
 
 mod args;
+mod conn;
 mod embeddings;
 mod error;
+mod guard;
 mod request;
 mod routes;
 mod state;
@@ -136,11 +138,22 @@ fn template_args(args: &ServeArgs) -> Result<Map<String, Value>, ServeError> {
     }
 }
 
+/// The warning for a server reachable beyond loopback without an API key.
+fn exposure_warning(addr: &SocketAddr, api_key: bool) -> Option<String> {
+    (!addr.ip().is_loopback() && !api_key).then(|| {
+        format!(
+            "listening on {addr}, beyond loopback, without --api-key: anyone who can reach \
+             this address can use the model (the server has no TLS)"
+        )
+    })
+}
+
 /// A server that is listening: its address, and the future that serves until shutdown.
 pub struct Server {
     pub addr: SocketAddr,
     listener: tokio::net::TcpListener,
     router: axum::Router,
+    limits: conn::Limits,
     /// The engine thread, waited for (bounded) once serving ends, so it does not free MLX
     /// arrays while the process exits.
     engine_thread: std::thread::JoinHandle<()>,
@@ -156,6 +169,11 @@ impl Server {
     {
         if args.max_batch == 0 {
             return Err(ServeError::Args("--max-batch must be at least 1".into()));
+        }
+        if args.max_connections == 0 {
+            return Err(ServeError::Args(
+                "--max-connections must be at least 1".into(),
+            ));
         }
         if args.max_tokens_limit == 0 {
             return Err(ServeError::Args(
@@ -194,9 +212,15 @@ impl Server {
             .await
             .map_err(|source| ServeError::Bind { addr, source })?;
         let addr = listener.local_addr()?;
+        if let Some(w) = exposure_warning(&addr, args.api_key.is_some()) {
+            tracing::warn!("{w}");
+            eprintln!("mlx serve: warning: {w}");
+        }
         if let Some(n) = model_context {
             tracing::info!(context_length = n, "the model's context length");
         }
+        let limits = args.conn_limits();
+        let guard = Arc::new(guard::Guard::new(&args));
         let state = Arc::new(state::AppState::new(
             engine,
             args,
@@ -206,22 +230,25 @@ impl Server {
         Ok(Server {
             addr,
             listener,
-            router: routes::router(state),
+            router: guard::layer(routes::router(state), guard),
+            limits,
             engine_thread,
         })
     }
 
-    /// Serves until `shutdown` completes.
+    /// Serves until `shutdown` completes, then stops accepting, closes idle and half-sent
+    /// connections, gives requests in progress `--shutdown-timeout` to finish, cancels the
+    /// rest and returns.
     pub async fn serve(
         self,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServeError> {
-        axum::serve(self.listener, self.router)
-            .with_graceful_shutdown(shutdown)
-            .await?;
-        // The router (and with it the last engine handle) is gone: the engine thread finishes
-        // its batch and stops. Wait for it, but never hang the exit on it.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        conn::serve(self.listener, self.router, self.limits, shutdown).await;
+        // The router (and with it the last engine handle) is gone, and with the connections
+        // every request's events receiver: the engine drops those rows at its next step and
+        // stops. Wait for it (so it does not free MLX arrays while the process exits), but
+        // never hang the exit on it.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         while !self.engine_thread.is_finished() && std::time::Instant::now() < deadline {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
@@ -253,15 +280,81 @@ where
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    rt.block_on(async move {
+    let result = rt.block_on(async move {
         let server = Server::bind(args, load).await?;
         tracing::info!(addr = %server.addr, "listening");
         // Tests and scripts read this line to find an ephemeral port.
         eprintln!("mlx serve: listening on http://{}", server.addr);
+        let mut signals = Signals::new()?;
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let name = signals.recv().await;
+            eprintln!("mlx serve: {name}: shutting down (a second signal exits at once)");
+            let _ = stop_tx.send(());
+            let name = signals.recv().await;
+            eprintln!("mlx serve: {name} again: exiting now");
+            std::process::exit(130);
+        });
         server
             .serve(async {
-                let _ = tokio::signal::ctrl_c().await;
+                let _ = stop_rx.await;
             })
             .await
-    })
+    });
+    // Work still on the blocking pool (a request being tokenized) does not hold the exit.
+    rt.shutdown_timeout(std::time::Duration::from_secs(1));
+    result
+}
+
+/// SIGINT and SIGTERM (Ctrl-C elsewhere), each received as often as it comes.
+struct Signals {
+    #[cfg(unix)]
+    int: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    term: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> std::io::Result<Signals> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Ok(Signals {
+                int: signal(SignalKind::interrupt())?,
+                term: signal(SignalKind::terminate())?,
+            })
+        }
+        #[cfg(not(unix))]
+        Ok(Signals {})
+    }
+
+    /// The next signal's name.
+    async fn recv(&mut self) -> &'static str {
+        #[cfg(unix)]
+        {
+            tokio::select! {
+                _ = self.int.recv() => "SIGINT",
+                _ = self.term.recv() => "SIGTERM",
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+            "Ctrl-C"
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn warns_beyond_loopback_without_a_key() {
+        let w = |a: &str, key| super::exposure_warning(&a.parse().unwrap(), key);
+        assert!(w("0.0.0.0:8080", false).is_some_and(|m| m.contains("--api-key")));
+        assert!(w("[::]:8080", false).is_some());
+        assert!(w("192.168.1.5:8080", false).is_some());
+        assert!(w("0.0.0.0:8080", true).is_none());
+        assert!(w("127.0.0.1:8080", false).is_none());
+        assert!(w("[::1]:8080", false).is_none());
+    }
 }

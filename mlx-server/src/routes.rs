@@ -136,12 +136,14 @@ pub(crate) fn accept(
     })
 }
 
-/// The answer to a request the engine's queue refused (429 when full).
+/// The answer to a request the engine's queue refused (503 with `Retry-After` when full: the
+/// server is overloaded, not this client over a rate limit).
 pub(crate) fn refused(e: SubmitError) -> ApiError {
     match e {
-        SubmitError::QueueFull(_) => {
-            ApiError::busy(format!("The server is busy: {e}. Retry later."))
-        }
+        SubmitError::QueueFull(_) => ApiError::overloaded(
+            format!("The server is busy: {e}. Retry later."),
+            "queue_full",
+        ),
         SubmitError::TooManyTokens { .. } => {
             let mut busy = ApiError::busy(format!(
                 "The server is busy: {e} (--max-queued-tokens). Retry later."

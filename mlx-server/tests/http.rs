@@ -1,7 +1,7 @@
 //! The HTTP API over raw HTTP/1.1 on loopback: greedy replies equal mlx-lm's
 //! (`stream_generate` on the same model and prompt, goldens from `cargo xtask goldens batch`),
 //! streaming as server-sent events, prompt-cache reuse, every bad request a 4xx with an OpenAI error object, the
-//! queue limit, the API key, and a client that disconnects mid-stream.
+//! queue limit (503 with Retry-After), the API key, and a client that disconnects mid-stream.
 
 mod common;
 
@@ -254,6 +254,7 @@ fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
     assert!(r.json()["error"]["message"].is_string());
     let r = http(s.addr, "GET", "/v1/chat/completions", &[], b"");
     assert_eq!(r.status, 405);
+    assert!(r.json()["error"]["message"].is_string(), "{}", r.body);
 
     // Still serving.
     let r = post(s.addr, chat, &json!({"messages": msgs, "max_tokens": 4}));
@@ -320,7 +321,7 @@ fn context_limit_queue_limit_and_api_key() {
         let b = v.to_string();
         write!(
             sock,
-            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sekret\r\n\
+            "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer sekret\r\n\
              Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}",
             b.len()
         )
@@ -344,9 +345,16 @@ fn context_limit_queue_limit_and_api_key() {
         &auth,
         &body(streaming.clone()),
     );
+    // The server is overloaded (not this client over a rate limit): 503 with Retry-After,
+    // which OpenAI's clients honour when they retry.
     assert_eq!(
-        (r.status, r.json()["error"]["type"].clone()),
-        (429, json!("rate_limit_error"))
+        (r.status, r.json()["error"]["code"].clone()),
+        (503, json!("queue_full"))
+    );
+    assert!(
+        r.headers.to_ascii_lowercase().contains("retry-after: 1"),
+        "{}",
+        r.headers
     );
     drop((first, second));
     // Both leave once the server notices (bounded polling, no timing assertion).

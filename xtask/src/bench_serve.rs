@@ -90,7 +90,7 @@ fn wait_ready(port: u16, path: &str, server: &mut Server) -> Result<(), String> 
         if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
             let _ = write!(
                 s,
-                "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
             );
             let mut buf = String::new();
             let _ = s.read_to_string(&mut buf);
