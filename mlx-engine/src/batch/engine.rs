@@ -5,9 +5,11 @@
 //! iteration (1) drops rows whose client has gone or whose deadline has passed, (2) turns the
 //! queued requests that fit in the batch into prefill tasks (those arriving together are
 //! prefilled together, left-padded, as mlx-lm's `BatchGenerator` does; one with a cached prefix
-//! or a seed alone), (3) runs **one slice** of pending large work, taking prefill and
-//! embedding tasks in turn (round robin), (4) runs one batched decode step and hands every row
-//! its token. A slice is one prefill chunk (at most `prefill_step_size` prompt positions per
+//! or a seed alone), (3) runs **one slice** of pending large work, alternately for the task
+//! queued longest and the one with the least work left (so small requests finish first and no
+//! large one starves), unless the slices have taken more time than the decode steps since
+//! (running rows get at least half the engine's time), (4) runs one batched decode step and
+//! hands every row its token. A slice is one prefill chunk (at most `prefill_step_size` prompt positions per
 //! request of the task, the chunks `generate_step` and mlx-lm cut, so the numerics are those
 //! of a prefill run to the end at once; the chunk that leaves only the last token also runs
 //! that token's step), or one batch of embedding inputs of at most `prefill_step_size` tokens
@@ -387,6 +389,14 @@ struct Worker {
     steps: usize,
     /// Large work under way, one slice at a time, in turn.
     tasks: VecDeque<Task>,
+    /// Time the slices of large work took beyond the decode steps run since, while rows were
+    /// running: no slice runs while it is positive, so running rows get at least half the
+    /// engine's time (and still wait at most one slice between two tokens).
+    slice_debt: Duration,
+    /// Whether the next slice goes to the task queued longest; otherwise to the one with the
+    /// least work left, so small requests finish first while a large one still gets every
+    /// other slice (it cannot be starved).
+    oldest_next: bool,
     /// Tokens of large work done since freed memory was last handed back.
     since_release: usize,
     /// Whether anything ran since freed memory was last handed back.
@@ -466,6 +476,8 @@ impl Worker {
             caches: Vec::new(),
             steps: 0,
             tasks: VecDeque::new(),
+            slice_debt: Duration::ZERO,
+            oldest_next: false,
             since_release: 0,
             dirty: false,
         }
@@ -527,27 +539,58 @@ impl Worker {
                     .fetch_sub(joining.len(), Ordering::Relaxed);
                 self.start_prefills(joining);
             }
-            // One slice of large work, then one decode step: a running row waits at most one
-            // slice between two tokens.
-            if let Some(mut task) = self.tasks.pop_front() {
+            // At most one slice of large work, then one decode step: a running row waits at
+            // most one slice between two tokens. While rows run, a slice waits until decode
+            // steps have taken as long as the slices before it (time shared half and half).
+            if self.rows.is_empty() {
+                self.slice_debt = Duration::ZERO;
+            }
+            let task = if self.slice_debt.is_zero() {
+                self.next_task()
+            } else {
+                None
+            };
+            if let Some(mut task) = task {
                 self.dirty = true;
                 self.stats.slices.fetch_add(1, Ordering::Relaxed);
+                let started = Instant::now();
                 match self.slice(&mut task) {
                     Ok(false) => self.tasks.push_back(task),
                     Ok(true) => self.release_memory(),
                     // A failed join may leave the batch inconsistent: start over.
                     Err(e) => self.fail_all(&e),
                 }
+                if !self.rows.is_empty() {
+                    self.slice_debt += started.elapsed();
+                }
             }
             self.stats.active.store(self.rows.len(), Ordering::Relaxed);
             if !self.rows.is_empty() {
                 self.dirty = true;
+                let started = Instant::now();
                 if let Err(e) = self.decode_step() {
                     self.fail_all(&e);
                 }
+                self.slice_debt = self.slice_debt.saturating_sub(started.elapsed());
             }
             self.stats.active.store(self.rows.len(), Ordering::Relaxed);
         }
+    }
+
+    /// The task the next slice goes to, taken out of the queue: alternately the one queued
+    /// longest and the one with the fewest tokens left (the first of those on a tie).
+    fn next_task(&mut self) -> Option<Task> {
+        let pending = |t: &Task| match t {
+            Task::Prefill(p) => p.pending,
+            Task::Embed(e) => e.pending,
+        };
+        self.oldest_next = !self.oldest_next;
+        let i = if self.oldest_next {
+            0
+        } else {
+            (0..self.tasks.len()).min_by_key(|&i| pending(&self.tasks[i]))?
+        };
+        self.tasks.remove(i)
     }
 
     /// After a task: hands freed memory back to the system once at least one slice's worth of
