@@ -389,9 +389,10 @@ struct Worker {
     steps: usize,
     /// Large work under way, one slice at a time, in turn.
     tasks: VecDeque<Task>,
-    /// Time the slices of large work took beyond the decode steps run since, while rows were
-    /// running: no slice runs while it is positive, so running rows get at least half the
-    /// engine's time (and still wait at most one slice between two tokens).
+    /// Time the slices of large work (tasks of more than one slice) took beyond the decode
+    /// steps run since, while rows were running: no slice runs while it is positive, so running
+    /// rows get at least half the engine's time (and still wait at most one slice between two
+    /// tokens).
     slice_debt: Duration,
     /// Whether the next slice goes to the task queued longest; otherwise to the one with the
     /// least work left, so small requests finish first while a large one still gets every
@@ -555,13 +556,17 @@ impl Worker {
                 self.stats.slices.fetch_add(1, Ordering::Relaxed);
                 let started = Instant::now();
                 match self.slice(&mut task) {
-                    Ok(false) => self.tasks.push_back(task),
+                    Ok(false) => {
+                        // Only work that takes more than one slice is large enough to owe the
+                        // running rows time: a small request joins as soon as it is prefilled.
+                        if !self.rows.is_empty() {
+                            self.slice_debt += started.elapsed();
+                        }
+                        self.tasks.push_back(task)
+                    }
                     Ok(true) => self.release_memory(),
                     // A failed join may leave the batch inconsistent: start over.
                     Err(e) => self.fail_all(&e),
-                }
-                if !self.rows.is_empty() {
-                    self.slice_debt += started.elapsed();
                 }
             }
             self.stats.active.store(self.rows.len(), Ordering::Relaxed);
