@@ -1,27 +1,6 @@
-//! Where the binaries look for libmlx, in order: `mlx-runtime/mlx/lib` beside the binary (a
-//! copied binary carries that folder along: the wheel's layout, which libmlx's own RUNPATH
-//! expects), `../lib/mlx-runtime/mlx/lib` (an install prefix), the copy `mlx-sys` keeps in the
-//! user's cache (`DEP_MLX_RUNTIME`: what `cargo install` binaries use), then the directory
-//! `mlx-sys` found or fetched (`DEP_MLX_LIBDIR`, inside the target directory).
+//! Run paths for the `mlx-serve` binary (see `mlx-sys/rpaths.rs`).
+include!("../mlx-sys/rpaths.rs");
+
 fn main() {
-    let origin = if std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("macos") {
-        "@loader_path"
-    } else {
-        "$ORIGIN"
-    };
-    let mut dirs = vec![
-        format!("{origin}/mlx-runtime/mlx/lib"),
-        format!("{origin}/../lib/mlx-runtime/mlx/lib"),
-    ];
-    if let Ok(dir) = std::env::var("DEP_MLX_RUNTIME") {
-        dirs.push(format!("{dir}/mlx/lib"));
-    }
-    if let Ok(dir) = std::env::var("DEP_MLX_LIBDIR") {
-        dirs.push(dir);
-    }
-    for dir in dirs {
-        println!("cargo:rustc-link-arg-bins=-Wl,-rpath,{dir}");
-    }
-    println!("cargo:rerun-if-env-changed=DEP_MLX_LIBDIR");
-    println!("cargo:rerun-if-env-changed=DEP_MLX_RUNTIME");
+    emit_rpaths("-bins");
 }

@@ -5,7 +5,9 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
+use std::sync::mpsc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use clap::Parser;
 use serde_json::Value;
@@ -46,6 +48,8 @@ struct Cli {
 pub struct TestServer {
     pub addr: SocketAddr,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
+    /// Sent to when the server thread has stopped serving.
+    done: mpsc::Receiver<()>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -66,7 +70,8 @@ impl TestServer {
         ];
         argv.extend(extra.iter().map(|s| s.to_string()));
         let args = Cli::parse_from(argv).serve;
-        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let (addr_tx, addr_rx) = mpsc::channel();
+        let (done_tx, done) = mpsc::channel();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_multi_thread()
@@ -86,13 +91,28 @@ impl TestServer {
                     .await
                     .unwrap();
             });
+            let _ = done_tx.send(());
         });
         let addr = addr_rx.recv().expect("the server did not start");
         TestServer {
             addr,
             stop: Some(stop_tx),
+            done,
             thread: Some(thread),
         }
+    }
+
+    /// Triggers shutdown; how long the server took to stop serving, `None` past `bound`.
+    pub fn shutdown(&mut self, bound: Duration) -> Option<Duration> {
+        let t = Instant::now();
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        self.done.recv_timeout(bound).ok()?;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        Some(t.elapsed())
     }
 
     pub fn url(&self) -> String {
@@ -102,12 +122,9 @@ impl TestServer {
 
 impl Drop for TestServer {
     fn drop(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        // A server that never stops (the bug the connection tests catch) is left behind, not
+        // waited for.
+        let _ = self.shutdown(Duration::from_secs(30));
     }
 }
 

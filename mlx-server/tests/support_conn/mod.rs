@@ -7,94 +7,16 @@ use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use clap::Parser;
 use serde_json::Value;
 
-#[derive(Parser)]
-struct Cli {
-    #[command(flatten)]
-    serve: mlx_server::ServeArgs,
-}
+#[path = "../common/mod.rs"]
+mod common;
 
-fn fixture() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../mlx-engine/tests/fixtures/tiny_chat")
-}
-
-/// A server on the tiny fixture whose shutdown the test triggers.
-pub struct Srv {
-    pub addr: SocketAddr,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    done: mpsc::Receiver<()>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Srv {
-    pub fn start(extra: &[&str]) -> Srv {
-        let mut argv = vec![
-            "mlx-serve".to_string(),
-            "--model".into(),
-            fixture().display().to_string(),
-            "--port".into(),
-            "0".into(),
-        ];
-        argv.extend(extra.iter().map(|s| s.to_string()));
-        let args = Cli::parse_from(argv).serve;
-        let (addr_tx, addr_rx) = mpsc::channel();
-        let (done_tx, done) = mpsc::channel();
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async move {
-                let server = mlx_server::Server::bind(args, mlx_server::load_model_dir)
-                    .await
-                    .unwrap();
-                addr_tx.send(server.addr).unwrap();
-                server
-                    .serve(async {
-                        let _ = stop_rx.await;
-                    })
-                    .await
-                    .unwrap();
-            });
-            let _ = done_tx.send(());
-        });
-        let addr = addr_rx.recv().expect("the server did not start");
-        Srv {
-            addr,
-            stop: Some(stop_tx),
-            done,
-            thread: Some(thread),
-        }
-    }
-
-    /// Triggers shutdown; how long the server took to stop serving, `None` past `bound`.
-    pub fn shutdown(&mut self, bound: Duration) -> Option<Duration> {
-        let t = Instant::now();
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        self.done.recv_timeout(bound).ok()?;
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-        Some(t.elapsed())
-    }
-}
-
-impl Drop for Srv {
-    fn drop(&mut self) {
-        // A server that never stops (the bug these tests catch) is left behind, not waited
-        // for.
-        let _ = self.shutdown(Duration::from_secs(30));
-    }
-}
+pub use common::fixture;
+/// A server on the tiny fixture whose shutdown the test triggers (`TestServer::shutdown`).
+pub use common::TestServer as Srv;
 
 /// The `mlx-serve` binary on the fixture, its stderr drained by a thread.
 pub struct Bin {
