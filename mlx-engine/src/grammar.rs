@@ -187,9 +187,11 @@ impl GrammarCompiler {
     pub fn compile(&self, spec: &GrammarSpec) -> std::result::Result<Grammar, String> {
         let top = spec.top_level();
         let factory = self.factory.clone();
-        let parser = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || factory.create_parser(top)))
-            .map_err(panic_message)?
-            .map_err(|e| e.to_string())?;
+        let parser = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+            factory.create_parser(top)
+        }))
+        .map_err(panic_message)?
+        .map_err(|e| e.to_string())?;
         let matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
             return Err(e);

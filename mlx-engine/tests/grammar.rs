@@ -22,6 +22,15 @@ use mlx_models::LanguageModel;
 use schema_check::{parse_valid, person_schema};
 use serde_json::{json, Value};
 
+/// MLX's global random key is shared by every thread of the process, and an array made on
+/// one thread's stream cannot be evaluated on another's: tests that seed and sample take
+/// turns.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny_chat")
 }
@@ -37,8 +46,11 @@ fn tiny() -> (Box<dyn LanguageModel>, Tokenizer) {
 
 fn prompt(tok: &Tokenizer) -> Vec<u32> {
     let messages = vec![json!({"role": "user", "content": "Describe a person as JSON."})];
-    tok.apply_chat_template_ids(&messages, &mlx_engine::ChatTemplateOptions::generation(true))
-        .unwrap()
+    tok.apply_chat_template_ids(
+        &messages,
+        &mlx_engine::ChatTemplateOptions::generation(true),
+    )
+    .unwrap()
 }
 
 /// The reply's text and why it ended.
@@ -74,6 +86,7 @@ fn sampled() -> Sampler {
 
 #[test]
 fn json_schema_replies_validate_on_every_decoder_greedy_and_sampled() {
+    let _turn = serial();
     let (model, tok) = tiny();
     let compiler = GrammarCompiler::new(&tok, model.vocab_size() as usize).unwrap();
     let schema = person_schema();
@@ -137,6 +150,7 @@ fn json_schema_replies_validate_on_every_decoder_greedy_and_sampled() {
 
 #[test]
 fn json_object_and_lark_grammars() {
+    let _turn = serial();
     let (model, tok) = tiny();
     let compiler = GrammarCompiler::new(&tok, model.vocab_size() as usize).unwrap();
     // A strong bias towards `}`: unconstrained the reply is `}}}...`, constrained `{}`.
@@ -202,6 +216,7 @@ fn json_object_and_lark_grammars() {
 
 #[test]
 fn bad_schemas_are_errors_with_llguidance_message() {
+    let _turn = serial();
     let (model, tok) = tiny();
     let compiler = GrammarCompiler::new(&tok, model.vocab_size() as usize).unwrap();
     let e = compiler
@@ -238,6 +253,7 @@ fn spells(tok: &Tokenizer, bytes: &[Vec<u8>], text: &str) {
 
 #[test]
 fn token_bytes_of_real_tokenizers_spell_their_text() {
+    let _turn = serial();
     let texts = [
         "{\"name\": \"Zoë\", \"age\": 42, \"tags\": [\"a b\", \"日本\"]}",
         "Hello,\n\tworld! ☃ 🦀 ~~~ 12345",

@@ -37,11 +37,11 @@ use super::cache::BatchKVCache;
 use super::text::TextState;
 use crate::error::{EngineError, Result};
 use crate::generate::make_prompt_cache;
+use crate::grammar::{apply_mask, Grammar};
 use crate::prompt_cache::PromptCache;
 use crate::sample::SamplerSettings;
 use crate::sample::{make_logits_processors, LogitsProcessor, ProcessorSettings, Sampler};
 use crate::stream::FinishReason;
-use crate::grammar::{apply_mask, Grammar};
 use crate::tokenizer::Tokenizer;
 
 /// One request, already tokenized and validated by the caller.
@@ -1065,7 +1065,11 @@ impl Worker {
         let jobs = std::mem::take(&mut p.jobs);
         let mut caches = std::mem::take(&mut p.caches);
         if !p.together {
-            let Some(Job { mut request, mut sink }) = jobs.into_iter().next() else {
+            let Some(Job {
+                mut request,
+                mut sink,
+            }) = jobs.into_iter().next()
+            else {
                 return Ok(());
             };
             let mut grammar = request.grammar.take();
@@ -1118,8 +1122,7 @@ impl Worker {
             } = job;
             let mut grammar = request.grammar.take();
             let row_logits = ops::slice_axis(&logits, 0, e as i32, e as i32 + 1, None)?;
-            let (first, logprobs) = match self.first_token(&request, row_logits, grammar.as_mut())
-            {
+            let (first, logprobs) = match self.first_token(&request, row_logits, grammar.as_mut()) {
                 Ok(x) => x,
                 Err(err) => {
                     sink.send(BatchEvent::Error(err.to_string()));

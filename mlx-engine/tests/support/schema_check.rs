@@ -40,7 +40,9 @@ fn check(schema: &Value, v: &Value, at: &str) -> Result<(), String> {
     };
     for k in s.keys() {
         if !KNOWN.contains(&k.as_str()) {
-            return Err(format!("{at}: the test checker does not know keyword {k:?}"));
+            return Err(format!(
+                "{at}: the test checker does not know keyword {k:?}"
+            ));
         }
     }
     if let Some(any) = s.get("anyOf").and_then(Value::as_array) {
@@ -75,27 +77,45 @@ fn check(schema: &Value, v: &Value, at: &str) -> Result<(), String> {
     }
     if let Some(x) = v.as_str() {
         let n = x.chars().count() as u64;
-        if s.get("maxLength").and_then(Value::as_u64).is_some_and(|m| n > m) {
+        if s.get("maxLength")
+            .and_then(Value::as_u64)
+            .is_some_and(|m| n > m)
+        {
             return Err(format!("{at}: {x:?} is longer than maxLength"));
         }
-        if s.get("minLength").and_then(Value::as_u64).is_some_and(|m| n < m) {
+        if s.get("minLength")
+            .and_then(Value::as_u64)
+            .is_some_and(|m| n < m)
+        {
             return Err(format!("{at}: {x:?} is shorter than minLength"));
         }
     }
     if let Some(x) = v.as_f64() {
-        if s.get("minimum").and_then(Value::as_f64).is_some_and(|m| x < m) {
+        if s.get("minimum")
+            .and_then(Value::as_f64)
+            .is_some_and(|m| x < m)
+        {
             return Err(format!("{at}: {x} is below minimum"));
         }
-        if s.get("maximum").and_then(Value::as_f64).is_some_and(|m| x > m) {
+        if s.get("maximum")
+            .and_then(Value::as_f64)
+            .is_some_and(|m| x > m)
+        {
             return Err(format!("{at}: {x} is above maximum"));
         }
     }
     if let Some(a) = v.as_array() {
         let n = a.len() as u64;
-        if s.get("maxItems").and_then(Value::as_u64).is_some_and(|m| n > m) {
+        if s.get("maxItems")
+            .and_then(Value::as_u64)
+            .is_some_and(|m| n > m)
+        {
             return Err(format!("{at}: {n} items, more than maxItems"));
         }
-        if s.get("minItems").and_then(Value::as_u64).is_some_and(|m| n < m) {
+        if s.get("minItems")
+            .and_then(Value::as_u64)
+            .is_some_and(|m| n < m)
+        {
             return Err(format!("{at}: {n} items, fewer than minItems"));
         }
         if let Some(items) = s.get("items") {
