@@ -109,7 +109,19 @@ pub struct GenerateArgs {
 
 /// `--json-schema FILE` read and parsed (not yet compiled: that needs the tokenizer).
 pub(crate) fn read_json_schema(path: &str) -> Result<Value, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("--json-schema {path}: {e}"))?;
+    use std::io::Read;
+    // Bounded: a schema is small, and the path may name a device or an endless pipe.
+    const LIMIT: u64 = 16 << 20;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(LIMIT + 1).read_to_end(&mut bytes))
+        .map_err(|e| format!("--json-schema {path}: {e}"))?;
+    if bytes.len() as u64 > LIMIT {
+        return Err(format!(
+            "--json-schema {path}: larger than {} MiB; a JSON schema is expected",
+            LIMIT >> 20
+        ));
+    }
     let v: Value = serde_json::from_slice(&bytes)
         .map_err(|e| format!("--json-schema {path}: not valid JSON: {e}"))?;
     if !(v.is_object() || v.is_boolean()) {
