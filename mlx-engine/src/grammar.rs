@@ -209,12 +209,22 @@ impl GrammarCompiler {
     }
 }
 
-/// One generation's grammar state (see the module docs).
-#[derive(Clone)]
+/// One generation's grammar state (see the module docs). A clone is independent, lexer caches
+/// included (`Matcher::deep_clone`), so it may go to another thread.
 pub struct Grammar {
     matcher: Matcher,
     vocab: usize,
     eos: Arc<[u32]>,
+}
+
+impl Clone for Grammar {
+    fn clone(&self) -> Self {
+        Grammar {
+            matcher: self.matcher.deep_clone(),
+            vocab: self.vocab,
+            eos: self.eos.clone(),
+        }
+    }
 }
 
 impl std::fmt::Debug for Grammar {

@@ -192,6 +192,29 @@ fn json_object_and_lark_grammars() {
         assert_eq!(finish, FinishReason::Stop);
     }
 
+    // EOS only where the grammar accepts: pushed hard towards EOS, the reply is still whole.
+    let eos = *tok.eos_token_ids().iter().next().unwrap() as i32;
+    let (text, finish) = reply(
+        model.as_ref(),
+        &tok,
+        GenerateOptions {
+            max_tokens: Some(600),
+            logits_processors: vec![LogitsProcessor::LogitBias {
+                ids: vec![eos],
+                values: vec![50.0],
+            }],
+            grammar: Some(
+                compiler
+                    .compile(&GrammarSpec::JsonSchema(person_schema()))
+                    .unwrap(),
+            ),
+            ..GenerateOptions::default()
+        },
+        None,
+    );
+    parse_valid(&person_schema(), &text).unwrap();
+    assert_eq!(finish, FinishReason::Stop);
+
     let lark = GrammarSpec::Lark(r#"start: "yes" | "no" | "maybe""#.into());
     for seed in [None, Some(3), Some(4)] {
         let (text, finish) = reply(
