@@ -428,6 +428,8 @@ impl<'m> GenerateStep<'m> {
             }
         }
         if let Some(g) = self.opts.grammar.as_mut() {
+            // The forward runs while the host computes the mask.
+            async_eval([&logits])?;
             logits = g.mask_logits(&logits)?;
         }
         let all: Vec<i32> = (0..logits.ndim() as i32).collect();

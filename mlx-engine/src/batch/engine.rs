@@ -1311,7 +1311,9 @@ impl Worker {
             logits = ops::concatenate(&parts.iter().collect::<Vec<_>>(), 0, None)?;
         }
         if self.rows.iter().any(|r| r.grammar.is_some()) {
-            // One `(batch, vocab)` mask: each constrained row its grammar's, the others all set.
+            // One `(batch, vocab)` mask: each constrained row its grammar's, the others all set;
+            // the forward runs while the host computes it.
+            mlx_core::async_eval([&logits])?;
             let v = logits.shape().last().copied().unwrap_or(0).max(0) as usize;
             let mut bits = vec![true; b * v];
             for (row, out) in self.rows.iter_mut().zip(bits.chunks_mut(v.max(1))) {
