@@ -41,7 +41,9 @@ const SHAPES: [(usize, usize); 3] = [(576, 576), (1536, 576), (576, 1536)];
 fn matvec(c: &mut Criterion) {
     let mut rng = Lcg(7);
     for (rows, cols) in SHAPES {
-        let dense: Vec<f16> = (0..rows * cols).map(|_| f16::from_f32(rng.unit())).collect();
+        let dense: Vec<f16> = (0..rows * cols)
+            .map(|_| f16::from_f32(rng.unit()))
+            .collect();
         let words: Vec<u32> = (0..rows * cols / 8).map(|_| rng.next()).collect();
         let groups = rows * cols / 32;
         let scales: Vec<f16> = (0..groups)
