@@ -13,6 +13,7 @@ mod chat;
 pub mod check;
 mod common;
 mod completions;
+mod convert;
 mod embed;
 mod generate;
 mod info;
@@ -71,6 +72,9 @@ pub enum Command {
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to standard
     /// output, e.g. `mlx completions bash > ~/.local/share/bash-completion/completions/mlx`.
     Completions(completions::CompletionsArgs),
+    /// Convert a model directory to MLX format, optionally quantized or dequantized (as
+    /// `mlx_lm.convert`).
+    Convert(convert::ConvertArgs),
 }
 
 /// Runs a checked command line.
@@ -88,6 +92,7 @@ pub fn run(c: check::Checked) -> Result<(), String> {
         Checked::Completions(a) => completions::run(&a),
         Checked::Info(a, info) => info::run(&a, &info),
         Checked::Embed(a) => embed::run(&a),
+        Checked::Convert(a) => convert::run(&a),
     }
 }
 
