@@ -38,6 +38,7 @@ pub enum Checked {
     Info(InfoArgs, Box<ModelInfo>),
     Embed(Box<EmbedArgs>),
     Convert(Box<crate::convert::ConvertArgs>),
+    Perplexity(Box<crate::perplexity::PerplexityArgs>),
 }
 
 impl Checked {
@@ -56,6 +57,7 @@ impl Checked {
             Checked::Info(..) => "info",
             Checked::Embed(_) => "embed",
             Checked::Convert(_) => "convert",
+            Checked::Perplexity(_) => "perplexity",
         }
     }
 }
@@ -197,6 +199,10 @@ pub fn check(c: Command) -> Result<Checked, String> {
         Command::Convert(a) => {
             a.check()?;
             Checked::Convert(Box::new(a))
+        }
+        Command::Perplexity(a) => {
+            a.check()?;
+            Checked::Perplexity(Box::new(a))
         }
     })
 }

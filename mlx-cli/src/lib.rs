@@ -20,6 +20,7 @@ mod info;
 mod manage;
 mod model;
 mod models;
+mod perplexity;
 mod progress;
 mod serve;
 
@@ -75,6 +76,10 @@ pub enum Command {
     /// Convert a model directory to MLX format, optionally quantized or dequantized (as
     /// `mlx_lm.convert`).
     Convert(convert::ConvertArgs),
+    /// The perplexity of a model on local data, with its standard error (as
+    /// `mlx_lm.perplexity`).
+    #[command(allow_negative_numbers = true)]
+    Perplexity(perplexity::PerplexityArgs),
 }
 
 /// Runs a checked command line.
@@ -93,6 +98,7 @@ pub fn run(c: check::Checked) -> Result<(), String> {
         Checked::Info(a, info) => info::run(&a, &info),
         Checked::Embed(a) => embed::run(&a),
         Checked::Convert(a) => convert::run(&a),
+        Checked::Perplexity(a) => perplexity::run(&a),
     }
 }
 

@@ -215,9 +215,11 @@ fn mixed_recipe(
         "mixed_3_4" => (3, 4),
         "mixed_3_6" => (3, 6),
         "mixed_4_6" => (4, 6),
-        other => return Err(ModelError::Other(format!(
+        other => {
+            return Err(ModelError::Other(format!(
             "--quant-predicate: invalid quant recipe {other} (expected one of {QUANT_RECIPES:?})"
-        ))),
+        )))
+        }
     };
     let parts: Vec<&str> = path.split('.').collect();
     let index: i64 = if parts.len() > layer_location {
