@@ -39,6 +39,7 @@ pub enum Checked {
     Embed(Box<EmbedArgs>),
     Convert(Box<crate::convert::ConvertArgs>),
     Perplexity(Box<crate::perplexity::PerplexityArgs>),
+    Benchmark(Box<crate::benchmark::BenchmarkArgs>),
 }
 
 impl Checked {
@@ -58,6 +59,7 @@ impl Checked {
             Checked::Embed(_) => "embed",
             Checked::Convert(_) => "convert",
             Checked::Perplexity(_) => "perplexity",
+            Checked::Benchmark(_) => "benchmark",
         }
     }
 }
@@ -203,6 +205,10 @@ pub fn check(c: Command) -> Result<Checked, String> {
         Command::Perplexity(a) => {
             a.check()?;
             Checked::Perplexity(Box::new(a))
+        }
+        Command::Benchmark(a) => {
+            a.check()?;
+            Checked::Benchmark(Box::new(a))
         }
     })
 }

@@ -8,6 +8,7 @@
 //! argument vector (the `mlx` binary runs it first; `mlx-fuzz`'s `argv` target fuzzes it).
 #![forbid(unsafe_code)]
 
+mod benchmark;
 mod cache_prompt;
 mod chat;
 pub mod check;
@@ -80,6 +81,9 @@ pub enum Command {
     /// `mlx_lm.perplexity`).
     #[command(allow_negative_numbers = true)]
     Perplexity(perplexity::PerplexityArgs),
+    /// Prompt and generation tokens/s and peak memory over timed trials (as
+    /// `mlx_lm.benchmark`).
+    Benchmark(benchmark::BenchmarkArgs),
 }
 
 /// Runs a checked command line.
@@ -99,6 +103,7 @@ pub fn run(c: check::Checked) -> Result<(), String> {
         Checked::Embed(a) => embed::run(&a),
         Checked::Convert(a) => convert::run(&a),
         Checked::Perplexity(a) => perplexity::run(&a),
+        Checked::Benchmark(a) => benchmark::run(&a),
     }
 }
 

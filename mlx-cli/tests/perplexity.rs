@@ -105,3 +105,57 @@ fn perplexity_refuses_bad_input_naming_it() {
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
     }
 }
+
+/// `mlx benchmark` draws mlx_lm.benchmark's prompt ids (seed 0 before loading, the key
+/// advanced by the model's construction) and reports every trial and the averages.
+#[test]
+fn benchmark_draws_mlx_lm_prompts_and_reports_trials() {
+    let golden: Value = serde_json::from_str(
+        &std::fs::read_to_string(tests_dir().join("goldens/perplexity.json")).unwrap(),
+    )
+    .unwrap();
+    for (model, want) in golden["benchmark_prompts"].as_object().unwrap() {
+        let dir = tests_dir().join(model);
+        let (code, stdout, stderr) = mlx(&[
+            "benchmark",
+            "--model",
+            dir.to_str().unwrap(),
+            "--dtype",
+            "stored",
+            "-p",
+            "12",
+            "-g",
+            "3",
+            "-n",
+            "2",
+            "--json",
+        ]);
+        assert_eq!(code, 0, "{model}: {stderr}");
+        let lines: Vec<Value> = stdout
+            .lines()
+            .filter(|l| l.starts_with('{'))
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(&lines[0]["prompt"], want, "{model}: prompt ids");
+        assert_eq!(lines[1]["trial"], 1);
+        assert_eq!(lines[2]["trial"], 2);
+        assert!(lines[3]["averages"]["generation_tps"].as_f64().unwrap() > 0.0);
+    }
+    // The text report, as mlx_lm.benchmark prints it.
+    let dir = tests_dir().join("models/qwen3");
+    let (code, stdout, _) = mlx(&[
+        "benchmark",
+        "--model",
+        dir.to_str().unwrap(),
+        "-p",
+        "4",
+        "-g",
+        "2",
+        "-n",
+        "1",
+    ]);
+    assert_eq!(code, 0);
+    assert!(stdout.contains("Timing with prompt_tokens=4, generation_tokens=2, batch_size=1."));
+    assert!(stdout.contains("Trial 1:  prompt_tps="));
+    assert!(stdout.contains("Averages: prompt_tps="));
+}

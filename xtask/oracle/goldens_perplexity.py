@@ -12,7 +12,8 @@ mlx-cli/tests/models/. The `datasets` package is not in the oracle venv, so `loa
 raises IndexError; `mlx perplexity` uses every record.)
 
 Golden: mlx-cli/tests/goldens/perplexity.json: per case the perplexity and its standard error
-(Python floats, repr), the sample count and the rows' sha256.
+(Python floats, repr), the sample count and the rows' sha256; and `benchmark_prompts`, the
+12-token prompt `mlx_lm.benchmark` draws for two fixtures (for `mlx benchmark`).
 
 Run with `cargo xtask goldens perplexity`.
 """
@@ -87,7 +88,17 @@ def main():
             "rows_sha256": hashlib.sha256(rows.tobytes()).hexdigest(),
         }
         print(case, ppl, se, file=sys.stderr)
-    GOLDEN.write_text(json.dumps({"cases": out}, indent=1, sort_keys=True) + "\n")
+    # mlx_lm.benchmark's prompt ids: `mx.random.seed(0)`, `load` (whose construction draws
+    # from the global key), then `randint(0, vocab_size, (batch, prompt_tokens))`.
+    bench = {}
+    for model_dir in ["models/qwen3", "models/q4_g32"]:
+        mx.random.seed(0)
+        model, tokenizer, config = load(str(CLI / model_dir), return_config=True)
+        vocab = config.get("vocab_size") or config["text_config"]["vocab_size"]
+        bench[model_dir] = mx.random.randint(0, vocab, (1, 12)).tolist()[0]
+    GOLDEN.write_text(
+        json.dumps({"cases": out, "benchmark_prompts": bench}, indent=1, sort_keys=True) + "\n"
+    )
 
 
 if __name__ == "__main__":
