@@ -105,7 +105,7 @@ pub fn run(a: &BenchmarkArgs) -> Result<(), String> {
         .pick(m.model.as_ref(), &generate, &a.model.dtype, false)?;
     let bench = |generate: &GenerateOptions| -> Result<Trial, String> {
         let mut generate = generate.clone();
-        generate.cpu_decode = decoder.cpu.clone();
+        generate.cpu_decode = decoder.cpu;
         let opts = StreamOptions {
             generate,
             ..StreamOptions::default()

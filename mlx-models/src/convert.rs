@@ -234,11 +234,11 @@ fn mixed_recipe(
     let n8 = num_layers.div_euclid(8);
     let use_more_bits =
         index < n8 || index >= (7 * num_layers).div_euclid(8) || (index - n8).rem_euclid(3) == 2;
-    let high_path =
-        ((path.contains("v_proj") || path.contains("v_a_proj") || path.contains("v_b_proj"))
-            && use_more_bits)
-            || (path.contains("down_proj") && use_more_bits)
-            || path.contains("lm_head");
+    let more = path.contains("v_proj")
+        || path.contains("v_a_proj")
+        || path.contains("v_b_proj")
+        || path.contains("down_proj");
+    let high_path = (more && use_more_bits) || path.contains("lm_head");
     Ok(LayerQuant {
         group_size,
         bits: if high_path { high } else { low },
