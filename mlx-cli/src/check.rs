@@ -145,6 +145,9 @@ pub fn check(c: Command) -> Result<Checked, String> {
                 return Err("--extra-eos-token: the token must not be empty".into());
             }
             generate::template_kwargs(&a)?;
+            if let Some(p) = &a.json_schema {
+                generate::read_json_schema(p)?;
+            }
             let cache_file = a
                 .prompt_cache_file
                 .as_deref()
@@ -155,6 +158,9 @@ pub fn check(c: Command) -> Result<Checked, String> {
         Command::Chat(a) => {
             check_model(&a.model)?;
             check_sampling(a.temp, a.top_p, 0.0, a.xtc_probability, a.xtc_threshold)?;
+            if let Some(p) = &a.json_schema {
+                generate::read_json_schema(p)?;
+            }
             Checked::Chat(Box::new(a))
         }
         Command::CachePrompt(a) => {
