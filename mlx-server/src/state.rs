@@ -27,6 +27,10 @@ pub struct AppState {
     /// How the chat template marks tool calls, if it does.
     pub tool_format: Option<ToolFormat>,
     counter: AtomicU64,
+    /// Unknown request fields already logged (each is logged once).
+    unknown_fields: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// The `/metrics` counters and histograms.
+    pub metrics: crate::metrics::Metrics,
 }
 
 pub type Shared = Arc<AppState>;
@@ -65,6 +69,8 @@ impl AppState {
             model_context,
             tool_format,
             counter: AtomicU64::new(0),
+            unknown_fields: Default::default(),
+            metrics: Default::default(),
         }
     }
 
@@ -76,6 +82,18 @@ impl AppState {
             .and_then(|s| s.to_str())
             .unwrap_or(&self.model_id);
         name == self.model_id || name == base || name == "default_model"
+    }
+
+    /// Logs an unknown request field the first time it is seen (it is ignored).
+    pub fn note_unknown_field(&self, name: &str) {
+        let mut seen = self
+            .unknown_fields
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Bounded, so clients cannot grow it without limit.
+        if seen.len() < 1024 && seen.insert(name.to_string()) {
+            tracing::warn!(field = name, "ignoring an unknown request field (logged once)");
+        }
     }
 
     /// A fresh id with the OpenAI prefix (`chatcmpl-...`, `cmpl-...`).
