@@ -27,9 +27,7 @@ async fn edge(State(state): State<Shared>, req: Request, next: Next) -> Response
     } else {
         next.run(req).await
     };
-    state
-        .metrics
-        .count_request(&path, resp.status().as_u16());
+    state.metrics.count_request(&path, resp.status().as_u16());
     let allowed = &state.args.allowed_origins;
     let h = resp.headers_mut();
     if allowed.iter().any(|o| o.trim() == "*") {

@@ -145,8 +145,12 @@ fn template_args(args: &ServeArgs) -> Result<Map<String, Value>, ServeError> {
 /// one-at-a-time mode when `--kv-bits` or `--max-kv-size` is given.
 fn kv_options(args: &ServeArgs) -> Result<Option<mlx_engine::batch::KvOptions>, ServeError> {
     if let Some(bits) = args.kv_bits {
-        mlx_cache::QuantSpec::new(args.kv_group_size, bits)
-            .map_err(|e| ServeError::Args(format!("--kv-bits {bits} --kv-group-size {}: {e}", args.kv_group_size)))?;
+        mlx_cache::QuantSpec::new(args.kv_group_size, bits).map_err(|e| {
+            ServeError::Args(format!(
+                "--kv-bits {bits} --kv-group-size {}: {e}",
+                args.kv_group_size
+            ))
+        })?;
     }
     if args.max_kv_size == Some(0) {
         return Err(ServeError::Args("--max-kv-size must be at least 1".into()));

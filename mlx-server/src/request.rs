@@ -228,12 +228,41 @@ fn normalize_messages(messages: &Value) -> Result<Vec<Value>, ApiError> {
 /// structured-output code), per endpoint, and harmless OpenAI metadata it accepts and
 /// ignores.
 const KNOWN: &[&str] = &[
-    "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
-    "n", "stream", "stream_options", "stop", "seed", "logprobs", "top_logprobs", "logit_bias",
-    "presence_penalty", "frequency_penalty", "repetition_penalty", "repetition_context_size",
-    "presence_context_size", "frequency_context_size", "xtc_probability", "xtc_threshold",
-    "response_format", "tool_choice", "tools", "parallel_tool_calls", "chat_template_kwargs",
-    "messages", "prompt", "user", "store", "metadata", "service_tier", "prompt_cache_key",
+    "model",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "n",
+    "stream",
+    "stream_options",
+    "stop",
+    "seed",
+    "logprobs",
+    "top_logprobs",
+    "logit_bias",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "repetition_context_size",
+    "presence_context_size",
+    "frequency_context_size",
+    "xtc_probability",
+    "xtc_threshold",
+    "response_format",
+    "tool_choice",
+    "tools",
+    "parallel_tool_calls",
+    "chat_template_kwargs",
+    "messages",
+    "prompt",
+    "user",
+    "store",
+    "metadata",
+    "service_tier",
+    "prompt_cache_key",
     "safety_identifier",
 ];
 
@@ -241,8 +270,17 @@ const KNOWN: &[&str] = &[
 /// anything but its default) is refused with a 400 naming it, rather than answered as if
 /// it had not been asked.
 const UNSUPPORTED: &[&str] = &[
-    "audio", "modalities", "prediction", "functions", "function_call", "web_search_options",
-    "reasoning_effort", "verbosity", "suffix", "echo", "best_of",
+    "audio",
+    "modalities",
+    "prediction",
+    "functions",
+    "function_call",
+    "web_search_options",
+    "reasoning_effort",
+    "verbosity",
+    "suffix",
+    "echo",
+    "best_of",
 ];
 
 /// Refuses a set unsupported OpenAI field (400 naming it); logs other unknown fields once per
@@ -426,7 +464,14 @@ pub fn parse(state: &AppState, kind: Kind, bytes: &[u8]) -> Result<Parsed, ApiEr
         // `logprobs: true` with `top_logprobs: N`.
         Kind::Completion => match field(body, "logprobs") {
             None => (false, 0),
-            Some(Value::Bool(b)) => (*b, if *b { integer(body, "top_logprobs")?.unwrap_or(0) } else { 0 }),
+            Some(Value::Bool(b)) => (
+                *b,
+                if *b {
+                    integer(body, "top_logprobs")?.unwrap_or(0)
+                } else {
+                    0
+                },
+            ),
             Some(_) => {
                 let top = integer(body, "logprobs")?.unwrap_or(0);
                 if top < 0 {

@@ -247,7 +247,17 @@ async fn handle(
     let ctxs: Vec<Ctx> = rxs
         .into_iter()
         .enumerate()
-        .map(|(i, rx)| Ctx::new(state.clone(), parsed.clone(), rx, route, start, id.clone(), i))
+        .map(|(i, rx)| {
+            Ctx::new(
+                state.clone(),
+                parsed.clone(),
+                rx,
+                route,
+                start,
+                id.clone(),
+                i,
+            )
+        })
         .collect();
     if parsed.stream {
         let stream = sse_streams(ctxs);
@@ -533,7 +543,11 @@ impl Ctx {
     fn log(&self, status: u16, finish: &str) {
         if status == 200 {
             self.state.metrics.add_tokens(
-                if self.index == 0 { self.prompt_tokens } else { 0 },
+                if self.index == 0 {
+                    self.prompt_tokens
+                } else {
+                    0
+                },
                 self.completion_tokens,
             );
         }
@@ -820,7 +834,9 @@ fn sse_streams(ctxs: Vec<Ctx>) -> impl Stream<Item = Result<Event, Infallible>> 
         .collect();
     let trailer = move |_| {
         let mut events = Vec::new();
-        let t = totals.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let t = totals
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some((id, object, created, model, true)) = &head {
             if !t.failed {
                 let v = json!({
@@ -847,7 +863,10 @@ fn sse_streams(ctxs: Vec<Ctx>) -> impl Stream<Item = Result<Event, Infallible>> 
 }
 
 /// The chunks of one choice.
-fn sse_stream(ctx: Ctx, totals: Arc<Mutex<Totals>>) -> impl Stream<Item = Result<Event, Infallible>> {
+fn sse_stream(
+    ctx: Ctx,
+    totals: Arc<Mutex<Totals>>,
+) -> impl Stream<Item = Result<Event, Infallible>> {
     let st = StreamState {
         ctx,
         totals,

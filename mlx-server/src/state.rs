@@ -92,7 +92,10 @@ impl AppState {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         // Bounded, so clients cannot grow it without limit.
         if seen.len() < 1024 && seen.insert(name.to_string()) {
-            tracing::warn!(field = name, "ignoring an unknown request field (logged once)");
+            tracing::warn!(
+                field = name,
+                "ignoring an unknown request field (logged once)"
+            );
         }
     }
 

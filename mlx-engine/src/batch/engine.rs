@@ -592,7 +592,9 @@ impl Worker {
                 }
             }
             while open
-                && self.rows.len() + waiting.iter().map(Job::width).sum::<usize>() + self.prefilling()
+                && self.rows.len()
+                    + waiting.iter().map(Job::width).sum::<usize>()
+                    + self.prefilling()
                     < self.config.max_batch
             {
                 match rx.try_recv() {
@@ -1218,7 +1220,9 @@ impl Worker {
         let mut keep = Vec::with_capacity(k);
         let mut rows = Vec::with_capacity(k);
         for (e, job) in jobs.into_iter().enumerate() {
-            let Job { request, mut sink, .. } = job;
+            let Job {
+                request, mut sink, ..
+            } = job;
             let row_logits = ops::slice_axis(&logits, 0, e as i32, e as i32 + 1, None)?;
             let (first, logprobs) = match self.first_token(&request, row_logits, 1) {
                 Ok(x) => x,
@@ -1289,12 +1293,9 @@ impl Worker {
     /// `maybe_quantize_kv_cache` after a forward pass, with `--kv-bits`.
     fn quantize(&self, caches: &mut [Box<dyn Cache>]) -> Result<()> {
         match &self.config.kv {
-            Some(k) => maybe_quantize_kv_cache(
-                caches,
-                k.quantized_kv_start,
-                k.kv_group_size,
-                k.kv_bits,
-            ),
+            Some(k) => {
+                maybe_quantize_kv_cache(caches, k.quantized_kv_start, k.kv_group_size, k.kv_bits)
+            }
             None => Ok(()),
         }
     }
