@@ -226,7 +226,7 @@ impl Server {
                     let mut m: LoadedModel = load(&load_args)
                         .map_err(mlx_engine::EngineError::Other)?
                         .into();
-                    if let Some(t) = &load_args.chat_template {
+                    if let Some(t) = load_args.chat_template.as_ref().filter(|t| !t.is_empty()) {
                         // mlx_lm.server: `tokenizer_config["chat_template"] = --chat-template`.
                         m.tokenizer
                             .set_chat_template(Some(ChatTemplates::Single(t.clone())));

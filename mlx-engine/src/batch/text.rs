@@ -1,6 +1,7 @@
-//! The text side of one sequence in a batch: streaming detokenization and stop strings, with
-//! the rules of [`crate::stream::stream_generate`] (text is held back while it could still
-//! begin a stop string; generation stops before the first stop string).
+//! The text side of one sequence in a batch: streaming detokenization and stop strings.
+//! Generation stops before the first stop string, as in [`crate::stream::stream_generate`];
+//! only the tail of the text that is a prefix of a stop string is held back (the longest
+//! such tail), so a server streams the rest with the token that made it.
 
 use crate::error::Result;
 use crate::tokenizer::Tokenizer;
