@@ -208,6 +208,9 @@ impl Server {
                 "--max-tokens-limit must be at least 1".into(),
             ));
         }
+        if args.max_n == 0 {
+            return Err(ServeError::Args("--max-n must be at least 1".into()));
+        }
         let template_args = template_args(&args)?;
         let config = EngineConfig {
             max_batch: args.max_batch,
