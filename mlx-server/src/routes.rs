@@ -504,7 +504,10 @@ impl Ctx {
                     None => {
                         let ttft = self.start.elapsed();
                         self.first_token = Some(ttft);
-                        self.state.metrics.ttft.observe(ttft);
+                        // Once per request (its first choice).
+                        if self.index == 0 {
+                            self.state.metrics.ttft.observe(ttft);
+                        }
                     }
                     Some(prev) => self.state.metrics.itl.observe(now - prev),
                 }

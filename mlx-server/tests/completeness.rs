@@ -428,6 +428,17 @@ fn metrics_in_the_prometheus_text_format() {
     assert!(sample(m, "mlx_memory_peak_bytes").unwrap() > 0.0);
     assert!(sample(m, "mlx_memory_active_bytes").is_some());
     assert!(sample(m, "mlx_memory_cache_bytes").is_some());
+    // A request of two choices: one time to first token, both choices' tokens.
+    let mut two = body.clone();
+    two["n"] = json!(2);
+    let v2 = post(s.addr, "/v1/completions", &two).json();
+    let m = http(s.addr, "GET", "/metrics", &[], b"").body;
+    assert_eq!(sample(&m, "mlx_time_to_first_token_seconds_count"), Some(4.0));
+    assert_eq!(
+        sample(&m, "mlx_generated_tokens_total"),
+        Some(generated + completion_tokens(&v2) as f64)
+    );
+    assert_eq!(sample(&m, "mlx_prompt_tokens_total"), Some(4.0 * prompt));
 }
 
 #[test]
