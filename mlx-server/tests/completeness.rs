@@ -433,7 +433,10 @@ fn metrics_in_the_prometheus_text_format() {
     two["n"] = json!(2);
     let v2 = post(s.addr, "/v1/completions", &two).json();
     let m = http(s.addr, "GET", "/metrics", &[], b"").body;
-    assert_eq!(sample(&m, "mlx_time_to_first_token_seconds_count"), Some(4.0));
+    assert_eq!(
+        sample(&m, "mlx_time_to_first_token_seconds_count"),
+        Some(4.0)
+    );
     assert_eq!(
         sample(&m, "mlx_generated_tokens_total"),
         Some(generated + completion_tokens(&v2) as f64)
