@@ -512,6 +512,9 @@ fn mistral() -> std::path::PathBuf {
         .join("../mlx-cli/tests/models/mistral_bias_llama3rope")
 }
 
+/// Words whose ids are inside qwen3's vocabulary of 96.
+const QWORDS: &str = "the cat , the dog . a bird ! hello world , the fish . the sun ? an";
+
 const WORDS: &str =
     "the cat and the dog saw a bird , the sun was warm and the fish swam in the sea";
 
@@ -536,10 +539,6 @@ fn kv_bits_and_max_kv_size_serve_what_generate_step_makes() {
         kv_bits: Some(4),
         kv_group_size: 32,
         quantized_kv_start: 0,
-        ..GenerateOptions::default()
-    });
-    let rotating = gen(GenerateOptions {
-        max_kv_size: Some(8),
         ..GenerateOptions::default()
     });
     let body = json!({"prompt": WORDS, "max_tokens": 12});
@@ -588,10 +587,42 @@ fn kv_bits_and_max_kv_size_serve_what_generate_step_makes() {
         ]),
         "--kv-bits 4",
     );
-    // (mistral's class defines its own cache, so mlx-lm ignores max_kv_size for it too.)
-    check(
-        &rotating,
-        served(&["--max-kv-size", "8"]),
-        "--max-kv-size 8",
+    // mistral's class defines its own cache (mlx-lm ignores max_kv_size for it); qwen3's
+    // does not: --max-kv-size gives it rotating caches.
+    let qwen3 = mistral().with_file_name("qwen3");
+    let rotating = |max_kv_size| {
+        reference_at(
+            &qwen3,
+            QWORDS,
+            GenerateOptions {
+                max_tokens: Some(12),
+                max_kv_size,
+                ..GenerateOptions::default()
+            },
+        )
+    };
+    let (plain, rotated) = (rotating(None), rotating(Some(8)));
+    // The chosen token's log-probability at each step.
+    let chosen = |r: &(Vec<u32>, Vec<Vec<f32>>)| -> Vec<f32> {
+        r.0.iter()
+            .zip(&r.1)
+            .map(|(&t, lp)| lp[t as usize])
+            .collect()
+    };
+    assert_ne!(
+        chosen(&plain),
+        chosen(&rotated),
+        "a rotating cache of 8 changes the log-probabilities"
     );
+    let body = json!({"prompt": QWORDS, "max_tokens": 12, "logprobs": true});
+    let s = TestServer::start_model(&qwen3, &["--max-kv-size", "8"]);
+    let v = post(s.addr, "/v1/completions", &body).json();
+    let got: Vec<f32> = v["choices"][0]["logprobs"]["token_logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect();
+    assert!(!got.is_empty());
+    assert_eq!(got[..], chosen(&rotated)[..got.len()]);
 }
