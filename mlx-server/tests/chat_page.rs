@@ -31,6 +31,8 @@ struct Browser {
     from: std::io::BufReader<std::fs::File>,
     next_id: u64,
     dir: PathBuf,
+    /// Tells the watchdog the browser is gone (so it never kills a reused process id).
+    done: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Browser {
@@ -62,6 +64,21 @@ impl Browser {
             .stderr(Stdio::null())
             .spawn()
             .expect("starting chromium");
+        // A watchdog: a browser that hangs is killed after 120 s (its pipe then closes and
+        // the test fails instead of waiting forever).
+        let pid = child.id().to_string();
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let watch = done.clone();
+        std::thread::spawn(move || {
+            let until = std::time::Instant::now() + Duration::from_secs(120);
+            while std::time::Instant::now() < until {
+                if watch.load(std::sync::atomic::Ordering::Relaxed) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let _ = Command::new("kill").arg("-9").arg(&pid).status();
+        });
         // The order `sh` opens them in: its fd 3 (our writing end) first.
         let to = std::fs::OpenOptions::new()
             .write(true)
@@ -74,6 +91,7 @@ impl Browser {
             from,
             next_id: 0,
             dir,
+            done,
         }
     }
 
@@ -107,6 +125,7 @@ impl Drop for Browser {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        self.done.store(true, std::sync::atomic::Ordering::Relaxed);
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
