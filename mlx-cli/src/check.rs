@@ -37,6 +37,9 @@ pub enum Checked {
     Completions(CompletionsArgs),
     Info(InfoArgs, Box<ModelInfo>),
     Embed(Box<EmbedArgs>),
+    Convert(Box<crate::convert::ConvertArgs>),
+    Perplexity(Box<crate::perplexity::PerplexityArgs>),
+    Benchmark(Box<crate::benchmark::BenchmarkArgs>),
 }
 
 impl Checked {
@@ -54,6 +57,9 @@ impl Checked {
             Checked::Completions(_) => "completions",
             Checked::Info(..) => "info",
             Checked::Embed(_) => "embed",
+            Checked::Convert(_) => "convert",
+            Checked::Perplexity(_) => "perplexity",
+            Checked::Benchmark(_) => "benchmark",
         }
     }
 }
@@ -198,6 +204,18 @@ pub fn check(c: Command) -> Result<Checked, String> {
             check_model(&a.model)?;
             Checked::Embed(Box::new(a))
         }
+        Command::Convert(a) => {
+            a.check()?;
+            Checked::Convert(Box::new(a))
+        }
+        Command::Perplexity(a) => {
+            a.check()?;
+            Checked::Perplexity(Box::new(a))
+        }
+        Command::Benchmark(a) => {
+            a.check()?;
+            Checked::Benchmark(Box::new(a))
+        }
     })
 }
 
@@ -251,7 +269,23 @@ fn check_output_file(flag: &str, p: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// `mlx serve`'s KV cache options and `--max-n` (issue #36's block of server options).
+fn check_serve_cache(a: &mlx_server::ServeArgs) -> Result<(), String> {
+    if let Some(bits) = a.kv_bits {
+        QuantizedKVCache::new(a.kv_group_size, bits)
+            .map_err(|e| format!("--kv-bits {bits} --kv-group-size {}: {e}", a.kv_group_size))?;
+    }
+    if a.max_kv_size == Some(0) {
+        return Err("--max-kv-size must be at least 1".into());
+    }
+    if a.max_n == 0 {
+        return Err("--max-n must be at least 1".into());
+    }
+    Ok(())
+}
+
 fn check_serve(a: &mlx_server::ServeArgs) -> Result<(), String> {
+    check_serve_cache(a)?;
     // The ranges each request is held to (`mlx-server`'s request checks), so that a default
     // the server would refuse on every request is refused at start.
     if !(0.0..=100.0).contains(&a.temp) {
@@ -333,6 +367,9 @@ mod tests {
             ),
             (&["serve", "--temp", "nan"], "--temp"),
             (&["serve", "--max-batch", "0"], "--max-batch"),
+            (&["serve", "--kv-bits", "7"], "--kv-bits"),
+            (&["serve", "--max-kv-size", "0"], "--max-kv-size"),
+            (&["serve", "--max-n", "0"], "--max-n"),
             (
                 &["serve", "--max-request-tokens", "0"],
                 "--max-request-tokens",

@@ -30,6 +30,10 @@ pub struct AppState {
     /// Structured output's grammar compiler, built on the first request that needs one.
     pub grammar: OnceLock<Result<Arc<GrammarCompiler>, String>>,
     counter: AtomicU64,
+    /// Unknown request fields already logged (each is logged once).
+    unknown_fields: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// The `/metrics` counters and histograms.
+    pub metrics: crate::metrics::Metrics,
 }
 
 pub type Shared = Arc<AppState>;
@@ -69,6 +73,8 @@ impl AppState {
             tool_format,
             grammar: OnceLock::new(),
             counter: AtomicU64::new(0),
+            unknown_fields: Default::default(),
+            metrics: Default::default(),
         }
     }
 
@@ -80,6 +86,21 @@ impl AppState {
             .and_then(|s| s.to_str())
             .unwrap_or(&self.model_id);
         name == self.model_id || name == base || name == "default_model"
+    }
+
+    /// Logs an unknown request field the first time it is seen (it is ignored).
+    pub fn note_unknown_field(&self, name: &str) {
+        let mut seen = self
+            .unknown_fields
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Bounded, so clients cannot grow it without limit.
+        if seen.len() < 1024 && seen.insert(name.to_string()) {
+            tracing::warn!(
+                field = name,
+                "ignoring an unknown request field (logged once)"
+            );
+        }
     }
 
     /// A fresh id with the OpenAI prefix (`chatcmpl-...`, `cmpl-...`).
