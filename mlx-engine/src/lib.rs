@@ -28,6 +28,7 @@ mod error;
 pub mod fetch;
 pub mod generate;
 pub mod hub;
+pub mod load;
 pub mod prompt_cache;
 pub mod sample;
 pub mod seed;

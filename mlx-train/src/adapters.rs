@@ -167,6 +167,27 @@ pub fn load_adapters(model: &mut dyn LanguageModel, dir: &Path) -> Result<Params
     Ok(params)
 }
 
+/// [`load_adapters`] for the one model loader (`mlx_engine::load`): `--adapter-path` on
+/// every inference command and the server.
+pub struct Adapters;
+
+impl mlx_engine::load::AdapterLoader for Adapters {
+    fn apply(
+        &self,
+        model: &mut dyn LanguageModel,
+        dir: &Path,
+    ) -> std::result::Result<
+        mlx_engine::load::AppliedAdapters,
+        Box<dyn std::error::Error + Send + Sync>,
+    > {
+        let params = load_adapters(model, dir)?;
+        Ok(mlx_engine::load::AppliedAdapters {
+            names: params.names(),
+            state: Box::new(params),
+        })
+    }
+}
+
 /// A fused layer's arrays under their names (`weight`, `scales`, `biases`).
 pub type FusedArrays = Vec<(&'static str, Array)>;
 
@@ -267,6 +288,16 @@ pub fn fuse_model_dir(
     out_dir: &Path,
     dequantize: bool,
 ) -> Result<()> {
+    if mlx_engine::load::is_gguf(model_dir) {
+        return Err(io_err(
+            model_dir,
+            "fusing into a GGUF base is not supported: the fused model is written as a \
+             safetensors model directory (config.json, model.safetensors, tokenizer.json) and \
+             a GGUF file has none of them to copy or rewrite. Give --model the same model as an \
+             HF-style directory, or use the adapters unfused: mlx generate/chat/serve --model \
+             FILE.gguf --adapter-path ADAPTERS",
+        ));
+    }
     let (mut model, _) = load_model_dir(model_dir, &LoadOptions::default())?;
     load_adapters(model.as_mut(), adapter_dir)?;
     let fused = fused_layers(model.as_mut(), dequantize)?;
