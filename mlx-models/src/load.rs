@@ -22,20 +22,10 @@ pub struct LoadOptions {
 
 /// The `model*.safetensors` files of a directory (mlx-lm's glob), sorted.
 pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
-    let rd = std::fs::read_dir(dir).map_err(|e| ModelError::Io {
-        path: dir.display().to_string(),
-        message: e.to_string(),
-    })?;
-    let mut files: Vec<PathBuf> = rd
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("model") && n.ends_with(".safetensors"))
-        })
-        .collect();
-    files.sort();
-    Ok(files)
+    mlx_core::io::weight_files(dir).map_err(|e| match e {
+        mlx_core::Error::Io { path, message } => ModelError::Io { path, message },
+        e => e.into(),
+    })
 }
 
 /// Reads every tensor of the directory's weight files (lazily: data is read on first use).

@@ -15,7 +15,7 @@
 pub mod engine;
 mod text;
 
-pub use mlx_cache::BatchKVCache;
 pub use engine::{
     BatchEvent, BatchRequest, EmbedReply, Engine, EngineConfig, EngineStats, EventSink, SubmitError,
 };
+pub use mlx_cache::BatchKVCache;
