@@ -167,27 +167,6 @@ pub fn load_adapters(model: &mut dyn LanguageModel, dir: &Path) -> Result<Params
     Ok(params)
 }
 
-/// [`load_adapters`] for the one model loader (`mlx_engine::load`): `--adapter-path` on
-/// every inference command and the server.
-pub struct Adapters;
-
-impl mlx_engine::load::AdapterLoader for Adapters {
-    fn apply(
-        &self,
-        model: &mut dyn LanguageModel,
-        dir: &Path,
-    ) -> std::result::Result<
-        mlx_engine::load::AppliedAdapters,
-        Box<dyn std::error::Error + Send + Sync>,
-    > {
-        let params = load_adapters(model, dir)?;
-        Ok(mlx_engine::load::AppliedAdapters {
-            names: params.names(),
-            state: Box::new(params),
-        })
-    }
-}
-
 /// A fused layer's arrays under their names (`weight`, `scales`, `biases`).
 pub type FusedArrays = Vec<(&'static str, Array)>;
 
@@ -288,7 +267,11 @@ pub fn fuse_model_dir(
     out_dir: &Path,
     dequantize: bool,
 ) -> Result<()> {
-    if mlx_engine::load::is_gguf(model_dir) {
+    if model_dir.is_file()
+        && model_dir
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+    {
         return Err(io_err(
             model_dir,
             "fusing into a GGUF base is not supported: the fused model is written as a \

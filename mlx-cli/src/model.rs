@@ -50,7 +50,6 @@ pub fn load(a: &ModelArgs) -> Result<Loaded, String> {
     load::load(
         &model_path(a.model.as_deref())?,
         &spec,
-        Some(&mlx_train::adapters::Adapters),
         &mut Stderr::default(),
     )
     .map_err(|e| e.to_string())

@@ -7,10 +7,9 @@
 //! A GGUF file's header is read once: the tensors, the mapped config, the tokenizer data and
 //! the context length all come from that one read.
 //!
-//! Adapters are applied through [`AdapterLoader`], which the trainer implements
-//! (`mlx_train::adapters::Adapters`), so this crate does not depend on it.
+//! Adapters are applied by `mlx-adapters` (mlx-lm's `load_adapters`), which the trainer
+//! builds on: inference does not depend on the trainer.
 
-use std::any::Any;
 use std::path::{Path, PathBuf};
 
 use mlx_core::prelude::*;
@@ -60,14 +59,11 @@ pub enum LoadError {
         path: PathBuf,
         source: TokenizerError,
     },
-    /// `--adapter-path` given to a loader that cannot apply adapters.
-    #[error("{}: adapters cannot be applied here", .0.display())]
-    AdaptersUnsupported(PathBuf),
     /// Applying `--adapter-path` failed.
     #[error("{}: {source}", .path.display())]
     Adapters {
         path: PathBuf,
-        source: Box<dyn std::error::Error + Send + Sync>,
+        source: mlx_adapters::TrainError,
     },
 }
 
@@ -218,20 +214,10 @@ pub fn pick_dtype(flag: &str, events: &mut dyn LoadEvents) -> Result<(Option<Dty
 }
 
 /// What applied adapters leave behind: the adapter parameters' names (the draws `--seed`
-/// replays depend on them) and the state the adapted layers share, kept alive with the model.
+/// replays depend on them) and the parameter store the adapted layers share.
 pub struct AppliedAdapters {
     pub names: Vec<String>,
-    pub state: Box<dyn Any>,
-}
-
-/// Applies trained adapters (a directory with `adapters.safetensors` and
-/// `adapter_config.json`) to a built model, as mlx-lm's `load_adapters` does.
-pub trait AdapterLoader {
-    fn apply(
-        &self,
-        model: &mut dyn LanguageModel,
-        dir: &Path,
-    ) -> std::result::Result<AppliedAdapters, Box<dyn std::error::Error + Send + Sync>>;
+    pub params: mlx_adapters::Params,
 }
 
 /// What to load, beyond the model's path.
@@ -291,25 +277,23 @@ impl Loaded {
     }
 }
 
-/// Finds (or fetches) and loads `model` as `spec` says, with `adapters` applying
-/// `spec.adapter_path` (an error when adapters are asked for and `adapters` is `None`).
-pub fn load(
-    model: &ModelRef,
-    spec: &LoadSpec,
-    adapters: Option<&dyn AdapterLoader>,
-    events: &mut dyn LoadEvents,
-) -> Result<Loaded> {
+/// Finds (or fetches) and loads `model` as `spec` says, `spec.adapter_path` applied as
+/// mlx-lm's `load_adapters` applies it.
+pub fn load(model: &ModelRef, spec: &LoadSpec, events: &mut dyn LoadEvents) -> Result<Loaded> {
     let path = resolve(model, events)?;
     let mut m = load_path(&path, &spec.dtype, events)?;
     if let Some(dir) = &spec.adapter_path {
-        let loader = adapters.ok_or_else(|| LoadError::AdaptersUnsupported(dir.clone()))?;
-        let applied =
-            loader
-                .apply(m.model.as_mut(), dir)
-                .map_err(|source| LoadError::Adapters {
+        let params =
+            mlx_adapters::adapters::load_adapters(m.model.as_mut(), dir).map_err(|source| {
+                LoadError::Adapters {
                     path: dir.clone(),
                     source,
-                })?;
+                }
+            })?;
+        let applied = AppliedAdapters {
+            names: params.names(),
+            params,
+        };
         // mlx-lm builds the adapter layers after the model, drawing from the global key too.
         let extra = adapter_draws(applied.names.iter().map(String::as_str));
         m.draws = m.draws.map(|d| d + extra);

@@ -100,9 +100,9 @@ pub fn context_length_at(path: &Path) -> Option<usize> {
     }
 }
 
-/// Loads `--model` (a directory or a `.gguf` file) in its stored dtypes through the one
-/// loader (`mlx_engine::load`): the default loader of the `mlx-serve` binary, which has no
-/// trainer and so refuses `--adapter-path` (`mlx serve` applies adapters).
+/// Loads `--model` (a directory or a `.gguf` file) in its stored dtypes, `--adapter-path`
+/// applied, through the one loader (`mlx_engine::load`): the default loader of the
+/// `mlx-serve` binary.
 pub fn load_model_dir(args: &ServeArgs) -> Result<LoadedModel, String> {
     let dir = args
         .model
@@ -113,7 +113,7 @@ pub fn load_model_dir(args: &ServeArgs) -> Result<LoadedModel, String> {
         adapter_path: args.adapter_path.as_deref().map(Into::into),
     };
     let model = mlx_engine::load::ModelRef::Path(dir.into());
-    mlx_engine::load::load(&model, &spec, None, &mut mlx_engine::load::Quiet)
+    mlx_engine::load::load(&model, &spec, &mut mlx_engine::load::Quiet)
         .map(Into::into)
         .map_err(|e| match e {
             mlx_engine::load::LoadError::Model(e) => format!("{dir}: {e}"),

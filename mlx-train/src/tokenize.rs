@@ -53,7 +53,7 @@ pub fn load_model(model: &str) -> Result<mlx_engine::load::Loaded> {
         },
     };
     let model = ModelRef::parse(Some(model)).map_err(to_train)?;
-    load::load(&model, &LoadSpec::default(), None, &mut load::Quiet).map_err(to_train)
+    load::load(&model, &LoadSpec::default(), &mut load::Quiet).map_err(to_train)
 }
 
 pub fn load(dir: &std::path::Path) -> Result<Tokenizer> {
