@@ -107,6 +107,12 @@ fn run() -> Result<(), String> {
         .map_err(|e| format!("reading shim/: {e}"))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "cpp"))
+        // Our CUDA runtime (`mlx_core::gpurt`) is built with the `cuda` feature only; its
+        // declarations stay in the header (and the committed bindings), unused without it.
+        .filter(|p| {
+            env::var_os("CARGO_FEATURE_CUDA").is_some()
+                || p.file_name().is_none_or(|n| n != "gpurt.cpp")
+        })
         .collect();
     sources.sort();
     build.files(&sources);

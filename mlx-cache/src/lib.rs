@@ -14,6 +14,7 @@
 //! | [`ConcatenateKVCache`] | `ConcatenateKVCache` | |
 //! | [`ArraysCache`] | `ArraysCache` | recurrent state (conv + SSM), snapshot / restore |
 //! | [`CacheList`] | `CacheList` | several caches for one layer |
+//! | [`BatchKVCache`] | `BatchKVCache` | several sequences right-justified with left padding (continuous batching) |
 //!
 //! Trim semantics: [`Cache::trim`] removes up to `n` of the most recent tokens and returns how
 //! many it removed. A cache that cannot be trimmed (a rotating cache that has wrapped, a
@@ -23,6 +24,7 @@
 #![forbid(unsafe_code)]
 
 mod arrays;
+mod batch;
 mod chunked;
 mod concat;
 mod kv;
@@ -39,6 +41,7 @@ use std::any::Any;
 use mlx_core::prelude::*;
 
 pub use arrays::{ArraysCache, ArraysSnapshot};
+pub use batch::BatchKVCache;
 pub use chunked::ChunkedKVCache;
 pub use concat::ConcatenateKVCache;
 pub use kv::{KVCache, QuantizedKVCache};

@@ -58,6 +58,7 @@ proptest! {
             Box::new(QuantizedKVCache::new(32, 4).unwrap()),
             Box::new(ConcatenateKVCache::new()),
             Box::new(ChunkedKVCache::new(1 << 20)),
+            Box::new(BatchKVCache::new(&[0])),
         ];
         for c in caches.iter_mut() {
             let mut expected = 0usize;
@@ -75,17 +76,69 @@ proptest! {
     #[test]
     fn trim_then_rewrite_equals_a_fresh_cache(a in 1usize..300, t in 0usize..300, b in 1usize..40) {
         let t = t.min(a);
-        let mut c = KVCache::new();
-        write(&mut c, 0, a);
-        prop_assert_eq!(c.trim(t), t);
-        let x = dense(&write(&mut c, a - t, b));
-        let mut fresh = KVCache::new();
-        if a - t > 0 {
-            write(&mut fresh, 0, a - t);
+        let kinds: [fn() -> Box<dyn Cache>; 2] =
+            [|| Box::new(KVCache::new()), || Box::new(BatchKVCache::new(&[0]))];
+        for make in kinds {
+            let mut c = make();
+            write(c.as_mut(), 0, a);
+            prop_assert_eq!(c.trim(t), t);
+            let x = dense(&write(c.as_mut(), a - t, b));
+            let mut fresh = make();
+            if a - t > 0 {
+                write(fresh.as_mut(), 0, a - t);
+            }
+            let y = dense(&write(fresh.as_mut(), a - t, b));
+            eq(&x.0, &y.0)?;
+            eq(&x.1, &y.1)?;
         }
-        let y = dense(&write(&mut fresh, a - t, b));
-        eq(&x.0, &y.0)?;
-        eq(&x.1, &y.1)?;
+    }
+
+    /// Two sequences joined into one batch, decoded one step together and trimmed, then
+    /// separated again: each row holds exactly what its own cache holds after the same
+    /// writes and trim, at its own rope offset, with its padding masked.
+    #[test]
+    fn batch_rows_trim_like_their_own_caches(a in 1usize..40, b in 1usize..40, steps in 1usize..4, t in 0usize..40) {
+        let (mut c1, mut c2) = (KVCache::new(), KVCache::new());
+        write(&mut c1, 0, a);
+        c2.update_and_fetch(&tokens(0, b, 500.0), &tokens(0, b, 1500.0)).unwrap();
+        let mut batch = BatchKVCache::from_single(&c1).unwrap();
+        batch.extend(&BatchKVCache::from_single(&c2).unwrap()).unwrap();
+        for s in 0..steps {
+            let (k1, v1) = (tokens(a + s, 1, 0.0), tokens(a + s, 1, 1000.0));
+            let (k2, v2) = (tokens(b + s, 1, 500.0), tokens(b + s, 1, 1500.0));
+            c1.update_and_fetch(&k1, &v1).unwrap();
+            c2.update_and_fetch(&k2, &v2).unwrap();
+            let k = ops::concatenate(&[&k1, &k2], 0, None).unwrap();
+            let v = ops::concatenate(&[&v1, &v2], 0, None).unwrap();
+            batch.update_and_fetch(&k, &v).unwrap();
+        }
+        // A trim within every row's own tokens.
+        let t = t.min(a.min(b) + steps);
+        prop_assert_eq!(batch.trim(t), t);
+        prop_assert_eq!(c1.trim(t), t);
+        prop_assert_eq!(c2.trim(t), t);
+        let offsets = batch.offsets().unwrap().to_vec::<i32>().unwrap();
+        prop_assert_eq!(offsets, vec![c1.offset() as i32, c2.offset() as i32]);
+        let AttentionMask::Array(m) = batch.make_mask(1, None, false).unwrap() else {
+            return Err(TestCaseError::fail("a batch always has an explicit mask"));
+        };
+        let total = batch.offset() + 1;
+        let m = m.to_vec::<bool>().unwrap();
+        for (row, pad) in batch.left_padding().iter().enumerate() {
+            let row_mask = &m[row * total..(row + 1) * total];
+            let visible = row_mask.iter().filter(|&&x| x).count();
+            prop_assert_eq!(visible, total - *pad as usize, "row {} sees its own tokens", row);
+        }
+        for (keep, own) in [(0usize, &c1), (1, &c2)] {
+            let mut one = batch.clone();
+            one.filter(&[keep]).unwrap();
+            prop_assert_eq!(one.left_padding(), &[0]);
+            prop_assert_eq!(one.offset(), own.offset());
+            let x = dense(&one.fetch().unwrap().unwrap());
+            let y = dense(&own.fetch().unwrap().unwrap());
+            eq(&x.0, &y.0)?;
+            eq(&x.1, &y.1)?;
+        }
     }
 
     #[test]

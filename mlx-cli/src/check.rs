@@ -11,7 +11,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use mlx_cache::QuantizedKVCache;
-use mlx_models::load::{model_info, ModelInfo};
+use mlx_models::load::ModelInfo;
 
 use crate::cache_prompt::CachePromptArgs;
 use crate::chat::ChatArgs;
@@ -171,6 +171,7 @@ pub fn check(c: Command) -> Result<Checked, String> {
         }
         Command::Serve(a) => {
             model::model_path(a.model.as_deref())?;
+            check_adapter_path(a.adapter_path.as_deref())?;
             check_serve(&a)?;
             Checked::Serve(Box::new(a))
         }
@@ -197,7 +198,8 @@ pub fn check(c: Command) -> Result<Checked, String> {
         }
         Command::Completions(a) => Checked::Completions(a),
         Command::Info(a) => {
-            let info = model_info(Path::new(&a.model)).map_err(|e| format!("{}: {e}", a.model))?;
+            let info = mlx_engine::load::model_info(Path::new(&a.model))
+                .map_err(|e| format!("{}: {e}", a.model))?;
             Checked::Info(a, Box::new(info))
         }
         Command::Embed(a) => {
@@ -221,12 +223,16 @@ pub fn check(c: Command) -> Result<Checked, String> {
 
 fn check_model(m: &ModelArgs) -> Result<(), String> {
     model::model_path(m.model.as_deref())?;
-    if let Some(dir) = &m.adapter_path {
-        if !Path::new(dir).is_dir() {
-            return Err(format!("--adapter-path {dir:?}: not a directory"));
+    check_adapter_path(m.adapter_path.as_deref())
+}
+
+fn check_adapter_path(dir: Option<&str>) -> Result<(), String> {
+    match dir {
+        Some(dir) if !Path::new(dir).is_dir() => {
+            Err(format!("--adapter-path {dir:?}: not a directory"))
         }
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 /// The sampler flags mlx-lm would accept silently but that make no sense, and the XTC

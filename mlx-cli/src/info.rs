@@ -1,5 +1,5 @@
-//! `mlx info --model DIR`: the resolved descriptor, parameter count, dtypes and quantization
-//! of a model directory, without building the model.
+//! `mlx info --model DIR|FILE.gguf`: the resolved descriptor, parameter count, dtypes and
+//! quantization of a model directory or GGUF file, without building the model.
 
 use std::io::Write as _;
 
@@ -8,7 +8,7 @@ use mlx_models::load::ModelInfo;
 
 #[derive(Args, Debug)]
 pub struct InfoArgs {
-    /// An HF-style model directory (config.json and safetensors).
+    /// An HF-style model directory (config.json and safetensors) or a .gguf file.
     #[arg(long, short = 'm')]
     pub model: String,
     /// Print one JSON object (the same fields, the descriptor as an object).

@@ -1,5 +1,6 @@
 //! `mlx serve`: the OpenAI-compatible server of `mlx-server`, with the model found and loaded
-//! as the other subcommands find it (the default SmolLM2 when `--model` is omitted).
+//! by the one loader as the other subcommands load it (the default SmolLM2 when `--model` is
+//! omitted; `--adapter-path` applied as `mlx generate` applies it).
 
 use mlx_server::ServeArgs;
 
@@ -8,18 +9,12 @@ use crate::model;
 
 pub fn run(a: ServeArgs) -> Result<(), String> {
     mlx_server::run(a, |a: &ServeArgs| {
-        // A Hub name is fetched once here; the load and the context length read the folder.
-        let path = model::resolve(a.model.as_deref())?;
         let m = model::load(&ModelArgs {
-            model: Some(path.display().to_string()),
+            model: a.model.clone(),
             dtype: "auto".into(),
-            adapter_path: None,
+            adapter_path: a.adapter_path.clone(),
         })?;
-        Ok(mlx_server::LoadedModel {
-            model: m.model,
-            tokenizer: m.tokenizer,
-            context_length: mlx_server::context_length_at(&path),
-        })
+        Ok(mlx_server::LoadedModel::from(m))
     })
     .map_err(|e| e.to_string())
 }

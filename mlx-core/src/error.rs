@@ -40,3 +40,18 @@ impl Error {
 
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// How many problems [`cap_listing`] keeps before summarising the rest as "and N more".
+pub const MAX_LISTED_PROBLEMS: usize = 50;
+
+/// `problems` sorted, the first [`MAX_LISTED_PROBLEMS`] kept and the rest counted: how a
+/// loader lists everything wrong with a file at once without an unbounded message.
+pub fn cap_listing(mut problems: Vec<String>) -> Vec<String> {
+    problems.sort();
+    if problems.len() > MAX_LISTED_PROBLEMS {
+        let more = problems.len() - MAX_LISTED_PROBLEMS;
+        problems.truncate(MAX_LISTED_PROBLEMS);
+        problems.push(format!("... and {more} more"));
+    }
+    problems
+}

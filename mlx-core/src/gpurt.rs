@@ -6,9 +6,11 @@
 //! graph captured here is replayed by one driver call. This module is the safe, owning side;
 //! the kernels themselves live where they are used (`mlx-kernels`' graph decoder).
 //!
-//! The driver (`libcuda.so.1`) and NVRTC are loaded at run time, so this builds and links
-//! everywhere; without a driver or a GPU, [`GpuRuntime::new`] returns an error saying so and
-//! [`GpuRuntime::available`] is `false`. The runtime uses device 0's primary context, the one
+//! Built with the `cuda` feature only (the shim's `gpurt.cpp` too); without it the types are
+//! here but [`GpuRuntime::new`] is an error naming the feature. The driver (`libcuda.so.1`)
+//! and NVRTC are loaded at run time, so a `cuda` build links without them; without a driver
+//! or a GPU, [`GpuRuntime::new`] returns an error saying so and [`GpuRuntime::available`] is
+//! `false`. The runtime uses device 0's primary context, the one
 //! MLX's CUDA back-end uses.
 //!
 //! Checks made before the driver sees anything: buffer indices and byte ranges (every copy and
@@ -18,12 +20,15 @@
 //! graph is being captured. What a kernel does with the pointers it is given is the kernel's
 //! contract: this is the same trust as [`crate::kernels::CustomKernel`].
 
+#[cfg(feature = "cuda")]
 use std::ffi::CString;
 
+#[cfg(feature = "cuda")]
 use mlx_sys as sys;
 
 use crate::array::Array;
 use crate::error::{Error, Result};
+#[cfg(feature = "cuda")]
 use crate::ffi::{check, StringHandle};
 
 /// A device buffer of a [`GpuRuntime`] (an index; meaningless for another runtime, whose
@@ -60,16 +65,19 @@ pub const MAX_READ_BYTES: usize = 1 << 20;
 
 /// The runtime: one stream, one module of kernels, its buffers and graphs. Dropping it waits
 /// for its stream and frees everything it allocated.
+#[cfg(feature = "cuda")]
 pub struct GpuRuntime {
     raw: sys::mlxs_gpurt,
     kernels: Vec<String>,
 }
 
+#[cfg(feature = "cuda")]
 // SAFETY: the handle is owned by this value alone, and every shim call makes the runtime's
 // context current on the calling thread first, so it may move between threads (not be shared:
 // no Sync).
 unsafe impl Send for GpuRuntime {}
 
+#[cfg(feature = "cuda")]
 impl std::fmt::Debug for GpuRuntime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GpuRuntime")
@@ -79,10 +87,12 @@ impl std::fmt::Debug for GpuRuntime {
     }
 }
 
+#[cfg(feature = "cuda")]
 fn op_err(op: &'static str, e: impl std::fmt::Display) -> Error {
     Error::invalid(op, e.to_string())
 }
 
+#[cfg(feature = "cuda")]
 impl GpuRuntime {
     /// Whether a CUDA driver loads and sees a device.
     pub fn available() -> bool {
@@ -359,9 +369,132 @@ impl GpuRuntime {
     }
 }
 
+#[cfg(feature = "cuda")]
 impl Drop for GpuRuntime {
     fn drop(&mut self) {
         // SAFETY: we own the handle; it is not used after this.
         unsafe { sys::mlxs_gpurt_free(self.raw) }
+    }
+}
+
+/// Without the `cuda` feature the runtime and its shim are not built: a runtime cannot be
+/// made ([`GpuRuntime::new`] says why, [`GpuRuntime::available`] is `false`), so none of its
+/// methods can be reached.
+#[cfg(not(feature = "cuda"))]
+#[derive(Debug)]
+pub struct GpuRuntime {
+    never: std::convert::Infallible,
+}
+
+#[cfg(not(feature = "cuda"))]
+#[allow(unused_variables, clippy::missing_errors_doc)]
+impl GpuRuntime {
+    /// Always `false`: this build has no CUDA runtime.
+    pub fn available() -> bool {
+        false
+    }
+
+    /// Always an error naming the missing `cuda` feature.
+    pub fn new(source: &str, kernels: &[(&str, u32)]) -> Result<Self> {
+        Err(Error::invalid(
+            "gpurt_new",
+            "[gpurt] no CUDA driver in this build: it was built without the `cuda` feature \
+             (cargo build --features cuda)",
+        ))
+    }
+
+    pub fn kernel(&self, name: &str) -> Result<Kernel> {
+        match self.never {}
+    }
+
+    pub fn device_name(&self) -> Result<String> {
+        match self.never {}
+    }
+
+    pub fn alloc(&mut self, bytes: usize) -> Result<Buffer> {
+        match self.never {}
+    }
+
+    pub fn alloc_from(&mut self, data: &[u8]) -> Result<Buffer> {
+        match self.never {}
+    }
+
+    pub fn allocated(&self) -> usize {
+        match self.never {}
+    }
+
+    pub fn upload(&mut self, buffer: Buffer, offset: usize, data: &[u8]) -> Result<()> {
+        match self.never {}
+    }
+
+    pub fn copy_from_array(
+        &mut self,
+        buffer: Buffer,
+        offset: usize,
+        dst_pitch: usize,
+        src: &Array,
+        width: usize,
+        height: usize,
+    ) -> Result<()> {
+        match self.never {}
+    }
+
+    pub fn download(&mut self, buffer: Buffer, offset: usize, out: &mut [u8]) -> Result<()> {
+        match self.never {}
+    }
+
+    pub fn set_shared_limit(&mut self, kernel: Kernel, bytes: u32) -> Result<()> {
+        match self.never {}
+    }
+
+    pub fn launch(
+        &mut self,
+        kernel: Kernel,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_bytes: u32,
+        args: &[Arg],
+    ) -> Result<()> {
+        match self.never {}
+    }
+
+    pub fn resident_blocks(
+        &self,
+        kernel: Kernel,
+        block_threads: u32,
+        shared_bytes: u32,
+    ) -> Result<u32> {
+        match self.never {}
+    }
+
+    pub fn sm_count(&self) -> Result<u32> {
+        match self.never {}
+    }
+
+    pub fn set_programmatic_launch(&mut self, on: bool) -> Result<()> {
+        match self.never {}
+    }
+
+    pub fn capture<F>(&mut self, f: F) -> Result<Graph>
+    where
+        F: FnOnce(&mut GpuRuntime) -> Result<()>,
+    {
+        match self.never {}
+    }
+
+    pub fn replay(&mut self, graph: Graph, times: u32) -> Result<()> {
+        match self.never {}
+    }
+
+    pub fn read_begin(&mut self, buffer: Buffer, offset: usize, bytes: usize) -> Result<Ticket> {
+        match self.never {}
+    }
+
+    pub fn read_end(&mut self, ticket: Ticket, out: &mut [u8]) -> Result<()> {
+        match self.never {}
+    }
+
+    pub fn synchronize(&mut self) -> Result<()> {
+        match self.never {}
     }
 }

@@ -132,6 +132,25 @@ impl Drop for StrMapHandle {
     }
 }
 
+/// The `model*.safetensors` files of a directory (mlx-lm's glob), sorted: the weight files
+/// every loader of the project reads.
+pub fn weight_files(dir: &Path) -> Result<Vec<std::path::PathBuf>> {
+    let rd = std::fs::read_dir(dir).map_err(|e| Error::Io {
+        path: dir.display().to_string(),
+        message: e.to_string(),
+    })?;
+    let mut files: Vec<std::path::PathBuf> = rd
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("model") && n.ends_with(".safetensors"))
+        })
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
 /// Loads every tensor of a `.safetensors` file, lazily (data is read when evaluated), with
 /// the file's metadata.
 pub fn load_safetensors(

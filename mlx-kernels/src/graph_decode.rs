@@ -50,11 +50,11 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
 
+use mlx_core::cap_listing;
 use mlx_core::gpurt::{Arg, Buffer, GpuRuntime, Graph, Kernel};
 use mlx_core::io::load_safetensors;
+use mlx_core::io::weight_files;
 use mlx_core::{Array, Dtype, Error, Result, Stream};
-use mlx_models::load::weight_files;
-use mlx_models::weights::cap_listing;
 
 /// The kernels' CUDA source.
 pub const SOURCE: &str = include_str!("graph_decode.cu");

@@ -225,8 +225,16 @@ const MLX_NATIVE_TYPES: &[u32] = &[0, 1, 2, 3, 8];
 /// Every tensor of the GGUF file at `path` dequantized to f32 (shapes row-major, as MLX and
 /// numpy give them), with the file's metadata; both read in Rust.
 pub fn read_gguf_dequantized(path: &Path) -> Result<(BTreeMap<String, Array>, GgufMetadata)> {
-    use std::io::{Read, Seek, SeekFrom};
     let header = read_gguf_header(path).map_err(|e| gguf_err(path, e))?;
+    dequantized_with(path, header)
+}
+
+/// [`read_gguf_dequantized`] with the header already read.
+fn dequantized_with(
+    path: &Path,
+    header: mlx_core::io::GgufHeader,
+) -> Result<(BTreeMap<String, Array>, GgufMetadata)> {
+    use std::io::{Read, Seek, SeekFrom};
     let mut file = std::fs::File::open(path).map_err(|e| gguf_err(path, e))?;
     let mut tensors = BTreeMap::new();
     for t in &header.tensors {
@@ -269,7 +277,8 @@ pub fn read_gguf(path: &Path) -> Result<GgufModel> {
 
 /// [`read_gguf`] with the tensors obtained as `how` says.
 pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
-    let how = match how {
+    // The header is read once here; MLX's own reader parses the file for its tensors.
+    let (raw, metadata) = match how {
         GgufTensors::Auto => {
             let header = read_gguf_header(path).map_err(|e| gguf_err(path, e))?;
             if header
@@ -277,16 +286,13 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                 .iter()
                 .all(|t| MLX_NATIVE_TYPES.contains(&t.ggml_type))
             {
-                GgufTensors::Mlx
+                load_gguf(path, None).map_err(|e| gguf_err(path, e))?
             } else {
-                GgufTensors::Dequantize
+                dequantized_with(path, header)?
             }
         }
-        other => other,
-    };
-    let (raw, metadata) = match how {
         GgufTensors::Dequantize => read_gguf_dequantized(path)?,
-        _ => load_gguf(path, None).map_err(|e| gguf_err(path, e))?,
+        GgufTensors::Mlx => load_gguf(path, None).map_err(|e| gguf_err(path, e))?,
     };
     let arch_name = meta_str(&metadata, "general.architecture").unwrap_or("");
     let Some(arch) = ARCHS.iter().find(|a| a.arch == arch_name) else {
@@ -454,6 +460,14 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         tensors,
         metadata,
     })
+}
+
+/// What `mlx info` prints about a GGUF file of a supported architecture, without building
+/// the model: the mapped config's descriptor and the tensors as they would be loaded (MLX's
+/// GGUF reader quantizes with group size 32).
+pub fn gguf_model_info(path: &Path) -> Result<crate::load::ModelInfo> {
+    let g = read_gguf(path)?;
+    crate::load::info_of(g.config, &g.tensors, 32)
 }
 
 /// Loads a GGUF file of a supported architecture as a model.

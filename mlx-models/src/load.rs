@@ -22,20 +22,10 @@ pub struct LoadOptions {
 
 /// The `model*.safetensors` files of a directory (mlx-lm's glob), sorted.
 pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
-    let rd = std::fs::read_dir(dir).map_err(|e| ModelError::Io {
-        path: dir.display().to_string(),
-        message: e.to_string(),
-    })?;
-    let mut files: Vec<PathBuf> = rd
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("model") && n.ends_with(".safetensors"))
-        })
-        .collect();
-    files.sort();
-    Ok(files)
+    mlx_core::io::weight_files(dir).map_err(|e| match e {
+        mlx_core::Error::Io { path, message } => ModelError::Io { path, message },
+        e => e.into(),
+    })
 }
 
 /// Reads every tensor of the directory's weight files (lazily: data is read on first use).
@@ -97,16 +87,32 @@ pub struct ModelInfo {
 /// Reads `config.json` and the weight files' headers of `dir` and resolves its descriptor.
 pub fn model_info(dir: &Path) -> Result<ModelInfo> {
     let config = ModelConfig::from_file(&dir.join("config.json"))?;
+    // An unsupported type is named before the weights are looked for.
+    crate::models::resolve(&config)?;
+    let tensors = load_weights(dir)?;
+    let group_size = config
+        .quantization
+        .as_ref()
+        .map_or(64, |q| q.default.group_size.max(1) as u64);
+    info_of(config, &tensors, group_size)
+}
+
+/// [`ModelInfo`] of a config and its tensors; `group_size` is the quantization group size a
+/// packed weight's parameter count is inferred with.
+pub(crate) fn info_of(
+    config: ModelConfig,
+    tensors: &BTreeMap<String, Array>,
+    group_size: u64,
+) -> Result<ModelInfo> {
     let descriptor = crate::models::resolve(&config)?;
     let serving = if descriptor.is_some() {
         crate::models::Serving::Table
     } else {
         crate::models::Serving::Dedicated
     };
-    let tensors = load_weights(dir)?;
     let mut dtypes = BTreeMap::new();
     let mut parameters = 0u64;
-    for (name, a) in &tensors {
+    for (name, a) in tensors {
         *dtypes.entry(a.dtype().name().to_string()).or_insert(0) += 1;
         let size: u64 = a.shape().iter().map(|&d| d.max(0) as u64).product();
         if let Some(module) = name
@@ -126,10 +132,6 @@ pub fn model_info(dir: &Path) -> Result<ModelInfo> {
                 let groups = scales.shape().last().copied().unwrap_or(0).max(0) as u64;
                 let packed = a.shape().last().copied().unwrap_or(0).max(0) as u64;
                 let rows = size / packed.max(1);
-                let group_size = config
-                    .quantization
-                    .as_ref()
-                    .map_or(64, |q| q.default.group_size.max(1) as u64);
                 parameters += rows * groups * group_size;
             }
             None => parameters += size,

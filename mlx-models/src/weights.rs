@@ -8,19 +8,9 @@ use mlx_core::prelude::*;
 use crate::config::{QuantConfig, QuantParams};
 use crate::error::{ModelError, Result};
 
-/// How many problems [`Weights::finish`] lists before summarising the rest as "and N more".
-pub const MAX_LISTED_PROBLEMS: usize = 50;
-
-/// `problems` sorted, the first [`MAX_LISTED_PROBLEMS`] kept and the rest counted.
-pub fn cap_listing(mut problems: Vec<String>) -> Vec<String> {
-    problems.sort();
-    if problems.len() > MAX_LISTED_PROBLEMS {
-        let more = problems.len() - MAX_LISTED_PROBLEMS;
-        problems.truncate(MAX_LISTED_PROBLEMS);
-        problems.push(format!("... and {more} more"));
-    }
-    problems
-}
+/// How many problems [`Weights::finish`] lists before summarising the rest (the shared
+/// listing of `mlx-core`).
+pub use mlx_core::{cap_listing, MAX_LISTED_PROBLEMS};
 
 /// Tensor names and shapes: [`Weights::taken_shapes`], the parameters of a built model.
 pub type ParamShapes = BTreeMap<String, Vec<i32>>;

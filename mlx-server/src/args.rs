@@ -12,6 +12,11 @@ pub struct ServeArgs {
     #[arg(long)]
     pub model: Option<String>,
 
+    /// A directory with trained adapters (`adapters.safetensors` + `adapter_config.json`, as
+    /// `mlx train` and `mlx_lm.lora` write them), applied to the model as mlx-lm does.
+    #[arg(long, value_name = "DIR")]
+    pub adapter_path: Option<String>,
+
     /// Host to bind. Loopback by default: the server has no TLS.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,

@@ -79,27 +79,17 @@ impl From<(Box<dyn LanguageModel>, Tokenizer)> for LoadedModel {
     }
 }
 
-/// The context length a `config.json` declares: `max_position_embeddings`, or the name the
-/// model type uses for it (`n_positions`, `max_sequence_length`, `seq_length`, `n_ctx`,
-/// `max_seq_len`), at the top level or in `text_config`. `None` when none is a positive
-/// integer.
-pub fn context_length(config: &Value) -> Option<usize> {
-    const KEYS: [&str; 6] = [
-        "max_position_embeddings",
-        "n_positions",
-        "max_sequence_length",
-        "seq_length",
-        "n_ctx",
-        "max_seq_len",
-    ];
-    let find = |v: &Value| {
-        KEYS.iter()
-            .find_map(|k| v.get(*k).and_then(Value::as_u64).filter(|&n| n > 0))
-    };
-    find(config)
-        .or_else(|| config.get("text_config").and_then(find))
-        .and_then(|n| usize::try_from(n).ok())
+impl From<mlx_engine::load::Loaded> for LoadedModel {
+    fn from(m: mlx_engine::load::Loaded) -> Self {
+        LoadedModel {
+            model: m.model,
+            tokenizer: m.tokenizer,
+            context_length: m.context_length,
+        }
+    }
 }
+
+pub use mlx_engine::load::context_length;
 
 /// The context length of the model at `path`: a directory's `config.json`, or a `.gguf`
 /// file's `<arch>.context_length`. `None` when it declares none or cannot be read (the
@@ -114,22 +104,26 @@ pub fn context_length_at(path: &Path) -> Option<usize> {
     }
 }
 
-/// Loads a model directory (config.json, safetensors, tokenizer.json) in its stored dtypes:
-/// the default loader of the `mlx-serve` binary.
+/// Loads `--model` (a directory or a `.gguf` file) in its stored dtypes, `--adapter-path`
+/// applied, through the one loader (`mlx_engine::load`): the default loader of the
+/// `mlx-serve` binary.
 pub fn load_model_dir(args: &ServeArgs) -> Result<LoadedModel, String> {
     let dir = args
         .model
         .as_deref()
         .ok_or_else(|| "--model DIR is required".to_string())?;
-    let dir = Path::new(dir);
-    let (model, config) = mlx_models::load::load_model_dir(dir, &Default::default())
-        .map_err(|e| format!("{}: {e}", dir.display()))?;
-    let tokenizer = Tokenizer::from_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    Ok(LoadedModel {
-        model,
-        tokenizer,
-        context_length: context_length(&config.raw),
-    })
+    let spec = mlx_engine::load::LoadSpec {
+        dtype: "stored".into(),
+        adapter_path: args.adapter_path.as_deref().map(Into::into),
+    };
+    let model = mlx_engine::load::ModelRef::Path(dir.into());
+    mlx_engine::load::load(&model, &spec, &mut mlx_engine::load::Quiet)
+        .map(Into::into)
+        .map_err(|e| match e {
+            mlx_engine::load::LoadError::Model(e) => format!("{dir}: {e}"),
+            mlx_engine::load::LoadError::Tokenizer { source, .. } => format!("{dir}: {source}"),
+            e => e.to_string(),
+        })
 }
 
 fn template_args(args: &ServeArgs) -> Result<Map<String, Value>, ServeError> {

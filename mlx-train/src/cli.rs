@@ -8,7 +8,6 @@
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
-use mlx_models::load::{load_model_dir, LoadOptions};
 use mlx_models::LanguageModel;
 use serde_json::{Map, Value};
 
@@ -153,7 +152,8 @@ pub struct TrainArgs {
 /// Fuse fine-tuned adapters into the base model (the options of `mlx_lm.fuse`).
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct FuseArgs {
-    /// The path to the local model directory.
+    /// The path to the local model directory (a GGUF base cannot be fused: the fused model
+    /// is written as a safetensors directory).
     #[arg(long, default_value = "mlx_model")]
     pub model: String,
     /// The path to save the fused model.
@@ -452,10 +452,9 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             test(&config, p.model.as_ref(), &p.params, &p.test, &mut p.rng)?;
         }
     } else {
-        let model_dir = Path::new(&config.model);
-        let (mut model, _) = load_model_dir(model_dir, &LoadOptions::default())?;
+        let loaded = tokenize::load_model(&config.model)?;
+        let (mut model, tok) = (loaded.model, loaded.tokenizer);
         let params = load_adapters(model.as_mut(), Path::new(&config.adapter_path))?;
-        let tok = tokenize::load(model_dir)?;
         let (_, _, test_set) =
             load_local_dataset(Path::new(&config.data), &tok, &config.data_config())?;
         let mut rng = NumpyRandom::new(config.seed);

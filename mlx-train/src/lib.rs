@@ -24,24 +24,22 @@
 //! ```
 #![forbid(unsafe_code)]
 
-pub mod adapters;
 pub mod attention;
 pub mod cli;
 pub mod data;
-mod error;
-pub mod full;
-pub mod lora;
 pub mod loss;
 pub mod memory;
 pub mod nprand;
 pub mod objectives;
 pub mod optim;
-pub mod params;
 pub mod resume;
 pub mod run;
 pub mod segmented;
 pub mod tokenize;
 pub mod trainer;
 
+// The adapters, their parameter store and the error type live in `mlx-adapters` (inference
+// uses them without the trainer); their module paths stay the same here.
 pub use error::{Result, TrainError};
+pub use mlx_adapters::{adapters, error, full, lora, params};
 pub use params::Params;

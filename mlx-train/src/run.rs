@@ -6,7 +6,6 @@
 use std::path::{Path, PathBuf};
 
 use mlx_core::prelude::*;
-use mlx_models::load::{load_model_dir, LoadOptions};
 use mlx_models::LanguageModel;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -549,9 +548,8 @@ pub fn prepare(config: &RunConfig) -> Result<Prepared> {
     config.validate()?;
     let (start, mut outputs) = plan_outputs(config)?;
     let rng = NumpyRandom::new(config.seed);
-    let model_dir = Path::new(&config.model);
-    let (mut model, _) = load_model_dir(model_dir, &LoadOptions::default())?;
-    let tok = tokenize::load(model_dir)?;
+    let loaded = tokenize::load_model(&config.model)?;
+    let (mut model, tok) = (loaded.model, loaded.tokenizer);
     let data_dir = Path::new(&config.data);
     let (train_set, valid, test) = load_local_dataset(data_dir, &tok, &config.data_config())?;
     let preference = config.objective != "sft";

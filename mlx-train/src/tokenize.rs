@@ -35,6 +35,27 @@ pub fn chat_ids(
         .map_err(tok_err)
 }
 
+/// The base model and its tokenizer through the one loader (`mlx_engine::load`): an HF
+/// directory, a `.gguf` file or a Hub name, in its stored dtypes (as mlx-lm's `load`).
+pub fn load_model(model: &str) -> Result<mlx_engine::load::Loaded> {
+    use mlx_engine::load::{self, LoadError, LoadSpec, ModelRef};
+    let to_train = |e: LoadError| match e {
+        LoadError::Model(e) => TrainError::Model(e),
+        LoadError::Mlx(e) => TrainError::Mlx(e),
+        LoadError::Tokenizer { path, source } => TrainError::Io {
+            path: path.display().to_string(),
+            message: format!("loading the tokenizer: {source}"),
+        },
+        e @ LoadError::NotFound(_) => TrainError::Config(e.to_string()),
+        e => TrainError::Io {
+            path: model.to_string(),
+            message: e.to_string(),
+        },
+    };
+    let model = ModelRef::parse(Some(model)).map_err(to_train)?;
+    load::load(&model, &LoadSpec::default(), &mut load::Quiet).map_err(to_train)
+}
+
 pub fn load(dir: &std::path::Path) -> Result<Tokenizer> {
     Tokenizer::from_dir(dir).map_err(|e| TrainError::Io {
         path: dir.display().to_string(),

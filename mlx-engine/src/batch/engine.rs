@@ -27,13 +27,12 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use mlx_cache::{Cache, KVCache, StateValue};
+use mlx_cache::{BatchKVCache, Cache, KVCache, StateValue};
 use mlx_core::memory;
 use mlx_core::prelude::*;
 use mlx_models::embed::{embed, to_vecs};
 use mlx_models::LanguageModel;
 
-use super::cache::BatchKVCache;
 use super::text::TextState;
 use crate::error::{EngineError, Result};
 use crate::generate::{make_prompt_cache, maybe_quantize_kv_cache};

@@ -2,7 +2,7 @@
 //! a running batch between decode steps and leave it when they finish or their client goes
 //! away, as mlx-lm's `BatchGenerator` does.
 //!
-//! - [`cache::BatchKVCache`]: mlx-lm's batched KV cache, rows right-justified with left
+//! - [`BatchKVCache`] (in `mlx-cache`): mlx-lm's batched KV cache, rows right-justified with left
 //!   padding, rope at per-row offsets, an explicit padded causal mask.
 //! - [`engine`]: the engine thread, its bounded queue and the events a request receives.
 //!
@@ -12,12 +12,11 @@
 //! comes from one batched decode step. Prefill chunks and embeddings run one bounded slice at
 //! a time between decode steps, so no request stalls the running ones.
 
-pub mod cache;
 pub mod engine;
 mod text;
 
-pub use cache::BatchKVCache;
 pub use engine::{
     BatchEvent, BatchRequest, EmbedReply, Engine, EngineConfig, EngineStats, EventSink, KvOptions,
     SubmitError,
 };
+pub use mlx_cache::BatchKVCache;

@@ -267,6 +267,20 @@ pub fn fuse_model_dir(
     out_dir: &Path,
     dequantize: bool,
 ) -> Result<()> {
+    if model_dir.is_file()
+        && model_dir
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+    {
+        return Err(io_err(
+            model_dir,
+            "fusing into a GGUF base is not supported: the fused model is written as a \
+             safetensors model directory (config.json, model.safetensors, tokenizer.json) and \
+             a GGUF file has none of them to copy or rewrite. Give --model the same model as an \
+             HF-style directory, or use the adapters unfused: mlx generate/chat/serve --model \
+             FILE.gguf --adapter-path ADAPTERS",
+        ));
+    }
     let (mut model, _) = load_model_dir(model_dir, &LoadOptions::default())?;
     load_adapters(model.as_mut(), adapter_dir)?;
     let fused = fused_layers(model.as_mut(), dequantize)?;

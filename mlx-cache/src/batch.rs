@@ -7,7 +7,7 @@
 //! change between steps) and become arrays where the model needs them: rope's per-row offsets
 //! ([`Cache::offsets`]) and the mask.
 
-use mlx_cache::{AttentionMask, Cache, Kv, StateValue};
+use crate::{AttentionMask, Cache, Kv, StateValue};
 use mlx_core::prelude::*;
 
 /// Growth step of the buffers, as in mlx-lm (`BatchKVCache.step`).
@@ -264,7 +264,7 @@ impl Cache for BatchKVCache {
         _return_array: bool,
     ) -> Result<AttentionMask> {
         let offset = self.offset();
-        let mask = mlx_cache::create_causal_mask(n, offset, window_size)?;
+        let mask = crate::create_causal_mask(n, offset, window_size)?;
         let total = to_i32(offset + n)?;
         let rinds = ops::expand_dims(
             &ops::arange(0.0, f64::from(total), 1.0, Dtype::Int32, None)?,
@@ -313,7 +313,7 @@ impl Cache for BatchKVCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mlx_cache::KVCache;
+    use crate::KVCache;
 
     fn single(len: i32, fill: f32) -> KVCache {
         let mut c = KVCache::new();

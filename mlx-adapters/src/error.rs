@@ -1,4 +1,5 @@
-//! The one error type of the crate.
+//! The one error type of the adapters and of the trainer built on them (`mlx-train`
+//! re-exports it).
 
 /// Everything that can go wrong while preparing data, building adapters or training.
 #[derive(Debug, thiserror::Error)]
@@ -23,7 +24,7 @@ pub enum TrainError {
 
 pub type Result<T, E = TrainError> = std::result::Result<T, E>;
 
-pub(crate) fn io_err(path: &std::path::Path, e: impl std::fmt::Display) -> TrainError {
+pub fn io_err(path: &std::path::Path, e: impl std::fmt::Display) -> TrainError {
     TrainError::Io {
         path: path.display().to_string(),
         message: e.to_string(),
