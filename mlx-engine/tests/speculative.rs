@@ -12,7 +12,7 @@ use mlx_core::random;
 use mlx_engine::generate::GenerateOptions;
 use mlx_engine::sample::{make_logits_processors, ProcessorSettings, Sampler, SamplerSettings};
 use mlx_engine::speculative::{check_draft_tokenizer, Drafter};
-use mlx_engine::stream::{stream_generate, stream_generate_speculative, StreamOptions};
+use mlx_engine::stream::{stream_generate_speculative, StreamOptions};
 use mlx_engine::Tokenizer;
 use mlx_models::load::{load_model_dir, LoadOptions};
 use mlx_models::LanguageModel;
@@ -157,4 +157,196 @@ fn a_draft_with_another_vocabulary_is_refused() {
     let e = check_draft_tokenizer(&target, &other).unwrap_err().to_string();
     assert!(e.contains("Draft model tokenizer does not match"), "{e}");
     check_draft_tokenizer(&target, &target).unwrap();
+}
+
+fn model_dir(name: &str) -> PathBuf {
+    repo().join("mlx-models/tests/models").join(name)
+}
+
+const PROMPT: &[u32] = &[3, 17, 59, 5, 42, 7, 60, 64, 11, 90];
+const GEN: usize = 20;
+
+/// Plain greedy decoding (`generate_step`).
+fn plain(model: &dyn LanguageModel, opts: &GenerateOptions) -> Vec<u32> {
+    let ids: Vec<i32> = PROMPT.iter().map(|&t| t as i32).collect();
+    mlx_engine::generate::generate_step(&ids, model, None, opts.clone())
+        .unwrap()
+        .map(|s| s.unwrap().token)
+        .collect()
+}
+
+fn speculative(
+    model: &dyn LanguageModel,
+    drafter: Drafter<'_>,
+    k: usize,
+    opts: &GenerateOptions,
+) -> (Vec<u32>, mlx_engine::speculative::SpecStats) {
+    let ids: Vec<i32> = PROMPT.iter().map(|&t| t as i32).collect();
+    let mut g = mlx_engine::speculative::speculative_generate_step(
+        &ids,
+        model,
+        None,
+        drafter,
+        k,
+        opts.clone(),
+    )
+    .unwrap();
+    let out: Vec<u32> = g.by_ref().map(|s| s.unwrap().token).collect();
+    (out, g.stats())
+}
+
+fn greedy_opts() -> GenerateOptions {
+    GenerateOptions {
+        max_tokens: Some(GEN),
+        ..GenerateOptions::default()
+    }
+}
+
+/// A drafter that proposes the reference continuation where `accept` says so and a wrong
+/// token elsewhere: every accept pattern, on every cache kind.
+fn forced<'a>(reference: &'a [u32], accept: &'a [bool], vocab: u32) -> Drafter<'a> {
+    let mut draw = 0usize;
+    Drafter::Custom(Box::new(move |h: &[u32], k: usize| {
+        let at = h.len() - PROMPT.len();
+        (0..k)
+            .map_while(|j| reference.get(at + j))
+            .map(|&t| {
+                let ok = accept[draw % accept.len()];
+                draw += 1;
+                if ok {
+                    t
+                } else {
+                    (t + 1) % vocab
+                }
+            })
+            .collect()
+    }))
+}
+
+/// Speculative greedy output equals plain greedy output for `model` over random accept
+/// patterns and draft lengths (rollback of every cache the model uses).
+fn equals_plain(model: &dyn LanguageModel, opts: GenerateOptions) {
+    let reference = plain(model, &opts);
+    assert_eq!(reference.len(), GEN);
+    let vocab = model.vocab_size() as u32;
+    let cfg = ProptestConfig {
+        cases: 5,
+        ..ProptestConfig::default()
+    };
+    let (accepted, drafted) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
+    proptest!(cfg, |(accept in prop::collection::vec(any::<bool>(), 1..12), k in 1usize..5)| {
+        let (got, st) = speculative(model, forced(&reference, &accept, vocab), k, &opts);
+        prop_assert_eq!(&got, &reference, "k {} accept {:?}", k, accept);
+        accepted.set(accepted.get() + st.accepted);
+        drafted.set(drafted.get() + st.drafted);
+    });
+    let (accepted, drafted) = (accepted.get(), drafted.get());
+    assert!(accepted > 0 && accepted < drafted, "{accepted}/{drafted}");
+}
+
+#[test]
+fn hybrids_speculate_exactly_over_random_accept_patterns() {
+    for name in ["qwen3_next", "qwen3_5", "lfm2"] {
+        eprintln!("{name}");
+        equals_plain(load(&model_dir(name)).as_ref(), greedy_opts());
+    }
+}
+
+#[test]
+fn rotating_caches_speculate_exactly_past_their_window() {
+    // Windows of 4 and 8: prompt 10 + 20 tokens wrap every ring.
+    for name in ["dense/gemma3_text", "gemma4_text", "gpt_oss"] {
+        eprintln!("{name}");
+        equals_plain(load(&model_dir(name)).as_ref(), greedy_opts());
+    }
+}
+
+#[test]
+fn quantized_caches_speculate_exactly() {
+    // dense_f32's weights read with 2 heads of 64 / 1 KV head: head_dim 32, which the
+    // quantized cache's group size 32 needs.
+    let dir = std::env::temp_dir().join(format!("mlx-spec-h32-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = model_dir("dense_f32");
+    let mut config: Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    config["num_attention_heads"] = 2.into();
+    config["num_key_value_heads"] = 1.into();
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    std::fs::copy(src.join("model.safetensors"), dir.join("model.safetensors")).unwrap();
+    let model = load(&dir);
+    std::fs::remove_dir_all(&dir).ok();
+    // Quantized from the start, and switching mid-generation.
+    for start in [0, 14] {
+        equals_plain(
+            model.as_ref(),
+            GenerateOptions {
+                kv_bits: Some(8),
+                kv_group_size: 32,
+                quantized_kv_start: start,
+                ..greedy_opts()
+            },
+        );
+    }
+}
+
+#[test]
+fn draft_models_with_recurrent_state_roll_back_too() {
+    // A hybrid target with the dense draft, and the dense target with a hybrid draft.
+    let dense = load(&cli_model("dense_f32"));
+    let draft = load(&cli_model("dense_f32_draft"));
+    let hybrid = load(&model_dir("qwen3_next"));
+    let lfm2 = load(&model_dir("lfm2"));
+    for (target, d) in [
+        (hybrid.as_ref(), draft.as_ref()),
+        (dense.as_ref(), lfm2.as_ref()),
+        (dense.as_ref(), hybrid.as_ref()),
+    ] {
+        let want = plain(target, &greedy_opts());
+        for k in [1, 3, 4] {
+            let (got, _) = speculative(
+                target,
+                Drafter::Model {
+                    model: d,
+                    cache: None,
+                },
+                k,
+                &greedy_opts(),
+            );
+            assert_eq!(got, want, "{} with {} k {k}", target.model_type(), d.model_type());
+        }
+    }
+}
+
+#[test]
+fn prompt_lookup_equals_plain_greedy() {
+    for name in ["dense_f32", "qwen3_next", "dense/gemma3_text"] {
+        let model = load(&model_dir(name));
+        let opts = GenerateOptions {
+            max_tokens: Some(40),
+            ..GenerateOptions::default()
+        };
+        let ids: Vec<i32> = PROMPT.iter().map(|&t| t as i32).collect();
+        let want: Vec<u32> = mlx_engine::generate::generate_step(&ids, model.as_ref(), None, opts.clone())
+            .unwrap()
+            .map(|s| s.unwrap().token)
+            .collect();
+        for (ngram, k) in [(1, 3), (2, 4), (3, 2)] {
+            let mut g = mlx_engine::speculative::speculative_generate_step(
+                &ids,
+                model.as_ref(),
+                None,
+                Drafter::PromptLookup { ngram },
+                k,
+                opts.clone(),
+            )
+            .unwrap();
+            let got: Vec<u32> = g.by_ref().map(|s| s.unwrap().token).collect();
+            assert_eq!(got, want, "{name} ngram {ngram} k {k}");
+            if ngram == 1 {
+                // Tiny random models repeat themselves: lookup finds drafts.
+                assert!(g.stats().drafted > 0, "{name}: {:?}", g.stats());
+            }
+        }
+    }
 }
