@@ -172,6 +172,9 @@ pub struct SpeculativeStep<'m> {
     emitted_before_round: usize,
     done: bool,
     stats: SpecStats,
+    /// How many tokens of `history` the target's and the draft model's caches hold.
+    target_len: usize,
+    draft_len: usize,
 }
 
 /// Starts speculative generation from `prompt` (token ids): the target `model` with its
@@ -247,7 +250,9 @@ pub fn speculative_generate_step<'m>(
             }
             (
                 None,
-                Some(Box::new(move |h: &[u32], k: usize| prompt_lookup(h, ngram, k))),
+                Some(Box::new(move |h: &[u32], k: usize| {
+                    prompt_lookup(h, ngram, k)
+                })),
             )
         }
         Drafter::Custom(f) => (None, Some(f)),
@@ -270,6 +275,8 @@ pub fn speculative_generate_step<'m>(
         emitted_before_round: 0,
         done: false,
         stats: SpecStats::default(),
+        target_len: prompt.len() - 1,
+        draft_len: prompt.len() - 1,
     };
     on_generation_stream(|| {
         if let Some((d, mut dc)) = g.draft.take() {
@@ -323,10 +330,44 @@ impl<'m> SpeculativeStep<'m> {
     }
 
     fn rewind(&mut self, num_draft: usize, num_accept: usize) {
-        trim_prompt_cache(&mut self.caches, num_draft - num_accept);
+        self.target_len -= trim_prompt_cache(&mut self.caches, num_draft - num_accept);
         if let Some((_, dc)) = self.draft.as_mut() {
-            trim_prompt_cache(dc, (num_draft - num_accept).saturating_sub(1));
+            self.draft_len -= trim_prompt_cache(dc, (num_draft - num_accept).saturating_sub(1));
         }
+    }
+
+    /// [`Self::into_caches`], then every token generated but not yet in a cache run through
+    /// it, so both caches hold the prompt and every generated token (what plain decoding
+    /// leaves): a conversation continues them as it would continue plain decoding's.
+    pub fn into_synced_caches(mut self) -> Result<(Vec<Box<dyn Cache>>, Vec<Box<dyn Cache>>)> {
+        self.close()?;
+        on_generation_stream(|| {
+            let model = self.model;
+            let rest = self.history[self.target_len.min(self.history.len())..].to_vec();
+            if !rest.is_empty() {
+                let x = ops::expand_dims(&uint_array(&rest)?, &[0], None)?;
+                model.forward(&x, Some(&mut self.caches))?;
+                self.target_len += rest.len();
+            }
+            if let Some((d, dc)) = self.draft.as_mut() {
+                let rest = &self.history[self.draft_len.min(self.history.len())..];
+                if !rest.is_empty() {
+                    let x = ops::expand_dims(&uint_array(rest)?, &[0], None)?;
+                    d.forward(&x, Some(dc))?;
+                    self.draft_len += rest.len();
+                }
+            }
+            let states: Vec<Array> = self
+                .caches
+                .iter()
+                .chain(self.draft.iter().flat_map(|(_, dc)| dc.iter()))
+                .flat_map(|c| c.state().into_arrays())
+                .collect();
+            mlx_core::eval(states.iter())?;
+            Ok(())
+        })?;
+        let draft = self.draft.take().map(|(_, c)| c).unwrap_or_default();
+        Ok((std::mem::take(&mut self.caches), draft))
     }
 
     fn quantize(&self, caches: &mut [Box<dyn Cache>]) -> Result<()> {
@@ -430,6 +471,7 @@ impl<'m> SpeculativeStep<'m> {
         let r = (|| -> Result<()> {
             let mut y = uint_array(&self.draft_y)?;
             for _ in 0..num_draft {
+                self.draft_len += y.size();
                 let (ny, _) = self.step(d, &mut dc, &y, 1)?;
                 mlx_core::async_eval([&ny])?;
                 ys.push(ny.clone());
@@ -439,7 +481,11 @@ impl<'m> SpeculativeStep<'m> {
         })();
         self.draft = Some((d, dc));
         r?;
-        Ok(Some(ops::concatenate(&ys.iter().collect::<Vec<_>>(), 0, None)?))
+        Ok(Some(ops::concatenate(
+            &ys.iter().collect::<Vec<_>>(),
+            0,
+            None,
+        )?))
     }
 
     /// The bookkeeping after a round's tokens were handed out: the next inputs,
@@ -496,6 +542,7 @@ impl<'m> SpeculativeStep<'m> {
             None => y,
         };
         let mut caches = std::mem::take(&mut self.caches);
+        self.target_len += input.size();
         let stepped = self.step(self.model, &mut caches, &input, num_draft + 1);
         self.caches = caches;
         let (tokens, logprobs) = stepped?;
@@ -510,7 +557,11 @@ impl<'m> SpeculativeStep<'m> {
         let tokens: Vec<u32> = tokens.astype(Dtype::Uint32)?.to_vec::<u32>()?;
         let as_i32 = |v: &[u32]| v.iter().map(|&t| t as i32).collect::<Vec<_>>();
         if let Some((d, _)) = &self.draft {
-            check_token_ids("target token fed to the draft model", &as_i32(&tokens), d.vocab_size())?;
+            check_token_ids(
+                "target token fed to the draft model",
+                &as_i32(&tokens),
+                d.vocab_size(),
+            )?;
         }
         let max = self.opts.max_tokens;
         let mut queue = VecDeque::new();
@@ -520,7 +571,11 @@ impl<'m> SpeculativeStep<'m> {
             if tokens[n] != draft_tokens[n] {
                 break;
             }
-            queue.push_back((tokens[n], logprobs.slice_axis(0, n as i32, n as i32 + 1)?, true));
+            queue.push_back((
+                tokens[n],
+                logprobs.slice_axis(0, n as i32, n as i32 + 1)?,
+                true,
+            ));
             n += 1;
             if max == Some(self.ntoks + queue.len()) {
                 last = true;
@@ -528,7 +583,11 @@ impl<'m> SpeculativeStep<'m> {
             }
         }
         if !last {
-            queue.push_back((tokens[n], logprobs.slice_axis(0, n as i32, n as i32 + 1)?, false));
+            queue.push_back((
+                tokens[n],
+                logprobs.slice_axis(0, n as i32, n as i32 + 1)?,
+                false,
+            ));
             last = max == Some(self.ntoks + queue.len());
         }
         self.stats.rounds += 1;

@@ -124,7 +124,13 @@ pub fn stream_generate<'m>(
     let ids = check_prompt(model, tokenizer, prompt, &opts)?;
     let start = Instant::now();
     let steps = generate_step(&ids, model, prompt_cache, opts.generate.clone())?;
-    Ok(TextStream::new(Steps::Plain(steps), tokenizer, opts, prompt.len(), start))
+    Ok(TextStream::new(
+        Steps::Plain(steps),
+        tokenizer,
+        opts,
+        prompt.len(),
+        start,
+    ))
 }
 
 /// [`stream_generate`] with speculative decoding (mlx-lm's `stream_generate(...,
@@ -189,7 +195,6 @@ impl<'m> TextStream<'m> {
     }
 }
 
-
 /// The checks both streams make before generating; the prompt as `i32` ids.
 fn check_prompt(
     model: &dyn LanguageModel,
@@ -251,6 +256,16 @@ impl<'m> TextStream<'m> {
         match self.steps {
             Steps::Plain(g) => Ok((g.into_cache(), Vec::new())),
             Steps::Speculative(g) => g.into_caches(),
+        }
+    }
+
+    /// [`TextStream::into_caches`], with speculative decoding's caches brought up to every
+    /// generated token (see [`SpeculativeStep::into_synced_caches`]); plain decoding's hold
+    /// them already.
+    pub fn into_synced_caches(self) -> Result<(Vec<Box<dyn Cache>>, Vec<Box<dyn Cache>>)> {
+        match self.steps {
+            Steps::Plain(g) => Ok((g.into_cache(), Vec::new())),
+            Steps::Speculative(g) => g.into_synced_caches(),
         }
     }
 

@@ -132,7 +132,11 @@ fn draft_model_speculation_equals_mlx_lm() {
             .collect();
         assert_eq!(tokens, want_tokens, "{name}: tokens");
         assert_eq!(marks, want_marks, "{name}: from_draft");
-        for (i, (a, b)) in lps.iter().zip(c["logprobs"].as_array().unwrap()).enumerate() {
+        for (i, (a, b)) in lps
+            .iter()
+            .zip(c["logprobs"].as_array().unwrap())
+            .enumerate()
+        {
             let b = b.as_f64().unwrap() as f32;
             assert_eq!(a.to_bits(), b.to_bits(), "{name}: logprob {i}: {a} vs {b}");
         }
@@ -154,7 +158,9 @@ fn a_draft_with_another_vocabulary_is_refused() {
     let target = Tokenizer::from_dir(cli_model("dense_f32")).unwrap();
     let other = Tokenizer::from_dir(repo().join("mlx-train/tests/models/dense")).unwrap();
     assert_ne!(target.vocab_size(), other.vocab_size());
-    let e = check_draft_tokenizer(&target, &other).unwrap_err().to_string();
+    let e = check_draft_tokenizer(&target, &other)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("Draft model tokenizer does not match"), "{e}");
     check_draft_tokenizer(&target, &target).unwrap();
 }
@@ -313,7 +319,13 @@ fn draft_models_with_recurrent_state_roll_back_too() {
                 k,
                 &greedy_opts(),
             );
-            assert_eq!(got, want, "{} with {} k {k}", target.model_type(), d.model_type());
+            assert_eq!(
+                got,
+                want,
+                "{} with {} k {k}",
+                target.model_type(),
+                d.model_type()
+            );
         }
     }
 }
@@ -327,10 +339,11 @@ fn prompt_lookup_equals_plain_greedy() {
             ..GenerateOptions::default()
         };
         let ids: Vec<i32> = PROMPT.iter().map(|&t| t as i32).collect();
-        let want: Vec<u32> = mlx_engine::generate::generate_step(&ids, model.as_ref(), None, opts.clone())
-            .unwrap()
-            .map(|s| s.unwrap().token)
-            .collect();
+        let want: Vec<u32> =
+            mlx_engine::generate::generate_step(&ids, model.as_ref(), None, opts.clone())
+                .unwrap()
+                .map(|s| s.unwrap().token)
+                .collect();
         for (ngram, k) in [(1, 3), (2, 4), (3, 2)] {
             let mut g = mlx_engine::speculative::speculative_generate_step(
                 &ids,
