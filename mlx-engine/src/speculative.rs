@@ -41,6 +41,12 @@ pub enum Drafter<'m> {
     Custom(DraftFn<'m>),
 }
 
+/// A model's caches, one per layer.
+pub type Caches = Vec<Box<dyn Cache>>;
+
+/// The target's caches and the draft model's.
+pub type CachePair = (Caches, Caches);
+
 /// What [`Drafter::Custom`] calls: (tokens so far, most tokens to propose) -> proposals.
 pub type DraftFn<'m> = Box<dyn FnMut(&[u32], usize) -> Vec<u32> + Send + 'm>;
 
@@ -153,7 +159,7 @@ struct Round {
 pub struct SpeculativeStep<'m> {
     model: &'m dyn LanguageModel,
     caches: Vec<Box<dyn Cache>>,
-    draft: Option<(&'m dyn LanguageModel, Vec<Box<dyn Cache>>)>,
+    draft: Option<(&'m dyn LanguageModel, Caches)>,
     /// Prompt lookup or a custom proposer, when there is no draft model.
     propose: Option<DraftFn<'m>>,
     num_draft_tokens: usize,
@@ -304,7 +310,7 @@ impl<'m> SpeculativeStep<'m> {
 
     /// The target's caches and the draft model's (empty for prompt lookup), after the rewind
     /// mlx-lm's generator does when it is closed.
-    pub fn into_caches(mut self) -> Result<(Vec<Box<dyn Cache>>, Vec<Box<dyn Cache>>)> {
+    pub fn into_caches(mut self) -> Result<CachePair> {
         self.close()?;
         let draft = self.draft.take().map(|(_, c)| c).unwrap_or_default();
         Ok((std::mem::take(&mut self.caches), draft))
@@ -339,7 +345,7 @@ impl<'m> SpeculativeStep<'m> {
     /// [`Self::into_caches`], then every token generated but not yet in a cache run through
     /// it, so both caches hold the prompt and every generated token (what plain decoding
     /// leaves): a conversation continues them as it would continue plain decoding's.
-    pub fn into_synced_caches(mut self) -> Result<(Vec<Box<dyn Cache>>, Vec<Box<dyn Cache>>)> {
+    pub fn into_synced_caches(mut self) -> Result<CachePair> {
         self.close()?;
         on_generation_stream(|| {
             let model = self.model;

@@ -11,7 +11,9 @@ use mlx_core::prelude::*;
 
 use crate::error::{EngineError, Result};
 use crate::generate::{generate_step, GenerateOptions, GenerateStep, Step};
-use crate::speculative::{speculative_generate_step, Drafter, SpecStats, SpeculativeStep};
+use crate::speculative::{
+    speculative_generate_step, CachePair, Drafter, SpecStats, SpeculativeStep,
+};
 use crate::tokenizer::Tokenizer;
 use crate::tokenizer_stream::StreamingDetokenizer;
 use mlx_models::LanguageModel;
@@ -74,7 +76,7 @@ pub struct GenerationResponse {
 
 /// The token source of a [`TextStream`]: plain or speculative decoding.
 enum Steps<'m> {
-    Plain(GenerateStep<'m>),
+    Plain(Box<GenerateStep<'m>>),
     Speculative(Box<SpeculativeStep<'m>>),
 }
 
@@ -125,7 +127,7 @@ pub fn stream_generate<'m>(
     let start = Instant::now();
     let steps = generate_step(&ids, model, prompt_cache, opts.generate.clone())?;
     Ok(TextStream::new(
-        Steps::Plain(steps),
+        Steps::Plain(Box::new(steps)),
         tokenizer,
         opts,
         prompt.len(),
@@ -252,7 +254,7 @@ impl<'m> TextStream<'m> {
     }
 
     /// The target's caches and the draft model's (empty unless a draft model speculated).
-    pub fn into_caches(self) -> Result<(Vec<Box<dyn Cache>>, Vec<Box<dyn Cache>>)> {
+    pub fn into_caches(self) -> Result<CachePair> {
         match self.steps {
             Steps::Plain(g) => Ok((g.into_cache(), Vec::new())),
             Steps::Speculative(g) => g.into_caches(),
@@ -262,7 +264,7 @@ impl<'m> TextStream<'m> {
     /// [`TextStream::into_caches`], with speculative decoding's caches brought up to every
     /// generated token (see [`SpeculativeStep::into_synced_caches`]); plain decoding's hold
     /// them already.
-    pub fn into_synced_caches(self) -> Result<(Vec<Box<dyn Cache>>, Vec<Box<dyn Cache>>)> {
+    pub fn into_synced_caches(self) -> Result<CachePair> {
         match self.steps {
             Steps::Plain(g) => Ok((g.into_cache(), Vec::new())),
             Steps::Speculative(g) => g.into_synced_caches(),

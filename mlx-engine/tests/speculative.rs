@@ -6,7 +6,7 @@
 //! past their window and quantized caches speculate with exactly the output of plain greedy
 //! decoding, over random accept patterns; prompt lookup likewise.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use mlx_core::random;
 use mlx_engine::generate::GenerateOptions;
@@ -27,7 +27,7 @@ fn cli_model(name: &str) -> PathBuf {
     repo().join("mlx-cli/tests/models").join(name)
 }
 
-fn load(dir: &PathBuf) -> Box<dyn LanguageModel> {
+fn load(dir: &Path) -> Box<dyn LanguageModel> {
     load_model_dir(dir, &LoadOptions::default()).unwrap().0
 }
 
