@@ -363,3 +363,87 @@ fn prompt_lookup_equals_plain_greedy() {
         }
     }
 }
+
+#[test]
+fn the_batch_engine_runs_speculative_requests_alone_with_mlx_lm_tokens() {
+    use mlx_engine::batch::{BatchEvent, BatchRequest, Engine, EngineConfig};
+    let target = cli_model("dense_f32");
+    let (engine, thread) = Engine::start_with_draft(
+        move || {
+            let (model, _) = load_model_dir(&target, &LoadOptions::default())?;
+            let (draft, _) =
+                load_model_dir(&cli_model("dense_f32_draft"), &LoadOptions::default())?;
+            Ok((model, Tokenizer::from_dir(&target)?, Some(draft)))
+        },
+        EngineConfig::default(),
+    )
+    .unwrap();
+    let g = goldens();
+    let case = g["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "greedy_k2")
+        .unwrap()
+        .clone();
+    let want: Vec<u32> = case["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+    let prompt: Vec<u32> = case["prompt"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+    let mut rxs = Vec::new();
+    // A plain request and two speculative ones submitted together: same greedy tokens.
+    for k in [None, Some(2), Some(4)] {
+        let (tx, rx) = std::sync::mpsc::channel();
+        engine
+            .submit(
+                BatchRequest {
+                    prompt: prompt.clone(),
+                    max_tokens: want.len(),
+                    sampler: Default::default(),
+                    processors: Default::default(),
+                    stop_strings: Vec::new(),
+                    logprobs: true,
+                    top_logprobs: 0,
+                    seed: None,
+                    timeout: None,
+                    num_draft_tokens: k,
+                },
+                Box::new(tx),
+            )
+            .unwrap();
+        rxs.push((k, rx));
+    }
+    for (k, rx) in rxs {
+        let mut tokens = Vec::new();
+        let mut done = false;
+        for ev in rx.iter() {
+            match ev {
+                BatchEvent::Token { token, logprob, .. } => {
+                    assert!(logprob.is_some());
+                    tokens.push(token);
+                }
+                BatchEvent::Done {
+                    completion_tokens, ..
+                } => {
+                    assert_eq!(completion_tokens, want.len());
+                    done = true;
+                    break;
+                }
+                BatchEvent::Error(e) => panic!("{k:?}: {e}"),
+                BatchEvent::Started { .. } => {}
+            }
+        }
+        assert!(done, "{k:?}");
+        assert_eq!(tokens, want, "num_draft_tokens {k:?}");
+    }
+    drop(engine);
+    thread.join().unwrap();
+}

@@ -146,6 +146,17 @@ pub struct ServeArgs {
     /// subdomains). Other names are refused (403) against DNS rebinding.
     #[arg(long, value_delimiter = ',')]
     pub allowed_hosts: Vec<String>,
+
+    /// A model to be used for speculative decoding (same vocabulary as --model), as
+    /// `mlx_lm.server --draft-model`: requests then speculate and are not batched (each runs
+    /// alone, between batches).
+    #[arg(long, value_name = "PATH|NAME")]
+    pub draft_model: Option<String>,
+
+    /// Number of tokens to draft when using speculative decoding (a request's
+    /// `num_draft_tokens` overrides it).
+    #[arg(long, default_value_t = 3)]
+    pub num_draft_tokens: usize,
 }
 
 /// A positive, finite number of seconds no larger than a year.
