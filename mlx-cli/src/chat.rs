@@ -59,6 +59,9 @@ pub struct ChatArgs {
     pub json: bool,
     #[command(flatten)]
     pub spec: SpecArgs,
+    /// Constrain every reply to JSON valid against the JSON schema in FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json_schema: Option<String>,
 }
 
 const HELP: &str = "  commands    q exit   r reset   h help";
@@ -74,6 +77,7 @@ pub fn run(a: &ChatArgs) -> Result<(), String> {
         Some(sp) => sp.seed(&m, a.seed)?,
         None => m.seed(a.seed)?,
     }
+    let grammar = crate::generate::json_schema_grammar(a.json_schema.as_deref(), &m)?;
     let mut special: Vec<i32> = m
         .tokenizer
         .encode("\n", true)
@@ -95,6 +99,7 @@ pub fn run(a: &ChatArgs) -> Result<(), String> {
             }),
             max_kv_size: a.max_kv_size.map(|n| n as usize),
             prefill_step_size: a.prefill_step_size as usize,
+            grammar,
             ..GenerateOptions::default()
         },
         ..StreamOptions::default()

@@ -9,6 +9,7 @@
 //!   [`compiled`]: the compiled, transactional decode step `generate_step` can use.
 //! - [`speculative`]: mlx-lm's `speculative_generate_step` (draft model) and prompt lookup,
 //!   with exact rollback of every cache kind.
+//! - [`grammar`]: constrained decoding (JSON schema, JSON object, Lark) through `llguidance`.
 //! - [`stream`]: `stream_generate` (text, stop conditions, statistics).
 //! - [`prompt_cache`]: longest-prefix reuse with a byte-capped LRU; [`chat`]: `mlx_lm.chat`'s
 //!   conversation over one growing cache ([`chat::Conversation`]) and a prefix-reusing
@@ -29,6 +30,7 @@ pub mod cpu_decode;
 mod error;
 pub mod fetch;
 pub mod generate;
+pub mod grammar;
 pub mod hub;
 pub mod prompt_cache;
 pub mod sample;

@@ -206,6 +206,13 @@ pub fn speculative_generate_step<'m>(
             "prefill_step_size must be positive".into(),
         ));
     }
+    if opts.grammar.is_some() {
+        return Err(EngineError::Other(
+            "constrained decoding (a grammar, --json-schema) does not combine with speculative \
+             decoding"
+                .into(),
+        ));
+    }
     if opts.cpu_decode.is_some() {
         return Err(EngineError::Other(
             "speculative decoding runs on the MLX path: the CPU decoder cannot verify draft \
