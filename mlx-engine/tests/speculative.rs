@@ -415,6 +415,7 @@ fn the_batch_engine_runs_speculative_requests_alone_with_mlx_lm_tokens() {
                     seed: None,
                     timeout: None,
                     num_draft_tokens: k,
+                    grammar: None,
                 },
                 Box::new(tx),
             )
