@@ -139,6 +139,27 @@ fn json_schema_and_json_object_replies_streaming_and_not_greedy_and_sampled() {
     assert_eq!(reply(&s, CHAT, &plain).0, reply(&s, CHAT, &free).0);
 }
 
+/// `n` choices of one constrained request: each choice decodes under its own parser state
+/// (all fresh until the first token), so every choice is valid on its own.
+#[test]
+fn every_one_of_n_choices_keeps_the_schema() {
+    let _turn = serial();
+    let s = TestServer::start(&[]);
+    let schema = person_schema();
+    let body = json!({"messages": messages(), "max_tokens": 600, "n": 3,
+                      "temperature": 1.0, "seed": 5, "response_format": schema_format()});
+    let r = post(s.addr, CHAT, &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    let choices = v["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 3, "{v}");
+    for c in choices {
+        let text = c["message"]["content"].as_str().unwrap();
+        parse_valid(&schema, text).unwrap_or_else(|e| panic!("choice {}: {e}", c["index"]));
+        assert_eq!(c["finish_reason"], "stop");
+    }
+}
+
 #[test]
 fn a_batch_of_constrained_and_free_requests_each_keeps_its_own_constraint() {
     let _turn = serial();

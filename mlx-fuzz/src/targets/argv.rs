@@ -172,6 +172,41 @@ const SUBCOMMANDS: &[(&str, &[Flag])] = &[
             ("--dtype", &["f32", "stored"]),
         ],
     ),
+    (
+        "convert",
+        &[
+            ("--hf-path", &[MODEL]),
+            ("--mlx-path", &[OUT]),
+            ("-q", &[]),
+            ("--q-bits", &["4", "2"]),
+            ("--q-group-size", &["32", "64"]),
+            ("--q-mode", &["affine", "mxfp4", "nvfp4"]),
+            ("--quant-predicate", &["mixed_3_6"]),
+            ("--dtype", &["float16"]),
+            ("-d", &[]),
+        ],
+    ),
+    (
+        "perplexity",
+        &[
+            ("--model", &[MODEL]),
+            ("--data-path", &[DIR]),
+            ("--batch-size", &["2"]),
+            ("--sequence-length", &["16"]),
+            ("--num-samples", &["4", "-1"]),
+            ("--seed", &["1"]),
+        ],
+    ),
+    (
+        "benchmark",
+        &[
+            ("--model", &[MODEL]),
+            ("-p", &["8"]),
+            ("-g", &["4"]),
+            ("-n", &["1"]),
+            ("-b", &["1"]),
+        ],
+    ),
 ];
 
 /// Values that break number parsing and range checks.
