@@ -6,13 +6,13 @@
 use std::io::{BufRead, IsTerminal, Write};
 
 use clap::Args;
-use mlx_engine::chat::Conversation;
+use mlx_engine::chat::{ChatSpeculation, Conversation};
 use mlx_engine::generate::GenerateOptions;
 use mlx_engine::sample::{Sampler, SamplerSettings};
 use mlx_engine::stream::StreamOptions;
 use serde_json::json;
 
-use crate::common::{self, ModelArgs, DEFAULT_PREFILL_STEP_SIZE};
+use crate::common::{self, ModelArgs, SpecArgs, SpecSource, DEFAULT_PREFILL_STEP_SIZE};
 use crate::model;
 
 /// `mlx_lm.chat`'s flags.
@@ -57,6 +57,8 @@ pub struct ChatArgs {
     /// One JSON object per turn on stdout instead of the streamed reply.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub spec: SpecArgs,
     /// Constrain every reply to JSON valid against the JSON schema in FILE.
     #[arg(long, value_name = "FILE")]
     pub json_schema: Option<String>,
@@ -70,7 +72,11 @@ pub fn run(a: &ChatArgs) -> Result<(), String> {
     if !m.tokenizer.has_chat_template() {
         return Err("this model's tokenizer has no chat template; use `mlx generate`".into());
     }
-    m.seed(a.seed)?;
+    let spec = a.spec.load(&m, &a.model.dtype)?;
+    match &spec {
+        Some(sp) => sp.seed(&m, a.seed)?,
+        None => m.seed(a.seed)?,
+    }
     let grammar = crate::generate::json_schema_grammar(a.json_schema.as_deref(), &m)?;
     let mut special: Vec<i32> = m
         .tokenizer
@@ -105,6 +111,19 @@ pub fn run(a: &ChatArgs) -> Result<(), String> {
         opts,
     )
     .map_err(|e| e.to_string())?;
+    if let Some(sp) = &spec {
+        let (draft, ngram) = match sp {
+            SpecSource::Draft(d) => (Some(d.model.as_ref()), 0),
+            SpecSource::Lookup(n) => (None, *n),
+        };
+        conv = conv
+            .with_speculation(ChatSpeculation {
+                draft,
+                ngram,
+                num_draft_tokens: a.spec.num_draft_tokens as usize,
+            })
+            .map_err(|e| e.to_string())?;
+    }
     let tty = std::io::stdin().is_terminal();
     let mut out = std::io::stdout();
     if !a.json {
@@ -170,13 +189,17 @@ pub fn run(a: &ChatArgs) -> Result<(), String> {
             })
             .map_err(|e| e.to_string())?;
         if a.json {
-            let obj = json!({
+            let mut obj = json!({
                 "text": text,
                 "tokens": tokens,
                 "generation_tokens": last.generation_tokens,
                 "finish_reason": last.finish_reason.map(|f| f.as_str()),
                 "cached_tokens": conv.cached_tokens(),
             });
+            if let Some(st) = conv.spec_stats() {
+                obj["draft_tokens"] = json!(st.drafted);
+                obj["accepted_draft_tokens"] = json!(st.accepted);
+            }
             writeln!(out, "{obj}").ok();
         } else {
             writeln!(out).ok();
@@ -189,6 +212,9 @@ pub fn run(a: &ChatArgs) -> Result<(), String> {
                 last.peak_memory_bytes as f64 / 1e9
             )
             .ok();
+            if let Some(st) = conv.spec_stats() {
+                writeln!(out, "  {}", SpecSource::report(&st)).ok();
+            }
         }
     }
     Ok(())

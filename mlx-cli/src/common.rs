@@ -184,3 +184,90 @@ pub fn check_sampling(temp: f64, top_p: f64, min_p: f64, xtc_p: f64) -> Result<(
     }
     Ok(())
 }
+
+/// Speculative decoding (`mlx_lm.generate --draft-model`, plus prompt lookup).
+#[derive(Args, Clone, Debug, Default)]
+pub struct SpecArgs {
+    /// A model to be used for speculative decoding (a directory, .gguf file or Hub name; its
+    /// tokenizer must have the model's vocabulary size). Runs on the MLX path.
+    #[arg(long, value_name = "PATH|NAME", conflicts_with = "prompt_lookup_ngram")]
+    pub draft_model: Option<String>,
+    /// Number of tokens to draft when using speculative decoding.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(0..=64))]
+    pub num_draft_tokens: u64,
+    /// Speculate by prompt lookup: draft the tokens that followed the most recent earlier
+    /// occurrence of the last N tokens (prompt and output so far); the model verifies them,
+    /// so greedy output is that of plain decoding.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub prompt_lookup_ngram: Option<u64>,
+}
+
+/// A loaded draft model, or prompt lookup.
+pub enum SpecSource {
+    Draft(Box<crate::model::Loaded>),
+    Lookup(usize),
+}
+
+impl SpecArgs {
+    pub fn active(&self) -> bool {
+        self.draft_model.is_some() || self.prompt_lookup_ngram.is_some()
+    }
+
+    /// Loads the draft model (in the target's `--dtype`) and checks its vocabulary against
+    /// `target`'s, as mlx-lm does; `None` without speculation.
+    pub fn load(
+        &self,
+        target: &crate::model::Loaded,
+        dtype: &str,
+    ) -> Result<Option<SpecSource>, String> {
+        if let Some(n) = self.prompt_lookup_ngram {
+            return Ok(Some(SpecSource::Lookup(n as usize)));
+        }
+        let Some(path) = &self.draft_model else {
+            return Ok(None);
+        };
+        let d = crate::model::load(&ModelArgs {
+            model: Some(path.clone()),
+            dtype: dtype.to_string(),
+            adapter_path: None,
+        })
+        .map_err(|e| format!("--draft-model {path}: {e}"))?;
+        mlx_engine::speculative::check_draft_tokenizer(&target.tokenizer, &d.tokenizer)
+            .map_err(|e| format!("--draft-model {path}: {e}"))?;
+        Ok(Some(SpecSource::Draft(Box::new(d))))
+    }
+}
+
+impl SpecSource {
+    /// The engine's drafter (a fresh draft cache).
+    pub fn drafter(&self) -> mlx_engine::speculative::Drafter<'_> {
+        match self {
+            SpecSource::Draft(d) => mlx_engine::speculative::Drafter::Model {
+                model: d.model.as_ref(),
+                cache: None,
+            },
+            SpecSource::Lookup(n) => mlx_engine::speculative::Drafter::PromptLookup { ngram: *n },
+        }
+    }
+
+    /// `--seed` as mlx-lm applies it with a draft model: seeded before both models are built,
+    /// so the key is advanced by the target's draws and then the draft's.
+    pub fn seed(&self, target: &crate::model::Loaded, seed: u64) -> Result<(), String> {
+        let mut draws = target.draws.clone()?;
+        if let SpecSource::Draft(d) = self {
+            draws += d.draws.clone()?;
+        }
+        mlx_engine::seed::seed_as_mlx_lm(seed, draws).map_err(|e| e.to_string())
+    }
+
+    /// The acceptance line `--verbose` prints.
+    pub fn report(stats: &mlx_engine::speculative::SpecStats) -> String {
+        format!(
+            "Speculative: {} of {} draft tokens accepted ({:.1}%), {} verification passes",
+            stats.accepted,
+            stats.drafted,
+            100.0 * stats.acceptance(),
+            stats.rounds
+        )
+    }
+}

@@ -8,10 +8,12 @@ use mlx_cache::{load_prompt_cache, Cache, QuantizedKVCache};
 use mlx_engine::chat_template::ChatTemplateOptions;
 use mlx_engine::generate::GenerateOptions;
 use mlx_engine::sample::{Sampler, SamplerSettings};
-use mlx_engine::stream::{stream_generate, FinishReason, StreamOptions};
+use mlx_engine::stream::{
+    stream_generate, stream_generate_speculative, FinishReason, StreamOptions,
+};
 use serde_json::{json, Map, Value};
 
-use crate::common::{self, DecoderArgs, KvArgs, ModelArgs};
+use crate::common::{self, DecoderArgs, KvArgs, ModelArgs, SpecArgs, SpecSource};
 use crate::model::{self, Loaded};
 
 /// `mlx_lm.generate`'s flags.
@@ -88,6 +90,8 @@ pub struct GenerateArgs {
     pub kv: KvArgs,
     #[command(flatten)]
     pub decoder: DecoderArgs,
+    #[command(flatten)]
+    pub spec: SpecArgs,
     /// A file of saved KV caches (`mlx cache-prompt`, `mlx_lm.cache_prompt`): the prompt
     /// continues what it holds.
     #[arg(long, value_name = "FILE")]
@@ -297,8 +301,12 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
         }
         None => None,
     };
+    let spec = a.spec.load(&m, &a.model.dtype)?;
     if let Some(s) = a.seed {
-        m.seed(s)?;
+        match &spec {
+            Some(sp) => sp.seed(&m, s)?,
+            None => m.seed(s)?,
+        }
     }
     let grammar = json_schema_grammar(a.json_schema.as_deref(), &m)?;
     let mut generate = GenerateOptions {
@@ -308,12 +316,25 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
         ..GenerateOptions::default()
     };
     a.kv.apply(&mut generate);
-    let decoder = a.decoder.pick(
-        m.model.as_ref(),
-        &generate,
-        &a.model.dtype,
-        caches.is_some(),
-    )?;
+    let decoder = if spec.is_some() {
+        if a.decoder.decoder == "cpu" {
+            return Err(
+                "--decoder cpu: speculative decoding verifies drafts on the MLX path".into(),
+            );
+        }
+        common::DecoderChoice {
+            cpu: None,
+            name: "mlx",
+            note: "decoder: mlx (speculative decoding)".into(),
+        }
+    } else {
+        a.decoder.pick(
+            m.model.as_ref(),
+            &generate,
+            &a.model.dtype,
+            caches.is_some(),
+        )?
+    };
     generate.cpu_decode = decoder.cpu;
     if a.verbose {
         eprintln!("[mlx] {}", decoder.note);
@@ -324,8 +345,19 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
         stop_strings: a.stop.clone(),
         top_logprobs: a.top_logprobs,
     };
-    let stream = stream_generate(m.model.as_ref(), &m.tokenizer, &ids, caches, opts)
-        .map_err(|e| e.to_string())?;
+    let mut stream = match &spec {
+        Some(sp) => stream_generate_speculative(
+            m.model.as_ref(),
+            &m.tokenizer,
+            &ids,
+            caches,
+            sp.drafter(),
+            a.spec.num_draft_tokens as usize,
+            opts,
+        ),
+        None => stream_generate(m.model.as_ref(), &m.tokenizer, &ids, caches, opts),
+    }
+    .map_err(|e| e.to_string())?;
     let mut out = std::io::stdout().lock();
     let streaming = a.verbose && !a.json;
     if streaming {
@@ -334,13 +366,15 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
     let (mut tokens, mut logprobs, mut tops, mut text) =
         (Vec::new(), Vec::new(), Vec::new(), String::new());
     let mut last = None;
-    for r in stream {
+    let mut from_draft = Vec::new();
+    for r in stream.by_ref() {
         let r = r.map_err(|e| e.to_string())?;
         let eos = r.finish_reason == Some(FinishReason::Stop)
             && r.token
                 .is_some_and(|t| m.tokenizer.eos_token_ids().contains(&t));
         if let (Some(t), Some(lp), false) = (r.token, r.logprob, eos) {
             tokens.push(t);
+            from_draft.push(r.from_draft);
             logprobs.push(f64::from(lp));
             tops.push(
                 r.top_logprobs
@@ -373,6 +407,12 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
             "decoder": decoder.name,
             "finish_reason": r.finish_reason.unwrap_or(FinishReason::Length).as_str(),
         });
+        if let Some(st) = stream.spec_stats() {
+            obj["from_draft"] = json!(from_draft);
+            obj["draft_tokens"] = json!(st.drafted);
+            obj["accepted_draft_tokens"] = json!(st.accepted);
+            obj["verification_passes"] = json!(st.rounds);
+        }
         if a.top_logprobs > 0 {
             obj["top_logprobs"] = Value::Array(tops.into_iter().map(Value::Array).collect());
         }
@@ -404,6 +444,9 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
             r.peak_memory_bytes as f64 / 1e9
         )
         .ok();
+        if let Some(st) = stream.spec_stats() {
+            writeln!(out, "{}", SpecSource::report(&st)).ok();
+        }
     }
     Ok(())
 }

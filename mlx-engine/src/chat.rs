@@ -16,7 +16,10 @@ use crate::chat_template::ChatTemplateOptions;
 use crate::error::Result;
 use crate::generate::make_prompt_cache;
 use crate::prompt_cache::PromptCache;
-use crate::stream::{stream_generate, GenerationResponse, StreamOptions};
+use crate::speculative::{Drafter, SpecStats};
+use crate::stream::{
+    stream_generate, stream_generate_speculative, GenerationResponse, StreamOptions,
+};
 use crate::tokenizer::Tokenizer;
 use mlx_models::LanguageModel;
 
@@ -124,6 +127,20 @@ pub struct Conversation<'m> {
     system: Option<String>,
     cache: Vec<Box<dyn Cache>>,
     opts: StreamOptions,
+    spec: Option<ChatSpeculation<'m>>,
+    /// The draft model's growing cache (speculation with a draft model).
+    draft_cache: Vec<Box<dyn Cache>>,
+    /// The last turn's acceptance statistics.
+    last_stats: Option<SpecStats>,
+}
+
+/// Speculative decoding for a [`Conversation`] (beyond `mlx_lm.chat`, which has none).
+#[derive(Clone, Copy)]
+pub struct ChatSpeculation<'m> {
+    /// A draft model (`Some`) or prompt lookup with n-grams of `ngram` tokens.
+    pub draft: Option<&'m dyn LanguageModel>,
+    pub ngram: usize,
+    pub num_draft_tokens: usize,
 }
 
 impl<'m> Conversation<'m> {
@@ -140,12 +157,42 @@ impl<'m> Conversation<'m> {
             system: system.map(str::to_string),
             cache: make_prompt_cache(model, opts.generate.max_kv_size)?,
             opts,
+            spec: None,
+            draft_cache: Vec::new(),
+            last_stats: None,
         })
+    }
+
+    /// Every turn speculates with `spec`: the caches become ones that roll back exactly
+    /// (`max_kv_size` does not apply, as mlx-lm drops it when speculating), and after each
+    /// turn they are brought up to every generated token, so greedy turns give the text of
+    /// plain decoding.
+    pub fn with_speculation(mut self, spec: ChatSpeculation<'m>) -> Result<Self> {
+        self.spec = Some(spec);
+        self.reset()?;
+        Ok(self)
+    }
+
+    /// The last turn's acceptance statistics (speculative decoding).
+    pub fn spec_stats(&self) -> Option<SpecStats> {
+        self.last_stats
     }
 
     /// The `r` command: a fresh cache.
     pub fn reset(&mut self) -> Result<()> {
-        self.cache = make_prompt_cache(self.model, self.opts.generate.max_kv_size)?;
+        match &self.spec {
+            Some(sp) => {
+                let depth = sp.num_draft_tokens + 1;
+                self.cache = self.model.make_cache_with_rollback(depth);
+                self.draft_cache = sp
+                    .draft
+                    .map(|d| d.make_cache_with_rollback(depth))
+                    .unwrap_or_default();
+            }
+            None => {
+                self.cache = make_prompt_cache(self.model, self.opts.generate.max_kv_size)?;
+            }
+        }
         Ok(())
     }
 
@@ -170,13 +217,34 @@ impl<'m> Conversation<'m> {
             .tokenizer
             .apply_chat_template_ids(&messages, &ChatTemplateOptions::generation(true))?;
         let cache = std::mem::take(&mut self.cache);
-        let mut stream = match stream_generate(
-            self.model,
-            self.tokenizer,
-            &prompt,
-            Some(cache),
-            self.opts.clone(),
-        ) {
+        let started = match &self.spec {
+            None => stream_generate(
+                self.model,
+                self.tokenizer,
+                &prompt,
+                Some(cache),
+                self.opts.clone(),
+            ),
+            Some(sp) => {
+                let drafter = match sp.draft {
+                    Some(model) => Drafter::Model {
+                        model,
+                        cache: Some(std::mem::take(&mut self.draft_cache)),
+                    },
+                    None => Drafter::PromptLookup { ngram: sp.ngram },
+                };
+                stream_generate_speculative(
+                    self.model,
+                    self.tokenizer,
+                    &prompt,
+                    Some(cache),
+                    drafter,
+                    sp.num_draft_tokens,
+                    self.opts.clone(),
+                )
+            }
+        };
+        let mut stream = match started {
             Ok(s) => s,
             Err(e) => {
                 // The cache went into the failed prefill: start over rather than keep a
@@ -199,10 +267,24 @@ impl<'m> Conversation<'m> {
                 }
             }
         }
-        self.cache = stream.into_cache();
+        self.last_stats = stream.spec_stats();
         if let Some(e) = failure {
+            if self.spec.is_some() {
+                self.reset()?;
+            } else {
+                self.cache = stream.into_cache();
+            }
             return Err(e);
         }
+        let (cache, draft_cache) = match stream.into_synced_caches() {
+            Ok(c) => c,
+            Err(e) => {
+                self.reset()?;
+                return Err(e);
+            }
+        };
+        self.cache = cache;
+        self.draft_cache = draft_cache;
         last.ok_or_else(|| crate::EngineError::Other("generation produced no response".into()))
     }
 }

@@ -194,13 +194,16 @@ pub fn maybe_quantize_kv_cache(
 pub struct Step {
     pub token: u32,
     pub logprobs: Array,
+    /// Proposed by a drafter and accepted by the target (speculative decoding; mlx-lm's
+    /// `from_draft`).
+    pub from_draft: bool,
 }
 
 /// Runs `f` with mlx-lm's `generation_stream` as the default stream: a stream of the default
 /// device made once per thread (`mx.new_thread_local_stream(mx.default_device())`), which
 /// `generate_step` wraps its prefill and every step in (`with mx.stream(stream)`). The previous
 /// default stream is restored afterwards, also when `f` fails.
-fn on_generation_stream<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
+pub(crate) fn on_generation_stream<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
     thread_local! {
         static STREAM: RefCell<Option<(Device, Stream)>> = const { RefCell::new(None) };
     }
@@ -574,7 +577,11 @@ impl<'m> GenerateStep<'m> {
         }
         self.y = next;
         self.n += 1;
-        Ok(Some(Step { token, logprobs }))
+        Ok(Some(Step {
+            token,
+            logprobs,
+            from_draft: false,
+        }))
     }
 }
 

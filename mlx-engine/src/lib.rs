@@ -7,6 +7,8 @@
 //!   (streaming detokenizers), [`chat_template`] (Jinja, rendered as transformers does).
 //! - [`generate`], [`sample`]: mlx-lm's `generate_step`, samplers and logits processors;
 //!   [`compiled`]: the compiled, transactional decode step `generate_step` can use.
+//! - [`speculative`]: mlx-lm's `speculative_generate_step` (draft model) and prompt lookup,
+//!   with exact rollback of every cache kind.
 //! - [`grammar`]: constrained decoding (JSON schema, JSON object, Lark) through `llguidance`.
 //! - [`stream`]: `stream_generate` (text, stop conditions, statistics).
 //! - [`prompt_cache`]: longest-prefix reuse with a byte-capped LRU; [`chat`]: `mlx_lm.chat`'s
@@ -36,6 +38,7 @@ pub mod load;
 pub mod prompt_cache;
 pub mod sample;
 pub mod seed;
+pub mod speculative;
 pub mod stream;
 mod template_bounds;
 pub mod tokenizer;

@@ -10,7 +10,10 @@ use mlx_core::memory;
 use mlx_core::prelude::*;
 
 use crate::error::{EngineError, Result};
-use crate::generate::{generate_step, GenerateOptions, GenerateStep};
+use crate::generate::{generate_step, GenerateOptions, GenerateStep, Step};
+use crate::speculative::{
+    speculative_generate_step, CachePair, Drafter, SpecStats, SpeculativeStep,
+};
 use crate::tokenizer::Tokenizer;
 use crate::tokenizer_stream::StreamingDetokenizer;
 use mlx_models::LanguageModel;
@@ -67,11 +70,28 @@ pub struct GenerationResponse {
     /// Set on the last response only: `Length` on the `max_tokens`-th token, `Stop` on an EOS
     /// token or a stop string.
     pub finish_reason: Option<FinishReason>,
+    /// The token was proposed by the drafter and accepted (speculative decoding only).
+    pub from_draft: bool,
+}
+
+/// The token source of a [`TextStream`]: plain or speculative decoding.
+enum Steps<'m> {
+    Plain(Box<GenerateStep<'m>>),
+    Speculative(Box<SpeculativeStep<'m>>),
+}
+
+impl Steps<'_> {
+    fn next(&mut self) -> Option<Result<Step>> {
+        match self {
+            Steps::Plain(g) => g.next(),
+            Steps::Speculative(g) => g.next(),
+        }
+    }
 }
 
 /// The stream of [`stream_generate`].
 pub struct TextStream<'m> {
-    steps: GenerateStep<'m>,
+    steps: Steps<'m>,
     tokenizer: &'m Tokenizer,
     detok: StreamingDetokenizer,
     opts: StreamOptions,
@@ -86,6 +106,7 @@ pub struct TextStream<'m> {
     done: bool,
     tokens: Vec<u32>,
     eos: Option<u32>,
+    from_draft: bool,
 }
 
 /// Starts generating text for `prompt` (token ids), optionally continuing `prompt_cache`
@@ -102,6 +123,87 @@ pub fn stream_generate<'m>(
     prompt_cache: Option<Vec<Box<dyn Cache>>>,
     opts: StreamOptions,
 ) -> Result<TextStream<'m>> {
+    let ids = check_prompt(model, tokenizer, prompt, &opts)?;
+    let start = Instant::now();
+    let steps = generate_step(&ids, model, prompt_cache, opts.generate.clone())?;
+    Ok(TextStream::new(
+        Steps::Plain(Box::new(steps)),
+        tokenizer,
+        opts,
+        prompt.len(),
+        start,
+    ))
+}
+
+/// [`stream_generate`] with speculative decoding (mlx-lm's `stream_generate(...,
+/// draft_model=..., num_draft_tokens=...)`, or prompt lookup): each response carries
+/// `from_draft`; the draft model's own cache is made fresh unless `drafter` carries one.
+/// `prompt_cache` must be trimmable (or a recurrent cache keeping history); `None` makes
+/// fresh caches that roll back exactly.
+pub fn stream_generate_speculative<'m>(
+    model: &'m dyn LanguageModel,
+    tokenizer: &'m Tokenizer,
+    prompt: &[u32],
+    prompt_cache: Option<Vec<Box<dyn Cache>>>,
+    drafter: Drafter<'m>,
+    num_draft_tokens: usize,
+    opts: StreamOptions,
+) -> Result<TextStream<'m>> {
+    let ids = check_prompt(model, tokenizer, prompt, &opts)?;
+    let start = Instant::now();
+    let steps = speculative_generate_step(
+        &ids,
+        model,
+        prompt_cache,
+        drafter,
+        num_draft_tokens,
+        opts.generate.clone(),
+    )?;
+    Ok(TextStream::new(
+        Steps::Speculative(Box::new(steps)),
+        tokenizer,
+        opts,
+        prompt.len(),
+        start,
+    ))
+}
+
+impl<'m> TextStream<'m> {
+    fn new(
+        steps: Steps<'m>,
+        tokenizer: &'m Tokenizer,
+        opts: StreamOptions,
+        prompt_tokens: usize,
+        start: Instant,
+    ) -> Self {
+        TextStream {
+            steps,
+            tokenizer,
+            detok: tokenizer.detokenizer(),
+            opts,
+            prompt_tokens,
+            start,
+            prompt_tps: 0.0,
+            first: None,
+            n: 0,
+            generation_tps: 0.0,
+            full: String::new(),
+            emitted: 0,
+            done: false,
+            tokens: Vec::new(),
+            eos: None,
+            from_draft: false,
+        }
+    }
+}
+
+/// The checks both streams make before generating; the prompt as `i32` ids.
+fn check_prompt(
+    model: &dyn LanguageModel,
+    tokenizer: &Tokenizer,
+    prompt: &[u32],
+    opts: &StreamOptions,
+) -> Result<Vec<i32>> {
     if opts.generate.max_tokens == Some(0) {
         return Err(EngineError::Other(
             "Maximum number of tokens must be non-zero (use -1 for no limit).".into(),
@@ -130,25 +232,7 @@ pub fn stream_generate<'m>(
              outside the model's vocabulary of {vocab} tokens"
         )));
     }
-    let start = Instant::now();
-    let steps = generate_step(&ids, model, prompt_cache, opts.generate.clone())?;
-    Ok(TextStream {
-        steps,
-        tokenizer,
-        detok: tokenizer.detokenizer(),
-        opts,
-        prompt_tokens: prompt.len(),
-        start,
-        prompt_tps: 0.0,
-        first: None,
-        n: 0,
-        generation_tps: 0.0,
-        full: String::new(),
-        emitted: 0,
-        done: false,
-        tokens: Vec::new(),
-        eos: None,
-    })
+    Ok(ids)
 }
 
 fn floor_char_boundary(s: &str, mut i: usize) -> usize {
@@ -160,8 +244,39 @@ fn floor_char_boundary(s: &str, mut i: usize) -> usize {
 
 impl<'m> TextStream<'m> {
     /// The caches after generation: they hold the prompt and every generated token.
+    /// With speculative decoding, the target's caches after mlx-lm's closing rewind (see
+    /// [`TextStream::into_caches`] for the draft model's too).
     pub fn into_cache(self) -> Vec<Box<dyn Cache>> {
-        self.steps.into_cache()
+        match self.into_caches() {
+            Ok((c, _)) => c,
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// The target's caches and the draft model's (empty unless a draft model speculated).
+    pub fn into_caches(self) -> Result<CachePair> {
+        match self.steps {
+            Steps::Plain(g) => Ok((g.into_cache(), Vec::new())),
+            Steps::Speculative(g) => g.into_caches(),
+        }
+    }
+
+    /// [`TextStream::into_caches`], with speculative decoding's caches brought up to every
+    /// generated token (see [`SpeculativeStep::into_synced_caches`]); plain decoding's hold
+    /// them already.
+    pub fn into_synced_caches(self) -> Result<CachePair> {
+        match self.steps {
+            Steps::Plain(g) => Ok((g.into_cache(), Vec::new())),
+            Steps::Speculative(g) => g.into_synced_caches(),
+        }
+    }
+
+    /// Speculative decoding's acceptance statistics (`None` for plain decoding).
+    pub fn spec_stats(&self) -> Option<SpecStats> {
+        match &self.steps {
+            Steps::Plain(_) => None,
+            Steps::Speculative(g) => Some(g.stats()),
+        }
     }
 
     /// The tokens generated so far (without a final EOS token).
@@ -176,8 +291,14 @@ impl<'m> TextStream<'m> {
 
     /// Every token the caches hold after `prompt`: the generated tokens and the EOS token
     /// (mlx-lm's pipelined decode runs the model on it before stopping).
+    /// With speculative decoding, the generated tokens the target's cache keeps after the
+    /// rewind (a token the target produced is in the cache only once verified past).
     pub fn cached_tokens(&self) -> Vec<u32> {
-        self.tokens.iter().copied().chain(self.eos).collect()
+        let all = self.tokens.iter().copied().chain(self.eos);
+        match &self.steps {
+            Steps::Plain(_) => all.collect(),
+            Steps::Speculative(g) => all.take(g.cached_generated()).collect(),
+        }
     }
 
     fn response(
@@ -199,6 +320,7 @@ impl<'m> TextStream<'m> {
             generation_tps: self.generation_tps,
             peak_memory_bytes: memory::peak_memory()?,
             finish_reason: finish,
+            from_draft: self.from_draft,
         })
     }
 
@@ -250,6 +372,7 @@ impl<'m> TextStream<'m> {
                     .map(Some);
             }
         };
+        self.from_draft = step.from_draft;
         let now = Instant::now();
         if self.first.is_none() {
             let dt = now.duration_since(self.start).as_secs_f64();

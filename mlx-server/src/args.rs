@@ -152,6 +152,17 @@ pub struct ServeArgs {
     #[arg(long, value_delimiter = ',')]
     pub allowed_hosts: Vec<String>,
 
+    /// A model to be used for speculative decoding (same vocabulary as --model), as
+    /// `mlx_lm.server --draft-model`: requests then speculate and are not batched (each runs
+    /// alone, between batches).
+    #[arg(long, value_name = "PATH|NAME")]
+    pub draft_model: Option<String>,
+
+    /// Number of tokens to draft when using speculative decoding (a request's
+    /// `num_draft_tokens` overrides it).
+    #[arg(long, default_value_t = 3)]
+    pub num_draft_tokens: usize,
+
     // --- Server completeness (issue #36): CORS, n, chat template, KV cache options. ---
     /// Comma-separated origins a browser page may call the API from (CORS), as
     /// mlx_lm.server's `--allowed-origins`: `*` (the default) answers every origin with

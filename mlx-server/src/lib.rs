@@ -187,7 +187,7 @@ impl Server {
     /// listener. Must run inside a tokio runtime.
     pub async fn bind<F, L>(args: ServeArgs, load: F) -> Result<Server, ServeError>
     where
-        F: FnOnce(&ServeArgs) -> Result<L, String> + Send + 'static,
+        F: Fn(&ServeArgs) -> Result<L, String> + Send + 'static,
         L: Into<LoadedModel>,
     {
         if args.max_batch == 0 {
@@ -219,7 +219,7 @@ impl Server {
         let load_args = args.clone();
         let (ctx_tx, ctx_rx) = std::sync::mpsc::channel();
         let (engine, engine_thread) = tokio::task::spawn_blocking(move || {
-            Engine::start(
+            Engine::start_with_draft(
                 move || {
                     let mut m: LoadedModel = load(&load_args)
                         .map_err(mlx_engine::EngineError::Other)?
@@ -231,7 +231,25 @@ impl Server {
                         m.tokenizer.set_chat_template_origin("--chat-template");
                     }
                     let _ = ctx_tx.send(m.context_length);
-                    Ok((m.model, m.tokenizer))
+                    // `--draft-model`: loaded by the same loader, checked as mlx-lm checks it.
+                    let draft = match &load_args.draft_model {
+                        None => None,
+                        Some(path) => {
+                            let mut a = load_args.clone();
+                            a.model = Some(path.clone());
+                            let d: LoadedModel = load(&a)
+                                .map_err(|e| {
+                                    mlx_engine::EngineError::Other(format!("--draft-model: {e}"))
+                                })?
+                                .into();
+                            mlx_engine::speculative::check_draft_tokenizer(
+                                &m.tokenizer,
+                                &d.tokenizer,
+                            )?;
+                            Some(d.model)
+                        }
+                    };
+                    Ok((m.model, m.tokenizer, draft))
                 },
                 config,
             )
@@ -307,7 +325,7 @@ fn init_logging(level: &str) {
 /// and returns the model and its tokenizer.
 pub fn run<F, L>(args: ServeArgs, load: F) -> Result<(), ServeError>
 where
-    F: FnOnce(&ServeArgs) -> Result<L, String> + Send + 'static,
+    F: Fn(&ServeArgs) -> Result<L, String> + Send + 'static,
     L: Into<LoadedModel>,
 {
     init_logging(&args.log_level);

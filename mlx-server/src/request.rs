@@ -452,6 +452,45 @@ pub fn parse(state: &AppState, kind: Kind, bytes: &[u8]) -> Result<Parsed, ApiEr
         }
     };
 
+    // mlx_lm.server: `num_draft_tokens` (default --num-draft-tokens) and `draft_model`
+    // ("default_model": --draft-model). Speculation needs the server's draft model.
+    let num_draft_tokens = match integer(body, "num_draft_tokens")? {
+        None => args.num_draft_tokens,
+        Some(n) if (0..=64).contains(&n) => n as usize,
+        Some(n) => {
+            return Err(ApiError::invalid(
+                "num_draft_tokens",
+                format!("`num_draft_tokens` must be in [0, 64], got {n}"),
+            ))
+        }
+    };
+    match field(body, "draft_model") {
+        None => {}
+        Some(Value::String(d))
+            if d == "default_model" || args.draft_model.as_deref() == Some(d.as_str()) => {}
+        Some(Value::String(d)) => {
+            return Err(ApiError::invalid(
+                "draft_model",
+                match &args.draft_model {
+                    Some(own) => format!(
+                        "`draft_model` {d:?}: this server drafts only with its --draft-model \
+                         ({own:?}, or \"default_model\")"
+                    ),
+                    None => format!(
+                        "`draft_model` {d:?}: this server was started without --draft-model"
+                    ),
+                },
+            ))
+        }
+        Some(v) => {
+            return Err(ApiError::invalid(
+                "draft_model",
+                format!("`draft_model` must be a string, got {v}"),
+            ))
+        }
+    }
+    let num_draft_tokens = args.draft_model.is_some().then_some(num_draft_tokens);
+
     // Chat: `logprobs` is a boolean and `top_logprobs` a count; completions: `logprobs` is the
     // count.
     let (logprobs, top_logprobs) = match kind {
@@ -646,6 +685,7 @@ pub fn parse(state: &AppState, kind: Kind, bytes: &[u8]) -> Result<Parsed, ApiEr
             top_logprobs: top_logprobs as usize,
             seed,
             timeout: Some(Duration::from_secs(args.request_timeout)),
+            num_draft_tokens,
             grammar,
         },
     })

@@ -60,6 +60,11 @@ pub struct BatchRequest {
     pub seed: Option<u64>,
     /// Give up (with [`BatchEvent::Error`]) after this long in the engine.
     pub timeout: Option<Duration>,
+    /// Speculative decoding with the engine's draft model, drafting this many tokens a step
+    /// (`mlx_lm.server`'s `num_draft_tokens`); ignored when the engine has no draft model, or
+    /// the request has a grammar or several choices (`n > 1`). Such a request is not batched: it runs alone, between
+    /// batches, as in mlx-lm.
+    pub num_draft_tokens: Option<usize>,
     /// Constrained decoding: this row's logits are masked to what the grammar allows (see
     /// [`crate::grammar`]).
     pub grammar: Option<Grammar>,
@@ -268,6 +273,20 @@ impl Engine {
     where
         F: FnOnce() -> Result<(Box<dyn LanguageModel>, Tokenizer)> + Send + 'static,
     {
+        Self::start_with_draft(move || load().map(|(m, t)| (m, t, None)), config)
+    }
+
+    /// [`Engine::start`] where `load` may also give a draft model (same vocabulary), for the
+    /// requests that ask for speculative decoding ([`BatchRequest::num_draft_tokens`]).
+    pub fn start_with_draft<F>(load: F, config: EngineConfig) -> Result<(Engine, JoinHandle<()>)>
+    where
+        F: FnOnce() -> Result<(
+                Box<dyn LanguageModel>,
+                Tokenizer,
+                Option<Box<dyn LanguageModel>>,
+            )> + Send
+            + 'static,
+    {
         if config.max_batch == 0 {
             return Err(EngineError::Other("max_batch must be at least 1".into()));
         }
@@ -291,7 +310,7 @@ impl Engine {
         let handle = std::thread::Builder::new()
             .name("mlx-engine".into())
             .spawn(move || {
-                let (model, tokenizer) = match load() {
+                let (model, tokenizer, draft) = match load() {
                     Ok(x) => x,
                     Err(e) => {
                         let _ = ready_tx.send(Err(e));
@@ -304,6 +323,7 @@ impl Engine {
                     return;
                 }
                 let mut worker = Worker::new(model, tokenizer, config, thread_stats);
+                worker.draft = draft;
                 worker.run(rx);
             })
             .map_err(|e| EngineError::Other(format!("starting the engine thread: {e}")))?;
@@ -460,6 +480,9 @@ struct Seq {
 
 struct Worker {
     model: Box<dyn LanguageModel>,
+    /// The draft model of speculative requests, and those requests, waiting to run alone.
+    draft: Option<Box<dyn LanguageModel>>,
+    speculative: VecDeque<Job>,
     tokenizer: Arc<Tokenizer>,
     config: EngineConfig,
     stats: Arc<EngineStats>,
@@ -549,6 +572,8 @@ impl Worker {
         let prompt_cache = PromptCache::new(config.prompt_cache_entries, config.prompt_cache_bytes);
         Worker {
             model,
+            draft: None,
+            speculative: VecDeque::new(),
             tokenizer,
             config,
             stats,
@@ -579,6 +604,15 @@ impl Worker {
         let mut waiting: VecDeque<Job> = VecDeque::new();
         let mut open = true;
         loop {
+            if self.rows.is_empty() && self.tasks.is_empty() && !self.speculative.is_empty() {
+                // A speculative request runs alone, to its end, once the batch has drained
+                // (mlx-lm does not batch them).
+                if let Some(job) = self.speculative.pop_front() {
+                    self.dirty = true;
+                    self.run_speculative(job);
+                }
+                continue;
+            }
             if self.rows.is_empty() && waiting.is_empty() && self.tasks.is_empty() {
                 // Idle: hand back what the last work left behind before sleeping.
                 if self.dirty {
@@ -715,6 +749,14 @@ impl Worker {
     /// here, embedded in slices).
     fn take(&mut self, work: Work, waiting: &mut VecDeque<Job>) {
         match work {
+            Work::Generate(job)
+                if job.request.num_draft_tokens.is_some()
+                    && job.request.grammar.is_none()
+                    && job.extra.is_empty()
+                    && self.draft.is_some() =>
+            {
+                self.speculative.push_back(*job)
+            }
             Work::Generate(job) => waiting.push_back(*job),
             Work::Group(jobs) => waiting.extend(jobs),
             Work::Embed { inputs, reply } => {
@@ -801,6 +843,106 @@ impl Worker {
                     reply(Err(e));
                 }
             }
+        }
+    }
+
+    /// Runs a speculative request to its end with the draft model (no prompt-cache reuse: its
+    /// caches hold the draft's layers too), sending its events as a batched request's.
+    fn run_speculative(&mut self, job: Job) {
+        let Job {
+            request: r,
+            mut sink,
+            ..
+        } = job;
+        self.stats.queued.fetch_sub(1, Ordering::Relaxed);
+        release_tokens(&self.stats, r.prompt.len());
+        let Some(draft) = self.draft.as_deref() else {
+            sink.send(BatchEvent::Error("the engine has no draft model".into()));
+            return;
+        };
+        let deadline = r.timeout.map(|t| Instant::now() + t);
+        let result = (|| -> Result<()> {
+            if let Some(s) = r.seed {
+                mlx_core::random::seed(s)?;
+            }
+            let mut generate = crate::generate::GenerateOptions {
+                max_tokens: Some(r.max_tokens),
+                sampler: Sampler::new(r.sampler.clone()),
+                logits_processors: make_logits_processors(&r.processors)?,
+                prefill_step_size: self.config.prefill_step_size,
+                ..Default::default()
+            };
+            // The KV quantization options apply (mlx-lm passes them); a rotating cache does
+            // not (speculation drops `max_kv_size`, as mlx-lm's `stream_generate` does).
+            if let Some(kv) = &self.config.kv {
+                generate.kv_bits = kv.kv_bits;
+                generate.kv_group_size = kv.kv_group_size;
+                generate.quantized_kv_start = kv.quantized_kv_start;
+            }
+            let opts = crate::stream::StreamOptions {
+                generate,
+                stop_strings: r.stop_strings.clone(),
+                top_logprobs: if r.logprobs { r.top_logprobs } else { 0 },
+            };
+            let stream = crate::stream::stream_generate_speculative(
+                self.model.as_ref(),
+                &self.tokenizer,
+                &r.prompt,
+                None,
+                crate::speculative::Drafter::Model {
+                    model: draft,
+                    cache: None,
+                },
+                r.num_draft_tokens.unwrap_or(0),
+                opts,
+            )?;
+            if !sink.send(BatchEvent::Started {
+                prompt_tokens: r.prompt.len(),
+                cached_tokens: 0,
+            }) {
+                return Ok(());
+            }
+            for resp in stream {
+                let resp = resp?;
+                if sink.is_closed() {
+                    return Ok(());
+                }
+                if deadline.is_some_and(|d| Instant::now() > d) {
+                    sink.send(BatchEvent::Error("the request timed out".into()));
+                    return Ok(());
+                }
+                let eos = resp
+                    .token
+                    .is_some_and(|t| self.tokenizer.eos_token_ids().contains(&t));
+                // As a batched row: the token completing a stop string is not sent.
+                let stop_string = resp.finish_reason == Some(FinishReason::Stop) && !eos;
+                let mut held = resp.text;
+                if let (Some(token), false, false) = (resp.token, eos, stop_string) {
+                    let text = std::mem::take(&mut held);
+                    let sent = sink.send(BatchEvent::Token {
+                        token,
+                        text,
+                        logprob: r.logprobs.then_some(resp.logprob).flatten(),
+                        top_logprobs: resp.top_logprobs,
+                    });
+                    if !sent {
+                        return Ok(());
+                    }
+                }
+                if let Some(finish_reason) = resp.finish_reason {
+                    sink.send(BatchEvent::Done {
+                        text: held,
+                        finish_reason,
+                        prompt_tokens: r.prompt.len(),
+                        completion_tokens: resp.generation_tokens,
+                    });
+                    return Ok(());
+                }
+            }
+            Ok(())
+        })();
+        if let Err(e) = result {
+            sink.send(BatchEvent::Error(e.to_string()));
         }
     }
 

@@ -1,0 +1,162 @@
+//! `mlx generate --draft-model` against `python -m mlx_lm generate --draft-model` (goldens in
+//! `mlx-engine/tests/goldens/speculative.json`, `cli` section, from
+//! `xtask/oracle/goldens_spec.py`): the same text and token count, greedy and seeded (the
+//! seed advanced by both models' construction draws, as mlx-lm's `load` of each takes them);
+//! prompt lookup and `mlx chat --draft-model` give plain greedy decoding's text; a draft with
+//! another vocabulary is refused.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use serde_json::Value;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn mlx(args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mlx"))
+        .args(args)
+        .current_dir(repo())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run mlx");
+    if let Some(s) = stdin {
+        child.stdin.take().unwrap().write_all(s.as_bytes()).unwrap();
+    } else {
+        drop(child.stdin.take());
+    }
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+const TARGET: &str = "mlx-cli/tests/models/dense_f32";
+const DRAFT: &str = "mlx-cli/tests/models/dense_f32_draft";
+
+/// The streamed text and the "Generation: N tokens" count of verbose output.
+fn parse(out: &str) -> (String, u64) {
+    let text = out
+        .split_once("==========\n")
+        .unwrap()
+        .1
+        .rsplit_once("\n==========")
+        .unwrap()
+        .0
+        .to_string();
+    let n = out
+        .split_once("Generation: ")
+        .unwrap()
+        .1
+        .split_once(" tokens")
+        .unwrap()
+        .0
+        .parse()
+        .unwrap();
+    (text, n)
+}
+
+#[test]
+fn draft_model_generation_reproduces_mlx_lm() {
+    let p = repo().join("mlx-engine/tests/goldens/speculative.json");
+    let g: Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+    for c in g["cli"].as_array().unwrap() {
+        let name = c["name"].as_str().unwrap();
+        let extra: Vec<&str> = c["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        let mut args = vec!["generate", "--model", TARGET, "--draft-model", DRAFT];
+        args.extend(extra);
+        let (code, out, err) = mlx(&args, None);
+        assert_eq!(code, 0, "{name}: {err}");
+        let (text, n) = parse(&out);
+        assert_eq!(text, c["text"].as_str().unwrap(), "{name}");
+        assert_eq!(n, c["generation_tokens"].as_u64().unwrap(), "{name}");
+        assert!(out.contains("draft tokens accepted"), "{name}: {out}");
+    }
+}
+
+#[test]
+fn prompt_lookup_and_chat_speculation_keep_greedy_output() {
+    let base = [
+        "generate",
+        "--model",
+        TARGET,
+        "--prompt",
+        "the cat is big",
+        "-m",
+        "40",
+        "--decoder",
+        "mlx",
+    ];
+    let (code, plain, err) = mlx(&base, None);
+    assert_eq!(code, 0, "{err}");
+    let mut args = base.to_vec();
+    args.extend(["--prompt-lookup-ngram", "1", "--num-draft-tokens", "4"]);
+    let (code, lookup, err) = mlx(&args, None);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(parse(&lookup).0, parse(&plain).0);
+    assert!(lookup.contains("draft tokens accepted"), "{lookup}");
+
+    let turns = "hello world\nthe cat is big\nq\n";
+    let chat = ["chat", "--model", TARGET, "-m", "20", "--json"];
+    let (code, plain, err) = mlx(&chat, Some(turns));
+    assert_eq!(code, 0, "{err}");
+    let texts = |out: &str| -> Vec<String> {
+        out.lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap()["text"].to_string())
+            .collect()
+    };
+    for extra in [
+        &["--draft-model", DRAFT][..],
+        &["--prompt-lookup-ngram", "2"][..],
+    ] {
+        let mut args = chat.to_vec();
+        args.extend(extra);
+        let (code, spec, err) = mlx(&args, Some(turns));
+        assert_eq!(code, 0, "{extra:?}: {err}");
+        assert_eq!(texts(&spec), texts(&plain), "{extra:?}");
+    }
+}
+
+#[test]
+fn a_draft_model_with_another_vocabulary_is_refused() {
+    let (code, _, err) = mlx(
+        &[
+            "generate",
+            "--model",
+            TARGET,
+            "--draft-model",
+            "mlx-train/tests/models/dense",
+        ],
+        None,
+    );
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("--draft-model") && err.contains("does not match model tokenizer"),
+        "{err}"
+    );
+    let (code, _, err) = mlx(
+        &[
+            "generate",
+            "--model",
+            TARGET,
+            "--draft-model",
+            DRAFT,
+            "--prompt-lookup-ngram",
+            "2",
+        ],
+        None,
+    );
+    assert_ne!(code, 0);
+    assert!(err.contains("cannot be used with"), "{err}");
+}

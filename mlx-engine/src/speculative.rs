@@ -1,0 +1,688 @@
+//! Speculative decoding, ported from mlx-lm 0.32.2 `generate.py` `speculative_generate_step`:
+//! a drafter proposes up to `num_draft_tokens` tokens, the target verifies them all in one
+//! forward pass, the longest prefix on which the target's own samples agree is kept plus the
+//! target's next token, and the rejected tokens are trimmed from the caches.
+//!
+//! Two drafters: a draft model sharing the target's vocabulary (mlx-lm's; same draws from the
+//! global random key in the same order, the same `from_draft` marks, the same per-position
+//! logits-processor path with its `prev_tokens`), and prompt lookup (beyond mlx-lm): the tokens
+//! that followed the most recent earlier occurrence of the last `ngram` tokens of the prompt and
+//! output so far.
+//!
+//! Beyond mlx-lm, which refuses a cache it cannot trim: fresh caches are made with
+//! [`LanguageModel::make_cache_with_rollback`], so recurrent state (`ArraysCache`) and rotating
+//! caches past their window roll back exactly, and hybrids speculate with the output of plain
+//! decoding.
+
+use std::collections::VecDeque;
+
+use mlx_cache::{trim_prompt_cache, ArraysCache, Cache, CacheList};
+use mlx_core::memory;
+use mlx_core::prelude::*;
+
+use crate::error::{EngineError, Result};
+use crate::generate::{maybe_quantize_kv_cache, on_generation_stream, GenerateOptions, Step};
+use crate::sample::{check_logits_processors, check_token_ids};
+use crate::tokenizer::Tokenizer;
+use mlx_models::LanguageModel;
+
+/// What proposes the draft tokens.
+pub enum Drafter<'m> {
+    /// A smaller model with the target's vocabulary, with its caches (`None`: fresh ones).
+    Model {
+        model: &'m dyn LanguageModel,
+        cache: Option<Vec<Box<dyn Cache>>>,
+    },
+    /// Prompt lookup: the tokens after the most recent earlier occurrence of the last `ngram`
+    /// tokens (prompt and output so far); no draft when there is none.
+    PromptLookup { ngram: usize },
+    /// Any proposer: called with the prompt and output so far and the most tokens it may
+    /// propose (tests force accept patterns with it).
+    Custom(DraftFn<'m>),
+}
+
+/// A model's caches, one per layer.
+pub type Caches = Vec<Box<dyn Cache>>;
+
+/// The target's caches and the draft model's.
+pub type CachePair = (Caches, Caches);
+
+/// What [`Drafter::Custom`] calls: (tokens so far, most tokens to propose) -> proposals.
+pub type DraftFn<'m> = Box<dyn FnMut(&[u32], usize) -> Vec<u32> + Send + 'm>;
+
+impl std::fmt::Debug for Drafter<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Drafter::Model { model, .. } => write!(f, "Drafter::Model({})", model.model_type()),
+            Drafter::PromptLookup { ngram } => write!(f, "Drafter::PromptLookup({ngram})"),
+            Drafter::Custom(_) => f.write_str("Drafter::Custom(..)"),
+        }
+    }
+}
+
+/// mlx-lm's check before speculating with a draft model: the two tokenizers must have the
+/// same vocabulary size (`draft_tokenizer.vocab_size != tokenizer.vocab_size`).
+pub fn check_draft_tokenizer(target: &Tokenizer, draft: &Tokenizer) -> Result<()> {
+    if target.vocab_size() != draft.vocab_size() {
+        return Err(EngineError::Other(format!(
+            "Draft model tokenizer does not match model tokenizer: the draft's vocabulary has {} \
+             tokens, the model's {} (speculative decoding needs the same vocabulary)",
+            draft.vocab_size(),
+            target.vocab_size()
+        )));
+    }
+    Ok(())
+}
+
+/// Acceptance statistics of a speculative generation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SpecStats {
+    /// Verification passes of the target.
+    pub rounds: usize,
+    /// Draft tokens proposed.
+    pub drafted: usize,
+    /// Draft tokens accepted.
+    pub accepted: usize,
+}
+
+impl SpecStats {
+    /// Accepted over proposed (0 when nothing was proposed).
+    pub fn acceptance(&self) -> f64 {
+        if self.drafted == 0 {
+            0.0
+        } else {
+            self.accepted as f64 / self.drafted as f64
+        }
+    }
+}
+
+/// Whether a caller's cache can be rolled back by speculative decoding: trimmable now, or a
+/// recurrent cache that records its recent states.
+fn can_roll_back(c: &dyn Cache) -> bool {
+    if c.is_trimmable() {
+        return true;
+    }
+    let any = c.as_any();
+    if let Some(a) = any.downcast_ref::<ArraysCache>() {
+        return a.keeps_history();
+    }
+    if let Some(l) = any.downcast_ref::<CacheList>() {
+        return l.caches().iter().all(|c| can_roll_back(c.as_ref()));
+    }
+    false
+}
+
+/// Python's `list[:end]` length for a list of `len` items.
+fn py_end(len: usize, end: isize) -> usize {
+    if end < 0 {
+        len.saturating_sub(end.unsigned_abs())
+    } else {
+        (end as usize).min(len)
+    }
+}
+
+/// The tokens after the most recent earlier occurrence of the last `ngram` tokens of
+/// `history`, at most `k` of them.
+pub fn prompt_lookup(history: &[u32], ngram: usize, k: usize) -> Vec<u32> {
+    if ngram == 0 || k == 0 || history.len() <= ngram {
+        return Vec::new();
+    }
+    let tail = &history[history.len() - ngram..];
+    // Start positions of earlier occurrences, most recent first (the tail itself excluded).
+    for start in (0..history.len() - ngram).rev() {
+        if &history[start..start + ngram] == tail {
+            let from = start + ngram;
+            let to = (from + k).min(history.len());
+            return history[from..to].to_vec();
+        }
+    }
+    Vec::new()
+}
+
+/// One verification round's tokens, handed out one by one as mlx-lm's generator yields them.
+struct Round {
+    num_draft: usize,
+    /// Accepted draft tokens.
+    accepted: usize,
+    /// (token, logprobs, from_draft) still to hand out.
+    queue: VecDeque<(u32, Array, bool)>,
+    /// mlx-lm's `n` at the last token handed out (what its `finally` rewinds with).
+    n_now: usize,
+    /// The target's token after the accepted ones, and the last draft token.
+    next: u32,
+    last_draft: Option<u32>,
+    /// `max_tokens` was reached in this round.
+    last: bool,
+}
+
+/// The token stream of [`speculative_generate_step`]: [`Step`]s with `from_draft` set.
+pub struct SpeculativeStep<'m> {
+    model: &'m dyn LanguageModel,
+    caches: Vec<Box<dyn Cache>>,
+    draft: Option<(&'m dyn LanguageModel, Caches)>,
+    /// Prompt lookup or a custom proposer, when there is no draft model.
+    propose: Option<DraftFn<'m>>,
+    num_draft_tokens: usize,
+    opts: GenerateOptions,
+    prev_tokens: Option<Vec<i32>>,
+    /// The target's pending input (`y`) and the draft model's (`draft_y`).
+    y: Vec<u32>,
+    draft_y: Vec<u32>,
+    /// Prompt and emitted tokens (prompt lookup searches them).
+    history: Vec<u32>,
+    round: Option<Round>,
+    /// The round's bookkeeping (cache rewind, next inputs) is still owed.
+    owed: bool,
+    ntoks: usize,
+    /// Generated tokens the target's cache holds once the owed rewind is done.
+    emitted_before_round: usize,
+    done: bool,
+    stats: SpecStats,
+    /// How many tokens of `history` the target's and the draft model's caches hold.
+    target_len: usize,
+    draft_len: usize,
+}
+
+/// Starts speculative generation from `prompt` (token ids): the target `model` with its
+/// caches (`None`: fresh caches able to roll back `num_draft_tokens + 1` tokens), the drafter,
+/// and `generate_step`'s options (`max_kv_size`, `prompt_progress`, `compiled_decode` and
+/// `eval_probe` do not apply, as mlx-lm drops `max_kv_size` and the progress callback;
+/// `cpu_decode` is refused).
+pub fn speculative_generate_step<'m>(
+    prompt: &[i32],
+    model: &'m dyn LanguageModel,
+    prompt_cache: Option<Vec<Box<dyn Cache>>>,
+    drafter: Drafter<'m>,
+    num_draft_tokens: usize,
+    opts: GenerateOptions,
+) -> Result<SpeculativeStep<'m>> {
+    if prompt.is_empty() {
+        return Err(EngineError::Other(
+            "the prompt is empty: give at least one token".into(),
+        ));
+    }
+    if opts.prefill_step_size == 0 {
+        return Err(EngineError::Other(
+            "prefill_step_size must be positive".into(),
+        ));
+    }
+    if opts.grammar.is_some() {
+        return Err(EngineError::Other(
+            "constrained decoding (a grammar, --json-schema) does not combine with speculative \
+             decoding"
+                .into(),
+        ));
+    }
+    if opts.cpu_decode.is_some() {
+        return Err(EngineError::Other(
+            "speculative decoding runs on the MLX path: the CPU decoder cannot verify draft \
+             tokens (use --decoder mlx)"
+                .into(),
+        ));
+    }
+    let vocab = model.vocab_size();
+    check_token_ids("prompt", prompt, vocab)?;
+    opts.sampler.settings().validate(vocab)?;
+    check_logits_processors(&opts.logits_processors, vocab)?;
+    if let Some(bits) = opts.kv_bits {
+        mlx_cache::QuantSpec::new(opts.kv_group_size, bits)?;
+    }
+    let depth = num_draft_tokens + 1;
+    let caches = match prompt_cache {
+        Some(c) => {
+            if let Some(bad) = c.iter().find(|c| !can_roll_back(c.as_ref())) {
+                return Err(EngineError::Other(format!(
+                    "Speculative decoding requires a trimmable prompt cache (got {})",
+                    bad.class_name()
+                )));
+            }
+            c
+        }
+        None => model.make_cache_with_rollback(depth),
+    };
+    let (draft, propose): (_, Option<DraftFn<'m>>) = match drafter {
+        Drafter::Model { model: d, cache } => {
+            if d.vocab_size() > vocab {
+                return Err(EngineError::Other(format!(
+                    "the draft model's vocabulary ({} tokens) is larger than the model's ({vocab}): \
+                     its tokens could not be verified",
+                    d.vocab_size()
+                )));
+            }
+            let dc = match cache {
+                Some(c) => c,
+                None => d.make_cache_with_rollback(depth),
+            };
+            (Some((d, dc)), None)
+        }
+        Drafter::PromptLookup { ngram } => {
+            if ngram == 0 {
+                return Err(EngineError::Other(
+                    "prompt lookup: the n-gram size must be at least 1".into(),
+                ));
+            }
+            (
+                None,
+                Some(Box::new(move |h: &[u32], k: usize| {
+                    prompt_lookup(h, ngram, k)
+                })),
+            )
+        }
+        Drafter::Custom(f) => (None, Some(f)),
+    };
+    let ids: Vec<u32> = prompt.iter().map(|&t| t as u32).collect();
+    let mut g = SpeculativeStep {
+        model,
+        caches,
+        draft,
+        propose,
+        num_draft_tokens,
+        opts,
+        prev_tokens: None,
+        y: Vec::new(),
+        draft_y: Vec::new(),
+        history: ids.clone(),
+        round: None,
+        owed: false,
+        ntoks: 0,
+        emitted_before_round: 0,
+        done: false,
+        stats: SpecStats::default(),
+        target_len: prompt.len() - 1,
+        draft_len: prompt.len() - 1,
+    };
+    on_generation_stream(|| {
+        if let Some((d, mut dc)) = g.draft.take() {
+            g.draft_y = g.prefill(d, &mut dc, &ids)?;
+            g.draft = Some((d, dc));
+        }
+        let mut caches = std::mem::take(&mut g.caches);
+        let r = g.prefill(model, &mut caches, &ids);
+        g.caches = caches;
+        g.y = r?;
+        Ok(())
+    })?;
+    Ok(g)
+}
+
+fn uint_array(ids: &[u32]) -> Result<Array> {
+    Ok(Array::from_slice(ids, &[ids.len() as i32])?)
+}
+
+impl<'m> SpeculativeStep<'m> {
+    /// Acceptance statistics so far.
+    pub fn stats(&self) -> SpecStats {
+        self.stats
+    }
+
+    /// The target's caches and the draft model's (empty for prompt lookup), after the rewind
+    /// mlx-lm's generator does when it is closed.
+    pub fn into_caches(mut self) -> Result<CachePair> {
+        self.close()?;
+        let draft = self.draft.take().map(|(_, c)| c).unwrap_or_default();
+        Ok((std::mem::take(&mut self.caches), draft))
+    }
+
+    /// How many generated tokens the target's cache holds after [`Self::into_caches`].
+    pub fn cached_generated(&self) -> usize {
+        self.round
+            .as_ref()
+            .map_or(0, |r| self.emitted_before_round + r.n_now)
+    }
+
+    /// mlx-lm's `finally: _rewind_cache(num_draft, n)`.
+    fn close(&mut self) -> Result<()> {
+        if self.owed {
+            self.owed = false;
+            if let Some(r) = &self.round {
+                let (nd, n) = (r.num_draft, r.n_now);
+                self.rewind(nd, n);
+            }
+        }
+        Ok(())
+    }
+
+    fn rewind(&mut self, num_draft: usize, num_accept: usize) {
+        self.target_len -= trim_prompt_cache(&mut self.caches, num_draft - num_accept);
+        if let Some((_, dc)) = self.draft.as_mut() {
+            self.draft_len -= trim_prompt_cache(dc, (num_draft - num_accept).saturating_sub(1));
+        }
+    }
+
+    /// [`Self::into_caches`], then every token generated but not yet in a cache run through
+    /// it, so both caches hold the prompt and every generated token (what plain decoding
+    /// leaves): a conversation continues them as it would continue plain decoding's.
+    pub fn into_synced_caches(mut self) -> Result<CachePair> {
+        self.close()?;
+        on_generation_stream(|| {
+            let model = self.model;
+            let rest = self.history[self.target_len.min(self.history.len())..].to_vec();
+            if !rest.is_empty() {
+                let x = ops::expand_dims(&uint_array(&rest)?, &[0], None)?;
+                model.forward(&x, Some(&mut self.caches))?;
+                self.target_len += rest.len();
+            }
+            if let Some((d, dc)) = self.draft.as_mut() {
+                let rest = &self.history[self.draft_len.min(self.history.len())..];
+                if !rest.is_empty() {
+                    let x = ops::expand_dims(&uint_array(rest)?, &[0], None)?;
+                    d.forward(&x, Some(dc))?;
+                    self.draft_len += rest.len();
+                }
+            }
+            let states: Vec<Array> = self
+                .caches
+                .iter()
+                .chain(self.draft.iter().flat_map(|(_, dc)| dc.iter()))
+                .flat_map(|c| c.state().into_arrays())
+                .collect();
+            mlx_core::eval(states.iter())?;
+            Ok(())
+        })?;
+        let draft = self.draft.take().map(|(_, c)| c).unwrap_or_default();
+        Ok((std::mem::take(&mut self.caches), draft))
+    }
+
+    fn quantize(&self, caches: &mut [Box<dyn Cache>]) -> Result<()> {
+        maybe_quantize_kv_cache(
+            caches,
+            self.opts.quantized_kv_start,
+            self.opts.kv_group_size,
+            self.opts.kv_bits,
+        )
+    }
+
+    /// `_prefill`: all but the last token in chunks; returns the rest.
+    fn prefill(
+        &self,
+        model: &dyn LanguageModel,
+        caches: &mut [Box<dyn Cache>],
+        prompt: &[u32],
+    ) -> Result<Vec<u32>> {
+        let mut y = uint_array(prompt)?;
+        let mut rest = prompt;
+        while rest.len() > 1 {
+            let n = self.opts.prefill_step_size.min(rest.len() - 1);
+            let chunk = ops::slice_axis(&y, 0, 0, n as i32, None)?;
+            model.forward(&ops::expand_dims(&chunk, &[0], None)?, Some(caches))?;
+            self.quantize(caches)?;
+            let states: Vec<Array> = caches
+                .iter()
+                .flat_map(|c| c.state().into_arrays())
+                .collect();
+            mlx_core::eval(states.iter())?;
+            rest = &rest[n..];
+            y = ops::slice_axis(&y, 0, n as i32, (n + rest.len()) as i32, None)?;
+            memory::clear_cache()?;
+        }
+        Ok(rest.to_vec())
+    }
+
+    /// `_process_and_sample`: processors, log-probabilities over the last axis, the sampler.
+    fn process_and_sample(&self, tokens: Option<&[i32]>, logits: Array) -> Result<(Array, Array)> {
+        let mut logits = logits;
+        if let Some(t) = tokens {
+            for p in &self.opts.logits_processors {
+                logits = p.apply(t, &logits)?;
+            }
+        }
+        let lse = ops::logsumexp(&logits, &[-1], true, None)?;
+        let logprobs = ops::subtract(&logits, &lse, None)?;
+        let y = self.opts.sampler.sample(&logprobs)?;
+        Ok((y, logprobs))
+    }
+
+    /// `_step(model, cache, y, n_predict)`: tokens `(n_predict,)` and log-probabilities
+    /// `(n_predict, vocab)`.
+    fn step(
+        &mut self,
+        model: &dyn LanguageModel,
+        caches: &mut [Box<dyn Cache>],
+        y: &Array,
+        n_predict: usize,
+    ) -> Result<(Array, Array)> {
+        let logits = model.forward(&ops::expand_dims(y, &[0], None)?, Some(caches))?;
+        let len = logits.dim(1)?;
+        let np = n_predict as i32;
+        let logits = ops::slice_axis(&logits, 1, len - np, len, None)?;
+        self.quantize(caches)?;
+        if self.opts.logits_processors.is_empty() {
+            return self.process_and_sample(None, ops::squeeze(&logits, &[0], None)?);
+        }
+        let mut y = if n_predict > 1 {
+            ops::slice_axis(y, 0, 0, y.size() as i32 - (np - 1), None)?
+        } else {
+            y.clone()
+        };
+        let (mut out_y, mut out_lp) = (Vec::new(), Vec::new());
+        for i in 0..np {
+            let ids = y.astype(Dtype::Int32)?.to_vec::<i32>()?;
+            let prev = self.prev_tokens.get_or_insert_with(Vec::new);
+            prev.extend_from_slice(&ids);
+            let prev = prev.clone();
+            let row = ops::squeeze(&ops::slice_axis(&logits, 1, i, i + 1, None)?, &[1], None)?;
+            let (ny, lp) = self.process_and_sample(Some(&prev), row)?;
+            out_y.push(ny.clone());
+            out_lp.push(lp);
+            y = ny;
+        }
+        Ok((
+            ops::concatenate(&out_y.iter().collect::<Vec<_>>(), 0, None)?,
+            ops::concatenate(&out_lp.iter().collect::<Vec<_>>(), 0, None)?,
+        ))
+    }
+
+    /// `_draft_generate`: `num_draft` tokens from the draft model, chained lazily.
+    fn draft_generate(&mut self, num_draft: usize) -> Result<Option<Array>> {
+        if num_draft == 0 {
+            return Ok(None);
+        }
+        let Some((d, mut dc)) = self.draft.take() else {
+            return Ok(None);
+        };
+        let mut ys = Vec::new();
+        let r = (|| -> Result<()> {
+            let mut y = uint_array(&self.draft_y)?;
+            for _ in 0..num_draft {
+                self.draft_len += y.size();
+                let (ny, _) = self.step(d, &mut dc, &y, 1)?;
+                mlx_core::async_eval([&ny])?;
+                ys.push(ny.clone());
+                y = ny;
+            }
+            Ok(())
+        })();
+        self.draft = Some((d, dc));
+        r?;
+        Ok(Some(ops::concatenate(
+            &ys.iter().collect::<Vec<_>>(),
+            0,
+            None,
+        )?))
+    }
+
+    /// The bookkeeping after a round's tokens were handed out: the next inputs,
+    /// `prev_tokens` and the caches' rewind.
+    fn finish_round(&mut self) -> Result<()> {
+        let Some(r) = &self.round else { return Ok(()) };
+        if !self.owed || r.last {
+            return Ok(());
+        }
+        let (num_draft, n, next, last_draft) = (r.num_draft, r.accepted, r.next, r.last_draft);
+        self.y = vec![next];
+        self.draft_y = match (n == num_draft, last_draft) {
+            (true, Some(d)) => vec![d, next],
+            _ => vec![next],
+        };
+        if let Some(p) = self.prev_tokens.as_mut() {
+            let end = py_end(p.len(), -(num_draft.saturating_sub(n).max(1) as isize));
+            p.truncate(end);
+        }
+        self.owed = false;
+        self.rewind(num_draft, n);
+        Ok(())
+    }
+
+    fn new_round(&mut self) -> Result<()> {
+        self.finish_round()?;
+        let vocab = self.model.vocab_size();
+        let remaining = self
+            .opts
+            .max_tokens
+            .map_or(usize::MAX, |m| m.saturating_sub(self.ntoks));
+        let mut num_draft = remaining.min(self.num_draft_tokens);
+        let drafts: Option<Array> = if self.draft.is_some() {
+            self.draft_generate(num_draft)?
+        } else {
+            let mut d = match self.propose.as_mut() {
+                Some(f) => f(&self.history, num_draft),
+                None => Vec::new(),
+            };
+            d.truncate(num_draft);
+            num_draft = d.len();
+            let ids: Vec<i32> = d.iter().map(|&t| t as i32).collect();
+            check_token_ids("draft token", &ids, vocab)?;
+            (!d.is_empty()).then(|| uint_array(&d)).transpose()?
+        };
+        if let Some(p) = self.prev_tokens.as_mut() {
+            let end = p.len() as isize - self.y.len() as isize - num_draft as isize + 1;
+            let end = py_end(p.len(), end);
+            p.truncate(end);
+        }
+        let y = uint_array(&self.y)?;
+        let input = match &drafts {
+            Some(d) => ops::concatenate(&[&y, d], 0, None)?,
+            None => y,
+        };
+        let mut caches = std::mem::take(&mut self.caches);
+        self.target_len += input.size();
+        let stepped = self.step(self.model, &mut caches, &input, num_draft + 1);
+        self.caches = caches;
+        let (tokens, logprobs) = stepped?;
+        match &drafts {
+            Some(d) => mlx_core::eval([&tokens, d])?,
+            None => tokens.eval()?,
+        }
+        let draft_tokens: Vec<u32> = match &drafts {
+            Some(d) => d.astype(Dtype::Uint32)?.to_vec::<u32>()?,
+            None => Vec::new(),
+        };
+        let tokens: Vec<u32> = tokens.astype(Dtype::Uint32)?.to_vec::<u32>()?;
+        let as_i32 = |v: &[u32]| v.iter().map(|&t| t as i32).collect::<Vec<_>>();
+        if let Some((d, _)) = &self.draft {
+            check_token_ids(
+                "target token fed to the draft model",
+                &as_i32(&tokens),
+                d.vocab_size(),
+            )?;
+        }
+        let max = self.opts.max_tokens;
+        let mut queue = VecDeque::new();
+        let mut n = 0;
+        let mut last = false;
+        while n < num_draft {
+            if tokens[n] != draft_tokens[n] {
+                break;
+            }
+            queue.push_back((
+                tokens[n],
+                logprobs.slice_axis(0, n as i32, n as i32 + 1)?,
+                true,
+            ));
+            n += 1;
+            if max == Some(self.ntoks + queue.len()) {
+                last = true;
+                break;
+            }
+        }
+        if !last {
+            queue.push_back((
+                tokens[n],
+                logprobs.slice_axis(0, n as i32, n as i32 + 1)?,
+                false,
+            ));
+            last = max == Some(self.ntoks + queue.len());
+        }
+        self.stats.rounds += 1;
+        self.stats.drafted += num_draft;
+        self.stats.accepted += n;
+        self.emitted_before_round = self.ntoks;
+        self.round = Some(Round {
+            num_draft,
+            accepted: n,
+            queue,
+            n_now: 0,
+            next: tokens[n.min(tokens.len() - 1)],
+            last_draft: draft_tokens.last().copied(),
+            last,
+        });
+        self.owed = true;
+        Ok(())
+    }
+
+    fn advance(&mut self) -> Result<Option<Step>> {
+        if self.done {
+            return Ok(None);
+        }
+        if self.round.as_ref().is_none_or(|r| r.queue.is_empty()) {
+            if self.round.as_ref().is_some_and(|r| r.last) {
+                self.done = true;
+                return Ok(None);
+            }
+            self.new_round()?;
+        }
+        let Some(r) = self.round.as_mut() else {
+            return Ok(None);
+        };
+        let Some((token, lp, from_draft)) = r.queue.pop_front() else {
+            return Ok(None);
+        };
+        r.n_now = if from_draft { r.n_now + 1 } else { r.accepted };
+        self.ntoks += 1;
+        self.history.push(token);
+        Ok(Some(Step {
+            token,
+            logprobs: ops::squeeze(&lp, &[0], None)?,
+            from_draft,
+        }))
+    }
+}
+
+impl Iterator for SpeculativeStep<'_> {
+    type Item = Result<Step>;
+
+    fn next(&mut self) -> Option<Result<Step>> {
+        match on_generation_stream(|| self.advance()) {
+            Ok(Some(s)) => Some(Ok(s)),
+            Ok(None) => None,
+            Err(e) => {
+                self.done = true;
+                Some(Err(e))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompt_lookup_takes_the_most_recent_match() {
+        let h = [1, 2, 3, 9, 1, 2, 4, 5, 1, 2];
+        assert_eq!(prompt_lookup(&h, 2, 3), vec![4, 5, 1]);
+        assert_eq!(prompt_lookup(&h, 3, 3), Vec::<u32>::new());
+        assert_eq!(prompt_lookup(&[7, 7], 1, 4), vec![7]);
+        assert_eq!(prompt_lookup(&h, 0, 3), Vec::<u32>::new());
+        assert_eq!(prompt_lookup(&h, 2, 0), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn python_slice_ends() {
+        assert_eq!(py_end(5, -1), 4);
+        assert_eq!(py_end(5, -7), 0);
+        assert_eq!(py_end(5, 3), 3);
+        assert_eq!(py_end(5, 9), 5);
+        assert_eq!(py_end(5, 0), 0);
+    }
+}
