@@ -37,6 +37,7 @@ pub enum Checked {
     Completions(CompletionsArgs),
     Info(InfoArgs, Box<ModelInfo>),
     Embed(Box<EmbedArgs>),
+    Launch(Box<crate::launch::LaunchArgs>),
 }
 
 impl Checked {
@@ -54,6 +55,7 @@ impl Checked {
             Checked::Completions(_) => "completions",
             Checked::Info(..) => "info",
             Checked::Embed(_) => "embed",
+            Checked::Launch(_) => "launch",
         }
     }
 }
@@ -191,6 +193,10 @@ pub fn check(c: Command) -> Result<Checked, String> {
         Command::Embed(a) => {
             check_model(&a.model)?;
             Checked::Embed(Box::new(a))
+        }
+        Command::Launch(a) => {
+            crate::launch::check_args(&a)?;
+            Checked::Launch(Box::new(a))
         }
     })
 }

@@ -16,6 +16,7 @@ mod completions;
 mod embed;
 mod generate;
 mod info;
+mod launch;
 mod manage;
 mod model;
 mod models;
@@ -71,6 +72,9 @@ pub enum Command {
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to standard
     /// output, e.g. `mlx completions bash > ~/.local/share/bash-completion/completions/mlx`.
     Completions(completions::CompletionsArgs),
+    /// Run `mlx SUBCOMMAND ARGS...` as N ranks of one MLX distributed group (as `mlx.launch`),
+    /// e.g. `mlx launch -n 2 --backend ring -- generate --model DIR`; only rank 0 prints.
+    Launch(launch::LaunchArgs),
 }
 
 /// Runs a checked command line.
@@ -88,6 +92,7 @@ pub fn run(c: check::Checked) -> Result<(), String> {
         Checked::Completions(a) => completions::run(&a),
         Checked::Info(a, info) => info::run(&a, &info),
         Checked::Embed(a) => embed::run(&a),
+        Checked::Launch(a) => launch::run(&a),
     }
 }
 
@@ -97,6 +102,11 @@ pub fn main(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode {
         Ok(c) => c,
         Err(e) => return e.report(),
     };
+    if !matches!(checked, check::Checked::Launch(_)) {
+        if let Some(code) = launch::prepare() {
+            return code;
+        }
+    }
     match run(checked) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
