@@ -21,6 +21,7 @@ pub mod gguf_dequant;
 pub mod layers;
 pub mod load;
 pub mod models;
+pub mod shard;
 pub mod weights;
 
 pub use error::{ModelError, Result};
