@@ -17,7 +17,7 @@ use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use clap::Args;
 use mlx_core::distributed::{self, Backend};
@@ -254,6 +254,8 @@ fn supervise(
         children.push((r, child, err));
     }
     let mut done = vec![false; children.len()];
+    // Once one rank has finished, the others get `timeout` seconds to finish too.
+    let mut first_done: Option<Instant> = None;
     loop {
         for i in 0..children.len() {
             if done[i] {
@@ -278,6 +280,23 @@ fn supervise(
         }
         if done.iter().all(|&d| d) {
             return Ok(());
+        }
+        if first_done.is_none() && done.iter().any(|&d| d) {
+            first_done = Some(Instant::now());
+        }
+        if first_done.is_some_and(|t| t.elapsed() > Duration::from_secs_f64(timeout)) {
+            let late: Vec<String> = children
+                .iter()
+                .zip(&done)
+                .filter(|(_, d)| !**d)
+                .map(|((r, _, _), _)| r.to_string())
+                .collect();
+            stop_all(&mut children);
+            return Err(format!(
+                "mlx launch: rank(s) {} did not finish within {timeout} s of the others \
+                 (a peer lost mid-collective?); stopped them",
+                late.join(", ")
+            ));
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -394,6 +413,40 @@ fn check_rank(fail_rank: Option<i32>) -> Result<(), String> {
         .map_err(|e| format!("rank {rank}: all_sum: {e}"))?;
     println!("world {size}: rank {rank} all_sum of ranks = {}", s[0]);
     Ok(())
+}
+
+/// In a rank started by `mlx launch` with more than one rank, shards the model over the
+/// group as mlx-lm's `sharded_load` does (tensor parallelism); elsewhere does nothing.
+pub fn shard_if_launched(model: &mut dyn mlx_models::models::LanguageModel) -> Result<(), String> {
+    let Ok(name) = std::env::var(ENV_BACKEND) else {
+        return Ok(());
+    };
+    let backend = Backend::parse(&name).map_err(|e| e.to_string())?;
+    let g = distributed::init(false, backend).map_err(|e| e.to_string())?;
+    if g.size() <= 1 {
+        return Ok(());
+    }
+    model
+        .shard_tensor_parallel(g.size(), g.rank())
+        .map_err(|e| format!("rank {}: sharding the model: {e}", g.rank()))
+}
+
+/// In a launched rank, after the subcommand: one all_sum over the group, so that no rank
+/// leaves while a peer still waits on it in a collective.
+pub fn barrier() {
+    let Ok(name) = std::env::var(ENV_BACKEND) else {
+        return;
+    };
+    let Ok(backend) = Backend::parse(&name) else {
+        return;
+    };
+    if let Ok(g) = distributed::init(false, backend) {
+        if g.size() > 1 {
+            if let Ok(x) = mlx_core::Array::from_slice(&[1i32], &[1]) {
+                let _ = distributed::all_sum(&x, Some(&g), None).and_then(|s| s.eval());
+            }
+        }
+    }
 }
 
 /// Exit code helper for the binary: distributed setup before a launched subcommand.

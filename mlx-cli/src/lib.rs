@@ -107,8 +107,14 @@ pub fn main(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode {
             return code;
         }
     }
+    let launched = !matches!(checked, check::Checked::Launch(_));
     match run(checked) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => {
+            if launched {
+                launch::barrier();
+            }
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE

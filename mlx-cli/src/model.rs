@@ -163,6 +163,7 @@ fn pick_dtype(flag: &str) -> Result<(Option<Dtype>, String), String> {
 
 pub fn load(a: &ModelArgs) -> Result<Loaded, String> {
     let mut m = load_base(a)?;
+    crate::launch::shard_if_launched(m.model.as_mut())?;
     if let Some(dir) = &a.adapter_path {
         let params = mlx_train::adapters::load_adapters(m.model.as_mut(), Path::new(dir))
             .map_err(|e| format!("{dir}: {e}"))?;

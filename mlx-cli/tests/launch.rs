@@ -121,3 +121,75 @@ fn launch_command_lines_are_checked() {
         assert!(err.contains(want), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn launched_generate_is_tensor_parallel_and_equals_mlx_lm_sharded_run() {
+    // mlx-lm's own run: `sharded_load` under `mlx.launch -n 2 --backend ring`
+    // (xtask/oracle/goldens_dist.py).
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let (gold, _) = mlx_core::io::load_safetensors(
+        root.join("mlx-models/tests/goldens/dist_llama_tp2.safetensors"),
+        None,
+    )
+    .unwrap();
+    let prompt: Vec<String> = gold["prompt"]
+        .to_vec::<i32>()
+        .unwrap()
+        .iter()
+        .map(i32::to_string)
+        .collect();
+    let greedy = gold["greedy"].to_vec::<i32>().unwrap();
+    let model = root.join("mlx-cli/tests/models/dense_f32");
+    let (out, took) = mlx(&[
+        "launch",
+        "-n",
+        "2",
+        "--backend",
+        "ring",
+        "--timeout",
+        "60",
+        "--",
+        "generate",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt-ids",
+        &prompt.join(","),
+        "--max-tokens",
+        &greedy.len().to_string(),
+        "--json",
+    ]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}\n{stdout}", text(&out.stderr));
+    assert_eq!(stdout.lines().count(), 1, "only rank 0 prints: {stdout}");
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let tokens: Vec<i32> = v["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_i64().unwrap() as i32)
+        .collect();
+    assert_eq!(tokens, greedy);
+    assert!(took < Duration::from_secs(120), "{took:?}");
+}
+
+#[test]
+fn a_model_without_tensor_parallelism_is_refused_by_every_rank() {
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let model = root.join("mlx-cli/tests/models/qwen3_moe");
+    let (out, _) = mlx(&[
+        "launch",
+        "-n",
+        "2",
+        "--",
+        "generate",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt-ids",
+        "1,2,3",
+        "--max-tokens",
+        "2",
+    ]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("tensor parallelism"), "{err}");
+}
