@@ -57,6 +57,9 @@ pub struct ChatArgs {
     /// One JSON object per turn on stdout instead of the streamed reply.
     #[arg(long)]
     pub json: bool,
+    /// Constrain every reply to JSON valid against the JSON schema in FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json_schema: Option<String>,
 }
 
 const HELP: &str = "  commands    q exit   r reset   h help";
@@ -68,6 +71,7 @@ pub fn run(a: &ChatArgs) -> Result<(), String> {
         return Err("this model's tokenizer has no chat template; use `mlx generate`".into());
     }
     m.seed(a.seed)?;
+    let grammar = crate::generate::json_schema_grammar(a.json_schema.as_deref(), &m)?;
     let mut special: Vec<i32> = m
         .tokenizer
         .encode("\n", true)
@@ -89,6 +93,7 @@ pub fn run(a: &ChatArgs) -> Result<(), String> {
             }),
             max_kv_size: a.max_kv_size.map(|n| n as usize),
             prefill_step_size: a.prefill_step_size as usize,
+            grammar,
             ..GenerateOptions::default()
         },
         ..StreamOptions::default()

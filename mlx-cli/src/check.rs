@@ -38,6 +38,9 @@ pub enum Checked {
     Info(InfoArgs, Box<ModelInfo>),
     Embed(Box<EmbedArgs>),
     Launch(Box<crate::launch::LaunchArgs>),
+    Convert(Box<crate::convert::ConvertArgs>),
+    Perplexity(Box<crate::perplexity::PerplexityArgs>),
+    Benchmark(Box<crate::benchmark::BenchmarkArgs>),
 }
 
 impl Checked {
@@ -56,6 +59,9 @@ impl Checked {
             Checked::Info(..) => "info",
             Checked::Embed(_) => "embed",
             Checked::Launch(_) => "launch",
+            Checked::Convert(_) => "convert",
+            Checked::Perplexity(_) => "perplexity",
+            Checked::Benchmark(_) => "benchmark",
         }
     }
 }
@@ -141,6 +147,9 @@ pub fn check(c: Command) -> Result<Checked, String> {
                 return Err("--extra-eos-token: the token must not be empty".into());
             }
             generate::template_kwargs(&a)?;
+            if let Some(p) = &a.json_schema {
+                generate::read_json_schema(p)?;
+            }
             let cache_file = a
                 .prompt_cache_file
                 .as_deref()
@@ -151,6 +160,9 @@ pub fn check(c: Command) -> Result<Checked, String> {
         Command::Chat(a) => {
             check_model(&a.model)?;
             check_sampling(a.temp, a.top_p, 0.0, a.xtc_probability, a.xtc_threshold)?;
+            if let Some(p) = &a.json_schema {
+                generate::read_json_schema(p)?;
+            }
             Checked::Chat(Box::new(a))
         }
         Command::CachePrompt(a) => {
@@ -197,6 +209,17 @@ pub fn check(c: Command) -> Result<Checked, String> {
         Command::Launch(a) => {
             crate::launch::check_args(&a)?;
             Checked::Launch(Box::new(a))
+        Command::Convert(a) => {
+            a.check()?;
+            Checked::Convert(Box::new(a))
+        }
+        Command::Perplexity(a) => {
+            a.check()?;
+            Checked::Perplexity(Box::new(a))
+        }
+        Command::Benchmark(a) => {
+            a.check()?;
+            Checked::Benchmark(Box::new(a))
         }
     })
 }
@@ -251,7 +274,23 @@ fn check_output_file(flag: &str, p: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// `mlx serve`'s KV cache options and `--max-n` (issue #36's block of server options).
+fn check_serve_cache(a: &mlx_server::ServeArgs) -> Result<(), String> {
+    if let Some(bits) = a.kv_bits {
+        QuantizedKVCache::new(a.kv_group_size, bits)
+            .map_err(|e| format!("--kv-bits {bits} --kv-group-size {}: {e}", a.kv_group_size))?;
+    }
+    if a.max_kv_size == Some(0) {
+        return Err("--max-kv-size must be at least 1".into());
+    }
+    if a.max_n == 0 {
+        return Err("--max-n must be at least 1".into());
+    }
+    Ok(())
+}
+
 fn check_serve(a: &mlx_server::ServeArgs) -> Result<(), String> {
+    check_serve_cache(a)?;
     // The ranges each request is held to (`mlx-server`'s request checks), so that a default
     // the server would refuse on every request is refused at start.
     if !(0.0..=100.0).contains(&a.temp) {
@@ -333,6 +372,9 @@ mod tests {
             ),
             (&["serve", "--temp", "nan"], "--temp"),
             (&["serve", "--max-batch", "0"], "--max-batch"),
+            (&["serve", "--kv-bits", "7"], "--kv-bits"),
+            (&["serve", "--max-kv-size", "0"], "--max-kv-size"),
+            (&["serve", "--max-n", "0"], "--max-n"),
             (
                 &["serve", "--max-request-tokens", "0"],
                 "--max-request-tokens",

@@ -8,11 +8,13 @@
 //! argument vector (the `mlx` binary runs it first; `mlx-fuzz`'s `argv` target fuzzes it).
 #![forbid(unsafe_code)]
 
+mod benchmark;
 mod cache_prompt;
 mod chat;
 pub mod check;
 mod common;
 mod completions;
+mod convert;
 mod embed;
 mod generate;
 mod info;
@@ -20,6 +22,7 @@ mod launch;
 mod manage;
 mod model;
 mod models;
+mod perplexity;
 mod progress;
 mod serve;
 
@@ -75,6 +78,16 @@ pub enum Command {
     /// Run `mlx SUBCOMMAND ARGS...` as N ranks of one MLX distributed group (as `mlx.launch`),
     /// e.g. `mlx launch -n 2 --backend ring -- generate --model DIR`; only rank 0 prints.
     Launch(launch::LaunchArgs),
+    /// Convert a model directory to MLX format, optionally quantized or dequantized (as
+    /// `mlx_lm.convert`).
+    Convert(convert::ConvertArgs),
+    /// The perplexity of a model on local data, with its standard error (as
+    /// `mlx_lm.perplexity`).
+    #[command(allow_negative_numbers = true)]
+    Perplexity(perplexity::PerplexityArgs),
+    /// Prompt and generation tokens/s and peak memory over timed trials (as
+    /// `mlx_lm.benchmark`).
+    Benchmark(benchmark::BenchmarkArgs),
 }
 
 /// Runs a checked command line.
@@ -93,6 +106,9 @@ pub fn run(c: check::Checked) -> Result<(), String> {
         Checked::Info(a, info) => info::run(&a, &info),
         Checked::Embed(a) => embed::run(&a),
         Checked::Launch(a) => launch::run(&a),
+        Checked::Convert(a) => convert::run(&a),
+        Checked::Perplexity(a) => perplexity::run(&a),
+        Checked::Benchmark(a) => benchmark::run(&a),
     }
 }
 

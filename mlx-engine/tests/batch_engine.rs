@@ -91,6 +91,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize) -> BatchRequest {
         top_logprobs: 0,
         seed: None,
         timeout: None,
+        grammar: None,
     }
 }
 
@@ -620,4 +621,46 @@ fn queued_tokens_are_capped() {
     assert_eq!(stats.queued_tokens.load(Ordering::SeqCst), 0);
     let out = run(&engine, request(vec![5, 6, 7], 2));
     assert_eq!(out.tokens.len(), 2);
+}
+
+/// `submit_n`: one prefill, then a row per choice. Greedy choices are each the request's
+/// single-run reply (mlx-lm's tokens); sampled ones differ from each other, and a seeded
+/// request repeats them.
+#[test]
+fn n_choices_share_one_prefill_and_decode_as_rows_of_their_own() {
+    let engine = start(8, 0);
+    let g = golden();
+    let case = &g["cases"][0];
+    let max = g["max_tokens"].as_u64().unwrap() as usize;
+    let run = |r: BatchRequest, n: usize| -> Vec<Outcome> {
+        let (txs, rxs): (Vec<_>, Vec<_>) = (0..n).map(|_| channel()).unzip();
+        let sinks: Vec<Box<dyn mlx_engine::batch::EventSink>> = txs
+            .into_iter()
+            .map(|tx| Box::new(tx) as Box<dyn mlx_engine::batch::EventSink>)
+            .collect();
+        engine.submit_n(r, sinks).unwrap();
+        rxs.iter()
+            .map(|rx| {
+                let mut out = Outcome::default();
+                read(rx, &mut out, None);
+                out
+            })
+            .collect()
+    };
+    let greedy = run(request(ids(&case["prompt"]), max), 3);
+    for o in &greedy {
+        assert_eq!(o.tokens, ids(&case["tokens"]));
+    }
+    assert_eq!(
+        engine.stats().prefilled_tokens.load(Ordering::Relaxed),
+        ids(&case["prompt"]).len()
+    );
+    let mut sampled = request(ids(&case["prompt"]), 12);
+    sampled.sampler.temp = 1.0;
+    sampled.seed = Some(5);
+    let a = run(sampled.clone(), 3);
+    let b = run(sampled, 3);
+    let tokens = |v: &[Outcome]| v.iter().map(|o| o.tokens.clone()).collect::<Vec<_>>();
+    assert_eq!(tokens(&a), tokens(&b), "a seeded request repeats");
+    assert!(a[0].tokens != a[1].tokens || a[1].tokens != a[2].tokens);
 }

@@ -146,6 +146,40 @@ pub struct ServeArgs {
     /// subdomains). Other names are refused (403) against DNS rebinding.
     #[arg(long, value_delimiter = ',')]
     pub allowed_hosts: Vec<String>,
+
+    // --- Server completeness (issue #36): CORS, n, chat template, KV cache options. ---
+    /// Comma-separated origins a browser page may call the API from (CORS), as
+    /// mlx_lm.server's `--allowed-origins`: `*` (the default) answers every origin with
+    /// `Access-Control-Allow-Origin: *`; otherwise a listed `Origin` is echoed back.
+    #[arg(long, value_delimiter = ',', default_value = "*")]
+    pub allowed_origins: Vec<String>,
+
+    /// The largest `n` (choices per request) a request may ask for.
+    #[arg(long, default_value_t = 8)]
+    pub max_n: usize,
+
+    /// A chat template (Jinja source) used instead of the tokenizer's, as mlx_lm.server's
+    /// `--chat-template`.
+    #[arg(long)]
+    pub chat_template: Option<String>,
+
+    /// Quantize the KV cache to this many bits (mlx-lm's `--kv-bits`). As in
+    /// mlx_lm.server, requests are then served one at a time (no batching).
+    #[arg(long)]
+    pub kv_bits: Option<i32>,
+
+    /// Group size of KV cache quantization.
+    #[arg(long, default_value_t = 64)]
+    pub kv_group_size: i32,
+
+    /// Token position from which the KV cache is quantized (with --kv-bits).
+    #[arg(long, default_value_t = 5000)]
+    pub quantized_kv_start: usize,
+
+    /// A rotating KV cache of this many tokens per layer (for models whose cache mlx-lm
+    /// does not fix); requests are then served one at a time (no batching).
+    #[arg(long)]
+    pub max_kv_size: Option<usize>,
 }
 
 /// A positive, finite number of seconds no larger than a year.

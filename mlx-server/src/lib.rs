@@ -4,7 +4,7 @@
 //!
 //! Endpoints: `POST /v1/chat/completions`, `POST /v1/completions` (streaming as server-sent
 //! events ending in `data: [DONE]`, or not), `POST /v1/embeddings`, `GET /v1/models`,
-//! `GET /health`. Every bad request
+//! `GET /health`, `GET /metrics` (Prometheus text), `GET /` (a chat page). Every bad request
 //! gets a 4xx with an OpenAI error object; the server keeps serving.
 //!
 //! ```no_run
@@ -21,12 +21,15 @@
 
 mod args;
 mod conn;
+mod edge;
 mod embeddings;
 mod error;
 mod guard;
+mod metrics;
 mod request;
 mod routes;
 mod state;
+pub mod structured;
 pub mod tools;
 
 use std::net::SocketAddr;
@@ -34,6 +37,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use mlx_engine::batch::{Engine, EngineConfig};
+use mlx_engine::chat_template::ChatTemplates;
 use mlx_engine::Tokenizer;
 use mlx_models::LanguageModel;
 use serde_json::{Map, Value};
@@ -138,6 +142,31 @@ fn template_args(args: &ServeArgs) -> Result<Map<String, Value>, ServeError> {
     }
 }
 
+/// `--kv-bits`, `--kv-group-size`, `--quantized-kv-start`, `--max-kv-size`: the engine's
+/// one-at-a-time mode when `--kv-bits` or `--max-kv-size` is given.
+fn kv_options(args: &ServeArgs) -> Result<Option<mlx_engine::batch::KvOptions>, ServeError> {
+    if let Some(bits) = args.kv_bits {
+        mlx_cache::QuantSpec::new(args.kv_group_size, bits).map_err(|e| {
+            ServeError::Args(format!(
+                "--kv-bits {bits} --kv-group-size {}: {e}",
+                args.kv_group_size
+            ))
+        })?;
+    }
+    if args.max_kv_size == Some(0) {
+        return Err(ServeError::Args("--max-kv-size must be at least 1".into()));
+    }
+    if args.kv_bits.is_none() && args.max_kv_size.is_none() {
+        return Ok(None);
+    }
+    Ok(Some(mlx_engine::batch::KvOptions {
+        max_kv_size: args.max_kv_size,
+        kv_bits: args.kv_bits,
+        kv_group_size: args.kv_group_size,
+        quantized_kv_start: args.quantized_kv_start,
+    }))
+}
+
 /// The warning for a server reachable beyond loopback without an API key.
 fn exposure_warning(addr: &SocketAddr, api_key: bool) -> Option<String> {
     (!addr.ip().is_loopback() && !api_key).then(|| {
@@ -180,6 +209,9 @@ impl Server {
                 "--max-tokens-limit must be at least 1".into(),
             ));
         }
+        if args.max_n == 0 {
+            return Err(ServeError::Args("--max-n must be at least 1".into()));
+        }
         let template_args = template_args(&args)?;
         let config = EngineConfig {
             max_batch: args.max_batch,
@@ -188,15 +220,22 @@ impl Server {
             max_queued_tokens: args.max_queued_tokens,
             prompt_cache_entries: args.prompt_cache_size,
             prompt_cache_bytes: args.prompt_cache_bytes,
+            kv: kv_options(&args)?,
         };
         let load_args = args.clone();
         let (ctx_tx, ctx_rx) = std::sync::mpsc::channel();
         let (engine, engine_thread) = tokio::task::spawn_blocking(move || {
             Engine::start(
                 move || {
-                    let m: LoadedModel = load(&load_args)
+                    let mut m: LoadedModel = load(&load_args)
                         .map_err(mlx_engine::EngineError::Other)?
                         .into();
+                    if let Some(t) = load_args.chat_template.as_ref().filter(|t| !t.is_empty()) {
+                        // mlx_lm.server: `tokenizer_config["chat_template"] = --chat-template`.
+                        m.tokenizer
+                            .set_chat_template(Some(ChatTemplates::Single(t.clone())));
+                        m.tokenizer.set_chat_template_origin("--chat-template");
+                    }
                     let _ = ctx_tx.send(m.context_length);
                     Ok((m.model, m.tokenizer))
                 },
@@ -227,10 +266,11 @@ impl Server {
             template_args,
             model_context,
         ));
+        let router = edge::layer(guard::layer(routes::router(state.clone()), guard), state);
         Ok(Server {
             addr,
             listener,
-            router: guard::layer(routes::router(state), guard),
+            router,
             limits,
             engine_thread,
         })

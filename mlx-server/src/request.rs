@@ -19,13 +19,15 @@ pub enum Kind {
 }
 
 /// A validated request, tokenized.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Parsed {
     pub kind: Kind,
     pub model: String,
     pub stream: bool,
     pub include_usage: bool,
     pub logprobs: bool,
+    /// Choices to generate (`n`).
+    pub n: usize,
     /// Tools were given (tool calls are parsed from the reply).
     pub has_tools: bool,
     pub request: BatchRequest,
@@ -222,6 +224,101 @@ fn normalize_messages(messages: &Value) -> Result<Vec<Value>, ApiError> {
         .collect()
 }
 
+/// Fields this server reads (or, for `response_format` and `tool_choice`, leaves to the
+/// structured-output code), per endpoint, and harmless OpenAI metadata it accepts and
+/// ignores.
+const KNOWN: &[&str] = &[
+    "model",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "n",
+    "stream",
+    "stream_options",
+    "stop",
+    "seed",
+    "logprobs",
+    "top_logprobs",
+    "logit_bias",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "repetition_context_size",
+    "presence_context_size",
+    "frequency_context_size",
+    "xtc_probability",
+    "xtc_threshold",
+    "response_format",
+    "tool_choice",
+    "tools",
+    "parallel_tool_calls",
+    "chat_template_kwargs",
+    "messages",
+    "prompt",
+    "user",
+    "store",
+    "metadata",
+    "service_tier",
+    "prompt_cache_key",
+    "safety_identifier",
+];
+
+/// OpenAI request fields this server does not implement: a request that sets one (to
+/// anything but its default) is refused with a 400 naming it, rather than answered as if
+/// it had not been asked.
+const UNSUPPORTED: &[&str] = &[
+    "audio",
+    "modalities",
+    "prediction",
+    "functions",
+    "function_call",
+    "web_search_options",
+    "reasoning_effort",
+    "verbosity",
+    "suffix",
+    "echo",
+    "best_of",
+];
+
+/// Refuses a set unsupported OpenAI field (400 naming it); logs other unknown fields once per
+/// name and ignores them (extensions of other servers).
+fn check_fields(state: &AppState, kind: Kind, body: &Map<String, Value>) -> Result<(), ApiError> {
+    for (name, value) in body {
+        if KNOWN.contains(&name.as_str()) {
+            continue;
+        }
+        if UNSUPPORTED.contains(&name.as_str()) {
+            let default = match (name.as_str(), value) {
+                (_, Value::Null) => true,
+                ("modalities", Value::Array(m)) => m.iter().all(|x| x == "text"),
+                ("echo", Value::Bool(false)) => true,
+                ("best_of", Value::Number(b)) => b.as_u64() == Some(1),
+                ("functions", Value::Array(f)) => f.is_empty(),
+                ("suffix", Value::String(t)) => t.is_empty(),
+                _ => false,
+            };
+            if default {
+                continue;
+            }
+            let endpoint = match kind {
+                Kind::Chat => "/v1/chat/completions",
+                Kind::Completion => "/v1/completions",
+            };
+            let mut e = ApiError::invalid(
+                name,
+                format!("`{name}` is not supported by this server's {endpoint}"),
+            );
+            e.code = Some("unsupported_parameter");
+            return Err(e);
+        }
+        state.note_unknown_field(name);
+    }
+    Ok(())
+}
+
 /// Parses and validates a body of `/v1/chat/completions` or `/v1/completions`.
 pub fn parse(state: &AppState, kind: Kind, bytes: &[u8]) -> Result<Parsed, ApiError> {
     let value: Value = serde_json::from_slice(bytes)
@@ -247,11 +344,19 @@ pub fn parse(state: &AppState, kind: Kind, bytes: &[u8]) -> Result<Parsed, ApiEr
         }
     };
 
+    check_fields(state, kind, body)?;
     let n = integer(body, "n")?.unwrap_or(1);
-    if n != 1 {
+    if n < 1 || n as u64 > args.max_n as u64 {
         return Err(ApiError::invalid(
             "n",
-            format!("only `n` = 1 is supported, got {n}"),
+            format!("`n` must be in [1, {}] (--max-n), got {n}", args.max_n),
+        ));
+    }
+    let n = n as usize;
+    if n > 1 && (args.kv_bits.is_some() || args.max_kv_size.is_some()) {
+        return Err(ApiError::invalid(
+            "n",
+            "`n` > 1 needs batching, which --kv-bits and --max-kv-size turn off",
         ));
     }
 
@@ -355,11 +460,26 @@ pub fn parse(state: &AppState, kind: Kind, bytes: &[u8]) -> Result<Parsed, ApiEr
             let top = integer(body, "top_logprobs")?.unwrap_or(0);
             (lp, top)
         }
+        // `logprobs: N` (the legacy API: N alternatives per token), or mlx_lm.server's
+        // `logprobs: true` with `top_logprobs: N`.
         Kind::Completion => match field(body, "logprobs") {
             None => (false, 0),
-            Some(Value::Bool(b)) => (*b, 0),
+            Some(Value::Bool(b)) => (
+                *b,
+                if *b {
+                    integer(body, "top_logprobs")?.unwrap_or(0)
+                } else {
+                    0
+                },
+            ),
             Some(_) => {
                 let top = integer(body, "logprobs")?.unwrap_or(0);
+                if top < 0 {
+                    return Err(ApiError::invalid(
+                        "logprobs",
+                        format!("`logprobs` must be a boolean or a count in [0, 20], got {top}"),
+                    ));
+                }
                 (true, top)
             }
         },
@@ -385,6 +505,7 @@ pub fn parse(state: &AppState, kind: Kind, bytes: &[u8]) -> Result<Parsed, ApiEr
 
     let tokenizer = state.engine.tokenizer();
     let mut has_tools = false;
+    let mut request_tools: Option<Vec<Value>> = None;
     let prompt = match kind {
         Kind::Chat => {
             let messages = normalize_messages(
@@ -398,6 +519,7 @@ pub fn parse(state: &AppState, kind: Kind, bytes: &[u8]) -> Result<Parsed, ApiEr
                 Some(_) => return Err(ApiError::invalid("tools", "`tools` must be a list")),
             };
             has_tools = tools.is_some();
+            request_tools.clone_from(&tools);
             if !tokenizer.has_chat_template() {
                 return Err(ApiError::bad_request(
                     "This model's tokenizer has no chat template: use /v1/completions",
@@ -495,12 +617,15 @@ pub fn parse(state: &AppState, kind: Kind, bytes: &[u8]) -> Result<Parsed, ApiEr
         Vec::new()
     };
 
+    let grammar = crate::structured::grammar(state, kind, body, request_tools.as_deref())?;
+
     Ok(Parsed {
         kind,
         model,
         stream,
         include_usage,
         logprobs,
+        n,
         has_tools,
         request: BatchRequest {
             prompt,
@@ -521,6 +646,7 @@ pub fn parse(state: &AppState, kind: Kind, bytes: &[u8]) -> Result<Parsed, ApiEr
             top_logprobs: top_logprobs as usize,
             seed,
             timeout: Some(Duration::from_secs(args.request_timeout)),
+            grammar,
         },
     })
 }

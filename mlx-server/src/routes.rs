@@ -4,6 +4,7 @@
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
@@ -14,7 +15,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use futures_util::stream::{self, Stream};
+use futures_util::stream::{self, Stream, StreamExt};
 use mlx_engine::batch::{BatchEvent, EventSink, SubmitError};
 use serde_json::{json, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
@@ -28,6 +29,8 @@ pub fn router(state: Shared) -> Router {
     let limit = state.args.max_body_bytes;
     Router::new()
         .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/", get(chat_page))
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
@@ -51,6 +54,34 @@ async fn health(State(state): State<Shared>) -> Json<Value> {
         "batched_prefills": s.batched_prefills.load(Ordering::Relaxed),
         "reused_tokens": s.reused_tokens.load(Ordering::Relaxed),
     }))
+}
+
+/// `/metrics`: Prometheus text format 0.0.4.
+async fn metrics(State(state): State<Shared>) -> Response {
+    let body = state.metrics.render(state.engine.stats());
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response()
+}
+
+/// The chat page: one static file, no external resources.
+async fn chat_page() -> Response {
+    (
+        [
+            (axum::http::header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (
+                axum::http::header::CONTENT_SECURITY_POLICY,
+                "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'",
+            ),
+        ],
+        include_str!("chat.html"),
+    )
+        .into_response()
 }
 
 /// Every 429 (a full queue, too many queued tokens) tells the client when to come back.
@@ -185,33 +216,80 @@ async fn handle(
         let parsed = tokio::task::spawn_blocking(move || parse(&st, kind, &bytes))
             .await
             .map_err(|e| ApiError::server(format!("parsing the request: {e}")))??;
-        let (tx, rx) = unbounded_channel();
-        state
-            .engine
-            .submit(parsed.request.clone(), Box::new(Sink(tx)))
-            .map_err(refused)?;
-        Ok::<_, ApiError>((parsed, rx))
+        let mut rxs = Vec::with_capacity(parsed.n);
+        let mut sinks: Vec<Box<dyn EventSink>> = Vec::with_capacity(parsed.n);
+        for _ in 0..parsed.n {
+            let (tx, rx) = unbounded_channel();
+            rxs.push(rx);
+            sinks.push(Box::new(Sink(tx)));
+        }
+        let submitted = if parsed.n == 1 {
+            let sink = sinks.pop().ok_or_else(|| ApiError::server("no choice"))?;
+            state.engine.submit(parsed.request.clone(), sink)
+        } else {
+            state.engine.submit_n(parsed.request.clone(), sinks)
+        };
+        submitted.map_err(refused)?;
+        Ok::<_, ApiError>((parsed, rxs))
     }
     .await;
-    let (parsed, rx) = match result {
+    let (parsed, rxs) = match result {
         Ok(x) => x,
         Err(e) => {
             tracing::warn!(route, status = e.status.as_u16(), error = %e.message, "request rejected");
             return e.into_response();
         }
     };
-    let ctx = Ctx::new(state, parsed, rx, route, start);
-    if ctx.parsed.stream {
-        let stream = sse_stream(ctx);
+    let id = state.next_id(match parsed.kind {
+        Kind::Chat => "chatcmpl",
+        Kind::Completion => "cmpl",
+    });
+    let ctxs: Vec<Ctx> = rxs
+        .into_iter()
+        .enumerate()
+        .map(|(i, rx)| {
+            Ctx::new(
+                state.clone(),
+                parsed.clone(),
+                rx,
+                route,
+                start,
+                id.clone(),
+                i,
+            )
+        })
+        .collect();
+    if parsed.stream {
+        let stream = sse_streams(ctxs);
         Sse::new(stream)
             .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
             .into_response()
     } else {
-        match ctx.collect().await {
+        match collect_all(ctxs).await {
             Ok(v) => Json(v).into_response(),
             Err(e) => e.into_response(),
         }
     }
+}
+
+/// A non-streaming request: every choice collected, one response.
+async fn collect_all(ctxs: Vec<Ctx>) -> Result<Value, ApiError> {
+    let results = futures_util::future::join_all(ctxs.into_iter().map(Ctx::collect)).await;
+    let mut choices = Vec::with_capacity(results.len());
+    let mut head: Option<Value> = None;
+    let mut completion = 0usize;
+    for r in results {
+        let (choice, response) = r?;
+        choices.push(choice);
+        completion += response["usage"]["completion_tokens"].as_u64().unwrap_or(0) as usize;
+        head.get_or_insert(response);
+    }
+    let mut response = head.ok_or_else(|| ApiError::server("no choice"))?;
+    let prompt = response["usage"]["prompt_tokens"].as_u64().unwrap_or(0) as usize;
+    response["usage"]["completion_tokens"] = json!(completion);
+    response["usage"]["total_tokens"] = json!(prompt + completion);
+    response["choices"] = Value::Array(choices);
+    Ok(response)
 }
 
 /// One request in flight: what it accumulated so far.
@@ -223,10 +301,16 @@ struct Ctx {
     start: Instant,
     id: String,
     created: u64,
+    /// The choice's `index` (`n` > 1).
+    index: usize,
     text: String,
     tokens: Vec<u32>,
     logprobs: Vec<Option<f32>>,
     top: Vec<Vec<(u32, f32)>>,
+    /// Each token's text and its character offset in the reply (with `logprobs`).
+    token_texts: Vec<String>,
+    text_offsets: Vec<usize>,
+    last_token: Option<Instant>,
     prompt_tokens: usize,
     cached_tokens: usize,
     completion_tokens: usize,
@@ -257,11 +341,9 @@ impl Ctx {
         rx: UnboundedReceiver<BatchEvent>,
         route: &'static str,
         start: Instant,
+        id: String,
+        index: usize,
     ) -> Self {
-        let id = state.next_id(match parsed.kind {
-            Kind::Chat => "chatcmpl",
-            Kind::Completion => "cmpl",
-        });
         let prompt_tokens = parsed.request.prompt.len();
         // mlx_lm.server reads `<think>` blocks and `<tool_call>` markers in every chat reply
         // of a model whose tokenizer and template define them; Llama 3's bare JSON only when
@@ -300,7 +382,11 @@ impl Ctx {
             start,
             id,
             created: unix_now(),
+            index,
             text: String::new(),
+            token_texts: Vec::new(),
+            text_offsets: Vec::new(),
+            last_token: None,
             tokens: Vec::new(),
             logprobs: Vec::new(),
             top: Vec::new(),
@@ -351,7 +437,11 @@ impl Ctx {
                 };
                 let content: Vec<Value> = range
                     .map(|i| {
-                        let mut e = entry(self.tokens[i], self.logprobs[i].unwrap_or(f32::NAN));
+                        let mut e = json!({
+                            "token": self.token_texts[i],
+                            "logprob": self.logprobs[i].unwrap_or(f32::NAN),
+                            "bytes": self.token_texts[i].as_bytes(),
+                        });
                         e["top_logprobs"] = Value::Array(
                             self.top[i].iter().map(|&(id, lp)| entry(id, lp)).collect(),
                         );
@@ -360,23 +450,34 @@ impl Ctx {
                     .collect();
                 json!({"content": content})
             }
+            // The legacy shape: parallel lists, `top_logprobs` a `{token: logprob}` object per
+            // token (null without alternatives), `text_offset` each token's character offset
+            // in the reply.
             Kind::Completion => {
-                let tokens: Vec<String> = range
-                    .clone()
-                    .map(|i| self.token_text(self.tokens[i]))
-                    .collect();
+                let tokens = &self.token_texts[range.clone()];
                 let lps: Vec<Option<f32>> = range.clone().map(|i| self.logprobs[i]).collect();
-                let tops: Vec<Value> = range
-                    .map(|i| {
-                        Value::Object(
-                            self.top[i]
-                                .iter()
-                                .map(|&(id, lp)| (self.token_text(id), json!(lp)))
-                                .collect(),
-                        )
-                    })
-                    .collect();
-                json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops})
+                let tops: Value = if self.parsed.request.top_logprobs == 0 {
+                    Value::Null
+                } else {
+                    range
+                        .clone()
+                        .map(|i| {
+                            Value::Object(
+                                self.top[i]
+                                    .iter()
+                                    .map(|&(id, lp)| (self.token_text(id), json!(lp)))
+                                    .collect(),
+                            )
+                        })
+                        .collect()
+                };
+                let offsets = &self.text_offsets[range];
+                json!({
+                    "tokens": tokens,
+                    "token_logprobs": lps,
+                    "top_logprobs": tops,
+                    "text_offset": offsets,
+                })
             }
         }
     }
@@ -398,8 +499,27 @@ impl Ctx {
                 logprob,
                 top_logprobs,
             } => {
-                if self.first_token.is_none() {
-                    self.first_token = Some(self.start.elapsed());
+                let now = Instant::now();
+                match self.last_token {
+                    None => {
+                        let ttft = self.start.elapsed();
+                        self.first_token = Some(ttft);
+                        // Once per request (its first choice).
+                        if self.index == 0 {
+                            self.state.metrics.ttft.observe(ttft);
+                        }
+                    }
+                    Some(prev) => self.state.metrics.itl.observe(now - prev),
+                }
+                self.last_token = Some(now);
+                if self.parsed.logprobs {
+                    let t = self.token_text(token);
+                    let offset = match (self.text_offsets.last(), self.token_texts.last()) {
+                        (Some(o), Some(prev)) => o + prev.chars().count(),
+                        _ => 0,
+                    };
+                    self.text_offsets.push(offset);
+                    self.token_texts.push(t);
                 }
                 self.tokens.push(token);
                 self.logprobs.push(logprob);
@@ -424,9 +544,20 @@ impl Ctx {
     }
 
     fn log(&self, status: u16, finish: &str) {
+        if status == 200 {
+            self.state.metrics.add_tokens(
+                if self.index == 0 {
+                    self.prompt_tokens
+                } else {
+                    0
+                },
+                self.completion_tokens,
+            );
+        }
         tracing::info!(
             route = self.route,
             id = %self.id,
+            choice = self.index,
             status,
             stream = self.parsed.stream,
             prompt_tokens = self.prompt_tokens,
@@ -439,8 +570,9 @@ impl Ctx {
         );
     }
 
-    /// A non-streaming request: waits for the end and builds the whole response.
-    async fn collect(mut self) -> Result<Value, ApiError> {
+    /// A non-streaming choice: waits for its end; returns the choice and the whole response
+    /// as it would be for this choice alone.
+    async fn collect(mut self) -> Result<(Value, Value), ApiError> {
         let finish = loop {
             let Some(ev) = self.rx.recv().await else {
                 return Err(ApiError::server("the engine dropped the request"));
@@ -459,24 +591,26 @@ impl Ctx {
             Kind::Chat => {
                 let (message, finish) = self.message(finish);
                 self.log(200, finish);
-                json!({"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish})
+                json!({"index": self.index, "message": message, "logprobs": logprobs, "finish_reason": finish})
             }
             Kind::Completion => {
                 self.log(200, finish);
                 json!({
-                    "index": 0, "text": self.text, "logprobs": logprobs, "finish_reason": finish,
+                    "index": self.index, "text": self.text, "logprobs": logprobs,
+                    "finish_reason": finish,
                 })
             }
         };
-        Ok(json!({
+        let response = json!({
             "id": self.id,
             "object": self.object(false),
             "created": self.created,
             "model": self.parsed.model,
             "system_fingerprint": fingerprint(),
-            "choices": [choice],
+            "choices": [choice.clone()],
             "usage": self.usage(),
-        }))
+        });
+        Ok((choice, response))
     }
 
     /// Feeds reply text to the tool parser (Markers: as it comes; Llama 3: all at the end).
@@ -596,12 +730,13 @@ impl Ctx {
                 } else {
                     json!({"content": text})
                 };
-                self.chunk(
-                    json!({"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}),
-                )
+                self.chunk(json!({
+                    "index": self.index, "delta": delta, "logprobs": lp, "finish_reason": finish,
+                }))
             }
-            Kind::Completion => self
-                .chunk(json!({"index": 0, "text": text, "logprobs": lp, "finish_reason": finish})),
+            Kind::Completion => self.chunk(json!({
+                "index": self.index, "text": text, "logprobs": lp, "finish_reason": finish,
+            })),
         }
     }
 }
@@ -627,8 +762,18 @@ fn fingerprint() -> String {
     format!("mlx-rs-{}", env!("CARGO_PKG_VERSION"))
 }
 
+/// What the choices of a streamed request add up to, for its final usage chunk.
+#[derive(Default)]
+struct Totals {
+    prompt: usize,
+    cached: usize,
+    completion: usize,
+    failed: bool,
+}
+
 struct StreamState {
     ctx: Ctx,
+    totals: Arc<Mutex<Totals>>,
     pending: VecDeque<Event>,
     /// Tokens already reported in a chunk.
     sent: usize,
@@ -667,16 +812,67 @@ impl StreamState {
         let logprobs = self.ctx.logprobs_value(self.sent);
         self.sent = self.ctx.tokens.len();
         Some(self.ctx.chunk(json!({
-            "index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish,
+            "index": self.ctx.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish,
         })))
     }
 }
 
-/// The SSE stream of a streaming request. Dropping it (client gone) drops the receiver, and
-/// the engine frees the row at its next step.
-fn sse_stream(ctx: Ctx) -> impl Stream<Item = Result<Event, Infallible>> {
+/// The SSE stream of a streaming request: its choices' chunks as they come (each with its
+/// `index`), then the usage chunk (`stream_options.include_usage`) and `[DONE]`. Dropping it
+/// (client gone) drops the receivers, and the engine frees the rows at its next step.
+fn sse_streams(ctxs: Vec<Ctx>) -> impl Stream<Item = Result<Event, Infallible>> {
+    let totals = Arc::new(Mutex::new(Totals::default()));
+    let head = ctxs.first().map(|c| {
+        (
+            c.id.clone(),
+            c.object(true),
+            c.created,
+            c.parsed.model.clone(),
+            c.parsed.include_usage,
+        )
+    });
+    let streams: Vec<_> = ctxs
+        .into_iter()
+        .map(|c| Box::pin(sse_stream(c, totals.clone())))
+        .collect();
+    let trailer = move |_| {
+        let mut events = Vec::new();
+        let t = totals
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((id, object, created, model, true)) = &head {
+            if !t.failed {
+                let v = json!({
+                    "id": id,
+                    "object": object,
+                    "created": created,
+                    "model": model,
+                    "system_fingerprint": fingerprint(),
+                    "choices": [],
+                    "usage": {
+                        "prompt_tokens": t.prompt,
+                        "completion_tokens": t.completion,
+                        "total_tokens": t.prompt + t.completion,
+                        "prompt_tokens_details": {"cached_tokens": t.cached},
+                    },
+                });
+                events.push(Ok(Event::default().data(v.to_string())));
+            }
+        }
+        events.push(Ok(Event::default().data("[DONE]")));
+        stream::iter(events)
+    };
+    stream::select_all(streams).chain(stream::iter([()]).flat_map(trailer))
+}
+
+/// The chunks of one choice.
+fn sse_stream(
+    ctx: Ctx,
+    totals: Arc<Mutex<Totals>>,
+) -> impl Stream<Item = Result<Event, Infallible>> {
     let st = StreamState {
         ctx,
+        totals,
         pending: VecDeque::new(),
         sent: 0,
         started: false,
@@ -693,7 +889,7 @@ fn sse_stream(ctx: Ctx) -> impl Stream<Item = Result<Event, Infallible>> {
             if !st.started && st.ctx.parsed.kind == Kind::Chat {
                 st.started = true;
                 let first = st.ctx.chunk(json!({
-                    "index": 0,
+                    "index": st.ctx.index,
                     "delta": {"role": "assistant", "content": ""},
                     "logprobs": null,
                     "finish_reason": null,
@@ -736,26 +932,25 @@ fn sse_stream(ctx: Ctx) -> impl Stream<Item = Result<Event, Infallible>> {
                         let ev = st.ctx.delta_chunk("", st.ctx.tokens.len(), Some(reason));
                         st.pending.push_back(ev);
                     }
-                    if st.ctx.parsed.include_usage {
-                        let v = json!({
-                            "id": st.ctx.id,
-                            "object": st.ctx.object(true),
-                            "created": st.ctx.created,
-                            "model": st.ctx.parsed.model,
-                            "system_fingerprint": fingerprint(),
-                            "choices": [],
-                            "usage": st.ctx.usage(),
-                        });
-                        st.pending.push_back(Event::default().data(v.to_string()));
+                    {
+                        let mut t = st
+                            .totals
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner);
+                        t.prompt = st.ctx.prompt_tokens;
+                        t.cached = st.ctx.cached_tokens;
+                        t.completion += st.ctx.completion_tokens;
                     }
-                    st.pending.push_back(Event::default().data("[DONE]"));
                     st.finished = true;
                 }
                 Step::Failed(e) => {
                     st.ctx.log(e.status.as_u16(), "error");
                     st.pending
                         .push_back(Event::default().data(e.body().to_string()));
-                    st.pending.push_back(Event::default().data("[DONE]"));
+                    st.totals
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .failed = true;
                     st.finished = true;
                 }
             }

@@ -1,11 +1,12 @@
 //! What every handler shares: the engine handle, the options, the served model's names.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use mlx_engine::batch::Engine;
 use mlx_engine::chat_template::ChatTemplates;
+use mlx_engine::grammar::GrammarCompiler;
 use serde_json::{Map, Value};
 
 use crate::args::ServeArgs;
@@ -26,7 +27,13 @@ pub struct AppState {
     pub model_context: Option<usize>,
     /// How the chat template marks tool calls, if it does.
     pub tool_format: Option<ToolFormat>,
+    /// Structured output's grammar compiler, built on the first request that needs one.
+    pub grammar: OnceLock<Result<Arc<GrammarCompiler>, String>>,
     counter: AtomicU64,
+    /// Unknown request fields already logged (each is logged once).
+    unknown_fields: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// The `/metrics` counters and histograms.
+    pub metrics: crate::metrics::Metrics,
 }
 
 pub type Shared = Arc<AppState>;
@@ -64,7 +71,10 @@ impl AppState {
             max_context,
             model_context,
             tool_format,
+            grammar: OnceLock::new(),
             counter: AtomicU64::new(0),
+            unknown_fields: Default::default(),
+            metrics: Default::default(),
         }
     }
 
@@ -76,6 +86,21 @@ impl AppState {
             .and_then(|s| s.to_str())
             .unwrap_or(&self.model_id);
         name == self.model_id || name == base || name == "default_model"
+    }
+
+    /// Logs an unknown request field the first time it is seen (it is ignored).
+    pub fn note_unknown_field(&self, name: &str) {
+        let mut seen = self
+            .unknown_fields
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Bounded, so clients cannot grow it without limit.
+        if seen.len() < 1024 && seen.insert(name.to_string()) {
+            tracing::warn!(
+                field = name,
+                "ignoring an unknown request field (logged once)"
+            );
+        }
     }
 
     /// A fresh id with the OpenAI prefix (`chatcmpl-...`, `cmpl-...`).

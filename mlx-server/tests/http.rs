@@ -151,7 +151,7 @@ fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
             Some("max_tokens"),
         ),
         (
-            json!({"messages": msgs, "n": 2}).to_string().into_bytes(),
+            json!({"messages": msgs, "n": 9}).to_string().into_bytes(),
             400,
             Some("n"),
         ),

@@ -36,7 +36,8 @@ use mlx_models::LanguageModel;
 use super::cache::BatchKVCache;
 use super::text::TextState;
 use crate::error::{EngineError, Result};
-use crate::generate::make_prompt_cache;
+use crate::generate::{make_prompt_cache, maybe_quantize_kv_cache};
+use crate::grammar::{apply_mask, Grammar};
 use crate::prompt_cache::PromptCache;
 use crate::sample::SamplerSettings;
 use crate::sample::{make_logits_processors, LogitsProcessor, ProcessorSettings, Sampler};
@@ -60,6 +61,9 @@ pub struct BatchRequest {
     pub seed: Option<u64>,
     /// Give up (with [`BatchEvent::Error`]) after this long in the engine.
     pub timeout: Option<Duration>,
+    /// Constrained decoding: this row's logits are masked to what the grammar allows (see
+    /// [`crate::grammar`]).
+    pub grammar: Option<Grammar>,
 }
 
 /// What a request receives, in order: `Started`, any number of `Token`s, then `Done` or
@@ -124,6 +128,19 @@ pub struct EngineConfig {
     pub prompt_cache_entries: usize,
     /// Bytes the prompt cache may hold.
     pub prompt_cache_bytes: usize,
+    /// `generate_step`'s cache options (`--max-kv-size`, `--kv-bits`): when set, requests
+    /// run one at a time over the caches `generate_step` makes (a rotating or quantized
+    /// cache has no batched form), as mlx_lm.server serves them with `--kv-bits`.
+    pub kv: Option<KvOptions>,
+}
+
+/// The KV cache options of [`EngineConfig::kv`], as `generate_step` takes them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvOptions {
+    pub max_kv_size: Option<usize>,
+    pub kv_bits: Option<i32>,
+    pub kv_group_size: i32,
+    pub quantized_kv_start: usize,
 }
 
 impl Default for EngineConfig {
@@ -135,6 +152,7 @@ impl Default for EngineConfig {
             max_queued_tokens: usize::MAX,
             prompt_cache_entries: 16,
             prompt_cache_bytes: 1 << 30,
+            kv: None,
         }
     }
 }
@@ -177,11 +195,43 @@ pub struct EngineStats {
     pub slices: AtomicUsize,
     /// Embedding input tokens embedded so far.
     pub embedded_tokens: AtomicUsize,
+    /// Requests that continued a prompt-cache entry.
+    pub prompt_cache_hits: AtomicUsize,
+    /// Rows over all decode steps (over `decode_steps`: the mean batch size).
+    pub decoded_rows: AtomicUsize,
+    /// MLX's active, peak and cache memory in bytes, as the engine thread last read them
+    /// (after each loop iteration that ran work).
+    pub active_memory: AtomicUsize,
+    pub peak_memory: AtomicUsize,
+    pub cache_memory: AtomicUsize,
 }
 
 struct Job {
     request: BatchRequest,
     sink: Box<dyn EventSink>,
+    /// The sinks of further choices of the same request (`n > 1`): the prompt is prefilled
+    /// once, then each choice is a row of its own.
+    extra: Vec<Box<dyn EventSink>>,
+}
+
+impl Job {
+    fn new(request: BatchRequest, sink: Box<dyn EventSink>) -> Job {
+        Job {
+            request,
+            sink,
+            extra: Vec::new(),
+        }
+    }
+
+    /// Rows this request takes in the batch.
+    fn width(&self) -> usize {
+        1 + self.extra.len()
+    }
+
+    /// Whether every client of this request has gone.
+    fn closed(&self) -> bool {
+        self.sink.is_closed() && self.extra.iter().all(|s| s.is_closed())
+    }
 }
 
 /// Receives the embeddings of an [`Engine::submit_embed`] call: one unit-length float32 row
@@ -226,6 +276,12 @@ impl Engine {
             return Err(EngineError::Other(
                 "prefill_step_size must be positive".into(),
             ));
+        }
+        let mut config = config;
+        if config.kv.is_some() {
+            // Rotating and quantized caches have no batched form: one request at a time.
+            config.max_batch = 1;
+            config.prompt_cache_entries = 0;
         }
         let (tx, rx) = mpsc::sync_channel::<Work>(config.queue_size);
         let (ready_tx, ready_rx) = mpsc::channel::<Result<(Arc<Tokenizer>, usize)>>();
@@ -292,7 +348,30 @@ impl Engine {
         sink: Box<dyn EventSink>,
     ) -> std::result::Result<(), SubmitError> {
         let tokens = request.prompt.len();
-        self.send(Work::Generate(Box::new(Job { request, sink })), 1, tokens)
+        self.send(Work::Generate(Box::new(Job::new(request, sink))), 1, tokens)
+    }
+
+    /// Queues one request with several choices (`n` = `sinks.len()`): the prompt is
+    /// prefilled once, the first tokens of the choices are one draw over `n` rows of its
+    /// log-probabilities (after the request's seed), and each choice then decodes as a row
+    /// of its own (its own logits processors and stop state). Takes one queue slot and `n`
+    /// batch rows.
+    pub fn submit_n(
+        &self,
+        request: BatchRequest,
+        mut sinks: Vec<Box<dyn EventSink>>,
+    ) -> std::result::Result<(), SubmitError> {
+        if sinks.is_empty() {
+            return Ok(());
+        }
+        let tokens = request.prompt.len();
+        let sink = sinks.remove(0);
+        let job = Job {
+            request,
+            sink,
+            extra: sinks,
+        };
+        self.send(Work::Generate(Box::new(job)), 1, tokens)
     }
 
     /// Queues requests that join the batch together, in one step: those without a cached
@@ -305,7 +384,7 @@ impl Engine {
         let tokens = requests.iter().map(|(r, _)| r.prompt.len()).sum();
         let jobs = requests
             .into_iter()
-            .map(|(request, sink)| Job { request, sink })
+            .map(|(request, sink)| Job::new(request, sink))
             .collect();
         self.send(Work::Group(jobs), n, tokens)
     }
@@ -376,6 +455,8 @@ struct Seq {
     logprobs: bool,
     top_logprobs: usize,
     deadline: Option<Instant>,
+    /// The row's grammar, advanced by every token it emits.
+    grammar: Option<Grammar>,
 }
 
 struct Worker {
@@ -489,7 +570,7 @@ impl Worker {
         self.tasks
             .iter()
             .map(|t| match t {
-                Task::Prefill(p) => p.jobs.len(),
+                Task::Prefill(p) => p.jobs.iter().map(Job::width).sum(),
                 Task::Embed(_) => 0,
             })
             .sum()
@@ -506,6 +587,7 @@ impl Worker {
                     self.dirty = false;
                     // Only the resident size depends on it: a failure changes no result.
                     let _ = memory::release_free_memory();
+                    self.publish_memory();
                 }
                 if !open {
                     return;
@@ -516,7 +598,10 @@ impl Worker {
                 }
             }
             while open
-                && self.rows.len() + waiting.len() + self.prefilling() < self.config.max_batch
+                && self.rows.len()
+                    + waiting.iter().map(Job::width).sum::<usize>()
+                    + self.prefilling()
+                    < self.config.max_batch
             {
                 match rx.try_recv() {
                     Ok(work) => self.take(work, &mut waiting),
@@ -529,11 +614,17 @@ impl Worker {
                 continue;
             }
             self.drop_gone_prefills();
-            let room = self
-                .config
-                .max_batch
-                .saturating_sub(self.rows.len() + self.prefilling());
-            let joining: Vec<Job> = waiting.drain(..room.min(waiting.len())).collect();
+            let busy = self.rows.len() + self.prefilling();
+            let mut room = self.config.max_batch.saturating_sub(busy);
+            let mut take = 0;
+            // A request of more choices than the batch holds runs when the batch is empty.
+            while take < waiting.len()
+                && (waiting[take].width() <= room || (busy == 0 && take == 0))
+            {
+                room = room.saturating_sub(waiting[take].width());
+                take += 1;
+            }
+            let joining: Vec<Job> = waiting.drain(..take).collect();
             if !joining.is_empty() {
                 self.stats
                     .queued
@@ -579,7 +670,20 @@ impl Worker {
                 self.slice_debt = self.slice_debt.saturating_sub(started.elapsed());
             }
             self.stats.active.store(self.rows.len(), Ordering::Relaxed);
+            self.publish_memory();
         }
+    }
+
+    /// Publishes MLX's memory figures for `/metrics` (three reads of counters).
+    fn publish_memory(&self) {
+        let set = |a: &AtomicUsize, v: mlx_core::Result<usize>| {
+            if let Ok(v) = v {
+                a.store(v, Ordering::Relaxed);
+            }
+        };
+        set(&self.stats.active_memory, memory::active_memory());
+        set(&self.stats.peak_memory, memory::peak_memory());
+        set(&self.stats.cache_memory, memory::cache_memory());
     }
 
     /// The task the next slice goes to, taken out of the queue: alternately the one queued
@@ -732,7 +836,7 @@ impl Worker {
         if keep.len() == self.rows.len() {
             return Ok(());
         }
-        if store && self.config.prompt_cache_entries > 0 {
+        if store && self.config.prompt_cache_entries > 0 && self.config.kv.is_none() {
             for i in (0..self.rows.len()).filter(|i| !keep.contains(i)) {
                 let caches = self.extract_row(i)?;
                 if caches.first().map(|c| c.offset()) == Some(self.rows[i].cached.len()) {
@@ -847,11 +951,12 @@ impl Worker {
     fn start_prefills(&mut self, jobs: Vec<Job>) {
         let mut fresh = Vec::new();
         for job in jobs {
-            if job.sink.is_closed() {
+            if job.closed() {
                 release_tokens(&self.stats, job.request.prompt.len());
                 continue;
             }
-            match self.plan(&job.request) {
+            let alone = !job.extra.is_empty() || self.config.kv.is_some();
+            match self.plan(&job.request, alone) {
                 Ok(Start::Alone(caches, reused)) => self.start_alone(job, caches, reused),
                 Ok(Start::Fresh) => fresh.push(job),
                 Err(e) => {
@@ -863,7 +968,7 @@ impl Worker {
         }
         let started = match fresh.len() {
             0 => Ok(()),
-            1 => make_prompt_cache(self.model.as_ref(), None).map(|caches| {
+            1 => self.fresh_caches().map(|caches| {
                 let job = fresh.remove(0);
                 self.start_alone(job, caches, 0);
             }),
@@ -879,7 +984,7 @@ impl Worker {
     }
 
     /// Validates the prompt and decides how it is prefilled.
-    fn plan(&mut self, r: &BatchRequest) -> Result<Start> {
+    fn plan(&mut self, r: &BatchRequest, alone: bool) -> Result<Start> {
         if r.prompt.is_empty() {
             return Err(EngineError::Other("the prompt is empty".into()));
         }
@@ -891,10 +996,7 @@ impl Worker {
         }
         match self.prompt_cache.fetch(&r.prompt) {
             Some(hit) => Ok(Start::Alone(hit.caches, hit.reused)),
-            None if r.seed.is_some() => Ok(Start::Alone(
-                make_prompt_cache(self.model.as_ref(), None)?,
-                0,
-            )),
+            None if r.seed.is_some() || alone => Ok(Start::Alone(self.fresh_caches()?, 0)),
             None => Ok(Start::Fresh),
         }
     }
@@ -904,7 +1006,12 @@ impl Worker {
     /// step on the last token).
     fn start_alone(&mut self, job: Job, caches: Vec<Box<dyn Cache>>, reused: usize) {
         let len = job.request.prompt.len();
-        let checked = check_plain(&caches).and_then(|()| {
+        let plain = if self.config.kv.is_some() {
+            Ok(())
+        } else {
+            check_plain(&caches)
+        };
+        let checked = plain.and_then(|()| {
             // The prompt cache always leaves the last token to run.
             if reused < len {
                 Ok(())
@@ -922,6 +1029,9 @@ impl Worker {
         }
         // The cached prefix is no work.
         release_tokens(&self.stats, reused);
+        if reused > 0 {
+            self.stats.prompt_cache_hits.fetch_add(1, Ordering::Relaxed);
+        }
         self.stats
             .reused_tokens
             .fetch_add(reused, Ordering::Relaxed);
@@ -996,7 +1106,7 @@ impl Worker {
     fn drop_gone_prefills(&mut self) {
         let stats = self.stats.clone();
         self.tasks.retain(|t| match t {
-            Task::Prefill(p) if p.jobs.iter().all(|j| j.sink.is_closed()) => {
+            Task::Prefill(p) if p.jobs.iter().all(Job::closed) => {
                 release_tokens(&stats, p.pending);
                 false
             }
@@ -1018,6 +1128,7 @@ impl Worker {
             let step = Array::from_slice(&chunk, &[k as i32, n as i32])
                 .map_err(EngineError::from)
                 .and_then(|x| Ok(self.model.forward(&x, Some(&mut p.caches))?))
+                .and_then(|_| self.quantize(&mut p.caches))
                 .and_then(|_| eval_caches(&p.caches));
             // Tokens of the chunk that are not padding.
             let real: usize = p
@@ -1059,28 +1170,46 @@ impl Worker {
         let jobs = std::mem::take(&mut p.jobs);
         let mut caches = std::mem::take(&mut p.caches);
         if !p.together {
-            let Some(Job { request, mut sink }) = jobs.into_iter().next() else {
+            let Some(Job {
+                mut request,
+                sink,
+                extra,
+            }) = jobs.into_iter().next()
+            else {
                 return Ok(());
             };
-            let first = self.last_step(&request, &mut caches);
+            let mut grammar = request.grammar.take();
+            let mut sinks = vec![sink];
+            sinks.extend(extra);
+            let first = self.last_step(&request, &mut caches, grammar.as_mut(), sinks.len());
             let (first, logprobs) = match first {
                 Ok(x) => x,
                 Err(e) => {
-                    sink.send(BatchEvent::Error(e.to_string()));
+                    for mut sink in sinks {
+                        sink.send(BatchEvent::Error(e.to_string()));
+                    }
                     return Ok(());
                 }
             };
-            match self.start_row(&request, sink, first, &logprobs, p.reused)? {
-                Some(row) => {
+            let mut joined = false;
+            let n = sinks.len();
+            for (i, (sink, &token)) in sinks.into_iter().zip(&first).enumerate() {
+                // Each choice its own parser state (all fresh until this first token).
+                let g = if i + 1 == n {
+                    grammar.take()
+                } else {
+                    grammar.clone()
+                };
+                if let Some(row) = self.start_row(&request, sink, token, &logprobs, p.reused, g)? {
                     self.join(&caches)?;
                     self.rows.push(row);
+                    joined = true;
                 }
-                None if self.config.prompt_cache_entries > 0 => {
-                    let mut tokens = request.prompt.clone();
-                    tokens.truncate(caches.first().map_or(0, |c| c.offset()));
-                    self.prompt_cache.insert(tokens, caches);
-                }
-                None => {}
+            }
+            if !joined && self.config.prompt_cache_entries > 0 && self.config.kv.is_none() {
+                let mut tokens = request.prompt.clone();
+                tokens.truncate(caches.first().map_or(0, |c| c.offset()));
+                self.prompt_cache.insert(tokens, caches);
             }
             return Ok(());
         }
@@ -1105,16 +1234,22 @@ impl Worker {
         let mut keep = Vec::with_capacity(k);
         let mut rows = Vec::with_capacity(k);
         for (e, job) in jobs.into_iter().enumerate() {
-            let Job { request, mut sink } = job;
+            let Job {
+                mut request,
+                mut sink,
+                ..
+            } = job;
+            let mut grammar = request.grammar.take();
             let row_logits = ops::slice_axis(&logits, 0, e as i32, e as i32 + 1, None)?;
-            let (first, logprobs) = match self.first_token(&request, row_logits) {
-                Ok(x) => x,
-                Err(err) => {
-                    sink.send(BatchEvent::Error(err.to_string()));
-                    continue;
-                }
-            };
-            match self.start_row(&request, sink, first, &logprobs, 0)? {
+            let (first, logprobs) =
+                match self.first_token(&request, row_logits, grammar.as_mut(), 1) {
+                    Ok(x) => x,
+                    Err(err) => {
+                        sink.send(BatchEvent::Error(err.to_string()));
+                        continue;
+                    }
+                };
+            match self.start_row(&request, sink, first[0], &logprobs, 0, grammar)? {
                 Some(row) => {
                     keep.push(e);
                     rows.push(row);
@@ -1148,19 +1283,40 @@ impl Worker {
 
     /// A request alone: the step on its last prompt token (the request's seed applied just
     /// before it: the prefill chunks draw nothing, and decode steps of other rows that ran
-    /// between them may have). Returns the first token and its log-probabilities.
+    /// between them may have). Returns the first token of each of its `n` choices and the
+    /// log-probabilities.
     fn last_step(
         &mut self,
         r: &BatchRequest,
-        caches: &mut [Box<dyn Cache>],
-    ) -> Result<(u32, Array)> {
+        caches: &mut Vec<Box<dyn Cache>>,
+        grammar: Option<&mut Grammar>,
+        n: usize,
+    ) -> Result<(Vec<u32>, Array)> {
         if let Some(seed) = r.seed {
             random::seed(seed)?;
         }
         let last = [r.prompt[r.prompt.len() - 1] as i32];
         let x = Array::from_slice(&last, &[1, 1])?;
         let logits = last_logits(&self.model.forward(&x, Some(caches))?)?;
-        self.first_token(r, logits)
+        self.quantize(caches)?;
+        self.first_token(r, logits, grammar, n)
+    }
+
+    /// New caches for one request: `generate_step`'s (`--max-kv-size`) in the one-at-a-time
+    /// mode of [`EngineConfig::kv`], the model's own otherwise.
+    fn fresh_caches(&self) -> Result<Vec<Box<dyn Cache>>> {
+        let max_kv_size = self.config.kv.as_ref().and_then(|k| k.max_kv_size);
+        make_prompt_cache(self.model.as_ref(), max_kv_size)
+    }
+
+    /// `maybe_quantize_kv_cache` after a forward pass, with `--kv-bits`.
+    fn quantize(&self, caches: &mut [Box<dyn Cache>]) -> Result<()> {
+        match &self.config.kv {
+            Some(k) => {
+                maybe_quantize_kv_cache(caches, k.quantized_kv_start, k.kv_group_size, k.kv_bits)
+            }
+            None => Ok(()),
+        }
     }
 
     /// Tells the client its prefill is done and hands it its first token. Returns the row
@@ -1172,6 +1328,7 @@ impl Worker {
         first: u32,
         logprobs: &Array,
         reused: usize,
+        grammar: Option<Grammar>,
     ) -> Result<Option<Seq>> {
         let prompt_tokens = request.prompt.len();
         if !sink.send(BatchEvent::Started {
@@ -1194,6 +1351,7 @@ impl Worker {
             logprobs: request.logprobs,
             top_logprobs: request.top_logprobs,
             deadline: request.timeout.map(|t| Instant::now() + t),
+            grammar,
         };
         Ok(match self.emit(&mut row, first, Some(logprobs))? {
             Outcome::Continue => Some(row),
@@ -1203,6 +1361,16 @@ impl Worker {
 
     /// Adds a single sequence's caches to the batch as a new last row.
     fn join(&mut self, caches: &[Box<dyn Cache>]) -> Result<()> {
+        if self.config.kv.is_some() {
+            // One request at a time, over its own (rotating or quantized) caches.
+            if !self.rows.is_empty() {
+                return Err(EngineError::Other(
+                    "with --kv-bits or --max-kv-size requests run one at a time".into(),
+                ));
+            }
+            self.caches = caches.iter().map(|c| c.boxed_clone()).collect();
+            return Ok(());
+        }
         let singles: Vec<BatchKVCache> = caches
             .iter()
             .map(|c| BatchKVCache::from_single(c.as_ref()))
@@ -1223,7 +1391,13 @@ impl Worker {
     /// The first token from the prompt's last logits `(1, vocab)`: the request's logits
     /// processors (over the prompt), log-probabilities, its sampler. Returns the token and the
     /// `(vocab,)` log-probabilities.
-    fn first_token(&self, r: &BatchRequest, mut logits: Array) -> Result<(u32, Array)> {
+    fn first_token(
+        &self,
+        r: &BatchRequest,
+        mut logits: Array,
+        grammar: Option<&mut Grammar>,
+        n: usize,
+    ) -> Result<(Vec<u32>, Array)> {
         let processors = make_logits_processors(&r.processors)?;
         if !processors.is_empty() {
             let context: Vec<i32> = r.prompt.iter().map(|&t| t as i32).collect();
@@ -1231,17 +1405,26 @@ impl Worker {
                 logits = p.apply(&context, &logits)?;
             }
         }
+        if let Some(g) = grammar {
+            logits = g.mask_logits(&logits)?;
+        }
         let all: Vec<i32> = (0..logits.ndim() as i32).collect();
         let lse = ops::logsumexp(&logits, &all, true, None)?;
         let logprobs = ops::subtract(&logits, &lse, None)?;
-        let sampled = Sampler::new(r.sampler.clone()).sample(&logprobs)?;
+        // `n` choices: one draw over `n` copies of the row.
+        let rows = if n > 1 {
+            let v = logprobs.dim(-1)?;
+            ops::broadcast_to(&logprobs, &[n as i32, v], None)?
+        } else {
+            logprobs.clone()
+        };
+        let sampled = Sampler::new(r.sampler.clone()).sample(&rows)?;
         mlx_core::eval([&sampled, &logprobs])?;
-        let token = sampled.astype(Dtype::Uint32)?.to_vec::<u32>()?;
-        let token = token
-            .first()
-            .copied()
-            .ok_or_else(|| EngineError::Other("the sampler returned no token".into()))?;
-        Ok((token, ops::squeeze(&logprobs, &[0], None)?))
+        let tokens = sampled.astype(Dtype::Uint32)?.to_vec::<u32>()?;
+        if tokens.len() < n.max(1) {
+            return Err(EngineError::Other("the sampler returned no token".into()));
+        }
+        Ok((tokens, ops::squeeze(&logprobs, &[0], None)?))
     }
 
     fn vocab(&self) -> usize {
@@ -1252,9 +1435,16 @@ impl Worker {
     fn decode_step(&mut self) -> Result<()> {
         let b = self.rows.len();
         self.stats.max_batch_seen.fetch_max(b, Ordering::Relaxed);
+        self.stats.decoded_rows.fetch_add(b, Ordering::Relaxed);
         let inputs: Vec<i32> = self.rows.iter().map(|r| r.next_input as i32).collect();
         let x = Array::from_slice(&inputs, &[b as i32, 1])?;
         let logits = self.model.forward(&x, Some(&mut self.caches))?;
+        if self.config.kv.is_some() {
+            let mut caches = std::mem::take(&mut self.caches);
+            let q = self.quantize(&mut caches);
+            self.caches = caches;
+            q?;
+        }
         let n = logits.dim(1)?;
         let mut logits = ops::squeeze(&ops::slice_axis(&logits, 1, n - 1, n, None)?, &[1], None)?;
         for (row, &t) in self.rows.iter_mut().zip(&inputs) {
@@ -1283,6 +1473,28 @@ impl Worker {
                 parts.push(l);
             }
             logits = ops::concatenate(&parts.iter().collect::<Vec<_>>(), 0, None)?;
+        }
+        if self.rows.iter().any(|r| r.grammar.is_some()) {
+            // One `(batch, vocab)` mask: each constrained row its grammar's, the others all set;
+            // the forward runs while the host computes it.
+            mlx_core::async_eval([&logits])?;
+            let v = logits.shape().last().copied().unwrap_or(0).max(0) as usize;
+            let mut bits = vec![true; b * v];
+            for (row, out) in self.rows.iter_mut().zip(bits.chunks_mut(v.max(1))) {
+                if let Some(g) = row.grammar.as_mut() {
+                    if g.fill_mask(out).is_err() {
+                        // Cannot happen with a grammar in a sane state; end this row (EOS
+                        // only) rather than fail the whole batch.
+                        out.fill(false);
+                        for &e in self.tokenizer.eos_token_ids() {
+                            if let Some(x) = out.get_mut(e as usize) {
+                                *x = true;
+                            }
+                        }
+                    }
+                }
+            }
+            logits = apply_mask(&logits, &bits, &[b as i32, v as i32])?;
         }
         let lse = ops::logsumexp(&logits, &[-1], true, None)?;
         let logprobs = ops::subtract(&logits, &lse, None)?;
@@ -1360,6 +1572,12 @@ impl Worker {
             });
             Ok(Outcome::Finished)
         };
+        if let Some(g) = row.grammar.as_mut() {
+            if let Err(e) = g.commit(token) {
+                row.sink.send(BatchEvent::Error(e.to_string()));
+                return Ok(Outcome::Finished);
+            }
+        }
         if self.tokenizer.eos_token_ids().contains(&token) {
             // Counted among the generated tokens, as mlx-lm (and mlx_lm.server's usage) count it.
             row.generated += 1;

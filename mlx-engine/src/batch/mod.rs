@@ -18,5 +18,6 @@ mod text;
 
 pub use cache::BatchKVCache;
 pub use engine::{
-    BatchEvent, BatchRequest, EmbedReply, Engine, EngineConfig, EngineStats, EventSink, SubmitError,
+    BatchEvent, BatchRequest, EmbedReply, Engine, EngineConfig, EngineStats, EventSink, KvOptions,
+    SubmitError,
 };
