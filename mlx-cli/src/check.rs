@@ -209,6 +209,7 @@ pub fn check(c: Command) -> Result<Checked, String> {
         Command::Launch(a) => {
             crate::launch::check_args(&a)?;
             Checked::Launch(Box::new(a))
+        }
         Command::Convert(a) => {
             a.check()?;
             Checked::Convert(Box::new(a))
