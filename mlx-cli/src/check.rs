@@ -37,6 +37,7 @@ pub enum Checked {
     Completions(CompletionsArgs),
     Info(InfoArgs, Box<ModelInfo>),
     Embed(Box<EmbedArgs>),
+    Launch(Box<crate::launch::LaunchArgs>),
     Convert(Box<crate::convert::ConvertArgs>),
     Perplexity(Box<crate::perplexity::PerplexityArgs>),
     Benchmark(Box<crate::benchmark::BenchmarkArgs>),
@@ -57,6 +58,7 @@ impl Checked {
             Checked::Completions(_) => "completions",
             Checked::Info(..) => "info",
             Checked::Embed(_) => "embed",
+            Checked::Launch(_) => "launch",
             Checked::Convert(_) => "convert",
             Checked::Perplexity(_) => "perplexity",
             Checked::Benchmark(_) => "benchmark",
@@ -205,6 +207,10 @@ pub fn check(c: Command) -> Result<Checked, String> {
         Command::Embed(a) => {
             check_model(&a.model)?;
             Checked::Embed(Box::new(a))
+        }
+        Command::Launch(a) => {
+            crate::launch::check_args(&a)?;
+            Checked::Launch(Box::new(a))
         }
         Command::Convert(a) => {
             a.check()?;

@@ -18,6 +18,7 @@ mod convert;
 mod embed;
 mod generate;
 mod info;
+mod launch;
 mod manage;
 mod model;
 mod models;
@@ -74,6 +75,9 @@ pub enum Command {
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to standard
     /// output, e.g. `mlx completions bash > ~/.local/share/bash-completion/completions/mlx`.
     Completions(completions::CompletionsArgs),
+    /// Run `mlx SUBCOMMAND ARGS...` as N ranks of one MLX distributed group (as `mlx.launch`),
+    /// e.g. `mlx launch -n 2 --backend ring -- generate --model DIR`; only rank 0 prints.
+    Launch(launch::LaunchArgs),
     /// Convert a model directory to MLX format, optionally quantized or dequantized (as
     /// `mlx_lm.convert`).
     Convert(convert::ConvertArgs),
@@ -101,6 +105,7 @@ pub fn run(c: check::Checked) -> Result<(), String> {
         Checked::Completions(a) => completions::run(&a),
         Checked::Info(a, info) => info::run(&a, &info),
         Checked::Embed(a) => embed::run(&a),
+        Checked::Launch(a) => launch::run(&a),
         Checked::Convert(a) => convert::run(&a),
         Checked::Perplexity(a) => perplexity::run(&a),
         Checked::Benchmark(a) => benchmark::run(&a),
@@ -113,8 +118,19 @@ pub fn main(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode {
         Ok(c) => c,
         Err(e) => return e.report(),
     };
+    if !matches!(checked, check::Checked::Launch(_)) {
+        if let Some(code) = launch::prepare() {
+            return code;
+        }
+    }
+    let launched = !matches!(checked, check::Checked::Launch(_));
     match run(checked) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => {
+            if launched {
+                launch::barrier();
+            }
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE

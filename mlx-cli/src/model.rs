@@ -39,6 +39,11 @@ pub fn model_path(model: Option<&str>) -> Result<ModelRef, String> {
 
 /// Loads `--model` as the flags say, adapters included.
 pub fn load(a: &ModelArgs) -> Result<Loaded, String> {
+    if a.adapter_path.is_some() && std::env::var_os(crate::launch::ENV_BACKEND).is_some() {
+        return Err(
+            "--adapter-path: adapters are not supported in a launched (sharded) model yet".into(),
+        );
+    }
     let spec = LoadSpec {
         dtype: a.dtype.clone(),
         adapter_path: a
@@ -47,10 +52,13 @@ pub fn load(a: &ModelArgs) -> Result<Loaded, String> {
             .map(Path::new)
             .map(Path::to_path_buf),
     };
-    load::load(
+    let mut m = load::load(
         &model_path(a.model.as_deref())?,
         &spec,
         &mut Stderr::default(),
     )
-    .map_err(|e| e.to_string())
+    .map_err(|e| e.to_string())?;
+    // In a rank of `mlx launch`: tensor parallel, as mlx-lm's `sharded_load`.
+    crate::launch::shard_if_launched(m.model.as_mut())?;
+    Ok(m)
 }

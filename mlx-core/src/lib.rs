@@ -23,6 +23,7 @@ mod closure;
 pub mod compile;
 pub mod cpu;
 mod device;
+pub mod distributed;
 mod dtype;
 mod error;
 pub mod fast;

@@ -23,6 +23,7 @@ pub mod layers;
 pub mod load;
 pub mod models;
 pub mod pyjson;
+pub mod shard;
 pub mod weights;
 
 pub use error::{ModelError, Result};

@@ -21,5 +21,6 @@
 #include "mlxs/transforms.h"
 #include "mlxs/kernels.h"
 #include "mlxs/gpurt.h"
+#include "mlxs/distributed.h"
 
 #endif

@@ -10,8 +10,8 @@ use mlx_core::transforms;
 
 use crate::error::{ModelError, Result};
 use crate::layers::{
-    clip_residual, join, scaled_dot_product_attention, Embedding, LayerParam, Linear, Mlp, Norm,
-    NormKind, Rope,
+    clip_residual, join, scaled_dot_product_attention, Embedding, LayerParam, Linear, Mlp,
+    MlpNames, Norm, NormKind, Rope,
 };
 use crate::models::checkpoint::concat_cache;
 use crate::models::descriptor::{
@@ -970,6 +970,77 @@ pub struct Model {
 }
 
 impl Model {
+    /// Tensor parallelism over `size` ranks as mlx-lm's llama `Model.shard()` does (this
+    /// process is rank `rank`): q/k/v, gate and up all-to-sharded, o and down sharded-to-all
+    /// (summed over MLX's global group), heads and KV heads divided by `size`. See
+    /// [`crate::shard`]. Only the `llama` row with dense weights, for now.
+    pub fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
+        use crate::shard::{all_to_sharded, sharded_to_all};
+        let d = &self.desc;
+        if d.model_type != "llama" {
+            return Err(ModelError::Other(format!(
+                "tensor parallelism: model_type `{}` is not supported yet (llama only)",
+                d.model_type
+            )));
+        }
+        if size < 1 || rank < 0 || rank >= size {
+            return Err(ModelError::Other(format!(
+                "tensor parallelism: rank {rank} of {size}"
+            )));
+        }
+        if d.n_heads % size != 0 || d.n_kv_heads % size != 0 {
+            return Err(ModelError::Other(format!(
+                "tensor parallelism: {} heads and {} KV heads do not split over {size} ranks",
+                d.n_heads, d.n_kv_heads
+            )));
+        }
+        for (i, l) in self.layers.iter_mut().enumerate() {
+            let what = |m: &str| format!("model.layers.{i}.{m}");
+            let a = &mut l.self_attn;
+            if a.gate.is_some() {
+                return Err(ModelError::Other(format!(
+                    "{}: a gated attention cannot be sharded yet",
+                    what("self_attn")
+                )));
+            }
+            match &mut a.qkv {
+                Qkv::Separate { q, k, v } => {
+                    all_to_sharded(q, size, rank, &what("self_attn.q_proj"))?;
+                    all_to_sharded(k, size, rank, &what("self_attn.k_proj"))?;
+                    all_to_sharded(v, size, rank, &what("self_attn.v_proj"))?;
+                }
+                _ => {
+                    return Err(ModelError::Other(format!(
+                        "{}: fused q/k/v projections cannot be sharded yet",
+                        what("self_attn")
+                    )))
+                }
+            }
+            sharded_to_all(&mut a.o_proj, size, rank, &what("self_attn.o_proj"))?;
+            a.n_heads /= size;
+            a.n_kv_heads /= size;
+            let names = MlpNames::LLAMA;
+            let linears = l.mlp.linears_mut(&names);
+            if linears.len() != 3 {
+                return Err(ModelError::Other(format!(
+                    "{}: a fused gate/up projection cannot be sharded yet",
+                    what("mlp")
+                )));
+            }
+            for (name, lin) in linears {
+                let w = what(&format!("mlp.{name}"));
+                if name == names.down {
+                    sharded_to_all(lin, size, rank, &w)?;
+                } else {
+                    all_to_sharded(lin, size, rank, &w)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Model {
     /// Builds the model from `w`, after the row's `sanitize`.
     pub fn load(desc: Descriptor, w: &mut Weights) -> Result<Model> {
         let d = &desc;
@@ -1305,6 +1376,10 @@ impl Model {
 }
 
 impl LanguageModel for Model {
+    fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
+        Model::shard_tensor_parallel(self, size, rank)
+    }
+
     fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
         self.head(&self.run(inputs, caches, None)?)
     }

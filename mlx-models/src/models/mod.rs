@@ -88,6 +88,15 @@ pub trait LanguageModel: Send {
     /// Fresh caches, one per layer, of the kinds this architecture uses.
     fn make_cache(&self) -> Vec<Box<dyn Cache>>;
 
+    /// Shards the model for tensor parallelism over `size` ranks as mlx-lm's `shard()` does
+    /// (this process is `rank`; see `crate::shard`). Architectures without it: an error.
+    fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
+        let _ = (size, rank);
+        Err(crate::error::ModelError::Other(
+            "tensor parallelism is not supported for this model yet".into(),
+        ))
+    }
+
     /// [`LanguageModel::make_cache`]'s caches able to undo up to `max_rollback` tokens exactly
     /// with `trim` (speculative decoding), also where mlx-lm cannot: recurrent state (its
     /// issue #1446) and rotating caches that have wrapped (see `mlx_cache::enable_rollback`).

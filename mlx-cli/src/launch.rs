@@ -1,0 +1,461 @@
+//! `mlx launch`: run `mlx SUBCOMMAND ARGS...` as the ranks of one MLX distributed group (as
+//! Python's `mlx.launch` does for a script).
+//!
+//! The transport is MLX's own. For the `ring` backend the launcher writes the hostfile MLX
+//! reads (`MLX_HOSTFILE`: JSON, per rank a list of `"ip:port"`; `-n N` gives N loopback
+//! ranks on consecutive ports from `--starting-port`) and starts each rank with `MLX_RANK`;
+//! `--hostfile F` uses such a file as it is, and `--ranks` picks the ranks started on this
+//! machine (the others are started by `mlx launch` on their own machines). For `mpi` it runs
+//! `mpirun -np N` on this binary. Each rank forms the group before its subcommand runs
+//! ([`init_from_env`]), and gives up with an error naming the missing peers after
+//! `--timeout` seconds. Only rank 0's standard output is shown; the standard error of
+//! every other rank is shown when that rank fails. When a rank fails, the launcher stops
+//! every other rank and exits with that rank's message.
+
+use std::io::Read;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use mlx_core::distributed::{self, Backend};
+
+/// The environment variable the launcher sets in each rank: the backend to initialise.
+pub const ENV_BACKEND: &str = "MLX_LAUNCH_BACKEND";
+/// The environment variable holding the group-formation timeout, in seconds.
+pub const ENV_TIMEOUT: &str = "MLX_LAUNCH_TIMEOUT";
+
+#[derive(Args, Debug, Clone)]
+pub struct LaunchArgs {
+    /// Number of local processes (ranks) to start.
+    #[arg(short = 'n', long = "num-processes", value_name = "N")]
+    pub n: Option<usize>,
+    /// An MLX ring hostfile (JSON: one list of "ip:port" per rank) to use instead of -n.
+    #[arg(long, value_name = "FILE")]
+    pub hostfile: Option<PathBuf>,
+    /// With --hostfile: the ranks to start on this machine (default: all of them).
+    #[arg(long, value_delimiter = ',', value_name = "R,R,...")]
+    pub ranks: Vec<usize>,
+    /// MLX's distributed backend.
+    #[arg(long, default_value = "ring", value_parser = ["ring", "mpi"])]
+    pub backend: String,
+    /// With -n: the first port of the loopback ring (one port per rank; 0 picks free ones).
+    #[arg(long, default_value_t = 0)]
+    pub starting_port: u16,
+    /// Seconds a rank waits for its peers to connect before failing.
+    #[arg(long, default_value_t = 60.0, value_name = "SECONDS")]
+    pub timeout: f64,
+    /// Instead of a subcommand, check that the group forms and communicates: each rank
+    /// all-sums its rank and rank 0 prints the result.
+    #[arg(long)]
+    pub check: bool,
+    /// (Internal) one rank of --check.
+    #[arg(long, hide = true)]
+    pub check_rank: bool,
+    /// (Testing) with --check, make this rank fail after the group has formed.
+    #[arg(long, hide = true, value_name = "R")]
+    pub check_fail_rank: Option<i32>,
+    /// The `mlx` subcommand and its arguments, after `--`.
+    #[arg(last = true, value_name = "SUBCOMMAND ARGS")]
+    pub command: Vec<String>,
+}
+
+/// Checks a launch command line that needs no network or model.
+pub fn check_args(a: &LaunchArgs) -> Result<(), String> {
+    if a.check_rank {
+        return Ok(());
+    }
+    if a.command.is_empty() && !a.check {
+        return Err("mlx launch: give the subcommand to run after --, e.g. \
+                    `mlx launch -n 2 -- generate --model DIR`, or --check"
+            .into());
+    }
+    if !a.command.is_empty() && a.check {
+        return Err("mlx launch: --check runs no subcommand; drop one of them".into());
+    }
+    if a.command.first().is_some_and(|c| c == "launch") {
+        return Err("mlx launch: the subcommand cannot be launch itself".into());
+    }
+    match (a.n, &a.hostfile) {
+        (None, None) => return Err("mlx launch: give -n N or --hostfile FILE".into()),
+        (Some(_), Some(_)) => return Err("mlx launch: give -n or --hostfile, not both".into()),
+        (Some(0), _) => return Err("mlx launch: -n must be at least 1".into()),
+        _ => {}
+    }
+    if !a.ranks.is_empty() && a.hostfile.is_none() {
+        return Err("mlx launch: --ranks needs --hostfile".into());
+    }
+    if a.backend == "mpi" && a.hostfile.is_some() {
+        return Err("mlx launch: --hostfile is for the ring backend (mpirun has its own)".into());
+    }
+    if !(a.timeout.is_finite() && a.timeout > 0.0) {
+        return Err(format!(
+            "mlx launch: --timeout {} must be a positive number",
+            a.timeout
+        ));
+    }
+    Ok(())
+}
+
+/// Runs `mlx launch`.
+pub fn run(a: &LaunchArgs) -> Result<(), String> {
+    if a.check_rank {
+        return check_rank(a.check_fail_rank);
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("mlx launch: this binary: {e}"))?;
+    let inner: Vec<String> = if a.check {
+        let mut v = vec!["launch".to_string(), "--check-rank".to_string()];
+        if let Some(r) = a.check_fail_rank {
+            v.extend(["--check-fail-rank".to_string(), r.to_string()]);
+        }
+        v
+    } else {
+        a.command.clone()
+    };
+    if a.backend == "mpi" {
+        return run_mpi(&exe, a, &inner);
+    }
+    let (hostfile, world, temp) = match &a.hostfile {
+        Some(f) => (f.clone(), ring_world_size(f)?, false),
+        None => {
+            let n = a.n.unwrap_or(1);
+            (write_loopback_hostfile(n, a.starting_port)?, n, true)
+        }
+    };
+    let ranks: Vec<usize> = if a.ranks.is_empty() {
+        (0..world).collect()
+    } else {
+        a.ranks.clone()
+    };
+    if let Some(r) = ranks.iter().find(|&&r| r >= world) {
+        return Err(format!(
+            "mlx launch: --ranks {r}: the hostfile {} has {world} ranks",
+            hostfile.display()
+        ));
+    }
+    let result = supervise(&exe, &inner, &hostfile, &ranks, a.timeout);
+    if temp {
+        let _ = std::fs::remove_file(&hostfile);
+    }
+    result
+}
+
+/// The number of ranks in an MLX ring hostfile, with the file and problem named on error.
+fn ring_world_size(path: &Path) -> Result<usize, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("mlx launch: --hostfile {}: {e}", path.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| format!("mlx launch: --hostfile {}: not JSON: {e}", path.display()))?;
+    let ranks = v.as_array().ok_or_else(|| {
+        format!(
+            "mlx launch: --hostfile {}: expected a JSON list with one list of \"ip:port\" per rank",
+            path.display()
+        )
+    })?;
+    for (i, r) in ranks.iter().enumerate() {
+        let ok = r.as_array().is_some_and(|l| {
+            !l.is_empty()
+                && l.iter()
+                    .all(|s| s.as_str().is_some_and(|s| s.contains(':')))
+        });
+        if !ok {
+            return Err(format!(
+                "mlx launch: --hostfile {}: rank {i}: expected a non-empty list of \"ip:port\"",
+                path.display()
+            ));
+        }
+    }
+    if ranks.is_empty() {
+        return Err(format!(
+            "mlx launch: --hostfile {}: no ranks",
+            path.display()
+        ));
+    }
+    Ok(ranks.len())
+}
+
+fn write_loopback_hostfile(n: usize, start: u16) -> Result<PathBuf, String> {
+    let mut ports = Vec::with_capacity(n);
+    // Keep the probe listeners open until every port is chosen so that none repeats.
+    let mut held = Vec::new();
+    for i in 0..n {
+        if start == 0 {
+            let l = TcpListener::bind("127.0.0.1:0")
+                .map_err(|e| format!("mlx launch: finding a free loopback port: {e}"))?;
+            ports.push(l.local_addr().map_err(|e| e.to_string())?.port());
+            held.push(l);
+        } else {
+            let p = u16::try_from(usize::from(start) + i).map_err(|_| {
+                format!("mlx launch: --starting-port {start} + {n} ranks passes 65535")
+            })?;
+            ports.push(p);
+        }
+    }
+    drop(held);
+    let hosts: Vec<Vec<String>> = ports
+        .iter()
+        .map(|p| vec![format!("127.0.0.1:{p}")])
+        .collect();
+    let path = std::env::temp_dir().join(format!(
+        "mlx-launch-{}-{}.json",
+        std::process::id(),
+        ports.first().copied().unwrap_or(0)
+    ));
+    let text = serde_json::to_string(&hosts).map_err(|e| e.to_string())?;
+    std::fs::write(&path, text).map_err(|e| format!("mlx launch: {}: {e}", path.display()))?;
+    Ok(path)
+}
+
+/// Starts the ranks and waits for them; the first failure stops every other rank.
+fn supervise(
+    exe: &Path,
+    inner: &[String],
+    hostfile: &Path,
+    ranks: &[usize],
+    timeout: f64,
+) -> Result<(), String> {
+    let mut children: Vec<Rank> = Vec::new();
+    for &r in ranks {
+        let mut cmd = Command::new(exe);
+        cmd.args(inner)
+            .env("MLX_RANK", r.to_string())
+            .env("MLX_HOSTFILE", hostfile)
+            .env(ENV_BACKEND, "ring")
+            .env(ENV_TIMEOUT, timeout.to_string())
+            .stdin(if r == 0 {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            });
+        if r == 0 {
+            cmd.stdout(Stdio::inherit()).stderr(Stdio::inherit());
+        } else {
+            cmd.stdout(Stdio::null()).stderr(Stdio::piped());
+        }
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                stop_all(&mut children);
+                return Err(format!("mlx launch: starting rank {r}: {e}"));
+            }
+        };
+        // Drain the rank's standard error on a thread so that it never blocks on a full pipe.
+        let err = child.stderr.take().map(|mut s| {
+            let (tx, rx) = mpsc::channel();
+            std::thread::spawn(move || {
+                let mut buf = String::new();
+                let _ = s.read_to_string(&mut buf);
+                let _ = tx.send(buf);
+            });
+            rx
+        });
+        children.push((r, child, err));
+    }
+    let mut done = vec![false; children.len()];
+    // Once one rank has finished, the others get `timeout` seconds to finish too.
+    let mut first_done: Option<Instant> = None;
+    loop {
+        for i in 0..children.len() {
+            if done[i] {
+                continue;
+            }
+            let (r, child, _) = &mut children[i];
+            let r = *r;
+            match child.try_wait() {
+                Ok(Some(status)) if status.success() => done[i] = true,
+                Ok(Some(_)) => {
+                    // Let ranks that fail because of this one finish dying, then report
+                    // every failed rank (this one first) and stop the rest.
+                    std::thread::sleep(Duration::from_millis(200));
+                    return Err(report_failures(i, &mut children));
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    stop_all(&mut children);
+                    return Err(format!("mlx launch: waiting for rank {r}: {e}"));
+                }
+            }
+        }
+        if done.iter().all(|&d| d) {
+            return Ok(());
+        }
+        if first_done.is_none() && done.iter().any(|&d| d) {
+            first_done = Some(Instant::now());
+        }
+        if first_done.is_some_and(|t| t.elapsed() > Duration::from_secs_f64(timeout)) {
+            let late: Vec<String> = children
+                .iter()
+                .zip(&done)
+                .filter(|(_, d)| !**d)
+                .map(|((r, _, _), _)| r.to_string())
+                .collect();
+            stop_all(&mut children);
+            return Err(format!(
+                "mlx launch: rank(s) {} did not finish within {timeout} s of the others \
+                 (a peer lost mid-collective?); stopped them",
+                late.join(", ")
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+type Rank = (usize, Child, Option<mpsc::Receiver<String>>);
+
+/// Kills the running ranks and describes every failed one, `first` (the one seen first)
+/// leading.
+fn report_failures(first: usize, children: &mut [Rank]) -> String {
+    let mut order: Vec<usize> = vec![first];
+    order.extend((0..children.len()).filter(|&j| j != first));
+    let mut failed = Vec::new();
+    for j in order {
+        let (r, child, err) = &mut children[j];
+        let status = match child.try_wait() {
+            Ok(Some(s)) if !s.success() => s,
+            _ => continue,
+        };
+        let stderr = err
+            .take()
+            .and_then(|rx| rx.recv_timeout(Duration::from_secs(2)).ok())
+            .unwrap_or_default();
+        let how = match status.code() {
+            Some(c) => format!("exited with status {c}"),
+            None => "was killed by a signal".into(),
+        };
+        let tail = stderr.trim();
+        failed.push(if tail.is_empty() {
+            format!("rank {r} {how}")
+        } else {
+            format!("rank {r} {how}:\n{tail}")
+        });
+    }
+    stop_all(children);
+    format!(
+        "mlx launch: {}\n(stopped the other ranks)",
+        failed.join("\n")
+    )
+}
+
+fn stop_all(children: &mut [Rank]) {
+    for (_, c, _) in children.iter_mut() {
+        let _ = c.kill();
+    }
+    for (_, c, _) in children.iter_mut() {
+        let _ = c.wait();
+    }
+}
+
+fn run_mpi(exe: &Path, a: &LaunchArgs, inner: &[String]) -> Result<(), String> {
+    let n = a.n.unwrap_or(1);
+    let status = Command::new("mpirun")
+        .args(["-np", &n.to_string(), "-x", ENV_BACKEND, "-x", ENV_TIMEOUT])
+        .arg(exe)
+        .args(inner)
+        .env(ENV_BACKEND, "mpi")
+        .env(ENV_TIMEOUT, a.timeout.to_string())
+        .status()
+        .map_err(|e| format!("mlx launch --backend mpi: running mpirun: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("mlx launch --backend mpi: mpirun {status}"))
+    }
+}
+
+/// In a process started by `mlx launch` (its environment names a backend), forms the group
+/// before the subcommand runs; elsewhere does nothing. A group that does not form within the
+/// timeout is an error naming the rank and the hostfile, never a hang.
+pub fn init_from_env() -> Result<Option<distributed::Group>, String> {
+    let Ok(name) = std::env::var(ENV_BACKEND) else {
+        return Ok(None);
+    };
+    let backend = Backend::parse(&name).map_err(|e| e.to_string())?;
+    let timeout = std::env::var(ENV_TIMEOUT)
+        .ok()
+        .and_then(|t| t.parse::<f64>().ok())
+        .filter(|t| t.is_finite() && *t > 0.0)
+        .unwrap_or(60.0);
+    let rank = std::env::var("MLX_RANK").unwrap_or_else(|_| "?".into());
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let g = distributed::init(true, backend).map(|g| (g.rank(), g.size()));
+        let _ = tx.send(g);
+    });
+    match rx.recv_timeout(Duration::from_secs_f64(timeout)) {
+        Ok(Ok(_)) => {
+            // The group is MLX's global one now; this handle refers to it from this thread.
+            let g = distributed::init(false, backend).map_err(|e| e.to_string())?;
+            Ok(Some(g))
+        }
+        Ok(Err(e)) => Err(format!("rank {rank}: forming the {name} group: {e}")),
+        Err(_) => Err(format!(
+            "rank {rank}: the {name} group did not form within {timeout} s: a peer never \
+             connected (hostfile {})",
+            std::env::var("MLX_HOSTFILE").unwrap_or_default()
+        )),
+    }
+}
+
+fn check_rank(fail_rank: Option<i32>) -> Result<(), String> {
+    use mlx_core::Array;
+    let g = init_from_env()?.ok_or("mlx launch --check-rank: not started by mlx launch")?;
+    let (rank, size) = (g.rank(), g.size());
+    if fail_rank == Some(rank) {
+        return Err(format!(
+            "rank {rank}: failing on purpose (--check-fail-rank)"
+        ));
+    }
+    let x = Array::from_slice(&[rank], &[1]).map_err(|e| e.to_string())?;
+    let s = distributed::all_sum(&x, Some(&g), None)
+        .and_then(|s| s.to_vec::<i32>())
+        .map_err(|e| format!("rank {rank}: all_sum: {e}"))?;
+    println!("world {size}: rank {rank} all_sum of ranks = {}", s[0]);
+    Ok(())
+}
+
+/// In a rank started by `mlx launch` with more than one rank, shards the model over the
+/// group as mlx-lm's `sharded_load` does (tensor parallelism); elsewhere does nothing.
+pub fn shard_if_launched(model: &mut dyn mlx_models::models::LanguageModel) -> Result<(), String> {
+    let Ok(name) = std::env::var(ENV_BACKEND) else {
+        return Ok(());
+    };
+    let backend = Backend::parse(&name).map_err(|e| e.to_string())?;
+    let g = distributed::init(false, backend).map_err(|e| e.to_string())?;
+    if g.size() <= 1 {
+        return Ok(());
+    }
+    model
+        .shard_tensor_parallel(g.size(), g.rank())
+        .map_err(|e| format!("rank {}: sharding the model: {e}", g.rank()))
+}
+
+/// In a launched rank, after the subcommand: one all_sum over the group, so that no rank
+/// leaves while a peer still waits on it in a collective.
+pub fn barrier() {
+    let Ok(name) = std::env::var(ENV_BACKEND) else {
+        return;
+    };
+    let Ok(backend) = Backend::parse(&name) else {
+        return;
+    };
+    if let Ok(g) = distributed::init(false, backend) {
+        if g.size() > 1 {
+            if let Ok(x) = mlx_core::Array::from_slice(&[1i32], &[1]) {
+                let _ = distributed::all_sum(&x, Some(&g), None).and_then(|s| s.eval());
+            }
+        }
+    }
+}
+
+/// Exit code helper for the binary: distributed setup before a launched subcommand.
+pub fn prepare() -> Option<ExitCode> {
+    match init_from_env() {
+        Ok(_) => None,
+        Err(e) => {
+            eprintln!("error: {e}");
+            Some(ExitCode::FAILURE)
+        }
+    }
+}

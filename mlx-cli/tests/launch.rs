@@ -1,0 +1,195 @@
+//! `mlx launch` over MLX's ring backend on this machine (loopback): the group forms, only
+//! rank 0 prints, a failing rank stops the others with its message, a peer that never
+//! connects is an error within the timeout.
+
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn mlx(args: &[&str]) -> (Output, Duration) {
+    let start = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_mlx"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running mlx");
+    (out, start.elapsed())
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn two_ranks_form_a_group_and_only_rank_0_prints() {
+    let (out, _) = mlx(&["launch", "-n", "2", "--backend", "ring", "--check"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "world 2: rank 0 all_sum of ranks = 1\n");
+    let (out, _) = mlx(&["launch", "-n", "3", "--check"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "world 3: rank 0 all_sum of ranks = 3\n");
+}
+
+#[test]
+fn a_failing_rank_stops_every_rank_with_its_message() {
+    let (out, took) = mlx(&["launch", "-n", "3", "--check", "--check-fail-rank", "1"]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("rank 1 exited with status 1"), "{err}");
+    assert!(err.contains("failing on purpose"), "{err}");
+    assert!(took < Duration::from_secs(60), "{took:?}");
+}
+
+#[test]
+fn a_peer_that_never_connects_is_an_error_within_the_timeout() {
+    let ports: Vec<u16> = (0..2)
+        .map(|_| {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port()
+        })
+        .collect();
+    let hf = std::env::temp_dir().join(format!("mlx-launch-test-{}.json", std::process::id()));
+    std::fs::write(
+        &hf,
+        format!(
+            "[[\"127.0.0.1:{}\"],[\"127.0.0.1:{}\"]]",
+            ports[0], ports[1]
+        ),
+    )
+    .unwrap();
+    let hfs = hf.to_str().unwrap();
+    let (out, took) = mlx(&[
+        "launch",
+        "--hostfile",
+        hfs,
+        "--ranks",
+        "0",
+        "--timeout",
+        "2",
+        "--check",
+    ]);
+    let _ = std::fs::remove_file(&hf);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("did not form within 2 s"), "{err}");
+    assert!(took < Duration::from_secs(30), "{took:?}");
+}
+
+#[test]
+fn bad_input_in_the_subcommand_stops_the_ranks_with_its_message() {
+    let (out, _) = mlx(&[
+        "launch",
+        "-n",
+        "2",
+        "--",
+        "generate",
+        "--model",
+        "/nonexistent/model",
+        "--prompt",
+        "hi",
+    ]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("/nonexistent/model"), "{err}");
+    assert!(err.contains("mlx launch: rank"), "{err}");
+}
+
+#[test]
+fn launch_command_lines_are_checked() {
+    for (args, want) in [
+        (vec!["launch", "-n", "2"], "give the subcommand"),
+        (vec!["launch", "--check"], "give -n N or --hostfile"),
+        (vec!["launch", "-n", "0", "--check"], "at least 1"),
+        (
+            vec!["launch", "-n", "2", "--ranks", "0", "--check"],
+            "--ranks needs --hostfile",
+        ),
+        (
+            vec!["launch", "-n", "2", "--", "launch", "-n", "2"],
+            "cannot be launch",
+        ),
+        (
+            vec!["launch", "--hostfile", "/nonexistent.json", "--check"],
+            "/nonexistent.json",
+        ),
+    ] {
+        let (out, _) = mlx(&args);
+        assert!(!out.status.success(), "{args:?}");
+        let err = text(&out.stderr);
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn launched_generate_is_tensor_parallel_and_equals_mlx_lm_sharded_run() {
+    // mlx-lm's own run: `sharded_load` under `mlx.launch -n 2 --backend ring`
+    // (xtask/oracle/goldens_dist.py).
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let (gold, _) = mlx_core::io::load_safetensors(
+        root.join("mlx-models/tests/goldens/dist_llama_tp2.safetensors"),
+        None,
+    )
+    .unwrap();
+    let prompt: Vec<String> = gold["prompt"]
+        .to_vec::<i32>()
+        .unwrap()
+        .iter()
+        .map(i32::to_string)
+        .collect();
+    let greedy = gold["greedy"].to_vec::<i32>().unwrap();
+    let model = root.join("mlx-cli/tests/models/dense_f32");
+    let (out, took) = mlx(&[
+        "launch",
+        "-n",
+        "2",
+        "--backend",
+        "ring",
+        "--timeout",
+        "60",
+        "--",
+        "generate",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt-ids",
+        &prompt.join(","),
+        "--max-tokens",
+        &greedy.len().to_string(),
+        "--json",
+    ]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}\n{stdout}", text(&out.stderr));
+    assert_eq!(stdout.lines().count(), 1, "only rank 0 prints: {stdout}");
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let tokens: Vec<i32> = v["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_i64().unwrap() as i32)
+        .collect();
+    assert_eq!(tokens, greedy);
+    assert!(took < Duration::from_secs(120), "{took:?}");
+}
+
+#[test]
+fn a_model_without_tensor_parallelism_is_refused_by_every_rank() {
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let model = root.join("mlx-cli/tests/models/qwen3_moe");
+    let (out, _) = mlx(&[
+        "launch",
+        "-n",
+        "2",
+        "--",
+        "generate",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt-ids",
+        "1,2,3",
+        "--max-tokens",
+        "2",
+    ]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("tensor parallelism"), "{err}");
+}

@@ -1,0 +1,99 @@
+//! Tensor parallelism as mlx-lm shards a model (`Model.shard()`, run by `sharded_load`), over
+//! MLX's distributed layer (`mlx_core::distributed`).
+//!
+//! mlx-lm's `shard_linear` has two kinds (mlx/nn/layers/distributed.py):
+//! - all-to-sharded: rank r keeps the r-th of N equal parts of the weight's output rows (and
+//!   of the bias); the input is the full hidden state, the output this rank's slice;
+//! - sharded-to-all: rank r keeps the r-th of N equal parts of the weight's input columns; the
+//!   output is `all_sum(x @ W_r^T)` and then `+ bias` (the bias is not split).
+//!
+//! [`crate::models::dense::Model::shard_tensor_parallel`] applies them as llama's `shard()`
+//! does (q/k/v, gate, up all-to-sharded; o, down sharded-to-all; heads and KV heads divided by
+//! N). Dense weights only, for now.
+
+use mlx_core::distributed;
+use mlx_core::ops;
+use mlx_core::prelude::*;
+
+use crate::error::{ModelError, Result};
+use crate::layers::{Linear, LinearAdapter};
+
+/// The r-th of `n` equal parts of `w` along `axis`, made contiguous (mlx-lm's `_shard`).
+fn part(w: &Array, n: i32, r: i32, axis: i32, what: &str) -> Result<Array> {
+    let shape = w.shape();
+    let ax = if axis < 0 {
+        shape.len() as i32 + axis
+    } else {
+        axis
+    };
+    let len = shape.get(ax as usize).copied().unwrap_or(0);
+    if n <= 0 || len % n != 0 {
+        return Err(ModelError::Other(format!(
+            "{what}: dimension {len} cannot be split into {n} equal parts"
+        )));
+    }
+    let parts = ops::split_equal(w, n, axis, None)?;
+    let p = parts
+        .get(r as usize)
+        .ok_or_else(|| ModelError::Other(format!("{what}: rank {r} out of {n}")))?;
+    Ok(ops::contiguous(p, false, None)?)
+}
+
+fn dense<'a>(l: &'a Linear, what: &str) -> Result<(&'a Array, Option<&'a Array>)> {
+    match l {
+        Linear::Dense { weight, bias } => Ok((weight, bias.as_ref())),
+        _ => Err(ModelError::Other(format!(
+            "{what}: tensor parallelism supports dense linears only (not quantized or adapted)"
+        ))),
+    }
+}
+
+/// Replaces `l` by its all-to-sharded part for rank `r` of `n`.
+pub fn all_to_sharded(l: &mut Linear, n: i32, r: i32, what: &str) -> Result<()> {
+    let (w, b) = dense(l, what)?;
+    let weight = part(w, n, r, 0, what)?;
+    let bias = b.map(|b| part(b, n, r, -1, what)).transpose()?;
+    *l = Linear::Dense { weight, bias };
+    Ok(())
+}
+
+/// Replaces `l` by its sharded-to-all part for rank `r` of `n` (sums over the global group).
+pub fn sharded_to_all(l: &mut Linear, n: i32, r: i32, what: &str) -> Result<()> {
+    let (w, b) = dense(l, what)?;
+    let base = Linear::Dense {
+        weight: part(w, n, r, -1, what)?,
+        bias: None,
+    };
+    *l = Linear::Adapted(Box::new(ShardedToAll {
+        base,
+        bias: b.cloned(),
+    }));
+    Ok(())
+}
+
+/// mlx's `ShardedToAllLinear`: `all_sum(x @ W^T)`, then `+ bias`.
+#[derive(Clone, Debug)]
+pub struct ShardedToAll {
+    base: Linear,
+    bias: Option<Array>,
+}
+
+impl LinearAdapter for ShardedToAll {
+    fn forward(&self, x: &Array) -> Result<Array> {
+        let y = self.base.forward(x)?;
+        let y = distributed::all_sum(&y, None, None)?;
+        Ok(match &self.bias {
+            Some(b) => (&y + b)?,
+            None => y,
+        })
+    }
+    fn clone_box(&self) -> Box<dyn LinearAdapter> {
+        Box::new(self.clone())
+    }
+    fn base(&self) -> &Linear {
+        &self.base
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}

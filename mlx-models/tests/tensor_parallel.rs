@@ -1,0 +1,137 @@
+//! L1 of tensor parallelism: the tiny llama `dense_f32` sharded over 2 ranks (MLX's ring
+//! backend over loopback, this test binary spawned twice) gives mlx-lm's own sharded run's
+//! prefill logits and greedy tokens bit for bit (`cargo xtask goldens dist`:
+//! `sharded_load` under `mlx.launch -n 2 --backend ring`).
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use mlx_core::distributed::{self, Backend};
+use mlx_core::prelude::*;
+use mlx_models::load::{load_model_dir, LoadOptions};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests")
+}
+
+fn load_golden() -> std::collections::HashMap<String, Array> {
+    let path = root().join("goldens/dist_llama_tp2.safetensors");
+    mlx_core::io::load_safetensors(&path, None)
+        .expect("golden")
+        .0
+        .into_iter()
+        .collect()
+}
+
+#[test]
+fn worker() {
+    if std::env::var("MLX_TP_TEST_WORKER").is_err() {
+        return;
+    }
+    let g = distributed::init(true, Backend::Ring).expect("ring init");
+    let (mut model, _) =
+        load_model_dir(&root().join("models/dense_f32"), &LoadOptions::default()).unwrap();
+    model.shard_tensor_parallel(g.size(), g.rank()).unwrap();
+    let gold = load_golden();
+    let prompt = gold["prompt"].to_vec::<i32>().unwrap();
+    let n = prompt.len() as i32;
+    let ids = Array::from_slice(&prompt, &[1, n]).unwrap();
+    let mut cache = model.make_cache();
+    let logits = model.forward(&ids, Some(&mut cache)).unwrap();
+    let logits = logits
+        .reshape(&[n, -1])
+        .unwrap()
+        .astype(Dtype::Float32)
+        .unwrap();
+    logits.eval().unwrap();
+    let want = gold["prefill"].to_vec::<f32>().unwrap();
+    let got = logits.to_vec::<f32>().unwrap();
+    let same = want
+        .iter()
+        .zip(&got)
+        .all(|(a, b)| a.to_bits() == b.to_bits());
+    assert!(
+        same && want.len() == got.len(),
+        "rank {}: prefill logits differ",
+        g.rank()
+    );
+    // Greedy decode through the cache, as generate_step does.
+    let greedy = gold["greedy"].to_vec::<i32>().unwrap();
+    let vocab = logits.shape()[1];
+    let mut last = logits
+        .slice(&[n - 1, 0], &[n, vocab], &[1, 1])
+        .unwrap()
+        .argmax(-1, false)
+        .unwrap();
+    let mut toks = Vec::new();
+    for _ in 0..greedy.len() {
+        let t = last.astype(Dtype::Int32).unwrap().to_vec::<i32>().unwrap()[0];
+        toks.push(t);
+        let x = Array::from_slice(&[t], &[1, 1]).unwrap();
+        let l = model.forward(&x, Some(&mut cache)).unwrap();
+        last = l.reshape(&[1, -1]).unwrap().argmax(-1, false).unwrap();
+    }
+    assert_eq!(toks, greedy, "rank {}", g.rank());
+    println!("rank {} ok", g.rank());
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn llama_sharded_over_two_ranks_equals_mlx_lm_sharded_load() {
+    if std::env::var("MLX_TP_TEST_WORKER").is_ok() {
+        return;
+    }
+    let hf = std::env::temp_dir().join(format!("mlx-tp-test-{}.json", std::process::id()));
+    std::fs::write(
+        &hf,
+        format!(
+            "[[\"127.0.0.1:{}\"],[\"127.0.0.1:{}\"]]",
+            free_port(),
+            free_port()
+        ),
+    )
+    .unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let mut kids: Vec<_> = (0..2)
+        .map(|r| {
+            Command::new(&exe)
+                .args(["worker", "--exact", "--nocapture", "--test-threads", "1"])
+                .env("MLX_TP_TEST_WORKER", "1")
+                .env("MLX_RANK", r.to_string())
+                .env("MLX_HOSTFILE", &hf)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(180)
+        && !kids.iter_mut().all(|k| k.try_wait().unwrap().is_some())
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for (r, mut k) in kids.drain(..).enumerate() {
+        let _ = k.kill();
+        let o = k.wait_with_output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(
+            o.status.success() && text.contains(&format!("rank {r} ok")),
+            "rank {r}:\n{text}"
+        );
+    }
+    let _ = std::fs::remove_file(&hf);
+}

@@ -1,0 +1,78 @@
+"""mlx-lm 0.32.2's own tensor-parallel run of a tiny llama, the L1 reference for `mlx launch`.
+
+Runs this script under `mlx.launch -n 2 --backend ring` (MLX's launcher, from the oracle
+venv); each rank loads mlx-cli/tests/models/dense_f32 (the seeded llama of
+goldens_llama.py: 4 heads, 2 KV heads, 2 layers) with mlx_lm.utils.sharded_load, which
+shards it with the llama Model's own shard() over the world group. Rank 0 then writes
+mlx-models/tests/goldens/dist_llama_tp2.safetensors with:
+- `prompt`: the prompt ids; `prefill`: the sharded model's logits for the prompt (fresh cache);
+- `greedy`: 8 greedy ids from generate_step, `logprobs`: their per-step log-probability rows;
+- `single_prefill`: the same prompt's logits from the unsharded model (plain `load`), to show
+  how far the sharded numerics are from one process (all_sum reorders the sums).
+Run with `cargo xtask goldens dist` (or this file directly in the oracle venv).
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = ROOT / "mlx-cli/tests/models/dense_f32"
+OUT = ROOT / "mlx-models/tests/goldens/dist_llama_tp2.safetensors"
+PROMPT = [1, 5, 9, 17, 33, 65, 7, 3]
+STEPS = 8
+
+
+def worker():
+    from mlx_lm.generate import generate_step
+    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.utils import load, sharded_load
+
+    group = mx.distributed.init(strict=True, backend="ring")
+    model, _tok = sharded_load(str(MODEL))
+    prompt = mx.array(PROMPT)
+    cache = make_prompt_cache(model)
+    prefill = model(prompt[None], cache=cache)[0].astype(mx.float32)
+    mx.eval(prefill)
+    ids, rows = [], []
+    for (tok, logprobs), _ in zip(generate_step(prompt, model, max_tokens=STEPS), range(STEPS)):
+        ids.append(int(tok))
+        rows.append(logprobs.astype(mx.float32))
+    mx.eval(prefill, rows)
+    if group.rank() == 0:
+        single, _ = load(str(MODEL))
+        single_prefill = single(prompt[None])[0].astype(mx.float32)
+        out = {
+            "prompt": mx.array(PROMPT, dtype=mx.int32),
+            "prefill": prefill,
+            "greedy": mx.array(ids, dtype=mx.int32),
+            "logprobs": mx.stack(rows),
+            "single_prefill": single_prefill,
+        }
+        mx.save_safetensors(
+            str(OUT),
+            out,
+            metadata={"world_size": str(group.size()), "backend": "ring", "model": "dense_f32"},
+        )
+        same = bool(mx.array_equal(prefill, single_prefill))
+        diff = float(mx.abs(prefill - single_prefill).max())
+        print(f"wrote {OUT} (greedy {ids}; sharded == single: {same}, max |diff| {diff:g})")
+
+
+def main():
+    if os.environ.get("MLX_RANK") is not None:
+        worker()
+        return
+    launcher = Path(sys.executable).parent / "mlx.launch"
+    subprocess.run(
+        [str(launcher), "-n", "2", "--backend", "ring", "--python", sys.executable, __file__],
+        check=True,
+        env={**os.environ, "MLX_DEVICE": "cpu"},
+    )
+
+
+if __name__ == "__main__":
+    main()
