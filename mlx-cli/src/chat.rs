@@ -12,7 +12,7 @@ use mlx_engine::sample::{Sampler, SamplerSettings};
 use mlx_engine::stream::StreamOptions;
 use serde_json::json;
 
-use crate::common::{self, ModelArgs, DEFAULT_PREFILL_STEP_SIZE};
+use crate::common::{self, DecoderArgs, ModelArgs, DEFAULT_PREFILL_STEP_SIZE};
 use crate::model;
 
 /// `mlx_lm.chat`'s flags.
@@ -57,6 +57,13 @@ pub struct ChatArgs {
     /// One JSON object per turn on stdout instead of the streamed reply.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub decoder: DecoderArgs,
+    /// Print which decoder runs the model (and why `--decoder auto` fell back) on standard
+    /// error (`false`/`f`, any case, turns it off).
+    #[arg(long, default_value = "false", value_parser = common::str2bool, value_name = "BOOL",
+          action = clap::ArgAction::Set)]
+    pub verbose: bool,
 }
 
 const HELP: &str = "  commands    q exit   r reset   h help";
@@ -76,7 +83,7 @@ pub fn run(a: &ChatArgs) -> Result<(), String> {
         .map(|t| t as i32)
         .collect();
     special.extend(m.tokenizer.eos_token_ids().iter().map(|&t| t as i32));
-    let opts = StreamOptions {
+    let mut opts = StreamOptions {
         generate: GenerateOptions {
             max_tokens: common::max_tokens(a.max_tokens),
             sampler: Sampler::new(SamplerSettings {
@@ -93,6 +100,13 @@ pub fn run(a: &ChatArgs) -> Result<(), String> {
         },
         ..StreamOptions::default()
     };
+    let decoder = a
+        .decoder
+        .pick(m.model.as_ref(), &opts.generate, &a.model.dtype, false)?;
+    opts.generate.cpu_decode = decoder.cpu;
+    if a.verbose {
+        eprintln!("[mlx] {}", decoder.note);
+    }
     let mut conv = Conversation::new(
         m.model.as_ref(),
         &m.tokenizer,
@@ -171,6 +185,7 @@ pub fn run(a: &ChatArgs) -> Result<(), String> {
                 "generation_tokens": last.generation_tokens,
                 "finish_reason": last.finish_reason.map(|f| f.as_str()),
                 "cached_tokens": conv.cached_tokens(),
+                "decoder": decoder.name,
             });
             writeln!(out, "{obj}").ok();
         } else {

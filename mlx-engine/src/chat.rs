@@ -13,10 +13,11 @@ use serde_json::{json, Value};
 use mlx_cache::Cache;
 
 use crate::chat_template::ChatTemplateOptions;
+use crate::cpu_decode::CpuDecoder;
 use crate::error::Result;
-use crate::generate::make_prompt_cache;
+use crate::generate::{cpu_decode_unsupported, make_prompt_cache};
 use crate::prompt_cache::PromptCache;
-use crate::stream::{stream_generate, GenerationResponse, StreamOptions};
+use crate::stream::{stream_generate, stream_generate_cpu, GenerationResponse, StreamOptions};
 use crate::tokenizer::Tokenizer;
 use mlx_models::LanguageModel;
 
@@ -117,12 +118,15 @@ impl<'m> ChatSession<'m> {
     }
 }
 
-/// `mlx_lm.chat`'s loop body over one growing cache (see the module docs).
+/// `mlx_lm.chat`'s loop body over one growing cache (see the module docs). With
+/// `opts.generate.cpu_decode` the cache is the CPU decoder's own, kept across turns.
 pub struct Conversation<'m> {
     model: &'m dyn LanguageModel,
     tokenizer: &'m Tokenizer,
     system: Option<String>,
     cache: Vec<Box<dyn Cache>>,
+    /// The CPU decoder and its cache (`None` on the MLX path; taken during a turn).
+    cpu: Option<CpuDecoder<'m>>,
     opts: StreamOptions,
 }
 
@@ -134,24 +138,56 @@ impl<'m> Conversation<'m> {
         system: Option<&str>,
         opts: StreamOptions,
     ) -> Result<Self> {
+        let cpu = match opts.generate.cpu_decode {
+            Some(c) => {
+                if let Some(why) = cpu_decode_unsupported(model, &opts.generate, false) {
+                    return Err(crate::EngineError::CpuDecoderUnsupported(why));
+                }
+                Some(CpuDecoder::new(model, c.threads, 256)?)
+            }
+            None => None,
+        };
         Ok(Conversation {
             model,
             tokenizer,
             system: system.map(str::to_string),
-            cache: make_prompt_cache(model, opts.generate.max_kv_size)?,
+            cache: if cpu.is_some() {
+                Vec::new()
+            } else {
+                make_prompt_cache(model, opts.generate.max_kv_size)?
+            },
+            cpu,
             opts,
         })
     }
 
     /// The `r` command: a fresh cache.
     pub fn reset(&mut self) -> Result<()> {
+        if self.opts.generate.cpu_decode.is_some() {
+            match self.cpu.as_mut() {
+                Some(d) => d.reset(),
+                None => {
+                    let threads = self.opts.generate.cpu_decode.map_or(0, |c| c.threads);
+                    self.cpu = Some(CpuDecoder::new(self.model, threads, 256)?);
+                }
+            }
+            return Ok(());
+        }
         self.cache = make_prompt_cache(self.model, self.opts.generate.max_kv_size)?;
         Ok(())
     }
 
+    /// Whether the turns run through the CPU decoder.
+    pub fn uses_cpu_decoder(&self) -> bool {
+        self.opts.generate.cpu_decode.is_some()
+    }
+
     /// Tokens the cache holds.
     pub fn cached_tokens(&self) -> usize {
-        self.cache.first().map_or(0, |c| c.offset())
+        match &self.cpu {
+            Some(d) => d.position(),
+            None => self.cache.first().map_or(0, |c| c.offset()),
+        }
     }
 
     /// One turn: `[system?, user]` rendered with the generation prompt, appended to the cache,
@@ -169,14 +205,22 @@ impl<'m> Conversation<'m> {
         let prompt = self
             .tokenizer
             .apply_chat_template_ids(&messages, &ChatTemplateOptions::generation(true))?;
-        let cache = std::mem::take(&mut self.cache);
-        let mut stream = match stream_generate(
-            self.model,
-            self.tokenizer,
-            &prompt,
-            Some(cache),
-            self.opts.clone(),
-        ) {
+        let started = match self.cpu.take() {
+            Some(cpu) => {
+                stream_generate_cpu(self.model, self.tokenizer, &prompt, cpu, self.opts.clone())
+            }
+            None => {
+                let cache = std::mem::take(&mut self.cache);
+                stream_generate(
+                    self.model,
+                    self.tokenizer,
+                    &prompt,
+                    Some(cache),
+                    self.opts.clone(),
+                )
+            }
+        };
+        let mut stream = match started {
             Ok(s) => s,
             Err(e) => {
                 // The cache went into the failed prefill: start over rather than keep a
@@ -199,7 +243,14 @@ impl<'m> Conversation<'m> {
                 }
             }
         }
-        self.cache = stream.into_cache();
+        if stream.uses_cpu_decoder() {
+            self.cpu = stream.into_cpu_decoder();
+            if failure.is_some() {
+                self.reset()?;
+            }
+        } else {
+            self.cache = stream.into_cache();
+        }
         if let Some(e) = failure {
             return Err(e);
         }

@@ -9,8 +9,9 @@ use mlx_cache::Cache;
 use mlx_core::memory;
 use mlx_core::prelude::*;
 
+use crate::cpu_decode::CpuDecoder;
 use crate::error::{EngineError, Result};
-use crate::generate::{generate_step, GenerateOptions, GenerateStep};
+use crate::generate::{generate_step, generate_step_cpu, GenerateOptions, GenerateStep};
 use crate::tokenizer::Tokenizer;
 use crate::tokenizer_stream::StreamingDetokenizer;
 use mlx_models::LanguageModel;
@@ -102,6 +103,33 @@ pub fn stream_generate<'m>(
     prompt_cache: Option<Vec<Box<dyn Cache>>>,
     opts: StreamOptions,
 ) -> Result<TextStream<'m>> {
+    stream_start(model, tokenizer, prompt, Start::Cache(prompt_cache), opts)
+}
+
+/// [`stream_generate`] through a CPU decoder the caller keeps (see
+/// [`crate::generate::generate_step_cpu`]); [`TextStream::into_cpu_decoder`] gives it back.
+pub fn stream_generate_cpu<'m>(
+    model: &'m dyn LanguageModel,
+    tokenizer: &'m Tokenizer,
+    prompt: &[u32],
+    cpu: CpuDecoder<'m>,
+    opts: StreamOptions,
+) -> Result<TextStream<'m>> {
+    stream_start(model, tokenizer, prompt, Start::Cpu(cpu), opts)
+}
+
+enum Start<'m> {
+    Cache(Option<Vec<Box<dyn Cache>>>),
+    Cpu(CpuDecoder<'m>),
+}
+
+fn stream_start<'m>(
+    model: &'m dyn LanguageModel,
+    tokenizer: &'m Tokenizer,
+    prompt: &[u32],
+    from: Start<'m>,
+    opts: StreamOptions,
+) -> Result<TextStream<'m>> {
     if opts.generate.max_tokens == Some(0) {
         return Err(EngineError::Other(
             "Maximum number of tokens must be non-zero (use -1 for no limit).".into(),
@@ -131,7 +159,12 @@ pub fn stream_generate<'m>(
         )));
     }
     let start = Instant::now();
-    let steps = generate_step(&ids, model, prompt_cache, opts.generate.clone())?;
+    let steps = match from {
+        Start::Cache(prompt_cache) => {
+            generate_step(&ids, model, prompt_cache, opts.generate.clone())?
+        }
+        Start::Cpu(cpu) => generate_step_cpu(&ids, model, cpu, opts.generate.clone())?,
+    };
     Ok(TextStream {
         steps,
         tokenizer,
@@ -162,6 +195,17 @@ impl<'m> TextStream<'m> {
     /// The caches after generation: they hold the prompt and every generated token.
     pub fn into_cache(self) -> Vec<Box<dyn Cache>> {
         self.steps.into_cache()
+    }
+
+    /// The CPU decoder that ran this generation (`None` on the MLX path), see
+    /// [`GenerateStep::into_cpu_decoder`].
+    pub fn into_cpu_decoder(self) -> Option<CpuDecoder<'m>> {
+        self.steps.into_cpu_decoder()
+    }
+
+    /// Whether this generation runs through the CPU decoder.
+    pub fn uses_cpu_decoder(&self) -> bool {
+        self.steps.uses_cpu_decoder()
     }
 
     /// The tokens generated so far (without a final EOS token).
