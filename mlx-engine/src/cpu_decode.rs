@@ -25,7 +25,7 @@
 //! (`tests/cpu_decode.rs` states the bounds). Sampling and logits processors are the
 //! engine's own, applied to these logits.
 
-use mlx_core::cpu::{self, AttentionShape, CpuContext, Floats, MatJob, Matrix};
+use mlx_core::cpu::{self, Activations, AttentionShape, CpuContext, Floats, MatJob, Matrix};
 use mlx_models::layers::{Embedding, Linear, MlpKind, Norm, NormKind, Rope};
 use mlx_models::models::dense::{LayerView, Model};
 use mlx_models::models::descriptor::{Descriptor, EmbedScale, LogitScale, Placement, QkNorm};
@@ -410,9 +410,11 @@ impl<'m> CpuDecoder<'m> {
         };
         let capacity = capacity.max(1);
         let n = layers.len();
+        let mut ctx = CpuContext::new(threads)?;
+        ctx.activations = Activations::Int16;
         Ok(CpuDecoder {
             model_addr: model_addr(model),
-            ctx: CpuContext::new(threads)?,
+            ctx,
             hidden,
             n_heads,
             n_kv,
@@ -435,6 +437,19 @@ impl<'m> CpuDecoder<'m> {
     /// Whether this decoder was made for `model` (the same loaded model, not an equal one).
     pub fn is_for(&self, model: &dyn LanguageModel) -> bool {
         self.model_addr == model_addr(model)
+    }
+
+    /// How the products read their inputs: [`Activations::Int16`] by default (the 4- and
+    /// 8-bit products of a decode step as integer dot products; [`Activations::Int8`] is
+    /// faster but fails the quality gate on SmolLM2); [`Activations::F32`] keeps every
+    /// product in float32.
+    pub fn set_activations(&mut self, a: Activations) {
+        self.ctx.activations = a;
+    }
+
+    /// See [`CpuDecoder::set_activations`].
+    pub fn activations(&self) -> Activations {
+        self.ctx.activations
     }
 
     /// Worker threads in use.
