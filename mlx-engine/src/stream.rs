@@ -115,12 +115,12 @@ pub fn stream_generate_cpu<'m>(
     cpu: CpuDecoder<'m>,
     opts: StreamOptions,
 ) -> Result<TextStream<'m>> {
-    stream_start(model, tokenizer, prompt, Start::Cpu(cpu), opts)
+    stream_start(model, tokenizer, prompt, Start::Cpu(Box::new(cpu)), opts)
 }
 
 enum Start<'m> {
     Cache(Option<Vec<Box<dyn Cache>>>),
-    Cpu(CpuDecoder<'m>),
+    Cpu(Box<CpuDecoder<'m>>),
 }
 
 fn stream_start<'m>(
@@ -163,7 +163,7 @@ fn stream_start<'m>(
         Start::Cache(prompt_cache) => {
             generate_step(&ids, model, prompt_cache, opts.generate.clone())?
         }
-        Start::Cpu(cpu) => generate_step_cpu(&ids, model, cpu, opts.generate.clone())?,
+        Start::Cpu(cpu) => generate_step_cpu(&ids, model, *cpu, opts.generate.clone())?,
     };
     Ok(TextStream {
         steps,

@@ -502,7 +502,7 @@ pub(super) fn quantize_x(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) 
 /// The CPU has AVX2, FMA and F16C; `qx` holds `m` quantized rows of `cols` values; rows
 /// `r0..r1` of `out` are this caller's alone.
 #[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
 pub(super) unsafe fn rows_q4_int8(
     w: &Matrix<'_>,
     r0: usize,
@@ -673,6 +673,7 @@ pub(super) unsafe fn rows_int16(
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::needless_range_loop)]
 unsafe fn rows_int16_m<const MT: usize>(
     w: &Matrix<'_>,
     r0: usize,
