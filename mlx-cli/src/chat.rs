@@ -64,6 +64,9 @@ pub struct ChatArgs {
     #[arg(long, default_value = "false", value_parser = common::str2bool, value_name = "BOOL",
           action = clap::ArgAction::Set)]
     pub verbose: bool,
+    /// Constrain every reply to JSON valid against the JSON schema in FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json_schema: Option<String>,
 }
 
 const HELP: &str = "  commands    q exit   r reset   h help";
@@ -75,6 +78,7 @@ pub fn run(a: &ChatArgs) -> Result<(), String> {
         return Err("this model's tokenizer has no chat template; use `mlx generate`".into());
     }
     m.seed(a.seed)?;
+    let grammar = crate::generate::json_schema_grammar(a.json_schema.as_deref(), &m)?;
     let mut special: Vec<i32> = m
         .tokenizer
         .encode("\n", true)
@@ -96,6 +100,7 @@ pub fn run(a: &ChatArgs) -> Result<(), String> {
             }),
             max_kv_size: a.max_kv_size.map(|n| n as usize),
             prefill_step_size: a.prefill_step_size as usize,
+            grammar,
             ..GenerateOptions::default()
         },
         ..StreamOptions::default()

@@ -37,6 +37,9 @@ pub enum Checked {
     Completions(CompletionsArgs),
     Info(InfoArgs, Box<ModelInfo>),
     Embed(Box<EmbedArgs>),
+    Convert(Box<crate::convert::ConvertArgs>),
+    Perplexity(Box<crate::perplexity::PerplexityArgs>),
+    Benchmark(Box<crate::benchmark::BenchmarkArgs>),
 }
 
 impl Checked {
@@ -54,6 +57,9 @@ impl Checked {
             Checked::Completions(_) => "completions",
             Checked::Info(..) => "info",
             Checked::Embed(_) => "embed",
+            Checked::Convert(_) => "convert",
+            Checked::Perplexity(_) => "perplexity",
+            Checked::Benchmark(_) => "benchmark",
         }
     }
 }
@@ -139,6 +145,9 @@ pub fn check(c: Command) -> Result<Checked, String> {
                 return Err("--extra-eos-token: the token must not be empty".into());
             }
             generate::template_kwargs(&a)?;
+            if let Some(p) = &a.json_schema {
+                generate::read_json_schema(p)?;
+            }
             let cache_file = a
                 .prompt_cache_file
                 .as_deref()
@@ -149,6 +158,9 @@ pub fn check(c: Command) -> Result<Checked, String> {
         Command::Chat(a) => {
             check_model(&a.model)?;
             check_sampling(a.temp, a.top_p, 0.0, a.xtc_probability, a.xtc_threshold)?;
+            if let Some(p) = &a.json_schema {
+                generate::read_json_schema(p)?;
+            }
             Checked::Chat(Box::new(a))
         }
         Command::CachePrompt(a) => {
@@ -191,6 +203,18 @@ pub fn check(c: Command) -> Result<Checked, String> {
         Command::Embed(a) => {
             check_model(&a.model)?;
             Checked::Embed(Box::new(a))
+        }
+        Command::Convert(a) => {
+            a.check()?;
+            Checked::Convert(Box::new(a))
+        }
+        Command::Perplexity(a) => {
+            a.check()?;
+            Checked::Perplexity(Box::new(a))
+        }
+        Command::Benchmark(a) => {
+            a.check()?;
+            Checked::Benchmark(Box::new(a))
         }
     })
 }

@@ -101,6 +101,53 @@ pub struct GenerateArgs {
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     pub json: bool,
+    /// Constrain the reply to JSON valid against the JSON schema in FILE (constrained
+    /// decoding through llguidance).
+    #[arg(long, value_name = "FILE")]
+    pub json_schema: Option<String>,
+}
+
+/// `--json-schema FILE` read and parsed (not yet compiled: that needs the tokenizer).
+pub(crate) fn read_json_schema(path: &str) -> Result<Value, String> {
+    use std::io::Read;
+    // Bounded: a schema is small, and the path may name a device or an endless pipe.
+    const LIMIT: u64 = 16 << 20;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(LIMIT + 1).read_to_end(&mut bytes))
+        .map_err(|e| format!("--json-schema {path}: {e}"))?;
+    if bytes.len() as u64 > LIMIT {
+        return Err(format!(
+            "--json-schema {path}: larger than {} MiB; a JSON schema is expected",
+            LIMIT >> 20
+        ));
+    }
+    let v: Value = serde_json::from_slice(&bytes)
+        .map_err(|e| format!("--json-schema {path}: not valid JSON: {e}"))?;
+    if !(v.is_object() || v.is_boolean()) {
+        return Err(format!(
+            "--json-schema {path}: a JSON schema must be an object (or a boolean)"
+        ));
+    }
+    Ok(v)
+}
+
+/// The grammar of `--json-schema`, compiled for the loaded tokenizer and model.
+pub(crate) fn json_schema_grammar(
+    path: Option<&str>,
+    m: &Loaded,
+) -> Result<Option<mlx_engine::grammar::Grammar>, String> {
+    let Some(path) = path else {
+        return Ok(None);
+    };
+    let schema = read_json_schema(path)?;
+    let vocab = m.model.vocab_size().max(0) as usize;
+    let compiler = mlx_engine::grammar::GrammarCompiler::new(&m.tokenizer, vocab)
+        .map_err(|e| format!("--json-schema {path}: {e}"))?;
+    compiler
+        .compile(&mlx_engine::grammar::GrammarSpec::JsonSchema(schema))
+        .map(Some)
+        .map_err(|e| format!("--json-schema {path}: invalid schema: {e}"))
 }
 
 /// A prompt-cache file and its metadata.
@@ -253,9 +300,11 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
     if let Some(s) = a.seed {
         m.seed(s)?;
     }
+    let grammar = json_schema_grammar(a.json_schema.as_deref(), &m)?;
     let mut generate = GenerateOptions {
         max_tokens: common::max_tokens(a.max_tokens),
         sampler: sampler(a, &m)?,
+        grammar,
         ..GenerateOptions::default()
     };
     a.kv.apply(&mut generate);

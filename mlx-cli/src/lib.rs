@@ -8,17 +8,20 @@
 //! argument vector (the `mlx` binary runs it first; `mlx-fuzz`'s `argv` target fuzzes it).
 #![forbid(unsafe_code)]
 
+mod benchmark;
 mod cache_prompt;
 mod chat;
 pub mod check;
 mod common;
 mod completions;
+mod convert;
 mod embed;
 mod generate;
 mod info;
 mod manage;
 mod model;
 mod models;
+mod perplexity;
 mod progress;
 mod serve;
 
@@ -71,6 +74,16 @@ pub enum Command {
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to standard
     /// output, e.g. `mlx completions bash > ~/.local/share/bash-completion/completions/mlx`.
     Completions(completions::CompletionsArgs),
+    /// Convert a model directory to MLX format, optionally quantized or dequantized (as
+    /// `mlx_lm.convert`).
+    Convert(convert::ConvertArgs),
+    /// The perplexity of a model on local data, with its standard error (as
+    /// `mlx_lm.perplexity`).
+    #[command(allow_negative_numbers = true)]
+    Perplexity(perplexity::PerplexityArgs),
+    /// Prompt and generation tokens/s and peak memory over timed trials (as
+    /// `mlx_lm.benchmark`).
+    Benchmark(benchmark::BenchmarkArgs),
 }
 
 /// Runs a checked command line.
@@ -88,6 +101,9 @@ pub fn run(c: check::Checked) -> Result<(), String> {
         Checked::Completions(a) => completions::run(&a),
         Checked::Info(a, info) => info::run(&a, &info),
         Checked::Embed(a) => embed::run(&a),
+        Checked::Convert(a) => convert::run(&a),
+        Checked::Perplexity(a) => perplexity::run(&a),
+        Checked::Benchmark(a) => benchmark::run(&a),
     }
 }
 

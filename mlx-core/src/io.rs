@@ -1215,6 +1215,11 @@ mod safetensors_check {
                 ));
             }
         }
+        // What the format itself requires, by its reference implementation: the tensors' byte
+        // ranges tile the data from its start, with no holes (checked after ours, whose
+        // messages name the field).
+        serde_json::from_value::<safetensors::tensor::Metadata>(header)
+            .map_err(|e| format!("the header breaks the safetensors format: {e}"))?;
         Ok(())
     }
 

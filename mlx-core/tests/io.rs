@@ -116,6 +116,14 @@ fn safetensors_headers_mlx_would_misread_are_refused() {
     )
     .unwrap_err();
     assert!(e.contains("share bytes"), "{e}");
+    // A hole between two tensors: the format (and its reference crate) wants the byte ranges to
+    // tile the data from its start.
+    let e = case(
+        "hole.safetensors",
+        r#"{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[8],"data_offsets":[32,64]}}"#,
+    )
+    .unwrap_err();
+    assert!(e.contains("safetensors format"), "{e}");
     // A dimension past 2^32 (MLX would truncate it to 32 bits: 2^32 + 8 -> 8).
     let e = case(
         "big.safetensors",

@@ -71,6 +71,10 @@ pub struct GenerateOptions {
     /// applies; where it does not, `generate_step` fails with the reason. The decoder keeps
     /// its own cache: the MLX caches ([`GenerateStep::into_cache`]) stay empty.
     pub cpu_decode: Option<CpuDecode>,
+    /// Constrained decoding: every step's logits are masked to the tokens this grammar allows
+    /// next (EOS only where it accepts). The step after a token then waits for that token (its
+    /// mask depends on it), so the pipelining of the next step's graph is lost.
+    pub grammar: Option<crate::grammar::Grammar>,
 }
 
 /// The CPU decoder's settings in [`GenerateOptions`].
@@ -134,6 +138,7 @@ impl Default for GenerateOptions {
             compiled_decode: CompiledDecode::default(),
             eval_probe: None,
             cpu_decode: None,
+            grammar: None,
         }
     }
 }
@@ -456,6 +461,11 @@ impl<'m> GenerateStep<'m> {
                 logits = p.apply(&self.tokens, &logits)?;
             }
         }
+        if let Some(g) = self.opts.grammar.as_mut() {
+            // The forward runs while the host computes the mask.
+            async_eval([&logits])?;
+            logits = g.mask_logits(&logits)?;
+        }
         let all: Vec<i32> = (0..logits.ndim() as i32).collect();
         let lse = ops::logsumexp(&logits, &all, true, None)?;
         let logprobs = ops::subtract(&logits, &lse, None)?;
@@ -568,6 +578,12 @@ impl<'m> GenerateStep<'m> {
             return Ok(None);
         };
         let stop = self.opts.max_tokens == Some(self.n);
+        if !stop {
+            if let Some(g) = self.opts.grammar.as_mut() {
+                // The next step's mask depends on this token: read it now.
+                g.commit(y.astype(Dtype::Uint32)?.item::<u32>()?)?;
+            }
+        }
         let next = if !stop {
             let next = self.step(&y, None)?;
             self.probe("step", &[&next.0, &next.1, &next.2]);

@@ -7,6 +7,7 @@
 //!   (streaming detokenizers), [`chat_template`] (Jinja, rendered as transformers does).
 //! - [`generate`], [`sample`]: mlx-lm's `generate_step`, samplers and logits processors;
 //!   [`compiled`]: the compiled, transactional decode step `generate_step` can use.
+//! - [`grammar`]: constrained decoding (JSON schema, JSON object, Lark) through `llguidance`.
 //! - [`stream`]: `stream_generate` (text, stop conditions, statistics).
 //! - [`prompt_cache`]: longest-prefix reuse with a byte-capped LRU; [`chat`]: `mlx_lm.chat`'s
 //!   conversation over one growing cache ([`chat::Conversation`]) and a prefix-reusing
@@ -27,6 +28,7 @@ pub mod cpu_decode;
 mod error;
 pub mod fetch;
 pub mod generate;
+pub mod grammar;
 pub mod hub;
 pub mod prompt_cache;
 pub mod sample;

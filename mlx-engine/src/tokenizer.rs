@@ -249,6 +249,14 @@ fn truthy(v: &Value) -> bool {
 }
 
 impl Tokenizer {
+    /// The tokenizer as a Hugging Face `tokenizer.json` document (pretty-printed), e.g. for
+    /// `mlx convert` writing a GGUF file's tokenizer beside the converted weights.
+    pub fn to_hf_json(&self) -> Result<String> {
+        self.inner
+            .to_string(true)
+            .map_err(|e| TokenizerError::Backend(e.to_string()))
+    }
+
     /// Loads a model directory the way `mlx_lm.utils.load` does: `tokenizer.json`,
     /// `tokenizer_config.json` (optional), `chat_template.jinja` (optional, wins over the config's
     /// template), and the EOS ids from `config.json`'s `eos_token_id`, replaced by

@@ -91,6 +91,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize) -> BatchRequest {
         top_logprobs: 0,
         seed: None,
         timeout: None,
+        grammar: None,
     }
 }
 

@@ -95,6 +95,7 @@ fn run(c: &Case, compiled: CompiledDecode) -> Result<(), String> {
         compiled_decode: compiled,
         eval_probe: None,
         cpu_decode: None,
+        grammar: None,
     };
     let prompt = c.input(0).unwrap().to_vec::<i32>().unwrap();
     random::seed(c.int("seed").unwrap() as u64).unwrap();

@@ -209,9 +209,24 @@ impl QuantParams {
                 )))
             }
         };
+        // `null` (a `mixed_*` recipe run without `--q-group-size` records it so) and, in a
+        // per-module entry, a missing value are the mode's default, as `to_quantized(None)`.
+        let (dg, db) = QuantMode::from_name(&mode)
+            .map(|m| match m {
+                QuantMode::Affine => (64, 4),
+                QuantMode::Mxfp4 => (32, 4),
+                QuantMode::Nvfp4 => (16, 4),
+                QuantMode::Mxfp8 => (32, 8),
+            })
+            .unwrap_or((64, 4));
+        let field = |key: &str, default: i32| match v.get(key) {
+            Some(Value::Null) => Ok(default),
+            None if !ctx.is_empty() => Ok(default),
+            _ => int_field(v, key, ctx),
+        };
         let q = QuantParams {
-            group_size: int_field(v, "group_size", ctx)?,
-            bits: int_field(v, "bits", ctx)?,
+            group_size: field("group_size", dg)?,
+            bits: field("bits", db)?,
             mode,
         };
         q.validate()

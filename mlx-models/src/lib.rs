@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod convert;
 pub mod embed;
 mod error;
 pub mod gguf;
@@ -21,6 +22,7 @@ pub mod gguf_dequant;
 pub mod layers;
 pub mod load;
 pub mod models;
+pub mod pyjson;
 pub mod weights;
 
 pub use error::{ModelError, Result};

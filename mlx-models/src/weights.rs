@@ -39,6 +39,23 @@ pub struct Weights {
     /// Every array handed out by `take`/`take_any` (after the dtype cast), for
     /// [`Weights::taken_arrays`].
     taken: Vec<Array>,
+    /// The name of each array of `taken`, in the same order.
+    taken_names: Vec<String>,
+    /// Every module that asked [`Weights::quantization`] (the modules mlx-lm's `nn.quantize`
+    /// can quantize: linear, embedding and switch layers), in the order they asked, with
+    /// their input width and how they are quantized.
+    quantizable: Vec<QuantizableModule>,
+}
+
+/// A module that can be quantized (it has mlx's `to_quantized`), as [`Weights`] saw it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QuantizableModule {
+    /// The module's path (`model.layers.0.self_attn.q_proj`).
+    pub path: String,
+    /// Its input width (the last axis of the unpacked weight).
+    pub in_dims: i32,
+    /// How it is stored: `None` for a dense weight.
+    pub quantized: Option<QuantParams>,
 }
 
 impl Weights {
@@ -57,6 +74,8 @@ impl Weights {
             dtype,
             placeholder: None,
             taken: Vec::new(),
+            taken_names: Vec::new(),
+            quantizable: Vec::new(),
         }
     }
 
@@ -127,6 +146,7 @@ impl Weights {
                 }
                 let a = self.cast(a)?;
                 self.taken.push(a.clone());
+                self.taken_names.push(name.to_string());
                 Ok(a)
             }
         }
@@ -150,6 +170,24 @@ impl Weights {
         &self.taken
     }
 
+    /// The arrays taken so far with their names, in the order they were taken (a name taken
+    /// twice appears once, at its first place).
+    pub fn taken_named(&self) -> Vec<(String, Array)> {
+        let mut seen = BTreeSet::new();
+        self.taken_names
+            .iter()
+            .zip(&self.taken)
+            .filter(|(n, _)| seen.insert(n.as_str()))
+            .map(|(n, a)| (n.clone(), a.clone()))
+            .collect()
+    }
+
+    /// Every module that asked [`Weights::quantization`], in order (see
+    /// [`QuantizableModule`]).
+    pub fn quantizable(&self) -> &[QuantizableModule] {
+        &self.quantizable
+    }
+
     /// Takes a tensor whose shape the model cannot know in advance (packed weights).
     pub fn take_any(&mut self, name: &str) -> Result<Array> {
         match self.tensors.get(name) {
@@ -159,6 +197,7 @@ impl Weights {
                 self.used.insert(name.to_string());
                 let a = self.cast(a)?;
                 self.taken.push(a.clone());
+                self.taken_names.push(name.to_string());
                 Ok(a)
             }
         }
@@ -250,7 +289,17 @@ impl Weights {
     /// mlx-lm decides: a per-module entry in the config wins; otherwise a module is quantized
     /// when `<path>.scales` exists, with group size and bits inferred from the shapes
     /// (`infer_quant_config`).
-    pub fn quantization(&self, path: &str, in_dims: i32) -> Result<Option<QuantParams>> {
+    pub fn quantization(&mut self, path: &str, in_dims: i32) -> Result<Option<QuantParams>> {
+        let q = self.infer_quantization(path, in_dims)?;
+        self.quantizable.push(QuantizableModule {
+            path: path.to_string(),
+            in_dims,
+            quantized: q.clone(),
+        });
+        Ok(q)
+    }
+
+    fn infer_quantization(&self, path: &str, in_dims: i32) -> Result<Option<QuantParams>> {
         if let Some(q) = &self.quant {
             if let Some(o) = q.overrides.get(path) {
                 return Ok(o.clone());

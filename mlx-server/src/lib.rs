@@ -27,6 +27,7 @@ mod guard;
 mod request;
 mod routes;
 mod state;
+pub mod structured;
 pub mod tools;
 
 use std::net::SocketAddr;

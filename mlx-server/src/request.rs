@@ -385,6 +385,7 @@ pub fn parse(state: &AppState, kind: Kind, bytes: &[u8]) -> Result<Parsed, ApiEr
 
     let tokenizer = state.engine.tokenizer();
     let mut has_tools = false;
+    let mut request_tools: Option<Vec<Value>> = None;
     let prompt = match kind {
         Kind::Chat => {
             let messages = normalize_messages(
@@ -398,6 +399,7 @@ pub fn parse(state: &AppState, kind: Kind, bytes: &[u8]) -> Result<Parsed, ApiEr
                 Some(_) => return Err(ApiError::invalid("tools", "`tools` must be a list")),
             };
             has_tools = tools.is_some();
+            request_tools.clone_from(&tools);
             if !tokenizer.has_chat_template() {
                 return Err(ApiError::bad_request(
                     "This model's tokenizer has no chat template: use /v1/completions",
@@ -495,6 +497,8 @@ pub fn parse(state: &AppState, kind: Kind, bytes: &[u8]) -> Result<Parsed, ApiEr
         Vec::new()
     };
 
+    let grammar = crate::structured::grammar(state, kind, body, request_tools.as_deref())?;
+
     Ok(Parsed {
         kind,
         model,
@@ -521,6 +525,7 @@ pub fn parse(state: &AppState, kind: Kind, bytes: &[u8]) -> Result<Parsed, ApiEr
             top_logprobs: top_logprobs as usize,
             seed,
             timeout: Some(Duration::from_secs(args.request_timeout)),
+            grammar,
         },
     })
 }

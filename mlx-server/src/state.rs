@@ -1,11 +1,12 @@
 //! What every handler shares: the engine handle, the options, the served model's names.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use mlx_engine::batch::Engine;
 use mlx_engine::chat_template::ChatTemplates;
+use mlx_engine::grammar::GrammarCompiler;
 use serde_json::{Map, Value};
 
 use crate::args::ServeArgs;
@@ -26,6 +27,8 @@ pub struct AppState {
     pub model_context: Option<usize>,
     /// How the chat template marks tool calls, if it does.
     pub tool_format: Option<ToolFormat>,
+    /// Structured output's grammar compiler, built on the first request that needs one.
+    pub grammar: OnceLock<Result<Arc<GrammarCompiler>, String>>,
     counter: AtomicU64,
 }
 
@@ -64,6 +67,7 @@ impl AppState {
             max_context,
             model_context,
             tool_format,
+            grammar: OnceLock::new(),
             counter: AtomicU64::new(0),
         }
     }

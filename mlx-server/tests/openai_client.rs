@@ -86,3 +86,26 @@ fn the_official_openai_client_gets_typed_tool_calls() {
     );
     assert!(stdout.contains("all checks passed"));
 }
+
+/// Structured output through the `openai` client (`openai_structured.py`): `parse` with a
+/// Pydantic model, streaming and not, `json_object`, a bad schema, a forced tool call.
+#[test]
+fn the_official_openai_client_gets_structured_output() {
+    let py = venv_python();
+    let s = TestServer::start(&[]);
+    let t = TestServer::start_model(&server_fixture("tools_qwen3"), &[]);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_structured.py");
+    let out = Command::new(py)
+        .arg(script)
+        .arg(s.url())
+        .arg(t.url())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "openai_structured.py failed:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("all checks passed"));
+}

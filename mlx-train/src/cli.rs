@@ -307,7 +307,7 @@ fn read_config_file(path: &Path) -> Result<Map<String, Value>> {
         )
     })?;
     let v: Value =
-        serde_yaml::from_str(&text).map_err(|e| io_err(path, format!("invalid YAML: {e}")))?;
+        serde_yaml_ng::from_str(&text).map_err(|e| io_err(path, format!("invalid YAML: {e}")))?;
     match v {
         Value::Object(m) => Ok(m),
         Value::Null => Ok(Map::new()),

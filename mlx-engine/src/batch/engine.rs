@@ -37,6 +37,7 @@ use super::cache::BatchKVCache;
 use super::text::TextState;
 use crate::error::{EngineError, Result};
 use crate::generate::make_prompt_cache;
+use crate::grammar::{apply_mask, Grammar};
 use crate::prompt_cache::PromptCache;
 use crate::sample::SamplerSettings;
 use crate::sample::{make_logits_processors, LogitsProcessor, ProcessorSettings, Sampler};
@@ -60,6 +61,9 @@ pub struct BatchRequest {
     pub seed: Option<u64>,
     /// Give up (with [`BatchEvent::Error`]) after this long in the engine.
     pub timeout: Option<Duration>,
+    /// Constrained decoding: this row's logits are masked to what the grammar allows (see
+    /// [`crate::grammar`]).
+    pub grammar: Option<Grammar>,
 }
 
 /// What a request receives, in order: `Started`, any number of `Token`s, then `Done` or
@@ -376,6 +380,8 @@ struct Seq {
     logprobs: bool,
     top_logprobs: usize,
     deadline: Option<Instant>,
+    /// The row's grammar, advanced by every token it emits.
+    grammar: Option<Grammar>,
 }
 
 struct Worker {
@@ -1059,10 +1065,15 @@ impl Worker {
         let jobs = std::mem::take(&mut p.jobs);
         let mut caches = std::mem::take(&mut p.caches);
         if !p.together {
-            let Some(Job { request, mut sink }) = jobs.into_iter().next() else {
+            let Some(Job {
+                mut request,
+                mut sink,
+            }) = jobs.into_iter().next()
+            else {
                 return Ok(());
             };
-            let first = self.last_step(&request, &mut caches);
+            let mut grammar = request.grammar.take();
+            let first = self.last_step(&request, &mut caches, grammar.as_mut());
             let (first, logprobs) = match first {
                 Ok(x) => x,
                 Err(e) => {
@@ -1070,7 +1081,7 @@ impl Worker {
                     return Ok(());
                 }
             };
-            match self.start_row(&request, sink, first, &logprobs, p.reused)? {
+            match self.start_row(&request, sink, first, &logprobs, p.reused, grammar)? {
                 Some(row) => {
                     self.join(&caches)?;
                     self.rows.push(row);
@@ -1105,16 +1116,20 @@ impl Worker {
         let mut keep = Vec::with_capacity(k);
         let mut rows = Vec::with_capacity(k);
         for (e, job) in jobs.into_iter().enumerate() {
-            let Job { request, mut sink } = job;
+            let Job {
+                mut request,
+                mut sink,
+            } = job;
+            let mut grammar = request.grammar.take();
             let row_logits = ops::slice_axis(&logits, 0, e as i32, e as i32 + 1, None)?;
-            let (first, logprobs) = match self.first_token(&request, row_logits) {
+            let (first, logprobs) = match self.first_token(&request, row_logits, grammar.as_mut()) {
                 Ok(x) => x,
                 Err(err) => {
                     sink.send(BatchEvent::Error(err.to_string()));
                     continue;
                 }
             };
-            match self.start_row(&request, sink, first, &logprobs, 0)? {
+            match self.start_row(&request, sink, first, &logprobs, 0, grammar)? {
                 Some(row) => {
                     keep.push(e);
                     rows.push(row);
@@ -1153,6 +1168,7 @@ impl Worker {
         &mut self,
         r: &BatchRequest,
         caches: &mut [Box<dyn Cache>],
+        grammar: Option<&mut Grammar>,
     ) -> Result<(u32, Array)> {
         if let Some(seed) = r.seed {
             random::seed(seed)?;
@@ -1160,7 +1176,7 @@ impl Worker {
         let last = [r.prompt[r.prompt.len() - 1] as i32];
         let x = Array::from_slice(&last, &[1, 1])?;
         let logits = last_logits(&self.model.forward(&x, Some(caches))?)?;
-        self.first_token(r, logits)
+        self.first_token(r, logits, grammar)
     }
 
     /// Tells the client its prefill is done and hands it its first token. Returns the row
@@ -1172,6 +1188,7 @@ impl Worker {
         first: u32,
         logprobs: &Array,
         reused: usize,
+        grammar: Option<Grammar>,
     ) -> Result<Option<Seq>> {
         let prompt_tokens = request.prompt.len();
         if !sink.send(BatchEvent::Started {
@@ -1194,6 +1211,7 @@ impl Worker {
             logprobs: request.logprobs,
             top_logprobs: request.top_logprobs,
             deadline: request.timeout.map(|t| Instant::now() + t),
+            grammar,
         };
         Ok(match self.emit(&mut row, first, Some(logprobs))? {
             Outcome::Continue => Some(row),
@@ -1223,13 +1241,21 @@ impl Worker {
     /// The first token from the prompt's last logits `(1, vocab)`: the request's logits
     /// processors (over the prompt), log-probabilities, its sampler. Returns the token and the
     /// `(vocab,)` log-probabilities.
-    fn first_token(&self, r: &BatchRequest, mut logits: Array) -> Result<(u32, Array)> {
+    fn first_token(
+        &self,
+        r: &BatchRequest,
+        mut logits: Array,
+        grammar: Option<&mut Grammar>,
+    ) -> Result<(u32, Array)> {
         let processors = make_logits_processors(&r.processors)?;
         if !processors.is_empty() {
             let context: Vec<i32> = r.prompt.iter().map(|&t| t as i32).collect();
             for p in &processors {
                 logits = p.apply(&context, &logits)?;
             }
+        }
+        if let Some(g) = grammar {
+            logits = g.mask_logits(&logits)?;
         }
         let all: Vec<i32> = (0..logits.ndim() as i32).collect();
         let lse = ops::logsumexp(&logits, &all, true, None)?;
@@ -1283,6 +1309,28 @@ impl Worker {
                 parts.push(l);
             }
             logits = ops::concatenate(&parts.iter().collect::<Vec<_>>(), 0, None)?;
+        }
+        if self.rows.iter().any(|r| r.grammar.is_some()) {
+            // One `(batch, vocab)` mask: each constrained row its grammar's, the others all set;
+            // the forward runs while the host computes it.
+            mlx_core::async_eval([&logits])?;
+            let v = logits.shape().last().copied().unwrap_or(0).max(0) as usize;
+            let mut bits = vec![true; b * v];
+            for (row, out) in self.rows.iter_mut().zip(bits.chunks_mut(v.max(1))) {
+                if let Some(g) = row.grammar.as_mut() {
+                    if g.fill_mask(out).is_err() {
+                        // Cannot happen with a grammar in a sane state; end this row (EOS
+                        // only) rather than fail the whole batch.
+                        out.fill(false);
+                        for &e in self.tokenizer.eos_token_ids() {
+                            if let Some(x) = out.get_mut(e as usize) {
+                                *x = true;
+                            }
+                        }
+                    }
+                }
+            }
+            logits = apply_mask(&logits, &bits, &[b as i32, v as i32])?;
         }
         let lse = ops::logsumexp(&logits, &[-1], true, None)?;
         let logprobs = ops::subtract(&logits, &lse, None)?;
@@ -1360,6 +1408,12 @@ impl Worker {
             });
             Ok(Outcome::Finished)
         };
+        if let Some(g) = row.grammar.as_mut() {
+            if let Err(e) = g.commit(token) {
+                row.sink.send(BatchEvent::Error(e.to_string()));
+                return Ok(Outcome::Finished);
+            }
+        }
         if self.tokenizer.eos_token_ids().contains(&token) {
             // Counted among the generated tokens, as mlx-lm (and mlx_lm.server's usage) count it.
             row.generated += 1;

@@ -183,15 +183,24 @@ impl Mlp {
         kind: MlpKind,
     ) -> Result<Mlp> {
         let p = |n: &str| join(path, n);
-        let gate_up = match (kind.gated(), names.gate_up) {
-            (true, Some(f)) => GateUp::Fused(Linear::load(w, &p(f), dim, 2 * hidden, bias)?),
-            (true, None) => GateUp::Separate {
-                gate: Linear::load(w, &p(names.gate), dim, hidden, bias)?,
-                up: Linear::load(w, &p(names.up), dim, hidden, bias)?,
-            },
-            (false, _) => GateUp::Plain(Linear::load(w, &p(names.up), dim, hidden, bias)?),
+        // Loaded in mlx-lm's attribute order (gate, down, up): `mlx convert` writes the
+        // per-module quantization entries in the order the modules are loaded.
+        let (gate_up, down) = match (kind.gated(), names.gate_up) {
+            (true, Some(f)) => {
+                let gu = GateUp::Fused(Linear::load(w, &p(f), dim, 2 * hidden, bias)?);
+                (gu, Linear::load(w, &p(names.down), hidden, dim, down_bias)?)
+            }
+            (true, None) => {
+                let gate = Linear::load(w, &p(names.gate), dim, hidden, bias)?;
+                let down = Linear::load(w, &p(names.down), hidden, dim, down_bias)?;
+                let up = Linear::load(w, &p(names.up), dim, hidden, bias)?;
+                (GateUp::Separate { gate, up }, down)
+            }
+            (false, _) => {
+                let up = GateUp::Plain(Linear::load(w, &p(names.up), dim, hidden, bias)?);
+                (up, Linear::load(w, &p(names.down), hidden, dim, down_bias)?)
+            }
         };
-        let down = Linear::load(w, &p(names.down), hidden, dim, down_bias)?;
         let xielu = if kind == MlpKind::XieLu {
             let mut s = |n: &str| w.take(&format!("{path}.act_fn.{n}"), &[]);
             Some(XieLuParams {

@@ -120,6 +120,29 @@ where
     Ok(f.call(&all)?)
 }
 
+/// One layer of a port's layer stack, as every port's loop runs it: `forward(layer, h, cache)`
+/// directly, or under `mx.checkpoint` when the model trains with `grad_checkpoint` (`own`:
+/// the layer trains in full), with or without the segmented backward's cache.
+pub(crate) fn layer_step<L, F>(
+    layer: &L,
+    h: &Array,
+    cache: Option<&mut Box<dyn Cache>>,
+    checkpoint: Option<bool>,
+    forward: F,
+) -> Result<Array>
+where
+    L: LayerArrays,
+    F: Fn(&L, &Array, Option<&mut Box<dyn Cache>>) -> Result<Array> + Send + 'static,
+{
+    match (cache, checkpoint) {
+        (None, Some(own)) => checkpointed(layer, h, own, move |l, x| forward(l, x, None)),
+        (Some(c), Some(own)) => {
+            checkpointed_cached(layer, h, own, c, move |l, x, c| forward(l, x, Some(c)))
+        }
+        (cache, None) => forward(layer, h, cache),
+    }
+}
+
 /// A cache state's tree with its arrays taken out (their places marked).
 enum StateShape {
     Array,

@@ -11,7 +11,7 @@ use serde_json::Value;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::{swiglu, Embedding, LayerParam, Linear, LinearMut, RmsNorm, Rope};
-use crate::models::checkpoint::{checkpointed, checkpointed_cached, LayerArrays};
+use crate::models::checkpoint::{layer_step, LayerArrays};
 use crate::models::moe::{Attention, AttentionSpec, QkNorm};
 use crate::models::LanguageModel;
 use crate::weights::Weights;
@@ -489,24 +489,13 @@ impl Model {
         };
         for (i, layer) in self.layers.iter().enumerate() {
             let cache = caches.as_deref_mut().map(|c| &mut c[i]);
-            h = match cache {
-                None if self.grad_checkpoint => {
-                    let (am, cm) = (attn_mask.clone(), conv_mask.clone());
-                    let own = self.checkpoint_own.contains(&i);
-                    checkpointed(layer, &h, own, move |l, x| {
-                        l.forward(x, i, &am, cm.as_ref(), None)
-                    })?
-                }
-                // The segmented backward's caches.
-                Some(c) if self.grad_checkpoint => {
-                    let (am, cm) = (attn_mask.clone(), conv_mask.clone());
-                    let own = self.checkpoint_own.contains(&i);
-                    checkpointed_cached(layer, &h, own, c, move |l, x, c| {
-                        l.forward(x, i, &am, cm.as_ref(), Some(c))
-                    })?
-                }
-                cache => layer.forward(&h, i, &attn_mask, conv_mask.as_ref(), cache)?,
-            };
+            let ckpt = self
+                .grad_checkpoint
+                .then(|| self.checkpoint_own.contains(&i));
+            let (am, cm) = (attn_mask.clone(), conv_mask.clone());
+            h = layer_step(layer, &h, cache, ckpt, move |l, x, c| {
+                l.forward(x, i, &am, cm.as_ref(), c)
+            })?;
         }
         self.embedding_norm.forward(&h)
     }

@@ -454,6 +454,39 @@ pub fn build_with_params(
     Ok((model, params))
 }
 
+/// What [`build_recording`] returns: the model's parameters under mlx-lm's names (after
+/// `sanitize`), in the order the model took them, and its quantizable modules.
+pub struct BuiltParameters {
+    pub parameters: Vec<(String, Array)>,
+    pub quantizable: Vec<crate::weights::QuantizableModule>,
+}
+
+/// Builds the model strictly (as [`build`]) but lazily (`load(..., lazy=True)`, what
+/// `mlx_lm.convert` does), returning its parameters and quantizable modules (for `convert`).
+pub fn build_recording(config: &ModelConfig, mut weights: Weights) -> Result<BuiltParameters> {
+    check_layer_count(config, &weights)?;
+    let _model: Box<dyn LanguageModel> =
+        match DEDICATED.iter().find(|(t, _)| *t == config.architecture) {
+            Some((_, f)) => f(config, &mut weights)?,
+            None => match resolve(config)? {
+                Some(desc) => Box::new(dense::Model::load(desc, &mut weights)?),
+                None => {
+                    return Err(ModelError::Other(format!(
+                        "`{}` has neither a port nor a row",
+                        config.model_type
+                    )))
+                }
+            },
+        };
+    let parameters = weights.taken_named();
+    let quantizable = weights.quantizable().to_vec();
+    weights.finish()?;
+    Ok(BuiltParameters {
+        parameters,
+        quantizable,
+    })
+}
+
 /// Refuses a `num_hidden_layers` past the layers the files hold tensors for before any layer
 /// is built: such a model would only fail with every tensor of every missing layer listed, after
 /// building them all (a `num_hidden_layers` of a million once used 17 GB doing so).

@@ -14,7 +14,7 @@ use crate::layers::{
     scaled_dot_product_attention, Embedding, LayerParam, Linear, LinearMut, Mlp, MlpKind, MlpNames,
     RmsNorm, Rope, RopeScaling, SwitchActivation, SwitchGlu,
 };
-use crate::models::checkpoint::{checkpointed, checkpointed_cached, LayerArrays};
+use crate::models::checkpoint::{layer_step, LayerArrays};
 use crate::models::LanguageModel;
 use crate::weights::Weights;
 
@@ -1371,7 +1371,8 @@ impl Model {
         crate::models::moe::check_inputs(inputs)?;
         let mut h = self.embed_tokens.forward(inputs)?;
         let n = h.shape().get(1).copied().unwrap_or(0) as usize;
-        match caches {
+        let mut caches = caches;
+        let (mask, swa_mask) = match caches.as_deref_mut() {
             Some(caches) => {
                 if caches.len() != self.layers.len() {
                     return Err(ModelError::Other(format!(
@@ -1385,38 +1386,29 @@ impl Model {
                     Some(i) => Some(caches[i].make_mask(n, self.spec.sliding_window, false)?),
                     None => None,
                 };
-                for (i, (layer, cache)) in self.layers.iter().zip(caches.iter_mut()).enumerate() {
-                    let m = if self.is_sliding(i) {
-                        swa_mask.as_ref().unwrap_or(&mask)
-                    } else {
-                        &mask
-                    };
-                    h = if self.grad_checkpoint {
-                        // The segmented backward's caches.
-                        let m = m.clone();
-                        let own = self.checkpoint_own.contains(&i);
-                        checkpointed_cached(layer, &h, own, cache, move |l, x, c| {
-                            l.forward(x, &m, Some(c))
-                        })?
-                    } else {
-                        layer.forward(&h, m, Some(cache))?
-                    };
-                }
+                (mask, swa_mask)
             }
-            None => {
-                let mask = mlx_cache::mask::fallback_mask(n, None, false)?;
-                let swa_mask = mlx_cache::mask::fallback_mask(n, self.spec.sliding_window, false)?;
-                for (i, layer) in self.layers.iter().enumerate() {
-                    let m = if self.is_sliding(i) { &swa_mask } else { &mask };
-                    h = if self.grad_checkpoint {
-                        let m = m.clone();
-                        let own = self.checkpoint_own.contains(&i);
-                        checkpointed(layer, &h, own, move |l, x| l.forward(x, &m, None))?
-                    } else {
-                        layer.forward(&h, m, None)?
-                    };
-                }
+            None => (
+                mlx_cache::mask::fallback_mask(n, None, false)?,
+                Some(mlx_cache::mask::fallback_mask(
+                    n,
+                    self.spec.sliding_window,
+                    false,
+                )?),
+            ),
+        };
+        for (i, layer) in self.layers.iter().enumerate() {
+            let m = if self.is_sliding(i) {
+                swa_mask.as_ref().unwrap_or(&mask)
+            } else {
+                &mask
             }
+            .clone();
+            let cache = caches.as_deref_mut().map(|c| &mut c[i]);
+            let ckpt = self
+                .grad_checkpoint
+                .then(|| self.checkpoint_own.contains(&i));
+            h = layer_step(layer, &h, cache, ckpt, move |l, x, c| l.forward(x, &m, c))?;
         }
         self.norm.forward(&h)
     }

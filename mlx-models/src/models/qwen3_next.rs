@@ -24,7 +24,7 @@ use crate::layers::{
     RopeScaling, SwitchActivation,
 };
 use crate::layers::{LayerParam, LinearMut};
-use crate::models::checkpoint::{checkpointed, checkpointed_cached, LayerArrays};
+use crate::models::checkpoint::{layer_step, LayerArrays};
 use crate::models::moe::{Ffn, Router, SparseMoe, SparseMoeParams};
 use crate::models::LanguageModel;
 use crate::weights::Weights;
@@ -1111,24 +1111,13 @@ impl Model {
         };
         for (i, layer) in self.layers.iter().enumerate() {
             let cache = caches.as_deref_mut().map(|c| &mut c[i]);
-            h = match cache {
-                None if self.grad_checkpoint => {
-                    let (fm, sm) = (fa_mask.clone(), ssm_mask.clone());
-                    let own = self.checkpoint_own.contains(&i);
-                    checkpointed(layer, &h, own, move |l, x| {
-                        l.forward(x, i, &fm, sm.as_ref(), None)
-                    })?
-                }
-                // The segmented backward's caches.
-                Some(c) if self.grad_checkpoint => {
-                    let (fm, sm) = (fa_mask.clone(), ssm_mask.clone());
-                    let own = self.checkpoint_own.contains(&i);
-                    checkpointed_cached(layer, &h, own, c, move |l, x, c| {
-                        l.forward(x, i, &fm, sm.as_ref(), Some(c))
-                    })?
-                }
-                cache => layer.forward(&h, i, &fa_mask, ssm_mask.as_ref(), cache)?,
-            };
+            let ckpt = self
+                .grad_checkpoint
+                .then(|| self.checkpoint_own.contains(&i));
+            let (fm, sm) = (fa_mask.clone(), ssm_mask.clone());
+            h = layer_step(layer, &h, cache, ckpt, move |l, x, c| {
+                l.forward(x, i, &fm, sm.as_ref(), c)
+            })?;
         }
         self.norm.forward(&h)
     }

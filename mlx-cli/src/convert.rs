@@ -1,0 +1,205 @@
+//! `mlx convert` (as `mlx_lm.convert`): a model directory to an MLX model directory, cast,
+//! quantized (`-q`, `--q-bits`, `--q-group-size`, `--q-mode`, `--quant-predicate`) or
+//! dequantized (`-d`), over `mlx_models::convert`. A progress bar counts tensors.
+
+use std::io::IsTerminal;
+use std::path::Path;
+
+use clap::Args;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use mlx_core::quantized::QuantMode;
+use mlx_models::convert::{
+    convert, is_gguf, ConvertOptions, Progress, CONVERSION_DTYPES, QUANT_RECIPES,
+};
+
+#[derive(Args, Debug)]
+pub struct ConvertArgs {
+    /// Path to the model: a local model directory (config.json and safetensors).
+    #[arg(long = "hf-path", visible_alias = "model")]
+    pub hf_path: String,
+    /// Path to save the MLX model.
+    #[arg(long, default_value = "mlx_model")]
+    pub mlx_path: String,
+    /// Generate a quantized model.
+    #[arg(short = 'q', long)]
+    pub quantize: bool,
+    /// Group size for quantization (default: the mode's, affine 64).
+    #[arg(long)]
+    pub q_group_size: Option<i32>,
+    /// Bits per weight for quantization (default: the mode's, affine 4).
+    #[arg(long)]
+    pub q_bits: Option<i32>,
+    /// The quantization mode.
+    #[arg(long, default_value = "affine", value_parser = ["affine", "mxfp4", "nvfp4", "mxfp8"])]
+    pub q_mode: String,
+    /// Mixed-bit quantization recipe.
+    #[arg(long, value_parser = QUANT_RECIPES)]
+    pub quant_predicate: Option<String>,
+    /// Type to save the non-quantized parameters. Defaults to config.json's `torch_dtype` or
+    /// the current model weights dtype.
+    #[arg(long, value_parser = CONVERSION_DTYPES)]
+    pub dtype: Option<String>,
+    /// Dequantize a quantized model.
+    #[arg(short = 'd', long)]
+    pub dequantize: bool,
+}
+
+impl ConvertArgs {
+    /// The library's options (the mode name is one clap accepted).
+    pub fn options(&self) -> Result<ConvertOptions, String> {
+        let q_mode = QuantMode::from_name(&self.q_mode)
+            .ok_or_else(|| format!("--q-mode: unknown mode `{}`", self.q_mode))?;
+        if self.quantize && self.dequantize {
+            return Err("Choose either quantize or dequantize, not both.".into());
+        }
+        if self.quant_predicate.is_some() && q_mode != QuantMode::Affine {
+            return Err("Quant predicates only support 'affine' quantization.".into());
+        }
+        if self.quantize {
+            let (g, b) = match q_mode {
+                QuantMode::Affine => (64, 4),
+                QuantMode::Mxfp4 => (32, 4),
+                QuantMode::Nvfp4 => (16, 4),
+                QuantMode::Mxfp8 => (32, 8),
+            };
+            q_mode
+                .check(self.q_group_size.unwrap_or(g), self.q_bits.unwrap_or(b))
+                .map_err(|m| format!("--q-bits/--q-group-size: {m}"))?;
+        }
+        Ok(ConvertOptions {
+            extra_files: Vec::new(),
+            quantize: self.quantize,
+            q_group_size: self.q_group_size,
+            q_bits: self.q_bits,
+            q_mode,
+            quant_predicate: self.quant_predicate.clone(),
+            dtype: self.dtype.clone(),
+            dequantize: self.dequantize,
+        })
+    }
+
+    /// Checks that need no model: the options, the source directory, a free output path.
+    pub fn check(&self) -> Result<(), String> {
+        self.options()?;
+        let src = Path::new(&self.hf_path);
+        if !is_gguf(src) && !src.join("config.json").is_file() {
+            return Err(format!(
+                "--hf-path {}: not a model directory (no config.json) nor a .gguf file; Hub \
+                 names are not fetched by `mlx convert`",
+                self.hf_path
+            ));
+        }
+        if Path::new(&self.mlx_path).exists() {
+            return Err(format!(
+                "Cannot save to the path {} as it already exists. Please delete the \
+                 file/directory or specify a new path to save to.",
+                self.mlx_path
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Runs the conversion, with `[INFO]` lines as mlx-lm prints them and a bar per stage.
+pub fn run(a: &ConvertArgs) -> Result<(), String> {
+    let mut opts = a.options()?;
+    if is_gguf(Path::new(&a.hf_path)) {
+        opts.extra_files = gguf_tokenizer_files(Path::new(&a.hf_path))
+            .map_err(|e| format!("{}: {e}", a.hf_path))?;
+    }
+    let tty = std::io::stderr().is_terminal();
+    let mut bar: Option<ProgressBar> = None;
+    let mut on_progress = |p: Progress<'_>| match p {
+        Progress::Info(line) => {
+            if let Some(b) = bar.take() {
+                b.finish_and_clear();
+            }
+            println!("[INFO] {line}");
+        }
+        Progress::Stage(name, total) => {
+            if let Some(b) = bar.take() {
+                b.finish_and_clear();
+            }
+            if tty && total > 0 {
+                let pb =
+                    ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::stderr());
+                if let Ok(style) =
+                    ProgressStyle::with_template("[mlx] {prefix} [{bar:30}] {pos}/{len} {wide_msg}")
+                {
+                    pb.set_style(style.progress_chars("=> "));
+                }
+                pb.set_prefix(name.to_string());
+                bar = Some(pb);
+            }
+        }
+        Progress::Tensor(name) => {
+            if let Some(b) = &bar {
+                b.set_message(name.to_string());
+                b.inc(1);
+            }
+        }
+    };
+    let report = convert(
+        Path::new(&a.hf_path),
+        Path::new(&a.mlx_path),
+        &opts,
+        &mut on_progress,
+    )
+    .map_err(|e| format!("{}: {e}", a.hf_path))?;
+    if let Some(b) = bar.take() {
+        b.finish_and_clear();
+    }
+    eprintln!(
+        "[mlx] wrote {} tensors to {} ({})",
+        report.tensors,
+        a.mlx_path,
+        report.files.join(", ")
+    );
+    Ok(())
+}
+
+/// `tokenizer.json` and `tokenizer_config.json` for a GGUF file's tokenizer (its metadata
+/// built into a Hugging Face tokenizer as `mlx generate` builds it; the config names the
+/// special tokens and holds the chat template).
+fn gguf_tokenizer_files(path: &Path) -> Result<Vec<(String, Vec<u8>)>, String> {
+    let header = mlx_core::io::read_gguf_header(path).map_err(|e| e.to_string())?;
+    if !header.metadata.contains_key("tokenizer.ggml.tokens") {
+        eprintln!(
+            "[mlx] {}: no tokenizer in the GGUF metadata; none written",
+            path.display()
+        );
+        return Ok(Vec::new());
+    }
+    let data =
+        mlx_engine::tokenizer_gguf::tokenizer_data(&header.metadata).map_err(|e| e.to_string())?;
+    let tok = data.build().map_err(|e| e.to_string())?;
+    let json = tok.to_hf_json().map_err(|e| e.to_string())?;
+    let token = |id: Option<u32>| {
+        id.and_then(|i| data.tokens.get(i as usize))
+            .map_or(serde_json::Value::Null, |t| {
+                serde_json::Value::from(t.clone())
+            })
+    };
+    let mut config = serde_json::Map::new();
+    config.insert("add_bos_token".into(), data.add_bos.unwrap_or(false).into());
+    config.insert("add_eos_token".into(), data.add_eos.unwrap_or(false).into());
+    config.insert("bos_token".into(), token(data.bos_id));
+    if let Some(t) = &data.chat_template {
+        config.insert("chat_template".into(), t.clone().into());
+    }
+    config.insert("clean_up_tokenization_spaces".into(), false.into());
+    config.insert("eos_token".into(), token(data.eos_id));
+    if data.pad_id.is_some() {
+        config.insert("pad_token".into(), token(data.pad_id));
+    }
+    config.insert("tokenizer_class".into(), "PreTrainedTokenizerFast".into());
+    if data.unk_id.is_some() {
+        config.insert("unk_token".into(), token(data.unk_id));
+    }
+    let config = serde_json::to_string_pretty(&serde_json::Value::Object(config))
+        .map_err(|e| e.to_string())?;
+    Ok(vec![
+        ("tokenizer.json".into(), json.into_bytes()),
+        ("tokenizer_config.json".into(), config.into_bytes()),
+    ])
+}

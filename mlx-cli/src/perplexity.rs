@@ -1,0 +1,258 @@
+//! `mlx perplexity` (as `mlx_lm.perplexity`): the perplexity of a model on a dataset and its
+//! standard error, with mlx-lm's sampling of the data (`np.random.seed(seed)`, a permutation
+//! of the records, their tokens concatenated and cut into `--num-samples` rows of
+//! `--sequence-length`), its batches and its figures. Data comes from a local file: a JSONL
+//! file (or a directory holding `train.jsonl`) in any of mlx-lm's dataset formats (`text`,
+//! `messages`, `prompt`/`completion`), or a plain-text file (one `text` record).
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use clap::Args;
+use mlx_core::prelude::*;
+use mlx_models::load::{load_model_dir, LoadOptions};
+use mlx_train::data::{create_dataset, read_jsonl, DataConfig};
+use mlx_train::nprand::NumpyRandom;
+
+#[derive(Args, Debug)]
+pub struct PerplexityArgs {
+    /// Path to the model directory.
+    #[arg(long)]
+    pub model: String,
+    /// Accepted for mlx-lm compatibility (nothing is run from the model directory).
+    #[arg(long)]
+    pub trust_remote_code: bool,
+    /// Batch size for evaluation.
+    #[arg(long, default_value_t = 8)]
+    pub batch_size: usize,
+    /// Sequence length for evaluation.
+    #[arg(long, default_value_t = 512)]
+    pub sequence_length: usize,
+    /// Number of samples to use (-1 for all available).
+    #[arg(long, default_value_t = 256, allow_negative_numbers = true)]
+    pub num_samples: i64,
+    /// The data: a local .jsonl file (mlx-lm's dataset formats), a directory holding
+    /// train.jsonl, or a plain-text file.
+    #[arg(long)]
+    pub data_path: String,
+    /// Random seed for data sampling.
+    #[arg(long, default_value_t = 123)]
+    pub seed: u32,
+    /// Print the results as one JSON object (the figures at full precision).
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl PerplexityArgs {
+    /// Checks that need no model.
+    pub fn check(&self) -> Result<(), String> {
+        if self.batch_size == 0 {
+            return Err("--batch-size must be at least 1".into());
+        }
+        if self.sequence_length < 2 {
+            return Err("--sequence-length must be at least 2".into());
+        }
+        if self.num_samples == 0 || self.num_samples < -1 {
+            return Err("--num-samples must be positive or -1 (all)".into());
+        }
+        data_file(&self.data_path).map(|_| ())?;
+        if !Path::new(&self.model).join("config.json").is_file() {
+            return Err(format!(
+                "--model {}: not a model directory (no config.json)",
+                self.model
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The file the data comes from, and whether it is plain text.
+fn data_file(path: &str) -> Result<(PathBuf, bool), String> {
+    let p = Path::new(path);
+    if p.is_dir() {
+        let f = p.join("train.jsonl");
+        if f.is_file() {
+            return Ok((f, false));
+        }
+        return Err(format!(
+            "--data-path {path}: the directory holds no train.jsonl"
+        ));
+    }
+    if !p.is_file() {
+        return Err(format!(
+            "--data-path {path}: no such file (Hugging Face datasets are not fetched: give a local \
+             .jsonl or text file)"
+        ));
+    }
+    let jsonl = p.extension().is_some_and(|e| e == "jsonl" || e == "json");
+    Ok((p.to_path_buf(), !jsonl))
+}
+
+/// `load_data`: the token rows, `[samples, sequence_length]`.
+fn load_data(
+    tok: &mlx_engine::Tokenizer,
+    path: &str,
+    num_samples: i64,
+    sequence_length: usize,
+    rng: &mut NumpyRandom,
+) -> Result<(Vec<i32>, usize), String> {
+    let (file, text) = data_file(path)?;
+    let rows = if text {
+        let t = std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+        let mut m = serde_json::Map::new();
+        m.insert("text".into(), t.into());
+        vec![m]
+    } else {
+        read_jsonl(&file).map_err(|e| e.to_string())?
+    };
+    let name = file.display().to_string();
+    let dataset =
+        create_dataset(&rows, tok, &DataConfig::default(), &name).map_err(|e| e.to_string())?;
+    if dataset.is_empty() {
+        return Err(format!("{name}: no records"));
+    }
+    let perm = rng.permutation(dataset.len());
+    let want = if num_samples > 0 {
+        Some(sequence_length * num_samples as usize)
+    } else {
+        None
+    };
+    let mut data: Vec<i32> = Vec::new();
+    let mut i = 0;
+    loop {
+        if want.is_some_and(|w| data.len() >= w) {
+            break;
+        }
+        let Some(&idx) = perm.get(i) else {
+            if want.is_none() {
+                break;
+            }
+            return Err(format!(
+                "{name}: the records hold {} tokens, fewer than --num-samples x --sequence-length = {}",
+                data.len(),
+                want.unwrap_or(0)
+            ));
+        };
+        i += 1;
+        data.extend(dataset.examples[idx].tokens.iter().map(|&t| t as i32));
+    }
+    let mut rows = data.len() / sequence_length;
+    if num_samples > 0 {
+        rows = rows.min(num_samples as usize);
+    }
+    if rows == 0 {
+        return Err(format!(
+            "{name}: fewer tokens ({}) than one --sequence-length ({sequence_length})",
+            data.len()
+        ));
+    }
+    data.truncate(rows * sequence_length);
+    Ok((data, rows))
+}
+
+/// The figures of one evaluation.
+pub struct Perplexity {
+    pub perplexity: f64,
+    pub standard_error: f64,
+}
+
+/// `eval_ppl`: per-token cross-entropy over the batches, then `exp(mean)` and the delta
+/// approximation of its standard error.
+fn eval_ppl(
+    model: &dyn mlx_models::LanguageModel,
+    data: &[i32],
+    rows: usize,
+    len: usize,
+    batch_size: usize,
+) -> Result<Perplexity, String> {
+    let e = |e: mlx_core::Error| e.to_string();
+    let num_batches = rows.div_ceil(batch_size);
+    let mut losses = Vec::with_capacity(num_batches);
+    for (i, s) in (0..rows).step_by(batch_size).enumerate() {
+        let b = batch_size.min(rows - s);
+        let batch =
+            Array::from_slice(&data[s * len..(s + b) * len], &[b as i32, len as i32]).map_err(e)?;
+        let l = len as i32;
+        let inputs = batch
+            .slice(&[0, 0], &[b as i32, l - 1], &[1, 1])
+            .map_err(e)?;
+        let targets = batch.slice(&[0, 1], &[b as i32, l], &[1, 1]).map_err(e)?;
+        let logits = model
+            .forward(&inputs, None)
+            .map_err(|e| e.to_string())?
+            .astype(Dtype::Float32)
+            .map_err(e)?;
+        let loss = mlx_train::loss::cross_entropy(&logits, &targets).map_err(|e| e.to_string())?;
+        mlx_core::eval([&loss]).map_err(e)?;
+        losses.push(loss.flatten(0, -1).map_err(e)?);
+        eprint!("  Processed {}/{num_batches} batches...\r", i + 1);
+    }
+    eprintln!();
+    let refs: Vec<&Array> = losses.iter().collect();
+    let all = ops::concatenate(&refs, 0, None).map_err(e)?;
+    let mean_loss = f64::from(all.mean_all(false).map_err(e)?.item::<f32>().map_err(e)?);
+    let ppl = mean_loss.exp();
+    let var = ops::var_all(&all, false, 1, None).map_err(e)?;
+    let std_dev = f64::from(var.sqrt().map_err(e)?.item::<f32>().map_err(e)?);
+    let n = all.size();
+    let se = std_dev / (n as f64).sqrt();
+    Ok(Perplexity {
+        perplexity: ppl,
+        standard_error: ppl * se,
+    })
+}
+
+pub fn run(a: &PerplexityArgs) -> Result<(), String> {
+    let mut rng = NumpyRandom::new(a.seed);
+    mlx_core::random::seed(u64::from(a.seed)).map_err(|e| e.to_string())?;
+    println!("Loading model from {}...", a.model);
+    let dir = Path::new(&a.model);
+    let (model, _) =
+        load_model_dir(dir, &LoadOptions::default()).map_err(|e| format!("{}: {e}", a.model))?;
+    let tok = mlx_engine::Tokenizer::from_dir(dir).map_err(|e| format!("{}: {e}", a.model))?;
+    println!("\nLoading dataset...");
+    println!("  Sequence length: {}", a.sequence_length);
+    let (data, rows) = load_data(
+        &tok,
+        &a.data_path,
+        a.num_samples,
+        a.sequence_length,
+        &mut rng,
+    )?;
+    println!("  Loaded {rows} samples");
+    println!(
+        "\nEvaluating perplexity with batch size {}...",
+        a.batch_size
+    );
+    let start = Instant::now();
+    let r = eval_ppl(model.as_ref(), &data, rows, a.sequence_length, a.batch_size)?;
+    let secs = start.elapsed().as_secs_f64();
+    let tokens_evaluated = rows * (a.sequence_length - 1);
+    let peak = mlx_core::memory::peak_memory().unwrap_or(0) as f64 / 1e9;
+    if a.json {
+        let j = serde_json::json!({
+            "model": a.model,
+            "perplexity": r.perplexity,
+            "standard_error": r.standard_error,
+            "samples": rows,
+            "tokens": data.len(),
+            "tokens_evaluated": tokens_evaluated,
+            "seconds": secs,
+            "peak_memory_gb": peak,
+        });
+        println!("{j}");
+        return Ok(());
+    }
+    println!("\n{}", "=".repeat(60));
+    println!("EVALUATION RESULTS");
+    println!("{}", "=".repeat(60));
+    println!("Model: {}", a.model);
+    println!("Perplexity: {:.3} ± {:.3}", r.perplexity, r.standard_error);
+    println!("Evaluation time: {secs:.2} seconds");
+    println!("Peak memory: {peak:.2} GB");
+    println!("Tokens per second: {:.0}", tokens_evaluated as f64 / secs);
+    println!("\nDataset statistics:");
+    println!("  Total samples: {rows}");
+    println!("  Total tokens: {}", data.len());
+    Ok(())
+}

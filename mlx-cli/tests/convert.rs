@@ -1,0 +1,308 @@
+//! `mlx convert` against `mlx_lm.convert` (goldens from `cargo xtask goldens convert`,
+//! `xtask/oracle/goldens_convert.py`): for every case (modes, bit widths, group sizes, recipes,
+//! dtypes, `-d` on quantized outputs, several architectures) every tensor's name, dtype, shape
+//! and bytes, `config.json`, `model.safetensors.index.json`, `README.md` and the copied
+//! `tokenizer.json` and `generation_config.json` equal mlx-lm's byte for byte. The command line
+//! itself runs a few cases and its refusals.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use mlx_core::quantized::QuantMode;
+use mlx_models::convert::{convert, ConvertOptions};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// Files we write as mlx-lm does. `tokenizer_config.json` and `chat_template.jinja` are
+/// transformers' `save_pretrained` re-serialisation on mlx-lm's side (we copy the source's).
+const COMPARED: [&str; 5] = [
+    "config.json",
+    "model.safetensors.index.json",
+    "README.md",
+    "tokenizer.json",
+    "generation_config.json",
+];
+
+fn tests_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests")
+}
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("mlx-convert-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn sha(bytes: &[u8]) -> String {
+    let mut h = Sha256::new();
+    h.update(bytes);
+    // The golden keeps 16 hex digits of each digest.
+    format!("{:x}", h.finalize())[..16].to_string()
+}
+
+fn tensor_table(path: &Path) -> BTreeMap<String, Value> {
+    let data = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(data[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Map<String, Value> = serde_json::from_slice(&data[8..8 + n]).unwrap();
+    let base = 8 + n;
+    header
+        .into_iter()
+        .map(|(k, v)| {
+            if k == "__metadata__" {
+                return (k, v);
+            }
+            let off = v["data_offsets"].as_array().unwrap();
+            let (a, b) = (
+                off[0].as_u64().unwrap() as usize,
+                off[1].as_u64().unwrap() as usize,
+            );
+            let row = serde_json::json!([v["dtype"], v["shape"], sha(&data[base + a..base + b])]);
+            (k, row)
+        })
+        .collect()
+}
+
+fn options(args: &[String]) -> ConvertOptions {
+    let mut o = ConvertOptions::default();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "-q" => o.quantize = true,
+            "-d" => o.dequantize = true,
+            "--q-bits" => o.q_bits = Some(it.next().unwrap().parse().unwrap()),
+            "--q-group-size" => o.q_group_size = Some(it.next().unwrap().parse().unwrap()),
+            "--q-mode" => o.q_mode = QuantMode::from_name(it.next().unwrap()).unwrap(),
+            "--quant-predicate" => o.quant_predicate = Some(it.next().unwrap().clone()),
+            "--dtype" => o.dtype = Some(it.next().unwrap().clone()),
+            other => panic!("unknown golden argument {other}"),
+        }
+    }
+    o
+}
+
+/// Compares our output directory with the golden's record of mlx-lm's; the differences.
+fn compare(case: &str, ours: &Path, want: &Value) -> Vec<String> {
+    let mut bad = Vec::new();
+    let files = want["files"].as_object().unwrap();
+    for (name, entry) in files {
+        let p = ours.join(name);
+        if !p.exists() {
+            if COMPARED.contains(&name.as_str()) || name.ends_with(".safetensors") {
+                bad.push(format!("{case}: {name} missing"));
+            }
+            continue;
+        }
+        if name.ends_with(".safetensors") {
+            let got = tensor_table(&p);
+            let want_t = entry["tensors"].as_object().unwrap();
+            for (k, v) in want_t {
+                match got.get(k) {
+                    None => bad.push(format!("{case}: {name}: tensor {k} missing")),
+                    Some(g) if g != v => {
+                        bad.push(format!("{case}: {name}: {k}: ours {g}, mlx-lm {v}"))
+                    }
+                    _ => {}
+                }
+            }
+            for k in got.keys().filter(|k| !want_t.contains_key(*k)) {
+                bad.push(format!("{case}: {name}: unexpected tensor {k}"));
+            }
+        } else if COMPARED.contains(&name.as_str()) {
+            let got = sha(&std::fs::read(&p).unwrap());
+            if got != entry["sha256"].as_str().unwrap() {
+                bad.push(format!(
+                    "{case}: {name} differs:\n{}",
+                    std::fs::read_to_string(&p).unwrap_or_default()
+                ));
+            }
+        }
+    }
+    bad
+}
+
+#[test]
+fn conversions_equal_mlx_lm_convert() {
+    let golden: Value = serde_json::from_str(
+        &std::fs::read_to_string(tests_dir().join("goldens/convert.json")).unwrap(),
+    )
+    .unwrap();
+    let cases = golden["cases"].as_object().unwrap();
+    let out = temp_dir("lib");
+    // Fixture sources first, then the cases converting another case's output.
+    let mut order: Vec<(&String, &Value)> = cases.iter().collect();
+    order.sort_by_key(|(_, c)| c["source"].as_str().unwrap().starts_with('@'));
+    let mut bad = Vec::new();
+    for (case, want) in order {
+        let src = want["source"].as_str().unwrap();
+        let src_dir = match src.strip_prefix('@') {
+            Some(c) => out.join(c),
+            None => tests_dir().join(src),
+        };
+        let args: Vec<String> = want["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_string())
+            .collect();
+        let dst = out.join(case);
+        match convert(&src_dir, &dst, &options(&args), &mut |_| {}) {
+            Ok(_) => bad.extend(compare(case, &dst, want)),
+            Err(e) => bad.push(format!("{case}: {e}")),
+        }
+    }
+    let _ = std::fs::remove_dir_all(&out);
+    assert!(
+        bad.is_empty(),
+        "{} differences:\n{}",
+        bad.len(),
+        bad.join("\n")
+    );
+}
+
+fn mlx(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_mlx"))
+        .args(args)
+        .output()
+        .expect("run mlx");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn the_command_line_converts_as_mlx_lm_and_refuses_what_it_refuses() {
+    let golden: Value = serde_json::from_str(
+        &std::fs::read_to_string(tests_dir().join("goldens/convert.json")).unwrap(),
+    )
+    .unwrap();
+    let out = temp_dir("cli");
+    let src = tests_dir().join("convert/llama");
+    let src = src.to_str().unwrap();
+    for case in ["llama_mixed_2_6", "llama_mxfp4"] {
+        let want = &golden["cases"][case];
+        let dst = out.join(case);
+        let mut args = vec![
+            "convert",
+            "--hf-path",
+            src,
+            "--mlx-path",
+            dst.to_str().unwrap(),
+        ];
+        let extra: Vec<&str> = want["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        args.extend(extra);
+        let (code, stdout, stderr) = mlx(&args);
+        assert_eq!(code, 0, "{case}: {stderr}");
+        let info: Vec<&str> = stdout.lines().filter(|l| l.starts_with("[INFO]")).collect();
+        let want_info: Vec<&str> = want["info"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l.as_str().unwrap())
+            .collect();
+        assert_eq!(info, want_info, "{case}: the [INFO] lines");
+        let bad = compare(case, &dst, want);
+        assert!(bad.is_empty(), "{}", bad.join("\n"));
+        // No temporary sibling is left behind.
+        let leftovers: Vec<_> = std::fs::read_dir(&out)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".partial"))
+            .collect();
+        assert!(leftovers.is_empty());
+    }
+    // An existing output path is refused, as mlx-lm refuses it.
+    let dst = out.join("llama_mxfp4");
+    let (code, _, stderr) = mlx(&[
+        "convert",
+        "--model",
+        src,
+        "--mlx-path",
+        dst.to_str().unwrap(),
+    ]);
+    assert_ne!(code, 0);
+    assert!(stderr.contains("already exists"), "{stderr}");
+    // Quantize and dequantize together, a recipe with a non-affine mode, bad bit widths.
+    let fresh = out.join("fresh");
+    let fresh = fresh.to_str().unwrap();
+    for (args, needle) in [
+        (vec!["-q", "-d"], "either quantize or dequantize"),
+        (
+            vec!["-q", "--q-mode", "mxfp4", "--quant-predicate", "mixed_3_6"],
+            "only support 'affine'",
+        ),
+        (vec!["-q", "--q-bits", "7"], "bits 7"),
+        (
+            vec!["-q", "--q-mode", "nvfp4", "--q-group-size", "32"],
+            "group_size 32",
+        ),
+    ] {
+        let mut a = vec!["convert", "--hf-path", src, "--mlx-path", fresh];
+        a.extend(args.iter());
+        let (code, _, stderr) = mlx(&a);
+        assert_ne!(code, 0, "{args:?}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+        assert!(!Path::new(fresh).exists());
+    }
+    // A source that is not a model directory names the path.
+    let (code, _, stderr) = mlx(&[
+        "convert",
+        "--hf-path",
+        "/nonexistent/model",
+        "--mlx-path",
+        fresh,
+    ]);
+    assert_ne!(code, 0);
+    assert!(stderr.contains("/nonexistent/model"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// A GGUF file converts to a directory our loader reads back into the same model: every
+/// tensor dequantized (as gguf-py) and named as the model's, the logits of the GGUF model and
+/// of the converted directory bit-identical (qwen2, qwen3, phi3 and gemma3 GGUF fixtures).
+#[test]
+fn a_gguf_file_converts_to_the_same_model() {
+    use mlx_core::prelude::*;
+    use mlx_models::gguf::{load_gguf_model_with, GgufTensors};
+    use mlx_models::load::{load_model_dir, LoadOptions};
+    let out = temp_dir("gguf");
+    let models = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../mlx-models/tests/models/gguf");
+    for name in ["qwen2", "qwen3", "phi3", "gemma3"] {
+        let gguf = models.join(format!("{name}.gguf"));
+        let dst = out.join(name);
+        convert(&gguf, &dst, &ConvertOptions::default(), &mut |_| {}).unwrap();
+        let (direct, _) =
+            load_gguf_model_with(&gguf, &LoadOptions::default(), GgufTensors::Dequantize).unwrap();
+        let (converted, _) = load_model_dir(&dst, &LoadOptions::default()).unwrap();
+        let ids = Array::from_slice(&[1i32, 5, 9, 3, 7], &[1, 5]).unwrap();
+        let a = direct.forward(&ids, None).unwrap();
+        let b = converted.forward(&ids, None).unwrap();
+        let (a, b) = (a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
+        assert_eq!(a.len(), b.len());
+        assert!(
+            a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{name}: logits differ"
+        );
+    }
+    // Quantizing on the way: the converted model's config has mlx-lm's quantization block.
+    let dst = out.join("qwen3_q4");
+    let opts = ConvertOptions {
+        quantize: true,
+        q_group_size: Some(32),
+        ..ConvertOptions::default()
+    };
+    convert(&models.join("qwen3.gguf"), &dst, &opts, &mut |_| {}).unwrap();
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(dst.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["quantization"]["bits"], 4);
+    load_model_dir(&dst, &LoadOptions::default()).unwrap();
+    let _ = std::fs::remove_dir_all(&out);
+}

@@ -1,0 +1,803 @@
+//! `mlx_lm.convert` (mlx-lm 0.32.2's `convert.py` and `utils.save`): a model directory in,
+//! an MLX model directory out, optionally cast to a dtype, quantized (every mode of MLX
+//! 0.32.4, the `mixed_*` recipes) or dequantized. Tensors, `config.json`,
+//! `model.safetensors.index.json` and `README.md` are mlx-lm's byte for byte.
+//!
+//! The output is written into a temporary sibling directory and renamed into place at the
+//! end, so an interrupted or failed conversion never leaves a half-written model behind.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use mlx_core::prelude::*;
+use mlx_core::quantized::{self, QuantMode};
+use serde_json::{Map, Value};
+
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+use crate::load::load_weights;
+use crate::models::build_recording;
+use crate::pyjson;
+use crate::weights::Weights;
+
+/// mlx-lm's `MAX_FILE_SIZE_GB`: shards are cut at 5 GiB.
+pub const MAX_FILE_SIZE_BYTES: usize = 5 << 30;
+
+/// The `--quant-predicate` recipes (`QUANT_RECIPES`).
+pub const QUANT_RECIPES: [&str; 4] = ["mixed_2_6", "mixed_3_4", "mixed_3_6", "mixed_4_6"];
+
+/// `--dtype` choices (`MODEL_CONVERSION_DTYPES`).
+pub const CONVERSION_DTYPES: [&str; 3] = ["float16", "bfloat16", "float32"];
+
+/// Model types whose mlx-lm class defines `quant_predicate` or `cast_predicate` (per-layer
+/// exceptions `mlx convert` does not reproduce yet): refused when they would matter.
+const PREDICATE_MODELS: [&str; 12] = [
+    "gpt_oss",
+    "gemma4_text",
+    "gemma4",
+    "granite",
+    "qwen3_next",
+    "qwen3_5",
+    "qwen3_5_moe",
+    "qwen3_moe",
+    "lfm2_moe",
+    "granitemoe",
+    "granitemoehybrid",
+    "jamba",
+];
+
+/// What to do (mlx_lm.convert's arguments).
+#[derive(Clone, Debug, Default)]
+pub struct ConvertOptions {
+    /// `-q`.
+    pub quantize: bool,
+    /// `--q-group-size` (None: the mode's default).
+    pub q_group_size: Option<i32>,
+    /// `--q-bits` (None: the mode's default).
+    pub q_bits: Option<i32>,
+    /// `--q-mode`.
+    pub q_mode: QuantMode,
+    /// `--quant-predicate` (one of [`QUANT_RECIPES`]).
+    pub quant_predicate: Option<String>,
+    /// `--dtype` (one of [`CONVERSION_DTYPES`]); None: `torch_dtype` from config.json.
+    pub dtype: Option<String>,
+    /// `-d`.
+    pub dequantize: bool,
+    /// Files written into the output beside the model's (name, bytes): the tokenizer files a
+    /// caller made for a GGUF source, which has none of its own.
+    pub extra_files: Vec<(String, Vec<u8>)>,
+}
+
+/// Whether `src` names a GGUF file (a `.gguf` path that is a file).
+pub fn is_gguf(src: &Path) -> bool {
+    src.is_file()
+        && src
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+}
+
+/// Progress of [`convert`], one event per step and per tensor.
+#[derive(Clone, Debug)]
+pub enum Progress<'a> {
+    /// A stage starts (`Loading`, `Quantizing`, `Saving`), with the number of tensors it
+    /// handles.
+    Stage(&'a str, usize),
+    /// One tensor is done.
+    Tensor(&'a str),
+    /// An informational line mlx-lm prints (`[INFO] ...`), without the prefix.
+    Info(String),
+}
+
+/// What [`convert`] did.
+#[derive(Clone, Debug)]
+pub struct ConvertReport {
+    /// Files written (relative names).
+    pub files: Vec<String>,
+    /// `compute_bits_per_weight` after quantizing (when `-q`).
+    pub bits_per_weight: Option<f64>,
+    /// How many tensors were written.
+    pub tensors: usize,
+}
+
+fn io_err(path: &Path, e: impl std::fmt::Display) -> ModelError {
+    ModelError::Io {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    }
+}
+
+fn read_json(path: &Path) -> Result<Value> {
+    let text = std::fs::read_to_string(path).map_err(|e| io_err(path, e))?;
+    serde_json::from_str(&text)
+        .map_err(|e| ModelError::Config(format!("{}: invalid JSON: {e}", path.display())))
+}
+
+/// mlx-lm's `load_config` plus what `load_model` changes in the returned dict.
+fn load_config_dict(src: &Path) -> Result<Map<String, Value>> {
+    let path = src.join("config.json");
+    let Value::Object(mut config) = read_json(&path)? else {
+        return Err(ModelError::Config(format!(
+            "{}: the top level is not a JSON object",
+            path.display()
+        )));
+    };
+    let gen = src.join("generation_config.json");
+    if gen.exists() {
+        // mlx-lm ignores a generation_config.json it cannot parse.
+        if let Ok(Value::Object(g)) = read_json(&gen) {
+            if let Some(eos) = g.get("eos_token_id").filter(|v| truthy(v)) {
+                config.insert("eos_token_id".into(), eos.clone());
+            }
+        }
+    }
+    if !config.contains_key("quantization_config") {
+        if let Some(q) = config
+            .get("text_config")
+            .and_then(|t| t.get("quantization_config"))
+            .cloned()
+        {
+            config.insert("quantization_config".into(), q);
+        }
+    }
+    if !config.contains_key("quantization") {
+        if let Some(q) = config.get("quantization_config") {
+            let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("?");
+            return Err(ModelError::Config(format!(
+                "{}: quantization_config with quant_method `{method}` (a checkpoint quantized \
+                 outside MLX) is not read by `mlx convert` yet",
+                path.display()
+            )));
+        }
+        if src.join("hf_quant_config.json").exists() {
+            return Err(ModelError::Config(format!(
+                "{}: ModelOpt checkpoints (hf_quant_config.json) are not read by `mlx convert` yet",
+                src.display()
+            )));
+        }
+    }
+    Ok(config)
+}
+
+/// Python truthiness of a JSON value.
+fn truthy(v: &Value) -> bool {
+    match v {
+        Value::Null => false,
+        Value::Bool(b) => *b,
+        Value::Number(n) => n.as_f64().is_some_and(|x| x != 0.0),
+        Value::String(s) => !s.is_empty(),
+        Value::Array(a) => !a.is_empty(),
+        Value::Object(o) => !o.is_empty(),
+    }
+}
+
+/// The mode's default group size and bits (`defaults_for_mode`).
+fn mode_defaults(mode: QuantMode) -> (i32, i32) {
+    match mode {
+        QuantMode::Affine => (64, 4),
+        QuantMode::Mxfp4 => (32, 4),
+        QuantMode::Nvfp4 => (16, 4),
+        QuantMode::Mxfp8 => (32, 8),
+    }
+}
+
+/// One module's quantization as mlx-lm records it in the config (group size may be `null`
+/// when a recipe ran without `--q-group-size`).
+#[derive(Clone, Debug, PartialEq)]
+struct LayerQuant {
+    group_size: Option<i32>,
+    bits: i32,
+    mode: QuantMode,
+}
+
+impl LayerQuant {
+    fn to_json(&self) -> Value {
+        let mut m = Map::new();
+        m.insert(
+            "group_size".into(),
+            self.group_size.map_or(Value::Null, Value::from),
+        );
+        m.insert("bits".into(), Value::from(self.bits));
+        m.insert("mode".into(), Value::from(self.mode.name()));
+        Value::Object(m)
+    }
+}
+
+/// `mixed_quant_predicate_builder`: the recipe's choice for the module at `path`.
+fn mixed_recipe(
+    recipe: &str,
+    group_size: Option<i32>,
+    num_layers: i64,
+    layer_location: usize,
+    path: &str,
+) -> Result<LayerQuant> {
+    let (low, high) = match recipe {
+        "mixed_2_6" => (2, 6),
+        "mixed_3_4" => (3, 4),
+        "mixed_3_6" => (3, 6),
+        "mixed_4_6" => (4, 6),
+        other => {
+            return Err(ModelError::Other(format!(
+            "--quant-predicate: invalid quant recipe {other} (expected one of {QUANT_RECIPES:?})"
+        )))
+        }
+    };
+    let parts: Vec<&str> = path.split('.').collect();
+    let index: i64 = if parts.len() > layer_location {
+        parts[layer_location].parse().map_err(|_| {
+            ModelError::Other(format!(
+                "--quant-predicate: `{path}` has no layer index at position {layer_location}"
+            ))
+        })?
+    } else {
+        0
+    };
+    let n8 = num_layers.div_euclid(8);
+    let use_more_bits =
+        index < n8 || index >= (7 * num_layers).div_euclid(8) || (index - n8).rem_euclid(3) == 2;
+    let more = path.contains("v_proj")
+        || path.contains("v_a_proj")
+        || path.contains("v_b_proj")
+        || path.contains("down_proj");
+    let high_path = (more && use_more_bits) || path.contains("lm_head");
+    Ok(LayerQuant {
+        group_size,
+        bits: if high_path { high } else { low },
+        mode: QuantMode::Affine,
+    })
+}
+
+fn parse_dtype(name: &str) -> Option<Dtype> {
+    match name {
+        "float16" => Some(Dtype::Float16),
+        "bfloat16" => Some(Dtype::Bfloat16),
+        "float32" => Some(Dtype::Float32),
+        _ => None,
+    }
+}
+
+/// Converts the model directory `src` into a new MLX model directory `dst` as
+/// `mlx_lm.convert(src, dst, ...)` does. `dst` must not exist.
+pub fn convert(
+    src: &Path,
+    dst: &Path,
+    opts: &ConvertOptions,
+    progress: &mut dyn FnMut(Progress<'_>),
+) -> Result<ConvertReport> {
+    if dst.exists() {
+        return Err(ModelError::Other(format!(
+            "Cannot save to the path {} as it already exists. Please delete the file/directory \
+             or specify a new path to save to.",
+            dst.display()
+        )));
+    }
+    if opts.quantize && opts.dequantize {
+        return Err(ModelError::Other(
+            "Choose either quantize or dequantize, not both.".into(),
+        ));
+    }
+    if opts.quant_predicate.is_some() && opts.q_mode != QuantMode::Affine {
+        return Err(ModelError::Other(
+            "Quant predicates only support 'affine' quantization.".into(),
+        ));
+    }
+    if let Some(d) = &opts.dtype {
+        if parse_dtype(d).is_none() {
+            return Err(ModelError::Other(format!(
+                "--dtype: `{d}` is not one of {CONVERSION_DTYPES:?}"
+            )));
+        }
+    }
+    let gguf = is_gguf(src);
+    if !gguf && !src.is_dir() {
+        return Err(io_err(src, "not a model directory (nor a .gguf file)"));
+    }
+
+    progress(Progress::Info("Loading".into()));
+    let (mut config, model_config, tensors) = if gguf {
+        // Every tensor dequantized to float32 (bit for bit as gguf-py), names mapped to the
+        // model's; the config is the one the GGUF hyper-parameters make.
+        let g = crate::gguf::read_gguf_with(src, crate::gguf::GgufTensors::Dequantize)?;
+        let Value::Object(map) = g.config.raw.clone() else {
+            return Err(ModelError::Config(format!("{}: no config", src.display())));
+        };
+        (map, g.config, g.tensors)
+    } else {
+        (
+            load_config_dict(src)?,
+            ModelConfig::from_file(&src.join("config.json"))?,
+            load_weights(src)?,
+        )
+    };
+    let weights = Weights::new(tensors, model_config.quantization.clone(), None);
+    let built = build_recording(&model_config, weights)?;
+    let model_type = model_config.model_type.clone();
+
+    let mut params: Vec<(String, Array)> = built.parameters;
+    // Each module's current quantization (loaded quantized, or quantized below).
+    let mut quantized: BTreeMap<String, LayerQuant> = BTreeMap::new();
+    for m in &built.quantizable {
+        if let Some(q) = &m.quantized {
+            let mode = QuantMode::from_name(&q.mode).ok_or_else(|| {
+                ModelError::Config(format!(
+                    "{}: unknown quantization mode `{}`",
+                    m.path, q.mode
+                ))
+            })?;
+            quantized.insert(
+                m.path.clone(),
+                LayerQuant {
+                    group_size: Some(q.group_size),
+                    bits: q.bits,
+                    mode,
+                },
+            );
+        }
+    }
+
+    // dtype: --dtype, else config's torch_dtype, else text_config's dtype.
+    let dtype_name: Option<String> = opts
+        .dtype
+        .clone()
+        .or_else(|| {
+            config
+                .get("torch_dtype")
+                .and_then(Value::as_str)
+                .map(String::from)
+        })
+        .or_else(|| {
+            config
+                .get("text_config")
+                .filter(|t| truthy(t))
+                .and_then(|t| t.get("dtype"))
+                .and_then(Value::as_str)
+                .map(String::from)
+        });
+    if let Some(dt) = dtype_name.as_deref().and_then(parse_dtype) {
+        if PREDICATE_MODELS.contains(&model_type.as_str()) {
+            return Err(ModelError::Other(format!(
+                "model type `{model_type}`: mlx-lm casts it with a per-model `cast_predicate` \
+                 that `mlx convert` does not reproduce yet"
+            )));
+        }
+        progress(Progress::Info(format!(
+            "Using dtype: {}",
+            dtype_name.as_deref().unwrap_or("")
+        )));
+        for (_, a) in params.iter_mut() {
+            if a.dtype().is_floating() && a.dtype() != dt {
+                *a = a.astype(dt)?;
+            }
+        }
+    }
+
+    let mut bits_per_weight = None;
+    if opts.quantize {
+        progress(Progress::Info("Quantizing".into()));
+        if PREDICATE_MODELS.contains(&model_type.as_str()) && opts.quant_predicate.is_none() {
+            return Err(ModelError::Other(format!(
+                "model type `{model_type}`: mlx-lm quantizes it with a per-model \
+                 `quant_predicate` that `mlx convert` does not reproduce yet"
+            )));
+        }
+        let (dg, db) = mode_defaults(opts.q_mode);
+        let group_size = opts.q_group_size.unwrap_or(dg);
+        let bits = opts.q_bits.unwrap_or(db);
+        opts.q_mode
+            .check(group_size, bits)
+            .map_err(|m| ModelError::Other(format!("--q-bits/--q-group-size: {m}")))?;
+        if let Some(g) = opts.q_group_size.filter(|_| opts.quant_predicate.is_some()) {
+            QuantMode::Affine
+                .check(g, 2)
+                .map_err(|m| ModelError::Other(format!("--q-group-size: {m}")))?;
+        }
+        let top = LayerQuant {
+            group_size: Some(group_size),
+            bits,
+            mode: opts.q_mode,
+        };
+        let fine_grained = config.contains_key("quantization");
+        let mut qblock: Map<String, Value> = match config.get("quantization") {
+            Some(Value::Object(m)) => m.clone(),
+            Some(_) => {
+                return Err(ModelError::Config(
+                    "config.json: `quantization` is not an object".into(),
+                ))
+            }
+            None => match top.to_json() {
+                Value::Object(m) => m,
+                _ => Map::new(),
+            },
+        };
+        // The recipe's layer-index position and layer count (from the model's modules).
+        let recipe = opts.quant_predicate.as_deref();
+        let (layer_location, num_layers) = if recipe.is_some() {
+            let down = built
+                .quantizable
+                .iter()
+                .find(|m| m.path.contains("down_proj"))
+                .ok_or_else(|| {
+                    ModelError::Other("Model does not have expected keys for mixed quant.".into())
+                })?;
+            let parts: Vec<&str> = down.path.split('.').collect();
+            let loc = parts
+                .iter()
+                .position(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()))
+                .unwrap_or(parts.len() - 1);
+            let n = model_config
+                .raw
+                .get("num_hidden_layers")
+                .and_then(Value::as_i64)
+                .ok_or_else(|| {
+                    ModelError::Config(
+                        "config.json: `num_hidden_layers` is needed for a recipe".into(),
+                    )
+                })?;
+            (loc, n)
+        } else {
+            (0, 0)
+        };
+        let index: BTreeMap<String, usize> = params
+            .iter()
+            .enumerate()
+            .map(|(i, (n, _))| (n.clone(), i))
+            .collect();
+        let candidates: Vec<_> = built
+            .quantizable
+            .iter()
+            .filter(|m| m.quantized.is_none() && m.in_dims % group_size == 0)
+            .collect();
+        progress(Progress::Stage("Quantizing", candidates.len()));
+        let mut replaced: BTreeMap<String, Vec<(String, Array)>> = BTreeMap::new();
+        for m in candidates {
+            let lq = match recipe {
+                Some(r) => {
+                    let lq =
+                        mixed_recipe(r, opts.q_group_size, num_layers, layer_location, &m.path)?;
+                    qblock.insert(m.path.clone(), lq.to_json());
+                    lq
+                }
+                None => {
+                    if fine_grained {
+                        qblock.insert(m.path.clone(), top.to_json());
+                    }
+                    top.clone()
+                }
+            };
+            let wname = format!("{}.weight", m.path);
+            let Some(&wi) = index.get(&wname) else {
+                return Err(ModelError::Weights(vec![format!("missing: {wname}")]));
+            };
+            let (wq, scales, biases) =
+                quantized::quantize(&params[wi].1, lq.group_size, lq.bits, lq.mode, None)?;
+            let mut parts = vec![(wname.clone(), wq), (format!("{}.scales", m.path), scales)];
+            if let Some(b) = biases {
+                parts.push((format!("{}.biases", m.path), b));
+            }
+            replaced.insert(wname.clone(), parts);
+            quantized.insert(
+                m.path.clone(),
+                LayerQuant {
+                    group_size: Some(lq.group_size.unwrap_or(mode_defaults(lq.mode).0)),
+                    ..lq
+                },
+            );
+            progress(Progress::Tensor(&wname));
+        }
+        // Rebuild the parameter list: a quantized module's weight, scales and biases where
+        // its weight was.
+        let mut out = Vec::with_capacity(params.len() + 2 * replaced.len());
+        for (n, a) in params {
+            match replaced.remove(&n) {
+                Some(parts) => out.extend(parts),
+                None => out.push((n, a)),
+            }
+        }
+        params = out;
+        config.insert("quantization".into(), Value::Object(qblock.clone()));
+        config.insert("quantization_config".into(), Value::Object(qblock));
+        let bpw = bits_per_weight_of(&params, &quantized);
+        progress(Progress::Info(format!(
+            "Quantized model with {bpw:.3} bits per weight."
+        )));
+        bits_per_weight = Some(bpw);
+    }
+
+    if opts.dequantize {
+        progress(Progress::Info("Dequantizing".into()));
+        config.remove("quantization");
+        config.remove("quantization_config");
+        let mut out = Vec::with_capacity(params.len());
+        let lookup: BTreeMap<String, Array> = params.iter().cloned().collect();
+        progress(Progress::Stage("Dequantizing", quantized.len()));
+        for (n, a) in &params {
+            let Some(path) = n.strip_suffix(".weight") else {
+                if drop_quant_part(n, &quantized) {
+                    continue;
+                }
+                out.push((n.clone(), a.clone()));
+                continue;
+            };
+            let Some(q) = quantized.get(path) else {
+                out.push((n.clone(), a.clone()));
+                continue;
+            };
+            let scales = lookup
+                .get(&format!("{path}.scales"))
+                .ok_or_else(|| ModelError::Weights(vec![format!("missing: {path}.scales")]))?;
+            let biases = lookup.get(&format!("{path}.biases"));
+            let w =
+                quantized::dequantize(a, scales, biases, q.group_size, q.bits, q.mode, None, None)?;
+            out.push((n.clone(), w));
+            progress(Progress::Tensor(n));
+        }
+        params = out;
+        quantized.clear();
+    }
+
+    let report = save(
+        (!gguf).then_some(src),
+        dst,
+        &params,
+        &quantized,
+        config,
+        &opts.extra_files,
+        progress,
+    )?;
+    Ok(ConvertReport {
+        bits_per_weight,
+        ..report
+    })
+}
+
+/// Whether `name` is a quantized module's `scales` or `biases` (dropped on dequantizing).
+fn drop_quant_part(name: &str, quantized: &BTreeMap<String, LayerQuant>) -> bool {
+    ["scales", "biases"].iter().any(|s| {
+        name.strip_suffix(s)
+            .and_then(|p| p.strip_suffix('.'))
+            .is_some_and(|p| quantized.contains_key(p))
+    })
+}
+
+/// The module path of a parameter name (everything before the last dot).
+fn module_of(name: &str) -> &str {
+    name.rsplit_once('.').map_or("", |(m, _)| m)
+}
+
+/// mlx-lm's `get_total_parameters`: a quantized module counts its bias and its unpacked
+/// weight; every other module all of its parameters.
+fn total_parameters(params: &[(String, Array)], quantized: &BTreeMap<String, LayerQuant>) -> u64 {
+    params
+        .iter()
+        .map(|(n, a)| {
+            let m = module_of(n);
+            match quantized.get(m) {
+                Some(q) => {
+                    if n.ends_with(".weight") {
+                        a.size() as u64 * 32 / q.bits as u64
+                    } else if n.ends_with(".bias") {
+                        a.size() as u64
+                    } else {
+                        0
+                    }
+                }
+                None => a.size() as u64,
+            }
+        })
+        .sum()
+}
+
+/// mlx-lm's `compute_bits_per_weight`: all bytes * 8 / total parameters.
+fn bits_per_weight_of(params: &[(String, Array)], quantized: &BTreeMap<String, LayerQuant>) -> f64 {
+    let bytes: usize = params.iter().map(|(_, a)| a.nbytes()).sum();
+    let total = total_parameters(params, quantized);
+    if total == 0 {
+        0.0
+    } else {
+        bytes as f64 * 8.0 / total as f64
+    }
+}
+
+/// mlx-lm's `make_shards`: consecutive tensors, a new shard when the next would pass 5 GiB.
+fn make_shards(params: &[(String, Array)]) -> Vec<Vec<usize>> {
+    let mut shards: Vec<Vec<usize>> = Vec::new();
+    let mut size = 0usize;
+    for (i, (_, a)) in params.iter().enumerate() {
+        if shards.is_empty() || size + a.nbytes() > MAX_FILE_SIZE_BYTES {
+            shards.push(Vec::new());
+            size = 0;
+        }
+        if let Some(last) = shards.last_mut() {
+            last.push(i);
+        }
+        size += a.nbytes();
+    }
+    shards
+}
+
+/// The model card mlx-lm writes for a local source (`ModelCard.from_template` with
+/// `library_name: mlx`, `pipeline_tag: text-generation`, `tags: [mlx]`).
+pub const MODEL_CARD: &str =
+    "---\nlanguage: en\nlibrary_name: mlx\npipeline_tag: text-generation\ntags:\n- mlx\n---\n";
+
+/// A temporary sibling of `dst`, removed on drop unless renamed into place.
+struct TempDir {
+    path: PathBuf,
+    done: bool,
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+fn save(
+    src: Option<&Path>,
+    dst: &Path,
+    params: &[(String, Array)],
+    quantized: &BTreeMap<String, LayerQuant>,
+    mut config: Map<String, Value>,
+    extra_files: &[(String, Vec<u8>)],
+    progress: &mut dyn FnMut(Progress<'_>),
+) -> Result<ConvertReport> {
+    let name = dst
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| io_err(dst, "the output path has no file name"))?;
+    let parent = match dst.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&parent).map_err(|e| io_err(&parent, e))?;
+    let mut tmp = TempDir {
+        path: parent.join(format!(".{name}.{}.partial", std::process::id())),
+        done: false,
+    };
+    let _ = std::fs::remove_dir_all(&tmp.path);
+    std::fs::create_dir(&tmp.path).map_err(|e| io_err(&tmp.path, e))?;
+    let mut files = Vec::new();
+
+    // Weights.
+    let shards = make_shards(params);
+    let count = shards.len();
+    let mut weight_map: BTreeMap<String, String> = BTreeMap::new();
+    let mut meta = mlx_core::io::StringMap::new();
+    meta.insert("format".into(), "mlx".into());
+    progress(Progress::Stage("Saving", params.len()));
+    for (i, shard) in shards.iter().enumerate() {
+        let shard_name = if count > 1 {
+            format!("model-{:05}-of-{:05}.safetensors", i + 1, count)
+        } else {
+            "model.safetensors".to_string()
+        };
+        for &j in shard {
+            mlx_core::eval([&params[j].1])?;
+            progress(Progress::Tensor(&params[j].0));
+        }
+        let path = tmp.path.join(&shard_name);
+        mlx_core::io::save_safetensors(
+            &path,
+            shard.iter().map(|&j| (params[j].0.as_str(), &params[j].1)),
+            &meta,
+        )?;
+        for &j in shard {
+            weight_map.insert(params[j].0.clone(), shard_name.clone());
+        }
+        files.push(shard_name);
+    }
+    let total_size: usize = params.iter().map(|(_, a)| a.nbytes()).sum();
+    let mut metadata = Map::new();
+    metadata.insert("total_size".into(), Value::from(total_size as u64));
+    metadata.insert(
+        "total_parameters".into(),
+        Value::from(total_parameters(params, quantized)),
+    );
+    let mut index = Map::new();
+    index.insert("metadata".into(), Value::Object(metadata));
+    index.insert(
+        "weight_map".into(),
+        Value::Object(
+            weight_map
+                .into_iter()
+                .map(|(k, v)| (k, Value::from(v)))
+                .collect(),
+        ),
+    );
+    write_file(
+        &tmp.path.join("model.safetensors.index.json"),
+        &pyjson::dumps(&Value::Object(index), 4, true),
+    )?;
+    files.push("model.safetensors.index.json".into());
+
+    // config.json (`save_config`).
+    config.remove("_name_or_path");
+    config.remove("vision_config");
+    if let Some(q) = config.get("quantization").cloned() {
+        config.insert("quantization_config".into(), q);
+    }
+    let mut keys: Vec<String> = config.keys().cloned().collect();
+    keys.sort();
+    let sorted: Map<String, Value> = keys
+        .into_iter()
+        .filter_map(|k| config.remove(&k).map(|v| (k, v)))
+        .collect();
+    write_file(
+        &tmp.path.join("config.json"),
+        &pyjson::dumps(&Value::Object(sorted), 4, true),
+    )?;
+    files.push("config.json".into());
+
+    // Tokenizer files and what mlx-lm copies (`*.py`, generation_config.json).
+    if let Some(src) = src {
+        for f in copied_files(src)? {
+            let to = tmp.path.join(f.file_name().unwrap_or_default());
+            std::fs::copy(&f, &to).map_err(|e| io_err(&f, e))?;
+            files.push(f.file_name().and_then(|n| n.to_str()).unwrap_or("").into());
+        }
+    }
+    for (name, bytes) in extra_files {
+        if name.contains('/') || name.contains('\\') || name.starts_with('.') {
+            return Err(ModelError::Other(format!(
+                "extra file name `{name}` is not a plain name"
+            )));
+        }
+        let to = tmp.path.join(name);
+        std::fs::write(&to, bytes).map_err(|e| io_err(&to, e))?;
+        files.push(name.clone());
+    }
+    write_file(&tmp.path.join("README.md"), MODEL_CARD)?;
+    files.push("README.md".into());
+
+    if dst.exists() {
+        return Err(ModelError::Other(format!(
+            "Cannot save to the path {} as it already exists (it appeared while converting).",
+            dst.display()
+        )));
+    }
+    std::fs::rename(&tmp.path, dst).map_err(|e| io_err(dst, e))?;
+    tmp.done = true;
+    files.sort();
+    Ok(ConvertReport {
+        files,
+        bits_per_weight: None,
+        tensors: params.len(),
+    })
+}
+
+/// The tokenizer's files and what `save` copies: `*.py`, `generation_config.json`,
+/// `tokenizer.json`, `tokenizer_config.json`, `special_tokens_map.json`, `tokenizer.model`,
+/// `*.tiktoken`, `tiktoken.model`, `chat_template.jinja`, `chat_template.json`, `vocab.json`,
+/// `merges.txt`, `added_tokens.json`.
+fn copied_files(src: &Path) -> Result<Vec<PathBuf>> {
+    const NAMES: [&str; 11] = [
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "tokenizer.model",
+        "tiktoken.model",
+        "chat_template.jinja",
+        "chat_template.json",
+        "vocab.json",
+        "merges.txt",
+        "added_tokens.json",
+    ];
+    let rd = std::fs::read_dir(src).map_err(|e| io_err(src, e))?;
+    let mut out: Vec<PathBuf> = rd
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                NAMES.contains(&n) || n.ends_with(".py") || n.ends_with(".tiktoken")
+            })
+        })
+        .filter(|p| p.is_file())
+        .collect();
+    out.sort();
+    Ok(out)
+}
+
+fn write_file(path: &Path, text: &str) -> Result<()> {
+    std::fs::write(path, text).map_err(|e| io_err(path, e))
+}

@@ -1,0 +1,189 @@
+"""What mlx-lm 0.32.2's own `mlx_lm.convert` writes, for `mlx convert` (issue #34).
+
+Writes a tiny seeded llama fixture (4 layers, hidden 64, intermediate 128, untied lm_head,
+float16, a generation_config.json with an eos list) to mlx-cli/tests/convert/llama/, then
+runs `python -m mlx_lm convert` (the real command line, in a subprocess) on it and on other tiny
+fixtures of mlx-cli/tests/models/ for every mode, bit width, group size, recipe and dtype,
+and `-d` on quantized outputs. Nothing big is committed: the golden
+(mlx-cli/tests/goldens/convert.json) holds, per case, the sha256 of every output file and,
+for each safetensors file, every tensor's dtype, shape and sha256 of its raw bytes.
+
+Run with `cargo xtask goldens convert`.
+"""
+
+import hashlib
+import json
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import mlx.core as mx
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI = ROOT / "mlx-cli" / "tests"
+FIXTURE = CLI / "convert" / "llama"
+GOLDEN = CLI / "goldens" / "convert.json"
+
+
+def write_fixture():
+    if FIXTURE.exists():
+        shutil.rmtree(FIXTURE)
+    FIXTURE.mkdir(parents=True)
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-05,
+        "vocab_size": 96,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 256,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float16",
+        "_name_or_path": "tiny/llama",
+        "initializer_range": 0.02,
+    }
+    (FIXTURE / "config.json").write_text(json.dumps(config, indent=2))
+    (FIXTURE / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": 1, "eos_token_id": [2, 3]}, indent=2)
+    )
+    mx.random.seed(34)
+    h, i, v, layers = 64, 128, 96, 4
+    hd = h // 4
+    shapes = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,), "lm_head.weight": (v, h)}
+    for l in range(layers):
+        p = f"model.layers.{l}."
+        shapes.update(
+            {
+                p + "self_attn.q_proj.weight": (h, h),
+                p + "self_attn.k_proj.weight": (2 * hd, h),
+                p + "self_attn.v_proj.weight": (2 * hd, h),
+                p + "self_attn.o_proj.weight": (h, h),
+                p + "mlp.gate_proj.weight": (i, h),
+                p + "mlp.up_proj.weight": (i, h),
+                p + "mlp.down_proj.weight": (h, i),
+                p + "input_layernorm.weight": (h,),
+                p + "post_attention_layernorm.weight": (h,),
+            }
+        )
+    weights = {}
+    for name, shape in shapes.items():
+        if len(shape) == 1:
+            w = 1.0 + 0.1 * mx.random.normal(shape)
+        else:
+            w = 0.05 * mx.random.normal(shape)
+        weights[name] = w.astype(mx.float16)
+    mx.save_safetensors(str(FIXTURE / "model.safetensors"), weights)
+    for f in ["tokenizer.json", "tokenizer_config.json"]:
+        shutil.copy(CLI / "models" / "tokenizer" / f, FIXTURE / f)
+
+
+def tensor_table(path):
+    """dtype, shape and sha256 of each tensor's raw bytes, from the safetensors header."""
+    data = path.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + n])
+    base = 8 + n
+    out = {}
+    for k, v in sorted(header.items()):
+        if k == "__metadata__":
+            out[k] = v
+            continue
+        a, b = v["data_offsets"]
+        out[k] = [v["dtype"], v["shape"], hashlib.sha256(data[base + a : base + b]).hexdigest()[:16]]
+    return out
+
+
+def describe(out_dir):
+    files = {}
+    for f in sorted(out_dir.iterdir()):
+        entry = {"sha256": hashlib.sha256(f.read_bytes()).hexdigest()[:16]}
+        if f.suffix == ".safetensors":
+            entry["tensors"] = tensor_table(f)
+        files[f.name] = entry
+    return files
+
+
+# (case, source: a fixture directory or "@case" = that case's output, args)
+LLAMA = "convert/llama"
+CASES = [
+    ("llama", LLAMA, []),
+    ("llama_bf16", LLAMA, ["--dtype", "bfloat16"]),
+    ("llama_f32", LLAMA, ["--dtype", "float32"]),
+    ("llama_q4", LLAMA, ["-q"]),
+    ("llama_q2", LLAMA, ["-q", "--q-bits", "2"]),
+    ("llama_q3", LLAMA, ["-q", "--q-bits", "3"]),
+    ("llama_q5", LLAMA, ["-q", "--q-bits", "5"]),
+    ("llama_q6", LLAMA, ["-q", "--q-bits", "6"]),
+    ("llama_q8", LLAMA, ["-q", "--q-bits", "8"]),
+    ("llama_q4_g32", LLAMA, ["-q", "--q-group-size", "32"]),
+    ("llama_q8_g128", LLAMA, ["-q", "--q-group-size", "128", "--q-bits", "8"]),
+    ("llama_mxfp4", LLAMA, ["-q", "--q-mode", "mxfp4"]),
+    ("llama_nvfp4", LLAMA, ["-q", "--q-mode", "nvfp4"]),
+    ("llama_mxfp8", LLAMA, ["-q", "--q-mode", "mxfp8"]),
+    ("llama_mixed_2_6", LLAMA, ["-q", "--quant-predicate", "mixed_2_6"]),
+    ("llama_mixed_3_4", LLAMA, ["-q", "--quant-predicate", "mixed_3_4"]),
+    ("llama_mixed_3_6", LLAMA, ["-q", "--quant-predicate", "mixed_3_6"]),
+    ("llama_mixed_4_6", LLAMA, ["-q", "--quant-predicate", "mixed_4_6"]),
+    ("llama_mixed_3_6_g32", LLAMA, ["-q", "--quant-predicate", "mixed_3_6", "--q-group-size", "32"]),
+    ("llama_q4_bf16", LLAMA, ["-q", "--dtype", "bfloat16"]),
+    ("llama_q3_f32", LLAMA, ["-q", "--q-bits", "3", "--dtype", "float32"]),
+    ("llama_q4_deq", "@llama_q4", ["-d"]),
+    ("llama_q3_f32_deq", "@llama_q3_f32", ["-d"]),
+    ("llama_mxfp4_deq", "@llama_mxfp4", ["-d"]),
+    ("llama_nvfp4_deq", "@llama_nvfp4", ["-d"]),
+    ("llama_mxfp8_deq", "@llama_mxfp8", ["-d"]),
+    ("llama_mixed_2_6_deq", "@llama_mixed_2_6", ["-d"]),
+    ("llama_q4_deq_bf16", "@llama_q4", ["-d", "--dtype", "bfloat16"]),
+    ("qwen3_q4", "models/qwen3", ["-q"]),
+    ("qwen3_bf16_q8_g32", "models/qwen3_bf16", ["-q", "--q-bits", "8", "--q-group-size", "32"]),
+    ("phi3_q4_g32", "models/phi3", ["-q", "--q-group-size", "32"]),
+    ("gemma3_text_q4_g32", "models/gemma3_text", ["-q", "--q-group-size", "32"]),
+    ("mixtral_q4_g32", "models/mixtral", ["-q", "--q-group-size", "32"]),
+    ("mistral_bias_q6_g32", "models/mistral_bias_llama3rope", ["-q", "--q-bits", "6", "--q-group-size", "32"]),
+    ("q4_g64_untied_deq", "models/q4_g64_untied", ["-d"]),
+]
+
+
+def main():
+    only = set(sys.argv[1:])
+    write_fixture()
+    golden = json.loads(GOLDEN.read_text()) if (only and GOLDEN.exists()) else {}
+    golden["cases"] = golden.get("cases", {})
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        for case, src, args in CASES:
+            if only and case not in only and not any(c.startswith(case) for c in only):
+                continue
+            src_dir = tmp / src[1:] if src.startswith("@") else CLI / src
+            out = tmp / case
+            cmd = [sys.executable, "-m", "mlx_lm", "convert", "--hf-path", str(src_dir),
+                   "--mlx-path", str(out)] + args
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode != 0:
+                sys.exit(f"{case}: mlx_lm.convert failed:\n{r.stdout}\n{r.stderr}")
+            info = [l for l in r.stdout.splitlines() if l.startswith("[INFO]")]
+            golden["cases"][case] = {
+                "source": src,
+                "args": args,
+                "info": info,
+                "files": describe(out),
+            }
+            print(case, len(golden["cases"][case]["files"]), "files")
+    GOLDEN.parent.mkdir(parents=True, exist_ok=True)
+    # One case a line; sha256 digests cut to 16 hex digits (64 bits) to keep the file small.
+    lines = [
+        json.dumps(k) + ": " + json.dumps(v, sort_keys=True, separators=(",", ":"))
+        for k, v in sorted(golden["cases"].items())
+    ]
+    GOLDEN.write_text('{"cases": {\n' + ",\n".join(lines) + "\n}}\n")
+
+
+if __name__ == "__main__":
+    main()
