@@ -708,8 +708,17 @@ impl<'m> CpuDecoder<'m> {
 
 /// Sentence embeddings through `decoder` (one reset per text): each text's last-token final
 /// hidden state, L2-normalised in float32, as `mlx_models::embed::embed` computes them on the
-/// exact path (tier L3 against it: sums in another order).
+/// exact path (tier L3 against it: sums in another order; float32 products throughout, even
+/// for one-token texts, which the decoder's int16 activations would otherwise take).
 pub fn embed(decoder: &mut CpuDecoder<'_>, batch: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
+    let before = decoder.activations();
+    decoder.set_activations(Activations::F32);
+    let out = embed_f32(decoder, batch);
+    decoder.set_activations(before);
+    out
+}
+
+fn embed_f32(decoder: &mut CpuDecoder<'_>, batch: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
     if batch.is_empty() {
         return Err(EngineError::Other("embed: no texts given".into()));
     }
