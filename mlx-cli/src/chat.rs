@@ -12,7 +12,9 @@ use mlx_engine::sample::{Sampler, SamplerSettings};
 use mlx_engine::stream::StreamOptions;
 use serde_json::json;
 
-use crate::common::{self, ModelArgs, SpecArgs, SpecSource, DEFAULT_PREFILL_STEP_SIZE};
+use crate::common::{
+    self, DecoderArgs, ModelArgs, SpecArgs, SpecSource, DEFAULT_PREFILL_STEP_SIZE,
+};
 use crate::model;
 
 /// `mlx_lm.chat`'s flags.
@@ -59,6 +61,13 @@ pub struct ChatArgs {
     pub json: bool,
     #[command(flatten)]
     pub spec: SpecArgs,
+    #[command(flatten)]
+    pub decoder: DecoderArgs,
+    /// Print which decoder runs the model (and why `--decoder auto` fell back) on standard
+    /// error (`false`/`f`, any case, turns it off).
+    #[arg(long, default_value = "false", value_parser = common::str2bool, value_name = "BOOL",
+          action = clap::ArgAction::Set)]
+    pub verbose: bool,
     /// Constrain every reply to JSON valid against the JSON schema in FILE.
     #[arg(long, value_name = "FILE")]
     pub json_schema: Option<String>,
@@ -86,7 +95,7 @@ pub fn run(a: &ChatArgs) -> Result<(), String> {
         .map(|t| t as i32)
         .collect();
     special.extend(m.tokenizer.eos_token_ids().iter().map(|&t| t as i32));
-    let opts = StreamOptions {
+    let mut opts = StreamOptions {
         generate: GenerateOptions {
             max_tokens: common::max_tokens(a.max_tokens),
             sampler: Sampler::new(SamplerSettings {
@@ -104,6 +113,17 @@ pub fn run(a: &ChatArgs) -> Result<(), String> {
         },
         ..StreamOptions::default()
     };
+    let decoder = a.decoder.pick_unless_speculative(
+        spec.is_some(),
+        m.model.as_ref(),
+        &opts.generate,
+        &a.model.dtype,
+        false,
+    )?;
+    opts.generate.cpu_decode = decoder.cpu;
+    if a.verbose {
+        eprintln!("[mlx] {}", decoder.note);
+    }
     let mut conv = Conversation::new(
         m.model.as_ref(),
         &m.tokenizer,
@@ -195,6 +215,7 @@ pub fn run(a: &ChatArgs) -> Result<(), String> {
                 "generation_tokens": last.generation_tokens,
                 "finish_reason": last.finish_reason.map(|f| f.as_str()),
                 "cached_tokens": conv.cached_tokens(),
+                "decoder": decoder.name,
             });
             if let Some(st) = conv.spec_stats() {
                 obj["draft_tokens"] = json!(st.drafted);

@@ -92,6 +92,31 @@ pub struct DecoderChoice {
 }
 
 impl DecoderArgs {
+    /// [`DecoderArgs::pick`], or the MLX path when `speculative` (drafts are verified there;
+    /// `--decoder cpu` is then an error).
+    pub fn pick_unless_speculative(
+        &self,
+        speculative: bool,
+        model: &dyn LanguageModel,
+        opts: &GenerateOptions,
+        dtype: &str,
+        has_prompt_cache: bool,
+    ) -> Result<DecoderChoice, String> {
+        if !speculative {
+            return self.pick(model, opts, dtype, has_prompt_cache);
+        }
+        if self.decoder == "cpu" {
+            return Err(
+                "--decoder cpu: speculative decoding verifies drafts on the MLX path".into(),
+            );
+        }
+        Ok(DecoderChoice {
+            cpu: None,
+            name: "mlx",
+            note: "decoder: mlx (speculative decoding)".into(),
+        })
+    }
+
     /// The decoder for `model` with `opts` (`dtype` is the `--dtype` flag; `has_prompt_cache`:
     /// a prompt cache is continued). `--decoder cpu` where it cannot run is an error naming
     /// the reason.

@@ -316,25 +316,13 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
         ..GenerateOptions::default()
     };
     a.kv.apply(&mut generate);
-    let decoder = if spec.is_some() {
-        if a.decoder.decoder == "cpu" {
-            return Err(
-                "--decoder cpu: speculative decoding verifies drafts on the MLX path".into(),
-            );
-        }
-        common::DecoderChoice {
-            cpu: None,
-            name: "mlx",
-            note: "decoder: mlx (speculative decoding)".into(),
-        }
-    } else {
-        a.decoder.pick(
-            m.model.as_ref(),
-            &generate,
-            &a.model.dtype,
-            caches.is_some(),
-        )?
-    };
+    let decoder = a.decoder.pick_unless_speculative(
+        spec.is_some(),
+        m.model.as_ref(),
+        &generate,
+        &a.model.dtype,
+        caches.is_some(),
+    )?;
     generate.cpu_decode = decoder.cpu;
     if a.verbose {
         eprintln!("[mlx] {}", decoder.note);

@@ -156,6 +156,124 @@ fn decoder_flag_picks_the_decoder_and_says_why() {
     assert!(err.contains("--threads"), "{err}");
 }
 
+fn mlx_stdin(args: &[&str], stdin: &str) -> (i32, String, String) {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mlx"))
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run mlx");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `mlx chat` runs the CPU decoder by default on the CPU backend (its cache kept across turns,
+/// `r` resetting it) and says so; `--decoder mlx` keeps the exact path. Two greedy turns agree
+/// between the two here (tier L3: same tokens on this short reply), with the same number of
+/// cached tokens after each turn.
+#[test]
+fn chat_runs_the_cpu_decoder_by_default() {
+    let model = mlx_engine::fetch::smollm2_gguf().unwrap();
+    let model = model.to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec!["chat", "--model", model, "-m", "4", "--json"];
+        args.extend_from_slice(extra);
+        let (code, out, err) = mlx_stdin(&args, "Hi\nWhat is 2+2?\nr\nHi\n");
+        assert_eq!(code, 0, "{err}");
+        let turns: Vec<Value> = out
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        (turns, err)
+    };
+    let (cpu, err) = run(&["--verbose", "true"]);
+    assert!(err.contains("[mlx] decoder: cpu ("), "{err}");
+    let (exact, err) = run(&["--decoder", "mlx", "--verbose", "true"]);
+    assert!(err.contains("[mlx] decoder: mlx (--decoder mlx)"), "{err}");
+    assert_eq!(cpu.len(), 3);
+    assert_eq!(exact.len(), 3);
+    for (i, (c, e)) in cpu.iter().zip(&exact).enumerate() {
+        assert_eq!(c["decoder"], "cpu");
+        assert_eq!(e["decoder"], "mlx");
+        assert_eq!(c["tokens"], e["tokens"], "turn {i}");
+        assert_eq!(c["cached_tokens"], e["cached_tokens"], "turn {i}");
+    }
+    // After `r` the third turn starts from an empty cache, as the first did.
+    assert_eq!(cpu[2]["cached_tokens"], cpu[0]["cached_tokens"]);
+    assert_eq!(cpu[2]["tokens"], cpu[0]["tokens"]);
+    // An option the CPU decoder cannot honour falls back, saying why.
+    let (turns, err) = run(&["--max-kv-size", "64", "--verbose", "true"]);
+    assert_eq!(turns[0]["decoder"], "mlx");
+    assert!(err.contains("does not apply: --max-kv-size"), "{err}");
+}
+
+/// `mlx embed` runs the CPU decoder by default on the CPU backend; its unit vectors are within
+/// 1e-4 (absolute, per element: tier L3) of the exact path's on the real SmolLM2.
+#[test]
+fn embed_runs_the_cpu_decoder_by_default() {
+    let model = mlx_engine::fetch::smollm2_gguf().unwrap();
+    let model = model.to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "embed",
+            "--model",
+            model,
+            "--text",
+            "The cat sat on the mat.",
+            "--text",
+            "Hi",
+            "--verbose",
+            "true",
+        ];
+        args.extend_from_slice(extra);
+        let (code, out, err) = mlx(&args);
+        assert_eq!(code, 0, "{err}");
+        (serde_json::from_str::<Value>(out.trim()).unwrap(), err)
+    };
+    let (cpu, err) = run(&[]);
+    assert_eq!(cpu["decoder"], "cpu");
+    assert!(err.contains("[mlx] decoder: cpu ("), "{err}");
+    let (exact, err) = run(&["--decoder", "mlx"]);
+    assert_eq!(exact["decoder"], "mlx", "{err}");
+    let rows = |v: &Value| -> Vec<Vec<f64>> {
+        v["embeddings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                r.as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_f64().unwrap())
+                    .collect()
+            })
+            .collect()
+    };
+    let (a, b) = (rows(&cpu), rows(&exact));
+    assert_eq!(a.len(), 2);
+    for (ra, rb) in a.iter().zip(&b) {
+        assert_eq!(ra.len(), rb.len());
+        let worst = ra
+            .iter()
+            .zip(rb)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f64::max);
+        assert!(worst < 1e-4, "largest difference {worst}");
+    }
+}
+
 #[test]
 fn bad_input_is_a_clear_error() {
     let (code, _, err) = mlx(&["generate", "--model", "/no/such/model"]);

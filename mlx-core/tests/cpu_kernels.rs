@@ -431,3 +431,261 @@ fn odd_group_sizes_match_the_scalar_kernel() -> Result<()> {
     }
     Ok(())
 }
+
+/// Int8 activations (`Activations::Int8`): 4-bit products of one to four inputs against
+/// MLX's `quantized_matmul` with float32 inputs, groups 32/64/128, scales in f32/f16/bf16.
+/// Tier L3 with the quantization's own bound: each input is within half a step (`amax / 254`
+/// of its chunk of 32) of its int8 value, so a product moves by at most `sum |w_i| *
+/// amax(chunk of i) / 254`, plus the float summation bound. Wider blocks (m > 4) and other
+/// widths keep the float32 kernels (checked equal to the plain context's output).
+#[test]
+fn int8_activations_stay_within_the_quantization_bound() -> Result<()> {
+    if !Isa::Avx2.available() {
+        return Ok(());
+    }
+    let (rows, cols) = (45usize, 512usize);
+    let wf = Array::from_slice(&values(rows * cols, 3), &[rows as i32, cols as i32])?;
+    for threads in [1, 3] {
+        let mut ctx = CpuContext::with_isa(threads, Isa::Avx2)?;
+        ctx.activations = cpu::Activations::Int8;
+        let plain = CpuContext::with_isa(threads, Isa::Avx2)?;
+        for (bits, group) in [(4, 32), (4, 64), (4, 128), (8, 32), (2, 64)] {
+            let (wq, s32, b32) = quantized::quantize(&wf, group, bits, QuantMode::Affine, None)?;
+            let b32 = b32.expect("affine biases");
+            for dt in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
+                let (s, b) = (scales_as(&s32, dt), scales_as(&b32, dt));
+                let wd = quantized::dequantize(
+                    &wq,
+                    &s.astype(Dtype::Float32)?,
+                    Some(&b.astype(Dtype::Float32)?),
+                    group,
+                    bits,
+                    QuantMode::Affine,
+                    Some(Dtype::Float32),
+                    None,
+                )?
+                .to_vec::<f32>()?;
+                let mat = Matrix::affine(
+                    wq.as_slice::<u32>()?,
+                    Floats::from_array(&s)?,
+                    Floats::from_array(&b)?,
+                    rows,
+                    cols,
+                    bits as u32,
+                    group as usize,
+                )?;
+                for m in [1usize, 2, 4, 5] {
+                    // Inputs with an outlier per row, as activations have.
+                    let mut xv = values(m * cols, 11 + m as u64);
+                    for t in 0..m {
+                        xv[t * cols + 17] = 9.0;
+                    }
+                    let x = Array::from_slice(&xv, &[m as i32, cols as i32])?;
+                    let reference = quantized::quantized_matmul(
+                        &x,
+                        &wq,
+                        &s,
+                        Some(&b),
+                        true,
+                        group,
+                        bits,
+                        QuantMode::Affine,
+                        None,
+                    )?
+                    .to_vec::<f32>()?;
+                    let run = |c: &CpuContext| -> Result<Vec<f32>> {
+                        let mut out = vec![0f32; m * rows];
+                        cpu::matmul_t(
+                            c,
+                            &xv,
+                            m,
+                            &mut [MatJob {
+                                w: &mat,
+                                bias: None,
+                                out: &mut out,
+                            }],
+                        )?;
+                        Ok(out)
+                    };
+                    let (ours, exact) = (run(&ctx)?, run(&plain)?);
+                    let what = format!("bits {bits} group {group} {dt} m {m} threads {threads}");
+                    if bits != 4 || m > 4 {
+                        assert_eq!(ours, exact, "{what}: should take the float kernels");
+                        continue;
+                    }
+                    assert_ne!(ours, exact, "{what}: should take the int8 kernel");
+                    // Tight: the same products from the int8 inputs' values (d * code per
+                    // chunk of 32), through MLX, within the float summation bound.
+                    let xd: Vec<f32> = xv
+                        .chunks_exact(32)
+                        .flat_map(|c| {
+                            let d = c.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0;
+                            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+                            c.iter()
+                                .map(move |v| (v * inv).round() * d)
+                                .collect::<Vec<_>>()
+                        })
+                        .collect();
+                    let xda = Array::from_slice(&xd, &[m as i32, cols as i32])?;
+                    let tight = quantized::quantized_matmul(
+                        &xda,
+                        &wq,
+                        &s,
+                        Some(&b),
+                        true,
+                        group,
+                        bits,
+                        QuantMode::Affine,
+                        None,
+                    )?
+                    .to_vec::<f32>()?;
+                    check_dot_bound(&what, &ours, &tight, &wd, &xd, cols);
+                    for t in 0..m {
+                        let xr = &xv[t * cols..(t + 1) * cols];
+                        for r in 0..rows {
+                            let wr = &wd[r * cols..(r + 1) * cols];
+                            let mut quant = 0f32;
+                            let mut abs = 0f32;
+                            for c in 0..cols / 32 {
+                                let amax = xr[c * 32..c * 32 + 32]
+                                    .iter()
+                                    .fold(0f32, |a, v| a.max(v.abs()));
+                                for i in c * 32..c * 32 + 32 {
+                                    quant += wr[i].abs() * amax / 254.0;
+                                    abs += (wr[i] * xr[i]).abs();
+                                }
+                            }
+                            let bound = quant * 1.001 + cols as f32 * f32::EPSILON * abs + 1e-5;
+                            let (a, e) = (ours[t * rows + r], reference[t * rows + r]);
+                            assert!(
+                                (a - e).abs() <= bound,
+                                "{what}: row {r} input {t}: ours {a}, MLX {e}, bound {bound}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Int16 activations (`Activations::Int16`, the CPU decoder's default): 4- and 8-bit products
+/// of one to four inputs against MLX's `quantized_matmul` with float32 inputs, groups
+/// 32/64/128, scales in f32/f16/bf16. Tier L3 with the quantization's bound: each input is
+/// within `amax / 65534` of its int16 value (amax: its chunk of 32's largest), the biases
+/// multiply the exact float sums, so a product moves by at most `sum |w_i| * amax / 65534`,
+/// plus the float summation bound. Other widths and wider blocks keep the float32 kernels.
+#[test]
+fn int16_activations_stay_within_the_quantization_bound() -> Result<()> {
+    if !Isa::Avx2.available() {
+        return Ok(());
+    }
+    let (rows, cols) = (45usize, 512usize);
+    let wf = Array::from_slice(&values(rows * cols, 5), &[rows as i32, cols as i32])?;
+    for threads in [1, 3] {
+        let mut ctx = CpuContext::with_isa(threads, Isa::Avx2)?;
+        ctx.activations = cpu::Activations::Int16;
+        let plain = CpuContext::with_isa(threads, Isa::Avx2)?;
+        for (bits, group) in [
+            (4, 32),
+            (4, 64),
+            (4, 128),
+            (8, 32),
+            (8, 64),
+            (8, 128),
+            (2, 64),
+        ] {
+            let (wq, s32, b32) = quantized::quantize(&wf, group, bits, QuantMode::Affine, None)?;
+            let b32 = b32.expect("affine biases");
+            for dt in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
+                let (s, b) = (scales_as(&s32, dt), scales_as(&b32, dt));
+                let wd = quantized::dequantize(
+                    &wq,
+                    &s.astype(Dtype::Float32)?,
+                    Some(&b.astype(Dtype::Float32)?),
+                    group,
+                    bits,
+                    QuantMode::Affine,
+                    Some(Dtype::Float32),
+                    None,
+                )?
+                .to_vec::<f32>()?;
+                let mat = Matrix::affine(
+                    wq.as_slice::<u32>()?,
+                    Floats::from_array(&s)?,
+                    Floats::from_array(&b)?,
+                    rows,
+                    cols,
+                    bits as u32,
+                    group as usize,
+                )?;
+                for m in [1usize, 2, 3, 4, 5] {
+                    let mut xv = values(m * cols, 21 + m as u64);
+                    for t in 0..m {
+                        xv[t * cols + 40] = -12.0;
+                    }
+                    let x = Array::from_slice(&xv, &[m as i32, cols as i32])?;
+                    let bias = values(rows, 77);
+                    let reference = (&quantized::quantized_matmul(
+                        &x,
+                        &wq,
+                        &s,
+                        Some(&b),
+                        true,
+                        group,
+                        bits,
+                        QuantMode::Affine,
+                        None,
+                    )? + &Array::from_slice(&bias, &[rows as i32])?)?
+                        .to_vec::<f32>()?;
+                    let run = |c: &CpuContext| -> Result<Vec<f32>> {
+                        let mut out = vec![0f32; m * rows];
+                        cpu::matmul_t(
+                            c,
+                            &xv,
+                            m,
+                            &mut [MatJob {
+                                w: &mat,
+                                bias: Some(Floats::F32(&bias)),
+                                out: &mut out,
+                            }],
+                        )?;
+                        Ok(out)
+                    };
+                    let (ours, exact) = (run(&ctx)?, run(&plain)?);
+                    let what = format!("bits {bits} group {group} {dt} m {m} threads {threads}");
+                    if bits == 2 || m > 4 {
+                        assert_eq!(ours, exact, "{what}: should take the float kernels");
+                        continue;
+                    }
+                    assert_ne!(ours, exact, "{what}: should take the int16 kernel");
+                    for t in 0..m {
+                        let xr = &xv[t * cols..(t + 1) * cols];
+                        for r in 0..rows {
+                            let wr = &wd[r * cols..(r + 1) * cols];
+                            let (mut quant, mut abs) = (0f32, 0f32);
+                            for c in 0..cols / 32 {
+                                let amax = xr[c * 32..c * 32 + 32]
+                                    .iter()
+                                    .fold(0f32, |a, v| a.max(v.abs()));
+                                for i in c * 32..c * 32 + 32 {
+                                    quant += wr[i].abs() * amax / 65534.0;
+                                    abs += (wr[i] * xr[i]).abs();
+                                }
+                            }
+                            let bound =
+                                quant * 1.01 + 2.0 * cols as f32 * f32::EPSILON * abs + 1e-5;
+                            let (a, e) = (ours[t * rows + r], reference[t * rows + r]);
+                            assert!(
+                                (a - e).abs() <= bound,
+                                "{what}: row {r} input {t}: ours {a}, MLX {e}, bound {bound}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -84,7 +84,8 @@ const USAGE: &str =
     "usage: bench_generate --model PATH|smollm2 [--dtype float32|float16|bfloat16|keep]
     [--prompt-len 512] [--gen-len 32] [--seed 0] [--warmup 1] [--warmup-prompt-len N]
     [--warmup-gen-len N] [--trials 1] [--prefill-step-size 2048] [--device cpu|gpu] [--digests]
-    [--compiled auto|percall|off] [--step-timing N] [--graph] [--decoder mlx|graph]
+    [--compiled auto|percall|off] [--step-timing N] [--graph] [--decoder mlx|graph|cpu]
+    [--threads N] (the CPU decoder's threads; 0: all cores)
     [--graph-check N] [--graph-breakdown N]
   bench_generate --model smollm2 --resolve   (prints the fetched GGUF's path)
 Prints one JSON line: prompt_tps, generation_tps (mlx-lm stream_generate's definitions),
@@ -113,6 +114,9 @@ struct Args {
     compiled: Compiled,
     step_timing: usize,
     graph_decoder: bool,
+    /// `--decoder cpu`: the CPU decoder (`GenerateOptions::cpu_decode`) on `--threads`.
+    cpu_decoder: bool,
+    threads: usize,
     graph_check: usize,
     graph_breakdown: u32,
     graph_trace: Option<PathBuf>,
@@ -150,6 +154,8 @@ fn parse_args() -> BoxResult<Args> {
         },
         step_timing: 0,
         graph_decoder: false,
+        cpu_decoder: false,
+        threads: 0,
         graph_check: 0,
         graph_breakdown: 0,
         graph_trace: None,
@@ -198,12 +204,14 @@ fn parse_args() -> BoxResult<Args> {
             }
             "--step-timing" => a.step_timing = num(&value)?,
             "--decoder" => {
-                a.graph_decoder = match value.as_str() {
-                    "mlx" => false,
-                    "graph" => true,
-                    v => return Err(format!("--decoder {v}: mlx|graph").into()),
+                (a.graph_decoder, a.cpu_decoder) = match value.as_str() {
+                    "mlx" => (false, false),
+                    "graph" => (true, false),
+                    "cpu" => (false, true),
+                    v => return Err(format!("--decoder {v}: mlx|graph|cpu").into()),
                 }
             }
+            "--threads" => a.threads = num(&value)?,
             "--graph-check" => a.graph_check = num(&value)?,
             "--graph-trace" => a.graph_trace = Some(PathBuf::from(value)),
             "--graph-breakdown" => {
@@ -343,6 +351,9 @@ fn trial(
             Compiled::Auto | Compiled::PerCall => CompiledDecode::Auto,
         },
         eval_probe,
+        cpu_decode: a
+            .cpu_decoder
+            .then_some(mlx_engine::generate::CpuDecode { threads: a.threads }),
         ..GenerateOptions::default()
     };
     let mut tokens = Vec::with_capacity(gen_len);

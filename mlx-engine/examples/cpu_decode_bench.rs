@@ -1,6 +1,9 @@
 //! Times the CPU decoder alone on the default model (SmolLM2-135M-Instruct Q4_1 GGUF, loaded
 //! as `--dtype auto` loads it on the CPU): prefill of a 128-token prompt, then single-token
-//! decode steps. `cargo run --release -p mlx-engine --example cpu_decode_bench [THREADS]`.
+//! decode steps. `cargo run --release -p mlx-engine --example cpu_decode_bench [THREADS]
+//! [int16|int8|f32]` (the activations of the products; default int16, the decoder's). Besides the
+//! rates it prints the process's CPU time per decoded token, steadier than wall time on a
+//! machine other work loads.
 
 use std::time::Instant;
 
@@ -17,6 +20,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let (model, _) = load_gguf_model(&path, &opts)?;
     let mut dec = CpuDecoder::new(model.as_ref(), threads, 1024)?;
+    match std::env::args().nth(2).as_deref() {
+        Some("f32") => dec.set_activations(mlx_core::cpu::Activations::F32),
+        Some("int8") => dec.set_activations(mlx_core::cpu::Activations::Int8),
+        Some("int16") | None => dec.set_activations(mlx_core::cpu::Activations::Int16),
+        Some(o) => return Err(format!("activations: {o}? (f32, int8 or int16)").into()),
+    }
     let prompt: Vec<u32> = (0..128u32).map(|i| (i * 7919 + 13) % 49152).collect();
     for round in 0..3 {
         dec.reset();
@@ -24,18 +33,34 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         dec.feed(&prompt)?;
         let prefill = t.elapsed().as_secs_f64();
         let t = Instant::now();
+        let c0 = cpu_seconds();
         let steps = 64;
         for i in 0..steps {
             dec.feed(&[(i * 31 + 5) as u32])?;
         }
         let decode = t.elapsed().as_secs_f64();
+        let cpu_ms = (cpu_seconds() - c0) * 1e3 / steps as f64;
         println!(
-            "round {round}: {} threads, {}: prefill {:.1} tok/s, decode {:.1} tok/s",
+            "round {round}: {} threads, {}, {:?} activations: prefill {:.1} tok/s, decode {:.1} \
+             tok/s, {cpu_ms:.2} CPU ms a decoded token, load {}",
             dec.threads(),
             dec.isa(),
+            dec.activations(),
             prompt.len() as f64 / prefill,
-            steps as f64 / decode
+            steps as f64 / decode,
+            std::fs::read_to_string("/proc/loadavg")
+                .unwrap_or_default()
+                .trim()
         );
     }
     Ok(())
+}
+
+/// User + system CPU time of this process so far (Linux `/proc/self/stat`, 100 Hz ticks).
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let tick = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (tick(11) + tick(12)) / 100.0
 }

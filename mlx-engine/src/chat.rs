@@ -13,12 +13,14 @@ use serde_json::{json, Value};
 use mlx_cache::Cache;
 
 use crate::chat_template::ChatTemplateOptions;
+use crate::cpu_decode::CpuDecoder;
 use crate::error::Result;
-use crate::generate::make_prompt_cache;
+use crate::generate::{cpu_decode_unsupported, make_prompt_cache};
 use crate::prompt_cache::PromptCache;
 use crate::speculative::{Drafter, SpecStats};
 use crate::stream::{
-    stream_generate, stream_generate_speculative, GenerationResponse, StreamOptions,
+    stream_generate, stream_generate_cpu, stream_generate_speculative, GenerationResponse,
+    StreamOptions,
 };
 use crate::tokenizer::Tokenizer;
 use mlx_models::LanguageModel;
@@ -120,12 +122,15 @@ impl<'m> ChatSession<'m> {
     }
 }
 
-/// `mlx_lm.chat`'s loop body over one growing cache (see the module docs).
+/// `mlx_lm.chat`'s loop body over one growing cache (see the module docs). With
+/// `opts.generate.cpu_decode` the cache is the CPU decoder's own, kept across turns.
 pub struct Conversation<'m> {
     model: &'m dyn LanguageModel,
     tokenizer: &'m Tokenizer,
     system: Option<String>,
     cache: Vec<Box<dyn Cache>>,
+    /// The CPU decoder and its cache (`None` on the MLX path; taken during a turn).
+    cpu: Option<CpuDecoder<'m>>,
     opts: StreamOptions,
     spec: Option<ChatSpeculation<'m>>,
     /// The draft model's growing cache (speculation with a draft model).
@@ -151,11 +156,25 @@ impl<'m> Conversation<'m> {
         system: Option<&str>,
         opts: StreamOptions,
     ) -> Result<Self> {
+        let cpu = match opts.generate.cpu_decode {
+            Some(c) => {
+                if let Some(why) = cpu_decode_unsupported(model, &opts.generate, false) {
+                    return Err(crate::EngineError::CpuDecoderUnsupported(why));
+                }
+                Some(CpuDecoder::new(model, c.threads, 256)?)
+            }
+            None => None,
+        };
         Ok(Conversation {
             model,
             tokenizer,
             system: system.map(str::to_string),
-            cache: make_prompt_cache(model, opts.generate.max_kv_size)?,
+            cache: if cpu.is_some() {
+                Vec::new()
+            } else {
+                make_prompt_cache(model, opts.generate.max_kv_size)?
+            },
+            cpu,
             opts,
             spec: None,
             draft_cache: Vec::new(),
@@ -168,6 +187,9 @@ impl<'m> Conversation<'m> {
     /// turn they are brought up to every generated token, so greedy turns give the text of
     /// plain decoding.
     pub fn with_speculation(mut self, spec: ChatSpeculation<'m>) -> Result<Self> {
+        // Speculation verifies drafts on the exact path.
+        self.cpu = None;
+        self.opts.generate.cpu_decode = None;
         self.spec = Some(spec);
         self.reset()?;
         Ok(self)
@@ -189,6 +211,13 @@ impl<'m> Conversation<'m> {
                     .map(|d| d.make_cache_with_rollback(depth))
                     .unwrap_or_default();
             }
+            None if self.opts.generate.cpu_decode.is_some() => match self.cpu.as_mut() {
+                Some(d) => d.reset(),
+                None => {
+                    let threads = self.opts.generate.cpu_decode.map_or(0, |c| c.threads);
+                    self.cpu = Some(CpuDecoder::new(self.model, threads, 256)?);
+                }
+            },
             None => {
                 self.cache = make_prompt_cache(self.model, self.opts.generate.max_kv_size)?;
             }
@@ -196,9 +225,17 @@ impl<'m> Conversation<'m> {
         Ok(())
     }
 
+    /// Whether the turns run through the CPU decoder.
+    pub fn uses_cpu_decoder(&self) -> bool {
+        self.opts.generate.cpu_decode.is_some()
+    }
+
     /// Tokens the cache holds.
     pub fn cached_tokens(&self) -> usize {
-        self.cache.first().map_or(0, |c| c.offset())
+        match &self.cpu {
+            Some(d) => d.position(),
+            None => self.cache.first().map_or(0, |c| c.offset()),
+        }
     }
 
     /// One turn: `[system?, user]` rendered with the generation prompt, appended to the cache,
@@ -216,8 +253,13 @@ impl<'m> Conversation<'m> {
         let prompt = self
             .tokenizer
             .apply_chat_template_ids(&messages, &ChatTemplateOptions::generation(true))?;
+        let cpu = self.cpu.take();
         let cache = std::mem::take(&mut self.cache);
         let started = match &self.spec {
+            None if cpu.is_some() => {
+                let cpu = cpu.ok_or_else(|| crate::EngineError::Other("no CPU decoder".into()))?;
+                stream_generate_cpu(self.model, self.tokenizer, &prompt, cpu, self.opts.clone())
+            }
             None => stream_generate(
                 self.model,
                 self.tokenizer,
@@ -268,6 +310,17 @@ impl<'m> Conversation<'m> {
             }
         }
         self.last_stats = stream.spec_stats();
+        if stream.uses_cpu_decoder() {
+            // The CPU decoder keeps its own cache across turns.
+            self.cpu = stream.into_cpu_decoder();
+            if let Some(e) = failure {
+                self.reset()?;
+                return Err(e);
+            }
+            return last.ok_or_else(|| {
+                crate::EngineError::Other("generation produced no response".into())
+            });
+        }
         if let Some(e) = failure {
             if self.spec.is_some() {
                 self.reset()?;

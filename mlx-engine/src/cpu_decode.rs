@@ -25,7 +25,7 @@
 //! (`tests/cpu_decode.rs` states the bounds). Sampling and logits processors are the
 //! engine's own, applied to these logits.
 
-use mlx_core::cpu::{self, AttentionShape, CpuContext, Floats, MatJob, Matrix};
+use mlx_core::cpu::{self, Activations, AttentionShape, CpuContext, Floats, MatJob, Matrix};
 use mlx_models::layers::{Embedding, Linear, MlpKind, Norm, NormKind, Rope};
 use mlx_models::models::dense::{LayerView, Model};
 use mlx_models::models::descriptor::{Descriptor, EmbedScale, LogitScale, Placement, QkNorm};
@@ -49,6 +49,10 @@ pub fn unsupported(model: &dyn LanguageModel) -> Option<String> {
         Err(EngineError::CpuDecoderUnsupported(m)) => Some(m),
         Err(e) => Some(e.to_string()),
     }
+}
+
+fn model_addr(model: &dyn LanguageModel) -> usize {
+    model as *const dyn LanguageModel as *const () as usize
 }
 
 fn check(model: &dyn LanguageModel) -> Result<&Model> {
@@ -283,6 +287,8 @@ struct Scratch {
 
 /// A decoder over one model's weights with its own KV cache (one sequence).
 pub struct CpuDecoder<'m> {
+    /// The address of the model it was made for (identity only, see [`CpuDecoder::is_for`]).
+    model_addr: usize,
     ctx: CpuContext,
     hidden: usize,
     n_heads: usize,
@@ -404,8 +410,11 @@ impl<'m> CpuDecoder<'m> {
         };
         let capacity = capacity.max(1);
         let n = layers.len();
+        let mut ctx = CpuContext::new(threads)?;
+        ctx.activations = Activations::Int16;
         Ok(CpuDecoder {
-            ctx: CpuContext::new(threads)?,
+            model_addr: model_addr(model),
+            ctx,
             hidden,
             n_heads,
             n_kv,
@@ -423,6 +432,24 @@ impl<'m> CpuDecoder<'m> {
             pos: 0,
             s,
         })
+    }
+
+    /// Whether this decoder was made for `model` (the same loaded model, not an equal one).
+    pub fn is_for(&self, model: &dyn LanguageModel) -> bool {
+        self.model_addr == model_addr(model)
+    }
+
+    /// How the products read their inputs: [`Activations::Int16`] by default (the 4- and
+    /// 8-bit products of a decode step as integer dot products; [`Activations::Int8`] is
+    /// faster but fails the quality gate on SmolLM2); [`Activations::F32`] keeps every
+    /// product in float32.
+    pub fn set_activations(&mut self, a: Activations) {
+        self.ctx.activations = a;
+    }
+
+    /// See [`CpuDecoder::set_activations`].
+    pub fn activations(&self) -> Activations {
+        self.ctx.activations
     }
 
     /// Worker threads in use.
@@ -452,9 +479,35 @@ impl<'m> CpuDecoder<'m> {
             return Err(EngineError::Other("CpuDecoder::feed: no tokens".into()));
         }
         for chunk in tokens.chunks(BLOCK) {
-            self.block(chunk, None)?;
+            self.block(chunk, None, true)?;
         }
         Ok(&self.s.logits)
+    }
+
+    /// Runs `tokens` through the model from an empty cache and returns the last one's final
+    /// hidden state (after the final norm, as the model's `forward_hidden`): what a sentence
+    /// embedding pools. The cache is left holding `tokens`.
+    pub fn hidden_last(&mut self, tokens: &[u32]) -> Result<&[f32]> {
+        if tokens.is_empty() {
+            return Err(EngineError::Other(
+                "CpuDecoder::hidden_last: no tokens".into(),
+            ));
+        }
+        self.reset();
+        let mut t = 0;
+        for chunk in tokens.chunks(BLOCK) {
+            self.block(chunk, None, false)?;
+            t = chunk.len();
+        }
+        let hid = self.hidden;
+        let s = &mut self.s;
+        cpu::rms_norm(
+            &s.x[(t - 1) * hid..t * hid],
+            self.final_norm,
+            self.eps,
+            &mut s.h[..hid],
+        )?;
+        Ok(&s.h[..hid])
     }
 
     /// Runs `tokens` through the model and calls `each(i, logits)` with the logits of every
@@ -462,7 +515,7 @@ impl<'m> CpuDecoder<'m> {
     pub fn feed_all(&mut self, tokens: &[u32], each: &mut dyn FnMut(usize, &[f32])) -> Result<()> {
         let mut done = 0;
         for chunk in tokens.chunks(BLOCK) {
-            self.block(chunk, Some(&mut |i, l| each(done + i, l)))?;
+            self.block(chunk, Some(&mut |i, l| each(done + i, l)), true)?;
             done += chunk.len();
         }
         Ok(())
@@ -484,7 +537,12 @@ impl<'m> CpuDecoder<'m> {
         self.capacity = new;
     }
 
-    fn block(&mut self, tokens: &[u32], mut all: Option<&mut LogitsFn<'_>>) -> Result<()> {
+    fn block(
+        &mut self,
+        tokens: &[u32],
+        mut all: Option<&mut LogitsFn<'_>>,
+        head: bool,
+    ) -> Result<()> {
         let t = tokens.len();
         let (hid, hd) = (self.hidden, self.head_dim);
         let (qd, kd) = (self.n_heads * hd, self.n_kv * hd);
@@ -622,6 +680,9 @@ impl<'m> CpuDecoder<'m> {
             }
         }
         self.pos += t;
+        if !head {
+            return Ok(());
+        }
         let first = if all.is_some() { 0 } else { t - 1 };
         for i in first..t {
             let h = &mut s.h[..hid];
@@ -643,4 +704,35 @@ impl<'m> CpuDecoder<'m> {
         debug_assert_eq!(s.logits.len(), self.vocab);
         Ok(())
     }
+}
+
+/// Sentence embeddings through `decoder` (one reset per text): each text's last-token final
+/// hidden state, L2-normalised in float32, as `mlx_models::embed::embed` computes them on the
+/// exact path (tier L3 against it: sums in another order; float32 products throughout, even
+/// for one-token texts, which the decoder's int16 activations would otherwise take).
+pub fn embed(decoder: &mut CpuDecoder<'_>, batch: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
+    let before = decoder.activations();
+    decoder.set_activations(Activations::F32);
+    let out = embed_f32(decoder, batch);
+    decoder.set_activations(before);
+    out
+}
+
+fn embed_f32(decoder: &mut CpuDecoder<'_>, batch: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
+    if batch.is_empty() {
+        return Err(EngineError::Other("embed: no texts given".into()));
+    }
+    let mut out = Vec::with_capacity(batch.len());
+    for (i, ids) in batch.iter().enumerate() {
+        if ids.is_empty() {
+            return Err(EngineError::Other(format!("embed: text {i} has no tokens")));
+        }
+        let h = decoder
+            .hidden_last(ids)
+            .map_err(|e| EngineError::Other(format!("embed: text {i}: {e}")))?;
+        // mlx-lm's order: sum of squares, square root, then max with 1e-12 and a division.
+        let norm = h.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-12);
+        out.push(h.iter().map(|v| v / norm).collect());
+    }
+    Ok(out)
 }

@@ -277,7 +277,27 @@ pub fn generate_step<'m>(
             None => Decoder::None,
         },
     };
-    start(prompt, model, prompt_cache, opts, decoder)
+    start(prompt, model, prompt_cache, opts, decoder, None)
+}
+
+/// [`generate_step`] through `cpu`, a CPU decoder of `model` that the caller keeps across
+/// generations with its cache (a chat: each turn's prompt continues what the decoder holds;
+/// take it back with [`GenerateStep::into_cpu_decoder`]). `opts.cpu_decode` is not consulted,
+/// and the options the decoder cannot honour (a rotating or quantized cache) are an error.
+/// A decoder made for another model is an error.
+pub fn generate_step_cpu<'m>(
+    prompt: &[i32],
+    model: &'m dyn LanguageModel,
+    cpu: CpuDecoder<'m>,
+    opts: GenerateOptions,
+) -> Result<GenerateStep<'m>> {
+    if !cpu.is_for(model) {
+        return Err(EngineError::Other(format!(
+            "generate_step_cpu: the CPU decoder was made for another model than this {} model",
+            model.model_type()
+        )));
+    }
+    start(prompt, model, None, opts, Decoder::None, Some(cpu))
 }
 
 /// [`generate_step`] decoding through `decoder`, a compiled step of `model` that the caller
@@ -300,7 +320,14 @@ pub fn generate_step_with_decoder<'m>(
             model.model_type()
         )));
     }
-    start(prompt, model, prompt_cache, opts, Decoder::Shared(decoder))
+    start(
+        prompt,
+        model,
+        prompt_cache,
+        opts,
+        Decoder::Shared(decoder),
+        None,
+    )
 }
 
 fn start<'m>(
@@ -309,6 +336,7 @@ fn start<'m>(
     prompt_cache: Option<Vec<Box<dyn Cache>>>,
     opts: GenerateOptions,
     decoder: Decoder<'m>,
+    cpu_given: Option<CpuDecoder<'m>>,
 ) -> Result<GenerateStep<'m>> {
     if prompt.is_empty() {
         return Err(EngineError::Other(
@@ -329,15 +357,21 @@ fn start<'m>(
     if let Some(bits) = opts.kv_bits {
         mlx_cache::QuantSpec::new(opts.kv_group_size, bits)?;
     }
-    let cpu = match opts.cpu_decode {
-        Some(c) => {
+    let cpu = match (cpu_given, opts.cpu_decode) {
+        (Some(d), _) => {
+            if let Some(why) = cpu_decode_unsupported(model, &opts, false) {
+                return Err(EngineError::CpuDecoderUnsupported(why));
+            }
+            Some(d)
+        }
+        (None, Some(c)) => {
             if let Some(why) = cpu_decode_unsupported(model, &opts, prompt_cache.is_some()) {
                 return Err(EngineError::CpuDecoderUnsupported(why));
             }
             let room = prompt.len() + opts.max_tokens.unwrap_or(0) + 1;
             Some(CpuDecoder::new(model, c.threads, room)?)
         }
-        None => None,
+        (None, None) => None,
     };
     let caches = match prompt_cache {
         Some(c) => c,
@@ -517,6 +551,17 @@ impl<'m> GenerateStep<'m> {
     /// The caches, e.g. to keep as a prompt cache for the next call.
     pub fn into_cache(self) -> Vec<Box<dyn Cache>> {
         self.caches
+    }
+
+    /// The CPU decoder this generation ran through (`None` on the MLX path), its cache
+    /// holding the prompt and every token the model ran on (as [`Self::into_cache`]'s).
+    pub fn into_cpu_decoder(self) -> Option<CpuDecoder<'m>> {
+        self.cpu
+    }
+
+    /// Whether this generation runs through the CPU decoder.
+    pub fn uses_cpu_decoder(&self) -> bool {
+        self.cpu.is_some()
     }
 
     pub fn cache(&self) -> &[Box<dyn Cache>] {

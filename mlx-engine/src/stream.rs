@@ -9,8 +9,9 @@ use mlx_cache::Cache;
 use mlx_core::memory;
 use mlx_core::prelude::*;
 
+use crate::cpu_decode::CpuDecoder;
 use crate::error::{EngineError, Result};
-use crate::generate::{generate_step, GenerateOptions, GenerateStep, Step};
+use crate::generate::{generate_step, generate_step_cpu, GenerateOptions, GenerateStep, Step};
 use crate::speculative::{
     speculative_generate_step, CachePair, Drafter, SpecStats, SpeculativeStep,
 };
@@ -126,6 +127,27 @@ pub fn stream_generate<'m>(
     let ids = check_prompt(model, tokenizer, prompt, &opts)?;
     let start = Instant::now();
     let steps = generate_step(&ids, model, prompt_cache, opts.generate.clone())?;
+    Ok(TextStream::new(
+        Steps::Plain(Box::new(steps)),
+        tokenizer,
+        opts,
+        prompt.len(),
+        start,
+    ))
+}
+
+/// [`stream_generate`] through a CPU decoder the caller keeps (see
+/// [`crate::generate::generate_step_cpu`]); [`TextStream::into_cpu_decoder`] gives it back.
+pub fn stream_generate_cpu<'m>(
+    model: &'m dyn LanguageModel,
+    tokenizer: &'m Tokenizer,
+    prompt: &[u32],
+    cpu: CpuDecoder<'m>,
+    opts: StreamOptions,
+) -> Result<TextStream<'m>> {
+    let ids = check_prompt(model, tokenizer, prompt, &opts)?;
+    let start = Instant::now();
+    let steps = generate_step_cpu(&ids, model, cpu, opts.generate.clone())?;
     Ok(TextStream::new(
         Steps::Plain(Box::new(steps)),
         tokenizer,
@@ -276,6 +298,23 @@ impl<'m> TextStream<'m> {
         match &self.steps {
             Steps::Plain(_) => None,
             Steps::Speculative(g) => Some(g.stats()),
+        }
+    }
+
+    /// The CPU decoder that ran this generation (`None` on the MLX path), see
+    /// [`GenerateStep::into_cpu_decoder`].
+    pub fn into_cpu_decoder(self) -> Option<CpuDecoder<'m>> {
+        match self.steps {
+            Steps::Plain(g) => g.into_cpu_decoder(),
+            Steps::Speculative(_) => None,
+        }
+    }
+
+    /// Whether this generation runs through the CPU decoder.
+    pub fn uses_cpu_decoder(&self) -> bool {
+        match &self.steps {
+            Steps::Plain(g) => g.uses_cpu_decoder(),
+            Steps::Speculative(_) => false,
         }
     }
 

@@ -81,37 +81,56 @@ fn smollm2_top1_agreement_and_perplexity_match_the_exact_path() {
     let t_exact = t.elapsed();
     let vocab = exact.len() / POSITIONS;
 
-    let t = std::time::Instant::now();
     let mut dec = CpuDecoder::new(model.as_ref(), 0, POSITIONS).unwrap();
-    let (mut agree, mut nll_ours, mut nll_exact) = (0usize, 0f64, 0f64);
-    dec.feed_all(&ids[..POSITIONS], &mut |i, ours| {
-        let reference = &exact[i * vocab..(i + 1) * vocab];
-        if argmax(ours) == argmax(reference) {
-            agree += 1;
+    // The decoder's default: prompt blocks in float32 products, decode steps (one token) with
+    // int16 activations. Both ways through the text: in blocks (`feed_all`, the prefill path)
+    // and one token at a time (the decode path).
+    for stepwise in [false, true] {
+        let t = std::time::Instant::now();
+        let (mut agree, mut nll_ours, mut nll_exact) = (0usize, 0f64, 0f64);
+        let mut score = |i: usize, ours: &[f32]| {
+            let reference = &exact[i * vocab..(i + 1) * vocab];
+            if argmax(ours) == argmax(reference) {
+                agree += 1;
+            }
+            let target = ids[i + 1] as usize;
+            nll_ours -= log_softmax_at(ours, target);
+            nll_exact -= log_softmax_at(reference, target);
+        };
+        dec.reset();
+        if stepwise {
+            for (i, &tok) in ids[..POSITIONS].iter().enumerate() {
+                let l = dec.feed(&[tok]).unwrap();
+                score(i, l);
+            }
+        } else {
+            dec.feed_all(&ids[..POSITIONS], &mut score).unwrap();
         }
-        let target = ids[i + 1] as usize;
-        nll_ours -= log_softmax_at(ours, target);
-        nll_exact -= log_softmax_at(reference, target);
-    })
-    .unwrap();
-    let t_ours = t.elapsed();
-    let ppl_ours = (nll_ours / POSITIONS as f64).exp();
-    let ppl_exact = (nll_exact / POSITIONS as f64).exp();
-    let rate = agree as f64 / POSITIONS as f64;
-    assert!(
-        rate >= 0.99,
-        "top-1 agreement {agree}/{POSITIONS} = {rate:.4} < 0.99"
-    );
-    let rel = (ppl_ours - ppl_exact).abs() / ppl_exact;
-    assert!(
-        rel <= 0.005,
-        "perplexity {ppl_ours:.4} vs the exact path's {ppl_exact:.4}: {:.3}% apart (> 0.5%)",
-        rel * 100.0
-    );
-    eprintln!(
-        "SmolLM2 Q4_1, {POSITIONS} positions: top-1 agreement {agree}/{POSITIONS}, perplexity \
-         {ppl_ours:.4} (CPU decoder) vs {ppl_exact:.4} (exact), {:.4}% apart; exact path \
-         {t_exact:.1?}, CPU decoder {t_ours:.1?}",
-        rel * 100.0
-    );
+        let t_ours = t.elapsed();
+        let how = if stepwise {
+            "one token at a time (int16 activations)"
+        } else {
+            "in blocks (float32)"
+        };
+        let ppl_ours = (nll_ours / POSITIONS as f64).exp();
+        let ppl_exact = (nll_exact / POSITIONS as f64).exp();
+        let rate = agree as f64 / POSITIONS as f64;
+        assert!(
+            rate >= 0.99,
+            "{how}: top-1 agreement {agree}/{POSITIONS} = {rate:.4} < 0.99"
+        );
+        let rel = (ppl_ours - ppl_exact).abs() / ppl_exact;
+        assert!(
+            rel <= 0.005,
+            "{how}: perplexity {ppl_ours:.4} vs the exact path's {ppl_exact:.4}: {:.3}% apart \
+             (> 0.5%)",
+            rel * 100.0
+        );
+        eprintln!(
+            "SmolLM2 Q4_1, {POSITIONS} positions, {how}: top-1 agreement {agree}/{POSITIONS}, \
+             perplexity {ppl_ours:.4} (CPU decoder) vs {ppl_exact:.4} (exact), {:.4}% apart; \
+             exact path {t_exact:.1?}, CPU decoder {t_ours:.1?}",
+            rel * 100.0
+        );
+    }
 }

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use half::{bf16, f16};
 
-use super::{CpuContext, Isa, SharedOut};
+use super::{Activations, CpuContext, Isa, SharedOut};
 use crate::{Array, Dtype, Error, Result};
 
 /// A borrowed float vector in one of MLX's float dtypes.
@@ -298,6 +298,56 @@ pub fn matmul_t(ctx: &CpuContext, x: &[f32], m: usize, jobs: &mut [MatJob<'_, '_
     }
     let next = AtomicUsize::new(0);
     let isa = ctx.isa;
+    // Int8/int16 activations: `x` quantized once here (on the stack: no allocation), read by
+    // every product of the call that the integer kernels take.
+    #[cfg(target_arch = "x86_64")]
+    let mut qbuf = std::mem::MaybeUninit::<QBuf>::uninit();
+    #[cfg(target_arch = "x86_64")]
+    let mut qbuf16 = std::mem::MaybeUninit::<QBuf16>::uninit();
+    #[cfg(target_arch = "x86_64")]
+    let (qx, qx16) = {
+        let fits = isa == Isa::Avx2
+            && m <= INT8_MAX_M
+            && cols % 32 == 0
+            && m * cols <= INT8_MAX_M * super::x86::MAX_BUF;
+        let chunks = m * cols / 32;
+        match ctx.activations {
+            Activations::Int8 if fits && jobs.iter().any(|j| int8_kernel(j.w)) => {
+                // SAFETY: QBuf is plain integers and floats, for which any bit pattern is
+                // valid; quantize_x writes the prefix that the kernels read.
+                let b = unsafe { qbuf.assume_init_mut() };
+                super::x86::quantize_x(
+                    x,
+                    &mut b.q[..m * cols],
+                    &mut b.d[..chunks],
+                    &mut b.s[..chunks],
+                );
+                let q = super::x86::QuantX {
+                    q: b.q.as_ptr(),
+                    d: b.d.as_ptr(),
+                    s: b.s.as_ptr(),
+                };
+                (Some(q), None)
+            }
+            Activations::Int16 if fits && jobs.iter().any(|j| int16_kernel(j.w)) => {
+                // SAFETY: as above (QBuf16 is plain integers and floats).
+                let b = unsafe { qbuf16.assume_init_mut() };
+                super::x86::quantize_x16(
+                    x,
+                    &mut b.q[..m * cols],
+                    &mut b.d[..chunks],
+                    &mut b.s[..chunks],
+                );
+                let q = super::x86::QuantX16 {
+                    q: b.q.as_ptr(),
+                    d: b.d.as_ptr(),
+                    s: b.s.as_ptr(),
+                };
+                (None, Some(q))
+            }
+            _ => (None, None),
+        }
+    };
     ctx.pool.run(&|_, _| loop {
         let b = next.fetch_add(1, Ordering::Relaxed);
         if b >= blocks {
@@ -308,9 +358,56 @@ pub fn matmul_t(ctx: &CpuContext, x: &[f32], m: usize, jobs: &mut [MatJob<'_, '_
         };
         let r0 = (b - start) * block;
         let r1 = (r0 + block).min(w.rows);
+        #[cfg(target_arch = "x86_64")]
+        if let Some(q) = qx.filter(|_| int8_kernel(&w)) {
+            // SAFETY: Isa::Avx2 was checked available by CpuContext; q holds x quantized
+            // (m rows of cols values); these rows are this worker's alone.
+            unsafe { super::x86::rows_q4_int8(&w, r0, r1, q, m, out, bias) };
+            continue;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if let Some(q) = qx16.filter(|_| int16_kernel(&w)) {
+            // SAFETY: as above, with x quantized to int16.
+            unsafe { super::x86::rows_int16(&w, r0, r1, q, m, out, bias) };
+            continue;
+        }
         rows(isa, &w, r0, r1, x, m, out, bias);
     });
     Ok(())
+}
+
+/// Inputs at most for the int8 path (more: a prompt block, which the float kernels' reuse of
+/// each dequantized row serves better).
+const INT8_MAX_M: usize = 4;
+
+/// Stack space for `x` quantized to int8.
+#[cfg(target_arch = "x86_64")]
+struct QBuf {
+    q: [i8; INT8_MAX_M * super::x86::MAX_BUF],
+    d: [f32; INT8_MAX_M * super::x86::MAX_BUF / 32],
+    s: [f32; INT8_MAX_M * super::x86::MAX_BUF / 32],
+}
+
+/// Stack space for `x` quantized to int16.
+#[cfg(target_arch = "x86_64")]
+struct QBuf16 {
+    q: [i16; INT8_MAX_M * super::x86::MAX_BUF],
+    d: [f32; INT8_MAX_M * super::x86::MAX_BUF / 32],
+    s: [f32; INT8_MAX_M * super::x86::MAX_BUF / 32],
+}
+
+/// Whether the int16 kernel takes `w`: 4- or 8-bit affine, groups of 32 times a power of two.
+#[cfg(target_arch = "x86_64")]
+fn int16_kernel(w: &Matrix<'_>) -> bool {
+    matches!(w.kind, Kind::Affine { bits: 4 | 8, group, .. } if (group / 32).is_power_of_two())
+        && super::x86::supports(w)
+}
+
+/// Whether the int8 kernel takes `w`: 4-bit affine, groups of 32 times a power of two.
+#[cfg(target_arch = "x86_64")]
+fn int8_kernel(w: &Matrix<'_>) -> bool {
+    matches!(w.kind, Kind::Affine { bits: 4, group, .. } if (group / 32).is_power_of_two())
+        && super::x86::supports(w)
 }
 
 /// Rows `r0..r1` of the product into `out` (`(m, rows)`).

@@ -64,11 +64,29 @@ impl Isa {
     }
 }
 
+/// How the matrix products read their float inputs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Activations {
+    /// As given (float32 products: the exact path's numerics up to summation order).
+    #[default]
+    F32,
+    /// Quantized to int8 per 32 values for the 4-bit products of one to four inputs (integer
+    /// dot products, as llama.cpp's Q8_1 activations; AVX2 only, else as `F32`). Adds a
+    /// relative error of about 1/254 of each chunk's largest input to each product's terms.
+    Int8,
+    /// Quantized to int16 per 32 values for the 4- and 8-bit products of one to four inputs
+    /// (AVX2 only, else as `F32`): integer dot products with an input error of at most
+    /// 1/65534 of each chunk's largest input, 256 times less than `Int8`'s.
+    Int16,
+}
+
 /// A pool and the instruction set its kernels use.
 #[derive(Debug)]
 pub struct CpuContext {
     pub pool: ThreadPool,
     pub isa: Isa,
+    /// Float32 by default.
+    pub activations: Activations,
 }
 
 impl CpuContext {
@@ -93,6 +111,7 @@ impl CpuContext {
         Ok(CpuContext {
             pool: ThreadPool::new(threads)?,
             isa,
+            activations: Activations::F32,
         })
     }
 }

@@ -16,7 +16,7 @@ use super::SharedOut;
 /// groups, or 2-bit rows, take the scalar kernel).
 const MAX_GROUPS: usize = 1024;
 /// Widest row dequantized into a stack buffer for multi-input blocks.
-const MAX_BUF: usize = 8192;
+pub(super) const MAX_BUF: usize = 8192;
 
 /// Whether the AVX2 kernel handles `w` (else the scalar kernel does).
 pub(super) fn supports(w: &Matrix<'_>) -> bool {
@@ -450,6 +450,331 @@ unsafe fn widen_row(src: Floats<'_>, start: usize, out: *mut f32, n: usize) {
                 for k in i..n {
                     *out.add(k) = v[start + k].to_f32();
                 }
+            }
+        }
+    }
+}
+
+/// Inputs quantized to int8 for the integer dot products of 4-bit rows (llama.cpp's Q8_1
+/// activations): per input row and chunk of 32 values, a scale `d = max|x| / 127`, the codes
+/// `round(x / d)` stored evens first then odds (the order the 4-bit nibbles come out of a
+/// packed chunk), and `d * sum(codes)` (what the rows' biases multiply).
+#[derive(Clone, Copy)]
+pub(super) struct QuantX {
+    pub(super) q: *const i8,
+    pub(super) d: *const f32,
+    pub(super) s: *const f32,
+}
+
+// SAFETY: read-only views of buffers the caller of the pool run keeps alive and unchanged.
+unsafe impl Send for QuantX {}
+unsafe impl Sync for QuantX {}
+
+/// Quantizes `x` (`(m, cols)`, `cols` a multiple of 32) into `q`, `d` and `s` (see
+/// [`QuantX`]). Scalar code: `m * cols` is a few thousand values per product.
+pub(super) fn quantize_x(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+    for (c, chunk) in x.chunks_exact(32).enumerate() {
+        let amax = chunk.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let dc = amax / 127.0;
+        let inv = if dc > 0.0 { 1.0 / dc } else { 0.0 };
+        let mut sum = 0i32;
+        let out = &mut q[c * 32..c * 32 + 32];
+        for k in 0..16 {
+            let (e, o) = (
+                (chunk[2 * k] * inv).round() as i8,
+                (chunk[2 * k + 1] * inv).round() as i8,
+            );
+            out[k] = e;
+            out[16 + k] = o;
+            sum += e as i32 + o as i32;
+        }
+        d[c] = dc;
+        s[c] = dc * sum as f32;
+    }
+}
+
+/// Rows `r0..r1` of `out (m, rows) = x W^T + bias` for a 4-bit affine `w` whose group is 32
+/// times a power of two, `m <= 4`, from `x` quantized by [`quantize_x`]: per chunk of 32 one
+/// `maddubs` (unsigned codes times signed inputs) and one `madd` into 32-bit sums, scaled by
+/// the group's scale times the chunk's input scale; the biases multiply the inputs' sums.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; `qx` holds `m` quantized rows of `cols` values; rows
+/// `r0..r1` of `out` are this caller's alone.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+pub(super) unsafe fn rows_q4_int8(
+    w: &Matrix<'_>,
+    r0: usize,
+    r1: usize,
+    qx: QuantX,
+    m: usize,
+    out: SharedOut,
+    bias: Option<Floats<'_>>,
+) {
+    let Kind::Affine {
+        words,
+        scales,
+        biases,
+        bits: 4,
+        group,
+    } = w.kind
+    else {
+        return;
+    };
+    let (rows, cols) = (w.rows(), w.cols());
+    let groups = cols / group;
+    let chunks = cols / 32;
+    let shift = (group / 32).trailing_zeros();
+    let per = group / 32;
+    let row_bytes = cols / 2;
+    let bytes = words.as_ptr() as *const u8;
+    let bias_of = |r: usize| bias.map_or(0.0, |b| b.get(r));
+    // SAFETY (whole body): rows r0..r1 lie within `words`, `scales` and `biases` (checked by
+    // Matrix::affine); qx holds m * chunks codes, scales and sums; the stack buffers hold
+    // groups <= MAX_GROUPS values (checked by `supports`) for each of m <= 4 inputs.
+    unsafe {
+        let mut sw = std::mem::MaybeUninit::<[f32; MAX_GROUPS]>::uninit();
+        let mut bw = std::mem::MaybeUninit::<[f32; MAX_GROUPS]>::uninit();
+        let mut gs = std::mem::MaybeUninit::<[f32; 4 * MAX_GROUPS]>::uninit();
+        let (sp, bp) = (sw.as_mut_ptr() as *mut f32, bw.as_mut_ptr() as *mut f32);
+        let gsp = gs.as_mut_ptr() as *mut f32;
+        // The inputs' sums per group.
+        for t in 0..m {
+            for g in 0..groups {
+                let mut v = 0f32;
+                for k in 0..per {
+                    v += *qx.s.add(t * chunks + g * per + k);
+                }
+                *gsp.add(t * groups + g) = v;
+            }
+        }
+        let mask = _mm256_set1_epi8(0x0f);
+        let shifts = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
+        let ones = _mm256_set1_epi16(1);
+        for r in r0..r1 {
+            widen_row(scales, r * groups, sp, groups);
+            widen_row(biases, r * groups, bp, groups);
+            let rb = bytes.add(r * row_bytes);
+            let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+            for c in 0..chunks {
+                let v = _mm256_broadcastsi128_si256(_mm_loadu_si128(rb.add(c * 16) as *const _));
+                // Low lane: the low nibbles (even values); high lane: the high ones (odd).
+                let wq = _mm256_and_si256(_mm256_srlv_epi32(v, shifts), mask);
+                let sg = *sp.add(c >> shift);
+                for t in 0..m {
+                    let xq = _mm256_loadu_si256(qx.q.add((t * chunks + c) * 32) as *const _);
+                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, xq), ones);
+                    let f = _mm256_set1_ps(sg * *qx.d.add(t * chunks + c));
+                    let a = &mut acc[t][c & 1];
+                    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), f, *a);
+                }
+            }
+            let b = bias_of(r);
+            for t in 0..m {
+                let mut v = hsum(_mm256_add_ps(acc[t][0], acc[t][1]));
+                for g in 0..groups {
+                    v += *bp.add(g) * *gsp.add(t * groups + g);
+                }
+                out.write(t * rows + r, v + b);
+            }
+        }
+    }
+}
+
+/// Inputs quantized to int16 for the integer dot products of 4- and 8-bit rows: per input
+/// row and chunk of 32 values a scale `d = max|x| / 32767` and the codes `round(x / d)` in
+/// their natural order; `s` is the chunk's float sum (what the rows' biases multiply).
+#[derive(Clone, Copy)]
+pub(super) struct QuantX16 {
+    pub(super) q: *const i16,
+    pub(super) d: *const f32,
+    pub(super) s: *const f32,
+}
+
+// SAFETY: read-only views of buffers the caller of the pool run keeps alive and unchanged.
+unsafe impl Send for QuantX16 {}
+unsafe impl Sync for QuantX16 {}
+
+/// Quantizes `x` (`(m, cols)`, `cols` a multiple of 32) into `q`, `d` and `s` (see
+/// [`QuantX16`]).
+pub(super) fn quantize_x16(x: &[f32], q: &mut [i16], d: &mut [f32], s: &mut [f32]) {
+    for (c, chunk) in x.chunks_exact(32).enumerate() {
+        let amax = chunk.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let dc = amax / 32767.0;
+        let inv = if dc > 0.0 { 1.0 / dc } else { 0.0 };
+        for (o, v) in q[c * 32..c * 32 + 32].iter_mut().zip(chunk) {
+            *o = (v * inv).round() as i16;
+        }
+        d[c] = dc;
+        s[c] = chunk.iter().sum();
+    }
+}
+
+/// 32 codes of a 4-bit row (chunk at `p`, 16 bytes) as two vectors of 16 `i16`, in order.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn codes4(p: *const u8) -> (__m256i, __m256i) {
+    // SAFETY: 16 readable bytes at p.
+    unsafe {
+        let v = _mm_loadu_si128(p as *const __m128i);
+        let mask = _mm_set1_epi8(0x0f);
+        let lo = _mm_and_si128(v, mask);
+        let hi = _mm_and_si128(_mm_srli_epi16(v, 4), mask);
+        (
+            _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(lo, hi)),
+            _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(lo, hi)),
+        )
+    }
+}
+
+/// 32 codes of an 8-bit row (chunk at `p`, 32 bytes) as two vectors of 16 `i16`, in order.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn codes8(p: *const u8) -> (__m256i, __m256i) {
+    // SAFETY: 32 readable bytes at p.
+    unsafe {
+        (
+            _mm256_cvtepu8_epi16(_mm_loadu_si128(p as *const __m128i)),
+            _mm256_cvtepu8_epi16(_mm_loadu_si128(p.add(16) as *const __m128i)),
+        )
+    }
+}
+
+/// Rows `r0..r1` of `out (m, rows) = x W^T + bias` for a 4- or 8-bit affine `w` whose group
+/// is 32 times a power of two, `m <= 4`, from `x` quantized by [`quantize_x16`]: per chunk of
+/// 32 two `madd`s of the codes with the inputs' int16 codes into 32-bit sums, scaled by the
+/// group's scale times the chunk's input scale; the biases multiply the inputs' float sums.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; `qx` holds `m` quantized rows of `cols` values; rows
+/// `r0..r1` of `out` are this caller's alone.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn rows_int16(
+    w: &Matrix<'_>,
+    r0: usize,
+    r1: usize,
+    qx: QuantX16,
+    m: usize,
+    out: SharedOut,
+    bias: Option<Floats<'_>>,
+) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        match m {
+            1 => rows_int16_m::<1>(w, r0, r1, qx, out, bias),
+            2 => rows_int16_m::<2>(w, r0, r1, qx, out, bias),
+            3 => rows_int16_m::<3>(w, r0, r1, qx, out, bias),
+            _ => rows_int16_m::<4>(w, r0, r1, qx, out, bias),
+        }
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::needless_range_loop)]
+unsafe fn rows_int16_m<const MT: usize>(
+    w: &Matrix<'_>,
+    r0: usize,
+    r1: usize,
+    qx: QuantX16,
+    out: SharedOut,
+    bias: Option<Floats<'_>>,
+) {
+    let Kind::Affine {
+        words,
+        scales,
+        biases,
+        bits,
+        group,
+    } = w.kind
+    else {
+        return;
+    };
+    let (rows, cols) = (w.rows(), w.cols());
+    let groups = cols / group;
+    let chunks = cols / 32;
+    let shift = (group / 32).trailing_zeros();
+    let per = group / 32;
+    let row_bytes = cols * bits as usize / 8;
+    let cb = 4 * bits as usize;
+    let bytes = words.as_ptr() as *const u8;
+    let bias_of = |r: usize| bias.map_or(0.0, |b| b.get(r));
+    // SAFETY (whole body): rows r0..r1 lie within `words`, `scales` and `biases` (checked by
+    // Matrix::affine); qx holds MT * chunks codes, scales and sums; the stack buffers hold
+    // groups <= MAX_GROUPS values (checked by `supports`) for each of MT <= 4 inputs.
+    unsafe {
+        let mut sw = std::mem::MaybeUninit::<[f32; MAX_GROUPS]>::uninit();
+        let mut bw = std::mem::MaybeUninit::<[f32; MAX_GROUPS + 8]>::uninit();
+        let mut gs = std::mem::MaybeUninit::<[f32; 4 * (MAX_GROUPS + 8)]>::uninit();
+        let (sp, bp) = (sw.as_mut_ptr() as *mut f32, bw.as_mut_ptr() as *mut f32);
+        let gsp = gs.as_mut_ptr() as *mut f32;
+        // The inputs' sums per group, each input's padded to a multiple of 8 with zeros.
+        let gpad = groups.div_ceil(8) * 8;
+        for t in 0..MT {
+            for g in 0..gpad {
+                let mut v = 0f32;
+                if g < groups {
+                    for k in 0..per {
+                        v += *qx.s.add(t * chunks + g * per + k);
+                    }
+                }
+                *gsp.add(t * gpad + g) = v;
+            }
+        }
+        for r in r0..r1 {
+            widen_row(scales, r * groups, sp, groups);
+            widen_row(biases, r * groups, bp, groups);
+            for g in groups..gpad {
+                *bp.add(g) = 0.0;
+            }
+            let rb = bytes.add(r * row_bytes);
+            // Two accumulators per input (even and odd chunks), indexed by constants only so
+            // that they stay in registers.
+            let mut a0 = [_mm256_setzero_ps(); MT];
+            let mut a1 = [_mm256_setzero_ps(); MT];
+            let step = |c: usize, acc: &mut [__m256; MT]| {
+                let (w0, w1) = if bits == 4 {
+                    codes4(rb.add(c * cb))
+                } else {
+                    codes8(rb.add(c * cb))
+                };
+                let sg = *sp.add(c >> shift);
+                for (t, a) in acc.iter_mut().enumerate() {
+                    let xp = qx.q.add((t * chunks + c) * 32);
+                    let p = _mm256_add_epi32(
+                        _mm256_madd_epi16(w0, _mm256_loadu_si256(xp as *const __m256i)),
+                        _mm256_madd_epi16(w1, _mm256_loadu_si256(xp.add(16) as *const __m256i)),
+                    );
+                    let f = _mm256_set1_ps(sg * *qx.d.add(t * chunks + c));
+                    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), f, *a);
+                }
+            };
+            let mut c = 0;
+            while c + 2 <= chunks {
+                step(c, &mut a0);
+                step(c + 1, &mut a1);
+                c += 2;
+            }
+            if c < chunks {
+                step(c, &mut a0);
+            }
+            let acc: [[__m256; 2]; MT] = std::array::from_fn(|t| [a0[t], a1[t]]);
+            let b = bias_of(r);
+            for t in 0..MT {
+                let mut bv = _mm256_setzero_ps();
+                let mut g = 0;
+                while g < gpad {
+                    bv = _mm256_fmadd_ps(
+                        _mm256_loadu_ps(bp.add(g)),
+                        _mm256_loadu_ps(gsp.add(t * gpad + g)),
+                        bv,
+                    );
+                    g += 8;
+                }
+                let v = hsum(_mm256_add_ps(_mm256_add_ps(acc[t][0], acc[t][1]), bv));
+                out.write(t * rows + r, v + b);
             }
         }
     }
