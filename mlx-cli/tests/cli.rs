@@ -3,22 +3,13 @@
 //! chat-templated prompt, float32; goldens from `cargo xtask goldens smollm2_generate`), and
 //! bad input gets a clear error and a non-zero exit.
 
+mod support;
+use support::mlx;
+
 use std::path::PathBuf;
 use std::process::Command;
 
 use serde_json::Value;
-
-fn mlx(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_mlx"))
-        .args(args)
-        .output()
-        .expect("run mlx");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 fn golden() -> Value {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/goldens/smollm2_generate.json");

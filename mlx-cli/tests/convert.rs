@@ -5,9 +5,11 @@
 //! `tokenizer.json` and `generation_config.json` equal mlx-lm's byte for byte. The command line
 //! itself runs a few cases and its refusals.
 
+mod support;
+use support::mlx;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use mlx_core::quantized::QuantMode;
 use mlx_models::convert::{convert, ConvertOptions};
@@ -159,18 +161,6 @@ fn conversions_equal_mlx_lm_convert() {
         bad.len(),
         bad.join("\n")
     );
-}
-
-fn mlx(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_mlx"))
-        .args(args)
-        .output()
-        .expect("run mlx");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 #[test]

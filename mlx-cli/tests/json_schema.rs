@@ -3,26 +3,16 @@
 //! real SmolLM2-135M-Instruct GGUF (byte-level BPE vocabulary of 49,152 tokens), whose free
 //! reply to the same prompt is not bare JSON; a bad schema file is an error naming the file.
 
+mod support;
+use support::mlx;
+
 #[path = "../../mlx-engine/tests/support/schema_check.rs"]
 mod schema_check;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use schema_check::{parse_valid, person_schema};
 use serde_json::{json, Value};
-
-fn mlx(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_mlx"))
-        .args(args)
-        .output()
-        .expect("run mlx");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 fn tiny() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../mlx-engine/tests/fixtures/tiny_chat")

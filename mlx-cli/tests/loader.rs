@@ -3,23 +3,14 @@
 //! (then `mlx generate --adapter-path` on what it trained) take a `.gguf` file; `mlx fuse` on
 //! one is a clear error naming what to do instead.
 
+mod support;
+use support::mlx;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use serde_json::{json, Value};
-
-fn mlx(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_mlx"))
-        .args(args)
-        .output()
-        .expect("run mlx");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -3,25 +3,15 @@
 //! seeded permutation of the records), batches and figures, the perplexity and its standard
 //! error equal as float64 on tiny fixtures (f32, bf16, f16 and 4-bit models).
 
+mod support;
+use support::mlx;
+
 use std::path::PathBuf;
-use std::process::Command;
 
 use serde_json::Value;
 
 fn tests_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests")
-}
-
-fn mlx(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_mlx"))
-        .args(args)
-        .output()
-        .expect("run mlx");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 #[test]
