@@ -255,19 +255,18 @@ impl<'m> Conversation<'m> {
             .apply_chat_template_ids(&messages, &ChatTemplateOptions::generation(true))?;
         let cpu = self.cpu.take();
         let cache = std::mem::take(&mut self.cache);
-        let started = match &self.spec {
-            None if cpu.is_some() => {
-                let cpu = cpu.ok_or_else(|| crate::EngineError::Other("no CPU decoder".into()))?;
+        let started = match (&self.spec, cpu) {
+            (None, Some(cpu)) => {
                 stream_generate_cpu(self.model, self.tokenizer, &prompt, cpu, self.opts.clone())
             }
-            None => stream_generate(
+            (None, None) => stream_generate(
                 self.model,
                 self.tokenizer,
                 &prompt,
                 Some(cache),
                 self.opts.clone(),
             ),
-            Some(sp) => {
+            (Some(sp), _) => {
                 let drafter = match sp.draft {
                     Some(model) => Drafter::Model {
                         model,

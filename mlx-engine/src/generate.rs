@@ -630,18 +630,23 @@ impl<'m> GenerateStep<'m> {
     }
 }
 
+/// One step as an iterator item: a step, the end, or an error that ends the iteration.
+pub(crate) fn next_item(r: Result<Option<Step>>, done: &mut bool) -> Option<Result<Step>> {
+    match r {
+        Ok(step) => step.map(Ok),
+        Err(e) => {
+            *done = true;
+            Some(Err(e))
+        }
+    }
+}
+
 impl Iterator for GenerateStep<'_> {
     type Item = Result<Step>;
 
     fn next(&mut self) -> Option<Result<Step>> {
-        match on_generation_stream(|| self.advance()) {
-            Ok(Some(s)) => Some(Ok(s)),
-            Ok(None) => None,
-            Err(e) => {
-                self.done = true;
-                Some(Err(e))
-            }
-        }
+        let r = on_generation_stream(|| self.advance());
+        next_item(r, &mut self.done)
     }
 }
 

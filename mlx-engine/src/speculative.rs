@@ -21,7 +21,9 @@ use mlx_core::memory;
 use mlx_core::prelude::*;
 
 use crate::error::{EngineError, Result};
-use crate::generate::{maybe_quantize_kv_cache, on_generation_stream, GenerateOptions, Step};
+use crate::generate::{
+    maybe_quantize_kv_cache, next_item, on_generation_stream, GenerateOptions, Step,
+};
 use crate::sample::{check_logits_processors, check_token_ids};
 use crate::tokenizer::Tokenizer;
 use mlx_models::LanguageModel;
@@ -652,14 +654,8 @@ impl Iterator for SpeculativeStep<'_> {
     type Item = Result<Step>;
 
     fn next(&mut self) -> Option<Result<Step>> {
-        match on_generation_stream(|| self.advance()) {
-            Ok(Some(s)) => Some(Ok(s)),
-            Ok(None) => None,
-            Err(e) => {
-                self.done = true;
-                Some(Err(e))
-            }
-        }
+        let r = on_generation_stream(|| self.advance());
+        next_item(r, &mut self.done)
     }
 }
 

@@ -124,16 +124,10 @@ pub fn stream_generate<'m>(
     prompt_cache: Option<Vec<Box<dyn Cache>>>,
     opts: StreamOptions,
 ) -> Result<TextStream<'m>> {
-    let ids = check_prompt(model, tokenizer, prompt, &opts)?;
-    let start = Instant::now();
-    let steps = generate_step(&ids, model, prompt_cache, opts.generate.clone())?;
-    Ok(TextStream::new(
-        Steps::Plain(Box::new(steps)),
-        tokenizer,
-        opts,
-        prompt.len(),
-        start,
-    ))
+    start(model, tokenizer, prompt, opts, |ids, g| {
+        let steps = generate_step(ids, model, prompt_cache, g)?;
+        Ok(Steps::Plain(Box::new(steps)))
+    })
 }
 
 /// [`stream_generate`] through a CPU decoder the caller keeps (see
@@ -145,16 +139,10 @@ pub fn stream_generate_cpu<'m>(
     cpu: CpuDecoder<'m>,
     opts: StreamOptions,
 ) -> Result<TextStream<'m>> {
-    let ids = check_prompt(model, tokenizer, prompt, &opts)?;
-    let start = Instant::now();
-    let steps = generate_step_cpu(&ids, model, cpu, opts.generate.clone())?;
-    Ok(TextStream::new(
-        Steps::Plain(Box::new(steps)),
-        tokenizer,
-        opts,
-        prompt.len(),
-        start,
-    ))
+    start(model, tokenizer, prompt, opts, |ids, g| {
+        let steps = generate_step_cpu(ids, model, cpu, g)?;
+        Ok(Steps::Plain(Box::new(steps)))
+    })
 }
 
 /// [`stream_generate`] with speculative decoding (mlx-lm's `stream_generate(...,
@@ -171,23 +159,26 @@ pub fn stream_generate_speculative<'m>(
     num_draft_tokens: usize,
     opts: StreamOptions,
 ) -> Result<TextStream<'m>> {
+    start(model, tokenizer, prompt, opts, |ids, g| {
+        let steps =
+            speculative_generate_step(ids, model, prompt_cache, drafter, num_draft_tokens, g)?;
+        Ok(Steps::Speculative(Box::new(steps)))
+    })
+}
+
+/// What every stream starter shares: the prompt's checks, the clock, then `steps` (given the
+/// prompt's ids and the generation options) wrapped in a [`TextStream`].
+fn start<'m>(
+    model: &dyn LanguageModel,
+    tokenizer: &'m Tokenizer,
+    prompt: &[u32],
+    opts: StreamOptions,
+    steps: impl FnOnce(&[i32], GenerateOptions) -> Result<Steps<'m>>,
+) -> Result<TextStream<'m>> {
     let ids = check_prompt(model, tokenizer, prompt, &opts)?;
     let start = Instant::now();
-    let steps = speculative_generate_step(
-        &ids,
-        model,
-        prompt_cache,
-        drafter,
-        num_draft_tokens,
-        opts.generate.clone(),
-    )?;
-    Ok(TextStream::new(
-        Steps::Speculative(Box::new(steps)),
-        tokenizer,
-        opts,
-        prompt.len(),
-        start,
-    ))
+    let steps = steps(&ids, opts.generate.clone())?;
+    Ok(TextStream::new(steps, tokenizer, opts, prompt.len(), start))
 }
 
 impl<'m> TextStream<'m> {

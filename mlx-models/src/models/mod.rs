@@ -436,25 +436,28 @@ pub fn build(config: &ModelConfig, weights: Weights) -> Result<Box<dyn LanguageM
     build_with_params(config, weights).map(|(model, _)| model)
 }
 
+/// The model of `config`'s architecture (its dedicated port, else its descriptor row), taking
+/// its arrays from `weights`.
+fn construct(config: &ModelConfig, weights: &mut Weights) -> Result<Box<dyn LanguageModel>> {
+    match DEDICATED.iter().find(|(t, _)| *t == config.architecture) {
+        Some((_, f)) => f(config, weights),
+        None => match resolve(config)? {
+            Some(desc) => Ok(Box::new(dense::Model::load(desc, weights)?)),
+            None => Err(ModelError::Other(format!(
+                "`{}` has neither a port nor a row",
+                config.model_type
+            ))),
+        },
+    }
+}
+
 /// [`build`], also returning the parameters the model took ([`Weights::taken_shapes`]).
 pub fn build_with_params(
     config: &ModelConfig,
     mut weights: Weights,
 ) -> Result<(Box<dyn LanguageModel>, ParamShapes)> {
     check_layer_count(config, &weights)?;
-    let model: Box<dyn LanguageModel> =
-        match DEDICATED.iter().find(|(t, _)| *t == config.architecture) {
-            Some((_, f)) => f(config, &mut weights)?,
-            None => match resolve(config)? {
-                Some(desc) => Box::new(dense::Model::load(desc, &mut weights)?),
-                None => {
-                    return Err(ModelError::Other(format!(
-                        "`{}` has neither a port nor a row",
-                        config.model_type
-                    )))
-                }
-            },
-        };
+    let model = construct(config, &mut weights)?;
     let params = weights.taken_shapes();
     let taken = weights.taken_arrays().to_vec();
     weights.finish()?;
@@ -474,19 +477,7 @@ pub struct BuiltParameters {
 /// `mlx_lm.convert` does), returning its parameters and quantizable modules (for `convert`).
 pub fn build_recording(config: &ModelConfig, mut weights: Weights) -> Result<BuiltParameters> {
     check_layer_count(config, &weights)?;
-    let _model: Box<dyn LanguageModel> =
-        match DEDICATED.iter().find(|(t, _)| *t == config.architecture) {
-            Some((_, f)) => f(config, &mut weights)?,
-            None => match resolve(config)? {
-                Some(desc) => Box::new(dense::Model::load(desc, &mut weights)?),
-                None => {
-                    return Err(ModelError::Other(format!(
-                        "`{}` has neither a port nor a row",
-                        config.model_type
-                    )))
-                }
-            },
-        };
+    let _model = construct(config, &mut weights)?;
     let parameters = weights.taken_named();
     let quantizable = weights.quantizable().to_vec();
     weights.finish()?;
