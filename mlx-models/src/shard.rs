@@ -42,7 +42,13 @@ fn part(w: &Array, n: i32, r: i32, axis: i32, what: &str) -> Result<Array> {
 /// The r-th of `n` parts of a linear's weight along `axis` (0: output rows, -1: input
 /// columns), its quantized scales and biases with it (mlx's `_shard` splits every array of
 /// a `QuantizedLinear` the same way: the packed columns and the groups divide alike).
-fn split_weight(l: &Linear, n: i32, r: i32, axis: i32, what: &str) -> Result<(Linear, Option<Array>)> {
+fn split_weight(
+    l: &Linear,
+    n: i32,
+    r: i32,
+    axis: i32,
+    what: &str,
+) -> Result<(Linear, Option<Array>)> {
     match l {
         Linear::Dense { weight, bias } => Ok((
             Linear::Dense {

@@ -1,5 +1,6 @@
 //! L1 of tensor parallelism: the tiny llama `dense_f32`, the tiny qwen3 and the 4-bit llama
-//! `q4_g32` (mlx-cli/tests/models), each sharded over 2 ranks (MLX's ring backend over
+//! `q4_g32` (mlx-cli/tests/models), each sharded over 2 ranks, and of pipeline parallelism:
+//! the 3-layer qwen2 `qwen2_f32` split into 2 stages (MLX's ring backend over
 //! loopback, this test binary spawned twice), give mlx-lm's own sharded run's prefill
 //! logits and greedy tokens bit for bit (`cargo xtask goldens dist`:
 //! `sharded_load` under `mlx.launch -n 2 --backend ring`).
@@ -40,15 +41,28 @@ fn worker() {
     }
     let g = distributed::init(true, Backend::Ring).expect("ring init");
     for (model, golden) in MODELS {
-        check_model(&g, model, golden);
+        check_model(&g, model, golden, false);
     }
+    // Pipeline stages: the 3-layer qwen2 split [2, 1] (rank 1 runs layer 0).
+    check_model(&g, "qwen2_f32", "dist_qwen2_pp2", true);
     println!("rank {} ok", g.rank());
 }
 
-fn check_model(g: &distributed::Group, model: &str, golden: &str) {
+fn check_model(g: &distributed::Group, model: &str, golden: &str, pipeline: bool) {
     let dir = root().join("../../mlx-cli/tests/models").join(model);
     let (mut model, _) = load_model_dir(&dir, &LoadOptions::default()).unwrap();
-    model.shard_tensor_parallel(g.size(), g.rank()).unwrap();
+    if pipeline {
+        model.shard_pipeline(g.size(), g.rank()).unwrap();
+        let want = if g.rank() == 0 { 2 } else { 1 };
+        assert_eq!(
+            model.make_cache().len(),
+            want,
+            "rank {}: stage layers",
+            g.rank()
+        );
+    } else {
+        model.shard_tensor_parallel(g.size(), g.rank()).unwrap();
+    }
     let gold = load_golden(golden);
     let prompt = gold["prompt"].to_vec::<i32>().unwrap();
     let n = prompt.len() as i32;
@@ -100,7 +114,7 @@ fn free_port() -> u16 {
 }
 
 #[test]
-fn llama_qwen3_and_4bit_sharded_over_two_ranks_equal_mlx_lm_sharded_load() {
+fn tensor_and_pipeline_parallel_runs_over_two_ranks_equal_mlx_lm_sharded_load() {
     if std::env::var("MLX_TP_TEST_WORKER").is_ok() {
         return;
     }

@@ -371,13 +371,8 @@ pub fn train(
     };
     params.set_training(true);
     let world = args.world;
-    let mut batches = BatchIter::sharded(
-        train_set,
-        args.batch_size,
-        args.max_seq_length,
-        true,
-        world,
-    )?;
+    let mut batches =
+        BatchIter::sharded(train_set, args.batch_size, args.max_seq_length, true, world)?;
     if let Some(p) = &args.resume_batches {
         if !batches.restore(p) {
             return Err(TrainError::Config(format!(
@@ -638,7 +633,9 @@ fn average_gradients(grad: &ParamMap, size: usize) -> Result<ParamMap> {
         for k in &keys[start..end] {
             let g = &grad[*k];
             let n = g.size() as i32;
-            let part = avg.slice(&[offset], &[offset + n], &[1])?.reshape(&g.shape())?;
+            let part = avg
+                .slice(&[offset], &[offset + n], &[1])?
+                .reshape(&g.shape())?;
             out.insert((*k).clone(), part);
             offset += n;
         }
