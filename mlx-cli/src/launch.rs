@@ -468,6 +468,52 @@ pub fn world() -> Result<mlx_train::data::World, String> {
     }
 }
 
+/// A line of input every rank sees: in a launched group of several ranks, rank 0 runs `read`
+/// (only it has the terminal) and the others receive its result through two `all_sum`s (the
+/// length, `-1` for the end of input, then the bytes); elsewhere just `read`.
+pub fn shared_line(
+    read: impl FnOnce() -> Result<Option<String>, String>,
+) -> Result<Option<String>, String> {
+    let Ok(name) = std::env::var(ENV_BACKEND) else {
+        return read();
+    };
+    let backend = Backend::parse(&name).map_err(|e| e.to_string())?;
+    let g = distributed::init(false, backend).map_err(|e| e.to_string())?;
+    if g.size() <= 1 {
+        return read();
+    }
+    let rank = g.rank();
+    let mine = if rank == 0 { read()? } else { None };
+    let err = |e: mlx_core::Error| format!("rank {rank}: sharing the input line: {e}");
+    let cpu = mlx_core::Stream::cpu().map_err(err)?;
+    let sum = |v: &[i32]| -> Result<Vec<i32>, String> {
+        let x = mlx_core::Array::from_slice(v, &[v.len() as i32]).map_err(err)?;
+        distributed::all_sum(&x, Some(&g), Some(&cpu))
+            .and_then(|s| s.to_vec::<i32>())
+            .map_err(err)
+    };
+    let len = match (&mine, rank) {
+        (Some(l), 0) => i32::try_from(l.len()).map_err(|_| "an input line over 2 GiB")?,
+        (None, 0) => -1,
+        _ => 0,
+    };
+    let len = sum(&[len])?[0];
+    if len < 0 {
+        return Ok(None);
+    }
+    let bytes: Vec<i32> = match &mine {
+        Some(l) if rank == 0 => l.bytes().map(i32::from).collect(),
+        _ => vec![0; len as usize],
+    };
+    if bytes.is_empty() {
+        return Ok(Some(String::new()));
+    }
+    let got: Vec<u8> = sum(&bytes)?.into_iter().map(|b| b as u8).collect();
+    String::from_utf8(got)
+        .map(Some)
+        .map_err(|_| format!("rank {rank}: the shared input line is not UTF-8"))
+}
+
 /// In a launched rank, after the subcommand: one all_sum over the group, so that no rank
 /// leaves while a peer still waits on it in a collective.
 pub fn barrier() {
