@@ -58,6 +58,7 @@ macro_rules! serde_defaults {
 }
 
 mod checkpoint;
+pub mod deepseek;
 pub mod dense;
 pub mod descriptor;
 pub mod gemma4_text;
@@ -352,6 +353,23 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
     ("lfm2", |c, w| Ok(Box::new(lfm2::Model::load(c, w)?))),
     ("gemma4_text", |c, w| {
         Ok(Box::new(gemma4_text::Model::load(c, w)?))
+    }),
+    // MLA / DeepSeek V3 family (`deepseek.rs`).
+    ("deepseek_v3", |c, w| {
+        Ok(Box::new(deepseek::Model::load(c, w)?))
+    }),
+    ("kimi_k25", |c, w| {
+        Ok(Box::new(deepseek::Model::load(c, w)?))
+    }),
+    ("glm4_moe_lite", |c, w| {
+        Ok(Box::new(deepseek::Model::load(c, w)?))
+    }),
+    ("dots1", |c, w| Ok(Box::new(deepseek::Model::load(c, w)?))),
+    ("deepseek", |c, w| {
+        Ok(Box::new(deepseek::Model::load(c, w)?))
+    }),
+    ("deepseek_v2", |c, w| {
+        Ok(Box::new(deepseek::Model::load(c, w)?))
     }),
 ];
 
