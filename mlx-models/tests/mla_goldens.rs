@@ -102,3 +102,8 @@ fn deepseek_matches_mlx_lm_bit_for_bit() {
 fn deepseek_v2_matches_mlx_lm_bit_for_bit() {
     check_all(&["deepseek_v2", "deepseek_v2_q4"]);
 }
+
+#[test]
+fn minicpm3_matches_mlx_lm_bit_for_bit() {
+    check_all(&["minicpm3", "minicpm3_q4"]);
+}

@@ -210,6 +210,43 @@ ROWS.update(
     }
 )
 
+MINICPM3 = {
+    "vocab_size": 128,
+    "hidden_size": 64,
+    "dim_model_base": 32,
+    "num_hidden_layers": 2,
+    "intermediate_size": 96,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "rms_norm_eps": 1e-5,
+    "q_lora_rank": 32,
+    "qk_nope_head_dim": 32,
+    "qk_rope_head_dim": 16,
+    "kv_lora_rank": 32,
+    "scale_depth": 1.4,
+    "scale_emb": 12,
+    "max_position_embeddings": 512,
+    "rope_theta": 10000.0,
+    "rope_scaling": {
+        "type": "longrope",
+        "original_max_position_embeddings": 128,
+        "short_factor": [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7],
+        "long_factor": [1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5],
+    },
+}
+
+ROWS.update(
+    {
+        "minicpm3": ("minicpm3", {**MINICPM3}, "float32", None),
+        "minicpm3_q4": (
+            "minicpm3",
+            {**MINICPM3, "tie_word_embeddings": True, "rope_scaling": {"type": "longrope"}},
+            "float32",
+            (32, 4),
+        ),
+    }
+)
+
 PROMPT = [(7 * i + 3) % 128 for i in range(40)]
 STEPS = 6
 MODELS = Path("mlx-models/tests/models")

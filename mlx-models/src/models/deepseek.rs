@@ -5,7 +5,9 @@
 //! under standard attention with per-head q/k norms, the experts named `experts`) and
 //! `deepseek.py` (DeepSeek V1: standard attention, a softmax router, no MLA) and
 //! `deepseek_v2.py` (the latent projections expanded through `kv_b_proj` into a plain cache,
-//! its own YaRN rope, a softmax router, optionally group-limited). Each row reads its `ModelArgs` with mlx-lm's
+//! its own YaRN rope, a softmax router, optionally group-limited) and `minicpm3.py` (that
+//! expanded MLA with SuScaled rope in a dense MiniCPM decoder: scaled embeddings, residuals
+//! and head input). Each row reads its `ModelArgs` with mlx-lm's
 //! names and defaults into a [`DeepseekSpec`]; the attention is [`MlaAttention`], the experts
 //! one [`SwitchGlu`] routed by [`GroupExpertSelect`] (`group_expert_select`, compiled as
 //! mlx-lm compiles it), with the un-gated shared experts.
@@ -72,6 +74,12 @@ pub struct DeepseekSpec {
     pub sanitize: Sanitize,
     /// deepseek_v2's `topk_method == "group_limited_greedy"`.
     pub group_limited: bool,
+    /// minicpm3: `embed_tokens(x) * scale_emb`.
+    pub scale_emb: Option<f32>,
+    /// minicpm3: each residual branch times `scale_depth / num_hidden_layers ** 0.5`.
+    pub residual_scale: Option<f32>,
+    /// minicpm3 (untied head): the head's input divided by `hidden_size / dim_model_base`.
+    pub head_div: Option<f32>,
 }
 
 /// The knobs of a standard attention (dots1, deepseek).
@@ -112,6 +120,8 @@ pub enum Sanitize {
     Deepseek,
     /// deepseek_v2: stack the experts only (w1/w2/w3 names are not mapped there either).
     DeepseekV2,
+    /// minicpm3: no sanitize.
+    MiniCpm3,
 }
 
 /// deepseek_v3.py / glm4_moe_lite.py `ModelArgs`; absent fields take the row's defaults.
@@ -230,7 +240,7 @@ impl DeepseekSpec {
     pub fn from_config(config: &ModelConfig) -> Result<DeepseekSpec> {
         let t = config.architecture.as_str();
         let (raw, prefix, d, lite) = match t {
-            "deepseek_v3" | "dots1" | "deepseek" | "deepseek_v2" => {
+            "deepseek_v3" | "dots1" | "deepseek" | "deepseek_v2" | "minicpm3" => {
                 (config.raw.clone(), "", &DEEPSEEK_V3, false)
             }
             "glm4_moe_lite" => (config.raw.clone(), "", &GLM4_MOE_LITE, true),
@@ -253,6 +263,7 @@ impl DeepseekSpec {
         };
         let a: Args = crate::config::parse_args(&raw, t)?;
         match t {
+            "minicpm3" => return Self::minicpm3(config),
             "dots1" => return Self::dots1(config, a),
             "deepseek" => return Self::deepseek(config, a),
             _ => {}
@@ -328,6 +339,9 @@ impl DeepseekSpec {
                 Sanitize::DeepseekV3
             },
             group_limited,
+            scale_emb: None,
+            residual_scale: None,
+            head_div: None,
         };
         if v2 && spec.n_routed_experts.is_some() && a.num_experts_per_tok.is_none() {
             return Err(ModelError::Config(
@@ -339,6 +353,103 @@ impl DeepseekSpec {
                 "deepseek_v2: group_limited_greedy needs `n_group` and `topk_group`".into(),
             ));
         }
+        spec.validate()
+    }
+
+    /// minicpm3.py's `ModelArgs` (most fields required there).
+    fn minicpm3(config: &ModelConfig) -> Result<DeepseekSpec> {
+        #[derive(Deserialize)]
+        struct A {
+            hidden_size: i32,
+            dim_model_base: f64,
+            num_hidden_layers: i32,
+            intermediate_size: i32,
+            num_attention_heads: i32,
+            rms_norm_eps: f64,
+            vocab_size: i32,
+            q_lora_rank: i32,
+            qk_nope_head_dim: i32,
+            qk_rope_head_dim: i32,
+            kv_lora_rank: i32,
+            scale_depth: f64,
+            scale_emb: f64,
+            max_position_embeddings: i64,
+            #[serde(default)]
+            attention_bias: bool,
+            #[serde(default = "minicpm3_theta")]
+            rope_theta: f64,
+            #[serde(default)]
+            rope_scaling: Option<RopeScaling>,
+            #[serde(default)]
+            tie_word_embeddings: bool,
+        }
+        fn minicpm3_theta() -> f64 {
+            1_000_000.0
+        }
+        let a: A = config.args()?;
+        if a.num_attention_heads <= 0 || a.num_hidden_layers <= 0 || a.dim_model_base == 0.0 {
+            return Err(ModelError::Config(
+                "minicpm3: num_attention_heads, num_hidden_layers and dim_model_base must be \
+                 non-zero"
+                    .into(),
+            ));
+        }
+        // `SuScaledRoPE` with the `.get` defaults of minicpm3.py (mlx-lm fails without a
+        // rope_scaling).
+        let mut rs = a.rope_scaling.ok_or_else(|| {
+            ModelError::Config("minicpm3: config.json needs `rope_scaling`".into())
+        })?;
+        for (k, v) in [
+            ("original_max_position_embeddings", Value::from(4096)),
+            ("short_factor", Value::from(1.0)),
+            ("long_factor", Value::from(1.0)),
+        ] {
+            rs.entry(k.to_string()).or_insert(v);
+        }
+        rs.remove("rope_type");
+        rs.insert("type".into(), Value::from("longrope"));
+        let spec = DeepseekSpec {
+            model_type: config.model_type.clone(),
+            prefix: "",
+            vocab_size: a.vocab_size,
+            hidden_size: a.hidden_size,
+            intermediate_size: a.intermediate_size,
+            moe_intermediate_size: 1,
+            num_hidden_layers: a.num_hidden_layers,
+            num_attention_heads: a.num_attention_heads,
+            n_shared_experts: None,
+            n_routed_experts: None,
+            routed_scaling_factor: 1.0,
+            kv_lora_rank: a.kv_lora_rank,
+            q_lora_rank: Some(a.q_lora_rank),
+            qk_rope_head_dim: a.qk_rope_head_dim,
+            v_head_dim: a.hidden_size / a.num_attention_heads,
+            qk_nope_head_dim: a.qk_nope_head_dim,
+            norm_topk_prob: false,
+            n_group: 1,
+            topk_group: 1,
+            num_experts_per_tok: 1,
+            moe_layer_freq: 1,
+            first_k_dense_replace: 0,
+            max_position_embeddings: a.max_position_embeddings,
+            rms_norm_eps: a.rms_norm_eps as f32,
+            rope_theta: a.rope_theta,
+            rope_scaling: Some(rs),
+            attention_bias: a.attention_bias,
+            // `nn.RMSNorm(dims)`'s default.
+            lora_norm_eps: 1e-5,
+            denominator_eps: false,
+            standard_attention: None,
+            experts_name: "switch_mlp",
+            mlp_bias: false,
+            tie_word_embeddings: a.tie_word_embeddings,
+            sanitize: Sanitize::MiniCpm3,
+            group_limited: false,
+            scale_emb: Some(a.scale_emb as f32),
+            residual_scale: Some((a.scale_depth / f64::from(a.num_hidden_layers).powf(0.5)) as f32),
+            head_div: (!a.tie_word_embeddings)
+                .then_some((f64::from(a.hidden_size) / a.dim_model_base) as f32),
+        };
         spec.validate()
     }
 
@@ -420,6 +531,9 @@ impl DeepseekSpec {
             tie_word_embeddings: false,
             sanitize: Sanitize::Deepseek,
             group_limited: false,
+            scale_emb: None,
+            residual_scale: None,
+            head_div: None,
         };
         spec.validate()
     }
@@ -482,6 +596,9 @@ impl DeepseekSpec {
             tie_word_embeddings: a.tie_word_embeddings.unwrap_or(false),
             sanitize: Sanitize::Dots1,
             group_limited: false,
+            scale_emb: None,
+            residual_scale: None,
+            head_div: None,
         };
         spec.validate()
     }
@@ -555,8 +672,14 @@ impl DeepseekSpec {
         match self.sanitize {
             Sanitize::Dots1 => self.n_group - self.topk_group != 0,
             Sanitize::DeepseekV2 => self.group_limited,
+            Sanitize::MiniCpm3 => false,
             _ => self.n_group > 1,
         }
+    }
+
+    /// deepseek_v2 / minicpm3: keys and values expanded through `kv_b_proj` before the cache.
+    fn expanded_mla(&self) -> bool {
+        matches!(self.sanitize, Sanitize::DeepseekV2 | Sanitize::MiniCpm3)
     }
 
     fn is_moe(&self, layer: i32) -> bool {
@@ -829,6 +952,7 @@ enum SelfAttn {
 
 #[derive(Clone)]
 struct DecoderLayer {
+    residual_scale: Option<f32>,
     self_attn: SelfAttn,
     mlp: Ffn,
     input_layernorm: RmsNorm,
@@ -848,13 +972,19 @@ impl DecoderLayer {
             SelfAttn::MlaExpanded(a) => a.forward_expanded(&n, mask, cache)?,
             SelfAttn::Standard(a) => a.forward(&n, mask, cache)?,
         };
-        let h = (x + &r)?;
+        let scaled = |r: Array| -> Result<Array> {
+            Ok(match self.residual_scale {
+                Some(s) => ops::multiply_scalar(&r, s, None)?,
+                None => r,
+            })
+        };
+        let h = (x + &scaled(r)?)?;
         let n = self.post_attention_layernorm.forward(&h)?;
         let r = match &self.mlp {
             Ffn::Dense(m) => m.forward(&n)?,
             Ffn::Moe(m) => m.forward(&n)?,
         };
-        Ok((&h + &r)?)
+        Ok((&h + &scaled(r)?)?)
     }
 }
 
@@ -908,7 +1038,7 @@ impl Model {
                     w,
                     &format!("{p}.self_attn"),
                 )?)),
-                None if spec.sanitize == Sanitize::DeepseekV2 => {
+                None if spec.expanded_mla() => {
                     SelfAttn::MlaExpanded(Box::new(Self::load_mla(&spec, w, &p, scale)?))
                 }
                 None => SelfAttn::Mla(Box::new(Self::load_mla(&spec, w, &p, scale)?)),
@@ -932,6 +1062,7 @@ impl Model {
                 )?),
             };
             layers.push(DecoderLayer {
+                residual_scale: spec.residual_scale,
                 self_attn,
                 mlp,
                 input_layernorm: RmsNorm::load(w, &format!("{p}.input_layernorm"), dim, eps)?,
@@ -972,8 +1103,19 @@ impl Model {
             spec.rope_scaling.as_ref(),
             Some(spec.max_position_embeddings),
         )?;
+        let rope = if spec.sanitize == Sanitize::MiniCpm3 {
+            Rope::initialize(
+                spec.qk_rope_head_dim,
+                spec.rope_theta,
+                false,
+                spec.rope_scaling.as_ref(),
+                Some(spec.max_position_embeddings),
+            )?
+        } else {
+            rope
+        };
         MlaAttention::load(
-            spec.sanitize == Sanitize::DeepseekV2,
+            spec.expanded_mla(),
             MlaSpec {
                 hidden_size: spec.hidden_size,
                 num_heads: spec.num_attention_heads,
@@ -1000,11 +1142,13 @@ impl Model {
     ) -> Result<Array> {
         crate::models::moe::check_inputs(inputs)?;
         let mut h = self.embed_tokens.forward(inputs)?;
+        if let Some(s) = self.spec.scale_emb {
+            h = ops::multiply_scalar(&h, s, None)?;
+        }
         let n = h.shape().get(1).copied().unwrap_or(0) as usize;
         let mut caches = caches;
         // MLA turns the mask into its rope scores: `return_array=True` there.
-        let array_mask =
-            self.spec.standard_attention.is_none() && self.spec.sanitize != Sanitize::DeepseekV2;
+        let array_mask = self.spec.standard_attention.is_none() && !self.spec.expanded_mla();
         let mask = match caches.as_deref_mut() {
             Some(caches) => {
                 if caches.len() != self.layers.len() {
@@ -1061,7 +1205,7 @@ fn sanitize(s: &DeepseekSpec, w: &mut Weights) -> Result<()> {
                 name.starts_with(&format!("{layers_pre}61")) || name.contains("rotary_emb.inv_freq")
             }
             Sanitize::Dots1 => name.contains("rotary_emb.inv_freq"),
-            Sanitize::Deepseek | Sanitize::DeepseekV2 => false,
+            Sanitize::Deepseek | Sanitize::DeepseekV2 | Sanitize::MiniCpm3 => false,
         };
         // deepseek_v3's filter is on the text model's own names (`model.layers.61...`), so
         // `model.layers.610` goes too, as there.
@@ -1093,7 +1237,7 @@ fn sanitize(s: &DeepseekSpec, w: &mut Weights) -> Result<()> {
                 }
             }
         }
-        if s.standard_attention.is_none() && s.sanitize != Sanitize::DeepseekV2 {
+        if s.standard_attention.is_none() && !s.expanded_mla() {
             split_kv_b_proj(s, w, &format!("{prefix}.self_attn"))?;
         }
     }
@@ -1175,7 +1319,10 @@ fn split_kv_b_proj(s: &DeepseekSpec, w: &mut Weights, prefix: &str) -> Result<()
 impl LanguageModel for Model {
     fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
         let out = self.hidden_states(inputs, caches)?;
-        super::project(self.lm_head.as_ref(), &self.embed_tokens, &out)
+        match self.spec.head_div {
+            Some(d) => super::project(self.lm_head.as_ref(), &self.embed_tokens, &(&out / d)?),
+            None => super::project(self.lm_head.as_ref(), &self.embed_tokens, &out),
+        }
     }
 
     fn forward_hidden(&self, inputs: &Array) -> Option<Result<Array>> {
@@ -1191,10 +1338,15 @@ impl LanguageModel for Model {
     }
 
     fn output_head(&self) -> Option<crate::models::OutputHead> {
-        Some(crate::models::OutputHead::of(
-            self.lm_head.as_ref(),
-            &self.embed_tokens,
-        ))
+        let head = crate::models::OutputHead::of(self.lm_head.as_ref(), &self.embed_tokens);
+        Some(match self.spec.head_div {
+            Some(d) => crate::models::OutputHead::Shaped {
+                inner: Box::new(head),
+                pre_div: Some(d),
+                post: Vec::new(),
+            },
+            None => head,
+        })
     }
 
     fn model_type(&self) -> &str {

@@ -371,6 +371,9 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
     ("deepseek_v2", |c, w| {
         Ok(Box::new(deepseek::Model::load(c, w)?))
     }),
+    ("minicpm3", |c, w| {
+        Ok(Box::new(deepseek::Model::load(c, w)?))
+    }),
 ];
 
 /// One supported `model_type` and how it is served.
