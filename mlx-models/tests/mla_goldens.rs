@@ -107,3 +107,8 @@ fn deepseek_v2_matches_mlx_lm_bit_for_bit() {
 fn minicpm3_matches_mlx_lm_bit_for_bit() {
     check_all(&["minicpm3", "minicpm3_q4"]);
 }
+
+#[test]
+fn mistral4_matches_mlx_lm_bit_for_bit() {
+    check_all(&["mistral4", "mistral4_q4"]);
+}

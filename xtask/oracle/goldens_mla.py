@@ -247,6 +247,45 @@ ROWS.update(
     }
 )
 
+MISTRAL4 = {
+    **{k: v for k, v in MLA.items() if k not in ("rope_theta", "topk_method", "scoring_func",
+                                                  "moe_layer_freq", "attention_bias")},
+    "rope_parameters": {
+        "rope_type": "yarn",
+        "rope_theta": 10000.0,
+        "factor": 4.0,
+        "original_max_position_embeddings": 16,
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+        "llama_4_scaling_beta": 0.1,
+    },
+}
+
+ROWS.update(
+    {
+        "mistral4": ("mistral4", {**MISTRAL4}, "float32", None),
+        "mistral4_q4": (
+            "mistral4",
+            {
+                **MISTRAL4,
+                "q_lora_rank": None,
+                "n_group": 1,
+                "tie_word_embeddings": True,
+                "rope_interleave": False,
+                "rope_parameters": {
+                    "rope_theta": 10000.0,
+                    "original_max_position_embeddings": 8,
+                    "llama_4_scaling_beta": 0.2,
+                },
+            },
+            "float32",
+            (32, 4),
+        ),
+    }
+)
+
 PROMPT = [(7 * i + 3) % 128 for i in range(40)]
 STEPS = 6
 MODELS = Path("mlx-models/tests/models")

@@ -328,6 +328,104 @@ impl MlaAttention {
         self.o_proj.forward(&out)
     }
 
+    /// mistral4.py's `Mistral4Attention`: the absorbed latent cache of deepseek_v3, both query
+    /// halves times Llama 4's `attn_scale` after the rope; one token attends to the latent
+    /// with the rope scores as its mask, a prompt to keys `[embed_q(latent), k_rope]` with
+    /// `mask` (`create_attention_mask(h, cache)`).
+    pub fn forward_mistral4(
+        &self,
+        x: &Array,
+        attn_scale: &Array,
+        mask: &AttentionMask,
+        cache: Option<&mut Box<dyn Cache>>,
+    ) -> Result<Array> {
+        let KvOut::Absorbed {
+            embed_q,
+            unembed_out,
+        } = &self.kv_out
+        else {
+            return Err(ModelError::Other(
+                "mistral4 attention needs embed_q and unembed_out".into(),
+            ));
+        };
+        let sh = x.shape();
+        let (b, l) = (sh[0], sh[1]);
+        let q = self.queries(x, b, l)?;
+        let qs = ops::split_at(&q, &[self.qk_nope_head_dim], -1, None)?;
+        let compressed = self.kv_a_proj_with_mqa.forward(x)?;
+        let parts = ops::split_at(&compressed, &[self.kv_lora_rank], -1, None)?;
+        let k_rope = ops::transpose(
+            &ops::reshape(&parts[1], &[b, l, 1, self.qk_rope_head_dim], None)?,
+            &[0, 2, 1, 3],
+            None,
+        )?;
+        let kv_latent = ops::expand_dims(&self.kv_a_layernorm.forward(&parts[0])?, &[1], None)?;
+        let offset = cache.as_ref().map_or(0, |c| c.offset());
+        let q_rope = self.rope.forward(&qs[1], offset)?;
+        let k_rope = self.rope.forward(&k_rope, offset)?;
+        let q_nope = (&qs[0] * attn_scale)?;
+        let q_rope = (&q_rope * attn_scale)?;
+        let (kv_latent, k_rope) = match cache {
+            Some(c) => match c.update_and_fetch(&kv_latent, &k_rope)? {
+                Kv::Dense { keys, values } => (keys, values),
+                Kv::Quantized { .. } => {
+                    return Err(ModelError::Other(
+                        "MLA attention does not support a quantized KV cache (--kv-bits)".into(),
+                    ))
+                }
+            },
+            None => (kv_latent, k_rope),
+        };
+        let out = if l == 1 {
+            let mut pe_scores = ops::matmul(
+                &ops::multiply_scalar(&q_rope, self.scale, None)?,
+                &ops::swapaxes(&k_rope, -1, -2, None)?,
+                None,
+            )?;
+            if let AttentionMask::Array(m) = mask {
+                let dt = pe_scores.dtype();
+                let min = Scalar::Float(finfo_min(dt)).to_array_like(dt)?;
+                pe_scores = ops::where_(m, &pe_scores, &min, None)?;
+            }
+            let out = scaled_dot_product_attention(
+                &embed_q.forward(&q_nope, true)?,
+                &Kv::Dense {
+                    keys: kv_latent.clone(),
+                    values: kv_latent,
+                },
+                self.scale,
+                &AttentionMask::Array(pe_scores),
+                None,
+            )?;
+            unembed_out.forward(&out, true)?
+        } else {
+            let k_nope = embed_q.forward(&kv_latent, false)?;
+            let v = unembed_out.forward(&kv_latent, true)?;
+            let s_len = k_rope.shape()[2];
+            let k_rope = ops::broadcast_to(
+                &k_rope,
+                &[b, self.num_heads, s_len, self.qk_rope_head_dim],
+                None,
+            )?;
+            scaled_dot_product_attention(
+                &ops::concatenate(&[&q_nope, &q_rope], -1, None)?,
+                &Kv::Dense {
+                    keys: ops::concatenate(&[&k_nope, &k_rope], -1, None)?,
+                    values: v,
+                },
+                self.scale,
+                mask,
+                None,
+            )?
+        };
+        let out = ops::reshape(
+            &ops::transpose(&out, &[0, 2, 1, 3], None)?,
+            &[b, l, -1],
+            None,
+        )?;
+        self.o_proj.forward(&out)
+    }
+
     /// `x` `(B, L, hidden)`; `mask` as `create_attention_mask(h, cache, return_array=True)`
     /// gives it (a boolean array, or none for one token).
     pub fn forward(

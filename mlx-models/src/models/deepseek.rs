@@ -7,7 +7,9 @@
 //! `deepseek_v2.py` (the latent projections expanded through `kv_b_proj` into a plain cache,
 //! its own YaRN rope, a softmax router, optionally group-limited) and `minicpm3.py` (that
 //! expanded MLA with SuScaled rope in a dense MiniCPM decoder: scaled embeddings, residuals
-//! and head input). Each row reads its `ModelArgs` with mlx-lm's
+//! and head input) and `mistral4.py` (absorbed MLA whose prompt branch concatenates the rope
+//! part into the keys, Llama 4's per-position query scale, a softmax `mistral4_expert_select`
+//! behind a linear gate). Each row reads its `ModelArgs` with mlx-lm's
 //! names and defaults into a [`DeepseekSpec`]; the attention is [`MlaAttention`], the experts
 //! one [`SwitchGlu`] routed by [`GroupExpertSelect`] (`group_expert_select`, compiled as
 //! mlx-lm compiles it), with the un-gated shared experts.
@@ -80,6 +82,10 @@ pub struct DeepseekSpec {
     pub residual_scale: Option<f32>,
     /// minicpm3 (untied head): the head's input divided by `hidden_size / dim_model_base`.
     pub head_div: Option<f32>,
+    /// mistral4: Llama 4's query scale `(llama_4_scaling_beta, original_max_position_embeddings)`.
+    pub query_scale: Option<(f64, i64)>,
+    /// The MLA rope's `traditional` (mistral4: `rope_interleave`, default true).
+    pub rope_traditional: bool,
 }
 
 /// The knobs of a standard attention (dots1, deepseek).
@@ -122,6 +128,9 @@ pub enum Sanitize {
     DeepseekV2,
     /// minicpm3: no sanitize.
     MiniCpm3,
+    /// mistral4: fused `experts.gate_up_proj` / `experts.down_proj` renamed, experts stacked,
+    /// `kv_b_proj` absorbed.
+    Mistral4,
 }
 
 /// deepseek_v3.py / glm4_moe_lite.py `ModelArgs`; absent fields take the row's defaults.
@@ -240,7 +249,7 @@ impl DeepseekSpec {
     pub fn from_config(config: &ModelConfig) -> Result<DeepseekSpec> {
         let t = config.architecture.as_str();
         let (raw, prefix, d, lite) = match t {
-            "deepseek_v3" | "dots1" | "deepseek" | "deepseek_v2" | "minicpm3" => {
+            "deepseek_v3" | "dots1" | "deepseek" | "deepseek_v2" | "minicpm3" | "mistral4" => {
                 (config.raw.clone(), "", &DEEPSEEK_V3, false)
             }
             "glm4_moe_lite" => (config.raw.clone(), "", &GLM4_MOE_LITE, true),
@@ -264,6 +273,7 @@ impl DeepseekSpec {
         let a: Args = crate::config::parse_args(&raw, t)?;
         match t {
             "minicpm3" => return Self::minicpm3(config),
+            "mistral4" => return Self::mistral4(config),
             "dots1" => return Self::dots1(config, a),
             "deepseek" => return Self::deepseek(config, a),
             _ => {}
@@ -342,6 +352,8 @@ impl DeepseekSpec {
             scale_emb: None,
             residual_scale: None,
             head_div: None,
+            query_scale: None,
+            rope_traditional: true,
         };
         if v2 && spec.n_routed_experts.is_some() && a.num_experts_per_tok.is_none() {
             return Err(ModelError::Config(
@@ -353,6 +365,110 @@ impl DeepseekSpec {
                 "deepseek_v2: group_limited_greedy needs `n_group` and `topk_group`".into(),
             ));
         }
+        spec.validate()
+    }
+
+    /// mistral4.py's `ModelArgs` (most fields required there; `rope_parameters` is read for
+    /// the query scale, so it is required too).
+    fn mistral4(config: &ModelConfig) -> Result<DeepseekSpec> {
+        #[derive(Deserialize)]
+        struct A {
+            vocab_size: i32,
+            hidden_size: i32,
+            intermediate_size: i32,
+            moe_intermediate_size: i32,
+            num_hidden_layers: i32,
+            num_attention_heads: i32,
+            n_shared_experts: Option<i32>,
+            n_routed_experts: Option<i32>,
+            routed_scaling_factor: f64,
+            kv_lora_rank: i32,
+            q_lora_rank: Option<i32>,
+            norm_topk_prob: bool,
+            max_position_embeddings: i64,
+            rms_norm_eps: f64,
+            topk_group: i32,
+            num_experts_per_tok: i32,
+            first_k_dense_replace: i32,
+            n_group: i32,
+            qk_rope_head_dim: i32,
+            qk_nope_head_dim: i32,
+            v_head_dim: i32,
+            #[serde(default)]
+            tie_word_embeddings: bool,
+            #[serde(default)]
+            rope_interleave: Option<bool>,
+            #[serde(default)]
+            attention_bias: bool,
+            #[serde(default)]
+            rope_parameters: Option<RopeScaling>,
+        }
+        let a: A = config.args()?;
+        let rp = a.rope_parameters.ok_or_else(|| {
+            ModelError::Config("mistral4: config.json needs `rope_parameters`".into())
+        })?;
+        let num = |k: &str| {
+            rp.get(k).and_then(Value::as_f64).ok_or_else(|| {
+                ModelError::Config(format!("mistral4: rope_parameters needs a number `{k}`"))
+            })
+        };
+        let query_scale = (
+            num("llama_4_scaling_beta")?,
+            num("original_max_position_embeddings")? as i64,
+        );
+        let rope_theta = rp
+            .get("rope_theta")
+            .map(|v| {
+                v.as_f64().ok_or_else(|| {
+                    ModelError::Config(
+                        "mistral4: rope_parameters.rope_theta must be a number".into(),
+                    )
+                })
+            })
+            .transpose()?
+            .unwrap_or(100000.0);
+        let spec = DeepseekSpec {
+            model_type: config.model_type.clone(),
+            prefix: "",
+            vocab_size: a.vocab_size,
+            hidden_size: a.hidden_size,
+            intermediate_size: a.intermediate_size,
+            moe_intermediate_size: a.moe_intermediate_size,
+            num_hidden_layers: a.num_hidden_layers,
+            num_attention_heads: a.num_attention_heads,
+            n_shared_experts: a.n_shared_experts,
+            n_routed_experts: a.n_routed_experts,
+            routed_scaling_factor: a.routed_scaling_factor,
+            kv_lora_rank: a.kv_lora_rank,
+            q_lora_rank: a.q_lora_rank,
+            qk_rope_head_dim: a.qk_rope_head_dim,
+            v_head_dim: a.v_head_dim,
+            qk_nope_head_dim: a.qk_nope_head_dim,
+            norm_topk_prob: a.norm_topk_prob,
+            n_group: a.n_group,
+            topk_group: a.topk_group,
+            num_experts_per_tok: a.num_experts_per_tok,
+            moe_layer_freq: 1,
+            first_k_dense_replace: a.first_k_dense_replace,
+            max_position_embeddings: a.max_position_embeddings,
+            rms_norm_eps: a.rms_norm_eps as f32,
+            rope_theta,
+            rope_scaling: Some(rp),
+            attention_bias: a.attention_bias,
+            lora_norm_eps: 1e-6,
+            denominator_eps: true,
+            standard_attention: None,
+            experts_name: "switch_mlp",
+            mlp_bias: false,
+            tie_word_embeddings: a.tie_word_embeddings,
+            sanitize: Sanitize::Mistral4,
+            group_limited: false,
+            scale_emb: None,
+            residual_scale: None,
+            head_div: None,
+            query_scale: Some(query_scale),
+            rope_traditional: a.rope_interleave.unwrap_or(true),
+        };
         spec.validate()
     }
 
@@ -449,6 +565,8 @@ impl DeepseekSpec {
             residual_scale: Some((a.scale_depth / f64::from(a.num_hidden_layers).powf(0.5)) as f32),
             head_div: (!a.tie_word_embeddings)
                 .then_some((f64::from(a.hidden_size) / a.dim_model_base) as f32),
+            query_scale: None,
+            rope_traditional: true,
         };
         spec.validate()
     }
@@ -534,6 +652,8 @@ impl DeepseekSpec {
             scale_emb: None,
             residual_scale: None,
             head_div: None,
+            query_scale: None,
+            rope_traditional: true,
         };
         spec.validate()
     }
@@ -599,6 +719,8 @@ impl DeepseekSpec {
             scale_emb: None,
             residual_scale: None,
             head_div: None,
+            query_scale: None,
+            rope_traditional: true,
         };
         spec.validate()
     }
@@ -693,6 +815,21 @@ impl DeepseekSpec {
         let q_head_dim = f64::from(self.qk_nope_head_dim + self.qk_rope_head_dim);
         let mut scale = q_head_dim.powf(-0.5);
         if let Some(rs) = &self.rope_scaling {
+            // mistral4's `apply_yarn_mscale`: nothing for a default rope, `factor` 1 if absent.
+            if self.sanitize == Sanitize::Mistral4 {
+                let rope_type = rs
+                    .get("type")
+                    .filter(|v| !v.is_null() && v.as_str() != Some(""))
+                    .or_else(|| rs.get("rope_type"))
+                    .and_then(Value::as_str)
+                    .unwrap_or("default");
+                if rope_type == "default" {
+                    return Ok(scale as f32);
+                }
+                if !rs.contains_key("factor") {
+                    return Ok(scale as f32);
+                }
+            }
             let mscale_all_dim = rs.get("mscale_all_dim").and_then(Value::as_f64);
             if let Some(m) = mscale_all_dim.filter(|m| *m != 0.0) {
                 let factor = rs.get("factor").and_then(Value::as_f64).ok_or_else(|| {
@@ -724,9 +861,12 @@ pub struct GroupExpertSelect {
     pub norm_topk_prob: bool,
     /// glm4_moe_lite's `denominator + 1e-20`.
     pub denominator_eps: bool,
+    /// mistral4's `mistral4_expert_select`: softmax scores, no correction bias, renormalized
+    /// (with `+ 1e-20`) whatever `top_k`.
+    pub softmax: bool,
 }
 
-type SelectKey = (i32, bool, i32, i32, u64, bool, bool);
+type SelectKey = (i32, bool, i32, i32, u64, bool, bool, bool);
 
 impl GroupExpertSelect {
     fn key(&self) -> SelectKey {
@@ -738,14 +878,23 @@ impl GroupExpertSelect {
             self.routed_scaling_factor.to_bits(),
             self.norm_topk_prob,
             self.denominator_eps,
+            self.softmax,
         )
     }
 
     /// The traced body, op for op.
-    fn ops(self, gates: &Array, bias: &Array) -> Result<Vec<Array>> {
-        let scores = ops::sigmoid(&gates.astype(Dtype::Float32)?, None)?;
+    fn ops(self, gates: &Array, bias: Option<&Array>) -> Result<Vec<Array>> {
+        let gates = gates.astype(Dtype::Float32)?;
+        let scores = if self.softmax {
+            ops::softmax(&gates, &[-1], false, None)?
+        } else {
+            ops::sigmoid(&gates, None)?
+        };
         let orig_scores = scores.clone();
-        let mut scores = (&scores + bias)?;
+        let mut scores = match bias {
+            Some(b) => (&scores + b)?,
+            None => scores,
+        };
         if self.grouped {
             scores = ops::unflatten(&scores, -1, &[self.n_group, -1], None)?;
             let group_scores = ops::sum(&ops::topk(&scores, 2, -1, None)?, &[-1], true, None)?;
@@ -766,7 +915,7 @@ impl GroupExpertSelect {
         let inds = ops::slice_axis(&ops::argpartition(&neg, k - 1, -1, None)?, -1, 0, k, None)?;
         let inds = ops::stop_gradient(&inds, None)?;
         let mut scores = ops::take_along_axis(&orig_scores, &inds, -1, None)?;
-        if self.top_k > 1 && self.norm_topk_prob {
+        if (self.top_k > 1 || self.softmax) && self.norm_topk_prob {
             let mut denominator = ops::sum(&scores, &[-1], true, None)?;
             if self.denominator_eps {
                 denominator = ops::add_scalar(&denominator, 1e-20f32, None)?;
@@ -779,7 +928,7 @@ impl GroupExpertSelect {
 
     /// `(inds, scores)` for the gate logits, through one compiled function per set of
     /// constants and thread (mlx's compile cache keys the constants the same way).
-    pub fn call(&self, gates: &Array, bias: &Array) -> Result<(Array, Array)> {
+    pub fn call(&self, gates: &Array, bias: Option<&Array>) -> Result<(Array, Array)> {
         thread_local! {
             static CACHE: std::cell::RefCell<HashMap<SelectKey, &'static Compiled<'static>>> =
                 std::cell::RefCell::new(HashMap::new());
@@ -791,7 +940,7 @@ impl GroupExpertSelect {
             let this = *self;
             let f: &'static Compiled<'static> = Box::leak(Box::new(compile(
                 move |xs: &[Array]| -> mlx_core::Result<Vec<Array>> {
-                    this.ops(&xs[0], &xs[1])
+                    this.ops(&xs[0], xs.get(1))
                         .map_err(|e| mlx_core::Error::Callback(e.to_string()))
                 },
                 false,
@@ -799,7 +948,10 @@ impl GroupExpertSelect {
             c.borrow_mut().insert(self.key(), f);
             Ok(f)
         })?;
-        let mut out = f.call(&[gates.clone(), bias.clone()])?.into_iter();
+        let inputs: Vec<Array> = std::iter::once(gates.clone())
+            .chain(bias.cloned())
+            .collect();
+        let mut out = f.call(&inputs)?.into_iter();
         match (out.next(), out.next()) {
             (Some(inds), Some(scores)) => Ok((inds, scores)),
             _ => Err(ModelError::Other(
@@ -809,12 +961,20 @@ impl GroupExpertSelect {
     }
 }
 
+/// The router's projection: `MoEGate`'s plain weight (`x @ weight.T`, never quantized), or
+/// mistral4's `nn.Linear`.
+#[derive(Clone)]
+enum Gate {
+    Weight(Array),
+    Linear(Linear),
+}
+
 /// `DeepseekV3MoE`: `MoEGate` (a plain weight and the score correction bias), the routed
 /// experts, and the shared experts added un-gated.
 #[derive(Clone)]
 struct DeepseekMoe {
     router: DsRouter,
-    gate_weight: Array,
+    gate: Gate,
     e_score_correction_bias: Option<Array>,
     switch_mlp: SwitchGlu,
     shared_experts: Option<Mlp>,
@@ -832,13 +992,19 @@ impl DeepseekMoe {
             false,
             SwitchActivation::SwiGlu,
         )?;
-        let gate_weight = w.take(&p("gate.weight"), &[n_routed, s.hidden_size])?;
-        let e_score_correction_bias =
-            if matches!(s.sanitize, Sanitize::Deepseek | Sanitize::DeepseekV2) {
-                None
-            } else {
-                Some(w.take(&p("gate.e_score_correction_bias"), &[n_routed])?)
-            };
+        let gate = if s.sanitize == Sanitize::Mistral4 {
+            Gate::Linear(Linear::load(w, &p("gate"), s.hidden_size, n_routed, false)?)
+        } else {
+            Gate::Weight(w.take(&p("gate.weight"), &[n_routed, s.hidden_size])?)
+        };
+        let e_score_correction_bias = if matches!(
+            s.sanitize,
+            Sanitize::Deepseek | Sanitize::DeepseekV2 | Sanitize::Mistral4
+        ) {
+            None
+        } else {
+            Some(w.take(&p("gate.e_score_correction_bias"), &[n_routed])?)
+        };
         let shared_experts = match s.n_shared_experts {
             Some(n) => Some(Mlp::load(
                 w,
@@ -874,9 +1040,10 @@ impl DeepseekMoe {
                     routed_scaling_factor: s.routed_scaling_factor,
                     norm_topk_prob: s.norm_topk_prob,
                     denominator_eps: s.denominator_eps,
+                    softmax: s.sanitize == Sanitize::Mistral4,
                 })
             },
-            gate_weight,
+            gate,
             e_score_correction_bias,
             switch_mlp,
             shared_experts,
@@ -884,12 +1051,18 @@ impl DeepseekMoe {
     }
 
     fn forward(&self, x: &Array) -> Result<Array> {
-        let gates = ops::matmul(x, &ops::transpose_all(&self.gate_weight, None)?, None)?;
+        let gates = match &self.gate {
+            Gate::Weight(wt) => ops::matmul(x, &ops::transpose_all(wt, None)?, None)?,
+            Gate::Linear(l) => l.forward(x)?,
+        };
         let (inds, scores, cast_back) = match &self.router {
             DsRouter::Group(select) => {
-                let bias = self.e_score_correction_bias.as_ref().ok_or_else(|| {
-                    ModelError::Other("group routing without e_score_correction_bias".into())
-                })?;
+                let bias = self.e_score_correction_bias.as_ref();
+                if bias.is_none() && !select.softmax {
+                    return Err(ModelError::Other(
+                        "group routing without e_score_correction_bias".into(),
+                    ));
+                }
                 let (inds, scores) = select.call(&gates, bias)?;
                 (inds, scores, true)
             }
@@ -946,6 +1119,7 @@ enum Ffn {
 #[derive(Clone)]
 enum SelfAttn {
     Mla(Box<MlaAttention>),
+    Mistral4(Box<MlaAttention>),
     MlaExpanded(Box<MlaAttention>),
     Standard(Box<crate::models::moe::Attention>),
 }
@@ -963,12 +1137,19 @@ impl DecoderLayer {
     fn forward(
         &self,
         x: &Array,
+        attn_scale: Option<&Array>,
         mask: &AttentionMask,
         cache: Option<&mut Box<dyn Cache>>,
     ) -> Result<Array> {
         let n = self.input_layernorm.forward(x)?;
         let r = match &self.self_attn {
             SelfAttn::Mla(a) => a.forward(&n, mask, cache)?,
+            SelfAttn::Mistral4(a) => {
+                let s = attn_scale.ok_or_else(|| {
+                    ModelError::Other("mistral4 attention without its query scale".into())
+                })?;
+                a.forward_mistral4(&n, s, mask, cache)?
+            }
             SelfAttn::MlaExpanded(a) => a.forward_expanded(&n, mask, cache)?,
             SelfAttn::Standard(a) => a.forward(&n, mask, cache)?,
         };
@@ -1041,6 +1222,9 @@ impl Model {
                 None if spec.expanded_mla() => {
                     SelfAttn::MlaExpanded(Box::new(Self::load_mla(&spec, w, &p, scale)?))
                 }
+                None if spec.sanitize == Sanitize::Mistral4 => {
+                    SelfAttn::Mistral4(Box::new(Self::load_mla(&spec, w, &p, scale)?))
+                }
                 None => SelfAttn::Mla(Box::new(Self::load_mla(&spec, w, &p, scale)?)),
             };
             let mlp = match spec.n_routed_experts.filter(|_| spec.is_moe(i)) {
@@ -1099,7 +1283,7 @@ impl Model {
         let rope = Rope::initialize(
             spec.qk_rope_head_dim,
             spec.rope_theta,
-            true,
+            spec.rope_traditional,
             spec.rope_scaling.as_ref(),
             Some(spec.max_position_embeddings),
         )?;
@@ -1148,7 +1332,23 @@ impl Model {
         let n = h.shape().get(1).copied().unwrap_or(0) as usize;
         let mut caches = caches;
         // MLA turns the mask into its rope scores: `return_array=True` there.
-        let array_mask = self.spec.standard_attention.is_none() && !self.spec.expanded_mla();
+        let array_mask = self.spec.standard_attention.is_none()
+            && !self.spec.expanded_mla()
+            && self.spec.sanitize != Sanitize::Mistral4;
+        let offset = caches
+            .as_deref()
+            .and_then(|c| c.first())
+            .map_or(0, |c| c.offset());
+        let attn_scale = match self.spec.query_scale {
+            Some((beta, original)) => Some(crate::models::dense::llama4_attn_scale(
+                n,
+                offset,
+                beta,
+                original,
+                h.dtype(),
+            )?),
+            None => None,
+        };
         let mask = match caches.as_deref_mut() {
             Some(caches) => {
                 if caches.len() != self.layers.len() {
@@ -1167,7 +1367,7 @@ impl Model {
         };
         for (i, layer) in self.layers.iter().enumerate() {
             let cache = caches.as_deref_mut().map(|c| &mut c[i]);
-            h = layer.forward(&h, &mask, cache)?;
+            h = layer.forward(&h, attn_scale.as_ref(), &mask, cache)?;
         }
         self.norm.forward(&h)
     }
@@ -1206,6 +1406,7 @@ fn sanitize(s: &DeepseekSpec, w: &mut Weights) -> Result<()> {
             }
             Sanitize::Dots1 => name.contains("rotary_emb.inv_freq"),
             Sanitize::Deepseek | Sanitize::DeepseekV2 | Sanitize::MiniCpm3 => false,
+            Sanitize::Mistral4 => name.ends_with("activation_scale"),
         };
         // deepseek_v3's filter is on the text model's own names (`model.layers.61...`), so
         // `model.layers.610` goes too, as there.
@@ -1215,6 +1416,20 @@ fn sanitize(s: &DeepseekSpec, w: &mut Weights) -> Result<()> {
     }
     for l in 0..s.num_hidden_layers {
         let prefix = format!("{layers_pre}{l}");
+        if s.sanitize == Sanitize::Mistral4 {
+            let gup = format!("{prefix}.mlp.experts.gate_up_proj");
+            if let Some(gate_up) = w.remove(&gup) {
+                let parts = ops::split_equal(&gate_up, 2, 1, None)?;
+                let mut parts = parts.into_iter();
+                if let (Some(g), Some(u)) = (parts.next(), parts.next()) {
+                    w.insert(format!("{prefix}.mlp.switch_mlp.gate_proj.weight"), g);
+                    w.insert(format!("{prefix}.mlp.switch_mlp.up_proj.weight"), u);
+                }
+            }
+            if let Some(d) = w.remove(&format!("{prefix}.mlp.experts.down_proj")) {
+                w.insert(format!("{prefix}.mlp.switch_mlp.down_proj.weight"), d);
+            }
+        }
         if let Some(n) = s.n_routed_experts.filter(|_| s.is_moe(l)) {
             let experts = s.experts_name;
             for m in ["gate_proj", "down_proj", "up_proj"] {

@@ -374,6 +374,9 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
     ("minicpm3", |c, w| {
         Ok(Box::new(deepseek::Model::load(c, w)?))
     }),
+    ("mistral4", |c, w| {
+        Ok(Box::new(deepseek::Model::load(c, w)?))
+    }),
 ];
 
 /// One supported `model_type` and how it is served.
