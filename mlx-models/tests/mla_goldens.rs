@@ -112,3 +112,8 @@ fn minicpm3_matches_mlx_lm_bit_for_bit() {
 fn mistral4_matches_mlx_lm_bit_for_bit() {
     check_all(&["mistral4", "mistral4_q4"]);
 }
+
+#[test]
+fn longcat_flash_matches_mlx_lm_bit_for_bit() {
+    check_all(&["longcat_flash", "longcat_flash_q4"]);
+}

@@ -286,6 +286,44 @@ ROWS.update(
     }
 )
 
+LONGCAT = {
+    "attention_method": "MLA",
+    "zero_expert_type": "identity",
+    "hidden_size": 64,
+    "ffn_hidden_size": 96,
+    "moe_topk": 2,
+    "expert_ffn_hidden_size": 32,
+    "n_routed_experts": 6,
+    "zero_expert_num": 2,
+    "num_layers": 2,
+    "vocab_size": 128,
+    "max_position_embeddings": 512,
+    "num_attention_heads": 4,
+    "kv_lora_rank": 32,
+    "q_lora_rank": 32,
+    "qk_rope_head_dim": 16,
+    "qk_nope_head_dim": 32,
+    "v_head_dim": 32,
+    "routed_scaling_factor": 2.0,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "mla_scale_q_lora": True,
+    "mla_scale_kv_lora": True,
+    "attention_bias": False,
+}
+
+ROWS.update(
+    {
+        "longcat_flash": ("longcat_flash", {**LONGCAT}, "float32", None),
+        "longcat_flash_q4": (
+            "longcat_flash",
+            {**LONGCAT, "norm_topk_prob": True, "router_bias": True},
+            "float32",
+            (32, 4),
+        ),
+    }
+)
+
 PROMPT = [(7 * i + 3) % 128 for i in range(40)]
 STEPS = 6
 MODELS = Path("mlx-models/tests/models")

@@ -134,6 +134,10 @@ pub struct MlaSpec {
     /// The softmax scale, `mscale` applied (a Python float in mlx-lm).
     pub scale: f32,
     pub rope: Rope,
+    /// longcat_flash's `mla_scale_q_lora` / `mla_scale_kv_lora`: the queries (after the head
+    /// split) and the normed latent times these.
+    pub q_scale: Option<f32>,
+    pub kv_scale: Option<f32>,
 }
 
 /// The latent projections out of the cache: deepseek_v3's absorbed `embed_q` / `unembed_out`,
@@ -168,6 +172,8 @@ pub struct MlaAttention {
     qk_rope_head_dim: i32,
     kv_lora_rank: i32,
     scale: f32,
+    q_scale: Option<f32>,
+    kv_scale: Option<f32>,
     q: QProj,
     kv_a_proj_with_mqa: Linear,
     kv_a_layernorm: RmsNorm,
@@ -203,6 +209,8 @@ impl MlaAttention {
             qk_rope_head_dim: s.qk_rope_head_dim,
             kv_lora_rank: s.kv_lora_rank,
             scale: s.scale,
+            q_scale: s.q_scale,
+            kv_scale: s.kv_scale,
             q,
             kv_a_proj_with_mqa: Linear::load(
                 w,
@@ -443,7 +451,10 @@ impl MlaAttention {
         };
         let sh = x.shape();
         let (b, l) = (sh[0], sh[1]);
-        let q = self.queries(x, b, l)?;
+        let mut q = self.queries(x, b, l)?;
+        if let Some(sc) = self.q_scale {
+            q = ops::multiply_scalar(&q, sc, None)?;
+        }
         let qs = ops::split_at(&q, &[self.qk_nope_head_dim], -1, None)?;
         let (q_nope, q_pe) = (&qs[0], &qs[1]);
         let compressed = self.kv_a_proj_with_mqa.forward(x)?;
@@ -453,7 +464,10 @@ impl MlaAttention {
             &[0, 2, 1, 3],
             None,
         )?;
-        let kv_latent = self.kv_a_layernorm.forward(&parts[0])?;
+        let mut kv_latent = self.kv_a_layernorm.forward(&parts[0])?;
+        if let Some(sc) = self.kv_scale {
+            kv_latent = ops::multiply_scalar(&kv_latent, sc, None)?;
+        }
         let offset = cache.as_ref().map_or(0, |c| c.offset());
         let q_pe = self.rope.forward(q_pe, offset)?;
         let k_pe = self.rope.forward(&k_pe, offset)?;

@@ -1312,6 +1312,8 @@ impl Model {
                 lora_norm_eps: spec.lora_norm_eps,
                 scale,
                 rope,
+                q_scale: None,
+                kv_scale: None,
             },
             w,
             &format!("{p}.self_attn"),
@@ -1462,6 +1464,25 @@ fn sanitize(s: &DeepseekSpec, w: &mut Weights) -> Result<()> {
 /// `kv_b_proj.weight` `(heads * (nope + v), kv_lora_rank)` into `embed_q.weight`
 /// `(heads, kv_lora_rank, nope)` and `unembed_out.weight` `(heads, v, kv_lora_rank)`.
 fn split_kv_b_proj(s: &DeepseekSpec, w: &mut Weights, prefix: &str) -> Result<()> {
+    split_kv_b_proj_dims(
+        w,
+        prefix,
+        s.num_attention_heads,
+        s.qk_nope_head_dim,
+        s.v_head_dim,
+        s.kv_lora_rank,
+    )
+}
+
+/// [`split_kv_b_proj`] for the given head count and dimensions (longcat_flash too).
+pub(crate) fn split_kv_b_proj_dims(
+    w: &mut Weights,
+    prefix: &str,
+    num_heads: i32,
+    qk_nope_head_dim: i32,
+    v_head_dim: i32,
+    kv_lora_rank: i32,
+) -> Result<()> {
     use mlx_core::quantized::{self, QuantMode};
     let Some(v) = w.remove(&format!("{prefix}.kv_b_proj.weight")) else {
         return Ok(());
@@ -1472,7 +1493,7 @@ fn split_kv_b_proj(s: &DeepseekSpec, w: &mut Weights, prefix: &str) -> Result<()
             let biases = w
                 .remove(&format!("{prefix}.kv_b_proj.biases"))
                 .ok_or_else(|| bad("quantized without biases".into()))?;
-            let dims = s.kv_lora_rank;
+            let dims = kv_lora_rank;
             let v_last = v.shape().last().copied().unwrap_or(0);
             let s_last = scales.shape().last().copied().unwrap_or(0);
             if s_last <= 0 || dims % s_last != 0 {
@@ -1499,16 +1520,16 @@ fn split_kv_b_proj(s: &DeepseekSpec, w: &mut Weights, prefix: &str) -> Result<()
         )?,
         None => v,
     };
-    let head_dim = s.qk_nope_head_dim + s.v_head_dim;
+    let head_dim = qk_nope_head_dim + v_head_dim;
     let rows = v.shape().first().copied().unwrap_or(0);
-    if v.ndim() != 2 || rows != s.num_attention_heads * head_dim {
+    if v.ndim() != 2 || rows != num_heads * head_dim {
         return Err(bad(format!(
             "shape {:?} is not (num_attention_heads * (qk_nope_head_dim + v_head_dim), _)",
             v.shape()
         )));
     }
-    let v = ops::reshape(&v, &[s.num_attention_heads, head_dim, -1], None)?;
-    let nope = s.qk_nope_head_dim;
+    let v = ops::reshape(&v, &[num_heads, head_dim, -1], None)?;
+    let nope = qk_nope_head_dim;
     let wk = ops::contiguous(
         &ops::swapaxes(&ops::slice_axis(&v, 1, 0, nope, None)?, -1, -2, None)?,
         false,

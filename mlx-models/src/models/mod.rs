@@ -63,6 +63,7 @@ pub mod dense;
 pub mod descriptor;
 pub mod gemma4_text;
 pub mod lfm2;
+pub mod longcat_flash;
 pub mod moe;
 pub mod qwen3_next;
 pub mod segmented;
@@ -376,6 +377,9 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
     }),
     ("mistral4", |c, w| {
         Ok(Box::new(deepseek::Model::load(c, w)?))
+    }),
+    ("longcat_flash", |c, w| {
+        Ok(Box::new(longcat_flash::Model::load(c, w)?))
     }),
 ];
 
