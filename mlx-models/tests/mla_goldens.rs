@@ -117,3 +117,8 @@ fn mistral4_matches_mlx_lm_bit_for_bit() {
 fn longcat_flash_matches_mlx_lm_bit_for_bit() {
     check_all(&["longcat_flash", "longcat_flash_q4"]);
 }
+
+#[test]
+fn deepseek_v32_and_glm_moe_dsa_match_mlx_lm_bit_for_bit() {
+    check_all(&["deepseek_v32", "deepseek_v32_q4", "glm_moe_dsa"]);
+}

@@ -324,6 +324,30 @@ ROWS.update(
     }
 )
 
+# index_topk 24 < the 40-token prompt: the sparse paths (prompt mask, gathered latent) run.
+V32 = {**MLA, "index_head_dim": 32, "index_n_heads": 4, "index_topk": 24}
+
+ROWS.update(
+    {
+        "deepseek_v32": ("deepseek_v32", {**V32}, "float32", None),
+        "deepseek_v32_q4": (
+            "deepseek_v32",
+            {**V32, "n_group": 1, "indexer_rope_interleave": True},
+            "float32",
+            (32, 4),
+        ),
+        "glm_moe_dsa": (
+            "glm_moe_dsa",
+            {
+                **{k: v for k, v in V32.items() if k not in ("rope_theta",)},
+                "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+            },
+            "float32",
+            None,
+        ),
+    }
+)
+
 PROMPT = [(7 * i + 3) % 128 for i in range(40)]
 STEPS = 6
 MODELS = Path("mlx-models/tests/models")

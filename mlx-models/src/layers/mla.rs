@@ -524,3 +524,267 @@ impl MlaAttention {
         self.o_proj.forward(&out)
     }
 }
+
+/// deepseek_v32.py's `Indexer` (DeepSeek Sparse Attention): scores every cached position per
+/// query with its own small heads, and names the `index_topk` best once more than that many
+/// positions are cached. Its keys live in a second cache of the layer.
+#[derive(Clone)]
+pub struct Indexer {
+    n_heads: i32,
+    head_dim: i32,
+    index_topk: i32,
+    softmax_scale: f64,
+    wq_b: Linear,
+    wk: Linear,
+    k_norm: crate::layers::LayerNorm,
+    weights_proj: Linear,
+    rope: Rope,
+}
+
+/// What an [`Indexer`] is made of.
+#[derive(Clone, Debug)]
+pub struct IndexerSpec {
+    pub hidden_size: i32,
+    pub q_lora_rank: i32,
+    pub n_heads: i32,
+    pub head_dim: i32,
+    pub index_topk: i32,
+    pub rope: Rope,
+}
+
+impl Indexer {
+    pub fn load(s: IndexerSpec, w: &mut Weights, path: &str) -> Result<Indexer> {
+        let p = |n: &str| format!("{path}.{n}");
+        Ok(Indexer {
+            n_heads: s.n_heads,
+            head_dim: s.head_dim,
+            index_topk: s.index_topk,
+            softmax_scale: f64::from(s.head_dim).powf(-0.5),
+            wq_b: Linear::load(w, &p("wq_b"), s.q_lora_rank, s.n_heads * s.head_dim, false)?,
+            wk: Linear::load(w, &p("wk"), s.hidden_size, s.head_dim, false)?,
+            k_norm: crate::layers::LayerNorm::load(w, &p("k_norm"), s.head_dim, 1e-5, true, true)?,
+            weights_proj: Linear::load(w, &p("weights_proj"), s.hidden_size, s.n_heads, false)?,
+            rope: s.rope,
+        })
+    }
+
+    /// The top-k positions `(B, 1, L, index_topk)`, or `None` while at most `index_topk`
+    /// positions are cached.
+    fn forward(
+        &self,
+        x: &Array,
+        qr: &Array,
+        mask: Option<&Array>,
+        cache: Option<&mut Box<dyn Cache>>,
+    ) -> Result<Option<Array>> {
+        let sh = x.shape();
+        let (b, s) = (sh[0], sh[1]);
+        let q = self.wq_b.forward(qr)?;
+        let q = ops::swapaxes(
+            &ops::reshape(&q, &[b, s, self.n_heads, self.head_dim], None)?,
+            1,
+            2,
+            None,
+        )?;
+        let k = self.k_norm.forward(&self.wk.forward(x)?)?;
+        let k = ops::reshape(&k, &[b, 1, s, self.head_dim], None)?;
+        let offset = cache.as_ref().map_or(0, |c| c.offset());
+        let q = self.rope.forward(&q, offset)?;
+        let mut k = self.rope.forward(&k, offset)?;
+        if let Some(c) = cache {
+            k = match c.update_and_fetch(&k, &k)? {
+                Kv::Dense { keys, .. } => keys,
+                Kv::Quantized { .. } => {
+                    return Err(ModelError::Other(
+                        "the sparse-attention indexer does not support a quantized cache".into(),
+                    ))
+                }
+            };
+        }
+        if k.shape()[2] <= self.index_topk {
+            return Ok(None);
+        }
+        let scores = ops::matmul(&q, &ops::swapaxes(&k, -1, -2, None)?, None)?;
+        let scores = ops::maximum(
+            &scores,
+            &Scalar::Int(0).to_array_like(scores.dtype())?,
+            None,
+        )?;
+        let factor = f64::from(self.n_heads).powf(-0.5) * self.softmax_scale;
+        let weights = ops::multiply_scalar(&self.weights_proj.forward(x)?, factor as f32, None)?;
+        let weights = ops::expand_dims(&ops::swapaxes(&weights, -1, -2, None)?, &[-1], None)?;
+        let scores = (&scores * &weights)?;
+        let mut scores = if s > 1 {
+            // Python's `sum(scores[:, h : h + 1] for h in ...)`: `0 +` the first, then in order.
+            let head = |h: i32| ops::slice_axis(&scores, 1, h, h + 1, None);
+            let mut acc = ops::scalar_add(0i32, &head(0)?, None)?;
+            for h in 1..self.n_heads {
+                acc = (&acc + &head(h)?)?;
+            }
+            acc
+        } else {
+            ops::sum(&scores, &[1], true, None)?
+        };
+        if let Some(m) = mask {
+            let inf = Scalar::Float(f32::NEG_INFINITY).to_array_like(scores.dtype())?;
+            scores = ops::where_(m, &scores, &inf, None)?;
+        }
+        let n = scores.shape().last().copied().unwrap_or(0);
+        let k = self.index_topk;
+        Ok(Some(ops::slice_axis(
+            &ops::argpartition(&scores, -k, -1, None)?,
+            -1,
+            n - k,
+            n,
+            None,
+        )?))
+    }
+}
+
+impl MlaAttention {
+    /// deepseek_v32.py's `DeepseekV32Attention`: deepseek_v3's absorbed attention over the
+    /// `index_topk` positions the [`Indexer`] picks (a sparse mask for a prompt, the gathered
+    /// latent for one token). `caches` is the layer's pair (attention, indexer).
+    pub fn forward_sparse(
+        &self,
+        indexer: &Indexer,
+        x: &Array,
+        mask: &AttentionMask,
+        caches: Option<&mut [Box<dyn Cache>]>,
+    ) -> Result<Array> {
+        let KvOut::Absorbed {
+            embed_q,
+            unembed_out,
+        } = &self.kv_out
+        else {
+            return Err(ModelError::Other(
+                "sparse MLA attention needs embed_q and unembed_out".into(),
+            ));
+        };
+        let QProj::Lora {
+            q_a_proj,
+            q_a_layernorm,
+            q_b_proj,
+        } = &self.q
+        else {
+            return Err(ModelError::Other(
+                "sparse MLA attention needs q_a_proj / q_b_proj".into(),
+            ));
+        };
+        let sh = x.shape();
+        let (b, l) = (sh[0], sh[1]);
+        let qr = q_a_layernorm.forward(&q_a_proj.forward(x)?)?;
+        let q = q_b_proj.forward(&qr)?;
+        let q = ops::transpose(
+            &ops::reshape(&q, &[b, l, self.num_heads, self.q_head_dim], None)?,
+            &[0, 2, 1, 3],
+            None,
+        )?;
+        let qs = ops::split_at(&q, &[self.qk_nope_head_dim], -1, None)?;
+        let (q_nope, q_pe) = (&qs[0], &qs[1]);
+        let compressed = self.kv_a_proj_with_mqa.forward(x)?;
+        let parts = ops::split_at(&compressed, &[self.kv_lora_rank], -1, None)?;
+        let k_pe = ops::transpose(
+            &ops::reshape(&parts[1], &[b, l, 1, self.qk_rope_head_dim], None)?,
+            &[0, 2, 1, 3],
+            None,
+        )?;
+        let kv_latent = self.kv_a_layernorm.forward(&parts[0])?;
+        let mut caches = caches;
+        let offset = caches
+            .as_deref()
+            .and_then(|c| c.first())
+            .map_or(0, |c| c.offset());
+        let q_pe = self.rope.forward(q_pe, offset)?;
+        let k_pe = self.rope.forward(&k_pe, offset)?;
+        let kv_latent = ops::expand_dims(&kv_latent, &[1], None)?;
+        let (mut kv_latent, mut k_pe) = match caches.as_deref_mut().and_then(|c| c.first_mut()) {
+            Some(c) => match c.update_and_fetch(&kv_latent, &k_pe)? {
+                Kv::Dense { keys, values } => (keys, values),
+                Kv::Quantized { .. } => {
+                    return Err(ModelError::Other(
+                        "MLA attention does not support a quantized KV cache (--kv-bits)".into(),
+                    ))
+                }
+            },
+            None => (kv_latent, k_pe),
+        };
+        let mask = match mask {
+            AttentionMask::Causal => mlx_cache::mask::fallback_mask(l as usize, None, true)?,
+            m => m.clone(),
+        };
+        let mut mask_arr = match &mask {
+            AttentionMask::Array(m) => Some(m.clone()),
+            _ => None,
+        };
+        let index_cache = caches.as_deref_mut().and_then(|c| c.get_mut(1));
+        if let Some(topk) = indexer.forward(x, &qr, mask_arr.as_ref(), index_cache)? {
+            let topk = ops::stop_gradient(&topk, None)?;
+            if l == 1 {
+                // `topk_indices[:, :, 0, :, None]`
+                let idx = ops::expand_dims(&ops::squeeze(&topk, &[2], None)?, &[-1], None)?;
+                let gather = |a: &Array| -> Result<Array> {
+                    let mut shape = idx.shape();
+                    let last = shape.len() - 1;
+                    shape[last] = a.shape().last().copied().unwrap_or(0);
+                    Ok(ops::take_along_axis(
+                        a,
+                        &ops::broadcast_to(&idx, &shape, None)?,
+                        2,
+                        None,
+                    )?)
+                };
+                kv_latent = gather(&kv_latent)?;
+                k_pe = gather(&k_pe)?;
+                if let Some(m) = &mask_arr {
+                    mask_arr = Some(ops::take_along_axis(m, &topk, -1, None)?);
+                }
+            } else {
+                let mut shape = topk.shape();
+                let last = shape.len() - 1;
+                shape[last] = kv_latent.shape()[2];
+                let sparse = ops::zeros(&shape, Dtype::Bool, None)?;
+                let sparse = ops::put_along_axis(&sparse, &topk, &Array::scalar(true)?, -1, None)?;
+                mask_arr = Some(match &mask_arr {
+                    Some(m) => ops::logical_and(&sparse, m, None)?,
+                    None => sparse,
+                });
+            }
+        }
+        let mut pe_scores = ops::matmul(
+            &ops::multiply_scalar(&q_pe, self.scale, None)?,
+            &ops::swapaxes(&k_pe, -1, -2, None)?,
+            None,
+        )?;
+        if let Some(m) = &mask_arr {
+            let dt = pe_scores.dtype();
+            let min = Scalar::Float(finfo_min(dt)).to_array_like(dt)?;
+            pe_scores = ops::where_(m, &pe_scores, &min, None)?;
+        }
+        let (q_nope, k, v) = if l == 1 {
+            (embed_q.forward(q_nope, true)?, kv_latent.clone(), kv_latent)
+        } else {
+            (
+                q_nope.clone(),
+                embed_q.forward(&kv_latent, false)?,
+                unembed_out.forward(&kv_latent, true)?,
+            )
+        };
+        let mut out = scaled_dot_product_attention(
+            &q_nope,
+            &Kv::Dense { keys: k, values: v },
+            self.scale,
+            &AttentionMask::Array(pe_scores),
+            None,
+        )?;
+        if l == 1 {
+            out = unembed_out.forward(&out, true)?;
+        }
+        let out = ops::reshape(
+            &ops::transpose(&out, &[0, 2, 1, 3], None)?,
+            &[b, l, -1],
+            None,
+        )?;
+        self.o_proj.forward(&out)
+    }
+}

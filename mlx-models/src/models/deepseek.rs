@@ -9,21 +9,22 @@
 //! expanded MLA with SuScaled rope in a dense MiniCPM decoder: scaled embeddings, residuals
 //! and head input) and `mistral4.py` (absorbed MLA whose prompt branch concatenates the rope
 //! part into the keys, Llama 4's per-position query scale, a softmax `mistral4_expert_select`
-//! behind a linear gate). Each row reads its `ModelArgs` with mlx-lm's
+//! behind a linear gate) and `deepseek_v32.py` / `glm_moe_dsa.py` (deepseek_v3 with DeepSeek
+//! Sparse Attention: an indexer with its own cache picks the attended positions). Each row reads its `ModelArgs` with mlx-lm's
 //! names and defaults into a [`DeepseekSpec`]; the attention is [`MlaAttention`], the experts
 //! one [`SwitchGlu`] routed by [`GroupExpertSelect`] (`group_expert_select`, compiled as
 //! mlx-lm compiles it), with the un-gated shared experts.
 
 use std::collections::HashMap;
 
-use mlx_cache::{AttentionMask, Cache, KVCache};
+use mlx_cache::{AttentionMask, Cache, CacheList, KVCache};
 use mlx_core::prelude::*;
 use serde::Deserialize;
 use serde_json::Value;
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::layers::mla::{MlaAttention, MlaSpec};
+use crate::layers::mla::{Indexer, IndexerSpec, MlaAttention, MlaSpec};
 use crate::layers::{
     Embedding, Linear, Mlp, MlpKind, MlpNames, RmsNorm, Rope, RopeScaling, SwitchActivation,
     SwitchGlu,
@@ -86,6 +87,9 @@ pub struct DeepseekSpec {
     pub query_scale: Option<(f64, i64)>,
     /// The MLA rope's `traditional` (mistral4: `rope_interleave`, default true).
     pub rope_traditional: bool,
+    /// deepseek_v32 / glm_moe_dsa: `(index_n_heads, index_head_dim, index_topk,
+    /// indexer_rope_interleave)`.
+    pub indexer: Option<(i32, i32, i32, bool)>,
 }
 
 /// The knobs of a standard attention (dots1, deepseek).
@@ -131,6 +135,8 @@ pub enum Sanitize {
     /// mistral4: fused `experts.gate_up_proj` / `experts.down_proj` renamed, experts stacked,
     /// `kv_b_proj` absorbed.
     Mistral4,
+    /// deepseek_v32 / glm_moe_dsa: drop the layers past `num_hidden_layers`, as glm4_moe_lite.
+    DeepseekV32,
 }
 
 /// deepseek_v3.py / glm4_moe_lite.py `ModelArgs`; absent fields take the row's defaults.
@@ -249,9 +255,8 @@ impl DeepseekSpec {
     pub fn from_config(config: &ModelConfig) -> Result<DeepseekSpec> {
         let t = config.architecture.as_str();
         let (raw, prefix, d, lite) = match t {
-            "deepseek_v3" | "dots1" | "deepseek" | "deepseek_v2" | "minicpm3" | "mistral4" => {
-                (config.raw.clone(), "", &DEEPSEEK_V3, false)
-            }
+            "deepseek_v3" | "dots1" | "deepseek" | "deepseek_v2" | "minicpm3" | "mistral4"
+            | "deepseek_v32" | "glm_moe_dsa" => (config.raw.clone(), "", &DEEPSEEK_V3, false),
             "glm4_moe_lite" => (config.raw.clone(), "", &GLM4_MOE_LITE, true),
             "kimi_k25" => {
                 let text = config
@@ -270,7 +275,52 @@ impl DeepseekSpec {
                 )))
             }
         };
-        let a: Args = crate::config::parse_args(&raw, t)?;
+        let mut a: Args = crate::config::parse_args(&raw, t)?;
+        let v32 = matches!(t, "deepseek_v32" | "glm_moe_dsa");
+        if t == "glm_moe_dsa" {
+            // `__post_init__`: rope_scaling and rope_theta come from `rope_parameters`.
+            let rp = raw
+                .get("rope_parameters")
+                .and_then(Value::as_object)
+                .cloned()
+                .ok_or_else(|| {
+                    ModelError::Config("glm_moe_dsa: config.json needs `rope_parameters`".into())
+                })?;
+            a.rope_theta = Some(
+                rp.get("rope_theta")
+                    .and_then(Value::as_f64)
+                    .ok_or_else(|| {
+                        ModelError::Config(
+                            "glm_moe_dsa: rope_parameters needs a number `rope_theta`".into(),
+                        )
+                    })?,
+            );
+            a.rope_scaling = Some(rp);
+        }
+        let indexer = if v32 {
+            let int = |k: &str, d: i64| -> Result<i32> {
+                match raw.get(k) {
+                    None if t == "deepseek_v32" => Ok(d as i32),
+                    v => v
+                        .and_then(Value::as_i64)
+                        .and_then(|v| i32::try_from(v).ok())
+                        .filter(|v| *v > 0)
+                        .ok_or_else(|| {
+                            ModelError::Config(format!("{t}: `{k}` must be a positive integer"))
+                        }),
+                }
+            };
+            Some((
+                int("index_n_heads", 64)?,
+                int("index_head_dim", 128)?,
+                int("index_topk", 2048)?,
+                raw.get("indexer_rope_interleave")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(t == "glm_moe_dsa"),
+            ))
+        } else {
+            None
+        };
         match t {
             "minicpm3" => return Self::minicpm3(config),
             "mistral4" => return Self::mistral4(config),
@@ -345,6 +395,8 @@ impl DeepseekSpec {
                 Sanitize::Glm4MoeLite
             } else if v2 {
                 Sanitize::DeepseekV2
+            } else if v32 {
+                Sanitize::DeepseekV32
             } else {
                 Sanitize::DeepseekV3
             },
@@ -354,7 +406,13 @@ impl DeepseekSpec {
             head_div: None,
             query_scale: None,
             rope_traditional: true,
+            indexer,
         };
+        if v32 && spec.q_lora_rank.is_none() {
+            return Err(ModelError::Config(format!(
+                "{t}: q_lora_rank is required (the indexer reads the query latent)"
+            )));
+        }
         if v2 && spec.n_routed_experts.is_some() && a.num_experts_per_tok.is_none() {
             return Err(ModelError::Config(
                 "deepseek_v2: routed experts need `num_experts_per_tok`".into(),
@@ -468,6 +526,7 @@ impl DeepseekSpec {
             head_div: None,
             query_scale: Some(query_scale),
             rope_traditional: a.rope_interleave.unwrap_or(true),
+            indexer: None,
         };
         spec.validate()
     }
@@ -567,6 +626,7 @@ impl DeepseekSpec {
                 .then_some((f64::from(a.hidden_size) / a.dim_model_base) as f32),
             query_scale: None,
             rope_traditional: true,
+            indexer: None,
         };
         spec.validate()
     }
@@ -654,6 +714,7 @@ impl DeepseekSpec {
             head_div: None,
             query_scale: None,
             rope_traditional: true,
+            indexer: None,
         };
         spec.validate()
     }
@@ -721,6 +782,7 @@ impl DeepseekSpec {
             head_div: None,
             query_scale: None,
             rope_traditional: true,
+            indexer: None,
         };
         spec.validate()
     }
@@ -1119,6 +1181,7 @@ enum Ffn {
 #[derive(Clone)]
 enum SelfAttn {
     Mla(Box<MlaAttention>),
+    Sparse(Box<(MlaAttention, Indexer)>),
     Mistral4(Box<MlaAttention>),
     MlaExpanded(Box<MlaAttention>),
     Standard(Box<crate::models::moe::Attention>),
@@ -1144,6 +1207,23 @@ impl DecoderLayer {
         let n = self.input_layernorm.forward(x)?;
         let r = match &self.self_attn {
             SelfAttn::Mla(a) => a.forward(&n, mask, cache)?,
+            SelfAttn::Sparse(ai) => {
+                let subs = match cache {
+                    Some(c) => Some(
+                        c.as_mut()
+                            .as_any_mut()
+                            .downcast_mut::<CacheList>()
+                            .ok_or_else(|| {
+                                ModelError::Other(
+                                    "sparse-attention layers need a CacheList cache".into(),
+                                )
+                            })?
+                            .caches_mut(),
+                    ),
+                    None => None,
+                };
+                ai.0.forward_sparse(&ai.1, &n, mask, subs)?
+            }
             SelfAttn::Mistral4(a) => {
                 let s = attn_scale.ok_or_else(|| {
                     ModelError::Other("mistral4 attention without its query scale".into())
@@ -1221,6 +1301,30 @@ impl Model {
                 )?)),
                 None if spec.expanded_mla() => {
                     SelfAttn::MlaExpanded(Box::new(Self::load_mla(&spec, w, &p, scale)?))
+                }
+                None if spec.indexer.is_some() => {
+                    let attn = Self::load_mla(&spec, w, &p, scale)?;
+                    let (n_heads, head_dim, index_topk, interleave) =
+                        spec.indexer.unwrap_or((1, 1, 1, false));
+                    let indexer = Indexer::load(
+                        IndexerSpec {
+                            hidden_size: dim,
+                            q_lora_rank: spec.q_lora_rank.unwrap_or(0),
+                            n_heads,
+                            head_dim,
+                            index_topk,
+                            rope: Rope::initialize(
+                                spec.qk_rope_head_dim,
+                                spec.rope_theta,
+                                interleave,
+                                spec.rope_scaling.as_ref(),
+                                Some(spec.max_position_embeddings),
+                            )?,
+                        },
+                        w,
+                        &format!("{p}.self_attn.indexer"),
+                    )?;
+                    SelfAttn::Sparse(Box::new((attn, indexer)))
                 }
                 None if spec.sanitize == Sanitize::Mistral4 => {
                     SelfAttn::Mistral4(Box::new(Self::load_mla(&spec, w, &p, scale)?))
@@ -1337,6 +1441,7 @@ impl Model {
         let array_mask = self.spec.standard_attention.is_none()
             && !self.spec.expanded_mla()
             && self.spec.sanitize != Sanitize::Mistral4;
+        // Only mistral4 reads it (its caches are plain).
         let offset = caches
             .as_deref()
             .and_then(|c| c.first())
@@ -1360,7 +1465,16 @@ impl Model {
                         self.layers.len()
                     )));
                 }
-                match caches.first() {
+                let first: Option<&dyn Cache> = match caches.first() {
+                    Some(c) if self.spec.indexer.is_some() => c
+                        .as_any()
+                        .downcast_ref::<CacheList>()
+                        .and_then(|l| l.caches().first())
+                        .map(|c| c.as_ref()),
+                    Some(c) => Some(c.as_ref()),
+                    None => None,
+                };
+                match first {
                     Some(c) => c.make_mask(n, None, array_mask)?,
                     None => mlx_cache::mask::fallback_mask(n, None, array_mask)?,
                 }
@@ -1398,7 +1512,7 @@ fn sanitize(s: &DeepseekSpec, w: &mut Weights) -> Result<()> {
     }
     for name in w.names() {
         let drop = match s.sanitize {
-            Sanitize::Glm4MoeLite => name
+            Sanitize::Glm4MoeLite | Sanitize::DeepseekV32 => name
                 .strip_prefix(&layers_pre)
                 .and_then(|r| r.split('.').next())
                 .and_then(|i| i.parse::<i64>().ok())
@@ -1594,13 +1708,24 @@ impl LanguageModel for Model {
     }
 
     fn make_cache(&self) -> Vec<Box<dyn Cache>> {
+        let sparse = self.spec.indexer.is_some();
         (0..self.layers.len())
-            .map(|_| -> Box<dyn Cache> { Box::new(KVCache::new()) })
+            .map(|_| -> Box<dyn Cache> {
+                if sparse {
+                    Box::new(CacheList::new(vec![
+                        Box::new(KVCache::new()),
+                        Box::new(KVCache::new()),
+                    ]))
+                } else {
+                    Box::new(KVCache::new())
+                }
+            })
             .collect()
     }
 
+    /// deepseek_v32 defines `make_cache` (a `CacheList` per layer).
     fn defines_make_cache(&self) -> bool {
-        false
+        self.spec.indexer.is_some()
     }
 
     fn num_layers(&self) -> usize {

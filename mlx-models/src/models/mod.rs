@@ -378,6 +378,12 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
     ("mistral4", |c, w| {
         Ok(Box::new(deepseek::Model::load(c, w)?))
     }),
+    ("deepseek_v32", |c, w| {
+        Ok(Box::new(deepseek::Model::load(c, w)?))
+    }),
+    ("glm_moe_dsa", |c, w| {
+        Ok(Box::new(deepseek::Model::load(c, w)?))
+    }),
     ("longcat_flash", |c, w| {
         Ok(Box::new(longcat_flash::Model::load(c, w)?))
     }),
