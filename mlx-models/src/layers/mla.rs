@@ -717,7 +717,7 @@ impl MlaAttention {
             AttentionMask::Array(m) => Some(m.clone()),
             _ => None,
         };
-        let index_cache = caches.as_deref_mut().and_then(|c| c.get_mut(1));
+        let index_cache = caches.and_then(|c| c.get_mut(1));
         if let Some(topk) = indexer.forward(x, &qr, mask_arr.as_ref(), index_cache)? {
             let topk = ops::stop_gradient(&topk, None)?;
             if l == 1 {
