@@ -431,6 +431,21 @@ pub fn shard_if_launched(model: &mut dyn mlx_models::models::LanguageModel) -> R
         .map_err(|e| format!("rank {}: sharding the model: {e}", g.rank()))
 }
 
+/// This process's place in the group `mlx launch` formed (rank 0 of 1 elsewhere): what a
+/// data-parallel `train` splits its batches by.
+pub fn world() -> Result<mlx_train::data::World, String> {
+    let Ok(name) = std::env::var(ENV_BACKEND) else {
+        return Ok(mlx_train::data::World::single());
+    };
+    let backend = Backend::parse(&name).map_err(|e| e.to_string())?;
+    let g = distributed::init(false, backend).map_err(|e| e.to_string())?;
+    let (rank, size) = (g.rank(), g.size());
+    match (usize::try_from(rank), usize::try_from(size)) {
+        (Ok(rank), Ok(size)) if rank < size => Ok(mlx_train::data::World { rank, size }),
+        _ => Err(format!("MLX's group reports rank {rank} of {size}")),
+    }
+}
+
 /// In a launched rank, after the subcommand: one all_sum over the group, so that no rank
 /// leaves while a peer still waits on it in a collective.
 pub fn barrier() {

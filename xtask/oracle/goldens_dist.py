@@ -20,13 +20,22 @@ from pathlib import Path
 import mlx.core as mx
 
 ROOT = Path(__file__).resolve().parents[2]
-MODEL = ROOT / "mlx-cli/tests/models/dense_f32"
-OUT = ROOT / "mlx-models/tests/goldens/dist_llama_tp2.safetensors"
+# (fixture under mlx-cli/tests/models, golden under mlx-models/tests/goldens)
+MODELS = [
+    ("dense_f32", "dist_llama_tp2"),
+    ("qwen3", "dist_qwen3_tp2"),
+    ("q4_g32", "dist_llama_q4_tp2"),
+]
 PROMPT = [1, 5, 9, 17, 33, 65, 7, 3]
 STEPS = 8
 
 
 def worker():
+    for model, out in MODELS:
+        run_model(ROOT / "mlx-cli/tests/models" / model, ROOT / f"mlx-models/tests/goldens/{out}.safetensors")
+
+
+def run_model(MODEL, OUT):
     from mlx_lm.generate import generate_step
     from mlx_lm.models.cache import make_prompt_cache
     from mlx_lm.utils import load, sharded_load
@@ -55,7 +64,7 @@ def worker():
         mx.save_safetensors(
             str(OUT),
             out,
-            metadata={"world_size": str(group.size()), "backend": "ring", "model": "dense_f32"},
+            metadata={"world_size": str(group.size()), "backend": "ring", "model": MODEL.name},
         )
         same = bool(mx.array_equal(prefill, single_prefill))
         diff = float(mx.abs(prefill - single_prefill).max())

@@ -973,14 +973,17 @@ impl Model {
     /// Tensor parallelism over `size` ranks as mlx-lm's llama `Model.shard()` does (this
     /// process is rank `rank`): q/k/v, gate and up all-to-sharded, o and down sharded-to-all
     /// (summed over MLX's global group), heads and KV heads divided by `size`. See
-    /// [`crate::shard`]. Only the `llama` row with dense weights, for now.
+    /// [`crate::shard`]. The llama, qwen2 and qwen3 rows, dense or quantized.
     pub fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
         use crate::shard::{all_to_sharded, sharded_to_all};
         let d = &self.desc;
-        if d.model_type != "llama" {
+        // The rows whose mlx-lm class has this same `shard()` (llama.py, qwen2.py, qwen3.py).
+        const SHARDED: [&str; 3] = ["llama", "qwen2", "qwen3"];
+        if !SHARDED.contains(&d.model_type.as_str()) {
             return Err(ModelError::Other(format!(
-                "tensor parallelism: model_type `{}` is not supported yet (llama only)",
-                d.model_type
+                "tensor parallelism: model_type `{}` is not supported yet ({})",
+                d.model_type,
+                SHARDED.join(", ")
             )));
         }
         if size < 1 || rank < 0 || rank >= size {
