@@ -110,11 +110,26 @@ fn check(name: &str, case: &Value, work: &Path) -> Result<(), String> {
 
 #[test]
 fn every_model_fixture_reproduces_mlx_lm_top5_through_the_cli() {
-    let golden: Value = serde_json::from_str(
-        &std::fs::read_to_string(here().join("tests/goldens/cli_models.json")).unwrap(),
-    )
-    .unwrap();
-    let cases: Vec<(&String, &Value)> = golden["cases"].as_object().unwrap().iter().collect();
+    // `cli_models.json`, then each family's own golden (`cli_models_<family>.json`, e.g. the
+    // MLA fixtures under `mlx-models/tests/models/mla/`), whose case names are fixture paths.
+    let mut files: Vec<PathBuf> = std::fs::read_dir(here().join("tests/goldens"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("cli_models") && n.ends_with(".json"))
+        })
+        .collect();
+    files.sort();
+    let goldens: Vec<Value> = files
+        .iter()
+        .map(|p| serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap())
+        .collect();
+    let cases: Vec<(&String, &Value)> = goldens
+        .iter()
+        .flat_map(|g| g["cases"].as_object().unwrap().iter())
+        .collect();
     // Every model_type `mlx models` serves (table rows and dedicated ports; aliases aside)
     // has at least one fixture here.
     assert!(cases.len() >= 90, "only {} fixtures", cases.len());

@@ -68,13 +68,15 @@ fn supported_types_list_rows_and_remaps() {
     );
     assert!(find("mamba").is_none());
     // 42 rows, 10 dedicated ports (mixtral, qwen2_moe, qwen3_moe, olmoe, gpt_oss, qwen3_next,
-    // qwen3_5, qwen3_5_moe, lfm2, gemma4_text), plus the MODEL_REMAPPING aliases of served
-    // types (mistral, iquestcoder, xverse, llava).
+    // qwen3_5, qwen3_5_moe, lfm2, gemma4_text) and 11 of the MLA family (deepseek_v3,
+    // kimi_k25, glm4_moe_lite, dots1, deepseek, deepseek_v2, minicpm3, mistral4, deepseek_v32,
+    // glm_moe_dsa, longcat_flash), plus the MODEL_REMAPPING aliases of served types (mistral,
+    // iquestcoder, xverse, llava, kimi_k2, joyai_llm_flash).
     let dedicated = all
         .iter()
         .filter(|s| s.serving == Serving::Dedicated && s.via.is_none());
-    assert_eq!(dedicated.count(), 10, "{all:?}");
-    assert_eq!(all.len(), 56, "{all:?}");
+    assert_eq!(dedicated.count(), 21, "{all:?}");
+    assert_eq!(all.len(), 69, "{all:?}");
 }
 
 #[test]

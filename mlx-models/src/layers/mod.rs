@@ -5,6 +5,7 @@ mod attention;
 mod embedding;
 pub mod gated_delta;
 mod linear;
+pub mod mla;
 mod mlp;
 mod norm;
 mod rope;

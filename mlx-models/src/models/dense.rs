@@ -1686,7 +1686,7 @@ impl SegmentedDecode for Model {
 
 /// ministral3.py `_get_llama_4_attn_scale(L, offset, beta, original)[:, None]`, in `dtype`:
 /// `1 + beta * log(1 + floor((arange(L) + offset) / original))`.
-fn llama4_attn_scale(
+pub(crate) fn llama4_attn_scale(
     n: usize,
     offset: usize,
     beta: f64,

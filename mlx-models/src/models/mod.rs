@@ -58,10 +58,12 @@ macro_rules! serde_defaults {
 }
 
 mod checkpoint;
+pub mod deepseek;
 pub mod dense;
 pub mod descriptor;
 pub mod gemma4_text;
 pub mod lfm2;
+pub mod longcat_flash;
 pub mod moe;
 pub mod qwen3_next;
 pub mod segmented;
@@ -363,6 +365,38 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
     ("lfm2", |c, w| Ok(Box::new(lfm2::Model::load(c, w)?))),
     ("gemma4_text", |c, w| {
         Ok(Box::new(gemma4_text::Model::load(c, w)?))
+    }),
+    // MLA / DeepSeek V3 family (`deepseek.rs`).
+    ("deepseek_v3", |c, w| {
+        Ok(Box::new(deepseek::Model::load(c, w)?))
+    }),
+    ("kimi_k25", |c, w| {
+        Ok(Box::new(deepseek::Model::load(c, w)?))
+    }),
+    ("glm4_moe_lite", |c, w| {
+        Ok(Box::new(deepseek::Model::load(c, w)?))
+    }),
+    ("dots1", |c, w| Ok(Box::new(deepseek::Model::load(c, w)?))),
+    ("deepseek", |c, w| {
+        Ok(Box::new(deepseek::Model::load(c, w)?))
+    }),
+    ("deepseek_v2", |c, w| {
+        Ok(Box::new(deepseek::Model::load(c, w)?))
+    }),
+    ("minicpm3", |c, w| {
+        Ok(Box::new(deepseek::Model::load(c, w)?))
+    }),
+    ("mistral4", |c, w| {
+        Ok(Box::new(deepseek::Model::load(c, w)?))
+    }),
+    ("deepseek_v32", |c, w| {
+        Ok(Box::new(deepseek::Model::load(c, w)?))
+    }),
+    ("glm_moe_dsa", |c, w| {
+        Ok(Box::new(deepseek::Model::load(c, w)?))
+    }),
+    ("longcat_flash", |c, w| {
+        Ok(Box::new(longcat_flash::Model::load(c, w)?))
     }),
 ];
 
