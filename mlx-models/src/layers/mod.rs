@@ -8,6 +8,7 @@ mod linear;
 mod mlp;
 mod norm;
 mod rope;
+pub mod ssm;
 mod switch;
 
 pub use activations::{

@@ -62,6 +62,7 @@ pub mod dense;
 pub mod descriptor;
 pub mod gemma4_text;
 pub mod lfm2;
+pub mod mamba;
 pub mod moe;
 pub mod qwen3_next;
 pub mod segmented;
@@ -353,6 +354,9 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
     ("gemma4_text", |c, w| {
         Ok(Box::new(gemma4_text::Model::load(c, w)?))
     }),
+    // State-space family (issue #32).
+    ("mamba", |c, w| Ok(Box::new(mamba::Model::load(c, w)?))),
+    ("mamba2", |c, w| Ok(Box::new(mamba::Model::load(c, w)?))),
 ];
 
 /// One supported `model_type` and how it is served.
