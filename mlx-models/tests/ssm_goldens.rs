@@ -187,3 +187,13 @@ fn mamba_rolls_back_bit_for_bit() {
 fn mamba2_rolls_back_bit_for_bit() {
     rollback_property("mamba2");
 }
+
+#[test]
+fn nemotron_h_matches_mlx_lm_bit_for_bit() {
+    check_all(&["nemotron_h", "nemotron_h_q4", "nemotron_h_bf16"]);
+}
+
+#[test]
+fn nemotron_h_rolls_back_bit_for_bit() {
+    rollback_property("nemotron_h");
+}

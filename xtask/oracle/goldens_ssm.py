@@ -68,6 +68,27 @@ MAMBA2 = {
     "time_step_rank": "auto",
 }
 
+NEMOTRON_H = {
+    **BASE,
+    "intermediate_size": 48,
+    "max_position_embeddings": 512,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "attention_bias": False,
+    "mamba_num_heads": 4,
+    "mamba_head_dim": 16,
+    "mamba_proj_bias": False,
+    "ssm_state_size": 8,
+    "conv_kernel": 4,
+    "n_groups": 2,
+    "mlp_bias": False,
+    "layer_norm_epsilon": 1e-5,
+    "use_bias": False,
+    "use_conv_bias": True,
+    "hybrid_override_pattern": "M*M-",
+    "time_step_limit": [0.0, 50.0],
+}
+
 ROWS = {
     # name: (module, model_type, config, dtype, (group_size, bits) or None)
     "mamba": ("mamba", "mamba", MAMBA, "float32", None),
@@ -99,6 +120,24 @@ ROWS = {
         "mamba2",
         "mamba2",
         {**MAMBA2, "n_groups": 4, "use_conv_bias": False, "time_step_limit": [0.0, 5.0]},
+        "bfloat16",
+        None,
+    ),
+    "nemotron_h": ("nemotron_h", "nemotron_h", NEMOTRON_H, "float32", None),
+    "nemotron_h_q4": (
+        "nemotron_h",
+        "nemotron_h",
+        {**NEMOTRON_H, "hybrid_override_pattern": None,
+         "layers_block_type": ["mamba", "mlp", "attention", "mamba"],
+         "attention_bias": True, "mlp_bias": True, "mamba_proj_bias": True, "n_groups": 1},
+        "float32",
+        (32, 4),
+    ),
+    "nemotron_h_bf16": (
+        "nemotron_h",
+        "nemotron_h",
+        {**NEMOTRON_H, "hybrid_override_pattern": "*M-M", "n_groups": 4, "head_dim": 16,
+         "use_conv_bias": False},
         "bfloat16",
         None,
     ),
@@ -202,6 +241,7 @@ def main():
     golden = {
         "generator": f"xtask/oracle/goldens_ssm.py mlx={mx.__version__} "
                      f"mlx_lm={__import__('mlx_lm').__version__}",
+        "fixture_dir": "ssm",
         "max_tokens": CLI_MAX_TOKENS,
         "top_logprobs": TOP,
         "cases": {k: cases[k] for k in ROWS if k in cases},

@@ -2,10 +2,13 @@
 //! convolution the Mamba blocks share), op for op. On the CPU, mlx-lm's `ssm_update` always
 //! takes `ssm_attn` (its Metal kernel needs a GPU), so that is the L1 reference here.
 
+use mlx_cache::{ArraysCache, Cache};
+use mlx_core::fast;
 use mlx_core::prelude::*;
 
-use crate::error::Result;
+use crate::error::{ModelError, Result};
 use crate::layers::activations::{compiled, one};
+use crate::layers::{silu, swiglu, Linear};
 use crate::weights::Weights;
 
 /// `nn.softplus`: `logaddexp(x, 0)` (the 0 a weak Python int), compiled shapeless as mlx.nn
@@ -225,4 +228,216 @@ pub fn ssm_attn(
         None => ops::zeros(&[b, h, dh, d], Dtype::Float32, None)?,
     };
     Ok((y, state))
+}
+
+/// The `(B, T, D)` cache of layer `i`, downcast.
+pub(crate) fn arrays_cache(
+    c: Option<&mut Box<dyn Cache>>,
+    i: usize,
+) -> Result<Option<&mut ArraysCache>> {
+    match c {
+        None => Ok(None),
+        Some(c) => c
+            .as_any_mut()
+            .downcast_mut::<ArraysCache>()
+            .map(Some)
+            .ok_or_else(|| {
+                ModelError::Other(format!(
+                    "layer {i} is a state-space layer and needs an ArraysCache"
+                ))
+            }),
+    }
+}
+
+/// How a Mamba 2 mixer normalises its gated output.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum GatedNorm {
+    /// mamba2.py's `MambaRMSNormGated`: `rms_norm(swiglu(gate, y), weight, eps)`.
+    Plain,
+    /// nemotron_h's: `weight * rms_norm(swiglu(gate, y)` in groups of this width`)`.
+    Grouped(i32),
+}
+
+/// The shape of a Mamba 2 mixer (each model's args read into it).
+#[derive(Clone, Debug)]
+pub struct Mamba2Dims {
+    pub hidden_size: i32,
+    pub num_heads: i32,
+    pub head_dim: i32,
+    pub n_groups: i32,
+    pub state_size: i32,
+    pub conv_kernel: i32,
+    pub use_conv_bias: bool,
+    /// `in_proj` / `out_proj` bias.
+    pub proj_bias: bool,
+    pub eps: f32,
+    pub time_step_limit: (f32, f32),
+    pub norm: GatedNorm,
+    /// `D.astype(hidden_states.dtype)` before the SSM (nemotron_h).
+    pub cast_d: bool,
+}
+
+/// mamba2.py's `Mamba2Block` (and nemotron_h's `NemotronHMamba2Mixer`).
+#[derive(Clone)]
+pub struct Mamba2Mixer {
+    in_proj: Linear,
+    conv1d: DepthwiseConv,
+    dt_bias: Array,
+    a_log: Array,
+    d: Array,
+    norm_weight: Array,
+    norm: GatedNorm,
+    eps: f32,
+    cast_d: bool,
+    out_proj: Linear,
+    num_heads: i32,
+    head_dim: i32,
+    n_groups: i32,
+    state_size: i32,
+    intermediate: i32,
+    conv_dim: i32,
+    time_step_limit: (f32, f32),
+}
+
+impl Mamba2Mixer {
+    pub fn load(a: &Mamba2Dims, w: &mut Weights, p: &str) -> Result<Mamba2Mixer> {
+        let n = a.state_size;
+        let inter = a.num_heads * a.head_dim;
+        let conv_dim = inter + 2 * a.n_groups * n;
+        let n_ = |s: &str| format!("{p}.{s}");
+        let h = a.num_heads;
+        Ok(Mamba2Mixer {
+            conv1d: DepthwiseConv::load(
+                w,
+                &n_("conv1d"),
+                conv_dim,
+                a.conv_kernel,
+                a.use_conv_bias,
+            )?,
+            in_proj: Linear::load(
+                w,
+                &n_("in_proj"),
+                a.hidden_size,
+                inter + conv_dim + h,
+                a.proj_bias,
+            )?,
+            dt_bias: w.take(&n_("dt_bias"), &[h])?,
+            a_log: w.take(&n_("A_log"), &[h])?,
+            d: w.take(&n_("D"), &[h])?,
+            norm_weight: w.take(&n_("norm.weight"), &[inter])?,
+            norm: a.norm,
+            eps: a.eps,
+            cast_d: a.cast_d,
+            out_proj: Linear::load(w, &n_("out_proj"), inter, a.hidden_size, a.proj_bias)?,
+            num_heads: h,
+            head_dim: a.head_dim,
+            n_groups: a.n_groups,
+            state_size: n,
+            intermediate: inter,
+            conv_dim,
+            time_step_limit: a.time_step_limit,
+        })
+    }
+
+    pub fn forward(
+        &self,
+        hs: &Array,
+        mask: Option<&Array>,
+        mut cache: Option<&mut ArraysCache>,
+    ) -> Result<Array> {
+        let projected = self.in_proj.forward(hs)?;
+        let parts = ops::split_at(
+            &projected,
+            &[self.intermediate, self.intermediate + self.conv_dim],
+            -1,
+            None,
+        )?;
+        let (gate, mut conv_input, dt) = (&parts[0], parts[1].clone(), &parts[2]);
+        if let Some(m) = mask {
+            conv_input = ops::where_scalar(&m.expand_dims(&[-1])?, &conv_input, 0i32, None)?;
+        }
+        let padded = self.conv1d.padded(
+            &conv_input,
+            cache.as_ref().and_then(|c| c.get(0)),
+            cache.is_some(),
+        )?;
+        let conv_out = silu(&self.conv1d.forward(&padded)?)?;
+        let gn = self.n_groups * self.state_size;
+        let parts = ops::split_at(
+            &conv_out,
+            &[self.intermediate, self.intermediate + gn],
+            -1,
+            None,
+        )?;
+        let sh = hs.shape();
+        let (b, t) = (sh[0], sh[1]);
+        let x = parts[0].reshape(&[b, t, self.num_heads, self.head_dim])?;
+        let bm = parts[1].reshape(&[b, t, self.n_groups, self.state_size])?;
+        let cm = parts[2].reshape(&[b, t, self.n_groups, self.state_size])?;
+        let d_cast;
+        let params = SsmParams {
+            a_log: &self.a_log,
+            d: if self.cast_d {
+                d_cast = self.d.astype(x.dtype())?;
+                &d_cast
+            } else {
+                &self.d
+            },
+            dt_bias: &self.dt_bias,
+            time_step_limit: self.time_step_limit,
+        };
+        let state0 = cache.as_ref().and_then(|c| c.get(1)).cloned();
+        let (y, state) = ssm_attn(&x, &bm, &cm, dt, &params, state0.as_ref(), mask)?;
+        if let Some(c) = cache.as_deref_mut() {
+            if c.keeps_history() {
+                // The state after each token: the last one is `state`; earlier ones (those the
+                // history keeps) are the same forward over the prefix.
+                let first_kept = (t as usize).saturating_sub(c.max_rollback() + 1);
+                let mut steps = Vec::with_capacity(t as usize);
+                for s in 1..=t {
+                    let st = if s == t {
+                        Some(state.clone())
+                    } else if (s as usize) > first_kept {
+                        let pre = |a: &Array| a.slice_axis(1, 0, s);
+                        let m = mask
+                            .map(|m| m.slice_axis(m.ndim() as i32 - 1, 0, s))
+                            .transpose()?;
+                        Some(
+                            ssm_attn(
+                                &pre(&x)?,
+                                &pre(&bm)?,
+                                &pre(&cm)?,
+                                &pre(dt)?,
+                                &params,
+                                state0.as_ref(),
+                                m.as_ref(),
+                            )?
+                            .1,
+                        )
+                    } else {
+                        None
+                    };
+                    steps.push(vec![Some(self.conv1d.state_after(&padded, s)?), st]);
+                }
+                c.checkpoint_steps(steps)?;
+            }
+            c.set(0, self.conv1d.state_after(&padded, t)?)?;
+            c.set(1, state)?;
+            c.advance(t as usize)?;
+        }
+        let y = y.reshape(&[b, t, self.intermediate])?;
+        let y = swiglu(gate, &y)?;
+        let y = match self.norm {
+            GatedNorm::Plain => fast::rms_norm(&y, Some(&self.norm_weight), self.eps, None)?,
+            GatedNorm::Grouped(g) => {
+                let sh = y.shape();
+                let mut grouped = sh[..sh.len() - 1].to_vec();
+                grouped.extend([-1, g]);
+                let n = fast::rms_norm(&y.reshape(&grouped)?, None, self.eps, None)?;
+                let n = n.flatten(-2, -1)?;
+                (&self.norm_weight * &n)?
+            }
+        };
+        self.out_proj.forward(&y)
+    }
 }

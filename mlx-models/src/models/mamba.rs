@@ -13,7 +13,9 @@ use serde_json::Value;
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::layers::ssm::{softplus, ssm_attn, DepthwiseConv, SsmParams};
+use crate::layers::ssm::{
+    arrays_cache, softplus, DepthwiseConv, GatedNorm, Mamba2Dims, Mamba2Mixer,
+};
 use crate::layers::{silu, swiglu, Embedding, Linear, RmsNorm};
 use crate::models::LanguageModel;
 use crate::weights::Weights;
@@ -69,7 +71,7 @@ struct Mamba2Args {
     ssm_state_size: Option<i32>,
 }
 
-fn positive(model: &str, fields: &[(&str, i32)]) -> Result<()> {
+pub(crate) fn positive(model: &str, fields: &[(&str, i32)]) -> Result<()> {
     for (name, v) in fields {
         if *v <= 0 {
             return Err(ModelError::Config(format!(
@@ -80,7 +82,7 @@ fn positive(model: &str, fields: &[(&str, i32)]) -> Result<()> {
     Ok(())
 }
 
-fn conv_kernel_ok(model: &str, k: i32) -> Result<()> {
+pub(crate) fn conv_kernel_ok(model: &str, k: i32) -> Result<()> {
     if k < 2 {
         return Err(ModelError::Config(format!(
             "{model}: `conv_kernel` must be at least 2, got {k}"
@@ -124,6 +126,23 @@ impl MambaArgs {
 }
 
 impl Mamba2Args {
+    fn dims(&self) -> Mamba2Dims {
+        Mamba2Dims {
+            hidden_size: self.hidden_size,
+            num_heads: self.num_heads,
+            head_dim: self.head_dim,
+            n_groups: self.n_groups,
+            state_size: self.ssm_state_size.unwrap_or(self.state_size),
+            conv_kernel: self.conv_kernel,
+            use_conv_bias: self.use_conv_bias,
+            proj_bias: self.use_bias,
+            eps: self.layer_norm_epsilon as f32,
+            time_step_limit: (self.time_step_limit.0 as f32, self.time_step_limit.1 as f32),
+            norm: GatedNorm::Plain,
+            cast_d: false,
+        }
+    }
+
     fn post_init(&mut self) -> Result<()> {
         if self.ssm_state_size.is_none() {
             self.ssm_state_size = Some(self.state_size);
@@ -154,22 +173,6 @@ impl Mamba2Args {
             )));
         }
         Ok(())
-    }
-}
-
-/// The `(B, T, D)` cache of layer `i`, downcast.
-fn arrays_cache(c: Option<&mut Box<dyn Cache>>, i: usize) -> Result<Option<&mut ArraysCache>> {
-    match c {
-        None => Ok(None),
-        Some(c) => c
-            .as_any_mut()
-            .downcast_mut::<ArraysCache>()
-            .map(Some)
-            .ok_or_else(|| {
-                ModelError::Other(format!(
-                    "layer {i} is a state-space layer and needs an ArraysCache"
-                ))
-            }),
     }
 }
 
@@ -275,152 +278,10 @@ impl MambaBlock {
     }
 }
 
-/// mamba2.py `Mamba2Block`.
-#[derive(Clone)]
-struct Mamba2Block {
-    in_proj: Linear,
-    conv1d: DepthwiseConv,
-    dt_bias: Array,
-    a_log: Array,
-    d: Array,
-    norm: RmsNorm,
-    out_proj: Linear,
-    num_heads: i32,
-    head_dim: i32,
-    n_groups: i32,
-    state_size: i32,
-    intermediate: i32,
-    conv_dim: i32,
-    time_step_limit: (f32, f32),
-}
-
-impl Mamba2Block {
-    fn load(a: &Mamba2Args, w: &mut Weights, p: &str) -> Result<Mamba2Block> {
-        let n = a.ssm_state_size.unwrap_or(a.state_size);
-        let inter = a.num_heads * a.head_dim;
-        let conv_dim = inter + 2 * a.n_groups * n;
-        let n_ = |s: &str| format!("{p}.{s}");
-        let h = a.num_heads;
-        Ok(Mamba2Block {
-            conv1d: DepthwiseConv::load(
-                w,
-                &n_("conv1d"),
-                conv_dim,
-                a.conv_kernel,
-                a.use_conv_bias,
-            )?,
-            in_proj: Linear::load(
-                w,
-                &n_("in_proj"),
-                a.hidden_size,
-                inter + conv_dim + h,
-                a.use_bias,
-            )?,
-            dt_bias: w.take(&n_("dt_bias"), &[h])?,
-            a_log: w.take(&n_("A_log"), &[h])?,
-            d: w.take(&n_("D"), &[h])?,
-            norm: RmsNorm::load(w, &n_("norm"), inter, a.layer_norm_epsilon as f32)?,
-            out_proj: Linear::load(w, &n_("out_proj"), inter, a.hidden_size, a.use_bias)?,
-            num_heads: h,
-            head_dim: a.head_dim,
-            n_groups: a.n_groups,
-            state_size: n,
-            intermediate: inter,
-            conv_dim,
-            time_step_limit: (a.time_step_limit.0 as f32, a.time_step_limit.1 as f32),
-        })
-    }
-
-    fn forward(
-        &self,
-        hs: &Array,
-        mask: Option<&Array>,
-        mut cache: Option<&mut ArraysCache>,
-    ) -> Result<Array> {
-        let projected = self.in_proj.forward(hs)?;
-        let parts = ops::split_at(
-            &projected,
-            &[self.intermediate, self.intermediate + self.conv_dim],
-            -1,
-            None,
-        )?;
-        let (gate, mut conv_input, dt) = (&parts[0], parts[1].clone(), &parts[2]);
-        if let Some(m) = mask {
-            conv_input = ops::where_scalar(&m.expand_dims(&[-1])?, &conv_input, 0i32, None)?;
-        }
-        let padded = self.conv1d.padded(
-            &conv_input,
-            cache.as_ref().and_then(|c| c.get(0)),
-            cache.is_some(),
-        )?;
-        let conv_out = silu(&self.conv1d.forward(&padded)?)?;
-        let gn = self.n_groups * self.state_size;
-        let parts = ops::split_at(
-            &conv_out,
-            &[self.intermediate, self.intermediate + gn],
-            -1,
-            None,
-        )?;
-        let sh = hs.shape();
-        let (b, t) = (sh[0], sh[1]);
-        let x = parts[0].reshape(&[b, t, self.num_heads, self.head_dim])?;
-        let bm = parts[1].reshape(&[b, t, self.n_groups, self.state_size])?;
-        let cm = parts[2].reshape(&[b, t, self.n_groups, self.state_size])?;
-        let params = SsmParams {
-            a_log: &self.a_log,
-            d: &self.d,
-            dt_bias: &self.dt_bias,
-            time_step_limit: self.time_step_limit,
-        };
-        let state0 = cache.as_ref().and_then(|c| c.get(1)).cloned();
-        let (y, state) = ssm_attn(&x, &bm, &cm, dt, &params, state0.as_ref(), mask)?;
-        if let Some(c) = cache.as_deref_mut() {
-            if c.keeps_history() {
-                // The state after each token: the last one is `state`; earlier ones (those the
-                // history keeps) are the same forward over the prefix.
-                let first_kept = (t as usize).saturating_sub(c.max_rollback() + 1);
-                let mut steps = Vec::with_capacity(t as usize);
-                for s in 1..=t {
-                    let st = if s == t {
-                        Some(state.clone())
-                    } else if (s as usize) > first_kept {
-                        let pre = |a: &Array| a.slice_axis(1, 0, s);
-                        let m = mask
-                            .map(|m| m.slice_axis(m.ndim() as i32 - 1, 0, s))
-                            .transpose()?;
-                        Some(
-                            ssm_attn(
-                                &pre(&x)?,
-                                &pre(&bm)?,
-                                &pre(&cm)?,
-                                &pre(dt)?,
-                                &params,
-                                state0.as_ref(),
-                                m.as_ref(),
-                            )?
-                            .1,
-                        )
-                    } else {
-                        None
-                    };
-                    steps.push(vec![Some(self.conv1d.state_after(&padded, s)?), st]);
-                }
-                c.checkpoint_steps(steps)?;
-            }
-            c.set(0, self.conv1d.state_after(&padded, t)?)?;
-            c.set(1, state)?;
-            c.advance(t as usize)?;
-        }
-        let y = y.reshape(&[b, t, self.intermediate])?;
-        let y = self.norm.forward(&swiglu(gate, &y)?)?;
-        self.out_proj.forward(&y)
-    }
-}
-
 #[derive(Clone)]
 enum Mixer {
     V1(MambaBlock),
-    V2(Mamba2Block),
+    V2(Mamba2Mixer),
 }
 
 #[derive(Clone)]
@@ -440,7 +301,7 @@ pub struct Model {
 }
 
 /// `sanitize`: HF conv weights `(C, 1, K)` become `(C, K, 1)`.
-fn sanitize(w: &mut Weights) -> Result<()> {
+pub(crate) fn sanitize(w: &mut Weights) -> Result<()> {
     for name in w.names() {
         let Some(shape) = w.shape_of(&name) else {
             continue;
@@ -459,45 +320,45 @@ impl Model {
         sanitize(w)?;
         // nn.RMSNorm's default eps for each block's norm.
         let block_eps = 1e-5;
-        let (model_type, vocab, d, n_layers, tied, final_eps, mixers) = if config.architecture
-            == "mamba2"
-        {
-            let mut a: Mamba2Args = config.args()?;
-            a.post_init()?;
-            let mixers = (0..a.num_hidden_layers)
-                .map(|i| {
-                    Mamba2Block::load(&a, w, &format!("backbone.layers.{i}.mixer")).map(Mixer::V2)
-                })
-                .collect::<Result<Vec<_>>>()?;
-            let eps = a.layer_norm_epsilon as f32;
-            (
-                a.model_type,
-                a.vocab_size,
-                a.hidden_size,
-                a.num_hidden_layers,
-                a.tie_word_embeddings,
-                eps,
-                mixers,
-            )
-        } else {
-            let mut a: MambaArgs = config.args()?;
-            let rank = a.post_init()?;
-            let mixers = (0..a.num_hidden_layers)
-                .map(|i| {
-                    MambaBlock::load(&a, rank, w, &format!("backbone.layers.{i}.mixer"))
-                        .map(Mixer::V1)
-                })
-                .collect::<Result<Vec<_>>>()?;
-            (
-                a.model_type,
-                a.vocab_size,
-                a.hidden_size,
-                a.num_hidden_layers,
-                a.tie_word_embeddings,
-                block_eps,
-                mixers,
-            )
-        };
+        let (model_type, vocab, d, n_layers, tied, final_eps, mixers) =
+            if config.architecture == "mamba2" {
+                let mut a: Mamba2Args = config.args()?;
+                a.post_init()?;
+                let mixers = (0..a.num_hidden_layers)
+                    .map(|i| {
+                        Mamba2Mixer::load(&a.dims(), w, &format!("backbone.layers.{i}.mixer"))
+                            .map(Mixer::V2)
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let eps = a.layer_norm_epsilon as f32;
+                (
+                    a.model_type,
+                    a.vocab_size,
+                    a.hidden_size,
+                    a.num_hidden_layers,
+                    a.tie_word_embeddings,
+                    eps,
+                    mixers,
+                )
+            } else {
+                let mut a: MambaArgs = config.args()?;
+                let rank = a.post_init()?;
+                let mixers = (0..a.num_hidden_layers)
+                    .map(|i| {
+                        MambaBlock::load(&a, rank, w, &format!("backbone.layers.{i}.mixer"))
+                            .map(Mixer::V1)
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                (
+                    a.model_type,
+                    a.vocab_size,
+                    a.hidden_size,
+                    a.num_hidden_layers,
+                    a.tie_word_embeddings,
+                    block_eps,
+                    mixers,
+                )
+            };
         let embeddings = Embedding::load(w, "backbone.embeddings", vocab, d)?;
         let mut layers = Vec::with_capacity(n_layers as usize);
         for (i, mixer) in mixers.into_iter().enumerate() {

@@ -64,6 +64,7 @@ pub mod gemma4_text;
 pub mod lfm2;
 pub mod mamba;
 pub mod moe;
+pub mod nemotron_h;
 pub mod qwen3_next;
 pub mod segmented;
 
@@ -357,6 +358,9 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
     // State-space family (issue #32).
     ("mamba", |c, w| Ok(Box::new(mamba::Model::load(c, w)?))),
     ("mamba2", |c, w| Ok(Box::new(mamba::Model::load(c, w)?))),
+    ("nemotron_h", |c, w| {
+        Ok(Box::new(nemotron_h::Model::load(c, w)?))
+    }),
 ];
 
 /// One supported `model_type` and how it is served.
