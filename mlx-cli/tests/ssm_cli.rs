@@ -142,6 +142,11 @@ fn check_cases(test: &str, names: &[&str]) {
 const MAMBA: &[&str] = &["mamba", "mamba_q4", "falcon_mamba_bf16"];
 const MAMBA2: &[&str] = &["mamba2", "mamba2_q4", "mamba2_bf16"];
 const NEMOTRON_H: &[&str] = &["nemotron_h", "nemotron_h_q4", "nemotron_h_bf16"];
+const GRANITE: &[&str] = &[
+    "granitemoehybrid",
+    "granitemoehybrid_q4",
+    "granitemoehybrid_bf16",
+];
 
 #[test]
 fn every_golden_case_is_run() {
@@ -152,7 +157,7 @@ fn every_golden_case_is_run() {
         .keys()
         .map(String::as_str)
         .collect();
-    let mut run: Vec<&str> = [MAMBA, MAMBA2, NEMOTRON_H].concat();
+    let mut run: Vec<&str> = [MAMBA, MAMBA2, NEMOTRON_H, GRANITE].concat();
     cases.sort_unstable();
     run.sort_unstable();
     assert_eq!(cases, run);
@@ -171,4 +176,9 @@ fn mamba2_reproduces_mlx_lm_top5_through_the_cli() {
 #[test]
 fn nemotron_h_reproduces_mlx_lm_top5_through_the_cli() {
     check_cases("ssm_cli_nemotron_h", NEMOTRON_H);
+}
+
+#[test]
+fn granitemoehybrid_reproduces_mlx_lm_top5_through_the_cli() {
+    check_cases("ssm_cli_granitemoehybrid", GRANITE);
 }

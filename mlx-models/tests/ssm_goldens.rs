@@ -197,3 +197,17 @@ fn nemotron_h_matches_mlx_lm_bit_for_bit() {
 fn nemotron_h_rolls_back_bit_for_bit() {
     rollback_property("nemotron_h");
 }
+
+#[test]
+fn granitemoehybrid_matches_mlx_lm_bit_for_bit() {
+    check_all(&[
+        "granitemoehybrid",
+        "granitemoehybrid_q4",
+        "granitemoehybrid_bf16",
+    ]);
+}
+
+#[test]
+fn granitemoehybrid_rolls_back_bit_for_bit() {
+    rollback_property("granitemoehybrid_bf16");
+}

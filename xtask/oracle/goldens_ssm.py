@@ -89,6 +89,33 @@ NEMOTRON_H = {
     "time_step_limit": [0.0, 50.0],
 }
 
+GRANITE = {
+    **BASE,
+    "intermediate_size": 32,
+    "num_hidden_layers": 3,
+    "max_position_embeddings": 512,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "attention_bias": False,
+    "embedding_multiplier": 2.0,
+    "attention_multiplier": 0.125,
+    "logits_scaling": 4.0,
+    "residual_multiplier": 0.5,
+    "layer_types": ["mamba", "attention", "mamba"],
+    "rms_norm_eps": 1e-5,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "shared_intermediate_size": 48,
+    "mamba_n_heads": 4,
+    "mamba_d_head": 16,
+    "mamba_proj_bias": False,
+    "mamba_d_state": 8,
+    "mamba_d_conv": 4,
+    "mamba_n_groups": 2,
+    "mamba_conv_bias": True,
+    "rope_theta": 10000.0,
+}
+
 ROWS = {
     # name: (module, model_type, config, dtype, (group_size, bits) or None)
     "mamba": ("mamba", "mamba", MAMBA, "float32", None),
@@ -138,6 +165,27 @@ ROWS = {
         "nemotron_h",
         {**NEMOTRON_H, "hybrid_override_pattern": "*M-M", "n_groups": 4, "head_dim": 16,
          "use_conv_bias": False},
+        "bfloat16",
+        None,
+    ),
+    "granitemoehybrid": ("granitemoehybrid", "granitemoehybrid", GRANITE, "float32", None),
+    # The router is quantized 8-bit in groups of 64 (mlx-lm's quant_predicate): hidden 64.
+    "granitemoehybrid_q4": (
+        "granitemoehybrid",
+        "granitemoehybrid",
+        {**GRANITE, "hidden_size": 64, "tie_word_embeddings": False, "mamba_n_groups": 1,
+         "mamba_proj_bias": True, "attention_bias": True,
+         "layer_types": ["attention", "mamba", "mamba"]},
+        "float32",
+        (32, 4),
+    ),
+    # Dense MLPs (gather_mm is float32-only on the CPU), no rope.
+    "granitemoehybrid_bf16": (
+        "granitemoehybrid",
+        "granitemoehybrid",
+        {**GRANITE, "num_local_experts": None, "num_experts_per_tok": None,
+         "shared_intermediate_size": None, "position_embedding_type": "nope",
+         "mlp_bias": True, "mamba_n_groups": 4},
         "bfloat16",
         None,
     ),

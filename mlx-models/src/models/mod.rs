@@ -61,6 +61,7 @@ mod checkpoint;
 pub mod dense;
 pub mod descriptor;
 pub mod gemma4_text;
+pub mod granitemoehybrid;
 pub mod lfm2;
 pub mod mamba;
 pub mod moe;
@@ -360,6 +361,9 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
     ("mamba2", |c, w| Ok(Box::new(mamba::Model::load(c, w)?))),
     ("nemotron_h", |c, w| {
         Ok(Box::new(nemotron_h::Model::load(c, w)?))
+    }),
+    ("granitemoehybrid", |c, w| {
+        Ok(Box::new(granitemoehybrid::Model::load(c, w)?))
     }),
 ];
 
