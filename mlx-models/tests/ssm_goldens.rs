@@ -211,3 +211,13 @@ fn granitemoehybrid_matches_mlx_lm_bit_for_bit() {
 fn granitemoehybrid_rolls_back_bit_for_bit() {
     rollback_property("granitemoehybrid_bf16");
 }
+
+#[test]
+fn falcon_h1_matches_mlx_lm_bit_for_bit() {
+    check_all(&["falcon_h1", "falcon_h1_q4", "falcon_h1_bf16"]);
+}
+
+#[test]
+fn falcon_h1_rolls_back_bit_for_bit() {
+    rollback_property("falcon_h1");
+}

@@ -116,6 +116,23 @@ GRANITE = {
     "rope_theta": 10000.0,
 }
 
+FALCON_H1 = {
+    **BASE,
+    "num_hidden_layers": 2,
+    "intermediate_size": 48,
+    "head_dim": 8,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "mamba_n_heads": 4,
+    "mamba_d_head": 16,
+    "mamba_d_ssm": 64,
+    "mamba_d_state": 8,
+    "mamba_n_groups": 2,
+    "mamba_d_conv": 4,
+    "max_position_embeddings": 512,
+    "rope_theta": 10000.0,
+}
+
 ROWS = {
     # name: (module, model_type, config, dtype, (group_size, bits) or None)
     "mamba": ("mamba", "mamba", MAMBA, "float32", None),
@@ -189,7 +206,28 @@ ROWS = {
         "bfloat16",
         None,
     ),
+    "falcon_h1": ("falcon_h1", "falcon_h1", FALCON_H1, "float32", None),
+    "falcon_h1_q4": (
+        "falcon_h1",
+        "falcon_h1",
+        {**FALCON_H1, "mamba_rms_norm": True, "tie_word_embeddings": False,
+         "attention_bias": True, "mlp_bias": True, "projectors_bias": True},
+        "float32",
+        (32, 4),
+    ),
+    "falcon_h1_bf16": (
+        "falcon_h1",
+        "falcon_h1",
+        {**FALCON_H1, "mamba_rms_norm": True, "mamba_norm_before_gate": True,
+         "mamba_n_groups": 1, "mamba_proj_bias": True, "tie_word_embeddings": False},
+        "bfloat16",
+        None,
+    ),
 }
+
+# Rows saved as Hugging Face checkpoints are: conv weights (C, 1, K), so that mlx-lm's
+# falcon_h1 `sanitize` folds its muP multipliers into the weights at load.
+HF_LAYOUT = {"falcon_h1", "falcon_h1_bf16"}
 
 MODELS = Path("mlx-models/tests/models/ssm")
 GOLDENS = Path("mlx-models/tests/goldens/ssm")
@@ -221,7 +259,11 @@ def write_fixture(name):
     out_dir = MODELS / name
     shutil.rmtree(out_dir, ignore_errors=True)
     os.makedirs(out_dir)
-    mx.save_safetensors(str(out_dir / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    weights = dict(tree_flatten(model.parameters()))
+    if name in HF_LAYOUT:
+        weights = {k: v.transpose(0, 2, 1) if "conv1d.weight" in k else v
+                   for k, v in weights.items()}
+    mx.save_safetensors(str(out_dir / "model.safetensors"), weights)
     with open(out_dir / "config.json", "w") as f:
         json.dump(config, f, indent=2)
 

@@ -256,6 +256,10 @@ pub enum GatedNorm {
     Plain,
     /// nemotron_h's: `weight * rms_norm(swiglu(gate, y)` in groups of this width`)`.
     Grouped(i32),
+    /// falcon_h1 with `mamba_norm_before_gate`: `swiglu(gate, rms_norm(y, weight, eps))`.
+    NormThenGate,
+    /// falcon_h1 without `mamba_rms_norm`: `swiglu(gate, y)`, no norm (and no weight).
+    GateOnly,
 }
 
 /// The shape of a Mamba 2 mixer (each model's args read into it).
@@ -268,8 +272,10 @@ pub struct Mamba2Dims {
     pub state_size: i32,
     pub conv_kernel: i32,
     pub use_conv_bias: bool,
-    /// `in_proj` / `out_proj` bias.
+    /// `in_proj` bias.
     pub proj_bias: bool,
+    /// `out_proj` bias.
+    pub out_bias: bool,
     pub eps: f32,
     pub time_step_limit: (f32, f32),
     pub norm: GatedNorm,
@@ -285,7 +291,7 @@ pub struct Mamba2Mixer {
     dt_bias: Array,
     a_log: Array,
     d: Array,
-    norm_weight: Array,
+    norm_weight: Option<Array>,
     norm: GatedNorm,
     eps: f32,
     cast_d: bool,
@@ -324,11 +330,15 @@ impl Mamba2Mixer {
             dt_bias: w.take(&n_("dt_bias"), &[h])?,
             a_log: w.take(&n_("A_log"), &[h])?,
             d: w.take(&n_("D"), &[h])?,
-            norm_weight: w.take(&n_("norm.weight"), &[inter])?,
+            norm_weight: if a.norm == GatedNorm::GateOnly {
+                None
+            } else {
+                Some(w.take(&n_("norm.weight"), &[inter])?)
+            },
             norm: a.norm,
             eps: a.eps,
             cast_d: a.cast_d,
-            out_proj: Linear::load(w, &n_("out_proj"), inter, a.hidden_size, a.proj_bias)?,
+            out_proj: Linear::load(w, &n_("out_proj"), inter, a.hidden_size, a.out_bias)?,
             num_heads: h,
             head_dim: a.head_dim,
             n_groups: a.n_groups,
@@ -426,17 +436,23 @@ impl Mamba2Mixer {
             c.advance(t as usize)?;
         }
         let y = y.reshape(&[b, t, self.intermediate])?;
-        let y = swiglu(gate, &y)?;
+        let weight = self.norm_weight.as_ref();
         let y = match self.norm {
-            GatedNorm::Plain => fast::rms_norm(&y, Some(&self.norm_weight), self.eps, None)?,
+            GatedNorm::Plain => fast::rms_norm(&swiglu(gate, &y)?, weight, self.eps, None)?,
             GatedNorm::Grouped(g) => {
+                let y = swiglu(gate, &y)?;
                 let sh = y.shape();
                 let mut grouped = sh[..sh.len() - 1].to_vec();
                 grouped.extend([-1, g]);
                 let n = fast::rms_norm(&y.reshape(&grouped)?, None, self.eps, None)?;
                 let n = n.flatten(-2, -1)?;
-                (&self.norm_weight * &n)?
+                match weight {
+                    Some(w) => (w * &n)?,
+                    None => n,
+                }
             }
+            GatedNorm::NormThenGate => swiglu(gate, &fast::rms_norm(&y, weight, self.eps, None)?)?,
+            GatedNorm::GateOnly => swiglu(gate, &y)?,
         };
         self.out_proj.forward(&y)
     }

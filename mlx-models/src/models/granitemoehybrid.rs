@@ -176,6 +176,7 @@ impl ModelArgs {
             conv_kernel: self.mamba_d_conv.unwrap_or(2),
             use_conv_bias: self.mamba_conv_bias.unwrap_or(false),
             proj_bias: self.mamba_proj_bias.unwrap_or(false),
+            out_bias: self.mamba_proj_bias.unwrap_or(false),
             eps: self.rms_norm_eps as f32,
             time_step_limit: (lo as f32, hi as f32),
             norm: GatedNorm::Plain,

@@ -136,6 +136,7 @@ impl Mamba2Args {
             conv_kernel: self.conv_kernel,
             use_conv_bias: self.use_conv_bias,
             proj_bias: self.use_bias,
+            out_bias: self.use_bias,
             eps: self.layer_norm_epsilon as f32,
             time_step_limit: (self.time_step_limit.0 as f32, self.time_step_limit.1 as f32),
             norm: GatedNorm::Plain,

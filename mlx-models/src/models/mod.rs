@@ -60,6 +60,7 @@ macro_rules! serde_defaults {
 mod checkpoint;
 pub mod dense;
 pub mod descriptor;
+pub mod falcon_h1;
 pub mod gemma4_text;
 pub mod granitemoehybrid;
 pub mod lfm2;
@@ -364,6 +365,9 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
     }),
     ("granitemoehybrid", |c, w| {
         Ok(Box::new(granitemoehybrid::Model::load(c, w)?))
+    }),
+    ("falcon_h1", |c, w| {
+        Ok(Box::new(falcon_h1::Model::load(c, w)?))
     }),
 ];
 

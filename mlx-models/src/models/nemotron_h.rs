@@ -159,6 +159,7 @@ impl ModelArgs {
             conv_kernel: self.conv_kernel,
             use_conv_bias: self.use_conv_bias,
             proj_bias: self.mamba_proj_bias,
+            out_bias: self.mamba_proj_bias,
             eps: self.layer_norm_epsilon as f32,
             time_step_limit: (lo as f32, hi as f32),
             norm: GatedNorm::Grouped(inter / self.n_groups),
