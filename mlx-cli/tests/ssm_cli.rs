@@ -142,6 +142,7 @@ fn check_cases(test: &str, names: &[&str]) {
 const MAMBA: &[&str] = &["mamba", "mamba_q4", "falcon_mamba_bf16"];
 const MAMBA2: &[&str] = &["mamba2", "mamba2_q4", "mamba2_bf16"];
 const NEMOTRON_H: &[&str] = &["nemotron_h", "nemotron_h_q4", "nemotron_h_bf16"];
+const JAMBA: &[&str] = &["jamba", "jamba_q4", "jamba_bf16"];
 const FALCON_H1: &[&str] = &["falcon_h1", "falcon_h1_q4", "falcon_h1_bf16"];
 const GRANITE: &[&str] = &[
     "granitemoehybrid",
@@ -158,7 +159,7 @@ fn every_golden_case_is_run() {
         .keys()
         .map(String::as_str)
         .collect();
-    let mut run: Vec<&str> = [MAMBA, MAMBA2, NEMOTRON_H, GRANITE, FALCON_H1].concat();
+    let mut run: Vec<&str> = [MAMBA, MAMBA2, NEMOTRON_H, GRANITE, FALCON_H1, JAMBA].concat();
     cases.sort_unstable();
     run.sort_unstable();
     assert_eq!(cases, run);
@@ -187,4 +188,9 @@ fn granitemoehybrid_reproduces_mlx_lm_top5_through_the_cli() {
 #[test]
 fn falcon_h1_reproduces_mlx_lm_top5_through_the_cli() {
     check_cases("ssm_cli_falcon_h1", FALCON_H1);
+}
+
+#[test]
+fn jamba_reproduces_mlx_lm_top5_through_the_cli() {
+    check_cases("ssm_cli_jamba", JAMBA);
 }

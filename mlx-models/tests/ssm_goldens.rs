@@ -221,3 +221,13 @@ fn falcon_h1_matches_mlx_lm_bit_for_bit() {
 fn falcon_h1_rolls_back_bit_for_bit() {
     rollback_property("falcon_h1");
 }
+
+#[test]
+fn jamba_matches_mlx_lm_bit_for_bit() {
+    check_all(&["jamba", "jamba_q4", "jamba_bf16"]);
+}
+
+#[test]
+fn jamba_rolls_back_bit_for_bit() {
+    rollback_property("jamba");
+}

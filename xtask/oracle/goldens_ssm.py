@@ -133,6 +133,25 @@ FALCON_H1 = {
     "rope_theta": 10000.0,
 }
 
+JAMBA = {
+    **BASE,
+    "intermediate_size": 48,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "attn_layer_offset": 1,
+    "attn_layer_period": 2,
+    "expert_layer_offset": 1,
+    "expert_layer_period": 2,
+    "mamba_d_conv": 4,
+    "mamba_d_state": 8,
+    "mamba_expand": 2,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 512,
+}
+
 ROWS = {
     # name: (module, model_type, config, dtype, (group_size, bits) or None)
     "mamba": ("mamba", "mamba", MAMBA, "float32", None),
@@ -220,6 +239,25 @@ ROWS = {
         "falcon_h1",
         {**FALCON_H1, "mamba_rms_norm": True, "mamba_norm_before_gate": True,
          "mamba_n_groups": 1, "mamba_proj_bias": True, "tie_word_embeddings": False},
+        "bfloat16",
+        None,
+    ),
+    "jamba": ("jamba", "jamba", JAMBA, "float32", None),
+    # Dense MLPs: mlx-lm quantizes the router 8-bit in groups of 64, and gather_mm is
+    # float32-only on the CPU (bf16).
+    "jamba_q4": (
+        "jamba",
+        "jamba",
+        {**JAMBA, "num_experts": 1, "tie_word_embeddings": False, "mamba_proj_bias": True,
+         "mamba_dt_rank": 4, "layers_block_type": ["attention", "mamba", "mamba"],
+         "num_hidden_layers": 3},
+        "float32",
+        (32, 4),
+    ),
+    "jamba_bf16": (
+        "jamba",
+        "jamba",
+        {**JAMBA, "num_experts": 1, "mamba_conv_bias": False},
         "bfloat16",
         None,
     ),

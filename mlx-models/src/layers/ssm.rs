@@ -41,6 +41,15 @@ pub fn compute_dt(dt: &Array, dt_bias: &Array, limit: (f32, f32)) -> Result<Arra
     )?)
 }
 
+/// jamba's `fma(a, b, c)`: `a * b + c`, compiled (not shapeless) as mlx-lm compiles it.
+pub fn fma(a: &Array, b: &Array, c: &Array) -> Result<Array> {
+    let f = compiled!(
+        |xs: &[Array]| Ok(vec![(&(&xs[0] * &xs[1])? + &xs[2])?]),
+        shapeless = false
+    )?;
+    Ok(one(f.call(&[a.clone(), b.clone(), c.clone()])?, "fma")?)
+}
+
 /// `nn.Conv1d(C, C, K, groups=C)` as the Mamba blocks use it: weight `(C, K, 1)` after
 /// `sanitize`, optional bias.
 #[derive(Clone, Debug)]

@@ -63,6 +63,7 @@ pub mod descriptor;
 pub mod falcon_h1;
 pub mod gemma4_text;
 pub mod granitemoehybrid;
+pub mod jamba;
 pub mod lfm2;
 pub mod mamba;
 pub mod moe;
@@ -369,6 +370,7 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
     ("falcon_h1", |c, w| {
         Ok(Box::new(falcon_h1::Model::load(c, w)?))
     }),
+    ("jamba", |c, w| Ok(Box::new(jamba::Model::load(c, w)?))),
 ];
 
 /// One supported `model_type` and how it is served.

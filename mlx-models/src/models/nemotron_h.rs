@@ -168,9 +168,9 @@ impl ModelArgs {
     }
 }
 
-/// `NemotronHAttention`: no positional encoding.
+/// `NemotronHAttention` (and jamba's): no positional encoding.
 #[derive(Clone)]
-struct Attention {
+pub(crate) struct Attention {
     q_proj: Linear,
     k_proj: Linear,
     v_proj: Linear,
@@ -183,9 +183,28 @@ struct Attention {
 impl Attention {
     fn load(a: &ModelArgs, w: &mut Weights, p: &str) -> Result<Attention> {
         let hd = a.head_dim.unwrap_or(a.hidden_size / a.num_attention_heads);
-        let (h, d, kv) = (a.num_attention_heads, a.hidden_size, a.num_key_value_heads);
-        let mut l =
-            |n: &str, i: i32, o: i32| Linear::load(w, &format!("{p}.{n}"), i, o, a.attention_bias);
+        Attention::load_parts(
+            w,
+            p,
+            a.hidden_size,
+            a.num_attention_heads,
+            a.num_key_value_heads,
+            hd,
+            a.attention_bias,
+        )
+    }
+
+    /// `q_proj`, `k_proj`, `v_proj`, `o_proj` under `p`, scale `head_dim ** -0.5`.
+    pub(crate) fn load_parts(
+        w: &mut Weights,
+        p: &str,
+        d: i32,
+        h: i32,
+        kv: i32,
+        hd: i32,
+        bias: bool,
+    ) -> Result<Attention> {
+        let mut l = |n: &str, i: i32, o: i32| Linear::load(w, &format!("{p}.{n}"), i, o, bias);
         Ok(Attention {
             q_proj: l("q_proj", d, h * hd)?,
             k_proj: l("k_proj", d, kv * hd)?,
@@ -197,7 +216,7 @@ impl Attention {
         })
     }
 
-    fn forward(
+    pub(crate) fn forward(
         &self,
         x: &Array,
         mask: &AttentionMask,
