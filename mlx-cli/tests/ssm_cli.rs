@@ -143,6 +143,7 @@ const MAMBA: &[&str] = &["mamba", "mamba_q4", "falcon_mamba_bf16"];
 const MAMBA2: &[&str] = &["mamba2", "mamba2_q4", "mamba2_bf16"];
 const NEMOTRON_H: &[&str] = &["nemotron_h", "nemotron_h_q4", "nemotron_h_bf16"];
 const JAMBA: &[&str] = &["jamba", "jamba_q4", "jamba_bf16"];
+const BAICHUAN_M1: &[&str] = &["baichuan_m1", "baichuan_m1_q4", "baichuan_m1_bf16"];
 const FALCON_H1: &[&str] = &["falcon_h1", "falcon_h1_q4", "falcon_h1_bf16"];
 const GRANITE: &[&str] = &[
     "granitemoehybrid",
@@ -159,7 +160,16 @@ fn every_golden_case_is_run() {
         .keys()
         .map(String::as_str)
         .collect();
-    let mut run: Vec<&str> = [MAMBA, MAMBA2, NEMOTRON_H, GRANITE, FALCON_H1, JAMBA].concat();
+    let mut run: Vec<&str> = [
+        MAMBA,
+        MAMBA2,
+        NEMOTRON_H,
+        GRANITE,
+        FALCON_H1,
+        JAMBA,
+        BAICHUAN_M1,
+    ]
+    .concat();
     cases.sort_unstable();
     run.sort_unstable();
     assert_eq!(cases, run);
@@ -193,4 +203,9 @@ fn falcon_h1_reproduces_mlx_lm_top5_through_the_cli() {
 #[test]
 fn jamba_reproduces_mlx_lm_top5_through_the_cli() {
     check_cases("ssm_cli_jamba", JAMBA);
+}
+
+#[test]
+fn baichuan_m1_reproduces_mlx_lm_top5_through_the_cli() {
+    check_cases("ssm_cli_baichuan_m1", BAICHUAN_M1);
 }

@@ -231,3 +231,13 @@ fn jamba_matches_mlx_lm_bit_for_bit() {
 fn jamba_rolls_back_bit_for_bit() {
     rollback_property("jamba");
 }
+
+#[test]
+fn baichuan_m1_matches_mlx_lm_bit_for_bit() {
+    check_all(&["baichuan_m1", "baichuan_m1_q4", "baichuan_m1_bf16"]);
+}
+
+#[test]
+fn baichuan_m1_rolls_back_bit_for_bit() {
+    rollback_property("baichuan_m1");
+}

@@ -152,6 +152,19 @@ JAMBA = {
     "max_position_embeddings": 512,
 }
 
+BAICHUAN_M1 = {
+    **BASE,
+    "intermediate_size": 48,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "rope_theta": 10000.0,
+    "sliding_window": 8,
+    "sliding_window_layers": [1],
+    "conv_window": 2,
+    "rms_norm_eps": 1e-6,
+}
+
 ROWS = {
     # name: (module, model_type, config, dtype, (group_size, bits) or None)
     "mamba": ("mamba", "mamba", MAMBA, "float32", None),
@@ -258,6 +271,17 @@ ROWS = {
         "jamba",
         "jamba",
         {**JAMBA, "num_experts": 1, "mamba_conv_bias": False},
+        "bfloat16",
+        None,
+    ),
+    # The 40-token prompt wraps the sliding layers' rotating caches (window 8).
+    "baichuan_m1": ("baichuan_m1", "baichuan_m1", BAICHUAN_M1, "float32", None),
+    "baichuan_m1_q4": ("baichuan_m1", "baichuan_m1", BAICHUAN_M1, "float32", (32, 4)),
+    "baichuan_m1_bf16": (
+        "baichuan_m1",
+        "baichuan_m1",
+        {**BAICHUAN_M1, "sliding_window_layers": [0, 2], "num_swa_attention_heads": 2,
+         "num_swa_key_value_heads": 1},
         "bfloat16",
         None,
     ),

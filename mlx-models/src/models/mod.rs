@@ -57,6 +57,7 @@ macro_rules! serde_defaults {
     )*};
 }
 
+pub mod baichuan_m1;
 mod checkpoint;
 pub mod dense;
 pub mod descriptor;
@@ -371,6 +372,9 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
         Ok(Box::new(falcon_h1::Model::load(c, w)?))
     }),
     ("jamba", |c, w| Ok(Box::new(jamba::Model::load(c, w)?))),
+    ("baichuan_m1", |c, w| {
+        Ok(Box::new(baichuan_m1::Model::load(c, w)?))
+    }),
 ];
 
 /// One supported `model_type` and how it is served.
