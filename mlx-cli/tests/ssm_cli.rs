@@ -144,6 +144,7 @@ const MAMBA2: &[&str] = &["mamba2", "mamba2_q4", "mamba2_bf16"];
 const NEMOTRON_H: &[&str] = &["nemotron_h", "nemotron_h_q4", "nemotron_h_bf16"];
 const JAMBA: &[&str] = &["jamba", "jamba_q4", "jamba_bf16"];
 const BAICHUAN_M1: &[&str] = &["baichuan_m1", "baichuan_m1_q4", "baichuan_m1_bf16"];
+const OLMO_HYBRID: &[&str] = &["olmo_hybrid", "olmo_hybrid_q4", "olmo_hybrid_bf16"];
 const FALCON_H1: &[&str] = &["falcon_h1", "falcon_h1_q4", "falcon_h1_bf16"];
 const GRANITE: &[&str] = &[
     "granitemoehybrid",
@@ -208,4 +209,9 @@ fn jamba_reproduces_mlx_lm_top5_through_the_cli() {
 #[test]
 fn baichuan_m1_reproduces_mlx_lm_top5_through_the_cli() {
     check_cases("ssm_cli_baichuan_m1", BAICHUAN_M1);
+}
+
+#[test]
+fn olmo_hybrid_reproduces_mlx_lm_top5_through_the_cli() {
+    check_cases("ssm_cli_olmo_hybrid", OLMO_HYBRID);
 }

@@ -241,3 +241,13 @@ fn baichuan_m1_matches_mlx_lm_bit_for_bit() {
 fn baichuan_m1_rolls_back_bit_for_bit() {
     rollback_property("baichuan_m1");
 }
+
+#[test]
+fn olmo_hybrid_matches_mlx_lm_bit_for_bit() {
+    check_all(&["olmo_hybrid", "olmo_hybrid_q4", "olmo_hybrid_bf16"]);
+}
+
+#[test]
+fn olmo_hybrid_rolls_back_bit_for_bit() {
+    rollback_property("olmo_hybrid");
+}

@@ -165,6 +165,24 @@ BAICHUAN_M1 = {
     "rms_norm_eps": 1e-6,
 }
 
+OLMO_HYBRID = {
+    **BASE,
+    "intermediate_size": 48,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 512,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 8,
+    "linear_value_head_dim": 8,
+    "linear_conv_kernel_dim": 4,
+    "linear_allow_neg_eigval": True,
+    "tie_word_embeddings": True,
+    "attention_bias": False,
+}
+
 ROWS = {
     # name: (module, model_type, config, dtype, (group_size, bits) or None)
     "mamba": ("mamba", "mamba", MAMBA, "float32", None),
@@ -282,6 +300,23 @@ ROWS = {
         "baichuan_m1",
         {**BAICHUAN_M1, "sliding_window_layers": [0, 2], "num_swa_attention_heads": 2,
          "num_swa_key_value_heads": 1},
+        "bfloat16",
+        None,
+    ),
+    "olmo_hybrid": ("olmo_hybrid", "olmo_hybrid", OLMO_HYBRID, "float32", None),
+    "olmo_hybrid_q4": (
+        "olmo_hybrid",
+        "olmo_hybrid",
+        {**OLMO_HYBRID, "tie_word_embeddings": False, "linear_allow_neg_eigval": False,
+         "layer_types": ["full_attention", "linear_attention", "linear_attention"],
+         "num_hidden_layers": 3, "attention_bias": True},
+        "float32",
+        (32, 4),
+    ),
+    "olmo_hybrid_bf16": (
+        "olmo_hybrid",
+        "olmo_hybrid",
+        {**OLMO_HYBRID, "rope_theta": None, "linear_num_key_heads": 4},
         "bfloat16",
         None,
     ),

@@ -69,6 +69,7 @@ pub mod lfm2;
 pub mod mamba;
 pub mod moe;
 pub mod nemotron_h;
+pub mod olmo_hybrid;
 pub mod qwen3_next;
 pub mod segmented;
 
@@ -374,6 +375,9 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
     ("jamba", |c, w| Ok(Box::new(jamba::Model::load(c, w)?))),
     ("baichuan_m1", |c, w| {
         Ok(Box::new(baichuan_m1::Model::load(c, w)?))
+    }),
+    ("olmo_hybrid", |c, w| {
+        Ok(Box::new(olmo_hybrid::Model::load(c, w)?))
     }),
 ];
 
