@@ -169,6 +169,7 @@ fn every_golden_case_is_run() {
         FALCON_H1,
         JAMBA,
         BAICHUAN_M1,
+        OLMO_HYBRID,
     ]
     .concat();
     cases.sort_unstable();
