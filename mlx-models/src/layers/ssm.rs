@@ -362,7 +362,7 @@ impl Mamba2Mixer {
         &self,
         hs: &Array,
         mask: Option<&Array>,
-        mut cache: Option<&mut ArraysCache>,
+        cache: Option<&mut ArraysCache>,
     ) -> Result<Array> {
         let projected = self.in_proj.forward(hs)?;
         let parts = ops::split_at(
@@ -407,7 +407,7 @@ impl Mamba2Mixer {
         };
         let state0 = cache.as_ref().and_then(|c| c.get(1)).cloned();
         let (y, state) = ssm_attn(&x, &bm, &cm, dt, &params, state0.as_ref(), mask)?;
-        if let Some(c) = cache.as_deref_mut() {
+        if let Some(c) = cache {
             if c.keeps_history() {
                 // The state after each token: the last one is `state`; earlier ones (those the
                 // history keeps) are the same forward over the prefix.

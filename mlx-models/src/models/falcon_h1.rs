@@ -378,11 +378,11 @@ pub struct Model {
     tied_scale: f32,
 }
 
+/// A layer's recurrent cache and KV cache.
+type LayerCaches<'a> = (Option<&'a mut ArraysCache>, Option<&'a mut Box<dyn Cache>>);
+
 /// The two caches of a layer's [`CacheList`].
-fn split_cache(
-    c: Option<&mut Box<dyn Cache>>,
-    i: usize,
-) -> Result<(Option<&mut ArraysCache>, Option<&mut Box<dyn Cache>>)> {
+fn split_cache(c: Option<&mut Box<dyn Cache>>, i: usize) -> Result<LayerCaches<'_>> {
     let Some(c) = c else {
         return Ok((None, None));
     };

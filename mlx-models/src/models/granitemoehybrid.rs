@@ -263,7 +263,7 @@ impl Attention {
 #[derive(Clone)]
 enum Mixer {
     Mamba(Box<Mamba2Mixer>),
-    Attention(Attention),
+    Attention(Box<Attention>),
 }
 
 #[derive(Clone)]
@@ -372,7 +372,7 @@ impl Model {
                     &format!("{p}.mamba"),
                 )?))
             } else {
-                Mixer::Attention(Attention::load(&a, w, &format!("{p}.self_attn"))?)
+                Mixer::Attention(Box::new(Attention::load(&a, w, &format!("{p}.self_attn"))?))
             };
             let ffn = if a.use_moe() {
                 let shared = a.shared_intermediate_size.unwrap_or(0);

@@ -170,7 +170,7 @@ impl MambaMixer {
         })
     }
 
-    fn forward(&self, x: &Array, mut cache: Option<&mut ArraysCache>) -> Result<Array> {
+    fn forward(&self, x: &Array, cache: Option<&mut ArraysCache>) -> Result<Array> {
         let xz = ops::split_equal(&self.in_proj.forward(x)?, 2, -1, None)?;
         let (x, z) = (&xz[0], &xz[1]);
         let t = x.shape()[1];
@@ -203,7 +203,7 @@ impl MambaMixer {
         let full = ops::stack(&refs, 1, None)?;
         let y = ops::matmul(&full, &c.expand_dims(&[-1])?, None)?.squeeze(&[-1])?;
         let y = (&y + &(&self.d * &x)?)?;
-        if let Some(cache) = cache.as_deref_mut() {
+        if let Some(cache) = cache {
             if cache.keeps_history() {
                 let steps = states
                     .iter()

@@ -231,7 +231,7 @@ impl MambaBlock {
         Ok((y, new_state))
     }
 
-    fn forward(&self, x: &Array, mut cache: Option<&mut ArraysCache>) -> Result<Array> {
+    fn forward(&self, x: &Array, cache: Option<&mut ArraysCache>) -> Result<Array> {
         let xz = ops::split_equal(&self.in_proj.forward(x)?, 2, -1, None)?;
         let (x, z) = (&xz[0], &xz[1]);
         let t = x.shape()[1];
@@ -255,7 +255,7 @@ impl MambaBlock {
         }
         let refs: Vec<&Array> = ys.iter().collect();
         let y = ops::stack(&refs, 1, None)?;
-        if let Some(c) = cache.as_deref_mut() {
+        if let Some(c) = cache {
             if keep {
                 let steps = states
                     .into_iter()

@@ -189,7 +189,7 @@ impl GatedDeltaNet {
         &self,
         x: &Array,
         mask: Option<&Array>,
-        mut cache: Option<&mut ArraysCache>,
+        cache: Option<&mut ArraysCache>,
     ) -> Result<Array> {
         let sh = x.shape();
         let (b, s) = (sh[0], sh[1]);
@@ -220,7 +220,7 @@ impl GatedDeltaNet {
         let keep = cache.as_ref().is_some_and(|c| c.keeps_history());
         let (out, state, states) =
             gated_delta_ops(&q, &k, &v, &g, &beta, state.as_ref(), mask, keep)?;
-        if let Some(c) = cache.as_deref_mut() {
+        if let Some(c) = cache {
             let conv_at = |t: i32| -> Result<Vec<Option<Array>>> {
                 self.convs
                     .iter()
@@ -369,7 +369,7 @@ enum Layer {
         post_attention_layernorm: RmsNorm,
     },
     Full {
-        self_attn: Attention,
+        self_attn: Box<Attention>,
         mlp: Mlp,
         post_attention_layernorm: RmsNorm,
         post_feedforward_layernorm: RmsNorm,
@@ -413,7 +413,7 @@ impl Model {
             let norm = |w: &mut Weights, n: &str| RmsNorm::load(w, &format!("{p}.{n}"), d, eps);
             layers.push(if *is_full {
                 Layer::Full {
-                    self_attn: Attention::load(&a, w, &format!("{p}.self_attn"))?,
+                    self_attn: Box::new(Attention::load(&a, w, &format!("{p}.self_attn"))?),
                     mlp,
                     post_attention_layernorm: norm(w, "post_attention_layernorm")?,
                     post_feedforward_layernorm: norm(w, "post_feedforward_layernorm")?,
