@@ -9,6 +9,7 @@ pub mod mla;
 mod mlp;
 mod norm;
 mod rope;
+pub mod ssm;
 mod switch;
 
 pub use activations::{

@@ -57,14 +57,21 @@ macro_rules! serde_defaults {
     )*};
 }
 
+pub mod baichuan_m1;
 mod checkpoint;
 pub mod deepseek;
 pub mod dense;
 pub mod descriptor;
+pub mod falcon_h1;
 pub mod gemma4_text;
+pub mod granitemoehybrid;
+pub mod jamba;
 pub mod lfm2;
 pub mod longcat_flash;
+pub mod mamba;
 pub mod moe;
+pub mod nemotron_h;
+pub mod olmo_hybrid;
 pub mod qwen3_next;
 pub mod segmented;
 
@@ -397,6 +404,25 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
     }),
     ("longcat_flash", |c, w| {
         Ok(Box::new(longcat_flash::Model::load(c, w)?))
+    }),
+    // State-space family (issue #32).
+    ("mamba", |c, w| Ok(Box::new(mamba::Model::load(c, w)?))),
+    ("mamba2", |c, w| Ok(Box::new(mamba::Model::load(c, w)?))),
+    ("nemotron_h", |c, w| {
+        Ok(Box::new(nemotron_h::Model::load(c, w)?))
+    }),
+    ("granitemoehybrid", |c, w| {
+        Ok(Box::new(granitemoehybrid::Model::load(c, w)?))
+    }),
+    ("falcon_h1", |c, w| {
+        Ok(Box::new(falcon_h1::Model::load(c, w)?))
+    }),
+    ("jamba", |c, w| Ok(Box::new(jamba::Model::load(c, w)?))),
+    ("baichuan_m1", |c, w| {
+        Ok(Box::new(baichuan_m1::Model::load(c, w)?))
+    }),
+    ("olmo_hybrid", |c, w| {
+        Ok(Box::new(olmo_hybrid::Model::load(c, w)?))
     }),
 ];
 
