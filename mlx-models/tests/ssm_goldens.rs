@@ -251,3 +251,31 @@ fn olmo_hybrid_matches_mlx_lm_bit_for_bit() {
 fn olmo_hybrid_rolls_back_bit_for_bit() {
     rollback_property("olmo_hybrid");
 }
+
+#[test]
+fn a_config_written_by_python_with_infinity_loads() {
+    // transformers writes Mamba 2's default `time_step_limit` as `[0.0, Infinity]`.
+    let src = root().join("models/ssm/mamba2");
+    let dir = std::env::temp_dir().join(format!("mlx_ssm_inf_{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(src.join("model.safetensors"), dir.join("model.safetensors")).unwrap();
+    let cfg = std::fs::read_to_string(src.join("config.json")).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&cfg).unwrap();
+    v["time_step_limit"] = serde_json::json!("__LIMIT__");
+    let text = serde_json::to_string_pretty(&v)
+        .unwrap()
+        .replace("\"__LIMIT__\"", "[0.0, Infinity]");
+    std::fs::write(dir.join("config.json"), text).unwrap();
+    let (model, _) = load_model_dir(&dir, &LoadOptions::default()).unwrap();
+    let ids = Array::from_slice(&[1i32, 2, 3], &[1, 3]).unwrap();
+    let logits = model.forward(&ids, None).unwrap();
+    let all_finite = logits
+        .astype(Dtype::Float32)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap()
+        .iter()
+        .all(|x| x.is_finite());
+    assert!(all_finite);
+    let _ = std::fs::remove_dir_all(&dir);
+}

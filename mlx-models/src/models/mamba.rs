@@ -64,6 +64,7 @@ struct Mamba2Args {
     use_bias: bool,
     use_conv_bias: bool,
     tie_word_embeddings: bool,
+    #[serde(deserialize_with = "crate::config::py_float_pair")]
     time_step_limit: (f64, f64),
     #[allow(dead_code)]
     time_step_rank: Value,
