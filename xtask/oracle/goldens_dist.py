@@ -33,6 +33,7 @@ MODELS = [
     ("../../../mlx-models/tests/models/mla/deepseek_v2", "dist_deepseek_v2_tp2"),
     ("../../../mlx-models/tests/models/mla/glm4_moe_lite", "dist_glm4_moe_lite_tp2"),
     ("../../../mlx-models/tests/models/mla/mistral4", "dist_mistral4_tp2"),
+    ("../../../mlx-models/tests/models/qwen3_moe", "dist_qwen3_moe_tp2"),
 ]
 PROMPT = [1, 5, 9, 17, 33, 65, 7, 3]
 STEPS = 8
