@@ -264,6 +264,62 @@ impl MlaAttention {
         })
     }
 
+    /// Tensor parallelism as deepseek_v3's / deepseek_v2's `shard()` on `self_attn`: q_proj or
+    /// q_b_proj (and v2's kv_b_proj) all-to-sharded, o_proj sharded-to-all, the heads divided
+    /// by `n`, and rank `r`'s heads of `embed_q` / `unembed_out`.
+    pub fn shard_tensor_parallel(&mut self, n: i32, r: i32, path: &str) -> Result<()> {
+        use crate::shard::{all_to_sharded, sharded_to_all, take_heads};
+        let p = |m: &str| format!("{path}.{m}");
+        if n <= 0 || self.num_heads % n != 0 {
+            return Err(ModelError::Other(format!(
+                "{path}: {} heads do not split over {n} ranks",
+                self.num_heads
+            )));
+        }
+        match &mut self.q {
+            QProj::Direct(q) => all_to_sharded(q, n, r, &p("q_proj"))?,
+            QProj::Lora { q_b_proj, .. } => all_to_sharded(q_b_proj, n, r, &p("q_b_proj"))?,
+        }
+        let heads = self.num_heads / n;
+        match &mut self.kv_out {
+            KvOut::Expanded { kv_b_proj } => all_to_sharded(kv_b_proj, n, r, &p("kv_b_proj"))?,
+            KvOut::Absorbed {
+                embed_q,
+                unembed_out,
+            } => {
+                for (m, name) in [(embed_q, "embed_q"), (unembed_out, "unembed_out")] {
+                    let what = p(name);
+                    *m = match &*m {
+                        MultiLinear::Dense(wt) => {
+                            MultiLinear::Dense(take_heads(wt, heads, r, &what)?)
+                        }
+                        MultiLinear::Quantized {
+                            weight,
+                            scales,
+                            biases,
+                            group_size,
+                            bits,
+                            mode,
+                        } => MultiLinear::Quantized {
+                            weight: take_heads(weight, heads, r, &what)?,
+                            scales: take_heads(scales, heads, r, &what)?,
+                            biases: biases
+                                .as_ref()
+                                .map(|b| take_heads(b, heads, r, &what))
+                                .transpose()?,
+                            group_size: *group_size,
+                            bits: *bits,
+                            mode: *mode,
+                        },
+                    };
+                }
+            }
+        }
+        sharded_to_all(&mut self.o_proj, n, r, &p("o_proj"))?;
+        self.num_heads = heads;
+        Ok(())
+    }
+
     /// `q` as `(B, heads, L, q_head_dim)`.
     fn queries(&self, x: &Array, b: i32, l: i32) -> Result<Array> {
         let q = match &self.q {

@@ -1040,6 +1040,8 @@ struct DeepseekMoe {
     e_score_correction_bias: Option<Array>,
     switch_mlp: SwitchGlu,
     shared_experts: Option<Mlp>,
+    /// mlx-lm's `sharding_group` (set by `shard()`): the output summed over the global group.
+    sharded: bool,
 }
 
 impl DeepseekMoe {
@@ -1109,6 +1111,7 @@ impl DeepseekMoe {
             e_score_correction_bias,
             switch_mlp,
             shared_experts,
+            sharded: false,
         })
     }
 
@@ -1168,7 +1171,40 @@ impl DeepseekMoe {
         if let Some(shared) = &self.shared_experts {
             out = (&out + &shared.forward(x)?)?;
         }
+        if self.sharded {
+            out = mlx_core::distributed::all_sum(&out, None, None)?;
+        }
         Ok(out)
+    }
+
+    /// `shard()`'s MoE branch: the shared and routed experts sharded in place (gate, up
+    /// all-to-sharded; down sharded-to-all), the sum over ranks done by the block.
+    fn shard_tensor_parallel(&mut self, n: i32, r: i32, path: &str) -> Result<()> {
+        use crate::shard::{all_to_sharded, sharded_to_all_inplace, switch_inplace};
+        if let Some(shared) = &mut self.shared_experts {
+            let names = MlpNames::LLAMA;
+            let linears = shared.linears_mut(&names);
+            if linears.len() != 3 {
+                return Err(ModelError::Other(format!(
+                    "{path}.shared_experts: a fused gate/up projection cannot be sharded"
+                )));
+            }
+            for (name, lin) in linears {
+                let what = format!("{path}.shared_experts.{name}");
+                if name == names.down {
+                    sharded_to_all_inplace(lin, n, r, &what)?;
+                } else {
+                    all_to_sharded(lin, n, r, &what)?;
+                }
+            }
+        }
+        let e = &mut self.switch_mlp;
+        let what = |m: &str| format!("{path}.switch_mlp.{m}");
+        switch_inplace(&mut e.gate_proj, true, n, r, &what("gate_proj"))?;
+        switch_inplace(&mut e.down_proj, false, n, r, &what("down_proj"))?;
+        switch_inplace(&mut e.up_proj, true, n, r, &what("up_proj"))?;
+        self.sharded = true;
+        Ok(())
     }
 }
 
@@ -1666,7 +1702,80 @@ pub(crate) fn split_kv_b_proj_dims(
     Ok(())
 }
 
+/// The rows whose mlx-lm class has deepseek_v3's / deepseek_v2's `shard()`.
+const SHARDED: [&str; 6] = [
+    "deepseek_v3",
+    "kimi_k25",
+    "deepseek_v32",
+    "deepseek_v2",
+    "glm4_moe_lite",
+    "mistral4",
+];
+
+impl Model {
+    /// Tensor parallelism over `size` ranks as mlx-lm's `shard()` of these rows: each MLA
+    /// block's heads split ([`MlaAttention::shard_tensor_parallel`]), the dense MLPs as
+    /// llama's (gate, up all-to-sharded; down sharded-to-all), the MoE blocks' shared and
+    /// routed experts sharded in place and their output summed over the global group.
+    pub fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
+        use crate::shard::{all_to_sharded, sharded_to_all};
+        let t = self.spec.model_type.as_str();
+        if !SHARDED.contains(&t) {
+            return Err(ModelError::Other(format!(
+                "tensor parallelism: model_type `{t}` is not supported yet ({})",
+                SHARDED.join(", ")
+            )));
+        }
+        if size < 1 || rank < 0 || rank >= size {
+            return Err(ModelError::Other(format!(
+                "tensor parallelism: rank {rank} of {size}"
+            )));
+        }
+        let pre = self.spec.prefix;
+        for (i, l) in self.layers.iter_mut().enumerate() {
+            let path = format!("{pre}model.layers.{i}");
+            let attn = format!("{path}.self_attn");
+            match &mut l.self_attn {
+                SelfAttn::Mla(a) | SelfAttn::Mistral4(a) | SelfAttn::MlaExpanded(a) => {
+                    a.shard_tensor_parallel(size, rank, &attn)?
+                }
+                SelfAttn::Sparse(ai) => ai.0.shard_tensor_parallel(size, rank, &attn)?,
+                SelfAttn::Standard(_) => {
+                    return Err(ModelError::Other(format!(
+                        "{attn}: a standard attention cannot be sharded here"
+                    )))
+                }
+            }
+            match &mut l.mlp {
+                Ffn::Dense(m) => {
+                    let names = MlpNames::LLAMA;
+                    let linears = m.linears_mut(&names);
+                    if linears.len() != 3 {
+                        return Err(ModelError::Other(format!(
+                            "{path}.mlp: a fused gate/up projection cannot be sharded"
+                        )));
+                    }
+                    for (name, lin) in linears {
+                        let what = format!("{path}.mlp.{name}");
+                        if name == names.down {
+                            sharded_to_all(lin, size, rank, &what)?;
+                        } else {
+                            all_to_sharded(lin, size, rank, &what)?;
+                        }
+                    }
+                }
+                Ffn::Moe(m) => m.shard_tensor_parallel(size, rank, &format!("{path}.mlp"))?,
+            }
+        }
+        Ok(())
+    }
+}
+
 impl LanguageModel for Model {
+    fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
+        Model::shard_tensor_parallel(self, size, rank)
+    }
+
     fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
         let out = self.hidden_states(inputs, caches)?;
         match self.spec.head_div {
