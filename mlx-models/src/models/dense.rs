@@ -131,6 +131,7 @@ pub struct Attention {
     manual: bool,
     /// [`Descriptor::contiguous_heads`].
     contiguous: bool,
+    kv_tile: Option<i32>,
     qkv: Qkv,
     /// The head-wise output gate (`hidden -> heads`), with its module name.
     gate: Option<(&'static str, Linear)>,
@@ -323,6 +324,7 @@ impl Attention {
             slice_concat: d.rope_slice_concat,
             manual: d.manual_attention,
             contiguous: d.contiguous_heads,
+            kv_tile: d.kv_tile,
             qkv,
             gate,
             o_proj,
@@ -486,6 +488,23 @@ impl Attention {
     /// Attention of `queries` over what the cache returned, `(B, heads, L, head_dim)`.
     fn attend(&self, queries: &Array, kv: &Kv, ctx: &Ctx) -> Result<Array> {
         let mask = ctx.mask;
+        let tiled;
+        let kv = match (self.kv_tile, kv) {
+            (Some(n), Kv::Dense { keys, values }) => {
+                let reps = [1, n, 1, 1];
+                tiled = Kv::Dense {
+                    keys: ops::tile(keys, &reps, None)?,
+                    values: ops::tile(values, &reps, None)?,
+                };
+                &tiled
+            }
+            (Some(_), Kv::Quantized { .. }) => {
+                return Err(ModelError::Other(
+                    "tiled KV heads (plamo) cannot read a quantized KV cache".into(),
+                ))
+            }
+            (None, kv) => kv,
+        };
         let mut queries = queries.clone();
         if let Some(s) = ctx.query_scale {
             queries = (&queries * s)?;
@@ -665,6 +684,20 @@ fn norm_opt(n: &Option<Norm>, x: &Array) -> Result<Array> {
 
 impl TransformerBlock {
     fn load(d: &Descriptor, w: &mut Weights, i: usize) -> Result<TransformerBlock> {
+        // This layer's own head counts and MLP width where they vary (OpenELM).
+        let own;
+        let d = match d.layer_shapes.get(i) {
+            Some(&(n_heads, n_kv_heads, intermediate_size)) => {
+                own = Descriptor {
+                    n_heads,
+                    n_kv_heads,
+                    intermediate_size,
+                    ..d.clone()
+                };
+                &own
+            }
+            None => d,
+        };
         let n = &d.names;
         let p = format!("{}.{i}", n.layers);
         let sliding = d.sliding.get(i).copied().unwrap_or(false);
@@ -1265,11 +1298,11 @@ impl Model {
         caches: &[Box<dyn Cache>],
         n: usize,
     ) -> Result<(AttentionMask, Option<AttentionMask>)> {
-        if caches.len() != self.layers.len() {
+        if caches.len() != self.layers.len() * self.desc.loops.max(1) {
             return Err(ModelError::Other(format!(
                 "{} caches for {} layers",
                 caches.len(),
-                self.layers.len()
+                self.layers.len() * self.desc.loops.max(1)
             )));
         }
         let as_array = self.desc.mask_as_array;
@@ -1286,6 +1319,7 @@ impl Model {
     /// input, which the segments do not carry), ropes that take an array offset.
     fn segmentable(&self) -> bool {
         self.positions.is_none()
+            && self.desc.loops <= 1
             && self.desc.query_scale.is_none()
             && self.layers.iter().all(|l| {
                 l.sequential()
@@ -1328,7 +1362,13 @@ impl Model {
         match caches {
             Some(caches) => {
                 let (fa_mask, swa_mask) = self.cache_masks(caches, n)?;
-                for (i, (layer, cache)) in self.layers.iter().zip(caches.iter_mut()).enumerate() {
+                let nl = self.layers.len();
+                for (j, cache) in caches.iter_mut().enumerate() {
+                    let i = j % nl;
+                    let layer = &self.layers[i];
+                    if j > 0 && i == 0 && self.desc.loop_norm {
+                        h = self.norm.forward(&h)?;
+                    }
                     let mask = layer.pick_mask(&fa_mask, &swa_mask);
                     let ctx = Ctx {
                         mask,
@@ -1352,7 +1392,13 @@ impl Model {
             None => {
                 let fa_mask = no_cache_mask(n, None, as_array)?;
                 let swa_mask = no_cache_mask(n, window, as_array)?;
-                for (i, layer) in self.layers.iter().enumerate() {
+                let nl = self.layers.len();
+                for j in 0..nl * self.desc.loops.max(1) {
+                    let i = j % nl;
+                    let layer = &self.layers[i];
+                    if j > 0 && i == 0 && self.desc.loop_norm {
+                        h = self.norm.forward(&h)?;
+                    }
                     let mask = if layer.sliding { &swa_mask } else { &fa_mask };
                     let ctx = Ctx {
                         mask,
@@ -1452,8 +1498,9 @@ impl LanguageModel for Model {
     }
 
     fn make_cache(&self) -> Vec<Box<dyn Cache>> {
-        self.layers
-            .iter()
+        // One cache per layer and pass of the stack (Nanbeige's loops).
+        std::iter::repeat_n(&self.layers, self.desc.loops.max(1))
+            .flatten()
             .map(|l| -> Box<dyn Cache> {
                 // Without a `make_cache` of its own, mlx-lm's `make_prompt_cache` gives every
                 // layer a plain KVCache.

@@ -229,6 +229,18 @@ pub struct Descriptor {
     /// `mx.contiguous` on q, k and v after their transposes and on the attention output after
     /// its transpose (Spark 2.5): the same values, the nodes mlx-lm builds.
     pub contiguous_heads: bool,
+    /// Keys and values tiled this many times along the heads after the cache
+    /// (`mx.tile(keys, [1, n, 1, 1])`: PLaMo's shared heads, head `h` reads KV head
+    /// `h % n_kv_heads`), so the attention runs with as many KV heads as queries.
+    pub kv_tile: Option<i32>,
+    /// Per layer `(heads, kv_heads, intermediate_size)` where they differ between layers
+    /// (OpenELM); empty: every layer has the fields above.
+    pub layer_shapes: Vec<(i32, i32, i32)>,
+    /// The layer stack applied this many times with shared weights, each pass with its own
+    /// caches (Nanbeige's `num_loops`); 1 for every other row.
+    pub loops: usize,
+    /// With `loops > 1`: the final norm also ends every pass (else only the last).
+    pub loop_norm: bool,
     /// Ministral 3's per-position query scale `(llama_4_scaling_beta,
     /// original_max_position_embeddings)`.
     pub query_scale: Option<(f64, i64)>,
@@ -479,7 +491,19 @@ pub const ROWS: &[(&str, RowFn)] = &[
     ("gemma3", gemma3),
     ("mistral3", mistral3),
     ("olmo", olmo),
+    // Issue #32's rows (`descriptor_dense2.rs`).
+    ("qwen", dense2::qwen),
+    ("lille-130m", dense2::lille_130m),
+    ("qwen2_vl", dense2::qwen2_vl),
+    ("qwen3_vl", dense2::qwen3_vl),
+    ("pixtral", dense2::pixtral),
+    ("plamo", dense2::plamo),
+    ("openelm", dense2::openelm),
+    ("nanbeige", dense2::nanbeige),
 ];
+
+#[path = "descriptor_dense2.rs"]
+mod dense2;
 
 /// `models/olmo.py` (OLMo 1): non-affine LayerNorms, fused `att_proj`, fused `ff_proj` holding
 /// `[up | gate]`, its own attention. mlx-lm 0.32.2 can only run it one token at a time (it
@@ -701,6 +725,10 @@ fn base(model_type: &str, k: &Common, head_dim: i32, eps: f64) -> Descriptor {
         attn_logit_softcap: None,
         head_gate: None,
         contiguous_heads: false,
+        kv_tile: None,
+        layer_shapes: Vec::new(),
+        loops: 1,
+        loop_norm: false,
         query_scale: None,
         embed_scale: EmbedScale::None,
         residual_multiplier: None,

@@ -65,6 +65,8 @@ pub mod lfm2;
 pub mod moe;
 pub mod qwen3_next;
 pub mod segmented;
+pub mod unserved;
+mod wrappers;
 
 use mlx_cache::Cache;
 use mlx_core::prelude::*;
@@ -353,6 +355,9 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
     ("gemma4_text", |c, w| {
         Ok(Box::new(gemma4_text::Model::load(c, w)?))
     }),
+    // Issue #32: multimodal wrappers around a port's text model (`wrappers.rs`).
+    ("lfm2-vl", wrappers::lfm2_vl),
+    ("qwen3_vl_moe", wrappers::qwen3_vl_moe),
 ];
 
 /// One supported `model_type` and how it is served.
