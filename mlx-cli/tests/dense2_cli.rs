@@ -118,3 +118,33 @@ fn every_dense2_fixture_reproduces_mlx_lm_top5_through_the_cli() {
     let failures = failures.into_inner().unwrap();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// `mlx models` lists mlx-lm's types that are not served, each with why: the ones mlx-lm
+/// itself cannot run on MLX's CPU backend apart from the rest.
+#[test]
+fn models_lists_unserved_types_with_the_reason() {
+    let out = Command::new(env!("CARGO_BIN_EXE_mlx"))
+        .args(["models", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let rows: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = rows.as_array().unwrap();
+    let row = |t: &str| rows.iter().find(|r| r["model_type"] == t).cloned();
+    let muse = row("muse_spark").expect("muse_spark listed");
+    assert_eq!(muse["serving"], "none");
+    assert_eq!(muse["unserved"], "no-cpu");
+    assert!(muse["reason"].as_str().unwrap().contains("Metal"), "{muse}");
+    assert_eq!(row("plamo3").unwrap()["serving"], "table");
+    assert_eq!(row("lfm2-vl").unwrap()["serving"], "dedicated");
+    let text = Command::new(env!("CARGO_BIN_EXE_mlx"))
+        .arg("models")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("muse_spark") && l.contains("cannot run on MLX's CPU backend")),
+        "{text}"
+    );
+}

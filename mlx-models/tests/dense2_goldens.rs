@@ -64,6 +64,7 @@ fn the_new_types_are_listed_as_table_rows() {
         "plamo",
         "openelm",
         "nanbeige",
+        "plamo3",
     ] {
         let s = all.iter().find(|s| s.model_type == t);
         assert_eq!(s.map(|s| s.serving), Some(Serving::Table), "{t}");

@@ -169,6 +169,20 @@ CASES = {
         None,
     ),
     "nanbeige_q4": ("nanbeige", {"max_position_embeddings": 512, "rope_theta": 500000.0}, "float32", (32, 4)),
+    "plamo3": (
+        "plamo3",
+        {"num_hidden_layers": 3, "head_dim": 8, "window_size": 4, "sliding_window_pattern": 2,
+         "max_position_embeddings": 512, "tie_word_embeddings": False},
+        "float32",
+        None,
+    ),
+    "plamo3_bf16": (
+        "plamo3",
+        {"head_dim": 16, "sliding_window": 3, "sliding_window_pattern": 2, "rope_local_theta": 500.0},
+        "bfloat16",
+        None,
+    ),
+    "plamo3_q4": ("plamo3", {"head_dim": 8, "window_size": 6, "sliding_window_pattern": 1}, "float32", (32, 4)),
 }
 
 # Cases whose config is only the overrides (no BASE keys at the top level).

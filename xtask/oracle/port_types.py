@@ -43,7 +43,7 @@ if stale:
 n_served = sum(t in served for t in types)
 no_cpu = [t for t in types if unserved.get(t, {}).get("unserved") == "no-cpu"]
 print(f"mlx-lm {mlx_lm.__version__}: {len(types)} model types in models/")
-print(f"  served: {n_served} (plus {len(served) - n_served} aliases and wrappers of ours)")
+print(f"  served: {n_served} (plus {len(served) - n_served} aliases)")
 print(f"  not served: {len(types) - n_served - len(unhandled)}, of which cannot run on the CPU "
       f"backend: {', '.join(no_cpu) or 'none'}")
 for p in problems:

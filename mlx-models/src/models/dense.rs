@@ -712,12 +712,24 @@ impl TransformerBlock {
         };
         let (pre_attn, post_attn, pre_mlp, post_mlp) = match d.placement {
             Placement::Pre => (norm(n.pre_attn_norm)?, None, norm(n.pre_mlp_norm)?, None),
-            Placement::Sandwich => (
-                norm(n.pre_attn_norm)?,
-                norm(n.post_attn_norm)?,
-                norm(n.pre_mlp_norm)?,
-                norm(n.post_mlp_norm)?,
-            ),
+            Placement::Sandwich => match d.post_norm_offsets {
+                Some((attn, mlp)) => {
+                    let (pre_attn, pre_mlp) = (norm(n.pre_attn_norm)?, norm(n.pre_mlp_norm)?);
+                    let mut plus = |name: &str, offset: f32| -> Result<Option<Norm>> {
+                        let path = format!("{p}.{name}");
+                        let (h, eps) = (d.hidden_size, d.norm_eps);
+                        Ok(Some(Norm::load_rms_plus(w, &path, h, eps, offset)?))
+                    };
+                    let post_attn = plus(n.post_attn_norm, attn)?;
+                    (pre_attn, post_attn, pre_mlp, plus(n.post_mlp_norm, mlp)?)
+                }
+                None => (
+                    norm(n.pre_attn_norm)?,
+                    norm(n.post_attn_norm)?,
+                    norm(n.pre_mlp_norm)?,
+                    norm(n.post_mlp_norm)?,
+                ),
+            },
             Placement::PostOnly => (None, norm(n.post_attn_norm)?, None, norm(n.post_mlp_norm)?),
             Placement::Parallel | Placement::ParallelResidualFirst => {
                 (norm(n.pre_attn_norm)?, None, None, None)
@@ -1308,10 +1320,15 @@ impl Model {
         let as_array = self.desc.mask_as_array;
         let fa_mask = caches[self.fa_idx].make_mask(n, None, as_array)?;
         let swa_mask = match self.swa_idx {
-            Some(i) => Some(caches[i].make_mask(n, self.desc.sliding_window, as_array)?),
+            Some(i) => Some(caches[i].make_mask(n, self.mask_window(), as_array)?),
             None => None,
         };
         Ok((fa_mask, swa_mask))
+    }
+
+    /// The sliding layers' mask window.
+    fn mask_window(&self) -> Option<usize> {
+        self.desc.sliding_mask_window.or(self.desc.sliding_window)
     }
 
     /// Whether [`SegmentedDecode`] can run this model: sequential blocks, no learned
@@ -1357,7 +1374,7 @@ impl Model {
             None => None,
         };
         let query_scale = qs.as_ref();
-        let window = self.desc.sliding_window;
+        let window = self.mask_window();
         let as_array = self.desc.mask_as_array;
         match caches {
             Some(caches) => {

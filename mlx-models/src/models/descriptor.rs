@@ -241,6 +241,12 @@ pub struct Descriptor {
     pub loops: usize,
     /// With `loops > 1`: the final norm also ends every pass (else only the last).
     pub loop_norm: bool,
+    /// Sandwich rows: the two post norms as `rms_norm(x, weight + offset)` with these offsets
+    /// (PLaMo 3's `1 / 5` and `1 / 5 ** 1.5`), the pre norms as `norm`.
+    pub post_norm_offsets: Option<(f32, f32)>,
+    /// The sliding layers' mask window where it differs from the rotating cache's
+    /// `sliding_window` (PLaMo 3 masks `window + 1`).
+    pub sliding_mask_window: Option<usize>,
     /// Ministral 3's per-position query scale `(llama_4_scaling_beta,
     /// original_max_position_embeddings)`.
     pub query_scale: Option<(f64, i64)>,
@@ -500,6 +506,7 @@ pub const ROWS: &[(&str, RowFn)] = &[
     ("plamo", dense2::plamo),
     ("openelm", dense2::openelm),
     ("nanbeige", dense2::nanbeige),
+    ("plamo3", dense2::plamo3),
 ];
 
 #[path = "descriptor_dense2.rs"]
@@ -729,6 +736,8 @@ fn base(model_type: &str, k: &Common, head_dim: i32, eps: f64) -> Descriptor {
         layer_shapes: Vec::new(),
         loops: 1,
         loop_norm: false,
+        post_norm_offsets: None,
+        sliding_mask_window: None,
         query_scale: None,
         embed_scale: EmbedScale::None,
         residual_multiplier: None,

@@ -357,3 +357,70 @@ pub(super) fn nanbeige(c: &Cfg) -> Result<Descriptor> {
     d.drop_layer_tensors = vec![INV_FREQ];
     Ok(d)
 }
+
+/// `models/plamo3.py`: sandwich norms with offsets (`weight + 1` before, `+ 1/5` and
+/// `+ 1/5 ** 1.5` after the mixer and the MLP), per-head q/k norms (`+ 1`) after the heads'
+/// transpose, sliding layers (every `sliding_window_pattern`-th layer is full) with their own
+/// rope base and a mask one wider than their rotating cache, a fused `[gate | up]` MLP.
+pub(super) fn plamo3(c: &Cfg) -> Result<Descriptor> {
+    let k = Common {
+        hidden: c.i32_or("hidden_size", 4096)?,
+        layers: c.i32_or("num_hidden_layers", 32)?,
+        inter: c.i32_or("intermediate_size", 13312)?,
+        heads: c.i32_or("num_attention_heads", 32)?,
+        kv_heads: c.i32_or("num_key_value_heads", 4)?,
+        vocab: c.i32_or("vocab_size", 32000)?,
+    };
+    let hd = c.i32_or("head_dim", 128)?;
+    let mut d = base("plamo3", &k, hd, c.f64_or("rms_norm_eps", 1e-6)?);
+    d.norm = NormKind::RmsOffset;
+    d.placement = Placement::Sandwich;
+    d.post_norm_offsets = Some(((1.0f64 / 5.0) as f32, (1.0 / 5f64.powf(1.5)) as f32));
+    d.qk_norm = QkNorm::PerHeadTransposed;
+    let window = match c.opt_i64("sliding_window")? {
+        Some(w) => w,
+        None => c.opt_i64("window_size")?.unwrap_or(2048),
+    };
+    if window <= 0 {
+        return Err(c.err("window_size", &format!("must be positive, got {window}")));
+    }
+    let pattern = c.i32_or("sliding_window_pattern", 8)?;
+    if pattern <= 0 {
+        return Err(c.err("sliding_window_pattern", "must be positive"));
+    }
+    d.sliding = (0..k.layers.max(0))
+        .map(|i| (i + 1) % pattern != 0)
+        .collect();
+    d.sliding_window = Some(window as usize);
+    d.sliding_mask_window = Some(window as usize + 1);
+    let rope_at = |theta: f64| RopeSpec {
+        dims: hd,
+        theta,
+        traditional: false,
+        scaling: None,
+        max_position_embeddings: None,
+        table: RopeTable::Initialize,
+    };
+    d.rope = Some(rope_at(c.f64_or("rope_theta", 1_000_000.0)?));
+    d.local_rope = Some(rope_at(c.f64_or("rope_local_theta", 10_000.0)?));
+    d.head = tie(c.bool_or("tie_word_embeddings", true)?);
+    d.defines_make_cache = true;
+    d.names = Names {
+        layers: "model.layers.layers",
+        attn: "mixer",
+        qkv: Some("qkv_proj"),
+        mlp_names: MlpNames {
+            gate: "",
+            up: "",
+            down: "down_proj",
+            gate_up: Some("gate_up_proj"),
+            up_first: false,
+        },
+        pre_attn_norm: "pre_mixer_norm",
+        post_attn_norm: "post_mixer_norm",
+        pre_mlp_norm: "pre_mlp_norm",
+        post_mlp_norm: "post_mlp_norm",
+        ..Names::LLAMA
+    };
+    Ok(d)
+}

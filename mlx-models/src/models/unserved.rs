@@ -295,7 +295,6 @@ pub const UNSERVED: &[(&str, Unserved, &str)] = &[
         Unserved::NotYet,
         "state-space hybrid (issue #32): not ported yet",
     ),
-    ("plamo3", Unserved::NotYet, "not ported yet"),
     (
         "prism_hadamard_qwen35",
         Unserved::NotYet,
