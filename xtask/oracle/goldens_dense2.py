@@ -183,10 +183,58 @@ CASES = {
         None,
     ),
     "plamo3_q4": ("plamo3", {"head_dim": 8, "window_size": 6, "sliding_window_pattern": 1}, "float32", (32, 4)),
+    "talkie": (
+        "talkie",
+        {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 8,
+         "intermediate_size": 64, "vocab_size": 96, "rope_theta": 10000.0},
+        "float32",
+        None,
+    ),
+    "talkie_bf16": (
+        "talkie",
+        {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "head_dim": 16,
+         "intermediate_size": 48, "vocab_size": 96, "max_position_embeddings": 64},
+        "bfloat16",
+        None,
+    ),
+    "talkie_q4": (
+        "talkie",
+        {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 8,
+         "intermediate_size": 64, "vocab_size": 96},
+        "float32",
+        (32, 4),
+    ),
+    "muse_glimmer": (
+        "muse_glimmer",
+        {"hidden_size": 32, "num_hidden_layers": 4, "intermediate_size": 64, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 96, "sliding_window": 4,
+         "rope_theta": 10000.0, "final_logit_softcapping": 5.0},
+        "float32",
+        None,
+    ),
+    "muse_glimmer_bf16": (
+        "muse_glimmer",
+        {"text_config": {"hidden_size": 32, "num_hidden_layers": 3, "intermediate_size": 48,
+                         "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
+                         "vocab_size": 96, "sliding_window": 3,
+                         "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+                         "layer_rope_theta": [10000.0, 1000.0, 0],
+                         "rope_parameters": {"rope_theta": 20000.0}, "tie_word_embeddings": True}},
+        "bfloat16",
+        None,
+    ),
+    "muse_glimmer_q4": (
+        "muse_glimmer",
+        {"hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 64, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 96, "sliding_window": 6,
+         "layer_types": ["full_attention", "sliding_attention"]},
+        "float32",
+        (32, 4),
+    ),
 }
 
 # Cases whose config is only the overrides (no BASE keys at the top level).
-NO_BASE = {"lfm2_vl", "qwen3_vl_moe", "qwen3_vl_moe_q4", "openelm", "openelm_q4", "lille_130m", "lille_130m_bf16", "qwen3_vl", "qwen3_vl_q4", "pixtral", "pixtral_q4",
+NO_BASE = {"muse_glimmer", "muse_glimmer_bf16", "muse_glimmer_q4", "talkie", "talkie_bf16", "talkie_q4", "lfm2_vl", "qwen3_vl_moe", "qwen3_vl_moe_q4", "openelm", "openelm_q4", "lille_130m", "lille_130m_bf16", "qwen3_vl", "qwen3_vl_q4", "pixtral", "pixtral_q4",
            "qwen2_vl_q4"}
 
 PROMPT = [1, 17, 90, 5, 42, 42, 7, 88, 3, 64]

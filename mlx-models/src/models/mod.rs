@@ -63,8 +63,10 @@ pub mod descriptor;
 pub mod gemma4_text;
 pub mod lfm2;
 pub mod moe;
+pub mod muse_glimmer;
 pub mod qwen3_next;
 pub mod segmented;
+pub mod talkie;
 pub mod unserved;
 mod wrappers;
 
@@ -358,6 +360,10 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
     // Issue #32: multimodal wrappers around a port's text model (`wrappers.rs`).
     ("lfm2-vl", wrappers::lfm2_vl),
     ("qwen3_vl_moe", wrappers::qwen3_vl_moe),
+    ("talkie", |c, w| Ok(Box::new(talkie::Model::load(c, w)?))),
+    ("muse_glimmer", |c, w| {
+        Ok(Box::new(muse_glimmer::Model::load(c, w)?))
+    }),
 ];
 
 /// One supported `model_type` and how it is served.

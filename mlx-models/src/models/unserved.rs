@@ -256,11 +256,6 @@ pub const UNSERVED: &[(&str, Unserved, &str)] = &[
          norm_add_norm) unconditionally",
     ),
     (
-        "muse_glimmer",
-        Unserved::NotYet,
-        "soft-capped gated attention: not ported yet",
-    ),
-    (
         "nemotron-nas",
         Unserved::NotYet,
         "per-layer block configurations: not ported yet",
@@ -314,11 +309,6 @@ pub const UNSERVED: &[(&str, Unserved, &str)] = &[
         "step3p5",
         Unserved::NotYet,
         "MoE (issue #32, MoE family): not ported yet",
-    ),
-    (
-        "talkie",
-        Unserved::NotYet,
-        "gains, embedding skips, weightless norms: not ported yet",
     ),
     (
         "youtu_llm",
