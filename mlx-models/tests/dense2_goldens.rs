@@ -69,7 +69,13 @@ fn the_new_types_are_listed_as_table_rows() {
         let s = all.iter().find(|s| s.model_type == t);
         assert_eq!(s.map(|s| s.serving), Some(Serving::Table), "{t}");
     }
-    for t in ["lfm2-vl", "qwen3_vl_moe", "talkie", "muse_glimmer"] {
+    for t in [
+        "lfm2-vl",
+        "qwen3_vl_moe",
+        "gemma4",
+        "talkie",
+        "muse_glimmer",
+    ] {
         let s = all.iter().find(|s| s.model_type == t);
         assert_eq!(s.map(|s| s.serving), Some(Serving::Dedicated), "{t}");
     }

@@ -231,10 +231,45 @@ CASES = {
         "float32",
         (32, 4),
     ),
+    "gemma4": (
+        "gemma4",
+        {"vocab_size": 96,
+         "text_config": {"hidden_size": 32, "num_hidden_layers": 4, "intermediate_size": 32,
+                         "num_attention_heads": 2, "head_dim": 8, "global_head_dim": 16,
+                         "num_kv_shared_layers": 2, "hidden_size_per_layer_input": 8,
+                         "vocab_size_per_layer_input": 128, "sliding_window": 8,
+                         "sliding_window_pattern": 2, "max_position_embeddings": 512}},
+        "float32",
+        None,
+    ),
+    "gemma4_bf16": (
+        "gemma4",
+        {"vocab_size": 96,
+         "text_config": {"hidden_size": 32, "num_hidden_layers": 4, "intermediate_size": 32,
+                         "num_attention_heads": 2, "head_dim": 8, "global_head_dim": 16,
+                         "num_key_value_heads": 1, "num_kv_shared_layers": 1,
+                         "hidden_size_per_layer_input": 0, "sliding_window": 8,
+                         "sliding_window_pattern": 2, "max_position_embeddings": 512}},
+        "bfloat16",
+        None,
+    ),
+    "gemma4_moe": (
+        "gemma4",
+        {"vocab_size": 96,
+         "text_config": {"hidden_size": 32, "num_hidden_layers": 4, "intermediate_size": 32,
+                         "num_attention_heads": 2, "head_dim": 8, "global_head_dim": 16,
+                         "num_key_value_heads": 1, "num_kv_shared_layers": 2,
+                         "hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": 128,
+                         "sliding_window": 4, "sliding_window_pattern": 2,
+                         "max_position_embeddings": 512, "enable_moe_block": True,
+                         "num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 16}},
+        "float32",
+        None,
+    ),
 }
 
 # Cases whose config is only the overrides (no BASE keys at the top level).
-NO_BASE = {"muse_glimmer", "muse_glimmer_bf16", "muse_glimmer_q4", "talkie", "talkie_bf16", "talkie_q4", "lfm2_vl", "qwen3_vl_moe", "qwen3_vl_moe_q4", "openelm", "openelm_q4", "lille_130m", "lille_130m_bf16", "qwen3_vl", "qwen3_vl_q4", "pixtral", "pixtral_q4",
+NO_BASE = {"gemma4", "gemma4_bf16", "gemma4_moe", "muse_glimmer", "muse_glimmer_bf16", "muse_glimmer_q4", "talkie", "talkie_bf16", "talkie_q4", "lfm2_vl", "qwen3_vl_moe", "qwen3_vl_moe_q4", "openelm", "openelm_q4", "lille_130m", "lille_130m_bf16", "qwen3_vl", "qwen3_vl_q4", "pixtral", "pixtral_q4",
            "qwen2_vl_q4"}
 
 PROMPT = [1, 17, 90, 5, 42, 42, 7, 88, 3, 64]

@@ -360,6 +360,7 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
     // Issue #32: multimodal wrappers around a port's text model (`wrappers.rs`).
     ("lfm2-vl", wrappers::lfm2_vl),
     ("qwen3_vl_moe", wrappers::qwen3_vl_moe),
+    ("gemma4", wrappers::gemma4),
     ("talkie", |c, w| Ok(Box::new(talkie::Model::load(c, w)?))),
     ("muse_glimmer", |c, w| {
         Ok(Box::new(muse_glimmer::Model::load(c, w)?))

@@ -120,11 +120,6 @@ pub const UNSERVED: &[(&str, Unserved, &str)] = &[
         "AltUp, Laurel, per-layer inputs: not ported yet",
     ),
     (
-        "gemma4",
-        Unserved::NotYet,
-        "the Gemma 4 wrapper: not ported yet (gemma4_text is)",
-    ),
-    (
         "glm4_moe",
         Unserved::NotYet,
         "MoE (issue #32, DeepSeek family): not ported yet",

@@ -71,3 +71,56 @@ pub(super) fn qwen3_vl_moe(c: &ModelConfig, w: &mut Weights) -> Result<Box<dyn L
     }
     Ok(Box::new(moe::Model::load(&inner, w)?))
 }
+
+/// `models/gemma4.py`: `gemma4_text` on `text_config` (`vocab_size` from the wrapper, 8 heads
+/// and 1 KV head unless given). `sanitize`: a leading `model.` comes off, vision and audio
+/// modules go, a prefixed `language_model.` becomes `language_model.model.`; then the text
+/// model's own `sanitize` (in the port).
+pub(super) fn gemma4(c: &ModelConfig, w: &mut Weights) -> Result<Box<dyn LanguageModel>> {
+    let mut t = match c.raw.get("text_config") {
+        Some(Value::Object(m)) => m.clone(),
+        Some(Value::Null) | None => Map::new(),
+        Some(v) => {
+            return Err(ModelError::Config(format!(
+                "config.json (`{}`): field `text_config` must be an object, got {v}",
+                c.model_type
+            )))
+        }
+    };
+    let vocab = match c.raw.get("vocab_size") {
+        None | Some(Value::Null) => Value::from(262144),
+        Some(v) => v.clone(),
+    };
+    t.insert("vocab_size".into(), vocab);
+    t.entry("num_attention_heads").or_insert(8.into());
+    t.entry("num_key_value_heads").or_insert(1.into());
+    t.insert("model_type".into(), "gemma4_text".into());
+    if let Some(q) = c.raw.get("quantization") {
+        t.entry("quantization").or_insert_with(|| q.clone());
+    }
+    let inner = ModelConfig::from_value(Value::Object(t))?;
+    const DROPPED: [&str; 6] = [
+        "vision_tower",
+        "multi_modal_projector",
+        "audio_tower",
+        "embed_audio",
+        "embed_vision",
+        "vision_embedder",
+    ];
+    w.rename_all(|k| {
+        let (with_model, k) = match k.strip_prefix("model.") {
+            Some(r) => (true, r),
+            None => (false, k),
+        };
+        if DROPPED.iter().any(|p| k.starts_with(p)) {
+            return None;
+        }
+        let k = if with_model && k.starts_with("language_model") {
+            k.replace("language_model.", "language_model.model.")
+        } else {
+            k.to_string()
+        };
+        Some(k.strip_prefix("language_model.").unwrap_or(&k).to_string())
+    })?;
+    Ok(Box::new(super::gemma4_text::Model::load(&inner, w)?))
+}
