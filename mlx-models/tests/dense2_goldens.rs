@@ -65,6 +65,7 @@ fn the_new_types_are_listed_as_table_rows() {
         "openelm",
         "nanbeige",
         "plamo3",
+        "bitnet",
     ] {
         let s = all.iter().find(|s| s.model_type == t);
         assert_eq!(s.map(|s| s.serving), Some(Serving::Table), "{t}");

@@ -67,7 +67,7 @@ fn supported_types_list_rows_and_remaps() {
         Some(Serving::Dedicated)
     );
     assert!(find("mamba").is_none());
-    // 51 rows, 15 dedicated ports (mixtral, qwen2_moe, qwen3_moe, olmoe, gpt_oss, qwen3_next,
+    // 52 rows, 15 dedicated ports (mixtral, qwen2_moe, qwen3_moe, olmoe, gpt_oss, qwen3_next,
     // qwen3_5, qwen3_5_moe, lfm2, gemma4_text, talkie, muse_glimmer, the wrappers lfm2-vl, qwen3_vl_moe, gemma4), plus
     // the MODEL_REMAPPING aliases of served types (mistral, iquestcoder, xverse, llava,
     // qwen2_5_vl).
@@ -75,7 +75,7 @@ fn supported_types_list_rows_and_remaps() {
         .iter()
         .filter(|s| s.serving == Serving::Dedicated && s.via.is_none());
     assert_eq!(dedicated.count(), 15, "{all:?}");
-    assert_eq!(all.len(), 72, "{all:?}");
+    assert_eq!(all.len(), 73, "{all:?}");
 }
 
 #[test]

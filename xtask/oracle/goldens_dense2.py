@@ -28,7 +28,7 @@ import sys
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten, tree_map
+from mlx.utils import tree_flatten, tree_map, tree_unflatten
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
@@ -266,6 +266,16 @@ CASES = {
         "float32",
         None,
     ),
+    # BitNet: L2 (mlx-lm runs BitLinear only in a Metal kernel): its model on the unpacked
+    # weights is the reference (`unpack_bitlinear`).
+    "bitnet": ("bitnet", {"head_dim": 8}, "float32", None),
+    "bitnet_untied_bf16": (
+        "bitnet",
+        {"tie_word_embeddings": False, "attention_bias": True,
+         "quantization_config": {"quant_method": "bitnet", "linear_class": "bitlinear"}},
+        "bfloat16",
+        None,
+    ),
 }
 
 # Cases whose config is only the overrides (no BASE keys at the top level).
@@ -286,14 +296,60 @@ def bits(x):
     return struct.unpack("<I", struct.pack("<f", x))[0]
 
 
+def fill_bitlinear(model, dtype):
+    """Random packed ternary weights (codes 0..2, four output rows a byte) and scales."""
+    from mlx_lm.models.bitlinear_layers import BitLinear
+
+    for _, m in tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module):
+        if isinstance(m, BitLinear):
+            rows, cols = m.weight.shape
+            codes = mx.random.randint(0, 3, (4, rows, cols)).astype(mx.uint8)
+            m.weight = sum(codes[i] << (2 * i) for i in range(4)).astype(mx.uint8)
+            m.weight_scale = mx.random.uniform(0.5, 2.0, (1,)).astype(getattr(mx, dtype))
+
+
+def unpack_bitlinear(model):
+    """BitLinear -> nn.Linear on the unpacked weights (mlx-lm multiplies packed weights only
+    in a Metal kernel): ternary values in float32 times the scale (divided by it when
+    inverted), cast to the scale's dtype, as the kernel scales its float32 sums."""
+    from mlx_lm.models.bitlinear_layers import BitLinear
+
+    swaps = []
+    for path, m in tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module):
+        if isinstance(m, BitLinear):
+            planes = [((m.weight >> (2 * i)) & 3).astype(mx.float32) - 1 for i in range(4)]
+            s = m.weight_scale.astype(mx.float32)
+            if m.invert_weight_scales:
+                s = 1 / s
+            w = (mx.concatenate(planes, axis=0) * s).astype(m.weight_scale.dtype)
+            lin = nn.Linear(m.in_features, m.out_features, bias=m.bias is not None)
+            lin.weight = w
+            if m.bias is not None:
+                lin.bias = m.bias
+            swaps.append((path, lin))
+    model.update_modules(tree_unflatten(swaps))
+    return model
+
+
+def load(out_dir, model_type):
+    model, _ = load_model(out_dir)
+    return unpack_bitlinear(model) if model_type == "bitnet" else model
+
+
 def build(i, name, model_type, overrides, dtype, quant):
     config = dict(overrides) if name in NO_BASE else {**BASE, **overrides}
     config["model_type"] = model_type
     arch = importlib.import_module(f"mlx_lm.models.{model_type}")
     mx.random.seed(2000 + i)
     model = arch.Model(arch.ModelArgs.from_dict(json.loads(json.dumps(config))))
+    if "quantization_config" in config:
+        from mlx_lm.models.bitlinear_layers import bitnet_quantize
+
+        bitnet_quantize(model, config["quantization_config"])
     model.update(tree_map(lambda p: mx.random.normal(p.shape) * 0.3, model.parameters()))
     model.set_dtype(getattr(mx, dtype))
+    if model_type == "bitnet":
+        fill_bitlinear(model, dtype)
     if quant is not None:
         gs, bits_ = quant
         pred = getattr(model, "quant_predicate", None)
@@ -322,7 +378,7 @@ def build(i, name, model_type, overrides, dtype, quant):
 
 
 def logits_golden(name, model_type, out_dir):
-    model, _ = load_model(out_dir)
+    model = load(out_dir, model_type)
     g = Golden(str(GOLDENS / f"{name}.safetensors"), __file__)
     cache = make_prompt_cache(model)
     ids = mx.array([PROMPT], dtype=mx.int32)
@@ -342,8 +398,8 @@ def logits_golden(name, model_type, out_dir):
     g.save()
 
 
-def cli_golden(out_dir):
-    model, _ = load_model(out_dir)
+def cli_golden(out_dir, model_type):
+    model = load(out_dir, model_type)
     tokens, logprobs, tops = [], [], []
     for (tok, lp), _ in zip(generate_step(mx.array(CLI_PROMPT), model, max_tokens=CLI_MAX_TOKENS),
                             range(CLI_MAX_TOKENS)):
@@ -367,7 +423,7 @@ def main():
             continue
         out_dir = build(i, name, model_type, overrides, dtype, quant)
         logits_golden(name, model_type, out_dir)
-        cases[f"dense2/{name}"] = cli_golden(out_dir)
+        cases[f"dense2/{name}"] = cli_golden(out_dir, model_type)
         print(f"{name}: {cases[f'dense2/{name}']['tokens']}", file=sys.stderr)
     cases = {k: cases[k] for k in sorted(cases) if k.removeprefix("dense2/") in CASES}
     golden = {

@@ -132,6 +132,7 @@ pub struct Attention {
     /// [`Descriptor::contiguous_heads`].
     contiguous: bool,
     kv_tile: Option<i32>,
+    sub_norm: Option<Norm>,
     qkv: Qkv,
     /// The head-wise output gate (`hidden -> heads`), with its module name.
     gate: Option<(&'static str, Linear)>,
@@ -325,6 +326,17 @@ impl Attention {
             manual: d.manual_attention,
             contiguous: d.contiguous_heads,
             kv_tile: d.kv_tile,
+            sub_norm: if d.sub_norms {
+                Some(Norm::load(
+                    w,
+                    &p("attn_sub_norm"),
+                    d.norm,
+                    d.hidden_size,
+                    d.norm_eps,
+                )?)
+            } else {
+                None
+            },
             qkv,
             gate,
             o_proj,
@@ -565,7 +577,10 @@ impl Attention {
             out = (&out * &gate)?;
         }
         let out = ops::reshape(&out, &[b, l, -1], None)?;
-        self.o_proj.forward(&out)
+        match &self.sub_norm {
+            Some(n) => self.o_proj.forward(&n.forward(&out)?),
+            None => self.o_proj.forward(&out),
+        }
     }
 
     /// OLMo's attention as olmo.py writes it (one head per KV head).
@@ -750,16 +765,26 @@ impl TransformerBlock {
                 sliding,
                 d.no_rope.get(i).copied().unwrap_or(false),
             )?,
-            mlp: Mlp::load(
-                w,
-                &join(&p, n.mlp),
-                &n.mlp_names,
-                d.hidden_size,
-                d.intermediate_size,
-                d.mlp_bias,
-                d.down_bias,
-                d.mlp,
-            )?,
+            mlp: {
+                let path = join(&p, n.mlp);
+                let mlp = Mlp::load(
+                    w,
+                    &path,
+                    &n.mlp_names,
+                    d.hidden_size,
+                    d.intermediate_size,
+                    d.mlp_bias,
+                    d.down_bias,
+                    d.mlp,
+                )?;
+                if d.sub_norms {
+                    let sub = join(&path, "ffn_sub_norm");
+                    let (inter, eps) = (d.intermediate_size, d.norm_eps);
+                    mlp.with_inner_norm(Norm::load(w, &sub, d.norm, inter, eps)?)
+                } else {
+                    mlp
+                }
+            },
             pre_attn,
             post_attn,
             pre_mlp,
@@ -1158,6 +1183,23 @@ impl Model {
         }
         for prefix in &d.drop_prefixes {
             w.discard_prefix(prefix);
+        }
+        if let Some(invert_head) = d.bitlinear {
+            for k in w.names() {
+                let Some(base) = k.strip_suffix(".weight_scale") else {
+                    continue;
+                };
+                let weight = format!("{base}.weight");
+                let (Some(packed), Some(scale)) = (w.remove(&weight), w.remove(&k)) else {
+                    return Err(ModelError::Weights(vec![format!(
+                        "{k} present but {weight} missing"
+                    )]));
+                };
+                let invert = invert_head && base == d.names.lm_head;
+                let unpacked = unpack_bitlinear(&packed, &scale, invert)
+                    .map_err(|e| ModelError::Weights(vec![format!("{weight}: {e}")]))?;
+                w.insert(weight, unpacked);
+            }
         }
         if let Some(p) = d.strip_prefix {
             w.strip_prefix(p);
@@ -1636,6 +1678,36 @@ impl SegmentedDecode for Model {
         };
         l.self_attn.attend(queries, kv, &ctx)
     }
+}
+
+/// A BitLinear's packed ternary weight (uint8 `(out / 4, in)`: bits `2i..2i + 2` of row `r`
+/// hold row `r + i * out / 4` as `code - 1`) as a plain weight: the ternary values in float32
+/// times the scale (or divided by it), cast to the scale's dtype, as mlx-lm's Metal kernel
+/// scales its float32 sums.
+fn unpack_bitlinear(packed: &Array, scale: &Array, invert: bool) -> Result<Array> {
+    if packed.dtype() != Dtype::Uint8 || packed.ndim() != 2 {
+        return Err(ModelError::Other(format!(
+            "a packed BitLinear weight must be a 2-d uint8 array, got {:?} of shape {:?}",
+            packed.dtype(),
+            packed.shape()
+        )));
+    }
+    if scale.size() != 1 {
+        return Err(ModelError::Other(format!(
+            "weight_scale must hold one value, got shape {:?}",
+            scale.shape()
+        )));
+    }
+    let planes = (0..4)
+        .map(|i| -> Result<Array> {
+            let code = (&(packed >> (2 * i))? & 3)?;
+            Ok((&code.astype(Dtype::Float32)? - 1.0f32)?)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let ternary = ops::concatenate(&planes.iter().collect::<Vec<_>>(), 0, None)?;
+    let s = scale.astype(Dtype::Float32)?;
+    let s = if invert { (1.0f32 / &s)? } else { s };
+    Ok((&ternary * &s)?.astype(scale.dtype())?)
 }
 
 /// ministral3.py `_get_llama_4_attn_scale(L, offset, beta, original)[:, None]`, in `dtype`:

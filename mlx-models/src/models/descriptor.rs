@@ -247,6 +247,14 @@ pub struct Descriptor {
     /// The sliding layers' mask window where it differs from the rotating cache's
     /// `sliding_window` (PLaMo 3 masks `window + 1`).
     pub sliding_mask_window: Option<usize>,
+    /// BitNet's sub-norms: `self_attn.attn_sub_norm` (hidden size) on the attention output
+    /// before `o_proj`, `mlp.ffn_sub_norm` (intermediate size) before `down_proj`.
+    pub sub_norms: bool,
+    /// BitNet's packed ternary linears (`weight` uint8, four rows a byte, and
+    /// `weight_scale`), unpacked at load into plain weights (`ternary * scale` in float32,
+    /// cast to the scale's dtype): `Some(invert)`, `invert` dividing by the scale for a
+    /// converted `lm_head` (mlx-lm's `invert_weight_scales`).
+    pub bitlinear: Option<bool>,
     /// Ministral 3's per-position query scale `(llama_4_scaling_beta,
     /// original_max_position_embeddings)`.
     pub query_scale: Option<(f64, i64)>,
@@ -507,6 +515,7 @@ pub const ROWS: &[(&str, RowFn)] = &[
     ("openelm", dense2::openelm),
     ("nanbeige", dense2::nanbeige),
     ("plamo3", dense2::plamo3),
+    ("bitnet", dense2::bitnet),
 ];
 
 #[path = "descriptor_dense2.rs"]
@@ -738,6 +747,8 @@ fn base(model_type: &str, k: &Common, head_dim: i32, eps: f64) -> Descriptor {
         loop_norm: false,
         post_norm_offsets: None,
         sliding_mask_window: None,
+        sub_norms: false,
+        bitlinear: None,
         query_scale: None,
         embed_scale: EmbedScale::None,
         residual_multiplier: None,

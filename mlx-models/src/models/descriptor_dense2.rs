@@ -424,3 +424,38 @@ pub(super) fn plamo3(c: &Cfg) -> Result<Descriptor> {
     };
     Ok(d)
 }
+
+/// `models/bitnet.py` (with `bitlinear_layers.py`): a llama whose linears are packed ternary
+/// BitLinears, unpacked at load (mlx-lm multiplies them in a Metal kernel only), with
+/// `attn_sub_norm` before `o_proj`, `ffn_sub_norm` before `down_proj` and a `relu2` gate.
+/// Tier L2: equal to mlx-lm's model on the unpacked weights, not to its kernel's sums.
+pub(super) fn bitnet(c: &Cfg) -> Result<Descriptor> {
+    let k = common(c, true)?;
+    let hd = head_dim_or(c, k.hidden, k.heads)?;
+    let mut d = base("bitnet", &k, hd, c.f64("rms_norm_eps")?);
+    let bias = c.bool_or("attention_bias", false)?;
+    (d.qkv_bias, d.o_bias) = (bias, bias);
+    let mlp_bias = c.bool_or("mlp_bias", false)?;
+    (d.mlp_bias, d.down_bias) = (mlp_bias, mlp_bias);
+    d.mlp = MlpKind::Relu2Glu;
+    d.sub_norms = true;
+    d.rope = Some(rope(
+        hd,
+        c.f64_or("rope_theta", 10000.0)?,
+        c.bool_or("rope_traditional", false)?,
+        c,
+        c.opt_i64("max_position_embeddings")?,
+    )?);
+    d.head = tie(c.bool_or("tie_word_embeddings", true)?);
+    // `bitnet_quantize` turns the remaining `nn.Linear`s (an untied `lm_head`) into
+    // BitLinears too, dividing by their scale unless `linear_class` is `autobitlinear`.
+    let qc = match c.get("quantization_config") {
+        Some(Value::Object(q)) => Some(q),
+        _ => None,
+    };
+    let invert =
+        qc.is_some_and(|q| q.get("linear_class").and_then(Value::as_str) != Some("autobitlinear"));
+    d.bitlinear = Some(invert);
+    d.drop_layer_tensors = vec![INV_FREQ];
+    Ok(d)
+}

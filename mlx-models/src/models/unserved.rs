@@ -54,12 +54,6 @@ pub const UNSERVED: &[(&str, Unserved, &str)] = &[
         "MoE (issue #32, MoE family): not ported yet",
     ),
     (
-        "bitnet",
-        Unserved::NoCpu,
-        "mlx-lm runs BitLinear only through a Metal kernel (bitlinear_layers.py); a plain-ops \
-         path is not written yet",
-    ),
-    (
         "dbrx",
         Unserved::NotYet,
         "MoE (issue #32, MoE family): not ported yet",
