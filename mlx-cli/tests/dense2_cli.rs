@@ -104,12 +104,11 @@ fn every_dense2_fixture_reproduces_mlx_lm_top5_through_the_cli() {
     let failures = Mutex::new(Vec::new());
     std::thread::scope(|s| {
         for _ in 0..2 {
-            s.spawn(|| loop {
-                let Some((name, case)) = cases.get(next.fetch_add(1, Ordering::SeqCst)) else {
-                    break;
-                };
-                if let Err(e) = check(name, case, &work) {
-                    failures.lock().unwrap().push(format!("{name}: {e}"));
+            s.spawn(|| {
+                while let Some((name, case)) = cases.get(next.fetch_add(1, Ordering::SeqCst)) {
+                    if let Err(e) = check(name, case, &work) {
+                        failures.lock().unwrap().push(format!("{name}: {e}"));
+                    }
                 }
             });
         }

@@ -104,7 +104,7 @@ pub struct Mlp {
     down: Linear,
     xielu: Option<XieLuParams>,
     up_first: bool,
-    inner_norm: Option<crate::layers::Norm>,
+    inner_norm: Option<Box<crate::layers::Norm>>,
 }
 
 impl Mlp {
@@ -227,7 +227,7 @@ impl Mlp {
 
     /// A norm on the activation before the down projection (BitNet's `ffn_sub_norm`).
     pub fn with_inner_norm(mut self, norm: crate::layers::Norm) -> Mlp {
-        self.inner_norm = Some(norm);
+        self.inner_norm = Some(Box::new(norm));
         self
     }
 
