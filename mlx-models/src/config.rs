@@ -101,6 +101,8 @@ impl ModelConfig {
             .or_else(|| obj.get("quantization_config"))
         {
             None | Some(Value::Null) => None,
+            // BitNet's packed ternary weights: unpacked by its row (descriptor `bitlinear`).
+            Some(q) if q.get("quant_method").and_then(Value::as_str) == Some("bitnet") => None,
             Some(q) => Some(QuantConfig::parse(q)?),
         };
         Ok(ModelConfig {

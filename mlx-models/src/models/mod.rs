@@ -72,8 +72,12 @@ pub mod mamba;
 pub mod moe;
 pub mod nemotron_h;
 pub mod olmo_hybrid;
+pub mod muse_glimmer;
 pub mod qwen3_next;
 pub mod segmented;
+pub mod talkie;
+pub mod unserved;
+mod wrappers;
 
 use mlx_cache::Cache;
 use mlx_core::prelude::*;
@@ -423,6 +427,14 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
     }),
     ("olmo_hybrid", |c, w| {
         Ok(Box::new(olmo_hybrid::Model::load(c, w)?))
+    }),
+    // Issue #32: multimodal wrappers around a port's text model (`wrappers.rs`).
+    ("lfm2-vl", wrappers::lfm2_vl),
+    ("qwen3_vl_moe", wrappers::qwen3_vl_moe),
+    ("gemma4", wrappers::gemma4),
+    ("talkie", |c, w| Ok(Box::new(talkie::Model::load(c, w)?))),
+    ("muse_glimmer", |c, w| {
+        Ok(Box::new(muse_glimmer::Model::load(c, w)?))
     }),
 ];
 
