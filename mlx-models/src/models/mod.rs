@@ -340,6 +340,11 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
     ("qwen3_moe", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
     ("olmoe", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
     ("gpt_oss", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
+    ("granitemoe", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
+    ("minimax", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
+    ("ernie4_5_moe", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
+    ("phimoe", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
+    ("Klear", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
     ("qwen3_next", |c, w| {
         Ok(Box::new(qwen3_next::Model::load(c, w)?))
     }),

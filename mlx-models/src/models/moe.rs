@@ -12,7 +12,7 @@ use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::{
     scaled_dot_product_attention, Embedding, LayerParam, Linear, LinearMut, Mlp, MlpKind, MlpNames,
-    RmsNorm, Rope, RopeScaling, SwitchActivation, SwitchGlu,
+    Norm, NormKind, RmsNorm, Rope, RopeScaling, SwitchActivation, SwitchGlu,
 };
 use crate::models::checkpoint::{layer_step, LayerArrays};
 use crate::models::LanguageModel;
@@ -29,7 +29,7 @@ pub enum QkNorm {
 }
 
 /// How a router turns gate logits into `k` experts and their weights.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Router {
     /// qwen3_moe / qwen3_next: `softmax`, `argpartition(gates, -k)[..., -k:]`, optional
     /// renormalization; qwen3_moe casts the weighted sum back to the experts' dtype.
@@ -45,6 +45,24 @@ pub enum Router {
     /// gpt_oss (`mlx_topk`): `argpartition(gates, -k)[..., -k:]` on the logits, softmax over
     /// the `k`.
     UpperTopKThenSoftmax,
+    /// granitemoe: [`Router::UpperTopKThenSoftmax`] with the softmax over the float32 top-k
+    /// logits, the weighted sum cast back to the experts' dtype.
+    UpperTopKThenSoftmaxF32,
+    /// minimax: `sigmoid(gate(x.astype(float32)))`; the choice on the scores plus the
+    /// correction bias (`argpartition(-scores, k - 1)[..., :k]`), the weights the uncorrected
+    /// scores over their sum + 1e-20, cast to the input's dtype.
+    SigmoidCorrected,
+    /// ernie4_5_moe: softmax (or sigmoid) of the float32 logits, `argpartition(-gates, k -
+    /// 1)[..., :k]`, over `max(sum, 1e-12)`, the weighted sum cast back to the experts' dtype.
+    NormalizedTopK { sigmoid: bool },
+    /// phimoe's `sparsemixer` (HF's inference path): `k` rounds, each taking the argmax of
+    /// the still-unmasked logits, weighting it by a precise softmax over the logits within
+    /// `2 * jitter_eps` (relative) of that maximum, then masking it with `-inf`.
+    SparseMixer { jitter_eps: f64 },
+    /// Klear: `sigmoid(gate(x).astype(float32))`; the choice on those plus the expert bias
+    /// (`argpartition(-biased, k - 1)[..., :k]`), the weights the unbiased ones, optionally
+    /// over their sum, cast to the input's dtype.
+    SigmoidBiased { norm_topk_prob: bool },
 }
 
 /// What a row fixes about the family.
@@ -92,6 +110,48 @@ pub struct MoeSpec {
     /// Per layer: sliding-window attention (a `RotatingKVCache` of `sliding_window`).
     pub sliding: Vec<bool>,
     pub sliding_window: Option<usize>,
+    /// What only the later rows use (granitemoe's multipliers, minimax's partial rope, ernie's
+    /// biases and plain shared experts).
+    pub extras: MoeExtras,
+}
+
+/// The knobs of the later rows (`goldens_moe2.py`'s types); the defaults are the first rows'.
+#[derive(Clone, Debug, Default)]
+pub struct MoeExtras {
+    /// granitemoe: `embed_tokens(x) * embedding_multiplier`.
+    pub embedding_multiplier: Option<f32>,
+    /// granitemoe: `x + r * residual_multiplier` around attention and experts.
+    pub residual_multiplier: Option<f32>,
+    /// granitemoe: `logits / logits_scaling`.
+    pub logits_scaling: Option<f32>,
+    /// granitemoe: the attention scale is `attention_multiplier`.
+    pub attention_scale: Option<f32>,
+    /// minimax: rope over the first `rotary_dim` dimensions of each head.
+    pub rope_dims: Option<i32>,
+    /// ernie4_5_moe: biases on the dense MLP layers.
+    pub dense_bias: bool,
+    /// phimoe: `nn.LayerNorm` (with bias) for every norm instead of `nn.RMSNorm`.
+    pub layer_norm: bool,
+    /// phimoe: the `lm_head` has a bias.
+    pub lm_head_bias: bool,
+    /// phimoe: the rotary embedding, built by the row (`SuScaledRoPE` with its mscale).
+    pub rope: Option<Rope>,
+    /// The block's extras (see [`BlockExtras`]).
+    pub block: BlockExtras,
+}
+
+/// What a [`SparseMoe`] block may have beyond [`SparseMoeParams`].
+#[derive(Clone, Debug, Default)]
+pub struct BlockExtras {
+    /// minimax (`e_score_correction_bias`), Klear (`expert_bias`): a learned bias of
+    /// `num_experts`, under this name, added to the scores before the top-k choice.
+    pub correction_bias: Option<&'static str>,
+    /// ernie4_5_moe, Klear: an ungated `shared_experts` SwiGLU MLP of this width (with biases
+    /// when the flag is set), added to the experts' output.
+    pub plain_shared: Option<(i32, bool)>,
+    /// Klear: `coefficient`, a biased linear to 2 whose precise softmax mixes the experts'
+    /// output (first) and the shared experts' (second) instead of adding them.
+    pub coefficient: bool,
 }
 
 fn default_true() -> bool {
@@ -277,6 +337,250 @@ serde_defaults! {
     gpt_oss_theta: f64 = 150000.0;
 }
 
+/// granitemoe.py `ModelArgs`.
+#[derive(Deserialize)]
+struct GraniteMoeArgs {
+    model_type: String,
+    hidden_size: i32,
+    num_hidden_layers: i32,
+    intermediate_size: i32,
+    num_attention_heads: i32,
+    rms_norm_eps: f64,
+    vocab_size: i32,
+    logits_scaling: f64,
+    attention_multiplier: f64,
+    embedding_multiplier: f64,
+    residual_multiplier: f64,
+    max_position_embeddings: i64,
+    num_key_value_heads: i32,
+    attention_bias: bool,
+    rope_theta: f64,
+    num_local_experts: i32,
+    num_experts_per_tok: i32,
+    #[serde(default)]
+    rope_scaling: Option<RopeScaling>,
+    #[serde(default = "default_true")]
+    tie_word_embeddings: bool,
+}
+
+/// minimax.py `ModelArgs` (`minimax_m2` is remapped to it).
+#[derive(Deserialize)]
+struct MiniMaxArgs {
+    model_type: String,
+    hidden_size: i32,
+    intermediate_size: i32,
+    num_attention_heads: i32,
+    num_key_value_heads: i32,
+    #[allow(dead_code)]
+    max_position_embeddings: i64,
+    num_experts_per_tok: i32,
+    num_local_experts: i32,
+    #[allow(dead_code)]
+    shared_intermediate_size: i32,
+    num_hidden_layers: i32,
+    rms_norm_eps: f64,
+    rope_theta: f64,
+    rotary_dim: i32,
+    vocab_size: i32,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+    #[serde(default)]
+    head_dim: Option<i32>,
+    #[serde(default = "default_true")]
+    use_qk_norm: bool,
+}
+
+/// ernie4_5_moe.py `ModelArgs`.
+#[derive(Deserialize)]
+struct Ernie45MoeArgs {
+    hidden_size: i32,
+    intermediate_size: i32,
+    model_type: String,
+    max_position_embeddings: i64,
+    num_attention_heads: i32,
+    num_key_value_heads: i32,
+    num_hidden_layers: i32,
+    rms_norm_eps: f64,
+    vocab_size: i32,
+    rope_theta: f64,
+    use_bias: bool,
+    tie_word_embeddings: bool,
+    moe_num_experts: i32,
+    #[serde(default)]
+    moe_layer_start_index: IntOrList,
+    #[serde(default)]
+    moe_intermediate_size: i32,
+    #[serde(default = "one")]
+    moe_k: i32,
+    #[serde(default = "one")]
+    moe_layer_interval: i32,
+    #[serde(default)]
+    moe_num_shared_experts: i32,
+    #[serde(default)]
+    moe_layer_end_index: Option<IntOrList>,
+    #[serde(default)]
+    head_dim: Option<i32>,
+    #[serde(default = "softmax_name")]
+    moe_gate_act: String,
+}
+
+/// phimoe.py `ModelArgs` (all defaulted there).
+#[derive(Deserialize)]
+struct PhiMoeArgs {
+    #[serde(default = "phimoe_type")]
+    model_type: String,
+    #[serde(default = "phimoe_vocab")]
+    vocab_size: i32,
+    #[serde(default = "gpt_oss_hidden_4096")]
+    hidden_size: i32,
+    #[serde(default = "phimoe_intermediate")]
+    intermediate_size: i32,
+    #[serde(default = "phimoe_heads")]
+    num_hidden_layers: i32,
+    #[serde(default = "phimoe_heads")]
+    num_attention_heads: i32,
+    #[serde(default = "phimoe_kv_heads")]
+    num_key_value_heads: i32,
+    #[serde(default = "phimoe_max_pos")]
+    max_position_embeddings: i64,
+    #[serde(default = "phimoe_original_max_pos")]
+    original_max_position_embeddings: i64,
+    #[serde(default = "phimoe_eps")]
+    rms_norm_eps: f64,
+    #[serde(default)]
+    rope_scaling: Option<RopeScaling>,
+    #[serde(default = "phimoe_experts")]
+    num_local_experts: i32,
+    #[serde(default = "phimoe_top_k")]
+    num_experts_per_tok: i32,
+    #[serde(default = "olmoe_rope_theta")]
+    rope_theta: f64,
+    #[serde(default = "phimoe_jitter")]
+    router_jitter_noise: f64,
+}
+
+serde_defaults! {
+    phimoe_type: String = "phimoe".into();
+    phimoe_vocab: i32 = 32064;
+    gpt_oss_hidden_4096: i32 = 4096;
+    phimoe_intermediate: i32 = 6400;
+    phimoe_heads: i32 = 32;
+    phimoe_kv_heads: i32 = 8;
+    phimoe_max_pos: i64 = 131072;
+    phimoe_original_max_pos: i64 = 4096;
+    phimoe_eps: f64 = 1e-6;
+    phimoe_experts: i32 = 16;
+    phimoe_top_k: i32 = 2;
+    phimoe_jitter: f64 = 0.01;
+}
+
+/// phimoe's rope: `nn.RoPE(head_dim, base)` without `rope_scaling`, else `SuScaledRoPE` with
+/// the config's factors and mscales (`short_mscale` / `long_mscale` required, as the
+/// `KeyError` of mlx-lm; the input scale is `long_mscale or` the default one).
+fn phimoe_rope(a: &PhiMoeArgs, head_dim: i32) -> Result<Rope> {
+    let Some(cfg) = &a.rope_scaling else {
+        return Rope::initialize(head_dim, a.rope_theta, false, None, None);
+    };
+    for key in ["short_factor", "long_factor", "short_mscale", "long_mscale"] {
+        if cfg.get(key).is_none() {
+            return Err(ModelError::Config(format!(
+                "phimoe: rope_scaling needs `{key}`"
+            )));
+        }
+    }
+    let mut su = cfg.clone();
+    su.insert("type".into(), "longrope".into());
+    su.remove("rope_type");
+    su.insert(
+        "original_max_position_embeddings".into(),
+        a.original_max_position_embeddings.into(),
+    );
+    let rope = Rope::initialize(
+        head_dim,
+        a.rope_theta,
+        false,
+        Some(&su),
+        Some(a.max_position_embeddings),
+    )?;
+    // `long_mscale or default_scale`: a null or zero mscale keeps the default.
+    let mscale = cfg.get("long_mscale").and_then(|v| v.as_f64());
+    Ok(match (rope, mscale) {
+        (
+            Rope::Freqs {
+                dims,
+                traditional,
+                freqs,
+                ..
+            },
+            Some(m),
+        ) if m != 0.0 => Rope::Freqs {
+            dims,
+            traditional,
+            freqs,
+            input_scale: Some(m),
+        },
+        (rope, _) => rope,
+    })
+}
+
+/// Klear.py `ModelArgs` (every field required).
+#[derive(Deserialize)]
+struct KlearArgs {
+    model_type: String,
+    hidden_size: i32,
+    num_hidden_layers: i32,
+    intermediate_size: i32,
+    num_attention_heads: i32,
+    attention_bias: bool,
+    mlp_only_layers: Vec<i32>,
+    num_experts: i32,
+    num_experts_per_tok: i32,
+    decoder_sparse_step: i32,
+    n_shared_experts: i32,
+    moe_intermediate_size: i32,
+    rms_norm_eps: f64,
+    vocab_size: i32,
+    num_key_value_heads: i32,
+    rope_theta: f64,
+    #[allow(dead_code)]
+    max_position_embeddings: i64,
+    norm_topk_prob: bool,
+}
+
+/// An int, or a list whose min (start) or max (end) ernie4_5_moe takes.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum IntOrList {
+    Int(i32),
+    List(Vec<i32>),
+}
+
+impl Default for IntOrList {
+    fn default() -> Self {
+        IntOrList::Int(0)
+    }
+}
+
+impl IntOrList {
+    fn min(&self) -> Option<i32> {
+        match self {
+            IntOrList::Int(i) => Some(*i),
+            IntOrList::List(v) => v.iter().copied().min(),
+        }
+    }
+    fn max(&self) -> Option<i32> {
+        match self {
+            IntOrList::Int(i) => Some(*i),
+            IntOrList::List(v) => v.iter().copied().max(),
+        }
+    }
+}
+
+serde_defaults! {
+    one: i32 = 1;
+    softmax_name: String = "softmax".into();
+}
+
 impl MoeSpec {
     /// The row for `config.architecture`.
     pub fn from_config(config: &ModelConfig) -> Result<MoeSpec> {
@@ -328,6 +632,7 @@ impl MoeSpec {
                     activation: SwitchActivation::SwiGlu,
                     sliding: Vec::new(),
                     sliding_window: None,
+                    extras: MoeExtras::default(),
                 }
             }
             "qwen2_moe" => {
@@ -380,6 +685,7 @@ impl MoeSpec {
                     activation: SwitchActivation::SwiGlu,
                     sliding: Vec::new(),
                     sliding_window: None,
+                    extras: MoeExtras::default(),
                 }
             }
             "mixtral" => {
@@ -417,6 +723,7 @@ impl MoeSpec {
                     activation: SwitchActivation::SwiGlu,
                     sliding: Vec::new(),
                     sliding_window: None,
+                    extras: MoeExtras::default(),
                 }
             }
             "olmoe" => {
@@ -461,6 +768,7 @@ impl MoeSpec {
                     activation: SwitchActivation::SwiGlu,
                     sliding: Vec::new(),
                     sliding_window: None,
+                    extras: MoeExtras::default(),
                 }
             }
             "gpt_oss" => {
@@ -529,6 +837,305 @@ impl MoeSpec {
                     activation: SwitchActivation::SwiGluOai,
                     sliding: types.iter().map(|t| t == "sliding_attention").collect(),
                     sliding_window: Some(window),
+                    extras: MoeExtras::default(),
+                }
+            }
+            "phimoe" => {
+                let a: PhiMoeArgs = config.args()?;
+                let n = a.num_hidden_layers.max(0) as usize;
+                let head_dim = head_dim_of(a.hidden_size, a.num_attention_heads)?;
+                let rope = phimoe_rope(&a, head_dim)?;
+                MoeSpec {
+                    model_type: a.model_type,
+                    hidden_size: a.hidden_size,
+                    num_hidden_layers: a.num_hidden_layers,
+                    vocab_size: a.vocab_size,
+                    rms_norm_eps: a.rms_norm_eps as f32,
+                    tie_word_embeddings: false,
+                    n_heads: a.num_attention_heads,
+                    n_kv_heads: a.num_key_value_heads,
+                    head_dim,
+                    qkv_bias: true,
+                    o_bias: true,
+                    qk_norm: QkNorm::None,
+                    rope_theta: a.rope_theta,
+                    rope_traditional: false,
+                    rope_scaling: None,
+                    max_position_embeddings: None,
+                    num_experts: a.num_local_experts,
+                    top_k: a.num_experts_per_tok,
+                    moe_intermediate_size: a.intermediate_size,
+                    expert_bias: false,
+                    router: Router::SparseMixer {
+                        jitter_eps: a.router_jitter_noise,
+                    },
+                    shared_expert_intermediate_size: None,
+                    dense_layers: vec![false; n],
+                    intermediate_size: a.intermediate_size,
+                    moe_module: "block_sparse_moe",
+                    drops_tied_head: false,
+                    attn_sinks: false,
+                    moe_names: ["gate", "switch_mlp"],
+                    router_bias: false,
+                    activation: SwitchActivation::SwiGlu,
+                    sliding: Vec::new(),
+                    sliding_window: None,
+                    extras: MoeExtras {
+                        layer_norm: true,
+                        lm_head_bias: true,
+                        rope: Some(rope),
+                        ..MoeExtras::default()
+                    },
+                }
+            }
+            "Klear" => {
+                let a: KlearArgs = config.args()?;
+                let n = a.num_hidden_layers.max(0);
+                if a.num_experts > 0 && a.decoder_sparse_step <= 0 {
+                    return Err(ModelError::Config(format!(
+                        "Klear: decoder_sparse_step must be positive, got {}",
+                        a.decoder_sparse_step
+                    )));
+                }
+                let dense_layers = (0..n)
+                    .map(|i| {
+                        a.mlp_only_layers.contains(&i)
+                            || a.num_experts <= 0
+                            || (i + 1) % a.decoder_sparse_step != 0
+                    })
+                    .collect();
+                MoeSpec {
+                    model_type: a.model_type,
+                    hidden_size: a.hidden_size,
+                    num_hidden_layers: a.num_hidden_layers,
+                    vocab_size: a.vocab_size,
+                    rms_norm_eps: a.rms_norm_eps as f32,
+                    tie_word_embeddings: false,
+                    n_heads: a.num_attention_heads,
+                    n_kv_heads: a.num_key_value_heads,
+                    head_dim: head_dim_of(a.hidden_size, a.num_attention_heads)?,
+                    qkv_bias: a.attention_bias,
+                    o_bias: a.attention_bias,
+                    qk_norm: QkNorm::PerHead,
+                    rope_theta: a.rope_theta,
+                    rope_traditional: false,
+                    rope_scaling: None,
+                    max_position_embeddings: None,
+                    num_experts: a.num_experts,
+                    top_k: a.num_experts_per_tok,
+                    moe_intermediate_size: a.moe_intermediate_size,
+                    expert_bias: false,
+                    router: Router::SigmoidBiased {
+                        norm_topk_prob: a.norm_topk_prob,
+                    },
+                    shared_expert_intermediate_size: None,
+                    dense_layers,
+                    intermediate_size: a.intermediate_size,
+                    moe_module: "mlp",
+                    drops_tied_head: false,
+                    attn_sinks: false,
+                    moe_names: ["gate", "experts"],
+                    router_bias: false,
+                    activation: SwitchActivation::SwiGlu,
+                    sliding: Vec::new(),
+                    sliding_window: None,
+                    extras: MoeExtras {
+                        block: BlockExtras {
+                            correction_bias: Some("expert_bias"),
+                            plain_shared: Some((
+                                a.moe_intermediate_size * a.n_shared_experts,
+                                false,
+                            )),
+                            coefficient: true,
+                        },
+                        ..MoeExtras::default()
+                    },
+                }
+            }
+            "granitemoe" => {
+                let a: GraniteMoeArgs = config.args()?;
+                let n = a.num_hidden_layers.max(0) as usize;
+                MoeSpec {
+                    model_type: a.model_type,
+                    hidden_size: a.hidden_size,
+                    num_hidden_layers: a.num_hidden_layers,
+                    vocab_size: a.vocab_size,
+                    rms_norm_eps: a.rms_norm_eps as f32,
+                    tie_word_embeddings: a.tie_word_embeddings,
+                    n_heads: a.num_attention_heads,
+                    n_kv_heads: a.num_key_value_heads,
+                    head_dim: head_dim_of(a.hidden_size, a.num_attention_heads)?,
+                    qkv_bias: a.attention_bias,
+                    o_bias: a.attention_bias,
+                    qk_norm: QkNorm::None,
+                    rope_theta: a.rope_theta,
+                    rope_traditional: false,
+                    rope_scaling: a.rope_scaling,
+                    max_position_embeddings: Some(a.max_position_embeddings),
+                    num_experts: a.num_local_experts,
+                    top_k: a.num_experts_per_tok,
+                    moe_intermediate_size: a.intermediate_size,
+                    expert_bias: false,
+                    router: Router::UpperTopKThenSoftmaxF32,
+                    shared_expert_intermediate_size: None,
+                    dense_layers: vec![false; n],
+                    intermediate_size: a.intermediate_size,
+                    moe_module: "block_sparse_moe",
+                    // Its `sanitize` drops a tied head only when it splits `input_linear`.
+                    drops_tied_head: false,
+                    attn_sinks: false,
+                    moe_names: ["router.layer", "switch_mlp"],
+                    router_bias: false,
+                    activation: SwitchActivation::SwiGlu,
+                    sliding: Vec::new(),
+                    sliding_window: None,
+                    extras: MoeExtras {
+                        embedding_multiplier: Some(a.embedding_multiplier as f32),
+                        residual_multiplier: Some(a.residual_multiplier as f32),
+                        logits_scaling: Some(a.logits_scaling as f32),
+                        attention_scale: Some(a.attention_multiplier as f32),
+                        ..MoeExtras::default()
+                    },
+                }
+            }
+            "minimax" => {
+                let a: MiniMaxArgs = config.args()?;
+                let n = a.num_hidden_layers.max(0) as usize;
+                let head_dim = match a.head_dim {
+                    Some(d) if d != 0 => d,
+                    _ => head_dim_of(a.hidden_size, a.num_attention_heads)?,
+                };
+                if a.rotary_dim <= 0 || a.rotary_dim > head_dim || a.rotary_dim % 2 != 0 {
+                    return Err(ModelError::Config(format!(
+                        "minimax: rotary_dim must be even and within head_dim {head_dim}, got {}",
+                        a.rotary_dim
+                    )));
+                }
+                MoeSpec {
+                    model_type: a.model_type,
+                    hidden_size: a.hidden_size,
+                    num_hidden_layers: a.num_hidden_layers,
+                    vocab_size: a.vocab_size,
+                    rms_norm_eps: a.rms_norm_eps as f32,
+                    tie_word_embeddings: a.tie_word_embeddings,
+                    n_heads: a.num_attention_heads,
+                    n_kv_heads: a.num_key_value_heads,
+                    head_dim,
+                    qkv_bias: false,
+                    o_bias: false,
+                    qk_norm: if a.use_qk_norm {
+                        QkNorm::Full
+                    } else {
+                        QkNorm::None
+                    },
+                    rope_theta: a.rope_theta,
+                    rope_traditional: false,
+                    rope_scaling: None,
+                    max_position_embeddings: None,
+                    num_experts: a.num_local_experts,
+                    top_k: a.num_experts_per_tok,
+                    moe_intermediate_size: a.intermediate_size,
+                    expert_bias: false,
+                    router: Router::SigmoidCorrected,
+                    shared_expert_intermediate_size: None,
+                    dense_layers: vec![false; n],
+                    intermediate_size: a.intermediate_size,
+                    moe_module: "block_sparse_moe",
+                    drops_tied_head: false,
+                    attn_sinks: false,
+                    moe_names: ["gate", "switch_mlp"],
+                    router_bias: false,
+                    activation: SwitchActivation::SwiGlu,
+                    sliding: Vec::new(),
+                    sliding_window: None,
+                    extras: MoeExtras {
+                        rope_dims: Some(a.rotary_dim),
+                        block: BlockExtras {
+                            correction_bias: Some("e_score_correction_bias"),
+                            ..BlockExtras::default()
+                        },
+                        ..MoeExtras::default()
+                    },
+                }
+            }
+            "ernie4_5_moe" => {
+                let a: Ernie45MoeArgs = config.args()?;
+                let n = a.num_hidden_layers.max(0);
+                let sigmoid = match a.moe_gate_act.as_str() {
+                    "softmax" => false,
+                    "sigmoid" => true,
+                    other => {
+                        return Err(ModelError::Config(format!(
+                            "ernie4_5_moe: moe_gate_act `{other}` is not supported"
+                        )))
+                    }
+                };
+                let start = a.moe_layer_start_index.min().unwrap_or(0);
+                let end = match &a.moe_layer_end_index {
+                    None => n - 1,
+                    Some(e) => e.max().unwrap_or(n - 1),
+                };
+                if a.moe_layer_interval <= 0 {
+                    return Err(ModelError::Config(format!(
+                        "ernie4_5_moe: moe_layer_interval must be positive, got {}",
+                        a.moe_layer_interval
+                    )));
+                }
+                let dense_layers = (0..n)
+                    .map(|i| !((i + 1) % a.moe_layer_interval == 0 && i >= start && i <= end))
+                    .collect();
+                let moe_width = if a.moe_intermediate_size != 0 {
+                    a.moe_intermediate_size
+                } else {
+                    a.intermediate_size
+                };
+                let plain_shared = (a.moe_num_shared_experts > 0)
+                    .then(|| (moe_width * a.moe_num_shared_experts, a.use_bias));
+                let head_dim = match a.head_dim {
+                    Some(d) if d != 0 => d,
+                    _ => head_dim_of(a.hidden_size, a.num_attention_heads)?,
+                };
+                MoeSpec {
+                    model_type: a.model_type,
+                    hidden_size: a.hidden_size,
+                    num_hidden_layers: a.num_hidden_layers,
+                    vocab_size: a.vocab_size,
+                    rms_norm_eps: a.rms_norm_eps as f32,
+                    tie_word_embeddings: a.tie_word_embeddings,
+                    n_heads: a.num_attention_heads,
+                    n_kv_heads: a.num_key_value_heads,
+                    head_dim,
+                    qkv_bias: a.use_bias,
+                    o_bias: a.use_bias,
+                    qk_norm: QkNorm::None,
+                    rope_theta: a.rope_theta,
+                    rope_traditional: true,
+                    rope_scaling: None,
+                    max_position_embeddings: Some(a.max_position_embeddings),
+                    num_experts: a.moe_num_experts,
+                    top_k: a.moe_k,
+                    moe_intermediate_size: moe_width,
+                    expert_bias: a.use_bias,
+                    router: Router::NormalizedTopK { sigmoid },
+                    shared_expert_intermediate_size: None,
+                    dense_layers,
+                    intermediate_size: a.intermediate_size,
+                    moe_module: "mlp",
+                    drops_tied_head: false,
+                    attn_sinks: false,
+                    moe_names: ["gate", "switch_mlp"],
+                    router_bias: false,
+                    activation: SwitchActivation::SwiGlu,
+                    sliding: Vec::new(),
+                    sliding_window: None,
+                    extras: MoeExtras {
+                        dense_bias: a.use_bias,
+                        block: BlockExtras {
+                            plain_shared,
+                            ..BlockExtras::default()
+                        },
+                        ..MoeExtras::default()
+                    },
                 }
             }
             other => {
@@ -634,7 +1241,7 @@ impl Attention {
             qk_norm: s.qk_norm,
             eps: s.rms_norm_eps,
             rope: Rope::initialize(
-                s.head_dim,
+                s.extras.rope_dims.unwrap_or(s.head_dim),
                 s.rope_theta,
                 s.rope_traditional,
                 s.rope_scaling.as_ref(),
@@ -644,7 +1251,14 @@ impl Attention {
             sinks: s.attn_sinks,
             inv_sqrt_scale: s.attn_sinks,
         };
-        Attention::new(spec, w, path)
+        let mut a = Attention::new(spec, w, path)?;
+        if let Some(scale) = s.extras.attention_scale {
+            a.scale = scale;
+        }
+        if let Some(rope) = &s.extras.rope {
+            a.rope = rope.clone();
+        }
+        Ok(a)
     }
 
     pub(crate) fn new(s: AttentionSpec, w: &mut Weights, path: &str) -> Result<Attention> {
@@ -825,13 +1439,21 @@ pub struct SparseMoe {
     shared_expert: Option<(Mlp, Linear)>,
     /// Module names of the router and the experts ([`SparseMoeParams::names`]).
     names: [&'static str; 2],
+    /// minimax's `e_score_correction_bias`, Klear's `expert_bias`, under its name
+    /// ([`BlockExtras::correction_bias`]).
+    correction_bias: Option<(&'static str, Array)>,
+    /// The ungated `shared_experts` ([`BlockExtras::plain_shared`]).
+    plain_shared: Option<Mlp>,
+    /// Klear's `coefficient` ([`BlockExtras::coefficient`]).
+    coefficient: Option<Linear>,
 }
 
 impl SparseMoe {
     fn load(s: &MoeSpec, w: &mut Weights, path: &str) -> Result<SparseMoe> {
-        SparseMoe::load_parts(
+        SparseMoe::load_with(
             w,
             path,
+            &s.extras.block,
             &SparseMoeParams {
                 hidden_size: s.hidden_size,
                 num_experts: s.num_experts,
@@ -850,7 +1472,40 @@ impl SparseMoe {
     /// The block at `path` (`gate`, `switch_mlp`, optional `shared_expert` and
     /// `shared_expert_gate`).
     pub fn load_parts(w: &mut Weights, path: &str, s: &SparseMoeParams) -> Result<SparseMoe> {
+        SparseMoe::load_with(w, path, &BlockExtras::default(), s)
+    }
+
+    /// [`SparseMoe::load_parts`] with the block's extras (a correction bias, plain shared
+    /// experts).
+    pub fn load_with(
+        w: &mut Weights,
+        path: &str,
+        extras: &BlockExtras,
+        s: &SparseMoeParams,
+    ) -> Result<SparseMoe> {
         let p = |n: &str| format!("{path}.{n}");
+        let correction_bias = match extras.correction_bias {
+            Some(name) => Some((name, w.take(&p(name), &[s.num_experts])?)),
+            None => None,
+        };
+        let coefficient = if extras.coefficient {
+            Some(Linear::load(w, &p("coefficient"), s.hidden_size, 2, true)?)
+        } else {
+            None
+        };
+        let plain_shared = match extras.plain_shared {
+            Some((h, bias)) => Some(Mlp::load(
+                w,
+                &p("shared_experts"),
+                &crate::layers::MlpNames::LLAMA,
+                s.hidden_size,
+                h,
+                bias,
+                bias,
+                MlpKind::SwiGlu,
+            )?),
+            None => None,
+        };
         let shared_expert = match s.shared_expert_intermediate_size {
             Some(h) => Some((
                 Mlp::load(
@@ -888,6 +1543,9 @@ impl SparseMoe {
             )?,
             shared_expert,
             names: s.names,
+            correction_bias,
+            plain_shared,
+            coefficient,
         })
     }
 
@@ -902,6 +1560,8 @@ impl SparseMoe {
             switch_mlp,
             shared_expert,
             names: [router, experts],
+            plain_shared,
+            coefficient,
             ..
         } = self;
         let router_name = router.to_string();
@@ -924,6 +1584,14 @@ impl SparseMoe {
             }
             out.push(("shared_expert_gate".into(), LinearMut::Linear(shared_gate)));
         }
+        if let Some(mlp) = plain_shared {
+            for (n, l) in mlp.linears_mut(&MlpNames::LLAMA) {
+                out.push((format!("shared_experts.{n}"), LinearMut::Linear(l)));
+            }
+        }
+        if let Some(c) = coefficient {
+            out.push(("coefficient".into(), LinearMut::Linear(c)));
+        }
         out
     }
 
@@ -937,14 +1605,26 @@ impl SparseMoe {
             switch_mlp,
             shared_expert,
             names: [router, experts],
+            correction_bias,
+            plain_shared,
+            coefficient,
             ..
         } = self;
         let p = |n: &str| format!("{path}.{n}");
         gate.parameters_mut(&p(router), out)?;
         switch_mlp.parameters_mut(&p(experts), out);
+        if let Some((name, b)) = correction_bias {
+            LayerParam::push(out, path, name, b, false);
+        }
         if let Some((mlp, shared_gate)) = shared_expert {
             mlp.parameters_mut(&p("shared_expert"), &MlpNames::LLAMA, out)?;
             shared_gate.parameters_mut(&p("shared_expert_gate"), out)?;
+        }
+        if let Some(mlp) = plain_shared {
+            mlp.parameters_mut(&p("shared_experts"), &MlpNames::LLAMA, out)?;
+        }
+        if let Some(c) = coefficient {
+            c.parameters_mut(&p("coefficient"), out)?;
         }
         Ok(())
     }
@@ -965,7 +1645,11 @@ impl SparseMoe {
         let last = |a: &Array, from: i32, to: i32| -> Result<Array> {
             Ok(ops::slice_axis(a, -1, from, to, None)?)
         };
-        let gates = self.gate.forward(&x_in)?;
+        let gates = if self.router == Router::SigmoidCorrected {
+            self.gate.forward(&x_in.astype(Dtype::Float32)?)?
+        } else {
+            self.gate.forward(&x_in)?
+        };
         let (inds, scores, cast_back) = match self.router {
             Router::SoftmaxUpperPartition {
                 norm_topk_prob,
@@ -1004,6 +1688,59 @@ impl SparseMoe {
                 let scores = ops::softmax(&scores, &[-1], true, None)?;
                 (inds, scores, false)
             }
+            Router::UpperTopKThenSoftmaxF32 => {
+                let n = gates.shape().last().copied().unwrap_or(0);
+                let inds = last(&ops::argpartition(&gates, -k, -1, None)?, n - k, n)?;
+                let inds = ops::stop_gradient(&inds, None)?;
+                let values = ops::take_along_axis(&gates, &inds, -1, None)?;
+                let scores = ops::softmax(&values.astype(Dtype::Float32)?, &[-1], false, None)?;
+                (inds, scores, true)
+            }
+            Router::SigmoidCorrected => {
+                let orig = ops::sigmoid(&gates, None)?;
+                let chosen = match &self.correction_bias {
+                    Some((_, b)) => (&orig + b)?,
+                    None => orig.clone(),
+                };
+                let inds = lower_top_k(&chosen, k)?;
+                let scores = ops::take_along_axis(&orig, &inds, -1, None)?;
+                let total = (&ops::sum(&scores, &[-1], true, None)? + 1e-20f32)?;
+                let scores = (&scores / &total)?.astype(x_in.dtype())?;
+                (inds, scores, false)
+            }
+            Router::SigmoidBiased { norm_topk_prob } => {
+                let weights = ops::sigmoid(&gates.astype(Dtype::Float32)?, None)?;
+                let biased = match &self.correction_bias {
+                    Some((_, b)) => (&weights + &ops::reshape(b, &[1, 1, -1], None)?)?,
+                    None => weights.clone(),
+                };
+                let inds = lower_top_k(&biased, k)?;
+                let mut scores = ops::take_along_axis(&weights, &inds, -1, None)?;
+                if norm_topk_prob {
+                    scores = (&scores / &ops::sum(&scores, &[-1], true, None)?)?;
+                }
+                (inds, scores.astype(x_in.dtype())?, false)
+            }
+            Router::SparseMixer { jitter_eps } => {
+                let (inds, scores) = sparsemixer(&gates, k, jitter_eps)?;
+                (inds, scores, false)
+            }
+            Router::NormalizedTopK { sigmoid } => {
+                let g = gates.astype(Dtype::Float32)?;
+                let g = if sigmoid {
+                    ops::sigmoid(&g, None)?
+                } else {
+                    ops::softmax(&g, &[-1], false, None)?
+                };
+                let inds = lower_top_k(&g, k)?;
+                let scores = ops::take_along_axis(&g, &inds, -1, None)?;
+                let total = ops::maximum(
+                    &ops::sum(&scores, &[-1], true, None)?,
+                    &Array::from_f32(1e-12, scores.dtype())?,
+                    None,
+                )?;
+                (inds, (&scores / &total)?, true)
+            }
         };
         let y = self.switch_mlp.forward(&x_in, &inds)?;
         let weighted = (&y * &ops::expand_dims(&scores, &[-1], None)?)?;
@@ -1015,6 +1752,15 @@ impl SparseMoe {
             let shared = mlp.forward(x)?;
             let shared = (&ops::sigmoid(&gate.forward(x)?, None)? * &shared)?;
             out = (&out + &shared)?;
+        }
+        match (&self.plain_shared, &self.coefficient) {
+            (Some(mlp), Some(c)) => {
+                let coef = ops::softmax(&c.forward(x)?, &[-1], true, None)?;
+                let shared = mlp.forward(x)?;
+                out = (&(&out * &last(&coef, 0, 1)?)? + &(&shared * &last(&coef, 1, 2)?)?)?;
+            }
+            (Some(mlp), None) => out = (&out + &mlp.forward(x)?)?,
+            _ => {}
         }
         if flatten {
             out = ops::reshape(&out, &shape, None)?;
@@ -1033,6 +1779,37 @@ pub(crate) fn check_inputs(inputs: &Array) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// phimoe.py's `sparsemixer(gates, top_k, jitter_eps)`, op for op.
+fn sparsemixer(gates: &Array, k: i32, jitter_eps: f64) -> Result<(Array, Array)> {
+    let mut masked = gates.clone();
+    let (mut inds, mut scores) = (Vec::new(), Vec::new());
+    let neg_inf = Array::from_f32(f32::NEG_INFINITY, gates.dtype())?;
+    let abs_gates = ops::abs(gates, None)?;
+    for _ in 0..k {
+        let top = masked.max(&[-1], true)?;
+        let ind = ops::stop_gradient(&masked.argmax(-1, true)?, None)?;
+        let factor = ops::maximum(&abs_gates, &top, None)?;
+        let rel = (&(&top - gates)? / &factor)?;
+        // `> 2 * jitter_eps`: a Python float, weak in the ratio's dtype.
+        let far = ops::greater(
+            &rel,
+            &Array::from_f32((2.0 * jitter_eps) as f32, rel.dtype())?,
+            None,
+        )?;
+        let band = ops::where_(&far, &neg_inf, &masked, None)?;
+        let band = ops::softmax(&band, &[-1], true, None)?;
+        scores.push(ops::take_along_axis(&band, &ind, -1, None)?);
+        masked = ops::put_along_axis(&masked, &ind, &neg_inf, -1, None)?;
+        inds.push(ind);
+    }
+    let inds: Vec<&Array> = inds.iter().collect();
+    let scores: Vec<&Array> = scores.iter().collect();
+    Ok((
+        ops::concatenate(&inds, -1, None)?,
+        ops::concatenate(&scores, -1, None)?,
+    ))
 }
 
 /// `stop_gradient(argpartition(-gates, kth=k - 1, axis=-1)[..., :k])`.
@@ -1087,8 +1864,10 @@ impl Ffn {
 struct DecoderLayer {
     self_attn: Attention,
     ffn: Ffn,
-    input_layernorm: RmsNorm,
-    post_attention_layernorm: RmsNorm,
+    input_layernorm: Norm,
+    post_attention_layernorm: Norm,
+    /// granitemoe's `residual_multiplier` ([`MoeExtras::residual_multiplier`]).
+    residual_multiplier: Option<f32>,
 }
 
 impl DecoderLayer {
@@ -1119,6 +1898,7 @@ impl DecoderLayer {
             ffn: block,
             input_layernorm,
             post_attention_layernorm,
+            ..
         } = self;
         let mut out = Vec::new();
         self_attn.parameters_mut(&format!("{path}.self_attn"), &mut out)?;
@@ -1138,13 +1918,19 @@ impl DecoderLayer {
         mask: &AttentionMask,
         cache: Option<&mut Box<dyn Cache>>,
     ) -> Result<Array> {
+        let scaled = |r: Array| -> Result<Array> {
+            match self.residual_multiplier {
+                Some(m) => Ok((&r * m)?),
+                None => Ok(r),
+            }
+        };
         let r = self
             .self_attn
             .forward(&self.input_layernorm.forward(x)?, mask, cache)?;
-        let h = (x + &r)?;
+        let h = (x + &scaled(r)?)?;
         let n = self.post_attention_layernorm.forward(&h)?;
         let r = self.ffn.forward(&n)?;
-        Ok((&h + &r)?)
+        Ok((&h + &scaled(r)?)?)
     }
 }
 
@@ -1166,7 +1952,7 @@ pub struct Model {
     spec: MoeSpec,
     embed_tokens: Embedding,
     layers: Vec<DecoderLayer>,
-    norm: RmsNorm,
+    norm: Norm,
     lm_head: Option<Linear>,
     /// First full-attention and first sliding-window layer (whose caches make the masks).
     fa_idx: usize,
@@ -1183,6 +1969,11 @@ impl Model {
         sanitize(&spec, w)?;
         let eps = spec.rms_norm_eps;
         let dim = spec.hidden_size;
+        let kind = if spec.extras.layer_norm {
+            NormKind::Layer { bias: true }
+        } else {
+            NormKind::Rms
+        };
         let embed_tokens = Embedding::load(w, "model.embed_tokens", spec.vocab_size, dim)?;
         let mut layers = Vec::with_capacity(spec.num_hidden_layers as usize);
         for (i, dense) in spec.dense_layers.iter().enumerate() {
@@ -1194,8 +1985,8 @@ impl Model {
                     &crate::layers::MlpNames::LLAMA,
                     dim,
                     spec.intermediate_size,
-                    false,
-                    false,
+                    spec.extras.dense_bias,
+                    spec.extras.dense_bias,
                     MlpKind::SwiGlu,
                 )?)
             } else {
@@ -1208,20 +1999,28 @@ impl Model {
             layers.push(DecoderLayer {
                 self_attn: Attention::load(&spec, w, &format!("{p}.self_attn"))?,
                 ffn,
-                input_layernorm: RmsNorm::load(w, &format!("{p}.input_layernorm"), dim, eps)?,
-                post_attention_layernorm: RmsNorm::load(
+                input_layernorm: Norm::load(w, &format!("{p}.input_layernorm"), kind, dim, eps)?,
+                post_attention_layernorm: Norm::load(
                     w,
                     &format!("{p}.post_attention_layernorm"),
+                    kind,
                     dim,
                     eps,
                 )?,
+                residual_multiplier: spec.extras.residual_multiplier,
             });
         }
-        let norm = RmsNorm::load(w, "model.norm", dim, eps)?;
+        let norm = Norm::load(w, "model.norm", kind, dim, eps)?;
         let lm_head = if spec.tie_word_embeddings {
             None
         } else {
-            Some(Linear::load(w, "lm_head", dim, spec.vocab_size, false)?)
+            Some(Linear::load(
+                w,
+                "lm_head",
+                dim,
+                spec.vocab_size,
+                spec.extras.lm_head_bias,
+            )?)
         };
         let sliding = |i: usize| spec.sliding.get(i).copied().unwrap_or(false);
         let fa_idx = (0..layers.len()).find(|&i| !sliding(i)).unwrap_or(0);
@@ -1252,6 +2051,31 @@ fn sanitize(s: &MoeSpec, w: &mut Weights) -> Result<()> {
     if s.attn_sinks {
         return sanitize_gpt_oss(w);
     }
+    match s.model_type.as_str() {
+        "granitemoe" => return sanitize_granitemoe(s, w),
+        "ernie4_5_moe" => {
+            const DROPPED: [&str; 5] = [
+                "mtp_block.",
+                "mtp_linear_proj.",
+                "mtp_hidden_norm.",
+                "mtp_emb_norm.",
+                "e_score_correction_bias",
+            ];
+            for k in w.names() {
+                if DROPPED.iter().any(|p| k.contains(p)) {
+                    w.discard(&k);
+                }
+            }
+        }
+        _ => {}
+    }
+    if s.model_type == "minimax" && w.names().iter().any(|k| k.contains("weight_scale_inv")) {
+        return Err(ModelError::Weights(vec![
+            "minimax: FP8 checkpoints (`weight_scale_inv`) are not supported yet; convert the \
+             model with mlx_lm.convert first"
+                .into(),
+        ]));
+    }
     if s.tie_word_embeddings && s.drops_tied_head {
         w.discard("lm_head.weight");
     }
@@ -1281,11 +2105,42 @@ fn sanitize(s: &MoeSpec, w: &mut Weights) -> Result<()> {
                 }
                 let refs: Vec<&Array> = parts.iter().collect();
                 w.insert(
-                    format!("{prefix}.switch_mlp.{to}.{k}"),
+                    format!("{prefix}.{}.{to}.{k}", s.moe_names[1]),
                     ops::stack(&refs, 0, None)?,
                 );
             }
         }
+    }
+    Ok(())
+}
+
+/// granitemoe.py `sanitize`: `input_linear` split in two along axis 1 (gate, then up) and
+/// `output_linear` renamed to the switch MLP's down projection; a tied `lm_head` dropped. A
+/// checkpoint without `model.layers.0.block_sparse_moe.input_linear.weight` is taken as is.
+fn sanitize_granitemoe(s: &MoeSpec, w: &mut Weights) -> Result<()> {
+    if !w.contains("model.layers.0.block_sparse_moe.input_linear.weight") {
+        return Ok(());
+    }
+    for l in 0..s.num_hidden_layers {
+        let prefix = format!("model.layers.{l}.block_sparse_moe");
+        let key = format!("{prefix}.input_linear.weight");
+        let value = w
+            .remove(&key)
+            .ok_or_else(|| ModelError::Weights(vec![format!("missing: {key}")]))?;
+        let mut parts = ops::split_equal(&value, 2, 1, None)?.into_iter();
+        let (Some(gate), Some(up)) = (parts.next(), parts.next()) else {
+            return Err(ModelError::Weights(vec![format!("{key}: cannot split in two")]));
+        };
+        w.insert(format!("{prefix}.switch_mlp.gate_proj.weight"), gate);
+        w.insert(format!("{prefix}.switch_mlp.up_proj.weight"), up);
+        let key = format!("{prefix}.output_linear.weight");
+        let down = w
+            .remove(&key)
+            .ok_or_else(|| ModelError::Weights(vec![format!("missing: {key}")]))?;
+        w.insert(format!("{prefix}.switch_mlp.down_proj.weight"), down);
+    }
+    if s.tie_word_embeddings {
+        w.discard("lm_head.weight");
     }
     Ok(())
 }
@@ -1370,6 +2225,9 @@ impl Model {
     ) -> Result<Array> {
         crate::models::moe::check_inputs(inputs)?;
         let mut h = self.embed_tokens.forward(inputs)?;
+        if let Some(m) = self.spec.extras.embedding_multiplier {
+            h = (&h * m)?;
+        }
         let n = h.shape().get(1).copied().unwrap_or(0) as usize;
         let mut caches = caches;
         let (mask, swa_mask) = match caches.as_deref_mut() {
@@ -1415,7 +2273,20 @@ impl Model {
 
     /// The output head over normed hidden states.
     fn head(&self, out: &Array) -> Result<Array> {
-        super::project(self.lm_head.as_ref(), &self.embed_tokens, out)
+        self.output_head_shaped().forward(out)
+    }
+
+    /// The projection, then granitemoe's `/ logits_scaling`.
+    fn output_head_shaped(&self) -> crate::models::OutputHead {
+        let plain = crate::models::OutputHead::of(self.lm_head.as_ref(), &self.embed_tokens);
+        match self.spec.extras.logits_scaling {
+            Some(s) => crate::models::OutputHead::Shaped {
+                inner: Box::new(plain),
+                pre_div: None,
+                post: vec![crate::models::LogitTransform::Div(s)],
+            },
+            None => plain,
+        }
     }
 }
 
@@ -1434,10 +2305,7 @@ impl LanguageModel for Model {
 
     /// The projection `head` applies (for the chunked cross-entropy of training).
     fn output_head(&self) -> Option<crate::models::OutputHead> {
-        Some(crate::models::OutputHead::of(
-            self.lm_head.as_ref(),
-            &self.embed_tokens,
-        ))
+        Some(self.output_head_shaped())
     }
 
     fn make_cache(&self) -> Vec<Box<dyn Cache>> {

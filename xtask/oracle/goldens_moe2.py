@@ -1,0 +1,285 @@
+"""Tiny seeded models of the later mixture-of-experts rows (issue #32: granitemoe, minimax and
+its `minimax_m2` name, ernie4_5_moe, phimoe, Klear), and what mlx-lm 0.32.2 makes of them.
+
+For each row below: build mlx-lm's own model class (`mlx_lm.models.<module>.Model`), seed its
+random init, cast / quantize it, save it as an HF-style directory under
+mlx-models/tests/models/moe2/<name>/ (config.json + model.safetensors), load it back with
+mlx_lm.utils.load_model (sanitize and the quantization predicate run as for a user), then
+record:
+- mlx-models/tests/goldens/moe2_<name>.safetensors (read by mlx-models/tests/moe2_goldens.rs):
+  `prefill` logits for a 40-token prompt with fresh caches (top-2 of 4 experts = 80 pairs:
+  SwitchGLU's sorted path), `step<i>` logits of each greedy token fed through the caches (the
+  unsorted path), `full` logits of one cache-less forward; param `greedy` = the ids;
+- mlx-cli/tests/goldens/cli_moe2.json (read by mlx-cli/tests/moe2_cli.rs): mlx-lm's own
+  `generate_step` on the fixture (8 greedy ids, the chosen log-probabilities and each step's
+  top-5 `[id, logprob, float32 bits]`), the layout of `goldens_cli_models.py`.
+
+Run with `cargo xtask goldens moe2` (or this script with row names to redo only those).
+"""
+
+import importlib
+import json
+import os
+import shutil
+import struct
+import sys
+import zlib
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_map
+from mlx_lm.generate import generate_step
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.utils import load_model
+
+from golden import Golden
+
+ATTN = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-5,
+    "vocab_size": 128,
+    "rope_theta": 10000.0,
+    "max_position_embeddings": 512,
+}
+
+GRANITE = {
+    "intermediate_size": 32,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "logits_scaling": 4.0,
+    "attention_multiplier": 0.2,
+    "embedding_multiplier": 6.0,
+    "residual_multiplier": 0.3,
+}
+
+MINIMAX = {
+    "intermediate_size": 32,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "shared_intermediate_size": 0,
+    "rotary_dim": 8,
+    "head_dim": 16,
+}
+
+ERNIE = {
+    "intermediate_size": 48,
+    "moe_num_experts": 4,
+    "moe_intermediate_size": 32,
+    "moe_k": 2,
+    "moe_layer_interval": 1,
+}
+
+PHIMOE = {
+    "intermediate_size": 32,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+}
+
+KLEAR = {
+    "intermediate_size": 48,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "decoder_sparse_step": 1,
+    "moe_intermediate_size": 32,
+}
+
+ROWS = {
+    # name: (module, config overrides, dtype, (group_size, bits) or None)
+    "granitemoe": (
+        "granitemoe",
+        {**GRANITE, "attention_bias": True, "tie_word_embeddings": False},
+        "float32",
+        None,
+    ),
+    "granitemoe_q4": (
+        "granitemoe",
+        {**GRANITE, "attention_bias": False, "tie_word_embeddings": True},
+        "float32",
+        (32, 4),
+    ),
+    "minimax": ("minimax", {**MINIMAX, "use_qk_norm": True}, "float32", None),
+    # Saved under the `minimax_m2` name mlx-lm remaps to minimax.
+    "minimax_m2_q4": (
+        "minimax",
+        {**MINIMAX, "model_type": "minimax_m2", "tie_word_embeddings": True},
+        "float32",
+        (32, 4),
+    ),
+    "ernie4_5_moe": (
+        "ernie4_5_moe",
+        {
+            **ERNIE,
+            "num_hidden_layers": 3,
+            "use_bias": True,
+            "tie_word_embeddings": False,
+            "moe_layer_start_index": 1,
+            "moe_num_shared_experts": 1,
+        },
+        "float32",
+        None,
+    ),
+    "ernie4_5_moe_q4": (
+        "ernie4_5_moe",
+        {
+            **ERNIE,
+            "use_bias": False,
+            "tie_word_embeddings": True,
+            "moe_layer_start_index": [0],
+            "moe_layer_end_index": [1],
+            "moe_gate_act": "sigmoid",
+        },
+        "float32",
+        (32, 4),
+    ),
+    # SuScaledRoPE (longrope factors, long_mscale) and a wide sparsemixer band.
+    "phimoe": (
+        "phimoe",
+        {
+            **PHIMOE,
+            "router_jitter_noise": 0.3,
+            "max_position_embeddings": 8192,
+            "original_max_position_embeddings": 512,
+            "rope_scaling": {
+                "type": "longrope",
+                "short_factor": [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7],
+                "long_factor": [1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5],
+                "short_mscale": 1.1,
+                "long_mscale": 1.25,
+            },
+        },
+        "float32",
+        None,
+    ),
+    # No rope_scaling: plain nn.RoPE.
+    "phimoe_q4": ("phimoe", {**PHIMOE, "router_jitter_noise": 0.01}, "float32", (32, 4)),
+    "Klear": (
+        "Klear",
+        {
+            **KLEAR,
+            "num_hidden_layers": 3,
+            "attention_bias": True,
+            "mlp_only_layers": [1],
+            "n_shared_experts": 1,
+            "norm_topk_prob": True,
+        },
+        "float32",
+        None,
+    ),
+    "Klear_q4": (
+        "Klear",
+        {
+            **KLEAR,
+            "attention_bias": False,
+            "mlp_only_layers": [],
+            "n_shared_experts": 2,
+            "norm_topk_prob": False,
+        },
+        "float32",
+        (32, 4),
+    ),
+}
+
+MODELS = Path("mlx-models/tests/models/moe2")
+GOLDENS = Path("mlx-models/tests/goldens")
+CLI_GOLDEN = Path("mlx-cli/tests/goldens/cli_moe2.json")
+PROMPT = [(7 * i + 3) % 128 for i in range(40)]
+STEPS = 6
+# The CLI golden: goldens_cli_models.py's prompt and lengths.
+CLI_PROMPT = [(7 * i + 3) % 96 for i in range(40)]
+MAX_TOKENS = 8
+TOP = 5
+
+
+def bits(x):
+    return struct.unpack("<I", struct.pack("<f", x))[0]
+
+
+def build(name, module, overrides, dtype, quant):
+    config = {"model_type": module, **ATTN, **overrides}
+    arch = importlib.import_module(f"mlx_lm.models.{module}")
+    mx.random.seed(zlib.crc32(name.encode()))  # stable per row, whatever the row order
+    model = arch.Model(arch.ModelArgs.from_dict(config))
+    # A wider init than the default so logits and routing are not all near zero.
+    model.update(tree_map(lambda p: mx.random.normal(p.shape) * 0.3, model.parameters()))
+    model.set_dtype(getattr(mx, dtype))
+    if quant is not None:
+        gs, b = quant
+        nn.quantize(model, group_size=gs, bits=b)
+        config["quantization"] = {"group_size": gs, "bits": b}
+    mx.eval(model.parameters())
+    out_dir = MODELS / name
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.makedirs(out_dir)
+    mx.save_safetensors(str(out_dir / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    with open(out_dir / "config.json", "w") as f:
+        json.dump(config, f, indent=2)
+    return out_dir
+
+
+def logits_goldens(name, out_dir):
+    model, _ = load_model(out_dir)
+    g = Golden(str(GOLDENS / f"moe2_{name}.safetensors"), __file__)
+    cache = make_prompt_cache(model)
+    ids = mx.array([PROMPT], dtype=mx.int32)
+    logits = model(ids, cache=cache)
+    g.case("prefill", "forward", [ids], logits)
+    greedy = []
+    for s in range(STEPS):
+        nxt = mx.argmax(logits[:, -1, :], axis=-1).astype(mx.int32)
+        greedy.append(nxt.item())
+        ids = nxt[:, None]
+        logits = model(ids, cache=cache)
+        g.case(f"step{s}", "forward", [ids], logits)
+    full_ids = mx.array([PROMPT + greedy], dtype=mx.int32)
+    g.case("full", "forward_nocache", [full_ids], model(full_ids))
+    g.meta["greedy"] = ",".join(map(str, greedy))
+    g.save()
+
+
+def cli_case(out_dir):
+    model, _ = load_model(out_dir)
+    tokens, logprobs, tops = [], [], []
+    for (tok, lp), _ in zip(
+        generate_step(mx.array(CLI_PROMPT), model, max_tokens=MAX_TOKENS), range(MAX_TOKENS)
+    ):
+        tok = int(tok)
+        tokens.append(tok)
+        chosen = lp[tok].item()
+        logprobs.append([chosen, bits(chosen)])
+        order = mx.argsort(-lp)[:TOP].tolist()
+        tops.append([[i, lp[i].item(), bits(lp[i].item())] for i in order])
+    return {"prompt_ids": CLI_PROMPT, "tokens": tokens, "logprobs": logprobs, "top_logprobs": tops}
+
+
+def main():
+    only = sys.argv[1:]
+    unknown = [n for n in only if n not in ROWS]
+    assert not unknown, f"unknown rows {unknown}"
+    cases = {}
+    if only and CLI_GOLDEN.exists():
+        cases = json.loads(CLI_GOLDEN.read_text())["cases"]
+    for name, (module, overrides, dtype, quant) in ROWS.items():
+        if only and name not in only:
+            continue
+        out_dir = build(name, module, overrides, dtype, quant)
+        logits_goldens(name, out_dir)
+        cases[f"moe2/{name}"] = cli_case(out_dir)
+        print(f"{name}: {cases[f'moe2/{name}']['tokens']}", file=sys.stderr)
+    golden = {
+        "generator": f"xtask/oracle/goldens_moe2.py mlx={mx.__version__} "
+        f"mlx_lm={__import__('mlx_lm').__version__}",
+        "max_tokens": MAX_TOKENS,
+        "top_logprobs": TOP,
+        "cases": dict(sorted(cases.items())),
+    }
+    CLI_GOLDEN.parent.mkdir(parents=True, exist_ok=True)
+    CLI_GOLDEN.write_text(json.dumps(golden, indent=None, separators=(",", ":")) + "\n")
+    print(f"wrote {CLI_GOLDEN}: {len(cases)} fixtures", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
