@@ -164,6 +164,11 @@ fn klear_reproduces_mlx_lm_top5_through_the_cli() {
     check_types(&["Klear"]);
 }
 
+#[test]
+fn hunyuan_reproduces_mlx_lm_top5_through_the_cli() {
+    check_types(&["hunyuan"]);
+}
+
 /// `mlx models` lists each of these types as served by a dedicated port.
 #[test]
 fn mlx_models_lists_the_moe2_types() {
@@ -173,7 +178,7 @@ fn mlx_models_lists_the_moe2_types() {
         .unwrap();
     let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
     let listed = listed.as_array().unwrap();
-    for t in ["granitemoe", "minimax", "minimax_m2", "ernie4_5_moe", "phimoe", "Klear"] {
+    for t in ["granitemoe", "minimax", "minimax_m2", "ernie4_5_moe", "phimoe", "Klear", "hunyuan"] {
         assert!(
             listed.iter().any(|e| e["model_type"] == t),
             "`mlx models` does not list {t}"

@@ -86,3 +86,8 @@ fn phimoe_matches_mlx_lm_bit_for_bit() {
 fn klear_matches_mlx_lm_bit_for_bit() {
     check_all(&["Klear", "Klear_q4"]);
 }
+
+#[test]
+fn hunyuan_matches_mlx_lm_bit_for_bit() {
+    check_all(&["hunyuan", "hunyuan_q4"]);
+}

@@ -1,5 +1,5 @@
 """Tiny seeded models of the later mixture-of-experts rows (issue #32: granitemoe, minimax and
-its `minimax_m2` name, ernie4_5_moe, phimoe, Klear), and what mlx-lm 0.32.2 makes of them.
+its `minimax_m2` name, ernie4_5_moe, phimoe, Klear, hunyuan), and what mlx-lm 0.32.2 makes of them.
 
 For each row below: build mlx-lm's own model class (`mlx_lm.models.<module>.Model`), seed its
 random init, cast / quantize it, save it as an HF-style directory under
@@ -85,6 +85,12 @@ KLEAR = {
     "num_experts_per_tok": 2,
     "decoder_sparse_step": 1,
     "moe_intermediate_size": 32,
+}
+
+HUNYUAN = {
+    "intermediate_size": 32,
+    "num_experts": 4,
+    "rope_scaling": {"alpha": 1000.0, "factor": 1.0, "type": "dynamic"},
 }
 
 ROWS = {
@@ -177,6 +183,40 @@ ROWS = {
             "mlp_only_layers": [],
             "n_shared_experts": 2,
             "norm_topk_prob": False,
+        },
+        "float32",
+        (32, 4),
+    ),
+    # Cross-layer attention (layers 1 and 3 reuse layer 0's and 2's keys and values), q/k
+    # norms after the rope, per-layer expert widths.
+    "hunyuan": (
+        "hunyuan",
+        {
+            **HUNYUAN,
+            "num_hidden_layers": 4,
+            "attention_bias": False,
+            "moe_topk": 2,
+            "num_shared_expert": 1,
+            "use_mixed_mlp_moe": True,
+            "use_qk_norm": True,
+            "use_cla": True,
+            "cla_share_factor": 2,
+            "moe_intermediate_size": [32, 48, 32, 16],
+        },
+        "float32",
+        None,
+    ),
+    "hunyuan_q4": (
+        "hunyuan",
+        {
+            **HUNYUAN,
+            "attention_bias": True,
+            "moe_topk": [2, 1],
+            "num_shared_expert": [1, 2],
+            "use_mixed_mlp_moe": True,
+            "use_qk_norm": False,
+            "use_cla": False,
+            "cla_share_factor": 2,
         },
         "float32",
         (32, 4),

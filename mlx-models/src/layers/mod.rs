@@ -24,6 +24,7 @@ pub use linear::{Linear, LinearAdapter, QuantizedWeight};
 pub use mlp::{join, Mlp, MlpKind, MlpNames};
 pub use norm::{LayerNorm, Norm, NormKind, RmsNorm};
 pub use rope::{Rope, RopeScaling};
+pub(crate) use rope::base_pow;
 pub use switch::{SwitchActivation, SwitchAdapter, SwitchGlu, SwitchLinear};
 
 use mlx_core::prelude::Array;

@@ -345,6 +345,7 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
     ("ernie4_5_moe", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
     ("phimoe", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
     ("Klear", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
+    ("hunyuan", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
     ("qwen3_next", |c, w| {
         Ok(Box::new(qwen3_next::Model::load(c, w)?))
     }),

@@ -26,6 +26,8 @@ pub enum QkNorm {
     PerHead,
     /// Over all heads (`n_heads * head_dim`), before the reshape (olmoe).
     Full,
+    /// Over each head, after the rope (hunyuan).
+    AfterRope,
 }
 
 /// How a router turns gate logits into `k` experts and their weights.
@@ -63,6 +65,9 @@ pub enum Router {
     /// (`argpartition(-biased, k - 1)[..., :k]`), the weights the unbiased ones, optionally
     /// over their sum, cast to the input's dtype.
     SigmoidBiased { norm_topk_prob: bool },
+    /// hunyuan: precise softmax, `argpartition(-gates, k - 1)[..., :k]`, the weighted sum
+    /// with the weights in float32, cast back to the experts' dtype.
+    SoftmaxLowerF32Weights,
 }
 
 /// What a row fixes about the family.
@@ -136,6 +141,14 @@ pub struct MoeExtras {
     pub lm_head_bias: bool,
     /// phimoe: the rotary embedding, built by the row (`SuScaledRoPE` with its mscale).
     pub rope: Option<Rope>,
+    /// hunyuan: the attention's module names (output projection, q norm, k norm).
+    pub attn_names: Option<[&'static str; 3]>,
+    /// hunyuan's cross-layer attention (`use_cla`): only layers `i % factor == 0` project
+    /// keys and values; the others take the last ones projected.
+    pub cla_share_factor: Option<i32>,
+    /// hunyuan: per layer (when its config lists them), the experts' `top_k`, their width and
+    /// the shared MLP's width.
+    pub layer_moe: Vec<(i32, i32, Option<i32>)>,
     /// The block's extras (see [`BlockExtras`]).
     pub block: BlockExtras,
 }
@@ -149,6 +162,8 @@ pub struct BlockExtras {
     /// ernie4_5_moe, Klear: an ungated `shared_experts` SwiGLU MLP of this width (with biases
     /// when the flag is set), added to the experts' output.
     pub plain_shared: Option<(i32, bool)>,
+    /// The shared MLP's module name (`shared_experts` when `None`; hunyuan `shared_mlp`).
+    pub plain_shared_name: Option<&'static str>,
     /// Klear: `coefficient`, a biased linear to 2 whose precise softmax mixes the experts'
     /// output (first) and the shared experts' (second) instead of adding them.
     pub coefficient: bool,
@@ -547,6 +562,63 @@ struct KlearArgs {
     norm_topk_prob: bool,
 }
 
+/// hunyuan.py `ModelArgs`.
+#[derive(Deserialize)]
+struct HunyuanArgs {
+    model_type: String,
+    vocab_size: i32,
+    hidden_size: i32,
+    num_hidden_layers: i32,
+    intermediate_size: i32,
+    num_attention_heads: i32,
+    num_key_value_heads: i32,
+    attention_bias: bool,
+    moe_topk: IntOrList,
+    num_experts: i32,
+    num_shared_expert: IntOrList,
+    use_mixed_mlp_moe: bool,
+    use_qk_norm: bool,
+    rms_norm_eps: f64,
+    rope_theta: f64,
+    use_cla: bool,
+    cla_share_factor: i32,
+    #[serde(default)]
+    moe_intermediate_size: Option<IntOrList>,
+    #[serde(default)]
+    rope_scaling: Option<RopeScaling>,
+}
+
+/// hunyuan.py's `DynamicNTKAlphaRoPE(head_dim, base, rope_scaling["alpha"])`: the base
+/// becomes `base * alpha ** (dims / (dims - 2))`, the frequencies
+/// `base ** (mx.arange(0, dims, 2) / dims)`.
+fn hunyuan_rope(a: &HunyuanArgs, dims: i32) -> Result<Rope> {
+    let alpha = a
+        .rope_scaling
+        .as_ref()
+        .and_then(|c| c.get("alpha"))
+        .and_then(|v| v.as_f64())
+        .ok_or_else(|| ModelError::Config("hunyuan: rope_scaling needs a numeric `alpha`".into()))?;
+    if let Some(c) = &a.rope_scaling {
+        if c.get("factor").is_none() || c.get("type").is_none() {
+            return Err(ModelError::Config(
+                "hunyuan: rope_scaling must contain keys factor and type".into(),
+            ));
+        }
+    }
+    if dims <= 2 {
+        return Err(ModelError::Config(format!(
+            "hunyuan: head_dim must exceed 2, got {dims}"
+        )));
+    }
+    let base = a.rope_theta * alpha.powf(f64::from(dims) / f64::from(dims - 2));
+    Ok(Rope::Freqs {
+        dims,
+        traditional: false,
+        freqs: crate::layers::base_pow(base, dims, Dtype::Int32)?,
+        input_scale: None,
+    })
+}
+
 /// An int, or a list whose min (start) or max (end) ernie4_5_moe takes.
 #[derive(Deserialize)]
 #[serde(untagged)]
@@ -562,6 +634,14 @@ impl Default for IntOrList {
 }
 
 impl IntOrList {
+    /// `_int_or_list(arg, idx)`.
+    fn at(&self, idx: usize) -> Option<i32> {
+        match self {
+            IntOrList::Int(i) => Some(*i),
+            IntOrList::List(v) => v.get(idx).copied(),
+        }
+    }
+
     fn min(&self) -> Option<i32> {
         match self {
             IntOrList::Int(i) => Some(*i),
@@ -947,6 +1027,95 @@ impl MoeSpec {
                                 false,
                             )),
                             coefficient: true,
+                            ..BlockExtras::default()
+                        },
+                        ..MoeExtras::default()
+                    },
+                }
+            }
+            "hunyuan" => {
+                let a: HunyuanArgs = config.args()?;
+                let n = a.num_hidden_layers.max(0) as usize;
+                let head_dim = head_dim_of(a.hidden_size, a.num_attention_heads)?;
+                let rope = hunyuan_rope(&a, head_dim)?;
+                let at = |v: &IntOrList, name: &str, i: usize| {
+                    v.at(i).ok_or_else(|| {
+                        ModelError::Config(format!("hunyuan: `{name}` has no entry for layer {i}"))
+                    })
+                };
+                let mut layer_moe = Vec::with_capacity(n);
+                for i in 0..n {
+                    let top_k = at(&a.moe_topk, "moe_topk", i)?;
+                    let width = match &a.moe_intermediate_size {
+                        Some(v) => at(v, "moe_intermediate_size", i)?,
+                        None => a.intermediate_size,
+                    };
+                    let shared = if a.use_mixed_mlp_moe {
+                        Some(a.intermediate_size * at(&a.num_shared_expert, "num_shared_expert", i)?)
+                    } else {
+                        None
+                    };
+                    if top_k <= 0 || top_k > a.num_experts || width <= 0 {
+                        return Err(ModelError::Config(format!(
+                            "hunyuan: layer {i} has top_k {top_k} of {} experts of width {width}",
+                            a.num_experts
+                        )));
+                    }
+                    layer_moe.push((top_k, width, shared));
+                }
+                if a.use_cla && a.cla_share_factor <= 0 {
+                    return Err(ModelError::Config(format!(
+                        "hunyuan: cla_share_factor must be positive, got {}",
+                        a.cla_share_factor
+                    )));
+                }
+                let (top_k, width) = layer_moe.first().map_or((1, 1), |l| (l.0, l.1));
+                MoeSpec {
+                    model_type: a.model_type,
+                    hidden_size: a.hidden_size,
+                    num_hidden_layers: a.num_hidden_layers,
+                    vocab_size: a.vocab_size,
+                    rms_norm_eps: a.rms_norm_eps as f32,
+                    // The output is always `embed_tokens.as_linear`.
+                    tie_word_embeddings: true,
+                    n_heads: a.num_attention_heads,
+                    n_kv_heads: a.num_key_value_heads,
+                    head_dim,
+                    qkv_bias: a.attention_bias,
+                    o_bias: a.attention_bias,
+                    qk_norm: if a.use_qk_norm {
+                        QkNorm::AfterRope
+                    } else {
+                        QkNorm::None
+                    },
+                    rope_theta: a.rope_theta,
+                    rope_traditional: false,
+                    rope_scaling: None,
+                    max_position_embeddings: None,
+                    num_experts: a.num_experts,
+                    top_k,
+                    moe_intermediate_size: width,
+                    expert_bias: false,
+                    router: Router::SoftmaxLowerF32Weights,
+                    shared_expert_intermediate_size: None,
+                    dense_layers: vec![a.num_experts == 1; n],
+                    intermediate_size: a.intermediate_size,
+                    moe_module: "mlp",
+                    drops_tied_head: false,
+                    attn_sinks: false,
+                    moe_names: ["gate.wg", "switch_mlp"],
+                    router_bias: false,
+                    activation: SwitchActivation::SwiGlu,
+                    sliding: Vec::new(),
+                    sliding_window: None,
+                    extras: MoeExtras {
+                        rope: Some(rope),
+                        attn_names: Some(["o_proj", "query_layernorm", "key_layernorm"]),
+                        cla_share_factor: a.use_cla.then_some(a.cla_share_factor),
+                        layer_moe,
+                        block: BlockExtras {
+                            plain_shared_name: Some("shared_mlp"),
+                            ..BlockExtras::default()
                         },
                         ..MoeExtras::default()
                     },
@@ -1218,8 +1387,10 @@ pub(crate) struct Attention {
     scale: f32,
     qk_norm: QkNorm,
     q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
+    /// `None` on hunyuan's layers that reuse the previous layer's keys and values
+    /// (cross-layer attention).
+    k_proj: Option<Linear>,
+    v_proj: Option<Linear>,
     o_proj: Linear,
     q_norm: Option<RmsNorm>,
     k_norm: Option<RmsNorm>,
@@ -1230,7 +1401,7 @@ pub(crate) struct Attention {
 }
 
 impl Attention {
-    fn load(s: &MoeSpec, w: &mut Weights, path: &str) -> Result<Attention> {
+    fn load(s: &MoeSpec, w: &mut Weights, path: &str, kv_proj: bool) -> Result<Attention> {
         let spec = AttentionSpec {
             hidden_size: s.hidden_size,
             n_heads: s.n_heads,
@@ -1247,11 +1418,11 @@ impl Attention {
                 s.rope_scaling.as_ref(),
                 s.max_position_embeddings,
             )?,
-            names: ["o_proj", "q_norm", "k_norm"],
+            names: s.extras.attn_names.unwrap_or(["o_proj", "q_norm", "k_norm"]),
             sinks: s.attn_sinks,
             inv_sqrt_scale: s.attn_sinks,
         };
-        let mut a = Attention::new(spec, w, path)?;
+        let mut a = Attention::new_with(spec, w, path, kv_proj)?;
         if let Some(scale) = s.extras.attention_scale {
             a.scale = scale;
         }
@@ -1262,6 +1433,12 @@ impl Attention {
     }
 
     pub(crate) fn new(s: AttentionSpec, w: &mut Weights, path: &str) -> Result<Attention> {
+        Attention::new_with(s, w, path, true)
+    }
+
+    /// [`Attention::new`]; without `k_proj` / `v_proj` when `kv_proj` is false (the layer
+    /// takes another layer's keys and values).
+    fn new_with(s: AttentionSpec, w: &mut Weights, path: &str, kv_proj: bool) -> Result<Attention> {
         let (dim, hd) = (s.hidden_size, s.head_dim);
         let p = |n: &str| format!("{path}.{n}");
         let [o_name, q_name, k_name] = s.names;
@@ -1286,8 +1463,16 @@ impl Attention {
             },
             qk_norm: s.qk_norm,
             q_proj: Linear::load(w, &p("q_proj"), dim, s.n_heads * hd, s.qkv_bias)?,
-            k_proj: Linear::load(w, &p("k_proj"), dim, s.n_kv_heads * hd, s.qkv_bias)?,
-            v_proj: Linear::load(w, &p("v_proj"), dim, s.n_kv_heads * hd, s.qkv_bias)?,
+            k_proj: if kv_proj {
+                Some(Linear::load(w, &p("k_proj"), dim, s.n_kv_heads * hd, s.qkv_bias)?)
+            } else {
+                None
+            },
+            v_proj: if kv_proj {
+                Some(Linear::load(w, &p("v_proj"), dim, s.n_kv_heads * hd, s.qkv_bias)?)
+            } else {
+                None
+            },
             o_proj: Linear::load(w, &p(o_name), s.n_heads * hd, dim, s.o_bias)?,
             q_norm,
             k_norm,
@@ -1314,12 +1499,15 @@ impl Attention {
             names: [o_name, ..],
             ..
         } = self;
-        vec![
-            ("q_proj".into(), q_proj),
-            ("k_proj".into(), k_proj),
-            ("v_proj".into(), v_proj),
-            (o_name.to_string(), o_proj),
-        ]
+        let mut out: Vec<(String, &mut Linear)> = vec![("q_proj".into(), q_proj)];
+        if let Some(k) = k_proj {
+            out.push(("k_proj".into(), k));
+        }
+        if let Some(v) = v_proj {
+            out.push(("v_proj".into(), v));
+        }
+        out.push((o_name.to_string(), o_proj));
+        out
     }
 
     pub(crate) fn parameters_mut<'a>(
@@ -1340,12 +1528,14 @@ impl Attention {
         } = self;
         let p = |n: &str| format!("{path}.{n}");
         for (name, l) in [
-            ("q_proj", q_proj),
-            ("k_proj", k_proj),
-            ("v_proj", v_proj),
-            (*o_name, o_proj),
+            ("q_proj", Some(q_proj)),
+            ("k_proj", k_proj.as_mut()),
+            ("v_proj", v_proj.as_mut()),
+            (*o_name, Some(o_proj)),
         ] {
-            l.parameters_mut(&p(name), out)?;
+            if let Some(l) = l {
+                l.parameters_mut(&p(name), out)?;
+            }
         }
         for (name, n) in [(*q_name, q_norm), (*k_name, k_norm)] {
             if let Some(n) = n {
@@ -1364,6 +1554,19 @@ impl Attention {
         mask: &AttentionMask,
         cache: Option<&mut Box<dyn Cache>>,
     ) -> Result<Array> {
+        Ok(self.forward_shared(x, mask, cache, None)?.0)
+    }
+
+    /// [`Attention::forward`], also returning the keys and values as projected (before the
+    /// reshape), which a layer without its own projections takes as `shared` (hunyuan's
+    /// cross-layer attention).
+    fn forward_shared(
+        &self,
+        x: &Array,
+        mask: &AttentionMask,
+        cache: Option<&mut Box<dyn Cache>>,
+        shared: Option<&(Array, Array)>,
+    ) -> Result<(Array, (Array, Array))> {
         let sh = x.shape();
         let (b, l) = (sh[0], sh[1]);
         let norm = |n: &Option<RmsNorm>, y: Array| -> Result<Array> {
@@ -1373,8 +1576,17 @@ impl Attention {
             }
         };
         let mut queries = self.q_proj.forward(x)?;
-        let mut keys = self.k_proj.forward(x)?;
-        let values = self.v_proj.forward(x)?;
+        let (mut keys, values) = match (&self.k_proj, &self.v_proj, shared) {
+            (Some(k), Some(v), None) => (k.forward(x)?, v.forward(x)?),
+            (_, _, Some((k, v))) => (k.clone(), v.clone()),
+            _ => {
+                return Err(ModelError::Other(
+                    "a layer without k_proj / v_proj needs an earlier layer's keys and values"
+                        .into(),
+                ))
+            }
+        };
+        let kv_states = (keys.clone(), values.clone());
         if self.qk_norm == QkNorm::Full {
             queries = norm(&self.q_norm, queries)?;
             keys = norm(&self.k_norm, keys)?;
@@ -1390,25 +1602,33 @@ impl Attention {
         let queries = heads(&queries)?;
         let keys = heads(&keys)?;
         let values = heads(&split(&values, self.n_kv_heads)?)?;
+        let after_rope = |q: Array, k: Array| -> Result<(Array, Array)> {
+            if self.qk_norm == QkNorm::AfterRope {
+                Ok((norm(&self.q_norm, q)?, norm(&self.k_norm, k)?))
+            } else {
+                Ok((q, k))
+            }
+        };
         let (queries, kv) = match cache {
             Some(c) => {
                 let offset = c.offset();
                 let q = self.rope.forward(&queries, offset)?;
                 let k = self.rope.forward(&keys, offset)?;
+                let (q, k) = after_rope(q, k)?;
                 (q, c.update_and_fetch(&k, &values)?)
             }
-            None => (
-                self.rope.forward(&queries, 0)?,
-                mlx_cache::Kv::Dense {
-                    keys: self.rope.forward(&keys, 0)?,
-                    values,
-                },
-            ),
+            None => {
+                let (q, k) = after_rope(
+                    self.rope.forward(&queries, 0)?,
+                    self.rope.forward(&keys, 0)?,
+                )?;
+                (q, mlx_cache::Kv::Dense { keys: k, values })
+            }
         };
         let out =
             scaled_dot_product_attention(&queries, &kv, self.scale, mask, self.sinks.as_ref())?;
         let out = ops::reshape(&heads(&out)?, &[b, l, -1], None)?;
-        self.o_proj.forward(&out)
+        Ok((self.o_proj.forward(&out)?, kv_states))
     }
 }
 
@@ -1444,6 +1664,8 @@ pub struct SparseMoe {
     correction_bias: Option<(&'static str, Array)>,
     /// The ungated `shared_experts` ([`BlockExtras::plain_shared`]).
     plain_shared: Option<Mlp>,
+    /// Its module name ([`BlockExtras::plain_shared_name`]).
+    plain_shared_name: &'static str,
     /// Klear's `coefficient` ([`BlockExtras::coefficient`]).
     coefficient: Option<Linear>,
 }
@@ -1496,7 +1718,7 @@ impl SparseMoe {
         let plain_shared = match extras.plain_shared {
             Some((h, bias)) => Some(Mlp::load(
                 w,
-                &p("shared_experts"),
+                &p(extras.plain_shared_name.unwrap_or("shared_experts")),
                 &crate::layers::MlpNames::LLAMA,
                 s.hidden_size,
                 h,
@@ -1545,6 +1767,7 @@ impl SparseMoe {
             names: s.names,
             correction_bias,
             plain_shared,
+            plain_shared_name: extras.plain_shared_name.unwrap_or("shared_experts"),
             coefficient,
         })
     }
@@ -1561,6 +1784,7 @@ impl SparseMoe {
             shared_expert,
             names: [router, experts],
             plain_shared,
+            plain_shared_name: shared_name,
             coefficient,
             ..
         } = self;
@@ -1586,7 +1810,7 @@ impl SparseMoe {
         }
         if let Some(mlp) = plain_shared {
             for (n, l) in mlp.linears_mut(&MlpNames::LLAMA) {
-                out.push((format!("shared_experts.{n}"), LinearMut::Linear(l)));
+                out.push((format!("{shared_name}.{n}"), LinearMut::Linear(l)));
             }
         }
         if let Some(c) = coefficient {
@@ -1607,6 +1831,7 @@ impl SparseMoe {
             names: [router, experts],
             correction_bias,
             plain_shared,
+            plain_shared_name,
             coefficient,
             ..
         } = self;
@@ -1621,7 +1846,7 @@ impl SparseMoe {
             shared_gate.parameters_mut(&p("shared_expert_gate"), out)?;
         }
         if let Some(mlp) = plain_shared {
-            mlp.parameters_mut(&p("shared_experts"), &MlpNames::LLAMA, out)?;
+            mlp.parameters_mut(&p(plain_shared_name), &MlpNames::LLAMA, out)?;
         }
         if let Some(c) = coefficient {
             c.parameters_mut(&p("coefficient"), out)?;
@@ -1720,6 +1945,12 @@ impl SparseMoe {
                     scores = (&scores / &ops::sum(&scores, &[-1], true, None)?)?;
                 }
                 (inds, scores.astype(x_in.dtype())?, false)
+            }
+            Router::SoftmaxLowerF32Weights => {
+                let gates = ops::softmax(&gates, &[-1], true, None)?;
+                let inds = lower_top_k(&gates, k)?;
+                let scores = ops::take_along_axis(&gates, &inds, -1, None)?;
+                (inds, scores.astype(Dtype::Float32)?, true)
             }
             Router::SparseMixer { jitter_eps } => {
                 let (inds, scores) = sparsemixer(&gates, k, jitter_eps)?;
@@ -1918,19 +2149,36 @@ impl DecoderLayer {
         mask: &AttentionMask,
         cache: Option<&mut Box<dyn Cache>>,
     ) -> Result<Array> {
+        Ok(self.forward_shared(x, mask, cache, None)?.0)
+    }
+
+    /// [`DecoderLayer::forward`] with hunyuan's shared keys and values (taken when the
+    /// attention has no projections of its own; the ones used are returned).
+    fn forward_shared(
+        &self,
+        x: &Array,
+        mask: &AttentionMask,
+        cache: Option<&mut Box<dyn Cache>>,
+        shared: Option<&(Array, Array)>,
+    ) -> Result<(Array, (Array, Array))> {
         let scaled = |r: Array| -> Result<Array> {
             match self.residual_multiplier {
                 Some(m) => Ok((&r * m)?),
                 None => Ok(r),
             }
         };
-        let r = self
-            .self_attn
-            .forward(&self.input_layernorm.forward(x)?, mask, cache)?;
+        let shared = if self.self_attn.k_proj.is_some() {
+            None
+        } else {
+            shared
+        };
+        let (r, kv) =
+            self.self_attn
+                .forward_shared(&self.input_layernorm.forward(x)?, mask, cache, shared)?;
         let h = (x + &scaled(r)?)?;
         let n = self.post_attention_layernorm.forward(&h)?;
         let r = self.ffn.forward(&n)?;
-        Ok((&h + &scaled(r)?)?)
+        Ok(((&h + &scaled(r)?)?, kv))
     }
 }
 
@@ -1989,6 +2237,16 @@ impl Model {
                     spec.extras.dense_bias,
                     MlpKind::SwiGlu,
                 )?)
+            } else if let Some(&(top_k, width, shared)) = spec.extras.layer_moe.get(i) {
+                let mut layer_spec = spec.clone();
+                layer_spec.top_k = top_k;
+                layer_spec.moe_intermediate_size = width;
+                layer_spec.extras.block.plain_shared = shared.map(|h| (h, false));
+                Ffn::Sparse(Box::new(SparseMoe::load(
+                    &layer_spec,
+                    w,
+                    &format!("{p}.{}", spec.moe_module),
+                )?))
             } else {
                 Ffn::Sparse(Box::new(SparseMoe::load(
                     &spec,
@@ -1996,8 +2254,12 @@ impl Model {
                     &format!("{p}.{}", spec.moe_module),
                 )?))
             };
+            let kv_proj = spec
+                .extras
+                .cla_share_factor
+                .is_none_or(|f| i as i32 % f == 0);
             layers.push(DecoderLayer {
-                self_attn: Attention::load(&spec, w, &format!("{p}.self_attn"))?,
+                self_attn: Attention::load(&spec, w, &format!("{p}.self_attn"), kv_proj)?,
                 ffn,
                 input_layernorm: Norm::load(w, &format!("{p}.input_layernorm"), kind, dim, eps)?,
                 post_attention_layernorm: Norm::load(
@@ -2053,6 +2315,7 @@ fn sanitize(s: &MoeSpec, w: &mut Weights) -> Result<()> {
     }
     match s.model_type.as_str() {
         "granitemoe" => return sanitize_granitemoe(s, w),
+        "hunyuan" => sanitize_hunyuan(s, w)?,
         "ernie4_5_moe" => {
             const DROPPED: [&str; 5] = [
                 "mtp_block.",
@@ -2141,6 +2404,36 @@ fn sanitize_granitemoe(s: &MoeSpec, w: &mut Weights) -> Result<()> {
     }
     if s.tie_word_embeddings {
         w.discard("lm_head.weight");
+    }
+    Ok(())
+}
+
+/// hunyuan.py `sanitize`'s first part: HF's fused `qkv_proj` (rows grouped per KV head:
+/// its query heads, then its key, then its value) and `gate_and_up_proj` (up first) split into
+/// the separate projections. Only when `model.layers.0.mlp.gate_and_up_proj.weight` exists.
+fn sanitize_hunyuan(s: &MoeSpec, w: &mut Weights) -> Result<()> {
+    if !w.contains("model.layers.0.mlp.gate_and_up_proj.weight") {
+        return Ok(());
+    }
+    let groups = s.n_heads / s.n_kv_heads;
+    for k in w.names() {
+        if k.contains("qkv_proj") {
+            let Some(v) = w.remove(&k) else { continue };
+            let v = ops::reshape(&v, &[s.n_kv_heads, groups + 2, s.head_dim, -1], None)?;
+            let parts = ops::split_at(&v, &[groups, groups + 1], 1, None)?;
+            for (name, part) in ["q_proj", "k_proj", "v_proj"].iter().zip(parts) {
+                w.insert(
+                    k.replace("qkv_proj", name),
+                    ops::flatten(&part, 0, 2, None)?,
+                );
+            }
+        } else if k.contains("gate_and_up_proj") {
+            let Some(v) = w.remove(&k) else { continue };
+            let parts = ops::split_equal(&v, 2, 0, None)?;
+            for (name, part) in ["up_proj", "gate_proj"].iter().zip(parts) {
+                w.insert(k.replace("gate_and_up_proj", name), part);
+            }
+        }
     }
     Ok(())
 }
@@ -2255,6 +2548,15 @@ impl Model {
                 )?),
             ),
         };
+        let cla = self.spec.extras.cla_share_factor.is_some();
+        if cla && self.grad_checkpoint {
+            return Err(ModelError::Other(format!(
+                "{}: gradient checkpointing is not supported with cross-layer attention \
+                 (use_cla)",
+                self.spec.model_type
+            )));
+        }
+        let mut shared: Option<(Array, Array)> = None;
         for (i, layer) in self.layers.iter().enumerate() {
             let m = if self.is_sliding(i) {
                 swa_mask.as_ref().unwrap_or(&mask)
@@ -2263,6 +2565,12 @@ impl Model {
             }
             .clone();
             let cache = caches.as_deref_mut().map(|c| &mut c[i]);
+            if cla {
+                let (out, kv) = layer.forward_shared(&h, &m, cache, shared.as_ref())?;
+                h = out;
+                shared = Some(kv);
+                continue;
+            }
             let ckpt = self
                 .grad_checkpoint
                 .then(|| self.checkpoint_own.contains(&i));
