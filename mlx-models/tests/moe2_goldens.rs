@@ -91,3 +91,8 @@ fn klear_matches_mlx_lm_bit_for_bit() {
 fn hunyuan_matches_mlx_lm_bit_for_bit() {
     check_all(&["hunyuan", "hunyuan_q4"]);
 }
+
+#[test]
+fn lfm2_moe_matches_mlx_lm_bit_for_bit() {
+    check_all(&["lfm2_moe", "lfm2_moe_q4"]);
+}

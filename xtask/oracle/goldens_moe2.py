@@ -1,5 +1,5 @@
 """Tiny seeded models of the later mixture-of-experts rows (issue #32: granitemoe, minimax and
-its `minimax_m2` name, ernie4_5_moe, phimoe, Klear, hunyuan), and what mlx-lm 0.32.2 makes of them.
+its `minimax_m2` name, ernie4_5_moe, phimoe, Klear, hunyuan, lfm2_moe), and what mlx-lm 0.32.2 makes of them.
 
 For each row below: build mlx-lm's own model class (`mlx_lm.models.<module>.Model`), seed its
 random init, cast / quantize it, save it as an HF-style directory under
@@ -91,6 +91,14 @@ HUNYUAN = {
     "intermediate_size": 32,
     "num_experts": 4,
     "rope_scaling": {"alpha": 1000.0, "factor": 1.0, "type": "dynamic"},
+}
+
+LFM2_MOE = {
+    "intermediate_size": 48,
+    "moe_intermediate_size": 32,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "norm_eps": 1e-5,
 }
 
 ROWS = {
@@ -217,6 +225,37 @@ ROWS = {
             "use_qk_norm": False,
             "use_cla": False,
             "cla_share_factor": 2,
+        },
+        "float32",
+        (32, 4),
+    ),
+    "lfm2_moe": (
+        "lfm2_moe",
+        {
+            **LFM2_MOE,
+            "num_hidden_layers": 4,
+            "norm_topk_prob": True,
+            "use_expert_bias": True,
+            "num_dense_layers": 1,
+            "conv_bias": True,
+            "conv_L_cache": 3,
+            "routed_scaling_factor": 2.5,
+            "layer_types": ["conv", "full_attention", "conv", "full_attention"],
+        },
+        "float32",
+        None,
+    ),
+    "lfm2_moe_q4": (
+        "lfm2_moe",
+        {
+            **LFM2_MOE,
+            "num_hidden_layers": 3,
+            "norm_topk_prob": False,
+            "use_expert_bias": False,
+            "num_dense_layers": 0,
+            "conv_bias": False,
+            "conv_L_cache": 4,
+            "full_attn_idxs": [1],
         },
         "float32",
         (32, 4),

@@ -346,6 +346,7 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
     ("phimoe", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
     ("Klear", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
     ("hunyuan", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
+    ("lfm2_moe", |c, w| Ok(Box::new(lfm2::Model::load(c, w)?))),
     ("qwen3_next", |c, w| {
         Ok(Box::new(qwen3_next::Model::load(c, w)?))
     }),

@@ -68,6 +68,15 @@ pub enum Router {
     /// hunyuan: precise softmax, `argpartition(-gates, k - 1)[..., :k]`, the weighted sum
     /// with the weights in float32, cast back to the experts' dtype.
     SoftmaxLowerF32Weights,
+    /// lfm2_moe: `sigmoid(gate(x))`; the choice `argpartition(scores, -k)[..., -k:]` on
+    /// them (plus the float32 expert bias when `biased`), the weights the plain ones,
+    /// optionally over their sum + 1e-6, times `routed_scaling_factor`, cast to the input's
+    /// dtype.
+    SigmoidUpper {
+        norm_topk_prob: bool,
+        routed_scaling_factor: f64,
+        biased: bool,
+    },
 }
 
 /// What a row fixes about the family.
@@ -1944,6 +1953,27 @@ impl SparseMoe {
                 if norm_topk_prob {
                     scores = (&scores / &ops::sum(&scores, &[-1], true, None)?)?;
                 }
+                (inds, scores.astype(x_in.dtype())?, false)
+            }
+            Router::SigmoidUpper {
+                norm_topk_prob,
+                routed_scaling_factor,
+                biased,
+            } => {
+                let weights = ops::sigmoid(&gates, None)?;
+                let choice = match (&self.correction_bias, biased) {
+                    (Some((_, b)), true) => (&weights.astype(Dtype::Float32)? + b)?,
+                    _ => weights.clone(),
+                };
+                let n = choice.shape().last().copied().unwrap_or(0);
+                let inds = last(&ops::argpartition(&choice, -k, -1, None)?, n - k, n)?;
+                let inds = ops::stop_gradient(&inds, None)?;
+                let mut scores = ops::take_along_axis(&weights, &inds, -1, None)?;
+                if norm_topk_prob {
+                    let total = (&ops::sum(&scores, &[-1], true, None)? + 1e-6f32)?;
+                    scores = (&scores / &total)?;
+                }
+                let scores = (&scores * routed_scaling_factor as f32)?;
                 (inds, scores.astype(x_in.dtype())?, false)
             }
             Router::SoftmaxLowerF32Weights => {
