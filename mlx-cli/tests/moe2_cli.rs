@@ -174,6 +174,11 @@ fn lfm2_moe_reproduces_mlx_lm_top5_through_the_cli() {
     check_types(&["lfm2_moe"]);
 }
 
+#[test]
+fn dbrx_reproduces_mlx_lm_top5_through_the_cli() {
+    check_types(&["dbrx"]);
+}
+
 /// `mlx models` lists each of these types as served by a dedicated port.
 #[test]
 fn mlx_models_lists_the_moe2_types() {
@@ -183,7 +188,7 @@ fn mlx_models_lists_the_moe2_types() {
         .unwrap();
     let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
     let listed = listed.as_array().unwrap();
-    for t in ["granitemoe", "minimax", "minimax_m2", "ernie4_5_moe", "phimoe", "Klear", "hunyuan", "lfm2_moe"] {
+    for t in ["granitemoe", "minimax", "minimax_m2", "ernie4_5_moe", "phimoe", "Klear", "hunyuan", "lfm2_moe", "dbrx"] {
         assert!(
             listed.iter().any(|e| e["model_type"] == t),
             "`mlx models` does not list {t}"

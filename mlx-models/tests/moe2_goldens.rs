@@ -96,3 +96,8 @@ fn hunyuan_matches_mlx_lm_bit_for_bit() {
 fn lfm2_moe_matches_mlx_lm_bit_for_bit() {
     check_all(&["lfm2_moe", "lfm2_moe_q4"]);
 }
+
+#[test]
+fn dbrx_matches_mlx_lm_bit_for_bit() {
+    check_all(&["dbrx", "dbrx_q4"]);
+}

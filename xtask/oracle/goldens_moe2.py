@@ -1,5 +1,5 @@
 """Tiny seeded models of the later mixture-of-experts rows (issue #32: granitemoe, minimax and
-its `minimax_m2` name, ernie4_5_moe, phimoe, Klear, hunyuan, lfm2_moe), and what mlx-lm 0.32.2 makes of them.
+its `minimax_m2` name, ernie4_5_moe, phimoe, Klear, hunyuan, lfm2_moe, dbrx), and what mlx-lm 0.32.2 makes of them.
 
 For each row below: build mlx-lm's own model class (`mlx_lm.models.<module>.Model`), seed its
 random init, cast / quantize it, save it as an HF-style directory under
@@ -256,6 +256,31 @@ ROWS = {
             "conv_bias": False,
             "conv_L_cache": 4,
             "full_attn_idxs": [1],
+        },
+        "float32",
+        (32, 4),
+    ),
+    # Experts as a list of MLPs run token by token; clip_qkv small enough to clip.
+    "dbrx": (
+        "dbrx",
+        {
+            "d_model": 64,
+            "n_layers": 2,
+            "n_heads": 4,
+            "attn_config": {"kv_n_heads": 2, "clip_qkv": 2.0, "rope_theta": 10000.0},
+            "ffn_config": {"ffn_hidden_size": 32, "moe_num_experts": 4, "moe_top_k": 2},
+        },
+        "float32",
+        None,
+    ),
+    "dbrx_q4": (
+        "dbrx",
+        {
+            "d_model": 64,
+            "n_layers": 2,
+            "n_heads": 4,
+            "attn_config": {"kv_n_heads": 4, "clip_qkv": 8.0, "rope_theta": 500000.0},
+            "ffn_config": {"ffn_hidden_size": 32, "moe_num_experts": 4, "moe_top_k": 1},
         },
         "float32",
         (32, 4),

@@ -58,6 +58,7 @@ macro_rules! serde_defaults {
 }
 
 mod checkpoint;
+pub mod dbrx;
 pub mod dense;
 pub mod descriptor;
 pub mod gemma4_text;
@@ -347,6 +348,7 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
     ("Klear", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
     ("hunyuan", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
     ("lfm2_moe", |c, w| Ok(Box::new(lfm2::Model::load(c, w)?))),
+    ("dbrx", |c, w| Ok(Box::new(dbrx::Model::load(c, w)?))),
     ("qwen3_next", |c, w| {
         Ok(Box::new(qwen3_next::Model::load(c, w)?))
     }),
