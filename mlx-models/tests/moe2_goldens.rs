@@ -101,3 +101,8 @@ fn lfm2_moe_matches_mlx_lm_bit_for_bit() {
 fn dbrx_matches_mlx_lm_bit_for_bit() {
     check_all(&["dbrx", "dbrx_q4"]);
 }
+
+#[test]
+fn llama4_matches_mlx_lm_bit_for_bit() {
+    check_all(&["llama4", "llama4_q4"]);
+}

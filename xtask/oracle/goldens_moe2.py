@@ -1,5 +1,5 @@
 """Tiny seeded models of the later mixture-of-experts rows (issue #32: granitemoe, minimax and
-its `minimax_m2` name, ernie4_5_moe, phimoe, Klear, hunyuan, lfm2_moe, dbrx), and what mlx-lm 0.32.2 makes of them.
+its `minimax_m2` name, ernie4_5_moe, phimoe, Klear, hunyuan, lfm2_moe, dbrx, llama4), and what mlx-lm 0.32.2 makes of them.
 
 For each row below: build mlx-lm's own model class (`mlx_lm.models.<module>.Model`), seed its
 random init, cast / quantize it, save it as an HF-style directory under
@@ -99,6 +99,23 @@ LFM2_MOE = {
     "num_experts": 4,
     "num_experts_per_tok": 2,
     "norm_eps": 1e-5,
+}
+
+LLAMA4 = {
+    "head_dim": 16,
+    "hidden_size": 64,
+    "intermediate_size": 32,
+    "intermediate_size_mlp": 48,
+    "max_position_embeddings": 512,
+    "model_type": "llama4_text",
+    "num_attention_heads": 4,
+    "num_experts_per_tok": 1,
+    "num_hidden_layers": 4,
+    "num_key_value_heads": 2,
+    "num_local_experts": 4,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "vocab_size": 128,
 }
 
 ROWS = {
@@ -285,6 +302,47 @@ ROWS = {
         "float32",
         (32, 4),
     ),
+    # Chunks of 16 (the 40-token prompt spans three; decoding trims the chunked caches'
+    # fronts), a small floor_scale so layer 3's query scaling varies with position.
+    "llama4": (
+        "llama4",
+        {
+            "text_config": {
+                **LLAMA4,
+                "attention_bias": False,
+                "attention_chunk_size": 16,
+                "interleave_moe_layer_step": 2,
+                "rope_scaling": None,
+                "use_qk_norm": True,
+                "floor_scale": 8,
+                "attn_scale": 0.1,
+            }
+        },
+        "float32",
+        None,
+    ),
+    "llama4_q4": (
+        "llama4",
+        {
+            "text_config": {
+                **LLAMA4,
+                "attention_bias": True,
+                "attention_chunk_size": 8,
+                "interleave_moe_layer_step": 1,
+                "rope_scaling": {
+                    "rope_type": "llama3",
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 64,
+                },
+                "use_qk_norm": False,
+                "attn_temperature_tuning": 0,
+            }
+        },
+        "float32",
+        (32, 4),
+    ),
 }
 
 MODELS = Path("mlx-models/tests/models/moe2")
@@ -303,7 +361,9 @@ def bits(x):
 
 
 def build(name, module, overrides, dtype, quant):
-    config = {"model_type": module, **ATTN, **overrides}
+    # Rows with a nested `text_config` (llama4) carry everything there.
+    base = {} if "text_config" in overrides else ATTN
+    config = {"model_type": module, **base, **overrides}
     arch = importlib.import_module(f"mlx_lm.models.{module}")
     mx.random.seed(zlib.crc32(name.encode()))  # stable per row, whatever the row order
     model = arch.Model(arch.ModelArgs.from_dict(config))

@@ -63,6 +63,7 @@ pub mod dense;
 pub mod descriptor;
 pub mod gemma4_text;
 pub mod lfm2;
+pub mod llama4;
 pub mod moe;
 pub mod qwen3_next;
 pub mod segmented;
@@ -349,6 +350,7 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
     ("hunyuan", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
     ("lfm2_moe", |c, w| Ok(Box::new(lfm2::Model::load(c, w)?))),
     ("dbrx", |c, w| Ok(Box::new(dbrx::Model::load(c, w)?))),
+    ("llama4", |c, w| Ok(Box::new(llama4::Model::load(c, w)?))),
     ("qwen3_next", |c, w| {
         Ok(Box::new(qwen3_next::Model::load(c, w)?))
     }),
