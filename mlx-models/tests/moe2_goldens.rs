@@ -106,3 +106,8 @@ fn dbrx_matches_mlx_lm_bit_for_bit() {
 fn llama4_matches_mlx_lm_bit_for_bit() {
     check_all(&["llama4", "llama4_q4"]);
 }
+
+#[test]
+fn mellum_matches_mlx_lm_bit_for_bit() {
+    check_all(&["mellum", "mellum_q4"]);
+}

@@ -1,5 +1,5 @@
 """Tiny seeded models of the later mixture-of-experts rows (issue #32: granitemoe, minimax and
-its `minimax_m2` name, ernie4_5_moe, phimoe, Klear, hunyuan, lfm2_moe, dbrx, llama4), and what mlx-lm 0.32.2 makes of them.
+its `minimax_m2` name, ernie4_5_moe, phimoe, Klear, hunyuan, lfm2_moe, dbrx, llama4, mellum), and what mlx-lm 0.32.2 makes of them.
 
 For each row below: build mlx-lm's own model class (`mlx_lm.models.<module>.Model`), seed its
 random init, cast / quantize it, save it as an HF-style directory under
@@ -116,6 +116,14 @@ LLAMA4 = {
     "rms_norm_eps": 1e-5,
     "rope_theta": 10000.0,
     "vocab_size": 128,
+}
+
+MELLUM = {
+    "intermediate_size": 48,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "head_dim": 16,
 }
 
 ROWS = {
@@ -339,6 +347,44 @@ ROWS = {
                 "use_qk_norm": False,
                 "attn_temperature_tuning": 0,
             }
+        },
+        "float32",
+        (32, 4),
+    ),
+    # A rope per layer type (llama3-scaled on the full layers), sliding window 8.
+    "mellum": (
+        "mellum",
+        {
+            **MELLUM,
+            "num_hidden_layers": 3,
+            "tie_word_embeddings": False,
+            "norm_topk_prob": True,
+            "sliding_window": 8,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+            "rope_parameters": {
+                "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"},
+                "full_attention": {
+                    "rope_theta": 500000.0,
+                    "rope_type": "llama3",
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 64,
+                },
+            },
+        },
+        "float32",
+        None,
+    ),
+    "mellum_q4": (
+        "mellum",
+        {
+            **MELLUM,
+            "tie_word_embeddings": True,
+            "norm_topk_prob": False,
+            "sliding_window": 16,
+            "layer_types": ["full_attention", "full_attention"],
+            "rope_parameters": {"full_attention": {"rope_theta": 10000.0}},
         },
         "float32",
         (32, 4),

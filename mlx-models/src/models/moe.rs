@@ -158,6 +158,10 @@ pub struct MoeExtras {
     /// hunyuan: per layer (when its config lists them), the experts' `top_k`, their width and
     /// the shared MLP's width.
     pub layer_moe: Vec<(i32, i32, Option<i32>)>,
+    /// mellum: each layer's rotary embedding (by its layer type's `rope_parameters`).
+    pub layer_ropes: Vec<Rope>,
+    /// mellum defines `make_cache` whatever its layer types.
+    pub defines_make_cache: bool,
     /// The block's extras (see [`BlockExtras`]).
     pub block: BlockExtras,
 }
@@ -626,6 +630,65 @@ fn hunyuan_rope(a: &HunyuanArgs, dims: i32) -> Result<Rope> {
         freqs: crate::layers::base_pow(base, dims, Dtype::Int32)?,
         input_scale: None,
     })
+}
+
+/// mellum.py `ModelArgs`.
+#[derive(Deserialize)]
+struct MellumArgs {
+    model_type: String,
+    hidden_size: i32,
+    num_hidden_layers: i32,
+    intermediate_size: i32,
+    num_attention_heads: i32,
+    num_experts: i32,
+    num_experts_per_tok: i32,
+    moe_intermediate_size: i32,
+    rms_norm_eps: f64,
+    vocab_size: i32,
+    num_key_value_heads: i32,
+    head_dim: i32,
+    tie_word_embeddings: bool,
+    max_position_embeddings: i64,
+    norm_topk_prob: bool,
+    sliding_window: i64,
+    layer_types: Vec<String>,
+    #[serde(default)]
+    rope_parameters: serde_json::Map<String, serde_json::Value>,
+}
+
+/// mellum.py `_rope_for(layer_type, args)`: `rope_parameters[layer_type]`'s `rope_theta`,
+/// plain rope for `default` / `linear` (no scaling passed), else `initialize_rope` with the
+/// parameters as the scaling config.
+fn mellum_rope(a: &MellumArgs, layer_type: &str) -> Result<Rope> {
+    let params = a
+        .rope_parameters
+        .get(layer_type)
+        .and_then(|v| v.as_object())
+        .ok_or_else(|| {
+            ModelError::Config(format!("mellum: rope_parameters has no `{layer_type}` entry"))
+        })?;
+    let base = params
+        .get("rope_theta")
+        .and_then(|v| v.as_f64())
+        .ok_or_else(|| {
+            ModelError::Config(format!("mellum: rope_parameters.{layer_type}.rope_theta"))
+        })?;
+    let rope_type = params
+        .get("rope_type")
+        .and_then(|v| v.as_str())
+        .unwrap_or("default");
+    if rope_type == "default" || rope_type == "linear" {
+        return Rope::initialize(a.head_dim, base, false, None, None);
+    }
+    let mut scaling = params.clone();
+    scaling.insert("type".into(), rope_type.into());
+    Rope::initialize(
+        a.head_dim,
+        base,
+        false,
+        Some(&scaling),
+        Some(a.max_position_embeddings),
+    )
 }
 
 /// An int, or a list whose min (start) or max (end) ernie4_5_moe takes.
@@ -1126,6 +1189,81 @@ impl MoeSpec {
                             plain_shared_name: Some("shared_mlp"),
                             ..BlockExtras::default()
                         },
+                        ..MoeExtras::default()
+                    },
+                }
+            }
+            "mellum" => {
+                let a: MellumArgs = config.args()?;
+                let n = a.num_hidden_layers.max(0) as usize;
+                if a.layer_types.len() != n {
+                    return Err(ModelError::Config(format!(
+                        "mellum: layer_types has {} entries for {n} layers",
+                        a.layer_types.len()
+                    )));
+                }
+                let mut layer_ropes = Vec::with_capacity(n);
+                for t in &a.layer_types {
+                    if t != "sliding_attention" && t != "full_attention" {
+                        return Err(ModelError::Config(format!(
+                            "mellum: unknown layer type `{t}`"
+                        )));
+                    }
+                    layer_ropes.push(mellum_rope(&a, t)?);
+                }
+                if !a.layer_types.iter().any(|t| t == "full_attention") {
+                    return Err(ModelError::Config(
+                        "mellum: needs at least one full_attention layer".into(),
+                    ));
+                }
+                let window = usize::try_from(a.sliding_window)
+                    .ok()
+                    .filter(|w| *w > 0)
+                    .ok_or_else(|| {
+                        ModelError::Config(format!(
+                            "mellum: sliding_window must be positive, got {}",
+                            a.sliding_window
+                        ))
+                    })?;
+                MoeSpec {
+                    model_type: a.model_type,
+                    hidden_size: a.hidden_size,
+                    num_hidden_layers: a.num_hidden_layers,
+                    vocab_size: a.vocab_size,
+                    rms_norm_eps: a.rms_norm_eps as f32,
+                    tie_word_embeddings: a.tie_word_embeddings,
+                    n_heads: a.num_attention_heads,
+                    n_kv_heads: a.num_key_value_heads,
+                    head_dim: a.head_dim,
+                    qkv_bias: false,
+                    o_bias: false,
+                    qk_norm: QkNorm::PerHead,
+                    rope_theta: 10000.0,
+                    rope_traditional: false,
+                    rope_scaling: None,
+                    max_position_embeddings: None,
+                    num_experts: a.num_experts,
+                    top_k: a.num_experts_per_tok,
+                    moe_intermediate_size: a.moe_intermediate_size,
+                    expert_bias: false,
+                    router: Router::SoftmaxUpperPartition {
+                        norm_topk_prob: a.norm_topk_prob,
+                        cast_back: false,
+                    },
+                    shared_expert_intermediate_size: None,
+                    dense_layers: vec![false; n],
+                    intermediate_size: a.intermediate_size,
+                    moe_module: "mlp",
+                    drops_tied_head: true,
+                    attn_sinks: false,
+                    moe_names: ["gate", "switch_mlp"],
+                    router_bias: false,
+                    activation: SwitchActivation::SwiGlu,
+                    sliding: a.layer_types.iter().map(|t| t == "sliding_attention").collect(),
+                    sliding_window: Some(window),
+                    extras: MoeExtras {
+                        layer_ropes,
+                        defines_make_cache: true,
                         ..MoeExtras::default()
                     },
                 }
@@ -2288,8 +2426,12 @@ impl Model {
                 .extras
                 .cla_share_factor
                 .is_none_or(|f| i as i32 % f == 0);
+            let mut self_attn = Attention::load(&spec, w, &format!("{p}.self_attn"), kv_proj)?;
+            if let Some(rope) = spec.extras.layer_ropes.get(i) {
+                self_attn.rope = rope.clone();
+            }
             layers.push(DecoderLayer {
-                self_attn: Attention::load(&spec, w, &format!("{p}.self_attn"), kv_proj)?,
+                self_attn,
                 ffn,
                 input_layernorm: Norm::load(w, &format!("{p}.input_layernorm"), kind, dim, eps)?,
                 post_attention_layernorm: Norm::load(
@@ -2662,7 +2804,7 @@ impl LanguageModel for Model {
 
     /// Only gpt_oss defines `make_cache` (rotating caches on its sliding layers).
     fn defines_make_cache(&self) -> bool {
-        self.swa_idx.is_some()
+        self.swa_idx.is_some() || self.spec.extras.defines_make_cache
     }
 
     fn num_layers(&self) -> usize {
