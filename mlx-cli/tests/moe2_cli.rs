@@ -189,6 +189,11 @@ fn mellum_reproduces_mlx_lm_top5_through_the_cli() {
     check_types(&["mellum"]);
 }
 
+#[test]
+fn exaone_moe_reproduces_mlx_lm_top5_through_the_cli() {
+    check_types(&["exaone_moe"]);
+}
+
 /// `mlx models` lists each of these types as served by a dedicated port.
 #[test]
 fn mlx_models_lists_the_moe2_types() {
@@ -198,7 +203,7 @@ fn mlx_models_lists_the_moe2_types() {
         .unwrap();
     let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
     let listed = listed.as_array().unwrap();
-    for t in ["granitemoe", "minimax", "minimax_m2", "ernie4_5_moe", "phimoe", "Klear", "hunyuan", "lfm2_moe", "dbrx", "llama4", "mellum"] {
+    for t in ["granitemoe", "minimax", "minimax_m2", "ernie4_5_moe", "phimoe", "Klear", "hunyuan", "lfm2_moe", "dbrx", "llama4", "mellum", "exaone_moe"] {
         assert!(
             listed.iter().any(|e| e["model_type"] == t),
             "`mlx models` does not list {t}"

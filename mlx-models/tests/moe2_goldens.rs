@@ -111,3 +111,8 @@ fn llama4_matches_mlx_lm_bit_for_bit() {
 fn mellum_matches_mlx_lm_bit_for_bit() {
     check_all(&["mellum", "mellum_q4"]);
 }
+
+#[test]
+fn exaone_moe_matches_mlx_lm_bit_for_bit() {
+    check_all(&["exaone_moe", "exaone_moe_q4"]);
+}

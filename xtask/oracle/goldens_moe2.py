@@ -1,5 +1,5 @@
 """Tiny seeded models of the later mixture-of-experts rows (issue #32: granitemoe, minimax and
-its `minimax_m2` name, ernie4_5_moe, phimoe, Klear, hunyuan, lfm2_moe, dbrx, llama4, mellum), and what mlx-lm 0.32.2 makes of them.
+its `minimax_m2` name, ernie4_5_moe, phimoe, Klear, hunyuan, lfm2_moe, dbrx, llama4, mellum, exaone_moe), and what mlx-lm 0.32.2 makes of them.
 
 For each row below: build mlx-lm's own model class (`mlx_lm.models.<module>.Model`), seed its
 random init, cast / quantize it, save it as an HF-style directory under
@@ -124,6 +124,14 @@ MELLUM = {
     "num_experts_per_tok": 2,
     "moe_intermediate_size": 32,
     "head_dim": 16,
+}
+
+EXAONE_MOE = {
+    "intermediate_size": 48,
+    "moe_intermediate_size": 32,
+    "head_dim": 16,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
 }
 
 ROWS = {
@@ -385,6 +393,39 @@ ROWS = {
             "sliding_window": 16,
             "layer_types": ["full_attention", "full_attention"],
             "rope_parameters": {"full_attention": {"rope_theta": 10000.0}},
+        },
+        "float32",
+        (32, 4),
+    ),
+    # Sliding layers with rope, a global one without; two expert groups (one kept).
+    "exaone_moe": (
+        "exaone_moe",
+        {
+            **EXAONE_MOE,
+            "num_hidden_layers": 4,
+            "num_shared_experts": 1,
+            "sliding_window": 8,
+            "layer_types": ["sliding_attention"] * 3 + ["full_attention"],
+            "is_moe_layer": [False, True, True, True],
+            "n_group": 2,
+            "topk_group": 1,
+            "tie_word_embeddings": False,
+        },
+        "float32",
+        None,
+    ),
+    "exaone_moe_q4": (
+        "exaone_moe",
+        {
+            **EXAONE_MOE,
+            "num_shared_experts": 0,
+            "sliding_window": 16,
+            "layer_types": ["full_attention", "full_attention"],
+            "is_moe_layer": [True, True],
+            "norm_topk_prob": False,
+            "routed_scaling_factor": 1.5,
+            "tie_word_embeddings": True,
+            "rope_parameters": {"rope_theta": 50000.0},
         },
         "float32",
         (32, 4),

@@ -352,6 +352,7 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
     ("dbrx", |c, w| Ok(Box::new(dbrx::Model::load(c, w)?))),
     ("llama4", |c, w| Ok(Box::new(llama4::Model::load(c, w)?))),
     ("mellum", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
+    ("exaone_moe", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
     ("qwen3_next", |c, w| {
         Ok(Box::new(qwen3_next::Model::load(c, w)?))
     }),

@@ -77,6 +77,104 @@ pub enum Router {
         routed_scaling_factor: f64,
         biased: bool,
     },
+    /// exaone_moe's `group_expert_select` (an `mx.compile`d function there, compiled here
+    /// too): sigmoid of the float32 logits plus the correction bias, `n_group` groups of
+    /// which the `n_group - topk_group` weakest (by their top-2 sum) are zeroed,
+    /// `argpartition(-scores, k - 1)[..., :k]`, the uncorrected scores of the chosen (over
+    /// their sum + 1e-20 when `k > 1` and `norm_topk_prob`) times `routed_scaling_factor`;
+    /// the weighted sum cast back to the experts' dtype.
+    Grouped {
+        n_group: i32,
+        topk_group: i32,
+        routed_scaling_factor: f64,
+        norm_topk_prob: bool,
+    },
+}
+
+/// exaone_moe.py's `group_expert_select(gates, bias, top_k, ...)` as an `mx.compile`d
+/// function (not shapeless): one compiled function per thread and per set of constants, as
+/// `mx.compile` keys its cache on the non-array arguments.
+fn group_expert_select(
+    gates: &Array,
+    bias: &Array,
+    top_k: i32,
+    n_group: i32,
+    topk_group: i32,
+    routed_scaling_factor: f64,
+    norm_topk_prob: bool,
+) -> Result<(Array, Array)> {
+    use mlx_core::compile::{compile, Compiled};
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+    type Key = (i32, i32, i32, u64, bool);
+    thread_local! {
+        static FNS: RefCell<HashMap<Key, &'static Compiled<'static>>> =
+            RefCell::new(HashMap::new());
+    }
+    let key: Key = (
+        top_k,
+        n_group,
+        topk_group,
+        routed_scaling_factor.to_bits(),
+        norm_topk_prob,
+    );
+    let f = FNS.with(|m| -> Result<&'static Compiled<'static>> {
+        if let Some(f) = m.borrow().get(&key) {
+            return Ok(*f);
+        }
+        let body = move |xs: &[Array]| -> mlx_core::Result<Vec<Array>> {
+            let scores = ops::sigmoid(&xs[0].astype(Dtype::Float32)?, None)?;
+            let orig = scores.clone();
+            let mut scores = (&scores + &xs[1])?;
+            if n_group > 1 {
+                let grouped = ops::unflatten(&scores, -1, &[n_group, -1], None)?;
+                let group_scores =
+                    ops::sum(&ops::topk(&grouped, 2, -1, None)?, &[-1], true, None)?;
+                let k = n_group - topk_group;
+                let idx = ops::slice_axis(
+                    &ops::argpartition(&group_scores, k - 1, -2, None)?,
+                    -2,
+                    0,
+                    k,
+                    None,
+                )?;
+                let zeroed = ops::put_along_axis(
+                    &grouped,
+                    &ops::stop_gradient(&idx, None)?,
+                    &Array::from_f32(0.0, Dtype::Float32)?,
+                    -2,
+                    None,
+                )?;
+                scores = ops::flatten(&zeroed, -2, -1, None)?;
+            }
+            let neg = ops::negative(&scores, None)?;
+            let inds = ops::slice_axis(
+                &ops::argpartition(&neg, top_k - 1, -1, None)?,
+                -1,
+                0,
+                top_k,
+                None,
+            )?;
+            let inds = ops::stop_gradient(&inds, None)?;
+            let mut scores = ops::take_along_axis(&orig, &inds, -1, None)?;
+            if top_k > 1 && norm_topk_prob {
+                let total = ops::sum(&scores, &[-1], true, None)?;
+                scores = (&scores / &(&total + 1e-20f32)?)?;
+            }
+            let scores = (&scores * routed_scaling_factor as f32)?;
+            Ok(vec![inds, scores])
+        };
+        let f: &'static Compiled<'static> = Box::leak(Box::new(compile(body, false)?));
+        m.borrow_mut().insert(key, f);
+        Ok(f)
+    })?;
+    let mut out = f.call(&[gates.clone(), bias.clone()])?.into_iter();
+    match (out.next(), out.next()) {
+        (Some(inds), Some(scores)) => Ok((inds, scores)),
+        _ => Err(ModelError::Other(
+            "compiled group_expert_select returned too few outputs".into(),
+        )),
+    }
 }
 
 /// What a row fixes about the family.
@@ -162,6 +260,8 @@ pub struct MoeExtras {
     pub layer_ropes: Vec<Rope>,
     /// mellum defines `make_cache` whatever its layer types.
     pub defines_make_cache: bool,
+    /// exaone_moe: layers whose attention skips the rope.
+    pub no_rope: Vec<bool>,
     /// The block's extras (see [`BlockExtras`]).
     pub block: BlockExtras,
 }
@@ -689,6 +789,51 @@ fn mellum_rope(a: &MellumArgs, layer_type: &str) -> Result<Rope> {
         Some(&scaling),
         Some(a.max_position_embeddings),
     )
+}
+
+/// exaone_moe.py `ModelArgs`.
+#[derive(Deserialize)]
+struct ExaoneMoeArgs {
+    model_type: String,
+    vocab_size: i32,
+    hidden_size: i32,
+    intermediate_size: i32,
+    moe_intermediate_size: i32,
+    num_hidden_layers: i32,
+    num_attention_heads: i32,
+    num_key_value_heads: i32,
+    head_dim: i32,
+    num_experts: i32,
+    num_experts_per_tok: i32,
+    num_shared_experts: Option<i32>,
+    rms_norm_eps: f64,
+    max_position_embeddings: i64,
+    sliding_window: i64,
+    layer_types: Vec<String>,
+    is_moe_layer: Vec<bool>,
+    #[serde(default = "one")]
+    n_group: i32,
+    #[serde(default = "one")]
+    topk_group: i32,
+    #[serde(default = "exaone_scaling")]
+    routed_scaling_factor: f64,
+    #[serde(default = "default_true")]
+    norm_topk_prob: bool,
+    #[serde(default = "noaux_tc")]
+    topk_method: String,
+    #[serde(default = "qwen2_rope_theta")]
+    rope_theta: f64,
+    #[serde(default)]
+    rope_scaling: Option<RopeScaling>,
+    #[serde(default)]
+    rope_parameters: Option<serde_json::Value>,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+}
+
+serde_defaults! {
+    exaone_scaling: f64 = 2.5;
+    noaux_tc: String = "noaux_tc".into();
 }
 
 /// An int, or a list whose min (start) or max (end) ernie4_5_moe takes.
@@ -1268,6 +1413,104 @@ impl MoeSpec {
                     },
                 }
             }
+            "exaone_moe" => {
+                let a: ExaoneMoeArgs = config.args()?;
+                let n = a.num_hidden_layers.max(0) as usize;
+                if a.topk_method != "noaux_tc" {
+                    return Err(ModelError::Config(format!(
+                        "exaone_moe: topk_method `{}` is not supported (only noaux_tc)",
+                        a.topk_method
+                    )));
+                }
+                if a.layer_types.len() != n || a.is_moe_layer.len() != n {
+                    return Err(ModelError::Config(format!(
+                        "exaone_moe: layer_types ({}) and is_moe_layer ({}) need {n} entries",
+                        a.layer_types.len(),
+                        a.is_moe_layer.len()
+                    )));
+                }
+                if a.n_group <= 0
+                    || a.topk_group <= 0
+                    || a.topk_group > a.n_group
+                    || a.num_experts % a.n_group != 0
+                {
+                    return Err(ModelError::Config(format!(
+                        "exaone_moe: n_group {} / topk_group {} do not fit {} experts",
+                        a.n_group, a.topk_group, a.num_experts
+                    )));
+                }
+                let rope_theta = a
+                    .rope_parameters
+                    .as_ref()
+                    .and_then(|p| p.get("rope_theta"))
+                    .and_then(|v| v.as_f64())
+                    .unwrap_or(a.rope_theta);
+                let sliding: Vec<bool> =
+                    a.layer_types.iter().map(|t| t == "sliding_attention").collect();
+                let any_sliding = sliding.iter().any(|s| *s);
+                let window = usize::try_from(a.sliding_window)
+                    .ok()
+                    .filter(|w| *w > 0)
+                    .ok_or_else(|| {
+                        ModelError::Config(format!(
+                            "exaone_moe: sliding_window must be positive, got {}",
+                            a.sliding_window
+                        ))
+                    })?;
+                let shared = a
+                    .num_shared_experts
+                    .filter(|s| *s > 0)
+                    .map(|s| (a.moe_intermediate_size * s, false));
+                MoeSpec {
+                    model_type: a.model_type,
+                    hidden_size: a.hidden_size,
+                    num_hidden_layers: a.num_hidden_layers,
+                    vocab_size: a.vocab_size,
+                    rms_norm_eps: a.rms_norm_eps as f32,
+                    tie_word_embeddings: a.tie_word_embeddings,
+                    n_heads: a.num_attention_heads,
+                    n_kv_heads: a.num_key_value_heads,
+                    head_dim: a.head_dim,
+                    qkv_bias: false,
+                    o_bias: false,
+                    qk_norm: QkNorm::PerHead,
+                    rope_theta,
+                    rope_traditional: false,
+                    rope_scaling: a.rope_scaling,
+                    max_position_embeddings: Some(a.max_position_embeddings),
+                    num_experts: a.num_experts,
+                    top_k: a.num_experts_per_tok,
+                    moe_intermediate_size: a.moe_intermediate_size,
+                    expert_bias: false,
+                    router: Router::Grouped {
+                        n_group: a.n_group,
+                        topk_group: a.topk_group,
+                        routed_scaling_factor: a.routed_scaling_factor,
+                        norm_topk_prob: a.norm_topk_prob,
+                    },
+                    shared_expert_intermediate_size: None,
+                    dense_layers: a.is_moe_layer.iter().map(|m| !m).collect(),
+                    intermediate_size: a.intermediate_size,
+                    moe_module: "mlp",
+                    drops_tied_head: true,
+                    attn_sinks: false,
+                    moe_names: ["gate", "switch_mlp"],
+                    router_bias: false,
+                    activation: SwitchActivation::SwiGlu,
+                    sliding: sliding.clone(),
+                    sliding_window: Some(window),
+                    extras: MoeExtras {
+                        defines_make_cache: true,
+                        no_rope: sliding.iter().map(|s| any_sliding && !s).collect(),
+                        block: BlockExtras {
+                            correction_bias: Some("gate.e_score_correction_bias"),
+                            plain_shared: shared,
+                            ..BlockExtras::default()
+                        },
+                        ..MoeExtras::default()
+                    },
+                }
+            }
             "granitemoe" => {
                 let a: GraniteMoeArgs = config.args()?;
                 let n = a.num_hidden_layers.max(0) as usize;
@@ -1543,6 +1786,8 @@ pub(crate) struct Attention {
     k_norm: Option<RmsNorm>,
     sinks: Option<Array>,
     rope: Rope,
+    /// exaone_moe's global layers (when it has sliding ones) skip the rope.
+    use_rope: bool,
     /// Module names: output projection, q norm, k norm ([`AttentionSpec::names`]).
     names: [&'static str; 3],
 }
@@ -1629,6 +1874,7 @@ impl Attention {
                 None
             },
             rope: s.rope,
+            use_rope: true,
             names: s.names,
         })
     }
@@ -1749,6 +1995,13 @@ impl Attention {
         let queries = heads(&queries)?;
         let keys = heads(&keys)?;
         let values = heads(&split(&values, self.n_kv_heads)?)?;
+        let rope = |y: &Array, offset: usize| -> Result<Array> {
+            if self.use_rope {
+                self.rope.forward(y, offset)
+            } else {
+                Ok(y.clone())
+            }
+        };
         let after_rope = |q: Array, k: Array| -> Result<(Array, Array)> {
             if self.qk_norm == QkNorm::AfterRope {
                 Ok((norm(&self.q_norm, q)?, norm(&self.k_norm, k)?))
@@ -1759,16 +2012,13 @@ impl Attention {
         let (queries, kv) = match cache {
             Some(c) => {
                 let offset = c.offset();
-                let q = self.rope.forward(&queries, offset)?;
-                let k = self.rope.forward(&keys, offset)?;
+                let q = rope(&queries, offset)?;
+                let k = rope(&keys, offset)?;
                 let (q, k) = after_rope(q, k)?;
                 (q, c.update_and_fetch(&k, &values)?)
             }
             None => {
-                let (q, k) = after_rope(
-                    self.rope.forward(&queries, 0)?,
-                    self.rope.forward(&keys, 0)?,
-                )?;
+                let (q, k) = after_rope(rope(&queries, 0)?, rope(&keys, 0)?)?;
                 (q, mlx_cache::Kv::Dense { keys: k, values })
             }
         };
@@ -2114,6 +2364,27 @@ impl SparseMoe {
                 let scores = (&scores * routed_scaling_factor as f32)?;
                 (inds, scores.astype(x_in.dtype())?, false)
             }
+            Router::Grouped {
+                n_group,
+                topk_group,
+                routed_scaling_factor,
+                norm_topk_prob,
+            } => {
+                let bias = match &self.correction_bias {
+                    Some((_, b)) => b.clone(),
+                    None => Array::from_f32(0.0, Dtype::Float32)?,
+                };
+                let (inds, scores) = group_expert_select(
+                    &gates,
+                    &bias,
+                    k,
+                    n_group,
+                    topk_group,
+                    routed_scaling_factor,
+                    norm_topk_prob,
+                )?;
+                (inds, scores, true)
+            }
             Router::SoftmaxLowerF32Weights => {
                 let gates = ops::softmax(&gates, &[-1], true, None)?;
                 let inds = lower_top_k(&gates, k)?;
@@ -2430,6 +2701,9 @@ impl Model {
             if let Some(rope) = spec.extras.layer_ropes.get(i) {
                 self_attn.rope = rope.clone();
             }
+            if spec.extras.no_rope.get(i).copied().unwrap_or(false) {
+                self_attn.use_rope = false;
+            }
             layers.push(DecoderLayer {
                 self_attn,
                 ffn,
@@ -2488,6 +2762,25 @@ fn sanitize(s: &MoeSpec, w: &mut Weights) -> Result<()> {
     match s.model_type.as_str() {
         "granitemoe" => return sanitize_granitemoe(s, w),
         "hunyuan" => sanitize_hunyuan(s, w)?,
+        "exaone_moe" => {
+            for k in w.names() {
+                if k.starts_with("mtp.") {
+                    w.discard(&k);
+                }
+            }
+            for (l, dense) in s.dense_layers.iter().enumerate() {
+                let from = format!("model.layers.{l}.mlp.e_score_correction_bias");
+                if *dense {
+                    continue;
+                }
+                if let Some(b) = w.remove(&from) {
+                    w.insert(
+                        format!("model.layers.{l}.mlp.gate.e_score_correction_bias"),
+                        b,
+                    );
+                }
+            }
+        }
         "ernie4_5_moe" => {
             const DROPPED: [&str; 5] = [
                 "mtp_block.",
