@@ -116,3 +116,8 @@ fn mellum_matches_mlx_lm_bit_for_bit() {
 fn exaone_moe_matches_mlx_lm_bit_for_bit() {
     check_all(&["exaone_moe", "exaone_moe_q4"]);
 }
+
+#[test]
+fn bailing_moe_matches_mlx_lm_bit_for_bit() {
+    check_all(&["bailing_moe", "bailing_moe_q4"]);
+}

@@ -1,5 +1,5 @@
 """Tiny seeded models of the later mixture-of-experts rows (issue #32: granitemoe, minimax and
-its `minimax_m2` name, ernie4_5_moe, phimoe, Klear, hunyuan, lfm2_moe, dbrx, llama4, mellum, exaone_moe), and what mlx-lm 0.32.2 makes of them.
+its `minimax_m2` name, ernie4_5_moe, phimoe, Klear, hunyuan, lfm2_moe, dbrx, llama4, mellum, exaone_moe, bailing_moe), and what mlx-lm 0.32.2 makes of them.
 
 For each row below: build mlx-lm's own model class (`mlx_lm.models.<module>.Model`), seed its
 random init, cast / quantize it, save it as an HF-style directory under
@@ -130,6 +130,13 @@ EXAONE_MOE = {
     "intermediate_size": 48,
     "moe_intermediate_size": 32,
     "head_dim": 16,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+}
+
+BAILING = {
+    "intermediate_size": 48,
+    "moe_intermediate_size": 32,
     "num_experts": 4,
     "num_experts_per_tok": 2,
 }
@@ -426,6 +433,43 @@ ROWS = {
             "routed_scaling_factor": 1.5,
             "tie_word_embeddings": True,
             "rope_parameters": {"rope_theta": 50000.0},
+        },
+        "float32",
+        (32, 4),
+    ),
+    # Fused query_key_value, q/k norms, half rotary, sigmoid scores with the expert bias and
+    # two groups, a shared expert, norm_head.
+    "bailing_moe": (
+        "bailing_moe",
+        {
+            **BAILING,
+            "num_hidden_layers": 3,
+            "num_shared_experts": 1,
+            "norm_topk_prob": True,
+            "first_k_dense_replace": 1,
+            "use_qk_norm": True,
+            "use_qkv_bias": True,
+            "partial_rotary_factor": 0.5,
+            "moe_router_enable_expert_bias": True,
+            "score_function": "sigmoid",
+            "n_group": 2,
+            "topk_group": 1,
+            "routed_scaling_factor": 2.0,
+            "norm_head": True,
+            "tie_word_embeddings": False,
+        },
+        "float32",
+        None,
+    ),
+    "bailing_moe_q4": (
+        "bailing_moe",
+        {
+            **BAILING,
+            "num_shared_experts": 0,
+            "norm_topk_prob": False,
+            "first_k_dense_replace": 0,
+            "use_bias": True,
+            "tie_word_embeddings": True,
         },
         "float32",
         (32, 4),

@@ -89,6 +89,30 @@ pub enum Router {
         routed_scaling_factor: f64,
         norm_topk_prob: bool,
     },
+    /// bailing_moe's `group_expert_select` (compiled too): [`Router::Grouped`] with a
+    /// softmax (or sigmoid) score, an optional bias, the choice
+    /// `argpartition(scores, -k)[..., -k:]`, and the weights cast to the logits' dtype.
+    GroupedBailing {
+        n_group: i32,
+        topk_group: i32,
+        routed_scaling_factor: f64,
+        norm_topk_prob: bool,
+        sigmoid: bool,
+    },
+}
+
+/// The constant arguments of a compiled `group_expert_select`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct GroupSelect {
+    top_k: i32,
+    n_group: i32,
+    topk_group: i32,
+    scaling_bits: u64,
+    norm_topk_prob: bool,
+    /// bailing_moe's variant (softmax or sigmoid, upper choice, weights cast back).
+    bailing: bool,
+    sigmoid: bool,
+    has_bias: bool,
 }
 
 /// exaone_moe.py's `group_expert_select(gates, bias, top_k, ...)` as an `mx.compile`d
@@ -97,35 +121,43 @@ pub enum Router {
 fn group_expert_select(
     gates: &Array,
     bias: &Array,
-    top_k: i32,
-    n_group: i32,
-    topk_group: i32,
-    routed_scaling_factor: f64,
-    norm_topk_prob: bool,
+    key: GroupSelect,
 ) -> Result<(Array, Array)> {
     use mlx_core::compile::{compile, Compiled};
     use std::cell::RefCell;
     use std::collections::HashMap;
-    type Key = (i32, i32, i32, u64, bool);
     thread_local! {
-        static FNS: RefCell<HashMap<Key, &'static Compiled<'static>>> =
+        static FNS: RefCell<HashMap<GroupSelect, &'static Compiled<'static>>> =
             RefCell::new(HashMap::new());
     }
-    let key: Key = (
+    let GroupSelect {
         top_k,
         n_group,
         topk_group,
-        routed_scaling_factor.to_bits(),
+        scaling_bits,
         norm_topk_prob,
-    );
+        bailing,
+        sigmoid,
+        has_bias,
+    } = key;
+    let routed_scaling_factor = f64::from_bits(scaling_bits);
     let f = FNS.with(|m| -> Result<&'static Compiled<'static>> {
         if let Some(f) = m.borrow().get(&key) {
             return Ok(*f);
         }
         let body = move |xs: &[Array]| -> mlx_core::Result<Vec<Array>> {
-            let scores = ops::sigmoid(&xs[0].astype(Dtype::Float32)?, None)?;
+            let g = xs[0].astype(Dtype::Float32)?;
+            let scores = if sigmoid {
+                ops::sigmoid(&g, None)?
+            } else {
+                ops::softmax(&g, &[-1], false, None)?
+            };
             let orig = scores.clone();
-            let mut scores = (&scores + &xs[1])?;
+            let mut scores = if has_bias {
+                (&scores + &xs[1])?
+            } else {
+                scores
+            };
             if n_group > 1 {
                 let grouped = ops::unflatten(&scores, -1, &[n_group, -1], None)?;
                 let group_scores =
@@ -147,21 +179,35 @@ fn group_expert_select(
                 )?;
                 scores = ops::flatten(&zeroed, -2, -1, None)?;
             }
-            let neg = ops::negative(&scores, None)?;
-            let inds = ops::slice_axis(
-                &ops::argpartition(&neg, top_k - 1, -1, None)?,
-                -1,
-                0,
-                top_k,
-                None,
-            )?;
+            let inds = if bailing {
+                let n = scores.shape().last().copied().unwrap_or(0);
+                ops::slice_axis(
+                    &ops::argpartition(&scores, -top_k, -1, None)?,
+                    -1,
+                    n - top_k,
+                    n,
+                    None,
+                )?
+            } else {
+                let neg = ops::negative(&scores, None)?;
+                ops::slice_axis(
+                    &ops::argpartition(&neg, top_k - 1, -1, None)?,
+                    -1,
+                    0,
+                    top_k,
+                    None,
+                )?
+            };
             let inds = ops::stop_gradient(&inds, None)?;
             let mut scores = ops::take_along_axis(&orig, &inds, -1, None)?;
             if top_k > 1 && norm_topk_prob {
                 let total = ops::sum(&scores, &[-1], true, None)?;
                 scores = (&scores / &(&total + 1e-20f32)?)?;
             }
-            let scores = (&scores * routed_scaling_factor as f32)?;
+            let mut scores = (&scores * routed_scaling_factor as f32)?;
+            if bailing {
+                scores = scores.astype(xs[0].dtype())?;
+            }
             Ok(vec![inds, scores])
         };
         let f: &'static Compiled<'static> = Box::leak(Box::new(compile(body, false)?));
@@ -262,6 +308,15 @@ pub struct MoeExtras {
     pub defines_make_cache: bool,
     /// exaone_moe: layers whose attention skips the rope.
     pub no_rope: Vec<bool>,
+    /// bailing_moe: the fused query/key/value projection's name (`query_key_value`).
+    pub fused_qkv: Option<&'static str>,
+    /// bailing_moe: the attention module's name (`attention`; `self_attn` when `None`).
+    pub attn_module: Option<&'static str>,
+    /// bailing_moe: the embedding's path (`model.word_embeddings`; `model.embed_tokens`).
+    pub embed_name: Option<&'static str>,
+    /// bailing_moe's `norm_head`: `sanitize` divides the head's columns by their float32 L2
+    /// norm + 1e-7.
+    pub norm_head: bool,
     /// The block's extras (see [`BlockExtras`]).
     pub block: BlockExtras,
 }
@@ -834,6 +889,62 @@ struct ExaoneMoeArgs {
 serde_defaults! {
     exaone_scaling: f64 = 2.5;
     noaux_tc: String = "noaux_tc".into();
+}
+
+/// bailing_moe.py `ModelArgs`.
+#[derive(Deserialize)]
+struct BailingMoeArgs {
+    model_type: String,
+    hidden_size: i32,
+    intermediate_size: i32,
+    max_position_embeddings: i64,
+    moe_intermediate_size: i32,
+    num_experts: i32,
+    num_shared_experts: i32,
+    norm_topk_prob: bool,
+    num_attention_heads: i32,
+    num_experts_per_tok: i32,
+    num_hidden_layers: i32,
+    num_key_value_heads: i32,
+    rms_norm_eps: f64,
+    rope_theta: f64,
+    vocab_size: i32,
+    first_k_dense_replace: i32,
+    #[serde(default)]
+    rope_scaling: Option<RopeScaling>,
+    #[serde(default)]
+    use_bias: bool,
+    #[serde(default)]
+    use_qkv_bias: bool,
+    #[serde(default)]
+    norm_head: bool,
+    #[serde(default)]
+    use_qk_norm: bool,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+    #[serde(default = "one_f64")]
+    partial_rotary_factor: f64,
+    #[serde(default)]
+    rotary_dim: Option<i32>,
+    #[serde(default)]
+    moe_router_enable_expert_bias: bool,
+    #[serde(default = "one_f64")]
+    routed_scaling_factor: f64,
+    #[serde(default = "softmax_name")]
+    score_function: String,
+    #[serde(default = "one")]
+    n_group: i32,
+    #[serde(default = "four")]
+    topk_group: i32,
+    #[serde(default)]
+    moe_shared_expert_intermediate_size: Option<i32>,
+    #[serde(default = "default_true")]
+    moe_router_enable_shared_expert: bool,
+}
+
+serde_defaults! {
+    one_f64: f64 = 1.0;
+    four: i32 = 4;
 }
 
 /// An int, or a list whose min (start) or max (end) ernie4_5_moe takes.
@@ -1511,6 +1622,109 @@ impl MoeSpec {
                     },
                 }
             }
+            "bailing_moe" => {
+                let a: BailingMoeArgs = config.args()?;
+                let n = a.num_hidden_layers.max(0);
+                let head_dim = head_dim_of(a.hidden_size, a.num_attention_heads)?;
+                let rope_dims = a
+                    .rotary_dim
+                    .unwrap_or((f64::from(head_dim) * a.partial_rotary_factor) as i32);
+                if rope_dims <= 0 || rope_dims > head_dim {
+                    return Err(ModelError::Config(format!(
+                        "bailing_moe: the rotary dimensions {rope_dims} must be within \
+                         head_dim {head_dim}"
+                    )));
+                }
+                let sigmoid = match a.score_function.as_str() {
+                    "softmax" => false,
+                    "sigmoid" => true,
+                    other => {
+                        return Err(ModelError::Config(format!(
+                            "bailing_moe: score_function `{other}` is not supported"
+                        )))
+                    }
+                };
+                if a.n_group > 1
+                    && (a.topk_group <= 0
+                        || a.topk_group > a.n_group
+                        || a.num_experts % a.n_group != 0)
+                {
+                    return Err(ModelError::Config(format!(
+                        "bailing_moe: n_group {} / topk_group {} do not fit {} experts",
+                        a.n_group, a.topk_group, a.num_experts
+                    )));
+                }
+                let shared = (a.num_shared_experts > 0 && a.moe_router_enable_shared_expert)
+                    .then(|| {
+                        (
+                            a.moe_shared_expert_intermediate_size
+                                .unwrap_or(a.moe_intermediate_size)
+                                * a.num_shared_experts,
+                            a.use_bias,
+                        )
+                    });
+                MoeSpec {
+                    model_type: a.model_type,
+                    hidden_size: a.hidden_size,
+                    num_hidden_layers: a.num_hidden_layers,
+                    vocab_size: a.vocab_size,
+                    rms_norm_eps: a.rms_norm_eps as f32,
+                    tie_word_embeddings: a.tie_word_embeddings,
+                    n_heads: a.num_attention_heads,
+                    n_kv_heads: a.num_key_value_heads,
+                    head_dim,
+                    qkv_bias: a.use_qkv_bias,
+                    o_bias: a.use_bias,
+                    qk_norm: if a.use_qk_norm {
+                        QkNorm::PerHead
+                    } else {
+                        QkNorm::None
+                    },
+                    rope_theta: a.rope_theta,
+                    rope_traditional: false,
+                    rope_scaling: a.rope_scaling,
+                    max_position_embeddings: Some(a.max_position_embeddings),
+                    num_experts: a.num_experts,
+                    top_k: a.num_experts_per_tok,
+                    moe_intermediate_size: a.moe_intermediate_size,
+                    expert_bias: a.use_bias,
+                    router: Router::GroupedBailing {
+                        n_group: a.n_group,
+                        topk_group: a.topk_group,
+                        routed_scaling_factor: a.routed_scaling_factor,
+                        norm_topk_prob: a.norm_topk_prob,
+                        sigmoid,
+                    },
+                    shared_expert_intermediate_size: None,
+                    dense_layers: (0..n).map(|i| i < a.first_k_dense_replace).collect(),
+                    intermediate_size: a.intermediate_size,
+                    moe_module: "mlp",
+                    drops_tied_head: true,
+                    attn_sinks: false,
+                    moe_names: ["gate.gate_proj", "switch_mlp"],
+                    router_bias: false,
+                    activation: SwitchActivation::SwiGlu,
+                    sliding: Vec::new(),
+                    sliding_window: None,
+                    extras: MoeExtras {
+                        rope_dims: Some(rope_dims),
+                        dense_bias: a.use_bias,
+                        attn_names: Some(["dense", "query_layernorm", "key_layernorm"]),
+                        fused_qkv: Some("query_key_value"),
+                        attn_module: Some("attention"),
+                        embed_name: Some("model.word_embeddings"),
+                        norm_head: a.norm_head,
+                        block: BlockExtras {
+                            correction_bias: a
+                                .moe_router_enable_expert_bias
+                                .then_some("gate.expert_bias"),
+                            plain_shared: shared,
+                            ..BlockExtras::default()
+                        },
+                        ..MoeExtras::default()
+                    },
+                }
+            }
             "granitemoe" => {
                 let a: GraniteMoeArgs = config.args()?;
                 let n = a.num_hidden_layers.max(0) as usize;
@@ -1788,6 +2002,11 @@ pub(crate) struct Attention {
     rope: Rope,
     /// exaone_moe's global layers (when it has sliding ones) skip the rope.
     use_rope: bool,
+    /// bailing_moe: `q_proj` holds the fused query/key/value projection (named `q_name`),
+    /// split after it.
+    fused_qkv: bool,
+    /// The name of `q_proj` (`query_key_value` when fused).
+    q_name: &'static str,
     /// Module names: output projection, q norm, k norm ([`AttentionSpec::names`]).
     names: [&'static str; 3],
 }
@@ -1814,7 +2033,7 @@ impl Attention {
             sinks: s.attn_sinks,
             inv_sqrt_scale: s.attn_sinks,
         };
-        let mut a = Attention::new_with(spec, w, path, kv_proj)?;
+        let mut a = Attention::new_with(spec, w, path, kv_proj, s.extras.fused_qkv)?;
         if let Some(scale) = s.extras.attention_scale {
             a.scale = scale;
         }
@@ -1825,13 +2044,20 @@ impl Attention {
     }
 
     pub(crate) fn new(s: AttentionSpec, w: &mut Weights, path: &str) -> Result<Attention> {
-        Attention::new_with(s, w, path, true)
+        Attention::new_with(s, w, path, true, None)
     }
 
     /// [`Attention::new`]; without `k_proj` / `v_proj` when `kv_proj` is false (the layer
     /// takes another layer's keys and values).
-    fn new_with(s: AttentionSpec, w: &mut Weights, path: &str, kv_proj: bool) -> Result<Attention> {
+    fn new_with(
+        s: AttentionSpec,
+        w: &mut Weights,
+        path: &str,
+        kv_proj: bool,
+        fused: Option<&'static str>,
+    ) -> Result<Attention> {
         let (dim, hd) = (s.hidden_size, s.head_dim);
+        let kv_proj = kv_proj && fused.is_none();
         let p = |n: &str| format!("{path}.{n}");
         let [o_name, q_name, k_name] = s.names;
         let (q_dims, k_dims) = match s.qk_norm {
@@ -1854,7 +2080,16 @@ impl Attention {
                 f64::from(hd).powf(-0.5) as f32
             },
             qk_norm: s.qk_norm,
-            q_proj: Linear::load(w, &p("q_proj"), dim, s.n_heads * hd, s.qkv_bias)?,
+            q_proj: match fused {
+                Some(name) => Linear::load(
+                    w,
+                    &p(name),
+                    dim,
+                    (s.n_heads + 2 * s.n_kv_heads) * hd,
+                    s.qkv_bias,
+                )?,
+                None => Linear::load(w, &p("q_proj"), dim, s.n_heads * hd, s.qkv_bias)?,
+            },
             k_proj: if kv_proj {
                 Some(Linear::load(w, &p("k_proj"), dim, s.n_kv_heads * hd, s.qkv_bias)?)
             } else {
@@ -1875,6 +2110,8 @@ impl Attention {
             },
             rope: s.rope,
             use_rope: true,
+            fused_qkv: fused.is_some(),
+            q_name: fused.unwrap_or("q_proj"),
             names: s.names,
         })
     }
@@ -1890,9 +2127,10 @@ impl Attention {
             v_proj,
             o_proj,
             names: [o_name, ..],
+            q_name,
             ..
         } = self;
-        let mut out: Vec<(String, &mut Linear)> = vec![("q_proj".into(), q_proj)];
+        let mut out: Vec<(String, &mut Linear)> = vec![(q_name.to_string(), q_proj)];
         if let Some(k) = k_proj {
             out.push(("k_proj".into(), k));
         }
@@ -1917,11 +2155,12 @@ impl Attention {
             k_norm,
             sinks,
             names: [o_name, q_name, k_name],
+            q_name: q_proj_name,
             ..
         } = self;
         let p = |n: &str| format!("{path}.{n}");
         for (name, l) in [
-            ("q_proj", Some(q_proj)),
+            (*q_proj_name, Some(q_proj)),
             ("k_proj", k_proj.as_mut()),
             ("v_proj", v_proj.as_mut()),
             (*o_name, Some(o_proj)),
@@ -1969,9 +2208,21 @@ impl Attention {
             }
         };
         let mut queries = self.q_proj.forward(x)?;
-        let (mut keys, values) = match (&self.k_proj, &self.v_proj, shared) {
-            (Some(k), Some(v), None) => (k.forward(x)?, v.forward(x)?),
-            (_, _, Some((k, v))) => (k.clone(), v.clone()),
+        let fused = if self.fused_qkv {
+            let (qs, ks) = (self.n_heads, self.n_kv_heads);
+            let hd = queries.shape().last().copied().unwrap_or(0) / (qs + 2 * ks);
+            let mut parts = ops::split_at(&queries, &[qs * hd, (qs + ks) * hd], -1, None)?;
+            let v = parts.pop();
+            let k = parts.pop();
+            queries = parts.pop().ok_or_else(|| ModelError::Other("qkv split".into()))?;
+            k.zip(v)
+        } else {
+            None
+        };
+        let (mut keys, values) = match (fused, &self.k_proj, &self.v_proj, shared) {
+            (Some(kv), ..) => kv,
+            (None, Some(k), Some(v), None) => (k.forward(x)?, v.forward(x)?),
+            (None, _, _, Some((k, v))) => (k.clone(), v.clone()),
             _ => {
                 return Err(ModelError::Other(
                     "a layer without k_proj / v_proj needs an earlier layer's keys and values"
@@ -2377,11 +2628,43 @@ impl SparseMoe {
                 let (inds, scores) = group_expert_select(
                     &gates,
                     &bias,
-                    k,
-                    n_group,
-                    topk_group,
-                    routed_scaling_factor,
-                    norm_topk_prob,
+                    GroupSelect {
+                        top_k: k,
+                        n_group,
+                        topk_group,
+                        scaling_bits: routed_scaling_factor.to_bits(),
+                        norm_topk_prob,
+                        bailing: false,
+                        sigmoid: true,
+                        has_bias: true,
+                    },
+                )?;
+                (inds, scores, true)
+            }
+            Router::GroupedBailing {
+                n_group,
+                topk_group,
+                routed_scaling_factor,
+                norm_topk_prob,
+                sigmoid,
+            } => {
+                let (bias, has_bias) = match &self.correction_bias {
+                    Some((_, b)) => (b.clone(), true),
+                    None => (Array::from_f32(0.0, Dtype::Float32)?, false),
+                };
+                let (inds, scores) = group_expert_select(
+                    &gates,
+                    &bias,
+                    GroupSelect {
+                        top_k: k,
+                        n_group,
+                        topk_group,
+                        scaling_bits: routed_scaling_factor.to_bits(),
+                        norm_topk_prob,
+                        bailing: true,
+                        sigmoid,
+                        has_bias,
+                    },
                 )?;
                 (inds, scores, true)
             }
@@ -2538,6 +2821,8 @@ struct DecoderLayer {
     post_attention_layernorm: Norm,
     /// granitemoe's `residual_multiplier` ([`MoeExtras::residual_multiplier`]).
     residual_multiplier: Option<f32>,
+    /// The attention's module name ([`MoeExtras::attn_module`]).
+    attn_module: &'static str,
 }
 
 impl DecoderLayer {
@@ -2547,12 +2832,13 @@ impl DecoderLayer {
         let DecoderLayer {
             self_attn,
             ffn: block,
+            attn_module: attn,
             ..
         } = self;
         let mut out: Vec<(String, LinearMut<'_>)> = self_attn
             .linears_mut()
             .into_iter()
-            .map(|(n, l)| (format!("self_attn.{n}"), LinearMut::Linear(l)))
+            .map(|(n, l)| (format!("{attn}.{n}"), LinearMut::Linear(l)))
             .collect();
         for (n, l) in block.linears_mut() {
             out.push((format!("{ffn}.{n}"), l));
@@ -2568,10 +2854,11 @@ impl DecoderLayer {
             ffn: block,
             input_layernorm,
             post_attention_layernorm,
+            attn_module,
             ..
         } = self;
         let mut out = Vec::new();
-        self_attn.parameters_mut(&format!("{path}.self_attn"), &mut out)?;
+        self_attn.parameters_mut(&format!("{path}.{attn_module}"), &mut out)?;
         block.parameters_mut(&format!("{path}.{ffn}"), &mut out)?;
         for (name, n) in [
             ("input_layernorm", input_layernorm),
@@ -2661,7 +2948,9 @@ impl Model {
         } else {
             NormKind::Rms
         };
-        let embed_tokens = Embedding::load(w, "model.embed_tokens", spec.vocab_size, dim)?;
+        let embed_name = spec.extras.embed_name.unwrap_or("model.embed_tokens");
+        let attn_module = spec.extras.attn_module.unwrap_or("self_attn");
+        let embed_tokens = Embedding::load(w, embed_name, spec.vocab_size, dim)?;
         let mut layers = Vec::with_capacity(spec.num_hidden_layers as usize);
         for (i, dense) in spec.dense_layers.iter().enumerate() {
             let p = format!("model.layers.{i}");
@@ -2697,7 +2986,8 @@ impl Model {
                 .extras
                 .cla_share_factor
                 .is_none_or(|f| i as i32 % f == 0);
-            let mut self_attn = Attention::load(&spec, w, &format!("{p}.self_attn"), kv_proj)?;
+            let mut self_attn =
+                Attention::load(&spec, w, &format!("{p}.{attn_module}"), kv_proj)?;
             if let Some(rope) = spec.extras.layer_ropes.get(i) {
                 self_attn.rope = rope.clone();
             }
@@ -2716,6 +3006,7 @@ impl Model {
                     eps,
                 )?,
                 residual_multiplier: spec.extras.residual_multiplier,
+                attn_module,
             });
         }
         let norm = Norm::load(w, "model.norm", kind, dim, eps)?;
@@ -2762,6 +3053,7 @@ fn sanitize(s: &MoeSpec, w: &mut Weights) -> Result<()> {
     match s.model_type.as_str() {
         "granitemoe" => return sanitize_granitemoe(s, w),
         "hunyuan" => sanitize_hunyuan(s, w)?,
+        "bailing_moe" => sanitize_bailing(s, w)?,
         "exaone_moe" => {
             for k in w.names() {
                 if k.starts_with("mtp.") {
@@ -2897,6 +3189,36 @@ fn sanitize_hunyuan(s: &MoeSpec, w: &mut Weights) -> Result<()> {
             let parts = ops::split_equal(&v, 2, 0, None)?;
             for (name, part) in ["up_proj", "gate_proj"].iter().zip(parts) {
                 w.insert(k.replace("gate_and_up_proj", name), part);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// bailing_moe.py `sanitize`, but the expert stacking (shared): a tied head dropped,
+/// `norm_head`'s column normalization, `mlp.gate.{weight,bias}` moved under `gate_proj`.
+fn sanitize_bailing(s: &MoeSpec, w: &mut Weights) -> Result<()> {
+    if s.tie_word_embeddings {
+        w.discard("lm_head.weight");
+    }
+    if s.extras.norm_head {
+        let head = w.remove("lm_head.weight").ok_or_else(|| {
+            ModelError::Weights(vec!["bailing_moe: norm_head needs lm_head.weight".into()])
+        })?;
+        let dtype = head.dtype();
+        let f = head.astype(Dtype::Float32)?;
+        let norm = ops::sqrt(&ops::sum(&ops::square(&f, None)?, &[0], true, None)?, None)?;
+        let norm = (&norm + 1e-7f32)?;
+        w.insert("lm_head.weight".into(), (&head / &norm)?.astype(dtype)?);
+    }
+    for (l, dense) in s.dense_layers.iter().enumerate() {
+        if *dense {
+            continue;
+        }
+        let prefix = format!("model.layers.{l}.mlp.gate");
+        for k in ["weight", "bias"] {
+            if let Some(v) = w.remove(&format!("{prefix}.{k}")) {
+                w.insert(format!("{prefix}.gate_proj.{k}"), v);
             }
         }
     }
@@ -3072,7 +3394,7 @@ impl LanguageModel for Model {
             self.lm_head.as_mut(),
             "lm_head",
             &mut self.embed_tokens,
-            "model.embed_tokens",
+            self.spec.extras.embed_name.unwrap_or("model.embed_tokens"),
         )
     }
 
