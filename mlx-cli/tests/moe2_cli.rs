@@ -199,6 +199,11 @@ fn bailing_moe_reproduces_mlx_lm_top5_through_the_cli() {
     check_types(&["bailing_moe"]);
 }
 
+#[test]
+fn afmoe_reproduces_mlx_lm_top5_through_the_cli() {
+    check_types(&["afmoe"]);
+}
+
 /// `mlx models` lists each of these types as served by a dedicated port.
 #[test]
 fn mlx_models_lists_the_moe2_types() {
@@ -208,7 +213,7 @@ fn mlx_models_lists_the_moe2_types() {
         .unwrap();
     let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
     let listed = listed.as_array().unwrap();
-    for t in ["granitemoe", "minimax", "minimax_m2", "ernie4_5_moe", "phimoe", "Klear", "hunyuan", "lfm2_moe", "dbrx", "llama4", "mellum", "exaone_moe", "bailing_moe"] {
+    for t in ["granitemoe", "minimax", "minimax_m2", "ernie4_5_moe", "phimoe", "Klear", "hunyuan", "lfm2_moe", "dbrx", "llama4", "mellum", "exaone_moe", "bailing_moe", "afmoe"] {
         assert!(
             listed.iter().any(|e| e["model_type"] == t),
             "`mlx models` does not list {t}"

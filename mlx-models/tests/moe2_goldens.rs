@@ -121,3 +121,8 @@ fn exaone_moe_matches_mlx_lm_bit_for_bit() {
 fn bailing_moe_matches_mlx_lm_bit_for_bit() {
     check_all(&["bailing_moe", "bailing_moe_q4"]);
 }
+
+#[test]
+fn afmoe_matches_mlx_lm_bit_for_bit() {
+    check_all(&["afmoe", "afmoe_q4"]);
+}

@@ -1,5 +1,5 @@
 """Tiny seeded models of the later mixture-of-experts rows (issue #32: granitemoe, minimax and
-its `minimax_m2` name, ernie4_5_moe, phimoe, Klear, hunyuan, lfm2_moe, dbrx, llama4, mellum, exaone_moe, bailing_moe), and what mlx-lm 0.32.2 makes of them.
+its `minimax_m2` name, ernie4_5_moe, phimoe, Klear, hunyuan, lfm2_moe, dbrx, llama4, mellum, exaone_moe, bailing_moe, afmoe), and what mlx-lm 0.32.2 makes of them.
 
 For each row below: build mlx-lm's own model class (`mlx_lm.models.<module>.Model`), seed its
 random init, cast / quantize it, save it as an HF-style directory under
@@ -137,6 +137,14 @@ EXAONE_MOE = {
 BAILING = {
     "intermediate_size": 48,
     "moe_intermediate_size": 32,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+}
+
+AFMOE = {
+    "intermediate_size": 48,
+    "moe_intermediate_size": 32,
+    "head_dim": 16,
     "num_experts": 4,
     "num_experts_per_tok": 2,
 }
@@ -469,6 +477,40 @@ ROWS = {
             "norm_topk_prob": False,
             "first_k_dense_replace": 0,
             "use_bias": True,
+            "tie_word_embeddings": True,
+        },
+        "float32",
+        (32, 4),
+    ),
+    # Sandwich norms, gated attention output, rope on the sliding layers only, muP embedding
+    # scale, two expert groups.
+    "afmoe": (
+        "afmoe",
+        {
+            **AFMOE,
+            "num_hidden_layers": 3,
+            "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+            "num_shared_experts": 1,
+            "num_dense_layers": 1,
+            "sliding_window": 8,
+            "n_group": 2,
+            "topk_group": 1,
+            "tie_word_embeddings": False,
+        },
+        "float32",
+        None,
+    ),
+    "afmoe_q4": (
+        "afmoe",
+        {
+            **AFMOE,
+            "layer_types": ["full_attention", "sliding_attention"],
+            "num_shared_experts": 0,
+            "num_dense_layers": 0,
+            "score_func": "softmax",
+            "route_norm": False,
+            "mup_enabled": False,
+            "sliding_window": 16,
             "tie_word_embeddings": True,
         },
         "float32",

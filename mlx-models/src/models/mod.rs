@@ -354,6 +354,7 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
     ("mellum", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
     ("exaone_moe", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
     ("bailing_moe", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
+    ("afmoe", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
     ("qwen3_next", |c, w| {
         Ok(Box::new(qwen3_next::Model::load(c, w)?))
     }),

@@ -99,6 +99,17 @@ pub enum Router {
         norm_topk_prob: bool,
         sigmoid: bool,
     },
+    /// afmoe (plain ops, not compiled): sigmoid or softmax of the float32 logits, plus the
+    /// expert bias for the choice, [`Router::Grouped`]'s groups, the lower choice, the
+    /// unbiased scores over their sum (no epsilon) when `route_norm` and `k > 1`, times
+    /// `route_scale`; the weighted sum cast back to the experts' dtype.
+    GroupedPlain {
+        n_group: i32,
+        topk_group: i32,
+        route_scale: f64,
+        route_norm: bool,
+        sigmoid: bool,
+    },
 }
 
 /// The constant arguments of a compiled `group_expert_select`.
@@ -314,6 +325,11 @@ pub struct MoeExtras {
     pub attn_module: Option<&'static str>,
     /// bailing_moe: the embedding's path (`model.word_embeddings`; `model.embed_tokens`).
     pub embed_name: Option<&'static str>,
+    /// afmoe: the attention's sigmoid output gate (`gate_proj`).
+    pub attn_gate: bool,
+    /// afmoe: `post_attention_layernorm` normalizes the attention's output, and
+    /// `pre_mlp_layernorm` / `post_mlp_layernorm` surround the feed-forward block.
+    pub sandwich_norms: bool,
     /// bailing_moe's `norm_head`: `sanitize` divides the head's columns by their float32 L2
     /// norm + 1e-7.
     pub norm_head: bool,
@@ -945,6 +961,77 @@ struct BailingMoeArgs {
 serde_defaults! {
     one_f64: f64 = 1.0;
     four: i32 = 4;
+}
+
+/// afmoe.py `ModelArgs` (all but `layer_types` defaulted there).
+#[derive(Deserialize)]
+struct AfmoeArgs {
+    model_type: String,
+    layer_types: Vec<String>,
+    #[serde(default = "afmoe_vocab")]
+    vocab_size: i32,
+    #[serde(default = "afmoe_hidden")]
+    hidden_size: i32,
+    #[serde(default = "afmoe_intermediate")]
+    intermediate_size: i32,
+    #[serde(default = "afmoe_moe_intermediate")]
+    moe_intermediate_size: i32,
+    #[serde(default = "afmoe_layers")]
+    num_hidden_layers: i32,
+    #[serde(default = "afmoe_layers")]
+    num_attention_heads: i32,
+    #[serde(default = "four")]
+    num_key_value_heads: i32,
+    #[serde(default = "afmoe_head_dim")]
+    head_dim: i32,
+    #[serde(default = "phimoe_max_pos")]
+    max_position_embeddings: i64,
+    #[serde(default = "afmoe_eps")]
+    rms_norm_eps: f64,
+    #[serde(default = "olmoe_rope_theta")]
+    rope_theta: f64,
+    #[serde(default)]
+    rope_scaling: Option<RopeScaling>,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+    #[serde(default = "afmoe_experts")]
+    num_experts: i32,
+    #[serde(default = "afmoe_top_k")]
+    num_experts_per_tok: i32,
+    #[serde(default = "one")]
+    num_shared_experts: i32,
+    #[serde(default = "afmoe_dense")]
+    num_dense_layers: i32,
+    #[serde(default = "default_true")]
+    route_norm: bool,
+    #[serde(default = "afmoe_route_scale")]
+    route_scale: f64,
+    #[serde(default = "sigmoid_name")]
+    score_func: String,
+    #[serde(default = "one")]
+    n_group: i32,
+    #[serde(default = "one")]
+    topk_group: i32,
+    #[serde(default = "afmoe_window")]
+    sliding_window: i64,
+    #[serde(default = "default_true")]
+    mup_enabled: bool,
+}
+
+serde_defaults! {
+    afmoe_vocab: i32 = 200192;
+    afmoe_hidden: i32 = 2048;
+    afmoe_intermediate: i32 = 6144;
+    afmoe_moe_intermediate: i32 = 1024;
+    afmoe_layers: i32 = 32;
+    afmoe_head_dim: i32 = 64;
+    afmoe_eps: f64 = 1e-5;
+    afmoe_experts: i32 = 128;
+    afmoe_top_k: i32 = 8;
+    afmoe_dense: i32 = 2;
+    afmoe_route_scale: f64 = 2.826;
+    sigmoid_name: String = "sigmoid".into();
+    afmoe_window: i64 = 2048;
 }
 
 /// An int, or a list whose min (start) or max (end) ernie4_5_moe takes.
@@ -1725,6 +1812,115 @@ impl MoeSpec {
                     },
                 }
             }
+            "afmoe" => {
+                let a: AfmoeArgs = config.args()?;
+                let n = a.layer_types.len();
+                if n as i64 != i64::from(a.num_hidden_layers) {
+                    return Err(ModelError::Config(format!(
+                        "afmoe: layer_types has {n} entries for {} layers",
+                        a.num_hidden_layers
+                    )));
+                }
+                for t in &a.layer_types {
+                    if t != "sliding_attention" && t != "full_attention" {
+                        return Err(ModelError::Config(format!(
+                            "afmoe: unknown layer type `{t}`"
+                        )));
+                    }
+                }
+                if !a.layer_types.iter().any(|t| t == "full_attention") {
+                    return Err(ModelError::Config(
+                        "afmoe: needs a full_attention layer".into(),
+                    ));
+                }
+                let sigmoid = match a.score_func.as_str() {
+                    "sigmoid" => true,
+                    "softmax" => false,
+                    other => {
+                        return Err(ModelError::Config(format!(
+                            "afmoe: score_func `{other}` is not supported"
+                        )))
+                    }
+                };
+                if a.n_group > 1
+                    && (a.topk_group <= 0
+                        || a.topk_group > a.n_group
+                        || a.num_experts % a.n_group != 0)
+                {
+                    return Err(ModelError::Config(format!(
+                        "afmoe: n_group {} / topk_group {} do not fit {} experts",
+                        a.n_group, a.topk_group, a.num_experts
+                    )));
+                }
+                let window = usize::try_from(a.sliding_window)
+                    .ok()
+                    .filter(|w| *w > 0)
+                    .ok_or_else(|| {
+                        ModelError::Config(format!(
+                            "afmoe: sliding_window must be positive, got {}",
+                            a.sliding_window
+                        ))
+                    })?;
+                let sliding: Vec<bool> =
+                    a.layer_types.iter().map(|t| t == "sliding_attention").collect();
+                MoeSpec {
+                    model_type: a.model_type,
+                    hidden_size: a.hidden_size,
+                    num_hidden_layers: a.num_hidden_layers,
+                    vocab_size: a.vocab_size,
+                    rms_norm_eps: a.rms_norm_eps as f32,
+                    tie_word_embeddings: a.tie_word_embeddings,
+                    n_heads: a.num_attention_heads,
+                    n_kv_heads: a.num_key_value_heads,
+                    head_dim: a.head_dim,
+                    qkv_bias: false,
+                    o_bias: false,
+                    qk_norm: QkNorm::PerHead,
+                    rope_theta: a.rope_theta,
+                    rope_traditional: false,
+                    rope_scaling: a.rope_scaling,
+                    max_position_embeddings: Some(a.max_position_embeddings),
+                    num_experts: a.num_experts,
+                    top_k: a.num_experts_per_tok,
+                    moe_intermediate_size: a.moe_intermediate_size,
+                    expert_bias: false,
+                    router: Router::GroupedPlain {
+                        n_group: a.n_group,
+                        topk_group: a.topk_group,
+                        route_scale: a.route_scale,
+                        route_norm: a.route_norm,
+                        sigmoid,
+                    },
+                    shared_expert_intermediate_size: None,
+                    dense_layers: (0..n as i32).map(|i| i < a.num_dense_layers).collect(),
+                    intermediate_size: a.intermediate_size,
+                    moe_module: "mlp",
+                    drops_tied_head: true,
+                    attn_sinks: false,
+                    moe_names: ["router.gate", "experts"],
+                    router_bias: false,
+                    activation: SwitchActivation::SwiGlu,
+                    sliding: sliding.clone(),
+                    sliding_window: Some(window),
+                    extras: MoeExtras {
+                        embedding_multiplier: a
+                            .mup_enabled
+                            .then(|| f64::from(a.hidden_size).sqrt() as f32),
+                        defines_make_cache: true,
+                        no_rope: sliding.iter().map(|s| !s).collect(),
+                        attn_gate: true,
+                        sandwich_norms: true,
+                        block: BlockExtras {
+                            correction_bias: Some("expert_bias"),
+                            plain_shared: (a.num_shared_experts > 0).then(|| {
+                                (a.moe_intermediate_size * a.num_shared_experts, false)
+                            }),
+                            ..BlockExtras::default()
+                        },
+                        ..MoeExtras::default()
+                    },
+                }
+            }
             "granitemoe" => {
                 let a: GraniteMoeArgs = config.args()?;
                 let n = a.num_hidden_layers.max(0) as usize;
@@ -2007,6 +2203,8 @@ pub(crate) struct Attention {
     fused_qkv: bool,
     /// The name of `q_proj` (`query_key_value` when fused).
     q_name: &'static str,
+    /// afmoe: `gate_proj`, whose sigmoid scales the attention output before `o_proj`.
+    out_gate: Option<Linear>,
     /// Module names: output projection, q norm, k norm ([`AttentionSpec::names`]).
     names: [&'static str; 3],
 }
@@ -2112,6 +2310,7 @@ impl Attention {
             use_rope: true,
             fused_qkv: fused.is_some(),
             q_name: fused.unwrap_or("q_proj"),
+            out_gate: None,
             names: s.names,
         })
     }
@@ -2128,6 +2327,7 @@ impl Attention {
             o_proj,
             names: [o_name, ..],
             q_name,
+            out_gate,
             ..
         } = self;
         let mut out: Vec<(String, &mut Linear)> = vec![(q_name.to_string(), q_proj)];
@@ -2138,6 +2338,9 @@ impl Attention {
             out.push(("v_proj".into(), v));
         }
         out.push((o_name.to_string(), o_proj));
+        if let Some(g) = out_gate {
+            out.push(("gate_proj".into(), g));
+        }
         out
     }
 
@@ -2156,6 +2359,7 @@ impl Attention {
             sinks,
             names: [o_name, q_name, k_name],
             q_name: q_proj_name,
+            out_gate,
             ..
         } = self;
         let p = |n: &str| format!("{path}.{n}");
@@ -2173,6 +2377,9 @@ impl Attention {
             if let Some(n) = n {
                 n.parameters_mut(&p(name), out);
             }
+        }
+        if let Some(g) = out_gate {
+            g.parameters_mut(&p("gate_proj"), out)?;
         }
         if let Some(sinks) = sinks {
             LayerParam::push(out, path, "sinks", sinks, false);
@@ -2275,7 +2482,10 @@ impl Attention {
         };
         let out =
             scaled_dot_product_attention(&queries, &kv, self.scale, mask, self.sinks.as_ref())?;
-        let out = ops::reshape(&heads(&out)?, &[b, l, -1], None)?;
+        let mut out = ops::reshape(&heads(&out)?, &[b, l, -1], None)?;
+        if let Some(g) = &self.out_gate {
+            out = (&out * &ops::sigmoid(&g.forward(x)?, None)?)?;
+        }
         Ok((self.o_proj.forward(&out)?, kv_states))
     }
 }
@@ -2668,6 +2878,51 @@ impl SparseMoe {
                 )?;
                 (inds, scores, true)
             }
+            Router::GroupedPlain {
+                n_group,
+                topk_group,
+                route_scale,
+                route_norm,
+                sigmoid,
+            } => {
+                let g = gates.astype(Dtype::Float32)?;
+                let scores = if sigmoid {
+                    ops::sigmoid(&g, None)?
+                } else {
+                    ops::softmax(&g, &[-1], false, None)?
+                };
+                let mut selection = match &self.correction_bias {
+                    Some((_, b)) => (&scores + b)?,
+                    None => scores.clone(),
+                };
+                if n_group > 1 {
+                    let grouped = ops::unflatten(&selection, -1, &[n_group, -1], None)?;
+                    let group_scores =
+                        ops::sum(&ops::topk(&grouped, 2, -1, None)?, &[-1], true, None)?;
+                    let kk = n_group - topk_group;
+                    let idx = ops::slice_axis(
+                        &ops::argpartition(&group_scores, kk - 1, -2, None)?,
+                        -2,
+                        0,
+                        kk,
+                        None,
+                    )?;
+                    let zeroed = ops::put_along_axis(
+                        &grouped,
+                        &ops::stop_gradient(&idx, None)?,
+                        &Array::from_f32(0.0, Dtype::Float32)?,
+                        -2,
+                        None,
+                    )?;
+                    selection = ops::flatten(&zeroed, -2, -1, None)?;
+                }
+                let inds = lower_top_k(&selection, k)?;
+                let mut chosen = ops::take_along_axis(&scores, &inds, -1, None)?;
+                if route_norm && k > 1 {
+                    chosen = (&chosen / &ops::sum(&chosen, &[-1], true, None)?)?;
+                }
+                (inds, (&chosen * route_scale as f32)?, true)
+            }
             Router::SoftmaxLowerF32Weights => {
                 let gates = ops::softmax(&gates, &[-1], true, None)?;
                 let inds = lower_top_k(&gates, k)?;
@@ -2823,6 +3078,8 @@ struct DecoderLayer {
     residual_multiplier: Option<f32>,
     /// The attention's module name ([`MoeExtras::attn_module`]).
     attn_module: &'static str,
+    /// afmoe's `pre_mlp_layernorm` and `post_mlp_layernorm` ([`MoeExtras::sandwich_norms`]).
+    mlp_norms: Option<(Norm, Norm)>,
 }
 
 impl DecoderLayer {
@@ -2855,6 +3112,7 @@ impl DecoderLayer {
             input_layernorm,
             post_attention_layernorm,
             attn_module,
+            mlp_norms,
             ..
         } = self;
         let mut out = Vec::new();
@@ -2865,6 +3123,10 @@ impl DecoderLayer {
             ("post_attention_layernorm", post_attention_layernorm),
         ] {
             n.parameters_mut(&format!("{path}.{name}"), &mut out);
+        }
+        if let Some((pre, post)) = mlp_norms {
+            pre.parameters_mut(&format!("{path}.pre_mlp_layernorm"), &mut out);
+            post.parameters_mut(&format!("{path}.post_mlp_layernorm"), &mut out);
         }
         Ok(out)
     }
@@ -2901,6 +3163,12 @@ impl DecoderLayer {
         let (r, kv) =
             self.self_attn
                 .forward_shared(&self.input_layernorm.forward(x)?, mask, cache, shared)?;
+        if let Some((pre, post)) = &self.mlp_norms {
+            let r = self.post_attention_layernorm.forward(&r)?;
+            let h = (x + &r)?;
+            let r = post.forward(&self.ffn.forward(&pre.forward(&h)?)?)?;
+            return Ok(((&h + &r)?, kv));
+        }
         let h = (x + &scaled(r)?)?;
         let n = self.post_attention_layernorm.forward(&h)?;
         let r = self.ffn.forward(&n)?;
@@ -2994,6 +3262,15 @@ impl Model {
             if spec.extras.no_rope.get(i).copied().unwrap_or(false) {
                 self_attn.use_rope = false;
             }
+            if spec.extras.attn_gate {
+                self_attn.out_gate = Some(Linear::load(
+                    w,
+                    &format!("{p}.{attn_module}.gate_proj"),
+                    dim,
+                    spec.n_heads * spec.head_dim,
+                    false,
+                )?);
+            }
             layers.push(DecoderLayer {
                 self_attn,
                 ffn,
@@ -3007,6 +3284,14 @@ impl Model {
                 )?,
                 residual_multiplier: spec.extras.residual_multiplier,
                 attn_module,
+                mlp_norms: if spec.extras.sandwich_norms {
+                    Some((
+                        Norm::load(w, &format!("{p}.pre_mlp_layernorm"), kind, dim, eps)?,
+                        Norm::load(w, &format!("{p}.post_mlp_layernorm"), kind, dim, eps)?,
+                    ))
+                } else {
+                    None
+                },
             });
         }
         let norm = Norm::load(w, "model.norm", kind, dim, eps)?;
@@ -3054,6 +3339,13 @@ fn sanitize(s: &MoeSpec, w: &mut Weights) -> Result<()> {
         "granitemoe" => return sanitize_granitemoe(s, w),
         "hunyuan" => sanitize_hunyuan(s, w)?,
         "bailing_moe" => sanitize_bailing(s, w)?,
+        "afmoe" => {
+            for k in w.names() {
+                if k.contains("rotary_emb.inv_freq") {
+                    w.discard(&k);
+                }
+            }
+        }
         "exaone_moe" => {
             for k in w.names() {
                 if k.starts_with("mtp.") {
