@@ -84,20 +84,21 @@ fn check(name: &str, case: &Value, work: &Path) -> Result<(), String> {
                 got["logprobs"][s], case["logprobs"][s][0]
             ));
         }
-        let pairs = |v: &Value, bits_at: usize| -> Result<Vec<(Option<u64>, Option<u32>)>, String> {
-            Ok(v.as_array()
-                .ok_or(format!("step {s}: no top_logprobs"))?
-                .iter()
-                .map(|p| {
-                    let b = if bits_at == 1 {
-                        f32_bits(&p[1])
-                    } else {
-                        p[bits_at].as_u64().map(|b| b as u32)
-                    };
-                    (p[0].as_u64(), b)
-                })
-                .collect())
-        };
+        let pairs =
+            |v: &Value, bits_at: usize| -> Result<Vec<(Option<u64>, Option<u32>)>, String> {
+                Ok(v.as_array()
+                    .ok_or(format!("step {s}: no top_logprobs"))?
+                    .iter()
+                    .map(|p| {
+                        let b = if bits_at == 1 {
+                            f32_bits(&p[1])
+                        } else {
+                            p[bits_at].as_u64().map(|b| b as u32)
+                        };
+                        (p[0].as_u64(), b)
+                    })
+                    .collect())
+            };
         if pairs(&got["top_logprobs"][s], 1)? != pairs(&case["top_logprobs"][s], 2)? {
             return Err(format!(
                 "step {s}: top-5 {} != mlx-lm's {}",
@@ -213,7 +214,22 @@ fn mlx_models_lists_the_moe2_types() {
         .unwrap();
     let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
     let listed = listed.as_array().unwrap();
-    for t in ["granitemoe", "minimax", "minimax_m2", "ernie4_5_moe", "phimoe", "Klear", "hunyuan", "lfm2_moe", "dbrx", "llama4", "mellum", "exaone_moe", "bailing_moe", "afmoe"] {
+    for t in [
+        "granitemoe",
+        "minimax",
+        "minimax_m2",
+        "ernie4_5_moe",
+        "phimoe",
+        "Klear",
+        "hunyuan",
+        "lfm2_moe",
+        "dbrx",
+        "llama4",
+        "mellum",
+        "exaone_moe",
+        "bailing_moe",
+        "afmoe",
+    ] {
         assert!(
             listed.iter().any(|e| e["model_type"] == t),
             "`mlx models` does not list {t}"

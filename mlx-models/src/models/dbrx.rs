@@ -27,9 +27,9 @@ pub struct ModelArgs {
 
 /// A number a sub-config must hold.
 fn need(map: &serde_json::Map<String, serde_json::Value>, cfg: &str, key: &str) -> Result<f64> {
-    map.get(key).and_then(|v| v.as_f64()).ok_or_else(|| {
-        ModelError::Config(format!("dbrx: `{cfg}.{key}` must be a number"))
-    })
+    map.get(key)
+        .and_then(|v| v.as_f64())
+        .ok_or_else(|| ModelError::Config(format!("dbrx: `{cfg}.{key}` must be a number")))
 }
 
 #[derive(Clone)]

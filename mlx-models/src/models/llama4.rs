@@ -197,7 +197,16 @@ impl Model {
             let step = a.interleave_moe_layer_step as usize;
             let f = format!("{p}.feed_forward");
             let mlp = |w: &mut Weights, path: &str, hidden: i32| {
-                Mlp::load(w, path, &MlpNames::LLAMA, d, hidden, false, false, MlpKind::SwiGlu)
+                Mlp::load(
+                    w,
+                    path,
+                    &MlpNames::LLAMA,
+                    d,
+                    hidden,
+                    false,
+                    false,
+                    MlpKind::SwiGlu,
+                )
             };
             let feed_forward = if i % step == step - 1 {
                 FeedForward::Moe {
@@ -305,8 +314,8 @@ impl Attention {
                 &Array::from_int(args.floor_scale, Dtype::Int32)?,
                 None,
             )?;
-            let scales = (&ops::log(&(&ops::floor(&pos, None)? + 1.0f32)?, None)?
-                * args.attn_scale as f32)?;
+            let scales =
+                (&ops::log(&(&ops::floor(&pos, None)? + 1.0f32)?, None)? * args.attn_scale as f32)?;
             let scales = ops::expand_dims(&(&scales + 1.0f32)?, &[1], None)?;
             queries = (&queries * &scales)?.astype(queries.dtype())?;
         }

@@ -129,11 +129,7 @@ struct GroupSelect {
 /// exaone_moe.py's `group_expert_select(gates, bias, top_k, ...)` as an `mx.compile`d
 /// function (not shapeless): one compiled function per thread and per set of constants, as
 /// `mx.compile` keys its cache on the non-array arguments.
-fn group_expert_select(
-    gates: &Array,
-    bias: &Array,
-    key: GroupSelect,
-) -> Result<(Array, Array)> {
+fn group_expert_select(gates: &Array, bias: &Array, key: GroupSelect) -> Result<(Array, Array)> {
     use mlx_core::compile::{compile, Compiled};
     use std::cell::RefCell;
     use std::collections::HashMap;
@@ -171,8 +167,7 @@ fn group_expert_select(
             };
             if n_group > 1 {
                 let grouped = ops::unflatten(&scores, -1, &[n_group, -1], None)?;
-                let group_scores =
-                    ops::sum(&ops::topk(&grouped, 2, -1, None)?, &[-1], true, None)?;
+                let group_scores = ops::sum(&ops::topk(&grouped, 2, -1, None)?, &[-1], true, None)?;
                 let k = n_group - topk_group;
                 let idx = ops::slice_axis(
                     &ops::argpartition(&group_scores, k - 1, -2, None)?,
@@ -781,7 +776,9 @@ fn hunyuan_rope(a: &HunyuanArgs, dims: i32) -> Result<Rope> {
         .as_ref()
         .and_then(|c| c.get("alpha"))
         .and_then(|v| v.as_f64())
-        .ok_or_else(|| ModelError::Config("hunyuan: rope_scaling needs a numeric `alpha`".into()))?;
+        .ok_or_else(|| {
+            ModelError::Config("hunyuan: rope_scaling needs a numeric `alpha`".into())
+        })?;
     if let Some(c) = &a.rope_scaling {
         if c.get("factor").is_none() || c.get("type").is_none() {
             return Err(ModelError::Config(
@@ -836,7 +833,9 @@ fn mellum_rope(a: &MellumArgs, layer_type: &str) -> Result<Rope> {
         .get(layer_type)
         .and_then(|v| v.as_object())
         .ok_or_else(|| {
-            ModelError::Config(format!("mellum: rope_parameters has no `{layer_type}` entry"))
+            ModelError::Config(format!(
+                "mellum: rope_parameters has no `{layer_type}` entry"
+            ))
         })?;
     let base = params
         .get("rope_theta")
@@ -1466,7 +1465,9 @@ impl MoeSpec {
                         None => a.intermediate_size,
                     };
                     let shared = if a.use_mixed_mlp_moe {
-                        Some(a.intermediate_size * at(&a.num_shared_expert, "num_shared_expert", i)?)
+                        Some(
+                            a.intermediate_size * at(&a.num_shared_expert, "num_shared_expert", i)?,
+                        )
                     } else {
                         None
                     };
@@ -1602,7 +1603,11 @@ impl MoeSpec {
                     moe_names: ["gate", "switch_mlp"],
                     router_bias: false,
                     activation: SwitchActivation::SwiGlu,
-                    sliding: a.layer_types.iter().map(|t| t == "sliding_attention").collect(),
+                    sliding: a
+                        .layer_types
+                        .iter()
+                        .map(|t| t == "sliding_attention")
+                        .collect(),
                     sliding_window: Some(window),
                     extras: MoeExtras {
                         layer_ropes,
@@ -1643,8 +1648,11 @@ impl MoeSpec {
                     .and_then(|p| p.get("rope_theta"))
                     .and_then(|v| v.as_f64())
                     .unwrap_or(a.rope_theta);
-                let sliding: Vec<bool> =
-                    a.layer_types.iter().map(|t| t == "sliding_attention").collect();
+                let sliding: Vec<bool> = a
+                    .layer_types
+                    .iter()
+                    .map(|t| t == "sliding_attention")
+                    .collect();
                 let any_sliding = sliding.iter().any(|s| *s);
                 let window = usize::try_from(a.sliding_window)
                     .ok()
@@ -1741,8 +1749,8 @@ impl MoeSpec {
                         a.n_group, a.topk_group, a.num_experts
                     )));
                 }
-                let shared = (a.num_shared_experts > 0 && a.moe_router_enable_shared_expert)
-                    .then(|| {
+                let shared =
+                    (a.num_shared_experts > 0 && a.moe_router_enable_shared_expert).then(|| {
                         (
                             a.moe_shared_expert_intermediate_size
                                 .unwrap_or(a.moe_intermediate_size)
@@ -1861,8 +1869,11 @@ impl MoeSpec {
                             a.sliding_window
                         ))
                     })?;
-                let sliding: Vec<bool> =
-                    a.layer_types.iter().map(|t| t == "sliding_attention").collect();
+                let sliding: Vec<bool> = a
+                    .layer_types
+                    .iter()
+                    .map(|t| t == "sliding_attention")
+                    .collect();
                 MoeSpec {
                     model_type: a.model_type,
                     hidden_size: a.hidden_size,
@@ -1912,9 +1923,8 @@ impl MoeSpec {
                         sandwich_norms: true,
                         block: BlockExtras {
                             correction_bias: Some("expert_bias"),
-                            plain_shared: (a.num_shared_experts > 0).then(|| {
-                                (a.moe_intermediate_size * a.num_shared_experts, false)
-                            }),
+                            plain_shared: (a.num_shared_experts > 0)
+                                .then(|| (a.moe_intermediate_size * a.num_shared_experts, false)),
                             ..BlockExtras::default()
                         },
                         ..MoeExtras::default()
@@ -2227,7 +2237,10 @@ impl Attention {
                 s.rope_scaling.as_ref(),
                 s.max_position_embeddings,
             )?,
-            names: s.extras.attn_names.unwrap_or(["o_proj", "q_norm", "k_norm"]),
+            names: s
+                .extras
+                .attn_names
+                .unwrap_or(["o_proj", "q_norm", "k_norm"]),
             sinks: s.attn_sinks,
             inv_sqrt_scale: s.attn_sinks,
         };
@@ -2289,12 +2302,24 @@ impl Attention {
                 None => Linear::load(w, &p("q_proj"), dim, s.n_heads * hd, s.qkv_bias)?,
             },
             k_proj: if kv_proj {
-                Some(Linear::load(w, &p("k_proj"), dim, s.n_kv_heads * hd, s.qkv_bias)?)
+                Some(Linear::load(
+                    w,
+                    &p("k_proj"),
+                    dim,
+                    s.n_kv_heads * hd,
+                    s.qkv_bias,
+                )?)
             } else {
                 None
             },
             v_proj: if kv_proj {
-                Some(Linear::load(w, &p("v_proj"), dim, s.n_kv_heads * hd, s.qkv_bias)?)
+                Some(Linear::load(
+                    w,
+                    &p("v_proj"),
+                    dim,
+                    s.n_kv_heads * hd,
+                    s.qkv_bias,
+                )?)
             } else {
                 None
             },
@@ -2421,7 +2446,9 @@ impl Attention {
             let mut parts = ops::split_at(&queries, &[qs * hd, (qs + ks) * hd], -1, None)?;
             let v = parts.pop();
             let k = parts.pop();
-            queries = parts.pop().ok_or_else(|| ModelError::Other("qkv split".into()))?;
+            queries = parts
+                .pop()
+                .ok_or_else(|| ModelError::Other("qkv split".into()))?;
             k.zip(v)
         } else {
             None
@@ -3160,9 +3187,12 @@ impl DecoderLayer {
         } else {
             shared
         };
-        let (r, kv) =
-            self.self_attn
-                .forward_shared(&self.input_layernorm.forward(x)?, mask, cache, shared)?;
+        let (r, kv) = self.self_attn.forward_shared(
+            &self.input_layernorm.forward(x)?,
+            mask,
+            cache,
+            shared,
+        )?;
         if let Some((pre, post)) = &self.mlp_norms {
             let r = self.post_attention_layernorm.forward(&r)?;
             let h = (x + &r)?;
@@ -3254,8 +3284,7 @@ impl Model {
                 .extras
                 .cla_share_factor
                 .is_none_or(|f| i as i32 % f == 0);
-            let mut self_attn =
-                Attention::load(&spec, w, &format!("{p}.{attn_module}"), kv_proj)?;
+            let mut self_attn = Attention::load(&spec, w, &format!("{p}.{attn_module}"), kv_proj)?;
             if let Some(rope) = spec.extras.layer_ropes.get(i) {
                 self_attn.rope = rope.clone();
             }
@@ -3441,7 +3470,9 @@ fn sanitize_granitemoe(s: &MoeSpec, w: &mut Weights) -> Result<()> {
             .ok_or_else(|| ModelError::Weights(vec![format!("missing: {key}")]))?;
         let mut parts = ops::split_equal(&value, 2, 1, None)?.into_iter();
         let (Some(gate), Some(up)) = (parts.next(), parts.next()) else {
-            return Err(ModelError::Weights(vec![format!("{key}: cannot split in two")]));
+            return Err(ModelError::Weights(vec![format!(
+                "{key}: cannot split in two"
+            )]));
         };
         w.insert(format!("{prefix}.switch_mlp.gate_proj.weight"), gate);
         w.insert(format!("{prefix}.switch_mlp.up_proj.weight"), up);
