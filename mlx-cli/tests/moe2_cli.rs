@@ -20,6 +20,9 @@ fn golden() -> Value {
     .unwrap()
 }
 
+/// One top-5 entry: the id and the float32 bits of its log-probability.
+type TopPair = (Option<u64>, Option<u32>);
+
 /// A float printed by the CLI (an f32 widened to f64) as its float32 bit pattern.
 fn f32_bits(v: &Value) -> Option<u32> {
     Some((v.as_f64()? as f32).to_bits())
@@ -84,21 +87,20 @@ fn check(name: &str, case: &Value, work: &Path) -> Result<(), String> {
                 got["logprobs"][s], case["logprobs"][s][0]
             ));
         }
-        let pairs =
-            |v: &Value, bits_at: usize| -> Result<Vec<(Option<u64>, Option<u32>)>, String> {
-                Ok(v.as_array()
-                    .ok_or(format!("step {s}: no top_logprobs"))?
-                    .iter()
-                    .map(|p| {
-                        let b = if bits_at == 1 {
-                            f32_bits(&p[1])
-                        } else {
-                            p[bits_at].as_u64().map(|b| b as u32)
-                        };
-                        (p[0].as_u64(), b)
-                    })
-                    .collect())
-            };
+        let pairs = |v: &Value, bits_at: usize| -> Result<Vec<TopPair>, String> {
+            Ok(v.as_array()
+                .ok_or(format!("step {s}: no top_logprobs"))?
+                .iter()
+                .map(|p| {
+                    let b = if bits_at == 1 {
+                        f32_bits(&p[1])
+                    } else {
+                        p[bits_at].as_u64().map(|b| b as u32)
+                    };
+                    (p[0].as_u64(), b)
+                })
+                .collect())
+        };
         if pairs(&got["top_logprobs"][s], 1)? != pairs(&case["top_logprobs"][s], 2)? {
             return Err(format!(
                 "step {s}: top-5 {} != mlx-lm's {}",
@@ -205,6 +207,11 @@ fn afmoe_reproduces_mlx_lm_top5_through_the_cli() {
     check_types(&["afmoe"]);
 }
 
+#[test]
+fn laguna_reproduces_mlx_lm_top5_through_the_cli() {
+    check_types(&["laguna"]);
+}
+
 /// `mlx models` lists each of these types as served by a dedicated port.
 #[test]
 fn mlx_models_lists_the_moe2_types() {
@@ -229,6 +236,7 @@ fn mlx_models_lists_the_moe2_types() {
         "exaone_moe",
         "bailing_moe",
         "afmoe",
+        "laguna",
     ] {
         assert!(
             listed.iter().any(|e| e["model_type"] == t),

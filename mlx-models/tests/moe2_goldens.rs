@@ -126,3 +126,8 @@ fn bailing_moe_matches_mlx_lm_bit_for_bit() {
 fn afmoe_matches_mlx_lm_bit_for_bit() {
     check_all(&["afmoe", "afmoe_q4"]);
 }
+
+#[test]
+fn laguna_matches_mlx_lm_bit_for_bit() {
+    check_all(&["laguna", "laguna_q4"]);
+}

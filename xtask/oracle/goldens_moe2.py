@@ -1,5 +1,5 @@
 """Tiny seeded models of the later mixture-of-experts rows (issue #32: granitemoe, minimax and
-its `minimax_m2` name, ernie4_5_moe, phimoe, Klear, hunyuan, lfm2_moe, dbrx, llama4, mellum, exaone_moe, bailing_moe, afmoe), and what mlx-lm 0.32.2 makes of them.
+its `minimax_m2` name, ernie4_5_moe, phimoe, Klear, hunyuan, lfm2_moe, dbrx, llama4, mellum, exaone_moe, bailing_moe, afmoe, laguna), and what mlx-lm 0.32.2 makes of them.
 
 For each row below: build mlx-lm's own model class (`mlx_lm.models.<module>.Model`), seed its
 random init, cast / quantize it, save it as an HF-style directory under
@@ -147,6 +147,15 @@ AFMOE = {
     "head_dim": 16,
     "num_experts": 4,
     "num_experts_per_tok": 2,
+}
+
+LAGUNA = {
+    "intermediate_size": 48,
+    "head_dim": 16,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 24,
 }
 
 ROWS = {
@@ -511,6 +520,42 @@ ROWS = {
             "route_norm": False,
             "mup_enabled": False,
             "sliding_window": 16,
+            "tie_word_embeddings": True,
+        },
+        "float32",
+        (32, 4),
+    ),
+    # Per-layer head counts, per-head softplus output gates, a rope per layer type (half
+    # rotary on the full layer), a soft-capped sigmoid router, scaled experts.
+    "laguna": (
+        "laguna",
+        {
+            **LAGUNA,
+            "num_hidden_layers": 3,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+            "num_attention_heads_per_layer": [4, 2, 4],
+            "mlp_layer_types": ["dense", "sparse", "sparse"],
+            "sliding_window": 8,
+            "gating": True,
+            "moe_routed_scaling_factor": 2.0,
+            "moe_router_logit_softcapping": 5.0,
+            "rope_parameters": {
+                "full_attention": {"rope_theta": 50000.0, "partial_rotary_factor": 0.5},
+                "sliding_attention": {"rope_theta": 10000.0},
+            },
+            "tie_word_embeddings": False,
+        },
+        "float32",
+        None,
+    ),
+    "laguna_q4": (
+        "laguna",
+        {
+            **LAGUNA,
+            "intermediate_size": 64,
+            "shared_expert_intermediate_size": 32,
+            "gating": False,
+            "moe_router_score_func": "sqrtsoftplus",
             "tie_word_embeddings": True,
         },
         "float32",

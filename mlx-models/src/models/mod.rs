@@ -366,6 +366,7 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
     ("exaone_moe", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
     ("bailing_moe", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
     ("afmoe", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
+    ("laguna", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
     ("qwen3_next", |c, w| {
         Ok(Box::new(qwen3_next::Model::load(c, w)?))
     }),

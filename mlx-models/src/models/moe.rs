@@ -110,6 +110,10 @@ pub enum Router {
         route_norm: bool,
         sigmoid: bool,
     },
+    /// laguna: float32 logits (soft-capped when `softcap > 0`), sigmoid or
+    /// `sqrt(softplus(.))` scores, the choice on scores plus the correction bias (lower
+    /// top-k), the weights the chosen scores over their sum; the weighted sum cast back.
+    Laguna { softcap: f64, sqrt_softplus: bool },
 }
 
 /// The constant arguments of a compiled `group_expert_select`.
@@ -322,6 +326,10 @@ pub struct MoeExtras {
     pub embed_name: Option<&'static str>,
     /// afmoe: the attention's sigmoid output gate (`gate_proj`).
     pub attn_gate: bool,
+    /// laguna: the attention's per-head softplus gate (`g_proj`).
+    pub head_gate: bool,
+    /// laguna: each layer's number of query heads.
+    pub layer_heads: Vec<i32>,
     /// afmoe: `post_attention_layernorm` normalizes the attention's output, and
     /// `pre_mlp_layernorm` / `post_mlp_layernorm` surround the feed-forward block.
     pub sandwich_norms: bool,
@@ -343,6 +351,8 @@ pub struct BlockExtras {
     pub plain_shared: Option<(i32, bool)>,
     /// The shared MLP's module name (`shared_experts` when `None`; hunyuan `shared_mlp`).
     pub plain_shared_name: Option<&'static str>,
+    /// laguna: the experts' (cast) output times this before the shared expert is added.
+    pub output_scale: Option<f32>,
     /// Klear: `coefficient`, a biased linear to 2 whose precise softmax mixes the experts'
     /// output (first) and the shared experts' (second) instead of adding them.
     pub coefficient: bool,
@@ -1031,6 +1041,127 @@ serde_defaults! {
     afmoe_route_scale: f64 = 2.826;
     sigmoid_name: String = "sigmoid".into();
     afmoe_window: i64 = 2048;
+}
+
+/// laguna.py `ModelArgs` (all defaulted there).
+#[derive(Deserialize)]
+struct LagunaArgs {
+    #[serde(default = "laguna_type")]
+    model_type: String,
+    #[serde(default = "laguna_vocab")]
+    vocab_size: i32,
+    #[serde(default = "afmoe_hidden")]
+    hidden_size: i32,
+    #[serde(default = "laguna_intermediate")]
+    intermediate_size: i32,
+    #[serde(default = "laguna_layers")]
+    num_hidden_layers: i32,
+    #[serde(default = "laguna_heads")]
+    num_attention_heads: i32,
+    #[serde(default = "laguna_kv_heads")]
+    num_key_value_heads: i32,
+    #[serde(default = "laguna_head_dim")]
+    head_dim: i32,
+    #[serde(default = "laguna_max_pos")]
+    max_position_embeddings: i64,
+    #[serde(default = "phimoe_eps")]
+    rms_norm_eps: f64,
+    #[serde(default)]
+    attention_bias: bool,
+    #[serde(default)]
+    qkv_bias: bool,
+    #[serde(default = "default_true")]
+    gating: bool,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+    #[serde(default = "laguna_window")]
+    sliding_window: Option<i64>,
+    #[serde(default)]
+    partial_rotary_factor: Option<f64>,
+    #[serde(default)]
+    rope_parameters: Option<serde_json::Map<String, serde_json::Value>>,
+    #[serde(default)]
+    layer_types: Option<Vec<String>>,
+    #[serde(default)]
+    num_attention_heads_per_layer: Option<Vec<i32>>,
+    #[serde(default)]
+    mlp_layer_types: Option<Vec<String>>,
+    #[serde(default = "laguna_experts")]
+    num_experts: i32,
+    #[serde(default = "afmoe_top_k")]
+    num_experts_per_tok: i32,
+    #[serde(default = "laguna_moe_width")]
+    moe_intermediate_size: i32,
+    #[serde(default = "laguna_moe_width")]
+    shared_expert_intermediate_size: i32,
+    #[serde(default = "one_f64")]
+    moe_routed_scaling_factor: f64,
+    #[serde(default)]
+    moe_router_logit_softcapping: f64,
+    #[serde(default = "sigmoid_name")]
+    moe_router_score_func: String,
+}
+
+serde_defaults! {
+    laguna_type: String = "laguna".into();
+    laguna_vocab: i32 = 100352;
+    laguna_intermediate: i32 = 8192;
+    laguna_layers: i32 = 40;
+    laguna_heads: i32 = 48;
+    laguna_kv_heads: i32 = 8;
+    laguna_head_dim: i32 = 128;
+    laguna_max_pos: i64 = 262144;
+    laguna_window: Option<i64> = Some(512);
+    laguna_experts: i32 = 256;
+    laguna_moe_width: i32 = 512;
+}
+
+/// laguna.py `_layer_rope(args, layer_type)`: `rope_parameters[layer_type]` (or nothing)
+/// gives the base (default 10000), the rotary fraction of `head_dim` and the scaling
+/// (`rope_type` default when unnamed).
+fn laguna_rope(a: &LagunaArgs, layer_type: &str) -> Result<Rope> {
+    let params = a
+        .rope_parameters
+        .as_ref()
+        .and_then(|p| p.get(layer_type))
+        .and_then(|v| v.as_object())
+        .cloned()
+        .unwrap_or_default();
+    let base = match params.get("rope_theta") {
+        Some(v) => v.as_f64().ok_or_else(|| {
+            ModelError::Config(format!("laguna: rope_parameters.{layer_type}.rope_theta"))
+        })?,
+        None => 10000.0,
+    };
+    let partial = match params.get("partial_rotary_factor") {
+        Some(v) => v.as_f64().ok_or_else(|| {
+            ModelError::Config(format!(
+                "laguna: rope_parameters.{layer_type}.partial_rotary_factor"
+            ))
+        })?,
+        None => a.partial_rotary_factor.unwrap_or(1.0),
+    };
+    let dims = (f64::from(a.head_dim) * partial) as i32;
+    if dims <= 0 || dims > a.head_dim {
+        return Err(ModelError::Config(format!(
+            "laguna: {layer_type} rotary dimensions {dims} must be within head_dim {}",
+            a.head_dim
+        )));
+    }
+    let mut scaling: RopeScaling = params
+        .into_iter()
+        .filter(|(k, _)| k != "rope_theta")
+        .collect();
+    if !scaling.contains_key("rope_type") && !scaling.contains_key("type") {
+        scaling.insert("rope_type".into(), "default".into());
+    }
+    Rope::initialize(
+        dims,
+        base,
+        false,
+        Some(&scaling),
+        Some(a.max_position_embeddings),
+    )
 }
 
 /// An int, or a list whose min (start) or max (end) ernie4_5_moe takes.
@@ -1931,6 +2062,122 @@ impl MoeSpec {
                     },
                 }
             }
+            "laguna" => {
+                let a: LagunaArgs = config.args()?;
+                let n = a.num_hidden_layers.max(0) as usize;
+                let layer_types = a
+                    .layer_types
+                    .clone()
+                    .unwrap_or_else(|| vec!["full_attention".into(); n]);
+                let mlp_types = a.mlp_layer_types.clone().unwrap_or_else(|| {
+                    std::iter::once("dense".to_string())
+                        .chain(std::iter::repeat_n(
+                            "sparse".to_string(),
+                            n.saturating_sub(1),
+                        ))
+                        .collect()
+                });
+                let heads = a
+                    .num_attention_heads_per_layer
+                    .clone()
+                    .unwrap_or_else(|| vec![a.num_attention_heads; n]);
+                if layer_types.len() != n || mlp_types.len() != n || heads.len() != n {
+                    return Err(ModelError::Config(format!(
+                        "laguna: layer_types, mlp_layer_types and \
+                         num_attention_heads_per_layer need {n} entries each"
+                    )));
+                }
+                if !layer_types.iter().any(|t| t == "full_attention") {
+                    return Err(ModelError::Config(
+                        "laguna: needs a full_attention layer".into(),
+                    ));
+                }
+                for &h in &heads {
+                    if h <= 0 || a.num_key_value_heads <= 0 || h % a.num_key_value_heads != 0 {
+                        return Err(ModelError::Config(format!(
+                            "laguna: {h} query heads do not fit {} key/value heads",
+                            a.num_key_value_heads
+                        )));
+                    }
+                }
+                let sqrt_softplus = match a.moe_router_score_func.as_str() {
+                    "sigmoid" => false,
+                    "sqrtsoftplus" => true,
+                    other => {
+                        return Err(ModelError::Config(format!(
+                            "laguna: moe_router_score_func `{other}` is not supported"
+                        )))
+                    }
+                };
+                let sliding: Vec<bool> = layer_types
+                    .iter()
+                    .map(|t| t == "sliding_attention")
+                    .collect();
+                let window = match a.sliding_window {
+                    Some(w) if w > 0 => Some(w as usize),
+                    _ if sliding.iter().any(|s| *s) => {
+                        return Err(ModelError::Config(
+                            "laguna: sliding layers need a positive sliding_window".into(),
+                        ))
+                    }
+                    _ => None,
+                };
+                let layer_ropes = layer_types
+                    .iter()
+                    .map(|t| laguna_rope(&a, t))
+                    .collect::<Result<Vec<_>>>()?;
+                MoeSpec {
+                    model_type: a.model_type.clone(),
+                    hidden_size: a.hidden_size,
+                    num_hidden_layers: a.num_hidden_layers,
+                    vocab_size: a.vocab_size,
+                    rms_norm_eps: a.rms_norm_eps as f32,
+                    tie_word_embeddings: a.tie_word_embeddings,
+                    n_heads: heads.first().copied().unwrap_or(a.num_attention_heads),
+                    n_kv_heads: a.num_key_value_heads,
+                    head_dim: a.head_dim,
+                    qkv_bias: a.qkv_bias,
+                    o_bias: a.attention_bias,
+                    qk_norm: QkNorm::PerHead,
+                    rope_theta: 10000.0,
+                    rope_traditional: false,
+                    rope_scaling: None,
+                    max_position_embeddings: None,
+                    num_experts: a.num_experts,
+                    top_k: a.num_experts_per_tok,
+                    moe_intermediate_size: a.moe_intermediate_size,
+                    expert_bias: false,
+                    router: Router::Laguna {
+                        softcap: a.moe_router_logit_softcapping,
+                        sqrt_softplus,
+                    },
+                    shared_expert_intermediate_size: None,
+                    dense_layers: mlp_types.iter().map(|t| t != "sparse").collect(),
+                    intermediate_size: a.intermediate_size,
+                    moe_module: "mlp",
+                    drops_tied_head: true,
+                    attn_sinks: false,
+                    moe_names: ["gate.proj", "switch_mlp"],
+                    router_bias: false,
+                    activation: SwitchActivation::SwiGlu,
+                    sliding,
+                    sliding_window: window,
+                    extras: MoeExtras {
+                        layer_ropes,
+                        defines_make_cache: true,
+                        head_gate: a.gating,
+                        layer_heads: heads,
+                        block: BlockExtras {
+                            correction_bias: Some("gate.e_score_correction_bias"),
+                            plain_shared: Some((a.shared_expert_intermediate_size, false)),
+                            plain_shared_name: Some("shared_expert"),
+                            output_scale: Some(a.moe_routed_scaling_factor as f32),
+                            ..BlockExtras::default()
+                        },
+                        ..MoeExtras::default()
+                    },
+                }
+            }
             "granitemoe" => {
                 let a: GraniteMoeArgs = config.args()?;
                 let n = a.num_hidden_layers.max(0) as usize;
@@ -2215,6 +2462,9 @@ pub(crate) struct Attention {
     q_name: &'static str,
     /// afmoe: `gate_proj`, whose sigmoid scales the attention output before `o_proj`.
     out_gate: Option<Linear>,
+    /// laguna: `g_proj` to one value per head, whose float32 softplus scales each head's
+    /// output before `o_proj`.
+    head_gate: Option<Linear>,
     /// Module names: output projection, q norm, k norm ([`AttentionSpec::names`]).
     names: [&'static str; 3],
 }
@@ -2336,6 +2586,7 @@ impl Attention {
             fused_qkv: fused.is_some(),
             q_name: fused.unwrap_or("q_proj"),
             out_gate: None,
+            head_gate: None,
             names: s.names,
         })
     }
@@ -2353,6 +2604,7 @@ impl Attention {
             names: [o_name, ..],
             q_name,
             out_gate,
+            head_gate,
             ..
         } = self;
         let mut out: Vec<(String, &mut Linear)> = vec![(q_name.to_string(), q_proj)];
@@ -2365,6 +2617,9 @@ impl Attention {
         out.push((o_name.to_string(), o_proj));
         if let Some(g) = out_gate {
             out.push(("gate_proj".into(), g));
+        }
+        if let Some(g) = head_gate {
+            out.push(("g_proj".into(), g));
         }
         out
     }
@@ -2385,6 +2640,7 @@ impl Attention {
             names: [o_name, q_name, k_name],
             q_name: q_proj_name,
             out_gate,
+            head_gate,
             ..
         } = self;
         let p = |n: &str| format!("{path}.{n}");
@@ -2405,6 +2661,9 @@ impl Attention {
         }
         if let Some(g) = out_gate {
             g.parameters_mut(&p("gate_proj"), out)?;
+        }
+        if let Some(g) = head_gate {
+            g.parameters_mut(&p("g_proj"), out)?;
         }
         if let Some(sinks) = sinks {
             LayerParam::push(out, path, "sinks", sinks, false);
@@ -2513,6 +2772,17 @@ impl Attention {
         if let Some(g) = &self.out_gate {
             out = (&out * &ops::sigmoid(&g.forward(x)?, None)?)?;
         }
+        if let Some(g) = &self.head_gate {
+            let z = g.forward(x)?.astype(Dtype::Float32)?;
+            let zero = Scalar::Int(0).to_array_like(z.dtype())?;
+            let gate = ops::logaddexp(&z, &zero, None)?.astype(out.dtype())?;
+            let per_head = ops::reshape(&out, &[b, l, self.n_heads, -1], None)?;
+            out = ops::reshape(
+                &(&per_head * &ops::expand_dims(&gate, &[-1], None)?)?,
+                &[b, l, -1],
+                None,
+            )?;
+        }
         Ok((self.o_proj.forward(&out)?, kv_states))
     }
 }
@@ -2553,6 +2823,8 @@ pub struct SparseMoe {
     plain_shared_name: &'static str,
     /// Klear's `coefficient` ([`BlockExtras::coefficient`]).
     coefficient: Option<Linear>,
+    /// laguna's `routed_scaling_factor` ([`BlockExtras::output_scale`]).
+    output_scale: Option<f32>,
 }
 
 impl SparseMoe {
@@ -2654,6 +2926,7 @@ impl SparseMoe {
             plain_shared,
             plain_shared_name: extras.plain_shared_name.unwrap_or("shared_experts"),
             coefficient,
+            output_scale: extras.output_scale,
         })
     }
 
@@ -2950,6 +3223,30 @@ impl SparseMoe {
                 }
                 (inds, (&chosen * route_scale as f32)?, true)
             }
+            Router::Laguna {
+                softcap,
+                sqrt_softplus,
+            } => {
+                let mut logits = gates.astype(Dtype::Float32)?;
+                if softcap > 0.0 {
+                    let c = softcap as f32;
+                    logits = (&ops::tanh(&(&logits / c)?, None)? * c)?;
+                }
+                let scores = if sqrt_softplus {
+                    let zero = Scalar::Int(0).to_array_like(logits.dtype())?;
+                    ops::sqrt(&ops::logaddexp(&logits, &zero, None)?, None)?
+                } else {
+                    ops::sigmoid(&logits, None)?
+                };
+                let selection = match &self.correction_bias {
+                    Some((_, b)) => (&scores + b)?,
+                    None => scores.clone(),
+                };
+                let inds = lower_top_k(&selection, k)?;
+                let w = ops::take_along_axis(&scores, &inds, -1, None)?;
+                let w = (&w / &ops::sum(&w, &[-1], true, None)?)?;
+                (inds, w, true)
+            }
             Router::SoftmaxLowerF32Weights => {
                 let gates = ops::softmax(&gates, &[-1], true, None)?;
                 let inds = lower_top_k(&gates, k)?;
@@ -2982,6 +3279,9 @@ impl SparseMoe {
         let mut out = ops::sum(&weighted, &[-2], false, None)?;
         if cast_back {
             out = out.astype(y.dtype())?;
+        }
+        if let Some(scale) = self.output_scale {
+            out = (&out * scale)?;
         }
         if let Some((mlp, gate)) = &self.shared_expert {
             let shared = mlp.forward(x)?;
@@ -3284,7 +3584,23 @@ impl Model {
                 .extras
                 .cla_share_factor
                 .is_none_or(|f| i as i32 % f == 0);
-            let mut self_attn = Attention::load(&spec, w, &format!("{p}.{attn_module}"), kv_proj)?;
+            let mut self_attn = match spec.extras.layer_heads.get(i) {
+                Some(&heads) => {
+                    let mut layer_spec = spec.clone();
+                    layer_spec.n_heads = heads;
+                    Attention::load(&layer_spec, w, &format!("{p}.{attn_module}"), kv_proj)?
+                }
+                None => Attention::load(&spec, w, &format!("{p}.{attn_module}"), kv_proj)?,
+            };
+            if spec.extras.head_gate {
+                self_attn.head_gate = Some(Linear::load(
+                    w,
+                    &format!("{p}.{attn_module}.g_proj"),
+                    dim,
+                    self_attn.n_heads,
+                    false,
+                )?);
+            }
             if let Some(rope) = spec.extras.layer_ropes.get(i) {
                 self_attn.rope = rope.clone();
             }
@@ -3368,6 +3684,7 @@ fn sanitize(s: &MoeSpec, w: &mut Weights) -> Result<()> {
         "granitemoe" => return sanitize_granitemoe(s, w),
         "hunyuan" => sanitize_hunyuan(s, w)?,
         "bailing_moe" => sanitize_bailing(s, w)?,
+        "laguna" => sanitize_laguna(s, w)?,
         "afmoe" => {
             for k in w.names() {
                 if k.contains("rotary_emb.inv_freq") {
@@ -3543,6 +3860,35 @@ fn sanitize_bailing(s: &MoeSpec, w: &mut Weights) -> Result<()> {
             if let Some(v) = w.remove(&format!("{prefix}.{k}")) {
                 w.insert(format!("{prefix}.gate_proj.{k}"), v);
             }
+        }
+    }
+    Ok(())
+}
+
+/// laguna.py `sanitize`, but the expert stacking (shared): a `language_model.` prefix
+/// dropped, a tied head dropped, a bare router and `experts.e_score_correction_bias` moved
+/// under `gate`.
+fn sanitize_laguna(s: &MoeSpec, w: &mut Weights) -> Result<()> {
+    let names = w.names();
+    if names.iter().any(|k| k.starts_with("language_model.")) {
+        for k in names {
+            if let Some(rest) = k.strip_prefix("language_model.") {
+                if let Some(v) = w.remove(&k) {
+                    w.insert(rest.to_string(), v);
+                }
+            }
+        }
+    }
+    if s.tie_word_embeddings {
+        w.discard("lm_head.weight");
+    }
+    for l in 0..s.num_hidden_layers {
+        let prefix = format!("model.layers.{l}.mlp");
+        if let Some(v) = w.remove(&format!("{prefix}.gate.weight")) {
+            w.insert(format!("{prefix}.gate.proj.weight"), v);
+        }
+        if let Some(v) = w.remove(&format!("{prefix}.experts.e_score_correction_bias")) {
+            w.insert(format!("{prefix}.gate.e_score_correction_bias"), v);
         }
     }
     Ok(())
