@@ -25,6 +25,7 @@ pub use embedding::{Embedding, EmbeddingAdapter};
 pub use linear::{Linear, LinearAdapter, QuantizedWeight};
 pub use mlp::{join, Mlp, MlpKind, MlpNames};
 pub use norm::{LayerNorm, Norm, NormKind, RmsNorm};
+pub(crate) use rope::base_pow;
 pub use rope::{Rope, RopeScaling};
 pub use switch::{SwitchActivation, SwitchAdapter, SwitchGlu, SwitchLinear};
 

@@ -55,7 +55,7 @@ fn weak(v: f64, like: &Array) -> Result<Array> {
 }
 
 /// `base ** (mx.arange(0, dims, 2, dtype) / dims)` with `base` a Python float.
-fn base_pow(base: f64, dims: i32, arange_dtype: Dtype) -> Result<Array> {
+pub(crate) fn base_pow(base: f64, dims: i32, arange_dtype: Dtype) -> Result<Array> {
     let r = ops::arange(0.0, f64::from(dims), 2.0, arange_dtype, None)?;
     let e = ops::divide(
         &r,

@@ -1,5 +1,7 @@
 //! mlx-lm 0.32.2 `models/lfm2.py`: gated short-convolution blocks (conv state in an
-//! [`ArraysCache`] of one slot) interleaved with attention layers (per-head q/k norms).
+//! [`ArraysCache`] of one slot) interleaved with attention layers (per-head q/k norms); and
+//! `models/lfm2_moe.py`, the same layers with the MoE family's experts
+//! ([`crate::models::moe::SparseMoe`]) after the first `num_dense_layers`.
 //! A cache from [`LanguageModel::make_cache_with_rollback`] keeps recent per-token conv states
 //! so `trim(n)` works (see `mlx_cache::ArraysCache`).
 
@@ -12,7 +14,9 @@ use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::{swiglu, Embedding, LayerParam, Linear, LinearMut, RmsNorm, Rope};
 use crate::models::checkpoint::{layer_step, LayerArrays};
-use crate::models::moe::{Attention, AttentionSpec, QkNorm};
+use crate::models::moe::{
+    Attention, AttentionSpec, BlockExtras, QkNorm, Router, SparseMoe, SparseMoeParams,
+};
 use crate::models::LanguageModel;
 use crate::weights::Weights;
 
@@ -50,6 +54,118 @@ pub struct ModelArgs {
     pub full_attn_idxs: Option<Vec<i32>>,
     #[serde(default)]
     pub layer_types: Option<Vec<String>>,
+}
+
+/// lfm2_moe.py `ModelArgs`: lfm2's layers, the feed-forward blocks replaced.
+#[derive(Clone, Debug, Deserialize)]
+struct MoeArgs {
+    model_type: String,
+    vocab_size: i32,
+    hidden_size: i32,
+    intermediate_size: i32,
+    moe_intermediate_size: i32,
+    num_hidden_layers: i32,
+    num_experts: i32,
+    num_experts_per_tok: i32,
+    norm_topk_prob: bool,
+    num_attention_heads: i32,
+    num_key_value_heads: i32,
+    max_position_embeddings: i64,
+    use_expert_bias: bool,
+    num_dense_layers: i32,
+    norm_eps: f64,
+    conv_bias: bool,
+    #[serde(rename = "conv_L_cache")]
+    conv_l_cache: i32,
+    #[serde(default = "default_rope_theta")]
+    rope_theta: f64,
+    #[serde(default = "one_f64")]
+    routed_scaling_factor: f64,
+    #[serde(default)]
+    rope_parameters: Option<Value>,
+    #[serde(default)]
+    full_attn_idxs: Option<Vec<i32>>,
+    #[serde(default)]
+    layer_types: Option<Vec<String>>,
+}
+
+fn one_f64() -> f64 {
+    1.0
+}
+
+/// What lfm2_moe adds to lfm2's arguments.
+#[derive(Clone, Debug)]
+struct MoeParts {
+    num_dense_layers: i32,
+    params: SparseMoeParams,
+    expert_bias: bool,
+}
+
+impl MoeArgs {
+    /// lfm2's arguments for the shared layers (the dense MLP of `intermediate_size`, never
+    /// adjusted) and the experts' parameters.
+    fn split(self) -> Result<(ModelArgs, MoeParts)> {
+        let parts = MoeParts {
+            num_dense_layers: self.num_dense_layers,
+            params: SparseMoeParams {
+                hidden_size: self.hidden_size,
+                num_experts: self.num_experts,
+                top_k: self.num_experts_per_tok,
+                moe_intermediate_size: self.moe_intermediate_size,
+                expert_bias: false,
+                router: Router::SigmoidUpper {
+                    norm_topk_prob: self.norm_topk_prob,
+                    routed_scaling_factor: self.routed_scaling_factor,
+                    biased: self.use_expert_bias,
+                },
+                shared_expert_intermediate_size: None,
+                names: ["gate", "switch_mlp"],
+                router_bias: false,
+                activation: crate::layers::SwitchActivation::SwiGlu,
+            },
+            expert_bias: self.use_expert_bias,
+        };
+        for (name, v) in [
+            ("num_experts", self.num_experts),
+            ("num_experts_per_tok", self.num_experts_per_tok),
+            ("moe_intermediate_size", self.moe_intermediate_size),
+        ] {
+            if v <= 0 {
+                return Err(ModelError::Config(format!(
+                    "lfm2_moe: `{name}` must be positive, got {v}"
+                )));
+            }
+        }
+        if self.num_experts_per_tok > self.num_experts {
+            return Err(ModelError::Config(format!(
+                "lfm2_moe: num_experts_per_tok {} exceeds the {} experts",
+                self.num_experts_per_tok, self.num_experts
+            )));
+        }
+        let args = ModelArgs {
+            model_type: self.model_type,
+            vocab_size: self.vocab_size,
+            hidden_size: self.hidden_size,
+            num_hidden_layers: self.num_hidden_layers,
+            num_attention_heads: self.num_attention_heads,
+            num_key_value_heads: Some(self.num_key_value_heads),
+            max_position_embeddings: self.max_position_embeddings,
+            norm_eps: self.norm_eps,
+            conv_bias: self.conv_bias,
+            conv_l_cache: self.conv_l_cache,
+            block_dim: self.hidden_size,
+            block_multiple_of: 1,
+            block_ffn_dim_multiplier: None,
+            block_auto_adjust_ff_dim: false,
+            block_ff_dim: Some(self.intermediate_size),
+            intermediate_size: Some(self.intermediate_size),
+            rope_theta: self.rope_theta,
+            rope_parameters: self.rope_parameters,
+            full_attn_idxs: self.full_attn_idxs,
+            layer_types: self.layer_types,
+        };
+        Ok((args.post_init()?, parts))
+    }
 }
 
 impl ModelArgs {
@@ -244,35 +360,60 @@ impl ShortConv {
     }
 }
 
+/// lfm2's SwiGLU `MLP` (`w1`, `w3`, `w2`; lfm2_moe names them `gate_proj`, `up_proj`,
+/// `down_proj`), or lfm2_moe's experts.
 #[derive(Clone)]
-struct FeedForward {
-    w1: Linear,
-    w2: Linear,
-    w3: Linear,
+enum FeedForward {
+    Mlp {
+        w1: Linear,
+        w2: Linear,
+        w3: Linear,
+        /// Names of w1, w3, w2 (gate, up, down).
+        names: [&'static str; 3],
+    },
+    Moe(Box<SparseMoe>),
+}
+
+impl FeedForward {
+    fn forward(&self, y: &Array) -> Result<Array> {
+        match self {
+            FeedForward::Mlp { w1, w2, w3, .. } => {
+                w2.forward(&swiglu(&w1.forward(y)?, &w3.forward(y)?)?)
+            }
+            FeedForward::Moe(m) => m.forward(y),
+        }
+    }
 }
 
 impl DecoderLayer {
     /// The layer's linears under their mlx-lm paths, in declaration order (`self_attn` or
-    /// `conv` before `feed_forward`: `w1`, `w3`, `w2`).
-    fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
+    /// `conv` before `feed_forward`: `w1`, `w3`, `w2`; lfm2_moe's experts: router, switch).
+    fn linears_mut(&mut self) -> Vec<(String, LinearMut<'_>)> {
         let DecoderLayer {
-            op,
-            feed_forward: FeedForward { w1, w2, w3 },
-            ..
+            op, feed_forward, ..
         } = self;
-        let mut out: Vec<(String, &mut Linear)> = match op {
+        let mut out: Vec<(String, LinearMut<'_>)> = match op {
             Operator::Attention(a) => a
                 .linears_mut()
                 .into_iter()
-                .map(|(n, l)| (format!("self_attn.{n}"), l))
+                .map(|(n, l)| (format!("self_attn.{n}"), LinearMut::Linear(l)))
                 .collect(),
             Operator::Conv(c) => vec![
-                ("conv.in_proj".into(), &mut c.in_proj),
-                ("conv.out_proj".into(), &mut c.out_proj),
+                ("conv.in_proj".into(), LinearMut::Linear(&mut c.in_proj)),
+                ("conv.out_proj".into(), LinearMut::Linear(&mut c.out_proj)),
             ],
         };
-        for (name, l) in [("w1", w1), ("w3", w3), ("w2", w2)] {
-            out.push((format!("feed_forward.{name}"), l));
+        match feed_forward {
+            FeedForward::Mlp { w1, w2, w3, names } => {
+                for (name, l) in [(names[0], w1), (names[1], w3), (names[2], w2)] {
+                    out.push((format!("feed_forward.{name}"), LinearMut::Linear(l)));
+                }
+            }
+            FeedForward::Moe(m) => {
+                for (name, l) in m.linears_mut() {
+                    out.push((format!("feed_forward.{name}"), l));
+                }
+            }
         }
         out
     }
@@ -281,7 +422,7 @@ impl DecoderLayer {
     fn parameters_mut(&mut self, path: &str) -> Result<Vec<LayerParam<'_>>> {
         let DecoderLayer {
             op,
-            feed_forward: FeedForward { w1, w2, w3 },
+            feed_forward,
             operator_norm,
             ffn_norm,
         } = self;
@@ -290,8 +431,13 @@ impl DecoderLayer {
             Operator::Attention(a) => a.parameters_mut(&format!("{path}.self_attn"), &mut out)?,
             Operator::Conv(c) => c.parameters_mut(&format!("{path}.conv"), &mut out)?,
         }
-        for (name, l) in [("w1", w1), ("w2", w2), ("w3", w3)] {
-            l.parameters_mut(&format!("{path}.feed_forward.{name}"), &mut out)?;
+        match feed_forward {
+            FeedForward::Mlp { w1, w2, w3, names } => {
+                for (name, l) in [(names[0], w1), (names[2], w2), (names[1], w3)] {
+                    l.parameters_mut(&format!("{path}.feed_forward.{name}"), &mut out)?;
+                }
+            }
+            FeedForward::Moe(m) => m.parameters_mut(&format!("{path}.feed_forward"), &mut out)?,
         }
         for (name, n) in [("operator_norm", operator_norm), ("ffn_norm", ffn_norm)] {
             n.parameters_mut(&format!("{path}.{name}"), &mut out);
@@ -326,10 +472,7 @@ impl DecoderLayer {
             }
         };
         let hh = (h + &r)?;
-        let f = &self.feed_forward;
-        let y = self.ffn_norm.forward(&hh)?;
-        let y =
-            f.w2.forward(&swiglu(&f.w1.forward(&y)?, &f.w3.forward(&y)?)?)?;
+        let y = self.feed_forward.forward(&self.ffn_norm.forward(&hh)?)?;
         Ok((&hh + &y)?)
     }
 }
@@ -340,10 +483,7 @@ impl LayerArrays for DecoderLayer {
     }
 
     fn linears(&mut self) -> Vec<LinearMut<'_>> {
-        self.linears_mut()
-            .into_iter()
-            .map(|(_, l)| LinearMut::Linear(l))
-            .collect()
+        self.linears_mut().into_iter().map(|(_, l)| l).collect()
     }
 }
 
@@ -377,8 +517,16 @@ pub struct Model {
 
 impl Model {
     pub fn load(config: &ModelConfig, w: &mut Weights) -> Result<Model> {
-        let args: ModelArgs = config.args::<ModelArgs>()?.post_init()?;
+        let (args, moe) = if config.architecture == "lfm2_moe" {
+            let (args, moe) = config.args::<MoeArgs>()?.split()?;
+            (args, Some(moe))
+        } else {
+            (config.args::<ModelArgs>()?.post_init()?, None)
+        };
         sanitize_conv(w)?;
+        if let Some(m) = &moe {
+            sanitize_moe(&args, m, w)?;
+        }
         let eps = args.norm_eps as f32;
         let d = args.hidden_size;
         let ff = args.ff_dim();
@@ -411,13 +559,35 @@ impl Model {
                 Operator::Conv(ShortConv::load(&args, w, &format!("{p}.conv"))?)
             };
             let f = |n: &str| format!("{p}.feed_forward.{n}");
+            let feed_forward = match &moe {
+                Some(m) if i >= m.num_dense_layers => {
+                    FeedForward::Moe(Box::new(SparseMoe::load_with(
+                        w,
+                        &format!("{p}.feed_forward"),
+                        &BlockExtras {
+                            correction_bias: m.expert_bias.then_some("expert_bias"),
+                            ..BlockExtras::default()
+                        },
+                        &m.params,
+                    )?))
+                }
+                _ => {
+                    let names = if moe.is_some() {
+                        ["gate_proj", "up_proj", "down_proj"]
+                    } else {
+                        ["w1", "w3", "w2"]
+                    };
+                    FeedForward::Mlp {
+                        w1: Linear::load(w, &f(names[0]), args.block_dim, ff, false)?,
+                        w2: Linear::load(w, &f(names[2]), ff, args.block_dim, false)?,
+                        w3: Linear::load(w, &f(names[1]), args.block_dim, ff, false)?,
+                        names,
+                    }
+                }
+            };
             layers.push(DecoderLayer {
                 op,
-                feed_forward: FeedForward {
-                    w1: Linear::load(w, &f("w1"), args.block_dim, ff, false)?,
-                    w2: Linear::load(w, &f("w2"), ff, args.block_dim, false)?,
-                    w3: Linear::load(w, &f("w3"), args.block_dim, ff, false)?,
-                },
+                feed_forward,
                 operator_norm: RmsNorm::load(w, &format!("{p}.operator_norm"), d, eps)?,
                 ffn_norm: RmsNorm::load(w, &format!("{p}.ffn_norm"), d, eps)?,
             });
@@ -439,6 +609,50 @@ impl Model {
             checkpoint_own: 0..0,
         })
     }
+}
+
+/// lfm2_moe.py `sanitize` after the conv transpose: `w1` / `w2` / `w3` weights renamed
+/// `gate_proj` / `down_proj` / `up_proj`, per-expert weights stacked into `switch_mlp`.
+fn sanitize_moe(args: &ModelArgs, m: &MoeParts, w: &mut Weights) -> Result<()> {
+    for name in w.names() {
+        let mut new = name.clone();
+        for (old, to) in [
+            ("w1.weight", "gate_proj.weight"),
+            ("w2.weight", "down_proj.weight"),
+            ("w3.weight", "up_proj.weight"),
+        ] {
+            if new.contains(old) {
+                new = new.replace(old, to);
+            }
+        }
+        if new != name {
+            if let Some(v) = w.remove(&name) {
+                w.insert(new, v);
+            }
+        }
+    }
+    for l in 0..args.num_hidden_layers {
+        let prefix = format!("model.layers.{l}.feed_forward");
+        for n in ["gate_proj", "down_proj", "up_proj"] {
+            if !w.contains(&format!("{prefix}.experts.0.{n}.weight")) {
+                continue;
+            }
+            let mut parts = Vec::new();
+            for e in 0..m.params.num_experts {
+                let key = format!("{prefix}.experts.{e}.{n}.weight");
+                parts.push(
+                    w.remove(&key)
+                        .ok_or_else(|| ModelError::Weights(vec![format!("missing: {key}")]))?,
+                );
+            }
+            let refs: Vec<&Array> = parts.iter().collect();
+            w.insert(
+                format!("{prefix}.switch_mlp.{n}.weight"),
+                ops::stack(&refs, 0, None)?,
+            );
+        }
+    }
+    Ok(())
 }
 
 /// lfm2.py `sanitize`: HF conv weights `(C, 1, K)` become `(C, K, 1)`.
@@ -544,7 +758,7 @@ impl LanguageModel for Model {
         self.layers.len()
     }
 
-    fn layer_linears_mut(&mut self) -> Vec<Vec<(String, &mut Linear)>> {
+    fn layer_adaptables_mut(&mut self) -> Vec<Vec<(String, LinearMut<'_>)>> {
         self.layers
             .iter_mut()
             .map(DecoderLayer::linears_mut)

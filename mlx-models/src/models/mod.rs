@@ -59,6 +59,7 @@ macro_rules! serde_defaults {
 
 pub mod baichuan_m1;
 mod checkpoint;
+pub mod dbrx;
 pub mod deepseek;
 pub mod dense;
 pub mod descriptor;
@@ -67,12 +68,13 @@ pub mod gemma4_text;
 pub mod granitemoehybrid;
 pub mod jamba;
 pub mod lfm2;
+pub mod llama4;
 pub mod longcat_flash;
 pub mod mamba;
 pub mod moe;
+pub mod muse_glimmer;
 pub mod nemotron_h;
 pub mod olmo_hybrid;
-pub mod muse_glimmer;
 pub mod qwen3_next;
 pub mod segmented;
 pub mod talkie;
@@ -364,6 +366,20 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
     ("qwen3_moe", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
     ("olmoe", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
     ("gpt_oss", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
+    ("granitemoe", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
+    ("minimax", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
+    ("ernie4_5_moe", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
+    ("phimoe", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
+    ("Klear", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
+    ("hunyuan", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
+    ("lfm2_moe", |c, w| Ok(Box::new(lfm2::Model::load(c, w)?))),
+    ("dbrx", |c, w| Ok(Box::new(dbrx::Model::load(c, w)?))),
+    ("llama4", |c, w| Ok(Box::new(llama4::Model::load(c, w)?))),
+    ("mellum", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
+    ("exaone_moe", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
+    ("bailing_moe", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
+    ("afmoe", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
+    ("laguna", |c, w| Ok(Box::new(moe::Model::load(c, w)?))),
     ("qwen3_next", |c, w| {
         Ok(Box::new(qwen3_next::Model::load(c, w)?))
     }),

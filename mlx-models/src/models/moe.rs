@@ -12,7 +12,7 @@ use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::{
     scaled_dot_product_attention, Embedding, LayerParam, Linear, LinearMut, Mlp, MlpKind, MlpNames,
-    RmsNorm, Rope, RopeScaling, SwitchActivation, SwitchGlu,
+    Norm, NormKind, RmsNorm, Rope, RopeScaling, SwitchActivation, SwitchGlu,
 };
 use crate::models::checkpoint::{layer_step, LayerArrays};
 use crate::models::LanguageModel;
@@ -26,10 +26,12 @@ pub enum QkNorm {
     PerHead,
     /// Over all heads (`n_heads * head_dim`), before the reshape (olmoe).
     Full,
+    /// Over each head, after the rope (hunyuan).
+    AfterRope,
 }
 
 /// How a router turns gate logits into `k` experts and their weights.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Router {
     /// qwen3_moe / qwen3_next: `softmax`, `argpartition(gates, -k)[..., -k:]`, optional
     /// renormalization; qwen3_moe casts the weighted sum back to the experts' dtype.
@@ -45,6 +47,190 @@ pub enum Router {
     /// gpt_oss (`mlx_topk`): `argpartition(gates, -k)[..., -k:]` on the logits, softmax over
     /// the `k`.
     UpperTopKThenSoftmax,
+    /// granitemoe: [`Router::UpperTopKThenSoftmax`] with the softmax over the float32 top-k
+    /// logits, the weighted sum cast back to the experts' dtype.
+    UpperTopKThenSoftmaxF32,
+    /// minimax: `sigmoid(gate(x.astype(float32)))`; the choice on the scores plus the
+    /// correction bias (`argpartition(-scores, k - 1)[..., :k]`), the weights the uncorrected
+    /// scores over their sum + 1e-20, cast to the input's dtype.
+    SigmoidCorrected,
+    /// ernie4_5_moe: softmax (or sigmoid) of the float32 logits, `argpartition(-gates, k -
+    /// 1)[..., :k]`, over `max(sum, 1e-12)`, the weighted sum cast back to the experts' dtype.
+    NormalizedTopK { sigmoid: bool },
+    /// phimoe's `sparsemixer` (HF's inference path): `k` rounds, each taking the argmax of
+    /// the still-unmasked logits, weighting it by a precise softmax over the logits within
+    /// `2 * jitter_eps` (relative) of that maximum, then masking it with `-inf`.
+    SparseMixer { jitter_eps: f64 },
+    /// Klear: `sigmoid(gate(x).astype(float32))`; the choice on those plus the expert bias
+    /// (`argpartition(-biased, k - 1)[..., :k]`), the weights the unbiased ones, optionally
+    /// over their sum, cast to the input's dtype.
+    SigmoidBiased { norm_topk_prob: bool },
+    /// hunyuan: precise softmax, `argpartition(-gates, k - 1)[..., :k]`, the weighted sum
+    /// with the weights in float32, cast back to the experts' dtype.
+    SoftmaxLowerF32Weights,
+    /// lfm2_moe: `sigmoid(gate(x))`; the choice `argpartition(scores, -k)[..., -k:]` on
+    /// them (plus the float32 expert bias when `biased`), the weights the plain ones,
+    /// optionally over their sum + 1e-6, times `routed_scaling_factor`, cast to the input's
+    /// dtype.
+    SigmoidUpper {
+        norm_topk_prob: bool,
+        routed_scaling_factor: f64,
+        biased: bool,
+    },
+    /// exaone_moe's `group_expert_select` (an `mx.compile`d function there, compiled here
+    /// too): sigmoid of the float32 logits plus the correction bias, `n_group` groups of
+    /// which the `n_group - topk_group` weakest (by their top-2 sum) are zeroed,
+    /// `argpartition(-scores, k - 1)[..., :k]`, the uncorrected scores of the chosen (over
+    /// their sum + 1e-20 when `k > 1` and `norm_topk_prob`) times `routed_scaling_factor`;
+    /// the weighted sum cast back to the experts' dtype.
+    Grouped {
+        n_group: i32,
+        topk_group: i32,
+        routed_scaling_factor: f64,
+        norm_topk_prob: bool,
+    },
+    /// bailing_moe's `group_expert_select` (compiled too): [`Router::Grouped`] with a
+    /// softmax (or sigmoid) score, an optional bias, the choice
+    /// `argpartition(scores, -k)[..., -k:]`, and the weights cast to the logits' dtype.
+    GroupedBailing {
+        n_group: i32,
+        topk_group: i32,
+        routed_scaling_factor: f64,
+        norm_topk_prob: bool,
+        sigmoid: bool,
+    },
+    /// afmoe (plain ops, not compiled): sigmoid or softmax of the float32 logits, plus the
+    /// expert bias for the choice, [`Router::Grouped`]'s groups, the lower choice, the
+    /// unbiased scores over their sum (no epsilon) when `route_norm` and `k > 1`, times
+    /// `route_scale`; the weighted sum cast back to the experts' dtype.
+    GroupedPlain {
+        n_group: i32,
+        topk_group: i32,
+        route_scale: f64,
+        route_norm: bool,
+        sigmoid: bool,
+    },
+    /// laguna: float32 logits (soft-capped when `softcap > 0`), sigmoid or
+    /// `sqrt(softplus(.))` scores, the choice on scores plus the correction bias (lower
+    /// top-k), the weights the chosen scores over their sum; the weighted sum cast back.
+    Laguna { softcap: f64, sqrt_softplus: bool },
+}
+
+/// The constant arguments of a compiled `group_expert_select`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct GroupSelect {
+    top_k: i32,
+    n_group: i32,
+    topk_group: i32,
+    scaling_bits: u64,
+    norm_topk_prob: bool,
+    /// bailing_moe's variant (softmax or sigmoid, upper choice, weights cast back).
+    bailing: bool,
+    sigmoid: bool,
+    has_bias: bool,
+}
+
+/// exaone_moe.py's `group_expert_select(gates, bias, top_k, ...)` as an `mx.compile`d
+/// function (not shapeless): one compiled function per thread and per set of constants, as
+/// `mx.compile` keys its cache on the non-array arguments.
+fn group_expert_select(gates: &Array, bias: &Array, key: GroupSelect) -> Result<(Array, Array)> {
+    use mlx_core::compile::{compile, Compiled};
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+    thread_local! {
+        static FNS: RefCell<HashMap<GroupSelect, &'static Compiled<'static>>> =
+            RefCell::new(HashMap::new());
+    }
+    let GroupSelect {
+        top_k,
+        n_group,
+        topk_group,
+        scaling_bits,
+        norm_topk_prob,
+        bailing,
+        sigmoid,
+        has_bias,
+    } = key;
+    let routed_scaling_factor = f64::from_bits(scaling_bits);
+    let f = FNS.with(|m| -> Result<&'static Compiled<'static>> {
+        if let Some(f) = m.borrow().get(&key) {
+            return Ok(*f);
+        }
+        let body = move |xs: &[Array]| -> mlx_core::Result<Vec<Array>> {
+            let g = xs[0].astype(Dtype::Float32)?;
+            let scores = if sigmoid {
+                ops::sigmoid(&g, None)?
+            } else {
+                ops::softmax(&g, &[-1], false, None)?
+            };
+            let orig = scores.clone();
+            let mut scores = if has_bias {
+                (&scores + &xs[1])?
+            } else {
+                scores
+            };
+            if n_group > 1 {
+                let grouped = ops::unflatten(&scores, -1, &[n_group, -1], None)?;
+                let group_scores = ops::sum(&ops::topk(&grouped, 2, -1, None)?, &[-1], true, None)?;
+                let k = n_group - topk_group;
+                let idx = ops::slice_axis(
+                    &ops::argpartition(&group_scores, k - 1, -2, None)?,
+                    -2,
+                    0,
+                    k,
+                    None,
+                )?;
+                let zeroed = ops::put_along_axis(
+                    &grouped,
+                    &ops::stop_gradient(&idx, None)?,
+                    &Array::from_f32(0.0, Dtype::Float32)?,
+                    -2,
+                    None,
+                )?;
+                scores = ops::flatten(&zeroed, -2, -1, None)?;
+            }
+            let inds = if bailing {
+                let n = scores.shape().last().copied().unwrap_or(0);
+                ops::slice_axis(
+                    &ops::argpartition(&scores, -top_k, -1, None)?,
+                    -1,
+                    n - top_k,
+                    n,
+                    None,
+                )?
+            } else {
+                let neg = ops::negative(&scores, None)?;
+                ops::slice_axis(
+                    &ops::argpartition(&neg, top_k - 1, -1, None)?,
+                    -1,
+                    0,
+                    top_k,
+                    None,
+                )?
+            };
+            let inds = ops::stop_gradient(&inds, None)?;
+            let mut scores = ops::take_along_axis(&orig, &inds, -1, None)?;
+            if top_k > 1 && norm_topk_prob {
+                let total = ops::sum(&scores, &[-1], true, None)?;
+                scores = (&scores / &(&total + 1e-20f32)?)?;
+            }
+            let mut scores = (&scores * routed_scaling_factor as f32)?;
+            if bailing {
+                scores = scores.astype(xs[0].dtype())?;
+            }
+            Ok(vec![inds, scores])
+        };
+        let f: &'static Compiled<'static> = Box::leak(Box::new(compile(body, false)?));
+        m.borrow_mut().insert(key, f);
+        Ok(f)
+    })?;
+    let mut out = f.call(&[gates.clone(), bias.clone()])?.into_iter();
+    match (out.next(), out.next()) {
+        (Some(inds), Some(scores)) => Ok((inds, scores)),
+        _ => Err(ModelError::Other(
+            "compiled group_expert_select returned too few outputs".into(),
+        )),
+    }
 }
 
 /// What a row fixes about the family.
@@ -92,6 +278,84 @@ pub struct MoeSpec {
     /// Per layer: sliding-window attention (a `RotatingKVCache` of `sliding_window`).
     pub sliding: Vec<bool>,
     pub sliding_window: Option<usize>,
+    /// What only the later rows use (granitemoe's multipliers, minimax's partial rope, ernie's
+    /// biases and plain shared experts).
+    pub extras: MoeExtras,
+}
+
+/// The knobs of the later rows (`goldens_moe2.py`'s types); the defaults are the first rows'.
+#[derive(Clone, Debug, Default)]
+pub struct MoeExtras {
+    /// granitemoe: `embed_tokens(x) * embedding_multiplier`.
+    pub embedding_multiplier: Option<f32>,
+    /// granitemoe: `x + r * residual_multiplier` around attention and experts.
+    pub residual_multiplier: Option<f32>,
+    /// granitemoe: `logits / logits_scaling`.
+    pub logits_scaling: Option<f32>,
+    /// granitemoe: the attention scale is `attention_multiplier`.
+    pub attention_scale: Option<f32>,
+    /// minimax: rope over the first `rotary_dim` dimensions of each head.
+    pub rope_dims: Option<i32>,
+    /// ernie4_5_moe: biases on the dense MLP layers.
+    pub dense_bias: bool,
+    /// phimoe: `nn.LayerNorm` (with bias) for every norm instead of `nn.RMSNorm`.
+    pub layer_norm: bool,
+    /// phimoe: the `lm_head` has a bias.
+    pub lm_head_bias: bool,
+    /// phimoe: the rotary embedding, built by the row (`SuScaledRoPE` with its mscale).
+    pub rope: Option<Rope>,
+    /// hunyuan: the attention's module names (output projection, q norm, k norm).
+    pub attn_names: Option<[&'static str; 3]>,
+    /// hunyuan's cross-layer attention (`use_cla`): only layers `i % factor == 0` project
+    /// keys and values; the others take the last ones projected.
+    pub cla_share_factor: Option<i32>,
+    /// hunyuan: per layer (when its config lists them), the experts' `top_k`, their width and
+    /// the shared MLP's width.
+    pub layer_moe: Vec<(i32, i32, Option<i32>)>,
+    /// mellum: each layer's rotary embedding (by its layer type's `rope_parameters`).
+    pub layer_ropes: Vec<Rope>,
+    /// mellum defines `make_cache` whatever its layer types.
+    pub defines_make_cache: bool,
+    /// exaone_moe: layers whose attention skips the rope.
+    pub no_rope: Vec<bool>,
+    /// bailing_moe: the fused query/key/value projection's name (`query_key_value`).
+    pub fused_qkv: Option<&'static str>,
+    /// bailing_moe: the attention module's name (`attention`; `self_attn` when `None`).
+    pub attn_module: Option<&'static str>,
+    /// bailing_moe: the embedding's path (`model.word_embeddings`; `model.embed_tokens`).
+    pub embed_name: Option<&'static str>,
+    /// afmoe: the attention's sigmoid output gate (`gate_proj`).
+    pub attn_gate: bool,
+    /// laguna: the attention's per-head softplus gate (`g_proj`).
+    pub head_gate: bool,
+    /// laguna: each layer's number of query heads.
+    pub layer_heads: Vec<i32>,
+    /// afmoe: `post_attention_layernorm` normalizes the attention's output, and
+    /// `pre_mlp_layernorm` / `post_mlp_layernorm` surround the feed-forward block.
+    pub sandwich_norms: bool,
+    /// bailing_moe's `norm_head`: `sanitize` divides the head's columns by their float32 L2
+    /// norm + 1e-7.
+    pub norm_head: bool,
+    /// The block's extras (see [`BlockExtras`]).
+    pub block: BlockExtras,
+}
+
+/// What a [`SparseMoe`] block may have beyond [`SparseMoeParams`].
+#[derive(Clone, Debug, Default)]
+pub struct BlockExtras {
+    /// minimax (`e_score_correction_bias`), Klear (`expert_bias`): a learned bias of
+    /// `num_experts`, under this name, added to the scores before the top-k choice.
+    pub correction_bias: Option<&'static str>,
+    /// ernie4_5_moe, Klear: an ungated `shared_experts` SwiGLU MLP of this width (with biases
+    /// when the flag is set), added to the experts' output.
+    pub plain_shared: Option<(i32, bool)>,
+    /// The shared MLP's module name (`shared_experts` when `None`; hunyuan `shared_mlp`).
+    pub plain_shared_name: Option<&'static str>,
+    /// laguna: the experts' (cast) output times this before the shared expert is added.
+    pub output_scale: Option<f32>,
+    /// Klear: `coefficient`, a biased linear to 2 whose precise softmax mixes the experts'
+    /// output (first) and the shared experts' (second) instead of adding them.
+    pub coefficient: bool,
 }
 
 fn default_true() -> bool {
@@ -277,6 +541,671 @@ serde_defaults! {
     gpt_oss_theta: f64 = 150000.0;
 }
 
+/// granitemoe.py `ModelArgs`.
+#[derive(Deserialize)]
+struct GraniteMoeArgs {
+    model_type: String,
+    hidden_size: i32,
+    num_hidden_layers: i32,
+    intermediate_size: i32,
+    num_attention_heads: i32,
+    rms_norm_eps: f64,
+    vocab_size: i32,
+    logits_scaling: f64,
+    attention_multiplier: f64,
+    embedding_multiplier: f64,
+    residual_multiplier: f64,
+    max_position_embeddings: i64,
+    num_key_value_heads: i32,
+    attention_bias: bool,
+    rope_theta: f64,
+    num_local_experts: i32,
+    num_experts_per_tok: i32,
+    #[serde(default)]
+    rope_scaling: Option<RopeScaling>,
+    #[serde(default = "default_true")]
+    tie_word_embeddings: bool,
+}
+
+/// minimax.py `ModelArgs` (`minimax_m2` is remapped to it).
+#[derive(Deserialize)]
+struct MiniMaxArgs {
+    model_type: String,
+    hidden_size: i32,
+    intermediate_size: i32,
+    num_attention_heads: i32,
+    num_key_value_heads: i32,
+    #[allow(dead_code)]
+    max_position_embeddings: i64,
+    num_experts_per_tok: i32,
+    num_local_experts: i32,
+    #[allow(dead_code)]
+    shared_intermediate_size: i32,
+    num_hidden_layers: i32,
+    rms_norm_eps: f64,
+    rope_theta: f64,
+    rotary_dim: i32,
+    vocab_size: i32,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+    #[serde(default)]
+    head_dim: Option<i32>,
+    #[serde(default = "default_true")]
+    use_qk_norm: bool,
+}
+
+/// ernie4_5_moe.py `ModelArgs`.
+#[derive(Deserialize)]
+struct Ernie45MoeArgs {
+    hidden_size: i32,
+    intermediate_size: i32,
+    model_type: String,
+    max_position_embeddings: i64,
+    num_attention_heads: i32,
+    num_key_value_heads: i32,
+    num_hidden_layers: i32,
+    rms_norm_eps: f64,
+    vocab_size: i32,
+    rope_theta: f64,
+    use_bias: bool,
+    tie_word_embeddings: bool,
+    moe_num_experts: i32,
+    #[serde(default)]
+    moe_layer_start_index: IntOrList,
+    #[serde(default)]
+    moe_intermediate_size: i32,
+    #[serde(default = "one")]
+    moe_k: i32,
+    #[serde(default = "one")]
+    moe_layer_interval: i32,
+    #[serde(default)]
+    moe_num_shared_experts: i32,
+    #[serde(default)]
+    moe_layer_end_index: Option<IntOrList>,
+    #[serde(default)]
+    head_dim: Option<i32>,
+    #[serde(default = "softmax_name")]
+    moe_gate_act: String,
+}
+
+/// phimoe.py `ModelArgs` (all defaulted there).
+#[derive(Deserialize)]
+struct PhiMoeArgs {
+    #[serde(default = "phimoe_type")]
+    model_type: String,
+    #[serde(default = "phimoe_vocab")]
+    vocab_size: i32,
+    #[serde(default = "gpt_oss_hidden_4096")]
+    hidden_size: i32,
+    #[serde(default = "phimoe_intermediate")]
+    intermediate_size: i32,
+    #[serde(default = "phimoe_heads")]
+    num_hidden_layers: i32,
+    #[serde(default = "phimoe_heads")]
+    num_attention_heads: i32,
+    #[serde(default = "phimoe_kv_heads")]
+    num_key_value_heads: i32,
+    #[serde(default = "phimoe_max_pos")]
+    max_position_embeddings: i64,
+    #[serde(default = "phimoe_original_max_pos")]
+    original_max_position_embeddings: i64,
+    #[serde(default = "phimoe_eps")]
+    rms_norm_eps: f64,
+    #[serde(default)]
+    rope_scaling: Option<RopeScaling>,
+    #[serde(default = "phimoe_experts")]
+    num_local_experts: i32,
+    #[serde(default = "phimoe_top_k")]
+    num_experts_per_tok: i32,
+    #[serde(default = "olmoe_rope_theta")]
+    rope_theta: f64,
+    #[serde(default = "phimoe_jitter")]
+    router_jitter_noise: f64,
+}
+
+serde_defaults! {
+    phimoe_type: String = "phimoe".into();
+    phimoe_vocab: i32 = 32064;
+    gpt_oss_hidden_4096: i32 = 4096;
+    phimoe_intermediate: i32 = 6400;
+    phimoe_heads: i32 = 32;
+    phimoe_kv_heads: i32 = 8;
+    phimoe_max_pos: i64 = 131072;
+    phimoe_original_max_pos: i64 = 4096;
+    phimoe_eps: f64 = 1e-6;
+    phimoe_experts: i32 = 16;
+    phimoe_top_k: i32 = 2;
+    phimoe_jitter: f64 = 0.01;
+}
+
+/// phimoe's rope: `nn.RoPE(head_dim, base)` without `rope_scaling`, else `SuScaledRoPE` with
+/// the config's factors and mscales (`short_mscale` / `long_mscale` required, as the
+/// `KeyError` of mlx-lm; the input scale is `long_mscale or` the default one).
+fn phimoe_rope(a: &PhiMoeArgs, head_dim: i32) -> Result<Rope> {
+    let Some(cfg) = &a.rope_scaling else {
+        return Rope::initialize(head_dim, a.rope_theta, false, None, None);
+    };
+    for key in ["short_factor", "long_factor", "short_mscale", "long_mscale"] {
+        if cfg.get(key).is_none() {
+            return Err(ModelError::Config(format!(
+                "phimoe: rope_scaling needs `{key}`"
+            )));
+        }
+    }
+    let mut su = cfg.clone();
+    su.insert("type".into(), "longrope".into());
+    su.remove("rope_type");
+    su.insert(
+        "original_max_position_embeddings".into(),
+        a.original_max_position_embeddings.into(),
+    );
+    let rope = Rope::initialize(
+        head_dim,
+        a.rope_theta,
+        false,
+        Some(&su),
+        Some(a.max_position_embeddings),
+    )?;
+    // `long_mscale or default_scale`: a null or zero mscale keeps the default.
+    let mscale = cfg.get("long_mscale").and_then(|v| v.as_f64());
+    Ok(match (rope, mscale) {
+        (
+            Rope::Freqs {
+                dims,
+                traditional,
+                freqs,
+                ..
+            },
+            Some(m),
+        ) if m != 0.0 => Rope::Freqs {
+            dims,
+            traditional,
+            freqs,
+            input_scale: Some(m),
+        },
+        (rope, _) => rope,
+    })
+}
+
+/// Klear.py `ModelArgs` (every field required).
+#[derive(Deserialize)]
+struct KlearArgs {
+    model_type: String,
+    hidden_size: i32,
+    num_hidden_layers: i32,
+    intermediate_size: i32,
+    num_attention_heads: i32,
+    attention_bias: bool,
+    mlp_only_layers: Vec<i32>,
+    num_experts: i32,
+    num_experts_per_tok: i32,
+    decoder_sparse_step: i32,
+    n_shared_experts: i32,
+    moe_intermediate_size: i32,
+    rms_norm_eps: f64,
+    vocab_size: i32,
+    num_key_value_heads: i32,
+    rope_theta: f64,
+    #[allow(dead_code)]
+    max_position_embeddings: i64,
+    norm_topk_prob: bool,
+}
+
+/// hunyuan.py `ModelArgs`.
+#[derive(Deserialize)]
+struct HunyuanArgs {
+    model_type: String,
+    vocab_size: i32,
+    hidden_size: i32,
+    num_hidden_layers: i32,
+    intermediate_size: i32,
+    num_attention_heads: i32,
+    num_key_value_heads: i32,
+    attention_bias: bool,
+    moe_topk: IntOrList,
+    num_experts: i32,
+    num_shared_expert: IntOrList,
+    use_mixed_mlp_moe: bool,
+    use_qk_norm: bool,
+    rms_norm_eps: f64,
+    rope_theta: f64,
+    use_cla: bool,
+    cla_share_factor: i32,
+    #[serde(default)]
+    moe_intermediate_size: Option<IntOrList>,
+    #[serde(default)]
+    rope_scaling: Option<RopeScaling>,
+}
+
+/// hunyuan.py's `DynamicNTKAlphaRoPE(head_dim, base, rope_scaling["alpha"])`: the base
+/// becomes `base * alpha ** (dims / (dims - 2))`, the frequencies
+/// `base ** (mx.arange(0, dims, 2) / dims)`.
+fn hunyuan_rope(a: &HunyuanArgs, dims: i32) -> Result<Rope> {
+    let alpha = a
+        .rope_scaling
+        .as_ref()
+        .and_then(|c| c.get("alpha"))
+        .and_then(|v| v.as_f64())
+        .ok_or_else(|| {
+            ModelError::Config("hunyuan: rope_scaling needs a numeric `alpha`".into())
+        })?;
+    if let Some(c) = &a.rope_scaling {
+        if c.get("factor").is_none() || c.get("type").is_none() {
+            return Err(ModelError::Config(
+                "hunyuan: rope_scaling must contain keys factor and type".into(),
+            ));
+        }
+    }
+    if dims <= 2 {
+        return Err(ModelError::Config(format!(
+            "hunyuan: head_dim must exceed 2, got {dims}"
+        )));
+    }
+    let base = a.rope_theta * alpha.powf(f64::from(dims) / f64::from(dims - 2));
+    Ok(Rope::Freqs {
+        dims,
+        traditional: false,
+        freqs: crate::layers::base_pow(base, dims, Dtype::Int32)?,
+        input_scale: None,
+    })
+}
+
+/// mellum.py `ModelArgs`.
+#[derive(Deserialize)]
+struct MellumArgs {
+    model_type: String,
+    hidden_size: i32,
+    num_hidden_layers: i32,
+    intermediate_size: i32,
+    num_attention_heads: i32,
+    num_experts: i32,
+    num_experts_per_tok: i32,
+    moe_intermediate_size: i32,
+    rms_norm_eps: f64,
+    vocab_size: i32,
+    num_key_value_heads: i32,
+    head_dim: i32,
+    tie_word_embeddings: bool,
+    max_position_embeddings: i64,
+    norm_topk_prob: bool,
+    sliding_window: i64,
+    layer_types: Vec<String>,
+    #[serde(default)]
+    rope_parameters: serde_json::Map<String, serde_json::Value>,
+}
+
+/// mellum.py `_rope_for(layer_type, args)`: `rope_parameters[layer_type]`'s `rope_theta`,
+/// plain rope for `default` / `linear` (no scaling passed), else `initialize_rope` with the
+/// parameters as the scaling config.
+fn mellum_rope(a: &MellumArgs, layer_type: &str) -> Result<Rope> {
+    let params = a
+        .rope_parameters
+        .get(layer_type)
+        .and_then(|v| v.as_object())
+        .ok_or_else(|| {
+            ModelError::Config(format!(
+                "mellum: rope_parameters has no `{layer_type}` entry"
+            ))
+        })?;
+    let base = params
+        .get("rope_theta")
+        .and_then(|v| v.as_f64())
+        .ok_or_else(|| {
+            ModelError::Config(format!("mellum: rope_parameters.{layer_type}.rope_theta"))
+        })?;
+    let rope_type = params
+        .get("rope_type")
+        .and_then(|v| v.as_str())
+        .unwrap_or("default");
+    if rope_type == "default" || rope_type == "linear" {
+        return Rope::initialize(a.head_dim, base, false, None, None);
+    }
+    let mut scaling = params.clone();
+    scaling.insert("type".into(), rope_type.into());
+    Rope::initialize(
+        a.head_dim,
+        base,
+        false,
+        Some(&scaling),
+        Some(a.max_position_embeddings),
+    )
+}
+
+/// exaone_moe.py `ModelArgs`.
+#[derive(Deserialize)]
+struct ExaoneMoeArgs {
+    model_type: String,
+    vocab_size: i32,
+    hidden_size: i32,
+    intermediate_size: i32,
+    moe_intermediate_size: i32,
+    num_hidden_layers: i32,
+    num_attention_heads: i32,
+    num_key_value_heads: i32,
+    head_dim: i32,
+    num_experts: i32,
+    num_experts_per_tok: i32,
+    num_shared_experts: Option<i32>,
+    rms_norm_eps: f64,
+    max_position_embeddings: i64,
+    sliding_window: i64,
+    layer_types: Vec<String>,
+    is_moe_layer: Vec<bool>,
+    #[serde(default = "one")]
+    n_group: i32,
+    #[serde(default = "one")]
+    topk_group: i32,
+    #[serde(default = "exaone_scaling")]
+    routed_scaling_factor: f64,
+    #[serde(default = "default_true")]
+    norm_topk_prob: bool,
+    #[serde(default = "noaux_tc")]
+    topk_method: String,
+    #[serde(default = "qwen2_rope_theta")]
+    rope_theta: f64,
+    #[serde(default)]
+    rope_scaling: Option<RopeScaling>,
+    #[serde(default)]
+    rope_parameters: Option<serde_json::Value>,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+}
+
+serde_defaults! {
+    exaone_scaling: f64 = 2.5;
+    noaux_tc: String = "noaux_tc".into();
+}
+
+/// bailing_moe.py `ModelArgs`.
+#[derive(Deserialize)]
+struct BailingMoeArgs {
+    model_type: String,
+    hidden_size: i32,
+    intermediate_size: i32,
+    max_position_embeddings: i64,
+    moe_intermediate_size: i32,
+    num_experts: i32,
+    num_shared_experts: i32,
+    norm_topk_prob: bool,
+    num_attention_heads: i32,
+    num_experts_per_tok: i32,
+    num_hidden_layers: i32,
+    num_key_value_heads: i32,
+    rms_norm_eps: f64,
+    rope_theta: f64,
+    vocab_size: i32,
+    first_k_dense_replace: i32,
+    #[serde(default)]
+    rope_scaling: Option<RopeScaling>,
+    #[serde(default)]
+    use_bias: bool,
+    #[serde(default)]
+    use_qkv_bias: bool,
+    #[serde(default)]
+    norm_head: bool,
+    #[serde(default)]
+    use_qk_norm: bool,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+    #[serde(default = "one_f64")]
+    partial_rotary_factor: f64,
+    #[serde(default)]
+    rotary_dim: Option<i32>,
+    #[serde(default)]
+    moe_router_enable_expert_bias: bool,
+    #[serde(default = "one_f64")]
+    routed_scaling_factor: f64,
+    #[serde(default = "softmax_name")]
+    score_function: String,
+    #[serde(default = "one")]
+    n_group: i32,
+    #[serde(default = "four")]
+    topk_group: i32,
+    #[serde(default)]
+    moe_shared_expert_intermediate_size: Option<i32>,
+    #[serde(default = "default_true")]
+    moe_router_enable_shared_expert: bool,
+}
+
+serde_defaults! {
+    one_f64: f64 = 1.0;
+    four: i32 = 4;
+}
+
+/// afmoe.py `ModelArgs` (all but `layer_types` defaulted there).
+#[derive(Deserialize)]
+struct AfmoeArgs {
+    model_type: String,
+    layer_types: Vec<String>,
+    #[serde(default = "afmoe_vocab")]
+    vocab_size: i32,
+    #[serde(default = "afmoe_hidden")]
+    hidden_size: i32,
+    #[serde(default = "afmoe_intermediate")]
+    intermediate_size: i32,
+    #[serde(default = "afmoe_moe_intermediate")]
+    moe_intermediate_size: i32,
+    #[serde(default = "afmoe_layers")]
+    num_hidden_layers: i32,
+    #[serde(default = "afmoe_layers")]
+    num_attention_heads: i32,
+    #[serde(default = "four")]
+    num_key_value_heads: i32,
+    #[serde(default = "afmoe_head_dim")]
+    head_dim: i32,
+    #[serde(default = "phimoe_max_pos")]
+    max_position_embeddings: i64,
+    #[serde(default = "afmoe_eps")]
+    rms_norm_eps: f64,
+    #[serde(default = "olmoe_rope_theta")]
+    rope_theta: f64,
+    #[serde(default)]
+    rope_scaling: Option<RopeScaling>,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+    #[serde(default = "afmoe_experts")]
+    num_experts: i32,
+    #[serde(default = "afmoe_top_k")]
+    num_experts_per_tok: i32,
+    #[serde(default = "one")]
+    num_shared_experts: i32,
+    #[serde(default = "afmoe_dense")]
+    num_dense_layers: i32,
+    #[serde(default = "default_true")]
+    route_norm: bool,
+    #[serde(default = "afmoe_route_scale")]
+    route_scale: f64,
+    #[serde(default = "sigmoid_name")]
+    score_func: String,
+    #[serde(default = "one")]
+    n_group: i32,
+    #[serde(default = "one")]
+    topk_group: i32,
+    #[serde(default = "afmoe_window")]
+    sliding_window: i64,
+    #[serde(default = "default_true")]
+    mup_enabled: bool,
+}
+
+serde_defaults! {
+    afmoe_vocab: i32 = 200192;
+    afmoe_hidden: i32 = 2048;
+    afmoe_intermediate: i32 = 6144;
+    afmoe_moe_intermediate: i32 = 1024;
+    afmoe_layers: i32 = 32;
+    afmoe_head_dim: i32 = 64;
+    afmoe_eps: f64 = 1e-5;
+    afmoe_experts: i32 = 128;
+    afmoe_top_k: i32 = 8;
+    afmoe_dense: i32 = 2;
+    afmoe_route_scale: f64 = 2.826;
+    sigmoid_name: String = "sigmoid".into();
+    afmoe_window: i64 = 2048;
+}
+
+/// laguna.py `ModelArgs` (all defaulted there).
+#[derive(Deserialize)]
+struct LagunaArgs {
+    #[serde(default = "laguna_type")]
+    model_type: String,
+    #[serde(default = "laguna_vocab")]
+    vocab_size: i32,
+    #[serde(default = "afmoe_hidden")]
+    hidden_size: i32,
+    #[serde(default = "laguna_intermediate")]
+    intermediate_size: i32,
+    #[serde(default = "laguna_layers")]
+    num_hidden_layers: i32,
+    #[serde(default = "laguna_heads")]
+    num_attention_heads: i32,
+    #[serde(default = "laguna_kv_heads")]
+    num_key_value_heads: i32,
+    #[serde(default = "laguna_head_dim")]
+    head_dim: i32,
+    #[serde(default = "laguna_max_pos")]
+    max_position_embeddings: i64,
+    #[serde(default = "phimoe_eps")]
+    rms_norm_eps: f64,
+    #[serde(default)]
+    attention_bias: bool,
+    #[serde(default)]
+    qkv_bias: bool,
+    #[serde(default = "default_true")]
+    gating: bool,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+    #[serde(default = "laguna_window")]
+    sliding_window: Option<i64>,
+    #[serde(default)]
+    partial_rotary_factor: Option<f64>,
+    #[serde(default)]
+    rope_parameters: Option<serde_json::Map<String, serde_json::Value>>,
+    #[serde(default)]
+    layer_types: Option<Vec<String>>,
+    #[serde(default)]
+    num_attention_heads_per_layer: Option<Vec<i32>>,
+    #[serde(default)]
+    mlp_layer_types: Option<Vec<String>>,
+    #[serde(default = "laguna_experts")]
+    num_experts: i32,
+    #[serde(default = "afmoe_top_k")]
+    num_experts_per_tok: i32,
+    #[serde(default = "laguna_moe_width")]
+    moe_intermediate_size: i32,
+    #[serde(default = "laguna_moe_width")]
+    shared_expert_intermediate_size: i32,
+    #[serde(default = "one_f64")]
+    moe_routed_scaling_factor: f64,
+    #[serde(default)]
+    moe_router_logit_softcapping: f64,
+    #[serde(default = "sigmoid_name")]
+    moe_router_score_func: String,
+}
+
+serde_defaults! {
+    laguna_type: String = "laguna".into();
+    laguna_vocab: i32 = 100352;
+    laguna_intermediate: i32 = 8192;
+    laguna_layers: i32 = 40;
+    laguna_heads: i32 = 48;
+    laguna_kv_heads: i32 = 8;
+    laguna_head_dim: i32 = 128;
+    laguna_max_pos: i64 = 262144;
+    laguna_window: Option<i64> = Some(512);
+    laguna_experts: i32 = 256;
+    laguna_moe_width: i32 = 512;
+}
+
+/// laguna.py `_layer_rope(args, layer_type)`: `rope_parameters[layer_type]` (or nothing)
+/// gives the base (default 10000), the rotary fraction of `head_dim` and the scaling
+/// (`rope_type` default when unnamed).
+fn laguna_rope(a: &LagunaArgs, layer_type: &str) -> Result<Rope> {
+    let params = a
+        .rope_parameters
+        .as_ref()
+        .and_then(|p| p.get(layer_type))
+        .and_then(|v| v.as_object())
+        .cloned()
+        .unwrap_or_default();
+    let base = match params.get("rope_theta") {
+        Some(v) => v.as_f64().ok_or_else(|| {
+            ModelError::Config(format!("laguna: rope_parameters.{layer_type}.rope_theta"))
+        })?,
+        None => 10000.0,
+    };
+    let partial = match params.get("partial_rotary_factor") {
+        Some(v) => v.as_f64().ok_or_else(|| {
+            ModelError::Config(format!(
+                "laguna: rope_parameters.{layer_type}.partial_rotary_factor"
+            ))
+        })?,
+        None => a.partial_rotary_factor.unwrap_or(1.0),
+    };
+    let dims = (f64::from(a.head_dim) * partial) as i32;
+    if dims <= 0 || dims > a.head_dim {
+        return Err(ModelError::Config(format!(
+            "laguna: {layer_type} rotary dimensions {dims} must be within head_dim {}",
+            a.head_dim
+        )));
+    }
+    let mut scaling: RopeScaling = params
+        .into_iter()
+        .filter(|(k, _)| k != "rope_theta")
+        .collect();
+    if !scaling.contains_key("rope_type") && !scaling.contains_key("type") {
+        scaling.insert("rope_type".into(), "default".into());
+    }
+    Rope::initialize(
+        dims,
+        base,
+        false,
+        Some(&scaling),
+        Some(a.max_position_embeddings),
+    )
+}
+
+/// An int, or a list whose min (start) or max (end) ernie4_5_moe takes.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum IntOrList {
+    Int(i32),
+    List(Vec<i32>),
+}
+
+impl Default for IntOrList {
+    fn default() -> Self {
+        IntOrList::Int(0)
+    }
+}
+
+impl IntOrList {
+    /// `_int_or_list(arg, idx)`.
+    fn at(&self, idx: usize) -> Option<i32> {
+        match self {
+            IntOrList::Int(i) => Some(*i),
+            IntOrList::List(v) => v.get(idx).copied(),
+        }
+    }
+
+    fn min(&self) -> Option<i32> {
+        match self {
+            IntOrList::Int(i) => Some(*i),
+            IntOrList::List(v) => v.iter().copied().min(),
+        }
+    }
+    fn max(&self) -> Option<i32> {
+        match self {
+            IntOrList::Int(i) => Some(*i),
+            IntOrList::List(v) => v.iter().copied().max(),
+        }
+    }
+}
+
+serde_defaults! {
+    one: i32 = 1;
+    softmax_name: String = "softmax".into();
+}
+
 impl MoeSpec {
     /// The row for `config.architecture`.
     pub fn from_config(config: &ModelConfig) -> Result<MoeSpec> {
@@ -328,6 +1257,7 @@ impl MoeSpec {
                     activation: SwitchActivation::SwiGlu,
                     sliding: Vec::new(),
                     sliding_window: None,
+                    extras: MoeExtras::default(),
                 }
             }
             "qwen2_moe" => {
@@ -380,6 +1310,7 @@ impl MoeSpec {
                     activation: SwitchActivation::SwiGlu,
                     sliding: Vec::new(),
                     sliding_window: None,
+                    extras: MoeExtras::default(),
                 }
             }
             "mixtral" => {
@@ -417,6 +1348,7 @@ impl MoeSpec {
                     activation: SwitchActivation::SwiGlu,
                     sliding: Vec::new(),
                     sliding_window: None,
+                    extras: MoeExtras::default(),
                 }
             }
             "olmoe" => {
@@ -461,6 +1393,7 @@ impl MoeSpec {
                     activation: SwitchActivation::SwiGlu,
                     sliding: Vec::new(),
                     sliding_window: None,
+                    extras: MoeExtras::default(),
                 }
             }
             "gpt_oss" => {
@@ -529,6 +1462,906 @@ impl MoeSpec {
                     activation: SwitchActivation::SwiGluOai,
                     sliding: types.iter().map(|t| t == "sliding_attention").collect(),
                     sliding_window: Some(window),
+                    extras: MoeExtras::default(),
+                }
+            }
+            "phimoe" => {
+                let a: PhiMoeArgs = config.args()?;
+                let n = a.num_hidden_layers.max(0) as usize;
+                let head_dim = head_dim_of(a.hidden_size, a.num_attention_heads)?;
+                let rope = phimoe_rope(&a, head_dim)?;
+                MoeSpec {
+                    model_type: a.model_type,
+                    hidden_size: a.hidden_size,
+                    num_hidden_layers: a.num_hidden_layers,
+                    vocab_size: a.vocab_size,
+                    rms_norm_eps: a.rms_norm_eps as f32,
+                    tie_word_embeddings: false,
+                    n_heads: a.num_attention_heads,
+                    n_kv_heads: a.num_key_value_heads,
+                    head_dim,
+                    qkv_bias: true,
+                    o_bias: true,
+                    qk_norm: QkNorm::None,
+                    rope_theta: a.rope_theta,
+                    rope_traditional: false,
+                    rope_scaling: None,
+                    max_position_embeddings: None,
+                    num_experts: a.num_local_experts,
+                    top_k: a.num_experts_per_tok,
+                    moe_intermediate_size: a.intermediate_size,
+                    expert_bias: false,
+                    router: Router::SparseMixer {
+                        jitter_eps: a.router_jitter_noise,
+                    },
+                    shared_expert_intermediate_size: None,
+                    dense_layers: vec![false; n],
+                    intermediate_size: a.intermediate_size,
+                    moe_module: "block_sparse_moe",
+                    drops_tied_head: false,
+                    attn_sinks: false,
+                    moe_names: ["gate", "switch_mlp"],
+                    router_bias: false,
+                    activation: SwitchActivation::SwiGlu,
+                    sliding: Vec::new(),
+                    sliding_window: None,
+                    extras: MoeExtras {
+                        layer_norm: true,
+                        lm_head_bias: true,
+                        rope: Some(rope),
+                        ..MoeExtras::default()
+                    },
+                }
+            }
+            "Klear" => {
+                let a: KlearArgs = config.args()?;
+                let n = a.num_hidden_layers.max(0);
+                if a.num_experts > 0 && a.decoder_sparse_step <= 0 {
+                    return Err(ModelError::Config(format!(
+                        "Klear: decoder_sparse_step must be positive, got {}",
+                        a.decoder_sparse_step
+                    )));
+                }
+                let dense_layers = (0..n)
+                    .map(|i| {
+                        a.mlp_only_layers.contains(&i)
+                            || a.num_experts <= 0
+                            || (i + 1) % a.decoder_sparse_step != 0
+                    })
+                    .collect();
+                MoeSpec {
+                    model_type: a.model_type,
+                    hidden_size: a.hidden_size,
+                    num_hidden_layers: a.num_hidden_layers,
+                    vocab_size: a.vocab_size,
+                    rms_norm_eps: a.rms_norm_eps as f32,
+                    tie_word_embeddings: false,
+                    n_heads: a.num_attention_heads,
+                    n_kv_heads: a.num_key_value_heads,
+                    head_dim: head_dim_of(a.hidden_size, a.num_attention_heads)?,
+                    qkv_bias: a.attention_bias,
+                    o_bias: a.attention_bias,
+                    qk_norm: QkNorm::PerHead,
+                    rope_theta: a.rope_theta,
+                    rope_traditional: false,
+                    rope_scaling: None,
+                    max_position_embeddings: None,
+                    num_experts: a.num_experts,
+                    top_k: a.num_experts_per_tok,
+                    moe_intermediate_size: a.moe_intermediate_size,
+                    expert_bias: false,
+                    router: Router::SigmoidBiased {
+                        norm_topk_prob: a.norm_topk_prob,
+                    },
+                    shared_expert_intermediate_size: None,
+                    dense_layers,
+                    intermediate_size: a.intermediate_size,
+                    moe_module: "mlp",
+                    drops_tied_head: false,
+                    attn_sinks: false,
+                    moe_names: ["gate", "experts"],
+                    router_bias: false,
+                    activation: SwitchActivation::SwiGlu,
+                    sliding: Vec::new(),
+                    sliding_window: None,
+                    extras: MoeExtras {
+                        block: BlockExtras {
+                            correction_bias: Some("expert_bias"),
+                            plain_shared: Some((
+                                a.moe_intermediate_size * a.n_shared_experts,
+                                false,
+                            )),
+                            coefficient: true,
+                            ..BlockExtras::default()
+                        },
+                        ..MoeExtras::default()
+                    },
+                }
+            }
+            "hunyuan" => {
+                let a: HunyuanArgs = config.args()?;
+                let n = a.num_hidden_layers.max(0) as usize;
+                let head_dim = head_dim_of(a.hidden_size, a.num_attention_heads)?;
+                let rope = hunyuan_rope(&a, head_dim)?;
+                let at = |v: &IntOrList, name: &str, i: usize| {
+                    v.at(i).ok_or_else(|| {
+                        ModelError::Config(format!("hunyuan: `{name}` has no entry for layer {i}"))
+                    })
+                };
+                let mut layer_moe = Vec::with_capacity(n);
+                for i in 0..n {
+                    let top_k = at(&a.moe_topk, "moe_topk", i)?;
+                    let width = match &a.moe_intermediate_size {
+                        Some(v) => at(v, "moe_intermediate_size", i)?,
+                        None => a.intermediate_size,
+                    };
+                    let shared = if a.use_mixed_mlp_moe {
+                        Some(
+                            a.intermediate_size * at(&a.num_shared_expert, "num_shared_expert", i)?,
+                        )
+                    } else {
+                        None
+                    };
+                    if top_k <= 0 || top_k > a.num_experts || width <= 0 {
+                        return Err(ModelError::Config(format!(
+                            "hunyuan: layer {i} has top_k {top_k} of {} experts of width {width}",
+                            a.num_experts
+                        )));
+                    }
+                    layer_moe.push((top_k, width, shared));
+                }
+                if a.use_cla && a.cla_share_factor <= 0 {
+                    return Err(ModelError::Config(format!(
+                        "hunyuan: cla_share_factor must be positive, got {}",
+                        a.cla_share_factor
+                    )));
+                }
+                let (top_k, width) = layer_moe.first().map_or((1, 1), |l| (l.0, l.1));
+                MoeSpec {
+                    model_type: a.model_type,
+                    hidden_size: a.hidden_size,
+                    num_hidden_layers: a.num_hidden_layers,
+                    vocab_size: a.vocab_size,
+                    rms_norm_eps: a.rms_norm_eps as f32,
+                    // The output is always `embed_tokens.as_linear`.
+                    tie_word_embeddings: true,
+                    n_heads: a.num_attention_heads,
+                    n_kv_heads: a.num_key_value_heads,
+                    head_dim,
+                    qkv_bias: a.attention_bias,
+                    o_bias: a.attention_bias,
+                    qk_norm: if a.use_qk_norm {
+                        QkNorm::AfterRope
+                    } else {
+                        QkNorm::None
+                    },
+                    rope_theta: a.rope_theta,
+                    rope_traditional: false,
+                    rope_scaling: None,
+                    max_position_embeddings: None,
+                    num_experts: a.num_experts,
+                    top_k,
+                    moe_intermediate_size: width,
+                    expert_bias: false,
+                    router: Router::SoftmaxLowerF32Weights,
+                    shared_expert_intermediate_size: None,
+                    dense_layers: vec![a.num_experts == 1; n],
+                    intermediate_size: a.intermediate_size,
+                    moe_module: "mlp",
+                    drops_tied_head: false,
+                    attn_sinks: false,
+                    moe_names: ["gate.wg", "switch_mlp"],
+                    router_bias: false,
+                    activation: SwitchActivation::SwiGlu,
+                    sliding: Vec::new(),
+                    sliding_window: None,
+                    extras: MoeExtras {
+                        rope: Some(rope),
+                        attn_names: Some(["o_proj", "query_layernorm", "key_layernorm"]),
+                        cla_share_factor: a.use_cla.then_some(a.cla_share_factor),
+                        layer_moe,
+                        block: BlockExtras {
+                            plain_shared_name: Some("shared_mlp"),
+                            ..BlockExtras::default()
+                        },
+                        ..MoeExtras::default()
+                    },
+                }
+            }
+            "mellum" => {
+                let a: MellumArgs = config.args()?;
+                let n = a.num_hidden_layers.max(0) as usize;
+                if a.layer_types.len() != n {
+                    return Err(ModelError::Config(format!(
+                        "mellum: layer_types has {} entries for {n} layers",
+                        a.layer_types.len()
+                    )));
+                }
+                let mut layer_ropes = Vec::with_capacity(n);
+                for t in &a.layer_types {
+                    if t != "sliding_attention" && t != "full_attention" {
+                        return Err(ModelError::Config(format!(
+                            "mellum: unknown layer type `{t}`"
+                        )));
+                    }
+                    layer_ropes.push(mellum_rope(&a, t)?);
+                }
+                if !a.layer_types.iter().any(|t| t == "full_attention") {
+                    return Err(ModelError::Config(
+                        "mellum: needs at least one full_attention layer".into(),
+                    ));
+                }
+                let window = usize::try_from(a.sliding_window)
+                    .ok()
+                    .filter(|w| *w > 0)
+                    .ok_or_else(|| {
+                        ModelError::Config(format!(
+                            "mellum: sliding_window must be positive, got {}",
+                            a.sliding_window
+                        ))
+                    })?;
+                MoeSpec {
+                    model_type: a.model_type,
+                    hidden_size: a.hidden_size,
+                    num_hidden_layers: a.num_hidden_layers,
+                    vocab_size: a.vocab_size,
+                    rms_norm_eps: a.rms_norm_eps as f32,
+                    tie_word_embeddings: a.tie_word_embeddings,
+                    n_heads: a.num_attention_heads,
+                    n_kv_heads: a.num_key_value_heads,
+                    head_dim: a.head_dim,
+                    qkv_bias: false,
+                    o_bias: false,
+                    qk_norm: QkNorm::PerHead,
+                    rope_theta: 10000.0,
+                    rope_traditional: false,
+                    rope_scaling: None,
+                    max_position_embeddings: None,
+                    num_experts: a.num_experts,
+                    top_k: a.num_experts_per_tok,
+                    moe_intermediate_size: a.moe_intermediate_size,
+                    expert_bias: false,
+                    router: Router::SoftmaxUpperPartition {
+                        norm_topk_prob: a.norm_topk_prob,
+                        cast_back: false,
+                    },
+                    shared_expert_intermediate_size: None,
+                    dense_layers: vec![false; n],
+                    intermediate_size: a.intermediate_size,
+                    moe_module: "mlp",
+                    drops_tied_head: true,
+                    attn_sinks: false,
+                    moe_names: ["gate", "switch_mlp"],
+                    router_bias: false,
+                    activation: SwitchActivation::SwiGlu,
+                    sliding: a
+                        .layer_types
+                        .iter()
+                        .map(|t| t == "sliding_attention")
+                        .collect(),
+                    sliding_window: Some(window),
+                    extras: MoeExtras {
+                        layer_ropes,
+                        defines_make_cache: true,
+                        ..MoeExtras::default()
+                    },
+                }
+            }
+            "exaone_moe" => {
+                let a: ExaoneMoeArgs = config.args()?;
+                let n = a.num_hidden_layers.max(0) as usize;
+                if a.topk_method != "noaux_tc" {
+                    return Err(ModelError::Config(format!(
+                        "exaone_moe: topk_method `{}` is not supported (only noaux_tc)",
+                        a.topk_method
+                    )));
+                }
+                if a.layer_types.len() != n || a.is_moe_layer.len() != n {
+                    return Err(ModelError::Config(format!(
+                        "exaone_moe: layer_types ({}) and is_moe_layer ({}) need {n} entries",
+                        a.layer_types.len(),
+                        a.is_moe_layer.len()
+                    )));
+                }
+                if a.n_group <= 0
+                    || a.topk_group <= 0
+                    || a.topk_group > a.n_group
+                    || a.num_experts % a.n_group != 0
+                {
+                    return Err(ModelError::Config(format!(
+                        "exaone_moe: n_group {} / topk_group {} do not fit {} experts",
+                        a.n_group, a.topk_group, a.num_experts
+                    )));
+                }
+                let rope_theta = a
+                    .rope_parameters
+                    .as_ref()
+                    .and_then(|p| p.get("rope_theta"))
+                    .and_then(|v| v.as_f64())
+                    .unwrap_or(a.rope_theta);
+                let sliding: Vec<bool> = a
+                    .layer_types
+                    .iter()
+                    .map(|t| t == "sliding_attention")
+                    .collect();
+                let any_sliding = sliding.iter().any(|s| *s);
+                let window = usize::try_from(a.sliding_window)
+                    .ok()
+                    .filter(|w| *w > 0)
+                    .ok_or_else(|| {
+                        ModelError::Config(format!(
+                            "exaone_moe: sliding_window must be positive, got {}",
+                            a.sliding_window
+                        ))
+                    })?;
+                let shared = a
+                    .num_shared_experts
+                    .filter(|s| *s > 0)
+                    .map(|s| (a.moe_intermediate_size * s, false));
+                MoeSpec {
+                    model_type: a.model_type,
+                    hidden_size: a.hidden_size,
+                    num_hidden_layers: a.num_hidden_layers,
+                    vocab_size: a.vocab_size,
+                    rms_norm_eps: a.rms_norm_eps as f32,
+                    tie_word_embeddings: a.tie_word_embeddings,
+                    n_heads: a.num_attention_heads,
+                    n_kv_heads: a.num_key_value_heads,
+                    head_dim: a.head_dim,
+                    qkv_bias: false,
+                    o_bias: false,
+                    qk_norm: QkNorm::PerHead,
+                    rope_theta,
+                    rope_traditional: false,
+                    rope_scaling: a.rope_scaling,
+                    max_position_embeddings: Some(a.max_position_embeddings),
+                    num_experts: a.num_experts,
+                    top_k: a.num_experts_per_tok,
+                    moe_intermediate_size: a.moe_intermediate_size,
+                    expert_bias: false,
+                    router: Router::Grouped {
+                        n_group: a.n_group,
+                        topk_group: a.topk_group,
+                        routed_scaling_factor: a.routed_scaling_factor,
+                        norm_topk_prob: a.norm_topk_prob,
+                    },
+                    shared_expert_intermediate_size: None,
+                    dense_layers: a.is_moe_layer.iter().map(|m| !m).collect(),
+                    intermediate_size: a.intermediate_size,
+                    moe_module: "mlp",
+                    drops_tied_head: true,
+                    attn_sinks: false,
+                    moe_names: ["gate", "switch_mlp"],
+                    router_bias: false,
+                    activation: SwitchActivation::SwiGlu,
+                    sliding: sliding.clone(),
+                    sliding_window: Some(window),
+                    extras: MoeExtras {
+                        defines_make_cache: true,
+                        no_rope: sliding.iter().map(|s| any_sliding && !s).collect(),
+                        block: BlockExtras {
+                            correction_bias: Some("gate.e_score_correction_bias"),
+                            plain_shared: shared,
+                            ..BlockExtras::default()
+                        },
+                        ..MoeExtras::default()
+                    },
+                }
+            }
+            "bailing_moe" => {
+                let a: BailingMoeArgs = config.args()?;
+                let n = a.num_hidden_layers.max(0);
+                let head_dim = head_dim_of(a.hidden_size, a.num_attention_heads)?;
+                let rope_dims = a
+                    .rotary_dim
+                    .unwrap_or((f64::from(head_dim) * a.partial_rotary_factor) as i32);
+                if rope_dims <= 0 || rope_dims > head_dim {
+                    return Err(ModelError::Config(format!(
+                        "bailing_moe: the rotary dimensions {rope_dims} must be within \
+                         head_dim {head_dim}"
+                    )));
+                }
+                let sigmoid = match a.score_function.as_str() {
+                    "softmax" => false,
+                    "sigmoid" => true,
+                    other => {
+                        return Err(ModelError::Config(format!(
+                            "bailing_moe: score_function `{other}` is not supported"
+                        )))
+                    }
+                };
+                if a.n_group > 1
+                    && (a.topk_group <= 0
+                        || a.topk_group > a.n_group
+                        || a.num_experts % a.n_group != 0)
+                {
+                    return Err(ModelError::Config(format!(
+                        "bailing_moe: n_group {} / topk_group {} do not fit {} experts",
+                        a.n_group, a.topk_group, a.num_experts
+                    )));
+                }
+                let shared =
+                    (a.num_shared_experts > 0 && a.moe_router_enable_shared_expert).then(|| {
+                        (
+                            a.moe_shared_expert_intermediate_size
+                                .unwrap_or(a.moe_intermediate_size)
+                                * a.num_shared_experts,
+                            a.use_bias,
+                        )
+                    });
+                MoeSpec {
+                    model_type: a.model_type,
+                    hidden_size: a.hidden_size,
+                    num_hidden_layers: a.num_hidden_layers,
+                    vocab_size: a.vocab_size,
+                    rms_norm_eps: a.rms_norm_eps as f32,
+                    tie_word_embeddings: a.tie_word_embeddings,
+                    n_heads: a.num_attention_heads,
+                    n_kv_heads: a.num_key_value_heads,
+                    head_dim,
+                    qkv_bias: a.use_qkv_bias,
+                    o_bias: a.use_bias,
+                    qk_norm: if a.use_qk_norm {
+                        QkNorm::PerHead
+                    } else {
+                        QkNorm::None
+                    },
+                    rope_theta: a.rope_theta,
+                    rope_traditional: false,
+                    rope_scaling: a.rope_scaling,
+                    max_position_embeddings: Some(a.max_position_embeddings),
+                    num_experts: a.num_experts,
+                    top_k: a.num_experts_per_tok,
+                    moe_intermediate_size: a.moe_intermediate_size,
+                    expert_bias: a.use_bias,
+                    router: Router::GroupedBailing {
+                        n_group: a.n_group,
+                        topk_group: a.topk_group,
+                        routed_scaling_factor: a.routed_scaling_factor,
+                        norm_topk_prob: a.norm_topk_prob,
+                        sigmoid,
+                    },
+                    shared_expert_intermediate_size: None,
+                    dense_layers: (0..n).map(|i| i < a.first_k_dense_replace).collect(),
+                    intermediate_size: a.intermediate_size,
+                    moe_module: "mlp",
+                    drops_tied_head: true,
+                    attn_sinks: false,
+                    moe_names: ["gate.gate_proj", "switch_mlp"],
+                    router_bias: false,
+                    activation: SwitchActivation::SwiGlu,
+                    sliding: Vec::new(),
+                    sliding_window: None,
+                    extras: MoeExtras {
+                        rope_dims: Some(rope_dims),
+                        dense_bias: a.use_bias,
+                        attn_names: Some(["dense", "query_layernorm", "key_layernorm"]),
+                        fused_qkv: Some("query_key_value"),
+                        attn_module: Some("attention"),
+                        embed_name: Some("model.word_embeddings"),
+                        norm_head: a.norm_head,
+                        block: BlockExtras {
+                            correction_bias: a
+                                .moe_router_enable_expert_bias
+                                .then_some("gate.expert_bias"),
+                            plain_shared: shared,
+                            ..BlockExtras::default()
+                        },
+                        ..MoeExtras::default()
+                    },
+                }
+            }
+            "afmoe" => {
+                let a: AfmoeArgs = config.args()?;
+                let n = a.layer_types.len();
+                if n as i64 != i64::from(a.num_hidden_layers) {
+                    return Err(ModelError::Config(format!(
+                        "afmoe: layer_types has {n} entries for {} layers",
+                        a.num_hidden_layers
+                    )));
+                }
+                for t in &a.layer_types {
+                    if t != "sliding_attention" && t != "full_attention" {
+                        return Err(ModelError::Config(format!(
+                            "afmoe: unknown layer type `{t}`"
+                        )));
+                    }
+                }
+                if !a.layer_types.iter().any(|t| t == "full_attention") {
+                    return Err(ModelError::Config(
+                        "afmoe: needs a full_attention layer".into(),
+                    ));
+                }
+                let sigmoid = match a.score_func.as_str() {
+                    "sigmoid" => true,
+                    "softmax" => false,
+                    other => {
+                        return Err(ModelError::Config(format!(
+                            "afmoe: score_func `{other}` is not supported"
+                        )))
+                    }
+                };
+                if a.n_group > 1
+                    && (a.topk_group <= 0
+                        || a.topk_group > a.n_group
+                        || a.num_experts % a.n_group != 0)
+                {
+                    return Err(ModelError::Config(format!(
+                        "afmoe: n_group {} / topk_group {} do not fit {} experts",
+                        a.n_group, a.topk_group, a.num_experts
+                    )));
+                }
+                let window = usize::try_from(a.sliding_window)
+                    .ok()
+                    .filter(|w| *w > 0)
+                    .ok_or_else(|| {
+                        ModelError::Config(format!(
+                            "afmoe: sliding_window must be positive, got {}",
+                            a.sliding_window
+                        ))
+                    })?;
+                let sliding: Vec<bool> = a
+                    .layer_types
+                    .iter()
+                    .map(|t| t == "sliding_attention")
+                    .collect();
+                MoeSpec {
+                    model_type: a.model_type,
+                    hidden_size: a.hidden_size,
+                    num_hidden_layers: a.num_hidden_layers,
+                    vocab_size: a.vocab_size,
+                    rms_norm_eps: a.rms_norm_eps as f32,
+                    tie_word_embeddings: a.tie_word_embeddings,
+                    n_heads: a.num_attention_heads,
+                    n_kv_heads: a.num_key_value_heads,
+                    head_dim: a.head_dim,
+                    qkv_bias: false,
+                    o_bias: false,
+                    qk_norm: QkNorm::PerHead,
+                    rope_theta: a.rope_theta,
+                    rope_traditional: false,
+                    rope_scaling: a.rope_scaling,
+                    max_position_embeddings: Some(a.max_position_embeddings),
+                    num_experts: a.num_experts,
+                    top_k: a.num_experts_per_tok,
+                    moe_intermediate_size: a.moe_intermediate_size,
+                    expert_bias: false,
+                    router: Router::GroupedPlain {
+                        n_group: a.n_group,
+                        topk_group: a.topk_group,
+                        route_scale: a.route_scale,
+                        route_norm: a.route_norm,
+                        sigmoid,
+                    },
+                    shared_expert_intermediate_size: None,
+                    dense_layers: (0..n as i32).map(|i| i < a.num_dense_layers).collect(),
+                    intermediate_size: a.intermediate_size,
+                    moe_module: "mlp",
+                    drops_tied_head: true,
+                    attn_sinks: false,
+                    moe_names: ["router.gate", "experts"],
+                    router_bias: false,
+                    activation: SwitchActivation::SwiGlu,
+                    sliding: sliding.clone(),
+                    sliding_window: Some(window),
+                    extras: MoeExtras {
+                        embedding_multiplier: a
+                            .mup_enabled
+                            .then(|| f64::from(a.hidden_size).sqrt() as f32),
+                        defines_make_cache: true,
+                        no_rope: sliding.iter().map(|s| !s).collect(),
+                        attn_gate: true,
+                        sandwich_norms: true,
+                        block: BlockExtras {
+                            correction_bias: Some("expert_bias"),
+                            plain_shared: (a.num_shared_experts > 0)
+                                .then(|| (a.moe_intermediate_size * a.num_shared_experts, false)),
+                            ..BlockExtras::default()
+                        },
+                        ..MoeExtras::default()
+                    },
+                }
+            }
+            "laguna" => {
+                let a: LagunaArgs = config.args()?;
+                let n = a.num_hidden_layers.max(0) as usize;
+                let layer_types = a
+                    .layer_types
+                    .clone()
+                    .unwrap_or_else(|| vec!["full_attention".into(); n]);
+                let mlp_types = a.mlp_layer_types.clone().unwrap_or_else(|| {
+                    std::iter::once("dense".to_string())
+                        .chain(std::iter::repeat_n(
+                            "sparse".to_string(),
+                            n.saturating_sub(1),
+                        ))
+                        .collect()
+                });
+                let heads = a
+                    .num_attention_heads_per_layer
+                    .clone()
+                    .unwrap_or_else(|| vec![a.num_attention_heads; n]);
+                if layer_types.len() != n || mlp_types.len() != n || heads.len() != n {
+                    return Err(ModelError::Config(format!(
+                        "laguna: layer_types, mlp_layer_types and \
+                         num_attention_heads_per_layer need {n} entries each"
+                    )));
+                }
+                if !layer_types.iter().any(|t| t == "full_attention") {
+                    return Err(ModelError::Config(
+                        "laguna: needs a full_attention layer".into(),
+                    ));
+                }
+                for &h in &heads {
+                    if h <= 0 || a.num_key_value_heads <= 0 || h % a.num_key_value_heads != 0 {
+                        return Err(ModelError::Config(format!(
+                            "laguna: {h} query heads do not fit {} key/value heads",
+                            a.num_key_value_heads
+                        )));
+                    }
+                }
+                let sqrt_softplus = match a.moe_router_score_func.as_str() {
+                    "sigmoid" => false,
+                    "sqrtsoftplus" => true,
+                    other => {
+                        return Err(ModelError::Config(format!(
+                            "laguna: moe_router_score_func `{other}` is not supported"
+                        )))
+                    }
+                };
+                let sliding: Vec<bool> = layer_types
+                    .iter()
+                    .map(|t| t == "sliding_attention")
+                    .collect();
+                let window = match a.sliding_window {
+                    Some(w) if w > 0 => Some(w as usize),
+                    _ if sliding.iter().any(|s| *s) => {
+                        return Err(ModelError::Config(
+                            "laguna: sliding layers need a positive sliding_window".into(),
+                        ))
+                    }
+                    _ => None,
+                };
+                let layer_ropes = layer_types
+                    .iter()
+                    .map(|t| laguna_rope(&a, t))
+                    .collect::<Result<Vec<_>>>()?;
+                MoeSpec {
+                    model_type: a.model_type.clone(),
+                    hidden_size: a.hidden_size,
+                    num_hidden_layers: a.num_hidden_layers,
+                    vocab_size: a.vocab_size,
+                    rms_norm_eps: a.rms_norm_eps as f32,
+                    tie_word_embeddings: a.tie_word_embeddings,
+                    n_heads: heads.first().copied().unwrap_or(a.num_attention_heads),
+                    n_kv_heads: a.num_key_value_heads,
+                    head_dim: a.head_dim,
+                    qkv_bias: a.qkv_bias,
+                    o_bias: a.attention_bias,
+                    qk_norm: QkNorm::PerHead,
+                    rope_theta: 10000.0,
+                    rope_traditional: false,
+                    rope_scaling: None,
+                    max_position_embeddings: None,
+                    num_experts: a.num_experts,
+                    top_k: a.num_experts_per_tok,
+                    moe_intermediate_size: a.moe_intermediate_size,
+                    expert_bias: false,
+                    router: Router::Laguna {
+                        softcap: a.moe_router_logit_softcapping,
+                        sqrt_softplus,
+                    },
+                    shared_expert_intermediate_size: None,
+                    dense_layers: mlp_types.iter().map(|t| t != "sparse").collect(),
+                    intermediate_size: a.intermediate_size,
+                    moe_module: "mlp",
+                    drops_tied_head: true,
+                    attn_sinks: false,
+                    moe_names: ["gate.proj", "switch_mlp"],
+                    router_bias: false,
+                    activation: SwitchActivation::SwiGlu,
+                    sliding,
+                    sliding_window: window,
+                    extras: MoeExtras {
+                        layer_ropes,
+                        defines_make_cache: true,
+                        head_gate: a.gating,
+                        layer_heads: heads,
+                        block: BlockExtras {
+                            correction_bias: Some("gate.e_score_correction_bias"),
+                            plain_shared: Some((a.shared_expert_intermediate_size, false)),
+                            plain_shared_name: Some("shared_expert"),
+                            output_scale: Some(a.moe_routed_scaling_factor as f32),
+                            ..BlockExtras::default()
+                        },
+                        ..MoeExtras::default()
+                    },
+                }
+            }
+            "granitemoe" => {
+                let a: GraniteMoeArgs = config.args()?;
+                let n = a.num_hidden_layers.max(0) as usize;
+                MoeSpec {
+                    model_type: a.model_type,
+                    hidden_size: a.hidden_size,
+                    num_hidden_layers: a.num_hidden_layers,
+                    vocab_size: a.vocab_size,
+                    rms_norm_eps: a.rms_norm_eps as f32,
+                    tie_word_embeddings: a.tie_word_embeddings,
+                    n_heads: a.num_attention_heads,
+                    n_kv_heads: a.num_key_value_heads,
+                    head_dim: head_dim_of(a.hidden_size, a.num_attention_heads)?,
+                    qkv_bias: a.attention_bias,
+                    o_bias: a.attention_bias,
+                    qk_norm: QkNorm::None,
+                    rope_theta: a.rope_theta,
+                    rope_traditional: false,
+                    rope_scaling: a.rope_scaling,
+                    max_position_embeddings: Some(a.max_position_embeddings),
+                    num_experts: a.num_local_experts,
+                    top_k: a.num_experts_per_tok,
+                    moe_intermediate_size: a.intermediate_size,
+                    expert_bias: false,
+                    router: Router::UpperTopKThenSoftmaxF32,
+                    shared_expert_intermediate_size: None,
+                    dense_layers: vec![false; n],
+                    intermediate_size: a.intermediate_size,
+                    moe_module: "block_sparse_moe",
+                    // Its `sanitize` drops a tied head only when it splits `input_linear`.
+                    drops_tied_head: false,
+                    attn_sinks: false,
+                    moe_names: ["router.layer", "switch_mlp"],
+                    router_bias: false,
+                    activation: SwitchActivation::SwiGlu,
+                    sliding: Vec::new(),
+                    sliding_window: None,
+                    extras: MoeExtras {
+                        embedding_multiplier: Some(a.embedding_multiplier as f32),
+                        residual_multiplier: Some(a.residual_multiplier as f32),
+                        logits_scaling: Some(a.logits_scaling as f32),
+                        attention_scale: Some(a.attention_multiplier as f32),
+                        ..MoeExtras::default()
+                    },
+                }
+            }
+            "minimax" => {
+                let a: MiniMaxArgs = config.args()?;
+                let n = a.num_hidden_layers.max(0) as usize;
+                let head_dim = match a.head_dim {
+                    Some(d) if d != 0 => d,
+                    _ => head_dim_of(a.hidden_size, a.num_attention_heads)?,
+                };
+                if a.rotary_dim <= 0 || a.rotary_dim > head_dim || a.rotary_dim % 2 != 0 {
+                    return Err(ModelError::Config(format!(
+                        "minimax: rotary_dim must be even and within head_dim {head_dim}, got {}",
+                        a.rotary_dim
+                    )));
+                }
+                MoeSpec {
+                    model_type: a.model_type,
+                    hidden_size: a.hidden_size,
+                    num_hidden_layers: a.num_hidden_layers,
+                    vocab_size: a.vocab_size,
+                    rms_norm_eps: a.rms_norm_eps as f32,
+                    tie_word_embeddings: a.tie_word_embeddings,
+                    n_heads: a.num_attention_heads,
+                    n_kv_heads: a.num_key_value_heads,
+                    head_dim,
+                    qkv_bias: false,
+                    o_bias: false,
+                    qk_norm: if a.use_qk_norm {
+                        QkNorm::Full
+                    } else {
+                        QkNorm::None
+                    },
+                    rope_theta: a.rope_theta,
+                    rope_traditional: false,
+                    rope_scaling: None,
+                    max_position_embeddings: None,
+                    num_experts: a.num_local_experts,
+                    top_k: a.num_experts_per_tok,
+                    moe_intermediate_size: a.intermediate_size,
+                    expert_bias: false,
+                    router: Router::SigmoidCorrected,
+                    shared_expert_intermediate_size: None,
+                    dense_layers: vec![false; n],
+                    intermediate_size: a.intermediate_size,
+                    moe_module: "block_sparse_moe",
+                    drops_tied_head: false,
+                    attn_sinks: false,
+                    moe_names: ["gate", "switch_mlp"],
+                    router_bias: false,
+                    activation: SwitchActivation::SwiGlu,
+                    sliding: Vec::new(),
+                    sliding_window: None,
+                    extras: MoeExtras {
+                        rope_dims: Some(a.rotary_dim),
+                        block: BlockExtras {
+                            correction_bias: Some("e_score_correction_bias"),
+                            ..BlockExtras::default()
+                        },
+                        ..MoeExtras::default()
+                    },
+                }
+            }
+            "ernie4_5_moe" => {
+                let a: Ernie45MoeArgs = config.args()?;
+                let n = a.num_hidden_layers.max(0);
+                let sigmoid = match a.moe_gate_act.as_str() {
+                    "softmax" => false,
+                    "sigmoid" => true,
+                    other => {
+                        return Err(ModelError::Config(format!(
+                            "ernie4_5_moe: moe_gate_act `{other}` is not supported"
+                        )))
+                    }
+                };
+                let start = a.moe_layer_start_index.min().unwrap_or(0);
+                let end = match &a.moe_layer_end_index {
+                    None => n - 1,
+                    Some(e) => e.max().unwrap_or(n - 1),
+                };
+                if a.moe_layer_interval <= 0 {
+                    return Err(ModelError::Config(format!(
+                        "ernie4_5_moe: moe_layer_interval must be positive, got {}",
+                        a.moe_layer_interval
+                    )));
+                }
+                let dense_layers = (0..n)
+                    .map(|i| !((i + 1) % a.moe_layer_interval == 0 && i >= start && i <= end))
+                    .collect();
+                let moe_width = if a.moe_intermediate_size != 0 {
+                    a.moe_intermediate_size
+                } else {
+                    a.intermediate_size
+                };
+                let plain_shared = (a.moe_num_shared_experts > 0)
+                    .then(|| (moe_width * a.moe_num_shared_experts, a.use_bias));
+                let head_dim = match a.head_dim {
+                    Some(d) if d != 0 => d,
+                    _ => head_dim_of(a.hidden_size, a.num_attention_heads)?,
+                };
+                MoeSpec {
+                    model_type: a.model_type,
+                    hidden_size: a.hidden_size,
+                    num_hidden_layers: a.num_hidden_layers,
+                    vocab_size: a.vocab_size,
+                    rms_norm_eps: a.rms_norm_eps as f32,
+                    tie_word_embeddings: a.tie_word_embeddings,
+                    n_heads: a.num_attention_heads,
+                    n_kv_heads: a.num_key_value_heads,
+                    head_dim,
+                    qkv_bias: a.use_bias,
+                    o_bias: a.use_bias,
+                    qk_norm: QkNorm::None,
+                    rope_theta: a.rope_theta,
+                    rope_traditional: true,
+                    rope_scaling: None,
+                    max_position_embeddings: Some(a.max_position_embeddings),
+                    num_experts: a.moe_num_experts,
+                    top_k: a.moe_k,
+                    moe_intermediate_size: moe_width,
+                    expert_bias: a.use_bias,
+                    router: Router::NormalizedTopK { sigmoid },
+                    shared_expert_intermediate_size: None,
+                    dense_layers,
+                    intermediate_size: a.intermediate_size,
+                    moe_module: "mlp",
+                    drops_tied_head: false,
+                    attn_sinks: false,
+                    moe_names: ["gate", "switch_mlp"],
+                    router_bias: false,
+                    activation: SwitchActivation::SwiGlu,
+                    sliding: Vec::new(),
+                    sliding_window: None,
+                    extras: MoeExtras {
+                        dense_bias: a.use_bias,
+                        block: BlockExtras {
+                            plain_shared,
+                            ..BlockExtras::default()
+                        },
+                        ..MoeExtras::default()
+                    },
                 }
             }
             other => {
@@ -611,19 +2444,33 @@ pub(crate) struct Attention {
     scale: f32,
     qk_norm: QkNorm,
     q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
+    /// `None` on hunyuan's layers that reuse the previous layer's keys and values
+    /// (cross-layer attention).
+    k_proj: Option<Linear>,
+    v_proj: Option<Linear>,
     o_proj: Linear,
     q_norm: Option<RmsNorm>,
     k_norm: Option<RmsNorm>,
     sinks: Option<Array>,
     rope: Rope,
+    /// exaone_moe's global layers (when it has sliding ones) skip the rope.
+    use_rope: bool,
+    /// bailing_moe: `q_proj` holds the fused query/key/value projection (named `q_name`),
+    /// split after it.
+    fused_qkv: bool,
+    /// The name of `q_proj` (`query_key_value` when fused).
+    q_name: &'static str,
+    /// afmoe: `gate_proj`, whose sigmoid scales the attention output before `o_proj`.
+    out_gate: Option<Linear>,
+    /// laguna: `g_proj` to one value per head, whose float32 softplus scales each head's
+    /// output before `o_proj`.
+    head_gate: Option<Linear>,
     /// Module names: output projection, q norm, k norm ([`AttentionSpec::names`]).
     names: [&'static str; 3],
 }
 
 impl Attention {
-    fn load(s: &MoeSpec, w: &mut Weights, path: &str) -> Result<Attention> {
+    fn load(s: &MoeSpec, w: &mut Weights, path: &str, kv_proj: bool) -> Result<Attention> {
         let spec = AttentionSpec {
             hidden_size: s.hidden_size,
             n_heads: s.n_heads,
@@ -634,21 +2481,44 @@ impl Attention {
             qk_norm: s.qk_norm,
             eps: s.rms_norm_eps,
             rope: Rope::initialize(
-                s.head_dim,
+                s.extras.rope_dims.unwrap_or(s.head_dim),
                 s.rope_theta,
                 s.rope_traditional,
                 s.rope_scaling.as_ref(),
                 s.max_position_embeddings,
             )?,
-            names: ["o_proj", "q_norm", "k_norm"],
+            names: s
+                .extras
+                .attn_names
+                .unwrap_or(["o_proj", "q_norm", "k_norm"]),
             sinks: s.attn_sinks,
             inv_sqrt_scale: s.attn_sinks,
         };
-        Attention::new(spec, w, path)
+        let mut a = Attention::new_with(spec, w, path, kv_proj, s.extras.fused_qkv)?;
+        if let Some(scale) = s.extras.attention_scale {
+            a.scale = scale;
+        }
+        if let Some(rope) = &s.extras.rope {
+            a.rope = rope.clone();
+        }
+        Ok(a)
     }
 
     pub(crate) fn new(s: AttentionSpec, w: &mut Weights, path: &str) -> Result<Attention> {
+        Attention::new_with(s, w, path, true, None)
+    }
+
+    /// [`Attention::new`]; without `k_proj` / `v_proj` when `kv_proj` is false (the layer
+    /// takes another layer's keys and values).
+    fn new_with(
+        s: AttentionSpec,
+        w: &mut Weights,
+        path: &str,
+        kv_proj: bool,
+        fused: Option<&'static str>,
+    ) -> Result<Attention> {
         let (dim, hd) = (s.hidden_size, s.head_dim);
+        let kv_proj = kv_proj && fused.is_none();
         let p = |n: &str| format!("{path}.{n}");
         let [o_name, q_name, k_name] = s.names;
         let (q_dims, k_dims) = match s.qk_norm {
@@ -671,9 +2541,38 @@ impl Attention {
                 f64::from(hd).powf(-0.5) as f32
             },
             qk_norm: s.qk_norm,
-            q_proj: Linear::load(w, &p("q_proj"), dim, s.n_heads * hd, s.qkv_bias)?,
-            k_proj: Linear::load(w, &p("k_proj"), dim, s.n_kv_heads * hd, s.qkv_bias)?,
-            v_proj: Linear::load(w, &p("v_proj"), dim, s.n_kv_heads * hd, s.qkv_bias)?,
+            q_proj: match fused {
+                Some(name) => Linear::load(
+                    w,
+                    &p(name),
+                    dim,
+                    (s.n_heads + 2 * s.n_kv_heads) * hd,
+                    s.qkv_bias,
+                )?,
+                None => Linear::load(w, &p("q_proj"), dim, s.n_heads * hd, s.qkv_bias)?,
+            },
+            k_proj: if kv_proj {
+                Some(Linear::load(
+                    w,
+                    &p("k_proj"),
+                    dim,
+                    s.n_kv_heads * hd,
+                    s.qkv_bias,
+                )?)
+            } else {
+                None
+            },
+            v_proj: if kv_proj {
+                Some(Linear::load(
+                    w,
+                    &p("v_proj"),
+                    dim,
+                    s.n_kv_heads * hd,
+                    s.qkv_bias,
+                )?)
+            } else {
+                None
+            },
             o_proj: Linear::load(w, &p(o_name), s.n_heads * hd, dim, s.o_bias)?,
             q_norm,
             k_norm,
@@ -683,6 +2582,11 @@ impl Attention {
                 None
             },
             rope: s.rope,
+            use_rope: true,
+            fused_qkv: fused.is_some(),
+            q_name: fused.unwrap_or("q_proj"),
+            out_gate: None,
+            head_gate: None,
             names: s.names,
         })
     }
@@ -698,14 +2602,26 @@ impl Attention {
             v_proj,
             o_proj,
             names: [o_name, ..],
+            q_name,
+            out_gate,
+            head_gate,
             ..
         } = self;
-        vec![
-            ("q_proj".into(), q_proj),
-            ("k_proj".into(), k_proj),
-            ("v_proj".into(), v_proj),
-            (o_name.to_string(), o_proj),
-        ]
+        let mut out: Vec<(String, &mut Linear)> = vec![(q_name.to_string(), q_proj)];
+        if let Some(k) = k_proj {
+            out.push(("k_proj".into(), k));
+        }
+        if let Some(v) = v_proj {
+            out.push(("v_proj".into(), v));
+        }
+        out.push((o_name.to_string(), o_proj));
+        if let Some(g) = out_gate {
+            out.push(("gate_proj".into(), g));
+        }
+        if let Some(g) = head_gate {
+            out.push(("g_proj".into(), g));
+        }
+        out
     }
 
     pub(crate) fn parameters_mut<'a>(
@@ -722,21 +2638,32 @@ impl Attention {
             k_norm,
             sinks,
             names: [o_name, q_name, k_name],
+            q_name: q_proj_name,
+            out_gate,
+            head_gate,
             ..
         } = self;
         let p = |n: &str| format!("{path}.{n}");
         for (name, l) in [
-            ("q_proj", q_proj),
-            ("k_proj", k_proj),
-            ("v_proj", v_proj),
-            (*o_name, o_proj),
+            (*q_proj_name, Some(q_proj)),
+            ("k_proj", k_proj.as_mut()),
+            ("v_proj", v_proj.as_mut()),
+            (*o_name, Some(o_proj)),
         ] {
-            l.parameters_mut(&p(name), out)?;
+            if let Some(l) = l {
+                l.parameters_mut(&p(name), out)?;
+            }
         }
         for (name, n) in [(*q_name, q_norm), (*k_name, k_norm)] {
             if let Some(n) = n {
                 n.parameters_mut(&p(name), out);
             }
+        }
+        if let Some(g) = out_gate {
+            g.parameters_mut(&p("gate_proj"), out)?;
+        }
+        if let Some(g) = head_gate {
+            g.parameters_mut(&p("g_proj"), out)?;
         }
         if let Some(sinks) = sinks {
             LayerParam::push(out, path, "sinks", sinks, false);
@@ -750,6 +2677,19 @@ impl Attention {
         mask: &AttentionMask,
         cache: Option<&mut Box<dyn Cache>>,
     ) -> Result<Array> {
+        Ok(self.forward_shared(x, mask, cache, None)?.0)
+    }
+
+    /// [`Attention::forward`], also returning the keys and values as projected (before the
+    /// reshape), which a layer without its own projections takes as `shared` (hunyuan's
+    /// cross-layer attention).
+    fn forward_shared(
+        &self,
+        x: &Array,
+        mask: &AttentionMask,
+        cache: Option<&mut Box<dyn Cache>>,
+        shared: Option<&(Array, Array)>,
+    ) -> Result<(Array, (Array, Array))> {
         let sh = x.shape();
         let (b, l) = (sh[0], sh[1]);
         let norm = |n: &Option<RmsNorm>, y: Array| -> Result<Array> {
@@ -759,8 +2699,31 @@ impl Attention {
             }
         };
         let mut queries = self.q_proj.forward(x)?;
-        let mut keys = self.k_proj.forward(x)?;
-        let values = self.v_proj.forward(x)?;
+        let fused = if self.fused_qkv {
+            let (qs, ks) = (self.n_heads, self.n_kv_heads);
+            let hd = queries.shape().last().copied().unwrap_or(0) / (qs + 2 * ks);
+            let mut parts = ops::split_at(&queries, &[qs * hd, (qs + ks) * hd], -1, None)?;
+            let v = parts.pop();
+            let k = parts.pop();
+            queries = parts
+                .pop()
+                .ok_or_else(|| ModelError::Other("qkv split".into()))?;
+            k.zip(v)
+        } else {
+            None
+        };
+        let (mut keys, values) = match (fused, &self.k_proj, &self.v_proj, shared) {
+            (Some(kv), ..) => kv,
+            (None, Some(k), Some(v), None) => (k.forward(x)?, v.forward(x)?),
+            (None, _, _, Some((k, v))) => (k.clone(), v.clone()),
+            _ => {
+                return Err(ModelError::Other(
+                    "a layer without k_proj / v_proj needs an earlier layer's keys and values"
+                        .into(),
+                ))
+            }
+        };
+        let kv_states = (keys.clone(), values.clone());
         if self.qk_norm == QkNorm::Full {
             queries = norm(&self.q_norm, queries)?;
             keys = norm(&self.k_norm, keys)?;
@@ -776,25 +2739,51 @@ impl Attention {
         let queries = heads(&queries)?;
         let keys = heads(&keys)?;
         let values = heads(&split(&values, self.n_kv_heads)?)?;
+        let rope = |y: &Array, offset: usize| -> Result<Array> {
+            if self.use_rope {
+                self.rope.forward(y, offset)
+            } else {
+                Ok(y.clone())
+            }
+        };
+        let after_rope = |q: Array, k: Array| -> Result<(Array, Array)> {
+            if self.qk_norm == QkNorm::AfterRope {
+                Ok((norm(&self.q_norm, q)?, norm(&self.k_norm, k)?))
+            } else {
+                Ok((q, k))
+            }
+        };
         let (queries, kv) = match cache {
             Some(c) => {
                 let offset = c.offset();
-                let q = self.rope.forward(&queries, offset)?;
-                let k = self.rope.forward(&keys, offset)?;
+                let q = rope(&queries, offset)?;
+                let k = rope(&keys, offset)?;
+                let (q, k) = after_rope(q, k)?;
                 (q, c.update_and_fetch(&k, &values)?)
             }
-            None => (
-                self.rope.forward(&queries, 0)?,
-                mlx_cache::Kv::Dense {
-                    keys: self.rope.forward(&keys, 0)?,
-                    values,
-                },
-            ),
+            None => {
+                let (q, k) = after_rope(rope(&queries, 0)?, rope(&keys, 0)?)?;
+                (q, mlx_cache::Kv::Dense { keys: k, values })
+            }
         };
         let out =
             scaled_dot_product_attention(&queries, &kv, self.scale, mask, self.sinks.as_ref())?;
-        let out = ops::reshape(&heads(&out)?, &[b, l, -1], None)?;
-        self.o_proj.forward(&out)
+        let mut out = ops::reshape(&heads(&out)?, &[b, l, -1], None)?;
+        if let Some(g) = &self.out_gate {
+            out = (&out * &ops::sigmoid(&g.forward(x)?, None)?)?;
+        }
+        if let Some(g) = &self.head_gate {
+            let z = g.forward(x)?.astype(Dtype::Float32)?;
+            let zero = Scalar::Int(0).to_array_like(z.dtype())?;
+            let gate = ops::logaddexp(&z, &zero, None)?.astype(out.dtype())?;
+            let per_head = ops::reshape(&out, &[b, l, self.n_heads, -1], None)?;
+            out = ops::reshape(
+                &(&per_head * &ops::expand_dims(&gate, &[-1], None)?)?,
+                &[b, l, -1],
+                None,
+            )?;
+        }
+        Ok((self.o_proj.forward(&out)?, kv_states))
     }
 }
 
@@ -827,13 +2816,25 @@ pub struct SparseMoe {
     names: [&'static str; 2],
     /// mlx-lm's `sharding_group` (qwen3_moe's `shard()`): the output summed over the group.
     sharded: bool,
+    /// minimax's `e_score_correction_bias`, Klear's `expert_bias`, under its name
+    /// ([`BlockExtras::correction_bias`]).
+    correction_bias: Option<(&'static str, Array)>,
+    /// The ungated `shared_experts` ([`BlockExtras::plain_shared`]).
+    plain_shared: Option<Mlp>,
+    /// Its module name ([`BlockExtras::plain_shared_name`]).
+    plain_shared_name: &'static str,
+    /// Klear's `coefficient` ([`BlockExtras::coefficient`]).
+    coefficient: Option<Linear>,
+    /// laguna's `routed_scaling_factor` ([`BlockExtras::output_scale`]).
+    output_scale: Option<f32>,
 }
 
 impl SparseMoe {
     fn load(s: &MoeSpec, w: &mut Weights, path: &str) -> Result<SparseMoe> {
-        SparseMoe::load_parts(
+        SparseMoe::load_with(
             w,
             path,
+            &s.extras.block,
             &SparseMoeParams {
                 hidden_size: s.hidden_size,
                 num_experts: s.num_experts,
@@ -852,7 +2853,40 @@ impl SparseMoe {
     /// The block at `path` (`gate`, `switch_mlp`, optional `shared_expert` and
     /// `shared_expert_gate`).
     pub fn load_parts(w: &mut Weights, path: &str, s: &SparseMoeParams) -> Result<SparseMoe> {
+        SparseMoe::load_with(w, path, &BlockExtras::default(), s)
+    }
+
+    /// [`SparseMoe::load_parts`] with the block's extras (a correction bias, plain shared
+    /// experts).
+    pub fn load_with(
+        w: &mut Weights,
+        path: &str,
+        extras: &BlockExtras,
+        s: &SparseMoeParams,
+    ) -> Result<SparseMoe> {
         let p = |n: &str| format!("{path}.{n}");
+        let correction_bias = match extras.correction_bias {
+            Some(name) => Some((name, w.take(&p(name), &[s.num_experts])?)),
+            None => None,
+        };
+        let coefficient = if extras.coefficient {
+            Some(Linear::load(w, &p("coefficient"), s.hidden_size, 2, true)?)
+        } else {
+            None
+        };
+        let plain_shared = match extras.plain_shared {
+            Some((h, bias)) => Some(Mlp::load(
+                w,
+                &p(extras.plain_shared_name.unwrap_or("shared_experts")),
+                &crate::layers::MlpNames::LLAMA,
+                s.hidden_size,
+                h,
+                bias,
+                bias,
+                MlpKind::SwiGlu,
+            )?),
+            None => None,
+        };
         let shared_expert = match s.shared_expert_intermediate_size {
             Some(h) => Some((
                 Mlp::load(
@@ -891,6 +2925,11 @@ impl SparseMoe {
             shared_expert,
             names: s.names,
             sharded: false,
+            correction_bias,
+            plain_shared,
+            plain_shared_name: extras.plain_shared_name.unwrap_or("shared_experts"),
+            coefficient,
+            output_scale: extras.output_scale,
         })
     }
 
@@ -905,6 +2944,9 @@ impl SparseMoe {
             switch_mlp,
             shared_expert,
             names: [router, experts],
+            plain_shared,
+            plain_shared_name: shared_name,
+            coefficient,
             ..
         } = self;
         let router_name = router.to_string();
@@ -927,6 +2969,14 @@ impl SparseMoe {
             }
             out.push(("shared_expert_gate".into(), LinearMut::Linear(shared_gate)));
         }
+        if let Some(mlp) = plain_shared {
+            for (n, l) in mlp.linears_mut(&MlpNames::LLAMA) {
+                out.push((format!("{shared_name}.{n}"), LinearMut::Linear(l)));
+            }
+        }
+        if let Some(c) = coefficient {
+            out.push(("coefficient".into(), LinearMut::Linear(c)));
+        }
         out
     }
 
@@ -940,14 +2990,27 @@ impl SparseMoe {
             switch_mlp,
             shared_expert,
             names: [router, experts],
+            correction_bias,
+            plain_shared,
+            plain_shared_name,
+            coefficient,
             ..
         } = self;
         let p = |n: &str| format!("{path}.{n}");
         gate.parameters_mut(&p(router), out)?;
         switch_mlp.parameters_mut(&p(experts), out);
+        if let Some((name, b)) = correction_bias {
+            LayerParam::push(out, path, name, b, false);
+        }
         if let Some((mlp, shared_gate)) = shared_expert {
             mlp.parameters_mut(&p("shared_expert"), &MlpNames::LLAMA, out)?;
             shared_gate.parameters_mut(&p("shared_expert_gate"), out)?;
+        }
+        if let Some(mlp) = plain_shared {
+            mlp.parameters_mut(&p(plain_shared_name), &MlpNames::LLAMA, out)?;
+        }
+        if let Some(c) = coefficient {
+            c.parameters_mut(&p("coefficient"), out)?;
         }
         Ok(())
     }
@@ -968,7 +3031,11 @@ impl SparseMoe {
         let last = |a: &Array, from: i32, to: i32| -> Result<Array> {
             Ok(ops::slice_axis(a, -1, from, to, None)?)
         };
-        let gates = self.gate.forward(&x_in)?;
+        let gates = if self.router == Router::SigmoidCorrected {
+            self.gate.forward(&x_in.astype(Dtype::Float32)?)?
+        } else {
+            self.gate.forward(&x_in)?
+        };
         let (inds, scores, cast_back) = match self.router {
             Router::SoftmaxUpperPartition {
                 norm_topk_prob,
@@ -1007,6 +3074,208 @@ impl SparseMoe {
                 let scores = ops::softmax(&scores, &[-1], true, None)?;
                 (inds, scores, false)
             }
+            Router::UpperTopKThenSoftmaxF32 => {
+                let n = gates.shape().last().copied().unwrap_or(0);
+                let inds = last(&ops::argpartition(&gates, -k, -1, None)?, n - k, n)?;
+                let inds = ops::stop_gradient(&inds, None)?;
+                let values = ops::take_along_axis(&gates, &inds, -1, None)?;
+                let scores = ops::softmax(&values.astype(Dtype::Float32)?, &[-1], false, None)?;
+                (inds, scores, true)
+            }
+            Router::SigmoidCorrected => {
+                let orig = ops::sigmoid(&gates, None)?;
+                let chosen = match &self.correction_bias {
+                    Some((_, b)) => (&orig + b)?,
+                    None => orig.clone(),
+                };
+                let inds = lower_top_k(&chosen, k)?;
+                let scores = ops::take_along_axis(&orig, &inds, -1, None)?;
+                let total = (&ops::sum(&scores, &[-1], true, None)? + 1e-20f32)?;
+                let scores = (&scores / &total)?.astype(x_in.dtype())?;
+                (inds, scores, false)
+            }
+            Router::SigmoidBiased { norm_topk_prob } => {
+                let weights = ops::sigmoid(&gates.astype(Dtype::Float32)?, None)?;
+                let biased = match &self.correction_bias {
+                    Some((_, b)) => (&weights + &ops::reshape(b, &[1, 1, -1], None)?)?,
+                    None => weights.clone(),
+                };
+                let inds = lower_top_k(&biased, k)?;
+                let mut scores = ops::take_along_axis(&weights, &inds, -1, None)?;
+                if norm_topk_prob {
+                    scores = (&scores / &ops::sum(&scores, &[-1], true, None)?)?;
+                }
+                (inds, scores.astype(x_in.dtype())?, false)
+            }
+            Router::SigmoidUpper {
+                norm_topk_prob,
+                routed_scaling_factor,
+                biased,
+            } => {
+                let weights = ops::sigmoid(&gates, None)?;
+                let choice = match (&self.correction_bias, biased) {
+                    (Some((_, b)), true) => (&weights.astype(Dtype::Float32)? + b)?,
+                    _ => weights.clone(),
+                };
+                let n = choice.shape().last().copied().unwrap_or(0);
+                let inds = last(&ops::argpartition(&choice, -k, -1, None)?, n - k, n)?;
+                let inds = ops::stop_gradient(&inds, None)?;
+                let mut scores = ops::take_along_axis(&weights, &inds, -1, None)?;
+                if norm_topk_prob {
+                    let total = (&ops::sum(&scores, &[-1], true, None)? + 1e-6f32)?;
+                    scores = (&scores / &total)?;
+                }
+                let scores = (&scores * routed_scaling_factor as f32)?;
+                (inds, scores.astype(x_in.dtype())?, false)
+            }
+            Router::Grouped {
+                n_group,
+                topk_group,
+                routed_scaling_factor,
+                norm_topk_prob,
+            } => {
+                let bias = match &self.correction_bias {
+                    Some((_, b)) => b.clone(),
+                    None => Array::from_f32(0.0, Dtype::Float32)?,
+                };
+                let (inds, scores) = group_expert_select(
+                    &gates,
+                    &bias,
+                    GroupSelect {
+                        top_k: k,
+                        n_group,
+                        topk_group,
+                        scaling_bits: routed_scaling_factor.to_bits(),
+                        norm_topk_prob,
+                        bailing: false,
+                        sigmoid: true,
+                        has_bias: true,
+                    },
+                )?;
+                (inds, scores, true)
+            }
+            Router::GroupedBailing {
+                n_group,
+                topk_group,
+                routed_scaling_factor,
+                norm_topk_prob,
+                sigmoid,
+            } => {
+                let (bias, has_bias) = match &self.correction_bias {
+                    Some((_, b)) => (b.clone(), true),
+                    None => (Array::from_f32(0.0, Dtype::Float32)?, false),
+                };
+                let (inds, scores) = group_expert_select(
+                    &gates,
+                    &bias,
+                    GroupSelect {
+                        top_k: k,
+                        n_group,
+                        topk_group,
+                        scaling_bits: routed_scaling_factor.to_bits(),
+                        norm_topk_prob,
+                        bailing: true,
+                        sigmoid,
+                        has_bias,
+                    },
+                )?;
+                (inds, scores, true)
+            }
+            Router::GroupedPlain {
+                n_group,
+                topk_group,
+                route_scale,
+                route_norm,
+                sigmoid,
+            } => {
+                let g = gates.astype(Dtype::Float32)?;
+                let scores = if sigmoid {
+                    ops::sigmoid(&g, None)?
+                } else {
+                    ops::softmax(&g, &[-1], false, None)?
+                };
+                let mut selection = match &self.correction_bias {
+                    Some((_, b)) => (&scores + b)?,
+                    None => scores.clone(),
+                };
+                if n_group > 1 {
+                    let grouped = ops::unflatten(&selection, -1, &[n_group, -1], None)?;
+                    let group_scores =
+                        ops::sum(&ops::topk(&grouped, 2, -1, None)?, &[-1], true, None)?;
+                    let kk = n_group - topk_group;
+                    let idx = ops::slice_axis(
+                        &ops::argpartition(&group_scores, kk - 1, -2, None)?,
+                        -2,
+                        0,
+                        kk,
+                        None,
+                    )?;
+                    let zeroed = ops::put_along_axis(
+                        &grouped,
+                        &ops::stop_gradient(&idx, None)?,
+                        &Array::from_f32(0.0, Dtype::Float32)?,
+                        -2,
+                        None,
+                    )?;
+                    selection = ops::flatten(&zeroed, -2, -1, None)?;
+                }
+                let inds = lower_top_k(&selection, k)?;
+                let mut chosen = ops::take_along_axis(&scores, &inds, -1, None)?;
+                if route_norm && k > 1 {
+                    chosen = (&chosen / &ops::sum(&chosen, &[-1], true, None)?)?;
+                }
+                (inds, (&chosen * route_scale as f32)?, true)
+            }
+            Router::Laguna {
+                softcap,
+                sqrt_softplus,
+            } => {
+                let mut logits = gates.astype(Dtype::Float32)?;
+                if softcap > 0.0 {
+                    let c = softcap as f32;
+                    logits = (&ops::tanh(&(&logits / c)?, None)? * c)?;
+                }
+                let scores = if sqrt_softplus {
+                    let zero = Scalar::Int(0).to_array_like(logits.dtype())?;
+                    ops::sqrt(&ops::logaddexp(&logits, &zero, None)?, None)?
+                } else {
+                    ops::sigmoid(&logits, None)?
+                };
+                let selection = match &self.correction_bias {
+                    Some((_, b)) => (&scores + b)?,
+                    None => scores.clone(),
+                };
+                let inds = lower_top_k(&selection, k)?;
+                let w = ops::take_along_axis(&scores, &inds, -1, None)?;
+                let w = (&w / &ops::sum(&w, &[-1], true, None)?)?;
+                (inds, w, true)
+            }
+            Router::SoftmaxLowerF32Weights => {
+                let gates = ops::softmax(&gates, &[-1], true, None)?;
+                let inds = lower_top_k(&gates, k)?;
+                let scores = ops::take_along_axis(&gates, &inds, -1, None)?;
+                (inds, scores.astype(Dtype::Float32)?, true)
+            }
+            Router::SparseMixer { jitter_eps } => {
+                let (inds, scores) = sparsemixer(&gates, k, jitter_eps)?;
+                (inds, scores, false)
+            }
+            Router::NormalizedTopK { sigmoid } => {
+                let g = gates.astype(Dtype::Float32)?;
+                let g = if sigmoid {
+                    ops::sigmoid(&g, None)?
+                } else {
+                    ops::softmax(&g, &[-1], false, None)?
+                };
+                let inds = lower_top_k(&g, k)?;
+                let scores = ops::take_along_axis(&g, &inds, -1, None)?;
+                let total = ops::maximum(
+                    &ops::sum(&scores, &[-1], true, None)?,
+                    &Array::from_f32(1e-12, scores.dtype())?,
+                    None,
+                )?;
+                (inds, (&scores / &total)?, true)
+            }
         };
         let y = self.switch_mlp.forward(&x_in, &inds)?;
         let weighted = (&y * &ops::expand_dims(&scores, &[-1], None)?)?;
@@ -1014,10 +3283,22 @@ impl SparseMoe {
         if cast_back {
             out = out.astype(y.dtype())?;
         }
+        if let Some(scale) = self.output_scale {
+            out = (&out * scale)?;
+        }
         if let Some((mlp, gate)) = &self.shared_expert {
             let shared = mlp.forward(x)?;
             let shared = (&ops::sigmoid(&gate.forward(x)?, None)? * &shared)?;
             out = (&out + &shared)?;
+        }
+        match (&self.plain_shared, &self.coefficient) {
+            (Some(mlp), Some(c)) => {
+                let coef = ops::softmax(&c.forward(x)?, &[-1], true, None)?;
+                let shared = mlp.forward(x)?;
+                out = (&(&out * &last(&coef, 0, 1)?)? + &(&shared * &last(&coef, 1, 2)?)?)?;
+            }
+            (Some(mlp), None) => out = (&out + &mlp.forward(x)?)?,
+            _ => {}
         }
         if flatten {
             out = ops::reshape(&out, &shape, None)?;
@@ -1039,6 +3320,37 @@ pub(crate) fn check_inputs(inputs: &Array) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// phimoe.py's `sparsemixer(gates, top_k, jitter_eps)`, op for op.
+fn sparsemixer(gates: &Array, k: i32, jitter_eps: f64) -> Result<(Array, Array)> {
+    let mut masked = gates.clone();
+    let (mut inds, mut scores) = (Vec::new(), Vec::new());
+    let neg_inf = Array::from_f32(f32::NEG_INFINITY, gates.dtype())?;
+    let abs_gates = ops::abs(gates, None)?;
+    for _ in 0..k {
+        let top = masked.max(&[-1], true)?;
+        let ind = ops::stop_gradient(&masked.argmax(-1, true)?, None)?;
+        let factor = ops::maximum(&abs_gates, &top, None)?;
+        let rel = (&(&top - gates)? / &factor)?;
+        // `> 2 * jitter_eps`: a Python float, weak in the ratio's dtype.
+        let far = ops::greater(
+            &rel,
+            &Array::from_f32((2.0 * jitter_eps) as f32, rel.dtype())?,
+            None,
+        )?;
+        let band = ops::where_(&far, &neg_inf, &masked, None)?;
+        let band = ops::softmax(&band, &[-1], true, None)?;
+        scores.push(ops::take_along_axis(&band, &ind, -1, None)?);
+        masked = ops::put_along_axis(&masked, &ind, &neg_inf, -1, None)?;
+        inds.push(ind);
+    }
+    let inds: Vec<&Array> = inds.iter().collect();
+    let scores: Vec<&Array> = scores.iter().collect();
+    Ok((
+        ops::concatenate(&inds, -1, None)?,
+        ops::concatenate(&scores, -1, None)?,
+    ))
 }
 
 /// `stop_gradient(argpartition(-gates, kth=k - 1, axis=-1)[..., :k])`.
@@ -1093,8 +3405,14 @@ impl Ffn {
 struct DecoderLayer {
     self_attn: Attention,
     ffn: Ffn,
-    input_layernorm: RmsNorm,
-    post_attention_layernorm: RmsNorm,
+    input_layernorm: Norm,
+    post_attention_layernorm: Norm,
+    /// granitemoe's `residual_multiplier` ([`MoeExtras::residual_multiplier`]).
+    residual_multiplier: Option<f32>,
+    /// The attention's module name ([`MoeExtras::attn_module`]).
+    attn_module: &'static str,
+    /// afmoe's `pre_mlp_layernorm` and `post_mlp_layernorm` ([`MoeExtras::sandwich_norms`]).
+    mlp_norms: Option<(Norm, Norm)>,
 }
 
 impl DecoderLayer {
@@ -1104,12 +3422,13 @@ impl DecoderLayer {
         let DecoderLayer {
             self_attn,
             ffn: block,
+            attn_module: attn,
             ..
         } = self;
         let mut out: Vec<(String, LinearMut<'_>)> = self_attn
             .linears_mut()
             .into_iter()
-            .map(|(n, l)| (format!("self_attn.{n}"), LinearMut::Linear(l)))
+            .map(|(n, l)| (format!("{attn}.{n}"), LinearMut::Linear(l)))
             .collect();
         for (n, l) in block.linears_mut() {
             out.push((format!("{ffn}.{n}"), l));
@@ -1125,15 +3444,22 @@ impl DecoderLayer {
             ffn: block,
             input_layernorm,
             post_attention_layernorm,
+            attn_module,
+            mlp_norms,
+            ..
         } = self;
         let mut out = Vec::new();
-        self_attn.parameters_mut(&format!("{path}.self_attn"), &mut out)?;
+        self_attn.parameters_mut(&format!("{path}.{attn_module}"), &mut out)?;
         block.parameters_mut(&format!("{path}.{ffn}"), &mut out)?;
         for (name, n) in [
             ("input_layernorm", input_layernorm),
             ("post_attention_layernorm", post_attention_layernorm),
         ] {
             n.parameters_mut(&format!("{path}.{name}"), &mut out);
+        }
+        if let Some((pre, post)) = mlp_norms {
+            pre.parameters_mut(&format!("{path}.pre_mlp_layernorm"), &mut out);
+            post.parameters_mut(&format!("{path}.post_mlp_layernorm"), &mut out);
         }
         Ok(out)
     }
@@ -1144,13 +3470,45 @@ impl DecoderLayer {
         mask: &AttentionMask,
         cache: Option<&mut Box<dyn Cache>>,
     ) -> Result<Array> {
-        let r = self
-            .self_attn
-            .forward(&self.input_layernorm.forward(x)?, mask, cache)?;
-        let h = (x + &r)?;
+        Ok(self.forward_shared(x, mask, cache, None)?.0)
+    }
+
+    /// [`DecoderLayer::forward`] with hunyuan's shared keys and values (taken when the
+    /// attention has no projections of its own; the ones used are returned).
+    fn forward_shared(
+        &self,
+        x: &Array,
+        mask: &AttentionMask,
+        cache: Option<&mut Box<dyn Cache>>,
+        shared: Option<&(Array, Array)>,
+    ) -> Result<(Array, (Array, Array))> {
+        let scaled = |r: Array| -> Result<Array> {
+            match self.residual_multiplier {
+                Some(m) => Ok((&r * m)?),
+                None => Ok(r),
+            }
+        };
+        let shared = if self.self_attn.k_proj.is_some() {
+            None
+        } else {
+            shared
+        };
+        let (r, kv) = self.self_attn.forward_shared(
+            &self.input_layernorm.forward(x)?,
+            mask,
+            cache,
+            shared,
+        )?;
+        if let Some((pre, post)) = &self.mlp_norms {
+            let r = self.post_attention_layernorm.forward(&r)?;
+            let h = (x + &r)?;
+            let r = post.forward(&self.ffn.forward(&pre.forward(&h)?)?)?;
+            return Ok(((&h + &r)?, kv));
+        }
+        let h = (x + &scaled(r)?)?;
         let n = self.post_attention_layernorm.forward(&h)?;
         let r = self.ffn.forward(&n)?;
-        Ok((&h + &r)?)
+        Ok(((&h + &scaled(r)?)?, kv))
     }
 }
 
@@ -1172,7 +3530,7 @@ pub struct Model {
     spec: MoeSpec,
     embed_tokens: Embedding,
     layers: Vec<DecoderLayer>,
-    norm: RmsNorm,
+    norm: Norm,
     lm_head: Option<Linear>,
     /// First full-attention and first sliding-window layer (whose caches make the masks).
     fa_idx: usize,
@@ -1189,7 +3547,14 @@ impl Model {
         sanitize(&spec, w)?;
         let eps = spec.rms_norm_eps;
         let dim = spec.hidden_size;
-        let embed_tokens = Embedding::load(w, "model.embed_tokens", spec.vocab_size, dim)?;
+        let kind = if spec.extras.layer_norm {
+            NormKind::Layer { bias: true }
+        } else {
+            NormKind::Rms
+        };
+        let embed_name = spec.extras.embed_name.unwrap_or("model.embed_tokens");
+        let attn_module = spec.extras.attn_module.unwrap_or("self_attn");
+        let embed_tokens = Embedding::load(w, embed_name, spec.vocab_size, dim)?;
         let mut layers = Vec::with_capacity(spec.num_hidden_layers as usize);
         for (i, dense) in spec.dense_layers.iter().enumerate() {
             let p = format!("model.layers.{i}");
@@ -1200,10 +3565,20 @@ impl Model {
                     &crate::layers::MlpNames::LLAMA,
                     dim,
                     spec.intermediate_size,
-                    false,
-                    false,
+                    spec.extras.dense_bias,
+                    spec.extras.dense_bias,
                     MlpKind::SwiGlu,
                 )?)
+            } else if let Some(&(top_k, width, shared)) = spec.extras.layer_moe.get(i) {
+                let mut layer_spec = spec.clone();
+                layer_spec.top_k = top_k;
+                layer_spec.moe_intermediate_size = width;
+                layer_spec.extras.block.plain_shared = shared.map(|h| (h, false));
+                Ffn::Sparse(Box::new(SparseMoe::load(
+                    &layer_spec,
+                    w,
+                    &format!("{p}.{}", spec.moe_module),
+                )?))
             } else {
                 Ffn::Sparse(Box::new(SparseMoe::load(
                     &spec,
@@ -1211,23 +3586,76 @@ impl Model {
                     &format!("{p}.{}", spec.moe_module),
                 )?))
             };
+            let kv_proj = spec
+                .extras
+                .cla_share_factor
+                .is_none_or(|f| i as i32 % f == 0);
+            let mut self_attn = match spec.extras.layer_heads.get(i) {
+                Some(&heads) => {
+                    let mut layer_spec = spec.clone();
+                    layer_spec.n_heads = heads;
+                    Attention::load(&layer_spec, w, &format!("{p}.{attn_module}"), kv_proj)?
+                }
+                None => Attention::load(&spec, w, &format!("{p}.{attn_module}"), kv_proj)?,
+            };
+            if spec.extras.head_gate {
+                self_attn.head_gate = Some(Linear::load(
+                    w,
+                    &format!("{p}.{attn_module}.g_proj"),
+                    dim,
+                    self_attn.n_heads,
+                    false,
+                )?);
+            }
+            if let Some(rope) = spec.extras.layer_ropes.get(i) {
+                self_attn.rope = rope.clone();
+            }
+            if spec.extras.no_rope.get(i).copied().unwrap_or(false) {
+                self_attn.use_rope = false;
+            }
+            if spec.extras.attn_gate {
+                self_attn.out_gate = Some(Linear::load(
+                    w,
+                    &format!("{p}.{attn_module}.gate_proj"),
+                    dim,
+                    spec.n_heads * spec.head_dim,
+                    false,
+                )?);
+            }
             layers.push(DecoderLayer {
-                self_attn: Attention::load(&spec, w, &format!("{p}.self_attn"))?,
+                self_attn,
                 ffn,
-                input_layernorm: RmsNorm::load(w, &format!("{p}.input_layernorm"), dim, eps)?,
-                post_attention_layernorm: RmsNorm::load(
+                input_layernorm: Norm::load(w, &format!("{p}.input_layernorm"), kind, dim, eps)?,
+                post_attention_layernorm: Norm::load(
                     w,
                     &format!("{p}.post_attention_layernorm"),
+                    kind,
                     dim,
                     eps,
                 )?,
+                residual_multiplier: spec.extras.residual_multiplier,
+                attn_module,
+                mlp_norms: if spec.extras.sandwich_norms {
+                    Some((
+                        Norm::load(w, &format!("{p}.pre_mlp_layernorm"), kind, dim, eps)?,
+                        Norm::load(w, &format!("{p}.post_mlp_layernorm"), kind, dim, eps)?,
+                    ))
+                } else {
+                    None
+                },
             });
         }
-        let norm = RmsNorm::load(w, "model.norm", dim, eps)?;
+        let norm = Norm::load(w, "model.norm", kind, dim, eps)?;
         let lm_head = if spec.tie_word_embeddings {
             None
         } else {
-            Some(Linear::load(w, "lm_head", dim, spec.vocab_size, false)?)
+            Some(Linear::load(
+                w,
+                "lm_head",
+                dim,
+                spec.vocab_size,
+                spec.extras.lm_head_bias,
+            )?)
         };
         let sliding = |i: usize| spec.sliding.get(i).copied().unwrap_or(false);
         let fa_idx = (0..layers.len()).find(|&i| !sliding(i)).unwrap_or(0);
@@ -1258,6 +3686,60 @@ fn sanitize(s: &MoeSpec, w: &mut Weights) -> Result<()> {
     if s.attn_sinks {
         return sanitize_gpt_oss(w);
     }
+    match s.model_type.as_str() {
+        "granitemoe" => return sanitize_granitemoe(s, w),
+        "hunyuan" => sanitize_hunyuan(s, w)?,
+        "bailing_moe" => sanitize_bailing(s, w)?,
+        "laguna" => sanitize_laguna(s, w)?,
+        "afmoe" => {
+            for k in w.names() {
+                if k.contains("rotary_emb.inv_freq") {
+                    w.discard(&k);
+                }
+            }
+        }
+        "exaone_moe" => {
+            for k in w.names() {
+                if k.starts_with("mtp.") {
+                    w.discard(&k);
+                }
+            }
+            for (l, dense) in s.dense_layers.iter().enumerate() {
+                let from = format!("model.layers.{l}.mlp.e_score_correction_bias");
+                if *dense {
+                    continue;
+                }
+                if let Some(b) = w.remove(&from) {
+                    w.insert(
+                        format!("model.layers.{l}.mlp.gate.e_score_correction_bias"),
+                        b,
+                    );
+                }
+            }
+        }
+        "ernie4_5_moe" => {
+            const DROPPED: [&str; 5] = [
+                "mtp_block.",
+                "mtp_linear_proj.",
+                "mtp_hidden_norm.",
+                "mtp_emb_norm.",
+                "e_score_correction_bias",
+            ];
+            for k in w.names() {
+                if DROPPED.iter().any(|p| k.contains(p)) {
+                    w.discard(&k);
+                }
+            }
+        }
+        _ => {}
+    }
+    if s.model_type == "minimax" && w.names().iter().any(|k| k.contains("weight_scale_inv")) {
+        return Err(ModelError::Weights(vec![
+            "minimax: FP8 checkpoints (`weight_scale_inv`) are not supported yet; convert the \
+             model with mlx_lm.convert first"
+                .into(),
+        ]));
+    }
     if s.tie_word_embeddings && s.drops_tied_head {
         w.discard("lm_head.weight");
     }
@@ -1287,10 +3769,132 @@ fn sanitize(s: &MoeSpec, w: &mut Weights) -> Result<()> {
                 }
                 let refs: Vec<&Array> = parts.iter().collect();
                 w.insert(
-                    format!("{prefix}.switch_mlp.{to}.{k}"),
+                    format!("{prefix}.{}.{to}.{k}", s.moe_names[1]),
                     ops::stack(&refs, 0, None)?,
                 );
             }
+        }
+    }
+    Ok(())
+}
+
+/// granitemoe.py `sanitize`: `input_linear` split in two along axis 1 (gate, then up) and
+/// `output_linear` renamed to the switch MLP's down projection; a tied `lm_head` dropped. A
+/// checkpoint without `model.layers.0.block_sparse_moe.input_linear.weight` is taken as is.
+fn sanitize_granitemoe(s: &MoeSpec, w: &mut Weights) -> Result<()> {
+    if !w.contains("model.layers.0.block_sparse_moe.input_linear.weight") {
+        return Ok(());
+    }
+    for l in 0..s.num_hidden_layers {
+        let prefix = format!("model.layers.{l}.block_sparse_moe");
+        let key = format!("{prefix}.input_linear.weight");
+        let value = w
+            .remove(&key)
+            .ok_or_else(|| ModelError::Weights(vec![format!("missing: {key}")]))?;
+        let mut parts = ops::split_equal(&value, 2, 1, None)?.into_iter();
+        let (Some(gate), Some(up)) = (parts.next(), parts.next()) else {
+            return Err(ModelError::Weights(vec![format!(
+                "{key}: cannot split in two"
+            )]));
+        };
+        w.insert(format!("{prefix}.switch_mlp.gate_proj.weight"), gate);
+        w.insert(format!("{prefix}.switch_mlp.up_proj.weight"), up);
+        let key = format!("{prefix}.output_linear.weight");
+        let down = w
+            .remove(&key)
+            .ok_or_else(|| ModelError::Weights(vec![format!("missing: {key}")]))?;
+        w.insert(format!("{prefix}.switch_mlp.down_proj.weight"), down);
+    }
+    if s.tie_word_embeddings {
+        w.discard("lm_head.weight");
+    }
+    Ok(())
+}
+
+/// hunyuan.py `sanitize`'s first part: HF's fused `qkv_proj` (rows grouped per KV head:
+/// its query heads, then its key, then its value) and `gate_and_up_proj` (up first) split into
+/// the separate projections. Only when `model.layers.0.mlp.gate_and_up_proj.weight` exists.
+fn sanitize_hunyuan(s: &MoeSpec, w: &mut Weights) -> Result<()> {
+    if !w.contains("model.layers.0.mlp.gate_and_up_proj.weight") {
+        return Ok(());
+    }
+    let groups = s.n_heads / s.n_kv_heads;
+    for k in w.names() {
+        if k.contains("qkv_proj") {
+            let Some(v) = w.remove(&k) else { continue };
+            let v = ops::reshape(&v, &[s.n_kv_heads, groups + 2, s.head_dim, -1], None)?;
+            let parts = ops::split_at(&v, &[groups, groups + 1], 1, None)?;
+            for (name, part) in ["q_proj", "k_proj", "v_proj"].iter().zip(parts) {
+                w.insert(
+                    k.replace("qkv_proj", name),
+                    ops::flatten(&part, 0, 2, None)?,
+                );
+            }
+        } else if k.contains("gate_and_up_proj") {
+            let Some(v) = w.remove(&k) else { continue };
+            let parts = ops::split_equal(&v, 2, 0, None)?;
+            for (name, part) in ["up_proj", "gate_proj"].iter().zip(parts) {
+                w.insert(k.replace("gate_and_up_proj", name), part);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// bailing_moe.py `sanitize`, but the expert stacking (shared): a tied head dropped,
+/// `norm_head`'s column normalization, `mlp.gate.{weight,bias}` moved under `gate_proj`.
+fn sanitize_bailing(s: &MoeSpec, w: &mut Weights) -> Result<()> {
+    if s.tie_word_embeddings {
+        w.discard("lm_head.weight");
+    }
+    if s.extras.norm_head {
+        let head = w.remove("lm_head.weight").ok_or_else(|| {
+            ModelError::Weights(vec!["bailing_moe: norm_head needs lm_head.weight".into()])
+        })?;
+        let dtype = head.dtype();
+        let f = head.astype(Dtype::Float32)?;
+        let norm = ops::sqrt(&ops::sum(&ops::square(&f, None)?, &[0], true, None)?, None)?;
+        let norm = (&norm + 1e-7f32)?;
+        w.insert("lm_head.weight".into(), (&head / &norm)?.astype(dtype)?);
+    }
+    for (l, dense) in s.dense_layers.iter().enumerate() {
+        if *dense {
+            continue;
+        }
+        let prefix = format!("model.layers.{l}.mlp.gate");
+        for k in ["weight", "bias"] {
+            if let Some(v) = w.remove(&format!("{prefix}.{k}")) {
+                w.insert(format!("{prefix}.gate_proj.{k}"), v);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// laguna.py `sanitize`, but the expert stacking (shared): a `language_model.` prefix
+/// dropped, a tied head dropped, a bare router and `experts.e_score_correction_bias` moved
+/// under `gate`.
+fn sanitize_laguna(s: &MoeSpec, w: &mut Weights) -> Result<()> {
+    let names = w.names();
+    if names.iter().any(|k| k.starts_with("language_model.")) {
+        for k in names {
+            if let Some(rest) = k.strip_prefix("language_model.") {
+                if let Some(v) = w.remove(&k) {
+                    w.insert(rest.to_string(), v);
+                }
+            }
+        }
+    }
+    if s.tie_word_embeddings {
+        w.discard("lm_head.weight");
+    }
+    for l in 0..s.num_hidden_layers {
+        let prefix = format!("model.layers.{l}.mlp");
+        if let Some(v) = w.remove(&format!("{prefix}.gate.weight")) {
+            w.insert(format!("{prefix}.gate.proj.weight"), v);
+        }
+        if let Some(v) = w.remove(&format!("{prefix}.experts.e_score_correction_bias")) {
+            w.insert(format!("{prefix}.gate.e_score_correction_bias"), v);
         }
     }
     Ok(())
@@ -1376,6 +3980,9 @@ impl Model {
     ) -> Result<Array> {
         crate::models::moe::check_inputs(inputs)?;
         let mut h = self.embed_tokens.forward(inputs)?;
+        if let Some(m) = self.spec.extras.embedding_multiplier {
+            h = (&h * m)?;
+        }
         let n = h.shape().get(1).copied().unwrap_or(0) as usize;
         let mut caches = caches;
         let (mask, swa_mask) = match caches.as_deref_mut() {
@@ -1403,6 +4010,15 @@ impl Model {
                 )?),
             ),
         };
+        let cla = self.spec.extras.cla_share_factor.is_some();
+        if cla && self.grad_checkpoint {
+            return Err(ModelError::Other(format!(
+                "{}: gradient checkpointing is not supported with cross-layer attention \
+                 (use_cla)",
+                self.spec.model_type
+            )));
+        }
+        let mut shared: Option<(Array, Array)> = None;
         for (i, layer) in self.layers.iter().enumerate() {
             let m = if self.is_sliding(i) {
                 swa_mask.as_ref().unwrap_or(&mask)
@@ -1411,6 +4027,12 @@ impl Model {
             }
             .clone();
             let cache = caches.as_deref_mut().map(|c| &mut c[i]);
+            if cla {
+                let (out, kv) = layer.forward_shared(&h, &m, cache, shared.as_ref())?;
+                h = out;
+                shared = Some(kv);
+                continue;
+            }
             let ckpt = self
                 .grad_checkpoint
                 .then(|| self.checkpoint_own.contains(&i));
@@ -1421,7 +4043,20 @@ impl Model {
 
     /// The output head over normed hidden states.
     fn head(&self, out: &Array) -> Result<Array> {
-        super::project(self.lm_head.as_ref(), &self.embed_tokens, out)
+        self.output_head_shaped().forward(out)
+    }
+
+    /// The projection, then granitemoe's `/ logits_scaling`.
+    fn output_head_shaped(&self) -> crate::models::OutputHead {
+        let plain = crate::models::OutputHead::of(self.lm_head.as_ref(), &self.embed_tokens);
+        match self.spec.extras.logits_scaling {
+            Some(s) => crate::models::OutputHead::Shaped {
+                inner: Box::new(plain),
+                pre_div: None,
+                post: vec![crate::models::LogitTransform::Div(s)],
+            },
+            None => plain,
+        }
     }
 }
 
@@ -1453,9 +4088,21 @@ impl Model {
                     a.n_kv_heads
                 )));
             }
+            if a.fused_qkv || a.out_gate.is_some() || a.head_gate.is_some() {
+                return Err(ModelError::Other(format!(
+                    "{}: a fused or gated attention cannot be sharded",
+                    what("self_attn")
+                )));
+            }
+            let (Some(k_proj), Some(v_proj)) = (a.k_proj.as_mut(), a.v_proj.as_mut()) else {
+                return Err(ModelError::Other(format!(
+                    "{}: a layer reusing another's keys and values cannot be sharded",
+                    what("self_attn")
+                )));
+            };
+            all_to_sharded(k_proj, size, rank, &what("self_attn.k_proj"))?;
+            all_to_sharded(v_proj, size, rank, &what("self_attn.v_proj"))?;
             all_to_sharded(&mut a.q_proj, size, rank, &what("self_attn.q_proj"))?;
-            all_to_sharded(&mut a.k_proj, size, rank, &what("self_attn.k_proj"))?;
-            all_to_sharded(&mut a.v_proj, size, rank, &what("self_attn.v_proj"))?;
             sharded_to_all(&mut a.o_proj, size, rank, &what("self_attn.o_proj"))?;
             a.n_heads /= size;
             a.n_kv_heads /= size;
@@ -1504,16 +4151,13 @@ impl LanguageModel for Model {
             self.lm_head.as_mut(),
             "lm_head",
             &mut self.embed_tokens,
-            "model.embed_tokens",
+            self.spec.extras.embed_name.unwrap_or("model.embed_tokens"),
         )
     }
 
     /// The projection `head` applies (for the chunked cross-entropy of training).
     fn output_head(&self) -> Option<crate::models::OutputHead> {
-        Some(crate::models::OutputHead::of(
-            self.lm_head.as_ref(),
-            &self.embed_tokens,
-        ))
+        Some(self.output_head_shaped())
     }
 
     fn make_cache(&self) -> Vec<Box<dyn Cache>> {
@@ -1532,7 +4176,7 @@ impl LanguageModel for Model {
 
     /// Only gpt_oss defines `make_cache` (rotating caches on its sliding layers).
     fn defines_make_cache(&self) -> bool {
-        self.swa_idx.is_some()
+        self.swa_idx.is_some() || self.spec.extras.defines_make_cache
     }
 
     fn num_layers(&self) -> usize {

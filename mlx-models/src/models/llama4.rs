@@ -1,0 +1,487 @@
+//! mlx-lm 0.32.2 `models/llama4.py` (the text model under `language_model`): three of every
+//! four layers use rope (traditional), weightless q/k norms after it and chunked attention
+//! over a `ChunkedKVCache`; the fourth attends globally without rope, its queries scaled by
+//! position (`attn_temperature_tuning`). Every `interleave_moe_layer_step`-th layer has a
+//! top-1 sigmoid-routed `SwitchGLU` (input pre-scaled by the score) plus a shared expert.
+
+use mlx_cache::{AttentionMask, Cache, ChunkedKVCache, KVCache};
+use mlx_core::prelude::*;
+use serde::Deserialize;
+
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+use crate::layers::{
+    scaled_dot_product_attention, Embedding, Linear, Mlp, MlpKind, MlpNames, RmsNorm, Rope,
+    RopeScaling, SwitchActivation, SwitchGlu,
+};
+use crate::models::LanguageModel;
+use crate::weights::Weights;
+
+/// llama4.py `TextArgs`.
+#[derive(Clone, Debug, Deserialize)]
+pub struct TextArgs {
+    pub attention_bias: bool,
+    pub attention_chunk_size: i64,
+    pub head_dim: Option<i32>,
+    pub hidden_size: i32,
+    pub interleave_moe_layer_step: i32,
+    pub intermediate_size: i32,
+    pub intermediate_size_mlp: i32,
+    pub max_position_embeddings: i64,
+    pub model_type: String,
+    pub num_attention_heads: i32,
+    pub num_experts_per_tok: i32,
+    pub num_hidden_layers: i32,
+    pub num_key_value_heads: i32,
+    pub num_local_experts: i32,
+    pub rms_norm_eps: f64,
+    pub rope_scaling: Option<RopeScaling>,
+    pub rope_theta: f64,
+    pub use_qk_norm: bool,
+    pub vocab_size: i32,
+    #[serde(default = "four")]
+    pub attn_temperature_tuning: i64,
+    #[serde(default = "floor_scale")]
+    pub floor_scale: i64,
+    #[serde(default = "attn_scale")]
+    pub attn_scale: f64,
+}
+
+fn four() -> i64 {
+    4
+}
+fn floor_scale() -> i64 {
+    8192
+}
+fn attn_scale() -> f64 {
+    0.1
+}
+
+/// llama4.py `ModelArgs`.
+#[derive(Clone, Debug, Deserialize)]
+struct ModelArgs {
+    text_config: TextArgs,
+    model_type: String,
+}
+
+#[derive(Clone)]
+struct Attention {
+    n_heads: i32,
+    n_kv_heads: i32,
+    scale: f32,
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    /// `None` on the global (no-rope) layers.
+    rope: Option<Rope>,
+    qk_norm: bool,
+}
+
+#[derive(Clone)]
+enum FeedForward {
+    Mlp(Mlp),
+    Moe {
+        router: Linear,
+        experts: SwitchGlu,
+        shared_expert: Mlp,
+    },
+}
+
+#[derive(Clone)]
+struct Layer {
+    self_attn: Attention,
+    feed_forward: FeedForward,
+    input_layernorm: RmsNorm,
+    post_attention_layernorm: RmsNorm,
+}
+
+/// The Llama 4 text model.
+pub struct Model {
+    model_type: String,
+    args: TextArgs,
+    embed_tokens: Embedding,
+    layers: Vec<Layer>,
+    norm: RmsNorm,
+    lm_head: Linear,
+}
+
+fn uses_rope(i: usize) -> bool {
+    (i + 1) % 4 != 0
+}
+
+impl Model {
+    pub fn load(config: &ModelConfig, w: &mut Weights) -> Result<Model> {
+        let top: ModelArgs = config.args()?;
+        let a = top.text_config;
+        let t = &a.model_type;
+        for (name, v) in [
+            ("hidden_size", a.hidden_size),
+            ("num_hidden_layers", a.num_hidden_layers),
+            ("num_attention_heads", a.num_attention_heads),
+            ("num_key_value_heads", a.num_key_value_heads),
+            ("num_local_experts", a.num_local_experts),
+            ("interleave_moe_layer_step", a.interleave_moe_layer_step),
+            ("vocab_size", a.vocab_size),
+        ] {
+            if v <= 0 {
+                return Err(ModelError::Config(format!(
+                    "llama4 ({t}): text_config.{name} must be positive, got {v}"
+                )));
+            }
+        }
+        if a.num_experts_per_tok != 1 {
+            return Err(ModelError::Config(format!(
+                "llama4: only 1 expert per token is supported, got {}",
+                a.num_experts_per_tok
+            )));
+        }
+        if a.num_hidden_layers < 4 {
+            return Err(ModelError::Config(format!(
+                "llama4: needs at least 4 layers (layer 3's cache makes the global mask), got {}",
+                a.num_hidden_layers
+            )));
+        }
+        if a.attention_chunk_size <= 0 || a.floor_scale <= 0 {
+            return Err(ModelError::Config(
+                "llama4: attention_chunk_size and floor_scale must be positive".into(),
+            ));
+        }
+        if a.num_attention_heads % a.num_key_value_heads != 0 {
+            return Err(ModelError::Config(format!(
+                "llama4: num_attention_heads {} must be a multiple of num_key_value_heads {}",
+                a.num_attention_heads, a.num_key_value_heads
+            )));
+        }
+        let head_dim = match a.head_dim {
+            Some(d) if d > 0 => d,
+            _ => {
+                if a.hidden_size % a.num_attention_heads != 0 {
+                    return Err(ModelError::Config(
+                        "llama4: hidden_size must divide by num_attention_heads".into(),
+                    ));
+                }
+                a.hidden_size / a.num_attention_heads
+            }
+        };
+        sanitize(w, a.num_hidden_layers)?;
+        let (d, eps) = (a.hidden_size, a.rms_norm_eps as f32);
+        let bias = a.attention_bias;
+        let root = "language_model.model";
+        let mut layers = Vec::with_capacity(a.num_hidden_layers as usize);
+        for i in 0..a.num_hidden_layers as usize {
+            let p = format!("{root}.layers.{i}");
+            let q = |n: &str| format!("{p}.self_attn.{n}");
+            let rope = if uses_rope(i) {
+                Some(Rope::initialize(
+                    head_dim,
+                    a.rope_theta,
+                    true,
+                    a.rope_scaling.as_ref(),
+                    Some(a.max_position_embeddings),
+                )?)
+            } else {
+                None
+            };
+            let self_attn = Attention {
+                n_heads: a.num_attention_heads,
+                n_kv_heads: a.num_key_value_heads,
+                scale: f64::from(head_dim).powf(-0.5) as f32,
+                q_proj: Linear::load(w, &q("q_proj"), d, a.num_attention_heads * head_dim, bias)?,
+                k_proj: Linear::load(w, &q("k_proj"), d, a.num_key_value_heads * head_dim, bias)?,
+                v_proj: Linear::load(w, &q("v_proj"), d, a.num_key_value_heads * head_dim, bias)?,
+                o_proj: Linear::load(w, &q("o_proj"), a.num_attention_heads * head_dim, d, bias)?,
+                qk_norm: a.use_qk_norm && rope.is_some(),
+                rope,
+            };
+            let step = a.interleave_moe_layer_step as usize;
+            let f = format!("{p}.feed_forward");
+            let mlp = |w: &mut Weights, path: &str, hidden: i32| {
+                Mlp::load(
+                    w,
+                    path,
+                    &MlpNames::LLAMA,
+                    d,
+                    hidden,
+                    false,
+                    false,
+                    MlpKind::SwiGlu,
+                )
+            };
+            let feed_forward = if i % step == step - 1 {
+                FeedForward::Moe {
+                    experts: SwitchGlu::load(
+                        w,
+                        &format!("{f}.experts"),
+                        d,
+                        a.intermediate_size,
+                        a.num_local_experts,
+                        false,
+                        SwitchActivation::SwiGlu,
+                    )?,
+                    router: Linear::load(w, &format!("{f}.router"), d, a.num_local_experts, false)?,
+                    shared_expert: mlp(w, &format!("{f}.shared_expert"), a.intermediate_size)?,
+                }
+            } else {
+                FeedForward::Mlp(mlp(w, &f, a.intermediate_size_mlp)?)
+            };
+            layers.push(Layer {
+                self_attn,
+                feed_forward,
+                input_layernorm: RmsNorm::load(w, &format!("{p}.input_layernorm"), d, eps)?,
+                post_attention_layernorm: RmsNorm::load(
+                    w,
+                    &format!("{p}.post_attention_layernorm"),
+                    d,
+                    eps,
+                )?,
+            });
+        }
+        Ok(Model {
+            model_type: top.model_type,
+            embed_tokens: Embedding::load(w, &format!("{root}.embed_tokens"), a.vocab_size, d)?,
+            layers,
+            norm: RmsNorm::load(w, &format!("{root}.norm"), d, eps)?,
+            lm_head: Linear::load(w, "language_model.lm_head", d, a.vocab_size, false)?,
+            args: a,
+        })
+    }
+}
+
+/// llama4.py `sanitize`: the vision tower and projector dropped; HF's fused expert
+/// `gate_up_proj` `(E, D, 2F)` split in two along the last axis and transposed, `down_proj`
+/// transposed.
+fn sanitize(w: &mut Weights, layers: i32) -> Result<()> {
+    for k in w.names() {
+        if k.contains("vision_model") || k.contains("multi_modal_projector") {
+            w.discard(&k);
+        }
+    }
+    for l in 0..layers {
+        let prefix = format!("language_model.model.layers.{l}.feed_forward.experts");
+        if let Some(v) = w.remove(&format!("{prefix}.gate_up_proj")) {
+            let parts = ops::split_equal(&v, 2, -1, None)?;
+            for (name, part) in ["gate_proj", "up_proj"].iter().zip(parts) {
+                w.insert(
+                    format!("{prefix}.{name}.weight"),
+                    ops::swapaxes(&part, 1, 2, None)?,
+                );
+            }
+        }
+        if let Some(v) = w.remove(&format!("{prefix}.down_proj")) {
+            w.insert(
+                format!("{prefix}.down_proj.weight"),
+                ops::swapaxes(&v, 1, 2, None)?,
+            );
+        }
+    }
+    Ok(())
+}
+
+impl Attention {
+    fn forward(
+        &self,
+        args: &TextArgs,
+        x: &Array,
+        mask: &AttentionMask,
+        cache: Option<&mut Box<dyn Cache>>,
+    ) -> Result<Array> {
+        let (b, l) = (x.shape()[0], x.shape()[1]);
+        let heads = |y: &Array, n: i32| -> Result<Array> {
+            Ok(ops::transpose(
+                &ops::reshape(y, &[b, l, n, -1], None)?,
+                &[0, 2, 1, 3],
+                None,
+            )?)
+        };
+        let mut queries = heads(&self.q_proj.forward(x)?, self.n_heads)?;
+        let mut keys = heads(&self.k_proj.forward(x)?, self.n_kv_heads)?;
+        let values = heads(&self.v_proj.forward(x)?, self.n_kv_heads)?;
+        let offset = cache.as_ref().map_or(0, |c| c.offset());
+        if let Some(rope) = &self.rope {
+            queries = rope.forward(&queries, offset)?;
+            keys = rope.forward(&keys, offset)?;
+        }
+        if self.qk_norm {
+            queries = fast::rms_norm(&queries, None, 1e-6, None)?;
+            keys = fast::rms_norm(&keys, None, 1e-6, None)?;
+        }
+        if args.attn_temperature_tuning != 0 && self.rope.is_none() {
+            let start = offset as f64 + 1.0;
+            let pos = ops::arange(start, start + f64::from(l), 1.0, Dtype::Int32, None)?;
+            let pos = ops::divide(
+                &pos,
+                &Array::from_int(args.floor_scale, Dtype::Int32)?,
+                None,
+            )?;
+            let scales =
+                (&ops::log(&(&ops::floor(&pos, None)? + 1.0f32)?, None)? * args.attn_scale as f32)?;
+            let scales = ops::expand_dims(&(&scales + 1.0f32)?, &[1], None)?;
+            queries = (&queries * &scales)?.astype(queries.dtype())?;
+        }
+        let kv = match cache {
+            Some(c) => c.update_and_fetch(&keys, &values)?,
+            None => mlx_cache::Kv::Dense { keys, values },
+        };
+        let out = scaled_dot_product_attention(&queries, &kv, self.scale, mask, None)?;
+        let out = ops::reshape(
+            &ops::transpose(&out, &[0, 2, 1, 3], None)?,
+            &[b, l, -1],
+            None,
+        )?;
+        self.o_proj.forward(&out)
+    }
+}
+
+impl FeedForward {
+    fn forward(&self, x: &Array) -> Result<Array> {
+        match self {
+            FeedForward::Mlp(m) => m.forward(x),
+            FeedForward::Moe {
+                router,
+                experts,
+                shared_expert,
+            } => {
+                let logits = router.forward(x)?;
+                let neg = ops::negative(&logits, None)?;
+                let idx = ops::slice_axis(&ops::argpartition(&neg, 0, -1, None)?, -1, 0, 1, None)?;
+                let idx = ops::stop_gradient(&idx, None)?;
+                let scores = ops::take_along_axis(&logits, &idx, -1, None)?;
+                let scores =
+                    ops::sigmoid(&scores.astype(Dtype::Float32)?, None)?.astype(x.dtype())?;
+                let out = experts.forward(&(x * &scores)?, &idx)?;
+                let out = ops::squeeze(&out, &[2], None)?;
+                Ok((&out + &shared_expert.forward(x)?)?)
+            }
+        }
+    }
+}
+
+impl Model {
+    /// `LlamaModel.__call__`'s chunk mask: `linds` from the chunked caches' start position,
+    /// `rinds` from the offset, true where both fall in the same chunk and causal.
+    fn chunk_mask(&self, start: usize, offset: usize, n: usize) -> Result<Array> {
+        let chunk = Array::from_int(self.args.attention_chunk_size, Dtype::Int32)?;
+        let end = (offset + n) as f64;
+        let linds = ops::arange(start as f64, end, 1.0, Dtype::Int32, None)?;
+        let rinds = ops::expand_dims(
+            &ops::arange(offset as f64, end, 1.0, Dtype::Int32, None)?,
+            &[1],
+            None,
+        )?;
+        let block = ops::abs(
+            &(&ops::floor_divide(&linds, &chunk, None)?
+                - &ops::floor_divide(&rinds, &chunk, None)?)?,
+            None,
+        )?;
+        let token = ops::less_equal(&linds, &rinds, None)?;
+        let same = ops::equal(&block, &Array::from_int(0, Dtype::Int32)?, None)?;
+        Ok(ops::logical_and(&same, &token, None)?)
+    }
+
+    /// The final normed hidden states `(batch, seq, hidden)`.
+    pub fn hidden_states(
+        &self,
+        inputs: &Array,
+        caches: Option<&mut [Box<dyn Cache>]>,
+    ) -> Result<Array> {
+        crate::models::moe::check_inputs(inputs)?;
+        let mut h = self.embed_tokens.forward(inputs)?;
+        let n = h.shape().get(1).copied().unwrap_or(0) as usize;
+        let mut caches = caches;
+        let (start, offset, global) = match caches.as_deref_mut() {
+            Some(c) => {
+                if c.len() != self.layers.len() {
+                    return Err(ModelError::Other(format!(
+                        "{} caches for {} layers",
+                        c.len(),
+                        self.layers.len()
+                    )));
+                }
+                for (i, cache) in c.iter_mut().enumerate() {
+                    if uses_rope(i) {
+                        let chunked = cache
+                            .as_any_mut()
+                            .downcast_mut::<ChunkedKVCache>()
+                            .ok_or_else(|| {
+                                ModelError::Other(format!(
+                                    "llama4: layer {i} needs a ChunkedKVCache"
+                                ))
+                            })?;
+                        chunked.maybe_trim_front()?;
+                    }
+                }
+                let start = c[0]
+                    .as_any()
+                    .downcast_ref::<ChunkedKVCache>()
+                    .map_or(0, ChunkedKVCache::start_position);
+                (start, c[0].offset(), c[3].make_mask(n, None, false)?)
+            }
+            None => (0, 0, mlx_cache::mask::fallback_mask(n, None, false)?),
+        };
+        let chunk = AttentionMask::Array(self.chunk_mask(start, offset, n)?);
+        for (i, layer) in self.layers.iter().enumerate() {
+            let mask = if uses_rope(i) { &chunk } else { &global };
+            let cache = caches.as_deref_mut().map(|c| &mut c[i]);
+            let r = layer.self_attn.forward(
+                &self.args,
+                &layer.input_layernorm.forward(&h)?,
+                mask,
+                cache,
+            )?;
+            let hh = (&h + &r)?;
+            let r = layer
+                .feed_forward
+                .forward(&layer.post_attention_layernorm.forward(&hh)?)?;
+            h = (&hh + &r)?;
+        }
+        self.norm.forward(&h)
+    }
+}
+
+impl LanguageModel for Model {
+    fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
+        self.lm_head.forward(&self.hidden_states(inputs, caches)?)
+    }
+
+    fn forward_hidden(&self, inputs: &Array) -> Option<Result<Array>> {
+        Some(self.hidden_states(inputs, None))
+    }
+
+    fn output_head(&self) -> Option<crate::models::OutputHead> {
+        Some(crate::models::OutputHead::Linear(self.lm_head.clone()))
+    }
+
+    fn make_cache(&self) -> Vec<Box<dyn Cache>> {
+        let chunk = self.args.attention_chunk_size.max(1) as usize;
+        (0..self.layers.len())
+            .map(|i| -> Box<dyn Cache> {
+                if uses_rope(i) {
+                    Box::new(ChunkedKVCache::new(chunk))
+                } else {
+                    Box::new(KVCache::new())
+                }
+            })
+            .collect()
+    }
+
+    fn defines_make_cache(&self) -> bool {
+        true
+    }
+
+    fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    fn model_type(&self) -> &str {
+        &self.model_type
+    }
+
+    fn vocab_size(&self) -> i32 {
+        self.args.vocab_size
+    }
+
+    fn layers_path(&self) -> String {
+        "language_model.model.layers".into()
+    }
+}
