@@ -32,6 +32,9 @@ fn contexts() -> Vec<CpuContext> {
         v.push(CpuContext::with_isa(3, Isa::Avx2).unwrap());
         v.push(CpuContext::with_isa(1, Isa::Avx2).unwrap());
     }
+    if Isa::Avx512.available() {
+        v.push(CpuContext::with_isa(2, Isa::Avx512).unwrap());
+    }
     v
 }
 
@@ -326,11 +329,30 @@ fn silu_mul_matches_ops() -> Result<()> {
 
 /// Decode and prefill attention over a cache with grouped-query heads against
 /// `mx.fast.scaled_dot_product_attention` with a causal mask (bound: 1e-5 absolute on
-/// outputs of magnitude <= 1, the softmax summed in another order).
+/// outputs of magnitude <= 1, the softmax summed in another order). Shapes: short, longer
+/// than the SIMD kernel's block of 64 positions (running-maximum rescales), and head widths
+/// that take its 32-, 16- and 8-wide loops.
 #[test]
 fn attention_matches_sdpa() -> Result<()> {
-    let (nh, nkv, hd, cap) = (6usize, 2usize, 16usize, 40usize);
-    let (start, m) = (29usize, 4usize);
+    for (nh, nkv, hd, cap, start, m) in [
+        (6usize, 2usize, 16usize, 40usize, 29usize, 4usize),
+        (6, 2, 64, 200, 150, 3),
+        (4, 4, 24, 140, 0, 130),
+        (2, 1, 40, 90, 88, 1),
+    ] {
+        attention_case(nh, nkv, hd, cap, start, m)?;
+    }
+    Ok(())
+}
+
+fn attention_case(
+    nh: usize,
+    nkv: usize,
+    hd: usize,
+    cap: usize,
+    start: usize,
+    m: usize,
+) -> Result<()> {
     let total = start + m;
     let kv = values(nkv * cap * hd, 1);
     let vv = values(nkv * cap * hd, 2);
@@ -359,7 +381,7 @@ fn attention_matches_sdpa() -> Result<()> {
         for (i, (a, b)) in out.iter().zip(&reference).enumerate() {
             assert!(
                 (a - b).abs() <= 1e-5,
-                "{} element {i}: {a} vs {b}",
+                "{} hd {hd} start {start} m {m} element {i}: {a} vs {b}",
                 ctx.isa.name()
             );
         }
@@ -576,6 +598,7 @@ fn int8_activations_stay_within_the_quantization_bound() -> Result<()> {
 /// within `amax / 65534` of its int16 value (amax: its chunk of 32's largest), the biases
 /// multiply the exact float sums, so a product moves by at most `sum |w_i| * amax / 65534`,
 /// plus the float summation bound. Other widths and wider blocks keep the float32 kernels.
+/// Every SIMD kernel this CPU runs: AVX2 and the 512-bit one (AVX-512 F/BW/VL + VNNI).
 #[test]
 fn int16_activations_stay_within_the_quantization_bound() -> Result<()> {
     if !Isa::Avx2.available() {
@@ -583,10 +606,13 @@ fn int16_activations_stay_within_the_quantization_bound() -> Result<()> {
     }
     let (rows, cols) = (45usize, 512usize);
     let wf = Array::from_slice(&values(rows * cols, 5), &[rows as i32, cols as i32])?;
-    for threads in [1, 3] {
-        let mut ctx = CpuContext::with_isa(threads, Isa::Avx2)?;
+    let isas = [Isa::Avx2, Isa::Avx512]
+        .into_iter()
+        .filter(|i| i.available());
+    for (threads, isa) in isas.flat_map(|i| [(1, i), (3, i)]) {
+        let mut ctx = CpuContext::with_isa(threads, isa)?;
         ctx.activations = cpu::Activations::Int16;
-        let plain = CpuContext::with_isa(threads, Isa::Avx2)?;
+        let plain = CpuContext::with_isa(threads, isa)?;
         for (bits, group) in [
             (4, 32),
             (4, 64),

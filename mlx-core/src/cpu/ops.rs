@@ -182,6 +182,7 @@ pub fn attention(
     let items = m * s.n_heads;
     let next = AtomicUsize::new(0);
     let o = SharedOut::new(out);
+    let simd = ctx.isa.has_avx2() && hd % 8 == 0;
     ctx.pool.run(&|_, _| loop {
         let it = next.fetch_add(1, Ordering::Relaxed);
         if it >= items {
@@ -191,6 +192,26 @@ pub fn attention(
         let kvh = h / group;
         let qv = &q[it * hd..(it + 1) * hd];
         let base = kvh * s.capacity * hd;
+        #[cfg(target_arch = "x86_64")]
+        if simd {
+            let n = start + t + 1;
+            // SAFETY: bounds as checked above: n <= capacity positions of head kvh lie in k and
+            // v, and item `it` owns out[it * hd .. (it + 1) * hd]; the ISA was checked by
+            // CpuContext and hd is a multiple of 8 no wider than MAX_HEAD_DIM.
+            unsafe {
+                let dst = o.range(it * hd, hd);
+                super::x86::attend(
+                    qv.as_ptr(),
+                    k[base..base + n * hd].as_ptr(),
+                    v[base..base + n * hd].as_ptr(),
+                    hd,
+                    n,
+                    scale,
+                    dst.as_mut_ptr(),
+                );
+            }
+            continue;
+        }
         let mut acc = [0f32; MAX_HEAD_DIM];
         let acc = &mut acc[..hd];
         let (mut mx, mut l) = (f32::NEG_INFINITY, 0f32);

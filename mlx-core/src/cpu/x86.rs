@@ -779,3 +779,315 @@ unsafe fn rows_int16_m<const MT: usize>(
         }
     }
 }
+
+/// `exp(x)` of 8 floats (Cephes' polynomial, as `exp256_ps` of avx_mathfun: within about 2
+/// ulp of `expf` over `[-88, 88]`, inputs clamped to that range).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn exp8(x: __m256) -> __m256 {
+    let x = _mm256_min_ps(
+        _mm256_max_ps(x, _mm256_set1_ps(-87.336_55)),
+        _mm256_set1_ps(88.376_26),
+    );
+    let fx = _mm256_round_ps(
+        _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
+        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
+    );
+    let x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693_359_4), x);
+    let x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.121_944_4e-4), x);
+    let mut y = _mm256_set1_ps(1.987_569_1e-4);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.398_2e-3));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.333_452e-3));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.166_579_6e-2));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.666_666_5e-1));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(0.5));
+    let xx = _mm256_mul_ps(x, x);
+    y = _mm256_fmadd_ps(y, xx, _mm256_add_ps(x, _mm256_set1_ps(1.0)));
+    let n = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)),
+        23,
+    );
+    _mm256_mul_ps(y, _mm256_castsi256_ps(n))
+}
+
+/// Positions per block of [`attend`]'s scores.
+const ATT_BLOCK: usize = 64;
+
+/// One query head's causal attention over `n` cached positions: `out = softmax(scale * q
+/// K^T) V`, `q` and `out` of `hd` floats, `k` and `v` rows of `hd` floats one position
+/// apart. The scores of a block of positions are computed first, then exponentiated eight
+/// at a time against the running maximum, then summed into the output (a rescale only when
+/// a block raises the maximum).
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; `hd` is a multiple of 8 and at most
+/// [`super::MAX_HEAD_DIM`]; `q` and `out` hold `hd` floats, `k` and `v` hold `n * hd`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn attend(
+    q: *const f32,
+    k: *const f32,
+    v: *const f32,
+    hd: usize,
+    n: usize,
+    scale: f32,
+    out: *mut f32,
+) {
+    // SAFETY (whole body): every pointer stays within the ranges of the contract; the stack
+    // buffers hold MAX_HEAD_DIM and ATT_BLOCK floats.
+    unsafe {
+        let mut acc = [0f32; super::MAX_HEAD_DIM];
+        let mut sc = [0f32; ATT_BLOCK];
+        let ap = acc.as_mut_ptr();
+        let (mut mx, mut l) = (f32::NEG_INFINITY, 0f32);
+        let mut p0 = 0;
+        while p0 < n {
+            let c = (n - p0).min(ATT_BLOCK);
+            let mut cmax = f32::NEG_INFINITY;
+            for (j, s) in sc[..c].iter_mut().enumerate() {
+                let kp = k.add((p0 + j) * hd);
+                let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                let mut d = 0;
+                while d + 16 <= hd {
+                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(d)), _mm256_loadu_ps(kp.add(d)), a0);
+                    a1 = _mm256_fmadd_ps(
+                        _mm256_loadu_ps(q.add(d + 8)),
+                        _mm256_loadu_ps(kp.add(d + 8)),
+                        a1,
+                    );
+                    d += 16;
+                }
+                if d < hd {
+                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(d)), _mm256_loadu_ps(kp.add(d)), a0);
+                }
+                *s = hsum(_mm256_add_ps(a0, a1)) * scale;
+                cmax = cmax.max(*s);
+            }
+            if cmax > mx {
+                let corr = (mx - cmax).exp();
+                l *= corr;
+                let cv = _mm256_set1_ps(corr);
+                let mut d = 0;
+                while d < hd {
+                    _mm256_storeu_ps(ap.add(d), _mm256_mul_ps(_mm256_loadu_ps(ap.add(d)), cv));
+                    d += 8;
+                }
+                mx = cmax;
+            }
+            let mv = _mm256_set1_ps(mx);
+            let mut sum = _mm256_setzero_ps();
+            let mut j = 0;
+            let sp = sc.as_mut_ptr();
+            while j + 8 <= c {
+                let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sp.add(j)), mv));
+                _mm256_storeu_ps(sp.add(j), e);
+                sum = _mm256_add_ps(sum, e);
+                j += 8;
+            }
+            let mut tail = 0f32;
+            for s in &mut sc[j..c] {
+                *s = (*s - mx).exp();
+                tail += *s;
+            }
+            l += hsum(sum) + tail;
+            let vb = v.add(p0 * hd);
+            let mut d = 0;
+            while d + 32 <= hd {
+                let mut a = [
+                    _mm256_loadu_ps(ap.add(d)),
+                    _mm256_loadu_ps(ap.add(d + 8)),
+                    _mm256_loadu_ps(ap.add(d + 16)),
+                    _mm256_loadu_ps(ap.add(d + 24)),
+                ];
+                for (j, &w) in sc[..c].iter().enumerate() {
+                    let wv = _mm256_set1_ps(w);
+                    let vp = vb.add(j * hd + d);
+                    a[0] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(vp), a[0]);
+                    a[1] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(vp.add(8)), a[1]);
+                    a[2] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(vp.add(16)), a[2]);
+                    a[3] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(vp.add(24)), a[3]);
+                }
+                for (i, a) in a.iter().enumerate() {
+                    _mm256_storeu_ps(ap.add(d + 8 * i), *a);
+                }
+                d += 32;
+            }
+            while d < hd {
+                let mut a = _mm256_loadu_ps(ap.add(d));
+                for (j, &w) in sc[..c].iter().enumerate() {
+                    a = _mm256_fmadd_ps(_mm256_set1_ps(w), _mm256_loadu_ps(vb.add(j * hd + d)), a);
+                }
+                _mm256_storeu_ps(ap.add(d), a);
+                d += 8;
+            }
+            p0 += c;
+        }
+        let inv = _mm256_set1_ps(1.0 / l);
+        let mut d = 0;
+        while d < hd {
+            _mm256_storeu_ps(out.add(d), _mm256_mul_ps(_mm256_loadu_ps(ap.add(d)), inv));
+            d += 8;
+        }
+    }
+}
+
+/// Rows `r0..r1` as [`rows_int16`], with 512-bit integer dot products: one chunk of 32 codes
+/// is one vector of 32 `i16` (4-bit codes split in registers: each byte widened to a 32-bit
+/// lane, its high nibble shifted to the lane's upper half), one `madd` with the input's
+/// codes, then scaled in float by the group's scale times the chunk's input scale.
+///
+/// # Safety
+/// As [`rows_int16`], and the CPU has AVX-512 F and BW.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn rows_int16_512(
+    w: &Matrix<'_>,
+    r0: usize,
+    r1: usize,
+    qx: QuantX16,
+    m: usize,
+    out: SharedOut,
+    bias: Option<Floats<'_>>,
+) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        match m {
+            1 => rows_int16_512_m::<1>(w, r0, r1, qx, out, bias),
+            2 => rows_int16_512_m::<2>(w, r0, r1, qx, out, bias),
+            3 => rows_int16_512_m::<3>(w, r0, r1, qx, out, bias),
+            _ => rows_int16_512_m::<4>(w, r0, r1, qx, out, bias),
+        }
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+#[allow(clippy::needless_range_loop)]
+unsafe fn rows_int16_512_m<const MT: usize>(
+    w: &Matrix<'_>,
+    r0: usize,
+    r1: usize,
+    qx: QuantX16,
+    out: SharedOut,
+    bias: Option<Floats<'_>>,
+) {
+    let Kind::Affine {
+        words,
+        scales,
+        biases,
+        bits,
+        group,
+    } = w.kind
+    else {
+        return;
+    };
+    let (rows, cols) = (w.rows(), w.cols());
+    let groups = cols / group;
+    let chunks = cols / 32;
+    let shift = (group / 32).trailing_zeros();
+    let per = group / 32;
+    let row_bytes = cols * bits as usize / 8;
+    let cb = 4 * bits as usize;
+    let bytes = words.as_ptr() as *const u8;
+    let bias_of = |r: usize| bias.map_or(0.0, |b| b.get(r));
+    // SAFETY (whole body): as rows_int16_m; the per-chunk factor buffer holds chunks <=
+    // MAX_GROUPS * per values per input (checked by `supports`: cols / group <= MAX_GROUPS
+    // and chunks = groups * per; see the assert).
+    unsafe {
+        assert!(chunks <= MAX_CHUNKS, "row of {chunks} chunks");
+        let mut sw = std::mem::MaybeUninit::<[f32; MAX_GROUPS]>::uninit();
+        let mut bw = std::mem::MaybeUninit::<[f32; MAX_GROUPS + 8]>::uninit();
+        let mut gs = std::mem::MaybeUninit::<[f32; 4 * (MAX_GROUPS + 8)]>::uninit();
+        let mut fw = std::mem::MaybeUninit::<[f32; 4 * MAX_CHUNKS]>::uninit();
+        let (sp, bp) = (sw.as_mut_ptr() as *mut f32, bw.as_mut_ptr() as *mut f32);
+        let gsp = gs.as_mut_ptr() as *mut f32;
+        let fp = fw.as_mut_ptr() as *mut f32;
+        let gpad = groups.div_ceil(8) * 8;
+        for t in 0..MT {
+            for g in 0..gpad {
+                let mut v = 0f32;
+                if g < groups {
+                    for k in 0..per {
+                        v += *qx.s.add(t * chunks + g * per + k);
+                    }
+                }
+                *gsp.add(t * gpad + g) = v;
+            }
+        }
+        let nib = _mm512_set1_epi32(0x000f_000f);
+        for r in r0..r1 {
+            widen_row(scales, r * groups, sp, groups);
+            widen_row(biases, r * groups, bp, groups);
+            for g in groups..gpad {
+                *bp.add(g) = 0.0;
+            }
+            // The factor of each chunk and input: group scale times input scale.
+            for t in 0..MT {
+                let d = qx.d.add(t * chunks);
+                let f = fp.add(t * chunks);
+                if shift == 0 {
+                    let mut c = 0;
+                    while c + 8 <= chunks {
+                        _mm256_storeu_ps(
+                            f.add(c),
+                            _mm256_mul_ps(_mm256_loadu_ps(sp.add(c)), _mm256_loadu_ps(d.add(c))),
+                        );
+                        c += 8;
+                    }
+                    for c in c..chunks {
+                        *f.add(c) = *sp.add(c) * *d.add(c);
+                    }
+                } else {
+                    for c in 0..chunks {
+                        *f.add(c) = *sp.add(c >> shift) * *d.add(c);
+                    }
+                }
+            }
+            let rb = bytes.add(r * row_bytes);
+            let mut a0 = [_mm512_setzero_ps(); MT];
+            let mut a1 = [_mm512_setzero_ps(); MT];
+            let step = |c: usize, acc: &mut [__m512; MT]| {
+                let p = rb.add(c * cb);
+                let wq = if bits == 4 {
+                    let b = _mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i));
+                    // Lane k: code 2k in bits 0-3, code 2k + 1 in bits 16-19.
+                    _mm512_ternarylogic_epi32::<0xA8>(b, _mm512_slli_epi32::<12>(b), nib)
+                } else {
+                    _mm512_cvtepu8_epi16(_mm256_loadu_si256(p as *const __m256i))
+                };
+                for (t, a) in acc.iter_mut().enumerate() {
+                    let xp = qx.q.add((t * chunks + c) * 32);
+                    let prod = _mm512_madd_epi16(wq, _mm512_loadu_si512(xp as *const _));
+                    let f = _mm512_set1_ps(*fp.add(t * chunks + c));
+                    *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(prod), f, *a);
+                }
+            };
+            let mut c = 0;
+            while c + 2 <= chunks {
+                step(c, &mut a0);
+                step(c + 1, &mut a1);
+                c += 2;
+            }
+            if c < chunks {
+                step(c, &mut a0);
+            }
+            let b = bias_of(r);
+            for t in 0..MT {
+                let mut bv = _mm256_setzero_ps();
+                let mut g = 0;
+                while g < gpad {
+                    bv = _mm256_fmadd_ps(
+                        _mm256_loadu_ps(bp.add(g)),
+                        _mm256_loadu_ps(gsp.add(t * gpad + g)),
+                        bv,
+                    );
+                    g += 8;
+                }
+                let v = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t])) + hsum(bv);
+                out.write(t * rows + r, v + b);
+            }
+        }
+    }
+}
+
+/// Chunks of 32 per row the 512-bit kernel takes (wider rows: the AVX2 one).
+pub(super) const MAX_CHUNKS: usize = 1024;
