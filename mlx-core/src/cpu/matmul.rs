@@ -332,12 +332,15 @@ pub fn matmul_t(ctx: &CpuContext, x: &[f32], m: usize, jobs: &mut [MatJob<'_, '_
             Activations::Int16 if fits && jobs.iter().any(|j| int16_kernel(j.w)) => {
                 // SAFETY: as above (QBuf16 is plain integers and floats).
                 let b = unsafe { qbuf16.assume_init_mut() };
-                super::x86::quantize_x16(
-                    x,
-                    &mut b.q[..m * cols],
-                    &mut b.d[..chunks],
-                    &mut b.s[..chunks],
-                );
+                // SAFETY: `fits` checked the ISA (AVX2, FMA, F16C).
+                unsafe {
+                    super::x86::quantize_x16(
+                        x,
+                        &mut b.q[..m * cols],
+                        &mut b.d[..chunks],
+                        &mut b.s[..chunks],
+                    )
+                };
                 let q = super::x86::QuantX16 {
                     q: b.q.as_ptr(),
                     d: b.d.as_ptr(),
