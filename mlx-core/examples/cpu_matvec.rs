@@ -1,6 +1,6 @@
 //! Times the CPU decoder's matrix-vector products at SmolLM2-135M's shapes on one thread, as the fastest
 //! of many runs (steady on a machine other work loads): `cargo run -p mlx-core --example
-//! cpu_matvec [f32|int16|int8] [ISA]`. Prints ns per product and the weight bytes read per ns.
+//! cpu_matvec [f32|int16|int8] [scalar|avx2|avx512]`. Prints ns per product and the weight bytes read per ns.
 
 use half::f16;
 use mlx_core::cpu::{matmul_t, Activations, CpuContext, Floats, Isa, MatJob, Matrix};
@@ -29,6 +29,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let isa = match std::env::args().nth(2).as_deref() {
         Some("scalar") => Isa::Scalar,
         Some("avx2") => Isa::Avx2,
+        Some("avx512") => Isa::Avx512,
         _ => Isa::detect(),
     };
     let mut ctx = CpuContext::with_isa(1, isa)?;

@@ -21,7 +21,9 @@ mod pool;
 mod x86;
 
 pub use matmul::{matmul_t, Floats, MatJob, Matrix, MAX_JOBS};
-pub use ops::{attention, rms_norm, rope, rope_inv_freqs, silu_mul, AttentionShape, MAX_HEAD_DIM};
+pub use ops::{
+    attention, rms_norm, rope, rope_inv_freqs, silu_mul, silu_mul_isa, AttentionShape, MAX_HEAD_DIM,
+};
 pub use pool::{available_threads, ThreadPool};
 
 /// The instruction set a kernel runs on.
