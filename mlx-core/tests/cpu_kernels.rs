@@ -102,7 +102,7 @@ fn affine_matmul_matches_dequantize_then_matmul() -> Result<()> {
                         bits as u32,
                         group as usize,
                     )?;
-                    for m in [1usize, 3, 7] {
+                    for m in [1usize, 3, 7, 13, 32] {
                         let xv = values(m * cols, 7 + m as u64);
                         let x = Array::from_slice(&xv, &[m as i32, cols as i32])?;
                         let bias = values(rows, 99);

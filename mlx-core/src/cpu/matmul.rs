@@ -431,6 +431,14 @@ fn rows(
     bias: Option<Floats<'_>>,
 ) {
     #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 && m > 4 && super::x86::prefill_512_supports(w) {
+        // SAFETY: Isa::Avx512 is only constructed where the CPU has AVX2, FMA, F16C and
+        // AVX-512 F/BW/VL (CpuContext checks `available`); the arguments were checked by
+        // `matmul_t`.
+        unsafe { super::x86::rows_prefill_512(w, r0, r1, x, m, out, bias) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
     if isa.has_avx2() && super::x86::supports(w) {
         // SAFETY: Isa::Avx2 is only constructed where the CPU has AVX2, FMA and F16C
         // (CpuContext checks `available`); the arguments were checked by `matmul_t`.

@@ -1207,3 +1207,180 @@ mod tests {
         assert_eq!(q2[n - 32..], [0i16; 32]);
     }
 }
+
+/// `MT` inputs times four weight rows (widened into `w`), 8 columns at a time: 4 * MT
+/// accumulators (AVX-512 VL's 32 vector registers hold them with the operands), so each
+/// input vector loaded serves four rows and each weight vector `MT` inputs.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+unsafe fn tile4<const MT: usize>(w: [*const f32; 4], x: *const f32, cols: usize) -> [[f32; 4]; MT] {
+    // SAFETY: each w[i] holds cols floats, x holds MT rows of cols; cols % 8 == 0.
+    unsafe {
+        let mut acc = [[_mm256_setzero_ps(); 4]; MT];
+        let mut c = 0;
+        while c < cols {
+            let wv = [
+                _mm256_loadu_ps(w[0].add(c)),
+                _mm256_loadu_ps(w[1].add(c)),
+                _mm256_loadu_ps(w[2].add(c)),
+                _mm256_loadu_ps(w[3].add(c)),
+            ];
+            for (t, a) in acc.iter_mut().enumerate() {
+                let xv = _mm256_loadu_ps(x.add(t * cols + c));
+                for (r, ar) in a.iter_mut().enumerate() {
+                    *ar = _mm256_fmadd_ps(wv[r], xv, *ar);
+                }
+            }
+            c += 8;
+        }
+        let mut out = [[0f32; 4]; MT];
+        for t in 0..MT {
+            for r in 0..4 {
+                out[t][r] = hsum(acc[t][r]);
+            }
+        }
+        out
+    }
+}
+
+/// Rows `r0..r1` of `out (m, rows) = x W^T + bias` for a block of inputs (prefill): four
+/// weight rows at a time widened (dequantized) into stack buffers, then [`tile4`] over the
+/// inputs in tiles of four; leftover rows go through [`rows_avx2`]. Takes dense weights and
+/// 4/8-bit affine ones whose group is 32 times a power of two, `cols <= MAX_BUF`.
+///
+/// # Safety
+/// The CPU has AVX2, FMA, F16C and AVX-512 F/VL; `w` passes [`prefill_512_supports`]; `x`
+/// is `(m, cols)`; rows `r0..r1` of `out` are this caller's alone.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn rows_prefill_512(
+    w: &Matrix<'_>,
+    r0: usize,
+    r1: usize,
+    x: &[f32],
+    m: usize,
+    out: SharedOut,
+    bias: Option<Floats<'_>>,
+) {
+    let (rows, cols) = (w.rows(), w.cols());
+    let bias_of = |r: usize| bias.map_or(0.0, |b| b.get(r));
+    let r4 = r0 + (r1 - r0) / 4 * 4;
+    // SAFETY (whole body): rows r0..r4 lie within the matrix (checked by its constructor);
+    // the buffers hold 4 * MAX_BUF >= 4 * cols floats; x is (m, cols).
+    unsafe {
+        let mut buf = std::mem::MaybeUninit::<[f32; 4 * MAX_BUF]>::uninit();
+        let bp = buf.as_mut_ptr() as *mut f32;
+        let mut s = std::mem::MaybeUninit::<[f32; MAX_GROUPS]>::uninit();
+        let mut b = std::mem::MaybeUninit::<[f32; MAX_GROUPS]>::uninit();
+        let (sp, bq) = (s.as_mut_ptr() as *mut f32, b.as_mut_ptr() as *mut f32);
+        let mut r = r0;
+        while r < r4 {
+            let mut wp = [std::ptr::null::<f32>(); 4];
+            for (i, p) in wp.iter_mut().enumerate() {
+                let dst = bp.add(i * MAX_BUF);
+                let row = r + i;
+                match w.kind {
+                    Kind::Dense(Floats::F32(d)) => *p = d.as_ptr().add(row * cols),
+                    Kind::Dense(Floats::F16(d)) => {
+                        dequant_into(&F16Row(d.as_ptr().add(row * cols) as *const u16), cols, dst);
+                        *p = dst;
+                    }
+                    Kind::Dense(Floats::Bf16(d)) => {
+                        dequant_into(
+                            &Bf16Row(d.as_ptr().add(row * cols) as *const u16),
+                            cols,
+                            dst,
+                        );
+                        *p = dst;
+                    }
+                    Kind::Affine {
+                        words,
+                        scales,
+                        biases,
+                        bits,
+                        group,
+                    } => {
+                        let groups = cols / group;
+                        let shift = (group / 32).trailing_zeros();
+                        widen_row(scales, row * groups, sp, groups);
+                        widen_row(biases, row * groups, bq, groups);
+                        let rb = (words.as_ptr() as *const u8).add(row * cols * bits as usize / 8);
+                        let (s, b) = (sp as *const f32, bq as *const f32);
+                        if bits == 4 {
+                            dequant_into(
+                                &Q4Row {
+                                    bytes: rb,
+                                    s,
+                                    b,
+                                    shift,
+                                },
+                                cols,
+                                dst,
+                            );
+                        } else {
+                            dequant_into(
+                                &Q8Row {
+                                    bytes: rb,
+                                    s,
+                                    b,
+                                    shift,
+                                },
+                                cols,
+                                dst,
+                            );
+                        }
+                        *p = dst;
+                    }
+                }
+            }
+            let bias4 = [bias_of(r), bias_of(r + 1), bias_of(r + 2), bias_of(r + 3)];
+            let mut t0 = 0;
+            while t0 < m {
+                let xp = x.as_ptr().add(t0 * cols);
+                let mt = (m - t0).min(4);
+                let put = |t: usize, v: [f32; 4]| {
+                    for (i, v) in v.into_iter().enumerate() {
+                        out.write((t0 + t) * rows + r + i, v + bias4[i]);
+                    }
+                };
+                match mt {
+                    1 => tile4::<1>(wp, xp, cols)
+                        .into_iter()
+                        .enumerate()
+                        .for_each(|(t, v)| put(t, v)),
+                    2 => tile4::<2>(wp, xp, cols)
+                        .into_iter()
+                        .enumerate()
+                        .for_each(|(t, v)| put(t, v)),
+                    3 => tile4::<3>(wp, xp, cols)
+                        .into_iter()
+                        .enumerate()
+                        .for_each(|(t, v)| put(t, v)),
+                    _ => tile4::<4>(wp, xp, cols)
+                        .into_iter()
+                        .enumerate()
+                        .for_each(|(t, v)| put(t, v)),
+                }
+                t0 += mt;
+            }
+            r += 4;
+        }
+        if r4 < r1 {
+            rows_avx2(w, r4, r1, x, m, out, bias);
+        }
+    }
+}
+
+/// Whether [`rows_prefill_512`] takes `w`.
+pub(super) fn prefill_512_supports(w: &Matrix<'_>) -> bool {
+    w.cols() % 32 == 0
+        && w.cols() <= MAX_BUF
+        && match w.kind {
+            Kind::Dense(_) => true,
+            Kind::Affine { bits, group, .. } => {
+                matches!(bits, 4 | 8)
+                    && (group / 32).is_power_of_two()
+                    && w.cols() / group <= MAX_GROUPS
+            }
+        }
+}
