@@ -1011,8 +1011,8 @@ pub(super) unsafe fn attend(
 /// codes, then scaled in float by the group's scale times the chunk's input scale.
 ///
 /// # Safety
-/// As [`rows_int16`], and the CPU has AVX-512 F and BW.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+/// As [`rows_int16`], and the CPU has AVX-512 F, BW and VL.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn rows_int16_512(
     w: &Matrix<'_>,
@@ -1035,7 +1035,7 @@ pub(super) unsafe fn rows_int16_512(
 }
 
 #[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
 #[allow(clippy::needless_range_loop)]
 unsafe fn rows_int16_512_m<const MT: usize>(
     w: &Matrix<'_>,
@@ -1089,6 +1089,71 @@ unsafe fn rows_int16_512_m<const MT: usize>(
             }
         }
         let nib = _mm512_set1_epi32(0x000f_000f);
+        if let (0, Floats::F16(sh), Floats::F16(bh)) = (shift, scales, biases) {
+            // Groups of 32 with half-precision scales and biases (GGUF's Q4_0/Q4_1/Q8_0 as
+            // loaded): the row's factors and its bias term 16 chunks at a time, read as
+            // halves with masked loads (no widening pass, no scalar tail).
+            assert!(
+                sh.len() >= r1 * groups && bh.len() >= r1 * groups,
+                "scales out of range"
+            );
+            for r in r0..r1 {
+                let (s0, b0) = (
+                    sh.as_ptr().add(r * groups) as *const u16,
+                    bh.as_ptr().add(r * groups) as *const u16,
+                );
+                let mut bacc = [_mm512_setzero_ps(); MT];
+                let mut c0 = 0;
+                while c0 < chunks {
+                    let k = (chunks - c0).min(16);
+                    let mask: __mmask16 = if k == 16 { 0xffff } else { (1u16 << k) - 1 };
+                    let sv =
+                        _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, s0.add(c0) as *const _));
+                    let bv =
+                        _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, b0.add(c0) as *const _));
+                    for t in 0..MT {
+                        let dv = _mm512_maskz_loadu_ps(mask, qx.d.add(t * chunks + c0));
+                        _mm512_mask_storeu_ps(fp.add(t * chunks + c0), mask, _mm512_mul_ps(sv, dv));
+                        let xs = _mm512_maskz_loadu_ps(mask, qx.s.add(t * chunks + c0));
+                        bacc[t] = _mm512_fmadd_ps(bv, xs, bacc[t]);
+                    }
+                    c0 += 16;
+                }
+                let rb = bytes.add(r * row_bytes);
+                let mut a0 = bacc;
+                let mut a1 = [_mm512_setzero_ps(); MT];
+                let step = |c: usize, acc: &mut [__m512; MT]| {
+                    let p = rb.add(c * cb);
+                    let wq = if bits == 4 {
+                        let b = _mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i));
+                        _mm512_ternarylogic_epi32::<0xA8>(b, _mm512_slli_epi32::<12>(b), nib)
+                    } else {
+                        _mm512_cvtepu8_epi16(_mm256_loadu_si256(p as *const __m256i))
+                    };
+                    for (t, a) in acc.iter_mut().enumerate() {
+                        let xp = qx.q.add((t * chunks + c) * 32);
+                        let prod = _mm512_madd_epi16(wq, _mm512_loadu_si512(xp as *const _));
+                        let f = _mm512_set1_ps(*fp.add(t * chunks + c));
+                        *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(prod), f, *a);
+                    }
+                };
+                let mut c = 0;
+                while c + 2 <= chunks {
+                    step(c, &mut a0);
+                    step(c + 1, &mut a1);
+                    c += 2;
+                }
+                if c < chunks {
+                    step(c, &mut a0);
+                }
+                let b = bias_of(r);
+                for t in 0..MT {
+                    let v = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t]));
+                    out.write(t * rows + r, v + b);
+                }
+            }
+            return;
+        }
         for r in r0..r1 {
             widen_row(scales, r * groups, sp, groups);
             widen_row(biases, r * groups, bp, groups);
