@@ -1232,47 +1232,6 @@ unsafe fn rows_int16_512_m<const MT: usize>(
 /// Chunks of 32 per row the 512-bit kernel takes (wider rows: the AVX2 one).
 pub(super) const MAX_CHUNKS: usize = 1024;
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The SIMD quantizer gives the scalar one's scales, its codes up to ties rounded the
-    /// other way (at most 1 apart), and its sums up to float summation order.
-    #[test]
-    fn quantize_x16_matches_the_scalar_quantizer() {
-        if !super::super::Isa::Avx2.available() {
-            return;
-        }
-        let mut seed = 5u64;
-        let x: Vec<f32> = (0..256)
-            .map(|i| {
-                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
-                let v = ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 8.0;
-                if i % 37 == 0 {
-                    0.0
-                } else {
-                    v
-                }
-            })
-            .chain(std::iter::repeat_n(0.0, 32))
-            .collect();
-        let n = x.len();
-        let (mut q1, mut d1, mut s1) = (vec![0i16; n], vec![0f32; n / 32], vec![0f32; n / 32]);
-        let (mut q2, mut d2, mut s2) = (vec![0i16; n], vec![0f32; n / 32], vec![0f32; n / 32]);
-        quantize_x16_scalar(&x, &mut q1, &mut d1, &mut s1);
-        // SAFETY: AVX2 checked above.
-        unsafe { quantize_x16(&x, &mut q2, &mut d2, &mut s2) };
-        assert_eq!(d1, d2);
-        for (i, (a, b)) in q1.iter().zip(&q2).enumerate() {
-            assert!((*a as i32 - *b as i32).abs() <= 1, "code {i}: {a} vs {b}");
-        }
-        for (a, b) in s1.iter().zip(&s2) {
-            assert!((a - b).abs() <= 1e-5 * (1.0 + a.abs()), "sum {a} vs {b}");
-        }
-        assert_eq!(q2[n - 32..], [0i16; 32]);
-    }
-}
-
 /// `MT` inputs times four weight rows (widened into `w`), 8 columns at a time: 4 * MT
 /// accumulators (AVX-512 VL's 32 vector registers hold them with the operands), so each
 /// input vector loaded serves four rows and each weight vector `MT` inputs.
@@ -1448,4 +1407,45 @@ pub(super) fn prefill_512_supports(w: &Matrix<'_>) -> bool {
                     && w.cols() / group <= MAX_GROUPS
             }
         }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The SIMD quantizer gives the scalar one's scales, its codes up to ties rounded the
+    /// other way (at most 1 apart), and its sums up to float summation order.
+    #[test]
+    fn quantize_x16_matches_the_scalar_quantizer() {
+        if !super::super::Isa::Avx2.available() {
+            return;
+        }
+        let mut seed = 5u64;
+        let x: Vec<f32> = (0..256)
+            .map(|i| {
+                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+                let v = ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 8.0;
+                if i % 37 == 0 {
+                    0.0
+                } else {
+                    v
+                }
+            })
+            .chain(std::iter::repeat_n(0.0, 32))
+            .collect();
+        let n = x.len();
+        let (mut q1, mut d1, mut s1) = (vec![0i16; n], vec![0f32; n / 32], vec![0f32; n / 32]);
+        let (mut q2, mut d2, mut s2) = (vec![0i16; n], vec![0f32; n / 32], vec![0f32; n / 32]);
+        quantize_x16_scalar(&x, &mut q1, &mut d1, &mut s1);
+        // SAFETY: AVX2 checked above.
+        unsafe { quantize_x16(&x, &mut q2, &mut d2, &mut s2) };
+        assert_eq!(d1, d2);
+        for (i, (a, b)) in q1.iter().zip(&q2).enumerate() {
+            assert!((*a as i32 - *b as i32).abs() <= 1, "code {i}: {a} vs {b}");
+        }
+        for (a, b) in s1.iter().zip(&s2) {
+            assert!((a - b).abs() <= 1e-5 * (1.0 + a.abs()), "sum {a} vs {b}");
+        }
+        assert_eq!(q2[n - 32..], [0i16; 32]);
+    }
 }
