@@ -97,6 +97,17 @@ pub trait LanguageModel: Send {
         ))
     }
 
+    /// Keeps this rank's stage of the layers for pipeline parallelism over `size` ranks as
+    /// mlx-lm's `PipelineMixin.pipeline()` does (rank `size - 1` runs the first layers,
+    /// rank 0 the last; hidden states pass by send/recv and every rank ends with rank 0's).
+    /// Architectures without it: an error.
+    fn shard_pipeline(&mut self, size: i32, rank: i32) -> Result<()> {
+        let _ = (size, rank);
+        Err(crate::error::ModelError::Other(
+            "pipeline parallelism is not supported for this model yet".into(),
+        ))
+    }
+
     /// [`LanguageModel::make_cache`]'s caches able to undo up to `max_rollback` tokens exactly
     /// with `trim` (speculative decoding), also where mlx-lm cannot: recurrent state (its
     /// issue #1446) and rotating caches that have wrapped (see `mlx_cache::enable_rollback`).
