@@ -3,6 +3,7 @@
 use std::io::Write;
 
 use clap::Args;
+use mlx_models::models::unserved::{Unserved, UNSERVED};
 use mlx_models::models::{supported_model_types, Serving};
 
 #[derive(Args, Debug)]
@@ -19,7 +20,12 @@ pub fn run(a: &ModelsArgs) -> Result<(), String> {
         Serving::Table => "table",
         Serving::Dedicated => "dedicated",
     };
+    let why = |u: Unserved| match u {
+        Unserved::NoCpu => "no-cpu",
+        Unserved::NotYet => "not-yet",
+    };
     if a.json {
+        // Served types, then mlx-lm's types not served (`serving` "none", with the reason).
         let rows: Vec<serde_json::Value> = all
             .iter()
             .map(|t| {
@@ -29,6 +35,15 @@ pub fn run(a: &ModelsArgs) -> Result<(), String> {
                     "via": t.via,
                 })
             })
+            .chain(UNSERVED.iter().map(|(t, u, reason)| {
+                serde_json::json!({
+                    "model_type": t,
+                    "serving": "none",
+                    "via": null,
+                    "unserved": why(*u),
+                    "reason": reason,
+                })
+            }))
             .collect();
         // A closed pipe (`mlx models --json | head`) ends the listing quietly.
         writeln!(out, "{}", serde_json::Value::Array(rows)).ok();
@@ -44,5 +59,15 @@ pub fn run(a: &ModelsArgs) -> Result<(), String> {
         }
     }
     writeln!(out, "{} model types", all.len()).ok();
+    writeln!(out, "\nnot served ({}):", UNSERVED.len()).ok();
+    for (t, u, reason) in UNSERVED {
+        let what = match u {
+            Unserved::NoCpu => "cannot run on MLX's CPU backend",
+            Unserved::NotYet => "not yet",
+        };
+        if writeln!(out, "{t:<20} {what}: {reason}").is_err() {
+            return Ok(());
+        }
+    }
     Ok(())
 }

@@ -90,6 +90,9 @@ fn check(model: &dyn LanguageModel) -> Result<&Model> {
     if d.head_gate.is_some() {
         return no("a head-wise attention gate");
     }
+    if d.kv_tile.is_some() || !d.layer_shapes.is_empty() || d.loops > 1 {
+        return no("tiled KV heads, per-layer head counts or a looped layer stack");
+    }
     if d.sliding.iter().any(|&s| s) || d.sliding_window.is_some() {
         return no("sliding-window attention");
     }

@@ -29,10 +29,11 @@ use mlx_models::config::ModelConfig;
 
 use crate::error::Result;
 
-/// Parameters named with this leaf are drawn in the mlx-lm module's `__init__`
-/// (`A = mx.random.uniform(...)`, `A_log = mx.log(A)` in qwen3_next's and qwen3_5's
-/// `GatedDeltaNet`).
-const DRAWN_LEAVES: &[&str] = &["A_log"];
+/// Parameters named with this leaf are drawn in the mlx-lm module's `__init__` for these
+/// model types (`A = mx.random.uniform(...)`, `A_log = mx.log(A)` in qwen3_next's and
+/// qwen3_5's `GatedDeltaNet`); the state-space models' `A_log` (mamba, mamba2, nemotron_h,
+/// falcon_h1, jamba, granitemoehybrid, olmo_hybrid) starts from `arange` or zeros: no draw.
+const DRAWN_LEAVES: &[(&str, &[&str])] = &[("A_log", &["qwen3_next", "qwen3_5", "qwen3_5_moe"])];
 
 /// Modules an mlx-lm model class builds twice: `(model_type, module path)` (helium's `Model`
 /// assigns `self.lm_head = nn.Linear(...)` and, when untied, assigns a new one).
@@ -48,8 +49,8 @@ pub fn construction_draws(
     let mut draws = 0;
     for (name, shape) in params {
         let (module, leaf) = name.rsplit_once('.').unwrap_or(("", name));
-        if DRAWN_LEAVES.contains(&leaf) {
-            draws += 1;
+        if let Some((_, types)) = DRAWN_LEAVES.iter().find(|(l, _)| *l == leaf) {
+            draws += usize::from(types.contains(&config.architecture.as_str()));
             continue;
         }
         if leaf != "weight" {
@@ -131,12 +132,17 @@ mod tests {
         t.insert("model.layers.0.conv.weight".into(), vec![8, 4, 1]);
         t.insert("model.layers.0.conv.bias".into(), vec![8]);
         t.insert("model.layers.0.linear_attn.A_log".into(), vec![2]);
-        // embed 1, q_proj 2, 2-D norm 0, up_proj 1 + 1 (quantize), conv 1, A_log 1.
-        assert_eq!(construction_draws(&llama, &t).unwrap(), 7);
+        // embed 1, q_proj 2, 2-D norm 0, up_proj 1 + 1 (quantize), conv 1; A_log is drawn
+        // only by the Gated DeltaNet types (a state-space model's starts from arange).
+        assert_eq!(construction_draws(&llama, &t).unwrap(), 6);
+        let next = config(&serde_json::json!({"model_type": "qwen3_next"}).to_string());
+        assert_eq!(construction_draws(&next, &t).unwrap(), 7);
+        let mamba = config(&serde_json::json!({"model_type": "mamba2"}).to_string());
+        assert_eq!(construction_draws(&mamba, &t).unwrap(), 6);
         t.insert("lm_head.weight".into(), vec![32, 8]);
-        assert_eq!(construction_draws(&llama, &t).unwrap(), 8);
+        assert_eq!(construction_draws(&llama, &t).unwrap(), 7);
         let helium = config(&serde_json::json!({"model_type": "helium"}).to_string());
-        assert_eq!(construction_draws(&helium, &t).unwrap(), 9);
+        assert_eq!(construction_draws(&helium, &t).unwrap(), 8);
     }
 
     #[test]

@@ -76,7 +76,7 @@ impl ModelConfig {
     }
 
     pub fn from_json_str(text: &str) -> Result<ModelConfig> {
-        let raw: Value = serde_json::from_str(text)
+        let raw = parse_python_json(text)
             .map_err(|e| ModelError::Config(format!("invalid JSON: {e}")))?;
         Self::from_value(raw)
     }
@@ -101,6 +101,8 @@ impl ModelConfig {
             .or_else(|| obj.get("quantization_config"))
         {
             None | Some(Value::Null) => None,
+            // BitNet's packed ternary weights: unpacked by its row (descriptor `bitlinear`).
+            Some(q) if q.get("quant_method").and_then(Value::as_str) == Some("bitnet") => None,
             Some(q) => Some(QuantConfig::parse(q)?),
         };
         Ok(ModelConfig {
@@ -268,5 +270,117 @@ impl QuantConfig {
             }
         }
         Ok(QuantConfig { default, overrides })
+    }
+}
+
+/// JSON as Python's `json.dump` writes it, which (unlike strict JSON) writes the non-finite
+/// floats as the bare words `Infinity`, `-Infinity` and `NaN` (transformers' Mamba 2 configs
+/// hold `"time_step_limit": [0.0, Infinity]`). Those words, outside strings, are read as the
+/// strings `"Infinity"`, `"-Infinity"` and `"NaN"`, which [`py_float`] turns back into
+/// floats for the fields that take them.
+pub fn parse_python_json(text: &str) -> std::result::Result<Value, serde_json::Error> {
+    match serde_json::from_str(text) {
+        Ok(v) => Ok(v),
+        Err(e) => {
+            let quoted = quote_non_finite(text);
+            if quoted == text {
+                return Err(e);
+            }
+            serde_json::from_str(&quoted)
+        }
+    }
+}
+
+fn quote_non_finite(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 16);
+    let (mut in_str, mut escaped) = (false, false);
+    let mut rest = text;
+    while let Some(c) = rest.chars().next() {
+        if in_str {
+            out.push(c);
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == '"' {
+                in_str = false;
+            }
+            rest = &rest[c.len_utf8()..];
+            continue;
+        }
+        if c == '"' {
+            in_str = true;
+            out.push(c);
+            rest = &rest[1..];
+            continue;
+        }
+        let word = ["-Infinity", "Infinity", "NaN"]
+            .into_iter()
+            .find(|w| rest.starts_with(w));
+        match word {
+            Some(w) => {
+                out.push('"');
+                out.push_str(w);
+                out.push('"');
+                rest = &rest[w.len()..];
+            }
+            None => {
+                out.push(c);
+                rest = &rest[c.len_utf8()..];
+            }
+        }
+    }
+    out
+}
+
+/// A float field as Python writes it: a number, or `Infinity`, `-Infinity`, `NaN` (read by
+/// [`parse_python_json`] as strings).
+pub fn py_float(v: &Value) -> Option<f64> {
+    match v {
+        Value::String(s) => match s.as_str() {
+            "Infinity" => Some(f64::INFINITY),
+            "-Infinity" => Some(f64::NEG_INFINITY),
+            "NaN" => Some(f64::NAN),
+            _ => None,
+        },
+        other => other.as_f64(),
+    }
+}
+
+/// Serde's `deserialize_with` for a `[low, high]` pair of [`py_float`]s.
+pub fn py_float_pair<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<(f64, f64), D::Error> {
+    use serde::Deserialize;
+    let v = Value::deserialize(d)?;
+    match v.as_array().map(|a| a.as_slice()) {
+        Some([a, b]) => match (py_float(a), py_float(b)) {
+            (Some(a), Some(b)) => Ok((a, b)),
+            _ => Err(serde::de::Error::custom(format!(
+                "expected two numbers, got {v}"
+            ))),
+        },
+        _ => Err(serde::de::Error::custom(format!(
+            "expected [low, high], got {v}"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod python_json_tests {
+    use super::*;
+
+    #[test]
+    fn python_non_finite_floats_are_read() {
+        let v = parse_python_json(
+            r#"{"time_step_limit": [0.0, Infinity], "x": -Infinity, "s": "NaN Infinity", "n": NaN}"#,
+        )
+        .unwrap();
+        assert_eq!(v["s"], "NaN Infinity");
+        let pair: (f64, f64) = py_float_pair(&v["time_step_limit"]).unwrap();
+        assert_eq!(pair, (0.0, f64::INFINITY));
+        assert_eq!(py_float(&v["x"]), Some(f64::NEG_INFINITY));
+        assert!(py_float(&v["n"]).unwrap().is_nan());
+        assert!(parse_python_json("{\"a\": Inf}").is_err());
     }
 }

@@ -9,14 +9,15 @@
 //!
 //! [`crate::models::dense::Model::shard_tensor_parallel`] applies them as llama's `shard()`
 //! does (q/k/v, gate, up all-to-sharded; o, down sharded-to-all; heads and KV heads divided by
-//! N). Dense weights only, for now.
+//! N); [`crate::models::deepseek::Model::shard_tensor_parallel`] as deepseek_v3's (MLA heads
+//! split, MoE experts sharded in place as mlx's `shard_inplace`, the block summing).
 
 use mlx_core::distributed;
 use mlx_core::ops;
 use mlx_core::prelude::*;
 
 use crate::error::{ModelError, Result};
-use crate::layers::{Linear, LinearAdapter, QuantizedWeight};
+use crate::layers::{Linear, LinearAdapter, QuantizedWeight, SwitchLinear};
 
 /// The r-th of `n` equal parts of `w` along `axis`, made contiguous (mlx-lm's `_shard`).
 fn part(w: &Array, n: i32, r: i32, axis: i32, what: &str) -> Result<Array> {
@@ -126,4 +127,67 @@ impl LinearAdapter for ShardedToAll {
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
+}
+
+/// mlx's `shard_inplace(module, "sharded-to-all")` on a linear: rank `r` keeps its part of the
+/// input columns (quantized scales and biases with them), the bias whole, and no sum (the
+/// enclosing block sums, as mlx-lm's MoE with `sharding_group` does).
+pub fn sharded_to_all_inplace(l: &mut Linear, n: i32, r: i32, what: &str) -> Result<()> {
+    let (base, bias) = split_weight(l, n, r, -1, what)?;
+    *l = with_bias(base, bias);
+    Ok(())
+}
+
+/// mlx's `shard_inplace` on a `SwitchLinear` (`(experts, out, in)`): all-to-sharded splits
+/// the output rows (axis 1) and the `(experts, out)` bias along its last axis;
+/// sharded-to-all splits the input columns (axis -1) and keeps the bias whole.
+pub fn switch_inplace(
+    l: &mut SwitchLinear,
+    all_to_sharded: bool,
+    n: i32,
+    r: i32,
+    what: &str,
+) -> Result<()> {
+    let axis = if all_to_sharded { 1 } else { -1 };
+    let split = |a: &Array| part(a, n, r, axis, what);
+    let split_bias = |b: &Option<Array>| -> Result<Option<Array>> {
+        match b {
+            Some(b) if all_to_sharded => Ok(Some(part(b, n, r, -1, what)?)),
+            other => Ok(other.clone()),
+        }
+    };
+    *l = match &*l {
+        SwitchLinear::Dense { weight, bias } => SwitchLinear::Dense {
+            weight: split(weight)?,
+            bias: split_bias(bias)?,
+        },
+        SwitchLinear::Quantized { weight: q, bias } => SwitchLinear::Quantized {
+            weight: QuantizedWeight {
+                weight: split(&q.weight)?,
+                scales: split(&q.scales)?,
+                biases: q.biases.as_ref().map(split).transpose()?,
+                ..q.clone()
+            },
+            bias: split_bias(bias)?,
+        },
+        SwitchLinear::Adapted(_) => {
+            return Err(ModelError::Other(format!(
+                "{what}: tensor parallelism cannot split adapted experts (fuse the adapter first)"
+            )))
+        }
+    };
+    Ok(())
+}
+
+/// Rank `r`'s `heads` of `a` (mlx-lm's `shard_heads`: `w[sh:eh]` on
+/// the leading head axis).
+pub fn take_heads(a: &Array, heads: i32, r: i32, what: &str) -> Result<Array> {
+    let total = a.shape().first().copied().unwrap_or(0);
+    let (sh, eh) = (r * heads, r * heads + heads);
+    if heads <= 0 || eh > total {
+        return Err(ModelError::Other(format!(
+            "{what}: heads {sh}..{eh} out of {total}"
+        )));
+    }
+    Ok(ops::slice_axis(a, 0, sh, eh, None)?)
 }

@@ -1,6 +1,8 @@
 //! L1 of tensor parallelism: the tiny llama `dense_f32`, the tiny qwen3 and the 4-bit llama
-//! `q4_g32` (mlx-cli/tests/models), each sharded over 2 ranks, and of pipeline parallelism:
-//! the 3-layer qwen2 `qwen2_f32` split into 2 stages (MLX's ring backend over
+//! `q4_g32` (mlx-cli/tests/models) and the MLA family's deepseek_v3, kimi_k25, deepseek_v32,
+//! deepseek_v2, glm4_moe_lite and mistral4 (mlx-models/tests/models/mla: heads split, MoE
+//! experts sharded in place) and qwen3_moe (mlx-models/tests/models), each sharded over 2
+//! ranks, and of pipeline parallelism: the 3-layer qwen2 `qwen2_f32` split into 2 stages (MLX's ring backend over
 //! loopback, this test binary spawned twice), give mlx-lm's own sharded run's prefill
 //! logits and greedy tokens bit for bit (`cargo xtask goldens dist`:
 //! `sharded_load` under `mlx.launch -n 2 --backend ring`).
@@ -19,10 +21,39 @@ fn root() -> PathBuf {
 }
 
 /// (fixture under mlx-cli/tests/models, golden), as xtask/oracle/goldens_dist.py pairs them.
-const MODELS: [(&str, &str); 3] = [
+const MODELS: [(&str, &str); 10] = [
     ("dense_f32", "dist_llama_tp2"),
     ("qwen3", "dist_qwen3_tp2"),
     ("q4_g32", "dist_llama_q4_tp2"),
+    // The MLA family: goldens_mla.py's fixtures under mlx-models/tests/models/mla.
+    (
+        "../../../mlx-models/tests/models/mla/deepseek_v3",
+        "dist_deepseek_v3_tp2",
+    ),
+    (
+        "../../../mlx-models/tests/models/mla/kimi_k25",
+        "dist_kimi_k25_tp2",
+    ),
+    (
+        "../../../mlx-models/tests/models/mla/deepseek_v32",
+        "dist_deepseek_v32_tp2",
+    ),
+    (
+        "../../../mlx-models/tests/models/mla/deepseek_v2",
+        "dist_deepseek_v2_tp2",
+    ),
+    (
+        "../../../mlx-models/tests/models/mla/glm4_moe_lite",
+        "dist_glm4_moe_lite_tp2",
+    ),
+    (
+        "../../../mlx-models/tests/models/mla/mistral4",
+        "dist_mistral4_tp2",
+    ),
+    (
+        "../../../mlx-models/tests/models/qwen3_moe",
+        "dist_qwen3_moe_tp2",
+    ),
 ];
 
 fn load_golden(name: &str) -> std::collections::HashMap<String, Array> {

@@ -25,6 +25,15 @@ MODELS = [
     ("dense_f32", "dist_llama_tp2"),
     ("qwen3", "dist_qwen3_tp2"),
     ("q4_g32", "dist_llama_q4_tp2"),
+    # The MLA family (goldens_mla.py's seeded fixtures, relative to mlx-cli/tests/models; they
+    # have no tokenizer, which sharded_load needs: see `staged`).
+    ("../../../mlx-models/tests/models/mla/deepseek_v3", "dist_deepseek_v3_tp2"),
+    ("../../../mlx-models/tests/models/mla/kimi_k25", "dist_kimi_k25_tp2"),
+    ("../../../mlx-models/tests/models/mla/deepseek_v32", "dist_deepseek_v32_tp2"),
+    ("../../../mlx-models/tests/models/mla/deepseek_v2", "dist_deepseek_v2_tp2"),
+    ("../../../mlx-models/tests/models/mla/glm4_moe_lite", "dist_glm4_moe_lite_tp2"),
+    ("../../../mlx-models/tests/models/mla/mistral4", "dist_mistral4_tp2"),
+    ("../../../mlx-models/tests/models/qwen3_moe", "dist_qwen3_moe_tp2"),
 ]
 PROMPT = [1, 5, 9, 17, 33, 65, 7, 3]
 STEPS = 8
@@ -75,9 +84,29 @@ def make_qwen2():
         shutil.copy(src / f, QWEN2 / f)
 
 
+def staged(model):
+    """The directory sharded_load reads for `model`: the fixture itself, or (a fixture without
+    a tokenizer) target/goldens_dist/<name> with links to its config and weights and
+    dense_f32's tokenizer (the ids are all the goldens use)."""
+    import shutil
+
+    src = (ROOT / "mlx-cli/tests/models" / model).resolve()
+    if (src / "tokenizer.json").exists():
+        return src
+    dst = ROOT / "target/goldens_dist" / src.name
+    if os.environ.get("MLX_RANK") is None:
+        dst.mkdir(parents=True, exist_ok=True)
+        for f in ("config.json", "model.safetensors"):
+            (dst / f).unlink(missing_ok=True)
+            (dst / f).symlink_to(src / f)
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(ROOT / "mlx-cli/tests/models/dense_f32" / f, dst / f)
+    return dst
+
+
 def worker():
     for model, out in MODELS:
-        run_model(ROOT / "mlx-cli/tests/models" / model, ROOT / f"mlx-models/tests/goldens/{out}.safetensors")
+        run_model(staged(model), ROOT / f"mlx-models/tests/goldens/{out}.safetensors")
     run_model(QWEN2, ROOT / "mlx-models/tests/goldens/dist_qwen2_pp2.safetensors", pipeline=True)
 
 
@@ -130,6 +159,8 @@ def main():
         worker()
         return
     make_qwen2()
+    for model, _ in MODELS:
+        staged(model)
     launcher = Path(sys.executable).parent / "mlx.launch"
     subprocess.run(
         [str(launcher), "-n", "2", "--backend", "ring", "--python", sys.executable, __file__],

@@ -7,6 +7,8 @@
 //! - `goldens [SET ...]`: regenerates golden files with `xtask/oracle/goldens_<SET>.py`.
 //! - `port-check DIR [--ids 1,2,3]`: runs DIR's model through mlx-lm and through ours layer
 //!   by layer and names the first layer and sub-step (norm, attention, MLP) that differs.
+//!   Without DIR: every model type of mlx-lm's `models/` against `mlx models --json`; fails on
+//!   a type neither served nor listed as not served with a reason.
 //! - `bench [--quick | --full] [...]`: generation speed (prefill and decode tok/s) of this
 //!   project against mlx-lm on the same models, alternating; see `bench.rs`.
 //! - `fuzz [TARGET|all] [--runs N] [--seed S] [--start I] [--seconds T]`: the structure-aware
@@ -47,7 +49,7 @@ fn main() -> ExitCode {
         _ => {
             eprintln!(
                 "usage: cargo xtask bindgen [--check] | oracle [ARGS] | goldens [SET ...] \
-                 | port-check DIR [--ids 1,2,3] | bench [--quick | --full] [--help] \
+                 | port-check [DIR [--ids 1,2,3]] | bench [--quick | --full] [--help] \
                  | bench serve [--help] | bench train [--help] | fuzz [TARGET|all] [--runs N] [--seed S] \
                  | cpu-quality [--positions N] [--text FILE] [smollm2] [gemma3]"
             );

@@ -127,8 +127,37 @@ pub fn python(args: &[String]) -> Result<(), String> {
 /// `port-check DIR [--ids ...]`: runs `mlx-models/examples/port_check.rs` (which runs
 /// `xtask/oracle/port_check.py` in the oracle venv) on DIR: the first layer and sub-step whose
 /// hidden state differs from mlx-lm's.
+/// Without arguments: every model type of mlx-lm's `models/` against `mlx models --json`
+/// (`xtask/oracle/port_types.py`), failing on a type neither served nor listed with a reason.
 pub fn port_check(args: &[String]) -> Result<(), String> {
     let py = ensure()?;
+    if args.is_empty() {
+        let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .current_dir(workspace_root())
+            .args([
+                "run", "-q", "-p", "mlx-cli", "--bin", "mlx", "--", "models", "--json",
+            ])
+            .output()
+            .map_err(|e| format!("running `mlx models --json`: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "`mlx models --json` failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        let listing = std::env::temp_dir().join(format!("mlx-models-{}.json", std::process::id()));
+        std::fs::write(&listing, &out.stdout)
+            .map_err(|e| format!("writing {}: {e}", listing.display()))?;
+        let result = run(
+            Command::new(&py)
+                .arg(oracle_dir().join("port_types.py"))
+                .arg(&listing)
+                .current_dir(workspace_root()),
+            "port_types.py",
+        );
+        std::fs::remove_file(&listing).ok();
+        return result;
+    }
     let venv = py
         .parent()
         .and_then(|bin| bin.parent())

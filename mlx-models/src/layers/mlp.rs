@@ -27,13 +27,15 @@ pub enum MlpKind {
     Relu2,
     /// `down(xielu(up(x)))` with the learned scalars under `act_fn` (Apertus).
     XieLu,
+    /// `down(nn.relu2(gate(x)) * up(x))` (BitNet).
+    Relu2Glu,
 }
 
 impl MlpKind {
     pub fn gated(self) -> bool {
         matches!(
             self,
-            MlpKind::SwiGlu | MlpKind::GeGluErf | MlpKind::GeGluTanh
+            MlpKind::SwiGlu | MlpKind::GeGluErf | MlpKind::GeGluTanh | MlpKind::Relu2Glu
         )
     }
 }
@@ -102,6 +104,7 @@ pub struct Mlp {
     down: Linear,
     xielu: Option<XieLuParams>,
     up_first: bool,
+    inner_norm: Option<Box<crate::layers::Norm>>,
 }
 
 impl Mlp {
@@ -218,7 +221,14 @@ impl Mlp {
             down,
             xielu,
             up_first: names.up_first,
+            inner_norm: None,
         })
+    }
+
+    /// A norm on the activation before the down projection (BitNet's `ffn_sub_norm`).
+    pub fn with_inner_norm(mut self, norm: crate::layers::Norm) -> Mlp {
+        self.inner_norm = Some(Box::new(norm));
+        self
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
@@ -246,13 +256,17 @@ impl Mlp {
                 }
             }
         };
-        self.down.forward(&h)
+        match &self.inner_norm {
+            Some(n) => self.down.forward(&n.forward(&h)?),
+            None => self.down.forward(&h),
+        }
     }
 
     fn gated(&self, g: &Array, u: &Array) -> Result<Array> {
         Ok(match self.kind {
             MlpKind::GeGluErf => (&gelu(g)? * u)?,
             MlpKind::GeGluTanh => (&gelu_approx(g)? * u)?,
+            MlpKind::Relu2Glu => (&relu2(g)? * u)?,
             _ => swiglu(g, u)?,
         })
     }

@@ -102,6 +102,9 @@ pub enum Norm {
     Layer(LayerNorm),
     /// Nemotron's `LayerNorm1P`: `layer_norm(x, weight + 1, bias, eps)`.
     LayerOffset(LayerNorm),
+    /// PLaMo 3's `RMSNorm(offset=...)`: `rms_norm(x, weight + offset, eps)`, the offset a
+    /// weak Python float (the weight's dtype).
+    RmsPlus(RmsNorm, f32),
 }
 
 impl Norm {
@@ -118,10 +121,21 @@ impl Norm {
         })
     }
 
+    /// [`Norm::RmsPlus`]: an RMSNorm whose scale is `weight + offset`.
+    pub fn load_rms_plus(
+        w: &mut Weights,
+        path: &str,
+        dims: i32,
+        eps: f32,
+        offset: f32,
+    ) -> Result<Norm> {
+        Ok(Norm::RmsPlus(RmsNorm::load(w, path, dims, eps)?, offset))
+    }
+
     /// The norm's arrays under `path` (`weight`, `bias`), as mlx-lm names and stores them.
     pub fn parameters_mut<'a>(&'a mut self, path: &str, out: &mut Vec<LayerParam<'a>>) {
         match self {
-            Norm::Rms(n) | Norm::RmsOffset(n) => n.parameters_mut(path, out),
+            Norm::Rms(n) | Norm::RmsOffset(n) | Norm::RmsPlus(n, _) => n.parameters_mut(path, out),
             Norm::RmsNoWeight { .. } => {}
             Norm::Layer(n) | Norm::LayerOffset(n) => {
                 if let Some(w) = &mut n.weight {
@@ -145,6 +159,12 @@ impl Norm {
                 None,
             )?),
             Norm::RmsNoWeight { eps } => Ok(fast::rms_norm(x, None, *eps, None)?),
+            Norm::RmsPlus(n, offset) => Ok(fast::rms_norm(
+                x,
+                Some(&(&n.weight + *offset)?),
+                n.eps,
+                None,
+            )?),
             Norm::Layer(n) => n.forward(x),
             // `self.weight + 1`: a weak Python int, so the weight's dtype.
             Norm::LayerOffset(n) => {

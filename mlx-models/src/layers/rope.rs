@@ -164,6 +164,18 @@ impl Rope {
         })
     }
 
+    /// Talkie's table: `-(base ** (mx.arange(0, dims, 2, dtype=mx.float32) / dims))`, the
+    /// NeoX rotation with the opposite sign.
+    pub fn neg_pow(dims: i32, base: f64) -> Result<Rope> {
+        let freqs = ops::negative(&base_pow(base, dims, Dtype::Float32)?, None)?;
+        Ok(Rope::Freqs {
+            dims,
+            traditional: false,
+            freqs,
+            input_scale: None,
+        })
+    }
+
     fn llama3(dims: i32, traditional: bool, base: f64, cfg: &RopeScaling) -> Result<Rope> {
         let factor = need_f64(cfg, "factor")?;
         let low_freq_factor = get_f64(cfg, "low_freq_factor").unwrap_or(1.0);

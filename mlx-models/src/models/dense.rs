@@ -131,6 +131,8 @@ pub struct Attention {
     manual: bool,
     /// [`Descriptor::contiguous_heads`].
     contiguous: bool,
+    kv_tile: Option<i32>,
+    sub_norm: Option<Norm>,
     qkv: Qkv,
     /// The head-wise output gate (`hidden -> heads`), with its module name.
     gate: Option<(&'static str, Linear)>,
@@ -323,6 +325,18 @@ impl Attention {
             slice_concat: d.rope_slice_concat,
             manual: d.manual_attention,
             contiguous: d.contiguous_heads,
+            kv_tile: d.kv_tile,
+            sub_norm: if d.sub_norms {
+                Some(Norm::load(
+                    w,
+                    &p("attn_sub_norm"),
+                    d.norm,
+                    d.hidden_size,
+                    d.norm_eps,
+                )?)
+            } else {
+                None
+            },
             qkv,
             gate,
             o_proj,
@@ -486,6 +500,23 @@ impl Attention {
     /// Attention of `queries` over what the cache returned, `(B, heads, L, head_dim)`.
     fn attend(&self, queries: &Array, kv: &Kv, ctx: &Ctx) -> Result<Array> {
         let mask = ctx.mask;
+        let tiled;
+        let kv = match (self.kv_tile, kv) {
+            (Some(n), Kv::Dense { keys, values }) => {
+                let reps = [1, n, 1, 1];
+                tiled = Kv::Dense {
+                    keys: ops::tile(keys, &reps, None)?,
+                    values: ops::tile(values, &reps, None)?,
+                };
+                &tiled
+            }
+            (Some(_), Kv::Quantized { .. }) => {
+                return Err(ModelError::Other(
+                    "tiled KV heads (plamo) cannot read a quantized KV cache".into(),
+                ))
+            }
+            (None, kv) => kv,
+        };
         let mut queries = queries.clone();
         if let Some(s) = ctx.query_scale {
             queries = (&queries * s)?;
@@ -546,7 +577,10 @@ impl Attention {
             out = (&out * &gate)?;
         }
         let out = ops::reshape(&out, &[b, l, -1], None)?;
-        self.o_proj.forward(&out)
+        match &self.sub_norm {
+            Some(n) => self.o_proj.forward(&n.forward(&out)?),
+            None => self.o_proj.forward(&out),
+        }
     }
 
     /// OLMo's attention as olmo.py writes it (one head per KV head).
@@ -665,6 +699,20 @@ fn norm_opt(n: &Option<Norm>, x: &Array) -> Result<Array> {
 
 impl TransformerBlock {
     fn load(d: &Descriptor, w: &mut Weights, i: usize) -> Result<TransformerBlock> {
+        // This layer's own head counts and MLP width where they vary (OpenELM).
+        let own;
+        let d = match d.layer_shapes.get(i) {
+            Some(&(n_heads, n_kv_heads, intermediate_size)) => {
+                own = Descriptor {
+                    n_heads,
+                    n_kv_heads,
+                    intermediate_size,
+                    ..d.clone()
+                };
+                &own
+            }
+            None => d,
+        };
         let n = &d.names;
         let p = format!("{}.{i}", n.layers);
         let sliding = d.sliding.get(i).copied().unwrap_or(false);
@@ -679,12 +727,24 @@ impl TransformerBlock {
         };
         let (pre_attn, post_attn, pre_mlp, post_mlp) = match d.placement {
             Placement::Pre => (norm(n.pre_attn_norm)?, None, norm(n.pre_mlp_norm)?, None),
-            Placement::Sandwich => (
-                norm(n.pre_attn_norm)?,
-                norm(n.post_attn_norm)?,
-                norm(n.pre_mlp_norm)?,
-                norm(n.post_mlp_norm)?,
-            ),
+            Placement::Sandwich => match d.post_norm_offsets {
+                Some((attn, mlp)) => {
+                    let (pre_attn, pre_mlp) = (norm(n.pre_attn_norm)?, norm(n.pre_mlp_norm)?);
+                    let mut plus = |name: &str, offset: f32| -> Result<Option<Norm>> {
+                        let path = format!("{p}.{name}");
+                        let (h, eps) = (d.hidden_size, d.norm_eps);
+                        Ok(Some(Norm::load_rms_plus(w, &path, h, eps, offset)?))
+                    };
+                    let post_attn = plus(n.post_attn_norm, attn)?;
+                    (pre_attn, post_attn, pre_mlp, plus(n.post_mlp_norm, mlp)?)
+                }
+                None => (
+                    norm(n.pre_attn_norm)?,
+                    norm(n.post_attn_norm)?,
+                    norm(n.pre_mlp_norm)?,
+                    norm(n.post_mlp_norm)?,
+                ),
+            },
             Placement::PostOnly => (None, norm(n.post_attn_norm)?, None, norm(n.post_mlp_norm)?),
             Placement::Parallel | Placement::ParallelResidualFirst => {
                 (norm(n.pre_attn_norm)?, None, None, None)
@@ -705,16 +765,26 @@ impl TransformerBlock {
                 sliding,
                 d.no_rope.get(i).copied().unwrap_or(false),
             )?,
-            mlp: Mlp::load(
-                w,
-                &join(&p, n.mlp),
-                &n.mlp_names,
-                d.hidden_size,
-                d.intermediate_size,
-                d.mlp_bias,
-                d.down_bias,
-                d.mlp,
-            )?,
+            mlp: {
+                let path = join(&p, n.mlp);
+                let mlp = Mlp::load(
+                    w,
+                    &path,
+                    &n.mlp_names,
+                    d.hidden_size,
+                    d.intermediate_size,
+                    d.mlp_bias,
+                    d.down_bias,
+                    d.mlp,
+                )?;
+                if d.sub_norms {
+                    let sub = join(&path, "ffn_sub_norm");
+                    let (inter, eps) = (d.intermediate_size, d.norm_eps);
+                    mlp.with_inner_norm(Norm::load(w, &sub, d.norm, inter, eps)?)
+                } else {
+                    mlp
+                }
+            },
             pre_attn,
             post_attn,
             pre_mlp,
@@ -1172,6 +1242,23 @@ impl Model {
         for prefix in &d.drop_prefixes {
             w.discard_prefix(prefix);
         }
+        if let Some(invert_head) = d.bitlinear {
+            for k in w.names() {
+                let Some(base) = k.strip_suffix(".weight_scale") else {
+                    continue;
+                };
+                let weight = format!("{base}.weight");
+                let (Some(packed), Some(scale)) = (w.remove(&weight), w.remove(&k)) else {
+                    return Err(ModelError::Weights(vec![format!(
+                        "{k} present but {weight} missing"
+                    )]));
+                };
+                let invert = invert_head && base == d.names.lm_head;
+                let unpacked = unpack_bitlinear(&packed, &scale, invert)
+                    .map_err(|e| ModelError::Weights(vec![format!("{weight}: {e}")]))?;
+                w.insert(weight, unpacked);
+            }
+        }
         if let Some(p) = d.strip_prefix {
             w.strip_prefix(p);
         }
@@ -1323,20 +1410,25 @@ impl Model {
         caches: &[Box<dyn Cache>],
         n: usize,
     ) -> Result<(AttentionMask, Option<AttentionMask>)> {
-        if caches.len() != self.layers.len() {
+        if caches.len() != self.layers.len() * self.desc.loops.max(1) {
             return Err(ModelError::Other(format!(
                 "{} caches for {} layers",
                 caches.len(),
-                self.layers.len()
+                self.layers.len() * self.desc.loops.max(1)
             )));
         }
         let as_array = self.desc.mask_as_array;
         let fa_mask = caches[self.fa_idx].make_mask(n, None, as_array)?;
         let swa_mask = match self.swa_idx {
-            Some(i) => Some(caches[i].make_mask(n, self.desc.sliding_window, as_array)?),
+            Some(i) => Some(caches[i].make_mask(n, self.mask_window(), as_array)?),
             None => None,
         };
         Ok((fa_mask, swa_mask))
+    }
+
+    /// The sliding layers' mask window.
+    fn mask_window(&self) -> Option<usize> {
+        self.desc.sliding_mask_window.or(self.desc.sliding_window)
     }
 
     /// Whether [`SegmentedDecode`] can run this model: sequential blocks, no learned
@@ -1345,6 +1437,7 @@ impl Model {
     fn segmentable(&self) -> bool {
         self.pipeline.is_none()
             && self.positions.is_none()
+            && self.desc.loops <= 1
             && self.desc.query_scale.is_none()
             && self.layers.iter().all(|l| {
                 l.sequential()
@@ -1382,14 +1475,20 @@ impl Model {
             None => None,
         };
         let query_scale = qs.as_ref();
-        let window = self.desc.sliding_window;
+        let window = self.mask_window();
         let as_array = self.desc.mask_as_array;
         match caches {
             Some(caches) => {
                 let (fa_mask, swa_mask) = self.cache_masks(caches, n)?;
                 let h0 = h;
                 h = self.pipeline_recv(h0)?;
-                for (i, (layer, cache)) in self.layers.iter().zip(caches.iter_mut()).enumerate() {
+                let nl = self.layers.len();
+                for (j, cache) in caches.iter_mut().enumerate() {
+                    let i = j % nl;
+                    let layer = &self.layers[i];
+                    if j > 0 && i == 0 && self.desc.loop_norm {
+                        h = self.norm.forward(&h)?;
+                    }
                     let mask = layer.pick_mask(&fa_mask, &swa_mask);
                     let ctx = Ctx {
                         mask,
@@ -1415,7 +1514,13 @@ impl Model {
                 let fa_mask = no_cache_mask(n, None, as_array)?;
                 let swa_mask = no_cache_mask(n, window, as_array)?;
                 h = self.pipeline_recv(h)?;
-                for (i, layer) in self.layers.iter().enumerate() {
+                let nl = self.layers.len();
+                for j in 0..nl * self.desc.loops.max(1) {
+                    let i = j % nl;
+                    let layer = &self.layers[i];
+                    if j > 0 && i == 0 && self.desc.loop_norm {
+                        h = self.norm.forward(&h)?;
+                    }
                     let mask = if layer.sliding { &swa_mask } else { &fa_mask };
                     let ctx = Ctx {
                         mask,
@@ -1562,8 +1667,9 @@ impl LanguageModel for Model {
     }
 
     fn make_cache(&self) -> Vec<Box<dyn Cache>> {
-        self.layers
-            .iter()
+        // One cache per layer and pass of the stack (Nanbeige's loops).
+        std::iter::repeat_n(&self.layers, self.desc.loops.max(1))
+            .flatten()
             .map(|l| -> Box<dyn Cache> {
                 // Without a `make_cache` of its own, mlx-lm's `make_prompt_cache` gives every
                 // layer a plain KVCache.
@@ -1684,9 +1790,39 @@ impl SegmentedDecode for Model {
     }
 }
 
+/// A BitLinear's packed ternary weight (uint8 `(out / 4, in)`: bits `2i..2i + 2` of row `r`
+/// hold row `r + i * out / 4` as `code - 1`) as a plain weight: the ternary values in float32
+/// times the scale (or divided by it), cast to the scale's dtype, as mlx-lm's Metal kernel
+/// scales its float32 sums.
+fn unpack_bitlinear(packed: &Array, scale: &Array, invert: bool) -> Result<Array> {
+    if packed.dtype() != Dtype::Uint8 || packed.ndim() != 2 {
+        return Err(ModelError::Other(format!(
+            "a packed BitLinear weight must be a 2-d uint8 array, got {:?} of shape {:?}",
+            packed.dtype(),
+            packed.shape()
+        )));
+    }
+    if scale.size() != 1 {
+        return Err(ModelError::Other(format!(
+            "weight_scale must hold one value, got shape {:?}",
+            scale.shape()
+        )));
+    }
+    let planes = (0..4)
+        .map(|i| -> Result<Array> {
+            let code = (&(packed >> (2 * i))? & 3)?;
+            Ok((&code.astype(Dtype::Float32)? - 1.0f32)?)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let ternary = ops::concatenate(&planes.iter().collect::<Vec<_>>(), 0, None)?;
+    let s = scale.astype(Dtype::Float32)?;
+    let s = if invert { (1.0f32 / &s)? } else { s };
+    Ok((&ternary * &s)?.astype(scale.dtype())?)
+}
+
 /// ministral3.py `_get_llama_4_attn_scale(L, offset, beta, original)[:, None]`, in `dtype`:
 /// `1 + beta * log(1 + floor((arange(L) + offset) / original))`.
-fn llama4_attn_scale(
+pub(crate) fn llama4_attn_scale(
     n: usize,
     offset: usize,
     beta: f64,

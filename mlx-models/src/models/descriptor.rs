@@ -229,6 +229,32 @@ pub struct Descriptor {
     /// `mx.contiguous` on q, k and v after their transposes and on the attention output after
     /// its transpose (Spark 2.5): the same values, the nodes mlx-lm builds.
     pub contiguous_heads: bool,
+    /// Keys and values tiled this many times along the heads after the cache
+    /// (`mx.tile(keys, [1, n, 1, 1])`: PLaMo's shared heads, head `h` reads KV head
+    /// `h % n_kv_heads`), so the attention runs with as many KV heads as queries.
+    pub kv_tile: Option<i32>,
+    /// Per layer `(heads, kv_heads, intermediate_size)` where they differ between layers
+    /// (OpenELM); empty: every layer has the fields above.
+    pub layer_shapes: Vec<(i32, i32, i32)>,
+    /// The layer stack applied this many times with shared weights, each pass with its own
+    /// caches (Nanbeige's `num_loops`); 1 for every other row.
+    pub loops: usize,
+    /// With `loops > 1`: the final norm also ends every pass (else only the last).
+    pub loop_norm: bool,
+    /// Sandwich rows: the two post norms as `rms_norm(x, weight + offset)` with these offsets
+    /// (PLaMo 3's `1 / 5` and `1 / 5 ** 1.5`), the pre norms as `norm`.
+    pub post_norm_offsets: Option<(f32, f32)>,
+    /// The sliding layers' mask window where it differs from the rotating cache's
+    /// `sliding_window` (PLaMo 3 masks `window + 1`).
+    pub sliding_mask_window: Option<usize>,
+    /// BitNet's sub-norms: `self_attn.attn_sub_norm` (hidden size) on the attention output
+    /// before `o_proj`, `mlp.ffn_sub_norm` (intermediate size) before `down_proj`.
+    pub sub_norms: bool,
+    /// BitNet's packed ternary linears (`weight` uint8, four rows a byte, and
+    /// `weight_scale`), unpacked at load into plain weights (`ternary * scale` in float32,
+    /// cast to the scale's dtype): `Some(invert)`, `invert` dividing by the scale for a
+    /// converted `lm_head` (mlx-lm's `invert_weight_scales`).
+    pub bitlinear: Option<bool>,
     /// Ministral 3's per-position query scale `(llama_4_scaling_beta,
     /// original_max_position_embeddings)`.
     pub query_scale: Option<(f64, i64)>,
@@ -479,7 +505,21 @@ pub const ROWS: &[(&str, RowFn)] = &[
     ("gemma3", gemma3),
     ("mistral3", mistral3),
     ("olmo", olmo),
+    // Issue #32's rows (`descriptor_dense2.rs`).
+    ("qwen", dense2::qwen),
+    ("lille-130m", dense2::lille_130m),
+    ("qwen2_vl", dense2::qwen2_vl),
+    ("qwen3_vl", dense2::qwen3_vl),
+    ("pixtral", dense2::pixtral),
+    ("plamo", dense2::plamo),
+    ("openelm", dense2::openelm),
+    ("nanbeige", dense2::nanbeige),
+    ("plamo3", dense2::plamo3),
+    ("bitnet", dense2::bitnet),
 ];
+
+#[path = "descriptor_dense2.rs"]
+mod dense2;
 
 /// `models/olmo.py` (OLMo 1): non-affine LayerNorms, fused `att_proj`, fused `ff_proj` holding
 /// `[up | gate]`, its own attention. mlx-lm 0.32.2 can only run it one token at a time (it
@@ -701,6 +741,14 @@ fn base(model_type: &str, k: &Common, head_dim: i32, eps: f64) -> Descriptor {
         attn_logit_softcap: None,
         head_gate: None,
         contiguous_heads: false,
+        kv_tile: None,
+        layer_shapes: Vec::new(),
+        loops: 1,
+        loop_norm: false,
+        post_norm_offsets: None,
+        sliding_mask_window: None,
+        sub_norms: false,
+        bitlinear: None,
         query_scale: None,
         embed_scale: EmbedScale::None,
         residual_multiplier: None,

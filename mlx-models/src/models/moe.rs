@@ -825,6 +825,8 @@ pub struct SparseMoe {
     shared_expert: Option<(Mlp, Linear)>,
     /// Module names of the router and the experts ([`SparseMoeParams::names`]).
     names: [&'static str; 2],
+    /// mlx-lm's `sharding_group` (qwen3_moe's `shard()`): the output summed over the group.
+    sharded: bool,
 }
 
 impl SparseMoe {
@@ -888,6 +890,7 @@ impl SparseMoe {
             )?,
             shared_expert,
             names: s.names,
+            sharded: false,
         })
     }
 
@@ -1018,6 +1021,9 @@ impl SparseMoe {
         }
         if flatten {
             out = ops::reshape(&out, &shape, None)?;
+        }
+        if self.sharded {
+            out = mlx_core::distributed::all_sum(&out, None, None)?;
         }
         Ok(out)
     }
@@ -1419,8 +1425,78 @@ impl Model {
     }
 }
 
+impl Model {
+    /// Tensor parallelism as qwen3_moe's `shard()`: q/k/v all-to-sharded, o sharded-to-all,
+    /// heads and KV heads / N; dense MLPs as llama's; the experts sharded in place (gate, up
+    /// by output rows, down by input columns) with the block's output summed (`all_sum`).
+    pub fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
+        use crate::shard::{all_to_sharded, sharded_to_all, switch_inplace};
+        let t = self.spec.model_type.as_str();
+        if t != "qwen3_moe" {
+            return Err(ModelError::Other(format!(
+                "tensor parallelism: model_type `{t}` is not supported yet (qwen3_moe)"
+            )));
+        }
+        if size < 1 || rank < 0 || rank >= size {
+            return Err(ModelError::Other(format!(
+                "tensor parallelism: rank {rank} of {size}"
+            )));
+        }
+        for (i, l) in self.layers.iter_mut().enumerate() {
+            let what = |m: &str| format!("model.layers.{i}.{m}");
+            let a = &mut l.self_attn;
+            if a.n_heads % size != 0 || a.n_kv_heads % size != 0 || a.sinks.is_some() {
+                return Err(ModelError::Other(format!(
+                    "{}: {} heads and {} KV heads do not split over {size} ranks",
+                    what("self_attn"),
+                    a.n_heads,
+                    a.n_kv_heads
+                )));
+            }
+            all_to_sharded(&mut a.q_proj, size, rank, &what("self_attn.q_proj"))?;
+            all_to_sharded(&mut a.k_proj, size, rank, &what("self_attn.k_proj"))?;
+            all_to_sharded(&mut a.v_proj, size, rank, &what("self_attn.v_proj"))?;
+            sharded_to_all(&mut a.o_proj, size, rank, &what("self_attn.o_proj"))?;
+            a.n_heads /= size;
+            a.n_kv_heads /= size;
+            match &mut l.ffn {
+                Ffn::Dense(m) => {
+                    let names = MlpNames::LLAMA;
+                    for (name, lin) in m.linears_mut(&names) {
+                        let w = what(&format!("mlp.{name}"));
+                        if name == names.down {
+                            sharded_to_all(lin, size, rank, &w)?;
+                        } else {
+                            all_to_sharded(lin, size, rank, &w)?;
+                        }
+                    }
+                }
+                Ffn::Sparse(m) => {
+                    if m.shared_expert.is_some() {
+                        return Err(ModelError::Other(format!(
+                            "{}: a shared expert cannot be sharded yet",
+                            what("mlp")
+                        )));
+                    }
+                    let e = &mut m.switch_mlp;
+                    let w = |n: &str| what(&format!("mlp.switch_mlp.{n}"));
+                    switch_inplace(&mut e.gate_proj, true, size, rank, &w("gate_proj"))?;
+                    switch_inplace(&mut e.down_proj, false, size, rank, &w("down_proj"))?;
+                    switch_inplace(&mut e.up_proj, true, size, rank, &w("up_proj"))?;
+                    m.sharded = true;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 impl LanguageModel for Model {
     port_entry_points!(spec);
+
+    fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
+        Model::shard_tensor_parallel(self, size, rank)
+    }
 
     fn top_modules_mut(&mut self) -> Vec<(String, super::TopModuleMut<'_>)> {
         super::head_and_embedding(

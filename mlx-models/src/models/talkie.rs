@@ -1,0 +1,254 @@
+//! mlx-lm 0.32.2 `models/talkie.py`: weightless RMS norms everywhere (embeddings, blocks,
+//! q/k after rope, the output), a learned per-head gain on the queries, learned scalar gains
+//! on the attention and MLP branches, a skip from the normed embeddings into every block, a
+//! rope with negated frequencies, and a bare `lm_head` matrix times a learned gain.
+
+use mlx_cache::{create_attention_mask, Cache, KVCache, Kv};
+use mlx_core::prelude::*;
+use serde::Deserialize;
+
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+use crate::layers::{scaled_dot_product_attention, silu, Embedding, Linear, Rope};
+use crate::models::LanguageModel;
+use crate::weights::Weights;
+
+serde_defaults! {
+    d_hidden: i32 = 5120;
+    d_layers: i32 = 40;
+    d_heads: i32 = 40;
+    d_head_dim: i32 = 128;
+    d_inter: i32 = 13696;
+    d_vocab: i32 = 65540;
+    d_theta: f64 = 1_000_000.0;
+    d_eps: f64 = 1.192_092_895_507_812_5e-7;
+}
+
+/// talkie.py `ModelArgs`.
+#[derive(Clone, Debug, Deserialize)]
+pub struct ModelArgs {
+    pub model_type: String,
+    #[serde(default = "d_hidden")]
+    pub hidden_size: i32,
+    #[serde(default = "d_layers")]
+    pub num_hidden_layers: i32,
+    #[serde(default = "d_heads")]
+    pub num_attention_heads: i32,
+    #[serde(default = "d_head_dim")]
+    pub head_dim: i32,
+    #[serde(default = "d_inter")]
+    pub intermediate_size: i32,
+    #[serde(default = "d_vocab")]
+    pub vocab_size: i32,
+    #[serde(default = "d_theta")]
+    pub rope_theta: f64,
+    #[serde(default = "d_eps")]
+    pub rms_norm_eps: f64,
+}
+
+/// `x * gain.astype(x.dtype)` (`ActGain`, `WeightGain`).
+fn gain(x: &Array, g: &Array) -> Result<Array> {
+    Ok((x * &g.astype(x.dtype())?)?)
+}
+
+fn rms(x: &Array, eps: f32) -> Result<Array> {
+    Ok(fast::rms_norm(x, None, eps, None)?)
+}
+
+struct Block {
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    head_g: Array,
+    gate: Linear,
+    linear: Linear,
+    resid: Linear,
+    attn_gain: Array,
+    mlp_gain: Array,
+    embed_skip: Array,
+}
+
+pub struct Model {
+    args: ModelArgs,
+    eps: f32,
+    embed: Embedding,
+    blocks: Vec<Block>,
+    rope: Rope,
+    lm_head: Array,
+    lm_head_gain: Array,
+}
+
+impl Model {
+    pub fn load(config: &ModelConfig, w: &mut Weights) -> Result<Model> {
+        let args: ModelArgs = config.args()?;
+        let (d, h, hd) = (args.hidden_size, args.num_attention_heads, args.head_dim);
+        for (name, v) in [
+            ("hidden_size", d),
+            ("num_hidden_layers", args.num_hidden_layers),
+            ("num_attention_heads", h),
+            ("head_dim", hd),
+            ("intermediate_size", args.intermediate_size),
+            ("vocab_size", args.vocab_size),
+        ] {
+            if v <= 0 {
+                return Err(ModelError::Config(format!(
+                    "config.json (`talkie`): field `{name}` must be positive, got {v}"
+                )));
+            }
+        }
+        let proj = h.checked_mul(hd).ok_or_else(|| {
+            ModelError::Config("config.json (`talkie`): heads x head_dim overflows".into())
+        })?;
+        // sanitize: precomputed rotary buffers go.
+        for k in w.names() {
+            if k.contains("rotary") || k.ends_with("cos") || k.ends_with("sin") {
+                w.discard(&k);
+            }
+        }
+        let embed = Embedding::load(w, "model.embed", args.vocab_size, d)?;
+        let inter = args.intermediate_size;
+        let mut blocks = Vec::with_capacity(args.num_hidden_layers as usize);
+        for i in 0..args.num_hidden_layers {
+            let p = |s: &str| format!("model.blocks.{i}.{s}");
+            blocks.push(Block {
+                q: Linear::load(w, &p("attn.attn_query"), d, proj, false)?,
+                k: Linear::load(w, &p("attn.attn_key"), d, proj, false)?,
+                v: Linear::load(w, &p("attn.attn_value"), d, proj, false)?,
+                o: Linear::load(w, &p("attn.attn_resid"), proj, d, false)?,
+                head_g: w.take(&p("attn.head_gain.head_g"), &[h])?,
+                gate: Linear::load(w, &p("mlp.mlp_gate"), d, inter, false)?,
+                linear: Linear::load(w, &p("mlp.mlp_linear"), d, inter, false)?,
+                resid: Linear::load(w, &p("mlp.mlp_resid"), inter, d, false)?,
+                attn_gain: w.take(&p("attn_gain.a_g"), &[1])?,
+                mlp_gain: w.take(&p("mlp_gain.a_g"), &[1])?,
+                embed_skip: w.take(&p("embed_skip.a_g"), &[1])?,
+            });
+        }
+        let lm_head = w.take("lm_head", &[args.vocab_size, d])?;
+        let lm_head_gain = w.take("lm_head_gain.w_g", &[1])?;
+        Ok(Model {
+            eps: args.rms_norm_eps as f32,
+            rope: Rope::neg_pow(hd, args.rope_theta)?,
+            args,
+            embed,
+            blocks,
+            lm_head,
+            lm_head_gain,
+        })
+    }
+
+    fn attention(
+        &self,
+        b: &Block,
+        x: &Array,
+        mask: &mlx_cache::AttentionMask,
+        cache: Option<&mut Box<dyn Cache>>,
+    ) -> Result<Array> {
+        let s = x.shape();
+        let (bs, l) = (s[0], s[1]);
+        let (h, hd) = (self.args.num_attention_heads, self.args.head_dim);
+        let heads = |y: Array| -> Result<Array> {
+            let y = ops::reshape(&y, &[bs, l, h, hd], None)?;
+            Ok(ops::transpose(&y, &[0, 2, 1, 3], None)?)
+        };
+        let queries = heads(b.q.forward(x)?)?;
+        let keys = heads(b.k.forward(x)?)?;
+        let values = heads(b.v.forward(x)?)?;
+        let offset = cache.as_ref().map_or(0, |c| c.offset());
+        let queries = rms(&self.rope.forward(&queries, offset)?, self.eps)?;
+        let keys = rms(&self.rope.forward(&keys, offset)?, self.eps)?;
+        let g = ops::reshape(&b.head_g.astype(queries.dtype())?, &[1, -1, 1, 1], None)?;
+        let queries = (&queries * &g)?;
+        let kv = match cache {
+            Some(c) => c.update_and_fetch(&keys, &values)?,
+            None => Kv::Dense { keys, values },
+        };
+        let scale = (f64::from(hd)).powf(-0.5) as f32;
+        let out = scaled_dot_product_attention(&queries, &kv, scale, mask, None)?;
+        let out = ops::transpose(&out, &[0, 2, 1, 3], None)?;
+        b.o.forward(&ops::reshape(&out, &[bs, l, -1], None)?)
+    }
+
+    fn hidden_states(
+        &self,
+        inputs: &Array,
+        caches: Option<&mut [Box<dyn Cache>]>,
+    ) -> Result<Array> {
+        if inputs.ndim() != 2 {
+            return Err(ModelError::Other(format!(
+                "inputs must be token ids of shape (batch, seq), got shape {:?}",
+                inputs.shape()
+            )));
+        }
+        let n = inputs.shape()[1] as usize;
+        let mut h = rms(&self.embed.forward(inputs)?, self.eps)?;
+        let e_x = h.clone();
+        let mut caches = caches;
+        let mask = match caches.as_deref() {
+            Some([first, ..]) => first.make_mask(n, None, false)?,
+            Some([]) => return Err(ModelError::Other("no caches".into())),
+            None => create_attention_mask(n, 0, false, None)?,
+        };
+        if let Some(c) = caches.as_deref() {
+            if c.len() != self.blocks.len() {
+                return Err(ModelError::Other(format!(
+                    "{} caches for {} layers",
+                    c.len(),
+                    self.blocks.len()
+                )));
+            }
+        }
+        for (i, b) in self.blocks.iter().enumerate() {
+            let cache = caches.as_deref_mut().map(|c| &mut c[i]);
+            let a = self.attention(b, &rms(&h, self.eps)?, &mask, cache)?;
+            h = (&h + &gain(&a, &b.attn_gain)?)?;
+            let x = rms(&h, self.eps)?;
+            let m = b
+                .resid
+                .forward(&(&silu(&b.gate.forward(&x)?)? * &b.linear.forward(&x)?)?)?;
+            h = (&h + &gain(&m, &b.mlp_gain)?)?;
+            h = (&h + &gain(&e_x, &b.embed_skip)?)?;
+        }
+        rms(&h, self.eps)
+    }
+
+    fn head(&self, h: &Array) -> Result<Array> {
+        let logits = ops::matmul(h, &ops::transpose_all(&self.lm_head, None)?, None)?;
+        gain(&logits, &self.lm_head_gain)
+    }
+}
+
+impl LanguageModel for Model {
+    fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
+        let h = self.hidden_states(inputs, caches)?;
+        self.head(&h)
+    }
+
+    fn forward_hidden(&self, inputs: &Array) -> Option<Result<Array>> {
+        Some(self.hidden_states(inputs, None))
+    }
+
+    fn make_cache(&self) -> Vec<Box<dyn Cache>> {
+        self.blocks
+            .iter()
+            .map(|_| -> Box<dyn Cache> { Box::new(KVCache::new()) })
+            .collect()
+    }
+
+    fn defines_make_cache(&self) -> bool {
+        false
+    }
+
+    fn num_layers(&self) -> usize {
+        self.blocks.len()
+    }
+
+    fn model_type(&self) -> &str {
+        &self.args.model_type
+    }
+
+    fn vocab_size(&self) -> i32 {
+        self.args.vocab_size
+    }
+}

@@ -1,0 +1,307 @@
+//! mlx-lm 0.32.2 model types that [`super::build`] does not serve, each with the reason: `mlx
+//! models` lists them, and `cargo xtask port-check` (no arguments) fails on a type of mlx-lm's
+//! `models/` that is neither served nor listed here. Porting a type removes its line.
+
+/// Why a type is not served.
+#[derive(serde::Serialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unserved {
+    /// mlx-lm itself cannot run it on MLX's CPU backend.
+    NoCpu,
+    /// Not ported yet.
+    NotYet,
+}
+
+/// `(model_type, why, reason)`, sorted by type.
+pub const UNSERVED: &[(&str, Unserved, &str)] = &[
+    (
+        "Klear",
+        Unserved::NotYet,
+        "MoE with shared experts and an expert bias: not ported yet",
+    ),
+    (
+        "afm7",
+        Unserved::NotYet,
+        "KV-reuse layers (ConcatenateKVCache): not ported yet",
+    ),
+    (
+        "afmoe",
+        Unserved::NotYet,
+        "MoE (issue #32, MoE family): not ported yet",
+    ),
+    (
+        "baichuan_m1",
+        Unserved::NotYet,
+        "K/V convolution (issue #32, hybrids): not ported yet",
+    ),
+    (
+        "bailing_hybrid",
+        Unserved::NotYet,
+        "hybrid (issue #32, hybrids): not ported yet",
+    ),
+    (
+        "bailing_moe",
+        Unserved::NotYet,
+        "MoE (issue #32, MoE family): not ported yet",
+    ),
+    (
+        "bailing_moe_linear",
+        Unserved::NotYet,
+        "linear attention MoE (issue #32): not ported yet",
+    ),
+    (
+        "bailing_moe_v3",
+        Unserved::NotYet,
+        "MoE (issue #32, MoE family): not ported yet",
+    ),
+    (
+        "dbrx",
+        Unserved::NotYet,
+        "MoE (issue #32, MoE family): not ported yet",
+    ),
+    (
+        "deepseek",
+        Unserved::NotYet,
+        "MoE (issue #32, DeepSeek family): not ported yet",
+    ),
+    (
+        "deepseek_v2",
+        Unserved::NotYet,
+        "MLA (issue #32, DeepSeek family): not ported yet",
+    ),
+    (
+        "deepseek_v3",
+        Unserved::NotYet,
+        "MLA (issue #32, DeepSeek family): not ported yet",
+    ),
+    (
+        "deepseek_v32",
+        Unserved::NotYet,
+        "MLA (issue #32, DeepSeek family): not ported yet",
+    ),
+    (
+        "deepseek_v41",
+        Unserved::NotYet,
+        "MLA (issue #32, DeepSeek family): not ported yet",
+    ),
+    (
+        "dots1",
+        Unserved::NotYet,
+        "MoE (issue #32, DeepSeek family): not ported yet",
+    ),
+    (
+        "ernie4_5_moe",
+        Unserved::NotYet,
+        "MoE (issue #32, MoE family): not ported yet",
+    ),
+    (
+        "exaone_moe",
+        Unserved::NotYet,
+        "MoE (issue #32, MoE family): not ported yet",
+    ),
+    (
+        "falcon_h1",
+        Unserved::NotYet,
+        "state-space hybrid (issue #32): not ported yet",
+    ),
+    (
+        "gear",
+        Unserved::NotYet,
+        "recurrent state and soft-capping: not ported yet",
+    ),
+    (
+        "gemma3n",
+        Unserved::NotYet,
+        "AltUp, Laurel, per-layer inputs: not ported yet",
+    ),
+    (
+        "glm4_moe",
+        Unserved::NotYet,
+        "MoE (issue #32, DeepSeek family): not ported yet",
+    ),
+    (
+        "glm4_moe_lite",
+        Unserved::NotYet,
+        "MLA MoE (issue #32, DeepSeek family): not ported yet",
+    ),
+    (
+        "glm_moe_dsa",
+        Unserved::NotYet,
+        "MLA MoE (issue #32, DeepSeek family): not ported yet",
+    ),
+    (
+        "granitemoe",
+        Unserved::NotYet,
+        "MoE (issue #32, MoE family): not ported yet",
+    ),
+    (
+        "granitemoehybrid",
+        Unserved::NotYet,
+        "state-space hybrid (issue #32): not ported yet",
+    ),
+    (
+        "hunyuan",
+        Unserved::NotYet,
+        "MoE with cross-layer KV sharing (issue #32): not ported yet",
+    ),
+    (
+        "iquestloopcoder",
+        Unserved::NotYet,
+        "looped layers with a gate: not ported yet",
+    ),
+    (
+        "jamba",
+        Unserved::NotYet,
+        "state-space hybrid (issue #32): not ported yet",
+    ),
+    (
+        "kimi_k25",
+        Unserved::NotYet,
+        "MLA MoE (issue #32, DeepSeek family): not ported yet",
+    ),
+    (
+        "kimi_k3",
+        Unserved::NotYet,
+        "MLA MoE (issue #32, DeepSeek family): not ported yet",
+    ),
+    (
+        "kimi_linear",
+        Unserved::NotYet,
+        "KDA hybrid (issue #32): not ported yet",
+    ),
+    (
+        "kimi_vl",
+        Unserved::NotYet,
+        "its text tower is DeepSeek V3 (MLA): not ported yet",
+    ),
+    (
+        "laguna",
+        Unserved::NotYet,
+        "MoE (issue #32, MoE family): not ported yet",
+    ),
+    (
+        "lfm2_moe",
+        Unserved::NotYet,
+        "MoE (issue #32, MoE family): not ported yet",
+    ),
+    (
+        "llama4",
+        Unserved::NotYet,
+        "chunked attention and MoE (issue #32): not ported yet",
+    ),
+    (
+        "longcat_flash",
+        Unserved::NotYet,
+        "MLA with zero experts (issue #32): not ported yet",
+    ),
+    (
+        "longcat_flash_ngram",
+        Unserved::NotYet,
+        "MLA with n-gram embeddings: not ported yet",
+    ),
+    (
+        "mamba",
+        Unserved::NotYet,
+        "state-space (issue #32): not ported yet",
+    ),
+    (
+        "mamba2",
+        Unserved::NotYet,
+        "state-space (issue #32): not ported yet",
+    ),
+    (
+        "mellum",
+        Unserved::NotYet,
+        "MoE with sliding layers: not ported yet",
+    ),
+    (
+        "mimo_v2_flash",
+        Unserved::NotYet,
+        "MoE (issue #32, MoE family): not ported yet",
+    ),
+    (
+        "minicpm3",
+        Unserved::NotYet,
+        "MLA (issue #32, DeepSeek family): not ported yet",
+    ),
+    (
+        "minimax",
+        Unserved::NotYet,
+        "MoE (issue #32, MoE family): not ported yet",
+    ),
+    (
+        "minimax_m3_vl",
+        Unserved::NotYet,
+        "MoE text tower behind a wrapper: not ported yet",
+    ),
+    (
+        "mistral4",
+        Unserved::NotYet,
+        "MLA text model: not ported yet",
+    ),
+    (
+        "muse_spark",
+        Unserved::NoCpu,
+        "mlx-lm calls its fused Metal kernels (mlx_lm.kernels: qk_norm, expert_routing, \
+         norm_add_norm) unconditionally",
+    ),
+    (
+        "nemotron-nas",
+        Unserved::NotYet,
+        "per-layer block configurations: not ported yet",
+    ),
+    (
+        "nemotron_h",
+        Unserved::NotYet,
+        "state-space hybrid (issue #32): not ported yet",
+    ),
+    (
+        "olmo_hybrid",
+        Unserved::NotYet,
+        "hybrid (issue #32): not ported yet",
+    ),
+    (
+        "phi3small",
+        Unserved::NotYet,
+        "block-sparse attention and gegelu: not ported yet",
+    ),
+    (
+        "phimoe",
+        Unserved::NotYet,
+        "MoE (issue #32, MoE family): not ported yet",
+    ),
+    (
+        "phixtral",
+        Unserved::NotYet,
+        "MoE of Phi-2 blocks: not ported yet",
+    ),
+    (
+        "plamo2",
+        Unserved::NotYet,
+        "state-space hybrid (issue #32): not ported yet",
+    ),
+    (
+        "prism_hadamard_qwen35",
+        Unserved::NotYet,
+        "Hadamard-rotated Qwen 3.5: not ported yet",
+    ),
+    (
+        "recurrent_gemma",
+        Unserved::NotYet,
+        "recurrent (issue #32): not ported yet",
+    ),
+    (
+        "rwkv7",
+        Unserved::NotYet,
+        "recurrent (issue #32): not ported yet",
+    ),
+    (
+        "step3p5",
+        Unserved::NotYet,
+        "MoE (issue #32, MoE family): not ported yet",
+    ),
+    (
+        "youtu_llm",
+        Unserved::NotYet,
+        "MLA attention (issue #32, DeepSeek family): not ported yet",
+    ),
+];

@@ -1,0 +1,158 @@
+//! L1 against mlx-lm 0.32.2 for issue #32's rows (the dense rest and the text towers of the
+//! multimodal wrappers): tiny seeded models built by mlx-lm's own classes (written with their
+//! goldens by `cargo xtask goldens dense2`) give mlx-lm's logits to the last bit: prefill,
+//! every cached decode step and a cache-less forward.
+
+mod model_check;
+
+use std::path::PathBuf;
+
+use mlx_models::config::ModelConfig;
+use mlx_models::models::{resolve, supported_model_types, Serving};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests")
+}
+
+fn names() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(root().join("goldens/dense2"))
+        .unwrap()
+        .filter_map(|e| {
+            let p = e.ok()?.path();
+            Some(p.file_stem()?.to_str()?.to_string())
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn every_dense2_fixture_matches_mlx_lm_bit_for_bit() {
+    let names = names();
+    assert!(names.len() >= 10, "only {} dense2 goldens", names.len());
+    let failures: Vec<String> = names
+        .iter()
+        .filter_map(|n| {
+            model_check::check_model(
+                &root().join("models/dense2").join(n),
+                &root()
+                    .join("goldens/dense2")
+                    .join(format!("{n}.safetensors")),
+            )
+            .err()
+            .map(|e| format!("{n}: {e}"))
+        })
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{} of {} models differ:\n{}",
+        failures.len(),
+        names.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn the_new_types_are_listed_as_table_rows() {
+    let all = supported_model_types();
+    for t in [
+        "qwen",
+        "lille-130m",
+        "qwen2_vl",
+        "qwen3_vl",
+        "pixtral",
+        "plamo",
+        "openelm",
+        "nanbeige",
+        "plamo3",
+        "bitnet",
+    ] {
+        let s = all.iter().find(|s| s.model_type == t);
+        assert_eq!(s.map(|s| s.serving), Some(Serving::Table), "{t}");
+    }
+    for t in [
+        "lfm2-vl",
+        "qwen3_vl_moe",
+        "gemma4",
+        "talkie",
+        "muse_glimmer",
+    ] {
+        let s = all.iter().find(|s| s.model_type == t);
+        assert_eq!(s.map(|s| s.serving), Some(Serving::Dedicated), "{t}");
+    }
+    // Every type is served or listed as not served, never both.
+    for (t, _, reason) in mlx_models::models::unserved::UNSERVED {
+        assert!(all.iter().all(|s| s.model_type != *t), "{t} is served");
+        assert!(!reason.is_empty());
+    }
+    let alias = all.iter().find(|s| s.model_type == "qwen2_5_vl");
+    assert_eq!(
+        alias.and_then(|s| s.via.clone()).as_deref(),
+        Some("qwen2_vl")
+    );
+}
+
+#[test]
+fn wrapper_configs_name_the_bad_field() {
+    let cfg =
+        ModelConfig::from_json_str(r#"{"model_type": "qwen3_vl", "text_config": 3}"#).unwrap();
+    let msg = resolve(&cfg).unwrap_err().to_string();
+    assert!(
+        msg.contains("`text_config`") && msg.contains("object"),
+        "{msg}"
+    );
+    let cfg = ModelConfig::from_json_str(r#"{"model_type": "pixtral"}"#).unwrap();
+    let msg = resolve(&cfg).unwrap_err().to_string();
+    assert!(
+        msg.contains("`text_config`") && msg.contains("missing"),
+        "{msg}"
+    );
+    let cfg = ModelConfig::from_json_str(
+        r#"{"model_type": "lille-130m", "n_embd": 30, "n_head": 4, "n_kv_heads": 2,
+            "n_layer": 1, "block_size": 8, "layer_norm_eps": 1e-5, "rope_theta": 1e4,
+            "vocab_size": 10}"#,
+    )
+    .unwrap();
+    let msg = resolve(&cfg).unwrap_err().to_string();
+    assert!(msg.contains("`n_embd`"), "{msg}");
+    let cfg = ModelConfig::from_json_str(
+        r#"{"model_type": "openelm", "num_transformer_layers": 2, "model_dim": 32,
+            "head_dim": 8, "vocab_size": 10, "ffn_dim_divisor": 16,
+            "num_query_heads": [4], "num_kv_heads": [2, 2], "ffn_multipliers": [1, 1]}"#,
+    )
+    .unwrap();
+    let msg = resolve(&cfg).unwrap_err().to_string();
+    assert!(
+        msg.contains("`num_query_heads`") && msg.contains("1 entries for 2"),
+        "{msg}"
+    );
+    let cfg = ModelConfig::from_json_str(
+        r#"{"model_type": "plamo", "hidden_size": 32, "num_hidden_layers": 1,
+            "intermediate_size": 8, "num_attention_heads": 4, "n_shared_head": 3,
+            "rms_norm_eps": 1e-6, "vocab_size": 10}"#,
+    )
+    .unwrap();
+    let msg = resolve(&cfg).unwrap_err().to_string();
+    assert!(msg.contains("`n_shared_head`"), "{msg}");
+}
+
+#[test]
+fn wrapped_ports_name_a_missing_text_config() {
+    let dir = std::env::temp_dir().join(format!("dense2_no_text_{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(
+        root().join("models/dense2/lfm2_vl/model.safetensors"),
+        dir.join("model.safetensors"),
+    )
+    .unwrap();
+    std::fs::write(dir.join("config.json"), r#"{"model_type": "lfm2-vl"}"#).unwrap();
+    let err = match mlx_models::load::load_model_dir(&dir, &Default::default()) {
+        Ok(_) => panic!("loaded lfm2-vl without a text_config"),
+        Err(e) => e.to_string(),
+    };
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        err.contains("`text_config`") && err.contains("lfm2-vl"),
+        "{err}"
+    );
+}

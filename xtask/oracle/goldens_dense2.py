@@ -1,0 +1,441 @@
+"""Issue #32's types (the dense rest and the text towers of multimodal wrappers): tiny seeded
+models built by mlx-lm 0.32.2's own model classes, and what mlx-lm computes on them.
+
+For each row of CASES: build `mlx_lm.models.<module>.Model(ModelArgs.from_dict(config))`,
+seed its random init (normal * 0.3), cast / quantize it (`nn.quantize` with the model's own
+`quant_predicate` where it has one, as `mlx_lm.convert` does), save it as an HF-style
+directory under mlx-models/tests/models/dense2/<name>/ (config.json + model.safetensors), load
+it back with mlx_lm.utils.load_model (sanitize and the quantization predicate run as for a
+user), then record:
+- mlx-models/tests/goldens/dense2/<name>.safetensors: `prefill` logits with a fresh
+  `make_prompt_cache` cache, `step<i>` logits of each greedy token fed through the cache,
+  `full` logits of one cache-less forward over prompt + generated (metadata `greedy`);
+- mlx-cli/tests/goldens/cli_dense2.json: `generate_step`'s greedy ids, chosen
+  log-probabilities and per-step top-5 `[id, logprob, f32 bits]` on a 40-token prompt
+  (the format of goldens_cli_models.py, which `mlx-cli/tests/dense2_cli.rs` reads).
+
+Run with `cargo xtask goldens dense2` (pass case names to regenerate only those; the CLI
+golden keeps the other cases it already holds).
+"""
+
+import importlib
+import json
+import os
+import pathlib
+import shutil
+import struct
+import sys
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_map, tree_unflatten
+from mlx_lm.generate import generate_step
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.utils import load_model
+
+from golden import Golden
+
+BASE = {
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "intermediate_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-5,
+    "vocab_size": 96,
+}
+
+TEXT = dict(BASE)
+
+# name: (model_type, overrides, dtype, (group_size, bits) or None)
+CASES = {
+    "qwen": (
+        "qwen",
+        {"kv_channels": 8, "layer_norm_epsilon": 1e-6, "max_position_embeddings": 512},
+        "float32",
+        None,
+    ),
+    "qwen_bias_q4": (
+        "qwen",
+        {"kv_channels": 8, "no_bias": False, "intermediate_size": 128},
+        "float32",
+        (32, 4),
+    ),
+    "lille_130m": (
+        "lille-130m",
+        {"vocab_size": 96, "n_embd": 64, "n_head": 4, "n_kv_heads": 2, "n_layer": 2, "block_size": 64,
+         "layer_norm_eps": 1e-5, "rope_theta": 10000.0},
+        "float32",
+        None,
+    ),
+    "lille_130m_bf16": (
+        "lille-130m",
+        {"vocab_size": 96, "n_embd": 64, "n_head": 4, "n_kv_heads": 4, "n_layer": 2, "block_size": 64,
+         "layer_norm_eps": 1e-5, "rope_theta": 500000.0},
+        "bfloat16",
+        None,
+    ),
+    # Qwen2-VL's flat config (no text_config: the whole config is the text model's).
+    "qwen2_vl": ("qwen2_vl", {"tie_word_embeddings": False, "rope_theta": 10000.0}, "float32", None),
+    "qwen2_vl_q4": (
+        "qwen2_vl",
+        {"text_config": {**TEXT, "model_type": "qwen2", "tie_word_embeddings": True}},
+        "float32",
+        (32, 4),
+    ),
+    "qwen3_vl": (
+        "qwen3_vl",
+        {"text_config": {**TEXT, "model_type": "qwen3", "head_dim": 8, "max_position_embeddings": 512,
+                         "tie_word_embeddings": False, "rope_theta": 10000.0}},
+        "bfloat16",
+        None,
+    ),
+    "qwen3_vl_q4": (
+        "qwen3_vl",
+        {"text_config": {**TEXT, "model_type": "qwen3", "head_dim": 16, "max_position_embeddings": 512,
+                         "tie_word_embeddings": True, "rope_theta": 1000000.0}},
+        "float32",
+        (32, 4),
+    ),
+    "pixtral": (
+        "pixtral",
+        {"text_config": {**TEXT, "model_type": "mistral", "head_dim": 8, "rope_theta": 1000000000.0}},
+        "float32",
+        None,
+    ),
+    "pixtral_q4": (
+        "pixtral",
+        {"text_config": {k: v for k, v in TEXT.items() if k != "num_attention_heads"} | {"model_type": "llama", "num_key_value_heads": 8, "hidden_size": 256, "head_dim": 8}},
+        "float32",
+        (32, 4),
+    ),
+    "plamo": ("plamo", {"n_shared_head": 2, "rope_theta": 10000.0}, "float32", None),
+    "plamo_q4": ("plamo", {"n_shared_head": 4, "num_attention_heads": 4}, "float32", (32, 4)),
+    "plamo_bf16": ("plamo", {"n_shared_head": 2, "rope_traditional": True}, "bfloat16", None),
+    "openelm": (
+        "openelm",
+        {"head_dim": 8, "num_transformer_layers": 3, "model_dim": 32, "vocab_size": 96,
+         "ffn_dim_divisor": 16, "num_query_heads": [2, 4, 4], "num_kv_heads": [1, 2, 4],
+         "ffn_multipliers": [0.5, 1.0, 2.3]},
+        "float32",
+        None,
+    ),
+    "openelm_q4": (
+        "openelm",
+        {"head_dim": 16, "num_transformer_layers": 2, "model_dim": 64, "vocab_size": 96,
+         "ffn_dim_divisor": 32, "num_query_heads": [4, 2], "num_kv_heads": [2, 2],
+         "ffn_multipliers": [1.0, 1.5], "share_input_output_layers": False,
+         "normalize_qk_projections": False, "rope_freq_constant": 500000},
+        "float32",
+        (32, 4),
+    ),
+    "lfm2_vl": (
+        "lfm2-vl",
+        {"text_config": {"model_type": "lfm2", "vocab_size": 96, "hidden_size": 32,
+                         "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+                         "max_position_embeddings": 512, "norm_eps": 1e-5, "conv_bias": True,
+                         "conv_L_cache": 3, "block_dim": 32, "block_multiple_of": 16,
+                         "block_ffn_dim_multiplier": 1.0, "block_auto_adjust_ff_dim": True,
+                         "block_ff_dim": 96, "layer_types": ["conv", "full_attention", "conv"]}},
+        "float32",
+        None,
+    ),
+    "qwen3_vl_moe": (
+        "qwen3_vl_moe",
+        {"text_config": {**TEXT, "model_type": "qwen3_vl_moe_text", "intermediate_size": 96,
+                         "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1,
+                         "mlp_only_layers": [1], "moe_intermediate_size": 32, "head_dim": 8,
+                         "tie_word_embeddings": False, "max_position_embeddings": 512,
+                         "norm_topk_prob": True, "rope_theta": 10000.0}},
+        "float32",
+        None,
+    ),
+    "qwen3_vl_moe_q4": (
+        "qwen3_vl_moe",
+        {"text_config": {**TEXT, "model_type": "qwen3_vl_moe_text", "intermediate_size": 96,
+                         "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1,
+                         "mlp_only_layers": [], "moe_intermediate_size": 32, "head_dim": 16,
+                         "tie_word_embeddings": False, "max_position_embeddings": 512,
+                         "norm_topk_prob": False, "rope_theta": 1000000.0, "hidden_size": 64}},
+        "float32",
+        (32, 4),
+    ),
+    "nanbeige": ("nanbeige", {"num_loops": 2, "tie_word_embeddings": True}, "float32", None),
+    "nanbeige_skip_bf16": (
+        "nanbeige",
+        {"loop_loss_weights": [0.5, 0.5], "skip_loop_final_norm": True, "head_dim": 16,
+         "attention_bias": True},
+        "bfloat16",
+        None,
+    ),
+    "nanbeige_q4": ("nanbeige", {"max_position_embeddings": 512, "rope_theta": 500000.0}, "float32", (32, 4)),
+    "plamo3": (
+        "plamo3",
+        {"num_hidden_layers": 3, "head_dim": 8, "window_size": 4, "sliding_window_pattern": 2,
+         "max_position_embeddings": 512, "tie_word_embeddings": False},
+        "float32",
+        None,
+    ),
+    "plamo3_bf16": (
+        "plamo3",
+        {"head_dim": 16, "sliding_window": 3, "sliding_window_pattern": 2, "rope_local_theta": 500.0},
+        "bfloat16",
+        None,
+    ),
+    "plamo3_q4": ("plamo3", {"head_dim": 8, "window_size": 6, "sliding_window_pattern": 1}, "float32", (32, 4)),
+    "talkie": (
+        "talkie",
+        {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 8,
+         "intermediate_size": 64, "vocab_size": 96, "rope_theta": 10000.0},
+        "float32",
+        None,
+    ),
+    "talkie_bf16": (
+        "talkie",
+        {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "head_dim": 16,
+         "intermediate_size": 48, "vocab_size": 96, "max_position_embeddings": 64},
+        "bfloat16",
+        None,
+    ),
+    "talkie_q4": (
+        "talkie",
+        {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 8,
+         "intermediate_size": 64, "vocab_size": 96},
+        "float32",
+        (32, 4),
+    ),
+    "muse_glimmer": (
+        "muse_glimmer",
+        {"hidden_size": 32, "num_hidden_layers": 4, "intermediate_size": 64, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 96, "sliding_window": 4,
+         "rope_theta": 10000.0, "final_logit_softcapping": 5.0},
+        "float32",
+        None,
+    ),
+    "muse_glimmer_bf16": (
+        "muse_glimmer",
+        {"text_config": {"hidden_size": 32, "num_hidden_layers": 3, "intermediate_size": 48,
+                         "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
+                         "vocab_size": 96, "sliding_window": 3,
+                         "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+                         "layer_rope_theta": [10000.0, 1000.0, 0],
+                         "rope_parameters": {"rope_theta": 20000.0}, "tie_word_embeddings": True}},
+        "bfloat16",
+        None,
+    ),
+    "muse_glimmer_q4": (
+        "muse_glimmer",
+        {"hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 64, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 96, "sliding_window": 6,
+         "layer_types": ["full_attention", "sliding_attention"]},
+        "float32",
+        (32, 4),
+    ),
+    "gemma4": (
+        "gemma4",
+        {"vocab_size": 96,
+         "text_config": {"hidden_size": 32, "num_hidden_layers": 4, "intermediate_size": 32,
+                         "num_attention_heads": 2, "head_dim": 8, "global_head_dim": 16,
+                         "num_kv_shared_layers": 2, "hidden_size_per_layer_input": 8,
+                         "vocab_size_per_layer_input": 128, "sliding_window": 8,
+                         "sliding_window_pattern": 2, "max_position_embeddings": 512}},
+        "float32",
+        None,
+    ),
+    "gemma4_bf16": (
+        "gemma4",
+        {"vocab_size": 96,
+         "text_config": {"hidden_size": 32, "num_hidden_layers": 4, "intermediate_size": 32,
+                         "num_attention_heads": 2, "head_dim": 8, "global_head_dim": 16,
+                         "num_key_value_heads": 1, "num_kv_shared_layers": 1,
+                         "hidden_size_per_layer_input": 0, "sliding_window": 8,
+                         "sliding_window_pattern": 2, "max_position_embeddings": 512}},
+        "bfloat16",
+        None,
+    ),
+    "gemma4_moe": (
+        "gemma4",
+        {"vocab_size": 96,
+         "text_config": {"hidden_size": 32, "num_hidden_layers": 4, "intermediate_size": 32,
+                         "num_attention_heads": 2, "head_dim": 8, "global_head_dim": 16,
+                         "num_key_value_heads": 1, "num_kv_shared_layers": 2,
+                         "hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": 128,
+                         "sliding_window": 4, "sliding_window_pattern": 2,
+                         "max_position_embeddings": 512, "enable_moe_block": True,
+                         "num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 16}},
+        "float32",
+        None,
+    ),
+    # BitNet: L2 (mlx-lm runs BitLinear only in a Metal kernel): its model on the unpacked
+    # weights is the reference (`unpack_bitlinear`).
+    "bitnet": ("bitnet", {"head_dim": 8}, "float32", None),
+    "bitnet_untied_bf16": (
+        "bitnet",
+        {"tie_word_embeddings": False, "attention_bias": True,
+         "quantization_config": {"quant_method": "bitnet", "linear_class": "bitlinear"}},
+        "bfloat16",
+        None,
+    ),
+}
+
+# Cases whose config is only the overrides (no BASE keys at the top level).
+NO_BASE = {"gemma4", "gemma4_bf16", "gemma4_moe", "muse_glimmer", "muse_glimmer_bf16", "muse_glimmer_q4", "talkie", "talkie_bf16", "talkie_q4", "lfm2_vl", "qwen3_vl_moe", "qwen3_vl_moe_q4", "openelm", "openelm_q4", "lille_130m", "lille_130m_bf16", "qwen3_vl", "qwen3_vl_q4", "pixtral", "pixtral_q4",
+           "qwen2_vl_q4"}
+
+PROMPT = [1, 17, 90, 5, 42, 42, 7, 88, 3, 64]
+STEPS = 5
+CLI_PROMPT = [(7 * i + 3) % 96 for i in range(40)]
+CLI_MAX_TOKENS = 8
+TOP = 5
+MODELS = pathlib.Path("mlx-models/tests/models/dense2")
+GOLDENS = pathlib.Path("mlx-models/tests/goldens/dense2")
+CLI_GOLDEN = pathlib.Path("mlx-cli/tests/goldens/cli_dense2.json")
+
+
+def bits(x):
+    return struct.unpack("<I", struct.pack("<f", x))[0]
+
+
+def fill_bitlinear(model, dtype):
+    """Random packed ternary weights (codes 0..2, four output rows a byte) and scales."""
+    from mlx_lm.models.bitlinear_layers import BitLinear
+
+    for _, m in tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module):
+        if isinstance(m, BitLinear):
+            rows, cols = m.weight.shape
+            codes = mx.random.randint(0, 3, (4, rows, cols)).astype(mx.uint8)
+            m.weight = sum(codes[i] << (2 * i) for i in range(4)).astype(mx.uint8)
+            m.weight_scale = mx.random.uniform(0.5, 2.0, (1,)).astype(getattr(mx, dtype))
+
+
+def unpack_bitlinear(model):
+    """BitLinear -> nn.Linear on the unpacked weights (mlx-lm multiplies packed weights only
+    in a Metal kernel): ternary values in float32 times the scale (divided by it when
+    inverted), cast to the scale's dtype, as the kernel scales its float32 sums."""
+    from mlx_lm.models.bitlinear_layers import BitLinear
+
+    swaps = []
+    for path, m in tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module):
+        if isinstance(m, BitLinear):
+            planes = [((m.weight >> (2 * i)) & 3).astype(mx.float32) - 1 for i in range(4)]
+            s = m.weight_scale.astype(mx.float32)
+            if m.invert_weight_scales:
+                s = 1 / s
+            w = (mx.concatenate(planes, axis=0) * s).astype(m.weight_scale.dtype)
+            lin = nn.Linear(m.in_features, m.out_features, bias=m.bias is not None)
+            lin.weight = w
+            if m.bias is not None:
+                lin.bias = m.bias
+            swaps.append((path, lin))
+    model.update_modules(tree_unflatten(swaps))
+    return model
+
+
+def load(out_dir, model_type):
+    model, _ = load_model(out_dir)
+    return unpack_bitlinear(model) if model_type == "bitnet" else model
+
+
+def build(i, name, model_type, overrides, dtype, quant):
+    config = dict(overrides) if name in NO_BASE else {**BASE, **overrides}
+    config["model_type"] = model_type
+    arch = importlib.import_module(f"mlx_lm.models.{model_type}")
+    mx.random.seed(2000 + i)
+    model = arch.Model(arch.ModelArgs.from_dict(json.loads(json.dumps(config))))
+    if "quantization_config" in config:
+        from mlx_lm.models.bitlinear_layers import bitnet_quantize
+
+        bitnet_quantize(model, config["quantization_config"])
+    model.update(tree_map(lambda p: mx.random.normal(p.shape) * 0.3, model.parameters()))
+    model.set_dtype(getattr(mx, dtype))
+    if model_type == "bitnet":
+        fill_bitlinear(model, dtype)
+    if quant is not None:
+        gs, bits_ = quant
+        pred = getattr(model, "quant_predicate", None)
+        config["quantization"] = {"group_size": gs, "bits": bits_}
+
+        # As mlx_lm.convert: the model's own predicate, its per-module settings recorded.
+        def class_predicate(p, m):
+            if not hasattr(m, "to_quantized"):
+                return False
+            if pred is None:
+                return True
+            q = pred(p, m)
+            if isinstance(q, dict):
+                config["quantization"][p] = q
+            return q
+
+        nn.quantize(model, group_size=gs, bits=bits_, class_predicate=class_predicate)
+    mx.eval(model.parameters())
+    out_dir = MODELS / name
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.makedirs(out_dir)
+    mx.save_safetensors(str(out_dir / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    with open(out_dir / "config.json", "w") as f:
+        json.dump(config, f, indent=2)
+    return out_dir
+
+
+def logits_golden(name, model_type, out_dir):
+    model = load(out_dir, model_type)
+    g = Golden(str(GOLDENS / f"{name}.safetensors"), __file__)
+    cache = make_prompt_cache(model)
+    ids = mx.array([PROMPT], dtype=mx.int32)
+    logits = model(ids, cache=cache)
+    g.case("prefill", "forward", [ids], logits)
+    greedy = []
+    for s in range(STEPS):
+        nxt = mx.argmax(logits[:, -1, :], axis=-1).astype(mx.int32)
+        greedy.append(nxt.item())
+        ids = nxt[:, None]
+        logits = model(ids, cache=cache)
+        g.case(f"step{s}", "forward", [ids], logits)
+    full_ids = mx.array([PROMPT + greedy], dtype=mx.int32)
+    g.case("full", "forward_nocache", [full_ids], model(full_ids))
+    g.meta["greedy"] = ",".join(map(str, greedy))
+    g.meta["model_type"] = model_type
+    g.save()
+
+
+def cli_golden(out_dir, model_type):
+    model = load(out_dir, model_type)
+    tokens, logprobs, tops = [], [], []
+    for (tok, lp), _ in zip(generate_step(mx.array(CLI_PROMPT), model, max_tokens=CLI_MAX_TOKENS),
+                            range(CLI_MAX_TOKENS)):
+        tok = int(tok)
+        tokens.append(tok)
+        chosen = lp[tok].item()
+        logprobs.append([chosen, bits(chosen)])
+        order = mx.argsort(-lp)[:TOP].tolist()
+        tops.append([[i, lp[i].item(), bits(lp[i].item())] for i in order])
+    return {"prompt_ids": CLI_PROMPT, "tokens": tokens, "logprobs": logprobs, "top_logprobs": tops}
+
+
+def main():
+    only = set(sys.argv[1:])
+    GOLDENS.mkdir(parents=True, exist_ok=True)
+    cases = {}
+    if only and CLI_GOLDEN.exists():
+        cases = json.loads(CLI_GOLDEN.read_text())["cases"]
+    for i, (name, (model_type, overrides, dtype, quant)) in enumerate(CASES.items()):
+        if only and name not in only:
+            continue
+        out_dir = build(i, name, model_type, overrides, dtype, quant)
+        logits_golden(name, model_type, out_dir)
+        cases[f"dense2/{name}"] = cli_golden(out_dir, model_type)
+        print(f"{name}: {cases[f'dense2/{name}']['tokens']}", file=sys.stderr)
+    cases = {k: cases[k] for k in sorted(cases) if k.removeprefix("dense2/") in CASES}
+    golden = {
+        "generator": f"xtask/oracle/goldens_dense2.py mlx={mx.__version__} "
+                     f"mlx_lm={__import__('mlx_lm').__version__}",
+        "max_tokens": CLI_MAX_TOKENS,
+        "top_logprobs": TOP,
+        "cases": cases,
+    }
+    CLI_GOLDEN.write_text(json.dumps(golden, indent=None, separators=(",", ":")) + "\n")
+    print(f"wrote {CLI_GOLDEN}: {len(cases)} fixtures", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
