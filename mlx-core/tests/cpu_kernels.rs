@@ -32,6 +32,9 @@ fn contexts() -> Vec<CpuContext> {
         v.push(CpuContext::with_isa(3, Isa::Avx2).unwrap());
         v.push(CpuContext::with_isa(1, Isa::Avx2).unwrap());
     }
+    if Isa::Avx512.available() {
+        v.push(CpuContext::with_isa(2, Isa::Avx512).unwrap());
+    }
     v
 }
 
@@ -99,7 +102,7 @@ fn affine_matmul_matches_dequantize_then_matmul() -> Result<()> {
                         bits as u32,
                         group as usize,
                     )?;
-                    for m in [1usize, 3, 7] {
+                    for m in [1usize, 3, 7, 13, 32] {
                         let xv = values(m * cols, 7 + m as u64);
                         let x = Array::from_slice(&xv, &[m as i32, cols as i32])?;
                         let bias = values(rows, 99);
@@ -324,13 +327,65 @@ fn silu_mul_matches_ops() -> Result<()> {
     Ok(())
 }
 
+/// The SIMD `silu(g) * u` of every instruction set this CPU has against MLX's `sigmoid` ops
+/// (bound: 8 ulps relative; the vector `exp` is within about 2 ulps of `expf`), lengths
+/// with and without a tail past the last full vector, inputs far into both saturations.
+#[test]
+fn silu_mul_isa_matches_ops() -> Result<()> {
+    for n in [301usize, 1536] {
+        let mut g = values(n, 3).iter().map(|v| v * 12.0).collect::<Vec<_>>();
+        g[0] = -95.0;
+        g[1] = 95.0;
+        let u = values(n, 4);
+        let ga = Array::from_slice(&g, &[n as i32])?;
+        let reference = (&(&ga * &ops::sigmoid(&ga, None)?)?
+            * &Array::from_slice(&u, &[n as i32])?)?
+            .to_vec::<f32>()?;
+        for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512] {
+            if !isa.available() {
+                continue;
+            }
+            let mut ours = g.clone();
+            cpu::silu_mul_isa(isa, &mut ours, &u)?;
+            for (i, (a, b)) in ours.iter().zip(&reference).enumerate() {
+                assert!(
+                    (a - b).abs() <= 8.0 * f32::EPSILON * b.abs().max(1e-30),
+                    "{} n {n} element {i} (g {}): {a} vs {b}",
+                    isa.name(),
+                    g[i]
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Decode and prefill attention over a cache with grouped-query heads against
 /// `mx.fast.scaled_dot_product_attention` with a causal mask (bound: 1e-5 absolute on
-/// outputs of magnitude <= 1, the softmax summed in another order).
+/// outputs of magnitude <= 1, the softmax summed in another order). Shapes: short, longer
+/// than the SIMD kernel's block of 64 positions (running-maximum rescales), and head widths
+/// that take its 32-, 16- and 8-wide loops.
 #[test]
 fn attention_matches_sdpa() -> Result<()> {
-    let (nh, nkv, hd, cap) = (6usize, 2usize, 16usize, 40usize);
-    let (start, m) = (29usize, 4usize);
+    for (nh, nkv, hd, cap, start, m) in [
+        (6usize, 2usize, 16usize, 40usize, 29usize, 4usize),
+        (6, 2, 64, 200, 150, 3),
+        (4, 4, 24, 140, 0, 130),
+        (2, 1, 40, 90, 88, 1),
+    ] {
+        attention_case(nh, nkv, hd, cap, start, m)?;
+    }
+    Ok(())
+}
+
+fn attention_case(
+    nh: usize,
+    nkv: usize,
+    hd: usize,
+    cap: usize,
+    start: usize,
+    m: usize,
+) -> Result<()> {
     let total = start + m;
     let kv = values(nkv * cap * hd, 1);
     let vv = values(nkv * cap * hd, 2);
@@ -359,7 +414,7 @@ fn attention_matches_sdpa() -> Result<()> {
         for (i, (a, b)) in out.iter().zip(&reference).enumerate() {
             assert!(
                 (a - b).abs() <= 1e-5,
-                "{} element {i}: {a} vs {b}",
+                "{} hd {hd} start {start} m {m} element {i}: {a} vs {b}",
                 ctx.isa.name()
             );
         }
@@ -576,17 +631,22 @@ fn int8_activations_stay_within_the_quantization_bound() -> Result<()> {
 /// within `amax / 65534` of its int16 value (amax: its chunk of 32's largest), the biases
 /// multiply the exact float sums, so a product moves by at most `sum |w_i| * amax / 65534`,
 /// plus the float summation bound. Other widths and wider blocks keep the float32 kernels.
+/// Every SIMD kernel this CPU runs: AVX2 and the 512-bit one (AVX-512 F/BW/VL + VNNI; 20
+/// chunks a row: its half-scale path reads a full block of 16 and a masked tail).
 #[test]
 fn int16_activations_stay_within_the_quantization_bound() -> Result<()> {
     if !Isa::Avx2.available() {
         return Ok(());
     }
-    let (rows, cols) = (45usize, 512usize);
+    let (rows, cols) = (45usize, 640usize);
     let wf = Array::from_slice(&values(rows * cols, 5), &[rows as i32, cols as i32])?;
-    for threads in [1, 3] {
-        let mut ctx = CpuContext::with_isa(threads, Isa::Avx2)?;
+    let isas = [Isa::Avx2, Isa::Avx512]
+        .into_iter()
+        .filter(|i| i.available());
+    for (threads, isa) in isas.flat_map(|i| [(1, i), (3, i)]) {
+        let mut ctx = CpuContext::with_isa(threads, isa)?;
         ctx.activations = cpu::Activations::Int16;
-        let plain = CpuContext::with_isa(threads, Isa::Avx2)?;
+        let plain = CpuContext::with_isa(threads, isa)?;
         for (bits, group) in [
             (4, 32),
             (4, 64),

@@ -670,7 +670,7 @@ impl<'m> CpuDecoder<'m> {
                     },
                 ],
             )?;
-            cpu::silu_mul(g, u)?;
+            cpu::silu_mul_isa(ctx.isa, g, u)?;
             cpu::matmul_t(
                 ctx,
                 g,

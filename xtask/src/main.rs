@@ -15,6 +15,9 @@
 //!   fuzz targets of `mlx-fuzz` (release build, in-process, stable toolchain).
 //! - `bench serve [...]`: aggregate decode throughput of `mlx serve` against `mlx_lm.server`
 //!   at 1, 4, 16 and 32 concurrent clients; see `bench_serve.rs`.
+//! - `cpu-quality [--positions N] [--text FILE] [MODEL ...]`: the CPU decoder's quality gate
+//!   (top-1 agreement and perplexity against the exact path) on the real SmolLM2-135M and
+//!   Gemma 3 270M GGUFs.
 //! - `bench train [...]`: LoRA training step time and peak memory of `mlx train` against
 //!   `mlx_lm lora --train` at several sequence lengths; see `bench_train.rs`.
 #![forbid(unsafe_code)]
@@ -42,11 +45,13 @@ fn main() -> ExitCode {
         Some("bench") => bench::run(&args[1..]),
         Some("port-check") => oracle::port_check(&args[1..]),
         Some("fuzz") => fuzz(&args[1..]),
+        Some("cpu-quality") => cpu_quality(&args[1..]),
         _ => {
             eprintln!(
                 "usage: cargo xtask bindgen [--check] | oracle [ARGS] | goldens [SET ...] \
                  | port-check [DIR [--ids 1,2,3]] | bench [--quick | --full] [--help] \
-                 | bench serve [--help] | bench train [--help] | fuzz [TARGET|all] [--runs N] [--seed S]"
+                 | bench serve [--help] | bench train [--help] | fuzz [TARGET|all] [--runs N] [--seed S] \
+                 | cpu-quality [--positions N] [--text FILE] [smollm2] [gemma3]"
             );
             return ExitCode::from(2);
         }
@@ -74,5 +79,50 @@ fn fuzz(args: &[String]) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!("fuzzing found problems or failed ({status})"))
+    }
+}
+
+/// `cargo xtask cpu-quality [--positions N] [--text FILE] [MODEL ...]`: the CPU decoder's
+/// quality gate (`mlx-engine/examples/cpu_quality.rs`, release build) on the real models
+/// (default: smollm2 and gemma3, 2,000 positions of the King James Genesis fixture). Too slow
+/// for the test suite: the exact path's CPU prefill runs at a few tokens a second.
+fn cpu_quality(args: &[String]) -> Result<(), String> {
+    let usage = "usage: cargo xtask cpu-quality [--positions N] [--text FILE] [smollm2] [gemma3]";
+    let root = bindings::workspace_root();
+    let mut n = "2000".to_string();
+    let mut text = root.join("mlx-engine/tests/fixtures/genesis_kjv.txt");
+    let mut models = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--positions" => n = bench::flag_value(&mut it, a, usage)?,
+            "--text" => text = bench::flag_value(&mut it, a, usage)?.into(),
+            "smollm2" | "gemma3" => models.push(a.clone()),
+            o => return Err(format!("unknown argument {o}\n{usage}")),
+        }
+    }
+    bench::flag_num("--positions", &n, usage)?;
+    if models.is_empty() {
+        models = vec!["smollm2".into(), "gemma3".into()];
+    }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut failed = Vec::new();
+    for m in &models {
+        let status = std::process::Command::new(&cargo)
+            .current_dir(&root)
+            .args(["run", "--release", "-q", "-p", "mlx-engine", "--example"])
+            .args(["cpu_quality", "--", m])
+            .arg(&text)
+            .arg(&n)
+            .status()
+            .map_err(|e| format!("running cargo: {e}"))?;
+        if !status.success() {
+            failed.push(m.clone());
+        }
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("the quality gate failed on {}", failed.join(", ")))
     }
 }

@@ -306,7 +306,7 @@ pub fn matmul_t(ctx: &CpuContext, x: &[f32], m: usize, jobs: &mut [MatJob<'_, '_
     let mut qbuf16 = std::mem::MaybeUninit::<QBuf16>::uninit();
     #[cfg(target_arch = "x86_64")]
     let (qx, qx16) = {
-        let fits = isa == Isa::Avx2
+        let fits = isa.has_avx2()
             && m <= INT8_MAX_M
             && cols % 32 == 0
             && m * cols <= INT8_MAX_M * super::x86::MAX_BUF;
@@ -332,12 +332,15 @@ pub fn matmul_t(ctx: &CpuContext, x: &[f32], m: usize, jobs: &mut [MatJob<'_, '_
             Activations::Int16 if fits && jobs.iter().any(|j| int16_kernel(j.w)) => {
                 // SAFETY: as above (QBuf16 is plain integers and floats).
                 let b = unsafe { qbuf16.assume_init_mut() };
-                super::x86::quantize_x16(
-                    x,
-                    &mut b.q[..m * cols],
-                    &mut b.d[..chunks],
-                    &mut b.s[..chunks],
-                );
+                // SAFETY: `fits` checked the ISA (AVX2, FMA, F16C).
+                unsafe {
+                    super::x86::quantize_x16(
+                        x,
+                        &mut b.q[..m * cols],
+                        &mut b.d[..chunks],
+                        &mut b.s[..chunks],
+                    )
+                };
                 let q = super::x86::QuantX16 {
                     q: b.q.as_ptr(),
                     d: b.d.as_ptr(),
@@ -367,6 +370,11 @@ pub fn matmul_t(ctx: &CpuContext, x: &[f32], m: usize, jobs: &mut [MatJob<'_, '_
         }
         #[cfg(target_arch = "x86_64")]
         if let Some(q) = qx16.filter(|_| int16_kernel(&w)) {
+            if isa == Isa::Avx512 && w.cols / 32 <= super::x86::MAX_CHUNKS {
+                // SAFETY: as below, and Isa::Avx512 was checked available by CpuContext.
+                unsafe { super::x86::rows_int16_512(&w, r0, r1, q, m, out, bias) };
+                continue;
+            }
             // SAFETY: as above, with x quantized to int16.
             unsafe { super::x86::rows_int16(&w, r0, r1, q, m, out, bias) };
             continue;
@@ -423,7 +431,15 @@ fn rows(
     bias: Option<Floats<'_>>,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 && super::x86::supports(w) {
+    if isa == Isa::Avx512 && m > 4 && super::x86::prefill_512_supports(w) {
+        // SAFETY: Isa::Avx512 is only constructed where the CPU has AVX2, FMA, F16C and
+        // AVX-512 F/BW/VL (CpuContext checks `available`); the arguments were checked by
+        // `matmul_t`.
+        unsafe { super::x86::rows_prefill_512(w, r0, r1, x, m, out, bias) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa.has_avx2() && super::x86::supports(w) {
         // SAFETY: Isa::Avx2 is only constructed where the CPU has AVX2, FMA and F16C
         // (CpuContext checks `available`); the arguments were checked by `matmul_t`.
         unsafe { super::x86::rows_avx2(w, r0, r1, x, m, out, bias) };

@@ -21,7 +21,9 @@ mod pool;
 mod x86;
 
 pub use matmul::{matmul_t, Floats, MatJob, Matrix, MAX_JOBS};
-pub use ops::{attention, rms_norm, rope, rope_inv_freqs, silu_mul, AttentionShape, MAX_HEAD_DIM};
+pub use ops::{
+    attention, rms_norm, rope, rope_inv_freqs, silu_mul, silu_mul_isa, AttentionShape, MAX_HEAD_DIM,
+};
 pub use pool::{available_threads, ThreadPool};
 
 /// The instruction set a kernel runs on.
@@ -31,6 +33,9 @@ pub enum Isa {
     Scalar,
     /// x86-64 AVX2 with FMA and F16C.
     Avx2,
+    /// x86-64 AVX2, FMA and F16C plus AVX-512 F/BW/VL with VNNI: the AVX2 kernels, and
+    /// 512-bit integer dot products (`vpdpwssd`) for the int16-activation products.
+    Avx512,
 }
 
 impl Isa {
@@ -42,6 +47,13 @@ impl Isa {
                 && std::arch::is_x86_feature_detected!("fma")
                 && std::arch::is_x86_feature_detected!("f16c")
             {
+                if std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("avx512bw")
+                    && std::arch::is_x86_feature_detected!("avx512vl")
+                    && std::arch::is_x86_feature_detected!("avx512vnni")
+                {
+                    return Isa::Avx512;
+                }
                 return Isa::Avx2;
             }
         }
@@ -52,14 +64,21 @@ impl Isa {
     pub fn available(self) -> bool {
         match self {
             Isa::Scalar => true,
-            Isa::Avx2 => Isa::detect() == Isa::Avx2,
+            Isa::Avx2 => Isa::detect().has_avx2(),
+            Isa::Avx512 => Isa::detect() == Isa::Avx512,
         }
+    }
+
+    /// Whether the AVX2 + FMA + F16C kernels run on `self` (also true of [`Isa::Avx512`]).
+    pub fn has_avx2(self) -> bool {
+        matches!(self, Isa::Avx2 | Isa::Avx512)
     }
 
     pub fn name(self) -> &'static str {
         match self {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2+fma",
+            Isa::Avx512 => "avx512+vnni",
         }
     }
 }

@@ -597,8 +597,60 @@ unsafe impl Send for QuantX16 {}
 unsafe impl Sync for QuantX16 {}
 
 /// Quantizes `x` (`(m, cols)`, `cols` a multiple of 32) into `q`, `d` and `s` (see
-/// [`QuantX16`]).
-pub(super) fn quantize_x16(x: &[f32], q: &mut [i16], d: &mut [f32], s: &mut [f32]) {
+/// [`QuantX16`]), eight values at a time (codes rounded half to even).
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn quantize_x16(x: &[f32], q: &mut [i16], d: &mut [f32], s: &mut [f32]) {
+    let chunks = x.len() / 32;
+    assert!(
+        q.len() >= chunks * 32 && d.len() >= chunks && s.len() >= chunks,
+        "quantize_x16 buffers"
+    );
+    let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+    // SAFETY: chunk c reads x[32c..32c + 32] and writes q[32c..32c + 32], d[c], s[c], all in
+    // bounds (checked above).
+    unsafe {
+        for c in 0..chunks {
+            let p = x.as_ptr().add(c * 32);
+            let v = [
+                _mm256_loadu_ps(p),
+                _mm256_loadu_ps(p.add(8)),
+                _mm256_loadu_ps(p.add(16)),
+                _mm256_loadu_ps(p.add(24)),
+            ];
+            let mx = _mm256_max_ps(
+                _mm256_max_ps(_mm256_and_ps(v[0], abs), _mm256_and_ps(v[1], abs)),
+                _mm256_max_ps(_mm256_and_ps(v[2], abs), _mm256_and_ps(v[3], abs)),
+            );
+            let mut lanes = [0f32; 8];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), mx);
+            let amax = lanes.iter().fold(0f32, |a, &b| a.max(b));
+            let dc = amax / 32767.0;
+            let inv = _mm256_set1_ps(if dc > 0.0 { 1.0 / dc } else { 0.0 });
+            let i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v[0], inv));
+            let i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v[1], inv));
+            let i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v[2], inv));
+            let i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v[3], inv));
+            // packs works within 128-bit lanes: put the quarters back in order.
+            let a = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(i0, i1));
+            let b = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(i2, i3));
+            let qp = q.as_mut_ptr().add(c * 32) as *mut __m256i;
+            _mm256_storeu_si256(qp, a);
+            _mm256_storeu_si256(qp.add(1), b);
+            *d.get_unchecked_mut(c) = dc;
+            *s.get_unchecked_mut(c) = hsum(_mm256_add_ps(
+                _mm256_add_ps(v[0], v[1]),
+                _mm256_add_ps(v[2], v[3]),
+            ));
+        }
+    }
+}
+
+/// The portable reference of [`quantize_x16`] (codes rounded half away from zero).
+#[cfg(test)]
+fn quantize_x16_scalar(x: &[f32], q: &mut [i16], d: &mut [f32], s: &mut [f32]) {
     for (c, chunk) in x.chunks_exact(32).enumerate() {
         let amax = chunk.iter().fold(0f32, |a, v| a.max(v.abs()));
         let dc = amax / 32767.0;
@@ -777,5 +829,623 @@ unsafe fn rows_int16_m<const MT: usize>(
                 out.write(t * rows + r, v + b);
             }
         }
+    }
+}
+
+/// `exp(x)` of 8 floats (Cephes' polynomial, as `exp256_ps` of avx_mathfun: within about 2
+/// ulp of `expf` over `[-88, 88]`, inputs clamped to that range).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn exp8(x: __m256) -> __m256 {
+    let x = _mm256_min_ps(
+        _mm256_max_ps(x, _mm256_set1_ps(-87.336_55)),
+        _mm256_set1_ps(88.376_26),
+    );
+    let fx = _mm256_round_ps(
+        _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
+        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
+    );
+    let x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693_359_4), x);
+    let x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.121_944_4e-4), x);
+    let mut y = _mm256_set1_ps(1.987_569_1e-4);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.398_2e-3));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.333_452e-3));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.166_579_6e-2));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.666_666_5e-1));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(0.5));
+    let xx = _mm256_mul_ps(x, x);
+    y = _mm256_fmadd_ps(y, xx, _mm256_add_ps(x, _mm256_set1_ps(1.0)));
+    let n = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)),
+        23,
+    );
+    _mm256_mul_ps(y, _mm256_castsi256_ps(n))
+}
+
+/// `g = g / (1 + exp(-g)) * u`, eight at a time.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; `g` and `u` have the same length, a multiple of 8.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn silu_mul8(g: &mut [f32], u: &[f32]) {
+    assert!(g.len() == u.len() && g.len() % 8 == 0, "silu_mul8 lengths");
+    let one = _mm256_set1_ps(1.0);
+    let zero = _mm256_setzero_ps();
+    // SAFETY: every access is within the slices (checked lengths, steps of 8).
+    unsafe {
+        let mut i = 0;
+        while i < g.len() {
+            let gp = g.as_mut_ptr().add(i);
+            let x = _mm256_loadu_ps(gp);
+            let e = exp8(_mm256_sub_ps(zero, x));
+            let y = _mm256_div_ps(x, _mm256_add_ps(one, e));
+            _mm256_storeu_ps(gp, _mm256_mul_ps(y, _mm256_loadu_ps(u.as_ptr().add(i))));
+            i += 8;
+        }
+    }
+}
+
+/// Positions per block of [`attend`]'s scores.
+const ATT_BLOCK: usize = 64;
+
+/// One query head's causal attention over `n` cached positions: `out = softmax(scale * q
+/// K^T) V`, `q` and `out` of `hd` floats, `k` and `v` rows of `hd` floats one position
+/// apart. The scores of a block of positions are computed first, then exponentiated eight
+/// at a time against the running maximum, then summed into the output (a rescale only when
+/// a block raises the maximum).
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; `hd` is a multiple of 8 and at most
+/// [`super::MAX_HEAD_DIM`]; `q` and `out` hold `hd` floats, `k` and `v` hold `n * hd`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn attend(
+    q: *const f32,
+    k: *const f32,
+    v: *const f32,
+    hd: usize,
+    n: usize,
+    scale: f32,
+    out: *mut f32,
+) {
+    // SAFETY (whole body): every pointer stays within the ranges of the contract; the stack
+    // buffers hold MAX_HEAD_DIM and ATT_BLOCK floats.
+    unsafe {
+        let mut acc = [0f32; super::MAX_HEAD_DIM];
+        let mut sc = [0f32; ATT_BLOCK];
+        let ap = acc.as_mut_ptr();
+        let (mut mx, mut l) = (f32::NEG_INFINITY, 0f32);
+        let mut p0 = 0;
+        while p0 < n {
+            let c = (n - p0).min(ATT_BLOCK);
+            let mut cmax = f32::NEG_INFINITY;
+            for (j, s) in sc[..c].iter_mut().enumerate() {
+                let kp = k.add((p0 + j) * hd);
+                let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                let mut d = 0;
+                while d + 16 <= hd {
+                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(d)), _mm256_loadu_ps(kp.add(d)), a0);
+                    a1 = _mm256_fmadd_ps(
+                        _mm256_loadu_ps(q.add(d + 8)),
+                        _mm256_loadu_ps(kp.add(d + 8)),
+                        a1,
+                    );
+                    d += 16;
+                }
+                if d < hd {
+                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(d)), _mm256_loadu_ps(kp.add(d)), a0);
+                }
+                *s = hsum(_mm256_add_ps(a0, a1)) * scale;
+                cmax = cmax.max(*s);
+            }
+            if cmax > mx {
+                let corr = (mx - cmax).exp();
+                l *= corr;
+                let cv = _mm256_set1_ps(corr);
+                let mut d = 0;
+                while d < hd {
+                    _mm256_storeu_ps(ap.add(d), _mm256_mul_ps(_mm256_loadu_ps(ap.add(d)), cv));
+                    d += 8;
+                }
+                mx = cmax;
+            }
+            let mv = _mm256_set1_ps(mx);
+            let mut sum = _mm256_setzero_ps();
+            let mut j = 0;
+            let sp = sc.as_mut_ptr();
+            while j + 8 <= c {
+                let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sp.add(j)), mv));
+                _mm256_storeu_ps(sp.add(j), e);
+                sum = _mm256_add_ps(sum, e);
+                j += 8;
+            }
+            let mut tail = 0f32;
+            for s in &mut sc[j..c] {
+                *s = (*s - mx).exp();
+                tail += *s;
+            }
+            l += hsum(sum) + tail;
+            let vb = v.add(p0 * hd);
+            let mut d = 0;
+            while d + 32 <= hd {
+                let mut a = [
+                    _mm256_loadu_ps(ap.add(d)),
+                    _mm256_loadu_ps(ap.add(d + 8)),
+                    _mm256_loadu_ps(ap.add(d + 16)),
+                    _mm256_loadu_ps(ap.add(d + 24)),
+                ];
+                for (j, &w) in sc[..c].iter().enumerate() {
+                    let wv = _mm256_set1_ps(w);
+                    let vp = vb.add(j * hd + d);
+                    a[0] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(vp), a[0]);
+                    a[1] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(vp.add(8)), a[1]);
+                    a[2] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(vp.add(16)), a[2]);
+                    a[3] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(vp.add(24)), a[3]);
+                }
+                for (i, a) in a.iter().enumerate() {
+                    _mm256_storeu_ps(ap.add(d + 8 * i), *a);
+                }
+                d += 32;
+            }
+            while d < hd {
+                let mut a = _mm256_loadu_ps(ap.add(d));
+                for (j, &w) in sc[..c].iter().enumerate() {
+                    a = _mm256_fmadd_ps(_mm256_set1_ps(w), _mm256_loadu_ps(vb.add(j * hd + d)), a);
+                }
+                _mm256_storeu_ps(ap.add(d), a);
+                d += 8;
+            }
+            p0 += c;
+        }
+        let inv = _mm256_set1_ps(1.0 / l);
+        let mut d = 0;
+        while d < hd {
+            _mm256_storeu_ps(out.add(d), _mm256_mul_ps(_mm256_loadu_ps(ap.add(d)), inv));
+            d += 8;
+        }
+    }
+}
+
+/// Rows `r0..r1` as [`rows_int16`], with 512-bit integer dot products: one chunk of 32 codes
+/// is one vector of 32 `i16` (4-bit codes split in registers: each byte widened to a 32-bit
+/// lane, its high nibble shifted to the lane's upper half), one `madd` with the input's
+/// codes, then scaled in float by the group's scale times the chunk's input scale.
+///
+/// # Safety
+/// As [`rows_int16`], and the CPU has AVX-512 F, BW and VL.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn rows_int16_512(
+    w: &Matrix<'_>,
+    r0: usize,
+    r1: usize,
+    qx: QuantX16,
+    m: usize,
+    out: SharedOut,
+    bias: Option<Floats<'_>>,
+) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        match m {
+            1 => rows_int16_512_m::<1>(w, r0, r1, qx, out, bias),
+            2 => rows_int16_512_m::<2>(w, r0, r1, qx, out, bias),
+            3 => rows_int16_512_m::<3>(w, r0, r1, qx, out, bias),
+            _ => rows_int16_512_m::<4>(w, r0, r1, qx, out, bias),
+        }
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+#[allow(clippy::needless_range_loop)]
+unsafe fn rows_int16_512_m<const MT: usize>(
+    w: &Matrix<'_>,
+    r0: usize,
+    r1: usize,
+    qx: QuantX16,
+    out: SharedOut,
+    bias: Option<Floats<'_>>,
+) {
+    let Kind::Affine {
+        words,
+        scales,
+        biases,
+        bits,
+        group,
+    } = w.kind
+    else {
+        return;
+    };
+    let (rows, cols) = (w.rows(), w.cols());
+    let groups = cols / group;
+    let chunks = cols / 32;
+    let shift = (group / 32).trailing_zeros();
+    let per = group / 32;
+    let row_bytes = cols * bits as usize / 8;
+    let cb = 4 * bits as usize;
+    let bytes = words.as_ptr() as *const u8;
+    let bias_of = |r: usize| bias.map_or(0.0, |b| b.get(r));
+    // SAFETY (whole body): as rows_int16_m; the per-chunk factor buffer holds chunks <=
+    // MAX_GROUPS * per values per input (checked by `supports`: cols / group <= MAX_GROUPS
+    // and chunks = groups * per; see the assert).
+    unsafe {
+        assert!(chunks <= MAX_CHUNKS, "row of {chunks} chunks");
+        let mut sw = std::mem::MaybeUninit::<[f32; MAX_GROUPS]>::uninit();
+        let mut bw = std::mem::MaybeUninit::<[f32; MAX_GROUPS + 8]>::uninit();
+        let mut gs = std::mem::MaybeUninit::<[f32; 4 * (MAX_GROUPS + 8)]>::uninit();
+        let mut fw = std::mem::MaybeUninit::<[f32; 4 * MAX_CHUNKS]>::uninit();
+        let (sp, bp) = (sw.as_mut_ptr() as *mut f32, bw.as_mut_ptr() as *mut f32);
+        let gsp = gs.as_mut_ptr() as *mut f32;
+        let fp = fw.as_mut_ptr() as *mut f32;
+        let gpad = groups.div_ceil(8) * 8;
+        for t in 0..MT {
+            for g in 0..gpad {
+                let mut v = 0f32;
+                if g < groups {
+                    for k in 0..per {
+                        v += *qx.s.add(t * chunks + g * per + k);
+                    }
+                }
+                *gsp.add(t * gpad + g) = v;
+            }
+        }
+        let nib = _mm512_set1_epi32(0x000f_000f);
+        if let (0, Floats::F16(sh), Floats::F16(bh)) = (shift, scales, biases) {
+            // Groups of 32 with half-precision scales and biases (GGUF's Q4_0/Q4_1/Q8_0 as
+            // loaded): the row's factors and its bias term 16 chunks at a time, read as
+            // halves with masked loads (no widening pass, no scalar tail).
+            assert!(
+                sh.len() >= r1 * groups && bh.len() >= r1 * groups,
+                "scales out of range"
+            );
+            for r in r0..r1 {
+                let (s0, b0) = (
+                    sh.as_ptr().add(r * groups) as *const u16,
+                    bh.as_ptr().add(r * groups) as *const u16,
+                );
+                let mut bacc = [_mm512_setzero_ps(); MT];
+                let mut c0 = 0;
+                while c0 < chunks {
+                    let k = (chunks - c0).min(16);
+                    let mask: __mmask16 = if k == 16 { 0xffff } else { (1u16 << k) - 1 };
+                    let sv =
+                        _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, s0.add(c0) as *const _));
+                    let bv =
+                        _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, b0.add(c0) as *const _));
+                    for t in 0..MT {
+                        let dv = _mm512_maskz_loadu_ps(mask, qx.d.add(t * chunks + c0));
+                        _mm512_mask_storeu_ps(fp.add(t * chunks + c0), mask, _mm512_mul_ps(sv, dv));
+                        let xs = _mm512_maskz_loadu_ps(mask, qx.s.add(t * chunks + c0));
+                        bacc[t] = _mm512_fmadd_ps(bv, xs, bacc[t]);
+                    }
+                    c0 += 16;
+                }
+                let rb = bytes.add(r * row_bytes);
+                let mut a0 = bacc;
+                let mut a1 = [_mm512_setzero_ps(); MT];
+                let step = |c: usize, acc: &mut [__m512; MT]| {
+                    let p = rb.add(c * cb);
+                    let wq = if bits == 4 {
+                        let b = _mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i));
+                        _mm512_ternarylogic_epi32::<0xA8>(b, _mm512_slli_epi32::<12>(b), nib)
+                    } else {
+                        _mm512_cvtepu8_epi16(_mm256_loadu_si256(p as *const __m256i))
+                    };
+                    for (t, a) in acc.iter_mut().enumerate() {
+                        let xp = qx.q.add((t * chunks + c) * 32);
+                        let prod = _mm512_madd_epi16(wq, _mm512_loadu_si512(xp as *const _));
+                        let f = _mm512_set1_ps(*fp.add(t * chunks + c));
+                        *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(prod), f, *a);
+                    }
+                };
+                let mut c = 0;
+                while c + 2 <= chunks {
+                    step(c, &mut a0);
+                    step(c + 1, &mut a1);
+                    c += 2;
+                }
+                if c < chunks {
+                    step(c, &mut a0);
+                }
+                let b = bias_of(r);
+                for t in 0..MT {
+                    let v = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t]));
+                    out.write(t * rows + r, v + b);
+                }
+            }
+            return;
+        }
+        for r in r0..r1 {
+            widen_row(scales, r * groups, sp, groups);
+            widen_row(biases, r * groups, bp, groups);
+            for g in groups..gpad {
+                *bp.add(g) = 0.0;
+            }
+            // The factor of each chunk and input: group scale times input scale.
+            for t in 0..MT {
+                let d = qx.d.add(t * chunks);
+                let f = fp.add(t * chunks);
+                if shift == 0 {
+                    let mut c = 0;
+                    while c + 8 <= chunks {
+                        _mm256_storeu_ps(
+                            f.add(c),
+                            _mm256_mul_ps(_mm256_loadu_ps(sp.add(c)), _mm256_loadu_ps(d.add(c))),
+                        );
+                        c += 8;
+                    }
+                    for c in c..chunks {
+                        *f.add(c) = *sp.add(c) * *d.add(c);
+                    }
+                } else {
+                    for c in 0..chunks {
+                        *f.add(c) = *sp.add(c >> shift) * *d.add(c);
+                    }
+                }
+            }
+            let rb = bytes.add(r * row_bytes);
+            let mut a0 = [_mm512_setzero_ps(); MT];
+            let mut a1 = [_mm512_setzero_ps(); MT];
+            let step = |c: usize, acc: &mut [__m512; MT]| {
+                let p = rb.add(c * cb);
+                let wq = if bits == 4 {
+                    let b = _mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i));
+                    // Lane k: code 2k in bits 0-3, code 2k + 1 in bits 16-19.
+                    _mm512_ternarylogic_epi32::<0xA8>(b, _mm512_slli_epi32::<12>(b), nib)
+                } else {
+                    _mm512_cvtepu8_epi16(_mm256_loadu_si256(p as *const __m256i))
+                };
+                for (t, a) in acc.iter_mut().enumerate() {
+                    let xp = qx.q.add((t * chunks + c) * 32);
+                    let prod = _mm512_madd_epi16(wq, _mm512_loadu_si512(xp as *const _));
+                    let f = _mm512_set1_ps(*fp.add(t * chunks + c));
+                    *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(prod), f, *a);
+                }
+            };
+            let mut c = 0;
+            while c + 2 <= chunks {
+                step(c, &mut a0);
+                step(c + 1, &mut a1);
+                c += 2;
+            }
+            if c < chunks {
+                step(c, &mut a0);
+            }
+            let b = bias_of(r);
+            for t in 0..MT {
+                let mut bv = _mm256_setzero_ps();
+                let mut g = 0;
+                while g < gpad {
+                    bv = _mm256_fmadd_ps(
+                        _mm256_loadu_ps(bp.add(g)),
+                        _mm256_loadu_ps(gsp.add(t * gpad + g)),
+                        bv,
+                    );
+                    g += 8;
+                }
+                let v = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t])) + hsum(bv);
+                out.write(t * rows + r, v + b);
+            }
+        }
+    }
+}
+
+/// Chunks of 32 per row the 512-bit kernel takes (wider rows: the AVX2 one).
+pub(super) const MAX_CHUNKS: usize = 1024;
+
+/// `MT` inputs times four weight rows (widened into `w`), 8 columns at a time: 4 * MT
+/// accumulators (AVX-512 VL's 32 vector registers hold them with the operands), so each
+/// input vector loaded serves four rows and each weight vector `MT` inputs.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+unsafe fn tile4<const MT: usize>(w: [*const f32; 4], x: *const f32, cols: usize) -> [[f32; 4]; MT] {
+    // SAFETY: each w[i] holds cols floats, x holds MT rows of cols; cols % 8 == 0.
+    unsafe {
+        let mut acc = [[_mm256_setzero_ps(); 4]; MT];
+        let mut c = 0;
+        while c < cols {
+            let wv = [
+                _mm256_loadu_ps(w[0].add(c)),
+                _mm256_loadu_ps(w[1].add(c)),
+                _mm256_loadu_ps(w[2].add(c)),
+                _mm256_loadu_ps(w[3].add(c)),
+            ];
+            for (t, a) in acc.iter_mut().enumerate() {
+                let xv = _mm256_loadu_ps(x.add(t * cols + c));
+                for (r, ar) in a.iter_mut().enumerate() {
+                    *ar = _mm256_fmadd_ps(wv[r], xv, *ar);
+                }
+            }
+            c += 8;
+        }
+        let mut out = [[0f32; 4]; MT];
+        for t in 0..MT {
+            for r in 0..4 {
+                out[t][r] = hsum(acc[t][r]);
+            }
+        }
+        out
+    }
+}
+
+/// Rows `r0..r1` of `out (m, rows) = x W^T + bias` for a block of inputs (prefill): four
+/// weight rows at a time widened (dequantized) into stack buffers, then [`tile4`] over the
+/// inputs in tiles of four; leftover rows go through [`rows_avx2`]. Takes dense weights and
+/// 4/8-bit affine ones whose group is 32 times a power of two, `cols <= MAX_BUF`.
+///
+/// # Safety
+/// The CPU has AVX2, FMA, F16C and AVX-512 F/VL; `w` passes [`prefill_512_supports`]; `x`
+/// is `(m, cols)`; rows `r0..r1` of `out` are this caller's alone.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn rows_prefill_512(
+    w: &Matrix<'_>,
+    r0: usize,
+    r1: usize,
+    x: &[f32],
+    m: usize,
+    out: SharedOut,
+    bias: Option<Floats<'_>>,
+) {
+    let (rows, cols) = (w.rows(), w.cols());
+    let bias_of = |r: usize| bias.map_or(0.0, |b| b.get(r));
+    let r4 = r0 + (r1 - r0) / 4 * 4;
+    // SAFETY (whole body): rows r0..r4 lie within the matrix (checked by its constructor);
+    // the buffers hold 4 * MAX_BUF >= 4 * cols floats; x is (m, cols).
+    unsafe {
+        let mut buf = std::mem::MaybeUninit::<[f32; 4 * MAX_BUF]>::uninit();
+        let bp = buf.as_mut_ptr() as *mut f32;
+        let mut s = std::mem::MaybeUninit::<[f32; MAX_GROUPS]>::uninit();
+        let mut b = std::mem::MaybeUninit::<[f32; MAX_GROUPS]>::uninit();
+        let (sp, bq) = (s.as_mut_ptr() as *mut f32, b.as_mut_ptr() as *mut f32);
+        let mut r = r0;
+        while r < r4 {
+            let mut wp = [std::ptr::null::<f32>(); 4];
+            for (i, p) in wp.iter_mut().enumerate() {
+                let dst = bp.add(i * MAX_BUF);
+                let row = r + i;
+                match w.kind {
+                    Kind::Dense(Floats::F32(d)) => *p = d.as_ptr().add(row * cols),
+                    Kind::Dense(Floats::F16(d)) => {
+                        dequant_into(&F16Row(d.as_ptr().add(row * cols) as *const u16), cols, dst);
+                        *p = dst;
+                    }
+                    Kind::Dense(Floats::Bf16(d)) => {
+                        dequant_into(
+                            &Bf16Row(d.as_ptr().add(row * cols) as *const u16),
+                            cols,
+                            dst,
+                        );
+                        *p = dst;
+                    }
+                    Kind::Affine {
+                        words,
+                        scales,
+                        biases,
+                        bits,
+                        group,
+                    } => {
+                        let groups = cols / group;
+                        let shift = (group / 32).trailing_zeros();
+                        widen_row(scales, row * groups, sp, groups);
+                        widen_row(biases, row * groups, bq, groups);
+                        let rb = (words.as_ptr() as *const u8).add(row * cols * bits as usize / 8);
+                        let (s, b) = (sp as *const f32, bq as *const f32);
+                        if bits == 4 {
+                            dequant_into(
+                                &Q4Row {
+                                    bytes: rb,
+                                    s,
+                                    b,
+                                    shift,
+                                },
+                                cols,
+                                dst,
+                            );
+                        } else {
+                            dequant_into(
+                                &Q8Row {
+                                    bytes: rb,
+                                    s,
+                                    b,
+                                    shift,
+                                },
+                                cols,
+                                dst,
+                            );
+                        }
+                        *p = dst;
+                    }
+                }
+            }
+            let bias4 = [bias_of(r), bias_of(r + 1), bias_of(r + 2), bias_of(r + 3)];
+            let mut t0 = 0;
+            while t0 < m {
+                let xp = x.as_ptr().add(t0 * cols);
+                let mt = (m - t0).min(4);
+                let put = |t: usize, v: [f32; 4]| {
+                    for (i, v) in v.into_iter().enumerate() {
+                        out.write((t0 + t) * rows + r + i, v + bias4[i]);
+                    }
+                };
+                match mt {
+                    1 => tile4::<1>(wp, xp, cols)
+                        .into_iter()
+                        .enumerate()
+                        .for_each(|(t, v)| put(t, v)),
+                    2 => tile4::<2>(wp, xp, cols)
+                        .into_iter()
+                        .enumerate()
+                        .for_each(|(t, v)| put(t, v)),
+                    3 => tile4::<3>(wp, xp, cols)
+                        .into_iter()
+                        .enumerate()
+                        .for_each(|(t, v)| put(t, v)),
+                    _ => tile4::<4>(wp, xp, cols)
+                        .into_iter()
+                        .enumerate()
+                        .for_each(|(t, v)| put(t, v)),
+                }
+                t0 += mt;
+            }
+            r += 4;
+        }
+        if r4 < r1 {
+            rows_avx2(w, r4, r1, x, m, out, bias);
+        }
+    }
+}
+
+/// Whether [`rows_prefill_512`] takes `w`.
+pub(super) fn prefill_512_supports(w: &Matrix<'_>) -> bool {
+    w.cols() % 32 == 0
+        && w.cols() <= MAX_BUF
+        && match w.kind {
+            Kind::Dense(_) => true,
+            Kind::Affine { bits, group, .. } => {
+                matches!(bits, 4 | 8)
+                    && (group / 32).is_power_of_two()
+                    && w.cols() / group <= MAX_GROUPS
+            }
+        }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The SIMD quantizer gives the scalar one's scales, its codes up to ties rounded the
+    /// other way (at most 1 apart), and its sums up to float summation order.
+    #[test]
+    fn quantize_x16_matches_the_scalar_quantizer() {
+        if !super::super::Isa::Avx2.available() {
+            return;
+        }
+        let mut seed = 5u64;
+        let x: Vec<f32> = (0..256)
+            .map(|i| {
+                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+                let v = ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 8.0;
+                if i % 37 == 0 {
+                    0.0
+                } else {
+                    v
+                }
+            })
+            .chain(std::iter::repeat_n(0.0, 32))
+            .collect();
+        let n = x.len();
+        let (mut q1, mut d1, mut s1) = (vec![0i16; n], vec![0f32; n / 32], vec![0f32; n / 32]);
+        let (mut q2, mut d2, mut s2) = (vec![0i16; n], vec![0f32; n / 32], vec![0f32; n / 32]);
+        quantize_x16_scalar(&x, &mut q1, &mut d1, &mut s1);
+        // SAFETY: AVX2 checked above.
+        unsafe { quantize_x16(&x, &mut q2, &mut d2, &mut s2) };
+        assert_eq!(d1, d2);
+        for (i, (a, b)) in q1.iter().zip(&q2).enumerate() {
+            assert!((*a as i32 - *b as i32).abs() <= 1, "code {i}: {a} vs {b}");
+        }
+        for (a, b) in s1.iter().zip(&s2) {
+            assert!((a - b).abs() <= 1e-5 * (1.0 + a.abs()), "sum {a} vs {b}");
+        }
+        assert_eq!(q2[n - 32..], [0i16; 32]);
     }
 }
