@@ -773,27 +773,7 @@ impl<'m> CpuDecoder<'m> {
     /// hidden state (after the final norm, as the model's `forward_hidden`): what a sentence
     /// embedding pools. The cache is left holding `tokens`.
     pub fn hidden_last(&mut self, tokens: &[u32]) -> Result<&[f32]> {
-        if tokens.is_empty() {
-            return Err(EngineError::Other(
-                "CpuDecoder::hidden_last: no tokens".into(),
-            ));
-        }
-        self.reset();
-        let b = &mut self.batch;
-        let mut t = 0;
-        for chunk in tokens.chunks(BLOCK) {
-            block(&b.w, &b.ctx, &mut self.cache, &mut b.s, chunk, None, false)?;
-            t = chunk.len();
-        }
-        let hid = b.w.hidden;
-        let s = &mut b.s;
-        cpu::rms_norm(
-            &s.x[(t - 1) * hid..t * hid],
-            b.w.final_norm,
-            b.w.eps,
-            &mut s.h[..hid],
-        )?;
-        Ok(&s.h[..hid])
+        hidden_last(&mut self.batch, &mut self.cache, tokens)
     }
 
     /// Runs `tokens` through the model and calls `each(i, logits)` with the logits of every
@@ -1073,6 +1053,51 @@ impl<'m> CpuBatch<'m> {
     }
 }
 
+/// [`CpuDecoder::hidden_last`] through `b` into `cache` (emptied first).
+fn hidden_last<'a>(
+    b: &'a mut CpuBatch<'_>,
+    cache: &mut CpuCache,
+    tokens: &[u32],
+) -> Result<&'a [f32]> {
+    if tokens.is_empty() {
+        return Err(EngineError::Other(
+            "CpuDecoder::hidden_last: no tokens".into(),
+        ));
+    }
+    cache.reset();
+    let mut t = 0;
+    for chunk in tokens.chunks(BLOCK) {
+        block(&b.w, &b.ctx, cache, &mut b.s, chunk, None, false)?;
+        t = chunk.len();
+    }
+    let hid = b.w.hidden;
+    let s = &mut b.s;
+    cpu::rms_norm(
+        &s.x[(t - 1) * hid..t * hid],
+        b.w.final_norm,
+        b.w.eps,
+        &mut s.h[..hid],
+    )?;
+    Ok(&s.h[..hid])
+}
+
+impl CpuBatch<'_> {
+    /// Sentence embeddings as [`embed`] computes them through a [`CpuDecoder`] (the same
+    /// bits), each text in a scratch cache of its own: the running sequences' caches are
+    /// untouched.
+    pub fn embed(&mut self, batch: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
+        let before = self.ctx.activations;
+        self.ctx.activations = Activations::F32;
+        let longest = batch.iter().map(Vec::len).max().unwrap_or(1);
+        let mut cache = self.new_cache(longest);
+        let out = embed_with(batch, &mut |ids| {
+            hidden_last(self, &mut cache, ids).map(<[f32]>::to_vec)
+        });
+        self.ctx.activations = before;
+        out
+    }
+}
+
 /// Sentence embeddings through `decoder` (one reset per text): each text's last-token final
 /// hidden state, L2-normalised in float32, as `mlx_models::embed::embed` computes them on the
 /// exact path (tier L3 against it: sums in another order; float32 products throughout, even
@@ -1080,12 +1105,18 @@ impl<'m> CpuBatch<'m> {
 pub fn embed(decoder: &mut CpuDecoder<'_>, batch: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
     let before = decoder.activations();
     decoder.set_activations(Activations::F32);
-    let out = embed_f32(decoder, batch);
+    let out = embed_with(batch, &mut |ids| {
+        decoder.hidden_last(ids).map(<[f32]>::to_vec)
+    });
     decoder.set_activations(before);
     out
 }
 
-fn embed_f32(decoder: &mut CpuDecoder<'_>, batch: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
+/// Each text's hidden state from `hidden`, L2-normalised.
+fn embed_with(
+    batch: &[Vec<u32>],
+    hidden: &mut dyn FnMut(&[u32]) -> Result<Vec<f32>>,
+) -> Result<Vec<Vec<f32>>> {
     if batch.is_empty() {
         return Err(EngineError::Other("embed: no texts given".into()));
     }
@@ -1094,9 +1125,7 @@ fn embed_f32(decoder: &mut CpuDecoder<'_>, batch: &[Vec<u32>]) -> Result<Vec<Vec
         if ids.is_empty() {
             return Err(EngineError::Other(format!("embed: text {i} has no tokens")));
         }
-        let h = decoder
-            .hidden_last(ids)
-            .map_err(|e| EngineError::Other(format!("embed: text {i}: {e}")))?;
+        let h = hidden(ids).map_err(|e| EngineError::Other(format!("embed: text {i}: {e}")))?;
         // mlx-lm's order: sum of squares, square root, then max with 1e-12 and a division.
         let norm = h.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-12);
         out.push(h.iter().map(|v| v / norm).collect());

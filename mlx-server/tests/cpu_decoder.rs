@@ -177,3 +177,33 @@ fn stop_strings_choices_seeds_and_schemas_work_on_the_cpu_decoder() {
     );
     parse_valid(&person_schema(), &text(&v, 0)).unwrap();
 }
+
+/// `/v1/embeddings` on the CPU decoder: mlx-lm's vectors (the serve golden) within the CPU
+/// decoder's float rounding (tier L3: sums in another order; bound 1e-5 per component of a
+/// unit vector).
+#[test]
+fn embeddings_on_the_cpu_decoder_are_mlx_lms_within_rounding() {
+    let _turn = serial();
+    let g = &common::serve_golden()["embeddings"];
+    let s = TestServer::start_model(
+        &common::server_fixture("embed_qwen3"),
+        &["--decoder", "cpu", "--threads", "2"],
+    );
+    let r = post(s.addr, "/v1/embeddings", &json!({"input": g["texts"]}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let got = r.json();
+    let n_ids = g["inputs"].as_array().unwrap().len();
+    let want = &g["float32"].as_array().unwrap()[n_ids..];
+    let rows = got["data"].as_array().unwrap();
+    assert_eq!(rows.len(), want.len());
+    for (i, (row, w)) in rows.iter().zip(want).enumerate() {
+        let (a, b) = (row["embedding"].as_array().unwrap(), w.as_array().unwrap());
+        assert_eq!(a.len(), b.len());
+        let worst = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| (x.as_f64().unwrap() - y.as_f64().unwrap()).abs())
+            .fold(0f64, f64::max);
+        assert!(worst <= 1e-5, "text {i}: max difference {worst}");
+    }
+}

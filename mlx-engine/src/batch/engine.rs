@@ -898,9 +898,13 @@ impl<'m> Worker<'m> {
             tokens += t.inputs[end].len();
             end += 1;
         }
-        let result = embed(self.model, &t.inputs[t.next..end])
-            .and_then(|e| to_vecs(&e))
-            .map_err(|e| e.to_string());
+        let result = match self.cpu.as_mut() {
+            // The CPU decoder's embeddings (`mlx embed`'s default; tier L3 against MLX's).
+            Some(cpu) => cpu.embed(&t.inputs[t.next..end]).map_err(|e| e.to_string()),
+            None => embed(self.model, &t.inputs[t.next..end])
+                .and_then(|e| to_vecs(&e))
+                .map_err(|e| e.to_string()),
+        };
         let _ = memory::clear_cache();
         self.since_release += tokens;
         match result {
