@@ -451,6 +451,11 @@ impl CpuCache {
         self.pos = 0;
     }
 
+    /// Keeps the first `n` tokens (all when it holds fewer).
+    pub fn truncate(&mut self, n: usize) {
+        self.pos = self.pos.min(n);
+    }
+
     fn fits(&self, w: &Weights<'_>) -> Result<()> {
         if self.keys.len() != w.layers.len() || self.n_kv != w.n_kv || self.head_dim != w.head_dim {
             return Err(EngineError::Other(format!(

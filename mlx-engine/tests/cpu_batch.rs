@@ -338,3 +338,47 @@ fn the_decoder_choice_is_reported() {
         .to_string();
     assert!(e.contains("--kv-bits"), "{e}");
 }
+
+/// A follow-up continuing a finished request reuses its CPU cache in whole prefill blocks
+/// (`cached_tokens`), and gets what it gets alone: the reused blocks were prefilled as a
+/// full prefill cuts them.
+#[test]
+fn a_follow_up_reuses_whole_blocks_of_a_finished_request() {
+    let dir = chat_fixture();
+    let (model, _) = load_model_dir(&dir, &LoadOptions::default()).unwrap();
+    let tok = Tokenizer::from_dir(&dir).unwrap();
+    let eos: Vec<u32> = tok.eos_token_ids().iter().copied().collect();
+    let vocab = model.vocab_size() as usize;
+    let running = start(4, EngineDecoder::Cpu { threads: 2 });
+    let engine = running.engine.as_ref().unwrap();
+    let run = |p: Vec<u32>, n: usize| {
+        let (tx, rx) = channel();
+        engine.submit(request(p, n), Box::new(tx)).unwrap();
+        let mut cached = None;
+        let mut out = Vec::new();
+        loop {
+            match rx.recv().unwrap() {
+                BatchEvent::Started { cached_tokens, .. } => cached = Some(cached_tokens),
+                BatchEvent::Token { token, logprob, .. } => {
+                    out.push((token, logprob.unwrap().to_bits()))
+                }
+                BatchEvent::Done { .. } => return (cached.unwrap(), out),
+                BatchEvent::Error(e) => panic!("{e}"),
+            }
+        }
+    };
+    let first = prompt(vocab, 70, 9);
+    let (cached, reply) = run(first.clone(), 6);
+    assert_eq!(cached, 0);
+    let mut second = first.clone();
+    second.extend(reply.iter().map(|t| t.0));
+    second.extend(prompt(vocab, 10, 3));
+    let (cached, reply2) = run(second.clone(), 8);
+    assert_eq!(cached, 64, "two whole blocks of the 70-token prompt");
+    assert_eq!(reply2, generate_alone(model.as_ref(), &eos, &second, 8));
+    let hits = engine
+        .stats()
+        .prompt_cache_hits
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(hits, 1);
+}

@@ -565,6 +565,9 @@ struct Worker<'m> {
     config: EngineConfig,
     stats: Arc<EngineStats>,
     prompt_cache: PromptCache,
+    /// The CPU decoder's prompt cache: finished sequences' tokens and caches, most recent
+    /// first (see [`Worker::cpu_reuse`]).
+    cpu_prompts: VecDeque<(Vec<u32>, CpuCache)>,
     rows: Vec<Seq>,
     caches: Vec<Box<dyn Cache>>,
     steps: usize,
@@ -660,6 +663,7 @@ impl<'m> Worker<'m> {
             config,
             stats,
             prompt_cache,
+            cpu_prompts: VecDeque::new(),
             rows: Vec::new(),
             caches: Vec::new(),
             steps: 0,
@@ -1078,6 +1082,13 @@ impl<'m> Worker<'m> {
         }
         let mut old: Vec<Option<Seq>> = self.rows.drain(..).map(Some).collect();
         self.rows = keep.iter().filter_map(|&i| old[i].take()).collect();
+        if store {
+            for row in old.into_iter().flatten() {
+                if let Some(cache) = row.cpu {
+                    self.cpu_store(row.cached, cache);
+                }
+            }
+        }
         if self.rows.is_empty() {
             self.caches.clear();
             return Ok(());
@@ -1413,30 +1424,43 @@ impl Worker<'_> {
         } else {
             Ok(())
         };
-        let Some(cpu) = self.cpu.as_ref() else {
+        if self.cpu.is_none() {
             return;
-        };
+        }
         if let Err(e) = checked {
             release_tokens(&self.stats, len);
             let mut sink = job.sink;
             sink.send(BatchEvent::Error(e));
             return;
         }
-        let cache = cpu.new_cache(len + job.request.max_tokens.min(4096));
+        let (cache, reused) = match self.cpu_reuse(&job.request.prompt) {
+            Some(hit) => hit,
+            None => match self.cpu.as_ref() {
+                Some(cpu) => (cpu.new_cache(len + job.request.max_tokens.min(4096)), 0),
+                None => return,
+            },
+        };
+        release_tokens(&self.stats, reused);
+        if reused > 0 {
+            self.stats.prompt_cache_hits.fetch_add(1, Ordering::Relaxed);
+        }
+        self.stats
+            .reused_tokens
+            .fetch_add(reused, Ordering::Relaxed);
         self.stats
             .prefilled_tokens
-            .fetch_add(len, Ordering::Relaxed);
+            .fetch_add(len - reused, Ordering::Relaxed);
         let heads = job.request.prompt.iter().map(|&t| t as i32).collect();
         self.tasks.push_back(Task::Prefill(Box::new(Prefill {
             jobs: vec![job],
             caches: Vec::new(),
-            reused: 0,
+            reused,
             together: false,
             heads,
             lens: vec![len],
             m: len,
-            done: 0,
-            pending: len,
+            done: reused,
+            pending: len - reused,
             cpu: Some(cache),
         })));
     }
@@ -1519,7 +1543,7 @@ impl Worker<'_> {
             } else {
                 grammar.clone()
             };
-            if let Some(mut row) = self.start_row(&request, sink, token, &logprobs, 0, g)? {
+            if let Some(mut row) = self.start_row(&request, sink, token, &logprobs, p.reused, g)? {
                 row.cpu = if i + 1 == n {
                     cache.take()
                 } else {
@@ -1528,7 +1552,60 @@ impl Worker<'_> {
                 self.rows.push(row);
             }
         }
+        if let Some(cache) = cache {
+            // No choice went on: the prompt's cache is kept for reuse.
+            self.cpu_store(request.prompt, cache);
+        }
         Ok(())
+    }
+
+    /// The longest reusable prefix of `prompt` among the stored CPU caches: a copy of that
+    /// cache cut to a whole number of prefill blocks, short of the last prompt token (so the
+    /// rest is prefilled in the blocks a full prefill cuts: where the reused part was itself
+    /// prefilled, the result is a full prefill's, bit for bit). `None` under one block.
+    fn cpu_reuse(&mut self, prompt: &[u32]) -> Option<(CpuCache, usize)> {
+        let (i, common) = self
+            .cpu_prompts
+            .iter()
+            .enumerate()
+            .map(|(i, (t, _))| (i, t.iter().zip(prompt).take_while(|(a, b)| a == b).count()))
+            .max_by_key(|&(i, n)| (n, std::cmp::Reverse(i)))?;
+        let n = common.min(prompt.len().saturating_sub(1)) / BLOCK * BLOCK;
+        if n == 0 {
+            return None;
+        }
+        let entry = self.cpu_prompts.remove(i)?;
+        let mut cache = entry.1.clone();
+        cache.truncate(n);
+        // Most recently used first.
+        self.cpu_prompts.push_front(entry);
+        Some((cache, n))
+    }
+
+    /// Keeps `cache` (holding `tokens`) for reuse, within the prompt cache's entry and byte
+    /// limits (the least recently used go first).
+    fn cpu_store(&mut self, tokens: Vec<u32>, cache: CpuCache) {
+        let (entries, bytes) = (
+            self.config.prompt_cache_entries,
+            self.config.prompt_cache_bytes,
+        );
+        if entries == 0 || cache.nbytes() > bytes || cache.position() != tokens.len() {
+            return;
+        }
+        // An entry this one extends is redundant.
+        self.cpu_prompts
+            .retain(|(t, _)| !(t.len() <= tokens.len() && tokens[..t.len()] == t[..]));
+        self.cpu_prompts.push_front((tokens, cache));
+        let mut total = 0;
+        let mut keep = 0;
+        for (_, c) in &self.cpu_prompts {
+            if keep == entries || total + c.nbytes() > bytes {
+                break;
+            }
+            total += c.nbytes();
+            keep += 1;
+        }
+        self.cpu_prompts.truncate(keep);
     }
 
     /// Ends a prefill with an error for each of its requests (the running batch is untouched).
