@@ -29,13 +29,15 @@ struct Options {
     /// `--decoder` values, one run of `mlx serve` each.
     decoders: Vec<String>,
     threads: Option<usize>,
+    /// A built `mlx-serve` to run instead of building the release one.
+    bin: Option<PathBuf>,
     /// Also write the table (Markdown) here.
     out: Option<PathBuf>,
 }
 
 const USAGE: &str = "usage: cargo xtask bench serve [--model DIR|FILE.gguf] [--clients 1,4,16,32] \
                      [--max-tokens N] [--rounds R] [--max-batch B] [--decoders auto,mlx] \
-                     [--threads N] [--skip-mlx-lm] [--out FILE.md]";
+                     [--threads N] [--bin MLX_SERVE] [--skip-mlx-lm] [--out FILE.md]";
 
 fn parse(args: &[String]) -> Result<Options, String> {
     let mut o = Options {
@@ -47,6 +49,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         skip_mlx_lm: false,
         decoders: vec!["auto".into()],
         threads: None,
+        bin: None,
         out: None,
     };
     let mut it = args.iter();
@@ -77,6 +80,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
                 }
             }
             "--threads" => o.threads = Some(num(val()?)?),
+            "--bin" => o.bin = Some(PathBuf::from(val()?)),
             "--out" => o.out = Some(PathBuf::from(val()?)),
             "--help" | "-h" => return Err(USAGE.into()),
             other => return Err(format!("unknown option {other}\n{USAGE}")),
@@ -172,25 +176,30 @@ fn load(py: &Path, port: u16, o: &Options) -> Result<Vec<Value>, String> {
 pub fn run(args: &[String]) -> Result<(), String> {
     let o = parse(args)?;
     let py = oracle::ensure()?;
-    let status = Command::new("cargo")
-        .args([
-            "build",
-            "--release",
-            "-p",
-            "mlx-server",
-            "--bin",
-            "mlx-serve",
-        ])
-        .current_dir(workspace_root())
-        .status()
-        .map_err(|e| format!("cargo build: {e}"))?;
-    if !status.success() {
-        return Err("building mlx-serve failed".into());
-    }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target"));
-    let bin = target.join("release/mlx-serve");
+    let bin = match &o.bin {
+        Some(b) => b.clone(),
+        None => {
+            let status = Command::new("cargo")
+                .args([
+                    "build",
+                    "--release",
+                    "-p",
+                    "mlx-server",
+                    "--bin",
+                    "mlx-serve",
+                ])
+                .current_dir(workspace_root())
+                .status()
+                .map_err(|e| format!("cargo build: {e}"))?;
+            if !status.success() {
+                return Err("building mlx-serve failed".into());
+            }
+            let target = std::env::var_os("CARGO_TARGET_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| workspace_root().join("target"));
+            target.join("release/mlx-serve")
+        }
+    };
     let model = o.model.display().to_string();
     let load_before = load_average();
 
