@@ -47,7 +47,7 @@ fn post(addr: &str, path: &str, body: &Value) -> Value {
 /// `mlx serve --model M --adapter-path A` on an ephemeral port: the completion of `prompt`
 /// (greedy, `max_tokens`).
 fn serve_completion(model: &str, adapter: Option<&str>, prompt: &str, max_tokens: u32) -> String {
-    let mut args = vec!["serve", "--model", model, "--port", "0"];
+    let mut args = vec!["serve", "--model", model, "--port", "0", "--decoder", "mlx"];
     if let Some(a) = adapter {
         args.extend(["--adapter-path", a]);
     }

@@ -25,7 +25,9 @@
 //! (`tests/cpu_decode.rs` states the bounds). Sampling and logits processors are the
 //! engine's own, applied to these logits.
 
-use mlx_core::cpu::{self, Activations, AttentionShape, CpuContext, Floats, MatJob, Matrix};
+use mlx_core::cpu::{
+    self, Activations, AttentionShape, CpuContext, Floats, MatJob, Matrix, RowsScratch,
+};
 use mlx_models::layers::{Embedding, Linear, MlpKind, Norm, NormKind, Rope};
 use mlx_models::models::dense::{LayerView, Model};
 use mlx_models::models::descriptor::{Descriptor, EmbedScale, LogitScale, Placement, QkNorm};
@@ -277,25 +279,9 @@ fn layer<'m>(d: &Descriptor, v: LayerView<'m>, i: usize) -> Result<Layer<'m>> {
 /// What [`CpuDecoder::feed_all`] calls with each position's logits.
 type LogitsFn<'a> = dyn FnMut(usize, &[f32]) + 'a;
 
-/// Scratch buffers for a block of tokens, allocated once (nothing is allocated per step).
-struct Scratch {
-    x: Vec<f32>,
-    h: Vec<f32>,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    attn: Vec<f32>,
-    o: Vec<f32>,
-    gate: Vec<f32>,
-    up: Vec<f32>,
-    logits: Vec<f32>,
-}
-
-/// A decoder over one model's weights with its own KV cache (one sequence).
-pub struct CpuDecoder<'m> {
-    /// The address of the model it was made for (identity only, see [`CpuDecoder::is_for`]).
-    model_addr: usize,
-    ctx: CpuContext,
+/// The model's weights as the kernels read them (views of the loaded arrays, never copied) and
+/// its shape: shared by every sequence a [`CpuBatch`] decodes.
+struct Weights<'m> {
     hidden: usize,
     n_heads: usize,
     n_kv: usize,
@@ -307,32 +293,10 @@ pub struct CpuDecoder<'m> {
     head: (Matrix<'m>, Option<Floats<'m>>),
     final_norm: Floats<'m>,
     layers: Vec<Layer<'m>>,
-    /// Per layer: keys and values `(n_kv, capacity, head_dim)`.
-    keys: Vec<Vec<f32>>,
-    values: Vec<Vec<f32>>,
-    capacity: usize,
-    pos: usize,
-    s: Scratch,
 }
 
-impl std::fmt::Debug for CpuDecoder<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "CpuDecoder({} layers, {} threads, {}, position {})",
-            self.layers.len(),
-            self.ctx.pool.threads(),
-            self.ctx.isa.name(),
-            self.pos
-        )
-    }
-}
-
-impl<'m> CpuDecoder<'m> {
-    /// A decoder for `model` on `threads` workers (0: all cores) with room for `capacity`
-    /// tokens (it grows past that when needed). An unsupported model is
-    /// [`EngineError::CpuDecoderUnsupported`] with the reason.
-    pub fn new(model: &'m dyn LanguageModel, threads: usize, capacity: usize) -> Result<Self> {
+impl<'m> Weights<'m> {
+    fn new(model: &'m dyn LanguageModel) -> Result<Self> {
         let m = check(model)?;
         let d = m.descriptor();
         let hidden = d.hidden_size as usize;
@@ -399,28 +363,7 @@ impl<'m> CpuDecoder<'m> {
         if embed.cols() != hidden || head.0.cols() != hidden || final_norm.len() != hidden {
             return Err(unsup("embedding, head or final norm width"));
         }
-        let inter = layers.first().map_or(0, |l| l.gate.0.rows());
-        let qd = n_heads * head_dim;
-        let kd = n_kv * head_dim;
-        let s = Scratch {
-            x: vec![0.0; BLOCK * hidden],
-            h: vec![0.0; BLOCK * hidden],
-            q: vec![0.0; BLOCK * qd],
-            k: vec![0.0; BLOCK * kd],
-            v: vec![0.0; BLOCK * kd],
-            attn: vec![0.0; BLOCK * qd],
-            o: vec![0.0; BLOCK * hidden],
-            gate: vec![0.0; BLOCK * inter],
-            up: vec![0.0; BLOCK * inter],
-            logits: vec![0.0; vocab],
-        };
-        let capacity = capacity.max(1);
-        let n = layers.len();
-        let mut ctx = CpuContext::new(threads)?;
-        ctx.activations = Activations::Int16;
-        Ok(CpuDecoder {
-            model_addr: model_addr(model),
-            ctx,
+        Ok(Weights {
             hidden,
             n_heads,
             n_kv,
@@ -432,11 +375,488 @@ impl<'m> CpuDecoder<'m> {
             head,
             final_norm,
             layers,
+        })
+    }
+
+    fn inter(&self) -> usize {
+        self.layers.first().map_or(0, |l| l.gate.0.rows())
+    }
+
+    /// Token ids below the embedding's rows, else the error naming the first that is not.
+    fn check_ids(&self, tokens: &[u32]) -> Result<()> {
+        let vocab = self.embed.rows();
+        match tokens.iter().find(|&&x| x as usize >= vocab) {
+            Some(bad) => Err(EngineError::Other(format!(
+                "token id {bad} is outside the model's vocabulary of {vocab} tokens"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    fn attention_shape(&self, capacity: usize) -> AttentionShape {
+        AttentionShape {
+            n_heads: self.n_heads,
+            n_kv_heads: self.n_kv,
+            head_dim: self.head_dim,
+            capacity,
+        }
+    }
+}
+
+/// One sequence's KV cache in float32: per layer, keys and values `(n_kv, capacity,
+/// head_dim)`. A [`CpuBatch`] decodes any number of them; cloning one forks the sequence.
+#[derive(Clone)]
+pub struct CpuCache {
+    keys: Vec<Vec<f32>>,
+    values: Vec<Vec<f32>>,
+    n_kv: usize,
+    head_dim: usize,
+    capacity: usize,
+    pos: usize,
+}
+
+impl std::fmt::Debug for CpuCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "CpuCache({} layers, {} of {} positions)",
+            self.keys.len(),
+            self.pos,
+            self.capacity
+        )
+    }
+}
+
+impl CpuCache {
+    fn new(w: &Weights<'_>, capacity: usize) -> CpuCache {
+        let capacity = capacity.max(1);
+        let kd = w.n_kv * w.head_dim;
+        let n = w.layers.len();
+        CpuCache {
             keys: (0..n).map(|_| vec![0.0; kd * capacity]).collect(),
             values: (0..n).map(|_| vec![0.0; kd * capacity]).collect(),
+            n_kv: w.n_kv,
+            head_dim: w.head_dim,
             capacity,
             pos: 0,
+        }
+    }
+
+    /// Tokens the cache holds.
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
+    /// Bytes of keys and values allocated.
+    pub fn nbytes(&self) -> usize {
+        2 * self.keys.len() * self.n_kv * self.head_dim * self.capacity * 4
+    }
+
+    /// Empties the cache (its memory is kept).
+    pub fn reset(&mut self) {
+        self.pos = 0;
+    }
+
+    /// Keeps the first `n` tokens (all when it holds fewer).
+    pub fn truncate(&mut self, n: usize) {
+        self.pos = self.pos.min(n);
+    }
+
+    fn fits(&self, w: &Weights<'_>) -> Result<()> {
+        if self.keys.len() != w.layers.len() || self.n_kv != w.n_kv || self.head_dim != w.head_dim {
+            return Err(EngineError::Other(format!(
+                "a CPU cache of {} layers, {} KV heads of {} for a model of {} layers, {} of {}",
+                self.keys.len(),
+                self.n_kv,
+                self.head_dim,
+                w.layers.len(),
+                w.n_kv,
+                w.head_dim
+            )));
+        }
+        Ok(())
+    }
+
+    fn grow(&mut self, need: usize) {
+        if need <= self.capacity {
+            return;
+        }
+        let new = need.max(self.capacity * 2);
+        let hd = self.head_dim;
+        let kd = self.n_kv * hd;
+        let (old, n) = (self.capacity, self.pos);
+        for cache in self.keys.iter_mut().chain(self.values.iter_mut()) {
+            let mut next = vec![0f32; kd * new];
+            for h in 0..self.n_kv {
+                next[h * new * hd..h * new * hd + n * hd]
+                    .copy_from_slice(&cache[h * old * hd..h * old * hd + n * hd]);
+            }
+            *cache = next;
+        }
+        self.capacity = new;
+    }
+
+    /// Writes one token's keys and values (`(n_kv, head_dim)` each) at position `at`.
+    fn put(&mut self, li: usize, at: usize, k: &[f32], v: &[f32]) {
+        let hd = self.head_dim;
+        let (kc, vc) = (&mut self.keys[li], &mut self.values[li]);
+        for kh in 0..self.n_kv {
+            let o = (kh * self.capacity + at) * hd;
+            kc[o..o + hd].copy_from_slice(&k[kh * hd..(kh + 1) * hd]);
+            vc[o..o + hd].copy_from_slice(&v[kh * hd..(kh + 1) * hd]);
+        }
+    }
+}
+
+/// Scratch buffers for `rows` tokens at once, allocated once (nothing is allocated per step).
+struct Scratch {
+    rows: usize,
+    x: Vec<f32>,
+    h: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    attn: Vec<f32>,
+    o: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    /// `(logit_rows, vocab)`.
+    logits: Vec<f32>,
+}
+
+impl Scratch {
+    fn new(w: &Weights<'_>, rows: usize, logit_rows: usize) -> Scratch {
+        let (qd, kd, inter) = (w.n_heads * w.head_dim, w.n_kv * w.head_dim, w.inter());
+        Scratch {
+            rows,
+            x: vec![0.0; rows * w.hidden],
+            h: vec![0.0; rows * w.hidden],
+            q: vec![0.0; rows * qd],
+            k: vec![0.0; rows * kd],
+            v: vec![0.0; rows * kd],
+            attn: vec![0.0; rows * qd],
+            o: vec![0.0; rows * w.hidden],
+            gate: vec![0.0; rows * inter],
+            up: vec![0.0; rows * inter],
+            logits: vec![0.0; logit_rows * w.vocab],
+        }
+    }
+}
+
+/// `x += o` elementwise.
+fn add(x: &mut [f32], o: &[f32]) {
+    for (a, b) in x.iter_mut().zip(o.iter()) {
+        *a += b;
+    }
+}
+
+/// Runs `tokens` (at most [`BLOCK`]) of one sequence through the model after what `cache`
+/// holds; with `head`, the logits of the last token (or of each, to `all`) into `s.logits`.
+fn block(
+    w: &Weights<'_>,
+    ctx: &CpuContext,
+    cache: &mut CpuCache,
+    s: &mut Scratch,
+    tokens: &[u32],
+    mut all: Option<&mut LogitsFn<'_>>,
+    head: bool,
+) -> Result<()> {
+    let t = tokens.len();
+    let (hid, hd) = (w.hidden, w.head_dim);
+    let (qd, kd) = (w.n_heads * hd, w.n_kv * hd);
+    w.check_ids(tokens)?;
+    cache.fits(w)?;
+    cache.grow(cache.pos + t);
+    for (i, &tok) in tokens.iter().enumerate() {
+        w.embed
+            .row_to(tok as usize, &mut s.x[i * hid..(i + 1) * hid])?;
+    }
+    let shape = w.attention_shape(cache.capacity);
+    let pos = cache.pos;
+    for (li, l) in w.layers.iter().enumerate() {
+        let x = &mut s.x[..t * hid];
+        let h = &mut s.h[..t * hid];
+        cpu::rms_norm(x, l.attn_norm, w.eps, h)?;
+        let (q, k, v) = (&mut s.q[..t * qd], &mut s.k[..t * kd], &mut s.v[..t * kd]);
+        cpu::matmul_t(
+            ctx,
+            h,
+            t,
+            &mut [
+                MatJob {
+                    w: &l.q.0,
+                    bias: l.q.1,
+                    out: q,
+                },
+                MatJob {
+                    w: &l.k.0,
+                    bias: l.k.1,
+                    out: k,
+                },
+                MatJob {
+                    w: &l.v.0,
+                    bias: l.v.1,
+                    out: v,
+                },
+            ],
+        )?;
+        if let (Some(qn), Some(kn)) = (l.q_norm, l.k_norm) {
+            // In place through the attention buffer (free at this point).
+            let tmp = &mut s.attn[..t * qd];
+            cpu::rms_norm(q, qn, w.eps, tmp)?;
+            q.copy_from_slice(tmp);
+            let tmp = &mut s.attn[..t * kd];
+            cpu::rms_norm(k, kn, w.eps, tmp)?;
+            k.copy_from_slice(tmp);
+        }
+        for i in 0..t {
+            let p = (pos + i) as f32 * l.rope.scale;
+            cpu::rope(
+                &mut q[i * qd..(i + 1) * qd],
+                hd,
+                l.rope.traditional,
+                &l.rope.inv,
+                p,
+            )?;
+            cpu::rope(
+                &mut k[i * kd..(i + 1) * kd],
+                hd,
+                l.rope.traditional,
+                &l.rope.inv,
+                p,
+            )?;
+        }
+        for i in 0..t {
+            cache.put(
+                li,
+                pos + i,
+                &k[i * kd..(i + 1) * kd],
+                &v[i * kd..(i + 1) * kd],
+            );
+        }
+        let attn = &mut s.attn[..t * qd];
+        let (kc, vc) = (&cache.keys[li], &cache.values[li]);
+        cpu::attention(ctx, shape, q, kc, vc, pos, t, w.scale, attn)?;
+        let o = &mut s.o[..t * hid];
+        cpu::matmul_t(
+            ctx,
+            attn,
+            t,
+            &mut [MatJob {
+                w: &l.o.0,
+                bias: l.o.1,
+                out: o,
+            }],
+        )?;
+        add(x, o);
+        cpu::rms_norm(x, l.mlp_norm, w.eps, h)?;
+        let inter = l.gate.0.rows();
+        let (g, u) = (&mut s.gate[..t * inter], &mut s.up[..t * inter]);
+        cpu::matmul_t(
+            ctx,
+            h,
+            t,
+            &mut [
+                MatJob {
+                    w: &l.gate.0,
+                    bias: l.gate.1,
+                    out: g,
+                },
+                MatJob {
+                    w: &l.up.0,
+                    bias: l.up.1,
+                    out: u,
+                },
+            ],
+        )?;
+        cpu::silu_mul(g, u)?;
+        cpu::matmul_t(
+            ctx,
+            g,
+            t,
+            &mut [MatJob {
+                w: &l.down.0,
+                bias: l.down.1,
+                out: o,
+            }],
+        )?;
+        add(x, o);
+    }
+    cache.pos += t;
+    if !head {
+        return Ok(());
+    }
+    let first = if all.is_some() { 0 } else { t - 1 };
+    for i in first..t {
+        let h = &mut s.h[..hid];
+        cpu::rms_norm(&s.x[i * hid..(i + 1) * hid], w.final_norm, w.eps, h)?;
+        cpu::matmul_t(
+            ctx,
+            h,
+            1,
+            &mut [MatJob {
+                w: &w.head.0,
+                bias: w.head.1,
+                out: &mut s.logits[..w.vocab],
+            }],
+        )?;
+        if let Some(f) = all.as_mut() {
+            f(i, &s.logits[..w.vocab]);
+        }
+    }
+    Ok(())
+}
+
+/// A decoder over one model's weights with its own KV cache (one sequence).
+pub struct CpuDecoder<'m> {
+    batch: CpuBatch<'m>,
+    cache: CpuCache,
+}
+
+impl std::fmt::Debug for CpuDecoder<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "CpuDecoder({} layers, {} threads, {}, position {})",
+            self.batch.w.layers.len(),
+            self.batch.ctx.pool.threads(),
+            self.batch.ctx.isa.name(),
+            self.cache.pos
+        )
+    }
+}
+
+impl<'m> CpuDecoder<'m> {
+    /// A decoder for `model` on `threads` workers (0: all cores) with room for `capacity`
+    /// tokens (it grows past that when needed). An unsupported model is
+    /// [`EngineError::CpuDecoderUnsupported`] with the reason.
+    pub fn new(model: &'m dyn LanguageModel, threads: usize, capacity: usize) -> Result<Self> {
+        let batch = CpuBatch::new(model, threads)?;
+        let cache = batch.new_cache(capacity);
+        Ok(CpuDecoder { batch, cache })
+    }
+
+    /// Whether this decoder was made for `model` (the same loaded model, not an equal one).
+    pub fn is_for(&self, model: &dyn LanguageModel) -> bool {
+        self.batch.is_for(model)
+    }
+
+    /// How the products read their inputs: [`Activations::Int16`] by default (the 4- and
+    /// 8-bit products of a decode step as integer dot products; [`Activations::Int8`] is
+    /// faster but fails the quality gate on SmolLM2); [`Activations::F32`] keeps every
+    /// product in float32.
+    pub fn set_activations(&mut self, a: Activations) {
+        self.batch.set_activations(a);
+    }
+
+    /// See [`CpuDecoder::set_activations`].
+    pub fn activations(&self) -> Activations {
+        self.batch.activations()
+    }
+
+    /// Worker threads in use.
+    pub fn threads(&self) -> usize {
+        self.batch.threads()
+    }
+
+    /// The instruction set of the kernels (`avx2+fma` or `scalar`).
+    pub fn isa(&self) -> &'static str {
+        self.batch.isa()
+    }
+
+    /// Tokens in the cache.
+    pub fn position(&self) -> usize {
+        self.cache.pos
+    }
+
+    /// Empties the cache.
+    pub fn reset(&mut self) {
+        self.cache.reset();
+    }
+
+    /// Runs `tokens` through the model after what the cache holds and returns the logits
+    /// `(vocab,)` of the last one.
+    pub fn feed(&mut self, tokens: &[u32]) -> Result<&[f32]> {
+        self.batch.prefill(&mut self.cache, tokens)
+    }
+
+    /// Runs `tokens` through the model from an empty cache and returns the last one's final
+    /// hidden state (after the final norm, as the model's `forward_hidden`): what a sentence
+    /// embedding pools. The cache is left holding `tokens`.
+    pub fn hidden_last(&mut self, tokens: &[u32]) -> Result<&[f32]> {
+        hidden_last(&mut self.batch, &mut self.cache, tokens)
+    }
+
+    /// Runs `tokens` through the model and calls `each(i, logits)` with the logits of every
+    /// one of them (teacher forcing: tests and perplexity).
+    pub fn feed_all(&mut self, tokens: &[u32], each: &mut dyn FnMut(usize, &[f32])) -> Result<()> {
+        let b = &mut self.batch;
+        let mut done = 0;
+        for chunk in tokens.chunks(BLOCK) {
+            let mut f = |i: usize, l: &[f32]| each(done + i, l);
+            block(
+                &b.w,
+                &b.ctx,
+                &mut self.cache,
+                &mut b.s,
+                chunk,
+                Some(&mut f),
+                true,
+            )?;
+            done += chunk.len();
+        }
+        Ok(())
+    }
+}
+
+/// The CPU decoder for many sequences at once (continuous batching): one copy of the model's
+/// weight views and one thread pool, any number of [`CpuCache`]s. A prompt is run into its
+/// cache alone ([`CpuBatch::prefill`], blocks of [`BLOCK`] tokens, as [`CpuDecoder::feed`]);
+/// a decode step ([`CpuBatch::step`]) runs one token of every given sequence, each at its own
+/// position over its own cache, and gives each the logits it would get decoded alone, bit for
+/// bit (the products through [`cpu::matmul_t_each`]; norms, RoPE and attention per row as
+/// alone). Sequences join and leave between steps: a step takes whichever caches it is given.
+pub struct CpuBatch<'m> {
+    /// The address of the model it was made for (identity only, see [`CpuBatch::is_for`]).
+    model_addr: usize,
+    ctx: CpuContext,
+    w: Weights<'m>,
+    /// Prefill scratch ([`BLOCK`] tokens).
+    s: Scratch,
+    /// Decode-step scratch, grown to the largest batch seen.
+    b: Scratch,
+    rows: RowsScratch,
+}
+
+impl std::fmt::Debug for CpuBatch<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "CpuBatch({} layers, {} threads, {})",
+            self.w.layers.len(),
+            self.ctx.pool.threads(),
+            self.ctx.isa.name()
+        )
+    }
+}
+
+impl<'m> CpuBatch<'m> {
+    /// A batch decoder for `model` on `threads` workers (0: all cores), with
+    /// [`Activations::Int16`] as [`CpuDecoder`]. An unsupported model is
+    /// [`EngineError::CpuDecoderUnsupported`] with the reason.
+    pub fn new(model: &'m dyn LanguageModel, threads: usize) -> Result<Self> {
+        let w = Weights::new(model)?;
+        let s = Scratch::new(&w, BLOCK, 1);
+        let b = Scratch::new(&w, 0, 0);
+        let mut ctx = CpuContext::new(threads)?;
+        ctx.activations = Activations::Int16;
+        Ok(CpuBatch {
+            model_addr: model_addr(model),
+            ctx,
+            w,
             s,
+            b,
+            rows: RowsScratch::default(),
         })
     }
 
@@ -445,15 +865,11 @@ impl<'m> CpuDecoder<'m> {
         self.model_addr == model_addr(model)
     }
 
-    /// How the products read their inputs: [`Activations::Int16`] by default (the 4- and
-    /// 8-bit products of a decode step as integer dot products; [`Activations::Int8`] is
-    /// faster but fails the quality gate on SmolLM2); [`Activations::F32`] keeps every
-    /// product in float32.
+    /// See [`CpuDecoder::set_activations`].
     pub fn set_activations(&mut self, a: Activations) {
         self.ctx.activations = a;
     }
 
-    /// See [`CpuDecoder::set_activations`].
     pub fn activations(&self) -> Activations {
         self.ctx.activations
     }
@@ -468,120 +884,78 @@ impl<'m> CpuDecoder<'m> {
         self.ctx.isa.name()
     }
 
-    /// Tokens in the cache.
-    pub fn position(&self) -> usize {
-        self.pos
+    /// Logits per token.
+    pub fn vocab(&self) -> usize {
+        self.w.vocab
     }
 
-    /// Empties the cache.
-    pub fn reset(&mut self) {
-        self.pos = 0;
+    /// An empty cache for this model with room for `capacity` tokens (it grows as needed).
+    pub fn new_cache(&self, capacity: usize) -> CpuCache {
+        CpuCache::new(&self.w, capacity)
     }
 
-    /// Runs `tokens` through the model after what the cache holds and returns the logits
-    /// `(vocab,)` of the last one.
-    pub fn feed(&mut self, tokens: &[u32]) -> Result<&[f32]> {
+    /// Runs `tokens` into `cache` (after what it holds) in blocks of [`BLOCK`] and returns
+    /// the logits `(vocab,)` of the last one. A prompt fed in parts whose lengths are
+    /// multiples of [`BLOCK`] (but the last) gives the cache and logits one call would.
+    pub fn prefill(&mut self, cache: &mut CpuCache, tokens: &[u32]) -> Result<&[f32]> {
+        self.run(cache, tokens, true)?;
+        Ok(&self.s.logits[..self.w.vocab])
+    }
+
+    /// As [`CpuBatch::prefill`] without the logits (a part of a prompt that more follows).
+    pub fn prefill_part(&mut self, cache: &mut CpuCache, tokens: &[u32]) -> Result<()> {
+        self.run(cache, tokens, false)
+    }
+
+    fn run(&mut self, cache: &mut CpuCache, tokens: &[u32], head: bool) -> Result<()> {
         if tokens.is_empty() {
-            return Err(EngineError::Other("CpuDecoder::feed: no tokens".into()));
+            return Err(EngineError::Other("CpuBatch::prefill: no tokens".into()));
         }
-        for chunk in tokens.chunks(BLOCK) {
-            self.block(chunk, None, true)?;
-        }
-        Ok(&self.s.logits)
-    }
-
-    /// Runs `tokens` through the model from an empty cache and returns the last one's final
-    /// hidden state (after the final norm, as the model's `forward_hidden`): what a sentence
-    /// embedding pools. The cache is left holding `tokens`.
-    pub fn hidden_last(&mut self, tokens: &[u32]) -> Result<&[f32]> {
-        if tokens.is_empty() {
-            return Err(EngineError::Other(
-                "CpuDecoder::hidden_last: no tokens".into(),
-            ));
-        }
-        self.reset();
-        let mut t = 0;
-        for chunk in tokens.chunks(BLOCK) {
-            self.block(chunk, None, false)?;
-            t = chunk.len();
-        }
-        let hid = self.hidden;
-        let s = &mut self.s;
-        cpu::rms_norm(
-            &s.x[(t - 1) * hid..t * hid],
-            self.final_norm,
-            self.eps,
-            &mut s.h[..hid],
-        )?;
-        Ok(&s.h[..hid])
-    }
-
-    /// Runs `tokens` through the model and calls `each(i, logits)` with the logits of every
-    /// one of them (teacher forcing: tests and perplexity).
-    pub fn feed_all(&mut self, tokens: &[u32], each: &mut dyn FnMut(usize, &[f32])) -> Result<()> {
-        let mut done = 0;
-        for chunk in tokens.chunks(BLOCK) {
-            self.block(chunk, Some(&mut |i, l| each(done + i, l)), true)?;
-            done += chunk.len();
+        let n = tokens.len().div_ceil(BLOCK);
+        for (i, chunk) in tokens.chunks(BLOCK).enumerate() {
+            // The head of the last block only (earlier ones' logits are never read).
+            let last = head && i + 1 == n;
+            block(&self.w, &self.ctx, cache, &mut self.s, chunk, None, last)?;
         }
         Ok(())
     }
 
-    fn grow(&mut self, need: usize) {
-        let new = need.max(self.capacity * 2);
-        let kd = self.n_kv * self.head_dim;
-        let hd = self.head_dim;
-        let (old, n) = (self.capacity, self.pos);
-        for cache in self.keys.iter_mut().chain(self.values.iter_mut()) {
-            let mut next = vec![0f32; kd * new];
-            for h in 0..self.n_kv {
-                next[h * new * hd..h * new * hd + n * hd]
-                    .copy_from_slice(&cache[h * old * hd..h * old * hd + n * hd]);
-            }
-            *cache = next;
-        }
-        self.capacity = new;
-    }
-
-    fn block(
-        &mut self,
-        tokens: &[u32],
-        mut all: Option<&mut LogitsFn<'_>>,
-        head: bool,
-    ) -> Result<()> {
-        let t = tokens.len();
-        let (hid, hd) = (self.hidden, self.head_dim);
-        let (qd, kd) = (self.n_heads * hd, self.n_kv * hd);
-        let vocab = self.embed.rows();
-        if let Some(&bad) = tokens.iter().find(|&&x| x as usize >= vocab) {
+    /// One decode step: `tokens[i]` into `caches[i]` for every row; returns the logits
+    /// `(rows, vocab)`, row `i` bit for bit what [`CpuDecoder::feed`] of that one token over
+    /// that cache gives.
+    pub fn step(&mut self, caches: &mut [&mut CpuCache], tokens: &[u32]) -> Result<&[f32]> {
+        let b = tokens.len();
+        if b == 0 || caches.len() != b {
             return Err(EngineError::Other(format!(
-                "token id {bad} is outside the model's vocabulary of {vocab} tokens"
+                "CpuBatch::step: {b} tokens for {} caches",
+                caches.len()
             )));
         }
-        if self.pos + t > self.capacity {
-            self.grow(self.pos + t);
+        let w = &self.w;
+        w.check_ids(tokens)?;
+        for c in caches.iter_mut() {
+            c.fits(w)?;
+            c.grow(c.pos + 1);
         }
-        let s = &mut self.s;
+        if self.b.rows < b {
+            self.b = Scratch::new(w, b, b);
+        }
+        let (ctx, s, rs) = (&self.ctx, &mut self.b, &mut self.rows);
+        let (hid, hd) = (w.hidden, w.head_dim);
+        let (qd, kd) = (w.n_heads * hd, w.n_kv * hd);
         for (i, &tok) in tokens.iter().enumerate() {
-            self.embed
+            w.embed
                 .row_to(tok as usize, &mut s.x[i * hid..(i + 1) * hid])?;
         }
-        let shape = AttentionShape {
-            n_heads: self.n_heads,
-            n_kv_heads: self.n_kv,
-            head_dim: hd,
-            capacity: self.capacity,
-        };
-        let ctx = &self.ctx;
-        for (li, l) in self.layers.iter().enumerate() {
-            let x = &mut s.x[..t * hid];
-            let h = &mut s.h[..t * hid];
-            cpu::rms_norm(x, l.attn_norm, self.eps, h)?;
-            let (q, k, v) = (&mut s.q[..t * qd], &mut s.k[..t * kd], &mut s.v[..t * kd]);
-            cpu::matmul_t(
+        for (li, l) in w.layers.iter().enumerate() {
+            let x = &mut s.x[..b * hid];
+            let h = &mut s.h[..b * hid];
+            cpu::rms_norm(x, l.attn_norm, w.eps, h)?;
+            let (q, k, v) = (&mut s.q[..b * qd], &mut s.k[..b * kd], &mut s.v[..b * kd]);
+            cpu::matmul_t_each(
                 ctx,
                 h,
-                t,
+                b,
                 &mut [
                     MatJob {
                         w: &l.q.0,
@@ -599,64 +973,48 @@ impl<'m> CpuDecoder<'m> {
                         out: v,
                     },
                 ],
+                rs,
             )?;
             if let (Some(qn), Some(kn)) = (l.q_norm, l.k_norm) {
-                // In place through the attention buffer (free at this point).
-                let tmp = &mut s.attn[..t * qd];
-                cpu::rms_norm(q, qn, self.eps, tmp)?;
+                let tmp = &mut s.attn[..b * qd];
+                cpu::rms_norm(q, qn, w.eps, tmp)?;
                 q.copy_from_slice(tmp);
-                let tmp = &mut s.attn[..t * kd];
-                cpu::rms_norm(k, kn, self.eps, tmp)?;
+                let tmp = &mut s.attn[..b * kd];
+                cpu::rms_norm(k, kn, w.eps, tmp)?;
                 k.copy_from_slice(tmp);
             }
-            for i in 0..t {
-                let p = (self.pos + i) as f32 * l.rope.scale;
-                cpu::rope(
-                    &mut q[i * qd..(i + 1) * qd],
-                    hd,
-                    l.rope.traditional,
-                    &l.rope.inv,
-                    p,
-                )?;
-                cpu::rope(
-                    &mut k[i * kd..(i + 1) * kd],
-                    hd,
-                    l.rope.traditional,
-                    &l.rope.inv,
-                    p,
-                )?;
+            let attn = &mut s.attn[..b * qd];
+            for (i, c) in caches.iter_mut().enumerate() {
+                let p = c.pos as f32 * l.rope.scale;
+                let (qi, ki) = (&mut q[i * qd..(i + 1) * qd], &mut k[i * kd..(i + 1) * kd]);
+                cpu::rope(qi, hd, l.rope.traditional, &l.rope.inv, p)?;
+                cpu::rope(ki, hd, l.rope.traditional, &l.rope.inv, p)?;
+                c.put(li, c.pos, ki, &v[i * kd..(i + 1) * kd]);
+                let shape = w.attention_shape(c.capacity);
+                let (kc, vc) = (&c.keys[li], &c.values[li]);
+                let out = &mut attn[i * qd..(i + 1) * qd];
+                cpu::attention(ctx, shape, qi, kc, vc, c.pos, 1, w.scale, out)?;
             }
-            let (kc, vc) = (&mut self.keys[li], &mut self.values[li]);
-            for i in 0..t {
-                for kh in 0..self.n_kv {
-                    let at = (kh * self.capacity + self.pos + i) * hd;
-                    kc[at..at + hd].copy_from_slice(&k[i * kd + kh * hd..i * kd + (kh + 1) * hd]);
-                    vc[at..at + hd].copy_from_slice(&v[i * kd + kh * hd..i * kd + (kh + 1) * hd]);
-                }
-            }
-            let attn = &mut s.attn[..t * qd];
-            cpu::attention(ctx, shape, q, kc, vc, self.pos, t, self.scale, attn)?;
-            let o = &mut s.o[..t * hid];
-            cpu::matmul_t(
+            let o = &mut s.o[..b * hid];
+            cpu::matmul_t_each(
                 ctx,
                 attn,
-                t,
+                b,
                 &mut [MatJob {
                     w: &l.o.0,
                     bias: l.o.1,
                     out: o,
                 }],
+                rs,
             )?;
-            for (a, b) in x.iter_mut().zip(o.iter()) {
-                *a += b;
-            }
-            cpu::rms_norm(x, l.mlp_norm, self.eps, h)?;
+            add(x, o);
+            cpu::rms_norm(x, l.mlp_norm, w.eps, h)?;
             let inter = l.gate.0.rows();
-            let (g, u) = (&mut s.gate[..t * inter], &mut s.up[..t * inter]);
-            cpu::matmul_t(
+            let (g, u) = (&mut s.gate[..b * inter], &mut s.up[..b * inter]);
+            cpu::matmul_t_each(
                 ctx,
                 h,
-                t,
+                b,
                 &mut [
                     MatJob {
                         w: &l.gate.0,
@@ -669,46 +1027,85 @@ impl<'m> CpuDecoder<'m> {
                         out: u,
                     },
                 ],
+                rs,
             )?;
             cpu::silu_mul_isa(ctx.isa, g, u)?;
-            cpu::matmul_t(
+            cpu::matmul_t_each(
                 ctx,
                 g,
-                t,
+                b,
                 &mut [MatJob {
                     w: &l.down.0,
                     bias: l.down.1,
                     out: o,
                 }],
+                rs,
             )?;
-            for (a, b) in x.iter_mut().zip(o.iter()) {
-                *a += b;
-            }
+            add(x, o);
         }
-        self.pos += t;
-        if !head {
-            return Ok(());
+        for c in caches.iter_mut() {
+            c.pos += 1;
         }
-        let first = if all.is_some() { 0 } else { t - 1 };
-        for i in first..t {
-            let h = &mut s.h[..hid];
-            cpu::rms_norm(&s.x[i * hid..(i + 1) * hid], self.final_norm, self.eps, h)?;
-            cpu::matmul_t(
-                ctx,
-                h,
-                1,
-                &mut [MatJob {
-                    w: &self.head.0,
-                    bias: self.head.1,
-                    out: &mut s.logits,
-                }],
-            )?;
-            if let Some(f) = all.as_mut() {
-                f(i, &s.logits);
-            }
-        }
-        debug_assert_eq!(s.logits.len(), self.vocab);
-        Ok(())
+        let h = &mut s.h[..b * hid];
+        cpu::rms_norm(&s.x[..b * hid], w.final_norm, w.eps, h)?;
+        let logits = &mut s.logits[..b * w.vocab];
+        cpu::matmul_t_each(
+            ctx,
+            h,
+            b,
+            &mut [MatJob {
+                w: &w.head.0,
+                bias: w.head.1,
+                out: logits,
+            }],
+            rs,
+        )?;
+        Ok(&s.logits[..b * w.vocab])
+    }
+}
+
+/// [`CpuDecoder::hidden_last`] through `b` into `cache` (emptied first).
+fn hidden_last<'a>(
+    b: &'a mut CpuBatch<'_>,
+    cache: &mut CpuCache,
+    tokens: &[u32],
+) -> Result<&'a [f32]> {
+    if tokens.is_empty() {
+        return Err(EngineError::Other(
+            "CpuDecoder::hidden_last: no tokens".into(),
+        ));
+    }
+    cache.reset();
+    let mut t = 0;
+    for chunk in tokens.chunks(BLOCK) {
+        block(&b.w, &b.ctx, cache, &mut b.s, chunk, None, false)?;
+        t = chunk.len();
+    }
+    let hid = b.w.hidden;
+    let s = &mut b.s;
+    cpu::rms_norm(
+        &s.x[(t - 1) * hid..t * hid],
+        b.w.final_norm,
+        b.w.eps,
+        &mut s.h[..hid],
+    )?;
+    Ok(&s.h[..hid])
+}
+
+impl CpuBatch<'_> {
+    /// Sentence embeddings as [`embed`] computes them through a [`CpuDecoder`] (the same
+    /// bits), each text in a scratch cache of its own: the running sequences' caches are
+    /// untouched.
+    pub fn embed(&mut self, batch: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
+        let before = self.ctx.activations;
+        self.ctx.activations = Activations::F32;
+        let longest = batch.iter().map(Vec::len).max().unwrap_or(1);
+        let mut cache = self.new_cache(longest);
+        let out = embed_with(batch, &mut |ids| {
+            hidden_last(self, &mut cache, ids).map(<[f32]>::to_vec)
+        });
+        self.ctx.activations = before;
+        out
     }
 }
 
@@ -719,12 +1116,18 @@ impl<'m> CpuDecoder<'m> {
 pub fn embed(decoder: &mut CpuDecoder<'_>, batch: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
     let before = decoder.activations();
     decoder.set_activations(Activations::F32);
-    let out = embed_f32(decoder, batch);
+    let out = embed_with(batch, &mut |ids| {
+        decoder.hidden_last(ids).map(<[f32]>::to_vec)
+    });
     decoder.set_activations(before);
     out
 }
 
-fn embed_f32(decoder: &mut CpuDecoder<'_>, batch: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
+/// Each text's hidden state from `hidden`, L2-normalised.
+fn embed_with(
+    batch: &[Vec<u32>],
+    hidden: &mut dyn FnMut(&[u32]) -> Result<Vec<f32>>,
+) -> Result<Vec<Vec<f32>>> {
     if batch.is_empty() {
         return Err(EngineError::Other("embed: no texts given".into()));
     }
@@ -733,9 +1136,7 @@ fn embed_f32(decoder: &mut CpuDecoder<'_>, batch: &[Vec<u32>]) -> Result<Vec<Vec
         if ids.is_empty() {
             return Err(EngineError::Other(format!("embed: text {i} has no tokens")));
         }
-        let h = decoder
-            .hidden_last(ids)
-            .map_err(|e| EngineError::Other(format!("embed: text {i}: {e}")))?;
+        let h = hidden(ids).map_err(|e| EngineError::Other(format!("embed: text {i}: {e}")))?;
         // mlx-lm's order: sum of squares, square root, then max with 1e-12 and a division.
         let norm = h.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-12);
         out.push(h.iter().map(|v| v / norm).collect());

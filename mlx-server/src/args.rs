@@ -196,6 +196,18 @@ pub struct ServeArgs {
     /// does not fix); requests are then served one at a time (no batching).
     #[arg(long)]
     pub max_kv_size: Option<usize>,
+
+    /// `auto`: on the CPU backend, our multi-threaded SIMD CPU decoder runs the batch where
+    /// it covers the model and options (dense llama-family rows; float weights or MLX affine
+    /// 2/4/8-bit; not with --kv-bits or --max-kv-size), else MLX; `mlx`: MLX's own forward,
+    /// the exact path whose outputs match mlx_lm.server's; `cpu`: the CPU decoder, an error
+    /// where it does not apply. Its logits differ from MLX's by float rounding.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "mlx", "cpu"])]
+    pub decoder: String,
+
+    /// Worker threads of the CPU decoder (default: all cores).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..4097))]
+    pub threads: Option<u64>,
 }
 
 /// A positive, finite number of seconds no larger than a year.

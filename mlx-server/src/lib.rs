@@ -36,7 +36,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 
-use mlx_engine::batch::{Engine, EngineConfig};
+use mlx_engine::batch::{Engine, EngineConfig, EngineDecoder};
 use mlx_engine::chat_template::ChatTemplates;
 use mlx_engine::Tokenizer;
 use mlx_models::LanguageModel;
@@ -136,6 +136,16 @@ fn template_args(args: &ServeArgs) -> Result<Map<String, Value>, ServeError> {
     }
 }
 
+/// `--decoder` and `--threads` as the engine takes them.
+fn decoder(args: &ServeArgs) -> EngineDecoder {
+    let threads = args.threads.map_or(0, |t| t as usize);
+    match args.decoder.as_str() {
+        "mlx" => EngineDecoder::Mlx,
+        "cpu" => EngineDecoder::Cpu { threads },
+        _ => EngineDecoder::Auto { threads },
+    }
+}
+
 /// `--kv-bits`, `--kv-group-size`, `--quantized-kv-start`, `--max-kv-size`: the engine's
 /// one-at-a-time mode when `--kv-bits` or `--max-kv-size` is given.
 fn kv_options(args: &ServeArgs) -> Result<Option<mlx_engine::batch::KvOptions>, ServeError> {
@@ -215,6 +225,7 @@ impl Server {
             prompt_cache_entries: args.prompt_cache_size,
             prompt_cache_bytes: args.prompt_cache_bytes,
             kv: kv_options(&args)?,
+            decoder: decoder(&args),
         };
         let load_args = args.clone();
         let (ctx_tx, ctx_rx) = std::sync::mpsc::channel();
@@ -270,6 +281,7 @@ impl Server {
         if let Some(n) = model_context {
             tracing::info!(context_length = n, "the model's context length");
         }
+        tracing::info!(decoder = engine.decoder(), "the decoder running the batch");
         let limits = args.conn_limits();
         let guard = Arc::new(guard::Guard::new(&args));
         let state = Arc::new(state::AppState::new(

@@ -46,6 +46,7 @@ async fn health(State(state): State<Shared>) -> Json<Value> {
     let s = state.engine.stats();
     Json(json!({
         "status": "ok",
+        "decoder": state.engine.decoder(),
         "active": s.active.load(Ordering::Relaxed),
         "queued": s.queued.load(Ordering::Relaxed),
         "queued_tokens": s.queued_tokens.load(Ordering::Relaxed),
@@ -222,6 +223,17 @@ async fn handle(
             let (tx, rx) = unbounded_channel();
             rxs.push(rx);
             sinks.push(Box::new(Sink(tx)));
+        }
+        if state.engine.uses_cpu_decoder()
+            && parsed.n == 1
+            && parsed.request.num_draft_tokens.is_some()
+            && parsed.request.grammar.is_none()
+        {
+            tracing::info!(
+                route,
+                "request runs on the MLX path, alone: speculative decoding (--draft-model) \
+                 verifies drafts there"
+            );
         }
         let submitted = if parsed.n == 1 {
             let sink = sinks.pop().ok_or_else(|| ApiError::server("no choice"))?;

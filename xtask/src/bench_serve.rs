@@ -3,9 +3,11 @@
 //! clients (`xtask/oracle/bench_serve_client.py` is the load generator; both servers are
 //! greedy, EOS suppressed, the same prompt and length).
 //!
-//! The model must be a directory with a tokenizer; the default is the tiny fixture
-//! (`mlx-engine/tests/fixtures/tiny_chat`), where kernels cost next to nothing and the numbers
-//! measure the serving loop itself.
+//! The model is a directory with a tokenizer or a GGUF file (mlx_lm.server cannot load GGUF:
+//! pass `--skip-mlx-lm`); the default is the tiny fixture (`mlx-engine/tests/fixtures/tiny_chat`),
+//! where kernels cost next to nothing and the numbers measure the serving loop itself.
+//! `--decoders auto,mlx` runs `mlx serve` once per `--decoder` (the CPU decoder, the exact MLX
+//! path), with `--threads N` when given.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -24,12 +26,18 @@ struct Options {
     rounds: usize,
     max_batch: usize,
     skip_mlx_lm: bool,
+    /// `--decoder` values, one run of `mlx serve` each.
+    decoders: Vec<String>,
+    threads: Option<usize>,
+    /// A built `mlx-serve` to run instead of building the release one.
+    bin: Option<PathBuf>,
     /// Also write the table (Markdown) here.
     out: Option<PathBuf>,
 }
 
-const USAGE: &str = "usage: cargo xtask bench serve [--model DIR] [--clients 1,4,16,32] \
-                     [--max-tokens N] [--rounds R] [--max-batch B] [--skip-mlx-lm] [--out FILE.md]";
+const USAGE: &str = "usage: cargo xtask bench serve [--model DIR|FILE.gguf] [--clients 1,4,16,32] \
+                     [--max-tokens N] [--rounds R] [--max-batch B] [--decoders auto,mlx] \
+                     [--threads N] [--bin MLX_SERVE] [--skip-mlx-lm] [--out FILE.md]";
 
 fn parse(args: &[String]) -> Result<Options, String> {
     let mut o = Options {
@@ -39,6 +47,9 @@ fn parse(args: &[String]) -> Result<Options, String> {
         rounds: 2,
         max_batch: 32,
         skip_mlx_lm: false,
+        decoders: vec!["auto".into()],
+        threads: None,
+        bin: None,
         out: None,
     };
     let mut it = args.iter();
@@ -56,6 +67,20 @@ fn parse(args: &[String]) -> Result<Options, String> {
             "--rounds" => o.rounds = num(val()?)?,
             "--max-batch" => o.max_batch = num(val()?)?,
             "--skip-mlx-lm" => o.skip_mlx_lm = true,
+            "--decoders" => {
+                o.decoders = val()?.split(',').map(str::to_string).collect();
+                if let Some(d) = o
+                    .decoders
+                    .iter()
+                    .find(|d| !matches!(d.as_str(), "auto" | "mlx" | "cpu"))
+                {
+                    return Err(format!(
+                        "--decoders: {d:?} is not auto, mlx or cpu\n{USAGE}"
+                    ));
+                }
+            }
+            "--threads" => o.threads = Some(num(val()?)?),
+            "--bin" => o.bin = Some(PathBuf::from(val()?)),
             "--out" => o.out = Some(PathBuf::from(val()?)),
             "--help" | "-h" => return Err(USAGE.into()),
             other => return Err(format!("unknown option {other}\n{USAGE}")),
@@ -103,6 +128,30 @@ fn wait_ready(port: u16, path: &str, server: &mut Server) -> Result<(), String> 
     Err("the server did not become ready in 600 s".into())
 }
 
+/// `/proc/loadavg`'s first three figures (the machine is shared: the figures depend on them).
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// The `decoder` field of the server's `/health`.
+fn health_decoder(port: u16) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    write!(
+        s,
+        "GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).ok()?;
+    let body = &buf[buf.find("\r\n\r\n")? + 4..];
+    let v: Value = serde_json::from_str(body.trim()).ok()?;
+    v["decoder"].as_str().map(str::to_string)
+}
+
 fn load(py: &Path, port: u16, o: &Options) -> Result<Vec<Value>, String> {
     let script = workspace_root().join("xtask/oracle/bench_serve_client.py");
     let out = Command::new(py)
@@ -127,42 +176,59 @@ fn load(py: &Path, port: u16, o: &Options) -> Result<Vec<Value>, String> {
 pub fn run(args: &[String]) -> Result<(), String> {
     let o = parse(args)?;
     let py = oracle::ensure()?;
-    let status = Command::new("cargo")
-        .args([
-            "build",
-            "--release",
-            "-p",
-            "mlx-server",
-            "--bin",
-            "mlx-serve",
-        ])
-        .current_dir(workspace_root())
-        .status()
-        .map_err(|e| format!("cargo build: {e}"))?;
-    if !status.success() {
-        return Err("building mlx-serve failed".into());
-    }
-    let bin = workspace_root().join("target/release/mlx-serve");
+    let bin = match &o.bin {
+        Some(b) => b.clone(),
+        None => {
+            let status = Command::new("cargo")
+                .args([
+                    "build",
+                    "--release",
+                    "-p",
+                    "mlx-server",
+                    "--bin",
+                    "mlx-serve",
+                ])
+                .current_dir(workspace_root())
+                .status()
+                .map_err(|e| format!("cargo build: {e}"))?;
+            if !status.success() {
+                return Err("building mlx-serve failed".into());
+            }
+            let target = std::env::var_os("CARGO_TARGET_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| workspace_root().join("target"));
+            target.join("release/mlx-serve")
+        }
+    };
     let model = o.model.display().to_string();
+    let load_before = load_average();
 
-    let port = free_port()?;
-    let mut ours = Server(
-        Command::new(&bin)
-            .args(["--model", &model, "--port", &port.to_string()])
+    let mut ours = Vec::new();
+    for decoder in &o.decoders {
+        let port = free_port()?;
+        let mut cmd = Command::new(&bin);
+        cmd.args(["--model", &model, "--port", &port.to_string()])
             .args([
                 "--max-batch",
                 &o.max_batch.to_string(),
                 "--queue-size",
                 "256",
             ])
-            .args(["--log-level", "warn"])
-            .spawn()
-            .map_err(|e| format!("starting {}: {e}", bin.display()))?,
-    );
-    wait_ready(port, "/health", &mut ours)?;
-    eprintln!("bench serve: mlx serve on port {port}");
-    let ours_rows = load(&py, port, &o)?;
-    drop(ours);
+            .args(["--decoder", decoder])
+            .args(["--log-level", "warn"]);
+        if let Some(t) = o.threads {
+            cmd.args(["--threads", &t.to_string()]);
+        }
+        let mut server = Server(
+            cmd.spawn()
+                .map_err(|e| format!("starting {}: {e}", bin.display()))?,
+        );
+        wait_ready(port, "/health", &mut server)?;
+        let which = health_decoder(port).unwrap_or_default();
+        eprintln!("bench serve: mlx serve --decoder {decoder} ({which}) on port {port}");
+        ours.push((decoder.clone(), which, load(&py, port, &o)?));
+    }
+    let ours_rows = ours.first().map(|x| x.2.clone()).unwrap_or_default();
 
     let theirs_rows = if o.skip_mlx_lm {
         Vec::new()
@@ -182,17 +248,73 @@ pub fn run(args: &[String]) -> Result<(), String> {
         load(&py, port, &o)?
     };
 
+    let load_after = load_average();
     let mut lines = vec![
         format!(
-            "model `{}`; {} tokens per request, {} rounds per client, `--max-batch {}`; \
-             aggregate generated tokens/s over all clients (streaming, greedy, EOS suppressed)",
-            model, o.max_tokens, o.rounds, o.max_batch
+            "model `{}`; {} tokens per request, {} rounds per client, `--max-batch {}`{}; \
+             aggregate generated tokens/s over all clients (streaming, greedy, EOS suppressed); \
+             load average {} before, {} after",
+            model,
+            o.max_tokens,
+            o.rounds,
+            o.max_batch,
+            o.threads
+                .map_or(String::new(), |t| format!(", `--threads {t}`")),
+            load_before,
+            load_after
         ),
         String::new(),
+    ];
+    if ours.len() > 1 {
+        lines.push(
+            "| clients | ".to_string()
+                + &ours
+                    .iter()
+                    .map(|(d, w, _)| format!("`--decoder {d}` ({w}) tok/s"))
+                    .collect::<Vec<_>>()
+                    .join(" | ")
+                + " | errors |",
+        );
+        lines.push(format!("|---:|{}---:|", "---:|".repeat(ours.len())));
+        for (i, r) in ours_rows.iter().enumerate() {
+            let cells: Vec<String> = ours
+                .iter()
+                .map(|(_, _, rows)| {
+                    rows.get(i)
+                        .and_then(|x| x["tokens_per_s"].as_f64())
+                        .map_or("-".into(), |t| format!("{t:.1}"))
+                })
+                .collect();
+            let errors: u64 = ours
+                .iter()
+                .filter_map(|(_, _, rows)| rows.get(i).and_then(|x| x["errors"].as_u64()))
+                .sum();
+            lines.push(format!(
+                "| {} | {} | {errors} |",
+                r["clients"],
+                cells.join(" | ")
+            ));
+        }
+        lines.push(String::new());
+        for (d, _, rows) in &ours {
+            let one = rows.first().and_then(|r| r["tokens_per_s"].as_f64());
+            for r in rows.iter().skip(1) {
+                if let (Some(one), Some(t)) = (one, r["tokens_per_s"].as_f64()) {
+                    lines.push(format!(
+                        "- `--decoder {d}`: {} clients = {:.2}x one client",
+                        r["clients"],
+                        t / one
+                    ));
+                }
+            }
+        }
+        lines.push(String::new());
+    }
+    lines.extend([
         "| clients | mlx serve tok/s | mlx_lm.server tok/s | ratio | errors (ours / mlx_lm) |"
             .into(),
         "|---:|---:|---:|---:|---:|".into(),
-    ];
+    ]);
     let single = ours_rows
         .first()
         .and_then(|r| r["tokens_per_s"].as_f64())

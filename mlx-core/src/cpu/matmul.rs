@@ -386,7 +386,7 @@ pub fn matmul_t(ctx: &CpuContext, x: &[f32], m: usize, jobs: &mut [MatJob<'_, '_
 
 /// Inputs at most for the int8 path (more: a prompt block, which the float kernels' reuse of
 /// each dequantized row serves better).
-const INT8_MAX_M: usize = 4;
+pub(super) const INT8_MAX_M: usize = 4;
 
 /// Stack space for `x` quantized to int8.
 #[cfg(target_arch = "x86_64")]
@@ -406,21 +406,21 @@ struct QBuf16 {
 
 /// Whether the int16 kernel takes `w`: 4- or 8-bit affine, groups of 32 times a power of two.
 #[cfg(target_arch = "x86_64")]
-fn int16_kernel(w: &Matrix<'_>) -> bool {
+pub(super) fn int16_kernel(w: &Matrix<'_>) -> bool {
     matches!(w.kind, Kind::Affine { bits: 4 | 8, group, .. } if (group / 32).is_power_of_two())
         && super::x86::supports(w)
 }
 
 /// Whether the int8 kernel takes `w`: 4-bit affine, groups of 32 times a power of two.
 #[cfg(target_arch = "x86_64")]
-fn int8_kernel(w: &Matrix<'_>) -> bool {
+pub(super) fn int8_kernel(w: &Matrix<'_>) -> bool {
     matches!(w.kind, Kind::Affine { bits: 4, group, .. } if (group / 32).is_power_of_two())
         && super::x86::supports(w)
 }
 
 /// Rows `r0..r1` of the product into `out` (`(m, rows)`).
 #[allow(clippy::too_many_arguments)]
-fn rows(
+pub(super) fn rows(
     isa: Isa,
     w: &Matrix<'_>,
     r0: usize,

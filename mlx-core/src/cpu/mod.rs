@@ -14,12 +14,14 @@
 //! Nothing here allocates per call except where a function says so; scratch space is the
 //! caller's or on the stack.
 
+mod batch;
 mod matmul;
 mod ops;
 mod pool;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+pub use batch::{matmul_t_each, RowsScratch};
 pub use matmul::{matmul_t, Floats, MatJob, Matrix, MAX_JOBS};
 pub use ops::{
     attention, rms_norm, rope, rope_inv_freqs, silu_mul, silu_mul_isa, AttentionShape, MAX_HEAD_DIM,

@@ -34,8 +34,9 @@ use mlx_models::embed::{embed, to_vecs};
 use mlx_models::LanguageModel;
 
 use super::text::TextState;
+use crate::cpu_decode::{CpuBatch, CpuCache, BLOCK};
 use crate::error::{EngineError, Result};
-use crate::generate::{make_prompt_cache, maybe_quantize_kv_cache};
+use crate::generate::{cpu_decode_unsupported, make_prompt_cache, maybe_quantize_kv_cache};
 use crate::grammar::{apply_mask, Grammar};
 use crate::prompt_cache::PromptCache;
 use crate::sample::SamplerSettings;
@@ -136,6 +137,21 @@ pub struct EngineConfig {
     /// run one at a time over the caches `generate_step` makes (a rotating or quantized
     /// cache has no batched form), as mlx_lm.server serves them with `--kv-bits`.
     pub kv: Option<KvOptions>,
+    /// Which decoder runs the batch (the exact MLX forward by default).
+    pub decoder: EngineDecoder,
+}
+
+/// The decoder of [`EngineConfig::decoder`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum EngineDecoder {
+    /// The model's MLX forward (the exact path, mlx_lm.server's numerics).
+    #[default]
+    Mlx,
+    /// [`crate::cpu_decode::CpuBatch`] on `threads` workers (0: all cores) where it covers
+    /// the model and the options (MLX on the CPU, no `kv` options), else the MLX forward.
+    Auto { threads: usize },
+    /// The CPU decoder; loading fails with the reason where it does not apply.
+    Cpu { threads: usize },
 }
 
 /// The KV cache options of [`EngineConfig::kv`], as `generate_step` takes them.
@@ -157,6 +173,7 @@ impl Default for EngineConfig {
             prompt_cache_entries: 16,
             prompt_cache_bytes: 1 << 30,
             kv: None,
+            decoder: EngineDecoder::Mlx,
         }
     }
 }
@@ -263,6 +280,44 @@ pub struct Engine {
     stats: Arc<EngineStats>,
     tokenizer: Arc<Tokenizer>,
     vocab_size: usize,
+    /// Which decoder runs the batch, and why (see [`Engine::decoder`]).
+    decoder: Arc<str>,
+}
+
+/// The decoder for `model` under `config` (`None`: the MLX forward) and the line saying which
+/// runs and, where `auto` fell back, why; an error where `cpu` was asked for and cannot run.
+fn pick_decoder<'m>(
+    model: &'m dyn LanguageModel,
+    config: &EngineConfig,
+) -> Result<(Option<CpuBatch<'m>>, String)> {
+    let threads = match config.decoder {
+        EngineDecoder::Mlx => return Ok((None, "mlx (--decoder mlx)".into())),
+        EngineDecoder::Auto { threads } | EngineDecoder::Cpu { threads } => threads,
+    };
+    let opts = crate::generate::GenerateOptions {
+        max_kv_size: config.kv.as_ref().and_then(|k| k.max_kv_size),
+        kv_bits: config.kv.as_ref().and_then(|k| k.kv_bits),
+        ..Default::default()
+    };
+    let why = if config.kv.is_some() && opts.max_kv_size.is_none() && opts.kv_bits.is_none() {
+        Some("the one-at-a-time KV cache options".to_string())
+    } else {
+        cpu_decode_unsupported(model, &opts, false)
+    };
+    match (why, config.decoder) {
+        (None, _) => {
+            let cpu = CpuBatch::new(model, threads)?;
+            let note = format!("cpu ({}, {} threads)", cpu.isa(), cpu.threads());
+            Ok((Some(cpu), note))
+        }
+        (Some(why), EngineDecoder::Cpu { .. }) => Err(EngineError::CpuDecoderUnsupported(format!(
+            "--decoder cpu: {why}"
+        ))),
+        (Some(why), _) => Ok((
+            None,
+            format!("mlx (auto: the CPU decoder does not apply: {why})"),
+        )),
+    }
 }
 
 impl Engine {
@@ -302,7 +357,7 @@ impl Engine {
             config.prompt_cache_entries = 0;
         }
         let (tx, rx) = mpsc::sync_channel::<Work>(config.queue_size);
-        let (ready_tx, ready_rx) = mpsc::channel::<Result<(Arc<Tokenizer>, usize)>>();
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<(Arc<Tokenizer>, usize, String)>>();
         let stats = Arc::new(EngineStats::default());
         let thread_stats = stats.clone();
         let queue_size = config.queue_size;
@@ -319,16 +374,24 @@ impl Engine {
                 };
                 let tokenizer = Arc::new(tokenizer);
                 let vocab = model.vocab_size().max(0) as usize;
-                if ready_tx.send(Ok((tokenizer.clone(), vocab))).is_err() {
+                let (cpu, note) = match pick_decoder(model.as_ref(), &config) {
+                    Ok(x) => x,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                if ready_tx.send(Ok((tokenizer.clone(), vocab, note))).is_err() {
                     return;
                 }
-                let mut worker = Worker::new(model, tokenizer, config, thread_stats);
-                worker.draft = draft;
+                let mut worker = Worker::new(model.as_ref(), tokenizer, config, thread_stats);
+                worker.draft = draft.as_deref();
+                worker.cpu = cpu;
                 worker.run(rx);
             })
             .map_err(|e| EngineError::Other(format!("starting the engine thread: {e}")))?;
         match ready_rx.recv() {
-            Ok(Ok((tokenizer, vocab_size))) => Ok((
+            Ok(Ok((tokenizer, vocab_size, decoder))) => Ok((
                 Engine {
                     tx,
                     queue_size,
@@ -336,6 +399,7 @@ impl Engine {
                     stats,
                     tokenizer,
                     vocab_size,
+                    decoder: decoder.into(),
                 },
                 handle,
             )),
@@ -349,6 +413,16 @@ impl Engine {
     /// The tokenizer the engine was loaded with (tokenize on the caller's thread).
     pub fn tokenizer(&self) -> &Arc<Tokenizer> {
         &self.tokenizer
+    }
+
+    /// Which decoder runs the batch: `cpu (ISA, N threads)` or `mlx (REASON)`.
+    pub fn decoder(&self) -> &str {
+        &self.decoder
+    }
+
+    /// Whether the batch runs on the CPU decoder.
+    pub fn uses_cpu_decoder(&self) -> bool {
+        self.decoder.starts_with("cpu")
     }
 
     /// The model's vocabulary size: prompt ids must be below it.
@@ -476,17 +550,24 @@ struct Seq {
     deadline: Option<Instant>,
     /// The row's grammar, advanced by every token it emits.
     grammar: Option<Grammar>,
+    /// The row's cache when the CPU decoder runs the batch.
+    cpu: Option<CpuCache>,
 }
 
-struct Worker {
-    model: Box<dyn LanguageModel>,
+struct Worker<'m> {
+    model: &'m dyn LanguageModel,
+    /// The CPU decoder, when it runs the batch (each row's cache is in its `Seq`).
+    cpu: Option<CpuBatch<'m>>,
     /// The draft model of speculative requests, and those requests, waiting to run alone.
-    draft: Option<Box<dyn LanguageModel>>,
+    draft: Option<&'m dyn LanguageModel>,
     speculative: VecDeque<Job>,
     tokenizer: Arc<Tokenizer>,
     config: EngineConfig,
     stats: Arc<EngineStats>,
     prompt_cache: PromptCache,
+    /// The CPU decoder's prompt cache: finished sequences' tokens and caches, most recent
+    /// first (see [`Worker::cpu_reuse`]).
+    cpu_prompts: VecDeque<(Vec<u32>, CpuCache)>,
     rows: Vec<Seq>,
     caches: Vec<Box<dyn Cache>>,
     steps: usize,
@@ -538,6 +619,9 @@ struct Prefill {
     done: usize,
     /// Tokens of this task still counted in `queued_tokens`.
     pending: usize,
+    /// The request's cache when the CPU decoder prefills it (then `heads` is the whole
+    /// prompt, `m` its length).
+    cpu: Option<CpuCache>,
 }
 
 /// Embeddings under way.
@@ -562,9 +646,9 @@ fn release_tokens(stats: &EngineStats, n: usize) {
     }
 }
 
-impl Worker {
+impl<'m> Worker<'m> {
     fn new(
-        model: Box<dyn LanguageModel>,
+        model: &'m dyn LanguageModel,
         tokenizer: Arc<Tokenizer>,
         config: EngineConfig,
         stats: Arc<EngineStats>,
@@ -572,12 +656,14 @@ impl Worker {
         let prompt_cache = PromptCache::new(config.prompt_cache_entries, config.prompt_cache_bytes);
         Worker {
             model,
+            cpu: None,
             draft: None,
             speculative: VecDeque::new(),
             tokenizer,
             config,
             stats,
             prompt_cache,
+            cpu_prompts: VecDeque::new(),
             rows: Vec::new(),
             caches: Vec::new(),
             steps: 0,
@@ -816,9 +902,13 @@ impl Worker {
             tokens += t.inputs[end].len();
             end += 1;
         }
-        let result = embed(self.model.as_ref(), &t.inputs[t.next..end])
-            .and_then(|e| to_vecs(&e))
-            .map_err(|e| e.to_string());
+        let result = match self.cpu.as_mut() {
+            // The CPU decoder's embeddings (`mlx embed`'s default; tier L3 against MLX's).
+            Some(cpu) => cpu.embed(&t.inputs[t.next..end]).map_err(|e| e.to_string()),
+            None => embed(self.model, &t.inputs[t.next..end])
+                .and_then(|e| to_vecs(&e))
+                .map_err(|e| e.to_string()),
+        };
         let _ = memory::clear_cache();
         self.since_release += tokens;
         match result {
@@ -856,7 +946,7 @@ impl Worker {
         } = job;
         self.stats.queued.fetch_sub(1, Ordering::Relaxed);
         release_tokens(&self.stats, r.prompt.len());
-        let Some(draft) = self.draft.as_deref() else {
+        let Some(draft) = self.draft else {
             sink.send(BatchEvent::Error("the engine has no draft model".into()));
             return;
         };
@@ -885,7 +975,7 @@ impl Worker {
                 top_logprobs: if r.logprobs { r.top_logprobs } else { 0 },
             };
             let stream = crate::stream::stream_generate_speculative(
-                self.model.as_ref(),
+                self.model,
                 &self.tokenizer,
                 &r.prompt,
                 None,
@@ -977,7 +1067,11 @@ impl Worker {
         if keep.len() == self.rows.len() {
             return Ok(());
         }
-        if store && self.config.prompt_cache_entries > 0 && self.config.kv.is_none() {
+        if store
+            && self.config.prompt_cache_entries > 0
+            && self.config.kv.is_none()
+            && self.cpu.is_none()
+        {
             for i in (0..self.rows.len()).filter(|i| !keep.contains(i)) {
                 let caches = self.extract_row(i)?;
                 if caches.first().map(|c| c.offset()) == Some(self.rows[i].cached.len()) {
@@ -988,6 +1082,13 @@ impl Worker {
         }
         let mut old: Vec<Option<Seq>> = self.rows.drain(..).map(Some).collect();
         self.rows = keep.iter().filter_map(|&i| old[i].take()).collect();
+        if store {
+            for row in old.into_iter().flatten() {
+                if let Some(cache) = row.cpu {
+                    self.cpu_store(row.cached, cache);
+                }
+            }
+        }
         if self.rows.is_empty() {
             self.caches.clear();
             return Ok(());
@@ -1085,7 +1186,7 @@ fn last_logits(logits: &Array) -> Result<Array> {
     )?)
 }
 
-impl Worker {
+impl Worker<'_> {
     /// Turns the requests that join in this step into prefill tasks. Those without a cached
     /// prefix or a seed are prefilled together, left-padded in one batch cache (mlx-lm's
     /// `BatchGenerator`); the others alone, continuing their cached prefix.
@@ -1094,6 +1195,10 @@ impl Worker {
         for job in jobs {
             if job.closed() {
                 release_tokens(&self.stats, job.request.prompt.len());
+                continue;
+            }
+            if self.cpu.is_some() {
+                self.start_cpu(job);
                 continue;
             }
             let alone = !job.extra.is_empty() || self.config.kv.is_some();
@@ -1194,6 +1299,7 @@ impl Worker {
             m,
             done: 0,
             pending: len - reused,
+            cpu: None,
         })));
     }
 
@@ -1203,7 +1309,7 @@ impl Worker {
     /// every last token gives each its first token.
     /// Takes the jobs out of `jobs` once nothing can fail any more.
     fn start_together(&mut self, jobs: &mut Vec<Job>) -> Result<()> {
-        let layers = make_prompt_cache(self.model.as_ref(), None)?;
+        let layers = make_prompt_cache(self.model, None)?;
         let jobs = std::mem::take(jobs);
         let total: usize = jobs.iter().map(|j| j.request.prompt.len()).sum();
         if let Err(e) = check_plain(&layers) {
@@ -1239,6 +1345,7 @@ impl Worker {
             m,
             done: 0,
             pending: total,
+            cpu: None,
         })));
         Ok(())
     }
@@ -1259,6 +1366,9 @@ impl Worker {
     /// `generate_step` cuts). When only the last prompt tokens remain, their step too, which
     /// gives every request its first token and joins the batch. `true` when finished.
     fn prefill_slice(&mut self, p: &mut Prefill) -> Result<bool> {
+        if p.cpu.is_some() {
+            return self.cpu_prefill_slice(p);
+        }
         if p.done < p.m {
             let n = self.config.prefill_step_size.min(p.m - p.done);
             let k = p.jobs.len();
@@ -1291,6 +1401,211 @@ impl Worker {
         }
         self.finish_prefill(p)?;
         Ok(true)
+    }
+
+    /// Queues the prefill of one request on the CPU decoder: its whole prompt into a cache of
+    /// its own, in slices of `prefill_step_size` rounded down to whole blocks (so the cache
+    /// and the last logits are those of one [`CpuBatch::prefill`] of the prompt, what `mlx
+    /// generate` computes). No prompt-cache reuse: the prompt cache holds MLX caches.
+    fn start_cpu(&mut self, job: Job) {
+        let len = job.request.prompt.len();
+        let checked = if len == 0 {
+            Err("the prompt is empty".to_string())
+        } else if let Some(&bad) = job
+            .request
+            .prompt
+            .iter()
+            .find(|&&t| t as usize >= self.vocab())
+        {
+            Err(format!(
+                "token id {bad} is outside the model's vocabulary of {}",
+                self.vocab()
+            ))
+        } else {
+            Ok(())
+        };
+        if self.cpu.is_none() {
+            return;
+        }
+        if let Err(e) = checked {
+            release_tokens(&self.stats, len);
+            let mut sink = job.sink;
+            sink.send(BatchEvent::Error(e));
+            return;
+        }
+        let (cache, reused) = match self.cpu_reuse(&job.request.prompt) {
+            Some(hit) => hit,
+            None => match self.cpu.as_ref() {
+                Some(cpu) => (cpu.new_cache(len + job.request.max_tokens.min(4096)), 0),
+                None => return,
+            },
+        };
+        release_tokens(&self.stats, reused);
+        if reused > 0 {
+            self.stats.prompt_cache_hits.fetch_add(1, Ordering::Relaxed);
+        }
+        self.stats
+            .reused_tokens
+            .fetch_add(reused, Ordering::Relaxed);
+        self.stats
+            .prefilled_tokens
+            .fetch_add(len - reused, Ordering::Relaxed);
+        let heads = job.request.prompt.iter().map(|&t| t as i32).collect();
+        self.tasks.push_back(Task::Prefill(Box::new(Prefill {
+            jobs: vec![job],
+            caches: Vec::new(),
+            reused,
+            together: false,
+            heads,
+            lens: vec![len],
+            m: len,
+            done: reused,
+            pending: len - reused,
+            cpu: Some(cache),
+        })));
+    }
+
+    /// One slice of a CPU prefill; the last one also gives the request its first tokens and
+    /// its rows. `true` when finished.
+    fn cpu_prefill_slice(&mut self, p: &mut Prefill) -> Result<bool> {
+        let step = (self.config.prefill_step_size / BLOCK * BLOCK).max(BLOCK);
+        let n = step.min(p.m - p.done);
+        let tokens: Vec<u32> = p.heads[p.done..p.done + n]
+            .iter()
+            .map(|&t| t as u32)
+            .collect();
+        let last = p.done + n == p.m;
+        let (Some(cpu), Some(cache)) = (self.cpu.as_mut(), p.cpu.as_mut()) else {
+            return Err(EngineError::Other(
+                "a CPU prefill without the CPU decoder".into(),
+            ));
+        };
+        let result = if last {
+            cpu.prefill(cache, &tokens).map(|l| Some(l.to_vec()))
+        } else {
+            cpu.prefill_part(cache, &tokens).map(|()| None)
+        };
+        release_tokens(&self.stats, n.min(p.pending));
+        p.pending = p.pending.saturating_sub(n);
+        self.since_release += n;
+        p.done += n;
+        match result {
+            Err(e) => {
+                self.fail_prefill(p, &e);
+                Ok(true)
+            }
+            Ok(None) => Ok(false),
+            Ok(Some(logits)) => {
+                self.cpu_finish_prefill(p, &logits)?;
+                Ok(true)
+            }
+        }
+    }
+
+    /// The first tokens of a CPU-prefilled request from its prompt's last logits, as
+    /// `last_step` gives them on the MLX path (the seed applied just before); each choice a
+    /// row with its own copy of the cache.
+    fn cpu_finish_prefill(&mut self, p: &mut Prefill, logits: &[f32]) -> Result<()> {
+        release_tokens(&self.stats, p.pending);
+        p.pending = 0;
+        let (Some(job), Some(cache)) = (p.jobs.pop(), p.cpu.take()) else {
+            return Ok(());
+        };
+        let Job {
+            mut request,
+            sink,
+            extra,
+        } = job;
+        let mut grammar = request.grammar.take();
+        let mut sinks = vec![sink];
+        sinks.extend(extra);
+        let n = sinks.len();
+        let first = (|| -> Result<(Vec<u32>, Array)> {
+            if let Some(seed) = request.seed {
+                random::seed(seed)?;
+            }
+            let logits = Array::from_slice(logits, &[1, logits.len() as i32])?;
+            self.first_token(&request, logits, grammar.as_mut(), n)
+        })();
+        let (first, logprobs) = match first {
+            Ok(x) => x,
+            Err(e) => {
+                for mut sink in sinks {
+                    sink.send(BatchEvent::Error(e.to_string()));
+                }
+                return Ok(());
+            }
+        };
+        let mut cache = Some(cache);
+        for (i, (sink, &token)) in sinks.into_iter().zip(&first).enumerate() {
+            let g = if i + 1 == n {
+                grammar.take()
+            } else {
+                grammar.clone()
+            };
+            if let Some(mut row) = self.start_row(&request, sink, token, &logprobs, p.reused, g)? {
+                row.cpu = if i + 1 == n {
+                    cache.take()
+                } else {
+                    cache.clone()
+                };
+                self.rows.push(row);
+            }
+        }
+        if let Some(cache) = cache {
+            // No choice went on: the prompt's cache is kept for reuse.
+            self.cpu_store(request.prompt, cache);
+        }
+        Ok(())
+    }
+
+    /// The longest reusable prefix of `prompt` among the stored CPU caches: a copy of that
+    /// cache cut to a whole number of prefill blocks, short of the last prompt token (so the
+    /// rest is prefilled in the blocks a full prefill cuts: where the reused part was itself
+    /// prefilled, the result is a full prefill's, bit for bit). `None` under one block.
+    fn cpu_reuse(&mut self, prompt: &[u32]) -> Option<(CpuCache, usize)> {
+        let (i, common) = self
+            .cpu_prompts
+            .iter()
+            .enumerate()
+            .map(|(i, (t, _))| (i, t.iter().zip(prompt).take_while(|(a, b)| a == b).count()))
+            .max_by_key(|&(i, n)| (n, std::cmp::Reverse(i)))?;
+        let n = common.min(prompt.len().saturating_sub(1)) / BLOCK * BLOCK;
+        if n == 0 {
+            return None;
+        }
+        let entry = self.cpu_prompts.remove(i)?;
+        let mut cache = entry.1.clone();
+        cache.truncate(n);
+        // Most recently used first.
+        self.cpu_prompts.push_front(entry);
+        Some((cache, n))
+    }
+
+    /// Keeps `cache` (holding `tokens`) for reuse, within the prompt cache's entry and byte
+    /// limits (the least recently used go first).
+    fn cpu_store(&mut self, tokens: Vec<u32>, cache: CpuCache) {
+        let (entries, bytes) = (
+            self.config.prompt_cache_entries,
+            self.config.prompt_cache_bytes,
+        );
+        if entries == 0 || cache.nbytes() > bytes || cache.position() != tokens.len() {
+            return;
+        }
+        // An entry this one extends is redundant.
+        self.cpu_prompts
+            .retain(|(t, _)| !(t.len() <= tokens.len() && tokens[..t.len()] == t[..]));
+        self.cpu_prompts.push_front((tokens, cache));
+        let mut total = 0;
+        let mut keep = 0;
+        for (_, c) in &self.cpu_prompts {
+            if keep == entries || total + c.nbytes() > bytes {
+                break;
+            }
+            total += c.nbytes();
+            keep += 1;
+        }
+        self.cpu_prompts.truncate(keep);
     }
 
     /// Ends a prefill with an error for each of its requests (the running batch is untouched).
@@ -1447,7 +1762,7 @@ impl Worker {
     /// mode of [`EngineConfig::kv`], the model's own otherwise.
     fn fresh_caches(&self) -> Result<Vec<Box<dyn Cache>>> {
         let max_kv_size = self.config.kv.as_ref().and_then(|k| k.max_kv_size);
-        make_prompt_cache(self.model.as_ref(), max_kv_size)
+        make_prompt_cache(self.model, max_kv_size)
     }
 
     /// `maybe_quantize_kv_cache` after a forward pass, with `--kv-bits`.
@@ -1493,6 +1808,7 @@ impl Worker {
             top_logprobs: request.top_logprobs,
             deadline: request.timeout.map(|t| Instant::now() + t),
             grammar,
+            cpu: None,
         };
         Ok(match self.emit(&mut row, first, Some(logprobs))? {
             Outcome::Continue => Some(row),
@@ -1578,16 +1894,34 @@ impl Worker {
         self.stats.max_batch_seen.fetch_max(b, Ordering::Relaxed);
         self.stats.decoded_rows.fetch_add(b, Ordering::Relaxed);
         let inputs: Vec<i32> = self.rows.iter().map(|r| r.next_input as i32).collect();
-        let x = Array::from_slice(&inputs, &[b as i32, 1])?;
-        let logits = self.model.forward(&x, Some(&mut self.caches))?;
-        if self.config.kv.is_some() {
-            let mut caches = std::mem::take(&mut self.caches);
-            let q = self.quantize(&mut caches);
-            self.caches = caches;
-            q?;
-        }
-        let n = logits.dim(1)?;
-        let mut logits = ops::squeeze(&ops::slice_axis(&logits, 1, n - 1, n, None)?, &[1], None)?;
+        let mut logits = if let Some(cpu) = self.cpu.as_mut() {
+            // One CPU step over every row's own cache: `(batch, vocab)` float32 logits, each
+            // row's what it gets decoded alone; the rest of the step is the MLX path's.
+            let tokens: Vec<u32> = self.rows.iter().map(|r| r.next_input).collect();
+            let mut caches = self
+                .rows
+                .iter_mut()
+                .map(|r| {
+                    r.cpu.as_mut().ok_or_else(|| {
+                        EngineError::Other("a row of the CPU batch has no CPU cache".into())
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let vocab = cpu.vocab();
+            let l = cpu.step(&mut caches, &tokens)?;
+            Array::from_slice(l, &[b as i32, vocab as i32])?
+        } else {
+            let x = Array::from_slice(&inputs, &[b as i32, 1])?;
+            let logits = self.model.forward(&x, Some(&mut self.caches))?;
+            if self.config.kv.is_some() {
+                let mut caches = std::mem::take(&mut self.caches);
+                let q = self.quantize(&mut caches);
+                self.caches = caches;
+                q?;
+            }
+            let n = logits.dim(1)?;
+            ops::squeeze(&ops::slice_axis(&logits, 1, n - 1, n, None)?, &[1], None)?
+        };
         for (row, &t) in self.rows.iter_mut().zip(&inputs) {
             if !row.processors.is_empty() {
                 row.context.push(t);

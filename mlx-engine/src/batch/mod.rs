@@ -16,7 +16,7 @@ pub mod engine;
 mod text;
 
 pub use engine::{
-    BatchEvent, BatchRequest, EmbedReply, Engine, EngineConfig, EngineStats, EventSink, KvOptions,
-    SubmitError,
+    BatchEvent, BatchRequest, EmbedReply, Engine, EngineConfig, EngineDecoder, EngineStats,
+    EventSink, KvOptions, SubmitError,
 };
 pub use mlx_cache::BatchKVCache;

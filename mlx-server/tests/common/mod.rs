@@ -59,7 +59,9 @@ impl TestServer {
         Self::start_model(&fixture(), extra)
     }
 
-    /// Starts `mlx-serve --model <model> --port 0 <extra...>`.
+    /// Starts `mlx-serve --model <model> --port 0 <extra...>`, on the exact MLX path
+    /// (`--decoder mlx`, whose replies the goldens of mlx_lm.server check) unless `extra`
+    /// names a decoder.
     pub fn start_model(model: &Path, extra: &[&str]) -> TestServer {
         let mut argv = vec![
             "mlx-serve".to_string(),
@@ -68,6 +70,9 @@ impl TestServer {
             "--port".into(),
             "0".into(),
         ];
+        if !extra.contains(&"--decoder") {
+            argv.extend(["--decoder".into(), "mlx".into()]);
+        }
         argv.extend(extra.iter().map(|s| s.to_string()));
         let args = Cli::parse_from(argv).serve;
         let (addr_tx, addr_rx) = mpsc::channel();

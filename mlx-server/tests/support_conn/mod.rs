@@ -18,7 +18,8 @@ pub use common::fixture;
 /// A server on the tiny fixture whose shutdown the test triggers (`TestServer::shutdown`).
 pub use common::TestServer as Srv;
 
-/// The `mlx-serve` binary on the fixture, its stderr drained by a thread.
+/// The `mlx-serve` binary on the fixture (`--decoder mlx` unless `extra` names one), its stderr
+/// drained by a thread.
 pub struct Bin {
     pub child: Child,
     pub addr: SocketAddr,
@@ -31,6 +32,12 @@ impl Bin {
             .arg("--model")
             .arg(fixture())
             .args(["--port", "0", "--log-level", "warn"])
+            // The exact path unless the test picks a decoder (as `common::TestServer`).
+            .args(if extra.contains(&"--decoder") {
+                &[][..]
+            } else {
+                &["--decoder", "mlx"][..]
+            })
             .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

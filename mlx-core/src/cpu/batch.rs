@@ -1,0 +1,352 @@
+//! Products of a batched decode step: `m` input rows that belong to `m` different sequences,
+//! each of whose outputs must be what [`matmul_t`](super::matmul_t) gives that row alone.
+//!
+//! [`matmul_t`] with `m > 1` treats its inputs as a block of prompt tokens: past four inputs it
+//! takes the float kernels (and its integer kernels sum four inputs per tile), so a row's
+//! output depends on how many rows came with it. [`matmul_t_each`] instead runs every row
+//! through the kernel that `matmul_t` picks for one input (the integer kernels of
+//! [`Activations::Int8`](super::Activations::Int8) / `Int16`, four rows a tile, whose per-row
+//! sums do not depend on the tile; the float kernels one row at a time), while each worker
+//! still reads its block of weight rows once for all of them (it stays in cache between the
+//! rows). So a sequence decoded in a batch gets the bits it gets decoded alone.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::matmul::{rows, Floats, MatJob, Matrix, MAX_JOBS};
+use super::{Activations, CpuContext, Isa, SharedOut};
+use crate::{Error, Result};
+
+/// Scratch space of [`matmul_t_each`]: the inputs quantized for the integer kernels. Grows to
+/// the largest batch seen; nothing is allocated once it has.
+#[derive(Debug, Default)]
+pub struct RowsScratch {
+    q16: Vec<i16>,
+    q8: Vec<i8>,
+    d: Vec<f32>,
+    s: Vec<f32>,
+}
+
+impl SharedOut {
+    /// The part of the buffer from `start` on (`start` at most its length).
+    fn from(self, start: usize) -> SharedOut {
+        let start = start.min(self.len);
+        SharedOut {
+            // SAFETY-free: pointer arithmetic within (or one past) the buffer, never read here.
+            ptr: self.ptr.wrapping_add(start),
+            len: self.len - start,
+        }
+    }
+}
+
+/// Which kernel [`matmul_t`](super::matmul_t) runs for one input row and this matrix.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Path {
+    Float,
+    #[cfg(target_arch = "x86_64")]
+    Int8,
+    #[cfg(target_arch = "x86_64")]
+    Int16,
+}
+
+#[allow(unused_variables)]
+fn path(ctx: &CpuContext, w: &Matrix<'_>) -> Path {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let cols = w.cols();
+        // `matmul_t`'s test for one input.
+        let fits = ctx.isa == Isa::Avx2
+            && cols % 32 == 0
+            && cols <= super::matmul::INT8_MAX_M * super::x86::MAX_BUF;
+        match ctx.activations {
+            Activations::Int8 if fits && super::matmul::int8_kernel(w) => return Path::Int8,
+            Activations::Int16 if fits && super::matmul::int16_kernel(w) => return Path::Int16,
+            _ => {}
+        }
+    }
+    Path::Float
+}
+
+/// `out = x W^T (+ bias)` for every job, where each of the `m` rows of `x` is a sequence of
+/// its own: row `t` of every output is bit for bit what `matmul_t(ctx, x[t], 1, ...)` writes
+/// (see the module's note). One pool run for all jobs and rows; `scratch` holds the quantized
+/// inputs.
+pub fn matmul_t_each(
+    ctx: &CpuContext,
+    x: &[f32],
+    m: usize,
+    jobs: &mut [MatJob<'_, '_>],
+    scratch: &mut RowsScratch,
+) -> Result<()> {
+    let op = "cpu::matmul_t_each";
+    let Some(first) = jobs.first() else {
+        return Ok(());
+    };
+    if jobs.len() > MAX_JOBS {
+        return Err(Error::invalid(
+            op,
+            format!("{} products in one call, at most {MAX_JOBS}", jobs.len()),
+        ));
+    }
+    let cols = first.w.cols();
+    if x.len() != m * cols {
+        return Err(Error::invalid(
+            op,
+            format!("x has {} floats, ({m}, {cols}) needs {}", x.len(), m * cols),
+        ));
+    }
+    for j in jobs.iter() {
+        if j.w.cols() != cols {
+            return Err(Error::invalid(
+                op,
+                format!("matrices of {} and {cols} columns in one call", j.w.cols()),
+            ));
+        }
+        if j.out.len() != m * j.w.rows() {
+            return Err(Error::invalid(
+                op,
+                format!(
+                    "out has {} floats, ({m}, {}) needs {}",
+                    j.out.len(),
+                    j.w.rows(),
+                    m * j.w.rows()
+                ),
+            ));
+        }
+        if let Some(b) = j.bias {
+            if b.len() != j.w.rows() {
+                return Err(Error::invalid(
+                    op,
+                    format!("bias of {} for {} rows", b.len(), j.w.rows()),
+                ));
+            }
+        }
+    }
+    if m == 0 {
+        return Ok(());
+    }
+    let mut paths = [Path::Float; MAX_JOBS];
+    for (p, j) in paths.iter_mut().zip(jobs.iter()) {
+        *p = path(ctx, j.w);
+    }
+    let paths = paths;
+    // The inputs quantized once, each row as `matmul_t` quantizes one input.
+    #[cfg(target_arch = "x86_64")]
+    let (qx, qx16) = {
+        let chunks = m * cols / 32;
+        let (mut a, mut b) = (None, None);
+        if paths[..jobs.len()].contains(&Path::Int8) {
+            scratch.q8.resize(m * cols, 0);
+            scratch.d.resize(chunks, 0.0);
+            scratch.s.resize(chunks, 0.0);
+            super::x86::quantize_x(x, &mut scratch.q8, &mut scratch.d, &mut scratch.s);
+            a = Some(super::x86::QuantX {
+                q: scratch.q8.as_ptr(),
+                d: scratch.d.as_ptr(),
+                s: scratch.s.as_ptr(),
+            });
+        } else if paths[..jobs.len()].contains(&Path::Int16) {
+            scratch.q16.resize(m * cols, 0);
+            scratch.d.resize(chunks, 0.0);
+            scratch.s.resize(chunks, 0.0);
+            super::x86::quantize_x16(x, &mut scratch.q16, &mut scratch.d, &mut scratch.s);
+            b = Some(super::x86::QuantX16 {
+                q: scratch.q16.as_ptr(),
+                d: scratch.d.as_ptr(),
+                s: scratch.s.as_ptr(),
+            });
+        }
+        (a, b)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = &scratch;
+    let threads = ctx.pool.threads();
+    let total: usize = jobs.iter().map(|j| j.w.rows()).sum();
+    let block = (total / (threads * 8)).clamp(1, 32);
+    type Plan<'p> = (Matrix<'p>, Option<Floats<'p>>, SharedOut, usize, Path);
+    let mut plan: [Option<Plan<'_>>; MAX_JOBS] = [None; MAX_JOBS];
+    let mut blocks = 0;
+    for ((p, j), &k) in plan.iter_mut().zip(jobs.iter_mut()).zip(&paths) {
+        *p = Some((*j.w, j.bias, SharedOut::new(j.out), blocks, k));
+        blocks += j.w.rows().div_ceil(block);
+    }
+    let next = AtomicUsize::new(0);
+    let isa = ctx.isa;
+    ctx.pool.run(&|_, _| loop {
+        let b = next.fetch_add(1, Ordering::Relaxed);
+        if b >= blocks {
+            break;
+        }
+        let Some(&(w, bias, out, start, kind)) = plan.iter().rev().flatten().find(|p| p.3 <= b)
+        else {
+            break;
+        };
+        let r0 = (b - start) * block;
+        let r1 = (r0 + block).min(w.rows());
+        let n = w.rows();
+        match kind {
+            #[cfg(target_arch = "x86_64")]
+            Path::Int8 => {
+                let Some(q) = qx else { break };
+                let mut t0 = 0;
+                while t0 < m {
+                    let mt = (m - t0).min(4);
+                    let c = t0 * cols / 32;
+                    // SAFETY: Isa::Avx2 was checked (`path`); q holds m quantized rows of
+                    // cols values, of which rows t0..t0 + mt start at these offsets; these
+                    // weight rows of the output are this worker's alone.
+                    unsafe {
+                        let q = super::x86::QuantX {
+                            q: q.q.add(t0 * cols),
+                            d: q.d.add(c),
+                            s: q.s.add(c),
+                        };
+                        super::x86::rows_q4_int8(&w, r0, r1, q, mt, out.from(t0 * n), bias);
+                    }
+                    t0 += mt;
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            Path::Int16 => {
+                let Some(q) = qx16 else { break };
+                let mut t0 = 0;
+                while t0 < m {
+                    let mt = (m - t0).min(4);
+                    let c = t0 * cols / 32;
+                    // SAFETY: as above, with the inputs quantized to int16.
+                    unsafe {
+                        let q = super::x86::QuantX16 {
+                            q: q.q.add(t0 * cols),
+                            d: q.d.add(c),
+                            s: q.s.add(c),
+                        };
+                        super::x86::rows_int16(&w, r0, r1, q, mt, out.from(t0 * n), bias);
+                    }
+                    t0 += mt;
+                }
+            }
+            Path::Float => {
+                for t in 0..m {
+                    let xr = &x[t * cols..(t + 1) * cols];
+                    rows(isa, &w, r0, r1, xr, 1, out.from(t * n), bias);
+                }
+            }
+        }
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::matmul_t;
+    use super::*;
+
+    fn seeded(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    fn words(n: usize, seed: u64) -> Vec<u32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                (s >> 32) as u32
+            })
+            .collect()
+    }
+
+    /// Every row of a batch of 1..=9 gets the bits `matmul_t` gives it alone, for dense and
+    /// 4/8-bit weights under every activation mode (tier: bit-identical).
+    #[test]
+    fn each_row_is_what_it_is_alone() {
+        let (rows, cols) = (40, 128);
+        let dense = seeded(rows * cols, 1);
+        let w4 = words(rows * cols * 4 / 32, 2);
+        let w8 = words(rows * cols * 8 / 32, 3);
+        let sc = seeded(rows * cols / 32, 4);
+        let bi = seeded(rows * cols / 32, 5);
+        let bias = seeded(rows, 6);
+        let mats = [
+            Matrix::dense(Floats::F32(&dense), rows, cols).unwrap(),
+            Matrix::affine(&w4, Floats::F32(&sc), Floats::F32(&bi), rows, cols, 4, 32).unwrap(),
+            Matrix::affine(&w8, Floats::F32(&sc), Floats::F32(&bi), rows, cols, 8, 32).unwrap(),
+        ];
+        let mut scratch = RowsScratch::default();
+        for act in [Activations::F32, Activations::Int8, Activations::Int16] {
+            let mut ctx = CpuContext::new(2).unwrap();
+            ctx.activations = act;
+            for m in 1..=9 {
+                let x = seeded(m * cols, 10 + m as u64);
+                let mut outs = vec![vec![0f32; m * rows]; 3];
+                {
+                    let [a, b, c] = &mut outs[..] else {
+                        unreachable!()
+                    };
+                    let mut jobs = [
+                        MatJob {
+                            w: &mats[0],
+                            bias: Some(Floats::F32(&bias)),
+                            out: a,
+                        },
+                        MatJob {
+                            w: &mats[1],
+                            bias: None,
+                            out: b,
+                        },
+                        MatJob {
+                            w: &mats[2],
+                            bias: None,
+                            out: c,
+                        },
+                    ];
+                    matmul_t_each(&ctx, &x, m, &mut jobs, &mut scratch).unwrap();
+                }
+                for t in 0..m {
+                    for (k, w) in mats.iter().enumerate() {
+                        let mut alone = vec![0f32; rows];
+                        let b = (k == 0).then_some(Floats::F32(&bias));
+                        let mut jobs = [MatJob {
+                            w,
+                            bias: b,
+                            out: &mut alone,
+                        }];
+                        matmul_t(&ctx, &x[t * cols..(t + 1) * cols], 1, &mut jobs).unwrap();
+                        let got = &outs[k][t * rows..(t + 1) * rows];
+                        let same = got
+                            .iter()
+                            .zip(&alone)
+                            .all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(
+                            same,
+                            "{act:?} batch {m} row {t} matrix {k}: not the bits alone"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn shapes_are_checked() {
+        let ctx = CpuContext::new(1).unwrap();
+        let w = vec![0f32; 64];
+        let m = Matrix::dense(Floats::F32(&w), 2, 32).unwrap();
+        let mut out = vec![0f32; 3];
+        let mut jobs = [MatJob {
+            w: &m,
+            bias: None,
+            out: &mut out,
+        }];
+        let e = matmul_t_each(&ctx, &[0.0; 64], 2, &mut jobs, &mut RowsScratch::default());
+        assert!(e.is_err());
+    }
+}
