@@ -102,10 +102,10 @@ pub fn run(a: &BenchmarkArgs) -> Result<(), String> {
     };
     let decoder = a
         .decoder
-        .pick(m.model.as_ref(), &generate, &a.model.dtype, false)?;
+        .pick(m.model.as_ref(), &generate, &a.model.dtype, false, Ok(()))?;
     let bench = |generate: &GenerateOptions| -> Result<Trial, String> {
         let mut generate = generate.clone();
-        generate.cpu_decode = decoder.cpu;
+        decoder.apply(&mut generate);
         let opts = StreamOptions {
             generate,
             ..StreamOptions::default()

@@ -32,6 +32,7 @@ pub mod cpu_decode;
 mod error;
 pub mod fetch;
 pub mod generate;
+pub mod graph;
 pub mod grammar;
 pub mod hub;
 pub mod load;
