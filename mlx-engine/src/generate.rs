@@ -406,7 +406,8 @@ fn start<'m>(
         if let Some(why) = crate::graph::unsupported(model, &opts, prompt_cache.is_some()) {
             return Err(EngineError::GraphDecoderUnsupported(why));
         }
-        let (spec, weights) = crate::graph::map_model(model).map_err(EngineError::GraphDecoderUnsupported)?;
+        let (spec, weights) =
+            crate::graph::map_model(model).map_err(EngineError::GraphDecoderUnsupported)?;
         let room = prompt.len() + opts.max_tokens.unwrap_or(GRAPH_DEFAULT_ROOM) + 1;
         let mut dec = mlx_kernels::graph_decode::GraphDecoder::new(spec, &weights, room)?;
         if let Some(n) = opts.graph_fail_after {
@@ -679,7 +680,11 @@ impl<'m> GenerateStep<'m> {
                 // The MLX caches hold the prompt: run the tokens the decoder saw or produced
                 // through the MLX forward, whose last position gives the next token.
                 let ids = g.since_mlx;
-                let toks = if ids.is_empty() { vec![first as i32] } else { ids };
+                let toks = if ids.is_empty() {
+                    vec![first as i32]
+                } else {
+                    ids
+                };
                 let x = Array::from_slice(&toks, &[toks.len() as i32])?;
                 let next = self.step(&x, Some(&toks))?;
                 async_eval([&next.0, &next.1, &next.2])?;

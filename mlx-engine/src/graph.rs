@@ -86,7 +86,10 @@ fn map_descriptor(m: &Model) -> Result<GraphSpec, String> {
         let v = m
             .layer_view(i)
             .ok_or_else(|| format!("`{t}`: layer {i} is missing"))?;
-        let Some(r) = v.rope.filter(|_| !d.no_rope.get(i).copied().unwrap_or(false)) else {
+        let Some(r) = v
+            .rope
+            .filter(|_| !d.no_rope.get(i).copied().unwrap_or(false))
+        else {
             rope_layers.push(false);
             continue;
         };
@@ -160,7 +163,11 @@ fn graph_rope(r: &Rope) -> Result<GraphRope, String> {
     }
 }
 
-fn linear(l: &Linear, what: &str, quant: &mut Option<(usize, usize)>) -> Result<GraphLinear, String> {
+fn linear(
+    l: &Linear,
+    what: &str,
+    quant: &mut Option<(usize, usize)>,
+) -> Result<GraphLinear, String> {
     match l {
         Linear::Dense { weight, bias } => Ok(GraphLinear {
             weight: weight.clone(),
@@ -170,7 +177,10 @@ fn linear(l: &Linear, what: &str, quant: &mut Option<(usize, usize)>) -> Result<
         }),
         Linear::Quantized { weight, bias } => {
             let q = quantized(weight, what, quant)?;
-            Ok(GraphLinear { bias: bias.clone(), ..q })
+            Ok(GraphLinear {
+                bias: bias.clone(),
+                ..q
+            })
         }
         Linear::Adapted(_) => Err(format!("{what}: an adapted (LoRA/DoRA) linear")),
     }
@@ -279,9 +289,8 @@ pub fn unsupported(
     options_unsupported(opts, has_prompt_cache)
         .or_else(|| model_unsupported(model))
         .or_else(|| {
-            (!mlx_kernels::graph_decode::GraphDecoder::available()).then(|| {
-                "no CUDA device (or a build without the `cuda` feature)".to_string()
-            })
+            (!mlx_kernels::graph_decode::GraphDecoder::available())
+                .then(|| "no CUDA device (or a build without the `cuda` feature)".to_string())
         })
 }
 

@@ -193,16 +193,25 @@ fn engine_backend(name: &str, model: &dyn mlx_models::LanguageModel, prompt: &[i
     assert!(g.uses_graph_decoder(), "{name}");
     let steps: Vec<_> = g.by_ref().map(|s| s.unwrap()).collect();
     assert_eq!(steps.len(), 12, "{name}");
-    assert_eq!(steps[0].token, mlx[0], "{name}: the first token is the MLX forward's");
+    assert_eq!(
+        steps[0].token, mlx[0],
+        "{name}: the first token is the MLX forward's"
+    );
     for s in &steps[1..] {
-        let lp = s.logprob.expect("the decoder's steps carry their log-probability");
+        let lp = s
+            .logprob
+            .expect("the decoder's steps carry their log-probability");
         assert!(lp.is_finite() && lp <= 0.0, "{name}: log-probability {lp}");
     }
     assert_eq!(g.graph_fallback(), None, "{name}");
     let mut g = generate_step(prompt, model, None, opts(true, Some(3))).unwrap();
     let toks: Vec<u32> = g.by_ref().map(|s| s.unwrap().token).collect();
     assert_eq!(toks.len(), 12, "{name}: the MLX path finishes the run");
-    assert_eq!(toks[..4], steps.iter().map(|s| s.token).collect::<Vec<_>>()[..4], "{name}");
+    assert_eq!(
+        toks[..4],
+        steps.iter().map(|s| s.token).collect::<Vec<_>>()[..4],
+        "{name}"
+    );
     let why = g.graph_fallback().expect("the fall-back is noted");
     assert!(why.contains("injected"), "{name}: {why}");
     // The caches hold the tokens the decoder saw, as the MLX path's would.

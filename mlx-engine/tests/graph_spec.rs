@@ -49,7 +49,11 @@ fn every_covered_row_maps_with_its_knobs() {
         );
         assert_eq!(spec.qkv_bias, name.starts_with("qwen2"), "{name}");
         assert_eq!(spec.tied, !name.contains("untied"), "{name}");
-        assert_eq!(spec.attn_scale, 1.0 / (spec.head_dim as f32).sqrt(), "{name}");
+        assert_eq!(
+            spec.attn_scale,
+            1.0 / (spec.head_dim as f32).sqrt(),
+            "{name}"
+        );
         let r = &spec.rope;
         assert_eq!(2 * r.pairs(), spec.head_dim, "{name}");
         match name {

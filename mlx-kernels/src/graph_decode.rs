@@ -346,7 +346,10 @@ impl GraphSpec {
             return Err(format!("eps {}: not a positive number", s.eps));
         }
         if !(s.attn_scale.is_finite() && s.attn_scale > 0.0) {
-            return Err(format!("attn_scale {}: not a positive number", s.attn_scale));
+            return Err(format!(
+                "attn_scale {}: not a positive number",
+                s.attn_scale
+            ));
         }
         if s.heads % s.kv_heads != 0 {
             return Err(format!(
@@ -484,7 +487,13 @@ impl GraphWeights {
         ) {
             match s.quant {
                 None => {
-                    want(p, &format!("{name}.weight"), &l.weight, &[n, k], Dtype::Bfloat16);
+                    want(
+                        p,
+                        &format!("{name}.weight"),
+                        &l.weight,
+                        &[n, k],
+                        Dtype::Bfloat16,
+                    );
                     if l.scales.is_some() || l.biases.is_some() {
                         p.push(format!("{name}: quantized in a bfloat16 model"));
                     }
@@ -537,10 +546,32 @@ impl GraphWeights {
             lin(&mut p, s, &n("k_proj"), &l.k, s.kv_heads * d, h, b);
             lin(&mut p, s, &n("v_proj"), &l.v, s.kv_heads * d, h, b);
             lin(&mut p, s, &n("o_proj"), &l.o, h, s.heads * d, false);
-            lin(&mut p, s, &n("gate_proj"), &l.gate, s.intermediate, h, false);
+            lin(
+                &mut p,
+                s,
+                &n("gate_proj"),
+                &l.gate,
+                s.intermediate,
+                h,
+                false,
+            );
             lin(&mut p, s, &n("up_proj"), &l.up, s.intermediate, h, false);
-            lin(&mut p, s, &n("down_proj"), &l.down, h, s.intermediate, false);
-            want(&mut p, &n("input_norm"), &l.input_norm, &[h], Dtype::Bfloat16);
+            lin(
+                &mut p,
+                s,
+                &n("down_proj"),
+                &l.down,
+                h,
+                s.intermediate,
+                false,
+            );
+            want(
+                &mut p,
+                &n("input_norm"),
+                &l.input_norm,
+                &[h],
+                Dtype::Bfloat16,
+            );
             want(&mut p, &n("post_norm"), &l.post_norm, &[h], Dtype::Bfloat16);
         }
         want(&mut p, "norm", &self.final_norm, &[h], Dtype::Bfloat16);
@@ -548,7 +579,10 @@ impl GraphWeights {
             return Ok(());
         }
         let n = p.len();
-        Err(format!("{n} weight problem(s): {}", cap_listing(p).join("; ")))
+        Err(format!(
+            "{n} weight problem(s): {}",
+            cap_listing(p).join("; ")
+        ))
     }
 }
 
@@ -710,9 +744,7 @@ fn upload_lin(
     let lay = |get: &dyn Fn(&GraphLinear) -> Option<Array>| -> Result<Array> {
         let arrays: Vec<Array> = parts
             .iter()
-            .map(|l| {
-                get(l).ok_or_else(|| invalid("graph_decoder", "a weight part is missing"))
-            })
+            .map(|l| get(l).ok_or_else(|| invalid("graph_decoder", "a weight part is missing")))
             .collect::<Result<_>>()?;
         match layout {
             Layout::Plain => Ok(arrays[0].clone()),
@@ -836,7 +868,11 @@ impl GraphDecoder {
         let mut rt = GpuRuntime::new(&source, KERNELS)?;
         let s = &spec;
         let (h, d, i_sz) = (s.hidden, s.head_dim, s.intermediate);
-        let pairs = if s.rope.traditional { 0 } else { s.rope.pairs() };
+        let pairs = if s.rope.traditional {
+            0
+        } else {
+            s.rope.pairs()
+        };
         let w = weights;
         let (embed, _) = upload_lin(&mut rt, s, &[&w.embed], Layout::Plain)?;
         let head = match &w.head {
@@ -1347,7 +1383,10 @@ impl GraphDecoder {
                             me.pos, me.step.capacity
                         )
                     } else {
-                        format!("next_token: the run's {} steps are done", me.limit - me.start_pos)
+                        format!(
+                            "next_token: the run's {} steps are done",
+                            me.limit - me.start_pos
+                        )
                     },
                 ));
             };
@@ -1706,7 +1745,11 @@ mod tests {
     }
 
     fn firsts(a: &Array, width: usize) -> Vec<f32> {
-        a.to_vec::<f32>().unwrap().chunks(width).map(|c| c[0]).collect()
+        a.to_vec::<f32>()
+            .unwrap()
+            .chunks(width)
+            .map(|c| c[0])
+            .collect()
     }
 
     /// A tiny llama-shaped spec (2 layers, hidden 64, 4 heads of 16, 2 KV heads).

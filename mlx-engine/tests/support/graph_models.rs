@@ -93,17 +93,27 @@ pub fn write(root: &Path, row: &Row) -> PathBuf {
         n("num_key_value_heads"),
         n("vocab_size"),
     );
-    let d = cfg.get("head_dim").and_then(Value::as_i64).map_or(h / heads, |v| v as i32);
+    let d = cfg
+        .get("head_dim")
+        .and_then(Value::as_i64)
+        .map_or(h / heads, |v| v as i32);
     let bias = row.config["model_type"] == "qwen2";
     let tied = cfg["tie_word_embeddings"].as_bool().unwrap();
     let mut seed = 0u64;
     let mut draw = |shape: &[i32], scale: f32, loc: f32| -> Array {
         seed += 1;
         let k = random::key(seed).unwrap();
-        random::normal(shape, Dtype::Float32, Some(loc), Some(scale), Some(&k), None)
-            .unwrap()
-            .astype(Dtype::Bfloat16)
-            .unwrap()
+        random::normal(
+            shape,
+            Dtype::Float32,
+            Some(loc),
+            Some(scale),
+            Some(&k),
+            None,
+        )
+        .unwrap()
+        .astype(Dtype::Bfloat16)
+        .unwrap()
     };
     let mut t: Vec<(String, Array)> = Vec::new();
     let lin = |t: &mut Vec<(String, Array)>, name: String, w: Array| match row.quant {
@@ -128,7 +138,10 @@ pub fn write(root: &Path, row: &Row) -> PathBuf {
             let w = draw(&[rows, h], s, 0.0);
             lin(&mut t, format!("{p}.self_attn.{x}_proj"), w);
             if bias {
-                t.push((format!("{p}.self_attn.{x}_proj.bias"), draw(&[rows], 0.5, 0.0)));
+                t.push((
+                    format!("{p}.self_attn.{x}_proj.bias"),
+                    draw(&[rows], 0.5, 0.0),
+                ));
             }
         }
         let w = draw(&[h, heads * d], s, 0.0);
