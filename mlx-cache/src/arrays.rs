@@ -69,6 +69,11 @@ impl ArraysCache {
         self.history.as_ref().is_some_and(|h| h.max_rollback > 0)
     }
 
+    /// How many tokens back the history reaches at most (0 without history).
+    pub fn max_rollback(&self) -> usize {
+        self.history.as_ref().map_or(0, |h| h.max_rollback)
+    }
+
     /// Tokens advanced so far.
     pub fn position(&self) -> usize {
         self.position

@@ -338,6 +338,15 @@ impl Cache for KVCache {
     fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<Kv> {
         self.buf.update_kv(keys, values, None)
     }
+    fn depend_on(&mut self, dep: &Array) -> Result<bool> {
+        match &mut self.buf.keys {
+            Some(Store::Dense(k)) => {
+                *k = mlx_core::ops::depends(k, dep)?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
     fn fetch(&self) -> Result<Option<Kv>> {
         self.buf.fetch_kv(None)
     }

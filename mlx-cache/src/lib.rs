@@ -166,6 +166,14 @@ pub trait Cache: CacheObject + Send + std::fmt::Debug {
         self.is_trimmable()
     }
 
+    /// Makes the cached keys depend on `dep` (MLX's `depends`), so that evaluating the cache
+    /// evaluates `dep` first: mlx-lm's pipeline stages tie their `send` to the last layer's
+    /// cache this way (`cache[-1].keys = mx.depends(cache[-1].keys, h)`). `false`, changing
+    /// nothing, for kinds that cannot (and for an empty cache).
+    fn depend_on(&mut self, _dep: &Array) -> Result<bool> {
+        Ok(false)
+    }
+
     /// Bytes held.
     fn nbytes(&self) -> usize;
 

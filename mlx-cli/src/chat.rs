@@ -163,14 +163,18 @@ pub fn run(a: &ChatArgs) -> Result<(), String> {
             write!(out, "› ").ok();
             out.flush().ok();
         }
-        let mut line = String::new();
-        let n = stdin
-            .lock()
-            .read_line(&mut line)
-            .map_err(|e| format!("reading standard input: {e}"))?;
-        if n == 0 {
+        // Under `mlx launch`, rank 0 reads and every rank runs the same turn.
+        let line = crate::launch::shared_line(|| {
+            let mut line = String::new();
+            let n = stdin
+                .lock()
+                .read_line(&mut line)
+                .map_err(|e| format!("reading standard input: {e}"))?;
+            Ok((n > 0).then_some(line))
+        })?;
+        let Some(line) = line else {
             break;
-        }
+        };
         let query = line.strip_suffix('\n').unwrap_or(&line);
         let query = query.strip_suffix('\r').unwrap_or(query);
         match query {

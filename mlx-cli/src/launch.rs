@@ -26,6 +26,8 @@ use mlx_core::distributed::{self, Backend};
 pub const ENV_BACKEND: &str = "MLX_LAUNCH_BACKEND";
 /// The environment variable holding the group-formation timeout, in seconds.
 pub const ENV_TIMEOUT: &str = "MLX_LAUNCH_TIMEOUT";
+/// The environment variable set (to `1`) by `mlx launch --pipeline`.
+pub const ENV_PIPELINE: &str = "MLX_LAUNCH_PIPELINE";
 
 #[derive(Args, Debug, Clone)]
 pub struct LaunchArgs {
@@ -47,6 +49,10 @@ pub struct LaunchArgs {
     /// Seconds a rank waits for its peers to connect before failing.
     #[arg(long, default_value_t = 60.0, value_name = "SECONDS")]
     pub timeout: f64,
+    /// Split the model into pipeline stages (mlx-lm's `--pipeline`: each rank runs a run of
+    /// layers) instead of tensor parallelism.
+    #[arg(long)]
+    pub pipeline: bool,
     /// Instead of a subcommand, check that the group forms and communicates: each rank
     /// all-sums its rank and rank 0 prints the result.
     #[arg(long)]
@@ -135,7 +141,7 @@ pub fn run(a: &LaunchArgs) -> Result<(), String> {
             hostfile.display()
         ));
     }
-    let result = supervise(&exe, &inner, &hostfile, &ranks, a.timeout);
+    let result = supervise(&exe, &inner, &hostfile, &ranks, a.timeout, a.pipeline);
     if temp {
         let _ = std::fs::remove_file(&hostfile);
     }
@@ -215,10 +221,14 @@ fn supervise(
     hostfile: &Path,
     ranks: &[usize],
     timeout: f64,
+    pipeline: bool,
 ) -> Result<(), String> {
     let mut children: Vec<Rank> = Vec::new();
     for &r in ranks {
         let mut cmd = Command::new(exe);
+        if pipeline {
+            cmd.env(ENV_PIPELINE, "1");
+        }
         cmd.args(inner)
             .env("MLX_RANK", r.to_string())
             .env("MLX_HOSTFILE", hostfile)
@@ -351,8 +361,14 @@ fn run_mpi(exe: &Path, a: &LaunchArgs, inner: &[String]) -> Result<(), String> {
     let n = a.n.unwrap_or(1);
     let status = Command::new("mpirun")
         .args(["-np", &n.to_string(), "-x", ENV_BACKEND, "-x", ENV_TIMEOUT])
+        .args(if a.pipeline {
+            vec!["-x", ENV_PIPELINE]
+        } else {
+            vec![]
+        })
         .arg(exe)
         .args(inner)
+        .env(ENV_PIPELINE, if a.pipeline { "1" } else { "0" })
         .env(ENV_BACKEND, "mpi")
         .env(ENV_TIMEOUT, a.timeout.to_string())
         .status()
@@ -416,7 +432,8 @@ fn check_rank(fail_rank: Option<i32>) -> Result<(), String> {
 }
 
 /// In a rank started by `mlx launch` with more than one rank, shards the model over the
-/// group as mlx-lm's `sharded_load` does (tensor parallelism); elsewhere does nothing.
+/// group as mlx-lm's `sharded_load` does: tensor parallelism, or pipeline stages with
+/// `mlx launch --pipeline`; elsewhere does nothing.
 pub fn shard_if_launched(model: &mut dyn mlx_models::models::LanguageModel) -> Result<(), String> {
     let Ok(name) = std::env::var(ENV_BACKEND) else {
         return Ok(());
@@ -426,9 +443,75 @@ pub fn shard_if_launched(model: &mut dyn mlx_models::models::LanguageModel) -> R
     if g.size() <= 1 {
         return Ok(());
     }
+    if std::env::var(ENV_PIPELINE).is_ok_and(|v| v == "1") {
+        return model
+            .shard_pipeline(g.size(), g.rank())
+            .map_err(|e| format!("rank {}: splitting the model into stages: {e}", g.rank()));
+    }
     model
         .shard_tensor_parallel(g.size(), g.rank())
         .map_err(|e| format!("rank {}: sharding the model: {e}", g.rank()))
+}
+
+/// This process's place in the group `mlx launch` formed (rank 0 of 1 elsewhere): what a
+/// data-parallel `train` splits its batches by.
+pub fn world() -> Result<mlx_train::data::World, String> {
+    let Ok(name) = std::env::var(ENV_BACKEND) else {
+        return Ok(mlx_train::data::World::single());
+    };
+    let backend = Backend::parse(&name).map_err(|e| e.to_string())?;
+    let g = distributed::init(false, backend).map_err(|e| e.to_string())?;
+    let (rank, size) = (g.rank(), g.size());
+    match (usize::try_from(rank), usize::try_from(size)) {
+        (Ok(rank), Ok(size)) if rank < size => Ok(mlx_train::data::World { rank, size }),
+        _ => Err(format!("MLX's group reports rank {rank} of {size}")),
+    }
+}
+
+/// A line of input every rank sees: in a launched group of several ranks, rank 0 runs `read`
+/// (only it has the terminal) and the others receive its result through two `all_sum`s (the
+/// length, `-1` for the end of input, then the bytes); elsewhere just `read`.
+pub fn shared_line(
+    read: impl FnOnce() -> Result<Option<String>, String>,
+) -> Result<Option<String>, String> {
+    let Ok(name) = std::env::var(ENV_BACKEND) else {
+        return read();
+    };
+    let backend = Backend::parse(&name).map_err(|e| e.to_string())?;
+    let g = distributed::init(false, backend).map_err(|e| e.to_string())?;
+    if g.size() <= 1 {
+        return read();
+    }
+    let rank = g.rank();
+    let mine = if rank == 0 { read()? } else { None };
+    let err = |e: mlx_core::Error| format!("rank {rank}: sharing the input line: {e}");
+    let cpu = mlx_core::Stream::cpu().map_err(err)?;
+    let sum = |v: &[i32]| -> Result<Vec<i32>, String> {
+        let x = mlx_core::Array::from_slice(v, &[v.len() as i32]).map_err(err)?;
+        distributed::all_sum(&x, Some(&g), Some(&cpu))
+            .and_then(|s| s.to_vec::<i32>())
+            .map_err(err)
+    };
+    let len = match (&mine, rank) {
+        (Some(l), 0) => i32::try_from(l.len()).map_err(|_| "an input line over 2 GiB")?,
+        (None, 0) => -1,
+        _ => 0,
+    };
+    let len = sum(&[len])?[0];
+    if len < 0 {
+        return Ok(None);
+    }
+    let bytes: Vec<i32> = match &mine {
+        Some(l) if rank == 0 => l.bytes().map(i32::from).collect(),
+        _ => vec![0; len as usize],
+    };
+    if bytes.is_empty() {
+        return Ok(Some(String::new()));
+    }
+    let got: Vec<u8> = sum(&bytes)?.into_iter().map(|b| b as u8).collect();
+    String::from_utf8(got)
+        .map(Some)
+        .map_err(|_| format!("rank {rank}: the shared input line is not UTF-8"))
 }
 
 /// In a launched rank, after the subcommand: one all_sum over the group, so that no rank

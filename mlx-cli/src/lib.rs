@@ -98,7 +98,9 @@ pub fn run(c: check::Checked) -> Result<(), String> {
         Checked::Chat(a) => chat::run(&a),
         Checked::CachePrompt(a) => cache_prompt::run(&a),
         Checked::Serve(a) => serve::run(*a),
-        Checked::Train(a) => mlx_train::cli::run(&a).map_err(|e| e.to_string()),
+        Checked::Train(a) => {
+            mlx_train::cli::run_in(&a, launch::world()?).map_err(|e| e.to_string())
+        }
         Checked::Fuse(a) => mlx_train::cli::run_fuse(&a).map_err(|e| e.to_string()),
         Checked::Models(a) => models::run(&a),
         Checked::Manage(a) => manage::run(&a),

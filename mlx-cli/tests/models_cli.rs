@@ -110,24 +110,57 @@ fn check(name: &str, case: &Value, work: &Path) -> Result<(), String> {
 
 #[test]
 fn every_model_fixture_reproduces_mlx_lm_top5_through_the_cli() {
-    let golden: Value = serde_json::from_str(
-        &std::fs::read_to_string(here().join("tests/goldens/cli_models.json")).unwrap(),
-    )
-    .unwrap();
-    let cases: Vec<(&String, &Value)> = golden["cases"].as_object().unwrap().iter().collect();
+    // `cli_models.json`, then each family's own golden (`cli_models_<family>.json`, e.g. the
+    // MLA fixtures under `mlx-models/tests/models/mla/`), whose case names are fixture paths.
+    let mut files: Vec<PathBuf> = std::fs::read_dir(here().join("tests/goldens"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("cli_models") && n.ends_with(".json"))
+        })
+        .collect();
+    files.sort();
+    let goldens: Vec<Value> = files
+        .iter()
+        .map(|p| serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap())
+        .collect();
+    let cases: Vec<(&String, &Value)> = goldens
+        .iter()
+        .flat_map(|g| g["cases"].as_object().unwrap().iter())
+        .collect();
     // Every model_type `mlx models` serves (table rows and dedicated ports; aliases aside)
     // has at least one fixture here.
     assert!(cases.len() >= 90, "only {} fixtures", cases.len());
-    let covered: std::collections::BTreeSet<String> = cases
+    let model_type = |dir: PathBuf| {
+        let c: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
+                .unwrap();
+        c["model_type"].as_str().unwrap().to_string()
+    };
+    let mut covered: std::collections::BTreeSet<String> = cases
         .iter()
-        .map(|(name, _)| {
-            let c: Value = serde_json::from_str(
-                &std::fs::read_to_string(models().join(name).join("config.json")).unwrap(),
-            )
-            .unwrap();
-            c["model_type"].as_str().unwrap().to_string()
-        })
+        .map(|(name, _)| model_type(models().join(name)))
         .collect();
+    // The fixtures of the other CLI golden sets (`cli_<set>.json` naming its folder under
+    // mlx-models/tests/models in `fixture_dir`), which their own test files run.
+    for e in std::fs::read_dir(here().join("tests/goldens")).unwrap() {
+        let path = e.unwrap().path();
+        let Some(file) = path.file_name().and_then(|f| f.to_str()) else {
+            continue;
+        };
+        if !file.starts_with("cli_") || !file.ends_with(".json") || file == "cli_models.json" {
+            continue;
+        }
+        let set: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let Some(dir) = set["fixture_dir"].as_str() else {
+            continue;
+        };
+        for name in set["cases"].as_object().into_iter().flat_map(|c| c.keys()) {
+            covered.insert(model_type(models().join(dir).join(name)));
+        }
+    }
     let listed = Command::new(env!("CARGO_BIN_EXE_mlx"))
         .args(["models", "--json"])
         .output()

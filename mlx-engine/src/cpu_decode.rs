@@ -65,6 +65,9 @@ fn check(model: &dyn LanguageModel) -> Result<&Model> {
     let d = m.descriptor();
     let t = &d.model_type;
     let no = |what: &str| Err(unsup(format!("`{t}`: {what} is not supported")));
+    if m.pipeline_stage().is_some() {
+        return no("a pipeline stage (mlx launch --pipeline)");
+    }
     if d.placement != Placement::Pre {
         return no(&format!("norm placement {:?}", d.placement));
     }

@@ -16,7 +16,7 @@ use mlx_core::ops;
 use mlx_core::prelude::*;
 
 use crate::error::{ModelError, Result};
-use crate::layers::{Linear, LinearAdapter};
+use crate::layers::{Linear, LinearAdapter, QuantizedWeight};
 
 /// The r-th of `n` equal parts of `w` along `axis`, made contiguous (mlx-lm's `_shard`).
 fn part(w: &Array, n: i32, r: i32, axis: i32, what: &str) -> Result<Array> {
@@ -39,35 +39,65 @@ fn part(w: &Array, n: i32, r: i32, axis: i32, what: &str) -> Result<Array> {
     Ok(ops::contiguous(p, false, None)?)
 }
 
-fn dense<'a>(l: &'a Linear, what: &str) -> Result<(&'a Array, Option<&'a Array>)> {
+/// The r-th of `n` parts of a linear's weight along `axis` (0: output rows, -1: input
+/// columns), its quantized scales and biases with it (mlx's `_shard` splits every array of
+/// a `QuantizedLinear` the same way: the packed columns and the groups divide alike).
+fn split_weight(
+    l: &Linear,
+    n: i32,
+    r: i32,
+    axis: i32,
+    what: &str,
+) -> Result<(Linear, Option<Array>)> {
     match l {
-        Linear::Dense { weight, bias } => Ok((weight, bias.as_ref())),
-        _ => Err(ModelError::Other(format!(
-            "{what}: tensor parallelism supports dense linears only (not quantized or adapted)"
+        Linear::Dense { weight, bias } => Ok((
+            Linear::Dense {
+                weight: part(weight, n, r, axis, what)?,
+                bias: None,
+            },
+            bias.clone(),
+        )),
+        Linear::Quantized { weight: q, bias } => {
+            let split = |a: &Array| part(a, n, r, axis, what);
+            Ok((
+                Linear::Quantized {
+                    weight: QuantizedWeight {
+                        weight: split(&q.weight)?,
+                        scales: split(&q.scales)?,
+                        biases: q.biases.as_ref().map(split).transpose()?,
+                        ..q.clone()
+                    },
+                    bias: None,
+                },
+                bias.clone(),
+            ))
+        }
+        Linear::Adapted(_) => Err(ModelError::Other(format!(
+            "{what}: tensor parallelism cannot split an adapted linear (fuse the adapter first)"
         ))),
+    }
+}
+
+fn with_bias(l: Linear, bias: Option<Array>) -> Linear {
+    match l {
+        Linear::Dense { weight, .. } => Linear::Dense { weight, bias },
+        Linear::Quantized { weight, .. } => Linear::Quantized { weight, bias },
+        other => other,
     }
 }
 
 /// Replaces `l` by its all-to-sharded part for rank `r` of `n`.
 pub fn all_to_sharded(l: &mut Linear, n: i32, r: i32, what: &str) -> Result<()> {
-    let (w, b) = dense(l, what)?;
-    let weight = part(w, n, r, 0, what)?;
-    let bias = b.map(|b| part(b, n, r, -1, what)).transpose()?;
-    *l = Linear::Dense { weight, bias };
+    let (base, b) = split_weight(l, n, r, 0, what)?;
+    let bias = b.map(|b| part(&b, n, r, -1, what)).transpose()?;
+    *l = with_bias(base, bias);
     Ok(())
 }
 
 /// Replaces `l` by its sharded-to-all part for rank `r` of `n` (sums over the global group).
 pub fn sharded_to_all(l: &mut Linear, n: i32, r: i32, what: &str) -> Result<()> {
-    let (w, b) = dense(l, what)?;
-    let base = Linear::Dense {
-        weight: part(w, n, r, -1, what)?,
-        bias: None,
-    };
-    *l = Linear::Adapted(Box::new(ShardedToAll {
-        base,
-        bias: b.cloned(),
-    }));
+    let (base, bias) = split_weight(l, n, r, -1, what)?;
+    *l = Linear::Adapted(Box::new(ShardedToAll { base, bias }));
     Ok(())
 }
 

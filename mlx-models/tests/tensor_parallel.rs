@@ -1,6 +1,8 @@
-//! L1 of tensor parallelism: the tiny llama `dense_f32` sharded over 2 ranks (MLX's ring
-//! backend over loopback, this test binary spawned twice) gives mlx-lm's own sharded run's
-//! prefill logits and greedy tokens bit for bit (`cargo xtask goldens dist`:
+//! L1 of tensor parallelism: the tiny llama `dense_f32`, the tiny qwen3 and the 4-bit llama
+//! `q4_g32` (mlx-cli/tests/models), each sharded over 2 ranks, and of pipeline parallelism:
+//! the 3-layer qwen2 `qwen2_f32` split into 2 stages (MLX's ring backend over
+//! loopback, this test binary spawned twice), give mlx-lm's own sharded run's prefill
+//! logits and greedy tokens bit for bit (`cargo xtask goldens dist`:
 //! `sharded_load` under `mlx.launch -n 2 --backend ring`).
 
 use std::net::TcpListener;
@@ -16,8 +18,15 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests")
 }
 
-fn load_golden() -> std::collections::HashMap<String, Array> {
-    let path = root().join("goldens/dist_llama_tp2.safetensors");
+/// (fixture under mlx-cli/tests/models, golden), as xtask/oracle/goldens_dist.py pairs them.
+const MODELS: [(&str, &str); 3] = [
+    ("dense_f32", "dist_llama_tp2"),
+    ("qwen3", "dist_qwen3_tp2"),
+    ("q4_g32", "dist_llama_q4_tp2"),
+];
+
+fn load_golden(name: &str) -> std::collections::HashMap<String, Array> {
+    let path = root().join(format!("goldens/{name}.safetensors"));
     mlx_core::io::load_safetensors(&path, None)
         .expect("golden")
         .0
@@ -31,10 +40,30 @@ fn worker() {
         return;
     }
     let g = distributed::init(true, Backend::Ring).expect("ring init");
-    let (mut model, _) =
-        load_model_dir(&root().join("models/dense_f32"), &LoadOptions::default()).unwrap();
-    model.shard_tensor_parallel(g.size(), g.rank()).unwrap();
-    let gold = load_golden();
+    for (model, golden) in MODELS {
+        check_model(&g, model, golden, false);
+    }
+    // Pipeline stages: the 3-layer qwen2 split [2, 1] (rank 1 runs layer 0).
+    check_model(&g, "qwen2_f32", "dist_qwen2_pp2", true);
+    println!("rank {} ok", g.rank());
+}
+
+fn check_model(g: &distributed::Group, model: &str, golden: &str, pipeline: bool) {
+    let dir = root().join("../../mlx-cli/tests/models").join(model);
+    let (mut model, _) = load_model_dir(&dir, &LoadOptions::default()).unwrap();
+    if pipeline {
+        model.shard_pipeline(g.size(), g.rank()).unwrap();
+        let want = if g.rank() == 0 { 2 } else { 1 };
+        assert_eq!(
+            model.make_cache().len(),
+            want,
+            "rank {}: stage layers",
+            g.rank()
+        );
+    } else {
+        model.shard_tensor_parallel(g.size(), g.rank()).unwrap();
+    }
+    let gold = load_golden(golden);
     let prompt = gold["prompt"].to_vec::<i32>().unwrap();
     let n = prompt.len() as i32;
     let ids = Array::from_slice(&prompt, &[1, n]).unwrap();
@@ -54,7 +83,7 @@ fn worker() {
         .all(|(a, b)| a.to_bits() == b.to_bits());
     assert!(
         same && want.len() == got.len(),
-        "rank {}: prefill logits differ",
+        "rank {}: {golden}: prefill logits differ",
         g.rank()
     );
     // Greedy decode through the cache, as generate_step does.
@@ -73,8 +102,7 @@ fn worker() {
         let l = model.forward(&x, Some(&mut cache)).unwrap();
         last = l.reshape(&[1, -1]).unwrap().argmax(-1, false).unwrap();
     }
-    assert_eq!(toks, greedy, "rank {}", g.rank());
-    println!("rank {} ok", g.rank());
+    assert_eq!(toks, greedy, "rank {}: {golden}", g.rank());
 }
 
 fn free_port() -> u16 {
@@ -86,7 +114,7 @@ fn free_port() -> u16 {
 }
 
 #[test]
-fn llama_sharded_over_two_ranks_equals_mlx_lm_sharded_load() {
+fn tensor_and_pipeline_parallel_runs_over_two_ranks_equal_mlx_lm_sharded_load() {
     if std::env::var("MLX_TP_TEST_WORKER").is_ok() {
         return;
     }

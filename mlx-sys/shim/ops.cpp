@@ -133,6 +133,10 @@ int mlxs_contiguous(mlxs_array* out, mlxs_array a, bool allow_col_major, mlxs_st
   return guard([&] { put(out, mx::contiguous(A(a), allow_col_major, S(s))); });
 }
 
+int mlxs_depends(mlxs_array* out, mlxs_array a, mlxs_array dep) {
+  return guard([&] { put(out, mx::depends({A(a)}, {A(dep)})[0]); });
+}
+
 /* ---- elementwise with parameters ---- */
 
 int mlxs_round(mlxs_array* out, mlxs_array a, int decimals, mlxs_stream s) {

@@ -411,7 +411,15 @@ impl TrainingCallback for Reporter {
 
 /// `mlx train`: trains (unless only `--test` is given) and evaluates with `--test`.
 pub fn run(args: &TrainArgs) -> Result<()> {
-    let config = args.resolve()?;
+    run_in(args, crate::data::World::single())
+}
+
+/// [`run`] as rank `world.rank` of `world.size` data-parallel processes (`mlx launch -n N
+/// -- train ...`): the batch size must divide by the world size; only rank 0 writes the
+/// adapters, checkpoints and log.
+pub fn run_in(args: &TrainArgs, world: crate::data::World) -> Result<()> {
+    let mut config = args.resolve()?;
+    config.world = world;
     let train = config.train || !config.test;
     if train {
         // Ctrl-C during a checkpoint leaves no partial file.
@@ -425,13 +433,18 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             .clone()
             .unwrap_or_else(|| adapter_path.join("train_log.jsonl"));
         // Appended to: a resumed run's reports follow the earlier run's.
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log_path)
-            .map_err(|e| io_err(&log_path, e))?;
+        let log = if config.world.rank == 0 {
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&log_path)
+                .map_err(|e| io_err(&log_path, e))?;
+            Some(f)
+        } else {
+            None
+        };
         let mut rep = Reporter {
-            log: Some(log),
+            log,
             log_path,
             first: 1,
             iters: config.iters,
@@ -486,6 +499,7 @@ fn test(
         loss.as_ref(),
         rng,
         Some(config.clear_cache_threshold),
+        config.world,
     )?;
     println!("Test loss {test_loss:.3}, Test ppl {:.3}.", test_loss.exp());
     Ok(())

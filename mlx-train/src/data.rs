@@ -357,6 +357,20 @@ impl BatchIter {
         max_seq_length: usize,
         looping: bool,
     ) -> Result<Self> {
+        Self::sharded(data, batch_size, max_seq_length, looping, World::single())
+    }
+
+    /// The batches of rank `world.rank` of `world.size` data-parallel workers, as
+    /// `iterate_batches(comm_group=...)` makes them: each batch of `batch_size` consecutive
+    /// (sorted) examples is split by striding, so this rank takes `batch_size / size` of
+    /// them, starting at its rank. Every rank draws the same batch order.
+    pub fn sharded(
+        data: &Dataset,
+        batch_size: usize,
+        max_seq_length: usize,
+        looping: bool,
+        world: World,
+    ) -> Result<Self> {
         if batch_size == 0 {
             return Err(TrainError::Config("batch_size must be positive".into()));
         }
@@ -373,13 +387,32 @@ impl BatchIter {
                 data.len()
             )));
         }
+        if world.size == 0 || world.rank >= world.size {
+            return Err(TrainError::Config(format!(
+                "rank {} of a world of {} processes",
+                world.rank, world.size
+            )));
+        }
+        if batch_size % world.size != 0 {
+            return Err(TrainError::Config(format!(
+                "The batch size must be divisible by the number of workers: batch_size={batch_size}, \
+                 {} workers",
+                world.size
+            )));
+        }
         let batch_idx = (0..=data.len() - batch_size)
             .step_by(batch_size)
-            .map(|i| idx[i..i + batch_size].to_vec())
+            .map(|i| {
+                idx[i + world.rank..i + batch_size]
+                    .iter()
+                    .step_by(world.size)
+                    .copied()
+                    .collect()
+            })
             .collect();
         Ok(BatchIter {
             batch_idx,
-            batch_size,
+            batch_size: batch_size / world.size,
             max_seq_length,
             looping,
             order: Vec::new(),
@@ -443,6 +476,30 @@ impl BatchIter {
             self.batch_size,
             self.max_seq_length,
         )?))
+    }
+}
+
+/// Where this process stands among data-parallel workers (mlx-lm's `comm_group` rank and
+/// size); [`World::single`] for one process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct World {
+    pub rank: usize,
+    pub size: usize,
+}
+
+impl World {
+    pub const fn single() -> Self {
+        World { rank: 0, size: 1 }
+    }
+
+    pub fn is_distributed(&self) -> bool {
+        self.size > 1
+    }
+}
+
+impl Default for World {
+    fn default() -> Self {
+        World::single()
     }
 }
 

@@ -269,6 +269,10 @@ pub struct RunConfig {
     /// mlx-lm's `train`) unless set; `mlx train` sets it from `--overwrite`.
     #[serde(skip, default = "yes")]
     pub overwrite: bool,
+    /// Not in mlx-lm's options, and not recorded: this process's place among data-parallel
+    /// ranks (`mlx launch ... -- train` sets it from MLX's group; one process otherwise).
+    #[serde(skip)]
+    pub world: crate::data::World,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }
@@ -333,6 +337,7 @@ impl RunConfig {
             // model through the disabled parameters, which a trace does not capture.
             compile: self.lora_parameters.dropout == 0.0 && self.objective == "sft",
             outputs: Outputs::new(self.overwrite, Vec::new()),
+            world: self.world,
             ..TrainingArgs::default()
         }
     }
@@ -658,15 +663,18 @@ pub fn prepare(config: &RunConfig) -> Result<Prepared> {
     }
     let adapter_path = Path::new(&config.adapter_path);
     std::fs::create_dir_all(adapter_path).map_err(|e| io_err(adapter_path, e))?;
-    if let (Some(r), Some(f)) = (&resume, &config.resume_adapter_file) {
-        let file = adapter_file(config);
-        if same_file(Path::new(f), &file) {
-            keep_resumed_weights(&file, r.iteration, &mut outputs)?;
+    // Data-parallel ranks other than 0 write nothing (they share rank 0's files).
+    if config.world.rank == 0 {
+        if let (Some(r), Some(f)) = (&resume, &config.resume_adapter_file) {
+            let file = adapter_file(config);
+            if same_file(Path::new(f), &file) {
+                keep_resumed_weights(&file, r.iteration, &mut outputs)?;
+            }
         }
+        let config_file = adapter_path.join("adapter_config.json");
+        outputs.claim(&config_file)?;
+        save_adapter_config(&config_file, &config.to_json()?)?;
     }
-    let config_file = adapter_path.join("adapter_config.json");
-    outputs.claim(&config_file)?;
-    save_adapter_config(&config_file, &config.to_json()?)?;
     Ok(Prepared {
         model,
         params,

@@ -9,7 +9,7 @@ use mlx_core::prelude::*;
 use mlx_models::LanguageModel;
 
 use crate::adapters::save_adapter_weights;
-use crate::data::{Batch, BatchIter, BatchPosition, Dataset};
+use crate::data::{Batch, BatchIter, BatchPosition, Dataset, World};
 use crate::error::{Result, TrainError};
 use crate::nprand::NumpyRandom;
 use crate::optim::{clip_grad_norm, Optimizer};
@@ -63,6 +63,11 @@ pub struct TrainingArgs {
     pub outputs: Outputs,
     /// Write the resume state beside the adapter file at every checkpoint and at the end.
     pub save_resume_state: bool,
+    /// Data-parallel training (`mlx launch ... -- train`): each rank takes its share of every
+    /// batch, gradients are averaged over MLX's global group before each update, reported
+    /// losses are summed over it, and only rank 0 writes files (mlx-lm's `train` under
+    /// `mlx.launch`).
+    pub world: World,
 }
 
 impl Default for TrainingArgs {
@@ -87,6 +92,7 @@ impl Default for TrainingArgs {
             resume_grad_accum: None,
             outputs: Outputs::new(true, Vec::new()),
             save_resume_state: true,
+            world: World::single(),
         }
     }
 }
@@ -307,11 +313,12 @@ pub fn evaluate(
     loss: &LossFn,
     rng: &mut NumpyRandom,
     clear_cache_threshold: Option<u64>,
+    world: World,
 ) -> Result<f64> {
     params.set_training(false);
     let mut all_losses = Array::from_f32(0.0, Dtype::Float32)?;
     let mut ntokens = Array::from_int(0, Dtype::Int32)?;
-    let mut it = BatchIter::new(dataset, batch_size, max_seq_length, false)?;
+    let mut it = BatchIter::sharded(dataset, batch_size, max_seq_length, false, world)?;
     let mut i = 0i64;
     while num_batches == -1 || i < num_batches {
         let Some(batch) = it.next_batch(dataset, rng)? else {
@@ -323,6 +330,10 @@ pub fn evaluate(
         eval([&all_losses, &ntokens])?;
         clear_cache(clear_cache_threshold)?;
         i += 1;
+    }
+    if world.is_distributed() {
+        all_losses = all_sum_cpu(&all_losses)?;
+        ntokens = all_sum_cpu(&ntokens)?;
     }
     Ok(f64::from((&all_losses / &ntokens)?.item::<f32>()?))
 }
@@ -359,7 +370,9 @@ pub fn train(
         None
     };
     params.set_training(true);
-    let mut batches = BatchIter::new(train_set, args.batch_size, args.max_seq_length, true)?;
+    let world = args.world;
+    let mut batches =
+        BatchIter::sharded(train_set, args.batch_size, args.max_seq_length, true, world)?;
     if let Some(p) = &args.resume_batches {
         if !batches.restore(p) {
             return Err(TrainError::Config(format!(
@@ -406,6 +419,7 @@ pub fn train(
                 loss,
                 rng,
                 args.clear_cache_threshold,
+                world,
             )?;
             params.set_training(true);
             callback.on_val_loss_report(&ValReport {
@@ -441,6 +455,9 @@ pub fn train(
             grad = add_trees(&grad, &prev)?;
         }
         if it % accum == 0 {
+            if world.is_distributed() {
+                grad = average_gradients(&grad, world.size)?;
+            }
             if accum > 1 {
                 grad = grad
                     .into_iter()
@@ -479,7 +496,12 @@ pub fn train(
         callback.on_step(it, lvalue.item::<f32>()?, i64::from(toks.item::<i32>()?));
 
         if it % args.steps_per_report == 0 || it == end {
-            let train_loss = f64::from(l.item::<f32>()?) / steps as f64;
+            let (l, n) = if world.is_distributed() {
+                (all_sum_cpu(&l)?, all_sum_cpu(&n)?)
+            } else {
+                (l, n)
+            };
+            let train_loss = f64::from(l.item::<f32>()?) / (steps * world.size) as f64;
             let ntok = u64::try_from(n.item::<i32>()?).unwrap_or(0);
             trained_tokens += ntok;
             let t = train_time.max(1e-9);
@@ -503,7 +525,7 @@ pub fn train(
             n_tokens = Some(n);
         }
 
-        if it % args.steps_per_save == 0 {
+        if it % args.steps_per_save == 0 && world.rank == 0 {
             outputs.claim(&args.adapter_file)?;
             save_adapter_weights(&args.adapter_file, params)?;
             let checkpoint = checkpoint_path(&args.adapter_file, it);
@@ -524,6 +546,9 @@ pub fn train(
             )?;
             callback.on_save(it, &checkpoint);
         }
+    }
+    if world.rank != 0 {
+        return Ok(TrainOutcome { optimizer });
     }
     outputs.claim(&args.adapter_file)?;
     save_adapter_weights(&args.adapter_file, params)?;
@@ -565,6 +590,64 @@ fn clear_cache(threshold: Option<u64>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `mlx.nn.average_gradients`: every gradient summed over MLX's global group and divided
+/// by its size. mlx-lm concatenates same-dtype gradients into ~32 MiB messages first; the
+/// sums are elementwise, so each element comes out the same either way, and so does this
+/// (fewer, larger messages only change the transport's work).
+fn average_gradients(grad: &ParamMap, size: usize) -> Result<ParamMap> {
+    const MESSAGE_BYTES: usize = 32 << 20;
+    let keys: Vec<&String> = grad.keys().collect();
+    let dtype = grad.values().next().map(Array::dtype);
+    if grad.values().any(|g| Some(g.dtype()) != dtype) {
+        return grad
+            .iter()
+            .map(|(k, g)| {
+                let s = mlx_core::distributed::all_sum(g, None, None)?;
+                Ok((k.clone(), ops::divide_scalar(&s, size as i64, None)?))
+            })
+            .collect();
+    }
+    let mut out = ParamMap::new();
+    let mut start = 0;
+    while start < keys.len() {
+        let (mut end, mut bytes) = (start, 0usize);
+        while end < keys.len() && (end == start || bytes < MESSAGE_BYTES) {
+            let g = &grad[keys[end]];
+            bytes += g.size() * g.dtype().size();
+            end += 1;
+            if bytes >= MESSAGE_BYTES {
+                break;
+            }
+        }
+        let flat: Vec<Array> = keys[start..end]
+            .iter()
+            .map(|k| grad[*k].reshape(&[-1]))
+            .collect::<std::result::Result<_, _>>()?;
+        let refs: Vec<&Array> = flat.iter().collect();
+        let joined = ops::concatenate(&refs, 0, None)?;
+        let summed = mlx_core::distributed::all_sum(&joined, None, None)?;
+        let avg = ops::divide_scalar(&summed, size as i64, None)?;
+        let mut offset = 0i32;
+        for k in &keys[start..end] {
+            let g = &grad[*k];
+            let n = g.size() as i32;
+            let part = avg
+                .slice(&[offset], &[offset + n], &[1])?
+                .reshape(&g.shape())?;
+            out.insert((*k).clone(), part);
+            offset += n;
+        }
+        start = end;
+    }
+    Ok(out)
+}
+
+/// `mx.distributed.all_sum(x, stream=mx.cpu)` over the global group (mlx-lm's reports).
+fn all_sum_cpu(x: &Array) -> Result<Array> {
+    let cpu = mlx_core::Stream::cpu()?;
+    Ok(mlx_core::distributed::all_sum(x, None, Some(&cpu))?)
 }
 
 fn add_trees(a: &ParamMap, b: &ParamMap) -> Result<ParamMap> {

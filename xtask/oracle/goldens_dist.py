@@ -20,19 +20,77 @@ from pathlib import Path
 import mlx.core as mx
 
 ROOT = Path(__file__).resolve().parents[2]
-MODEL = ROOT / "mlx-cli/tests/models/dense_f32"
-OUT = ROOT / "mlx-models/tests/goldens/dist_llama_tp2.safetensors"
+# (fixture under mlx-cli/tests/models, golden under mlx-models/tests/goldens)
+MODELS = [
+    ("dense_f32", "dist_llama_tp2"),
+    ("qwen3", "dist_qwen3_tp2"),
+    ("q4_g32", "dist_llama_q4_tp2"),
+]
 PROMPT = [1, 5, 9, 17, 33, 65, 7, 3]
 STEPS = 8
 
 
+# The pipeline case: a seeded 3-layer qwen2 (mlx-lm's qwen2 Model has `pipeline`), split
+# unevenly over 2 ranks by `sharded_load(pipeline_group=...)` (mlx-lm's `--pipeline`).
+QWEN2 = ROOT / "mlx-cli/tests/models/qwen2_f32"
+QWEN2_CONFIG = {
+    "model_type": "qwen2",
+    "hidden_size": 64,
+    "num_hidden_layers": 3,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-06,
+    "vocab_size": 128,
+    "rope_theta": 1000000.0,
+    "max_position_embeddings": 512,
+    "tie_word_embeddings": False,
+}
+
+
+def make_qwen2():
+    """Writes the seeded qwen2 fixture (config, weights, dense_f32's tokenizer)."""
+    import json
+    import shutil
+
+    from mlx.utils import tree_flatten, tree_map
+    from mlx_lm.models import qwen2
+
+    QWEN2.mkdir(parents=True, exist_ok=True)
+    mx.random.seed(20261203)
+    model = qwen2.Model(qwen2.ModelArgs.from_dict(QWEN2_CONFIG))
+    # Larger-than-default weights so the logits spread (greedy ids vary).
+    model.update(
+        tree_map(lambda p: p * 4 if p.ndim == 2 else p, model.parameters())
+    )
+    mx.eval(model.parameters())
+    weights = dict(tree_flatten(model.parameters()))
+    mx.save_safetensors(str(QWEN2 / "model.safetensors"), weights)
+    # sharded_load's pipeline path reads the index to pick each stage's files.
+    index = {"metadata": {}, "weight_map": {k: "model.safetensors" for k in sorted(weights)}}
+    (QWEN2 / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    (QWEN2 / "config.json").write_text(json.dumps(QWEN2_CONFIG, indent=2))
+    src = ROOT / "mlx-cli/tests/models/dense_f32"
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(src / f, QWEN2 / f)
+
+
 def worker():
+    for model, out in MODELS:
+        run_model(ROOT / "mlx-cli/tests/models" / model, ROOT / f"mlx-models/tests/goldens/{out}.safetensors")
+    run_model(QWEN2, ROOT / "mlx-models/tests/goldens/dist_qwen2_pp2.safetensors", pipeline=True)
+
+
+def run_model(MODEL, OUT, pipeline=False):
     from mlx_lm.generate import generate_step
     from mlx_lm.models.cache import make_prompt_cache
     from mlx_lm.utils import load, sharded_load
 
     group = mx.distributed.init(strict=True, backend="ring")
-    model, _tok = sharded_load(str(MODEL))
+    if pipeline:
+        model, _tok = sharded_load(str(MODEL), pipeline_group=group)
+    else:
+        model, _tok = sharded_load(str(MODEL))
     prompt = mx.array(PROMPT)
     cache = make_prompt_cache(model)
     prefill = model(prompt[None], cache=cache)[0].astype(mx.float32)
@@ -55,7 +113,12 @@ def worker():
         mx.save_safetensors(
             str(OUT),
             out,
-            metadata={"world_size": str(group.size()), "backend": "ring", "model": "dense_f32"},
+            metadata={
+                "world_size": str(group.size()),
+                "backend": "ring",
+                "model": MODEL.name,
+                "sharding": "pipeline" if pipeline else "tensor",
+            },
         )
         same = bool(mx.array_equal(prefill, single_prefill))
         diff = float(mx.abs(prefill - single_prefill).max())
@@ -66,6 +129,7 @@ def main():
     if os.environ.get("MLX_RANK") is not None:
         worker()
         return
+    make_qwen2()
     launcher = Path(sys.executable).parent / "mlx.launch"
     subprocess.run(
         [str(launcher), "-n", "2", "--backend", "ring", "--python", sys.executable, __file__],

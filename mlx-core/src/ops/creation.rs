@@ -174,6 +174,15 @@ pub fn view(a: &Array, dtype: Dtype, s: Option<&Stream>) -> Result<Array> {
     })
 }
 
+/// `a`'s values, evaluated only after `dep` has been (MLX's `depends`): keeps a node whose
+/// result nobody reads (a pipeline stage's `send`) in the graph of what is evaluated.
+pub fn depends(a: &Array, dep: &Array) -> Result<Array> {
+    // SAFETY: live handles.
+    array_out("depends", |o| unsafe {
+        sys::mlxs_depends(o, a.as_raw(), dep.as_raw())
+    })
+}
+
 /// The same values in row-major contiguous memory (`allow_col_major`: a column-major array
 /// is left as is).
 pub fn contiguous(a: &Array, allow_col_major: bool, s: Option<&Stream>) -> Result<Array> {

@@ -5,9 +5,11 @@ mod attention;
 mod embedding;
 pub mod gated_delta;
 mod linear;
+pub mod mla;
 mod mlp;
 mod norm;
 mod rope;
+pub mod ssm;
 mod switch;
 
 pub use activations::{

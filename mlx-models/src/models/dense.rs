@@ -967,20 +967,26 @@ pub struct Model {
     grad_checkpoint: bool,
     /// The layers whose own arrays train in full (checkpoint inputs).
     checkpoint_own: std::ops::Range<usize>,
+    /// This rank's pipeline stage `(rank, size)` after [`Model::shard_pipeline`]; `layers`
+    /// then holds only the stage's layers.
+    pipeline: Option<(i32, i32)>,
 }
 
 impl Model {
     /// Tensor parallelism over `size` ranks as mlx-lm's llama `Model.shard()` does (this
     /// process is rank `rank`): q/k/v, gate and up all-to-sharded, o and down sharded-to-all
     /// (summed over MLX's global group), heads and KV heads divided by `size`. See
-    /// [`crate::shard`]. Only the `llama` row with dense weights, for now.
+    /// [`crate::shard`]. The llama, qwen2 and qwen3 rows, dense or quantized.
     pub fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
         use crate::shard::{all_to_sharded, sharded_to_all};
         let d = &self.desc;
-        if d.model_type != "llama" {
+        // The rows whose mlx-lm class has this same `shard()` (llama.py, qwen2.py, qwen3.py).
+        const SHARDED: [&str; 3] = ["llama", "qwen2", "qwen3"];
+        if !SHARDED.contains(&d.model_type.as_str()) {
             return Err(ModelError::Other(format!(
-                "tensor parallelism: model_type `{}` is not supported yet (llama only)",
-                d.model_type
+                "tensor parallelism: model_type `{}` is not supported yet ({})",
+                d.model_type,
+                SHARDED.join(", ")
             )));
         }
         if size < 1 || rank < 0 || rank >= size {
@@ -1040,7 +1046,58 @@ impl Model {
     }
 }
 
+/// The rows whose mlx-lm class has `pipeline` (qwen2.py, with `PipelineMixin`).
+const PIPELINED: [&str; 1] = ["qwen2"];
+
 impl Model {
+    /// Pipeline parallelism over `size` ranks as mlx-lm's `PipelineMixin.pipeline()`: the
+    /// layers split evenly (the low ranks take the extra ones), rank `size - 1` runs the
+    /// first layers and rank 0 the last; this model keeps only its stage's layers (and
+    /// caches for them). See [`Model::run`] for the send/recv order.
+    pub fn shard_pipeline(&mut self, size: i32, rank: i32) -> Result<()> {
+        let t = &self.desc.model_type;
+        if !PIPELINED.contains(&t.as_str()) {
+            return Err(ModelError::Other(format!(
+                "pipeline parallelism: model_type `{t}` is not supported ({})",
+                PIPELINED.join(", ")
+            )));
+        }
+        if self.pipeline.is_some() {
+            return Err(ModelError::Other(
+                "pipeline parallelism: already split".into(),
+            ));
+        }
+        if size < 1 || rank < 0 || rank >= size {
+            return Err(ModelError::Other(format!(
+                "pipeline parallelism: rank {rank} of {size}"
+            )));
+        }
+        let (n, s, r) = (self.layers.len(), size as usize, rank as usize);
+        let (base, extra) = (n / s, n % s);
+        let split: Vec<usize> = (0..s).map(|k| base + usize::from(k < extra)).collect();
+        if split.contains(&0) {
+            return Err(ModelError::Other(format!(
+                "pipeline parallelism: {n} layers cannot give each of {s} ranks a layer"
+            )));
+        }
+        if self.fa_idx != 0 || self.swa_idx.is_some() {
+            return Err(ModelError::Other(
+                "pipeline parallelism: sliding-window layers are not supported".into(),
+            ));
+        }
+        let start: usize = split[r + 1..].iter().sum();
+        let end = start + split[r];
+        self.layers.truncate(end);
+        self.layers.drain(..start);
+        self.pipeline = Some((rank, size));
+        Ok(())
+    }
+
+    /// This rank's pipeline stage `(rank, size)`, if the model was split.
+    pub fn pipeline_stage(&self) -> Option<(i32, i32)> {
+        self.pipeline
+    }
+
     /// Builds the model from `w`, after the row's `sanitize`.
     pub fn load(desc: Descriptor, w: &mut Weights) -> Result<Model> {
         let d = &desc;
@@ -1099,6 +1156,7 @@ impl Model {
             desc,
             grad_checkpoint: false,
             checkpoint_own: 0..0,
+            pipeline: None,
         })
     }
 
@@ -1285,7 +1343,8 @@ impl Model {
     /// positions, no per-position query scale, no output gate (it reads the attention's
     /// input, which the segments do not carry), ropes that take an array offset.
     fn segmentable(&self) -> bool {
-        self.positions.is_none()
+        self.pipeline.is_none()
+            && self.positions.is_none()
             && self.desc.query_scale.is_none()
             && self.layers.iter().all(|l| {
                 l.sequential()
@@ -1328,6 +1387,8 @@ impl Model {
         match caches {
             Some(caches) => {
                 let (fa_mask, swa_mask) = self.cache_masks(caches, n)?;
+                let h0 = h;
+                h = self.pipeline_recv(h0)?;
                 for (i, (layer, cache)) in self.layers.iter().zip(caches.iter_mut()).enumerate() {
                     let mask = layer.pick_mask(&fa_mask, &swa_mask);
                     let ctx = Ctx {
@@ -1348,10 +1409,12 @@ impl Model {
                     };
                     ctx.tap("out", &h);
                 }
+                h = self.pipeline_send(h, caches.last_mut())?;
             }
             None => {
                 let fa_mask = no_cache_mask(n, None, as_array)?;
                 let swa_mask = no_cache_mask(n, window, as_array)?;
+                h = self.pipeline_recv(h)?;
                 for (i, layer) in self.layers.iter().enumerate() {
                     let mask = if layer.sliding { &swa_mask } else { &fa_mask };
                     let ctx = Ctx {
@@ -1369,15 +1432,62 @@ impl Model {
                     };
                     ctx.tap("out", &h);
                 }
+                h = self.pipeline_send(h, None)?;
             }
         }
         self.norm.forward(&h)
+    }
+
+    /// A pipeline stage's input: ranks below the last receive the hidden states from the
+    /// rank above (mlx-lm's `recv_like(h, rank + 1)`); the last rank keeps the embedding.
+    fn pipeline_recv(&self, h: Array) -> Result<Array> {
+        match self.pipeline {
+            Some((rank, size)) if rank < size - 1 => {
+                Ok(mlx_core::distributed::recv_like(&h, rank + 1, None, None)?)
+            }
+            _ => Ok(h),
+        }
+    }
+
+    /// A pipeline stage's output: ranks above 0 send theirs to the rank below (tying the
+    /// send to the last cache), then every rank takes rank 0's hidden states from an
+    /// `all_gather` (mlx-lm's broadcast that keeps the send in the graph).
+    fn pipeline_send(&self, h: Array, last: Option<&mut Box<dyn Cache>>) -> Result<Array> {
+        let Some((rank, size)) = self.pipeline else {
+            return Ok(h);
+        };
+        let mut h = h;
+        if rank != 0 {
+            h = mlx_core::distributed::send(&h, (rank - 1).rem_euclid(size), None, None)?;
+            if let Some(c) = last {
+                if !c.is_empty() && !c.depend_on(&h)? {
+                    return Err(ModelError::Other(format!(
+                        "pipeline parallelism: a {} cannot be tied to the stage's send",
+                        c.class_name()
+                    )));
+                }
+            }
+        }
+        if size > 1 {
+            let b = h.shape().first().copied().unwrap_or(0);
+            let all = mlx_core::distributed::all_gather(&h, None, None)?;
+            let mut stop = all.shape();
+            stop[0] = b;
+            let start = vec![0; stop.len()];
+            let strides = vec![1; stop.len()];
+            h = all.slice(&start, &stop, &strides)?;
+        }
+        Ok(h)
     }
 }
 
 impl LanguageModel for Model {
     fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
         Model::shard_tensor_parallel(self, size, rank)
+    }
+
+    fn shard_pipeline(&mut self, size: i32, rank: i32) -> Result<()> {
+        Model::shard_pipeline(self, size, rank)
     }
 
     fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
@@ -1576,7 +1686,7 @@ impl SegmentedDecode for Model {
 
 /// ministral3.py `_get_llama_4_attn_scale(L, offset, beta, original)[:, None]`, in `dtype`:
 /// `1 + beta * log(1 + floor((arange(L) + offset) / original))`.
-fn llama4_attn_scale(
+pub(crate) fn llama4_attn_scale(
     n: usize,
     offset: usize,
     beta: f64,

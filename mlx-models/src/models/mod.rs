@@ -57,12 +57,21 @@ macro_rules! serde_defaults {
     )*};
 }
 
+pub mod baichuan_m1;
 mod checkpoint;
+pub mod deepseek;
 pub mod dense;
 pub mod descriptor;
+pub mod falcon_h1;
 pub mod gemma4_text;
+pub mod granitemoehybrid;
+pub mod jamba;
 pub mod lfm2;
+pub mod longcat_flash;
+pub mod mamba;
 pub mod moe;
+pub mod nemotron_h;
+pub mod olmo_hybrid;
 pub mod qwen3_next;
 pub mod segmented;
 
@@ -94,6 +103,17 @@ pub trait LanguageModel: Send {
         let _ = (size, rank);
         Err(crate::error::ModelError::Other(
             "tensor parallelism is not supported for this model yet".into(),
+        ))
+    }
+
+    /// Keeps this rank's stage of the layers for pipeline parallelism over `size` ranks as
+    /// mlx-lm's `PipelineMixin.pipeline()` does (rank `size - 1` runs the first layers,
+    /// rank 0 the last; hidden states pass by send/recv and every rank ends with rank 0's).
+    /// Architectures without it: an error.
+    fn shard_pipeline(&mut self, size: i32, rank: i32) -> Result<()> {
+        let _ = (size, rank);
+        Err(crate::error::ModelError::Other(
+            "pipeline parallelism is not supported for this model yet".into(),
         ))
     }
 
@@ -352,6 +372,57 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
     ("lfm2", |c, w| Ok(Box::new(lfm2::Model::load(c, w)?))),
     ("gemma4_text", |c, w| {
         Ok(Box::new(gemma4_text::Model::load(c, w)?))
+    }),
+    // MLA / DeepSeek V3 family (`deepseek.rs`).
+    ("deepseek_v3", |c, w| {
+        Ok(Box::new(deepseek::Model::load(c, w)?))
+    }),
+    ("kimi_k25", |c, w| {
+        Ok(Box::new(deepseek::Model::load(c, w)?))
+    }),
+    ("glm4_moe_lite", |c, w| {
+        Ok(Box::new(deepseek::Model::load(c, w)?))
+    }),
+    ("dots1", |c, w| Ok(Box::new(deepseek::Model::load(c, w)?))),
+    ("deepseek", |c, w| {
+        Ok(Box::new(deepseek::Model::load(c, w)?))
+    }),
+    ("deepseek_v2", |c, w| {
+        Ok(Box::new(deepseek::Model::load(c, w)?))
+    }),
+    ("minicpm3", |c, w| {
+        Ok(Box::new(deepseek::Model::load(c, w)?))
+    }),
+    ("mistral4", |c, w| {
+        Ok(Box::new(deepseek::Model::load(c, w)?))
+    }),
+    ("deepseek_v32", |c, w| {
+        Ok(Box::new(deepseek::Model::load(c, w)?))
+    }),
+    ("glm_moe_dsa", |c, w| {
+        Ok(Box::new(deepseek::Model::load(c, w)?))
+    }),
+    ("longcat_flash", |c, w| {
+        Ok(Box::new(longcat_flash::Model::load(c, w)?))
+    }),
+    // State-space family (issue #32).
+    ("mamba", |c, w| Ok(Box::new(mamba::Model::load(c, w)?))),
+    ("mamba2", |c, w| Ok(Box::new(mamba::Model::load(c, w)?))),
+    ("nemotron_h", |c, w| {
+        Ok(Box::new(nemotron_h::Model::load(c, w)?))
+    }),
+    ("granitemoehybrid", |c, w| {
+        Ok(Box::new(granitemoehybrid::Model::load(c, w)?))
+    }),
+    ("falcon_h1", |c, w| {
+        Ok(Box::new(falcon_h1::Model::load(c, w)?))
+    }),
+    ("jamba", |c, w| Ok(Box::new(jamba::Model::load(c, w)?))),
+    ("baichuan_m1", |c, w| {
+        Ok(Box::new(baichuan_m1::Model::load(c, w)?))
+    }),
+    ("olmo_hybrid", |c, w| {
+        Ok(Box::new(olmo_hybrid::Model::load(c, w)?))
     }),
 ];
 

@@ -66,6 +66,9 @@ int mlxs_astype(mlxs_array* out, mlxs_array a, mlxs_dtype dtype, mlxs_stream s);
 /* The same bytes read as dtype (the last axis scales by the size ratio). */
 int mlxs_view(mlxs_array* out, mlxs_array a, mlxs_dtype dtype, mlxs_stream s);
 int mlxs_contiguous(mlxs_array* out, mlxs_array a, bool allow_col_major, mlxs_stream s);
+/* mx::depends({a}, {dep})[0]: a's values, evaluated only after dep (mlx-lm's pipeline
+ * stages tie a send to their cache with it). */
+int mlxs_depends(mlxs_array* out, mlxs_array a, mlxs_array dep);
 
 /* ---- elementwise with parameters ---- */
 int mlxs_round(mlxs_array* out, mlxs_array a, int decimals, mlxs_stream s);

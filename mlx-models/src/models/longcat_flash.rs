@@ -1,0 +1,481 @@
+//! mlx-lm 0.32.2's `models/longcat_flash.py`: each layer runs two MLA attentions
+//! ([`MlaAttention`], with the `mla_scale_q_lora` / `mla_scale_kv_lora` factors) and two dense
+//! MLPs in sequence, plus one mixture of experts on the first half's normed state whose output
+//! joins at the end ("shortcut"). The router picks among the routed experts and `zero_expert_num`
+//! identity ("zero") experts, which add the input times their weight. A layer's cache is a
+//! `CacheList` of the two attentions' caches.
+
+use mlx_cache::{AttentionMask, Cache, CacheList, KVCache};
+use mlx_core::prelude::*;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+use crate::layers::mla::{MlaAttention, MlaSpec};
+use crate::layers::{
+    Embedding, Linear, Mlp, MlpKind, MlpNames, RmsNorm, Rope, RopeScaling, SwitchActivation,
+    SwitchGlu,
+};
+use crate::models::LanguageModel;
+use crate::weights::Weights;
+
+/// longcat_flash.py `ModelArgs` (most fields required there).
+#[derive(Deserialize)]
+struct Args {
+    model_type: String,
+    zero_expert_type: String,
+    hidden_size: i32,
+    ffn_hidden_size: i32,
+    moe_topk: i32,
+    expert_ffn_hidden_size: i32,
+    n_routed_experts: i32,
+    zero_expert_num: i32,
+    num_layers: i32,
+    vocab_size: i32,
+    max_position_embeddings: i64,
+    num_attention_heads: i32,
+    kv_lora_rank: i32,
+    q_lora_rank: Option<i32>,
+    qk_rope_head_dim: i32,
+    qk_nope_head_dim: i32,
+    v_head_dim: i32,
+    routed_scaling_factor: f64,
+    rms_norm_eps: f64,
+    rope_theta: f64,
+    mla_scale_q_lora: bool,
+    mla_scale_kv_lora: bool,
+    attention_bias: bool,
+    #[serde(default)]
+    norm_topk_prob: bool,
+    #[serde(default)]
+    router_bias: bool,
+    #[serde(default)]
+    rope_scaling: Option<RopeScaling>,
+}
+
+/// `LongcatFlashTopkRouter` + `LongcatFlashMoE`.
+#[derive(Clone)]
+struct Moe {
+    top_k: i32,
+    n_routed: i32,
+    norm_topk_prob: bool,
+    routed_scaling_factor: f32,
+    switch_mlp: SwitchGlu,
+    classifier: Linear,
+    e_score_correction_bias: Array,
+}
+
+impl Moe {
+    fn forward(&self, x: &Array) -> Result<Array> {
+        let k = self.top_k;
+        // The router.
+        let dtype = x.dtype();
+        let logits = self.classifier.forward(x)?;
+        let scores = ops::softmax(&logits, &[-1], false, None)?;
+        let corrected = (&scores + &self.e_score_correction_bias)?;
+        let n = corrected.shape().last().copied().unwrap_or(0);
+        let inds = ops::slice_axis(
+            &ops::argpartition(&corrected, -k, -1, None)?,
+            -1,
+            n - k,
+            n,
+            None,
+        )?;
+        let inds = ops::stop_gradient(&inds, None)?;
+        let mut weights = ops::take_along_axis(&scores, &inds, -1, None)?;
+        if self.norm_topk_prob {
+            let d = ops::add_scalar(&ops::sum(&weights, &[-1], true, None)?, 1e-20f32, None)?;
+            weights = (&weights / &d)?;
+        }
+        let weights =
+            ops::multiply_scalar(&weights, self.routed_scaling_factor, None)?.astype(dtype)?;
+        // The experts.
+        let mask = ops::greater_equal(
+            &inds,
+            &Scalar::Int(i64::from(self.n_routed)).to_array_like(inds.dtype())?,
+            None,
+        )?;
+        let zero_i = Scalar::Int(0).to_array_like(inds.dtype())?;
+        let inds = ops::where_(&mask, &zero_i, &inds, None)?;
+        let zero_w = Scalar::Float(0.0).to_array_like(weights.dtype())?;
+        let regular = ops::where_(&mask, &zero_w, &weights, None)?;
+        let y = self.switch_mlp.forward(x, &inds)?;
+        let weighted = (&y * &ops::expand_dims(&regular, &[-1], None)?)?;
+        let out = ops::sum(&weighted, &[-2], false, None)?;
+        let identity = ops::sum(
+            &ops::where_(&mask, &weights, &zero_w, None)?,
+            &[-1],
+            true,
+            None,
+        )?;
+        Ok((&out + &(x * &identity)?)?)
+    }
+}
+
+#[derive(Clone)]
+struct Layer {
+    mlp: Moe,
+    self_attn: [MlaAttention; 2],
+    mlps: [Mlp; 2],
+    input_layernorm: [RmsNorm; 2],
+    post_attention_layernorm: [RmsNorm; 2],
+}
+
+impl Layer {
+    fn forward(
+        &self,
+        x: &Array,
+        mask: &AttentionMask,
+        cache: Option<&mut Box<dyn Cache>>,
+    ) -> Result<Array> {
+        let mut subs: Option<&mut [Box<dyn Cache>]> = match cache {
+            Some(c) => Some(
+                c.as_mut()
+                    .as_any_mut()
+                    .downcast_mut::<CacheList>()
+                    .ok_or_else(|| {
+                        ModelError::Other("longcat_flash layers need a CacheList cache".into())
+                    })?
+                    .caches_mut(),
+            ),
+            None => None,
+        };
+        let mut h = x.clone();
+        let mut shortcut = None;
+        for i in 0..2 {
+            let residual = h.clone();
+            let n = self.input_layernorm[i].forward(&h)?;
+            let c = subs.as_deref_mut().and_then(|s| s.get_mut(i));
+            let a = self.self_attn[i].forward(&n, mask, c)?;
+            h = (&residual + &a)?;
+            let residual = h.clone();
+            let n = self.post_attention_layernorm[i].forward(&h)?;
+            if i == 0 {
+                shortcut = Some(self.mlp.forward(&n)?);
+            }
+            h = (&residual + &self.mlps[i].forward(&n)?)?;
+            if i == 1 {
+                if let Some(s) = &shortcut {
+                    h = (&h + s)?;
+                }
+            }
+        }
+        Ok(h)
+    }
+}
+
+/// A LongCat-Flash decoder.
+pub struct Model {
+    model_type: String,
+    vocab_size: i32,
+    embed_tokens: Embedding,
+    layers: Vec<Layer>,
+    norm: RmsNorm,
+    lm_head: Linear,
+}
+
+impl Model {
+    pub fn load(config: &ModelConfig, w: &mut Weights) -> Result<Model> {
+        let a: Args = config.args()?;
+        let t = &a.model_type;
+        if a.zero_expert_type != "identity" {
+            return Err(ModelError::Config(format!(
+                "{t}: zero_expert_type `{}` is not supported (mlx-lm asserts \"identity\")",
+                a.zero_expert_type
+            )));
+        }
+        if !a.mla_scale_q_lora || !a.mla_scale_kv_lora {
+            // mlx-lm reads both attributes in every call; without them it fails.
+            return Err(ModelError::Config(format!(
+                "{t}: mla_scale_q_lora and mla_scale_kv_lora must be true (mlx-lm's attention \
+                 reads both factors)"
+            )));
+        }
+        let q_lora = a.q_lora_rank.ok_or_else(|| {
+            ModelError::Config(format!(
+                "{t}: q_lora_rank is required (mla_scale_q_lora divides by it)"
+            ))
+        })?;
+        for (name, v) in [
+            ("hidden_size", a.hidden_size),
+            ("num_layers", a.num_layers),
+            ("num_attention_heads", a.num_attention_heads),
+            ("kv_lora_rank", a.kv_lora_rank),
+            ("q_lora_rank", q_lora),
+            ("n_routed_experts", a.n_routed_experts),
+            ("moe_topk", a.moe_topk),
+            ("vocab_size", a.vocab_size),
+        ] {
+            if v <= 0 {
+                return Err(ModelError::Config(format!(
+                    "{t}: `{name}` must be positive, got {v}"
+                )));
+            }
+        }
+        if a.zero_expert_num < 0 || a.moe_topk > a.n_routed_experts + a.zero_expert_num {
+            return Err(ModelError::Config(format!(
+                "{t}: moe_topk {} exceeds the {} routed and {} zero experts",
+                a.moe_topk, a.n_routed_experts, a.zero_expert_num
+            )));
+        }
+        sanitize(&a, w)?;
+        let dim = a.hidden_size;
+        let eps = a.rms_norm_eps as f32;
+        let qk_head_dim = f64::from(a.qk_nope_head_dim + a.qk_rope_head_dim);
+        let mut scale = qk_head_dim.powf(-0.5);
+        if let Some(rs) = &a.rope_scaling {
+            if let Some(m) = rs
+                .get("mscale_all_dim")
+                .and_then(Value::as_f64)
+                .filter(|m| *m != 0.0)
+            {
+                let factor = rs.get("factor").and_then(Value::as_f64).ok_or_else(|| {
+                    ModelError::Config(format!("{t}: rope_scaling needs a numeric `factor`"))
+                })?;
+                if factor > 1.0 {
+                    let s = 0.1 * m * factor.ln() + 1.0;
+                    scale = scale * s * s;
+                }
+            }
+        }
+        let q_scale = (f64::from(dim) / f64::from(q_lora)).powf(0.5) as f32;
+        let kv_scale = (f64::from(dim) / f64::from(a.kv_lora_rank)).powf(0.5) as f32;
+        let embed_tokens = Embedding::load(w, "model.embed_tokens", a.vocab_size, dim)?;
+        let n_total = a.n_routed_experts + a.zero_expert_num;
+        let mut layers = Vec::with_capacity(a.num_layers as usize);
+        for l in 0..a.num_layers {
+            let p = format!("model.layers.{l}");
+            let mlp = Moe {
+                top_k: a.moe_topk,
+                n_routed: a.n_routed_experts,
+                norm_topk_prob: a.norm_topk_prob,
+                routed_scaling_factor: a.routed_scaling_factor as f32,
+                switch_mlp: SwitchGlu::load(
+                    w,
+                    &format!("{p}.mlp.switch_mlp"),
+                    dim,
+                    a.expert_ffn_hidden_size,
+                    a.n_routed_experts,
+                    false,
+                    SwitchActivation::SwiGlu,
+                )?,
+                classifier: Linear::load(
+                    w,
+                    &format!("{p}.mlp.router.classifier"),
+                    dim,
+                    n_total,
+                    a.router_bias,
+                )?,
+                e_score_correction_bias: w.take(
+                    &format!("{p}.mlp.router.e_score_correction_bias"),
+                    &[n_total],
+                )?,
+            };
+            let attn = |w: &mut Weights, i: usize| -> Result<MlaAttention> {
+                MlaAttention::load(
+                    false,
+                    MlaSpec {
+                        hidden_size: dim,
+                        num_heads: a.num_attention_heads,
+                        q_lora_rank: Some(q_lora),
+                        kv_lora_rank: a.kv_lora_rank,
+                        qk_nope_head_dim: a.qk_nope_head_dim,
+                        qk_rope_head_dim: a.qk_rope_head_dim,
+                        v_head_dim: a.v_head_dim,
+                        attention_bias: a.attention_bias,
+                        // `nn.RMSNorm(dims)`'s default.
+                        lora_norm_eps: 1e-5,
+                        scale: scale as f32,
+                        rope: Rope::initialize(
+                            a.qk_rope_head_dim,
+                            a.rope_theta,
+                            true,
+                            a.rope_scaling.as_ref(),
+                            Some(a.max_position_embeddings),
+                        )?,
+                        q_scale: Some(q_scale),
+                        kv_scale: Some(kv_scale),
+                    },
+                    w,
+                    &format!("{p}.self_attn.{i}"),
+                )
+            };
+            let self_attn = [attn(w, 0)?, attn(w, 1)?];
+            let dense = |w: &mut Weights, i: usize| -> Result<Mlp> {
+                Mlp::load(
+                    w,
+                    &format!("{p}.mlps.{i}"),
+                    &MlpNames::LLAMA,
+                    dim,
+                    a.ffn_hidden_size,
+                    false,
+                    false,
+                    MlpKind::SwiGlu,
+                )
+            };
+            let mlps = [dense(w, 0)?, dense(w, 1)?];
+            let norm = |w: &mut Weights, n: &str, i: usize| {
+                RmsNorm::load(w, &format!("{p}.{n}.{i}"), dim, eps)
+            };
+            let input_layernorm = [
+                norm(w, "input_layernorm", 0)?,
+                norm(w, "input_layernorm", 1)?,
+            ];
+            let post_attention_layernorm = [
+                norm(w, "post_attention_layernorm", 0)?,
+                norm(w, "post_attention_layernorm", 1)?,
+            ];
+            layers.push(Layer {
+                mlp,
+                self_attn,
+                mlps,
+                input_layernorm,
+                post_attention_layernorm,
+            });
+        }
+        let norm = RmsNorm::load(w, "model.norm", dim, eps)?;
+        let lm_head = Linear::load(w, "lm_head", dim, a.vocab_size, false)?;
+        Ok(Model {
+            model_type: config.model_type.clone(),
+            vocab_size: a.vocab_size,
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+        })
+    }
+
+    fn hidden_states(
+        &self,
+        inputs: &Array,
+        caches: Option<&mut [Box<dyn Cache>]>,
+    ) -> Result<Array> {
+        crate::models::moe::check_inputs(inputs)?;
+        let mut h = self.embed_tokens.forward(inputs)?;
+        let n = h.shape().get(1).copied().unwrap_or(0) as usize;
+        let mut caches = caches;
+        let mask = match caches.as_deref_mut() {
+            Some(caches) => {
+                if caches.len() != self.layers.len() {
+                    return Err(ModelError::Other(format!(
+                        "{} caches for {} layers",
+                        caches.len(),
+                        self.layers.len()
+                    )));
+                }
+                // `create_attention_mask(h, cache[0][0], return_array=True)`.
+                match caches.first() {
+                    Some(c) => match c.as_any().downcast_ref::<CacheList>() {
+                        Some(list) => match list.caches().first() {
+                            Some(first) => first.make_mask(n, None, true)?,
+                            None => mlx_cache::mask::fallback_mask(n, None, true)?,
+                        },
+                        None => {
+                            return Err(ModelError::Other(
+                                "longcat_flash layers need a CacheList cache".into(),
+                            ))
+                        }
+                    },
+                    None => mlx_cache::mask::fallback_mask(n, None, true)?,
+                }
+            }
+            None => mlx_cache::mask::fallback_mask(n, None, true)?,
+        };
+        for (i, layer) in self.layers.iter().enumerate() {
+            let cache = caches.as_deref_mut().map(|c| &mut c[i]);
+            h = layer.forward(&h, &mask, cache)?;
+        }
+        self.norm.forward(&h)
+    }
+}
+
+/// longcat_flash.py `sanitize`: experts stacked into `switch_mlp`, each attention's HF
+/// `kv_b_proj` split into `embed_q` / `unembed_out`, `model.mtp*` dropped.
+fn sanitize(a: &Args, w: &mut Weights) -> Result<()> {
+    for l in 0..a.num_layers {
+        let prefix = format!("model.layers.{l}");
+        for m in ["gate_proj", "down_proj", "up_proj"] {
+            for k in ["weight", "scales", "biases"] {
+                if !w.contains(&format!("{prefix}.mlp.experts.0.{m}.{k}")) {
+                    continue;
+                }
+                let mut parts = Vec::with_capacity(a.n_routed_experts as usize);
+                for e in 0..a.n_routed_experts {
+                    let name = format!("{prefix}.mlp.experts.{e}.{m}.{k}");
+                    parts
+                        .push(w.remove(&name).ok_or_else(|| {
+                            ModelError::Weights(vec![format!("missing: {name}")])
+                        })?);
+                }
+                let refs: Vec<&Array> = parts.iter().collect();
+                w.insert(
+                    format!("{prefix}.mlp.switch_mlp.{m}.{k}"),
+                    ops::stack(&refs, 0, None)?,
+                );
+            }
+        }
+        for i in 0..2 {
+            crate::models::deepseek::split_kv_b_proj_dims(
+                w,
+                &format!("{prefix}.self_attn.{i}"),
+                a.num_attention_heads,
+                a.qk_nope_head_dim,
+                a.v_head_dim,
+                a.kv_lora_rank,
+            )?;
+        }
+    }
+    w.discard_prefix("model.mtp");
+    Ok(())
+}
+
+impl LanguageModel for Model {
+    fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
+        let out = self.hidden_states(inputs, caches)?;
+        self.lm_head.forward(&out)
+    }
+
+    fn forward_hidden(&self, inputs: &Array) -> Option<Result<Array>> {
+        Some(self.hidden_states(inputs, None))
+    }
+
+    fn forward_hidden_cached(
+        &self,
+        inputs: &Array,
+        caches: &mut [Box<dyn Cache>],
+    ) -> Option<Result<Array>> {
+        Some(self.hidden_states(inputs, Some(caches)))
+    }
+
+    fn output_head(&self) -> Option<crate::models::OutputHead> {
+        Some(crate::models::OutputHead::Linear(self.lm_head.clone()))
+    }
+
+    fn model_type(&self) -> &str {
+        &self.model_type
+    }
+
+    fn vocab_size(&self) -> i32 {
+        self.vocab_size
+    }
+
+    fn make_cache(&self) -> Vec<Box<dyn Cache>> {
+        (0..self.layers.len())
+            .map(|_| -> Box<dyn Cache> {
+                Box::new(CacheList::new(vec![
+                    Box::new(KVCache::new()),
+                    Box::new(KVCache::new()),
+                ]))
+            })
+            .collect()
+    }
+
+    fn defines_make_cache(&self) -> bool {
+        true
+    }
+
+    fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+}

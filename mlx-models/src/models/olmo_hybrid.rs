@@ -1,0 +1,570 @@
+//! mlx-lm 0.32.2 `models/olmo_hybrid.py`: Gated DeltaNet layers (separate q/k/v causal
+//! convolutions, optional negative eigenvalues: `beta` in [0, 2]) interleaved with OLMo-style
+//! attention layers (q/k norms over the whole projection, norms after attention and MLP). The
+//! DeltaNet layers hold an [`ArraysCache`] of four slots (three conv states, the recurrent
+//! state), attention layers a [`KVCache`].
+
+use mlx_cache::{ArraysCache, AttentionMask, Cache, KVCache};
+use mlx_core::prelude::*;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+use crate::layers::gated_delta::{compute_g, gated_delta_ops, normalize_qk, RmsNormGated};
+use crate::layers::ssm::{arrays_cache, DepthwiseConv};
+use crate::layers::{scaled_dot_product_attention, silu, Embedding, Linear, RmsNorm, Rope};
+use crate::models::mamba::{conv_kernel_ok, positive};
+use crate::models::LanguageModel;
+use crate::weights::Weights;
+
+serde_defaults! {
+    default_ln_eps: f64 = 1e-5;
+    default_rope_theta: Option<f64> = Some(10000.0);
+}
+
+/// olmo_hybrid.py `ModelArgs`.
+#[derive(Clone, Debug, Deserialize)]
+struct ModelArgs {
+    model_type: String,
+    hidden_size: i32,
+    intermediate_size: i32,
+    num_hidden_layers: i32,
+    num_attention_heads: i32,
+    num_key_value_heads: Option<i32>,
+    rms_norm_eps: f64,
+    vocab_size: i32,
+    max_position_embeddings: i64,
+    linear_num_key_heads: i32,
+    linear_num_value_heads: i32,
+    linear_key_head_dim: i32,
+    linear_value_head_dim: i32,
+    linear_conv_kernel_dim: i32,
+    linear_allow_neg_eigval: bool,
+    tie_word_embeddings: bool,
+    attention_bias: bool,
+    #[serde(default = "default_ln_eps")]
+    layer_norm_epsilon: f64,
+    #[serde(default)]
+    head_dim: Option<i32>,
+    #[serde(default)]
+    layer_types: Option<Vec<String>>,
+    #[serde(default)]
+    rope_parameters: Option<Value>,
+    #[serde(default = "default_rope_theta")]
+    rope_theta: Option<f64>,
+}
+
+fn bad(m: String) -> ModelError {
+    ModelError::Config(format!("olmo_hybrid: {m}"))
+}
+
+impl ModelArgs {
+    /// `__post_init__` and the checks that keep MLX from seeing bad shapes; returns whether
+    /// each layer is full attention.
+    fn post_init(&mut self) -> Result<Vec<bool>> {
+        if self.num_key_value_heads.is_none() {
+            self.num_key_value_heads = Some(self.num_attention_heads);
+        }
+        if self.head_dim.is_none() && self.num_attention_heads > 0 {
+            self.head_dim = Some(self.hidden_size / self.num_attention_heads);
+        }
+        if let Some(p) = &self.rope_parameters {
+            self.rope_theta = Some(
+                p.get("rope_theta")
+                    .and_then(Value::as_f64)
+                    .unwrap_or(10000.0),
+            );
+        }
+        positive(
+            "olmo_hybrid",
+            &[
+                ("vocab_size", self.vocab_size),
+                ("hidden_size", self.hidden_size),
+                ("intermediate_size", self.intermediate_size),
+                ("num_hidden_layers", self.num_hidden_layers),
+                ("num_attention_heads", self.num_attention_heads),
+                ("num_key_value_heads", self.num_key_value_heads.unwrap_or(0)),
+                ("head_dim", self.head_dim.unwrap_or(0)),
+                ("linear_num_key_heads", self.linear_num_key_heads),
+                ("linear_num_value_heads", self.linear_num_value_heads),
+                ("linear_key_head_dim", self.linear_key_head_dim),
+                ("linear_value_head_dim", self.linear_value_head_dim),
+            ],
+        )?;
+        conv_kernel_ok("olmo_hybrid", self.linear_conv_kernel_dim)?;
+        if self.linear_num_value_heads % self.linear_num_key_heads != 0 {
+            return Err(bad(format!(
+                "`linear_num_value_heads` {} is not a multiple of `linear_num_key_heads` {}",
+                self.linear_num_value_heads, self.linear_num_key_heads
+            )));
+        }
+        if self.num_attention_heads % self.num_key_value_heads.unwrap_or(1) != 0 {
+            return Err(bad(
+                "`num_attention_heads` is not a multiple of `num_key_value_heads`".into(),
+            ));
+        }
+        match &self.layer_types {
+            Some(t) => t
+                .iter()
+                .map(|t| match t.as_str() {
+                    "full_attention" => Ok(true),
+                    "linear_attention" => Ok(false),
+                    other => Err(bad(format!("unknown layer type `{other}`"))),
+                })
+                .collect(),
+            None => Ok((0..self.num_hidden_layers).map(|i| i % 4 == 3).collect()),
+        }
+    }
+}
+
+/// olmo_hybrid's `GatedDeltaNet`.
+#[derive(Clone)]
+struct GatedDeltaNet {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    a_proj: Linear,
+    b_proj: Linear,
+    g_proj: Linear,
+    o_proj: Linear,
+    convs: [DepthwiseConv; 3],
+    a_log: Array,
+    dt_bias: Array,
+    o_norm: RmsNormGated,
+    num_k_heads: i32,
+    num_v_heads: i32,
+    head_k_dim: i32,
+    head_v_dim: i32,
+    allow_neg_eigval: bool,
+}
+
+impl GatedDeltaNet {
+    fn load(a: &ModelArgs, w: &mut Weights, p: &str) -> Result<GatedDeltaNet> {
+        let d = a.hidden_size;
+        let kd = a.linear_key_head_dim * a.linear_num_key_heads;
+        let vd = a.linear_value_head_dim * a.linear_num_value_heads;
+        let hv = a.linear_num_value_heads;
+        let k = a.linear_conv_kernel_dim;
+        let mut l = |n: &str, i: i32, o: i32| Linear::load(w, &format!("{p}.{n}"), i, o, false);
+        let (q_proj, k_proj, v_proj, a_proj, b_proj, g_proj, o_proj) = (
+            l("q_proj", d, kd)?,
+            l("k_proj", d, kd)?,
+            l("v_proj", d, vd)?,
+            l("a_proj", d, hv)?,
+            l("b_proj", d, hv)?,
+            l("g_proj", d, vd)?,
+            l("o_proj", vd, d)?,
+        );
+        Ok(GatedDeltaNet {
+            q_proj,
+            k_proj,
+            v_proj,
+            a_proj,
+            b_proj,
+            g_proj,
+            o_proj,
+            convs: [
+                DepthwiseConv::load(w, &format!("{p}.q_conv1d"), kd, k, false)?,
+                DepthwiseConv::load(w, &format!("{p}.k_conv1d"), kd, k, false)?,
+                DepthwiseConv::load(w, &format!("{p}.v_conv1d"), vd, k, false)?,
+            ],
+            a_log: w.take(&format!("{p}.A_log"), &[hv])?,
+            dt_bias: w.take(&format!("{p}.dt_bias"), &[hv])?,
+            o_norm: RmsNormGated::load(
+                w,
+                &format!("{p}.o_norm"),
+                a.linear_value_head_dim,
+                a.layer_norm_epsilon as f32,
+            )?,
+            num_k_heads: a.linear_num_key_heads,
+            num_v_heads: hv,
+            head_k_dim: a.linear_key_head_dim,
+            head_v_dim: a.linear_value_head_dim,
+            allow_neg_eigval: a.linear_allow_neg_eigval,
+        })
+    }
+
+    fn forward(
+        &self,
+        x: &Array,
+        mask: Option<&Array>,
+        cache: Option<&mut ArraysCache>,
+    ) -> Result<Array> {
+        let sh = x.shape();
+        let (b, s) = (sh[0], sh[1]);
+        let projected = [
+            self.q_proj.forward(x)?,
+            self.k_proj.forward(x)?,
+            self.v_proj.forward(x)?,
+        ];
+        let mut padded = Vec::with_capacity(3);
+        let mut conv_out = Vec::with_capacity(3);
+        for (slot, (conv, y)) in self.convs.iter().zip(&projected).enumerate() {
+            let state = cache.as_ref().and_then(|c| c.get(slot));
+            // `_apply_conv1d` pads with zeros whether or not a cache is given.
+            let p = conv.padded(y, state, true)?;
+            conv_out.push(silu(&conv.forward(&p)?)?);
+            padded.push(p);
+        }
+        let q = conv_out[0].reshape(&[b, s, self.num_k_heads, self.head_k_dim])?;
+        let k = conv_out[1].reshape(&[b, s, self.num_k_heads, self.head_k_dim])?;
+        let v = conv_out[2].reshape(&[b, s, self.num_v_heads, self.head_v_dim])?;
+        let (q, k) = normalize_qk(&q, &k, f64::from(self.head_k_dim).powf(-0.5), 1e-6)?;
+        let state = cache.as_ref().and_then(|c| c.get(3)).cloned();
+        let mut beta = ops::sigmoid(&self.b_proj.forward(x)?, None)?;
+        if self.allow_neg_eigval {
+            beta = (&beta * 2.0f32)?;
+        }
+        let g = compute_g(&self.a_log, &self.a_proj.forward(x)?, &self.dt_bias)?;
+        let keep = cache.as_ref().is_some_and(|c| c.keeps_history());
+        let (out, state, states) =
+            gated_delta_ops(&q, &k, &v, &g, &beta, state.as_ref(), mask, keep)?;
+        if let Some(c) = cache {
+            let conv_at = |t: i32| -> Result<Vec<Option<Array>>> {
+                self.convs
+                    .iter()
+                    .zip(&padded)
+                    .map(|(conv, p)| Ok(Some(conv.state_after(p, t)?)))
+                    .collect()
+            };
+            if keep {
+                let steps = states
+                    .into_iter()
+                    .enumerate()
+                    .map(|(t, st)| {
+                        let mut slots = conv_at(t as i32 + 1)?;
+                        slots.push(Some(st));
+                        Ok(slots)
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                c.checkpoint_steps(steps)?;
+            }
+            for (slot, st) in conv_at(s)?.into_iter().enumerate() {
+                if let Some(st) = st {
+                    c.set(slot, st)?;
+                }
+            }
+            c.set(3, state)?;
+            c.advance(s as usize)?;
+        }
+        let gate = self.g_proj.forward(x)?.reshape(&[-1, self.head_v_dim])?;
+        let out = out.reshape(&[-1, self.head_v_dim])?;
+        let out = self.o_norm.forward(&out, Some(&gate))?;
+        self.o_proj.forward(&out.reshape(&[b, s, -1])?)
+    }
+}
+
+/// olmo_hybrid's `Attention`.
+#[derive(Clone)]
+struct Attention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    q_norm: RmsNorm,
+    k_norm: RmsNorm,
+    rope: Option<Rope>,
+    n_heads: i32,
+    n_kv_heads: i32,
+    head_dim: i32,
+    scale: f32,
+}
+
+impl Attention {
+    fn load(a: &ModelArgs, w: &mut Weights, p: &str) -> Result<Attention> {
+        let (h, kv, hd, d) = (
+            a.num_attention_heads,
+            a.num_key_value_heads.unwrap_or(a.num_attention_heads),
+            a.head_dim.unwrap_or(1),
+            a.hidden_size,
+        );
+        let eps = a.rms_norm_eps as f32;
+        let mut l =
+            |n: &str, i: i32, o: i32| Linear::load(w, &format!("{p}.{n}"), i, o, a.attention_bias);
+        let (q_proj, k_proj, v_proj, o_proj) = (
+            l("q_proj", d, h * hd)?,
+            l("k_proj", d, kv * hd)?,
+            l("v_proj", d, kv * hd)?,
+            l("o_proj", h * hd, d)?,
+        );
+        Ok(Attention {
+            q_proj,
+            k_proj,
+            v_proj,
+            o_proj,
+            q_norm: RmsNorm::load(w, &format!("{p}.q_norm"), h * hd, eps)?,
+            k_norm: RmsNorm::load(w, &format!("{p}.k_norm"), kv * hd, eps)?,
+            rope: match a.rope_theta {
+                Some(t) => Some(Rope::initialize(
+                    hd,
+                    t,
+                    false,
+                    None,
+                    Some(a.max_position_embeddings),
+                )?),
+                None => None,
+            },
+            n_heads: h,
+            n_kv_heads: kv,
+            head_dim: hd,
+            scale: f64::from(hd).powf(-0.5) as f32,
+        })
+    }
+
+    fn forward(
+        &self,
+        x: &Array,
+        mask: &AttentionMask,
+        cache: Option<&mut Box<dyn Cache>>,
+    ) -> Result<Array> {
+        let sh = x.shape();
+        let (b, l) = (sh[0], sh[1]);
+        let q = self.q_norm.forward(&self.q_proj.forward(x)?)?;
+        let k = self.k_norm.forward(&self.k_proj.forward(x)?)?;
+        let v = self.v_proj.forward(x)?;
+        let heads = |y: &Array, n: i32| {
+            y.reshape(&[b, l, n, self.head_dim])?
+                .transpose(&[0, 2, 1, 3])
+        };
+        let mut q = heads(&q, self.n_heads)?;
+        let mut k = heads(&k, self.n_kv_heads)?;
+        let v = heads(&v, self.n_kv_heads)?;
+        let offset = cache.as_ref().map_or(0, |c| c.offset());
+        if let Some(rope) = &self.rope {
+            q = rope.forward(&q, offset)?;
+            k = rope.forward(&k, offset)?;
+        }
+        let kv = match cache {
+            Some(c) => c.update_and_fetch(&k, &v)?,
+            None => mlx_cache::Kv::Dense { keys: k, values: v },
+        };
+        let out = scaled_dot_product_attention(&q, &kv, self.scale, mask, None)?;
+        let out = out.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
+        self.o_proj.forward(&out)
+    }
+}
+
+#[derive(Clone)]
+struct Mlp {
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+}
+
+impl Mlp {
+    /// `down(silu(gate(x)) * up(x))`: `nn.silu`, then a plain product.
+    fn forward(&self, x: &Array) -> Result<Array> {
+        let h = (&silu(&self.gate_proj.forward(x)?)? * &self.up_proj.forward(x)?)?;
+        self.down_proj.forward(&h)
+    }
+}
+
+#[derive(Clone)]
+enum Layer {
+    Linear {
+        linear_attn: Box<GatedDeltaNet>,
+        mlp: Mlp,
+        input_layernorm: RmsNorm,
+        post_attention_layernorm: RmsNorm,
+    },
+    Full {
+        self_attn: Box<Attention>,
+        mlp: Mlp,
+        post_attention_layernorm: RmsNorm,
+        post_feedforward_layernorm: RmsNorm,
+    },
+}
+
+/// The OLMo hybrid model.
+pub struct Model {
+    model_type: String,
+    vocab_size: i32,
+    embed_tokens: Embedding,
+    layers: Vec<Layer>,
+    norm: RmsNorm,
+    lm_head: Option<Linear>,
+    fa_idx: Option<usize>,
+    lin_idx: Option<usize>,
+}
+
+impl Model {
+    pub fn load(config: &ModelConfig, w: &mut Weights) -> Result<Model> {
+        let mut a: ModelArgs = config.args()?;
+        let full = a.post_init()?;
+        // sanitize
+        if a.tie_word_embeddings {
+            w.discard("lm_head.weight");
+        }
+        crate::models::mamba::sanitize(w)?;
+        let d = a.hidden_size;
+        let eps = a.rms_norm_eps as f32;
+        let embed_tokens = Embedding::load(w, "model.embed_tokens", a.vocab_size, d)?;
+        let mut layers = Vec::with_capacity(full.len());
+        for (i, is_full) in full.iter().enumerate() {
+            let p = format!("model.layers.{i}");
+            let m = |n: &str| format!("{p}.mlp.{n}");
+            let h = a.intermediate_size;
+            let mlp = Mlp {
+                gate_proj: Linear::load(w, &m("gate_proj"), d, h, false)?,
+                up_proj: Linear::load(w, &m("up_proj"), d, h, false)?,
+                down_proj: Linear::load(w, &m("down_proj"), h, d, false)?,
+            };
+            let norm = |w: &mut Weights, n: &str| RmsNorm::load(w, &format!("{p}.{n}"), d, eps);
+            layers.push(if *is_full {
+                Layer::Full {
+                    self_attn: Box::new(Attention::load(&a, w, &format!("{p}.self_attn"))?),
+                    mlp,
+                    post_attention_layernorm: norm(w, "post_attention_layernorm")?,
+                    post_feedforward_layernorm: norm(w, "post_feedforward_layernorm")?,
+                }
+            } else {
+                Layer::Linear {
+                    linear_attn: Box::new(GatedDeltaNet::load(&a, w, &format!("{p}.linear_attn"))?),
+                    mlp,
+                    input_layernorm: norm(w, "input_layernorm")?,
+                    post_attention_layernorm: norm(w, "post_attention_layernorm")?,
+                }
+            });
+        }
+        let norm = RmsNorm::load(w, "model.norm", d, eps)?;
+        let lm_head = if a.tie_word_embeddings {
+            None
+        } else {
+            Some(Linear::load(w, "lm_head", d, a.vocab_size, false)?)
+        };
+        Ok(Model {
+            model_type: a.model_type,
+            vocab_size: a.vocab_size,
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            fa_idx: full.iter().position(|f| *f),
+            lin_idx: full.iter().position(|f| !*f),
+        })
+    }
+
+    /// The final normed hidden states `(batch, seq, hidden)`.
+    pub fn hidden_states(
+        &self,
+        inputs: &Array,
+        caches: Option<&mut [Box<dyn Cache>]>,
+    ) -> Result<Array> {
+        crate::models::moe::check_inputs(inputs)?;
+        let mut h = self.embed_tokens.forward(inputs)?;
+        let n = h.shape().get(1).copied().unwrap_or(0) as usize;
+        let mut caches = caches;
+        let (fa_mask, ssm_mask) = match caches.as_deref() {
+            Some(c) => {
+                if c.len() != self.layers.len() {
+                    return Err(ModelError::Other(format!(
+                        "{} caches for {} layers",
+                        c.len(),
+                        self.layers.len()
+                    )));
+                }
+                (
+                    match self.fa_idx {
+                        Some(i) => c[i].make_mask(n, None, false)?,
+                        None => AttentionMask::None,
+                    },
+                    match self.lin_idx {
+                        Some(i) => c[i].make_mask(n, None, false)?.as_array().cloned(),
+                        None => None,
+                    },
+                )
+            }
+            None => (mlx_cache::mask::fallback_mask(n, None, false)?, None),
+        };
+        for (i, layer) in self.layers.iter().enumerate() {
+            let cache = caches.as_deref_mut().map(|c| &mut c[i]);
+            h = match layer {
+                Layer::Linear {
+                    linear_attn,
+                    mlp,
+                    input_layernorm,
+                    post_attention_layernorm,
+                } => {
+                    let r = linear_attn.forward(
+                        &input_layernorm.forward(&h)?,
+                        ssm_mask.as_ref(),
+                        arrays_cache(cache, i)?,
+                    )?;
+                    let h = (&h + &r)?;
+                    (&h + &mlp.forward(&post_attention_layernorm.forward(&h)?)?)?
+                }
+                Layer::Full {
+                    self_attn,
+                    mlp,
+                    post_attention_layernorm,
+                    post_feedforward_layernorm,
+                } => {
+                    let r = post_attention_layernorm
+                        .forward(&self_attn.forward(&h, &fa_mask, cache)?)?;
+                    let h = (&h + &r)?;
+                    (&h + &post_feedforward_layernorm.forward(&mlp.forward(&h)?)?)?
+                }
+            };
+        }
+        self.norm.forward(&h)
+    }
+
+    fn head(&self, h: &Array) -> Result<Array> {
+        crate::models::project(self.lm_head.as_ref(), &self.embed_tokens, h)
+    }
+}
+
+impl LanguageModel for Model {
+    fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
+        let out = self.hidden_states(inputs, caches)?;
+        self.head(&out)
+    }
+
+    fn forward_hidden(&self, inputs: &Array) -> Option<Result<Array>> {
+        Some(self.hidden_states(inputs, None))
+    }
+
+    fn forward_hidden_cached(
+        &self,
+        inputs: &Array,
+        caches: &mut [Box<dyn Cache>],
+    ) -> Option<Result<Array>> {
+        Some(self.hidden_states(inputs, Some(caches)))
+    }
+
+    fn output_head(&self) -> Option<crate::models::OutputHead> {
+        Some(crate::models::OutputHead::of(
+            self.lm_head.as_ref(),
+            &self.embed_tokens,
+        ))
+    }
+
+    fn make_cache(&self) -> Vec<Box<dyn Cache>> {
+        self.layers
+            .iter()
+            .map(|l| -> Box<dyn Cache> {
+                match l {
+                    Layer::Linear { .. } => Box::new(ArraysCache::new(4)),
+                    Layer::Full { .. } => Box::new(KVCache::new()),
+                }
+            })
+            .collect()
+    }
+
+    fn defines_make_cache(&self) -> bool {
+        true
+    }
+
+    fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    fn model_type(&self) -> &str {
+        &self.model_type
+    }
+
+    fn vocab_size(&self) -> i32 {
+        self.vocab_size
+    }
+}
