@@ -102,10 +102,10 @@ pub fn run(a: &BenchmarkArgs) -> Result<(), String> {
     };
     let decoder = a
         .decoder
-        .pick(m.model.as_ref(), &generate, &a.model.dtype, false)?;
+        .pick(m.model.as_ref(), &generate, &a.model.dtype, false, Ok(()))?;
     let bench = |generate: &GenerateOptions| -> Result<Trial, String> {
         let mut generate = generate.clone();
-        generate.cpu_decode = decoder.cpu;
+        decoder.apply(&mut generate);
         let opts = StreamOptions {
             generate,
             ..StreamOptions::default()
@@ -169,7 +169,8 @@ pub fn run(a: &BenchmarkArgs) -> Result<(), String> {
     if a.json {
         println!(
             "{}",
-            serde_json::json!({"averages": {"prompt_tps": p, "generation_tps": g, "peak_memory": mem}})
+            serde_json::json!({"averages": {"prompt_tps": p, "generation_tps": g, "peak_memory": mem},
+                "decoder": decoder.name, "decoder_note": decoder.note})
         );
     } else {
         println!("Averages: prompt_tps={p:.3}, generation_tps={g:.3}, peak_memory={mem:.3}");

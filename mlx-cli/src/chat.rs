@@ -119,8 +119,9 @@ pub fn run(a: &ChatArgs) -> Result<(), String> {
         &opts.generate,
         &a.model.dtype,
         false,
+        Err("chat keeps its MLX cache across turns (the graph decoder runs `mlx generate`)".into()),
     )?;
-    opts.generate.cpu_decode = decoder.cpu;
+    decoder.apply(&mut opts.generate);
     if a.verbose {
         eprintln!("[mlx] {}", decoder.note);
     }

@@ -71,29 +71,42 @@ impl KvArgs {
 /// Which decoder runs the model.
 #[derive(Args, Clone, Debug)]
 pub struct DecoderArgs {
-    /// `auto`: on the CPU backend, with the default `--dtype auto`, our multi-threaded SIMD
-    /// CPU decoder where it covers the model and options (dense llama-family rows; float
-    /// weights or MLX affine 2/4/8-bit), else MLX; `mlx`: MLX's own forward, the exact path
-    /// whose outputs match mlx-lm's (as does any explicit `--dtype`); `cpu`: the CPU decoder,
-    /// an error where it does not apply. Its logits differ from MLX's by float rounding.
-    #[arg(long, default_value = "auto", value_parser = ["auto", "mlx", "cpu"])]
+    /// `auto`: on a GPU (a `cuda` build), with the default `--dtype auto`, the graph decoder
+    /// (our CUDA kernels, one CUDA graph a token) where it covers the model and options
+    /// (llama, mistral, qwen2, smollm3 and like rows; bfloat16 or MLX affine 4/8-bit
+    /// weights; greedy decoding), else MLX; on the CPU backend, our multi-threaded SIMD CPU
+    /// decoder where it covers the model and options (dense llama-family rows; float weights
+    /// or MLX affine 2/4/8-bit), else MLX; `mlx`: MLX's own forward, the exact path whose
+    /// outputs match mlx-lm's (as does any explicit `--dtype`); `cpu`, `graph`: that decoder,
+    /// an error where it does not apply. Their logits differ from MLX's by float rounding.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "mlx", "cpu", "graph"])]
     pub decoder: String,
     /// Worker threads of the CPU decoder (default: all cores).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..4097))]
     pub threads: Option<u64>,
 }
 
-/// What [`DecoderArgs::pick`] chose: the engine option and a line saying which decoder runs
+/// What [`DecoderArgs::pick`] chose: the engine options and a line saying which decoder runs
 /// and, when `auto` fell back, why.
 pub struct DecoderChoice {
     pub cpu: Option<CpuDecode>,
+    /// The GPU graph decoder ([`GenerateOptions::graph_decode`]).
+    pub graph: bool,
     pub name: &'static str,
     pub note: String,
 }
 
+impl DecoderChoice {
+    /// These choices applied to `opts`.
+    pub fn apply(&self, opts: &mut GenerateOptions) {
+        opts.cpu_decode = self.cpu;
+        opts.graph_decode = self.graph;
+    }
+}
+
 impl DecoderArgs {
     /// [`DecoderArgs::pick`], or the MLX path when `speculative` (drafts are verified there;
-    /// `--decoder cpu` is then an error).
+    /// `--decoder cpu|graph` is then an error).
     pub fn pick_unless_speculative(
         &self,
         speculative: bool,
@@ -101,59 +114,85 @@ impl DecoderArgs {
         opts: &GenerateOptions,
         dtype: &str,
         has_prompt_cache: bool,
+        graph: Result<(), String>,
     ) -> Result<DecoderChoice, String> {
         if !speculative {
-            return self.pick(model, opts, dtype, has_prompt_cache);
+            return self.pick(model, opts, dtype, has_prompt_cache, graph);
         }
-        if self.decoder == "cpu" {
-            return Err(
-                "--decoder cpu: speculative decoding verifies drafts on the MLX path".into(),
-            );
+        if self.decoder == "cpu" || self.decoder == "graph" {
+            return Err(format!(
+                "--decoder {}: speculative decoding verifies drafts on the MLX path",
+                self.decoder
+            ));
         }
         Ok(DecoderChoice {
             cpu: None,
+            graph: false,
             name: "mlx",
             note: "decoder: mlx (speculative decoding)".into(),
         })
     }
 
     /// The decoder for `model` with `opts` (`dtype` is the `--dtype` flag; `has_prompt_cache`:
-    /// a prompt cache is continued). `--decoder cpu` where it cannot run is an error naming
-    /// the reason.
+    /// a prompt cache is continued; `graph`: whether the command can use the graph decoder,
+    /// or why not). `--decoder cpu|graph` where it cannot run is an error naming the reason.
     pub fn pick(
         &self,
         model: &dyn LanguageModel,
         opts: &GenerateOptions,
         dtype: &str,
         has_prompt_cache: bool,
+        graph: Result<(), String>,
     ) -> Result<DecoderChoice, String> {
         let threads = self
             .threads
             .map_or_else(mlx_core::cpu::available_threads, |t| t as usize);
         let cpu = || DecoderChoice {
             cpu: Some(CpuDecode { threads }),
+            graph: false,
             name: "cpu",
             note: format!(
                 "decoder: cpu ({}, {threads} threads)",
                 mlx_core::cpu::Isa::detect().name()
             ),
         };
+        let graph_choice = || DecoderChoice {
+            cpu: None,
+            graph: true,
+            name: "graph",
+            note: "decoder: graph (CUDA graph decoder, greedy)".into(),
+        };
         let mlx = |why: String| DecoderChoice {
             cpu: None,
+            graph: false,
             name: "mlx",
             note: why,
         };
-        let why_not = cpu_decode_unsupported(model, opts, has_prompt_cache);
+        let graph_why_not = || match &graph {
+            Err(why) => Some(why.clone()),
+            Ok(()) => mlx_engine::graph::unsupported(model, opts, has_prompt_cache),
+        };
+        let on_gpu = mlx_core::Device::default_device().is_ok_and(|d| d != mlx_core::Device::cpu());
         match self.decoder.as_str() {
             "mlx" => Ok(mlx("decoder: mlx (--decoder mlx)".into())),
-            "cpu" => match why_not {
+            "cpu" => match cpu_decode_unsupported(model, opts, has_prompt_cache) {
                 None => Ok(cpu()),
                 Some(why) => Err(format!("--decoder cpu: {why}")),
+            },
+            "graph" => match graph_why_not() {
+                None => Ok(graph_choice()),
+                Some(why) => Err(format!("--decoder graph: {why}")),
             },
             _ if dtype != "auto" => Ok(mlx(format!(
                 "decoder: mlx (auto: --dtype {dtype} asks for MLX's exact numerics)"
             ))),
-            _ => match why_not {
+            _ if on_gpu => match graph_why_not() {
+                None => Ok(graph_choice()),
+                Some(why) => Ok(mlx(format!(
+                    "decoder: mlx (auto: the graph decoder does not apply: {why})"
+                ))),
+            },
+            _ => match cpu_decode_unsupported(model, opts, has_prompt_cache) {
                 None => Ok(cpu()),
                 Some(why) => Ok(mlx(format!(
                     "decoder: mlx (auto: the CPU decoder does not apply: {why})"

@@ -47,6 +47,7 @@ pub fn run(a: &EmbedArgs) -> Result<(), String> {
         &GenerateOptions::default(),
         &a.model.dtype,
         false,
+        Err("embeddings are not decoded".into()),
     )?;
     if a.verbose {
         eprintln!("[mlx] {}", decoder.note);

@@ -322,8 +322,13 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
         &generate,
         &a.model.dtype,
         caches.is_some(),
+        if a.top_logprobs > 0 {
+            Err("--top-logprobs (the graph decoder reads back only the token and its log-probability)".into())
+        } else {
+            Ok(())
+        },
     )?;
-    generate.cpu_decode = decoder.cpu;
+    decoder.apply(&mut generate);
     if a.verbose {
         eprintln!("[mlx] {}", decoder.note);
     }
@@ -378,6 +383,9 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
         text.push_str(&r.text);
         last = Some(r);
     }
+    if let Some(w) = stream.graph_fallback() {
+        eprintln!("[mlx] warning: {w}");
+    }
     let Some(r) = last else {
         return Err("generation produced no output".into());
     };
@@ -393,6 +401,7 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
             "peak_memory_bytes": r.peak_memory_bytes,
             "dtype": m.dtype_name,
             "decoder": decoder.name,
+            "graph_fallback": stream.graph_fallback(),
             "finish_reason": r.finish_reason.unwrap_or(FinishReason::Length).as_str(),
         });
         if let Some(st) = stream.spec_stats() {

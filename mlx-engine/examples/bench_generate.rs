@@ -42,7 +42,7 @@
 //! `async_eval` (`schedule_ms`) and waiting for the result (`sync_ms`); medians.
 //!
 //! `--decoder graph` decodes with [`mlx_kernels::graph_decode::GraphDecoder`] (CUDA only;
-//! `--model` must be a llama directory): the prompt goes through the model's MLX forward in
+//! the model must be one `mlx_engine::graph` maps, built from the loaded model): the prompt goes through the model's MLX forward in
 //! chunks of `--prefill-step-size` as mlx-lm's prefill does, the first token is its greedy
 //! token, the prompt's KV cache is copied into the decoder (inside the generation time), and
 //! the other tokens come from replaying the decoder's CUDA graph. `--graph-check N` instead
@@ -645,7 +645,9 @@ fn run(a: &Args) -> BoxResult<()> {
             blocks_per_sm: env_u32("MLX_GRAPH_BLOCKS")?,
         };
         let cap = a.prompt_len + a.gen_len.max(a.graph_check) + 1;
-        let dec = GraphDecoder::load_with(&path, cap, &opts)?;
+        // The loaded model's own description and arrays (no second load).
+        let (spec, weights) = mlx_engine::graph::map_model(model.as_ref())?;
+        let dec = GraphDecoder::with_options(spec, &weights, cap, &opts)?;
         eprintln!(
             "graph decoder: {} on {} (programmatic launch {}), {:.2} GB on the device, loaded in \
              {:.1} s",

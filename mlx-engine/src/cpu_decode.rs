@@ -669,7 +669,7 @@ fn block(
                 },
             ],
         )?;
-        cpu::silu_mul(g, u)?;
+        cpu::silu_mul_isa(ctx.isa, g, u)?;
         cpu::matmul_t(
             ctx,
             g,

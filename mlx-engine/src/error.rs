@@ -15,6 +15,9 @@ pub enum EngineError {
     /// The CPU decoder does not cover this model or these options (the reason).
     #[error("the CPU decoder does not apply: {0}")]
     CpuDecoderUnsupported(String),
+    /// The GPU graph decoder does not cover this model or these options (the reason).
+    #[error("the graph decoder does not apply: {0}")]
+    GraphDecoderUnsupported(String),
     /// An invalid argument or state (a sampler parameter, an empty prompt, ...).
     #[error("{0}")]
     Other(String),

@@ -75,6 +75,18 @@ pub struct GenerateOptions {
     /// next (EOS only where it accepts). The step after a token then waits for that token (its
     /// mask depends on it), so the pipelining of the next step's graph is lost.
     pub grammar: Option<crate::grammar::Grammar>,
+    /// Decode through the GPU graph decoder ([`crate::graph`]): the prompt runs through the
+    /// MLX forward (which also gives the first token), its cache is copied to the decoder,
+    /// and every later token is a replay of the decoder's CUDA graph. [`crate::graph::unsupported`]
+    /// says beforehand whether it applies; where it does not, `generate_step` fails with the
+    /// reason. A CUDA call that fails mid-run hands the rest of the run to the MLX path (the
+    /// tokens generated so far are run through the MLX forward first), noted in
+    /// [`GenerateStep::graph_fallback`].
+    pub graph_decode: bool,
+    /// Testing the fall-back: the graph decoder's `n`-th token fails as a CUDA call would
+    /// ([`mlx_kernels::graph_decode::GraphDecoder::inject_failure_after`]).
+    #[doc(hidden)]
+    pub graph_fail_after: Option<usize>,
 }
 
 /// The CPU decoder's settings in [`GenerateOptions`].
@@ -139,6 +151,8 @@ impl Default for GenerateOptions {
             eval_probe: None,
             cpu_decode: None,
             grammar: None,
+            graph_decode: false,
+            graph_fail_after: None,
         }
     }
 }
@@ -197,6 +211,9 @@ pub struct Step {
     /// Proposed by a drafter and accepted by the target (speculative decoding; mlx-lm's
     /// `from_draft`).
     pub from_draft: bool,
+    /// The token's log-probability where `logprobs` is not given (the graph decoder's steps,
+    /// whose `logprobs` is empty: it reads back only the token and this).
+    pub logprob: Option<f32>,
 }
 
 /// Runs `f` with mlx-lm's `generation_stream` as the default stream: a stream of the default
@@ -242,6 +259,18 @@ pub struct GenerateStep<'m> {
     compiled_steps: usize,
     /// The CPU decoder, when [`GenerateOptions::cpu_decode`] asked for it.
     cpu: Option<CpuDecoder<'m>>,
+    /// The graph decoder, when [`GenerateOptions::graph_decode`] asked for it.
+    graph: Option<GraphRun>,
+    /// Why the graph decoder handed the run to the MLX path, if it did.
+    graph_fallback: Option<String>,
+}
+
+/// A run of the graph decoder: the decoder, and the tokens it was given or produced since the
+/// MLX caches last saw a token (run through the MLX forward if it fails).
+struct GraphRun {
+    dec: mlx_kernels::graph_decode::GraphDecoder,
+    started: bool,
+    since_mlx: Vec<i32>,
 }
 
 /// The compiled decode step a [`GenerateStep`] uses: none, its own (traced during this
@@ -373,6 +402,25 @@ fn start<'m>(
         }
         (None, None) => None,
     };
+    let graph = if opts.graph_decode {
+        if let Some(why) = crate::graph::unsupported(model, &opts, prompt_cache.is_some()) {
+            return Err(EngineError::GraphDecoderUnsupported(why));
+        }
+        let (spec, weights) =
+            crate::graph::map_model(model).map_err(EngineError::GraphDecoderUnsupported)?;
+        let room = prompt.len() + opts.max_tokens.unwrap_or(GRAPH_DEFAULT_ROOM) + 1;
+        let mut dec = mlx_kernels::graph_decode::GraphDecoder::new(spec, &weights, room)?;
+        if let Some(n) = opts.graph_fail_after {
+            dec.inject_failure_after(n);
+        }
+        Some(GraphRun {
+            dec,
+            started: false,
+            since_mlx: Vec::new(),
+        })
+    } else {
+        None
+    };
     let caches = match prompt_cache {
         Some(c) => c,
         None => make_prompt_cache(model, opts.max_kv_size)?,
@@ -389,6 +437,8 @@ fn start<'m>(
         decoder,
         compiled_steps: 0,
         cpu,
+        graph,
+        graph_fallback: None,
     };
     on_generation_stream(|| g.prefill(prompt))?;
     Ok(g)
@@ -548,8 +598,27 @@ impl<'m> GenerateStep<'m> {
         Ok(())
     }
 
-    /// The caches, e.g. to keep as a prompt cache for the next call.
-    pub fn into_cache(self) -> Vec<Box<dyn Cache>> {
+    /// The caches, e.g. to keep as a prompt cache for the next call. After the graph decoder,
+    /// the tokens it saw are run through the MLX forward first, so that the caches hold what
+    /// the MLX path's would (every token returned); if that fails, the caches may hold fewer.
+    pub fn into_cache(mut self) -> Vec<Box<dyn Cache>> {
+        if let Some(g) = self.graph.take() {
+            let ids = g.since_mlx;
+            if !ids.is_empty() {
+                let synced = on_generation_stream(|| {
+                    let x = Array::from_slice(&ids, &[1, ids.len() as i32])?;
+                    self.model.forward(&x, Some(&mut self.caches))?;
+                    let states: Vec<Array> = self
+                        .caches
+                        .iter()
+                        .flat_map(|c| c.state().into_arrays())
+                        .collect();
+                    mlx_core::eval(states.iter())?;
+                    Ok(())
+                });
+                let _ = synced;
+            }
+        }
         self.caches
     }
 
@@ -568,6 +637,63 @@ impl<'m> GenerateStep<'m> {
         &self.caches
     }
 
+    /// Whether this generation decodes through the graph decoder (until a fallback).
+    pub fn uses_graph_decoder(&self) -> bool {
+        self.graph.is_some()
+    }
+
+    /// Why the graph decoder handed this run to the MLX path (a failed CUDA call or a full
+    /// cache), if it did.
+    pub fn graph_fallback(&self) -> Option<&str> {
+        self.graph_fallback.as_deref()
+    }
+
+    /// One token from the graph decoder: the first call copies the prompt's cache in and
+    /// starts the run at the MLX forward's first token `first`. `None`: the decoder failed
+    /// and the run goes on on the MLX path (the tokens it produced are run through the MLX
+    /// forward, which gives the next token as `self.y`).
+    fn graph_next(&mut self, first: u32) -> Result<Option<(u32, f32)>> {
+        let Some(g) = self.graph.as_mut() else {
+            return Ok(None);
+        };
+        let r = (|| -> mlx_core::Result<(u32, f32)> {
+            if !g.started {
+                let kv = graph_prefix(&self.caches)?;
+                g.dec.set_prefix(&kv)?;
+                let left = self.opts.max_tokens.map_or(usize::MAX, |m| m - self.n);
+                g.dec.start(first, left)?;
+                g.started = true;
+                g.since_mlx.push(first as i32);
+            }
+            g.dec.next_token()
+        })();
+        match r {
+            Ok((t, lp)) => {
+                g.since_mlx.push(t as i32);
+                Ok(Some((t, lp)))
+            }
+            Err(e) => {
+                let g = self.graph.take().unwrap_or_else(|| unreachable!());
+                self.graph_fallback = Some(format!(
+                    "the graph decoder failed ({e}); the MLX path continues the run"
+                ));
+                // The MLX caches hold the prompt: run the tokens the decoder saw or produced
+                // through the MLX forward, whose last position gives the next token.
+                let ids = g.since_mlx;
+                let toks = if ids.is_empty() {
+                    vec![first as i32]
+                } else {
+                    ids
+                };
+                let x = Array::from_slice(&toks, &[toks.len() as i32])?;
+                let next = self.step(&x, Some(&toks))?;
+                async_eval([&next.0, &next.1, &next.2])?;
+                self.y = Some(next);
+                Ok(None)
+            }
+        }
+    }
+
     /// How many steps ran through the compiled decode step.
     pub fn compiled_steps(&self) -> usize {
         self.compiled_steps
@@ -581,6 +707,9 @@ impl<'m> GenerateStep<'m> {
             return Ok(None);
         };
         let stop = self.opts.max_tokens == Some(self.n);
+        if self.graph.is_some() && !stop {
+            return self.advance_graph(y, logprobs, lse);
+        }
         if !stop {
             if let Some(g) = self.opts.grammar.as_mut() {
                 // The next step's mask depends on this token: read it now.
@@ -626,9 +755,85 @@ impl<'m> GenerateStep<'m> {
             token,
             logprobs,
             from_draft: false,
+            logprob: None,
         }))
     }
 }
+
+impl GenerateStep<'_> {
+    /// [`GenerateStep::advance`] on the graph decoder: the first token is the MLX forward's
+    /// (`y`, with its log-probabilities); every later one the decoder's, until it fails.
+    fn advance_graph(&mut self, y: Array, logprobs: Array, lse: Array) -> Result<Option<Step>> {
+        if self.n == 0 {
+            y.eval()?;
+            self.progress(self.prompt_len);
+            let norm = lse.to_vec_f32()?;
+            if let Some(v) = norm.iter().find(|v| !v.is_finite()) {
+                return Err(EngineError::Other(format!(
+                    "the model's logits at generated token 0 are not finite (their \
+                     log-sum-exp is {v}); the weights or the inputs are corrupt"
+                )));
+            }
+            let token = y.astype(Dtype::Uint32)?.item::<u32>()?;
+            // Held as the pending token: the next call starts the decoder from it.
+            self.y = Some((y, Array::from_slice::<f32>(&[], &[0])?, lse));
+            self.n += 1;
+            return Ok(Some(Step {
+                token,
+                logprobs,
+                from_draft: false,
+                logprob: None,
+            }));
+        }
+        let first = y.astype(Dtype::Uint32)?.item::<u32>()?;
+        match self.graph_next(first)? {
+            Some((token, logprob)) => {
+                if !logprob.is_finite() {
+                    return Err(EngineError::Other(format!(
+                        "the model's logits at generated token {} are not finite (the graph \
+                         decoder's log-probability is {logprob}); the weights or the inputs \
+                         are corrupt",
+                        self.n
+                    )));
+                }
+                // The pending token stays the run's first (the decoder holds the rest).
+                self.y = Some((y, logprobs, lse));
+                self.n += 1;
+                Ok(Some(Step {
+                    token,
+                    logprobs: Array::from_slice::<f32>(&[], &[0])?,
+                    from_draft: false,
+                    logprob: Some(logprob),
+                }))
+            }
+            // Fell back: `self.y` holds the MLX forward's next token.
+            None => self.advance(),
+        }
+    }
+}
+
+/// The prompt's keys and values from plain MLX caches, for the graph decoder.
+fn graph_prefix(caches: &[Box<dyn Cache>]) -> mlx_core::Result<Vec<(Array, Array)>> {
+    caches
+        .iter()
+        .map(|c| {
+            let bad = |message: String| mlx_core::Error::InvalidArgument {
+                op: "graph_prefix",
+                message,
+            };
+            match c.fetch().map_err(|e| bad(e.to_string()))? {
+                Some(mlx_cache::Kv::Dense { keys, values }) => Ok((keys, values)),
+                _ => Err(bad(format!(
+                    "the graph decoder needs plain KV caches, got {}",
+                    c.class_name()
+                ))),
+            }
+        })
+        .collect()
+}
+
+/// Positions the graph decoder's cache holds past the prompt when no `max_tokens` is given.
+pub const GRAPH_DEFAULT_ROOM: usize = 4096;
 
 /// One step as an iterator item: a step, the end, or an error that ends the iteration.
 pub(crate) fn next_item(r: Result<Option<Step>>, done: &mut bool) -> Option<Result<Step>> {

@@ -33,6 +33,7 @@ mod error;
 pub mod fetch;
 pub mod generate;
 pub mod grammar;
+pub mod graph;
 pub mod hub;
 pub mod load;
 pub mod prompt_cache;

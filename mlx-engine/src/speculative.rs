@@ -646,6 +646,7 @@ impl<'m> SpeculativeStep<'m> {
             token,
             logprobs: ops::squeeze(&lp, &[0], None)?,
             from_draft,
+            logprob: None,
         }))
     }
 }

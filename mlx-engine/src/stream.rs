@@ -284,6 +284,15 @@ impl<'m> TextStream<'m> {
         }
     }
 
+    /// Why the graph decoder handed the run to the MLX path, if it did (see
+    /// [`GenerateStep::graph_fallback`]).
+    pub fn graph_fallback(&self) -> Option<&str> {
+        match &self.steps {
+            Steps::Plain(g) => g.graph_fallback(),
+            Steps::Speculative(_) => None,
+        }
+    }
+
     /// Speculative decoding's acceptance statistics (`None` for plain decoding).
     pub fn spec_stats(&self) -> Option<SpecStats> {
         match &self.steps {
@@ -410,14 +419,17 @@ impl<'m> TextStream<'m> {
             self.first = Some(now);
         }
         let lp = step.logprobs.astype(Dtype::Float32)?;
-        let logprob = ops::take(
-            &lp,
-            &Array::from_slice(&[step.token as i32], &[1])?,
-            0,
-            None,
-        )?
-        .to_vec::<f32>()?[0];
-        let top = if self.opts.top_logprobs > 0 {
+        let logprob = match step.logprob {
+            Some(v) => v,
+            None => ops::take(
+                &lp,
+                &Array::from_slice(&[step.token as i32], &[1])?,
+                0,
+                None,
+            )?
+            .to_vec::<f32>()?[0],
+        };
+        let top = if self.opts.top_logprobs > 0 && lp.size() > 0 {
             let k = (self.opts.top_logprobs as i32).min(lp.size() as i32);
             let order = ops::argsort(&ops::negative(&lp, None)?, -1, None)?;
             let idx = ops::slice_axis(&order, 0, 0, k, None)?;

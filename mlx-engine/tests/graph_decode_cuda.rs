@@ -1,12 +1,22 @@
 //! The graph decoder against the model's MLX forward on the GPU (the `cuda` feature; run it on
 //! the lent H200, `xtask/gpu/`): teacher-forced logits within
 //! [`TEACHER_FORCED_BOUNDS`] and greedy decoding equal to its own teacher-forced argmax, on the
-//! mlx-lm-saved llama fixtures (bf16 tied and untied, 8-bit with bf16 scales). The same check
-//! on the bench models is `bench_generate --graph-check` (`xtask/gpu/graph.sh`). It also checks
-//! that `kernel_breakdown` and `trace_step` leave the decoder's state as a step leaves it.
+//! mlx-lm-saved llama fixtures (bf16 tied and untied, 8-bit with bf16 scales) and on every
+//! covered row written by `support/graph_models.rs` (llama3, yarn, linear RoPE, MQA, q/k/v
+//! biases, NoPE layers, 4 and 8 bits), each built from the loaded model
+//! (`mlx_engine::graph::map_model`). The same check on the bench models is `bench_generate
+//! --graph-check` (`xtask/gpu/graph.sh`). It also checks that `kernel_breakdown` and
+//! `trace_step` leave the decoder's state as a step leaves it, and the engine backend
+//! (`generate_step` with `graph_decode`): its first token is the MLX forward's, it stops at
+//! `max_tokens`, and an injected CUDA failure hands the run to the MLX path.
 //! Without a CUDA driver the test says so and passes.
 
+#[path = "support/graph_models.rs"]
+mod graph_models;
+
 use std::path::PathBuf;
+
+use mlx_engine::generate::{generate_step, GenerateOptions};
 
 use mlx_core::ops;
 use mlx_core::{Array, Dtype};
@@ -30,9 +40,17 @@ fn graph_decoder_follows_the_mlx_forward() {
     if !root.exists() {
         root = PathBuf::from("mlx-models/tests/models");
     }
-    for name in ["dense_bf16_mha", "dense_bf16_untied", "q8_g32_bf16"] {
-        let dir = root.join(name);
-        let model = load_model_dir(&dir, &LoadOptions::default()).unwrap().0;
+    let tmp = std::env::temp_dir().join(format!("graph_cuda_{}", std::process::id()));
+    let mut dirs: Vec<(String, PathBuf)> = ["dense_bf16_mha", "dense_bf16_untied", "q8_g32_bf16"]
+        .iter()
+        .map(|n| (n.to_string(), root.join(n)))
+        .collect();
+    for row in graph_models::rows() {
+        dirs.push((row.name.to_string(), graph_models::write(&tmp, &row)));
+    }
+    for (name, dir) in &dirs {
+        let name = name.as_str();
+        let model = load_model_dir(dir, &LoadOptions::default()).unwrap().0;
         let vocab = model.vocab_size();
         let prompt: Vec<i32> = (0..40).map(|i| (i * 7919 + 13) % vocab).collect();
         let mut caches = model.make_cache();
@@ -53,7 +71,8 @@ fn graph_decoder_follows_the_mlx_forward() {
                 _ => panic!("{name}: not a plain KV cache"),
             })
             .collect();
-        let mut dec = GraphDecoder::load(&dir, 128).unwrap();
+        let (spec, weights) = mlx_engine::graph::map_model(model.as_ref()).unwrap();
+        let mut dec = GraphDecoder::new(spec, &weights, 128).unwrap();
         dec.set_prefix(&kv).unwrap();
         let first = token;
         let (mut agree, steps) = (0, 24);
@@ -150,5 +169,52 @@ fn graph_decoder_follows_the_mlx_forward() {
         // Bad input is an error, not a crash.
         assert!(dec.step_logits(vocab as u32).is_err());
         assert!(dec.generate(first, 1000, |_| {}).is_err());
+        drop(dec);
+        engine_backend(name, model.as_ref(), &prompt);
     }
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+/// `generate_step` with `graph_decode`: the first token is the MLX forward's (the prompt runs
+/// there), then `max_tokens` in all with finite log-probabilities; with a failure injected
+/// after 3 of the decoder's tokens, the MLX path finishes the run and says why.
+fn engine_backend(name: &str, model: &dyn mlx_models::LanguageModel, prompt: &[i32]) {
+    let opts = |graph: bool, fail: Option<usize>| GenerateOptions {
+        max_tokens: Some(12),
+        graph_decode: graph,
+        graph_fail_after: fail,
+        ..GenerateOptions::default()
+    };
+    let mlx: Vec<u32> = generate_step(prompt, model, None, opts(false, None))
+        .unwrap()
+        .map(|s| s.unwrap().token)
+        .collect();
+    let mut g = generate_step(prompt, model, None, opts(true, None)).unwrap();
+    assert!(g.uses_graph_decoder(), "{name}");
+    let steps: Vec<_> = g.by_ref().map(|s| s.unwrap()).collect();
+    assert_eq!(steps.len(), 12, "{name}");
+    assert_eq!(
+        steps[0].token, mlx[0],
+        "{name}: the first token is the MLX forward's"
+    );
+    for s in &steps[1..] {
+        let lp = s
+            .logprob
+            .expect("the decoder's steps carry their log-probability");
+        assert!(lp.is_finite() && lp <= 0.0, "{name}: log-probability {lp}");
+    }
+    assert_eq!(g.graph_fallback(), None, "{name}");
+    let mut g = generate_step(prompt, model, None, opts(true, Some(3))).unwrap();
+    let toks: Vec<u32> = g.by_ref().map(|s| s.unwrap().token).collect();
+    assert_eq!(toks.len(), 12, "{name}: the MLX path finishes the run");
+    assert_eq!(
+        toks[..4],
+        steps.iter().map(|s| s.token).collect::<Vec<_>>()[..4],
+        "{name}"
+    );
+    let why = g.graph_fallback().expect("the fall-back is noted");
+    assert!(why.contains("injected"), "{name}: {why}");
+    // The caches hold the tokens the decoder saw, as the MLX path's would.
+    let caches = g.into_cache();
+    assert_eq!(caches[0].offset(), prompt.len() + 12, "{name}");
 }

@@ -119,27 +119,31 @@ struct Trace {
 #define TRACE_ATTENTION 2
 #define TRACE_MATVEC 3
 
-// The rotation of RoPE pair i (x[i], x[i + D/2]) at position pos, as MLX's fast.rope computes
-// it (non-traditional layout, base given as log2(base)): its cosine and sine.
-__device__ __forceinline__ void rope_angle(int i, ll half, int pos, double log2_base, float& c,
+// The rotation of RoPE pair i at position pos, as MLX's fast.rope computes it: theta =
+// (pos * pos_scale) * inv_freq[i] (the model's own inverse frequencies: a base, linear
+// scaling, llama3's or yarn's table), its cosine and sine, both times out_scale (yarn's mscale
+// on the rotated features; 1 otherwise).
+__device__ __forceinline__ void rope_angle(int i, int pos, const float* inv_freq,
+                                           double pos_scale, double out_scale, float& c,
                                            float& s) {
-  const float d = (float)i / (float)half;
-  const float inv_freq = exp2f(-d * (float)log2_base);
-  const float theta = (float)pos * inv_freq;
-  c = cosf(theta);
-  s = sinf(theta);
+  const float L = (float)pos_scale * (float)pos;
+  const float theta = L * inv_freq[i];
+  c = cosf(theta) * (float)out_scale;
+  s = sinf(theta) * (float)out_scale;
 }
 
 // h = embedding row state[0] (bfloat16 table, or MLX affine-quantized: dequantize(w, s, b)),
 // and the step's RoPE table: rope[i] and rope[half + i], the cosine and sine of pair i at
-// position state[1], for i < half (read by matvec_qkv's epilogue).
+// position state[1], for the nrot rotated pairs i < nrot <= half (read by matvec_qkv's
+// epilogue).
 extern "C" __global__ void embed(const void* table, const u32* sb, const int* state, bf16_t* h,
-                                 ll H, ll bits, ll gs, float* rope, ll half, double log2_base) {
+                                 ll H, ll bits, ll gs, float* rope, ll half, ll nrot,
+                                 const float* inv_freq, double pos_scale, double out_scale) {
   pdl_wait_then_release();
   const ll tok = state[0];
   const int pos = state[1];
-  for (int i = threadIdx.x; i < half; i += blockDim.x)
-    rope_angle(i, half, pos, log2_base, rope[i], rope[half + i]);
+  for (int i = threadIdx.x; i < nrot; i += blockDim.x)
+    rope_angle(i, pos, inv_freq, pos_scale, out_scale, rope[i], rope[half + i]);
   for (ll k = threadIdx.x; k < H; k += blockDim.x) {
     float v;
     if (bits == 16) {
@@ -658,20 +662,25 @@ extern "C" __global__ void __launch_bounds__(256, 2) matvec(
 }
 
 // The attention projections with RoPE and the cache write in the epilogue:
-// [q; k; v] = W rms_norm(xin) with W's q and k rows permuted per head so that rows 2i and
-// 2i + 1 are the rotation pair (i, i + D/2) (the host permutes them); with traditional RoPE
-// the pairs are (2i, 2i + 1) already. q goes to qout (its usual layout, roped), k (roped) and
-// v to the caches at position state[1]. rope: the step's table of cosines and sines (embed).
+// [q; k; v] = W rms_norm(xin) (+ bias) with W's q and k rows permuted per head so that rows
+// 2i and 2i + 1 are the rotation pair (i, i + nrot) for i < nrot (the host permutes them; the
+// rows past 2 nrot, which are not rotated, keep their order); with traditional RoPE the pairs
+// are (2i, 2i + 1) already. nrot: the rotated pairs of a head in this layer (half of RoPE's
+// dims; 0 in a layer without RoPE). q goes to qout (its usual layout, roped), k (roped) and v
+// to the caches at position state[1]. rope: the step's table of cosines and sines (embed).
+// bias: the projections' biases in the rows' order, or null; added as MLX adds them: after
+// the rounding of a quantized product, in the same rounding as a dense one (addmm).
 // Rows (nh + 2 nkv) D fit in 32 bits (the host checks).
 extern "C" __global__ void __launch_bounds__(256, 2) matvec_qkv(
     const void* W, const u32* SB, const bf16_t* xin, const bf16_t* normw, bf16_t* qout,
     bf16_t* kc, bf16_t* vc, const int* state, ll K, ll bits, ll gs, ll nh, ll nkv, ll D, ll cap,
-    ll traditional, double eps, const float* rope, u64* trace) {
+    ll traditional, double eps, const float* rope, u64* trace, ll nrot, const bf16_t* bias) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float red[MV_WARPS];
   Trace tr{trace, {0, 0, 0, 0}};
   tr.mark(0);
   const int Di = (int)D, half = Di / 2, qrows = (int)nh * Di, krows = qrows + (int)nkv * Di;
+  const int nr = (int)nrot;
   // Where a group's pairs go, and (for q and k) their rotation, loaded when the group begins:
   // the position (read after the wait), each pair's head and index within it.
   struct Pre {
@@ -688,30 +697,43 @@ extern "C" __global__ void __launch_bounds__(256, 2) matvec_qkv(
       const int j = i0 < qrows ? i0 : i0 < krows ? i0 - qrows : i0 - krows;
       e.head[r / 2] = j / Di;
       e.i[r / 2] = j % Di;  // for q and k, twice the pair's index
-      e.c[r / 2] = e.s[r / 2] = 0.f;
-      if (i0 < krows) {
+      e.c[r / 2] = 1.f;
+      e.s[r / 2] = 0.f;
+      if (i0 < krows && e.i[r / 2] / 2 < nr) {
         e.c[r / 2] = rope[e.i[r / 2] / 2];
         e.s[r / 2] = rope[half + e.i[r / 2] / 2];
       }
     }
     return e;
   };
+  // A row's value as MLX rounds it: the product, plus the bias where there is one.
+  auto value = [&](float acc, int row) {
+    if (!bias) return rbf(acc);
+    const float b = bf2f(bias[row]);
+    return bits == 16 ? rbf(acc + b) : rbf(rbf(acc) + b);
+  };
   auto epi = [&](ll r0, const float* acc, const Pre& e) {
 #pragma unroll
     for (int r = 0; r < MV_ROWS; r += 2) {
       const int i0 = (int)r0 + r;  // rows i0 and i0 + 1: a rotation pair of q or k, or two of v
-      const float x1 = rbf(acc[r]), x2 = rbf(acc[r + 1]);
+      const float x1 = value(acc[r], i0), x2 = value(acc[r + 1], i0 + 1);
       const int h = e.head[r / 2], i = e.i[r / 2] / 2;
       const float c = e.c[r / 2], s = e.s[r / 2];
-      const int a = traditional ? 2 * i : i, b = traditional ? 2 * i + 1 : i + half;
+      const bool paired = i < nr && !traditional;
+      const int a = paired ? i : 2 * i, b = paired ? i + nr : 2 * i + 1;
       if (i0 < krows) {
         bf16_t* dst = i0 < qrows ? qout + h * Di : kc + ((ll)h * cap + e.pos) * D;
-        dst[a] = f2bf(x1 * c - x2 * s);
-        dst[b] = f2bf(x1 * s + x2 * c);
+        if (i < nr) {
+          dst[a] = f2bf(x1 * c - x2 * s);
+          dst[b] = f2bf(x1 * s + x2 * c);
+        } else {
+          dst[a] = f2bf(x1);
+          dst[b] = f2bf(x2);
+        }
       } else {
         bf16_t* vd = vc + ((ll)h * cap + e.pos) * D + e.i[r / 2];
-        vd[0] = f2bf(acc[r]);
-        vd[1] = f2bf(acc[r + 1]);
+        vd[0] = f2bf(x1);
+        vd[1] = f2bf(x2);
       }
     }
   };
@@ -1052,7 +1074,11 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_pick(
   const int idx = found > 0 ? (int)(V - found) : 0;
   ctl[1] = 0;
   const int step = state[2];
-  if (step < max_steps) tokens[step] = idx;
+  // The token and its log-probability (the largest), side by side.
+  if (step < max_steps) {
+    tokens[2 * step] = idx;
+    tokens[2 * step + 1] = (int)__float_as_uint(best);
+  }
   state[0] = idx;
   state[1] += 1;
   state[2] = step + 1;

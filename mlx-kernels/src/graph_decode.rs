@@ -47,22 +47,19 @@
 //! [`GraphDecoder::trace_step`] records one step's timeline, block by block
 //! (`xtask/gpu/trace_summary.py` summarises it). Neither changes a result.
 
-use std::collections::{BTreeMap, VecDeque};
-use std::path::Path;
+use std::collections::VecDeque;
 
 use mlx_core::cap_listing;
 use mlx_core::gpurt::{Arg, Buffer, GpuRuntime, Graph, Kernel};
-use mlx_core::io::load_safetensors;
-use mlx_core::io::weight_files;
-use mlx_core::{Array, Dtype, Error, Result, Stream};
+use mlx_core::{ops, Array, Dtype, Error, Result};
 
 /// The kernels' CUDA source.
 pub const SOURCE: &str = include_str!("graph_decode.cu");
 
 const KERNELS: &[(&str, u32)] = &[
-    ("embed", 10),
+    ("embed", 13),
     ("matvec", 13),
-    ("matvec_qkv", 19),
+    ("matvec_qkv", 21),
     ("attention", 15),
     ("argmax_partial", 4),
     ("argmax_pick", 7),
@@ -248,175 +245,159 @@ pub fn compare_logits(reference: &[f32], ours: &[f32]) -> StepComparison {
     }
 }
 
-/// A llama's shape as the decoder needs it (from `config.json`).
+/// A layer's rotary embedding as the decoder applies it (built from the model's own RoPE).
 #[derive(Debug, Clone, PartialEq)]
-pub struct LlamaShape {
-    /// `hidden_size`.
+pub struct GraphRope {
+    /// Rotation pairs (2i, 2i + 1) instead of (i, i + dims / 2).
+    pub traditional: bool,
+    /// The inverse frequencies of the rotated pairs: `dims / 2` of them (RoPE's `dims`, at most
+    /// the head size; partial rotary rotates fewer than `head_dim / 2` pairs). MLX's
+    /// `fast.rope` computes them as `base ** (-2i / dims)` for a base, or `1 / freqs[i]` for
+    /// a frequency table (llama3, yarn, longrope).
+    pub inv_freq: Vec<f32>,
+    /// Positions are multiplied by this first (RoPE's `scale`: linear scaling).
+    pub position_scale: f32,
+    /// The rotated features are multiplied by this (yarn's `mscale`; 1 otherwise).
+    pub output_scale: f32,
+}
+
+impl GraphRope {
+    /// MLX's `nn.RoPE(dims, traditional, base, scale)`: `base ** (-2i / dims)` as MLX's
+    /// kernel computes it (`exp2(-i / (dims / 2) * log2(base))`).
+    pub fn from_base(dims: usize, traditional: bool, base: f32, scale: f32) -> Self {
+        let half = dims / 2;
+        let lb = base.log2();
+        GraphRope {
+            traditional,
+            inv_freq: (0..half)
+                .map(|i| (-(i as f32 / half as f32) * lb).exp2())
+                .collect(),
+            position_scale: scale,
+            output_scale: 1.0,
+        }
+    }
+
+    /// `fast.rope(..., freqs=freqs)`: the inverse frequencies are `1 / freqs`.
+    pub fn from_freqs(traditional: bool, freqs: &[f32], output_scale: f32) -> Self {
+        GraphRope {
+            traditional,
+            inv_freq: freqs.iter().map(|f| 1.0 / f).collect(),
+            position_scale: 1.0,
+            output_scale,
+        }
+    }
+
+    /// Rotated pairs a head.
+    pub fn pairs(&self) -> usize {
+        self.inv_freq.len()
+    }
+}
+
+/// What the decoder runs: a pre-norm decoder-only transformer (RMSNorm, attention with RoPE
+/// and grouped-query heads, SwiGLU), as described by the loaded model (mlx-engine builds it
+/// from the model's descriptor row and its arrays: `mlx_engine::graph`). Nothing here reads a
+/// file: the weights are the loaded model's arrays ([`GraphWeights`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GraphSpec {
+    /// The model's `model_type` (for messages).
+    pub model_type: String,
     pub hidden: usize,
-    /// `num_hidden_layers`.
     pub layers: usize,
-    /// `num_attention_heads`.
     pub heads: usize,
-    /// `num_key_value_heads`.
     pub kv_heads: usize,
-    /// `head_dim` (default `hidden / heads`).
     pub head_dim: usize,
-    /// `intermediate_size`.
     pub intermediate: usize,
-    /// `vocab_size`.
     pub vocab: usize,
-    /// `rms_norm_eps`.
+    /// RMSNorm's epsilon.
     pub eps: f32,
-    /// `rope_theta`.
-    pub rope_theta: f32,
-    /// `tie_word_embeddings` (default true, as mlx-lm's llama).
+    /// The attention's softmax scale (`head_dim ** -0.5`, or the model's own).
+    pub attn_scale: f32,
+    /// The rotary embedding (one table for every layer that rotates).
+    pub rope: GraphRope,
+    /// Per layer: whether it applies the rotary embedding (SmolLM3's NoPE layers do not).
+    pub rope_layers: Vec<bool>,
+    /// The LM head is the embedding.
     pub tied: bool,
-    /// `rope_traditional` (default false): rotation pairs (2i, 2i + 1) instead of
-    /// (i, i + head_dim / 2).
-    pub rope_traditional: bool,
-    /// `quantization`: (group size, bits).
+    /// q, k and v have biases (qwen2).
+    pub qkv_bias: bool,
+    /// MLX affine quantization of every linear and the embedding: (group size, bits); `None`:
+    /// bfloat16 weights.
     pub quant: Option<(usize, usize)>,
 }
 
-fn cfg_err(path: &Path, msg: impl Into<String>) -> Error {
-    Error::Io {
-        path: path.display().to_string(),
-        message: msg.into(),
-    }
-}
-
-impl LlamaShape {
-    /// Reads and checks `dir/config.json`.
-    pub fn from_dir(dir: &Path) -> Result<Self> {
-        let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).map_err(|e| cfg_err(&path, e.to_string()))?;
-        let v: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| cfg_err(&path, format!("not JSON: {e}")))?;
-        Self::from_config(&v).map_err(|m| cfg_err(&path, m))
-    }
-
-    /// Checks a parsed `config.json`; the error names the field.
-    pub fn from_config(v: &serde_json::Value) -> std::result::Result<Self, String> {
-        let int = |k: &str| -> std::result::Result<usize, String> {
-            match v.get(k) {
-                Some(x) => x
-                    .as_u64()
-                    .filter(|&n| n > 0 && n < (1 << 31))
-                    .map(|n| n as usize)
-                    .ok_or_else(|| format!("field {k}: {x} is not a positive integer")),
-                None => Err(format!("field {k} is missing")),
+impl GraphSpec {
+    /// Why the decoder cannot run this spec (`Err` names the field and the problem).
+    pub fn check(&self) -> std::result::Result<(), String> {
+        let s = self;
+        for (k, n) in [
+            ("hidden", s.hidden),
+            ("layers", s.layers),
+            ("heads", s.heads),
+            ("kv_heads", s.kv_heads),
+            ("head_dim", s.head_dim),
+            ("intermediate", s.intermediate),
+            ("vocab", s.vocab),
+        ] {
+            if n == 0 || n >= 1 << 31 {
+                return Err(format!("{k} {n}: not a positive 31-bit size"));
             }
-        };
-        let float = |k: &str, default: f64| -> std::result::Result<f32, String> {
-            match v.get(k) {
-                None | Some(serde_json::Value::Null) => Ok(default as f32),
-                Some(x) => x
-                    .as_f64()
-                    .filter(|f| f.is_finite() && *f > 0.0)
-                    .map(|f| f as f32)
-                    .ok_or_else(|| format!("field {k}: {x} is not a positive number")),
-            }
-        };
-        let flag = |k: &str, default: bool| -> std::result::Result<bool, String> {
-            match v.get(k) {
-                None | Some(serde_json::Value::Null) => Ok(default),
-                Some(x) => x
-                    .as_bool()
-                    .ok_or_else(|| format!("field {k}: {x} is not a boolean")),
-            }
-        };
-        let mt = v.get("model_type").and_then(|m| m.as_str()).unwrap_or("");
-        if mt != "llama" {
+        }
+        if !(s.eps.is_finite() && s.eps > 0.0) {
+            return Err(format!("eps {}: not a positive number", s.eps));
+        }
+        if !(s.attn_scale.is_finite() && s.attn_scale > 0.0) {
             return Err(format!(
-                "field model_type: {mt:?}; the graph decoder runs llama models only"
+                "attn_scale {}: not a positive number",
+                s.attn_scale
             ));
         }
-        for k in ["attention_bias", "mlp_bias"] {
-            if flag(k, false)? {
-                return Err(format!(
-                    "field {k}: true is not supported by the graph decoder"
-                ));
-            }
-        }
-        if let Some(s) = v.get("rope_scaling").filter(|s| !s.is_null()) {
-            return Err(format!(
-                "field rope_scaling: {s} is not supported by the graph decoder"
-            ));
-        }
-        let hidden = int("hidden_size")?;
-        let heads = int("num_attention_heads")?;
-        let kv_heads = match v.get("num_key_value_heads") {
-            None | Some(serde_json::Value::Null) => heads,
-            _ => int("num_key_value_heads")?,
-        };
-        let head_dim = match v.get("head_dim") {
-            None | Some(serde_json::Value::Null) => hidden / heads,
-            _ => int("head_dim")?,
-        };
-        let quant = match v
-            .get("quantization")
-            .or_else(|| v.get("quantization_config"))
-        {
-            None | Some(serde_json::Value::Null) => None,
-            Some(q) => {
-                let o = q
-                    .as_object()
-                    .ok_or_else(|| format!("field quantization: {q} is not an object"))?;
-                for (k, x) in o {
-                    match k.as_str() {
-                        "group_size" | "bits" => {}
-                        "mode" if x.as_str() == Some("affine") => {}
-                        _ => {
-                            return Err(format!(
-                                "field quantization.{k}: {x}; the graph decoder needs one \
-                                 affine group size and bit width for the whole model"
-                            ))
-                        }
-                    }
-                }
-                let get = |k: &str| o.get(k).and_then(|x| x.as_u64()).map(|n| n as usize);
-                let gs = get("group_size").ok_or("field quantization.group_size is missing")?;
-                let bits = get("bits").ok_or("field quantization.bits is missing")?;
-                if ![32, 64, 128].contains(&gs) || ![4, 8].contains(&bits) {
-                    return Err(format!(
-                        "field quantization: group_size {gs}, bits {bits}; the graph decoder \
-                         runs groups of 32, 64 or 128 with 4 or 8 bits"
-                    ));
-                }
-                Some((gs, bits))
-            }
-        };
-        let s = LlamaShape {
-            hidden,
-            layers: int("num_hidden_layers")?,
-            heads,
-            kv_heads,
-            head_dim,
-            intermediate: int("intermediate_size")?,
-            vocab: int("vocab_size")?,
-            eps: float("rms_norm_eps", 1e-6)?,
-            rope_theta: float("rope_theta", 10000.0)?,
-            tied: flag("tie_word_embeddings", true)?,
-            rope_traditional: flag("rope_traditional", false)?,
-            quant,
-        };
         if s.heads % s.kv_heads != 0 {
             return Err(format!(
-                "fields num_attention_heads {} and num_key_value_heads {}: not a multiple",
+                "heads {} and kv_heads {}: not a multiple",
                 s.heads, s.kv_heads
             ));
         }
         if ![16, 32, 64, 128].contains(&s.head_dim) {
             return Err(format!(
-                "field head_dim: {}; the graph decoder runs head sizes 16, 32, 64 and 128",
+                "head_dim {}: the graph decoder runs head sizes 16, 32, 64 and 128",
                 s.head_dim
             ));
+        }
+        let r = &s.rope;
+        if r.pairs() == 0 || 2 * r.pairs() > s.head_dim {
+            return Err(format!(
+                "rope: {} rotated pairs for a head of {}",
+                r.pairs(),
+                s.head_dim
+            ));
+        }
+        if r.traditional && 2 * r.pairs() != s.head_dim {
+            return Err("rope: traditional partial rotary is not supported".into());
+        }
+        if !r.inv_freq.iter().all(|f| f.is_finite())
+            || !(r.position_scale.is_finite() && r.output_scale.is_finite())
+        {
+            return Err("rope: a frequency or scale is not finite".into());
+        }
+        if s.rope_layers.len() != s.layers {
+            return Err(format!(
+                "rope_layers: {} entries for {} layers",
+                s.rope_layers.len(),
+                s.layers
+            ));
+        }
+        if let Some((gs, bits)) = s.quant {
+            if ![32, 64, 128].contains(&gs) || ![4, 8].contains(&bits) {
+                return Err(format!(
+                    "quantization: group size {gs}, bits {bits}; the graph decoder runs groups \
+                     of 32, 64 or 128 with 4 or 8 bits"
+                ));
+            }
         }
         // matvec_qkv indexes its rows in 32 bits.
         if s.qkv_rows() > i32::MAX as usize {
             return Err(format!(
-                "fields num_attention_heads {}, num_key_value_heads {} and head_dim {}: \
-                 too many attention rows for the graph decoder",
+                "heads {}, kv_heads {} and head_dim {}: too many attention rows",
                 s.heads, s.kv_heads, s.head_dim
             ));
         }
@@ -425,18 +406,15 @@ impl LlamaShape {
             None => (1, 8),
         };
         for (k, n) in [
-            ("hidden_size", s.hidden),
-            ("intermediate_size", s.intermediate),
-            ("num_attention_heads * head_dim", s.heads * s.head_dim),
+            ("hidden", s.hidden),
+            ("intermediate", s.intermediate),
+            ("heads * head_dim", s.heads * s.head_dim),
         ] {
             if n % align != 0 || n % gs != 0 {
-                return Err(format!(
-                    "field {k}: {n} is not a multiple of {}",
-                    align.max(gs)
-                ));
+                return Err(format!("{k} {n}: not a multiple of {}", align.max(gs)));
             }
         }
-        Ok(s)
+        Ok(())
     }
 
     /// The kernels' `gs` and `bits` arguments: the quantization, or (1, 16) for bfloat16.
@@ -446,6 +424,165 @@ impl LlamaShape {
 
     fn qkv_rows(&self) -> usize {
         (self.heads + 2 * self.kv_heads) * self.head_dim
+    }
+}
+
+/// A linear layer's (or the embedding's) arrays, as the loaded model holds them: a bfloat16
+/// weight `[n, k]`, or MLX affine codes `[n, k * bits / 32]` (uint32) with bfloat16 `scales`
+/// and `biases` `[n, k / group]`; and an optional bfloat16 `bias` `[n]`.
+#[derive(Debug, Clone)]
+pub struct GraphLinear {
+    pub weight: Array,
+    pub scales: Option<Array>,
+    pub biases: Option<Array>,
+    pub bias: Option<Array>,
+}
+
+/// One layer's arrays.
+#[derive(Debug, Clone)]
+pub struct GraphLayer {
+    pub input_norm: Array,
+    pub post_norm: Array,
+    pub q: GraphLinear,
+    pub k: GraphLinear,
+    pub v: GraphLinear,
+    pub o: GraphLinear,
+    pub gate: GraphLinear,
+    pub up: GraphLinear,
+    pub down: GraphLinear,
+}
+
+/// The loaded model's arrays the decoder reads (clones of its handles: no copy of the data).
+#[derive(Debug, Clone)]
+pub struct GraphWeights {
+    pub embed: GraphLinear,
+    /// The untied LM head (`None` when [`GraphSpec::tied`]).
+    pub head: Option<GraphLinear>,
+    pub final_norm: Array,
+    pub layers: Vec<GraphLayer>,
+}
+
+impl GraphWeights {
+    /// Checks every array's shape and dtype against `spec`; every problem is listed at once.
+    pub fn check(&self, spec: &GraphSpec) -> std::result::Result<(), String> {
+        fn want(p: &mut Vec<String>, name: &str, a: &Array, shape: &[usize], dt: Dtype) {
+            let sh: Vec<i32> = shape.iter().map(|&n| n as i32).collect();
+            if a.shape() != sh.as_slice() || a.dtype() != dt {
+                p.push(format!(
+                    "{name}: {:?} {}, expected {sh:?} {dt}",
+                    a.shape(),
+                    a.dtype()
+                ));
+            }
+        }
+        #[allow(clippy::too_many_arguments)]
+        fn lin(
+            p: &mut Vec<String>,
+            s: &GraphSpec,
+            name: &str,
+            l: &GraphLinear,
+            n: usize,
+            k: usize,
+            bias: bool,
+        ) {
+            match s.quant {
+                None => {
+                    want(
+                        p,
+                        &format!("{name}.weight"),
+                        &l.weight,
+                        &[n, k],
+                        Dtype::Bfloat16,
+                    );
+                    if l.scales.is_some() || l.biases.is_some() {
+                        p.push(format!("{name}: quantized in a bfloat16 model"));
+                    }
+                }
+                Some((gs, bits)) => {
+                    let sh = [n, k * bits / 32];
+                    want(p, &format!("{name}.weight"), &l.weight, &sh, Dtype::Uint32);
+                    for (part, a) in [("scales", &l.scales), ("biases", &l.biases)] {
+                        match a {
+                            Some(a) => want(
+                                p,
+                                &format!("{name}.{part}"),
+                                a,
+                                &[n, k / gs],
+                                Dtype::Bfloat16,
+                            ),
+                            None => p.push(format!("{name}: no {part}")),
+                        }
+                    }
+                }
+            }
+            match (&l.bias, bias) {
+                (Some(b), true) => want(p, &format!("{name}.bias"), b, &[n], Dtype::Bfloat16),
+                (None, false) => {}
+                (Some(_), false) => p.push(format!("{name}: a bias is not supported")),
+                (None, true) => p.push(format!("{name}: no bias")),
+            }
+        }
+        let s = spec;
+        let mut p = Vec::new();
+        let (h, d) = (s.hidden, s.head_dim);
+        lin(&mut p, s, "embed_tokens", &self.embed, s.vocab, h, false);
+        match (&self.head, s.tied) {
+            (Some(l), false) => lin(&mut p, s, "lm_head", l, s.vocab, h, false),
+            (None, true) => {}
+            (Some(_), true) => p.push("lm_head: given for a tied model".into()),
+            (None, false) => p.push("lm_head: missing".into()),
+        }
+        if self.layers.len() != s.layers {
+            p.push(format!(
+                "{} layers of weights, the spec has {}",
+                self.layers.len(),
+                s.layers
+            ));
+        }
+        for (i, l) in self.layers.iter().enumerate() {
+            let n = |x: &str| format!("layers.{i}.{x}");
+            let b = s.qkv_bias;
+            lin(&mut p, s, &n("q_proj"), &l.q, s.heads * d, h, b);
+            lin(&mut p, s, &n("k_proj"), &l.k, s.kv_heads * d, h, b);
+            lin(&mut p, s, &n("v_proj"), &l.v, s.kv_heads * d, h, b);
+            lin(&mut p, s, &n("o_proj"), &l.o, h, s.heads * d, false);
+            lin(
+                &mut p,
+                s,
+                &n("gate_proj"),
+                &l.gate,
+                s.intermediate,
+                h,
+                false,
+            );
+            lin(&mut p, s, &n("up_proj"), &l.up, s.intermediate, h, false);
+            lin(
+                &mut p,
+                s,
+                &n("down_proj"),
+                &l.down,
+                h,
+                s.intermediate,
+                false,
+            );
+            want(
+                &mut p,
+                &n("input_norm"),
+                &l.input_norm,
+                &[h],
+                Dtype::Bfloat16,
+            );
+            want(&mut p, &n("post_norm"), &l.post_norm, &[h], Dtype::Bfloat16);
+        }
+        want(&mut p, "norm", &self.final_norm, &[h], Dtype::Bfloat16);
+        if p.is_empty() {
+            return Ok(());
+        }
+        let n = p.len();
+        Err(format!(
+            "{n} weight problem(s): {}",
+            cap_listing(p).join("; ")
+        ))
     }
 }
 
@@ -464,6 +601,10 @@ struct Layer {
     in_norm: Buffer,
     post_norm: Buffer,
     qkv: Lin,
+    /// q/k/v biases in the q/k/v rows' order, or none.
+    qkv_bias: Option<Buffer>,
+    /// Rotated pairs a head in this layer (0: no RoPE).
+    nrot: usize,
     o: Lin,
     gu: Lin,
     down: Lin,
@@ -485,13 +626,15 @@ struct Activations {
     counters: Buffer,
     /// The step's RoPE table: cosines then sines of the head_dim / 2 pairs.
     rope: Buffer,
+    /// RoPE's inverse frequencies (float32, one a rotated pair).
+    inv_freq: Buffer,
     /// The greedy sampler's per-block maxima and sums, then the log-sum-exp and the largest
     /// log-probability (floats), and its counters and pick (4 ints).
     am_part: Buffer,
     am_ctl: Buffer,
 }
 
-/// One llama's decode step as a replayed CUDA graph. See the module docs.
+/// A model's decode step as a replayed CUDA graph. See the module docs.
 pub struct GraphDecoder {
     rt: GpuRuntime,
     /// The model on the device and how its step is launched.
@@ -504,6 +647,16 @@ pub struct GraphDecoder {
     traced: Option<(Graph, Buffer)>,
     batch: u32,
     broken: Option<String>,
+    /// Reads of sampled tokens queued by [`GraphDecoder::next_token`], oldest first.
+    pending: VecDeque<mlx_core::gpurt::Ticket>,
+    /// Steps queued so far in the current run of [`GraphDecoder::next_token`] (the position
+    /// the next queued step writes is `queued_to`).
+    queued_to: usize,
+    /// Where the current run began, and the position it stops queueing at.
+    start_pos: usize,
+    limit: usize,
+    /// [`GraphDecoder::inject_failure_after`]'s count.
+    fail_after: Option<usize>,
 }
 
 impl std::fmt::Debug for GraphDecoder {
@@ -523,171 +676,132 @@ fn invalid(op: &'static str, msg: impl Into<String>) -> Error {
     }
 }
 
-/// The tensors of a model directory, checked against what a llama of `shape` needs.
-struct Weights {
-    arrays: BTreeMap<String, Array>,
+/// Each head's first `2 * pairs` rows of `a` (`[heads * d, cols]`) reordered so that rows
+/// 2i and 2i + 1 are rows i and i + pairs (a RoPE rotation pair); the rest keep their order.
+/// MLX ops: on a GPU build the reordering runs on the device.
+pub fn pair_rope_rows(a: &Array, heads: usize, d: usize, pairs: usize) -> Result<Array> {
+    let cols = a.size() / (heads * d).max(1);
+    let (h, d, p, c) = (heads as i32, d as i32, pairs as i32, cols as i32);
+    let x = a.reshape(&[h, d, c])?;
+    let rot = ops::slice_axis(&x, 1, 0, 2 * p, None)?.reshape(&[h, 2, p, c])?;
+    let rot = ops::transpose(&rot, &[0, 2, 1, 3], None)?.reshape(&[h, 2 * p, c])?;
+    let out = if 2 * p == d {
+        rot
+    } else {
+        let rest = ops::slice_axis(&x, 1, 2 * p, d, None)?;
+        ops::concatenate(&[&rot, &rest], 1, None)?
+    };
+    out.reshape(&[h * d, c])
 }
 
-impl Weights {
-    fn load(dir: &Path, shape: &LlamaShape) -> Result<Self> {
-        // mlx-lm's `model*.safetensors`, as every loader of the project reads them.
-        let files = weight_files(dir).map_err(|e| cfg_err(dir, e.to_string()))?;
-        if files.is_empty() {
-            return Err(cfg_err(dir, "no model*.safetensors files"));
-        }
-        let cpu = Stream::cpu()?;
-        let mut arrays = BTreeMap::new();
-        for f in &files {
-            let (m, _) = load_safetensors(f, Some(&cpu))?;
-            for (k, a) in m {
-                if k.ends_with(".rotary_emb.inv_freq") {
-                    continue; // mlx-lm drops these too
-                }
-                arrays.insert(k, a);
-            }
-        }
-        // The expected tensors, and every problem at once.
-        let mut expect: BTreeMap<String, (Vec<i32>, Dtype)> = BTreeMap::new();
-        let s = shape;
-        let mut lin = |name: &str, n: usize, k: usize| {
-            match s.quant {
-                None => {
-                    expect.insert(
-                        format!("{name}.weight"),
-                        (vec![n as i32, k as i32], Dtype::Bfloat16),
-                    );
-                }
-                Some((gs, bits)) => {
-                    expect.insert(
-                        format!("{name}.weight"),
-                        (vec![n as i32, (k * bits / 32) as i32], Dtype::Uint32),
-                    );
-                    for part in ["scales", "biases"] {
-                        expect.insert(
-                            format!("{name}.{part}"),
-                            (vec![n as i32, (k / gs) as i32], Dtype::Bfloat16),
-                        );
-                    }
-                }
-            };
-        };
-        let (h, d) = (s.hidden, s.head_dim);
-        lin("model.embed_tokens", s.vocab, h);
-        if !s.tied {
-            lin("lm_head", s.vocab, h);
-        }
-        for i in 0..s.layers {
-            let p = format!("model.layers.{i}");
-            lin(&format!("{p}.self_attn.q_proj"), s.heads * d, h);
-            lin(&format!("{p}.self_attn.k_proj"), s.kv_heads * d, h);
-            lin(&format!("{p}.self_attn.v_proj"), s.kv_heads * d, h);
-            lin(&format!("{p}.self_attn.o_proj"), h, s.heads * d);
-            lin(&format!("{p}.mlp.gate_proj"), s.intermediate, h);
-            lin(&format!("{p}.mlp.up_proj"), s.intermediate, h);
-            lin(&format!("{p}.mlp.down_proj"), h, s.intermediate);
-        }
-        for i in 0..s.layers {
-            for n in ["input_layernorm", "post_attention_layernorm"] {
-                expect.insert(
-                    format!("model.layers.{i}.{n}.weight"),
-                    (vec![h as i32], Dtype::Bfloat16),
-                );
-            }
-        }
-        expect.insert(
-            "model.norm.weight".into(),
-            (vec![h as i32], Dtype::Bfloat16),
-        );
-        let mut problems = Vec::new();
-        for (name, (sh, dt)) in &expect {
-            match arrays.get(name) {
-                None => problems.push(format!("missing {name}")),
-                Some(a) => {
-                    if a.shape() != sh.as_slice() || a.dtype() != *dt {
-                        problems.push(format!(
-                            "{name}: {:?} {}, expected {:?} {}",
-                            a.shape(),
-                            a.dtype(),
-                            sh,
-                            dt
-                        ));
-                    }
-                }
-            }
-        }
-        for name in arrays.keys() {
-            if !expect.contains_key(name) {
-                problems.push(format!("unused {name}"));
-            }
-        }
-        if !problems.is_empty() {
-            let n = problems.len();
-            let listed = cap_listing(problems).join("; ");
-            return Err(cfg_err(
-                dir,
-                format!("{n} tensor problem(s) for the graph decoder: {listed}"),
-            ));
-        }
-        Ok(Weights { arrays })
-    }
-
-    /// Takes a tensor's bytes (the tensor was checked to exist).
-    fn bytes(&mut self, name: &str) -> Result<Vec<u8>> {
-        let a = self
-            .arrays
-            .remove(name)
-            .ok_or_else(|| invalid("graph_decoder", format!("{name} taken twice")))?;
-        a.to_bytes()
-    }
+/// The rows of two equally shaped tensors `[n, cols]` interleaved: a0, b0, a1, b1, ...
+pub fn interleave_rows(a: &Array, b: &Array) -> Result<Array> {
+    let n = a.shape().first().copied().unwrap_or(0);
+    let both = ops::stack(&[a, b], 1, None)?;
+    both.reshape(&[2 * n, -1])
 }
 
-/// Interleaves the rows of two equally shaped row-major tensors: a0, b0, a1, b1, ...
-fn interleave_rows(a: &[u8], b: &[u8], rows: usize) -> Vec<u8> {
-    let rb = a.len() / rows;
-    let mut out = Vec::with_capacity(a.len() + b.len());
-    for r in 0..rows {
-        out.extend_from_slice(&a[r * rb..(r + 1) * rb]);
-        out.extend_from_slice(&b[r * rb..(r + 1) * rb]);
-    }
-    out
+/// Each group's bfloat16 scale and bias side by side (scale in the low half of a 32-bit word,
+/// bias in the high half): a kernel loads both at once.
+pub fn pack_scales_biases(scales: &Array, biases: &Array) -> Result<Array> {
+    ops::stack(&[scales, biases], -1, None)?.reshape(&[-1])
 }
 
-/// Puts each group's bfloat16 scale and bias side by side (scale in the low half of a 32-bit
-/// word, bias in the high half): a kernel loads both at once.
-fn pack_scales_biases(scales: &[u8], biases: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(scales.len() + biases.len());
-    for (s, b) in scales.chunks_exact(2).zip(biases.chunks_exact(2)) {
-        out.extend_from_slice(s);
-        out.extend_from_slice(b);
+/// Copies an array into a new device buffer: device to device where MLX runs on the GPU,
+/// through host memory otherwise. The array itself is left as it is.
+fn put(rt: &mut GpuRuntime, a: &Array) -> Result<Buffer> {
+    let a = ops::contiguous(a, false, None)?;
+    a.eval()?;
+    let n = a.nbytes();
+    if mlx_core::Device::gpu().is_available()? {
+        let b = rt.alloc(n)?;
+        rt.copy_from_array(b, 0, n, &a, n, 1)?;
+        Ok(b)
+    } else {
+        rt.alloc_from(&a.to_bytes()?)
     }
-    out
-}
-
-/// Permutes the rows of each head's block of `d` rows so that rows 2i and 2i + 1 are rows i
-/// and i + d/2 (a RoPE rotation pair).
-fn pair_rope_rows(a: &[u8], rows: usize, d: usize) -> Vec<u8> {
-    let rb = a.len() / rows;
-    let half = d / 2;
-    let mut out = Vec::with_capacity(a.len());
-    for head in 0..rows / d {
-        for i in 0..half {
-            for r in [head * d + i, head * d + i + half] {
-                out.extend_from_slice(&a[r * rb..(r + 1) * rb]);
-            }
-        }
-    }
-    out
 }
 
 /// How a linear layer's tensors are laid out on the device.
 #[derive(Clone, Copy, PartialEq)]
 enum Layout {
-    /// Row blocks one after the other.
-    Concat,
+    /// One tensor as it is.
+    Plain,
     /// Rows of two tensors interleaved (gate, up).
     Interleave,
-    /// q, k, v one after the other, q's and k's rows paired for RoPE.
-    Qkv,
+    /// q, k, v one after the other, q's and k's rows paired for RoPE (`pairs` a head, 0 for
+    /// none: traditional RoPE's pairs are side by side already).
+    Qkv { pairs: usize },
+}
+
+/// Uploads a linear layer made of `parts` (q, k, v; gate, up; or one) laid out as `layout`.
+fn upload_lin(
+    rt: &mut GpuRuntime,
+    s: &GraphSpec,
+    parts: &[&GraphLinear],
+    layout: Layout,
+) -> Result<(Lin, Option<Buffer>)> {
+    let lay = |get: &dyn Fn(&GraphLinear) -> Option<Array>| -> Result<Array> {
+        let arrays: Vec<Array> = parts
+            .iter()
+            .map(|l| get(l).ok_or_else(|| invalid("graph_decoder", "a weight part is missing")))
+            .collect::<Result<_>>()?;
+        match layout {
+            Layout::Plain => Ok(arrays[0].clone()),
+            Layout::Interleave => interleave_rows(&arrays[0], &arrays[1]),
+            Layout::Qkv { pairs } => {
+                let d = s.head_dim;
+                let heads = [s.heads, s.kv_heads, s.kv_heads];
+                let mut laid = Vec::with_capacity(3);
+                for (j, a) in arrays.iter().enumerate() {
+                    let a = if a.ndim() == 1 {
+                        a.reshape(&[-1, 1])?
+                    } else {
+                        a.clone()
+                    };
+                    laid.push(if j < 2 && pairs > 0 {
+                        pair_rope_rows(&a, heads[j], d, pairs)?
+                    } else {
+                        a
+                    });
+                }
+                let refs: Vec<&Array> = laid.iter().collect();
+                ops::concatenate(&refs, 0, None)
+            }
+        }
+    };
+    let w = lay(&|l| Some(l.weight.clone()))?;
+    let (n, k) = {
+        let sh = w.shape();
+        let n = sh[0] as usize;
+        let k = match s.quant {
+            Some((_, bits)) => sh[1] as usize * 32 / bits,
+            None => sh[1] as usize,
+        };
+        (n, k)
+    };
+    let sb = match s.quant {
+        Some(_) => {
+            let scales = lay(&|l| l.scales.clone())?;
+            let biases = lay(&|l| l.biases.clone())?;
+            Some(put(rt, &pack_scales_biases(&scales, &biases)?)?)
+        }
+        None => None,
+    };
+    let bias = if parts.iter().all(|l| l.bias.is_some()) {
+        Some(put(rt, &lay(&|l| l.bias.clone())?)?)
+    } else {
+        None
+    };
+    Ok((
+        Lin {
+            w: put(rt, &w)?,
+            sb,
+            n,
+            k,
+        },
+        bias,
+    ))
 }
 
 impl GraphDecoder {
@@ -696,15 +810,21 @@ impl GraphDecoder {
         GpuRuntime::available()
     }
 
-    /// Loads the llama in `dir` (`config.json` and `*.safetensors`, as mlx-lm saves them) for
-    /// up to `capacity` cached positions, compiles the kernels and captures the step, with
-    /// the default [`GraphOptions`].
-    pub fn load(dir: &Path, capacity: usize) -> Result<Self> {
-        Self::load_with(dir, capacity, &GraphOptions::default())
+    /// A decoder for the model `spec` describes, over its loaded arrays `weights`, for up to
+    /// `capacity` cached positions, with the default [`GraphOptions`]: compiles the kernels,
+    /// lays the weights out on the device and captures the step.
+    pub fn new(spec: GraphSpec, weights: &GraphWeights, capacity: usize) -> Result<Self> {
+        Self::with_options(spec, weights, capacity, &GraphOptions::default())
     }
 
-    /// [`GraphDecoder::load`] with options.
-    pub fn load_with(dir: &Path, capacity: usize, opts: &GraphOptions) -> Result<Self> {
+    /// [`GraphDecoder::new`] with options. The spec and every array are checked before the
+    /// GPU is touched.
+    pub fn with_options(
+        spec: GraphSpec,
+        weights: &GraphWeights,
+        capacity: usize,
+        opts: &GraphOptions,
+    ) -> Result<Self> {
         if ![2, 4].contains(&opts.rows_per_warp) {
             return Err(invalid(
                 "graph_decoder",
@@ -732,7 +852,9 @@ impl GraphDecoder {
                 "blocks_per_sm 0: must be at least 1",
             ));
         }
-        let shape = LlamaShape::from_dir(dir)?;
+        let what = |e: String| invalid("graph_decoder", format!("`{}`: {e}", spec.model_type));
+        spec.check().map_err(what)?;
+        weights.check(&spec).map_err(what)?;
         if capacity == 0 || capacity > (1 << 24) {
             return Err(invalid(
                 "graph_decoder",
@@ -740,149 +862,50 @@ impl GraphDecoder {
             ));
         }
         let capacity = capacity.div_ceil(ATTN_CHUNK) * ATTN_CHUNK;
-        let mut w = Weights::load(dir, &shape)?;
         let source = format!(
             "#define MV_ROWS {rows}\n#define MV_BATCH {batch}\n#define MV_EARLY {early}\n{SOURCE}"
         );
         let mut rt = GpuRuntime::new(&source, KERNELS)?;
-        let s = &shape;
+        let s = &spec;
         let (h, d, i_sz) = (s.hidden, s.head_dim, s.intermediate);
-
-        // Uploads a linear layer made of row blocks of several tensors (q, k, v), or of two
-        // interleaved tensors (gate, up).
-        fn upload_lin(
-            rt: &mut GpuRuntime,
-            w: &mut Weights,
-            s: &LlamaShape,
-            names: &[String],
-            ns: &[usize],
-            k: usize,
-            layout: Layout,
-        ) -> Result<Lin> {
-            let n: usize = ns.iter().sum();
-            let parts: &[&str] = if s.quant.is_some() {
-                &["weight", "scales", "biases"]
-            } else {
-                &["weight"]
-            };
-            let mut laid = Vec::new();
-            for part in parts {
-                let mut blobs: Vec<Vec<u8>> = names
-                    .iter()
-                    .map(|nm| w.bytes(&format!("{nm}.{part}")))
-                    .collect::<Result<_>>()?;
-                laid.push(match layout {
-                    Layout::Interleave => interleave_rows(&blobs[0], &blobs[1], ns[0]),
-                    // One tensor as it is, without a copy.
-                    Layout::Concat if blobs.len() == 1 => blobs.swap_remove(0),
-                    Layout::Concat | Layout::Qkv => {
-                        let mut joined = Vec::with_capacity(blobs.iter().map(Vec::len).sum());
-                        for (j, b) in blobs.iter().enumerate() {
-                            if layout == Layout::Qkv && j < 2 && !s.rope_traditional {
-                                joined.extend(pair_rope_rows(b, ns[j], s.head_dim));
-                            } else {
-                                joined.extend_from_slice(b);
-                            }
-                        }
-                        joined
-                    }
-                });
-            }
-            let sb = match laid.as_slice() {
-                [_, scales, biases] => Some(rt.alloc_from(&pack_scales_biases(scales, biases))?),
-                _ => None,
-            };
-            Ok(Lin {
-                w: rt.alloc_from(&laid[0])?,
-                sb,
-                n,
-                k,
-            })
-        }
-
-        let embed = upload_lin(
-            &mut rt,
-            &mut w,
-            s,
-            &["model.embed_tokens".into()],
-            &[s.vocab],
-            h,
-            Layout::Concat,
-        )?;
-        let head = if s.tied {
-            embed
+        let pairs = if s.rope.traditional {
+            0
         } else {
-            upload_lin(
-                &mut rt,
-                &mut w,
-                s,
-                &["lm_head".into()],
-                &[s.vocab],
-                h,
-                Layout::Concat,
-            )?
+            s.rope.pairs()
         };
-        let norm_buf = |rt: &mut GpuRuntime, w: &mut Weights, name: &str| -> Result<Buffer> {
-            rt.alloc_from(&w.bytes(name)?)
+        let w = weights;
+        let (embed, _) = upload_lin(&mut rt, s, &[&w.embed], Layout::Plain)?;
+        let head = match &w.head {
+            Some(l) if !s.tied => upload_lin(&mut rt, s, &[l], Layout::Plain)?.0,
+            _ => embed,
         };
-        let final_norm = norm_buf(&mut rt, &mut w, "model.norm.weight")?;
+        let final_norm = put(&mut rt, &w.final_norm)?;
         let kv_bytes = s.kv_heads * capacity * d * 2;
         let mut layers = Vec::with_capacity(s.layers);
-        for l in 0..s.layers {
-            let p = format!("model.layers.{l}");
-            let a = format!("{p}.self_attn");
-            let m = format!("{p}.mlp");
+        for (l, rotates) in w.layers.iter().zip(&s.rope_layers) {
+            let layout = Layout::Qkv {
+                pairs: if *rotates { pairs } else { 0 },
+            };
+            let (qkv, qkv_bias) = upload_lin(&mut rt, s, &[&l.q, &l.k, &l.v], layout)?;
             layers.push(Layer {
-                in_norm: norm_buf(&mut rt, &mut w, &format!("{p}.input_layernorm.weight"))?,
-                post_norm: norm_buf(
-                    &mut rt,
-                    &mut w,
-                    &format!("{p}.post_attention_layernorm.weight"),
-                )?,
-                qkv: upload_lin(
-                    &mut rt,
-                    &mut w,
-                    s,
-                    &[
-                        format!("{a}.q_proj"),
-                        format!("{a}.k_proj"),
-                        format!("{a}.v_proj"),
-                    ],
-                    &[s.heads * d, s.kv_heads * d, s.kv_heads * d],
-                    h,
-                    Layout::Qkv,
-                )?,
-                o: upload_lin(
-                    &mut rt,
-                    &mut w,
-                    s,
-                    &[format!("{a}.o_proj")],
-                    &[h],
-                    s.heads * d,
-                    Layout::Concat,
-                )?,
-                gu: upload_lin(
-                    &mut rt,
-                    &mut w,
-                    s,
-                    &[format!("{m}.gate_proj"), format!("{m}.up_proj")],
-                    &[i_sz, i_sz],
-                    h,
-                    Layout::Interleave,
-                )?,
-                down: upload_lin(
-                    &mut rt,
-                    &mut w,
-                    s,
-                    &[format!("{m}.down_proj")],
-                    &[h],
-                    i_sz,
-                    Layout::Concat,
-                )?,
+                in_norm: put(&mut rt, &l.input_norm)?,
+                post_norm: put(&mut rt, &l.post_norm)?,
+                qkv,
+                qkv_bias,
+                nrot: if *rotates { s.rope.pairs() } else { 0 },
+                o: upload_lin(&mut rt, s, &[&l.o], Layout::Plain)?.0,
+                gu: upload_lin(&mut rt, s, &[&l.gate, &l.up], Layout::Interleave)?.0,
+                down: upload_lin(&mut rt, s, &[&l.down], Layout::Plain)?.0,
                 kc: rt.alloc(kv_bytes)?,
                 vc: rt.alloc(kv_bytes)?,
             });
         }
+        let inv: Vec<u8> = s
+            .rope
+            .inv_freq
+            .iter()
+            .flat_map(|f| f.to_le_bytes())
+            .collect();
         let ns = capacity / ATTN_CHUNK;
         let acts = Activations {
             h: rt.alloc(h * 2)?,
@@ -891,11 +914,12 @@ impl GraphDecoder {
             act: rt.alloc(i_sz * 2)?,
             logits: rt.alloc(s.vocab * 4)?,
             state: rt.alloc(16)?,
-            tokens: rt.alloc(capacity * 4)?,
+            tokens: rt.alloc(capacity * 8)?,
             po: rt.alloc(s.heads * ns * d * 4)?,
             pml: rt.alloc(s.heads * ns * 2 * 4)?,
             counters: rt.alloc(s.heads * 4)?,
             rope: rt.alloc(d * 4)?,
+            inv_freq: rt.alloc_from(&inv)?,
             am_part: rt.alloc((2 * s.vocab.div_ceil(ARGMAX_SLICE) + 2) * 4)?,
             am_ctl: rt.alloc(16)?,
         };
@@ -914,7 +938,7 @@ impl GraphDecoder {
         };
         let pdl = opts.programmatic_launch && rt.set_programmatic_launch(true).is_ok();
         let mut step = Step {
-            shape,
+            shape: spec,
             capacity,
             acts,
             layers,
@@ -944,11 +968,16 @@ impl GraphDecoder {
             traced: None,
             batch,
             broken: None,
+            pending: VecDeque::new(),
+            queued_to: 0,
+            start_pos: 0,
+            limit: 0,
+            fail_after: None,
         })
     }
 
-    /// The model's shape.
-    pub fn shape(&self) -> &LlamaShape {
+    /// The model's description.
+    pub fn spec(&self) -> &GraphSpec {
         &self.step.shape
     }
 
@@ -1080,6 +1109,9 @@ impl GraphDecoder {
                 }
             }
         }
+        self.drain()?;
+        self.limit = 0;
+        let s = &self.step.shape;
         let (cap, d, nkv) = (self.step.capacity, s.head_dim, s.kv_heads);
         let bufs: Vec<(Buffer, Buffer)> = self.step.layers.iter().map(|l| (l.kc, l.vc)).collect();
         let row = n * d * 2;
@@ -1118,6 +1150,8 @@ impl GraphDecoder {
     }
 
     fn set_state(&mut self, token: u32) -> Result<()> {
+        self.drain()?;
+        self.limit = self.pos;
         let mut st = [0u8; 16];
         st[0..4].copy_from_slice(&(token as i32).to_le_bytes());
         st[4..8].copy_from_slice(&(self.pos as i32).to_le_bytes());
@@ -1294,35 +1328,95 @@ impl GraphDecoder {
     /// current position, and `n` tokens come out, each handed to `on_token` as soon as it is
     /// read back (the GPU runs up to 8 steps ahead of the reads).
     pub fn generate(&mut self, first: u32, n: usize, mut on_token: impl FnMut(u32)) -> Result<()> {
-        self.check_token(first)?;
         self.check_room(n)?;
-        if n == 0 {
-            return Ok(());
+        self.start(first, n)?;
+        for _ in 0..n {
+            on_token(self.next_token()?.0);
         }
+        Ok(())
+    }
+
+    /// Starts greedy decoding: `first` (the last token sampled, not yet cached) goes in at
+    /// the current position; [`GraphDecoder::next_token`] then returns up to `max_steps`
+    /// tokens. Reads still queued from an earlier run are dropped first.
+    pub fn start(&mut self, first: u32, max_steps: usize) -> Result<()> {
+        self.check_token(first)?;
         self.guard(|me| {
+            me.drain()?;
             me.set_state(first)?;
-            let start = me.pos;
-            let mut inflight = VecDeque::new();
-            let mut buf = [0u8; 4];
-            for i in 0..n {
-                me.rt.replay(me.graph, 1)?;
-                inflight.push_back(me.rt.read_begin(me.step.acts.tokens, i * 4, 4)?);
-                if inflight.len() >= 8 {
-                    if let Some(t) = inflight.pop_front() {
-                        me.rt.read_end(t, &mut buf)?;
-                        on_token(u32::from_le_bytes(buf));
-                    }
-                }
-            }
-            while let Some(t) = inflight.pop_front() {
-                me.rt.read_end(t, &mut buf)?;
-                on_token(u32::from_le_bytes(buf));
-            }
-            me.pos = start + n;
+            me.start_pos = me.pos;
+            me.queued_to = me.pos;
+            me.limit = me.pos.saturating_add(max_steps).min(me.step.capacity);
             Ok(())
         })
     }
+
+    /// The next greedy token of a run begun with [`GraphDecoder::start`] and its
+    /// log-probability (as mlx-lm's sampler computes it: the log-softmax of the bfloat16
+    /// logits, rounded to bfloat16). Up to 8 steps are queued ahead of the reads. Past the
+    /// cache's capacity, or past the run's `max_steps`, an error says so.
+    pub fn next_token(&mut self) -> Result<(u32, f32)> {
+        self.guard(|me| {
+            match me.fail_after {
+                Some(0) => {
+                    return Err(Error::Mlx {
+                        op: "gpurt_replay",
+                        message: "[gpurt] a failure injected by inject_failure_after".into(),
+                    })
+                }
+                Some(n) => me.fail_after = Some(n - 1),
+                None => {}
+            }
+            while me.pending.len() < READ_AHEAD && me.queued_to < me.limit {
+                me.rt.replay(me.graph, 1)?;
+                let slot = me.queued_to - me.start_pos;
+                me.pending
+                    .push_back(me.rt.read_begin(me.step.acts.tokens, slot * 8, 8)?);
+                me.queued_to += 1;
+            }
+            let Some(t) = me.pending.pop_front() else {
+                return Err(invalid(
+                    "graph_decoder",
+                    if me.pos >= me.step.capacity {
+                        format!(
+                            "the cache is full: {} positions are in use, its capacity is {}",
+                            me.pos, me.step.capacity
+                        )
+                    } else {
+                        format!(
+                            "next_token: the run's {} steps are done",
+                            me.limit - me.start_pos
+                        )
+                    },
+                ));
+            };
+            let mut buf = [0u8; 8];
+            me.rt.read_end(t, &mut buf)?;
+            me.pos += 1;
+            let token = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]);
+            let logprob = f32::from_le_bytes([buf[4], buf[5], buf[6], buf[7]]);
+            Ok((token, logprob))
+        })
+    }
+
+    /// Makes the `n`-th [`GraphDecoder::next_token`] from now fail as a failed CUDA call does
+    /// (the decoder is then unusable): for testing callers' fall-back.
+    pub fn inject_failure_after(&mut self, n: usize) {
+        self.fail_after = Some(n);
+    }
+
+    /// Waits for the reads a run left queued (steps computed but not taken).
+    fn drain(&mut self) -> Result<()> {
+        let mut buf = [0u8; 8];
+        while let Some(t) = self.pending.pop_front() {
+            self.rt.read_end(t, &mut buf)?;
+        }
+        Ok(())
+    }
 }
+
+/// Steps [`GraphDecoder::next_token`] keeps queued ahead of its reads.
+const READ_AHEAD: usize = 8;
 
 /// Launches a step's kernels in order, with programmatic dependent launch where it helps: a
 /// kernel whose predecessor's grid runs in more than one wave is launched plainly (launched
@@ -1439,7 +1533,7 @@ fn matvec(
 
 /// What a step's kernels run over, and how they are launched.
 struct Step {
-    shape: LlamaShape,
+    shape: GraphSpec,
     /// Cached positions.
     capacity: usize,
     acts: Activations,
@@ -1489,7 +1583,6 @@ fn record_step(
     let (gs, bits) = s.group_and_bits();
     let (d, nh, nkv) = (s.head_dim as i64, s.heads as i64, s.kv_heads as i64);
     let ns = cap / ATTN_CHUNK;
-    let log2_base = (s.rope_theta).log2() as f64;
     rec.launch(
         rt,
         Part::Embed,
@@ -1507,10 +1600,13 @@ fn record_step(
             Arg::I64(gs as i64),
             Arg::Buf(a.rope, 0),
             Arg::I64(d / 2),
-            Arg::F64(log2_base),
+            Arg::I64(s.rope.pairs() as i64),
+            Arg::Buf(a.inv_freq, 0),
+            Arg::F64(s.rope.position_scale as f64),
+            Arg::F64(s.rope.output_scale as f64),
         ],
     )?;
-    let scale = (1.0f32 / (s.head_dim as f32).sqrt()) as f64;
+    let scale = s.attn_scale as f64;
     // Every layer's q/k/v product has the same shape.
     let qkv_shared = mv_shared_bytes(s.hidden, bits);
     let qkv_resident = rt
@@ -1540,10 +1636,12 @@ fn record_step(
                 Arg::I64(nkv),
                 Arg::I64(d),
                 Arg::I64(cap as i64),
-                Arg::I64(i64::from(s.rope_traditional)),
+                Arg::I64(i64::from(s.rope.traditional)),
                 Arg::F64(s.eps as f64),
                 Arg::Buf(a.rope, 0),
                 rec.trace_arg(),
+                Arg::I64(l.nrot as i64),
+                l.qkv_bias.map_or(Arg::I64(0), |b| Arg::Buf(b, 0)),
             ],
         )?;
         rec.launch(
@@ -1638,10 +1736,129 @@ fn record_step(
 mod tests {
     use super::*;
 
-    fn rows(n: usize, width: usize, base: u8) -> Vec<u8> {
-        (0..n)
-            .flat_map(|r| std::iter::repeat_n(base + r as u8, width))
+    /// `n` rows of `width` columns, row r holding `base + r` (float32).
+    fn rows(n: usize, width: usize, base: f32) -> Array {
+        let v: Vec<f32> = (0..n)
+            .flat_map(|r| std::iter::repeat_n(base + r as f32, width))
+            .collect();
+        Array::from_slice(&v, &[n as i32, width as i32]).unwrap()
+    }
+
+    fn firsts(a: &Array, width: usize) -> Vec<f32> {
+        a.to_vec::<f32>()
+            .unwrap()
+            .chunks(width)
+            .map(|c| c[0])
             .collect()
+    }
+
+    /// A tiny llama-shaped spec (2 layers, hidden 64, 4 heads of 16, 2 KV heads).
+    pub(crate) fn tiny_spec() -> GraphSpec {
+        GraphSpec {
+            model_type: "llama".into(),
+            hidden: 64,
+            layers: 2,
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 16,
+            intermediate: 128,
+            vocab: 100,
+            eps: 1e-5,
+            attn_scale: 0.25,
+            rope: GraphRope::from_base(16, false, 10000.0, 1.0),
+            rope_layers: vec![true, true],
+            tied: true,
+            qkv_bias: false,
+            quant: None,
+        }
+    }
+
+    fn zeros(shape: &[i32]) -> Array {
+        ops::zeros(shape, Dtype::Bfloat16, None).unwrap()
+    }
+
+    fn dense(n: usize, k: usize) -> GraphLinear {
+        GraphLinear {
+            weight: zeros(&[n as i32, k as i32]),
+            scales: None,
+            biases: None,
+            bias: None,
+        }
+    }
+
+    pub(crate) fn tiny_weights(s: &GraphSpec) -> GraphWeights {
+        let (h, d) = (s.hidden, s.head_dim);
+        GraphWeights {
+            embed: dense(s.vocab, h),
+            head: None,
+            final_norm: zeros(&[h as i32]),
+            layers: (0..s.layers)
+                .map(|_| GraphLayer {
+                    input_norm: zeros(&[h as i32]),
+                    post_norm: zeros(&[h as i32]),
+                    q: dense(s.heads * d, h),
+                    k: dense(s.kv_heads * d, h),
+                    v: dense(s.kv_heads * d, h),
+                    o: dense(h, s.heads * d),
+                    gate: dense(s.intermediate, h),
+                    up: dense(s.intermediate, h),
+                    down: dense(h, s.intermediate),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn the_tiny_spec_and_weights_pass_their_checks() {
+        let s = tiny_spec();
+        s.check().unwrap();
+        tiny_weights(&s).check(&s).unwrap();
+    }
+
+    #[test]
+    fn bad_specs_and_weights_name_the_problem() {
+        let s = tiny_spec();
+        for (f, what) in [
+            (
+                (|s: &mut GraphSpec| s.head_dim = 48) as fn(&mut GraphSpec),
+                "head_dim 48",
+            ),
+            (|s| s.kv_heads = 3, "not a multiple"),
+            (|s| s.rope.inv_freq = vec![1.0; 9], "9 rotated pairs"),
+            (|s| s.rope_layers = vec![true], "rope_layers"),
+            (|s| s.quant = Some((16, 4)), "group size 16"),
+            (|s| s.eps = f32::NAN, "eps"),
+        ] {
+            let mut t = s.clone();
+            f(&mut t);
+            let e = t.check().unwrap_err();
+            assert!(e.contains(what), "{what}: {e}");
+        }
+        let mut w = tiny_weights(&s);
+        w.layers[1].k = dense(8, 64);
+        w.layers[0].q.bias = Some(zeros(&[64]));
+        w.head = Some(dense(100, 64));
+        let e = w.check(&s).unwrap_err();
+        assert!(e.starts_with("3 weight problem(s)"), "{e}");
+        for what in [
+            "layers.1.k_proj.weight: [8, 64] bfloat16, expected [32, 64] bfloat16",
+            "layers.0.q_proj: a bias is not supported",
+            "lm_head: given for a tied model",
+        ] {
+            assert!(e.contains(what), "{what}: {e}");
+        }
+    }
+
+    #[test]
+    fn rope_tables_are_mlx_inverse_frequencies() {
+        let r = GraphRope::from_base(8, false, 10000.0, 0.5);
+        assert_eq!(r.pairs(), 4);
+        assert_eq!(r.inv_freq[0], 1.0);
+        assert!((r.inv_freq[2] - 0.01).abs() < 1e-7);
+        assert_eq!(r.position_scale, 0.5);
+        let f = GraphRope::from_freqs(true, &[1.0, 4.0], 1.25);
+        assert_eq!(f.inv_freq, [1.0, 0.25]);
+        assert_eq!(f.output_scale, 1.25);
     }
 
     #[test]
@@ -1659,8 +1876,9 @@ mod tests {
     }
 
     #[test]
-    fn options_are_checked_before_the_model_is_read() {
-        let dir = Path::new("/nonexistent/graph-decoder-model");
+    fn options_are_checked_before_the_gpu_is_touched() {
+        let spec = tiny_spec();
+        let w = tiny_weights(&spec);
         for (opts, what) in [
             (
                 GraphOptions {
@@ -1707,7 +1925,7 @@ mod tests {
                 "blocks_per_sm 0",
             ),
         ] {
-            let e = GraphDecoder::load_with(dir, 64, &opts)
+            let e = GraphDecoder::with_options(spec.clone(), &w, 64, &opts)
                 .unwrap_err()
                 .to_string();
             assert!(e.contains(what), "{what}: {e}");
@@ -1716,30 +1934,38 @@ mod tests {
 
     #[test]
     fn rope_pairs_sit_side_by_side() {
-        // Two heads of 4 rows, 3 bytes a row: each head's rows (0, 2, 1, 3).
-        let a = rows(8, 3, 0);
-        let p = pair_rope_rows(&a, 8, 4);
-        let order: Vec<u8> = p.chunks(3).map(|c| c[0]).collect();
-        assert_eq!(order, [0, 2, 1, 3, 4, 6, 5, 7]);
-        assert!(p.chunks(3).all(|c| c[0] == c[1] && c[1] == c[2]));
+        // Two heads of 4 rows, 3 columns: each head's rows (0, 2, 1, 3).
+        let a = rows(8, 3, 0.0);
+        let p = pair_rope_rows(&a, 2, 4, 2).unwrap();
+        assert_eq!(firsts(&p, 3), [0., 2., 1., 3., 4., 6., 5., 7.]);
+        assert!(p
+            .to_vec::<f32>()
+            .unwrap()
+            .chunks(3)
+            .all(|c| c[0] == c[1] && c[1] == c[2]));
+        // Partial rotary: one pair of a head of 4 rotated, the other two rows as they are.
+        let p = pair_rope_rows(&a, 2, 4, 1).unwrap();
+        assert_eq!(firsts(&p, 3), [0., 1., 2., 3., 4., 5., 6., 7.]);
+        // A head of 6, two pairs rotated (rows 0..4 paired as (0, 2), (1, 3)), 4 and 5 kept.
+        let b = rows(6, 1, 0.0);
+        let p = pair_rope_rows(&b, 1, 6, 2).unwrap();
+        assert_eq!(firsts(&p, 1), [0., 2., 1., 3., 4., 5.]);
     }
 
     #[test]
     fn scales_and_biases_sit_side_by_side() {
-        let scales = [1u8, 2, 3, 4];
-        let biases = [5u8, 6, 7, 8];
-        assert_eq!(
-            pack_scales_biases(&scales, &biases),
-            vec![1, 2, 5, 6, 3, 4, 7, 8]
-        );
+        let scales = Array::from_slice(&[1u16, 2, 3, 4], &[2, 2]).unwrap();
+        let biases = Array::from_slice(&[5u16, 6, 7, 8], &[2, 2]).unwrap();
+        let p = pack_scales_biases(&scales, &biases).unwrap();
+        assert_eq!(p.to_vec::<u16>().unwrap(), [1, 5, 2, 6, 3, 7, 4, 8]);
     }
 
     #[test]
     fn gate_and_up_rows_alternate() {
-        let g = rows(3, 2, 0);
-        let u = rows(3, 2, 10);
-        let order: Vec<u8> = interleave_rows(&g, &u, 3).chunks(2).map(|c| c[0]).collect();
-        assert_eq!(order, [0, 10, 1, 11, 2, 12]);
+        let g = rows(3, 2, 0.0);
+        let u = rows(3, 2, 10.0);
+        let i = interleave_rows(&g, &u).unwrap();
+        assert_eq!(firsts(&i, 2), [0., 10., 1., 11., 2., 12.]);
     }
 
     /// A `#define NAME value` of the source: a number, or `(A * B)` of earlier ones.

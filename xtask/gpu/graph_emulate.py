@@ -141,9 +141,9 @@ typedef unsigned long long u64;
 inline double D_(u64 v) { double d; std::memcpy(&d, &v, 8); return d; }
 extern "C" void emu(int k, unsigned gx, unsigned gy, unsigned bx, const u64* a) {
   switch (k) {
-    case 0: run_grid(gx, gy, bx, [=] { embed(P(const void*, 0), P(const u32*, 1), P(const int*, 2), P(bf16_t*, 3), L(4), L(5), L(6), P(float*, 7), L(8), D_(a[9])); }); break;
+    case 0: run_grid(gx, gy, bx, [=] { embed(P(const void*, 0), P(const u32*, 1), P(const int*, 2), P(bf16_t*, 3), L(4), L(5), L(6), P(float*, 7), L(8), L(9), P(const float*, 10), D_(a[11]), D_(a[12])); }); break;
     case 1: run_grid(gx, gy, bx, [=] { matvec(P(const void*, 0), P(const u32*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(const bf16_t*, 4), P(void*, 5), L(6), L(7), L(8), L(9), L(10), D_(a[11]), P(u64*, 12)); }); break;
-    case 2: run_grid(gx, gy, bx, [=] { matvec_qkv(P(const void*, 0), P(const u32*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(bf16_t*, 4), P(bf16_t*, 5), P(bf16_t*, 6), P(const int*, 7), L(8), L(9), L(10), L(11), L(12), L(13), L(14), L(15), D_(a[16]), P(const float*, 17), P(u64*, 18)); }); break;
+    case 2: run_grid(gx, gy, bx, [=] { matvec_qkv(P(const void*, 0), P(const u32*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(bf16_t*, 4), P(bf16_t*, 5), P(bf16_t*, 6), P(const int*, 7), L(8), L(9), L(10), L(11), L(12), L(13), L(14), L(15), D_(a[16]), P(const float*, 17), P(u64*, 18), L(19), P(const bf16_t*, 20)); }); break;
     case 3: run_grid(gx, gy, bx, [=] { attention(P(const bf16_t*, 0), P(const bf16_t*, 1), P(const bf16_t*, 2), P(const int*, 3), P(float*, 4), P(float*, 5), P(int*, 6), P(bf16_t*, 7), L(8), L(9), L(10), L(11), L(12), D_(a[13]), P(u64*, 14)); }); break;
     case 4: run_grid(gx, gy, bx, [=] { argmax_partial(P(const float*, 0), P(float*, 1), P(int*, 2), L(3)); }); break;
     case 5: run_grid(gx, gy, bx, [=] { argmax_pick(P(const float*, 0), P(const float*, 1), P(int*, 2), P(int*, 3), P(int*, 4), L(5), L(6)); }); break;
@@ -208,13 +208,32 @@ class Emu:
         self.lib.emu(k, grid[0], grid[1], block, arr)
 
 
-def pair_rope_rows(a, d):
+def pair_rope_rows(a, d, pairs):
+    """pair_rope_rows in graph_decode.rs: each head's first 2 * pairs rows as rotation pairs
+    (i, i + pairs) side by side, the rest in order."""
     rows = a.shape[0]
     idx = []
     for h in range(rows // d):
-        for i in range(d // 2):
-            idx += [h * d + i, h * d + i + d // 2]
+        for i in range(pairs):
+            idx += [h * d + i, h * d + i + pairs]
+        idx += [h * d + j for j in range(2 * pairs, d)]
     return a[idx]
+
+
+def rope_of(model, i):
+    """Layer i's RoPE as the engine maps it (mlx_engine::graph): (rotated pairs, traditional,
+    float32 inverse frequencies, position scale, output scale); 0 pairs for a NoPE layer."""
+    r = model.model.layers[i].self_attn.rope
+    name = type(r).__name__
+    if name == "NoPE":
+        return 0, False, np.zeros(1, np.float32), 1.0, 1.0
+    if hasattr(r, "_freqs"):
+        inv = (np.float32(1.0) / np.array(r._freqs.astype(mx.float32))).astype(np.float32)
+        return len(inv), bool(r.traditional), inv, 1.0, float(getattr(r, "mscale", 1.0))
+    half = r.dims // 2
+    lb = np.float32(np.log2(np.float32(r.base)))
+    inv = np.exp2(-(np.arange(half, dtype=np.float32) / np.float32(half)) * lb).astype(np.float32)
+    return half, bool(r.traditional), inv, float(r.scale), 1.0
 
 
 def interleave(a, b):
@@ -223,12 +242,40 @@ def interleave(a, b):
     return out
 
 
+MADE_BASE = dict(hidden_size=64, num_hidden_layers=3, intermediate_size=128, num_attention_heads=4,
+                 num_key_value_heads=2, rms_norm_eps=1e-6, vocab_size=160, rope_theta=10000.0,
+                 tie_word_embeddings=True)
+# Rows made here (name: the config's own fields over MADE_BASE).
+MADE = {
+    "make_qwen2": dict(model_type="qwen2"),
+    "make_smollm3": dict(model_type="smollm3", no_rope_layer_interval=2),
+    "make_llama3": dict(model_type="llama", rope_theta=500000.0, max_position_embeddings=2048,
+                        rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                          high_freq_factor=4.0, original_max_position_embeddings=64)),
+    "make_mistral_linear": dict(model_type="mistral", num_key_value_heads=1, head_dim=32,
+                                rope_scaling=dict(type="linear", factor=2.0)),
+}
+
+
 def run(lib, name):
     # "q4:FIXTURE": the fixture quantized here to 4 bits in groups of 64 (mlx's nn.quantize,
     # as mlx-lm's convert does), for the 4-bit path the fixtures lack in bfloat16.
     quantize = name.startswith("q4:")
-    path = ROOT / "mlx-models" / "tests" / "models" / name.removeprefix("q4:")
-    model, config = load_model(path)
+    base = name.removeprefix("q4:")
+    if base in MADE:
+        # A seeded random model of the row's own mlx-lm class (the dense fixtures of these
+        # rows have heads of 8, below the decoder's smallest head).
+        from mlx_lm.utils import _get_classes
+
+        config = dict(MADE_BASE, **MADE[base])
+        model_class, args_class = _get_classes(config)
+        mx.random.seed(0)
+        model = model_class(args_class.from_dict(config))
+        mx.eval(model.parameters())
+    else:
+        model, config = load_model(ROOT / "mlx-models" / "tests" / "models" / base)
+    # The decoder runs bfloat16 activations: float fixtures are cast, as `--dtype bfloat16`.
+    model.set_dtype(mx.bfloat16)
     if quantize:
         import mlx.nn as nn
         nn.quantize(model, group_size=64, bits=4)
@@ -239,22 +286,33 @@ def run(lib, name):
     nkv = config.get("num_key_value_heads", nh)
     d = config.get("head_dim") or H // nh
     inter, V = config["intermediate_size"], config["vocab_size"]
-    eps, theta = config["rms_norm_eps"], config.get("rope_theta", 10000.0)
-    trad = bool(config.get("rope_traditional", False))
+    eps = config["rms_norm_eps"]
+    ropes = [rope_of(model, i) for i in range(nl)]
+    pairs, trad, inv_freq, pos_scale, out_scale = max(ropes, key=lambda r: r[0])
     tied = config.get("tie_word_embeddings", True)
     q = config.get("quantization")
     gs, nbits = (q["group_size"], q["bits"]) if q else (1, 16)
     parts = ["weight", "scales", "biases"] if q else ["weight"]
     e = Emu(lib)
     zero = e.buf(np.zeros(16, np.uint16))
+    has_bias = f"model.layers.0.self_attn.q_proj.bias" in p
 
-    def lin(names, mode=None):
+    def qkv_bias(pre, layer_pairs):
+        """The q/k/v biases in the rows' order (q's and k's paired as their rows), or None."""
+        if not has_bias:
+            return None
+        xs = [bits(p[f"{pre}.self_attn.{x}_proj.bias"]) for x in "qkv"]
+        if not trad and layer_pairs:
+            xs = [pair_rope_rows(xs[0], d, layer_pairs), pair_rope_rows(xs[1], d, layer_pairs), xs[2]]
+        return e.buf(np.concatenate(xs))
+
+    def lin(names, mode=None, layer_pairs=0):
         out = []
         for part in parts:
             xs = [bits(p[f"{n}.{part}"]) for n in names]
             if mode == "qkv":
-                if not trad:
-                    xs = [pair_rope_rows(xs[0], d), pair_rope_rows(xs[1], d), xs[2]]
+                if not trad and layer_pairs:
+                    xs = [pair_rope_rows(xs[0], d, layer_pairs), pair_rope_rows(xs[1], d, layer_pairs), xs[2]]
                 out.append(e.buf(np.concatenate(xs)))
             elif mode == "gu":
                 out.append(e.buf(interleave(xs[0], xs[1])))
@@ -279,7 +337,9 @@ def run(lib, name):
         layers.append(dict(
             inn=e.buf(bits(p[f"{pre}.input_layernorm.weight"])),
             post=e.buf(bits(p[f"{pre}.post_attention_layernorm.weight"])),
-            qkv=lin([f"{pre}.self_attn.{x}_proj" for x in "qkv"], "qkv"),
+            qkv=lin([f"{pre}.self_attn.{x}_proj" for x in "qkv"], "qkv", ropes[i][0]),
+            nrot=ropes[i][0],
+            bias=qkv_bias(pre, ropes[i][0]),
             o=lin([f"{pre}.self_attn.o_proj"]),
             gu=lin([f"{pre}.mlp.gate_proj", f"{pre}.mlp.up_proj"], "gu"),
             down=lin([f"{pre}.mlp.down_proj"]),
@@ -292,7 +352,7 @@ def run(lib, name):
     act = e.buf(np.zeros(inter, np.uint16))
     logits = e.buf(np.zeros(V, np.float32))
     state = e.buf(np.zeros(4, np.int32))
-    tokens = e.buf(np.zeros(cap, np.int32))
+    tokens = e.buf(np.zeros(2 * cap, np.int32))  # token, log-probability bits
     po = e.buf(np.zeros(nh * ns * d, np.float32))
     pml = e.buf(np.zeros(nh * ns * 2, np.float32))
     counters = e.buf(np.zeros(nh, np.int32))
@@ -300,8 +360,8 @@ def run(lib, name):
     am = -(-V // ARGMAX_SLICE)  # the sampler's blocks
     am_part = e.buf(np.zeros(2 * am + 2, np.float32))  # its partials
     am_ctl = e.buf(np.zeros(4, np.int32))
-    log2_base = float(np.log2(np.float32(theta)))
-    scale = float(np.float32(1.0) / np.sqrt(np.float32(d)))
+    inv_buf = e.buf(inv_freq)
+    scale = float(np.float32(model.model.layers[0].self_attn.scale))
 
     def mv(l, x, norm, res, out, mode):
         (w, sb), n = l
@@ -311,12 +371,14 @@ def run(lib, name):
                   0])  # no timeline
 
     def step():
-        e.launch(0, (1, 1), 256, [embed[0], embed[1], state, h, H, nbits, gs, rope, d // 2, log2_base])
+        e.launch(0, (1, 1), 256, [embed[0], embed[1], state, h, H, nbits, gs, rope, d // 2, pairs, inv_buf,
+                                   pos_scale, out_scale])
         for L in layers:
             (w, sb), n = L["qkv"]
             e.launch(2, mv_grid(n), 256,
                      [w, sb, h, L["inn"], qb, L["kc"], L["vc"], state, H, nbits, gs, nh, nkv, d, cap,
-                      int(trad), float(np.float32(eps)), rope, 0])
+                      int(trad), float(np.float32(eps)), rope, 0, L["nrot"],
+                      L["bias"] if L["bias"] is not None else 0])
             e.launch(3, (nh, ns), 128, [qb, L["kc"], L["vc"], state, po, pml, counters, attn, nh, nkv, d, cap, ns, scale, 0])
             mv(L["o"], attn, None, h, h, 2)
             mv(L["gu"], h, L["post"], None, act, 1 | 4)
@@ -344,6 +406,8 @@ def run(lib, name):
         pos += 1
         assert state[1] == pos and state[0] == tokens[0], "the step state did not advance"
         assert state[0] == mlx_lm_pick(logits), "the sampled token is not mlx-lm's pick"
+        assert tokens[1:2].view(np.float32)[0] == mlx_lm_logprob(logits, state[0]), \
+            "the sampled token's log-probability is not mlx-lm's"
         if DUMP:  # every step's logits, to compare two versions of the kernels bit for bit
             np.save(Path(DUMP) / f"{name.replace(':', '_')}-{pos}.npy", logits)
         rel = float(np.max(np.abs(ref - logits)) / max(np.max(np.abs(ref)), 1e-6))
@@ -360,7 +424,8 @@ def run(lib, name):
                 f"ours {ours_err:.4f}")
         ok = ours_err < mlx_err and share >= 0.75
     print(f"{name} (rows per warp {ROWS}): max relative logit difference {worst:.5f}, greedy agreement {share:.2f} "
-          f"(traditional RoPE {trad}, bits {nbits}, tied {tied}){note} {'ok' if ok else 'FAILED'}")
+          f"(traditional RoPE {trad}, rotated pairs {[r[0] for r in ropes]}, q/k/v bias {has_bias}, "
+          f"bits {nbits}, tied {tied}){note} {'ok' if ok else 'FAILED'}")
     return ok
 
 
@@ -390,6 +455,12 @@ def mlx_lm_pick(logits):
 
     lg = mx.array(logits).astype(mx.bfloat16)[None]
     return int(make_sampler(0.0)(lg - mx.logsumexp(lg, axis=-1, keepdims=True)).item())
+
+
+def mlx_lm_logprob(logits, token):
+    """generate_step's log-probability of `token` (bfloat16 logits minus their logsumexp)."""
+    lg = mx.array(logits).astype(mx.bfloat16)
+    return float((lg - mx.logsumexp(lg, axis=-1, keepdims=True))[int(token)].astype(mx.float32).item())
 
 
 def sampler_check(lib):
@@ -426,11 +497,11 @@ def sampler_check(lib):
         part = e.buf(np.zeros(2 * am + 2, np.float32))
         ctl = e.buf(np.zeros(4, np.int32))
         state = e.buf(np.array([0, 5, 0, 0], np.int32))
-        tokens = e.buf(np.zeros(4, np.int32))
+        tokens = e.buf(np.zeros(8, np.int32))
         for _ in range(2):
             e.launch(4, (am, 1), 256, [logits, part, ctl, V])
             e.launch(5, (am, 1), 256, [logits, part, ctl, state, tokens, V, 4])
-        got = [int(t) for t in tokens[:2]]
+        got = [int(t) for t in tokens[0:4:2]]
         good = got == [want, want] and list(state[:3]) == [want, 7, 2] and not ctl.any()
         ok &= good
         print(f"sampler, {what} ({V} logits, {am} blocks): ours {got}, mlx-lm {want} "
@@ -439,7 +510,9 @@ def sampler_check(lib):
 
 
 def main():
-    names = sys.argv[1:] or ["dense_bf16_mha", "dense_bf16_untied", "q8_g32_bf16", "q4:dense_bf16_untied"]
+    names = sys.argv[1:] or ["dense_bf16_mha", "dense_bf16_untied", "q8_g32_bf16", "q4:dense_bf16_untied",
+                             "yarn_rope", "make_qwen2", "make_smollm3", "make_llama3", "q4:make_qwen2",
+                             "make_mistral_linear"]
     with tempfile.TemporaryDirectory() as tmp:
         lib = build(tmp)
         results = [sampler_check(lib)] + [run(lib, n) for n in names]

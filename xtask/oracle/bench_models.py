@@ -81,6 +81,18 @@ BASE_8B = {
     "tie_word_embeddings": False,
 }
 
+# Llama-3.1-8B's shape: Llama 3's with its llama3 RoPE scaling (the graph decoder's target).
+BASE_8B_31 = dict(
+    BASE_8B,
+    rope_scaling={
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+)
+
 # Gemma 3 270M's shape (gemma3_text: 18 layers, head_dim 256, one KV head, sliding window 512
 # every layer but each sixth, a 262k vocabulary, tied embeddings), for full fine-tuning on the
 # CPU.
@@ -115,6 +127,7 @@ MODELS = {
     "llama-small-f32": (BASE_SMALL, "float32", None, False),
     "gemma3-270m-f32": (BASE_GEMMA3_270M, "float32", None, False),
     "llama-8b-q4": (BASE_8B, "bfloat16", (64, 4), True),
+    "llama31-8b-q4": (BASE_8B_31, "bfloat16", (64, 4), True),
     "llama-8b-q8": (BASE_8B, "bfloat16", (64, 8), False),
     "llama-8b-bf16": (BASE_8B, "bfloat16", None, False),
 }

@@ -54,7 +54,7 @@ fn path(ctx: &CpuContext, w: &Matrix<'_>) -> Path {
     {
         let cols = w.cols();
         // `matmul_t`'s test for one input.
-        let fits = ctx.isa == Isa::Avx2
+        let fits = ctx.isa.has_avx2()
             && cols % 32 == 0
             && cols <= super::matmul::INT8_MAX_M * super::x86::MAX_BUF;
         match ctx.activations {
@@ -148,7 +148,10 @@ pub fn matmul_t_each(
             scratch.q16.resize(m * cols, 0);
             scratch.d.resize(chunks, 0.0);
             scratch.s.resize(chunks, 0.0);
-            super::x86::quantize_x16(x, &mut scratch.q16, &mut scratch.d, &mut scratch.s);
+            // SAFETY: `path` chose Int16 only where the ISA has AVX2, FMA and F16C.
+            unsafe {
+                super::x86::quantize_x16(x, &mut scratch.q16, &mut scratch.d, &mut scratch.s)
+            };
             b = Some(super::x86::QuantX16 {
                 q: scratch.q16.as_ptr(),
                 d: scratch.d.as_ptr(),
@@ -208,6 +211,9 @@ pub fn matmul_t_each(
             #[cfg(target_arch = "x86_64")]
             Path::Int16 => {
                 let Some(q) = qx16 else { break };
+                // The kernel `matmul_t` picks for one input; each input row's sums are
+                // independent of how many rows a call takes (`each_row_is_what_it_is_alone`).
+                let wide = isa == Isa::Avx512 && cols / 32 <= super::x86::MAX_CHUNKS;
                 let mut t0 = 0;
                 while t0 < m {
                     let mt = (m - t0).min(4);
@@ -219,7 +225,13 @@ pub fn matmul_t_each(
                             d: q.d.add(c),
                             s: q.s.add(c),
                         };
-                        super::x86::rows_int16(&w, r0, r1, q, mt, out.from(t0 * n), bias);
+                        if wide {
+                            // As `matmul_t` picks for one input (Isa::Avx512: AVX-512 F/BW/VL
+                            // checked by CpuContext).
+                            super::x86::rows_int16_512(&w, r0, r1, q, mt, out.from(t0 * n), bias);
+                        } else {
+                            super::x86::rows_int16(&w, r0, r1, q, mt, out.from(t0 * n), bias);
+                        }
                     }
                     t0 += mt;
                 }

@@ -1,0 +1,341 @@
+//! The GPU graph decoder as an engine backend: [`mlx_kernels::graph_decode::GraphDecoder`]
+//! driven by the loaded model.
+//!
+//! [`map_model`] builds the decoder's [`GraphSpec`] from the model's descriptor row and its
+//! [`GraphWeights`] from the arrays the one loader ([`crate::load`]) produced (clones of
+//! their handles: nothing is read from disk again and no array is copied on the host; the
+//! decoder lays them out on the device). [`unsupported`] says why a model or a set of options
+//! cannot take it, which `--decoder auto` prints when it falls back.
+//!
+//! What it covers: dense descriptor rows with pre-norm blocks, RMSNorm, separate q/k/v
+//! projections with or without biases, RoPE from the model's own rope (a base with linear
+//! scaling, or a frequency table: llama3, yarn with its `mscale`, longrope), layers without
+//! RoPE (SmolLM3), grouped-query or multi-query attention with the row's own softmax scale,
+//! SwiGLU, a tied or untied head; bfloat16 weights or MLX affine 4/8-bit weights with
+//! bfloat16 scales (groups of 32, 64, 128); greedy decoding of one sequence. Rows: llama,
+//! mistral, qwen2, smollm3 (and the other rows these knobs describe). The rest give a reason.
+
+use mlx_core::Dtype;
+use mlx_kernels::graph_decode::{GraphLayer, GraphLinear, GraphRope, GraphSpec, GraphWeights};
+use mlx_models::layers::{Embedding, Linear, MlpKind, Norm, NormKind, Rope};
+use mlx_models::models::dense::Model;
+use mlx_models::models::descriptor::{EmbedScale, LogitScale, Placement, QkNorm};
+use mlx_models::LanguageModel;
+
+use crate::generate::GenerateOptions;
+
+/// The decoder's description of `model` and the model's own arrays, or why the model is not
+/// one the decoder runs (the descriptor's knobs; the kernels' own limits, such as the head
+/// size and the dtypes, are [`GraphSpec::check`] and [`GraphWeights::check`]).
+pub fn map_model(model: &dyn LanguageModel) -> Result<(GraphSpec, GraphWeights), String> {
+    let Some(m) = model.as_dense() else {
+        return Err(format!(
+            "`{}` is a dedicated port, not a dense descriptor row",
+            model.model_type()
+        ));
+    };
+    let mut spec = map_descriptor(m)?;
+    let weights = map_weights(m, &mut spec)?;
+    Ok((spec, weights))
+}
+
+fn map_descriptor(m: &Model) -> Result<GraphSpec, String> {
+    let d = m.descriptor();
+    let t = &d.model_type;
+    let no = |what: &str| Err(format!("`{t}`: {what} is not in the graph decoder yet"));
+    if d.placement != Placement::Pre {
+        return no(&format!("norm placement {:?}", d.placement));
+    }
+    if d.norm != NormKind::Rms {
+        return no("a norm other than RMSNorm");
+    }
+    if d.qk_norm != QkNorm::None || d.qk_norm_kind.is_some() {
+        return no(&format!("q/k norm {:?}", d.qk_norm));
+    }
+    if d.embed_norm || d.n_positions > 0 || d.names.positions.is_some() {
+        return no("an embedding norm or learned positions");
+    }
+    if d.embed_scale != EmbedScale::None {
+        return no("an embedding scale");
+    }
+    if d.residual_multiplier.is_some() || d.clip_residual {
+        return no("a residual multiplier");
+    }
+    if d.logit_scale != LogitScale::None || d.final_logit_softcap.is_some() {
+        return no("a logit scale or soft-cap");
+    }
+    if d.attn_logit_softcap.is_some() || d.query_scale.is_some() {
+        return no("an attention soft-cap or query scale");
+    }
+    if d.head_gate.is_some() {
+        return no("a head-wise attention gate");
+    }
+    if d.sliding.iter().any(|&s| s) || d.sliding_window.is_some() {
+        return no("sliding-window attention");
+    }
+    if d.mlp != MlpKind::SwiGlu {
+        return no(&format!("the {:?} MLP", d.mlp));
+    }
+    if d.o_bias || d.mlp_bias || d.down_bias || d.lm_head_bias {
+        return no("an output, MLP or head bias");
+    }
+    let layers = m.num_layers();
+    let mut rope_layers = Vec::with_capacity(layers);
+    let mut rope: Option<GraphRope> = None;
+    for i in 0..layers {
+        let v = m
+            .layer_view(i)
+            .ok_or_else(|| format!("`{t}`: layer {i} is missing"))?;
+        let Some(r) = v
+            .rope
+            .filter(|_| !d.no_rope.get(i).copied().unwrap_or(false))
+        else {
+            rope_layers.push(false);
+            continue;
+        };
+        let g = graph_rope(r).map_err(|e| format!("`{t}`: layer {i} {e}"))?;
+        match &rope {
+            Some(first) if *first != g => {
+                return no("layers with different rotary embeddings");
+            }
+            Some(_) => {}
+            None => rope = Some(g),
+        }
+        rope_layers.push(true);
+    }
+    let Some(rope) = rope else {
+        return no("a model without rotary positions");
+    };
+    Ok(GraphSpec {
+        model_type: t.clone(),
+        hidden: d.hidden_size as usize,
+        layers,
+        heads: d.n_heads as usize,
+        kv_heads: d.n_kv_heads as usize,
+        head_dim: d.head_dim as usize,
+        intermediate: d.intermediate_size as usize,
+        vocab: model_vocab(m),
+        eps: d.norm_eps,
+        attn_scale: d.attn_scale as f32,
+        rope,
+        rope_layers,
+        tied: m.lm_head().is_none(),
+        qkv_bias: d.qkv_bias,
+        quant: None,
+    })
+}
+
+fn model_vocab(m: &Model) -> usize {
+    m.embed_tokens().shape().0 as usize
+}
+
+/// A layer's RoPE as the decoder applies it.
+fn graph_rope(r: &Rope) -> Result<GraphRope, String> {
+    match r {
+        Rope::Base {
+            dims,
+            traditional,
+            base,
+            scale,
+        } => Ok(GraphRope::from_base(
+            *dims as usize,
+            *traditional,
+            *base,
+            *scale,
+        )),
+        Rope::Freqs {
+            traditional,
+            freqs,
+            input_scale,
+            ..
+        } => {
+            let f = freqs
+                .astype(Dtype::Float32)
+                .and_then(|f| f.to_vec::<f32>())
+                .map_err(|e| format!("rope frequencies: {e}"))?;
+            Ok(GraphRope::from_freqs(
+                *traditional,
+                &f,
+                input_scale.unwrap_or(1.0) as f32,
+            ))
+        }
+        Rope::Dynamic { .. } => Err("dynamic NTK RoPE is not in the graph decoder yet".into()),
+    }
+}
+
+fn linear(
+    l: &Linear,
+    what: &str,
+    quant: &mut Option<(usize, usize)>,
+) -> Result<GraphLinear, String> {
+    match l {
+        Linear::Dense { weight, bias } => Ok(GraphLinear {
+            weight: weight.clone(),
+            scales: None,
+            biases: None,
+            bias: bias.clone(),
+        }),
+        Linear::Quantized { weight, bias } => {
+            let q = quantized(weight, what, quant)?;
+            Ok(GraphLinear {
+                bias: bias.clone(),
+                ..q
+            })
+        }
+        Linear::Adapted(_) => Err(format!("{what}: an adapted (LoRA/DoRA) linear")),
+    }
+}
+
+fn quantized(
+    q: &mlx_models::layers::QuantizedWeight,
+    what: &str,
+    quant: &mut Option<(usize, usize)>,
+) -> Result<GraphLinear, String> {
+    if q.mode != mlx_core::quantized::QuantMode::Affine {
+        return Err(format!("{what}: {} quantization", q.mode.name()));
+    }
+    let this = (q.group_size as usize, q.bits as usize);
+    match quant {
+        Some(first) if *first != this => {
+            return Err(format!(
+                "{what}: group size {} and {} bits, other weights {} and {} (mixed quantization)",
+                this.0, this.1, first.0, first.1
+            ))
+        }
+        _ => *quant = Some(this),
+    }
+    Ok(GraphLinear {
+        weight: q.weight.clone(),
+        scales: Some(q.scales.clone()),
+        biases: Some(
+            q.biases
+                .clone()
+                .ok_or_else(|| format!("{what}: affine weights without biases"))?,
+        ),
+        bias: None,
+    })
+}
+
+fn rms(n: Option<&Norm>, what: &str) -> Result<mlx_core::Array, String> {
+    match n {
+        Some(Norm::Rms(r)) => Ok(r.weight.clone()),
+        _ => Err(format!("{what}: not a weighted RMSNorm")),
+    }
+}
+
+fn map_weights(m: &Model, spec: &mut GraphSpec) -> Result<GraphWeights, String> {
+    let t = spec.model_type.clone();
+    let mut quant = None;
+    let embed = match m.embed_tokens() {
+        Embedding::Dense(w) => GraphLinear {
+            weight: w.clone(),
+            scales: None,
+            biases: None,
+            bias: None,
+        },
+        Embedding::Quantized(q) => quantized(q, "embed_tokens", &mut quant)?,
+        Embedding::Adapted(_) => return Err(format!("`{t}`: an adapted embedding")),
+    };
+    let head = m
+        .lm_head()
+        .map(|l| linear(l, "lm_head", &mut quant))
+        .transpose()?;
+    let mut layers = Vec::with_capacity(spec.layers);
+    for i in 0..spec.layers {
+        let w = |s: &str| format!("`{t}`: layer {i} {s}");
+        let v = m.layer_view(i).ok_or_else(|| w("is missing"))?;
+        let (Some(q), Some(k), Some(vv)) = (v.q, v.k, v.v) else {
+            return Err(w("has a fused q/k/v projection"));
+        };
+        if v.head_gate || v.other_qk_norm || v.q_norm.is_some() || v.k_norm.is_some() {
+            return Err(w("has a gated or normed attention"));
+        }
+        if v.post_attn_norm.is_some() || v.post_mlp_norm.is_some() {
+            return Err(w("has post-norms"));
+        }
+        let Some((gate, up, down)) = v.mlp.gate_up_down() else {
+            return Err(w("has a fused gate/up projection"));
+        };
+        let mut lin = |l: &Linear, s: &str| linear(l, &w(s), &mut quant);
+        layers.push(GraphLayer {
+            q: lin(q, "q_proj")?,
+            k: lin(k, "k_proj")?,
+            v: lin(vv, "v_proj")?,
+            o: lin(v.o, "o_proj")?,
+            gate: lin(gate, "gate_proj")?,
+            up: lin(up, "up_proj")?,
+            down: lin(down, "down_proj")?,
+            input_norm: rms(v.pre_attn_norm, &w("input norm"))?,
+            post_norm: rms(v.pre_mlp_norm, &w("post-attention norm"))?,
+        });
+    }
+    spec.quant = quant;
+    Ok(GraphWeights {
+        embed,
+        head,
+        final_norm: rms(Some(m.final_norm()), &format!("`{t}`: final norm"))?,
+        layers,
+    })
+}
+
+/// Why the graph decoder cannot run `model` with `opts` (`None`: it can). `has_prompt_cache`:
+/// a prompt cache is continued (the decoder keeps its own cache, copied from MLX's after the
+/// prompt, and the MLX caches stay behind the generated tokens).
+pub fn unsupported(
+    model: &dyn LanguageModel,
+    opts: &GenerateOptions,
+    has_prompt_cache: bool,
+) -> Option<String> {
+    options_unsupported(opts, has_prompt_cache)
+        .or_else(|| model_unsupported(model))
+        .or_else(|| {
+            (!mlx_kernels::graph_decode::GraphDecoder::available())
+                .then(|| "no CUDA device (or a build without the `cuda` feature)".to_string())
+        })
+}
+
+/// The options the graph decoder does not take (greedy decoding of one sequence, with a
+/// plain cache, no logits processors and no grammar).
+pub fn options_unsupported(opts: &GenerateOptions, has_prompt_cache: bool) -> Option<String> {
+    if opts.sampler.settings().temp != 0.0 {
+        return Some("sampling (the graph decoder decodes greedily, --temp 0)".into());
+    }
+    if !opts.logits_processors.is_empty() {
+        return Some("logits processors (repetition penalty, logit bias)".into());
+    }
+    if opts.grammar.is_some() {
+        return Some("constrained decoding".into());
+    }
+    if has_prompt_cache {
+        return Some("a prompt cache is continued".into());
+    }
+    if opts.max_kv_size.is_some() {
+        return Some("--max-kv-size (a rotating cache)".into());
+    }
+    if opts.kv_bits.is_some() {
+        return Some("--kv-bits (a quantized cache)".into());
+    }
+    if opts.cpu_decode.is_some() {
+        return Some("the CPU decoder was asked for".into());
+    }
+    None
+}
+
+/// Why the graph decoder cannot run `model` (its descriptor, the kernels' limits, the dtypes).
+pub fn model_unsupported(model: &dyn LanguageModel) -> Option<String> {
+    let (spec, weights) = match map_model(model) {
+        Ok(x) => x,
+        Err(e) => return Some(e),
+    };
+    let t = &spec.model_type;
+    if let Err(e) = spec.check() {
+        return Some(format!("`{t}`: {e}"));
+    }
+    if let Err(e) = weights.check(&spec) {
+        return Some(format!(
+            "`{t}`: the graph decoder runs bfloat16 weights or MLX affine 4/8-bit ones with \
+             bfloat16 scales ({e})"
+        ));
+    }
+    None
+}

@@ -1,0 +1,174 @@
+//! The graph decoder's description of a loaded model (`mlx_engine::graph`), on the CPU: every
+//! covered row maps (with its biases, its RoPE table, its NoPE layers, its quantization) and
+//! passes the decoder's own checks; every other row gives the reason `--decoder auto` prints;
+//! options it does not take are named; and where no CUDA device is, `generate_step` with
+//! `graph_decode` is an error saying so (no GPU is touched here).
+
+#[path = "support/graph_models.rs"]
+mod graph_models;
+
+use std::path::PathBuf;
+
+use mlx_engine::generate::{generate_step, GenerateOptions};
+use mlx_engine::graph::{map_model, model_unsupported, options_unsupported, unsupported};
+use mlx_engine::sample::{LogitsProcessor, Sampler, SamplerSettings};
+use mlx_engine::EngineError;
+use mlx_models::load::{load_model_dir, LoadOptions};
+use mlx_models::LanguageModel;
+
+fn models() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../mlx-models/tests/models")
+}
+
+fn tmp() -> PathBuf {
+    let d = std::env::temp_dir().join(format!("graph_spec_{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn load(dir: &std::path::Path) -> Box<dyn LanguageModel> {
+    load_model_dir(dir, &LoadOptions::default()).unwrap().0
+}
+
+#[test]
+fn every_covered_row_maps_with_its_knobs() {
+    let root = tmp();
+    for row in graph_models::rows() {
+        let model = load(&graph_models::write(&root, &row));
+        let name = row.name;
+        let (spec, weights) = map_model(model.as_ref()).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(model_unsupported(model.as_ref()), None, "{name}");
+        spec.check().unwrap();
+        weights.check(&spec).unwrap();
+        assert_eq!(spec.layers, 3, "{name}");
+        assert_eq!(spec.vocab, 160, "{name}");
+        assert_eq!(
+            spec.quant,
+            row.quant.map(|(g, b)| (g as usize, b as usize)),
+            "{name}"
+        );
+        assert_eq!(spec.qkv_bias, name.starts_with("qwen2"), "{name}");
+        assert_eq!(spec.tied, !name.contains("untied"), "{name}");
+        assert_eq!(
+            spec.attn_scale,
+            1.0 / (spec.head_dim as f32).sqrt(),
+            "{name}"
+        );
+        let r = &spec.rope;
+        assert_eq!(2 * r.pairs(), spec.head_dim, "{name}");
+        match name {
+            "smollm3" => assert_eq!(spec.rope_layers, [true, false, true]),
+            _ => assert_eq!(spec.rope_layers, [true; 3], "{name}"),
+        }
+        match name {
+            "mistral_linear_mqa_q8" => {
+                assert_eq!((spec.kv_heads, spec.head_dim), (1, 32));
+                assert_eq!(r.position_scale, 0.5);
+            }
+            "llama3_q4" => {
+                // llama3's table: the high frequencies kept, the low ones divided by 8.
+                assert_eq!(r.inv_freq[0], 1.0);
+                let plain = 500000f32.powf(-(7.0 / 8.0));
+                let last = r.inv_freq[7];
+                assert!((last * 8.0 / plain - 1.0).abs() < 1e-3, "{last} vs {plain}");
+            }
+            "llama_yarn_untied" => assert!(r.output_scale > 1.0),
+            _ => {
+                assert_eq!((r.position_scale, r.output_scale), (1.0, 1.0), "{name}");
+                assert_eq!(r.inv_freq[0], 1.0, "{name}");
+            }
+        }
+        // Without a CUDA device (here), the model qualifies but the machine does not.
+        if !mlx_kernels::graph_decode::GraphDecoder::available() {
+            let why = unsupported(model.as_ref(), &GenerateOptions::default(), false).unwrap();
+            assert!(why.contains("no CUDA device"), "{name}: {why}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+#[test]
+fn other_rows_name_the_reason() {
+    let d = models().join("dense");
+    for (dir, what) in [
+        (d.join("qwen3"), "q/k norm"),
+        (d.join("olmo2"), "norm placement"),
+        (d.join("granite"), "embedding scale"),
+        (d.join("gemma2"), "norm placement"),
+        (d.join("phi3"), "fused q/k/v"),
+        (d.join("smollm3_sliding"), "sliding-window"),
+        (d.join("internlm3"), "bias"),
+        (models().join("mistral_bias_llama3rope"), "MLP"),
+        (models().join("qwen3_moe"), "dedicated port"),
+        // A covered row in float32: the dtype is named.
+        (models().join("dense_f32"), "bfloat16"),
+        // Heads of 8 are below the kernels' smallest head.
+        (d.join("qwen2"), "head_dim 8"),
+    ] {
+        let model = load(&dir);
+        let why = model_unsupported(model.as_ref())
+            .unwrap_or_else(|| panic!("{}: mapped", dir.display()));
+        assert!(why.contains(what), "{}: {why}", dir.display());
+    }
+}
+
+#[test]
+fn options_the_decoder_does_not_take_are_named() {
+    let greedy = GenerateOptions::default();
+    assert_eq!(options_unsupported(&greedy, false), None);
+    let sampled = GenerateOptions {
+        sampler: Sampler::new(SamplerSettings {
+            temp: 0.7,
+            ..SamplerSettings::default()
+        }),
+        ..GenerateOptions::default()
+    };
+    let processors = GenerateOptions {
+        logits_processors: vec![LogitsProcessor::LogitBias {
+            ids: vec![1],
+            values: vec![1.0],
+        }],
+        ..GenerateOptions::default()
+    };
+    let rotating = GenerateOptions {
+        max_kv_size: Some(64),
+        ..GenerateOptions::default()
+    };
+    let quantized = GenerateOptions {
+        kv_bits: Some(8),
+        ..GenerateOptions::default()
+    };
+    for (o, cache, what) in [
+        (&sampled, false, "sampling"),
+        (&processors, false, "logits processors"),
+        (&rotating, false, "--max-kv-size"),
+        (&quantized, false, "--kv-bits"),
+        (&greedy, true, "prompt cache"),
+    ] {
+        let why = options_unsupported(o, cache).unwrap();
+        assert!(why.contains(what), "{what}: {why}");
+    }
+}
+
+#[test]
+fn generate_step_says_why_the_graph_decoder_cannot_run() {
+    if mlx_kernels::graph_decode::GraphDecoder::available() {
+        return; // a CUDA machine: graph_decode_cuda.rs runs it
+    }
+    let root = tmp().join("gen");
+    let rows = graph_models::rows();
+    let model = load(&graph_models::write(&root, &rows[0]));
+    let opts = GenerateOptions {
+        graph_decode: true,
+        max_tokens: Some(4),
+        ..GenerateOptions::default()
+    };
+    match generate_step(&[1, 2, 3], model.as_ref(), None, opts) {
+        Err(EngineError::GraphDecoderUnsupported(why)) => {
+            assert!(why.contains("no CUDA device"), "{why}")
+        }
+        Err(e) => panic!("another error: {e}"),
+        Ok(_) => panic!("the graph decoder ran without a GPU"),
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}

@@ -1,0 +1,168 @@
+//! Tiny seeded models of the rows the graph decoder covers, written to a directory as mlx-lm
+//! saves them (config.json and model.safetensors with llama names): heads of 16 or more,
+//! which the descriptor table's own dense fixtures (heads of 8) lack. Used by
+//! `graph_spec.rs` (CPU) and `graph_decode_cuda.rs` (GPU).
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use mlx_core::io::save_safetensors;
+use mlx_core::quantized::{quantize, QuantMode};
+use mlx_core::{random, Array, Dtype};
+use serde_json::{json, Value};
+
+/// A row: its name, its config's own fields (over a llama-shaped base), and the
+/// quantization ((group, bits); `None`: bfloat16).
+pub struct Row {
+    pub name: &'static str,
+    pub config: Value,
+    pub quant: Option<(i32, i32)>,
+}
+
+/// The covered rows the tests write: every knob the decoder maps.
+pub fn rows() -> Vec<Row> {
+    let llama3 = json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 64});
+    vec![
+        Row {
+            name: "llama",
+            config: json!({"model_type": "llama"}),
+            quant: None,
+        },
+        Row {
+            name: "llama3_q4",
+            config: json!({"model_type": "llama", "rope_theta": 500000.0,
+                "max_position_embeddings": 2048, "rope_scaling": llama3}),
+            quant: Some((64, 4)),
+        },
+        Row {
+            name: "llama_yarn_untied",
+            config: json!({"model_type": "llama", "tie_word_embeddings": false,
+                "max_position_embeddings": 4096,
+                "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                    "original_max_position_embeddings": 1024}}),
+            quant: None,
+        },
+        Row {
+            name: "mistral_linear_mqa_q8",
+            config: json!({"model_type": "mistral", "num_key_value_heads": 1, "head_dim": 32,
+                "rope_scaling": {"type": "linear", "factor": 2.0}}),
+            quant: Some((32, 8)),
+        },
+        Row {
+            name: "qwen2",
+            config: json!({"model_type": "qwen2"}),
+            quant: None,
+        },
+        Row {
+            name: "qwen2_q4",
+            config: json!({"model_type": "qwen2"}),
+            quant: Some((32, 4)),
+        },
+        Row {
+            name: "smollm3",
+            config: json!({"model_type": "smollm3", "no_rope_layer_interval": 2}),
+            quant: None,
+        },
+    ]
+}
+
+fn base() -> Value {
+    json!({"hidden_size": 64, "num_hidden_layers": 3, "intermediate_size": 128,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6,
+        "vocab_size": 160, "rope_theta": 10000.0, "tie_word_embeddings": true})
+}
+
+/// Writes `row` under `root/name` (seeded: the same bytes every time) and returns the dir.
+pub fn write(root: &Path, row: &Row) -> PathBuf {
+    let dir = root.join(row.name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut cfg = base();
+    for (k, v) in row.config.as_object().unwrap() {
+        cfg[k] = v.clone();
+    }
+    if let Some((g, b)) = row.quant {
+        cfg["quantization"] = json!({"group_size": g, "bits": b});
+    }
+    let n = |k: &str| cfg[k].as_i64().unwrap() as i32;
+    let (h, layers, inter, heads, kv, vocab) = (
+        n("hidden_size"),
+        n("num_hidden_layers"),
+        n("intermediate_size"),
+        n("num_attention_heads"),
+        n("num_key_value_heads"),
+        n("vocab_size"),
+    );
+    let d = cfg
+        .get("head_dim")
+        .and_then(Value::as_i64)
+        .map_or(h / heads, |v| v as i32);
+    let bias = row.config["model_type"] == "qwen2";
+    let tied = cfg["tie_word_embeddings"].as_bool().unwrap();
+    let mut seed = 0u64;
+    let mut draw = |shape: &[i32], scale: f32, loc: f32| -> Array {
+        seed += 1;
+        let k = random::key(seed).unwrap();
+        random::normal(
+            shape,
+            Dtype::Float32,
+            Some(loc),
+            Some(scale),
+            Some(&k),
+            None,
+        )
+        .unwrap()
+        .astype(Dtype::Bfloat16)
+        .unwrap()
+    };
+    let mut t: Vec<(String, Array)> = Vec::new();
+    let lin = |t: &mut Vec<(String, Array)>, name: String, w: Array| match row.quant {
+        None => t.push((format!("{name}.weight"), w)),
+        Some((g, b)) => {
+            let (q, s, bi) = quantize(&w, g, b, QuantMode::Affine, None).unwrap();
+            t.push((format!("{name}.weight"), q));
+            t.push((format!("{name}.scales"), s));
+            t.push((format!("{name}.biases"), bi.unwrap()));
+        }
+    };
+    let emb = draw(&[vocab, h], 0.5, 0.0);
+    lin(&mut t, "model.embed_tokens".into(), emb);
+    if !tied {
+        let w = draw(&[vocab, h], 0.1, 0.0);
+        lin(&mut t, "lm_head".into(), w);
+    }
+    for i in 0..layers {
+        let p = format!("model.layers.{i}");
+        let s = 1.0 / (h as f32).sqrt();
+        for (x, rows) in [("q", heads * d), ("k", kv * d), ("v", kv * d)] {
+            let w = draw(&[rows, h], s, 0.0);
+            lin(&mut t, format!("{p}.self_attn.{x}_proj"), w);
+            if bias {
+                t.push((
+                    format!("{p}.self_attn.{x}_proj.bias"),
+                    draw(&[rows], 0.5, 0.0),
+                ));
+            }
+        }
+        let w = draw(&[h, heads * d], s, 0.0);
+        lin(&mut t, format!("{p}.self_attn.o_proj"), w);
+        for x in ["gate", "up"] {
+            let w = draw(&[inter, h], s, 0.0);
+            lin(&mut t, format!("{p}.mlp.{x}_proj"), w);
+        }
+        let w = draw(&[h, inter], 1.0 / (inter as f32).sqrt(), 0.0);
+        lin(&mut t, format!("{p}.mlp.down_proj"), w);
+        for x in ["input_layernorm", "post_attention_layernorm"] {
+            t.push((format!("{p}.{x}.weight"), draw(&[h], 0.1, 1.0)));
+        }
+    }
+    t.push(("model.norm.weight".into(), draw(&[h], 0.1, 1.0)));
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+    save_safetensors(
+        dir.join("model.safetensors"),
+        t.iter().map(|(k, a)| (k.as_str(), a)),
+        &Default::default(),
+    )
+    .unwrap();
+    dir
+}

@@ -1,0 +1,46 @@
+#!/bin/bash
+# Device call 2 of the product-path bench (after product_setup.sh on the same warm machine):
+# the `cuda` test set of the graph decoder (graph_decode_cuda: every covered row teacher-forced
+# against the MLX forward, the engine backend, the fall-back on an injected CUDA failure), then
+# `mlx benchmark` (the product path: `--decoder auto`, which picks the graph decoder where it
+# applies, and `--decoder mlx`) and mlx-lm's own `mlx_lm benchmark` on the same model
+# directories, alternating, ROUNDS rounds; and the copy bandwidth. Logs and JSON under $OUT.
+set -x
+C=.gpu/c
+export PYTHONUNBUFFERED=1
+SITE=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+export LD_LIBRARY_PATH="$SITE/mlx/lib"
+mkdir -p /opt/bin && for b in mlx graph_test; do xz -dc $C/$b.xz > /opt/bin/$b && chmod +x /opt/bin/$b; done
+MLX=/opt/bin/mlx
+$MLX --version
+if [ -z "$SKIP_TEST" ]; then
+  timeout ${TEST_S:-240} /opt/bin/graph_test --test-threads 1 --nocapture 2>&1 | tee $OUT/graph_test.log | tail -30
+fi
+M=${MODELS:-llama-135m-bf16 llama-135m-q4 llama31-8b-q4}
+for m in $M; do
+  $MLX generate --model /opt/models/$m --prompt "The quick brown fox" --max-tokens 16 --verbose true 2>&1 | tail -12 | tee -a $OUT/notes.log
+done
+python3 - <<'PY' 2>&1 | tee $OUT/copy_bw.log
+import mlx.core as mx, time
+a = mx.zeros((1 << 29,), dtype=mx.uint16); mx.eval(a)
+for _ in range(3):
+    b = mx.array(a) + 0; mx.eval(b)
+t = time.perf_counter(); n = 10
+for _ in range(n):
+    b = a + 1; mx.eval(b)
+dt = (time.perf_counter() - t) / n
+print(f"copy bandwidth (read + write of {a.nbytes / 1e9:.2f} GB): {2 * a.nbytes / dt / 1e9:.0f} GB/s")
+PY
+for r in $(seq ${ROUNDS:-2}); do
+  for m in $M; do
+    for side in graph mlx mlxlm; do
+      echo "== round $r $m $side" | tee -a $OUT/bench.log
+      case $side in
+        graph) timeout 150 $MLX benchmark --model /opt/models/$m -p ${P:-512} -g ${G:-128} -n ${N:-3} --json --decoder auto 2>&1 ;;
+        mlx) timeout 150 $MLX benchmark --model /opt/models/$m -p ${P:-512} -g ${G:-128} -n ${N:-3} --json --decoder mlx 2>&1 ;;
+        mlxlm) timeout 150 python3 -m mlx_lm benchmark --model /opt/models/$m -p ${P:-512} -g ${G:-128} -n ${N:-3} 2>&1 ;;
+      esac | tee -a $OUT/bench.log | tail -2
+    done
+  done
+done
+echo product-done
