@@ -96,6 +96,7 @@ fn run(c: &Case, compiled: CompiledDecode) -> Result<(), String> {
         eval_probe: None,
         cpu_decode: None,
         grammar: None,
+        ..dflt
     };
     let prompt = c.input(0).unwrap().to_vec::<i32>().unwrap();
     random::seed(c.int("seed").unwrap() as u64).unwrap();

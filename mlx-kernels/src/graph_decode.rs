@@ -374,9 +374,10 @@ impl GraphSpec {
         if r.traditional && 2 * r.pairs() != s.head_dim {
             return Err("rope: traditional partial rotary is not supported".into());
         }
-        if !r.inv_freq.iter().all(|f| f.is_finite())
-            || !(r.position_scale.is_finite() && r.output_scale.is_finite())
-        {
+        let finite = r.inv_freq.iter().all(|f| f.is_finite())
+            && r.position_scale.is_finite()
+            && r.output_scale.is_finite();
+        if !finite {
             return Err("rope: a frequency or scale is not finite".into());
         }
         if s.rope_layers.len() != s.layers {
