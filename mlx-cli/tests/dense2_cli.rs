@@ -4,90 +4,18 @@
 //! `generate_step` greedy ids, chosen log-probabilities and per-step top-5 exactly (float32
 //! bit patterns compared). Golden: `tests/goldens/cli_dense2.json`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use serde_json::Value;
 
+#[path = "support/cli_golden.rs"]
+mod cli_golden;
+
 fn here() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn bits(v: &Value) -> Option<u32> {
-    Some((v.as_f64()? as f32).to_bits())
-}
-
-fn check(name: &str, case: &Value, work: &Path) -> Result<(), String> {
-    let dir = work.join(name.replace('/', "_"));
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let model = here().join("../mlx-models/tests/models").join(name);
-    let tok = here().join("tests/models/wordlevel");
-    for (from, file) in [
-        (&model, "config.json"),
-        (&model, "model.safetensors"),
-        (&tok, "tokenizer.json"),
-        (&tok, "tokenizer_config.json"),
-    ] {
-        std::fs::copy(from.join(file), dir.join(file)).map_err(|e| format!("{file}: {e}"))?;
-    }
-    let ids: Vec<String> = case["prompt_ids"]
-        .as_array()
-        .ok_or("golden: prompt_ids")?
-        .iter()
-        .map(|v| v.to_string())
-        .collect();
-    let out = Command::new(env!("CARGO_BIN_EXE_mlx"))
-        .args(["generate", "--model"])
-        .arg(&dir)
-        .args(["--prompt-ids", &ids.join(",")])
-        .args(["--max-tokens", "8", "--top-logprobs", "5", "--json"])
-        .args(["--dtype", "stored"])
-        .output()
-        .map_err(|e| format!("running mlx: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "mlx failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    let got: Value = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
-    if got["tokens"] != case["tokens"] {
-        return Err(format!(
-            "ids {} != mlx-lm's {}",
-            got["tokens"], case["tokens"]
-        ));
-    }
-    for s in 0..case["tokens"].as_array().map_or(0, Vec::len) {
-        let want = case["logprobs"][s][1].as_u64().map(|b| b as u32);
-        if bits(&got["logprobs"][s]) != want {
-            return Err(format!("step {s}: logprob {}", got["logprobs"][s]));
-        }
-        let top = |v: &Value, bit_at: usize| -> Vec<(Option<u64>, Option<u32>)> {
-            v.as_array()
-                .map(|a| {
-                    a.iter()
-                        .map(|p| {
-                            let b = if bit_at == 1 {
-                                bits(&p[1])
-                            } else {
-                                p[2].as_u64().map(|b| b as u32)
-                            };
-                            (p[0].as_u64(), b)
-                        })
-                        .collect()
-                })
-                .unwrap_or_default()
-        };
-        if top(&got["top_logprobs"][s], 1) != top(&case["top_logprobs"][s], 2) {
-            return Err(format!(
-                "step {s}: top-5 {} != mlx-lm's {}",
-                got["top_logprobs"][s], case["top_logprobs"][s]
-            ));
-        }
-    }
-    Ok(())
 }
 
 #[test]
@@ -106,7 +34,12 @@ fn every_dense2_fixture_reproduces_mlx_lm_top5_through_the_cli() {
         for _ in 0..2 {
             s.spawn(|| {
                 while let Some((name, case)) = cases.get(next.fetch_add(1, Ordering::SeqCst)) {
-                    if let Err(e) = check(name, case, &work) {
+                    if let Err(e) = cli_golden::check_case(
+                        &here().join("../mlx-models/tests/models").join(name),
+                        name,
+                        case,
+                        &work,
+                    ) {
                         failures.lock().unwrap().push(format!("{name}: {e}"));
                     }
                 }

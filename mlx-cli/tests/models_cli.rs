@@ -7,12 +7,15 @@
 //! `mlx models` serves has a fixture. Goldens from mlx-lm's own `generate_step` through
 //! `cargo xtask goldens cli_models`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use serde_json::Value;
+
+#[path = "support/cli_golden.rs"]
+mod cli_golden;
 
 fn here() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -25,87 +28,6 @@ fn models() -> PathBuf {
 /// A float printed by the CLI (an f32 widened to f64) as its float32 bit pattern.
 fn f32_bits(v: &Value) -> Option<u32> {
     Some((v.as_f64()? as f32).to_bits())
-}
-
-/// The fixture copied into `work` with the word-level tokenizer beside it.
-fn prepare(name: &str, work: &Path) -> Result<PathBuf, String> {
-    let dir = work.join(name.replace('/', "_"));
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let tok = here().join("tests/models/wordlevel");
-    for (from, file) in [
-        (models().join(name), "config.json"),
-        (models().join(name), "model.safetensors"),
-        (tok.clone(), "tokenizer.json"),
-        (tok.clone(), "tokenizer_config.json"),
-    ] {
-        std::fs::copy(from.join(file), dir.join(file))
-            .map_err(|e| format!("copying {}: {e}", from.join(file).display()))?;
-    }
-    Ok(dir)
-}
-
-/// Runs the CLI on one fixture and compares with its golden; `Err` describes the first
-/// difference.
-fn check(name: &str, case: &Value, work: &Path) -> Result<(), String> {
-    let dir = prepare(name, work)?;
-    let ids: Vec<String> = case["prompt_ids"]
-        .as_array()
-        .ok_or("golden: prompt_ids")?
-        .iter()
-        .map(|v| v.to_string())
-        .collect();
-    let out = Command::new(env!("CARGO_BIN_EXE_mlx"))
-        .args(["generate", "--model"])
-        .arg(&dir)
-        .args(["--prompt-ids", &ids.join(",")])
-        .args(["--max-tokens", "8", "--top-logprobs", "5", "--json"])
-        .args(["--dtype", "stored"])
-        .output()
-        .map_err(|e| format!("running mlx: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "mlx failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    let got: Value =
-        serde_json::from_slice(&out.stdout).map_err(|e| format!("output is not JSON: {e}"))?;
-    if got["tokens"] != case["tokens"] {
-        return Err(format!(
-            "greedy ids {} != mlx-lm's {}",
-            got["tokens"], case["tokens"]
-        ));
-    }
-    let steps = case["tokens"].as_array().map_or(0, Vec::len);
-    for s in 0..steps {
-        let ours = f32_bits(&got["logprobs"][s]);
-        let want = case["logprobs"][s][1].as_u64().map(|b| b as u32);
-        if ours.is_none() || ours != want {
-            return Err(format!(
-                "step {s}: chosen logprob {} != mlx-lm's {}",
-                got["logprobs"][s], case["logprobs"][s][0]
-            ));
-        }
-        let ours_top: Vec<(Option<u64>, Option<u32>)> = got["top_logprobs"][s]
-            .as_array()
-            .ok_or(format!("step {s}: no top_logprobs"))?
-            .iter()
-            .map(|p| (p[0].as_u64(), f32_bits(&p[1])))
-            .collect();
-        let want_top: Vec<(Option<u64>, Option<u32>)> = case["top_logprobs"][s]
-            .as_array()
-            .ok_or("golden: top_logprobs")?
-            .iter()
-            .map(|p| (p[0].as_u64(), p[2].as_u64().map(|b| b as u32)))
-            .collect();
-        if ours_top != want_top {
-            return Err(format!(
-                "step {s}: top-5 {} != mlx-lm's {}",
-                got["top_logprobs"][s], case["top_logprobs"][s]
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// The `model_type`s of the fixtures named by the other CLI golden files
@@ -235,7 +157,7 @@ fn every_model_fixture_reproduces_mlx_lm_top5_through_the_cli() {
                 let Some((name, case)) = cases.get(i) else {
                     break;
                 };
-                if let Err(e) = check(name, case, &work) {
+                if let Err(e) = cli_golden::check_case(&models().join(name), name, case, &work) {
                     failures.lock().unwrap().push(format!("{name}: {e}"));
                 }
             });
@@ -269,7 +191,8 @@ fn embed_prints_the_golden_vectors() {
     let g = &golden["embed"];
     let work = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("models_cli_embed");
     std::fs::remove_dir_all(&work).ok();
-    let dir = prepare(g["model"].as_str().unwrap(), &work).unwrap();
+    let model = g["model"].as_str().unwrap();
+    let dir = cli_golden::prepare(&models().join(model), model, &work).unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_mlx"));
     cmd.args(["embed", "--model"])
         .arg(&dir)

@@ -4,10 +4,13 @@
 //! mlx-lm 0.32.2's `generate_step` greedy ids, chosen log-probabilities and per-step top-5 ids
 //! and log-probabilities exactly (float32 bit patterns compared).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use serde_json::Value;
+
+#[path = "support/cli_golden.rs"]
+mod cli_golden;
 
 fn here() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -18,97 +21,6 @@ fn golden() -> Value {
         &std::fs::read_to_string(here().join("tests/goldens/cli_moe2.json")).unwrap(),
     )
     .unwrap()
-}
-
-/// One top-5 entry: the id and the float32 bits of its log-probability.
-type TopPair = (Option<u64>, Option<u32>);
-
-/// A float printed by the CLI (an f32 widened to f64) as its float32 bit pattern.
-fn f32_bits(v: &Value) -> Option<u32> {
-    Some((v.as_f64()? as f32).to_bits())
-}
-
-/// The fixture copied into `work` with the word-level tokenizer beside it.
-fn prepare(name: &str, work: &Path) -> Result<PathBuf, String> {
-    let dir = work.join(name.replace('/', "_"));
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let models = here().join("../mlx-models/tests/models");
-    let tok = here().join("tests/models/wordlevel");
-    for (from, file) in [
-        (models.join(name), "config.json"),
-        (models.join(name), "model.safetensors"),
-        (tok.clone(), "tokenizer.json"),
-        (tok, "tokenizer_config.json"),
-    ] {
-        std::fs::copy(from.join(file), dir.join(file))
-            .map_err(|e| format!("copying {}: {e}", from.join(file).display()))?;
-    }
-    Ok(dir)
-}
-
-/// Runs the CLI on one fixture and compares with its golden; `Err` names the first difference.
-fn check(name: &str, case: &Value, work: &Path) -> Result<(), String> {
-    let dir = prepare(name, work)?;
-    let ids: Vec<String> = case["prompt_ids"]
-        .as_array()
-        .ok_or("golden: prompt_ids")?
-        .iter()
-        .map(|v| v.to_string())
-        .collect();
-    let out = Command::new(env!("CARGO_BIN_EXE_mlx"))
-        .args(["generate", "--model"])
-        .arg(&dir)
-        .args(["--prompt-ids", &ids.join(",")])
-        .args(["--max-tokens", "8", "--top-logprobs", "5", "--json"])
-        .args(["--dtype", "stored"])
-        .output()
-        .map_err(|e| format!("running mlx: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "mlx failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    let got: Value =
-        serde_json::from_slice(&out.stdout).map_err(|e| format!("output is not JSON: {e}"))?;
-    if got["tokens"] != case["tokens"] {
-        return Err(format!(
-            "greedy ids {} != mlx-lm's {}",
-            got["tokens"], case["tokens"]
-        ));
-    }
-    let steps = case["tokens"].as_array().map_or(0, Vec::len);
-    for s in 0..steps {
-        let ours = f32_bits(&got["logprobs"][s]);
-        let want = case["logprobs"][s][1].as_u64().map(|b| b as u32);
-        if ours.is_none() || ours != want {
-            return Err(format!(
-                "step {s}: chosen logprob {} != mlx-lm's {}",
-                got["logprobs"][s], case["logprobs"][s][0]
-            ));
-        }
-        let pairs = |v: &Value, bits_at: usize| -> Result<Vec<TopPair>, String> {
-            Ok(v.as_array()
-                .ok_or(format!("step {s}: no top_logprobs"))?
-                .iter()
-                .map(|p| {
-                    let b = if bits_at == 1 {
-                        f32_bits(&p[1])
-                    } else {
-                        p[bits_at].as_u64().map(|b| b as u32)
-                    };
-                    (p[0].as_u64(), b)
-                })
-                .collect())
-        };
-        if pairs(&got["top_logprobs"][s], 1)? != pairs(&case["top_logprobs"][s], 2)? {
-            return Err(format!(
-                "step {s}: top-5 {} != mlx-lm's {}",
-                got["top_logprobs"][s], case["top_logprobs"][s]
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// Every fixture of `model_type`s `types` (as its config names them) against the golden.
@@ -128,7 +40,7 @@ fn check_types(types: &[&str]) {
             continue;
         }
         seen += 1;
-        if let Err(e) = check(name, case, &work) {
+        if let Err(e) = cli_golden::check_case(&models.join(name), name, case, &work) {
             failures.push(format!("{name}: {e}"));
         }
     }
