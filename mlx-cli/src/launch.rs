@@ -271,10 +271,23 @@ fn supervise(
             if done[i] {
                 continue;
             }
-            let (r, child, _) = &mut children[i];
-            let r = *r;
-            match child.try_wait() {
+            let (r, status) = {
+                let (r, child, _) = &mut children[i];
+                (*r, child.try_wait())
+            };
+            match status {
                 Ok(Some(status)) if status.success() => done[i] = true,
+                Ok(Some(status))
+                    if status.code().is_none() && r != 0 && rank0_succeeds(&mut children) =>
+                {
+                    // Rank 0 passed the final barrier, so this rank had finished its
+                    // subcommand: a signal now comes from MLX's ring tearing down after a
+                    // peer closed its sockets, not from the work.
+                    eprintln!(
+                        "mlx launch: rank {r} was killed by a signal after the group finished                          (ignored)"
+                    );
+                    done[i] = true;
+                }
                 Ok(Some(_)) => {
                     // Let ranks that fail because of this one finish dying, then report
                     // every failed rank (this one first) and stop the rest.
@@ -313,6 +326,24 @@ fn supervise(
 }
 
 type Rank = (usize, Child, Option<mpsc::Receiver<String>>);
+
+/// Whether rank 0 runs here and exits successfully (waiting up to 10 s for it). Rank 0 exits
+/// 0 only after the final barrier (`barrier`) succeeded, that is after every rank finished
+/// its subcommand.
+fn rank0_succeeds(children: &mut [Rank]) -> bool {
+    let Some((_, child, _)) = children.iter_mut().find(|(r, _, _)| *r == 0) else {
+        return false;
+    };
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(10) {
+        match child.try_wait() {
+            Ok(Some(s)) => return s.success(),
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(_) => return false,
+        }
+    }
+    false
+}
 
 /// Kills the running ranks and describes every failed one, `first` (the one seen first)
 /// leading.
@@ -485,12 +516,14 @@ pub fn shared_line(
     let rank = g.rank();
     let mine = if rank == 0 { read()? } else { None };
     let err = |e: mlx_core::Error| format!("rank {rank}: sharing the input line: {e}");
-    let cpu = mlx_core::Stream::cpu().map_err(err)?;
+    // On the generation stream, after the collectives of the last turn's steps still queued
+    // there (a collective on another stream could interleave with them on the ring).
     let sum = |v: &[i32]| -> Result<Vec<i32>, String> {
         let x = mlx_core::Array::from_slice(v, &[v.len() as i32]).map_err(err)?;
-        distributed::all_sum(&x, Some(&g), Some(&cpu))
-            .and_then(|s| s.to_vec::<i32>())
-            .map_err(err)
+        mlx_engine::generate::on_generation_stream(|| {
+            Ok(distributed::all_sum(&x, Some(&g), None)?.to_vec::<i32>()?)
+        })
+        .map_err(|e| format!("rank {rank}: sharing the input line: {e}"))
     };
     let len = match (&mine, rank) {
         (Some(l), 0) => i32::try_from(l.len()).map_err(|_| "an input line over 2 GiB")?,
@@ -515,21 +548,27 @@ pub fn shared_line(
 }
 
 /// In a launched rank, after the subcommand: one all_sum over the group, so that no rank
-/// leaves while a peer still waits on it in a collective.
-pub fn barrier() {
+/// leaves while a peer still waits on it in a collective. An error when it fails (a peer was
+/// lost): a launched rank then exits non-zero, so rank 0's success means every rank finished.
+pub fn barrier() -> Result<(), String> {
     let Ok(name) = std::env::var(ENV_BACKEND) else {
-        return;
+        return Ok(());
     };
-    let Ok(backend) = Backend::parse(&name) else {
-        return;
-    };
-    if let Ok(g) = distributed::init(false, backend) {
-        if g.size() > 1 {
-            if let Ok(x) = mlx_core::Array::from_slice(&[1i32], &[1]) {
-                let _ = distributed::all_sum(&x, Some(&g), None).and_then(|s| s.eval());
-            }
-        }
+    let backend = Backend::parse(&name).map_err(|e| e.to_string())?;
+    let g = distributed::init(false, backend).map_err(|e| e.to_string())?;
+    if g.size() <= 1 {
+        return Ok(());
     }
+    let x = mlx_core::Array::from_slice(&[1i32], &[1]).map_err(|e| e.to_string())?;
+    // On the generation stream, after any step still queued there (see `shared_line`).
+    let s = mlx_engine::generate::on_generation_stream(|| {
+        Ok(distributed::all_sum(&x, Some(&g), None)?.to_vec::<i32>()?)
+    })
+    .map_err(|e| format!("rank {}: the final barrier: {e}", g.rank()))?;
+    if s.first() != Some(&g.size()) {
+        return Err(format!("rank {}: the final barrier summed {s:?}", g.rank()));
+    }
+    Ok(())
 }
 
 /// Exit code helper for the binary: distributed setup before a launched subcommand.

@@ -129,7 +129,10 @@ pub fn main(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode {
     match run(checked) {
         Ok(()) => {
             if launched {
-                launch::barrier();
+                if let Err(e) = launch::barrier() {
+                    eprintln!("error: {e}");
+                    return ExitCode::FAILURE;
+                }
             }
             ExitCode::SUCCESS
         }

@@ -220,7 +220,7 @@ pub struct Step {
 /// device made once per thread (`mx.new_thread_local_stream(mx.default_device())`), which
 /// `generate_step` wraps its prefill and every step in (`with mx.stream(stream)`). The previous
 /// default stream is restored afterwards, also when `f` fails.
-pub(crate) fn on_generation_stream<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
+pub fn on_generation_stream<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
     thread_local! {
         static STREAM: RefCell<Option<(Device, Stream)>> = const { RefCell::new(None) };
     }
