@@ -83,14 +83,15 @@ fn supported_types_list_rows_and_remaps() {
 
 #[test]
 fn unsupported_types_are_rejected_helpfully() {
-    let err = ModelConfig::from_json_str(r#"{"model_type": "gemma4_unified"}"#).unwrap_err();
+    // phi-msft: mlx-lm runs it as phixtral, which is not served.
+    let err = ModelConfig::from_json_str(r#"{"model_type": "phi-msft"}"#).unwrap_err();
     let msg = err.to_string();
     assert!(
         matches!(err, ModelError::UnsupportedModelType { .. }),
         "{msg}"
     );
     assert!(
-        msg.contains("`gemma4_unified`") && msg.contains("`gemma4`"),
+        msg.contains("`phi-msft`") && msg.contains("`phixtral`"),
         "{msg}"
     );
     assert!(
