@@ -462,18 +462,24 @@ fn check_rank(fail_rank: Option<i32>) -> Result<(), String> {
     Ok(())
 }
 
+/// The group `mlx launch` formed for this process, when it has more than one rank (`None`
+/// outside a launch or in a group of one).
+fn launched_group() -> Result<Option<distributed::Group>, String> {
+    let Ok(name) = std::env::var(ENV_BACKEND) else {
+        return Ok(None);
+    };
+    let backend = Backend::parse(&name).map_err(|e| e.to_string())?;
+    let g = distributed::init(false, backend).map_err(|e| e.to_string())?;
+    Ok((g.size() > 1).then_some(g))
+}
+
 /// In a rank started by `mlx launch` with more than one rank, shards the model over the
 /// group as mlx-lm's `sharded_load` does: tensor parallelism, or pipeline stages with
 /// `mlx launch --pipeline`; elsewhere does nothing.
 pub fn shard_if_launched(model: &mut dyn mlx_models::models::LanguageModel) -> Result<(), String> {
-    let Ok(name) = std::env::var(ENV_BACKEND) else {
+    let Some(g) = launched_group()? else {
         return Ok(());
     };
-    let backend = Backend::parse(&name).map_err(|e| e.to_string())?;
-    let g = distributed::init(false, backend).map_err(|e| e.to_string())?;
-    if g.size() <= 1 {
-        return Ok(());
-    }
     if std::env::var(ENV_PIPELINE).is_ok_and(|v| v == "1") {
         return model
             .shard_pipeline(g.size(), g.rank())
@@ -487,11 +493,9 @@ pub fn shard_if_launched(model: &mut dyn mlx_models::models::LanguageModel) -> R
 /// This process's place in the group `mlx launch` formed (rank 0 of 1 elsewhere): what a
 /// data-parallel `train` splits its batches by.
 pub fn world() -> Result<mlx_train::data::World, String> {
-    let Ok(name) = std::env::var(ENV_BACKEND) else {
+    let Some(g) = launched_group()? else {
         return Ok(mlx_train::data::World::single());
     };
-    let backend = Backend::parse(&name).map_err(|e| e.to_string())?;
-    let g = distributed::init(false, backend).map_err(|e| e.to_string())?;
     let (rank, size) = (g.rank(), g.size());
     match (usize::try_from(rank), usize::try_from(size)) {
         (Ok(rank), Ok(size)) if rank < size => Ok(mlx_train::data::World { rank, size }),
@@ -505,14 +509,9 @@ pub fn world() -> Result<mlx_train::data::World, String> {
 pub fn shared_line(
     read: impl FnOnce() -> Result<Option<String>, String>,
 ) -> Result<Option<String>, String> {
-    let Ok(name) = std::env::var(ENV_BACKEND) else {
+    let Some(g) = launched_group()? else {
         return read();
     };
-    let backend = Backend::parse(&name).map_err(|e| e.to_string())?;
-    let g = distributed::init(false, backend).map_err(|e| e.to_string())?;
-    if g.size() <= 1 {
-        return read();
-    }
     let rank = g.rank();
     let mine = if rank == 0 { read()? } else { None };
     let err = |e: mlx_core::Error| format!("rank {rank}: sharing the input line: {e}");
@@ -534,6 +533,12 @@ pub fn shared_line(
     if len < 0 {
         return Ok(None);
     }
+    // Each byte travels as an int32: a line past 16 MiB is refused rather than allocated.
+    if len > 1 << 24 {
+        return Err(format!(
+            "rank {rank}: an input line of {len} bytes (at most 16 MiB)"
+        ));
+    }
     let bytes: Vec<i32> = match &mine {
         Some(l) if rank == 0 => l.bytes().map(i32::from).collect(),
         _ => vec![0; len as usize],
@@ -551,14 +556,9 @@ pub fn shared_line(
 /// leaves while a peer still waits on it in a collective. An error when it fails (a peer was
 /// lost): a launched rank then exits non-zero, so rank 0's success means every rank finished.
 pub fn barrier() -> Result<(), String> {
-    let Ok(name) = std::env::var(ENV_BACKEND) else {
+    let Some(g) = launched_group()? else {
         return Ok(());
     };
-    let backend = Backend::parse(&name).map_err(|e| e.to_string())?;
-    let g = distributed::init(false, backend).map_err(|e| e.to_string())?;
-    if g.size() <= 1 {
-        return Ok(());
-    }
     let x = mlx_core::Array::from_slice(&[1i32], &[1]).map_err(|e| e.to_string())?;
     // On the generation stream, after any step still queued there (see `shared_line`).
     let s = mlx_engine::generate::on_generation_stream(|| {

@@ -599,27 +599,16 @@ fn clear_cache(threshold: Option<u64>) -> Result<()> {
 fn average_gradients(grad: &ParamMap, size: usize) -> Result<ParamMap> {
     const MESSAGE_BYTES: usize = 32 << 20;
     let keys: Vec<&String> = grad.keys().collect();
-    let dtype = grad.values().next().map(Array::dtype);
-    if grad.values().any(|g| Some(g.dtype()) != dtype) {
-        return grad
-            .iter()
-            .map(|(k, g)| {
-                let s = mlx_core::distributed::all_sum(g, None, None)?;
-                Ok((k.clone(), ops::divide_scalar(&s, size as i64, None)?))
-            })
-            .collect();
-    }
     let mut out = ParamMap::new();
     let mut start = 0;
     while start < keys.len() {
+        // One message: consecutive gradients of one dtype, up to ~32 MiB.
+        let dtype = grad[keys[start]].dtype();
         let (mut end, mut bytes) = (start, 0usize);
-        while end < keys.len() && (end == start || bytes < MESSAGE_BYTES) {
+        while end < keys.len() && bytes < MESSAGE_BYTES && grad[keys[end]].dtype() == dtype {
             let g = &grad[keys[end]];
-            bytes += g.size() * g.dtype().size();
+            bytes += g.size() * dtype.size();
             end += 1;
-            if bytes >= MESSAGE_BYTES {
-                break;
-            }
         }
         let flat: Vec<Array> = keys[start..end]
             .iter()
