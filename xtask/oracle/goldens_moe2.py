@@ -561,6 +561,22 @@ ROWS = {
         "float32",
         (32, 4),
     ),
+    # Phi-2 parallel blocks over a SwitchMLP with biases (gelu_approx), float32 queries, a
+    # partial rope, a LayerNorm + biased linear head.
+    "phixtral": (
+        "phixtral",
+        {"num_vocab": 128, "model_dim": 32, "num_heads": 4, "num_layers": 2, "rotary_dim": 4,
+         "num_local_experts": 4, "num_experts_per_tok": 2},
+        "float32",
+        None,
+    ),
+    "phixtral_q4": (
+        "phixtral",
+        {"num_vocab": 128, "model_dim": 64, "num_heads": 2, "num_layers": 2, "rotary_dim": 32,
+         "num_local_experts": 3, "num_experts_per_tok": 1},
+        "float32",
+        (32, 4),
+    ),
 }
 
 MODELS = Path("mlx-models/tests/models/moe2")

@@ -75,6 +75,7 @@ pub mod moe;
 pub mod muse_glimmer;
 pub mod nemotron_h;
 pub mod olmo_hybrid;
+pub mod phixtral;
 pub mod qwen3_next;
 pub mod segmented;
 pub mod talkie;
@@ -404,6 +405,15 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
         Ok(Box::new(deepseek::Model::load(c, w)?))
     }),
     ("dots1", |c, w| Ok(Box::new(deepseek::Model::load(c, w)?))),
+    ("glm4_moe", |c, w| {
+        Ok(Box::new(deepseek::Model::load(c, w)?))
+    }),
+    ("kimi_vl", |c, w| {
+        Ok(Box::new(deepseek::Model::load(c, w)?))
+    }),
+    ("youtu_llm", |c, w| {
+        Ok(Box::new(deepseek::Model::load(c, w)?))
+    }),
     ("deepseek", |c, w| {
         Ok(Box::new(deepseek::Model::load(c, w)?))
     }),
@@ -449,6 +459,7 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
     ("qwen3_vl_moe", wrappers::qwen3_vl_moe),
     ("gemma4", wrappers::gemma4),
     ("talkie", |c, w| Ok(Box::new(talkie::Model::load(c, w)?))),
+    ("phixtral", |c, w| Ok(Box::new(phixtral::Model::load(c, w)?))),
     ("muse_glimmer", |c, w| {
         Ok(Box::new(muse_glimmer::Model::load(c, w)?))
     }),

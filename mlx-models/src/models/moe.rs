@@ -3354,7 +3354,7 @@ fn sparsemixer(gates: &Array, k: i32, jitter_eps: f64) -> Result<(Array, Array)>
 }
 
 /// `stop_gradient(argpartition(-gates, kth=k - 1, axis=-1)[..., :k])`.
-fn lower_top_k(gates: &Array, k: i32) -> Result<Array> {
+pub(crate) fn lower_top_k(gates: &Array, k: i32) -> Result<Array> {
     let neg = ops::negative(gates, None)?;
     let inds = ops::slice_axis(&ops::argpartition(&neg, k - 1, -1, None)?, -1, 0, k, None)?;
     Ok(ops::stop_gradient(&inds, None)?)

@@ -49,11 +49,6 @@ pub const UNSERVED: &[(&str, Unserved, &str)] = &[
         "AltUp, Laurel, per-layer inputs: not ported yet",
     ),
     (
-        "glm4_moe",
-        Unserved::NotYet,
-        "MoE (issue #32, DeepSeek family): not ported yet",
-    ),
-    (
         "iquestloopcoder",
         Unserved::NotYet,
         "looped layers with a gate: not ported yet",
@@ -67,11 +62,6 @@ pub const UNSERVED: &[(&str, Unserved, &str)] = &[
         "kimi_linear",
         Unserved::NotYet,
         "KDA hybrid (issue #32): not ported yet",
-    ),
-    (
-        "kimi_vl",
-        Unserved::NotYet,
-        "its text tower is DeepSeek V3 (MLA): not ported yet",
     ),
     (
         "longcat_flash_ngram",
@@ -105,11 +95,6 @@ pub const UNSERVED: &[(&str, Unserved, &str)] = &[
         "block-sparse attention and gegelu: not ported yet",
     ),
     (
-        "phixtral",
-        Unserved::NotYet,
-        "MoE of Phi-2 blocks: not ported yet",
-    ),
-    (
         "plamo2",
         Unserved::NotYet,
         "state-space hybrid (issue #32): not ported yet",
@@ -133,10 +118,5 @@ pub const UNSERVED: &[(&str, Unserved, &str)] = &[
         "step3p5",
         Unserved::NotYet,
         "MoE (issue #32, MoE family): not ported yet",
-    ),
-    (
-        "youtu_llm",
-        Unserved::NotYet,
-        "MLA attention (issue #32, DeepSeek family): not ported yet",
     ),
 ];
