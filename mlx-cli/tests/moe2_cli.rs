@@ -126,6 +126,11 @@ fn laguna_reproduces_mlx_lm_top5_through_the_cli() {
 
 /// `mlx models` lists each of these types as served by a dedicated port.
 #[test]
+fn phixtral_reproduces_mlx_lm_top5_through_the_cli() {
+    check_types(&["phixtral"]);
+}
+
+#[test]
 fn mlx_models_lists_the_moe2_types() {
     let out = Command::new(env!("CARGO_BIN_EXE_mlx"))
         .args(["models", "--json"])
@@ -149,6 +154,7 @@ fn mlx_models_lists_the_moe2_types() {
         "bailing_moe",
         "afmoe",
         "laguna",
+        "phixtral",
     ] {
         assert!(
             listed.iter().any(|e| e["model_type"] == t),

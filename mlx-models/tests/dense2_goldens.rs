@@ -76,6 +76,8 @@ fn the_new_types_are_listed_as_table_rows() {
         "gemma4",
         "talkie",
         "muse_glimmer",
+        "nemotron-nas",
+        "iquestloopcoder",
     ] {
         let s = all.iter().find(|s| s.model_type == t);
         assert_eq!(s.map(|s| s.serving), Some(Serving::Dedicated), "{t}");

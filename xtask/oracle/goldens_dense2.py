@@ -276,6 +276,59 @@ CASES = {
         "bfloat16",
         None,
     ),
+    # Per-layer blocks: full attention (GQA by n_heads_in_group), no-op and linear sub-blocks.
+    "nemotron_nas": (
+        "nemotron-nas",
+        {"num_hidden_layers": 4, "rope_theta": 10000.0, "block_configs": [
+            {"attention": {"n_heads_in_group": 2}, "ffn": {"ffn_mult": 1.0}},
+            {"attention": {"no_op": True}, "ffn": {"replace_with_linear": True}},
+            {"attention": {"replace_with_linear": True}, "ffn": {"no_op": True}},
+            {"attention": {"n_heads_in_group": 4}, "ffn": {"ffn_mult": 0.5}},
+        ]},
+        "float32",
+        None,
+    ),
+    "nemotron_nas_bf16": (
+        "nemotron-nas",
+        {"num_hidden_layers": 2, "hidden_act": "gelu_new", "tie_word_embeddings": True,
+         "attention_bias": True, "mlp_bias": True, "block_configs": [
+            {"attention": {"n_heads_in_group": 1}, "ffn": {"ffn_mult": 2.0}},
+            {"attention": {"n_heads_in_group": 2}, "ffn": {"no_op": True}},
+        ]},
+        "bfloat16",
+        None,
+    ),
+    "nemotron_nas_q4": (
+        "nemotron-nas",
+        {"num_hidden_layers": 2, "hidden_size": 64, "hidden_act": "relu",
+         "rope_scaling": {"rope_type": "linear", "factor": 2.0}, "block_configs": [
+            {"attention": {"n_heads_in_group": 2}, "ffn": {"ffn_mult": 1.3}},
+            {"attention": {"replace_with_linear": True}, "ffn": {"ffn_mult": 1.0}},
+        ]},
+        "float32",
+        (32, 4),
+    ),
+    # Two loops over the same layers: the second mixes global attention over the first loop's
+    # keys with its own sliding window (a RotatingKVCache that wraps on the 40-token prompt).
+    "iquestloopcoder": (
+        "iquestloopcoder",
+        {"head_dim": 8, "loop_window_size": 6, "rope_theta": 10000.0},
+        "float32",
+        None,
+    ),
+    "iquestloopcoder_bf16": (
+        "iquestloopcoder",
+        {"head_dim": 16, "loop_window_size": 64, "tie_word_embeddings": True,
+         "attention_bias": True, "mlp_bias": True},
+        "bfloat16",
+        None,
+    ),
+    "iquestloopcoder_q4": (
+        "iquestloopcoder",
+        {"head_dim": 8, "loop_window_size": 4, "hidden_size": 64},
+        "float32",
+        (32, 4),
+    ),
 }
 
 # Cases whose config is only the overrides (no BASE keys at the top level).

@@ -1,6 +1,6 @@
 //! Reusable layers, each a port of its mlx / mlx-lm counterpart with the same op order.
 
-mod activations;
+pub(crate) mod activations;
 mod attention;
 mod embedding;
 pub mod gated_delta;

@@ -66,6 +66,7 @@ pub mod descriptor;
 pub mod falcon_h1;
 pub mod gemma4_text;
 pub mod granitemoehybrid;
+pub mod iquestloopcoder;
 pub mod jamba;
 pub mod lfm2;
 pub mod llama4;
@@ -74,6 +75,7 @@ pub mod mamba;
 pub mod moe;
 pub mod muse_glimmer;
 pub mod nemotron_h;
+pub mod nemotron_nas;
 pub mod olmo_hybrid;
 pub mod phixtral;
 pub mod qwen3_next;
@@ -460,6 +462,12 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
     ("gemma4", wrappers::gemma4),
     ("talkie", |c, w| Ok(Box::new(talkie::Model::load(c, w)?))),
     ("phixtral", |c, w| Ok(Box::new(phixtral::Model::load(c, w)?))),
+    ("iquestloopcoder", |c, w| {
+        Ok(Box::new(iquestloopcoder::Model::load(c, w)?))
+    }),
+    ("nemotron-nas", |c, w| {
+        Ok(Box::new(nemotron_nas::Model::load(c, w)?))
+    }),
     ("muse_glimmer", |c, w| {
         Ok(Box::new(muse_glimmer::Model::load(c, w)?))
     }),

@@ -49,11 +49,6 @@ pub const UNSERVED: &[(&str, Unserved, &str)] = &[
         "AltUp, Laurel, per-layer inputs: not ported yet",
     ),
     (
-        "iquestloopcoder",
-        Unserved::NotYet,
-        "looped layers with a gate: not ported yet",
-    ),
-    (
         "kimi_k3",
         Unserved::NotYet,
         "MLA MoE (issue #32, DeepSeek family): not ported yet",
@@ -83,11 +78,6 @@ pub const UNSERVED: &[(&str, Unserved, &str)] = &[
         Unserved::NoCpu,
         "mlx-lm calls its fused Metal kernels (mlx_lm.kernels: qk_norm, expert_routing, \
          norm_add_norm) unconditionally",
-    ),
-    (
-        "nemotron-nas",
-        Unserved::NotYet,
-        "per-layer block configurations: not ported yet",
     ),
     (
         "phi3small",
