@@ -131,6 +131,11 @@ fn phixtral_reproduces_mlx_lm_top5_through_the_cli() {
 }
 
 #[test]
+fn mimo_v2_flash_reproduces_mlx_lm_top5_through_the_cli() {
+    check_types(&["mimo_v2_flash"]);
+}
+
+#[test]
 fn mlx_models_lists_the_moe2_types() {
     let out = Command::new(env!("CARGO_BIN_EXE_mlx"))
         .args(["models", "--json"])
@@ -155,6 +160,7 @@ fn mlx_models_lists_the_moe2_types() {
         "afmoe",
         "laguna",
         "phixtral",
+        "mimo_v2_flash",
     ] {
         assert!(
             listed.iter().any(|e| e["model_type"] == t),

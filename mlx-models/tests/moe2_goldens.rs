@@ -136,3 +136,8 @@ fn laguna_matches_mlx_lm_bit_for_bit() {
 fn phixtral_matches_mlx_lm_bit_for_bit() {
     check_all(&["phixtral", "phixtral_q4"]);
 }
+
+#[test]
+fn mimo_v2_flash_matches_mlx_lm_bit_for_bit() {
+    check_all(&["mimo_v2_flash", "mimo_v2_flash_q4"]);
+}

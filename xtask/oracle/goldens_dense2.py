@@ -329,6 +329,24 @@ CASES = {
         "float32",
         (32, 4),
     ),
+    # Regular layers (fused qkv, traditional rope then q/k norms, fake 8-bit keys and values)
+    # and KV-reuse layers attending over the last regular layer's keys and values. No 4-bit
+    # case: mlx-lm's FusedLinear.to_quantized takes no `mode`, so nn.quantize fails on it
+    # under mlx 0.32.4.
+    "afm7": (
+        "afm7",
+        {"hidden_dim": 32, "num_layers": 4, "num_kv_reuse_layers": 2, "num_heads": 4,
+         "num_kv_heads": 2, "rope_theta": 10000.0},
+        "float32",
+        None,
+    ),
+    "afm7_bf16": (
+        "afm7",
+        {"hidden_dim": 32, "num_layers": 3, "num_kv_reuse_layers": 1, "num_heads": 2,
+         "num_kv_heads": 2, "hidden_dim_scale_factor": 2.0},
+        "bfloat16",
+        None,
+    ),
 }
 
 # Cases whose config is only the overrides (no BASE keys at the top level).

@@ -29,7 +29,7 @@ use crate::layers::{
     Embedding, Linear, Mlp, MlpKind, MlpNames, RmsNorm, Rope, RopeScaling, SwitchActivation,
     SwitchGlu,
 };
-use crate::models::LanguageModel;
+use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
 /// What a row fixes about the family.
@@ -1664,13 +1664,7 @@ impl Model {
         };
         let mask = match caches.as_deref_mut() {
             Some(caches) => {
-                if caches.len() != self.layers.len() {
-                    return Err(ModelError::Other(format!(
-                        "{} caches for {} layers",
-                        caches.len(),
-                        self.layers.len()
-                    )));
-                }
+                kit::check_caches(Some(&*caches), self.layers.len(), "layers")?;
                 let first: Option<&dyn Cache> = match caches.first() {
                     Some(c) if self.spec.indexer.is_some() => c
                         .as_any()
@@ -1759,26 +1753,14 @@ fn sanitize(s: &DeepseekSpec, w: &mut Weights) -> Result<()> {
             }
         }
         if let Some(n) = s.n_routed_experts.filter(|_| s.is_moe(l)) {
-            let experts = s.experts_name;
-            for m in ["gate_proj", "down_proj", "up_proj"] {
-                for k in ["weight", "scales", "biases"] {
-                    if !w.contains(&format!("{prefix}.mlp.experts.0.{m}.{k}")) {
-                        continue;
-                    }
-                    let mut parts = Vec::with_capacity(n as usize);
-                    for e in 0..n {
-                        let name = format!("{prefix}.mlp.experts.{e}.{m}.{k}");
-                        parts.push(w.remove(&name).ok_or_else(|| {
-                            ModelError::Weights(vec![format!("missing: {name}")])
-                        })?);
-                    }
-                    let refs: Vec<&Array> = parts.iter().collect();
-                    w.insert(
-                        format!("{prefix}.mlp.{experts}.{m}.{k}"),
-                        ops::stack(&refs, 0, None)?,
-                    );
-                }
-            }
+            kit::stack_experts(
+                w,
+                &format!("{prefix}.mlp.experts"),
+                &format!("{prefix}.mlp.{}", s.experts_name),
+                n,
+                &kit::GLU_PROJECTIONS,
+                &kit::LINEAR_KEYS,
+            )?;
         }
         if s.standard_attention.is_none() && !s.expanded_mla() {
             split_kv_b_proj(s, w, &format!("{prefix}.self_attn"))?;

@@ -6,7 +6,7 @@
 //! `_mix_attention`, compiled shapeless as there). Caches: the layers' `KVCache`s, then their
 //! `RotatingKVCache`s. Inference only (no adapters or full fine-tuning).
 
-use mlx_cache::{create_attention_mask, Cache, KVCache, Kv, RotatingKVCache};
+use mlx_cache::{Cache, KVCache, Kv, RotatingKVCache};
 use mlx_core::prelude::*;
 use serde::Deserialize;
 
@@ -17,7 +17,7 @@ use crate::layers::{
     scaled_dot_product_attention, Embedding, Linear, Mlp, MlpKind, MlpNames, RmsNorm, Rope,
     RopeScaling,
 };
-use crate::models::{LanguageModel, OutputHead};
+use crate::models::{kit, LanguageModel, OutputHead};
 use crate::weights::Weights;
 
 serde_defaults! {
@@ -112,8 +112,7 @@ fn mix_attention(gate: &Array, global: &Array, local: &Array) -> Result<Array> {
 impl Model {
     pub fn load(config: &ModelConfig, w: &mut Weights) -> Result<Model> {
         let args: ModelArgs = config.args()?;
-        let bad =
-            |m: String| ModelError::Config(format!("config.json (`iquestloopcoder`): {m}"));
+        let bad = |m: String| ModelError::Config(format!("config.json (`iquestloopcoder`): {m}"));
         if args.loop_num != 2 {
             return Err(bad(format!(
                 "Only loop_num=2 is supported, got {}",
@@ -126,20 +125,19 @@ impl Model {
             args.num_key_value_heads,
             args.head_dim,
         );
-        for (name, v) in [
-            ("hidden_size", d),
-            ("num_hidden_layers", args.num_hidden_layers),
-            ("intermediate_size", args.intermediate_size),
-            ("num_attention_heads", h),
-            ("num_key_value_heads", kvh),
-            ("head_dim", hd),
-            ("vocab_size", args.vocab_size),
-            ("loop_window_size", args.loop_window_size),
-        ] {
-            if v <= 0 {
-                return Err(bad(format!("field `{name}` must be positive, got {v}")));
-            }
-        }
+        kit::check_positive(
+            "iquestloopcoder",
+            &[
+                ("hidden_size", d),
+                ("num_hidden_layers", args.num_hidden_layers),
+                ("intermediate_size", args.intermediate_size),
+                ("num_attention_heads", h),
+                ("num_key_value_heads", kvh),
+                ("head_dim", hd),
+                ("vocab_size", args.vocab_size),
+                ("loop_window_size", args.loop_window_size),
+            ],
+        )?;
         if h % kvh != 0 {
             return Err(bad(format!(
                 "num_attention_heads {h} must be a multiple of num_key_value_heads {kvh}"
@@ -167,12 +165,7 @@ impl Model {
                     MlpKind::SwiGlu,
                 )?,
                 input_layernorm: RmsNorm::load(w, &p("input_layernorm"), d, eps)?,
-                post_attention_layernorm: RmsNorm::load(
-                    w,
-                    &p("post_attention_layernorm"),
-                    d,
-                    eps,
-                )?,
+                post_attention_layernorm: RmsNorm::load(w, &p("post_attention_layernorm"), d, eps)?,
                 gate_weight: w.take(&g("weight"), &[h, hd])?,
                 gate_bias: w.take(&g("bias"), &[h])?,
             });
@@ -222,7 +215,11 @@ impl Model {
     /// `o_proj` of the heads joined back, then the residual, then the MLP block.
     fn finish(&self, l: &Layer, h: &Array, out: &Array) -> Result<Array> {
         let s = h.shape();
-        let out = ops::reshape(&ops::transpose(out, &[0, 2, 1, 3], None)?, &[s[0], s[1], -1], None)?;
+        let out = ops::reshape(
+            &ops::transpose(out, &[0, 2, 1, 3], None)?,
+            &[s[0], s[1], -1],
+            None,
+        )?;
         let h = (h + &l.o_proj.forward(&out)?)?;
         let r = l.mlp.forward(&l.post_attention_layernorm.forward(&h)?)?;
         Ok((&h + &r)?)
@@ -238,25 +235,13 @@ impl Model {
         let layers = self.layers.len();
         let window = self.args.loop_window_size as usize;
         let mut caches = caches;
-        if let Some(c) = caches.as_deref() {
-            if c.len() != 2 * layers {
-                return Err(ModelError::Other(format!(
-                    "{} caches for {layers} layers (two loops: {} expected)",
-                    c.len(),
-                    2 * layers
-                )));
-            }
-        }
-        let (mask, window_mask) = match caches.as_deref() {
-            Some(c) => (
-                c[0].make_mask(n, None, false)?,
-                c[layers].make_mask(n, Some(window), false)?,
-            ),
-            None => (
-                create_attention_mask(n, 0, false, None)?,
-                mlx_cache::mask::fallback_mask(n, Some(window), false)?,
-            ),
-        };
+        kit::check_caches(
+            caches.as_deref(),
+            2 * layers,
+            "slots (a KVCache per layer, then a RotatingKVCache per layer)",
+        )?;
+        let mask = kit::cache_mask(caches.as_deref(), 0, n, None, false)?;
+        let window_mask = kit::cache_mask(caches.as_deref(), layers, n, Some(window), false)?;
         let mut h = self.embed_tokens.forward(inputs)?;
         let mut loop1: Vec<Kv> = Vec::with_capacity(layers);
         for (i, l) in self.layers.iter().enumerate() {
@@ -305,10 +290,7 @@ impl LanguageModel for Model {
     /// layer.
     fn make_cache(&self) -> Vec<Box<dyn Cache>> {
         let window = self.args.loop_window_size as usize;
-        let mut out: Vec<Box<dyn Cache>> = Vec::with_capacity(2 * self.layers.len());
-        for _ in &self.layers {
-            out.push(Box::new(KVCache::new()));
-        }
+        let mut out = kit::kv_caches(self.layers.len());
         for _ in &self.layers {
             match RotatingKVCache::new(window, 0) {
                 Ok(c) => out.push(Box::new(c)),

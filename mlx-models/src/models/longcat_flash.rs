@@ -17,7 +17,7 @@ use crate::layers::{
     Embedding, Linear, Mlp, MlpKind, MlpNames, RmsNorm, Rope, RopeScaling, SwitchActivation,
     SwitchGlu,
 };
-use crate::models::LanguageModel;
+use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
 /// longcat_flash.py `ModelArgs` (most fields required there).
@@ -357,13 +357,7 @@ impl Model {
         let mut caches = caches;
         let mask = match caches.as_deref_mut() {
             Some(caches) => {
-                if caches.len() != self.layers.len() {
-                    return Err(ModelError::Other(format!(
-                        "{} caches for {} layers",
-                        caches.len(),
-                        self.layers.len()
-                    )));
-                }
+                kit::check_caches(Some(&*caches), self.layers.len(), "layers")?;
                 // `create_attention_mask(h, cache[0][0], return_array=True)`.
                 match caches.first() {
                     Some(c) => match c.as_any().downcast_ref::<CacheList>() {
@@ -395,26 +389,14 @@ impl Model {
 fn sanitize(a: &Args, w: &mut Weights) -> Result<()> {
     for l in 0..a.num_layers {
         let prefix = format!("model.layers.{l}");
-        for m in ["gate_proj", "down_proj", "up_proj"] {
-            for k in ["weight", "scales", "biases"] {
-                if !w.contains(&format!("{prefix}.mlp.experts.0.{m}.{k}")) {
-                    continue;
-                }
-                let mut parts = Vec::with_capacity(a.n_routed_experts as usize);
-                for e in 0..a.n_routed_experts {
-                    let name = format!("{prefix}.mlp.experts.{e}.{m}.{k}");
-                    parts
-                        .push(w.remove(&name).ok_or_else(|| {
-                            ModelError::Weights(vec![format!("missing: {name}")])
-                        })?);
-                }
-                let refs: Vec<&Array> = parts.iter().collect();
-                w.insert(
-                    format!("{prefix}.mlp.switch_mlp.{m}.{k}"),
-                    ops::stack(&refs, 0, None)?,
-                );
-            }
-        }
+        kit::stack_experts(
+            w,
+            &format!("{prefix}.mlp.experts"),
+            &format!("{prefix}.mlp.switch_mlp"),
+            a.n_routed_experts,
+            &kit::GLU_PROJECTIONS,
+            &kit::LINEAR_KEYS,
+        )?;
         for i in 0..2 {
             crate::models::deepseek::split_kv_b_proj_dims(
                 w,

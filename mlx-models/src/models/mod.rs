@@ -57,6 +57,7 @@ macro_rules! serde_defaults {
     )*};
 }
 
+pub mod afm7;
 pub mod baichuan_m1;
 mod checkpoint;
 pub mod dbrx;
@@ -68,10 +69,12 @@ pub mod gemma4_text;
 pub mod granitemoehybrid;
 pub mod iquestloopcoder;
 pub mod jamba;
+pub(crate) mod kit;
 pub mod lfm2;
 pub mod llama4;
 pub mod longcat_flash;
 pub mod mamba;
+pub mod mimo_v2_flash;
 pub mod moe;
 pub mod muse_glimmer;
 pub mod nemotron_h;
@@ -410,9 +413,7 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
     ("glm4_moe", |c, w| {
         Ok(Box::new(deepseek::Model::load(c, w)?))
     }),
-    ("kimi_vl", |c, w| {
-        Ok(Box::new(deepseek::Model::load(c, w)?))
-    }),
+    ("kimi_vl", |c, w| Ok(Box::new(deepseek::Model::load(c, w)?))),
     ("youtu_llm", |c, w| {
         Ok(Box::new(deepseek::Model::load(c, w)?))
     }),
@@ -461,7 +462,13 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
     ("qwen3_vl_moe", wrappers::qwen3_vl_moe),
     ("gemma4", wrappers::gemma4),
     ("talkie", |c, w| Ok(Box::new(talkie::Model::load(c, w)?))),
-    ("phixtral", |c, w| Ok(Box::new(phixtral::Model::load(c, w)?))),
+    ("phixtral", |c, w| {
+        Ok(Box::new(phixtral::Model::load(c, w)?))
+    }),
+    ("afm7", |c, w| Ok(Box::new(afm7::Model::load(c, w)?))),
+    ("mimo_v2_flash", |c, w| {
+        Ok(Box::new(mimo_v2_flash::Model::load(c, w)?))
+    }),
     ("iquestloopcoder", |c, w| {
         Ok(Box::new(iquestloopcoder::Model::load(c, w)?))
     }),

@@ -6,7 +6,7 @@
 //! replacement too) has a KV cache, and the mask comes from the first of them, as there.
 //! Inference only (no adapters or full fine-tuning).
 
-use mlx_cache::{create_attention_mask, Cache, KVCache};
+use mlx_cache::Cache;
 use mlx_core::prelude::*;
 use serde::Deserialize;
 use serde_json::Value;
@@ -15,7 +15,7 @@ use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::{Embedding, Linear, Mlp, MlpKind, MlpNames, RmsNorm, Rope, RopeScaling};
 use crate::models::moe::{Attention, AttentionSpec, QkNorm};
-use crate::models::{LanguageModel, OutputHead};
+use crate::models::{kit, LanguageModel, OutputHead};
 use crate::weights::Weights;
 
 serde_defaults! {
@@ -124,15 +124,14 @@ impl Model {
         let args: ModelArgs = config.args()?;
         let bad = |m: String| ModelError::Config(format!("config.json (`nemotron-nas`): {m}"));
         let (d, h) = (args.hidden_size, args.num_attention_heads);
-        for (name, v) in [
-            ("hidden_size", d),
-            ("num_attention_heads", h),
-            ("vocab_size", args.vocab_size),
-        ] {
-            if v <= 0 {
-                return Err(bad(format!("field `{name}` must be positive, got {v}")));
-            }
-        }
+        kit::check_positive(
+            "nemotron-nas",
+            &[
+                ("hidden_size", d),
+                ("num_attention_heads", h),
+                ("vocab_size", args.vocab_size),
+            ],
+        )?;
         if args.block_configs.len() as i64 != i64::from(args.num_hidden_layers) {
             return Err(bad(format!(
                 "Number of block_configs ({}) must match num_hidden_layers ({})",
@@ -278,19 +277,8 @@ impl Model {
         crate::models::moe::check_inputs(inputs)?;
         let n = inputs.shape()[1] as usize;
         let mut caches = caches;
-        if let Some(c) = caches.as_deref() {
-            if c.len() != self.n_caches {
-                return Err(ModelError::Other(format!(
-                    "{} caches for {} attention layers",
-                    c.len(),
-                    self.n_caches
-                )));
-            }
-        }
-        let mask = match caches.as_deref().and_then(|c| c.first()) {
-            Some(first) => first.make_mask(n, None, false)?,
-            None => create_attention_mask(n, 0, false, None)?,
-        };
+        kit::check_caches(caches.as_deref(), self.n_caches, "attention layers")?;
+        let mask = kit::cache_mask(caches.as_deref(), 0, n, None, false)?;
         let mut h = self.embed_tokens.forward(inputs)?;
         let mut next = 0;
         for b in &self.blocks {
@@ -332,9 +320,7 @@ impl LanguageModel for Model {
     }
 
     fn make_cache(&self) -> Vec<Box<dyn Cache>> {
-        (0..self.n_caches)
-            .map(|_| -> Box<dyn Cache> { Box::new(KVCache::new()) })
-            .collect()
+        kit::kv_caches(self.n_caches)
     }
 
     fn defines_make_cache(&self) -> bool {

@@ -4,14 +4,14 @@
 //! `Wqkv` with bias, a partial rope (`rotary_dim`), and float32 queries; the head is a
 //! LayerNorm and a linear with bias. Inference only (no adapters or full fine-tuning).
 
-use mlx_cache::{create_attention_mask, Cache, KVCache, Kv};
+use mlx_cache::{Cache, Kv};
 use mlx_core::prelude::*;
 use serde::Deserialize;
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::{scaled_dot_product_attention, Embedding, LayerNorm, Linear, Rope, SwitchMlp};
-use crate::models::LanguageModel;
+use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
 serde_defaults! {
@@ -67,19 +67,18 @@ impl Model {
     pub fn load(config: &ModelConfig, w: &mut Weights) -> Result<Model> {
         let args: ModelArgs = config.args()?;
         let bad = |m: String| ModelError::Config(format!("config.json (`phixtral`): {m}"));
-        for (name, v) in [
-            ("num_vocab", args.num_vocab),
-            ("model_dim", args.model_dim),
-            ("num_heads", args.num_heads),
-            ("num_layers", args.num_layers),
-            ("rotary_dim", args.rotary_dim),
-            ("num_experts_per_tok", args.num_experts_per_tok),
-            ("num_local_experts", args.num_local_experts),
-        ] {
-            if v <= 0 {
-                return Err(bad(format!("field `{name}` must be positive, got {v}")));
-            }
-        }
+        kit::check_positive(
+            "phixtral",
+            &[
+                ("num_vocab", args.num_vocab),
+                ("model_dim", args.model_dim),
+                ("num_heads", args.num_heads),
+                ("num_layers", args.num_layers),
+                ("rotary_dim", args.rotary_dim),
+                ("num_experts_per_tok", args.num_experts_per_tok),
+                ("num_local_experts", args.num_local_experts),
+            ],
+        )?;
         let (d, h, e) = (args.model_dim, args.num_heads, args.num_local_experts);
         if d % h != 0 {
             return Err(bad(format!(
@@ -174,20 +173,8 @@ impl Model {
         crate::models::moe::check_inputs(inputs)?;
         let n = inputs.shape()[1] as usize;
         let mut caches = caches;
-        let mask = match caches.as_deref() {
-            Some([first, ..]) => first.make_mask(n, None, false)?,
-            Some([]) => return Err(ModelError::Other("no caches".into())),
-            None => create_attention_mask(n, 0, false, None)?,
-        };
-        if let Some(c) = caches.as_deref() {
-            if c.len() != self.blocks.len() {
-                return Err(ModelError::Other(format!(
-                    "{} caches for {} layers",
-                    c.len(),
-                    self.blocks.len()
-                )));
-            }
-        }
+        kit::check_caches(caches.as_deref(), self.blocks.len(), "layers")?;
+        let mask = kit::cache_mask(caches.as_deref(), 0, n, None, false)?;
         let mut x = self.wte.forward(inputs)?;
         for (i, b) in self.blocks.iter().enumerate() {
             let cache = caches.as_deref_mut().map(|c| &mut c[i]);
@@ -207,27 +194,15 @@ fn sanitize(args: &ModelArgs, w: &mut Weights) -> Result<()> {
         return Ok(());
     }
     for l in 0..args.num_layers {
-        let prefix = format!("transformer.h.{l}");
-        for n in ["fc1", "fc2"] {
-            for k in ["weight", "scales", "biases", "bias"] {
-                if !w.contains(&format!("{prefix}.moe.mlp.0.{n}.{k}")) {
-                    continue;
-                }
-                let mut parts = Vec::with_capacity(args.num_local_experts as usize);
-                for e in 0..args.num_local_experts {
-                    let name = format!("{prefix}.moe.mlp.{e}.{n}.{k}");
-                    parts.push(
-                        w.remove(&name)
-                            .ok_or_else(|| ModelError::Weights(vec![format!("missing: {name}")]))?,
-                    );
-                }
-                let refs: Vec<&Array> = parts.iter().collect();
-                w.insert(
-                    format!("{prefix}.moe.switch_mlp.{n}.{k}"),
-                    ops::stack(&refs, 0, None)?,
-                );
-            }
-        }
+        let prefix = format!("transformer.h.{l}.moe");
+        kit::stack_experts(
+            w,
+            &format!("{prefix}.mlp"),
+            &format!("{prefix}.switch_mlp"),
+            args.num_local_experts,
+            &[("fc1", "fc1"), ("fc2", "fc2")],
+            &["weight", "scales", "biases", "bias"],
+        )?;
     }
     Ok(())
 }
@@ -247,10 +222,7 @@ impl LanguageModel for Model {
     }
 
     fn make_cache(&self) -> Vec<Box<dyn Cache>> {
-        self.blocks
-            .iter()
-            .map(|_| -> Box<dyn Cache> { Box::new(KVCache::new()) })
-            .collect()
+        kit::kv_caches(self.blocks.len())
     }
 
     fn defines_make_cache(&self) -> bool {

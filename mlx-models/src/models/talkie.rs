@@ -3,14 +3,14 @@
 //! on the attention and MLP branches, a skip from the normed embeddings into every block, a
 //! rope with negated frequencies, and a bare `lm_head` matrix times a learned gain.
 
-use mlx_cache::{create_attention_mask, Cache, KVCache, Kv};
+use mlx_cache::{Cache, Kv};
 use mlx_core::prelude::*;
 use serde::Deserialize;
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::{scaled_dot_product_attention, silu, Embedding, Linear, Rope};
-use crate::models::LanguageModel;
+use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
 serde_defaults! {
@@ -83,20 +83,17 @@ impl Model {
     pub fn load(config: &ModelConfig, w: &mut Weights) -> Result<Model> {
         let args: ModelArgs = config.args()?;
         let (d, h, hd) = (args.hidden_size, args.num_attention_heads, args.head_dim);
-        for (name, v) in [
-            ("hidden_size", d),
-            ("num_hidden_layers", args.num_hidden_layers),
-            ("num_attention_heads", h),
-            ("head_dim", hd),
-            ("intermediate_size", args.intermediate_size),
-            ("vocab_size", args.vocab_size),
-        ] {
-            if v <= 0 {
-                return Err(ModelError::Config(format!(
-                    "config.json (`talkie`): field `{name}` must be positive, got {v}"
-                )));
-            }
-        }
+        kit::check_positive(
+            "talkie",
+            &[
+                ("hidden_size", d),
+                ("num_hidden_layers", args.num_hidden_layers),
+                ("num_attention_heads", h),
+                ("head_dim", hd),
+                ("intermediate_size", args.intermediate_size),
+                ("vocab_size", args.vocab_size),
+            ],
+        )?;
         let proj = h.checked_mul(hd).ok_or_else(|| {
             ModelError::Config("config.json (`talkie`): heads x head_dim overflows".into())
         })?;
@@ -185,20 +182,8 @@ impl Model {
         let mut h = rms(&self.embed.forward(inputs)?, self.eps)?;
         let e_x = h.clone();
         let mut caches = caches;
-        let mask = match caches.as_deref() {
-            Some([first, ..]) => first.make_mask(n, None, false)?,
-            Some([]) => return Err(ModelError::Other("no caches".into())),
-            None => create_attention_mask(n, 0, false, None)?,
-        };
-        if let Some(c) = caches.as_deref() {
-            if c.len() != self.blocks.len() {
-                return Err(ModelError::Other(format!(
-                    "{} caches for {} layers",
-                    c.len(),
-                    self.blocks.len()
-                )));
-            }
-        }
+        kit::check_caches(caches.as_deref(), self.blocks.len(), "layers")?;
+        let mask = kit::cache_mask(caches.as_deref(), 0, n, None, false)?;
         for (i, b) in self.blocks.iter().enumerate() {
             let cache = caches.as_deref_mut().map(|c| &mut c[i]);
             let a = self.attention(b, &rms(&h, self.eps)?, &mask, cache)?;
@@ -230,10 +215,7 @@ impl LanguageModel for Model {
     }
 
     fn make_cache(&self) -> Vec<Box<dyn Cache>> {
-        self.blocks
-            .iter()
-            .map(|_| -> Box<dyn Cache> { Box::new(KVCache::new()) })
-            .collect()
+        kit::kv_caches(self.blocks.len())
     }
 
     fn defines_make_cache(&self) -> bool {

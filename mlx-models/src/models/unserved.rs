@@ -14,11 +14,6 @@ pub enum Unserved {
 /// `(model_type, why, reason)`, sorted by type.
 pub const UNSERVED: &[(&str, Unserved, &str)] = &[
     (
-        "afm7",
-        Unserved::NotYet,
-        "KV-reuse layers (ConcatenateKVCache): not ported yet",
-    ),
-    (
         "bailing_hybrid",
         Unserved::NotYet,
         "hybrid (issue #32, hybrids): not ported yet",
@@ -62,11 +57,6 @@ pub const UNSERVED: &[(&str, Unserved, &str)] = &[
         "longcat_flash_ngram",
         Unserved::NotYet,
         "MLA with n-gram embeddings: not ported yet",
-    ),
-    (
-        "mimo_v2_flash",
-        Unserved::NotYet,
-        "MoE (issue #32, MoE family): not ported yet",
     ),
     (
         "minimax_m3_vl",
