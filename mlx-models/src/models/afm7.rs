@@ -163,20 +163,9 @@ impl Model {
         })
     }
 
-    fn heads(&self, y: &Array, b: i32, l: i32, n: i32) -> Result<Array> {
-        let y = ops::reshape(y, &[b, l, n, -1], None)?;
-        Ok(ops::transpose(&y, &[0, 2, 1, 3], None)?)
-    }
-
     /// The block around an attention output `(B, H, L, D)`: `out_proj`, residual, MLP.
     fn finish(&self, l: &Layer, h: &Array, out: &Array) -> Result<Array> {
-        let s = h.shape();
-        let out = ops::reshape(
-            &ops::transpose(out, &[0, 2, 1, 3], None)?,
-            &[s[0], s[1], -1],
-            None,
-        )?;
-        let h = (h + &l.out_proj.forward(&out)?)?;
+        let h = (h + &l.out_proj.forward(&kit::merge_heads(out)?)?)?;
         let r = l.mlp.forward(&l.post_attention_layernorm.forward(&h)?)?;
         Ok((&h + &r)?)
     }
@@ -197,8 +186,6 @@ impl Model {
         let mut last: Option<Kv> = None;
         for (i, l) in self.layers.iter().enumerate() {
             let x = l.input_layernorm.forward(&h)?;
-            let s = x.shape();
-            let (b, len) = (s[0], s[1]);
             let qkv = ops::split_at(
                 &l.q_proj.forward(&x)?,
                 &[h_n * hd, (h_n + kv_n) * hd],
@@ -211,22 +198,11 @@ impl Model {
                 .ok_or_else(|| ModelError::Other("afm7: a regular layer without k_norm".into()))?;
             let cache = caches.as_deref_mut().map(|c| &mut c[i]);
             let offset = cache.as_ref().map_or(0, |c| c.offset());
-            let q = l.q_norm.forward(
-                &self
-                    .rope
-                    .forward(&self.heads(&qkv[0], b, len, h_n)?, offset)?,
-            )?;
-            let k = k_norm.forward(
-                &self
-                    .rope
-                    .forward(&self.heads(&qkv[1], b, len, kv_n)?, offset)?,
-            )?;
-            let k = fake_8bit_quant(&k, key_scale)?;
-            let v = fake_8bit_quant(&self.heads(&qkv[2], b, len, kv_n)?, value_scale)?;
-            let kv = match cache {
-                Some(c) => c.update_and_fetch(&k, &v)?,
-                None => Kv::Dense { keys: k, values: v },
-            };
+            let roped = |y: &Array, n: i32| self.rope.forward(&kit::split_heads(y, n)?, offset);
+            let q = l.q_norm.forward(&roped(&qkv[0], h_n)?)?;
+            let k = fake_8bit_quant(&k_norm.forward(&roped(&qkv[1], kv_n)?)?, key_scale)?;
+            let v = fake_8bit_quant(&kit::split_heads(&qkv[2], kv_n)?, value_scale)?;
+            let kv = kit::cached_kv(cache, k, v)?;
             let out = scaled_dot_product_attention(&q, &kv, self.scale, &mask, None)?;
             last = Some(kv);
             h = self.finish(l, &h, &out)?;
@@ -247,9 +223,7 @@ impl Model {
         let kv = Kv::Dense { keys, values };
         for l in &self.kv_reuse_layers {
             let x = l.input_layernorm.forward(&h)?;
-            let s = x.shape();
-            let (b, len) = (s[0], s[1]);
-            let q = self.heads(&l.q_proj.forward(&x)?, b, len, h_n)?;
+            let q = kit::split_heads(&l.q_proj.forward(&x)?, h_n)?;
             let q = l
                 .q_norm
                 .forward(&self.rope.forward(&q, total.saturating_sub(n))?)?;
@@ -258,17 +232,15 @@ impl Model {
         }
         self.output_norm.forward(&h)
     }
+
+    /// The tied embedding as the output projection.
+    fn head(&self, h: &Array) -> Result<Array> {
+        self.embedding.as_linear(h)
+    }
 }
 
 impl LanguageModel for Model {
-    fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
-        let h = self.hidden_states(inputs, caches)?;
-        self.embedding.as_linear(&h)
-    }
-
-    fn forward_hidden(&self, inputs: &Array) -> Option<Result<Array>> {
-        Some(self.hidden_states(inputs, None))
-    }
+    kit::short_port_entry_points!(args, vocab_size);
 
     /// `make_cache`: a `KVCache` per regular layer (the reuse layers have none).
     fn make_cache(&self) -> Vec<Box<dyn Cache>> {
@@ -281,13 +253,5 @@ impl LanguageModel for Model {
 
     fn num_layers(&self) -> usize {
         self.layers.len()
-    }
-
-    fn model_type(&self) -> &str {
-        &self.args.model_type
-    }
-
-    fn vocab_size(&self) -> i32 {
-        self.args.vocab_size
     }
 }

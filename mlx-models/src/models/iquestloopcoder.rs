@@ -195,16 +195,10 @@ impl Model {
 
     /// `Attention.get_qkv`: projected, split into heads, roped at `offset`.
     fn qkv(&self, l: &Layer, x: &Array, offset: usize) -> Result<(Array, Array, Array)> {
-        let s = x.shape();
-        let (b, n) = (s[0], s[1]);
-        let heads = |y: Array, k: i32| -> Result<Array> {
-            let y = ops::reshape(&y, &[b, n, k, -1], None)?;
-            Ok(ops::transpose(&y, &[0, 2, 1, 3], None)?)
-        };
         let (h, kvh) = (self.args.num_attention_heads, self.args.num_key_value_heads);
-        let q = heads(l.q_proj.forward(x)?, h)?;
-        let k = heads(l.k_proj.forward(x)?, kvh)?;
-        let v = heads(l.v_proj.forward(x)?, kvh)?;
+        let q = kit::split_heads(&l.q_proj.forward(x)?, h)?;
+        let k = kit::split_heads(&l.k_proj.forward(x)?, kvh)?;
+        let v = kit::split_heads(&l.v_proj.forward(x)?, kvh)?;
         Ok((
             self.rope.forward(&q, offset)?,
             self.rope.forward(&k, offset)?,
@@ -214,12 +208,7 @@ impl Model {
 
     /// `o_proj` of the heads joined back, then the residual, then the MLP block.
     fn finish(&self, l: &Layer, h: &Array, out: &Array) -> Result<Array> {
-        let s = h.shape();
-        let out = ops::reshape(
-            &ops::transpose(out, &[0, 2, 1, 3], None)?,
-            &[s[0], s[1], -1],
-            None,
-        )?;
+        let out = kit::merge_heads(out)?;
         let h = (h + &l.o_proj.forward(&out)?)?;
         let r = l.mlp.forward(&l.post_attention_layernorm.forward(&h)?)?;
         Ok((&h + &r)?)
@@ -249,10 +238,7 @@ impl Model {
             let cache = caches.as_deref_mut().map(|c| &mut c[i]);
             let offset = cache.as_ref().map_or(0, |c| c.offset());
             let (q, k, v) = self.qkv(l, &x, offset)?;
-            let kv = match cache {
-                Some(c) => c.update_and_fetch(&k, &v)?,
-                None => Kv::Dense { keys: k, values: v },
-            };
+            let kv = kit::cached_kv(cache, k, v)?;
             let out = scaled_dot_product_attention(&q, &kv, self.scale, &mask, None)?;
             loop1.push(kv);
             h = self.finish(l, &h, &out)?;
@@ -264,27 +250,21 @@ impl Model {
             let (q, k, v) = self.qkv(l, &x, offset)?;
             let gate = compute_gate(&q, &l.gate_weight, &l.gate_bias)?;
             let global = scaled_dot_product_attention(&q, kv1, self.scale, &mask, None)?;
-            let kv2 = match cache {
-                Some(c) => c.update_and_fetch(&k, &v)?,
-                None => Kv::Dense { keys: k, values: v },
-            };
+            let kv2 = kit::cached_kv(cache, k, v)?;
             let local = scaled_dot_product_attention(&q, &kv2, self.scale, &window_mask, None)?;
             let mixed = mix_attention(&gate, &global, &local)?;
             h = self.finish(l, &h, &mixed)?;
         }
         self.norm.forward(&h)
     }
+
+    fn head(&self, h: &Array) -> Result<Array> {
+        self.head.forward(h)
+    }
 }
 
 impl LanguageModel for Model {
-    fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
-        let h = self.hidden_states(inputs, caches)?;
-        self.head.forward(&h)
-    }
-
-    fn forward_hidden(&self, inputs: &Array) -> Option<Result<Array>> {
-        Some(self.hidden_states(inputs, None))
-    }
+    kit::short_port_entry_points!(args, vocab_size);
 
     /// `make_cache`: a `KVCache` per layer, then a `RotatingKVCache(loop_window_size)` per
     /// layer.
@@ -308,13 +288,5 @@ impl LanguageModel for Model {
     /// The number of caches (two per layer), as mlx-lm's `make_cache` returns them.
     fn num_layers(&self) -> usize {
         2 * self.layers.len()
-    }
-
-    fn model_type(&self) -> &str {
-        &self.args.model_type
-    }
-
-    fn vocab_size(&self) -> i32 {
-        self.args.vocab_size
     }
 }

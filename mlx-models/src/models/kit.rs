@@ -103,3 +103,55 @@ pub(crate) const GLU_PROJECTIONS: [(&str, &str); 3] = [
 
 /// A quantized or dense linear's tensors.
 pub(crate) const LINEAR_KEYS: [&str; 3] = ["weight", "scales", "biases"];
+
+/// `y.reshape(B, L, n, -1).transpose(0, 2, 1, 3)`: a projection's `(B, L, n * d)` as `n`
+/// heads `(B, n, L, d)`.
+pub(crate) fn split_heads(y: &Array, n: i32) -> Result<Array> {
+    let s = y.shape();
+    let y = ops::reshape(y, &[s[0], s[1], n, -1], None)?;
+    Ok(ops::transpose(&y, &[0, 2, 1, 3], None)?)
+}
+
+/// `out.transpose(0, 2, 1, 3).reshape(B, L, -1)`: attention heads `(B, n, L, d)` joined back.
+pub(crate) fn merge_heads(out: &Array) -> Result<Array> {
+    let s = out.shape();
+    let out = ops::transpose(out, &[0, 2, 1, 3], None)?;
+    Ok(ops::reshape(&out, &[s[0], s[2], -1], None)?)
+}
+
+/// `cache.update_and_fetch(keys, values)` with a cache, the new keys and values without.
+pub(crate) fn cached_kv(
+    cache: Option<&mut Box<dyn Cache>>,
+    keys: Array,
+    values: Array,
+) -> Result<mlx_cache::Kv> {
+    match cache {
+        Some(c) => Ok(c.update_and_fetch(&keys, &values)?),
+        None => Ok(mlx_cache::Kv::Dense { keys, values }),
+    }
+}
+
+/// The `LanguageModel` methods a short inference-only port writes the same way: `forward`
+/// (its `hidden_states`, then its `head`), `forward_hidden`, and `model_type` / `vocab_size`
+/// from its config field `$args` (the vocabulary under `$vocab`).
+macro_rules! short_port_entry_points {
+    ($args:ident, $vocab:ident) => {
+        fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
+            let h = self.hidden_states(inputs, caches)?;
+            self.head(&h)
+        }
+
+        fn forward_hidden(&self, inputs: &Array) -> Option<Result<Array>> {
+            Some(self.hidden_states(inputs, None))
+        }
+
+        fn model_type(&self) -> &str {
+            &self.$args.model_type
+        }
+
+        fn vocab_size(&self) -> i32 {
+            self.$args.$vocab
+        }
+    };
+}
+pub(crate) use short_port_entry_points;

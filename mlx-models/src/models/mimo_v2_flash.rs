@@ -7,7 +7,7 @@
 //! FP8 checkpoints (`weight_scale_inv`) are refused (convert them with mlx-lm first).
 //! Inference only (no adapters or full fine-tuning).
 
-use mlx_cache::{AttentionMask, Cache, KVCache, Kv, RotatingKVCache};
+use mlx_cache::{AttentionMask, Cache, KVCache, RotatingKVCache};
 use mlx_core::prelude::*;
 use serde::Deserialize;
 
@@ -127,33 +127,18 @@ impl Attention {
         mask: &AttentionMask,
         cache: Option<&mut Box<dyn Cache>>,
     ) -> Result<Array> {
-        let s = x.shape();
-        let (b, l) = (s[0], s[1]);
-        let heads = |y: Array, n: i32| -> Result<Array> {
-            let y = ops::reshape(&y, &[b, l, n, -1], None)?;
-            Ok(ops::transpose(&y, &[0, 2, 1, 3], None)?)
-        };
-        let queries = heads(self.q_proj.forward(x)?, self.n_heads)?;
-        let keys = heads(self.k_proj.forward(x)?, self.n_kv_heads)?;
-        let mut values = heads(self.v_proj.forward(x)?, self.n_kv_heads)?;
+        let queries = kit::split_heads(&self.q_proj.forward(x)?, self.n_heads)?;
+        let keys = kit::split_heads(&self.k_proj.forward(x)?, self.n_kv_heads)?;
+        let mut values = kit::split_heads(&self.v_proj.forward(x)?, self.n_kv_heads)?;
         if let Some(v) = self.value_scale {
             values = ops::multiply_scalar(&values, v, None)?;
         }
         let offset = cache.as_ref().map_or(0, |c| c.offset());
         let queries = self.rope.forward(&queries, offset)?;
-        let keys = self.rope.forward(&keys, offset)?;
-        let kv = match cache {
-            Some(c) => c.update_and_fetch(&keys, &values)?,
-            None => Kv::Dense { keys, values },
-        };
+        let kv = kit::cached_kv(cache, self.rope.forward(&keys, offset)?, values)?;
         let out =
             scaled_dot_product_attention(&queries, &kv, self.scale, mask, self.sinks.as_ref())?;
-        let out = ops::reshape(
-            &ops::transpose(&out, &[0, 2, 1, 3], None)?,
-            &[b, l, -1],
-            None,
-        )?;
-        self.o_proj.forward(&out)
+        self.o_proj.forward(&kit::merge_heads(&out)?)
     }
 }
 
@@ -361,6 +346,10 @@ impl Model {
         }
         self.norm.forward(&h)
     }
+
+    fn head(&self, h: &Array) -> Result<Array> {
+        self.lm_head.forward(h)
+    }
 }
 
 /// mimo_v2_flash.py `sanitize`: FP8 weights (`weight_scale_inv`) refused here, per-expert
@@ -391,14 +380,7 @@ fn sanitize(a: &ModelArgs, w: &mut Weights) -> Result<()> {
 }
 
 impl LanguageModel for Model {
-    fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
-        let h = self.hidden_states(inputs, caches)?;
-        self.lm_head.forward(&h)
-    }
-
-    fn forward_hidden(&self, inputs: &Array) -> Option<Result<Array>> {
-        Some(self.hidden_states(inputs, None))
-    }
+    kit::short_port_entry_points!(args, vocab_size);
 
     /// `make_cache`: a `RotatingKVCache(sliding_window_size)` for sliding layers, else a
     /// `KVCache`.
@@ -422,13 +404,5 @@ impl LanguageModel for Model {
 
     fn num_layers(&self) -> usize {
         self.layers.len()
-    }
-
-    fn model_type(&self) -> &str {
-        &self.args.model_type
-    }
-
-    fn vocab_size(&self) -> i32 {
-        self.args.vocab_size
     }
 }

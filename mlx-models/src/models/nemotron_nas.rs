@@ -307,17 +307,14 @@ impl Model {
         }
         self.norm.forward(&h)
     }
+
+    fn head(&self, h: &Array) -> Result<Array> {
+        self.head.forward(h)
+    }
 }
 
 impl LanguageModel for Model {
-    fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
-        let h = self.hidden_states(inputs, caches)?;
-        self.head.forward(&h)
-    }
-
-    fn forward_hidden(&self, inputs: &Array) -> Option<Result<Array>> {
-        Some(self.hidden_states(inputs, None))
-    }
+    kit::short_port_entry_points!(args, vocab_size);
 
     fn make_cache(&self) -> Vec<Box<dyn Cache>> {
         kit::kv_caches(self.n_caches)
@@ -330,13 +327,5 @@ impl LanguageModel for Model {
     /// The number of caches (layers with an attention entry), as mlx-lm's `make_cache`.
     fn num_layers(&self) -> usize {
         self.n_caches
-    }
-
-    fn model_type(&self) -> &str {
-        &self.args.model_type
-    }
-
-    fn vocab_size(&self) -> i32 {
-        self.args.vocab_size
     }
 }

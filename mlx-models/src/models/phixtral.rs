@@ -4,7 +4,7 @@
 //! `Wqkv` with bias, a partial rope (`rotary_dim`), and float32 queries; the head is a
 //! LayerNorm and a linear with bias. Inference only (no adapters or full fine-tuning).
 
-use mlx_cache::{Cache, Kv};
+use mlx_cache::Cache;
 use mlx_core::prelude::*;
 use serde::Deserialize;
 
@@ -127,31 +127,21 @@ impl Model {
         mask: &mlx_cache::AttentionMask,
         cache: Option<&mut Box<dyn Cache>>,
     ) -> Result<Array> {
-        let s = x.shape();
-        let (bs, l) = (s[0], s[1]);
         let h = self.args.num_heads;
         let qkv = ops::split_equal(&b.wqkv.forward(x)?, 3, -1, None)?;
-        let heads = |y: &Array| -> Result<Array> {
-            let y = ops::reshape(y, &[bs, l, h, -1], None)?;
-            Ok(ops::transpose(&y, &[0, 2, 1, 3], None)?)
-        };
-        let (queries, keys, values) = (heads(&qkv[0])?, heads(&qkv[1])?, heads(&qkv[2])?);
+        let queries = kit::split_heads(&qkv[0], h)?;
+        let keys = kit::split_heads(&qkv[1], h)?;
+        let values = kit::split_heads(&qkv[2], h)?;
         let dtype = values.dtype();
         let offset = cache.as_ref().map_or(0, |c| c.offset());
         let queries = self.rope.forward(&queries, offset)?;
-        let keys = self.rope.forward(&keys, offset)?;
-        let kv = match cache {
-            Some(c) => c.update_and_fetch(&keys, &values)?,
-            None => Kv::Dense { keys, values },
-        };
+        let kv = kit::cached_kv(cache, self.rope.forward(&keys, offset)?, values)?;
         let queries = queries.astype(Dtype::Float32)?;
         let head_dim = queries.shape().last().copied().unwrap_or(1);
         // `math.sqrt(1 / queries.shape[-1])` in double, passed as a float.
         let scale = (1.0 / f64::from(head_dim)).sqrt() as f32;
         let out = scaled_dot_product_attention(&queries, &kv, scale, mask, None)?;
-        let out = out.astype(dtype)?;
-        let out = ops::transpose(&out, &[0, 2, 1, 3], None)?;
-        b.out_proj.forward(&ops::reshape(&out, &[bs, l, -1], None)?)
+        b.out_proj.forward(&kit::merge_heads(&out.astype(dtype)?)?)
     }
 
     /// `MOE.__call__`: the top-k gate logits, softmaxed (precise), weight each expert's MLP.
@@ -183,7 +173,12 @@ impl Model {
             let ff_h = self.moe(b, &h)?;
             x = (&(&attn_h + &ff_h)? + &x)?;
         }
-        Ok(x)
+        self.head_ln.forward(&x)
+    }
+
+    /// `lm_head.linear` (its LayerNorm ends `hidden_states`).
+    fn head(&self, h: &Array) -> Result<Array> {
+        self.head.forward(h)
     }
 }
 
@@ -208,18 +203,7 @@ fn sanitize(args: &ModelArgs, w: &mut Weights) -> Result<()> {
 }
 
 impl LanguageModel for Model {
-    fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
-        let h = self.hidden_states(inputs, caches)?;
-        self.head.forward(&self.head_ln.forward(&h)?)
-    }
-
-    fn forward_hidden(&self, inputs: &Array) -> Option<Result<Array>> {
-        // The head's LayerNorm is part of the hidden states' path (`OutputHead`).
-        Some(
-            self.hidden_states(inputs, None)
-                .and_then(|h| self.head_ln.forward(&h)),
-        )
-    }
+    kit::short_port_entry_points!(args, num_vocab);
 
     fn make_cache(&self) -> Vec<Box<dyn Cache>> {
         kit::kv_caches(self.blocks.len())
@@ -231,13 +215,5 @@ impl LanguageModel for Model {
 
     fn num_layers(&self) -> usize {
         self.blocks.len()
-    }
-
-    fn model_type(&self) -> &str {
-        &self.args.model_type
-    }
-
-    fn vocab_size(&self) -> i32 {
-        self.args.num_vocab
     }
 }

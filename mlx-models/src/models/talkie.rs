@@ -3,7 +3,7 @@
 //! on the attention and MLP branches, a skip from the normed embeddings into every block, a
 //! rope with negated frequencies, and a bare `lm_head` matrix times a learned gain.
 
-use mlx_cache::{Cache, Kv};
+use mlx_cache::Cache;
 use mlx_core::prelude::*;
 use serde::Deserialize;
 
@@ -142,29 +142,19 @@ impl Model {
         mask: &mlx_cache::AttentionMask,
         cache: Option<&mut Box<dyn Cache>>,
     ) -> Result<Array> {
-        let s = x.shape();
-        let (bs, l) = (s[0], s[1]);
         let (h, hd) = (self.args.num_attention_heads, self.args.head_dim);
-        let heads = |y: Array| -> Result<Array> {
-            let y = ops::reshape(&y, &[bs, l, h, hd], None)?;
-            Ok(ops::transpose(&y, &[0, 2, 1, 3], None)?)
-        };
-        let queries = heads(b.q.forward(x)?)?;
-        let keys = heads(b.k.forward(x)?)?;
-        let values = heads(b.v.forward(x)?)?;
+        let queries = kit::split_heads(&b.q.forward(x)?, h)?;
+        let keys = kit::split_heads(&b.k.forward(x)?, h)?;
+        let values = kit::split_heads(&b.v.forward(x)?, h)?;
         let offset = cache.as_ref().map_or(0, |c| c.offset());
         let queries = rms(&self.rope.forward(&queries, offset)?, self.eps)?;
         let keys = rms(&self.rope.forward(&keys, offset)?, self.eps)?;
         let g = ops::reshape(&b.head_g.astype(queries.dtype())?, &[1, -1, 1, 1], None)?;
         let queries = (&queries * &g)?;
-        let kv = match cache {
-            Some(c) => c.update_and_fetch(&keys, &values)?,
-            None => Kv::Dense { keys, values },
-        };
+        let kv = kit::cached_kv(cache, keys, values)?;
         let scale = (f64::from(hd)).powf(-0.5) as f32;
         let out = scaled_dot_product_attention(&queries, &kv, scale, mask, None)?;
-        let out = ops::transpose(&out, &[0, 2, 1, 3], None)?;
-        b.o.forward(&ops::reshape(&out, &[bs, l, -1], None)?)
+        b.o.forward(&kit::merge_heads(&out)?)
     }
 
     fn hidden_states(
@@ -205,14 +195,7 @@ impl Model {
 }
 
 impl LanguageModel for Model {
-    fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
-        let h = self.hidden_states(inputs, caches)?;
-        self.head(&h)
-    }
-
-    fn forward_hidden(&self, inputs: &Array) -> Option<Result<Array>> {
-        Some(self.hidden_states(inputs, None))
-    }
+    kit::short_port_entry_points!(args, vocab_size);
 
     fn make_cache(&self) -> Vec<Box<dyn Cache>> {
         kit::kv_caches(self.blocks.len())
@@ -224,13 +207,5 @@ impl LanguageModel for Model {
 
     fn num_layers(&self) -> usize {
         self.blocks.len()
-    }
-
-    fn model_type(&self) -> &str {
-        &self.args.model_type
-    }
-
-    fn vocab_size(&self) -> i32 {
-        self.args.vocab_size
     }
 }
