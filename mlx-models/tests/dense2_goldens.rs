@@ -81,6 +81,7 @@ fn the_new_types_are_listed_as_table_rows() {
         "afm7",
         "phixtral",
         "mimo_v2_flash",
+        "step3p5",
     ] {
         let s = all.iter().find(|s| s.model_type == t);
         assert_eq!(s.map(|s| s.serving), Some(Serving::Dedicated), "{t}");

@@ -347,6 +347,30 @@ CASES = {
         "bfloat16",
         None,
     ),
+    # Sliding / full layers (other head counts on the sliding ones), per-layer rope bases and
+    # partial rotary factors, head-wise output gates, MoE layers with router_bias and a shared
+    # expert, clamped SwiGLUs.
+    "step3p5": (
+        "step3p5",
+        {"num_hidden_layers": 3, "num_attention_groups": 2, "head_dim": 8, "sliding_window": 6,
+         "rope_theta": [10000.0, 5000.0, 10000.0], "partial_rotary_factors": [0.5, 1.0, 0.5],
+         "attention_other_setting": {"num_attention_heads": 2, "num_attention_groups": 1},
+         "moe_num_experts": 4, "moe_top_k": 2, "moe_intermediate_size": 16,
+         "share_expert_dim": 32, "moe_router_scaling_factor": 2.0,
+         "swiglu_limits": [None, 0.5, None], "swiglu_limits_shared": [0.7, None, 0.4]},
+        "float32",
+        None,
+    ),
+    "step3p5_q4": (
+        "step3p5",
+        {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_groups": 2, "head_dim": 16,
+         "sliding_window": 4, "layer_types": ["full_attention", "sliding_attention"],
+         "use_head_wise_attn_gate": False, "moe_num_experts": 4, "moe_top_k": 2,
+         "moe_intermediate_size": 32, "share_expert_dim": 32, "norm_expert_weight": False,
+         "moe_layers_enum": "0,1"},
+        "float32",
+        (32, 4),
+    ),
 }
 
 # Cases whose config is only the overrides (no BASE keys at the top level).

@@ -27,7 +27,9 @@ pub use mlp::{join, Mlp, MlpKind, MlpNames};
 pub use norm::{LayerNorm, Norm, NormKind, RmsNorm};
 pub(crate) use rope::base_pow;
 pub use rope::{Rope, RopeScaling};
-pub use switch::{SwitchActivation, SwitchAdapter, SwitchGlu, SwitchLinear, SwitchMlp};
+pub use switch::{
+    clamped_swiglu, SwitchActivation, SwitchAdapter, SwitchGlu, SwitchLinear, SwitchMlp,
+};
 
 use mlx_core::prelude::Array;
 

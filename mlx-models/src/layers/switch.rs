@@ -6,7 +6,7 @@ use mlx_core::prelude::*;
 use mlx_core::quantized::QuantMode;
 
 use crate::error::{ModelError, Result};
-use crate::layers::activations::{geglu, gelu_approx, swiglu, swiglu_oai};
+use crate::layers::activations::{geglu, gelu_approx, silu, swiglu, swiglu_oai};
 use crate::layers::linear::{quant_mode, QuantizedWeight};
 use crate::layers::LayerParam;
 use crate::weights::Weights;
@@ -195,6 +195,8 @@ pub enum SwitchActivation {
     SwiGluOai,
     /// gemma4's `GeGLU`: `gelu_approx(gate) * up`.
     GeGlu,
+    /// step3p5's `ClampedSwiGLU(limit)`: `min(silu(gate), limit) * clip(up, -limit, limit)`.
+    ClampedSwiGlu(f64),
 }
 
 impl SwitchActivation {
@@ -204,6 +206,7 @@ impl SwitchActivation {
             SwitchActivation::SwiGlu => Ok(swiglu(gate, up)?),
             SwitchActivation::GeGlu => Ok(geglu(gate, up)?),
             SwitchActivation::SwiGluOai => Ok(swiglu_oai(gate, up)?),
+            SwitchActivation::ClampedSwiGlu(limit) => clamped_swiglu(up, gate, limit),
         }
     }
 }
@@ -372,4 +375,17 @@ fn gather_sort(x: &Array, indices: &Array) -> Result<(Array, Array, Array)> {
         ops::take(&flat, &order, 0, None)?,
         inv_order,
     ))
+}
+
+/// step3p5's `clamped_swiglu(x, gate, limit)`: `clip(silu(gate), None, limit) * clip(x, -limit,
+/// limit)`, the limit a weak scalar.
+pub fn clamped_swiglu(x: &Array, gate: &Array, limit: f64) -> Result<Array> {
+    let g = ops::clip_scalar(&silu(gate)?, None, Some(Scalar::Float(limit as f32)), None)?;
+    let x = ops::clip_scalar(
+        x,
+        Some(Scalar::Float(-limit as f32)),
+        Some(Scalar::Float(limit as f32)),
+        None,
+    )?;
+    Ok((&g * &x)?)
 }

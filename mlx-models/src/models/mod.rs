@@ -83,6 +83,7 @@ pub mod olmo_hybrid;
 pub mod phixtral;
 pub mod qwen3_next;
 pub mod segmented;
+pub mod step3p5;
 pub mod talkie;
 pub mod unserved;
 mod wrappers;
@@ -466,6 +467,7 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
         Ok(Box::new(phixtral::Model::load(c, w)?))
     }),
     ("afm7", |c, w| Ok(Box::new(afm7::Model::load(c, w)?))),
+    ("step3p5", |c, w| Ok(Box::new(step3p5::Model::load(c, w)?))),
     ("mimo_v2_flash", |c, w| {
         Ok(Box::new(mimo_v2_flash::Model::load(c, w)?))
     }),

@@ -94,9 +94,4 @@ pub const UNSERVED: &[(&str, Unserved, &str)] = &[
         Unserved::NotYet,
         "recurrent (issue #32): not ported yet",
     ),
-    (
-        "step3p5",
-        Unserved::NotYet,
-        "MoE (issue #32, MoE family): not ported yet",
-    ),
 ];
