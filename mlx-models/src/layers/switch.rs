@@ -196,7 +196,7 @@ pub enum SwitchActivation {
     /// gemma4's `GeGLU`: `gelu_approx(gate) * up`.
     GeGlu,
     /// step3p5's `ClampedSwiGLU(limit)`: `min(silu(gate), limit) * clip(up, -limit, limit)`.
-    ClampedSwiGlu(f64),
+    ClampedSwiGlu(f32),
 }
 
 impl SwitchActivation {
@@ -379,12 +379,12 @@ fn gather_sort(x: &Array, indices: &Array) -> Result<(Array, Array, Array)> {
 
 /// step3p5's `clamped_swiglu(x, gate, limit)`: `clip(silu(gate), None, limit) * clip(x, -limit,
 /// limit)`, the limit a weak scalar.
-pub fn clamped_swiglu(x: &Array, gate: &Array, limit: f64) -> Result<Array> {
-    let g = ops::clip_scalar(&silu(gate)?, None, Some(Scalar::Float(limit as f32)), None)?;
+pub fn clamped_swiglu(x: &Array, gate: &Array, limit: f32) -> Result<Array> {
+    let g = ops::clip_scalar(&silu(gate)?, None, Some(Scalar::Float(limit)), None)?;
     let x = ops::clip_scalar(
         x,
-        Some(Scalar::Float(-limit as f32)),
-        Some(Scalar::Float(limit as f32)),
+        Some(Scalar::Float(-limit)),
+        Some(Scalar::Float(limit)),
         None,
     )?;
     Ok((&g * &x)?)

@@ -674,7 +674,7 @@ impl Model {
         let mut caches = caches;
         let (attn_mask, conv_mask) = match caches.as_deref() {
             Some(c) => {
-                kit::check_caches(Some(&*c), self.layers.len(), "layers")?;
+                kit::check_caches(Some(c), self.layers.len(), "layers")?;
                 (
                     c[self.fa_idx].make_mask(n, None, false)?,
                     c[self.conv_idx]

@@ -388,7 +388,7 @@ impl Model {
         let mut caches = caches;
         let mask = match caches.as_deref() {
             Some(c) => {
-                kit::check_caches(Some(&*c), self.layers.len(), "layers")?;
+                kit::check_caches(Some(c), self.layers.len(), "layers")?;
                 // mamba2's `create_ssm_mask` (mamba.py takes no mask).
                 match (c.first(), self.layers.first().map(|l| &l.mixer)) {
                     (Some(c0), Some(Mixer::V2(_))) => {

@@ -312,7 +312,7 @@ impl Model {
         let mut h = fast::rms_norm(&self.embed.forward(inputs)?, None, self.eps, None)?;
         let mut caches = caches;
         if let Some(c) = caches.as_deref() {
-            kit::check_caches(Some(&*c), self.layers.len(), "layers")?;
+            kit::check_caches(Some(c), self.layers.len(), "layers")?;
         }
         // `_masks`: one mask per layer type, from the first layer of that type's cache.
         let mask_of = |sliding: bool| -> Result<Option<AttentionMask>> {

@@ -457,7 +457,7 @@ impl Model {
         let mut caches = caches;
         let (fa_mask, ssm_mask) = match caches.as_deref() {
             Some(c) => {
-                kit::check_caches(Some(&*c), self.layers.len(), "layers")?;
+                kit::check_caches(Some(c), self.layers.len(), "layers")?;
                 (
                     match self.fa_idx {
                         Some(i) => c[i].make_mask(n, None, false)?,

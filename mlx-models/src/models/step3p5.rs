@@ -113,7 +113,7 @@ impl StepMlp {
     fn forward(&self, x: &Array) -> Result<Array> {
         let (g, u) = (self.gate_proj.forward(x)?, self.up_proj.forward(x)?);
         let h = match self.limit {
-            Some(limit) => clamped_swiglu(&u, &g, limit)?,
+            Some(limit) => clamped_swiglu(&u, &g, limit as f32)?,
             None => swiglu(&g, &u)?,
         };
         self.down_proj.forward(&h)
@@ -293,7 +293,7 @@ impl Model {
             let mlp = if moe_layers.contains(&i) {
                 let limit = limit_at(&a.swiglu_limits, i);
                 let activation = if limit > 0.0 {
-                    SwitchActivation::ClampedSwiGlu(limit)
+                    SwitchActivation::ClampedSwiGlu(limit as f32)
                 } else {
                     SwitchActivation::SwiGlu
                 };
