@@ -119,6 +119,11 @@ fn longcat_flash_matches_mlx_lm_bit_for_bit() {
 }
 
 #[test]
+fn longcat_flash_ngram_matches_mlx_lm_bit_for_bit() {
+    check_all(&["longcat_flash_ngram", "longcat_flash_ngram_q4"]);
+}
+
+#[test]
 fn kimi_vl_matches_mlx_lm_bit_for_bit() {
     check_all(&["kimi_vl", "kimi_vl_q4"]);
 }

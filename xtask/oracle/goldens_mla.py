@@ -324,6 +324,25 @@ ROWS.update(
     }
 )
 
+# n-gram embeddings over longcat_flash's layers: 2 hashes of 2- and 3-grams (emb_dim 16).
+ROWS.update(
+    {
+        "longcat_flash_ngram": (
+            "longcat_flash_ngram",
+            {**LONGCAT, "ngram_vocab_size_ratio": 3, "emb_neighbor_num": 3, "emb_split_num": 2},
+            "float32",
+            None,
+        ),
+        "longcat_flash_ngram_q4": (
+            "longcat_flash_ngram",
+            {**LONGCAT, "ngram_vocab_size_ratio": 2, "emb_neighbor_num": 2, "emb_split_num": 2,
+             "norm_topk_prob": True},
+            "float32",
+            (32, 4),
+        ),
+    }
+)
+
 # index_topk 24 < the 40-token prompt: the sparse paths (prompt mask, gathered latent) run.
 V32 = {**MLA, "index_head_dim": 32, "index_n_heads": 4, "index_topk": 24}
 

@@ -439,6 +439,9 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
     ("longcat_flash", |c, w| {
         Ok(Box::new(longcat_flash::Model::load(c, w)?))
     }),
+    ("longcat_flash_ngram", |c, w| {
+        Ok(Box::new(longcat_flash::Model::load(c, w)?))
+    }),
     // State-space family (issue #32).
     ("mamba", |c, w| Ok(Box::new(mamba::Model::load(c, w)?))),
     ("mamba2", |c, w| Ok(Box::new(mamba::Model::load(c, w)?))),

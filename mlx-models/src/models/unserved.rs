@@ -54,11 +54,6 @@ pub const UNSERVED: &[(&str, Unserved, &str)] = &[
         "KDA hybrid (issue #32): not ported yet",
     ),
     (
-        "longcat_flash_ngram",
-        Unserved::NotYet,
-        "MLA with n-gram embeddings: not ported yet",
-    ),
-    (
         "minimax_m3_vl",
         Unserved::NotYet,
         "MoE text tower behind a wrapper: not ported yet",
