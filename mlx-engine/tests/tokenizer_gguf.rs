@@ -55,6 +55,7 @@ fn llama3_as_gguf() -> (Tokenizer, GgufTokenizerData) {
         chat_template: None,
         scores: None,
         add_space_prefix: None,
+        ..Default::default()
     };
     (reference, data)
 }
