@@ -51,6 +51,10 @@ fn mlx_generate_on_the_gemma3_gguf_matches_mlx_lm() {
             .map(|x| x.as_f64().unwrap())
             .collect()
     };
-    assert_eq!(lp(&ours["logprobs"]), lp(&g["logprobs"]), "log-probabilities");
+    assert_eq!(
+        lp(&ours["logprobs"]),
+        lp(&g["logprobs"]),
+        "log-probabilities"
+    );
     assert_eq!(ours["text"], g["text"], "text");
 }

@@ -613,7 +613,7 @@ impl GgufTokenizerData {
         })
         .to_string();
         let model: WordPiece = serde_json::from_str(&model_json)
-        .map_err(|e| TokenizerError::Backend(format!("building WordPiece: {e}")))?;
+            .map_err(|e| TokenizerError::Backend(format!("building WordPiece: {e}")))?;
         let mut inner = tokenizers::Tokenizer::new(model);
         let lowercase = self.lowercase.unwrap_or(true);
         let strip_accents = self.strip_accents.unwrap_or(lowercase);

@@ -532,9 +532,8 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         "glm4" => {
             let hd = head_dim.unwrap_or(i64::from(hidden / heads));
             config["head_dim"] = Value::from(hd);
-            config["attention_bias"] = Value::from(
-                tensors.contains_key("model.layers.0.self_attn.q_proj.bias"),
-            );
+            config["attention_bias"] =
+                Value::from(tensors.contains_key("model.layers.0.self_attn.q_proj.bias"));
             // llama.cpp rotates `rope.dimension_count` dims of each head (HF's default: half).
             let rot = float("rope.dimension_count", false)?.unwrap_or(hd as f64 / 2.0);
             config["partial_rotary_factor"] = Value::from(rot / hd as f64);
