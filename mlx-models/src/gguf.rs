@@ -1,6 +1,6 @@
 //! GGUF model files, read through MLX's loader: llama.cpp tensor names mapped to mlx-lm's per
-//! architecture (llama, qwen2, qwen3, phi3, gemma, gemma2, gemma3, qwen3moe, olmo2, granite,
-//! glm4), llama's and granite's Q/K rows un-permuted (llama.cpp stores them interleaved for its
+//! architecture (llama, qwen2, qwen3, phi3, gemma, gemma2, gemma3, qwen2moe, qwen3moe, olmo2,
+//! granite, glm4), llama's and granite's Q/K rows un-permuted (llama.cpp stores them interleaved for its
 //! rope), Gemma's `1 + w` norms
 //! turned back into mlx-lm's `w`, hyper-parameters from metadata, and the tokenizer data.
 //!
@@ -162,6 +162,22 @@ const ARCHS: &[GgufArch] = &[
             ("ffn_gate_exps", "mlp.switch_mlp.gate_proj"),
             ("ffn_up_exps", "mlp.switch_mlp.up_proj"),
             ("ffn_down_exps", "mlp.switch_mlp.down_proj"),
+        ],
+    },
+    GgufArch {
+        arch: "qwen2moe",
+        model_type: "qwen2_moe",
+        permute_qk: false,
+        norm_plus_one: false,
+        parts: &[
+            ("ffn_gate_inp", "mlp.gate"),
+            ("ffn_gate_exps", "mlp.switch_mlp.gate_proj"),
+            ("ffn_up_exps", "mlp.switch_mlp.up_proj"),
+            ("ffn_down_exps", "mlp.switch_mlp.down_proj"),
+            ("ffn_gate_inp_shexp", "mlp.shared_expert_gate"),
+            ("ffn_gate_shexp", "mlp.shared_expert.gate_proj"),
+            ("ffn_up_shexp", "mlp.shared_expert.up_proj"),
+            ("ffn_down_shexp", "mlp.shared_expert.down_proj"),
         ],
     },
     GgufArch {
@@ -414,6 +430,10 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                     unpermute(&a, heads, &name, &key("attention.head_count"))?
                 } else if arch.permute_qk && m.contains(".self_attn.k_proj.") {
                     unpermute(&a, kv_heads, &name, &key("attention.head_count_kv"))?
+                } else if m.ends_with(".shared_expert_gate.weight") && a.ndim() == 1 {
+                    // One gate row, which a converter may store as a vector.
+                    let h = a.shape()[0];
+                    a.reshape(&[1, h])?
                 } else if arch.norm_plus_one && name.contains("_norm.") {
                     // Stored as `1 + w` (a weak Python int in mlx-lm terms: the tensor's dtype).
                     (&a - 1)?
@@ -508,6 +528,14 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                 config["head_dim"] = Value::from(hidden / heads);
             }
         }
+        "qwen2moe" => {
+            // llama.cpp's qwen2moe, like mlx-lm's, does not renormalize the top-k weights.
+            config["num_experts"] = Value::from(count("expert_count")?);
+            config["num_experts_per_tok"] = Value::from(count("expert_used_count")?);
+            config["moe_intermediate_size"] = Value::from(count("expert_feed_forward_length")?);
+            config["shared_expert_intermediate_size"] =
+                Value::from(count("expert_shared_feed_forward_length")?);
+        }
         "granite" => {
             let has_bias = |t: &str| tensors.contains_key(&format!("model.layers.0.{t}.bias"));
             config["attention_bias"] = Value::from(has_bias("self_attn.q_proj"));
@@ -530,7 +558,9 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             }
         }
         "glm4" => {
-            let hd = head_dim.unwrap_or(i64::from(hidden / heads));
+            // `rope.dimension_count` is the rotated part of a head here, not its size.
+            let hd = meta_count(&metadata, path, &key("attention.key_length"))?
+                .map_or(i64::from(hidden / heads), i64::from);
             config["head_dim"] = Value::from(hd);
             config["attention_bias"] =
                 Value::from(tensors.contains_key("model.layers.0.self_attn.q_proj.bias"));

@@ -1,4 +1,5 @@
-//! GGUF name maps (qwen2, qwen3, phi3, gemma, gemma2, gemma3, qwen3moe, olmo2, granite, glm4):
+//! GGUF name maps (qwen2, qwen3, phi3, gemma, gemma2, gemma3, qwen2moe, qwen3moe, olmo2, granite,
+//! glm4):
 //! tiny seeded models written with llama.cpp's names, norm conventions, Q/K permutation and
 //! metadata keys by `cargo xtask
 //! goldens gguf_dense`, loaded by `mlx_models::gguf`, give mlx-lm's logits on the same
@@ -18,8 +19,8 @@ fn root() -> PathBuf {
 #[test]
 fn gguf_files_of_every_mapped_architecture_match_mlx_lm() {
     let names = [
-        "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3", "qwen3moe", "olmo2", "granite",
-        "glm4",
+        "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3", "qwen2moe", "qwen3moe", "olmo2",
+        "granite", "glm4",
     ];
     let failures: Vec<String> = names
         .iter()
@@ -38,8 +39,8 @@ fn gguf_files_of_every_mapped_architecture_match_mlx_lm() {
         .collect();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     for a in [
-        "llama", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3", "qwen3moe", "olmo2",
-        "granite", "glm4",
+        "llama", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3", "qwen2moe", "qwen3moe",
+        "olmo2", "granite", "glm4",
     ] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }

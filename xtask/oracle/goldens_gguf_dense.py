@@ -80,6 +80,18 @@ CASES = {
             "tie_word_embeddings": False,
         },
     ),
+    "qwen2moe": (
+        "qwen2moe",
+        "qwen2_moe",
+        {
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 16,
+            "shared_expert_intermediate_size": 24,
+            "rope_theta": 1000000.0,
+            "tie_word_embeddings": False,
+        },
+    ),
     "olmo2": ("olmo2", "olmo2", {"rope_theta": 500000.0, "tie_word_embeddings": False}),
     "granite": (
         "granite",
@@ -114,6 +126,16 @@ ARCH_PARTS = {
         "mlp.switch_mlp.gate_proj": "ffn_gate_exps",
         "mlp.switch_mlp.up_proj": "ffn_up_exps",
         "mlp.switch_mlp.down_proj": "ffn_down_exps",
+    },
+    "qwen2moe": {
+        "mlp.gate": "ffn_gate_inp",
+        "mlp.switch_mlp.gate_proj": "ffn_gate_exps",
+        "mlp.switch_mlp.up_proj": "ffn_up_exps",
+        "mlp.switch_mlp.down_proj": "ffn_down_exps",
+        "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
+        "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+        "mlp.shared_expert.up_proj": "ffn_up_shexp",
+        "mlp.shared_expert.down_proj": "ffn_down_shexp",
     },
     "olmo2": {
         "post_attention_layernorm": "post_attention_norm",
@@ -213,10 +235,12 @@ def metadata(arch, c):
     num("attention.value_length", hd)
     if arch in ("phi3", "glm4"):
         num("rope.dimension_count", int(hd * c["partial_rotary_factor"]))
-    if arch == "qwen3moe":
+    if arch in ("qwen3moe", "qwen2moe"):
         num("expert_count", c["num_experts"])
         num("expert_used_count", c["num_experts_per_tok"])
         num("expert_feed_forward_length", c["moe_intermediate_size"])
+    if arch == "qwen2moe":
+        num("expert_shared_feed_forward_length", c["shared_expert_intermediate_size"])
     if arch == "granite":
         num("attention.scale", c["attention_multiplier"], mx.float32)
         num("embedding_scale", c["embedding_multiplier"], mx.float32)
