@@ -165,7 +165,10 @@ fn unknown_pre_tokenizer_is_a_clear_error() {
     };
     let err = data.build().unwrap_err().to_string();
     assert!(err.contains("\"t5\""), "{err}");
-    assert!(err.contains("\"bert\"") && err.contains("\"llama\""), "{err}");
+    assert!(
+        err.contains("\"bert\"") && err.contains("\"llama\""),
+        "{err}"
+    );
 }
 
 /// A SentencePiece vocabulary needs one finite score per piece; a small one tokenizes with
