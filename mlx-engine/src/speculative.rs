@@ -258,6 +258,203 @@ pub fn prompt_lookup(history: &[u32], ngram: usize, k: usize) -> Vec<u32> {
     Vec::new()
 }
 
+/// A block drafter (the shape DFlash-style drafters take): from the target's final hidden
+/// state at the last kept position it proposes a whole block of `block` tokens in one pass,
+/// `head(h @ proj_j^T)` for `j = 1..=block` as one product (`proj`: `(block * hidden,
+/// hidden)`) and one pass of the target's output head. Its tap is the final normed hidden
+/// state (the target's `forward_hidden`); weights load from a safetensors file holding
+/// `proj.weight`. No trained drafter of this kind is reachable here: [`BlockDrafter::distill`]
+/// fits one by least squares on hidden states the target produced (a tiny budget).
+pub struct BlockDrafter {
+    head: mlx_models::models::OutputHead,
+    proj: Array,
+    block: usize,
+    hidden: usize,
+    last: Option<Array>,
+}
+
+impl BlockDrafter {
+    /// A drafter of `proj` `(block * hidden, hidden)` over the target's output head.
+    pub fn new(model: &dyn LanguageModel, proj: Array) -> Result<BlockDrafter> {
+        let head = model.output_head().ok_or_else(|| {
+            EngineError::Other(format!(
+                "block drafter: `{}` does not expose its output head",
+                model.model_type()
+            ))
+        })?;
+        let shape = proj.shape();
+        let ok = shape.len() == 2 && shape[1] > 0 && shape[0] > 0 && shape[0] % shape[1] == 0;
+        if !ok {
+            return Err(EngineError::Other(format!(
+                "block drafter: `proj.weight` must be (block * hidden, hidden), got {shape:?}"
+            )));
+        }
+        Ok(BlockDrafter {
+            head,
+            block: (shape[0] / shape[1]) as usize,
+            hidden: shape[1] as usize,
+            proj: proj.astype(Dtype::Float32)?,
+            last: None,
+        })
+    }
+
+    /// Loads `proj.weight` from the safetensors file `path`.
+    pub fn load(model: &dyn LanguageModel, path: &std::path::Path) -> Result<BlockDrafter> {
+        let (mut t, _) = mlx_core::io::load_safetensors(path, None)?;
+        let proj = t.remove("proj.weight").ok_or_else(|| {
+            EngineError::Other(format!(
+                "{}: block drafter weights need a `proj.weight` tensor",
+                path.display()
+            ))
+        })?;
+        BlockDrafter::new(model, proj)
+    }
+
+    /// Tokens one pass proposes.
+    pub fn block(&self) -> usize {
+        self.block
+    }
+
+    /// The projection, to save (`proj.weight`).
+    pub fn proj(&self) -> &Array {
+        &self.proj
+    }
+
+    /// Fits `proj` for `block` tokens by ridge regression (`lambda`) on `states`: the final
+    /// hidden states `(t, hidden)` of consecutive positions of some text the target ran:
+    /// `proj_j` maps the state at `i` to the state at `i + j` (the one whose head gives the
+    /// token the drafter must propose `j`-th). In float64 on the host.
+    pub fn distill(states: &Array, block: usize, lambda: f64) -> Result<Array> {
+        let shape = states.shape();
+        if shape.len() != 2 || shape[0] as usize <= block || block == 0 {
+            return Err(EngineError::Other(format!(
+                "block drafter: distilling {block} tokens needs more than {block} hidden \
+                 states (t, hidden), got {shape:?}"
+            )));
+        }
+        let (t, d) = (shape[0] as usize, shape[1] as usize);
+        let x: Vec<f64> = states
+            .astype(Dtype::Float32)?
+            .to_vec::<f32>()?
+            .into_iter()
+            .map(f64::from)
+            .collect();
+        let mut out = vec![0f32; block * d * d];
+        for j in 1..=block {
+            let n = t - j;
+            // A = X^T X + lambda I, B = X^T Y over the pairs (x_i, x_{i+j}).
+            let mut a = vec![0f64; d * d];
+            let mut b = vec![0f64; d * d];
+            for i in 0..n {
+                let xi = &x[i * d..(i + 1) * d];
+                let yi = &x[(i + j) * d..(i + j + 1) * d];
+                for r in 0..d {
+                    let xr = xi[r];
+                    for c in 0..d {
+                        a[r * d + c] += xr * xi[c];
+                        b[r * d + c] += xr * yi[c];
+                    }
+                }
+            }
+            for r in 0..d {
+                a[r * d + r] += lambda;
+            }
+            // Solve A W = B (W: (d, d), y = x W) by Gaussian elimination with pivoting.
+            let w = solve(&mut a, &mut b, d)?;
+            // proj_j = W^T: (out d, in d), row-major; block rows stacked.
+            for r in 0..d {
+                for c in 0..d {
+                    out[(j - 1) * d * d + r * d + c] = w[c * d + r] as f32;
+                }
+            }
+        }
+        Ok(Array::from_slice(&out, &[(block * d) as i32, d as i32])?)
+    }
+}
+
+/// Solves `a x = b` for `x` (`a`: (d, d), `b`: (d, m) with m = d), in place.
+fn solve(a: &mut [f64], b: &mut [f64], d: usize) -> Result<Vec<f64>> {
+    let m = b.len() / d;
+    for col in 0..d {
+        let piv = (col..d)
+            .max_by(|&i, &j| a[i * d + col].abs().total_cmp(&a[j * d + col].abs()))
+            .unwrap_or(col);
+        if a[piv * d + col].abs() < 1e-300 {
+            return Err(EngineError::Other(
+                "block drafter: the hidden states are degenerate (singular system)".into(),
+            ));
+        }
+        if piv != col {
+            for c in 0..d {
+                a.swap(piv * d + c, col * d + c);
+            }
+            for c in 0..m {
+                b.swap(piv * m + c, col * m + c);
+            }
+        }
+        let p = a[col * d + col];
+        for r in 0..d {
+            if r == col {
+                continue;
+            }
+            let f = a[r * d + col] / p;
+            if f == 0.0 {
+                continue;
+            }
+            for c in col..d {
+                a[r * d + c] -= f * a[col * d + c];
+            }
+            for c in 0..m {
+                b[r * m + c] -= f * b[col * m + c];
+            }
+        }
+    }
+    let mut x = vec![0f64; d * m];
+    for r in 0..d {
+        let p = a[r * d + r];
+        for c in 0..m {
+            x[r * m + c] = b[r * m + c] / p;
+        }
+    }
+    Ok(x)
+}
+
+impl HiddenDrafter for BlockDrafter {
+    fn observe(&mut self, hidden: &Array, next: &[u32]) -> Result<()> {
+        if next.is_empty() {
+            return Ok(());
+        }
+        let n = hidden.dim(1)?;
+        let h = ops::slice_axis(hidden, 1, n - 1, n, None)?;
+        if h.shape().last().copied() != Some(self.hidden as i32) {
+            return Err(EngineError::Other(format!(
+                "block drafter: built for hidden size {}, the model's is {:?}",
+                self.hidden,
+                h.shape().last()
+            )));
+        }
+        h.eval()?;
+        self.last = Some(h);
+        Ok(())
+    }
+
+    fn propose(&mut self, k: usize) -> Result<Vec<u32>> {
+        let Some(h) = &self.last else {
+            return Ok(Vec::new());
+        };
+        let d = self.hidden as i32;
+        let h = h.reshape(&[1, d])?.astype(Dtype::Float32)?;
+        // One pass: every block position's state, then the head over all of them.
+        let z = ops::matmul(&h, &self.proj.transpose(&[1, 0])?, None)?;
+        let z = z.reshape(&[1, self.block as i32, d])?;
+        let logits = self.head.forward(&z)?;
+        let t = ops::argmax(&logits, -1, false, None)?;
+        let mut out = t.astype(Dtype::Uint32)?.to_vec::<u32>()?;
+        out.truncate(k);
+        Ok(out)
+    }
+}
+
 /// One verification round's tokens, handed out one by one as mlx-lm's generator yields them.
 struct Round {
     num_draft: usize,
