@@ -1381,10 +1381,10 @@ impl Model {
                 &format!("{p}.self_attn"),
             )?)),
             None if spec.expanded_mla() => {
-                SelfAttn::MlaExpanded(Box::new(Self::load_mla(&spec, w, &p, scale)?))
+                SelfAttn::MlaExpanded(Box::new(Self::load_mla(spec, w, &p, scale)?))
             }
             None if spec.indexer.is_some() => {
-                let attn = Self::load_mla(&spec, w, &p, scale)?;
+                let attn = Self::load_mla(spec, w, &p, scale)?;
                 let (n_heads, head_dim, index_topk, interleave) =
                     spec.indexer.unwrap_or((1, 1, 1, false));
                 let indexer = Indexer::load(
@@ -1408,13 +1408,13 @@ impl Model {
                 SelfAttn::Sparse(Box::new((attn, indexer)))
             }
             None if spec.sanitize == Sanitize::Mistral4 => {
-                SelfAttn::Mistral4(Box::new(Self::load_mla(&spec, w, &p, scale)?))
+                SelfAttn::Mistral4(Box::new(Self::load_mla(spec, w, &p, scale)?))
             }
-            None => SelfAttn::Mla(Box::new(Self::load_mla(&spec, w, &p, scale)?)),
+            None => SelfAttn::Mla(Box::new(Self::load_mla(spec, w, &p, scale)?)),
         };
         let mlp = match spec.n_routed_experts.filter(|_| spec.is_moe(i)) {
             Some(n) => Ffn::Moe(Box::new(DeepseekMoe::load(
-                &spec,
+                spec,
                 w,
                 &format!("{p}.mlp"),
                 n,

@@ -864,9 +864,9 @@ fn load_layer(
     let eps = args.rms_norm_eps as f32;
     let dim = args.hidden_size;
     let mixer = if linear {
-        Mixer::Linear(GatedDeltaNet::load(&args, w, &format!("{p}.linear_attn"))?)
+        Mixer::Linear(GatedDeltaNet::load(args, w, &format!("{p}.linear_attn"))?)
     } else {
-        Mixer::Attention(Attention::load(&args, w, &format!("{p}.self_attn"))?)
+        Mixer::Attention(Attention::load(args, w, &format!("{p}.self_attn"))?)
     };
     let mlp = if sparse {
         Ffn::Sparse(Box::new(SparseMoe::load_parts(
