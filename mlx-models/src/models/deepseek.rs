@@ -1462,12 +1462,19 @@ pub struct Model {
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
     lm_head: Option<Linear>,
+    /// The multi-token-prediction layers, loaded only when asked ([`Weights::with_mtp`]).
+    mtp: Vec<MtpLayer>,
 }
 
 impl Model {
     pub fn load(config: &ModelConfig, w: &mut Weights) -> Result<Model> {
         let spec = DeepseekSpec::from_config(config)?;
-        sanitize(&spec, w)?;
+        let mtp_layers = if w.mtp() {
+            mtp_layer_count(&spec, &config.raw)?
+        } else {
+            0
+        };
+        sanitize(&spec, w, mtp_layers)?;
         let pre = spec.prefix;
         let (dim, eps) = (spec.hidden_size, spec.rms_norm_eps);
         let embed_tokens =
@@ -1475,98 +1482,11 @@ impl Model {
         let scale = spec.scale()?;
         let mut layers = Vec::with_capacity(spec.num_hidden_layers as usize);
         for i in 0..spec.num_hidden_layers {
-            let p = format!("{pre}model.layers.{i}");
-            let self_attn = match spec.standard_attention {
-                Some(sa) => SelfAttn::Standard(Box::new(crate::models::moe::Attention::new(
-                    crate::models::moe::AttentionSpec {
-                        hidden_size: dim,
-                        n_heads: spec.num_attention_heads,
-                        n_kv_heads: sa.n_kv_heads,
-                        head_dim: sa.head_dim,
-                        qkv_bias: sa.bias,
-                        o_bias: sa.o_bias,
-                        qk_norm: if sa.qk_norm {
-                            crate::models::moe::QkNorm::PerHead
-                        } else {
-                            crate::models::moe::QkNorm::None
-                        },
-                        eps,
-                        rope: Rope::initialize(
-                            sa.rope_dims,
-                            spec.rope_theta,
-                            false,
-                            spec.rope_scaling.as_ref(),
-                            Some(spec.max_position_embeddings).filter(|m| *m > 0),
-                        )?,
-                        names: ["o_proj", "q_norm", "k_norm"],
-                        sinks: false,
-                        inv_sqrt_scale: false,
-                    },
-                    w,
-                    &format!("{p}.self_attn"),
-                )?)),
-                None if spec.expanded_mla() => {
-                    SelfAttn::MlaExpanded(Box::new(Self::load_mla(&spec, w, &p, scale)?))
-                }
-                None if spec.indexer.is_some() => {
-                    let attn = Self::load_mla(&spec, w, &p, scale)?;
-                    let (n_heads, head_dim, index_topk, interleave) =
-                        spec.indexer.unwrap_or((1, 1, 1, false));
-                    let indexer = Indexer::load(
-                        IndexerSpec {
-                            hidden_size: dim,
-                            q_lora_rank: spec.q_lora_rank.unwrap_or(0),
-                            n_heads,
-                            head_dim,
-                            index_topk,
-                            rope: Rope::initialize(
-                                spec.qk_rope_head_dim,
-                                spec.rope_theta,
-                                interleave,
-                                spec.rope_scaling.as_ref(),
-                                Some(spec.max_position_embeddings),
-                            )?,
-                        },
-                        w,
-                        &format!("{p}.self_attn.indexer"),
-                    )?;
-                    SelfAttn::Sparse(Box::new((attn, indexer)))
-                }
-                None if spec.sanitize == Sanitize::Mistral4 => {
-                    SelfAttn::Mistral4(Box::new(Self::load_mla(&spec, w, &p, scale)?))
-                }
-                None => SelfAttn::Mla(Box::new(Self::load_mla(&spec, w, &p, scale)?)),
-            };
-            let mlp = match spec.n_routed_experts.filter(|_| spec.is_moe(i)) {
-                Some(n) => Ffn::Moe(Box::new(DeepseekMoe::load(
-                    &spec,
-                    w,
-                    &format!("{p}.mlp"),
-                    n,
-                )?)),
-                None => Ffn::Dense(Mlp::load(
-                    w,
-                    &format!("{p}.mlp"),
-                    &MlpNames::LLAMA,
-                    dim,
-                    spec.intermediate_size,
-                    spec.mlp_bias,
-                    spec.mlp_bias,
-                    MlpKind::SwiGlu,
-                )?),
-            };
-            layers.push(DecoderLayer {
-                residual_scale: spec.residual_scale,
-                self_attn,
-                mlp,
-                input_layernorm: RmsNorm::load(w, &format!("{p}.input_layernorm"), dim, eps)?,
-                post_attention_layernorm: RmsNorm::load(
-                    w,
-                    &format!("{p}.post_attention_layernorm"),
-                    dim,
-                    eps,
-                )?,
-            });
+            layers.push(Self::load_layer(&spec, w, i, scale)?);
+        }
+        let mut mtp = Vec::with_capacity(mtp_layers as usize);
+        for i in spec.num_hidden_layers..spec.num_hidden_layers + mtp_layers {
+            mtp.push(MtpLayer::load(&spec, w, i, scale)?);
         }
         let norm = RmsNorm::load(w, &format!("{pre}model.norm"), dim, eps)?;
         let lm_head = if spec.tie_word_embeddings {
@@ -1586,6 +1506,111 @@ impl Model {
             layers,
             norm,
             lm_head,
+            mtp,
+        })
+    }
+
+    /// Decoder layer `i` (its arrays under `{pre}model.layers.{i}`): a main layer, or a
+    /// multi-token-prediction layer's block.
+    fn load_layer(
+        spec: &DeepseekSpec,
+        w: &mut Weights,
+        i: i32,
+        scale: f32,
+    ) -> Result<DecoderLayer> {
+        let pre = spec.prefix;
+        let (dim, eps) = (spec.hidden_size, spec.rms_norm_eps);
+        let p = format!("{pre}model.layers.{i}");
+        let self_attn = match spec.standard_attention {
+            Some(sa) => SelfAttn::Standard(Box::new(crate::models::moe::Attention::new(
+                crate::models::moe::AttentionSpec {
+                    hidden_size: dim,
+                    n_heads: spec.num_attention_heads,
+                    n_kv_heads: sa.n_kv_heads,
+                    head_dim: sa.head_dim,
+                    qkv_bias: sa.bias,
+                    o_bias: sa.o_bias,
+                    qk_norm: if sa.qk_norm {
+                        crate::models::moe::QkNorm::PerHead
+                    } else {
+                        crate::models::moe::QkNorm::None
+                    },
+                    eps,
+                    rope: Rope::initialize(
+                        sa.rope_dims,
+                        spec.rope_theta,
+                        false,
+                        spec.rope_scaling.as_ref(),
+                        Some(spec.max_position_embeddings).filter(|m| *m > 0),
+                    )?,
+                    names: ["o_proj", "q_norm", "k_norm"],
+                    sinks: false,
+                    inv_sqrt_scale: false,
+                },
+                w,
+                &format!("{p}.self_attn"),
+            )?)),
+            None if spec.expanded_mla() => {
+                SelfAttn::MlaExpanded(Box::new(Self::load_mla(spec, w, &p, scale)?))
+            }
+            None if spec.indexer.is_some() => {
+                let attn = Self::load_mla(spec, w, &p, scale)?;
+                let (n_heads, head_dim, index_topk, interleave) =
+                    spec.indexer.unwrap_or((1, 1, 1, false));
+                let indexer = Indexer::load(
+                    IndexerSpec {
+                        hidden_size: dim,
+                        q_lora_rank: spec.q_lora_rank.unwrap_or(0),
+                        n_heads,
+                        head_dim,
+                        index_topk,
+                        rope: Rope::initialize(
+                            spec.qk_rope_head_dim,
+                            spec.rope_theta,
+                            interleave,
+                            spec.rope_scaling.as_ref(),
+                            Some(spec.max_position_embeddings),
+                        )?,
+                    },
+                    w,
+                    &format!("{p}.self_attn.indexer"),
+                )?;
+                SelfAttn::Sparse(Box::new((attn, indexer)))
+            }
+            None if spec.sanitize == Sanitize::Mistral4 => {
+                SelfAttn::Mistral4(Box::new(Self::load_mla(spec, w, &p, scale)?))
+            }
+            None => SelfAttn::Mla(Box::new(Self::load_mla(spec, w, &p, scale)?)),
+        };
+        let mlp = match spec.n_routed_experts.filter(|_| spec.is_moe(i)) {
+            Some(n) => Ffn::Moe(Box::new(DeepseekMoe::load(
+                spec,
+                w,
+                &format!("{p}.mlp"),
+                n,
+            )?)),
+            None => Ffn::Dense(Mlp::load(
+                w,
+                &format!("{p}.mlp"),
+                &MlpNames::LLAMA,
+                dim,
+                spec.intermediate_size,
+                spec.mlp_bias,
+                spec.mlp_bias,
+                MlpKind::SwiGlu,
+            )?),
+        };
+        Ok(DecoderLayer {
+            residual_scale: spec.residual_scale,
+            self_attn,
+            mlp,
+            input_layernorm: RmsNorm::load(w, &format!("{p}.input_layernorm"), dim, eps)?,
+            post_attention_layernorm: RmsNorm::load(
+                w,
+                &format!("{p}.post_attention_layernorm"),
+                dim,
+                eps,
+            )?,
         })
     }
 
@@ -1689,12 +1714,151 @@ impl Model {
     }
 }
 
+/// How many multi-token-prediction layers `--mtp` loads: `num_nextn_predict_layers` of the
+/// config (deepseek_v3, glm4_moe_lite, deepseek_v32 / glm_moe_dsa and kimi_k25 checkpoints
+/// carry them as `model.layers.{num_hidden_layers + k}`).
+fn mtp_layer_count(spec: &DeepseekSpec, raw: &Value) -> Result<i32> {
+    if !matches!(
+        spec.sanitize,
+        Sanitize::DeepseekV3 | Sanitize::Glm4MoeLite | Sanitize::DeepseekV32
+    ) {
+        return Err(ModelError::Config(format!(
+            "--mtp: `{}` checkpoints carry no multi-token-prediction layers this loader knows \
+             (deepseek_v3, glm4_moe_lite, deepseek_v32 and qwen3_next do)",
+            spec.model_type
+        )));
+    }
+    let text = raw.get("text_config").filter(|_| !spec.prefix.is_empty());
+    let v = text
+        .and_then(|t| t.get("num_nextn_predict_layers"))
+        .or_else(|| raw.get("num_nextn_predict_layers"));
+    match v.and_then(Value::as_i64) {
+        Some(n) if (1..=16).contains(&n) => Ok(n as i32),
+        Some(n) => Err(ModelError::Config(format!(
+            "--mtp: config.json `num_nextn_predict_layers` is {n}; it must be 1 to 16"
+        ))),
+        None => Err(ModelError::Config(
+            "--mtp: config.json has no positive integer `num_nextn_predict_layers`: the \
+             checkpoint carries no multi-token-prediction layers"
+                .into(),
+        )),
+    }
+}
+
+/// One multi-token-prediction layer (DeepSeek V3's MTP module, as vLLM and SGLang run it):
+/// `eh_proj([enorm(embed(t_{i+1})), hnorm(h_i)])` through a decoder block, then
+/// `shared_head.norm` and the head, predicting the token after `t_{i+1}`.
+#[derive(Clone)]
+struct MtpLayer {
+    enorm: RmsNorm,
+    hnorm: RmsNorm,
+    eh_proj: Linear,
+    block: DecoderLayer,
+    norm: RmsNorm,
+    /// The layer's own copies of the embedding and head, when the checkpoint has them.
+    embed: Option<Embedding>,
+    head: Option<Linear>,
+}
+
+impl MtpLayer {
+    fn load(spec: &DeepseekSpec, w: &mut Weights, i: i32, scale: f32) -> Result<MtpLayer> {
+        let (dim, eps) = (spec.hidden_size, spec.rms_norm_eps);
+        let p = format!("{}model.layers.{i}", spec.prefix);
+        let block = Model::load_layer(spec, w, i, scale)?;
+        let embed = if w.contains(&format!("{p}.embed_tokens.weight")) {
+            Some(Embedding::load(
+                w,
+                &format!("{p}.embed_tokens"),
+                spec.vocab_size,
+                dim,
+            )?)
+        } else {
+            None
+        };
+        let head = if w.contains(&format!("{p}.shared_head.head.weight")) {
+            Some(Linear::load(
+                w,
+                &format!("{p}.shared_head.head"),
+                dim,
+                spec.vocab_size,
+                false,
+            )?)
+        } else {
+            None
+        };
+        Ok(MtpLayer {
+            enorm: RmsNorm::load(w, &format!("{p}.enorm"), dim, eps)?,
+            hnorm: RmsNorm::load(w, &format!("{p}.hnorm"), dim, eps)?,
+            eh_proj: Linear::load(w, &format!("{p}.eh_proj"), 2 * dim, dim, false)?,
+            block,
+            norm: RmsNorm::load(w, &format!("{p}.shared_head.norm"), dim, eps)?,
+            embed,
+            head,
+        })
+    }
+}
+
+impl crate::models::MtpHead for Model {
+    fn depth(&self) -> usize {
+        self.mtp.len()
+    }
+
+    fn make_mtp_cache(&self) -> Vec<Box<dyn Cache>> {
+        self.mtp
+            .iter()
+            .map(|_| -> Box<dyn Cache> { Box::new(KVCache::new()) })
+            .collect()
+    }
+
+    fn mtp_forward(
+        &self,
+        k: usize,
+        hidden: &Array,
+        tokens: &Array,
+        cache: &mut Box<dyn Cache>,
+    ) -> Result<(Array, Array)> {
+        let l = self.mtp.get(k).ok_or_else(|| {
+            ModelError::Other(format!(
+                "multi-token-prediction layer {k} of {}",
+                self.mtp.len()
+            ))
+        })?;
+        if !matches!(l.block.self_attn, SelfAttn::Mla(_) | SelfAttn::Standard(_)) {
+            return Err(ModelError::Other(
+                "multi-token prediction runs on plain MLA or standard attention layers".into(),
+            ));
+        }
+        crate::models::moe::check_inputs(tokens)?;
+        let e = l
+            .embed
+            .as_ref()
+            .unwrap_or(&self.embed_tokens)
+            .forward(tokens)?;
+        let x = ops::concatenate(
+            &[&l.enorm.forward(&e)?, &l.hnorm.forward(hidden)?],
+            -1,
+            None,
+        )?;
+        let x = l.eh_proj.forward(&x)?;
+        let n = x.shape().get(1).copied().unwrap_or(0) as usize;
+        let array_mask = self.spec.standard_attention.is_none();
+        let mask = cache.make_mask(n, None, array_mask)?;
+        let h = l.block.forward(&x, None, &mask, Some(cache))?;
+        let normed = l.norm.forward(&h)?;
+        let logits = match &l.head {
+            Some(head) => head.forward(&normed)?,
+            None => super::project(self.lm_head.as_ref(), &self.embed_tokens, &normed)?,
+        };
+        Ok((logits, h))
+    }
+}
+
 /// The rows' `sanitize`: kimi_k25 drops its vision weights; multi-token-prediction layers
 /// (deepseek_v3: `model.layers.61`; glm4_moe_lite: every layer past `num_hidden_layers`) and
 /// precomputed `rotary_emb.inv_freq` go; per-expert weights are stacked into `switch_mlp`;
 /// an HF `kv_b_proj` is split into `embed_q` (transposed) and `unembed_out`, dequantized and
 /// quantized again when it is quantized.
-fn sanitize(s: &DeepseekSpec, w: &mut Weights) -> Result<()> {
+fn sanitize(s: &DeepseekSpec, w: &mut Weights, mtp_layers: i32) -> Result<()> {
     let pre = s.prefix;
     if !pre.is_empty() {
         for top in [
@@ -1710,7 +1874,21 @@ fn sanitize(s: &DeepseekSpec, w: &mut Weights) -> Result<()> {
     if s.tie_word_embeddings {
         w.discard("lm_head.weight");
     }
+    // `--mtp`: the multi-token-prediction layers stay (and are stacked and split below).
+    let keep_mtp = s.num_hidden_layers + mtp_layers;
     for name in w.names() {
+        let layer = name
+            .strip_prefix(&layers_pre)
+            .and_then(|r| r.split('.').next())
+            .and_then(|i| i.parse::<i64>().ok());
+        if keep_mtp > s.num_hidden_layers {
+            let drop = name.contains("rotary_emb.inv_freq")
+                || layer.is_some_and(|i| i >= i64::from(keep_mtp));
+            if drop {
+                w.discard(&name);
+            }
+            continue;
+        }
         let drop = match s.sanitize {
             Sanitize::Glm4MoeLite | Sanitize::DeepseekV32 => name
                 .strip_prefix(&layers_pre)
@@ -1736,7 +1914,7 @@ fn sanitize(s: &DeepseekSpec, w: &mut Weights) -> Result<()> {
             w.discard(&name);
         }
     }
-    for l in 0..s.num_hidden_layers {
+    for l in 0..keep_mtp {
         let prefix = format!("{layers_pre}{l}");
         if s.sanitize == Sanitize::Mistral4 {
             let gup = format!("{prefix}.mlp.experts.gate_up_proj");
@@ -2001,5 +2179,9 @@ impl LanguageModel for Model {
 
     fn layers_path(&self) -> String {
         format!("{}model.layers", self.spec.prefix)
+    }
+
+    fn mtp(&self) -> Option<&dyn crate::models::MtpHead> {
+        (!self.mtp.is_empty()).then_some(self as &dyn crate::models::MtpHead)
     }
 }

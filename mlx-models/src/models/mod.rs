@@ -258,6 +258,37 @@ pub trait LanguageModel: Send {
     fn segmented(&self) -> Option<&dyn SegmentedDecode> {
         None
     }
+
+    /// The checkpoint's multi-token-prediction layers, when they were loaded
+    /// (`Weights::with_mtp`); `None` otherwise.
+    fn mtp(&self) -> Option<&dyn MtpHead> {
+        None
+    }
+}
+
+/// Multi-token-prediction layers (DeepSeek V3 / GLM-4.5 `num_nextn_predict_layers`,
+/// Qwen3-Next `mtp.*`): each predicts the token after next from a hidden state and the next
+/// token, so chained they draft tokens for speculative decoding. Not part of mlx-lm (its
+/// `sanitize` drops them): loading them is opt-in.
+pub trait MtpHead {
+    /// How many layers there are.
+    fn depth(&self) -> usize;
+
+    /// Fresh caches, one per layer.
+    fn make_mtp_cache(&self) -> Vec<Box<dyn Cache>>;
+
+    /// Layer `k` over `hidden` `(1, n, hidden)` (the target's final normed hidden states, or
+    /// this head's previous output) and `tokens` `(1, n)` (the token after each of those
+    /// positions), appending to its `cache`: the logits `(1, n, vocab)` for the token after
+    /// each of `tokens`, and the layer's hidden output `(1, n, hidden)` (the next step's
+    /// `hidden`).
+    fn mtp_forward(
+        &self,
+        k: usize,
+        hidden: &Array,
+        tokens: &Array,
+        cache: &mut Box<dyn Cache>,
+    ) -> Result<(Array, Array)>;
 }
 
 /// `lm_head(h)`, or with tied embeddings `embed_tokens.as_linear(h)`: the head every
