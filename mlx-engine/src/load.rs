@@ -282,6 +282,9 @@ impl Loaded {
 pub fn load(model: &ModelRef, spec: &LoadSpec, events: &mut dyn LoadEvents) -> Result<Loaded> {
     let path = resolve(model, events)?;
     let mut m = load_path(&path, &spec.dtype, events)?;
+    if let Some(w) = crate::stream::eos_outside_vocab(m.model.as_ref(), &m.tokenizer) {
+        events.note(&w);
+    }
     if let Some(dir) = &spec.adapter_path {
         let params =
             mlx_adapters::adapters::load_adapters(m.model.as_mut(), dir).map_err(|source| {
