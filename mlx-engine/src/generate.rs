@@ -495,7 +495,9 @@ impl<'m> GenerateStep<'m> {
     /// `_step`: one forward of `input` through the cache, then processors and the sampler.
     fn step(&mut self, input: &Array, ids: Option<&[i32]>) -> Result<(Array, Array, Array)> {
         let len = input.size();
-        if len == 1 && self.graph_host() {
+        // Decode steps only (`ids` is `None`): the prompt's last token runs through the MLX
+        // forward, which gives the first token as on the greedy path.
+        if len == 1 && ids.is_none() && self.graph_host() {
             if let Some(logits) = self.graph_logits(input, ids)? {
                 let logits = Array::from_slice(&logits, &[1, logits.len() as i32])?
                     .astype(Dtype::Bfloat16)?;
