@@ -103,9 +103,13 @@ pub fn run(a: &BenchmarkArgs) -> Result<(), String> {
     let decoder = a
         .decoder
         .pick(m.model.as_ref(), &generate, &a.model.dtype, false, Ok(()))?;
+    // One graph decoder for the warm-up and every trial (built in the warm-up), as MLX's
+    // kernels are compiled in the warm-up.
+    let keep = mlx_engine::graph::GraphKeep::new();
     let bench = |generate: &GenerateOptions| -> Result<Trial, String> {
         let mut generate = generate.clone();
         decoder.apply(&mut generate);
+        generate.graph_keep = Some(keep.clone());
         let opts = StreamOptions {
             generate,
             ..StreamOptions::default()

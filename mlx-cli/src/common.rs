@@ -68,13 +68,26 @@ impl KvArgs {
     }
 }
 
+/// The graph decoder's construction, as `--verbose` prints it (counted in the prompt's time).
+pub fn graph_build_note(b: &mlx_engine::graph::BuildTimes) -> String {
+    format!(
+        "graph decoder built in {:.3} s (counted in the prompt time): kernels {:.3} s (NVRTC, or \
+         the on-disk cache), weights {:.3} s, graph capture {:.3} s",
+        b.kernels_s + b.weights_s + b.capture_s,
+        b.kernels_s,
+        b.weights_s,
+        b.capture_s
+    )
+}
+
 /// Which decoder runs the model.
 #[derive(Args, Clone, Debug)]
 pub struct DecoderArgs {
     /// `auto`: on a GPU (a `cuda` build), with the default `--dtype auto`, the graph decoder
     /// (our CUDA kernels, one CUDA graph a token) where it covers the model and options
     /// (llama, mistral, qwen2, smollm3 and like rows; bfloat16 or MLX affine 4/8-bit
-    /// weights; greedy decoding), else MLX; on the CPU backend, our multi-threaded SIMD CPU
+    /// weights; greedy decoding on the device, sampling and logits processors on the host from
+    /// its logits), else MLX; on the CPU backend, our multi-threaded SIMD CPU
     /// decoder where it covers the model and options (dense llama-family rows; float weights
     /// or MLX affine 2/4/8-bit), else MLX; `mlx`: MLX's own forward, the exact path whose
     /// outputs match mlx-lm's (as does any explicit `--dtype`); `cpu`, `graph`: that decoder,
@@ -160,7 +173,11 @@ impl DecoderArgs {
             cpu: None,
             graph: true,
             name: "graph",
-            note: "decoder: graph (CUDA graph decoder, greedy)".into(),
+            note: if opts.sampler.settings().temp != 0.0 || !opts.logits_processors.is_empty() {
+                "decoder: graph (CUDA graph decoder, sampled on the host)".into()
+            } else {
+                "decoder: graph (CUDA graph decoder, greedy)".into()
+            },
         };
         let mlx = |why: String| DecoderChoice {
             cpu: None,

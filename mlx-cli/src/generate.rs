@@ -386,6 +386,11 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
     if let Some(w) = stream.graph_fallback() {
         eprintln!("[mlx] warning: {w}");
     }
+    if a.verbose {
+        if let Some(b) = stream.graph_build_times() {
+            eprintln!("[mlx] {}", crate::common::graph_build_note(&b));
+        }
+    }
     let Some(r) = last else {
         return Err("generation produced no output".into());
     };

@@ -87,6 +87,9 @@ pub struct GenerateOptions {
     /// ([`mlx_kernels::graph_decode::GraphDecoder::inject_failure_after`]).
     #[doc(hidden)]
     pub graph_fail_after: Option<usize>,
+    /// Where [`GenerateOptions::graph_decode`] keeps its decoder between generations of one
+    /// model ([`crate::graph::GraphKeep`]; `None`: each generation builds its own).
+    pub graph_keep: Option<crate::graph::GraphKeep>,
 }
 
 /// The CPU decoder's settings in [`GenerateOptions`].
@@ -153,6 +156,7 @@ impl Default for GenerateOptions {
             grammar: None,
             graph_decode: false,
             graph_fail_after: None,
+            graph_keep: None,
         }
     }
 }
@@ -268,9 +272,33 @@ pub struct GenerateStep<'m> {
 /// A run of the graph decoder: the decoder, and the tokens it was given or produced since the
 /// MLX caches last saw a token (run through the MLX forward if it fails).
 struct GraphRun {
-    dec: mlx_kernels::graph_decode::GraphDecoder,
+    /// Always `Some` until the run is dropped (then it goes back to `keep`).
+    dec: Option<mlx_kernels::graph_decode::GraphDecoder>,
     started: bool,
     since_mlx: Vec<i32>,
+    /// The slot the decoder came from or goes to, and the model's identity.
+    keep: Option<(crate::graph::GraphKeep, usize)>,
+    /// The decoder's construction times, or `None` when it was the kept one.
+    built: Option<mlx_kernels::graph_decode::BuildTimes>,
+}
+
+impl GraphRun {
+    fn dec(&mut self) -> mlx_core::Result<&mut mlx_kernels::graph_decode::GraphDecoder> {
+        self.dec
+            .as_mut()
+            .ok_or_else(|| mlx_core::Error::InvalidArgument {
+                op: "graph_decoder",
+                message: "the run's decoder was given back".into(),
+            })
+    }
+}
+
+impl Drop for GraphRun {
+    fn drop(&mut self) {
+        if let (Some((keep, model)), Some(dec)) = (self.keep.take(), self.dec.take()) {
+            keep.put(model, dec);
+        }
+    }
 }
 
 /// The compiled decode step a [`GenerateStep`] uses: none, its own (traced during this
@@ -409,14 +437,27 @@ fn start<'m>(
         let (spec, weights) =
             crate::graph::map_model(model).map_err(EngineError::GraphDecoderUnsupported)?;
         let room = prompt.len() + opts.max_tokens.unwrap_or(GRAPH_DEFAULT_ROOM) + 1;
-        let mut dec = mlx_kernels::graph_decode::GraphDecoder::new(spec, &weights, room)?;
+        let kept = opts
+            .graph_keep
+            .as_ref()
+            .and_then(|k| k.take(model, &spec, room));
+        let built = kept.is_none();
+        let mut dec = match kept {
+            Some(d) => d,
+            None => mlx_kernels::graph_decode::GraphDecoder::new(spec, &weights, room)?,
+        };
         if let Some(n) = opts.graph_fail_after {
             dec.inject_failure_after(n);
         }
         Some(GraphRun {
-            dec,
+            built: built.then(|| dec.build_times()),
+            dec: Some(dec),
             started: false,
             since_mlx: Vec::new(),
+            keep: opts
+                .graph_keep
+                .clone()
+                .map(|k| (k, crate::graph::model_id(model))),
         })
     } else {
         None
@@ -454,6 +495,15 @@ impl<'m> GenerateStep<'m> {
     /// `_step`: one forward of `input` through the cache, then processors and the sampler.
     fn step(&mut self, input: &Array, ids: Option<&[i32]>) -> Result<(Array, Array, Array)> {
         let len = input.size();
+        // Decode steps only (`ids` is `None`): the prompt's last token runs through the MLX
+        // forward, which gives the first token as on the greedy path.
+        if len == 1 && ids.is_none() && self.graph_host() {
+            if let Some(logits) = self.graph_logits(input, ids)? {
+                let logits = Array::from_slice(&logits, &[1, logits.len() as i32])?
+                    .astype(Dtype::Bfloat16)?;
+                return self.sample_logits(logits, len, ids, None);
+            }
+        }
         if let Some(cpu) = self.cpu.as_mut() {
             let owned;
             let ids = match ids {
@@ -602,8 +652,9 @@ impl<'m> GenerateStep<'m> {
     /// the tokens it saw are run through the MLX forward first, so that the caches hold what
     /// the MLX path's would (every token returned); if that fails, the caches may hold fewer.
     pub fn into_cache(mut self) -> Vec<Box<dyn Cache>> {
-        if let Some(g) = self.graph.take() {
-            let ids = g.since_mlx;
+        if let Some(mut g) = self.graph.take() {
+            let ids = std::mem::take(&mut g.since_mlx);
+            drop(g);
             if !ids.is_empty() {
                 let synced = on_generation_stream(|| {
                     let x = Array::from_slice(&ids, &[1, ids.len() as i32])?;
@@ -642,10 +693,76 @@ impl<'m> GenerateStep<'m> {
         self.graph.is_some()
     }
 
+    /// How the graph decoder of this generation was made: `Some(times)` when it was built
+    /// for it (kernels, weights, capture), `None` when it was a kept one
+    /// ([`GenerateOptions::graph_keep`]) or the run has no graph decoder.
+    pub fn graph_build_times(&self) -> Option<mlx_kernels::graph_decode::BuildTimes> {
+        self.graph.as_ref().and_then(|g| g.built)
+    }
+
     /// Why the graph decoder handed this run to the MLX path (a failed CUDA call or a full
     /// cache), if it did.
     pub fn graph_fallback(&self) -> Option<&str> {
         self.graph_fallback.as_deref()
+    }
+
+    /// Whether the graph decoder runs teacher-forced, its logits sampled on the host by the MLX
+    /// path's sampler and processors (a sampler with a temperature, logits processors); else
+    /// it decodes greedily on the device ([`Self::advance_graph`]).
+    fn graph_host(&self) -> bool {
+        self.graph.is_some()
+            && (self.opts.sampler.settings().temp != 0.0 || !self.opts.logits_processors.is_empty())
+    }
+
+    /// The graph decoder's logits (bfloat16 values as `f32`) after the one token `input`: the
+    /// first call copies the prompt's MLX cache in. `None`: the decoder failed; the tokens it
+    /// had taken are run through the MLX forward (the MLX caches catch up), and the run goes on
+    /// on the MLX path from `input`.
+    fn graph_logits(&mut self, input: &Array, ids: Option<&[i32]>) -> Result<Option<Vec<f32>>> {
+        let tok = match ids {
+            Some(ids) => ids[0],
+            None => input.astype(Dtype::Int32)?.item::<i32>()?,
+        };
+        let Some(g) = self.graph.as_mut() else {
+            return Ok(None);
+        };
+        let r = (|| -> mlx_core::Result<Vec<f32>> {
+            if !g.started {
+                let kv = graph_prefix(&self.caches)?;
+                g.dec()?.set_prefix(&kv)?;
+                g.started = true;
+            }
+            let t = u32::try_from(tok).map_err(|_| mlx_core::Error::InvalidArgument {
+                op: "graph_decoder",
+                message: format!("token id {tok}"),
+            })?;
+            g.dec()?.step_logits(t)
+        })();
+        match r {
+            Ok(l) => {
+                g.since_mlx.push(tok);
+                Ok(Some(l))
+            }
+            Err(e) => {
+                let mut g = self.graph.take().unwrap_or_else(|| unreachable!());
+                self.graph_fallback = Some(format!(
+                    "the graph decoder failed ({e}); the MLX path continues the run"
+                ));
+                let ids = std::mem::take(&mut g.since_mlx);
+                drop(g);
+                if !ids.is_empty() {
+                    let x = Array::from_slice(&ids, &[1, ids.len() as i32])?;
+                    self.model.forward(&x, Some(&mut self.caches))?;
+                    let states: Vec<Array> = self
+                        .caches
+                        .iter()
+                        .flat_map(|c| c.state().into_arrays())
+                        .collect();
+                    mlx_core::eval(states.iter())?;
+                }
+                Ok(None)
+            }
+        }
     }
 
     /// One token from the graph decoder: the first call copies the prompt's cache in and
@@ -659,13 +776,13 @@ impl<'m> GenerateStep<'m> {
         let r = (|| -> mlx_core::Result<(u32, f32)> {
             if !g.started {
                 let kv = graph_prefix(&self.caches)?;
-                g.dec.set_prefix(&kv)?;
+                g.dec()?.set_prefix(&kv)?;
                 let left = self.opts.max_tokens.map_or(usize::MAX, |m| m - self.n);
-                g.dec.start(first, left)?;
+                g.dec()?.start(first, left)?;
                 g.started = true;
                 g.since_mlx.push(first as i32);
             }
-            g.dec.next_token()
+            g.dec()?.next_token()
         })();
         match r {
             Ok((t, lp)) => {
@@ -673,13 +790,14 @@ impl<'m> GenerateStep<'m> {
                 Ok(Some((t, lp)))
             }
             Err(e) => {
-                let g = self.graph.take().unwrap_or_else(|| unreachable!());
+                let mut g = self.graph.take().unwrap_or_else(|| unreachable!());
                 self.graph_fallback = Some(format!(
                     "the graph decoder failed ({e}); the MLX path continues the run"
                 ));
                 // The MLX caches hold the prompt: run the tokens the decoder saw or produced
                 // through the MLX forward, whose last position gives the next token.
-                let ids = g.since_mlx;
+                let ids = std::mem::take(&mut g.since_mlx);
+                drop(g);
                 let toks = if ids.is_empty() {
                     vec![first as i32]
                 } else {
@@ -707,7 +825,7 @@ impl<'m> GenerateStep<'m> {
             return Ok(None);
         };
         let stop = self.opts.max_tokens == Some(self.n);
-        if self.graph.is_some() && !stop {
+        if self.graph.is_some() && !stop && !self.graph_host() {
             return self.advance_graph(y, logprobs, lse);
         }
         if !stop {

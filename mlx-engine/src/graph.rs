@@ -16,6 +16,7 @@
 //! mistral, qwen2, smollm3 (and the other rows these knobs describe). The rest give a reason.
 
 use mlx_core::Dtype;
+pub use mlx_kernels::graph_decode::BuildTimes;
 use mlx_kernels::graph_decode::{GraphLayer, GraphLinear, GraphRope, GraphSpec, GraphWeights};
 use mlx_models::layers::{Embedding, Linear, MlpKind, Norm, NormKind, Rope};
 use mlx_models::models::dense::Model;
@@ -294,15 +295,10 @@ pub fn unsupported(
         })
 }
 
-/// The options the graph decoder does not take (greedy decoding of one sequence, with a
-/// plain cache, no logits processors and no grammar).
+/// The options the graph decoder does not take (one sequence with a plain cache and no
+/// grammar; greedy decoding runs on the device, a sampler with a temperature or logits
+/// processors on the host from the decoder's logits, as the MLX path samples).
 pub fn options_unsupported(opts: &GenerateOptions, has_prompt_cache: bool) -> Option<String> {
-    if opts.sampler.settings().temp != 0.0 {
-        return Some("sampling (the graph decoder decodes greedily, --temp 0)".into());
-    }
-    if !opts.logits_processors.is_empty() {
-        return Some("logits processors (repetition penalty, logit bias)".into());
-    }
     if opts.grammar.is_some() {
         return Some("constrained decoding".into());
     }
@@ -338,4 +334,80 @@ pub fn model_unsupported(model: &dyn LanguageModel) -> Option<String> {
         ));
     }
     None
+}
+
+/// A graph decoder kept between the generations of one loaded model (`mlx benchmark`'s
+/// warm-up and trials): building one compiles its kernels, lays the weights out on the device
+/// and captures the step, which a short generation would otherwise pay every time (and count
+/// in its prompt time). [`GenerateOptions::graph_keep`] hands it to `generate_step`, which
+/// takes the kept decoder when it was made for the same model (the same loaded model object
+/// and [`GraphSpec`]) with room enough, else builds one, and puts it back when the
+/// generation ends unless a CUDA call failed. Clones share the one slot. Keep one per loaded
+/// model: a slot given to a model other than the one it was filled for builds a new decoder.
+#[derive(Clone, Default)]
+pub struct GraphKeep(std::sync::Arc<std::sync::Mutex<Option<Kept>>>);
+
+struct Kept {
+    model: usize,
+    dec: mlx_kernels::graph_decode::GraphDecoder,
+}
+
+impl std::fmt::Debug for GraphKeep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.holds() {
+            "GraphKeep(a decoder)"
+        } else {
+            "GraphKeep(empty)"
+        })
+    }
+}
+
+/// The identity of a loaded model object (its address).
+pub(crate) fn model_id(model: &dyn LanguageModel) -> usize {
+    model as *const dyn LanguageModel as *const () as usize
+}
+
+impl GraphKeep {
+    /// An empty slot.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Whether a decoder is kept.
+    pub fn holds(&self) -> bool {
+        self.0.lock().map(|k| k.is_some()).unwrap_or(false)
+    }
+
+    /// The kept decoder when it was made for `model` with `spec` and holds `room` positions.
+    pub(crate) fn take(
+        &self,
+        model: &dyn LanguageModel,
+        spec: &GraphSpec,
+        room: usize,
+    ) -> Option<mlx_kernels::graph_decode::GraphDecoder> {
+        let mut k = self.0.lock().ok()?;
+        let fits = k.as_ref().is_some_and(|k| {
+            k.model == model_id(model)
+                && k.dec.spec() == spec
+                && k.dec.capacity() >= room
+                && !k.dec.is_broken()
+        });
+        if fits {
+            k.take().map(|k| k.dec)
+        } else {
+            // A decoder that does not fit is dropped now, before a new one is built beside it.
+            *k = None;
+            None
+        }
+    }
+
+    /// Keeps `dec` (made for `model`) unless a CUDA call broke it.
+    pub(crate) fn put(&self, model: usize, dec: mlx_kernels::graph_decode::GraphDecoder) {
+        if dec.is_broken() {
+            return;
+        }
+        if let Ok(mut k) = self.0.lock() {
+            *k = Some(Kept { model, dec });
+        }
+    }
 }

@@ -294,6 +294,9 @@ pub fn load_mtp(
 ) -> Result<Loaded> {
     let path = resolve(model, events)?;
     let mut m = load_path(&path, &spec.dtype, events, mtp)?;
+    if let Some(w) = crate::stream::eos_outside_vocab(m.model.as_ref(), &m.tokenizer) {
+        events.note(&w);
+    }
     if let Some(dir) = &spec.adapter_path {
         let params =
             mlx_adapters::adapters::load_adapters(m.model.as_mut(), dir).map_err(|source| {

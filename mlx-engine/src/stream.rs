@@ -175,7 +175,7 @@ fn start<'m>(
     opts: StreamOptions,
     steps: impl FnOnce(&[i32], GenerateOptions) -> Result<Steps<'m>>,
 ) -> Result<TextStream<'m>> {
-    let ids = check_prompt(model, tokenizer, prompt, &opts)?;
+    let ids = check_prompt(model, prompt, &opts)?;
     let start = Instant::now();
     let steps = steps(&ids, opts.generate.clone())?;
     Ok(TextStream::new(steps, tokenizer, opts, prompt.len(), start))
@@ -213,7 +213,6 @@ impl<'m> TextStream<'m> {
 /// The checks both streams make before generating; the prompt as `i32` ids.
 fn check_prompt(
     model: &dyn LanguageModel,
-    tokenizer: &Tokenizer,
     prompt: &[u32],
     opts: &StreamOptions,
 ) -> Result<Vec<i32>> {
@@ -233,19 +232,29 @@ fn check_prompt(
             })
         })
         .collect::<Result<_>>()?;
-    // An EOS id the model can never produce would silently never stop generation.
+    Ok(ids)
+}
+
+/// A warning when an EOS id of `tokenizer` is outside `model`'s vocabulary (`None`: every one
+/// is inside). mlx-lm accepts such a model (its config may name the EOS ids of a larger
+/// tokenizer family, e.g. Llama 3's 128001 beside a 49152-token model); generation then stops
+/// only at the model's other EOS ids or at `max_tokens`, so the loader says so.
+pub fn eos_outside_vocab(model: &dyn LanguageModel, tokenizer: &Tokenizer) -> Option<String> {
     let vocab = model.vocab_size();
-    if let Some(e) = tokenizer
+    let out: Vec<String> = tokenizer
         .eos_token_ids()
         .iter()
-        .find(|&&e| i64::from(e) >= i64::from(vocab))
-    {
-        return Err(EngineError::Other(format!(
-            "EOS token id {e} (from config.json `eos_token_id` or the tokenizer's eos_token) is \
-             outside the model's vocabulary of {vocab} tokens"
-        )));
-    }
-    Ok(ids)
+        .filter(|&&e| i64::from(e) >= i64::from(vocab))
+        .map(|e| e.to_string())
+        .collect();
+    (!out.is_empty()).then(|| {
+        format!(
+            "warning: EOS token id {} (from config.json `eos_token_id` or the tokenizer's \
+             eos_token) is outside the model's vocabulary of {vocab} tokens: the model can never \
+             produce it, so generation stops only at another EOS id or the token limit",
+            out.join(", ")
+        )
+    })
 }
 
 fn floor_char_boundary(s: &str, mut i: usize) -> usize {
@@ -289,6 +298,15 @@ impl<'m> TextStream<'m> {
     pub fn graph_fallback(&self) -> Option<&str> {
         match &self.steps {
             Steps::Plain(g) => g.graph_fallback(),
+            Steps::Speculative(_) => None,
+        }
+    }
+
+    /// The graph decoder's construction times when this generation built one (see
+    /// [`GenerateStep::graph_build_times`]).
+    pub fn graph_build_times(&self) -> Option<mlx_kernels::graph_decode::BuildTimes> {
+        match &self.steps {
+            Steps::Plain(g) => g.graph_build_times(),
             Steps::Speculative(_) => None,
         }
     }

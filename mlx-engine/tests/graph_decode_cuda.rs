@@ -217,4 +217,126 @@ fn engine_backend(name: &str, model: &dyn mlx_models::LanguageModel, prompt: &[i
     // The caches hold the tokens the decoder saw, as the MLX path's would.
     let caches = g.into_cache();
     assert_eq!(caches[0].offset(), prompt.len() + 12, "{name}");
+
+    // A kept decoder (`mlx benchmark`'s trials): the first generation builds it, the next
+    // reuses it with the same tokens; a run whose CUDA call fails does not give it back.
+    let keep = mlx_engine::graph::GraphKeep::new();
+    let kept = |fail: Option<usize>| GenerateOptions {
+        graph_keep: Some(keep.clone()),
+        ..opts(true, fail)
+    };
+    let mut g = generate_step(prompt, model, None, kept(None)).unwrap();
+    assert!(
+        g.graph_build_times().is_some(),
+        "{name}: the first run builds"
+    );
+    let a: Vec<u32> = g.by_ref().map(|s| s.unwrap().token).collect();
+    drop(g);
+    assert!(keep.holds(), "{name}: given back");
+    let mut g = generate_step(prompt, model, None, kept(None)).unwrap();
+    assert!(g.graph_build_times().is_none(), "{name}: the second reuses");
+    let b: Vec<u32> = g.by_ref().map(|s| s.unwrap().token).collect();
+    drop(g);
+    assert_eq!(a, b, "{name}: the kept decoder decodes as a new one");
+    assert_eq!(
+        a,
+        steps.iter().map(|s| s.token).collect::<Vec<_>>(),
+        "{name}"
+    );
+    let mut g = generate_step(prompt, model, None, kept(Some(3))).unwrap();
+    let c: Vec<u32> = g.by_ref().map(|s| s.unwrap().token).collect();
+    assert!(g.graph_fallback().is_some(), "{name}");
+    drop(g);
+    assert_eq!(c.len(), 12, "{name}");
+    assert!(!keep.holds(), "{name}: a broken decoder is not kept");
+
+    // Sampling on the host from the decoder's logits, by the MLX path's sampler: top-k 1 is
+    // the device's greedy choice; a seeded sampler repeats itself, and its first token (the
+    // MLX forward's) is the MLX path's.
+    use mlx_engine::sample::{Sampler, SamplerSettings};
+    let sampled = |settings: SamplerSettings, graph: bool| -> Vec<u32> {
+        mlx_core::random::seed(7).unwrap();
+        let o = GenerateOptions {
+            sampler: Sampler::new(settings),
+            ..opts(graph, None)
+        };
+        let mut g = generate_step(prompt, model, None, o).unwrap();
+        assert_eq!(g.uses_graph_decoder(), graph, "{name}");
+        let t: Vec<u32> = g.by_ref().map(|s| s.unwrap().token).collect();
+        assert_eq!(g.graph_fallback(), None, "{name}");
+        t
+    };
+    let top1 = SamplerSettings {
+        temp: 1.0,
+        top_k: 1,
+        ..SamplerSettings::default()
+    };
+    assert_eq!(
+        sampled(top1, true),
+        a,
+        "{name}: top-k 1 on the host is the device's greedy decoding"
+    );
+    let warm = SamplerSettings {
+        temp: 0.8,
+        top_p: 0.95,
+        min_p: 0.02,
+        ..SamplerSettings::default()
+    };
+    let x = sampled(warm.clone(), true);
+    assert_eq!(x, sampled(warm.clone(), true), "{name}: seeded");
+    assert_eq!(
+        x[0],
+        sampled(warm, false)[0],
+        "{name}: the first token is the MLX path's"
+    );
+}
+
+#[test]
+fn compiled_kernels_are_cached_on_disk() {
+    if !GraphDecoder::available() {
+        eprintln!("no CUDA driver: skipped");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("gpurt_cache_{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::env::set_var("MLXS_GPURT_CACHE", &dir);
+    let tmp = std::env::temp_dir().join(format!("graph_cache_{}", std::process::id()));
+    let row = graph_models::rows().into_iter().next().unwrap();
+    let model = load_model_dir(&graph_models::write(&tmp, &row), &LoadOptions::default())
+        .unwrap()
+        .0;
+    let logits = |times: &mut Vec<f64>| {
+        let (spec, weights) = mlx_engine::graph::map_model(model.as_ref()).unwrap();
+        let mut dec = GraphDecoder::new(spec, &weights, 64).unwrap();
+        times.push(dec.build_times().kernels_s);
+        dec.step_logits(3).unwrap()
+    };
+    let mut times = Vec::new();
+    let first = logits(&mut times);
+    let cubins: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "cubin"))
+        .collect();
+    assert_eq!(cubins.len(), 1, "one cached cubin in {}", dir.display());
+    let second = logits(&mut times);
+    assert!(
+        same_bits(&first, &second),
+        "the cached kernels compute the same"
+    );
+    // A corrupt cache file is compiled again (and replaced).
+    std::fs::write(&cubins[0], b"not a cubin").unwrap();
+    let third = logits(&mut times);
+    assert!(same_bits(&first, &third));
+    assert!(
+        std::fs::metadata(&cubins[0]).unwrap().len() > 100,
+        "replaced"
+    );
+    eprintln!(
+        "kernels: NVRTC {:.3} s, from the cache {:.3} s, after a corrupt file {:.3} s",
+        times[0], times[1], times[2]
+    );
+    std::env::remove_var("MLXS_GPURT_CACHE");
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&tmp);
 }

@@ -658,6 +658,20 @@ pub struct GraphDecoder {
     limit: usize,
     /// [`GraphDecoder::inject_failure_after`]'s count.
     fail_after: Option<usize>,
+    /// How long [`GraphDecoder::with_options`] took, by part.
+    build: BuildTimes,
+}
+
+/// Where a [`GraphDecoder`]'s construction spent its time (wall clock, seconds).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct BuildTimes {
+    /// The kernels: NVRTC's compilation, or the cubin read from the on-disk cache, and the
+    /// module's load ([`mlx_core::gpurt::GpuRuntime::new`]).
+    pub kernels_s: f64,
+    /// The weights laid out on the device, the cache and activation buffers allocated.
+    pub weights_s: f64,
+    /// The step captured as a CUDA graph.
+    pub capture_s: f64,
 }
 
 impl std::fmt::Debug for GraphDecoder {
@@ -866,7 +880,10 @@ impl GraphDecoder {
         let source = format!(
             "#define MV_ROWS {rows}\n#define MV_BATCH {batch}\n#define MV_EARLY {early}\n{SOURCE}"
         );
+        let t0 = std::time::Instant::now();
         let mut rt = GpuRuntime::new(&source, KERNELS)?;
+        let kernels_s = t0.elapsed().as_secs_f64();
+        let t1 = std::time::Instant::now();
         let s = &spec;
         let (h, d, i_sz) = (s.hidden, s.head_dim, s.intermediate);
         let pairs = if s.rope.traditional {
@@ -950,6 +967,8 @@ impl GraphDecoder {
             rows,
             mv_cap,
         };
+        let weights_s = t1.elapsed().as_secs_f64();
+        let t2 = std::time::Instant::now();
         let graph = match rt.capture(|rt| record_step(rt, &step, None, None)) {
             Ok(g) => g,
             Err(_) if pdl => {
@@ -974,7 +993,22 @@ impl GraphDecoder {
             start_pos: 0,
             limit: 0,
             fail_after: None,
+            build: BuildTimes {
+                kernels_s,
+                weights_s,
+                capture_s: t2.elapsed().as_secs_f64(),
+            },
         })
+    }
+
+    /// Where the construction spent its time.
+    pub fn build_times(&self) -> BuildTimes {
+        self.build
+    }
+
+    /// Whether an earlier CUDA call failed (the decoder is then unusable).
+    pub fn is_broken(&self) -> bool {
+        self.broken.is_some()
     }
 
     /// The model's description.

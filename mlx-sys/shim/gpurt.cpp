@@ -2,10 +2,14 @@
 // so that nothing here needs CUDA headers or libraries at build time.
 #include <dirent.h>
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -138,6 +142,8 @@ struct Nvrtc {
   nvrtcResult (*nvrtcGetCUBIN)(nvrtcProgram, char*);
   nvrtcResult (*nvrtcDestroyProgram)(nvrtcProgram*);
   const char* (*nvrtcGetErrorString)(nvrtcResult);
+  // Optional: part of the on-disk cache's key.
+  nvrtcResult (*nvrtcVersion)(int*, int*) = nullptr;
 };
 
 template <class T>
@@ -257,6 +263,7 @@ const Nvrtc& nvrtc() {
       err = "NVRTC is incomplete: " + err;
       return n;
     }
+    n.nvrtcVersion = reinterpret_cast<nvrtcResult (*)(int*, int*)>(dlsym(n.lib, "nvrtcVersion"));
     // NVRTC loads libnvrtc-builtins.so.* by name when it compiles; load the one beside it
     // first, so that it is found whatever the library search path is.
     Dl_info nv{};
@@ -276,6 +283,78 @@ const Nvrtc& nvrtc() {
     return n;
   }();
   return n;
+}
+
+// The on-disk cache of compiled kernels (as MLX caches its PTX): one cubin a source, target
+// architecture, option set and NVRTC version, in $MLXS_GPURT_CACHE (`off` or empty: no cache),
+// else $XDG_CACHE_HOME/mlx-rs/gpurt, else $HOME/.cache/mlx-rs/gpurt. Every failure to read or
+// write it is silent: the kernels are then compiled as without it. A cached file that the
+// driver refuses is compiled again and replaced.
+std::string kernel_cache_dir() {
+  if (const char* p = std::getenv("MLXS_GPURT_CACHE")) {
+    std::string v = p;
+    if (v.empty() || v == "off" || v == "0") return "";
+    return v;
+  }
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) {
+    return std::string(x) + "/mlx-rs/gpurt";
+  }
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/mlx-rs/gpurt";
+  return "";
+}
+
+// FNV-1a, 64 bits: the file's name (the file also starts with the whole key, compared on read).
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+std::string kernel_cache_path(const std::string& dir, const std::string& key) {
+  char name[64];
+  std::snprintf(name, sizeof(name), "%016llx.cubin", static_cast<unsigned long long>(fnv1a(key)));
+  return dir + "/" + name;
+}
+
+// The cached cubin for `key`, or empty.
+std::string kernel_cache_read(const std::string& path, const std::string& key) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return "";
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  std::string all = ss.str();
+  // Layout: the key's length (8 bytes), the key, the cubin.
+  if (all.size() < 8) return "";
+  uint64_t n = 0;
+  std::memcpy(&n, all.data(), 8);
+  if (n != key.size() || all.size() < 8 + n || all.compare(8, n, key) != 0) return "";
+  return all.substr(8 + n);
+}
+
+void kernel_cache_write(const std::string& dir, const std::string& path, const std::string& key,
+                        const std::string& cubin) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return;
+  std::string tmp = path + ".tmp" + std::to_string(getpid());
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) return;
+    uint64_t n = key.size();
+    f.write(reinterpret_cast<const char*>(&n), 8);
+    f.write(key.data(), std::streamsize(key.size()));
+    f.write(cubin.data(), std::streamsize(cubin.size()));
+    if (!f) {
+      f.close();
+      std::filesystem::remove(tmp, ec);
+      return;
+    }
+  }
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) std::filesystem::remove(tmp, ec);
 }
 
 void check(CUresult r, const char* what) {
@@ -311,6 +390,8 @@ struct mlxs_gpurt_ {
   std::vector<std::pair<CUgraph, CUgraphExec>> graphs;
   bool capturing = false;
   bool pdl = false;
+  // The kernels came from the on-disk cache (not NVRTC).
+  bool cached = false;
   // Pinned read slots.
   void* pinned = nullptr;
   std::array<CUevent, kSlots> events{};
@@ -423,36 +504,54 @@ int mlxs_gpurt_new(mlxs_gpurt* out, const char* source, const char* const* kerne
 
     const Nvrtc& n = nvrtc();
     if (!n.error.empty()) throw std::runtime_error("[gpurt] " + n.error);
-    nvrtcProgram prog = nullptr;
-    nvrtcResult nr = n.nvrtcCreateProgram(&prog, src.c_str(), "gpurt.cu", 0, nullptr, nullptr);
-    if (nr != 0) {
-      throw std::runtime_error(std::string("[gpurt] nvrtcCreateProgram: ") +
-                               n.nvrtcGetErrorString(nr));
-    }
     std::string arch_opt = "--gpu-architecture=" + arch;
     const char* opts[] = {arch_opt.c_str(), "-std=c++17", "--fmad=true"};
-    nr = n.nvrtcCompileProgram(prog, 3, opts);
-    std::string log;
-    size_t log_size = 0;
-    if (n.nvrtcGetProgramLogSize(prog, &log_size) == 0 && log_size > 1) {
-      log.resize(log_size);
-      n.nvrtcGetProgramLog(prog, log.data());
-    }
-    std::string cubin;
-    if (nr == 0) {
-      size_t size = 0;
-      nr = n.nvrtcGetCUBINSize(prog, &size);
-      if (nr == 0) {
-        cubin.resize(size);
-        nr = n.nvrtcGetCUBIN(prog, cubin.data());
+    int nv_major = 0, nv_minor = 0;
+    if (n.nvrtcVersion != nullptr) n.nvrtcVersion(&nv_major, &nv_minor);
+    std::string key = "gpurt-cubin-1\n" + arch + "\nnvrtc " + std::to_string(nv_major) + "." +
+                      std::to_string(nv_minor) + "\n";
+    for (const char* o : opts) key += std::string(o) + "\n";
+    key += src;
+    const std::string cache_dir = kernel_cache_dir();
+    const std::string cache_path = cache_dir.empty() ? "" : kernel_cache_path(cache_dir, key);
+    if (!cache_path.empty()) {
+      std::string cached = kernel_cache_read(cache_path, key);
+      if (!cached.empty() && d.cuModuleLoadData(&rt->module, cached.data()) == 0) {
+        rt->cached = true;
       }
     }
-    n.nvrtcDestroyProgram(&prog);
-    if (nr != 0) {
-      throw std::runtime_error(std::string("[gpurt] NVRTC could not compile the kernels for ") +
-                               arch + ": " + n.nvrtcGetErrorString(nr) + "\n" + log);
+    if (!rt->cached) {
+      rt->module = nullptr;
+      nvrtcProgram prog = nullptr;
+      nvrtcResult nr = n.nvrtcCreateProgram(&prog, src.c_str(), "gpurt.cu", 0, nullptr, nullptr);
+      if (nr != 0) {
+        throw std::runtime_error(std::string("[gpurt] nvrtcCreateProgram: ") +
+                                 n.nvrtcGetErrorString(nr));
+      }
+      nr = n.nvrtcCompileProgram(prog, 3, opts);
+      std::string log;
+      size_t log_size = 0;
+      if (n.nvrtcGetProgramLogSize(prog, &log_size) == 0 && log_size > 1) {
+        log.resize(log_size);
+        n.nvrtcGetProgramLog(prog, log.data());
+      }
+      std::string cubin;
+      if (nr == 0) {
+        size_t size = 0;
+        nr = n.nvrtcGetCUBINSize(prog, &size);
+        if (nr == 0) {
+          cubin.resize(size);
+          nr = n.nvrtcGetCUBIN(prog, cubin.data());
+        }
+      }
+      n.nvrtcDestroyProgram(&prog);
+      if (nr != 0) {
+        throw std::runtime_error(std::string("[gpurt] NVRTC could not compile the kernels for ") +
+                                 arch + ": " + n.nvrtcGetErrorString(nr) + "\n" + log);
+      }
+      check(d.cuModuleLoadData(&rt->module, cubin.data()), "cuModuleLoadData");
+      if (!cache_path.empty()) kernel_cache_write(cache_dir, cache_path, key, cubin);
     }
-    check(d.cuModuleLoadData(&rt->module, cubin.data()), "cuModuleLoadData");
     for (size_t i = 0; i < n_kernels; ++i) {
       std::string kname = cstr(kernel_names[i], "kernel name");
       CUfunction f = nullptr;

@@ -1,7 +1,11 @@
 #!/bin/bash
 # Device call 2 of the product-path bench (after product_setup.sh on the same warm machine):
 # the `cuda` test set of the graph decoder (graph_decode_cuda: every covered row teacher-forced
-# against the MLX forward, the engine backend, the fall-back on an injected CUDA failure), then
+# against the MLX forward, the engine backend, the fall-back on an injected CUDA failure, a
+# decoder kept between generations, sampling on the host, the on-disk kernel cache), then
+# `mlx generate` per model: greedy twice with a fresh kernel cache (the second run's kernels
+# come from the on-disk cache; --verbose prints the decoder's build time) and once sampled
+# (--temp/--top-p/--min-p, seeded), then
 # `mlx benchmark` (the product path: `--decoder auto`, which picks the graph decoder where it
 # applies, and `--decoder mlx`) and mlx-lm's own `mlx_lm benchmark` on the same model
 # directories, alternating, ROUNDS rounds; and the copy bandwidth. Logs and JSON under $OUT.
@@ -14,12 +18,25 @@ mkdir -p /opt/bin && for b in mlx graph_test; do xz -dc $C/$b.xz > /opt/bin/$b &
 MLX=/opt/bin/mlx
 $MLX --version
 if [ -z "$SKIP_TEST" ]; then
+  # The mlx-lm-saved fixtures the test reads (not in the sparse checkout).
+  if [ -f $C/fixtures.tar.xz ]; then
+    mkdir -p mlx-models/tests/models && tar xJf $C/fixtures.tar.xz -C mlx-models/tests/models
+  fi
   timeout ${TEST_S:-240} /opt/bin/graph_test --test-threads 1 --nocapture 2>&1 | tee $OUT/graph_test.log | tail -30
 fi
 M=${MODELS:-llama-135m-bf16 llama-135m-q4 llama31-8b-q4}
+export MLXS_GPURT_CACHE=/tmp/gpurt-cache
+rm -rf $MLXS_GPURT_CACHE
 for m in $M; do
-  $MLX generate --model /opt/models/$m --prompt "The quick brown fox" --max-tokens 16 --verbose true 2>&1 | tail -12 | tee -a $OUT/notes.log
+  for run in nvrtc cached; do
+    echo "== generate $m greedy ($run kernels)" | tee -a $OUT/notes.log
+    $MLX generate --model /opt/models/$m --prompt "The quick brown fox" --max-tokens 16 --verbose true 2>&1 | tail -12 | tee -a $OUT/notes.log
+  done
+  echo "== generate $m sampled" | tee -a $OUT/notes.log
+  $MLX generate --model /opt/models/$m --prompt "The quick brown fox" --max-tokens 64 --temp 0.8 --top-p 0.95 --min-p 0.02 --seed 1 --verbose true 2>&1 | tail -12 | tee -a $OUT/notes.log
+  $MLX generate --model /opt/models/$m --prompt "The quick brown fox" --max-tokens 64 --temp 0.8 --top-p 0.95 --min-p 0.02 --seed 1 --decoder mlx --verbose true 2>&1 | tail -6 | tee -a $OUT/notes.log
 done
+ls -la $MLXS_GPURT_CACHE | tee -a $OUT/notes.log
 python3 - <<'PY' 2>&1 | tee $OUT/copy_bw.log
 import mlx.core as mx, time
 a = mx.zeros((1 << 29,), dtype=mx.uint16); mx.eval(a)
