@@ -11,6 +11,7 @@ mod norm;
 mod rope;
 pub mod ssm;
 mod switch;
+pub mod trellis;
 
 pub use activations::{
     clip_residual, geglu, gelu, gelu_approx, logit_softcap, precise_swiglu, relu2, silu, swiglu,
@@ -28,6 +29,7 @@ pub use norm::{LayerNorm, Norm, NormKind, RmsNorm};
 pub(crate) use rope::base_pow;
 pub use rope::{Rope, RopeScaling};
 pub use switch::{SwitchActivation, SwitchAdapter, SwitchGlu, SwitchLinear};
+pub use trellis::{set_trellis_decode, TrellisDecode, TrellisWeight};
 
 use mlx_core::prelude::Array;
 
