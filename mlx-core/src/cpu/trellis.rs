@@ -284,6 +284,19 @@ fn viterbi_step_k<const FAN: usize>(
     for (a, &v) in arg.iter_mut().zip(wide.iter()) {
         *a = v as u8;
     }
+    // Squared errors over the whole state range (flat, vectorized), then each group's best
+    // added to its FAN states (written per group so the compiler does not vectorize across
+    // groups with gathers).
+    if FAN >= 16 {
+        for (o, &c) in next.iter_mut().zip(codes) {
+            let d = w - c;
+            *o = d * d;
+        }
+        for (out, &b) in next.chunks_exact_mut(FAN).zip(best.iter()) {
+            add_group::<FAN>(out.try_into().expect("chunk of FAN"), b);
+        }
+        return;
+    }
     for ((out, code), &b) in next
         .chunks_exact_mut(FAN)
         .zip(codes.chunks_exact(FAN))
@@ -295,6 +308,13 @@ fn viterbi_step_k<const FAN: usize>(
             let d = w - code[j];
             out[j] = b + d * d;
         }
+    }
+}
+
+#[inline(never)]
+fn add_group<const FAN: usize>(out: &mut [f32; FAN], b: f32) {
+    for o in out.iter_mut() {
+        *o += b;
     }
 }
 
