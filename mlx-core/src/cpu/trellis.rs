@@ -631,9 +631,73 @@ pub fn decode(
     Ok(())
 }
 
+/// Per-weight read positions of a block: `(word, next word, right shift)` of each window.
+fn window_table(spec: &TrellisSpec) -> (Vec<u32>, Vec<u32>, Vec<u64>) {
+    let bw = spec.block_words();
+    let (mut a, mut a1, mut sh) = (Vec::new(), Vec::new(), Vec::new());
+    for t in 0..spec.block {
+        let start = spec.window_start(t);
+        a.push((start / 32) as u32);
+        a1.push(((start / 32 + 1) % bw) as u32);
+        sh.push((64 - start % 32 - spec.l as usize) as u64);
+    }
+    (a, a1, sh)
+}
+
+#[inline(always)]
+fn block_dot(words: &[u32], a: &[u32], a1: &[u32], sh: &[u64], mask: u64, x: &[f32]) -> f32 {
+    // Sixteen partial sums (one vector lane each), so the loop vectorizes.
+    let mut lanes = [0.0f32; 16];
+    let n = x.len() / 16 * 16;
+    for c in (0..n).step_by(16) {
+        for j in 0..16 {
+            let t = c + j;
+            let hi = u64::from(words[a[t] as usize]);
+            let lo = u64::from(words[a1[t] as usize]);
+            let state = ((((hi << 32) | lo) >> sh[t]) & mask) as u32;
+            lanes[j] += code_1mad(state) * x[t];
+        }
+    }
+    let mut acc: f32 = lanes.iter().sum();
+    for t in n..x.len() {
+        let hi = u64::from(words[a[t] as usize]);
+        let lo = u64::from(words[a1[t] as usize]);
+        let state = ((((hi << 32) | lo) >> sh[t]) & mask) as u32;
+        acc += code_1mad(state) * x[t];
+    }
+    acc
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+unsafe fn block_dot_avx512(
+    words: &[u32],
+    a: &[u32],
+    a1: &[u32],
+    sh: &[u64],
+    mask: u64,
+    x: &[f32],
+) -> f32 {
+    block_dot(words, a, a1, sh, mask, x)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn block_dot_avx2(
+    words: &[u32],
+    a: &[u32],
+    a1: &[u32],
+    sh: &[u64],
+    mask: u64,
+    x: &[f32],
+) -> f32 {
+    block_dot(words, a, a1, sh, mask, x)
+}
+
 /// Fused decode and product for one input: `y[r] = scale[r] * sum_c code(state_rc) * x[c]`
 /// over the rows `r0..r0 + y.len()` (the trellis matrix-vector kernel; `x` is the already
-/// transformed input `H_c (sv * x)`).
+/// transformed input `H_c (sv * x)`). Each weight's state is read from its own window, so the
+/// loop has no carried dependency and runs on the widest vectors the CPU has.
 pub fn matvec_rows(
     spec: &TrellisSpec,
     words: &[u32],
@@ -644,15 +708,25 @@ pub fn matvec_rows(
     y: &mut [f32],
 ) {
     let wpr = cols * spec.k as usize / 32;
-    let mut buf = vec![0.0f32; spec.block];
+    let bw = spec.block_words();
+    let (a, a1, sh) = window_table(spec);
+    let mask = (1u64 << spec.l) - 1;
+    let isa = super::Isa::detect();
     for (i, yo) in y.iter_mut().enumerate() {
         let r = r0 + i;
         let row = &words[r * wpr..(r + 1) * wpr];
         let mut acc = 0.0f32;
         for (b, xb) in x.chunks_exact(spec.block).enumerate() {
-            let bw = spec.block_words();
-            decode_row(spec, &row[b * bw..(b + 1) * bw], 1.0, &mut buf);
-            acc += buf.iter().zip(xb).map(|(a, b)| a * b).sum::<f32>();
+            let bwords = &row[b * bw..(b + 1) * bw];
+            acc += match isa {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `Isa::detect` found AVX-512 F/BW/VL (and AVX2, FMA) on this CPU.
+                super::Isa::Avx512 => unsafe { block_dot_avx512(bwords, &a, &a1, &sh, mask, xb) },
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `Isa::detect` found AVX2 and FMA on this CPU.
+                super::Isa::Avx2 => unsafe { block_dot_avx2(bwords, &a, &a1, &sh, mask, xb) },
+                _ => block_dot(bwords, &a, &a1, &sh, mask, xb),
+            };
         }
         *yo = acc * scales[r];
     }
