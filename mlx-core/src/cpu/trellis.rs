@@ -319,6 +319,7 @@ fn add_group<const FAN: usize>(out: &mut [f32; FAN], b: f32) {
 }
 
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn viterbi_step(
     k: usize,
     w: f32,
@@ -338,6 +339,7 @@ fn viterbi_step(
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
 unsafe fn viterbi_step_avx2(
     k: usize,
     w: f32,
@@ -353,6 +355,7 @@ unsafe fn viterbi_step_avx2(
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+#[allow(clippy::too_many_arguments)]
 unsafe fn viterbi_step_avx512(
     k: usize,
     w: f32,
@@ -409,12 +412,12 @@ fn viterbi(
         let allowed = overlap.is_none_or(|o| (st as u32) >> k == o);
         *c = if allowed { d * d } else { f32::INFINITY };
     }
-    for t in 1..t_len {
+    for (t, &xt) in x.iter().enumerate().skip(1) {
         let arg = &mut s.arg[t * g..(t + 1) * g];
         step(
             isa,
             k,
-            x[t],
+            xt,
             codes,
             &s.cost,
             &mut s.best,
@@ -650,12 +653,12 @@ fn block_dot(words: &[u32], a: &[u32], a1: &[u32], sh: &[u64], mask: u64, x: &[f
     let mut lanes = [0.0f32; 16];
     let n = x.len() / 16 * 16;
     for c in (0..n).step_by(16) {
-        for j in 0..16 {
+        for (j, lane) in lanes.iter_mut().enumerate() {
             let t = c + j;
             let hi = u64::from(words[a[t] as usize]);
             let lo = u64::from(words[a1[t] as usize]);
             let state = ((((hi << 32) | lo) >> sh[t]) & mask) as u32;
-            lanes[j] += code_1mad(state) * x[t];
+            *lane += code_1mad(state) * x[t];
         }
     }
     let mut acc: f32 = lanes.iter().sum();
@@ -755,6 +758,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::excessive_precision)]
     fn code_matches_qtip_formula() {
         for s in [0u32, 1, 2, 255, 4096, 65535] {
             let x = (u64::from(s) * 34038481 + 76625530) & 0xFFFF_FFFF;

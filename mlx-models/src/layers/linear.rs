@@ -139,7 +139,7 @@ pub enum Linear {
     },
     /// `TrellisLinear`: a trellis-coded weight (`"mode": "trellis"`).
     Trellis {
-        weight: TrellisWeight,
+        weight: Box<TrellisWeight>,
         bias: Option<Array>,
     },
     Adapted(Box<dyn LinearAdapter>),
@@ -173,7 +173,7 @@ impl Linear {
                     seed: 0,
                 });
                 Ok(Linear::Trellis {
-                    weight: TrellisWeight::load(w, path, out_dims, in_dims, &q, &t)?,
+                    weight: Box::new(TrellisWeight::load(w, path, out_dims, in_dims, &q, &t)?),
                     bias: b,
                 })
             }
