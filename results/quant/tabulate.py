@@ -4,8 +4,7 @@ logs conv_ROW.log in DIR) into smollm2_perplexity.json and a Markdown table on s
 import json, re, sys, pathlib
 
 d = pathlib.Path(sys.argv[1])
-rows = ["f32", "affine4", "affine3", "mixed_2_6", "trellis4", "trellis3", "trellis2",
-        "trellis3_l10", "trellis2_l10"]
+rows = ["f32", "affine4_d", "affine3_d", "mixed_2_6_d", "trellis4", "trellis3", "trellis2"]
 out = []
 for r in rows:
     f = d / f"y_{r}.json"
@@ -19,7 +18,7 @@ for r in rows:
     if obj is None:
         continue
     bpw = None
-    log = d / f"conv_{r}.log"
+    log = d / f"conv_{r.removesuffix('_d')}.log"
     if log.exists():
         m = re.search(r"with ([0-9.]+) bits per weight", log.read_text())
         bpw = float(m.group(1)) if m else None
