@@ -29,7 +29,7 @@ use crate::layers::{
     Embedding, Linear, Mlp, MlpKind, MlpNames, RmsNorm, Rope, RopeScaling, SwitchActivation,
     SwitchGlu,
 };
-use crate::models::LanguageModel;
+use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
 /// What a row fixes about the family.
@@ -99,8 +99,12 @@ pub struct StandardAttention {
     pub head_dim: i32,
     /// dots1: RMS norms over each head of q and k.
     pub qk_norm: bool,
-    /// deepseek: `attention_bias` on all four projections.
+    /// deepseek: `attention_bias` on all four projections (glm4_moe: on q, k and v only).
     pub bias: bool,
+    /// Whether `o_proj` has a bias.
+    pub o_bias: bool,
+    /// The rotated dimensions of each head (glm4_moe: `head_dim * partial_rotary_factor`).
+    pub rope_dims: i32,
 }
 
 /// How the gate's logits pick experts.
@@ -137,6 +141,14 @@ pub enum Sanitize {
     Mistral4,
     /// deepseek_v32 / glm_moe_dsa: drop the layers past `num_hidden_layers`, as glm4_moe_lite.
     DeepseekV32,
+    /// glm4_moe: stack the experts; drop the multi-token-prediction layer (every name starting
+    /// `model.layers.<num_hidden_layers>`).
+    Glm4Moe,
+    /// kimi_vl: drop every name containing `vision_tower`, `rotary_emb` or
+    /// `multi_modal_projector`; stack the experts.
+    KimiVl,
+    /// youtu_llm: drop a tied `lm_head` only (expanded MLA, as deepseek_v2's).
+    Youtu,
 }
 
 /// deepseek_v3.py / glm4_moe_lite.py `ModelArgs`; absent fields take the row's defaults.
@@ -178,6 +190,11 @@ struct Args {
     head_dim: Option<i32>,
     mlp_bias: Option<bool>,
     tie_word_embeddings: Option<bool>,
+    // glm4_moe
+    partial_rotary_factor: Option<f64>,
+    use_qk_norm: Option<bool>,
+    // youtu_llm
+    rope_traditional: Option<bool>,
 }
 
 /// A field that may be given as `null` (`Some(None)`), as opposed to absent (`None`).
@@ -258,17 +275,19 @@ impl DeepseekSpec {
             "deepseek_v3" | "dots1" | "deepseek" | "deepseek_v2" | "minicpm3" | "mistral4"
             | "deepseek_v32" | "glm_moe_dsa" => (config.raw.clone(), "", &DEEPSEEK_V3, false),
             "glm4_moe_lite" => (config.raw.clone(), "", &GLM4_MOE_LITE, true),
-            "kimi_k25" => {
+            // kimi_vl's `TextArgs` has deepseek_v3's defaults.
+            "kimi_k25" | "kimi_vl" => {
                 let text = config
                     .raw
                     .get("text_config")
                     .filter(|v| v.is_object())
                     .cloned()
                     .ok_or_else(|| {
-                        ModelError::Config("kimi_k25: `text_config` must be an object".into())
+                        ModelError::Config(format!("{t}: `text_config` must be an object"))
                     })?;
                 (text, "language_model.", &DEEPSEEK_V3, false)
             }
+            "glm4_moe" | "youtu_llm" => (config.raw.clone(), "", &DEEPSEEK_V3, false),
             other => {
                 return Err(ModelError::Config(format!(
                     "`{other}` is not an MLA / DeepSeek V3 row"
@@ -326,6 +345,8 @@ impl DeepseekSpec {
             "mistral4" => return Self::mistral4(config),
             "dots1" => return Self::dots1(config, a),
             "deepseek" => return Self::deepseek(config, a),
+            "glm4_moe" => return Self::glm4_moe(config, a),
+            "youtu_llm" => return Self::youtu_llm(config, a),
             _ => {}
         }
         let v2 = t == "deepseek_v2";
@@ -397,6 +418,8 @@ impl DeepseekSpec {
                 Sanitize::DeepseekV2
             } else if v32 {
                 Sanitize::DeepseekV32
+            } else if t == "kimi_vl" {
+                Sanitize::KimiVl
             } else {
                 Sanitize::DeepseekV3
             },
@@ -703,6 +726,8 @@ impl DeepseekSpec {
                 head_dim: hidden_size / heads,
                 qk_norm: false,
                 bias: a.attention_bias.unwrap_or(false),
+                o_bias: a.attention_bias.unwrap_or(false),
+                rope_dims: hidden_size / heads,
             }),
             experts_name: "switch_mlp",
             mlp_bias: false,
@@ -771,6 +796,8 @@ impl DeepseekSpec {
                 head_dim,
                 qk_norm: true,
                 bias: false,
+                o_bias: false,
+                rope_dims: head_dim,
             }),
             experts_name: "experts",
             mlp_bias: a.mlp_bias.unwrap_or(false),
@@ -782,6 +809,141 @@ impl DeepseekSpec {
             head_div: None,
             query_scale: None,
             rope_traditional: true,
+            indexer: None,
+        };
+        spec.validate()
+    }
+
+    /// glm4_moe.py's `ModelArgs` (all but `scoring_func` and `topk_method` required there):
+    /// dots1's shape with a GQA attention whose q/k/v carry `attention_bias`, optional per-head
+    /// q/k norms, `nn.RoPE(head_dim * partial_rotary_factor)` (no scaling), deepseek_v3's router.
+    fn glm4_moe(config: &ModelConfig, a: Args) -> Result<DeepseekSpec> {
+        fn need<T>(v: Option<T>, name: &str) -> Result<T> {
+            v.ok_or_else(|| ModelError::Config(format!("glm4_moe: config.json lacks `{name}`")))
+        }
+        if let Some(m) = a.topk_method.as_ref().filter(|m| *m != "noaux_tc") {
+            return Err(ModelError::Config(format!(
+                "glm4_moe: topk_method `{m}` is not supported (mlx-lm's MoEGate asserts \
+                 \"noaux_tc\")"
+            )));
+        }
+        let head_dim = need(a.head_dim, "head_dim")?;
+        let partial = need(a.partial_rotary_factor, "partial_rotary_factor")?;
+        let rope_dims = (f64::from(head_dim) * partial) as i32;
+        if head_dim <= 0 || rope_dims <= 0 || rope_dims > head_dim {
+            return Err(ModelError::Config(format!(
+                "glm4_moe: head_dim {head_dim} and partial_rotary_factor {partial} give no \
+                 rotated dimensions in a head"
+            )));
+        }
+        let bias = need(a.attention_bias, "attention_bias")?;
+        // Required there (it may be null); unused by its `nn.RoPE`.
+        if config.raw.get("rope_scaling").is_none() {
+            return Err(ModelError::Config(
+                "glm4_moe: config.json lacks `rope_scaling`".into(),
+            ));
+        }
+        need(a.tie_word_embeddings, "tie_word_embeddings")?;
+        let spec = DeepseekSpec {
+            model_type: config.model_type.clone(),
+            prefix: "",
+            vocab_size: need(a.vocab_size, "vocab_size")?,
+            hidden_size: need(a.hidden_size, "hidden_size")?,
+            intermediate_size: need(a.intermediate_size, "intermediate_size")?,
+            moe_intermediate_size: need(a.moe_intermediate_size, "moe_intermediate_size")?,
+            num_hidden_layers: need(a.num_hidden_layers, "num_hidden_layers")?,
+            num_attention_heads: need(a.num_attention_heads, "num_attention_heads")?,
+            n_shared_experts: need(a.n_shared_experts, "n_shared_experts")?,
+            n_routed_experts: need(a.n_routed_experts, "n_routed_experts")?,
+            routed_scaling_factor: need(a.routed_scaling_factor, "routed_scaling_factor")?,
+            // Unused by standard attention.
+            kv_lora_rank: 1,
+            q_lora_rank: None,
+            qk_rope_head_dim: 1,
+            v_head_dim: 1,
+            qk_nope_head_dim: 1,
+            norm_topk_prob: need(a.norm_topk_prob, "norm_topk_prob")?,
+            n_group: need(a.n_group, "n_group")?,
+            topk_group: need(a.topk_group, "topk_group")?,
+            num_experts_per_tok: need(a.num_experts_per_tok, "num_experts_per_tok")?,
+            moe_layer_freq: 1,
+            first_k_dense_replace: need(a.first_k_dense_replace, "first_k_dense_replace")?,
+            max_position_embeddings: need(a.max_position_embeddings, "max_position_embeddings")?,
+            rms_norm_eps: need(a.rms_norm_eps, "rms_norm_eps")? as f32,
+            rope_theta: need(a.rope_theta, "rope_theta")?,
+            rope_scaling: None,
+            attention_bias: bias,
+            lora_norm_eps: 1e-6,
+            denominator_eps: false,
+            standard_attention: Some(StandardAttention {
+                n_kv_heads: need(a.num_key_value_heads, "num_key_value_heads")?,
+                head_dim,
+                qk_norm: need(a.use_qk_norm, "use_qk_norm")?,
+                bias,
+                o_bias: false,
+                rope_dims,
+            }),
+            experts_name: "switch_mlp",
+            mlp_bias: false,
+            tie_word_embeddings: false,
+            sanitize: Sanitize::Glm4Moe,
+            group_limited: false,
+            scale_emb: None,
+            residual_scale: None,
+            head_div: None,
+            query_scale: None,
+            rope_traditional: false,
+            indexer: None,
+        };
+        spec.validate()
+    }
+
+    /// youtu_llm.py's `ModelArgs` (all defaulted there): deepseek_v2's expanded MLA (latent
+    /// norms at `rms_norm_eps`, `initialize_rope` with `rope_traditional`, the plain
+    /// `q_head_dim ** -0.5` scale) in a dense decoder with tied embeddings by default.
+    fn youtu_llm(config: &ModelConfig, a: Args) -> Result<DeepseekSpec> {
+        let rms_norm_eps = a.rms_norm_eps.unwrap_or(1e-6) as f32;
+        let spec = DeepseekSpec {
+            model_type: config.model_type.clone(),
+            prefix: "",
+            vocab_size: a.vocab_size.unwrap_or(128256),
+            hidden_size: a.hidden_size.unwrap_or(2048),
+            intermediate_size: a.intermediate_size.unwrap_or(6144),
+            moe_intermediate_size: 1,
+            num_hidden_layers: a.num_hidden_layers.unwrap_or(32),
+            num_attention_heads: a.num_attention_heads.unwrap_or(16),
+            n_shared_experts: None,
+            n_routed_experts: None,
+            routed_scaling_factor: 1.0,
+            kv_lora_rank: a.kv_lora_rank.unwrap_or(512),
+            q_lora_rank: a.q_lora_rank.unwrap_or(Some(1536)),
+            qk_rope_head_dim: a.qk_rope_head_dim.unwrap_or(64),
+            v_head_dim: a.v_head_dim.unwrap_or(128),
+            qk_nope_head_dim: a.qk_nope_head_dim.unwrap_or(128),
+            norm_topk_prob: false,
+            n_group: 1,
+            topk_group: 1,
+            num_experts_per_tok: 1,
+            moe_layer_freq: 1,
+            first_k_dense_replace: 0,
+            max_position_embeddings: a.max_position_embeddings.unwrap_or(131072),
+            rms_norm_eps,
+            rope_theta: a.rope_theta.unwrap_or(1_600_000.0),
+            rope_scaling: a.rope_scaling,
+            attention_bias: a.attention_bias.unwrap_or(false),
+            lora_norm_eps: rms_norm_eps,
+            denominator_eps: false,
+            standard_attention: None,
+            experts_name: "switch_mlp",
+            mlp_bias: a.mlp_bias.unwrap_or(false),
+            tie_word_embeddings: a.tie_word_embeddings.unwrap_or(true),
+            sanitize: Sanitize::Youtu,
+            group_limited: false,
+            scale_emb: None,
+            residual_scale: None,
+            head_div: None,
+            query_scale: None,
+            rope_traditional: a.rope_traditional.unwrap_or(true),
             indexer: None,
         };
         spec.validate()
@@ -863,7 +1025,10 @@ impl DeepseekSpec {
 
     /// deepseek_v2 / minicpm3: keys and values expanded through `kv_b_proj` before the cache.
     fn expanded_mla(&self) -> bool {
-        matches!(self.sanitize, Sanitize::DeepseekV2 | Sanitize::MiniCpm3)
+        matches!(
+            self.sanitize,
+            Sanitize::DeepseekV2 | Sanitize::MiniCpm3 | Sanitize::Youtu
+        )
     }
 
     fn is_moe(&self, layer: i32) -> bool {
@@ -876,7 +1041,12 @@ impl DeepseekSpec {
     fn scale(&self) -> Result<f32> {
         let q_head_dim = f64::from(self.qk_nope_head_dim + self.qk_rope_head_dim);
         let mut scale = q_head_dim.powf(-0.5);
-        if let Some(rs) = &self.rope_scaling {
+        // youtu_llm keeps the plain scale whatever its rope.
+        if let Some(rs) = self
+            .rope_scaling
+            .as_ref()
+            .filter(|_| self.sanitize != Sanitize::Youtu)
+        {
             // mistral4's `apply_yarn_mscale`: nothing for a default rope, `factor` 1 if absent.
             if self.sanitize == Sanitize::Mistral4 {
                 let rope_type = rs
@@ -1314,7 +1484,7 @@ impl Model {
                         n_kv_heads: sa.n_kv_heads,
                         head_dim: sa.head_dim,
                         qkv_bias: sa.bias,
-                        o_bias: sa.bias,
+                        o_bias: sa.o_bias,
                         qk_norm: if sa.qk_norm {
                             crate::models::moe::QkNorm::PerHead
                         } else {
@@ -1322,7 +1492,7 @@ impl Model {
                         },
                         eps,
                         rope: Rope::initialize(
-                            sa.head_dim,
+                            sa.rope_dims,
                             spec.rope_theta,
                             false,
                             spec.rope_scaling.as_ref(),
@@ -1494,13 +1664,7 @@ impl Model {
         };
         let mask = match caches.as_deref_mut() {
             Some(caches) => {
-                if caches.len() != self.layers.len() {
-                    return Err(ModelError::Other(format!(
-                        "{} caches for {} layers",
-                        caches.len(),
-                        self.layers.len()
-                    )));
-                }
+                kit::check_caches(Some(&*caches), self.layers.len(), "layers")?;
                 let first: Option<&dyn Cache> = match caches.first() {
                     Some(c) if self.spec.indexer.is_some() => c
                         .as_any()
@@ -1557,7 +1721,13 @@ fn sanitize(s: &DeepseekSpec, w: &mut Weights) -> Result<()> {
                 name.starts_with(&format!("{layers_pre}61")) || name.contains("rotary_emb.inv_freq")
             }
             Sanitize::Dots1 => name.contains("rotary_emb.inv_freq"),
-            Sanitize::Deepseek | Sanitize::DeepseekV2 | Sanitize::MiniCpm3 => false,
+            Sanitize::Glm4Moe => name.starts_with(&format!("{layers_pre}{}", s.num_hidden_layers)),
+            Sanitize::KimiVl => ["vision_tower", "rotary_emb", "multi_modal_projector"]
+                .iter()
+                .any(|k| name.contains(k)),
+            Sanitize::Deepseek | Sanitize::DeepseekV2 | Sanitize::MiniCpm3 | Sanitize::Youtu => {
+                false
+            }
             Sanitize::Mistral4 => name.ends_with("activation_scale"),
         };
         // deepseek_v3's filter is on the text model's own names (`model.layers.61...`), so
@@ -1583,26 +1753,14 @@ fn sanitize(s: &DeepseekSpec, w: &mut Weights) -> Result<()> {
             }
         }
         if let Some(n) = s.n_routed_experts.filter(|_| s.is_moe(l)) {
-            let experts = s.experts_name;
-            for m in ["gate_proj", "down_proj", "up_proj"] {
-                for k in ["weight", "scales", "biases"] {
-                    if !w.contains(&format!("{prefix}.mlp.experts.0.{m}.{k}")) {
-                        continue;
-                    }
-                    let mut parts = Vec::with_capacity(n as usize);
-                    for e in 0..n {
-                        let name = format!("{prefix}.mlp.experts.{e}.{m}.{k}");
-                        parts.push(w.remove(&name).ok_or_else(|| {
-                            ModelError::Weights(vec![format!("missing: {name}")])
-                        })?);
-                    }
-                    let refs: Vec<&Array> = parts.iter().collect();
-                    w.insert(
-                        format!("{prefix}.mlp.{experts}.{m}.{k}"),
-                        ops::stack(&refs, 0, None)?,
-                    );
-                }
-            }
+            kit::stack_experts(
+                w,
+                &format!("{prefix}.mlp.experts"),
+                &format!("{prefix}.mlp.{}", s.experts_name),
+                n,
+                &kit::GLU_PROJECTIONS,
+                &kit::LINEAR_KEYS,
+            )?;
         }
         if s.standard_attention.is_none() && !s.expanded_mla() {
             split_kv_b_proj(s, w, &format!("{prefix}.self_attn"))?;

@@ -57,6 +57,7 @@ macro_rules! serde_defaults {
     )*};
 }
 
+pub mod afm7;
 pub mod baichuan_m1;
 mod checkpoint;
 pub mod dbrx;
@@ -66,17 +67,23 @@ pub mod descriptor;
 pub mod falcon_h1;
 pub mod gemma4_text;
 pub mod granitemoehybrid;
+pub mod iquestloopcoder;
 pub mod jamba;
+pub(crate) mod kit;
 pub mod lfm2;
 pub mod llama4;
 pub mod longcat_flash;
 pub mod mamba;
+pub mod mimo_v2_flash;
 pub mod moe;
 pub mod muse_glimmer;
 pub mod nemotron_h;
+pub mod nemotron_nas;
 pub mod olmo_hybrid;
+pub mod phixtral;
 pub mod qwen3_next;
 pub mod segmented;
+pub mod step3p5;
 pub mod talkie;
 pub mod unserved;
 mod wrappers;
@@ -404,6 +411,13 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
         Ok(Box::new(deepseek::Model::load(c, w)?))
     }),
     ("dots1", |c, w| Ok(Box::new(deepseek::Model::load(c, w)?))),
+    ("glm4_moe", |c, w| {
+        Ok(Box::new(deepseek::Model::load(c, w)?))
+    }),
+    ("kimi_vl", |c, w| Ok(Box::new(deepseek::Model::load(c, w)?))),
+    ("youtu_llm", |c, w| {
+        Ok(Box::new(deepseek::Model::load(c, w)?))
+    }),
     ("deepseek", |c, w| {
         Ok(Box::new(deepseek::Model::load(c, w)?))
     }),
@@ -423,6 +437,9 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
         Ok(Box::new(deepseek::Model::load(c, w)?))
     }),
     ("longcat_flash", |c, w| {
+        Ok(Box::new(longcat_flash::Model::load(c, w)?))
+    }),
+    ("longcat_flash_ngram", |c, w| {
         Ok(Box::new(longcat_flash::Model::load(c, w)?))
     }),
     // State-space family (issue #32).
@@ -449,6 +466,20 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
     ("qwen3_vl_moe", wrappers::qwen3_vl_moe),
     ("gemma4", wrappers::gemma4),
     ("talkie", |c, w| Ok(Box::new(talkie::Model::load(c, w)?))),
+    ("phixtral", |c, w| {
+        Ok(Box::new(phixtral::Model::load(c, w)?))
+    }),
+    ("afm7", |c, w| Ok(Box::new(afm7::Model::load(c, w)?))),
+    ("step3p5", |c, w| Ok(Box::new(step3p5::Model::load(c, w)?))),
+    ("mimo_v2_flash", |c, w| {
+        Ok(Box::new(mimo_v2_flash::Model::load(c, w)?))
+    }),
+    ("iquestloopcoder", |c, w| {
+        Ok(Box::new(iquestloopcoder::Model::load(c, w)?))
+    }),
+    ("nemotron-nas", |c, w| {
+        Ok(Box::new(nemotron_nas::Model::load(c, w)?))
+    }),
     ("muse_glimmer", |c, w| {
         Ok(Box::new(muse_glimmer::Model::load(c, w)?))
     }),

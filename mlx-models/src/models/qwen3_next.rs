@@ -26,7 +26,7 @@ use crate::layers::{
 use crate::layers::{LayerParam, LinearMut};
 use crate::models::checkpoint::{layer_step, LayerArrays};
 use crate::models::moe::{Ffn, Router, SparseMoe, SparseMoeParams};
-use crate::models::LanguageModel;
+use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
 /// The arguments both files read (qwen3_next `ModelArgs`, qwen3_5 `TextModelArgs` after
@@ -1019,21 +1019,18 @@ fn sanitize(a: &ModelArgs, w: &mut Weights) -> Result<()> {
             continue;
         }
         stacked = true;
-        for n in ["up_proj", "down_proj", "gate_proj"] {
-            let mut parts = Vec::with_capacity(a.num_experts.max(0) as usize);
-            for e in 0..a.num_experts {
-                let name = format!("{prefix}.experts.{e}.{n}.weight");
-                parts.push(
-                    w.remove(&name)
-                        .ok_or_else(|| ModelError::Weights(vec![format!("missing: {name}")]))?,
-                );
-            }
-            let refs: Vec<&Array> = parts.iter().collect();
-            w.insert(
-                format!("{prefix}.switch_mlp.{n}.weight"),
-                ops::stack(&refs, 0, None)?,
-            );
-        }
+        kit::stack_experts(
+            w,
+            &format!("{prefix}.experts"),
+            &format!("{prefix}.switch_mlp"),
+            a.num_experts,
+            &[
+                ("up_proj", "up_proj"),
+                ("down_proj", "down_proj"),
+                ("gate_proj", "gate_proj"),
+            ],
+            &["weight"],
+        )?;
     }
     let hf_checkpoint = if a.split_projections {
         w.names().iter().any(|k| {
@@ -1090,13 +1087,7 @@ impl Model {
         let mut caches = caches;
         let (fa_mask, ssm_mask) = match caches.as_deref() {
             Some(c) => {
-                if c.len() != self.layers.len() {
-                    return Err(ModelError::Other(format!(
-                        "{} caches for {} layers",
-                        c.len(),
-                        self.layers.len()
-                    )));
-                }
+                kit::check_caches(Some(c), self.layers.len(), "layers")?;
                 let fa = match self.fa_idx {
                     Some(i) => c[i].make_mask(n, None, false)?,
                     None => AttentionMask::None,
