@@ -192,6 +192,12 @@ pub fn fused_layers(
             Linear::Dense { weight, .. } => vec![("weight", weight)],
             Linear::Quantized { weight, .. } => quantized(weight),
             Linear::Adapted(_) => return Err(still_adapted(a.path())),
+            Linear::Trellis { .. } => {
+                return Err(TrainError::Config(format!(
+                    "{}: fusing into a trellis-coded linear is not supported (fuse with -d)",
+                    a.path()
+                )))
+            }
         };
         Ok(Some((a.path().to_string(), t)))
     };

@@ -107,6 +107,7 @@ fn dense_weight(base: &Linear) -> Result<Array> {
     match base {
         Linear::Dense { weight, .. } => Ok(weight.clone()),
         Linear::Quantized { weight, .. } => dequantized(weight),
+        Linear::Trellis { weight, .. } => Ok(weight.dequantize()?),
         Linear::Adapted(_) => Err(TrainError::Config(
             "an adapter cannot wrap another adapter".into(),
         )),
@@ -115,7 +116,9 @@ fn dense_weight(base: &Linear) -> Result<Array> {
 
 fn base_bias(base: &Linear) -> Option<&Array> {
     match base {
-        Linear::Dense { bias, .. } | Linear::Quantized { bias, .. } => bias.as_ref(),
+        Linear::Dense { bias, .. }
+        | Linear::Quantized { bias, .. }
+        | Linear::Trellis { bias, .. } => bias.as_ref(),
         Linear::Adapted(_) => None,
     }
 }

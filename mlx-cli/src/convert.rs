@@ -30,8 +30,15 @@ pub struct ConvertArgs {
     #[arg(long)]
     pub q_bits: Option<i32>,
     /// The quantization mode.
-    #[arg(long, default_value = "affine", value_parser = ["affine", "mxfp4", "nvfp4", "mxfp8"])]
+    #[arg(long, default_value = "affine", value_parser = ["affine", "mxfp4", "nvfp4", "mxfp8", "trellis"])]
     pub q_mode: String,
+    /// `--q-mode trellis`: the trellis state's bits L (k + 1 to 16; the encoder's time grows
+    /// as 2^L).
+    #[arg(long, default_value_t = mlx_models::config::TRELLIS_DEFAULTS.2)]
+    pub q_trellis_l: u32,
+    /// `--q-mode trellis`: the seed of the random Hadamard incoherence (stored in the config).
+    #[arg(long, default_value_t = 0)]
+    pub q_seed: u64,
     /// Mixed-bit quantization recipe.
     #[arg(long, value_parser = QUANT_RECIPES)]
     pub quant_predicate: Option<String>,
@@ -47,15 +54,33 @@ pub struct ConvertArgs {
 impl ConvertArgs {
     /// The library's options (the mode name is one clap accepted).
     pub fn options(&self) -> Result<ConvertOptions, String> {
-        let q_mode = QuantMode::from_name(&self.q_mode)
-            .ok_or_else(|| format!("--q-mode: unknown mode `{}`", self.q_mode))?;
+        let trellis = (self.q_mode == "trellis").then_some(mlx_models::config::TrellisParams {
+            trellis_l: self.q_trellis_l,
+            seed: self.q_seed,
+        });
+        let q_mode = if trellis.is_some() {
+            QuantMode::Affine
+        } else {
+            QuantMode::from_name(&self.q_mode)
+                .ok_or_else(|| format!("--q-mode: unknown mode `{}`", self.q_mode))?
+        };
         if self.quantize && self.dequantize {
             return Err("Choose either quantize or dequantize, not both.".into());
         }
-        if self.quant_predicate.is_some() && q_mode != QuantMode::Affine {
+        if self.quant_predicate.is_some() && (q_mode != QuantMode::Affine || trellis.is_some()) {
             return Err("Quant predicates only support 'affine' quantization.".into());
         }
-        if self.quantize {
+        if let (true, Some(t)) = (self.quantize, trellis) {
+            let (g, b, _) = mlx_models::config::TRELLIS_DEFAULTS;
+            mlx_models::config::QuantParams {
+                group_size: self.q_group_size.unwrap_or(g),
+                bits: self.q_bits.unwrap_or(b),
+                mode: "trellis".into(),
+                trellis: Some(t),
+            }
+            .validate()
+            .map_err(|m| format!("--q-bits/--q-group-size/--q-trellis-l: {m}"))?;
+        } else if self.quantize {
             let (g, b) = match q_mode {
                 QuantMode::Affine => (64, 4),
                 QuantMode::Mxfp4 => (32, 4),
@@ -75,6 +100,7 @@ impl ConvertArgs {
             quant_predicate: self.quant_predicate.clone(),
             dtype: self.dtype.clone(),
             dequantize: self.dequantize,
+            trellis,
         })
     }
 

@@ -134,6 +134,7 @@ fn matrix<'m>(l: &'m Linear, what: &str) -> Result<(Matrix<'m>, Option<Floats<'m
             bias.as_ref().map(|b| floats(b, what)).transpose()?,
         )),
         Linear::Adapted(_) => Err(unsup(format!("{what}: an adapted (LoRA/DoRA) linear"))),
+        Linear::Trellis { .. } => Err(unsup(format!("{what}: a trellis-coded linear"))),
     }
 }
 

@@ -184,6 +184,7 @@ fn linear(
             })
         }
         Linear::Adapted(_) => Err(format!("{what}: an adapted (LoRA/DoRA) linear")),
+        Linear::Trellis { .. } => Err(format!("{what}: a trellis-coded linear")),
     }
 }
 

@@ -55,7 +55,23 @@ pub struct QuantParams {
     pub group_size: i32,
     pub bits: i32,
     pub mode: String,
+    /// `mode: "trellis"` only: the state bits and the incoherence seed.
+    #[serde(flatten)]
+    pub trellis: Option<TrellisParams>,
 }
+
+/// The trellis fields of a quantization entry (`"mode": "trellis"`): `group_size` is the
+/// trellis block (weights a tail-biting stream), `bits` the bits a weight.
+#[derive(serde::Serialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TrellisParams {
+    /// `trellis_l`: the state window's bits (default 12).
+    pub trellis_l: u32,
+    /// `seed`: the incoherence signs' seed (default 0), mixed with each layer's path.
+    pub seed: u64,
+}
+
+/// The trellis defaults: `group_size` (block) 64, 2 bits, `trellis_l` 12.
+pub const TRELLIS_DEFAULTS: (i32, i32, u32) = (64, 2, 12);
 
 /// The `quantization` block: defaults plus per-module entries (`false` = not quantized).
 #[derive(serde::Serialize, Clone, Debug, PartialEq)]
@@ -220,16 +236,38 @@ impl QuantParams {
                 QuantMode::Nvfp4 => (16, 4),
                 QuantMode::Mxfp8 => (32, 8),
             })
-            .unwrap_or((64, 4));
+            .unwrap_or(if mode == "trellis" {
+                (TRELLIS_DEFAULTS.0, TRELLIS_DEFAULTS.1)
+            } else {
+                (64, 4)
+            });
         let field = |key: &str, default: i32| match v.get(key) {
             Some(Value::Null) => Ok(default),
             None if !ctx.is_empty() => Ok(default),
             _ => int_field(v, key, ctx),
         };
+        let trellis = if mode == "trellis" {
+            let opt = |key: &str| match v.get(key) {
+                None | Some(Value::Null) => Ok(None),
+                Some(x) => x.as_u64().map(Some).ok_or_else(|| {
+                    ModelError::Config(format!(
+                        "quantization{ctx}: `{key}` must be a non-negative integer"
+                    ))
+                }),
+            };
+            let l = opt("trellis_l")?.unwrap_or(u64::from(TRELLIS_DEFAULTS.2));
+            Some(TrellisParams {
+                trellis_l: u32::try_from(l).unwrap_or(u32::MAX),
+                seed: opt("seed")?.unwrap_or(0),
+            })
+        } else {
+            None
+        };
         let q = QuantParams {
             group_size: field("group_size", dg)?,
             bits: field("bits", db)?,
             mode,
+            trellis,
         };
         q.validate()
             .map_err(|m| ModelError::Config(format!("quantization{ctx}: {m}")))?;
@@ -238,13 +276,27 @@ impl QuantParams {
 
     /// Checks the mode, bits and group size against what MLX accepts.
     pub fn validate(&self) -> std::result::Result<(), String> {
+        if let Some(t) = &self.trellis {
+            return self.trellis_spec(t).check();
+        }
         let mode = QuantMode::from_name(&self.mode).ok_or_else(|| {
             format!(
-                "unknown `mode` {:?} (expected affine, mxfp4, nvfp4 or mxfp8)",
+                "unknown `mode` {:?} (expected affine, mxfp4, nvfp4, mxfp8 or trellis)",
                 self.mode
             )
         })?;
         mode.check(self.group_size, self.bits)
+    }
+}
+
+impl QuantParams {
+    /// The trellis code's shape of a `trellis` entry.
+    pub fn trellis_spec(&self, t: &TrellisParams) -> mlx_core::cpu::trellis::TrellisSpec {
+        mlx_core::cpu::trellis::TrellisSpec {
+            k: u32::try_from(self.bits).unwrap_or(0),
+            l: t.trellis_l,
+            block: usize::try_from(self.group_size).unwrap_or(0),
+        }
     }
 }
 

@@ -14,6 +14,7 @@ use mlx_core::quantized::{self, QuantMode};
 use serde_json::{Map, Value};
 
 use crate::config::ModelConfig;
+use crate::config::{QuantParams, TrellisParams, TRELLIS_DEFAULTS};
 use crate::error::{ModelError, Result};
 use crate::load::load_weights;
 use crate::models::build_recording;
@@ -63,6 +64,9 @@ pub struct ConvertOptions {
     pub dtype: Option<String>,
     /// `-d`.
     pub dequantize: bool,
+    /// `--q-mode trellis`: trellis-code the linear layers (`q_group_size` is the block,
+    /// `q_bits` the bits a weight; other quantizable modules take affine 4-bit, group 64).
+    pub trellis: Option<TrellisParams>,
     /// Files written into the output beside the model's (name, bytes): the tokenizer files a
     /// caller made for a GGUF source, which has none of its own.
     pub extra_files: Vec<(String, Vec<u8>)>,
@@ -187,6 +191,8 @@ struct LayerQuant {
     group_size: Option<i32>,
     bits: i32,
     mode: QuantMode,
+    /// A trellis-coded linear (then `mode` is unused).
+    trellis: Option<TrellisParams>,
 }
 
 impl LayerQuant {
@@ -197,10 +203,28 @@ impl LayerQuant {
             self.group_size.map_or(Value::Null, Value::from),
         );
         m.insert("bits".into(), Value::from(self.bits));
-        m.insert("mode".into(), Value::from(self.mode.name()));
+        match &self.trellis {
+            Some(t) => {
+                m.insert("mode".into(), Value::from("trellis"));
+                m.insert("trellis_l".into(), Value::from(t.trellis_l));
+                m.insert("seed".into(), Value::from(t.seed));
+            }
+            None => {
+                m.insert("mode".into(), Value::from(self.mode.name()));
+            }
+        }
         Value::Object(m)
     }
 }
+
+/// What `--q-mode trellis` gives the quantizable modules that are not plain linears
+/// (embeddings): affine 4-bit in groups of 64.
+const TRELLIS_OTHER: LayerQuant = LayerQuant {
+    group_size: Some(64),
+    bits: 4,
+    mode: QuantMode::Affine,
+    trellis: None,
+};
 
 /// `mixed_quant_predicate_builder`: the recipe's choice for the module at `path`.
 fn mixed_recipe(
@@ -243,6 +267,7 @@ fn mixed_recipe(
         group_size,
         bits: if high_path { high } else { low },
         mode: QuantMode::Affine,
+        trellis: None,
     })
 }
 
@@ -317,6 +342,18 @@ pub fn convert(
     let mut quantized: BTreeMap<String, LayerQuant> = BTreeMap::new();
     for m in &built.quantizable {
         if let Some(q) = &m.quantized {
+            if q.trellis.is_some() {
+                quantized.insert(
+                    m.path.clone(),
+                    LayerQuant {
+                        group_size: Some(q.group_size),
+                        bits: q.bits,
+                        mode: QuantMode::Affine,
+                        trellis: q.trellis,
+                    },
+                );
+                continue;
+            }
             let mode = QuantMode::from_name(&q.mode).ok_or_else(|| {
                 ModelError::Config(format!(
                     "{}: unknown quantization mode `{}`",
@@ -329,6 +366,7 @@ pub fn convert(
                     group_size: Some(q.group_size),
                     bits: q.bits,
                     mode,
+                    trellis: None,
                 },
             );
         }
@@ -379,12 +417,33 @@ pub fn convert(
                  `quant_predicate` that `mlx convert` does not reproduce yet"
             )));
         }
-        let (dg, db) = mode_defaults(opts.q_mode);
+        let (dg, db) = match opts.trellis {
+            Some(_) => (TRELLIS_DEFAULTS.0, TRELLIS_DEFAULTS.1),
+            None => mode_defaults(opts.q_mode),
+        };
         let group_size = opts.q_group_size.unwrap_or(dg);
         let bits = opts.q_bits.unwrap_or(db);
-        opts.q_mode
-            .check(group_size, bits)
-            .map_err(|m| ModelError::Other(format!("--q-bits/--q-group-size: {m}")))?;
+        match opts.trellis {
+            Some(t) => {
+                if opts.quant_predicate.is_some() {
+                    return Err(ModelError::Other(
+                        "--quant-predicate: recipes are affine; not with --q-mode trellis".into(),
+                    ));
+                }
+                QuantParams {
+                    group_size,
+                    bits,
+                    mode: "trellis".into(),
+                    trellis: Some(t),
+                }
+                .validate()
+                .map_err(|m| ModelError::Other(format!("--q-bits/--q-group-size: {m}")))?;
+            }
+            None => opts
+                .q_mode
+                .check(group_size, bits)
+                .map_err(|m| ModelError::Other(format!("--q-bits/--q-group-size: {m}")))?,
+        }
         if let Some(g) = opts.q_group_size.filter(|_| opts.quant_predicate.is_some()) {
             QuantMode::Affine
                 .check(g, 2)
@@ -394,6 +453,7 @@ pub fn convert(
             group_size: Some(group_size),
             bits,
             mode: opts.q_mode,
+            trellis: opts.trellis,
         };
         let fine_grained = config.contains_key("quantization");
         let mut qblock: Map<String, Value> = match config.get("quantization") {
@@ -444,7 +504,14 @@ pub fn convert(
         let candidates: Vec<_> = built
             .quantizable
             .iter()
-            .filter(|m| m.quantized.is_none() && m.in_dims % group_size == 0)
+            .filter(|m| {
+                m.quantized.is_none()
+                    && if opts.trellis.is_some() && !m.linear {
+                        m.in_dims % TRELLIS_OTHER.group_size.unwrap_or(64) == 0
+                    } else {
+                        m.in_dims % group_size == 0
+                    }
+            })
             .collect();
         progress(Progress::Stage("Quantizing", candidates.len()));
         let mut replaced: BTreeMap<String, Vec<(String, Array)>> = BTreeMap::new();
@@ -455,6 +522,10 @@ pub fn convert(
                         mixed_recipe(r, opts.q_group_size, num_layers, layer_location, &m.path)?;
                     qblock.insert(m.path.clone(), lq.to_json());
                     lq
+                }
+                None if opts.trellis.is_some() && !m.linear => {
+                    qblock.insert(m.path.clone(), TRELLIS_OTHER.to_json());
+                    TRELLIS_OTHER
                 }
                 None => {
                     if fine_grained {
@@ -467,8 +538,25 @@ pub fn convert(
             let Some(&wi) = index.get(&wname) else {
                 return Err(ModelError::Weights(vec![format!("missing: {wname}")]));
             };
-            let (wq, scales, biases) =
-                quantized::quantize(&params[wi].1, lq.group_size, lq.bits, lq.mode, None)?;
+            let (wq, scales, biases) = match &lq.trellis {
+                Some(t) => {
+                    let q = QuantParams {
+                        group_size,
+                        bits: lq.bits,
+                        mode: "trellis".into(),
+                        trellis: Some(*t),
+                    };
+                    let (w, s) = crate::layers::trellis::quantize_trellis(
+                        &params[wi].1,
+                        &m.path,
+                        &q,
+                        t,
+                        mlx_core::cpu::available_threads(),
+                    )?;
+                    (w, s.astype(params[wi].1.dtype())?, None)
+                }
+                None => quantized::quantize(&params[wi].1, lq.group_size, lq.bits, lq.mode, None)?,
+            };
             let mut parts = vec![(wname.clone(), wq), (format!("{}.scales", m.path), scales)];
             if let Some(b) = biases {
                 parts.push((format!("{}.biases", m.path), b));
@@ -525,8 +613,42 @@ pub fn convert(
                 .get(&format!("{path}.scales"))
                 .ok_or_else(|| ModelError::Weights(vec![format!("missing: {path}.scales")]))?;
             let biases = lookup.get(&format!("{path}.biases"));
-            let w =
-                quantized::dequantize(a, scales, biases, q.group_size, q.bits, q.mode, None, None)?;
+            let w = match &q.trellis {
+                Some(t) => {
+                    let qp = QuantParams {
+                        group_size: q.group_size.unwrap_or(TRELLIS_DEFAULTS.0),
+                        bits: q.bits,
+                        mode: "trellis".into(),
+                        trellis: Some(*t),
+                    };
+                    let sh = a.shape();
+                    let rows = sh.first().copied().unwrap_or(0);
+                    let cols = (i64::from(sh.get(1).copied().unwrap_or(0)) * 32
+                        / i64::from(q.bits.max(1))) as i32;
+                    mlx_core::eval([a, scales])?;
+                    crate::layers::trellis::TrellisWeight::new(
+                        a.clone(),
+                        scales.clone(),
+                        qp.trellis_spec(t),
+                        *t,
+                        path,
+                        rows,
+                        cols,
+                    )?
+                    .dequantize()?
+                    .astype(scales.dtype())?
+                }
+                None => quantized::dequantize(
+                    a,
+                    scales,
+                    biases,
+                    q.group_size,
+                    q.bits,
+                    q.mode,
+                    None,
+                    None,
+                )?,
+            };
             out.push((n.clone(), w));
             progress(Progress::Tensor(n));
         }

@@ -76,6 +76,10 @@ fn split_weight(
         Linear::Adapted(_) => Err(ModelError::Other(format!(
             "{what}: tensor parallelism cannot split an adapted linear (fuse the adapter first)"
         ))),
+        Linear::Trellis { .. } => Err(ModelError::Other(format!(
+            "{what}: tensor parallelism cannot split a trellis-coded linear (its Hadamard \
+             blocks and tail-biting streams span the whole matrix)"
+        ))),
     }
 }
 

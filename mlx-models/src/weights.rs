@@ -48,6 +48,8 @@ pub struct QuantizableModule {
     pub in_dims: i32,
     /// How it is stored: `None` for a dense weight.
     pub quantized: Option<QuantParams>,
+    /// A plain linear layer (`nn.Linear`): what trellis quantization codes.
+    pub linear: bool,
 }
 
 impl Weights {
@@ -296,11 +298,33 @@ impl Weights {
     /// when `<path>.scales` exists, with group size and bits inferred from the shapes
     /// (`infer_quant_config`).
     pub fn quantization(&mut self, path: &str, in_dims: i32) -> Result<Option<QuantParams>> {
+        self.record_quantization(path, in_dims, false)
+    }
+
+    /// [`Weights::quantization`] for a plain linear layer (recorded as one).
+    pub fn linear_quantization(&mut self, path: &str, in_dims: i32) -> Result<Option<QuantParams>> {
+        self.record_quantization(path, in_dims, true)
+    }
+
+    fn record_quantization(
+        &mut self,
+        path: &str,
+        in_dims: i32,
+        linear: bool,
+    ) -> Result<Option<QuantParams>> {
         let q = self.infer_quantization(path, in_dims)?;
+        if let (Some(t), false) = (q.as_ref().and_then(|q| q.trellis.as_ref()), linear) {
+            let _ = t;
+            return Err(ModelError::Config(format!(
+                "{path}: only linear layers can be trellis-coded (give this module an affine \
+                 entry in the quantization block)"
+            )));
+        }
         self.quantizable.push(QuantizableModule {
             path: path.to_string(),
             in_dims,
             quantized: q.clone(),
+            linear,
         });
         Ok(q)
     }
@@ -314,6 +338,11 @@ impl Weights {
         let Some(scales) = self.tensors.get(&format!("{path}.scales")) else {
             return Ok(None);
         };
+        // A trellis model's modules are the block's trellis entry (their shapes are checked
+        // when the layer loads).
+        if let Some(q) = self.quant.as_ref().filter(|q| q.default.trellis.is_some()) {
+            return Ok(Some(q.default.clone()));
+        }
         let weight = self.tensors.get(&format!("{path}.weight")).ok_or_else(|| {
             ModelError::Weights(vec![format!(
                 "{path}.scales present but {path}.weight missing"
@@ -348,6 +377,7 @@ impl Weights {
             group_size,
             bits,
             mode: mode.to_string(),
+            trellis: None,
         };
         q.validate().map_err(|m| {
             ModelError::Weights(vec![format!(

@@ -18,6 +18,7 @@ mod batch;
 mod matmul;
 mod ops;
 mod pool;
+pub mod trellis;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 

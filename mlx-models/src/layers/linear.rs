@@ -5,6 +5,7 @@ use mlx_core::quantized::{self, QuantMode};
 
 use crate::config::QuantParams;
 use crate::error::{ModelError, Result};
+use crate::layers::trellis::TrellisWeight;
 use crate::layers::LayerParam;
 use crate::weights::Weights;
 
@@ -136,6 +137,11 @@ pub enum Linear {
         weight: QuantizedWeight,
         bias: Option<Array>,
     },
+    /// `TrellisLinear`: a trellis-coded weight (`"mode": "trellis"`).
+    Trellis {
+        weight: Box<TrellisWeight>,
+        bias: Option<Array>,
+    },
     Adapted(Box<dyn LinearAdapter>),
 }
 
@@ -160,7 +166,17 @@ impl Linear {
         } else {
             None
         };
-        match w.quantization(path, in_dims)? {
+        match w.linear_quantization(path, in_dims)? {
+            Some(q) if q.trellis.is_some() => {
+                let t = q.trellis.unwrap_or(crate::config::TrellisParams {
+                    trellis_l: 0,
+                    seed: 0,
+                });
+                Ok(Linear::Trellis {
+                    weight: Box::new(TrellisWeight::load(w, path, out_dims, in_dims, &q, &t)?),
+                    bias: b,
+                })
+            }
             Some(q) => Ok(Linear::Quantized {
                 weight: QuantizedWeight::load(w, path, out_dims, in_dims, &q)?,
                 bias: b,
@@ -189,6 +205,10 @@ impl Linear {
                 weight.parameters_mut(path, out);
                 (bias, true)
             }
+            Linear::Trellis { weight, bias } => {
+                weight.parameters_mut(path, out);
+                (bias, true)
+            }
             Linear::Adapted(_) => {
                 return Err(ModelError::Other(format!(
                     "{path}: an adapted linear has no parameters of its own"
@@ -212,6 +232,7 @@ impl Linear {
                 let s = weight.weight.shape();
                 Ok((s[0], s[1] * 32 / weight.bits))
             }
+            Linear::Trellis { weight, .. } => Ok((weight.rows, weight.cols)),
             Linear::Adapted(a) => a.base().dims(),
         }
     }
@@ -232,6 +253,13 @@ impl Linear {
             )?),
             Linear::Dense { weight, bias: None } => {
                 Ok(ops::matmul(x, &ops::transpose_all(weight, None)?, None)?)
+            }
+            Linear::Trellis { weight, bias } => {
+                let y = weight.matmul_t(x)?;
+                match bias {
+                    Some(b) => Ok((&y + b)?),
+                    None => Ok(y),
+                }
             }
             Linear::Quantized { weight, bias } => {
                 let y = weight.matmul_t(x)?;

@@ -11,6 +11,7 @@ mod norm;
 mod rope;
 pub mod ssm;
 mod switch;
+pub mod trellis;
 
 pub use activations::{
     clip_residual, geglu, gelu, gelu_approx, logit_softcap, precise_swiglu, relu2, silu, swiglu,
@@ -30,6 +31,7 @@ pub use rope::{Rope, RopeScaling};
 pub use switch::{
     clamped_swiglu, SwitchActivation, SwitchAdapter, SwitchGlu, SwitchLinear, SwitchMlp,
 };
+pub use trellis::{set_trellis_decode, TrellisDecode, TrellisWeight};
 
 use mlx_core::prelude::Array;
 

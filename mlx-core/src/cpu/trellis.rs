@@ -1,0 +1,905 @@
+//! Trellis-coded weights (QTIP-style): a tail-biting bit-shift trellis, `k` bits a weight, an
+//! `L`-bit state window decoded by the 1MAD computed code, random-sign block Hadamard
+//! incoherence and a scale per row.
+//!
+//! Layout. A matrix `(rows, cols)` is cut along each row into blocks of `block` weights. A
+//! block is a cyclic bit stream of `block * k` bits, stored most significant bit first in
+//! `u32` words (`block * k / 32` words a block, so a row takes `cols * k / 32` words, the
+//! shape of an affine `k`-bit weight). Weight `t` of a block is the code of the `L`-bit window
+//! of that stream ending at bit `(t + 1) * k` (cyclically: the first windows wrap around to
+//! the stream's end, which is what makes the trellis tail-biting). Consecutive windows share
+//! `L - k` bits: the state goes `s -> ((s << k) | b) & (2^L - 1)`.
+//!
+//! The code of a state is QTIP's 1MAD: `x = s * 34038481 + 76625530 (mod 2^32)`, the sum of
+//! the four bytes of `x` minus 510, divided by 147.800537109375 (an approximately Gaussian
+//! value of unit variance).
+//!
+//! The stored matrix is `Wt = H_r diag(su) W diag(sv) H_c` (H: orthonormal Walsh-Hadamard
+//! blocks, `su`/`sv`: random signs drawn from a seed), quantized row by row after dividing by
+//! the row's RMS; the row's scale is then refitted by least squares to the codes chosen. So
+//! `W x = su * H_r (Wt (H_c (sv * x)))`.
+//!
+//! The encoder is a Viterbi search over the `2^L` states per weight (two passes a block: an
+//! unconstrained pass over the rotated block fixes the wrap-around bits, then a pass
+//! constrained to them), on every core.
+
+/// 1MAD's multiplier.
+pub const MAD_A: u32 = 34_038_481;
+/// 1MAD's addend.
+pub const MAD_B: u32 = 76_625_530;
+/// 1MAD's divisor (the byte sum's standard deviation).
+pub const MAD_SCALE: f32 = 147.800_54;
+
+/// A trellis code's shape: `k` bits a weight, an `l`-bit state, blocks of `block` weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TrellisSpec {
+    pub k: u32,
+    pub l: u32,
+    pub block: usize,
+}
+
+impl TrellisSpec {
+    /// Checks the shape: `k` in 2..=4, `l` in `k + 1..=16`, a block whose bit count is a
+    /// whole number of words and at least `l` bits.
+    pub fn check(&self) -> Result<(), String> {
+        if !(2..=4).contains(&self.k) {
+            return Err(format!("trellis bits must be 2, 3 or 4, got {}", self.k));
+        }
+        if self.l <= self.k || self.l > 16 {
+            return Err(format!(
+                "trellis state bits L must be in {}..=16, got {}",
+                self.k + 1,
+                self.l
+            ));
+        }
+        if self.block == 0 || (self.block * self.k as usize) % 32 != 0 {
+            return Err(format!(
+                "trellis block of {} weights at {} bits is not a whole number of 32-bit words",
+                self.block, self.k
+            ));
+        }
+        if self.block * (self.k as usize) < self.l as usize || self.block > 4096 {
+            return Err(format!(
+                "trellis block of {} weights is outside {}..=4096",
+                self.block,
+                (self.l as usize).div_ceil(self.k as usize)
+            ));
+        }
+        Ok(())
+    }
+
+    /// Words a block takes.
+    pub fn block_words(&self) -> usize {
+        self.block * self.k as usize / 32
+    }
+
+    /// Checks that `(rows, cols)` can be coded: `cols` a multiple of the block.
+    pub fn check_shape(&self, rows: usize, cols: usize) -> Result<(), String> {
+        self.check()?;
+        if rows == 0 || cols == 0 || cols % self.block != 0 {
+            return Err(format!(
+                "a ({rows}, {cols}) matrix cannot be cut into trellis blocks of {}",
+                self.block
+            ));
+        }
+        Ok(())
+    }
+
+    /// Bit offset (in the block's stream) of the first bit of weight `t`'s window.
+    pub fn window_start(&self, t: usize) -> usize {
+        let bits = self.block * self.k as usize;
+        ((t + 1) * self.k as usize + bits - self.l as usize) % bits
+    }
+}
+
+/// The 1MAD code of a state.
+#[inline(always)]
+pub fn code_1mad(state: u32) -> f32 {
+    let x = state.wrapping_mul(MAD_A).wrapping_add(MAD_B);
+    // Byte sum: pairs of bytes in 16-bit lanes, then the two lanes.
+    let y = (x & 0x00FF_00FF) + ((x >> 8) & 0x00FF_00FF);
+    let s = (y & 0xFFFF) + (y >> 16);
+    (s as i32 - 510) as f32 / MAD_SCALE
+}
+
+/// The state of weight `t` read from a block's words.
+#[inline(always)]
+fn window(spec: &TrellisSpec, words: &[u32], t: usize) -> u32 {
+    let start = spec.window_start(t);
+    let a = start / 32;
+    let off = start % 32;
+    let nw = words.len();
+    let hi = u64::from(words[a]);
+    let lo = u64::from(words[(a + 1) % nw]);
+    let v = ((hi << 32) | lo) >> (64 - off - spec.l as usize);
+    (v as u32) & ((1u32 << spec.l) - 1)
+}
+
+/// Decodes a block's states (the plain reference of the layout).
+pub fn block_states(spec: &TrellisSpec, words: &[u32]) -> Vec<u32> {
+    (0..spec.block).map(|t| window(spec, words, t)).collect()
+}
+
+/// Packs a block's consistent state path into its words.
+fn pack_block(spec: &TrellisSpec, states: &[u32], out: &mut [u32]) {
+    out.iter_mut().for_each(|w| *w = 0);
+    let k = spec.k as usize;
+    let kmask = (1u32 << k) - 1;
+    for (t, &s) in states.iter().enumerate() {
+        let b = s & kmask;
+        for j in 0..k {
+            let bit = (b >> (k - 1 - j)) & 1;
+            let i = t * k + j;
+            out[i / 32] |= bit << (31 - i % 32);
+        }
+    }
+}
+
+/// Seeded random signs (`+1.0` / `-1.0`), splitmix64 from `seed`.
+pub fn signs(seed: u64, n: usize) -> Vec<f32> {
+    let mut z = seed;
+    let mut out = Vec::with_capacity(n);
+    let mut bits = 0u64;
+    for i in 0..n {
+        if i % 64 == 0 {
+            z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut x = z;
+            x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            bits = x ^ (x >> 31);
+        }
+        out.push(if (bits >> (i % 64)) & 1 == 1 {
+            -1.0
+        } else {
+            1.0
+        });
+    }
+    out
+}
+
+/// The seed of one layer's signs: the model's seed mixed with the layer's path (FNV-1a), so
+/// every layer draws its own signs.
+pub fn layer_seed(seed: u64, path: &str) -> u64 {
+    let mut h: u64 = 0xCBF2_9CE4_8422_2325;
+    for b in path.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01B3);
+    }
+    seed ^ h
+}
+
+/// The Hadamard block size for a dimension: its largest power-of-two divisor (at most 4096).
+pub fn hadamard_block(n: usize) -> usize {
+    if n == 0 {
+        return 1;
+    }
+    (1usize << n.trailing_zeros()).min(4096)
+}
+
+/// In-place orthonormal Walsh-Hadamard transform of each consecutive `block` of `x`
+/// (Sylvester order, scaled by `1/sqrt(block)`).
+pub fn fwht_blocks(x: &mut [f32], block: usize) {
+    let scale = 1.0 / (block as f32).sqrt();
+    for chunk in x.chunks_exact_mut(block) {
+        let mut h = 1;
+        while h < block {
+            for i in (0..block).step_by(2 * h) {
+                for j in i..i + h {
+                    let (a, b) = (chunk[j], chunk[j + h]);
+                    chunk[j] = a + b;
+                    chunk[j + h] = a - b;
+                }
+            }
+            h *= 2;
+        }
+        chunk.iter_mut().for_each(|v| *v *= scale);
+    }
+}
+
+/// The normalized Hadamard matrix of `block` (row-major), the plain-ops path's operand.
+pub fn hadamard_matrix(block: usize) -> Vec<f32> {
+    let mut m = vec![0.0f32; block * block];
+    for r in 0..block {
+        m[r * block + r] = 1.0;
+        fwht_blocks(&mut m[r * block..(r + 1) * block], block);
+    }
+    m
+}
+
+/// Applies the incoherence transform to a row-major `(rows, cols)` matrix in place:
+/// `H_r diag(su) W diag(sv) H_c`.
+pub fn incoherent(w: &mut [f32], rows: usize, cols: usize, su: &[f32], sv: &[f32]) {
+    let (br, bc) = (hadamard_block(rows), hadamard_block(cols));
+    for r in 0..rows {
+        let row = &mut w[r * cols..(r + 1) * cols];
+        for (v, s) in row.iter_mut().zip(sv) {
+            *v *= su[r] * s;
+        }
+        fwht_blocks(row, bc);
+    }
+    // Columns: transpose, transform, transpose back.
+    let mut t = vec![0.0f32; rows * cols];
+    for r in 0..rows {
+        for c in 0..cols {
+            t[c * rows + r] = w[r * cols + c];
+        }
+    }
+    for c in 0..cols {
+        fwht_blocks(&mut t[c * rows..(c + 1) * rows], br);
+    }
+    for r in 0..rows {
+        for c in 0..cols {
+            w[r * cols + c] = t[c * rows + r];
+        }
+    }
+}
+
+/// One Viterbi pass over `x` (one block). `overlap`: the `L - k` wrap-around bits the first
+/// state's top and the last state's bottom must equal. Returns the state path and its error.
+/// `codes` is the 1MAD table of all `2^L` states; `cost`, `next`, `arg` are scratch.
+struct Scratch {
+    cost: Vec<f32>,
+    next: Vec<f32>,
+    best: Vec<f32>,
+    wide: Vec<u32>,
+    arg: Vec<u8>,
+}
+
+impl Scratch {
+    fn new(spec: &TrellisSpec) -> Scratch {
+        let n = 1usize << spec.l;
+        let g = 1usize << (spec.l - spec.k);
+        Scratch {
+            cost: vec![0.0; n],
+            next: vec![0.0; n],
+            best: vec![0.0; g],
+            wide: vec![0; g],
+            arg: vec![0; g * spec.block],
+        }
+    }
+}
+
+#[inline(always)]
+fn viterbi_step_k<const FAN: usize>(
+    w: f32,
+    codes: &[f32],
+    cost: &[f32],
+    best: &mut [f32],
+    wide: &mut [u32],
+    arg: &mut [u8],
+    next: &mut [f32],
+) {
+    // Predecessors of state s' = (p << (L-k)) | (s' >> k): the same index of 2^k slices.
+    let g = best.len();
+    best.copy_from_slice(&cost[..g]);
+    wide.iter_mut().for_each(|a| *a = 0);
+    for p in 1..FAN {
+        let slice = &cost[p * g..(p + 1) * g];
+        for ((b, a), &c) in best.iter_mut().zip(wide.iter_mut()).zip(slice) {
+            let lt = c < *b;
+            *b = if lt { c } else { *b };
+            *a = if lt { p as u32 } else { *a };
+        }
+    }
+    for (a, &v) in arg.iter_mut().zip(wide.iter()) {
+        *a = v as u8;
+    }
+    // Squared errors over the whole state range (flat, vectorized), then each group's best
+    // added to its FAN states (written per group so the compiler does not vectorize across
+    // groups with gathers).
+    if FAN >= 16 {
+        for (o, &c) in next.iter_mut().zip(codes) {
+            let d = w - c;
+            *o = d * d;
+        }
+        for (out, &b) in next.chunks_exact_mut(FAN).zip(best.iter()) {
+            add_group::<FAN>(out.try_into().expect("chunk of FAN"), b);
+        }
+        return;
+    }
+    for ((out, code), &b) in next
+        .chunks_exact_mut(FAN)
+        .zip(codes.chunks_exact(FAN))
+        .zip(best.iter())
+    {
+        let out: &mut [f32; FAN] = out.try_into().expect("chunk of FAN");
+        let code: &[f32; FAN] = code.try_into().expect("chunk of FAN");
+        for j in 0..FAN {
+            let d = w - code[j];
+            out[j] = b + d * d;
+        }
+    }
+}
+
+#[inline(never)]
+fn add_group<const FAN: usize>(out: &mut [f32; FAN], b: f32) {
+    for o in out.iter_mut() {
+        *o += b;
+    }
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn viterbi_step(
+    k: usize,
+    w: f32,
+    codes: &[f32],
+    cost: &[f32],
+    best: &mut [f32],
+    wide: &mut [u32],
+    arg: &mut [u8],
+    next: &mut [f32],
+) {
+    match k {
+        2 => viterbi_step_k::<4>(w, codes, cost, best, wide, arg, next),
+        3 => viterbi_step_k::<8>(w, codes, cost, best, wide, arg, next),
+        _ => viterbi_step_k::<16>(w, codes, cost, best, wide, arg, next),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn viterbi_step_avx2(
+    k: usize,
+    w: f32,
+    codes: &[f32],
+    cost: &[f32],
+    best: &mut [f32],
+    wide: &mut [u32],
+    arg: &mut [u8],
+    next: &mut [f32],
+) {
+    viterbi_step(k, w, codes, cost, best, wide, arg, next)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn viterbi_step_avx512(
+    k: usize,
+    w: f32,
+    codes: &[f32],
+    cost: &[f32],
+    best: &mut [f32],
+    wide: &mut [u32],
+    arg: &mut [u8],
+    next: &mut [f32],
+) {
+    viterbi_step(k, w, codes, cost, best, wide, arg, next)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn step(
+    isa: super::Isa,
+    k: usize,
+    w: f32,
+    codes: &[f32],
+    cost: &[f32],
+    best: &mut [f32],
+    wide: &mut [u32],
+    arg: &mut [u8],
+    next: &mut [f32],
+) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::detect` found AVX-512 F/BW/VL (and AVX2, FMA) on this CPU.
+        super::Isa::Avx512 => unsafe {
+            viterbi_step_avx512(k, w, codes, cost, best, wide, arg, next)
+        },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::detect` found AVX2 and FMA on this CPU.
+        super::Isa::Avx2 => unsafe { viterbi_step_avx2(k, w, codes, cost, best, wide, arg, next) },
+        _ => viterbi_step(k, w, codes, cost, best, wide, arg, next),
+    }
+}
+
+fn viterbi(
+    isa: super::Isa,
+    spec: &TrellisSpec,
+    x: &[f32],
+    overlap: Option<u32>,
+    codes: &[f32],
+    s: &mut Scratch,
+) -> Vec<u32> {
+    let (k, l) = (spec.k as usize, spec.l as usize);
+    let n = 1usize << l;
+    let g = 1usize << (l - k);
+    let gmask = (g - 1) as u32;
+    let t_len = x.len();
+    for (st, c) in s.cost.iter_mut().enumerate() {
+        let d = x[0] - codes[st];
+        let allowed = overlap.is_none_or(|o| (st as u32) >> k == o);
+        *c = if allowed { d * d } else { f32::INFINITY };
+    }
+    for (t, &xt) in x.iter().enumerate().skip(1) {
+        let arg = &mut s.arg[t * g..(t + 1) * g];
+        step(
+            isa,
+            k,
+            xt,
+            codes,
+            &s.cost,
+            &mut s.best,
+            &mut s.wide,
+            arg,
+            &mut s.next,
+        );
+        std::mem::swap(&mut s.cost, &mut s.next);
+    }
+    let mut last = 0u32;
+    let mut lowest = f32::INFINITY;
+    for st in 0..n {
+        let allowed = overlap.is_none_or(|o| (st as u32) & gmask == o);
+        if allowed && s.cost[st] < lowest {
+            lowest = s.cost[st];
+            last = st as u32;
+        }
+    }
+    let mut path = vec![0u32; t_len];
+    path[t_len - 1] = last;
+    for t in (1..t_len).rev() {
+        let cur = path[t];
+        let p = u32::from(s.arg[t * g + (cur >> k) as usize]);
+        path[t - 1] = (p << (l - k)) | (cur >> k);
+    }
+    path
+}
+
+/// Encodes one block of (normalized) weights: the tail-biting path's words.
+fn encode_block(
+    isa: super::Isa,
+    spec: &TrellisSpec,
+    x: &[f32],
+    codes: &[f32],
+    s: &mut Scratch,
+    out: &mut [u32],
+) {
+    let t_len = x.len();
+    let half = t_len / 2;
+    // Rotated so original weight 0 sits at position `half`.
+    let rolled: Vec<f32> = (0..t_len).map(|i| x[(i + t_len - half) % t_len]).collect();
+    let free = viterbi(isa, spec, &rolled, None, codes, s);
+    let overlap = free[half] >> spec.k;
+    let path = viterbi(isa, spec, x, Some(overlap), codes, s);
+    pack_block(spec, &path, out);
+}
+
+/// The 1MAD table of every `L`-bit state.
+pub fn code_table(l: u32) -> Vec<f32> {
+    (0..1u32 << l).map(code_1mad).collect()
+}
+
+/// Trellis-quantizes a row-major `(rows, cols)` matrix: incoherence with the signs of
+/// `seed`, per-row normalization, Viterbi on `threads` threads, least-squares row scales.
+/// Returns `(words (rows, cols * k / 32), scales (rows))`.
+pub fn quantize(
+    spec: &TrellisSpec,
+    w: &[f32],
+    rows: usize,
+    cols: usize,
+    seed: u64,
+    threads: usize,
+) -> Result<(Vec<u32>, Vec<f32>), String> {
+    spec.check_shape(rows, cols)?;
+    if w.len() != rows * cols {
+        return Err(format!(
+            "trellis quantize: {} values for a ({rows}, {cols}) matrix",
+            w.len()
+        ));
+    }
+    if let Some(i) = w.iter().position(|v| !v.is_finite()) {
+        return Err(format!(
+            "trellis quantize: a non-finite value at ({}, {})",
+            i / cols,
+            i % cols
+        ));
+    }
+    let (su, sv) = layer_signs(seed, rows, cols);
+    let mut wt = w.to_vec();
+    incoherent(&mut wt, rows, cols, &su, &sv);
+    let rms: Vec<f32> = wt
+        .chunks_exact(cols)
+        .map(|r| {
+            let ss: f64 = r.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+            ((ss / cols as f64).sqrt() as f32).max(f32::MIN_POSITIVE)
+        })
+        .collect();
+    let codes = code_table(spec.l);
+    let wpr = cols * spec.k as usize / 32;
+    let mut words = vec![0u32; rows * wpr];
+    let isa = super::Isa::detect();
+    let threads = threads.max(1).min(rows);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let bw = spec.block_words();
+    {
+        // Rows handed out one at a time; each thread writes only the rows it took.
+        let slots: Vec<std::sync::Mutex<&mut [u32]>> = words
+            .chunks_exact_mut(wpr)
+            .map(std::sync::Mutex::new)
+            .collect();
+        std::thread::scope(|scope| {
+            for _ in 0..threads {
+                scope.spawn(|| {
+                    let mut scratch = Scratch::new(spec);
+                    let mut x = vec![0.0f32; spec.block];
+                    loop {
+                        let r = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if r >= rows {
+                            break;
+                        }
+                        let mut out = slots[r].lock().unwrap_or_else(|e| e.into_inner());
+                        for (b, chunk) in wt[r * cols..(r + 1) * cols]
+                            .chunks_exact(spec.block)
+                            .enumerate()
+                        {
+                            for (xi, &v) in x.iter_mut().zip(chunk) {
+                                *xi = v / rms[r];
+                            }
+                            encode_block(
+                                isa,
+                                spec,
+                                &x,
+                                &codes,
+                                &mut scratch,
+                                &mut out[b * bw..(b + 1) * bw],
+                            );
+                        }
+                    }
+                });
+            }
+        });
+    }
+    // Least-squares scale of each row over the codes chosen.
+    let mut scales = vec![0.0f32; rows];
+    let mut dec = vec![0.0f32; cols];
+    for r in 0..rows {
+        decode_row(spec, &words[r * wpr..(r + 1) * wpr], 1.0, &mut dec);
+        let (mut num, mut den) = (0.0f64, 0.0f64);
+        for (&c, &v) in dec.iter().zip(&wt[r * cols..(r + 1) * cols]) {
+            num += f64::from(c) * f64::from(v);
+            den += f64::from(c) * f64::from(c);
+        }
+        scales[r] = if den > 0.0 { (num / den) as f32 } else { 0.0 };
+    }
+    Ok((words, scales))
+}
+
+/// A layer's sign vectors `(su (rows), sv (cols))` from its seed.
+pub fn layer_signs(seed: u64, rows: usize, cols: usize) -> (Vec<f32>, Vec<f32>) {
+    (signs(seed, rows), signs(seed ^ 0x5555_5555_5555_5555, cols))
+}
+
+/// Decodes one row's words into `out` (`cols` values): `scale * code(state)`.
+pub fn decode_row(spec: &TrellisSpec, words: &[u32], scale: f32, out: &mut [f32]) {
+    let bw = spec.block_words();
+    let k = spec.k as usize;
+    let l = spec.l;
+    let mask = (1u32 << l) - 1;
+    for (bwords, bout) in words.chunks_exact(bw).zip(out.chunks_exact_mut(spec.block)) {
+        // The first state from its window, then k new bits a weight, sequentially.
+        let mut state = window(spec, bwords, 0);
+        bout[0] = code_1mad(state) * scale;
+        let mut bitpos = k; // next bit of the stream
+        for o in bout.iter_mut().skip(1) {
+            let a = bitpos / 32;
+            let off = bitpos % 32;
+            let v = if off + k <= 32 {
+                (bwords[a] >> (32 - off - k)) & ((1 << k) - 1)
+            } else {
+                let hi = u64::from(bwords[a]);
+                let lo = u64::from(bwords[(a + 1) % bw]);
+                ((((hi << 32) | lo) >> (64 - off - k)) as u32) & ((1 << k) - 1)
+            };
+            state = ((state << k) | v) & mask;
+            *o = code_1mad(state) * scale;
+            bitpos += k;
+        }
+    }
+}
+
+/// Decodes a whole `(rows, cols)` matrix (`scales` per row) on up to `threads` threads.
+pub fn decode(
+    spec: &TrellisSpec,
+    words: &[u32],
+    scales: &[f32],
+    rows: usize,
+    cols: usize,
+    threads: usize,
+    out: &mut [f32],
+) -> Result<(), String> {
+    spec.check_shape(rows, cols)?;
+    let wpr = cols * spec.k as usize / 32;
+    if words.len() != rows * wpr || scales.len() != rows || out.len() != rows * cols {
+        return Err(format!(
+            "trellis decode: {} words, {} scales, {} outputs for a ({rows}, {cols}) matrix",
+            words.len(),
+            scales.len(),
+            out.len()
+        ));
+    }
+    let threads = threads.max(1).min(rows);
+    let per = rows.div_ceil(threads);
+    std::thread::scope(|scope| {
+        for (i, chunk) in out.chunks_mut(per * cols).enumerate() {
+            let r0 = i * per;
+            scope.spawn(move || {
+                for (j, row) in chunk.chunks_exact_mut(cols).enumerate() {
+                    let r = r0 + j;
+                    decode_row(spec, &words[r * wpr..(r + 1) * wpr], scales[r], row);
+                }
+            });
+        }
+    });
+    Ok(())
+}
+
+/// Per-weight read positions of a block: `(word, next word, right shift)` of each window.
+fn window_table(spec: &TrellisSpec) -> (Vec<u32>, Vec<u32>, Vec<u64>) {
+    let bw = spec.block_words();
+    let (mut a, mut a1, mut sh) = (Vec::new(), Vec::new(), Vec::new());
+    for t in 0..spec.block {
+        let start = spec.window_start(t);
+        a.push((start / 32) as u32);
+        a1.push(((start / 32 + 1) % bw) as u32);
+        sh.push((64 - start % 32 - spec.l as usize) as u64);
+    }
+    (a, a1, sh)
+}
+
+#[inline(always)]
+fn block_dot(words: &[u32], a: &[u32], a1: &[u32], sh: &[u64], mask: u64, x: &[f32]) -> f32 {
+    // Sixteen partial sums (one vector lane each), so the loop vectorizes.
+    let mut lanes = [0.0f32; 16];
+    let n = x.len() / 16 * 16;
+    for c in (0..n).step_by(16) {
+        for (j, lane) in lanes.iter_mut().enumerate() {
+            let t = c + j;
+            let hi = u64::from(words[a[t] as usize]);
+            let lo = u64::from(words[a1[t] as usize]);
+            let state = ((((hi << 32) | lo) >> sh[t]) & mask) as u32;
+            *lane += code_1mad(state) * x[t];
+        }
+    }
+    let mut acc: f32 = lanes.iter().sum();
+    for t in n..x.len() {
+        let hi = u64::from(words[a[t] as usize]);
+        let lo = u64::from(words[a1[t] as usize]);
+        let state = ((((hi << 32) | lo) >> sh[t]) & mask) as u32;
+        acc += code_1mad(state) * x[t];
+    }
+    acc
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+unsafe fn block_dot_avx512(
+    words: &[u32],
+    a: &[u32],
+    a1: &[u32],
+    sh: &[u64],
+    mask: u64,
+    x: &[f32],
+) -> f32 {
+    block_dot(words, a, a1, sh, mask, x)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn block_dot_avx2(
+    words: &[u32],
+    a: &[u32],
+    a1: &[u32],
+    sh: &[u64],
+    mask: u64,
+    x: &[f32],
+) -> f32 {
+    block_dot(words, a, a1, sh, mask, x)
+}
+
+/// Fused decode and product for one input: `y[r] = scale[r] * sum_c code(state_rc) * x[c]`
+/// over the rows `r0..r0 + y.len()` (the trellis matrix-vector kernel; `x` is the already
+/// transformed input `H_c (sv * x)`). Each weight's state is read from its own window, so the
+/// loop has no carried dependency and runs on the widest vectors the CPU has.
+pub fn matvec_rows(
+    spec: &TrellisSpec,
+    words: &[u32],
+    scales: &[f32],
+    cols: usize,
+    x: &[f32],
+    r0: usize,
+    y: &mut [f32],
+) {
+    let wpr = cols * spec.k as usize / 32;
+    let bw = spec.block_words();
+    let (a, a1, sh) = window_table(spec);
+    let mask = (1u64 << spec.l) - 1;
+    let isa = super::Isa::detect();
+    for (i, yo) in y.iter_mut().enumerate() {
+        let r = r0 + i;
+        let row = &words[r * wpr..(r + 1) * wpr];
+        let mut acc = 0.0f32;
+        for (b, xb) in x.chunks_exact(spec.block).enumerate() {
+            let bwords = &row[b * bw..(b + 1) * bw];
+            acc += match isa {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `Isa::detect` found AVX-512 F/BW/VL (and AVX2, FMA) on this CPU.
+                super::Isa::Avx512 => unsafe { block_dot_avx512(bwords, &a, &a1, &sh, mask, xb) },
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `Isa::detect` found AVX2 and FMA on this CPU.
+                super::Isa::Avx2 => unsafe { block_dot_avx2(bwords, &a, &a1, &sh, mask, xb) },
+                _ => block_dot(bwords, &a, &a1, &sh, mask, xb),
+            };
+        }
+        *yo = acc * scales[r];
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gauss(n: usize, seed: u64) -> Vec<f32> {
+        // Box-Muller over a splitmix stream.
+        let mut z = seed;
+        let mut next = || {
+            z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut x = z;
+            x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            ((x ^ (x >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+        };
+        (0..n)
+            .map(|_| {
+                let (u, v) = (next().max(1e-12), next());
+                ((-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()) as f32
+            })
+            .collect()
+    }
+
+    #[test]
+    #[allow(clippy::excessive_precision)]
+    fn code_matches_qtip_formula() {
+        for s in [0u32, 1, 2, 255, 4096, 65535] {
+            let x = (u64::from(s) * 34038481 + 76625530) & 0xFFFF_FFFF;
+            let sum = (x & 255) + ((x >> 8) & 255) + ((x >> 16) & 255) + ((x >> 24) & 255);
+            let want = (sum as i64 - 510) as f32 / 147.800537109375;
+            assert_eq!(code_1mad(s).to_bits(), want.to_bits());
+        }
+    }
+
+    #[test]
+    fn windows_and_sequential_decode_agree_and_tail_bite() {
+        for (k, l) in [(2, 8), (3, 10), (4, 16), (3, 16)] {
+            let spec = TrellisSpec { k, l, block: 32 };
+            spec.check().unwrap();
+            let x = gauss(32, 7);
+            let codes = code_table(l);
+            let mut s = Scratch::new(&spec);
+            let mut words = vec![0u32; spec.block_words()];
+            encode_block(
+                crate::cpu::Isa::detect(),
+                &spec,
+                &x,
+                &codes,
+                &mut s,
+                &mut words,
+            );
+            let states = block_states(&spec, &words);
+            for t in 0..32 {
+                let prev = states[(t + 31) % 32];
+                assert_eq!(
+                    states[t] >> k,
+                    prev & ((1 << (l - k)) - 1),
+                    "k={k} l={l} t={t}"
+                );
+            }
+            let mut dec = vec![0.0; 32];
+            decode_row(&spec, &words, 1.0, &mut dec);
+            for t in 0..32 {
+                assert_eq!(dec[t].to_bits(), code_1mad(states[t]).to_bits());
+            }
+        }
+    }
+
+    #[test]
+    fn gaussian_error_falls_with_bits() {
+        // A Gaussian source: mean squared error per weight at k = 2, 3, 4 (L = 12).
+        let x = gauss(4 * 256, 11);
+        let mut mse = Vec::new();
+        for k in [2u32, 3, 4] {
+            let spec = TrellisSpec {
+                k,
+                l: 12,
+                block: 256,
+            };
+            let (words, scales) = quantize(&spec, &x, 4, 256, 3, 2).unwrap();
+            let mut out = vec![0.0; x.len()];
+            decode(&spec, &words, &scales, 4, 256, 2, &mut out).unwrap();
+            // Undo the incoherence to compare in the original basis.
+            let (su, sv) = layer_signs(3, 4, 256);
+            let mut back = out.clone();
+            // H is its own inverse: W = diag(su) H_r Wt H_c diag(sv).
+            let mut t = vec![0.0; back.len()];
+            for r in 0..4 {
+                for c in 0..256 {
+                    t[c * 4 + r] = back[r * 256 + c];
+                }
+            }
+            for c in 0..256 {
+                fwht_blocks(&mut t[c * 4..(c + 1) * 4], hadamard_block(4));
+            }
+            for r in 0..4 {
+                for c in 0..256 {
+                    back[r * 256 + c] = t[c * 4 + r];
+                }
+                fwht_blocks(&mut back[r * 256..(r + 1) * 256], 256);
+                for c in 0..256 {
+                    back[r * 256 + c] *= su[r] * sv[c];
+                }
+            }
+            let e: f32 = back
+                .iter()
+                .zip(&x)
+                .map(|(a, b)| (a - b) * (a - b))
+                .sum::<f32>()
+                / x.len() as f32;
+            mse.push(e);
+        }
+        // Lloyd-Max scalar quantizers reach 0.118 / 0.0345 / 0.0095 at 2 / 3 / 4 bits.
+        assert!(mse[0] < 0.118, "{mse:?}");
+        assert!(mse[1] < 0.0345, "{mse:?}");
+        assert!(mse[2] < 0.0095, "{mse:?}");
+    }
+
+    #[test]
+    fn matvec_equals_decoded_product() {
+        let spec = TrellisSpec {
+            k: 3,
+            l: 10,
+            block: 64,
+        };
+        let w = gauss(8 * 128, 5);
+        let (words, scales) = quantize(&spec, &w, 8, 128, 9, 2).unwrap();
+        let mut dense = vec![0.0; w.len()];
+        decode(&spec, &words, &scales, 8, 128, 1, &mut dense).unwrap();
+        let x = gauss(128, 6);
+        let mut y = vec![0.0; 8];
+        matvec_rows(&spec, &words, &scales, 128, &x, 0, &mut y);
+        for r in 0..8 {
+            let want: f32 = dense[r * 128..(r + 1) * 128]
+                .iter()
+                .zip(&x)
+                .map(|(a, b)| a * b)
+                .sum();
+            assert!(
+                (y[r] - want).abs() <= 1e-4 * want.abs().max(1.0),
+                "{r}: {} vs {want}",
+                y[r]
+            );
+        }
+    }
+
+    #[test]
+    fn bad_shapes_are_errors() {
+        let spec = TrellisSpec {
+            k: 5,
+            l: 16,
+            block: 64,
+        };
+        assert!(spec.check().is_err());
+        let spec = TrellisSpec {
+            k: 3,
+            l: 16,
+            block: 10,
+        };
+        assert!(spec.check().is_err());
+        let spec = TrellisSpec {
+            k: 2,
+            l: 16,
+            block: 64,
+        };
+        assert!(quantize(&spec, &[0.0; 100], 1, 100, 0, 1).is_err());
+        assert!(quantize(&spec, &[f32::NAN; 64], 1, 64, 0, 1).is_err());
+    }
+}

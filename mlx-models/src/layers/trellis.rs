@@ -1,0 +1,256 @@
+//! `TrellisLinear`'s weight: a trellis-coded matrix (`"mode": "trellis"`, see
+//! `mlx_core::cpu::trellis` for the code and layout), decoded either with plain MLX ops (the
+//! reference) or with the CPU kernel, then `y = su * H_r (Wt (H_c (sv * x)))`.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use mlx_core::cpu::trellis::{self as tc, TrellisSpec};
+use mlx_core::prelude::*;
+
+use crate::config::{QuantParams, TrellisParams};
+use crate::error::{ModelError, Result};
+use crate::layers::LayerParam;
+use crate::weights::Weights;
+
+/// How a trellis weight is decoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TrellisDecode {
+    /// Plain MLX ops (the reference; lazy, on any device).
+    Reference,
+    /// The CPU kernel (`mlx_core::cpu::trellis::decode`) over the evaluated words.
+    Kernel,
+}
+
+static DECODE: AtomicU8 = AtomicU8::new(1);
+
+/// Picks the decode path of every trellis layer in the process (default: the kernel).
+pub fn set_trellis_decode(d: TrellisDecode) {
+    DECODE.store(
+        match d {
+            TrellisDecode::Reference => 0,
+            TrellisDecode::Kernel => 1,
+        },
+        Ordering::Relaxed,
+    );
+}
+
+/// The decode path in use.
+pub fn trellis_decode() -> TrellisDecode {
+    if DECODE.load(Ordering::Relaxed) == 0 {
+        TrellisDecode::Reference
+    } else {
+        TrellisDecode::Kernel
+    }
+}
+
+/// A trellis-coded `(rows, cols)` weight.
+#[derive(Clone, Debug)]
+pub struct TrellisWeight {
+    /// `uint32 (rows, cols * bits / 32)`: the blocks' bit streams.
+    pub weight: Array,
+    /// `(rows, 1)`: each row's scale.
+    pub scales: Array,
+    pub spec: TrellisSpec,
+    pub params: TrellisParams,
+    pub rows: i32,
+    pub cols: i32,
+    /// The layer's signs and Hadamard blocks (made from the seed and path at load).
+    su: Array,
+    sv: Array,
+    h_rows: Array,
+    h_cols: Array,
+}
+
+fn words_per_row(spec: &TrellisSpec, cols: i32) -> i32 {
+    (i64::from(cols) * i64::from(spec.k) / 32) as i32
+}
+
+impl TrellisWeight {
+    /// Loads `<path>.weight` (uint32) and `<path>.scales` for a logical `(rows, cols)` matrix.
+    pub fn load(
+        w: &mut Weights,
+        path: &str,
+        rows: i32,
+        cols: i32,
+        q: &QuantParams,
+        t: &TrellisParams,
+    ) -> Result<TrellisWeight> {
+        let spec = q.trellis_spec(t);
+        spec.check_shape(rows.max(0) as usize, cols.max(0) as usize)
+            .map_err(|m| ModelError::Config(format!("{path}: {m}")))?;
+        let weight = w.take(
+            &format!("{path}.weight"),
+            &[rows, words_per_row(&spec, cols)],
+        )?;
+        if weight.dtype() != Dtype::Uint32 && weight.shape() == [rows, words_per_row(&spec, cols)] {
+            return Err(ModelError::Weights(vec![format!(
+                "{path}.weight: a trellis weight must be uint32, got {:?}",
+                weight.dtype()
+            )]));
+        }
+        let scales = w.take(&format!("{path}.scales"), &[rows, 1])?;
+        TrellisWeight::new(weight, scales, spec, *t, path, rows, cols)
+    }
+
+    /// A trellis weight from its arrays; `path` seeds the layer's signs.
+    pub fn new(
+        weight: Array,
+        scales: Array,
+        spec: TrellisSpec,
+        params: TrellisParams,
+        path: &str,
+        rows: i32,
+        cols: i32,
+    ) -> Result<TrellisWeight> {
+        let (su, sv) = tc::layer_signs(
+            tc::layer_seed(params.seed, path),
+            rows as usize,
+            cols as usize,
+        );
+        let (br, bc) = (
+            tc::hadamard_block(rows as usize),
+            tc::hadamard_block(cols as usize),
+        );
+        Ok(TrellisWeight {
+            weight,
+            scales,
+            spec,
+            params,
+            rows,
+            cols,
+            su: Array::from_slice(&su, &[rows])?,
+            sv: Array::from_slice(&sv, &[cols])?,
+            h_rows: Array::from_slice(&tc::hadamard_matrix(br), &[br as i32, br as i32])?,
+            h_cols: Array::from_slice(&tc::hadamard_matrix(bc), &[bc as i32, bc as i32])?,
+        })
+    }
+
+    pub(crate) fn parameters_mut<'a>(&'a mut self, path: &str, out: &mut Vec<LayerParam<'a>>) {
+        LayerParam::push(out, path, "weight", &mut self.weight, true);
+        LayerParam::push(out, path, "scales", &mut self.scales, true);
+    }
+
+    /// The stored matrix `Wt` (scaled rows, before the incoherence is undone), float32,
+    /// with plain MLX ops.
+    pub fn decode_reference(&self) -> Result<Array> {
+        let spec = &self.spec;
+        let bw = spec.block_words();
+        let nb = self.cols / spec.block as i32;
+        let words = self.weight.reshape(&[self.rows, nb, bw as i32])?;
+        let (mut a, mut a1, mut shift) = (Vec::new(), Vec::new(), Vec::new());
+        for t in 0..spec.block {
+            let start = spec.window_start(t);
+            a.push((start / 32) as u32);
+            a1.push(((start / 32 + 1) % bw) as u32);
+            shift.push((64 - start % 32 - spec.l as usize) as u64);
+        }
+        let hi = words.take(&Array::from_vec(a)?, 2)?.astype(Dtype::Uint64)?;
+        let lo = words
+            .take(&Array::from_vec(a1)?, 2)?
+            .astype(Dtype::Uint64)?;
+        let both = (&(&hi << &Array::scalar(32u64)?)? | &lo)?;
+        let state = (&(&both >> &Array::from_vec(shift)?)?
+            & &Array::scalar((1u64 << spec.l) - 1)?)?
+            .astype(Dtype::Uint32)?;
+        let x = (&(&state * &Array::scalar(tc::MAD_A)?)? + &Array::scalar(tc::MAD_B)?)?;
+        let pairs = Array::scalar(0x00FF_00FFu32)?;
+        let y = (&(&x & &pairs)? + &(&(&x >> &Array::scalar(8u32)?)? & &pairs)?)?;
+        let s = (&(&y & &Array::scalar(0xFFFFu32)?)? + &(&y >> &Array::scalar(16u32)?)?)?;
+        let centered = (&s.astype(Dtype::Int32)? - &Array::scalar(510i32)?)?;
+        let code = (&centered.astype(Dtype::Float32)? / &Array::scalar(tc::MAD_SCALE)?)?;
+        let code = code.reshape(&[self.rows, self.cols])?;
+        Ok((&code * &self.scales.astype(Dtype::Float32)?)?)
+    }
+
+    /// The stored matrix `Wt` with the CPU kernel (the words must be evaluated).
+    pub fn decode_kernel(&self) -> Result<Array> {
+        let words = self.weight.as_slice::<u32>()?;
+        let scales = self.scales.astype(Dtype::Float32)?;
+        scales.eval()?;
+        let scales = scales.as_slice::<f32>()?;
+        let (rows, cols) = (self.rows as usize, self.cols as usize);
+        let mut out = vec![0.0f32; rows * cols];
+        tc::decode(
+            &self.spec,
+            words,
+            scales,
+            rows,
+            cols,
+            mlx_core::cpu::available_threads(),
+            &mut out,
+        )
+        .map_err(ModelError::Other)?;
+        Ok(Array::from_slice(&out, &[self.rows, self.cols])?)
+    }
+
+    /// The stored matrix on the process's decode path.
+    pub fn decoded(&self) -> Result<Array> {
+        match trellis_decode() {
+            TrellisDecode::Reference => self.decode_reference(),
+            TrellisDecode::Kernel => self.decode_kernel(),
+        }
+    }
+
+    fn hadamard(x: &Array, h: &Array) -> Result<Array> {
+        let shape = x.shape();
+        let n = *shape.last().unwrap_or(&0);
+        let b = h.shape()[0];
+        let mut blocks = shape.clone();
+        blocks.pop();
+        blocks.push(n / b);
+        blocks.push(b);
+        Ok(ops::matmul(&x.reshape(&blocks)?, h, None)?.reshape(&shape)?)
+    }
+
+    /// `x W^T` for the logical `W` (float32 inside, `x`'s dtype out).
+    pub fn matmul_t(&self, x: &Array) -> Result<Array> {
+        let wt = self.decoded()?;
+        let xf = (&x.astype(Dtype::Float32)? * &self.sv)?;
+        let xh = Self::hadamard(&xf, &self.h_cols)?;
+        let z = ops::matmul(&xh, &wt.transpose_all()?, None)?;
+        let y = (&Self::hadamard(&z, &self.h_rows)? * &self.su)?;
+        Ok(y.astype(x.dtype())?)
+    }
+
+    /// The logical (dequantized) matrix `diag(su) H_r Wt H_c diag(sv)`, float32.
+    pub fn dequantize(&self) -> Result<Array> {
+        let wt = self.decoded()?;
+        let left = Self::hadamard(&wt.transpose_all()?, &self.h_rows)?.transpose_all()?;
+        let both = Self::hadamard(&left, &self.h_cols)?;
+        Ok((&(&both * &self.sv)? * &self.su.reshape(&[self.rows, 1])?)?)
+    }
+}
+
+/// Trellis-quantizes a float `(rows, cols)` weight for the layer at `path` on `threads`
+/// threads: `(weight uint32, scales float32 (rows, 1))`.
+pub fn quantize_trellis(
+    w: &Array,
+    path: &str,
+    q: &QuantParams,
+    t: &TrellisParams,
+    threads: usize,
+) -> Result<(Array, Array)> {
+    let spec = q.trellis_spec(t);
+    let shape = w.shape();
+    if shape.len() != 2 {
+        return Err(ModelError::Other(format!(
+            "{path}: a trellis weight must be a matrix, got shape {shape:?}"
+        )));
+    }
+    let (rows, cols) = (shape[0], shape[1]);
+    let wf = w.astype(Dtype::Float32)?;
+    wf.eval()?;
+    let (words, scales) = tc::quantize(
+        &spec,
+        wf.as_slice::<f32>()?,
+        rows as usize,
+        cols as usize,
+        tc::layer_seed(t.seed, path),
+        threads,
+    )
+    .map_err(|m| ModelError::Other(format!("{path}: {m}")))?;
+    Ok((
+        Array::from_slice(&words, &[rows, words_per_row(&spec, cols)])?,
+        Array::from_slice(&scales, &[rows, 1])?,
+    ))
+}

@@ -1,0 +1,241 @@
+//! Trellis-coded linears (`"mode": "trellis"`): the plain-ops decode against the CPU kernel
+//! (L2: here bit-equal), the incoherence algebra, the error per bit width, strict loading.
+
+use std::collections::BTreeMap;
+
+use mlx_core::prelude::*;
+use mlx_models::config::{ModelConfig, QuantParams, TrellisParams};
+use mlx_models::layers::trellis::{quantize_trellis, TrellisWeight};
+use mlx_models::layers::{Embedding, Linear};
+use mlx_models::weights::Weights;
+
+fn seeded(shape: &[i32], seed: u64) -> Array {
+    let key = mlx_core::random::key(seed).unwrap();
+    mlx_core::random::normal(shape, Dtype::Float32, None, None, Some(&key), None).unwrap()
+}
+
+fn params(bits: i32, block: i32, l: u32) -> (QuantParams, TrellisParams) {
+    let t = TrellisParams {
+        trellis_l: l,
+        seed: 42,
+    };
+    (
+        QuantParams {
+            group_size: block,
+            bits,
+            mode: "trellis".into(),
+            trellis: Some(t),
+        },
+        t,
+    )
+}
+
+fn coded(w: &Array, path: &str, bits: i32, block: i32, l: u32) -> TrellisWeight {
+    let (q, t) = params(bits, block, l);
+    let (words, scales) = quantize_trellis(w, path, &q, &t, 2).unwrap();
+    let s = w.shape();
+    TrellisWeight::new(words, scales, q.trellis_spec(&t), t, path, s[0], s[1]).unwrap()
+}
+
+fn to_vec(a: &Array) -> Vec<f32> {
+    let a = a.astype(Dtype::Float32).unwrap();
+    a.eval().unwrap();
+    a.as_slice::<f32>().unwrap().to_vec()
+}
+
+#[test]
+fn plain_ops_decode_equals_the_cpu_kernel_bit_for_bit() {
+    for (bits, l) in [(2, 10), (3, 12), (4, 9)] {
+        let w = seeded(&[48, 128], 1 + bits as u64);
+        let tw = coded(&w, "model.layers.0.mlp.up_proj", bits, 64, l);
+        let r = to_vec(&tw.decode_reference().unwrap());
+        let k = to_vec(&tw.decode_kernel().unwrap());
+        assert_eq!(r.len(), 48 * 128);
+        let differ = r
+            .iter()
+            .zip(&k)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert_eq!(differ, 0, "{bits} bits, L {l}: {differ} values differ");
+    }
+}
+
+#[test]
+fn the_product_is_the_dequantized_matrix_and_the_error_falls_with_bits() {
+    let w = seeded(&[96, 192], 7);
+    let x = seeded(&[3, 192], 8);
+    let wv = to_vec(&w);
+    let norm: f32 = wv.iter().map(|v| v * v).sum();
+    let mut errors = Vec::new();
+    for bits in [2, 3, 4] {
+        let tw = coded(&w, "model.layers.3.self_attn.o_proj", bits, 64, 10);
+        let dq = tw.dequantize().unwrap();
+        let y = to_vec(&tw.matmul_t(&x).unwrap());
+        let want = to_vec(&ops::matmul(&x, &dq.transpose_all().unwrap(), None).unwrap());
+        for (a, b) in y.iter().zip(&want) {
+            assert!(
+                (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                "{bits} bits: {a} vs {b}"
+            );
+        }
+        let err: f32 = to_vec(&dq)
+            .iter()
+            .zip(&wv)
+            .map(|(a, b)| (a - b) * (a - b))
+            .sum();
+        errors.push(err / norm);
+    }
+    // Lloyd-Max scalar quantizers of a Gaussian: 0.118, 0.0345, 0.0095.
+    assert!(
+        errors[0] < 0.118 && errors[1] < 0.0345 && errors[2] < 0.0095,
+        "{errors:?}"
+    );
+    // Both decode paths give the same product.
+    let tw = coded(&w, "p", 3, 64, 10);
+    mlx_models::layers::set_trellis_decode(mlx_models::layers::TrellisDecode::Reference);
+    let r = to_vec(&tw.matmul_t(&x).unwrap());
+    mlx_models::layers::set_trellis_decode(mlx_models::layers::TrellisDecode::Kernel);
+    let k = to_vec(&tw.matmul_t(&x).unwrap());
+    assert!(r.iter().zip(&k).all(|(a, b)| a.to_bits() == b.to_bits()));
+}
+
+fn trellis_config(extra: &str) -> ModelConfig {
+    ModelConfig::from_json_str(&format!(
+        r#"{{"model_type": "llama", "quantization": {{"group_size": 64, "bits": 3,
+            "mode": "trellis", "trellis_l": 10, "seed": 42{extra}}}}}"#
+    ))
+    .unwrap()
+}
+
+#[test]
+fn a_trellis_linear_loads_strictly() {
+    let cfg = trellis_config("");
+    let w = seeded(&[32, 128], 3);
+    let (q, t) = params(3, 64, 10);
+    let (words, scales) = quantize_trellis(&w, "m.q", &q, &t, 1).unwrap();
+    let load = |tensors: BTreeMap<String, Array>| {
+        let mut ws = Weights::new(tensors, cfg.quantization.clone(), None);
+        Linear::load(&mut ws, "m.q", 128, 32, false).and_then(|l| ws.finish().map(|_| l))
+    };
+    let good: BTreeMap<String, Array> = [
+        ("m.q.weight".to_string(), words.clone()),
+        ("m.q.scales".to_string(), scales.clone()),
+    ]
+    .into();
+    let lin = load(good).unwrap();
+    assert!(matches!(lin, Linear::Trellis { .. }));
+    assert_eq!(lin.dims().unwrap(), (32, 128));
+    // The same layer through the config gives the same product as built by hand.
+    let x = seeded(&[2, 128], 4);
+    let tw = TrellisWeight::new(
+        words.clone(),
+        scales.clone(),
+        q.trellis_spec(&t),
+        t,
+        "m.q",
+        32,
+        128,
+    )
+    .unwrap();
+    assert_eq!(
+        to_vec(&lin.forward(&x).unwrap()),
+        to_vec(&tw.matmul_t(&x).unwrap())
+    );
+
+    // Missing scales (then the layer is dense, and the packed weight has the wrong shape),
+    // a wrong shape, a wrong dtype, an extra tensor: errors naming them.
+    let err = load([("m.q.weight".to_string(), words.clone())].into()).unwrap_err();
+    assert!(
+        format!("{err}").contains("m.q.weight: shape [32, 12]"),
+        "{err}"
+    );
+    let bad_shape = words.reshape(&[16, 2 * 12]).unwrap();
+    let err = load(
+        [
+            ("m.q.weight".to_string(), bad_shape),
+            ("m.q.scales".to_string(), scales.clone()),
+        ]
+        .into(),
+    )
+    .unwrap_err();
+    assert!(format!("{err}").contains("m.q.weight"), "{err}");
+    let err = load(
+        [
+            (
+                "m.q.weight".to_string(),
+                words.astype(Dtype::Int32).unwrap(),
+            ),
+            ("m.q.scales".to_string(), scales.clone()),
+        ]
+        .into(),
+    )
+    .unwrap_err();
+    assert!(format!("{err}").contains("uint32"), "{err}");
+    let err = load(
+        [
+            ("m.q.weight".to_string(), words.clone()),
+            ("m.q.scales".to_string(), scales.clone()),
+            ("m.q.bias".to_string(), scales.clone()),
+        ]
+        .into(),
+    )
+    .unwrap_err();
+    assert!(format!("{err}").contains("m.q.bias"), "{err}");
+
+    // Columns that are not whole blocks.
+    let mut ws = Weights::new(
+        [
+            ("m.q.weight".to_string(), words.clone()),
+            ("m.q.scales".to_string(), scales.clone()),
+        ]
+        .into(),
+        cfg.quantization.clone(),
+        None,
+    );
+    let err = Linear::load(&mut ws, "m.q", 96, 32, false).unwrap_err();
+    assert!(format!("{err}").contains("m.q"), "{err}");
+}
+
+#[test]
+fn only_linears_are_trellis_coded_and_bad_entries_are_config_errors() {
+    let cfg = trellis_config("");
+    let table = seeded(&[16, 64], 5);
+    let (wq, s, b) = mlx_core::quantized::quantize(
+        &table,
+        Some(64),
+        4,
+        mlx_core::quantized::QuantMode::Affine,
+        None,
+    )
+    .unwrap();
+    let tensors: BTreeMap<String, Array> = [
+        ("e.weight".to_string(), wq),
+        ("e.scales".to_string(), s),
+        ("e.biases".to_string(), b.unwrap()),
+    ]
+    .into();
+    let mut ws = Weights::new(tensors.clone(), cfg.quantization.clone(), None);
+    let err = Embedding::load(&mut ws, "e", 16, 64).unwrap_err();
+    assert!(format!("{err}").contains("only linear layers"), "{err}");
+    // With an affine entry for it, it loads.
+    let cfg = trellis_config(r#", "e": {"group_size": 64, "bits": 4, "mode": "affine"}"#);
+    let mut ws = Weights::new(tensors, cfg.quantization.clone(), None);
+    Embedding::load(&mut ws, "e", 16, 64).unwrap();
+
+    for (entry, what) in [
+        (r#""bits": 5"#, "bits"),
+        (r#""bits": 2, "trellis_l": 17"#, "L"),
+        (r#""bits": 3, "group_size": 10"#, "block"),
+        (r#""bits": 2, "seed": -1"#, "seed"),
+    ] {
+        let err = ModelConfig::from_json_str(&format!(
+            r#"{{"model_type": "llama", "quantization": {{"mode": "trellis", "group_size": 64, {entry}}}}}"#
+        ))
+        .unwrap_err();
+        let text = format!("{err}");
+        assert!(
+            text.contains("quantization") && text.contains(what),
+            "{entry}: {text}"
+        );
+    }
+}
