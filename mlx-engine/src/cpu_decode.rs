@@ -595,14 +595,20 @@ enum Phase {
 
 const PHASES: [(&str, &str); 9] = [
     ("embed", "embedding row lookup"),
-    ("elementwise", "RMSNorms, RoPE, KV writes, residual adds, SiLU*up"),
+    (
+        "elementwise",
+        "RMSNorms, RoPE, KV writes, residual adds, SiLU*up",
+    ),
     ("qkv", "q/k/v products (one pool run)"),
     ("attention", "decode attention (one pool run a row)"),
     ("o_proj", "o product (one pool run)"),
     ("gate_up", "gate/up products (one pool run)"),
     ("down", "down product (one pool run)"),
     ("lm_head", "final norm and head product (one pool run)"),
-    ("outside", "between steps: the caller's sampling, detokenizing, printing"),
+    (
+        "outside",
+        "between steps: the caller's sampling, detokenizing, printing",
+    ),
 ];
 
 /// Wall time per part of the decode steps, when `MLX_CPU_PROFILE` is set (read once when a
@@ -1261,8 +1267,14 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
         let r = p.report().unwrap();
-        assert!(r.contains("2 decode steps, 1.00 rows a step, 2.0 pool runs a step"), "{r}");
-        assert_eq!(r.lines().filter(|l| l.starts_with("cpu-profile ")).count(), 9);
+        assert!(
+            r.contains("2 decode steps, 1.00 rows a step, 2.0 pool runs a step"),
+            "{r}"
+        );
+        assert_eq!(
+            r.lines().filter(|l| l.starts_with("cpu-profile ")).count(),
+            9
+        );
         assert!(p.ns[Phase::Qkv as usize] >= 4_000_000);
         assert!(p.ns[Phase::Outside as usize] >= 1_000_000);
         let mut off = Profile::default();

@@ -683,11 +683,8 @@ unsafe fn dot4_512<const MT: usize>(
             for (t, a) in tail.iter_mut().enumerate() {
                 let xp = qp.add(t * chunks * 32 + c * 32);
                 let sum = _mm256_madd_epi16(lo, _mm256_loadu_si256(xp as *const __m256i));
-                let sum = _mm256_dpwssd_epi32(
-                    sum,
-                    hi,
-                    _mm256_loadu_si256(xp.add(16) as *const __m256i),
-                );
+                let sum =
+                    _mm256_dpwssd_epi32(sum, hi, _mm256_loadu_si256(xp.add(16) as *const __m256i));
                 let f = _mm256_set1_ps(*fp.add(t * chunks + c));
                 *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), f, *a);
             }
