@@ -551,38 +551,167 @@ fn add(x: &mut [f32], o: &[f32]) {
     }
 }
 
-/// Runs `tokens` (at most [`BLOCK`]) of one sequence through the model after what `cache`
-/// holds; with `head`, the logits of the last token (or of each, to `all`) into `s.logits`.
-fn block(
+/// Which rows one pass through the layers runs, and the caches their keys and values go to.
+enum Rows<'c, 'r> {
+    /// Consecutive tokens of one sequence (a prompt block) from its cache's position on: the
+    /// products read each weight row once for all of them (`cpu::matmul_t`).
+    Block(&'c mut CpuCache),
+    /// One token of each of several sequences, each at its own cache's position: every row
+    /// gets the bits it gets alone (`cpu::matmul_t_each`). A single sequence's decode step is
+    /// this with one row.
+    Each(&'c mut [&'r mut CpuCache], &'c mut RowsScratch),
+}
+
+impl Rows<'_, '_> {
+    fn matmul(
+        &mut self,
+        ctx: &CpuContext,
+        x: &[f32],
+        n: usize,
+        jobs: &mut [MatJob<'_, '_>],
+    ) -> Result<()> {
+        match self {
+            Rows::Block(_) => cpu::matmul_t(ctx, x, n, jobs)?,
+            Rows::Each(_, rs) => cpu::matmul_t_each(ctx, x, n, jobs, rs)?,
+        }
+        Ok(())
+    }
+}
+
+/// The parts of a decode step [`Profile`] times.
+#[derive(Clone, Copy)]
+enum Phase {
+    Embed,
+    Elementwise,
+    Qkv,
+    Attention,
+    O,
+    GateUp,
+    Down,
+    Head,
+    /// Between the end of one step and the start of the next: the caller's sampling,
+    /// detokenizing and printing.
+    Outside,
+}
+
+const PHASES: [(&str, &str); 9] = [
+    ("embed", "embedding row lookup"),
+    (
+        "elementwise",
+        "RMSNorms, RoPE, KV writes, residual adds, SiLU*up",
+    ),
+    ("qkv", "q/k/v products (one pool run)"),
+    ("attention", "decode attention (one pool run a row)"),
+    ("o_proj", "o product (one pool run)"),
+    ("gate_up", "gate/up products (one pool run)"),
+    ("down", "down product (one pool run)"),
+    ("lm_head", "final norm and head product (one pool run)"),
+    (
+        "outside",
+        "between steps: the caller's sampling, detokenizing, printing",
+    ),
+];
+
+/// Wall time per part of the decode steps, when `MLX_CPU_PROFILE` is set (read once when a
+/// decoder is made); printed to stderr when the decoder is dropped. Off, it costs one branch
+/// a part.
+#[derive(Default)]
+struct Profile {
+    on: bool,
+    steps: u64,
+    rows: u64,
+    dispatches: u64,
+    ns: [u64; PHASES.len()],
+    last: Option<std::time::Instant>,
+    /// When the last step ended (for [`Phase::Outside`]).
+    ended: Option<std::time::Instant>,
+}
+
+impl Profile {
+    fn from_env() -> Profile {
+        Profile {
+            on: std::env::var_os("MLX_CPU_PROFILE").is_some_and(|v| !v.is_empty() && v != "0"),
+            ..Profile::default()
+        }
+    }
+
+    fn begin(&mut self, rows: usize) {
+        if self.on {
+            let now = std::time::Instant::now();
+            if let Some(e) = self.ended.take() {
+                self.ns[Phase::Outside as usize] += (now - e).as_nanos() as u64;
+            }
+            self.steps += 1;
+            self.rows += rows as u64;
+            self.last = Some(now);
+        }
+    }
+
+    /// Charges the time since the last lap to `p` (`runs`: pool dispatches it made).
+    #[inline]
+    fn lap(&mut self, p: Phase, runs: usize) {
+        if let (true, Some(l)) = (self.on, self.last) {
+            let now = std::time::Instant::now();
+            self.ns[p as usize] += (now - l).as_nanos() as u64;
+            self.dispatches += runs as u64;
+            self.last = Some(now);
+        }
+    }
+
+    fn end(&mut self) {
+        if self.on {
+            self.ended = Some(std::time::Instant::now());
+        }
+    }
+
+    /// The table: one line a part, `name ms_per_step share description`.
+    fn report(&self) -> Option<String> {
+        if !self.on || self.steps == 0 {
+            return None;
+        }
+        let total: u64 = self.ns.iter().sum();
+        let steps = self.steps as f64;
+        let mut out = format!(
+            "cpu decoder profile: {} decode steps, {:.2} rows a step, {:.1} pool runs a step, \
+             {:.3} ms a step in all\n",
+            self.steps,
+            self.rows as f64 / steps,
+            self.dispatches as f64 / steps,
+            total as f64 / steps / 1e6
+        );
+        for (i, (name, what)) in PHASES.iter().enumerate() {
+            out += &format!(
+                "cpu-profile {name:<12} {:>8.3} ms/step {:>5.1}%  {what}\n",
+                self.ns[i] as f64 / steps / 1e6,
+                100.0 * self.ns[i] as f64 / total.max(1) as f64
+            );
+        }
+        Some(out)
+    }
+}
+
+/// The layers over the `n` embedded rows in `s.x`, then the caches' positions advanced: the
+/// one layer body of a prompt block and of a (batched) decode step.
+fn layers(
     w: &Weights<'_>,
     ctx: &CpuContext,
-    cache: &mut CpuCache,
     s: &mut Scratch,
-    tokens: &[u32],
-    mut all: Option<&mut LogitsFn<'_>>,
-    head: bool,
+    rows: &mut Rows<'_, '_>,
+    n: usize,
+    prof: &mut Profile,
 ) -> Result<()> {
-    let t = tokens.len();
     let (hid, hd) = (w.hidden, w.head_dim);
     let (qd, kd) = (w.n_heads * hd, w.n_kv * hd);
-    w.check_ids(tokens)?;
-    cache.fits(w)?;
-    cache.grow(cache.pos + t);
-    for (i, &tok) in tokens.iter().enumerate() {
-        w.embed
-            .row_to(tok as usize, &mut s.x[i * hid..(i + 1) * hid])?;
-    }
-    let shape = w.attention_shape(cache.capacity);
-    let pos = cache.pos;
     for (li, l) in w.layers.iter().enumerate() {
-        let x = &mut s.x[..t * hid];
-        let h = &mut s.h[..t * hid];
+        let x = &mut s.x[..n * hid];
+        let h = &mut s.h[..n * hid];
         cpu::rms_norm(x, l.attn_norm, w.eps, h)?;
-        let (q, k, v) = (&mut s.q[..t * qd], &mut s.k[..t * kd], &mut s.v[..t * kd]);
-        cpu::matmul_t(
+        prof.lap(Phase::Elementwise, 0);
+        let (q, k, v) = (&mut s.q[..n * qd], &mut s.k[..n * kd], &mut s.v[..n * kd]);
+        rows.matmul(
             ctx,
             h,
-            t,
+            n,
             &mut [
                 MatJob {
                     w: &l.q.0,
@@ -601,62 +730,72 @@ fn block(
                 },
             ],
         )?;
+        prof.lap(Phase::Qkv, 1);
         if let (Some(qn), Some(kn)) = (l.q_norm, l.k_norm) {
             // In place through the attention buffer (free at this point).
-            let tmp = &mut s.attn[..t * qd];
+            let tmp = &mut s.attn[..n * qd];
             cpu::rms_norm(q, qn, w.eps, tmp)?;
             q.copy_from_slice(tmp);
-            let tmp = &mut s.attn[..t * kd];
+            let tmp = &mut s.attn[..n * kd];
             cpu::rms_norm(k, kn, w.eps, tmp)?;
             k.copy_from_slice(tmp);
         }
-        for i in 0..t {
-            let p = (pos + i) as f32 * l.rope.scale;
-            cpu::rope(
-                &mut q[i * qd..(i + 1) * qd],
-                hd,
-                l.rope.traditional,
-                &l.rope.inv,
-                p,
-            )?;
-            cpu::rope(
-                &mut k[i * kd..(i + 1) * kd],
-                hd,
-                l.rope.traditional,
-                &l.rope.inv,
-                p,
-            )?;
+        let attn = &mut s.attn[..n * qd];
+        let rope = |qi: &mut [f32], ki: &mut [f32], pos: usize| -> Result<()> {
+            let p = pos as f32 * l.rope.scale;
+            cpu::rope(qi, hd, l.rope.traditional, &l.rope.inv, p)?;
+            cpu::rope(ki, hd, l.rope.traditional, &l.rope.inv, p)?;
+            Ok(())
+        };
+        match rows {
+            Rows::Block(cache) => {
+                let pos = cache.pos;
+                for i in 0..n {
+                    let (qi, ki) = (&mut q[i * qd..(i + 1) * qd], &mut k[i * kd..(i + 1) * kd]);
+                    rope(qi, ki, pos + i)?;
+                    cache.put(li, pos + i, ki, &v[i * kd..(i + 1) * kd]);
+                }
+                prof.lap(Phase::Elementwise, 0);
+                let shape = w.attention_shape(cache.capacity);
+                let (kc, vc) = (&cache.keys[li], &cache.values[li]);
+                cpu::attention(ctx, shape, q, kc, vc, pos, n, w.scale, attn)?;
+                prof.lap(Phase::Attention, 1);
+            }
+            Rows::Each(caches, _) => {
+                for (i, c) in caches.iter_mut().enumerate() {
+                    let (qi, ki) = (&mut q[i * qd..(i + 1) * qd], &mut k[i * kd..(i + 1) * kd]);
+                    rope(qi, ki, c.pos)?;
+                    c.put(li, c.pos, ki, &v[i * kd..(i + 1) * kd]);
+                    prof.lap(Phase::Elementwise, 0);
+                    let shape = w.attention_shape(c.capacity);
+                    let (kc, vc) = (&c.keys[li], &c.values[li]);
+                    let out = &mut attn[i * qd..(i + 1) * qd];
+                    cpu::attention(ctx, shape, qi, kc, vc, c.pos, 1, w.scale, out)?;
+                    prof.lap(Phase::Attention, 1);
+                }
+            }
         }
-        for i in 0..t {
-            cache.put(
-                li,
-                pos + i,
-                &k[i * kd..(i + 1) * kd],
-                &v[i * kd..(i + 1) * kd],
-            );
-        }
-        let attn = &mut s.attn[..t * qd];
-        let (kc, vc) = (&cache.keys[li], &cache.values[li]);
-        cpu::attention(ctx, shape, q, kc, vc, pos, t, w.scale, attn)?;
-        let o = &mut s.o[..t * hid];
-        cpu::matmul_t(
+        let o = &mut s.o[..n * hid];
+        rows.matmul(
             ctx,
             attn,
-            t,
+            n,
             &mut [MatJob {
                 w: &l.o.0,
                 bias: l.o.1,
                 out: o,
             }],
         )?;
+        prof.lap(Phase::O, 1);
         add(x, o);
         cpu::rms_norm(x, l.mlp_norm, w.eps, h)?;
+        prof.lap(Phase::Elementwise, 0);
         let inter = l.gate.0.rows();
-        let (g, u) = (&mut s.gate[..t * inter], &mut s.up[..t * inter]);
-        cpu::matmul_t(
+        let (g, u) = (&mut s.gate[..n * inter], &mut s.up[..n * inter]);
+        rows.matmul(
             ctx,
             h,
-            t,
+            n,
             &mut [
                 MatJob {
                     w: &l.gate.0,
@@ -670,20 +809,61 @@ fn block(
                 },
             ],
         )?;
+        prof.lap(Phase::GateUp, 1);
         cpu::silu_mul_isa(ctx.isa, g, u)?;
-        cpu::matmul_t(
+        prof.lap(Phase::Elementwise, 0);
+        rows.matmul(
             ctx,
             g,
-            t,
+            n,
             &mut [MatJob {
                 w: &l.down.0,
                 bias: l.down.1,
                 out: o,
             }],
         )?;
+        prof.lap(Phase::Down, 1);
         add(x, o);
     }
-    cache.pos += t;
+    match rows {
+        Rows::Block(cache) => cache.pos += n,
+        Rows::Each(caches, _) => {
+            for c in caches.iter_mut() {
+                c.pos += 1;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs `tokens` (at most [`BLOCK`]) of one sequence through the model after what `cache`
+/// holds; with `head`, the logits of the last token (or of each, to `all`) into `s.logits`.
+fn block(
+    w: &Weights<'_>,
+    ctx: &CpuContext,
+    cache: &mut CpuCache,
+    s: &mut Scratch,
+    tokens: &[u32],
+    mut all: Option<&mut LogitsFn<'_>>,
+    head: bool,
+) -> Result<()> {
+    let t = tokens.len();
+    let hid = w.hidden;
+    w.check_ids(tokens)?;
+    cache.fits(w)?;
+    cache.grow(cache.pos + t);
+    for (i, &tok) in tokens.iter().enumerate() {
+        w.embed
+            .row_to(tok as usize, &mut s.x[i * hid..(i + 1) * hid])?;
+    }
+    layers(
+        w,
+        ctx,
+        s,
+        &mut Rows::Block(cache),
+        t,
+        &mut Profile::default(),
+    )?;
     if !head {
         return Ok(());
     }
@@ -832,6 +1012,8 @@ pub struct CpuBatch<'m> {
     /// Decode-step scratch, grown to the largest batch seen.
     b: Scratch,
     rows: RowsScratch,
+    /// Decode-step timings (`MLX_CPU_PROFILE`).
+    prof: Profile,
 }
 
 impl std::fmt::Debug for CpuBatch<'_> {
@@ -863,6 +1045,7 @@ impl<'m> CpuBatch<'m> {
             s,
             b,
             rows: RowsScratch::default(),
+            prof: Profile::from_env(),
         })
     }
 
@@ -904,6 +1087,10 @@ impl<'m> CpuBatch<'m> {
     /// the logits `(vocab,)` of the last one. A prompt fed in parts whose lengths are
     /// multiples of [`BLOCK`] (but the last) gives the cache and logits one call would.
     pub fn prefill(&mut self, cache: &mut CpuCache, tokens: &[u32]) -> Result<&[f32]> {
+        if tokens.len() == 1 {
+            // A decode step: the batched step with one row (the bits a block of one gives).
+            return self.step(&mut [cache], tokens);
+        }
         self.run(cache, tokens, true)?;
         Ok(&self.s.logits[..self.w.vocab])
     }
@@ -917,6 +1104,8 @@ impl<'m> CpuBatch<'m> {
         if tokens.is_empty() {
             return Err(EngineError::Other("CpuBatch::prefill: no tokens".into()));
         }
+        // A prompt between two decode steps is not the caller's time.
+        self.prof.ended = None;
         let n = tokens.len().div_ceil(BLOCK);
         for (i, chunk) in tokens.chunks(BLOCK).enumerate() {
             // The head of the last block only (earlier ones' logits are never read).
@@ -946,112 +1135,15 @@ impl<'m> CpuBatch<'m> {
         if self.b.rows < b {
             self.b = Scratch::new(w, b, b);
         }
-        let (ctx, s, rs) = (&self.ctx, &mut self.b, &mut self.rows);
-        let (hid, hd) = (w.hidden, w.head_dim);
-        let (qd, kd) = (w.n_heads * hd, w.n_kv * hd);
+        let (ctx, s, prof) = (&self.ctx, &mut self.b, &mut self.prof);
+        prof.begin(b);
+        let hid = w.hidden;
         for (i, &tok) in tokens.iter().enumerate() {
             w.embed
                 .row_to(tok as usize, &mut s.x[i * hid..(i + 1) * hid])?;
         }
-        for (li, l) in w.layers.iter().enumerate() {
-            let x = &mut s.x[..b * hid];
-            let h = &mut s.h[..b * hid];
-            cpu::rms_norm(x, l.attn_norm, w.eps, h)?;
-            let (q, k, v) = (&mut s.q[..b * qd], &mut s.k[..b * kd], &mut s.v[..b * kd]);
-            cpu::matmul_t_each(
-                ctx,
-                h,
-                b,
-                &mut [
-                    MatJob {
-                        w: &l.q.0,
-                        bias: l.q.1,
-                        out: q,
-                    },
-                    MatJob {
-                        w: &l.k.0,
-                        bias: l.k.1,
-                        out: k,
-                    },
-                    MatJob {
-                        w: &l.v.0,
-                        bias: l.v.1,
-                        out: v,
-                    },
-                ],
-                rs,
-            )?;
-            if let (Some(qn), Some(kn)) = (l.q_norm, l.k_norm) {
-                let tmp = &mut s.attn[..b * qd];
-                cpu::rms_norm(q, qn, w.eps, tmp)?;
-                q.copy_from_slice(tmp);
-                let tmp = &mut s.attn[..b * kd];
-                cpu::rms_norm(k, kn, w.eps, tmp)?;
-                k.copy_from_slice(tmp);
-            }
-            let attn = &mut s.attn[..b * qd];
-            for (i, c) in caches.iter_mut().enumerate() {
-                let p = c.pos as f32 * l.rope.scale;
-                let (qi, ki) = (&mut q[i * qd..(i + 1) * qd], &mut k[i * kd..(i + 1) * kd]);
-                cpu::rope(qi, hd, l.rope.traditional, &l.rope.inv, p)?;
-                cpu::rope(ki, hd, l.rope.traditional, &l.rope.inv, p)?;
-                c.put(li, c.pos, ki, &v[i * kd..(i + 1) * kd]);
-                let shape = w.attention_shape(c.capacity);
-                let (kc, vc) = (&c.keys[li], &c.values[li]);
-                let out = &mut attn[i * qd..(i + 1) * qd];
-                cpu::attention(ctx, shape, qi, kc, vc, c.pos, 1, w.scale, out)?;
-            }
-            let o = &mut s.o[..b * hid];
-            cpu::matmul_t_each(
-                ctx,
-                attn,
-                b,
-                &mut [MatJob {
-                    w: &l.o.0,
-                    bias: l.o.1,
-                    out: o,
-                }],
-                rs,
-            )?;
-            add(x, o);
-            cpu::rms_norm(x, l.mlp_norm, w.eps, h)?;
-            let inter = l.gate.0.rows();
-            let (g, u) = (&mut s.gate[..b * inter], &mut s.up[..b * inter]);
-            cpu::matmul_t_each(
-                ctx,
-                h,
-                b,
-                &mut [
-                    MatJob {
-                        w: &l.gate.0,
-                        bias: l.gate.1,
-                        out: g,
-                    },
-                    MatJob {
-                        w: &l.up.0,
-                        bias: l.up.1,
-                        out: u,
-                    },
-                ],
-                rs,
-            )?;
-            cpu::silu_mul_isa(ctx.isa, g, u)?;
-            cpu::matmul_t_each(
-                ctx,
-                g,
-                b,
-                &mut [MatJob {
-                    w: &l.down.0,
-                    bias: l.down.1,
-                    out: o,
-                }],
-                rs,
-            )?;
-            add(x, o);
-        }
-        for c in caches.iter_mut() {
-            c.pos += 1;
-        }
+        prof.lap(Phase::Embed, 0);
+        layers(w, ctx, s, &mut Rows::Each(caches, &mut self.rows), b, prof)?;
         let h = &mut s.h[..b * hid];
         cpu::rms_norm(&s.x[..b * hid], w.final_norm, w.eps, h)?;
         let logits = &mut s.logits[..b * w.vocab];
@@ -1064,9 +1156,19 @@ impl<'m> CpuBatch<'m> {
                 bias: w.head.1,
                 out: logits,
             }],
-            rs,
+            &mut self.rows,
         )?;
+        prof.lap(Phase::Head, 1);
+        prof.end();
         Ok(&s.logits[..b * w.vocab])
+    }
+}
+
+impl Drop for CpuBatch<'_> {
+    fn drop(&mut self) {
+        if let Some(r) = self.prof.report() {
+            eprint!("{r}");
+        }
     }
 }
 
@@ -1148,4 +1250,42 @@ fn embed_with(
         out.push(h.iter().map(|v| v / norm).collect());
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The profile charges each lap to its part, the time between steps to `outside` (not a
+    /// prompt's), and reports a line a part; off, it records nothing.
+    #[test]
+    fn profile_charges_parts_and_reports() {
+        let mut p = Profile {
+            on: true,
+            ..Profile::default()
+        };
+        for _ in 0..2 {
+            p.begin(1);
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            p.lap(Phase::Qkv, 1);
+            p.lap(Phase::Head, 1);
+            p.end();
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let r = p.report().unwrap();
+        assert!(
+            r.contains("2 decode steps, 1.00 rows a step, 2.0 pool runs a step"),
+            "{r}"
+        );
+        assert_eq!(
+            r.lines().filter(|l| l.starts_with("cpu-profile ")).count(),
+            9
+        );
+        assert!(p.ns[Phase::Qkv as usize] >= 4_000_000);
+        assert!(p.ns[Phase::Outside as usize] >= 1_000_000);
+        let mut off = Profile::default();
+        off.begin(1);
+        off.lap(Phase::Qkv, 1);
+        assert!(off.report().is_none() && off.ns.iter().all(|&n| n == 0));
+    }
 }

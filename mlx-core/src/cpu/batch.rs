@@ -21,6 +21,7 @@ use crate::{Error, Result};
 #[derive(Debug, Default)]
 pub struct RowsScratch {
     q16: Vec<i16>,
+    p16: Vec<i16>,
     q8: Vec<i8>,
     d: Vec<f32>,
     s: Vec<f32>,
@@ -152,8 +153,11 @@ pub fn matmul_t_each(
             unsafe {
                 super::x86::quantize_x16(x, &mut scratch.q16, &mut scratch.d, &mut scratch.s)
             };
+            scratch.p16.resize(m * cols, 0);
+            super::x86::permute_x16(&scratch.q16, cols, &mut scratch.p16);
             b = Some(super::x86::QuantX16 {
                 q: scratch.q16.as_ptr(),
+                p: scratch.p16.as_ptr(),
                 d: scratch.d.as_ptr(),
                 s: scratch.s.as_ptr(),
             });
@@ -222,6 +226,7 @@ pub fn matmul_t_each(
                     unsafe {
                         let q = super::x86::QuantX16 {
                             q: q.q.add(t0 * cols),
+                            p: q.p.add(t0 * cols),
                             d: q.d.add(c),
                             s: q.s.add(c),
                         };

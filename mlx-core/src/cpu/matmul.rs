@@ -341,8 +341,10 @@ pub fn matmul_t(ctx: &CpuContext, x: &[f32], m: usize, jobs: &mut [MatJob<'_, '_
                         &mut b.s[..chunks],
                     )
                 };
+                super::x86::permute_x16(&b.q[..m * cols], cols, &mut b.p[..m * cols]);
                 let q = super::x86::QuantX16 {
                     q: b.q.as_ptr(),
+                    p: b.p.as_ptr(),
                     d: b.d.as_ptr(),
                     s: b.s.as_ptr(),
                 };
@@ -400,6 +402,7 @@ struct QBuf {
 #[cfg(target_arch = "x86_64")]
 struct QBuf16 {
     q: [i16; INT8_MAX_M * super::x86::MAX_BUF],
+    p: [i16; INT8_MAX_M * super::x86::MAX_BUF],
     d: [f32; INT8_MAX_M * super::x86::MAX_BUF / 32],
     s: [f32; INT8_MAX_M * super::x86::MAX_BUF / 32],
 }

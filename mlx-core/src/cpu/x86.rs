@@ -584,12 +584,117 @@ pub(super) unsafe fn rows_q4_int8(
 
 /// Inputs quantized to int16 for the integer dot products of 4- and 8-bit rows: per input
 /// row and chunk of 32 values a scale `d = max|x| / 32767` and the codes `round(x / d)` in
-/// their natural order; `s` is the chunk's float sum (what the rows' biases multiply).
+/// their natural order; `s` is the chunk's float sum (what the rows' biases multiply); `p`
+/// the same codes in [`permute_x16`]'s order (what the 512-bit 4-bit kernel reads).
 #[derive(Clone, Copy)]
 pub(super) struct QuantX16 {
     pub(super) q: *const i16,
+    pub(super) p: *const i16,
     pub(super) d: *const f32,
     pub(super) s: *const f32,
+}
+
+/// The int16 codes `q` (rows of `cols`, a multiple of 32) reordered for [`dot4_512`]: in each
+/// row, chunks `c, c + 1` (even `c`) as `[c even, c + 1 even, c odd, c + 1 odd]` (16 codes
+/// each: the codes at even positions, then those at odd ones), and an unpaired last chunk as
+/// `[even, odd]`. A 4-bit weight chunk's bytes, widened to 16-bit lanes, then meet the codes
+/// of their low nibbles (even positions) and high nibbles (odd) with one mask and one shift.
+pub(super) fn permute_x16(q: &[i16], cols: usize, p: &mut [i16]) {
+    let chunks = cols / 32;
+    for (rq, rp) in q.chunks_exact(cols).zip(p.chunks_exact_mut(cols)) {
+        let mut c = 0;
+        while c + 2 <= chunks {
+            let (a, b) = (&rq[c * 32..c * 32 + 32], &rq[c * 32 + 32..c * 32 + 64]);
+            let d = &mut rp[c * 32..c * 32 + 64];
+            for j in 0..16 {
+                d[j] = a[2 * j];
+                d[16 + j] = b[2 * j];
+                d[32 + j] = a[2 * j + 1];
+                d[48 + j] = b[2 * j + 1];
+            }
+            c += 2;
+        }
+        if c < chunks {
+            let a = &rq[c * 32..c * 32 + 32];
+            let d = &mut rp[c * 32..c * 32 + 32];
+            for j in 0..16 {
+                d[j] = a[2 * j];
+                d[16 + j] = a[2 * j + 1];
+            }
+        }
+    }
+}
+
+/// The 4-bit main loop of [`rows_int16_512_m`] over one row (`chunks` chunks of 16 bytes at
+/// `rb`): two chunks at a time, their 32 bytes widened to 16-bit lanes, the low nibbles (one
+/// mask) `madd`ed with the inputs' even codes and the high nibbles (one shift) added by
+/// `vpdpwssd` with the odd codes ([`permute_x16`]'s order), so lanes 0-7 sum chunk `c` and
+/// 8-15 chunk `c + 1`; each half scaled by its chunk's factor `fp[t * chunks + c]`. Pairs
+/// alternate between `acc` and a second accumulator; an unpaired last chunk is summed in
+/// 256 bits. Returns each input's sum, in an order that does not depend on `MT`.
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VL and VNNI; `rb` holds `chunks * 16` bytes; `qp` holds `MT`
+/// rows of `chunks * 32` codes in [`permute_x16`]'s order and `fp` `MT * chunks` factors.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn dot4_512<const MT: usize>(
+    rb: *const u8,
+    chunks: usize,
+    qp: *const i16,
+    fp: *const f32,
+    acc: [__m512; MT],
+) -> [f32; MT] {
+    // SAFETY (whole body): reads stay within the ranges of the contract.
+    unsafe {
+        let nib = _mm512_set1_epi16(0x000f);
+        // Lanes 0-7: the pair's first factor; 8-15: its second.
+        let idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+        let mut a0 = acc;
+        let mut a1 = [_mm512_setzero_ps(); MT];
+        let pair = |c: usize, acc: &mut [__m512; MT]| {
+            let wv = _mm512_cvtepu8_epi16(_mm256_loadu_si256(rb.add(c * 16) as *const __m256i));
+            let lo = _mm512_and_si512(wv, nib);
+            let hi = _mm512_srli_epi16::<4>(wv);
+            for (t, a) in acc.iter_mut().enumerate() {
+                let xp = qp.add(t * chunks * 32 + c * 32);
+                let sum = _mm512_madd_epi16(lo, _mm512_loadu_si512(xp as *const _));
+                let sum = _mm512_dpwssd_epi32(sum, hi, _mm512_loadu_si512(xp.add(32) as *const _));
+                let two = (fp.add(t * chunks + c) as *const f64).read_unaligned();
+                let f = _mm512_permutexvar_ps(idx, _mm512_castpd_ps(_mm512_set1_pd(two)));
+                *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), f, *a);
+            }
+        };
+        let mut c = 0;
+        while c + 4 <= chunks {
+            pair(c, &mut a0);
+            pair(c + 2, &mut a1);
+            c += 4;
+        }
+        if c + 2 <= chunks {
+            pair(c, &mut a0);
+            c += 2;
+        }
+        let mut tail = [_mm256_setzero_ps(); MT];
+        if c < chunks {
+            let wv = _mm256_cvtepu8_epi16(_mm_loadu_si128(rb.add(c * 16) as *const __m128i));
+            let lo = _mm256_and_si256(wv, _mm256_set1_epi16(0x000f));
+            let hi = _mm256_srli_epi16::<4>(wv);
+            for (t, a) in tail.iter_mut().enumerate() {
+                let xp = qp.add(t * chunks * 32 + c * 32);
+                let sum = _mm256_madd_epi16(lo, _mm256_loadu_si256(xp as *const __m256i));
+                let sum =
+                    _mm256_dpwssd_epi32(sum, hi, _mm256_loadu_si256(xp.add(16) as *const __m256i));
+                let f = _mm256_set1_ps(*fp.add(t * chunks + c));
+                *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), f, *a);
+            }
+        }
+        let mut out = [0f32; MT];
+        for t in 0..MT {
+            out[t] = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t])) + hsum(tail[t]);
+        }
+        out
+    }
 }
 
 // SAFETY: read-only views of buffers the caller of the pool run keeps alive and unchanged.
@@ -1011,8 +1116,8 @@ pub(super) unsafe fn attend(
 /// codes, then scaled in float by the group's scale times the chunk's input scale.
 ///
 /// # Safety
-/// As [`rows_int16`], and the CPU has AVX-512 F, BW and VL.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+/// As [`rows_int16`], and the CPU has AVX-512 F, BW, VL and VNNI.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn rows_int16_512(
     w: &Matrix<'_>,
@@ -1035,7 +1140,7 @@ pub(super) unsafe fn rows_int16_512(
 }
 
 #[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[allow(clippy::needless_range_loop)]
 unsafe fn rows_int16_512_m<const MT: usize>(
     w: &Matrix<'_>,
@@ -1120,6 +1225,14 @@ unsafe fn rows_int16_512_m<const MT: usize>(
                     c0 += 16;
                 }
                 let rb = bytes.add(r * row_bytes);
+                if bits == 4 {
+                    let v = dot4_512::<MT>(rb, chunks, qx.p, fp, bacc);
+                    let b = bias_of(r);
+                    for t in 0..MT {
+                        out.write(t * rows + r, v[t] + b);
+                    }
+                    continue;
+                }
                 let mut a0 = bacc;
                 let mut a1 = [_mm512_setzero_ps(); MT];
                 let step = |c: usize, acc: &mut [__m512; MT]| {
@@ -1183,6 +1296,24 @@ unsafe fn rows_int16_512_m<const MT: usize>(
                 }
             }
             let rb = bytes.add(r * row_bytes);
+            let b = bias_of(r);
+            if bits == 4 {
+                let v = dot4_512::<MT>(rb, chunks, qx.p, fp, [_mm512_setzero_ps(); MT]);
+                for t in 0..MT {
+                    let mut bv = _mm256_setzero_ps();
+                    let mut g = 0;
+                    while g < gpad {
+                        bv = _mm256_fmadd_ps(
+                            _mm256_loadu_ps(bp.add(g)),
+                            _mm256_loadu_ps(gsp.add(t * gpad + g)),
+                            bv,
+                        );
+                        g += 8;
+                    }
+                    out.write(t * rows + r, v[t] + hsum(bv) + b);
+                }
+                continue;
+            }
             let mut a0 = [_mm512_setzero_ps(); MT];
             let mut a1 = [_mm512_setzero_ps(); MT];
             let step = |c: usize, acc: &mut [__m512; MT]| {
