@@ -191,3 +191,38 @@ pub fn take_heads(a: &Array, heads: i32, r: i32, what: &str) -> Result<Array> {
     }
     Ok(ops::slice_axis(a, 0, sh, eh, None)?)
 }
+
+/// Rank `r`'s `1/n` of a norm weight along its last axis (mlx-lm's
+/// `ShardedRMSNorm.from_rms_norm`: `contiguous(split(w, n, -1)[r])`).
+pub fn split_last(w: &Array, n: i32, r: i32, what: &str) -> Result<Array> {
+    part(w, n, r, -1, what)
+}
+
+/// mlx-lm's `sharded_rms_norm` (minimax.py): an RMS norm over a feature axis split across
+/// the group. `x` is this rank's `D / N` features, `w` its part of the weight; the squared
+/// sums (float32) are summed over the group, then `x * rsqrt(sum / D + eps) * w`, cast back.
+pub fn sharded_rms_norm(x: &Array, w: &Array, eps: f32, n: i32) -> Result<Array> {
+    let xf = x.astype(Dtype::Float32)?;
+    let norm2 = ops::square(&xf, None)?.sum(&[-1], true)?;
+    let norm2 = distributed::all_sum(&norm2, None, None)?;
+    let d = x.shape().last().copied().unwrap_or(0) * n;
+    let norm = ops::rsqrt(
+        &(&(&norm2 / &Array::from_f32(d as f32, Dtype::Float32)?)?
+            + &Array::from_f32(eps, Dtype::Float32)?)?,
+        None,
+    )?;
+    Ok((&(&xf * &norm)? * w)?.astype(x.dtype())?)
+}
+
+/// `l.bias /= n` on a `SwitchLinear` (gpt_oss's sharded-to-all experts, whose biases the
+/// block's `all_sum` would otherwise add `n` times); `n` as a weak scalar.
+pub fn divide_switch_bias(l: &mut SwitchLinear, n: i32) -> Result<()> {
+    let bias = match l {
+        SwitchLinear::Dense { bias, .. } | SwitchLinear::Quantized { bias, .. } => bias,
+        SwitchLinear::Adapted(_) => return Ok(()),
+    };
+    if let Some(b) = bias.as_mut() {
+        *b = (&*b / &Array::from_f32(n as f32, b.dtype())?)?;
+    }
+    Ok(())
+}

@@ -1050,9 +1050,11 @@ impl Model {
     pub fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
         use crate::shard::{all_to_sharded, sharded_to_all};
         let d = &self.desc;
-        // The rows whose mlx-lm class has this same `shard()` (llama.py, qwen2.py, qwen3.py).
-        const SHARDED: [&str; 3] = ["llama", "qwen2", "qwen3"];
-        if !SHARDED.contains(&d.model_type.as_str()) {
+        // The rows whose mlx-lm class has this same `shard()` (llama.py, which also serves
+        // mistral, iquestcoder and xverse through MODEL_REMAPPING; qwen2.py, qwen3.py,
+        // ministral3.py).
+        const SHARDED: [&str; 4] = ["llama", "qwen2", "qwen3", "ministral3"];
+        if !SHARDED.contains(&crate::config::remap(&d.model_type)) {
             return Err(ModelError::Other(format!(
                 "tensor parallelism: model_type `{}` is not supported yet ({})",
                 d.model_type,
@@ -1116,8 +1118,9 @@ impl Model {
     }
 }
 
-/// The rows whose mlx-lm class has `pipeline` (qwen2.py, with `PipelineMixin`).
-const PIPELINED: [&str; 1] = ["qwen2"];
+/// The rows whose mlx-lm class has `pipeline` (qwen2.py with `PipelineMixin`; ministral3.py,
+/// whose `pipeline` also re-picks the stage's first full and first sliding layer).
+const PIPELINED: [&str; 2] = ["qwen2", "ministral3"];
 
 impl Model {
     /// Pipeline parallelism over `size` ranks as mlx-lm's `PipelineMixin.pipeline()`: the
@@ -1150,15 +1153,25 @@ impl Model {
                 "pipeline parallelism: {n} layers cannot give each of {s} ranks a layer"
             )));
         }
-        if self.fa_idx != 0 || self.swa_idx.is_some() {
+        if self.desc.loops > 1 {
             return Err(ModelError::Other(
-                "pipeline parallelism: sliding-window layers are not supported".into(),
+                "pipeline parallelism: looped layers are not supported".into(),
             ));
         }
         let start: usize = split[r + 1..].iter().sum();
         let end = start + split[r];
         self.layers.truncate(end);
         self.layers.drain(..start);
+        // ministral3's `pipeline`: the masks come from the stage's own first full and first
+        // sliding layer (a stage without full layers computes no full mask it would use).
+        let swa = self.layers.iter().position(|l| l.sliding);
+        self.swa_idx = self.swa_idx.and(swa);
+        self.fa_idx = self
+            .layers
+            .iter()
+            .position(|l| !l.sliding)
+            .or(swa)
+            .unwrap_or(0);
         self.pipeline = Some((rank, size));
         Ok(())
     }
