@@ -21,7 +21,7 @@ fn root() -> PathBuf {
 }
 
 /// (fixture under mlx-cli/tests/models, golden), as xtask/oracle/goldens_dist.py pairs them.
-const MODELS: [(&str, &str); 15] = [
+const MODELS: [(&str, &str); 16] = [
     ("dense_f32", "dist_llama_tp2"),
     ("qwen3", "dist_qwen3_tp2"),
     ("q4_g32", "dist_llama_q4_tp2"),
@@ -76,10 +76,15 @@ const MODELS: [(&str, &str); 15] = [
         "../../../mlx-models/tests/models/moe2/exaone_moe",
         "dist_exaone_moe_tp2",
     ),
+    // glm_moe_dsa: deepseek_v32's Model subclassed.
+    (
+        "../../../mlx-models/tests/models/mla/glm_moe_dsa",
+        "dist_glm_moe_dsa_tp2",
+    ),
 ];
 
 /// Pipeline rows: (fixture, golden, layers of rank 0, layers of rank 1).
-const PIPELINES: [(&str, &str, usize, usize); 2] = [
+const PIPELINES: [(&str, &str, usize, usize); 9] = [
     // The 3-layer qwen2 split [2, 1] (rank 1 runs layer 0).
     ("qwen2_f32", "dist_qwen2_pp2", 2, 1),
     // ministral3: rank 1 runs the sliding layer 0 alone, rank 0 the full layer 1.
@@ -87,6 +92,49 @@ const PIPELINES: [(&str, &str, usize, usize); 2] = [
         "../../../mlx-models/tests/models/dense/ministral3",
         "dist_ministral3_pp2",
         1,
+        1,
+    ),
+    // The 3-layer MoE and MLA fixtures split [2, 1].
+    (
+        "../../../mlx-models/tests/models/qwen3_moe",
+        "dist_qwen3_moe_pp2",
+        2,
+        1,
+    ),
+    (
+        "../../../mlx-models/tests/models/mla/deepseek_v3",
+        "dist_deepseek_v3_pp2",
+        2,
+        1,
+    ),
+    (
+        "../../../mlx-models/tests/models/mla/deepseek_v32",
+        "dist_deepseek_v32_pp2",
+        2,
+        1,
+    ),
+    (
+        "../../../mlx-models/tests/models/mla/glm_moe_dsa",
+        "dist_glm_moe_dsa_pp2",
+        2,
+        1,
+    ),
+    (
+        "../../../mlx-models/tests/models/mla/deepseek_v2",
+        "dist_deepseek_v2_pp2",
+        2,
+        1,
+    ),
+    (
+        "../../../mlx-models/tests/models/mla/glm4_moe_lite",
+        "dist_glm4_moe_lite_pp2",
+        2,
+        1,
+    ),
+    (
+        "../../../mlx-models/tests/models/mla/mistral4",
+        "dist_mistral4_pp2",
+        2,
         1,
     ),
 ];

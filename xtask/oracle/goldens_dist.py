@@ -42,11 +42,20 @@ MODELS = [
     ("../../../mlx-models/tests/models/gpt_oss", "dist_gpt_oss_tp2"),
     ("../../../mlx-models/tests/models/moe2/minimax", "dist_minimax_tp2"),
     ("../../../mlx-models/tests/models/moe2/exaone_moe", "dist_exaone_moe_tp2"),
+    # glm_moe_dsa's Model subclasses deepseek_v32's (shard() and pipeline() with it).
+    ("../../../mlx-models/tests/models/mla/glm_moe_dsa", "dist_glm_moe_dsa_tp2"),
 ]
 # Pipeline rows beyond qwen2_f32 (relative to mlx-cli/tests/models; `staged` writes the
 # weight index sharded_load's pipeline path reads).
 PIPELINES = [
     ("../../../mlx-models/tests/models/dense/ministral3", "dist_ministral3_pp2"),
+    ("../../../mlx-models/tests/models/qwen3_moe", "dist_qwen3_moe_pp2"),
+    ("../../../mlx-models/tests/models/mla/deepseek_v3", "dist_deepseek_v3_pp2"),
+    ("../../../mlx-models/tests/models/mla/deepseek_v32", "dist_deepseek_v32_pp2"),
+    ("../../../mlx-models/tests/models/mla/glm_moe_dsa", "dist_glm_moe_dsa_pp2"),
+    ("../../../mlx-models/tests/models/mla/deepseek_v2", "dist_deepseek_v2_pp2"),
+    ("../../../mlx-models/tests/models/mla/glm4_moe_lite", "dist_glm4_moe_lite_pp2"),
+    ("../../../mlx-models/tests/models/mla/mistral4", "dist_mistral4_pp2"),
 ]
 # `DIST_ONLY=name,name` regenerates only those goldens (the others are left as they are).
 ONLY = [n for n in os.environ.get("DIST_ONLY", "").split(",") if n]

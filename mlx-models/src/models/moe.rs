@@ -3548,6 +3548,8 @@ pub struct Model {
     grad_checkpoint: bool,
     /// The layers whose own arrays enter their checkpoints (full fine-tuning).
     checkpoint_own: std::ops::Range<usize>,
+    /// This rank's pipeline stage `(rank, size)` after [`Model::shard_pipeline`].
+    pipeline: Option<(i32, i32)>,
 }
 
 impl Model {
@@ -3679,6 +3681,7 @@ impl Model {
             swa_idx,
             grad_checkpoint: false,
             checkpoint_own: 0..0,
+            pipeline: None,
         })
     }
 }
@@ -4028,6 +4031,7 @@ impl Model {
             )));
         }
         let mut shared: Option<(Array, Array)> = None;
+        h = crate::shard::pipeline_recv(h, self.pipeline)?;
         for (i, layer) in self.layers.iter().enumerate() {
             let m = if self.is_sliding(i) {
                 swa_mask.as_ref().unwrap_or(&mask)
@@ -4047,7 +4051,40 @@ impl Model {
                 .then(|| self.checkpoint_own.contains(&i));
             h = layer_step(layer, &h, cache, ckpt, move |l, x, c| l.forward(x, &m, c))?;
         }
+        h = crate::shard::pipeline_send(
+            h,
+            self.pipeline,
+            caches.as_deref_mut().and_then(|c| c.last_mut()),
+        )?;
         self.norm.forward(&h)
+    }
+
+    /// Pipeline parallelism as qwen3_moe's `PipelineMixin.pipeline()` (see
+    /// [`crate::shard::pipeline_range`]): this model keeps its stage's layers.
+    pub fn shard_pipeline(&mut self, size: i32, rank: i32) -> Result<()> {
+        let t = self.spec.model_type.as_str();
+        if t != "qwen3_moe" {
+            return Err(ModelError::Other(format!(
+                "pipeline parallelism: model_type `{t}` is not supported (qwen3_moe)"
+            )));
+        }
+        if self.pipeline.is_some() {
+            return Err(ModelError::Other(
+                "pipeline parallelism: already split".into(),
+            ));
+        }
+        if self.spec.sliding.iter().any(|s| *s) {
+            return Err(ModelError::Other(
+                "pipeline parallelism: sliding-window layers are not supported here".into(),
+            ));
+        }
+        let range = crate::shard::pipeline_range(self.layers.len(), size, rank)?;
+        self.layers.truncate(range.end);
+        self.layers.drain(..range.start);
+        self.fa_idx = 0;
+        self.swa_idx = None;
+        self.pipeline = Some((rank, size));
+        Ok(())
     }
 
     /// The output head over normed hidden states.
@@ -4195,6 +4232,10 @@ impl LanguageModel for Model {
 
     fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
         Model::shard_tensor_parallel(self, size, rank)
+    }
+
+    fn shard_pipeline(&mut self, size: i32, rank: i32) -> Result<()> {
+        Model::shard_pipeline(self, size, rank)
     }
 
     fn top_modules_mut(&mut self) -> Vec<(String, super::TopModuleMut<'_>)> {
