@@ -21,7 +21,7 @@ fn root() -> PathBuf {
 }
 
 /// (fixture under mlx-cli/tests/models, golden), as xtask/oracle/goldens_dist.py pairs them.
-const MODELS: [(&str, &str); 16] = [
+const MODELS: [(&str, &str); 17] = [
     ("dense_f32", "dist_llama_tp2"),
     ("qwen3", "dist_qwen3_tp2"),
     ("q4_g32", "dist_llama_q4_tp2"),
@@ -80,6 +80,10 @@ const MODELS: [(&str, &str); 16] = [
     (
         "../../../mlx-models/tests/models/mla/glm_moe_dsa",
         "dist_glm_moe_dsa_tp2",
+    ),
+    (
+        "../../../mlx-models/tests/models/mla/longcat_flash",
+        "dist_longcat_flash_tp2",
     ),
 ];
 

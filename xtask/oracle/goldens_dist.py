@@ -44,6 +44,8 @@ MODELS = [
     ("../../../mlx-models/tests/models/moe2/exaone_moe", "dist_exaone_moe_tp2"),
     # glm_moe_dsa's Model subclasses deepseek_v32's (shard() and pipeline() with it).
     ("../../../mlx-models/tests/models/mla/glm_moe_dsa", "dist_glm_moe_dsa_tp2"),
+    # longcat_flash: two MLA attentions and two MLPs per layer, identity experts after the sum.
+    ("../../../mlx-models/tests/models/mla/longcat_flash", "dist_longcat_flash_tp2"),
 ]
 # Pipeline rows beyond qwen2_f32 (relative to mlx-cli/tests/models; `staged` writes the
 # weight index sharded_load's pipeline path reads).
