@@ -504,8 +504,8 @@ pub fn world() -> Result<mlx_train::data::World, String> {
 }
 
 /// A line of input every rank sees: in a launched group of several ranks, rank 0 runs `read`
-/// (only it has the terminal) and the others receive its result through two `all_sum`s (the
-/// length, `-1` for the end of input, then the bytes); elsewhere just `read`.
+/// (only it has the terminal) and the others receive its result ([`share_bytes`]);
+/// elsewhere just `read`.
 pub fn shared_line(
     read: impl FnOnce() -> Result<Option<String>, String>,
 ) -> Result<Option<String>, String> {
@@ -514,18 +514,33 @@ pub fn shared_line(
     };
     let rank = g.rank();
     let mine = if rank == 0 { read()? } else { None };
-    let err = |e: mlx_core::Error| format!("rank {rank}: sharing the input line: {e}");
-    // On the generation stream, after the collectives of the last turn's steps still queued
-    // there (a collective on another stream could interleave with them on the ring).
+    match share_bytes(&g, mine.map(String::into_bytes), "the input line")? {
+        None => Ok(None),
+        Some(b) => String::from_utf8(b)
+            .map(Some)
+            .map_err(|_| format!("rank {rank}: the shared input line is not UTF-8")),
+    }
+}
+
+/// Rank 0's `mine` on every rank (the others pass `None`) through two `all_sum`s: the length
+/// (`-1` for `None`), then the bytes, each as an int32 (so past 16 MiB it is refused rather
+/// than allocated). On the generation stream, after the collectives of steps still queued
+/// there (a collective on another stream could interleave with them on the ring).
+pub fn share_bytes(
+    g: &distributed::Group,
+    mine: Option<Vec<u8>>,
+    what: &str,
+) -> Result<Option<Vec<u8>>, String> {
+    let rank = g.rank();
     let sum = |v: &[i32]| -> Result<Vec<i32>, String> {
-        let x = mlx_core::Array::from_slice(v, &[v.len() as i32]).map_err(err)?;
         mlx_engine::generate::on_generation_stream(|| {
-            Ok(distributed::all_sum(&x, Some(&g), None)?.to_vec::<i32>()?)
+            let x = mlx_core::Array::from_slice(v, &[v.len() as i32])?;
+            Ok(distributed::all_sum(&x, Some(g), None)?.to_vec::<i32>()?)
         })
-        .map_err(|e| format!("rank {rank}: sharing the input line: {e}"))
+        .map_err(|e| format!("rank {rank}: sharing {what}: {e}"))
     };
     let len = match (&mine, rank) {
-        (Some(l), 0) => i32::try_from(l.len()).map_err(|_| "an input line over 2 GiB")?,
+        (Some(b), 0) => i32::try_from(b.len()).map_err(|_| format!("{what} over 2 GiB"))?,
         (None, 0) => -1,
         _ => 0,
     };
@@ -533,23 +548,58 @@ pub fn shared_line(
     if len < 0 {
         return Ok(None);
     }
-    // Each byte travels as an int32: a line past 16 MiB is refused rather than allocated.
     if len > 1 << 24 {
         return Err(format!(
-            "rank {rank}: an input line of {len} bytes (at most 16 MiB)"
+            "rank {rank}: {what} of {len} bytes (at most 16 MiB)"
         ));
     }
     let bytes: Vec<i32> = match &mine {
-        Some(l) if rank == 0 => l.bytes().map(i32::from).collect(),
+        Some(b) if rank == 0 => b.iter().map(|&x| i32::from(x)).collect(),
         _ => vec![0; len as usize],
     };
     if bytes.is_empty() {
-        return Ok(Some(String::new()));
+        return Ok(Some(Vec::new()));
     }
-    let got: Vec<u8> = sum(&bytes)?.into_iter().map(|b| b as u8).collect();
-    String::from_utf8(got)
-        .map(Some)
-        .map_err(|_| format!("rank {rank}: the shared input line is not UTF-8"))
+    Ok(Some(sum(&bytes)?.into_iter().map(|b| b as u8).collect()))
+}
+
+/// The ranks of `mlx launch -- serve` stepping together ([`mlx_engine::batch::lockstep`]):
+/// rank 0's engine messages reach the others through [`share_bytes`].
+struct GroupLockstep {
+    rank: i32,
+    group: std::sync::Mutex<distributed::Group>,
+}
+
+impl mlx_engine::batch::lockstep::Lockstep for GroupLockstep {
+    fn is_leader(&self) -> bool {
+        self.rank == 0
+    }
+    fn share(
+        &self,
+        msg: Option<&mlx_engine::batch::lockstep::Message>,
+    ) -> Result<Option<mlx_engine::batch::lockstep::Message>, String> {
+        let g = self
+            .group
+            .lock()
+            .map_err(|_| "the group's lock was poisoned".to_string())?;
+        let got = share_bytes(&g, msg.map(|m| m.to_bytes()), "an engine message")?;
+        got.map(|b| mlx_engine::batch::lockstep::Message::from_bytes(&b))
+            .transpose()
+    }
+}
+
+/// In a launched group of several ranks, makes the engine step with the other ranks and
+/// returns this rank (`None` elsewhere): `serve` then runs the HTTP server on rank 0 only.
+pub fn lockstep_engine() -> Result<Option<i32>, String> {
+    let Some(g) = launched_group()? else {
+        return Ok(None);
+    };
+    let rank = g.rank();
+    mlx_engine::batch::lockstep::set(std::sync::Arc::new(GroupLockstep {
+        rank,
+        group: std::sync::Mutex::new(g),
+    }));
+    Ok(Some(rank))
 }
 
 /// In a launched rank, after the subcommand: one all_sum over the group, so that no rank
