@@ -586,6 +586,28 @@ impl mlx_engine::batch::lockstep::Lockstep for GroupLockstep {
         got.map(|b| mlx_engine::batch::lockstep::Message::from_bytes(&b))
             .transpose()
     }
+    fn lost(&self, error: &str) {
+        // The HTTP side of rank 0 (and the wait of the others) would outlive an engine
+        // that can no longer step with its peers: end the rank with the reason.
+        eprintln!("error: {}", peer_hint(error));
+        std::process::exit(1);
+    }
+}
+
+/// `error` with what a ring failure means for a launched rank: MLX reports a dead peer as a
+/// lost or closed connection.
+pub fn peer_hint(error: &str) -> String {
+    let lost = ["[ring]", "connection to a peer", "closed by the peer"]
+        .iter()
+        .any(|k| error.contains(k));
+    if lost && std::env::var(ENV_BACKEND).is_ok() {
+        format!(
+            "{error} (a peer of this launched group died or its connection dropped; every \
+             rank stops)"
+        )
+    } else {
+        error.to_string()
+    }
 }
 
 /// In a launched group of several ranks, makes the engine step with the other ranks and

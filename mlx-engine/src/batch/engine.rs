@@ -1045,7 +1045,11 @@ impl<'m> Worker<'m> {
     /// shares it ([`super::lockstep::Lockstep::share`]); after every token it shares whether
     /// to go on (its client gone or its deadline passed stops every rank). The other ranks
     /// ignore `rx` and follow; they return when rank 0 shares that it stops or a share fails.
-    fn run_lockstep(&mut self, rx: Receiver<Work>, ls: std::sync::Arc<dyn super::lockstep::Lockstep>) {
+    fn run_lockstep(
+        &mut self,
+        rx: Receiver<Work>,
+        ls: std::sync::Arc<dyn super::lockstep::Lockstep>,
+    ) {
         use super::lockstep::{Message, SharedRequest};
         let leader = ls.is_leader();
         loop {
@@ -1083,7 +1087,7 @@ impl<'m> Worker<'m> {
                     if let Some(mut j) = job {
                         j.sink.send(BatchEvent::Error(e.clone()));
                     }
-                    eprintln!("mlx launch: {e}");
+                    ls.lost(&e);
                     return;
                 }
             };
@@ -1097,7 +1101,7 @@ impl<'m> Worker<'m> {
                         None => Box::new(super::lockstep::NullSink),
                     };
                     if let Err(e) = self.run_locked(r, sink, ls.as_ref()) {
-                        eprintln!("mlx launch: {e}");
+                        ls.lost(&e);
                         return;
                     }
                 }
@@ -1136,7 +1140,9 @@ impl<'m> Worker<'m> {
     ) -> std::result::Result<(), String> {
         use super::lockstep::Message;
         let leader = ls.is_leader();
-        let deadline = r.timeout_ms.map(|t| Instant::now() + Duration::from_millis(t));
+        let deadline = r
+            .timeout_ms
+            .map(|t| Instant::now() + Duration::from_millis(t));
         self.dirty = true;
         let prompt_tokens = r.prompt.len();
         let started = (|| -> Result<crate::stream::TextStream<'_>> {
@@ -1187,7 +1193,11 @@ impl<'m> Worker<'m> {
             // Rank 0 decides whether every rank goes on.
             let late = deadline.is_some_and(|d| Instant::now() > d);
             let stop = leader && (!open || sink.is_closed() || late);
-            let mine = if leader && stop { Some(Message::Stop) } else { None };
+            let mine = if leader && stop {
+                Some(Message::Stop)
+            } else {
+                None
+            };
             if ls.share(mine.as_ref())?.is_some() {
                 if late && open {
                     sink.send(BatchEvent::Error("the request timed out".into()));

@@ -23,6 +23,12 @@ pub trait Lockstep: Send + Sync {
     /// Collective: rank 0's `msg` (`None`: nothing) reaches every rank; the others pass
     /// `None`. An error when a peer was lost.
     fn share(&self, msg: Option<&Message>) -> Result<Option<Message>, String>;
+    /// A share failed (`error`): the ranks can no longer step together. The engine stops
+    /// after this call; the launcher's implementation ends the process with the error, so
+    /// rank 0 does not go on accepting requests it cannot run.
+    fn lost(&self, error: &str) {
+        let _ = error;
+    }
 }
 
 /// What rank 0 tells the others.
