@@ -88,7 +88,7 @@ const MODELS: [(&str, &str); 17] = [
 ];
 
 /// Pipeline rows: (fixture, golden, layers of rank 0, layers of rank 1).
-const PIPELINES: [(&str, &str, usize, usize); 9] = [
+const PIPELINES: [(&str, &str, usize, usize); 11] = [
     // The 3-layer qwen2 split [2, 1] (rank 1 runs layer 0).
     ("qwen2_f32", "dist_qwen2_pp2", 2, 1),
     // ministral3: rank 1 runs the sliding layer 0 alone, rank 0 the full layer 1.
@@ -140,6 +140,19 @@ const PIPELINES: [(&str, &str, usize, usize); 9] = [
         "dist_mistral4_pp2",
         2,
         1,
+    ),
+    // 4 layers (DeltaNet, attention, ...) split [2, 2].
+    (
+        "../../../mlx-models/tests/models/qwen3_next",
+        "dist_qwen3_next_pp2",
+        2,
+        2,
+    ),
+    (
+        "../../../mlx-models/tests/models/qwen3_5",
+        "dist_qwen3_5_pp2",
+        2,
+        2,
     ),
 ];
 
