@@ -1062,7 +1062,7 @@ impl<'m> Worker<'m> {
                         match SharedRequest::of(&j.request, j.extra.len()) {
                             Ok(r) => {
                                 job = Some(*j);
-                                Some(Message::Run(r))
+                                Some(Message::Run(Box::new(r)))
                             }
                             Err(e) => {
                                 let mut j = *j;
@@ -1100,7 +1100,7 @@ impl<'m> Worker<'m> {
                         Some(j) => j.sink,
                         None => Box::new(super::lockstep::NullSink),
                     };
-                    if let Err(e) = self.run_locked(r, sink, ls.as_ref()) {
+                    if let Err(e) = self.run_locked(*r, sink, ls.as_ref()) {
                         ls.lost(&e);
                         return;
                     }

@@ -35,7 +35,7 @@ pub trait Lockstep: Send + Sync {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub enum Message {
     /// Run this request.
-    Run(SharedRequest),
+    Run(Box<SharedRequest>),
     /// Stop the request under way (its client went away or its deadline passed).
     Stop,
     /// The server stopped: every rank's engine returns.
@@ -150,7 +150,7 @@ mod tests {
             seed: Some(7),
             timeout_ms: None,
         };
-        for m in [Message::Run(r), Message::Stop, Message::Quit] {
+        for m in [Message::Run(Box::new(r)), Message::Stop, Message::Quit] {
             assert_eq!(Message::from_bytes(&m.to_bytes()).unwrap(), m);
         }
         assert!(Message::from_bytes(b"{").is_err());

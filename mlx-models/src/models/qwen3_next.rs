@@ -1126,7 +1126,7 @@ impl Model {
         h = crate::shard::pipeline_send(
             h,
             self.pipeline,
-            caches.as_deref_mut().and_then(|c| c.last_mut()),
+            caches.and_then(|c| c.last_mut()),
         )?;
         self.norm.forward(&h)
     }
