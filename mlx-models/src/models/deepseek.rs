@@ -1525,11 +1525,7 @@ impl Model {
             let cache = caches.as_deref_mut().map(|c| &mut c[i]);
             h = layer.forward(&h, attn_scale.as_ref(), &mask, cache)?;
         }
-        h = crate::shard::pipeline_send(
-            h,
-            self.pipeline,
-            caches.and_then(|c| c.last_mut()),
-        )?;
+        h = crate::shard::pipeline_send(h, self.pipeline, caches.and_then(|c| c.last_mut()))?;
         self.norm.forward(&h)
     }
 

@@ -4051,11 +4051,7 @@ impl Model {
                 .then(|| self.checkpoint_own.contains(&i));
             h = layer_step(layer, &h, cache, ckpt, move |l, x, c| l.forward(x, &m, c))?;
         }
-        h = crate::shard::pipeline_send(
-            h,
-            self.pipeline,
-            caches.and_then(|c| c.last_mut()),
-        )?;
+        h = crate::shard::pipeline_send(h, self.pipeline, caches.and_then(|c| c.last_mut()))?;
         self.norm.forward(&h)
     }
 

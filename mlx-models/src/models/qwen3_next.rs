@@ -1123,11 +1123,7 @@ impl Model {
                 l.forward(x, i, &fm, sm.as_ref(), c)
             })?;
         }
-        h = crate::shard::pipeline_send(
-            h,
-            self.pipeline,
-            caches.and_then(|c| c.last_mut()),
-        )?;
+        h = crate::shard::pipeline_send(h, self.pipeline, caches.and_then(|c| c.last_mut()))?;
         self.norm.forward(&h)
     }
 
