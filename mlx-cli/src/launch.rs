@@ -40,8 +40,8 @@ pub struct LaunchArgs {
     /// With --hostfile: the ranks to start on this machine (default: all of them).
     #[arg(long, value_delimiter = ',', value_name = "R,R,...")]
     pub ranks: Vec<usize>,
-    /// MLX's distributed backend.
-    #[arg(long, default_value = "ring", value_parser = ["ring", "mpi"])]
+    /// MLX's distributed backend (`nccl`: CUDA builds, with -n, one GPU per rank).
+    #[arg(long, default_value = "ring", value_parser = ["ring", "mpi", "nccl"])]
     pub backend: String,
     /// With -n: the first port of the loopback ring (one port per rank; 0 picks free ones).
     #[arg(long, default_value_t = 0)]
@@ -93,6 +93,9 @@ pub fn check_args(a: &LaunchArgs) -> Result<(), String> {
     if !a.ranks.is_empty() && a.hostfile.is_none() {
         return Err("mlx launch: --ranks needs --hostfile".into());
     }
+    if a.backend == "nccl" && a.n.is_none() {
+        return Err("mlx launch: --backend nccl runs -n N ranks on this machine".into());
+    }
     if a.backend == "mpi" && a.hostfile.is_some() {
         return Err("mlx launch: --hostfile is for the ring backend (mpirun has its own)".into());
     }
@@ -123,6 +126,16 @@ pub fn run(a: &LaunchArgs) -> Result<(), String> {
     if a.backend == "mpi" {
         return run_mpi(&exe, a, &inner);
     }
+    if a.backend == "nccl" {
+        let n = a.n.unwrap_or(1);
+        let port = match a.starting_port {
+            0 => free_port()?,
+            p => p,
+        };
+        let ranks: Vec<usize> = (0..n).collect();
+        let env = move |r: usize| nccl_env(r, n, port);
+        return supervise(&exe, &inner, &env, &ranks, a.timeout, a.pipeline);
+    }
     let (hostfile, world, temp) = match &a.hostfile {
         Some(f) => (f.clone(), ring_world_size(f)?, false),
         None => {
@@ -141,7 +154,14 @@ pub fn run(a: &LaunchArgs) -> Result<(), String> {
             hostfile.display()
         ));
     }
-    let result = supervise(&exe, &inner, &hostfile, &ranks, a.timeout, a.pipeline);
+    let hf = hostfile.clone();
+    let env = move |_r: usize| {
+        vec![
+            ("MLX_HOSTFILE".to_string(), hf.display().to_string()),
+            (ENV_BACKEND.to_string(), "ring".to_string()),
+        ]
+    };
+    let result = supervise(&exe, &inner, &env, &ranks, a.timeout, a.pipeline);
     if temp {
         let _ = std::fs::remove_file(&hostfile);
     }
@@ -215,10 +235,30 @@ fn write_loopback_hostfile(n: usize, start: u16) -> Result<PathBuf, String> {
 }
 
 /// Starts the ranks and waits for them; the first failure stops every other rank.
+/// What MLX's NCCL backend reads in rank `rank` of `n` on this machine, as `mlx.launch
+/// --backend nccl` sets it: the rank, the world size, rank 0's address and port for NCCL's
+/// bootstrap, and one GPU per rank.
+pub fn nccl_env(rank: usize, n: usize, port: u16) -> Vec<(String, String)> {
+    vec![
+        (ENV_BACKEND.to_string(), "nccl".to_string()),
+        ("MLX_WORLD_SIZE".to_string(), n.to_string()),
+        ("NCCL_HOST_IP".to_string(), "127.0.0.1".to_string()),
+        ("NCCL_PORT".to_string(), port.to_string()),
+        ("CUDA_VISIBLE_DEVICES".to_string(), rank.to_string()),
+    ]
+}
+
+fn free_port() -> Result<u16, String> {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("mlx launch: picking a free port: {e}"))
+}
+
 fn supervise(
     exe: &Path,
     inner: &[String],
-    hostfile: &Path,
+    env: &dyn Fn(usize) -> Vec<(String, String)>,
     ranks: &[usize],
     timeout: f64,
     pipeline: bool,
@@ -231,8 +271,7 @@ fn supervise(
         }
         cmd.args(inner)
             .env("MLX_RANK", r.to_string())
-            .env("MLX_HOSTFILE", hostfile)
-            .env(ENV_BACKEND, "ring")
+            .envs(env(r))
             .env(ENV_TIMEOUT, timeout.to_string())
             .stdin(if r == 0 {
                 Stdio::inherit()
@@ -651,5 +690,19 @@ pub fn prepare() -> Option<ExitCode> {
             eprintln!("error: {e}");
             Some(ExitCode::FAILURE)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn nccl_ranks_get_the_environment_mlx_launch_sets() {
+        let env: std::collections::HashMap<_, _> =
+            super::nccl_env(1, 2, 4321).into_iter().collect();
+        assert_eq!(env["MLX_WORLD_SIZE"], "2");
+        assert_eq!(env["NCCL_HOST_IP"], "127.0.0.1");
+        assert_eq!(env["NCCL_PORT"], "4321");
+        assert_eq!(env["CUDA_VISIBLE_DEVICES"], "1");
+        assert_eq!(env[super::ENV_BACKEND], "nccl");
     }
 }
