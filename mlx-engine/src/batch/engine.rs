@@ -1114,10 +1114,14 @@ impl<'m> Worker<'m> {
         let why = "not supported under mlx launch (one choice, no grammar, no embeddings)";
         match work {
             Work::Generate(mut j) => {
+                self.stats.queued.fetch_sub(1, Ordering::Relaxed);
+                release_tokens(&self.stats, j.request.prompt.len());
                 j.sink.send(BatchEvent::Error(why.into()));
             }
             Work::Group(jobs) => {
+                self.stats.queued.fetch_sub(jobs.len(), Ordering::Relaxed);
                 for mut j in jobs {
+                    release_tokens(&self.stats, j.request.prompt.len());
                     j.sink.send(BatchEvent::Error(why.into()));
                 }
             }
