@@ -133,10 +133,15 @@ pub fn run(a: &ChatArgs) -> Result<(), String> {
     )
     .map_err(|e| e.to_string())?;
     if let Some(sp) = &spec {
-        let (draft, ngram) = match sp {
-            SpecSource::Draft(d) => (Some(d.model.as_ref()), 0),
-            SpecSource::Lookup(n) => (None, *n),
-        };
+        let (draft, ngram) =
+            match sp {
+                SpecSource::Draft(d) => (Some(d.model.as_ref()), 0),
+                SpecSource::Lookup(n) => (None, *n),
+                SpecSource::Mtp => return Err(
+                    "--mtp: mlx chat does not draft with MTP layers yet (mlx generate --mtp does)"
+                        .into(),
+                ),
+            };
         conv = conv
             .with_speculation(ChatSpeculation {
                 draft,

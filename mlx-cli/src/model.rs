@@ -39,6 +39,11 @@ pub fn model_path(model: Option<&str>) -> Result<ModelRef, String> {
 
 /// Loads `--model` as the flags say, adapters included.
 pub fn load(a: &ModelArgs) -> Result<Loaded, String> {
+    load_with(a, false)
+}
+
+/// [`load`]; with `mtp`, the checkpoint's multi-token-prediction layers too (`--mtp`).
+pub fn load_with(a: &ModelArgs, mtp: bool) -> Result<Loaded, String> {
     if a.adapter_path.is_some() && std::env::var_os(crate::launch::ENV_BACKEND).is_some() {
         return Err(
             "--adapter-path: adapters are not supported in a launched (sharded) model yet".into(),
@@ -52,10 +57,11 @@ pub fn load(a: &ModelArgs) -> Result<Loaded, String> {
             .map(Path::new)
             .map(Path::to_path_buf),
     };
-    let mut m = load::load(
+    let mut m = load::load_mtp(
         &model_path(a.model.as_deref())?,
         &spec,
         &mut Stderr::default(),
+        mtp,
     )
     .map_err(|e| e.to_string())?;
     // In a rank of `mlx launch`: tensor parallel, as mlx-lm's `sharded_load`.

@@ -126,6 +126,16 @@ fn laguna_reproduces_mlx_lm_top5_through_the_cli() {
 
 /// `mlx models` lists each of these types as served by a dedicated port.
 #[test]
+fn phixtral_reproduces_mlx_lm_top5_through_the_cli() {
+    check_types(&["phixtral"]);
+}
+
+#[test]
+fn mimo_v2_flash_reproduces_mlx_lm_top5_through_the_cli() {
+    check_types(&["mimo_v2_flash"]);
+}
+
+#[test]
 fn mlx_models_lists_the_moe2_types() {
     let out = Command::new(env!("CARGO_BIN_EXE_mlx"))
         .args(["models", "--json"])
@@ -149,6 +159,8 @@ fn mlx_models_lists_the_moe2_types() {
         "bailing_moe",
         "afmoe",
         "laguna",
+        "phixtral",
+        "mimo_v2_flash",
     ] {
         assert!(
             listed.iter().any(|e| e["model_type"] == t),

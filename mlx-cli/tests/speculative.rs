@@ -160,3 +160,67 @@ fn a_draft_model_with_another_vocabulary_is_refused() {
     assert_ne!(code, 0);
     assert!(err.contains("cannot be used with"), "{err}");
 }
+
+#[path = "../../mlx-engine/tests/support/mtp_fixture.rs"]
+mod mtp_fixture;
+
+#[test]
+fn mtp_generation_keeps_greedy_output() {
+    let tok = repo().join("mlx-cli/tests/models/tokenizer");
+    for (fixture, name) in [
+        ("qwen3_next", "qwen3_next"),
+        ("mla/deepseek_v3", "deepseek_v3"),
+    ] {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("cli_mtp_{name}"));
+        mtp_fixture::with_mtp(
+            &repo().join("mlx-models/tests/models").join(fixture),
+            &dir,
+            7,
+        );
+        for f in ["tokenizer.json", "tokenizer_config.json"] {
+            std::fs::copy(tok.join(f), dir.join(f)).unwrap();
+        }
+        let dir = dir.to_str().unwrap();
+        let base = [
+            "generate",
+            "--model",
+            dir,
+            "--prompt",
+            "the cat is big",
+            "-m",
+            "24",
+        ];
+        // Without --mtp: the strict loader refuses the MTP tensors, as mlx-lm's does.
+        let (code, _, err) = mlx(&base, None);
+        assert_ne!(code, 0, "{name}");
+        assert!(err.contains("eh_proj") || err.contains("mtp.fc"), "{err}");
+        let plain_dir = repo().join("mlx-cli/tests/models/qwen3_next");
+        if name == "qwen3_next" {
+            let mut args = base.to_vec();
+            args[2] = plain_dir.to_str().unwrap();
+            let (code, plain, err) = mlx(&args, None);
+            assert_eq!(code, 0, "{err}");
+            let mut args = base.to_vec();
+            args.extend(["--mtp", "--num-draft-tokens", "3", "--verbose", "True"]);
+            let (code, mtp, err) = mlx(&args, None);
+            assert_eq!(code, 0, "{err}");
+            assert_eq!(parse(&mtp).0, parse(&plain).0);
+            assert!(mtp.contains("draft tokens accepted"), "{mtp}");
+        } else {
+            let mut args = base.to_vec();
+            args.extend(["--mtp", "--verbose", "True"]);
+            let (code, out, err) = mlx(&args, None);
+            assert_eq!(code, 0, "{err}");
+            assert!(out.contains("draft tokens accepted"), "{out}");
+        }
+    }
+    // A model without MTP layers refuses --mtp, naming the flag.
+    let (code, _, err) = mlx(
+        &[
+            "generate", "--model", TARGET, "--prompt", "hi", "-m", "4", "--mtp",
+        ],
+        None,
+    );
+    assert_ne!(code, 0);
+    assert!(err.contains("--mtp"), "{err}");
+}

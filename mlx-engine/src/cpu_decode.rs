@@ -774,6 +774,11 @@ impl<'m> CpuDecoder<'m> {
         self.cache.reset();
     }
 
+    /// Keeps the first `n` tokens of the cache (speculative decoding's rollback).
+    pub fn truncate(&mut self, n: usize) {
+        self.cache.truncate(n);
+    }
+
     /// Runs `tokens` through the model after what the cache holds and returns the logits
     /// `(vocab,)` of the last one.
     pub fn feed(&mut self, tokens: &[u32]) -> Result<&[f32]> {

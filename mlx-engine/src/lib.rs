@@ -8,7 +8,8 @@
 //! - [`generate`], [`sample`]: mlx-lm's `generate_step`, samplers and logits processors;
 //!   [`compiled`]: the compiled, transactional decode step `generate_step` can use.
 //! - [`speculative`]: mlx-lm's `speculative_generate_step` (draft model) and prompt lookup,
-//!   with exact rollback of every cache kind.
+//!   with exact rollback of every cache kind, MTP heads and block drafters; [`cpu_spec`]:
+//!   greedy speculation on the CPU decoder (drafts verified in one batched pass).
 //! - [`grammar`]: constrained decoding (JSON schema, JSON object, Lark) through `llguidance`.
 //! - [`stream`]: `stream_generate` (text, stop conditions, statistics).
 //! - [`prompt_cache`]: longest-prefix reuse with a byte-capped LRU; [`chat`]: `mlx_lm.chat`'s
@@ -29,6 +30,7 @@ pub mod chat;
 pub mod chat_template;
 pub mod compiled;
 pub mod cpu_decode;
+pub mod cpu_spec;
 mod error;
 pub mod fetch;
 pub mod generate;

@@ -16,7 +16,7 @@ use mlx_core::prelude::*;
 use mlx_core::DeviceType;
 use mlx_models::config::ModelConfig;
 use mlx_models::gguf::load_gguf_model;
-use mlx_models::load::{load_model_dir_with_params, LoadOptions, ModelInfo};
+use mlx_models::load::{LoadOptions, ModelInfo};
 use mlx_models::{LanguageModel, ModelError};
 use serde_json::Value;
 
@@ -280,8 +280,20 @@ impl Loaded {
 /// Finds (or fetches) and loads `model` as `spec` says, `spec.adapter_path` applied as
 /// mlx-lm's `load_adapters` applies it.
 pub fn load(model: &ModelRef, spec: &LoadSpec, events: &mut dyn LoadEvents) -> Result<Loaded> {
+    load_mtp(model, spec, events, false)
+}
+
+/// [`load`]; with `mtp`, the checkpoint's multi-token-prediction layers are loaded too (a
+/// drafter for speculative decoding, `--mtp`; an error for a model without them or a GGUF
+/// file).
+pub fn load_mtp(
+    model: &ModelRef,
+    spec: &LoadSpec,
+    events: &mut dyn LoadEvents,
+    mtp: bool,
+) -> Result<Loaded> {
     let path = resolve(model, events)?;
-    let mut m = load_path(&path, &spec.dtype, events)?;
+    let mut m = load_path(&path, &spec.dtype, events, mtp)?;
     if let Some(dir) = &spec.adapter_path {
         let params =
             mlx_adapters::adapters::load_adapters(m.model.as_mut(), dir).map_err(|source| {
@@ -302,9 +314,15 @@ pub fn load(model: &ModelRef, spec: &LoadSpec, events: &mut dyn LoadEvents) -> R
     Ok(m)
 }
 
-fn load_path(path: &Path, dtype: &str, events: &mut dyn LoadEvents) -> Result<Loaded> {
+fn load_path(path: &Path, dtype: &str, events: &mut dyn LoadEvents, mtp: bool) -> Result<Loaded> {
     let (dtype, dtype_name) = pick_dtype(dtype, events)?;
     let opts = LoadOptions { dtype };
+    if mtp && is_gguf(path) {
+        return Err(LoadError::Model(ModelError::Config(format!(
+            "--mtp: {}: GGUF files carry no multi-token-prediction layers this loader reads              (give a model directory)",
+            path.display()
+        ))));
+    }
     if is_gguf(path) {
         let (model, g) = load_gguf_model(path, &opts)?;
         let draws = construction_draws(&g.config, &shapes(&g.tensors)).map_err(|e| e.to_string());
@@ -334,7 +352,7 @@ fn load_path(path: &Path, dtype: &str, events: &mut dyn LoadEvents) -> Result<Lo
             adapters: None,
         })
     } else if path.is_dir() {
-        let (model, config, params) = load_model_dir_with_params(path, &opts)?;
+        let (model, config, params) = mlx_models::load::load_model_dir_mtp(path, &opts, mtp)?;
         // Counted over the parameters the model took (its module tree, after `sanitize`).
         let draws = construction_draws(&config, &params).map_err(|e| e.to_string());
         let tokenizer = Tokenizer::from_dir(path).map_err(|source| LoadError::Tokenizer {

@@ -41,6 +41,121 @@ pub enum Drafter<'m> {
     /// Any proposer: called with the prompt and output so far and the most tokens it may
     /// propose (tests force accept patterns with it).
     Custom(DraftFn<'m>),
+    /// The target's own multi-token-prediction layers ([`LanguageModel::mtp`], loaded with
+    /// `--mtp`), chained greedily on the target's final hidden states.
+    Mtp,
+    /// A drafter conditioned on the target's hidden states (block drafters such as
+    /// [`BlockDrafter`]): it sees every kept position's final hidden state and proposes from
+    /// them.
+    Hidden(Box<dyn HiddenDrafter + 'm>),
+}
+
+/// A drafter that reads the target's hidden states: after every pass of the target (prefill
+/// chunks and verifications) it is shown the final normed hidden states of the positions that
+/// were kept, with the token that follows each; then it proposes the tokens after the last
+/// one. Its proposals only decide how many tokens one verification yields: the output is the
+/// target's whatever they are.
+pub trait HiddenDrafter {
+    /// `hidden` `(1, n, hidden)`: the target's final normed hidden states at `n` consecutive
+    /// kept positions; `next[i]` the token that follows position `i`.
+    fn observe(&mut self, hidden: &Array, next: &[u32]) -> Result<()>;
+    /// Up to `k` tokens to follow the last observed `next` token.
+    fn propose(&mut self, k: usize) -> Result<Vec<u32>>;
+}
+
+/// Greedy token of the last position of logits `(1, n, vocab)`.
+fn last_argmax(logits: &Array) -> Result<u32> {
+    let n = logits.dim(1)?;
+    let row = ops::slice_axis(logits, 1, n - 1, n, None)?;
+    let t = ops::argmax(&row, -1, false, None)?;
+    Ok(t.astype(Dtype::Uint32)?
+        .to_vec::<u32>()?
+        .first()
+        .copied()
+        .unwrap_or(0))
+}
+
+/// The multi-token-prediction drafter: the first MTP layer over each kept position's hidden
+/// state and next token (its own KV cache holds those), then chained on its own output for
+/// the further drafts (what vLLM does when it drafts more tokens than a checkpoint has MTP
+/// layers); those chained entries are trimmed before the next observation.
+pub struct MtpDrafter<'m> {
+    head: &'m dyn mlx_models::models::MtpHead,
+    caches: Vec<Box<dyn Cache>>,
+    /// The head's logits and hidden output at the last observed position.
+    pending: Option<(Array, Array)>,
+    /// Chained (speculative) entries in the cache.
+    chained: usize,
+}
+
+impl<'m> MtpDrafter<'m> {
+    pub fn new(head: &'m dyn mlx_models::models::MtpHead) -> Result<MtpDrafter<'m>> {
+        if head.depth() == 0 {
+            return Err(EngineError::Other(
+                "--mtp: the model has no multi-token-prediction layers".into(),
+            ));
+        }
+        Ok(MtpDrafter {
+            head,
+            caches: head.make_mtp_cache(),
+            pending: None,
+            chained: 0,
+        })
+    }
+
+    fn last_rows(logits: &Array, h: &Array) -> Result<(Array, Array)> {
+        let n = h.dim(1)?;
+        Ok((
+            ops::slice_axis(logits, 1, n - 1, n, None)?,
+            ops::slice_axis(h, 1, n - 1, n, None)?,
+        ))
+    }
+}
+
+impl HiddenDrafter for MtpDrafter<'_> {
+    fn observe(&mut self, hidden: &Array, next: &[u32]) -> Result<()> {
+        if next.is_empty() {
+            return Ok(());
+        }
+        if self.chained > 0 {
+            trim_prompt_cache(&mut self.caches, self.chained);
+            self.chained = 0;
+        }
+        let toks = ops::expand_dims(&uint_array(next)?, &[0], None)?;
+        let (logits, h) = self
+            .head
+            .mtp_forward(0, hidden, &toks, &mut self.caches[0])?;
+        let (l, h) = Self::last_rows(&logits, &h)?;
+        let states: Vec<Array> = self
+            .caches
+            .iter()
+            .flat_map(|c| c.state().into_arrays())
+            .chain([l.clone(), h.clone()])
+            .collect();
+        mlx_core::eval(states.iter())?;
+        self.pending = Some((l, h));
+        Ok(())
+    }
+
+    fn propose(&mut self, k: usize) -> Result<Vec<u32>> {
+        let Some((mut logits, mut h)) = self.pending.clone() else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::with_capacity(k);
+        while out.len() < k {
+            let t = last_argmax(&logits)?;
+            out.push(t);
+            if out.len() == k {
+                break;
+            }
+            let toks = ops::expand_dims(&uint_array(&[t])?, &[0], None)?;
+            let (l, nh) = self.head.mtp_forward(0, &h, &toks, &mut self.caches[0])?;
+            self.chained += 1;
+            logits = l;
+            h = nh;
+        }
+        Ok(out)
+    }
 }
 
 /// A model's caches, one per layer.
@@ -58,6 +173,8 @@ impl std::fmt::Debug for Drafter<'_> {
             Drafter::Model { model, .. } => write!(f, "Drafter::Model({})", model.model_type()),
             Drafter::PromptLookup { ngram } => write!(f, "Drafter::PromptLookup({ngram})"),
             Drafter::Custom(_) => f.write_str("Drafter::Custom(..)"),
+            Drafter::Mtp => f.write_str("Drafter::Mtp"),
+            Drafter::Hidden(_) => f.write_str("Drafter::Hidden(..)"),
         }
     }
 }
@@ -141,6 +258,203 @@ pub fn prompt_lookup(history: &[u32], ngram: usize, k: usize) -> Vec<u32> {
     Vec::new()
 }
 
+/// A block drafter (the shape DFlash-style drafters take): from the target's final hidden
+/// state at the last kept position it proposes a whole block of `block` tokens in one pass,
+/// `head(h @ proj_j^T)` for `j = 1..=block` as one product (`proj`: `(block * hidden,
+/// hidden)`) and one pass of the target's output head. Its tap is the final normed hidden
+/// state (the target's `forward_hidden`); weights load from a safetensors file holding
+/// `proj.weight`. No trained drafter of this kind is reachable here: [`BlockDrafter::distill`]
+/// fits one by least squares on hidden states the target produced (a tiny budget).
+pub struct BlockDrafter {
+    head: mlx_models::models::OutputHead,
+    proj: Array,
+    block: usize,
+    hidden: usize,
+    last: Option<Array>,
+}
+
+impl BlockDrafter {
+    /// A drafter of `proj` `(block * hidden, hidden)` over the target's output head.
+    pub fn new(model: &dyn LanguageModel, proj: Array) -> Result<BlockDrafter> {
+        let head = model.output_head().ok_or_else(|| {
+            EngineError::Other(format!(
+                "block drafter: `{}` does not expose its output head",
+                model.model_type()
+            ))
+        })?;
+        let shape = proj.shape();
+        let ok = shape.len() == 2 && shape[1] > 0 && shape[0] > 0 && shape[0] % shape[1] == 0;
+        if !ok {
+            return Err(EngineError::Other(format!(
+                "block drafter: `proj.weight` must be (block * hidden, hidden), got {shape:?}"
+            )));
+        }
+        Ok(BlockDrafter {
+            head,
+            block: (shape[0] / shape[1]) as usize,
+            hidden: shape[1] as usize,
+            proj: proj.astype(Dtype::Float32)?,
+            last: None,
+        })
+    }
+
+    /// Loads `proj.weight` from the safetensors file `path`.
+    pub fn load(model: &dyn LanguageModel, path: &std::path::Path) -> Result<BlockDrafter> {
+        let (mut t, _) = mlx_core::io::load_safetensors(path, None)?;
+        let proj = t.remove("proj.weight").ok_or_else(|| {
+            EngineError::Other(format!(
+                "{}: block drafter weights need a `proj.weight` tensor",
+                path.display()
+            ))
+        })?;
+        BlockDrafter::new(model, proj)
+    }
+
+    /// Tokens one pass proposes.
+    pub fn block(&self) -> usize {
+        self.block
+    }
+
+    /// The projection, to save (`proj.weight`).
+    pub fn proj(&self) -> &Array {
+        &self.proj
+    }
+
+    /// Fits `proj` for `block` tokens by ridge regression (`lambda`) on `states`: the final
+    /// hidden states `(t, hidden)` of consecutive positions of some text the target ran:
+    /// `proj_j` maps the state at `i` to the state at `i + j` (the one whose head gives the
+    /// token the drafter must propose `j`-th). In float64 on the host.
+    pub fn distill(states: &Array, block: usize, lambda: f64) -> Result<Array> {
+        let shape = states.shape();
+        if shape.len() != 2 || shape[0] as usize <= block || block == 0 {
+            return Err(EngineError::Other(format!(
+                "block drafter: distilling {block} tokens needs more than {block} hidden \
+                 states (t, hidden), got {shape:?}"
+            )));
+        }
+        let (t, d) = (shape[0] as usize, shape[1] as usize);
+        let x: Vec<f64> = states
+            .astype(Dtype::Float32)?
+            .to_vec::<f32>()?
+            .into_iter()
+            .map(f64::from)
+            .collect();
+        let mut out = vec![0f32; block * d * d];
+        for j in 1..=block {
+            let n = t - j;
+            // A = X^T X + lambda I, B = X^T Y over the pairs (x_i, x_{i+j}).
+            let mut a = vec![0f64; d * d];
+            let mut b = vec![0f64; d * d];
+            for i in 0..n {
+                let xi = &x[i * d..(i + 1) * d];
+                let yi = &x[(i + j) * d..(i + j + 1) * d];
+                for r in 0..d {
+                    let xr = xi[r];
+                    for c in 0..d {
+                        a[r * d + c] += xr * xi[c];
+                        b[r * d + c] += xr * yi[c];
+                    }
+                }
+            }
+            for r in 0..d {
+                a[r * d + r] += lambda;
+            }
+            // Solve A W = B (W: (d, d), y = x W) by Gaussian elimination with pivoting.
+            let w = solve(&mut a, &mut b, d)?;
+            // proj_j = W^T: (out d, in d), row-major; block rows stacked.
+            for r in 0..d {
+                for c in 0..d {
+                    out[(j - 1) * d * d + r * d + c] = w[c * d + r] as f32;
+                }
+            }
+        }
+        Ok(Array::from_slice(&out, &[(block * d) as i32, d as i32])?)
+    }
+}
+
+/// Solves `a x = b` for `x` (`a`: (d, d), `b`: (d, m) with m = d), in place.
+fn solve(a: &mut [f64], b: &mut [f64], d: usize) -> Result<Vec<f64>> {
+    let m = b.len() / d;
+    for col in 0..d {
+        let piv = (col..d)
+            .max_by(|&i, &j| a[i * d + col].abs().total_cmp(&a[j * d + col].abs()))
+            .unwrap_or(col);
+        if a[piv * d + col].abs() < 1e-300 {
+            return Err(EngineError::Other(
+                "block drafter: the hidden states are degenerate (singular system)".into(),
+            ));
+        }
+        if piv != col {
+            for c in 0..d {
+                a.swap(piv * d + c, col * d + c);
+            }
+            for c in 0..m {
+                b.swap(piv * m + c, col * m + c);
+            }
+        }
+        let p = a[col * d + col];
+        for r in 0..d {
+            if r == col {
+                continue;
+            }
+            let f = a[r * d + col] / p;
+            if f == 0.0 {
+                continue;
+            }
+            for c in col..d {
+                a[r * d + c] -= f * a[col * d + c];
+            }
+            for c in 0..m {
+                b[r * m + c] -= f * b[col * m + c];
+            }
+        }
+    }
+    let mut x = vec![0f64; d * m];
+    for r in 0..d {
+        let p = a[r * d + r];
+        for c in 0..m {
+            x[r * m + c] = b[r * m + c] / p;
+        }
+    }
+    Ok(x)
+}
+
+impl HiddenDrafter for BlockDrafter {
+    fn observe(&mut self, hidden: &Array, next: &[u32]) -> Result<()> {
+        if next.is_empty() {
+            return Ok(());
+        }
+        let n = hidden.dim(1)?;
+        let h = ops::slice_axis(hidden, 1, n - 1, n, None)?;
+        if h.shape().last().copied() != Some(self.hidden as i32) {
+            return Err(EngineError::Other(format!(
+                "block drafter: built for hidden size {}, the model's is {:?}",
+                self.hidden,
+                h.shape().last()
+            )));
+        }
+        h.eval()?;
+        self.last = Some(h);
+        Ok(())
+    }
+
+    fn propose(&mut self, k: usize) -> Result<Vec<u32>> {
+        let Some(h) = &self.last else {
+            return Ok(Vec::new());
+        };
+        let d = self.hidden as i32;
+        let h = h.reshape(&[1, d])?.astype(Dtype::Float32)?;
+        // One pass: every block position's state, then the head over all of them.
+        let z = ops::matmul(&h, &self.proj.transpose(&[1, 0])?, None)?;
+        let z = z.reshape(&[1, self.block as i32, d])?;
+        let logits = self.head.forward(&z)?;
+        let t = ops::argmax(&logits, -1, false, None)?;
+        let mut out = t.astype(Dtype::Uint32)?.to_vec::<u32>()?;
+        out.truncate(k);
+        Ok(out)
+    }
+}
+
 /// One verification round's tokens, handed out one by one as mlx-lm's generator yields them.
 struct Round {
     num_draft: usize,
@@ -164,6 +478,10 @@ pub struct SpeculativeStep<'m> {
     draft: Option<(&'m dyn LanguageModel, Caches)>,
     /// Prompt lookup or a custom proposer, when there is no draft model.
     propose: Option<DraftFn<'m>>,
+    /// A drafter shown the target's hidden states (MTP, block drafters).
+    hidden: Option<Box<dyn HiddenDrafter + 'm>>,
+    /// The target's hidden states of its last pass, when `hidden` is set.
+    last_hidden: Option<Array>,
     num_draft_tokens: usize,
     opts: GenerateOptions,
     prev_tokens: Option<Vec<i32>>,
@@ -242,6 +560,7 @@ pub fn speculative_generate_step<'m>(
         }
         None => model.make_cache_with_rollback(depth),
     };
+    let mut hidden: Option<Box<dyn HiddenDrafter + 'm>> = None;
     let (draft, propose): (_, Option<DraftFn<'m>>) = match drafter {
         Drafter::Model { model: d, cache } => {
             if d.vocab_size() > vocab {
@@ -271,13 +590,34 @@ pub fn speculative_generate_step<'m>(
             )
         }
         Drafter::Custom(f) => (None, Some(f)),
+        Drafter::Mtp => {
+            let head = model.mtp().ok_or_else(|| {
+                EngineError::Other(
+                    "--mtp: the model was loaded without multi-token-prediction layers".into(),
+                )
+            })?;
+            hidden = Some(Box::new(MtpDrafter::new(head)?));
+            (None, None)
+        }
+        Drafter::Hidden(h) => {
+            hidden = Some(h);
+            (None, None)
+        }
     };
+    if hidden.is_some() && model.output_head().is_none() {
+        return Err(EngineError::Other(format!(
+            "`{}` does not expose its hidden states: a hidden-state drafter cannot follow it",
+            model.model_type()
+        )));
+    }
     let ids: Vec<u32> = prompt.iter().map(|&t| t as u32).collect();
     let mut g = SpeculativeStep {
         model,
         caches,
         draft,
         propose,
+        hidden,
+        last_hidden: None,
         num_draft_tokens,
         opts,
         prev_tokens: None,
@@ -295,11 +635,11 @@ pub fn speculative_generate_step<'m>(
     };
     on_generation_stream(|| {
         if let Some((d, mut dc)) = g.draft.take() {
-            g.draft_y = g.prefill(d, &mut dc, &ids)?;
+            g.draft_y = g.prefill(d, &mut dc, &ids, false)?;
             g.draft = Some((d, dc));
         }
         let mut caches = std::mem::take(&mut g.caches);
-        let r = g.prefill(model, &mut caches, &ids);
+        let r = g.prefill(model, &mut caches, &ids, true);
         g.caches = caches;
         g.y = r?;
         Ok(())
@@ -396,17 +736,26 @@ impl<'m> SpeculativeStep<'m> {
 
     /// `_prefill`: all but the last token in chunks; returns the rest.
     fn prefill(
-        &self,
+        &mut self,
         model: &dyn LanguageModel,
         caches: &mut [Box<dyn Cache>],
         prompt: &[u32],
+        target: bool,
     ) -> Result<Vec<u32>> {
         let mut y = uint_array(prompt)?;
         let mut rest = prompt;
         while rest.len() > 1 {
             let n = self.opts.prefill_step_size.min(rest.len() - 1);
             let chunk = ops::slice_axis(&y, 0, 0, n as i32, None)?;
-            model.forward(&ops::expand_dims(&chunk, &[0], None)?, Some(caches))?;
+            let x = ops::expand_dims(&chunk, &[0], None)?;
+            if target && self.hidden.is_some() {
+                self.forward_tapped(model, caches, &x)?;
+                if let (Some(h), Some(d)) = (self.last_hidden.take(), self.hidden.as_mut()) {
+                    d.observe(&h, &rest[1..=n])?;
+                }
+            } else {
+                model.forward(&x, Some(caches))?;
+            }
             self.quantize(caches)?;
             let states: Vec<Array> = caches
                 .iter()
@@ -418,6 +767,28 @@ impl<'m> SpeculativeStep<'m> {
             memory::clear_cache()?;
         }
         Ok(rest.to_vec())
+    }
+
+    /// The target's forward as hidden states then its head, keeping the hidden states for the
+    /// hidden-state drafter (the same ops as `forward`).
+    fn forward_tapped(
+        &mut self,
+        model: &dyn LanguageModel,
+        caches: &mut [Box<dyn Cache>],
+        x: &Array,
+    ) -> Result<Array> {
+        let head = model.output_head().ok_or_else(|| {
+            EngineError::Other(format!("`{}` has no output head", model.model_type()))
+        })?;
+        let h = model.forward_hidden_cached(x, caches).ok_or_else(|| {
+            EngineError::Other(format!(
+                "`{}` does not expose its hidden states",
+                model.model_type()
+            ))
+        })??;
+        let logits = head.forward(&h)?;
+        self.last_hidden = Some(h);
+        Ok(logits)
     }
 
     /// `_process_and_sample`: processors, log-probabilities over the last axis, the sampler.
@@ -442,8 +813,14 @@ impl<'m> SpeculativeStep<'m> {
         caches: &mut [Box<dyn Cache>],
         y: &Array,
         n_predict: usize,
+        target: bool,
     ) -> Result<(Array, Array)> {
-        let logits = model.forward(&ops::expand_dims(y, &[0], None)?, Some(caches))?;
+        let x = ops::expand_dims(y, &[0], None)?;
+        let logits = if target && self.hidden.is_some() {
+            self.forward_tapped(model, caches, &x)?
+        } else {
+            model.forward(&x, Some(caches))?
+        };
         let len = logits.dim(1)?;
         let np = n_predict as i32;
         let logits = ops::slice_axis(&logits, 1, len - np, len, None)?;
@@ -487,7 +864,7 @@ impl<'m> SpeculativeStep<'m> {
             let mut y = uint_array(&self.draft_y)?;
             for _ in 0..num_draft {
                 self.draft_len += y.size();
-                let (ny, _) = self.step(d, &mut dc, &y, 1)?;
+                let (ny, _) = self.step(d, &mut dc, &y, 1, false)?;
                 mlx_core::async_eval([&ny])?;
                 ys.push(ny.clone());
                 y = ny;
@@ -535,6 +912,13 @@ impl<'m> SpeculativeStep<'m> {
         let mut num_draft = remaining.min(self.num_draft_tokens);
         let drafts: Option<Array> = if self.draft.is_some() {
             self.draft_generate(num_draft)?
+        } else if let Some(h) = self.hidden.as_mut() {
+            let mut d = h.propose(num_draft)?;
+            d.truncate(num_draft);
+            num_draft = d.len();
+            let ids: Vec<i32> = d.iter().map(|&t| t as i32).collect();
+            check_token_ids("draft token", &ids, vocab)?;
+            (!d.is_empty()).then(|| uint_array(&d)).transpose()?
         } else {
             let mut d = match self.propose.as_mut() {
                 Some(f) => f(&self.history, num_draft),
@@ -558,7 +942,7 @@ impl<'m> SpeculativeStep<'m> {
         };
         let mut caches = std::mem::take(&mut self.caches);
         self.target_len += input.size();
-        let stepped = self.step(self.model, &mut caches, &input, num_draft + 1);
+        let stepped = self.step(self.model, &mut caches, &input, num_draft + 1, true);
         self.caches = caches;
         let (tokens, logprobs) = stepped?;
         match &drafts {
@@ -604,6 +988,10 @@ impl<'m> SpeculativeStep<'m> {
                 false,
             ));
             last = max == Some(self.ntoks + queue.len());
+        }
+        if let (Some(h), Some(d)) = (self.last_hidden.take(), self.hidden.as_mut()) {
+            let kept = ops::slice_axis(&h, 1, 0, n as i32 + 1, None)?;
+            d.observe(&kept, &tokens[..=n])?;
         }
         self.stats.rounds += 1;
         self.stats.drafted += num_draft;

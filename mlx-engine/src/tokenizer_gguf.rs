@@ -2,7 +2,8 @@
 //! GGUF converter (`integrations/gguf/gguf_tokenizer_mapping.py`) build it.
 //!
 //! Supported: SentencePiece vocabularies (`tokenizer.ggml.model = "llama"`: Llama 2, Mistral,
-//! Gemma; see [`GgufTokenizerData::build`]), and byte-level BPE vocabularies
+//! Gemma; see [`GgufTokenizerData::build`]), WordPiece vocabularies (`"bert"`: BERT-style
+//! embedding models, see `build_wpm`), and byte-level BPE vocabularies
 //! (`tokenizer.ggml.model = "gpt2"`) with the pre-tokenizers named by `tokenizer.ggml.pre`:
 //!
 //! | `pre` | split |
@@ -78,6 +79,17 @@ pub struct GgufTokenizerData {
     pub add_eos: Option<bool>,
     /// `tokenizer.chat_template`.
     pub chat_template: Option<String>,
+    /// `tokenizer.ggml.cls_token_id` (WordPiece: the BOS of an encoded text).
+    pub cls_id: Option<u32>,
+    /// `tokenizer.ggml.seperator_token_id` (sic; WordPiece: the EOS of an encoded text).
+    pub sep_id: Option<u32>,
+    /// `tokenizer.ggml.mask_token_id`.
+    pub mask_id: Option<u32>,
+    /// `tokenizer.ggml.normalizer.lowercase` (WordPiece; llama.cpp's default: true).
+    pub lowercase: Option<bool>,
+    /// `tokenizer.ggml.normalizer.strip_accents` (WordPiece; llama.cpp's default: as
+    /// `lowercase`).
+    pub strip_accents: Option<bool>,
 }
 
 const LLAMA3_SPLIT: &str = concat!(
@@ -164,10 +176,13 @@ impl GgufTokenizerData {
         if self.model == "llama" {
             return self.build_spm();
         }
+        if self.model == "bert" {
+            return self.build_wpm();
+        }
         if self.model != "gpt2" {
             return Err(TokenizerError::Invalid(format!(
                 "GGUF tokenizer model {:?} is not supported; supported: [\"gpt2\"] \
-                 (byte-level BPE), [\"llama\"] (SentencePiece)",
+                 (byte-level BPE), [\"llama\"] (SentencePiece), [\"bert\"] (WordPiece)",
                 self.model
             )));
         }
@@ -304,6 +319,10 @@ impl GgufTokenizerData {
             "add_eos_token".into(),
             Value::Bool(self.add_eos.unwrap_or(false)),
         );
+        if self.model == "bert" {
+            // BertTokenizer's default: transformers' clean-up of spaces before punctuation.
+            config.insert("clean_up_tokenization_spaces".into(), Value::Bool(true));
+        }
         let mut tok = Tokenizer::from_parts(inner, &config, &[])?;
         if let Some(t) = &self.chat_template {
             tok.set_chat_template(Some(ChatTemplates::Single(t.clone())));
@@ -517,6 +536,119 @@ impl GgufTokenizerData {
     }
 }
 
+impl GgufTokenizerData {
+    /// A WordPiece vocabulary (`tokenizer.ggml.model = "bert"`: BERT-style embedding models)
+    /// as transformers' `BertTokenizerFast` runs the original: `BertNormalizer` (lower case and
+    /// accents stripped as llama.cpp's `tokenizer.ggml.normalizer.*` keys say, both on when
+    /// absent, as llama.cpp defaults), `BertPreTokenizer`, WordPiece with `##` continuations
+    /// and `[CLS] text [SEP]` around an encoded text. llama.cpp's converter writes the
+    /// vocabulary in "phantom space" form (a word-initial piece `x` as `▁x`, a continuation
+    /// `##x` as `x`; control tokens, and with older converters every `[...]` token, kept);
+    /// that is undone here.
+    fn build_wpm(&self) -> Result<Tokenizer> {
+        use tokenizers::decoders::wordpiece::WordPiece as WordPieceDecoder;
+        use tokenizers::models::wordpiece::WordPiece;
+        use tokenizers::normalizers::bert::BertNormalizer;
+        use tokenizers::pre_tokenizers::bert::BertPreTokenizer;
+
+        let bad = |m: String| TokenizerError::Invalid(m);
+        let n = self.tokens.len();
+        let types: Vec<i32> = match &self.token_types {
+            Some(t) if t.len() == n => t.clone(),
+            Some(t) => {
+                return Err(bad(format!(
+                    "GGUF token_type has {} entries for {n} tokens",
+                    t.len()
+                )))
+            }
+            None => vec![1; n],
+        };
+        let cls = self.cls_id.or(self.bos_id);
+        let sep = self.sep_id.or(self.eos_id);
+        for (what, id) in [
+            ("cls", cls),
+            ("seperator", sep),
+            ("mask", self.mask_id),
+            ("unk", self.unk_id),
+            ("pad", self.pad_id),
+        ] {
+            if id.is_some_and(|id| id as usize >= n) {
+                return Err(bad(format!(
+                    "GGUF {what} token id {} is outside the vocabulary of {n} tokens",
+                    id.unwrap_or(0)
+                )));
+            }
+        }
+        let words: Vec<String> = self
+            .tokens
+            .iter()
+            .zip(&types)
+            .map(|(t, ty)| {
+                if *ty == 3 || (t.starts_with('[') && t.ends_with(']') && t.len() > 1) {
+                    t.clone()
+                } else if let Some(w) = t.strip_prefix('\u{2581}') {
+                    w.to_string()
+                } else {
+                    format!("##{t}")
+                }
+            })
+            .collect();
+        let mut vocab = Map::new();
+        for (i, w) in words.iter().enumerate() {
+            // A later duplicate wins, as in a Python dict.
+            vocab.insert(w.clone(), Value::from(i as u32));
+        }
+        let unk = self
+            .unk_id
+            .and_then(|i| words.get(i as usize))
+            .cloned()
+            .unwrap_or_else(|| "[UNK]".to_string());
+        // The crate's builder wants its own hash map type; its serialized form is public.
+        let model_json = serde_json::json!({
+            "type": "WordPiece",
+            "unk_token": unk,
+            "continuing_subword_prefix": "##",
+            "max_input_chars_per_word": 100,
+            "vocab": Value::Object(vocab),
+        })
+        .to_string();
+        let model: WordPiece = serde_json::from_str(&model_json)
+            .map_err(|e| TokenizerError::Backend(format!("building WordPiece: {e}")))?;
+        let mut inner = tokenizers::Tokenizer::new(model);
+        let lowercase = self.lowercase.unwrap_or(true);
+        let strip_accents = self.strip_accents.unwrap_or(lowercase);
+        inner
+            .with_normalizer(Some(BertNormalizer::new(
+                true,
+                true,
+                Some(strip_accents),
+                lowercase,
+            )))
+            .map_err(|e| TokenizerError::Backend(format!("setting the normalizer: {e}")))?;
+        inner.with_pre_tokenizer(Some(BertPreTokenizer));
+        inner.with_decoder(Some(WordPieceDecoder::new("##".into(), true)));
+        let control: Vec<AddedToken> = words
+            .iter()
+            .zip(&types)
+            .filter(|(_, t)| **t == 3)
+            .map(|(w, _)| AddedToken::from(w.clone(), true).normalized(false))
+            .collect();
+        if !control.is_empty() {
+            inner
+                .add_special_tokens(control)
+                .map_err(|e| TokenizerError::Backend(format!("adding control tokens: {e}")))?;
+        }
+        let data = GgufTokenizerData {
+            bos_id: cls,
+            eos_id: sep,
+            add_bos: Some(self.add_bos.unwrap_or(true)),
+            add_eos: Some(self.add_eos.unwrap_or(true)),
+            ..self.clone()
+        };
+        data.finish(inner, &words, true)
+    }
+}
+
 /// The tokenizer part of GGUF metadata (`tokenizer.ggml.*`, `tokenizer.chat_template`).
 pub fn tokenizer_data(meta: &GgufMetadata) -> Result<GgufTokenizerData> {
     let strings = |k: &str| -> Option<Vec<String>> {
@@ -566,5 +698,10 @@ pub fn tokenizer_data(meta: &GgufMetadata) -> Result<GgufTokenizerData> {
         add_bos: flag("tokenizer.ggml.add_bos_token"),
         add_eos: flag("tokenizer.ggml.add_eos_token"),
         chat_template: meta_str(meta, "tokenizer.chat_template").map(str::to_string),
+        cls_id: id("tokenizer.ggml.cls_token_id"),
+        sep_id: id("tokenizer.ggml.seperator_token_id"),
+        mask_id: id("tokenizer.ggml.mask_token_id"),
+        lowercase: flag("tokenizer.ggml.normalizer.lowercase"),
+        strip_accents: flag("tokenizer.ggml.normalizer.strip_accents"),
     })
 }

@@ -1,6 +1,7 @@
 //! GGUF model files, read through MLX's loader: llama.cpp tensor names mapped to mlx-lm's per
-//! architecture (llama, qwen2, qwen3, phi3, gemma, gemma2, gemma3), llama's Q/K rows
-//! un-permuted (llama.cpp stores them interleaved for its rope), Gemma's `1 + w` norms
+//! architecture (llama, qwen2, qwen3, phi3, gemma, gemma2, gemma3, qwen2moe, qwen3moe, olmo2,
+//! granite, glm4), llama's and granite's Q/K rows un-permuted (llama.cpp stores them interleaved for its
+//! rope), Gemma's `1 + w` norms
 //! turned back into mlx-lm's `w`, hyper-parameters from metadata, and the tokenizer data.
 //!
 //! Tensors come one of two ways ([`GgufTensors`]). MLX's reader returns Q4_0 / Q4_1 / Q8_0
@@ -148,6 +149,68 @@ const ARCHS: &[GgufArch] = &[
         permute_qk: false,
         norm_plus_one: true,
         parts: GEMMA2_PARTS,
+    },
+    GgufArch {
+        arch: "qwen3moe",
+        model_type: "qwen3_moe",
+        permute_qk: false,
+        norm_plus_one: false,
+        parts: &[
+            ("attn_q_norm", "self_attn.q_norm"),
+            ("attn_k_norm", "self_attn.k_norm"),
+            ("ffn_gate_inp", "mlp.gate"),
+            ("ffn_gate_exps", "mlp.switch_mlp.gate_proj"),
+            ("ffn_up_exps", "mlp.switch_mlp.up_proj"),
+            ("ffn_down_exps", "mlp.switch_mlp.down_proj"),
+        ],
+    },
+    GgufArch {
+        arch: "qwen2moe",
+        model_type: "qwen2_moe",
+        permute_qk: false,
+        norm_plus_one: false,
+        parts: &[
+            ("ffn_gate_inp", "mlp.gate"),
+            ("ffn_gate_exps", "mlp.switch_mlp.gate_proj"),
+            ("ffn_up_exps", "mlp.switch_mlp.up_proj"),
+            ("ffn_down_exps", "mlp.switch_mlp.down_proj"),
+            ("ffn_gate_inp_shexp", "mlp.shared_expert_gate"),
+            ("ffn_gate_shexp", "mlp.shared_expert.gate_proj"),
+            ("ffn_up_shexp", "mlp.shared_expert.up_proj"),
+            ("ffn_down_shexp", "mlp.shared_expert.down_proj"),
+        ],
+    },
+    GgufArch {
+        arch: "olmo2",
+        model_type: "olmo2",
+        permute_qk: false,
+        norm_plus_one: false,
+        parts: &[
+            ("attn_q_norm", "self_attn.q_norm"),
+            ("attn_k_norm", "self_attn.k_norm"),
+            ("post_attention_norm", "post_attention_layernorm"),
+            ("post_ffw_norm", "post_feedforward_layernorm"),
+        ],
+    },
+    // llama.cpp's converter writes granite through its llama class: Q / K permuted.
+    GgufArch {
+        arch: "granite",
+        model_type: "granite",
+        permute_qk: true,
+        norm_plus_one: false,
+        parts: &[],
+    },
+    GgufArch {
+        arch: "glm4",
+        model_type: "glm4",
+        permute_qk: false,
+        norm_plus_one: false,
+        parts: &[
+            ("post_attention_norm", "post_self_attn_layernorm"),
+            ("ffn_norm", "post_attention_layernorm"),
+            ("post_ffw_norm", "post_mlp_layernorm"),
+            ("ffn_up", "mlp.gate_up_proj"),
+        ],
     },
 ];
 
@@ -367,6 +430,10 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                     unpermute(&a, heads, &name, &key("attention.head_count"))?
                 } else if arch.permute_qk && m.contains(".self_attn.k_proj.") {
                     unpermute(&a, kv_heads, &name, &key("attention.head_count_kv"))?
+                } else if m.ends_with(".shared_expert_gate.weight") && a.ndim() == 1 {
+                    // One gate row, which a converter may store as a vector.
+                    let h = a.shape()[0];
+                    a.reshape(&[1, h])?
                 } else if arch.norm_plus_one && name.contains("_norm.") {
                     // Stored as `1 + w` (a weak Python int in mlx-lm terms: the tensor's dtype).
                     (&a - 1)?
@@ -448,6 +515,58 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                 let hd = f64::from(hidden / heads);
                 config["partial_rotary_factor"] = Value::from(d / hd);
             }
+        }
+        "qwen3moe" => {
+            // llama.cpp's qwen3moe renormalizes the top-k weights and has no dense layers.
+            config["num_experts"] = Value::from(count("expert_count")?);
+            config["num_experts_per_tok"] = Value::from(count("expert_used_count")?);
+            config["moe_intermediate_size"] = Value::from(count("expert_feed_forward_length")?);
+            config["decoder_sparse_step"] = Value::from(1);
+            config["mlp_only_layers"] = json!([]);
+            config["norm_topk_prob"] = Value::from(true);
+            if config.get("head_dim").is_none() {
+                config["head_dim"] = Value::from(hidden / heads);
+            }
+        }
+        "qwen2moe" => {
+            // llama.cpp's qwen2moe, like mlx-lm's, does not renormalize the top-k weights.
+            config["num_experts"] = Value::from(count("expert_count")?);
+            config["num_experts_per_tok"] = Value::from(count("expert_used_count")?);
+            config["moe_intermediate_size"] = Value::from(count("expert_feed_forward_length")?);
+            config["shared_expert_intermediate_size"] =
+                Value::from(count("expert_shared_feed_forward_length")?);
+        }
+        "granite" => {
+            let has_bias = |t: &str| tensors.contains_key(&format!("model.layers.0.{t}.bias"));
+            config["attention_bias"] = Value::from(has_bias("self_attn.q_proj"));
+            config["mlp_bias"] = Value::from(has_bias("mlp.down_proj"));
+            for (k, name) in [
+                ("attention.scale", "attention_multiplier"),
+                ("embedding_scale", "embedding_multiplier"),
+                ("residual_scale", "residual_multiplier"),
+                ("logit_scale", "logits_scaling"),
+            ] {
+                let v = float(k, false)?
+                    .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))?;
+                config[name] = Value::from(v);
+            }
+            if config.get("max_position_embeddings").is_none() {
+                return Err(gguf_err(
+                    path,
+                    format!("metadata `{}` is missing", key("context_length")),
+                ));
+            }
+        }
+        "glm4" => {
+            // `rope.dimension_count` is the rotated part of a head here, not its size.
+            let hd = meta_count(&metadata, path, &key("attention.key_length"))?
+                .map_or(i64::from(hidden / heads), i64::from);
+            config["head_dim"] = Value::from(hd);
+            config["attention_bias"] =
+                Value::from(tensors.contains_key("model.layers.0.self_attn.q_proj.bias"));
+            // llama.cpp rotates `rope.dimension_count` dims of each head (HF's default: half).
+            let rot = float("rope.dimension_count", false)?.unwrap_or(hd as f64 / 2.0);
+            config["partial_rotary_factor"] = Value::from(rot / hd as f64);
         }
         _ => {}
     }

@@ -59,10 +59,27 @@ pub fn load_model_dir_with_params(
     dir: &Path,
     opts: &LoadOptions,
 ) -> Result<(Box<dyn LanguageModel>, ModelConfig, ParamShapes)> {
+    load_model_dir_mtp(dir, opts, false)
+}
+
+/// [`load_model_dir_with_params`]; with `mtp`, the checkpoint's multi-token-prediction layers
+/// are loaded too ([`Weights::with_mtp`]; an error for a model that has none).
+pub fn load_model_dir_mtp(
+    dir: &Path,
+    opts: &LoadOptions,
+    mtp: bool,
+) -> Result<(Box<dyn LanguageModel>, ModelConfig, ParamShapes)> {
     let config = ModelConfig::from_file(&dir.join("config.json"))?;
     let tensors = load_weights(dir)?;
-    let weights = Weights::new(tensors, config.quantization.clone(), opts.dtype);
+    let weights = Weights::new(tensors, config.quantization.clone(), opts.dtype).with_mtp(mtp);
     let (model, params) = build_with_params(&config, weights)?;
+    if mtp && model.mtp().is_none() {
+        return Err(crate::error::ModelError::Config(format!(
+            "--mtp: {}: `{}` has no multi-token-prediction layers this loader knows (deepseek_v3,              glm4_moe_lite and qwen3_next checkpoints carry them)",
+            dir.display(),
+            config.model_type
+        )));
+    }
     Ok((model, config, params))
 }
 

@@ -35,6 +35,8 @@ pub struct Weights {
     /// can quantize: linear, embedding and switch layers), in the order they asked, with
     /// their input width and how they are quantized.
     quantizable: Vec<QuantizableModule>,
+    /// Load the checkpoint's multi-token-prediction layers too ([`Weights::with_mtp`]).
+    mtp: bool,
 }
 
 /// A module that can be quantized (it has mlx's `to_quantized`), as [`Weights`] saw it.
@@ -66,7 +68,21 @@ impl Weights {
             taken: Vec::new(),
             taken_names: Vec::new(),
             quantizable: Vec::new(),
+            mtp: false,
         }
+    }
+
+    /// Opt in to the multi-token-prediction layers a checkpoint carries (DeepSeek V3 /
+    /// GLM-4.5 layers past `num_hidden_layers`, Qwen3-Next `mtp.*`): the architectures that
+    /// know them load them as a drafter instead of dropping them (mlx-lm drops them).
+    pub fn with_mtp(mut self, on: bool) -> Self {
+        self.mtp = on;
+        self
+    }
+
+    /// Whether [`Weights::with_mtp`] asked for the multi-token-prediction layers.
+    pub fn mtp(&self) -> bool {
+        self.mtp
     }
 
     /// One more than the highest `<prefix><i>.` index among the tensor names (0 if none):

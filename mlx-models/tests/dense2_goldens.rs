@@ -76,6 +76,12 @@ fn the_new_types_are_listed_as_table_rows() {
         "gemma4",
         "talkie",
         "muse_glimmer",
+        "nemotron-nas",
+        "iquestloopcoder",
+        "afm7",
+        "phixtral",
+        "mimo_v2_flash",
+        "step3p5",
     ] {
         let s = all.iter().find(|s| s.model_type == t);
         assert_eq!(s.map(|s| s.serving), Some(Serving::Dedicated), "{t}");

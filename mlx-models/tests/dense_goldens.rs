@@ -83,15 +83,15 @@ fn supported_types_list_rows_and_remaps() {
 
 #[test]
 fn unsupported_types_are_rejected_helpfully() {
-    // phi-msft: mlx-lm runs it as phixtral, which is not served.
-    let err = ModelConfig::from_json_str(r#"{"model_type": "phi-msft"}"#).unwrap_err();
+    // deepseek_v41_text: mlx-lm runs it as deepseek_v41, which is not served.
+    let err = ModelConfig::from_json_str(r#"{"model_type": "deepseek_v41_text"}"#).unwrap_err();
     let msg = err.to_string();
     assert!(
         matches!(err, ModelError::UnsupportedModelType { .. }),
         "{msg}"
     );
     assert!(
-        msg.contains("`phi-msft`") && msg.contains("`phixtral`"),
+        msg.contains("`deepseek_v41_text`") && msg.contains("`deepseek_v41`"),
         "{msg}"
     );
     assert!(

@@ -1,5 +1,7 @@
-//! GGUF name maps of the dense table (qwen2, qwen3, phi3, gemma, gemma2, gemma3): tiny seeded
-//! models written with llama.cpp's names, norm conventions and metadata keys by `cargo xtask
+//! GGUF name maps (qwen2, qwen3, phi3, gemma, gemma2, gemma3, qwen2moe, qwen3moe, olmo2, granite,
+//! glm4):
+//! tiny seeded models written with llama.cpp's names, norm conventions, Q/K permutation and
+//! metadata keys by `cargo xtask
 //! goldens gguf_dense`, loaded by `mlx_models::gguf`, give mlx-lm's logits on the same
 //! weights to the last bit.
 
@@ -16,7 +18,10 @@ fn root() -> PathBuf {
 
 #[test]
 fn gguf_files_of_every_mapped_architecture_match_mlx_lm() {
-    let names = ["qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3"];
+    let names = [
+        "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3", "qwen2moe", "qwen3moe", "olmo2",
+        "granite", "glm4",
+    ];
     let failures: Vec<String> = names
         .iter()
         .filter_map(|n| {
@@ -34,7 +39,8 @@ fn gguf_files_of_every_mapped_architecture_match_mlx_lm() {
         .collect();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     for a in [
-        "llama", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3",
+        "llama", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3", "qwen2moe", "qwen3moe",
+        "olmo2", "granite", "glm4",
     ] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }

@@ -119,6 +119,26 @@ fn longcat_flash_matches_mlx_lm_bit_for_bit() {
 }
 
 #[test]
+fn longcat_flash_ngram_matches_mlx_lm_bit_for_bit() {
+    check_all(&["longcat_flash_ngram", "longcat_flash_ngram_q4"]);
+}
+
+#[test]
+fn kimi_vl_matches_mlx_lm_bit_for_bit() {
+    check_all(&["kimi_vl", "kimi_vl_q4"]);
+}
+
+#[test]
+fn glm4_moe_matches_mlx_lm_bit_for_bit() {
+    check_all(&["glm4_moe", "glm4_moe_q4"]);
+}
+
+#[test]
+fn youtu_llm_matches_mlx_lm_bit_for_bit() {
+    check_all(&["youtu_llm", "youtu_llm_q4"]);
+}
+
+#[test]
 fn deepseek_v32_and_glm_moe_dsa_match_mlx_lm_bit_for_bit() {
     check_all(&["deepseek_v32", "deepseek_v32_q4", "glm_moe_dsa"]);
 }

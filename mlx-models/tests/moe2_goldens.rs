@@ -131,3 +131,13 @@ fn afmoe_matches_mlx_lm_bit_for_bit() {
 fn laguna_matches_mlx_lm_bit_for_bit() {
     check_all(&["laguna", "laguna_q4"]);
 }
+
+#[test]
+fn phixtral_matches_mlx_lm_bit_for_bit() {
+    check_all(&["phixtral", "phixtral_q4"]);
+}
+
+#[test]
+fn mimo_v2_flash_matches_mlx_lm_bit_for_bit() {
+    check_all(&["mimo_v2_flash", "mimo_v2_flash_q4"]);
+}

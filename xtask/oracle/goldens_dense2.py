@@ -276,6 +276,101 @@ CASES = {
         "bfloat16",
         None,
     ),
+    # Per-layer blocks: full attention (GQA by n_heads_in_group), no-op and linear sub-blocks.
+    "nemotron_nas": (
+        "nemotron-nas",
+        {"num_hidden_layers": 4, "rope_theta": 10000.0, "block_configs": [
+            {"attention": {"n_heads_in_group": 2}, "ffn": {"ffn_mult": 1.0}},
+            {"attention": {"no_op": True}, "ffn": {"replace_with_linear": True}},
+            {"attention": {"replace_with_linear": True}, "ffn": {"no_op": True}},
+            {"attention": {"n_heads_in_group": 4}, "ffn": {"ffn_mult": 0.5}},
+        ]},
+        "float32",
+        None,
+    ),
+    "nemotron_nas_bf16": (
+        "nemotron-nas",
+        {"num_hidden_layers": 2, "hidden_act": "gelu_new", "tie_word_embeddings": True,
+         "attention_bias": True, "mlp_bias": True, "block_configs": [
+            {"attention": {"n_heads_in_group": 1}, "ffn": {"ffn_mult": 2.0}},
+            {"attention": {"n_heads_in_group": 2}, "ffn": {"no_op": True}},
+        ]},
+        "bfloat16",
+        None,
+    ),
+    "nemotron_nas_q4": (
+        "nemotron-nas",
+        {"num_hidden_layers": 2, "hidden_size": 64, "hidden_act": "relu",
+         "rope_scaling": {"rope_type": "linear", "factor": 2.0}, "block_configs": [
+            {"attention": {"n_heads_in_group": 2}, "ffn": {"ffn_mult": 1.3}},
+            {"attention": {"replace_with_linear": True}, "ffn": {"ffn_mult": 1.0}},
+        ]},
+        "float32",
+        (32, 4),
+    ),
+    # Two loops over the same layers: the second mixes global attention over the first loop's
+    # keys with its own sliding window (a RotatingKVCache that wraps on the 40-token prompt).
+    "iquestloopcoder": (
+        "iquestloopcoder",
+        {"head_dim": 8, "loop_window_size": 6, "rope_theta": 10000.0},
+        "float32",
+        None,
+    ),
+    "iquestloopcoder_bf16": (
+        "iquestloopcoder",
+        {"head_dim": 16, "loop_window_size": 64, "tie_word_embeddings": True,
+         "attention_bias": True, "mlp_bias": True},
+        "bfloat16",
+        None,
+    ),
+    "iquestloopcoder_q4": (
+        "iquestloopcoder",
+        {"head_dim": 8, "loop_window_size": 4, "hidden_size": 64},
+        "float32",
+        (32, 4),
+    ),
+    # Regular layers (fused qkv, traditional rope then q/k norms, fake 8-bit keys and values)
+    # and KV-reuse layers attending over the last regular layer's keys and values. No 4-bit
+    # case: mlx-lm's FusedLinear.to_quantized takes no `mode`, so nn.quantize fails on it
+    # under mlx 0.32.4.
+    "afm7": (
+        "afm7",
+        {"hidden_dim": 32, "num_layers": 4, "num_kv_reuse_layers": 2, "num_heads": 4,
+         "num_kv_heads": 2, "rope_theta": 10000.0},
+        "float32",
+        None,
+    ),
+    "afm7_bf16": (
+        "afm7",
+        {"hidden_dim": 32, "num_layers": 3, "num_kv_reuse_layers": 1, "num_heads": 2,
+         "num_kv_heads": 2, "hidden_dim_scale_factor": 2.0},
+        "bfloat16",
+        None,
+    ),
+    # Sliding / full layers (other head counts on the sliding ones), per-layer rope bases and
+    # partial rotary factors, head-wise output gates, MoE layers with router_bias and a shared
+    # expert, clamped SwiGLUs.
+    "step3p5": (
+        "step3p5",
+        {"num_hidden_layers": 3, "num_attention_groups": 2, "head_dim": 8, "sliding_window": 6,
+         "rope_theta": [10000.0, 5000.0, 10000.0], "partial_rotary_factors": [0.5, 1.0, 0.5],
+         "attention_other_setting": {"num_attention_heads": 2, "num_attention_groups": 1},
+         "moe_num_experts": 4, "moe_top_k": 2, "moe_intermediate_size": 16,
+         "share_expert_dim": 32, "moe_router_scaling_factor": 2.0,
+         "swiglu_limits": [None, 0.5, None], "swiglu_limits_shared": [0.7, None, 0.4]},
+        "float32",
+        None,
+    ),
+    "step3p5_q4": (
+        "step3p5",
+        {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_groups": 2, "head_dim": 16,
+         "sliding_window": 4, "layer_types": ["full_attention", "sliding_attention"],
+         "use_head_wise_attn_gate": False, "moe_num_experts": 4, "moe_top_k": 2,
+         "moe_intermediate_size": 32, "share_expert_dim": 32, "norm_expert_weight": False,
+         "moe_layers_enum": "0,1"},
+        "float32",
+        (32, 4),
+    ),
 }
 
 # Cases whose config is only the overrides (no BASE keys at the top level).

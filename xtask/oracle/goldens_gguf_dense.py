@@ -1,4 +1,4 @@
-"""GGUF name maps of the dense table: tiny seeded models written as llama.cpp would write them
+"""GGUF name maps: tiny seeded models written as llama.cpp would write them
 (its tensor names, Gemma norms stored as 1 + w, its metadata keys), and mlx-lm 0.32.2's
 logits on the same weights.
 
@@ -7,11 +7,14 @@ mlx-models/tests/models/gguf/<name>.gguf with `mx.save_gguf`; then read that fil
 `mx.load` (as our loader does through MLX), map the names back to mlx-lm's (Gemma norms
 `- 1`), load them strictly into a fresh mlx-lm model and record prefill, cached decode steps
 and a cache-less forward into mlx-models/tests/goldens/gguf/<name>.safetensors.
+Granite's Q / K rows are permuted as llama.cpp's converter does (and un-permuted when read
+back). Case names after the script regenerate only those.
 Run with `cargo xtask goldens gguf_dense`.
 """
 
 import importlib
 import os
+import sys
 
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_map
@@ -62,7 +65,101 @@ CASES = {
             "rope_local_base_freq": 10000.0,
         },
     ),
+    "qwen3moe": (
+        "qwen3moe",
+        "qwen3_moe",
+        {
+            "head_dim": 8,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+            "moe_intermediate_size": 16,
+            "norm_topk_prob": True,
+            "rope_theta": 1000000.0,
+            "tie_word_embeddings": False,
+        },
+    ),
+    "qwen2moe": (
+        "qwen2moe",
+        "qwen2_moe",
+        {
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 16,
+            "shared_expert_intermediate_size": 24,
+            "rope_theta": 1000000.0,
+            "tie_word_embeddings": False,
+        },
+    ),
+    "olmo2": ("olmo2", "olmo2", {"rope_theta": 500000.0, "tie_word_embeddings": False}),
+    "granite": (
+        "granite",
+        "granite",
+        {
+            "attention_bias": False,
+            "mlp_bias": False,
+            "attention_multiplier": 0.25,
+            "embedding_multiplier": 12.0,
+            "residual_multiplier": 0.22,
+            "logits_scaling": 8.0,
+            "rope_theta": 10000.0,
+            "tie_word_embeddings": True,
+        },
+    ),
+    "glm4": (
+        "glm4",
+        "glm4",
+        {
+            "head_dim": 8,
+            "attention_bias": True,
+            "partial_rotary_factor": 0.5,
+            "rope_theta": 10000.0,
+        },
+    ),
 }
+
+# Per-architecture names that differ from LAYER_PARTS (llama.cpp's tensor_mapping.py).
+ARCH_PARTS = {
+    "qwen3moe": {
+        "mlp.gate": "ffn_gate_inp",
+        "mlp.switch_mlp.gate_proj": "ffn_gate_exps",
+        "mlp.switch_mlp.up_proj": "ffn_up_exps",
+        "mlp.switch_mlp.down_proj": "ffn_down_exps",
+    },
+    "qwen2moe": {
+        "mlp.gate": "ffn_gate_inp",
+        "mlp.switch_mlp.gate_proj": "ffn_gate_exps",
+        "mlp.switch_mlp.up_proj": "ffn_up_exps",
+        "mlp.switch_mlp.down_proj": "ffn_down_exps",
+        "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
+        "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+        "mlp.shared_expert.up_proj": "ffn_up_shexp",
+        "mlp.shared_expert.down_proj": "ffn_down_shexp",
+    },
+    "olmo2": {
+        "post_attention_layernorm": "post_attention_norm",
+        "post_feedforward_layernorm": "post_ffw_norm",
+    },
+    "glm4": {
+        "post_self_attn_layernorm": "post_attention_norm",
+        "post_attention_layernorm": "ffn_norm",
+        "post_mlp_layernorm": "post_ffw_norm",
+        "mlp.gate_up_proj": "ffn_up",
+    },
+}
+
+# llama.cpp's converter permutes Q / K rows for these (its LlamaModel.permute).
+PERMUTE_QK = ("granite",)
+
+
+def permute(w, n_head):
+    """convert_hf_to_gguf's LlamaModel.permute."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def unpermute(w, n_head):
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 LAYER_PARTS = {
     "self_attn.q_proj": "attn_q",
@@ -87,7 +184,9 @@ def to_gguf_name(name, arch):
     if module in top:
         return f"{top[module]}.{suffix}"
     _, _, layer, part = module.split(".", 3)
-    if part == "post_attention_layernorm":
+    if part in ARCH_PARTS.get(arch, {}):
+        g = ARCH_PARTS[arch][part]
+    elif part == "post_attention_layernorm":
         g = "post_attention_norm" if arch in ("gemma2", "gemma3") else "ffn_norm"
     elif part == "pre_feedforward_layernorm":
         g = "ffn_norm"
@@ -134,8 +233,19 @@ def metadata(arch, c):
     hd = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
     num("attention.key_length", hd)
     num("attention.value_length", hd)
-    if arch == "phi3":
+    if arch in ("phi3", "glm4"):
         num("rope.dimension_count", int(hd * c["partial_rotary_factor"]))
+    if arch in ("qwen3moe", "qwen2moe"):
+        num("expert_count", c["num_experts"])
+        num("expert_used_count", c["num_experts_per_tok"])
+        num("expert_feed_forward_length", c["moe_intermediate_size"])
+    if arch == "qwen2moe":
+        num("expert_shared_feed_forward_length", c["shared_expert_intermediate_size"])
+    if arch == "granite":
+        num("attention.scale", c["attention_multiplier"], mx.float32)
+        num("embedding_scale", c["embedding_multiplier"], mx.float32)
+        num("residual_scale", c["residual_multiplier"], mx.float32)
+        num("logit_scale", c["logits_scaling"], mx.float32)
     if arch in ("gemma2", "gemma3") and "sliding_window" in c:
         num("attention.sliding_window", c["sliding_window"])
     if arch == "gemma2":
@@ -144,11 +254,18 @@ def metadata(arch, c):
     return m
 
 
+# The first cases read back through from_gguf_name (their goldens were made that way); later
+# ones through the inverse of to_gguf_name recorded while writing.
+CASES_BEFORE_MOE = ("qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3")
+
 PROMPT = [2, 17, 90, 5, 42, 42, 7, 88, 3, 64]
 STEPS = 5
 
 os.makedirs("mlx-models/tests/models/gguf", exist_ok=True)
+ONLY = set(sys.argv[1:])
 for i, (name, (arch, model_type, overrides)) in enumerate(CASES.items()):
+    if ONLY and name not in ONLY:
+        continue
     config = {**COMMON, "model_type": model_type, **overrides}
     module = importlib.import_module(f"mlx_lm.models.{model_type}")
     mx.random.seed(2000 + i)
@@ -159,10 +276,16 @@ for i, (name, (arch, model_type, overrides)) in enumerate(CASES.items()):
         weights.pop("lm_head.weight")  # tied, as the real GGUF stores it
     gemma = arch.startswith("gemma")
     gguf = {}
+    back_names = {}
     for k, v in weights.items():
         if gemma and k.endswith("norm.weight"):
             v = v + 1  # llama.cpp's convert_hf_to_gguf norm shift
+        if arch in PERMUTE_QK and ".q_proj." in k:
+            v = permute(v, config["num_attention_heads"])
+        if arch in PERMUTE_QK and ".k_proj." in k:
+            v = permute(v, config["num_key_value_heads"])
         gguf[to_gguf_name(k, arch)] = v
+        back_names[to_gguf_name(k, arch)] = k
     path = f"mlx-models/tests/models/gguf/{name}.gguf"
     mx.save_gguf(path, gguf, metadata(arch, config))
 
@@ -171,7 +294,15 @@ for i, (name, (arch, model_type, overrides)) in enumerate(CASES.items()):
     for k, v in loaded.items():
         if gemma and k.endswith("norm.weight"):
             v = v - 1
-        back[from_gguf_name(k, arch)] = v
+        if arch in CASES_BEFORE_MOE:
+            back[from_gguf_name(k, arch)] = v
+            continue
+        hf = back_names[k]
+        if arch in PERMUTE_QK and ".q_proj." in hf:
+            v = unpermute(v, config["num_attention_heads"])
+        if arch in PERMUTE_QK and ".k_proj." in hf:
+            v = unpermute(v, config["num_key_value_heads"])
+        back[hf] = v
     model = module.Model(module.ModelArgs.from_dict(config))
     if hasattr(model, "sanitize"):
         back = model.sanitize(back)

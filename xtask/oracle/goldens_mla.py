@@ -324,6 +324,25 @@ ROWS.update(
     }
 )
 
+# n-gram embeddings over longcat_flash's layers: 2 hashes of 2- and 3-grams (emb_dim 16).
+ROWS.update(
+    {
+        "longcat_flash_ngram": (
+            "longcat_flash_ngram",
+            {**LONGCAT, "ngram_vocab_size_ratio": 3, "emb_neighbor_num": 3, "emb_split_num": 2},
+            "float32",
+            None,
+        ),
+        "longcat_flash_ngram_q4": (
+            "longcat_flash_ngram",
+            {**LONGCAT, "ngram_vocab_size_ratio": 2, "emb_neighbor_num": 2, "emb_split_num": 2,
+             "norm_topk_prob": True},
+            "float32",
+            (32, 4),
+        ),
+    }
+)
+
 # index_topk 24 < the 40-token prompt: the sparse paths (prompt mask, gathered latent) run.
 V32 = {**MLA, "index_head_dim": 32, "index_n_heads": 4, "index_topk": 24}
 
@@ -344,6 +363,65 @@ ROWS.update(
             },
             "float32",
             None,
+        ),
+    }
+)
+
+GLM4_MOE = {
+    **{k: v for k, v in DOTS1.items()},
+    "head_dim": 16,
+    "use_qk_norm": True,
+    "tie_word_embeddings": False,
+    "attention_bias": True,
+    "partial_rotary_factor": 0.5,
+    "rope_scaling": None,
+}
+
+YOUTU = {
+    "vocab_size": 128,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "kv_lora_rank": 32,
+    "q_lora_rank": 32,
+    "qk_rope_head_dim": 16,
+    "v_head_dim": 32,
+    "qk_nope_head_dim": 32,
+    "max_position_embeddings": 512,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+}
+
+ROWS.update(
+    {
+        # kimi_vl: deepseek_v3's text model under its own TextArgs (vision weights dropped).
+        "kimi_vl": ("kimi_vl", {"text_config": {**MLA}}, "float32", None),
+        "kimi_vl_q4": (
+            "kimi_vl",
+            {"text_config": {**MLA, "n_group": 1, "q_lora_rank": None}},
+            "float32",
+            (32, 4),
+        ),
+        "glm4_moe": ("glm4_moe", {**GLM4_MOE}, "float32", None),
+        "glm4_moe_q4": (
+            "glm4_moe",
+            {**GLM4_MOE, "n_group": 1, "use_qk_norm": False, "attention_bias": False,
+             "partial_rotary_factor": 1.0, "n_shared_experts": None},
+            "float32",
+            (32, 4),
+        ),
+        "youtu_llm": ("youtu_llm", {**YOUTU}, "float32", None),
+        "youtu_llm_q4": (
+            "youtu_llm",
+            {**YOUTU, "q_lora_rank": None, "tie_word_embeddings": False, "attention_bias": True,
+             "mlp_bias": True, "rope_traditional": False,
+             "rope_scaling": {"type": "yarn", "factor": 4.0,
+                              "original_max_position_embeddings": 128, "beta_fast": 32,
+                              "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}},
+            "float32",
+            (32, 4),
         ),
     }
 )

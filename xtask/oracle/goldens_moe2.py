@@ -158,6 +158,42 @@ LAGUNA = {
     "shared_expert_intermediate_size": 24,
 }
 
+MIMO = {
+    "num_experts_per_tok": 2,
+    "hybrid_layer_pattern": [0, 1, 1],
+    "moe_layer_freq": [0, 1, 1],
+    "add_swa_attention_sink_bias": True,
+    "add_full_attention_sink_bias": False,
+    "sliding_window_size": 8,
+    "vocab_size": 128,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "moe_intermediate_size": 16,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "n_shared_experts": 1,
+    "n_routed_experts": 4,
+    "routed_scaling_factor": 2.0,
+    "topk_method": "noaux_tc",
+    "scoring_func": "sigmoid",
+    "norm_topk_prob": True,
+    "n_group": 2,
+    "topk_group": 1,
+    "max_position_embeddings": 512,
+    "layernorm_epsilon": 1e-5,
+    "rope_theta": 10000.0,
+    "swa_rope_theta": 1000.0,
+    "swa_num_attention_heads": 2,
+    "swa_num_key_value_heads": 1,
+    "head_dim": 8,
+    "v_head_dim": 16,
+    "swa_head_dim": 16,
+    "swa_v_head_dim": 8,
+    "partial_rotary_factor": 0.5,
+    "attention_value_scale": 0.7,
+}
+
 ROWS = {
     # name: (module, config overrides, dtype, (group_size, bits) or None)
     "granitemoe": (
@@ -558,6 +594,40 @@ ROWS = {
             "moe_router_score_func": "sqrtsoftplus",
             "tie_word_embeddings": True,
         },
+        "float32",
+        (32, 4),
+    ),
+    # Phi-2 parallel blocks over a SwitchMLP with biases (gelu_approx), float32 queries, a
+    # partial rope, a LayerNorm + biased linear head.
+    "phixtral": (
+        "phixtral",
+        {"num_vocab": 128, "model_dim": 32, "num_heads": 4, "num_layers": 2, "rotary_dim": 4,
+         "num_local_experts": 4, "num_experts_per_tok": 2},
+        "float32",
+        None,
+    ),
+    "phixtral_q4": (
+        "phixtral",
+        {"num_vocab": 128, "model_dim": 64, "num_heads": 2, "num_layers": 2, "rotary_dim": 32,
+         "num_local_experts": 3, "num_experts_per_tok": 1},
+        "float32",
+        (32, 4),
+    ),
+    # Sliding and full layers with their own heads, head sizes, rope bases and sinks; a
+    # partial rope, scaled values; DeepSeek V3's router (+ 1e-20) with shared experts.
+    "mimo_v2_flash": (
+        "mimo_v2_flash",
+        {**MIMO},
+        "float32",
+        None,
+    ),
+    "mimo_v2_flash_q4": (
+        "mimo_v2_flash",
+        {**MIMO, "hidden_size": 64, "moe_intermediate_size": 32, "n_shared_experts": None,
+         "routed_scaling_factor": None, "n_group": 1, "add_full_attention_sink_bias": True,
+         "attention_value_scale": None, "hybrid_layer_pattern": [1, 0, 1],
+         "moe_layer_freq": [1, 0, 1], "head_dim": 16, "v_head_dim": 8, "swa_head_dim": 8,
+         "swa_v_head_dim": 16, "partial_rotary_factor": 1.0},
         "float32",
         (32, 4),
     ),

@@ -13,6 +13,8 @@
 //!   project against mlx-lm on the same models, alternating; see `bench.rs`.
 //! - `fuzz [TARGET|all] [--runs N] [--seed S] [--start I] [--seconds T]`: the structure-aware
 //!   fuzz targets of `mlx-fuzz` (release build, in-process, stable toolchain).
+//! - `bench spec [...]`: prompt-lookup speculation vs plain decoding on the CPU decoder
+//!   (real SmolLM2-135M), ratio printed, table in `results/bench/spec-cpu.md`.
 //! - `bench serve [...]`: aggregate decode throughput of `mlx serve` against `mlx_lm.server`
 //!   at 1, 4, 16 and 32 concurrent clients; see `bench_serve.rs`.
 //! - `cpu-quality [--positions N] [--text FILE] [MODEL ...]`: the CPU decoder's quality gate
@@ -24,6 +26,7 @@
 
 mod bench;
 mod bench_serve;
+mod bench_spec;
 mod bench_train;
 mod bindings;
 mod oracle;
@@ -42,6 +45,9 @@ fn main() -> ExitCode {
         Some("bench") if args.get(1).map(String::as_str) == Some("serve") => {
             bench_serve::run(&args[2..])
         }
+        Some("bench") if args.get(1).map(String::as_str) == Some("spec") => {
+            bench_spec::run(&args[2..])
+        }
         Some("bench") => bench::run(&args[1..]),
         Some("port-check") => oracle::port_check(&args[1..]),
         Some("fuzz") => fuzz(&args[1..]),
@@ -50,7 +56,7 @@ fn main() -> ExitCode {
             eprintln!(
                 "usage: cargo xtask bindgen [--check] | oracle [ARGS] | goldens [SET ...] \
                  | port-check [DIR [--ids 1,2,3]] | bench [--quick | --full] [--help] \
-                 | bench serve [--help] | bench train [--help] | fuzz [TARGET|all] [--runs N] [--seed S] \
+                 | bench serve [--help] | bench spec [--help] | bench train [--help] | fuzz [TARGET|all] [--runs N] [--seed S] \
                  | cpu-quality [--positions N] [--text FILE] [smollm2] [gemma3]"
             );
             return ExitCode::from(2);

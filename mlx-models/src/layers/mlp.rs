@@ -29,13 +29,22 @@ pub enum MlpKind {
     XieLu,
     /// `down(nn.relu2(gate(x)) * up(x))` (BitNet).
     Relu2Glu,
+    /// `down(nn.silu(gate(x)) * up(x))`: the activation alone, then the product (nemotron-nas).
+    SiluGlu,
+    /// `down(nn.relu(gate(x)) * up(x))` (nemotron-nas).
+    ReluGlu,
 }
 
 impl MlpKind {
     pub fn gated(self) -> bool {
         matches!(
             self,
-            MlpKind::SwiGlu | MlpKind::GeGluErf | MlpKind::GeGluTanh | MlpKind::Relu2Glu
+            MlpKind::SwiGlu
+                | MlpKind::GeGluErf
+                | MlpKind::GeGluTanh
+                | MlpKind::Relu2Glu
+                | MlpKind::SiluGlu
+                | MlpKind::ReluGlu
         )
     }
 }
@@ -267,6 +276,11 @@ impl Mlp {
             MlpKind::GeGluErf => (&gelu(g)? * u)?,
             MlpKind::GeGluTanh => (&gelu_approx(g)? * u)?,
             MlpKind::Relu2Glu => (&relu2(g)? * u)?,
+            MlpKind::SiluGlu => (&silu(g)? * u)?,
+            MlpKind::ReluGlu => {
+                let zero = Scalar::Int(0).to_array_like(g.dtype())?;
+                (&ops::maximum(g, &zero, None)? * u)?
+            }
             _ => swiglu(g, u)?,
         })
     }

@@ -1,6 +1,6 @@
 //! Reusable layers, each a port of its mlx / mlx-lm counterpart with the same op order.
 
-mod activations;
+pub(crate) mod activations;
 mod attention;
 mod embedding;
 pub mod gated_delta;
@@ -27,7 +27,9 @@ pub use mlp::{join, Mlp, MlpKind, MlpNames};
 pub use norm::{LayerNorm, Norm, NormKind, RmsNorm};
 pub(crate) use rope::base_pow;
 pub use rope::{Rope, RopeScaling};
-pub use switch::{SwitchActivation, SwitchAdapter, SwitchGlu, SwitchLinear};
+pub use switch::{
+    clamped_swiglu, SwitchActivation, SwitchAdapter, SwitchGlu, SwitchLinear, SwitchMlp,
+};
 
 use mlx_core::prelude::Array;
 

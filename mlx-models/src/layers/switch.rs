@@ -6,7 +6,7 @@ use mlx_core::prelude::*;
 use mlx_core::quantized::QuantMode;
 
 use crate::error::{ModelError, Result};
-use crate::layers::activations::{geglu, swiglu, swiglu_oai};
+use crate::layers::activations::{geglu, gelu_approx, silu, swiglu, swiglu_oai};
 use crate::layers::linear::{quant_mode, QuantizedWeight};
 use crate::layers::LayerParam;
 use crate::weights::Weights;
@@ -195,6 +195,8 @@ pub enum SwitchActivation {
     SwiGluOai,
     /// gemma4's `GeGLU`: `gelu_approx(gate) * up`.
     GeGlu,
+    /// step3p5's `ClampedSwiGLU(limit)`: `min(silu(gate), limit) * clip(up, -limit, limit)`.
+    ClampedSwiGlu(f32),
 }
 
 impl SwitchActivation {
@@ -204,6 +206,7 @@ impl SwitchActivation {
             SwitchActivation::SwiGlu => Ok(swiglu(gate, up)?),
             SwitchActivation::GeGlu => Ok(geglu(gate, up)?),
             SwitchActivation::SwiGluOai => Ok(swiglu_oai(gate, up)?),
+            SwitchActivation::ClampedSwiGlu(limit) => clamped_swiglu(up, gate, limit),
         }
     }
 }
@@ -281,25 +284,83 @@ impl SwitchGlu {
 
     /// `x` of shape `(..., dims)` and `indices` `(..., k)` to `(..., k, dims)`.
     pub fn forward(&self, x: &Array, indices: &Array) -> Result<Array> {
-        let x = ops::expand_dims(x, &[-2, -3], None)?;
-        let indices = ops::stop_gradient(indices, None)?;
-        let do_sort = indices.size() >= 64;
-        let (x, idx, inv_order) = if do_sort {
-            let (x, idx, inv) = gather_sort(&x, &indices)?;
-            (x, idx, Some(inv))
-        } else {
-            (x, indices.clone(), None)
-        };
-        let x_up = self.up_proj.forward(&x, &idx, do_sort)?;
-        let x_gate = self.gate_proj.forward(&x, &idx, do_sort)?;
-        let mut x =
+        routed(x, indices, |x, idx, do_sort| {
+            let x_up = self.up_proj.forward(x, idx, do_sort)?;
+            let x_gate = self.gate_proj.forward(x, idx, do_sort)?;
             self.down_proj
-                .forward(&self.activation.apply(&x_up, &x_gate)?, &idx, do_sort)?;
-        if let Some(inv) = inv_order {
-            x = ops::unflatten(&ops::take(&x, &inv, 0, None)?, 0, &indices.shape(), None)?;
-        }
-        Ok(ops::squeeze(&x, &[-2], None)?)
+                .forward(&self.activation.apply(&x_up, &x_gate)?, idx, do_sort)
+        })
     }
+}
+
+/// `SwitchMLP` (phixtral): `fc2(gelu_approx(fc1(x)))` per expert (mlx-lm's default activation
+/// `nn.GELU(approx="precise")` is the tanh approximation).
+#[derive(Clone, Debug)]
+pub struct SwitchMlp {
+    pub fc1: SwitchLinear,
+    pub fc2: SwitchLinear,
+}
+
+impl SwitchMlp {
+    pub fn load(
+        w: &mut Weights,
+        path: &str,
+        input_dims: i32,
+        hidden_dims: i32,
+        num_experts: i32,
+        bias: bool,
+    ) -> Result<SwitchMlp> {
+        Ok(SwitchMlp {
+            fc1: SwitchLinear::load(
+                w,
+                &format!("{path}.fc1"),
+                input_dims,
+                hidden_dims,
+                num_experts,
+                bias,
+            )?,
+            fc2: SwitchLinear::load(
+                w,
+                &format!("{path}.fc2"),
+                hidden_dims,
+                input_dims,
+                num_experts,
+                bias,
+            )?,
+        })
+    }
+
+    /// `x` of shape `(..., dims)` and `indices` `(..., k)` to `(..., k, dims)`.
+    pub fn forward(&self, x: &Array, indices: &Array) -> Result<Array> {
+        routed(x, indices, |x, idx, do_sort| {
+            let h = gelu_approx(&self.fc1.forward(x, idx, do_sort)?)?;
+            self.fc2.forward(&h, idx, do_sort)
+        })
+    }
+}
+
+/// The routing both switch MLPs share: `x` expanded to `(..., 1, 1, dims)`, the (token,
+/// expert) pairs sorted by expert when there are 64 or more, `experts(x, indices, sorted)`,
+/// the rows put back in order and the singleton axis squeezed.
+fn routed(
+    x: &Array,
+    indices: &Array,
+    experts: impl FnOnce(&Array, &Array, bool) -> Result<Array>,
+) -> Result<Array> {
+    let x = ops::expand_dims(x, &[-2, -3], None)?;
+    let indices = ops::stop_gradient(indices, None)?;
+    let do_sort = indices.size() >= 64;
+    let (x, idx, inv_order) = if do_sort {
+        let (x, idx, inv) = gather_sort(&x, &indices)?;
+        (x, idx, Some(inv))
+    } else {
+        (x, indices.clone(), None)
+    };
+    let mut x = experts(&x, &idx, do_sort)?;
+    if let Some(inv) = inv_order {
+        x = ops::unflatten(&ops::take(&x, &inv, 0, None)?, 0, &indices.shape(), None)?;
+    }
+    Ok(ops::squeeze(&x, &[-2], None)?)
 }
 
 /// `_gather_sort`: token rows ordered by expert, the sorted indices, and the inverse order.
@@ -314,4 +375,17 @@ fn gather_sort(x: &Array, indices: &Array) -> Result<(Array, Array, Array)> {
         ops::take(&flat, &order, 0, None)?,
         inv_order,
     ))
+}
+
+/// step3p5's `clamped_swiglu(x, gate, limit)`: `clip(silu(gate), None, limit) * clip(x, -limit,
+/// limit)`, the limit a weak scalar.
+pub fn clamped_swiglu(x: &Array, gate: &Array, limit: f32) -> Result<Array> {
+    let g = ops::clip_scalar(&silu(gate)?, None, Some(Scalar::Float(limit)), None)?;
+    let x = ops::clip_scalar(
+        x,
+        Some(Scalar::Float(-limit)),
+        Some(Scalar::Float(limit)),
+        None,
+    )?;
+    Ok((&g * &x)?)
 }

@@ -13,7 +13,7 @@ use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::{scaled_dot_product_attention, swiglu, Embedding, Linear, RmsNorm, Rope};
 use crate::models::mamba::positive;
-use crate::models::LanguageModel;
+use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
 serde_defaults! {
@@ -342,13 +342,7 @@ impl Model {
         let window = Some(self.sliding_window);
         let (global_mask, swa_mask) = match caches.as_deref_mut() {
             Some(c) => {
-                if c.len() != self.layers.len() {
-                    return Err(ModelError::Other(format!(
-                        "{} caches for {} layers",
-                        c.len(),
-                        self.layers.len()
-                    )));
-                }
+                kit::check_caches(Some(&*c), self.layers.len(), "layers")?;
                 let mut mask = |idx: Option<usize>, win: Option<usize>| -> Result<AttentionMask> {
                     match idx {
                         Some(i) => match split_cache(c.get_mut(i), i)? {

@@ -3,14 +3,14 @@
 //! runs token by token, as mlx-lm does (no `SwitchGLU`: each chosen expert's MLP on the
 //! token's vector, stacked, weighted by the L1-normalized float32 softmax scores).
 
-use mlx_cache::{AttentionMask, Cache, KVCache};
+use mlx_cache::{AttentionMask, Cache};
 use mlx_core::prelude::*;
 use serde::Deserialize;
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::{scaled_dot_product_attention, swiglu, Embedding, LayerNorm, Linear, Rope};
-use crate::models::LanguageModel;
+use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
 /// dbrx.py `ModelArgs` (every field required; the two configs read by key).
@@ -277,19 +277,8 @@ impl Model {
         let mut h = self.wte.forward(inputs)?;
         let n = h.shape().get(1).copied().unwrap_or(0) as usize;
         let mut caches = caches;
-        let mask = match caches.as_deref_mut() {
-            Some(c) => {
-                if c.len() != self.blocks.len() {
-                    return Err(ModelError::Other(format!(
-                        "{} caches for {} layers",
-                        c.len(),
-                        self.blocks.len()
-                    )));
-                }
-                c[0].make_mask(n, None, false)?
-            }
-            None => mlx_cache::mask::fallback_mask(n, None, false)?,
-        };
+        kit::check_caches(caches.as_deref(), self.blocks.len(), "layers")?;
+        let mask = kit::cache_mask(caches.as_deref(), 0, n, None, false)?;
         for (i, block) in self.blocks.iter().enumerate() {
             let cache = caches.as_deref_mut().map(|c| &mut c[i]);
             h = block.forward(self, &h, &mask, cache)?;
@@ -312,9 +301,7 @@ impl LanguageModel for Model {
     }
 
     fn make_cache(&self) -> Vec<Box<dyn Cache>> {
-        (0..self.blocks.len())
-            .map(|_| -> Box<dyn Cache> { Box::new(KVCache::new()) })
-            .collect()
+        kit::kv_caches(self.blocks.len())
     }
 
     fn defines_make_cache(&self) -> bool {

@@ -29,7 +29,7 @@ use crate::layers::{
     Embedding, Linear, Mlp, MlpKind, MlpNames, RmsNorm, Rope, RopeScaling, SwitchActivation,
     SwitchGlu,
 };
-use crate::models::LanguageModel;
+use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
 /// What a row fixes about the family.
@@ -99,8 +99,12 @@ pub struct StandardAttention {
     pub head_dim: i32,
     /// dots1: RMS norms over each head of q and k.
     pub qk_norm: bool,
-    /// deepseek: `attention_bias` on all four projections.
+    /// deepseek: `attention_bias` on all four projections (glm4_moe: on q, k and v only).
     pub bias: bool,
+    /// Whether `o_proj` has a bias.
+    pub o_bias: bool,
+    /// The rotated dimensions of each head (glm4_moe: `head_dim * partial_rotary_factor`).
+    pub rope_dims: i32,
 }
 
 /// How the gate's logits pick experts.
@@ -137,6 +141,14 @@ pub enum Sanitize {
     Mistral4,
     /// deepseek_v32 / glm_moe_dsa: drop the layers past `num_hidden_layers`, as glm4_moe_lite.
     DeepseekV32,
+    /// glm4_moe: stack the experts; drop the multi-token-prediction layer (every name starting
+    /// `model.layers.<num_hidden_layers>`).
+    Glm4Moe,
+    /// kimi_vl: drop every name containing `vision_tower`, `rotary_emb` or
+    /// `multi_modal_projector`; stack the experts.
+    KimiVl,
+    /// youtu_llm: drop a tied `lm_head` only (expanded MLA, as deepseek_v2's).
+    Youtu,
 }
 
 /// deepseek_v3.py / glm4_moe_lite.py `ModelArgs`; absent fields take the row's defaults.
@@ -178,6 +190,11 @@ struct Args {
     head_dim: Option<i32>,
     mlp_bias: Option<bool>,
     tie_word_embeddings: Option<bool>,
+    // glm4_moe
+    partial_rotary_factor: Option<f64>,
+    use_qk_norm: Option<bool>,
+    // youtu_llm
+    rope_traditional: Option<bool>,
 }
 
 /// A field that may be given as `null` (`Some(None)`), as opposed to absent (`None`).
@@ -258,17 +275,19 @@ impl DeepseekSpec {
             "deepseek_v3" | "dots1" | "deepseek" | "deepseek_v2" | "minicpm3" | "mistral4"
             | "deepseek_v32" | "glm_moe_dsa" => (config.raw.clone(), "", &DEEPSEEK_V3, false),
             "glm4_moe_lite" => (config.raw.clone(), "", &GLM4_MOE_LITE, true),
-            "kimi_k25" => {
+            // kimi_vl's `TextArgs` has deepseek_v3's defaults.
+            "kimi_k25" | "kimi_vl" => {
                 let text = config
                     .raw
                     .get("text_config")
                     .filter(|v| v.is_object())
                     .cloned()
                     .ok_or_else(|| {
-                        ModelError::Config("kimi_k25: `text_config` must be an object".into())
+                        ModelError::Config(format!("{t}: `text_config` must be an object"))
                     })?;
                 (text, "language_model.", &DEEPSEEK_V3, false)
             }
+            "glm4_moe" | "youtu_llm" => (config.raw.clone(), "", &DEEPSEEK_V3, false),
             other => {
                 return Err(ModelError::Config(format!(
                     "`{other}` is not an MLA / DeepSeek V3 row"
@@ -326,6 +345,8 @@ impl DeepseekSpec {
             "mistral4" => return Self::mistral4(config),
             "dots1" => return Self::dots1(config, a),
             "deepseek" => return Self::deepseek(config, a),
+            "glm4_moe" => return Self::glm4_moe(config, a),
+            "youtu_llm" => return Self::youtu_llm(config, a),
             _ => {}
         }
         let v2 = t == "deepseek_v2";
@@ -397,6 +418,8 @@ impl DeepseekSpec {
                 Sanitize::DeepseekV2
             } else if v32 {
                 Sanitize::DeepseekV32
+            } else if t == "kimi_vl" {
+                Sanitize::KimiVl
             } else {
                 Sanitize::DeepseekV3
             },
@@ -703,6 +726,8 @@ impl DeepseekSpec {
                 head_dim: hidden_size / heads,
                 qk_norm: false,
                 bias: a.attention_bias.unwrap_or(false),
+                o_bias: a.attention_bias.unwrap_or(false),
+                rope_dims: hidden_size / heads,
             }),
             experts_name: "switch_mlp",
             mlp_bias: false,
@@ -771,6 +796,8 @@ impl DeepseekSpec {
                 head_dim,
                 qk_norm: true,
                 bias: false,
+                o_bias: false,
+                rope_dims: head_dim,
             }),
             experts_name: "experts",
             mlp_bias: a.mlp_bias.unwrap_or(false),
@@ -782,6 +809,141 @@ impl DeepseekSpec {
             head_div: None,
             query_scale: None,
             rope_traditional: true,
+            indexer: None,
+        };
+        spec.validate()
+    }
+
+    /// glm4_moe.py's `ModelArgs` (all but `scoring_func` and `topk_method` required there):
+    /// dots1's shape with a GQA attention whose q/k/v carry `attention_bias`, optional per-head
+    /// q/k norms, `nn.RoPE(head_dim * partial_rotary_factor)` (no scaling), deepseek_v3's router.
+    fn glm4_moe(config: &ModelConfig, a: Args) -> Result<DeepseekSpec> {
+        fn need<T>(v: Option<T>, name: &str) -> Result<T> {
+            v.ok_or_else(|| ModelError::Config(format!("glm4_moe: config.json lacks `{name}`")))
+        }
+        if let Some(m) = a.topk_method.as_ref().filter(|m| *m != "noaux_tc") {
+            return Err(ModelError::Config(format!(
+                "glm4_moe: topk_method `{m}` is not supported (mlx-lm's MoEGate asserts \
+                 \"noaux_tc\")"
+            )));
+        }
+        let head_dim = need(a.head_dim, "head_dim")?;
+        let partial = need(a.partial_rotary_factor, "partial_rotary_factor")?;
+        let rope_dims = (f64::from(head_dim) * partial) as i32;
+        if head_dim <= 0 || rope_dims <= 0 || rope_dims > head_dim {
+            return Err(ModelError::Config(format!(
+                "glm4_moe: head_dim {head_dim} and partial_rotary_factor {partial} give no \
+                 rotated dimensions in a head"
+            )));
+        }
+        let bias = need(a.attention_bias, "attention_bias")?;
+        // Required there (it may be null); unused by its `nn.RoPE`.
+        if config.raw.get("rope_scaling").is_none() {
+            return Err(ModelError::Config(
+                "glm4_moe: config.json lacks `rope_scaling`".into(),
+            ));
+        }
+        need(a.tie_word_embeddings, "tie_word_embeddings")?;
+        let spec = DeepseekSpec {
+            model_type: config.model_type.clone(),
+            prefix: "",
+            vocab_size: need(a.vocab_size, "vocab_size")?,
+            hidden_size: need(a.hidden_size, "hidden_size")?,
+            intermediate_size: need(a.intermediate_size, "intermediate_size")?,
+            moe_intermediate_size: need(a.moe_intermediate_size, "moe_intermediate_size")?,
+            num_hidden_layers: need(a.num_hidden_layers, "num_hidden_layers")?,
+            num_attention_heads: need(a.num_attention_heads, "num_attention_heads")?,
+            n_shared_experts: need(a.n_shared_experts, "n_shared_experts")?,
+            n_routed_experts: need(a.n_routed_experts, "n_routed_experts")?,
+            routed_scaling_factor: need(a.routed_scaling_factor, "routed_scaling_factor")?,
+            // Unused by standard attention.
+            kv_lora_rank: 1,
+            q_lora_rank: None,
+            qk_rope_head_dim: 1,
+            v_head_dim: 1,
+            qk_nope_head_dim: 1,
+            norm_topk_prob: need(a.norm_topk_prob, "norm_topk_prob")?,
+            n_group: need(a.n_group, "n_group")?,
+            topk_group: need(a.topk_group, "topk_group")?,
+            num_experts_per_tok: need(a.num_experts_per_tok, "num_experts_per_tok")?,
+            moe_layer_freq: 1,
+            first_k_dense_replace: need(a.first_k_dense_replace, "first_k_dense_replace")?,
+            max_position_embeddings: need(a.max_position_embeddings, "max_position_embeddings")?,
+            rms_norm_eps: need(a.rms_norm_eps, "rms_norm_eps")? as f32,
+            rope_theta: need(a.rope_theta, "rope_theta")?,
+            rope_scaling: None,
+            attention_bias: bias,
+            lora_norm_eps: 1e-6,
+            denominator_eps: false,
+            standard_attention: Some(StandardAttention {
+                n_kv_heads: need(a.num_key_value_heads, "num_key_value_heads")?,
+                head_dim,
+                qk_norm: need(a.use_qk_norm, "use_qk_norm")?,
+                bias,
+                o_bias: false,
+                rope_dims,
+            }),
+            experts_name: "switch_mlp",
+            mlp_bias: false,
+            tie_word_embeddings: false,
+            sanitize: Sanitize::Glm4Moe,
+            group_limited: false,
+            scale_emb: None,
+            residual_scale: None,
+            head_div: None,
+            query_scale: None,
+            rope_traditional: false,
+            indexer: None,
+        };
+        spec.validate()
+    }
+
+    /// youtu_llm.py's `ModelArgs` (all defaulted there): deepseek_v2's expanded MLA (latent
+    /// norms at `rms_norm_eps`, `initialize_rope` with `rope_traditional`, the plain
+    /// `q_head_dim ** -0.5` scale) in a dense decoder with tied embeddings by default.
+    fn youtu_llm(config: &ModelConfig, a: Args) -> Result<DeepseekSpec> {
+        let rms_norm_eps = a.rms_norm_eps.unwrap_or(1e-6) as f32;
+        let spec = DeepseekSpec {
+            model_type: config.model_type.clone(),
+            prefix: "",
+            vocab_size: a.vocab_size.unwrap_or(128256),
+            hidden_size: a.hidden_size.unwrap_or(2048),
+            intermediate_size: a.intermediate_size.unwrap_or(6144),
+            moe_intermediate_size: 1,
+            num_hidden_layers: a.num_hidden_layers.unwrap_or(32),
+            num_attention_heads: a.num_attention_heads.unwrap_or(16),
+            n_shared_experts: None,
+            n_routed_experts: None,
+            routed_scaling_factor: 1.0,
+            kv_lora_rank: a.kv_lora_rank.unwrap_or(512),
+            q_lora_rank: a.q_lora_rank.unwrap_or(Some(1536)),
+            qk_rope_head_dim: a.qk_rope_head_dim.unwrap_or(64),
+            v_head_dim: a.v_head_dim.unwrap_or(128),
+            qk_nope_head_dim: a.qk_nope_head_dim.unwrap_or(128),
+            norm_topk_prob: false,
+            n_group: 1,
+            topk_group: 1,
+            num_experts_per_tok: 1,
+            moe_layer_freq: 1,
+            first_k_dense_replace: 0,
+            max_position_embeddings: a.max_position_embeddings.unwrap_or(131072),
+            rms_norm_eps,
+            rope_theta: a.rope_theta.unwrap_or(1_600_000.0),
+            rope_scaling: a.rope_scaling,
+            attention_bias: a.attention_bias.unwrap_or(false),
+            lora_norm_eps: rms_norm_eps,
+            denominator_eps: false,
+            standard_attention: None,
+            experts_name: "switch_mlp",
+            mlp_bias: a.mlp_bias.unwrap_or(false),
+            tie_word_embeddings: a.tie_word_embeddings.unwrap_or(true),
+            sanitize: Sanitize::Youtu,
+            group_limited: false,
+            scale_emb: None,
+            residual_scale: None,
+            head_div: None,
+            query_scale: None,
+            rope_traditional: a.rope_traditional.unwrap_or(true),
             indexer: None,
         };
         spec.validate()
@@ -863,7 +1025,10 @@ impl DeepseekSpec {
 
     /// deepseek_v2 / minicpm3: keys and values expanded through `kv_b_proj` before the cache.
     fn expanded_mla(&self) -> bool {
-        matches!(self.sanitize, Sanitize::DeepseekV2 | Sanitize::MiniCpm3)
+        matches!(
+            self.sanitize,
+            Sanitize::DeepseekV2 | Sanitize::MiniCpm3 | Sanitize::Youtu
+        )
     }
 
     fn is_moe(&self, layer: i32) -> bool {
@@ -876,7 +1041,12 @@ impl DeepseekSpec {
     fn scale(&self) -> Result<f32> {
         let q_head_dim = f64::from(self.qk_nope_head_dim + self.qk_rope_head_dim);
         let mut scale = q_head_dim.powf(-0.5);
-        if let Some(rs) = &self.rope_scaling {
+        // youtu_llm keeps the plain scale whatever its rope.
+        if let Some(rs) = self
+            .rope_scaling
+            .as_ref()
+            .filter(|_| self.sanitize != Sanitize::Youtu)
+        {
             // mistral4's `apply_yarn_mscale`: nothing for a default rope, `factor` 1 if absent.
             if self.sanitize == Sanitize::Mistral4 {
                 let rope_type = rs
@@ -1294,12 +1464,19 @@ pub struct Model {
     lm_head: Option<Linear>,
     /// This rank's pipeline stage `(rank, size)` after [`Model::shard_pipeline`].
     pipeline: Option<(i32, i32)>,
+    /// The multi-token-prediction layers, loaded only when asked ([`Weights::with_mtp`]).
+    mtp: Vec<MtpLayer>,
 }
 
 impl Model {
     pub fn load(config: &ModelConfig, w: &mut Weights) -> Result<Model> {
         let spec = DeepseekSpec::from_config(config)?;
-        sanitize(&spec, w)?;
+        let mtp_layers = if w.mtp() {
+            mtp_layer_count(&spec, &config.raw)?
+        } else {
+            0
+        };
+        sanitize(&spec, w, mtp_layers)?;
         let pre = spec.prefix;
         let (dim, eps) = (spec.hidden_size, spec.rms_norm_eps);
         let embed_tokens =
@@ -1307,98 +1484,11 @@ impl Model {
         let scale = spec.scale()?;
         let mut layers = Vec::with_capacity(spec.num_hidden_layers as usize);
         for i in 0..spec.num_hidden_layers {
-            let p = format!("{pre}model.layers.{i}");
-            let self_attn = match spec.standard_attention {
-                Some(sa) => SelfAttn::Standard(Box::new(crate::models::moe::Attention::new(
-                    crate::models::moe::AttentionSpec {
-                        hidden_size: dim,
-                        n_heads: spec.num_attention_heads,
-                        n_kv_heads: sa.n_kv_heads,
-                        head_dim: sa.head_dim,
-                        qkv_bias: sa.bias,
-                        o_bias: sa.bias,
-                        qk_norm: if sa.qk_norm {
-                            crate::models::moe::QkNorm::PerHead
-                        } else {
-                            crate::models::moe::QkNorm::None
-                        },
-                        eps,
-                        rope: Rope::initialize(
-                            sa.head_dim,
-                            spec.rope_theta,
-                            false,
-                            spec.rope_scaling.as_ref(),
-                            Some(spec.max_position_embeddings).filter(|m| *m > 0),
-                        )?,
-                        names: ["o_proj", "q_norm", "k_norm"],
-                        sinks: false,
-                        inv_sqrt_scale: false,
-                    },
-                    w,
-                    &format!("{p}.self_attn"),
-                )?)),
-                None if spec.expanded_mla() => {
-                    SelfAttn::MlaExpanded(Box::new(Self::load_mla(&spec, w, &p, scale)?))
-                }
-                None if spec.indexer.is_some() => {
-                    let attn = Self::load_mla(&spec, w, &p, scale)?;
-                    let (n_heads, head_dim, index_topk, interleave) =
-                        spec.indexer.unwrap_or((1, 1, 1, false));
-                    let indexer = Indexer::load(
-                        IndexerSpec {
-                            hidden_size: dim,
-                            q_lora_rank: spec.q_lora_rank.unwrap_or(0),
-                            n_heads,
-                            head_dim,
-                            index_topk,
-                            rope: Rope::initialize(
-                                spec.qk_rope_head_dim,
-                                spec.rope_theta,
-                                interleave,
-                                spec.rope_scaling.as_ref(),
-                                Some(spec.max_position_embeddings),
-                            )?,
-                        },
-                        w,
-                        &format!("{p}.self_attn.indexer"),
-                    )?;
-                    SelfAttn::Sparse(Box::new((attn, indexer)))
-                }
-                None if spec.sanitize == Sanitize::Mistral4 => {
-                    SelfAttn::Mistral4(Box::new(Self::load_mla(&spec, w, &p, scale)?))
-                }
-                None => SelfAttn::Mla(Box::new(Self::load_mla(&spec, w, &p, scale)?)),
-            };
-            let mlp = match spec.n_routed_experts.filter(|_| spec.is_moe(i)) {
-                Some(n) => Ffn::Moe(Box::new(DeepseekMoe::load(
-                    &spec,
-                    w,
-                    &format!("{p}.mlp"),
-                    n,
-                )?)),
-                None => Ffn::Dense(Mlp::load(
-                    w,
-                    &format!("{p}.mlp"),
-                    &MlpNames::LLAMA,
-                    dim,
-                    spec.intermediate_size,
-                    spec.mlp_bias,
-                    spec.mlp_bias,
-                    MlpKind::SwiGlu,
-                )?),
-            };
-            layers.push(DecoderLayer {
-                residual_scale: spec.residual_scale,
-                self_attn,
-                mlp,
-                input_layernorm: RmsNorm::load(w, &format!("{p}.input_layernorm"), dim, eps)?,
-                post_attention_layernorm: RmsNorm::load(
-                    w,
-                    &format!("{p}.post_attention_layernorm"),
-                    dim,
-                    eps,
-                )?,
-            });
+            layers.push(Self::load_layer(&spec, w, i, scale)?);
+        }
+        let mut mtp = Vec::with_capacity(mtp_layers as usize);
+        for i in spec.num_hidden_layers..spec.num_hidden_layers + mtp_layers {
+            mtp.push(MtpLayer::load(&spec, w, i, scale)?);
         }
         let norm = RmsNorm::load(w, &format!("{pre}model.norm"), dim, eps)?;
         let lm_head = if spec.tie_word_embeddings {
@@ -1419,6 +1509,111 @@ impl Model {
             norm,
             lm_head,
             pipeline: None,
+            mtp,
+        })
+    }
+
+    /// Decoder layer `i` (its arrays under `{pre}model.layers.{i}`): a main layer, or a
+    /// multi-token-prediction layer's block.
+    fn load_layer(
+        spec: &DeepseekSpec,
+        w: &mut Weights,
+        i: i32,
+        scale: f32,
+    ) -> Result<DecoderLayer> {
+        let pre = spec.prefix;
+        let (dim, eps) = (spec.hidden_size, spec.rms_norm_eps);
+        let p = format!("{pre}model.layers.{i}");
+        let self_attn = match spec.standard_attention {
+            Some(sa) => SelfAttn::Standard(Box::new(crate::models::moe::Attention::new(
+                crate::models::moe::AttentionSpec {
+                    hidden_size: dim,
+                    n_heads: spec.num_attention_heads,
+                    n_kv_heads: sa.n_kv_heads,
+                    head_dim: sa.head_dim,
+                    qkv_bias: sa.bias,
+                    o_bias: sa.o_bias,
+                    qk_norm: if sa.qk_norm {
+                        crate::models::moe::QkNorm::PerHead
+                    } else {
+                        crate::models::moe::QkNorm::None
+                    },
+                    eps,
+                    rope: Rope::initialize(
+                        sa.rope_dims,
+                        spec.rope_theta,
+                        false,
+                        spec.rope_scaling.as_ref(),
+                        Some(spec.max_position_embeddings).filter(|m| *m > 0),
+                    )?,
+                    names: ["o_proj", "q_norm", "k_norm"],
+                    sinks: false,
+                    inv_sqrt_scale: false,
+                },
+                w,
+                &format!("{p}.self_attn"),
+            )?)),
+            None if spec.expanded_mla() => {
+                SelfAttn::MlaExpanded(Box::new(Self::load_mla(spec, w, &p, scale)?))
+            }
+            None if spec.indexer.is_some() => {
+                let attn = Self::load_mla(spec, w, &p, scale)?;
+                let (n_heads, head_dim, index_topk, interleave) =
+                    spec.indexer.unwrap_or((1, 1, 1, false));
+                let indexer = Indexer::load(
+                    IndexerSpec {
+                        hidden_size: dim,
+                        q_lora_rank: spec.q_lora_rank.unwrap_or(0),
+                        n_heads,
+                        head_dim,
+                        index_topk,
+                        rope: Rope::initialize(
+                            spec.qk_rope_head_dim,
+                            spec.rope_theta,
+                            interleave,
+                            spec.rope_scaling.as_ref(),
+                            Some(spec.max_position_embeddings),
+                        )?,
+                    },
+                    w,
+                    &format!("{p}.self_attn.indexer"),
+                )?;
+                SelfAttn::Sparse(Box::new((attn, indexer)))
+            }
+            None if spec.sanitize == Sanitize::Mistral4 => {
+                SelfAttn::Mistral4(Box::new(Self::load_mla(spec, w, &p, scale)?))
+            }
+            None => SelfAttn::Mla(Box::new(Self::load_mla(spec, w, &p, scale)?)),
+        };
+        let mlp = match spec.n_routed_experts.filter(|_| spec.is_moe(i)) {
+            Some(n) => Ffn::Moe(Box::new(DeepseekMoe::load(
+                spec,
+                w,
+                &format!("{p}.mlp"),
+                n,
+            )?)),
+            None => Ffn::Dense(Mlp::load(
+                w,
+                &format!("{p}.mlp"),
+                &MlpNames::LLAMA,
+                dim,
+                spec.intermediate_size,
+                spec.mlp_bias,
+                spec.mlp_bias,
+                MlpKind::SwiGlu,
+            )?),
+        };
+        Ok(DecoderLayer {
+            residual_scale: spec.residual_scale,
+            self_attn,
+            mlp,
+            input_layernorm: RmsNorm::load(w, &format!("{p}.input_layernorm"), dim, eps)?,
+            post_attention_layernorm: RmsNorm::load(
+                w,
+                &format!("{p}.post_attention_layernorm"),
+                dim,
+                eps,
+            )?,
         })
     }
 
@@ -1497,13 +1692,7 @@ impl Model {
         };
         let mask = match caches.as_deref_mut() {
             Some(caches) => {
-                if caches.len() != self.layers.len() {
-                    return Err(ModelError::Other(format!(
-                        "{} caches for {} layers",
-                        caches.len(),
-                        self.layers.len()
-                    )));
-                }
+                kit::check_caches(Some(&*caches), self.layers.len(), "layers")?;
                 let first: Option<&dyn Cache> = match caches.first() {
                     Some(c) if self.spec.indexer.is_some() => c
                         .as_any()
@@ -1563,13 +1752,151 @@ const PIPELINED: [&str; 6] = [
     "glm4_moe_lite",
     "mistral4",
 ];
+/// How many multi-token-prediction layers `--mtp` loads: `num_nextn_predict_layers` of the
+/// config (deepseek_v3, glm4_moe_lite, deepseek_v32 / glm_moe_dsa and kimi_k25 checkpoints
+/// carry them as `model.layers.{num_hidden_layers + k}`).
+fn mtp_layer_count(spec: &DeepseekSpec, raw: &Value) -> Result<i32> {
+    if !matches!(
+        spec.sanitize,
+        Sanitize::DeepseekV3 | Sanitize::Glm4MoeLite | Sanitize::DeepseekV32
+    ) {
+        return Err(ModelError::Config(format!(
+            "--mtp: `{}` checkpoints carry no multi-token-prediction layers this loader knows \
+             (deepseek_v3, glm4_moe_lite, deepseek_v32 and qwen3_next do)",
+            spec.model_type
+        )));
+    }
+    let text = raw.get("text_config").filter(|_| !spec.prefix.is_empty());
+    let v = text
+        .and_then(|t| t.get("num_nextn_predict_layers"))
+        .or_else(|| raw.get("num_nextn_predict_layers"));
+    match v.and_then(Value::as_i64) {
+        Some(n) if (1..=16).contains(&n) => Ok(n as i32),
+        Some(n) => Err(ModelError::Config(format!(
+            "--mtp: config.json `num_nextn_predict_layers` is {n}; it must be 1 to 16"
+        ))),
+        None => Err(ModelError::Config(
+            "--mtp: config.json has no positive integer `num_nextn_predict_layers`: the \
+             checkpoint carries no multi-token-prediction layers"
+                .into(),
+        )),
+    }
+}
+
+/// One multi-token-prediction layer (DeepSeek V3's MTP module, as vLLM and SGLang run it):
+/// `eh_proj([enorm(embed(t_{i+1})), hnorm(h_i)])` through a decoder block, then
+/// `shared_head.norm` and the head, predicting the token after `t_{i+1}`.
+#[derive(Clone)]
+struct MtpLayer {
+    enorm: RmsNorm,
+    hnorm: RmsNorm,
+    eh_proj: Linear,
+    block: DecoderLayer,
+    norm: RmsNorm,
+    /// The layer's own copies of the embedding and head, when the checkpoint has them.
+    embed: Option<Embedding>,
+    head: Option<Linear>,
+}
+
+impl MtpLayer {
+    fn load(spec: &DeepseekSpec, w: &mut Weights, i: i32, scale: f32) -> Result<MtpLayer> {
+        let (dim, eps) = (spec.hidden_size, spec.rms_norm_eps);
+        let p = format!("{}model.layers.{i}", spec.prefix);
+        let block = Model::load_layer(spec, w, i, scale)?;
+        let embed = if w.contains(&format!("{p}.embed_tokens.weight")) {
+            Some(Embedding::load(
+                w,
+                &format!("{p}.embed_tokens"),
+                spec.vocab_size,
+                dim,
+            )?)
+        } else {
+            None
+        };
+        let head = if w.contains(&format!("{p}.shared_head.head.weight")) {
+            Some(Linear::load(
+                w,
+                &format!("{p}.shared_head.head"),
+                dim,
+                spec.vocab_size,
+                false,
+            )?)
+        } else {
+            None
+        };
+        Ok(MtpLayer {
+            enorm: RmsNorm::load(w, &format!("{p}.enorm"), dim, eps)?,
+            hnorm: RmsNorm::load(w, &format!("{p}.hnorm"), dim, eps)?,
+            eh_proj: Linear::load(w, &format!("{p}.eh_proj"), 2 * dim, dim, false)?,
+            block,
+            norm: RmsNorm::load(w, &format!("{p}.shared_head.norm"), dim, eps)?,
+            embed,
+            head,
+        })
+    }
+}
+
+impl crate::models::MtpHead for Model {
+    fn depth(&self) -> usize {
+        self.mtp.len()
+    }
+
+    fn make_mtp_cache(&self) -> Vec<Box<dyn Cache>> {
+        self.mtp
+            .iter()
+            .map(|_| -> Box<dyn Cache> { Box::new(KVCache::new()) })
+            .collect()
+    }
+
+    fn mtp_forward(
+        &self,
+        k: usize,
+        hidden: &Array,
+        tokens: &Array,
+        cache: &mut Box<dyn Cache>,
+    ) -> Result<(Array, Array)> {
+        let l = self.mtp.get(k).ok_or_else(|| {
+            ModelError::Other(format!(
+                "multi-token-prediction layer {k} of {}",
+                self.mtp.len()
+            ))
+        })?;
+        if !matches!(l.block.self_attn, SelfAttn::Mla(_) | SelfAttn::Standard(_)) {
+            return Err(ModelError::Other(
+                "multi-token prediction runs on plain MLA or standard attention layers".into(),
+            ));
+        }
+        crate::models::moe::check_inputs(tokens)?;
+        let e = l
+            .embed
+            .as_ref()
+            .unwrap_or(&self.embed_tokens)
+            .forward(tokens)?;
+        let x = ops::concatenate(
+            &[&l.enorm.forward(&e)?, &l.hnorm.forward(hidden)?],
+            -1,
+            None,
+        )?;
+        let x = l.eh_proj.forward(&x)?;
+        let n = x.shape().get(1).copied().unwrap_or(0) as usize;
+        let array_mask = self.spec.standard_attention.is_none();
+        let mask = cache.make_mask(n, None, array_mask)?;
+        let h = l.block.forward(&x, None, &mask, Some(cache))?;
+        let normed = l.norm.forward(&h)?;
+        let logits = match &l.head {
+            Some(head) => head.forward(&normed)?,
+            None => super::project(self.lm_head.as_ref(), &self.embed_tokens, &normed)?,
+        };
+        Ok((logits, h))
+    }
+}
 
 /// The rows' `sanitize`: kimi_k25 drops its vision weights; multi-token-prediction layers
 /// (deepseek_v3: `model.layers.61`; glm4_moe_lite: every layer past `num_hidden_layers`) and
 /// precomputed `rotary_emb.inv_freq` go; per-expert weights are stacked into `switch_mlp`;
 /// an HF `kv_b_proj` is split into `embed_q` (transposed) and `unembed_out`, dequantized and
 /// quantized again when it is quantized.
-fn sanitize(s: &DeepseekSpec, w: &mut Weights) -> Result<()> {
+fn sanitize(s: &DeepseekSpec, w: &mut Weights, mtp_layers: i32) -> Result<()> {
     let pre = s.prefix;
     if !pre.is_empty() {
         for top in [
@@ -1585,7 +1912,21 @@ fn sanitize(s: &DeepseekSpec, w: &mut Weights) -> Result<()> {
     if s.tie_word_embeddings {
         w.discard("lm_head.weight");
     }
+    // `--mtp`: the multi-token-prediction layers stay (and are stacked and split below).
+    let keep_mtp = s.num_hidden_layers + mtp_layers;
     for name in w.names() {
+        let layer = name
+            .strip_prefix(&layers_pre)
+            .and_then(|r| r.split('.').next())
+            .and_then(|i| i.parse::<i64>().ok());
+        if keep_mtp > s.num_hidden_layers {
+            let drop = name.contains("rotary_emb.inv_freq")
+                || layer.is_some_and(|i| i >= i64::from(keep_mtp));
+            if drop {
+                w.discard(&name);
+            }
+            continue;
+        }
         let drop = match s.sanitize {
             Sanitize::Glm4MoeLite | Sanitize::DeepseekV32 => name
                 .strip_prefix(&layers_pre)
@@ -1596,7 +1937,13 @@ fn sanitize(s: &DeepseekSpec, w: &mut Weights) -> Result<()> {
                 name.starts_with(&format!("{layers_pre}61")) || name.contains("rotary_emb.inv_freq")
             }
             Sanitize::Dots1 => name.contains("rotary_emb.inv_freq"),
-            Sanitize::Deepseek | Sanitize::DeepseekV2 | Sanitize::MiniCpm3 => false,
+            Sanitize::Glm4Moe => name.starts_with(&format!("{layers_pre}{}", s.num_hidden_layers)),
+            Sanitize::KimiVl => ["vision_tower", "rotary_emb", "multi_modal_projector"]
+                .iter()
+                .any(|k| name.contains(k)),
+            Sanitize::Deepseek | Sanitize::DeepseekV2 | Sanitize::MiniCpm3 | Sanitize::Youtu => {
+                false
+            }
             Sanitize::Mistral4 => name.ends_with("activation_scale"),
         };
         // deepseek_v3's filter is on the text model's own names (`model.layers.61...`), so
@@ -1605,7 +1952,7 @@ fn sanitize(s: &DeepseekSpec, w: &mut Weights) -> Result<()> {
             w.discard(&name);
         }
     }
-    for l in 0..s.num_hidden_layers {
+    for l in 0..keep_mtp {
         let prefix = format!("{layers_pre}{l}");
         if s.sanitize == Sanitize::Mistral4 {
             let gup = format!("{prefix}.mlp.experts.gate_up_proj");
@@ -1622,26 +1969,14 @@ fn sanitize(s: &DeepseekSpec, w: &mut Weights) -> Result<()> {
             }
         }
         if let Some(n) = s.n_routed_experts.filter(|_| s.is_moe(l)) {
-            let experts = s.experts_name;
-            for m in ["gate_proj", "down_proj", "up_proj"] {
-                for k in ["weight", "scales", "biases"] {
-                    if !w.contains(&format!("{prefix}.mlp.experts.0.{m}.{k}")) {
-                        continue;
-                    }
-                    let mut parts = Vec::with_capacity(n as usize);
-                    for e in 0..n {
-                        let name = format!("{prefix}.mlp.experts.{e}.{m}.{k}");
-                        parts.push(w.remove(&name).ok_or_else(|| {
-                            ModelError::Weights(vec![format!("missing: {name}")])
-                        })?);
-                    }
-                    let refs: Vec<&Array> = parts.iter().collect();
-                    w.insert(
-                        format!("{prefix}.mlp.{experts}.{m}.{k}"),
-                        ops::stack(&refs, 0, None)?,
-                    );
-                }
-            }
+            kit::stack_experts(
+                w,
+                &format!("{prefix}.mlp.experts"),
+                &format!("{prefix}.mlp.{}", s.experts_name),
+                n,
+                &kit::GLU_PROJECTIONS,
+                &kit::LINEAR_KEYS,
+            )?;
         }
         if s.standard_attention.is_none() && !s.expanded_mla() {
             split_kv_b_proj(s, w, &format!("{prefix}.self_attn"))?;
@@ -1888,5 +2223,9 @@ impl LanguageModel for Model {
 
     fn layers_path(&self) -> String {
         format!("{}model.layers", self.spec.prefix)
+    }
+
+    fn mtp(&self) -> Option<&dyn crate::models::MtpHead> {
+        (!self.mtp.is_empty()).then_some(self as &dyn crate::models::MtpHead)
     }
 }

@@ -15,7 +15,7 @@ use crate::layers::{
     scaled_dot_product_attention, swiglu, Embedding, Linear, RmsNorm, Rope, RopeScaling,
 };
 use crate::models::mamba::{conv_kernel_ok, positive};
-use crate::models::LanguageModel;
+use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
 serde_defaults! {
@@ -463,13 +463,7 @@ impl Model {
         let mut caches = caches;
         let (attn_mask, ssm_mask) = match caches.as_deref_mut() {
             Some(c) => {
-                if c.len() != self.layers.len() {
-                    return Err(ModelError::Other(format!(
-                        "{} caches for {} layers",
-                        c.len(),
-                        self.layers.len()
-                    )));
-                }
+                kit::check_caches(Some(&*c), self.layers.len(), "layers")?;
                 match split_cache(c.first_mut(), 0)? {
                     (Some(s), Some(a)) => (
                         a.make_mask(n, None, false)?,

@@ -17,7 +17,7 @@ use crate::layers::{
 };
 use crate::models::mamba::{conv_kernel_ok, positive, sanitize};
 use crate::models::moe::{Router, SparseMoe, SparseMoeParams};
-use crate::models::LanguageModel;
+use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
 serde_defaults! {
@@ -463,13 +463,7 @@ impl Model {
         let mut caches = caches;
         let (attn_mask, ssm_mask) = match caches.as_deref() {
             Some(c) => {
-                if c.len() != self.layers.len() {
-                    return Err(ModelError::Other(format!(
-                        "{} caches for {} layers",
-                        c.len(),
-                        self.layers.len()
-                    )));
-                }
+                kit::check_caches(Some(c), self.layers.len(), "layers")?;
                 let attn = match self.fa_idx {
                     Some(i) => c[i].make_mask(n, None, false)?,
                     None => AttentionMask::None,

@@ -16,7 +16,7 @@ use crate::layers::{silu, swiglu, Embedding, Linear, RmsNorm, SwitchActivation};
 use crate::models::mamba::{conv_kernel_ok, positive, sanitize};
 use crate::models::moe::{Router, SparseMoe, SparseMoeParams};
 use crate::models::nemotron_h::Attention;
-use crate::models::LanguageModel;
+use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
 serde_defaults! {
@@ -390,20 +390,9 @@ impl Model {
         let mut h = self.embed_tokens.forward(inputs)?;
         let n = h.shape().get(1).copied().unwrap_or(0) as usize;
         let mut caches = caches;
-        let attn_mask = match caches.as_deref() {
-            Some(c) => {
-                if c.len() != self.layers.len() {
-                    return Err(ModelError::Other(format!(
-                        "{} caches for {} layers",
-                        c.len(),
-                        self.layers.len()
-                    )));
-                }
-                // (jamba's Mamba mixer takes no mask: mlx-lm's `ssm_mask` goes unused.)
-                c[self.attn_idx].make_mask(n, None, false)?
-            }
-            None => mlx_cache::mask::fallback_mask(n, None, false)?,
-        };
+        kit::check_caches(caches.as_deref(), self.layers.len(), "layers")?;
+        // (jamba's Mamba mixer takes no mask: mlx-lm's `ssm_mask` goes unused.)
+        let attn_mask = kit::cache_mask(caches.as_deref(), self.attn_idx, n, None, false)?;
         for (i, layer) in self.layers.iter().enumerate() {
             let cache = caches.as_deref_mut().map(|c| &mut c[i]);
             let x = layer.input_layernorm.forward(&h)?;

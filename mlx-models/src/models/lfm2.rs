@@ -17,7 +17,7 @@ use crate::models::checkpoint::{layer_step, LayerArrays};
 use crate::models::moe::{
     Attention, AttentionSpec, BlockExtras, QkNorm, Router, SparseMoe, SparseMoeParams,
 };
-use crate::models::LanguageModel;
+use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
 fn default_rope_theta() -> f64 {
@@ -633,24 +633,14 @@ fn sanitize_moe(args: &ModelArgs, m: &MoeParts, w: &mut Weights) -> Result<()> {
     }
     for l in 0..args.num_hidden_layers {
         let prefix = format!("model.layers.{l}.feed_forward");
-        for n in ["gate_proj", "down_proj", "up_proj"] {
-            if !w.contains(&format!("{prefix}.experts.0.{n}.weight")) {
-                continue;
-            }
-            let mut parts = Vec::new();
-            for e in 0..m.params.num_experts {
-                let key = format!("{prefix}.experts.{e}.{n}.weight");
-                parts.push(
-                    w.remove(&key)
-                        .ok_or_else(|| ModelError::Weights(vec![format!("missing: {key}")]))?,
-                );
-            }
-            let refs: Vec<&Array> = parts.iter().collect();
-            w.insert(
-                format!("{prefix}.switch_mlp.{n}.weight"),
-                ops::stack(&refs, 0, None)?,
-            );
-        }
+        kit::stack_experts(
+            w,
+            &format!("{prefix}.experts"),
+            &format!("{prefix}.switch_mlp"),
+            m.params.num_experts,
+            &kit::GLU_PROJECTIONS,
+            &["weight"],
+        )?;
     }
     Ok(())
 }
@@ -684,13 +674,7 @@ impl Model {
         let mut caches = caches;
         let (attn_mask, conv_mask) = match caches.as_deref() {
             Some(c) => {
-                if c.len() != self.layers.len() {
-                    return Err(ModelError::Other(format!(
-                        "{} caches for {} layers",
-                        c.len(),
-                        self.layers.len()
-                    )));
-                }
+                kit::check_caches(Some(c), self.layers.len(), "layers")?;
                 (
                     c[self.fa_idx].make_mask(n, None, false)?,
                     c[self.conv_idx]

@@ -14,7 +14,7 @@ use crate::layers::{
     scaled_dot_product_attention, Embedding, Linear, Mlp, MlpKind, MlpNames, RmsNorm, Rope,
     RopeScaling, SwitchActivation, SwitchGlu,
 };
-use crate::models::LanguageModel;
+use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
 /// llama4.py `TextArgs`.
@@ -391,13 +391,7 @@ impl Model {
         let mut caches = caches;
         let (start, offset, global) = match caches.as_deref_mut() {
             Some(c) => {
-                if c.len() != self.layers.len() {
-                    return Err(ModelError::Other(format!(
-                        "{} caches for {} layers",
-                        c.len(),
-                        self.layers.len()
-                    )));
-                }
+                kit::check_caches(Some(&*c), self.layers.len(), "layers")?;
                 for (i, cache) in c.iter_mut().enumerate() {
                     if uses_rope(i) {
                         let chunked = cache

@@ -5,7 +5,7 @@
 //! identity ("zero") experts, which add the input times their weight. A layer's cache is a
 //! `CacheList` of the two attentions' caches.
 
-use mlx_cache::{AttentionMask, Cache, CacheList, KVCache};
+use mlx_cache::{ArraysCache, AttentionMask, Cache, CacheList, KVCache};
 use mlx_core::prelude::*;
 use serde::Deserialize;
 use serde_json::Value;
@@ -17,7 +17,7 @@ use crate::layers::{
     Embedding, Linear, Mlp, MlpKind, MlpNames, RmsNorm, Rope, RopeScaling, SwitchActivation,
     SwitchGlu,
 };
-use crate::models::LanguageModel;
+use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
 /// longcat_flash.py `ModelArgs` (most fields required there).
@@ -52,6 +52,21 @@ struct Args {
     router_bias: bool,
     #[serde(default)]
     rope_scaling: Option<RopeScaling>,
+    // longcat_flash_ngram
+    #[serde(default = "d_ngram_ratio")]
+    ngram_vocab_size_ratio: i64,
+    #[serde(default = "d_ngram_k")]
+    emb_neighbor_num: i64,
+    #[serde(default = "d_ngram_k")]
+    emb_split_num: i64,
+}
+
+fn d_ngram_ratio() -> i64 {
+    78
+}
+
+fn d_ngram_k() -> i64 {
+    4
 }
 
 /// `LongcatFlashTopkRouter` + `LongcatFlashMoE`.
@@ -176,6 +191,10 @@ pub struct Model {
     model_type: String,
     vocab_size: i32,
     embed_tokens: Embedding,
+    /// longcat_flash_ngram: the n-gram embeddings added to `embed_tokens`'s (which it names
+    /// `ngram_embeddings.word_embeddings`); its caches start with one `ArraysCache` holding
+    /// the last `emb_neighbor_num - 1` token ids.
+    ngram: Option<NgramEmbedding>,
     layers: Vec<Layer>,
     norm: RmsNorm,
     lm_head: Linear,
@@ -247,7 +266,26 @@ impl Model {
         }
         let q_scale = (f64::from(dim) / f64::from(q_lora)).powf(0.5) as f32;
         let kv_scale = (f64::from(dim) / f64::from(a.kv_lora_rank)).powf(0.5) as f32;
-        let embed_tokens = Embedding::load(w, "model.embed_tokens", a.vocab_size, dim)?;
+        let ngram = if t == "longcat_flash_ngram" {
+            // Its `sanitize`: `model.embed_tokens.weight` becomes the n-gram module's
+            // `word_embeddings`.
+            if let Some(v) = w.remove("model.embed_tokens.weight") {
+                w.insert("model.ngram_embeddings.word_embeddings.weight".into(), v);
+            }
+            Some(NgramEmbedding::load(&a, w)?)
+        } else {
+            None
+        };
+        let embed_tokens = Embedding::load(
+            w,
+            if ngram.is_some() {
+                "model.ngram_embeddings.word_embeddings"
+            } else {
+                "model.embed_tokens"
+            },
+            a.vocab_size,
+            dim,
+        )?;
         let n_total = a.n_routed_experts + a.zero_expert_num;
         let mut layers = Vec::with_capacity(a.num_layers as usize);
         for l in 0..a.num_layers {
@@ -347,6 +385,7 @@ impl Model {
             model_type: config.model_type.clone(),
             vocab_size: a.vocab_size,
             embed_tokens,
+            ngram,
             layers,
             norm,
             lm_head,
@@ -359,18 +398,44 @@ impl Model {
         caches: Option<&mut [Box<dyn Cache>]>,
     ) -> Result<Array> {
         crate::models::moe::check_inputs(inputs)?;
-        let mut h = self.embed_tokens.forward(inputs)?;
-        let n = h.shape().get(1).copied().unwrap_or(0) as usize;
         let mut caches = caches;
+        let mut h = match &self.ngram {
+            Some(ng) => {
+                let (first, rest) = match caches.take() {
+                    Some(c) if !c.is_empty() => {
+                        let (first, rest) = c.split_at_mut(1);
+                        (Some(&mut first[0]), Some(rest))
+                    }
+                    Some(_) => {
+                        return Err(ModelError::Other(
+                            "longcat_flash_ngram: no caches (the first holds the n-gram \
+                             context)"
+                                .into(),
+                        ))
+                    }
+                    None => (None, None),
+                };
+                caches = rest;
+                let ctx = match first {
+                    Some(c) => Some(c.as_any_mut().downcast_mut::<ArraysCache>().ok_or_else(
+                        || {
+                            ModelError::Other(
+                                "longcat_flash_ngram: the first cache must be an \
+                                     ArraysCache"
+                                    .into(),
+                            )
+                        },
+                    )?),
+                    None => None,
+                };
+                ng.forward(&self.embed_tokens.forward(inputs)?, inputs, ctx)?
+            }
+            None => self.embed_tokens.forward(inputs)?,
+        };
+        let n = h.shape().get(1).copied().unwrap_or(0) as usize;
         let mask = match caches.as_deref_mut() {
             Some(caches) => {
-                if caches.len() != self.layers.len() {
-                    return Err(ModelError::Other(format!(
-                        "{} caches for {} layers",
-                        caches.len(),
-                        self.layers.len()
-                    )));
-                }
+                kit::check_caches(Some(&*caches), self.layers.len(), "layers")?;
                 // `create_attention_mask(h, cache[0][0], return_array=True)`.
                 match caches.first() {
                     Some(c) => match c.as_any().downcast_ref::<CacheList>() {
@@ -402,26 +467,14 @@ impl Model {
 fn sanitize(a: &Args, w: &mut Weights) -> Result<()> {
     for l in 0..a.num_layers {
         let prefix = format!("model.layers.{l}");
-        for m in ["gate_proj", "down_proj", "up_proj"] {
-            for k in ["weight", "scales", "biases"] {
-                if !w.contains(&format!("{prefix}.mlp.experts.0.{m}.{k}")) {
-                    continue;
-                }
-                let mut parts = Vec::with_capacity(a.n_routed_experts as usize);
-                for e in 0..a.n_routed_experts {
-                    let name = format!("{prefix}.mlp.experts.{e}.{m}.{k}");
-                    parts
-                        .push(w.remove(&name).ok_or_else(|| {
-                            ModelError::Weights(vec![format!("missing: {name}")])
-                        })?);
-                }
-                let refs: Vec<&Array> = parts.iter().collect();
-                w.insert(
-                    format!("{prefix}.mlp.switch_mlp.{m}.{k}"),
-                    ops::stack(&refs, 0, None)?,
-                );
-            }
-        }
+        kit::stack_experts(
+            w,
+            &format!("{prefix}.mlp.experts"),
+            &format!("{prefix}.mlp.switch_mlp"),
+            a.n_routed_experts,
+            &kit::GLU_PROJECTIONS,
+            &kit::LINEAR_KEYS,
+        )?;
         for i in 0..2 {
             crate::models::deepseek::split_kv_b_proj_dims(
                 w,
@@ -516,14 +569,18 @@ impl LanguageModel for Model {
     }
 
     fn make_cache(&self) -> Vec<Box<dyn Cache>> {
-        (0..self.layers.len())
-            .map(|_| -> Box<dyn Cache> {
-                Box::new(CacheList::new(vec![
-                    Box::new(KVCache::new()),
-                    Box::new(KVCache::new()),
-                ]))
-            })
-            .collect()
+        let lists = (0..self.layers.len()).map(|_| -> Box<dyn Cache> {
+            Box::new(CacheList::new(vec![
+                Box::new(KVCache::new()),
+                Box::new(KVCache::new()),
+            ]))
+        });
+        match self.ngram {
+            Some(_) => std::iter::once(Box::new(ArraysCache::new(1)) as Box<dyn Cache>)
+                .chain(lists)
+                .collect(),
+            None => lists.collect(),
+        }
     }
 
     fn defines_make_cache(&self) -> bool {
@@ -531,6 +588,147 @@ impl LanguageModel for Model {
     }
 
     fn num_layers(&self) -> usize {
-        self.layers.len()
+        self.layers.len() + usize::from(self.ngram.is_some())
+    }
+}
+
+/// longcat_flash_ngram.py `NgramEmbedding`: `k * (n - 1)` hashed n-gram embeddings (n-grams of
+/// 2..=n tokens, `k` hashes each: the ids of the n-gram weighted by powers of the vocabulary
+/// modulo the embedder's size), each projected to the hidden size and added to the word
+/// embedding, the sum divided by `1 + k * (n - 1)`. Ids are int64 as there.
+struct NgramEmbedding {
+    /// `(vocab size, module, projection)` of each embedder, in order.
+    embedders: Vec<(i64, Embedding, Linear)>,
+    /// `vocab_mods[(i, j)]` for n-gram size `i` and hash `j`, flattened in that order.
+    vocab_mods: Vec<Vec<i64>>,
+    n: i64,
+    k: i64,
+}
+
+impl NgramEmbedding {
+    fn load(a: &Args, w: &mut Weights) -> Result<NgramEmbedding> {
+        let (n, k) = (a.emb_neighbor_num, a.emb_split_num);
+        let bad = |m: String| ModelError::Config(format!("longcat_flash_ngram: {m}"));
+        if !(2..=64).contains(&n) || !(1..=64).contains(&k) || a.ngram_vocab_size_ratio < 1 {
+            return Err(bad(format!(
+                "emb_neighbor_num {n} (2..=64), emb_split_num {k} (1..=64) and \
+                 ngram_vocab_size_ratio {} (>= 1) are out of range",
+                a.ngram_vocab_size_ratio
+            )));
+        }
+        let count = k * (n - 1);
+        let emb_dim = i64::from(a.hidden_size) / count;
+        if emb_dim < 1 {
+            return Err(bad(format!(
+                "hidden_size {} is smaller than the {count} n-gram embedders",
+                a.hidden_size
+            )));
+        }
+        let vocab = i64::from(a.vocab_size);
+        let m = a
+            .ngram_vocab_size_ratio
+            .checked_mul(vocab)
+            .filter(|m| *m < i64::from(i32::MAX) / 2)
+            .ok_or_else(|| bad("ngram_vocab_size_ratio * vocab_size is too large".into()))?;
+        let mut embedders = Vec::with_capacity(count as usize);
+        for i in 0..count {
+            let size = m + i * 2 + 1;
+            embedders.push((
+                size,
+                Embedding::load(
+                    w,
+                    &format!("model.ngram_embeddings.embedders.{i}"),
+                    size as i32,
+                    emb_dim as i32,
+                )?,
+                Linear::load(
+                    w,
+                    &format!("model.ngram_embeddings.post_projs.{i}"),
+                    emb_dim as i32,
+                    a.hidden_size,
+                    false,
+                )?,
+            ));
+        }
+        let mut vocab_mods = Vec::with_capacity(count as usize);
+        for i in 2..=n {
+            for j in 0..k {
+                let dim = m + ((i - 2) * k + j) * 2 + 1;
+                let mut power = 1i64;
+                let mut mods = Vec::new();
+                for _ in 0..i - 1 {
+                    power = (power * vocab) % dim;
+                    mods.push(power);
+                }
+                vocab_mods.push(mods);
+            }
+        }
+        Ok(NgramEmbedding {
+            embedders,
+            vocab_mods,
+            n,
+            k,
+        })
+    }
+
+    /// `_shift_right(x, s)`: `s` zero ids in front, the last `s` dropped (all zeros when the
+    /// sequence is not longer than `s`).
+    fn shift_right(x: &Array, s: i64) -> Result<Array> {
+        let sh = x.shape();
+        let len = i64::from(sh[1]);
+        if s <= 0 {
+            return Ok(x.clone());
+        }
+        if len <= s {
+            return Ok(ops::zeros_like(x, None)?);
+        }
+        let zeros = ops::zeros(&[sh[0], s as i32], x.dtype(), None)?;
+        let kept = ops::slice_axis(x, -1, 0, (len - s) as i32, None)?;
+        Ok(ops::concatenate(&[&zeros, &kept], -1, None)?)
+    }
+
+    /// `x` the word embeddings of `ids` `(B, L)`; `ctx` the context cache (slot 0: the last
+    /// `n - 1` ids seen).
+    fn forward(&self, x: &Array, ids: &Array, ctx: Option<&mut ArraysCache>) -> Result<Array> {
+        let seq = ids.shape()[1];
+        let ids = ids.astype(Dtype::Int64)?;
+        let context = match ctx {
+            Some(c) => {
+                let context = match c.get(0) {
+                    Some(prev) => ops::concatenate(&[prev, &ids], -1, None)?,
+                    None => ids.clone(),
+                };
+                let len = i64::from(context.shape()[1]);
+                let start = (len - self.n + 1).max(0) as i32;
+                c.set(0, ops::slice_axis(&context, -1, start, len as i32, None)?)?;
+                context
+            }
+            None => ids.clone(),
+        };
+        let shifted: Vec<Array> = (2..=self.n)
+            .map(|i| Self::shift_right(&context, i - 1))
+            .collect::<Result<_>>()?;
+        let len = context.shape()[1];
+        let mut x = x.clone();
+        for i in 2..=self.n {
+            for j in 0..self.k {
+                let index = ((i - 2) * self.k + j) as usize;
+                let (size, embedder, proj) = &self.embedders[index];
+                let mods = &self.vocab_mods[index];
+                let mut ngram = context.clone();
+                for kk in 2..=i {
+                    let term = ops::multiply_scalar(
+                        &shifted[(kk - 2) as usize],
+                        mods[(kk - 2) as usize],
+                        None,
+                    )?;
+                    ngram = (&ngram + &term)?;
+                }
+                let ngram = ops::remainder_scalar(&ngram, *size, None)?;
+                let ngram = ops::slice_axis(&ngram, -1, len - seq, len, None)?;
+                x = (&x + &proj.forward(&embedder.forward(&ngram)?)?)?;
+            }
+        }
+        Ok(ops::divide_scalar(&x, 1 + self.k * (self.n - 1), None)?)
     }
 }

@@ -17,7 +17,7 @@ use crate::layers::ssm::{
     arrays_cache, softplus, DepthwiseConv, GatedNorm, Mamba2Dims, Mamba2Mixer,
 };
 use crate::layers::{silu, swiglu, Embedding, Linear, RmsNorm};
-use crate::models::LanguageModel;
+use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
 serde_defaults! {
@@ -72,16 +72,7 @@ struct Mamba2Args {
     ssm_state_size: Option<i32>,
 }
 
-pub(crate) fn positive(model: &str, fields: &[(&str, i32)]) -> Result<()> {
-    for (name, v) in fields {
-        if *v <= 0 {
-            return Err(ModelError::Config(format!(
-                "{model}: `{name}` must be positive, got {v}"
-            )));
-        }
-    }
-    Ok(())
-}
+pub(crate) use crate::models::kit::check_positive as positive;
 
 pub(crate) fn conv_kernel_ok(model: &str, k: i32) -> Result<()> {
     if k < 2 {
@@ -397,13 +388,7 @@ impl Model {
         let mut caches = caches;
         let mask = match caches.as_deref() {
             Some(c) => {
-                if c.len() != self.layers.len() {
-                    return Err(ModelError::Other(format!(
-                        "{} caches for {} layers",
-                        c.len(),
-                        self.layers.len()
-                    )));
-                }
+                kit::check_caches(Some(c), self.layers.len(), "layers")?;
                 // mamba2's `create_ssm_mask` (mamba.py takes no mask).
                 match (c.first(), self.layers.first().map(|l| &l.mixer)) {
                     (Some(c0), Some(Mixer::V2(_))) => {

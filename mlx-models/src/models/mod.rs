@@ -57,6 +57,7 @@ macro_rules! serde_defaults {
     )*};
 }
 
+pub mod afm7;
 pub mod baichuan_m1;
 mod checkpoint;
 pub mod dbrx;
@@ -66,17 +67,23 @@ pub mod descriptor;
 pub mod falcon_h1;
 pub mod gemma4_text;
 pub mod granitemoehybrid;
+pub mod iquestloopcoder;
 pub mod jamba;
+pub(crate) mod kit;
 pub mod lfm2;
 pub mod llama4;
 pub mod longcat_flash;
 pub mod mamba;
+pub mod mimo_v2_flash;
 pub mod moe;
 pub mod muse_glimmer;
 pub mod nemotron_h;
+pub mod nemotron_nas;
 pub mod olmo_hybrid;
+pub mod phixtral;
 pub mod qwen3_next;
 pub mod segmented;
+pub mod step3p5;
 pub mod talkie;
 pub mod unserved;
 mod wrappers;
@@ -251,6 +258,37 @@ pub trait LanguageModel: Send {
     fn segmented(&self) -> Option<&dyn SegmentedDecode> {
         None
     }
+
+    /// The checkpoint's multi-token-prediction layers, when they were loaded
+    /// (`Weights::with_mtp`); `None` otherwise.
+    fn mtp(&self) -> Option<&dyn MtpHead> {
+        None
+    }
+}
+
+/// Multi-token-prediction layers (DeepSeek V3 / GLM-4.5 `num_nextn_predict_layers`,
+/// Qwen3-Next `mtp.*`): each predicts the token after next from a hidden state and the next
+/// token, so chained they draft tokens for speculative decoding. Not part of mlx-lm (its
+/// `sanitize` drops them): loading them is opt-in.
+pub trait MtpHead {
+    /// How many layers there are.
+    fn depth(&self) -> usize;
+
+    /// Fresh caches, one per layer.
+    fn make_mtp_cache(&self) -> Vec<Box<dyn Cache>>;
+
+    /// Layer `k` over `hidden` `(1, n, hidden)` (the target's final normed hidden states, or
+    /// this head's previous output) and `tokens` `(1, n)` (the token after each of those
+    /// positions), appending to its `cache`: the logits `(1, n, vocab)` for the token after
+    /// each of `tokens`, and the layer's hidden output `(1, n, hidden)` (the next step's
+    /// `hidden`).
+    fn mtp_forward(
+        &self,
+        k: usize,
+        hidden: &Array,
+        tokens: &Array,
+        cache: &mut Box<dyn Cache>,
+    ) -> Result<(Array, Array)>;
 }
 
 /// `lm_head(h)`, or with tied embeddings `embed_tokens.as_linear(h)`: the head every
@@ -404,6 +442,13 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
         Ok(Box::new(deepseek::Model::load(c, w)?))
     }),
     ("dots1", |c, w| Ok(Box::new(deepseek::Model::load(c, w)?))),
+    ("glm4_moe", |c, w| {
+        Ok(Box::new(deepseek::Model::load(c, w)?))
+    }),
+    ("kimi_vl", |c, w| Ok(Box::new(deepseek::Model::load(c, w)?))),
+    ("youtu_llm", |c, w| {
+        Ok(Box::new(deepseek::Model::load(c, w)?))
+    }),
     ("deepseek", |c, w| {
         Ok(Box::new(deepseek::Model::load(c, w)?))
     }),
@@ -423,6 +468,9 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
         Ok(Box::new(deepseek::Model::load(c, w)?))
     }),
     ("longcat_flash", |c, w| {
+        Ok(Box::new(longcat_flash::Model::load(c, w)?))
+    }),
+    ("longcat_flash_ngram", |c, w| {
         Ok(Box::new(longcat_flash::Model::load(c, w)?))
     }),
     // State-space family (issue #32).
@@ -449,6 +497,20 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
     ("qwen3_vl_moe", wrappers::qwen3_vl_moe),
     ("gemma4", wrappers::gemma4),
     ("talkie", |c, w| Ok(Box::new(talkie::Model::load(c, w)?))),
+    ("phixtral", |c, w| {
+        Ok(Box::new(phixtral::Model::load(c, w)?))
+    }),
+    ("afm7", |c, w| Ok(Box::new(afm7::Model::load(c, w)?))),
+    ("step3p5", |c, w| Ok(Box::new(step3p5::Model::load(c, w)?))),
+    ("mimo_v2_flash", |c, w| {
+        Ok(Box::new(mimo_v2_flash::Model::load(c, w)?))
+    }),
+    ("iquestloopcoder", |c, w| {
+        Ok(Box::new(iquestloopcoder::Model::load(c, w)?))
+    }),
+    ("nemotron-nas", |c, w| {
+        Ok(Box::new(nemotron_nas::Model::load(c, w)?))
+    }),
     ("muse_glimmer", |c, w| {
         Ok(Box::new(muse_glimmer::Model::load(c, w)?))
     }),

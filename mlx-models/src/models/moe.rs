@@ -15,7 +15,7 @@ use crate::layers::{
     Norm, NormKind, RmsNorm, Rope, RopeScaling, SwitchActivation, SwitchGlu,
 };
 use crate::models::checkpoint::{layer_step, LayerArrays};
-use crate::models::LanguageModel;
+use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
 /// Where the attention's q/k RMS norms sit.
@@ -3363,7 +3363,7 @@ fn sparsemixer(gates: &Array, k: i32, jitter_eps: f64) -> Result<(Array, Array)>
 }
 
 /// `stop_gradient(argpartition(-gates, kth=k - 1, axis=-1)[..., :k])`.
-fn lower_top_k(gates: &Array, k: i32) -> Result<Array> {
+pub(crate) fn lower_top_k(gates: &Array, k: i32) -> Result<Array> {
     let neg = ops::negative(gates, None)?;
     let inds = ops::slice_axis(&ops::argpartition(&neg, k - 1, -1, None)?, -1, 0, k, None)?;
     Ok(ops::stop_gradient(&inds, None)?)
@@ -3766,26 +3766,14 @@ fn sanitize(s: &MoeSpec, w: &mut Weights) -> Result<()> {
     };
     for l in 0..s.num_hidden_layers {
         let prefix = format!("model.layers.{l}.{}", s.moe_module);
-        for (from, to) in names {
-            for k in ["weight", "scales", "biases"] {
-                if !w.contains(&format!("{prefix}.experts.0.{from}.{k}")) {
-                    continue;
-                }
-                let mut parts = Vec::with_capacity(s.num_experts as usize);
-                for e in 0..s.num_experts {
-                    let name = format!("{prefix}.experts.{e}.{from}.{k}");
-                    parts
-                        .push(w.remove(&name).ok_or_else(|| {
-                            ModelError::Weights(vec![format!("missing: {name}")])
-                        })?);
-                }
-                let refs: Vec<&Array> = parts.iter().collect();
-                w.insert(
-                    format!("{prefix}.{}.{to}.{k}", s.moe_names[1]),
-                    ops::stack(&refs, 0, None)?,
-                );
-            }
-        }
+        kit::stack_experts(
+            w,
+            &format!("{prefix}.experts"),
+            &format!("{prefix}.{}", s.moe_names[1]),
+            s.num_experts,
+            names,
+            &kit::LINEAR_KEYS,
+        )?;
     }
     Ok(())
 }
@@ -3999,13 +3987,7 @@ impl Model {
         let mut caches = caches;
         let (mask, swa_mask) = match caches.as_deref_mut() {
             Some(caches) => {
-                if caches.len() != self.layers.len() {
-                    return Err(ModelError::Other(format!(
-                        "{} caches for {} layers",
-                        caches.len(),
-                        self.layers.len()
-                    )));
-                }
+                kit::check_caches(Some(&*caches), self.layers.len(), "layers")?;
                 let mask = caches[self.fa_idx].make_mask(n, None, false)?;
                 let swa_mask = match self.swa_idx {
                     Some(i) => Some(caches[i].make_mask(n, self.spec.sliding_window, false)?),

@@ -14,7 +14,7 @@ use crate::error::{ModelError, Result};
 use crate::layers::{
     scaled_dot_product_attention, silu, Embedding, Linear, Norm, NormKind, RmsNorm, Rope,
 };
-use crate::models::LanguageModel;
+use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
 serde_defaults! {
@@ -312,13 +312,7 @@ impl Model {
         let mut h = fast::rms_norm(&self.embed.forward(inputs)?, None, self.eps, None)?;
         let mut caches = caches;
         if let Some(c) = caches.as_deref() {
-            if c.len() != self.layers.len() {
-                return Err(ModelError::Other(format!(
-                    "{} caches for {} layers",
-                    c.len(),
-                    self.layers.len()
-                )));
-            }
+            kit::check_caches(Some(c), self.layers.len(), "layers")?;
         }
         // `_masks`: one mask per layer type, from the first layer of that type's cache.
         let mask_of = |sliding: bool| -> Result<Option<AttentionMask>> {

@@ -15,7 +15,7 @@ use crate::layers::gated_delta::{compute_g, gated_delta_ops, normalize_qk, RmsNo
 use crate::layers::ssm::{arrays_cache, DepthwiseConv};
 use crate::layers::{scaled_dot_product_attention, silu, Embedding, Linear, RmsNorm, Rope};
 use crate::models::mamba::{conv_kernel_ok, positive};
-use crate::models::LanguageModel;
+use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
 serde_defaults! {
@@ -457,13 +457,7 @@ impl Model {
         let mut caches = caches;
         let (fa_mask, ssm_mask) = match caches.as_deref() {
             Some(c) => {
-                if c.len() != self.layers.len() {
-                    return Err(ModelError::Other(format!(
-                        "{} caches for {} layers",
-                        c.len(),
-                        self.layers.len()
-                    )));
-                }
+                kit::check_caches(Some(c), self.layers.len(), "layers")?;
                 (
                     match self.fa_idx {
                         Some(i) => c[i].make_mask(n, None, false)?,

@@ -26,7 +26,7 @@ use crate::layers::{
 use crate::layers::{LayerParam, LinearMut};
 use crate::models::checkpoint::{layer_step, LayerArrays};
 use crate::models::moe::{Ffn, Router, SparseMoe, SparseMoeParams};
-use crate::models::LanguageModel;
+use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
 /// The arguments both files read (qwen3_next `ModelArgs`, qwen3_5 `TextModelArgs` after
@@ -853,6 +853,66 @@ impl LayerArrays for DecoderLayer {
     }
 }
 
+/// A decoder layer under `p`: a Gated DeltaNet or gated attention mixer, a sparse or dense MLP.
+fn load_layer(
+    args: &ModelArgs,
+    w: &mut Weights,
+    p: &str,
+    linear: bool,
+    sparse: bool,
+) -> Result<DecoderLayer> {
+    let eps = args.rms_norm_eps as f32;
+    let dim = args.hidden_size;
+    let mixer = if linear {
+        Mixer::Linear(GatedDeltaNet::load(args, w, &format!("{p}.linear_attn"))?)
+    } else {
+        Mixer::Attention(Attention::load(args, w, &format!("{p}.self_attn"))?)
+    };
+    let mlp = if sparse {
+        Ffn::Sparse(Box::new(SparseMoe::load_parts(
+            w,
+            &format!("{p}.mlp"),
+            &SparseMoeParams {
+                hidden_size: dim,
+                num_experts: args.num_experts,
+                top_k: args.num_experts_per_tok,
+                moe_intermediate_size: args.moe_intermediate_size,
+                expert_bias: false,
+                router: Router::SoftmaxUpperPartition {
+                    norm_topk_prob: args.norm_topk_prob,
+                    cast_back: false,
+                },
+                shared_expert_intermediate_size: Some(args.shared_expert_intermediate_size),
+                names: ["gate", "switch_mlp"],
+                router_bias: false,
+                activation: SwitchActivation::SwiGlu,
+            },
+        )?))
+    } else {
+        Ffn::Dense(Mlp::load(
+            w,
+            &format!("{p}.mlp"),
+            &crate::layers::MlpNames::LLAMA,
+            dim,
+            args.intermediate_size,
+            false,
+            false,
+            MlpKind::SwiGlu,
+        )?)
+    };
+    Ok(DecoderLayer {
+        mixer,
+        mlp,
+        input_layernorm: RmsNorm::load(w, &format!("{p}.input_layernorm"), dim, eps)?,
+        post_attention_layernorm: RmsNorm::load(
+            w,
+            &format!("{p}.post_attention_layernorm"),
+            dim,
+            eps,
+        )?,
+    })
+}
+
 /// The qwen3_next / qwen3_5 model.
 pub struct Model {
     args: ModelArgs,
@@ -868,6 +928,8 @@ pub struct Model {
     checkpoint_own: std::ops::Range<usize>,
     /// This rank's pipeline stage `(rank, size)` after [`Model::shard_pipeline`].
     pipeline: Option<(i32, i32)>,
+    /// The `mtp.*` layers, loaded only when asked ([`Weights::with_mtp`]).
+    mtp: Option<Mtp>,
 }
 
 impl Model {
@@ -882,55 +944,19 @@ impl Model {
         let mut layers = Vec::with_capacity(args.num_hidden_layers as usize);
         for i in 0..args.num_hidden_layers {
             let p = format!("{pre}.layers.{i}");
-            let mixer = if args.is_linear(i) {
-                Mixer::Linear(GatedDeltaNet::load(&args, w, &format!("{p}.linear_attn"))?)
-            } else {
-                Mixer::Attention(Attention::load(&args, w, &format!("{p}.self_attn"))?)
-            };
-            let mlp = if args.is_sparse(i) {
-                Ffn::Sparse(Box::new(SparseMoe::load_parts(
-                    w,
-                    &format!("{p}.mlp"),
-                    &SparseMoeParams {
-                        hidden_size: dim,
-                        num_experts: args.num_experts,
-                        top_k: args.num_experts_per_tok,
-                        moe_intermediate_size: args.moe_intermediate_size,
-                        expert_bias: false,
-                        router: Router::SoftmaxUpperPartition {
-                            norm_topk_prob: args.norm_topk_prob,
-                            cast_back: false,
-                        },
-                        shared_expert_intermediate_size: Some(args.shared_expert_intermediate_size),
-                        names: ["gate", "switch_mlp"],
-                        router_bias: false,
-                        activation: SwitchActivation::SwiGlu,
-                    },
-                )?))
-            } else {
-                Ffn::Dense(Mlp::load(
-                    w,
-                    &format!("{p}.mlp"),
-                    &crate::layers::MlpNames::LLAMA,
-                    dim,
-                    args.intermediate_size,
-                    false,
-                    false,
-                    MlpKind::SwiGlu,
-                )?)
-            };
-            layers.push(DecoderLayer {
-                mixer,
-                mlp,
-                input_layernorm: RmsNorm::load(w, &format!("{p}.input_layernorm"), dim, eps)?,
-                post_attention_layernorm: RmsNorm::load(
-                    w,
-                    &format!("{p}.post_attention_layernorm"),
-                    dim,
-                    eps,
-                )?,
-            });
+            layers.push(load_layer(
+                &args,
+                w,
+                &p,
+                args.is_linear(i),
+                args.is_sparse(i),
+            )?);
         }
+        let mtp = if w.mtp() {
+            Some(Mtp::load(&args, w, config)?)
+        } else {
+            None
+        };
         let norm = RmsNorm::load(w, &format!("{pre}.norm"), dim, eps)?;
         let lm_head = if args.tie_word_embeddings {
             None
@@ -956,6 +982,7 @@ impl Model {
             grad_checkpoint: false,
             checkpoint_own: 0..0,
             pipeline: None,
+            mtp,
         })
     }
 
@@ -968,6 +995,116 @@ impl Model {
                 m.use_kernel = on;
             }
         }
+    }
+}
+
+/// How many `mtp.layers.<i>` the tensors hold.
+fn mtp_count(w: &Weights) -> i32 {
+    w.names()
+        .iter()
+        .filter_map(|n| {
+            n.strip_prefix("mtp.layers.")?
+                .split('.')
+                .next()?
+                .parse::<i32>()
+                .ok()
+        })
+        .map(|i| i + 1)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Qwen3-Next's multi-token-prediction head (`mtp.*`, as vLLM's `Qwen3NextMultiTokenPredictor`
+/// runs it): `fc([pre_fc_norm_embedding(embed(t_{i+1})), pre_fc_norm_hidden(h_i)])` through
+/// gated-attention decoder layers, then `norm`; the main model's head gives the logits.
+#[derive(Clone)]
+struct Mtp {
+    fc: Linear,
+    norm_embedding: RmsNorm,
+    norm_hidden: RmsNorm,
+    layers: Vec<DecoderLayer>,
+    norm: RmsNorm,
+}
+
+impl Mtp {
+    fn load(a: &ModelArgs, w: &mut Weights, config: &ModelConfig) -> Result<Mtp> {
+        if a.split_projections || !a.prefix.is_empty() {
+            return Err(ModelError::Config(format!(
+                "--mtp: `{}` multi-token prediction is not supported here (qwen3_next is)",
+                config.model_type
+            )));
+        }
+        let n = mtp_count(w);
+        let declared = config
+            .raw
+            .get("num_nextn_predict_layers")
+            .and_then(Value::as_i64);
+        if n == 0 || declared.is_some_and(|d| d != i64::from(n)) {
+            return Err(ModelError::Config(format!(
+                "--mtp: the weights hold {n} `mtp.layers.*` layers, config.json \
+                 `num_nextn_predict_layers` says {}",
+                declared.map_or("nothing".into(), |d| d.to_string())
+            )));
+        }
+        let (dim, eps) = (a.hidden_size, a.rms_norm_eps as f32);
+        let mut layers = Vec::with_capacity(n as usize);
+        for i in 0..n {
+            let p = format!("mtp.layers.{i}");
+            let sparse = w.contains(&format!("{p}.mlp.switch_mlp.up_proj.weight"));
+            layers.push(load_layer(a, w, &p, false, sparse)?);
+        }
+        Ok(Mtp {
+            fc: Linear::load(w, "mtp.fc", 2 * dim, dim, false)?,
+            norm_embedding: RmsNorm::load(w, "mtp.pre_fc_norm_embedding", dim, eps)?,
+            norm_hidden: RmsNorm::load(w, "mtp.pre_fc_norm_hidden", dim, eps)?,
+            layers,
+            norm: RmsNorm::load(w, "mtp.norm", dim, eps)?,
+        })
+    }
+}
+
+impl crate::models::MtpHead for Model {
+    fn depth(&self) -> usize {
+        self.mtp.as_ref().map_or(0, |m| m.layers.len())
+    }
+
+    fn make_mtp_cache(&self) -> Vec<Box<dyn Cache>> {
+        (0..self.depth())
+            .map(|_| -> Box<dyn Cache> { Box::new(KVCache::new()) })
+            .collect()
+    }
+
+    /// One layer `k` of the head: vLLM runs all of its layers in one step (`mtp.layers` with
+    /// `num_nextn_predict_layers` = 1 in Qwen3-Next's checkpoints); here layer `k` alone,
+    /// with the norms around it.
+    fn mtp_forward(
+        &self,
+        k: usize,
+        hidden: &Array,
+        tokens: &Array,
+        cache: &mut Box<dyn Cache>,
+    ) -> Result<(Array, Array)> {
+        let m = self
+            .mtp
+            .as_ref()
+            .ok_or_else(|| ModelError::Other("no multi-token-prediction layers loaded".into()))?;
+        let l = m.layers.get(k).ok_or_else(|| {
+            ModelError::Other(format!(
+                "multi-token-prediction layer {k} of {}",
+                m.layers.len()
+            ))
+        })?;
+        crate::models::moe::check_inputs(tokens)?;
+        let e = m
+            .norm_embedding
+            .forward(&self.embed_tokens.forward(tokens)?)?;
+        let x = ops::concatenate(&[&e, &m.norm_hidden.forward(hidden)?], -1, None)?;
+        let x = m.fc.forward(&x)?;
+        let n = x.shape().get(1).copied().unwrap_or(0) as usize;
+        let mask = cache.make_mask(n, None, false)?;
+        let h = l.forward(&x, k, &mask, None, Some(cache))?;
+        let h = m.norm.forward(&h)?;
+        Ok((self.head(&h)?, h))
     }
 }
 
@@ -997,8 +1134,12 @@ fn sanitize(a: &ModelArgs, w: &mut Weights) -> Result<()> {
     }
     let pre = format!("{}model", a.prefix);
     let mut stacked = false;
-    for l in 0..a.num_hidden_layers {
-        let prefix = format!("{pre}.layers.{l}.mlp");
+    // `--mtp`: the `mtp.layers.*` experts are stacked as the model's.
+    let mtp_layers = if w.mtp() { mtp_count(w) } else { 0 };
+    let layer_prefixes = (0..a.num_hidden_layers)
+        .map(|l| format!("{pre}.layers.{l}.mlp"))
+        .chain((0..mtp_layers).map(|l| format!("mtp.layers.{l}.mlp")));
+    for prefix in layer_prefixes {
         if a.split_projections {
             // qwen3_5_moe: fused `experts.gate_up_proj` (E, 2H, D) and `experts.down_proj`.
             if let Some(gate_up) = w.remove(&format!("{prefix}.experts.gate_up_proj")) {
@@ -1022,21 +1163,18 @@ fn sanitize(a: &ModelArgs, w: &mut Weights) -> Result<()> {
             continue;
         }
         stacked = true;
-        for n in ["up_proj", "down_proj", "gate_proj"] {
-            let mut parts = Vec::with_capacity(a.num_experts.max(0) as usize);
-            for e in 0..a.num_experts {
-                let name = format!("{prefix}.experts.{e}.{n}.weight");
-                parts.push(
-                    w.remove(&name)
-                        .ok_or_else(|| ModelError::Weights(vec![format!("missing: {name}")]))?,
-                );
-            }
-            let refs: Vec<&Array> = parts.iter().collect();
-            w.insert(
-                format!("{prefix}.switch_mlp.{n}.weight"),
-                ops::stack(&refs, 0, None)?,
-            );
-        }
+        kit::stack_experts(
+            w,
+            &format!("{prefix}.experts"),
+            &format!("{prefix}.switch_mlp"),
+            a.num_experts,
+            &[
+                ("up_proj", "up_proj"),
+                ("down_proj", "down_proj"),
+                ("gate_proj", "gate_proj"),
+            ],
+            &["weight"],
+        )?;
     }
     let hf_checkpoint = if a.split_projections {
         w.names().iter().any(|k| {
@@ -1049,7 +1187,7 @@ fn sanitize(a: &ModelArgs, w: &mut Weights) -> Result<()> {
         return Ok(());
     }
     for name in w.names() {
-        if name.contains("mtp.") {
+        if name.contains("mtp.") && !w.mtp() {
             w.remove(&name);
         }
     }
@@ -1062,6 +1200,9 @@ fn sanitize(a: &ModelArgs, w: &mut Weights) -> Result<()> {
         "model.norm.weight",
         ".q_norm.weight",
         ".k_norm.weight",
+        "mtp.pre_fc_norm_embedding.weight",
+        "mtp.pre_fc_norm_hidden.weight",
+        "mtp.norm.weight",
     ];
     for name in w.names() {
         let shape = w.shape_of(&name).unwrap_or_default();
@@ -1093,13 +1234,7 @@ impl Model {
         let mut caches = caches;
         let (fa_mask, ssm_mask) = match caches.as_deref() {
             Some(c) => {
-                if c.len() != self.layers.len() {
-                    return Err(ModelError::Other(format!(
-                        "{} caches for {} layers",
-                        c.len(),
-                        self.layers.len()
-                    )));
-                }
+                kit::check_caches(Some(c), self.layers.len(), "layers")?;
                 let fa = match self.fa_idx {
                     Some(i) => c[i].make_mask(n, None, false)?,
                     None => AttentionMask::None,
@@ -1217,6 +1352,12 @@ impl LanguageModel for Model {
             &mut self.embed_tokens,
             "model.embed_tokens",
         )
+    }
+
+    fn mtp(&self) -> Option<&dyn crate::models::MtpHead> {
+        self.mtp
+            .is_some()
+            .then_some(self as &dyn crate::models::MtpHead)
     }
 
     fn layer_parameters_mut(&mut self) -> Result<Vec<Vec<LayerParam<'_>>>> {

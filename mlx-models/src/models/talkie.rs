@@ -3,14 +3,14 @@
 //! on the attention and MLP branches, a skip from the normed embeddings into every block, a
 //! rope with negated frequencies, and a bare `lm_head` matrix times a learned gain.
 
-use mlx_cache::{create_attention_mask, Cache, KVCache, Kv};
+use mlx_cache::Cache;
 use mlx_core::prelude::*;
 use serde::Deserialize;
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::{scaled_dot_product_attention, silu, Embedding, Linear, Rope};
-use crate::models::LanguageModel;
+use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
 serde_defaults! {
@@ -83,20 +83,17 @@ impl Model {
     pub fn load(config: &ModelConfig, w: &mut Weights) -> Result<Model> {
         let args: ModelArgs = config.args()?;
         let (d, h, hd) = (args.hidden_size, args.num_attention_heads, args.head_dim);
-        for (name, v) in [
-            ("hidden_size", d),
-            ("num_hidden_layers", args.num_hidden_layers),
-            ("num_attention_heads", h),
-            ("head_dim", hd),
-            ("intermediate_size", args.intermediate_size),
-            ("vocab_size", args.vocab_size),
-        ] {
-            if v <= 0 {
-                return Err(ModelError::Config(format!(
-                    "config.json (`talkie`): field `{name}` must be positive, got {v}"
-                )));
-            }
-        }
+        kit::check_positive(
+            "talkie",
+            &[
+                ("hidden_size", d),
+                ("num_hidden_layers", args.num_hidden_layers),
+                ("num_attention_heads", h),
+                ("head_dim", hd),
+                ("intermediate_size", args.intermediate_size),
+                ("vocab_size", args.vocab_size),
+            ],
+        )?;
         let proj = h.checked_mul(hd).ok_or_else(|| {
             ModelError::Config("config.json (`talkie`): heads x head_dim overflows".into())
         })?;
@@ -145,29 +142,19 @@ impl Model {
         mask: &mlx_cache::AttentionMask,
         cache: Option<&mut Box<dyn Cache>>,
     ) -> Result<Array> {
-        let s = x.shape();
-        let (bs, l) = (s[0], s[1]);
         let (h, hd) = (self.args.num_attention_heads, self.args.head_dim);
-        let heads = |y: Array| -> Result<Array> {
-            let y = ops::reshape(&y, &[bs, l, h, hd], None)?;
-            Ok(ops::transpose(&y, &[0, 2, 1, 3], None)?)
-        };
-        let queries = heads(b.q.forward(x)?)?;
-        let keys = heads(b.k.forward(x)?)?;
-        let values = heads(b.v.forward(x)?)?;
+        let queries = kit::split_heads(&b.q.forward(x)?, h)?;
+        let keys = kit::split_heads(&b.k.forward(x)?, h)?;
+        let values = kit::split_heads(&b.v.forward(x)?, h)?;
         let offset = cache.as_ref().map_or(0, |c| c.offset());
         let queries = rms(&self.rope.forward(&queries, offset)?, self.eps)?;
         let keys = rms(&self.rope.forward(&keys, offset)?, self.eps)?;
         let g = ops::reshape(&b.head_g.astype(queries.dtype())?, &[1, -1, 1, 1], None)?;
         let queries = (&queries * &g)?;
-        let kv = match cache {
-            Some(c) => c.update_and_fetch(&keys, &values)?,
-            None => Kv::Dense { keys, values },
-        };
+        let kv = kit::cached_kv(cache, keys, values)?;
         let scale = (f64::from(hd)).powf(-0.5) as f32;
         let out = scaled_dot_product_attention(&queries, &kv, scale, mask, None)?;
-        let out = ops::transpose(&out, &[0, 2, 1, 3], None)?;
-        b.o.forward(&ops::reshape(&out, &[bs, l, -1], None)?)
+        b.o.forward(&kit::merge_heads(&out)?)
     }
 
     fn hidden_states(
@@ -185,20 +172,8 @@ impl Model {
         let mut h = rms(&self.embed.forward(inputs)?, self.eps)?;
         let e_x = h.clone();
         let mut caches = caches;
-        let mask = match caches.as_deref() {
-            Some([first, ..]) => first.make_mask(n, None, false)?,
-            Some([]) => return Err(ModelError::Other("no caches".into())),
-            None => create_attention_mask(n, 0, false, None)?,
-        };
-        if let Some(c) = caches.as_deref() {
-            if c.len() != self.blocks.len() {
-                return Err(ModelError::Other(format!(
-                    "{} caches for {} layers",
-                    c.len(),
-                    self.blocks.len()
-                )));
-            }
-        }
+        kit::check_caches(caches.as_deref(), self.blocks.len(), "layers")?;
+        let mask = kit::cache_mask(caches.as_deref(), 0, n, None, false)?;
         for (i, b) in self.blocks.iter().enumerate() {
             let cache = caches.as_deref_mut().map(|c| &mut c[i]);
             let a = self.attention(b, &rms(&h, self.eps)?, &mask, cache)?;
@@ -220,20 +195,10 @@ impl Model {
 }
 
 impl LanguageModel for Model {
-    fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
-        let h = self.hidden_states(inputs, caches)?;
-        self.head(&h)
-    }
-
-    fn forward_hidden(&self, inputs: &Array) -> Option<Result<Array>> {
-        Some(self.hidden_states(inputs, None))
-    }
+    kit::short_port_entry_points!(args, vocab_size);
 
     fn make_cache(&self) -> Vec<Box<dyn Cache>> {
-        self.blocks
-            .iter()
-            .map(|_| -> Box<dyn Cache> { Box::new(KVCache::new()) })
-            .collect()
+        kit::kv_caches(self.blocks.len())
     }
 
     fn defines_make_cache(&self) -> bool {
@@ -242,13 +207,5 @@ impl LanguageModel for Model {
 
     fn num_layers(&self) -> usize {
         self.blocks.len()
-    }
-
-    fn model_type(&self) -> &str {
-        &self.args.model_type
-    }
-
-    fn vocab_size(&self) -> i32 {
-        self.args.vocab_size
     }
 }

@@ -14,11 +14,6 @@ pub enum Unserved {
 /// `(model_type, why, reason)`, sorted by type.
 pub const UNSERVED: &[(&str, Unserved, &str)] = &[
     (
-        "afm7",
-        Unserved::NotYet,
-        "KV-reuse layers (ConcatenateKVCache): not ported yet",
-    ),
-    (
         "bailing_hybrid",
         Unserved::NotYet,
         "hybrid (issue #32, hybrids): not ported yet",
@@ -49,16 +44,6 @@ pub const UNSERVED: &[(&str, Unserved, &str)] = &[
         "AltUp, Laurel, per-layer inputs: not ported yet",
     ),
     (
-        "glm4_moe",
-        Unserved::NotYet,
-        "MoE (issue #32, DeepSeek family): not ported yet",
-    ),
-    (
-        "iquestloopcoder",
-        Unserved::NotYet,
-        "looped layers with a gate: not ported yet",
-    ),
-    (
         "kimi_k3",
         Unserved::NotYet,
         "MLA MoE (issue #32, DeepSeek family): not ported yet",
@@ -67,21 +52,6 @@ pub const UNSERVED: &[(&str, Unserved, &str)] = &[
         "kimi_linear",
         Unserved::NotYet,
         "KDA hybrid (issue #32): not ported yet",
-    ),
-    (
-        "kimi_vl",
-        Unserved::NotYet,
-        "its text tower is DeepSeek V3 (MLA): not ported yet",
-    ),
-    (
-        "longcat_flash_ngram",
-        Unserved::NotYet,
-        "MLA with n-gram embeddings: not ported yet",
-    ),
-    (
-        "mimo_v2_flash",
-        Unserved::NotYet,
-        "MoE (issue #32, MoE family): not ported yet",
     ),
     (
         "minimax_m3_vl",
@@ -95,19 +65,9 @@ pub const UNSERVED: &[(&str, Unserved, &str)] = &[
          norm_add_norm) unconditionally",
     ),
     (
-        "nemotron-nas",
-        Unserved::NotYet,
-        "per-layer block configurations: not ported yet",
-    ),
-    (
         "phi3small",
         Unserved::NotYet,
         "block-sparse attention and gegelu: not ported yet",
-    ),
-    (
-        "phixtral",
-        Unserved::NotYet,
-        "MoE of Phi-2 blocks: not ported yet",
     ),
     (
         "plamo2",
@@ -128,15 +88,5 @@ pub const UNSERVED: &[(&str, Unserved, &str)] = &[
         "rwkv7",
         Unserved::NotYet,
         "recurrent (issue #32): not ported yet",
-    ),
-    (
-        "step3p5",
-        Unserved::NotYet,
-        "MoE (issue #32, MoE family): not ported yet",
-    ),
-    (
-        "youtu_llm",
-        Unserved::NotYet,
-        "MLA attention (issue #32, DeepSeek family): not ported yet",
     ),
 ];

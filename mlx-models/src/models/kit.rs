@@ -1,0 +1,157 @@
+//! The pieces every dedicated port repeated (issue #29): the config's positive-size checks,
+//! the one-cache-per-layer check and mlx-lm's `create_attention_mask(h, cache[i])`, a list of
+//! plain KV caches, and `sanitize`'s stacking of per-expert weights into a switch layer.
+
+use mlx_cache::{AttentionMask, Cache, KVCache};
+use mlx_core::prelude::*;
+
+use crate::error::{ModelError, Result};
+use crate::weights::Weights;
+
+/// Every `(field, value)` positive, else a config error naming `config.json`, the type and the
+/// field.
+pub(crate) fn check_positive(model_type: &str, fields: &[(&str, i32)]) -> Result<()> {
+    match fields.iter().find(|(_, v)| *v <= 0) {
+        Some((name, v)) => Err(ModelError::Config(format!(
+            "config.json (`{model_type}`): field `{name}` must be positive, got {v}"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Caches, when given, must be `expected` (one per layer, or what the port's `make_cache`
+/// returns; `what` names them in the error: "layers", "attention layers", ...).
+pub(crate) fn check_caches(
+    caches: Option<&[Box<dyn Cache>]>,
+    expected: usize,
+    what: &str,
+) -> Result<()> {
+    match caches {
+        Some(c) if c.len() != expected => Err(ModelError::Other(format!(
+            "{} caches for {expected} {what}",
+            c.len()
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// mlx-lm's `create_attention_mask(h, cache[index], window_size, return_array)` for `n` new
+/// positions: that cache's own `make_mask`, or `base.create_attention_mask`'s rule without a
+/// cache (no mask for one token; an explicit one when asked or past the window; else causal).
+pub(crate) fn cache_mask(
+    caches: Option<&[Box<dyn Cache>]>,
+    index: usize,
+    n: usize,
+    window: Option<usize>,
+    return_array: bool,
+) -> Result<AttentionMask> {
+    match caches.and_then(|c| c.get(index)) {
+        Some(c) => Ok(c.make_mask(n, window, return_array)?),
+        None => Ok(mlx_cache::mask::fallback_mask(n, window, return_array)?),
+    }
+}
+
+/// `n` plain `KVCache`s (mlx-lm's default `make_prompt_cache` for a model without
+/// `make_cache`, or a `make_cache` that returns only those).
+pub(crate) fn kv_caches(n: usize) -> Vec<Box<dyn Cache>> {
+    (0..n)
+        .map(|_| -> Box<dyn Cache> { Box::new(KVCache::new()) })
+        .collect()
+}
+
+/// `sanitize`'s expert stacking: for each `(from, to)` projection and each `key` (`weight`,
+/// `scales`, ...) that expert 0 has (`{experts}.0.{from}.{key}`), the `n` tensors
+/// `{experts}.{e}.{from}.{key}` are removed and stacked on a new first axis as
+/// `{switch}.{to}.{key}`. A later expert missing is an error naming its tensor. Returns whether
+/// anything was stacked.
+pub(crate) fn stack_experts(
+    w: &mut Weights,
+    experts: &str,
+    switch: &str,
+    n: i32,
+    projections: &[(&str, &str)],
+    keys: &[&str],
+) -> Result<bool> {
+    let mut stacked = false;
+    for (from, to) in projections {
+        for k in keys {
+            if !w.contains(&format!("{experts}.0.{from}.{k}")) {
+                continue;
+            }
+            let mut parts = Vec::with_capacity(n.max(0) as usize);
+            for e in 0..n {
+                let name = format!("{experts}.{e}.{from}.{k}");
+                parts.push(
+                    w.remove(&name)
+                        .ok_or_else(|| ModelError::Weights(vec![format!("missing: {name}")]))?,
+                );
+            }
+            let refs: Vec<&Array> = parts.iter().collect();
+            w.insert(format!("{switch}.{to}.{k}"), ops::stack(&refs, 0, None)?);
+            stacked = true;
+        }
+    }
+    Ok(stacked)
+}
+
+/// The same names for `from` and `to` (`gate_proj` -> `gate_proj`, ...).
+pub(crate) const GLU_PROJECTIONS: [(&str, &str); 3] = [
+    ("gate_proj", "gate_proj"),
+    ("down_proj", "down_proj"),
+    ("up_proj", "up_proj"),
+];
+
+/// A quantized or dense linear's tensors.
+pub(crate) const LINEAR_KEYS: [&str; 3] = ["weight", "scales", "biases"];
+
+/// `y.reshape(B, L, n, -1).transpose(0, 2, 1, 3)`: a projection's `(B, L, n * d)` as `n`
+/// heads `(B, n, L, d)`.
+pub(crate) fn split_heads(y: &Array, n: i32) -> Result<Array> {
+    let s = y.shape();
+    let y = ops::reshape(y, &[s[0], s[1], n, -1], None)?;
+    Ok(ops::transpose(&y, &[0, 2, 1, 3], None)?)
+}
+
+/// `out.transpose(0, 2, 1, 3).reshape(B, L, -1)`: attention heads `(B, n, L, d)` joined back.
+pub(crate) fn merge_heads(out: &Array) -> Result<Array> {
+    let s = out.shape();
+    let out = ops::transpose(out, &[0, 2, 1, 3], None)?;
+    Ok(ops::reshape(&out, &[s[0], s[2], -1], None)?)
+}
+
+/// `cache.update_and_fetch(keys, values)` with a cache, the new keys and values without.
+pub(crate) fn cached_kv(
+    cache: Option<&mut Box<dyn Cache>>,
+    keys: Array,
+    values: Array,
+) -> Result<mlx_cache::Kv> {
+    match cache {
+        Some(c) => Ok(c.update_and_fetch(&keys, &values)?),
+        None => Ok(mlx_cache::Kv::Dense { keys, values }),
+    }
+}
+
+/// The `LanguageModel` methods a short inference-only port writes the same way: `forward`
+/// (its `hidden_states`, then its `head`), `forward_hidden`, and `model_type` / `vocab_size`
+/// from its config field `$args` (the vocabulary under `$vocab`).
+macro_rules! short_port_entry_points {
+    ($args:ident, $vocab:ident) => {
+        fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
+            let h = self.hidden_states(inputs, caches)?;
+            self.head(&h)
+        }
+
+        fn forward_hidden(&self, inputs: &Array) -> Option<Result<Array>> {
+            Some(self.hidden_states(inputs, None))
+        }
+
+        fn model_type(&self) -> &str {
+            &self.$args.model_type
+        }
+
+        fn vocab_size(&self) -> i32 {
+            self.$args.$vocab
+        }
+    };
+}
+pub(crate) use short_port_entry_points;

@@ -1,0 +1,512 @@
+//! mlx-lm 0.32.2 `models/step3p5.py`: sliding-window and full attention layers (`layer_types`,
+//! else even layers slide; the sliding ones may have their own head counts,
+//! `attention_other_setting`), per-head RMS norms on q and k, a rope per layer (its base from a
+//! list or one value, `partial_rotary_factors`, YaRN only on `yarn_only_types`), a head-wise
+//! sigmoid output gate, and MoE layers (`moe_layers_enum`, else all but the first) whose
+//! router is `moe_gate_select` (sigmoid scores, `router_bias` for the choice, weights over
+//! their sum + 1e-20, scaled) over `SwitchGLU` experts plus an un-gated `share_expert`; MLPs
+//! may clamp their SwiGLU (`swiglu_limits`, `swiglu_limits_shared`). Sliding layers cache in a
+//! `RotatingKVCache(sliding_window)`. Inference only (no adapters or full fine-tuning).
+//! Tensor parallelism (mlx-lm's `shard()`) is not here yet: it would go in an
+//! `impl Model { pub fn shard_tensor_parallel }` beside `load`, over `Attention`'s and the
+//! MLPs' linears.
+
+use mlx_cache::{AttentionMask, Cache, KVCache, RotatingKVCache};
+use mlx_core::prelude::*;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+
+use crate::layers::{
+    clamped_swiglu, scaled_dot_product_attention, swiglu, Embedding, Linear, RmsNorm, Rope,
+    RopeScaling, SwitchActivation, SwitchGlu,
+};
+use crate::models::{kit, LanguageModel};
+use crate::weights::Weights;
+
+serde_defaults! {
+    d_eps: f64 = 1e-5;
+    d_theta: Value = Value::from(10000.0);
+    d_max_pos: i64 = 262144;
+    d_window: i32 = 512;
+    d_true: bool = true;
+    d_experts: i32 = 288;
+    d_top_k: i32 = 8;
+    d_moe_inter: i32 = 1280;
+    d_share: i32 = 1280;
+    d_scaling: f64 = 3.0;
+}
+
+/// step3p5.py `ModelArgs`.
+#[derive(Clone, Debug, Deserialize)]
+pub struct ModelArgs {
+    pub model_type: String,
+    pub hidden_size: i32,
+    pub num_hidden_layers: i32,
+    pub vocab_size: i32,
+    pub num_attention_heads: i32,
+    pub num_attention_groups: i32,
+    pub head_dim: i32,
+    pub intermediate_size: i32,
+    #[serde(default = "d_eps")]
+    pub rms_norm_eps: f64,
+    /// One base, or one per layer.
+    #[serde(default = "d_theta")]
+    pub rope_theta: Value,
+    #[serde(default)]
+    pub rope_scaling: Option<RopeScaling>,
+    #[serde(default = "d_max_pos")]
+    pub max_position_embeddings: i64,
+    #[serde(default = "d_window")]
+    pub sliding_window: i32,
+    #[serde(default)]
+    pub layer_types: Option<Vec<String>>,
+    #[serde(default)]
+    pub yarn_only_types: Option<Vec<String>>,
+    #[serde(default)]
+    pub partial_rotary_factors: Option<Vec<f64>>,
+    #[serde(default)]
+    pub attention_other_setting: Option<Value>,
+    #[serde(default = "d_true")]
+    pub use_head_wise_attn_gate: bool,
+    #[serde(default = "d_experts")]
+    pub moe_num_experts: i32,
+    #[serde(default = "d_top_k")]
+    pub moe_top_k: i32,
+    #[serde(default = "d_moe_inter")]
+    pub moe_intermediate_size: i32,
+    #[serde(default = "d_share")]
+    pub share_expert_dim: i32,
+    #[serde(default)]
+    pub moe_layers_enum: Option<String>,
+    #[serde(default = "d_scaling")]
+    pub moe_router_scaling_factor: f64,
+    #[serde(default = "d_true")]
+    pub norm_expert_weight: bool,
+    #[serde(default)]
+    pub swiglu_limits: Option<Vec<Option<f64>>>,
+    #[serde(default)]
+    pub swiglu_limits_shared: Option<Vec<Option<f64>>>,
+}
+
+/// `Step3p5MLP`: a SwiGLU MLP, its activation clamped when `limit` is set.
+struct StepMlp {
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+    limit: Option<f64>,
+}
+
+impl StepMlp {
+    fn load(w: &mut Weights, path: &str, dim: i32, hidden: i32, limit: f64) -> Result<StepMlp> {
+        let p = |n: &str| format!("{path}.{n}");
+        Ok(StepMlp {
+            gate_proj: Linear::load(w, &p("gate_proj"), dim, hidden, false)?,
+            up_proj: Linear::load(w, &p("up_proj"), dim, hidden, false)?,
+            down_proj: Linear::load(w, &p("down_proj"), hidden, dim, false)?,
+            limit: (limit > 0.0).then_some(limit),
+        })
+    }
+
+    fn forward(&self, x: &Array) -> Result<Array> {
+        let (g, u) = (self.gate_proj.forward(x)?, self.up_proj.forward(x)?);
+        let h = match self.limit {
+            Some(limit) => clamped_swiglu(&u, &g, limit as f32)?,
+            None => swiglu(&g, &u)?,
+        };
+        self.down_proj.forward(&h)
+    }
+}
+
+struct Moe {
+    gate: Linear,
+    router_bias: Array,
+    switch_mlp: SwitchGlu,
+    share_expert: StepMlp,
+}
+
+enum Ffn {
+    Dense(StepMlp),
+    Moe(Box<Moe>),
+}
+
+struct Attention {
+    n_heads: i32,
+    n_kv_heads: i32,
+    scale: f32,
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    q_norm: RmsNorm,
+    k_norm: RmsNorm,
+    g_proj: Option<Linear>,
+    rope: Rope,
+}
+
+struct Layer {
+    sliding: bool,
+    self_attn: Attention,
+    mlp: Ffn,
+    input_layernorm: RmsNorm,
+    post_attention_layernorm: RmsNorm,
+}
+
+pub struct Model {
+    args: ModelArgs,
+    embed_tokens: Embedding,
+    layers: Vec<Layer>,
+    norm: RmsNorm,
+    lm_head: Linear,
+    top_k: i32,
+    scaling: f64,
+    norm_topk: bool,
+}
+
+/// `(swiglu_limits or [])[i] or 0`.
+fn limit_at(list: &Option<Vec<Option<f64>>>, i: usize) -> f64 {
+    list.as_ref()
+        .and_then(|l| l.get(i).copied().flatten())
+        .unwrap_or(0.0)
+}
+
+impl Model {
+    pub fn load(config: &ModelConfig, w: &mut Weights) -> Result<Model> {
+        let a: ModelArgs = config.args()?;
+        let t = "step3p5";
+        let bad = |m: String| ModelError::Config(format!("config.json (`{t}`): {m}"));
+        kit::check_positive(
+            t,
+            &[
+                ("hidden_size", a.hidden_size),
+                ("num_hidden_layers", a.num_hidden_layers),
+                ("vocab_size", a.vocab_size),
+                ("num_attention_heads", a.num_attention_heads),
+                ("num_attention_groups", a.num_attention_groups),
+                ("head_dim", a.head_dim),
+                ("intermediate_size", a.intermediate_size),
+                ("sliding_window", a.sliding_window),
+                ("moe_num_experts", a.moe_num_experts),
+                ("moe_top_k", a.moe_top_k),
+            ],
+        )?;
+        if a.moe_top_k > a.moe_num_experts {
+            return Err(bad(format!(
+                "moe_top_k {} exceeds moe_num_experts {}",
+                a.moe_top_k, a.moe_num_experts
+            )));
+        }
+        let n = a.num_hidden_layers as usize;
+        let moe_layers: Vec<usize> = match &a.moe_layers_enum {
+            Some(e) if !e.trim().is_empty() => e
+                .trim()
+                .split(',')
+                .map(|i| i.trim().parse::<usize>())
+                .collect::<std::result::Result<_, _>>()
+                .map_err(|_| {
+                    bad(format!(
+                        "field `moe_layers_enum` {e:?} is not a list of ints"
+                    ))
+                })?,
+            _ => (1..n).collect(),
+        };
+        let layer_types = a.layer_types.clone().unwrap_or_default();
+        if !layer_types.is_empty() && layer_types.len() < n {
+            return Err(bad(format!(
+                "field `layer_types` has {} entries for {n} layers",
+                layer_types.len()
+            )));
+        }
+        sanitize(&a, w)?;
+        let (d, eps) = (a.hidden_size, a.rms_norm_eps as f32);
+        let mut layers = Vec::with_capacity(n);
+        for i in 0..n {
+            let p = |s: &str| format!("model.layers.{i}.{s}");
+            let sliding = match layer_types.get(i) {
+                Some(k) => k == "sliding_attention",
+                None => i % 2 == 0,
+            };
+            let (heads, groups) = match (&a.attention_other_setting, sliding) {
+                (Some(o), true) if !o.is_null() => {
+                    let get = |k: &str| {
+                        o.get(k)
+                            .and_then(Value::as_i64)
+                            .and_then(|v| i32::try_from(v).ok())
+                            .filter(|v| *v > 0)
+                            .ok_or_else(|| {
+                                bad(format!(
+                                    "field `attention_other_setting.{k}` must be a positive \
+                                     integer"
+                                ))
+                            })
+                    };
+                    (get("num_attention_heads")?, get("num_attention_groups")?)
+                }
+                _ => (a.num_attention_heads, a.num_attention_groups),
+            };
+            if heads % groups != 0 {
+                return Err(bad(format!(
+                    "layer {i}: {heads} heads must be a multiple of {groups} groups"
+                )));
+            }
+            let theta = match &a.rope_theta {
+                Value::Array(l) => l.get(i).and_then(Value::as_f64),
+                v => v.as_f64(),
+            }
+            .ok_or_else(|| bad(format!("field `rope_theta` has no number for layer {i}")))?;
+            let partial = a
+                .partial_rotary_factors
+                .as_ref()
+                .and_then(|l| l.get(i).copied())
+                .unwrap_or(1.0);
+            let layer_type = layer_types.get(i).map_or("full_attention", String::as_str);
+            let scaling = match &a.yarn_only_types {
+                Some(y) if !y.is_empty() && !y.iter().any(|k| k == layer_type) => None,
+                _ => a.rope_scaling.as_ref(),
+            };
+            let hd = a.head_dim;
+            let self_attn = Attention {
+                n_heads: heads,
+                n_kv_heads: groups,
+                scale: f64::from(hd).powf(-0.5) as f32,
+                q_proj: Linear::load(w, &p("self_attn.q_proj"), d, heads * hd, false)?,
+                k_proj: Linear::load(w, &p("self_attn.k_proj"), d, groups * hd, false)?,
+                v_proj: Linear::load(w, &p("self_attn.v_proj"), d, groups * hd, false)?,
+                o_proj: Linear::load(w, &p("self_attn.o_proj"), heads * hd, d, false)?,
+                q_norm: RmsNorm::load(w, &p("self_attn.q_norm"), hd, eps)?,
+                k_norm: RmsNorm::load(w, &p("self_attn.k_norm"), hd, eps)?,
+                g_proj: if a.use_head_wise_attn_gate {
+                    Some(Linear::load(w, &p("self_attn.g_proj"), d, heads, false)?)
+                } else {
+                    None
+                },
+                rope: Rope::initialize(
+                    (f64::from(hd) * partial) as i32,
+                    theta,
+                    false,
+                    scaling,
+                    Some(a.max_position_embeddings),
+                )?,
+            };
+            let mlp = if moe_layers.contains(&i) {
+                let limit = limit_at(&a.swiglu_limits, i);
+                let activation = if limit > 0.0 {
+                    SwitchActivation::ClampedSwiGlu(limit as f32)
+                } else {
+                    SwitchActivation::SwiGlu
+                };
+                let e = a.moe_num_experts;
+                Ffn::Moe(Box::new(Moe {
+                    gate: Linear::load(w, &p("mlp.gate.gate"), d, e, false)?,
+                    router_bias: w.take(&p("mlp.gate.router_bias"), &[e])?,
+                    switch_mlp: SwitchGlu::load(
+                        w,
+                        &p("mlp.switch_mlp"),
+                        d,
+                        a.moe_intermediate_size,
+                        e,
+                        false,
+                        activation,
+                    )?,
+                    share_expert: StepMlp::load(
+                        w,
+                        &p("mlp.share_expert"),
+                        d,
+                        a.share_expert_dim,
+                        limit_at(&a.swiglu_limits_shared, i),
+                    )?,
+                }))
+            } else {
+                Ffn::Dense(StepMlp::load(
+                    w,
+                    &p("mlp"),
+                    d,
+                    a.intermediate_size,
+                    limit_at(&a.swiglu_limits_shared, i),
+                )?)
+            };
+            layers.push(Layer {
+                sliding,
+                self_attn,
+                mlp,
+                input_layernorm: RmsNorm::load(w, &p("input_layernorm"), d, eps)?,
+                post_attention_layernorm: RmsNorm::load(w, &p("post_attention_layernorm"), d, eps)?,
+            });
+        }
+        Ok(Model {
+            embed_tokens: Embedding::load(w, "model.embed_tokens", a.vocab_size, d)?,
+            norm: RmsNorm::load(w, "model.norm", d, eps)?,
+            lm_head: Linear::load(w, "lm_head", d, a.vocab_size, false)?,
+            layers,
+            top_k: a.moe_top_k,
+            scaling: a.moe_router_scaling_factor,
+            norm_topk: a.norm_expert_weight,
+            args: a,
+        })
+    }
+
+    fn attention(
+        &self,
+        at: &Attention,
+        x: &Array,
+        mask: &AttentionMask,
+        cache: Option<&mut Box<dyn Cache>>,
+    ) -> Result<Array> {
+        let s = x.shape();
+        let (b, l) = (s[0], s[1]);
+        let per_head = |y: Array, n: i32| ops::reshape(&y, &[b, l, n, -1], None);
+        let heads = |y: &Array| ops::transpose(y, &[0, 2, 1, 3], None);
+        let q = heads(
+            &at.q_norm
+                .forward(&per_head(at.q_proj.forward(x)?, at.n_heads)?)?,
+        )?;
+        let k = heads(
+            &at.k_norm
+                .forward(&per_head(at.k_proj.forward(x)?, at.n_kv_heads)?)?,
+        )?;
+        let v = kit::split_heads(&at.v_proj.forward(x)?, at.n_kv_heads)?;
+        let offset = cache.as_ref().map_or(0, |c| c.offset());
+        let q = at.rope.forward(&q, offset)?;
+        let kv = kit::cached_kv(cache, at.rope.forward(&k, offset)?, v)?;
+        let out = scaled_dot_product_attention(&q, &kv, at.scale, mask, None)?;
+        let mut out = heads(&out)?;
+        if let Some(g) = &at.g_proj {
+            let gate = ops::expand_dims(&ops::sigmoid(&g.forward(x)?, None)?, &[-1], None)?;
+            out = (&out * &gate)?;
+        }
+        at.o_proj.forward(&ops::reshape(&out, &[b, l, -1], None)?)
+    }
+
+    /// `Step3p5MoE`: `moe_gate_select` (plain ops), the experts' weighted sum cast back to
+    /// their dtype, plus the shared expert.
+    fn moe(&self, m: &Moe, x: &Array) -> Result<Array> {
+        let scores = ops::sigmoid(&m.gate.forward(x)?.astype(Dtype::Float32)?, None)?;
+        let corrected = (&scores + &m.router_bias)?;
+        let inds = crate::models::moe::lower_top_k(&corrected, self.top_k)?;
+        let mut weights = ops::take_along_axis(&scores, &inds, -1, None)?;
+        if self.norm_topk {
+            let total = ops::add_scalar(&ops::sum(&weights, &[-1], true, None)?, 1e-20f32, None)?;
+            weights = (&weights / &total)?;
+        }
+        let weights = ops::multiply_scalar(&weights, self.scaling, None)?;
+        let routed = m.switch_mlp.forward(x, &inds)?;
+        let dtype = routed.dtype();
+        let routed = (&routed * &ops::expand_dims(&weights, &[-1], None)?)?;
+        let routed = ops::sum(&routed, &[-2], false, None)?.astype(dtype)?;
+        Ok((&routed + &m.share_expert.forward(x)?)?)
+    }
+
+    fn hidden_states(
+        &self,
+        inputs: &Array,
+        caches: Option<&mut [Box<dyn Cache>]>,
+    ) -> Result<Array> {
+        crate::models::moe::check_inputs(inputs)?;
+        let n = inputs.shape()[1] as usize;
+        let mut caches = caches;
+        kit::check_caches(caches.as_deref(), self.layers.len(), "layers")?;
+        let window = Some(self.args.sliding_window as usize);
+        let mask_of = |sliding: bool| -> Result<AttentionMask> {
+            match self.layers.iter().position(|l| l.sliding == sliding) {
+                Some(i) => {
+                    kit::cache_mask(caches.as_deref(), i, n, window.filter(|_| sliding), false)
+                }
+                None => Ok(AttentionMask::None),
+            }
+        };
+        let (full_mask, swa_mask) = (mask_of(false)?, mask_of(true)?);
+        let mut h = self.embed_tokens.forward(inputs)?;
+        for (i, l) in self.layers.iter().enumerate() {
+            let cache = caches.as_deref_mut().map(|c| &mut c[i]);
+            let mask = if l.sliding { &swa_mask } else { &full_mask };
+            let r = self.attention(&l.self_attn, &l.input_layernorm.forward(&h)?, mask, cache)?;
+            let h2 = (&h + &r)?;
+            let x = l.post_attention_layernorm.forward(&h2)?;
+            let r = match &l.mlp {
+                Ffn::Dense(m) => m.forward(&x)?,
+                Ffn::Moe(m) => self.moe(m, &x)?,
+            };
+            h = (&h2 + &r)?;
+        }
+        self.norm.forward(&h)
+    }
+
+    fn head(&self, h: &Array) -> Result<Array> {
+        self.lm_head.forward(h)
+    }
+}
+
+/// step3p5.py `sanitize`: `.mtp` weights and layers past `num_hidden_layers` dropped; the
+/// original checkpoint's names (`.moe.gate_proj.`, `.moe.gate.`, `.moe.router_bias`,
+/// `.share_expert.`, ...) mapped to this model's, and then (a "vanilla" checkpoint, one that
+/// had such names) every norm weight stored as `w` becomes `w + 1`.
+fn sanitize(a: &ModelArgs, w: &mut Weights) -> Result<()> {
+    const REMAP: [(&str, &str); 6] = [
+        (".moe.gate_proj.", ".mlp.switch_mlp.gate_proj."),
+        (".moe.up_proj.", ".mlp.switch_mlp.up_proj."),
+        (".moe.down_proj.", ".mlp.switch_mlp.down_proj."),
+        (".moe.gate.", ".mlp.gate.gate."),
+        (".moe.router_bias", ".mlp.gate.router_bias"),
+        (".share_expert.", ".mlp.share_expert."),
+    ];
+    let names = w.names();
+    let vanilla = names
+        .iter()
+        .any(|k| REMAP.iter().any(|(s, d)| k.contains(s) && !k.contains(d)));
+    for k in names {
+        let past = k
+            .strip_prefix("model.layers.")
+            .and_then(|r| r.split('.').next())
+            .and_then(|i| i.parse::<i64>().ok())
+            .is_some_and(|i| i >= i64::from(a.num_hidden_layers));
+        if k.contains(".mtp") || past {
+            w.discard(&k);
+            continue;
+        }
+        let mut new = k.clone();
+        if let Some((s, d)) = REMAP.iter().find(|(s, d)| k.contains(s) && !k.contains(d)) {
+            new = k.replacen(s, d, 1);
+        }
+        let plus_one = vanilla && new.ends_with(".weight") && new.contains("norm");
+        if new != k || plus_one {
+            if let Some(v) = w.remove(&k) {
+                let v = if plus_one {
+                    ops::add_scalar(&v, 1i32, None)?
+                } else {
+                    v
+                };
+                w.insert(new, v);
+            }
+        }
+    }
+    Ok(())
+}
+
+impl LanguageModel for Model {
+    kit::short_port_entry_points!(args, vocab_size);
+
+    /// `make_cache`: a `RotatingKVCache(sliding_window)` for sliding layers, else a `KVCache`.
+    fn make_cache(&self) -> Vec<Box<dyn Cache>> {
+        let window = self.args.sliding_window as usize;
+        self.layers
+            .iter()
+            .map(|l| -> Box<dyn Cache> {
+                match (l.sliding, RotatingKVCache::new(window, 0)) {
+                    (true, Ok(c)) => Box::new(c),
+                    // (`sliding_window` is checked positive at load.)
+                    _ => Box::new(KVCache::new()),
+                }
+            })
+            .collect()
+    }
+
+    fn defines_make_cache(&self) -> bool {
+        true
+    }
+
+    fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+}
