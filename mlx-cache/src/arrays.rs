@@ -248,6 +248,17 @@ impl Cache for ArraysCache {
     fn class_name(&self) -> &'static str {
         "ArraysCache"
     }
+    /// mlx-lm's pipeline stages whose last layer is recurrent tie the send to
+    /// `cache[-1][0]` (qwen3_next, qwen3_5).
+    fn depend_on(&mut self, dep: &Array) -> Result<bool> {
+        match self.cache.first_mut() {
+            Some(Some(a)) => {
+                *a = mlx_core::ops::depends(a, dep)?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
     fn offset(&self) -> usize {
         0
     }

@@ -66,6 +66,13 @@ impl Cache for CacheList {
     fn fetch(&self) -> Result<Option<Kv>> {
         Ok(None)
     }
+    /// deepseek_v32's pipeline stages tie the send to `cache[-1][0].keys`: the first member.
+    fn depend_on(&mut self, dep: &Array) -> Result<bool> {
+        match self.caches.first_mut() {
+            Some(c) => c.depend_on(dep),
+            None => Ok(false),
+        }
+    }
     fn make_mask(
         &self,
         n: usize,

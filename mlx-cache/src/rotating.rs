@@ -539,6 +539,17 @@ macro_rules! rotating_cache {
             fn offset(&self) -> usize {
                 self.0.offset
             }
+            /// mlx-lm's pipeline stages set `cache[-1].keys = mx.depends(keys, h)` on a
+            /// rotating cache too (ministral3's sliding layers).
+            fn depend_on(&mut self, dep: &Array) -> Result<bool> {
+                match &mut self.0.keys {
+                    Some(Store::Dense(k)) => {
+                        *k = mlx_core::ops::depends(k, dep)?;
+                        Ok(true)
+                    }
+                    _ => Ok(false),
+                }
+            }
             fn size(&self) -> usize {
                 self.0.offset.min(self.0.max_size)
             }

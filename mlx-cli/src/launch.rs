@@ -40,8 +40,8 @@ pub struct LaunchArgs {
     /// With --hostfile: the ranks to start on this machine (default: all of them).
     #[arg(long, value_delimiter = ',', value_name = "R,R,...")]
     pub ranks: Vec<usize>,
-    /// MLX's distributed backend.
-    #[arg(long, default_value = "ring", value_parser = ["ring", "mpi"])]
+    /// MLX's distributed backend (`nccl`: CUDA builds, with -n, one GPU per rank).
+    #[arg(long, default_value = "ring", value_parser = ["ring", "mpi", "nccl"])]
     pub backend: String,
     /// With -n: the first port of the loopback ring (one port per rank; 0 picks free ones).
     #[arg(long, default_value_t = 0)]
@@ -93,6 +93,9 @@ pub fn check_args(a: &LaunchArgs) -> Result<(), String> {
     if !a.ranks.is_empty() && a.hostfile.is_none() {
         return Err("mlx launch: --ranks needs --hostfile".into());
     }
+    if a.backend == "nccl" && a.n.is_none() {
+        return Err("mlx launch: --backend nccl runs -n N ranks on this machine".into());
+    }
     if a.backend == "mpi" && a.hostfile.is_some() {
         return Err("mlx launch: --hostfile is for the ring backend (mpirun has its own)".into());
     }
@@ -123,6 +126,16 @@ pub fn run(a: &LaunchArgs) -> Result<(), String> {
     if a.backend == "mpi" {
         return run_mpi(&exe, a, &inner);
     }
+    if a.backend == "nccl" {
+        let n = a.n.unwrap_or(1);
+        let port = match a.starting_port {
+            0 => free_port()?,
+            p => p,
+        };
+        let ranks: Vec<usize> = (0..n).collect();
+        let env = move |r: usize| nccl_env(r, n, port);
+        return supervise(&exe, &inner, &env, &ranks, a.timeout, a.pipeline);
+    }
     let (hostfile, world, temp) = match &a.hostfile {
         Some(f) => (f.clone(), ring_world_size(f)?, false),
         None => {
@@ -141,7 +154,14 @@ pub fn run(a: &LaunchArgs) -> Result<(), String> {
             hostfile.display()
         ));
     }
-    let result = supervise(&exe, &inner, &hostfile, &ranks, a.timeout, a.pipeline);
+    let hf = hostfile.clone();
+    let env = move |_r: usize| {
+        vec![
+            ("MLX_HOSTFILE".to_string(), hf.display().to_string()),
+            (ENV_BACKEND.to_string(), "ring".to_string()),
+        ]
+    };
+    let result = supervise(&exe, &inner, &env, &ranks, a.timeout, a.pipeline);
     if temp {
         let _ = std::fs::remove_file(&hostfile);
     }
@@ -215,10 +235,30 @@ fn write_loopback_hostfile(n: usize, start: u16) -> Result<PathBuf, String> {
 }
 
 /// Starts the ranks and waits for them; the first failure stops every other rank.
+/// What MLX's NCCL backend reads in rank `rank` of `n` on this machine, as `mlx.launch
+/// --backend nccl` sets it: the rank, the world size, rank 0's address and port for NCCL's
+/// bootstrap, and one GPU per rank.
+pub fn nccl_env(rank: usize, n: usize, port: u16) -> Vec<(String, String)> {
+    vec![
+        (ENV_BACKEND.to_string(), "nccl".to_string()),
+        ("MLX_WORLD_SIZE".to_string(), n.to_string()),
+        ("NCCL_HOST_IP".to_string(), "127.0.0.1".to_string()),
+        ("NCCL_PORT".to_string(), port.to_string()),
+        ("CUDA_VISIBLE_DEVICES".to_string(), rank.to_string()),
+    ]
+}
+
+fn free_port() -> Result<u16, String> {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("mlx launch: picking a free port: {e}"))
+}
+
 fn supervise(
     exe: &Path,
     inner: &[String],
-    hostfile: &Path,
+    env: &dyn Fn(usize) -> Vec<(String, String)>,
     ranks: &[usize],
     timeout: f64,
     pipeline: bool,
@@ -231,8 +271,7 @@ fn supervise(
         }
         cmd.args(inner)
             .env("MLX_RANK", r.to_string())
-            .env("MLX_HOSTFILE", hostfile)
-            .env(ENV_BACKEND, "ring")
+            .envs(env(r))
             .env(ENV_TIMEOUT, timeout.to_string())
             .stdin(if r == 0 {
                 Stdio::inherit()
@@ -504,8 +543,8 @@ pub fn world() -> Result<mlx_train::data::World, String> {
 }
 
 /// A line of input every rank sees: in a launched group of several ranks, rank 0 runs `read`
-/// (only it has the terminal) and the others receive its result through two `all_sum`s (the
-/// length, `-1` for the end of input, then the bytes); elsewhere just `read`.
+/// (only it has the terminal) and the others receive its result ([`share_bytes`]);
+/// elsewhere just `read`.
 pub fn shared_line(
     read: impl FnOnce() -> Result<Option<String>, String>,
 ) -> Result<Option<String>, String> {
@@ -514,18 +553,33 @@ pub fn shared_line(
     };
     let rank = g.rank();
     let mine = if rank == 0 { read()? } else { None };
-    let err = |e: mlx_core::Error| format!("rank {rank}: sharing the input line: {e}");
-    // On the generation stream, after the collectives of the last turn's steps still queued
-    // there (a collective on another stream could interleave with them on the ring).
+    match share_bytes(&g, mine.map(String::into_bytes), "the input line")? {
+        None => Ok(None),
+        Some(b) => String::from_utf8(b)
+            .map(Some)
+            .map_err(|_| format!("rank {rank}: the shared input line is not UTF-8")),
+    }
+}
+
+/// Rank 0's `mine` on every rank (the others pass `None`) through two `all_sum`s: the length
+/// (`-1` for `None`), then the bytes, each as an int32 (so past 16 MiB it is refused rather
+/// than allocated). On the generation stream, after the collectives of steps still queued
+/// there (a collective on another stream could interleave with them on the ring).
+pub fn share_bytes(
+    g: &distributed::Group,
+    mine: Option<Vec<u8>>,
+    what: &str,
+) -> Result<Option<Vec<u8>>, String> {
+    let rank = g.rank();
     let sum = |v: &[i32]| -> Result<Vec<i32>, String> {
-        let x = mlx_core::Array::from_slice(v, &[v.len() as i32]).map_err(err)?;
         mlx_engine::generate::on_generation_stream(|| {
-            Ok(distributed::all_sum(&x, Some(&g), None)?.to_vec::<i32>()?)
+            let x = mlx_core::Array::from_slice(v, &[v.len() as i32])?;
+            Ok(distributed::all_sum(&x, Some(g), None)?.to_vec::<i32>()?)
         })
-        .map_err(|e| format!("rank {rank}: sharing the input line: {e}"))
+        .map_err(|e| format!("rank {rank}: sharing {what}: {e}"))
     };
     let len = match (&mine, rank) {
-        (Some(l), 0) => i32::try_from(l.len()).map_err(|_| "an input line over 2 GiB")?,
+        (Some(b), 0) => i32::try_from(b.len()).map_err(|_| format!("{what} over 2 GiB"))?,
         (None, 0) => -1,
         _ => 0,
     };
@@ -533,23 +587,80 @@ pub fn shared_line(
     if len < 0 {
         return Ok(None);
     }
-    // Each byte travels as an int32: a line past 16 MiB is refused rather than allocated.
     if len > 1 << 24 {
         return Err(format!(
-            "rank {rank}: an input line of {len} bytes (at most 16 MiB)"
+            "rank {rank}: {what} of {len} bytes (at most 16 MiB)"
         ));
     }
     let bytes: Vec<i32> = match &mine {
-        Some(l) if rank == 0 => l.bytes().map(i32::from).collect(),
+        Some(b) if rank == 0 => b.iter().map(|&x| i32::from(x)).collect(),
         _ => vec![0; len as usize],
     };
     if bytes.is_empty() {
-        return Ok(Some(String::new()));
+        return Ok(Some(Vec::new()));
     }
-    let got: Vec<u8> = sum(&bytes)?.into_iter().map(|b| b as u8).collect();
-    String::from_utf8(got)
-        .map(Some)
-        .map_err(|_| format!("rank {rank}: the shared input line is not UTF-8"))
+    Ok(Some(sum(&bytes)?.into_iter().map(|b| b as u8).collect()))
+}
+
+/// The ranks of `mlx launch -- serve` stepping together ([`mlx_engine::batch::lockstep`]):
+/// rank 0's engine messages reach the others through [`share_bytes`].
+struct GroupLockstep {
+    rank: i32,
+    group: std::sync::Mutex<distributed::Group>,
+}
+
+impl mlx_engine::batch::lockstep::Lockstep for GroupLockstep {
+    fn is_leader(&self) -> bool {
+        self.rank == 0
+    }
+    fn share(
+        &self,
+        msg: Option<&mlx_engine::batch::lockstep::Message>,
+    ) -> Result<Option<mlx_engine::batch::lockstep::Message>, String> {
+        let g = self
+            .group
+            .lock()
+            .map_err(|_| "the group's lock was poisoned".to_string())?;
+        let got = share_bytes(&g, msg.map(|m| m.to_bytes()), "an engine message")?;
+        got.map(|b| mlx_engine::batch::lockstep::Message::from_bytes(&b))
+            .transpose()
+    }
+    fn lost(&self, error: &str) {
+        // The HTTP side of rank 0 (and the wait of the others) would outlive an engine
+        // that can no longer step with its peers: end the rank with the reason.
+        eprintln!("error: {}", peer_hint(error));
+        std::process::exit(1);
+    }
+}
+
+/// `error` with what a ring failure means for a launched rank: MLX reports a dead peer as a
+/// lost or closed connection.
+pub fn peer_hint(error: &str) -> String {
+    let lost = ["[ring]", "connection to a peer", "closed by the peer"]
+        .iter()
+        .any(|k| error.contains(k));
+    if lost && std::env::var(ENV_BACKEND).is_ok() {
+        format!(
+            "{error} (a peer of this launched group died or its connection dropped; every \
+             rank stops)"
+        )
+    } else {
+        error.to_string()
+    }
+}
+
+/// In a launched group of several ranks, makes the engine step with the other ranks and
+/// returns this rank (`None` elsewhere): `serve` then runs the HTTP server on rank 0 only.
+pub fn lockstep_engine() -> Result<Option<i32>, String> {
+    let Some(g) = launched_group()? else {
+        return Ok(None);
+    };
+    let rank = g.rank();
+    mlx_engine::batch::lockstep::set(std::sync::Arc::new(GroupLockstep {
+        rank,
+        group: std::sync::Mutex::new(g),
+    }));
+    Ok(Some(rank))
 }
 
 /// In a launched rank, after the subcommand: one all_sum over the group, so that no rank
@@ -579,5 +690,19 @@ pub fn prepare() -> Option<ExitCode> {
             eprintln!("error: {e}");
             Some(ExitCode::FAILURE)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn nccl_ranks_get_the_environment_mlx_launch_sets() {
+        let env: std::collections::HashMap<_, _> =
+            super::nccl_env(1, 2, 4321).into_iter().collect();
+        assert_eq!(env["MLX_WORLD_SIZE"], "2");
+        assert_eq!(env["NCCL_HOST_IP"], "127.0.0.1");
+        assert_eq!(env["NCCL_PORT"], "4321");
+        assert_eq!(env["CUDA_VISIBLE_DEVICES"], "1");
+        assert_eq!(env[super::ENV_BACKEND], "nccl");
     }
 }

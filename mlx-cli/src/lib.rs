@@ -130,14 +130,14 @@ pub fn main(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode {
         Ok(()) => {
             if launched {
                 if let Err(e) = launch::barrier() {
-                    eprintln!("error: {e}");
+                    eprintln!("error: {}", launch::peer_hint(&e));
                     return ExitCode::FAILURE;
                 }
             }
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", launch::peer_hint(&e));
             ExitCode::FAILURE
         }
     }

@@ -400,3 +400,216 @@ fn launched_chat_reads_on_rank_0_and_every_rank_runs_the_turn() {
     };
     assert_eq!(tokens(&launched), tokens(&run(false)));
 }
+
+/// `mlx launch -n 2 -- serve` (mlx_lm.server under mlx.launch): rank 0 serves HTTP, both
+/// ranks step together through the tensor-parallel model, and a greedy completion equals what
+/// `mlx launch -n 2 -- generate` makes of the same prompt (whose ids the test above holds to
+/// mlx-lm's own sharded run). Stopping the group (a signal to its process group) stops both.
+#[test]
+fn launched_serve_answers_from_rank_0_with_both_ranks_stepping() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::os::unix::process::CommandExt;
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let model = root.join("mlx-cli/tests/models/dense_f32");
+    let model = model.to_str().unwrap();
+    let prompt = "the cat and the dog";
+    let (out, _) = mlx(&[
+        "launch",
+        "-n",
+        "2",
+        "--timeout",
+        "60",
+        "--",
+        "generate",
+        "--model",
+        model,
+        "--prompt",
+        prompt,
+        "--ignore-chat-template",
+        "--max-tokens",
+        "8",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_str(text(&out.stdout).trim()).unwrap();
+    let want = v["text"].as_str().unwrap().to_string();
+
+    let _one_group = serial();
+    let mut launcher = Command::new(env!("CARGO_BIN_EXE_mlx"))
+        .args(["launch", "-n", "2", "--timeout", "60", "--", "serve"])
+        .args(["--model", model, "--port", "0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let group = launcher.id();
+    let stop = |sig: &str| {
+        let _ = Command::new("kill")
+            .args([sig, "--", &format!("-{group}")])
+            .status();
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let err = launcher.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut seen = String::new();
+    let addr = loop {
+        match rx.recv_timeout(Duration::from_secs(120)) {
+            Ok(line) => {
+                seen.push_str(&line);
+                seen.push('\n');
+                if let Some(a) = line.split("listening on http://").nth(1) {
+                    break a.trim().to_string();
+                }
+            }
+            Err(_) => {
+                stop("-KILL");
+                panic!("no listening line:\n{seen}");
+            }
+        }
+    };
+    let body = serde_json::json!({
+        "prompt": prompt,
+        "max_tokens": 8,
+        "temperature": 0.0,
+    })
+    .to_string();
+    let mut conn = std::net::TcpStream::connect(&addr).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(120)))
+        .unwrap();
+    write!(
+        conn,
+        "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut reply = String::new();
+    let read = conn.read_to_string(&mut reply);
+    stop("-TERM");
+    let t0 = Instant::now();
+    while launcher.try_wait().unwrap().is_none() && t0.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let exited = launcher.try_wait().unwrap().is_some();
+    if !exited {
+        stop("-KILL");
+        let _ = launcher.wait();
+    }
+    read.unwrap();
+    assert!(exited, "the group did not stop on SIGTERM");
+    let json = reply.split("\r\n\r\n").nth(1).unwrap_or("");
+    let v: serde_json::Value =
+        serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {reply}"));
+    assert_eq!(
+        v["choices"][0]["text"].as_str(),
+        Some(want.as_str()),
+        "{reply}"
+    );
+}
+
+/// Faults across machines (`--hostfile` + `--ranks`, one launcher per rank, as on two
+/// hosts): a peer that dies while the group serves makes the surviving rank stop with an
+/// error naming a lost peer, within seconds; it does not hang.
+#[test]
+fn a_peer_that_dies_stops_the_other_rank_with_a_clear_error() {
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::process::CommandExt;
+    let _one_group = serial();
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let model = root.join("mlx-cli/tests/models/dense_f32");
+    let ports: Vec<u16> = (0..2)
+        .map(|_| {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port()
+        })
+        .collect();
+    let hf = std::env::temp_dir().join(format!("mlx-launch-dies-{}.json", std::process::id()));
+    std::fs::write(
+        &hf,
+        format!(
+            "[[\"127.0.0.1:{}\"],[\"127.0.0.1:{}\"]]",
+            ports[0], ports[1]
+        ),
+    )
+    .unwrap();
+    let start = |rank: &str| {
+        Command::new(env!("CARGO_BIN_EXE_mlx"))
+            .args([
+                "launch",
+                "--hostfile",
+                hf.to_str().unwrap(),
+                "--ranks",
+                rank,
+            ])
+            .args(["--timeout", "60", "--", "serve", "--port", "0", "--model"])
+            .arg(&model)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .unwrap()
+    };
+    let mut r0 = start("0");
+    let mut r1 = start("1");
+    let kill = |pid: u32| {
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{pid}")])
+            .status();
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let err = r0.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut seen = String::new();
+    while !seen.contains("listening on") {
+        match rx.recv_timeout(Duration::from_secs(120)) {
+            Ok(l) => seen.push_str(&(l + "\n")),
+            Err(_) => {
+                kill(r0.id());
+                kill(r1.id());
+                panic!("rank 0 never listened:\n{seen}");
+            }
+        }
+    }
+    // Rank 1 (its launcher and its process) dies at once.
+    kill(r1.id());
+    let _ = r1.wait();
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = r0.try_wait().unwrap() {
+            break Some(s);
+        }
+        if t0.elapsed() > Duration::from_secs(60) {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    if status.is_none() {
+        kill(r0.id());
+    }
+    let _ = r0.wait();
+    let _ = std::fs::remove_file(&hf);
+    while let Ok(l) = rx.recv_timeout(Duration::from_secs(2)) {
+        seen.push_str(&(l + "\n"));
+    }
+    let status = status.unwrap_or_else(|| panic!("rank 0 hung after its peer died:\n{seen}"));
+    assert!(!status.success(), "{seen}");
+    assert!(
+        seen.contains("a peer of this launched group died"),
+        "{seen}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
+}

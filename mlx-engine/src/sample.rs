@@ -9,7 +9,7 @@ use mlx_core::random;
 use crate::error::{EngineError, Result};
 
 /// `make_sampler`'s arguments.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SamplerSettings {
     pub temp: f64,
     pub top_p: f64,
@@ -310,7 +310,7 @@ pub enum LogitsProcessor {
 }
 
 /// `make_logits_processors`'s arguments (mlx-lm's default context sizes are 20).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ProcessorSettings {
     pub logit_bias: Vec<(i32, f32)>,
     pub repetition_penalty: Option<f64>,

@@ -195,3 +195,106 @@ pub fn take_heads(a: &Array, heads: i32, r: i32, what: &str) -> Result<Array> {
     }
     Ok(ops::slice_axis(a, 0, sh, eh, None)?)
 }
+
+/// Rank `r`'s `1/n` of a norm weight along its last axis (mlx-lm's
+/// `ShardedRMSNorm.from_rms_norm`: `contiguous(split(w, n, -1)[r])`).
+pub fn split_last(w: &Array, n: i32, r: i32, what: &str) -> Result<Array> {
+    part(w, n, r, -1, what)
+}
+
+/// mlx-lm's `sharded_rms_norm` (minimax.py): an RMS norm over a feature axis split across
+/// the group. `x` is this rank's `D / N` features, `w` its part of the weight; the squared
+/// sums (float32) are summed over the group, then `x * rsqrt(sum / D + eps) * w`, cast back.
+pub fn sharded_rms_norm(x: &Array, w: &Array, eps: f32, n: i32) -> Result<Array> {
+    let xf = x.astype(Dtype::Float32)?;
+    let norm2 = ops::square(&xf, None)?.sum(&[-1], true)?;
+    let norm2 = distributed::all_sum(&norm2, None, None)?;
+    let d = x.shape().last().copied().unwrap_or(0) * n;
+    let norm = ops::rsqrt(
+        &(&(&norm2 / &Array::from_f32(d as f32, Dtype::Float32)?)?
+            + &Array::from_f32(eps, Dtype::Float32)?)?,
+        None,
+    )?;
+    Ok((&(&xf * &norm)? * w)?.astype(x.dtype())?)
+}
+
+/// `l.bias /= n` on a `SwitchLinear` (gpt_oss's sharded-to-all experts, whose biases the
+/// block's `all_sum` would otherwise add `n` times); `n` as a weak scalar.
+pub fn divide_switch_bias(l: &mut SwitchLinear, n: i32) -> Result<()> {
+    let bias = match l {
+        SwitchLinear::Dense { bias, .. } | SwitchLinear::Quantized { bias, .. } => bias,
+        SwitchLinear::Adapted(_) => return Ok(()),
+    };
+    if let Some(b) = bias.as_mut() {
+        *b = (&*b / &Array::from_f32(n as f32, b.dtype())?)?;
+    }
+    Ok(())
+}
+
+/// mlx-lm's `PipelineMixin.pipeline` split of `layers` over `size` ranks: an even split with
+/// the low ranks taking the extra layers, rank `size - 1` running the first layers and rank
+/// 0 the last. Returns this rank's `start..end`.
+pub fn pipeline_range(layers: usize, size: i32, rank: i32) -> Result<std::ops::Range<usize>> {
+    if size < 1 || rank < 0 || rank >= size {
+        return Err(ModelError::Other(format!(
+            "pipeline parallelism: rank {rank} of {size}"
+        )));
+    }
+    let (s, r) = (size as usize, rank as usize);
+    let (base, extra) = (layers / s, layers % s);
+    let split: Vec<usize> = (0..s).map(|k| base + usize::from(k < extra)).collect();
+    if split.contains(&0) {
+        return Err(ModelError::Other(format!(
+            "pipeline parallelism: {layers} layers cannot give each of {s} ranks a layer"
+        )));
+    }
+    let start: usize = split[r + 1..].iter().sum();
+    Ok(start..start + split[r])
+}
+
+/// A pipeline stage's input: ranks below the last receive the hidden states from the rank
+/// above (mlx-lm's `recv_like(h, rank + 1)`); the last rank keeps the embedding.
+pub fn pipeline_recv(h: Array, stage: Option<(i32, i32)>) -> Result<Array> {
+    match stage {
+        Some((rank, size)) if rank < size - 1 => {
+            Ok(distributed::recv_like(&h, rank + 1, None, None)?)
+        }
+        _ => Ok(h),
+    }
+}
+
+/// A pipeline stage's output: ranks above 0 send theirs to the rank below (tying the send
+/// to the last cache, mlx-lm's `cache[-1].keys = mx.depends(cache[-1].keys, h)`), then every
+/// rank takes rank 0's hidden states from an `all_gather` (mlx-lm's broadcast that keeps the
+/// send in the graph).
+pub fn pipeline_send(
+    h: Array,
+    stage: Option<(i32, i32)>,
+    last: Option<&mut Box<dyn mlx_cache::Cache>>,
+) -> Result<Array> {
+    let Some((rank, size)) = stage else {
+        return Ok(h);
+    };
+    let mut h = h;
+    if rank != 0 {
+        h = distributed::send(&h, (rank - 1).rem_euclid(size), None, None)?;
+        if let Some(c) = last {
+            if !c.is_empty() && !c.depend_on(&h)? {
+                return Err(ModelError::Other(format!(
+                    "pipeline parallelism: a {} cannot be tied to the stage's send",
+                    c.class_name()
+                )));
+            }
+        }
+    }
+    if size > 1 {
+        let b = h.shape().first().copied().unwrap_or(0);
+        let all = distributed::all_gather(&h, None, None)?;
+        let mut stop = all.shape();
+        stop[0] = b;
+        let start = vec![0; stop.len()];
+        let strides = vec![1; stop.len()];
+        h = all.slice(&start, &stop, &strides)?;
+    }
+    Ok(h)
+}

@@ -21,7 +21,7 @@ fn root() -> PathBuf {
 }
 
 /// (fixture under mlx-cli/tests/models, golden), as xtask/oracle/goldens_dist.py pairs them.
-const MODELS: [(&str, &str); 10] = [
+const MODELS: [(&str, &str); 17] = [
     ("dense_f32", "dist_llama_tp2"),
     ("qwen3", "dist_qwen3_tp2"),
     ("q4_g32", "dist_llama_q4_tp2"),
@@ -54,6 +54,106 @@ const MODELS: [(&str, &str); 10] = [
         "../../../mlx-models/tests/models/qwen3_moe",
         "dist_qwen3_moe_tp2",
     ),
+    // mistral (llama's shard() through MODEL_REMAPPING), ministral3, gpt_oss (sinks, the
+    // experts' down bias / N), minimax (sharded q/k RMS norms), exaone_moe (shared experts).
+    (
+        "../../../mlx-models/tests/models/mistral_bias_llama3rope",
+        "dist_mistral_tp2",
+    ),
+    (
+        "../../../mlx-models/tests/models/dense/ministral3",
+        "dist_ministral3_tp2",
+    ),
+    (
+        "../../../mlx-models/tests/models/gpt_oss",
+        "dist_gpt_oss_tp2",
+    ),
+    (
+        "../../../mlx-models/tests/models/moe2/minimax",
+        "dist_minimax_tp2",
+    ),
+    (
+        "../../../mlx-models/tests/models/moe2/exaone_moe",
+        "dist_exaone_moe_tp2",
+    ),
+    // glm_moe_dsa: deepseek_v32's Model subclassed.
+    (
+        "../../../mlx-models/tests/models/mla/glm_moe_dsa",
+        "dist_glm_moe_dsa_tp2",
+    ),
+    (
+        "../../../mlx-models/tests/models/mla/longcat_flash",
+        "dist_longcat_flash_tp2",
+    ),
+];
+
+/// Pipeline rows: (fixture, golden, layers of rank 0, layers of rank 1).
+const PIPELINES: [(&str, &str, usize, usize); 11] = [
+    // The 3-layer qwen2 split [2, 1] (rank 1 runs layer 0).
+    ("qwen2_f32", "dist_qwen2_pp2", 2, 1),
+    // ministral3: rank 1 runs the sliding layer 0 alone, rank 0 the full layer 1.
+    (
+        "../../../mlx-models/tests/models/dense/ministral3",
+        "dist_ministral3_pp2",
+        1,
+        1,
+    ),
+    // The 3-layer MoE and MLA fixtures split [2, 1].
+    (
+        "../../../mlx-models/tests/models/qwen3_moe",
+        "dist_qwen3_moe_pp2",
+        2,
+        1,
+    ),
+    (
+        "../../../mlx-models/tests/models/mla/deepseek_v3",
+        "dist_deepseek_v3_pp2",
+        2,
+        1,
+    ),
+    (
+        "../../../mlx-models/tests/models/mla/deepseek_v32",
+        "dist_deepseek_v32_pp2",
+        2,
+        1,
+    ),
+    (
+        "../../../mlx-models/tests/models/mla/glm_moe_dsa",
+        "dist_glm_moe_dsa_pp2",
+        2,
+        1,
+    ),
+    (
+        "../../../mlx-models/tests/models/mla/deepseek_v2",
+        "dist_deepseek_v2_pp2",
+        2,
+        1,
+    ),
+    (
+        "../../../mlx-models/tests/models/mla/glm4_moe_lite",
+        "dist_glm4_moe_lite_pp2",
+        2,
+        1,
+    ),
+    (
+        "../../../mlx-models/tests/models/mla/mistral4",
+        "dist_mistral4_pp2",
+        2,
+        1,
+    ),
+    // 4 layers (DeltaNet, attention, ...) split [2, 2].
+    (
+        "../../../mlx-models/tests/models/qwen3_next",
+        "dist_qwen3_next_pp2",
+        2,
+        2,
+    ),
+    (
+        "../../../mlx-models/tests/models/qwen3_5",
+        "dist_qwen3_5_pp2",
+        2,
+        2,
+    ),
 ];
 
 fn load_golden(name: &str) -> std::collections::HashMap<String, Array> {
@@ -72,19 +172,25 @@ fn worker() {
     }
     let g = distributed::init(true, Backend::Ring).expect("ring init");
     for (model, golden) in MODELS {
-        check_model(&g, model, golden, false);
+        check_model(&g, model, golden, None);
     }
-    // Pipeline stages: the 3-layer qwen2 split [2, 1] (rank 1 runs layer 0).
-    check_model(&g, "qwen2_f32", "dist_qwen2_pp2", true);
+    for (model, golden, r0, r1) in PIPELINES {
+        check_model(&g, model, golden, Some((r0, r1)));
+    }
     println!("rank {} ok", g.rank());
 }
 
-fn check_model(g: &distributed::Group, model: &str, golden: &str, pipeline: bool) {
+fn check_model(
+    g: &distributed::Group,
+    model: &str,
+    golden: &str,
+    pipeline: Option<(usize, usize)>,
+) {
     let dir = root().join("../../mlx-cli/tests/models").join(model);
     let (mut model, _) = load_model_dir(&dir, &LoadOptions::default()).unwrap();
-    if pipeline {
+    if let Some((r0, r1)) = pipeline {
         model.shard_pipeline(g.size(), g.rank()).unwrap();
-        let want = if g.rank() == 0 { 2 } else { 1 };
+        let want = if g.rank() == 0 { r0 } else { r1 };
         assert_eq!(
             model.make_cache().len(),
             want,
@@ -92,7 +198,9 @@ fn check_model(g: &distributed::Group, model: &str, golden: &str, pipeline: bool
             g.rank()
         );
     } else {
-        model.shard_tensor_parallel(g.size(), g.rank()).unwrap();
+        model
+            .shard_tensor_parallel(g.size(), g.rank())
+            .unwrap_or_else(|e| panic!("{golden}: {e}"));
     }
     let gold = load_golden(golden);
     let prompt = gold["prompt"].to_vec::<i32>().unwrap();
@@ -179,6 +287,8 @@ fn tensor_and_pipeline_parallel_runs_over_two_ranks_equal_mlx_lm_sharded_load() 
     {
         std::thread::sleep(Duration::from_millis(50));
     }
+    // Every rank's output before judging: the first rank to fail is not always rank 0.
+    let mut failed = String::new();
     for (r, mut k) in kids.drain(..).enumerate() {
         let _ = k.kill();
         let o = k.wait_with_output().unwrap();
@@ -187,10 +297,10 @@ fn tensor_and_pipeline_parallel_runs_over_two_ranks_equal_mlx_lm_sharded_load() 
             String::from_utf8_lossy(&o.stdout),
             String::from_utf8_lossy(&o.stderr)
         );
-        assert!(
-            o.status.success() && text.contains(&format!("rank {r} ok")),
-            "rank {r}:\n{text}"
-        );
+        if !(o.status.success() && text.contains(&format!("rank {r} ok"))) {
+            failed.push_str(&format!("rank {r}:\n{text}\n"));
+        }
     }
     let _ = std::fs::remove_file(&hf);
+    assert!(failed.is_empty(), "{failed}");
 }

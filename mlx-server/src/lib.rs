@@ -217,16 +217,7 @@ impl Server {
             return Err(ServeError::Args("--max-n must be at least 1".into()));
         }
         let template_args = template_args(&args)?;
-        let config = EngineConfig {
-            max_batch: args.max_batch,
-            queue_size: args.queue_size,
-            prefill_step_size: args.prefill_step_size,
-            max_queued_tokens: args.max_queued_tokens,
-            prompt_cache_entries: args.prompt_cache_size,
-            prompt_cache_bytes: args.prompt_cache_bytes,
-            kv: kv_options(&args)?,
-            decoder: decoder(&args),
-        };
+        let config = engine_config(&args)?;
         let load_args = args.clone();
         let (ctx_tx, ctx_rx) = std::sync::mpsc::channel();
         let (engine, engine_thread) = tokio::task::spawn_blocking(move || {
@@ -321,6 +312,42 @@ impl Server {
         }
         Ok(())
     }
+}
+
+/// The engine's limits from the server's flags.
+pub fn engine_config(args: &ServeArgs) -> Result<EngineConfig, ServeError> {
+    Ok(EngineConfig {
+        max_batch: args.max_batch,
+        queue_size: args.queue_size,
+        prefill_step_size: args.prefill_step_size,
+        max_queued_tokens: args.max_queued_tokens,
+        prompt_cache_entries: args.prompt_cache_size,
+        prompt_cache_bytes: args.prompt_cache_bytes,
+        kv: kv_options(args)?,
+        decoder: decoder(args),
+    })
+}
+
+/// A rank other than 0 of `mlx launch -- serve`: loads the model as [`run`] does and runs the
+/// engine without HTTP, stepping with rank 0 (see `mlx_engine::batch::lockstep`, which must
+/// be set first) until rank 0 stops or is lost.
+pub fn follow<F, L>(args: ServeArgs, load: F) -> Result<(), ServeError>
+where
+    F: Fn(&ServeArgs) -> Result<L, String> + Send + 'static,
+    L: Into<LoadedModel>,
+{
+    let config = engine_config(&args)?;
+    let (engine, handle) = Engine::start(
+        move || {
+            let m: LoadedModel = load(&args).map_err(mlx_engine::EngineError::Other)?.into();
+            Ok((m.model, m.tokenizer))
+        },
+        config,
+    )
+    .map_err(|e| ServeError::Load(e.to_string()))?;
+    let joined = handle.join();
+    drop(engine);
+    joined.map_err(|_| ServeError::Load("the engine thread panicked".into()))
 }
 
 fn init_logging(level: &str) {

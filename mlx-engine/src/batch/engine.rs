@@ -687,6 +687,9 @@ impl<'m> Worker<'m> {
     }
 
     fn run(&mut self, rx: Receiver<Work>) {
+        if let Some(ls) = super::lockstep::get() {
+            return self.run_lockstep(rx, ls);
+        }
         let mut waiting: VecDeque<Job> = VecDeque::new();
         let mut open = true;
         loop {
@@ -1034,6 +1037,200 @@ impl<'m> Worker<'m> {
         if let Err(e) = result {
             sink.send(BatchEvent::Error(e.to_string()));
         }
+    }
+
+    /// The engine loop of a rank of `mlx launch -- serve` (mlx_lm.server under mlx.launch):
+    /// every rank runs the same requests in the same order, one at a time to its end, and
+    /// every step's collectives with them. Rank 0 takes each request from the queue and
+    /// shares it ([`super::lockstep::Lockstep::share`]); after every token it shares whether
+    /// to go on (its client gone or its deadline passed stops every rank). The other ranks
+    /// ignore `rx` and follow; they return when rank 0 shares that it stops or a share fails.
+    fn run_lockstep(
+        &mut self,
+        rx: Receiver<Work>,
+        ls: std::sync::Arc<dyn super::lockstep::Lockstep>,
+    ) {
+        use super::lockstep::{Message, SharedRequest};
+        let leader = ls.is_leader();
+        loop {
+            let mut job: Option<Job> = None;
+            let mine = if leader {
+                match rx.recv_timeout(Duration::from_millis(50)) {
+                    Ok(Work::Generate(j)) => {
+                        self.stats.queued.fetch_sub(1, Ordering::Relaxed);
+                        release_tokens(&self.stats, j.request.prompt.len());
+                        match SharedRequest::of(&j.request, j.extra.len()) {
+                            Ok(r) => {
+                                job = Some(*j);
+                                Some(Message::Run(Box::new(r)))
+                            }
+                            Err(e) => {
+                                let mut j = *j;
+                                j.sink.send(BatchEvent::Error(e));
+                                None
+                            }
+                        }
+                    }
+                    Ok(other) => {
+                        self.refuse_under_launch(other);
+                        None
+                    }
+                    Err(mpsc::RecvTimeoutError::Timeout) => None,
+                    Err(mpsc::RecvTimeoutError::Disconnected) => Some(Message::Quit),
+                }
+            } else {
+                None
+            };
+            let got = match ls.share(mine.as_ref()) {
+                Ok(m) => m,
+                Err(e) => {
+                    if let Some(mut j) = job {
+                        j.sink.send(BatchEvent::Error(e.clone()));
+                    }
+                    ls.lost(&e);
+                    return;
+                }
+            };
+            match got {
+                None => {}
+                Some(Message::Quit) => return,
+                Some(Message::Stop) => {}
+                Some(Message::Run(r)) => {
+                    let sink: Box<dyn EventSink> = match job {
+                        Some(j) => j.sink,
+                        None => Box::new(super::lockstep::NullSink),
+                    };
+                    if let Err(e) = self.run_locked(*r, sink, ls.as_ref()) {
+                        ls.lost(&e);
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Under `mlx launch`: only single-choice generations without a grammar are served.
+    fn refuse_under_launch(&mut self, work: Work) {
+        let why = "not supported under mlx launch (one choice, no grammar, no embeddings)";
+        match work {
+            Work::Generate(mut j) => {
+                self.stats.queued.fetch_sub(1, Ordering::Relaxed);
+                release_tokens(&self.stats, j.request.prompt.len());
+                j.sink.send(BatchEvent::Error(why.into()));
+            }
+            Work::Group(jobs) => {
+                self.stats.queued.fetch_sub(jobs.len(), Ordering::Relaxed);
+                for mut j in jobs {
+                    release_tokens(&self.stats, j.request.prompt.len());
+                    j.sink.send(BatchEvent::Error(why.into()));
+                }
+            }
+            Work::Embed { inputs, reply } => {
+                self.stats.queued.fetch_sub(1, Ordering::Relaxed);
+                release_tokens(&self.stats, inputs.iter().map(Vec::len).sum());
+                reply(Err(why.into()));
+            }
+        }
+    }
+
+    /// One shared request on every rank: `stream_generate` to its end (the same steps and
+    /// collectives everywhere), rank 0 sending the events. `Err` only when a share failed
+    /// (a peer was lost): the ranks can no longer step together.
+    fn run_locked(
+        &mut self,
+        r: super::lockstep::SharedRequest,
+        mut sink: Box<dyn EventSink>,
+        ls: &dyn super::lockstep::Lockstep,
+    ) -> std::result::Result<(), String> {
+        use super::lockstep::Message;
+        let leader = ls.is_leader();
+        let deadline = r
+            .timeout_ms
+            .map(|t| Instant::now() + Duration::from_millis(t));
+        self.dirty = true;
+        let prompt_tokens = r.prompt.len();
+        let started = (|| -> Result<crate::stream::TextStream<'_>> {
+            if let Some(s) = r.seed {
+                mlx_core::random::seed(s)?;
+            }
+            let mut generate = crate::generate::GenerateOptions {
+                max_tokens: Some(r.max_tokens),
+                sampler: Sampler::new(r.sampler.clone()),
+                logits_processors: make_logits_processors(&r.processors)?,
+                prefill_step_size: self.config.prefill_step_size,
+                ..Default::default()
+            };
+            if let Some(kv) = &self.config.kv {
+                generate.max_kv_size = kv.max_kv_size;
+                generate.kv_bits = kv.kv_bits;
+                generate.kv_group_size = kv.kv_group_size;
+                generate.quantized_kv_start = kv.quantized_kv_start;
+            }
+            let opts = crate::stream::StreamOptions {
+                generate,
+                stop_strings: r.stop_strings.clone(),
+                top_logprobs: if r.logprobs { r.top_logprobs } else { 0 },
+            };
+            crate::stream::stream_generate(self.model, &self.tokenizer, &r.prompt, None, opts)
+        })();
+        let stream = match started {
+            Ok(s) => s,
+            Err(e) => {
+                // The same request fails alike on every rank (nothing ran yet).
+                sink.send(BatchEvent::Error(e.to_string()));
+                return Ok(());
+            }
+        };
+        let mut open = sink.send(BatchEvent::Started {
+            prompt_tokens,
+            cached_tokens: 0,
+        });
+        let eos_ids = self.tokenizer.eos_token_ids().clone();
+        for resp in stream {
+            let resp = match resp {
+                Ok(x) => x,
+                Err(e) => {
+                    sink.send(BatchEvent::Error(e.to_string()));
+                    return Err(format!("a step failed: {e}"));
+                }
+            };
+            // Rank 0 decides whether every rank goes on.
+            let late = deadline.is_some_and(|d| Instant::now() > d);
+            let stop = leader && (!open || sink.is_closed() || late);
+            let mine = if leader && stop {
+                Some(Message::Stop)
+            } else {
+                None
+            };
+            if ls.share(mine.as_ref())?.is_some() {
+                if late && open {
+                    sink.send(BatchEvent::Error("the request timed out".into()));
+                }
+                return Ok(());
+            }
+            let eos = resp.token.is_some_and(|t| eos_ids.contains(&t));
+            let stop_string = resp.finish_reason == Some(FinishReason::Stop) && !eos;
+            let mut held = resp.text;
+            if let (Some(token), false, false) = (resp.token, eos, stop_string) {
+                let text = std::mem::take(&mut held);
+                open = sink.send(BatchEvent::Token {
+                    token,
+                    text,
+                    logprob: r.logprobs.then_some(resp.logprob).flatten(),
+                    top_logprobs: resp.top_logprobs,
+                });
+            }
+            if let Some(finish_reason) = resp.finish_reason {
+                sink.send(BatchEvent::Done {
+                    text: held,
+                    finish_reason,
+                    prompt_tokens,
+                    completion_tokens: resp.generation_tokens,
+                });
+                return Ok(());
+            }
+        }
+        Ok(())
     }
 
     fn fail_all(&mut self, e: &EngineError) {

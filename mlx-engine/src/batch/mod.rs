@@ -13,6 +13,7 @@
 //! a time between decode steps, so no request stalls the running ones.
 
 pub mod engine;
+pub mod lockstep;
 mod text;
 
 pub use engine::{

@@ -1462,6 +1462,8 @@ pub struct Model {
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
     lm_head: Option<Linear>,
+    /// This rank's pipeline stage `(rank, size)` after [`Model::shard_pipeline`].
+    pipeline: Option<(i32, i32)>,
     /// The multi-token-prediction layers, loaded only when asked ([`Weights::with_mtp`]).
     mtp: Vec<MtpLayer>,
 }
@@ -1506,6 +1508,7 @@ impl Model {
             layers,
             norm,
             lm_head,
+            pipeline: None,
             mtp,
         })
     }
@@ -1706,14 +1709,49 @@ impl Model {
             }
             None => mlx_cache::mask::fallback_mask(n, None, array_mask)?,
         };
+        h = crate::shard::pipeline_recv(h, self.pipeline)?;
         for (i, layer) in self.layers.iter().enumerate() {
             let cache = caches.as_deref_mut().map(|c| &mut c[i]);
             h = layer.forward(&h, attn_scale.as_ref(), &mask, cache)?;
         }
+        h = crate::shard::pipeline_send(h, self.pipeline, caches.and_then(|c| c.last_mut()))?;
         self.norm.forward(&h)
+    }
+
+    /// Pipeline parallelism as these rows' `PipelineMixin.pipeline()` (see
+    /// [`crate::shard::pipeline_range`]): this model keeps its stage's layers; the stage's
+    /// send is tied to its last cache (deepseek_v32's: the first cache of its `CacheList`).
+    pub fn shard_pipeline(&mut self, size: i32, rank: i32) -> Result<()> {
+        let t = self.spec.model_type.as_str();
+        if !PIPELINED.contains(&t) {
+            return Err(ModelError::Other(format!(
+                "pipeline parallelism: model_type `{t}` is not supported ({})",
+                PIPELINED.join(", ")
+            )));
+        }
+        if self.pipeline.is_some() {
+            return Err(ModelError::Other(
+                "pipeline parallelism: already split".into(),
+            ));
+        }
+        let range = crate::shard::pipeline_range(self.layers.len(), size, rank)?;
+        self.layers.truncate(range.end);
+        self.layers.drain(..range.start);
+        self.pipeline = Some((rank, size));
+        Ok(())
     }
 }
 
+/// The rows whose mlx-lm class has `pipeline` (`PipelineMixin`); kimi_k25's wrapper has no
+/// `model.pipeline`, so sharded_load does not pipeline it.
+const PIPELINED: [&str; 6] = [
+    "deepseek_v3",
+    "deepseek_v32",
+    "glm_moe_dsa",
+    "deepseek_v2",
+    "glm4_moe_lite",
+    "mistral4",
+];
 /// How many multi-token-prediction layers `--mtp` loads: `num_nextn_predict_layers` of the
 /// config (deepseek_v3, glm4_moe_lite, deepseek_v32 / glm_moe_dsa and kimi_k25 checkpoints
 /// carry them as `model.layers.{num_hidden_layers + k}`).
@@ -2039,10 +2077,12 @@ pub(crate) fn split_kv_b_proj_dims(
 }
 
 /// The rows whose mlx-lm class has deepseek_v3's / deepseek_v2's `shard()`.
-const SHARDED: [&str; 6] = [
+const SHARDED: [&str; 7] = [
     "deepseek_v3",
     "kimi_k25",
     "deepseek_v32",
+    // glm_moe_dsa.py's Model subclasses deepseek_v32's (its shard() and pipeline()).
+    "glm_moe_dsa",
     "deepseek_v2",
     "glm4_moe_lite",
     "mistral4",
@@ -2110,6 +2150,10 @@ impl Model {
 impl LanguageModel for Model {
     fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
         Model::shard_tensor_parallel(self, size, rank)
+    }
+
+    fn shard_pipeline(&mut self, size: i32, rank: i32) -> Result<()> {
+        Model::shard_pipeline(self, size, rank)
     }
 
     fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {

@@ -1050,9 +1050,11 @@ impl Model {
     pub fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
         use crate::shard::{all_to_sharded, sharded_to_all};
         let d = &self.desc;
-        // The rows whose mlx-lm class has this same `shard()` (llama.py, qwen2.py, qwen3.py).
-        const SHARDED: [&str; 3] = ["llama", "qwen2", "qwen3"];
-        if !SHARDED.contains(&d.model_type.as_str()) {
+        // The rows whose mlx-lm class has this same `shard()` (llama.py, which also serves
+        // mistral, iquestcoder and xverse through MODEL_REMAPPING; qwen2.py, qwen3.py,
+        // ministral3.py).
+        const SHARDED: [&str; 4] = ["llama", "qwen2", "qwen3", "ministral3"];
+        if !SHARDED.contains(&crate::config::remap(&d.model_type)) {
             return Err(ModelError::Other(format!(
                 "tensor parallelism: model_type `{}` is not supported yet ({})",
                 d.model_type,
@@ -1116,8 +1118,9 @@ impl Model {
     }
 }
 
-/// The rows whose mlx-lm class has `pipeline` (qwen2.py, with `PipelineMixin`).
-const PIPELINED: [&str; 1] = ["qwen2"];
+/// The rows whose mlx-lm class has `pipeline` (qwen2.py with `PipelineMixin`; ministral3.py,
+/// whose `pipeline` also re-picks the stage's first full and first sliding layer).
+const PIPELINED: [&str; 2] = ["qwen2", "ministral3"];
 
 impl Model {
     /// Pipeline parallelism over `size` ranks as mlx-lm's `PipelineMixin.pipeline()`: the
@@ -1137,28 +1140,24 @@ impl Model {
                 "pipeline parallelism: already split".into(),
             ));
         }
-        if size < 1 || rank < 0 || rank >= size {
-            return Err(ModelError::Other(format!(
-                "pipeline parallelism: rank {rank} of {size}"
-            )));
-        }
-        let (n, s, r) = (self.layers.len(), size as usize, rank as usize);
-        let (base, extra) = (n / s, n % s);
-        let split: Vec<usize> = (0..s).map(|k| base + usize::from(k < extra)).collect();
-        if split.contains(&0) {
-            return Err(ModelError::Other(format!(
-                "pipeline parallelism: {n} layers cannot give each of {s} ranks a layer"
-            )));
-        }
-        if self.fa_idx != 0 || self.swa_idx.is_some() {
+        if self.desc.loops > 1 {
             return Err(ModelError::Other(
-                "pipeline parallelism: sliding-window layers are not supported".into(),
+                "pipeline parallelism: looped layers are not supported".into(),
             ));
         }
-        let start: usize = split[r + 1..].iter().sum();
-        let end = start + split[r];
-        self.layers.truncate(end);
-        self.layers.drain(..start);
+        let range = crate::shard::pipeline_range(self.layers.len(), size, rank)?;
+        self.layers.truncate(range.end);
+        self.layers.drain(..range.start);
+        // ministral3's `pipeline`: the masks come from the stage's own first full and first
+        // sliding layer (a stage without full layers computes no full mask it would use).
+        let swa = self.layers.iter().position(|l| l.sliding);
+        self.swa_idx = self.swa_idx.and(swa);
+        self.fa_idx = self
+            .layers
+            .iter()
+            .position(|l| !l.sliding)
+            .or(swa)
+            .unwrap_or(0);
         self.pipeline = Some((rank, size));
         Ok(())
     }
@@ -1543,46 +1542,14 @@ impl Model {
         self.norm.forward(&h)
     }
 
-    /// A pipeline stage's input: ranks below the last receive the hidden states from the
-    /// rank above (mlx-lm's `recv_like(h, rank + 1)`); the last rank keeps the embedding.
+    /// A pipeline stage's input ([`crate::shard::pipeline_recv`]).
     fn pipeline_recv(&self, h: Array) -> Result<Array> {
-        match self.pipeline {
-            Some((rank, size)) if rank < size - 1 => {
-                Ok(mlx_core::distributed::recv_like(&h, rank + 1, None, None)?)
-            }
-            _ => Ok(h),
-        }
+        crate::shard::pipeline_recv(h, self.pipeline)
     }
 
-    /// A pipeline stage's output: ranks above 0 send theirs to the rank below (tying the
-    /// send to the last cache), then every rank takes rank 0's hidden states from an
-    /// `all_gather` (mlx-lm's broadcast that keeps the send in the graph).
+    /// A pipeline stage's output ([`crate::shard::pipeline_send`]).
     fn pipeline_send(&self, h: Array, last: Option<&mut Box<dyn Cache>>) -> Result<Array> {
-        let Some((rank, size)) = self.pipeline else {
-            return Ok(h);
-        };
-        let mut h = h;
-        if rank != 0 {
-            h = mlx_core::distributed::send(&h, (rank - 1).rem_euclid(size), None, None)?;
-            if let Some(c) = last {
-                if !c.is_empty() && !c.depend_on(&h)? {
-                    return Err(ModelError::Other(format!(
-                        "pipeline parallelism: a {} cannot be tied to the stage's send",
-                        c.class_name()
-                    )));
-                }
-            }
-        }
-        if size > 1 {
-            let b = h.shape().first().copied().unwrap_or(0);
-            let all = mlx_core::distributed::all_gather(&h, None, None)?;
-            let mut stop = all.shape();
-            stop[0] = b;
-            let start = vec![0; stop.len()];
-            let strides = vec![1; stop.len()];
-            h = all.slice(&start, &stop, &strides)?;
-        }
-        Ok(h)
+        crate::shard::pipeline_send(h, self.pipeline, last)
     }
 }
 

@@ -79,6 +79,9 @@ struct Moe {
     switch_mlp: SwitchGlu,
     classifier: Linear,
     e_score_correction_bias: Array,
+    /// mlx-lm's `sharding_group` (`shard()`): the routed experts' output summed over the
+    /// group before the identity experts' share is added.
+    sharded: bool,
 }
 
 impl Moe {
@@ -117,7 +120,10 @@ impl Moe {
         let regular = ops::where_(&mask, &zero_w, &weights, None)?;
         let y = self.switch_mlp.forward(x, &inds)?;
         let weighted = (&y * &ops::expand_dims(&regular, &[-1], None)?)?;
-        let out = ops::sum(&weighted, &[-2], false, None)?;
+        let mut out = ops::sum(&weighted, &[-2], false, None)?;
+        if self.sharded {
+            out = mlx_core::distributed::all_sum(&out, None, None)?;
+        }
         let identity = ops::sum(
             &ops::where_(&mask, &weights, &zero_w, None)?,
             &[-1],
@@ -305,6 +311,7 @@ impl Model {
                     n_total,
                     a.router_bias,
                 )?,
+                sharded: false,
                 e_score_correction_bias: w.take(
                     &format!("{p}.mlp.router.e_score_correction_bias"),
                     &[n_total],
@@ -483,7 +490,55 @@ fn sanitize(a: &Args, w: &mut Weights) -> Result<()> {
     Ok(())
 }
 
+impl Model {
+    /// Tensor parallelism as longcat_flash's `shard()`: both MLA attentions of a layer split
+    /// by heads ([`MlaAttention::shard_tensor_parallel`]), both dense MLPs as llama's, the
+    /// routed experts sharded in place with their sum taken over the group.
+    pub fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
+        use crate::shard::{all_to_sharded, sharded_to_all, switch_inplace};
+        if self.model_type != "longcat_flash" {
+            return Err(ModelError::Other(format!(
+                "tensor parallelism: model_type `{}` is not supported yet (longcat_flash)",
+                self.model_type
+            )));
+        }
+        if size < 1 || rank < 0 || rank >= size {
+            return Err(ModelError::Other(format!(
+                "tensor parallelism: rank {rank} of {size}"
+            )));
+        }
+        for (i, l) in self.layers.iter_mut().enumerate() {
+            let p = format!("model.layers.{i}");
+            for (j, a) in l.self_attn.iter_mut().enumerate() {
+                a.shard_tensor_parallel(size, rank, &format!("{p}.self_attn.{j}"))?;
+            }
+            for (j, m) in l.mlps.iter_mut().enumerate() {
+                let names = crate::layers::MlpNames::LLAMA;
+                for (name, lin) in m.linears_mut(&names) {
+                    let w = format!("{p}.mlps.{j}.{name}");
+                    if name == names.down {
+                        sharded_to_all(lin, size, rank, &w)?;
+                    } else {
+                        all_to_sharded(lin, size, rank, &w)?;
+                    }
+                }
+            }
+            let e = &mut l.mlp.switch_mlp;
+            let w = |n: &str| format!("{p}.mlp.switch_mlp.{n}");
+            switch_inplace(&mut e.gate_proj, true, size, rank, &w("gate_proj"))?;
+            switch_inplace(&mut e.up_proj, true, size, rank, &w("up_proj"))?;
+            switch_inplace(&mut e.down_proj, false, size, rank, &w("down_proj"))?;
+            l.mlp.sharded = true;
+        }
+        Ok(())
+    }
+}
+
 impl LanguageModel for Model {
+    fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
+        Model::shard_tensor_parallel(self, size, rank)
+    }
+
     fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
         let out = self.hidden_states(inputs, caches)?;
         self.lm_head.forward(&out)

@@ -2467,6 +2467,8 @@ pub(crate) struct Attention {
     head_gate: Option<Linear>,
     /// Module names: output projection, q norm, k norm ([`AttentionSpec::names`]).
     names: [&'static str; 3],
+    /// minimax's `shard()`: the full-width q/k norms as `ShardedRMSNorm` over this many ranks.
+    sharded_norms: Option<i32>,
 }
 
 impl Attention {
@@ -2588,6 +2590,7 @@ impl Attention {
             out_gate: None,
             head_gate: None,
             names: s.names,
+            sharded_norms: None,
         })
     }
 
@@ -2725,8 +2728,14 @@ impl Attention {
         };
         let kv_states = (keys.clone(), values.clone());
         if self.qk_norm == QkNorm::Full {
-            queries = norm(&self.q_norm, queries)?;
-            keys = norm(&self.k_norm, keys)?;
+            if let (Some(n), Some(qn), Some(kn)) = (self.sharded_norms, &self.q_norm, &self.k_norm)
+            {
+                queries = crate::shard::sharded_rms_norm(&queries, &qn.weight, qn.eps, n)?;
+                keys = crate::shard::sharded_rms_norm(&keys, &kn.weight, kn.eps, n)?;
+            } else {
+                queries = norm(&self.q_norm, queries)?;
+                keys = norm(&self.k_norm, keys)?;
+            }
         }
         let split = |y: &Array, n: i32| ops::reshape(y, &[b, l, n, -1], None);
         let mut queries = split(&queries, self.n_heads)?;
@@ -3539,6 +3548,8 @@ pub struct Model {
     grad_checkpoint: bool,
     /// The layers whose own arrays enter their checkpoints (full fine-tuning).
     checkpoint_own: std::ops::Range<usize>,
+    /// This rank's pipeline stage `(rank, size)` after [`Model::shard_pipeline`].
+    pipeline: Option<(i32, i32)>,
 }
 
 impl Model {
@@ -3670,6 +3681,7 @@ impl Model {
             swa_idx,
             grad_checkpoint: false,
             checkpoint_own: 0..0,
+            pipeline: None,
         })
     }
 }
@@ -4001,6 +4013,7 @@ impl Model {
             )));
         }
         let mut shared: Option<(Array, Array)> = None;
+        h = crate::shard::pipeline_recv(h, self.pipeline)?;
         for (i, layer) in self.layers.iter().enumerate() {
             let m = if self.is_sliding(i) {
                 swa_mask.as_ref().unwrap_or(&mask)
@@ -4020,7 +4033,36 @@ impl Model {
                 .then(|| self.checkpoint_own.contains(&i));
             h = layer_step(layer, &h, cache, ckpt, move |l, x, c| l.forward(x, &m, c))?;
         }
+        h = crate::shard::pipeline_send(h, self.pipeline, caches.and_then(|c| c.last_mut()))?;
         self.norm.forward(&h)
+    }
+
+    /// Pipeline parallelism as qwen3_moe's `PipelineMixin.pipeline()` (see
+    /// [`crate::shard::pipeline_range`]): this model keeps its stage's layers.
+    pub fn shard_pipeline(&mut self, size: i32, rank: i32) -> Result<()> {
+        let t = self.spec.model_type.as_str();
+        if t != "qwen3_moe" {
+            return Err(ModelError::Other(format!(
+                "pipeline parallelism: model_type `{t}` is not supported (qwen3_moe)"
+            )));
+        }
+        if self.pipeline.is_some() {
+            return Err(ModelError::Other(
+                "pipeline parallelism: already split".into(),
+            ));
+        }
+        if self.spec.sliding.iter().any(|s| *s) {
+            return Err(ModelError::Other(
+                "pipeline parallelism: sliding-window layers are not supported here".into(),
+            ));
+        }
+        let range = crate::shard::pipeline_range(self.layers.len(), size, rank)?;
+        self.layers.truncate(range.end);
+        self.layers.drain(..range.start);
+        self.fa_idx = 0;
+        self.swa_idx = None;
+        self.pipeline = Some((rank, size));
+        Ok(())
     }
 
     /// The output head over normed hidden states.
@@ -4043,15 +4085,24 @@ impl Model {
 }
 
 impl Model {
-    /// Tensor parallelism as qwen3_moe's `shard()`: q/k/v all-to-sharded, o sharded-to-all,
-    /// heads and KV heads / N; dense MLPs as llama's; the experts sharded in place (gate, up
-    /// by output rows, down by input columns) with the block's output summed (`all_sum`).
+    /// Tensor parallelism as the `shard()` of qwen3_moe, gpt_oss, minimax and exaone_moe:
+    /// q/k/v all-to-sharded, o sharded-to-all, heads and KV heads / N; dense MLPs as
+    /// llama's; the experts sharded in place (gate, up by output rows, down by input
+    /// columns) with the block's output summed (`all_sum`). gpt_oss also keeps its heads'
+    /// sinks and divides the experts' down bias by N; minimax's full-width q/k norms become
+    /// `ShardedRMSNorm`s; exaone_moe's shared experts are sharded in place inside the sum.
     pub fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
-        use crate::shard::{all_to_sharded, sharded_to_all, switch_inplace};
-        let t = self.spec.model_type.as_str();
-        if t != "qwen3_moe" {
+        use crate::shard::{
+            all_to_sharded, divide_switch_bias, sharded_to_all, sharded_to_all_inplace, split_last,
+            switch_inplace,
+        };
+        const SHARDED: [&str; 4] = ["qwen3_moe", "gpt_oss", "minimax", "exaone_moe"];
+        let t = self.spec.model_type.clone();
+        let moe_module = self.spec.moe_module;
+        if !SHARDED.contains(&t.as_str()) {
             return Err(ModelError::Other(format!(
-                "tensor parallelism: model_type `{t}` is not supported yet (qwen3_moe)"
+                "tensor parallelism: model_type `{t}` is not supported yet ({})",
+                SHARDED.join(", ")
             )));
         }
         if size < 1 || rank < 0 || rank >= size {
@@ -4062,7 +4113,7 @@ impl Model {
         for (i, l) in self.layers.iter_mut().enumerate() {
             let what = |m: &str| format!("model.layers.{i}.{m}");
             let a = &mut l.self_attn;
-            if a.n_heads % size != 0 || a.n_kv_heads % size != 0 || a.sinks.is_some() {
+            if a.n_heads % size != 0 || a.n_kv_heads % size != 0 {
                 return Err(ModelError::Other(format!(
                     "{}: {} heads and {} KV heads do not split over {size} ranks",
                     what("self_attn"),
@@ -4082,12 +4133,31 @@ impl Model {
                     what("self_attn")
                 )));
             };
+            all_to_sharded(&mut a.q_proj, size, rank, &what("self_attn.q_proj"))?;
             all_to_sharded(k_proj, size, rank, &what("self_attn.k_proj"))?;
             all_to_sharded(v_proj, size, rank, &what("self_attn.v_proj"))?;
-            all_to_sharded(&mut a.q_proj, size, rank, &what("self_attn.q_proj"))?;
             sharded_to_all(&mut a.o_proj, size, rank, &what("self_attn.o_proj"))?;
+            if a.qk_norm == QkNorm::Full {
+                if t != "minimax" {
+                    return Err(ModelError::Other(format!(
+                        "{}: full-width q/k norms are sharded only for minimax",
+                        what("self_attn")
+                    )));
+                }
+                for (n, name) in [(&mut a.q_norm, "q_norm"), (&mut a.k_norm, "k_norm")] {
+                    if let Some(n) = n.as_mut() {
+                        n.weight =
+                            split_last(&n.weight, size, rank, &what(&format!("self_attn.{name}")))?;
+                    }
+                }
+                a.sharded_norms = Some(size);
+            }
             a.n_heads /= size;
             a.n_kv_heads /= size;
+            if let Some(sinks) = a.sinks.as_mut() {
+                *sinks =
+                    crate::shard::take_heads(sinks, a.n_heads, rank, &what("self_attn.sinks"))?;
+            }
             match &mut l.ffn {
                 Ffn::Dense(m) => {
                     let names = MlpNames::LLAMA;
@@ -4101,16 +4171,31 @@ impl Model {
                     }
                 }
                 Ffn::Sparse(m) => {
-                    if m.shared_expert.is_some() {
+                    let block = what(moe_module);
+                    if m.shared_expert.is_some() || m.coefficient.is_some() {
                         return Err(ModelError::Other(format!(
-                            "{}: a shared expert cannot be sharded yet",
-                            what("mlp")
+                            "{block}: a gated or mixed shared expert cannot be sharded"
                         )));
                     }
+                    if let Some(shared) = m.plain_shared.as_mut() {
+                        let names = MlpNames::LLAMA;
+                        let sp = m.plain_shared_name;
+                        for (name, lin) in shared.linears_mut(&names) {
+                            let w = format!("{block}.{sp}.{name}");
+                            if name == names.down {
+                                sharded_to_all_inplace(lin, size, rank, &w)?;
+                            } else {
+                                all_to_sharded(lin, size, rank, &w)?;
+                            }
+                        }
+                    }
                     let e = &mut m.switch_mlp;
-                    let w = |n: &str| what(&format!("mlp.switch_mlp.{n}"));
+                    let w = |n: &str| format!("{block}.{}.{n}", m.names[1]);
                     switch_inplace(&mut e.gate_proj, true, size, rank, &w("gate_proj"))?;
                     switch_inplace(&mut e.down_proj, false, size, rank, &w("down_proj"))?;
+                    if t == "gpt_oss" {
+                        divide_switch_bias(&mut e.down_proj, size)?;
+                    }
                     switch_inplace(&mut e.up_proj, true, size, rank, &w("up_proj"))?;
                     m.sharded = true;
                 }
@@ -4125,6 +4210,10 @@ impl LanguageModel for Model {
 
     fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
         Model::shard_tensor_parallel(self, size, rank)
+    }
+
+    fn shard_pipeline(&mut self, size: i32, rank: i32) -> Result<()> {
+        Model::shard_pipeline(self, size, rank)
     }
 
     fn top_modules_mut(&mut self) -> Vec<(String, super::TopModuleMut<'_>)> {

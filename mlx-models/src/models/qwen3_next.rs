@@ -926,6 +926,8 @@ pub struct Model {
     grad_checkpoint: bool,
     /// The layers whose own arrays enter their checkpoints (full fine-tuning).
     checkpoint_own: std::ops::Range<usize>,
+    /// This rank's pipeline stage `(rank, size)` after [`Model::shard_pipeline`].
+    pipeline: Option<(i32, i32)>,
     /// The `mtp.*` layers, loaded only when asked ([`Weights::with_mtp`]).
     mtp: Option<Mtp>,
 }
@@ -979,6 +981,7 @@ impl Model {
             fa_idx,
             grad_checkpoint: false,
             checkpoint_own: 0..0,
+            pipeline: None,
             mtp,
         })
     }
@@ -1244,6 +1247,7 @@ impl Model {
             }
             None => (mlx_cache::mask::fallback_mask(n, None, false)?, None),
         };
+        h = crate::shard::pipeline_recv(h, self.pipeline)?;
         for (i, layer) in self.layers.iter().enumerate() {
             let cache = caches.as_deref_mut().map(|c| &mut c[i]);
             let ckpt = self
@@ -1254,7 +1258,38 @@ impl Model {
                 l.forward(x, i, &fm, sm.as_ref(), c)
             })?;
         }
+        h = crate::shard::pipeline_send(h, self.pipeline, caches.and_then(|c| c.last_mut()))?;
         self.norm.forward(&h)
+    }
+
+    /// Pipeline parallelism as `Qwen3NextModel.pipeline` / `Qwen3_5TextModel.pipeline`
+    /// ([`crate::shard::pipeline_range`]): this model keeps its stage's layers and takes its
+    /// masks from the stage's first recurrent and first attention layer; a stage ending on a
+    /// recurrent layer ties its send to that cache's first array.
+    pub fn shard_pipeline(&mut self, size: i32, rank: i32) -> Result<()> {
+        let t = self.args.model_type.as_str();
+        // qwen3_5_moe inherits `pipeline`, but mlx-lm 0.32.2's own pipelined run of it fails
+        // (a rank is lost in generate_step): refused until there is a reference.
+        const PIPELINED: [&str; 2] = ["qwen3_next", "qwen3_5"];
+        if !PIPELINED.contains(&t) {
+            return Err(ModelError::Other(format!(
+                "pipeline parallelism: model_type `{t}` is not supported ({})",
+                PIPELINED.join(", ")
+            )));
+        }
+        if self.pipeline.is_some() {
+            return Err(ModelError::Other(
+                "pipeline parallelism: already split".into(),
+            ));
+        }
+        let range = crate::shard::pipeline_range(self.layers.len(), size, rank)?;
+        self.layers.truncate(range.end);
+        self.layers.drain(..range.start);
+        let linear = |l: &DecoderLayer| matches!(l.mixer, Mixer::Linear(_));
+        self.ssm_idx = self.layers.iter().position(linear);
+        self.fa_idx = self.layers.iter().position(|l| !linear(l));
+        self.pipeline = Some((rank, size));
+        Ok(())
     }
 
     /// The output head over normed hidden states.
@@ -1265,6 +1300,10 @@ impl Model {
 
 impl LanguageModel for Model {
     port_entry_points!(args);
+
+    fn shard_pipeline(&mut self, size: i32, rank: i32) -> Result<()> {
+        Model::shard_pipeline(self, size, rank)
+    }
 
     /// The projection `head` applies (for the chunked cross-entropy of training).
     fn output_head(&self) -> Option<crate::models::OutputHead> {
