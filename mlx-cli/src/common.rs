@@ -146,6 +146,61 @@ impl DecoderArgs {
         })
     }
 
+    /// The decoder for prompt lookup speculation: the CPU decoder where [`DecoderArgs::pick`]
+    /// would choose it (`--decoder cpu`, or `auto` on the CPU backend with `--dtype auto`) and
+    /// decoding is greedy (`greedy`: or why not), its drafts verified in batched passes
+    /// ([`mlx_engine::cpu_spec`]); else the MLX path as [`DecoderArgs::pick_unless_speculative`].
+    pub fn pick_for_prompt_lookup(
+        &self,
+        model: &dyn LanguageModel,
+        opts: &GenerateOptions,
+        dtype: &str,
+        has_prompt_cache: bool,
+        greedy: Result<(), String>,
+    ) -> Result<DecoderChoice, String> {
+        let on_gpu = mlx_core::Device::default_device().is_ok_and(|d| d != mlx_core::Device::cpu());
+        let wants_cpu =
+            self.decoder == "cpu" || (self.decoder == "auto" && !on_gpu && dtype == "auto");
+        if !wants_cpu {
+            return self.pick_unless_speculative(
+                true,
+                model,
+                opts,
+                dtype,
+                has_prompt_cache,
+                Ok(()),
+            );
+        }
+        if let Err(why) = greedy {
+            if self.decoder == "cpu" {
+                return Err(format!(
+                    "--decoder cpu: speculation on the CPU decoder is greedy only, not with {why}"
+                ));
+            }
+            return Ok(DecoderChoice {
+                cpu: None,
+                graph: false,
+                name: "mlx",
+                note: format!(
+                    "decoder: mlx (speculative decoding; the CPU decoder speculates only \
+                     greedily, not with {why})"
+                ),
+            });
+        }
+        let mut c = self.pick(
+            model,
+            opts,
+            dtype,
+            has_prompt_cache,
+            Err("speculative decoding".into()),
+        )?;
+        if c.cpu.is_some() {
+            c.note
+                .push_str(", prompt lookup drafts verified in batched passes");
+        }
+        Ok(c)
+    }
+
     /// The decoder for `model` with `opts` (`dtype` is the `--dtype` flag; `has_prompt_cache`:
     /// a prompt cache is continued; `graph`: whether the command can use the graph decoder,
     /// or why not). `--decoder cpu|graph` where it cannot run is an error naming the reason.

@@ -9,7 +9,8 @@ use mlx_engine::chat_template::ChatTemplateOptions;
 use mlx_engine::generate::GenerateOptions;
 use mlx_engine::sample::{Sampler, SamplerSettings};
 use mlx_engine::stream::{
-    stream_generate, stream_generate_speculative, FinishReason, StreamOptions,
+    stream_generate, stream_generate_cpu_speculative, stream_generate_speculative, FinishReason,
+    StreamOptions,
 };
 use serde_json::{json, Map, Value};
 
@@ -316,7 +317,29 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
         ..GenerateOptions::default()
     };
     a.kv.apply(&mut generate);
-    let decoder = a.decoder.pick_unless_speculative(
+    let lookup = match &spec {
+        Some(SpecSource::Lookup(n)) => Some(*n),
+        _ => None,
+    };
+    let decoder = if lookup.is_some() {
+        let greedy = if a.temp != 0.0 {
+            Err(format!("--temp {}", a.temp))
+        } else if !generate.logits_processors.is_empty() {
+            Err("logits processors (--repetition-penalty and the like)".into())
+        } else if a.top_logprobs > 0 {
+            Err("--top-logprobs".into())
+        } else {
+            Ok(())
+        };
+        a.decoder.pick_for_prompt_lookup(
+            m.model.as_ref(),
+            &generate,
+            &a.model.dtype,
+            caches.is_some(),
+            greedy,
+        )?
+    } else {
+        a.decoder.pick_unless_speculative(
         spec.is_some(),
         m.model.as_ref(),
         &generate,
@@ -327,7 +350,8 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
         } else {
             Ok(())
         },
-    )?;
+    )?
+    };
     decoder.apply(&mut generate);
     if a.verbose {
         eprintln!("[mlx] {}", decoder.note);
@@ -338,8 +362,16 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
         stop_strings: a.stop.clone(),
         top_logprobs: a.top_logprobs,
     };
-    let mut stream = match &spec {
-        Some(sp) => stream_generate_speculative(
+    let mut stream = match (&spec, lookup) {
+        (Some(_), Some(n)) if decoder.cpu.is_some() => stream_generate_cpu_speculative(
+            m.model.as_ref(),
+            &m.tokenizer,
+            &ids,
+            n,
+            a.spec.num_draft_tokens as usize,
+            opts,
+        ),
+        (Some(sp), _) => stream_generate_speculative(
             m.model.as_ref(),
             &m.tokenizer,
             &ids,
@@ -348,7 +380,7 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
             a.spec.num_draft_tokens as usize,
             opts,
         ),
-        None => stream_generate(m.model.as_ref(), &m.tokenizer, &ids, caches, opts),
+        (None, _) => stream_generate(m.model.as_ref(), &m.tokenizer, &ids, caches, opts),
     }
     .map_err(|e| e.to_string())?;
     let mut out = std::io::stdout().lock();

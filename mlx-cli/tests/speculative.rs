@@ -224,3 +224,58 @@ fn mtp_generation_keeps_greedy_output() {
     assert_ne!(code, 0);
     assert!(err.contains("--mtp"), "{err}");
 }
+
+#[test]
+fn prompt_lookup_on_the_cpu_decoder_keeps_its_greedy_output() {
+    let base = [
+        "generate",
+        "--model",
+        TARGET,
+        "--prompt",
+        "the cat is big the cat is big",
+        "-m",
+        "40",
+        "--decoder",
+        "cpu",
+        "--verbose",
+        "true",
+    ];
+    let (code, plain, err) = mlx(&base, None);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("decoder: cpu"), "{err}");
+    for (ngram, k) in [("1", "4"), ("2", "3")] {
+        let mut args = base.to_vec();
+        args.extend(["--prompt-lookup-ngram", ngram, "--num-draft-tokens", k]);
+        let (code, lookup, err) = mlx(&args, None);
+        assert_eq!(code, 0, "{err}");
+        assert!(
+            err.contains("decoder: cpu") && err.contains("prompt lookup"),
+            "{err}"
+        );
+        assert_eq!(parse(&lookup), parse(&plain), "ngram {ngram}");
+        assert!(lookup.contains("draft tokens accepted"), "{lookup}");
+    }
+    // The JSON output: the same tokens, and the acceptance counted.
+    let json = |extra: &[&str]| -> Value {
+        let mut args = base[..9].to_vec();
+        args.push("--json");
+        args.extend(extra);
+        let (code, out, err) = mlx(&args, None);
+        assert_eq!(code, 0, "{err}");
+        serde_json::from_str(out.trim()).unwrap()
+    };
+    let plain = json(&[]);
+    let spec = json(&["--prompt-lookup-ngram", "1", "--num-draft-tokens", "4"]);
+    assert_eq!(spec["tokens"], plain["tokens"]);
+    assert_eq!(spec["decoder"], "cpu");
+    assert!(spec["verification_passes"].as_u64().unwrap() > 0, "{spec}");
+    // Sampling does not speculate on the CPU decoder: `--decoder cpu` says so.
+    let mut args = base.to_vec();
+    args.extend(["--prompt-lookup-ngram", "1", "--temp", "0.5"]);
+    let (code, _, err) = mlx(&args, None);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("--decoder cpu") && err.contains("greedy"),
+        "{err}"
+    );
+}

@@ -112,3 +112,116 @@ pub fn speculative_greedy(
     }
     Ok((out, stats))
 }
+
+/// The log-probability of token `t` under logits `l` (`l[t] - logsumexp(l)`, on the host).
+fn logprob(l: &[f32], t: u32) -> f32 {
+    let max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f32 = l.iter().map(|&v| (v - max).exp()).sum();
+    l[t as usize] - max - sum.ln()
+}
+
+/// [`speculative_greedy`] as a step iterator, what
+/// [`crate::stream::stream_generate_cpu_speculative`] streams: each call yields one token
+/// (`(token, log-probability, from_draft)`); a verification pass runs when the tokens of the
+/// last one are used up. The caller stops it (EOS, stop strings); `max_tokens` (`None`: no
+/// limit) only bounds the drafts so no pass verifies tokens past it.
+pub struct CpuSpecSteps<'m> {
+    dec: CpuDecoder<'m>,
+    propose: Box<Propose<'m>>,
+    k: usize,
+    max_tokens: Option<usize>,
+    history: Vec<u32>,
+    queue: std::collections::VecDeque<(u32, f32, bool)>,
+    /// The decoder's next token (and its log-probability), not yet yielded nor in the cache.
+    y: (u32, f32),
+    /// Tokens yielded or queued.
+    produced: usize,
+    stats: SpecStats,
+}
+
+impl<'m> CpuSpecSteps<'m> {
+    /// Runs the prompt through `dec` (from an empty cache) and gets ready to speculate with
+    /// drafts of at most `k` tokens from `propose`.
+    pub fn new(
+        mut dec: CpuDecoder<'m>,
+        prompt: &[u32],
+        max_tokens: Option<usize>,
+        k: usize,
+        propose: Box<Propose<'m>>,
+    ) -> Result<Self> {
+        check(prompt)?;
+        dec.reset();
+        let l = dec.feed(prompt)?;
+        let t = argmax(l);
+        let y = (t, logprob(l, t));
+        Ok(CpuSpecSteps {
+            dec,
+            propose,
+            k,
+            max_tokens,
+            history: prompt.to_vec(),
+            queue: Default::default(),
+            y,
+            produced: 0,
+            stats: SpecStats::default(),
+        })
+    }
+
+    /// Acceptance statistics so far.
+    pub fn stats(&self) -> SpecStats {
+        self.stats
+    }
+
+    /// One verification pass: the pending token and the drafts queued, the decoder's next
+    /// token pending.
+    fn round(&mut self) -> Result<()> {
+        let y = self.y.0;
+        self.queue.push_back((y, self.y.1, false));
+        self.history.push(y);
+        self.produced += 1;
+        let room = self
+            .max_tokens
+            .map_or(usize::MAX, |m| m.saturating_sub(self.produced));
+        if room == 0 {
+            return Ok(());
+        }
+        let want = self.k.min(room);
+        let mut drafts = (self.propose)(&self.history, want);
+        drafts.truncate(want);
+        let base = self.dec.position();
+        let mut input = Vec::with_capacity(drafts.len() + 1);
+        input.push(y);
+        input.extend_from_slice(&drafts);
+        let mut preds = Vec::with_capacity(input.len());
+        self.dec.feed_all(&input, &mut |_, l| {
+            let t = argmax(l);
+            preds.push((t, logprob(l, t)));
+        })?;
+        let n = drafts
+            .iter()
+            .zip(&preds)
+            .take_while(|(d, p)| **d == p.0)
+            .count();
+        self.stats.rounds += 1;
+        self.stats.drafted += drafts.len();
+        self.stats.accepted += n;
+        self.dec.truncate(base + 1 + n);
+        for (d, p) in drafts.iter().zip(&preds).take(n) {
+            self.queue.push_back((*d, p.1, true));
+            self.history.push(*d);
+            self.produced += 1;
+        }
+        self.y = preds[n];
+        Ok(())
+    }
+
+    /// The next token, its log-probability and whether a draft proposed it.
+    pub fn next_token(&mut self) -> Result<(u32, f32, bool)> {
+        if self.queue.is_empty() {
+            self.round()?;
+        }
+        self.queue
+            .pop_front()
+            .ok_or_else(|| EngineError::Other("speculation produced no token".into()))
+    }
+}

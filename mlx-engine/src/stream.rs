@@ -10,6 +10,7 @@ use mlx_core::memory;
 use mlx_core::prelude::*;
 
 use crate::cpu_decode::CpuDecoder;
+use crate::cpu_spec::CpuSpecSteps;
 use crate::error::{EngineError, Result};
 use crate::generate::{generate_step, generate_step_cpu, GenerateOptions, GenerateStep, Step};
 use crate::speculative::{
@@ -79,6 +80,8 @@ pub struct GenerationResponse {
 enum Steps<'m> {
     Plain(Box<GenerateStep<'m>>),
     Speculative(Box<SpeculativeStep<'m>>),
+    /// Greedy speculation on the CPU decoder ([`crate::cpu_spec::CpuSpecSteps`]).
+    CpuSpeculative(Box<CpuSpecSteps<'m>>),
 }
 
 impl Steps<'_> {
@@ -86,6 +89,14 @@ impl Steps<'_> {
         match self {
             Steps::Plain(g) => g.next(),
             Steps::Speculative(g) => g.next(),
+            Steps::CpuSpeculative(g) => Some(g.next_token().and_then(|(token, lp, from_draft)| {
+                Ok(Step {
+                    token,
+                    logprobs: Array::from_slice::<f32>(&[], &[0])?,
+                    from_draft,
+                    logprob: Some(lp),
+                })
+            })),
         }
     }
 }
@@ -163,6 +174,54 @@ pub fn stream_generate_speculative<'m>(
         let steps =
             speculative_generate_step(ids, model, prompt_cache, drafter, num_draft_tokens, g)?;
         Ok(Steps::Speculative(Box::new(steps)))
+    })
+}
+
+/// [`stream_generate`] with prompt lookup speculation on the CPU decoder
+/// ([`crate::cpu_spec`]): greedy only (temperature 0, no logits processors, no grammar, no
+/// prompt cache); `opts.generate.cpu_decode` must be set (its threads run the decoder). Drafts
+/// of at most `num_draft_tokens` tokens are verified in one batched pass each; the output is
+/// plain greedy decoding's on the CPU decoder as long as a row of a block gives the logits it
+/// gives fed alone (see [`crate::cpu_spec`]).
+pub fn stream_generate_cpu_speculative<'m>(
+    model: &'m dyn LanguageModel,
+    tokenizer: &'m Tokenizer,
+    prompt: &[u32],
+    ngram: usize,
+    num_draft_tokens: usize,
+    opts: StreamOptions,
+) -> Result<TextStream<'m>> {
+    if ngram == 0 {
+        return Err(EngineError::Other(
+            "prompt lookup: the n-gram size must be at least 1".into(),
+        ));
+    }
+    start(model, tokenizer, prompt, opts, |ids, g| {
+        let Some(c) = g.cpu_decode else {
+            return Err(EngineError::Other(
+                "speculation on the CPU decoder: cpu_decode is not set".into(),
+            ));
+        };
+        if g.sampler.settings().temp != 0.0
+            || !g.logits_processors.is_empty()
+            || g.grammar.is_some()
+        {
+            return Err(EngineError::Other(
+                "speculation on the CPU decoder is greedy only: temperature 0, no logits \
+                 processors, no grammar (use --decoder mlx)"
+                    .into(),
+            ));
+        }
+        if let Some(why) = crate::generate::cpu_decode_unsupported(model, &g, false) {
+            return Err(EngineError::CpuDecoderUnsupported(why));
+        }
+        let room = ids.len() + g.max_tokens.unwrap_or(0) + num_draft_tokens + 1;
+        let dec = CpuDecoder::new(model, c.threads, room)?;
+        let prompt: Vec<u32> = ids.iter().map(|&t| t as u32).collect();
+        let propose =
+            Box::new(move |h: &[u32], k: usize| crate::speculative::prompt_lookup(h, ngram, k));
+        let steps = CpuSpecSteps::new(dec, &prompt, g.max_tokens, num_draft_tokens, propose)?;
+        Ok(Steps::CpuSpeculative(Box::new(steps)))
     })
 }
 
@@ -280,6 +339,7 @@ impl<'m> TextStream<'m> {
         match self.steps {
             Steps::Plain(g) => Ok((g.into_cache(), Vec::new())),
             Steps::Speculative(g) => g.into_caches(),
+            Steps::CpuSpeculative(_) => Ok((Vec::new(), Vec::new())),
         }
     }
 
@@ -290,6 +350,7 @@ impl<'m> TextStream<'m> {
         match self.steps {
             Steps::Plain(g) => Ok((g.into_cache(), Vec::new())),
             Steps::Speculative(g) => g.into_synced_caches(),
+            Steps::CpuSpeculative(_) => Ok((Vec::new(), Vec::new())),
         }
     }
 
@@ -298,7 +359,7 @@ impl<'m> TextStream<'m> {
     pub fn graph_fallback(&self) -> Option<&str> {
         match &self.steps {
             Steps::Plain(g) => g.graph_fallback(),
-            Steps::Speculative(_) => None,
+            Steps::Speculative(_) | Steps::CpuSpeculative(_) => None,
         }
     }
 
@@ -307,7 +368,7 @@ impl<'m> TextStream<'m> {
     pub fn graph_build_times(&self) -> Option<mlx_kernels::graph_decode::BuildTimes> {
         match &self.steps {
             Steps::Plain(g) => g.graph_build_times(),
-            Steps::Speculative(_) => None,
+            Steps::Speculative(_) | Steps::CpuSpeculative(_) => None,
         }
     }
 
@@ -316,6 +377,7 @@ impl<'m> TextStream<'m> {
         match &self.steps {
             Steps::Plain(_) => None,
             Steps::Speculative(g) => Some(g.stats()),
+            Steps::CpuSpeculative(g) => Some(g.stats()),
         }
     }
 
@@ -324,7 +386,7 @@ impl<'m> TextStream<'m> {
     pub fn into_cpu_decoder(self) -> Option<CpuDecoder<'m>> {
         match self.steps {
             Steps::Plain(g) => g.into_cpu_decoder(),
-            Steps::Speculative(_) => None,
+            Steps::Speculative(_) | Steps::CpuSpeculative(_) => None,
         }
     }
 
@@ -333,6 +395,7 @@ impl<'m> TextStream<'m> {
         match &self.steps {
             Steps::Plain(g) => g.uses_cpu_decoder(),
             Steps::Speculative(_) => false,
+            Steps::CpuSpeculative(_) => true,
         }
     }
 
@@ -355,6 +418,7 @@ impl<'m> TextStream<'m> {
         match &self.steps {
             Steps::Plain(_) => all.collect(),
             Steps::Speculative(g) => all.take(g.cached_generated()).collect(),
+            Steps::CpuSpeculative(_) => Vec::new(),
         }
     }
 
