@@ -14,7 +14,8 @@
 //! - `fuzz [TARGET|all] [--runs N] [--seed S] [--start I] [--seconds T]`: the structure-aware
 //!   fuzz targets of `mlx-fuzz` (release build, in-process, stable toolchain).
 //! - `bench spec [...]`: prompt-lookup speculation vs plain decoding on the CPU decoder
-//!   (real SmolLM2-135M), ratio printed, table in `results/bench/spec-cpu.md`.
+//!   (real SmolLM2-135M), ratio printed, table in `results/bench/spec-cpu.md`; `--cli`: the
+//!   same through `mlx generate` itself (`results/bench/spec-cli.md`).
 //! - `bench serve [...]`: aggregate decode throughput of `mlx serve` against `mlx_lm.server`
 //!   at 1, 4, 16 and 32 concurrent clients; see `bench_serve.rs`.
 //! - `cpu-quality [--positions N] [--text FILE] [MODEL ...]`: the CPU decoder's quality gate
