@@ -2,7 +2,7 @@
 //! the one-cache-per-layer check and mlx-lm's `create_attention_mask(h, cache[i])`, a list of
 //! plain KV caches, and `sanitize`'s stacking of per-expert weights into a switch layer.
 
-use mlx_cache::{AttentionMask, Cache, KVCache};
+use mlx_cache::{AttentionMask, Cache, KVCache, RotatingKVCache};
 use mlx_core::prelude::*;
 
 use crate::error::{ModelError, Result};
@@ -56,6 +56,23 @@ pub(crate) fn cache_mask(
 pub(crate) fn kv_caches(n: usize) -> Vec<Box<dyn Cache>> {
     (0..n)
         .map(|_| -> Box<dyn Cache> { Box::new(KVCache::new()) })
+        .collect()
+}
+
+/// A `make_cache` of sliding and global layers: a `RotatingKVCache(window)` for each layer
+/// flagged sliding, else a `KVCache` (also where the window is zero, which each port's load
+/// rejects first).
+pub(crate) fn sliding_caches(
+    sliding: impl Iterator<Item = bool>,
+    window: usize,
+) -> Vec<Box<dyn Cache>> {
+    sliding
+        .map(|s| -> Box<dyn Cache> {
+            match (s, RotatingKVCache::new(window, 0)) {
+                (true, Ok(c)) => Box::new(c),
+                _ => Box::new(KVCache::new()),
+            }
+        })
         .collect()
 }
 

@@ -7,7 +7,7 @@
 //! FP8 checkpoints (`weight_scale_inv`) are refused (convert them with mlx-lm first).
 //! Inference only (no adapters or full fine-tuning).
 
-use mlx_cache::{AttentionMask, Cache, KVCache, RotatingKVCache};
+use mlx_cache::{AttentionMask, Cache};
 use mlx_core::prelude::*;
 use serde::Deserialize;
 
@@ -385,17 +385,10 @@ impl LanguageModel for Model {
     /// `make_cache`: a `RotatingKVCache(sliding_window_size)` for sliding layers, else a
     /// `KVCache`.
     fn make_cache(&self) -> Vec<Box<dyn Cache>> {
-        let window = self.args.sliding_window_size as usize;
-        self.layers
-            .iter()
-            .map(|l| -> Box<dyn Cache> {
-                match (l.sliding, RotatingKVCache::new(window, 0)) {
-                    (true, Ok(c)) => Box::new(c),
-                    // (`sliding_window_size` is checked positive at load.)
-                    _ => Box::new(KVCache::new()),
-                }
-            })
-            .collect()
+        kit::sliding_caches(
+            self.layers.iter().map(|l| l.sliding),
+            self.args.sliding_window_size as usize,
+        )
     }
 
     fn defines_make_cache(&self) -> bool {

@@ -4,7 +4,7 @@
 //! output, sliding layers (rotating caches) and full layers without rope, weightless-normed
 //! embeddings, and logits scaled by `output_multiplier` then soft-capped.
 
-use mlx_cache::{create_attention_mask, AttentionMask, Cache, KVCache, Kv, RotatingKVCache};
+use mlx_cache::{create_attention_mask, AttentionMask, Cache, Kv};
 use mlx_core::prelude::*;
 use serde::Deserialize;
 use serde_json::Value;
@@ -365,15 +365,7 @@ impl LanguageModel for Model {
     }
 
     fn make_cache(&self) -> Vec<Box<dyn Cache>> {
-        self.layers
-            .iter()
-            .map(|l| -> Box<dyn Cache> {
-                match (l.sliding, RotatingKVCache::new(self.window, 0)) {
-                    (true, Ok(c)) => Box::new(c),
-                    _ => Box::new(KVCache::new()),
-                }
-            })
-            .collect()
+        kit::sliding_caches(self.layers.iter().map(|l| l.sliding), self.window)
     }
 
     fn defines_make_cache(&self) -> bool {

@@ -11,7 +11,7 @@
 //! `impl Model { pub fn shard_tensor_parallel }` beside `load`, over `Attention`'s and the
 //! MLPs' linears.
 
-use mlx_cache::{AttentionMask, Cache, KVCache, RotatingKVCache};
+use mlx_cache::{AttentionMask, Cache};
 use mlx_core::prelude::*;
 use serde::Deserialize;
 use serde_json::Value;
@@ -489,17 +489,10 @@ impl LanguageModel for Model {
 
     /// `make_cache`: a `RotatingKVCache(sliding_window)` for sliding layers, else a `KVCache`.
     fn make_cache(&self) -> Vec<Box<dyn Cache>> {
-        let window = self.args.sliding_window as usize;
-        self.layers
-            .iter()
-            .map(|l| -> Box<dyn Cache> {
-                match (l.sliding, RotatingKVCache::new(window, 0)) {
-                    (true, Ok(c)) => Box::new(c),
-                    // (`sliding_window` is checked positive at load.)
-                    _ => Box::new(KVCache::new()),
-                }
-            })
-            .collect()
+        kit::sliding_caches(
+            self.layers.iter().map(|l| l.sliding),
+            self.args.sliding_window as usize,
+        )
     }
 
     fn defines_make_cache(&self) -> bool {
