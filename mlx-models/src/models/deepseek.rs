@@ -1723,20 +1723,8 @@ impl Model {
     /// send is tied to its last cache (deepseek_v32's: the first cache of its `CacheList`).
     pub fn shard_pipeline(&mut self, size: i32, rank: i32) -> Result<()> {
         let t = self.spec.model_type.as_str();
-        if !PIPELINED.contains(&t) {
-            return Err(ModelError::Other(format!(
-                "pipeline parallelism: model_type `{t}` is not supported ({})",
-                PIPELINED.join(", ")
-            )));
-        }
-        if self.pipeline.is_some() {
-            return Err(ModelError::Other(
-                "pipeline parallelism: already split".into(),
-            ));
-        }
-        let range = crate::shard::pipeline_range(self.layers.len(), size, rank)?;
-        self.layers.truncate(range.end);
-        self.layers.drain(..range.start);
+        crate::shard::check_pipeline(t, &PIPELINED, self.pipeline.is_some())?;
+        crate::shard::keep_stage(&mut self.layers, size, rank)?;
         self.pipeline = Some((rank, size));
         Ok(())
     }

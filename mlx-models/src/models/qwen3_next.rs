@@ -1271,20 +1271,8 @@ impl Model {
         // qwen3_5_moe inherits `pipeline`, but mlx-lm 0.32.2's own pipelined run of it fails
         // (a rank is lost in generate_step): refused until there is a reference.
         const PIPELINED: [&str; 2] = ["qwen3_next", "qwen3_5"];
-        if !PIPELINED.contains(&t) {
-            return Err(ModelError::Other(format!(
-                "pipeline parallelism: model_type `{t}` is not supported ({})",
-                PIPELINED.join(", ")
-            )));
-        }
-        if self.pipeline.is_some() {
-            return Err(ModelError::Other(
-                "pipeline parallelism: already split".into(),
-            ));
-        }
-        let range = crate::shard::pipeline_range(self.layers.len(), size, rank)?;
-        self.layers.truncate(range.end);
-        self.layers.drain(..range.start);
+        crate::shard::check_pipeline(t, &PIPELINED, self.pipeline.is_some())?;
+        crate::shard::keep_stage(&mut self.layers, size, rank)?;
         let linear = |l: &DecoderLayer| matches!(l.mixer, Mixer::Linear(_));
         self.ssm_idx = self.layers.iter().position(linear);
         self.fa_idx = self.layers.iter().position(|l| !linear(l));
