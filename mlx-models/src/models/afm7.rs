@@ -175,10 +175,13 @@ impl Model {
         inputs: &Array,
         caches: Option<&mut [Box<dyn Cache>]>,
     ) -> Result<Array> {
-        crate::models::moe::check_inputs(inputs)?;
-        let n = inputs.shape()[1] as usize;
+        let n = kit::new_positions(
+            inputs,
+            caches.as_deref(),
+            self.layers.len(),
+            "regular layers",
+        )?;
         let mut caches = caches;
-        kit::check_caches(caches.as_deref(), self.layers.len(), "regular layers")?;
         let mask: AttentionMask = kit::cache_mask(caches.as_deref(), 0, n, None, false)?;
         let (h_n, kv_n) = (self.args.num_heads, self.args.num_kv_heads);
         let hd = self.head_dim;

@@ -35,6 +35,19 @@ pub(crate) fn check_caches(
     }
 }
 
+/// A short port's `hidden_states` opening: the inputs are `(batch, seq)` token ids and the
+/// caches, when given, `expected` ([`check_caches`]); returns the number of new positions.
+pub(crate) fn new_positions(
+    inputs: &Array,
+    caches: Option<&[Box<dyn Cache>]>,
+    expected: usize,
+    what: &str,
+) -> Result<usize> {
+    crate::models::moe::check_inputs(inputs)?;
+    check_caches(caches, expected, what)?;
+    Ok(inputs.shape()[1] as usize)
+}
+
 /// mlx-lm's `create_attention_mask(h, cache[index], window_size, return_array)` for `n` new
 /// positions: that cache's own `make_mask`, or `base.create_attention_mask`'s rule without a
 /// cache (no mask for one token; an explicit one when asked or past the window; else causal).

@@ -322,10 +322,8 @@ impl Model {
         inputs: &Array,
         caches: Option<&mut [Box<dyn Cache>]>,
     ) -> Result<Array> {
-        crate::models::moe::check_inputs(inputs)?;
-        let n = inputs.shape()[1] as usize;
+        let n = kit::new_positions(inputs, caches.as_deref(), self.layers.len(), "layers")?;
         let mut caches = caches;
-        kit::check_caches(caches.as_deref(), self.layers.len(), "layers")?;
         let window = Some(self.args.sliding_window_size as usize);
         let full_mask = kit::cache_mask(caches.as_deref(), self.ga_idx, n, None, false)?;
         let swa_mask = kit::cache_mask(caches.as_deref(), self.swa_idx, n, window, false)?;

@@ -403,10 +403,8 @@ impl Model {
         inputs: &Array,
         caches: Option<&mut [Box<dyn Cache>]>,
     ) -> Result<Array> {
-        crate::models::moe::check_inputs(inputs)?;
-        let n = inputs.shape()[1] as usize;
+        let n = kit::new_positions(inputs, caches.as_deref(), self.layers.len(), "layers")?;
         let mut caches = caches;
-        kit::check_caches(caches.as_deref(), self.layers.len(), "layers")?;
         let window = Some(self.args.sliding_window as usize);
         let mask_of = |sliding: bool| -> Result<AttentionMask> {
             match self.layers.iter().position(|l| l.sliding == sliding) {
