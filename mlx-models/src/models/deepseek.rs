@@ -1830,10 +1830,7 @@ impl crate::models::MtpHead for Model {
     }
 
     fn make_mtp_cache(&self) -> Vec<Box<dyn Cache>> {
-        self.mtp
-            .iter()
-            .map(|_| -> Box<dyn Cache> { Box::new(KVCache::new()) })
-            .collect()
+        kit::kv_caches(self.mtp.len())
     }
 
     fn mtp_forward(
@@ -1843,12 +1840,7 @@ impl crate::models::MtpHead for Model {
         tokens: &Array,
         cache: &mut Box<dyn Cache>,
     ) -> Result<(Array, Array)> {
-        let l = self.mtp.get(k).ok_or_else(|| {
-            ModelError::Other(format!(
-                "multi-token-prediction layer {k} of {}",
-                self.mtp.len()
-            ))
-        })?;
+        let l = kit::mtp_layer(&self.mtp, k)?;
         if !matches!(l.block.self_attn, SelfAttn::Mla(_) | SelfAttn::Standard(_)) {
             return Err(ModelError::Other(
                 "multi-token prediction runs on plain MLA or standard attention layers".into(),

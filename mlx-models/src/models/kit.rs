@@ -89,6 +89,16 @@ pub(crate) fn sliding_caches(
         .collect()
 }
 
+/// Multi-token-prediction layer `k` of `layers`, else an error naming both.
+pub(crate) fn mtp_layer<T>(layers: &[T], k: usize) -> Result<&T> {
+    layers.get(k).ok_or_else(|| {
+        ModelError::Other(format!(
+            "multi-token-prediction layer {k} of {}",
+            layers.len()
+        ))
+    })
+}
+
 /// `sanitize`'s expert stacking: for each `(from, to)` projection and each `key` (`weight`,
 /// `scales`, ...) that expert 0 has (`{experts}.0.{from}.{key}`), the `n` tensors
 /// `{experts}.{e}.{from}.{key}` are removed and stacked on a new first axis as

@@ -1069,9 +1069,7 @@ impl crate::models::MtpHead for Model {
     }
 
     fn make_mtp_cache(&self) -> Vec<Box<dyn Cache>> {
-        (0..self.depth())
-            .map(|_| -> Box<dyn Cache> { Box::new(KVCache::new()) })
-            .collect()
+        kit::kv_caches(self.depth())
     }
 
     /// One layer `k` of the head: vLLM runs all of its layers in one step (`mtp.layers` with
@@ -1088,12 +1086,7 @@ impl crate::models::MtpHead for Model {
             .mtp
             .as_ref()
             .ok_or_else(|| ModelError::Other("no multi-token-prediction layers loaded".into()))?;
-        let l = m.layers.get(k).ok_or_else(|| {
-            ModelError::Other(format!(
-                "multi-token-prediction layer {k} of {}",
-                m.layers.len()
-            ))
-        })?;
+        let l = kit::mtp_layer(&m.layers, k)?;
         crate::models::moe::check_inputs(tokens)?;
         let e = m
             .norm_embedding
