@@ -245,16 +245,10 @@ impl Model {
 impl LanguageModel for Model {
     kit::short_port_entry_points!(args, vocab_size);
 
-    /// `make_cache`: a `KVCache` per regular layer (the reuse layers have none).
-    fn make_cache(&self) -> Vec<Box<dyn Cache>> {
-        kit::kv_caches(self.layers.len())
-    }
-
-    fn defines_make_cache(&self) -> bool {
-        true
-    }
-
-    fn num_layers(&self) -> usize {
-        self.layers.len()
+    kit::layer_caches! {
+        /// `make_cache`: a `KVCache` per regular layer (the reuse layers have none).
+        fn make_cache(&self) {
+            kit::kv_caches(self.layers.len())
+        }
     }
 }

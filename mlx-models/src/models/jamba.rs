@@ -445,24 +445,18 @@ impl LanguageModel for Model {
         ))
     }
 
-    fn make_cache(&self) -> Vec<Box<dyn Cache>> {
-        self.layers
-            .iter()
-            .map(|l| -> Box<dyn Cache> {
-                match l.mixer {
-                    Mixer::Attention(_) => Box::new(KVCache::new()),
-                    Mixer::Mamba(_) => Box::new(ArraysCache::new(2)),
-                }
-            })
-            .collect()
-    }
-
-    fn defines_make_cache(&self) -> bool {
-        true
-    }
-
-    fn num_layers(&self) -> usize {
-        self.layers.len()
+    kit::layer_caches! {
+        fn make_cache(&self) {
+            self.layers
+                .iter()
+                .map(|l| -> Box<dyn Cache> {
+                    match l.mixer {
+                        Mixer::Attention(_) => Box::new(KVCache::new()),
+                        Mixer::Mamba(_) => Box::new(ArraysCache::new(2)),
+                    }
+                })
+                .collect()
+        }
     }
 
     fn model_type(&self) -> &str {

@@ -195,3 +195,22 @@ macro_rules! short_port_entry_points {
     };
 }
 pub(crate) use short_port_entry_points;
+
+/// The cache methods of a port whose `make_cache` returns one cache per entry of its `layers`:
+/// `make_cache` as written in the call (its doc comments kept), `defines_make_cache` true, and
+/// `num_layers` the number of `layers`.
+macro_rules! layer_caches {
+    ($(#[$doc:meta])* fn make_cache(&$self:ident) $body:block) => {
+        $(#[$doc])*
+        fn make_cache(&$self) -> Vec<Box<dyn Cache>> $body
+
+        fn defines_make_cache(&self) -> bool {
+            true
+        }
+
+        fn num_layers(&self) -> usize {
+            self.layers.len()
+        }
+    };
+}
+pub(crate) use layer_caches;

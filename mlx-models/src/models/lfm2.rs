@@ -722,24 +722,18 @@ impl LanguageModel for Model {
         Some(crate::models::OutputHead::Tied(self.embed_tokens.clone()))
     }
 
-    fn make_cache(&self) -> Vec<Box<dyn Cache>> {
-        self.layers
-            .iter()
-            .map(|l| -> Box<dyn Cache> {
-                match l.op {
-                    Operator::Attention(_) => Box::new(KVCache::new()),
-                    Operator::Conv(_) => Box::new(ArraysCache::new(1)),
-                }
-            })
-            .collect()
-    }
-
-    fn defines_make_cache(&self) -> bool {
-        true
-    }
-
-    fn num_layers(&self) -> usize {
-        self.layers.len()
+    kit::layer_caches! {
+        fn make_cache(&self) {
+            self.layers
+                .iter()
+                .map(|l| -> Box<dyn Cache> {
+                    match l.op {
+                        Operator::Attention(_) => Box::new(KVCache::new()),
+                        Operator::Conv(_) => Box::new(ArraysCache::new(1)),
+                    }
+                })
+                .collect()
+        }
     }
 
     fn layer_adaptables_mut(&mut self) -> Vec<Vec<(String, LinearMut<'_>)>> {

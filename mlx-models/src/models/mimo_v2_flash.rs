@@ -380,20 +380,14 @@ fn sanitize(a: &ModelArgs, w: &mut Weights) -> Result<()> {
 impl LanguageModel for Model {
     kit::short_port_entry_points!(args, vocab_size);
 
-    /// `make_cache`: a `RotatingKVCache(sliding_window_size)` for sliding layers, else a
-    /// `KVCache`.
-    fn make_cache(&self) -> Vec<Box<dyn Cache>> {
-        kit::sliding_caches(
-            self.layers.iter().map(|l| l.sliding),
-            self.args.sliding_window_size as usize,
-        )
-    }
-
-    fn defines_make_cache(&self) -> bool {
-        true
-    }
-
-    fn num_layers(&self) -> usize {
-        self.layers.len()
+    kit::layer_caches! {
+        /// `make_cache`: a `RotatingKVCache(sliding_window_size)` for sliding layers, else a
+        /// `KVCache`.
+        fn make_cache(&self) {
+            kit::sliding_caches(
+                self.layers.iter().map(|l| l.sliding),
+                self.args.sliding_window_size as usize,
+            )
+        }
     }
 }

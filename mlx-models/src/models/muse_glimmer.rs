@@ -364,16 +364,10 @@ impl LanguageModel for Model {
         Some(self.hidden_states(inputs, None))
     }
 
-    fn make_cache(&self) -> Vec<Box<dyn Cache>> {
-        kit::sliding_caches(self.layers.iter().map(|l| l.sliding), self.window)
-    }
-
-    fn defines_make_cache(&self) -> bool {
-        true
-    }
-
-    fn num_layers(&self) -> usize {
-        self.layers.len()
+    kit::layer_caches! {
+        fn make_cache(&self) {
+            kit::sliding_caches(self.layers.iter().map(|l| l.sliding), self.window)
+        }
     }
 
     fn model_type(&self) -> &str {

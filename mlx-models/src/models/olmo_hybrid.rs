@@ -534,24 +534,18 @@ impl LanguageModel for Model {
         ))
     }
 
-    fn make_cache(&self) -> Vec<Box<dyn Cache>> {
-        self.layers
-            .iter()
-            .map(|l| -> Box<dyn Cache> {
-                match l {
-                    Layer::Linear { .. } => Box::new(ArraysCache::new(4)),
-                    Layer::Full { .. } => Box::new(KVCache::new()),
-                }
-            })
-            .collect()
-    }
-
-    fn defines_make_cache(&self) -> bool {
-        true
-    }
-
-    fn num_layers(&self) -> usize {
-        self.layers.len()
+    kit::layer_caches! {
+        fn make_cache(&self) {
+            self.layers
+                .iter()
+                .map(|l| -> Box<dyn Cache> {
+                    match l {
+                        Layer::Linear { .. } => Box::new(ArraysCache::new(4)),
+                        Layer::Full { .. } => Box::new(KVCache::new()),
+                    }
+                })
+                .collect()
+        }
     }
 
     fn model_type(&self) -> &str {
