@@ -4,7 +4,7 @@
 //! attention and logit multipliers. Mamba layers hold an [`ArraysCache`] of two slots,
 //! attention layers a [`KVCache`].
 
-use mlx_cache::{ArraysCache, AttentionMask, Cache, KVCache};
+use mlx_cache::{AttentionMask, Cache};
 use mlx_core::prelude::*;
 use serde::Deserialize;
 use serde_json::Value;
@@ -548,15 +548,10 @@ impl LanguageModel for Model {
 
     kit::layer_caches! {
         fn make_cache(&self) {
-            self.layers
-                .iter()
-                .map(|l| -> Box<dyn Cache> {
-                    match l.mixer {
-                        Mixer::Mamba(_) => Box::new(ArraysCache::new(2)),
-                        Mixer::Attention(_) => Box::new(KVCache::new()),
-                    }
-                })
-                .collect()
+            kit::hybrid_caches(
+                self.layers.iter().map(|l| matches!(l.mixer, Mixer::Attention(_))),
+                2,
+            )
         }
     }
 

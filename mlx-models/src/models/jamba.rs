@@ -4,7 +4,7 @@
 //! `expert_layer_period`-th layer, a mixture of experts. Mamba layers hold an [`ArraysCache`]
 //! of two slots, attention layers a [`KVCache`].
 
-use mlx_cache::{ArraysCache, Cache, KVCache};
+use mlx_cache::{ArraysCache, Cache};
 use mlx_core::prelude::*;
 use serde::Deserialize;
 use serde_json::Value;
@@ -447,15 +447,10 @@ impl LanguageModel for Model {
 
     kit::layer_caches! {
         fn make_cache(&self) {
-            self.layers
-                .iter()
-                .map(|l| -> Box<dyn Cache> {
-                    match l.mixer {
-                        Mixer::Attention(_) => Box::new(KVCache::new()),
-                        Mixer::Mamba(_) => Box::new(ArraysCache::new(2)),
-                    }
-                })
-                .collect()
+            kit::hybrid_caches(
+                self.layers.iter().map(|l| matches!(l.mixer, Mixer::Attention(_))),
+                2,
+            )
         }
     }
 

@@ -2,7 +2,7 @@
 //! the one-cache-per-layer check and mlx-lm's `create_attention_mask(h, cache[i])`, a list of
 //! plain KV caches, and `sanitize`'s stacking of per-expert weights into a switch layer.
 
-use mlx_cache::{AttentionMask, Cache, KVCache, RotatingKVCache};
+use mlx_cache::{ArraysCache, AttentionMask, Cache, KVCache, RotatingKVCache};
 use mlx_core::prelude::*;
 
 use crate::error::{ModelError, Result};
@@ -84,6 +84,23 @@ pub(crate) fn sliding_caches(
             match (s, RotatingKVCache::new(window, 0)) {
                 (true, Ok(c)) => Box::new(c),
                 _ => Box::new(KVCache::new()),
+            }
+        })
+        .collect()
+}
+
+/// A hybrid model's `make_cache`: a `KVCache` for each attention layer, an
+/// `ArraysCache(states)` for each recurrent one.
+pub(crate) fn hybrid_caches(
+    attention: impl Iterator<Item = bool>,
+    states: usize,
+) -> Vec<Box<dyn Cache>> {
+    attention
+        .map(|a| -> Box<dyn Cache> {
+            if a {
+                Box::new(KVCache::new())
+            } else {
+                Box::new(ArraysCache::new(states))
             }
         })
         .collect()

@@ -5,7 +5,7 @@
 //! A cache from [`LanguageModel::make_cache_with_rollback`] keeps recent per-token conv states
 //! so `trim(n)` works (see `mlx_cache::ArraysCache`).
 
-use mlx_cache::{ArraysCache, AttentionMask, Cache, KVCache};
+use mlx_cache::{ArraysCache, AttentionMask, Cache};
 use mlx_core::prelude::*;
 use serde::Deserialize;
 use serde_json::Value;
@@ -724,15 +724,10 @@ impl LanguageModel for Model {
 
     kit::layer_caches! {
         fn make_cache(&self) {
-            self.layers
-                .iter()
-                .map(|l| -> Box<dyn Cache> {
-                    match l.op {
-                        Operator::Attention(_) => Box::new(KVCache::new()),
-                        Operator::Conv(_) => Box::new(ArraysCache::new(1)),
-                    }
-                })
-                .collect()
+            kit::hybrid_caches(
+                self.layers.iter().map(|l| matches!(l.op, Operator::Attention(_))),
+                1,
+            )
         }
     }
 

@@ -4,7 +4,7 @@
 //! DeltaNet layers hold an [`ArraysCache`] of four slots (three conv states, the recurrent
 //! state), attention layers a [`KVCache`].
 
-use mlx_cache::{ArraysCache, AttentionMask, Cache, KVCache};
+use mlx_cache::{ArraysCache, AttentionMask, Cache};
 use mlx_core::prelude::*;
 use serde::Deserialize;
 use serde_json::Value;
@@ -536,15 +536,10 @@ impl LanguageModel for Model {
 
     kit::layer_caches! {
         fn make_cache(&self) {
-            self.layers
-                .iter()
-                .map(|l| -> Box<dyn Cache> {
-                    match l {
-                        Layer::Linear { .. } => Box::new(ArraysCache::new(4)),
-                        Layer::Full { .. } => Box::new(KVCache::new()),
-                    }
-                })
-                .collect()
+            kit::hybrid_caches(
+                self.layers.iter().map(|l| matches!(l, Layer::Full { .. })),
+                4,
+            )
         }
     }
 

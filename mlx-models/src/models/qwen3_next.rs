@@ -9,7 +9,7 @@
 //! linear layer; a cache made by [`LanguageModel::make_cache_with_rollback`] also keeps the state
 //! after each recent token, so `trim(n)` restores it exactly (see `mlx_cache::ArraysCache`).
 
-use mlx_cache::{ArraysCache, AttentionMask, Cache, KVCache};
+use mlx_cache::{ArraysCache, AttentionMask, Cache};
 use mlx_core::prelude::*;
 use serde::Deserialize;
 use serde_json::Value;
@@ -1296,15 +1296,10 @@ impl LanguageModel for Model {
 
     kit::layer_caches! {
         fn make_cache(&self) {
-            self.layers
-                .iter()
-                .map(|l| -> Box<dyn Cache> {
-                    match l.mixer {
-                        Mixer::Linear(_) => Box::new(ArraysCache::new(2)),
-                        Mixer::Attention(_) => Box::new(KVCache::new()),
-                    }
-                })
-                .collect()
+            kit::hybrid_caches(
+                self.layers.iter().map(|l| matches!(l.mixer, Mixer::Attention(_))),
+                2,
+            )
         }
     }
 
