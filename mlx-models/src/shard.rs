@@ -252,6 +252,31 @@ pub fn pipeline_range(layers: usize, size: i32, rank: i32) -> Result<std::ops::R
     Ok(start..start + split[r])
 }
 
+/// `shard_pipeline`'s first checks: the model type is one whose mlx-lm class has `pipeline`
+/// (`supported`, named in the error), and the model is not split already.
+pub(crate) fn check_pipeline(model_type: &str, supported: &[&str], split: bool) -> Result<()> {
+    if !supported.contains(&model_type) {
+        return Err(ModelError::Other(format!(
+            "pipeline parallelism: model_type `{model_type}` is not supported ({})",
+            supported.join(", ")
+        )));
+    }
+    if split {
+        return Err(ModelError::Other(
+            "pipeline parallelism: already split".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Keeps only this stage's layers ([`pipeline_range`] of `size` ranks, for `rank`).
+pub(crate) fn keep_stage<T>(layers: &mut Vec<T>, size: i32, rank: i32) -> Result<()> {
+    let range = pipeline_range(layers.len(), size, rank)?;
+    layers.truncate(range.end);
+    layers.drain(..range.start);
+    Ok(())
+}
+
 /// A pipeline stage's input: ranks below the last receive the hidden states from the rank
 /// above (mlx-lm's `recv_like(h, rank + 1)`); the last rank keeps the embedding.
 pub fn pipeline_recv(h: Array, stage: Option<(i32, i32)>) -> Result<Array> {

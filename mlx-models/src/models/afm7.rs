@@ -175,10 +175,13 @@ impl Model {
         inputs: &Array,
         caches: Option<&mut [Box<dyn Cache>]>,
     ) -> Result<Array> {
-        crate::models::moe::check_inputs(inputs)?;
-        let n = inputs.shape()[1] as usize;
+        let n = kit::new_positions(
+            inputs,
+            caches.as_deref(),
+            self.layers.len(),
+            "regular layers",
+        )?;
         let mut caches = caches;
-        kit::check_caches(caches.as_deref(), self.layers.len(), "regular layers")?;
         let mask: AttentionMask = kit::cache_mask(caches.as_deref(), 0, n, None, false)?;
         let (h_n, kv_n) = (self.args.num_heads, self.args.num_kv_heads);
         let hd = self.head_dim;
@@ -242,16 +245,10 @@ impl Model {
 impl LanguageModel for Model {
     kit::short_port_entry_points!(args, vocab_size);
 
-    /// `make_cache`: a `KVCache` per regular layer (the reuse layers have none).
-    fn make_cache(&self) -> Vec<Box<dyn Cache>> {
-        kit::kv_caches(self.layers.len())
-    }
-
-    fn defines_make_cache(&self) -> bool {
-        true
-    }
-
-    fn num_layers(&self) -> usize {
-        self.layers.len()
+    kit::layer_caches! {
+        /// `make_cache`: a `KVCache` per regular layer (the reuse layers have none).
+        fn make_cache(&self) {
+            kit::kv_caches(self.layers.len())
+        }
     }
 }

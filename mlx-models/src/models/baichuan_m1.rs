@@ -409,29 +409,23 @@ impl LanguageModel for Model {
         ))
     }
 
-    fn make_cache(&self) -> Vec<Box<dyn Cache>> {
-        self.layers
-            .iter()
-            .map(|l| -> Box<dyn Cache> {
-                let kv: Box<dyn Cache> = if l.swa {
-                    match RotatingKVCache::new(self.sliding_window, 0) {
-                        Ok(c) => Box::new(c),
-                        Err(_) => Box::new(KVCache::new()),
-                    }
-                } else {
-                    Box::new(KVCache::new())
-                };
-                Box::new(CacheList::new(vec![Box::new(ArraysCache::new(2)), kv]))
-            })
-            .collect()
-    }
-
-    fn defines_make_cache(&self) -> bool {
-        true
-    }
-
-    fn num_layers(&self) -> usize {
-        self.layers.len()
+    kit::layer_caches! {
+        fn make_cache(&self) {
+            self.layers
+                .iter()
+                .map(|l| -> Box<dyn Cache> {
+                    let kv: Box<dyn Cache> = if l.swa {
+                        match RotatingKVCache::new(self.sliding_window, 0) {
+                            Ok(c) => Box::new(c),
+                            Err(_) => Box::new(KVCache::new()),
+                        }
+                    } else {
+                        Box::new(KVCache::new())
+                    };
+                    Box::new(CacheList::new(vec![Box::new(ArraysCache::new(2)), kv]))
+                })
+                .collect()
+        }
     }
 
     fn model_type(&self) -> &str {

@@ -1723,20 +1723,8 @@ impl Model {
     /// send is tied to its last cache (deepseek_v32's: the first cache of its `CacheList`).
     pub fn shard_pipeline(&mut self, size: i32, rank: i32) -> Result<()> {
         let t = self.spec.model_type.as_str();
-        if !PIPELINED.contains(&t) {
-            return Err(ModelError::Other(format!(
-                "pipeline parallelism: model_type `{t}` is not supported ({})",
-                PIPELINED.join(", ")
-            )));
-        }
-        if self.pipeline.is_some() {
-            return Err(ModelError::Other(
-                "pipeline parallelism: already split".into(),
-            ));
-        }
-        let range = crate::shard::pipeline_range(self.layers.len(), size, rank)?;
-        self.layers.truncate(range.end);
-        self.layers.drain(..range.start);
+        crate::shard::check_pipeline(t, &PIPELINED, self.pipeline.is_some())?;
+        crate::shard::keep_stage(&mut self.layers, size, rank)?;
         self.pipeline = Some((rank, size));
         Ok(())
     }
@@ -1842,10 +1830,7 @@ impl crate::models::MtpHead for Model {
     }
 
     fn make_mtp_cache(&self) -> Vec<Box<dyn Cache>> {
-        self.mtp
-            .iter()
-            .map(|_| -> Box<dyn Cache> { Box::new(KVCache::new()) })
-            .collect()
+        kit::kv_caches(self.mtp.len())
     }
 
     fn mtp_forward(
@@ -1855,12 +1840,7 @@ impl crate::models::MtpHead for Model {
         tokens: &Array,
         cache: &mut Box<dyn Cache>,
     ) -> Result<(Array, Array)> {
-        let l = self.mtp.get(k).ok_or_else(|| {
-            ModelError::Other(format!(
-                "multi-token-prediction layer {k} of {}",
-                self.mtp.len()
-            ))
-        })?;
+        let l = kit::mtp_layer(&self.mtp, k)?;
         if !matches!(l.block.self_attn, SelfAttn::Mla(_) | SelfAttn::Standard(_)) {
             return Err(ModelError::Other(
                 "multi-token prediction runs on plain MLA or standard attention layers".into(),

@@ -1129,25 +1129,13 @@ impl Model {
     /// caches for them). See [`Model::run`] for the send/recv order.
     pub fn shard_pipeline(&mut self, size: i32, rank: i32) -> Result<()> {
         let t = &self.desc.model_type;
-        if !PIPELINED.contains(&t.as_str()) {
-            return Err(ModelError::Other(format!(
-                "pipeline parallelism: model_type `{t}` is not supported ({})",
-                PIPELINED.join(", ")
-            )));
-        }
-        if self.pipeline.is_some() {
-            return Err(ModelError::Other(
-                "pipeline parallelism: already split".into(),
-            ));
-        }
+        crate::shard::check_pipeline(t, &PIPELINED, self.pipeline.is_some())?;
         if self.desc.loops > 1 {
             return Err(ModelError::Other(
                 "pipeline parallelism: looped layers are not supported".into(),
             ));
         }
-        let range = crate::shard::pipeline_range(self.layers.len(), size, rank)?;
-        self.layers.truncate(range.end);
-        self.layers.drain(..range.start);
+        crate::shard::keep_stage(&mut self.layers, size, rank)?;
         // ministral3's `pipeline`: the masks come from the stage's own first full and first
         // sliding layer (a stage without full layers computes no full mask it would use).
         let swa = self.layers.iter().position(|l| l.sliding);

@@ -4,7 +4,7 @@
 //! attention and logit multipliers. Mamba layers hold an [`ArraysCache`] of two slots,
 //! attention layers a [`KVCache`].
 
-use mlx_cache::{ArraysCache, AttentionMask, Cache, KVCache};
+use mlx_cache::{AttentionMask, Cache};
 use mlx_core::prelude::*;
 use serde::Deserialize;
 use serde_json::Value;
@@ -546,24 +546,13 @@ impl LanguageModel for Model {
         })
     }
 
-    fn make_cache(&self) -> Vec<Box<dyn Cache>> {
-        self.layers
-            .iter()
-            .map(|l| -> Box<dyn Cache> {
-                match l.mixer {
-                    Mixer::Mamba(_) => Box::new(ArraysCache::new(2)),
-                    Mixer::Attention(_) => Box::new(KVCache::new()),
-                }
-            })
-            .collect()
-    }
-
-    fn defines_make_cache(&self) -> bool {
-        true
-    }
-
-    fn num_layers(&self) -> usize {
-        self.layers.len()
+    kit::layer_caches! {
+        fn make_cache(&self) {
+            kit::hybrid_caches(
+                self.layers.iter().map(|l| matches!(l.mixer, Mixer::Attention(_))),
+                2,
+            )
+        }
     }
 
     fn model_type(&self) -> &str {

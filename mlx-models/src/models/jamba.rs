@@ -4,7 +4,7 @@
 //! `expert_layer_period`-th layer, a mixture of experts. Mamba layers hold an [`ArraysCache`]
 //! of two slots, attention layers a [`KVCache`].
 
-use mlx_cache::{ArraysCache, Cache, KVCache};
+use mlx_cache::{ArraysCache, Cache};
 use mlx_core::prelude::*;
 use serde::Deserialize;
 use serde_json::Value;
@@ -445,24 +445,13 @@ impl LanguageModel for Model {
         ))
     }
 
-    fn make_cache(&self) -> Vec<Box<dyn Cache>> {
-        self.layers
-            .iter()
-            .map(|l| -> Box<dyn Cache> {
-                match l.mixer {
-                    Mixer::Attention(_) => Box::new(KVCache::new()),
-                    Mixer::Mamba(_) => Box::new(ArraysCache::new(2)),
-                }
-            })
-            .collect()
-    }
-
-    fn defines_make_cache(&self) -> bool {
-        true
-    }
-
-    fn num_layers(&self) -> usize {
-        self.layers.len()
+    kit::layer_caches! {
+        fn make_cache(&self) {
+            kit::hybrid_caches(
+                self.layers.iter().map(|l| matches!(l.mixer, Mixer::Attention(_))),
+                2,
+            )
+        }
     }
 
     fn model_type(&self) -> &str {

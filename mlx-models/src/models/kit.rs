@@ -2,7 +2,7 @@
 //! the one-cache-per-layer check and mlx-lm's `create_attention_mask(h, cache[i])`, a list of
 //! plain KV caches, and `sanitize`'s stacking of per-expert weights into a switch layer.
 
-use mlx_cache::{AttentionMask, Cache, KVCache};
+use mlx_cache::{ArraysCache, AttentionMask, Cache, KVCache, RotatingKVCache};
 use mlx_core::prelude::*;
 
 use crate::error::{ModelError, Result};
@@ -35,6 +35,19 @@ pub(crate) fn check_caches(
     }
 }
 
+/// A short port's `hidden_states` opening: the inputs are `(batch, seq)` token ids and the
+/// caches, when given, `expected` ([`check_caches`]); returns the number of new positions.
+pub(crate) fn new_positions(
+    inputs: &Array,
+    caches: Option<&[Box<dyn Cache>]>,
+    expected: usize,
+    what: &str,
+) -> Result<usize> {
+    crate::models::moe::check_inputs(inputs)?;
+    check_caches(caches, expected, what)?;
+    Ok(inputs.shape()[1] as usize)
+}
+
 /// mlx-lm's `create_attention_mask(h, cache[index], window_size, return_array)` for `n` new
 /// positions: that cache's own `make_mask`, or `base.create_attention_mask`'s rule without a
 /// cache (no mask for one token; an explicit one when asked or past the window; else causal).
@@ -57,6 +70,50 @@ pub(crate) fn kv_caches(n: usize) -> Vec<Box<dyn Cache>> {
     (0..n)
         .map(|_| -> Box<dyn Cache> { Box::new(KVCache::new()) })
         .collect()
+}
+
+/// A `make_cache` of sliding and global layers: a `RotatingKVCache(window)` for each layer
+/// flagged sliding, else a `KVCache` (also where the window is zero, which each port's load
+/// rejects first).
+pub(crate) fn sliding_caches(
+    sliding: impl Iterator<Item = bool>,
+    window: usize,
+) -> Vec<Box<dyn Cache>> {
+    sliding
+        .map(|s| -> Box<dyn Cache> {
+            match (s, RotatingKVCache::new(window, 0)) {
+                (true, Ok(c)) => Box::new(c),
+                _ => Box::new(KVCache::new()),
+            }
+        })
+        .collect()
+}
+
+/// A hybrid model's `make_cache`: a `KVCache` for each attention layer, an
+/// `ArraysCache(states)` for each recurrent one.
+pub(crate) fn hybrid_caches(
+    attention: impl Iterator<Item = bool>,
+    states: usize,
+) -> Vec<Box<dyn Cache>> {
+    attention
+        .map(|a| -> Box<dyn Cache> {
+            if a {
+                Box::new(KVCache::new())
+            } else {
+                Box::new(ArraysCache::new(states))
+            }
+        })
+        .collect()
+}
+
+/// Multi-token-prediction layer `k` of `layers`, else an error naming both.
+pub(crate) fn mtp_layer<T>(layers: &[T], k: usize) -> Result<&T> {
+    layers.get(k).ok_or_else(|| {
+        ModelError::Other(format!(
+            "multi-token-prediction layer {k} of {}",
+            layers.len()
+        ))
+    })
 }
 
 /// `sanitize`'s expert stacking: for each `(from, to)` projection and each `key` (`weight`,
@@ -155,3 +212,22 @@ macro_rules! short_port_entry_points {
     };
 }
 pub(crate) use short_port_entry_points;
+
+/// The cache methods of a port whose `make_cache` returns one cache per entry of its `layers`:
+/// `make_cache` as written in the call (its doc comments kept), `defines_make_cache` true, and
+/// `num_layers` the number of `layers`.
+macro_rules! layer_caches {
+    ($(#[$doc:meta])* fn make_cache(&$self:ident) $body:block) => {
+        $(#[$doc])*
+        fn make_cache(&$self) -> Vec<Box<dyn Cache>> $body
+
+        fn defines_make_cache(&self) -> bool {
+            true
+        }
+
+        fn num_layers(&self) -> usize {
+            self.layers.len()
+        }
+    };
+}
+pub(crate) use layer_caches;

@@ -5,7 +5,7 @@
 //! A cache from [`LanguageModel::make_cache_with_rollback`] keeps recent per-token conv states
 //! so `trim(n)` works (see `mlx_cache::ArraysCache`).
 
-use mlx_cache::{ArraysCache, AttentionMask, Cache, KVCache};
+use mlx_cache::{ArraysCache, AttentionMask, Cache};
 use mlx_core::prelude::*;
 use serde::Deserialize;
 use serde_json::Value;
@@ -722,24 +722,13 @@ impl LanguageModel for Model {
         Some(crate::models::OutputHead::Tied(self.embed_tokens.clone()))
     }
 
-    fn make_cache(&self) -> Vec<Box<dyn Cache>> {
-        self.layers
-            .iter()
-            .map(|l| -> Box<dyn Cache> {
-                match l.op {
-                    Operator::Attention(_) => Box::new(KVCache::new()),
-                    Operator::Conv(_) => Box::new(ArraysCache::new(1)),
-                }
-            })
-            .collect()
-    }
-
-    fn defines_make_cache(&self) -> bool {
-        true
-    }
-
-    fn num_layers(&self) -> usize {
-        self.layers.len()
+    kit::layer_caches! {
+        fn make_cache(&self) {
+            kit::hybrid_caches(
+                self.layers.iter().map(|l| matches!(l.op, Operator::Attention(_))),
+                1,
+            )
+        }
     }
 
     fn layer_adaptables_mut(&mut self) -> Vec<Vec<(String, LinearMut<'_>)>> {

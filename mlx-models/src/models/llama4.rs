@@ -446,25 +446,19 @@ impl LanguageModel for Model {
         Some(crate::models::OutputHead::Linear(self.lm_head.clone()))
     }
 
-    fn make_cache(&self) -> Vec<Box<dyn Cache>> {
-        let chunk = self.args.attention_chunk_size.max(1) as usize;
-        (0..self.layers.len())
-            .map(|i| -> Box<dyn Cache> {
-                if uses_rope(i) {
-                    Box::new(ChunkedKVCache::new(chunk))
-                } else {
-                    Box::new(KVCache::new())
-                }
-            })
-            .collect()
-    }
-
-    fn defines_make_cache(&self) -> bool {
-        true
-    }
-
-    fn num_layers(&self) -> usize {
-        self.layers.len()
+    kit::layer_caches! {
+        fn make_cache(&self) {
+            let chunk = self.args.attention_chunk_size.max(1) as usize;
+            (0..self.layers.len())
+                .map(|i| -> Box<dyn Cache> {
+                    if uses_rope(i) {
+                        Box::new(ChunkedKVCache::new(chunk))
+                    } else {
+                        Box::new(KVCache::new())
+                    }
+                })
+                .collect()
+        }
     }
 
     fn model_type(&self) -> &str {

@@ -441,19 +441,13 @@ impl LanguageModel for Model {
         ))
     }
 
-    fn make_cache(&self) -> Vec<Box<dyn Cache>> {
-        self.layers
-            .iter()
-            .map(|_| Box::new(ArraysCache::new(2)) as Box<dyn Cache>)
-            .collect()
-    }
-
-    fn defines_make_cache(&self) -> bool {
-        true
-    }
-
-    fn num_layers(&self) -> usize {
-        self.layers.len()
+    kit::layer_caches! {
+        fn make_cache(&self) {
+            self.layers
+                .iter()
+                .map(|_| Box::new(ArraysCache::new(2)) as Box<dyn Cache>)
+                .collect()
+        }
     }
 
     fn model_type(&self) -> &str {

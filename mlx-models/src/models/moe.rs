@@ -4041,24 +4041,13 @@ impl Model {
     /// [`crate::shard::pipeline_range`]): this model keeps its stage's layers.
     pub fn shard_pipeline(&mut self, size: i32, rank: i32) -> Result<()> {
         let t = self.spec.model_type.as_str();
-        if t != "qwen3_moe" {
-            return Err(ModelError::Other(format!(
-                "pipeline parallelism: model_type `{t}` is not supported (qwen3_moe)"
-            )));
-        }
-        if self.pipeline.is_some() {
-            return Err(ModelError::Other(
-                "pipeline parallelism: already split".into(),
-            ));
-        }
+        crate::shard::check_pipeline(t, &["qwen3_moe"], self.pipeline.is_some())?;
         if self.spec.sliding.iter().any(|s| *s) {
             return Err(ModelError::Other(
                 "pipeline parallelism: sliding-window layers are not supported here".into(),
             ));
         }
-        let range = crate::shard::pipeline_range(self.layers.len(), size, rank)?;
-        self.layers.truncate(range.end);
-        self.layers.drain(..range.start);
+        crate::shard::keep_stage(&mut self.layers, size, rank)?;
         self.fa_idx = 0;
         self.swa_idx = None;
         self.pipeline = Some((rank, size));

@@ -4,7 +4,7 @@
 //! output, sliding layers (rotating caches) and full layers without rope, weightless-normed
 //! embeddings, and logits scaled by `output_multiplier` then soft-capped.
 
-use mlx_cache::{create_attention_mask, AttentionMask, Cache, KVCache, Kv, RotatingKVCache};
+use mlx_cache::{create_attention_mask, AttentionMask, Cache, Kv};
 use mlx_core::prelude::*;
 use serde::Deserialize;
 use serde_json::Value;
@@ -364,24 +364,10 @@ impl LanguageModel for Model {
         Some(self.hidden_states(inputs, None))
     }
 
-    fn make_cache(&self) -> Vec<Box<dyn Cache>> {
-        self.layers
-            .iter()
-            .map(|l| -> Box<dyn Cache> {
-                match (l.sliding, RotatingKVCache::new(self.window, 0)) {
-                    (true, Ok(c)) => Box::new(c),
-                    _ => Box::new(KVCache::new()),
-                }
-            })
-            .collect()
-    }
-
-    fn defines_make_cache(&self) -> bool {
-        true
-    }
-
-    fn num_layers(&self) -> usize {
-        self.layers.len()
+    kit::layer_caches! {
+        fn make_cache(&self) {
+            kit::sliding_caches(self.layers.iter().map(|l| l.sliding), self.window)
+        }
     }
 
     fn model_type(&self) -> &str {

@@ -14,7 +14,7 @@ use crate::error::{ModelError, Result};
 use crate::layers::ssm::{arrays_cache, GatedNorm, Mamba2Dims, Mamba2Mixer};
 use crate::layers::{relu2, scaled_dot_product_attention, Embedding, Linear, RmsNorm};
 use crate::models::mamba::{conv_kernel_ok, positive, sanitize};
-use crate::models::LanguageModel;
+use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
 /// nemotron_h.py `ModelArgs` (the fields this port reads).
@@ -415,25 +415,19 @@ impl LanguageModel for Model {
         Some(crate::models::OutputHead::Linear(self.lm_head.clone()))
     }
 
-    fn make_cache(&self) -> Vec<Box<dyn Cache>> {
-        self.layers
-            .iter()
-            .filter_map(|l| -> Option<Box<dyn Cache>> {
-                match l.mixer {
-                    Mixer::Mamba(_) => Some(Box::new(mlx_cache::ArraysCache::new(2))),
-                    Mixer::Attention(_) => Some(Box::new(KVCache::new())),
-                    Mixer::Mlp(_) => None,
-                }
-            })
-            .collect()
-    }
-
-    fn defines_make_cache(&self) -> bool {
-        true
-    }
-
-    fn num_layers(&self) -> usize {
-        self.layers.len()
+    kit::layer_caches! {
+        fn make_cache(&self) {
+            self.layers
+                .iter()
+                .filter_map(|l| -> Option<Box<dyn Cache>> {
+                    match l.mixer {
+                        Mixer::Mamba(_) => Some(Box::new(mlx_cache::ArraysCache::new(2))),
+                        Mixer::Attention(_) => Some(Box::new(KVCache::new())),
+                        Mixer::Mlp(_) => None,
+                    }
+                })
+                .collect()
+        }
     }
 
     fn model_type(&self) -> &str {

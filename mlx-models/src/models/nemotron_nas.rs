@@ -274,10 +274,8 @@ impl Model {
         inputs: &Array,
         caches: Option<&mut [Box<dyn Cache>]>,
     ) -> Result<Array> {
-        crate::models::moe::check_inputs(inputs)?;
-        let n = inputs.shape()[1] as usize;
+        let n = kit::new_positions(inputs, caches.as_deref(), self.n_caches, "attention layers")?;
         let mut caches = caches;
-        kit::check_caches(caches.as_deref(), self.n_caches, "attention layers")?;
         let mask = kit::cache_mask(caches.as_deref(), 0, n, None, false)?;
         let mut h = self.embed_tokens.forward(inputs)?;
         let mut next = 0;

@@ -4,7 +4,7 @@
 //! DeltaNet layers hold an [`ArraysCache`] of four slots (three conv states, the recurrent
 //! state), attention layers a [`KVCache`].
 
-use mlx_cache::{ArraysCache, AttentionMask, Cache, KVCache};
+use mlx_cache::{ArraysCache, AttentionMask, Cache};
 use mlx_core::prelude::*;
 use serde::Deserialize;
 use serde_json::Value;
@@ -534,24 +534,13 @@ impl LanguageModel for Model {
         ))
     }
 
-    fn make_cache(&self) -> Vec<Box<dyn Cache>> {
-        self.layers
-            .iter()
-            .map(|l| -> Box<dyn Cache> {
-                match l {
-                    Layer::Linear { .. } => Box::new(ArraysCache::new(4)),
-                    Layer::Full { .. } => Box::new(KVCache::new()),
-                }
-            })
-            .collect()
-    }
-
-    fn defines_make_cache(&self) -> bool {
-        true
-    }
-
-    fn num_layers(&self) -> usize {
-        self.layers.len()
+    kit::layer_caches! {
+        fn make_cache(&self) {
+            kit::hybrid_caches(
+                self.layers.iter().map(|l| matches!(l, Layer::Full { .. })),
+                4,
+            )
+        }
     }
 
     fn model_type(&self) -> &str {

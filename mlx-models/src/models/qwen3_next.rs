@@ -9,7 +9,7 @@
 //! linear layer; a cache made by [`LanguageModel::make_cache_with_rollback`] also keeps the state
 //! after each recent token, so `trim(n)` restores it exactly (see `mlx_cache::ArraysCache`).
 
-use mlx_cache::{ArraysCache, AttentionMask, Cache, KVCache};
+use mlx_cache::{ArraysCache, AttentionMask, Cache};
 use mlx_core::prelude::*;
 use serde::Deserialize;
 use serde_json::Value;
@@ -1069,9 +1069,7 @@ impl crate::models::MtpHead for Model {
     }
 
     fn make_mtp_cache(&self) -> Vec<Box<dyn Cache>> {
-        (0..self.depth())
-            .map(|_| -> Box<dyn Cache> { Box::new(KVCache::new()) })
-            .collect()
+        kit::kv_caches(self.depth())
     }
 
     /// One layer `k` of the head: vLLM runs all of its layers in one step (`mtp.layers` with
@@ -1088,12 +1086,7 @@ impl crate::models::MtpHead for Model {
             .mtp
             .as_ref()
             .ok_or_else(|| ModelError::Other("no multi-token-prediction layers loaded".into()))?;
-        let l = m.layers.get(k).ok_or_else(|| {
-            ModelError::Other(format!(
-                "multi-token-prediction layer {k} of {}",
-                m.layers.len()
-            ))
-        })?;
+        let l = kit::mtp_layer(&m.layers, k)?;
         crate::models::moe::check_inputs(tokens)?;
         let e = m
             .norm_embedding
@@ -1271,20 +1264,8 @@ impl Model {
         // qwen3_5_moe inherits `pipeline`, but mlx-lm 0.32.2's own pipelined run of it fails
         // (a rank is lost in generate_step): refused until there is a reference.
         const PIPELINED: [&str; 2] = ["qwen3_next", "qwen3_5"];
-        if !PIPELINED.contains(&t) {
-            return Err(ModelError::Other(format!(
-                "pipeline parallelism: model_type `{t}` is not supported ({})",
-                PIPELINED.join(", ")
-            )));
-        }
-        if self.pipeline.is_some() {
-            return Err(ModelError::Other(
-                "pipeline parallelism: already split".into(),
-            ));
-        }
-        let range = crate::shard::pipeline_range(self.layers.len(), size, rank)?;
-        self.layers.truncate(range.end);
-        self.layers.drain(..range.start);
+        crate::shard::check_pipeline(t, &PIPELINED, self.pipeline.is_some())?;
+        crate::shard::keep_stage(&mut self.layers, size, rank)?;
         let linear = |l: &DecoderLayer| matches!(l.mixer, Mixer::Linear(_));
         self.ssm_idx = self.layers.iter().position(linear);
         self.fa_idx = self.layers.iter().position(|l| !linear(l));
@@ -1313,24 +1294,13 @@ impl LanguageModel for Model {
         ))
     }
 
-    fn make_cache(&self) -> Vec<Box<dyn Cache>> {
-        self.layers
-            .iter()
-            .map(|l| -> Box<dyn Cache> {
-                match l.mixer {
-                    Mixer::Linear(_) => Box::new(ArraysCache::new(2)),
-                    Mixer::Attention(_) => Box::new(KVCache::new()),
-                }
-            })
-            .collect()
-    }
-
-    fn defines_make_cache(&self) -> bool {
-        true
-    }
-
-    fn num_layers(&self) -> usize {
-        self.layers.len()
+    kit::layer_caches! {
+        fn make_cache(&self) {
+            kit::hybrid_caches(
+                self.layers.iter().map(|l| matches!(l.mixer, Mixer::Attention(_))),
+                2,
+            )
+        }
     }
 
     fn layer_adaptables_mut(&mut self) -> Vec<Vec<(String, LinearMut<'_>)>> {

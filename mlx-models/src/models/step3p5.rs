@@ -11,7 +11,7 @@
 //! `impl Model { pub fn shard_tensor_parallel }` beside `load`, over `Attention`'s and the
 //! MLPs' linears.
 
-use mlx_cache::{AttentionMask, Cache, KVCache, RotatingKVCache};
+use mlx_cache::{AttentionMask, Cache};
 use mlx_core::prelude::*;
 use serde::Deserialize;
 use serde_json::Value;
@@ -403,10 +403,8 @@ impl Model {
         inputs: &Array,
         caches: Option<&mut [Box<dyn Cache>]>,
     ) -> Result<Array> {
-        crate::models::moe::check_inputs(inputs)?;
-        let n = inputs.shape()[1] as usize;
+        let n = kit::new_positions(inputs, caches.as_deref(), self.layers.len(), "layers")?;
         let mut caches = caches;
-        kit::check_caches(caches.as_deref(), self.layers.len(), "layers")?;
         let window = Some(self.args.sliding_window as usize);
         let mask_of = |sliding: bool| -> Result<AttentionMask> {
             match self.layers.iter().position(|l| l.sliding == sliding) {
@@ -487,26 +485,13 @@ fn sanitize(a: &ModelArgs, w: &mut Weights) -> Result<()> {
 impl LanguageModel for Model {
     kit::short_port_entry_points!(args, vocab_size);
 
-    /// `make_cache`: a `RotatingKVCache(sliding_window)` for sliding layers, else a `KVCache`.
-    fn make_cache(&self) -> Vec<Box<dyn Cache>> {
-        let window = self.args.sliding_window as usize;
-        self.layers
-            .iter()
-            .map(|l| -> Box<dyn Cache> {
-                match (l.sliding, RotatingKVCache::new(window, 0)) {
-                    (true, Ok(c)) => Box::new(c),
-                    // (`sliding_window` is checked positive at load.)
-                    _ => Box::new(KVCache::new()),
-                }
-            })
-            .collect()
-    }
-
-    fn defines_make_cache(&self) -> bool {
-        true
-    }
-
-    fn num_layers(&self) -> usize {
-        self.layers.len()
+    kit::layer_caches! {
+        /// `make_cache`: a `RotatingKVCache(sliding_window)` for sliding layers, else a `KVCache`.
+        fn make_cache(&self) {
+            kit::sliding_caches(
+                self.layers.iter().map(|l| l.sliding),
+                self.args.sliding_window as usize,
+            )
+        }
     }
 }
