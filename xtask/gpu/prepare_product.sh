@@ -24,6 +24,10 @@ xz -9e -T2 -k -f "$TMP/libmlx-sm90.so"
 tar cJf "$TMP/tok.tar.xz" -C "$TOK" tokenizer.json tokenizer_config.json
 cp "$TMP"/libmlx-sm90.so.xz "$TMP"/support.tar.xz "$TMP"/tok.tar.xz "$TMP"/mlx-0.32.4-cp312-*.whl \
   "$TMP"/mlx_lm-0.32.2-*.whl xtask/gpu/product_setup.sh xtask/oracle/bench_models.py "$DEST/a/"
+# The CUDA crt headers MLX's sm90 JIT needs (the image lacks them), if TMP holds the wheel:
+# pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64
+#   -d "$TMP" "nvidia-cuda-crt==13.0.*"
+cp "$TMP"/nvidia_cuda_crt-*.whl "$DEST/a/" 2>/dev/null || echo "no nvidia-cuda-crt wheel in $TMP" >&2
 # libmlx's CUDA dependencies are not here: let the linker leave them to the machine that runs it.
 export RUSTFLAGS="-C link-arg=-Wl,--allow-shlib-undefined"
 cargo build --release -p mlx-cli --features cuda

@@ -9,6 +9,11 @@ SITE=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 python3 -m pip install -q --no-index --no-deps --no-compile $A/mlx-0.32.4-*.whl $A/mlx_lm-0.32.2-*.whl
 tar xJf $A/support.tar.xz -C "$SITE"
 mkdir -p "$SITE/mlx/lib" && xz -dc $A/libmlx-sm90.so.xz > "$SITE/mlx/lib/libmlx.so"
+# MLX's JIT of its sm90 quantized matmul includes crt/mma.h, which the image's CUDA include
+# folder (site-packages/nvidia/cu13/include) lacks: the nvidia-cuda-crt wheel supplies it.
+for w in $A/nvidia_cuda_crt-*.whl; do
+  [ -f "$w" ] && python3 -m pip install -q --no-index --no-deps --no-compile "$w"
+done
 python3 -c 'import mlx.core as mx; a = mx.ones((512, 512), dtype=mx.bfloat16); print(mx.default_device(), (a @ a).sum().item())'
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.max.sm --format=csv
 mkdir -p /opt/models /opt/tok && tar xJf $A/tok.tar.xz -C /opt/tok
