@@ -12,7 +12,7 @@ mkdir -p "$SITE/mlx/lib" && xz -dc $A/libmlx-sm90.so.xz > "$SITE/mlx/lib/libmlx.
 # MLX's JIT of its sm90 quantized matmul includes crt/mma.h, which the image's CUDA include
 # folder (site-packages/nvidia/cu13/include) lacks: the nvidia-cuda-crt wheel supplies it.
 for w in $A/nvidia_cuda_crt-*.whl; do
-  [ -f "$w" ] && python3 -m pip install -q --no-index --no-deps --no-compile "$w"
+  if [ -f "$w" ]; then python3 -m pip install -q --no-index --no-deps --no-compile "$w"; fi
 done
 python3 -c 'import mlx.core as mx; a = mx.ones((512, 512), dtype=mx.bfloat16); print(mx.default_device(), (a @ a).sum().item())'
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.max.sm --format=csv
