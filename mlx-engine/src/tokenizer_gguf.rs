@@ -171,6 +171,33 @@ fn is_byte_level_spelled(token: &str, alphabet: &std::collections::HashSet<char>
 }
 
 impl GgufTokenizerData {
+    /// `tokenizer.ggml.token_type`, one per token (all normal where the file has none).
+    fn token_types(&self) -> Result<Vec<i32>> {
+        let n = self.tokens.len();
+        match &self.token_types {
+            Some(t) if t.len() == n => Ok(t.clone()),
+            Some(t) => Err(TokenizerError::Invalid(format!(
+                "GGUF token_type has {} entries for {n} tokens",
+                t.len()
+            ))),
+            None => Ok(vec![1; n]),
+        }
+    }
+
+    /// An error naming the first special token id outside the vocabulary.
+    fn check_ids(&self, ids: &[(&str, Option<u32>)]) -> Result<()> {
+        let n = self.tokens.len();
+        match ids
+            .iter()
+            .find(|(_, id)| id.is_some_and(|id| id as usize >= n))
+        {
+            Some((what, Some(id))) => Err(TokenizerError::Invalid(format!(
+                "GGUF {what} token id {id} is outside the vocabulary of {n} tokens"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     /// Builds the tokenizer. Errors name what is unsupported or inconsistent.
     pub fn build(&self) -> Result<Tokenizer> {
         if self.model == "llama" {
@@ -198,28 +225,13 @@ impl GgufTokenizerData {
                 ))
             })?;
         let n = self.tokens.len();
-        if let Some(types) = &self.token_types {
-            if types.len() != n {
-                return Err(TokenizerError::Invalid(format!(
-                    "GGUF token_type has {} entries for {n} tokens",
-                    types.len()
-                )));
-            }
-        }
-        for (what, id) in [
+        self.token_types()?;
+        self.check_ids(&[
             ("bos", self.bos_id),
             ("eos", self.eos_id),
             ("unk", self.unk_id),
             ("pad", self.pad_id),
-        ] {
-            if let Some(id) = id {
-                if id as usize >= n {
-                    return Err(TokenizerError::Invalid(format!(
-                        "GGUF {what} token id {id} is outside the vocabulary of {n} tokens"
-                    )));
-                }
-            }
-        }
+        ])?;
 
         // transformers' byte_level_tokenizer: tokens spelled outside the byte alphabet are
         // re-spelled byte by byte.
@@ -370,29 +382,13 @@ impl GgufTokenizerData {
                 scores[i]
             )));
         }
-        let types: Vec<i32> = match &self.token_types {
-            Some(t) if t.len() == n => t.clone(),
-            Some(t) => {
-                return Err(bad(format!(
-                    "GGUF token_type has {} entries for {n} tokens",
-                    t.len()
-                )))
-            }
-            None => vec![1; n],
-        };
-        for (what, id) in [
+        let types = self.token_types()?;
+        self.check_ids(&[
             ("bos", self.bos_id),
             ("eos", self.eos_id),
             ("unk", self.unk_id),
             ("pad", self.pad_id),
-        ] {
-            if id.is_some_and(|id| id as usize >= n) {
-                return Err(bad(format!(
-                    "GGUF {what} token id {} is outside the vocabulary of {n} tokens",
-                    id.unwrap_or(0)
-                )));
-            }
-        }
+        ])?;
         let pieces: Vec<String> = self
             .tokens
             .iter()
@@ -551,34 +547,16 @@ impl GgufTokenizerData {
         use tokenizers::normalizers::bert::BertNormalizer;
         use tokenizers::pre_tokenizers::bert::BertPreTokenizer;
 
-        let bad = |m: String| TokenizerError::Invalid(m);
-        let n = self.tokens.len();
-        let types: Vec<i32> = match &self.token_types {
-            Some(t) if t.len() == n => t.clone(),
-            Some(t) => {
-                return Err(bad(format!(
-                    "GGUF token_type has {} entries for {n} tokens",
-                    t.len()
-                )))
-            }
-            None => vec![1; n],
-        };
+        let types = self.token_types()?;
         let cls = self.cls_id.or(self.bos_id);
         let sep = self.sep_id.or(self.eos_id);
-        for (what, id) in [
+        self.check_ids(&[
             ("cls", cls),
             ("seperator", sep),
             ("mask", self.mask_id),
             ("unk", self.unk_id),
             ("pad", self.pad_id),
-        ] {
-            if id.is_some_and(|id| id as usize >= n) {
-                return Err(bad(format!(
-                    "GGUF {what} token id {} is outside the vocabulary of {n} tokens",
-                    id.unwrap_or(0)
-                )));
-            }
-        }
+        ])?;
         let words: Vec<String> = self
             .tokens
             .iter()

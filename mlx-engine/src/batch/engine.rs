@@ -284,6 +284,44 @@ pub struct Engine {
     decoder: Arc<str>,
 }
 
+/// What a request run one at a time (a speculative one, or one under `mlx launch`) chose.
+struct RequestChoices<'r> {
+    max_tokens: usize,
+    sampler: &'r SamplerSettings,
+    processors: &'r ProcessorSettings,
+    stop_strings: &'r [String],
+    top_logprobs: usize,
+}
+
+/// The stream options of a request run one at a time, with the engine's prefill step and KV
+/// options (`max_kv_size` only where `rotating`).
+fn one_at_a_time_options(
+    config: &EngineConfig,
+    r: RequestChoices<'_>,
+    rotating: bool,
+) -> Result<crate::stream::StreamOptions> {
+    let mut generate = crate::generate::GenerateOptions {
+        max_tokens: Some(r.max_tokens),
+        sampler: Sampler::new(r.sampler.clone()),
+        logits_processors: make_logits_processors(r.processors)?,
+        prefill_step_size: config.prefill_step_size,
+        ..Default::default()
+    };
+    if let Some(kv) = &config.kv {
+        if rotating {
+            generate.max_kv_size = kv.max_kv_size;
+        }
+        generate.kv_bits = kv.kv_bits;
+        generate.kv_group_size = kv.kv_group_size;
+        generate.quantized_kv_start = kv.quantized_kv_start;
+    }
+    Ok(crate::stream::StreamOptions {
+        generate,
+        stop_strings: r.stop_strings.to_vec(),
+        top_logprobs: r.top_logprobs,
+    })
+}
+
 /// The decoder for `model` under `config` (`None`: the MLX forward) and the line saying which
 /// runs and, where `auto` fell back, why; an error where `cpu` was asked for and cannot run.
 fn pick_decoder<'m>(
@@ -958,25 +996,19 @@ impl<'m> Worker<'m> {
             if let Some(s) = r.seed {
                 mlx_core::random::seed(s)?;
             }
-            let mut generate = crate::generate::GenerateOptions {
-                max_tokens: Some(r.max_tokens),
-                sampler: Sampler::new(r.sampler.clone()),
-                logits_processors: make_logits_processors(&r.processors)?,
-                prefill_step_size: self.config.prefill_step_size,
-                ..Default::default()
-            };
             // The KV quantization options apply (mlx-lm passes them); a rotating cache does
             // not (speculation drops `max_kv_size`, as mlx-lm's `stream_generate` does).
-            if let Some(kv) = &self.config.kv {
-                generate.kv_bits = kv.kv_bits;
-                generate.kv_group_size = kv.kv_group_size;
-                generate.quantized_kv_start = kv.quantized_kv_start;
-            }
-            let opts = crate::stream::StreamOptions {
-                generate,
-                stop_strings: r.stop_strings.clone(),
-                top_logprobs: if r.logprobs { r.top_logprobs } else { 0 },
-            };
+            let opts = one_at_a_time_options(
+                &self.config,
+                RequestChoices {
+                    max_tokens: r.max_tokens,
+                    sampler: &r.sampler,
+                    processors: &r.processors,
+                    stop_strings: &r.stop_strings,
+                    top_logprobs: if r.logprobs { r.top_logprobs } else { 0 },
+                },
+                false,
+            )?;
             let stream = crate::stream::stream_generate_speculative(
                 self.model,
                 &self.tokenizer,
@@ -1153,24 +1185,17 @@ impl<'m> Worker<'m> {
             if let Some(s) = r.seed {
                 mlx_core::random::seed(s)?;
             }
-            let mut generate = crate::generate::GenerateOptions {
-                max_tokens: Some(r.max_tokens),
-                sampler: Sampler::new(r.sampler.clone()),
-                logits_processors: make_logits_processors(&r.processors)?,
-                prefill_step_size: self.config.prefill_step_size,
-                ..Default::default()
-            };
-            if let Some(kv) = &self.config.kv {
-                generate.max_kv_size = kv.max_kv_size;
-                generate.kv_bits = kv.kv_bits;
-                generate.kv_group_size = kv.kv_group_size;
-                generate.quantized_kv_start = kv.quantized_kv_start;
-            }
-            let opts = crate::stream::StreamOptions {
-                generate,
-                stop_strings: r.stop_strings.clone(),
-                top_logprobs: if r.logprobs { r.top_logprobs } else { 0 },
-            };
+            let opts = one_at_a_time_options(
+                &self.config,
+                RequestChoices {
+                    max_tokens: r.max_tokens,
+                    sampler: &r.sampler,
+                    processors: &r.processors,
+                    stop_strings: &r.stop_strings,
+                    top_logprobs: if r.logprobs { r.top_logprobs } else { 0 },
+                },
+                true,
+            )?;
             crate::stream::stream_generate(self.model, &self.tokenizer, &r.prompt, None, opts)
         })();
         let stream = match started {
