@@ -40,11 +40,28 @@ use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior};
 
 use mlx_core::io::{GgufMetadata, GgufValue};
 use mlx_core::prelude::*;
-use mlx_models::gguf::{meta_f64, meta_str};
 
 use crate::chat_template::ChatTemplates;
 use crate::tokenizer::{Result, Tokenizer, TokenizerError};
 use crate::tokenizer_stream::byte_to_unicode;
+
+/// A scalar metadata value as `f64` (the same reading as `mlx_models::gguf::meta_f64`).
+fn meta_f64(meta: &GgufMetadata, key: &str) -> Option<f64> {
+    match meta.get(key) {
+        Some(GgufValue::Array(a)) if a.size() == 1 => {
+            a.astype(Dtype::Float64).ok()?.item::<f64>().ok()
+        }
+        _ => None,
+    }
+}
+
+/// A metadata string.
+fn meta_str<'a>(meta: &'a GgufMetadata, key: &str) -> Option<&'a str> {
+    match meta.get(key) {
+        Some(GgufValue::String(s)) => Some(s),
+        _ => None,
+    }
+}
 
 /// The tokenizer part of a GGUF file's metadata.
 #[derive(Debug, Clone, Default, PartialEq)]
