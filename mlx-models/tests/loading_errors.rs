@@ -242,6 +242,83 @@ mod gguf {
         assert!(e.contains("llama.attention.head_count_kv"), "{e}");
     }
 
+    /// A committed GGUF fixture (`tests/models/gguf/<fixture>.gguf`) rewritten with its
+    /// metadata and tensors edited.
+    fn edited(
+        fixture: &str,
+        name: &str,
+        edit_meta: impl FnOnce(&mut BTreeMap<String, GgufValue>),
+        edit_tensors: impl FnOnce(&mut BTreeMap<String, Array>),
+    ) -> PathBuf {
+        let src = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/models/gguf")
+            .join(format!("{fixture}.gguf"));
+        let (mut tensors, meta) = mlx_core::io::load_gguf(&src, None).unwrap();
+        let mut values = meta.into_inner();
+        edit_meta(&mut values);
+        edit_tensors(&mut tensors);
+        let mut meta = GgufMetadata::new();
+        for (k, v) in values {
+            meta.insert(k, v);
+        }
+        let p = scratch(name).join(format!("{name}.gguf"));
+        save_gguf(&p, tensors.iter().map(|(k, v)| (k.as_str(), v)), &meta).unwrap();
+        p
+    }
+
+    #[test]
+    fn bad_deepseek2_and_mistral3_metadata_names_the_key() {
+        let u = |v: u32| GgufValue::Array(Array::scalar(v).unwrap());
+        let e = err(&edited(
+            "deepseek2_v3",
+            "ds2gating",
+            |m| {
+                m.insert("deepseek2.expert_gating_func".into(), u(3));
+            },
+            |_| {},
+        ));
+        assert!(
+            e.contains("deepseek2.expert_gating_func") && e.contains("ds2gating.gguf"),
+            "{e}"
+        );
+        let e = err(&edited(
+            "deepseek2_v3",
+            "ds2mla",
+            |m| {
+                m.remove("deepseek2.attention.value_length_mla");
+            },
+            |_| {},
+        ));
+        assert!(e.contains("value_length_mla"), "{e}");
+        let e = err(&edited(
+            "deepseek2_v3",
+            "ds2rope",
+            |m| {
+                m.insert("deepseek2.rope.dimension_count".into(), u(64));
+            },
+            |_| {},
+        ));
+        assert!(e.contains("deepseek2.rope.dimension_count"), "{e}");
+        let e = err(&edited(
+            "deepseek2_v2",
+            "ds2vb",
+            |_| {},
+            |t| {
+                t.remove("blk.1.attn_v_b.weight");
+            },
+        ));
+        assert!(e.contains("model.layers.1.self_attn.unembed_out"), "{e}");
+        let e = err(&edited(
+            "mistral3",
+            "m3temp",
+            |m| {
+                m.remove("mistral3.attention.temperature_scale");
+            },
+            |_| {},
+        ));
+        assert!(e.contains("mistral3.attention.temperature_scale"), "{e}");
+    }
+
     #[test]
     fn head_counts_that_do_not_divide_the_rows_name_the_tensor() {
         let e = err(&file("heads3", 3, 3));
