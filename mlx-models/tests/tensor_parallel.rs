@@ -21,7 +21,7 @@ fn root() -> PathBuf {
 }
 
 /// (fixture under mlx-cli/tests/models, golden), as xtask/oracle/goldens_dist.py pairs them.
-const MODELS: [(&str, &str); 17] = [
+const MODELS: [(&str, &str); 19] = [
     ("dense_f32", "dist_llama_tp2"),
     ("qwen3", "dist_qwen3_tp2"),
     ("q4_g32", "dist_llama_q4_tp2"),
@@ -84,6 +84,16 @@ const MODELS: [(&str, &str); 17] = [
     (
         "../../../mlx-models/tests/models/mla/longcat_flash",
         "dist_longcat_flash_tp2",
+    ),
+    // qwen3_5: DeltaNet blocks split by segments and heads; qwen3_5_moe: experts and the gated
+    // shared expert in place, the untied head split by vocabulary and gathered.
+    (
+        "../../../mlx-models/tests/models/qwen3_5",
+        "dist_qwen3_5_tp2",
+    ),
+    (
+        "../../../mlx-models/tests/models/qwen3_5_moe",
+        "dist_qwen3_5_moe_tp2",
     ),
 ];
 

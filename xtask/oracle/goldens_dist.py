@@ -46,6 +46,12 @@ MODELS = [
     ("../../../mlx-models/tests/models/mla/glm_moe_dsa", "dist_glm_moe_dsa_tp2"),
     # longcat_flash: two MLA attentions and two MLPs per layer, identity experts after the sum.
     ("../../../mlx-models/tests/models/mla/longcat_flash", "dist_longcat_flash_tp2"),
+    # qwen3_5: Gated DeltaNet layers split by heads (the convolution and in_proj_qkv by
+    # segments q | k | v), gated attention, the block summing; qwen3_5_moe (its Model
+    # subclasses qwen3_5's): experts and the gated shared expert in place, the untied head
+    # by vocabulary (all-gathered along the last axis).
+    ("../../../mlx-models/tests/models/qwen3_5", "dist_qwen3_5_tp2"),
+    ("../../../mlx-models/tests/models/qwen3_5_moe", "dist_qwen3_5_moe_tp2"),
 ]
 # Pipeline rows beyond qwen2_f32 (relative to mlx-cli/tests/models; `staged` writes the
 # weight index sharded_load's pipeline path reads).
