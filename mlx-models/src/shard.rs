@@ -155,13 +155,7 @@ pub fn all_to_sharded_segments(
 
 /// [`part_segments`] along axis 0 of a plain array (a depthwise convolution's weight, a
 /// per-head vector such as `dt_bias`).
-pub fn split_rows(
-    w: &Array,
-    segments: &[i32],
-    n: i32,
-    r: i32,
-    what: &str,
-) -> Result<Array> {
+pub fn split_rows(w: &Array, segments: &[i32], n: i32, r: i32, what: &str) -> Result<Array> {
     part_segments(w, segments, n, r, 0, what)
 }
 
@@ -224,7 +218,11 @@ pub fn gather_last_axis(x: &Array, n: i32) -> Result<Array> {
     let shape = x.shape();
     let size = shape.last().copied().unwrap_or(0);
     let parts = distributed::all_gather(&ops::reshape(x, &[-1, size], None)?, None, None)?;
-    let parts = ops::transpose(&ops::reshape(&parts, &[n, -1, size], None)?, &[1, 0, 2], None)?;
+    let parts = ops::transpose(
+        &ops::reshape(&parts, &[n, -1, size], None)?,
+        &[1, 0, 2],
+        None,
+    )?;
     let mut out = shape[..shape.len().saturating_sub(1)].to_vec();
     out.push(n * size);
     Ok(ops::reshape(&parts, &out, None)?)
