@@ -73,15 +73,14 @@ step() {
   echo "== $name (limit ${limit} s, $(($(date +%s) - T0)) s in)" | tee -a "$LOG" "$OUT/$name.log"
   timeout -k 5 "$limit" "$@" >>"$OUT/$name.log" 2>&1
   local rc=$?
-  tail -4 "$OUT/$name.log"
+  grep -v '^== ' "$OUT/$name.log" | tail -4
   echo "== $name rc=$rc" | tee -a "$LOG"
   return $rc
 }
 
-# mlx.launch runs python on each rank (its console script may be absent after `pip --no-deps`).
-mlx_launch() {
-  "$PY" -c 'import sys; from mlx._distributed_utils.launch import main; sys.argv[0] = "mlx.launch"; sys.exit(main())' "$@"
-}
+# mlx.launch runs python on each rank (its console script may be absent after `pip --no-deps`);
+# an array, not a function, so that `timeout` can run it.
+MLX_LAUNCH=("$PY" -c 'import sys; from mlx._distributed_utils.launch import main; sys.argv[0] = "mlx.launch"; sys.exit(main())')
 
 # 1. Setup.
 if [ "$DRY" != 1 ]; then
@@ -120,7 +119,7 @@ for r in $(seq "$ROUNDS"); do
   step "bench_one_$r" 120 "$MLX" benchmark --model "$M" $BENCH --json --decoder mlx
   step "bench_tp2_$r" 150 "$MLX" launch -n 2 --backend $BACKEND --timeout 120 -- \
     benchmark --model "$M" $BENCH --json --decoder mlx
-  step "bench_mlxlm_tp2_$r" 150 mlx_launch -n 2 --backend $BACKEND --python "$PY" -- \
+  step "bench_mlxlm_tp2_$r" 150 "${MLX_LAUNCH[@]}" -n 2 --backend $BACKEND --python "$PY" -- \
     -m mlx_lm benchmark --model "$M" $BENCH
 done
 
@@ -147,7 +146,7 @@ LORA="--model $M --train --data $DATA --iters $LORA_ITERS --batch-size $BATCH \
 step lora_one 150 "$MLX" train $LORA --adapter-path "$OUT/adapters_one"
 step lora_dp2 150 "$MLX" launch -n 2 --backend $BACKEND --timeout 120 -- \
   train $LORA --adapter-path "$OUT/adapters_dp2"
-step lora_mlxlm_dp2 150 mlx_launch -n 2 --backend $BACKEND --python "$PY" -- \
+step lora_mlxlm_dp2 150 "${MLX_LAUNCH[@]}" -n 2 --backend $BACKEND --python "$PY" -- \
   -m mlx_lm lora $LORA --adapter-path "$OUT/adapters_mlxlm_dp2"
 
 # 5. Summary.
@@ -177,7 +176,11 @@ def lora(side):
     f = out / f"lora_{side}.log"
     if not f.exists():
         return float("nan")
-    v = [float(x) for x in re.findall(r"Tokens/sec[ :]+([0-9.]+)", f.read_text(errors="replace"))]
+    t = re.sub(r"\x1b\[[0-9;]*m", "", f.read_text(errors="replace"))
+    # ours: "Iter N: ... Tokens/sec X"; mlx_lm.lora 0.32.2's table: "iter train_loss tok/s tokens"
+    # rows such as "     2    5.096 ▲      290      0.1k".
+    v = [float(x) for x in re.findall(r"Tokens/sec[ :]+([0-9.]+)", t)]
+    v += [float(m.group(1).replace(",", "")) for m in re.finditer(r"(?m)^\s*\d+\s+[0-9.]+\s+\S?\s*([0-9.,]+)\s+[0-9.]+k\s*$", t)]
     return med(v[1:] if len(v) > 1 else v)  # the first report holds the warm-up
 rows = {s: bench(s) for s in ("one", "tp2", "mlxlm_tp2")}
 print("side          prompt tok/s  generation tok/s  (medians over rounds and trials)")
