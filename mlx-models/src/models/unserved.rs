@@ -34,11 +34,6 @@ pub const UNSERVED: &[(&str, Unserved, &str)] = &[
         "MLA (issue #32, DeepSeek family): not ported yet",
     ),
     (
-        "gear",
-        Unserved::NotYet,
-        "recurrent state and soft-capping: not ported yet",
-    ),
-    (
         "gemma3n",
         Unserved::NotYet,
         "AltUp, Laurel, per-layer inputs: not ported yet",
@@ -65,11 +60,6 @@ pub const UNSERVED: &[(&str, Unserved, &str)] = &[
          norm_add_norm) unconditionally",
     ),
     (
-        "phi3small",
-        Unserved::NotYet,
-        "block-sparse attention and gegelu: not ported yet",
-    ),
-    (
         "plamo2",
         Unserved::NotYet,
         "state-space hybrid (issue #32): not ported yet",
@@ -78,15 +68,5 @@ pub const UNSERVED: &[(&str, Unserved, &str)] = &[
         "prism_hadamard_qwen35",
         Unserved::NotYet,
         "Hadamard-rotated Qwen 3.5: not ported yet",
-    ),
-    (
-        "recurrent_gemma",
-        Unserved::NotYet,
-        "recurrent (issue #32): not ported yet",
-    ),
-    (
-        "rwkv7",
-        Unserved::NotYet,
-        "recurrent (issue #32): not ported yet",
     ),
 ];
