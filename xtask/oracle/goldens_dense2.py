@@ -449,6 +449,31 @@ CASES = {
         "float32",
         (32, 4),
     ),
+    # PLaMo 2: Mamba layers (gate/input per head, causal conv, RMS-normed B/C/dt, ssm_attn with
+    # one group) between attention layers (per-head q/k weights), offset RMS norms.
+    "plamo2": (
+        "plamo2",
+        {"num_hidden_layers": 4, "hidden_size_per_head": 8, "mamba_d_state": 8,
+         "mamba_d_conv": 4, "mamba_num_heads": 4, "mamba_step": 2, "intermediate_size": 32,
+         "rms_norm_eps": 1e-6},
+        "float32",
+        None,
+    ),
+    "plamo2_bf16": (
+        "plamo2",
+        {"num_hidden_layers": 3, "hidden_size_per_head": 8, "mamba_d_state": 16,
+         "mamba_d_conv": 3, "mamba_num_heads": 2, "mamba_step": 3, "intermediate_size": 32,
+         "num_key_value_heads": 1, "tie_word_embeddings": False},
+        "bfloat16",
+        None,
+    ),
+    "plamo2_q4": (
+        "plamo2",
+        {"num_hidden_layers": 2, "hidden_size_per_head": 8, "mamba_d_state": 8,
+         "mamba_d_conv": 4, "mamba_num_heads": 4, "mamba_step": 2, "intermediate_size": 32},
+        "float32",
+        (32, 4),
+    ),
 }
 
 # Cases whose config is only the overrides (no BASE keys at the top level).

@@ -83,6 +83,7 @@ pub mod nemotron_nas;
 pub mod olmo_hybrid;
 pub mod phi3small;
 pub mod phixtral;
+pub mod plamo2;
 pub mod qwen3_next;
 pub mod recurrent_gemma;
 pub mod rwkv7;
@@ -513,6 +514,7 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
     }),
     ("rwkv7", |c, w| Ok(Box::new(rwkv7::Model::load(c, w)?))),
     ("gear", |c, w| Ok(Box::new(gear::Model::load(c, w)?))),
+    ("plamo2", |c, w| Ok(Box::new(plamo2::Model::load(c, w)?))),
     ("step3p5", |c, w| Ok(Box::new(step3p5::Model::load(c, w)?))),
     ("mimo_v2_flash", |c, w| {
         Ok(Box::new(mimo_v2_flash::Model::load(c, w)?))

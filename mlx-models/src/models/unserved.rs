@@ -60,11 +60,6 @@ pub const UNSERVED: &[(&str, Unserved, &str)] = &[
          norm_add_norm) unconditionally",
     ),
     (
-        "plamo2",
-        Unserved::NotYet,
-        "state-space hybrid (issue #32): not ported yet",
-    ),
-    (
         "prism_hadamard_qwen35",
         Unserved::NotYet,
         "Hadamard-rotated Qwen 3.5: not ported yet",
