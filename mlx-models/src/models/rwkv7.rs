@@ -385,7 +385,7 @@ impl Model {
         let mut x = self.embeddings.forward(inputs)?;
         let mut v_first: Option<Array> = None;
         for (i, layer) in self.layers.iter().enumerate() {
-            let mut cache = arrays_cache(caches.as_deref_mut().map(|c| &mut c[i]), i)?;
+            let cache = arrays_cache(caches.as_deref_mut().map(|c| &mut c[i]), i)?;
             if let Some(n) = &layer.pre_norm {
                 x = n.forward(&x)?;
             }
@@ -405,7 +405,7 @@ impl Model {
             let f_prev = token_shift(&f, cache.as_deref().and_then(|c| c.get(2)))?;
             let xx = addcmul(&f, &(&f_prev - &f)?, &layer.ffn_x_k)?;
             let l = f.shape()[1];
-            if let Some(c) = cache.as_deref_mut() {
+            if let Some(c) = cache {
                 if keep {
                     let steps = states
                         .into_iter()
