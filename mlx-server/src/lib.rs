@@ -343,7 +343,12 @@ where
     let config = engine_config(&args)?;
     let (engine, handle) = Engine::start(
         move || {
-            let m: LoadedModel = load(&args).map_err(mlx_engine::EngineError::Other)?.into();
+            let m: LoadedModel = load(&args)
+                .map_err(|message| mlx_engine::EngineError::ModelLoad {
+                    path: args.model.clone().unwrap_or_default(),
+                    message,
+                })?
+                .into();
             Ok((m.model, m.tokenizer))
         },
         config,
