@@ -119,9 +119,13 @@ pub fn run(a: &ChatArgs) -> Result<(), String> {
         &opts.generate,
         &a.model.dtype,
         false,
-        Err("chat keeps its MLX cache across turns (the graph decoder runs `mlx generate`)".into()),
+        Ok(()),
     )?;
     decoder.apply(&mut opts.generate);
+    if decoder.graph {
+        // One decoder for every turn: built (kernels, weights, capture) in the first.
+        opts.generate.graph_keep = Some(mlx_engine::graph::GraphKeep::new());
+    }
     if a.verbose {
         eprintln!("[mlx] {}", decoder.note);
     }
