@@ -293,3 +293,38 @@ fn a_failed_call_non_finite_values_or_a_failed_build_hand_the_run_to_mlx() {
         }
     }
 }
+
+/// `mlx chat`'s turns: the second generation continues the first's cache (the decoder copies
+/// the whole cache in; `into_cache` brings the MLX caches up to the decoder's tokens), and
+/// gives the MLX path's tokens.
+#[test]
+fn a_continued_prompt_cache_is_copied_in_whole() {
+    let m = model();
+    let two_turns = |graph: bool| -> (Vec<u32>, usize) {
+        let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        let script = Arc::new(Mutex::new(Script::default()));
+        let opts = || GenerateOptions {
+            graph_decode: graph,
+            graph_stand_in: graph.then(|| stand_in(&script)),
+            ..base()
+        };
+        let p = prompt(m.vocab_size());
+        let mut g = generate_step(&p, m.as_ref(), None, opts()).unwrap();
+        let mut toks: Vec<u32> = g.by_ref().map(|s| s.unwrap().token).collect();
+        assert_eq!(g.uses_graph_decoder(), graph);
+        let caches = g.into_cache();
+        let mut g = generate_step(&p[..7], m.as_ref(), Some(caches), opts()).unwrap();
+        toks.extend(g.by_ref().map(|s| s.unwrap().token));
+        assert_eq!(g.uses_graph_decoder(), graph);
+        assert_eq!(g.graph_fallback(), None);
+        let offset = g.into_cache()[0].offset();
+        if graph {
+            let log = &script.lock().unwrap().log;
+            assert!(log.contains(&"prefix 57".to_string()), "{log:?}");
+        }
+        (toks, offset)
+    };
+    let want = two_turns(false);
+    assert_eq!(want.1, 40 + 10 + 7 + 10);
+    assert_eq!(two_turns(true), want);
+}

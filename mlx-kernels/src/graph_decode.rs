@@ -242,7 +242,7 @@ pub fn compare_logits(reference: &[f32], ours: &[f32]) -> StepComparison {
         f32::INFINITY
     };
     StepComparison {
-        rel_diff: d / scale,
+        rel_diff: if d.is_finite() { d / scale } else { d },
         reference_token: argmax(reference),
         ours_token: argmax(ours),
     }
