@@ -222,6 +222,9 @@ pub fn run(a: &ChatArgs) -> Result<(), String> {
                 }
             })
             .map_err(|e| e.to_string())?;
+        if let Some(why) = conv.graph_fallback() {
+            eprintln!("[mlx] warning: {why}");
+        }
         if a.json {
             let mut obj = json!({
                 "text": text,
@@ -231,6 +234,9 @@ pub fn run(a: &ChatArgs) -> Result<(), String> {
                 "cached_tokens": conv.cached_tokens(),
                 "decoder": decoder.name,
             });
+            if let Some(why) = conv.graph_fallback() {
+                obj["graph_fallback"] = json!(why);
+            }
             if let Some(st) = conv.spec_stats() {
                 obj["draft_tokens"] = json!(st.drafted);
                 obj["accepted_draft_tokens"] = json!(st.accepted);
