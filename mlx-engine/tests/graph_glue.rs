@@ -328,3 +328,24 @@ fn a_continued_prompt_cache_is_copied_in_whole() {
     assert_eq!(want.1, 40 + 10 + 7 + 10);
     assert_eq!(two_turns(true), want);
 }
+
+/// A continued prompt cache the decoder cannot take (here rotating ones) is refused up front,
+/// naming it (`mlx generate --decoder auto` stays on MLX for such a cache file).
+#[test]
+fn a_continued_cache_of_another_kind_is_refused() {
+    let m = model();
+    let caches: Vec<Box<dyn Cache>> = (0..m.num_layers())
+        .map(|_| Box::new(mlx_cache::RotatingKVCache::new(64, 4).unwrap()) as Box<dyn Cache>)
+        .collect();
+    let script = Arc::new(Mutex::new(Script::default()));
+    let opts = GenerateOptions {
+        graph_decode: true,
+        graph_stand_in: Some(stand_in(&script)),
+        ..base()
+    };
+    let p = prompt(m.vocab_size());
+    let e = generate_step(&p, m.as_ref(), Some(caches), opts)
+        .err()
+        .expect("refused");
+    assert!(e.to_string().contains("RotatingKVCache"), "{e}");
+}
