@@ -119,9 +119,13 @@ pub fn run(a: &ChatArgs) -> Result<(), String> {
         &opts.generate,
         &a.model.dtype,
         false,
-        Err("chat keeps its MLX cache across turns (the graph decoder runs `mlx generate`)".into()),
+        Ok(()),
     )?;
     decoder.apply(&mut opts.generate);
+    if decoder.graph {
+        // One decoder for every turn: built (kernels, weights, capture) in the first.
+        opts.generate.graph_keep = Some(mlx_engine::graph::GraphKeep::new());
+    }
     if a.verbose {
         eprintln!("[mlx] {}", decoder.note);
     }
@@ -218,6 +222,9 @@ pub fn run(a: &ChatArgs) -> Result<(), String> {
                 }
             })
             .map_err(|e| e.to_string())?;
+        if let Some(why) = conv.graph_fallback() {
+            eprintln!("[mlx] warning: {why}");
+        }
         if a.json {
             let mut obj = json!({
                 "text": text,
@@ -227,6 +234,9 @@ pub fn run(a: &ChatArgs) -> Result<(), String> {
                 "cached_tokens": conv.cached_tokens(),
                 "decoder": decoder.name,
             });
+            if let Some(why) = conv.graph_fallback() {
+                obj["graph_fallback"] = json!(why);
+            }
             if let Some(st) = conv.spec_stats() {
                 obj["draft_tokens"] = json!(st.drafted);
                 obj["accepted_draft_tokens"] = json!(st.accepted);

@@ -347,6 +347,11 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
         caches.is_some(),
         if a.top_logprobs > 0 {
             Err("--top-logprobs (the graph decoder reads back only the token and its log-probability)".into())
+        } else if let Some(c) = caches
+            .as_ref()
+            .and_then(|c| c.iter().find(|c| c.class_name() != "KVCache"))
+        {
+            Err(format!("the prompt cache file holds a {} (plain KV caches only)", c.class_name()))
         } else {
             Ok(())
         },

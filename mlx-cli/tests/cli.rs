@@ -427,3 +427,17 @@ fn completion_scripts_name_every_subcommand() {
     let (code, _, _) = mlx(&["completions", "tcsh"]);
     assert_ne!(code, 0);
 }
+
+/// `mlx chat --decoder graph` is no longer refused for keeping its cache across turns: on a
+/// build or machine without CUDA the refusal names that instead (the turns' continued KV cache
+/// is copied into the graph decoder on a CUDA build).
+#[test]
+fn chat_takes_the_graph_decoder_flag() {
+    let model = mlx_engine::fetch::smollm2_gguf().unwrap();
+    let model = model.to_str().unwrap();
+    // Refused before a turn is read (no standard input needed).
+    let (code, _, err) = mlx(&["chat", "--model", model, "-m", "2", "--decoder", "graph"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("--decoder graph:"), "{err}");
+    assert!(!err.contains("chat keeps its MLX cache"), "{err}");
+}

@@ -137,6 +137,8 @@ pub struct Conversation<'m> {
     draft_cache: Vec<Box<dyn Cache>>,
     /// The last turn's acceptance statistics.
     last_stats: Option<SpecStats>,
+    /// Why the last turn's graph decoder handed the turn to the MLX path, if it did.
+    last_graph_fallback: Option<String>,
 }
 
 /// Speculative decoding for a [`Conversation`] (beyond `mlx_lm.chat`, which has none).
@@ -179,6 +181,7 @@ impl<'m> Conversation<'m> {
             spec: None,
             draft_cache: Vec::new(),
             last_stats: None,
+            last_graph_fallback: None,
         })
     }
 
@@ -193,6 +196,12 @@ impl<'m> Conversation<'m> {
         self.spec = Some(spec);
         self.reset()?;
         Ok(self)
+    }
+
+    /// Why the last turn's graph decoder handed it to the MLX path (see
+    /// [`crate::generate::GenerateStep::graph_fallback`]), if it did.
+    pub fn graph_fallback(&self) -> Option<&str> {
+        self.last_graph_fallback.as_deref()
     }
 
     /// The last turn's acceptance statistics (speculative decoding).
@@ -309,6 +318,7 @@ impl<'m> Conversation<'m> {
             }
         }
         self.last_stats = stream.spec_stats();
+        self.last_graph_fallback = stream.graph_fallback().map(str::to_string);
         if stream.uses_cpu_decoder() {
             // The CPU decoder keeps its own cache across turns.
             self.cpu = stream.into_cpu_decoder();

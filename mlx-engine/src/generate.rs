@@ -90,6 +90,9 @@ pub struct GenerateOptions {
     /// Where [`GenerateOptions::graph_decode`] keeps its decoder between generations of one
     /// model ([`crate::graph::GraphKeep`]; `None`: each generation builds its own).
     pub graph_keep: Option<crate::graph::GraphKeep>,
+    /// Tests: a stand-in for the CUDA graph decoder ([`crate::graph::GraphStandIn`]), so the
+    /// engine's glue runs without a GPU.
+    pub graph_stand_in: Option<crate::graph::GraphStandIn>,
 }
 
 /// The CPU decoder's settings in [`GenerateOptions`].
@@ -157,6 +160,7 @@ impl Default for GenerateOptions {
             graph_decode: false,
             graph_fail_after: None,
             graph_keep: None,
+            graph_stand_in: None,
         }
     }
 }
@@ -264,16 +268,16 @@ pub struct GenerateStep<'m> {
     /// The CPU decoder, when [`GenerateOptions::cpu_decode`] asked for it.
     cpu: Option<CpuDecoder<'m>>,
     /// The graph decoder, when [`GenerateOptions::graph_decode`] asked for it.
-    graph: Option<GraphRun>,
+    graph: Option<GraphRun<'m>>,
     /// Why the graph decoder handed the run to the MLX path, if it did.
     graph_fallback: Option<String>,
 }
 
 /// A run of the graph decoder: the decoder, and the tokens it was given or produced since the
 /// MLX caches last saw a token (run through the MLX forward if it fails).
-struct GraphRun {
-    /// Always `Some` until the run is dropped (then it goes back to `keep`).
-    dec: Option<mlx_kernels::graph_decode::GraphDecoder>,
+struct GraphRun<'m> {
+    /// Always `Some` until the run is dropped (then a CUDA decoder goes back to `keep`).
+    dec: Option<Box<dyn crate::graph::GraphBackend + 'm>>,
     started: bool,
     since_mlx: Vec<i32>,
     /// The slot the decoder came from or goes to, and the model's identity.
@@ -282,21 +286,24 @@ struct GraphRun {
     built: Option<mlx_kernels::graph_decode::BuildTimes>,
 }
 
-impl GraphRun {
-    fn dec(&mut self) -> mlx_core::Result<&mut mlx_kernels::graph_decode::GraphDecoder> {
-        self.dec
-            .as_mut()
-            .ok_or_else(|| mlx_core::Error::InvalidArgument {
+impl<'m> GraphRun<'m> {
+    fn dec(&mut self) -> mlx_core::Result<&mut (dyn crate::graph::GraphBackend + 'm)> {
+        match self.dec.as_mut() {
+            Some(d) => Ok(d.as_mut()),
+            None => Err(mlx_core::Error::InvalidArgument {
                 op: "graph_decoder",
                 message: "the run's decoder was given back".into(),
-            })
+            }),
+        }
     }
 }
 
-impl Drop for GraphRun {
+impl Drop for GraphRun<'_> {
     fn drop(&mut self) {
         if let (Some((keep, model)), Some(dec)) = (self.keep.take(), self.dec.take()) {
-            keep.put(model, dec);
+            if let Some(dec) = dec.into_kept() {
+                keep.put(model, dec);
+            }
         }
     }
 }
@@ -430,35 +437,26 @@ fn start<'m>(
         }
         (None, None) => None,
     };
-    let graph = if opts.graph_decode {
-        if let Some(why) = crate::graph::unsupported(model, &opts, prompt_cache.is_some()) {
+    // The graph decoder's model and options are checked now; it is built after the prompt
+    // (`build_graph`), so that nothing of its build (CUDA allocations, copies out of MLX's
+    // buffers, MLX work on the default stream) is in flight while MLX runs the prompt.
+    let graph_spec = if opts.graph_decode {
+        let why = match &opts.graph_stand_in {
+            Some(_) => crate::graph::options_unsupported(&opts, prompt_cache.is_some())
+                .or_else(|| crate::graph::model_unsupported(model)),
+            None => crate::graph::unsupported(model, &opts, prompt_cache.is_some()),
+        };
+        let why = why.or_else(|| {
+            prompt_cache.as_ref().and_then(|c| {
+                c.iter()
+                    .find(|c| c.class_name() != "KVCache")
+                    .map(|c| format!("the continued prompt cache holds a {}", c.class_name()))
+            })
+        });
+        if let Some(why) = why {
             return Err(EngineError::GraphDecoderUnsupported(why));
         }
-        let (spec, weights) =
-            crate::graph::map_model(model).map_err(EngineError::GraphDecoderUnsupported)?;
-        let room = prompt.len() + opts.max_tokens.unwrap_or(GRAPH_DEFAULT_ROOM) + 1;
-        let kept = opts
-            .graph_keep
-            .as_ref()
-            .and_then(|k| k.take(model, &spec, room));
-        let built = kept.is_none();
-        let mut dec = match kept {
-            Some(d) => d,
-            None => mlx_kernels::graph_decode::GraphDecoder::new(spec, &weights, room)?,
-        };
-        if let Some(n) = opts.graph_fail_after {
-            dec.inject_failure_after(n);
-        }
-        Some(GraphRun {
-            built: built.then(|| dec.build_times()),
-            dec: Some(dec),
-            started: false,
-            since_mlx: Vec::new(),
-            keep: opts
-                .graph_keep
-                .clone()
-                .map(|k| (k, crate::graph::model_id(model))),
-        })
+        Some(crate::graph::map_model(model).map_err(EngineError::GraphDecoderUnsupported)?)
     } else {
         None
     };
@@ -478,10 +476,13 @@ fn start<'m>(
         decoder,
         compiled_steps: 0,
         cpu,
-        graph,
+        graph: None,
         graph_fallback: None,
     };
     on_generation_stream(|| g.prefill(prompt))?;
+    if let Some((spec, weights)) = graph_spec {
+        on_generation_stream(|| g.build_graph(spec, &weights))?;
+    }
     Ok(g)
 }
 
@@ -492,16 +493,78 @@ impl<'m> GenerateStep<'m> {
         }
     }
 
+    /// Builds (or takes the kept) graph decoder once the prompt's first token is computed:
+    /// the prompt's MLX work is waited for first, and the build's after it, so the decoder's
+    /// CUDA work never overlaps MLX's. A build that fails (a CUDA call, device memory) leaves
+    /// the run on the MLX path, with the reason in [`GenerateStep::graph_fallback`].
+    fn build_graph(
+        &mut self,
+        spec: mlx_kernels::graph_decode::GraphSpec,
+        weights: &mlx_kernels::graph_decode::GraphWeights,
+    ) -> Result<()> {
+        if let Some((y, _, lse)) = &self.y {
+            mlx_core::eval([y, lse])?;
+        }
+        mlx_core::synchronize()?;
+        let model = self.model;
+        // The cache holds the prompt and whatever a continued prompt cache held before it.
+        let cached = self.caches.iter().map(|c| c.offset()).max().unwrap_or(0);
+        let room = cached + self.opts.max_tokens.unwrap_or(GRAPH_DEFAULT_ROOM) + 2;
+        let kept = match &self.opts.graph_stand_in {
+            Some(_) => None,
+            None => self
+                .opts
+                .graph_keep
+                .as_ref()
+                .and_then(|k| k.take(model, &spec, room)),
+        };
+        let built = kept.is_none();
+        let made: mlx_core::Result<Box<dyn crate::graph::GraphBackend + 'm>> =
+            match (kept, &self.opts.graph_stand_in) {
+                (Some(d), _) => Ok(Box::new(d)),
+                (None, Some(s)) => (s.0)(model, room),
+                (None, None) => mlx_kernels::graph_decode::GraphDecoder::new(spec, weights, room)
+                    .map(|d| Box::new(d) as Box<dyn crate::graph::GraphBackend + 'm>),
+            };
+        let mut dec = match made {
+            Ok(d) => d,
+            Err(e) => {
+                self.graph_fallback = Some(format!(
+                    "the graph decoder could not be built ({e}); the MLX path runs the \
+                     generation"
+                ));
+                return Ok(());
+            }
+        };
+        mlx_core::synchronize()?;
+        if let Some(n) = self.opts.graph_fail_after {
+            dec.inject_failure_after(n);
+        }
+        self.graph = Some(GraphRun {
+            built: if built { dec.build_times() } else { None },
+            dec: Some(dec),
+            started: false,
+            since_mlx: Vec::new(),
+            keep: self
+                .opts
+                .graph_keep
+                .clone()
+                .filter(|_| self.opts.graph_stand_in.is_none())
+                .map(|k| (k, crate::graph::model_id(model))),
+        });
+        Ok(())
+    }
+
     /// `_step`: one forward of `input` through the cache, then processors and the sampler.
     fn step(&mut self, input: &Array, ids: Option<&[i32]>) -> Result<(Array, Array, Array)> {
         let len = input.size();
         // Decode steps only (`ids` is `None`): the prompt's last token runs through the MLX
         // forward, which gives the first token as on the greedy path.
         if len == 1 && ids.is_none() && self.graph_host() {
-            if let Some(logits) = self.graph_logits(input, ids)? {
+            if let Some((tok, logits)) = self.graph_logits(input)? {
                 let logits = Array::from_slice(&logits, &[1, logits.len() as i32])?
                     .astype(Dtype::Bfloat16)?;
-                return self.sample_logits(logits, len, ids, None);
+                return self.sample_logits(logits, len, Some(&[tok]), None);
             }
         }
         if let Some(cpu) = self.cpu.as_mut() {
@@ -714,15 +777,13 @@ impl<'m> GenerateStep<'m> {
             && (self.opts.sampler.settings().temp != 0.0 || !self.opts.logits_processors.is_empty())
     }
 
-    /// The graph decoder's logits (bfloat16 values as `f32`) after the one token `input`: the
-    /// first call copies the prompt's MLX cache in. `None`: the decoder failed; the tokens it
-    /// had taken are run through the MLX forward (the MLX caches catch up), and the run goes on
-    /// on the MLX path from `input`.
-    fn graph_logits(&mut self, input: &Array, ids: Option<&[i32]>) -> Result<Option<Vec<f32>>> {
-        let tok = match ids {
-            Some(ids) => ids[0],
-            None => input.astype(Dtype::Int32)?.item::<i32>()?,
-        };
+    /// The graph decoder's logits (bfloat16 values as `f32`) after the one token `input`, with
+    /// that token's id: the first call copies the prompt's MLX cache in. `None`: the decoder
+    /// failed (a CUDA call, or logits that are not finite where the MLX forward's were); the
+    /// tokens it had taken are run through the MLX forward (the MLX caches catch up), and the
+    /// run goes on on the MLX path from `input`.
+    fn graph_logits(&mut self, input: &Array) -> Result<Option<(i32, Vec<f32>)>> {
+        let tok = input.astype(Dtype::Int32)?.item::<i32>()?;
         let Some(g) = self.graph.as_mut() else {
             return Ok(None);
         };
@@ -736,20 +797,19 @@ impl<'m> GenerateStep<'m> {
                 op: "graph_decoder",
                 message: format!("token id {tok}"),
             })?;
-            g.dec()?.step_logits(t)
+            let l = g.dec()?.step_logits(t)?;
+            if let Some(v) = l.iter().find(|v| !v.is_finite()) {
+                return Err(graph_not_finite(format!("a logit of {v}")));
+            }
+            Ok(l)
         })();
         match r {
             Ok(l) => {
                 g.since_mlx.push(tok);
-                Ok(Some(l))
+                Ok(Some((tok, l)))
             }
             Err(e) => {
-                let mut g = self.graph.take().unwrap_or_else(|| unreachable!());
-                self.graph_fallback = Some(format!(
-                    "the graph decoder failed ({e}); the MLX path continues the run"
-                ));
-                let ids = std::mem::take(&mut g.since_mlx);
-                drop(g);
+                let ids = self.graph_give_up(&e);
                 if !ids.is_empty() {
                     let x = Array::from_slice(&ids, &[1, ids.len() as i32])?;
                     self.model.forward(&x, Some(&mut self.caches))?;
@@ -765,10 +825,25 @@ impl<'m> GenerateStep<'m> {
         }
     }
 
+    /// Drops the run's graph decoder after `e` and notes why; the tokens it had taken since
+    /// the MLX caches were last brought up to date, for the MLX forward to catch up on.
+    fn graph_give_up(&mut self, e: &mlx_core::Error) -> Vec<i32> {
+        let Some(mut g) = self.graph.take() else {
+            return Vec::new();
+        };
+        self.graph_fallback = Some(format!(
+            "the graph decoder failed ({e}); the MLX path continues the run"
+        ));
+        // A decoder that failed is not kept for the next generation.
+        g.keep = None;
+        std::mem::take(&mut g.since_mlx)
+    }
+
     /// One token from the graph decoder: the first call copies the prompt's cache in and
-    /// starts the run at the MLX forward's first token `first`. `None`: the decoder failed
-    /// and the run goes on on the MLX path (the tokens it produced are run through the MLX
-    /// forward, which gives the next token as `self.y`).
+    /// starts the run at the MLX forward's first token `first`. `None`: the decoder failed (a
+    /// CUDA call, or a log-probability that is not finite) and the run goes on on the MLX path
+    /// (the tokens it produced are run through the MLX forward, which gives the next token as
+    /// `self.y`).
     fn graph_next(&mut self, first: u32) -> Result<Option<(u32, f32)>> {
         let Some(g) = self.graph.as_mut() else {
             return Ok(None);
@@ -782,7 +857,13 @@ impl<'m> GenerateStep<'m> {
                 g.started = true;
                 g.since_mlx.push(first as i32);
             }
-            g.dec()?.next_token()
+            let (t, lp) = g.dec()?.next_token()?;
+            if !lp.is_finite() {
+                return Err(graph_not_finite(format!(
+                    "token {t} with a log-probability of {lp}"
+                )));
+            }
+            Ok((t, lp))
         })();
         match r {
             Ok((t, lp)) => {
@@ -790,14 +871,9 @@ impl<'m> GenerateStep<'m> {
                 Ok(Some((t, lp)))
             }
             Err(e) => {
-                let mut g = self.graph.take().unwrap_or_else(|| unreachable!());
-                self.graph_fallback = Some(format!(
-                    "the graph decoder failed ({e}); the MLX path continues the run"
-                ));
                 // The MLX caches hold the prompt: run the tokens the decoder saw or produced
                 // through the MLX forward, whose last position gives the next token.
-                let ids = std::mem::take(&mut g.since_mlx);
-                drop(g);
+                let ids = self.graph_give_up(&e);
                 let toks = if ids.is_empty() {
                     vec![first as i32]
                 } else {
@@ -906,14 +982,6 @@ impl GenerateStep<'_> {
         let first = y.astype(Dtype::Uint32)?.item::<u32>()?;
         match self.graph_next(first)? {
             Some((token, logprob)) => {
-                if !logprob.is_finite() {
-                    return Err(EngineError::Other(format!(
-                        "the model's logits at generated token {} are not finite (the graph \
-                         decoder's log-probability is {logprob}); the weights or the inputs \
-                         are corrupt",
-                        self.n
-                    )));
-                }
                 // The pending token stays the run's first (the decoder holds the rest).
                 self.y = Some((y, logprobs, lse));
                 self.n += 1;
@@ -948,6 +1016,17 @@ fn graph_prefix(caches: &[Box<dyn Cache>]) -> mlx_core::Result<Vec<(Array, Array
             }
         })
         .collect()
+}
+
+const GRAPH_NOT_FINITE: &str = "the graph decoder gave non-finite values";
+
+/// The error a non-finite value from the graph decoder is treated as (a device fault: the
+/// MLX forward's values were finite for the same prompt).
+fn graph_not_finite(what: String) -> mlx_core::Error {
+    mlx_core::Error::InvalidArgument {
+        op: "graph_decoder",
+        message: format!("{GRAPH_NOT_FINITE}: {what}"),
+    }
 }
 
 /// Positions the graph decoder's cache holds past the prompt when no `max_tokens` is given.

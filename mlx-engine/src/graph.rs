@@ -281,8 +281,10 @@ fn map_weights(m: &Model, spec: &mut GraphSpec) -> Result<GraphWeights, String> 
 }
 
 /// Why the graph decoder cannot run `model` with `opts` (`None`: it can). `has_prompt_cache`:
-/// a prompt cache is continued (the decoder keeps its own cache, copied from MLX's after the
-/// prompt, and the MLX caches stay behind the generated tokens).
+/// a prompt cache is continued (`mlx chat`'s turns, `--prompt-cache-file`): taken where its
+/// layers are plain KV caches, which `generate_step` checks (the decoder copies the whole cache
+/// in after the prompt, and [`crate::generate::GenerateStep::into_cache`] brings the MLX caches
+/// up to the generated tokens).
 pub fn unsupported(
     model: &dyn LanguageModel,
     opts: &GenerateOptions,
@@ -303,9 +305,7 @@ pub fn options_unsupported(opts: &GenerateOptions, has_prompt_cache: bool) -> Op
     if opts.grammar.is_some() {
         return Some("constrained decoding".into());
     }
-    if has_prompt_cache {
-        return Some("a prompt cache is continued".into());
-    }
+    let _ = has_prompt_cache;
     if opts.max_kv_size.is_some() {
         return Some("--max-kv-size (a rotating cache)".into());
     }
@@ -410,5 +410,73 @@ impl GraphKeep {
         if let Ok(mut k) = self.0.lock() {
             *k = Some(Kept { model, dec });
         }
+    }
+}
+
+/// What `generate_step` asks of a graph decoder: the CUDA one
+/// ([`mlx_kernels::graph_decode::GraphDecoder`]), or a stand-in ([`GraphStandIn`]) with which
+/// the engine's glue (the prompt's cache handed over, the first token, the host sampler, the
+/// fall-back) is tested on a machine without CUDA.
+pub trait GraphBackend {
+    /// Copies the prompt's keys and values in (per layer, `[1, kv_heads, n, head_dim]`).
+    fn set_prefix(&mut self, kv: &[(mlx_core::Array, mlx_core::Array)]) -> mlx_core::Result<()>;
+    /// Starts greedy decoding from `first`, at most `max_steps` tokens.
+    fn start(&mut self, first: u32, max_steps: usize) -> mlx_core::Result<()>;
+    /// The next greedy token and its log-probability.
+    fn next_token(&mut self) -> mlx_core::Result<(u32, f32)>;
+    /// One teacher-forced step: the logits after `token` (float32 values).
+    fn step_logits(&mut self, token: u32) -> mlx_core::Result<Vec<f32>>;
+    /// Makes the `n`-th token fail as a CUDA call would (testing the fall-back).
+    fn inject_failure_after(&mut self, n: usize);
+    /// What building it cost (the CUDA decoder's kernels, weights and capture).
+    fn build_times(&self) -> Option<BuildTimes> {
+        None
+    }
+    /// The CUDA decoder itself, to keep between generations ([`GraphKeep`]); `None` for a
+    /// stand-in or a decoder a failed CUDA call broke.
+    fn into_kept(self: Box<Self>) -> Option<mlx_kernels::graph_decode::GraphDecoder> {
+        None
+    }
+}
+
+impl GraphBackend for mlx_kernels::graph_decode::GraphDecoder {
+    fn set_prefix(&mut self, kv: &[(mlx_core::Array, mlx_core::Array)]) -> mlx_core::Result<()> {
+        mlx_kernels::graph_decode::GraphDecoder::set_prefix(self, kv)
+    }
+    fn start(&mut self, first: u32, max_steps: usize) -> mlx_core::Result<()> {
+        mlx_kernels::graph_decode::GraphDecoder::start(self, first, max_steps)
+    }
+    fn next_token(&mut self) -> mlx_core::Result<(u32, f32)> {
+        mlx_kernels::graph_decode::GraphDecoder::next_token(self)
+    }
+    fn step_logits(&mut self, token: u32) -> mlx_core::Result<Vec<f32>> {
+        mlx_kernels::graph_decode::GraphDecoder::step_logits(self, token)
+    }
+    fn inject_failure_after(&mut self, n: usize) {
+        mlx_kernels::graph_decode::GraphDecoder::inject_failure_after(self, n)
+    }
+    fn build_times(&self) -> Option<BuildTimes> {
+        Some(mlx_kernels::graph_decode::GraphDecoder::build_times(self))
+    }
+    fn into_kept(self: Box<Self>) -> Option<mlx_kernels::graph_decode::GraphDecoder> {
+        Some(*self)
+    }
+}
+
+/// Builds a stand-in decoder for a loaded model with room for so many positions.
+pub type StandInFn = dyn for<'a> Fn(&'a dyn LanguageModel, usize) -> mlx_core::Result<Box<dyn GraphBackend + 'a>>
+    + Send
+    + Sync;
+
+/// A stand-in for the CUDA graph decoder ([`GenerateOptions::graph_stand_in`]): tests of the
+/// engine's glue on a machine without CUDA. With one, `generate_step` skips the CUDA
+/// availability check (the model and the options are still checked) and builds its decoder
+/// through this function instead.
+#[derive(Clone)]
+pub struct GraphStandIn(pub std::sync::Arc<StandInFn>);
+
+impl std::fmt::Debug for GraphStandIn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GraphStandIn(..)")
     }
 }

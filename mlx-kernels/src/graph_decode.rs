@@ -233,13 +233,16 @@ pub fn compare_logits(reference: &[f32], ours: &[f32]) -> StepComparison {
         .iter()
         .zip(ours)
         .fold(0f32, |m, (r, o)| m.max((r - o).abs()));
-    let d = if reference.len() == ours.len() {
+    // `f32::max` drops NaN: a non-finite value on either side is an infinite difference, not
+    // none.
+    let finite = reference.iter().chain(ours).all(|x| x.is_finite());
+    let d = if reference.len() == ours.len() && finite {
         d
     } else {
         f32::INFINITY
     };
     StepComparison {
-        rel_diff: d / scale,
+        rel_diff: if d.is_finite() { d / scale } else { d },
         reference_token: argmax(reference),
         ours_token: argmax(ours),
     }
@@ -1840,6 +1843,17 @@ mod tests {
                     down: dense(h, s.intermediate),
                 })
                 .collect(),
+        }
+    }
+
+    #[test]
+    fn non_finite_logits_never_compare_as_close() {
+        let r = [1.0f32, 2.0, 3.0];
+        assert_eq!(compare_logits(&r, &r).rel_diff, 0.0);
+        for bad in [f32::NAN, f32::INFINITY] {
+            let o = [1.0f32, bad, 3.0];
+            assert!(compare_logits(&r, &o).rel_diff > 1.0);
+            assert!(compare_logits(&o, &r).rel_diff > 1.0);
         }
     }
 

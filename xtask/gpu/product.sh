@@ -5,7 +5,7 @@
 # decoder kept between generations, sampling on the host, the on-disk kernel cache), then
 # `mlx generate` per model: greedy twice with a fresh kernel cache (the second run's kernels
 # come from the on-disk cache; --verbose prints the decoder's build time) and once sampled
-# (--temp/--top-p/--min-p, seeded), then
+# (--temp/--top-p/--min-p, seeded), and `mlx chat` (two turns, graph and MLX), then
 # `mlx benchmark` (the product path: `--decoder auto`, which picks the graph decoder where it
 # applies, and `--decoder mlx`) and mlx-lm's own `mlx_lm benchmark` on the same model
 # directories, alternating, ROUNDS rounds; and the copy bandwidth. Logs and JSON under $OUT.
@@ -35,6 +35,13 @@ for m in $M; do
   echo "== generate $m sampled" | tee -a $OUT/notes.log
   $MLX generate --model /opt/models/$m --prompt "The quick brown fox" --max-tokens 64 --temp 0.8 --top-p 0.95 --min-p 0.02 --seed 1 --verbose true 2>&1 | tail -12 | tee -a $OUT/notes.log
   $MLX generate --model /opt/models/$m --prompt "The quick brown fox" --max-tokens 64 --temp 0.8 --top-p 0.95 --min-p 0.02 --seed 1 --decoder mlx --verbose true 2>&1 | tail -6 | tee -a $OUT/notes.log
+  # `mlx chat` on the graph decoder: two turns (the second continues the first's cache), JSON
+  # lines with the decoder's name; the 135M directories' tokenizer has ids past their vocabulary.
+  case $m in llama-135m-*) continue ;; esac
+  for d in auto mlx; do
+    echo "== chat $m --decoder $d (two turns)" | tee -a $OUT/notes.log
+    printf 'Hello there\nTell me more\n' | timeout 120 $MLX chat --model /opt/models/$m -m 32 --decoder $d --verbose true --json 2>&1 | tail -8 | tee -a $OUT/notes.log
+  done
 done
 ls -la $MLXS_GPURT_CACHE | tee -a $OUT/notes.log
 python3 - <<'PY' 2>&1 | tee $OUT/copy_bw.log

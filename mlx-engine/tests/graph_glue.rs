@@ -1,0 +1,351 @@
+//! The engine's glue around the graph decoder (`generate_step` with `graph_decode`), on the
+//! CPU: a stand-in decoder ([`GraphStandIn`]) that computes each step with the model's own MLX
+//! forward over a cache copied from the prompt's, so that every token must equal the MLX
+//! path's, bit for bit. It checks what the CUDA test (`graph_decode_cuda.rs`) cannot tell
+//! apart from a kernel fault: the prompt's cache handed over, the first token, the decoder
+//! built after the prompt ran, host sampling and logits processors fed the decoder's logits,
+//! and the fall-back to the MLX path on a failed call, on non-finite values and on a failed
+//! build.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use mlx_cache::{Cache, KVCache};
+use mlx_core::{ops, Array, Dtype};
+use mlx_engine::generate::{generate_step, GenerateOptions, PromptProgress};
+use mlx_engine::graph::{GraphBackend, GraphStandIn};
+use mlx_engine::sample::{LogitsProcessor, Sampler, SamplerSettings};
+use mlx_models::load::{load_model_dir, LoadOptions};
+use mlx_models::LanguageModel;
+
+/// What the stand-in does wrong, and what it saw.
+#[derive(Default)]
+struct Script {
+    /// The `n`-th decoder step (0-based) fails as a CUDA call would.
+    fail_at: Option<usize>,
+    /// The `n`-th decoder step gives NaN values.
+    nan_at: Option<usize>,
+    /// The build fails.
+    fail_build: bool,
+    /// Events in order: "progress N" from the prompt, "build", "prefix N".
+    log: Vec<String>,
+}
+
+struct StandIn<'a> {
+    model: &'a dyn LanguageModel,
+    caches: Vec<Box<dyn Cache>>,
+    pending: Option<u32>,
+    steps: usize,
+    script: Arc<Mutex<Script>>,
+}
+
+fn err(message: &str) -> mlx_core::Error {
+    mlx_core::Error::Mlx {
+        op: "stand_in",
+        message: message.into(),
+    }
+}
+
+impl StandIn<'_> {
+    /// The logits after `token` (bfloat16, as the model gives them) and the step's index.
+    fn forward(&mut self, token: u32) -> mlx_core::Result<Array> {
+        let step = self.steps;
+        self.steps += 1;
+        let s = self.script.lock().unwrap();
+        if s.fail_at == Some(step) {
+            return Err(err("injected failure"));
+        }
+        let nan = s.nan_at == Some(step);
+        drop(s);
+        let x = Array::from_slice(&[token as i32], &[1, 1])?;
+        let logits = self
+            .model
+            .forward(&x, Some(&mut self.caches))
+            .map_err(|e| err(&e.to_string()))?;
+        let logits = ops::squeeze(&logits, &[1], None)?;
+        if nan {
+            let n = Array::from_slice(&[f32::NAN], &[1])?.astype(logits.dtype())?;
+            return ops::multiply(&logits, &n, None);
+        }
+        Ok(logits)
+    }
+}
+
+impl GraphBackend for StandIn<'_> {
+    fn set_prefix(&mut self, kv: &[(Array, Array)]) -> mlx_core::Result<()> {
+        let n = kv[0].0.shape()[2];
+        self.script.lock().unwrap().log.push(format!("prefix {n}"));
+        for (a, _) in kv {
+            assert_eq!(a.dtype(), Dtype::Bfloat16, "the prompt's keys are bfloat16");
+        }
+        self.caches = kv
+            .iter()
+            .map(|(k, v)| {
+                let mut c = KVCache::new();
+                c.update_and_fetch(k, v).unwrap();
+                Box::new(c) as Box<dyn Cache>
+            })
+            .collect();
+        Ok(())
+    }
+
+    fn start(&mut self, first: u32, _max_steps: usize) -> mlx_core::Result<()> {
+        self.pending = Some(first);
+        Ok(())
+    }
+
+    fn next_token(&mut self) -> mlx_core::Result<(u32, f32)> {
+        let t = self.pending.take().expect("started");
+        let logits = self.forward(t)?;
+        // The MLX path's greedy pick: argmax of the log-probabilities in the logits' dtype.
+        let lse = ops::logsumexp(&logits, &[0, 1], true, None)?;
+        let lp = ops::subtract(&logits, &lse, None)?;
+        let tok = ops::argmax(&lp, -1, false, None)?
+            .astype(Dtype::Uint32)?
+            .to_vec::<u32>()?[0];
+        let lp = lp.astype(Dtype::Float32)?.to_vec::<f32>()?[tok as usize];
+        self.pending = Some(tok);
+        Ok((tok, lp))
+    }
+
+    fn step_logits(&mut self, token: u32) -> mlx_core::Result<Vec<f32>> {
+        self.forward(token)?.astype(Dtype::Float32)?.to_vec::<f32>()
+    }
+
+    fn inject_failure_after(&mut self, n: usize) {
+        self.script.lock().unwrap().fail_at = Some(n);
+    }
+}
+
+fn stand_in(script: &Arc<Mutex<Script>>) -> GraphStandIn {
+    let script = script.clone();
+    GraphStandIn(Arc::new(move |model, _room| {
+        let mut s = script.lock().unwrap();
+        s.log.push("build".into());
+        if s.fail_build {
+            return Err(err("no device memory"));
+        }
+        Ok(Box::new(StandIn {
+            model,
+            caches: Vec::new(),
+            pending: None,
+            steps: 0,
+            script: script.clone(),
+        }) as Box<dyn GraphBackend + '_>)
+    }))
+}
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn model() -> Box<dyn LanguageModel> {
+    let dir =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../mlx-models/tests/models/dense_bf16_mha");
+    load_model_dir(&dir, &LoadOptions::default()).unwrap().0
+}
+
+fn prompt(vocab: i32) -> Vec<i32> {
+    (0..40).map(|i| (i * 7919 + 13) % vocab).collect()
+}
+
+/// The tokens (and the fall-back's reason) of a generation, on the MLX path or through the
+/// stand-in with `script`.
+fn run(
+    model: &dyn LanguageModel,
+    base: &GenerateOptions,
+    script: Option<Script>,
+) -> (Vec<u32>, Vec<Option<f32>>, Option<String>, Vec<String>) {
+    let script = script.map(|s| Arc::new(Mutex::new(s)));
+    let mut opts = base.clone();
+    if let Some(s) = &script {
+        opts.graph_decode = true;
+        opts.graph_stand_in = Some(stand_in(s));
+        let s = s.clone();
+        opts.prompt_progress = Some(PromptProgress(Arc::new(move |done, _| {
+            s.lock().unwrap().log.push(format!("progress {done}"));
+        })));
+    }
+    // The global key is the process's: one seeded generation at a time across the tests.
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    mlx_core::random::seed(11).unwrap();
+    let p = prompt(model.vocab_size());
+    let mut g = generate_step(&p, model, None, opts).unwrap();
+    let steps: Vec<_> = g.by_ref().map(|s| s.unwrap()).collect();
+    let why = g.graph_fallback().map(str::to_string);
+    let caches = g.into_cache();
+    assert_eq!(
+        caches[0].offset(),
+        p.len() + steps.len(),
+        "the caches hold every token returned"
+    );
+    let log = script.map_or(Vec::new(), |s| std::mem::take(&mut s.lock().unwrap().log));
+    (
+        steps.iter().map(|s| s.token).collect(),
+        steps.iter().map(|s| s.logprob).collect(),
+        why,
+        log,
+    )
+}
+
+fn base() -> GenerateOptions {
+    GenerateOptions {
+        max_tokens: Some(10),
+        prefill_step_size: 16,
+        ..GenerateOptions::default()
+    }
+}
+
+#[test]
+fn greedy_tokens_are_the_mlx_paths_and_the_decoder_is_built_after_the_prompt() {
+    let m = model();
+    let (want, _, _, _) = run(m.as_ref(), &base(), None);
+    let (got, lps, why, log) = run(m.as_ref(), &base(), Some(Script::default()));
+    assert_eq!(got, want);
+    assert_eq!(why, None);
+    assert_eq!(lps[0], None, "the first token is the MLX forward's");
+    assert!(lps[1..]
+        .iter()
+        .all(|l| l.is_some_and(|l| l.is_finite() && l <= 0.0)));
+    // The prompt ran (chunks of 16 of its first 39 tokens) before the decoder was built, and
+    // the decoder took the prompt's 40 positions.
+    let at = log.iter().position(|e| e == "build").unwrap();
+    assert!(log[..at].contains(&"progress 39".to_string()), "{log:?}");
+    assert!(log[at..].contains(&"prefix 40".to_string()), "{log:?}");
+}
+
+#[test]
+fn sampling_and_processors_on_the_host_take_the_decoders_logits() {
+    let m = model();
+    let settings = SamplerSettings {
+        temp: 0.8,
+        top_p: 0.95,
+        min_p: 0.02,
+        ..SamplerSettings::default()
+    };
+    let sampled = GenerateOptions {
+        sampler: Sampler::new(settings),
+        ..base()
+    };
+    let (want, _, _, _) = run(m.as_ref(), &sampled, None);
+    let (got, _, why, _) = run(m.as_ref(), &sampled, Some(Script::default()));
+    assert_eq!(why, None);
+    assert_eq!(got, want, "seeded sampling from the decoder's logits");
+    // A logits processor needs the decoded token ids (it failed with "no input ids").
+    let penalised = GenerateOptions {
+        logits_processors: vec![LogitsProcessor::Repetition {
+            penalty: 1.3,
+            context_size: 20,
+        }],
+        ..base()
+    };
+    let (want, _, _, _) = run(m.as_ref(), &penalised, None);
+    let (got, _, why, _) = run(m.as_ref(), &penalised, Some(Script::default()));
+    assert_eq!(why, None);
+    assert_eq!(got, want, "repetition penalty over the decoder's logits");
+}
+
+#[test]
+fn a_failed_call_non_finite_values_or_a_failed_build_hand_the_run_to_mlx() {
+    let m = model();
+    let sampled = GenerateOptions {
+        sampler: Sampler::new(SamplerSettings {
+            temp: 0.7,
+            ..SamplerSettings::default()
+        }),
+        ..base()
+    };
+    for opts in [base(), sampled] {
+        let (want, _, _, _) = run(m.as_ref(), &opts, None);
+        let cases = [
+            (
+                Script {
+                    fail_at: Some(3),
+                    ..Script::default()
+                },
+                "injected failure",
+            ),
+            (
+                Script {
+                    nan_at: Some(4),
+                    ..Script::default()
+                },
+                "non-finite",
+            ),
+            (
+                Script {
+                    nan_at: Some(0),
+                    ..Script::default()
+                },
+                "non-finite",
+            ),
+            (
+                Script {
+                    fail_build: true,
+                    ..Script::default()
+                },
+                "could not be built",
+            ),
+        ];
+        for (script, says) in cases {
+            let (got, _, why, _) = run(m.as_ref(), &opts, Some(script));
+            assert_eq!(got, want, "{says}: the MLX path finishes the run");
+            let why = why.expect("the fall-back is noted");
+            assert!(why.contains(says), "{why}");
+        }
+    }
+}
+
+/// `mlx chat`'s turns: the second generation continues the first's cache (the decoder copies
+/// the whole cache in; `into_cache` brings the MLX caches up to the decoder's tokens), and
+/// gives the MLX path's tokens.
+#[test]
+fn a_continued_prompt_cache_is_copied_in_whole() {
+    let m = model();
+    let two_turns = |graph: bool| -> (Vec<u32>, usize) {
+        let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        let script = Arc::new(Mutex::new(Script::default()));
+        let opts = || GenerateOptions {
+            graph_decode: graph,
+            graph_stand_in: graph.then(|| stand_in(&script)),
+            ..base()
+        };
+        let p = prompt(m.vocab_size());
+        let mut g = generate_step(&p, m.as_ref(), None, opts()).unwrap();
+        let mut toks: Vec<u32> = g.by_ref().map(|s| s.unwrap().token).collect();
+        assert_eq!(g.uses_graph_decoder(), graph);
+        let caches = g.into_cache();
+        let mut g = generate_step(&p[..7], m.as_ref(), Some(caches), opts()).unwrap();
+        toks.extend(g.by_ref().map(|s| s.unwrap().token));
+        assert_eq!(g.uses_graph_decoder(), graph);
+        assert_eq!(g.graph_fallback(), None);
+        let offset = g.into_cache()[0].offset();
+        if graph {
+            let log = &script.lock().unwrap().log;
+            assert!(log.contains(&"prefix 57".to_string()), "{log:?}");
+        }
+        (toks, offset)
+    };
+    let want = two_turns(false);
+    assert_eq!(want.1, 40 + 10 + 7 + 10);
+    assert_eq!(two_turns(true), want);
+}
+
+/// A continued prompt cache the decoder cannot take (here rotating ones) is refused up front,
+/// naming it (`mlx generate --decoder auto` stays on MLX for such a cache file).
+#[test]
+fn a_continued_cache_of_another_kind_is_refused() {
+    let m = model();
+    let caches: Vec<Box<dyn Cache>> = (0..m.num_layers())
+        .map(|_| Box::new(mlx_cache::RotatingKVCache::new(64, 4).unwrap()) as Box<dyn Cache>)
+        .collect();
+    let script = Arc::new(Mutex::new(Script::default()));
+    let opts = GenerateOptions {
+        graph_decode: true,
+        graph_stand_in: Some(stand_in(&script)),
+        ..base()
+    };
+    let p = prompt(m.vocab_size());
+    let e = generate_step(&p, m.as_ref(), Some(caches), opts)
+        .err()
+        .expect("refused");
+    assert!(e.to_string().contains("RotatingKVCache"), "{e}");
+}
