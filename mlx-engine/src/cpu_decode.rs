@@ -1018,8 +1018,10 @@ impl<'m> CpuDecoder<'m> {
         self.batch.is_for(model)
     }
 
-    /// How the products read their inputs: [`Activations::Int16`] by default (the 4- and
-    /// 8-bit products of a decode step as integer dot products; [`Activations::Int8`] is
+    /// How the products read their inputs: [`Activations::Int16Q8Int8`] by default (the 4-
+    /// and 8-bit products of a decode step as int16 integer dot products, a Q8_0 head's as
+    /// int8 ones where the CPU has AVX-512 VNNI; `MLX_CPU_ACTIVATIONS` overrides it when the
+    /// decoder is made); [`Activations::Int16`] keeps the head int16; [`Activations::Int8`] is
     /// faster but fails the quality gate on SmolLM2); [`Activations::F32`] keeps every
     /// product in float32.
     pub fn set_activations(&mut self, a: Activations) {
@@ -1151,7 +1153,7 @@ fn activations_from_env() -> Result<Activations> {
 
 impl<'m> CpuBatch<'m> {
     /// A batch decoder for `model` on `threads` workers (0: all cores), with
-    /// [`Activations::Int16`] as [`CpuDecoder`]. An unsupported model is
+    /// the activations of [`CpuDecoder`]. An unsupported model is
     /// [`EngineError::CpuDecoderUnsupported`] with the reason.
     pub fn new(model: &'m dyn LanguageModel, threads: usize) -> Result<Self> {
         let w = Weights::new(model)?;
