@@ -422,6 +422,61 @@ fn attention_case(
     Ok(())
 }
 
+/// `attention_f16` over a float16 cache against the same SDPA reference fed the cache's
+/// values rounded to float16 and widened back (what the kernel reads); same shapes and bound
+/// as `attention_matches_sdpa`.
+#[test]
+fn attention_f16_matches_sdpa_on_the_rounded_cache() -> Result<()> {
+    for (nh, nkv, hd, cap, start, m) in [
+        (6usize, 2usize, 16usize, 40usize, 29usize, 4usize),
+        (6, 2, 64, 200, 150, 3),
+        (9, 3, 64, 700, 600, 1),
+        (4, 4, 24, 140, 0, 130),
+        (2, 1, 40, 90, 88, 1),
+    ] {
+        let total = start + m;
+        let kv: Vec<half::f16> = values(nkv * cap * hd, 1)
+            .iter()
+            .map(|&x| half::f16::from_f32(x))
+            .collect();
+        let vv: Vec<half::f16> = values(nkv * cap * hd, 2)
+            .iter()
+            .map(|&x| half::f16::from_f32(x))
+            .collect();
+        let widen = |h: &[half::f16]| h.iter().map(|x| x.to_f32()).collect::<Vec<f32>>();
+        let qv = values(m * nh * hd, 3);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let kf = Array::from_slice(&widen(&kv), &[1, nkv as i32, cap as i32, hd as i32])?;
+        let vf = Array::from_slice(&widen(&vv), &[1, nkv as i32, cap as i32, hd as i32])?;
+        let k = ops::slice_axis(&kf, 2, 0, total as i32, None)?;
+        let v = ops::slice_axis(&vf, 2, 0, total as i32, None)?;
+        let q = Array::from_slice(&qv, &[1, m as i32, nh as i32, hd as i32])?
+            .transpose(&[0, 2, 1, 3])?;
+        let reference =
+            fast::scaled_dot_product_attention(&q, &k, &v, scale, SdpaMask::Causal, None, None)?
+                .transpose(&[0, 2, 1, 3])?
+                .to_vec::<f32>()?;
+        for ctx in contexts() {
+            let mut out = vec![0f32; m * nh * hd];
+            let shape = AttentionShape {
+                n_heads: nh,
+                n_kv_heads: nkv,
+                head_dim: hd,
+                capacity: cap,
+            };
+            cpu::attention_f16(&ctx, shape, &qv, &kv, &vv, start, m, scale, &mut out)?;
+            for (i, (a, b)) in out.iter().zip(&reference).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-5,
+                    "f16 {} hd {hd} start {start} m {m} element {i}: {a} vs {b}",
+                    ctx.isa.name()
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Group sizes MLX's `quantize` does not make (96: not 32 times a power of two) take the
 /// AVX2 kernel's row-buffer path, or the scalar kernel for rows wider than that buffer;
 /// checked against the scalar kernel (itself checked against MLX above) with the same
@@ -642,6 +697,133 @@ fn int16_activations_stay_within_the_quantization_bound() -> Result<()> {
     // unpaired last chunk).
     for cols in [640usize, 608] {
         int16_case(45, cols)?;
+    }
+    Ok(())
+}
+
+/// `Activations::Int16Q8Int8` (AVX-512 VNNI): 8-bit products in groups of 32 with half
+/// scales (GGUF Q8_0 as loaded) of one to five inputs through `matmul_t_each` (tiles of four
+/// and one), against MLX's `quantized_matmul` with float32 inputs. Tier L3 with the
+/// quantization's bound: the codes multiply inputs within `amax / 254` of their int8 values
+/// (amax: the chunk of 32's largest), the biases the exact float sums, so a product moves by
+/// at most `sum |scale * q_i| * amax / 254`, plus the float summation bound. 4-bit products
+/// and 8-bit ones with float32 scales or groups of 64 keep the int16 kernel (outputs equal
+/// to `Int16`'s); 20 and 19 chunks a row (masked factor loads, an unpaired last chunk).
+#[test]
+fn q8_int8_activations_stay_within_the_quantization_bound() -> Result<()> {
+    if !Isa::Avx512.available() {
+        return Ok(());
+    }
+    let rows = 45usize;
+    for cols in [640usize, 608] {
+        let wf = Array::from_slice(&values(rows * cols, 6), &[rows as i32, cols as i32])?;
+        for threads in [1, 3] {
+            let mut ctx = CpuContext::with_isa(threads, Isa::Avx512)?;
+            ctx.activations = cpu::Activations::Int16Q8Int8;
+            let mut i16ctx = CpuContext::with_isa(threads, Isa::Avx512)?;
+            i16ctx.activations = cpu::Activations::Int16;
+            for (bits, group, dt) in [
+                (8, 32, Dtype::Float16),
+                (8, 32, Dtype::Float32),
+                (8, 64, Dtype::Float16),
+                (4, 32, Dtype::Float16),
+            ] {
+                if cols % group as usize != 0 {
+                    continue;
+                }
+                let (wq, s32, b32) =
+                    quantized::quantize(&wf, group, bits, QuantMode::Affine, None)?;
+                let b32 = b32.expect("affine biases");
+                let (s, b) = (scales_as(&s32, dt), scales_as(&b32, dt));
+                let wd = quantized::dequantize(
+                    &wq,
+                    &s.astype(Dtype::Float32)?,
+                    Some(&b.astype(Dtype::Float32)?),
+                    group,
+                    bits,
+                    QuantMode::Affine,
+                    Some(Dtype::Float32),
+                    None,
+                )?
+                .to_vec::<f32>()?;
+                let bf = b.astype(Dtype::Float32)?.to_vec::<f32>()?;
+                let mat = Matrix::affine(
+                    wq.as_slice::<u32>()?,
+                    Floats::from_array(&s)?,
+                    Floats::from_array(&b)?,
+                    rows,
+                    cols,
+                    bits as u32,
+                    group as usize,
+                )?;
+                for m in [1usize, 2, 4, 5] {
+                    let mut xv = values(m * cols, 31 + m as u64);
+                    for t in 0..m {
+                        xv[t * cols + 40] = -12.0;
+                    }
+                    let x = Array::from_slice(&xv, &[m as i32, cols as i32])?;
+                    let bias = values(rows, 78);
+                    let reference = (&quantized::quantized_matmul(
+                        &x,
+                        &wq,
+                        &s,
+                        Some(&b),
+                        true,
+                        group,
+                        bits,
+                        QuantMode::Affine,
+                        None,
+                    )? + &Array::from_slice(&bias, &[rows as i32])?)?
+                        .to_vec::<f32>()?;
+                    let run = |c: &CpuContext| -> Result<Vec<f32>> {
+                        let mut out = vec![0f32; m * rows];
+                        cpu::matmul_t_each(
+                            c,
+                            &xv,
+                            m,
+                            &mut [MatJob {
+                                w: &mat,
+                                bias: Some(Floats::F32(&bias)),
+                                out: &mut out,
+                            }],
+                            &mut cpu::RowsScratch::default(),
+                        )?;
+                        Ok(out)
+                    };
+                    let (ours, int16) = (run(&ctx)?, run(&i16ctx)?);
+                    let what = format!("bits {bits} group {group} {dt} m {m} threads {threads}");
+                    if (bits, group, dt) != (8, 32, Dtype::Float16) {
+                        assert_eq!(ours, int16, "{what}: should take the int16 kernel");
+                        continue;
+                    }
+                    assert_ne!(ours, int16, "{what}: should take the int8 kernel");
+                    for t in 0..m {
+                        let xr = &xv[t * cols..(t + 1) * cols];
+                        for r in 0..rows {
+                            let wr = &wd[r * cols..(r + 1) * cols];
+                            let (mut quant, mut abs) = (0f32, 0f32);
+                            for c in 0..cols / 32 {
+                                let amax = xr[c * 32..c * 32 + 32]
+                                    .iter()
+                                    .fold(0f32, |a, v| a.max(v.abs()));
+                                let bg = bf[r * cols / 32 + c];
+                                for i in c * 32..c * 32 + 32 {
+                                    quant += (wr[i] - bg).abs() * amax / 254.0;
+                                    abs += (wr[i] * xr[i]).abs() + (bg * xr[i]).abs();
+                                }
+                            }
+                            let bound =
+                                quant * 1.01 + 2.0 * cols as f32 * f32::EPSILON * abs + 1e-5;
+                            let (a, e) = (ours[t * rows + r], reference[t * rows + r]);
+                            assert!(
+                                (a - e).abs() <= bound,
+                                "{what}: row {r} input {t}: ours {a}, MLX {e}, bound {bound}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
     Ok(())
 }

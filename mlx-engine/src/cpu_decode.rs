@@ -16,7 +16,7 @@
 //! with pre-norm blocks, RMSNorm, separate q/k/v projections with optional biases, optional
 //! per-head RMS q/k norms, RoPE (a base with linear scaling, or a frequency table such as
 //! llama3's), grouped-query attention, SwiGLU, a tied or untied head; weights dense (float32,
-//! float16, bfloat16) or MLX affine-quantized (2, 4 or 8 bits). Its own float32 KV cache is
+//! float16, bfloat16) or MLX affine-quantized (2, 4 or 8 bits). Its own float16 KV cache is
 //! filled by running the prompt through it in blocks of [`BLOCK`] tokens, so every weight row
 //! is read once per block.
 //!
@@ -25,6 +25,7 @@
 //! (`tests/cpu_decode.rs` states the bounds). Sampling and logits processors are the
 //! engine's own, applied to these logits.
 
+use half::{f16, slice::HalfFloatSliceExt};
 use mlx_core::cpu::{
     self, Activations, AttentionShape, CpuContext, Floats, MatJob, Matrix, RowsScratch,
 };
@@ -404,12 +405,73 @@ impl<'m> Weights<'m> {
     }
 }
 
-/// One sequence's KV cache in float32: per layer, keys and values `(n_kv, capacity,
-/// head_dim)`. A [`CpuBatch`] decodes any number of them; cloning one forks the sequence.
+/// The element type of a [`CpuCache`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvDtype {
+    /// Float16 (the default, as llama.cpp's cache): half the bytes a decode step's attention
+    /// reads; keys and values rounded to nearest even when written, widened exactly when read.
+    #[default]
+    F16,
+    /// Float32: the exact path's values (the tight parity tests).
+    F32,
+}
+
+/// One layer's keys or values.
+#[derive(Clone)]
+enum KvBuf {
+    F16(Vec<f16>),
+    F32(Vec<f32>),
+}
+
+impl KvBuf {
+    fn new(dtype: KvDtype, n: usize) -> KvBuf {
+        match dtype {
+            KvDtype::F16 => KvBuf::F16(vec![f16::ZERO; n]),
+            KvDtype::F32 => KvBuf::F32(vec![0.0; n]),
+        }
+    }
+
+    /// `self[at..at + src.len()] = src` (rounded to the buffer's type).
+    fn write(&mut self, at: usize, src: &[f32]) {
+        match self {
+            KvBuf::F16(b) => b[at..at + src.len()].convert_from_f32_slice(src),
+            KvBuf::F32(b) => b[at..at + src.len()].copy_from_slice(src),
+        }
+    }
+
+    /// The same heads with room for `new` positions instead of `old`, the first `n` kept.
+    fn regrow(&self, heads: usize, hd: usize, old: usize, new: usize, n: usize) -> KvBuf {
+        fn each<T: Copy>(
+            a: &[T],
+            zero: T,
+            heads: usize,
+            hd: usize,
+            old: usize,
+            new: usize,
+            n: usize,
+        ) -> Vec<T> {
+            let mut b = vec![zero; heads * new * hd];
+            for h in 0..heads {
+                b[h * new * hd..h * new * hd + n * hd]
+                    .copy_from_slice(&a[h * old * hd..h * old * hd + n * hd]);
+            }
+            b
+        }
+        match self {
+            KvBuf::F16(a) => KvBuf::F16(each(a, f16::ZERO, heads, hd, old, new, n)),
+            KvBuf::F32(a) => KvBuf::F32(each(a, 0.0, heads, hd, old, new, n)),
+        }
+    }
+}
+
+/// One sequence's KV cache ([`KvDtype::F16`] by default): per layer, keys and values
+/// `(n_kv, capacity, head_dim)`. A [`CpuBatch`] decodes any number of them; cloning one
+/// forks the sequence.
 #[derive(Clone)]
 pub struct CpuCache {
-    keys: Vec<Vec<f32>>,
-    values: Vec<Vec<f32>>,
+    dtype: KvDtype,
+    keys: Vec<KvBuf>,
+    values: Vec<KvBuf>,
     n_kv: usize,
     head_dim: usize,
     capacity: usize,
@@ -429,13 +491,14 @@ impl std::fmt::Debug for CpuCache {
 }
 
 impl CpuCache {
-    fn new(w: &Weights<'_>, capacity: usize) -> CpuCache {
+    fn new(w: &Weights<'_>, capacity: usize, dtype: KvDtype) -> CpuCache {
         let capacity = capacity.max(1);
         let kd = w.n_kv * w.head_dim;
         let n = w.layers.len();
         CpuCache {
-            keys: (0..n).map(|_| vec![0.0; kd * capacity]).collect(),
-            values: (0..n).map(|_| vec![0.0; kd * capacity]).collect(),
+            dtype,
+            keys: (0..n).map(|_| KvBuf::new(dtype, kd * capacity)).collect(),
+            values: (0..n).map(|_| KvBuf::new(dtype, kd * capacity)).collect(),
             n_kv: w.n_kv,
             head_dim: w.head_dim,
             capacity,
@@ -450,7 +513,16 @@ impl CpuCache {
 
     /// Bytes of keys and values allocated.
     pub fn nbytes(&self) -> usize {
-        2 * self.keys.len() * self.n_kv * self.head_dim * self.capacity * 4
+        let each = match self.dtype {
+            KvDtype::F16 => 2,
+            KvDtype::F32 => 4,
+        };
+        2 * self.keys.len() * self.n_kv * self.head_dim * self.capacity * each
+    }
+
+    /// The type its keys and values are stored in.
+    pub fn dtype(&self) -> KvDtype {
+        self.dtype
     }
 
     /// Empties the cache (its memory is kept).
@@ -484,27 +556,22 @@ impl CpuCache {
         }
         let new = need.max(self.capacity * 2);
         let hd = self.head_dim;
-        let kd = self.n_kv * hd;
         let (old, n) = (self.capacity, self.pos);
         for cache in self.keys.iter_mut().chain(self.values.iter_mut()) {
-            let mut next = vec![0f32; kd * new];
-            for h in 0..self.n_kv {
-                next[h * new * hd..h * new * hd + n * hd]
-                    .copy_from_slice(&cache[h * old * hd..h * old * hd + n * hd]);
-            }
-            *cache = next;
+            *cache = cache.regrow(self.n_kv, hd, old, new, n);
         }
         self.capacity = new;
     }
 
-    /// Writes one token's keys and values (`(n_kv, head_dim)` each) at position `at`.
+    /// Writes one token's keys and values (`(n_kv, head_dim)` each) at position `at`,
+    /// rounded to float16.
     fn put(&mut self, li: usize, at: usize, k: &[f32], v: &[f32]) {
         let hd = self.head_dim;
         let (kc, vc) = (&mut self.keys[li], &mut self.values[li]);
         for kh in 0..self.n_kv {
             let o = (kh * self.capacity + at) * hd;
-            kc[o..o + hd].copy_from_slice(&k[kh * hd..(kh + 1) * hd]);
-            vc[o..o + hd].copy_from_slice(&v[kh * hd..(kh + 1) * hd]);
+            kc.write(o, &k[kh * hd..(kh + 1) * hd]);
+            vc.write(o, &v[kh * hd..(kh + 1) * hd]);
         }
     }
 }
@@ -690,6 +757,35 @@ impl Profile {
     }
 }
 
+/// [`cpu::attention`] or [`cpu::attention_f16`] as the cache stores.
+#[allow(clippy::too_many_arguments)]
+fn attend(
+    ctx: &CpuContext,
+    shape: AttentionShape,
+    q: &[f32],
+    k: &KvBuf,
+    v: &KvBuf,
+    start: usize,
+    m: usize,
+    scale: f32,
+    out: &mut [f32],
+) -> Result<()> {
+    match (k, v) {
+        (KvBuf::F16(k), KvBuf::F16(v)) => {
+            cpu::attention_f16(ctx, shape, q, k, v, start, m, scale, out)?
+        }
+        (KvBuf::F32(k), KvBuf::F32(v)) => {
+            cpu::attention(ctx, shape, q, k, v, start, m, scale, out)?
+        }
+        _ => {
+            return Err(EngineError::Other(
+                "a CPU cache with keys and values of different types".into(),
+            ))
+        }
+    }
+    Ok(())
+}
+
 /// The layers over the `n` embedded rows in `s.x`, then the caches' positions advanced: the
 /// one layer body of a prompt block and of a (batched) decode step.
 fn layers(
@@ -758,7 +854,7 @@ fn layers(
                 prof.lap(Phase::Elementwise, 0);
                 let shape = w.attention_shape(cache.capacity);
                 let (kc, vc) = (&cache.keys[li], &cache.values[li]);
-                cpu::attention(ctx, shape, q, kc, vc, pos, n, w.scale, attn)?;
+                attend(ctx, shape, q, kc, vc, pos, n, w.scale, attn)?;
                 prof.lap(Phase::Attention, 1);
             }
             Rows::Each(caches, _) => {
@@ -770,7 +866,7 @@ fn layers(
                     let shape = w.attention_shape(c.capacity);
                     let (kc, vc) = (&c.keys[li], &c.values[li]);
                     let out = &mut attn[i * qd..(i + 1) * qd];
-                    cpu::attention(ctx, shape, qi, kc, vc, c.pos, 1, w.scale, out)?;
+                    attend(ctx, shape, qi, kc, vc, c.pos, 1, w.scale, out)?;
                     prof.lap(Phase::Attention, 1);
                 }
             }
@@ -922,8 +1018,10 @@ impl<'m> CpuDecoder<'m> {
         self.batch.is_for(model)
     }
 
-    /// How the products read their inputs: [`Activations::Int16`] by default (the 4- and
-    /// 8-bit products of a decode step as integer dot products; [`Activations::Int8`] is
+    /// How the products read their inputs: [`Activations::Int16Q8Int8`] by default (the 4-
+    /// and 8-bit products of a decode step as int16 integer dot products, a Q8_0 head's as
+    /// int8 ones where the CPU has AVX-512 VNNI; `MLX_CPU_ACTIVATIONS` overrides it when the
+    /// decoder is made); [`Activations::Int16`] keeps the head int16; [`Activations::Int8`] is
     /// faster but fails the quality gate on SmolLM2); [`Activations::F32`] keeps every
     /// product in float32.
     pub fn set_activations(&mut self, a: Activations) {
@@ -933,6 +1031,15 @@ impl<'m> CpuDecoder<'m> {
     /// See [`CpuDecoder::set_activations`].
     pub fn activations(&self) -> Activations {
         self.batch.activations()
+    }
+
+    /// Stores keys and values as `d` ([`KvDtype::F16`] by default; [`KvDtype::F32`] keeps the
+    /// exact path's values). A change empties the cache (its room is kept).
+    pub fn set_kv_dtype(&mut self, d: KvDtype) {
+        self.batch.set_kv_dtype(d);
+        if self.cache.dtype != d {
+            self.cache = self.batch.new_cache(self.cache.capacity);
+        }
     }
 
     /// Worker threads in use.
@@ -1014,6 +1121,8 @@ pub struct CpuBatch<'m> {
     rows: RowsScratch,
     /// Decode-step timings (`MLX_CPU_PROFILE`).
     prof: Profile,
+    /// What [`CpuBatch::new_cache`] stores.
+    kv_dtype: KvDtype,
 }
 
 impl std::fmt::Debug for CpuBatch<'_> {
@@ -1028,16 +1137,30 @@ impl std::fmt::Debug for CpuBatch<'_> {
     }
 }
 
+/// The decoder's default activations: [`Activations::Int16Q8Int8`], or what
+/// `MLX_CPU_ACTIVATIONS` names (`f32`, `int8`, `int16`, `int16q8int8`: a measurement knob).
+fn activations_from_env() -> Result<Activations> {
+    match std::env::var("MLX_CPU_ACTIVATIONS").ok().as_deref() {
+        None | Some("") | Some("int16q8int8") => Ok(Activations::Int16Q8Int8),
+        Some("int16") => Ok(Activations::Int16),
+        Some("int8") => Ok(Activations::Int8),
+        Some("f32") => Ok(Activations::F32),
+        Some(o) => Err(EngineError::Other(format!(
+            "MLX_CPU_ACTIVATIONS={o}: expected f32, int8, int16 or int16q8int8"
+        ))),
+    }
+}
+
 impl<'m> CpuBatch<'m> {
     /// A batch decoder for `model` on `threads` workers (0: all cores), with
-    /// [`Activations::Int16`] as [`CpuDecoder`]. An unsupported model is
+    /// the activations of [`CpuDecoder`]. An unsupported model is
     /// [`EngineError::CpuDecoderUnsupported`] with the reason.
     pub fn new(model: &'m dyn LanguageModel, threads: usize) -> Result<Self> {
         let w = Weights::new(model)?;
         let s = Scratch::new(&w, BLOCK, 1);
         let b = Scratch::new(&w, 0, 0);
         let mut ctx = CpuContext::new(threads)?;
-        ctx.activations = Activations::Int16;
+        ctx.activations = activations_from_env()?;
         Ok(CpuBatch {
             model_addr: model_addr(model),
             ctx,
@@ -1046,6 +1169,7 @@ impl<'m> CpuBatch<'m> {
             b,
             rows: RowsScratch::default(),
             prof: Profile::from_env(),
+            kv_dtype: KvDtype::default(),
         })
     }
 
@@ -1061,6 +1185,12 @@ impl<'m> CpuBatch<'m> {
 
     pub fn activations(&self) -> Activations {
         self.ctx.activations
+    }
+
+    /// The element type of the caches [`CpuBatch::new_cache`] makes from now on
+    /// ([`KvDtype::F16`] by default).
+    pub fn set_kv_dtype(&mut self, d: KvDtype) {
+        self.kv_dtype = d;
     }
 
     /// Worker threads in use.
@@ -1080,7 +1210,7 @@ impl<'m> CpuBatch<'m> {
 
     /// An empty cache for this model with room for `capacity` tokens (it grows as needed).
     pub fn new_cache(&self, capacity: usize) -> CpuCache {
-        CpuCache::new(&self.w, capacity)
+        CpuCache::new(&self.w, capacity, self.kv_dtype)
     }
 
     /// Runs `tokens` into `cache` (after what it holds) in blocks of [`BLOCK`] and returns
@@ -1208,7 +1338,7 @@ impl CpuBatch<'_> {
         let before = self.ctx.activations;
         self.ctx.activations = Activations::F32;
         let longest = batch.iter().map(Vec::len).max().unwrap_or(1);
-        let mut cache = self.new_cache(longest);
+        let mut cache = CpuCache::new(&self.w, longest, KvDtype::F32);
         let out = embed_with(batch, &mut |ids| {
             hidden_last(self, &mut cache, ids).map(<[f32]>::to_vec)
         });
@@ -1220,14 +1350,18 @@ impl CpuBatch<'_> {
 /// Sentence embeddings through `decoder` (one reset per text): each text's last-token final
 /// hidden state, L2-normalised in float32, as `mlx_models::embed::embed` computes them on the
 /// exact path (tier L3 against it: sums in another order; float32 products throughout, even
-/// for one-token texts, which the decoder's int16 activations would otherwise take).
+/// for one-token texts, which the decoder's int16 activations would otherwise take, and a
+/// float32 cache). The decoder's cache is left empty.
 pub fn embed(decoder: &mut CpuDecoder<'_>, batch: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
-    let before = decoder.activations();
+    let before = (decoder.activations(), decoder.cache.dtype);
     decoder.set_activations(Activations::F32);
+    decoder.set_kv_dtype(KvDtype::F32);
     let out = embed_with(batch, &mut |ids| {
         decoder.hidden_last(ids).map(<[f32]>::to_vec)
     });
-    decoder.set_activations(before);
+    decoder.set_activations(before.0);
+    decoder.set_kv_dtype(before.1);
+    decoder.reset();
     out
 }
 

@@ -25,6 +25,10 @@ pub struct RowsScratch {
     q8: Vec<i8>,
     d: Vec<f32>,
     s: Vec<f32>,
+    /// `Activations::Int16Q8Int8`'s int8 codes (natural order), scales and sums.
+    n8: Vec<i8>,
+    nd: Vec<f32>,
+    ns: Vec<f32>,
 }
 
 impl SharedOut {
@@ -47,6 +51,8 @@ enum Path {
     Int8,
     #[cfg(target_arch = "x86_64")]
     Int16,
+    #[cfg(target_arch = "x86_64")]
+    Q8Int8,
 }
 
 #[allow(unused_variables)]
@@ -61,6 +67,14 @@ fn path(ctx: &CpuContext, w: &Matrix<'_>) -> Path {
         match ctx.activations {
             Activations::Int8 if fits && super::matmul::int8_kernel(w) => return Path::Int8,
             Activations::Int16 if fits && super::matmul::int16_kernel(w) => return Path::Int16,
+            Activations::Int16Q8Int8
+                if fits && ctx.isa == Isa::Avx512 && super::x86::q8_int8_supports(w) =>
+            {
+                return Path::Q8Int8
+            }
+            Activations::Int16Q8Int8 if fits && super::matmul::int16_kernel(w) => {
+                return Path::Int16
+            }
             _ => {}
         }
     }
@@ -132,9 +146,20 @@ pub fn matmul_t_each(
     let paths = paths;
     // The inputs quantized once, each row as `matmul_t` quantizes one input.
     #[cfg(target_arch = "x86_64")]
-    let (qx, qx16) = {
+    let (qx, qx16, qn8) = {
         let chunks = m * cols / 32;
-        let (mut a, mut b) = (None, None);
+        let (mut a, mut b, mut n) = (None, None, None);
+        if paths[..jobs.len()].contains(&Path::Q8Int8) {
+            scratch.n8.resize(m * cols, 0);
+            scratch.nd.resize(chunks, 0.0);
+            scratch.ns.resize(chunks, 0.0);
+            super::x86::quantize_x8(x, &mut scratch.n8, &mut scratch.nd, &mut scratch.ns);
+            n = Some(super::x86::QuantX {
+                q: scratch.n8.as_ptr(),
+                d: scratch.nd.as_ptr(),
+                s: scratch.ns.as_ptr(),
+            });
+        }
         if paths[..jobs.len()].contains(&Path::Int8) {
             scratch.q8.resize(m * cols, 0);
             scratch.d.resize(chunks, 0.0);
@@ -162,7 +187,7 @@ pub fn matmul_t_each(
                 s: scratch.s.as_ptr(),
             });
         }
-        (a, b)
+        (a, b, n)
     };
     #[cfg(not(target_arch = "x86_64"))]
     let _ = &scratch;
@@ -237,6 +262,27 @@ pub fn matmul_t_each(
                         } else {
                             super::x86::rows_int16(&w, r0, r1, q, mt, out.from(t0 * n), bias);
                         }
+                    }
+                    t0 += mt;
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            Path::Q8Int8 => {
+                let Some(q) = qn8 else { break };
+                let mut t0 = 0;
+                while t0 < m {
+                    let mt = (m - t0).min(4);
+                    let c = t0 * cols / 32;
+                    // SAFETY: `path` chose Q8Int8 only on Isa::Avx512 (AVX-512 F/BW/VL + VNNI,
+                    // checked available by CpuContext) for a matrix `q8_int8_supports`; q holds
+                    // m quantized rows of cols values; these rows are this worker's alone.
+                    unsafe {
+                        let q = super::x86::QuantX {
+                            q: q.q.add(t0 * cols),
+                            d: q.d.add(c),
+                            s: q.s.add(c),
+                        };
+                        super::x86::rows_q8_int8_512(&w, r0, r1, q, mt, out.from(t0 * n), bias);
                     }
                     t0 += mt;
                 }

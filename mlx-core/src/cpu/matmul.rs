@@ -329,7 +329,9 @@ pub fn matmul_t(ctx: &CpuContext, x: &[f32], m: usize, jobs: &mut [MatJob<'_, '_
                 };
                 (Some(q), None)
             }
-            Activations::Int16 if fits && jobs.iter().any(|j| int16_kernel(j.w)) => {
+            Activations::Int16 | Activations::Int16Q8Int8
+                if fits && jobs.iter().any(|j| int16_kernel(j.w)) =>
+            {
                 // SAFETY: as above (QBuf16 is plain integers and floats).
                 let b = unsafe { qbuf16.assume_init_mut() };
                 // SAFETY: `fits` checked the ISA (AVX2, FMA, F16C).

@@ -25,7 +25,8 @@ mod x86;
 pub use batch::{matmul_t_each, RowsScratch};
 pub use matmul::{matmul_t, Floats, MatJob, Matrix, MAX_JOBS};
 pub use ops::{
-    attention, rms_norm, rope, rope_inv_freqs, silu_mul, silu_mul_isa, AttentionShape, MAX_HEAD_DIM,
+    attention, attention_f16, rms_norm, rope, rope_inv_freqs, silu_mul, silu_mul_isa,
+    AttentionShape, MAX_HEAD_DIM,
 };
 pub use pool::{available_threads, ThreadPool};
 
@@ -100,6 +101,12 @@ pub enum Activations {
     /// (AVX2 only, else as `F32`): integer dot products with an input error of at most
     /// 1/65534 of each chunk's largest input, 256 times less than `Int8`'s.
     Int16,
+    /// As `Int16`, but the 8-bit products in groups of 32 with half-precision scales (GGUF's
+    /// Q8_0 as loaded: a tied head) of one to four inputs quantized to int8 per 32 values
+    /// (natural order) and summed by AVX-512 VNNI's `vpdpbusd`, a quarter of the int16
+    /// kernel's instructions; where the CPU lacks AVX-512 VNNI those take the int16 kernel.
+    /// Only through [`matmul_t_each`] (decode steps); [`matmul_t`] takes it as `Int16`.
+    Int16Q8Int8,
 }
 
 /// A pool and the instruction set its kernels use.

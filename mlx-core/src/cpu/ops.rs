@@ -1,7 +1,9 @@
 //! The small ops of a decode step: RMSNorm, RoPE, SwiGLU's `silu(g) * u`, and causal
-//! attention over a float32 cache with grouped-query heads.
+//! attention over a float32 or float16 cache with grouped-query heads.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+
+use half::f16;
 
 use super::matmul::Floats;
 use super::{CpuContext, SharedOut};
@@ -168,6 +170,57 @@ pub fn attention(
     scale: f32,
     out: &mut [f32],
 ) -> Result<()> {
+    attention_impl(ctx, s, q, k, v, start, m, scale, out)
+}
+
+/// [`attention`] over a float16 cache (half the bytes a decode step reads; each cached
+/// value widened to float32 exactly, the products and softmax in float32 as there).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_f16(
+    ctx: &CpuContext,
+    s: AttentionShape,
+    q: &[f32],
+    k: &[f16],
+    v: &[f16],
+    start: usize,
+    m: usize,
+    scale: f32,
+    out: &mut [f32],
+) -> Result<()> {
+    attention_impl(ctx, s, q, k, v, start, m, scale, out)
+}
+
+/// A cached value's type: float32, or float16 widened on load.
+pub(super) trait KvElem: Copy + Send + Sync {
+    fn f32(self) -> f32;
+}
+
+impl KvElem for f32 {
+    #[inline]
+    fn f32(self) -> f32 {
+        self
+    }
+}
+
+impl KvElem for f16 {
+    #[inline]
+    fn f32(self) -> f32 {
+        self.to_f32()
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attention_impl<E: KvElem + KvSimd>(
+    ctx: &CpuContext,
+    s: AttentionShape,
+    q: &[f32],
+    k: &[E],
+    v: &[E],
+    start: usize,
+    m: usize,
+    scale: f32,
+    out: &mut [f32],
+) -> Result<()> {
     let op = "cpu::attention";
     let hd = s.head_dim;
     if s.n_kv_heads == 0
@@ -217,7 +270,7 @@ pub fn attention(
             // CpuContext and hd is a multiple of 8 no wider than MAX_HEAD_DIM.
             unsafe {
                 let dst = o.range(it * hd, hd);
-                super::x86::attend(
+                super::x86::attend::<E>(
                     qv.as_ptr(),
                     k[base..base + n * hd].as_ptr(),
                     v[base..base + n * hd].as_ptr(),
@@ -247,7 +300,7 @@ pub fn attention(
             let w = (sc - mx).exp();
             l += w;
             for (a, x) in acc.iter_mut().zip(vr) {
-                *a += w * x;
+                *a += w * x.f32();
             }
         }
         // SAFETY: item `it` owns out[it * hd .. (it + 1) * hd].
@@ -260,19 +313,29 @@ pub fn attention(
 }
 
 #[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+fn dot<E: KvElem>(a: &[f32], b: &[E]) -> f32 {
     // Eight partial sums: lets the compiler vectorize without reassociating.
     let mut s = [0f32; 8];
     let mut ca = a.chunks_exact(8);
     let mut cb = b.chunks_exact(8);
     for (x, y) in (&mut ca).zip(&mut cb) {
         for i in 0..8 {
-            s[i] += x[i] * y[i];
+            s[i] += x[i] * y[i].f32();
         }
     }
     let mut t: f32 = s.iter().sum();
     for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
-        t += x * y;
+        t += x * y.f32();
     }
     t
 }
+
+/// Where the SIMD attention kernel can load a cached value type (x86-64: all of [`KvElem`]'s).
+#[cfg(target_arch = "x86_64")]
+pub(super) use super::x86::Load8 as KvSimd;
+
+/// Elsewhere: no SIMD kernel, every type qualifies.
+#[cfg(not(target_arch = "x86_64"))]
+pub(super) trait KvSimd {}
+#[cfg(not(target_arch = "x86_64"))]
+impl<T> KvSimd for T {}

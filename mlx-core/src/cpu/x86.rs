@@ -993,20 +993,45 @@ pub(super) unsafe fn silu_mul8(g: &mut [f32], u: &[f32]) {
 /// Positions per block of [`attend`]'s scores.
 const ATT_BLOCK: usize = 64;
 
+/// Eight cached values widened to float32: the element types of [`attend`]'s cache.
+pub(in crate::cpu) trait Load8: Copy {
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C; eight values are readable at `p`.
+    unsafe fn load8(p: *const Self) -> __m256;
+}
+
+impl Load8 for f32 {
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load8(p: *const f32) -> __m256 {
+        // SAFETY: eight floats readable at p (the caller's contract).
+        unsafe { _mm256_loadu_ps(p) }
+    }
+}
+
+impl Load8 for half::f16 {
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load8(p: *const half::f16) -> __m256 {
+        // SAFETY: eight halves (16 bytes) readable at p (the caller's contract).
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
+    }
+}
+
 /// One query head's causal attention over `n` cached positions: `out = softmax(scale * q
-/// K^T) V`, `q` and `out` of `hd` floats, `k` and `v` rows of `hd` floats one position
-/// apart. The scores of a block of positions are computed first, then exponentiated eight
-/// at a time against the running maximum, then summed into the output (a rescale only when
-/// a block raises the maximum).
+/// K^T) V`, `q` and `out` of `hd` floats, `k` and `v` rows of `hd` values one position
+/// apart (float32, or float16 widened on load). The scores of a block of positions are
+/// computed first, then exponentiated eight at a time against the running maximum, then
+/// summed into the output (a rescale only when a block raises the maximum).
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C; `hd` is a multiple of 8 and at most
 /// [`super::MAX_HEAD_DIM`]; `q` and `out` hold `hd` floats, `k` and `v` hold `n * hd`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn attend(
+pub(super) unsafe fn attend<E: Load8>(
     q: *const f32,
-    k: *const f32,
-    v: *const f32,
+    k: *const E,
+    v: *const E,
     hd: usize,
     n: usize,
     scale: f32,
@@ -1028,16 +1053,13 @@ pub(super) unsafe fn attend(
                 let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
                 let mut d = 0;
                 while d + 16 <= hd {
-                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(d)), _mm256_loadu_ps(kp.add(d)), a0);
-                    a1 = _mm256_fmadd_ps(
-                        _mm256_loadu_ps(q.add(d + 8)),
-                        _mm256_loadu_ps(kp.add(d + 8)),
-                        a1,
-                    );
+                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(d)), E::load8(kp.add(d)), a0);
+                    a1 =
+                        _mm256_fmadd_ps(_mm256_loadu_ps(q.add(d + 8)), E::load8(kp.add(d + 8)), a1);
                     d += 16;
                 }
                 if d < hd {
-                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(d)), _mm256_loadu_ps(kp.add(d)), a0);
+                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(d)), E::load8(kp.add(d)), a0);
                 }
                 *s = hsum(_mm256_add_ps(a0, a1)) * scale;
                 cmax = cmax.max(*s);
@@ -1081,10 +1103,10 @@ pub(super) unsafe fn attend(
                 for (j, &w) in sc[..c].iter().enumerate() {
                     let wv = _mm256_set1_ps(w);
                     let vp = vb.add(j * hd + d);
-                    a[0] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(vp), a[0]);
-                    a[1] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(vp.add(8)), a[1]);
-                    a[2] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(vp.add(16)), a[2]);
-                    a[3] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(vp.add(24)), a[3]);
+                    a[0] = _mm256_fmadd_ps(wv, E::load8(vp), a[0]);
+                    a[1] = _mm256_fmadd_ps(wv, E::load8(vp.add(8)), a[1]);
+                    a[2] = _mm256_fmadd_ps(wv, E::load8(vp.add(16)), a[2]);
+                    a[3] = _mm256_fmadd_ps(wv, E::load8(vp.add(24)), a[3]);
                 }
                 for (i, a) in a.iter().enumerate() {
                     _mm256_storeu_ps(ap.add(d + 8 * i), *a);
@@ -1094,7 +1116,7 @@ pub(super) unsafe fn attend(
             while d < hd {
                 let mut a = _mm256_loadu_ps(ap.add(d));
                 for (j, &w) in sc[..c].iter().enumerate() {
-                    a = _mm256_fmadd_ps(_mm256_set1_ps(w), _mm256_loadu_ps(vb.add(j * hd + d)), a);
+                    a = _mm256_fmadd_ps(_mm256_set1_ps(w), E::load8(vb.add(j * hd + d)), a);
                 }
                 _mm256_storeu_ps(ap.add(d), a);
                 d += 8;
@@ -1354,6 +1376,172 @@ unsafe fn rows_int16_512_m<const MT: usize>(
                     g += 8;
                 }
                 let v = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t])) + hsum(bv);
+                out.write(t * rows + r, v + b);
+            }
+        }
+    }
+}
+
+/// Quantizes `x` (`(m, cols)`, `cols` a multiple of 32) to int8 codes in their natural order
+/// for [`rows_q8_int8_512`]: per chunk of 32 values a scale `d = max|x| / 127`, the codes
+/// `round(x / d)` (half away from zero), and `s` the chunk's float sum (what the rows' biases
+/// multiply). Scalar code: a few hundred values per product.
+pub(super) fn quantize_x8(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+    for (c, chunk) in x.chunks_exact(32).enumerate() {
+        let amax = chunk.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let dc = amax / 127.0;
+        let inv = if dc > 0.0 { 1.0 / dc } else { 0.0 };
+        for (o, v) in q[c * 32..c * 32 + 32].iter_mut().zip(chunk) {
+            *o = (v * inv).round() as i8;
+        }
+        d[c] = dc;
+        s[c] = chunk.iter().sum();
+    }
+}
+
+/// Whether [`rows_q8_int8_512`] takes `w`: 8-bit affine in groups of 32 with half-precision
+/// scales and biases (GGUF's Q8_0 as MLX loads it, e.g. a tied head), at most
+/// [`MAX_CHUNKS`] chunks a row.
+pub(super) fn q8_int8_supports(w: &Matrix<'_>) -> bool {
+    matches!(
+        w.kind,
+        Kind::Affine {
+            bits: 8,
+            group: 32,
+            scales: Floats::F16(_),
+            biases: Floats::F16(_),
+            ..
+        }
+    ) && w.cols() % 32 == 0
+        && w.cols() / 32 <= MAX_CHUNKS
+}
+
+/// Rows `r0..r1` of `out (m, rows) = x W^T + bias` for an 8-bit `w` that
+/// [`q8_int8_supports`], `m <= 4`, from `x` quantized by [`quantize_x8`]: the unsigned weight
+/// bytes times the signed input codes by `vpdpbusd`, 64 a instruction (two chunks: lanes 0-7
+/// sum chunk `c`, 8-15 chunk `c + 1`), each half scaled in float by its group's scale times
+/// the chunk's input scale; the biases multiply the inputs' float sums.
+///
+/// # Safety
+/// The CPU has AVX2, FMA, F16C and AVX-512 F/BW/VL with VNNI; `w` is as
+/// [`q8_int8_supports`] requires; `qx` holds `m` quantized rows of `cols` values; rows
+/// `r0..r1` of `out` are this caller's alone.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn rows_q8_int8_512(
+    w: &Matrix<'_>,
+    r0: usize,
+    r1: usize,
+    qx: QuantX,
+    m: usize,
+    out: SharedOut,
+    bias: Option<Floats<'_>>,
+) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        match m {
+            1 => rows_q8_int8_512_m::<1>(w, r0, r1, qx, out, bias),
+            2 => rows_q8_int8_512_m::<2>(w, r0, r1, qx, out, bias),
+            3 => rows_q8_int8_512_m::<3>(w, r0, r1, qx, out, bias),
+            _ => rows_q8_int8_512_m::<4>(w, r0, r1, qx, out, bias),
+        }
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[allow(clippy::needless_range_loop)]
+unsafe fn rows_q8_int8_512_m<const MT: usize>(
+    w: &Matrix<'_>,
+    r0: usize,
+    r1: usize,
+    qx: QuantX,
+    out: SharedOut,
+    bias: Option<Floats<'_>>,
+) {
+    let Kind::Affine {
+        words,
+        scales: Floats::F16(sh),
+        biases: Floats::F16(bh),
+        bits: 8,
+        group: 32,
+    } = w.kind
+    else {
+        return;
+    };
+    let (rows, cols) = (w.rows(), w.cols());
+    let chunks = cols / 32;
+    let bytes = words.as_ptr() as *const u8;
+    let bias_of = |r: usize| bias.map_or(0.0, |b| b.get(r));
+    // SAFETY (whole body): rows r0..r1 lie within `words`, `sh` and `bh` (checked by
+    // Matrix::affine, and the assert); qx holds MT * chunks codes, scales and sums; the
+    // factor buffer holds MT * MAX_CHUNKS floats and chunks <= MAX_CHUNKS (the assert).
+    unsafe {
+        assert!(
+            chunks <= MAX_CHUNKS && sh.len() >= r1 * chunks && bh.len() >= r1 * chunks,
+            "rows_q8_int8_512: {chunks} chunks a row, scales out of range"
+        );
+        let mut fw = std::mem::MaybeUninit::<[f32; 4 * MAX_CHUNKS]>::uninit();
+        let fp = fw.as_mut_ptr() as *mut f32;
+        // Lanes 0-7: the pair's first factor; 8-15: its second.
+        let idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+        for r in r0..r1 {
+            let (s0, b0) = (
+                sh.as_ptr().add(r * chunks) as *const u16,
+                bh.as_ptr().add(r * chunks) as *const u16,
+            );
+            // The factors (scale times input scale) and the bias term, 16 chunks at a time.
+            let mut bacc = [_mm512_setzero_ps(); MT];
+            let mut c0 = 0;
+            while c0 < chunks {
+                let k = (chunks - c0).min(16);
+                let mask: __mmask16 = if k == 16 { 0xffff } else { (1u16 << k) - 1 };
+                let sv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, s0.add(c0) as *const _));
+                let bv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, b0.add(c0) as *const _));
+                for t in 0..MT {
+                    let dv = _mm512_maskz_loadu_ps(mask, qx.d.add(t * chunks + c0));
+                    _mm512_mask_storeu_ps(fp.add(t * chunks + c0), mask, _mm512_mul_ps(sv, dv));
+                    let xs = _mm512_maskz_loadu_ps(mask, qx.s.add(t * chunks + c0));
+                    bacc[t] = _mm512_fmadd_ps(bv, xs, bacc[t]);
+                }
+                c0 += 16;
+            }
+            let rb = bytes.add(r * cols);
+            let mut a0 = bacc;
+            let mut a1 = [_mm512_setzero_ps(); MT];
+            let pair = |c: usize, acc: &mut [__m512; MT]| {
+                let wv = _mm512_loadu_si512(rb.add(c * 32) as *const _);
+                for (t, a) in acc.iter_mut().enumerate() {
+                    let xv = _mm512_loadu_si512(qx.q.add(t * cols + c * 32) as *const _);
+                    let sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
+                    let two = (fp.add(t * chunks + c) as *const f64).read_unaligned();
+                    let f = _mm512_permutexvar_ps(idx, _mm512_castpd_ps(_mm512_set1_pd(two)));
+                    *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), f, *a);
+                }
+            };
+            let mut c = 0;
+            while c + 4 <= chunks {
+                pair(c, &mut a0);
+                pair(c + 2, &mut a1);
+                c += 4;
+            }
+            if c + 2 <= chunks {
+                pair(c, &mut a0);
+                c += 2;
+            }
+            let mut tail = [_mm256_setzero_ps(); MT];
+            if c < chunks {
+                let wv = _mm256_loadu_si256(rb.add(c * 32) as *const __m256i);
+                for (t, a) in tail.iter_mut().enumerate() {
+                    let xv = _mm256_loadu_si256(qx.q.add(t * cols + c * 32) as *const __m256i);
+                    let sum = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wv, xv);
+                    let f = _mm256_set1_ps(*fp.add(t * chunks + c));
+                    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), f, *a);
+                }
+            }
+            let b = bias_of(r);
+            for t in 0..MT {
+                let v = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t])) + hsum(tail[t]);
                 out.write(t * rows + r, v + b);
             }
         }
