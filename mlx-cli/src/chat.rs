@@ -113,14 +113,35 @@ pub fn run(a: &ChatArgs) -> Result<(), String> {
         },
         ..StreamOptions::default()
     };
-    let decoder = a.decoder.pick_unless_speculative(
-        spec.is_some(),
-        m.model.as_ref(),
-        &opts.generate,
-        &a.model.dtype,
-        false,
-        Err("chat keeps its MLX cache across turns (the graph decoder runs `mlx generate`)".into()),
-    )?;
+    let decoder = if let Some(SpecSource::Lookup(_)) = &spec {
+        // Prompt lookup speculates on the CPU decoder where it would run and decoding is greedy.
+        let greedy = if a.temp != 0.0 {
+            Err(format!("--temp {}", a.temp))
+        } else if opts.generate.grammar.is_some() {
+            Err("--json-schema".into())
+        } else {
+            Ok(())
+        };
+        a.decoder.pick_for_prompt_lookup(
+            m.model.as_ref(),
+            &opts.generate,
+            &a.model.dtype,
+            false,
+            greedy,
+        )?
+    } else {
+        a.decoder.pick_unless_speculative(
+            spec.is_some(),
+            m.model.as_ref(),
+            &opts.generate,
+            &a.model.dtype,
+            false,
+            Err(
+                "chat keeps its MLX cache across turns (the graph decoder runs `mlx generate`)"
+                    .into(),
+            ),
+        )?
+    };
     decoder.apply(&mut opts.generate);
     if a.verbose {
         eprintln!("[mlx] {}", decoder.note);
