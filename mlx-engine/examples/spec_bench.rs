@@ -230,7 +230,7 @@ fn verify_cost(
         .collect();
     let (mut one, mut one_cpu) = (f64::INFINITY, f64::INFINITY);
     for n in 1..=max {
-        let mut time = |f: &mut dyn FnMut() -> Result<(), Box<dyn std::error::Error>>| {
+        let time = |f: &mut dyn FnMut() -> Result<(), Box<dyn std::error::Error>>| {
             let (mut best, mut cpu) = (f64::INFINITY, Vec::new());
             for _ in 0..rounds.max(1) * 8 {
                 let (t, c) = (Instant::now(), cpu_seconds());

@@ -205,6 +205,7 @@ pub fn stream_generate_cpu_speculative<'m>(
 /// holds `earlier` (a conversation's earlier turns, from [`TextStream::into_cpu_speculation`]
 /// or empty for a fresh decoder): `prompt` runs after them and lookups search all of it.
 /// `opts.generate.cpu_decode` is not consulted.
+#[allow(clippy::too_many_arguments)]
 pub fn stream_generate_cpu_speculative_with<'m>(
     model: &'m dyn LanguageModel,
     tokenizer: &'m Tokenizer,
