@@ -113,14 +113,32 @@ pub fn run(a: &ChatArgs) -> Result<(), String> {
         },
         ..StreamOptions::default()
     };
-    let decoder = a.decoder.pick_unless_speculative(
-        spec.is_some(),
-        m.model.as_ref(),
-        &opts.generate,
-        &a.model.dtype,
-        false,
-        Ok(()),
-    )?;
+    let decoder = if let Some(SpecSource::Lookup(_)) = &spec {
+        // Prompt lookup speculates on the CPU decoder where it would run and decoding is greedy.
+        let greedy = if a.temp != 0.0 {
+            Err(format!("--temp {}", a.temp))
+        } else if opts.generate.grammar.is_some() {
+            Err("--json-schema".into())
+        } else {
+            Ok(())
+        };
+        a.decoder.pick_for_prompt_lookup(
+            m.model.as_ref(),
+            &opts.generate,
+            &a.model.dtype,
+            false,
+            greedy,
+        )?
+    } else {
+        a.decoder.pick_unless_speculative(
+            spec.is_some(),
+            m.model.as_ref(),
+            &opts.generate,
+            &a.model.dtype,
+            false,
+            Ok(()),
+        )?
+    };
     decoder.apply(&mut opts.generate);
     if decoder.graph {
         // One decoder for every turn: built (kernels, weights, capture) in the first.

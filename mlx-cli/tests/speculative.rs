@@ -279,3 +279,52 @@ fn prompt_lookup_on_the_cpu_decoder_keeps_its_greedy_output() {
         "{err}"
     );
 }
+
+#[test]
+fn chat_prompt_lookup_on_the_cpu_decoder_keeps_greedy_turns() {
+    // Turns that end at EOS and at the token limit; later turns repeat earlier ones, so
+    // lookups find drafts in the conversation's history.
+    let turns = "the cat is big the cat is big\nhello world\nthe cat is big the cat is big\nq\n";
+    let chat = [
+        "chat",
+        "--model",
+        TARGET,
+        "-m",
+        "24",
+        "--json",
+        "--decoder",
+        "cpu",
+    ];
+    let (code, plain, err) = mlx(&chat, Some(turns));
+    assert_eq!(code, 0, "{err}");
+    let lines = |out: &str| -> Vec<Value> {
+        out.lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .collect()
+    };
+    let plain = lines(&plain);
+    assert_eq!(plain.len(), 3);
+    for k in ["1", "3", "8"] {
+        let mut args = chat.to_vec();
+        args.extend(["--prompt-lookup-ngram", "1", "--num-draft-tokens", k]);
+        let (code, spec, err) = mlx(&args, Some(turns));
+        assert_eq!(code, 0, "k {k}: {err}");
+        let spec = lines(&spec);
+        assert_eq!(spec.len(), plain.len(), "k {k}");
+        let mut drafted = 0;
+        for (s, p) in spec.iter().zip(&plain) {
+            for f in ["text", "tokens", "finish_reason", "cached_tokens"] {
+                assert_eq!(s[f], p[f], "k {k}: {f}");
+            }
+            assert_eq!(s["decoder"], "cpu", "k {k}");
+            drafted += s["draft_tokens"].as_u64().unwrap();
+        }
+        assert!(drafted > 0, "k {k}: no drafts in {spec:?}");
+    }
+    // Sampling with --decoder cpu is refused, naming why.
+    let mut args = chat.to_vec();
+    args.extend(["--prompt-lookup-ngram", "1", "--temp", "0.7"]);
+    let (code, _, err) = mlx(&args, Some(turns));
+    assert_ne!(code, 0);
+    assert!(err.contains("greedy"), "{err}");
+}

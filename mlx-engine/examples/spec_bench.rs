@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use mlx_engine::chat_template::ChatTemplateOptions;
 use mlx_engine::cpu_decode::CpuDecoder;
-use mlx_engine::cpu_spec::{greedy, speculative_greedy};
+use mlx_engine::cpu_spec::{greedy, prompt_lookup_longest, speculative_greedy_with, DraftLength};
 use mlx_engine::load::{load, LoadSpec, ModelRef, Quiet};
 use mlx_engine::speculative::prompt_lookup;
 use mlx_engine::speculative::SpecStats;
@@ -40,9 +40,19 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 /// One round as a Markdown table row.
-fn row(round: usize, p: f64, s: f64, n: usize, st: &SpecStats, same: bool, load: &str) -> String {
+#[allow(clippy::too_many_arguments)]
+fn row(
+    round: usize,
+    p: f64,
+    s: f64,
+    cpu: f64,
+    n: usize,
+    st: &SpecStats,
+    same: bool,
+    load: &str,
+) -> String {
     format!(
-        "| {round} | {p:.1} | {s:.1} | {:.2}x | {n} | {} / {} | {} | {} | {load} |",
+        "| {round} | {p:.1} | {s:.1} | {:.2}x | {cpu:.2}x | {n} | {} / {} | {} | {} | {load} |",
         s / p,
         st.accepted,
         st.drafted,
@@ -54,10 +64,17 @@ fn row(round: usize, p: f64, s: f64, n: usize, st: &SpecStats, same: bool, load:
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let rounds: usize = arg("--rounds", 5);
     let ngram: usize = arg("--ngram", 3);
-    let k: usize = arg("--draft", 8);
+    let k: usize = arg("--draft", 3);
     let max_tokens: usize = arg("--max-tokens", 160);
     let threads: usize = arg("--threads", 0);
     let out_file: String = arg("--out", String::new());
+    // 1: the number of drafts a round asks for adapts (`DraftLength`); 0: always `--draft`.
+    let adaptive: usize = arg("--adaptive", 1);
+    // 1: the lookup takes the occurrence with the longest context (`prompt_lookup_longest`);
+    // 0: the most recent one (`prompt_lookup`).
+    let longest: usize = arg("--longest", 1);
+    // > 0: time one verification pass of 1..=N rows against a one-token step and exit.
+    let cost: usize = arg("--cost", 0);
 
     let path = mlx_engine::fetch::smollm2_gguf()?;
     let spec = LoadSpec {
@@ -81,8 +98,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     )?;
     let eos = m.tokenizer.eos_token_ids().clone();
     let mut dec = CpuDecoder::new(m.model.as_ref(), threads, prompt.len() + max_tokens + k + 8)?;
+    if cost > 0 {
+        return verify_cost(&mut dec, &prompt, cost, rounds);
+    }
+    if arg("--simulate", 0usize) > 0 {
+        let plain = greedy(&mut dec, &prompt, max_tokens, &mut |t| eos.contains(&t))?;
+        simulate(
+            &prompt,
+            &plain,
+            arg("--alpha", 0.2f64),
+            arg("--tile", 4usize),
+        );
+        return Ok(());
+    }
 
     let (mut plain_rate, mut spec_rate, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
+    let mut cpu_ratios = Vec::new();
     let mut rows = Vec::new();
     let mut last_text = String::new();
     for round in 0..rounds {
@@ -94,21 +125,37 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .to_string();
         // The prefill alone (the same for both runs).
         dec.reset();
-        let t = Instant::now();
+        let (t, c) = (Instant::now(), cpu_seconds());
         dec.feed(&prompt)?;
-        let prefill = t.elapsed().as_secs_f64();
+        let (prefill, prefill_cpu) = (t.elapsed().as_secs_f64(), cpu_seconds() - c);
 
-        let t = Instant::now();
+        let (t, c) = (Instant::now(), cpu_seconds());
         let plain = greedy(&mut dec, &prompt, max_tokens, &mut |t| eos.contains(&t))?;
-        let plain_s = t.elapsed().as_secs_f64();
+        let (plain_s, plain_cpu) = (t.elapsed().as_secs_f64(), cpu_seconds() - c);
 
-        let t = Instant::now();
-        let mut lookup = |h: &[u32], n: usize| prompt_lookup(h, ngram, n);
-        let (spec_out, st) =
-            speculative_greedy(&mut dec, &prompt, max_tokens, k, &mut lookup, &mut |t| {
-                eos.contains(&t)
-            })?;
-        let spec_s = t.elapsed().as_secs_f64();
+        let (t, c) = (Instant::now(), cpu_seconds());
+        let mut lookup = |h: &[u32], n: usize| {
+            if longest != 0 {
+                prompt_lookup_longest(h, ngram, n)
+            } else {
+                prompt_lookup(h, ngram, n)
+            }
+        };
+        let mut len = DraftLength::new(k, adaptive != 0);
+        let (spec_out, st) = speculative_greedy_with(
+            &mut dec,
+            &prompt,
+            max_tokens,
+            &mut len,
+            &mut lookup,
+            &mut |t| eos.contains(&t),
+        )?;
+        let (spec_s, spec_cpu) = (t.elapsed().as_secs_f64(), cpu_seconds() - c);
+        // CPU time of the process's threads (less sensitive to other load than wall time).
+        let cpu_ratio = (plain_cpu - prefill_cpu) / (spec_cpu - prefill_cpu).max(1e-9)
+            * (spec_out.len() - 1) as f64
+            / (plain.len() - 1).max(1) as f64;
+        cpu_ratios.push(cpu_ratio);
 
         let p = (plain.len() - 1) as f64 / (plain_s - prefill).max(1e-9);
         let s = (spec_out.len() - 1) as f64 / (spec_s - prefill).max(1e-9);
@@ -116,18 +163,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         spec_rate.push(s);
         ratio.push(s / p);
         let same = plain == spec_out;
-        let line = row(round, p, s, plain.len(), &st, same, &load_avg);
+        let line = row(round, p, s, cpu_ratio, plain.len(), &st, same, &load_avg);
         println!("{line}");
         rows.push(line);
         last_text = m.tokenizer.decode(&spec_out, true)?;
     }
-    let (p, s, r) = (
+    let (p, s, r, cr) = (
         median(&mut plain_rate),
         median(&mut spec_rate),
         median(&mut ratio),
+        median(&mut cpu_ratios),
     );
     let summary = format!(
-        "median over {rounds} rounds: plain {p:.1} tok/s, prompt lookup {s:.1} tok/s, ratio {r:.2}x"
+        "median over {rounds} rounds: plain {p:.1} tok/s, prompt lookup {s:.1} tok/s, ratio \
+         {r:.2}x; by CPU time {cr:.2}x"
     );
     println!("{summary}");
     if !out_file.is_empty() {
@@ -137,19 +186,148 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
              SmolLM2-135M-Instruct Q4_1 GGUF (`--dtype f32`, the CPU decoder's int16 \
              activations), {} threads, prompt {} tokens (a copy-edit request over a passage with \
              repeated spans, ChatML), at most {max_tokens} tokens, greedy, stop at EOS; prompt \
-             lookup n-gram {ngram}, up to {k} draft tokens verified in one batched pass; plain = \
+             lookup n-gram {ngram}, up to {k} draft tokens (adaptive: {}, longest-context lookup: {}) verified in one batched \
+             pass; plain = \
              the same decoder one token a step. Rounds alternate the two; decode rate = \
              (tokens - 1) / (total - prefill).\n\n\
-             | round | plain tok/s | lookup tok/s | ratio | tokens | accepted / drafted | \
-             passes | same tokens | load |\n|---|---|---|---|---|---|---|---|---|\n{}\n\n\
+             The CPU-time ratio is plain's CPU seconds a decoded token over speculation's (every \
+             thread of the process, from `/proc/self/task/*/schedstat`): what the run costs in \
+             work, less sensitive than wall time to other load on the machine.\n\n\
+             | round | plain tok/s | lookup tok/s | ratio | CPU-time ratio | tokens | accepted / \
+             drafted | passes | same tokens | load |\n|---|---|---|---|---|---|---|---|---|---|\n{}\n\n\
              **{summary}** (target >= 1.8x).\n\nThe reply (speculative run, last round):\n\n\
              ```text\n{last_text}\n```\n",
             dec.threads(),
             prompt.len(),
+            adaptive != 0,
+            longest != 0,
             rows.join("\n")
         );
         std::fs::write(&out_file, md)?;
         println!("wrote {out_file}");
     }
     Ok(())
+}
+
+/// The cost of one verification pass of `n` rows (`n = 1..=max`) after the prompt, in
+/// one-token steps: wall time (fastest of `rounds * 8` passes) and CPU time of the process's
+/// threads (median), the cache rolled back after each; beside it the teacher-forcing block
+/// (`feed_all`: the prompt's kernels, the head a row at a time) that verification ran before.
+fn verify_cost(
+    dec: &mut CpuDecoder<'_>,
+    prompt: &[u32],
+    max: usize,
+    rounds: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    dec.reset();
+    dec.feed(prompt)?;
+    let base = dec.position();
+    let tokens: Vec<u32> = prompt[prompt.len() / 2..]
+        .iter()
+        .copied()
+        .cycle()
+        .take(max)
+        .collect();
+    let (mut one, mut one_cpu) = (f64::INFINITY, f64::INFINITY);
+    for n in 1..=max {
+        let time = |f: &mut dyn FnMut() -> Result<(), Box<dyn std::error::Error>>| {
+            let (mut best, mut cpu) = (f64::INFINITY, Vec::new());
+            for _ in 0..rounds.max(1) * 8 {
+                let (t, c) = (Instant::now(), cpu_seconds());
+                f()?;
+                best = best.min(t.elapsed().as_secs_f64());
+                cpu.push(cpu_seconds() - c);
+            }
+            Ok::<_, Box<dyn std::error::Error>>((best, median(&mut cpu)))
+        };
+        let (best, cpu) = time(&mut || {
+            dec.verify(&tokens[..n])?;
+            dec.truncate(base);
+            Ok(())
+        })?;
+        let (block, block_cpu) = time(&mut || {
+            dec.feed_all(&tokens[..n], &mut |_, _| {})?;
+            dec.truncate(base);
+            Ok(())
+        })?;
+        if n == 1 {
+            (one, one_cpu) = (best, cpu);
+        }
+        println!(
+            "verify {n} rows: {:.2} ms = {:.2} steps wall, {:.2} by CPU time; feed_all block \
+             {:.2} steps wall, {:.2} by CPU time",
+            best * 1e3,
+            best / one,
+            cpu / one_cpu,
+            block / one,
+            block_cpu / one_cpu
+        );
+    }
+    Ok(())
+}
+
+/// CPU time of every thread of this process so far, in seconds (the first field of each
+/// `/proc/self/task/*/schedstat`, nanoseconds on the CPU); 0 where that is not readable.
+fn cpu_seconds() -> f64 {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return 0.0;
+    };
+    let mut ns = 0u64;
+    for e in dir.flatten() {
+        if let Ok(s) = std::fs::read_to_string(e.path().join("schedstat")) {
+            ns += s
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    ns as f64 * 1e-9
+}
+
+/// Draft policies replayed against the plain greedy reply (a draft is accepted up to its first
+/// token that differs from the reply): passes, rows verified and the cost in one-token steps
+/// when a pass of `r` rows costs `(1 - alpha) * ceil(r / tile) + alpha * r` (the products run
+/// `tile` rows a pass over each weight block); plain decoding costs one step a token.
+fn simulate(prompt: &[u32], reply: &[u32], alpha: f64, tile: usize) {
+    println!("ngram longest adaptive k | passes rows cost speedup");
+    for ngram in 1..=4 {
+        for longest in [false, true] {
+            for adaptive in [false, true] {
+                for k in [2, 3, 4, 6, 8, 12] {
+                    let mut len = DraftLength::new(k, adaptive);
+                    let mut history = prompt.to_vec();
+                    let (mut passes, mut rows, mut done) = (0usize, 0usize, 0usize);
+                    let mut cost = 0.0;
+                    while done < reply.len() {
+                        // The pending token reply[done] goes in with the drafts.
+                        history.push(reply[done]);
+                        done += 1;
+                        let want = len.want(reply.len().saturating_sub(done));
+                        let drafts = if longest {
+                            prompt_lookup_longest(&history, ngram, want)
+                        } else {
+                            prompt_lookup(&history, ngram, want)
+                        };
+                        let n = drafts
+                            .iter()
+                            .zip(&reply[done..])
+                            .take_while(|(a, b)| a == b)
+                            .count();
+                        len.update(drafts.len(), n);
+                        passes += 1;
+                        rows += 1 + drafts.len();
+                        let r = 1 + drafts.len();
+                        cost += (1.0 - alpha) * r.div_ceil(tile.max(1)) as f64 + alpha * r as f64;
+                        history.extend_from_slice(&reply[done..done + n]);
+                        done += n;
+                    }
+                    println!(
+                        "{ngram} {longest} {adaptive} {k} | {passes} {rows} {cost:.1} {:.2}x",
+                        reply.len() as f64 / cost
+                    );
+                }
+            }
+        }
+    }
 }

@@ -19,8 +19,8 @@ use crate::generate::{cpu_decode_unsupported, make_prompt_cache};
 use crate::prompt_cache::PromptCache;
 use crate::speculative::{Drafter, SpecStats};
 use crate::stream::{
-    stream_generate, stream_generate_cpu, stream_generate_speculative, GenerationResponse,
-    StreamOptions,
+    stream_generate, stream_generate_cpu, stream_generate_cpu_speculative_with,
+    stream_generate_speculative, GenerationResponse, StreamOptions,
 };
 use crate::tokenizer::Tokenizer;
 use mlx_models::LanguageModel;
@@ -139,6 +139,8 @@ pub struct Conversation<'m> {
     last_stats: Option<SpecStats>,
     /// Why the last turn's graph decoder handed the turn to the MLX path, if it did.
     last_graph_fallback: Option<String>,
+    /// Prompt lookup on the CPU decoder: the tokens its cache holds (what lookups search).
+    cpu_history: Vec<u32>,
 }
 
 /// Speculative decoding for a [`Conversation`] (beyond `mlx_lm.chat`, which has none).
@@ -182,17 +184,21 @@ impl<'m> Conversation<'m> {
             draft_cache: Vec::new(),
             last_stats: None,
             last_graph_fallback: None,
+            cpu_history: Vec::new(),
         })
     }
 
     /// Every turn speculates with `spec`: the caches become ones that roll back exactly
     /// (`max_kv_size` does not apply, as mlx-lm drops it when speculating), and after each
     /// turn they are brought up to every generated token, so greedy turns give the text of
-    /// plain decoding.
+    /// plain decoding. Prompt lookup on a conversation made with the CPU decoder stays on it
+    /// (greedy only: [`crate::cpu_spec`], drafts verified in batched passes, its cache kept
+    /// across turns as plain decoding keeps it); a draft model verifies on the exact path.
     pub fn with_speculation(mut self, spec: ChatSpeculation<'m>) -> Result<Self> {
-        // Speculation verifies drafts on the exact path.
-        self.cpu = None;
-        self.opts.generate.cpu_decode = None;
+        if spec.draft.is_some() || self.cpu.is_none() {
+            self.cpu = None;
+            self.opts.generate.cpu_decode = None;
+        }
         self.spec = Some(spec);
         self.reset()?;
         Ok(self)
@@ -211,7 +217,11 @@ impl<'m> Conversation<'m> {
 
     /// The `r` command: a fresh cache.
     pub fn reset(&mut self) -> Result<()> {
+        self.cpu_history.clear();
         match &self.spec {
+            Some(sp) if sp.draft.is_none() && self.opts.generate.cpu_decode.is_some() => {
+                self.reset_cpu()?
+            }
             Some(sp) => {
                 let depth = sp.num_draft_tokens + 1;
                 self.cache = self.model.make_cache_with_rollback(depth);
@@ -220,15 +230,21 @@ impl<'m> Conversation<'m> {
                     .map(|d| d.make_cache_with_rollback(depth))
                     .unwrap_or_default();
             }
-            None if self.opts.generate.cpu_decode.is_some() => match self.cpu.as_mut() {
-                Some(d) => d.reset(),
-                None => {
-                    let threads = self.opts.generate.cpu_decode.map_or(0, |c| c.threads);
-                    self.cpu = Some(CpuDecoder::new(self.model, threads, 256)?);
-                }
-            },
+            None if self.opts.generate.cpu_decode.is_some() => self.reset_cpu()?,
             None => {
                 self.cache = make_prompt_cache(self.model, self.opts.generate.max_kv_size)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// An empty CPU decoder cache (a new decoder if a failed turn took it).
+    fn reset_cpu(&mut self) -> Result<()> {
+        match self.cpu.as_mut() {
+            Some(d) => d.reset(),
+            None => {
+                let threads = self.opts.generate.cpu_decode.map_or(0, |c| c.threads);
+                self.cpu = Some(CpuDecoder::new(self.model, threads, 256)?);
             }
         }
         Ok(())
@@ -275,7 +291,17 @@ impl<'m> Conversation<'m> {
                 Some(cache),
                 self.opts.clone(),
             ),
-            (Some(sp), _) => {
+            (Some(sp), Some(cpu)) => stream_generate_cpu_speculative_with(
+                self.model,
+                self.tokenizer,
+                &prompt,
+                cpu,
+                std::mem::take(&mut self.cpu_history),
+                sp.ngram,
+                sp.num_draft_tokens,
+                self.opts.clone(),
+            ),
+            (Some(sp), None) => {
                 let drafter = match sp.draft {
                     Some(model) => Drafter::Model {
                         model,
@@ -321,7 +347,14 @@ impl<'m> Conversation<'m> {
         self.last_graph_fallback = stream.graph_fallback().map(str::to_string);
         if stream.uses_cpu_decoder() {
             // The CPU decoder keeps its own cache across turns.
-            self.cpu = stream.into_cpu_decoder();
+            if self.spec.is_some() {
+                if let Some((dec, history)) = stream.into_cpu_speculation() {
+                    self.cpu = Some(dec);
+                    self.cpu_history = history;
+                }
+            } else {
+                self.cpu = stream.into_cpu_decoder();
+            }
             if let Some(e) = failure {
                 self.reset()?;
                 return Err(e);

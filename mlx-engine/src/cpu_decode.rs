@@ -623,6 +623,11 @@ enum Rows<'c, 'r> {
     /// Consecutive tokens of one sequence (a prompt block) from its cache's position on: the
     /// products read each weight row once for all of them (`cpu::matmul_t`).
     Block(&'c mut CpuCache),
+    /// Consecutive tokens of one sequence verified together (speculative decoding): positions,
+    /// RoPE, cache writes and attention as [`Rows::Block`] (each row of `cpu::attention`
+    /// attends up to its own position, as alone), the products as [`Rows::Each`], so every row
+    /// gets the bits it gets fed alone while each weight row is still read once for all.
+    Seq(&'c mut CpuCache, &'c mut RowsScratch),
     /// One token of each of several sequences, each at its own cache's position: every row
     /// gets the bits it gets alone (`cpu::matmul_t_each`). A single sequence's decode step is
     /// this with one row.
@@ -639,7 +644,7 @@ impl Rows<'_, '_> {
     ) -> Result<()> {
         match self {
             Rows::Block(_) => cpu::matmul_t(ctx, x, n, jobs)?,
-            Rows::Each(_, rs) => cpu::matmul_t_each(ctx, x, n, jobs, rs)?,
+            Rows::Seq(_, rs) | Rows::Each(_, rs) => cpu::matmul_t_each(ctx, x, n, jobs, rs)?,
         }
         Ok(())
     }
@@ -844,7 +849,7 @@ fn layers(
             Ok(())
         };
         match rows {
-            Rows::Block(cache) => {
+            Rows::Block(cache) | Rows::Seq(cache, _) => {
                 let pos = cache.pos;
                 for i in 0..n {
                     let (qi, ki) = (&mut q[i * qd..(i + 1) * qd], &mut k[i * kd..(i + 1) * kd]);
@@ -922,7 +927,7 @@ fn layers(
         add(x, o);
     }
     match rows {
-        Rows::Block(cache) => cache.pos += n,
+        Rows::Block(cache) | Rows::Seq(cache, _) => cache.pos += n,
         Rows::Each(caches, _) => {
             for c in caches.iter_mut() {
                 c.pos += 1;
@@ -1078,6 +1083,18 @@ impl<'m> CpuDecoder<'m> {
     /// embedding pools. The cache is left holding `tokens`.
     pub fn hidden_last(&mut self, tokens: &[u32]) -> Result<&[f32]> {
         hidden_last(&mut self.batch, &mut self.cache, tokens)
+    }
+
+    /// Runs `tokens` through the model after what the cache holds in one pass and returns
+    /// their logits `(tokens.len(), vocab)`: row `i` bit for bit what feeding the tokens one at
+    /// a time gives (speculative verification; see [`CpuBatch::verify`]).
+    pub fn verify(&mut self, tokens: &[u32]) -> Result<&[f32]> {
+        self.batch.verify(&mut self.cache, tokens)
+    }
+
+    /// Logits per token.
+    pub fn vocab(&self) -> usize {
+        self.batch.vocab()
     }
 
     /// Runs `tokens` through the model and calls `each(i, logits)` with the logits of every
@@ -1245,6 +1262,38 @@ impl<'m> CpuBatch<'m> {
         Ok(())
     }
 
+    /// Consecutive `tokens` of one sequence into `cache` (after what it holds) in one pass:
+    /// the logits `(tokens.len(), vocab)`, row `i` bit for bit what [`CpuBatch::step`] of
+    /// `tokens[i]` alone gives after the ones before it. Every weight row is read once for all
+    /// the rows (the products through [`cpu::matmul_t_each`], the head included), which is
+    /// what makes verifying `k` drafts cost less than `k` steps.
+    pub fn verify(&mut self, cache: &mut CpuCache, tokens: &[u32]) -> Result<&[f32]> {
+        let n = tokens.len();
+        if n == 0 {
+            return Err(EngineError::Other("CpuBatch::verify: no tokens".into()));
+        }
+        let w = &self.w;
+        w.check_ids(tokens)?;
+        cache.fits(w)?;
+        cache.grow(cache.pos + n);
+        if self.b.rows < n {
+            self.b = Scratch::new(w, n, n);
+        }
+        let (ctx, s, prof) = (&self.ctx, &mut self.b, &mut self.prof);
+        prof.begin(n);
+        let hid = w.hidden;
+        for (i, &tok) in tokens.iter().enumerate() {
+            w.embed
+                .row_to(tok as usize, &mut s.x[i * hid..(i + 1) * hid])?;
+        }
+        prof.lap(Phase::Embed, 0);
+        layers(w, ctx, s, &mut Rows::Seq(cache, &mut self.rows), n, prof)?;
+        head_each(w, ctx, s, n, &mut self.rows)?;
+        prof.lap(Phase::Head, 1);
+        prof.end();
+        Ok(&s.logits[..n * w.vocab])
+    }
+
     /// One decode step: `tokens[i]` into `caches[i]` for every row; returns the logits
     /// `(rows, vocab)`, row `i` bit for bit what [`CpuDecoder::feed`] of that one token over
     /// that cache gives.
@@ -1274,24 +1323,37 @@ impl<'m> CpuBatch<'m> {
         }
         prof.lap(Phase::Embed, 0);
         layers(w, ctx, s, &mut Rows::Each(caches, &mut self.rows), b, prof)?;
-        let h = &mut s.h[..b * hid];
-        cpu::rms_norm(&s.x[..b * hid], w.final_norm, w.eps, h)?;
-        let logits = &mut s.logits[..b * w.vocab];
-        cpu::matmul_t_each(
-            ctx,
-            h,
-            b,
-            &mut [MatJob {
-                w: &w.head.0,
-                bias: w.head.1,
-                out: logits,
-            }],
-            &mut self.rows,
-        )?;
+        head_each(w, ctx, s, b, &mut self.rows)?;
         prof.lap(Phase::Head, 1);
         prof.end();
         Ok(&s.logits[..b * w.vocab])
     }
+}
+
+/// The final norm and head of the `n` rows in `s.x` into `s.logits`, each row as alone.
+fn head_each(
+    w: &Weights<'_>,
+    ctx: &CpuContext,
+    s: &mut Scratch,
+    n: usize,
+    rows: &mut RowsScratch,
+) -> Result<()> {
+    let hid = w.hidden;
+    let h = &mut s.h[..n * hid];
+    cpu::rms_norm(&s.x[..n * hid], w.final_norm, w.eps, h)?;
+    let logits = &mut s.logits[..n * w.vocab];
+    cpu::matmul_t_each(
+        ctx,
+        h,
+        n,
+        &mut [MatJob {
+            w: &w.head.0,
+            bias: w.head.1,
+            out: logits,
+        }],
+        rows,
+    )?;
+    Ok(())
 }
 
 impl Drop for CpuBatch<'_> {

@@ -1,14 +1,17 @@
 //! Greedy speculative decoding on the CPU decoder ([`CpuDecoder`]): a token drafter (prompt
 //! lookup, any proposer) proposes up to `k` tokens, the decoder verifies the pending token and
-//! all of them in one batched pass (`feed_all`: one block, every weight matrix read once for
-//! the `k + 1` rows), the longest prefix on which its greedy choices agree is kept plus its
-//! own next token, and the cache is truncated past what was kept. The MLX path's speculation
-//! ([`crate::speculative`]) is the exact one; this is the fast one.
+//! all of them in one batched pass ([`CpuDecoder::verify`]: every weight matrix, the head
+//! included, read once for the `k + 1` rows), the longest prefix on which its greedy choices
+//! agree is kept plus its own next token, and the cache is truncated past what was kept. The
+//! MLX path's speculation ([`crate::speculative`]) is the exact one against mlx-lm; this is
+//! the fast one.
 //!
-//! Output is that of plain greedy decoding on the CPU decoder as long as a row of a block gives
-//! the logits it gives fed alone, which `cpu_decode` does not promise bit for bit (the
-//! products of a block take up to four rows a tile); `cargo xtask bench spec` reports whether
-//! the two outputs agreed in each run.
+//! Output is that of plain greedy decoding on the CPU decoder, bit for bit: every row of a
+//! verification pass gets the logits it gets fed alone (`tests/cpu_spec.rs` checks both).
+//!
+//! How many drafts a round asks for adapts ([`DraftLength`]): after a round whose drafts were
+//! all accepted the next asks for more, after a miss it asks for one more than were accepted,
+//! so rows that would be rejected are not paid for.
 
 use crate::cpu_decode::CpuDecoder;
 use crate::error::{EngineError, Result};
@@ -27,6 +30,92 @@ fn argmax(l: &[f32]) -> u32 {
 
 /// What proposes the drafts: (tokens so far, most tokens to propose) -> proposals.
 pub type Propose<'a> = dyn FnMut(&[u32], usize) -> Vec<u32> + 'a;
+
+/// Prompt lookup preferring context: among the earlier occurrences of the last `ngram` tokens
+/// of `history` (prompt and output so far), the one whose match with the tokens before them
+/// reaches furthest back (compared up to 64 tokens; the most recent on ties); drafts the up to
+/// `k` tokens that followed it. Where the text being copied recurs (a passage quoted, then
+/// edited), the occurrence in the same context beats the most recent one
+/// ([`crate::speculative::prompt_lookup`]).
+pub fn prompt_lookup_longest(history: &[u32], ngram: usize, k: usize) -> Vec<u32> {
+    const REACH: usize = 64;
+    let n = history.len();
+    if ngram == 0 || k == 0 || n <= ngram {
+        return Vec::new();
+    }
+    let tail = &history[n - ngram..];
+    let mut best: Option<(usize, usize)> = None;
+    for start in (0..n - ngram).rev() {
+        if &history[start..start + ngram] != tail {
+            continue;
+        }
+        let end = start + ngram;
+        let mut len = ngram;
+        while len < REACH.min(end) && history[end - 1 - len] == history[n - 1 - len] {
+            len += 1;
+        }
+        if best.is_none_or(|(l, _)| len > l) {
+            best = Some((len, end));
+        }
+    }
+    best.map_or_else(Vec::new, |(_, from)| {
+        history[from..(from + k).min(n)].to_vec()
+    })
+}
+
+/// How many drafts the next round asks for: at most `max`; with `adaptive`, two more than the
+/// last round's after a round whose drafts were all accepted, one more than were accepted
+/// after a miss (so rejected rows are not verified again and again), never below one.
+#[derive(Clone, Copy, Debug)]
+pub struct DraftLength {
+    pub max: usize,
+    pub adaptive: bool,
+    cur: usize,
+}
+
+impl DraftLength {
+    /// At most `max` drafts a round, adapting when `adaptive`.
+    pub fn new(max: usize, adaptive: bool) -> DraftLength {
+        DraftLength {
+            max,
+            adaptive,
+            cur: max,
+        }
+    }
+
+    /// Drafts to ask for with `room` tokens left to produce.
+    pub fn want(&self, room: usize) -> usize {
+        self.cur.min(room)
+    }
+
+    /// Records a round: `drafted` proposed, `accepted` of them kept.
+    pub fn update(&mut self, drafted: usize, accepted: usize) {
+        if !self.adaptive || drafted == 0 {
+            return;
+        }
+        self.cur = if accepted == drafted {
+            self.cur.max(drafted) + 2
+        } else {
+            accepted + 1
+        }
+        .clamp(1, self.max.max(1));
+    }
+}
+
+/// The greedy choice of every row of `logits` (`(rows, vocab)`) up to and including the first
+/// that disagrees with the draft at its place: `preds[i]` is the target's token after input
+/// `i`; returns how many drafts were accepted.
+fn accept(logits: &[f32], vocab: usize, drafts: &[u32], preds: &mut Vec<u32>) -> usize {
+    preds.clear();
+    for row in logits.chunks_exact(vocab) {
+        let t = argmax(row);
+        preds.push(t);
+        if drafts.get(preds.len() - 1) != Some(&t) {
+            break;
+        }
+    }
+    preds.len() - 1
+}
 
 /// Plain greedy decoding on `dec` from an empty cache: `max_tokens` tokens after `prompt`
 /// (`stop`: return early once it returns true for the token just emitted).
@@ -69,7 +158,21 @@ pub fn speculative_greedy(
     propose: &mut Propose<'_>,
     stop: &mut dyn FnMut(u32) -> bool,
 ) -> Result<(Vec<u32>, SpecStats)> {
+    let mut len = DraftLength::new(k, false);
+    speculative_greedy_with(dec, prompt, max_tokens, &mut len, propose, stop)
+}
+
+/// [`speculative_greedy`] with the number of drafts a round asks for from `len`.
+pub fn speculative_greedy_with(
+    dec: &mut CpuDecoder<'_>,
+    prompt: &[u32],
+    max_tokens: usize,
+    len: &mut DraftLength,
+    propose: &mut Propose<'_>,
+    stop: &mut dyn FnMut(u32) -> bool,
+) -> Result<(Vec<u32>, SpecStats)> {
     check(prompt)?;
+    let k = len.max;
     dec.reset();
     let mut stats = SpecStats::default();
     let mut history = prompt.to_vec();
@@ -82,20 +185,16 @@ pub fn speculative_greedy(
         if stop(y) || out.len() == max_tokens {
             break;
         }
-        let room = max_tokens - out.len();
-        let mut drafts = propose(&history, k.min(room));
-        drafts.truncate(k.min(room));
+        let want = len.want(max_tokens - out.len());
+        let mut drafts = propose(&history, want);
+        drafts.truncate(want);
         let base = dec.position();
         let mut input = Vec::with_capacity(drafts.len() + 1);
         input.push(y);
         input.extend_from_slice(&drafts);
-        preds.clear();
-        dec.feed_all(&input, &mut |_, l| preds.push(argmax(l)))?;
-        let n = drafts
-            .iter()
-            .zip(&preds)
-            .take_while(|(d, p)| d == p)
-            .count();
+        let vocab = dec.vocab();
+        let n = accept(dec.verify(&input)?, vocab, &drafts, &mut preds);
+        len.update(drafts.len(), n);
         stats.rounds += 1;
         stats.drafted += drafts.len();
         stats.accepted += n;
@@ -128,7 +227,7 @@ fn logprob(l: &[f32], t: u32) -> f32 {
 pub struct CpuSpecSteps<'m> {
     dec: CpuDecoder<'m>,
     propose: Box<Propose<'m>>,
-    k: usize,
+    len: DraftLength,
     max_tokens: Option<usize>,
     history: Vec<u32>,
     queue: std::collections::VecDeque<(u32, f32, bool)>,
@@ -141,7 +240,7 @@ pub struct CpuSpecSteps<'m> {
 
 impl<'m> CpuSpecSteps<'m> {
     /// Runs the prompt through `dec` (from an empty cache) and gets ready to speculate with
-    /// drafts of at most `k` tokens from `propose`.
+    /// drafts of at most `k` tokens from `propose` (adaptive [`DraftLength`]).
     pub fn new(
         mut dec: CpuDecoder<'m>,
         prompt: &[u32],
@@ -149,17 +248,41 @@ impl<'m> CpuSpecSteps<'m> {
         k: usize,
         propose: Box<Propose<'m>>,
     ) -> Result<Self> {
-        check(prompt)?;
         dec.reset();
+        Self::resume(dec, Vec::new(), prompt, max_tokens, k, propose)
+    }
+
+    /// As [`CpuSpecSteps::new`] over a decoder whose cache already holds `earlier` (a
+    /// conversation's earlier turns, as [`CpuSpecSteps::into_decoder`] gave them back):
+    /// `prompt` is fed after them and drafts are looked up in all of it.
+    pub fn resume(
+        mut dec: CpuDecoder<'m>,
+        earlier: Vec<u32>,
+        prompt: &[u32],
+        max_tokens: Option<usize>,
+        k: usize,
+        propose: Box<Propose<'m>>,
+    ) -> Result<Self> {
+        check(prompt)?;
+        if earlier.len() != dec.position() {
+            return Err(EngineError::Other(format!(
+                "CPU speculation: the decoder's cache holds {} tokens, {} were given as its \
+                 contents",
+                dec.position(),
+                earlier.len()
+            )));
+        }
+        let mut history = earlier;
+        history.extend_from_slice(prompt);
         let l = dec.feed(prompt)?;
         let t = argmax(l);
         let y = (t, logprob(l, t));
         Ok(CpuSpecSteps {
             dec,
             propose,
-            k,
+            len: DraftLength::new(k, true),
             max_tokens,
-            history: prompt.to_vec(),
+            history,
             queue: Default::default(),
             y,
             produced: 0,
@@ -172,6 +295,16 @@ impl<'m> CpuSpecSteps<'m> {
         self.stats
     }
 
+    /// The decoder and the tokens its cache holds, as plain decoding leaves them after the
+    /// tokens yielded so far (the prompt and every yielded token; verified tokens not yet
+    /// yielded are rolled back): what a conversation continues.
+    pub fn into_decoder(mut self) -> (CpuDecoder<'m>, Vec<u32>) {
+        let keep = self.dec.position().saturating_sub(self.queue.len());
+        self.dec.truncate(keep);
+        self.history.truncate(keep);
+        (self.dec, self.history)
+    }
+
     /// One verification pass: the pending token and the drafts queued, the decoder's next
     /// token pending.
     fn round(&mut self) -> Result<()> {
@@ -182,26 +315,25 @@ impl<'m> CpuSpecSteps<'m> {
         let room = self
             .max_tokens
             .map_or(usize::MAX, |m| m.saturating_sub(self.produced));
-        if room == 0 {
-            return Ok(());
-        }
-        let want = self.k.min(room);
+        // With no room left the pending token is still run (no drafts), as plain decoding
+        // runs every token it yields: the cache then holds what plain decoding's would.
+        let want = self.len.want(room);
         let mut drafts = (self.propose)(&self.history, want);
         drafts.truncate(want);
         let base = self.dec.position();
         let mut input = Vec::with_capacity(drafts.len() + 1);
         input.push(y);
         input.extend_from_slice(&drafts);
-        let mut preds = Vec::with_capacity(input.len());
-        self.dec.feed_all(&input, &mut |_, l| {
-            let t = argmax(l);
-            preds.push((t, logprob(l, t)));
-        })?;
-        let n = drafts
+        let vocab = self.dec.vocab();
+        let logits = self.dec.verify(&input)?;
+        let mut ids = Vec::with_capacity(input.len());
+        let n = accept(logits, vocab, &drafts, &mut ids);
+        let preds: Vec<(u32, f32)> = ids
             .iter()
-            .zip(&preds)
-            .take_while(|(d, p)| **d == p.0)
-            .count();
+            .enumerate()
+            .map(|(i, &t)| (t, logprob(&logits[i * vocab..(i + 1) * vocab], t)))
+            .collect();
+        self.len.update(drafts.len(), n);
         self.stats.rounds += 1;
         self.stats.drafted += drafts.len();
         self.stats.accepted += n;

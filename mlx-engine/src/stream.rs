@@ -180,13 +180,65 @@ pub fn stream_generate_speculative<'m>(
 /// [`stream_generate`] with prompt lookup speculation on the CPU decoder
 /// ([`crate::cpu_spec`]): greedy only (temperature 0, no logits processors, no grammar, no
 /// prompt cache); `opts.generate.cpu_decode` must be set (its threads run the decoder). Drafts
-/// of at most `num_draft_tokens` tokens are verified in one batched pass each; the output is
-/// plain greedy decoding's on the CPU decoder as long as a row of a block gives the logits it
-/// gives fed alone (see [`crate::cpu_spec`]).
+/// of at most `num_draft_tokens` tokens (fewer after misses) are verified in one batched pass
+/// each; the output is plain greedy decoding's on the CPU decoder, bit for bit.
 pub fn stream_generate_cpu_speculative<'m>(
     model: &'m dyn LanguageModel,
     tokenizer: &'m Tokenizer,
     prompt: &[u32],
+    ngram: usize,
+    num_draft_tokens: usize,
+    opts: StreamOptions,
+) -> Result<TextStream<'m>> {
+    cpu_speculative(
+        model,
+        tokenizer,
+        prompt,
+        None,
+        ngram,
+        num_draft_tokens,
+        opts,
+    )
+}
+
+/// [`stream_generate_cpu_speculative`] continuing `cpu`, a CPU decoder of `model` whose cache
+/// holds `earlier` (a conversation's earlier turns, from [`TextStream::into_cpu_speculation`]
+/// or empty for a fresh decoder): `prompt` runs after them and lookups search all of it.
+/// `opts.generate.cpu_decode` is not consulted.
+#[allow(clippy::too_many_arguments)]
+pub fn stream_generate_cpu_speculative_with<'m>(
+    model: &'m dyn LanguageModel,
+    tokenizer: &'m Tokenizer,
+    prompt: &[u32],
+    cpu: CpuDecoder<'m>,
+    earlier: Vec<u32>,
+    ngram: usize,
+    num_draft_tokens: usize,
+    opts: StreamOptions,
+) -> Result<TextStream<'m>> {
+    if !cpu.is_for(model) {
+        return Err(EngineError::Other(format!(
+            "speculation on the CPU decoder: the decoder was made for another model than this \
+             {} model",
+            model.model_type()
+        )));
+    }
+    cpu_speculative(
+        model,
+        tokenizer,
+        prompt,
+        Some((cpu, earlier)),
+        ngram,
+        num_draft_tokens,
+        opts,
+    )
+}
+
+fn cpu_speculative<'m>(
+    model: &'m dyn LanguageModel,
+    tokenizer: &'m Tokenizer,
+    prompt: &[u32],
+    cpu: Option<(CpuDecoder<'m>, Vec<u32>)>,
     ngram: usize,
     num_draft_tokens: usize,
     opts: StreamOptions,
@@ -197,11 +249,6 @@ pub fn stream_generate_cpu_speculative<'m>(
         ));
     }
     start(model, tokenizer, prompt, opts, |ids, g| {
-        let Some(c) = g.cpu_decode else {
-            return Err(EngineError::Other(
-                "speculation on the CPU decoder: cpu_decode is not set".into(),
-            ));
-        };
         if g.sampler.settings().temp != 0.0
             || !g.logits_processors.is_empty()
             || g.grammar.is_some()
@@ -212,15 +259,33 @@ pub fn stream_generate_cpu_speculative<'m>(
                     .into(),
             ));
         }
-        if let Some(why) = crate::generate::cpu_decode_unsupported(model, &g, false) {
-            return Err(EngineError::CpuDecoderUnsupported(why));
-        }
-        let room = ids.len() + g.max_tokens.unwrap_or(0) + num_draft_tokens + 1;
-        let dec = CpuDecoder::new(model, c.threads, room)?;
+        let (dec, earlier) = match cpu {
+            Some(c) => c,
+            None => {
+                let Some(c) = g.cpu_decode else {
+                    return Err(EngineError::Other(
+                        "speculation on the CPU decoder: cpu_decode is not set".into(),
+                    ));
+                };
+                if let Some(why) = crate::generate::cpu_decode_unsupported(model, &g, false) {
+                    return Err(EngineError::CpuDecoderUnsupported(why));
+                }
+                let room = ids.len() + g.max_tokens.unwrap_or(0) + num_draft_tokens + 1;
+                (CpuDecoder::new(model, c.threads, room)?, Vec::new())
+            }
+        };
         let prompt: Vec<u32> = ids.iter().map(|&t| t as u32).collect();
-        let propose =
-            Box::new(move |h: &[u32], k: usize| crate::speculative::prompt_lookup(h, ngram, k));
-        let steps = CpuSpecSteps::new(dec, &prompt, g.max_tokens, num_draft_tokens, propose)?;
+        let propose = Box::new(move |h: &[u32], k: usize| {
+            crate::cpu_spec::prompt_lookup_longest(h, ngram, k)
+        });
+        let steps = CpuSpecSteps::resume(
+            dec,
+            earlier,
+            &prompt,
+            g.max_tokens,
+            num_draft_tokens,
+            propose,
+        )?;
         Ok(Steps::CpuSpeculative(Box::new(steps)))
     })
 }
@@ -386,7 +451,19 @@ impl<'m> TextStream<'m> {
     pub fn into_cpu_decoder(self) -> Option<CpuDecoder<'m>> {
         match self.steps {
             Steps::Plain(g) => g.into_cpu_decoder(),
-            Steps::Speculative(_) | Steps::CpuSpeculative(_) => None,
+            Steps::Speculative(_) => None,
+            Steps::CpuSpeculative(g) => Some(g.into_decoder().0),
+        }
+    }
+
+    /// Speculation on the CPU decoder: the decoder and the tokens its cache holds, as plain
+    /// decoding would leave them after the tokens streamed so far (see
+    /// [`CpuSpecSteps::into_decoder`]); what [`stream_generate_cpu_speculative_with`]
+    /// continues. `None` for other generations.
+    pub fn into_cpu_speculation(self) -> Option<(CpuDecoder<'m>, Vec<u32>)> {
+        match self.steps {
+            Steps::CpuSpeculative(g) => Some(g.into_decoder()),
+            _ => None,
         }
     }
 

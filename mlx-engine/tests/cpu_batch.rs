@@ -14,7 +14,9 @@ use std::thread::JoinHandle;
 
 use mlx_core::cpu::Activations;
 use mlx_core::prelude::*;
-use mlx_engine::batch::{BatchEvent, BatchRequest, Engine, EngineConfig, EngineDecoder};
+use mlx_engine::batch::{
+    BatchEvent, BatchRequest, Engine, EngineConfig, EngineDecoder, PromptLookup,
+};
 use mlx_engine::cpu_decode::{CpuBatch, CpuCache, CpuDecoder};
 use mlx_engine::generate::{generate_step, CpuDecode, GenerateOptions};
 use mlx_engine::Tokenizer;
@@ -381,4 +383,65 @@ fn a_follow_up_reuses_whole_blocks_of_a_finished_request() {
         .prompt_cache_hits
         .load(std::sync::atomic::Ordering::Relaxed);
     assert_eq!(hits, 1);
+}
+
+/// `mlx serve --prompt-lookup-ngram`: with the CPU decoder running the batch, a greedy request
+/// runs alone by prompt lookup (no batched decode step) and gets plain greedy decoding's
+/// tokens; a sampled one is batched as before.
+#[test]
+fn prompt_lookup_requests_keep_greedy_tokens() {
+    let dir = chat_fixture();
+    let (model, _) = load_model_dir(&dir, &LoadOptions::default()).unwrap();
+    let tok = Tokenizer::from_dir(&dir).unwrap();
+    let eos: Vec<u32> = tok.eos_token_ids().iter().copied().collect();
+    let vocab = model.vocab_size() as usize;
+    let d = dir.clone();
+    let (engine, thread) = Engine::start(
+        move || {
+            let (model, _) = load_model_dir(&d, &LoadOptions::default())?;
+            Ok((model, Tokenizer::from_dir(&d)?))
+        },
+        EngineConfig {
+            decoder: EngineDecoder::Cpu { threads: 2 },
+            prompt_lookup: Some(PromptLookup {
+                ngram: 1,
+                num_draft_tokens: 4,
+            }),
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap();
+    let running = Running {
+        engine: Some(engine),
+        thread: Some(thread),
+    };
+    let engine = running.engine.as_ref().unwrap();
+    let mut p = prompt(vocab, 12, 5);
+    p.extend(p.clone());
+    let (tx, rx) = channel();
+    engine.submit(request(p.clone(), 24), Box::new(tx)).unwrap();
+    let got: Vec<u32> = read(&rx).iter().map(|t| t.0).collect();
+    let want: Vec<u32> = generate_alone(model.as_ref(), &eos, &p, 24)
+        .iter()
+        .map(|t| t.0)
+        .collect();
+    assert_eq!(got, want);
+    let steps = || {
+        engine
+            .stats()
+            .decode_steps
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    assert_eq!(
+        steps(),
+        0,
+        "the greedy request ran by prompt lookup, not batched"
+    );
+    let mut sampled = request(p, 4);
+    sampled.sampler.temp = 0.7;
+    sampled.seed = Some(1);
+    let (tx, rx) = channel();
+    engine.submit(sampled, Box::new(tx)).unwrap();
+    read(&rx);
+    assert!(steps() > 0, "a sampled request is batched");
 }

@@ -7,7 +7,9 @@ use std::path::PathBuf;
 
 use mlx_core::prelude::*;
 use mlx_engine::cpu_decode::CpuDecoder;
-use mlx_engine::cpu_spec::{greedy, speculative_greedy};
+use mlx_engine::cpu_spec::{
+    greedy, prompt_lookup_longest, speculative_greedy, speculative_greedy_with, DraftLength,
+};
 use mlx_engine::speculative::prompt_lookup;
 use mlx_models::load::{load_model_dir, LoadOptions};
 
@@ -72,4 +74,115 @@ fn cpu_speculation_equals_plain_greedy() {
         assert_eq!(a, b);
         assert!(speculative_greedy(&mut dec, &[], GEN, 4, &mut lookup, &mut |_| false).is_err());
     }
+}
+
+/// Every row of a verification pass (`CpuDecoder::verify`, 1 to 9 rows: past the four-row
+/// tiles of the integer kernels) has the bits of its logits fed one token at a time, and the
+/// cache continues the same afterwards (tier: bit-identical).
+#[test]
+fn verify_rows_are_the_bits_of_one_token_steps() {
+    for name in ["dense_f32", "q4_g32", "q8_g64"] {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../mlx-models/tests/models")
+            .join(name);
+        if !dir.exists() {
+            continue;
+        }
+        let opts = LoadOptions {
+            dtype: Some(Dtype::Float32),
+        };
+        let model = load_model_dir(&dir, &opts).unwrap().0;
+        let mut dec = CpuDecoder::new(model.as_ref(), 2, 16).unwrap();
+        let vocab = dec.vocab();
+        let tokens: Vec<u32> = (0..10).map(|i| (i * 37 + 5) % vocab as u32).collect();
+        let mut alone = Vec::new();
+        dec.feed(PROMPT).unwrap();
+        for &t in &tokens {
+            alone.extend_from_slice(dec.feed(&[t]).unwrap());
+        }
+        for n in 1..=9 {
+            dec.reset();
+            dec.feed(PROMPT).unwrap();
+            let got = dec.verify(&tokens[..n]).unwrap().to_vec();
+            assert_eq!(got.len(), n * vocab);
+            let same = got
+                .iter()
+                .zip(&alone[..n * vocab])
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same,
+                "{name}: a pass of {n} rows differs from one-token steps"
+            );
+            // Rolled back to fewer rows, the cache continues as one-token feeding does.
+            let keep = n / 2;
+            dec.truncate(PROMPT.len() + keep);
+            let next = dec.feed(&[tokens[keep]]).unwrap();
+            let want = &alone[keep * vocab..(keep + 1) * vocab];
+            assert!(next
+                .iter()
+                .zip(want)
+                .all(|(a, b)| a.to_bits() == b.to_bits()));
+        }
+        assert!(dec.verify(&[]).is_err());
+        assert!(dec.verify(&[vocab as u32]).is_err());
+    }
+}
+
+/// The longest-context lookup drafts from the occurrence whose preceding tokens match most,
+/// not the most recent one; ties go to the most recent; nothing without a match.
+#[test]
+fn longest_context_lookup_prefers_the_matching_context() {
+    // "7 8 9" occurs after "1 2" (start) and after "5 6" (later); the history ends "1 2 7 8 9".
+    let h = [1, 2, 7, 8, 9, 30, 31, 5, 6, 7, 8, 9, 40, 41, 1, 2, 7, 8, 9];
+    assert_eq!(prompt_lookup_longest(&h, 3, 2), vec![30, 31]);
+    assert_eq!(prompt_lookup(&h, 3, 2), vec![40, 41]);
+    // A tie (one token of context each): the most recent.
+    let h = [3, 7, 8, 50, 3, 7, 8, 60, 3, 7, 8];
+    assert_eq!(prompt_lookup_longest(&h, 2, 1), vec![60]);
+    // Drafts stop at the end of the history; no match or no room: none.
+    assert_eq!(prompt_lookup_longest(&[4, 5, 4], 1, 8), vec![5, 4]);
+    assert!(prompt_lookup_longest(&[1, 2, 3], 1, 4).is_empty());
+    assert!(prompt_lookup_longest(&[1, 1], 2, 4).is_empty());
+    assert!(prompt_lookup_longest(&[1, 1, 1], 0, 4).is_empty());
+}
+
+/// The adaptive draft length: more after a round fully accepted, one past the accepted after
+/// a miss, within [1, max]; fixed when not adaptive; and greedy output unchanged by it.
+#[test]
+fn adaptive_draft_length_keeps_greedy_output() {
+    let mut l = DraftLength::new(8, true);
+    assert_eq!(l.want(100), 8);
+    assert_eq!(l.want(3), 3);
+    l.update(8, 2);
+    assert_eq!(l.want(100), 3);
+    l.update(3, 3);
+    assert_eq!(l.want(100), 5);
+    l.update(5, 0);
+    assert_eq!(l.want(100), 1);
+    l.update(0, 0);
+    assert_eq!(l.want(100), 1);
+    l.update(1, 1);
+    assert_eq!(l.want(100), 3);
+    for _ in 0..5 {
+        l.update(8, 8);
+    }
+    assert_eq!(l.want(100), 8);
+    let mut fixed = DraftLength::new(4, false);
+    fixed.update(4, 0);
+    assert_eq!(fixed.want(100), 4);
+
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../mlx-models/tests/models/q4_g32");
+    let opts = LoadOptions {
+        dtype: Some(Dtype::Float32),
+    };
+    let model = load_model_dir(&dir, &opts).unwrap().0;
+    let mut dec = CpuDecoder::new(model.as_ref(), 2, 64).unwrap();
+    let reference = greedy(&mut dec, PROMPT, GEN, &mut |_| false).unwrap();
+    let mut lookup = |h: &[u32], n: usize| prompt_lookup_longest(h, 1, n);
+    let mut len = DraftLength::new(6, true);
+    let (got, st) =
+        speculative_greedy_with(&mut dec, PROMPT, GEN, &mut len, &mut lookup, &mut |_| false)
+            .unwrap();
+    assert_eq!(got, reference);
+    assert!(st.drafted > 0, "{st:?}");
 }

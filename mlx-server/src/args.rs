@@ -163,6 +163,14 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 3)]
     pub num_draft_tokens: usize,
 
+    /// Speculate by prompt lookup on the CPU decoder: where it runs the batch, greedy
+    /// requests (temperature 0, no penalties, logit bias, grammar, top log-probabilities or
+    /// `n` > 1) run alone between batches, drafting up to --num-draft-tokens tokens from the
+    /// most context-matching earlier occurrence of the last N tokens (prompt and output) and
+    /// verifying them in one batched pass: the tokens of plain greedy decoding.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=64), conflicts_with = "draft_model")]
+    pub prompt_lookup_ngram: Option<u64>,
+
     // --- Server completeness (issue #36): CORS, n, chat template, KV cache options. ---
     /// Comma-separated origins a browser page may call the API from (CORS), as
     /// mlx_lm.server's `--allowed-origins`: `*` (the default) answers every origin with

@@ -329,6 +329,12 @@ pub fn engine_config(args: &ServeArgs) -> Result<EngineConfig, ServeError> {
         prompt_cache_bytes: args.prompt_cache_bytes,
         kv: kv_options(args)?,
         decoder: decoder(args),
+        prompt_lookup: args
+            .prompt_lookup_ngram
+            .map(|n| mlx_engine::batch::PromptLookup {
+                ngram: n as usize,
+                num_draft_tokens: args.num_draft_tokens,
+            }),
     })
 }
 

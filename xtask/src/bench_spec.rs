@@ -95,7 +95,7 @@ fn median(v: &mut [f64]) -> f64 {
 fn run_cli(args: &[String]) -> Result<(), String> {
     let rounds = num(args, "--rounds", 3)?.max(1);
     let ngram = num(args, "--ngram", 3)?;
-    let k = num(args, "--draft", 8)?;
+    let k = num(args, "--draft", 3)?;
     let max_tokens = num(args, "--max-tokens", 160)?;
     let threads = flag(args, "--threads");
     let model = flag(args, "--model").map_or_else(default_model, Into::into);

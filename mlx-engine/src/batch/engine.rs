@@ -139,6 +139,19 @@ pub struct EngineConfig {
     pub kv: Option<KvOptions>,
     /// Which decoder runs the batch (the exact MLX forward by default).
     pub decoder: EngineDecoder,
+    /// Prompt lookup speculation on the CPU decoder: where the batch runs on it, a greedy
+    /// request (temperature 0, no logits processors, grammar, top log-probabilities or extra
+    /// choices) runs alone once the batch has drained, its drafts verified in batched passes
+    /// ([`crate::cpu_spec`]): the tokens of plain greedy decoding on the CPU decoder.
+    pub prompt_lookup: Option<PromptLookup>,
+}
+
+/// [`EngineConfig::prompt_lookup`]: n-grams of `ngram` tokens, at most `num_draft_tokens`
+/// drafts a pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PromptLookup {
+    pub ngram: usize,
+    pub num_draft_tokens: usize,
 }
 
 /// The decoder of [`EngineConfig::decoder`].
@@ -174,6 +187,7 @@ impl Default for EngineConfig {
             prompt_cache_bytes: 1 << 30,
             kv: None,
             decoder: EngineDecoder::Mlx,
+            prompt_lookup: None,
         }
     }
 }
@@ -884,6 +898,7 @@ impl<'m> Worker<'m> {
             {
                 self.speculative.push_back(*job)
             }
+            Work::Generate(job) if self.looks_up(&job) => self.speculative.push_back(*job),
             Work::Generate(job) => waiting.push_back(*job),
             Work::Group(jobs) => waiting.extend(jobs),
             Work::Embed { inputs, reply } => {
@@ -977,8 +992,22 @@ impl<'m> Worker<'m> {
         }
     }
 
+    /// Whether `job` speculates by prompt lookup on the CPU decoder
+    /// ([`EngineConfig::prompt_lookup`]).
+    fn looks_up(&self, job: &Job) -> bool {
+        let r = &job.request;
+        self.config.prompt_lookup.is_some_and(|p| p.ngram > 0)
+            && self.cpu.is_some()
+            && r.grammar.is_none()
+            && job.extra.is_empty()
+            && r.sampler.temp == 0.0
+            && !(r.logprobs && r.top_logprobs > 0)
+            && make_logits_processors(&r.processors).is_ok_and(|p| p.is_empty())
+    }
+
     /// Runs a speculative request to its end with the draft model (no prompt-cache reuse: its
-    /// caches hold the draft's layers too), sending its events as a batched request's.
+    /// caches hold the draft's layers too), or by prompt lookup on the CPU decoder, sending
+    /// its events as a batched request's.
     fn run_speculative(&mut self, job: Job) {
         let Job {
             request: r,
@@ -987,10 +1016,15 @@ impl<'m> Worker<'m> {
         } = job;
         self.stats.queued.fetch_sub(1, Ordering::Relaxed);
         release_tokens(&self.stats, r.prompt.len());
-        let Some(draft) = self.draft else {
+        let draft = self.draft.filter(|_| r.num_draft_tokens.is_some());
+        let lookup = self
+            .config
+            .prompt_lookup
+            .zip(self.cpu.as_ref().map(|c| c.threads()));
+        if draft.is_none() && lookup.is_none() {
             sink.send(BatchEvent::Error("the engine has no draft model".into()));
             return;
-        };
+        }
         let deadline = r.timeout.map(|t| Instant::now() + t);
         let result = (|| -> Result<()> {
             if let Some(s) = r.seed {
@@ -1009,18 +1043,33 @@ impl<'m> Worker<'m> {
                 },
                 false,
             )?;
-            let stream = crate::stream::stream_generate_speculative(
-                self.model,
-                &self.tokenizer,
-                &r.prompt,
-                None,
-                crate::speculative::Drafter::Model {
-                    model: draft,
-                    cache: None,
-                },
-                r.num_draft_tokens.unwrap_or(0),
-                opts,
-            )?;
+            let stream = match (draft, lookup) {
+                (Some(draft), _) => crate::stream::stream_generate_speculative(
+                    self.model,
+                    &self.tokenizer,
+                    &r.prompt,
+                    None,
+                    crate::speculative::Drafter::Model {
+                        model: draft,
+                        cache: None,
+                    },
+                    r.num_draft_tokens.unwrap_or(0),
+                    opts,
+                )?,
+                (None, Some((pl, threads))) => {
+                    let mut opts = opts;
+                    opts.generate.cpu_decode = Some(crate::generate::CpuDecode { threads });
+                    crate::stream::stream_generate_cpu_speculative(
+                        self.model,
+                        &self.tokenizer,
+                        &r.prompt,
+                        pl.ngram,
+                        pl.num_draft_tokens,
+                        opts,
+                    )?
+                }
+                (None, None) => return Ok(()),
+            };
             if !sink.send(BatchEvent::Started {
                 prompt_tokens: r.prompt.len(),
                 cached_tokens: 0,

@@ -18,6 +18,6 @@ mod text;
 
 pub use engine::{
     BatchEvent, BatchRequest, EmbedReply, Engine, EngineConfig, EngineDecoder, EngineStats,
-    EventSink, KvOptions, SubmitError,
+    EventSink, KvOptions, PromptLookup, SubmitError,
 };
 pub use mlx_cache::BatchKVCache;
