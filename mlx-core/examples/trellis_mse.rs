@@ -87,10 +87,10 @@ fn out_err(w: &[f32], d: &[f32], h: &[f32], cols: usize) -> f64 {
     let quad = |m: &[f32]| -> f64 {
         m.chunks_exact(cols)
             .map(|r| {
-                (0..cols)
-                    .map(|i| {
-                        let hr = &h[i * cols..(i + 1) * cols];
-                        f64::from(r[i])
+                h.chunks_exact(cols)
+                    .zip(r)
+                    .map(|(hr, &ri)| {
+                        f64::from(ri)
                             * r.iter()
                                 .zip(hr)
                                 .map(|(&a, &b)| f64::from(a) * f64::from(b))

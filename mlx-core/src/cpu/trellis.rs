@@ -600,8 +600,8 @@ fn block_ldl(h: &[f64], n: usize, b: usize) -> Result<Vec<f64>, String> {
             let mut x = vec![0.0f64; b];
             for col in (0..b).rev() {
                 let mut v = c[i * n + j0 + col];
-                for k in col + 1..b {
-                    v -= x[k] * c[(j0 + k) * n + j0 + col];
+                for (k, &xk) in x.iter().enumerate().skip(col + 1) {
+                    v -= xk * c[(j0 + k) * n + j0 + col];
                 }
                 x[col] = v / c[(j0 + col) * n + j0 + col];
             }
@@ -708,8 +708,10 @@ pub fn quantize_ldlq(
                             let bo = &mut out[j * bw..(j + 1) * bw];
                             encode_block(isa, spec, &x, &codes, &mut scratch, bo);
                             decode_row(spec, bo, rms[r], &mut dec);
-                            for c in 0..b {
-                                err[j0 + c] = f64::from(row[j0 + c]) - f64::from(dec[c]);
+                            for ((e, &v), &d) in
+                                err[j0..j0 + b].iter_mut().zip(&row[j0..j0 + b]).zip(&dec)
+                            {
+                                *e = f64::from(v) - f64::from(d);
                             }
                         }
                     }
@@ -1342,9 +1344,9 @@ mod tests {
         let mut h = vec![0.0f32; cols * cols];
         for t in 0..n {
             let xt = &x[t * cols..(t + 1) * cols];
-            for i in 0..cols {
-                for j in 0..cols {
-                    h[i * cols + j] += xt[i] * xt[j] / n as f32;
+            for (hr, &xi) in h.chunks_exact_mut(cols).zip(xt) {
+                for (hv, &xj) in hr.iter_mut().zip(xt) {
+                    *hv += xi * xj / n as f32;
                 }
             }
         }
@@ -1361,9 +1363,9 @@ mod tests {
                 let d: Vec<f64> = (0..cols)
                     .map(|c| f64::from(wt[r * cols + c] - dec[r * cols + c]))
                     .collect();
-                for i in 0..cols {
-                    for j in 0..cols {
-                        e += d[i] * f64::from(hp[i * cols + j]) * d[j];
+                for (hr, &di) in hp.chunks_exact(cols).zip(&d) {
+                    for (&hv, &dj) in hr.iter().zip(&d) {
+                        e += di * f64::from(hv) * dj;
                     }
                 }
             }
