@@ -247,7 +247,11 @@ fn quant_of(q: &Map<String, Value>, path: &str) -> Result<(i32, i32, QuantMode)>
         get(k)
             .and_then(Value::as_i64)
             .map(|v| v as i32)
-            .ok_or_else(|| TrainError::Config(format!("config.json: quantization.{k} missing")))
+            .ok_or_else(|| TrainError::FileField {
+                file: "config.json".into(),
+                field: format!("quantization.{k}"),
+                problem: "missing".into(),
+            })
     };
     let mode = match get("mode").and_then(Value::as_str).unwrap_or("affine") {
         "affine" => QuantMode::Affine,

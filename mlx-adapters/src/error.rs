@@ -15,6 +15,24 @@ pub enum TrainError {
         line: usize,
         message: String,
     },
+    /// A bad value of one named option or configuration field: the field
+    /// (`optimizer_config.adam.betas`, `batch_size`) and what is wrong with it.
+    #[error("{field} {problem}")]
+    Option { field: String, problem: String },
+    /// An option a section does not have: the section (`optimizer_config.muon`) and the name.
+    #[error("{section}: unknown option `{option}`")]
+    UnknownOption { section: String, option: String },
+    /// A layer already wrapped by an adapter asked to take a LoRA adapter again: its path.
+    #[error("{path} is already adapted; cannot convert it to LoRA again")]
+    AlreadyAdapted { path: String },
+    /// A field of a file that is missing or wrong: the file (`config.json`), the field
+    /// (`quantization.group_size`) and the problem.
+    #[error("{file}: {field} {problem}")]
+    FileField {
+        file: String,
+        field: String,
+        problem: String,
+    },
     /// A bad option or configuration value (the option named in the message).
     #[error("{0}")]
     Config(String),
@@ -28,5 +46,15 @@ pub fn io_err(path: &std::path::Path, e: impl std::fmt::Display) -> TrainError {
     TrainError::Io {
         path: path.display().to_string(),
         message: e.to_string(),
+    }
+}
+
+impl TrainError {
+    /// [`TrainError::Option`] for `field`.
+    pub fn option(field: impl Into<String>, problem: impl Into<String>) -> Self {
+        TrainError::Option {
+            field: field.into(),
+            problem: problem.into(),
+        }
     }
 }

@@ -174,13 +174,9 @@ impl FullModel {
         let values = match (self.params.enabled(), &self.base) {
             (true, _) => self.params.snapshot(),
             (false, Some(base)) => base.clone(),
-            (false, None) => {
-                return Err(mlx_models::ModelError::Other(
-                    "full fine-tuning: the base weights were not kept for a reference model".into(),
-                ))
-            }
+            (false, None) => return Err(mlx_models::ModelError::BaseWeightsNotKept),
         };
-        let err = |e: TrainError| mlx_models::ModelError::Other(e.to_string());
+        let err = crate::lora::model_err;
         let mut g = self.lock();
         write_layer_parameters(g.as_mut(), &values).map_err(err)?;
         let r = f(g.as_ref());
@@ -254,8 +250,7 @@ impl LanguageModel for FullModel {
     fn layer_parameters_mut(&mut self) -> mlx_models::Result<Vec<Vec<LayerParam<'_>>>> {
         let values = self.params.snapshot();
         let inner = self.inner_mut();
-        write_layer_parameters(inner.as_mut(), &values)
-            .map_err(|e| mlx_models::ModelError::Other(e.to_string()))?;
+        write_layer_parameters(inner.as_mut(), &values).map_err(crate::lora::model_err)?;
         inner.layer_parameters_mut()
     }
 

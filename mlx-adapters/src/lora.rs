@@ -45,20 +45,21 @@ impl Default for LoraConfig {
 impl LoraConfig {
     pub fn validate(&self) -> Result<()> {
         if self.rank <= 0 {
-            return Err(TrainError::Config(format!(
-                "lora_parameters.rank must be positive, got {}",
-                self.rank
-            )));
+            return Err(TrainError::option(
+                "lora_parameters.rank",
+                format!("must be positive, got {}", self.rank),
+            ));
         }
         if !(0.0..1.0).contains(&self.dropout) {
-            return Err(TrainError::Config(format!(
-                "lora_parameters.dropout must be in [0, 1), got {}",
-                self.dropout
-            )));
+            return Err(TrainError::option(
+                "lora_parameters.dropout",
+                format!("must be in [0, 1), got {}", self.dropout),
+            ));
         }
         if !self.scale.is_finite() {
-            return Err(TrainError::Config(
-                "lora_parameters.scale must be finite".into(),
+            return Err(TrainError::option(
+                "lora_parameters.scale",
+                "must be finite",
             ));
         }
         Ok(())
@@ -387,11 +388,10 @@ fn set_leaf_arrays(
     values: &[Array],
 ) -> mlx_models::Result<()> {
     if values.len() != leaves.len() {
-        return Err(mlx_models::ModelError::Other(format!(
-            "{path}: {} values for {} parameters",
-            values.len(),
-            leaves.len()
-        )));
+        return Err(mlx_models::ModelError::Parameters {
+            path: path.to_string(),
+            problem: format!("{} values for {} parameters", values.len(), leaves.len()),
+        });
     }
     let map: ParamMap = leaves
         .iter()
@@ -401,11 +401,11 @@ fn set_leaf_arrays(
     params.update(&map).map_err(model_err)
 }
 
-fn model_err(e: TrainError) -> mlx_models::ModelError {
+pub(crate) fn model_err(e: TrainError) -> mlx_models::ModelError {
     match e {
         TrainError::Mlx(e) => mlx_models::ModelError::Mlx(e),
         TrainError::Model(e) => e,
-        other => mlx_models::ModelError::Other(other.to_string()),
+        other => mlx_models::ModelError::Adapter(Box::new(other)),
     }
 }
 
@@ -530,9 +530,9 @@ fn switch_from_base(
         SwitchLinear::Dense { .. } => "SwitchLinear",
         SwitchLinear::Quantized { .. } => "QuantizedSwitchLinear",
         SwitchLinear::Adapted(_) => {
-            return Err(TrainError::Config(format!(
-                "{path} is already adapted; cannot convert it to LoRA again"
-            )))
+            return Err(TrainError::AlreadyAdapted {
+                path: path.to_string(),
+            })
         }
     };
     if dora {
@@ -564,9 +564,9 @@ fn from_base(
     params: &Params,
 ) -> Result<LoraLinear> {
     if matches!(linear, Linear::Adapted(_)) {
-        return Err(TrainError::Config(format!(
-            "{path} is already adapted; cannot convert it to LoRA again"
-        )));
+        return Err(TrainError::AlreadyAdapted {
+            path: path.to_string(),
+        });
     }
     let (output_dims, input_dims) = linear.dims()?;
     // `nn.Linear(input_dims, output_dims)` inside __init__: its weight draw uses one key.
@@ -729,9 +729,9 @@ fn embedding_from_base(
 ) -> Result<LoraEmbedding> {
     match embedding {
         Embedding::Adapted(_) => {
-            return Err(TrainError::Config(format!(
-                "{path} is already adapted; cannot convert it to LoRA again"
-            )))
+            return Err(TrainError::AlreadyAdapted {
+                path: path.to_string(),
+            })
         }
         Embedding::Quantized(_) if dora => {
             return Err(TrainError::Config(format!(

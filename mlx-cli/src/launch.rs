@@ -28,6 +28,11 @@ pub const ENV_BACKEND: &str = "MLX_LAUNCH_BACKEND";
 pub const ENV_TIMEOUT: &str = "MLX_LAUNCH_TIMEOUT";
 /// The environment variable set (to `1`) by `mlx launch --pipeline`.
 pub const ENV_PIPELINE: &str = "MLX_LAUNCH_PIPELINE";
+/// The launcher's process id, set in the ranks it starts itself (ring, nccl): a rank whose
+/// launcher is gone (killed, even by SIGKILL) stops instead of living on as an orphan.
+pub const ENV_PARENT: &str = "MLX_LAUNCH_PARENT";
+/// How often a rank checks that its launcher is still there.
+const PARENT_POLL: Duration = Duration::from_millis(200);
 
 #[derive(Args, Debug, Clone)]
 pub struct LaunchArgs {
@@ -273,6 +278,7 @@ fn supervise(
             .env("MLX_RANK", r.to_string())
             .envs(env(r))
             .env(ENV_TIMEOUT, timeout.to_string())
+            .env(ENV_PARENT, std::process::id().to_string())
             .stdin(if r == 0 {
                 Stdio::inherit()
             } else {
@@ -464,6 +470,7 @@ pub fn init_from_env() -> Result<Option<distributed::Group>, String> {
         .filter(|t| t.is_finite() && *t > 0.0)
         .unwrap_or(60.0);
     let rank = std::env::var("MLX_RANK").unwrap_or_else(|_| "?".into());
+    watch_launcher(&rank);
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         let g = distributed::init(true, backend).map(|g| (g.rank(), g.size()));
@@ -482,6 +489,35 @@ pub fn init_from_env() -> Result<Option<distributed::Group>, String> {
             std::env::var("MLX_HOSTFILE").unwrap_or_default()
         )),
     }
+}
+
+/// In a rank `mlx launch` started itself ([`ENV_PARENT`]), a thread that ends the process
+/// once the launcher is gone (this process was re-parented): a killed launcher leaves no
+/// rank behind, blocked in a collective or still forming the group.
+fn watch_launcher(rank: &str) {
+    #[cfg(unix)]
+    {
+        let Some(parent) = std::env::var(ENV_PARENT)
+            .ok()
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            return;
+        };
+        if std::os::unix::process::parent_id() != parent {
+            eprintln!("error: rank {rank}: the launcher (pid {parent}) is gone; stopping");
+            std::process::exit(1);
+        }
+        let rank = rank.to_string();
+        std::thread::spawn(move || loop {
+            std::thread::sleep(PARENT_POLL);
+            if std::os::unix::process::parent_id() != parent {
+                eprintln!("error: rank {rank}: the launcher (pid {parent}) is gone; stopping");
+                std::process::exit(1);
+            }
+        });
+    }
+    #[cfg(not(unix))]
+    let _ = rank;
 }
 
 fn check_rank(fail_rank: Option<i32>) -> Result<(), String> {

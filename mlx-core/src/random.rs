@@ -22,6 +22,7 @@
 //! `bool`.
 
 use std::borrow::Cow;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use mlx_sys as sys;
 
@@ -83,6 +84,21 @@ impl<'a> From<&'a Array> for ScalarOrArray<'a> {
     }
 }
 
+/// The process-wide lock of the global key: [`seed`], [`state`], [`set_state`],
+/// [`next_key`] and every keyless draw hold it, so threads that seed or draw at once take
+/// turns (seeding from several threads at once once crashed the process, issue #29).
+static GLOBAL_KEY: Mutex<()> = Mutex::new(());
+
+fn global_key_lock() -> MutexGuard<'static, ()> {
+    // The lock guards no data of its own: a panic while it was held leaves nothing to repair.
+    GLOBAL_KEY.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The global key's lock when a draw has no `key` of its own (it splits the global one).
+fn keyless_guard(key: Option<&Array>) -> Option<MutexGuard<'static, ()>> {
+    key.is_none().then(global_key_lock)
+}
+
 fn opt_raw(a: Option<&Array>) -> sys::mlxs_array {
     a.map_or(std::ptr::null_mut(), Array::as_raw)
 }
@@ -95,18 +111,21 @@ pub fn key(seed: u64) -> Result<Array> {
 
 /// Seeds the global PRNG (`mx.random.seed`).
 pub fn seed(seed: u64) -> Result<()> {
+    let _global = global_key_lock();
     // SAFETY: plain value.
     check("random_seed", unsafe { sys::mlxs_random_seed(seed) })
 }
 
 /// The global PRNG state: the key the next keyless draw splits (`mx.random.state[0]`).
 pub fn state() -> Result<Array> {
+    let _global = global_key_lock();
     // SAFETY: owned handle out.
     array_out("random_state", |o| unsafe { sys::mlxs_random_state(o) })
 }
 
 /// Replaces the global PRNG state with `key` (a `uint32` array of shape `[2]`).
 pub fn set_state(key: &Array) -> Result<()> {
+    let _global = global_key_lock();
     // SAFETY: live handle.
     check("random_set_state", unsafe {
         sys::mlxs_random_set_state(key.as_raw())
@@ -115,6 +134,7 @@ pub fn set_state(key: &Array) -> Result<()> {
 
 /// Advances the global state and returns the key that a keyless sampler would have used.
 pub fn next_key() -> Result<Array> {
+    let _global = global_key_lock();
     // SAFETY: owned handle out.
     array_out("random_next_key", |o| unsafe {
         sys::mlxs_random_next_key(o)
@@ -131,6 +151,7 @@ pub fn split(key: &Array, num: i32, s: Option<&Stream>) -> Result<Array> {
 
 /// Random bits: `uint32` (width 4), `uint16` (2) or `uint8` (1) of `shape`.
 pub fn bits(shape: &[i32], width: i32, key: Option<&Array>, s: Option<&Stream>) -> Result<Array> {
+    let _global = keyless_guard(key);
     // SAFETY: shape valid for its length; live key or null.
     array_out("random_bits", |o| unsafe {
         sys::mlxs_random_bits(o, shape.as_ptr(), shape.len(), width, opt_raw(key), raw(s))
@@ -149,6 +170,7 @@ pub fn uniform<'a>(
 ) -> Result<Array> {
     let (low, high) = (low.into(), high.into());
     let (low, high) = (low.to_array()?, high.to_array()?);
+    let _global = keyless_guard(key);
     // SAFETY: live handles; shape valid for its length.
     array_out("random_uniform", |o| unsafe {
         sys::mlxs_random_uniform(
@@ -188,6 +210,7 @@ pub fn normal(
     };
     let loc = loc.map(as_param).transpose()?;
     let scale = scale.map(as_param).transpose()?;
+    let _global = keyless_guard(key);
     // SAFETY: live handles (optional ones may be null); shape valid for its length.
     array_out("random_normal", |o| unsafe {
         sys::mlxs_random_normal(
@@ -214,6 +237,7 @@ pub fn randint<'a>(
 ) -> Result<Array> {
     let (low, high) = (low.into(), high.into());
     let (low, high) = (low.to_array()?, high.to_array()?);
+    let _global = keyless_guard(key);
     // SAFETY: live handles; shape valid for its length.
     array_out("random_randint", |o| unsafe {
         sys::mlxs_random_randint(
@@ -240,6 +264,7 @@ pub fn bernoulli<'a>(
     let p = p.into();
     let p = p.to_array()?;
     let sh = shape.unwrap_or(&[]);
+    let _global = keyless_guard(key);
     // SAFETY: live handles; shape valid for its length.
     array_out("random_bernoulli", |o| unsafe {
         sys::mlxs_random_bernoulli(
@@ -267,6 +292,7 @@ pub fn truncated_normal<'a>(
     let (lower, upper) = (lower.into(), upper.into());
     let (lower, upper) = (lower.to_array()?, upper.to_array()?);
     let sh = shape.unwrap_or(&[]);
+    let _global = keyless_guard(key);
     // SAFETY: live handles; shape valid for its length.
     array_out("random_truncated_normal", |o| unsafe {
         sys::mlxs_random_truncated_normal(
@@ -290,6 +316,7 @@ pub fn gumbel(
     key: Option<&Array>,
     s: Option<&Stream>,
 ) -> Result<Array> {
+    let _global = keyless_guard(key);
     // SAFETY: shape valid for its length; live key or null.
     array_out("random_gumbel", |o| unsafe {
         sys::mlxs_random_gumbel(
@@ -311,6 +338,7 @@ pub fn categorical(
     key: Option<&Array>,
     s: Option<&Stream>,
 ) -> Result<Array> {
+    let _global = keyless_guard(key);
     // SAFETY: live handles.
     array_out("random_categorical", |o| unsafe {
         sys::mlxs_random_categorical(o, logits.as_raw(), axis, opt_raw(key), raw(s))
@@ -332,6 +360,7 @@ pub fn categorical_n(
             format!("num_samples must not be negative, got {num_samples}"),
         ));
     }
+    let _global = keyless_guard(key);
     // SAFETY: live handles.
     array_out("random_categorical", |o| unsafe {
         sys::mlxs_random_categorical_n(o, logits.as_raw(), axis, num_samples, opt_raw(key), raw(s))
@@ -347,6 +376,7 @@ pub fn categorical_shape(
     key: Option<&Array>,
     s: Option<&Stream>,
 ) -> Result<Array> {
+    let _global = keyless_guard(key);
     // SAFETY: live handles; shape valid for its length.
     array_out("random_categorical", |o| unsafe {
         sys::mlxs_random_categorical_shape(
@@ -370,6 +400,7 @@ pub fn laplace(
     key: Option<&Array>,
     s: Option<&Stream>,
 ) -> Result<Array> {
+    let _global = keyless_guard(key);
     // SAFETY: shape valid for its length; live key or null.
     array_out("random_laplace", |o| unsafe {
         sys::mlxs_random_laplace(
@@ -387,6 +418,7 @@ pub fn laplace(
 
 /// `x` randomly permuted along `axis` (`mx.random.permutation(x, axis)`).
 pub fn permutation(x: &Array, axis: i32, key: Option<&Array>, s: Option<&Stream>) -> Result<Array> {
+    let _global = keyless_guard(key);
     // SAFETY: live handles.
     array_out("random_permutation", |o| unsafe {
         sys::mlxs_random_permutation(o, x.as_raw(), axis, opt_raw(key), raw(s))

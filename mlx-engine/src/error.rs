@@ -18,6 +18,14 @@ pub enum EngineError {
     /// The GPU graph decoder does not cover this model or these options (the reason).
     #[error("the graph decoder does not apply: {0}")]
     GraphDecoderUnsupported(String),
+    /// A model loader handed to the engine (the server's) failed: the model path as given and
+    /// the loader's message (which names the file and the problem).
+    #[error("{message}")]
+    ModelLoad { path: String, message: String },
+    /// The draft model of speculative decoding (`--draft-model PATH`) failed to load: the
+    /// path and the loader's message.
+    #[error("--draft-model {path}: {message}")]
+    DraftModel { path: String, message: String },
     /// An invalid argument or state (a sampler parameter, an empty prompt, ...).
     #[error("{0}")]
     Other(String),

@@ -4,7 +4,8 @@
 //!
 //! - [`tokenizer::Tokenizer`] (HF `tokenizer.json` with mlx-lm's special-token and EOS
 //!   handling), [`tokenizer_gguf`] (built from GGUF metadata), [`tokenizer_stream`]
-//!   (streaming detokenizers), [`chat_template`] (Jinja, rendered as transformers does).
+//!   (streaming detokenizers), [`chat_template`] (Jinja, rendered as transformers does): the
+//!   `mlx-tokenizers` crate's modules, re-exported here under their old paths.
 //! - [`generate`], [`sample`]: mlx-lm's `generate_step`, samplers and logits processors;
 //!   [`compiled`]: the compiled, transactional decode step `generate_step` can use.
 //! - [`speculative`]: mlx-lm's `speculative_generate_step` (draft model) and prompt lookup,
@@ -27,7 +28,6 @@
 
 pub mod batch;
 pub mod chat;
-pub mod chat_template;
 pub mod compiled;
 pub mod cpu_decode;
 pub mod cpu_spec;
@@ -43,12 +43,12 @@ pub mod sample;
 pub mod seed;
 pub mod speculative;
 pub mod stream;
-mod template_bounds;
-pub mod tokenizer;
-pub mod tokenizer_gguf;
-pub mod tokenizer_stream;
+
+// The tokenizer and chat-template unit lives in `mlx-tokenizers`; its modules keep their
+// `mlx_engine::` paths.
 #[doc(hidden)]
-pub mod tokenizer_testdata;
+pub use mlx_tokenizers::tokenizer_testdata;
+pub use mlx_tokenizers::{chat_template, tokenizer, tokenizer_gguf, tokenizer_stream};
 
 pub use chat_template::{ChatTemplate, ChatTemplateOptions, ChatTemplates};
 pub use error::{EngineError, Result};

@@ -14,8 +14,8 @@ fn corpus() -> Vec<String> {
     let mut texts: Vec<String> = [
         "README.md",
         "docs/guide.md",
-        "mlx-engine/src/tokenizer_gguf.rs",
-        "mlx-engine/src/chat_template.rs",
+        "mlx-tokenizers/src/tokenizer_gguf.rs",
+        "mlx-tokenizers/src/chat_template.rs",
         "xtask/oracle/goldens_dense.py",
     ]
     .iter()

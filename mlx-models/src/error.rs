@@ -25,6 +25,17 @@ pub enum ModelError {
     Weights(Vec<String>),
     #[error("{path}: {message}")]
     Io { path: String, message: String },
+    /// Values handed back for a model's parameters that do not fit them: the parameter path
+    /// (`model.layers.0.self_attn.q_proj`) and the problem.
+    #[error("{path}: {problem}")]
+    Parameters { path: String, problem: String },
+    /// A reference model of full fine-tuning was asked for, but the base weights were not kept.
+    #[error("full fine-tuning: the base weights were not kept for a reference model")]
+    BaseWeightsNotKept,
+    /// An adapter wrapped around the model (`mlx-adapters`) failed; its own typed error is the
+    /// source (downcast it to `mlx_adapters::TrainError`).
+    #[error(transparent)]
+    Adapter(Box<dyn std::error::Error + Send + Sync>),
     #[error("{0}")]
     Other(String),
 }

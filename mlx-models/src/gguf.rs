@@ -1,6 +1,6 @@
 //! GGUF model files, read through MLX's loader: llama.cpp tensor names mapped to mlx-lm's per
 //! architecture (llama, qwen2, qwen3, phi3, gemma, gemma2, gemma3, qwen2moe, qwen3moe, olmo2,
-//! granite, glm4), llama's and granite's Q/K rows un-permuted (llama.cpp stores them interleaved for its
+//! granite, glm4, mistral3, deepseek2), llama's and granite's Q/K rows un-permuted (llama.cpp stores them interleaved for its
 //! rope), Gemma's `1 + w` norms
 //! turned back into mlx-lm's `w`, hyper-parameters from metadata, and the tokenizer data.
 //!
@@ -200,6 +200,42 @@ const ARCHS: &[GgufArch] = &[
         norm_plus_one: false,
         parts: &[],
     },
+    // Ministral 3 (llama.cpp's converter writes it through its llama class: Q / K permuted).
+    GgufArch {
+        arch: "mistral3",
+        model_type: "ministral3",
+        permute_qk: true,
+        norm_plus_one: false,
+        parts: &[],
+    },
+    // MLA (DeepSeek V2 and V3, one llama.cpp architecture): the model type is chosen from the
+    // router's gating function; `attn_k_b` / `attn_v_b` are mlx-lm deepseek_v3's `embed_q` /
+    // `unembed_out` as they are (deepseek_v2 gets them joined back into `kv_b_proj`).
+    GgufArch {
+        arch: "deepseek2",
+        model_type: "deepseek_v2",
+        permute_qk: false,
+        norm_plus_one: false,
+        parts: &[
+            ("attn_q_a", "self_attn.q_a_proj"),
+            ("attn_q_a_norm", "self_attn.q_a_layernorm"),
+            ("attn_q_b", "self_attn.q_b_proj"),
+            ("attn_kv_a_mqa", "self_attn.kv_a_proj_with_mqa"),
+            ("attn_kv_a_norm", "self_attn.kv_a_layernorm"),
+            ("attn_kv_b", "self_attn.kv_b_proj"),
+            ("attn_k_b", "self_attn.embed_q"),
+            ("attn_v_b", "self_attn.unembed_out"),
+            ("ffn_gate_inp", "mlp.gate"),
+            // `exp_probs_b.bias` -> `mlp.gate.e_score_correction_bias` (see `map_name`).
+            ("exp_probs_b", "mlp.gate.e_score_correction"),
+            ("ffn_gate_exps", "mlp.switch_mlp.gate_proj"),
+            ("ffn_up_exps", "mlp.switch_mlp.up_proj"),
+            ("ffn_down_exps", "mlp.switch_mlp.down_proj"),
+            ("ffn_gate_shexp", "mlp.shared_experts.gate_proj"),
+            ("ffn_up_shexp", "mlp.shared_experts.up_proj"),
+            ("ffn_down_shexp", "mlp.shared_experts.down_proj"),
+        ],
+    },
     GgufArch {
         arch: "glm4",
         model_type: "glm4",
@@ -243,6 +279,9 @@ fn map_name(a: &GgufArch, name: &str) -> Option<String> {
             format!("model.layers.{layer}.{part}")
         }
     };
+    if mapped.ends_with(".mlp.gate.e_score_correction") && suffix == "bias" {
+        return Some(format!("{mapped}_bias"));
+    }
     Some(format!("{mapped}.{suffix}"))
 }
 
@@ -568,6 +607,45 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             let rot = float("rope.dimension_count", false)?.unwrap_or(hd as f64 / 2.0);
             config["partial_rotary_factor"] = Value::from(rot / hd as f64);
         }
+        "mistral3" => {
+            // rope_parameters from YaRN's keys; `yarn_log_multiplier` is mscale_all_dim here
+            // (Ministral3Model writes it as is) and `temperature_scale` Llama 4's beta.
+            let need = |k: &str| -> Result<f64> {
+                float(k, false)?
+                    .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
+            };
+            match meta_str(&metadata, &key("rope.scaling.type")) {
+                Some("yarn") => {}
+                other => {
+                    return Err(gguf_err(
+                        path,
+                        format!(
+                            "metadata `{}` is {other:?}; Ministral 3 needs yarn",
+                            key("rope.scaling.type")
+                        ),
+                    ))
+                }
+            }
+            let m = need("rope.scaling.yarn_log_multiplier")?;
+            config["rope_parameters"] = json!({
+                "rope_type": "yarn",
+                "type": "yarn",
+                "rope_theta": config["rope_theta"].clone(),
+                "factor": need("rope.scaling.factor")?,
+                "original_max_position_embeddings":
+                    count("rope.scaling.original_context_length")?,
+                "beta_fast": float("rope.scaling.yarn_beta_fast", false)?.unwrap_or(32.0),
+                "beta_slow": float("rope.scaling.yarn_beta_slow", false)?.unwrap_or(1.0),
+                "mscale": m,
+                "mscale_all_dim": m,
+                "llama_4_scaling_beta": float("attention.temperature_scale", true)?
+                    .ok_or_else(|| gguf_err(
+                        path,
+                        format!("metadata `{}` is missing", key("attention.temperature_scale")),
+                    ))?,
+            });
+        }
+        "deepseek2" => deepseek2_config(&mut config, &mut tensors, path, &metadata, heads)?,
         _ => {}
     }
     let config = ModelConfig::from_value(config).map_err(|e| match e {
@@ -579,6 +657,291 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         tensors,
         metadata,
     })
+}
+
+/// llama.cpp's `deepseek2` hyper-parameters as mlx-lm's `deepseek_v2` (softmax router) or
+/// `deepseek_v3` (sigmoid router with its correction bias) arguments, as
+/// `convert_hf_to_gguf.py`'s `DeepseekV2Model` wrote them: MLA written as MQA
+/// (`head_count_kv` = 1: the heads are `head_count`), the head sizes from `key_length_mla` /
+/// `value_length_mla` (files converted before those keys: `key_length` / `value_length`),
+/// YaRN's `mscale_all_dim` from `yarn_log_multiplier` (= 0.1 * mscale_all_dim). For
+/// deepseek_v2, split `attn_k_b` / `attn_v_b` tensors are joined back into `kv_b_proj`.
+fn deepseek2_config(
+    config: &mut Value,
+    tensors: &mut BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    heads: i32,
+) -> Result<()> {
+    let key = |k: &str| format!("deepseek2.{k}");
+    let opt = |k: &str| meta_count(meta, path, &key(k));
+    let need = |k: &str| -> Result<i32> {
+        opt(k)?.ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
+    };
+    let num = |k: &str| -> Result<Option<f64>> {
+        match meta_f64(meta, &key(k)) {
+            Some(v) if v.is_finite() => Ok(Some(v)),
+            Some(v) => Err(gguf_err(path, format!("metadata `{}` is {v}", key(k)))),
+            None if meta.contains_key(&key(k)) => Err(gguf_err(
+                path,
+                format!("metadata `{}` is not a number", key(k)),
+            )),
+            None => Ok(None),
+        }
+    };
+    let rope = need("rope.dimension_count")?;
+    let (qk, v) = match (
+        opt("attention.key_length_mla")?,
+        opt("attention.value_length_mla")?,
+    ) {
+        (Some(k), Some(v)) => (k, v),
+        (None, None) => (
+            need("attention.key_length")?,
+            need("attention.value_length")?,
+        ),
+        _ => {
+            return Err(gguf_err(
+                path,
+                "metadata: `deepseek2.attention.key_length_mla` and `value_length_mla` come \
+                 together",
+            ))
+        }
+    };
+    if qk <= rope {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata: the query/key head size {qk} is not larger than \
+                 `deepseek2.rope.dimension_count` = {rope}"
+            ),
+        ));
+    }
+    let nope = qk - rope;
+    let kv_lora = need("attention.kv_lora_rank")?;
+    // `expert_gating_func`: 1 softmax, 2 sigmoid; files without it are DeepSeek V2's
+    // (llama.cpp reads them with softmax).
+    let gating = opt("expert_gating_func")?;
+    let v3 = match gating {
+        None | Some(1) => false,
+        Some(2) => true,
+        Some(g) => {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is {g}; mlx-lm routes with softmax (1) or sigmoid (2)",
+                    key("expert_gating_func")
+                ),
+            ))
+        }
+    };
+    let c = config
+        .as_object_mut()
+        .ok_or_else(|| gguf_err(path, "internal: the config is not a map"))?;
+    c.remove("head_dim");
+    c.insert(
+        "model_type".into(),
+        Value::from(if v3 { "deepseek_v3" } else { "deepseek_v2" }),
+    );
+    c.insert("num_key_value_heads".into(), Value::from(heads));
+    c.insert(
+        "q_lora_rank".into(),
+        opt("attention.q_lora_rank")?.map_or(Value::Null, Value::from),
+    );
+    c.insert("kv_lora_rank".into(), Value::from(kv_lora));
+    c.insert("qk_rope_head_dim".into(), Value::from(rope));
+    c.insert("qk_nope_head_dim".into(), Value::from(nope));
+    c.insert("v_head_dim".into(), Value::from(v));
+    c.insert(
+        "first_k_dense_replace".into(),
+        Value::from(opt("leading_dense_block_count")?.unwrap_or(0)),
+    );
+    c.insert("moe_layer_freq".into(), Value::from(1));
+    c.insert(
+        "attention_bias".into(),
+        Value::from(tensors.contains_key("model.layers.0.self_attn.q_a_proj.bias")),
+    );
+    if let Some(n) = opt("expert_count")? {
+        c.insert("n_routed_experts".into(), Value::from(n));
+        c.insert(
+            "num_experts_per_tok".into(),
+            Value::from(need("expert_used_count")?),
+        );
+        c.insert(
+            "moe_intermediate_size".into(),
+            Value::from(need("expert_feed_forward_length")?),
+        );
+        c.insert(
+            "n_shared_experts".into(),
+            Value::from(opt("expert_shared_count")?.unwrap_or(0)),
+        );
+        c.insert(
+            "routed_scaling_factor".into(),
+            Value::from(num("expert_weights_scale")?.unwrap_or(1.0)),
+        );
+        let groups = opt("expert_group_count")?.unwrap_or(1);
+        let used = opt("expert_group_used_count")?.unwrap_or(1);
+        c.insert("n_group".into(), Value::from(groups));
+        c.insert("topk_group".into(), Value::from(used));
+        let norm = match meta.get(&key("expert_weights_norm")) {
+            None => false,
+            Some(GgufValue::Array(a)) if a.size() == 1 => a
+                .astype(Dtype::Bool)
+                .ok()
+                .and_then(|b| b.item::<bool>().ok())
+                .unwrap_or(false),
+            Some(_) => {
+                return Err(gguf_err(
+                    path,
+                    format!("metadata `{}` is not a boolean", key("expert_weights_norm")),
+                ))
+            }
+        };
+        c.insert("norm_topk_prob".into(), Value::from(norm));
+        if v3 {
+            c.insert("topk_method".into(), Value::from("noaux_tc"));
+            c.insert("scoring_func".into(), Value::from("sigmoid"));
+        } else {
+            let method = if groups > 1 {
+                "group_limited_greedy"
+            } else {
+                "greedy"
+            };
+            c.insert("topk_method".into(), Value::from(method));
+        }
+    }
+    // YaRN: mlx-lm's deepseek_v2 needs a `rope_scaling` (a factor of 1 when the file has none).
+    let scaling = match meta_str(meta, &key("rope.scaling.type")) {
+        Some("yarn") => {
+            let factor = num("rope.scaling.factor")?.ok_or_else(|| {
+                gguf_err(
+                    path,
+                    format!("metadata `{}` is missing", key("rope.scaling.factor")),
+                )
+            })?;
+            let orig = need("rope.scaling.original_context_length")?;
+            // Stored as 0.1 * mscale_all_dim in f32; configs write a few decimals.
+            let m = num("rope.scaling.yarn_log_multiplier")?
+                .map(|x| x / 0.1)
+                .map(|x| format!("{x:.6e}").parse::<f64>().unwrap_or(x));
+            let mut rs = json!({
+                "type": "yarn",
+                "factor": factor,
+                "original_max_position_embeddings": orig,
+                "beta_fast": num("rope.scaling.yarn_beta_fast")?.unwrap_or(32.0),
+                "beta_slow": num("rope.scaling.yarn_beta_slow")?.unwrap_or(1.0),
+            });
+            if let Some(m) = m {
+                rs["mscale"] = Value::from(m);
+                rs["mscale_all_dim"] = Value::from(m);
+            }
+            Some(rs)
+        }
+        None | Some("none") => None,
+        Some(t) => {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is `{t}`; only yarn is mapped",
+                    key("rope.scaling.type")
+                ),
+            ))
+        }
+    };
+    match scaling {
+        Some(rs) => {
+            c.insert("rope_scaling".into(), rs);
+        }
+        None if !v3 => {
+            let ctx = c
+                .get("max_position_embeddings")
+                .cloned()
+                .unwrap_or(Value::from(2048));
+            c.insert(
+                "rope_scaling".into(),
+                json!({"type": "yarn", "factor": 1.0, "original_max_position_embeddings": ctx}),
+            );
+        }
+        None => {}
+    }
+    if !v3 {
+        join_kv_b(tensors, heads, nope, v)?;
+    }
+    Ok(())
+}
+
+/// deepseek_v2 reads `kv_b_proj` `(heads * (nope + v), kv_lora_rank)`: llama.cpp's
+/// `attn_k_b` `(heads, kv_lora_rank, nope)` transposed back and `attn_v_b`
+/// `(heads, v, kv_lora_rank)`, joined per head (quantized halves are dequantized first).
+fn join_kv_b(tensors: &mut BTreeMap<String, Array>, heads: i32, nope: i32, v: i32) -> Result<()> {
+    let prefixes: Vec<String> = tensors
+        .keys()
+        .filter_map(|k| k.strip_suffix(".embed_q.weight").map(str::to_string))
+        .collect();
+    for p in prefixes {
+        let mut take = |part: &str| -> Result<Array> {
+            let w = tensors
+                .remove(&format!("{p}.{part}.weight"))
+                .ok_or_else(|| {
+                    ModelError::Weights(vec![format!(
+                        "{p}.{part}: missing (attn_k_b without attn_v_b)"
+                    )])
+                })?;
+            let scales = tensors.remove(&format!("{p}.{part}.scales"));
+            let biases = tensors.remove(&format!("{p}.{part}.biases"));
+            match (scales, biases) {
+                (None, None) => Ok(w),
+                (Some(s), b) => {
+                    // MLX's GGUF reader: groups of 32 along the last axis.
+                    let cols = s.shape().last().copied().unwrap_or(0) * 32;
+                    let packed = w.shape().last().copied().unwrap_or(0);
+                    if cols <= 0 || (packed * 32) % cols != 0 {
+                        return Err(ModelError::Weights(vec![format!(
+                            "{p}.{part}: quantized shapes {:?} / {:?} do not agree",
+                            w.shape(),
+                            s.shape()
+                        )]));
+                    }
+                    let bits = packed * 32 / cols;
+                    Ok(mlx_core::quantized::dequantize(
+                        &w,
+                        &s,
+                        b.as_ref(),
+                        32,
+                        bits,
+                        mlx_core::quantized::QuantMode::Affine,
+                        None,
+                        None,
+                    )?)
+                }
+                (None, Some(_)) => Err(ModelError::Weights(vec![format!(
+                    "{p}.{part}: biases without scales"
+                )])),
+            }
+        };
+        let k_b = take("embed_q")?;
+        let v_b = take("unembed_out")?;
+        let ok = k_b.ndim() == 3
+            && v_b.ndim() == 3
+            && k_b.shape()[0] == heads
+            && v_b.shape()[0] == heads
+            && k_b.shape()[2] == nope
+            && v_b.shape()[1] == v
+            && k_b.shape()[1] == v_b.shape()[2];
+        if !ok {
+            return Err(ModelError::Weights(vec![format!(
+                "{p}: attn_k_b {:?} / attn_v_b {:?} are not (heads, kv_lora_rank, nope) / \
+                 (heads, v_head_dim, kv_lora_rank) for {heads} heads, nope {nope}, v {v}",
+                k_b.shape(),
+                v_b.shape()
+            )]));
+        }
+        let rank = k_b.shape()[1];
+        let k = ops::swapaxes(&k_b, 1, 2, None)?;
+        let kv = ops::concatenate(&[&k, &v_b], 1, None)?;
+        let kv = ops::reshape(&kv, &[heads * (nope + v), rank], None)?;
+        tensors.insert(format!("{p}.kv_b_proj.weight"), kv);
+    }
+    Ok(())
 }
 
 /// What `mlx info` prints about a GGUF file of a supported architecture, without building

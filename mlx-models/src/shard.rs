@@ -40,11 +40,51 @@ fn part(w: &Array, n: i32, r: i32, axis: i32, what: &str) -> Result<Array> {
     Ok(ops::contiguous(p, false, None)?)
 }
 
+/// mlx's `_shard` with segments: `w` cut along `axis` at `segments` (indices), the r-th of
+/// `n` equal parts of each piece, concatenated and made contiguous (a fused q | k | v weight
+/// keeps each rank's part of q, of k and of v). No segments: [`part`].
+fn part_segments(
+    w: &Array,
+    segments: &[i32],
+    n: i32,
+    r: i32,
+    axis: i32,
+    what: &str,
+) -> Result<Array> {
+    if segments.is_empty() {
+        return part(w, n, r, axis, what);
+    }
+    let shape = w.shape();
+    let ax = if axis < 0 {
+        shape.len() as i32 + axis
+    } else {
+        axis
+    };
+    let len = shape.get(ax as usize).copied().unwrap_or(0);
+    if segments.windows(2).any(|p| p[0] > p[1]) || segments.iter().any(|&i| i < 0 || i > len) {
+        return Err(ModelError::Other(format!(
+            "{what}: segments {segments:?} do not fit a dimension of {len}"
+        )));
+    }
+    let pieces = ops::split_at(w, segments, axis, None)?;
+    let mut mine = Vec::with_capacity(pieces.len());
+    for p in &pieces {
+        mine.push(part(p, n, r, axis, what)?);
+    }
+    let refs: Vec<&Array> = mine.iter().collect();
+    Ok(ops::contiguous(
+        &ops::concatenate(&refs, axis, None)?,
+        false,
+        None,
+    )?)
+}
+
 /// The r-th of `n` parts of a linear's weight along `axis` (0: output rows, -1: input
 /// columns), its quantized scales and biases with it (mlx's `_shard` splits every array of
 /// a `QuantizedLinear` the same way: the packed columns and the groups divide alike).
 fn split_weight(
     l: &Linear,
+    segments: &[i32],
     n: i32,
     r: i32,
     axis: i32,
@@ -53,13 +93,13 @@ fn split_weight(
     match l {
         Linear::Dense { weight, bias } => Ok((
             Linear::Dense {
-                weight: part(weight, n, r, axis, what)?,
+                weight: part_segments(weight, segments, n, r, axis, what)?,
                 bias: None,
             },
             bias.clone(),
         )),
         Linear::Quantized { weight: q, bias } => {
-            let split = |a: &Array| part(a, n, r, axis, what);
+            let split = |a: &Array| part_segments(a, segments, n, r, axis, what);
             Ok((
                 Linear::Quantized {
                     weight: QuantizedWeight {
@@ -93,15 +133,104 @@ fn with_bias(l: Linear, bias: Option<Array>) -> Linear {
 
 /// Replaces `l` by its all-to-sharded part for rank `r` of `n`.
 pub fn all_to_sharded(l: &mut Linear, n: i32, r: i32, what: &str) -> Result<()> {
-    let (base, b) = split_weight(l, n, r, 0, what)?;
-    let bias = b.map(|b| part(&b, n, r, -1, what)).transpose()?;
+    all_to_sharded_segments(l, &[], n, r, what)
+}
+
+/// [`all_to_sharded`] of a fused linear whose output rows are `segments` (indices, mlx's
+/// `shard_inplace(..., segments=[...])`): rank `r` keeps its part of every segment.
+pub fn all_to_sharded_segments(
+    l: &mut Linear,
+    segments: &[i32],
+    n: i32,
+    r: i32,
+    what: &str,
+) -> Result<()> {
+    let (base, b) = split_weight(l, segments, n, r, 0, what)?;
+    let bias = b
+        .map(|b| part_segments(&b, segments, n, r, -1, what))
+        .transpose()?;
     *l = with_bias(base, bias);
     Ok(())
 }
 
+/// [`part_segments`] along axis 0 of a plain array (a depthwise convolution's weight, a
+/// per-head vector such as `dt_bias`).
+pub fn split_rows(w: &Array, segments: &[i32], n: i32, r: i32, what: &str) -> Result<Array> {
+    part_segments(w, segments, n, r, 0, what)
+}
+
+/// mlx-lm's `repeat_kv_layer_inplace` (qwen3_5's `shard()`): with more ranks `n` than the
+/// linear's `heads` (output rows in `heads` blocks), every array of it (weight, quantized
+/// scales and biases, bias) has each head's rows repeated `n / heads` times, so that an
+/// all-to-sharded split gives each rank a whole head. Nothing to do when `n <= heads`.
+pub fn repeat_heads(l: &mut Linear, heads: i32, n: i32, what: &str) -> Result<()> {
+    if n <= heads {
+        return Ok(());
+    }
+    if heads <= 0 || n % heads != 0 {
+        return Err(ModelError::Other(format!(
+            "{what}: {heads} heads cannot be repeated over {n} ranks"
+        )));
+    }
+    let rep = |p: &Array| -> Result<Array> {
+        let s = p.shape();
+        let rows = s.first().copied().unwrap_or(0);
+        if rows % heads != 0 {
+            return Err(ModelError::Other(format!(
+                "{what}: {rows} rows do not split into {heads} heads"
+            )));
+        }
+        let mut by_head = vec![heads, rows / heads];
+        by_head.extend_from_slice(&s[1..]);
+        let x = ops::reshape(p, &by_head, None)?;
+        let x = ops::repeat(&x, n / heads, 0, None)?;
+        let mut flat = vec![-1];
+        flat.extend_from_slice(&s[1..]);
+        Ok(ops::reshape(&x, &flat, None)?)
+    };
+    *l = match &*l {
+        Linear::Dense { weight, bias } => Linear::Dense {
+            weight: rep(weight)?,
+            bias: bias.as_ref().map(rep).transpose()?,
+        },
+        Linear::Quantized { weight: q, bias } => Linear::Quantized {
+            weight: QuantizedWeight {
+                weight: rep(&q.weight)?,
+                scales: rep(&q.scales)?,
+                biases: q.biases.as_ref().map(rep).transpose()?,
+                ..q.clone()
+            },
+            bias: bias.as_ref().map(rep).transpose()?,
+        },
+        _ => {
+            return Err(ModelError::Other(format!(
+                "{what}: tensor parallelism cannot repeat the heads of an adapted or \
+                 trellis-coded linear"
+            )))
+        }
+    };
+    Ok(())
+}
+
+/// mlx-lm's `gather_last_axis` (models/base.py): `x`'s last axis is split over the `n` ranks
+/// of the global group; all-gathers the rows and puts the parts side by side in rank order.
+pub fn gather_last_axis(x: &Array, n: i32) -> Result<Array> {
+    let shape = x.shape();
+    let size = shape.last().copied().unwrap_or(0);
+    let parts = distributed::all_gather(&ops::reshape(x, &[-1, size], None)?, None, None)?;
+    let parts = ops::transpose(
+        &ops::reshape(&parts, &[n, -1, size], None)?,
+        &[1, 0, 2],
+        None,
+    )?;
+    let mut out = shape[..shape.len().saturating_sub(1)].to_vec();
+    out.push(n * size);
+    Ok(ops::reshape(&parts, &out, None)?)
+}
+
 /// Replaces `l` by its sharded-to-all part for rank `r` of `n` (sums over the global group).
 pub fn sharded_to_all(l: &mut Linear, n: i32, r: i32, what: &str) -> Result<()> {
-    let (base, bias) = split_weight(l, n, r, -1, what)?;
+    let (base, bias) = split_weight(l, &[], n, r, -1, what)?;
     *l = Linear::Adapted(Box::new(ShardedToAll { base, bias }));
     Ok(())
 }
@@ -137,7 +266,7 @@ impl LinearAdapter for ShardedToAll {
 /// input columns (quantized scales and biases with them), the bias whole, and no sum (the
 /// enclosing block sums, as mlx-lm's MoE with `sharding_group` does).
 pub fn sharded_to_all_inplace(l: &mut Linear, n: i32, r: i32, what: &str) -> Result<()> {
-    let (base, bias) = split_weight(l, n, r, -1, what)?;
+    let (base, bias) = split_weight(l, &[], n, r, -1, what)?;
     *l = with_bias(base, bias);
     Ok(())
 }

@@ -82,6 +82,10 @@ fn the_new_types_are_listed_as_table_rows() {
         "phixtral",
         "mimo_v2_flash",
         "step3p5",
+        "recurrent_gemma",
+        "rwkv7",
+        "gear",
+        "plamo2",
     ] {
         let s = all.iter().find(|s| s.model_type == t);
         assert_eq!(s.map(|s| s.serving), Some(Serving::Dedicated), "{t}");

@@ -1,5 +1,5 @@
 //! GGUF name maps (qwen2, qwen3, phi3, gemma, gemma2, gemma3, qwen2moe, qwen3moe, olmo2, granite,
-//! glm4):
+//! glm4, mistral3, deepseek2):
 //! tiny seeded models written with llama.cpp's names, norm conventions, Q/K permutation and
 //! metadata keys by `cargo xtask
 //! goldens gguf_dense`, loaded by `mlx_models::gguf`, give mlx-lm's logits on the same
@@ -20,7 +20,7 @@ fn root() -> PathBuf {
 fn gguf_files_of_every_mapped_architecture_match_mlx_lm() {
     let names = [
         "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3", "qwen2moe", "qwen3moe", "olmo2",
-        "granite", "glm4",
+        "granite", "glm4", "mistral3",
     ];
     let failures: Vec<String> = names
         .iter()
@@ -40,8 +40,43 @@ fn gguf_files_of_every_mapped_architecture_match_mlx_lm() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     for a in [
         "llama", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3", "qwen2moe", "qwen3moe",
-        "olmo2", "granite", "glm4",
+        "olmo2", "granite", "glm4", "mistral3",
     ] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }
+}
+
+/// llama.cpp's `deepseek2` (`cargo xtask goldens gguf_mla`): DeepSeek V2 (softmax router, YaRN,
+/// `attn_q`) from a file with the split `attn_k_b` / `attn_v_b` and from one with the older
+/// whole `attn_kv_b` and head sizes, both against the same mlx-lm model; DeepSeek V3 (sigmoid
+/// router with `exp_probs_b`, groups, `q_lora_rank`).
+#[test]
+fn deepseek2_gguf_files_match_mlx_lm() {
+    let cases = [
+        ("deepseek2_v2", "deepseek2_v2", "deepseek_v2"),
+        ("deepseek2_v2_kvb", "deepseek2_v2", "deepseek_v2"),
+        ("deepseek2_v3", "deepseek2_v3", "deepseek_v3"),
+    ];
+    let failures: Vec<String> = cases
+        .iter()
+        .filter_map(|(file, golden, model_type)| {
+            let run = || -> Result<(), String> {
+                let path = root().join("models/gguf").join(format!("{file}.gguf"));
+                let (model, g) =
+                    load_gguf_model(&path, &LoadOptions::default()).map_err(|e| e.to_string())?;
+                if g.config.model_type != *model_type {
+                    return Err(format!("model type {}", g.config.model_type));
+                }
+                model_check::check_loaded(
+                    model.as_ref(),
+                    &root()
+                        .join("goldens/gguf")
+                        .join(format!("{golden}.safetensors")),
+                )
+            };
+            run().err().map(|e| format!("{file}: {e}"))
+        })
+        .collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(supported_gguf_architectures().contains(&"deepseek2"));
 }

@@ -5,7 +5,8 @@
 //! (ArraysCache conv + recurrent state, KVCache), LFM2 (ArraysCache conv state, KVCache),
 //! gpt_oss and gemma3_text (KVCache and RotatingKVCache on the sliding layers) and gemma4_text
 //! (the same, its KV-shared layers have none), with the rotating caches both short of their
-//! window and wrapped.
+//! window and wrapped; recurrent_gemma, rwkv7, gear and plamo2 (their ArraysCache states beside
+//! rotating and plain KV caches).
 
 use std::path::PathBuf;
 
@@ -122,6 +123,30 @@ fn gemma4_text_rolls_back_bit_for_bit_after_its_window_wrapped() {
 fn gemma3_text_rolls_back_bit_for_bit_after_its_window_wrapped() {
     // A descriptor row with mlx-lm's `make_cache`: window 4, so every case has wrapped.
     property("dense/gemma3_text", 8);
+}
+
+#[test]
+fn recurrent_gemma_rolls_back_bit_for_bit_after_its_window_wrapped() {
+    // RG-LRU and conv state in ArraysCaches, local attention with a window of 6.
+    property("dense2/recurrent_gemma", 8);
+}
+
+#[test]
+fn rwkv7_rolls_back_bit_for_bit() {
+    // Token shifts and the WKV state: three slots per layer.
+    property("dense2/rwkv7", 8);
+}
+
+#[test]
+fn gear_rolls_back_bit_for_bit_after_its_window_wrapped() {
+    // Conv-mixer states, a sliding window of 4 and a full-attention layer.
+    property("dense2/gear", 8);
+}
+
+#[test]
+fn plamo2_rolls_back_bit_for_bit() {
+    // Mamba conv and SSM states (the scan over each kept prefix) beside KV caches.
+    property("dense2/plamo2", 8);
 }
 
 #[test]

@@ -21,7 +21,7 @@ fn root() -> PathBuf {
 }
 
 /// (fixture under mlx-cli/tests/models, golden), as xtask/oracle/goldens_dist.py pairs them.
-const MODELS: [(&str, &str); 17] = [
+const MODELS: [(&str, &str); 22] = [
     ("dense_f32", "dist_llama_tp2"),
     ("qwen3", "dist_qwen3_tp2"),
     ("q4_g32", "dist_llama_q4_tp2"),
@@ -85,10 +85,34 @@ const MODELS: [(&str, &str); 17] = [
         "../../../mlx-models/tests/models/mla/longcat_flash",
         "dist_longcat_flash_tp2",
     ),
+    // qwen3_5: DeltaNet blocks split by segments and heads; qwen3_5_moe: experts and the gated
+    // shared expert in place, the untied head split by vocabulary and gathered.
+    (
+        "../../../mlx-models/tests/models/qwen3_5",
+        "dist_qwen3_5_tp2",
+    ),
+    (
+        "../../../mlx-models/tests/models/qwen3_5_moe",
+        "dist_qwen3_5_moe_tp2",
+    ),
+    // glm4_moe (llama's attention split, deepseek_v3's MoE), longcat_flash_ngram
+    // (longcat_flash's shard()), iquestloopcoder (llama's split plus the loop gates by heads).
+    (
+        "../../../mlx-models/tests/models/mla/glm4_moe",
+        "dist_glm4_moe_tp2",
+    ),
+    (
+        "../../../mlx-models/tests/models/mla/longcat_flash_ngram",
+        "dist_longcat_flash_ngram_tp2",
+    ),
+    (
+        "../../../mlx-models/tests/models/dense2/iquestloopcoder",
+        "dist_iquestloopcoder_tp2",
+    ),
 ];
 
 /// Pipeline rows: (fixture, golden, layers of rank 0, layers of rank 1).
-const PIPELINES: [(&str, &str, usize, usize); 11] = [
+const PIPELINES: [(&str, &str, usize, usize); 12] = [
     // The 3-layer qwen2 split [2, 1] (rank 1 runs layer 0).
     ("qwen2_f32", "dist_qwen2_pp2", 2, 1),
     // ministral3: rank 1 runs the sliding layer 0 alone, rank 0 the full layer 1.
@@ -153,6 +177,13 @@ const PIPELINES: [(&str, &str, usize, usize); 11] = [
         "dist_qwen3_5_pp2",
         2,
         2,
+    ),
+    // glm4_moe's 3 layers split [2, 1].
+    (
+        "../../../mlx-models/tests/models/mla/glm4_moe",
+        "dist_glm4_moe_pp2",
+        2,
+        1,
     ),
 ];
 

@@ -224,7 +224,10 @@ impl Server {
             Engine::start_with_draft(
                 move || {
                     let mut m: LoadedModel = load(&load_args)
-                        .map_err(mlx_engine::EngineError::Other)?
+                        .map_err(|message| mlx_engine::EngineError::ModelLoad {
+                            path: load_args.model.clone().unwrap_or_default(),
+                            message,
+                        })?
                         .into();
                     if let Some(t) = load_args.chat_template.as_ref().filter(|t| !t.is_empty()) {
                         // mlx_lm.server: `tokenizer_config["chat_template"] = --chat-template`.
@@ -240,8 +243,9 @@ impl Server {
                             let mut a = load_args.clone();
                             a.model = Some(path.clone());
                             let d: LoadedModel = load(&a)
-                                .map_err(|e| {
-                                    mlx_engine::EngineError::Other(format!("--draft-model: {e}"))
+                                .map_err(|message| mlx_engine::EngineError::DraftModel {
+                                    path: path.clone(),
+                                    message,
                                 })?
                                 .into();
                             mlx_engine::speculative::check_draft_tokenizer(

@@ -56,3 +56,19 @@ fn a_draft_model_server_gives_plain_greedy_completions() {
     let (status, got) = completion(&plain, json!({"draft_model": "x"}));
     assert_eq!(status, 400, "{got}");
 }
+
+/// A draft model that cannot load stops the server with an error naming the option, the path
+/// and the loader's problem (typed: `EngineError::DraftModel`, issue #29).
+#[test]
+fn a_draft_model_that_fails_to_load_is_named() {
+    let target = repo().join("mlx-cli/tests/models/dense_f32");
+    let missing = repo().join("mlx-cli/tests/models/no_such_draft");
+    let err = TestServer::bind_error(&target, &["--draft-model", missing.to_str().unwrap()]);
+    let msg = err.to_string();
+    assert!(matches!(err, mlx_server::ServeError::Load(_)), "{msg}");
+    assert!(
+        msg.contains(&format!("--draft-model {}", missing.display())),
+        "{msg}"
+    );
+    assert!(msg.contains("no_such_draft"), "{msg}");
+}

@@ -372,12 +372,10 @@ impl BatchIter {
         world: World,
     ) -> Result<Self> {
         if batch_size == 0 {
-            return Err(TrainError::Config("batch_size must be positive".into()));
+            return Err(TrainError::option("batch_size", "must be positive"));
         }
         if max_seq_length < 2 {
-            return Err(TrainError::Config(
-                "max_seq_length must be at least 2".into(),
-            ));
+            return Err(TrainError::option("max_seq_length", "must be at least 2"));
         }
         let mut idx: Vec<usize> = (0..data.len()).collect();
         idx.sort_by_key(|&i| data.examples[i].item_len);

@@ -110,17 +110,19 @@ pub struct ScheduleConfig {
 
 fn num(args: &[Value], i: usize, name: &str) -> Result<f64> {
     args.get(i).and_then(Value::as_f64).ok_or_else(|| {
-        TrainError::Config(format!(
-            "lr_schedule `{name}`: argument {i} must be a number"
-        ))
+        TrainError::option(
+            format!("lr_schedule `{name}`: argument {i}"),
+            "must be a number",
+        )
     })
 }
 
 fn int(args: &[Value], i: usize, name: &str) -> Result<i64> {
     args.get(i).and_then(Value::as_i64).ok_or_else(|| {
-        TrainError::Config(format!(
-            "lr_schedule `{name}`: argument {i} must be an integer"
-        ))
+        TrainError::option(
+            format!("lr_schedule `{name}`: argument {i}"),
+            "must be an integer",
+        )
     })
 }
 
@@ -210,7 +212,7 @@ impl Method {
             match config.get(k) {
                 None => Ok(d),
                 Some(v) => v.as_f64().ok_or_else(|| {
-                    TrainError::Config(format!("optimizer_config.{name}.{k} must be a number"))
+                    TrainError::option(format!("optimizer_config.{name}.{k}"), "must be a number")
                 }),
             }
         };
@@ -218,7 +220,7 @@ impl Method {
             match config.get(k) {
                 None => Ok(d),
                 Some(v) => v.as_bool().ok_or_else(|| {
-                    TrainError::Config(format!("optimizer_config.{name}.{k} must be a boolean"))
+                    TrainError::option(format!("optimizer_config.{name}.{k}"), "must be a boolean")
                 }),
             }
         };
@@ -229,16 +231,18 @@ impl Method {
             Some(Value::Array(v)) if v.len() == 2 => {
                 let g = |i: usize| {
                     v[i].as_f64().filter(|x| ok(*x)).ok_or_else(|| {
-                        TrainError::Config(format!(
-                            "optimizer_config.{name}.{k}[{i}] must be {what}"
-                        ))
+                        TrainError::option(
+                            format!("optimizer_config.{name}.{k}[{i}]"),
+                            format!("must be {what}"),
+                        )
                     })
                 };
                 Ok([g(0)?, g(1)?])
             }
-            Some(_) => Err(TrainError::Config(format!(
-                "optimizer_config.{name}.{k} must be two numbers"
-            ))),
+            Some(_) => Err(TrainError::option(
+                format!("optimizer_config.{name}.{k}"),
+                "must be two numbers",
+            )),
         };
         let betas = || {
             pair(
@@ -270,9 +274,10 @@ impl Method {
             }
         };
         if let Some(k) = config.keys().find(|k| !known.contains(&k.as_str())) {
-            return Err(TrainError::Config(format!(
-                "optimizer_config.{name}: unknown option `{k}`"
-            )));
+            return Err(TrainError::UnknownOption {
+                section: format!("optimizer_config.{name}"),
+                option: k.to_string(),
+            });
         }
         let m = match name {
             "sgd" => {
@@ -311,10 +316,10 @@ impl Method {
                 ns_steps: match config.get("ns_steps") {
                     None => 5,
                     Some(v) => v.as_u64().filter(|n| *n <= MAX_NS_STEPS).ok_or_else(|| {
-                        TrainError::Config(format!(
-                            "optimizer_config.muon.ns_steps must be an integer in \
-                                 0..={MAX_NS_STEPS}"
-                        ))
+                        TrainError::option(
+                            "optimizer_config.muon.ns_steps",
+                            format!("must be an integer in 0..={MAX_NS_STEPS}"),
+                        )
                     })? as usize,
                 },
             },
@@ -322,8 +327,9 @@ impl Method {
                 let beta_1 = match config.get("beta_1") {
                     None | Some(Value::Null) => None,
                     Some(v) => Some(v.as_f64().ok_or_else(|| {
-                        TrainError::Config(
-                            "optimizer_config.adafactor.beta_1 must be a number or null".into(),
+                        TrainError::option(
+                            "optimizer_config.adafactor.beta_1",
+                            "must be a number or null",
                         )
                     })?),
                 };
@@ -1049,9 +1055,10 @@ fn adam(
 /// `optim.clip_grad_norm(grads, max_norm)`: the rescaled gradients and the global norm.
 pub fn clip_grad_norm(grads: &ParamMap, max_norm: f64) -> Result<(ParamMap, Array)> {
     if max_norm < 0.0 {
-        return Err(TrainError::Config(format!(
-            "max_norm should be >=0, {max_norm} was provided instead"
-        )));
+        return Err(TrainError::option(
+            "max_norm",
+            format!("should be >=0, {max_norm} was provided instead"),
+        ));
     }
     let mut acc: Option<Array> = None;
     for g in grads.values() {

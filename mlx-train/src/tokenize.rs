@@ -1,10 +1,10 @@
-//! The only place that touches the tokenizer type (it moves to `mlx-engine`; the rename is
-//! one line here).
+//! The only place that touches the tokenizer type: `mlx-tokenizers`' `Tokenizer` and chat
+//! templates (no runtime needed); the model loader alone comes from `mlx-engine`.
 
 use serde_json::Value;
 
-use mlx_engine::ChatTemplateOptions;
-pub use mlx_engine::Tokenizer;
+use mlx_tokenizers::ChatTemplateOptions;
+pub use mlx_tokenizers::Tokenizer;
 
 use crate::error::{Result, TrainError};
 

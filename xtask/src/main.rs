@@ -23,6 +23,8 @@
 //!   Gemma 3 270M GGUFs.
 //! - `bench train [...]`: LoRA training step time and peak memory of `mlx train` against
 //!   `mlx_lm lora --train` at several sequence lengths; see `bench_train.rs`.
+//! - `gpu pack|run`: builds the GPU recipe's bundle (`xtask/gpu/prepare_product*.sh`) under
+//!   `.gpu/`, checks each device call's carried size, prints the device calls; see `gpu.rs`.
 #![forbid(unsafe_code)]
 
 mod bench;
@@ -30,6 +32,7 @@ mod bench_serve;
 mod bench_spec;
 mod bench_train;
 mod bindings;
+mod gpu;
 mod oracle;
 
 use std::process::ExitCode;
@@ -53,12 +56,14 @@ fn main() -> ExitCode {
         Some("port-check") => oracle::port_check(&args[1..]),
         Some("fuzz") => fuzz(&args[1..]),
         Some("cpu-quality") => cpu_quality(&args[1..]),
+        Some("gpu") => gpu::run(&args[1..]),
         _ => {
             eprintln!(
                 "usage: cargo xtask bindgen [--check] | oracle [ARGS] | goldens [SET ...] \
                  | port-check [DIR [--ids 1,2,3]] | bench [--quick | --full] [--help] \
                  | bench serve [--help] | bench spec [--help] | bench train [--help] | fuzz [TARGET|all] [--runs N] [--seed S] \
-                 | cpu-quality [--positions N] [--text FILE] [smollm2] [gemma3]"
+                 | cpu-quality [--positions N] [--text FILE] [smollm2] [gemma3] \
+                 | gpu pack|run [--help]"
             );
             return ExitCode::from(2);
         }

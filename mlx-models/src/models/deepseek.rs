@@ -1732,8 +1732,10 @@ impl Model {
 
 /// The rows whose mlx-lm class has `pipeline` (`PipelineMixin`); kimi_k25's wrapper has no
 /// `model.pipeline`, so sharded_load does not pipeline it.
-const PIPELINED: [&str; 6] = [
+const PIPELINED: [&str; 7] = [
     "deepseek_v3",
+    // glm4_moe.py's LanguageModel (PipelineMixin), the same stage loop as deepseek_v3's.
+    "glm4_moe",
     "deepseek_v32",
     "glm_moe_dsa",
     "deepseek_v2",
@@ -2057,8 +2059,10 @@ pub(crate) fn split_kv_b_proj_dims(
 }
 
 /// The rows whose mlx-lm class has deepseek_v3's / deepseek_v2's `shard()`.
-const SHARDED: [&str; 7] = [
+const SHARDED: [&str; 8] = [
     "deepseek_v3",
+    // glm4_moe.py's shard(): llama's attention split, MoE blocks as deepseek_v3's.
+    "glm4_moe",
     "kimi_k25",
     "deepseek_v32",
     // glm_moe_dsa.py's Model subclasses deepseek_v32's (its shard() and pipeline()).
@@ -2096,6 +2100,7 @@ impl Model {
                     a.shard_tensor_parallel(size, rank, &attn)?
                 }
                 SelfAttn::Sparse(ai) => ai.0.shard_tensor_parallel(size, rank, &attn)?,
+                SelfAttn::Standard(a) if t == "glm4_moe" => a.shard_plain(size, rank, &attn)?,
                 SelfAttn::Standard(_) => {
                     return Err(ModelError::Other(format!(
                         "{attn}: a standard attention cannot be sharded here"

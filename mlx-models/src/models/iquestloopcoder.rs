@@ -261,10 +261,55 @@ impl Model {
     fn head(&self, h: &Array) -> Result<Array> {
         self.head.forward(h)
     }
+
+    /// iquestloopcoder.py's `shard()`: q, k, v and the MLP's gate and up all-to-sharded, o
+    /// and down sharded-to-all (summed over the group), heads and KV heads / N, and each
+    /// layer's loop gate keeping this rank's heads (weight rows and bias).
+    pub fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
+        use crate::shard::{all_to_sharded, sharded_to_all, take_heads};
+        if size < 1 || rank < 0 || rank >= size {
+            return Err(ModelError::Other(format!(
+                "tensor parallelism: rank {rank} of {size}"
+            )));
+        }
+        let (h, kvh) = (self.args.num_attention_heads, self.args.num_key_value_heads);
+        if h % size != 0 || kvh % size != 0 {
+            return Err(ModelError::Other(format!(
+                "tensor parallelism: {h} heads and {kvh} KV heads do not split over {size} ranks"
+            )));
+        }
+        let per = h / size;
+        for (i, l) in self.layers.iter_mut().enumerate() {
+            let p = |s: &str| format!("model.layers.{i}.{s}");
+            all_to_sharded(&mut l.q_proj, size, rank, &p("self_attn.q_proj"))?;
+            all_to_sharded(&mut l.k_proj, size, rank, &p("self_attn.k_proj"))?;
+            all_to_sharded(&mut l.v_proj, size, rank, &p("self_attn.v_proj"))?;
+            sharded_to_all(&mut l.o_proj, size, rank, &p("self_attn.o_proj"))?;
+            let names = MlpNames::LLAMA;
+            for (name, lin) in l.mlp.linears_mut(&names) {
+                let what = p(&format!("mlp.{name}"));
+                if name == names.down {
+                    sharded_to_all(lin, size, rank, &what)?;
+                } else {
+                    all_to_sharded(lin, size, rank, &what)?;
+                }
+            }
+            let g = format!("model.gate_projections.{i}");
+            l.gate_weight = take_heads(&l.gate_weight, per, rank, &format!("{g}.weight"))?;
+            l.gate_bias = take_heads(&l.gate_bias, per, rank, &format!("{g}.bias"))?;
+        }
+        self.args.num_attention_heads = per;
+        self.args.num_key_value_heads = kvh / size;
+        Ok(())
+    }
 }
 
 impl LanguageModel for Model {
     kit::short_port_entry_points!(args, vocab_size);
+
+    fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
+        Model::shard_tensor_parallel(self, size, rank)
+    }
 
     /// `make_cache`: a `KVCache` per layer, then a `RotatingKVCache(loop_window_size)` per
     /// layer.

@@ -496,9 +496,15 @@ impl Model {
     /// routed experts sharded in place with their sum taken over the group.
     pub fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
         use crate::shard::{all_to_sharded, sharded_to_all, switch_inplace};
-        if self.model_type != "longcat_flash" {
+        // longcat_flash_ngram.py's shard() is LongcatFlashLM.shard (the n-gram embeddings
+        // stay whole on every rank).
+        if !matches!(
+            self.model_type.as_str(),
+            "longcat_flash" | "longcat_flash_ngram"
+        ) {
             return Err(ModelError::Other(format!(
-                "tensor parallelism: model_type `{}` is not supported yet (longcat_flash)",
+                "tensor parallelism: model_type `{}` is not supported yet (longcat_flash, \
+                 longcat_flash_ngram)",
                 self.model_type
             )));
         }

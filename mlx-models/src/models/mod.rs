@@ -65,6 +65,7 @@ pub mod deepseek;
 pub mod dense;
 pub mod descriptor;
 pub mod falcon_h1;
+pub mod gear;
 pub mod gemma4_text;
 pub mod granitemoehybrid;
 pub mod iquestloopcoder;
@@ -80,8 +81,12 @@ pub mod muse_glimmer;
 pub mod nemotron_h;
 pub mod nemotron_nas;
 pub mod olmo_hybrid;
+pub mod phi3small;
 pub mod phixtral;
+pub mod plamo2;
 pub mod qwen3_next;
+pub mod recurrent_gemma;
+pub mod rwkv7;
 pub mod segmented;
 pub mod step3p5;
 pub mod talkie;
@@ -501,6 +506,15 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
         Ok(Box::new(phixtral::Model::load(c, w)?))
     }),
     ("afm7", |c, w| Ok(Box::new(afm7::Model::load(c, w)?))),
+    ("phi3small", |c, w| {
+        Ok(Box::new(phi3small::Model::load(c, w)?))
+    }),
+    ("recurrent_gemma", |c, w| {
+        Ok(Box::new(recurrent_gemma::Model::load(c, w)?))
+    }),
+    ("rwkv7", |c, w| Ok(Box::new(rwkv7::Model::load(c, w)?))),
+    ("gear", |c, w| Ok(Box::new(gear::Model::load(c, w)?))),
+    ("plamo2", |c, w| Ok(Box::new(plamo2::Model::load(c, w)?))),
     ("step3p5", |c, w| Ok(Box::new(step3p5::Model::load(c, w)?))),
     ("mimo_v2_flash", |c, w| {
         Ok(Box::new(mimo_v2_flash::Model::load(c, w)?))

@@ -4073,6 +4073,81 @@ impl Model {
     }
 }
 
+impl Attention {
+    /// llama's `shard()` of a plain attention (glm4_moe's, through deepseek's model): q, k, v
+    /// all-to-sharded, o sharded-to-all, heads and KV heads / N. Fused, gated, shared-KV,
+    /// full-width-norm and sink attentions are refused (their rows shard them themselves).
+    pub(crate) fn shard_plain(&mut self, size: i32, rank: i32, path: &str) -> Result<()> {
+        use crate::shard::{all_to_sharded, sharded_to_all};
+        if self.n_heads % size != 0 || self.n_kv_heads % size != 0 {
+            return Err(ModelError::Other(format!(
+                "{path}: {} heads and {} KV heads do not split over {size} ranks",
+                self.n_heads, self.n_kv_heads
+            )));
+        }
+        if self.fused_qkv
+            || self.out_gate.is_some()
+            || self.head_gate.is_some()
+            || self.sinks.is_some()
+            || matches!(self.qk_norm, QkNorm::Full)
+        {
+            return Err(ModelError::Other(format!(
+                "{path}: a fused, gated, sink or full-width-norm attention cannot be sharded here"
+            )));
+        }
+        let (Some(k_proj), Some(v_proj)) = (self.k_proj.as_mut(), self.v_proj.as_mut()) else {
+            return Err(ModelError::Other(format!(
+                "{path}: a layer reusing another's keys and values cannot be sharded"
+            )));
+        };
+        all_to_sharded(&mut self.q_proj, size, rank, &format!("{path}.q_proj"))?;
+        all_to_sharded(k_proj, size, rank, &format!("{path}.k_proj"))?;
+        all_to_sharded(v_proj, size, rank, &format!("{path}.v_proj"))?;
+        let o = format!("{path}.{}", self.names[0]);
+        sharded_to_all(&mut self.o_proj, size, rank, &o)?;
+        self.n_heads /= size;
+        self.n_kv_heads /= size;
+        Ok(())
+    }
+}
+
+impl SparseMoe {
+    /// qwen3_5's `shard()` of its `SparseMoeBlock` (`path` = `...mlp`): the gated shared
+    /// expert's gate and up split by output rows and its down by input columns in place (its
+    /// sigmoid gate whole), the experts likewise, and the block's output summed.
+    pub(crate) fn shard_gated_shared_in_place(
+        &mut self,
+        size: i32,
+        rank: i32,
+        path: &str,
+    ) -> Result<()> {
+        use crate::shard::{all_to_sharded, sharded_to_all_inplace, switch_inplace};
+        if self.plain_shared.is_some() || self.coefficient.is_some() {
+            return Err(ModelError::Other(format!(
+                "{path}: an ungated or mixed shared expert cannot be sharded here"
+            )));
+        }
+        if let Some((shared, _gate)) = self.shared_expert.as_mut() {
+            let names = MlpNames::LLAMA;
+            for (name, lin) in shared.linears_mut(&names) {
+                let w = format!("{path}.shared_expert.{name}");
+                if name == names.down {
+                    sharded_to_all_inplace(lin, size, rank, &w)?;
+                } else {
+                    all_to_sharded(lin, size, rank, &w)?;
+                }
+            }
+        }
+        let e = &mut self.switch_mlp;
+        let w = |n: &str| format!("{path}.{}.{n}", self.names[1]);
+        switch_inplace(&mut e.gate_proj, true, size, rank, &w("gate_proj"))?;
+        switch_inplace(&mut e.down_proj, false, size, rank, &w("down_proj"))?;
+        switch_inplace(&mut e.up_proj, true, size, rank, &w("up_proj"))?;
+        self.sharded = true;
+        Ok(())
+    }
+}
+
 impl Model {
     /// Tensor parallelism as the `shard()` of qwen3_moe, gpt_oss, minimax and exaone_moe:
     /// q/k/v all-to-sharded, o sharded-to-all, heads and KV heads / N; dense MLPs as

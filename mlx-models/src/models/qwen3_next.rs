@@ -461,6 +461,30 @@ impl Attention {
 }
 
 impl Attention {
+    /// qwen3_5's `shard()` of a gated attention: q (with its gate rows, whole heads) all-to-
+    /// sharded; k and v repeated per head when there are more ranks than KV heads
+    /// (`repeat_kv_layer_inplace`), then all-to-sharded; o sharded-to-all; heads / N and KV
+    /// heads `max(1, kv / N)`.
+    fn shard_tensor_parallel(&mut self, n: i32, r: i32, path: &str) -> Result<()> {
+        use crate::shard::{all_to_sharded, repeat_heads, sharded_to_all};
+        let p = |m: &str| format!("{path}.{m}");
+        if self.n_heads % n != 0 {
+            return Err(ModelError::Other(format!(
+                "{path}: {} heads do not split over {n} ranks",
+                self.n_heads
+            )));
+        }
+        sharded_to_all(&mut self.o_proj, n, r, &p("o_proj"))?;
+        all_to_sharded(&mut self.q_proj, n, r, &p("q_proj"))?;
+        repeat_heads(&mut self.k_proj, self.n_kv_heads, n, &p("k_proj"))?;
+        repeat_heads(&mut self.v_proj, self.n_kv_heads, n, &p("v_proj"))?;
+        all_to_sharded(&mut self.k_proj, n, r, &p("k_proj"))?;
+        all_to_sharded(&mut self.v_proj, n, r, &p("v_proj"))?;
+        self.n_heads /= n;
+        self.n_kv_heads = (self.n_kv_heads / n).max(1);
+        Ok(())
+    }
+
     /// Every array of the attention under `path` (`...self_attn`), for full fine-tuning.
     fn parameters_mut<'a>(&'a mut self, path: &str, out: &mut Vec<LayerParam<'a>>) -> Result<()> {
         let Attention {
@@ -519,6 +543,8 @@ struct GatedDeltaNet {
     /// MLX's fused `fast::gated_delta_update` instead of the plain-ops loop (never while a
     /// cache records per-token states, which only the loop yields).
     use_kernel: bool,
+    /// mlx-lm's `sharding_group` (qwen3_5's `shard()`): the output summed over the group.
+    sharded: bool,
 }
 
 impl GatedDeltaNet {
@@ -570,6 +596,7 @@ impl GatedDeltaNet {
             norm: RmsNormGated::load(w, &p("norm"), dv, a.rms_norm_eps as f32)?,
             out_proj: Linear::load(w, &p("out_proj"), value_dim, dim, false)?,
             use_kernel: false,
+            sharded: false,
         })
     }
 
@@ -727,8 +754,51 @@ impl GatedDeltaNet {
             c.advance(s as usize)?;
         }
         let out = self.norm.forward(&out, Some(&z))?;
-        self.out_proj
-            .forward(&ops::reshape(&out, &[bsz, s, -1], None)?)
+        let out = self
+            .out_proj
+            .forward(&ops::reshape(&out, &[bsz, s, -1], None)?)?;
+        if self.sharded {
+            return Ok(mlx_core::distributed::all_sum(&out, None, None)?);
+        }
+        Ok(out)
+    }
+
+    /// qwen3_5's `shard()` of a linear-attention block: the depthwise convolution and
+    /// `in_proj_qkv` split by segments (q | k | v, each by rank), `in_proj_z`, `in_proj_b`,
+    /// `in_proj_a`, `dt_bias` and `A_log` by heads, `out_proj` by input columns in place, the
+    /// head counts and widths / N, and the block's output summed.
+    fn shard_tensor_parallel(&mut self, n: i32, r: i32, path: &str) -> Result<()> {
+        use crate::shard::{all_to_sharded, all_to_sharded_segments, sharded_to_all_inplace};
+        let p = |m: &str| format!("{path}.{m}");
+        if self.num_k_heads % n != 0 || self.num_v_heads % n != 0 {
+            return Err(ModelError::Other(format!(
+                "{path}: {} key heads and {} value heads do not split over {n} ranks",
+                self.num_k_heads, self.num_v_heads
+            )));
+        }
+        let kd = self.key_dim;
+        let seg = [kd, 2 * kd];
+        let Projections::Split { qkv, z, b, a } = &mut self.proj else {
+            return Err(ModelError::Other(format!(
+                "{path}: fused in_proj_qkvz / in_proj_ba (qwen3_next) have no tensor parallelism \
+                 in mlx-lm"
+            )));
+        };
+        self.conv1d_weight =
+            crate::shard::split_rows(&self.conv1d_weight, &seg, n, r, &p("conv1d.weight"))?;
+        all_to_sharded_segments(qkv, &seg, n, r, &p("in_proj_qkv"))?;
+        all_to_sharded(z, n, r, &p("in_proj_z"))?;
+        all_to_sharded(b, n, r, &p("in_proj_b"))?;
+        all_to_sharded(a, n, r, &p("in_proj_a"))?;
+        self.dt_bias = crate::shard::split_rows(&self.dt_bias, &[], n, r, &p("dt_bias"))?;
+        self.a_log = crate::shard::split_rows(&self.a_log, &[], n, r, &p("A_log"))?;
+        sharded_to_all_inplace(&mut self.out_proj, n, r, &p("out_proj"))?;
+        self.num_k_heads /= n;
+        self.num_v_heads /= n;
+        self.key_dim /= n;
+        self.conv_dim /= n;
+        self.sharded = true;
+        Ok(())
     }
 }
 
@@ -928,6 +998,9 @@ pub struct Model {
     checkpoint_own: std::ops::Range<usize>,
     /// This rank's pipeline stage `(rank, size)` after [`Model::shard_pipeline`].
     pipeline: Option<(i32, i32)>,
+    /// The group size when the untied head is split by vocabulary
+    /// ([`Model::shard_tensor_parallel`]): its logits are gathered along the last axis.
+    sharded_head: Option<i32>,
     /// The `mtp.*` layers, loaded only when asked ([`Weights::with_mtp`]).
     mtp: Option<Mtp>,
 }
@@ -982,6 +1055,7 @@ impl Model {
             grad_checkpoint: false,
             checkpoint_own: 0..0,
             pipeline: None,
+            sharded_head: None,
             mtp,
         })
     }
@@ -1275,7 +1349,86 @@ impl Model {
 
     /// The output head over normed hidden states.
     fn head(&self, out: &Array) -> Result<Array> {
-        super::project(self.lm_head.as_ref(), &self.embed_tokens, out)
+        let logits = super::project(self.lm_head.as_ref(), &self.embed_tokens, out)?;
+        match self.sharded_head {
+            Some(n) => crate::shard::gather_last_axis(&logits, n),
+            None => Ok(logits),
+        }
+    }
+
+    /// Tensor parallelism as qwen3_5's `shard()` (qwen3_5_moe's Model inherits it): an
+    /// untied head split by vocabulary and gathered; linear-attention blocks as
+    /// [`GatedDeltaNet::shard_tensor_parallel`], gated attention as
+    /// [`Attention::shard_tensor_parallel`]; dense MLPs as llama's; MoE blocks with the
+    /// experts and the gated shared expert split in place (its gate whole) and the block
+    /// summed. qwen3_next has no `shard()` in mlx-lm and is refused.
+    pub fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
+        use crate::shard::{all_to_sharded, sharded_to_all};
+        const SHARDED: [&str; 2] = ["qwen3_5", "qwen3_5_moe"];
+        let t = self.args.model_type.as_str();
+        if !SHARDED.contains(&t) {
+            return Err(ModelError::Other(format!(
+                "tensor parallelism: model_type `{t}` is not supported ({}; mlx-lm's {t} has \
+                 no shard())",
+                SHARDED.join(", ")
+            )));
+        }
+        if size < 1 || rank < 0 || rank >= size {
+            return Err(ModelError::Other(format!(
+                "tensor parallelism: rank {rank} of {size}"
+            )));
+        }
+        if self.pipeline.is_some() || self.sharded_head.is_some() {
+            return Err(ModelError::Other(
+                "tensor parallelism: the model is already split".into(),
+            ));
+        }
+        if self.mtp.is_some() {
+            return Err(ModelError::Other(
+                "tensor parallelism: the multi-token prediction head is not sharded (load \
+                 without it)"
+                    .into(),
+            ));
+        }
+        let pre = format!("{}model", self.args.prefix);
+        if let Some(head) = self.lm_head.as_mut() {
+            let vocab = self.args.vocab_size;
+            if vocab % size != 0 {
+                return Err(ModelError::Other(format!(
+                    "lm_head: group size {size} must divide vocab_size {vocab}"
+                )));
+            }
+            all_to_sharded(head, size, rank, &format!("{}lm_head", self.args.prefix))?;
+        }
+        for (i, l) in self.layers.iter_mut().enumerate() {
+            let p = format!("{pre}.layers.{i}");
+            match &mut l.mixer {
+                Mixer::Linear(m) => {
+                    m.shard_tensor_parallel(size, rank, &format!("{p}.linear_attn"))?
+                }
+                Mixer::Attention(a) => {
+                    a.shard_tensor_parallel(size, rank, &format!("{p}.self_attn"))?
+                }
+            }
+            match &mut l.mlp {
+                Ffn::Dense(m) => {
+                    let names = crate::layers::MlpNames::LLAMA;
+                    for (name, lin) in m.linears_mut(&names) {
+                        let w = format!("{p}.mlp.{name}");
+                        if name == names.down {
+                            sharded_to_all(lin, size, rank, &w)?;
+                        } else {
+                            all_to_sharded(lin, size, rank, &w)?;
+                        }
+                    }
+                }
+                Ffn::Sparse(m) => m.shard_gated_shared_in_place(size, rank, &format!("{p}.mlp"))?,
+            }
+        }
+        if self.lm_head.is_some() {
+            self.sharded_head = Some(size);
+        }
+        Ok(())
     }
 }
 
@@ -1284,6 +1437,10 @@ impl LanguageModel for Model {
 
     fn shard_pipeline(&mut self, size: i32, rank: i32) -> Result<()> {
         Model::shard_pipeline(self, size, rank)
+    }
+
+    fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
+        Model::shard_tensor_parallel(self, size, rank)
     }
 
     /// The projection `head` applies (for the chunked cross-entropy of training).

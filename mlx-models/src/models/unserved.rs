@@ -34,11 +34,6 @@ pub const UNSERVED: &[(&str, Unserved, &str)] = &[
         "MLA (issue #32, DeepSeek family): not ported yet",
     ),
     (
-        "gear",
-        Unserved::NotYet,
-        "recurrent state and soft-capping: not ported yet",
-    ),
-    (
         "gemma3n",
         Unserved::NotYet,
         "AltUp, Laurel, per-layer inputs: not ported yet",
@@ -65,28 +60,8 @@ pub const UNSERVED: &[(&str, Unserved, &str)] = &[
          norm_add_norm) unconditionally",
     ),
     (
-        "phi3small",
-        Unserved::NotYet,
-        "block-sparse attention and gegelu: not ported yet",
-    ),
-    (
-        "plamo2",
-        Unserved::NotYet,
-        "state-space hybrid (issue #32): not ported yet",
-    ),
-    (
         "prism_hadamard_qwen35",
         Unserved::NotYet,
         "Hadamard-rotated Qwen 3.5: not ported yet",
-    ),
-    (
-        "recurrent_gemma",
-        Unserved::NotYet,
-        "recurrent (issue #32): not ported yet",
-    ),
-    (
-        "rwkv7",
-        Unserved::NotYet,
-        "recurrent (issue #32): not ported yet",
     ),
 ];

@@ -107,6 +107,29 @@ impl TestServer {
         }
     }
 
+    /// The error `Server::bind` gives for `mlx-serve --model <model> --port 0 <extra...>`
+    /// (panics if the server starts).
+    pub fn bind_error(model: &Path, extra: &[&str]) -> mlx_server::ServeError {
+        let mut argv = vec![
+            "mlx-serve".to_string(),
+            "--model".into(),
+            model.display().to_string(),
+            "--port".into(),
+            "0".into(),
+        ];
+        argv.extend(extra.iter().map(|s| s.to_string()));
+        let args = Cli::parse_from(argv).serve;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        match rt.block_on(mlx_server::Server::bind(args, mlx_server::load_model_dir)) {
+            Ok(_) => panic!("the server started"),
+            Err(e) => e,
+        }
+    }
+
     /// Triggers shutdown; how long the server took to stop serving, `None` past `bound`.
     pub fn shutdown(&mut self, bound: Duration) -> Option<Duration> {
         let t = Instant::now();

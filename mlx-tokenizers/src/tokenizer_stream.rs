@@ -73,7 +73,7 @@ impl DetokenizerKind {
 }
 
 /// GPT-2's byte-to-unicode map, inverted: `char -> byte` (mlx-lm `_byte_decoder`).
-pub(crate) fn byte_decoder(c: char) -> Option<u8> {
+pub fn byte_decoder(c: char) -> Option<u8> {
     let c = c as u32;
     // Printable ranges map to themselves.
     if (0x21..=0x7e).contains(&c) || (0xa1..=0xac).contains(&c) || (0xae..=0xff).contains(&c) {
@@ -433,7 +433,7 @@ impl StreamingDetokenizer {
 }
 
 /// mlx-lm's `SPMStreamingDetokenizer` token map entry.
-pub(crate) fn spm_token_bytes(t: &str) -> Vec<u8> {
+pub fn spm_token_bytes(t: &str) -> Vec<u8> {
     if let Some(hex) = t.strip_prefix("<0x") {
         if let Some(h) = hex.get(0..2) {
             if let Ok(b) = u8::from_str_radix(h, 16) {

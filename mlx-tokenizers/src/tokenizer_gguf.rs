@@ -11,6 +11,9 @@
 //! | `gpt2`, `default`, `smollm` | GPT-2's byte-level regex |
 //! | `llama3`, `llama-v3`, `llama-bpe`, `falcon3`, `falcon-h1`, `pixtral`, `midm-2.0`, `lfm2`, `jina-v5-nano`, `dbrx`, `smaug-bpe` | the Llama 3 regex, with whole-word vocabulary hits taking precedence over merges (llama.cpp's `ignore_merges`) |
 //! | `qwen2`, `deepseek-r1-qwen`, `kormo`, `f2llmv2`, `megrez` | the Qwen2 regex |
+//! | `qwen35` | the Qwen 3.5 regex |
+//! | `tekken` | Mistral's Tekken regex |
+//! | `gpt-4o`, `llama4`, `kanana2`, `talkie`, `minimax-m2` | the GPT-4o (o200k) regex |
 //!
 //! Tokens of type 3 (control) become special added tokens, tokens of type 4 (user-defined) plain
 //! added tokens, neither normalized; a control token spelled outside the byte-level alphabet is a
@@ -40,11 +43,28 @@ use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior};
 
 use mlx_core::io::{GgufMetadata, GgufValue};
 use mlx_core::prelude::*;
-use mlx_models::gguf::{meta_f64, meta_str};
 
 use crate::chat_template::ChatTemplates;
 use crate::tokenizer::{Result, Tokenizer, TokenizerError};
 use crate::tokenizer_stream::byte_to_unicode;
+
+/// A scalar metadata value as `f64` (the same reading as `mlx_models::gguf::meta_f64`).
+fn meta_f64(meta: &GgufMetadata, key: &str) -> Option<f64> {
+    match meta.get(key) {
+        Some(GgufValue::Array(a)) if a.size() == 1 => {
+            a.astype(Dtype::Float64).ok()?.item::<f64>().ok()
+        }
+        _ => None,
+    }
+}
+
+/// A metadata string.
+fn meta_str<'a>(meta: &'a GgufMetadata, key: &str) -> Option<&'a str> {
+    match meta.get(key) {
+        Some(GgufValue::String(s)) => Some(s),
+        _ => None,
+    }
+}
 
 /// The tokenizer part of a GGUF file's metadata.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -102,12 +122,35 @@ const QWEN2_SPLIT: &str = concat!(
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 );
 
+/// transformers' `_TEKKEN_SPLIT` (Mistral's Tekken vocabularies).
+const TEKKEN_SPLIT: &str = concat!(
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+",
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*",
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+);
+
+/// transformers' `_GPT4O_SPLIT` (o200k-style: GPT-4o, Llama 4, MiniMax M2, ...).
+const GPT4O_SPLIT: &str = concat!(
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+);
+
+/// transformers' Qwen 3.5 `PRETOKENIZE_REGEX`.
+const QWEN35_SPLIT: &str = concat!(
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}",
+    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+);
+
 /// The pre-tokenizer families this builder knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum PreKind {
     Gpt2,
     Llama3,
-    Qwen2,
+    /// transformers' `set_split_regex`: this regex, then a byte-level step without its own.
+    Split(&'static str),
 }
 
 const PRE_NAMES: &[(&str, PreKind)] = &[
@@ -126,11 +169,18 @@ const PRE_NAMES: &[(&str, PreKind)] = &[
     ("jina-v5-nano", PreKind::Llama3),
     ("dbrx", PreKind::Llama3),
     ("smaug-bpe", PreKind::Llama3),
-    ("qwen2", PreKind::Qwen2),
-    ("deepseek-r1-qwen", PreKind::Qwen2),
-    ("kormo", PreKind::Qwen2),
-    ("f2llmv2", PreKind::Qwen2),
-    ("megrez", PreKind::Qwen2),
+    ("qwen2", PreKind::Split(QWEN2_SPLIT)),
+    ("deepseek-r1-qwen", PreKind::Split(QWEN2_SPLIT)),
+    ("kormo", PreKind::Split(QWEN2_SPLIT)),
+    ("f2llmv2", PreKind::Split(QWEN2_SPLIT)),
+    ("megrez", PreKind::Split(QWEN2_SPLIT)),
+    ("tekken", PreKind::Split(TEKKEN_SPLIT)),
+    ("qwen35", PreKind::Split(QWEN35_SPLIT)),
+    ("gpt-4o", PreKind::Split(GPT4O_SPLIT)),
+    ("llama4", PreKind::Split(GPT4O_SPLIT)),
+    ("kanana2", PreKind::Split(GPT4O_SPLIT)),
+    ("talkie", PreKind::Split(GPT4O_SPLIT)),
+    ("minimax-m2", PreKind::Split(GPT4O_SPLIT)),
 ];
 
 /// The `pre` names [`GgufTokenizerData::build`] supports.
@@ -157,8 +207,8 @@ impl PreKind {
                 split(LLAMA3_SPLIT)?,
                 PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, false)),
             ])),
-            Self::Qwen2 => PreTokenizerWrapper::Sequence(Sequence::new(vec![
-                split(QWEN2_SPLIT)?,
+            Self::Split(regex) => PreTokenizerWrapper::Sequence(Sequence::new(vec![
+                split(regex)?,
                 PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, false)),
             ])),
         })
