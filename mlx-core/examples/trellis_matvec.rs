@@ -1,18 +1,35 @@
-//! Decode-step products at SmolLM2-135M's linear shapes on one thread, fastest of many runs:
-//! trellis 3-bit (`cpu::trellis::matvec_rows`, L 12, blocks of 64) against the CPU decoder's
-//! affine 4-bit kernel (`cpu::matmul_t`, group 64, its default int16 activations).
-//! `cargo run -p mlx-core --example trellis_matvec [L]`.
+//! Decode-step products at SmolLM2-135M's linear shapes, fastest of many runs: trellis 3-bit
+//! (the first kernel `cpu::trellis::matvec_rows`, and the fused `TrellisMatvec` on one thread
+//! and on every thread) against the CPU decoder's affine 4-bit kernel (`cpu::matmul_t`, group
+//! 64, its default int16 activations, one thread and every thread).
+//! `cargo run --release -p mlx-core --example trellis_matvec [L] [THREADS]` (release: the
+//! portable kernels are compiler-vectorized Rust, tens of times slower in a debug build).
 
 use half::f16;
-use mlx_core::cpu::trellis::{matvec_rows, quantize, TrellisSpec};
-use mlx_core::cpu::{matmul_t, CpuContext, Floats, MatJob, Matrix};
+use mlx_core::cpu::trellis::{matvec_rows, quantize, TrellisMatvec, TrellisSpec};
+use mlx_core::cpu::{matmul_t, Activations, CpuContext, Floats, MatJob, Matrix};
+
+fn best(reps: usize, mut f: impl FnMut()) -> u64 {
+    let mut b = u64::MAX;
+    for _ in 0..reps {
+        let t = std::time::Instant::now();
+        f();
+        b = b.min(t.elapsed().as_nanos() as u64);
+    }
+    b
+}
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let l: u32 = std::env::args()
-        .nth(1)
+    let mut args = std::env::args().skip(1);
+    let l: u32 = args.next().and_then(|s| s.parse().ok()).unwrap_or(12);
+    let threads: usize = args
+        .next()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(12);
-    let ctx = CpuContext::with_isa(1, mlx_core::cpu::Isa::detect())?;
+        .unwrap_or_else(mlx_core::cpu::available_threads);
+    let mut ctx1 = CpuContext::with_isa(1, mlx_core::cpu::Isa::detect())?;
+    ctx1.activations = Activations::Int16;
+    let mut ctxn = CpuContext::with_isa(threads, mlx_core::cpu::Isa::detect())?;
+    ctxn.activations = Activations::Int16;
     let mut z = 7u64;
     let mut unit = move || {
         z = z
@@ -20,7 +37,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .wrapping_add(1442695040888963407);
         (z >> 40) as f32 / (1u64 << 24) as f32 - 0.5
     };
-    let (mut t_aff, mut t_tre) = (0f64, 0f64);
+    let mut tot = [0f64; 5];
+    println!(
+        "isa {:?}, trellis SIMD {}, {threads} threads, L {l}",
+        ctx1.isa,
+        mlx_core::cpu::trellis::simd_available()
+    );
     // (rows, cols, per layer): q/o, k/v, gate/up, down.
     for (rows, cols, per_layer) in [(576, 576, 2), (192, 576, 2), (1536, 576, 2), (576, 1536, 1)] {
         let w: Vec<f32> = (0..rows * cols).map(|_| unit()).collect();
@@ -37,19 +59,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let sc: Vec<f16> = (0..groups).map(|_| f16::from_f32(unit() * 0.1)).collect();
         let bi: Vec<f16> = (0..groups).map(|_| f16::from_f32(unit() * 0.1)).collect();
         let m = Matrix::affine(&aw, Floats::F16(&sc), Floats::F16(&bi), rows, cols, 4, 64)?;
+        let plan = TrellisMatvec::new(&spec, cols)?;
         let mut out = vec![0f32; rows];
         let reps = 200;
-        let (mut best_a, mut best_t) = (u64::MAX, u64::MAX);
-        for _ in 0..reps {
-            let t = std::time::Instant::now();
+        let affine = |ctx: &CpuContext, out: &mut Vec<f32>| {
             let mut jobs = [MatJob {
                 w: &m,
                 bias: None,
-                out: &mut out,
+                out,
             }];
-            matmul_t(&ctx, std::hint::black_box(&x), 1, &mut jobs)?;
-            best_a = best_a.min(t.elapsed().as_nanos() as u64);
-            let t = std::time::Instant::now();
+            matmul_t(ctx, std::hint::black_box(&x), 1, &mut jobs).expect("affine");
+        };
+        let a1 = best(reps, || affine(&ctx1, &mut out));
+        let an = best(reps, || affine(&ctxn, &mut out));
+        let old = best(reps / 10, || {
             matvec_rows(
                 &spec,
                 &words,
@@ -58,20 +81,33 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 std::hint::black_box(&x),
                 0,
                 &mut out,
-            );
-            best_t = best_t.min(t.elapsed().as_nanos() as u64);
-        }
+            )
+        });
+        let t1 = best(reps, || {
+            plan.rows(&words, &scales, std::hint::black_box(&x), 0, &mut out)
+                .expect("trellis")
+        });
+        let tn = best(reps, || {
+            plan.par(
+                &ctxn.pool,
+                &words,
+                &scales,
+                std::hint::black_box(&x),
+                &mut out,
+            )
+            .expect("trellis")
+        });
         println!(
-            "{rows}x{cols}: affine-4 {best_a} ns, trellis-3 {best_t} ns ({:.1}x)",
-            best_t as f64 / best_a as f64
+            "{rows}x{cols}: affine-4 {a1} ns ({threads} threads {an}), trellis-3 first kernel {old} ns, fused {t1} ns ({threads} threads {tn}); fused/affine {:.2}x",
+            t1 as f64 / a1 as f64
         );
-        t_aff += (best_a * per_layer) as f64;
-        t_tre += (best_t * per_layer) as f64;
+        for (s, v) in tot.iter_mut().zip([a1, an, old, t1, tn]) {
+            *s += (v * per_layer) as f64 * 30.0 / 1e6;
+        }
     }
     println!(
-        "30 layers' linears, one token, one thread: affine-4 {:.2} ms, trellis-3 {:.2} ms",
-        t_aff * 30.0 / 1e6,
-        t_tre * 30.0 / 1e6
+        "30 layers' linears, one token: affine-4 {:.2} ms (one thread), {:.2} ms ({threads}); trellis-3 first kernel {:.2} ms, fused {:.2} ms (one thread), {:.2} ms ({threads})",
+        tot[0], tot[1], tot[2], tot[3], tot[4]
     );
     Ok(())
 }

@@ -90,13 +90,22 @@ fn the_product_is_the_dequantized_matrix_and_the_error_falls_with_bits() {
         errors[0] < 0.118 && errors[1] < 0.0345 && errors[2] < 0.0095,
         "{errors:?}"
     );
-    // Both decode paths give the same product.
+    // Both decode paths give the same product (more rows than the fused kernel takes).
     let tw = coded(&w, "p", 3, 64, 10);
+    let x8 = seeded(&[2, 4, 192], 9);
     mlx_models::layers::set_trellis_decode(mlx_models::layers::TrellisDecode::Reference);
-    let r = to_vec(&tw.matmul_t(&x).unwrap());
+    let r = to_vec(&tw.matmul_t(&x8).unwrap());
+    let r1 = to_vec(&tw.matmul_t(&x).unwrap());
     mlx_models::layers::set_trellis_decode(mlx_models::layers::TrellisDecode::Kernel);
-    let k = to_vec(&tw.matmul_t(&x).unwrap());
+    let k = to_vec(&tw.matmul_t(&x8).unwrap());
     assert!(r.iter().zip(&k).all(|(a, b)| a.to_bits() == b.to_bits()));
+    // Few rows take the fused decode-and-dot kernel: equal up to rounding, same shape.
+    let x1 = x.reshape(&[3, 1, 192]).unwrap();
+    let f = tw.matmul_t(&x1).unwrap();
+    assert_eq!(f.shape(), vec![3, 1, 96]);
+    for (a, b) in to_vec(&f).iter().zip(&r1) {
+        assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "fused {a} vs {b}");
+    }
 }
 
 fn trellis_config(extra: &str) -> ModelConfig {

@@ -565,6 +565,163 @@ pub fn quantize(
     Ok((words, scales))
 }
 
+/// The unit block-lower factor of `h` (`n x n`, row-major, symmetric positive definite) for
+/// blocks of `b`: `h = (I + A) D (I + A)^T` with `A` strictly block-lower and `D` block
+/// diagonal; returns `I + A` (row-major, f64). From the Cholesky factor `C` (`h = C C^T`):
+/// `I + A = C blockdiag(C_jj)^-1`.
+fn block_ldl(h: &[f64], n: usize, b: usize) -> Result<Vec<f64>, String> {
+    let mut c = vec![0.0f64; n * n];
+    for j in 0..n {
+        let mut d = h[j * n + j];
+        for k in 0..j {
+            d -= c[j * n + k] * c[j * n + k];
+        }
+        if d <= 0.0 || !d.is_finite() {
+            return Err(format!(
+                "trellis LDLQ: the Hessian is not positive definite at column {j}"
+            ));
+        }
+        let d = d.sqrt();
+        c[j * n + j] = d;
+        for i in j + 1..n {
+            let mut v = h[i * n + j];
+            for k in 0..j {
+                v -= c[i * n + k] * c[j * n + k];
+            }
+            c[i * n + j] = v / d;
+        }
+    }
+    // Right-multiply each column block by the inverse of its diagonal block (lower
+    // triangular): solve X C_jj = C_(:, j) for the rows below the block, row by row.
+    let mut out = vec![0.0f64; n * n];
+    for j0 in (0..n).step_by(b) {
+        for i in j0..n {
+            // x C_jj = r, C_jj lower triangular: back-substitute from the last column.
+            let mut x = vec![0.0f64; b];
+            for col in (0..b).rev() {
+                let mut v = c[i * n + j0 + col];
+                for (k, &xk) in x.iter().enumerate().skip(col + 1) {
+                    v -= xk * c[(j0 + k) * n + j0 + col];
+                }
+                x[col] = v / c[(j0 + col) * n + j0 + col];
+            }
+            out[i * n + j0..i * n + j0 + b].copy_from_slice(&x);
+        }
+    }
+    Ok(out)
+}
+
+/// Trellis-quantizes a row-major `(rows, cols)` matrix with LDLQ (QuIP/QTIP's Hessian-aware
+/// rounding): `hessian` is the `(cols, cols)` second moment `E[x x^T]` of the layer's inputs
+/// (row-major, original basis). The Hessian is taken to the incoherent basis and damped by 1%
+/// of its mean diagonal; each row's blocks are coded from the last to the first, each block's
+/// target being its weights plus the errors of the blocks already coded fed back through the
+/// block LDL factor, so the error the layer's outputs see (`tr(E H E^T)`), not the weights'
+/// error, is what the code minimizes. Row scales are the rows' RMS (no refit: a refit would
+/// undo the feedback). Same layout and outputs as [`quantize`].
+#[allow(clippy::too_many_arguments)]
+pub fn quantize_ldlq(
+    spec: &TrellisSpec,
+    w: &[f32],
+    rows: usize,
+    cols: usize,
+    seed: u64,
+    threads: usize,
+    hessian: &[f32],
+) -> Result<(Vec<u32>, Vec<f32>), String> {
+    spec.check_shape(rows, cols)?;
+    if w.len() != rows * cols || hessian.len() != cols * cols {
+        return Err(format!(
+            "trellis LDLQ: {} weights and a Hessian of {} values for a ({rows}, {cols}) matrix",
+            w.len(),
+            hessian.len()
+        ));
+    }
+    if w.iter().chain(hessian).any(|v| !v.is_finite()) {
+        return Err("trellis LDLQ: a non-finite weight or Hessian value".into());
+    }
+    let (su, sv) = layer_signs(seed, rows, cols);
+    let mut wt = w.to_vec();
+    incoherent(&mut wt, rows, cols, &su, &sv);
+    let mut hp = hessian.to_vec();
+    incoherent(&mut hp, cols, cols, &sv, &sv);
+    let mut h: Vec<f64> = hp.iter().map(|&v| f64::from(v)).collect();
+    let mean_diag = (0..cols).map(|i| h[i * cols + i]).sum::<f64>() / cols as f64;
+    let damp = 0.01 * mean_diag.max(f64::MIN_POSITIVE);
+    for i in 0..cols {
+        h[i * cols + i] += damp;
+    }
+    let lf = block_ldl(&h, cols, spec.block)?;
+    // Transposed, so the feedback of a column reads a contiguous run.
+    let mut lt = vec![0.0f64; cols * cols];
+    for i in 0..cols {
+        for j in 0..cols {
+            lt[j * cols + i] = lf[i * cols + j];
+        }
+    }
+    let rms: Vec<f32> = wt
+        .chunks_exact(cols)
+        .map(|r| {
+            let ss: f64 = r.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+            ((ss / cols as f64).sqrt() as f32).max(f32::MIN_POSITIVE)
+        })
+        .collect();
+    let codes = code_table(spec.l);
+    let wpr = cols * spec.k as usize / 32;
+    let mut words = vec![0u32; rows * wpr];
+    let isa = super::Isa::detect();
+    let threads = threads.max(1).min(rows);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let (b, bw, nb) = (spec.block, spec.block_words(), cols / spec.block);
+    {
+        let slots: Vec<std::sync::Mutex<&mut [u32]>> = words
+            .chunks_exact_mut(wpr)
+            .map(std::sync::Mutex::new)
+            .collect();
+        std::thread::scope(|scope| {
+            for _ in 0..threads {
+                scope.spawn(|| {
+                    let mut scratch = Scratch::new(spec);
+                    let mut x = vec![0.0f32; b];
+                    let mut dec = vec![0.0f32; b];
+                    let mut err = vec![0.0f64; cols];
+                    loop {
+                        let r = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if r >= rows {
+                            break;
+                        }
+                        let mut out = slots[r].lock().unwrap_or_else(|e| e.into_inner());
+                        let row = &wt[r * cols..(r + 1) * cols];
+                        err.iter_mut().for_each(|e| *e = 0.0);
+                        for j in (0..nb).rev() {
+                            let j0 = j * b;
+                            for (c, xi) in x.iter_mut().enumerate() {
+                                let fb = &lt[(j0 + c) * cols + j0 + b..(j0 + c + 1) * cols];
+                                let t = f64::from(row[j0 + c])
+                                    + err[j0 + b..]
+                                        .iter()
+                                        .zip(fb)
+                                        .map(|(e, l)| e * l)
+                                        .sum::<f64>();
+                                *xi = (t / f64::from(rms[r])) as f32;
+                            }
+                            let bo = &mut out[j * bw..(j + 1) * bw];
+                            encode_block(isa, spec, &x, &codes, &mut scratch, bo);
+                            decode_row(spec, bo, rms[r], &mut dec);
+                            for ((e, &v), &d) in
+                                err[j0..j0 + b].iter_mut().zip(&row[j0..j0 + b]).zip(&dec)
+                            {
+                                *e = f64::from(v) - f64::from(d);
+                            }
+                        }
+                    }
+                });
+            }
+        });
+    }
+    Ok((words, rms))
+}
+
 /// A layer's sign vectors `(su (rows), sv (cols))` from its seed.
 pub fn layer_signs(seed: u64, rows: usize, cols: usize) -> (Vec<f32>, Vec<f32>) {
     (signs(seed, rows), signs(seed ^ 0x5555_5555_5555_5555, cols))
@@ -735,6 +892,240 @@ pub fn matvec_rows(
     }
 }
 
+/// The fused decode-and-dot kernel of one trellis matrix, prepared once (its read plan):
+/// `y[r] = scale[r] * sum_c code(state_rc) * x[c]`, `x` the already transformed input
+/// `H_c (sv * x)`. Each weight's `L`-bit window is read independently of its neighbours: for
+/// each position of a block the plan names the word holding the window's high bits, the word
+/// holding its low bits and the right shift of their 64-bit concatenation that brings the
+/// window to the bottom. On AVX-512 (VBMI2 + VNNI) sixteen windows at a time are gathered from
+/// the block's words held in one register (`vpermd`), funnel-shifted (`vpshrdvd`), coded
+/// (`vpmulld`, then `vpdpbusd` sums the four bytes minus 510 in one instruction) and
+/// multiply-added to the input; elsewhere the same plan runs in portable Rust. The integer code
+/// `byte sum - 510` is summed against `x` and divided by 1MAD's divisor once a row, so a
+/// product differs from the decoded matrix's by rounding only.
+#[derive(Clone, Debug)]
+pub struct TrellisMatvec {
+    spec: TrellisSpec,
+    cols: usize,
+    hi: Vec<u32>,
+    lo: Vec<u32>,
+    sh: Vec<u32>,
+    simd: bool,
+}
+
+impl TrellisMatvec {
+    /// The plan for `cols`-wide rows of `spec` on the best path this CPU runs.
+    pub fn new(spec: &TrellisSpec, cols: usize) -> Result<TrellisMatvec, String> {
+        Self::with_simd(spec, cols, true)
+    }
+
+    /// As [`TrellisMatvec::new`]; `simd = false` forces the portable path (the SIMD path's
+    /// reference in tests).
+    pub fn with_simd(spec: &TrellisSpec, cols: usize, simd: bool) -> Result<TrellisMatvec, String> {
+        spec.check_shape(1, cols)?;
+        let bw = spec.block_words();
+        let l = spec.l as usize;
+        let (mut hi, mut lo, mut sh) = (Vec::new(), Vec::new(), Vec::new());
+        for t in 0..spec.block {
+            let start = spec.window_start(t);
+            let (a, off) = (start / 32, start % 32);
+            hi.push(a as u32);
+            if off + l <= 32 {
+                lo.push(a as u32);
+                sh.push((32 - off - l) as u32);
+            } else {
+                lo.push(((a + 1) % bw) as u32);
+                sh.push((64 - off - l) as u32);
+            }
+        }
+        Ok(TrellisMatvec {
+            spec: *spec,
+            cols,
+            hi,
+            lo,
+            sh,
+            simd: simd && bw <= 16 && spec.block % 16 == 0 && simd_available(),
+        })
+    }
+
+    /// Whether the AVX-512 path runs.
+    pub fn is_simd(&self) -> bool {
+        self.simd
+    }
+
+    fn check(
+        &self,
+        words: &[u32],
+        scales: &[f32],
+        x: &[f32],
+        r0: usize,
+        n: usize,
+    ) -> Result<(), String> {
+        let wpr = self.cols * self.spec.k as usize / 32;
+        let end = r0
+            .checked_add(n)
+            .ok_or("trellis matvec: row range overflows")?;
+        if x.len() != self.cols || words.len() < end * wpr || scales.len() < end {
+            return Err(format!(
+                "trellis matvec: rows {r0}..{end} of {}-wide rows need {} words, {end} scales and \
+                 {} inputs, got {}, {} and {}",
+                self.cols,
+                end * wpr,
+                self.cols,
+                words.len(),
+                scales.len(),
+                x.len()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Rows `r0..r0 + y.len()` of the product on this thread.
+    pub fn rows(
+        &self,
+        words: &[u32],
+        scales: &[f32],
+        x: &[f32],
+        r0: usize,
+        y: &mut [f32],
+    ) -> Result<(), String> {
+        self.check(words, scales, x, r0, y.len())?;
+        #[cfg(target_arch = "x86_64")]
+        if self.simd {
+            // SAFETY: `simd` is set only where `simd_available` found AVX-512 F/BW/VBMI2/VNNI,
+            // and `check` sized the words, scales and input for these rows; the plan's word
+            // indices are below the block's word count (at most 16).
+            unsafe { self.rows_avx512(words, scales, x, r0, y) };
+            return Ok(());
+        }
+        self.rows_portable(words, scales, x, r0, y);
+        Ok(())
+    }
+
+    /// The whole product `y = W x` (`y.len()` rows), rows shared among the pool's workers.
+    pub fn par(
+        &self,
+        pool: &super::ThreadPool,
+        words: &[u32],
+        scales: &[f32],
+        x: &[f32],
+        y: &mut [f32],
+    ) -> Result<(), String> {
+        let rows = y.len();
+        self.check(words, scales, x, 0, rows)?;
+        const CHUNK: usize = 16;
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let out = super::SharedOut::new(y);
+        pool.run(&|_, _| loop {
+            let c = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let r0 = c * CHUNK;
+            if r0 >= rows {
+                break;
+            }
+            let n = CHUNK.min(rows - r0);
+            // SAFETY: chunk `c` is taken by exactly one worker (the atomic counter), so the
+            // range is touched by that worker only, within the pool run.
+            let ys = unsafe { out.range(r0, n) };
+            // The sizes were checked for all rows above.
+            let _ = self.rows(words, scales, x, r0, ys);
+        });
+        Ok(())
+    }
+
+    fn rows_portable(&self, words: &[u32], scales: &[f32], x: &[f32], r0: usize, y: &mut [f32]) {
+        let spec = &self.spec;
+        let wpr = self.cols * spec.k as usize / 32;
+        let bw = spec.block_words();
+        let mask = (1u32 << spec.l) - 1;
+        for (i, yo) in y.iter_mut().enumerate() {
+            let row = &words[(r0 + i) * wpr..(r0 + i + 1) * wpr];
+            let mut lanes = [0.0f32; 16];
+            for (bwords, xb) in row.chunks_exact(bw).zip(x.chunks_exact(spec.block)) {
+                for (t, &xt) in xb.iter().enumerate() {
+                    let both = (u64::from(bwords[self.hi[t] as usize]) << 32)
+                        | u64::from(bwords[self.lo[t] as usize]);
+                    let state = ((both >> self.sh[t]) as u32) & mask;
+                    let v = state.wrapping_mul(MAD_A).wrapping_add(MAD_B);
+                    let sum = v.to_le_bytes().iter().map(|&b| i32::from(b)).sum::<i32>() - 510;
+                    lanes[t % 16] += sum as f32 * xt;
+                }
+            }
+            *yo = lanes.iter().sum::<f32>() * (scales[r0 + i] / MAD_SCALE);
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi2,avx512vnni")]
+    unsafe fn rows_avx512(
+        &self,
+        words: &[u32],
+        scales: &[f32],
+        x: &[f32],
+        r0: usize,
+        y: &mut [f32],
+    ) {
+        use std::arch::x86_64::*;
+        let spec = &self.spec;
+        let wpr = self.cols * spec.k as usize / 32;
+        let bw = spec.block_words();
+        let nb = self.cols / spec.block;
+        let wmask: __mmask16 = ((1u32 << bw) - 1) as u16;
+        let mad_a = _mm512_set1_epi32(MAD_A as i32);
+        let mad_b = _mm512_set1_epi32(MAD_B as i32);
+        let ones = _mm512_set1_epi32(0x0101_0101);
+        let minus = _mm512_set1_epi32(-510);
+        let lmask = _mm512_set1_epi32(((1u32 << spec.l) - 1) as i32);
+        // SAFETY: the loads read the row's `nb * bw` words (masked lanes are not read), the
+        // plan's `block` entries and `x`'s `nb * block` values, all sized by `check`.
+        unsafe {
+            for (i, yo) in y.iter_mut().enumerate() {
+                let row = words.as_ptr().add((r0 + i) * wpr);
+                let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+                for b in 0..nb {
+                    let wv = _mm512_maskz_loadu_epi32(wmask, row.add(b * bw) as *const i32);
+                    let xb = x.as_ptr().add(b * spec.block);
+                    let mut c = 0;
+                    while c < spec.block {
+                        let hi = _mm512_loadu_si512(self.hi.as_ptr().add(c) as *const _);
+                        let lo = _mm512_loadu_si512(self.lo.as_ptr().add(c) as *const _);
+                        let sh = _mm512_loadu_si512(self.sh.as_ptr().add(c) as *const _);
+                        let whi = _mm512_permutexvar_epi32(hi, wv);
+                        let wlo = _mm512_permutexvar_epi32(lo, wv);
+                        let st = _mm512_and_si512(_mm512_shrdv_epi32(wlo, whi, sh), lmask);
+                        let v = _mm512_add_epi32(_mm512_mullo_epi32(st, mad_a), mad_b);
+                        let code = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(minus, v, ones));
+                        let xv = _mm512_loadu_ps(xb.add(c));
+                        if (c / 16) % 2 == 0 {
+                            acc0 = _mm512_fmadd_ps(code, xv, acc0);
+                        } else {
+                            acc1 = _mm512_fmadd_ps(code, xv, acc1);
+                        }
+                        c += 16;
+                    }
+                }
+                *yo =
+                    _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) * (scales[r0 + i] / MAD_SCALE);
+            }
+        }
+    }
+}
+
+/// Whether this CPU runs [`TrellisMatvec`]'s AVX-512 path (F, BW, VL, VBMI2, VNNI).
+pub fn simd_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("avx512vbmi2")
+            && std::arch::is_x86_feature_detected!("avx512vnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -878,6 +1269,124 @@ mod tests {
                 y[r]
             );
         }
+    }
+
+    #[test]
+    fn fused_matvec_paths_agree_with_the_decoded_product() {
+        for (k, l, block) in [
+            (2, 8, 64),
+            (3, 8, 64),
+            (4, 8, 64),
+            (3, 12, 64),
+            (4, 16, 128),
+            (2, 16, 256),
+            (3, 16, 96),
+        ] {
+            let spec = TrellisSpec { k, l, block };
+            let (rows, cols) = (5, 2 * block);
+            let w = gauss(rows * cols, 21);
+            let (words, scales) = quantize(&spec, &w, rows, cols, 4, 2).unwrap();
+            let mut dense = vec![0.0; w.len()];
+            decode(&spec, &words, &scales, rows, cols, 1, &mut dense).unwrap();
+            let x = gauss(cols, 22);
+            let portable = TrellisMatvec::with_simd(&spec, cols, false).unwrap();
+            let fast = TrellisMatvec::new(&spec, cols).unwrap();
+            let (mut y0, mut y1, mut y2) = (vec![0.0; rows], vec![0.0; rows], vec![0.0; rows]);
+            portable.rows(&words, &scales, &x, 0, &mut y0).unwrap();
+            fast.rows(&words, &scales, &x, 0, &mut y1).unwrap();
+            let pool = crate::cpu::ThreadPool::new(2).unwrap();
+            fast.par(&pool, &words, &scales, &x, &mut y2).unwrap();
+            for r in 0..rows {
+                let want: f64 = dense[r * cols..(r + 1) * cols]
+                    .iter()
+                    .zip(&x)
+                    .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                    .sum();
+                let norm: f64 = dense[r * cols..(r + 1) * cols]
+                    .iter()
+                    .zip(&x)
+                    .map(|(&a, &b)| (f64::from(a) * f64::from(b)).abs())
+                    .sum();
+                for y in [y0[r], y1[r], y2[r]] {
+                    assert!(
+                        (f64::from(y) - want).abs() <= 1e-5 * norm,
+                        "k={k} l={l} block={block} row {r}: {y} vs {want}"
+                    );
+                }
+                assert_eq!(y1[r].to_bits(), y2[r].to_bits());
+            }
+        }
+        let spec = TrellisSpec {
+            k: 3,
+            l: 8,
+            block: 64,
+        };
+        let m = TrellisMatvec::new(&spec, 128).unwrap();
+        let mut y = vec![0.0; 2];
+        assert!(m.rows(&[0; 12], &[1.0; 2], &[0.0; 128], 1, &mut y).is_err());
+        assert!(m.rows(&[0; 24], &[1.0; 2], &[0.0; 100], 0, &mut y).is_err());
+    }
+
+    #[test]
+    fn ldlq_lowers_the_output_error_on_correlated_inputs() {
+        // Inputs with a few loud channels and correlated neighbours: H = X^T X / n.
+        let (rows, cols, n) = (8, 128, 512);
+        let w = gauss(rows * cols, 31);
+        let z = gauss(n * cols, 32);
+        let mut x = vec![0.0f32; n * cols];
+        for t in 0..n {
+            for c in 0..cols {
+                let loud = if c % 37 == 5 { 20.0 } else { 1.0 };
+                let prev = if c > 0 { z[t * cols + c - 1] } else { 0.0 };
+                x[t * cols + c] = loud * (z[t * cols + c] + 0.8 * prev);
+            }
+        }
+        let mut h = vec![0.0f32; cols * cols];
+        for t in 0..n {
+            let xt = &x[t * cols..(t + 1) * cols];
+            for (hr, &xi) in h.chunks_exact_mut(cols).zip(xt) {
+                for (hv, &xj) in hr.iter_mut().zip(xt) {
+                    *hv += xi * xj / n as f32;
+                }
+            }
+        }
+        let out_err = |words: &[u32], scales: &[f32], spec: &TrellisSpec| {
+            let mut dec = vec![0.0; rows * cols];
+            decode(spec, words, scales, rows, cols, 1, &mut dec).unwrap();
+            let (su, sv) = layer_signs(3, rows, cols);
+            let mut wt = w.clone();
+            incoherent(&mut wt, rows, cols, &su, &sv);
+            let mut hp = h.clone();
+            incoherent(&mut hp, cols, cols, &sv, &sv);
+            let mut e = 0.0f64;
+            for r in 0..rows {
+                let d: Vec<f64> = (0..cols)
+                    .map(|c| f64::from(wt[r * cols + c] - dec[r * cols + c]))
+                    .collect();
+                for (hr, &di) in hp.chunks_exact(cols).zip(&d) {
+                    for (&hv, &dj) in hr.iter().zip(&d) {
+                        e += di * f64::from(hv) * dj;
+                    }
+                }
+            }
+            e
+        };
+        for k in [2u32, 3] {
+            let spec = TrellisSpec { k, l: 8, block: 64 };
+            let (w0, s0) = quantize(&spec, &w, rows, cols, 3, 2).unwrap();
+            let (w1, s1) = quantize_ldlq(&spec, &w, rows, cols, 3, 2, &h).unwrap();
+            let (plain, ldlq) = (out_err(&w0, &s0, &spec), out_err(&w1, &s1, &spec));
+            assert!(ldlq < 0.8 * plain, "{k} bits: LDLQ {ldlq} vs plain {plain}");
+        }
+        let spec = TrellisSpec {
+            k: 2,
+            l: 8,
+            block: 64,
+        };
+        assert!(quantize_ldlq(&spec, &w, rows, cols, 3, 2, &h[1..]).is_err());
+        let mut bad = h.clone();
+        bad[0] = f32::NAN;
+        assert!(quantize_ldlq(&spec, &w, rows, cols, 3, 2, &bad).is_err());
     }
 
     #[test]

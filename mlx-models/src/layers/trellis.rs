@@ -59,6 +59,21 @@ pub struct TrellisWeight {
     sv: Array,
     h_rows: Array,
     h_cols: Array,
+    /// The fused decode-and-dot kernel's read plan (`cpu::trellis::TrellisMatvec`).
+    plan: tc::TrellisMatvec,
+}
+
+/// Inputs of at most this many rows take the fused kernel (`TrellisDecode::Kernel`): each
+/// weight is decoded once per row inside the dot product instead of decoding the whole matrix
+/// for a BLAS product (decode steps; prompts keep the decoded matrix).
+pub const FUSED_MAX_ROWS: i32 = 4;
+
+/// The workers of the fused kernel (every core), made on first use.
+fn pool() -> Option<&'static mlx_core::cpu::ThreadPool> {
+    static POOL: std::sync::OnceLock<Option<mlx_core::cpu::ThreadPool>> =
+        std::sync::OnceLock::new();
+    POOL.get_or_init(|| mlx_core::cpu::ThreadPool::new(mlx_core::cpu::available_threads()).ok())
+        .as_ref()
 }
 
 fn words_per_row(spec: &TrellisSpec, cols: i32) -> i32 {
@@ -122,6 +137,8 @@ impl TrellisWeight {
             sv: Array::from_slice(&sv, &[cols])?,
             h_rows: Array::from_slice(&tc::hadamard_matrix(br), &[br as i32, br as i32])?,
             h_cols: Array::from_slice(&tc::hadamard_matrix(bc), &[bc as i32, bc as i32])?,
+            plan: tc::TrellisMatvec::new(&spec, cols as usize)
+                .map_err(|m| ModelError::Config(format!("{path}: {m}")))?,
         })
     }
 
@@ -202,14 +219,45 @@ impl TrellisWeight {
         Ok(ops::matmul(&x.reshape(&blocks)?, h, None)?.reshape(&shape)?)
     }
 
-    /// `x W^T` for the logical `W` (float32 inside, `x`'s dtype out).
+    /// `x W^T` for the logical `W` (float32 inside, `x`'s dtype out). On the kernel path an
+    /// input of at most [`FUSED_MAX_ROWS`] rows takes the fused decode-and-dot kernel.
     pub fn matmul_t(&self, x: &Array) -> Result<Array> {
-        let wt = self.decoded()?;
         let xf = (&x.astype(Dtype::Float32)? * &self.sv)?;
         let xh = Self::hadamard(&xf, &self.h_cols)?;
-        let z = ops::matmul(&xh, &wt.transpose_all()?, None)?;
+        let n_in = x.size() as i64 / i64::from(self.cols.max(1));
+        let z = match pool() {
+            Some(pool)
+                if trellis_decode() == TrellisDecode::Kernel
+                    && n_in <= i64::from(FUSED_MAX_ROWS) =>
+            {
+                self.fused(pool, &xh)?
+            }
+            _ => ops::matmul(&xh, &self.decoded()?.transpose_all()?, None)?,
+        };
         let y = (&Self::hadamard(&z, &self.h_rows)? * &self.su)?;
         Ok(y.astype(x.dtype())?)
+    }
+
+    /// `xh Wt^T` by the fused kernel, `xh` the transformed input (float32, last axis `cols`).
+    fn fused(&self, pool: &mlx_core::cpu::ThreadPool, xh: &Array) -> Result<Array> {
+        let mut shape = xh.shape();
+        xh.eval()?;
+        let xs = xh.to_vec::<f32>()?;
+        let words = self.weight.as_slice::<u32>()?;
+        let scales = self.scales.astype(Dtype::Float32)?;
+        scales.eval()?;
+        let scales = scales.as_slice::<f32>()?;
+        let (rows, cols) = (self.rows as usize, self.cols as usize);
+        let mut out = vec![0.0f32; xs.len() / cols * rows];
+        for (xr, yr) in xs.chunks_exact(cols).zip(out.chunks_exact_mut(rows)) {
+            self.plan
+                .par(pool, words, scales, xr, yr)
+                .map_err(ModelError::Other)?;
+        }
+        if let Some(last) = shape.last_mut() {
+            *last = self.rows;
+        }
+        Ok(Array::from_slice(&out, &shape)?)
     }
 
     /// The logical (dequantized) matrix `diag(su) H_r Wt H_c diag(sv)`, float32.
