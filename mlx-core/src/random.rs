@@ -6,6 +6,11 @@
 //! (`state, key = split(state)`). So after `random::seed(s)` the same sequence of keyless
 //! calls gives the same values as `mx.random.seed(s)` and the same calls in Python.
 //!
+//! Open bug: evaluating keyless draws from several threads *at the same time* crashes inside
+//! MLX (SIGSEGV: the draws share the global key's lazy split, and MLX's eval is not safe on a
+//! node shared across threads); the lock below serializes building them, not evaluating them.
+//! Give each thread its own key ([`key`], [`split`]) to draw concurrently.
+//!
 //! The global state belongs to the process (as Python's does), not to a thread: draws from
 //! several threads interleave in whatever order they happen. Like every MLX array, the state
 //! is lazy: a keyless draw leaves it as an unevaluated split on the calling thread's stream,
