@@ -141,10 +141,12 @@ fn options_the_decoder_does_not_take_are_named() {
     };
     assert_eq!(options_unsupported(&sampled, false), None);
     assert_eq!(options_unsupported(&processors, false), None);
+    // A continued prompt cache is copied into the decoder (chat's turns, a cache file of plain
+    // KV caches): no reason to refuse.
+    assert_eq!(options_unsupported(&greedy, true), None);
     for (o, cache, what) in [
         (&rotating, false, "--max-kv-size"),
         (&quantized, false, "--kv-bits"),
-        (&greedy, true, "prompt cache"),
     ] {
         let why = options_unsupported(o, cache).unwrap();
         assert!(why.contains(what), "{what}: {why}");
