@@ -217,22 +217,32 @@ pub fn matmul_t_each(
         let n = w.rows();
         match kind {
             #[cfg(target_arch = "x86_64")]
-            Path::Int8 => {
-                let Some(q) = qx else { break };
+            Path::Int8 | Path::Q8Int8 => {
+                // 4-bit rows (AVX2) or the 8-bit head (AVX-512 VNNI), both over int8 inputs.
+                let int8 = kind == Path::Int8;
+                let Some(q) = (if int8 { qx } else { qn8 }) else {
+                    break;
+                };
                 let mut t0 = 0;
                 while t0 < m {
                     let mt = (m - t0).min(4);
                     let c = t0 * cols / 32;
-                    // SAFETY: Isa::Avx2 was checked (`path`); q holds m quantized rows of
-                    // cols values, of which rows t0..t0 + mt start at these offsets; these
-                    // weight rows of the output are this worker's alone.
+                    // SAFETY: `path` chose Int8 only on Isa::Avx2 and Q8Int8 only on
+                    // Isa::Avx512 (AVX-512 F/BW/VL + VNNI, checked available by CpuContext)
+                    // for a matrix `q8_int8_supports`; q holds m quantized rows of cols values,
+                    // of which rows t0..t0 + mt start at these offsets; these weight rows of the
+                    // output are this worker's alone.
                     unsafe {
                         let q = super::x86::QuantX {
                             q: q.q.add(t0 * cols),
                             d: q.d.add(c),
                             s: q.s.add(c),
                         };
-                        super::x86::rows_q4_int8(&w, r0, r1, q, mt, out.from(t0 * n), bias);
+                        if int8 {
+                            super::x86::rows_q4_int8(&w, r0, r1, q, mt, out.from(t0 * n), bias);
+                        } else {
+                            super::x86::rows_q8_int8_512(&w, r0, r1, q, mt, out.from(t0 * n), bias);
+                        }
                     }
                     t0 += mt;
                 }
@@ -262,27 +272,6 @@ pub fn matmul_t_each(
                         } else {
                             super::x86::rows_int16(&w, r0, r1, q, mt, out.from(t0 * n), bias);
                         }
-                    }
-                    t0 += mt;
-                }
-            }
-            #[cfg(target_arch = "x86_64")]
-            Path::Q8Int8 => {
-                let Some(q) = qn8 else { break };
-                let mut t0 = 0;
-                while t0 < m {
-                    let mt = (m - t0).min(4);
-                    let c = t0 * cols / 32;
-                    // SAFETY: `path` chose Q8Int8 only on Isa::Avx512 (AVX-512 F/BW/VL + VNNI,
-                    // checked available by CpuContext) for a matrix `q8_int8_supports`; q holds
-                    // m quantized rows of cols values; these rows are this worker's alone.
-                    unsafe {
-                        let q = super::x86::QuantX {
-                            q: q.q.add(t0 * cols),
-                            d: q.d.add(c),
-                            s: q.s.add(c),
-                        };
-                        super::x86::rows_q8_int8_512(&w, r0, r1, q, mt, out.from(t0 * n), bias);
                     }
                     t0 += mt;
                 }
