@@ -135,7 +135,14 @@ fn matrix<'m>(l: &'m Linear, what: &str) -> Result<(Matrix<'m>, Option<Floats<'m
             bias.as_ref().map(|b| floats(b, what)).transpose()?,
         )),
         Linear::Adapted(_) => Err(unsup(format!("{what}: an adapted (LoRA/DoRA) linear"))),
-        Linear::Trellis { .. } => Err(unsup(format!("{what}: a trellis-coded linear"))),
+        Linear::Trellis { weight, bias } => Ok((
+            Matrix::trellis(
+                weight
+                    .cpu_view()
+                    .map_err(|e| unsup(format!("{what}: {e}")))?,
+            ),
+            bias.as_ref().map(|b| floats(b, what)).transpose()?,
+        )),
     }
 }
 

@@ -139,6 +139,9 @@ pub fn matmul_t_each(
     if m == 0 {
         return Ok(());
     }
+    if jobs.iter().any(|j| j.w.trellis_view().is_some()) {
+        return super::trellis::matmul_jobs(ctx, x, m, jobs);
+    }
     let mut paths = [Path::Float; MAX_JOBS];
     for (p, j) in paths.iter_mut().zip(jobs.iter()) {
         *p = path(ctx, j.w);

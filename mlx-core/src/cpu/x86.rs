@@ -32,6 +32,7 @@ pub(super) fn supports(w: &Matrix<'_>) -> bool {
                 && w.cols() / group <= MAX_GROUPS
                 && ((group / 32).is_power_of_two() || w.cols() <= MAX_BUF)
         }
+        Kind::Trellis(_) => false,
     }
 }
 
@@ -311,6 +312,8 @@ pub(super) unsafe fn rows_avx2(
     // Matrix's constructor to hold `rows` rows, and the loaders stay within `cols`.
     unsafe {
         match w.kind {
+            // Never here: `matmul_t` routes trellis matrices to `trellis::matmul_jobs`.
+            Kind::Trellis(_) => {}
             Kind::Dense(Floats::F32(d)) => {
                 for r in r0..r1 {
                     let l = F32Row(d.as_ptr().add(r * cols));
@@ -1623,6 +1626,8 @@ pub(super) unsafe fn rows_prefill_512(
                 let dst = bp.add(i * MAX_BUF);
                 let row = r + i;
                 match w.kind {
+                    // Never here (`prefill_512_supports` refuses trellis matrices).
+                    Kind::Trellis(_) => return,
                     Kind::Dense(Floats::F32(d)) => *p = d.as_ptr().add(row * cols),
                     Kind::Dense(Floats::F16(d)) => {
                         dequant_into(&F16Row(d.as_ptr().add(row * cols) as *const u16), cols, dst);
@@ -1725,6 +1730,7 @@ pub(super) fn prefill_512_supports(w: &Matrix<'_>) -> bool {
                     && (group / 32).is_power_of_two()
                     && w.cols() / group <= MAX_GROUPS
             }
+            Kind::Trellis(_) => false,
         }
 }
 
