@@ -6,7 +6,9 @@
 //! Tier L2: the CPU decoder's trellis products (`cpu::trellis::TrellisView`: fast
 //! Walsh-Hadamard transforms, the fused decode-and-dot kernel) sum in another order than the
 //! reference's (Hadamard matrices as matmuls, the decoded matrix in a BLAS product). Bound:
-//! `|ours - exact| <= 1e-4 * (1 + max |exact|)` per position.
+//! `|ours - exact| <= 1e-4 * (1 + max |exact|)` per position with float32 activations; 1e-3
+//! with the default ones (the affine 4-bit tied head reads int16-quantized inputs; `mlx
+//! generate` on a 3-bit model measured log-probability differences of ~1e-4).
 
 use std::path::PathBuf;
 
@@ -67,7 +69,7 @@ fn a_trellis_model_decodes_on_the_cpu_decoder_near_the_exact_path() {
             .chunks(vocab)
             .map(<[f32]>::to_vec)
             .collect();
-        let check = |what: String, ours: &[f32], exact: &[f32]| {
+        let check = |what: String, ours: &[f32], exact: &[f32], tol: f32| {
             let scale = 1.0 + exact.iter().fold(0f32, |m, v| m.max(v.abs()));
             let worst = ours
                 .iter()
@@ -75,7 +77,7 @@ fn a_trellis_model_decodes_on_the_cpu_decoder_near_the_exact_path() {
                 .map(|(a, b)| (a - b).abs())
                 .fold(0f32, f32::max);
             assert!(
-                worst <= 1e-4 * scale,
+                worst <= tol * scale,
                 "{bits} bits {what}: max |ours - exact| = {worst}, scale {scale}"
             );
         };
@@ -84,7 +86,7 @@ fn a_trellis_model_decodes_on_the_cpu_decoder_near_the_exact_path() {
         dec.set_kv_dtype(KvDtype::F32);
         let mut seen = 0;
         dec.feed_all(&ids, &mut |i, l| {
-            check(format!("position {i}"), l, &reference[i]);
+            check(format!("position {i}"), l, &reference[i], 1e-4);
             seen += 1;
         })
         .unwrap();
@@ -97,7 +99,7 @@ fn a_trellis_model_decodes_on_the_cpu_decoder_near_the_exact_path() {
         dec.feed(&ids[..split]).unwrap();
         for (i, &t) in ids.iter().enumerate().skip(split) {
             let l = dec.feed(&[t]).unwrap().to_vec();
-            check(format!("step at {i}"), &l, &reference[i]);
+            check(format!("step at {i}"), &l, &reference[i], 1e-3);
         }
     }
     set_trellis_decode(TrellisDecode::Kernel);
