@@ -474,6 +474,81 @@ CASES = {
         "float32",
         (32, 4),
     ),
+    # No bfloat16 cases for these two: MLX's CPU GatherMM (the experts) takes float32 only.
+    # Kimi Linear: KDA layers (q/k/v short convolutions, per-channel gated delta rule, low-rank
+    # forget and output gates) around an MLA layer without rope (mla_use_nope), DeepSeek-style
+    # grouped sigmoid router with a correction bias and a shared expert.
+    "kimi_linear": (
+        "kimi_linear",
+        {"num_hidden_layers": 3, "num_key_value_heads": 4, "head_dim": 8, "rope_theta": 10000.0,
+         "model_max_length": 512, "num_experts": 4, "moe_intermediate_size": 16,
+         "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 8,
+         "mla_use_nope": True, "num_experts_per_token": 2, "num_shared_experts": 1,
+         "first_k_dense_replace": 1, "num_expert_group": 2, "topk_group": 1,
+         "routed_scaling_factor": 2.5,
+         "linear_attn_config": {"num_heads": 4, "head_dim": 8, "kda_layers": [1, 3],
+                                "short_conv_kernel_size": 4}},
+        "float32",
+        None,
+    ),
+    "kimi_linear_tied": (
+        "kimi_linear",
+        {"num_hidden_layers": 2, "num_key_value_heads": 4, "head_dim": 8, "rope_theta": 10000.0,
+         "model_max_length": 512, "num_experts": 4, "moe_intermediate_size": 16,
+         "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 16,
+         "num_experts_per_token": 2, "tie_word_embeddings": True,
+         "linear_attn_config": {"num_heads": 2, "head_dim": 16, "kda_layers": [2],
+                                "short_conv_kernel_size": 3}},
+        "float32",
+        None,
+    ),
+    "kimi_linear_q4": (
+        "kimi_linear",
+        {"hidden_size": 64, "num_hidden_layers": 2, "num_key_value_heads": 4, "head_dim": 32,
+         "rope_theta": 10000.0, "model_max_length": 512, "num_experts": 4,
+         "moe_intermediate_size": 32, "kv_lora_rank": 32, "qk_nope_head_dim": 32,
+         "qk_rope_head_dim": 8, "v_head_dim": 32, "num_experts_per_token": 2,
+         "num_shared_experts": 1,
+         "linear_attn_config": {"num_heads": 2, "head_dim": 32, "kda_layers": [1],
+                                "short_conv_kernel_size": 4}},
+        "float32",
+        (32, 4),
+    ),
+    # Bailing V3 (Ling 2.5 hybrid): KDA layers with a lower-bounded forget gate and MLA layers
+    # (interleaved rope, sigmoid head gate) in groups of layer_group_size, a dense first layer,
+    # then grouped sigmoid routing (-inf masked groups) with a shared expert.
+    "bailing_moe_v3": (
+        "bailing_moe_v3",
+        {"num_hidden_layers": 3, "layer_group_size": 2, "head_dim": 8, "q_lora_rank": 16,
+         "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 8,
+         "num_experts": 4, "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1,
+         "moe_intermediate_size": 16, "moe_shared_expert_intermediate_size": 16,
+         "rope_theta": 10000.0, "max_position_embeddings": 512},
+        "float32",
+        None,
+    ),
+    "bailing_moe_v3_tied": (
+        "bailing_moe_v3",
+        {"num_hidden_layers": 3, "layer_group_size": 3, "head_dim": 8, "q_lora_rank": None,
+         "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 16,
+         "num_experts": 4, "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1,
+         "first_k_dense_replace": 0, "moe_intermediate_size": 16,
+         "moe_shared_expert_intermediate_size": 8, "num_shared_experts": 2,
+         "short_conv_kernel_size": 3, "kda_lower_bound": -3.0, "tie_word_embeddings": True,
+         "rope_theta": 10000.0, "max_position_embeddings": 512},
+        "float32",
+        None,
+    ),
+    "bailing_moe_v3_q4": (
+        "bailing_moe_v3",
+        {"hidden_size": 64, "num_hidden_layers": 3, "layer_group_size": 2, "head_dim": 32,
+         "q_lora_rank": 16, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8,
+         "v_head_dim": 8, "num_experts": 4, "num_experts_per_tok": 2, "n_group": 2,
+         "topk_group": 1, "moe_intermediate_size": 32, "moe_shared_expert_intermediate_size": 32,
+         "rope_theta": 10000.0, "max_position_embeddings": 512},
+        "float32",
+        (32, 4),
+    ),
 }
 
 # Cases whose config is only the overrides (no BASE keys at the top level).

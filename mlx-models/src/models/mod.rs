@@ -70,6 +70,7 @@ pub mod gemma4_text;
 pub mod granitemoehybrid;
 pub mod iquestloopcoder;
 pub mod jamba;
+pub mod kda;
 pub(crate) mod kit;
 pub mod lfm2;
 pub mod llama4;
@@ -496,6 +497,10 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
     }),
     ("olmo_hybrid", |c, w| {
         Ok(Box::new(olmo_hybrid::Model::load(c, w)?))
+    }),
+    ("kimi_linear", |c, w| Ok(Box::new(kda::Model::load(c, w)?))),
+    ("bailing_moe_v3", |c, w| {
+        Ok(Box::new(kda::Model::load(c, w)?))
     }),
     // Issue #32: multimodal wrappers around a port's text model (`wrappers.rs`).
     ("lfm2-vl", wrappers::lfm2_vl),

@@ -24,11 +24,6 @@ pub const UNSERVED: &[(&str, Unserved, &str)] = &[
         "linear attention MoE (issue #32): not ported yet",
     ),
     (
-        "bailing_moe_v3",
-        Unserved::NotYet,
-        "MoE (issue #32, MoE family): not ported yet",
-    ),
-    (
         "deepseek_v41",
         Unserved::NotYet,
         "MLA (issue #32, DeepSeek family): not ported yet",
@@ -42,11 +37,6 @@ pub const UNSERVED: &[(&str, Unserved, &str)] = &[
         "kimi_k3",
         Unserved::NotYet,
         "MLA MoE (issue #32, DeepSeek family): not ported yet",
-    ),
-    (
-        "kimi_linear",
-        Unserved::NotYet,
-        "KDA hybrid (issue #32): not ported yet",
     ),
     (
         "minimax_m3_vl",
