@@ -86,6 +86,10 @@ fn the_new_types_are_listed_as_table_rows() {
         "rwkv7",
         "gear",
         "plamo2",
+        "kimi_linear",
+        "bailing_moe_v3",
+        "bailing_moe_linear",
+        "bailing_hybrid",
     ] {
         let s = all.iter().find(|s| s.model_type == t);
         assert_eq!(s.map(|s| s.serving), Some(Serving::Dedicated), "{t}");

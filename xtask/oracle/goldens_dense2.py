@@ -549,6 +549,78 @@ CASES = {
         "float32",
         (32, 4),
     ),
+    # Bailing linear (Ling linear): gated linear attention layers (ALiBi-slope decay, grouped
+    # RMS norm, sigmoid gate) with a softmax attention layer closing each group, bailing_moe's
+    # routing (plain ops) and shared experts. bfloat16 only without experts (GatherMM).
+    "bailing_moe_linear": (
+        "bailing_moe_linear",
+        {"num_hidden_layers": 3, "layer_group_size": 2, "head_dim": 8, "max_position_embeddings": 512,
+         "rope_theta": 10000.0, "moe_intermediate_size": 16, "num_experts": 4,
+         "num_shared_experts": 1, "norm_topk_prob": True, "num_experts_per_tok": 2,
+         "first_k_dense_replace": 1, "group_norm_size": 2, "use_qk_norm": True,
+         "partial_rotary_factor": 0.5, "score_function": "sigmoid",
+         "moe_router_enable_expert_bias": True, "n_group": 2, "topk_group": 1,
+         "routed_scaling_factor": 2.0},
+        "float32",
+        None,
+    ),
+    "bailing_moe_linear_bf16": (
+        "bailing_moe_linear",
+        {"num_hidden_layers": 3, "layer_group_size": 3, "max_position_embeddings": 512,
+         "rope_theta": 10000.0, "moe_intermediate_size": 16, "num_experts": 4,
+         "num_shared_experts": 0, "norm_topk_prob": False, "num_experts_per_tok": 2,
+         "first_k_dense_replace": 3, "group_norm_size": 4, "use_bias": True,
+         "use_qkv_bias": True, "rope_traditional": True, "tie_word_embeddings": True},
+        "bfloat16",
+        None,
+    ),
+    "bailing_moe_linear_q4": (
+        "bailing_moe_linear",
+        {"hidden_size": 64, "num_attention_heads": 2, "num_hidden_layers": 2,
+         "layer_group_size": 2, "max_position_embeddings": 512, "rope_theta": 10000.0,
+         "moe_intermediate_size": 32, "num_experts": 4, "num_shared_experts": 1,
+         "norm_topk_prob": True, "num_experts_per_tok": 2, "first_k_dense_replace": 0,
+         "group_norm_size": 2, "norm_head": True},
+        "float32",
+        (32, 4),
+    ),
+    # Bailing hybrid: the same linear layers run chunked (one compiled step per token, a float32
+    # state), MLA layers with biased latent projections closing each group, -inf group masking.
+    "bailing_hybrid": (
+        "bailing_hybrid",
+        {"num_hidden_layers": 3, "num_key_value_heads": 4, "num_experts": 4, "num_experts_per_tok": 2,
+         "num_shared_experts": 1, "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1,
+         "layer_group_size": 2, "group_norm_size": 2, "rope_theta": 10000.0,
+         "max_position_embeddings": 512, "routed_scaling_factor": 2.0, "head_dim": 8,
+         "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 8,
+         "q_lora_rank": 16, "moe_intermediate_size": 16, "use_qkv_bias": True},
+        "float32",
+        None,
+    ),
+    "bailing_hybrid_bf16": (
+        "bailing_hybrid",
+        {"num_hidden_layers": 3, "num_key_value_heads": 4, "num_experts": 4, "num_experts_per_tok": 2,
+         "num_shared_experts": 1, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 3,
+         "layer_group_size": 3, "group_norm_size": 4, "rope_theta": 10000.0,
+         "max_position_embeddings": 512, "routed_scaling_factor": 1.0, "head_dim": 16,
+         "kv_lora_rank": 16, "qk_rope_head_dim": 4, "qk_nope_head_dim": 8, "v_head_dim": 16,
+         "moe_intermediate_size": 16, "partial_rotary_factor": 1.0, "use_bias": True,
+         "use_qk_norm": False, "tie_word_embeddings": True},
+        "bfloat16",
+        None,
+    ),
+    "bailing_hybrid_q4": (
+        "bailing_hybrid",
+        {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2,
+         "num_experts": 4, "num_experts_per_tok": 2, "num_shared_experts": 1, "n_group": 1,
+         "topk_group": 1, "first_k_dense_replace": 0, "layer_group_size": 2, "group_norm_size": 2,
+         "rope_theta": 10000.0, "max_position_embeddings": 512, "routed_scaling_factor": 2.5,
+         "head_dim": 32, "kv_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 32,
+         "v_head_dim": 32, "moe_intermediate_size": 32, "score_function": "softmax",
+         "moe_shared_expert_intermediate_size": 32},
+        "float32",
+        (32, 4),
+    ),
 }
 
 # Cases whose config is only the overrides (no BASE keys at the top level).

@@ -185,7 +185,7 @@ fn config_error(model_type: &str, m: String) -> ModelError {
 
 /// rope_utils.py's `apply_yarn_mscale`: the yarn `mscale_all_dim` squared folded into the
 /// attention scale (Python floats, so in f64).
-fn apply_yarn_mscale(scale: f64, cfg: Option<&Map<String, Value>>) -> f64 {
+pub(crate) fn apply_yarn_mscale(scale: f64, cfg: Option<&Map<String, Value>>) -> f64 {
     let Some(cfg) = cfg.filter(|c| !c.is_empty()) else {
         return scale;
     };
@@ -647,12 +647,14 @@ impl Model {
         let sigmoid = match a.moe_router_activation_func.as_str() {
             "sigmoid" => true,
             "softmax" => false,
-            other => return Err(config_error(
-                &mt,
-                format!(
+            other => {
+                return Err(config_error(
+                    &mt,
+                    format!(
                     "unsupported MoE router activation `{other}` (`moe_router_activation_func`)"
                 ),
-            )),
+                ))
+            }
         };
         let n = a.num_hidden_layers;
         let is_kda: Vec<bool> = (0..n).map(|i| la.kda_layers.contains(&(i + 1))).collect();

@@ -59,6 +59,7 @@ macro_rules! serde_defaults {
 
 pub mod afm7;
 pub mod baichuan_m1;
+pub mod bailing_linear;
 mod checkpoint;
 pub mod dbrx;
 pub mod deepseek;
@@ -499,6 +500,12 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
         Ok(Box::new(olmo_hybrid::Model::load(c, w)?))
     }),
     ("kimi_linear", |c, w| Ok(Box::new(kda::Model::load(c, w)?))),
+    ("bailing_moe_linear", |c, w| {
+        Ok(Box::new(bailing_linear::Model::load(c, w)?))
+    }),
+    ("bailing_hybrid", |c, w| {
+        Ok(Box::new(bailing_linear::Model::load(c, w)?))
+    }),
     ("bailing_moe_v3", |c, w| {
         Ok(Box::new(kda::Model::load(c, w)?))
     }),

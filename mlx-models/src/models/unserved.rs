@@ -14,16 +14,6 @@ pub enum Unserved {
 /// `(model_type, why, reason)`, sorted by type.
 pub const UNSERVED: &[(&str, Unserved, &str)] = &[
     (
-        "bailing_hybrid",
-        Unserved::NotYet,
-        "hybrid (issue #32, hybrids): not ported yet",
-    ),
-    (
-        "bailing_moe_linear",
-        Unserved::NotYet,
-        "linear attention MoE (issue #32): not ported yet",
-    ),
-    (
         "deepseek_v41",
         Unserved::NotYet,
         "MLA (issue #32, DeepSeek family): not ported yet",
