@@ -474,7 +474,7 @@ CASES = {
         "float32",
         (32, 4),
     ),
-    # No bfloat16 cases for these two: MLX's CPU GatherMM (the experts) takes float32 only.
+    # bfloat16 only without experts: MLX's CPU GatherMM (the experts) takes float32 only.
     # Kimi Linear: KDA layers (q/k/v short convolutions, per-channel gated delta rule, low-rank
     # forget and output gates) around an MLA layer without rope (mla_use_nope), DeepSeek-style
     # grouped sigmoid router with a correction bias and a shared expert.
@@ -500,6 +500,16 @@ CASES = {
          "linear_attn_config": {"num_heads": 2, "head_dim": 16, "kda_layers": [2],
                                 "short_conv_kernel_size": 3}},
         "float32",
+        None,
+    ),
+    "kimi_linear_bf16": (
+        "kimi_linear",
+        {"num_hidden_layers": 2, "num_key_value_heads": 4, "head_dim": 8, "rope_theta": 10000.0,
+         "model_max_length": 512, "num_experts": 0, "moe_intermediate_size": 16,
+         "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 8,
+         "linear_attn_config": {"num_heads": 4, "head_dim": 8, "kda_layers": [1],
+                                "short_conv_kernel_size": 2}},
+        "bfloat16",
         None,
     ),
     "kimi_linear_q4": (
@@ -537,6 +547,14 @@ CASES = {
          "short_conv_kernel_size": 3, "kda_lower_bound": -3.0, "tie_word_embeddings": True,
          "rope_theta": 10000.0, "max_position_embeddings": 512},
         "float32",
+        None,
+    ),
+    "bailing_moe_v3_bf16": (
+        "bailing_moe_v3",
+        {"num_hidden_layers": 2, "layer_group_size": 2, "head_dim": 8, "q_lora_rank": 16,
+         "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 8,
+         "first_k_dense_replace": 2, "rope_theta": 10000.0, "max_position_embeddings": 512},
+        "bfloat16",
         None,
     ),
     "bailing_moe_v3_q4": (
