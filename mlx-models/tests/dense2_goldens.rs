@@ -90,6 +90,7 @@ fn the_new_types_are_listed_as_table_rows() {
         "bailing_moe_v3",
         "bailing_moe_linear",
         "bailing_hybrid",
+        "minimax_m3_vl",
     ] {
         let s = all.iter().find(|s| s.model_type == t);
         assert_eq!(s.map(|s| s.serving), Some(Serving::Dedicated), "{t}");

@@ -639,6 +639,49 @@ CASES = {
         "float32",
         (32, 4),
     ),
+    # MiniMax M3 (its text model): Gemma-normed q/k, partial rope, block-sparse attention
+    # layers (the indexer keeps the best key block per query plus the local one: 3 blocks of 4
+    # over the 10-token prompt), sigmoid routing over a correction bias with GPT-OSS SwiGLU
+    # experts and a shared expert, a dense first layer.
+    "minimax_m3_vl": (
+        "minimax_m3_vl",
+        {"text_config": {"hidden_size": 32, "intermediate_size": 16, "dense_intermediate_size": 64,
+                         "shared_intermediate_size": 16, "num_attention_heads": 4,
+                         "num_key_value_heads": 2, "num_hidden_layers": 3, "num_local_experts": 4,
+                         "num_experts_per_tok": 2, "max_position_embeddings": 512,
+                         "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "head_dim": 8,
+                         "vocab_size": 96, "mlp_layer_types": ["dense", "sparse", "sparse"],
+                         "sparse_attention_config": {"sparse_num_index_heads": 2,
+                                                     "sparse_index_dim": 8, "sparse_block_size": 4,
+                                                     "sparse_topk_blocks": 1, "sparse_local_block": 1,
+                                                     "sparse_attention_freq": [0, 1, 1]}}},
+        "float32",
+        None,
+    ),
+    "minimax_m3_vl_bf16": (
+        "minimax_m3_vl",
+        {"text_config": {"hidden_size": 32, "dense_intermediate_size": 48, "num_attention_heads": 4,
+                         "num_key_value_heads": 1, "num_hidden_layers": 2, "num_local_experts": 4,
+                         "max_position_embeddings": 512, "rope_theta": 10000.0, "head_dim": 8,
+                         "partial_rotary_factor": 1.0, "vocab_size": 96,
+                         "moe_layer_freq": [0, 0], "use_gemma_norm": False, "tie_word_embeddings": True,
+                         "index_n_heads": 1, "index_head_dim": 4, "index_block_size": 3,
+                         "index_topk_blocks": 2, "index_local_blocks": 0}},
+        "bfloat16",
+        None,
+    ),
+    "minimax_m3_vl_q4": (
+        "minimax_m3_vl",
+        {"text_config": {"hidden_size": 64, "intermediate_size": 32, "dense_intermediate_size": 64,
+                         "shared_intermediate_size": 32, "num_attention_heads": 4,
+                         "num_key_value_heads": 2, "num_hidden_layers": 2, "num_local_experts": 4,
+                         "num_experts_per_tok": 2, "max_position_embeddings": 512,
+                         "rope_theta": 10000.0, "head_dim": 16, "vocab_size": 96,
+                         "layer_types": ["full_attention", "sparse"], "index_n_heads": 2,
+                         "index_head_dim": 16, "index_block_size": 4, "index_topk_blocks": 2}},
+        "float32",
+        (32, 4),
+    ),
 }
 
 # Cases whose config is only the overrides (no BASE keys at the top level).

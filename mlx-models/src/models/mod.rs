@@ -78,6 +78,7 @@ pub mod llama4;
 pub mod longcat_flash;
 pub mod mamba;
 pub mod mimo_v2_flash;
+pub mod minimax_m3;
 pub mod moe;
 pub mod muse_glimmer;
 pub mod nemotron_h;
@@ -505,6 +506,9 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
     }),
     ("bailing_hybrid", |c, w| {
         Ok(Box::new(bailing_linear::Model::load(c, w)?))
+    }),
+    ("minimax_m3_vl", |c, w| {
+        Ok(Box::new(minimax_m3::Model::load(c, w)?))
     }),
     ("bailing_moe_v3", |c, w| {
         Ok(Box::new(kda::Model::load(c, w)?))

@@ -29,11 +29,6 @@ pub const UNSERVED: &[(&str, Unserved, &str)] = &[
         "MLA MoE (issue #32, DeepSeek family): not ported yet",
     ),
     (
-        "minimax_m3_vl",
-        Unserved::NotYet,
-        "MoE text tower behind a wrapper: not ported yet",
-    ),
-    (
         "muse_spark",
         Unserved::NoCpu,
         "mlx-lm calls its fused Metal kernels (mlx_lm.kernels: qk_norm, expert_routing, \
