@@ -319,12 +319,23 @@ impl Kda {
             conv(w, s.conv_names[1])?,
             conv(w, s.conv_names[2])?,
         ];
-        let a_log = w
-            .take(&format!("{p}.A_log"), &s.a_log_shape)?
-            .reshape(&[s.num_heads, 1])?;
-        let dt_bias = w
-            .take(&format!("{p}.dt_bias"), &[proj])?
-            .reshape(&[s.num_heads, s.head_dim])?;
+        // A missing tensor comes back as a placeholder the final weights check reports; only
+        // a tensor of the right size is reshaped.
+        let as_shape = |t: Array, shape: &[i32]| -> Result<Array> {
+            if t.size() as i64 == shape.iter().map(|&d| i64::from(d)).product::<i64>() {
+                Ok(t.reshape(shape)?)
+            } else {
+                Ok(t)
+            }
+        };
+        let a_log = as_shape(
+            w.take(&format!("{p}.A_log"), &s.a_log_shape)?,
+            &[s.num_heads, 1],
+        )?;
+        let dt_bias = as_shape(
+            w.take(&format!("{p}.dt_bias"), &[proj])?,
+            &[s.num_heads, s.head_dim],
+        )?;
         Ok(Kda {
             q_proj,
             k_proj,
