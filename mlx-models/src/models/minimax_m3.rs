@@ -464,7 +464,7 @@ impl Attention {
             }
             None => mask.clone(),
         };
-        let kv = kit::cached_kv(subs.as_deref_mut().and_then(|s| s.get_mut(0)), k, v)?;
+        let kv = kit::cached_kv(subs.and_then(|s| s.get_mut(0)), k, v)?;
         let out = scaled_dot_product_attention(&q, &kv, self.scale, &mask, None)?;
         self.o_proj.forward(&kit::merge_heads(&out)?)
     }
