@@ -37,6 +37,7 @@ pub const UNSERVED: &[(&str, Unserved, &str)] = &[
     (
         "prism_hadamard_qwen35",
         Unserved::NotYet,
-        "Hadamard-rotated Qwen 3.5: not ported yet",
+        "Hadamard-rotated Qwen 3.5 (its op, mlx_core::ops::hadamard_transform, is in place): \
+         not ported yet",
     ),
 ];
