@@ -84,7 +84,44 @@ struct GgufArch {
     norm_plus_one: bool,
     /// Per-layer names that differ from llama's.
     parts: &'static [(&'static str, &'static str)],
+    /// The prefix of mlx-lm's per-layer names (`model.layers`).
+    layers: &'static str,
+    /// Top-level names that differ from llama's (`token_embd`, `output_norm`, `output`).
+    top: &'static [(&'static str, &'static str)],
+    /// Reads the long-rope factor tensors ([`ROPE_TENSORS`]) into `rope_scaling`.
+    rope_tensors: bool,
 }
+
+/// Tensors llama.cpp writes for rope scaling, which mlx-lm's configs hold as numbers.
+const ROPE_TENSORS: &[&str] = &["rope_factors_long.weight", "rope_factors_short.weight"];
+
+/// The fields most architectures share (llama's names, nothing permuted or shifted).
+const PLAIN: GgufArch = GgufArch {
+    arch: "",
+    model_type: "",
+    permute_qk: false,
+    norm_plus_one: false,
+    parts: &[],
+    layers: "model.layers",
+    top: &[],
+    rope_tensors: false,
+};
+
+const MLA_PARTS: &[(&str, &str)] = &[
+    ("attn_q_a", "self_attn.q_a_proj"),
+    ("attn_q_a_norm", "self_attn.q_a_layernorm"),
+    ("attn_q_b", "self_attn.q_b_proj"),
+    ("attn_kv_a_mqa", "self_attn.kv_a_proj_with_mqa"),
+    ("attn_kv_a_norm", "self_attn.kv_a_layernorm"),
+    ("attn_kv_b", "self_attn.kv_b_proj"),
+];
+
+const EXPERT_PARTS: [(&str, &str); 4] = [
+    ("ffn_gate_inp", "mlp.gate"),
+    ("ffn_gate_exps", "mlp.switch_mlp.gate_proj"),
+    ("ffn_up_exps", "mlp.switch_mlp.up_proj"),
+    ("ffn_down_exps", "mlp.switch_mlp.down_proj"),
+];
 
 const GEMMA2_PARTS: &[(&str, &str)] = &[
     ("post_attention_norm", "post_attention_layernorm"),
@@ -101,6 +138,7 @@ const ARCHS: &[GgufArch] = &[
         permute_qk: true,
         norm_plus_one: false,
         parts: &[],
+        ..PLAIN
     },
     GgufArch {
         arch: "qwen2",
@@ -108,6 +146,7 @@ const ARCHS: &[GgufArch] = &[
         permute_qk: false,
         norm_plus_one: false,
         parts: &[],
+        ..PLAIN
     },
     GgufArch {
         arch: "qwen3",
@@ -118,6 +157,7 @@ const ARCHS: &[GgufArch] = &[
             ("attn_q_norm", "self_attn.q_norm"),
             ("attn_k_norm", "self_attn.k_norm"),
         ],
+        ..PLAIN
     },
     GgufArch {
         arch: "phi3",
@@ -128,6 +168,8 @@ const ARCHS: &[GgufArch] = &[
             ("attn_qkv", "self_attn.qkv_proj"),
             ("ffn_up", "mlp.gate_up_proj"),
         ],
+        rope_tensors: true,
+        ..PLAIN
     },
     GgufArch {
         arch: "gemma",
@@ -135,6 +177,7 @@ const ARCHS: &[GgufArch] = &[
         permute_qk: false,
         norm_plus_one: true,
         parts: &[],
+        ..PLAIN
     },
     GgufArch {
         arch: "gemma2",
@@ -142,6 +185,7 @@ const ARCHS: &[GgufArch] = &[
         permute_qk: false,
         norm_plus_one: true,
         parts: GEMMA2_PARTS,
+        ..PLAIN
     },
     GgufArch {
         arch: "gemma3",
@@ -149,6 +193,7 @@ const ARCHS: &[GgufArch] = &[
         permute_qk: false,
         norm_plus_one: true,
         parts: GEMMA2_PARTS,
+        ..PLAIN
     },
     GgufArch {
         arch: "qwen3moe",
@@ -163,6 +208,7 @@ const ARCHS: &[GgufArch] = &[
             ("ffn_up_exps", "mlp.switch_mlp.up_proj"),
             ("ffn_down_exps", "mlp.switch_mlp.down_proj"),
         ],
+        ..PLAIN
     },
     GgufArch {
         arch: "qwen2moe",
@@ -179,6 +225,7 @@ const ARCHS: &[GgufArch] = &[
             ("ffn_up_shexp", "mlp.shared_expert.up_proj"),
             ("ffn_down_shexp", "mlp.shared_expert.down_proj"),
         ],
+        ..PLAIN
     },
     GgufArch {
         arch: "olmo2",
@@ -191,6 +238,7 @@ const ARCHS: &[GgufArch] = &[
             ("post_attention_norm", "post_attention_layernorm"),
             ("post_ffw_norm", "post_feedforward_layernorm"),
         ],
+        ..PLAIN
     },
     // llama.cpp's converter writes granite through its llama class: Q / K permuted.
     GgufArch {
@@ -199,6 +247,7 @@ const ARCHS: &[GgufArch] = &[
         permute_qk: true,
         norm_plus_one: false,
         parts: &[],
+        ..PLAIN
     },
     // Ministral 3 (llama.cpp's converter writes it through its llama class: Q / K permuted).
     GgufArch {
@@ -207,6 +256,7 @@ const ARCHS: &[GgufArch] = &[
         permute_qk: true,
         norm_plus_one: false,
         parts: &[],
+        ..PLAIN
     },
     // MLA (DeepSeek V2 and V3, one llama.cpp architecture): the model type is chosen from the
     // router's gating function; `attn_k_b` / `attn_v_b` are mlx-lm deepseek_v3's `embed_q` /
@@ -235,6 +285,7 @@ const ARCHS: &[GgufArch] = &[
             ("ffn_up_shexp", "mlp.shared_experts.up_proj"),
             ("ffn_down_shexp", "mlp.shared_experts.down_proj"),
         ],
+        ..PLAIN
     },
     GgufArch {
         arch: "glm4",
@@ -247,16 +298,106 @@ const ARCHS: &[GgufArch] = &[
             ("post_ffw_norm", "post_mlp_layernorm"),
             ("ffn_up", "mlp.gate_up_proj"),
         ],
+        ..PLAIN
+    },
+    // SmolLM3 (llama.cpp's SmolLM3Model is its llama class: Q / K permuted); every 4th layer
+    // without rope in both (llama.cpp fixes the step at 4, mlx-lm's default interval).
+    GgufArch {
+        arch: "smollm3",
+        model_type: "smollm3",
+        permute_qk: true,
+        ..PLAIN
+    },
+    GgufArch {
+        arch: "starcoder2",
+        model_type: "starcoder2",
+        parts: &[("ffn_up", "mlp.c_fc"), ("ffn_down", "mlp.c_proj")],
+        ..PLAIN
+    },
+    // EXAONE 3 / 3.5: GPT-2-like module names in mlx-lm.
+    GgufArch {
+        arch: "exaone",
+        model_type: "exaone",
+        parts: &[
+            ("attn_norm", "ln_1"),
+            ("ffn_norm", "ln_2"),
+            ("attn_q", "attn.attention.q_proj"),
+            ("attn_k", "attn.attention.k_proj"),
+            ("attn_v", "attn.attention.v_proj"),
+            ("attn_output", "attn.attention.out_proj"),
+            ("ffn_gate", "mlp.c_fc_0"),
+            ("ffn_up", "mlp.c_fc_1"),
+            ("ffn_down", "mlp.c_proj"),
+        ],
+        layers: "transformer.h",
+        top: &[
+            ("token_embd", "transformer.wte"),
+            ("output_norm", "transformer.ln_f"),
+        ],
+        ..PLAIN
+    },
+    GgufArch {
+        arch: "olmoe",
+        model_type: "olmoe",
+        parts: &[
+            ("attn_q_norm", "self_attn.q_norm"),
+            ("attn_k_norm", "self_attn.k_norm"),
+            EXPERT_PARTS[0],
+            EXPERT_PARTS[1],
+            EXPERT_PARTS[2],
+            EXPERT_PARTS[3],
+        ],
+        ..PLAIN
+    },
+    // Granite MoE (llama.cpp's converter: its granite class, so Q / K permuted; JetMoE's
+    // fused `input_linear` split into gate / up experts).
+    GgufArch {
+        arch: "granitemoe",
+        model_type: "granitemoe",
+        permute_qk: true,
+        parts: &[
+            ("ffn_gate_inp", "block_sparse_moe.router.layer"),
+            ("ffn_gate_exps", "block_sparse_moe.switch_mlp.gate_proj"),
+            ("ffn_up_exps", "block_sparse_moe.switch_mlp.up_proj"),
+            ("ffn_down_exps", "block_sparse_moe.switch_mlp.down_proj"),
+        ],
+        ..PLAIN
+    },
+    GgufArch {
+        arch: "phimoe",
+        model_type: "phimoe",
+        parts: &[
+            ("ffn_gate_inp", "block_sparse_moe.gate"),
+            ("ffn_gate_exps", "block_sparse_moe.switch_mlp.gate_proj"),
+            ("ffn_up_exps", "block_sparse_moe.switch_mlp.up_proj"),
+            ("ffn_down_exps", "block_sparse_moe.switch_mlp.down_proj"),
+        ],
+        rope_tensors: true,
+        ..PLAIN
+    },
+    // MiniCPM3 (MLA, dense; long-rope factors as tensors).
+    GgufArch {
+        arch: "minicpm3",
+        model_type: "minicpm3",
+        parts: MLA_PARTS,
+        rope_tensors: true,
+        ..PLAIN
     },
 ];
 
 /// `llama.cpp` tensor names to mlx-lm's, for `a`.
 fn map_name(a: &GgufArch, name: &str) -> Option<String> {
     let (base, suffix) = name.rsplit_once('.')?;
-    let mapped = match base {
-        "token_embd" => "model.embed_tokens".to_string(),
-        "output_norm" => "model.norm".to_string(),
-        "output" => "lm_head".to_string(),
+    let top = a
+        .top
+        .iter()
+        .find(|(from, _)| *from == base)
+        .map(|(_, to)| *to);
+    let mapped = match (top, base) {
+        (Some(to), _) => to.to_string(),
+        (None, "token_embd") => "model.embed_tokens".to_string(),
+        (None, "output_norm") => "model.norm".to_string(),
+        (None, "output") => "lm_head".to_string(),
         _ => {
             let rest = base.strip_prefix("blk.")?;
             let (layer, part) = rest.split_once('.')?;
@@ -276,7 +417,7 @@ fn map_name(a: &GgufArch, name: &str) -> Option<String> {
                     _ => return None,
                 },
             };
-            format!("model.layers.{layer}.{part}")
+            format!("{}.{layer}.{part}", a.layers)
         }
     };
     if mapped.ends_with(".mlp.gate.e_score_correction") && suffix == "bias" {
@@ -462,7 +603,13 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
     let ffn = count("feed_forward_length")?;
     let mut tensors = BTreeMap::new();
     let mut unknown = Vec::new();
+    // Rope tensors that become hyper-parameters (long-rope factors).
+    let mut rope_tensors: BTreeMap<String, Array> = BTreeMap::new();
     for (name, a) in raw {
+        if ROPE_TENSORS.contains(&name.as_str()) && arch.rope_tensors {
+            rope_tensors.insert(name, a);
+            continue;
+        }
         match map_name(arch, &name) {
             Some(m) => {
                 let a = if arch.permute_qk && m.contains(".self_attn.q_proj.") {
@@ -505,6 +652,29 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         Some(d) => Some(i64::from(d)),
         None => meta_count(&metadata, path, &key("rope.dimension_count"))?.map(i64::from),
     };
+    // The norm epsilon: RMS norms' key, or LayerNorm's (starcoder2); EXAONE's converter has
+    // written either. mlx-lm's field name per type.
+    const RMS_EPS: &str = "attention.layer_norm_rms_epsilon";
+    const LN_EPS: &str = "attention.layer_norm_epsilon";
+    let (eps, eps_field) = match arch.arch {
+        "starcoder2" => (float(LN_EPS, true)?, "norm_epsilon"),
+        "exaone" => (
+            match float(RMS_EPS, true)? {
+                Some(e) => Some(e),
+                None => float(LN_EPS, true)?,
+            },
+            "layer_norm_epsilon",
+        ),
+        _ => (float(RMS_EPS, true)?, "rms_norm_eps"),
+    };
+    let eps = eps.ok_or_else(|| {
+        let k = if eps_field == "norm_epsilon" {
+            LN_EPS
+        } else {
+            RMS_EPS
+        };
+        gguf_err(path, format!("metadata `{}` is missing", key(k)))
+    })?;
     let mut config = json!({
         "model_type": arch.model_type,
         "hidden_size": hidden,
@@ -512,16 +682,11 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         "intermediate_size": ffn,
         "num_attention_heads": heads,
         "num_key_value_heads": kv_heads,
-        "rms_norm_eps": float("attention.layer_norm_rms_epsilon", true)?.ok_or_else(|| {
-            gguf_err(
-                path,
-                format!("metadata `{}` is missing", key("attention.layer_norm_rms_epsilon")),
-            )
-        })?,
         "vocab_size": vocab,
         "rope_theta": float("rope.freq_base", false)?.unwrap_or(10000.0),
         "tie_word_embeddings": tied,
     });
+    config[eps_field] = Value::from(eps);
     if let Some(ctx) = meta_count(&metadata, path, &key("context_length"))? {
         config["max_position_embeddings"] = Value::from(ctx);
     }
@@ -549,11 +714,26 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                 }
             }
         }
-        "phi3" => {
+        "phi3" | "phimoe" => {
             if let Some(d) = float("rope.dimension_count", false)? {
                 let hd = f64::from(hidden / heads);
-                config["partial_rotary_factor"] = Value::from(d / hd);
+                if arch.arch == "phi3" {
+                    config["partial_rotary_factor"] = Value::from(d / hd);
+                } else if d != hd {
+                    return Err(gguf_err(
+                        path,
+                        format!(
+                            "metadata `{}` is {d}: a partial rope, which mlx-lm's phimoe lacks",
+                            key("rope.dimension_count")
+                        ),
+                    ));
+                }
             }
+            if arch.arch == "phimoe" {
+                config["num_local_experts"] = Value::from(count("expert_count")?);
+                config["num_experts_per_tok"] = Value::from(count("expert_used_count")?);
+            }
+            long_rope(&mut config, &mut rope_tensors, path, &metadata, arch.arch)?;
         }
         "qwen3moe" => {
             // llama.cpp's qwen3moe renormalizes the top-k weights and has no dense layers.
@@ -575,7 +755,11 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             config["shared_expert_intermediate_size"] =
                 Value::from(count("expert_shared_feed_forward_length")?);
         }
-        "granite" => {
+        "granite" | "granitemoe" => {
+            if arch.arch == "granitemoe" {
+                config["num_local_experts"] = Value::from(count("expert_count")?);
+                config["num_experts_per_tok"] = Value::from(count("expert_used_count")?);
+            }
             let has_bias = |t: &str| tensors.contains_key(&format!("model.layers.0.{t}.bias"));
             config["attention_bias"] = Value::from(has_bias("self_attn.q_proj"));
             config["mlp_bias"] = Value::from(has_bias("mlp.down_proj"));
@@ -645,8 +829,81 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                     ))?,
             });
         }
+        "minicpm3" => {
+            // llama.cpp fixes MiniCPM3-4B's scales (none are in the file).
+            let rope = count("rope.dimension_count")?;
+            let qk = count("attention.key_length")?;
+            if qk <= rope {
+                return Err(gguf_err(
+                    path,
+                    format!(
+                        "metadata: `{}` = {qk} is not larger than `{}` = {rope}",
+                        key("attention.key_length"),
+                        key("rope.dimension_count")
+                    ),
+                ));
+            }
+            if let Some(c) = config.as_object_mut() {
+                c.remove("head_dim");
+            }
+            config["qk_rope_head_dim"] = Value::from(rope);
+            config["qk_nope_head_dim"] = Value::from(qk - rope);
+            config["q_lora_rank"] = Value::from(count("attention.q_lora_rank")?);
+            config["kv_lora_rank"] = Value::from(count("attention.kv_lora_rank")?);
+            config["scale_emb"] = Value::from(12.0);
+            config["scale_depth"] = Value::from(1.4);
+            config["dim_model_base"] = Value::from(256);
+            config["attention_bias"] =
+                Value::from(tensors.contains_key("model.layers.0.self_attn.q_a_proj.bias"));
+            if config.get("max_position_embeddings").is_none() {
+                return Err(gguf_err(
+                    path,
+                    format!("metadata `{}` is missing", key("context_length")),
+                ));
+            }
+            long_rope(&mut config, &mut rope_tensors, path, &metadata, arch.arch)?;
+            if config.get("rope_scaling").is_none() {
+                // minicpm3.py needs a rope_scaling: factors of 1 over the whole context (no
+                // scale), llama.cpp's plain rope.
+                config["rope_scaling"] = json!({
+                    "type": "longrope",
+                    "original_max_position_embeddings": config["max_position_embeddings"].clone(),
+                });
+            }
+        }
+        "olmoe" => {
+            // llama.cpp's olmoe does not renormalize the top-k weights (OLMoE's own config).
+            config["num_experts"] = Value::from(count("expert_count")?);
+            config["num_experts_per_tok"] = Value::from(count("expert_used_count")?);
+            config["norm_topk_prob"] = Value::from(false);
+        }
+        "exaone" => {
+            // mlx-lm's EXAONE names and full-width rope.
+            let hd = i64::from(hidden / heads);
+            if let Some(d) = meta_count(&metadata, path, &key("rope.dimension_count"))? {
+                if i64::from(d) != config["head_dim"].as_i64().unwrap_or(hd) {
+                    return Err(gguf_err(
+                        path,
+                        format!(
+                            "metadata `{}` is {d}: a partial rope, which mlx-lm's exaone lacks",
+                            key("rope.dimension_count")
+                        ),
+                    ));
+                }
+            }
+            config["num_layers"] = Value::from(blocks);
+            config["attention_bias"] =
+                Value::from(tensors.contains_key("transformer.h.0.attn.attention.q_proj.bias"));
+            config["mlp_bias"] =
+                Value::from(tensors.contains_key("transformer.h.0.mlp.c_proj.bias"));
+        }
         "deepseek2" => deepseek2_config(&mut config, &mut tensors, path, &metadata, heads)?,
         _ => {}
+    }
+    if let Some(name) = rope_tensors.keys().next() {
+        return Err(ModelError::Weights(vec![format!(
+            "unexpected GGUF tensor: {name}"
+        )]));
     }
     let config = ModelConfig::from_value(config).map_err(|e| match e {
         ModelError::Config(m) => gguf_err(path, format!("hyper-parameters: {m}")),
@@ -657,6 +914,87 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         tensors,
         metadata,
     })
+}
+
+/// Phi-3's long rope as llama.cpp writes it (`rope_factors_long` / `rope_factors_short`
+/// tensors, `rope.scaling.original_context_length`, `rope.scaling.attn_factor`) back into
+/// mlx-lm's `rope_scaling` (type `longrope`) and `original_max_position_embeddings`. mlx-lm's
+/// phimoe reads the scale from `long_mscale`: the file's attention factor (what llama.cpp
+/// multiplies by; a checkpoint's own mscale, when it differs, is not in the file). Both
+/// factor tensors or neither.
+fn long_rope(
+    config: &mut Value,
+    rope: &mut BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    arch: &str,
+) -> Result<()> {
+    let long = rope.remove("rope_factors_long.weight");
+    let short = rope.remove("rope_factors_short.weight");
+    let (long, short) = match (long, short) {
+        (None, None) => return Ok(()),
+        (Some(l), Some(s)) => (l, s),
+        _ => {
+            return Err(gguf_err(
+                path,
+                "rope_factors_long and rope_factors_short come together",
+            ))
+        }
+    };
+    let list = |a: &Array, name: &str| -> Result<Value> {
+        let v = a
+            .astype(Dtype::Float32)
+            .and_then(|a| a.to_vec::<f32>())
+            .map_err(|e| gguf_err(path, format!("tensor {name}: {e}")))?;
+        if a.ndim() != 1 || v.iter().any(|x| !x.is_finite() || *x <= 0.0) {
+            return Err(gguf_err(
+                path,
+                format!("tensor {name}: expected a vector of positive factors"),
+            ));
+        }
+        Ok(Value::from(
+            v.into_iter().map(f64::from).collect::<Vec<_>>(),
+        ))
+    };
+    let key = |k: &str| format!("{arch}.{k}");
+    // MiniCPM3's converter writes no original context: llama.cpp's is the context length.
+    let orig_key = if arch == "minicpm3" {
+        "context_length"
+    } else {
+        "rope.scaling.original_context_length"
+    };
+    let orig = meta_count(meta, path, &key(orig_key))?.ok_or_else(|| {
+        gguf_err(
+            path,
+            format!("metadata `{}` is missing (long rope)", key(orig_key)),
+        )
+    })?;
+    let mut rs = json!({
+        "type": "longrope",
+        "long_factor": list(&long, "rope_factors_long")?,
+        "short_factor": list(&short, "rope_factors_short")?,
+    });
+    if arch == "phimoe" {
+        let m = match meta_f64(meta, &key("rope.scaling.attn_factor")) {
+            Some(v) if v.is_finite() && v > 0.0 => Value::from(v),
+            Some(v) => {
+                return Err(gguf_err(
+                    path,
+                    format!("metadata `{}` is {v}", key("rope.scaling.attn_factor")),
+                ))
+            }
+            None => Value::Null,
+        };
+        rs["short_mscale"] = m.clone();
+        rs["long_mscale"] = m;
+    }
+    if arch == "minicpm3" {
+        rs["original_max_position_embeddings"] = Value::from(orig);
+    } else {
+        config["original_max_position_embeddings"] = Value::from(orig);
+    }
+    config["rope_scaling"] = rs;
+    Ok(())
 }
 
 /// llama.cpp's `deepseek2` hyper-parameters as mlx-lm's `deepseek_v2` (softmax router) or

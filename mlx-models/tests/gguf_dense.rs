@@ -80,3 +80,42 @@ fn deepseek2_gguf_files_match_mlx_lm() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     assert!(supported_gguf_architectures().contains(&"deepseek2"));
 }
+
+/// The later architectures (`cargo xtask goldens gguf_more`), written with only the metadata
+/// keys their converter class writes (the vocabulary's size from `tokenizer.ggml.tokens` where
+/// it writes no `vocab_size`): each file loads as its mlx-lm type and matches mlx-lm's logits.
+#[test]
+fn later_gguf_architectures_match_mlx_lm() {
+    let cases = [
+        ("smollm3", "smollm3"),
+        ("starcoder2", "starcoder2"),
+        ("exaone", "exaone"),
+        ("olmoe", "olmoe"),
+        ("granitemoe", "granitemoe"),
+        ("phi3_longrope", "phi3"),
+        ("phimoe", "phimoe"),
+        ("minicpm3", "minicpm3"),
+    ];
+    let failures: Vec<String> = cases
+        .iter()
+        .filter_map(|(n, model_type)| {
+            let run = || -> Result<(), String> {
+                let path = root().join("models/gguf").join(format!("{n}.gguf"));
+                let (model, g) =
+                    load_gguf_model(&path, &LoadOptions::default()).map_err(|e| e.to_string())?;
+                if g.config.model_type != *model_type {
+                    return Err(format!("model type {}", g.config.model_type));
+                }
+                model_check::check_loaded(
+                    model.as_ref(),
+                    &root().join("goldens/gguf").join(format!("{n}.safetensors")),
+                )
+            };
+            run().err().map(|e| format!("{n}: {e}"))
+        })
+        .collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    for (_, t) in cases {
+        assert!(supported_gguf_architectures().contains(&t), "{t}");
+    }
+}

@@ -18,15 +18,10 @@ Case names after the script regenerate only those.
 Run with `cargo xtask goldens gguf_mla`.
 """
 
-import importlib
-import os
-import sys
-
 import mlx.core as mx
-from mlx.utils import tree_flatten, tree_map
-from mlx_lm.models.cache import make_prompt_cache
+from mlx.utils import tree_flatten
 
-from golden import Golden
+from gguf_golden import Meta, only, record, seeded_model, write_gguf
 
 COMMON = {
     "vocab_size": 96,
@@ -163,10 +158,8 @@ def convert(hf, c, layout):
 
 def metadata(c, layout):
     arch = "deepseek2"
-    m = {"general.architecture": arch}
-
-    def num(k, v, dtype=mx.uint32):
-        m[f"{arch}.{k}"] = mx.array(v, dtype=dtype)
+    meta = Meta(arch)
+    m, num = meta.m, meta.num
 
     num("context_length", c["max_position_embeddings"])
     num("embedding_length", c["hidden_size"])
@@ -212,11 +205,7 @@ def metadata(c, layout):
     return m
 
 
-PROMPT = [2, 17, 90, 5, 42, 42, 7, 88, 3, 64]
-STEPS = 5
-
-os.makedirs("mlx-models/tests/models/gguf", exist_ok=True)
-ONLY = set(sys.argv[1:])
+ONLY = only()
 built = {}
 for i, (name, (model_type, overrides, layout, golden)) in enumerate(CASES.items()):
     if model_type is None:  # the weights of the case its golden names
@@ -225,36 +214,11 @@ for i, (name, (model_type, overrides, layout, golden)) in enumerate(CASES.items(
     else:
         seed_index = i
     config = {**COMMON, "model_type": model_type, **overrides}
-    module = importlib.import_module(f"mlx_lm.models.{model_type}")
-    mx.random.seed(3000 + seed_index)
-    model = module.Model(module.ModelArgs.from_dict(config))
-    model.update(tree_map(lambda p: mx.random.normal(p.shape) * 0.3, model.parameters()))
-    mx.eval(model.parameters())
+    _, model = seeded_model(model_type, config, 3000 + seed_index)
     if ONLY and name not in ONLY:
         continue
-    gguf = convert(hf_weights(model, config), config, layout)
-    path = f"mlx-models/tests/models/gguf/{name}.gguf"
-    mx.save_gguf(path, gguf, metadata(config, layout))
-    loaded = mx.load(path)
-    assert sorted(loaded) == sorted(gguf), (sorted(loaded), sorted(gguf))
-    for k, a in gguf.items():
-        assert loaded[k].dtype == a.dtype and mx.array_equal(loaded[k], a).item(), k
+    write_gguf(name, convert(hf_weights(model, config), config, layout), metadata(config, layout))
     if golden != name:
         continue
 
-    g = Golden(f"mlx-models/tests/goldens/gguf/{golden}.safetensors", __file__)
-    cache = make_prompt_cache(model)
-    ids = mx.array([PROMPT], dtype=mx.int32)
-    logits = model(ids, cache=cache)
-    g.case("prefill", "forward", [ids], logits)
-    greedy = []
-    for s in range(STEPS):
-        nxt = mx.argmax(logits[:, -1, :], axis=-1).astype(mx.int32)
-        greedy.append(nxt.item())
-        ids = nxt[:, None]
-        logits = model(ids, cache=cache)
-        g.case(f"step{s}", "forward", [ids], logits)
-    full_ids = mx.array([PROMPT + greedy], dtype=mx.int32)
-    g.case("full", "forward_nocache", [full_ids], model(full_ids))
-    g.meta["greedy"] = ",".join(map(str, greedy))
-    g.save()
+    record(model, golden, __file__)

@@ -1,0 +1,376 @@
+"""GGUF name maps, the later architectures (issue #32): tiny seeded mlx-lm models written as
+llama.cpp's `convert_hf_to_gguf.py` writes them, and mlx-lm 0.32.2's logits on the same
+weights.
+
+For each case: build `mlx_lm.models.<model_type>.Model`, seed it (normal * 0.3), rename its
+tensors to llama.cpp's (gguf-py's tensor_mapping.py: experts stacked as `ffn_*_exps`, Q / K
+rows permuted where the converter's class is LlamaModel's), write the metadata keys that
+converter class writes (and only those: no `vocab_size` where it writes none, the
+vocabulary's size is then the length of `tokenizer.ggml.tokens`), save the file with
+`mx.save_gguf` (f32, checked lossless) under mlx-models/tests/models/gguf/<name>.gguf and
+record the model's prefill, cached decode steps and a cache-less forward in
+mlx-models/tests/goldens/gguf/<name>.safetensors. Case names after the script regenerate only
+those. Run with `cargo xtask goldens gguf_more`.
+"""
+
+import math
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+from gguf_golden import Meta, only, permute, record, seeded_model, write_gguf
+
+BASE = {
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "intermediate_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-6,
+    "vocab_size": 96,
+    "max_position_embeddings": 256,
+    "rope_theta": 10000.0,
+}
+
+# mlx-lm names -> llama.cpp's, shared by the llama-like layers.
+LLAMA = {
+    "model.embed_tokens": "token_embd",
+    "model.norm": "output_norm",
+    "lm_head": "output",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+
+EXPERTS = {
+    "mlp.gate": "ffn_gate_inp",
+    "mlp.switch_mlp.gate_proj": "ffn_gate_exps",
+    "mlp.switch_mlp.up_proj": "ffn_up_exps",
+    "mlp.switch_mlp.down_proj": "ffn_down_exps",
+}
+
+
+def meta_common(arch, c, eps="rms", vocab_size=False, rope_dims=None, head_dim=None):
+    """TextModel.set_gguf_parameters' keys (plus LlamaModel's vocab_size and rope dims)."""
+    m = Meta(arch)
+    m.num("block_count", c.get("num_hidden_layers", c.get("num_layers")))
+    m.num("context_length", c["max_position_embeddings"])
+    m.num("embedding_length", c["hidden_size"])
+    m.num("feed_forward_length", c["intermediate_size"])
+    m.num("attention.head_count", c["num_attention_heads"])
+    m.num("attention.head_count_kv", c["num_key_value_heads"])
+    m.f32("rope.freq_base", c["rope_theta"])
+    if eps == "rms":
+        m.f32("attention.layer_norm_rms_epsilon", c["rms_norm_eps"])
+    else:
+        m.f32("attention.layer_norm_epsilon", c[eps])
+    if head_dim is not None:
+        m.num("attention.key_length", head_dim)
+        m.num("attention.value_length", head_dim)
+    if vocab_size:
+        m.num("vocab_size", c["vocab_size"])
+    if rope_dims is not None:
+        m.num("rope.dimension_count", rope_dims)
+    m.m["tokenizer.ggml.model"] = "gpt2"
+    m.m["tokenizer.ggml.tokens"] = [f"t{i}" for i in range(c["vocab_size"])]
+    return m
+
+
+def smollm3(c):
+    # SmolLM3Model(LlamaModel): Q / K permuted, no-rope layers fixed at every 4th in llama.cpp.
+    return meta_common("smollm3", c, vocab_size=True, rope_dims=c["hidden_size"] // c["num_attention_heads"])
+
+
+def starcoder2(c):
+    return meta_common("starcoder2", c, eps="norm_epsilon")
+
+
+def exaone(c):
+    # ExaoneModel: rope dims = partial_rotary_factor (1.0) * head size; the released files
+    # carry the RMS epsilon key llama.cpp reads.
+    c = {**c, "num_hidden_layers": c["num_layers"], "rms_norm_eps": c["layer_norm_epsilon"]}
+    return meta_common("exaone", c, rope_dims=c["hidden_size"] // c["num_attention_heads"])
+
+
+def olmoe(c):
+    # OlmoeModel writes the RMS epsilon as 1e-5 whatever the config says (the config's is too).
+    m = meta_common("olmoe", c)
+    m.num("expert_count", c["num_experts"])
+    m.num("expert_used_count", c["num_experts_per_tok"])
+    return m
+
+
+def granitemoe(c):
+    m = meta_common("granitemoe", c, vocab_size=True, rope_dims=c["hidden_size"] // c["num_attention_heads"])
+    m.num("expert_count", c["num_local_experts"])
+    m.num("expert_used_count", c["num_experts_per_tok"])
+    m.f32("attention.scale", c["attention_multiplier"])
+    m.f32("embedding_scale", c["embedding_multiplier"])
+    m.f32("residual_scale", c["residual_multiplier"])
+    m.f32("logit_scale", c["logits_scaling"])
+    return m
+
+
+def phi3_rope(arch, c, gguf):
+    """Phi3MiniModel.set_gguf_parameters and generate_extra_tensors (long-rope factors)."""
+    m = Meta(arch)
+    hd = c["hidden_size"] // c["num_attention_heads"]
+    m.num("context_length", c["max_position_embeddings"])
+    m.num("rope.scaling.original_context_length", c["original_max_position_embeddings"])
+    m.num("embedding_length", c["hidden_size"])
+    m.num("feed_forward_length", c["intermediate_size"])
+    m.num("block_count", c["num_hidden_layers"])
+    m.num("attention.head_count", c["num_attention_heads"])
+    m.num("attention.head_count_kv", c["num_key_value_heads"])
+    m.f32("attention.layer_norm_rms_epsilon", c["rms_norm_eps"])
+    m.num("rope.dimension_count", int(c.get("partial_rotary_factor", 1.0) * c["hidden_size"]) // c["num_attention_heads"])
+    m.f32("rope.freq_base", c["rope_theta"])
+    m.num("attention.sliding_window", 0)
+    rs = c["rope_scaling"]
+    scale = c["max_position_embeddings"] / c["original_max_position_embeddings"]
+    m.f32("rope.scaling.attn_factor", math.sqrt(1 + math.log(scale) / math.log(c["original_max_position_embeddings"])))
+    gguf["rope_factors_long.weight"] = mx.array(rs["long_factor"], dtype=mx.float32)
+    gguf["rope_factors_short.weight"] = mx.array(rs["short_factor"], dtype=mx.float32)
+    m.m["tokenizer.ggml.model"] = "llama"
+    m.m["tokenizer.ggml.tokens"] = [f"t{i}" for i in range(c["vocab_size"])]
+    assert len(rs["long_factor"]) == hd * c.get("partial_rotary_factor", 1.0) // 2
+    return m
+
+
+def phimoe(c, gguf):
+    m = phi3_rope("phimoe", c, gguf)
+    m.num("expert_used_count", c["num_experts_per_tok"])
+    m.num("expert_count", c["num_local_experts"])
+    return m
+
+
+def minicpm3(c, gguf):
+    """MiniCPM3Model.set_gguf_parameters (no scales: llama.cpp fixes scale_emb 12, scale_depth
+    1.4 and dim_model_base 256, MiniCPM3-4B's) and its long-rope factor tensors."""
+    m = Meta("minicpm3")
+    m.num("context_length", c["max_position_embeddings"])
+    m.num("embedding_length", c["hidden_size"])
+    m.num("block_count", c["num_hidden_layers"])
+    m.num("feed_forward_length", c["intermediate_size"])
+    m.num("attention.head_count", c["num_attention_heads"])
+    m.num("attention.head_count_kv", c["num_key_value_heads"])
+    m.f32("attention.layer_norm_rms_epsilon", c["rms_norm_eps"])
+    m.num("vocab_size", c["vocab_size"])
+    m.num("attention.q_lora_rank", c["q_lora_rank"])
+    m.num("attention.kv_lora_rank", c["kv_lora_rank"])
+    m.num("attention.key_length", c["qk_nope_head_dim"] + c["qk_rope_head_dim"])
+    m.num("rope.dimension_count", c["qk_rope_head_dim"])
+    rs = c["rope_scaling"]
+    gguf["rope_factors_long.weight"] = mx.array(rs["long_factor"], dtype=mx.float32)
+    gguf["rope_factors_short.weight"] = mx.array(rs["short_factor"], dtype=mx.float32)
+    m.m["tokenizer.ggml.model"] = "llama"
+    m.m["tokenizer.ggml.tokens"] = [f"t{i}" for i in range(c["vocab_size"])]
+    return m
+
+
+MLA = {
+    "self_attn.q_a_proj": "attn_q_a",
+    "self_attn.q_a_layernorm": "attn_q_a_norm",
+    "self_attn.q_b_proj": "attn_q_b",
+    "self_attn.kv_a_proj_with_mqa": "attn_kv_a_mqa",
+    "self_attn.kv_a_layernorm": "attn_kv_a_norm",
+    "self_attn.kv_b_proj": "attn_kv_b",
+}
+
+# The attention factor llama.cpp's converter writes for long rope (its formula, which mlx-lm's
+# SuScaledRoPE also uses without an mscale): PhiMoE's mscales are that, as the file holds it.
+PHIMOE_MSCALE = math.sqrt(1 + math.log(8192 / 512) / math.log(512))
+FACTORS = {
+    "short_factor": [1.0, 1.1, 1.2, 1.3],
+    "long_factor": [1.0, 1.5, 2.0, 2.5],
+}
+
+# name: (model_type, config overrides, metadata writer, extra name map, permute Q / K,
+#        layer prefix of the mlx-lm names)
+CASES = {
+    # 4 layers: the 4th has no rope.
+    "smollm3": (
+        "smollm3",
+        {"num_hidden_layers": 4, "tie_word_embeddings": False, "rope_theta": 5000000.0},
+        smollm3,
+        {},
+        True,
+        "model.layers",
+    ),
+    "starcoder2": (
+        "starcoder2",
+        {"norm_epsilon": 1e-5, "tie_word_embeddings": True, "rope_theta": 100000.0},
+        starcoder2,
+        {"mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"},
+        False,
+        "model.layers",
+    ),
+    "exaone": (
+        "exaone",
+        {
+            "num_layers": 2,
+            "layer_norm_epsilon": 1e-5,
+            "tie_word_embeddings": False,
+            "attention_bias": False,
+            "mlp_bias": False,
+        },
+        exaone,
+        {
+            "transformer.wte": "token_embd",
+            "transformer.ln_f": "output_norm",
+            "ln_1": "attn_norm",
+            "ln_2": "ffn_norm",
+            "attn.attention.q_proj": "attn_q",
+            "attn.attention.k_proj": "attn_k",
+            "attn.attention.v_proj": "attn_v",
+            "attn.attention.out_proj": "attn_output",
+            "mlp.c_fc_0": "ffn_gate",
+            "mlp.c_fc_1": "ffn_up",
+            "mlp.c_proj": "ffn_down",
+        },
+        False,
+        "transformer.h",
+    ),
+    "olmoe": (
+        "olmoe",
+        {
+            "rms_norm_eps": 1e-5,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "intermediate_size": 16,
+            "norm_topk_prob": False,
+            "tie_word_embeddings": False,
+        },
+        olmoe,
+        EXPERTS,
+        False,
+        "model.layers",
+    ),
+    "granitemoe": (
+        "granitemoe",
+        {
+            "intermediate_size": 16,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "attention_bias": False,
+            "attention_multiplier": 0.25,
+            "embedding_multiplier": 12.0,
+            "residual_multiplier": 0.22,
+            "logits_scaling": 8.0,
+            "tie_word_embeddings": True,
+        },
+        granitemoe,
+        {
+            "block_sparse_moe.router.layer": "ffn_gate_inp",
+            "block_sparse_moe.switch_mlp.gate_proj": "ffn_gate_exps",
+            "block_sparse_moe.switch_mlp.up_proj": "ffn_up_exps",
+            "block_sparse_moe.switch_mlp.down_proj": "ffn_down_exps",
+        },
+        True,
+        "model.layers",
+    ),
+    # Phi-3 with long rope (the 128k models): the factors as tensors.
+    "phi3_longrope": (
+        "phi3",
+        {
+            "max_position_embeddings": 8192,
+            "original_max_position_embeddings": 512,
+            "rope_scaling": {"type": "longrope", **FACTORS},
+            "tie_word_embeddings": False,
+        },
+        lambda c, g: phi3_rope("phi3", c, g),
+        {"self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"},
+        False,
+        "model.layers",
+    ),
+    "phimoe": (
+        "phimoe",
+        {
+            "intermediate_size": 16,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "max_position_embeddings": 8192,
+            "original_max_position_embeddings": 512,
+            "rope_scaling": {
+                "type": "longrope",
+                **FACTORS,
+                "short_mscale": PHIMOE_MSCALE,
+                "long_mscale": PHIMOE_MSCALE,
+            },
+        },
+        phimoe,
+        {
+            "block_sparse_moe.gate": "ffn_gate_inp",
+            "block_sparse_moe.switch_mlp.gate_proj": "ffn_gate_exps",
+            "block_sparse_moe.switch_mlp.up_proj": "ffn_up_exps",
+            "block_sparse_moe.switch_mlp.down_proj": "ffn_down_exps",
+        },
+        False,
+        "model.layers",
+    ),
+    # MiniCPM3 (MLA, dense): rope scaled by long factors over the whole context (the file
+    # has no original context: llama.cpp's is the context length, as here).
+    "minicpm3": (
+        "minicpm3",
+        {
+            "num_key_value_heads": 4,
+            "dim_model_base": 256,
+            "scale_depth": 1.4,
+            "scale_emb": 12.0,
+            "q_lora_rank": 24,
+            "kv_lora_rank": 16,
+            "qk_nope_head_dim": 8,
+            "qk_rope_head_dim": 8,
+            "rope_scaling": {
+                "type": "longrope",
+                "original_max_position_embeddings": 256,
+                **FACTORS,
+            },
+            "tie_word_embeddings": False,
+        },
+        minicpm3,
+        MLA,
+        False,
+        "model.layers",
+    ),
+}
+
+
+def to_gguf_name(name, parts, prefix):
+    module, suffix = name.rsplit(".", 1)
+    if module in parts:
+        return f"{parts[module]}.{suffix}"
+    assert module.startswith(prefix + "."), name
+    layer, part = module[len(prefix) + 1 :].split(".", 1)
+    return f"blk.{layer}.{parts[part]}.{suffix}"
+
+
+ONLY = only()
+for i, (name, (model_type, overrides, meta, extra, permute_qk, prefix)) in enumerate(CASES.items()):
+    if ONLY and name not in ONLY:
+        continue
+    config = {**BASE, "model_type": model_type, **overrides}
+    if model_type == "exaone":
+        config.pop("num_hidden_layers")
+        config.pop("rms_norm_eps")
+    _, model = seeded_model(model_type, config, 4000 + i)
+    parts = {**LLAMA, **extra}
+    gguf = {}
+    for k, v in tree_flatten(model.parameters()):
+        if config.get("tie_word_embeddings", model_type != "phimoe") and k == "lm_head.weight":
+            continue
+        if permute_qk and (".q_proj." in k or ".k_proj." in k):
+            heads = config["num_attention_heads" if ".q_proj." in k else "num_key_value_heads"]
+            v = permute(v, heads)
+        gguf[to_gguf_name(k, parts, prefix)] = v
+    m = meta(config, gguf) if meta.__code__.co_argcount == 2 else meta(config)
+    write_gguf(name, gguf, m)
+    record(model, name, __file__)
