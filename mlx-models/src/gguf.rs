@@ -107,6 +107,12 @@ const PLAIN: GgufArch = GgufArch {
     rope_tensors: false,
 };
 
+const SHARED_EXPERT_PARTS: [(&str, &str); 3] = [
+    ("ffn_gate_shexp", "mlp.shared_experts.gate_proj"),
+    ("ffn_up_shexp", "mlp.shared_experts.up_proj"),
+    ("ffn_down_shexp", "mlp.shared_experts.down_proj"),
+];
+
 const MLA_PARTS: &[(&str, &str)] = &[
     ("attn_q_a", "self_attn.q_a_proj"),
     ("attn_q_a_norm", "self_attn.q_a_layernorm"),
@@ -383,6 +389,43 @@ const ARCHS: &[GgufArch] = &[
         rope_tensors: true,
         ..PLAIN
     },
+    // GLM-4.5 (glm4_moe): DeepSeek V3's router, q/k norms, partial rope; its MTP layer skipped.
+    GgufArch {
+        arch: "glm4moe",
+        model_type: "glm4_moe",
+        parts: &[
+            ("attn_q_norm", "self_attn.q_norm"),
+            ("attn_k_norm", "self_attn.k_norm"),
+            ("post_attention_norm", "post_attention_layernorm"),
+            ("exp_probs_b", "mlp.gate.e_score_correction"),
+            EXPERT_PARTS[0],
+            EXPERT_PARTS[1],
+            EXPERT_PARTS[2],
+            EXPERT_PARTS[3],
+            SHARED_EXPERT_PARTS[0],
+            SHARED_EXPERT_PARTS[1],
+            SHARED_EXPERT_PARTS[2],
+        ],
+        ..PLAIN
+    },
+    // dots.llm1: DeepSeek V3's router; experts under `mlp.experts` in mlx-lm.
+    GgufArch {
+        arch: "dots1",
+        model_type: "dots1",
+        parts: &[
+            ("attn_q_norm", "self_attn.q_norm"),
+            ("attn_k_norm", "self_attn.k_norm"),
+            ("exp_probs_b", "mlp.gate.e_score_correction"),
+            ("ffn_gate_inp", "mlp.gate"),
+            ("ffn_gate_exps", "mlp.experts.gate_proj"),
+            ("ffn_up_exps", "mlp.experts.up_proj"),
+            ("ffn_down_exps", "mlp.experts.down_proj"),
+            SHARED_EXPERT_PARTS[0],
+            SHARED_EXPERT_PARTS[1],
+            SHARED_EXPERT_PARTS[2],
+        ],
+        ..PLAIN
+    },
 ];
 
 /// `llama.cpp` tensor names to mlx-lm's, for `a`.
@@ -600,12 +643,36 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         },
     };
     let blocks = count("block_count")?;
+    // Multi-token-prediction layers (GLM-4.5, DeepSeek V3) come after the main ones and are
+    // counted in `block_count`; mlx-lm's sanitize drops them, so they are not read.
+    let nextn = meta_count(&metadata, path, &key("nextn_predict_layers"))?.unwrap_or(0);
+    if nextn >= blocks {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` = {nextn} leaves no layer of `{}` = {blocks}",
+                key("nextn_predict_layers"),
+                key("block_count")
+            ),
+        ));
+    }
+    let blocks = blocks - nextn;
+    let is_mtp = |name: &str| -> bool {
+        name.strip_prefix("blk.")
+            .and_then(|r| r.split_once('.'))
+            .and_then(|(l, _)| l.parse::<i32>().ok())
+            .is_some_and(|l| l >= blocks)
+            && nextn > 0
+    };
     let ffn = count("feed_forward_length")?;
     let mut tensors = BTreeMap::new();
     let mut unknown = Vec::new();
     // Rope tensors that become hyper-parameters (long-rope factors).
     let mut rope_tensors: BTreeMap<String, Array> = BTreeMap::new();
     for (name, a) in raw {
+        if is_mtp(&name) {
+            continue;
+        }
         if ROPE_TENSORS.contains(&name.as_str()) && arch.rope_tensors {
             rope_tensors.insert(name, a);
             continue;
@@ -871,6 +938,14 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                 });
             }
         }
+        "glm4moe" | "dots1" => grouped_moe_config(
+            &mut config,
+            &tensors,
+            path,
+            &metadata,
+            arch.arch,
+            hidden / heads,
+        )?,
         "olmoe" => {
             // llama.cpp's olmoe does not renormalize the top-k weights (OLMoE's own config).
             config["num_experts"] = Value::from(count("expert_count")?);
@@ -914,6 +989,90 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         tensors,
         metadata,
     })
+}
+
+/// A boolean metadata value (`None` when absent).
+fn meta_bool(meta: &GgufMetadata, path: &Path, key: &str) -> Result<Option<bool>> {
+    match meta.get(key) {
+        None => Ok(None),
+        Some(GgufValue::Array(a)) if a.size() == 1 => a
+            .astype(Dtype::Bool)
+            .and_then(|b| b.item::<bool>())
+            .map(Some)
+            .map_err(|e| gguf_err(path, format!("metadata `{key}`: {e}"))),
+        Some(_) => Err(gguf_err(path, format!("metadata `{key}` is not a boolean"))),
+    }
+}
+
+/// GLM-4.5 (`glm4moe`) and dots.llm1 (`dots1`): mlx-lm's glm4_moe / dots1 arguments from the
+/// keys their converters write; both route with DeepSeek V3's sigmoid and correction bias
+/// (a softmax `expert_gating_func` is refused), group-limited, with shared experts after
+/// `leading_dense_block_count` dense layers. GLM-4.5's head size is `key_length` (its
+/// `rope.dimension_count` is the rotated part).
+fn grouped_moe_config(
+    config: &mut Value,
+    tensors: &BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    arch: &str,
+    default_head: i32,
+) -> Result<()> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let opt = |k: &str| meta_count(meta, path, &key(k));
+    let need = |k: &str| -> Result<i32> {
+        opt(k)?.ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
+    };
+    match opt("expert_gating_func")? {
+        None | Some(2) => {}
+        Some(g) => {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is {g}; mlx-lm's {arch} routes with sigmoid (2)",
+                    key("expert_gating_func")
+                ),
+            ))
+        }
+    }
+    let scale = match meta_f64(meta, &key("expert_weights_scale")) {
+        None if meta.contains_key(&key("expert_weights_scale")) => {
+            return Err(gguf_err(
+                path,
+                format!("metadata `{}` is not a number", key("expert_weights_scale")),
+            ))
+        }
+        None => 1.0,
+        Some(v) if v.is_finite() => v,
+        Some(v) => {
+            return Err(gguf_err(
+                path,
+                format!("metadata `{}` is {v}", key("expert_weights_scale")),
+            ))
+        }
+    };
+    let head_dim = opt("attention.key_length")?.unwrap_or(default_head);
+    config["head_dim"] = Value::from(head_dim);
+    config["n_routed_experts"] = Value::from(need("expert_count")?);
+    config["num_experts_per_tok"] = Value::from(need("expert_used_count")?);
+    config["moe_intermediate_size"] = Value::from(need("expert_feed_forward_length")?);
+    config["n_shared_experts"] = Value::from(opt("expert_shared_count")?.unwrap_or(0));
+    config["first_k_dense_replace"] = Value::from(opt("leading_dense_block_count")?.unwrap_or(0));
+    config["n_group"] = Value::from(opt("expert_group_count")?.unwrap_or(1));
+    config["topk_group"] = Value::from(opt("expert_group_used_count")?.unwrap_or(1));
+    config["routed_scaling_factor"] = Value::from(scale);
+    config["norm_topk_prob"] =
+        Value::from(meta_bool(meta, path, &key("expert_weights_norm"))?.unwrap_or(false));
+    config["rope_scaling"] = Value::Null;
+    let has = |t: &str| tensors.contains_key(t);
+    config["attention_bias"] = Value::from(has("model.layers.0.self_attn.q_proj.bias"));
+    if arch == "glm4moe" {
+        config["use_qk_norm"] = Value::from(has("model.layers.0.self_attn.q_norm.weight"));
+        let rot = opt("rope.dimension_count")?.unwrap_or(head_dim / 2);
+        config["partial_rotary_factor"] = Value::from(f64::from(rot) / f64::from(head_dim));
+    } else {
+        config["scoring_func"] = Value::from("noaux_tc");
+    }
+    Ok(())
 }
 
 /// Phi-3's long rope as llama.cpp writes it (`rope_factors_long` / `rope_factors_short`

@@ -176,6 +176,65 @@ def minicpm3(c, gguf):
     return m
 
 
+def moe_meta(arch, c, m):
+    """The expert keys TextModel and the GLM-4.5 / dots.llm1 converter classes write."""
+    m.num("expert_count", c["n_routed_experts"])
+    m.num("expert_used_count", c["num_experts_per_tok"])
+    m.num("expert_group_count", c["n_group"])
+    m.num("expert_group_used_count", c["topk_group"])
+    m.num("expert_feed_forward_length", c["moe_intermediate_size"])
+    m.num("expert_shared_count", c["n_shared_experts"])
+    m.num("leading_dense_block_count", c["first_k_dense_replace"])
+    m.f32("expert_weights_scale", c["routed_scaling_factor"])
+    m.flag("expert_weights_norm", c["norm_topk_prob"])
+    return m
+
+
+def glm4moe(c, gguf):
+    """Glm4MoeModel: head_dim as key / value length, the rotated part as rope dims, sigmoid
+    gating, and the MTP layer (block_count counts it) written after the main layers."""
+    n = c["num_hidden_layers"]
+    m = meta_common("glm4moe", {**c, "num_hidden_layers": n + 1}, head_dim=c["head_dim"],
+                    rope_dims=int(c["head_dim"] * c["partial_rotary_factor"]))
+    moe_meta("glm4moe", c, m)
+    m.num("expert_gating_func", 2)
+    m.num("nextn_predict_layers", 1)
+    # The MTP layer: a decoder layer (layer n-1's tensors, renamed) plus its nextn.* parts.
+    for k in [k for k in gguf if k.startswith(f"blk.{n - 1}.")]:
+        gguf[f"blk.{n}." + k.split(".", 2)[2]] = gguf[k] + 1
+    h = c["hidden_size"]
+    gguf[f"blk.{n}.nextn.eh_proj.weight"] = mx.ones((h, 2 * h))
+    for part in ("enorm", "hnorm", "shared_head_norm"):
+        gguf[f"blk.{n}.nextn.{part}.weight"] = mx.ones((h,))
+    return m
+
+
+def dots1(c, gguf):
+    """Dots1Model (Qwen2MoeModel's keys plus DeepSeek's); no gating function key (the
+    converter rejects `noaux_tc`; llama.cpp's dots1 is sigmoid)."""
+    m = meta_common("dots1", c)
+    return moe_meta("dots1", c, m)
+
+
+DEEPSEEK_MOE = {
+    "mlp.gate": "ffn_gate_inp",
+    "mlp.shared_experts.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_experts.up_proj": "ffn_up_shexp",
+    "mlp.shared_experts.down_proj": "ffn_down_shexp",
+}
+
+MOE_COMMON = {
+    "num_hidden_layers": 3,
+    "first_k_dense_replace": 1,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "n_shared_experts": 1,
+    "moe_intermediate_size": 16,
+    "norm_topk_prob": True,
+    "tie_word_embeddings": False,
+    "rope_scaling": None,
+}
+
 MLA = {
     "self_attn.q_a_proj": "attn_q_a",
     "self_attn.q_a_layernorm": "attn_q_a_norm",
@@ -341,10 +400,50 @@ CASES = {
         False,
         "model.layers",
     ),
+    # GLM-4.5: head_dim wider than hidden / heads, half of it rotated, q/k norms, biases,
+    # sigmoid router with groups, a leading dense layer, shared expert, one MTP layer.
+    "glm4moe": (
+        "glm4_moe",
+        {
+            **MOE_COMMON,
+            "head_dim": 16,
+            "partial_rotary_factor": 0.5,
+            "attention_bias": True,
+            "use_qk_norm": True,
+            "n_group": 2,
+            "topk_group": 1,
+            "routed_scaling_factor": 2.5,
+        },
+        glm4moe,
+        {**DEEPSEEK_MOE, "post_attention_layernorm": "post_attention_norm", **EXPERTS},
+        False,
+        "model.layers",
+    ),
+    "dots1": (
+        "dots1",
+        {
+            **MOE_COMMON,
+            "n_group": 1,
+            "topk_group": 1,
+            "routed_scaling_factor": 2.0,
+            "scoring_func": "noaux_tc",
+        },
+        dots1,
+        {
+            **DEEPSEEK_MOE,
+            "mlp.experts.gate_proj": "ffn_gate_exps",
+            "mlp.experts.up_proj": "ffn_up_exps",
+            "mlp.experts.down_proj": "ffn_down_exps",
+        },
+        False,
+        "model.layers",
+    ),
 }
 
 
 def to_gguf_name(name, parts, prefix):
+    if name.endswith(".mlp.gate.e_score_correction_bias"):
+        return f"blk.{name.split('.')[2]}.exp_probs_b.bias"
     module, suffix = name.rsplit(".", 1)
     if module in parts:
         return f"{parts[module]}.{suffix}"
