@@ -88,6 +88,8 @@ struct GgufArch {
     layers: &'static str,
     /// Top-level names that differ from llama's (`token_embd`, `output_norm`, `output`).
     top: &'static [(&'static str, &'static str)],
+    /// Names tried after `parts` (an architecture written by another's converter class).
+    base_parts: &'static [(&'static str, &'static str)],
     /// Reads the long-rope factor tensors ([`ROPE_TENSORS`]) into `rope_scaling`.
     rope_tensors: bool,
 }
@@ -104,8 +106,29 @@ const PLAIN: GgufArch = GgufArch {
     parts: &[],
     layers: "model.layers",
     top: &[],
+    base_parts: &[],
     rope_tensors: false,
 };
+
+const DEEPSEEK2_PARTS: &[(&str, &str)] = &[
+    ("attn_q_a", "self_attn.q_a_proj"),
+    ("attn_q_a_norm", "self_attn.q_a_layernorm"),
+    ("attn_q_b", "self_attn.q_b_proj"),
+    ("attn_kv_a_mqa", "self_attn.kv_a_proj_with_mqa"),
+    ("attn_kv_a_norm", "self_attn.kv_a_layernorm"),
+    ("attn_kv_b", "self_attn.kv_b_proj"),
+    ("attn_k_b", "self_attn.embed_q"),
+    ("attn_v_b", "self_attn.unembed_out"),
+    ("ffn_gate_inp", "mlp.gate"),
+    // `exp_probs_b.bias` -> `mlp.gate.e_score_correction_bias` (see `map_name`).
+    ("exp_probs_b", "mlp.gate.e_score_correction"),
+    ("ffn_gate_exps", "mlp.switch_mlp.gate_proj"),
+    ("ffn_up_exps", "mlp.switch_mlp.up_proj"),
+    ("ffn_down_exps", "mlp.switch_mlp.down_proj"),
+    ("ffn_gate_shexp", "mlp.shared_experts.gate_proj"),
+    ("ffn_up_shexp", "mlp.shared_experts.up_proj"),
+    ("ffn_down_shexp", "mlp.shared_experts.down_proj"),
+];
 
 const SHARED_EXPERT_PARTS: [(&str, &str); 3] = [
     ("ffn_gate_shexp", "mlp.shared_experts.gate_proj"),
@@ -272,25 +295,7 @@ const ARCHS: &[GgufArch] = &[
         model_type: "deepseek_v2",
         permute_qk: false,
         norm_plus_one: false,
-        parts: &[
-            ("attn_q_a", "self_attn.q_a_proj"),
-            ("attn_q_a_norm", "self_attn.q_a_layernorm"),
-            ("attn_q_b", "self_attn.q_b_proj"),
-            ("attn_kv_a_mqa", "self_attn.kv_a_proj_with_mqa"),
-            ("attn_kv_a_norm", "self_attn.kv_a_layernorm"),
-            ("attn_kv_b", "self_attn.kv_b_proj"),
-            ("attn_k_b", "self_attn.embed_q"),
-            ("attn_v_b", "self_attn.unembed_out"),
-            ("ffn_gate_inp", "mlp.gate"),
-            // `exp_probs_b.bias` -> `mlp.gate.e_score_correction_bias` (see `map_name`).
-            ("exp_probs_b", "mlp.gate.e_score_correction"),
-            ("ffn_gate_exps", "mlp.switch_mlp.gate_proj"),
-            ("ffn_up_exps", "mlp.switch_mlp.up_proj"),
-            ("ffn_down_exps", "mlp.switch_mlp.down_proj"),
-            ("ffn_gate_shexp", "mlp.shared_experts.gate_proj"),
-            ("ffn_up_shexp", "mlp.shared_experts.up_proj"),
-            ("ffn_down_shexp", "mlp.shared_experts.down_proj"),
-        ],
+        parts: DEEPSEEK2_PARTS,
         ..PLAIN
     },
     GgufArch {
@@ -426,6 +431,15 @@ const ARCHS: &[GgufArch] = &[
         ],
         ..PLAIN
     },
+    // Mistral Small 4 (llama.cpp's converter: its deepseek2 class under `mistral4`): MLA as
+    // deepseek_v3 reads it, a softmax router, gate and up experts fused.
+    GgufArch {
+        arch: "mistral4",
+        model_type: "mistral4",
+        parts: &[("ffn_gate_up_exps", "mlp.switch_mlp.gate_up_proj")],
+        base_parts: DEEPSEEK2_PARTS,
+        ..PLAIN
+    },
 ];
 
 /// `llama.cpp` tensor names to mlx-lm's, for `a`.
@@ -444,7 +458,12 @@ fn map_name(a: &GgufArch, name: &str) -> Option<String> {
         _ => {
             let rest = base.strip_prefix("blk.")?;
             let (layer, part) = rest.split_once('.')?;
-            let part = match a.parts.iter().find(|(from, _)| *from == part) {
+            let found = a
+                .parts
+                .iter()
+                .chain(a.base_parts)
+                .find(|(from, _)| *from == part);
+            let part = match found {
                 Some((_, to)) => *to,
                 None => match part {
                     "attn_q" => "self_attn.q_proj",
@@ -714,6 +733,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                 .collect(),
         )));
     }
+    split_gate_up(&mut tensors)?;
     let tied = !tensors.contains_key("lm_head.weight");
     let head_dim = match meta_count(&metadata, path, &key("attention.key_length"))? {
         Some(d) => Some(i64::from(d)),
@@ -972,7 +992,9 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             config["mlp_bias"] =
                 Value::from(tensors.contains_key("transformer.h.0.mlp.c_proj.bias"));
         }
-        "deepseek2" => deepseek2_config(&mut config, &mut tensors, path, &metadata, heads)?,
+        "deepseek2" | "mistral4" => {
+            deepseek2_config(&mut config, &mut tensors, path, &metadata, heads, arch.arch)?
+        }
         _ => {}
     }
     if let Some(name) = rope_tensors.keys().next() {
@@ -989,6 +1011,35 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         tensors,
         metadata,
     })
+}
+
+/// llama.cpp's fused `ffn_gate_up_exps` `(experts, 2 * ffn, hidden)` (and its quantization
+/// scales and biases, row by row alike) split in halves along the rows into mlx-lm's
+/// `switch_mlp.gate_proj` and `switch_mlp.up_proj`, gate first (mistral4.py's sanitize).
+fn split_gate_up(tensors: &mut BTreeMap<String, Array>) -> Result<()> {
+    let fused: Vec<String> = tensors
+        .keys()
+        .filter(|k| k.contains(".switch_mlp.gate_up_proj."))
+        .cloned()
+        .collect();
+    for k in fused {
+        let Some(a) = tensors.remove(&k) else {
+            continue;
+        };
+        let rows = if a.ndim() == 3 { a.shape()[1] } else { -1 };
+        if rows <= 0 || rows % 2 != 0 {
+            return Err(ModelError::Weights(vec![format!(
+                "GGUF tensor {k}: shape {:?} is not (experts, 2 * ffn, hidden)",
+                a.shape()
+            )]));
+        }
+        let parts = ops::split_equal(&a, 2, 1, None)?;
+        let [gate, up] = <[Array; 2]>::try_from(parts)
+            .map_err(|_| ModelError::Weights(vec![format!("GGUF tensor {k}: split failed")]))?;
+        tensors.insert(k.replace(".gate_up_proj.", ".gate_proj."), gate);
+        tensors.insert(k.replace(".gate_up_proj.", ".up_proj."), up);
+    }
+    Ok(())
 }
 
 /// A boolean metadata value (`None` when absent).
@@ -1169,8 +1220,10 @@ fn deepseek2_config(
     path: &Path,
     meta: &GgufMetadata,
     heads: i32,
+    arch: &str,
 ) -> Result<()> {
-    let key = |k: &str| format!("deepseek2.{k}");
+    let mistral4 = arch == "mistral4";
+    let key = |k: &str| format!("{arch}.{k}");
     let opt = |k: &str| meta_count(meta, path, &key(k));
     let need = |k: &str| -> Result<i32> {
         opt(k)?.ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
@@ -1220,13 +1273,23 @@ fn deepseek2_config(
     let gating = opt("expert_gating_func")?;
     let v3 = match gating {
         None | Some(1) => false,
-        Some(2) => true,
+        Some(2) if !mistral4 => true,
         Some(g) => {
             return Err(gguf_err(
                 path,
                 format!(
-                    "metadata `{}` is {g}; mlx-lm routes with softmax (1) or sigmoid (2)",
-                    key("expert_gating_func")
+                    "metadata `{}` is {g}; mlx-lm's {} routes with {}",
+                    key("expert_gating_func"),
+                    if mistral4 {
+                        "mistral4"
+                    } else {
+                        "deepseek_v2 / v3"
+                    },
+                    if mistral4 {
+                        "softmax (1)"
+                    } else {
+                        "softmax (1) or sigmoid (2)"
+                    }
                 ),
             ))
         }
@@ -1235,10 +1298,12 @@ fn deepseek2_config(
         .as_object_mut()
         .ok_or_else(|| gguf_err(path, "internal: the config is not a map"))?;
     c.remove("head_dim");
-    c.insert(
-        "model_type".into(),
-        Value::from(if v3 { "deepseek_v3" } else { "deepseek_v2" }),
-    );
+    let model_type = match (mistral4, v3) {
+        (true, _) => "mistral4",
+        (false, true) => "deepseek_v3",
+        (false, false) => "deepseek_v2",
+    };
+    c.insert("model_type".into(), Value::from(model_type));
     c.insert("num_key_value_heads".into(), Value::from(heads));
     c.insert(
         "q_lora_rank".into(),
@@ -1294,7 +1359,9 @@ fn deepseek2_config(
             }
         };
         c.insert("norm_topk_prob".into(), Value::from(norm));
-        if v3 {
+        if mistral4 {
+            // mistral4.py's router: softmax, group-limited when n_group > 1.
+        } else if v3 {
             c.insert("topk_method".into(), Value::from("noaux_tc"));
             c.insert("scoring_func".into(), Value::from("sigmoid"));
         } else {
@@ -1344,6 +1411,34 @@ fn deepseek2_config(
             ))
         }
     };
+    if mistral4 {
+        // mistral4.py reads `rope_parameters` (YaRN plus Llama 4's query scale, whose beta
+        // the HF converter does not write: llama.cpp then scales by 1, as beta 0 does).
+        let Some(mut rp) = scaling else {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is not yarn; Mistral 4 needs it",
+                    key("rope.scaling.type")
+                ),
+            ));
+        };
+        if rp.get("mscale_all_dim").is_none() {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is missing",
+                    key("rope.scaling.yarn_log_multiplier")
+                ),
+            ));
+        }
+        rp["rope_type"] = Value::from("yarn");
+        rp["rope_theta"] = c.get("rope_theta").cloned().unwrap_or(Value::from(10000.0));
+        rp["llama_4_scaling_beta"] =
+            Value::from(num("attention.temperature_scale")?.unwrap_or(0.0));
+        c.insert("rope_parameters".into(), rp);
+        return Ok(());
+    }
     match scaling {
         Some(rs) => {
             c.insert("rope_scaling".into(), rs);

@@ -49,13 +49,16 @@ fn gguf_files_of_every_mapped_architecture_match_mlx_lm() {
 /// llama.cpp's `deepseek2` (`cargo xtask goldens gguf_mla`): DeepSeek V2 (softmax router, YaRN,
 /// `attn_q`) from a file with the split `attn_k_b` / `attn_v_b` and from one with the older
 /// whole `attn_kv_b` and head sizes, both against the same mlx-lm model; DeepSeek V3 (sigmoid
-/// router with `exp_probs_b`, groups, `q_lora_rank`).
+/// router with `exp_probs_b`, groups, `q_lora_rank`); Mistral Small 4 (llama.cpp's `mistral4`,
+/// written by the same converter class: softmax router, fused `ffn_gate_up_exps`, YaRN as
+/// `rope_parameters`).
 #[test]
 fn deepseek2_gguf_files_match_mlx_lm() {
     let cases = [
         ("deepseek2_v2", "deepseek2_v2", "deepseek_v2"),
         ("deepseek2_v2_kvb", "deepseek2_v2", "deepseek_v2"),
         ("deepseek2_v3", "deepseek2_v3", "deepseek_v3"),
+        ("mistral4", "mistral4", "mistral4"),
     ];
     let failures: Vec<String> = cases
         .iter()
@@ -79,6 +82,7 @@ fn deepseek2_gguf_files_match_mlx_lm() {
         .collect();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     assert!(supported_gguf_architectures().contains(&"deepseek2"));
+    assert!(supported_gguf_architectures().contains(&"mistral4"));
 }
 
 /// The later architectures (`cargo xtask goldens gguf_more`), written with only the metadata

@@ -88,6 +88,34 @@ CASES = {
         "split",
         "deepseek2_v3",
     ),
+    # Mistral Small 4 (llama.cpp's `mistral4`: its DeepseekV2Model under another name):
+    # softmax router without a gating key, q_lora_rank, the experts' gate and up fused
+    # (`ffn_gate_up_exps`), YaRN from rope_parameters; no Llama 4 query scale in the file
+    # (the HF converter writes none), so its beta is 0.
+    "mistral4": (
+        "mistral4",
+        {
+            "q_lora_rank": 24,
+            "norm_topk_prob": True,
+            "n_group": 1,
+            "topk_group": 1,
+            "routed_scaling_factor": 1.5,
+            "rope_parameters": {
+                "type": "yarn",
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 8,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+                "llama_4_scaling_beta": 0.0,
+            },
+        },
+        "split",
+        "mistral4",
+    ),
 }
 
 # mlx-lm names (HF's, experts stacked) -> llama.cpp's (gguf-py's tensor_mapping.py).
@@ -141,9 +169,16 @@ def hf_weights(model, c):
 
 
 def convert(hf, c, layout):
-    """convert_hf_to_gguf's DeepseekV2Model.modify_tensors on stacked experts."""
+    """convert_hf_to_gguf's DeepseekV2Model.modify_tensors on stacked experts (Mistral 4's
+    gate and up experts fused, as its checkpoint stores them)."""
     h, nope, v = c["num_attention_heads"], c["qk_nope_head_dim"], c["v_head_dim"]
     out = {}
+    if c["model_type"] == "mistral4":
+        for l in range(c["num_hidden_layers"]):
+            p = f"model.layers.{l}.mlp.switch_mlp"
+            if f"{p}.gate_proj.weight" in hf:
+                gate, up = hf.pop(f"{p}.gate_proj.weight"), hf.pop(f"{p}.up_proj.weight")
+                out[f"blk.{l}.ffn_gate_up_exps.weight"] = mx.concatenate([gate, up], axis=1)
     for k, a in hf.items():
         if k.endswith("kv_b_proj.weight") and layout == "split":
             kv_b = a.reshape(h, nope + v, a.shape[-1])
@@ -157,7 +192,7 @@ def convert(hf, c, layout):
 
 
 def metadata(c, layout):
-    arch = "deepseek2"
+    arch = "mistral4" if c["model_type"] == "mistral4" else "deepseek2"
     meta = Meta(arch)
     m, num = meta.m, meta.num
 
@@ -170,7 +205,8 @@ def metadata(c, layout):
     num("rope.freq_base", c["rope_theta"], mx.float32)
     num("attention.layer_norm_rms_epsilon", c["rms_norm_eps"], mx.float32)
     num("expert_used_count", c["num_experts_per_tok"])
-    num("expert_gating_func", {"softmax": 1, "sigmoid": 2}[c["scoring_func"]])
+    if "scoring_func" in c:
+        num("expert_gating_func", {"softmax": 1, "sigmoid": 2}[c["scoring_func"]])
     if c.get("n_group") is not None:
         num("expert_group_count", c["n_group"])
         num("expert_group_used_count", c["topk_group"])
@@ -194,7 +230,7 @@ def metadata(c, layout):
     if c.get("norm_topk_prob"):
         m[f"{arch}.expert_weights_norm"] = mx.array(True)
     num("rope.dimension_count", c["qk_rope_head_dim"])
-    rs = c.get("rope_scaling")
+    rs = c.get("rope_parameters") or c.get("rope_scaling")
     if rs:
         m[f"{arch}.rope.scaling.type"] = "yarn"
         num("rope.scaling.factor", rs["factor"], mx.float32)
