@@ -90,12 +90,17 @@ struct GgufArch {
     top: &'static [(&'static str, &'static str)],
     /// Names tried after `parts` (an architecture written by another's converter class).
     base_parts: &'static [(&'static str, &'static str)],
-    /// Reads the long-rope factor tensors ([`ROPE_TENSORS`]) into `rope_scaling`.
+    /// Reads the rope factor tensors ([`ROPE_TENSORS`]: Phi-3's long rope, Llama 3's
+    /// `rope_freqs`) into `rope_scaling`.
     rope_tensors: bool,
 }
 
 /// Tensors llama.cpp writes for rope scaling, which mlx-lm's configs hold as numbers.
-const ROPE_TENSORS: &[&str] = &["rope_factors_long.weight", "rope_factors_short.weight"];
+const ROPE_TENSORS: &[&str] = &[
+    "rope_factors_long.weight",
+    "rope_factors_short.weight",
+    "rope_freqs.weight",
+];
 
 /// The fields most architectures share (llama's names, nothing permuted or shifted).
 const PLAIN: GgufArch = GgufArch {
@@ -167,6 +172,7 @@ const ARCHS: &[GgufArch] = &[
         permute_qk: true,
         norm_plus_one: false,
         parts: &[],
+        rope_tensors: true,
         ..PLAIN
     },
     GgufArch {
@@ -276,6 +282,7 @@ const ARCHS: &[GgufArch] = &[
         permute_qk: true,
         norm_plus_one: false,
         parts: &[],
+        rope_tensors: true,
         ..PLAIN
     },
     // Ministral 3 (llama.cpp's converter writes it through its llama class: Q / K permuted).
@@ -317,6 +324,7 @@ const ARCHS: &[GgufArch] = &[
         arch: "smollm3",
         model_type: "smollm3",
         permute_qk: true,
+        rope_tensors: true,
         ..PLAIN
     },
     GgufArch {
@@ -345,6 +353,7 @@ const ARCHS: &[GgufArch] = &[
             ("token_embd", "transformer.wte"),
             ("output_norm", "transformer.ln_f"),
         ],
+        rope_tensors: true,
         ..PLAIN
     },
     GgufArch {
@@ -997,6 +1006,9 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         }
         _ => {}
     }
+    if let Some(f) = rope_tensors.remove("rope_freqs.weight") {
+        llama3_rope(&mut config, &f, path, hidden / heads)?;
+    }
     if let Some(name) = rope_tensors.keys().next() {
         return Err(ModelError::Weights(vec![format!(
             "unexpected GGUF tensor: {name}"
@@ -1039,6 +1051,115 @@ fn split_gate_up(tensors: &mut BTreeMap<String, Array>) -> Result<()> {
         tensors.insert(k.replace(".gate_up_proj.", ".gate_proj."), gate);
         tensors.insert(k.replace(".gate_up_proj.", ".up_proj."), up);
     }
+    Ok(())
+}
+
+/// Llama 3's rope scaling from llama.cpp's `rope_freqs` tensor. The converter stores only the
+/// per-frequency factors (1 above the high-frequency wavelength, `factor` below the
+/// low-frequency one, a smooth blend between) that mlx-lm's `Llama3RoPE` computes from
+/// `factor`, `low_freq_factor`, `high_freq_factor` and `original_max_position_embeddings`: the
+/// parameters are recovered (low_freq_factor 1, as every Llama 3 has; the other two solved
+/// from the blended factors, `high_freq_factor` 4 when fewer than two are blended) and
+/// checked by recomputing every factor; factors no such parameters give are refused.
+fn llama3_rope(config: &mut Value, f: &Array, path: &Path, default_head: i32) -> Result<()> {
+    let bad = |why: String| gguf_err(path, format!("tensor rope_freqs: {why}"));
+    let got: Vec<f64> = f
+        .astype(Dtype::Float32)
+        .and_then(|a| a.to_vec::<f32>())
+        .map_err(|e| bad(e.to_string()))?
+        .into_iter()
+        .map(f64::from)
+        .collect();
+    let dim = config["head_dim"]
+        .as_i64()
+        .unwrap_or(i64::from(default_head));
+    if f.ndim() != 1 || got.len() as i64 * 2 != dim {
+        return Err(bad(format!(
+            "shape {:?}, expected ({},) for head size {dim}",
+            f.shape(),
+            dim / 2
+        )));
+    }
+    if got.iter().any(|x| !x.is_finite() || *x < 1.0) {
+        return Err(bad("a factor below 1 or not finite".into()));
+    }
+    let factor = got.iter().cloned().fold(1.0, f64::max);
+    if factor == 1.0 {
+        return Ok(()); // no scaling
+    }
+    let base = config["rope_theta"].as_f64().unwrap_or(10000.0);
+    let wavelen: Vec<f64> = (0..got.len())
+        .map(|i| 2.0 * std::f64::consts::PI * base.powf(2.0 * i as f64 / dim as f64))
+        .collect();
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-4 * b.abs().max(1.0);
+    // smooth = (old / wavelen - low) / (high - low), from a blended factor r.
+    let smooth = |r: f64| (1.0 / r - 1.0 / factor) / (1.0 - 1.0 / factor);
+    let blended: Vec<usize> = (0..got.len())
+        .filter(|&i| !close(got[i], 1.0) && !close(got[i], factor))
+        .collect();
+    let low = 1.0;
+    let (old, high) = match blended.as_slice() {
+        [] | [_] => {
+            let high = 4.0;
+            let old = match blended.first() {
+                Some(&i) => ((3.0 * smooth(got[i]) + 1.0) * wavelen[i]).round(),
+                None => {
+                    // Any context between the classes gives the same factors.
+                    let lo = (0..got.len())
+                        .filter(|&i| close(got[i], 1.0))
+                        .map(|i| wavelen[i] * high)
+                        .fold(0.0, f64::max);
+                    let hi = (0..got.len())
+                        .filter(|&i| close(got[i], factor))
+                        .map(|i| wavelen[i])
+                        .fold(f64::INFINITY, f64::min);
+                    if (lo..hi).contains(&8192.0) {
+                        8192.0
+                    } else {
+                        ((lo + hi.min(lo * 2.0)) / 2.0).round()
+                    }
+                }
+            };
+            (old, high)
+        }
+        [.., _] => {
+            // s = a / wavelen - b with a = old / (high - low), b = low / (high - low).
+            let (i, j) = (blended[0], blended[blended.len() - 1]);
+            let (si, sj) = (smooth(got[i]), smooth(got[j]));
+            let a = (si - sj) / (1.0 / wavelen[i] - 1.0 / wavelen[j]);
+            let b = a / wavelen[i] - si;
+            if !(b > 0.0 && a > 0.0) {
+                return Err(bad("the blended factors are not Llama 3's".into()));
+            }
+            let high = low + 1.0 / b;
+            let high = format!("{high:.6e}").parse::<f64>().unwrap_or(high);
+            ((a / b).round(), high)
+        }
+    };
+    let expect = |w: f64| -> f64 {
+        if w < old / high {
+            1.0
+        } else if w > old / low {
+            factor
+        } else {
+            let s = (old / w - low) / (high - low);
+            1.0 / ((1.0 - s) / factor + s)
+        }
+    };
+    if let Some(i) = (0..got.len()).find(|&i| !close(expect(wavelen[i]), got[i])) {
+        return Err(bad(format!(
+            "factor {i} is {}, which no Llama 3 rope scaling gives (recovered factor {factor}, \
+             low 1, high {high}, original context {old})",
+            got[i]
+        )));
+    }
+    config["rope_scaling"] = json!({
+        "rope_type": "llama3",
+        "factor": factor,
+        "low_freq_factor": low,
+        "high_freq_factor": high,
+        "original_max_position_embeddings": old as i64,
+    });
     Ok(())
 }
 
@@ -1562,4 +1683,66 @@ pub fn load_gguf_model_with(
     let weights = Weights::new(g.tensors.clone(), None, opts.dtype);
     let model = build(&g.config, weights)?;
     Ok((model, g))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `LlamaModel.generate_extra_tensors`'s factors in f32, as llama.cpp's converter
+    /// computes them (torch float32).
+    fn converter_factors(
+        base: f32,
+        dim: i32,
+        factor: f32,
+        low: f32,
+        high: f32,
+        old: f32,
+    ) -> Vec<f32> {
+        (0..dim / 2)
+            .map(|i| {
+                let freq = 1.0f32 / base.powf((2 * i) as f32 / dim as f32);
+                let wavelen = (2.0 * std::f64::consts::PI) as f32 / freq;
+                if wavelen < old / high {
+                    1.0
+                } else if wavelen > old / low {
+                    factor
+                } else {
+                    let s = (old / wavelen - low) / (high - low);
+                    1.0 / ((1.0 - s) / factor + s)
+                }
+            })
+            .collect()
+    }
+
+    /// Llama 3.1 (factor 8) and 3.2 (factor 32) as released (theta 500000, head 128, original
+    /// context 8192, low 1, high 4): the parameters come back exactly.
+    #[test]
+    fn llama3_rope_parameters_are_recovered_from_rope_freqs() -> Result<()> {
+        for factor in [8.0f32, 32.0] {
+            let f = converter_factors(500_000.0, 128, factor, 1.0, 4.0, 8192.0);
+            let a = Array::from_slice(&f, &[64])?;
+            let mut config = json!({"head_dim": 128, "rope_theta": 500000.0});
+            llama3_rope(&mut config, &a, Path::new("x.gguf"), 128)?;
+            assert_eq!(
+                config["rope_scaling"],
+                json!({
+                    "rope_type": "llama3",
+                    "factor": f64::from(factor),
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 8192,
+                })
+            );
+        }
+        // Factors no Llama 3 scaling gives are refused, naming the tensor.
+        let mut f = converter_factors(500_000.0, 128, 8.0, 1.0, 4.0, 8192.0);
+        f[40] = 3.0;
+        f[10] = 5.0;
+        let a = Array::from_slice(&f, &[64])?;
+        let mut config = json!({"head_dim": 128, "rope_theta": 500000.0});
+        let e = llama3_rope(&mut config, &a, Path::new("x.gguf"), 128).unwrap_err();
+        assert!(e.to_string().contains("rope_freqs"), "{e}");
+        Ok(())
+    }
 }

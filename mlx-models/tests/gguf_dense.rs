@@ -91,6 +91,7 @@ fn deepseek2_gguf_files_match_mlx_lm() {
 #[test]
 fn later_gguf_architectures_match_mlx_lm() {
     let cases = [
+        ("llama3", "llama"),
         ("smollm3", "smollm3"),
         ("starcoder2", "starcoder2"),
         ("exaone", "exaone"),

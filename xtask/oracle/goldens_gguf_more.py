@@ -84,6 +84,34 @@ def meta_common(arch, c, eps="rms", vocab_size=False, rope_dims=None, head_dim=N
     return m
 
 
+def llama3_rope_freqs(c, gguf):
+    """LlamaModel.generate_extra_tensors for a llama3 rope (torch float32 there, numpy's
+    here): the per-frequency factors llama.cpp divides its frequencies by."""
+    import numpy as np
+
+    rp = c["rope_scaling"]
+    base = c["rope_theta"]
+    dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    freqs = np.float32(1.0) / (np.float32(base) ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)))
+    factor, low, high, old = rp["factor"], rp["low_freq_factor"], rp["high_freq_factor"], rp["original_max_position_embeddings"]
+    out = []
+    for freq in freqs:
+        wavelen = np.float32(2 * math.pi) / freq
+        if wavelen < old / high:
+            out.append(1)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (np.float32(old) / wavelen - np.float32(low)) / np.float32(high - low)
+            out.append(np.float32(1) / ((np.float32(1) - smooth) / np.float32(factor) + smooth))
+    gguf["rope_freqs.weight"] = mx.array(np.array(out, dtype=np.float32))
+
+
+def llama3(c, gguf):
+    llama3_rope_freqs(c, gguf)
+    return meta_common("llama", c, vocab_size=True, rope_dims=c.get("head_dim"), head_dim=c.get("head_dim"))
+
+
 def smollm3(c):
     # SmolLM3Model(LlamaModel): Q / K permuted, no-rope layers fixed at every 4th in llama.cpp.
     return meta_common("smollm3", c, vocab_size=True, rope_dims=c["hidden_size"] // c["num_attention_heads"])
@@ -255,6 +283,26 @@ FACTORS = {
 # name: (model_type, config overrides, metadata writer, extra name map, permute Q / K,
 #        layer prefix of the mlx-lm names)
 CASES = {
+    # Llama 3.1's rope (llama.cpp stores the factors as `rope_freqs`, not the parameters):
+    # two frequencies in the smoothed band, one of each outside it.
+    "llama3": (
+        "llama",
+        {
+            "head_dim": 16,
+            "tie_word_embeddings": False,
+            "rope_scaling": {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 2048,
+            },
+        },
+        llama3,
+        {},
+        True,
+        "model.layers",
+    ),
     # 4 layers: the 4th has no rope.
     "smollm3": (
         "smollm3",
