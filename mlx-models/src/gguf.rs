@@ -449,6 +449,35 @@ const ARCHS: &[GgufArch] = &[
         base_parts: DEEPSEEK2_PARTS,
         ..PLAIN
     },
+    // Qwen3-Next: gated-delta layers (`ssm_*`; `attn_qkv` + `attn_gate` are the regrouped
+    // `in_proj_qkvz`, `ssm_a` is -exp(A_log)) between gated full-attention layers, experts
+    // with a gated shared expert; norms stored as 1 + w, mlx-lm's own parameter.
+    GgufArch {
+        arch: "qwen3next",
+        model_type: "qwen3_next",
+        parts: &[
+            ("attn_q_norm", "self_attn.q_norm"),
+            ("attn_k_norm", "self_attn.k_norm"),
+            ("post_attention_norm", "post_attention_layernorm"),
+            EXPERT_PARTS[0],
+            EXPERT_PARTS[1],
+            EXPERT_PARTS[2],
+            EXPERT_PARTS[3],
+            ("ffn_gate_inp_shexp", "mlp.shared_expert_gate"),
+            ("ffn_gate_shexp", "mlp.shared_expert.gate_proj"),
+            ("ffn_up_shexp", "mlp.shared_expert.up_proj"),
+            ("ffn_down_shexp", "mlp.shared_expert.down_proj"),
+            ("ssm_ba", "linear_attn.in_proj_ba"),
+            ("ssm_norm", "linear_attn.norm"),
+            ("ssm_out", "linear_attn.out_proj"),
+            ("ssm_conv1d", "linear_attn.conv1d"),
+            // Joined into `in_proj_qkvz` and renamed by `qwen3next_config`.
+            ("attn_qkv", "linear_attn.gguf_qkv"),
+            ("attn_gate", "linear_attn.gguf_z"),
+            ("ssm_dt", "linear_attn.gguf_dt"),
+        ],
+        ..PLAIN
+    },
 ];
 
 /// `llama.cpp` tensor names to mlx-lm's, for `a`.
@@ -704,6 +733,18 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         if ROPE_TENSORS.contains(&name.as_str()) && arch.rope_tensors {
             rope_tensors.insert(name, a);
             continue;
+        }
+        if arch.arch == "qwen3next" {
+            // `blk.N.ssm_a` (no suffix): -exp(A_log), read back as mlx-lm's A_log.
+            if let Some(layer) = name
+                .strip_prefix("blk.")
+                .and_then(|r| r.strip_suffix(".ssm_a"))
+                .filter(|l| l.parse::<u32>().is_ok())
+            {
+                let a_log = ops::log(&ops::negative(&a, None)?, None)?;
+                tensors.insert(format!("model.layers.{layer}.linear_attn.A_log"), a_log);
+                continue;
+            }
         }
         match map_name(arch, &name) {
             Some(m) => {
@@ -975,6 +1016,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             arch.arch,
             hidden / heads,
         )?,
+        "qwen3next" => qwen3next_config(&mut config, &mut tensors, path, &metadata, blocks)?,
         "olmoe" => {
             // llama.cpp's olmoe does not renormalize the top-k weights (OLMoE's own config).
             config["num_experts"] = Value::from(count("expert_count")?);
@@ -1160,6 +1202,151 @@ fn llama3_rope(config: &mut Value, f: &Array, path: &Path, default_head: i32) ->
         "high_freq_factor": high,
         "original_max_position_embeddings": old as i64,
     });
+    Ok(())
+}
+
+/// llama.cpp's `qwen3next` as mlx-lm's qwen3_next: the gated-delta sizes from the `ssm.*`
+/// keys (`state_size` the key head size, `group_count` the key heads, `time_step_rank` the
+/// value heads, `inner_size` their width), the layer pattern from `full_attention_interval`
+/// (an `attention.recurrent_layers` list must follow it), experts renormalized as llama.cpp
+/// does; and the tensors back in mlx-lm's form: `attn_qkv` / `attn_gate` regrouped per key
+/// head into `in_proj_qkvz`, the conv kernel given its trailing axis, `ssm_dt.bias` as
+/// `dt_bias`.
+fn qwen3next_config(
+    config: &mut Value,
+    tensors: &mut BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    blocks: i32,
+) -> Result<()> {
+    let key = |k: &str| format!("qwen3next.{k}");
+    let need = |k: &str| -> Result<i32> {
+        meta_count(meta, path, &key(k))?
+            .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
+    };
+    let (nk, dk, nv, inner) = (
+        need("ssm.group_count")?,
+        need("ssm.state_size")?,
+        need("ssm.time_step_rank")?,
+        need("ssm.inner_size")?,
+    );
+    if inner % nv != 0 || nv % nk != 0 {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata: `ssm.inner_size` {inner}, `ssm.time_step_rank` {nv} and \
+                 `ssm.group_count` {nk} do not divide into heads"
+            ),
+        ));
+    }
+    let dv = inner / nv;
+    let interval = meta_count(meta, path, &key("full_attention_interval"))?.unwrap_or(4);
+    if let Some(GgufValue::Array(a)) = meta.get(&key("attention.recurrent_layers")) {
+        let flags: Vec<bool> = a
+            .astype(Dtype::Bool)
+            .and_then(|b| b.to_vec::<bool>())
+            .map_err(|e| gguf_err(path, format!("metadata `attention.recurrent_layers`: {e}")))?;
+        let ok =
+            (0..blocks as usize).all(|i| flags.get(i) == Some(&((i as i32 + 1) % interval != 0)));
+        if !ok {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is not every {interval}th layer full attention, the only \
+                     pattern mlx-lm's qwen3_next has",
+                    key("attention.recurrent_layers")
+                ),
+            ));
+        }
+    }
+    let head_dim = config["head_dim"].as_i64().unwrap_or(0);
+    let rot = need("rope.dimension_count")?;
+    if head_dim <= 0 {
+        return Err(gguf_err(
+            path,
+            format!("metadata `{}` is missing", key("attention.key_length")),
+        ));
+    }
+    config["partial_rotary_factor"] = Value::from(f64::from(rot) / head_dim as f64);
+    config["linear_num_key_heads"] = Value::from(nk);
+    config["linear_key_head_dim"] = Value::from(dk);
+    config["linear_num_value_heads"] = Value::from(nv);
+    config["linear_value_head_dim"] = Value::from(dv);
+    config["linear_conv_kernel_dim"] = Value::from(need("ssm.conv_kernel")?);
+    config["full_attention_interval"] = Value::from(interval);
+    config["num_experts"] = Value::from(need("expert_count")?);
+    config["num_experts_per_tok"] = Value::from(need("expert_used_count")?);
+    config["moe_intermediate_size"] = Value::from(need("expert_feed_forward_length")?);
+    config["shared_expert_intermediate_size"] =
+        Value::from(need("expert_shared_feed_forward_length")?);
+    config["decoder_sparse_step"] = Value::from(1);
+    let dense: Vec<i32> = (0..blocks)
+        .filter(|l| tensors.contains_key(&format!("model.layers.{l}.mlp.gate_proj.weight")))
+        .collect();
+    config["mlp_only_layers"] = json!(dense);
+    config["norm_topk_prob"] = Value::from(true);
+    config["attention_bias"] = Value::from(
+        (0..blocks)
+            .any(|l| tensors.contains_key(&format!("model.layers.{l}.self_attn.q_proj.bias"))),
+    );
+
+    let bad = |what: String| ModelError::Weights(vec![what]);
+    let names: Vec<String> = tensors.keys().cloned().collect();
+    for k in names {
+        if let Some(p) = k.strip_suffix(".linear_attn.gguf_dt.bias") {
+            let a = tensors.remove(&k).ok_or_else(|| bad(k.clone()))?;
+            tensors.insert(format!("{p}.linear_attn.dt_bias"), a);
+        } else if k.ends_with(".linear_attn.conv1d.weight") {
+            let a = tensors.remove(&k).ok_or_else(|| bad(k.clone()))?;
+            let a = match a.shape().as_slice() {
+                &[c, w] => a.reshape(&[c, w, 1])?,
+                s => {
+                    return Err(bad(format!(
+                        "GGUF {k}: shape {s:?}, expected (channels, kernel)"
+                    )))
+                }
+            };
+            tensors.insert(k, a);
+        } else if let Some(rest) = k.split_once(".linear_attn.gguf_qkv.") {
+            let (p, suffix) = rest;
+            let qkv = tensors.remove(&k).ok_or_else(|| bad(k.clone()))?;
+            let zk = format!("{p}.linear_attn.gguf_z.{suffix}");
+            let z = tensors
+                .remove(&zk)
+                .ok_or_else(|| bad(format!("{k} without its attn_gate")))?;
+            let cols = qkv.shape().last().copied().unwrap_or(0);
+            let rows = qkv.shape().first().copied().unwrap_or(0);
+            let r = nv / nk;
+            if qkv.ndim() != 2
+                || z.ndim() != 2
+                || rows != nk * (2 * dk + r * dv)
+                || z.shape()[0] != nk * r * dv
+                || z.shape()[1] != cols
+            {
+                return Err(bad(format!(
+                    "GGUF {k} {:?} / attn_gate {:?} are not ({nk} key heads x (2 x {dk} + {} ), \
+                     columns) / ({nk} x {}, columns)",
+                    qkv.shape(),
+                    z.shape(),
+                    r * dv,
+                    r * dv
+                )));
+            }
+            let parts = ops::split_at(&qkv, &[nk * dk, 2 * nk * dk], 0, None)?;
+            let [q, kk, v] = <[Array; 3]>::try_from(parts)
+                .map_err(|_| bad(format!("GGUF {k}: split failed")))?;
+            let q = q.reshape(&[nk, dk, cols])?;
+            let kk = kk.reshape(&[nk, dk, cols])?;
+            let v = v.reshape(&[nk, r * dv, cols])?;
+            let z = z.reshape(&[nk, r * dv, cols])?;
+            let joined = ops::concatenate(&[&q, &kk, &v, &z], 1, None)?;
+            let joined = joined.reshape(&[nk * (2 * dk + 2 * r * dv), cols])?;
+            tensors.insert(format!("{p}.linear_attn.in_proj_qkvz.{suffix}"), joined);
+        }
+    }
+    if let Some(k) = tensors.keys().find(|k| k.contains(".gguf_")) {
+        return Err(bad(format!("GGUF tensor for {k} without its partner")));
+    }
     Ok(())
 }
 

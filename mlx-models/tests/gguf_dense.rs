@@ -102,6 +102,7 @@ fn later_gguf_architectures_match_mlx_lm() {
         ("minicpm3", "minicpm3"),
         ("glm4moe", "glm4_moe"),
         ("dots1", "dots1"),
+        ("qwen3next", "qwen3_next"),
     ];
     let failures: Vec<String> = cases
         .iter()
@@ -132,6 +133,7 @@ fn later_gguf_architectures_match_mlx_lm() {
         "minicpm3",
         "glm4moe",
         "dots1",
+        "qwen3next",
     ] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }

@@ -521,3 +521,134 @@ for i, (name, (model_type, overrides, meta, extra, permute_qk, prefix)) in enume
     m = meta(config, gguf) if meta.__code__.co_argcount == 2 else meta(config)
     write_gguf(name, gguf, m)
     record(model, name, __file__)
+
+
+# Qwen3-Next (`qwen3next`): Qwen3NextModel.modify_tensors' conversions, which change values,
+# so the golden is mlx-lm on the weights read back from the file (as the Gemma norms are in
+# goldens_gguf_dense.py): `A_log` stored as `ssm_a = -exp(A_log)` (read back as
+# `log(-ssm_a)`), `in_proj_qkvz` regrouped into `attn_qkv` (q, k, v of every head) and
+# `attn_gate` (z), conv1d squeezed to (channels, kernel), `dt_bias` as `ssm_dt.bias`; the
+# norms are stored as 1 + w, which is mlx-lm's own parameter. The file also holds one MTP
+# layer (nextn_predict_layers), which is skipped.
+QWEN3NEXT = {
+    **BASE,
+    "model_type": "qwen3_next",
+    "num_hidden_layers": 4,
+    "full_attention_interval": 2,
+    "head_dim": 8,
+    "linear_num_value_heads": 4,
+    "linear_num_key_heads": 2,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 8,
+    "linear_conv_kernel_dim": 4,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "shared_expert_intermediate_size": 16,
+    "moe_intermediate_size": 16,
+    "partial_rotary_factor": 0.25,
+    "norm_topk_prob": True,
+    "tie_word_embeddings": False,
+}
+
+QWEN3NEXT_PARTS = {
+    **LLAMA,
+    **EXPERTS,
+    "post_attention_layernorm": "post_attention_norm",
+    "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
+    "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_expert.up_proj": "ffn_up_shexp",
+    "mlp.shared_expert.down_proj": "ffn_down_shexp",
+    "linear_attn.in_proj_ba": "ssm_ba",
+    "linear_attn.norm": "ssm_norm",
+    "linear_attn.out_proj": "ssm_out",
+}
+
+
+def qwen3next_case(seed):
+    c = QWEN3NEXT
+    _, model = seeded_model("qwen3_next", c, seed)
+    nk, dk = c["linear_num_key_heads"], c["linear_key_head_dim"]
+    nv, dv = c["linear_num_value_heads"], c["linear_value_head_dim"]
+    r = nv // nk
+    gguf = {}
+    for k, v in tree_flatten(model.parameters()):
+        layer = k.split(".")[2] if k.startswith("model.layers.") else None
+        if k.endswith("linear_attn.A_log"):
+            gguf[f"blk.{layer}.ssm_a"] = -mx.exp(v)
+        elif k.endswith("linear_attn.dt_bias"):
+            gguf[f"blk.{layer}.ssm_dt.bias"] = v
+        elif k.endswith("linear_attn.conv1d.weight"):
+            gguf[f"blk.{layer}.ssm_conv1d.weight"] = v.squeeze(-1)
+        elif k.endswith("linear_attn.in_proj_qkvz.weight"):
+            g = v.reshape(nk, 2 * dk + 2 * r * dv, -1)
+            q, kk, vv, z = mx.split(g, [dk, 2 * dk, 2 * dk + r * dv], axis=1)
+            h = v.shape[-1]
+            qkv = [q.reshape(-1, h), kk.reshape(-1, h), vv.reshape(-1, h)]
+            gguf[f"blk.{layer}.attn_qkv.weight"] = mx.concatenate(qkv, axis=0)
+            gguf[f"blk.{layer}.attn_gate.weight"] = z.reshape(-1, h)
+        else:
+            gguf[to_gguf_name(k, QWEN3NEXT_PARTS, "model.layers")] = v
+    n = c["num_hidden_layers"]
+    for k in [k for k in gguf if k.startswith(f"blk.{n - 1}.")]:
+        gguf[f"blk.{n}." + k.split(".", 2)[2]] = gguf[k]
+    h = c["hidden_size"]
+    gguf[f"blk.{n}.nextn.eh_proj.weight"] = mx.ones((h, 2 * h))
+    for part in ("enorm", "hnorm", "shared_head_norm"):
+        gguf[f"blk.{n}.nextn.{part}.weight"] = mx.ones((h,))
+
+    m = meta_common("qwen3next", {**c, "num_hidden_layers": n + 1}, head_dim=c["head_dim"],
+                    rope_dims=int(c["head_dim"] * c["partial_rotary_factor"]))
+    m.num("expert_count", c["num_experts"])
+    m.num("expert_used_count", c["num_experts_per_tok"])
+    m.num("expert_feed_forward_length", c["moe_intermediate_size"])
+    m.num("expert_shared_feed_forward_length", c["shared_expert_intermediate_size"])
+    m.num("ssm.conv_kernel", c["linear_conv_kernel_dim"])
+    m.num("ssm.state_size", dk)
+    m.num("ssm.group_count", nk)
+    m.num("ssm.time_step_rank", nv)
+    m.num("ssm.inner_size", dv * nv)
+    m.num("full_attention_interval", c["full_attention_interval"])
+    m.num("nextn_predict_layers", 1)
+    write_gguf("qwen3next", gguf, m)
+
+    # Read back as the Rust loader does, into a fresh mlx-lm model.
+    loaded = mx.load(f"mlx-models/tests/models/gguf/qwen3next.gguf")
+    back = {}
+    inv = {v: k for k, v in QWEN3NEXT_PARTS.items()}
+    for k, v in loaded.items():
+        if k.startswith(f"blk.{n}."):
+            continue
+        if not k.startswith("blk."):
+            module, suffix = k.rsplit(".", 1)
+            back[f"{inv[module]}.{suffix}"] = v
+            continue
+        _, layer, rest = k.split(".", 2)
+        p = f"model.layers.{layer}"
+        if rest == "ssm_a":
+            back[f"{p}.linear_attn.A_log"] = mx.log(-v)
+        elif rest == "ssm_dt.bias":
+            back[f"{p}.linear_attn.dt_bias"] = v
+        elif rest == "ssm_conv1d.weight":
+            back[f"{p}.linear_attn.conv1d.weight"] = v[..., None]
+        elif rest == "attn_gate.weight":
+            continue
+        elif rest == "attn_qkv.weight":
+            hh = v.shape[-1]
+            q, kk, vv = mx.split(v, [nk * dk, 2 * nk * dk], axis=0)
+            z = loaded[f"blk.{layer}.attn_gate.weight"]
+            parts = [q.reshape(nk, dk, hh), kk.reshape(nk, dk, hh), vv.reshape(nk, r * dv, hh), z.reshape(nk, r * dv, hh)]
+            back[f"{p}.linear_attn.in_proj_qkvz.weight"] = mx.concatenate(parts, axis=1).reshape(-1, hh)
+        else:
+            module, suffix = rest.rsplit(".", 1)
+            back[f"{p}.{inv[module]}.{suffix}"] = v
+    module = __import__("mlx_lm.models.qwen3_next", fromlist=["Model"])
+    fresh = module.Model(module.ModelArgs.from_dict(c))
+    fresh.load_weights(list(back.items()), strict=True)
+    mx.eval(fresh.parameters())
+    record(fresh, "qwen3next", __file__)
+
+
+if not ONLY or "qwen3next" in ONLY:
+    qwen3next_case(4100)
