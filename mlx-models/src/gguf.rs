@@ -1017,6 +1017,60 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             hidden / heads,
         )?,
         "qwen3next" => qwen3next_config(&mut config, &mut tensors, path, &metadata, blocks)?,
+        "olmo2" => {
+            // OLMo 3 is written as `olmo2` with a sliding window (and its per-layer pattern).
+            if let Some(w) = meta_count(&metadata, path, &key("attention.sliding_window"))? {
+                config["model_type"] = Value::from("olmo3");
+                config["sliding_window"] = Value::from(w);
+                if let Some(GgufValue::Array(a)) =
+                    metadata.get(&key("attention.sliding_window_pattern"))
+                {
+                    let flags = a
+                        .astype(Dtype::Bool)
+                        .and_then(|b| b.to_vec::<bool>())
+                        .map_err(|e| {
+                            gguf_err(
+                                path,
+                                format!("metadata `attention.sliding_window_pattern`: {e}"),
+                            )
+                        })?;
+                    if flags.len() != blocks as usize
+                        || !flags.contains(&false)
+                        || !flags.contains(&true)
+                    {
+                        return Err(gguf_err(
+                            path,
+                            format!(
+                                "metadata `{}` has {} entries for {blocks} layers; mlx-lm's olmo3 \
+                                 needs both sliding and full-attention layers",
+                                key("attention.sliding_window_pattern"),
+                                flags.len()
+                            ),
+                        ));
+                    }
+                    let types: Vec<&str> = flags
+                        .iter()
+                        .map(|&s| {
+                            if s {
+                                "sliding_attention"
+                            } else {
+                                "full_attention"
+                            }
+                        })
+                        .collect();
+                    config["layer_types"] = json!(types);
+                }
+                if meta_str(&metadata, &key("rope.scaling.type")).is_some_and(|t| t != "none") {
+                    return Err(gguf_err(
+                        path,
+                        format!(
+                            "metadata `{}`: rope scaling is not mapped for OLMo 3",
+                            key("rope.scaling.type")
+                        ),
+                    ));
+                }
+            }
+        }
         "olmoe" => {
             // llama.cpp's olmoe does not renormalize the top-k weights (OLMoE's own config).
             config["num_experts"] = Value::from(count("expert_count")?);

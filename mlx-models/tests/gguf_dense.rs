@@ -92,6 +92,7 @@ fn deepseek2_gguf_files_match_mlx_lm() {
 fn later_gguf_architectures_match_mlx_lm() {
     let cases = [
         ("llama3", "llama"),
+        ("olmo3", "olmo3"),
         ("smollm3", "smollm3"),
         ("starcoder2", "starcoder2"),
         ("exaone", "exaone"),

@@ -14,6 +14,7 @@ those. Run with `cargo xtask goldens gguf_more`.
 """
 
 import math
+import zlib
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
@@ -110,6 +111,16 @@ def llama3_rope_freqs(c, gguf):
 def llama3(c, gguf):
     llama3_rope_freqs(c, gguf)
     return meta_common("llama", c, vocab_size=True, rope_dims=c.get("head_dim"), head_dim=c.get("head_dim"))
+
+
+def olmo3(c):
+    """Olmo2Model (OLMo 3 is written as `olmo2`): the sliding window and its per-layer
+    pattern (every 4th layer full attention when the config has no layer_types)."""
+    m = meta_common("olmo2", c)
+    m.num("attention.sliding_window", c["sliding_window"])
+    pattern = [(i + 1) % 4 != 0 for i in range(c["num_hidden_layers"])]
+    m.m["olmo2.attention.sliding_window_pattern"] = mx.array(pattern)
+    return m
 
 
 def smollm3(c):
@@ -301,6 +312,18 @@ CASES = {
         llama3,
         {},
         True,
+        "model.layers",
+    ),
+    # OLMo 3 (sliding window 4 on layers 1-3, full attention on the 4th).
+    "olmo3": (
+        "olmo3",
+        {"num_hidden_layers": 4, "sliding_window": 4, "rope_theta": 500000.0, "tie_word_embeddings": False},
+        olmo3,
+        {
+            "post_attention_layernorm": "post_attention_norm",
+            "post_feedforward_layernorm": "post_ffw_norm",
+        },
+        False,
         "model.layers",
     ),
     # 4 layers: the 4th has no rope.
@@ -500,15 +523,20 @@ def to_gguf_name(name, parts, prefix):
     return f"blk.{layer}.{parts[part]}.{suffix}"
 
 
+def seed_of(name):
+    """A seed from the case name (adding a case changes no other case's weights)."""
+    return zlib.crc32(name.encode()) % 100000
+
+
 ONLY = only()
-for i, (name, (model_type, overrides, meta, extra, permute_qk, prefix)) in enumerate(CASES.items()):
+for name, (model_type, overrides, meta, extra, permute_qk, prefix) in CASES.items():
     if ONLY and name not in ONLY:
         continue
     config = {**BASE, "model_type": model_type, **overrides}
     if model_type == "exaone":
         config.pop("num_hidden_layers")
         config.pop("rms_norm_eps")
-    _, model = seeded_model(model_type, config, 4000 + i)
+    _, model = seeded_model(model_type, config, seed_of(name))
     parts = {**LLAMA, **extra}
     gguf = {}
     for k, v in tree_flatten(model.parameters()):
@@ -651,4 +679,4 @@ def qwen3next_case(seed):
 
 
 if not ONLY or "qwen3next" in ONLY:
-    qwen3next_case(4100)
+    qwen3next_case(seed_of("qwen3next"))
