@@ -1,8 +1,11 @@
 //! GGUF model files, read through MLX's loader: llama.cpp tensor names mapped to mlx-lm's per
-//! architecture (llama, qwen2, qwen3, phi3, gemma, gemma2, gemma3, qwen2moe, qwen3moe, olmo2,
-//! granite, glm4, mistral3, deepseek2), llama's and granite's Q/K rows un-permuted (llama.cpp stores them interleaved for its
-//! rope), Gemma's `1 + w` norms
-//! turned back into mlx-lm's `w`, hyper-parameters from metadata, and the tokenizer data.
+//! architecture ([`supported_gguf_architectures`]: one `GgufArch` row each in `ARCHS`), the Q/K
+//! rows of the architectures llama.cpp's converter writes through its llama class un-permuted
+//! (stored interleaved for its rope), Gemma's `1 + w` norms turned back into mlx-lm's `w`,
+//! tensors the converter reshaped or fused put back (fused expert gate/up, Qwen3-Next's
+//! regrouped `in_proj_qkvz` and `-exp(A_log)`), rope tensors turned back into the
+//! `rope_scaling` they were computed from, hyper-parameters from metadata, and the tokenizer
+//! data.
 //!
 //! Tensors come one of two ways ([`GgufTensors`]). MLX's reader returns Q4_0 / Q4_1 / Q8_0
 //! tensors as affine-quantized triples (`<name>.weight`, `.scales`, `.biases`, group size 32),

@@ -1,5 +1,5 @@
-//! GGUF name maps (qwen2, qwen3, phi3, gemma, gemma2, gemma3, qwen2moe, qwen3moe, olmo2, granite,
-//! glm4, mistral3, deepseek2):
+//! GGUF name maps (every architecture of `supported_gguf_architectures` but llama, which the
+//! real SmolLM2 GGUF tests, plus llama with Llama 3's `rope_freqs`):
 //! tiny seeded models written with llama.cpp's names, norm conventions, Q/K permutation and
 //! metadata keys by `cargo xtask
 //! goldens gguf_dense`, loaded by `mlx_models::gguf`, give mlx-lm's logits on the same
