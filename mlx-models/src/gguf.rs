@@ -481,6 +481,27 @@ const ARCHS: &[GgufArch] = &[
         ],
         ..PLAIN
     },
+    GgufArch {
+        arch: "seed_oss",
+        model_type: "seed_oss",
+        ..PLAIN
+    },
+    // ERNIE 4.5 (dense): interleaved rope on both sides, nothing permuted.
+    GgufArch {
+        arch: "ernie4_5",
+        model_type: "ernie4_5",
+        ..PLAIN
+    },
+    // Command R: one LayerNorm per block (parallel attention and MLP), per-head q/k norms.
+    GgufArch {
+        arch: "command-r",
+        model_type: "cohere",
+        parts: &[
+            ("attn_q_norm", "self_attn.q_norm"),
+            ("attn_k_norm", "self_attn.k_norm"),
+        ],
+        ..PLAIN
+    },
 ];
 
 /// `llama.cpp` tensor names to mlx-lm's, for `a`.
@@ -798,6 +819,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
     const LN_EPS: &str = "attention.layer_norm_epsilon";
     let (eps, eps_field) = match arch.arch {
         "starcoder2" => (float(LN_EPS, true)?, "norm_epsilon"),
+        "command-r" => (float(LN_EPS, true)?, "layer_norm_eps"),
         "exaone" => (
             match float(RMS_EPS, true)? {
                 Some(e) => Some(e),
@@ -1072,6 +1094,41 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                         ),
                     ));
                 }
+            }
+        }
+        "seed_oss" | "ernie4_5" | "command-r" => {
+            let has = |t: &str| tensors.contains_key(&format!("model.layers.0.{t}"));
+            match arch.arch {
+                "seed_oss" => {
+                    config["attention_bias"] = Value::from(has("self_attn.q_proj.bias"));
+                    config["attention_out_bias"] = Value::from(has("self_attn.o_proj.bias"));
+                    config["mlp_bias"] = Value::from(has("mlp.down_proj.bias"));
+                }
+                "ernie4_5" => {
+                    config["use_bias"] = Value::from(has("self_attn.q_proj.bias"));
+                }
+                _ => {
+                    config["logit_scale"] =
+                        Value::from(float("logit_scale", false)?.ok_or_else(|| {
+                            gguf_err(
+                                path,
+                                format!("metadata `{}` is missing", key("logit_scale")),
+                            )
+                        })?);
+                    config["use_qk_norm"] = Value::from(has("self_attn.q_norm.weight"));
+                    config["layer_norm_bias"] = Value::from(has("input_layernorm.bias"));
+                    config["attention_bias"] = Value::from(has("self_attn.q_proj.bias"));
+                }
+            }
+            // seed_oss and ernie4_5 need a head size; HF's default when the file has none.
+            if config.get("head_dim").is_none() {
+                config["head_dim"] = Value::from(hidden / heads);
+            }
+            if config.get("max_position_embeddings").is_none() {
+                return Err(gguf_err(
+                    path,
+                    format!("metadata `{}` is missing", key("context_length")),
+                ));
             }
         }
         "olmoe" => {

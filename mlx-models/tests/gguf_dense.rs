@@ -104,6 +104,9 @@ fn later_gguf_architectures_match_mlx_lm() {
         ("glm4moe", "glm4_moe"),
         ("dots1", "dots1"),
         ("qwen3next", "qwen3_next"),
+        ("seed_oss", "seed_oss"),
+        ("ernie4_5", "ernie4_5"),
+        ("command_r", "cohere"),
     ];
     let failures: Vec<String> = cases
         .iter()
@@ -135,6 +138,9 @@ fn later_gguf_architectures_match_mlx_lm() {
         "glm4moe",
         "dots1",
         "qwen3next",
+        "seed_oss",
+        "ernie4_5",
+        "command-r",
     ] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }

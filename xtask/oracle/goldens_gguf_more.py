@@ -123,6 +123,22 @@ def olmo3(c):
     return m
 
 
+def seed_oss(c):
+    return meta_common("seed_oss", c, head_dim=c["head_dim"])
+
+
+def ernie4_5(c):
+    return meta_common("ernie4_5", c, head_dim=c["head_dim"])
+
+
+def command_r(c):
+    """CommandR2Model: LayerNorm epsilon, logit scale, no rope scaling."""
+    m = meta_common("command-r", c, eps="layer_norm_eps")
+    m.f32("logit_scale", c["logit_scale"])
+    m.str("rope.scaling.type", "none")
+    return m
+
+
 def smollm3(c):
     # SmolLM3Model(LlamaModel): Q / K permuted, no-rope layers fixed at every 4th in llama.cpp.
     return meta_common("smollm3", c, vocab_size=True, rope_dims=c["hidden_size"] // c["num_attention_heads"])
@@ -323,6 +339,46 @@ CASES = {
             "post_attention_layernorm": "post_attention_norm",
             "post_feedforward_layernorm": "post_ffw_norm",
         },
+        False,
+        "model.layers",
+    ),
+    "seed_oss": (
+        "seed_oss",
+        {
+            "head_dim": 16,
+            "attention_bias": True,
+            "attention_out_bias": False,
+            "mlp_bias": False,
+            "tie_word_embeddings": False,
+        },
+        seed_oss,
+        {},
+        False,
+        "model.layers",
+    ),
+    # ERNIE 4.5 (dense): interleaved rope in both, so no permutation.
+    "ernie4_5": (
+        "ernie4_5",
+        {"head_dim": 8, "use_bias": False, "tie_word_embeddings": True},
+        ernie4_5,
+        {},
+        False,
+        "model.layers",
+    ),
+    # Command R (cohere): parallel block with one LayerNorm, per-head q/k LayerNorms, tied
+    # head scaled by logit_scale.
+    "command_r": (
+        "cohere",
+        {
+            "layer_norm_eps": 1e-5,
+            "logit_scale": 0.0625,
+            "use_qk_norm": True,
+            "attention_bias": False,
+            "layer_norm_bias": False,
+            "tie_word_embeddings": True,
+        },
+        command_r,
+        {},
         False,
         "model.layers",
     ),
