@@ -502,6 +502,12 @@ const ARCHS: &[GgufArch] = &[
         ],
         ..PLAIN
     },
+    // Command R7B: Command R's block with sliding-window layers (every 4th global, no rope).
+    GgufArch {
+        arch: "cohere2",
+        model_type: "cohere2",
+        ..PLAIN
+    },
 ];
 
 /// `llama.cpp` tensor names to mlx-lm's, for `a`.
@@ -819,7 +825,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
     const LN_EPS: &str = "attention.layer_norm_epsilon";
     let (eps, eps_field) = match arch.arch {
         "starcoder2" => (float(LN_EPS, true)?, "norm_epsilon"),
-        "command-r" => (float(LN_EPS, true)?, "layer_norm_eps"),
+        "command-r" | "cohere2" => (float(LN_EPS, true)?, "layer_norm_eps"),
         "exaone" => (
             match float(RMS_EPS, true)? {
                 Some(e) => Some(e),
@@ -1095,6 +1101,67 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                     ));
                 }
             }
+        }
+        "cohere2" => {
+            let hd = config["head_dim"]
+                .as_i64()
+                .unwrap_or(i64::from(hidden / heads));
+            config["head_dim"] = Value::from(hd);
+            if let Some(d) = meta_count(&metadata, path, &key("rope.dimension_count"))? {
+                if i64::from(d) != hd {
+                    return Err(gguf_err(
+                        path,
+                        format!(
+                            "metadata `{}` is {d}: a partial rope, which mlx-lm's cohere2 lacks",
+                            key("rope.dimension_count")
+                        ),
+                    ));
+                }
+            }
+            if meta_f64(&metadata, &key("rope.freq_base_swa"))
+                .is_some_and(|b| Some(b) != config["rope_theta"].as_f64())
+            {
+                return Err(gguf_err(
+                    path,
+                    format!(
+                        "metadata `{}` differs from the global base; mlx-lm's cohere2 has one",
+                        key("rope.freq_base_swa")
+                    ),
+                ));
+            }
+            config["logit_scale"] = Value::from(float("logit_scale", false)?.ok_or_else(|| {
+                gguf_err(
+                    path,
+                    format!("metadata `{}` is missing", key("logit_scale")),
+                )
+            })?);
+            config["sliding_window"] = Value::from(count("attention.sliding_window")?);
+            // llama.cpp's default pattern (every 4th layer global); a stored one must agree.
+            let pattern = 4;
+            if let Some(GgufValue::Array(a)) =
+                metadata.get(&key("attention.sliding_window_pattern"))
+            {
+                let flags = a
+                    .astype(Dtype::Bool)
+                    .and_then(|b| b.to_vec::<bool>())
+                    .map_err(|e| {
+                        gguf_err(path, format!("metadata `sliding_window_pattern`: {e}"))
+                    })?;
+                if !(0..flags.len()).all(|i| flags[i] == ((i + 1) % pattern != 0)) {
+                    return Err(gguf_err(
+                        path,
+                        format!(
+                            "metadata `{}` is not every 4th layer global, the pattern this map \
+                             reads",
+                            key("attention.sliding_window_pattern")
+                        ),
+                    ));
+                }
+            }
+            config["sliding_window_pattern"] = Value::from(pattern as i64);
+            let has = |t: &str| tensors.contains_key(&format!("model.layers.0.{t}"));
+            config["layer_norm_bias"] = Value::from(has("input_layernorm.bias"));
+            config["attention_bias"] = Value::from(has("self_attn.q_proj.bias"));
         }
         "seed_oss" | "ernie4_5" | "command-r" => {
             let has = |t: &str| tensors.contains_key(&format!("model.layers.0.{t}"));

@@ -107,6 +107,7 @@ fn later_gguf_architectures_match_mlx_lm() {
         ("seed_oss", "seed_oss"),
         ("ernie4_5", "ernie4_5"),
         ("command_r", "cohere"),
+        ("cohere2", "cohere2"),
     ];
     let failures: Vec<String> = cases
         .iter()
@@ -141,6 +142,7 @@ fn later_gguf_architectures_match_mlx_lm() {
         "seed_oss",
         "ernie4_5",
         "command-r",
+        "cohere2",
     ] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }

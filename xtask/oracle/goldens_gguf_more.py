@@ -139,6 +139,17 @@ def command_r(c):
     return m
 
 
+def cohere2(c):
+    """Cohere2Model: LayerNorm epsilon, logit scale, sliding window, vocab size, rope dims
+    (rotary_pct 1); llama.cpp's pattern is every 4th layer global, as mlx-lm's default."""
+    m = meta_common("cohere2", c, eps="layer_norm_eps", vocab_size=True, rope_dims=c["head_dim"],
+                    head_dim=c["head_dim"])
+    m.f32("logit_scale", c["logit_scale"])
+    m.num("attention.sliding_window", c["sliding_window"])
+    m.str("rope.scaling.type", "none")
+    return m
+
+
 def smollm3(c):
     # SmolLM3Model(LlamaModel): Q / K permuted, no-rope layers fixed at every 4th in llama.cpp.
     return meta_common("smollm3", c, vocab_size=True, rope_dims=c["hidden_size"] // c["num_attention_heads"])
@@ -378,6 +389,23 @@ CASES = {
             "tie_word_embeddings": True,
         },
         command_r,
+        {},
+        False,
+        "model.layers",
+    ),
+    # Command R7B (cohere2): sliding window 4 on layers 1-3, the 4th global without rope.
+    "cohere2": (
+        "cohere2",
+        {
+            "num_hidden_layers": 4,
+            "head_dim": 8,
+            "layer_norm_eps": 1e-5,
+            "logit_scale": 0.25,
+            "sliding_window": 4,
+            "sliding_window_pattern": 4,
+            "tie_word_embeddings": True,
+        },
+        cohere2,
         {},
         False,
         "model.layers",
