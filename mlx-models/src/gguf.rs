@@ -508,6 +508,19 @@ const ARCHS: &[GgufArch] = &[
         model_type: "cohere2",
         ..PLAIN
     },
+    // EXAONE 4.0: post-norms only, q/k norms, sliding layers, Llama 3's rope as `rope_freqs`.
+    GgufArch {
+        arch: "exaone4",
+        model_type: "exaone4",
+        parts: &[
+            ("attn_q_norm", "self_attn.q_norm"),
+            ("attn_k_norm", "self_attn.k_norm"),
+            ("post_attention_norm", "post_attention_layernorm"),
+            ("post_ffw_norm", "post_feedforward_layernorm"),
+        ],
+        rope_tensors: true,
+        ..PLAIN
+    },
 ];
 
 /// `llama.cpp` tensor names to mlx-lm's, for `a`.
@@ -1100,6 +1113,58 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                         ),
                     ));
                 }
+            }
+        }
+        "exaone4" => {
+            // mlx-lm's `sliding_window_pattern` is a period of "L" (sliding) / "G" (global)
+            // letters: the shortest that repeats the file's per-layer pattern (llama.cpp's
+            // default, "LLLG", when the file has a window and no pattern).
+            config["rope_scaling"] = Value::Null;
+            if config.get("head_dim").is_none() {
+                config["head_dim"] = Value::from(hidden / heads);
+            }
+            match meta_count(&metadata, path, &key("attention.sliding_window"))? {
+                None => {
+                    config["sliding_window"] = Value::Null;
+                    config["sliding_window_pattern"] = Value::Null;
+                }
+                Some(w) => {
+                    config["sliding_window"] = Value::from(w);
+                    let flags = match metadata.get(&key("attention.sliding_window_pattern")) {
+                        Some(GgufValue::Array(a)) => a
+                            .astype(Dtype::Bool)
+                            .and_then(|b| b.to_vec::<bool>())
+                            .map_err(|e| {
+                                gguf_err(path, format!("metadata `sliding_window_pattern`: {e}"))
+                            })?,
+                        _ => (0..blocks).map(|i| (i + 1) % 4 != 0).collect(),
+                    };
+                    let n = flags.len();
+                    let period = (1..=n)
+                        .find(|&p| (0..n).all(|i| flags[i] == flags[i % p]))
+                        .unwrap_or(n);
+                    let pattern: String = flags[..period]
+                        .iter()
+                        .map(|&l| if l { 'L' } else { 'G' })
+                        .collect();
+                    if n != blocks as usize || !pattern.contains('L') || !pattern.contains('G') {
+                        return Err(gguf_err(
+                            path,
+                            format!(
+                                "metadata `{}` ({n} entries for {blocks} layers) needs both \
+                                 sliding and global layers for mlx-lm's exaone4",
+                                key("attention.sliding_window_pattern")
+                            ),
+                        ));
+                    }
+                    config["sliding_window_pattern"] = Value::from(pattern);
+                }
+            }
+            if config.get("max_position_embeddings").is_none() {
+                return Err(gguf_err(
+                    path,
+                    format!("metadata `{}` is missing", key("context_length")),
+                ));
             }
         }
         "cohere2" => {

@@ -108,6 +108,7 @@ fn later_gguf_architectures_match_mlx_lm() {
         ("ernie4_5", "ernie4_5"),
         ("command_r", "cohere"),
         ("cohere2", "cohere2"),
+        ("exaone4", "exaone4"),
     ];
     let failures: Vec<String> = cases
         .iter()
@@ -143,6 +144,7 @@ fn later_gguf_architectures_match_mlx_lm() {
         "ernie4_5",
         "command-r",
         "cohere2",
+        "exaone4",
     ] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }

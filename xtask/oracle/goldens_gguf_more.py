@@ -150,6 +150,19 @@ def cohere2(c):
     return m
 
 
+def exaone4(c, gguf):
+    """Exaone4Model: vocab size, the sliding window and its per-layer pattern (from the
+    config's "LLLG" string), Llama 3's rope as `rope_freqs`."""
+    llama3_rope_freqs(c, gguf)
+    m = meta_common("exaone4", c, vocab_size=True, head_dim=c["head_dim"])
+    m.num("attention.sliding_window", c["sliding_window"])
+    p = c["sliding_window_pattern"]
+    m.m["exaone4.attention.sliding_window_pattern"] = mx.array(
+        [p[i % len(p)] == "L" for i in range(c["num_hidden_layers"])]
+    )
+    return m
+
+
 def smollm3(c):
     # SmolLM3Model(LlamaModel): Q / K permuted, no-rope layers fixed at every 4th in llama.cpp.
     return meta_common("smollm3", c, vocab_size=True, rope_dims=c["hidden_size"] // c["num_attention_heads"])
@@ -407,6 +420,32 @@ CASES = {
         },
         cohere2,
         {},
+        False,
+        "model.layers",
+    ),
+    # EXAONE 4.0: post-norms only, q/k norms, 3 sliding layers then a global one without
+    # rope, Llama 3's rope scaling.
+    "exaone4": (
+        "exaone4",
+        {
+            "num_hidden_layers": 4,
+            "head_dim": 8,
+            "sliding_window": 4,
+            "sliding_window_pattern": "LLLG",
+            "tie_word_embeddings": False,
+            "rope_scaling": {
+                "rope_type": "llama3",
+                "factor": 16.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        },
+        exaone4,
+        {
+            "post_attention_layernorm": "post_attention_norm",
+            "post_feedforward_layernorm": "post_ffw_norm",
+        },
         False,
         "model.layers",
     ),
