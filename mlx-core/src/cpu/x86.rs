@@ -709,6 +709,7 @@ unsafe fn dot4_512<const MT: usize>(
 /// As [`dot4_512`], with `s0` and `b0` holding `chunks` halves each and `qx` `MT` rows of
 /// `chunks` scales and sums.
 #[inline]
+#[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn dot4_512_h<const MT: usize>(
     rb: *const u8,
@@ -1928,6 +1929,7 @@ unsafe fn rows_q4_int8_512_m<const MT: usize>(
 /// The CPU has AVX-512 F/BW/VL and VNNI; `rb` holds `chunks * 16` bytes, `s0` and `b0`
 /// `chunks` halves each; `qx` holds `MT` rows of `chunks * 32` codes, scales and sums.
 #[inline]
+#[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn row_q4_int8_512_h<const MT: usize>(
     rb: *const u8,
