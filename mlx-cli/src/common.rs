@@ -195,7 +195,8 @@ impl DecoderArgs {
             Err("speculative decoding".into()),
         )?;
         if c.cpu.is_some() {
-            c.note.push_str(", drafts verified in batched passes");
+            c.note
+                .push_str(", prompt lookup drafts verified in batched passes");
         }
         Ok(c)
     }

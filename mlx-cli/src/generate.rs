@@ -361,9 +361,10 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
     )?
     };
     if draft_on_cpu {
-        decoder.note = decoder
-            .note
-            .replace("prompt lookup drafts", "the draft model's drafts (its own CPU decoder)");
+        decoder.note = decoder.note.replace(
+            "prompt lookup drafts",
+            "the draft model's drafts (its own CPU decoder)",
+        );
     }
     decoder.apply(&mut generate);
     if a.verbose {

@@ -368,10 +368,16 @@ fn draft_model_on_the_cpu_decoder_keeps_its_greedy_output() {
     args.extend(["--draft-model", DRAFT, "--verbose", "true"]);
     let (code, _, err) = mlx(&args, None);
     assert_eq!(code, 0, "{err}");
-    assert!(err.contains("decoder: cpu") && err.contains("draft model"), "{err}");
+    assert!(
+        err.contains("decoder: cpu") && err.contains("draft model"),
+        "{err}"
+    );
     let mut args = base.to_vec();
     args.extend(["--draft-model", DRAFT, "--temp", "0.5"]);
     let (code, _, err) = mlx(&args, None);
     assert_ne!(code, 0);
-    assert!(err.contains("--decoder cpu") && err.contains("greedy"), "{err}");
+    assert!(
+        err.contains("--decoder cpu") && err.contains("greedy"),
+        "{err}"
+    );
 }
