@@ -296,7 +296,7 @@ fn readme_and_help_name_every_gguf_architecture() {
     for arch in mlx_models::gguf::supported_gguf_architectures() {
         for (what, text) in [("README.md", &readme), ("mlx generate --help", &help)] {
             let words: Vec<&str> = text
-                .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .split(|c: char| !(c.is_alphanumeric() || c == '_' || c == '-'))
                 .collect();
             assert!(
                 words.contains(&arch),

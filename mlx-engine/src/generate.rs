@@ -715,31 +715,51 @@ impl<'m> GenerateStep<'m> {
     /// the tokens it saw are run through the MLX forward first, so that the caches hold what
     /// the MLX path's would (every token returned); if that fails, the caches may hold fewer.
     pub fn into_cache(mut self) -> Vec<Box<dyn Cache>> {
-        if let Some(mut g) = self.graph.take() {
-            let ids = std::mem::take(&mut g.since_mlx);
-            drop(g);
-            if !ids.is_empty() {
-                let synced = on_generation_stream(|| {
-                    let x = Array::from_slice(&ids, &[1, ids.len() as i32])?;
-                    self.model.forward(&x, Some(&mut self.caches))?;
-                    let states: Vec<Array> = self
-                        .caches
-                        .iter()
-                        .flat_map(|c| c.state().into_arrays())
-                        .collect();
-                    mlx_core::eval(states.iter())?;
-                    Ok(())
-                });
-                let _ = synced;
-            }
+        let ids = self
+            .graph
+            .as_mut()
+            .map(|g| std::mem::take(&mut g.since_mlx))
+            .unwrap_or_default();
+        self.settle();
+        if !ids.is_empty() {
+            let synced = on_generation_stream(|| {
+                let x = Array::from_slice(&ids, &[1, ids.len() as i32])?;
+                self.model.forward(&x, Some(&mut self.caches))?;
+                let states: Vec<Array> = self
+                    .caches
+                    .iter()
+                    .flat_map(|c| c.state().into_arrays())
+                    .collect();
+                mlx_core::eval(states.iter())?;
+                Ok(())
+            });
+            let _ = synced;
         }
-        self.caches
+        std::mem::take(&mut self.caches)
     }
 
     /// The CPU decoder this generation ran through (`None` on the MLX path), its cache
     /// holding the prompt and every token the model ran on (as [`Self::into_cache`]'s).
-    pub fn into_cpu_decoder(self) -> Option<CpuDecoder<'m>> {
-        self.cpu
+    pub fn into_cpu_decoder(mut self) -> Option<CpuDecoder<'m>> {
+        self.settle();
+        self.cpu.take()
+    }
+
+    /// Waits for the step still in flight (the token computed ahead of the one returned last,
+    /// which the caller never took) and then lets the graph decoder go: what a generation
+    /// queued on the device is finished before the next one seeds, samples or builds a
+    /// decoder, and no CUDA teardown (the decoder's streams, buffers, module) overlaps MLX work.
+    fn settle(&mut self) {
+        if let Some((y, lp, lse)) = self.y.take() {
+            let _ = on_generation_stream(|| {
+                mlx_core::eval([&y, &lp, &lse])?;
+                Ok(())
+            });
+        }
+        if let Some(g) = self.graph.take() {
+            let _ = on_generation_stream(|| Ok(mlx_core::synchronize()?));
+            drop(g);
+        }
     }
 
     /// Whether this generation runs through the CPU decoder.
@@ -924,6 +944,8 @@ impl<'m> GenerateStep<'m> {
         }
         if stop {
             self.done = true;
+            // Kept (not dropped while the device may still compute it): `settle` waits.
+            self.y = Some((y, logprobs, lse));
             return Ok(None);
         }
         let token = y.astype(Dtype::Uint32)?.item::<u32>()?;
@@ -1040,6 +1062,12 @@ pub(crate) fn next_item(r: Result<Option<Step>>, done: &mut bool) -> Option<Resu
             *done = true;
             Some(Err(e))
         }
+    }
+}
+
+impl Drop for GenerateStep<'_> {
+    fn drop(&mut self) {
+        self.settle();
     }
 }
 

@@ -175,6 +175,56 @@ fn graph_decoder_follows_the_mlx_forward() {
     let _ = std::fs::remove_dir_all(&tmp);
 }
 
+/// The engine backend's checks alone (greedy, the fall-back, a kept decoder, host sampling
+/// with a seed) on the row whose seeded sampling failed in product run 4 (`llama3_q4`) and on
+/// the plain `llama` row, without the teacher-forced steps: a quick answer before the long
+/// test (tests run by name: this one before `graph_decoder_follows_the_mlx_forward`).
+#[test]
+fn engine_backend_seeded_sampling_first() {
+    if !GraphDecoder::available() {
+        eprintln!("no CUDA driver: skipped");
+        return;
+    }
+    let tmp = std::env::temp_dir().join(format!("graph_seeded_{}", std::process::id()));
+    for row in graph_models::rows()
+        .into_iter()
+        .filter(|r| ["llama3_q4", "llama"].contains(&r.name))
+    {
+        let dir = graph_models::write(&tmp, &row);
+        let model = load_model_dir(&dir, &LoadOptions::default()).unwrap().0;
+        let vocab = model.vocab_size();
+        let prompt: Vec<i32> = (0..40).map(|i| (i * 7919 + 13) % vocab).collect();
+        // MLX's own forward of the prompt, bit for bit the same each time (a short prompt),
+        // before and after the decoder's runs: a change is MLX's, not the decoder's.
+        let forward = || -> Vec<f32> {
+            let mut caches = model.make_cache();
+            let x = Array::from_slice(&prompt, &[1, prompt.len() as i32]).unwrap();
+            model
+                .forward(&x, Some(&mut caches))
+                .unwrap()
+                .astype(Dtype::Float32)
+                .unwrap()
+                .to_vec::<f32>()
+                .unwrap()
+        };
+        let before = forward();
+        let repeats = (0..3).filter(|_| same_bits(&before, &forward())).count();
+        eprintln!(
+            "{}: MLX's prompt forward repeated {repeats} of 3 times",
+            row.name
+        );
+        engine_backend(row.name, model.as_ref(), &prompt);
+        let after = same_bits(&before, &forward());
+        assert_eq!(
+            (repeats, after),
+            (3, true),
+            "{}: MLX's forward of the prompt is the same each time, and after the decoder ran",
+            row.name
+        );
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
 /// `generate_step` with `graph_decode`: the first token is the MLX forward's (the prompt runs
 /// there), then `max_tokens` in all with finite log-probabilities; with a failure injected
 /// after 3 of the decoder's tokens, the MLX path finishes the run and says why.
@@ -289,13 +339,23 @@ fn engine_backend(name: &str, model: &dyn mlx_models::LanguageModel, prompt: &[i
         min_p: 0.02,
         ..SamplerSettings::default()
     };
+    // The MLX path around the decoder's runs: whether MLX itself repeats a seeded run after
+    // the decoder ran (and was dropped) tells an MLX-side fault from the decoder's.
+    let mlx1 = sampled(warm.clone(), false);
     let x = sampled(warm.clone(), true);
-    assert_eq!(x, sampled(warm.clone(), true), "{name}: seeded");
+    let y = sampled(warm.clone(), true);
+    let mlx2 = sampled(warm, false);
+    let all = format!("greedy {a:?}; MLX path {mlx1:?} then {mlx2:?}; graph {x:?} then {y:?}");
+    eprintln!("{name}: {all}");
     assert_eq!(
-        x[0],
-        sampled(warm, false)[0],
-        "{name}: the first token is the MLX path's"
+        mlx1, mlx2,
+        "{name}: the MLX path seeded, around the decoder's runs ({all})"
     );
+    assert_eq!(
+        x[0], mlx1[0],
+        "{name}: the first token is the MLX path's ({all})"
+    );
+    assert_eq!(x, y, "{name}: seeded ({all})");
 }
 
 #[test]

@@ -349,3 +349,49 @@ fn a_continued_cache_of_another_kind_is_refused() {
         .expect("refused");
     assert!(e.to_string().contains("RotatingKVCache"), "{e}");
 }
+
+/// The CUDA test's sequence of generations on one model (`graph_decode_cuda.rs`,
+/// `engine_backend`: greedy, a failed decoder, top-k 1, then seeded sampling on both paths) on
+/// the stand-in: each generation finishes its work before the next seeds, so every seeded
+/// run repeats itself and the MLX path's, whatever ran before it.
+#[test]
+fn seeded_runs_repeat_after_greedy_failed_and_top_k_runs() {
+    let m = model();
+    let warm = GenerateOptions {
+        sampler: Sampler::new(SamplerSettings {
+            temp: 0.8,
+            top_p: 0.95,
+            min_p: 0.02,
+            ..SamplerSettings::default()
+        }),
+        ..base()
+    };
+    let mlx1 = run(m.as_ref(), &warm, None).0;
+    let greedy = run(m.as_ref(), &base(), Some(Script::default())).0;
+    let failed = run(
+        m.as_ref(),
+        &base(),
+        Some(Script {
+            fail_at: Some(3),
+            ..Script::default()
+        }),
+    );
+    assert_eq!(failed.0, greedy);
+    assert!(failed.2.is_some());
+    let top1 = GenerateOptions {
+        sampler: Sampler::new(SamplerSettings {
+            temp: 1.0,
+            top_k: 1,
+            ..SamplerSettings::default()
+        }),
+        ..base()
+    };
+    assert_eq!(run(m.as_ref(), &top1, Some(Script::default())).0, greedy);
+    let x = run(m.as_ref(), &warm, Some(Script::default()));
+    let y = run(m.as_ref(), &warm, Some(Script::default()));
+    assert_eq!((x.2.as_deref(), y.2.as_deref()), (None, None));
+    let mlx2 = run(m.as_ref(), &warm, None).0;
+    assert_eq!(mlx1, mlx2, "the MLX path, seeded");
+    assert_eq!(x.0, mlx1, "the stand-in's seeded run is the MLX path's");
+    assert_eq!(y.0, x.0, "seeded");
+}

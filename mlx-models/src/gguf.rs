@@ -1,8 +1,11 @@
 //! GGUF model files, read through MLX's loader: llama.cpp tensor names mapped to mlx-lm's per
-//! architecture (llama, qwen2, qwen3, phi3, gemma, gemma2, gemma3, qwen2moe, qwen3moe, olmo2,
-//! granite, glm4, mistral3, deepseek2), llama's and granite's Q/K rows un-permuted (llama.cpp stores them interleaved for its
-//! rope), Gemma's `1 + w` norms
-//! turned back into mlx-lm's `w`, hyper-parameters from metadata, and the tokenizer data.
+//! architecture ([`supported_gguf_architectures`]: one `GgufArch` row each in `ARCHS`), the Q/K
+//! rows of the architectures llama.cpp's converter writes through its llama class un-permuted
+//! (stored interleaved for its rope), Gemma's `1 + w` norms turned back into mlx-lm's `w`,
+//! tensors the converter reshaped or fused put back (fused expert gate/up, Qwen3-Next's
+//! regrouped `in_proj_qkvz` and `-exp(A_log)`), rope tensors turned back into the
+//! `rope_scaling` they were computed from, hyper-parameters from metadata, and the tokenizer
+//! data.
 //!
 //! Tensors come one of two ways ([`GgufTensors`]). MLX's reader returns Q4_0 / Q4_1 / Q8_0
 //! tensors as affine-quantized triples (`<name>.weight`, `.scales`, `.biases`, group size 32),
@@ -84,7 +87,78 @@ struct GgufArch {
     norm_plus_one: bool,
     /// Per-layer names that differ from llama's.
     parts: &'static [(&'static str, &'static str)],
+    /// The prefix of mlx-lm's per-layer names (`model.layers`).
+    layers: &'static str,
+    /// Top-level names that differ from llama's (`token_embd`, `output_norm`, `output`).
+    top: &'static [(&'static str, &'static str)],
+    /// Names tried after `parts` (an architecture written by another's converter class).
+    base_parts: &'static [(&'static str, &'static str)],
+    /// Reads the rope factor tensors ([`ROPE_TENSORS`]: Phi-3's long rope, Llama 3's
+    /// `rope_freqs`) into `rope_scaling`.
+    rope_tensors: bool,
 }
+
+/// Tensors llama.cpp writes for rope scaling, which mlx-lm's configs hold as numbers.
+const ROPE_TENSORS: &[&str] = &[
+    "rope_factors_long.weight",
+    "rope_factors_short.weight",
+    "rope_freqs.weight",
+];
+
+/// The fields most architectures share (llama's names, nothing permuted or shifted).
+const PLAIN: GgufArch = GgufArch {
+    arch: "",
+    model_type: "",
+    permute_qk: false,
+    norm_plus_one: false,
+    parts: &[],
+    layers: "model.layers",
+    top: &[],
+    base_parts: &[],
+    rope_tensors: false,
+};
+
+const DEEPSEEK2_PARTS: &[(&str, &str)] = &[
+    ("attn_q_a", "self_attn.q_a_proj"),
+    ("attn_q_a_norm", "self_attn.q_a_layernorm"),
+    ("attn_q_b", "self_attn.q_b_proj"),
+    ("attn_kv_a_mqa", "self_attn.kv_a_proj_with_mqa"),
+    ("attn_kv_a_norm", "self_attn.kv_a_layernorm"),
+    ("attn_kv_b", "self_attn.kv_b_proj"),
+    ("attn_k_b", "self_attn.embed_q"),
+    ("attn_v_b", "self_attn.unembed_out"),
+    ("ffn_gate_inp", "mlp.gate"),
+    // `exp_probs_b.bias` -> `mlp.gate.e_score_correction_bias` (see `map_name`).
+    ("exp_probs_b", "mlp.gate.e_score_correction"),
+    ("ffn_gate_exps", "mlp.switch_mlp.gate_proj"),
+    ("ffn_up_exps", "mlp.switch_mlp.up_proj"),
+    ("ffn_down_exps", "mlp.switch_mlp.down_proj"),
+    ("ffn_gate_shexp", "mlp.shared_experts.gate_proj"),
+    ("ffn_up_shexp", "mlp.shared_experts.up_proj"),
+    ("ffn_down_shexp", "mlp.shared_experts.down_proj"),
+];
+
+const SHARED_EXPERT_PARTS: [(&str, &str); 3] = [
+    ("ffn_gate_shexp", "mlp.shared_experts.gate_proj"),
+    ("ffn_up_shexp", "mlp.shared_experts.up_proj"),
+    ("ffn_down_shexp", "mlp.shared_experts.down_proj"),
+];
+
+const MLA_PARTS: &[(&str, &str)] = &[
+    ("attn_q_a", "self_attn.q_a_proj"),
+    ("attn_q_a_norm", "self_attn.q_a_layernorm"),
+    ("attn_q_b", "self_attn.q_b_proj"),
+    ("attn_kv_a_mqa", "self_attn.kv_a_proj_with_mqa"),
+    ("attn_kv_a_norm", "self_attn.kv_a_layernorm"),
+    ("attn_kv_b", "self_attn.kv_b_proj"),
+];
+
+const EXPERT_PARTS: [(&str, &str); 4] = [
+    ("ffn_gate_inp", "mlp.gate"),
+    ("ffn_gate_exps", "mlp.switch_mlp.gate_proj"),
+    ("ffn_up_exps", "mlp.switch_mlp.up_proj"),
+    ("ffn_down_exps", "mlp.switch_mlp.down_proj"),
+];
 
 const GEMMA2_PARTS: &[(&str, &str)] = &[
     ("post_attention_norm", "post_attention_layernorm"),
@@ -101,6 +175,8 @@ const ARCHS: &[GgufArch] = &[
         permute_qk: true,
         norm_plus_one: false,
         parts: &[],
+        rope_tensors: true,
+        ..PLAIN
     },
     GgufArch {
         arch: "qwen2",
@@ -108,6 +184,7 @@ const ARCHS: &[GgufArch] = &[
         permute_qk: false,
         norm_plus_one: false,
         parts: &[],
+        ..PLAIN
     },
     GgufArch {
         arch: "qwen3",
@@ -118,6 +195,7 @@ const ARCHS: &[GgufArch] = &[
             ("attn_q_norm", "self_attn.q_norm"),
             ("attn_k_norm", "self_attn.k_norm"),
         ],
+        ..PLAIN
     },
     GgufArch {
         arch: "phi3",
@@ -128,6 +206,8 @@ const ARCHS: &[GgufArch] = &[
             ("attn_qkv", "self_attn.qkv_proj"),
             ("ffn_up", "mlp.gate_up_proj"),
         ],
+        rope_tensors: true,
+        ..PLAIN
     },
     GgufArch {
         arch: "gemma",
@@ -135,6 +215,7 @@ const ARCHS: &[GgufArch] = &[
         permute_qk: false,
         norm_plus_one: true,
         parts: &[],
+        ..PLAIN
     },
     GgufArch {
         arch: "gemma2",
@@ -142,6 +223,7 @@ const ARCHS: &[GgufArch] = &[
         permute_qk: false,
         norm_plus_one: true,
         parts: GEMMA2_PARTS,
+        ..PLAIN
     },
     GgufArch {
         arch: "gemma3",
@@ -149,6 +231,7 @@ const ARCHS: &[GgufArch] = &[
         permute_qk: false,
         norm_plus_one: true,
         parts: GEMMA2_PARTS,
+        ..PLAIN
     },
     GgufArch {
         arch: "qwen3moe",
@@ -163,6 +246,7 @@ const ARCHS: &[GgufArch] = &[
             ("ffn_up_exps", "mlp.switch_mlp.up_proj"),
             ("ffn_down_exps", "mlp.switch_mlp.down_proj"),
         ],
+        ..PLAIN
     },
     GgufArch {
         arch: "qwen2moe",
@@ -179,6 +263,7 @@ const ARCHS: &[GgufArch] = &[
             ("ffn_up_shexp", "mlp.shared_expert.up_proj"),
             ("ffn_down_shexp", "mlp.shared_expert.down_proj"),
         ],
+        ..PLAIN
     },
     GgufArch {
         arch: "olmo2",
@@ -191,6 +276,7 @@ const ARCHS: &[GgufArch] = &[
             ("post_attention_norm", "post_attention_layernorm"),
             ("post_ffw_norm", "post_feedforward_layernorm"),
         ],
+        ..PLAIN
     },
     // llama.cpp's converter writes granite through its llama class: Q / K permuted.
     GgufArch {
@@ -199,6 +285,8 @@ const ARCHS: &[GgufArch] = &[
         permute_qk: true,
         norm_plus_one: false,
         parts: &[],
+        rope_tensors: true,
+        ..PLAIN
     },
     // Ministral 3 (llama.cpp's converter writes it through its llama class: Q / K permuted).
     GgufArch {
@@ -207,6 +295,7 @@ const ARCHS: &[GgufArch] = &[
         permute_qk: true,
         norm_plus_one: false,
         parts: &[],
+        ..PLAIN
     },
     // MLA (DeepSeek V2 and V3, one llama.cpp architecture): the model type is chosen from the
     // router's gating function; `attn_k_b` / `attn_v_b` are mlx-lm deepseek_v3's `embed_q` /
@@ -216,25 +305,8 @@ const ARCHS: &[GgufArch] = &[
         model_type: "deepseek_v2",
         permute_qk: false,
         norm_plus_one: false,
-        parts: &[
-            ("attn_q_a", "self_attn.q_a_proj"),
-            ("attn_q_a_norm", "self_attn.q_a_layernorm"),
-            ("attn_q_b", "self_attn.q_b_proj"),
-            ("attn_kv_a_mqa", "self_attn.kv_a_proj_with_mqa"),
-            ("attn_kv_a_norm", "self_attn.kv_a_layernorm"),
-            ("attn_kv_b", "self_attn.kv_b_proj"),
-            ("attn_k_b", "self_attn.embed_q"),
-            ("attn_v_b", "self_attn.unembed_out"),
-            ("ffn_gate_inp", "mlp.gate"),
-            // `exp_probs_b.bias` -> `mlp.gate.e_score_correction_bias` (see `map_name`).
-            ("exp_probs_b", "mlp.gate.e_score_correction"),
-            ("ffn_gate_exps", "mlp.switch_mlp.gate_proj"),
-            ("ffn_up_exps", "mlp.switch_mlp.up_proj"),
-            ("ffn_down_exps", "mlp.switch_mlp.down_proj"),
-            ("ffn_gate_shexp", "mlp.shared_experts.gate_proj"),
-            ("ffn_up_shexp", "mlp.shared_experts.up_proj"),
-            ("ffn_down_shexp", "mlp.shared_experts.down_proj"),
-        ],
+        parts: DEEPSEEK2_PARTS,
+        ..PLAIN
     },
     GgufArch {
         arch: "glm4",
@@ -247,20 +319,232 @@ const ARCHS: &[GgufArch] = &[
             ("post_ffw_norm", "post_mlp_layernorm"),
             ("ffn_up", "mlp.gate_up_proj"),
         ],
+        ..PLAIN
+    },
+    // SmolLM3 (llama.cpp's SmolLM3Model is its llama class: Q / K permuted); every 4th layer
+    // without rope in both (llama.cpp fixes the step at 4, mlx-lm's default interval).
+    GgufArch {
+        arch: "smollm3",
+        model_type: "smollm3",
+        permute_qk: true,
+        rope_tensors: true,
+        ..PLAIN
+    },
+    GgufArch {
+        arch: "starcoder2",
+        model_type: "starcoder2",
+        parts: &[("ffn_up", "mlp.c_fc"), ("ffn_down", "mlp.c_proj")],
+        ..PLAIN
+    },
+    // EXAONE 3 / 3.5: GPT-2-like module names in mlx-lm.
+    GgufArch {
+        arch: "exaone",
+        model_type: "exaone",
+        parts: &[
+            ("attn_norm", "ln_1"),
+            ("ffn_norm", "ln_2"),
+            ("attn_q", "attn.attention.q_proj"),
+            ("attn_k", "attn.attention.k_proj"),
+            ("attn_v", "attn.attention.v_proj"),
+            ("attn_output", "attn.attention.out_proj"),
+            ("ffn_gate", "mlp.c_fc_0"),
+            ("ffn_up", "mlp.c_fc_1"),
+            ("ffn_down", "mlp.c_proj"),
+        ],
+        layers: "transformer.h",
+        top: &[
+            ("token_embd", "transformer.wte"),
+            ("output_norm", "transformer.ln_f"),
+        ],
+        rope_tensors: true,
+        ..PLAIN
+    },
+    GgufArch {
+        arch: "olmoe",
+        model_type: "olmoe",
+        parts: &[
+            ("attn_q_norm", "self_attn.q_norm"),
+            ("attn_k_norm", "self_attn.k_norm"),
+            EXPERT_PARTS[0],
+            EXPERT_PARTS[1],
+            EXPERT_PARTS[2],
+            EXPERT_PARTS[3],
+        ],
+        ..PLAIN
+    },
+    // Granite MoE (llama.cpp's converter: its granite class, so Q / K permuted; JetMoE's
+    // fused `input_linear` split into gate / up experts).
+    GgufArch {
+        arch: "granitemoe",
+        model_type: "granitemoe",
+        permute_qk: true,
+        parts: &[
+            ("ffn_gate_inp", "block_sparse_moe.router.layer"),
+            ("ffn_gate_exps", "block_sparse_moe.switch_mlp.gate_proj"),
+            ("ffn_up_exps", "block_sparse_moe.switch_mlp.up_proj"),
+            ("ffn_down_exps", "block_sparse_moe.switch_mlp.down_proj"),
+        ],
+        ..PLAIN
+    },
+    GgufArch {
+        arch: "phimoe",
+        model_type: "phimoe",
+        parts: &[
+            ("ffn_gate_inp", "block_sparse_moe.gate"),
+            ("ffn_gate_exps", "block_sparse_moe.switch_mlp.gate_proj"),
+            ("ffn_up_exps", "block_sparse_moe.switch_mlp.up_proj"),
+            ("ffn_down_exps", "block_sparse_moe.switch_mlp.down_proj"),
+        ],
+        rope_tensors: true,
+        ..PLAIN
+    },
+    // MiniCPM3 (MLA, dense; long-rope factors as tensors).
+    GgufArch {
+        arch: "minicpm3",
+        model_type: "minicpm3",
+        parts: MLA_PARTS,
+        rope_tensors: true,
+        ..PLAIN
+    },
+    // GLM-4.5 (glm4_moe): DeepSeek V3's router, q/k norms, partial rope; its MTP layer skipped.
+    GgufArch {
+        arch: "glm4moe",
+        model_type: "glm4_moe",
+        parts: &[
+            ("attn_q_norm", "self_attn.q_norm"),
+            ("attn_k_norm", "self_attn.k_norm"),
+            ("post_attention_norm", "post_attention_layernorm"),
+            ("exp_probs_b", "mlp.gate.e_score_correction"),
+            EXPERT_PARTS[0],
+            EXPERT_PARTS[1],
+            EXPERT_PARTS[2],
+            EXPERT_PARTS[3],
+            SHARED_EXPERT_PARTS[0],
+            SHARED_EXPERT_PARTS[1],
+            SHARED_EXPERT_PARTS[2],
+        ],
+        ..PLAIN
+    },
+    // dots.llm1: DeepSeek V3's router; experts under `mlp.experts` in mlx-lm.
+    GgufArch {
+        arch: "dots1",
+        model_type: "dots1",
+        parts: &[
+            ("attn_q_norm", "self_attn.q_norm"),
+            ("attn_k_norm", "self_attn.k_norm"),
+            ("exp_probs_b", "mlp.gate.e_score_correction"),
+            ("ffn_gate_inp", "mlp.gate"),
+            ("ffn_gate_exps", "mlp.experts.gate_proj"),
+            ("ffn_up_exps", "mlp.experts.up_proj"),
+            ("ffn_down_exps", "mlp.experts.down_proj"),
+            SHARED_EXPERT_PARTS[0],
+            SHARED_EXPERT_PARTS[1],
+            SHARED_EXPERT_PARTS[2],
+        ],
+        ..PLAIN
+    },
+    // Mistral Small 4 (llama.cpp's converter: its deepseek2 class under `mistral4`): MLA as
+    // deepseek_v3 reads it, a softmax router, gate and up experts fused.
+    GgufArch {
+        arch: "mistral4",
+        model_type: "mistral4",
+        parts: &[("ffn_gate_up_exps", "mlp.switch_mlp.gate_up_proj")],
+        base_parts: DEEPSEEK2_PARTS,
+        ..PLAIN
+    },
+    // Qwen3-Next: gated-delta layers (`ssm_*`; `attn_qkv` + `attn_gate` are the regrouped
+    // `in_proj_qkvz`, `ssm_a` is -exp(A_log)) between gated full-attention layers, experts
+    // with a gated shared expert; norms stored as 1 + w, mlx-lm's own parameter.
+    GgufArch {
+        arch: "qwen3next",
+        model_type: "qwen3_next",
+        parts: &[
+            ("attn_q_norm", "self_attn.q_norm"),
+            ("attn_k_norm", "self_attn.k_norm"),
+            ("post_attention_norm", "post_attention_layernorm"),
+            EXPERT_PARTS[0],
+            EXPERT_PARTS[1],
+            EXPERT_PARTS[2],
+            EXPERT_PARTS[3],
+            ("ffn_gate_inp_shexp", "mlp.shared_expert_gate"),
+            ("ffn_gate_shexp", "mlp.shared_expert.gate_proj"),
+            ("ffn_up_shexp", "mlp.shared_expert.up_proj"),
+            ("ffn_down_shexp", "mlp.shared_expert.down_proj"),
+            ("ssm_ba", "linear_attn.in_proj_ba"),
+            ("ssm_norm", "linear_attn.norm"),
+            ("ssm_out", "linear_attn.out_proj"),
+            ("ssm_conv1d", "linear_attn.conv1d"),
+            // Joined into `in_proj_qkvz` and renamed by `qwen3next_config`.
+            ("attn_qkv", "linear_attn.gguf_qkv"),
+            ("attn_gate", "linear_attn.gguf_z"),
+            ("ssm_dt", "linear_attn.gguf_dt"),
+        ],
+        ..PLAIN
+    },
+    GgufArch {
+        arch: "seed_oss",
+        model_type: "seed_oss",
+        ..PLAIN
+    },
+    // ERNIE 4.5 (dense): interleaved rope on both sides, nothing permuted.
+    GgufArch {
+        arch: "ernie4_5",
+        model_type: "ernie4_5",
+        ..PLAIN
+    },
+    // Command R: one LayerNorm per block (parallel attention and MLP), per-head q/k norms.
+    GgufArch {
+        arch: "command-r",
+        model_type: "cohere",
+        parts: &[
+            ("attn_q_norm", "self_attn.q_norm"),
+            ("attn_k_norm", "self_attn.k_norm"),
+        ],
+        ..PLAIN
+    },
+    // Command R7B: Command R's block with sliding-window layers (every 4th global, no rope).
+    GgufArch {
+        arch: "cohere2",
+        model_type: "cohere2",
+        ..PLAIN
+    },
+    // EXAONE 4.0: post-norms only, q/k norms, sliding layers, Llama 3's rope as `rope_freqs`.
+    GgufArch {
+        arch: "exaone4",
+        model_type: "exaone4",
+        parts: &[
+            ("attn_q_norm", "self_attn.q_norm"),
+            ("attn_k_norm", "self_attn.k_norm"),
+            ("post_attention_norm", "post_attention_layernorm"),
+            ("post_ffw_norm", "post_feedforward_layernorm"),
+        ],
+        rope_tensors: true,
+        ..PLAIN
     },
 ];
 
 /// `llama.cpp` tensor names to mlx-lm's, for `a`.
 fn map_name(a: &GgufArch, name: &str) -> Option<String> {
     let (base, suffix) = name.rsplit_once('.')?;
-    let mapped = match base {
-        "token_embd" => "model.embed_tokens".to_string(),
-        "output_norm" => "model.norm".to_string(),
-        "output" => "lm_head".to_string(),
+    let top = a
+        .top
+        .iter()
+        .find(|(from, _)| *from == base)
+        .map(|(_, to)| *to);
+    let mapped = match (top, base) {
+        (Some(to), _) => to.to_string(),
+        (None, "token_embd") => "model.embed_tokens".to_string(),
+        (None, "output_norm") => "model.norm".to_string(),
+        (None, "output") => "lm_head".to_string(),
         _ => {
             let rest = base.strip_prefix("blk.")?;
             let (layer, part) = rest.split_once('.')?;
-            let part = match a.parts.iter().find(|(from, _)| *from == part) {
+            let found = a
+                .parts
+                .iter()
+                .chain(a.base_parts)
+                .find(|(from, _)| *from == part);
+            let part = match found {
                 Some((_, to)) => *to,
                 None => match part {
                     "attn_q" => "self_attn.q_proj",
@@ -276,7 +560,7 @@ fn map_name(a: &GgufArch, name: &str) -> Option<String> {
                     _ => return None,
                 },
             };
-            format!("model.layers.{layer}.{part}")
+            format!("{}.{layer}.{part}", a.layers)
         }
     };
     if mapped.ends_with(".mlp.gate.e_score_correction") && suffix == "bias" {
@@ -459,10 +743,52 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         },
     };
     let blocks = count("block_count")?;
+    // Multi-token-prediction layers (GLM-4.5, DeepSeek V3) come after the main ones and are
+    // counted in `block_count`; mlx-lm's sanitize drops them, so they are not read.
+    let nextn = meta_count(&metadata, path, &key("nextn_predict_layers"))?.unwrap_or(0);
+    if nextn >= blocks {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` = {nextn} leaves no layer of `{}` = {blocks}",
+                key("nextn_predict_layers"),
+                key("block_count")
+            ),
+        ));
+    }
+    let blocks = blocks - nextn;
+    let is_mtp = |name: &str| -> bool {
+        name.strip_prefix("blk.")
+            .and_then(|r| r.split_once('.'))
+            .and_then(|(l, _)| l.parse::<i32>().ok())
+            .is_some_and(|l| l >= blocks)
+            && nextn > 0
+    };
     let ffn = count("feed_forward_length")?;
     let mut tensors = BTreeMap::new();
     let mut unknown = Vec::new();
+    // Rope tensors that become hyper-parameters (long-rope factors).
+    let mut rope_tensors: BTreeMap<String, Array> = BTreeMap::new();
     for (name, a) in raw {
+        if is_mtp(&name) {
+            continue;
+        }
+        if ROPE_TENSORS.contains(&name.as_str()) && arch.rope_tensors {
+            rope_tensors.insert(name, a);
+            continue;
+        }
+        if arch.arch == "qwen3next" {
+            // `blk.N.ssm_a` (no suffix): -exp(A_log), read back as mlx-lm's A_log.
+            if let Some(layer) = name
+                .strip_prefix("blk.")
+                .and_then(|r| r.strip_suffix(".ssm_a"))
+                .filter(|l| l.parse::<u32>().is_ok())
+            {
+                let a_log = ops::log(&ops::negative(&a, None)?, None)?;
+                tensors.insert(format!("model.layers.{layer}.linear_attn.A_log"), a_log);
+                continue;
+            }
+        }
         match map_name(arch, &name) {
             Some(m) => {
                 let a = if arch.permute_qk && m.contains(".self_attn.q_proj.") {
@@ -500,11 +826,36 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                 .collect(),
         )));
     }
+    split_gate_up(&mut tensors)?;
     let tied = !tensors.contains_key("lm_head.weight");
     let head_dim = match meta_count(&metadata, path, &key("attention.key_length"))? {
         Some(d) => Some(i64::from(d)),
         None => meta_count(&metadata, path, &key("rope.dimension_count"))?.map(i64::from),
     };
+    // The norm epsilon: RMS norms' key, or LayerNorm's (starcoder2); EXAONE's converter has
+    // written either. mlx-lm's field name per type.
+    const RMS_EPS: &str = "attention.layer_norm_rms_epsilon";
+    const LN_EPS: &str = "attention.layer_norm_epsilon";
+    let (eps, eps_field) = match arch.arch {
+        "starcoder2" => (float(LN_EPS, true)?, "norm_epsilon"),
+        "command-r" | "cohere2" => (float(LN_EPS, true)?, "layer_norm_eps"),
+        "exaone" => (
+            match float(RMS_EPS, true)? {
+                Some(e) => Some(e),
+                None => float(LN_EPS, true)?,
+            },
+            "layer_norm_epsilon",
+        ),
+        _ => (float(RMS_EPS, true)?, "rms_norm_eps"),
+    };
+    let eps = eps.ok_or_else(|| {
+        let k = if eps_field == "norm_epsilon" {
+            LN_EPS
+        } else {
+            RMS_EPS
+        };
+        gguf_err(path, format!("metadata `{}` is missing", key(k)))
+    })?;
     let mut config = json!({
         "model_type": arch.model_type,
         "hidden_size": hidden,
@@ -512,16 +863,11 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         "intermediate_size": ffn,
         "num_attention_heads": heads,
         "num_key_value_heads": kv_heads,
-        "rms_norm_eps": float("attention.layer_norm_rms_epsilon", true)?.ok_or_else(|| {
-            gguf_err(
-                path,
-                format!("metadata `{}` is missing", key("attention.layer_norm_rms_epsilon")),
-            )
-        })?,
         "vocab_size": vocab,
         "rope_theta": float("rope.freq_base", false)?.unwrap_or(10000.0),
         "tie_word_embeddings": tied,
     });
+    config[eps_field] = Value::from(eps);
     if let Some(ctx) = meta_count(&metadata, path, &key("context_length"))? {
         config["max_position_embeddings"] = Value::from(ctx);
     }
@@ -549,11 +895,26 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                 }
             }
         }
-        "phi3" => {
+        "phi3" | "phimoe" => {
             if let Some(d) = float("rope.dimension_count", false)? {
                 let hd = f64::from(hidden / heads);
-                config["partial_rotary_factor"] = Value::from(d / hd);
+                if arch.arch == "phi3" {
+                    config["partial_rotary_factor"] = Value::from(d / hd);
+                } else if d != hd {
+                    return Err(gguf_err(
+                        path,
+                        format!(
+                            "metadata `{}` is {d}: a partial rope, which mlx-lm's phimoe lacks",
+                            key("rope.dimension_count")
+                        ),
+                    ));
+                }
             }
+            if arch.arch == "phimoe" {
+                config["num_local_experts"] = Value::from(count("expert_count")?);
+                config["num_experts_per_tok"] = Value::from(count("expert_used_count")?);
+            }
+            long_rope(&mut config, &mut rope_tensors, path, &metadata, arch.arch)?;
         }
         "qwen3moe" => {
             // llama.cpp's qwen3moe renormalizes the top-k weights and has no dense layers.
@@ -575,7 +936,11 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             config["shared_expert_intermediate_size"] =
                 Value::from(count("expert_shared_feed_forward_length")?);
         }
-        "granite" => {
+        "granite" | "granitemoe" => {
+            if arch.arch == "granitemoe" {
+                config["num_local_experts"] = Value::from(count("expert_count")?);
+                config["num_experts_per_tok"] = Value::from(count("expert_used_count")?);
+            }
             let has_bias = |t: &str| tensors.contains_key(&format!("model.layers.0.{t}.bias"));
             config["attention_bias"] = Value::from(has_bias("self_attn.q_proj"));
             config["mlp_bias"] = Value::from(has_bias("mlp.down_proj"));
@@ -645,8 +1010,297 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                     ))?,
             });
         }
-        "deepseek2" => deepseek2_config(&mut config, &mut tensors, path, &metadata, heads)?,
+        "minicpm3" => {
+            // llama.cpp fixes MiniCPM3-4B's scales (none are in the file).
+            let rope = count("rope.dimension_count")?;
+            let qk = count("attention.key_length")?;
+            if qk <= rope {
+                return Err(gguf_err(
+                    path,
+                    format!(
+                        "metadata: `{}` = {qk} is not larger than `{}` = {rope}",
+                        key("attention.key_length"),
+                        key("rope.dimension_count")
+                    ),
+                ));
+            }
+            if let Some(c) = config.as_object_mut() {
+                c.remove("head_dim");
+            }
+            config["qk_rope_head_dim"] = Value::from(rope);
+            config["qk_nope_head_dim"] = Value::from(qk - rope);
+            config["q_lora_rank"] = Value::from(count("attention.q_lora_rank")?);
+            config["kv_lora_rank"] = Value::from(count("attention.kv_lora_rank")?);
+            config["scale_emb"] = Value::from(12.0);
+            config["scale_depth"] = Value::from(1.4);
+            config["dim_model_base"] = Value::from(256);
+            config["attention_bias"] =
+                Value::from(tensors.contains_key("model.layers.0.self_attn.q_a_proj.bias"));
+            if config.get("max_position_embeddings").is_none() {
+                return Err(gguf_err(
+                    path,
+                    format!("metadata `{}` is missing", key("context_length")),
+                ));
+            }
+            long_rope(&mut config, &mut rope_tensors, path, &metadata, arch.arch)?;
+            if config.get("rope_scaling").is_none() {
+                // minicpm3.py needs a rope_scaling: factors of 1 over the whole context (no
+                // scale), llama.cpp's plain rope.
+                config["rope_scaling"] = json!({
+                    "type": "longrope",
+                    "original_max_position_embeddings": config["max_position_embeddings"].clone(),
+                });
+            }
+        }
+        "glm4moe" | "dots1" => grouped_moe_config(
+            &mut config,
+            &tensors,
+            path,
+            &metadata,
+            arch.arch,
+            hidden / heads,
+        )?,
+        "qwen3next" => qwen3next_config(&mut config, &mut tensors, path, &metadata, blocks)?,
+        "olmo2" => {
+            // OLMo 3 is written as `olmo2` with a sliding window (and its per-layer pattern).
+            if let Some(w) = meta_count(&metadata, path, &key("attention.sliding_window"))? {
+                config["model_type"] = Value::from("olmo3");
+                config["sliding_window"] = Value::from(w);
+                if let Some(GgufValue::Array(a)) =
+                    metadata.get(&key("attention.sliding_window_pattern"))
+                {
+                    let flags = a
+                        .astype(Dtype::Bool)
+                        .and_then(|b| b.to_vec::<bool>())
+                        .map_err(|e| {
+                            gguf_err(
+                                path,
+                                format!("metadata `attention.sliding_window_pattern`: {e}"),
+                            )
+                        })?;
+                    if flags.len() != blocks as usize
+                        || !flags.contains(&false)
+                        || !flags.contains(&true)
+                    {
+                        return Err(gguf_err(
+                            path,
+                            format!(
+                                "metadata `{}` has {} entries for {blocks} layers; mlx-lm's olmo3 \
+                                 needs both sliding and full-attention layers",
+                                key("attention.sliding_window_pattern"),
+                                flags.len()
+                            ),
+                        ));
+                    }
+                    let types: Vec<&str> = flags
+                        .iter()
+                        .map(|&s| {
+                            if s {
+                                "sliding_attention"
+                            } else {
+                                "full_attention"
+                            }
+                        })
+                        .collect();
+                    config["layer_types"] = json!(types);
+                }
+                if meta_str(&metadata, &key("rope.scaling.type")).is_some_and(|t| t != "none") {
+                    return Err(gguf_err(
+                        path,
+                        format!(
+                            "metadata `{}`: rope scaling is not mapped for OLMo 3",
+                            key("rope.scaling.type")
+                        ),
+                    ));
+                }
+            }
+        }
+        "exaone4" => {
+            // mlx-lm's `sliding_window_pattern` is a period of "L" (sliding) / "G" (global)
+            // letters: the shortest that repeats the file's per-layer pattern (llama.cpp's
+            // default, "LLLG", when the file has a window and no pattern).
+            config["rope_scaling"] = Value::Null;
+            if config.get("head_dim").is_none() {
+                config["head_dim"] = Value::from(hidden / heads);
+            }
+            match meta_count(&metadata, path, &key("attention.sliding_window"))? {
+                None => {
+                    config["sliding_window"] = Value::Null;
+                    config["sliding_window_pattern"] = Value::Null;
+                }
+                Some(w) => {
+                    config["sliding_window"] = Value::from(w);
+                    let flags = match metadata.get(&key("attention.sliding_window_pattern")) {
+                        Some(GgufValue::Array(a)) => a
+                            .astype(Dtype::Bool)
+                            .and_then(|b| b.to_vec::<bool>())
+                            .map_err(|e| {
+                                gguf_err(path, format!("metadata `sliding_window_pattern`: {e}"))
+                            })?,
+                        _ => (0..blocks).map(|i| (i + 1) % 4 != 0).collect(),
+                    };
+                    let n = flags.len();
+                    let period = (1..=n)
+                        .find(|&p| (0..n).all(|i| flags[i] == flags[i % p]))
+                        .unwrap_or(n);
+                    let pattern: String = flags[..period]
+                        .iter()
+                        .map(|&l| if l { 'L' } else { 'G' })
+                        .collect();
+                    if n != blocks as usize || !pattern.contains('L') || !pattern.contains('G') {
+                        return Err(gguf_err(
+                            path,
+                            format!(
+                                "metadata `{}` ({n} entries for {blocks} layers) needs both \
+                                 sliding and global layers for mlx-lm's exaone4",
+                                key("attention.sliding_window_pattern")
+                            ),
+                        ));
+                    }
+                    config["sliding_window_pattern"] = Value::from(pattern);
+                }
+            }
+            if config.get("max_position_embeddings").is_none() {
+                return Err(gguf_err(
+                    path,
+                    format!("metadata `{}` is missing", key("context_length")),
+                ));
+            }
+        }
+        "cohere2" => {
+            let hd = config["head_dim"]
+                .as_i64()
+                .unwrap_or(i64::from(hidden / heads));
+            config["head_dim"] = Value::from(hd);
+            if let Some(d) = meta_count(&metadata, path, &key("rope.dimension_count"))? {
+                if i64::from(d) != hd {
+                    return Err(gguf_err(
+                        path,
+                        format!(
+                            "metadata `{}` is {d}: a partial rope, which mlx-lm's cohere2 lacks",
+                            key("rope.dimension_count")
+                        ),
+                    ));
+                }
+            }
+            if meta_f64(&metadata, &key("rope.freq_base_swa"))
+                .is_some_and(|b| Some(b) != config["rope_theta"].as_f64())
+            {
+                return Err(gguf_err(
+                    path,
+                    format!(
+                        "metadata `{}` differs from the global base; mlx-lm's cohere2 has one",
+                        key("rope.freq_base_swa")
+                    ),
+                ));
+            }
+            config["logit_scale"] = Value::from(float("logit_scale", false)?.ok_or_else(|| {
+                gguf_err(
+                    path,
+                    format!("metadata `{}` is missing", key("logit_scale")),
+                )
+            })?);
+            config["sliding_window"] = Value::from(count("attention.sliding_window")?);
+            // llama.cpp's default pattern (every 4th layer global); a stored one must agree.
+            let pattern = 4;
+            if let Some(GgufValue::Array(a)) =
+                metadata.get(&key("attention.sliding_window_pattern"))
+            {
+                let flags = a
+                    .astype(Dtype::Bool)
+                    .and_then(|b| b.to_vec::<bool>())
+                    .map_err(|e| {
+                        gguf_err(path, format!("metadata `sliding_window_pattern`: {e}"))
+                    })?;
+                if !(0..flags.len()).all(|i| flags[i] == ((i + 1) % pattern != 0)) {
+                    return Err(gguf_err(
+                        path,
+                        format!(
+                            "metadata `{}` is not every 4th layer global, the pattern this map \
+                             reads",
+                            key("attention.sliding_window_pattern")
+                        ),
+                    ));
+                }
+            }
+            config["sliding_window_pattern"] = Value::from(pattern as i64);
+            let has = |t: &str| tensors.contains_key(&format!("model.layers.0.{t}"));
+            config["layer_norm_bias"] = Value::from(has("input_layernorm.bias"));
+            config["attention_bias"] = Value::from(has("self_attn.q_proj.bias"));
+        }
+        "seed_oss" | "ernie4_5" | "command-r" => {
+            let has = |t: &str| tensors.contains_key(&format!("model.layers.0.{t}"));
+            match arch.arch {
+                "seed_oss" => {
+                    config["attention_bias"] = Value::from(has("self_attn.q_proj.bias"));
+                    config["attention_out_bias"] = Value::from(has("self_attn.o_proj.bias"));
+                    config["mlp_bias"] = Value::from(has("mlp.down_proj.bias"));
+                }
+                "ernie4_5" => {
+                    config["use_bias"] = Value::from(has("self_attn.q_proj.bias"));
+                }
+                _ => {
+                    config["logit_scale"] =
+                        Value::from(float("logit_scale", false)?.ok_or_else(|| {
+                            gguf_err(
+                                path,
+                                format!("metadata `{}` is missing", key("logit_scale")),
+                            )
+                        })?);
+                    config["use_qk_norm"] = Value::from(has("self_attn.q_norm.weight"));
+                    config["layer_norm_bias"] = Value::from(has("input_layernorm.bias"));
+                    config["attention_bias"] = Value::from(has("self_attn.q_proj.bias"));
+                }
+            }
+            // seed_oss and ernie4_5 need a head size; HF's default when the file has none.
+            if config.get("head_dim").is_none() {
+                config["head_dim"] = Value::from(hidden / heads);
+            }
+            if config.get("max_position_embeddings").is_none() {
+                return Err(gguf_err(
+                    path,
+                    format!("metadata `{}` is missing", key("context_length")),
+                ));
+            }
+        }
+        "olmoe" => {
+            // llama.cpp's olmoe does not renormalize the top-k weights (OLMoE's own config).
+            config["num_experts"] = Value::from(count("expert_count")?);
+            config["num_experts_per_tok"] = Value::from(count("expert_used_count")?);
+            config["norm_topk_prob"] = Value::from(false);
+        }
+        "exaone" => {
+            // mlx-lm's EXAONE names and full-width rope.
+            let hd = i64::from(hidden / heads);
+            if let Some(d) = meta_count(&metadata, path, &key("rope.dimension_count"))? {
+                if i64::from(d) != config["head_dim"].as_i64().unwrap_or(hd) {
+                    return Err(gguf_err(
+                        path,
+                        format!(
+                            "metadata `{}` is {d}: a partial rope, which mlx-lm's exaone lacks",
+                            key("rope.dimension_count")
+                        ),
+                    ));
+                }
+            }
+            config["num_layers"] = Value::from(blocks);
+            config["attention_bias"] =
+                Value::from(tensors.contains_key("transformer.h.0.attn.attention.q_proj.bias"));
+            config["mlp_bias"] =
+                Value::from(tensors.contains_key("transformer.h.0.mlp.c_proj.bias"));
+        }
+        "deepseek2" | "mistral4" => {
+            deepseek2_config(&mut config, &mut tensors, path, &metadata, heads, arch.arch)?
+        }
         _ => {}
+    }
+    if let Some(f) = rope_tensors.remove("rope_freqs.weight") {
+        llama3_rope(&mut config, &f, path, hidden / heads)?;
+    }
+    if let Some(name) = rope_tensors.keys().next() {
+        return Err(ModelError::Weights(vec![format!(
+            "unexpected GGUF tensor: {name}"
+        )]));
     }
     let config = ModelConfig::from_value(config).map_err(|e| match e {
         ModelError::Config(m) => gguf_err(path, format!("hyper-parameters: {m}")),
@@ -657,6 +1311,454 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         tensors,
         metadata,
     })
+}
+
+/// llama.cpp's fused `ffn_gate_up_exps` `(experts, 2 * ffn, hidden)` (and its quantization
+/// scales and biases, row by row alike) split in halves along the rows into mlx-lm's
+/// `switch_mlp.gate_proj` and `switch_mlp.up_proj`, gate first (mistral4.py's sanitize).
+fn split_gate_up(tensors: &mut BTreeMap<String, Array>) -> Result<()> {
+    let fused: Vec<String> = tensors
+        .keys()
+        .filter(|k| k.contains(".switch_mlp.gate_up_proj."))
+        .cloned()
+        .collect();
+    for k in fused {
+        let Some(a) = tensors.remove(&k) else {
+            continue;
+        };
+        let rows = if a.ndim() == 3 { a.shape()[1] } else { -1 };
+        if rows <= 0 || rows % 2 != 0 {
+            return Err(ModelError::Weights(vec![format!(
+                "GGUF tensor {k}: shape {:?} is not (experts, 2 * ffn, hidden)",
+                a.shape()
+            )]));
+        }
+        let parts = ops::split_equal(&a, 2, 1, None)?;
+        let [gate, up] = <[Array; 2]>::try_from(parts)
+            .map_err(|_| ModelError::Weights(vec![format!("GGUF tensor {k}: split failed")]))?;
+        tensors.insert(k.replace(".gate_up_proj.", ".gate_proj."), gate);
+        tensors.insert(k.replace(".gate_up_proj.", ".up_proj."), up);
+    }
+    Ok(())
+}
+
+/// Llama 3's rope scaling from llama.cpp's `rope_freqs` tensor. The converter stores only the
+/// per-frequency factors (1 above the high-frequency wavelength, `factor` below the
+/// low-frequency one, a smooth blend between) that mlx-lm's `Llama3RoPE` computes from
+/// `factor`, `low_freq_factor`, `high_freq_factor` and `original_max_position_embeddings`: the
+/// parameters are recovered (low_freq_factor 1, as every Llama 3 has; the other two solved
+/// from the blended factors, `high_freq_factor` 4 when fewer than two are blended) and
+/// checked by recomputing every factor; factors no such parameters give are refused.
+fn llama3_rope(config: &mut Value, f: &Array, path: &Path, default_head: i32) -> Result<()> {
+    let bad = |why: String| gguf_err(path, format!("tensor rope_freqs: {why}"));
+    let got: Vec<f64> = f
+        .astype(Dtype::Float32)
+        .and_then(|a| a.to_vec::<f32>())
+        .map_err(|e| bad(e.to_string()))?
+        .into_iter()
+        .map(f64::from)
+        .collect();
+    let dim = config["head_dim"]
+        .as_i64()
+        .unwrap_or(i64::from(default_head));
+    if f.ndim() != 1 || got.len() as i64 * 2 != dim {
+        return Err(bad(format!(
+            "shape {:?}, expected ({},) for head size {dim}",
+            f.shape(),
+            dim / 2
+        )));
+    }
+    if got.iter().any(|x| !x.is_finite() || *x < 1.0) {
+        return Err(bad("a factor below 1 or not finite".into()));
+    }
+    let factor = got.iter().cloned().fold(1.0, f64::max);
+    if factor == 1.0 {
+        return Ok(()); // no scaling
+    }
+    let base = config["rope_theta"].as_f64().unwrap_or(10000.0);
+    let wavelen: Vec<f64> = (0..got.len())
+        .map(|i| 2.0 * std::f64::consts::PI * base.powf(2.0 * i as f64 / dim as f64))
+        .collect();
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-4 * b.abs().max(1.0);
+    // smooth = (old / wavelen - low) / (high - low), from a blended factor r.
+    let smooth = |r: f64| (1.0 / r - 1.0 / factor) / (1.0 - 1.0 / factor);
+    let blended: Vec<usize> = (0..got.len())
+        .filter(|&i| !close(got[i], 1.0) && !close(got[i], factor))
+        .collect();
+    let low = 1.0;
+    let (old, high) = match blended.as_slice() {
+        [] | [_] => {
+            let high = 4.0;
+            let old = match blended.first() {
+                Some(&i) => ((3.0 * smooth(got[i]) + 1.0) * wavelen[i]).round(),
+                None => {
+                    // Any context between the classes gives the same factors.
+                    let lo = (0..got.len())
+                        .filter(|&i| close(got[i], 1.0))
+                        .map(|i| wavelen[i] * high)
+                        .fold(0.0, f64::max);
+                    let hi = (0..got.len())
+                        .filter(|&i| close(got[i], factor))
+                        .map(|i| wavelen[i])
+                        .fold(f64::INFINITY, f64::min);
+                    if (lo..hi).contains(&8192.0) {
+                        8192.0
+                    } else {
+                        ((lo + hi.min(lo * 2.0)) / 2.0).round()
+                    }
+                }
+            };
+            (old, high)
+        }
+        [.., _] => {
+            // s = a / wavelen - b with a = old / (high - low), b = low / (high - low).
+            let (i, j) = (blended[0], blended[blended.len() - 1]);
+            let (si, sj) = (smooth(got[i]), smooth(got[j]));
+            let a = (si - sj) / (1.0 / wavelen[i] - 1.0 / wavelen[j]);
+            let b = a / wavelen[i] - si;
+            if !(b > 0.0 && a > 0.0) {
+                return Err(bad("the blended factors are not Llama 3's".into()));
+            }
+            let high = low + 1.0 / b;
+            let high = format!("{high:.6e}").parse::<f64>().unwrap_or(high);
+            ((a / b).round(), high)
+        }
+    };
+    let expect = |w: f64| -> f64 {
+        if w < old / high {
+            1.0
+        } else if w > old / low {
+            factor
+        } else {
+            let s = (old / w - low) / (high - low);
+            1.0 / ((1.0 - s) / factor + s)
+        }
+    };
+    if let Some(i) = (0..got.len()).find(|&i| !close(expect(wavelen[i]), got[i])) {
+        return Err(bad(format!(
+            "factor {i} is {}, which no Llama 3 rope scaling gives (recovered factor {factor}, \
+             low 1, high {high}, original context {old})",
+            got[i]
+        )));
+    }
+    config["rope_scaling"] = json!({
+        "rope_type": "llama3",
+        "factor": factor,
+        "low_freq_factor": low,
+        "high_freq_factor": high,
+        "original_max_position_embeddings": old as i64,
+    });
+    Ok(())
+}
+
+/// llama.cpp's `qwen3next` as mlx-lm's qwen3_next: the gated-delta sizes from the `ssm.*`
+/// keys (`state_size` the key head size, `group_count` the key heads, `time_step_rank` the
+/// value heads, `inner_size` their width), the layer pattern from `full_attention_interval`
+/// (an `attention.recurrent_layers` list must follow it), experts renormalized as llama.cpp
+/// does; and the tensors back in mlx-lm's form: `attn_qkv` / `attn_gate` regrouped per key
+/// head into `in_proj_qkvz`, the conv kernel given its trailing axis, `ssm_dt.bias` as
+/// `dt_bias`.
+fn qwen3next_config(
+    config: &mut Value,
+    tensors: &mut BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    blocks: i32,
+) -> Result<()> {
+    let key = |k: &str| format!("qwen3next.{k}");
+    let need = |k: &str| -> Result<i32> {
+        meta_count(meta, path, &key(k))?
+            .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
+    };
+    let (nk, dk, nv, inner) = (
+        need("ssm.group_count")?,
+        need("ssm.state_size")?,
+        need("ssm.time_step_rank")?,
+        need("ssm.inner_size")?,
+    );
+    if inner % nv != 0 || nv % nk != 0 {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata: `ssm.inner_size` {inner}, `ssm.time_step_rank` {nv} and \
+                 `ssm.group_count` {nk} do not divide into heads"
+            ),
+        ));
+    }
+    let dv = inner / nv;
+    let interval = meta_count(meta, path, &key("full_attention_interval"))?.unwrap_or(4);
+    if let Some(GgufValue::Array(a)) = meta.get(&key("attention.recurrent_layers")) {
+        let flags: Vec<bool> = a
+            .astype(Dtype::Bool)
+            .and_then(|b| b.to_vec::<bool>())
+            .map_err(|e| gguf_err(path, format!("metadata `attention.recurrent_layers`: {e}")))?;
+        let ok =
+            (0..blocks as usize).all(|i| flags.get(i) == Some(&((i as i32 + 1) % interval != 0)));
+        if !ok {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is not every {interval}th layer full attention, the only \
+                     pattern mlx-lm's qwen3_next has",
+                    key("attention.recurrent_layers")
+                ),
+            ));
+        }
+    }
+    let head_dim = config["head_dim"].as_i64().unwrap_or(0);
+    let rot = need("rope.dimension_count")?;
+    if head_dim <= 0 {
+        return Err(gguf_err(
+            path,
+            format!("metadata `{}` is missing", key("attention.key_length")),
+        ));
+    }
+    config["partial_rotary_factor"] = Value::from(f64::from(rot) / head_dim as f64);
+    config["linear_num_key_heads"] = Value::from(nk);
+    config["linear_key_head_dim"] = Value::from(dk);
+    config["linear_num_value_heads"] = Value::from(nv);
+    config["linear_value_head_dim"] = Value::from(dv);
+    config["linear_conv_kernel_dim"] = Value::from(need("ssm.conv_kernel")?);
+    config["full_attention_interval"] = Value::from(interval);
+    config["num_experts"] = Value::from(need("expert_count")?);
+    config["num_experts_per_tok"] = Value::from(need("expert_used_count")?);
+    config["moe_intermediate_size"] = Value::from(need("expert_feed_forward_length")?);
+    config["shared_expert_intermediate_size"] =
+        Value::from(need("expert_shared_feed_forward_length")?);
+    config["decoder_sparse_step"] = Value::from(1);
+    let dense: Vec<i32> = (0..blocks)
+        .filter(|l| tensors.contains_key(&format!("model.layers.{l}.mlp.gate_proj.weight")))
+        .collect();
+    config["mlp_only_layers"] = json!(dense);
+    config["norm_topk_prob"] = Value::from(true);
+    config["attention_bias"] = Value::from(
+        (0..blocks)
+            .any(|l| tensors.contains_key(&format!("model.layers.{l}.self_attn.q_proj.bias"))),
+    );
+
+    let bad = |what: String| ModelError::Weights(vec![what]);
+    let names: Vec<String> = tensors.keys().cloned().collect();
+    for k in names {
+        if let Some(p) = k.strip_suffix(".linear_attn.gguf_dt.bias") {
+            let a = tensors.remove(&k).ok_or_else(|| bad(k.clone()))?;
+            tensors.insert(format!("{p}.linear_attn.dt_bias"), a);
+        } else if k.ends_with(".linear_attn.conv1d.weight") {
+            let a = tensors.remove(&k).ok_or_else(|| bad(k.clone()))?;
+            let a = match a.shape().as_slice() {
+                &[c, w] => a.reshape(&[c, w, 1])?,
+                s => {
+                    return Err(bad(format!(
+                        "GGUF {k}: shape {s:?}, expected (channels, kernel)"
+                    )))
+                }
+            };
+            tensors.insert(k, a);
+        } else if let Some(rest) = k.split_once(".linear_attn.gguf_qkv.") {
+            let (p, suffix) = rest;
+            let qkv = tensors.remove(&k).ok_or_else(|| bad(k.clone()))?;
+            let zk = format!("{p}.linear_attn.gguf_z.{suffix}");
+            let z = tensors
+                .remove(&zk)
+                .ok_or_else(|| bad(format!("{k} without its attn_gate")))?;
+            let cols = qkv.shape().last().copied().unwrap_or(0);
+            let rows = qkv.shape().first().copied().unwrap_or(0);
+            let r = nv / nk;
+            if qkv.ndim() != 2
+                || z.ndim() != 2
+                || rows != nk * (2 * dk + r * dv)
+                || z.shape()[0] != nk * r * dv
+                || z.shape()[1] != cols
+            {
+                return Err(bad(format!(
+                    "GGUF {k} {:?} / attn_gate {:?} are not ({nk} key heads x (2 x {dk} + {} ), \
+                     columns) / ({nk} x {}, columns)",
+                    qkv.shape(),
+                    z.shape(),
+                    r * dv,
+                    r * dv
+                )));
+            }
+            let parts = ops::split_at(&qkv, &[nk * dk, 2 * nk * dk], 0, None)?;
+            let [q, kk, v] = <[Array; 3]>::try_from(parts)
+                .map_err(|_| bad(format!("GGUF {k}: split failed")))?;
+            let q = q.reshape(&[nk, dk, cols])?;
+            let kk = kk.reshape(&[nk, dk, cols])?;
+            let v = v.reshape(&[nk, r * dv, cols])?;
+            let z = z.reshape(&[nk, r * dv, cols])?;
+            let joined = ops::concatenate(&[&q, &kk, &v, &z], 1, None)?;
+            let joined = joined.reshape(&[nk * (2 * dk + 2 * r * dv), cols])?;
+            tensors.insert(format!("{p}.linear_attn.in_proj_qkvz.{suffix}"), joined);
+        }
+    }
+    if let Some(k) = tensors.keys().find(|k| k.contains(".gguf_")) {
+        return Err(bad(format!("GGUF tensor for {k} without its partner")));
+    }
+    Ok(())
+}
+
+/// A boolean metadata value (`None` when absent).
+fn meta_bool(meta: &GgufMetadata, path: &Path, key: &str) -> Result<Option<bool>> {
+    match meta.get(key) {
+        None => Ok(None),
+        Some(GgufValue::Array(a)) if a.size() == 1 => a
+            .astype(Dtype::Bool)
+            .and_then(|b| b.item::<bool>())
+            .map(Some)
+            .map_err(|e| gguf_err(path, format!("metadata `{key}`: {e}"))),
+        Some(_) => Err(gguf_err(path, format!("metadata `{key}` is not a boolean"))),
+    }
+}
+
+/// GLM-4.5 (`glm4moe`) and dots.llm1 (`dots1`): mlx-lm's glm4_moe / dots1 arguments from the
+/// keys their converters write; both route with DeepSeek V3's sigmoid and correction bias
+/// (a softmax `expert_gating_func` is refused), group-limited, with shared experts after
+/// `leading_dense_block_count` dense layers. GLM-4.5's head size is `key_length` (its
+/// `rope.dimension_count` is the rotated part).
+fn grouped_moe_config(
+    config: &mut Value,
+    tensors: &BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    arch: &str,
+    default_head: i32,
+) -> Result<()> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let opt = |k: &str| meta_count(meta, path, &key(k));
+    let need = |k: &str| -> Result<i32> {
+        opt(k)?.ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
+    };
+    match opt("expert_gating_func")? {
+        None | Some(2) => {}
+        Some(g) => {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is {g}; mlx-lm's {arch} routes with sigmoid (2)",
+                    key("expert_gating_func")
+                ),
+            ))
+        }
+    }
+    let scale = match meta_f64(meta, &key("expert_weights_scale")) {
+        None if meta.contains_key(&key("expert_weights_scale")) => {
+            return Err(gguf_err(
+                path,
+                format!("metadata `{}` is not a number", key("expert_weights_scale")),
+            ))
+        }
+        None => 1.0,
+        Some(v) if v.is_finite() => v,
+        Some(v) => {
+            return Err(gguf_err(
+                path,
+                format!("metadata `{}` is {v}", key("expert_weights_scale")),
+            ))
+        }
+    };
+    let head_dim = opt("attention.key_length")?.unwrap_or(default_head);
+    config["head_dim"] = Value::from(head_dim);
+    config["n_routed_experts"] = Value::from(need("expert_count")?);
+    config["num_experts_per_tok"] = Value::from(need("expert_used_count")?);
+    config["moe_intermediate_size"] = Value::from(need("expert_feed_forward_length")?);
+    config["n_shared_experts"] = Value::from(opt("expert_shared_count")?.unwrap_or(0));
+    config["first_k_dense_replace"] = Value::from(opt("leading_dense_block_count")?.unwrap_or(0));
+    config["n_group"] = Value::from(opt("expert_group_count")?.unwrap_or(1));
+    config["topk_group"] = Value::from(opt("expert_group_used_count")?.unwrap_or(1));
+    config["routed_scaling_factor"] = Value::from(scale);
+    config["norm_topk_prob"] =
+        Value::from(meta_bool(meta, path, &key("expert_weights_norm"))?.unwrap_or(false));
+    config["rope_scaling"] = Value::Null;
+    let has = |t: &str| tensors.contains_key(t);
+    config["attention_bias"] = Value::from(has("model.layers.0.self_attn.q_proj.bias"));
+    if arch == "glm4moe" {
+        config["use_qk_norm"] = Value::from(has("model.layers.0.self_attn.q_norm.weight"));
+        let rot = opt("rope.dimension_count")?.unwrap_or(head_dim / 2);
+        config["partial_rotary_factor"] = Value::from(f64::from(rot) / f64::from(head_dim));
+    } else {
+        config["scoring_func"] = Value::from("noaux_tc");
+    }
+    Ok(())
+}
+
+/// Phi-3's long rope as llama.cpp writes it (`rope_factors_long` / `rope_factors_short`
+/// tensors, `rope.scaling.original_context_length`, `rope.scaling.attn_factor`) back into
+/// mlx-lm's `rope_scaling` (type `longrope`) and `original_max_position_embeddings`. mlx-lm's
+/// phimoe reads the scale from `long_mscale`: the file's attention factor (what llama.cpp
+/// multiplies by; a checkpoint's own mscale, when it differs, is not in the file). Both
+/// factor tensors or neither.
+fn long_rope(
+    config: &mut Value,
+    rope: &mut BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    arch: &str,
+) -> Result<()> {
+    let long = rope.remove("rope_factors_long.weight");
+    let short = rope.remove("rope_factors_short.weight");
+    let (long, short) = match (long, short) {
+        (None, None) => return Ok(()),
+        (Some(l), Some(s)) => (l, s),
+        _ => {
+            return Err(gguf_err(
+                path,
+                "rope_factors_long and rope_factors_short come together",
+            ))
+        }
+    };
+    let list = |a: &Array, name: &str| -> Result<Value> {
+        let v = a
+            .astype(Dtype::Float32)
+            .and_then(|a| a.to_vec::<f32>())
+            .map_err(|e| gguf_err(path, format!("tensor {name}: {e}")))?;
+        if a.ndim() != 1 || v.iter().any(|x| !x.is_finite() || *x <= 0.0) {
+            return Err(gguf_err(
+                path,
+                format!("tensor {name}: expected a vector of positive factors"),
+            ));
+        }
+        Ok(Value::from(
+            v.into_iter().map(f64::from).collect::<Vec<_>>(),
+        ))
+    };
+    let key = |k: &str| format!("{arch}.{k}");
+    // MiniCPM3's converter writes no original context: llama.cpp's is the context length.
+    let orig_key = if arch == "minicpm3" {
+        "context_length"
+    } else {
+        "rope.scaling.original_context_length"
+    };
+    let orig = meta_count(meta, path, &key(orig_key))?.ok_or_else(|| {
+        gguf_err(
+            path,
+            format!("metadata `{}` is missing (long rope)", key(orig_key)),
+        )
+    })?;
+    let mut rs = json!({
+        "type": "longrope",
+        "long_factor": list(&long, "rope_factors_long")?,
+        "short_factor": list(&short, "rope_factors_short")?,
+    });
+    if arch == "phimoe" {
+        let m = match meta_f64(meta, &key("rope.scaling.attn_factor")) {
+            Some(v) if v.is_finite() && v > 0.0 => Value::from(v),
+            Some(v) => {
+                return Err(gguf_err(
+                    path,
+                    format!("metadata `{}` is {v}", key("rope.scaling.attn_factor")),
+                ))
+            }
+            None => Value::Null,
+        };
+        rs["short_mscale"] = m.clone();
+        rs["long_mscale"] = m;
+    }
+    if arch == "minicpm3" {
+        rs["original_max_position_embeddings"] = Value::from(orig);
+    } else {
+        config["original_max_position_embeddings"] = Value::from(orig);
+    }
+    config["rope_scaling"] = rs;
+    Ok(())
 }
 
 /// llama.cpp's `deepseek2` hyper-parameters as mlx-lm's `deepseek_v2` (softmax router) or
@@ -672,8 +1774,10 @@ fn deepseek2_config(
     path: &Path,
     meta: &GgufMetadata,
     heads: i32,
+    arch: &str,
 ) -> Result<()> {
-    let key = |k: &str| format!("deepseek2.{k}");
+    let mistral4 = arch == "mistral4";
+    let key = |k: &str| format!("{arch}.{k}");
     let opt = |k: &str| meta_count(meta, path, &key(k));
     let need = |k: &str| -> Result<i32> {
         opt(k)?.ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
@@ -723,13 +1827,23 @@ fn deepseek2_config(
     let gating = opt("expert_gating_func")?;
     let v3 = match gating {
         None | Some(1) => false,
-        Some(2) => true,
+        Some(2) if !mistral4 => true,
         Some(g) => {
             return Err(gguf_err(
                 path,
                 format!(
-                    "metadata `{}` is {g}; mlx-lm routes with softmax (1) or sigmoid (2)",
-                    key("expert_gating_func")
+                    "metadata `{}` is {g}; mlx-lm's {} routes with {}",
+                    key("expert_gating_func"),
+                    if mistral4 {
+                        "mistral4"
+                    } else {
+                        "deepseek_v2 / v3"
+                    },
+                    if mistral4 {
+                        "softmax (1)"
+                    } else {
+                        "softmax (1) or sigmoid (2)"
+                    }
                 ),
             ))
         }
@@ -738,10 +1852,12 @@ fn deepseek2_config(
         .as_object_mut()
         .ok_or_else(|| gguf_err(path, "internal: the config is not a map"))?;
     c.remove("head_dim");
-    c.insert(
-        "model_type".into(),
-        Value::from(if v3 { "deepseek_v3" } else { "deepseek_v2" }),
-    );
+    let model_type = match (mistral4, v3) {
+        (true, _) => "mistral4",
+        (false, true) => "deepseek_v3",
+        (false, false) => "deepseek_v2",
+    };
+    c.insert("model_type".into(), Value::from(model_type));
     c.insert("num_key_value_heads".into(), Value::from(heads));
     c.insert(
         "q_lora_rank".into(),
@@ -797,7 +1913,9 @@ fn deepseek2_config(
             }
         };
         c.insert("norm_topk_prob".into(), Value::from(norm));
-        if v3 {
+        if mistral4 {
+            // mistral4.py's router: softmax, group-limited when n_group > 1.
+        } else if v3 {
             c.insert("topk_method".into(), Value::from("noaux_tc"));
             c.insert("scoring_func".into(), Value::from("sigmoid"));
         } else {
@@ -847,6 +1965,34 @@ fn deepseek2_config(
             ))
         }
     };
+    if mistral4 {
+        // mistral4.py reads `rope_parameters` (YaRN plus Llama 4's query scale, whose beta
+        // the HF converter does not write: llama.cpp then scales by 1, as beta 0 does).
+        let Some(mut rp) = scaling else {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is not yarn; Mistral 4 needs it",
+                    key("rope.scaling.type")
+                ),
+            ));
+        };
+        if rp.get("mscale_all_dim").is_none() {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is missing",
+                    key("rope.scaling.yarn_log_multiplier")
+                ),
+            ));
+        }
+        rp["rope_type"] = Value::from("yarn");
+        rp["rope_theta"] = c.get("rope_theta").cloned().unwrap_or(Value::from(10000.0));
+        rp["llama_4_scaling_beta"] =
+            Value::from(num("attention.temperature_scale")?.unwrap_or(0.0));
+        c.insert("rope_parameters".into(), rp);
+        return Ok(());
+    }
     match scaling {
         Some(rs) => {
             c.insert("rope_scaling".into(), rs);
@@ -970,4 +2116,66 @@ pub fn load_gguf_model_with(
     let weights = Weights::new(g.tensors.clone(), None, opts.dtype);
     let model = build(&g.config, weights)?;
     Ok((model, g))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `LlamaModel.generate_extra_tensors`'s factors in f32, as llama.cpp's converter
+    /// computes them (torch float32).
+    fn converter_factors(
+        base: f32,
+        dim: i32,
+        factor: f32,
+        low: f32,
+        high: f32,
+        old: f32,
+    ) -> Vec<f32> {
+        (0..dim / 2)
+            .map(|i| {
+                let freq = 1.0f32 / base.powf((2 * i) as f32 / dim as f32);
+                let wavelen = (2.0 * std::f64::consts::PI) as f32 / freq;
+                if wavelen < old / high {
+                    1.0
+                } else if wavelen > old / low {
+                    factor
+                } else {
+                    let s = (old / wavelen - low) / (high - low);
+                    1.0 / ((1.0 - s) / factor + s)
+                }
+            })
+            .collect()
+    }
+
+    /// Llama 3.1 (factor 8) and 3.2 (factor 32) as released (theta 500000, head 128, original
+    /// context 8192, low 1, high 4): the parameters come back exactly.
+    #[test]
+    fn llama3_rope_parameters_are_recovered_from_rope_freqs() -> Result<()> {
+        for factor in [8.0f32, 32.0] {
+            let f = converter_factors(500_000.0, 128, factor, 1.0, 4.0, 8192.0);
+            let a = Array::from_slice(&f, &[64])?;
+            let mut config = json!({"head_dim": 128, "rope_theta": 500000.0});
+            llama3_rope(&mut config, &a, Path::new("x.gguf"), 128)?;
+            assert_eq!(
+                config["rope_scaling"],
+                json!({
+                    "rope_type": "llama3",
+                    "factor": f64::from(factor),
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 8192,
+                })
+            );
+        }
+        // Factors no Llama 3 scaling gives are refused, naming the tensor.
+        let mut f = converter_factors(500_000.0, 128, 8.0, 1.0, 4.0, 8192.0);
+        f[40] = 3.0;
+        f[10] = 5.0;
+        let a = Array::from_slice(&f, &[64])?;
+        let mut config = json!({"head_dim": 128, "rope_theta": 500000.0});
+        let e = llama3_rope(&mut config, &a, Path::new("x.gguf"), 128).unwrap_err();
+        assert!(e.to_string().contains("rope_freqs"), "{e}");
+        Ok(())
+    }
 }

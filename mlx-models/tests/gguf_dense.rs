@@ -1,5 +1,5 @@
-//! GGUF name maps (qwen2, qwen3, phi3, gemma, gemma2, gemma3, qwen2moe, qwen3moe, olmo2, granite,
-//! glm4, mistral3, deepseek2):
+//! GGUF name maps (every architecture of `supported_gguf_architectures` but llama, which the
+//! real SmolLM2 GGUF tests, plus llama with Llama 3's `rope_freqs`):
 //! tiny seeded models written with llama.cpp's names, norm conventions, Q/K permutation and
 //! metadata keys by `cargo xtask
 //! goldens gguf_dense`, loaded by `mlx_models::gguf`, give mlx-lm's logits on the same
@@ -49,13 +49,16 @@ fn gguf_files_of_every_mapped_architecture_match_mlx_lm() {
 /// llama.cpp's `deepseek2` (`cargo xtask goldens gguf_mla`): DeepSeek V2 (softmax router, YaRN,
 /// `attn_q`) from a file with the split `attn_k_b` / `attn_v_b` and from one with the older
 /// whole `attn_kv_b` and head sizes, both against the same mlx-lm model; DeepSeek V3 (sigmoid
-/// router with `exp_probs_b`, groups, `q_lora_rank`).
+/// router with `exp_probs_b`, groups, `q_lora_rank`); Mistral Small 4 (llama.cpp's `mistral4`,
+/// written by the same converter class: softmax router, fused `ffn_gate_up_exps`, YaRN as
+/// `rope_parameters`).
 #[test]
 fn deepseek2_gguf_files_match_mlx_lm() {
     let cases = [
         ("deepseek2_v2", "deepseek2_v2", "deepseek_v2"),
         ("deepseek2_v2_kvb", "deepseek2_v2", "deepseek_v2"),
         ("deepseek2_v3", "deepseek2_v3", "deepseek_v3"),
+        ("mistral4", "mistral4", "mistral4"),
     ];
     let failures: Vec<String> = cases
         .iter()
@@ -79,4 +82,70 @@ fn deepseek2_gguf_files_match_mlx_lm() {
         .collect();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     assert!(supported_gguf_architectures().contains(&"deepseek2"));
+    assert!(supported_gguf_architectures().contains(&"mistral4"));
+}
+
+/// The later architectures (`cargo xtask goldens gguf_more`), written with only the metadata
+/// keys their converter class writes (the vocabulary's size from `tokenizer.ggml.tokens` where
+/// it writes no `vocab_size`): each file loads as its mlx-lm type and matches mlx-lm's logits.
+#[test]
+fn later_gguf_architectures_match_mlx_lm() {
+    let cases = [
+        ("llama3", "llama"),
+        ("olmo3", "olmo3"),
+        ("smollm3", "smollm3"),
+        ("starcoder2", "starcoder2"),
+        ("exaone", "exaone"),
+        ("olmoe", "olmoe"),
+        ("granitemoe", "granitemoe"),
+        ("phi3_longrope", "phi3"),
+        ("phimoe", "phimoe"),
+        ("minicpm3", "minicpm3"),
+        ("glm4moe", "glm4_moe"),
+        ("dots1", "dots1"),
+        ("qwen3next", "qwen3_next"),
+        ("seed_oss", "seed_oss"),
+        ("ernie4_5", "ernie4_5"),
+        ("command_r", "cohere"),
+        ("cohere2", "cohere2"),
+        ("exaone4", "exaone4"),
+    ];
+    let failures: Vec<String> = cases
+        .iter()
+        .filter_map(|(n, model_type)| {
+            let run = || -> Result<(), String> {
+                let path = root().join("models/gguf").join(format!("{n}.gguf"));
+                let (model, g) =
+                    load_gguf_model(&path, &LoadOptions::default()).map_err(|e| e.to_string())?;
+                if g.config.model_type != *model_type {
+                    return Err(format!("model type {}", g.config.model_type));
+                }
+                model_check::check_loaded(
+                    model.as_ref(),
+                    &root().join("goldens/gguf").join(format!("{n}.safetensors")),
+                )
+            };
+            run().err().map(|e| format!("{n}: {e}"))
+        })
+        .collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    for a in [
+        "smollm3",
+        "starcoder2",
+        "exaone",
+        "olmoe",
+        "granitemoe",
+        "phimoe",
+        "minicpm3",
+        "glm4moe",
+        "dots1",
+        "qwen3next",
+        "seed_oss",
+        "ernie4_5",
+        "command-r",
+        "cohere2",
+        "exaone4",
+    ] {
+        assert!(supported_gguf_architectures().contains(&a), "{a}");
+    }
 }

@@ -1,14 +1,16 @@
 #!/bin/bash
 # Device call 2 of the product-path bench (after product_setup.sh on the same warm machine):
-# the `cuda` test set of the graph decoder (graph_decode_cuda: every covered row teacher-forced
-# against the MLX forward, the engine backend, the fall-back on an injected CUDA failure, a
-# decoder kept between generations, sampling on the host, the on-disk kernel cache), then
-# `mlx generate` per model: greedy twice with a fresh kernel cache (the second run's kernels
-# come from the on-disk cache; --verbose prints the decoder's build time) and once sampled
-# (--temp/--top-p/--min-p, seeded), and `mlx chat` (two turns, graph and MLX), then
+# first the `cuda` test set of the graph decoder, capped at TEST_S seconds (graph_decode_cuda,
+# tests by name: the on-disk kernel cache, then the engine backend with seeded sampling on
+# llama3_q4 and llama alone (the quick answer to run 4's seeded mismatch), then every covered
+# row teacher-forced against the MLX forward with the engine backend's checks); then
 # `mlx benchmark` (the product path: `--decoder auto`, which picks the graph decoder where it
 # applies, and `--decoder mlx`) and mlx-lm's own `mlx_lm benchmark` on the same model
-# directories, alternating, ROUNDS rounds; and the copy bandwidth. Logs and JSON under $OUT.
+# directories, alternating, ROUNDS rounds, with the copy bandwidth; then per model whose
+# tokenizer fits (GEN_MODELS) `mlx generate` greedy twice with a fresh kernel cache (the second
+# run's kernels come from the on-disk cache; --verbose prints the decoder's build time), sampled
+# (--temp/--top-p/--min-p, seeded) on both decoders, and `mlx chat` (two turns, graph and MLX).
+# Logs and JSON under $OUT.
 set -x
 C=.gpu/c
 export PYTHONUNBUFFERED=1
@@ -24,26 +26,10 @@ if [ -z "$SKIP_TEST" ]; then
   fi
   timeout ${TEST_S:-240} /opt/bin/graph_test --test-threads 1 --nocapture 2>&1 | tee $OUT/graph_test.log | tail -30
 fi
-M=${MODELS:-llama-135m-bf16 llama-135m-q4 llama31-8b-q4}
+M=${MODELS:-llama31-8b-q4 llama-135m-bf16}
+# The 135M directories carry the Llama 3 tokenizer (ids past their vocabulary): bench only.
+GM=${GEN_MODELS:-llama31-8b-q4}
 export MLXS_GPURT_CACHE=/tmp/gpurt-cache
-rm -rf $MLXS_GPURT_CACHE
-for m in $M; do
-  for run in nvrtc cached; do
-    echo "== generate $m greedy ($run kernels)" | tee -a $OUT/notes.log
-    $MLX generate --model /opt/models/$m --prompt "The quick brown fox" --max-tokens 16 --verbose true 2>&1 | tail -12 | tee -a $OUT/notes.log
-  done
-  echo "== generate $m sampled" | tee -a $OUT/notes.log
-  $MLX generate --model /opt/models/$m --prompt "The quick brown fox" --max-tokens 64 --temp 0.8 --top-p 0.95 --min-p 0.02 --seed 1 --verbose true 2>&1 | tail -12 | tee -a $OUT/notes.log
-  $MLX generate --model /opt/models/$m --prompt "The quick brown fox" --max-tokens 64 --temp 0.8 --top-p 0.95 --min-p 0.02 --seed 1 --decoder mlx --verbose true 2>&1 | tail -6 | tee -a $OUT/notes.log
-  # `mlx chat` on the graph decoder: two turns (the second continues the first's cache), JSON
-  # lines with the decoder's name; the 135M directories' tokenizer has ids past their vocabulary.
-  case $m in llama-135m-*) continue ;; esac
-  for d in auto mlx; do
-    echo "== chat $m --decoder $d (two turns)" | tee -a $OUT/notes.log
-    printf 'Hello there\nTell me more\n' | timeout 120 $MLX chat --model /opt/models/$m -m 32 --decoder $d --verbose true --json 2>&1 | tail -8 | tee -a $OUT/notes.log
-  done
-done
-ls -la $MLXS_GPURT_CACHE | tee -a $OUT/notes.log
 python3 - <<'PY' 2>&1 | tee $OUT/copy_bw.log
 import mlx.core as mx, time
 a = mx.zeros((1 << 29,), dtype=mx.uint16); mx.eval(a)
@@ -67,4 +53,31 @@ for r in $(seq ${ROUNDS:-2}); do
     done
   done
 done
+rm -rf $MLXS_GPURT_CACHE
+for m in $GM; do
+  for run in nvrtc cached; do
+    echo "== generate $m greedy ($run kernels)" | tee -a $OUT/notes.log
+    $MLX generate --model /opt/models/$m --prompt "The quick brown fox" --max-tokens 16 --verbose true 2>&1 | tail -12 | tee -a $OUT/notes.log
+  done
+  echo "== generate $m sampled" | tee -a $OUT/notes.log
+  # Twice on the graph decoder with the same seed: the same text (run 4's seeded mismatch).
+  for k in 1 2; do
+    $MLX generate --model /opt/models/$m --prompt "The quick brown fox" --max-tokens 64 --temp 0.8 --top-p 0.95 --min-p 0.02 --seed 1 --verbose true > $OUT/sampled_$m.$k.txt 2> $OUT/sampled_$m.$k.err
+  done
+  cat $OUT/sampled_$m.1.err $OUT/sampled_$m.1.txt | tail -14 | tee -a $OUT/notes.log
+  if diff <(sed -n '/^==========$/,/^==========$/p' $OUT/sampled_$m.1.txt) <(sed -n '/^==========$/,/^==========$/p' $OUT/sampled_$m.2.txt) > /dev/null; then
+    echo "seeded graph runs: the same text" | tee -a $OUT/notes.log
+  else
+    echo "seeded graph runs: DIFFERENT text" | tee -a $OUT/notes.log
+  fi
+  $MLX generate --model /opt/models/$m --prompt "The quick brown fox" --max-tokens 64 --temp 0.8 --top-p 0.95 --min-p 0.02 --seed 1 --decoder mlx --verbose true 2>&1 | tail -6 | tee -a $OUT/notes.log
+  # `mlx chat` on the graph decoder: two turns (the second continues the first's cache), JSON
+  # lines with the decoder's name; the 135M directories' tokenizer has ids past their vocabulary.
+  case $m in llama-135m-*) continue ;; esac
+  for d in auto mlx; do
+    echo "== chat $m --decoder $d (two turns)" | tee -a $OUT/notes.log
+    printf 'Hello there\nTell me more\n' | timeout 120 $MLX chat --model /opt/models/$m -m 32 --decoder $d --verbose true --json 2>&1 | tail -8 | tee -a $OUT/notes.log
+  done
+done
+ls -la $MLXS_GPURT_CACHE | tee -a $OUT/notes.log
 echo product-done

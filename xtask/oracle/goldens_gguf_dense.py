@@ -12,15 +12,12 @@ back). Case names after the script regenerate only those.
 Run with `cargo xtask goldens gguf_dense`.
 """
 
-import importlib
 import os
-import sys
 
 import mlx.core as mx
-from mlx.utils import tree_flatten, tree_map
-from mlx_lm.models.cache import make_prompt_cache
+from mlx.utils import tree_flatten
 
-from golden import Golden
+from gguf_golden import Meta, only, permute, record, seeded_model, unpermute
 
 COMMON = {
     "hidden_size": 32,
@@ -177,13 +174,6 @@ ARCH_PARTS = {
 PERMUTE_QK = ("granite", "mistral3")
 
 
-def permute(w, n_head):
-    """convert_hf_to_gguf's LlamaModel.permute."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def unpermute(w, n_head):
-    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 LAYER_PARTS = {
     "self_attn.q_proj": "attn_q",
@@ -240,10 +230,8 @@ def from_gguf_name(name, arch):
 
 
 def metadata(arch, c):
-    m = {"general.architecture": arch}
-
-    def num(k, v, dtype=mx.uint32):
-        m[f"{arch}.{k}"] = mx.array(v, dtype=dtype)
+    meta = Meta(arch)
+    m, num = meta.m, meta.num
 
     num("embedding_length", c["hidden_size"])
     num("block_count", c["num_hidden_layers"])
@@ -294,19 +282,13 @@ def metadata(arch, c):
 # ones through the inverse of to_gguf_name recorded while writing.
 CASES_BEFORE_MOE = ("qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3")
 
-PROMPT = [2, 17, 90, 5, 42, 42, 7, 88, 3, 64]
-STEPS = 5
-
 os.makedirs("mlx-models/tests/models/gguf", exist_ok=True)
-ONLY = set(sys.argv[1:])
+ONLY = only()
 for i, (name, (arch, model_type, overrides)) in enumerate(CASES.items()):
     if ONLY and name not in ONLY:
         continue
     config = {**COMMON, "model_type": model_type, **overrides}
-    module = importlib.import_module(f"mlx_lm.models.{model_type}")
-    mx.random.seed(2000 + i)
-    model = module.Model(module.ModelArgs.from_dict(config))
-    model.update(tree_map(lambda p: mx.random.normal(p.shape) * 0.3, model.parameters()))
+    module, model = seeded_model(model_type, config, 2000 + i)
     weights = dict(tree_flatten(model.parameters()))
     if model_type == "gemma3_text":
         weights.pop("lm_head.weight")  # tied, as the real GGUF stores it
@@ -345,19 +327,4 @@ for i, (name, (arch, model_type, overrides)) in enumerate(CASES.items()):
     model.load_weights(list(back.items()), strict=True)
     mx.eval(model.parameters())
 
-    g = Golden(f"mlx-models/tests/goldens/gguf/{name}.safetensors", __file__)
-    cache = make_prompt_cache(model)
-    ids = mx.array([PROMPT], dtype=mx.int32)
-    logits = model(ids, cache=cache)
-    g.case("prefill", "forward", [ids], logits)
-    greedy = []
-    for s in range(STEPS):
-        nxt = mx.argmax(logits[:, -1, :], axis=-1).astype(mx.int32)
-        greedy.append(nxt.item())
-        ids = nxt[:, None]
-        logits = model(ids, cache=cache)
-        g.case(f"step{s}", "forward", [ids], logits)
-    full_ids = mx.array([PROMPT + greedy], dtype=mx.int32)
-    g.case("full", "forward_nocache", [full_ids], model(full_ids))
-    g.meta["greedy"] = ",".join(map(str, greedy))
-    g.save()
+    record(model, name, __file__)

@@ -18,15 +18,10 @@ Case names after the script regenerate only those.
 Run with `cargo xtask goldens gguf_mla`.
 """
 
-import importlib
-import os
-import sys
-
 import mlx.core as mx
-from mlx.utils import tree_flatten, tree_map
-from mlx_lm.models.cache import make_prompt_cache
+from mlx.utils import tree_flatten
 
-from golden import Golden
+from gguf_golden import Meta, only, record, seeded_model, write_gguf
 
 COMMON = {
     "vocab_size": 96,
@@ -93,6 +88,34 @@ CASES = {
         "split",
         "deepseek2_v3",
     ),
+    # Mistral Small 4 (llama.cpp's `mistral4`: its DeepseekV2Model under another name):
+    # softmax router without a gating key, q_lora_rank, the experts' gate and up fused
+    # (`ffn_gate_up_exps`), YaRN from rope_parameters; no Llama 4 query scale in the file
+    # (the HF converter writes none), so its beta is 0.
+    "mistral4": (
+        "mistral4",
+        {
+            "q_lora_rank": 24,
+            "norm_topk_prob": True,
+            "n_group": 1,
+            "topk_group": 1,
+            "routed_scaling_factor": 1.5,
+            "rope_parameters": {
+                "type": "yarn",
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 8,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+                "llama_4_scaling_beta": 0.0,
+            },
+        },
+        "split",
+        "mistral4",
+    ),
 }
 
 # mlx-lm names (HF's, experts stacked) -> llama.cpp's (gguf-py's tensor_mapping.py).
@@ -146,9 +169,16 @@ def hf_weights(model, c):
 
 
 def convert(hf, c, layout):
-    """convert_hf_to_gguf's DeepseekV2Model.modify_tensors on stacked experts."""
+    """convert_hf_to_gguf's DeepseekV2Model.modify_tensors on stacked experts (Mistral 4's
+    gate and up experts fused, as its checkpoint stores them)."""
     h, nope, v = c["num_attention_heads"], c["qk_nope_head_dim"], c["v_head_dim"]
     out = {}
+    if c["model_type"] == "mistral4":
+        for l in range(c["num_hidden_layers"]):
+            p = f"model.layers.{l}.mlp.switch_mlp"
+            if f"{p}.gate_proj.weight" in hf:
+                gate, up = hf.pop(f"{p}.gate_proj.weight"), hf.pop(f"{p}.up_proj.weight")
+                out[f"blk.{l}.ffn_gate_up_exps.weight"] = mx.concatenate([gate, up], axis=1)
     for k, a in hf.items():
         if k.endswith("kv_b_proj.weight") and layout == "split":
             kv_b = a.reshape(h, nope + v, a.shape[-1])
@@ -162,11 +192,9 @@ def convert(hf, c, layout):
 
 
 def metadata(c, layout):
-    arch = "deepseek2"
-    m = {"general.architecture": arch}
-
-    def num(k, v, dtype=mx.uint32):
-        m[f"{arch}.{k}"] = mx.array(v, dtype=dtype)
+    arch = "mistral4" if c["model_type"] == "mistral4" else "deepseek2"
+    meta = Meta(arch)
+    m, num = meta.m, meta.num
 
     num("context_length", c["max_position_embeddings"])
     num("embedding_length", c["hidden_size"])
@@ -177,7 +205,8 @@ def metadata(c, layout):
     num("rope.freq_base", c["rope_theta"], mx.float32)
     num("attention.layer_norm_rms_epsilon", c["rms_norm_eps"], mx.float32)
     num("expert_used_count", c["num_experts_per_tok"])
-    num("expert_gating_func", {"softmax": 1, "sigmoid": 2}[c["scoring_func"]])
+    if "scoring_func" in c:
+        num("expert_gating_func", {"softmax": 1, "sigmoid": 2}[c["scoring_func"]])
     if c.get("n_group") is not None:
         num("expert_group_count", c["n_group"])
         num("expert_group_used_count", c["topk_group"])
@@ -201,7 +230,7 @@ def metadata(c, layout):
     if c.get("norm_topk_prob"):
         m[f"{arch}.expert_weights_norm"] = mx.array(True)
     num("rope.dimension_count", c["qk_rope_head_dim"])
-    rs = c.get("rope_scaling")
+    rs = c.get("rope_parameters") or c.get("rope_scaling")
     if rs:
         m[f"{arch}.rope.scaling.type"] = "yarn"
         num("rope.scaling.factor", rs["factor"], mx.float32)
@@ -212,11 +241,7 @@ def metadata(c, layout):
     return m
 
 
-PROMPT = [2, 17, 90, 5, 42, 42, 7, 88, 3, 64]
-STEPS = 5
-
-os.makedirs("mlx-models/tests/models/gguf", exist_ok=True)
-ONLY = set(sys.argv[1:])
+ONLY = only()
 built = {}
 for i, (name, (model_type, overrides, layout, golden)) in enumerate(CASES.items()):
     if model_type is None:  # the weights of the case its golden names
@@ -225,36 +250,11 @@ for i, (name, (model_type, overrides, layout, golden)) in enumerate(CASES.items(
     else:
         seed_index = i
     config = {**COMMON, "model_type": model_type, **overrides}
-    module = importlib.import_module(f"mlx_lm.models.{model_type}")
-    mx.random.seed(3000 + seed_index)
-    model = module.Model(module.ModelArgs.from_dict(config))
-    model.update(tree_map(lambda p: mx.random.normal(p.shape) * 0.3, model.parameters()))
-    mx.eval(model.parameters())
+    _, model = seeded_model(model_type, config, 3000 + seed_index)
     if ONLY and name not in ONLY:
         continue
-    gguf = convert(hf_weights(model, config), config, layout)
-    path = f"mlx-models/tests/models/gguf/{name}.gguf"
-    mx.save_gguf(path, gguf, metadata(config, layout))
-    loaded = mx.load(path)
-    assert sorted(loaded) == sorted(gguf), (sorted(loaded), sorted(gguf))
-    for k, a in gguf.items():
-        assert loaded[k].dtype == a.dtype and mx.array_equal(loaded[k], a).item(), k
+    write_gguf(name, convert(hf_weights(model, config), config, layout), metadata(config, layout))
     if golden != name:
         continue
 
-    g = Golden(f"mlx-models/tests/goldens/gguf/{golden}.safetensors", __file__)
-    cache = make_prompt_cache(model)
-    ids = mx.array([PROMPT], dtype=mx.int32)
-    logits = model(ids, cache=cache)
-    g.case("prefill", "forward", [ids], logits)
-    greedy = []
-    for s in range(STEPS):
-        nxt = mx.argmax(logits[:, -1, :], axis=-1).astype(mx.int32)
-        greedy.append(nxt.item())
-        ids = nxt[:, None]
-        logits = model(ids, cache=cache)
-        g.case(f"step{s}", "forward", [ids], logits)
-    full_ids = mx.array([PROMPT + greedy], dtype=mx.int32)
-    g.case("full", "forward_nocache", [full_ids], model(full_ids))
-    g.meta["greedy"] = ",".join(map(str, greedy))
-    g.save()
+    record(model, golden, __file__)
