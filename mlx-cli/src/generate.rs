@@ -9,8 +9,8 @@ use mlx_engine::chat_template::ChatTemplateOptions;
 use mlx_engine::generate::GenerateOptions;
 use mlx_engine::sample::{Sampler, SamplerSettings};
 use mlx_engine::stream::{
-    stream_generate, stream_generate_cpu_speculative, stream_generate_speculative, FinishReason,
-    StreamOptions,
+    stream_generate, stream_generate_cpu_draft, stream_generate_cpu_speculative,
+    stream_generate_speculative, FinishReason, StreamOptions,
 };
 use serde_json::{json, Map, Value};
 
@@ -321,7 +321,10 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
         Some(SpecSource::Lookup(n)) => Some(*n),
         _ => None,
     };
-    let decoder = if lookup.is_some() {
+    // A draft model runs on the CPU decoder beside the target's only when asked for
+    // (`--decoder cpu`): `auto` keeps mlx-lm's exact speculation (L1) for it.
+    let draft_on_cpu = matches!(&spec, Some(SpecSource::Draft(_))) && a.decoder.decoder == "cpu";
+    let mut decoder = if lookup.is_some() || draft_on_cpu {
         let greedy = if a.temp != 0.0 {
             Err(format!("--temp {}", a.temp))
         } else if !generate.logits_processors.is_empty() {
@@ -357,6 +360,12 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
         },
     )?
     };
+    if draft_on_cpu {
+        decoder.note = decoder.note.replace(
+            "prompt lookup drafts",
+            "the draft model's drafts (its own CPU decoder)",
+        );
+    }
     decoder.apply(&mut generate);
     if a.verbose {
         eprintln!("[mlx] {}", decoder.note);
@@ -368,6 +377,14 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
         top_logprobs: a.top_logprobs,
     };
     let mut stream = match (&spec, lookup) {
+        (Some(SpecSource::Draft(d)), _) if decoder.cpu.is_some() => stream_generate_cpu_draft(
+            m.model.as_ref(),
+            &m.tokenizer,
+            &ids,
+            d.model.as_ref(),
+            a.spec.num_draft_tokens as usize,
+            opts,
+        ),
         (Some(_), Some(n)) if decoder.cpu.is_some() => stream_generate_cpu_speculative(
             m.model.as_ref(),
             &m.tokenizer,

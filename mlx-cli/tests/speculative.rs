@@ -328,3 +328,56 @@ fn chat_prompt_lookup_on_the_cpu_decoder_keeps_greedy_turns() {
     assert_ne!(code, 0);
     assert!(err.contains("greedy"), "{err}");
 }
+
+/// `--draft-model` with `--decoder cpu`: both models on the CPU decoder (the draft on its
+/// own), drafts verified in batched passes; the text and tokens are plain greedy decoding's
+/// on the CPU decoder. Sampling is refused there.
+#[test]
+fn draft_model_on_the_cpu_decoder_keeps_its_greedy_output() {
+    let base = [
+        "generate",
+        "--model",
+        TARGET,
+        "--prompt",
+        "the cat is big the cat is big",
+        "-m",
+        "40",
+        "--decoder",
+        "cpu",
+        "--json",
+    ];
+    let run = |extra: &[&str]| -> (Value, String) {
+        let mut args = base.to_vec();
+        args.extend(extra);
+        let (code, out, err) = mlx(&args, None);
+        assert_eq!(code, 0, "{extra:?}: {err}");
+        (serde_json::from_str(out.trim()).unwrap(), err)
+    };
+    let (plain, _) = run(&[]);
+    for k in ["1", "3", "5"] {
+        let (spec, _) = run(&["--draft-model", DRAFT, "--num-draft-tokens", k]);
+        assert_eq!(spec["tokens"], plain["tokens"], "k {k}");
+        assert_eq!(spec["text"], plain["text"], "k {k}");
+        assert_eq!(spec["decoder"], "cpu");
+        assert!(spec["verification_passes"].as_u64().unwrap() > 0, "{spec}");
+    }
+    // The target as its own draft: every draft accepted.
+    let (spec, _) = run(&["--draft-model", TARGET, "--num-draft-tokens", "3"]);
+    assert_eq!(spec["tokens"], plain["tokens"]);
+    let mut args = base.to_vec();
+    args.extend(["--draft-model", DRAFT, "--verbose", "true"]);
+    let (code, _, err) = mlx(&args, None);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("decoder: cpu") && err.contains("draft model"),
+        "{err}"
+    );
+    let mut args = base.to_vec();
+    args.extend(["--draft-model", DRAFT, "--temp", "0.5"]);
+    let (code, _, err) = mlx(&args, None);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("--decoder cpu") && err.contains("greedy"),
+        "{err}"
+    );
+}

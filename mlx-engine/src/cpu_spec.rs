@@ -63,6 +63,84 @@ pub fn prompt_lookup_longest(history: &[u32], ngram: usize, k: usize) -> Vec<u32
     })
 }
 
+/// A draft model on its own [`CpuDecoder`] as a proposer (`--draft-model` on the CPU
+/// decoder): its cache follows the history (kept up to the longest prefix it shares with
+/// what it was fed, the rest fed in one block), then it decodes `k` tokens greedily. Drafts
+/// only steer which rows a verification pass runs, so the target's output is plain greedy
+/// decoding's whatever the draft proposes. Ids the target cannot take (`>= vocab`, a draft
+/// with a larger vocabulary) end the drafts.
+pub struct CpuDraft<'m> {
+    dec: CpuDecoder<'m>,
+    /// The tokens the draft's cache holds.
+    fed: Vec<u32>,
+    /// The target's vocabulary size.
+    vocab: usize,
+    /// The first error the draft met (drafting stops after it; the target decodes on).
+    error: Option<EngineError>,
+}
+
+impl<'m> CpuDraft<'m> {
+    /// A drafter over `dec` (its cache is emptied) for a target of `vocab` logits.
+    pub fn new(mut dec: CpuDecoder<'m>, vocab: usize) -> Self {
+        dec.reset();
+        CpuDraft {
+            dec,
+            fed: Vec::new(),
+            vocab,
+            error: None,
+        }
+    }
+
+    /// Up to `k` greedy draft tokens after `history` (none once the draft has failed: see
+    /// [`CpuDraft::error`]).
+    pub fn propose(&mut self, history: &[u32], k: usize) -> Vec<u32> {
+        if k == 0 || history.is_empty() || self.error.is_some() {
+            return Vec::new();
+        }
+        match self.try_propose(history, k) {
+            Ok(d) => d,
+            Err(e) => {
+                self.error = Some(e);
+                Vec::new()
+            }
+        }
+    }
+
+    /// Why drafting stopped, if it did.
+    pub fn error(&self) -> Option<&EngineError> {
+        self.error.as_ref()
+    }
+
+    fn try_propose(&mut self, history: &[u32], k: usize) -> Result<Vec<u32>> {
+        let common = self
+            .fed
+            .iter()
+            .zip(history)
+            .take_while(|(a, b)| a == b)
+            .count();
+        // At least the last token is fed again: its logits give the first draft.
+        let keep = common.min(history.len() - 1);
+        self.dec.truncate(keep);
+        self.fed.truncate(keep);
+        let mut t = argmax(self.dec.feed(&history[keep..])?);
+        self.fed.extend_from_slice(&history[keep..]);
+        let mut out = Vec::with_capacity(k);
+        loop {
+            if t as usize >= self.vocab {
+                break;
+            }
+            out.push(t);
+            if out.len() == k {
+                break;
+            }
+            let next = argmax(self.dec.feed(&[t])?);
+            self.fed.push(t);
+            t = next;
+        }
+        Ok(out)
+    }
+}
+
 /// How many drafts the next round asks for: at most `max`; with `adaptive`, two more than the
 /// last round's after a round whose drafts were all accepted, one more than were accepted
 /// after a miss (so rejected rows are not verified again and again), never below one.

@@ -195,10 +195,41 @@ pub fn stream_generate_cpu_speculative<'m>(
         tokenizer,
         prompt,
         None,
-        ngram,
+        CpuDrafterSpec::Lookup(ngram),
         num_draft_tokens,
         opts,
     )
+}
+
+/// [`stream_generate_cpu_speculative`] with a draft model instead of prompt lookup
+/// (`--draft-model` on the CPU decoder): `draft` runs on a CPU decoder of its own (the same
+/// thread count) and drafts greedily; both models must be ones the CPU decoder takes. Greedy
+/// only; the output is plain greedy decoding's on the CPU decoder, bit for bit.
+pub fn stream_generate_cpu_draft<'m>(
+    model: &'m dyn LanguageModel,
+    tokenizer: &'m Tokenizer,
+    prompt: &[u32],
+    draft: &'m dyn LanguageModel,
+    num_draft_tokens: usize,
+    opts: StreamOptions,
+) -> Result<TextStream<'m>> {
+    cpu_speculative(
+        model,
+        tokenizer,
+        prompt,
+        None,
+        CpuDrafterSpec::Model(draft),
+        num_draft_tokens,
+        opts,
+    )
+}
+
+/// What drafts for [`cpu_speculative`].
+enum CpuDrafterSpec<'m> {
+    /// Prompt lookup with this n-gram size.
+    Lookup(usize),
+    /// A draft model on a CPU decoder of its own.
+    Model(&'m dyn LanguageModel),
 }
 
 /// [`stream_generate_cpu_speculative`] continuing `cpu`, a CPU decoder of `model` whose cache
@@ -228,7 +259,7 @@ pub fn stream_generate_cpu_speculative_with<'m>(
         tokenizer,
         prompt,
         Some((cpu, earlier)),
-        ngram,
+        CpuDrafterSpec::Lookup(ngram),
         num_draft_tokens,
         opts,
     )
@@ -239,14 +270,22 @@ fn cpu_speculative<'m>(
     tokenizer: &'m Tokenizer,
     prompt: &[u32],
     cpu: Option<(CpuDecoder<'m>, Vec<u32>)>,
-    ngram: usize,
+    drafter: CpuDrafterSpec<'m>,
     num_draft_tokens: usize,
     opts: StreamOptions,
 ) -> Result<TextStream<'m>> {
-    if ngram == 0 {
+    if let CpuDrafterSpec::Lookup(0) = drafter {
         return Err(EngineError::Other(
             "prompt lookup: the n-gram size must be at least 1".into(),
         ));
+    }
+    if let CpuDrafterSpec::Model(d) = drafter {
+        if let Some(why) = crate::cpu_decode::unsupported(d) {
+            return Err(EngineError::CpuDecoderUnsupported(format!(
+                "the draft model ({}): {why}",
+                d.model_type()
+            )));
+        }
     }
     start(model, tokenizer, prompt, opts, |ids, g| {
         if g.sampler.settings().temp != 0.0
@@ -275,9 +314,17 @@ fn cpu_speculative<'m>(
             }
         };
         let prompt: Vec<u32> = ids.iter().map(|&t| t as u32).collect();
-        let propose = Box::new(move |h: &[u32], k: usize| {
-            crate::cpu_spec::prompt_lookup_longest(h, ngram, k)
-        });
+        let propose: Box<crate::cpu_spec::Propose<'m>> = match drafter {
+            CpuDrafterSpec::Lookup(ngram) => Box::new(move |h: &[u32], k: usize| {
+                crate::cpu_spec::prompt_lookup_longest(h, ngram, k)
+            }),
+            CpuDrafterSpec::Model(d) => {
+                let room = ids.len() + g.max_tokens.unwrap_or(0) + num_draft_tokens + 1;
+                let ddec = CpuDecoder::new(d, dec.threads(), room)?;
+                let mut draft = crate::cpu_spec::CpuDraft::new(ddec, dec.vocab());
+                Box::new(move |h: &[u32], k: usize| draft.propose(h, k))
+            }
+        };
         let steps = CpuSpecSteps::resume(
             dec,
             earlier,

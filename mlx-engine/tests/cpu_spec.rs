@@ -186,3 +186,59 @@ fn adaptive_draft_length_keeps_greedy_output() {
     assert_eq!(got, reference);
     assert!(st.drafted > 0, "{st:?}");
 }
+
+/// A draft model on its own CPU decoder (`CpuDraft`, what `--draft-model` with `--decoder cpu`
+/// runs): the target's greedy output is plain greedy decoding's, for a 1-layer draft cut from
+/// the target (drafts partly accepted), the target itself (all accepted) and a draft of other
+/// weights, for every draft length; a draft with a larger vocabulary never drafts ids the
+/// target cannot take.
+#[test]
+fn draft_model_speculation_equals_plain_greedy() {
+    let models = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../mlx-models/tests/models");
+    let load = |dir: PathBuf| {
+        let opts = LoadOptions {
+            dtype: Some(Dtype::Float32),
+        };
+        load_model_dir(&dir, &opts).unwrap().0
+    };
+    let draft_dir =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../mlx-cli/tests/models/dense_f32_draft");
+    let drafts = [
+        load(draft_dir),
+        load(models.join("dense_f32")),
+        load(models.join("q4_g32")),
+    ];
+    for target_name in ["dense_f32", "q4_g32"] {
+        let target = load(models.join(target_name));
+        let mut dec = CpuDecoder::new(target.as_ref(), 2, 64).unwrap();
+        let reference = greedy(&mut dec, PROMPT, GEN, &mut |_| false).unwrap();
+        for (di, draft) in drafts.iter().enumerate() {
+            for k in [1, 3, 5] {
+                let ddec = CpuDecoder::new(draft.as_ref(), 2, 64).unwrap();
+                // di 0 also drafts under a smaller "target vocabulary": its ids past it stop
+                // the drafts.
+                let vocab = if di == 0 && k == 3 { 40 } else { dec.vocab() };
+                let mut d = mlx_engine::cpu_spec::CpuDraft::new(ddec, vocab);
+                let mut seen_past = false;
+                let mut propose = |h: &[u32], n: usize| {
+                    let p = d.propose(h, n);
+                    seen_past |= p.iter().any(|&t| t as usize >= vocab);
+                    p
+                };
+                let (got, st) =
+                    speculative_greedy(&mut dec, PROMPT, GEN, k, &mut propose, &mut |_| false)
+                        .unwrap();
+                assert!(!seen_past, "draft {di} k {k}: an id past the vocabulary");
+                assert_eq!(got, reference, "target {target_name} draft {di} k {k}");
+                assert!(d.error().is_none(), "{:?}", d.error());
+                if di == 1 && target_name == "dense_f32" {
+                    // The target as its own draft: every draft accepted.
+                    assert_eq!(st.accepted, st.drafted, "k {k}: {st:?}");
+                    assert!(st.rounds <= GEN.div_ceil(k + 1), "k {k}: {st:?}");
+                } else if di == 0 && vocab == dec.vocab() {
+                    assert!(st.drafted > 0, "{st:?}");
+                }
+            }
+        }
+    }
+}

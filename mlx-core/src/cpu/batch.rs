@@ -5,8 +5,9 @@
 //! takes the float kernels (and its integer kernels sum four inputs per tile), so a row's
 //! output depends on how many rows came with it. [`matmul_t_each`] instead runs every row
 //! through the kernel that `matmul_t` picks for one input (the integer kernels of
-//! [`Activations::Int8`](super::Activations::Int8) / `Int16`, four rows a tile, whose per-row
-//! sums do not depend on the tile; the float kernels one row at a time), while each worker
+//! [`Activations::Int8`](super::Activations::Int8) / `Int16`, four rows a tile (six for the
+//! AVX-512 kernels), whose per-row sums do not depend on the tile; the float kernels one row
+//! at a time), while each worker
 //! still reads its block of weight rows once for all of them (it stays in cache between the
 //! rows). So a sequence decoded in a batch gets the bits it gets decoded alone.
 
@@ -258,9 +259,16 @@ pub fn matmul_t_each(
                 let Some(q) = q else {
                     break;
                 };
+                // Rows a pass over each weight row: the 8-bit head's AVX-512 kernel takes
+                // six, the 4-bit kernels four (their dispatchers' widest arm).
+                let tile = if matches!(kind, Path::Q8Int8) {
+                    super::x86::WIDE_TILE
+                } else {
+                    4
+                };
                 let mut t0 = 0;
                 while t0 < m {
-                    let mt = (m - t0).min(4);
+                    let mt = (m - t0).min(tile);
                     let c = t0 * cols / 32;
                     // SAFETY: `path` chose Int8 only on Isa::Avx2 and Q8Int8 / Q4Int8 only on
                     // Isa::Avx512 (AVX-512 F/BW/VL + VNNI, checked available by CpuContext)
@@ -291,9 +299,10 @@ pub fn matmul_t_each(
                 // The kernel `matmul_t` picks for one input; each input row's sums are
                 // independent of how many rows a call takes (`each_row_is_what_it_is_alone`).
                 let wide = isa == Isa::Avx512 && cols / 32 <= super::x86::MAX_CHUNKS;
+                let tile = if wide { super::x86::WIDE_TILE } else { 4 };
                 let mut t0 = 0;
                 while t0 < m {
-                    let mt = (m - t0).min(4);
+                    let mt = (m - t0).min(tile);
                     let c = t0 * cols / 32;
                     // SAFETY: as above, with the inputs quantized to int16.
                     unsafe {
@@ -354,8 +363,9 @@ mod tests {
             .collect()
     }
 
-    /// Every row of a batch of 1..=9 gets the bits `matmul_t` gives it alone, for dense and
-    /// 4/8-bit weights under every activation mode (tier: bit-identical).
+    /// Every row of a batch of 1..=17 gets the bits `matmul_t` gives it alone (past two tiles
+    /// of six), for dense and 4/8-bit weights (float and half factors) under every
+    /// activation mode (tier: bit-identical).
     #[test]
     fn each_row_is_what_it_is_alone() {
         let (rows, cols) = (40, 128);
@@ -365,20 +375,31 @@ mod tests {
         let sc = seeded(rows * cols / 32, 4);
         let bi = seeded(rows * cols / 32, 5);
         let bias = seeded(rows, 6);
+        let sh: Vec<half::f16> = sc.iter().map(|&v| half::f16::from_f32(v)).collect();
+        let bh: Vec<half::f16> = bi.iter().map(|&v| half::f16::from_f32(v)).collect();
         let mats = [
             Matrix::dense(Floats::F32(&dense), rows, cols).unwrap(),
             Matrix::affine(&w4, Floats::F32(&sc), Floats::F32(&bi), rows, cols, 4, 32).unwrap(),
             Matrix::affine(&w8, Floats::F32(&sc), Floats::F32(&bi), rows, cols, 8, 32).unwrap(),
+            // GGUF's Q4_1 and Q8_0 as loaded (half-precision factors, groups of 32): the
+            // kernels of the CPU decoder's default activations.
+            Matrix::affine(&w4, Floats::F16(&sh), Floats::F16(&bh), rows, cols, 4, 32).unwrap(),
+            Matrix::affine(&w8, Floats::F16(&sh), Floats::F16(&bh), rows, cols, 8, 32).unwrap(),
         ];
         let mut scratch = RowsScratch::default();
-        for act in [Activations::F32, Activations::Int8, Activations::Int16] {
+        for act in [
+            Activations::F32,
+            Activations::Int8,
+            Activations::Int16,
+            Activations::Int16Q8Int8,
+        ] {
             let mut ctx = CpuContext::new(2).unwrap();
             ctx.activations = act;
-            for m in 1..=9 {
+            for m in 1..=17 {
                 let x = seeded(m * cols, 10 + m as u64);
-                let mut outs = vec![vec![0f32; m * rows]; 3];
+                let mut outs = vec![vec![0f32; m * rows]; 5];
                 {
-                    let [a, b, c] = &mut outs[..] else {
+                    let [a, b, c, d, e] = &mut outs[..] else {
                         unreachable!()
                     };
                     let mut jobs = [
@@ -399,6 +420,19 @@ mod tests {
                         },
                     ];
                     matmul_t_each(&ctx, &x, m, &mut jobs, &mut scratch).unwrap();
+                    let mut jobs = [
+                        MatJob {
+                            w: &mats[3],
+                            bias: None,
+                            out: d,
+                        },
+                        MatJob {
+                            w: &mats[4],
+                            bias: None,
+                            out: e,
+                        },
+                    ];
+                    matmul_t_each(&ctx, &x, m, &mut jobs, &mut scratch).unwrap();
                 }
                 for t in 0..m {
                     for (k, w) in mats.iter().enumerate() {
@@ -409,7 +443,14 @@ mod tests {
                             bias: b,
                             out: &mut alone,
                         }];
-                        matmul_t(&ctx, &x[t * cols..(t + 1) * cols], 1, &mut jobs).unwrap();
+                        let xt = &x[t * cols..(t + 1) * cols];
+                        if act == Activations::Int16Q8Int8 {
+                            // A decode step's own kernels (`matmul_t` takes it as Int16).
+                            let mut one = RowsScratch::default();
+                            matmul_t_each(&ctx, xt, 1, &mut jobs, &mut one).unwrap();
+                        } else {
+                            matmul_t(&ctx, xt, 1, &mut jobs).unwrap();
+                        }
                         let got = &outs[k][t * rows..(t + 1) * rows];
                         let same = got
                             .iter()

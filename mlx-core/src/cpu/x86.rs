@@ -1252,8 +1252,10 @@ pub(super) unsafe fn attend<E: Load8>(
 /// lane, its high nibble shifted to the lane's upper half), one `madd` with the input's
 /// codes, then scaled in float by the group's scale times the chunk's input scale.
 ///
+/// Up to [`WIDE_TILE`] inputs a pass (`m` past it: the first `WIDE_TILE`).
+///
 /// # Safety
-/// As [`rows_int16`], and the CPU has AVX-512 F, BW, VL and VNNI.
+/// As [`rows_int16`] with `m <= WIDE_TILE`, and the CPU has AVX-512 F, BW, VL and VNNI.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn rows_int16_512(
@@ -1271,7 +1273,9 @@ pub(super) unsafe fn rows_int16_512(
             1 => rows_int16_512_m::<1>(w, r0, r1, qx, out, bias),
             2 => rows_int16_512_m::<2>(w, r0, r1, qx, out, bias),
             3 => rows_int16_512_m::<3>(w, r0, r1, qx, out, bias),
-            _ => rows_int16_512_m::<4>(w, r0, r1, qx, out, bias),
+            4 => rows_int16_512_m::<4>(w, r0, r1, qx, out, bias),
+            5 => rows_int16_512_m::<5>(w, r0, r1, qx, out, bias),
+            _ => rows_int16_512_m::<6>(w, r0, r1, qx, out, bias),
         }
     }
 }
@@ -1313,8 +1317,8 @@ unsafe fn rows_int16_512_m<const MT: usize>(
         assert!(chunks <= MAX_CHUNKS, "row of {chunks} chunks");
         let mut sw = std::mem::MaybeUninit::<[f32; MAX_GROUPS]>::uninit();
         let mut bw = std::mem::MaybeUninit::<[f32; MAX_GROUPS + 8]>::uninit();
-        let mut gs = std::mem::MaybeUninit::<[f32; 4 * (MAX_GROUPS + 8)]>::uninit();
-        let mut fw = std::mem::MaybeUninit::<[f32; 4 * MAX_CHUNKS]>::uninit();
+        let mut gs = std::mem::MaybeUninit::<[f32; WIDE_TILE * (MAX_GROUPS + 8)]>::uninit();
+        let mut fw = std::mem::MaybeUninit::<[f32; WIDE_TILE * MAX_CHUNKS]>::uninit();
         let (sp, bp) = (sw.as_mut_ptr() as *mut f32, bw.as_mut_ptr() as *mut f32);
         let gsp = gs.as_mut_ptr() as *mut f32;
         let fp = fw.as_mut_ptr() as *mut f32;
@@ -1532,7 +1536,7 @@ pub(super) fn q8_int8_supports(w: &Matrix<'_>) -> bool {
 }
 
 /// Rows `r0..r1` of `out (m, rows) = x W^T + bias` for an 8-bit `w` that
-/// [`q8_int8_supports`], `m <= 4`, from `x` quantized by [`quantize_x8`]: the unsigned weight
+/// [`q8_int8_supports`], `m <= WIDE_TILE`, from `x` quantized by [`quantize_x8`]: the unsigned weight
 /// bytes times the signed input codes by `vpdpbusd`, 64 a instruction (two chunks: lanes 0-7
 /// sum chunk `c`, 8-15 chunk `c + 1`), each half scaled in float by its group's scale times
 /// the chunk's input scale; the biases multiply the inputs' float sums.
@@ -1558,7 +1562,9 @@ pub(super) unsafe fn rows_q8_int8_512(
             1 => rows_q8_int8_512_m::<1>(w, r0, r1, qx, out, bias),
             2 => rows_q8_int8_512_m::<2>(w, r0, r1, qx, out, bias),
             3 => rows_q8_int8_512_m::<3>(w, r0, r1, qx, out, bias),
-            _ => rows_q8_int8_512_m::<4>(w, r0, r1, qx, out, bias),
+            4 => rows_q8_int8_512_m::<4>(w, r0, r1, qx, out, bias),
+            5 => rows_q8_int8_512_m::<5>(w, r0, r1, qx, out, bias),
+            _ => rows_q8_int8_512_m::<6>(w, r0, r1, qx, out, bias),
         }
     }
 }
@@ -2085,6 +2091,13 @@ unsafe fn dot4_512_i8<const MT: usize>(
 
 /// Chunks of 32 per row the 512-bit kernel takes (wider rows: the AVX2 one).
 pub(super) const MAX_CHUNKS: usize = 1024;
+
+/// Input rows the AVX-512 kernels ([`rows_int16_512`], [`rows_q8_int8_512`]) take in one
+/// pass over each weight row (the AVX2 ones take 4): a speculative verification of up to
+/// six rows reads and unpacks every weight block once (eight spill registers and cost more
+/// than six plus two; `examples/cpu_rows.rs`). Each row's sums do not depend on how many
+/// come with it.
+pub(super) const WIDE_TILE: usize = 6;
 
 /// `MT` inputs times four weight rows (widened into `w`), 8 columns at a time: 4 * MT
 /// accumulators (AVX-512 VL's 32 vector registers hold them with the operands), so each
