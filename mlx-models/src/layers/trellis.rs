@@ -196,7 +196,10 @@ impl TrellisWeight {
             mlx_core::cpu::available_threads(),
             &mut out,
         )
-        .map_err(ModelError::Other)?;
+        .map_err(|problem| ModelError::Tensor {
+            name: "trellis-coded weight".into(),
+            problem,
+        })?;
         Ok(Array::from_slice(&out, &[self.rows, self.cols])?)
     }
 
@@ -252,7 +255,10 @@ impl TrellisWeight {
         for (xr, yr) in xs.chunks_exact(cols).zip(out.chunks_exact_mut(rows)) {
             self.plan
                 .par(pool, words, scales, xr, yr)
-                .map_err(ModelError::Other)?;
+                .map_err(|problem| ModelError::Tensor {
+                    name: "trellis-coded weight".into(),
+                    problem,
+                })?;
         }
         if let Some(last) = shape.last_mut() {
             *last = self.rows;
@@ -281,9 +287,10 @@ pub fn quantize_trellis(
     let spec = q.trellis_spec(t);
     let shape = w.shape();
     if shape.len() != 2 {
-        return Err(ModelError::Other(format!(
-            "{path}: a trellis weight must be a matrix, got shape {shape:?}"
-        )));
+        return Err(ModelError::Tensor {
+            name: path.to_string(),
+            problem: format!("a trellis weight must be a matrix, got shape {shape:?}"),
+        });
     }
     let (rows, cols) = (shape[0], shape[1]);
     let wf = w.astype(Dtype::Float32)?;
@@ -296,7 +303,10 @@ pub fn quantize_trellis(
         tc::layer_seed(t.seed, path),
         threads,
     )
-    .map_err(|m| ModelError::Other(format!("{path}: {m}")))?;
+    .map_err(|m| ModelError::Unsupported {
+        what: path.to_string(),
+        problem: m.to_string(),
+    })?;
     Ok((
         Array::from_slice(&words, &[rows, words_per_row(&spec, cols)])?,
         Array::from_slice(&scales, &[rows, 1])?,

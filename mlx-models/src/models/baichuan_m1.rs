@@ -255,10 +255,9 @@ fn split_cache(c: Option<&mut Box<dyn Cache>>, i: usize) -> Result<LayerCaches<'
     let Some(c) = c else {
         return Ok((None, None));
     };
-    let wrong = || {
-        ModelError::Other(format!(
-            "layer {i} needs a CacheList of an ArraysCache and a KV cache"
-        ))
+    let wrong = || ModelError::Cache {
+        what: format!("layer {i}"),
+        problem: "needs a CacheList of an ArraysCache and a KV cache".into(),
     };
     let list = c
         .as_any_mut()

@@ -27,10 +27,10 @@ pub(crate) fn check_caches(
     what: &str,
 ) -> Result<()> {
     match caches {
-        Some(c) if c.len() != expected => Err(ModelError::Other(format!(
-            "{} caches for {expected} {what}",
-            c.len()
-        ))),
+        Some(c) if c.len() != expected => Err(ModelError::Cache {
+            what: "caches".into(),
+            problem: format!("{} caches for {expected} {what}", c.len()),
+        }),
         _ => Ok(()),
     }
 }
@@ -108,11 +108,9 @@ pub(crate) fn hybrid_caches(
 
 /// Multi-token-prediction layer `k` of `layers`, else an error naming both.
 pub(crate) fn mtp_layer<T>(layers: &[T], k: usize) -> Result<&T> {
-    layers.get(k).ok_or_else(|| {
-        ModelError::Other(format!(
-            "multi-token-prediction layer {k} of {}",
-            layers.len()
-        ))
+    layers.get(k).ok_or_else(|| ModelError::Input {
+        what: format!("multi-token-prediction layer {k}"),
+        problem: format!("out of range: the model has {}", layers.len()),
     })
 }
 

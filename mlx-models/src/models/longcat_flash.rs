@@ -155,8 +155,9 @@ impl Layer {
                 c.as_mut()
                     .as_any_mut()
                     .downcast_mut::<CacheList>()
-                    .ok_or_else(|| {
-                        ModelError::Other("longcat_flash layers need a CacheList cache".into())
+                    .ok_or_else(|| ModelError::Cache {
+                        what: "longcat_flash layers".into(),
+                        problem: "need a CacheList cache".into(),
                     })?
                     .caches_mut(),
             ),
@@ -407,23 +408,19 @@ impl Model {
                         (Some(&mut first[0]), Some(rest))
                     }
                     Some(_) => {
-                        return Err(ModelError::Other(
-                            "longcat_flash_ngram: no caches (the first holds the n-gram \
-                             context)"
-                                .into(),
-                        ))
+                        return Err(ModelError::Cache {
+                            what: "longcat_flash_ngram".into(),
+                            problem: "no caches (the first holds the n-gram context)".into(),
+                        })
                     }
                     None => (None, None),
                 };
                 caches = rest;
                 let ctx = match first {
                     Some(c) => Some(c.as_any_mut().downcast_mut::<ArraysCache>().ok_or_else(
-                        || {
-                            ModelError::Other(
-                                "longcat_flash_ngram: the first cache must be an \
-                                     ArraysCache"
-                                    .into(),
-                            )
+                        || ModelError::Cache {
+                            what: "longcat_flash_ngram".into(),
+                            problem: "the first cache must be an ArraysCache".into(),
                         },
                     )?),
                     None => None,
@@ -444,9 +441,10 @@ impl Model {
                             None => mlx_cache::mask::fallback_mask(n, None, true)?,
                         },
                         None => {
-                            return Err(ModelError::Other(
-                                "longcat_flash layers need a CacheList cache".into(),
-                            ))
+                            return Err(ModelError::Cache {
+                                what: "longcat_flash layers".into(),
+                                problem: "need a CacheList cache".into(),
+                            })
                         }
                     },
                     None => mlx_cache::mask::fallback_mask(n, None, true)?,
@@ -502,16 +500,18 @@ impl Model {
             self.model_type.as_str(),
             "longcat_flash" | "longcat_flash_ngram"
         ) {
-            return Err(ModelError::Other(format!(
-                "tensor parallelism: model_type `{}` is not supported yet (longcat_flash, \
-                 longcat_flash_ngram)",
-                self.model_type
-            )));
+            return Err(ModelError::Parallel {
+                kind: crate::Parallelism::Tensor,
+                what: format!("model_type `{}`", self.model_type),
+                problem: "not supported yet (longcat_flash, longcat_flash_ngram)".into(),
+            });
         }
         if size < 1 || rank < 0 || rank >= size {
-            return Err(ModelError::Other(format!(
-                "tensor parallelism: rank {rank} of {size}"
-            )));
+            return Err(ModelError::Parallel {
+                kind: crate::Parallelism::Tensor,
+                what: format!("rank {rank}"),
+                problem: format!("not a rank of a group of {size}"),
+            });
         }
         for (i, l) in self.layers.iter_mut().enumerate() {
             let p = format!("model.layers.{i}");

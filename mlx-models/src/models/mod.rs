@@ -119,9 +119,11 @@ pub trait LanguageModel: Send {
     /// (this process is `rank`; see `crate::shard`). Architectures without it: an error.
     fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
         let _ = (size, rank);
-        Err(crate::error::ModelError::Other(
-            "tensor parallelism is not supported for this model yet".into(),
-        ))
+        Err(crate::error::ModelError::Parallel {
+            kind: crate::Parallelism::Tensor,
+            what: format!("model_type `{}`", self.model_type()),
+            problem: "not supported for this model yet".into(),
+        })
     }
 
     /// Keeps this rank's stage of the layers for pipeline parallelism over `size` ranks as
@@ -130,9 +132,11 @@ pub trait LanguageModel: Send {
     /// Architectures without it: an error.
     fn shard_pipeline(&mut self, size: i32, rank: i32) -> Result<()> {
         let _ = (size, rank);
-        Err(crate::error::ModelError::Other(
-            "pipeline parallelism is not supported for this model yet".into(),
-        ))
+        Err(crate::error::ModelError::Parallel {
+            kind: crate::Parallelism::Pipeline,
+            what: format!("model_type `{}`", self.model_type()),
+            problem: "not supported for this model yet".into(),
+        })
     }
 
     /// [`LanguageModel::make_cache`]'s caches able to undo up to `max_rollback` tokens exactly
@@ -161,10 +165,10 @@ pub trait LanguageModel: Send {
     /// `xtask/oracle/port_check.py` names mlx-lm's: `layers.<i>.{in, attn_in, attn, mlp_in,
     /// mlp, out}` in execution order, then `logits`.
     fn trace(&self, _inputs: &Array) -> Result<Vec<(String, Array)>> {
-        Err(ModelError::Other(format!(
-            "`{}` does not support tracing",
-            self.model_type()
-        )))
+        Err(ModelError::Unsupported {
+            what: format!("`{}`", self.model_type()),
+            problem: "does not support tracing".into(),
+        })
     }
 
     /// The linears of each decoder layer (`model.layers`), under their path inside the layer
@@ -363,7 +367,7 @@ impl LogitTransform {
             LogitTransform::Mul(s) => (x * s)?,
             LogitTransform::Div(s) => (x / s)?,
             LogitTransform::SoftcapCompiled(cap) => crate::layers::logit_softcap(cap, x)?,
-            LogitTransform::Softcap(cap) => (&ops::tanh(&(x / cap)?, None)? * cap)?,
+            LogitTransform::Softcap(cap) => crate::layers::softcap(x, cap)?,
         })
     }
 }
@@ -598,10 +602,10 @@ pub fn resolve(config: &ModelConfig) -> Result<Option<Descriptor>> {
             d.model_type = config.model_type.clone();
             Ok(Some(d))
         }
-        None => Err(ModelError::Other(format!(
-            "no descriptor row for `{}`",
-            config.architecture
-        ))),
+        None => Err(ModelError::Unsupported {
+            what: format!("architecture `{}`", config.architecture),
+            problem: "has no descriptor row".into(),
+        }),
     }
 }
 
@@ -618,10 +622,10 @@ fn construct(config: &ModelConfig, weights: &mut Weights) -> Result<Box<dyn Lang
         Some((_, f)) => f(config, weights),
         None => match resolve(config)? {
             Some(desc) => Ok(Box::new(dense::Model::load(desc, weights)?)),
-            None => Err(ModelError::Other(format!(
-                "`{}` has neither a port nor a row",
-                config.model_type
-            ))),
+            None => Err(ModelError::Unsupported {
+                what: format!("`{}`", config.model_type),
+                problem: "has neither a port nor a row".into(),
+            }),
         },
     }
 }

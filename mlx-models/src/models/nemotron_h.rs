@@ -355,11 +355,14 @@ impl Model {
         let (attn_mask, ssm_mask) = match caches.as_deref() {
             Some(c) => {
                 if c.len() != self.n_caches() {
-                    return Err(ModelError::Other(format!(
-                        "{} caches for {} Mamba and attention layers",
-                        c.len(),
-                        self.n_caches()
-                    )));
+                    return Err(ModelError::Cache {
+                        what: "nemotron_h".into(),
+                        problem: format!(
+                            "{} caches for {} Mamba and attention layers",
+                            c.len(),
+                            self.n_caches()
+                        ),
+                    });
                 }
                 let mask = |i: usize| -> Result<AttentionMask> {
                     match c.get(i) {
