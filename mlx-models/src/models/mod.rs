@@ -4,26 +4,12 @@
 //! every supported type.
 
 /// The entry points every dedicated port shares, inside its `impl LanguageModel`: `forward`
-/// (the port's `hidden_states`, then its `head`), `forward_hidden`, and `model_type` /
+/// (the port's `hidden_states`, then its `head`), `forward_hidden`, `forward_hidden_cached`
+/// (`kit::hidden_state_entry_points!`), and `model_type` /
 /// `vocab_size` read from the port's config field `$cfg`.
 macro_rules! port_entry_points {
     ($cfg:ident) => {
-        fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
-            let out = self.hidden_states(inputs, caches)?;
-            self.head(&out)
-        }
-
-        fn forward_hidden(&self, inputs: &Array) -> Option<Result<Array>> {
-            Some(self.hidden_states(inputs, None))
-        }
-
-        fn forward_hidden_cached(
-            &self,
-            inputs: &Array,
-            caches: &mut [Box<dyn Cache>],
-        ) -> Option<Result<Array>> {
-            Some(self.hidden_states(inputs, Some(caches)))
-        }
+        $crate::models::kit::hidden_state_entry_points!();
 
         fn model_type(&self) -> &str {
             &self.$cfg.model_type

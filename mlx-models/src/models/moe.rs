@@ -3321,20 +3321,7 @@ impl SparseMoe {
     }
 }
 
-/// The token ids a model's `forward` accepts: `(batch, seq)` of an integer type.
-pub(crate) fn check_inputs(inputs: &Array) -> Result<()> {
-    if inputs.ndim() != 2 || !inputs.dtype().is_integer() {
-        return Err(ModelError::Input {
-            what: "inputs".into(),
-            problem: format!(
-                "must be (batch, seq) integer token ids, got shape {:?} of {:?}",
-                inputs.shape(),
-                inputs.dtype()
-            ),
-        });
-    }
-    Ok(())
-}
+pub(crate) use super::kit::check_inputs;
 
 /// phimoe.py's `sparsemixer(gates, top_k, jitter_eps)`, op for op.
 fn sparsemixer(gates: &Array, k: i32, jitter_eps: f64) -> Result<(Array, Array)> {
