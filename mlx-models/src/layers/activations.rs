@@ -176,7 +176,7 @@ pub fn geglu(gate: &Array, x: &Array) -> Result<Array> {
 /// Laguna's router). gemma4_text's compiled one is [`logit_softcap`].
 pub fn softcap(x: &Array, cap: f32) -> Result<Array> {
     let t = ops::tanh(&ops::divide_scalar(x, cap, None)?, None)?;
-    Ok(ops::multiply_scalar(&t, cap, None)?)
+    ops::multiply_scalar(&t, cap, None)
 }
 
 /// gemma4_text's `logit_softcap(softcap, x)`: `tanh(x / softcap) * softcap`, compiled
