@@ -48,5 +48,10 @@ fn keyless_draws_evaluated_from_eight_threads_at_once() {
     let mut bits: Vec<u32> = all.iter().map(|v| v.to_bits()).collect();
     bits.sort_unstable();
     bits.dedup();
-    assert!(bits.len() > all.len() * 9 / 10, "{} distinct of {}", bits.len(), all.len());
+    assert!(
+        bits.len() > all.len() * 9 / 10,
+        "{} distinct of {}",
+        bits.len(),
+        all.len()
+    );
 }

@@ -487,7 +487,10 @@ fn sampler_and_input_errors_are_typed() {
         matches!(&e, EngineError::Sampler { parameter, .. } if parameter == "top_k"),
         "{e:?}"
     );
-    assert!(e.to_string().starts_with("sampler: top_k: has to be"), "{e}");
+    assert!(
+        e.to_string().starts_with("sampler: top_k: has to be"),
+        "{e}"
+    );
     match check_token_ids("logit_bias", &[3, 20], 16).unwrap_err() {
         EngineError::Input { what, problem } => {
             assert_eq!(what, "logit_bias");
