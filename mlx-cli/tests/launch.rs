@@ -82,8 +82,9 @@ fn a_failing_rank_stops_every_rank_with_its_message() {
     assert!(took < Duration::from_secs(60), "{took:?}");
 }
 
-#[test]
-fn a_peer_that_never_connects_is_an_error_within_the_timeout() {
+/// A hostfile of two loopback ranks on ports free a moment ago, under the temporary directory
+/// as `NAME-PID.json`.
+fn two_rank_hostfile(name: &str) -> std::path::PathBuf {
     let ports: Vec<u16> = (0..2)
         .map(|_| {
             std::net::TcpListener::bind("127.0.0.1:0")
@@ -93,15 +94,18 @@ fn a_peer_that_never_connects_is_an_error_within_the_timeout() {
                 .port()
         })
         .collect();
-    let hf = std::env::temp_dir().join(format!("mlx-launch-test-{}.json", std::process::id()));
-    std::fs::write(
-        &hf,
-        format!(
-            "[[\"127.0.0.1:{}\"],[\"127.0.0.1:{}\"]]",
-            ports[0], ports[1]
-        ),
-    )
-    .unwrap();
+    let hf = std::env::temp_dir().join(format!("{name}-{}.json", std::process::id()));
+    let hosts = format!(
+        "[[\"127.0.0.1:{}\"],[\"127.0.0.1:{}\"]]",
+        ports[0], ports[1]
+    );
+    std::fs::write(&hf, hosts).unwrap();
+    hf
+}
+
+#[test]
+fn a_peer_that_never_connects_is_an_error_within_the_timeout() {
+    let hf = two_rank_hostfile("mlx-launch-test");
     let hfs = hf.to_str().unwrap();
     let (out, took) = mlx(&[
         "launch",
@@ -131,24 +135,7 @@ fn a_peer_that_never_connects_is_an_error_within_the_timeout() {
 fn a_killed_launcher_leaves_no_rank_behind() {
     use std::io::Read;
     let _one_group = serial();
-    let ports: Vec<u16> = (0..2)
-        .map(|_| {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port()
-        })
-        .collect();
-    let hf = std::env::temp_dir().join(format!("mlx-launch-orphan-{}.json", std::process::id()));
-    std::fs::write(
-        &hf,
-        format!(
-            "[[\"127.0.0.1:{}\"],[\"127.0.0.1:{}\"]]",
-            ports[0], ports[1]
-        ),
-    )
-    .unwrap();
+    let hf = two_rank_hostfile("mlx-launch-orphan");
     let mut launcher = Command::new(env!("CARGO_BIN_EXE_mlx"))
         .args(["launch", "--hostfile", hf.to_str().unwrap(), "--ranks", "0"])
         .args(["--timeout", "120", "--check"])
@@ -288,48 +275,28 @@ fn launched_generate_is_tensor_parallel_and_equals_mlx_lm_sharded_run() {
 fn launched_generate_with_pipeline_equals_mlx_lm_pipeline_run() {
     launched_generate_equals("dist_qwen2_pp2", "qwen2_f32", &["--pipeline"]);
     // llama's mlx-lm class has no `pipeline`: every rank refuses with the reason.
-    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let model = root.join("mlx-cli/tests/models/dense_f32");
-    let (out, _) = mlx(&[
-        "launch",
-        "-n",
-        "2",
-        "--pipeline",
-        "--",
-        "generate",
-        "--model",
-        model.to_str().unwrap(),
-        "--prompt-ids",
-        "1,2,3",
-        "--max-tokens",
-        "2",
-    ]);
-    assert!(!out.status.success());
-    let err = text(&out.stderr);
-    assert!(err.contains("pipeline parallelism"), "{err}");
+    launched_generate_is_refused("dense_f32", &["--pipeline"], "pipeline parallelism");
 }
 
 #[test]
 fn a_model_without_tensor_parallelism_is_refused_by_every_rank() {
-    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     // phi3: its mlx-lm class has no `shard()`.
-    let model = root.join("mlx-cli/tests/models/phi3");
-    let (out, _) = mlx(&[
-        "launch",
-        "-n",
-        "2",
-        "--",
-        "generate",
-        "--model",
-        model.to_str().unwrap(),
-        "--prompt-ids",
-        "1,2,3",
-        "--max-tokens",
-        "2",
-    ]);
+    launched_generate_is_refused("phi3", &[], "tensor parallelism");
+}
+
+/// `mlx launch -n 2 [launch_flags] -- generate` on the fixture `model` fails with `want` in
+/// its message.
+fn launched_generate_is_refused(model: &str, launch_flags: &[&str], want: &str) {
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let model = root.join("mlx-cli/tests/models").join(model);
+    let mut args = vec!["launch", "-n", "2"];
+    args.extend_from_slice(launch_flags);
+    args.extend_from_slice(&["--", "generate", "--model", model.to_str().unwrap()]);
+    args.extend_from_slice(&["--prompt-ids", "1,2,3", "--max-tokens", "2"]);
+    let (out, _) = mlx(&args);
     assert!(!out.status.success());
     let err = text(&out.stderr);
-    assert!(err.contains("tensor parallelism"), "{err}");
+    assert!(err.contains(want), "{err}");
 }
 
 #[test]
@@ -623,24 +590,7 @@ fn a_peer_that_dies_stops_the_other_rank_with_a_clear_error() {
     let _one_group = serial();
     let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let model = root.join("mlx-cli/tests/models/dense_f32");
-    let ports: Vec<u16> = (0..2)
-        .map(|_| {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port()
-        })
-        .collect();
-    let hf = std::env::temp_dir().join(format!("mlx-launch-dies-{}.json", std::process::id()));
-    std::fs::write(
-        &hf,
-        format!(
-            "[[\"127.0.0.1:{}\"],[\"127.0.0.1:{}\"]]",
-            ports[0], ports[1]
-        ),
-    )
-    .unwrap();
+    let hf = two_rank_hostfile("mlx-launch-dies");
     let start = |rank: &str| {
         Command::new(env!("CARGO_BIN_EXE_mlx"))
             .args([

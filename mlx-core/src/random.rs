@@ -6,21 +6,17 @@
 //! (`state, key = split(state)`). So after `random::seed(s)` the same sequence of keyless
 //! calls gives the same values as `mx.random.seed(s)` and the same calls in Python.
 //!
-//! Open bug: evaluating keyless draws from several threads *at the same time* crashes inside
-//! MLX (SIGSEGV: the draws share the global key's lazy split, and MLX's eval is not safe on a
-//! node shared across threads); the lock below serializes building them, not evaluating them.
-//! Give each thread its own key ([`key`], [`split`]) to draw concurrently.
-//!
 //! The global state belongs to the process (as Python's does), not to a thread: draws from
-//! several threads interleave in whatever order they happen. Like every MLX array, the state
-//! is lazy: a keyless draw leaves it as an unevaluated split on the calling thread's stream,
-//! and MLX 0.32.4 cannot evaluate a graph built on another thread's streams. So before
-//! drawing from thread B after keyless draws on thread A, evaluate the state on A
-//! (`random::state()?.eval()`); after [`seed`] or [`set_state`] with an evaluated key it is
-//! ready anywhere. (Python behaves the same; MLX's C++ default sequence avoids the question
-//! by being per thread, which is why it is not used here.) [`state`] and [`set_state`] read
-//! and replace the state (Python's `mx.random.state[0]`), e.g. to thread it through a
-//! compiled function.
+//! several threads interleave in whatever order they happen. Each keyless draw splits the
+//! state and evaluates the split (the new state and the draw's key) before releasing the
+//! global key's lock, and [`set_state`] evaluates the key it stores: the state is never a lazy
+//! node that two threads share, so keyless draws may be built and evaluated from any thread,
+//! at the same time (a lazy split once made concurrent evaluation crash inside MLX, issue #29).
+//! The split's values do not depend on when it is evaluated, so seeded sequences are the ones
+//! Python gives. (MLX's C++ default sequence avoids the question by being per thread, which
+//! is why it is not used here.) Inside a function being traced by `compile`, where the state
+//! is a placeholder, nothing is evaluated. [`state`] and [`set_state`] read and replace the
+//! state (Python's `mx.random.state[0]`), e.g. to thread it through a compiled function.
 //!
 //! Scalar bounds and parameters ([`ScalarOrArray`]) become arrays as Python numbers do
 //! there: an integer is `int32` (`int64` when it does not fit), a float `float32`, a bool

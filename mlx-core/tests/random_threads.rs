@@ -3,8 +3,7 @@
 //! once was reported to crash with SIGSEGV; the global-key functions now take one
 //! process-wide lock, issue #29).
 //!
-//! Evaluating keyless draws from several threads at once still crashes inside MLX (an open
-//! bug: the draws share the global key's lazy split); it is not exercised here.
+//! Keyless draws evaluated from several threads at once: `random_threads_eval.rs`.
 //!
 //! The only test of this binary touching the global key, so it owns the state.
 
@@ -28,14 +27,11 @@ fn seeding_and_drawing_from_eight_threads_at_once() {
                     random::set_state(&random::key(r as u64)?)?;
                     let k = random::key(t as u64)?;
                     random::uniform(0.0, 1.0, &[4], Dtype::Float32, Some(&k), None)?.eval()?;
-                    // A keyless draw splits the global key lazily: building it from many
-                    // threads at once is safe; *evaluating* such draws concurrently is not
-                    // (they share the lazy split of the global key, and MLX's eval of a
-                    // shared node from two threads crashes: an open bug, see `random`'s
-                    // module doc), so this test builds them and evaluates nothing keyless.
+                    // A keyless draw splits the global key and evaluates the split under the
+                    // lock, so evaluating it here, while others draw, is safe.
                     random::seed(r as u64)?;
-                    let _ = random::uniform(0.0, 1.0, &[4], Dtype::Float32, None, None)?;
-                    let _ = random::next_key()?;
+                    random::uniform(0.0, 1.0, &[4], Dtype::Float32, None, None)?.eval()?;
+                    random::next_key()?.eval()?;
                 }
                 Ok(())
             })

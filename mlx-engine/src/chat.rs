@@ -359,8 +359,9 @@ impl<'m> Conversation<'m> {
                 self.reset()?;
                 return Err(e);
             }
-            return last.ok_or_else(|| {
-                crate::EngineError::Other("generation produced no response".into())
+            return last.ok_or_else(|| crate::EngineError::Internal {
+                what: "chat".into(),
+                problem: "generation produced no response".into(),
             });
         }
         if let Some(e) = failure {
@@ -380,6 +381,9 @@ impl<'m> Conversation<'m> {
         };
         self.cache = cache;
         self.draft_cache = draft_cache;
-        last.ok_or_else(|| crate::EngineError::Other("generation produced no response".into()))
+        last.ok_or_else(|| crate::EngineError::Internal {
+            what: "chat".into(),
+            problem: "generation produced no response".into(),
+        })
     }
 }

@@ -51,11 +51,14 @@ impl StagedStep {
     /// logits.
     pub fn commit(self, caches: &mut [Box<dyn Cache>]) -> Result<Array> {
         if caches.len() != self.caches.len() {
-            return Err(EngineError::Other(format!(
-                "commit: {} staged caches for {} caches",
-                self.caches.len(),
-                caches.len()
-            )));
+            return Err(EngineError::Internal {
+                what: "compiled decode commit".into(),
+                problem: format!(
+                    "{} staged caches for {} caches",
+                    self.caches.len(),
+                    caches.len()
+                ),
+            });
         }
         for (slot, staged) in caches.iter_mut().zip(self.caches) {
             *slot = staged;
@@ -113,10 +116,10 @@ impl<'m> CompiledDecoder<'m> {
         let want = if i == self.model.num_layers() { 1 } else { 4 };
         let out = self.segments[i].call(inputs)?;
         if out.len() != want {
-            return Err(EngineError::Other(format!(
-                "decode segment {i} returned {} arrays, expected {want}",
-                out.len()
-            )));
+            return Err(EngineError::Internal {
+                what: format!("decode segment {i}"),
+                problem: format!("returned {} arrays, expected {want}", out.len()),
+            });
         }
         Ok(out)
     }
@@ -126,34 +129,41 @@ impl<'m> CompiledDecoder<'m> {
     pub fn step(&self, ids: &Array, caches: &[Box<dyn Cache>]) -> Result<StagedStep> {
         let layers = self.model.num_layers();
         if caches.len() != layers {
-            return Err(EngineError::Other(format!(
-                "compiled decode: {} caches for {layers} layers",
-                caches.len()
-            )));
+            return Err(EngineError::Cache {
+                what: "compiled decode".into(),
+                problem: format!("{} caches for {layers} layers", caches.len()),
+            });
         }
         if ids.ndim() != 2 {
-            return Err(EngineError::Other(format!(
-                "compiled decode: token ids must be (batch, seq), got shape {:?}",
-                ids.shape()
-            )));
+            return Err(EngineError::Input {
+                what: "compiled decode".into(),
+                problem: format!(
+                    "token ids must be (batch, seq), got shape {:?}",
+                    ids.shape()
+                ),
+            });
         }
         if caches.iter().any(|c| c.offsets().is_some()) {
-            return Err(EngineError::Other(
-                "compiled decode: batched caches (per-row offsets) are not supported".into(),
-            ));
+            return Err(EngineError::Cache {
+                what: "compiled decode".into(),
+                problem: "batched caches (per-row offsets) are not supported".into(),
+            });
         }
         let offset = caches.first().map_or(0, |c| c.offset());
-        let offset = i32::try_from(offset)
-            .map_err(|_| EngineError::Other(format!("compiled decode: offset {offset}")))?;
+        let offset = i32::try_from(offset).map_err(|_| EngineError::Input {
+            what: "compiled decode".into(),
+            problem: format!("offset {offset} does not fit an int32"),
+        })?;
         let offset = Array::from_int(offset.into(), Dtype::Int32)?;
         let n = ids.dim(1)? as usize;
         let masks = self.model.masks(caches, n)?;
         let mut staged = Vec::with_capacity(layers);
         let mut out = self.call(0, &[ids.astype(Dtype::Int32)?, offset.clone()])?;
         for (i, (cache, mask)) in caches.iter().zip(&masks).enumerate() {
-            let [x, q, k, v]: [Array; 4] = out
-                .try_into()
-                .map_err(|_| EngineError::Other("decode segment arity".into()))?;
+            let [x, q, k, v]: [Array; 4] = out.try_into().map_err(|_| EngineError::Internal {
+                what: "compiled decode".into(),
+                problem: "a decode segment returned the wrong number of arrays".into(),
+            })?;
             let mut c = cache.boxed_clone();
             let kv = c.update_and_fetch(&k, &v)?;
             let a = self.model.attend(i, &q, &kv, mask)?;
@@ -163,9 +173,10 @@ impl<'m> CompiledDecoder<'m> {
             }
             out = self.call(i + 1, &[x, a, offset.clone()])?;
         }
-        let logits = out
-            .pop()
-            .ok_or_else(|| EngineError::Other("decode segment arity".into()))?;
+        let logits = out.pop().ok_or_else(|| EngineError::Internal {
+            what: "compiled decode".into(),
+            problem: "a decode segment returned the wrong number of arrays".into(),
+        })?;
         Ok(StagedStep {
             logits,
             caches: staged,

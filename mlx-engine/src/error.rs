@@ -26,7 +26,29 @@ pub enum EngineError {
     /// path and the loader's message.
     #[error("--draft-model {path}: {message}")]
     DraftModel { path: String, message: String },
-    /// An invalid argument or state (a sampler parameter, an empty prompt, ...).
+    /// A sampler or logits-processor parameter out of its range: the parameter and the
+    /// problem.
+    #[error("sampler: {parameter}: {problem}")]
+    Sampler { parameter: String, problem: String },
+    /// Input the engine cannot take (an empty prompt, a token id outside the vocabulary): what
+    /// was given and the problem.
+    #[error("{what}: {problem}")]
+    Input { what: String, problem: String },
+    /// An engine option out of its range: the option and the problem.
+    #[error("{option}: {problem}")]
+    Options { option: String, problem: String },
+    /// Caches the engine cannot run on (not plain KV caches for continuous batching, the wrong
+    /// number for the compiled decoder, ...).
+    #[error("{what}: {problem}")]
+    Cache { what: String, problem: String },
+    /// Structured output (a grammar or JSON schema) failed: the problem.
+    #[error("structured output: {problem}")]
+    Grammar { problem: String },
+    /// A broken invariant of the engine (a thread gone, a step that returned nothing): a bug,
+    /// never bad input.
+    #[error("internal error: {what}: {problem}")]
+    Internal { what: String, problem: String },
+    /// An invalid argument or state not covered above.
     #[error("{0}")]
     Other(String),
 }

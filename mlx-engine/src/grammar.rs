@@ -142,16 +142,16 @@ impl GrammarCompiler {
             .filter(|&e| (e as usize) < vocab)
             .collect();
         let Some(&first) = eos.first() else {
-            return Err(EngineError::Other(
-                "structured output needs an EOS token inside the model's vocabulary, and this \
-                 tokenizer has none"
-                    .into(),
-            ));
+            return Err(EngineError::Grammar {
+                problem:
+                    "needs an EOS token inside the model's vocabulary, and this tokenizer has none"
+                        .into(),
+            });
         };
         if vocab == 0 || vocab > u32::MAX as usize {
-            return Err(EngineError::Other(format!(
-                "structured output: a vocabulary of {vocab} tokens is not supported"
-            )));
+            return Err(EngineError::Grammar {
+                problem: format!("a vocabulary of {vocab} tokens is not supported"),
+            });
         }
         let words = token_bytes(tokenizer, vocab);
         let info = TokRxInfo::new(vocab as u32, first);
@@ -164,16 +164,11 @@ impl GrammarCompiler {
                 f
             })
         })
-        .map_err(|p| {
-            EngineError::Other(format!(
-                "structured output: building the token trie failed: {}",
-                panic_message(p)
-            ))
+        .map_err(|p| EngineError::Grammar {
+            problem: format!("building the token trie failed: {}", panic_message(p)),
         })?
-        .map_err(|e| {
-            EngineError::Other(format!(
-                "structured output: preparing the grammar engine failed: {e}"
-            ))
+        .map_err(|e| EngineError::Grammar {
+            problem: format!("preparing the grammar engine failed: {e}"),
         })?;
         Ok(GrammarCompiler {
             factory: Arc::new(built),
@@ -237,7 +232,9 @@ impl std::fmt::Debug for Grammar {
 }
 
 fn grammar_err(what: &str, e: impl std::fmt::Display) -> EngineError {
-    EngineError::Other(format!("structured output: {what}: {e}"))
+    EngineError::Grammar {
+        problem: format!("{what}: {e}"),
+    }
 }
 
 impl Grammar {
@@ -254,12 +251,13 @@ impl Grammar {
     /// an error when the grammar allows none.
     pub fn fill_mask(&mut self, out: &mut [bool]) -> Result<()> {
         if out.len() != self.vocab {
-            return Err(EngineError::Other(format!(
-                "structured output: the logits have {} entries, the grammar was built for a \
-                 vocabulary of {}",
-                out.len(),
-                self.vocab
-            )));
+            return Err(EngineError::Grammar {
+                problem: format!(
+                    "the logits have {} entries, the grammar was built for a vocabulary of {}",
+                    out.len(),
+                    self.vocab
+                ),
+            });
         }
         let mask = self.allowed()?;
         out.fill(false);
@@ -272,9 +270,9 @@ impl Grammar {
             }
         });
         if !any {
-            return Err(EngineError::Other(
-                "structured output: the grammar allows no token here".into(),
-            ));
+            return Err(EngineError::Grammar {
+                problem: "the grammar allows no token here".into(),
+            });
         }
         Ok(())
     }

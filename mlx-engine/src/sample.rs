@@ -41,12 +41,17 @@ impl SamplerSettings {
     /// temperature that is negative or not finite, `top_p`/`min_p`/`xtc_*` outside [0, 1], a
     /// negative `top_k`, special-token ids outside `0..vocab_size`.
     pub fn validate(&self, vocab_size: i32) -> Result<()> {
-        let bad = |m: String| Err(EngineError::Other(format!("sampler: {m}")));
+        let bad = |parameter: &str, problem: String| {
+            Err(EngineError::Sampler {
+                parameter: parameter.into(),
+                problem,
+            })
+        };
         if !(self.temp.is_finite() && self.temp >= 0.0) {
-            return bad(format!(
-                "temp must be a finite number >= 0, got {}",
-                self.temp
-            ));
+            return bad(
+                "temp",
+                format!("must be a finite number >= 0, got {}", self.temp),
+            );
         }
         for (name, v) in [
             ("top_p", self.top_p),
@@ -55,11 +60,11 @@ impl SamplerSettings {
             ("xtc_threshold", self.xtc_threshold),
         ] {
             if !(0.0..=1.0).contains(&v) {
-                return bad(format!("{name} must be in [0, 1], got {v}"));
+                return bad(name, format!("must be in [0, 1], got {v}"));
             }
         }
         if self.top_k < 0 {
-            return bad(format!("top_k must be >= 0, got {}", self.top_k));
+            return bad("top_k", format!("must be >= 0, got {}", self.top_k));
         }
         check_token_ids("xtc_special_tokens", &self.xtc_special_tokens, vocab_size)
     }
@@ -74,11 +79,7 @@ pub fn check_token_ids(what: &str, ids: &[i32], vocab_size: i32) -> Result<()> {
         .find(|(_, &t)| t < 0 || t >= vocab_size)
     {
         None => Ok(()),
-        Some((i, t)) => Err(EngineError::Other(format!(
-            "{what}: token id {t} (position {i}) is outside the model's vocabulary of \
-             {vocab_size} tokens (ids 0 to {})",
-            vocab_size - 1
-        ))),
+        Some((i, t)) => Err(EngineError::Input { what: what.to_string(), problem: format!("token id {t} (position {i}) is outside the model's vocabulary of {vocab_size} tokens (ids 0 to {})", vocab_size - 1) }),
     }
 }
 
@@ -89,16 +90,20 @@ pub fn check_logits_processors(processors: &[LogitsProcessor], vocab_size: i32) 
             LogitsProcessor::LogitBias { ids, values } => {
                 check_token_ids("logit_bias", ids, vocab_size)?;
                 if let Some(v) = values.iter().find(|v| v.is_nan()) {
-                    return Err(EngineError::Other(format!("logit_bias: value {v}")));
+                    return Err(EngineError::Sampler {
+                        parameter: "logit_bias".into(),
+                        problem: format!("value {v}"),
+                    });
                 }
             }
             LogitsProcessor::Repetition { penalty, .. }
             | LogitsProcessor::Presence { penalty, .. }
             | LogitsProcessor::Frequency { penalty, .. } => {
                 if !penalty.is_finite() {
-                    return Err(EngineError::Other(format!(
-                        "penalty must be finite, got {penalty}"
-                    )));
+                    return Err(EngineError::Sampler {
+                        parameter: "penalty".into(),
+                        problem: format!("must be finite, got {penalty}"),
+                    });
                 }
             }
         }
@@ -131,9 +136,10 @@ fn last_axis_slice(a: &Array, start: i32, stop: Option<i32>) -> Result<Array> {
 pub fn apply_top_k(logprobs: &Array, top_k: i32) -> Result<Array> {
     let vocab = logprobs.shape().last().copied().unwrap_or(0);
     if !(0 < top_k && top_k < vocab) {
-        return Err(EngineError::Other(format!(
-            "`top_k` has to be an integer in the (0, {vocab}) interval, but is {top_k}."
-        )));
+        return Err(EngineError::Sampler {
+            parameter: "top_k".into(),
+            problem: format!("has to be an integer in the (0, {vocab}) interval, but is {top_k}."),
+        });
     }
     let neg = ops::negative(logprobs, None)?;
     let idx = ops::argpartition(&neg, top_k - 1, -1, None)?;
@@ -145,14 +151,16 @@ pub fn apply_top_k(logprobs: &Array, top_k: i32) -> Result<Array> {
 /// `apply_min_p`.
 pub fn apply_min_p(logprobs: &Array, min_p: f64, min_tokens_to_keep: usize) -> Result<Array> {
     if !(0.0..=1.0).contains(&min_p) {
-        return Err(EngineError::Other(format!(
-            "`min_p` has to be a float in the [0, 1] interval, but is {min_p}"
-        )));
+        return Err(EngineError::Sampler {
+            parameter: "min_p".into(),
+            problem: format!("has to be a float in the [0, 1] interval, but is {min_p}"),
+        });
     }
     if min_tokens_to_keep < 1 {
-        return Err(EngineError::Other(
-            "`min_tokens_to_keep` has to be a positive integer".into(),
-        ));
+        return Err(EngineError::Sampler {
+            parameter: "min_tokens_to_keep".into(),
+            problem: "has to be a positive integer".into(),
+        });
     }
     let top = ops::max(logprobs, &[-1], true, None)?;
     let scaled = ops::add(&top, &weak(min_p.ln(), &top)?, None)?;
@@ -205,14 +213,16 @@ pub fn apply_xtc(
     special: &[i32],
 ) -> Result<Array> {
     if !(0.0..=0.5).contains(&threshold) {
-        return Err(EngineError::Other(format!(
-            "`threshold` has to be a float in the [0, 0.5] interval, but is {threshold}"
-        )));
+        return Err(EngineError::Sampler {
+            parameter: "threshold".into(),
+            problem: format!("has to be a float in the [0, 0.5] interval, but is {threshold}"),
+        });
     }
     if !(0.0..=1.0).contains(&probability) {
-        return Err(EngineError::Other(format!(
-            "`probability` has to be a float in the [0, 1] interval, but is {probability}"
-        )));
+        return Err(EngineError::Sampler {
+            parameter: "probability".into(),
+            problem: format!("has to be a float in the [0, 1] interval, but is {probability}"),
+        });
     }
     let probs = ops::softmax(logits, &[-1], false, None)?;
     let above = ops::greater(&probs, &weak(threshold, &probs)?, None)?;
@@ -332,9 +342,10 @@ pub fn make_logits_processors(s: &ProcessorSettings) -> Result<Vec<LogitsProcess
     }
     if let Some(p) = s.repetition_penalty.filter(|p| *p != 0.0) {
         if p < 0.0 {
-            return Err(EngineError::Other(format!(
-                "penalty must be a non-negative float, got {p}"
-            )));
+            return Err(EngineError::Sampler {
+                parameter: "repetition_penalty".into(),
+                problem: format!("must be a non-negative float, got {p}"),
+            });
         }
         out.push(LogitsProcessor::Repetition {
             penalty: p,

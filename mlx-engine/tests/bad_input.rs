@@ -463,3 +463,39 @@ fn str_format_widths_are_paid_for_before_they_are_built() {
         "     a|1.50|{}"
     );
 }
+
+/// Sampler and input errors are typed (issue #29): the variant says what kind of failure it
+/// is and its fields name the parameter or input.
+#[test]
+fn sampler_and_input_errors_are_typed() {
+    use mlx_engine::sample::{apply_top_k, check_token_ids};
+    use mlx_engine::EngineError;
+    let hot = SamplerSettings {
+        temp: -1.0,
+        ..Default::default()
+    };
+    match hot.validate(16).unwrap_err() {
+        EngineError::Sampler { parameter, problem } => {
+            assert_eq!(parameter, "temp");
+            assert!(problem.contains("finite number >= 0"), "{problem}");
+        }
+        e => panic!("expected EngineError::Sampler, got {e:?}"),
+    }
+    let lp = Array::from_slice(&[0.0f32; 4], &[1, 4]).unwrap();
+    let e = apply_top_k(&lp, 9).unwrap_err();
+    assert!(
+        matches!(&e, EngineError::Sampler { parameter, .. } if parameter == "top_k"),
+        "{e:?}"
+    );
+    assert!(
+        e.to_string().starts_with("sampler: top_k: has to be"),
+        "{e}"
+    );
+    match check_token_ids("logit_bias", &[3, 20], 16).unwrap_err() {
+        EngineError::Input { what, problem } => {
+            assert_eq!(what, "logit_bias");
+            assert!(problem.contains("token id 20 (position 1)"), "{problem}");
+        }
+        e => panic!("expected EngineError::Input, got {e:?}"),
+    }
+}

@@ -244,18 +244,22 @@ fn mixed_recipe(
         "mixed_3_6" => (3, 6),
         "mixed_4_6" => (4, 6),
         other => {
-            return Err(ModelError::Other(format!(
-            "--quant-predicate: invalid quant recipe {other} (expected one of {QUANT_RECIPES:?})"
-        )))
+            return Err(ModelError::Convert {
+                option: "--quant-predicate".into(),
+                problem: format!(
+                    "invalid quant recipe {other} (expected one of {QUANT_RECIPES:?})"
+                ),
+            })
         }
     };
     let parts: Vec<&str> = path.split('.').collect();
     let index: i64 = if parts.len() > layer_location {
-        parts[layer_location].parse().map_err(|_| {
-            ModelError::Other(format!(
-                "--quant-predicate: `{path}` has no layer index at position {layer_location}"
-            ))
-        })?
+        parts[layer_location]
+            .parse()
+            .map_err(|_| ModelError::Convert {
+                option: "--quant-predicate".into(),
+                problem: format!("`{path}` has no layer index at position {layer_location}"),
+            })?
     } else {
         0
     };
@@ -293,27 +297,26 @@ pub fn convert(
     progress: &mut dyn FnMut(Progress<'_>),
 ) -> Result<ConvertReport> {
     if dst.exists() {
-        return Err(ModelError::Other(format!(
-            "Cannot save to the path {} as it already exists. Please delete the file/directory \
-             or specify a new path to save to.",
-            dst.display()
-        )));
+        return Err(ModelError::Convert { option: "--mlx-path".into(), problem: format!("Cannot save to the path {} as it already exists. Please delete the file/directory or specify a new path to save to.", dst.display()) });
     }
     if opts.quantize && opts.dequantize {
-        return Err(ModelError::Other(
-            "Choose either quantize or dequantize, not both.".into(),
-        ));
+        return Err(ModelError::Convert {
+            option: "-q/-d".into(),
+            problem: "Choose either quantize or dequantize, not both.".into(),
+        });
     }
     if opts.quant_predicate.is_some() && opts.q_mode != QuantMode::Affine {
-        return Err(ModelError::Other(
-            "Quant predicates only support 'affine' quantization.".into(),
-        ));
+        return Err(ModelError::Convert {
+            option: "--quant-predicate".into(),
+            problem: "Quant predicates only support 'affine' quantization.".into(),
+        });
     }
     if let Some(d) = &opts.dtype {
         if parse_dtype(d).is_none() {
-            return Err(ModelError::Other(format!(
-                "--dtype: `{d}` is not one of {CONVERSION_DTYPES:?}"
-            )));
+            return Err(ModelError::Convert {
+                option: "--dtype".into(),
+                problem: format!("`{d}` is not one of {CONVERSION_DTYPES:?}"),
+            });
         }
     }
     let gguf = is_gguf(src);
@@ -396,10 +399,7 @@ pub fn convert(
         });
     if let Some(dt) = dtype_name.as_deref().and_then(parse_dtype) {
         if PREDICATE_MODELS.contains(&model_type.as_str()) {
-            return Err(ModelError::Other(format!(
-                "model type `{model_type}`: mlx-lm casts it with a per-model `cast_predicate` \
-                 that `mlx convert` does not reproduce yet"
-            )));
+            return Err(ModelError::Convert { option: format!("model type `{model_type}`"), problem: "mlx-lm casts it with a per-model `cast_predicate` that `mlx convert` does not reproduce yet".into() });
         }
         progress(Progress::Info(format!(
             "Using dtype: {}",
@@ -416,10 +416,7 @@ pub fn convert(
     if opts.quantize {
         progress(Progress::Info("Quantizing".into()));
         if PREDICATE_MODELS.contains(&model_type.as_str()) && opts.quant_predicate.is_none() {
-            return Err(ModelError::Other(format!(
-                "model type `{model_type}`: mlx-lm quantizes it with a per-model \
-                 `quant_predicate` that `mlx convert` does not reproduce yet"
-            )));
+            return Err(ModelError::Convert { option: format!("model type `{model_type}`"), problem: "mlx-lm quantizes it with a per-model `quant_predicate` that `mlx convert` does not reproduce yet".into() });
         }
         let (dg, db) = match opts.trellis {
             Some(_) => (TRELLIS_DEFAULTS.0, TRELLIS_DEFAULTS.1),
@@ -430,9 +427,10 @@ pub fn convert(
         match opts.trellis {
             Some(t) => {
                 if opts.quant_predicate.is_some() {
-                    return Err(ModelError::Other(
-                        "--quant-predicate: recipes are affine; not with --q-mode trellis".into(),
-                    ));
+                    return Err(ModelError::Convert {
+                        option: "--quant-predicate".into(),
+                        problem: "recipes are affine; not with --q-mode trellis".into(),
+                    });
                 }
                 QuantParams {
                     group_size,
@@ -441,17 +439,26 @@ pub fn convert(
                     trellis: Some(t),
                 }
                 .validate()
-                .map_err(|m| ModelError::Other(format!("--q-bits/--q-group-size: {m}")))?;
+                .map_err(|m| ModelError::Convert {
+                    option: "--q-bits/--q-group-size".into(),
+                    problem: m.to_string(),
+                })?;
             }
             None => opts
                 .q_mode
                 .check(group_size, bits)
-                .map_err(|m| ModelError::Other(format!("--q-bits/--q-group-size: {m}")))?,
+                .map_err(|m| ModelError::Convert {
+                    option: "--q-bits/--q-group-size".into(),
+                    problem: m.to_string(),
+                })?,
         }
         if let Some(g) = opts.q_group_size.filter(|_| opts.quant_predicate.is_some()) {
             QuantMode::Affine
                 .check(g, 2)
-                .map_err(|m| ModelError::Other(format!("--q-group-size: {m}")))?;
+                .map_err(|m| ModelError::Convert {
+                    option: "--q-group-size".into(),
+                    problem: m.to_string(),
+                })?;
         }
         let top = LayerQuant {
             group_size: Some(group_size),
@@ -479,8 +486,9 @@ pub fn convert(
                 .quantizable
                 .iter()
                 .find(|m| m.path.contains("down_proj"))
-                .ok_or_else(|| {
-                    ModelError::Other("Model does not have expected keys for mixed quant.".into())
+                .ok_or_else(|| ModelError::Convert {
+                    option: "--quant-predicate".into(),
+                    problem: "Model does not have expected keys for mixed quant.".into(),
                 })?;
             let parts: Vec<&str> = down.path.split('.').collect();
             let loc = parts
@@ -520,10 +528,10 @@ pub fn convert(
         let hessians = match &opts.trellis_hessians {
             Some(p) if opts.trellis.is_some() => mlx_core::io::load_safetensors(p, None)?.0,
             Some(p) => {
-                return Err(ModelError::Other(format!(
-                    "--q-hessians {}: only with --q-mode trellis",
-                    p.display()
-                )))
+                return Err(ModelError::Convert {
+                    option: format!("--q-hessians {}", p.display()),
+                    problem: "only with --q-mode trellis".into(),
+                })
             }
             None => Default::default(),
         };
@@ -876,9 +884,10 @@ fn save(
     }
     for (name, bytes) in extra_files {
         if name.contains('/') || name.contains('\\') || name.starts_with('.') {
-            return Err(ModelError::Other(format!(
-                "extra file name `{name}` is not a plain name"
-            )));
+            return Err(ModelError::Convert {
+                option: format!("extra file `{name}`"),
+                problem: "not a plain name".into(),
+            });
         }
         let to = tmp.path.join(name);
         std::fs::write(&to, bytes).map_err(|e| io_err(&to, e))?;
@@ -888,10 +897,13 @@ fn save(
     files.push("README.md".into());
 
     if dst.exists() {
-        return Err(ModelError::Other(format!(
-            "Cannot save to the path {} as it already exists (it appeared while converting).",
-            dst.display()
-        )));
+        return Err(ModelError::Convert {
+            option: "--mlx-path".into(),
+            problem: format!(
+                "Cannot save to the path {} as it already exists (it appeared while converting).",
+                dst.display()
+            ),
+        });
     }
     std::fs::rename(&tmp.path, dst).map_err(|e| io_err(dst, e))?;
     tmp.done = true;

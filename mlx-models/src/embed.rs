@@ -16,33 +16,46 @@ use crate::models::LanguageModel;
 /// ids are checked against the vocabulary first.
 pub fn embed(model: &dyn LanguageModel, batch: &[Vec<u32>]) -> Result<Array> {
     if batch.is_empty() {
-        return Err(ModelError::Other("embed: no texts given".into()));
+        return Err(ModelError::Input {
+            what: "embed".into(),
+            problem: "no texts given".into(),
+        });
     }
     let vocab = model.vocab_size();
     let mut rows = Vec::with_capacity(batch.len());
     for (i, ids) in batch.iter().enumerate() {
         if ids.is_empty() {
-            return Err(ModelError::Other(format!("embed: text {i} has no tokens")));
+            return Err(ModelError::Input {
+                what: "embed".into(),
+                problem: format!("text {i} has no tokens"),
+            });
         }
-        let n = i32::try_from(ids.len())
-            .map_err(|_| ModelError::Other(format!("embed: text {i} is too long")))?;
+        let n = i32::try_from(ids.len()).map_err(|_| ModelError::Input {
+            what: "embed".into(),
+            problem: format!("text {i} is too long"),
+        })?;
         let ids = ids
             .iter()
             .map(|&t| {
-                i32::try_from(t).ok().filter(|&t| t < vocab).ok_or_else(|| {
-                    ModelError::Other(format!(
-                        "embed: text {i}: token id {t} is outside the vocabulary (size {vocab})"
-                    ))
-                })
+                i32::try_from(t)
+                    .ok()
+                    .filter(|&t| t < vocab)
+                    .ok_or_else(|| ModelError::Input {
+                        what: "embed".into(),
+                        problem: format!(
+                            "text {i}: token id {t} is outside the vocabulary (size {vocab})"
+                        ),
+                    })
             })
             .collect::<Result<Vec<i32>>>()?;
         let h = model
             .forward_hidden(&Array::from_slice(&ids, &[1, n])?)
-            .ok_or_else(|| {
-                ModelError::Other(format!(
-                    "embed: model type `{}` has no hidden-state entry (cannot embed)",
+            .ok_or_else(|| ModelError::Input {
+                what: "embed".into(),
+                problem: format!(
+                    "model type `{}` has no hidden-state entry (cannot embed)",
                     model.model_type()
-                ))
+                ),
             })??;
         let last = ops::slice_axis(&h, 1, n - 1, n, None)?;
         let last = ops::squeeze(&last, &[1], None)?.astype(Dtype::Float32)?;

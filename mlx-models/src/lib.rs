@@ -26,5 +26,5 @@ pub mod pyjson;
 pub mod shard;
 pub mod weights;
 
-pub use error::{ModelError, Result};
+pub use error::{ModelError, Parallelism, Result};
 pub use models::LanguageModel;

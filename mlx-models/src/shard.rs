@@ -29,14 +29,18 @@ fn part(w: &Array, n: i32, r: i32, axis: i32, what: &str) -> Result<Array> {
     };
     let len = shape.get(ax as usize).copied().unwrap_or(0);
     if n <= 0 || len % n != 0 {
-        return Err(ModelError::Other(format!(
-            "{what}: dimension {len} cannot be split into {n} equal parts"
-        )));
+        return Err(ModelError::Parallel {
+            kind: crate::Parallelism::Tensor,
+            what: what.to_string(),
+            problem: format!("dimension {len} cannot be split into {n} equal parts"),
+        });
     }
     let parts = ops::split_equal(w, n, axis, None)?;
-    let p = parts
-        .get(r as usize)
-        .ok_or_else(|| ModelError::Other(format!("{what}: rank {r} out of {n}")))?;
+    let p = parts.get(r as usize).ok_or_else(|| ModelError::Parallel {
+        kind: crate::Parallelism::Tensor,
+        what: what.to_string(),
+        problem: format!("rank {r} out of {n}"),
+    })?;
     Ok(ops::contiguous(p, false, None)?)
 }
 
@@ -62,9 +66,11 @@ fn part_segments(
     };
     let len = shape.get(ax as usize).copied().unwrap_or(0);
     if segments.windows(2).any(|p| p[0] > p[1]) || segments.iter().any(|&i| i < 0 || i > len) {
-        return Err(ModelError::Other(format!(
-            "{what}: segments {segments:?} do not fit a dimension of {len}"
-        )));
+        return Err(ModelError::Parallel {
+            kind: crate::Parallelism::Tensor,
+            what: what.to_string(),
+            problem: format!("segments {segments:?} do not fit a dimension of {len}"),
+        });
     }
     let pieces = ops::split_at(w, segments, axis, None)?;
     let mut mine = Vec::with_capacity(pieces.len());
@@ -113,13 +119,8 @@ fn split_weight(
                 bias.clone(),
             ))
         }
-        Linear::Adapted(_) => Err(ModelError::Other(format!(
-            "{what}: tensor parallelism cannot split an adapted linear (fuse the adapter first)"
-        ))),
-        Linear::Trellis { .. } => Err(ModelError::Other(format!(
-            "{what}: tensor parallelism cannot split a trellis-coded linear (its Hadamard \
-             blocks and tail-biting streams span the whole matrix)"
-        ))),
+        Linear::Adapted(_) => Err(ModelError::Parallel { kind: crate::Parallelism::Tensor, what: what.to_string(), problem: "cannot split an adapted linear (fuse the adapter first)".into() }),
+        Linear::Trellis { .. } => Err(ModelError::Parallel { kind: crate::Parallelism::Tensor, what: what.to_string(), problem: "cannot split a trellis-coded linear (its Hadamard blocks and tail-biting streams span the whole matrix)".into() }),
     }
 }
 
@@ -168,17 +169,21 @@ pub fn repeat_heads(l: &mut Linear, heads: i32, n: i32, what: &str) -> Result<()
         return Ok(());
     }
     if heads <= 0 || n % heads != 0 {
-        return Err(ModelError::Other(format!(
-            "{what}: {heads} heads cannot be repeated over {n} ranks"
-        )));
+        return Err(ModelError::Parallel {
+            kind: crate::Parallelism::Tensor,
+            what: what.to_string(),
+            problem: format!("{heads} heads cannot be repeated over {n} ranks"),
+        });
     }
     let rep = |p: &Array| -> Result<Array> {
         let s = p.shape();
         let rows = s.first().copied().unwrap_or(0);
         if rows % heads != 0 {
-            return Err(ModelError::Other(format!(
-                "{what}: {rows} rows do not split into {heads} heads"
-            )));
+            return Err(ModelError::Parallel {
+                kind: crate::Parallelism::Tensor,
+                what: what.to_string(),
+                problem: format!("{rows} rows do not split into {heads} heads"),
+            });
         }
         let mut by_head = vec![heads, rows / heads];
         by_head.extend_from_slice(&s[1..]);
@@ -203,10 +208,11 @@ pub fn repeat_heads(l: &mut Linear, heads: i32, n: i32, what: &str) -> Result<()
             bias: bias.as_ref().map(rep).transpose()?,
         },
         _ => {
-            return Err(ModelError::Other(format!(
-                "{what}: tensor parallelism cannot repeat the heads of an adapted or \
-                 trellis-coded linear"
-            )))
+            return Err(ModelError::Parallel {
+                kind: crate::Parallelism::Tensor,
+                what: what.to_string(),
+                problem: "cannot repeat the heads of an adapted or trellis-coded linear".into(),
+            })
         }
     };
     Ok(())
@@ -304,9 +310,11 @@ pub fn switch_inplace(
             bias: split_bias(bias)?,
         },
         SwitchLinear::Adapted(_) => {
-            return Err(ModelError::Other(format!(
-                "{what}: tensor parallelism cannot split adapted experts (fuse the adapter first)"
-            )))
+            return Err(ModelError::Parallel {
+                kind: crate::Parallelism::Tensor,
+                what: what.to_string(),
+                problem: "cannot split adapted experts (fuse the adapter first)".into(),
+            })
         }
     };
     Ok(())
@@ -318,9 +326,11 @@ pub fn take_heads(a: &Array, heads: i32, r: i32, what: &str) -> Result<Array> {
     let total = a.shape().first().copied().unwrap_or(0);
     let (sh, eh) = (r * heads, r * heads + heads);
     if heads <= 0 || eh > total {
-        return Err(ModelError::Other(format!(
-            "{what}: heads {sh}..{eh} out of {total}"
-        )));
+        return Err(ModelError::Parallel {
+            kind: crate::Parallelism::Tensor,
+            what: what.to_string(),
+            problem: format!("heads {sh}..{eh} out of {total}"),
+        });
     }
     Ok(ops::slice_axis(a, 0, sh, eh, None)?)
 }
@@ -365,17 +375,21 @@ pub fn divide_switch_bias(l: &mut SwitchLinear, n: i32) -> Result<()> {
 /// 0 the last. Returns this rank's `start..end`.
 pub fn pipeline_range(layers: usize, size: i32, rank: i32) -> Result<std::ops::Range<usize>> {
     if size < 1 || rank < 0 || rank >= size {
-        return Err(ModelError::Other(format!(
-            "pipeline parallelism: rank {rank} of {size}"
-        )));
+        return Err(ModelError::Parallel {
+            kind: crate::Parallelism::Pipeline,
+            what: format!("rank {rank}"),
+            problem: format!("not a rank of a group of {size}"),
+        });
     }
     let (s, r) = (size as usize, rank as usize);
     let (base, extra) = (layers / s, layers % s);
     let split: Vec<usize> = (0..s).map(|k| base + usize::from(k < extra)).collect();
     if split.contains(&0) {
-        return Err(ModelError::Other(format!(
-            "pipeline parallelism: {layers} layers cannot give each of {s} ranks a layer"
-        )));
+        return Err(ModelError::Parallel {
+            kind: crate::Parallelism::Pipeline,
+            what: format!("{layers} layers"),
+            problem: format!("cannot give each of {s} ranks a layer"),
+        });
     }
     let start: usize = split[r + 1..].iter().sum();
     Ok(start..start + split[r])
@@ -385,15 +399,18 @@ pub fn pipeline_range(layers: usize, size: i32, rank: i32) -> Result<std::ops::R
 /// (`supported`, named in the error), and the model is not split already.
 pub(crate) fn check_pipeline(model_type: &str, supported: &[&str], split: bool) -> Result<()> {
     if !supported.contains(&model_type) {
-        return Err(ModelError::Other(format!(
-            "pipeline parallelism: model_type `{model_type}` is not supported ({})",
-            supported.join(", ")
-        )));
+        return Err(ModelError::Parallel {
+            kind: crate::Parallelism::Pipeline,
+            what: format!("model_type `{model_type}`"),
+            problem: format!("not supported ({})", supported.join(", ")),
+        });
     }
     if split {
-        return Err(ModelError::Other(
-            "pipeline parallelism: already split".into(),
-        ));
+        return Err(ModelError::Parallel {
+            kind: crate::Parallelism::Pipeline,
+            what: "the model".into(),
+            problem: "already split".into(),
+        });
     }
     Ok(())
 }
@@ -434,10 +451,11 @@ pub fn pipeline_send(
         h = distributed::send(&h, (rank - 1).rem_euclid(size), None, None)?;
         if let Some(c) = last {
             if !c.is_empty() && !c.depend_on(&h)? {
-                return Err(ModelError::Other(format!(
-                    "pipeline parallelism: a {} cannot be tied to the stage's send",
-                    c.class_name()
-                )));
+                return Err(ModelError::Parallel {
+                    kind: crate::Parallelism::Pipeline,
+                    what: format!("a {}", c.class_name()),
+                    problem: "cannot be tied to the stage's send".into(),
+                });
             }
         }
     }

@@ -161,3 +161,49 @@ fn malformed_inputs_are_errors() {
         }
     }
 }
+
+/// The failures above are typed (issue #29): a caller can tell bad input from a cache of the
+/// wrong kind and from a model that cannot be split, and each names its subject.
+#[test]
+fn errors_are_typed_variants_naming_their_subject() {
+    use mlx_models::{ModelError, Parallelism};
+    let ids = Array::from_slice(&[1i32, 2, 3], &[1, 3]).unwrap();
+    let (config, w) = fixture("qwen3_next");
+    let mut model = build(&ModelConfig::from_value(config).unwrap(), w).unwrap();
+
+    let mut plain: Vec<Box<dyn Cache>> = (0..model.make_cache().len())
+        .map(|_| Box::new(KVCache::new()) as Box<dyn Cache>)
+        .collect();
+    match model.forward(&ids, Some(&mut plain)).unwrap_err() {
+        ModelError::Cache { what, problem } => {
+            assert!(what.starts_with("layer "), "{what}");
+            assert!(problem.contains("ArraysCache"), "{problem}");
+        }
+        e => panic!("expected ModelError::Cache, got {e:?}"),
+    }
+
+    let flat = Array::from_slice(&[1i32, 2], &[2]).unwrap();
+    match model.forward(&flat, None).unwrap_err() {
+        ModelError::Input { what, problem } => {
+            assert_eq!(what, "inputs");
+            assert!(problem.contains("(batch, seq)"), "{problem}");
+        }
+        e => panic!("expected ModelError::Input, got {e:?}"),
+    }
+
+    // mlx-lm's qwen3_next has no shard(): the error names the model type.
+    let e = model.shard_tensor_parallel(2, 1).unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            ModelError::Parallel { kind: Parallelism::Tensor, what, .. }
+                if what == "model_type `qwen3_next`"
+        ),
+        "{e:?}"
+    );
+    assert!(
+        e.to_string()
+            .starts_with("tensor parallelism: model_type `qwen3_next`: not supported"),
+        "{e}"
+    );
+}

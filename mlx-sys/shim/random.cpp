@@ -31,11 +31,26 @@ KeySeq& seq() {
   return *k;
 }
 
+// Evaluates `a` now unless it is a placeholder of a function being compiled (which has no
+// value yet and cannot be evaluated; a state threaded through `compile` stays lazy there).
+void materialize(std::vector<mx::array> arrays) {
+  for (auto& a : arrays) {
+    if (a.is_tracer()) return;
+  }
+  mx::eval(std::move(arrays));
+}
+
 // Python: `key_ ? key_.value() : default_key().next()`, next() = split; keep first.
+// The split is evaluated before the lock is released: a lazy split left in the state would be
+// shared by the next draw on any thread, and evaluating draws that share an unevaluated node
+// from several threads at once crashes inside MLX (or fails with "no Stream in current
+// thread"), issue #29. The values are the same whenever they are computed, so seeded
+// sequences are unchanged.
 mx::array next_key() {
   auto& k = seq();
   std::lock_guard<std::mutex> lock(k.mu);
   auto [state, key] = mx::random::split(k.current());
+  materialize({state, key});
   k.state = state;
   return key;
 }
@@ -75,6 +90,7 @@ int mlxs_random_set_state(mlxs_array key) {
     }
     auto& k = seq();
     std::lock_guard<std::mutex> lock(k.mu);
+    materialize({a});
     k.state = a;
   });
 }

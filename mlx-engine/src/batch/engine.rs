@@ -395,12 +395,16 @@ impl Engine {
             + 'static,
     {
         if config.max_batch == 0 {
-            return Err(EngineError::Other("max_batch must be at least 1".into()));
+            return Err(EngineError::Options {
+                option: "max_batch".into(),
+                problem: "must be at least 1".into(),
+            });
         }
         if config.prefill_step_size == 0 {
-            return Err(EngineError::Other(
-                "prefill_step_size must be positive".into(),
-            ));
+            return Err(EngineError::Options {
+                option: "prefill_step_size".into(),
+                problem: "must be positive".into(),
+            });
         }
         let mut config = config;
         if config.kv.is_some() {
@@ -441,7 +445,10 @@ impl Engine {
                 worker.cpu = cpu;
                 worker.run(rx);
             })
-            .map_err(|e| EngineError::Other(format!("starting the engine thread: {e}")))?;
+            .map_err(|e| EngineError::Internal {
+                what: "the engine thread".into(),
+                problem: format!("could not start: {e}"),
+            })?;
         match ready_rx.recv() {
             Ok(Ok((tokenizer, vocab_size, decoder))) => Ok((
                 Engine {
@@ -456,9 +463,10 @@ impl Engine {
                 handle,
             )),
             Ok(Err(e)) => Err(e),
-            Err(_) => Err(EngineError::Other(
-                "the engine thread stopped while loading".into(),
-            )),
+            Err(_) => Err(EngineError::Internal {
+                what: "the engine thread".into(),
+                problem: "stopped while loading".into(),
+            }),
         }
     }
 
@@ -1427,10 +1435,10 @@ fn check_plain(caches: &[Box<dyn Cache>]) -> Result<()> {
         .iter()
         .find(|c| c.as_any().downcast_ref::<KVCache>().is_none())
     {
-        Some(c) => Err(EngineError::Other(format!(
-            "continuous batching needs plain KV caches; this model uses {}",
-            c.class_name()
-        ))),
+        Some(c) => Err(EngineError::Cache {
+            what: "continuous batching".into(),
+            problem: format!("needs plain KV caches; this model uses {}", c.class_name()),
+        }),
         None => Ok(()),
     }
 }
@@ -1503,13 +1511,19 @@ impl Worker<'_> {
     /// Validates the prompt and decides how it is prefilled.
     fn plan(&mut self, r: &BatchRequest, alone: bool) -> Result<Start> {
         if r.prompt.is_empty() {
-            return Err(EngineError::Other("the prompt is empty".into()));
+            return Err(EngineError::Input {
+                what: "request".into(),
+                problem: "the prompt is empty".into(),
+            });
         }
         if let Some(&bad) = r.prompt.iter().find(|&&t| t as usize >= self.vocab()) {
-            return Err(EngineError::Other(format!(
-                "token id {bad} is outside the model's vocabulary of {}",
-                self.vocab()
-            )));
+            return Err(EngineError::Input {
+                what: "request".into(),
+                problem: format!(
+                    "prompt token id {bad} is outside the model's vocabulary of {}",
+                    self.vocab()
+                ),
+            });
         }
         match self.prompt_cache.fetch(&r.prompt) {
             Some(hit) => Ok(Start::Alone(hit.caches, hit.reused)),
@@ -1533,9 +1547,10 @@ impl Worker<'_> {
             if reused < len {
                 Ok(())
             } else {
-                Err(EngineError::Other(format!(
-                    "the prompt cache reused {reused} of {len} prompt tokens"
-                )))
+                Err(EngineError::Internal {
+                    what: "the prompt cache".into(),
+                    problem: format!("reused {reused} of {len} prompt tokens"),
+                })
             }
         });
         if let Err(e) = checked {
@@ -1747,9 +1762,10 @@ impl Worker<'_> {
             .collect();
         let last = p.done + n == p.m;
         let (Some(cpu), Some(cache)) = (self.cpu.as_mut(), p.cpu.as_mut()) else {
-            return Err(EngineError::Other(
-                "a CPU prefill without the CPU decoder".into(),
-            ));
+            return Err(EngineError::Internal {
+                what: "CPU prefill".into(),
+                problem: "without the CPU decoder".into(),
+            });
         };
         let result = if last {
             cpu.prefill(cache, &tokens).map(|l| Some(l.to_vec()))
@@ -2092,9 +2108,10 @@ impl Worker<'_> {
         if self.config.kv.is_some() {
             // One request at a time, over its own (rotating or quantized) caches.
             if !self.rows.is_empty() {
-                return Err(EngineError::Other(
-                    "with --kv-bits or --max-kv-size requests run one at a time".into(),
-                ));
+                return Err(EngineError::Internal {
+                    what: "--kv-bits / --max-kv-size".into(),
+                    problem: "requests run one at a time".into(),
+                });
             }
             self.caches = caches.iter().map(|c| c.boxed_clone()).collect();
             return Ok(());
@@ -2150,7 +2167,10 @@ impl Worker<'_> {
         mlx_core::eval([&sampled, &logprobs])?;
         let tokens = sampled.astype(Dtype::Uint32)?.to_vec::<u32>()?;
         if tokens.len() < n.max(1) {
-            return Err(EngineError::Other("the sampler returned no token".into()));
+            return Err(EngineError::Internal {
+                what: "the sampler".into(),
+                problem: "returned no token".into(),
+            });
         }
         Ok((tokens, ops::squeeze(&logprobs, &[0], None)?))
     }
@@ -2173,8 +2193,9 @@ impl Worker<'_> {
                 .rows
                 .iter_mut()
                 .map(|r| {
-                    r.cpu.as_mut().ok_or_else(|| {
-                        EngineError::Other("a row of the CPU batch has no CPU cache".into())
+                    r.cpu.as_mut().ok_or_else(|| EngineError::Internal {
+                        what: "the CPU batch".into(),
+                        problem: "a row has no CPU cache".into(),
                     })
                 })
                 .collect::<Result<Vec<_>>>()?;
@@ -2377,7 +2398,10 @@ fn bias_only(processors: &[LogitsProcessor]) -> Option<Vec<(Vec<i32>, Vec<u32>)>
 fn batch_cache(c: &mut Box<dyn Cache>) -> Result<&mut BatchKVCache> {
     c.as_any_mut()
         .downcast_mut::<BatchKVCache>()
-        .ok_or_else(|| EngineError::Other("the running batch holds a non-batch cache".into()))
+        .ok_or_else(|| EngineError::Internal {
+            what: "the running batch".into(),
+            problem: "holds a non-batch cache".into(),
+        })
 }
 
 /// A token's log-probability and the most likely `(id, logprob)` pairs of its step.

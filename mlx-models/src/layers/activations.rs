@@ -171,6 +171,14 @@ pub fn geglu(gate: &Array, x: &Array) -> Result<Array> {
     one(f.call(&[gate.clone(), x.clone()])?, "geglu")
 }
 
+/// `tanh(x / cap) * cap` in plain ops, `cap` a weak scalar: the soft cap that mlx-lm writes
+/// inline (gemma2's attention scores and logits, grok's, gear's, recurrent_gemma's logits,
+/// Laguna's router). gemma4_text's compiled one is [`logit_softcap`].
+pub fn softcap(x: &Array, cap: f32) -> Result<Array> {
+    let t = ops::tanh(&ops::divide_scalar(x, cap, None)?, None)?;
+    ops::multiply_scalar(&t, cap, None)
+}
+
 /// gemma4_text's `logit_softcap(softcap, x)`: `tanh(x / softcap) * softcap`, compiled
 /// shapeless there with `softcap` a constant of the trace; here one compiled function per
 /// distinct `softcap` and thread (leaked like the others: a model has one).

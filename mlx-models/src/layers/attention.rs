@@ -68,9 +68,10 @@ pub fn scaled_dot_product_attention(
         }
         Kv::Quantized { keys, values, spec } => {
             if sinks.is_some() {
-                return Err(crate::ModelError::Other(
-                    "quantized SDPA does not support attention sinks".into(),
-                ));
+                return Err(crate::ModelError::Unsupported {
+                    what: "quantized SDPA".into(),
+                    problem: "does not support attention sinks".into(),
+                });
             }
             quantized_scaled_dot_product_attention(queries, keys, values, scale, mask, *spec)
         }

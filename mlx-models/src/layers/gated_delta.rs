@@ -59,9 +59,10 @@ fn step_ops(
     let mut out = f.call(&inputs)?.into_iter();
     match (out.next(), out.next()) {
         (Some(y), Some(state)) => Ok((y, state)),
-        _ => Err(ModelError::Other(
-            "compiled gated delta step returned fewer than two arrays".into(),
-        )),
+        _ => Err(ModelError::Internal {
+            what: "compiled gated delta step".into(),
+            problem: "returned fewer than two arrays".into(),
+        }),
     }
 }
 
@@ -130,17 +131,21 @@ pub fn gated_delta_ops(
     let qs = q.shape();
     let vs = v.shape();
     if qs.len() != 4 || vs.len() != 4 || k.shape() != qs {
-        return Err(ModelError::Other(format!(
-            "gated delta: q {qs:?}, k {:?}, v {vs:?} must be (B, T, H, D) with q == k",
-            k.shape()
-        )));
+        return Err(ModelError::Input {
+            what: "gated delta".into(),
+            problem: format!(
+                "q {qs:?}, k {:?}, v {vs:?} must be (B, T, H, D) with q == k",
+                k.shape()
+            ),
+        });
     }
     let (b, t_len, hk, dk) = (qs[0], qs[1], qs[2], qs[3]);
     let (hv, dv) = (vs[2], vs[3]);
     if hk <= 0 || hv % hk != 0 {
-        return Err(ModelError::Other(format!(
-            "gated delta: {hv} value heads are not a multiple of {hk} key heads"
-        )));
+        return Err(ModelError::Tensor {
+            name: "gated delta".into(),
+            problem: format!("{hv} value heads are not a multiple of {hk} key heads"),
+        });
     }
     let mut state = match state {
         Some(s) => s.clone(),
@@ -227,9 +232,10 @@ pub fn gated_delta_update_fast(
         None => {
             let (qs, vs) = (q.shape(), v.shape());
             if qs.len() != 4 || vs.len() != 4 {
-                return Err(ModelError::Other(format!(
-                    "gated delta: q {qs:?} and v {vs:?} must be (B, T, H, D)"
-                )));
+                return Err(ModelError::Input {
+                    what: "gated delta".into(),
+                    problem: format!("q {qs:?} and v {vs:?} must be (B, T, H, D)"),
+                });
             }
             ops::zeros(&[qs[0], vs[2], vs[3], qs[3]], Dtype::Float32, None)?
         }

@@ -210,9 +210,10 @@ impl Linear {
                 (bias, true)
             }
             Linear::Adapted(_) => {
-                return Err(ModelError::Other(format!(
-                    "{path}: an adapted linear has no parameters of its own"
-                )))
+                return Err(ModelError::Unsupported {
+                    what: path.to_string(),
+                    problem: "an adapted linear has no parameters of its own".into(),
+                })
             }
         };
         if let Some(b) = bias {

@@ -299,10 +299,11 @@ impl MlaAttention {
         use crate::shard::{all_to_sharded, sharded_to_all, take_heads};
         let p = |m: &str| format!("{path}.{m}");
         if n <= 0 || self.num_heads % n != 0 {
-            return Err(ModelError::Other(format!(
-                "{path}: {} heads do not split over {n} ranks",
-                self.num_heads
-            )));
+            return Err(ModelError::Parallel {
+                kind: crate::Parallelism::Tensor,
+                what: path.to_string(),
+                problem: format!("{} heads do not split over {n} ranks", self.num_heads),
+            });
         }
         match &mut self.q {
             QProj::Direct(q) => all_to_sharded(q, n, r, &p("q_proj"))?,
@@ -374,9 +375,10 @@ impl MlaAttention {
         cache: Option<&mut Box<dyn Cache>>,
     ) -> Result<Array> {
         let KvOut::Expanded { kv_b_proj } = &self.kv_out else {
-            return Err(ModelError::Other(
-                "MLA attention without kv_b_proj has no expanded form".into(),
-            ));
+            return Err(ModelError::Unsupported {
+                what: "MLA attention".into(),
+                problem: "without kv_b_proj has no expanded form".into(),
+            });
         };
         let sh = x.shape();
         let (b, l) = (sh[0], sh[1]);
@@ -436,9 +438,10 @@ impl MlaAttention {
             unembed_out,
         } = &self.kv_out
         else {
-            return Err(ModelError::Other(
-                "mistral4 attention needs embed_q and unembed_out".into(),
-            ));
+            return Err(ModelError::Unsupported {
+                what: "mistral4 attention".into(),
+                problem: "needs embed_q and unembed_out".into(),
+            });
         };
         let sh = x.shape();
         let (b, l) = (sh[0], sh[1]);
@@ -461,9 +464,10 @@ impl MlaAttention {
             Some(c) => match c.update_and_fetch(&kv_latent, &k_rope)? {
                 Kv::Dense { keys, values } => (keys, values),
                 Kv::Quantized { .. } => {
-                    return Err(ModelError::Other(
-                        "MLA attention does not support a quantized KV cache (--kv-bits)".into(),
-                    ))
+                    return Err(ModelError::Cache {
+                        what: "MLA attention".into(),
+                        problem: "does not support a quantized KV cache (--kv-bits)".into(),
+                    })
                 }
             },
             None => (kv_latent, k_rope),
@@ -545,9 +549,10 @@ impl MlaAttention {
             unembed_out,
         } = &self.kv_out
         else {
-            return Err(ModelError::Other(
-                "MLA attention with kv_b_proj has no absorbed form".into(),
-            ));
+            return Err(ModelError::Internal {
+                what: "MLA attention".into(),
+                problem: "with kv_b_proj it has no absorbed form".into(),
+            });
         };
         let sh = x.shape();
         let (b, l) = (sh[0], sh[1]);
@@ -582,9 +587,10 @@ impl MlaAttention {
             Some(c) => match c.update_and_fetch(&kv_latent, &k_pe)? {
                 Kv::Dense { keys, values } => (keys, values),
                 Kv::Quantized { .. } => {
-                    return Err(ModelError::Other(
-                        "MLA attention does not support a quantized KV cache (--kv-bits)".into(),
-                    ))
+                    return Err(ModelError::Cache {
+                        what: "MLA attention".into(),
+                        problem: "does not support a quantized KV cache (--kv-bits)".into(),
+                    })
                 }
             },
             None => (kv_latent, k_pe),
@@ -700,9 +706,10 @@ impl Indexer {
             k = match c.update_and_fetch(&k, &k)? {
                 Kv::Dense { keys, .. } => keys,
                 Kv::Quantized { .. } => {
-                    return Err(ModelError::Other(
-                        "the sparse-attention indexer does not support a quantized cache".into(),
-                    ))
+                    return Err(ModelError::Cache {
+                        what: "the sparse-attention indexer".into(),
+                        problem: "does not support a quantized cache".into(),
+                    })
                 }
             };
         }
@@ -762,9 +769,10 @@ impl MlaAttention {
             unembed_out,
         } = &self.kv_out
         else {
-            return Err(ModelError::Other(
-                "sparse MLA attention needs embed_q and unembed_out".into(),
-            ));
+            return Err(ModelError::Unsupported {
+                what: "sparse MLA attention".into(),
+                problem: "needs embed_q and unembed_out".into(),
+            });
         };
         let QProj::Lora {
             q_a_proj,
@@ -772,9 +780,10 @@ impl MlaAttention {
             q_b_proj,
         } = &self.q
         else {
-            return Err(ModelError::Other(
-                "sparse MLA attention needs q_a_proj / q_b_proj".into(),
-            ));
+            return Err(ModelError::Unsupported {
+                what: "sparse MLA attention".into(),
+                problem: "needs q_a_proj / q_b_proj".into(),
+            });
         };
         let sh = x.shape();
         let (b, l) = (sh[0], sh[1]);
@@ -807,9 +816,10 @@ impl MlaAttention {
             Some(c) => match c.update_and_fetch(&kv_latent, &k_pe)? {
                 Kv::Dense { keys, values } => (keys, values),
                 Kv::Quantized { .. } => {
-                    return Err(ModelError::Other(
-                        "MLA attention does not support a quantized KV cache (--kv-bits)".into(),
-                    ))
+                    return Err(ModelError::Cache {
+                        what: "MLA attention".into(),
+                        problem: "does not support a quantized KV cache (--kv-bits)".into(),
+                    })
                 }
             },
             None => (kv_latent, k_pe),

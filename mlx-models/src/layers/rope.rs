@@ -381,10 +381,10 @@ impl Rope {
 
     /// Applies the embedding to `x` of shape `(batch, heads, seq, head_dim)` at `offset`.
     pub fn forward(&self, x: &Array, offset: usize) -> Result<Array> {
-        let off = RopeOffset::Int(
-            i32::try_from(offset)
-                .map_err(|_| ModelError::Other(format!("offset {offset} too large")))?,
-        );
+        let off = RopeOffset::Int(i32::try_from(offset).map_err(|_| ModelError::Input {
+            what: "rope".into(),
+            problem: format!("offset {offset} too large"),
+        })?);
         self.apply(x, off, offset)
     }
 
@@ -393,9 +393,10 @@ impl Rope {
     /// variant needs a scalar offset (mlx-lm's does too) and is refused.
     pub fn forward_offsets(&self, x: &Array, offsets: &Array) -> Result<Array> {
         if matches!(self, Rope::Dynamic { .. }) {
-            return Err(ModelError::Other(
-                "dynamic NTK rope needs a scalar offset; batched caches are not supported".into(),
-            ));
+            return Err(ModelError::Cache {
+                what: "dynamic NTK rope".into(),
+                problem: "needs a scalar offset; batched caches are not supported".into(),
+            });
         }
         self.apply(x, RopeOffset::Array(offsets), 0)
     }

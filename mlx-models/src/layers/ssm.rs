@@ -250,10 +250,9 @@ pub(crate) fn arrays_cache(
             .as_any_mut()
             .downcast_mut::<ArraysCache>()
             .map(Some)
-            .ok_or_else(|| {
-                ModelError::Other(format!(
-                    "layer {i} is a state-space layer and needs an ArraysCache"
-                ))
+            .ok_or_else(|| ModelError::Cache {
+                what: format!("layer {i}"),
+                problem: "a state-space layer and needs an ArraysCache".into(),
             }),
     }
 }

@@ -223,7 +223,10 @@ impl TrellisWeight {
             mlx_core::cpu::available_threads(),
             &mut out,
         )
-        .map_err(ModelError::Other)?;
+        .map_err(|problem| ModelError::Tensor {
+            name: "trellis-coded weight".into(),
+            problem,
+        })?;
         Ok(Array::from_slice(&out, &[self.rows, self.cols])?)
     }
 
@@ -279,7 +282,10 @@ impl TrellisWeight {
         for (xr, yr) in xs.chunks_exact(cols).zip(out.chunks_exact_mut(rows)) {
             self.plan
                 .par(pool, words, scales, xr, yr)
-                .map_err(ModelError::Other)?;
+                .map_err(|problem| ModelError::Tensor {
+                    name: "trellis-coded weight".into(),
+                    problem,
+                })?;
         }
         if let Some(last) = shape.last_mut() {
             *last = self.rows;
@@ -311,9 +317,10 @@ pub fn quantize_trellis(
     let spec = q.trellis_spec(t);
     let shape = w.shape();
     if shape.len() != 2 {
-        return Err(ModelError::Other(format!(
-            "{path}: a trellis weight must be a matrix, got shape {shape:?}"
-        )));
+        return Err(ModelError::Tensor {
+            name: path.to_string(),
+            problem: format!("a trellis weight must be a matrix, got shape {shape:?}"),
+        });
     }
     let (rows, cols) = (shape[0], shape[1]);
     let wf = w.astype(Dtype::Float32)?;
@@ -330,10 +337,13 @@ pub fn quantize_trellis(
         ),
         Some(h) => {
             if h.shape() != [cols, cols] {
-                return Err(ModelError::Other(format!(
-                    "{path}.hessian: shape {:?}, expected [{cols}, {cols}] (the layer's inputs)",
-                    h.shape()
-                )));
+                return Err(ModelError::Tensor {
+                    name: format!("{path}.hessian"),
+                    problem: format!(
+                        "shape {:?}, expected [{cols}, {cols}] (the layer's inputs)",
+                        h.shape()
+                    ),
+                });
             }
             let hf = h.astype(Dtype::Float32)?;
             hf.eval()?;
@@ -348,7 +358,10 @@ pub fn quantize_trellis(
             )
         }
     }
-    .map_err(|m| ModelError::Other(format!("{path}: {m}")))?;
+    .map_err(|m| ModelError::Unsupported {
+        what: path.to_string(),
+        problem: m.to_string(),
+    })?;
     Ok((
         Array::from_slice(&words, &[rows, words_per_row(&spec, cols)])?,
         Array::from_slice(&scales, &[rows, 1])?,

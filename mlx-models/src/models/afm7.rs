@@ -195,10 +195,11 @@ impl Model {
                 -1,
                 None,
             )?;
-            let (k_norm, key_scale, value_scale) = l
-                .kv
-                .as_ref()
-                .ok_or_else(|| ModelError::Other("afm7: a regular layer without k_norm".into()))?;
+            let (k_norm, key_scale, value_scale) =
+                l.kv.as_ref().ok_or_else(|| ModelError::Internal {
+                    what: "afm7".into(),
+                    problem: "a regular layer without k_norm".into(),
+                })?;
             let cache = caches.as_deref_mut().map(|c| &mut c[i]);
             let offset = cache.as_ref().map_or(0, |c| c.offset());
             let roped = |y: &Array, n: i32| self.rope.forward(&kit::split_heads(y, n)?, offset);
@@ -214,13 +215,9 @@ impl Model {
         let (keys, values) = match last {
             Some(Kv::Dense { keys, values }) => (keys, values),
             Some(Kv::Quantized { .. }) => {
-                return Err(ModelError::Other(
-                    "afm7: the KV-reuse layers need dense keys and values (a quantized KV \
-                     cache is not supported)"
-                        .into(),
-                ))
+                return Err(ModelError::Cache { what: "afm7".into(), problem: "the KV-reuse layers need dense keys and values (a quantized KV cache is not supported)".into() })
             }
-            None => return Err(ModelError::Other("afm7: no regular layer".into())),
+            None => return Err(ModelError::Internal { what: "afm7".into(), problem: "no regular layer".into() }),
         };
         let total = keys.shape()[2] as usize;
         let kv = Kv::Dense { keys, values };

@@ -247,35 +247,6 @@ fn sanitize(w: &mut Weights) -> Result<()> {
     Ok(())
 }
 
-/// A layer's recurrent cache and KV cache.
-type LayerCaches<'a> = (Option<&'a mut ArraysCache>, Option<&'a mut Box<dyn Cache>>);
-
-/// The two caches of a layer's [`CacheList`].
-fn split_cache(c: Option<&mut Box<dyn Cache>>, i: usize) -> Result<LayerCaches<'_>> {
-    let Some(c) = c else {
-        return Ok((None, None));
-    };
-    let wrong = || {
-        ModelError::Other(format!(
-            "layer {i} needs a CacheList of an ArraysCache and a KV cache"
-        ))
-    };
-    let list = c
-        .as_any_mut()
-        .downcast_mut::<CacheList>()
-        .ok_or_else(wrong)?;
-    match list.caches_mut() {
-        [conv, kv] => {
-            let conv = conv
-                .as_any_mut()
-                .downcast_mut::<ArraysCache>()
-                .ok_or_else(wrong)?;
-            Ok((Some(conv), Some(kv)))
-        }
-        _ => Err(wrong()),
-    }
-}
-
 impl Model {
     pub fn load(config: &ModelConfig, w: &mut Weights) -> Result<Model> {
         let a: ModelArgs = config.args()?;
@@ -345,7 +316,7 @@ impl Model {
                 kit::check_caches(Some(&*c), self.layers.len(), "layers")?;
                 let mut mask = |idx: Option<usize>, win: Option<usize>| -> Result<AttentionMask> {
                     match idx {
-                        Some(i) => match split_cache(c.get_mut(i), i)? {
+                        Some(i) => match kit::split_recurrent_cache(c.get_mut(i), i)? {
                             (_, Some(kv)) => Ok(kv.make_mask(n, win, false)?),
                             _ => Ok(mlx_cache::mask::fallback_mask(n, win, false)?),
                         },
@@ -363,7 +334,8 @@ impl Model {
             ),
         };
         for (i, layer) in self.layers.iter().enumerate() {
-            let (conv, kv) = split_cache(caches.as_deref_mut().map(|c| &mut c[i]), i)?;
+            let (conv, kv) =
+                kit::split_recurrent_cache(caches.as_deref_mut().map(|c| &mut c[i]), i)?;
             let mask = if layer.swa { &swa_mask } else { &global_mask };
             let r = layer
                 .self_attn
@@ -385,29 +357,7 @@ impl Model {
 }
 
 impl LanguageModel for Model {
-    fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
-        let out = self.hidden_states(inputs, caches)?;
-        self.head(&out)
-    }
-
-    fn forward_hidden(&self, inputs: &Array) -> Option<Result<Array>> {
-        Some(self.hidden_states(inputs, None))
-    }
-
-    fn forward_hidden_cached(
-        &self,
-        inputs: &Array,
-        caches: &mut [Box<dyn Cache>],
-    ) -> Option<Result<Array>> {
-        Some(self.hidden_states(inputs, Some(caches)))
-    }
-
-    fn output_head(&self) -> Option<crate::models::OutputHead> {
-        Some(crate::models::OutputHead::of(
-            self.lm_head.as_ref(),
-            &self.embed_tokens,
-        ))
-    }
+    kit::hidden_state_entry_points!(tied lm_head, embed_tokens);
 
     kit::layer_caches! {
         fn make_cache(&self) {

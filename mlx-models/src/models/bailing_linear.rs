@@ -534,9 +534,10 @@ impl LinearAttention {
                 .call(&[(q * scale)?, k.clone(), v.clone(), state.clone(), exp_g])?
                 .into_iter();
             let (Some(y), Some(h_t)) = (out.next(), out.next()) else {
-                return Err(ModelError::Other(
-                    "compiled GLA step returned fewer than two arrays".into(),
-                ));
+                return Err(ModelError::Internal {
+                    what: "compiled GLA step".into(),
+                    problem: "returned fewer than two arrays".into(),
+                });
             };
             return match mask {
                 None => Ok((y, h_t)),
@@ -994,8 +995,9 @@ impl Model {
                         f64::from(q_head).powf(-0.5),
                         a.rope_scaling.as_ref(),
                     ) as f32,
-                    rope: mla_rope.clone().ok_or_else(|| {
-                        ModelError::Other("bailing_hybrid: MLA rope missing".into())
+                    rope: mla_rope.clone().ok_or_else(|| ModelError::Internal {
+                        what: "bailing_hybrid".into(),
+                        problem: "the MLA layers' rope is missing".into(),
                     })?,
                     q_scale: None,
                     kv_scale: None,

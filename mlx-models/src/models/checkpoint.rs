@@ -40,9 +40,10 @@ fn set_adapter_arrays<L: LayerArrays>(layer: &mut L, values: &[Array]) -> Result
         if n == 0 {
             continue;
         }
-        let vals = values
-            .get(i..i + n)
-            .ok_or_else(|| ModelError::Other("checkpoint: missing adapter inputs".into()))?;
+        let vals = values.get(i..i + n).ok_or_else(|| ModelError::Internal {
+            what: "checkpoint".into(),
+            problem: "missing adapter inputs".into(),
+        })?;
         l.set_adapter_parameters(vals)?;
         i += n;
     }
@@ -57,14 +58,16 @@ where
     F: Fn(&L, &Array) -> Result<Array> + Send + 'static,
 {
     let out = checkpointed_many(layer, std::slice::from_ref(x), own, move |l, xs| {
-        let x = xs
-            .first()
-            .ok_or_else(|| ModelError::Other("checkpoint: no input".into()))?;
+        let x = xs.first().ok_or_else(|| ModelError::Internal {
+            what: "checkpoint".into(),
+            problem: "no input".into(),
+        })?;
         Ok(vec![forward(l, x)?])
     })?;
-    out.into_iter()
-        .next()
-        .ok_or_else(|| ModelError::Other("checkpointed layer returned nothing".into()))
+    out.into_iter().next().ok_or_else(|| ModelError::Internal {
+        what: "checkpointed layer".into(),
+        problem: "returned nothing".into(),
+    })
 }
 
 /// `forward(layer, inputs)` under `mx.checkpoint`, for a layer with several array inputs and
@@ -175,7 +178,10 @@ fn fill_state(shape: &StateShape, arrays: &[Array]) -> Result<StateValue> {
         Ok(match s {
             StateShape::Array => StateValue::Array(
                 it.next()
-                    .ok_or_else(|| ModelError::Other("checkpoint: missing cache arrays".into()))?
+                    .ok_or_else(|| ModelError::Internal {
+                        what: "checkpoint".into(),
+                        problem: "missing cache arrays".into(),
+                    })?
                     .clone(),
             ),
             StateShape::Leaf(v) => v.clone(),
@@ -187,9 +193,10 @@ fn fill_state(shape: &StateShape, arrays: &[Array]) -> Result<StateValue> {
     let mut it = arrays.iter();
     let v = walk(shape, &mut it)?;
     if it.next().is_some() {
-        return Err(ModelError::Other(
-            "checkpoint: more cache arrays than the cache holds".into(),
-        ));
+        return Err(ModelError::Internal {
+            what: "checkpoint".into(),
+            problem: "more cache arrays than the cache holds".into(),
+        });
     }
     Ok(v)
 }
@@ -220,9 +227,10 @@ where
     let mut inputs = vec![x.clone()];
     inputs.extend(prev);
     let out = checkpointed_many(layer, &inputs, own, move |l, xs| {
-        let (x, prev) = xs
-            .split_first()
-            .ok_or_else(|| ModelError::Other("checkpoint: no input".into()))?;
+        let (x, prev) = xs.split_first().ok_or_else(|| ModelError::Internal {
+            what: "checkpoint".into(),
+            problem: "no input".into(),
+        })?;
         let mut c = cache_from_state(class, fill_state(&before, prev)?)?;
         let h = forward(l, x, &mut c)?;
         let (shape, arrays) = split_state(c.state());
@@ -237,10 +245,14 @@ where
         .lock()
         .ok()
         .and_then(|mut s| s.take())
-        .ok_or_else(|| ModelError::Other("checkpoint: the layer did not run".into()))?;
-    let (h, arrays) = out
-        .split_first()
-        .ok_or_else(|| ModelError::Other("checkpointed layer returned nothing".into()))?;
+        .ok_or_else(|| ModelError::Internal {
+            what: "checkpoint".into(),
+            problem: "the layer did not run".into(),
+        })?;
+    let (h, arrays) = out.split_first().ok_or_else(|| ModelError::Internal {
+        what: "checkpointed layer".into(),
+        problem: "returned nothing".into(),
+    })?;
     *cache = cache_from_state(class, fill_state(&shape, arrays)?)?;
     Ok(h.clone())
 }
@@ -250,8 +262,9 @@ pub(crate) fn concat_cache(kv: &[Array]) -> Result<ConcatenateKVCache> {
     match kv {
         [k, v] => Ok(ConcatenateKVCache::holding(k.clone(), v.clone())?),
         [] => Ok(ConcatenateKVCache::new()),
-        _ => Err(ModelError::Other(
-            "a concatenating cache holds keys and values".into(),
-        )),
+        _ => Err(ModelError::Internal {
+            what: "a concatenating cache".into(),
+            problem: "holds keys and values".into(),
+        }),
     }
 }

@@ -240,7 +240,10 @@ impl Block {
                 let ex = usize::try_from(e)
                     .ok()
                     .and_then(|e| self.experts.get(e))
-                    .ok_or_else(|| ModelError::Other(format!("dbrx: expert {e} out of range")))?;
+                    .ok_or_else(|| ModelError::Input {
+                        what: "dbrx".into(),
+                        problem: format!("expert {e} out of range"),
+                    })?;
                 let h = swiglu(&ex.w1.forward(&xt)?, &ex.v1.forward(&xt)?)?;
                 outs.push(ex.w2.forward(&h)?);
             }

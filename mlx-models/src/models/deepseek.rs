@@ -1186,9 +1186,10 @@ impl GroupExpertSelect {
         let mut out = f.call(&inputs)?.into_iter();
         match (out.next(), out.next()) {
             (Some(inds), Some(scores)) => Ok((inds, scores)),
-            _ => Err(ModelError::Other(
-                "compiled group_expert_select returned too few outputs".into(),
-            )),
+            _ => Err(ModelError::Internal {
+                what: "compiled group_expert_select".into(),
+                problem: "returned too few outputs".into(),
+            }),
         }
     }
 }
@@ -1294,9 +1295,10 @@ impl DeepseekMoe {
             DsRouter::Group(select) => {
                 let bias = self.e_score_correction_bias.as_ref();
                 if bias.is_none() && !select.softmax {
-                    return Err(ModelError::Other(
-                        "group routing without e_score_correction_bias".into(),
-                    ));
+                    return Err(ModelError::Unsupported {
+                        what: "group routing".into(),
+                        problem: "without e_score_correction_bias".into(),
+                    });
                 }
                 let (inds, scores) = select.call(&gates, bias)?;
                 (inds, scores, true)
@@ -1355,9 +1357,11 @@ impl DeepseekMoe {
             let names = MlpNames::LLAMA;
             let linears = shared.linears_mut(&names);
             if linears.len() != 3 {
-                return Err(ModelError::Other(format!(
-                    "{path}.shared_experts: a fused gate/up projection cannot be sharded"
-                )));
+                return Err(ModelError::Parallel {
+                    kind: crate::Parallelism::Tensor,
+                    what: format!("{path}.shared_experts"),
+                    problem: "a fused gate/up projection cannot be sharded".into(),
+                });
             }
             for (name, lin) in linears {
                 let what = format!("{path}.shared_experts.{name}");
@@ -1419,10 +1423,9 @@ impl DecoderLayer {
                         c.as_mut()
                             .as_any_mut()
                             .downcast_mut::<CacheList>()
-                            .ok_or_else(|| {
-                                ModelError::Other(
-                                    "sparse-attention layers need a CacheList cache".into(),
-                                )
+                            .ok_or_else(|| ModelError::Cache {
+                                what: "sparse-attention layers".into(),
+                                problem: "need a CacheList cache".into(),
                             })?
                             .caches_mut(),
                     ),
@@ -1431,8 +1434,9 @@ impl DecoderLayer {
                 ai.0.forward_sparse(&ai.1, &n, mask, subs)?
             }
             SelfAttn::Mistral4(a) => {
-                let s = attn_scale.ok_or_else(|| {
-                    ModelError::Other("mistral4 attention without its query scale".into())
+                let s = attn_scale.ok_or_else(|| ModelError::Internal {
+                    what: "mistral4 attention".into(),
+                    problem: "without its query scale".into(),
                 })?;
                 a.forward_mistral4(&n, s, mask, cache)?
             }
@@ -1844,9 +1848,10 @@ impl crate::models::MtpHead for Model {
     ) -> Result<(Array, Array)> {
         let l = kit::mtp_layer(&self.mtp, k)?;
         if !matches!(l.block.self_attn, SelfAttn::Mla(_) | SelfAttn::Standard(_)) {
-            return Err(ModelError::Other(
-                "multi-token prediction runs on plain MLA or standard attention layers".into(),
-            ));
+            return Err(ModelError::Unsupported {
+                what: "multi-token prediction".into(),
+                problem: "runs on plain MLA or standard attention layers".into(),
+            });
         }
         crate::models::moe::check_inputs(tokens)?;
         let e = l
@@ -2081,15 +2086,18 @@ impl Model {
         use crate::shard::{all_to_sharded, sharded_to_all};
         let t = self.spec.model_type.as_str();
         if !SHARDED.contains(&t) {
-            return Err(ModelError::Other(format!(
-                "tensor parallelism: model_type `{t}` is not supported yet ({})",
-                SHARDED.join(", ")
-            )));
+            return Err(ModelError::Parallel {
+                kind: crate::Parallelism::Tensor,
+                what: format!("model_type `{t}`"),
+                problem: format!("not supported yet ({})", SHARDED.join(", ")),
+            });
         }
         if size < 1 || rank < 0 || rank >= size {
-            return Err(ModelError::Other(format!(
-                "tensor parallelism: rank {rank} of {size}"
-            )));
+            return Err(ModelError::Parallel {
+                kind: crate::Parallelism::Tensor,
+                what: format!("rank {rank}"),
+                problem: format!("not a rank of a group of {size}"),
+            });
         }
         let pre = self.spec.prefix;
         for (i, l) in self.layers.iter_mut().enumerate() {
@@ -2102,9 +2110,11 @@ impl Model {
                 SelfAttn::Sparse(ai) => ai.0.shard_tensor_parallel(size, rank, &attn)?,
                 SelfAttn::Standard(a) if t == "glm4_moe" => a.shard_plain(size, rank, &attn)?,
                 SelfAttn::Standard(_) => {
-                    return Err(ModelError::Other(format!(
-                        "{attn}: a standard attention cannot be sharded here"
-                    )))
+                    return Err(ModelError::Parallel {
+                        kind: crate::Parallelism::Tensor,
+                        what: attn.to_string(),
+                        problem: "a standard attention cannot be sharded here".into(),
+                    })
                 }
             }
             match &mut l.mlp {
@@ -2112,9 +2122,11 @@ impl Model {
                     let names = MlpNames::LLAMA;
                     let linears = m.linears_mut(&names);
                     if linears.len() != 3 {
-                        return Err(ModelError::Other(format!(
-                            "{path}.mlp: a fused gate/up projection cannot be sharded"
-                        )));
+                        return Err(ModelError::Parallel {
+                            kind: crate::Parallelism::Tensor,
+                            what: format!("{path}.mlp"),
+                            problem: "a fused gate/up projection cannot be sharded".into(),
+                        });
                     }
                     for (name, lin) in linears {
                         let what = format!("{path}.mlp.{name}");

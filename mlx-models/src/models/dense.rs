@@ -380,7 +380,12 @@ impl Attention {
                 .into_iter();
                 match (parts.next(), parts.next(), parts.next()) {
                     (Some(q), Some(k), Some(v)) => (q, k, v),
-                    _ => return Err(ModelError::Other("qkv split gave fewer than 3".into())),
+                    _ => {
+                        return Err(ModelError::Internal {
+                            what: "qkv split".into(),
+                            problem: "gave fewer than 3".into(),
+                        })
+                    }
                 }
             }
             Qkv::Interleaved(f) => {
@@ -407,7 +412,12 @@ impl Attention {
                 let mut parts = ops::split_equal(&qkv, 3, -1, None)?.into_iter();
                 match (parts.next(), parts.next(), parts.next()) {
                     (Some(q), Some(k), Some(v)) => (q, k, v),
-                    _ => return Err(ModelError::Other("qkv split gave fewer than 3".into())),
+                    _ => {
+                        return Err(ModelError::Internal {
+                            what: "qkv split".into(),
+                            problem: "gave fewer than 3".into(),
+                        })
+                    }
                 }
             }
         };
@@ -511,9 +521,10 @@ impl Attention {
                 &tiled
             }
             (Some(_), Kv::Quantized { .. }) => {
-                return Err(ModelError::Other(
-                    "tiled KV heads (plamo) cannot read a quantized KV cache".into(),
-                ))
+                return Err(ModelError::Cache {
+                    what: "tiled KV heads (plamo)".into(),
+                    problem: "cannot read a quantized KV cache".into(),
+                })
             }
             (None, kv) => kv,
         };
@@ -586,9 +597,10 @@ impl Attention {
     /// OLMo's attention as olmo.py writes it (one head per KV head).
     fn manual_attention(&self, queries: &Array, kv: &Kv, mask: &AttentionMask) -> Result<Array> {
         let Kv::Dense { keys, values } = kv else {
-            return Err(ModelError::Other(
-                "OLMo's attention needs a dense (unquantized) cache".into(),
-            ));
+            return Err(ModelError::Cache {
+                what: "OLMo's attention".into(),
+                problem: "needs a dense (unquantized) cache".into(),
+            });
         };
         let q = (queries * self.scale)?;
         let mut scores = ops::matmul(&q, &ops::transpose(keys, &[0, 1, 3, 2], None)?, None)?;
@@ -627,9 +639,10 @@ impl Attention {
         cap: f32,
     ) -> Result<Array> {
         let Kv::Dense { keys, values } = kv else {
-            return Err(ModelError::Other(
-                "attention logit soft-capping needs a dense (unquantized) cache".into(),
-            ));
+            return Err(ModelError::Cache {
+                what: "attention logit soft-capping".into(),
+                problem: "needs a dense (unquantized) cache".into(),
+            });
         };
         let qs = queries.shape();
         let (b, l) = (qs[0], qs[2]);
@@ -646,8 +659,7 @@ impl Attention {
             values = ops::expand_dims(&values, &[2], None)?;
         }
         let scores = ops::matmul(&queries, &ops::swapaxes(&keys, -1, -2, None)?, None)?;
-        let scores = ops::tanh(&(&scores / cap)?, None)?;
-        let mut scores = (&scores * cap)?;
+        let mut scores = crate::layers::softcap(&scores, cap)?;
         match mask {
             AttentionMask::None => {}
             AttentionMask::Array(m) if m.dtype() == Dtype::Bool => {
@@ -657,9 +669,10 @@ impl Attention {
             }
             AttentionMask::Array(m) => scores = (&scores + m)?,
             AttentionMask::Causal => {
-                return Err(ModelError::Other(
-                    "soft-capped attention needs an explicit mask array".into(),
-                ))
+                return Err(ModelError::Input {
+                    what: "soft-capped attention".into(),
+                    problem: "needs an explicit mask array".into(),
+                })
             }
         }
         let scores = ops::softmax(&scores, &[-1], true, None)?;
@@ -976,9 +989,10 @@ impl TransformerBlock {
             }
         })?;
         let mut out = f.call(&inputs)?.into_iter();
-        let h = out
-            .next()
-            .ok_or_else(|| ModelError::Other("checkpointed layer returned nothing".into()))?;
+        let h = out.next().ok_or_else(|| ModelError::Internal {
+            what: "checkpointed layer".into(),
+            problem: "returned nothing".into(),
+        })?;
         if let Some(c) = cache {
             let kv: Vec<Array> = out.collect();
             *c = Box::new(concat_cache(&kv)?);
@@ -1055,31 +1069,35 @@ impl Model {
         // ministral3.py).
         const SHARDED: [&str; 4] = ["llama", "qwen2", "qwen3", "ministral3"];
         if !SHARDED.contains(&crate::config::remap(&d.model_type)) {
-            return Err(ModelError::Other(format!(
-                "tensor parallelism: model_type `{}` is not supported yet ({})",
-                d.model_type,
-                SHARDED.join(", ")
-            )));
+            return Err(ModelError::Parallel {
+                kind: crate::Parallelism::Tensor,
+                what: format!("model_type `{}`", d.model_type),
+                problem: format!("not supported yet ({})", SHARDED.join(", ")),
+            });
         }
         if size < 1 || rank < 0 || rank >= size {
-            return Err(ModelError::Other(format!(
-                "tensor parallelism: rank {rank} of {size}"
-            )));
+            return Err(ModelError::Parallel {
+                kind: crate::Parallelism::Tensor,
+                what: format!("rank {rank}"),
+                problem: format!("not a rank of a group of {size}"),
+            });
         }
         if d.n_heads % size != 0 || d.n_kv_heads % size != 0 {
-            return Err(ModelError::Other(format!(
-                "tensor parallelism: {} heads and {} KV heads do not split over {size} ranks",
-                d.n_heads, d.n_kv_heads
-            )));
+            return Err(ModelError::Parallel {
+                kind: crate::Parallelism::Tensor,
+                what: format!("{} heads and {} KV heads", d.n_heads, d.n_kv_heads),
+                problem: format!("do not split over {size} ranks"),
+            });
         }
         for (i, l) in self.layers.iter_mut().enumerate() {
             let what = |m: &str| format!("model.layers.{i}.{m}");
             let a = &mut l.self_attn;
             if a.gate.is_some() {
-                return Err(ModelError::Other(format!(
-                    "{}: a gated attention cannot be sharded yet",
-                    what("self_attn")
-                )));
+                return Err(ModelError::Parallel {
+                    kind: crate::Parallelism::Tensor,
+                    what: what("self_attn").to_string(),
+                    problem: "a gated attention cannot be sharded yet".into(),
+                });
             }
             match &mut a.qkv {
                 Qkv::Separate { q, k, v } => {
@@ -1088,10 +1106,11 @@ impl Model {
                     all_to_sharded(v, size, rank, &what("self_attn.v_proj"))?;
                 }
                 _ => {
-                    return Err(ModelError::Other(format!(
-                        "{}: fused q/k/v projections cannot be sharded yet",
-                        what("self_attn")
-                    )))
+                    return Err(ModelError::Parallel {
+                        kind: crate::Parallelism::Tensor,
+                        what: what("self_attn").to_string(),
+                        problem: "fused q/k/v projections cannot be sharded yet".into(),
+                    })
                 }
             }
             sharded_to_all(&mut a.o_proj, size, rank, &what("self_attn.o_proj"))?;
@@ -1100,10 +1119,11 @@ impl Model {
             let names = MlpNames::LLAMA;
             let linears = l.mlp.linears_mut(&names);
             if linears.len() != 3 {
-                return Err(ModelError::Other(format!(
-                    "{}: a fused gate/up projection cannot be sharded yet",
-                    what("mlp")
-                )));
+                return Err(ModelError::Parallel {
+                    kind: crate::Parallelism::Tensor,
+                    what: what("mlp").to_string(),
+                    problem: "a fused gate/up projection cannot be sharded yet".into(),
+                });
             }
             for (name, lin) in linears {
                 let w = what(&format!("mlp.{name}"));
@@ -1131,9 +1151,11 @@ impl Model {
         let t = &self.desc.model_type;
         crate::shard::check_pipeline(t, &PIPELINED, self.pipeline.is_some())?;
         if self.desc.loops > 1 {
-            return Err(ModelError::Other(
-                "pipeline parallelism: looped layers are not supported".into(),
-            ));
+            return Err(ModelError::Parallel {
+                kind: crate::Parallelism::Pipeline,
+                what: "looped layers".into(),
+                problem: "not supported".into(),
+            });
         }
         crate::shard::keep_stage(&mut self.layers, size, rank)?;
         // ministral3's `pipeline`: the masks come from the stage's own first full and first
@@ -1322,11 +1344,13 @@ impl Model {
             // gpt_bigcode.py: `h += wpe(mx.array(np.arange(offset, offset + L)))`.
             let l = inputs.shape().get(1).copied().unwrap_or(0);
             if offset + l.max(0) as usize > self.desc.n_positions as usize {
-                return Err(ModelError::Other(format!(
-                    "position {} is past the learned position table ({} rows)",
-                    offset + l.max(0) as usize,
-                    self.desc.n_positions
-                )));
+                return Err(ModelError::Input {
+                    what: format!("position {}", offset + l.max(0) as usize),
+                    problem: format!(
+                        "past the learned position table ({} rows)",
+                        self.desc.n_positions
+                    ),
+                });
             }
             let ids = if self.desc.positions_on_host {
                 let ids: Vec<i64> = (0..i64::from(l)).map(|i| offset as i64 + i).collect();
@@ -1398,11 +1422,14 @@ impl Model {
         n: usize,
     ) -> Result<(AttentionMask, Option<AttentionMask>)> {
         if caches.len() != self.layers.len() * self.desc.loops.max(1) {
-            return Err(ModelError::Other(format!(
-                "{} caches for {} layers",
-                caches.len(),
-                self.layers.len() * self.desc.loops.max(1)
-            )));
+            return Err(ModelError::Cache {
+                what: "dense".into(),
+                problem: format!(
+                    "{} caches for {} layers",
+                    caches.len(),
+                    self.layers.len() * self.desc.loops.max(1)
+                ),
+            });
         }
         let as_array = self.desc.mask_as_array;
         let fa_mask = caches[self.fa_idx].make_mask(n, None, as_array)?;
@@ -1444,10 +1471,13 @@ impl Model {
         trace: Option<&RefCell<Vec<(String, Array)>>>,
     ) -> Result<Array> {
         if inputs.ndim() != 2 {
-            return Err(ModelError::Other(format!(
-                "inputs must be token ids of shape (batch, seq), got shape {:?}",
-                inputs.shape()
-            )));
+            return Err(ModelError::Input {
+                what: "inputs".into(),
+                problem: format!(
+                    "must be token ids of shape (batch, seq), got shape {:?}",
+                    inputs.shape()
+                ),
+            });
         }
         let offset = match &caches {
             Some(c) => c.first().map_or(0, |c| c.offset()),
@@ -1679,12 +1709,13 @@ impl SegmentedDecode for Model {
     fn segment(&self, i: usize, inputs: &[Array]) -> Result<Vec<Array>> {
         let n = self.layers.len();
         let input = |j: usize| {
-            inputs.get(j).ok_or_else(|| {
-                ModelError::Other(format!(
-                    "decode segment {i}: expected {} inputs, got {}",
+            inputs.get(j).ok_or_else(|| ModelError::Input {
+                what: format!("decode segment {i}"),
+                problem: format!(
+                    "expected {} inputs, got {}",
                     if i == 0 { 2 } else { 3 },
                     inputs.len()
-                ))
+                ),
             })
         };
         let (x, offset) = if i == 0 {
@@ -1701,9 +1732,10 @@ impl SegmentedDecode for Model {
             let r = layer.self_attn.output(input(0)?, input(1)?)?;
             (layer.after_attn(input(0)?, &r, &ctx)?, input(2)?)
         } else {
-            return Err(ModelError::Other(format!(
-                "decode segment {i} of a model with {n} layers"
-            )));
+            return Err(ModelError::Input {
+                what: format!("decode segment {i}"),
+                problem: format!("out of range for a model with {n} layers"),
+            });
         };
         match self.layers.get(i) {
             Some(layer) => {
@@ -1731,10 +1763,10 @@ impl SegmentedDecode for Model {
         kv: &Kv,
         mask: &AttentionMask,
     ) -> Result<Array> {
-        let l = self
-            .layers
-            .get(layer)
-            .ok_or_else(|| ModelError::Other(format!("layer {layer} of {}", self.layers.len())))?;
+        let l = self.layers.get(layer).ok_or_else(|| ModelError::Input {
+            what: format!("layer {layer}"),
+            problem: format!("out of range: the model has {}", self.layers.len()),
+        })?;
         let ctx = Ctx {
             mask,
             query_scale: None,
@@ -1751,17 +1783,20 @@ impl SegmentedDecode for Model {
 /// scales its float32 sums.
 fn unpack_bitlinear(packed: &Array, scale: &Array, invert: bool) -> Result<Array> {
     if packed.dtype() != Dtype::Uint8 || packed.ndim() != 2 {
-        return Err(ModelError::Other(format!(
-            "a packed BitLinear weight must be a 2-d uint8 array, got {:?} of shape {:?}",
-            packed.dtype(),
-            packed.shape()
-        )));
+        return Err(ModelError::Tensor {
+            name: "a packed BitLinear weight".into(),
+            problem: format!(
+                "must be a 2-d uint8 array, got {:?} of shape {:?}",
+                packed.dtype(),
+                packed.shape()
+            ),
+        });
     }
     if scale.size() != 1 {
-        return Err(ModelError::Other(format!(
-            "weight_scale must hold one value, got shape {:?}",
-            scale.shape()
-        )));
+        return Err(ModelError::Tensor {
+            name: "weight_scale".into(),
+            problem: format!("must hold one value, got shape {:?}", scale.shape()),
+        });
     }
     let planes = (0..4)
         .map(|i| -> Result<Array> {

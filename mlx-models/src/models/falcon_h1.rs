@@ -378,35 +378,6 @@ pub struct Model {
     tied_scale: f32,
 }
 
-/// A layer's recurrent cache and KV cache.
-type LayerCaches<'a> = (Option<&'a mut ArraysCache>, Option<&'a mut Box<dyn Cache>>);
-
-/// The two caches of a layer's [`CacheList`].
-fn split_cache(c: Option<&mut Box<dyn Cache>>, i: usize) -> Result<LayerCaches<'_>> {
-    let Some(c) = c else {
-        return Ok((None, None));
-    };
-    let wrong = || {
-        ModelError::Other(format!(
-            "layer {i} needs a CacheList of an ArraysCache and a KVCache"
-        ))
-    };
-    let list = c
-        .as_any_mut()
-        .downcast_mut::<CacheList>()
-        .ok_or_else(wrong)?;
-    match list.caches_mut() {
-        [ssm, attn] => {
-            let ssm = ssm
-                .as_any_mut()
-                .downcast_mut::<ArraysCache>()
-                .ok_or_else(wrong)?;
-            Ok((Some(ssm), Some(attn)))
-        }
-        _ => Err(wrong()),
-    }
-}
-
 impl Model {
     pub fn load(config: &ModelConfig, w: &mut Weights) -> Result<Model> {
         let a: ModelArgs = config.args()?;
@@ -464,7 +435,7 @@ impl Model {
         let (attn_mask, ssm_mask) = match caches.as_deref_mut() {
             Some(c) => {
                 kit::check_caches(Some(&*c), self.layers.len(), "layers")?;
-                match split_cache(c.first_mut(), 0)? {
+                match kit::split_recurrent_cache(c.first_mut(), 0)? {
                     (Some(s), Some(a)) => (
                         a.make_mask(n, None, false)?,
                         s.make_mask(n, None, false)?.as_array().cloned(),
@@ -475,7 +446,8 @@ impl Model {
             None => (mlx_cache::mask::fallback_mask(n, None, false)?, None),
         };
         for (i, layer) in self.layers.iter().enumerate() {
-            let (ssm_cache, attn_cache) = split_cache(caches.as_deref_mut().map(|c| &mut c[i]), i)?;
+            let (ssm_cache, attn_cache) =
+                kit::split_recurrent_cache(caches.as_deref_mut().map(|c| &mut c[i]), i)?;
             let x = layer.input_layernorm.forward(&h)?;
             let mamba_h = layer.mamba.forward(&x, ssm_mask.as_ref(), ssm_cache)?;
             let attn_h = layer.self_attn.forward(&x, &attn_mask, attn_cache)?;
@@ -499,22 +471,7 @@ impl Model {
 }
 
 impl LanguageModel for Model {
-    fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
-        let out = self.hidden_states(inputs, caches)?;
-        self.head(&out)
-    }
-
-    fn forward_hidden(&self, inputs: &Array) -> Option<Result<Array>> {
-        Some(self.hidden_states(inputs, None))
-    }
-
-    fn forward_hidden_cached(
-        &self,
-        inputs: &Array,
-        caches: &mut [Box<dyn Cache>],
-    ) -> Option<Result<Array>> {
-        Some(self.hidden_states(inputs, Some(caches)))
-    }
+    kit::hidden_state_entry_points!();
 
     fn output_head(&self) -> Option<crate::models::OutputHead> {
         Some(match &self.lm_head {

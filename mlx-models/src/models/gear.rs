@@ -377,11 +377,7 @@ impl Model {
         mask: &AttentionMask,
     ) -> Result<Array> {
         let Kv::Dense { keys, values } = kv_all else {
-            return Err(ModelError::Other(
-                "gear: soft-capped attention needs a dense KV cache (mlx-lm's runs on plain \
-                 keys and values)"
-                    .into(),
-            ));
+            return Err(ModelError::Cache { what: "gear".into(), problem: "soft-capped attention needs a dense KV cache (mlx-lm's runs on plain keys and values)".into() });
         };
         let repeats = queries.shape()[1] / keys.shape()[1];
         let repeat_kv = |x: &Array| -> Result<Array> {
@@ -396,8 +392,7 @@ impl Model {
         let (keys, values) = (repeat_kv(keys)?, repeat_kv(values)?);
         let q = ops::multiply_scalar(queries, self.scale, None)?;
         let scores = ops::matmul(&q, &ops::swapaxes(&keys, -1, -2, None)?, None)?;
-        let scores = ops::tanh(&ops::divide_scalar(&scores, softcap, None)?, None)?;
-        let mut scores = ops::multiply_scalar(&scores, softcap, None)?;
+        let mut scores = crate::layers::softcap(&scores, softcap)?;
         let ss = scores.shape();
         let (ql, kl) = (ss[ss.len() - 2], ss[ss.len() - 1]);
         let bool_mask = match mask {
@@ -547,11 +542,7 @@ impl Model {
     fn head(&self, h: &Array) -> Result<Array> {
         let out = crate::models::project(self.lm_head.as_ref(), &self.embed_tokens, h)?;
         match self.args.final_logit_softcapping {
-            Some(cap) if cap != 0.0 => {
-                let cap = cap as f32;
-                let t = ops::tanh(&ops::divide_scalar(&out, cap, None)?, None)?;
-                Ok(ops::multiply_scalar(&t, cap, None)?)
-            }
+            Some(cap) if cap != 0.0 => Ok(crate::layers::softcap(&out, cap as f32)?),
             _ => Ok(out),
         }
     }

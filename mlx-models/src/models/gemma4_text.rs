@@ -344,9 +344,10 @@ impl Attention {
                 (Kv::Dense { keys, values }, offset, Some(()))
             }
             _ => {
-                return Err(ModelError::Other(
-                    "a KV-shared gemma4 layer received no shared keys and values".into(),
-                ))
+                return Err(ModelError::Internal {
+                    what: "a KV-shared gemma4 layer".into(),
+                    problem: "received no shared keys and values".into(),
+                })
             }
         };
         let queries = self
@@ -702,16 +703,20 @@ impl DecoderLayer {
         match shared {
             Some((Kv::Dense { keys, values }, _)) => inputs.extend([keys.clone(), values.clone()]),
             Some(_) => {
-                return Err(ModelError::Other(
-                    "a checkpointed gemma4 layer shares only dense keys and values".into(),
-                ))
+                return Err(ModelError::Internal {
+                    what: "a checkpointed gemma4 layer".into(),
+                    problem: "shares only dense keys and values".into(),
+                })
             }
             None => {}
         }
         let has_shared = shared.is_some();
         let mask = mask.clone();
         let out = checkpointed_many(self, &inputs, own, move |l, xs| {
-            let missing = || ModelError::Other("checkpoint: missing inputs".into());
+            let missing = || ModelError::Internal {
+                what: "checkpoint".into(),
+                problem: "missing inputs".into(),
+            };
             let (x, pli, rest) = hidden_and_per_layer_input(xs, has_pli)?;
             let kv = match (has_shared, rest.first(), rest.get(1)) {
                 (true, Some(k), Some(v)) => Some(Kv::Dense {
@@ -726,9 +731,10 @@ impl DecoderLayer {
             match kv {
                 _ if has_shared => Ok(vec![h]),
                 Kv::Dense { keys, values } => Ok(vec![h, keys, values]),
-                _ => Err(ModelError::Other(
-                    "a checkpointed gemma4 layer left no dense keys and values".into(),
-                )),
+                _ => Err(ModelError::Internal {
+                    what: "a checkpointed gemma4 layer".into(),
+                    problem: "left no dense keys and values".into(),
+                }),
             }
         })?;
         let mut out = out.into_iter();
@@ -737,9 +743,10 @@ impl DecoderLayer {
             (Some(h), None, Some(keys), Some(values)) => {
                 Ok((h, Kv::Dense { keys, values }, offset))
             }
-            _ => Err(ModelError::Other(
-                "a checkpointed gemma4 layer returned an unexpected number of arrays".into(),
-            )),
+            _ => Err(ModelError::Internal {
+                what: "a checkpointed gemma4 layer".into(),
+                problem: "returned an unexpected number of arrays".into(),
+            }),
         }
     }
 }
@@ -749,7 +756,10 @@ fn hidden_and_per_layer_input(
     xs: &[Array],
     has_pli: bool,
 ) -> Result<(&Array, Option<&Array>, &[Array])> {
-    let missing = || ModelError::Other("checkpoint: missing inputs".into());
+    let missing = || ModelError::Internal {
+        what: "checkpoint".into(),
+        problem: "missing inputs".into(),
+    };
     let (x, rest) = xs.split_first().ok_or_else(missing)?;
     if !has_pli {
         return Ok((x, None, rest));
@@ -779,15 +789,19 @@ impl DecoderLayer {
         inputs.extend(prev);
         let mask = mask.clone();
         let out = checkpointed_many(self, &inputs, own, move |l, xs| {
-            let missing = || ModelError::Other("checkpoint: missing inputs".into());
+            let missing = || ModelError::Internal {
+                what: "checkpoint".into(),
+                problem: "missing inputs".into(),
+            };
             let (x, pli, rest) = hidden_and_per_layer_input(xs, has_pli)?;
             let prev = rest.get(..n_prev).ok_or_else(missing)?;
             let mut c: Box<dyn Cache> = Box::new(concat_cache(prev)?);
             match l.forward(x, &mask, Some(&mut c), pli, None)? {
                 (h, Kv::Dense { keys, values }, _) => Ok(vec![h, keys, values]),
-                _ => Err(ModelError::Other(
-                    "a checkpointed gemma4 layer left no dense keys and values".into(),
-                )),
+                _ => Err(ModelError::Internal {
+                    what: "a checkpointed gemma4 layer".into(),
+                    problem: "left no dense keys and values".into(),
+                }),
             }
         })?;
         match out.as_slice() {
@@ -799,9 +813,10 @@ impl DecoderLayer {
                 };
                 Ok((h.clone(), kv, offset))
             }
-            _ => Err(ModelError::Other(
-                "a checkpointed gemma4 layer returned an unexpected number of arrays".into(),
-            )),
+            _ => Err(ModelError::Internal {
+                what: "a checkpointed gemma4 layer".into(),
+                problem: "returned an unexpected number of arrays".into(),
+            }),
         }
     }
 }
@@ -1056,10 +1071,13 @@ impl Model {
         let mut swa_mask = None;
         if let Some(c) = caches.as_deref() {
             if c.len() != first_shared {
-                return Err(ModelError::Other(format!(
-                    "{} caches for the {first_shared} layers that own keys and values",
-                    c.len()
-                )));
+                return Err(ModelError::Cache {
+                    what: "gemma4_text".into(),
+                    problem: format!(
+                        "{} caches for the {first_shared} layers that own keys and values",
+                        c.len()
+                    ),
+                });
             }
         }
         for (i, l) in self.layers.iter().enumerate() {

@@ -268,15 +268,19 @@ impl Model {
     pub fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
         use crate::shard::{all_to_sharded, sharded_to_all, take_heads};
         if size < 1 || rank < 0 || rank >= size {
-            return Err(ModelError::Other(format!(
-                "tensor parallelism: rank {rank} of {size}"
-            )));
+            return Err(ModelError::Parallel {
+                kind: crate::Parallelism::Tensor,
+                what: format!("rank {rank}"),
+                problem: format!("not a rank of a group of {size}"),
+            });
         }
         let (h, kvh) = (self.args.num_attention_heads, self.args.num_key_value_heads);
         if h % size != 0 || kvh % size != 0 {
-            return Err(ModelError::Other(format!(
-                "tensor parallelism: {h} heads and {kvh} KV heads do not split over {size} ranks"
-            )));
+            return Err(ModelError::Parallel {
+                kind: crate::Parallelism::Tensor,
+                what: format!("{h} heads and {kvh} KV heads"),
+                problem: format!("do not split over {size} ranks"),
+            });
         }
         let per = h / size;
         for (i, l) in self.layers.iter_mut().enumerate() {

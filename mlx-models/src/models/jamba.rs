@@ -421,29 +421,7 @@ impl Model {
 }
 
 impl LanguageModel for Model {
-    fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
-        let out = self.hidden_states(inputs, caches)?;
-        self.head(&out)
-    }
-
-    fn forward_hidden(&self, inputs: &Array) -> Option<Result<Array>> {
-        Some(self.hidden_states(inputs, None))
-    }
-
-    fn forward_hidden_cached(
-        &self,
-        inputs: &Array,
-        caches: &mut [Box<dyn Cache>],
-    ) -> Option<Result<Array>> {
-        Some(self.hidden_states(inputs, Some(caches)))
-    }
-
-    fn output_head(&self) -> Option<crate::models::OutputHead> {
-        Some(crate::models::OutputHead::of(
-            self.lm_head.as_ref(),
-            &self.embed_tokens,
-        ))
-    }
+    kit::hidden_state_entry_points!(tied lm_head, embed_tokens);
 
     kit::layer_caches! {
         fn make_cache(&self) {

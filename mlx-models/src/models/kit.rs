@@ -27,10 +27,10 @@ pub(crate) fn check_caches(
     what: &str,
 ) -> Result<()> {
     match caches {
-        Some(c) if c.len() != expected => Err(ModelError::Other(format!(
-            "{} caches for {expected} {what}",
-            c.len()
-        ))),
+        Some(c) if c.len() != expected => Err(ModelError::Cache {
+            what: "caches".into(),
+            problem: format!("{} caches for {expected} {what}", c.len()),
+        }),
         _ => Ok(()),
     }
 }
@@ -43,7 +43,7 @@ pub(crate) fn new_positions(
     expected: usize,
     what: &str,
 ) -> Result<usize> {
-    crate::models::moe::check_inputs(inputs)?;
+    check_inputs(inputs)?;
     check_caches(caches, expected, what)?;
     Ok(inputs.shape()[1] as usize)
 }
@@ -108,11 +108,9 @@ pub(crate) fn hybrid_caches(
 
 /// Multi-token-prediction layer `k` of `layers`, else an error naming both.
 pub(crate) fn mtp_layer<T>(layers: &[T], k: usize) -> Result<&T> {
-    layers.get(k).ok_or_else(|| {
-        ModelError::Other(format!(
-            "multi-token-prediction layer {k} of {}",
-            layers.len()
-        ))
+    layers.get(k).ok_or_else(|| ModelError::Input {
+        what: format!("multi-token-prediction layer {k}"),
+        problem: format!("out of range: the model has {}", layers.len()),
     })
 }
 
@@ -213,6 +211,42 @@ macro_rules! short_port_entry_points {
 }
 pub(crate) use short_port_entry_points;
 
+/// The `LanguageModel` entry points of a port whose `hidden_states(inputs, caches)` runs its
+/// layers and whose `head(h)` projects: `forward` (the two in turn), `forward_hidden` and
+/// `forward_hidden_cached`; with `tied lm_head, embed` also `output_head` (the `lm_head`
+/// linear, or the `embed` embedding when the head is tied).
+macro_rules! hidden_state_entry_points {
+    () => {
+        fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
+            let out = self.hidden_states(inputs, caches)?;
+            self.head(&out)
+        }
+
+        fn forward_hidden(&self, inputs: &Array) -> Option<Result<Array>> {
+            Some(self.hidden_states(inputs, None))
+        }
+
+        fn forward_hidden_cached(
+            &self,
+            inputs: &Array,
+            caches: &mut [Box<dyn Cache>],
+        ) -> Option<Result<Array>> {
+            Some(self.hidden_states(inputs, Some(caches)))
+        }
+    };
+    (tied $lm_head:ident, $embed:ident) => {
+        $crate::models::kit::hidden_state_entry_points!();
+
+        fn output_head(&self) -> Option<$crate::models::OutputHead> {
+            Some($crate::models::OutputHead::of(
+                self.$lm_head.as_ref(),
+                &self.$embed,
+            ))
+        }
+    };
+}
+pub(crate) use hidden_state_entry_points;
+
 /// The cache methods of a port whose `make_cache` returns one cache per entry of its `layers`:
 /// `make_cache` as written in the call (its doc comments kept), `defines_make_cache` true, and
 /// `num_layers` the number of `layers`.
@@ -231,3 +265,50 @@ macro_rules! layer_caches {
     };
 }
 pub(crate) use layer_caches;
+
+/// A hybrid layer's recurrent cache and KV cache.
+pub(crate) type LayerCaches<'a> = (Option<&'a mut ArraysCache>, Option<&'a mut Box<dyn Cache>>);
+
+/// The two caches of hybrid layer `i`'s `CacheList` (an `ArraysCache`, then a KV cache), as
+/// baichuan_m1 and falcon_h1 hold them; both `None` without a cache.
+pub(crate) fn split_recurrent_cache(
+    c: Option<&mut Box<dyn Cache>>,
+    i: usize,
+) -> Result<LayerCaches<'_>> {
+    let Some(c) = c else {
+        return Ok((None, None));
+    };
+    let wrong = || ModelError::Cache {
+        what: format!("layer {i}"),
+        problem: "needs a CacheList of an ArraysCache and a KV cache".into(),
+    };
+    let list = c
+        .as_any_mut()
+        .downcast_mut::<mlx_cache::CacheList>()
+        .ok_or_else(wrong)?;
+    match list.caches_mut() {
+        [recurrent, kv] => {
+            let recurrent = recurrent
+                .as_any_mut()
+                .downcast_mut::<ArraysCache>()
+                .ok_or_else(wrong)?;
+            Ok((Some(recurrent), Some(kv)))
+        }
+        _ => Err(wrong()),
+    }
+}
+
+/// The token ids a model's `forward` accepts: `(batch, seq)` of an integer type.
+pub(crate) fn check_inputs(inputs: &Array) -> Result<()> {
+    if inputs.ndim() != 2 || !inputs.dtype().is_integer() {
+        return Err(ModelError::Input {
+            what: "inputs".into(),
+            problem: format!(
+                "must be (batch, seq) integer token ids, got shape {:?} of {:?}",
+                inputs.shape(),
+                inputs.dtype()
+            ),
+        });
+    }
+    Ok(())
+}

@@ -460,10 +460,9 @@ impl DecoderLayer {
             Operator::Conv(conv) => {
                 let c = match cache {
                     Some(c) => Some(c.as_any_mut().downcast_mut::<ArraysCache>().ok_or_else(
-                        || {
-                            ModelError::Other(format!(
-                                "layer {i} is a convolution layer and needs an ArraysCache"
-                            ))
+                        || ModelError::Cache {
+                            what: format!("layer {i}"),
+                            problem: "a convolution layer and needs an ArraysCache".into(),
                         },
                     )?),
                     None => None,

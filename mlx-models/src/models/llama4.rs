@@ -397,10 +397,9 @@ impl Model {
                         let chunked = cache
                             .as_any_mut()
                             .downcast_mut::<ChunkedKVCache>()
-                            .ok_or_else(|| {
-                                ModelError::Other(format!(
-                                    "llama4: layer {i} needs a ChunkedKVCache"
-                                ))
+                            .ok_or_else(|| ModelError::Cache {
+                                what: "llama4".into(),
+                                problem: format!("layer {i} needs a ChunkedKVCache"),
                             })?;
                         chunked.maybe_trim_front()?;
                     }

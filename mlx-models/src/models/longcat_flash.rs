@@ -155,8 +155,9 @@ impl Layer {
                 c.as_mut()
                     .as_any_mut()
                     .downcast_mut::<CacheList>()
-                    .ok_or_else(|| {
-                        ModelError::Other("longcat_flash layers need a CacheList cache".into())
+                    .ok_or_else(|| ModelError::Cache {
+                        what: "longcat_flash layers".into(),
+                        problem: "need a CacheList cache".into(),
                     })?
                     .caches_mut(),
             ),
@@ -392,6 +393,10 @@ impl Model {
         })
     }
 
+    fn head(&self, h: &Array) -> Result<Array> {
+        self.lm_head.forward(h)
+    }
+
     fn hidden_states(
         &self,
         inputs: &Array,
@@ -407,23 +412,19 @@ impl Model {
                         (Some(&mut first[0]), Some(rest))
                     }
                     Some(_) => {
-                        return Err(ModelError::Other(
-                            "longcat_flash_ngram: no caches (the first holds the n-gram \
-                             context)"
-                                .into(),
-                        ))
+                        return Err(ModelError::Cache {
+                            what: "longcat_flash_ngram".into(),
+                            problem: "no caches (the first holds the n-gram context)".into(),
+                        })
                     }
                     None => (None, None),
                 };
                 caches = rest;
                 let ctx = match first {
                     Some(c) => Some(c.as_any_mut().downcast_mut::<ArraysCache>().ok_or_else(
-                        || {
-                            ModelError::Other(
-                                "longcat_flash_ngram: the first cache must be an \
-                                     ArraysCache"
-                                    .into(),
-                            )
+                        || ModelError::Cache {
+                            what: "longcat_flash_ngram".into(),
+                            problem: "the first cache must be an ArraysCache".into(),
                         },
                     )?),
                     None => None,
@@ -444,9 +445,10 @@ impl Model {
                             None => mlx_cache::mask::fallback_mask(n, None, true)?,
                         },
                         None => {
-                            return Err(ModelError::Other(
-                                "longcat_flash layers need a CacheList cache".into(),
-                            ))
+                            return Err(ModelError::Cache {
+                                what: "longcat_flash layers".into(),
+                                problem: "need a CacheList cache".into(),
+                            })
                         }
                     },
                     None => mlx_cache::mask::fallback_mask(n, None, true)?,
@@ -502,16 +504,18 @@ impl Model {
             self.model_type.as_str(),
             "longcat_flash" | "longcat_flash_ngram"
         ) {
-            return Err(ModelError::Other(format!(
-                "tensor parallelism: model_type `{}` is not supported yet (longcat_flash, \
-                 longcat_flash_ngram)",
-                self.model_type
-            )));
+            return Err(ModelError::Parallel {
+                kind: crate::Parallelism::Tensor,
+                what: format!("model_type `{}`", self.model_type),
+                problem: "not supported yet (longcat_flash, longcat_flash_ngram)".into(),
+            });
         }
         if size < 1 || rank < 0 || rank >= size {
-            return Err(ModelError::Other(format!(
-                "tensor parallelism: rank {rank} of {size}"
-            )));
+            return Err(ModelError::Parallel {
+                kind: crate::Parallelism::Tensor,
+                what: format!("rank {rank}"),
+                problem: format!("not a rank of a group of {size}"),
+            });
         }
         for (i, l) in self.layers.iter_mut().enumerate() {
             let p = format!("model.layers.{i}");
@@ -545,22 +549,7 @@ impl LanguageModel for Model {
         Model::shard_tensor_parallel(self, size, rank)
     }
 
-    fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
-        let out = self.hidden_states(inputs, caches)?;
-        self.lm_head.forward(&out)
-    }
-
-    fn forward_hidden(&self, inputs: &Array) -> Option<Result<Array>> {
-        Some(self.hidden_states(inputs, None))
-    }
-
-    fn forward_hidden_cached(
-        &self,
-        inputs: &Array,
-        caches: &mut [Box<dyn Cache>],
-    ) -> Option<Result<Array>> {
-        Some(self.hidden_states(inputs, Some(caches)))
-    }
+    kit::hidden_state_entry_points!();
 
     fn output_head(&self) -> Option<crate::models::OutputHead> {
         Some(crate::models::OutputHead::Linear(self.lm_head.clone()))

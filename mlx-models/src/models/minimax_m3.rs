@@ -335,10 +335,10 @@ impl Attention {
             k = match c.update_and_fetch(&k, &empty)? {
                 mlx_cache::Kv::Dense { keys, .. } => keys,
                 mlx_cache::Kv::Quantized { .. } => {
-                    return Err(ModelError::Other(
-                        "minimax_m3_vl: the block indexer does not support a quantized cache"
-                            .into(),
-                    ))
+                    return Err(ModelError::Cache {
+                        what: "minimax_m3_vl block indexer".into(),
+                        problem: "does not support a quantized cache".into(),
+                    })
                 }
             };
         }
@@ -433,8 +433,9 @@ impl Attention {
             Some(c) => Some(
                 c.as_any_mut()
                     .downcast_mut::<CacheList>()
-                    .ok_or_else(|| {
-                        ModelError::Other("minimax_m3_vl layers need a CacheList cache".into())
+                    .ok_or_else(|| ModelError::Cache {
+                        what: "minimax_m3_vl layers".into(),
+                        problem: "need a CacheList cache".into(),
                     })?
                     .caches_mut(),
             ),
@@ -785,9 +786,10 @@ impl Model {
                     None => mlx_cache::mask::fallback_mask(n, None, false)?,
                 },
                 None => {
-                    return Err(ModelError::Other(
-                        "minimax_m3_vl layers need a CacheList cache".into(),
-                    ))
+                    return Err(ModelError::Cache {
+                        what: "minimax_m3_vl layers".into(),
+                        problem: "need a CacheList cache".into(),
+                    })
                 }
             },
             None => mlx_cache::mask::fallback_mask(n, None, false)?,

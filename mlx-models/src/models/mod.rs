@@ -4,26 +4,12 @@
 //! every supported type.
 
 /// The entry points every dedicated port shares, inside its `impl LanguageModel`: `forward`
-/// (the port's `hidden_states`, then its `head`), `forward_hidden`, and `model_type` /
+/// (the port's `hidden_states`, then its `head`), `forward_hidden`, `forward_hidden_cached`
+/// (`kit::hidden_state_entry_points!`), and `model_type` /
 /// `vocab_size` read from the port's config field `$cfg`.
 macro_rules! port_entry_points {
     ($cfg:ident) => {
-        fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
-            let out = self.hidden_states(inputs, caches)?;
-            self.head(&out)
-        }
-
-        fn forward_hidden(&self, inputs: &Array) -> Option<Result<Array>> {
-            Some(self.hidden_states(inputs, None))
-        }
-
-        fn forward_hidden_cached(
-            &self,
-            inputs: &Array,
-            caches: &mut [Box<dyn Cache>],
-        ) -> Option<Result<Array>> {
-            Some(self.hidden_states(inputs, Some(caches)))
-        }
+        $crate::models::kit::hidden_state_entry_points!();
 
         fn model_type(&self) -> &str {
             &self.$cfg.model_type
@@ -122,9 +108,11 @@ pub trait LanguageModel: Send {
     /// (this process is `rank`; see `crate::shard`). Architectures without it: an error.
     fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
         let _ = (size, rank);
-        Err(crate::error::ModelError::Other(
-            "tensor parallelism is not supported for this model yet".into(),
-        ))
+        Err(crate::error::ModelError::Parallel {
+            kind: crate::Parallelism::Tensor,
+            what: format!("model_type `{}`", self.model_type()),
+            problem: "not supported for this model yet".into(),
+        })
     }
 
     /// Keeps this rank's stage of the layers for pipeline parallelism over `size` ranks as
@@ -133,9 +121,11 @@ pub trait LanguageModel: Send {
     /// Architectures without it: an error.
     fn shard_pipeline(&mut self, size: i32, rank: i32) -> Result<()> {
         let _ = (size, rank);
-        Err(crate::error::ModelError::Other(
-            "pipeline parallelism is not supported for this model yet".into(),
-        ))
+        Err(crate::error::ModelError::Parallel {
+            kind: crate::Parallelism::Pipeline,
+            what: format!("model_type `{}`", self.model_type()),
+            problem: "not supported for this model yet".into(),
+        })
     }
 
     /// [`LanguageModel::make_cache`]'s caches able to undo up to `max_rollback` tokens exactly
@@ -164,10 +154,10 @@ pub trait LanguageModel: Send {
     /// `xtask/oracle/port_check.py` names mlx-lm's: `layers.<i>.{in, attn_in, attn, mlp_in,
     /// mlp, out}` in execution order, then `logits`.
     fn trace(&self, _inputs: &Array) -> Result<Vec<(String, Array)>> {
-        Err(ModelError::Other(format!(
-            "`{}` does not support tracing",
-            self.model_type()
-        )))
+        Err(ModelError::Unsupported {
+            what: format!("`{}`", self.model_type()),
+            problem: "does not support tracing".into(),
+        })
     }
 
     /// The linears of each decoder layer (`model.layers`), under their path inside the layer
@@ -366,7 +356,7 @@ impl LogitTransform {
             LogitTransform::Mul(s) => (x * s)?,
             LogitTransform::Div(s) => (x / s)?,
             LogitTransform::SoftcapCompiled(cap) => crate::layers::logit_softcap(cap, x)?,
-            LogitTransform::Softcap(cap) => (&ops::tanh(&(x / cap)?, None)? * cap)?,
+            LogitTransform::Softcap(cap) => crate::layers::softcap(x, cap)?,
         })
     }
 }
@@ -614,10 +604,10 @@ pub fn resolve(config: &ModelConfig) -> Result<Option<Descriptor>> {
             d.model_type = config.model_type.clone();
             Ok(Some(d))
         }
-        None => Err(ModelError::Other(format!(
-            "no descriptor row for `{}`",
-            config.architecture
-        ))),
+        None => Err(ModelError::Unsupported {
+            what: format!("architecture `{}`", config.architecture),
+            problem: "has no descriptor row".into(),
+        }),
     }
 }
 
@@ -634,10 +624,10 @@ fn construct(config: &ModelConfig, weights: &mut Weights) -> Result<Box<dyn Lang
         Some((_, f)) => f(config, weights),
         None => match resolve(config)? {
             Some(desc) => Ok(Box::new(dense::Model::load(desc, weights)?)),
-            None => Err(ModelError::Other(format!(
-                "`{}` has neither a port nor a row",
-                config.model_type
-            ))),
+            None => Err(ModelError::Unsupported {
+                what: format!("`{}`", config.model_type),
+                problem: "has neither a port nor a row".into(),
+            }),
         },
     }
 }

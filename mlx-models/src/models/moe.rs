@@ -242,9 +242,10 @@ pub(crate) fn group_expert_select(
     let mut out = f.call(&[gates.clone(), bias.clone()])?.into_iter();
     match (out.next(), out.next()) {
         (Some(inds), Some(scores)) => Ok((inds, scores)),
-        _ => Err(ModelError::Other(
-            "compiled group_expert_select returned too few outputs".into(),
-        )),
+        _ => Err(ModelError::Internal {
+            what: "compiled group_expert_select".into(),
+            problem: "returned too few outputs".into(),
+        }),
     }
 }
 
@@ -2723,9 +2724,10 @@ impl Attention {
             let mut parts = ops::split_at(&queries, &[qs * hd, (qs + ks) * hd], -1, None)?;
             let v = parts.pop();
             let k = parts.pop();
-            queries = parts
-                .pop()
-                .ok_or_else(|| ModelError::Other("qkv split".into()))?;
+            queries = parts.pop().ok_or_else(|| ModelError::Internal {
+                what: "moe".into(),
+                problem: "qkv split".into(),
+            })?;
             k.zip(v)
         } else {
             None
@@ -2735,10 +2737,11 @@ impl Attention {
             (None, Some(k), Some(v), None) => (k.forward(x)?, v.forward(x)?),
             (None, _, _, Some((k, v))) => (k.clone(), v.clone()),
             _ => {
-                return Err(ModelError::Other(
-                    "a layer without k_proj / v_proj needs an earlier layer's keys and values"
+                return Err(ModelError::Unsupported {
+                    what: "a layer".into(),
+                    problem: "without k_proj / v_proj needs an earlier layer's keys and values"
                         .into(),
-                ))
+                })
             }
         };
         let kv_states = (keys.clone(), values.clone());
@@ -3258,8 +3261,7 @@ impl SparseMoe {
             } => {
                 let mut logits = gates.astype(Dtype::Float32)?;
                 if softcap > 0.0 {
-                    let c = softcap as f32;
-                    logits = (&ops::tanh(&(&logits / c)?, None)? * c)?;
+                    logits = crate::layers::softcap(&logits, softcap as f32)?;
                 }
                 let scores = if sqrt_softplus {
                     let zero = Scalar::Int(0).to_array_like(logits.dtype())?;
@@ -3336,17 +3338,7 @@ impl SparseMoe {
     }
 }
 
-/// The token ids a model's `forward` accepts: `(batch, seq)` of an integer type.
-pub(crate) fn check_inputs(inputs: &Array) -> Result<()> {
-    if inputs.ndim() != 2 || !inputs.dtype().is_integer() {
-        return Err(ModelError::Other(format!(
-            "inputs must be (batch, seq) integer token ids, got shape {:?} of {:?}",
-            inputs.shape(),
-            inputs.dtype()
-        )));
-    }
-    Ok(())
-}
+pub(crate) use super::kit::check_inputs;
 
 /// phimoe.py's `sparsemixer(gates, top_k, jitter_eps)`, op for op.
 fn sparsemixer(gates: &Array, k: i32, jitter_eps: f64) -> Result<(Array, Array)> {
@@ -4023,11 +4015,12 @@ impl Model {
         };
         let cla = self.spec.extras.cla_share_factor.is_some();
         if cla && self.grad_checkpoint {
-            return Err(ModelError::Other(format!(
-                "{}: gradient checkpointing is not supported with cross-layer attention \
-                 (use_cla)",
-                self.spec.model_type
-            )));
+            return Err(ModelError::Unsupported {
+                what: self.spec.model_type.to_string(),
+                problem:
+                    "gradient checkpointing is not supported with cross-layer attention (use_cla)"
+                        .into(),
+            });
         }
         let mut shared: Option<(Array, Array)> = None;
         h = crate::shard::pipeline_recv(h, self.pipeline)?;
@@ -4060,9 +4053,11 @@ impl Model {
         let t = self.spec.model_type.as_str();
         crate::shard::check_pipeline(t, &["qwen3_moe"], self.pipeline.is_some())?;
         if self.spec.sliding.iter().any(|s| *s) {
-            return Err(ModelError::Other(
-                "pipeline parallelism: sliding-window layers are not supported here".into(),
-            ));
+            return Err(ModelError::Parallel {
+                kind: crate::Parallelism::Pipeline,
+                what: "sliding-window layers".into(),
+                problem: "not supported here".into(),
+            });
         }
         crate::shard::keep_stage(&mut self.layers, size, rank)?;
         self.fa_idx = 0;
@@ -4097,10 +4092,14 @@ impl Attention {
     pub(crate) fn shard_plain(&mut self, size: i32, rank: i32, path: &str) -> Result<()> {
         use crate::shard::{all_to_sharded, sharded_to_all};
         if self.n_heads % size != 0 || self.n_kv_heads % size != 0 {
-            return Err(ModelError::Other(format!(
-                "{path}: {} heads and {} KV heads do not split over {size} ranks",
-                self.n_heads, self.n_kv_heads
-            )));
+            return Err(ModelError::Parallel {
+                kind: crate::Parallelism::Tensor,
+                what: path.to_string(),
+                problem: format!(
+                    "{} heads and {} KV heads do not split over {size} ranks",
+                    self.n_heads, self.n_kv_heads
+                ),
+            });
         }
         if self.fused_qkv
             || self.out_gate.is_some()
@@ -4108,14 +4107,19 @@ impl Attention {
             || self.sinks.is_some()
             || matches!(self.qk_norm, QkNorm::Full)
         {
-            return Err(ModelError::Other(format!(
-                "{path}: a fused, gated, sink or full-width-norm attention cannot be sharded here"
-            )));
+            return Err(ModelError::Parallel {
+                kind: crate::Parallelism::Tensor,
+                what: path.to_string(),
+                problem: "a fused, gated, sink or full-width-norm attention cannot be sharded here"
+                    .into(),
+            });
         }
         let (Some(k_proj), Some(v_proj)) = (self.k_proj.as_mut(), self.v_proj.as_mut()) else {
-            return Err(ModelError::Other(format!(
-                "{path}: a layer reusing another's keys and values cannot be sharded"
-            )));
+            return Err(ModelError::Parallel {
+                kind: crate::Parallelism::Tensor,
+                what: path.to_string(),
+                problem: "a layer reusing another's keys and values cannot be sharded".into(),
+            });
         };
         all_to_sharded(&mut self.q_proj, size, rank, &format!("{path}.q_proj"))?;
         all_to_sharded(k_proj, size, rank, &format!("{path}.k_proj"))?;
@@ -4140,9 +4144,11 @@ impl SparseMoe {
     ) -> Result<()> {
         use crate::shard::{all_to_sharded, sharded_to_all_inplace, switch_inplace};
         if self.plain_shared.is_some() || self.coefficient.is_some() {
-            return Err(ModelError::Other(format!(
-                "{path}: an ungated or mixed shared expert cannot be sharded here"
-            )));
+            return Err(ModelError::Parallel {
+                kind: crate::Parallelism::Tensor,
+                what: path.to_string(),
+                problem: "an ungated or mixed shared expert cannot be sharded here".into(),
+            });
         }
         if let Some((shared, _gate)) = self.shared_expert.as_mut() {
             let names = MlpNames::LLAMA;
@@ -4181,38 +4187,45 @@ impl Model {
         let t = self.spec.model_type.clone();
         let moe_module = self.spec.moe_module;
         if !SHARDED.contains(&t.as_str()) {
-            return Err(ModelError::Other(format!(
-                "tensor parallelism: model_type `{t}` is not supported yet ({})",
-                SHARDED.join(", ")
-            )));
+            return Err(ModelError::Parallel {
+                kind: crate::Parallelism::Tensor,
+                what: format!("model_type `{t}`"),
+                problem: format!("not supported yet ({})", SHARDED.join(", ")),
+            });
         }
         if size < 1 || rank < 0 || rank >= size {
-            return Err(ModelError::Other(format!(
-                "tensor parallelism: rank {rank} of {size}"
-            )));
+            return Err(ModelError::Parallel {
+                kind: crate::Parallelism::Tensor,
+                what: format!("rank {rank}"),
+                problem: format!("not a rank of a group of {size}"),
+            });
         }
         for (i, l) in self.layers.iter_mut().enumerate() {
             let what = |m: &str| format!("model.layers.{i}.{m}");
             let a = &mut l.self_attn;
             if a.n_heads % size != 0 || a.n_kv_heads % size != 0 {
-                return Err(ModelError::Other(format!(
-                    "{}: {} heads and {} KV heads do not split over {size} ranks",
-                    what("self_attn"),
-                    a.n_heads,
-                    a.n_kv_heads
-                )));
+                return Err(ModelError::Parallel {
+                    kind: crate::Parallelism::Tensor,
+                    what: what("self_attn").to_string(),
+                    problem: format!(
+                        "{} heads and {} KV heads do not split over {size} ranks",
+                        a.n_heads, a.n_kv_heads
+                    ),
+                });
             }
             if a.fused_qkv || a.out_gate.is_some() || a.head_gate.is_some() {
-                return Err(ModelError::Other(format!(
-                    "{}: a fused or gated attention cannot be sharded",
-                    what("self_attn")
-                )));
+                return Err(ModelError::Parallel {
+                    kind: crate::Parallelism::Tensor,
+                    what: what("self_attn").to_string(),
+                    problem: "a fused or gated attention cannot be sharded".into(),
+                });
             }
             let (Some(k_proj), Some(v_proj)) = (a.k_proj.as_mut(), a.v_proj.as_mut()) else {
-                return Err(ModelError::Other(format!(
-                    "{}: a layer reusing another's keys and values cannot be sharded",
-                    what("self_attn")
-                )));
+                return Err(ModelError::Parallel {
+                    kind: crate::Parallelism::Tensor,
+                    what: what("self_attn").to_string(),
+                    problem: "a layer reusing another's keys and values cannot be sharded".into(),
+                });
             };
             all_to_sharded(&mut a.q_proj, size, rank, &what("self_attn.q_proj"))?;
             all_to_sharded(k_proj, size, rank, &what("self_attn.k_proj"))?;
@@ -4220,10 +4233,11 @@ impl Model {
             sharded_to_all(&mut a.o_proj, size, rank, &what("self_attn.o_proj"))?;
             if a.qk_norm == QkNorm::Full {
                 if t != "minimax" {
-                    return Err(ModelError::Other(format!(
-                        "{}: full-width q/k norms are sharded only for minimax",
-                        what("self_attn")
-                    )));
+                    return Err(ModelError::Parallel {
+                        kind: crate::Parallelism::Tensor,
+                        what: what("self_attn").to_string(),
+                        problem: "full-width q/k norms are sharded only for minimax".into(),
+                    });
                 }
                 for (n, name) in [(&mut a.q_norm, "q_norm"), (&mut a.k_norm, "k_norm")] {
                     if let Some(n) = n.as_mut() {
@@ -4254,9 +4268,11 @@ impl Model {
                 Ffn::Sparse(m) => {
                     let block = what(moe_module);
                     if m.shared_expert.is_some() || m.coefficient.is_some() {
-                        return Err(ModelError::Other(format!(
-                            "{block}: a gated or mixed shared expert cannot be sharded"
-                        )));
+                        return Err(ModelError::Parallel {
+                            kind: crate::Parallelism::Tensor,
+                            what: block.to_string(),
+                            problem: "a gated or mixed shared expert cannot be sharded".into(),
+                        });
                     }
                     if let Some(shared) = m.plain_shared.as_mut() {
                         let names = MlpNames::LLAMA;

@@ -303,10 +303,13 @@ impl Model {
         caches: Option<&mut [Box<dyn Cache>]>,
     ) -> Result<Array> {
         if inputs.ndim() != 2 {
-            return Err(ModelError::Other(format!(
-                "inputs must be token ids of shape (batch, seq), got shape {:?}",
-                inputs.shape()
-            )));
+            return Err(ModelError::Input {
+                what: "inputs".into(),
+                problem: format!(
+                    "must be token ids of shape (batch, seq), got shape {:?}",
+                    inputs.shape()
+                ),
+            });
         }
         let n = inputs.shape()[1] as usize;
         let mut h = fast::rms_norm(&self.embed.forward(inputs)?, None, self.eps, None)?;
@@ -328,9 +331,10 @@ impl Model {
         let (full, swa) = (mask_of(false)?, mask_of(true)?);
         for (i, l) in self.layers.iter().enumerate() {
             let mask = if l.sliding { &swa } else { &full };
-            let mask = mask
-                .as_ref()
-                .ok_or_else(|| ModelError::Other("layer without a mask".into()))?;
+            let mask = mask.as_ref().ok_or_else(|| ModelError::Internal {
+                what: "layer".into(),
+                problem: "without a mask".into(),
+            })?;
             let cache = caches.as_deref_mut().map(|c| &mut c[i]);
             let a = self.attention(l, &l.input_norm.forward(&h)?, mask, cache)?;
             h = (&h + &l.post_attn_norm.forward(&a)?)?;
@@ -349,8 +353,10 @@ impl Model {
             None => self.embed.as_linear(h)?,
         };
         let out = (&out * self.args.output_multiplier as f32)?;
-        let cap = self.args.final_logit_softcapping as f32;
-        Ok((&ops::tanh(&(&out / cap)?, None)? * cap)?)
+        Ok(crate::layers::softcap(
+            &out,
+            self.args.final_logit_softcapping as f32,
+        )?)
     }
 }
 

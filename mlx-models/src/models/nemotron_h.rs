@@ -343,6 +343,10 @@ impl Model {
     }
 
     /// The final normed hidden states `(batch, seq, hidden)`.
+    fn head(&self, h: &Array) -> Result<Array> {
+        self.lm_head.forward(h)
+    }
+
     pub fn hidden_states(
         &self,
         inputs: &Array,
@@ -355,11 +359,14 @@ impl Model {
         let (attn_mask, ssm_mask) = match caches.as_deref() {
             Some(c) => {
                 if c.len() != self.n_caches() {
-                    return Err(ModelError::Other(format!(
-                        "{} caches for {} Mamba and attention layers",
-                        c.len(),
-                        self.n_caches()
-                    )));
+                    return Err(ModelError::Cache {
+                        what: "nemotron_h".into(),
+                        problem: format!(
+                            "{} caches for {} Mamba and attention layers",
+                            c.len(),
+                            self.n_caches()
+                        ),
+                    });
                 }
                 let mask = |i: usize| -> Result<AttentionMask> {
                     match c.get(i) {
@@ -394,22 +401,7 @@ impl Model {
 }
 
 impl LanguageModel for Model {
-    fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
-        let out = self.hidden_states(inputs, caches)?;
-        self.lm_head.forward(&out)
-    }
-
-    fn forward_hidden(&self, inputs: &Array) -> Option<Result<Array>> {
-        Some(self.hidden_states(inputs, None))
-    }
-
-    fn forward_hidden_cached(
-        &self,
-        inputs: &Array,
-        caches: &mut [Box<dyn Cache>],
-    ) -> Option<Result<Array>> {
-        Some(self.hidden_states(inputs, Some(caches)))
-    }
+    kit::hidden_state_entry_points!();
 
     fn output_head(&self) -> Option<crate::models::OutputHead> {
         Some(crate::models::OutputHead::Linear(self.lm_head.clone()))

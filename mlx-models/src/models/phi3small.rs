@@ -283,11 +283,7 @@ impl Model {
         mask: &AttentionMask,
     ) -> Result<Array> {
         let Kv::Dense { keys, values } = kv_all else {
-            return Err(ModelError::Other(
-                "phi3small: block-sparse attention needs a dense KV cache (mlx-lm's runs on \
-                 plain keys and values)"
-                    .into(),
-            ));
+            return Err(ModelError::Cache { what: "phi3small".into(), problem: "block-sparse attention needs a dense KV cache (mlx-lm's runs on plain keys and values)".into() });
         };
         let (h, kv) = (self.args.num_attention_heads, self.args.num_key_value_heads);
         let queries = ops::scalar_multiply(self.scale, queries, None)?;
@@ -303,9 +299,10 @@ impl Model {
             AttentionMask::None => {}
             AttentionMask::Array(m) => scores = (&scores + m)?,
             AttentionMask::Causal => {
-                return Err(ModelError::Other(
-                    "phi3small: the block-sparse layers take an array mask".into(),
-                ))
+                return Err(ModelError::Input {
+                    what: "phi3small".into(),
+                    problem: "the block-sparse layers take an array mask".into(),
+                })
             }
         }
         let dt = scores.dtype();

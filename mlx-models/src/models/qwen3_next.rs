@@ -469,10 +469,11 @@ impl Attention {
         use crate::shard::{all_to_sharded, repeat_heads, sharded_to_all};
         let p = |m: &str| format!("{path}.{m}");
         if self.n_heads % n != 0 {
-            return Err(ModelError::Other(format!(
-                "{path}: {} heads do not split over {n} ranks",
-                self.n_heads
-            )));
+            return Err(ModelError::Parallel {
+                kind: crate::Parallelism::Tensor,
+                what: path.to_string(),
+                problem: format!("{} heads do not split over {n} ranks", self.n_heads),
+            });
         }
         sharded_to_all(&mut self.o_proj, n, r, &p("o_proj"))?;
         all_to_sharded(&mut self.q_proj, n, r, &p("q_proj"))?;
@@ -771,18 +772,19 @@ impl GatedDeltaNet {
         use crate::shard::{all_to_sharded, all_to_sharded_segments, sharded_to_all_inplace};
         let p = |m: &str| format!("{path}.{m}");
         if self.num_k_heads % n != 0 || self.num_v_heads % n != 0 {
-            return Err(ModelError::Other(format!(
-                "{path}: {} key heads and {} value heads do not split over {n} ranks",
-                self.num_k_heads, self.num_v_heads
-            )));
+            return Err(ModelError::Parallel {
+                kind: crate::Parallelism::Tensor,
+                what: path.to_string(),
+                problem: format!(
+                    "{} key heads and {} value heads do not split over {n} ranks",
+                    self.num_k_heads, self.num_v_heads
+                ),
+            });
         }
         let kd = self.key_dim;
         let seg = [kd, 2 * kd];
         let Projections::Split { qkv, z, b, a } = &mut self.proj else {
-            return Err(ModelError::Other(format!(
-                "{path}: fused in_proj_qkvz / in_proj_ba (qwen3_next) have no tensor parallelism \
-                 in mlx-lm"
-            )));
+            return Err(ModelError::Parallel { kind: crate::Parallelism::Tensor, what: path.to_string(), problem: "fused in_proj_qkvz / in_proj_ba (qwen3_next) have no tensor parallelism in mlx-lm".into() });
         };
         self.conv1d_weight =
             crate::shard::split_rows(&self.conv1d_weight, &seg, n, r, &p("conv1d.weight"))?;
@@ -894,10 +896,9 @@ impl DecoderLayer {
             Mixer::Linear(m) => {
                 let c = match cache {
                     Some(c) => Some(c.as_any_mut().downcast_mut::<ArraysCache>().ok_or_else(
-                        || {
-                            ModelError::Other(format!(
-                                "layer {i} is a Gated DeltaNet layer and needs an ArraysCache"
-                            ))
+                        || ModelError::Cache {
+                            what: format!("layer {i}"),
+                            problem: "a Gated DeltaNet layer and needs an ArraysCache".into(),
                         },
                     )?),
                     None => None,
@@ -1156,10 +1157,10 @@ impl crate::models::MtpHead for Model {
         tokens: &Array,
         cache: &mut Box<dyn Cache>,
     ) -> Result<(Array, Array)> {
-        let m = self
-            .mtp
-            .as_ref()
-            .ok_or_else(|| ModelError::Other("no multi-token-prediction layers loaded".into()))?;
+        let m = self.mtp.as_ref().ok_or_else(|| ModelError::Unsupported {
+            what: "qwen3_next".into(),
+            problem: "no multi-token-prediction layers loaded".into(),
+        })?;
         let l = kit::mtp_layer(&m.layers, k)?;
         crate::models::moe::check_inputs(tokens)?;
         let e = m
@@ -1367,36 +1368,44 @@ impl Model {
         const SHARDED: [&str; 2] = ["qwen3_5", "qwen3_5_moe"];
         let t = self.args.model_type.as_str();
         if !SHARDED.contains(&t) {
-            return Err(ModelError::Other(format!(
-                "tensor parallelism: model_type `{t}` is not supported ({}; mlx-lm's {t} has \
-                 no shard())",
-                SHARDED.join(", ")
-            )));
+            return Err(ModelError::Parallel {
+                kind: crate::Parallelism::Tensor,
+                what: format!("model_type `{t}`"),
+                problem: format!(
+                    "not supported ({}; mlx-lm's {t} has no shard())",
+                    SHARDED.join(", ")
+                ),
+            });
         }
         if size < 1 || rank < 0 || rank >= size {
-            return Err(ModelError::Other(format!(
-                "tensor parallelism: rank {rank} of {size}"
-            )));
+            return Err(ModelError::Parallel {
+                kind: crate::Parallelism::Tensor,
+                what: format!("rank {rank}"),
+                problem: format!("not a rank of a group of {size}"),
+            });
         }
         if self.pipeline.is_some() || self.sharded_head.is_some() {
-            return Err(ModelError::Other(
-                "tensor parallelism: the model is already split".into(),
-            ));
+            return Err(ModelError::Parallel {
+                kind: crate::Parallelism::Tensor,
+                what: "the model".into(),
+                problem: "already split".into(),
+            });
         }
         if self.mtp.is_some() {
-            return Err(ModelError::Other(
-                "tensor parallelism: the multi-token prediction head is not sharded (load \
-                 without it)"
-                    .into(),
-            ));
+            return Err(ModelError::Parallel {
+                kind: crate::Parallelism::Tensor,
+                what: "the multi-token prediction head".into(),
+                problem: "not sharded (load without it)".into(),
+            });
         }
         let pre = format!("{}model", self.args.prefix);
         if let Some(head) = self.lm_head.as_mut() {
             let vocab = self.args.vocab_size;
             if vocab % size != 0 {
-                return Err(ModelError::Other(format!(
-                    "lm_head: group size {size} must divide vocab_size {vocab}"
-                )));
+                return Err(ModelError::Tensor {
+                    name: "lm_head".into(),
+                    problem: format!("group size {size} must divide vocab_size {vocab}"),
+                });
             }
             all_to_sharded(head, size, rank, &format!("{}lm_head", self.args.prefix))?;
         }

@@ -365,11 +365,7 @@ impl Model {
     fn head(&self, h: &Array) -> Result<Array> {
         let logits = crate::models::project(self.lm_head.as_ref(), &self.embed_tokens, h)?;
         match self.args.logits_soft_cap {
-            Some(c) if c != 0.0 => {
-                let c = c as f32;
-                let t = ops::tanh(&ops::divide_scalar(&logits, c, None)?, None)?;
-                Ok(ops::multiply_scalar(&t, c, None)?)
-            }
+            Some(c) if c != 0.0 => Ok(crate::layers::softcap(&logits, c as f32)?),
             _ => Ok(logits),
         }
     }

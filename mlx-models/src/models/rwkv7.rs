@@ -154,9 +154,10 @@ fn wkv7_step(xs: &[Array]) -> Result<(Array, Array)> {
     let mut out = f.call(xs)?.into_iter();
     match (out.next(), out.next()) {
         (Some(y), Some(s)) => Ok((y, s)),
-        _ => Err(ModelError::Other(
-            "compiled wkv7 step returned too little".into(),
-        )),
+        _ => Err(ModelError::Internal {
+            what: "compiled wkv7 step".into(),
+            problem: "returned too little".into(),
+        }),
     }
 }
 
@@ -321,9 +322,10 @@ impl Model {
             }
             (None, _) => value.clone(),
             (Some(_), None) => {
-                return Err(ModelError::Other(
-                    "rwkv7: a later layer ran without layer 0's values".into(),
-                ))
+                return Err(ModelError::Internal {
+                    what: "rwkv7".into(),
+                    problem: "a later layer ran without layer 0's values".into(),
+                })
             }
         };
         let decay = ops::sigmoid(&heads(&t.w_lora.forward(&xw)?)?, None)?.astype(Dtype::Float32)?;

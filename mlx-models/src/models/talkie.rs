@@ -163,10 +163,13 @@ impl Model {
         caches: Option<&mut [Box<dyn Cache>]>,
     ) -> Result<Array> {
         if inputs.ndim() != 2 {
-            return Err(ModelError::Other(format!(
-                "inputs must be token ids of shape (batch, seq), got shape {:?}",
-                inputs.shape()
-            )));
+            return Err(ModelError::Input {
+                what: "inputs".into(),
+                problem: format!(
+                    "must be token ids of shape (batch, seq), got shape {:?}",
+                    inputs.shape()
+                ),
+            });
         }
         let n = inputs.shape()[1] as usize;
         let mut h = rms(&self.embed.forward(inputs)?, self.eps)?;
