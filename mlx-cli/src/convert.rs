@@ -39,6 +39,11 @@ pub struct ConvertArgs {
     /// `--q-mode trellis`: the seed of the random Hadamard incoherence (stored in the config).
     #[arg(long, default_value_t = 0)]
     pub q_seed: u64,
+    /// `--q-mode trellis`: a `.safetensors` file of `<linear path>.hessian` (each linear's
+    /// input second moment on calibration text, `xtask/quant/trellis_hessians.py`): those
+    /// linears are rounded by LDLQ instead of plain Viterbi.
+    #[arg(long)]
+    pub q_hessians: Option<std::path::PathBuf>,
     /// Mixed-bit quantization recipe.
     #[arg(long, value_parser = QUANT_RECIPES)]
     pub quant_predicate: Option<String>,
@@ -101,6 +106,7 @@ impl ConvertArgs {
             dtype: self.dtype.clone(),
             dequantize: self.dequantize,
             trellis,
+            trellis_hessians: self.q_hessians.clone(),
         })
     }
 

@@ -1,9 +1,15 @@
 //! Times the CPU decoder's matrix-vector products at SmolLM2-135M's shapes on one thread, as the fastest
 //! of many runs (steady on a machine other work loads): `cargo run -p mlx-core --example
 //! cpu_matvec [f32|int16|int8] [scalar|avx2|avx512]`. Prints ns per product and the weight bytes read per ns.
+//! `cpu_matvec each` instead times the decode step's products (`matmul_t_each`, one and four
+//! inputs) under `Int16Q8Int8` and `Int8Vnni`, alternating the two in this process.
+//! `cpu_matvec dispatch [THREADS]` times empty pool dispatches (what a decode step's 151 pool
+//! runs cost beyond their work): median and fastest of 200 steps of 151.
 
 use half::f16;
-use mlx_core::cpu::{matmul_t, Activations, CpuContext, Floats, Isa, MatJob, Matrix};
+use mlx_core::cpu::{
+    matmul_t, matmul_t_each, Activations, CpuContext, Floats, Isa, MatJob, Matrix, RowsScratch,
+};
 
 struct Lcg(u64);
 
@@ -21,6 +27,12 @@ impl Lcg {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    if std::env::args().nth(1).as_deref() == Some("each") {
+        return each();
+    }
+    if std::env::args().nth(1).as_deref() == Some("dispatch") {
+        return dispatch();
+    }
     let act = match std::env::args().nth(1).as_deref() {
         Some("f32") => Activations::F32,
         Some("int8") => Activations::Int8,
@@ -85,5 +97,96 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             );
         }
     }
+    Ok(())
+}
+
+/// `Int16Q8Int8` against `Int8Vnni` through `matmul_t_each` on one thread, alternating per
+/// round (the fastest of each side's runs).
+fn each() -> Result<(), Box<dyn std::error::Error>> {
+    let modes = [Activations::Int16Q8Int8, Activations::Int8Vnni];
+    let ctxs = modes
+        .iter()
+        .map(|&a| {
+            let mut c = CpuContext::new(1)?;
+            c.activations = a;
+            Ok(c)
+        })
+        .collect::<mlx_core::Result<Vec<_>>>()?;
+    let mut rng = Lcg(7);
+    let mut scratch = RowsScratch::default();
+    for (rows, cols, bits) in [
+        (576, 576, 4),
+        (192, 576, 4),
+        (1536, 576, 4),
+        (576, 1536, 4),
+        (49152, 576, 8),
+    ] {
+        let words: Vec<u32> = (0..rows * cols * bits / 32).map(|_| rng.next()).collect();
+        let groups = rows * cols / 32;
+        let scales: Vec<f16> = (0..groups)
+            .map(|_| f16::from_f32(rng.unit() * 0.1))
+            .collect();
+        let biases: Vec<f16> = (0..groups)
+            .map(|_| f16::from_f32(rng.unit() * 0.1))
+            .collect();
+        let w = Matrix::affine(
+            &words,
+            Floats::F16(&scales),
+            Floats::F16(&biases),
+            rows,
+            cols,
+            bits as u32,
+            32,
+        )?;
+        for m in [1usize, 4] {
+            let x: Vec<f32> = (0..m * cols).map(|_| rng.unit()).collect();
+            let mut out = vec![0f32; m * rows];
+            let reps = (100_000_000 / (rows * cols * m)).clamp(5, 1000);
+            let mut best = [u64::MAX; 2];
+            for _ in 0..reps {
+                for (k, ctx) in ctxs.iter().enumerate() {
+                    let t = std::time::Instant::now();
+                    let mut jobs = [MatJob {
+                        w: &w,
+                        bias: None,
+                        out: &mut out,
+                    }];
+                    matmul_t_each(ctx, std::hint::black_box(&x), m, &mut jobs, &mut scratch)?;
+                    best[k] = best[k].min(t.elapsed().as_nanos() as u64);
+                }
+            }
+            println!(
+                "{rows}x{cols} {bits}-bit m={m}: int16q8int8 {} ns, int8vnni {} ns ({:.2}x)",
+                best[0],
+                best[1],
+                best[0] as f64 / best[1] as f64
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Empty pool runs, 151 a "step" (SmolLM2-135M's decode step), on all cores by default.
+fn dispatch() -> Result<(), Box<dyn std::error::Error>> {
+    let threads: usize = std::env::args().nth(2).map_or(Ok(0), |s| s.parse())?;
+    let ctx = CpuContext::new(threads)?;
+    let mut steps = Vec::new();
+    for _ in 0..200 {
+        let t = std::time::Instant::now();
+        for _ in 0..151 {
+            ctx.pool.run(&|w, _| {
+                std::hint::black_box(w);
+            });
+        }
+        steps.push(t.elapsed().as_nanos() as u64);
+    }
+    steps.sort_unstable();
+    println!(
+        "{} threads: 151 empty dispatches: median {:.1} us ({:.2} us each), fastest {:.1} us",
+        ctx.pool.threads(),
+        steps[steps.len() / 2] as f64 / 1e3,
+        steps[steps.len() / 2] as f64 / 151e3,
+        steps[0] as f64 / 1e3
+    );
     Ok(())
 }

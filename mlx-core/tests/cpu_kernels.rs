@@ -942,3 +942,139 @@ fn int16_case(rows: usize, cols: usize) -> Result<()> {
     }
     Ok(())
 }
+
+/// `Activations::Int8Vnni` (AVX-512 VNNI): 4-bit products (groups 32/64/128, scales in
+/// f16/f32/bf16) of one to five inputs through `matmul_t_each`, against MLX's
+/// `quantized_matmul` with float32 inputs. Tier L3 with the quantization's bound: the codes
+/// multiply inputs within `amax / 254` of their int8 values (amax: the chunk of 32's
+/// largest), the biases the exact float sums, so a product moves by at most
+/// `sum |scale * q_i| * amax / 254`, plus the float summation bound. Each row of a batch is
+/// bit for bit that row alone (the decode step's promise); 8-bit Q8_0-style rows take
+/// `Int16Q8Int8`'s kernel (equal outputs); 20 and 19 chunks a row (an unpaired last chunk).
+#[test]
+fn int8_vnni_activations_stay_within_the_quantization_bound() -> Result<()> {
+    if !Isa::Avx512.available() {
+        return Ok(());
+    }
+    let rows = 45usize;
+    for cols in [640usize, 608] {
+        let wf = Array::from_slice(&values(rows * cols, 8), &[rows as i32, cols as i32])?;
+        for threads in [1, 3] {
+            let mut ctx = CpuContext::with_isa(threads, Isa::Avx512)?;
+            ctx.activations = cpu::Activations::Int8Vnni;
+            let mut old = CpuContext::with_isa(threads, Isa::Avx512)?;
+            old.activations = cpu::Activations::Int16Q8Int8;
+            for (bits, group, dt) in [
+                (4, 32, Dtype::Float16),
+                (4, 32, Dtype::Float32),
+                (4, 64, Dtype::Bfloat16),
+                (4, 128, Dtype::Float16),
+                (8, 32, Dtype::Float16),
+            ] {
+                if cols % group as usize != 0 {
+                    continue;
+                }
+                let (wq, s32, b32) =
+                    quantized::quantize(&wf, group, bits, QuantMode::Affine, None)?;
+                let b32 = b32.expect("affine biases");
+                let (s, b) = (scales_as(&s32, dt), scales_as(&b32, dt));
+                let wd = quantized::dequantize(
+                    &wq,
+                    &s.astype(Dtype::Float32)?,
+                    Some(&b.astype(Dtype::Float32)?),
+                    group,
+                    bits,
+                    QuantMode::Affine,
+                    Some(Dtype::Float32),
+                    None,
+                )?
+                .to_vec::<f32>()?;
+                let bf = b.astype(Dtype::Float32)?.to_vec::<f32>()?;
+                let mat = Matrix::affine(
+                    wq.as_slice::<u32>()?,
+                    Floats::from_array(&s)?,
+                    Floats::from_array(&b)?,
+                    rows,
+                    cols,
+                    bits as u32,
+                    group as usize,
+                )?;
+                let bias = values(rows, 79);
+                let run = |c: &CpuContext, xv: &[f32], m: usize| -> Result<Vec<f32>> {
+                    let mut out = vec![0f32; m * rows];
+                    cpu::matmul_t_each(
+                        c,
+                        xv,
+                        m,
+                        &mut [MatJob {
+                            w: &mat,
+                            bias: Some(Floats::F32(&bias)),
+                            out: &mut out,
+                        }],
+                        &mut cpu::RowsScratch::default(),
+                    )?;
+                    Ok(out)
+                };
+                for m in [1usize, 2, 4, 5] {
+                    let mut xv = values(m * cols, 41 + m as u64);
+                    for t in 0..m {
+                        xv[t * cols + 40] = -12.0;
+                    }
+                    let x = Array::from_slice(&xv, &[m as i32, cols as i32])?;
+                    let reference = (&quantized::quantized_matmul(
+                        &x,
+                        &wq,
+                        &s,
+                        Some(&b),
+                        true,
+                        group,
+                        bits,
+                        QuantMode::Affine,
+                        None,
+                    )? + &Array::from_slice(&bias, &[rows as i32])?)?
+                        .to_vec::<f32>()?;
+                    let (ours, before) = (run(&ctx, &xv, m)?, run(&old, &xv, m)?);
+                    let what = format!("bits {bits} group {group} {dt} m {m} threads {threads}");
+                    if bits == 8 {
+                        assert_eq!(ours, before, "{what}: should take the Q8 int8 kernel");
+                        continue;
+                    }
+                    assert_ne!(ours, before, "{what}: should take the 4-bit int8 kernel");
+                    for t in 0..m {
+                        let alone = run(&ctx, &xv[t * cols..(t + 1) * cols], 1)?;
+                        let got = &ours[t * rows..(t + 1) * rows];
+                        assert!(
+                            got.iter()
+                                .zip(&alone)
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{what}: row {t} is not the bits it gets alone"
+                        );
+                        let xr = &xv[t * cols..(t + 1) * cols];
+                        for r in 0..rows {
+                            let wr = &wd[r * cols..(r + 1) * cols];
+                            let (mut quant, mut abs) = (0f32, 0f32);
+                            for c in 0..cols / 32 {
+                                let amax = xr[c * 32..c * 32 + 32]
+                                    .iter()
+                                    .fold(0f32, |a, v| a.max(v.abs()));
+                                let bg = bf[r * cols / group as usize + c * 32 / group as usize];
+                                for i in c * 32..c * 32 + 32 {
+                                    quant += (wr[i] - bg).abs() * amax / 254.0;
+                                    abs += (wr[i] * xr[i]).abs() + (bg * xr[i]).abs();
+                                }
+                            }
+                            let bound =
+                                quant * 1.01 + 2.0 * cols as f32 * f32::EPSILON * abs + 1e-5;
+                            let (a, e) = (ours[t * rows + r], reference[t * rows + r]);
+                            assert!(
+                                (a - e).abs() <= bound,
+                                "{what}: row {r} input {t}: ours {a}, MLX {e}, bound {bound}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -449,6 +449,7 @@ fn run(c: &Case) -> Result<Vec<Array>> {
         "astype" => ops::astype(x(0)?, dtype()?, None)?,
         "view" => ops::view(x(0)?, dtype()?, None)?,
         "contiguous" => ops::contiguous(x(0)?, c.bool("allow_col_major")?, None)?,
+        "hadamard_transform" => ops::hadamard_transform(x(0)?, opt_f32("scale")?, None)?,
 
         other => {
             return Err(Error::InvalidArgument {

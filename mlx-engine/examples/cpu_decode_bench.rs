@@ -1,7 +1,9 @@
 //! Times the CPU decoder alone on the default model (SmolLM2-135M-Instruct Q4_1 GGUF, loaded
 //! as `--dtype auto` loads it on the CPU): prefill of a 128-token prompt, then single-token
 //! decode steps. `cargo run --release -p mlx-engine --example cpu_decode_bench [THREADS]
-//! [int16|int8|f32]` (the activations of the products; default int16, the decoder's). Besides the
+//! [MODE[,MODE...]] [ROUNDS]` (the activations of the products, `f32`, `int8`, `int16`,
+//! `int16q8int8` or `int8vnni`, default int16; with several, the rounds alternate between
+//! them, ROUNDS each, default 3). Besides the
 //! rates it prints the process's CPU time per decoded token, steadier than wall time on a
 //! machine other work loads.
 
@@ -20,14 +22,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let (model, _) = load_gguf_model(&path, &opts)?;
     let mut dec = CpuDecoder::new(model.as_ref(), threads, 1024)?;
-    match std::env::args().nth(2).as_deref() {
-        Some("f32") => dec.set_activations(mlx_core::cpu::Activations::F32),
-        Some("int8") => dec.set_activations(mlx_core::cpu::Activations::Int8),
-        Some("int16") | None => dec.set_activations(mlx_core::cpu::Activations::Int16),
-        Some(o) => return Err(format!("activations: {o}? (f32, int8 or int16)").into()),
-    }
+    // One or more activation modes, comma-separated: the rounds alternate between them.
+    let modes = std::env::args()
+        .nth(2)
+        .unwrap_or_else(|| "int16".into())
+        .split(',')
+        .map(|m| match m {
+            "f32" => Ok(mlx_core::cpu::Activations::F32),
+            "int8" => Ok(mlx_core::cpu::Activations::Int8),
+            "int16" => Ok(mlx_core::cpu::Activations::Int16),
+            "int16q8int8" => Ok(mlx_core::cpu::Activations::Int16Q8Int8),
+            "int8vnni" => Ok(mlx_core::cpu::Activations::Int8Vnni),
+            o => Err(format!(
+                "activations: {o}? (f32, int8, int16, int16q8int8 or int8vnni)"
+            )),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let rounds: usize = std::env::args().nth(3).map_or(Ok(3), |s| s.parse())?;
     let prompt: Vec<u32> = (0..128u32).map(|i| (i * 7919 + 13) % 49152).collect();
-    for round in 0..3 {
+    for round in 0..rounds * modes.len() {
+        dec.set_activations(modes[round % modes.len()]);
         dec.reset();
         let t = Instant::now();
         dec.feed(&prompt)?;

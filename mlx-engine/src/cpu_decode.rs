@@ -135,7 +135,14 @@ fn matrix<'m>(l: &'m Linear, what: &str) -> Result<(Matrix<'m>, Option<Floats<'m
             bias.as_ref().map(|b| floats(b, what)).transpose()?,
         )),
         Linear::Adapted(_) => Err(unsup(format!("{what}: an adapted (LoRA/DoRA) linear"))),
-        Linear::Trellis { .. } => Err(unsup(format!("{what}: a trellis-coded linear"))),
+        Linear::Trellis { weight, bias } => Ok((
+            Matrix::trellis(
+                weight
+                    .cpu_view()
+                    .map_err(|e| unsup(format!("{what}: {e}")))?,
+            ),
+            bias.as_ref().map(|b| floats(b, what)).transpose()?,
+        )),
     }
 }
 
@@ -1026,9 +1033,9 @@ impl<'m> CpuDecoder<'m> {
     /// How the products read their inputs: [`Activations::Int16Q8Int8`] by default (the 4-
     /// and 8-bit products of a decode step as int16 integer dot products, a Q8_0 head's as
     /// int8 ones where the CPU has AVX-512 VNNI; `MLX_CPU_ACTIVATIONS` overrides it when the
-    /// decoder is made); [`Activations::Int16`] keeps the head int16; [`Activations::Int8`] is
-    /// faster but fails the quality gate on SmolLM2); [`Activations::F32`] keeps every
-    /// product in float32.
+    /// decoder is made); [`Activations::Int16`] keeps the head int16; [`Activations::Int8`] and
+    /// [`Activations::Int8Vnni`] (int8 inputs for the 4-bit products too) are faster but fail
+    /// the quality gate on SmolLM2; [`Activations::F32`] keeps every product in float32.
     pub fn set_activations(&mut self, a: Activations) {
         self.batch.set_activations(a);
     }
@@ -1155,15 +1162,17 @@ impl std::fmt::Debug for CpuBatch<'_> {
 }
 
 /// The decoder's default activations: [`Activations::Int16Q8Int8`], or what
-/// `MLX_CPU_ACTIVATIONS` names (`f32`, `int8`, `int16`, `int16q8int8`: a measurement knob).
+/// `MLX_CPU_ACTIVATIONS` names (`f32`, `int8`, `int16`, `int16q8int8`, `int8vnni`: a
+/// measurement knob).
 fn activations_from_env() -> Result<Activations> {
     match std::env::var("MLX_CPU_ACTIVATIONS").ok().as_deref() {
         None | Some("") | Some("int16q8int8") => Ok(Activations::Int16Q8Int8),
+        Some("int8vnni") => Ok(Activations::Int8Vnni),
         Some("int16") => Ok(Activations::Int16),
         Some("int8") => Ok(Activations::Int8),
         Some("f32") => Ok(Activations::F32),
         Some(o) => Err(EngineError::Other(format!(
-            "MLX_CPU_ACTIVATIONS={o}: expected f32, int8, int16 or int16q8int8"
+            "MLX_CPU_ACTIVATIONS={o}: expected f32, int8, int16, int16q8int8 or int8vnni"
         ))),
     }
 }

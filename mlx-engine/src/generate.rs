@@ -578,6 +578,14 @@ impl<'m> GenerateStep<'m> {
             };
             let toks: Vec<u32> = ids.iter().map(|&t| t as u32).collect();
             let logits = cpu.feed(&toks)?;
+            let greedy = self.opts.sampler.settings().temp == 0.0
+                && self.opts.logits_processors.is_empty()
+                && self.opts.grammar.is_none();
+            if greedy {
+                if let Some(r) = host_greedy(logits)? {
+                    return Ok(r);
+                }
+            }
             let logits = Array::from_slice(logits, &[1, logits.len() as i32])?;
             return self.sample_logits(logits, len, Some(ids), None);
         }
@@ -976,6 +984,42 @@ impl<'m> GenerateStep<'m> {
     }
 }
 
+/// Greedy sampling of the CPU decoder's `logits` on the host, so that a decode step runs no
+/// MLX graph before the next one can start: the log-sum-exp in f64 (rounded to f32), the
+/// token the first largest `logit - lse` in f32 (what `argmax` over the MLX path's
+/// log-probabilities picks), the log-probabilities left as a lazy MLX subtraction for whoever
+/// reads them. `(token (1,), logprobs (vocab,), lse (1, 1))` as `sample_logits` gives them;
+/// `None` where a logit is not finite (the MLX path then reports it as usual). Tier L3: the
+/// log-sum-exp may differ from MLX's in the last bit, which only matters at exact ties.
+fn host_greedy(logits: &[f32]) -> Result<Option<(Array, Array, Array)>> {
+    let m = logits.iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v));
+    if logits.is_empty() || !m.is_finite() || logits.iter().any(|v| v.is_nan()) {
+        return Ok(None);
+    }
+    let sum: f64 = logits.iter().map(|&v| ((v - m) as f64).exp()).sum();
+    let lse = (m as f64 + sum.ln()) as f32;
+    if !lse.is_finite() {
+        return Ok(None);
+    }
+    let mut best = 0;
+    let mut top = f32::NEG_INFINITY;
+    for (i, &v) in logits.iter().enumerate() {
+        let lp = v - lse;
+        if lp > top {
+            top = lp;
+            best = i;
+        }
+    }
+    let logprobs = ops::subtract(
+        &Array::from_slice(logits, &[logits.len() as i32])?,
+        &Array::from_slice(&[lse], &[1])?,
+        None,
+    )?;
+    let lse = Array::from_slice(&[lse], &[1, 1])?;
+    let token = Array::from_slice(&[best as u32], &[1])?;
+    Ok(Some((token, logprobs, lse)))
+}
+
 impl GenerateStep<'_> {
     /// [`GenerateStep::advance`] on the graph decoder: the first token is the MLX forward's
     /// (`y`, with its log-probabilities); every later one the decoder's, until it fails.
@@ -1083,6 +1127,55 @@ impl Iterator for GenerateStep<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The CPU decoder's host-side greedy step gives what the MLX sampler gives on the same
+    /// logits (tier L3: the token exactly, the log-sum-exp and log-probabilities within a few
+    /// ulps), and steps aside on a logit that is not finite.
+    #[test]
+    fn host_greedy_matches_the_mlx_sampler() {
+        let logits: Vec<f32> = (0..1000)
+            .map(|i| ((i * 7919 % 1009) as f32 / 50.0).sin() * 8.0)
+            .collect();
+        let (tok, lp, lse) = host_greedy(&logits).unwrap().expect("finite logits");
+        let x = Array::from_slice(&logits, &[1, logits.len() as i32]).unwrap();
+        let mlx_lse = ops::logsumexp(&x, &[0, 1], true, None).unwrap();
+        let mlx_lp = ops::subtract(&x, &mlx_lse, None).unwrap();
+        let mlx_tok = Sampler::greedy().sample(&mlx_lp).unwrap();
+        assert_eq!(tok.shape(), mlx_tok.shape());
+        assert_eq!(
+            tok.astype(Dtype::Uint32).unwrap().item::<u32>().unwrap(),
+            mlx_tok
+                .astype(Dtype::Uint32)
+                .unwrap()
+                .item::<u32>()
+                .unwrap()
+        );
+        assert_eq!(lse.shape(), mlx_lse.shape());
+        let (a, b) = (lse.item::<f32>().unwrap(), mlx_lse.item::<f32>().unwrap());
+        assert!(
+            (a - b).abs() <= 4.0 * f32::EPSILON * b.abs(),
+            "lse {a} vs {b}"
+        );
+        let (a, b) = (
+            lp.to_vec::<f32>().unwrap(),
+            ops::squeeze(&mlx_lp, &[0], None)
+                .unwrap()
+                .to_vec::<f32>()
+                .unwrap(),
+        );
+        assert_eq!(a.len(), b.len());
+        for (x, y) in a.iter().zip(&b) {
+            assert!(
+                (x - y).abs() <= 1e-5 * (1.0 + y.abs()),
+                "logprob {x} vs {y}"
+            );
+        }
+        let mut bad = logits.clone();
+        bad[3] = f32::NAN;
+        assert!(host_greedy(&bad).unwrap().is_none());
+        bad[3] = f32::INFINITY;
+        assert!(host_greedy(&bad).unwrap().is_none());
+    }
 
     fn default_index() -> i32 {
         Stream::default_for(Device::default_device().unwrap())

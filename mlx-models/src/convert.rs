@@ -67,6 +67,10 @@ pub struct ConvertOptions {
     /// `--q-mode trellis`: trellis-code the linear layers (`q_group_size` is the block,
     /// `q_bits` the bits a weight; other quantizable modules take affine 4-bit, group 64).
     pub trellis: Option<TrellisParams>,
+    /// `--q-hessians`: a `.safetensors` file of `<linear path>.hessian` (float `(in, in)`, the
+    /// second moment of the layer's inputs on calibration text): those trellis linears are
+    /// rounded by LDLQ; linears without one by plain Viterbi.
+    pub trellis_hessians: Option<std::path::PathBuf>,
     /// Files written into the output beside the model's (name, bytes): the tokenizer files a
     /// caller made for a GGUF source, which has none of its own.
     pub extra_files: Vec<(String, Vec<u8>)>,
@@ -513,6 +517,16 @@ pub fn convert(
                     }
             })
             .collect();
+        let hessians = match &opts.trellis_hessians {
+            Some(p) if opts.trellis.is_some() => mlx_core::io::load_safetensors(p, None)?.0,
+            Some(p) => {
+                return Err(ModelError::Other(format!(
+                    "--q-hessians {}: only with --q-mode trellis",
+                    p.display()
+                )))
+            }
+            None => Default::default(),
+        };
         progress(Progress::Stage("Quantizing", candidates.len()));
         let mut replaced: BTreeMap<String, Vec<(String, Array)>> = BTreeMap::new();
         for m in candidates {
@@ -552,6 +566,7 @@ pub fn convert(
                         &q,
                         t,
                         mlx_core::cpu::available_threads(),
+                        hessians.get(&format!("{}.hessian", m.path)),
                     )?;
                     (w, s.astype(params[wi].1.dtype())?, None)
                 }

@@ -86,6 +86,11 @@ fn the_new_types_are_listed_as_table_rows() {
         "rwkv7",
         "gear",
         "plamo2",
+        "kimi_linear",
+        "bailing_moe_v3",
+        "bailing_moe_linear",
+        "bailing_hybrid",
+        "minimax_m3_vl",
     ] {
         let s = all.iter().find(|s| s.model_type == t);
         assert_eq!(s.map(|s| s.serving), Some(Serving::Dedicated), "{t}");
@@ -165,4 +170,105 @@ fn wrapped_ports_name_a_missing_text_config() {
         err.contains("`text_config`") && err.contains("lfm2-vl"),
         "{err}"
     );
+}
+
+/// The new hybrids' bad configs and weights give errors naming the field or tensor, never a
+/// panic.
+#[test]
+fn new_hybrid_configs_and_weights_name_the_problem() {
+    use mlx_models::load::load_weights;
+    use mlx_models::models::build;
+    use mlx_models::weights::Weights;
+    use serde_json::Value;
+
+    let err = |name: &str, edit: &dyn Fn(&mut Value), drop: Option<&str>| -> String {
+        let dir = root().join("models/dense2").join(name);
+        let mut config: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
+                .unwrap();
+        edit(&mut config);
+        let mut tensors = load_weights(&dir).unwrap();
+        if let Some(d) = drop {
+            tensors.retain(|k, _| k != d);
+        }
+        let config = match ModelConfig::from_value(config) {
+            Ok(c) => c,
+            Err(e) => return e.to_string(),
+        };
+        match build(&config, Weights::new(tensors, None, None)) {
+            Ok(_) => panic!("{name}: expected an error"),
+            Err(e) => e.to_string(),
+        }
+    };
+    let cases: Vec<(String, &str)> = vec![
+        (
+            err(
+                "kimi_linear",
+                &|c| c["linear_attn_config"]["kda_layers"] = serde_json::json!([9]),
+                None,
+            ),
+            "kda_layers",
+        ),
+        (
+            err(
+                "kimi_linear",
+                &|c| c["moe_router_activation_func"] = "tanh".into(),
+                None,
+            ),
+            "moe_router_activation_func",
+        ),
+        (
+            err(
+                "bailing_moe_v3",
+                &|c| c["rope_interleave"] = false.into(),
+                None,
+            ),
+            "rope_interleave",
+        ),
+        (
+            err(
+                "bailing_moe_v3",
+                &|_| {},
+                Some("model.layers.0.attention.A_log"),
+            ),
+            "model.layers.0.attention.A_log",
+        ),
+        (
+            err(
+                "bailing_moe_linear",
+                &|c| c["layer_group_size"] = 7.into(),
+                None,
+            ),
+            "layer_group_size",
+        ),
+        (
+            err(
+                "bailing_hybrid",
+                &|c| c["partial_rotary_factor"] = 0.1.into(),
+                None,
+            ),
+            "rotary dimension",
+        ),
+        (
+            err(
+                "minimax_m3_vl",
+                &|c| {
+                    c["text_config"]["sparse_attention_config"]["sparse_num_index_heads"] = 3.into()
+                },
+                None,
+            ),
+            "index_n_heads",
+        ),
+        (
+            err(
+                "minimax_m3_vl",
+                &|c| c["text_config"]["mlp_layer_types"] = serde_json::json!(["dense"]),
+                None,
+            ),
+            "mlp_layer_types",
+        ),
+    ];
+    for (msg, want) in cases {
+        assert!(msg.contains(want), "{want}: {msg}");
+    }
 }

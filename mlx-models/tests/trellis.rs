@@ -32,7 +32,7 @@ fn params(bits: i32, block: i32, l: u32) -> (QuantParams, TrellisParams) {
 
 fn coded(w: &Array, path: &str, bits: i32, block: i32, l: u32) -> TrellisWeight {
     let (q, t) = params(bits, block, l);
-    let (words, scales) = quantize_trellis(w, path, &q, &t, 2).unwrap();
+    let (words, scales) = quantize_trellis(w, path, &q, &t, 2, None).unwrap();
     let s = w.shape();
     TrellisWeight::new(words, scales, q.trellis_spec(&t), t, path, s[0], s[1]).unwrap()
 }
@@ -121,7 +121,7 @@ fn a_trellis_linear_loads_strictly() {
     let cfg = trellis_config("");
     let w = seeded(&[32, 128], 3);
     let (q, t) = params(3, 64, 10);
-    let (words, scales) = quantize_trellis(&w, "m.q", &q, &t, 1).unwrap();
+    let (words, scales) = quantize_trellis(&w, "m.q", &q, &t, 1, None).unwrap();
     let load = |tensors: BTreeMap<String, Array>| {
         let mut ws = Weights::new(tensors, cfg.quantization.clone(), None);
         Linear::load(&mut ws, "m.q", 128, 32, false).and_then(|l| ws.finish().map(|_| l))
@@ -247,4 +247,43 @@ fn only_linears_are_trellis_coded_and_bad_entries_are_config_errors() {
             "{entry}: {text}"
         );
     }
+}
+
+/// With the inputs' second moment `H` (`--q-hessians`), `quantize_trellis` rounds by LDLQ: the
+/// output error `tr(dW H dW^T)` on correlated inputs falls below plain Viterbi's; a Hessian of
+/// the wrong shape is an error naming the layer.
+#[test]
+fn a_hessian_selects_ldlq_and_lowers_the_output_error() {
+    let w = seeded(&[32, 128], 21);
+    // Correlated inputs: a few strong directions plus noise.
+    let basis = seeded(&[8, 128], 22);
+    let coef = seeded(&[512, 8], 23);
+    let noise = seeded(&[512, 128], 24);
+    let x = (&ops::matmul(&coef, &basis, None).unwrap() * &Array::scalar(3.0f32).unwrap()).unwrap();
+    let x = (&x + &(&noise * &Array::scalar(0.1f32).unwrap()).unwrap()).unwrap();
+    let h = (&ops::matmul(&x.transpose_all().unwrap(), &x, None).unwrap()
+        / &Array::scalar(512.0f32).unwrap())
+        .unwrap();
+    let (q, t) = params(2, 64, 8);
+    let path = "model.layers.1.mlp.down_proj";
+    let out_err = |hs: Option<&Array>| {
+        let (words, scales) = quantize_trellis(&w, path, &q, &t, 2, hs).unwrap();
+        let tw = TrellisWeight::new(words, scales, q.trellis_spec(&t), t, path, 32, 128).unwrap();
+        let d = (&tw.dequantize().unwrap() - &w).unwrap();
+        let e = ops::matmul(
+            &ops::matmul(&d, &h, None).unwrap(),
+            &d.transpose_all().unwrap(),
+            None,
+        )
+        .unwrap();
+        let ev = to_vec(&e);
+        (0..32).map(|i| ev[i * 32 + i]).sum::<f32>()
+    };
+    let (plain, ldlq) = (out_err(None), out_err(Some(&h)));
+    assert!(ldlq < 0.7 * plain, "LDLQ {ldlq} vs plain {plain}");
+    let bad = seeded(&[64, 64], 25);
+    let err = quantize_trellis(&w, path, &q, &t, 1, Some(&bad))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains(path) && err.contains("hessian"), "{err}");
 }

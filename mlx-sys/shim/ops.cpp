@@ -193,6 +193,13 @@ int mlxs_softmax(mlxs_array* out, mlxs_array a, const int32_t* axes, size_t naxe
 int mlxs_softmax_all(mlxs_array* out, mlxs_array a, bool precise, mlxs_stream s) {
   return guard([&] { put(out, mx::softmax(A(a), precise, S(s))); });
 }
+int mlxs_hadamard_transform(mlxs_array* out, mlxs_array a, bool has_scale, float scale,
+                            mlxs_stream s) {
+  return guard([&] {
+    auto sc = has_scale ? std::optional<float>(scale) : std::nullopt;
+    put(out, mx::hadamard_transform(A(a), sc, S(s)));
+  });
+}
 
 /* ---- shape ---- */
 

@@ -619,4 +619,12 @@ g.case("contiguous_broadcast", "contiguous", [xbc], mx.contiguous(xbc), allow_co
 for dst in ["f32", "f16", "bf16", "i8", "u32", "i64", "bool"]:
     g.case(f"astype_i32_{dst}", "astype", [xv], xv.astype(DT[dst]), dtype=dst)
 
+# ---------------------------------------------------------------- Hadamard transform
+# The last axis a power of two, or 12, 20 or 28 times one; the default scale is 1 / sqrt(n).
+for tag in ["f32", "f16", "bf16"]:
+    for n in [8, 128, 12 * 4, 20, 28 * 2]:
+        xh = normal((3, n)).astype(FLOATS[tag])
+        g.case(f"hadamard_{n}_{tag}", "hadamard_transform", [xh], mx.hadamard_transform(xh), scale=None)
+    xh = normal((2, 2, 64)).astype(FLOATS[tag])
+    g.case(f"hadamard_scaled_{tag}", "hadamard_transform", [xh], mx.hadamard_transform(xh, scale=0.125), scale=0.125)
 g.save()

@@ -29,6 +29,10 @@ pub struct RowsScratch {
     n8: Vec<i8>,
     nd: Vec<f32>,
     ns: Vec<f32>,
+    /// `Activations::Int8Vnni`'s int8 codes for 4-bit rows (pair order), scales and sums.
+    p8: Vec<i8>,
+    pd: Vec<f32>,
+    ps: Vec<f32>,
 }
 
 impl SharedOut {
@@ -53,6 +57,8 @@ enum Path {
     Int16,
     #[cfg(target_arch = "x86_64")]
     Q8Int8,
+    #[cfg(target_arch = "x86_64")]
+    Q4Int8,
 }
 
 #[allow(unused_variables)]
@@ -67,12 +73,19 @@ fn path(ctx: &CpuContext, w: &Matrix<'_>) -> Path {
         match ctx.activations {
             Activations::Int8 if fits && super::matmul::int8_kernel(w) => return Path::Int8,
             Activations::Int16 if fits && super::matmul::int16_kernel(w) => return Path::Int16,
-            Activations::Int16Q8Int8
+            Activations::Int8Vnni
+                if fits && ctx.isa == Isa::Avx512 && super::x86::q4_int8_512_supports(w) =>
+            {
+                return Path::Q4Int8
+            }
+            Activations::Int16Q8Int8 | Activations::Int8Vnni
                 if fits && ctx.isa == Isa::Avx512 && super::x86::q8_int8_supports(w) =>
             {
                 return Path::Q8Int8
             }
-            Activations::Int16Q8Int8 if fits && super::matmul::int16_kernel(w) => {
+            Activations::Int16Q8Int8 | Activations::Int8Vnni
+                if fits && super::matmul::int16_kernel(w) =>
+            {
                 return Path::Int16
             }
             _ => {}
@@ -139,6 +152,9 @@ pub fn matmul_t_each(
     if m == 0 {
         return Ok(());
     }
+    if jobs.iter().any(|j| j.w.trellis_view().is_some()) {
+        return super::trellis::matmul_jobs(ctx, x, m, jobs);
+    }
     let mut paths = [Path::Float; MAX_JOBS];
     for (p, j) in paths.iter_mut().zip(jobs.iter()) {
         *p = path(ctx, j.w);
@@ -146,9 +162,23 @@ pub fn matmul_t_each(
     let paths = paths;
     // The inputs quantized once, each row as `matmul_t` quantizes one input.
     #[cfg(target_arch = "x86_64")]
-    let (qx, qx16, qn8) = {
+    let (qx, qx16, qn8, qp8) = {
         let chunks = m * cols / 32;
-        let (mut a, mut b, mut n) = (None, None, None);
+        let (mut a, mut b, mut n, mut p) = (None, None, None, None);
+        if paths[..jobs.len()].contains(&Path::Q4Int8) {
+            scratch.p8.resize(m * cols, 0);
+            scratch.pd.resize(chunks, 0.0);
+            scratch.ps.resize(chunks, 0.0);
+            // SAFETY: `path` chose Q4Int8 only on Isa::Avx512 (AVX2, FMA and F16C included).
+            unsafe {
+                super::x86::quantize_x8p(x, cols, &mut scratch.p8, &mut scratch.pd, &mut scratch.ps)
+            };
+            p = Some(super::x86::QuantX {
+                q: scratch.p8.as_ptr(),
+                d: scratch.pd.as_ptr(),
+                s: scratch.ps.as_ptr(),
+            });
+        }
         if paths[..jobs.len()].contains(&Path::Q8Int8) {
             scratch.n8.resize(m * cols, 0);
             scratch.nd.resize(chunks, 0.0);
@@ -187,7 +217,7 @@ pub fn matmul_t_each(
                 s: scratch.s.as_ptr(),
             });
         }
-        (a, b, n)
+        (a, b, n, p)
     };
     #[cfg(not(target_arch = "x86_64"))]
     let _ = &scratch;
@@ -217,19 +247,24 @@ pub fn matmul_t_each(
         let n = w.rows();
         match kind {
             #[cfg(target_arch = "x86_64")]
-            Path::Int8 | Path::Q8Int8 => {
-                // 4-bit rows (AVX2) or the 8-bit head (AVX-512 VNNI), both over int8 inputs.
-                let int8 = kind == Path::Int8;
-                let Some(q) = (if int8 { qx } else { qn8 }) else {
+            Path::Int8 | Path::Q8Int8 | Path::Q4Int8 => {
+                // 4-bit rows (AVX2 or AVX-512 VNNI) or the 8-bit head (AVX-512 VNNI), all
+                // over int8 inputs.
+                let q = match kind {
+                    Path::Int8 => qx,
+                    Path::Q8Int8 => qn8,
+                    _ => qp8,
+                };
+                let Some(q) = q else {
                     break;
                 };
                 let mut t0 = 0;
                 while t0 < m {
                     let mt = (m - t0).min(4);
                     let c = t0 * cols / 32;
-                    // SAFETY: `path` chose Int8 only on Isa::Avx2 and Q8Int8 only on
+                    // SAFETY: `path` chose Int8 only on Isa::Avx2 and Q8Int8 / Q4Int8 only on
                     // Isa::Avx512 (AVX-512 F/BW/VL + VNNI, checked available by CpuContext)
-                    // for a matrix `q8_int8_supports`; q holds m quantized rows of cols values,
+                    // for a matrix `q8_int8_supports` / `q4_int8_512_supports`; q holds m quantized rows of cols values,
                     // of which rows t0..t0 + mt start at these offsets; these weight rows of the
                     // output are this worker's alone.
                     unsafe {
@@ -238,10 +273,13 @@ pub fn matmul_t_each(
                             d: q.d.add(c),
                             s: q.s.add(c),
                         };
-                        if int8 {
-                            super::x86::rows_q4_int8(&w, r0, r1, q, mt, out.from(t0 * n), bias);
-                        } else {
-                            super::x86::rows_q8_int8_512(&w, r0, r1, q, mt, out.from(t0 * n), bias);
+                        let o = out.from(t0 * n);
+                        match kind {
+                            Path::Int8 => super::x86::rows_q4_int8(&w, r0, r1, q, mt, o, bias),
+                            Path::Q8Int8 => {
+                                super::x86::rows_q8_int8_512(&w, r0, r1, q, mt, o, bias)
+                            }
+                            _ => super::x86::rows_q4_int8_512(&w, r0, r1, q, mt, o, bias),
                         }
                     }
                     t0 += mt;

@@ -92,6 +92,8 @@ pub(crate) enum Kind<'a> {
         bits: u32,
         group: usize,
     },
+    /// Trellis-coded (`cpu::trellis`): products take `trellis::matmul_jobs`.
+    Trellis(super::trellis::TrellisView<'a>),
 }
 
 /// A weight matrix `(rows, cols)` borrowed in one of MLX's layouts (checked at construction).
@@ -177,6 +179,22 @@ impl<'a> Matrix<'a> {
         })
     }
 
+    /// A trellis-coded matrix (its products run the fused trellis kernel).
+    pub fn trellis(view: super::trellis::TrellisView<'a>) -> Matrix<'a> {
+        Matrix {
+            rows: view.rows(),
+            cols: view.cols(),
+            kind: Kind::Trellis(view),
+        }
+    }
+
+    pub(crate) fn trellis_view(&self) -> Option<super::trellis::TrellisView<'a>> {
+        match self.kind {
+            Kind::Trellis(t) => Some(t),
+            _ => None,
+        }
+    }
+
     pub fn rows(&self) -> usize {
         self.rows
     }
@@ -219,6 +237,7 @@ impl<'a> Matrix<'a> {
                 let g = i / group;
                 scales.get(g) * q as f32 + biases.get(g)
             }
+            Kind::Trellis(t) => t.value(r, c),
         }
     }
 }
@@ -284,6 +303,9 @@ pub fn matmul_t(ctx: &CpuContext, x: &[f32], m: usize, jobs: &mut [MatJob<'_, '_
     if m == 0 {
         return Ok(());
     }
+    if jobs.iter().any(|j| j.w.trellis_view().is_some()) {
+        return super::trellis::matmul_jobs(ctx, x, m, jobs);
+    }
     let threads = ctx.pool.threads();
     let total: usize = jobs.iter().map(|j| j.w.rows).sum();
     let block = (total / (threads * 8)).clamp(1, 32);
@@ -329,7 +351,7 @@ pub fn matmul_t(ctx: &CpuContext, x: &[f32], m: usize, jobs: &mut [MatJob<'_, '_
                 };
                 (Some(q), None)
             }
-            Activations::Int16 | Activations::Int16Q8Int8
+            Activations::Int16 | Activations::Int16Q8Int8 | Activations::Int8Vnni
                 if fits && jobs.iter().any(|j| int16_kernel(j.w)) =>
             {
                 // SAFETY: as above (QBuf16 is plain integers and floats).

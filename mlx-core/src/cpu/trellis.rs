@@ -1412,3 +1412,148 @@ mod tests {
         assert!(quantize(&spec, &[f32::NAN; 64], 1, 64, 0, 1).is_err());
     }
 }
+
+/// A trellis-coded linear as the CPU decoder reads it (borrowed, never copied): the stored
+/// `Wt`'s words and row scales, the layer's signs and the fused kernel's plan, so that
+/// `x W^T = su * H_r (Wt (H_c (sv * x)))` per input row (see the module doc).
+#[derive(Clone, Copy, Debug)]
+pub struct TrellisView<'a> {
+    words: &'a [u32],
+    scales: &'a [f32],
+    su: &'a [f32],
+    sv: &'a [f32],
+    plan: &'a TrellisMatvec,
+}
+
+impl<'a> TrellisView<'a> {
+    /// Checks the pieces against each other: `su` has the rows, `sv` and the plan the columns.
+    pub fn new(
+        words: &'a [u32],
+        scales: &'a [f32],
+        su: &'a [f32],
+        sv: &'a [f32],
+        plan: &'a TrellisMatvec,
+    ) -> Result<TrellisView<'a>, String> {
+        let (rows, cols) = (su.len(), sv.len());
+        plan.spec.check_shape(rows, cols)?;
+        let wpr = cols * plan.spec.k as usize / 32;
+        if plan.cols != cols || words.len() != rows * wpr || scales.len() != rows {
+            return Err(format!(
+                "trellis view: a ({rows}, {cols}) matrix needs {} words, {rows} scales and a \
+                 plan of {cols} columns, got {}, {} and {}",
+                rows * wpr,
+                words.len(),
+                scales.len(),
+                plan.cols
+            ));
+        }
+        Ok(TrellisView {
+            words,
+            scales,
+            su,
+            sv,
+            plan,
+        })
+    }
+
+    pub fn rows(&self) -> usize {
+        self.su.len()
+    }
+
+    pub fn cols(&self) -> usize {
+        self.sv.len()
+    }
+
+    /// `y = W x` for one input row (`x`: `cols`, `y`: `rows`), `xh` (`cols`) as scratch: the
+    /// input transform here, the fused decode-and-dot kernel's rows shared among the pool's
+    /// workers, the output transform here.
+    pub fn matvec(
+        &self,
+        pool: &super::ThreadPool,
+        x: &[f32],
+        xh: &mut [f32],
+        y: &mut [f32],
+    ) -> Result<(), String> {
+        let (rows, cols) = (self.rows(), self.cols());
+        if x.len() != cols || xh.len() != cols || y.len() != rows {
+            return Err(format!(
+                "trellis matvec: ({rows}, {cols}) with {} inputs, {} scratch and {} outputs",
+                x.len(),
+                xh.len(),
+                y.len()
+            ));
+        }
+        for ((o, &v), &s) in xh.iter_mut().zip(x).zip(self.sv) {
+            *o = v * s;
+        }
+        fwht_blocks(xh, hadamard_block(cols));
+        self.plan.par(pool, self.words, self.scales, xh, y)?;
+        fwht_blocks(y, hadamard_block(rows));
+        for (o, &s) in y.iter_mut().zip(self.su) {
+            *o *= s;
+        }
+        Ok(())
+    }
+
+    /// Element `(r, c)` of the logical matrix (an embedding row's value; slow: it decodes the
+    /// Hadamard blocks that hold it).
+    pub fn value(&self, r: usize, c: usize) -> f32 {
+        let (rows, cols) = (self.rows(), self.cols());
+        let (br, bc) = (hadamard_block(rows), hadamard_block(cols));
+        let (r0, c0) = (r / br * br, c / bc * bc);
+        let wpr = cols * self.plan.spec.k as usize / 32;
+        let mut dec = vec![0.0f32; cols];
+        // Column c of H_c's block, row r of H_r's block (symmetric, so rows).
+        let hc = hadamard_matrix(bc);
+        let hr = hadamard_matrix(br);
+        let mut sum = 0.0f64;
+        for i in 0..br {
+            let row = r0 + i;
+            decode_row(
+                &self.plan.spec,
+                &self.words[row * wpr..(row + 1) * wpr],
+                self.scales[row],
+                &mut dec,
+            );
+            let inner: f64 = (0..bc)
+                .map(|j| f64::from(dec[c0 + j]) * f64::from(hc[j * bc + (c - c0)]))
+                .sum();
+            sum += f64::from(hr[(r - r0) * br + i]) * inner;
+        }
+        (sum as f32) * self.su[r] * self.sv[c]
+    }
+}
+
+/// [`super::matmul_t`] / [`super::matmul_t_each`] for a call holding a trellis matrix (checked
+/// by the caller): each trellis job row by row through [`TrellisView::matvec`] (every row gets
+/// the bits it gets alone), the others through `matmul_t` one job at a time.
+pub(super) fn matmul_jobs(
+    ctx: &super::CpuContext,
+    x: &[f32],
+    m: usize,
+    jobs: &mut [super::MatJob<'_, '_>],
+) -> crate::Result<()> {
+    let op = "cpu::matmul_t (trellis)";
+    for j in jobs.iter_mut() {
+        let Some(t) = j.w.trellis_view() else {
+            super::matmul_t(ctx, x, m, std::slice::from_mut(j))?;
+            continue;
+        };
+        let (rows, cols) = (t.rows(), t.cols());
+        let mut xh = vec![0.0f32; cols];
+        for (xr, yr) in x
+            .chunks_exact(cols)
+            .zip(j.out.chunks_exact_mut(rows))
+            .take(m)
+        {
+            t.matvec(&ctx.pool, xr, &mut xh, yr)
+                .map_err(|e| crate::Error::invalid(op, e))?;
+            if let Some(b) = j.bias {
+                for (i, o) in yr.iter_mut().enumerate() {
+                    *o += b.get(i);
+                }
+            }
+        }
+    }
+    Ok(())
+}

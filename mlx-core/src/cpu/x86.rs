@@ -32,6 +32,7 @@ pub(super) fn supports(w: &Matrix<'_>) -> bool {
                 && w.cols() / group <= MAX_GROUPS
                 && ((group / 32).is_power_of_two() || w.cols() <= MAX_BUF)
         }
+        Kind::Trellis(_) => false,
     }
 }
 
@@ -311,6 +312,8 @@ pub(super) unsafe fn rows_avx2(
     // Matrix's constructor to hold `rows` rows, and the loaders stay within `cols`.
     unsafe {
         match w.kind {
+            // Never here: `matmul_t` routes trellis matrices to `trellis::matmul_jobs`.
+            Kind::Trellis(_) => {}
             Kind::Dense(Floats::F32(d)) => {
                 for r in r0..r1 {
                     let l = F32Row(d.as_ptr().add(r * cols));
@@ -688,6 +691,118 @@ unsafe fn dot4_512<const MT: usize>(
                 let f = _mm256_set1_ps(*fp.add(t * chunks + c));
                 *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), f, *a);
             }
+        }
+        let mut out = [0f32; MT];
+        for t in 0..MT {
+            out[t] = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t])) + hsum(tail[t]);
+        }
+        out
+    }
+}
+
+/// [`dot4_512`] for a row in groups of 32 with half-precision scales and biases (`s0`, `b0`:
+/// the row's `chunks` of each), its factors kept in registers instead of a stack buffer: the
+/// bias term first (bias times the input's float sum, 16 chunks at a time), then per block of
+/// 16 chunks the factors (scale times input scale) in one register per input, each pair's
+/// two picked out by one permute. The same operations in the same order as the buffered
+/// version (bit-identical sums); a store of the factors followed by narrow reloads of them
+/// stalled store forwarding.
+///
+/// # Safety
+/// As [`dot4_512`], with `s0` and `b0` holding `chunks` halves each and `qx` `MT` rows of
+/// `chunks` scales and sums.
+#[inline]
+#[allow(clippy::needless_range_loop)]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn dot4_512_h<const MT: usize>(
+    rb: *const u8,
+    s0: *const u16,
+    b0: *const u16,
+    chunks: usize,
+    qx: QuantX16,
+) -> [f32; MT] {
+    // SAFETY (whole body): reads stay within the ranges of the contract (masked loads past a
+    // row's last chunk read nothing).
+    unsafe {
+        let mask_of = |k: usize| -> __mmask16 {
+            if k == 16 {
+                0xffff
+            } else {
+                (1u16 << k) - 1
+            }
+        };
+        let mut a0 = [_mm512_setzero_ps(); MT];
+        let mut c0 = 0;
+        while c0 < chunks {
+            let mask = mask_of((chunks - c0).min(16));
+            let bv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, b0.add(c0) as *const _));
+            for t in 0..MT {
+                let xs = _mm512_maskz_loadu_ps(mask, qx.s.add(t * chunks + c0));
+                a0[t] = _mm512_fmadd_ps(bv, xs, a0[t]);
+            }
+            c0 += 16;
+        }
+        let nib = _mm512_set1_epi16(0x000f);
+        // Lanes 0-7: the pair's first chunk; 8-15: its second.
+        let base = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+        let qp = qx.p;
+        let mut a1 = [_mm512_setzero_ps(); MT];
+        let mut tail = [_mm256_setzero_ps(); MT];
+        let mut c0 = 0;
+        while c0 < chunks {
+            let k = (chunks - c0).min(16);
+            let mask = mask_of(k);
+            let sv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, s0.add(c0) as *const _));
+            let mut f = [_mm512_setzero_ps(); MT];
+            for t in 0..MT {
+                let dv = _mm512_maskz_loadu_ps(mask, qx.d.add(t * chunks + c0));
+                f[t] = _mm512_mul_ps(sv, dv);
+            }
+            let pair = |j: usize, acc: &mut [__m512; MT]| {
+                let c = c0 + j;
+                let wv = _mm512_cvtepu8_epi16(_mm256_loadu_si256(rb.add(c * 16) as *const __m256i));
+                let lo = _mm512_and_si512(wv, nib);
+                let hi = _mm512_srli_epi16::<4>(wv);
+                let idx = _mm512_add_epi32(base, _mm512_set1_epi32(j as i32));
+                for (t, a) in acc.iter_mut().enumerate() {
+                    let xp = qp.add(t * chunks * 32 + c * 32);
+                    let sum = _mm512_madd_epi16(lo, _mm512_loadu_si512(xp as *const _));
+                    let sum =
+                        _mm512_dpwssd_epi32(sum, hi, _mm512_loadu_si512(xp.add(32) as *const _));
+                    let fv = _mm512_permutexvar_ps(idx, f[t]);
+                    *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), fv, *a);
+                }
+            };
+            // c0 is a multiple of 16: pairs at c % 4 == 0 go to a0, as in `dot4_512`.
+            let mut j = 0;
+            while j + 4 <= k {
+                pair(j, &mut a0);
+                pair(j + 2, &mut a1);
+                j += 4;
+            }
+            if j + 2 <= k {
+                pair(j, &mut a0);
+                j += 2;
+            }
+            if j < k {
+                let c = c0 + j;
+                let wv = _mm256_cvtepu8_epi16(_mm_loadu_si128(rb.add(c * 16) as *const __m128i));
+                let lo = _mm256_and_si256(wv, _mm256_set1_epi16(0x000f));
+                let hi = _mm256_srli_epi16::<4>(wv);
+                let idx = _mm512_set1_epi32(j as i32);
+                for (t, a) in tail.iter_mut().enumerate() {
+                    let xp = qp.add(t * chunks * 32 + c * 32);
+                    let sum = _mm256_madd_epi16(lo, _mm256_loadu_si256(xp as *const __m256i));
+                    let sum = _mm256_dpwssd_epi32(
+                        sum,
+                        hi,
+                        _mm256_loadu_si256(xp.add(16) as *const __m256i),
+                    );
+                    let fv = _mm512_castps512_ps256(_mm512_permutexvar_ps(idx, f[t]));
+                    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), fv, *a);
+                }
+            }
+            c0 += 16;
         }
         let mut out = [0f32; MT];
         for t in 0..MT {
@@ -1229,6 +1344,15 @@ unsafe fn rows_int16_512_m<const MT: usize>(
                     sh.as_ptr().add(r * groups) as *const u16,
                     bh.as_ptr().add(r * groups) as *const u16,
                 );
+                let rb = bytes.add(r * row_bytes);
+                if bits == 4 {
+                    let v = dot4_512_h::<MT>(rb, s0, b0, chunks, qx);
+                    let b = bias_of(r);
+                    for t in 0..MT {
+                        out.write(t * rows + r, v[t] + b);
+                    }
+                    continue;
+                }
                 let mut bacc = [_mm512_setzero_ps(); MT];
                 let mut c0 = 0;
                 while c0 < chunks {
@@ -1245,15 +1369,6 @@ unsafe fn rows_int16_512_m<const MT: usize>(
                         bacc[t] = _mm512_fmadd_ps(bv, xs, bacc[t]);
                     }
                     c0 += 16;
-                }
-                let rb = bytes.add(r * row_bytes);
-                if bits == 4 {
-                    let v = dot4_512::<MT>(rb, chunks, qx.p, fp, bacc);
-                    let b = bias_of(r);
-                    for t in 0..MT {
-                        out.write(t * rows + r, v[t] + b);
-                    }
-                    continue;
                 }
                 let mut a0 = bacc;
                 let mut a1 = [_mm512_setzero_ps(); MT];
@@ -1481,63 +1596,76 @@ unsafe fn rows_q8_int8_512_m<const MT: usize>(
             chunks <= MAX_CHUNKS && sh.len() >= r1 * chunks && bh.len() >= r1 * chunks,
             "rows_q8_int8_512: {chunks} chunks a row, scales out of range"
         );
-        let mut fw = std::mem::MaybeUninit::<[f32; 4 * MAX_CHUNKS]>::uninit();
-        let fp = fw.as_mut_ptr() as *mut f32;
-        // Lanes 0-7: the pair's first factor; 8-15: its second.
-        let idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+        // Lanes 0-7: the pair's first chunk; 8-15: its second.
+        let base = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
         for r in r0..r1 {
             let (s0, b0) = (
                 sh.as_ptr().add(r * chunks) as *const u16,
                 bh.as_ptr().add(r * chunks) as *const u16,
             );
-            // The factors (scale times input scale) and the bias term, 16 chunks at a time.
-            let mut bacc = [_mm512_setzero_ps(); MT];
+            // The bias term first, 16 chunks at a time; then per block of 16 chunks the
+            // factors (scale times input scale) in a register per input, each pair's two
+            // picked out by one permute (the same operations in the same order as through a
+            // buffer of factors, whose narrow reloads stalled store forwarding).
+            let mut a0 = [_mm512_setzero_ps(); MT];
+            let mut c0 = 0;
+            while c0 < chunks {
+                let k = (chunks - c0).min(16);
+                let mask: __mmask16 = if k == 16 { 0xffff } else { (1u16 << k) - 1 };
+                let bv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, b0.add(c0) as *const _));
+                for t in 0..MT {
+                    let xs = _mm512_maskz_loadu_ps(mask, qx.s.add(t * chunks + c0));
+                    a0[t] = _mm512_fmadd_ps(bv, xs, a0[t]);
+                }
+                c0 += 16;
+            }
+            let rb = bytes.add(r * cols);
+            let mut a1 = [_mm512_setzero_ps(); MT];
+            let mut tail = [_mm256_setzero_ps(); MT];
             let mut c0 = 0;
             while c0 < chunks {
                 let k = (chunks - c0).min(16);
                 let mask: __mmask16 = if k == 16 { 0xffff } else { (1u16 << k) - 1 };
                 let sv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, s0.add(c0) as *const _));
-                let bv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, b0.add(c0) as *const _));
+                let mut f = [_mm512_setzero_ps(); MT];
                 for t in 0..MT {
                     let dv = _mm512_maskz_loadu_ps(mask, qx.d.add(t * chunks + c0));
-                    _mm512_mask_storeu_ps(fp.add(t * chunks + c0), mask, _mm512_mul_ps(sv, dv));
-                    let xs = _mm512_maskz_loadu_ps(mask, qx.s.add(t * chunks + c0));
-                    bacc[t] = _mm512_fmadd_ps(bv, xs, bacc[t]);
+                    f[t] = _mm512_mul_ps(sv, dv);
+                }
+                let pair = |j: usize, acc: &mut [__m512; MT]| {
+                    let c = c0 + j;
+                    let wv = _mm512_loadu_si512(rb.add(c * 32) as *const _);
+                    let idx = _mm512_add_epi32(base, _mm512_set1_epi32(j as i32));
+                    for (t, a) in acc.iter_mut().enumerate() {
+                        let xv = _mm512_loadu_si512(qx.q.add(t * cols + c * 32) as *const _);
+                        let sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
+                        let fv = _mm512_permutexvar_ps(idx, f[t]);
+                        *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), fv, *a);
+                    }
+                };
+                // c0 is a multiple of 16: pairs at c % 4 == 0 go to a0.
+                let mut j = 0;
+                while j + 4 <= k {
+                    pair(j, &mut a0);
+                    pair(j + 2, &mut a1);
+                    j += 4;
+                }
+                if j + 2 <= k {
+                    pair(j, &mut a0);
+                    j += 2;
+                }
+                if j < k {
+                    let c = c0 + j;
+                    let wv = _mm256_loadu_si256(rb.add(c * 32) as *const __m256i);
+                    let idx = _mm512_set1_epi32(j as i32);
+                    for (t, a) in tail.iter_mut().enumerate() {
+                        let xv = _mm256_loadu_si256(qx.q.add(t * cols + c * 32) as *const __m256i);
+                        let sum = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wv, xv);
+                        let fv = _mm512_castps512_ps256(_mm512_permutexvar_ps(idx, f[t]));
+                        *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), fv, *a);
+                    }
                 }
                 c0 += 16;
-            }
-            let rb = bytes.add(r * cols);
-            let mut a0 = bacc;
-            let mut a1 = [_mm512_setzero_ps(); MT];
-            let pair = |c: usize, acc: &mut [__m512; MT]| {
-                let wv = _mm512_loadu_si512(rb.add(c * 32) as *const _);
-                for (t, a) in acc.iter_mut().enumerate() {
-                    let xv = _mm512_loadu_si512(qx.q.add(t * cols + c * 32) as *const _);
-                    let sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
-                    let two = (fp.add(t * chunks + c) as *const f64).read_unaligned();
-                    let f = _mm512_permutexvar_ps(idx, _mm512_castpd_ps(_mm512_set1_pd(two)));
-                    *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), f, *a);
-                }
-            };
-            let mut c = 0;
-            while c + 4 <= chunks {
-                pair(c, &mut a0);
-                pair(c + 2, &mut a1);
-                c += 4;
-            }
-            if c + 2 <= chunks {
-                pair(c, &mut a0);
-                c += 2;
-            }
-            let mut tail = [_mm256_setzero_ps(); MT];
-            if c < chunks {
-                let wv = _mm256_loadu_si256(rb.add(c * 32) as *const __m256i);
-                for (t, a) in tail.iter_mut().enumerate() {
-                    let xv = _mm256_loadu_si256(qx.q.add(t * cols + c * 32) as *const __m256i);
-                    let sum = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wv, xv);
-                    let f = _mm256_set1_ps(*fp.add(t * chunks + c));
-                    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), f, *a);
-                }
             }
             let b = bias_of(r);
             for t in 0..MT {
@@ -1545,6 +1673,413 @@ unsafe fn rows_q8_int8_512_m<const MT: usize>(
                 out.write(t * rows + r, v + b);
             }
         }
+    }
+}
+
+/// Quantizes `x` (`(m, cols)`, `cols` a multiple of 32) to int8 for [`rows_q4_int8_512`]
+/// (llama.cpp's Q8_0 activations): per chunk of 32 values a scale `d = max|x| / 127` and the
+/// codes `round(x / d)` (half to even), laid out in each row as [`permute_x16`] lays out its
+/// int16 codes (a pair of chunks as `[c even, c + 1 even, c odd, c + 1 odd]`, 16 codes each;
+/// an unpaired last chunk as `[even, odd]`), and `s` the chunk's float sum (what the rows'
+/// biases multiply). Eight values at a time.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn quantize_x8p(
+    x: &[f32],
+    cols: usize,
+    q: &mut [i8],
+    d: &mut [f32],
+    s: &mut [f32],
+) {
+    let chunks = x.len() / 32;
+    let row_chunks = cols / 32;
+    assert!(
+        cols % 32 == 0
+            && x.len() % cols.max(1) == 0
+            && q.len() >= chunks * 32
+            && d.len() >= chunks
+            && s.len() >= chunks,
+        "quantize_x8p buffers"
+    );
+    let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+    // SAFETY: chunk c reads x[32c..32c + 32] and writes 32 codes within its row's pair
+    // (q[32 * (c - c % 2)..] up to 64 codes, or 32 for an unpaired last chunk), d[c], s[c],
+    // all in bounds (checked above).
+    unsafe {
+        let mut codes = [0i8; 32];
+        for c in 0..chunks {
+            let p = x.as_ptr().add(c * 32);
+            let v = [
+                _mm256_loadu_ps(p),
+                _mm256_loadu_ps(p.add(8)),
+                _mm256_loadu_ps(p.add(16)),
+                _mm256_loadu_ps(p.add(24)),
+            ];
+            let mx = _mm256_max_ps(
+                _mm256_max_ps(_mm256_and_ps(v[0], abs), _mm256_and_ps(v[1], abs)),
+                _mm256_max_ps(_mm256_and_ps(v[2], abs), _mm256_and_ps(v[3], abs)),
+            );
+            let mut lanes = [0f32; 8];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), mx);
+            let amax = lanes.iter().fold(0f32, |a, &b| a.max(b));
+            let dc = amax / 127.0;
+            let inv = _mm256_set1_ps(if dc > 0.0 { 1.0 / dc } else { 0.0 });
+            let i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v[0], inv));
+            let i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v[1], inv));
+            let i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v[2], inv));
+            let i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v[3], inv));
+            // packs works within 128-bit lanes: dwords come out as 0-3, 8-11, 16-19, 24-27,
+            // 4-7, 12-15, 20-23, 28-31; the permute puts them back in order.
+            let b = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+            let b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256(codes.as_mut_ptr() as *mut __m256i, b);
+            let (rc, row) = (c % row_chunks, c / row_chunks);
+            let paired = rc + 1 < row_chunks || rc % 2 == 1;
+            let base = q.as_mut_ptr().add(row * cols + (rc - rc % 2) * 32);
+            let (e, o) = if !paired {
+                (base, base.add(16))
+            } else if rc % 2 == 0 {
+                (base, base.add(32))
+            } else {
+                (base.add(16), base.add(48))
+            };
+            for j in 0..16 {
+                *e.add(j) = codes[2 * j];
+                *o.add(j) = codes[2 * j + 1];
+            }
+            *d.get_unchecked_mut(c) = dc;
+            *s.get_unchecked_mut(c) = hsum(_mm256_add_ps(
+                _mm256_add_ps(v[0], v[1]),
+                _mm256_add_ps(v[2], v[3]),
+            ));
+        }
+    }
+}
+
+/// Rows `r0..r1` of `out (m, rows) = x W^T + bias` for a 4-bit affine `w` whose group is 32
+/// times a power of two (at most [`MAX_CHUNKS`] chunks a row), `m <= 4`, from `x` quantized
+/// by [`quantize_x8p`]: per pair of chunks the 32 weight bytes split into low nibbles (even
+/// positions) and high nibbles (odd) in one 512-bit vector, times the inputs' int8 codes by
+/// one `vpdpbusd` (lanes 0-3 and 8-11 sum chunk `c`, 4-7 and 12-15 chunk `c + 1`), each
+/// scaled in float by its group's scale times the chunk's input scale; the biases multiply
+/// the inputs' float sums. A quarter of [`rows_int16_512`]'s multiplies and half its input
+/// bytes.
+///
+/// # Safety
+/// The CPU has AVX2, FMA, F16C and AVX-512 F/BW/VL with VNNI; `w` is as
+/// [`q4_int8_512_supports`] requires; `qx` holds `m` rows of `cols` codes from
+/// [`quantize_x8p`]; rows `r0..r1` of `out` are this caller's alone.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn rows_q4_int8_512(
+    w: &Matrix<'_>,
+    r0: usize,
+    r1: usize,
+    qx: QuantX,
+    m: usize,
+    out: SharedOut,
+    bias: Option<Floats<'_>>,
+) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        match m {
+            1 => rows_q4_int8_512_m::<1>(w, r0, r1, qx, out, bias),
+            2 => rows_q4_int8_512_m::<2>(w, r0, r1, qx, out, bias),
+            3 => rows_q4_int8_512_m::<3>(w, r0, r1, qx, out, bias),
+            _ => rows_q4_int8_512_m::<4>(w, r0, r1, qx, out, bias),
+        }
+    }
+}
+
+/// Whether [`rows_q4_int8_512`] takes `w`: 4-bit affine, groups of 32 times a power of two,
+/// at most [`MAX_CHUNKS`] chunks and [`MAX_GROUPS`] groups a row.
+pub(super) fn q4_int8_512_supports(w: &Matrix<'_>) -> bool {
+    matches!(w.kind, Kind::Affine { bits: 4, group, .. } if (group / 32).is_power_of_two())
+        && w.cols() % 32 == 0
+        && w.cols() / 32 <= MAX_CHUNKS
+        && supports(w)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[allow(clippy::needless_range_loop)]
+unsafe fn rows_q4_int8_512_m<const MT: usize>(
+    w: &Matrix<'_>,
+    r0: usize,
+    r1: usize,
+    qx: QuantX,
+    out: SharedOut,
+    bias: Option<Floats<'_>>,
+) {
+    let Kind::Affine {
+        words,
+        scales,
+        biases,
+        bits: 4,
+        group,
+    } = w.kind
+    else {
+        return;
+    };
+    let (rows, cols) = (w.rows(), w.cols());
+    let groups = cols / group;
+    let chunks = cols / 32;
+    let shift = (group / 32).trailing_zeros();
+    let per = group / 32;
+    let row_bytes = cols / 2;
+    let bytes = words.as_ptr() as *const u8;
+    let bias_of = |r: usize| bias.map_or(0.0, |b| b.get(r));
+    // SAFETY (whole body): rows r0..r1 lie within `words`, `scales` and `biases` (checked by
+    // Matrix::affine, and the assert for the half-scale path); qx holds MT * chunks codes,
+    // scales and sums; the stack buffers hold groups <= MAX_GROUPS (+ padding) values and
+    // MT * chunks <= 4 * MAX_CHUNKS factors (the assert).
+    unsafe {
+        assert!(
+            chunks <= MAX_CHUNKS && groups <= MAX_GROUPS,
+            "rows_q4_int8_512: {chunks} chunks a row"
+        );
+        let mut sw = std::mem::MaybeUninit::<[f32; MAX_GROUPS]>::uninit();
+        let mut bw = std::mem::MaybeUninit::<[f32; MAX_GROUPS + 8]>::uninit();
+        let mut gs = std::mem::MaybeUninit::<[f32; 4 * (MAX_GROUPS + 8)]>::uninit();
+        let mut fw = std::mem::MaybeUninit::<[f32; 4 * MAX_CHUNKS]>::uninit();
+        let (sp, bp) = (sw.as_mut_ptr() as *mut f32, bw.as_mut_ptr() as *mut f32);
+        let gsp = gs.as_mut_ptr() as *mut f32;
+        let fp = fw.as_mut_ptr() as *mut f32;
+        let gpad = groups.div_ceil(8) * 8;
+        if let (0, Floats::F16(sh), Floats::F16(bh)) = (shift, scales, biases) {
+            // Groups of 32 with half-precision scales and biases (GGUF's Q4_0/Q4_1 as
+            // loaded): the factors stay in registers, 16 chunks at a time.
+            assert!(
+                sh.len() >= r1 * groups && bh.len() >= r1 * groups,
+                "scales out of range"
+            );
+            for r in r0..r1 {
+                let v = row_q4_int8_512_h::<MT>(
+                    bytes.add(r * row_bytes),
+                    sh.as_ptr().add(r * groups) as *const u16,
+                    bh.as_ptr().add(r * groups) as *const u16,
+                    chunks,
+                    qx,
+                );
+                let b = bias_of(r);
+                for t in 0..MT {
+                    out.write(t * rows + r, v[t] + b);
+                }
+            }
+            return;
+        }
+        for t in 0..MT {
+            for g in 0..gpad {
+                let mut v = 0f32;
+                if g < groups {
+                    for k in 0..per {
+                        v += *qx.s.add(t * chunks + g * per + k);
+                    }
+                }
+                *gsp.add(t * gpad + g) = v;
+            }
+        }
+        for r in r0..r1 {
+            widen_row(scales, r * groups, sp, groups);
+            widen_row(biases, r * groups, bp, groups);
+            for g in groups..gpad {
+                *bp.add(g) = 0.0;
+            }
+            for t in 0..MT {
+                let d = qx.d.add(t * chunks);
+                let f = fp.add(t * chunks);
+                for c in 0..chunks {
+                    *f.add(c) = *sp.add(c >> shift) * *d.add(c);
+                }
+            }
+            let v = dot4_512_i8::<MT>(
+                bytes.add(r * row_bytes),
+                chunks,
+                qx.q,
+                fp,
+                [_mm512_setzero_ps(); MT],
+            );
+            let b = bias_of(r);
+            for t in 0..MT {
+                let mut bv = _mm256_setzero_ps();
+                let mut g = 0;
+                while g < gpad {
+                    bv = _mm256_fmadd_ps(
+                        _mm256_loadu_ps(bp.add(g)),
+                        _mm256_loadu_ps(gsp.add(t * gpad + g)),
+                        bv,
+                    );
+                    g += 8;
+                }
+                out.write(t * rows + r, v[t] + hsum(bv) + b);
+            }
+        }
+    }
+}
+
+/// One row of [`rows_q4_int8_512_m`] with groups of 32 and half-precision scales and biases
+/// (`s0`, `b0`: the row's `chunks` of each): per block of 16 chunks the factors (scale times
+/// input scale) in one register per input and the bias term (bias times the input's float
+/// sum) added; then per pair of chunks in the block the 32 weight bytes as low nibbles (lower
+/// half) and high nibbles (upper half), one `vpdpbusd` with the inputs' codes in
+/// [`quantize_x8p`]'s order, the pair's two factors picked out of the register by one
+/// permute. Pairs alternate between two accumulators; an unpaired last chunk is summed in 256
+/// bits. Each input's sum is computed alike whatever `MT` is.
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VL and VNNI; `rb` holds `chunks * 16` bytes, `s0` and `b0`
+/// `chunks` halves each; `qx` holds `MT` rows of `chunks * 32` codes, scales and sums.
+#[inline]
+#[allow(clippy::needless_range_loop)]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn row_q4_int8_512_h<const MT: usize>(
+    rb: *const u8,
+    s0: *const u16,
+    b0: *const u16,
+    chunks: usize,
+    qx: QuantX,
+) -> [f32; MT] {
+    // SAFETY (whole body): reads stay within the ranges of the contract (masked loads past a
+    // row's last chunk read nothing).
+    unsafe {
+        let nib = _mm512_set1_epi8(0x0f);
+        // Lanes 0-3 and 8-11: the pair's first chunk; 4-7 and 12-15: its second.
+        let base = _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
+        let mut a0 = [_mm512_setzero_ps(); MT];
+        let mut a1 = [_mm512_setzero_ps(); MT];
+        let mut tail = [_mm256_setzero_ps(); MT];
+        let mut c0 = 0;
+        while c0 < chunks {
+            let k = (chunks - c0).min(16);
+            let mask: __mmask16 = if k == 16 { 0xffff } else { (1u16 << k) - 1 };
+            let sv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, s0.add(c0) as *const _));
+            let bv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, b0.add(c0) as *const _));
+            let mut f = [_mm512_setzero_ps(); MT];
+            for t in 0..MT {
+                let dv = _mm512_maskz_loadu_ps(mask, qx.d.add(t * chunks + c0));
+                f[t] = _mm512_mul_ps(sv, dv);
+                let xs = _mm512_maskz_loadu_ps(mask, qx.s.add(t * chunks + c0));
+                a0[t] = _mm512_fmadd_ps(bv, xs, a0[t]);
+            }
+            let pair = |j: usize, acc: &mut [__m512; MT]| {
+                let c = c0 + j;
+                let wv = _mm256_loadu_si256(rb.add(c * 16) as *const __m256i);
+                let w2 =
+                    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(wv), _mm256_srli_epi16::<4>(wv));
+                let wq = _mm512_and_si512(w2, nib);
+                let idx = _mm512_add_epi32(base, _mm512_set1_epi32(j as i32));
+                for (t, a) in acc.iter_mut().enumerate() {
+                    let xv = _mm512_loadu_si512(qx.q.add((t * chunks + c) * 32) as *const _);
+                    let sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, xv);
+                    let fv = _mm512_permutexvar_ps(idx, f[t]);
+                    *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), fv, *a);
+                }
+            };
+            let mut j = 0;
+            while j + 4 <= k {
+                pair(j, &mut a0);
+                pair(j + 2, &mut a1);
+                j += 4;
+            }
+            if j + 2 <= k {
+                pair(j, &mut a0);
+                j += 2;
+            }
+            if j < k {
+                // The row's unpaired last chunk.
+                let c = c0 + j;
+                let wv = _mm_loadu_si128(rb.add(c * 16) as *const __m128i);
+                let w2 = _mm256_inserti128_si256::<1>(
+                    _mm256_castsi128_si256(wv),
+                    _mm_srli_epi16::<4>(wv),
+                );
+                let wq = _mm256_and_si256(w2, _mm256_set1_epi8(0x0f));
+                let idx = _mm512_set1_epi32(j as i32);
+                for (t, a) in tail.iter_mut().enumerate() {
+                    let xv = _mm256_loadu_si256(qx.q.add((t * chunks + c) * 32) as *const __m256i);
+                    let sum = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wq, xv);
+                    let fv = _mm512_castps512_ps256(_mm512_permutexvar_ps(idx, f[t]));
+                    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), fv, *a);
+                }
+            }
+            c0 += 16;
+        }
+        let mut out = [0f32; MT];
+        for t in 0..MT {
+            out[t] = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t])) + hsum(tail[t]);
+        }
+        out
+    }
+}
+
+/// The main loop of [`rows_q4_int8_512_m`] over one row (`chunks` chunks of 16 bytes at
+/// `rb`): two chunks at a time, their 32 bytes as low nibbles (lower half) and high nibbles
+/// (upper half) of one vector, one `vpdpbusd` with the inputs' codes in [`quantize_x8p`]'s
+/// order, each chunk's lanes scaled by its factor `fp[t * chunks + c]`. Pairs alternate
+/// between `acc` and a second accumulator; an unpaired last chunk is summed in 256 bits.
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VL and VNNI; `rb` holds `chunks * 16` bytes; `qp` holds `MT`
+/// rows of `chunks * 32` codes in [`quantize_x8p`]'s order and `fp` `MT * chunks` factors.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn dot4_512_i8<const MT: usize>(
+    rb: *const u8,
+    chunks: usize,
+    qp: *const i8,
+    fp: *const f32,
+    acc: [__m512; MT],
+) -> [f32; MT] {
+    // SAFETY (whole body): reads stay within the ranges of the contract.
+    unsafe {
+        let nib = _mm512_set1_epi8(0x0f);
+        // Lanes 0-3 and 8-11: the pair's first factor; 4-7 and 12-15: its second.
+        let idx = _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
+        let mut a0 = acc;
+        let mut a1 = [_mm512_setzero_ps(); MT];
+        let pair = |c: usize, acc: &mut [__m512; MT]| {
+            let wv = _mm256_loadu_si256(rb.add(c * 16) as *const __m256i);
+            let w2 =
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(wv), _mm256_srli_epi16::<4>(wv));
+            let wq = _mm512_and_si512(w2, nib);
+            for (t, a) in acc.iter_mut().enumerate() {
+                let xv = _mm512_loadu_si512(qp.add(t * chunks * 32 + c * 32) as *const _);
+                let sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, xv);
+                let two = (fp.add(t * chunks + c) as *const f64).read_unaligned();
+                let f = _mm512_permutexvar_ps(idx, _mm512_castpd_ps(_mm512_set1_pd(two)));
+                *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), f, *a);
+            }
+        };
+        let mut c = 0;
+        while c + 4 <= chunks {
+            pair(c, &mut a0);
+            pair(c + 2, &mut a1);
+            c += 4;
+        }
+        if c + 2 <= chunks {
+            pair(c, &mut a0);
+            c += 2;
+        }
+        let mut tail = [_mm256_setzero_ps(); MT];
+        if c < chunks {
+            let wv = _mm_loadu_si128(rb.add(c * 16) as *const __m128i);
+            let w2 =
+                _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(wv), _mm_srli_epi16::<4>(wv));
+            let wq = _mm256_and_si256(w2, _mm256_set1_epi8(0x0f));
+            for (t, a) in tail.iter_mut().enumerate() {
+                let xv = _mm256_loadu_si256(qp.add(t * chunks * 32 + c * 32) as *const __m256i);
+                let sum = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wq, xv);
+                let f = _mm256_set1_ps(*fp.add(t * chunks + c));
+                *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), f, *a);
+            }
+        }
+        let mut out = [0f32; MT];
+        for t in 0..MT {
+            out[t] = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t])) + hsum(tail[t]);
+        }
+        out
     }
 }
 
@@ -1623,6 +2158,8 @@ pub(super) unsafe fn rows_prefill_512(
                 let dst = bp.add(i * MAX_BUF);
                 let row = r + i;
                 match w.kind {
+                    // Never here (`prefill_512_supports` refuses trellis matrices).
+                    Kind::Trellis(_) => return,
                     Kind::Dense(Floats::F32(d)) => *p = d.as_ptr().add(row * cols),
                     Kind::Dense(Floats::F16(d)) => {
                         dequant_into(&F16Row(d.as_ptr().add(row * cols) as *const u16), cols, dst);
@@ -1725,6 +2262,7 @@ pub(super) fn prefill_512_supports(w: &Matrix<'_>) -> bool {
                     && (group / 32).is_power_of_two()
                     && w.cols() / group <= MAX_GROUPS
             }
+            Kind::Trellis(_) => false,
         }
 }
 
@@ -1766,5 +2304,139 @@ mod tests {
             assert!((a - b).abs() <= 1e-5 * (1.0 + a.abs()), "sum {a} vs {b}");
         }
         assert_eq!(q2[n - 32..], [0i16; 32]);
+    }
+
+    /// The pair-order int8 quantizer puts each chunk's codes (half to even) where the 4-bit
+    /// int8 kernel reads them: pairs of chunks as `[c even, c + 1 even, c odd, c + 1 odd]`,
+    /// an unpaired last chunk of a row as `[even, odd]`; scales `amax / 127`, float sums.
+    #[test]
+    fn quantize_x8p_lays_codes_out_in_pair_order() {
+        if !super::super::Isa::Avx2.available() {
+            return;
+        }
+        // Two rows of 96 columns (3 chunks: a pair and an unpaired last one).
+        let cols = 96;
+        let x: Vec<f32> = (0..2 * cols)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+            .collect();
+        let n = x.len();
+        let (mut q, mut d, mut s) = (vec![0i8; n], vec![0f32; n / 32], vec![0f32; n / 32]);
+        // SAFETY: AVX2 checked above.
+        unsafe { quantize_x8p(&x, cols, &mut q, &mut d, &mut s) };
+        for (c, chunk) in x.chunks_exact(32).enumerate() {
+            let amax = chunk.iter().fold(0f32, |a, v| a.max(v.abs()));
+            assert_eq!(d[c], amax / 127.0);
+            let inv = 1.0 / d[c];
+            let code = |k: usize| (chunk[k] * inv).round_ties_even() as i8;
+            let (row, rc) = (c / 3, c % 3);
+            let at = |off: usize| q[row * cols + off];
+            for j in 0..16 {
+                let (e, o) = match rc {
+                    0 => (j, 32 + j),
+                    1 => (16 + j, 48 + j),
+                    _ => (64 + j, 80 + j),
+                };
+                assert_eq!(at(e), code(2 * j), "chunk {c} even {j}");
+                assert_eq!(at(o), code(2 * j + 1), "chunk {c} odd {j}");
+            }
+            let sum: f32 = chunk.iter().sum();
+            assert!((s[c] - sum).abs() <= 1e-4 * (1.0 + sum.abs()));
+        }
+    }
+
+    /// The half-scale 4-bit int16 row with its factors in registers ([`dot4_512_h`]) gives
+    /// the buffered version's bits ([`dot4_512`] over a factor buffer, the bias term as its
+    /// starting sum), for one to four inputs and even and odd chunk counts past 16.
+    #[test]
+    fn dot4_512_h_is_the_buffered_kernel_bit_for_bit() {
+        if !super::super::Isa::Avx512.available() {
+            return;
+        }
+        let mut seed = 9u64;
+        let mut next = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) as u32
+        };
+        for chunks in [18usize, 19, 35, 48] {
+            let cols = chunks * 32;
+            let bytes: Vec<u8> = (0..chunks * 16).map(|_| next() as u8).collect();
+            let sc: Vec<u16> = (0..chunks)
+                .map(|_| half::f16::from_f32((next() % 1000) as f32 / 7e4).to_bits())
+                .collect();
+            let bi: Vec<u16> = (0..chunks)
+                .map(|_| half::f16::from_f32((next() % 1000) as f32 / -3e4).to_bits())
+                .collect();
+            let x: Vec<f32> = (0..4 * cols)
+                .map(|_| (next() % 20001) as f32 / 1e4 - 1.0)
+                .collect();
+            let (mut q, mut d, mut sm) = (
+                vec![0i16; 4 * cols],
+                vec![0f32; 4 * chunks],
+                vec![0f32; 4 * chunks],
+            );
+            let mut p = vec![0i16; 4 * cols];
+            // SAFETY: AVX-512 (and so AVX2) checked above; the buffers have the sizes the
+            // kernels read.
+            unsafe {
+                quantize_x16(&x, &mut q, &mut d, &mut sm);
+                permute_x16(&q, cols, &mut p);
+                let qx = QuantX16 {
+                    q: q.as_ptr(),
+                    p: p.as_ptr(),
+                    d: d.as_ptr(),
+                    s: sm.as_ptr(),
+                };
+                macro_rules! check {
+                    ($mt:literal) => {{
+                        let mut fp = vec![0f32; $mt * chunks];
+                        let mut bacc = [_mm512_setzero_ps(); $mt];
+                        let mut c0 = 0;
+                        while c0 < chunks {
+                            let k = (chunks - c0).min(16);
+                            let mask: __mmask16 = if k == 16 { 0xffff } else { (1u16 << k) - 1 };
+                            let sv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
+                                mask,
+                                sc.as_ptr().add(c0) as *const _,
+                            ));
+                            let bv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
+                                mask,
+                                bi.as_ptr().add(c0) as *const _,
+                            ));
+                            for t in 0..$mt {
+                                let dv =
+                                    _mm512_maskz_loadu_ps(mask, d.as_ptr().add(t * chunks + c0));
+                                _mm512_mask_storeu_ps(
+                                    fp.as_mut_ptr().add(t * chunks + c0),
+                                    mask,
+                                    _mm512_mul_ps(sv, dv),
+                                );
+                                let xs =
+                                    _mm512_maskz_loadu_ps(mask, sm.as_ptr().add(t * chunks + c0));
+                                bacc[t] = _mm512_fmadd_ps(bv, xs, bacc[t]);
+                            }
+                            c0 += 16;
+                        }
+                        let old =
+                            dot4_512::<$mt>(bytes.as_ptr(), chunks, p.as_ptr(), fp.as_ptr(), bacc);
+                        let new =
+                            dot4_512_h::<$mt>(bytes.as_ptr(), sc.as_ptr(), bi.as_ptr(), chunks, qx);
+                        for t in 0..$mt {
+                            assert_eq!(
+                                old[t].to_bits(),
+                                new[t].to_bits(),
+                                "chunks {chunks} MT {} input {t}",
+                                $mt
+                            );
+                        }
+                    }};
+                }
+                check!(1);
+                check!(2);
+                check!(3);
+                check!(4);
+            }
+        }
     }
 }

@@ -1,5 +1,5 @@
 //! Products (`matmul`, `addmm`, `outer`, `inner`, `tensordot`, `kron`), convolutions,
-//! triangular masks, sorting and selection.
+//! triangular masks, sorting and selection, the Hadamard transform.
 
 use mlx_sys as sys;
 
@@ -181,4 +181,14 @@ kaxis_ops! {
         sort would put it, smaller ones before it and larger ones after (in unspecified order).";
     argpartition => mlxs_argpartition: "Indices (uint32) that [`partition`] along `axis`.";
     topk => mlxs_topk: "The `k` largest elements along `axis` (in unspecified order).";
+}
+
+/// `mx.hadamard_transform(a, scale)`: the Walsh-Hadamard transform over the last axis (its
+/// size `m * 2^k` with `m` in 1, 12, 20 or 28), times `scale` (`None`: `1 / sqrt(size)`, as
+/// in Python).
+pub fn hadamard_transform(a: &Array, scale: Option<f32>, s: Option<&Stream>) -> Result<Array> {
+    // SAFETY: live handle.
+    array_out("hadamard_transform", |o| unsafe {
+        sys::mlxs_hadamard_transform(o, a.as_raw(), scale.is_some(), scale.unwrap_or(0.0), raw(s))
+    })
 }

@@ -180,12 +180,26 @@ pub struct MlaAttention {
     kv_out: KvOut,
     o_proj: Linear,
     rope: Rope,
+    /// kimi_linear's `mla_use_nope`: the rope part of the queries and keys is used unrotated.
+    no_rope: bool,
 }
 
 impl MlaAttention {
     /// The block at `path` (`...self_attn`), its modules loaded in mlx-lm's declaration order;
     /// `expanded`: deepseek_v2's `kv_b_proj` instead of `embed_q` / `unembed_out`.
     pub fn load(expanded: bool, s: MlaSpec, w: &mut Weights, path: &str) -> Result<MlaAttention> {
+        MlaAttention::load_named(expanded, s, w, path, "o_proj")
+    }
+
+    /// [`MlaAttention::load`] with the output projection under another name (bailing_moe_v3:
+    /// `dense`).
+    pub fn load_named(
+        expanded: bool,
+        s: MlaSpec,
+        w: &mut Weights,
+        path: &str,
+        o_proj: &str,
+    ) -> Result<MlaAttention> {
         let p = |n: &str| format!("{path}.{n}");
         let q_head_dim = s.qk_nope_head_dim + s.qk_rope_head_dim;
         let q = match s.q_lora_rank {
@@ -255,13 +269,27 @@ impl MlaAttention {
             },
             o_proj: Linear::load(
                 w,
-                &p("o_proj"),
+                &p(o_proj),
                 s.num_heads * s.v_head_dim,
                 s.hidden_size,
                 s.attention_bias,
             )?,
             rope: s.rope,
+            no_rope: false,
         })
+    }
+
+    /// The block without its rope (kimi_linear's MLA layers: `q_pe` and `k_pe` enter the
+    /// scores as projected).
+    pub fn without_rope(mut self) -> MlaAttention {
+        self.no_rope = true;
+        self
+    }
+
+    /// The output projection alone (`o_proj`, or the name given to
+    /// [`MlaAttention::load_named`]).
+    pub fn project_out(&self, x: &Array) -> Result<Array> {
+        self.o_proj.forward(x)
     }
 
     /// Tensor parallelism as deepseek_v3's / deepseek_v2's `shard()` on `self_attn`: q_proj or
@@ -498,12 +526,28 @@ impl MlaAttention {
         mask: &AttentionMask,
         cache: Option<&mut Box<dyn Cache>>,
     ) -> Result<Array> {
+        if matches!(self.kv_out, KvOut::Expanded { .. }) {
+            return self.forward_expanded(x, mask, cache);
+        }
+        self.o_proj.forward(&self.attend(x, mask, cache)?)
+    }
+
+    /// The absorbed attention of [`MlaAttention::forward`] up to the output projection: the
+    /// heads joined, `(B, L, heads * v_head_dim)`.
+    pub fn attend(
+        &self,
+        x: &Array,
+        mask: &AttentionMask,
+        cache: Option<&mut Box<dyn Cache>>,
+    ) -> Result<Array> {
         let KvOut::Absorbed {
             embed_q,
             unembed_out,
         } = &self.kv_out
         else {
-            return self.forward_expanded(x, mask, cache);
+            return Err(ModelError::Other(
+                "MLA attention with kv_b_proj has no absorbed form".into(),
+            ));
         };
         let sh = x.shape();
         let (b, l) = (sh[0], sh[1]);
@@ -525,8 +569,14 @@ impl MlaAttention {
             kv_latent = ops::multiply_scalar(&kv_latent, sc, None)?;
         }
         let offset = cache.as_ref().map_or(0, |c| c.offset());
-        let q_pe = self.rope.forward(q_pe, offset)?;
-        let k_pe = self.rope.forward(&k_pe, offset)?;
+        let (q_pe, k_pe) = if self.no_rope {
+            (q_pe.clone(), k_pe)
+        } else {
+            (
+                self.rope.forward(q_pe, offset)?,
+                self.rope.forward(&k_pe, offset)?,
+            )
+        };
         let kv_latent = ops::expand_dims(&kv_latent, &[1], None)?;
         let (kv_latent, k_pe) = match cache {
             Some(c) => match c.update_and_fetch(&kv_latent, &k_pe)? {
@@ -572,12 +622,11 @@ impl MlaAttention {
         if l == 1 {
             out = unembed_out.forward(&out, true)?;
         }
-        let out = ops::reshape(
+        Ok(ops::reshape(
             &ops::transpose(&out, &[0, 2, 1, 3], None)?,
             &[b, l, -1],
             None,
-        )?;
-        self.o_proj.forward(&out)
+        )?)
     }
 }
 

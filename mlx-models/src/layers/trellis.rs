@@ -61,6 +61,11 @@ pub struct TrellisWeight {
     h_cols: Array,
     /// The fused decode-and-dot kernel's read plan (`cpu::trellis::TrellisMatvec`).
     plan: tc::TrellisMatvec,
+    /// The signs as host vectors and the scales as float32 (made on the first
+    /// [`TrellisWeight::cpu_view`]), for the CPU decoder.
+    su_host: Vec<f32>,
+    sv_host: Vec<f32>,
+    scales_host: std::sync::OnceLock<Vec<f32>>,
 }
 
 /// Inputs of at most this many rows take the fused kernel (`TrellisDecode::Kernel`): each
@@ -135,6 +140,9 @@ impl TrellisWeight {
             cols,
             su: Array::from_slice(&su, &[rows])?,
             sv: Array::from_slice(&sv, &[cols])?,
+            su_host: su,
+            sv_host: sv,
+            scales_host: std::sync::OnceLock::new(),
             h_rows: Array::from_slice(&tc::hadamard_matrix(br), &[br as i32, br as i32])?,
             h_cols: Array::from_slice(&tc::hadamard_matrix(bc), &[bc as i32, bc as i32])?,
             plan: tc::TrellisMatvec::new(&spec, cols as usize)
@@ -143,8 +151,27 @@ impl TrellisWeight {
     }
 
     pub(crate) fn parameters_mut<'a>(&'a mut self, path: &str, out: &mut Vec<LayerParam<'a>>) {
+        // The scales may change through these: the host copy is made again when next needed.
+        self.scales_host = std::sync::OnceLock::new();
         LayerParam::push(out, path, "weight", &mut self.weight, true);
         LayerParam::push(out, path, "scales", &mut self.scales, true);
+    }
+
+    /// The weight as the CPU decoder's kernels read it (`cpu::Matrix::trellis`): borrowed
+    /// words (evaluated at load), the scales as float32, the signs and the kernel's plan.
+    pub fn cpu_view(&self) -> Result<tc::TrellisView<'_>> {
+        let words = self.weight.as_slice::<u32>()?;
+        let scales = match self.scales_host.get() {
+            Some(s) => s,
+            None => {
+                let s = self.scales.astype(Dtype::Float32)?;
+                s.eval()?;
+                let v = s.to_vec::<f32>()?;
+                self.scales_host.get_or_init(|| v)
+            }
+        };
+        tc::TrellisView::new(words, scales, &self.su_host, &self.sv_host, &self.plan)
+            .map_err(ModelError::Config)
     }
 
     /// The stored matrix `Wt` (scaled rows, before the incoherence is undone), float32,
@@ -270,13 +297,16 @@ impl TrellisWeight {
 }
 
 /// Trellis-quantizes a float `(rows, cols)` weight for the layer at `path` on `threads`
-/// threads: `(weight uint32, scales float32 (rows, 1))`.
+/// threads: `(weight uint32, scales float32 (rows, 1))`. With `hessian` (the `(cols, cols)`
+/// second moment of the layer's inputs) the blocks are rounded by LDLQ
+/// (`cpu::trellis::quantize_ldlq`), else by plain Viterbi with least-squares row scales.
 pub fn quantize_trellis(
     w: &Array,
     path: &str,
     q: &QuantParams,
     t: &TrellisParams,
     threads: usize,
+    hessian: Option<&Array>,
 ) -> Result<(Array, Array)> {
     let spec = q.trellis_spec(t);
     let shape = w.shape();
@@ -288,14 +318,36 @@ pub fn quantize_trellis(
     let (rows, cols) = (shape[0], shape[1]);
     let wf = w.astype(Dtype::Float32)?;
     wf.eval()?;
-    let (words, scales) = tc::quantize(
-        &spec,
-        wf.as_slice::<f32>()?,
-        rows as usize,
-        cols as usize,
-        tc::layer_seed(t.seed, path),
-        threads,
-    )
+    let seed = tc::layer_seed(t.seed, path);
+    let (words, scales) = match hessian {
+        None => tc::quantize(
+            &spec,
+            wf.as_slice::<f32>()?,
+            rows as usize,
+            cols as usize,
+            seed,
+            threads,
+        ),
+        Some(h) => {
+            if h.shape() != [cols, cols] {
+                return Err(ModelError::Other(format!(
+                    "{path}.hessian: shape {:?}, expected [{cols}, {cols}] (the layer's inputs)",
+                    h.shape()
+                )));
+            }
+            let hf = h.astype(Dtype::Float32)?;
+            hf.eval()?;
+            tc::quantize_ldlq(
+                &spec,
+                wf.as_slice::<f32>()?,
+                rows as usize,
+                cols as usize,
+                seed,
+                threads,
+                hf.as_slice::<f32>()?,
+            )
+        }
+    }
     .map_err(|m| ModelError::Other(format!("{path}: {m}")))?;
     Ok((
         Array::from_slice(&words, &[rows, words_per_row(&spec, cols)])?,

@@ -59,6 +59,7 @@ macro_rules! serde_defaults {
 
 pub mod afm7;
 pub mod baichuan_m1;
+pub mod bailing_linear;
 mod checkpoint;
 pub mod dbrx;
 pub mod deepseek;
@@ -70,12 +71,14 @@ pub mod gemma4_text;
 pub mod granitemoehybrid;
 pub mod iquestloopcoder;
 pub mod jamba;
+pub mod kda;
 pub(crate) mod kit;
 pub mod lfm2;
 pub mod llama4;
 pub mod longcat_flash;
 pub mod mamba;
 pub mod mimo_v2_flash;
+pub mod minimax_m3;
 pub mod moe;
 pub mod muse_glimmer;
 pub mod nemotron_h;
@@ -496,6 +499,19 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
     }),
     ("olmo_hybrid", |c, w| {
         Ok(Box::new(olmo_hybrid::Model::load(c, w)?))
+    }),
+    ("kimi_linear", |c, w| Ok(Box::new(kda::Model::load(c, w)?))),
+    ("bailing_moe_linear", |c, w| {
+        Ok(Box::new(bailing_linear::Model::load(c, w)?))
+    }),
+    ("bailing_hybrid", |c, w| {
+        Ok(Box::new(bailing_linear::Model::load(c, w)?))
+    }),
+    ("minimax_m3_vl", |c, w| {
+        Ok(Box::new(minimax_m3::Model::load(c, w)?))
+    }),
+    ("bailing_moe_v3", |c, w| {
+        Ok(Box::new(kda::Model::load(c, w)?))
     }),
     // Issue #32: multimodal wrappers around a port's text model (`wrappers.rs`).
     ("lfm2-vl", wrappers::lfm2_vl),

@@ -118,22 +118,29 @@ pub enum Router {
 
 /// The constant arguments of a compiled `group_expert_select`.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
-struct GroupSelect {
-    top_k: i32,
-    n_group: i32,
-    topk_group: i32,
-    scaling_bits: u64,
-    norm_topk_prob: bool,
+pub(crate) struct GroupSelect {
+    pub(crate) top_k: i32,
+    pub(crate) n_group: i32,
+    pub(crate) topk_group: i32,
+    pub(crate) scaling_bits: u64,
+    pub(crate) norm_topk_prob: bool,
     /// bailing_moe's variant (softmax or sigmoid, upper choice, weights cast back).
-    bailing: bool,
-    sigmoid: bool,
-    has_bias: bool,
+    pub(crate) bailing: bool,
+    pub(crate) sigmoid: bool,
+    pub(crate) has_bias: bool,
+    /// kimi_linear's variant: the scores in the gates' own dtype (no float32 cast, a precise
+    /// softmax), the bias and the zeroed groups in that dtype.
+    pub(crate) kimi: bool,
 }
 
 /// exaone_moe.py's `group_expert_select(gates, bias, top_k, ...)` as an `mx.compile`d
 /// function (not shapeless): one compiled function per thread and per set of constants, as
 /// `mx.compile` keys its cache on the non-array arguments.
-fn group_expert_select(gates: &Array, bias: &Array, key: GroupSelect) -> Result<(Array, Array)> {
+pub(crate) fn group_expert_select(
+    gates: &Array,
+    bias: &Array,
+    key: GroupSelect,
+) -> Result<(Array, Array)> {
     use mlx_core::compile::{compile, Compiled};
     use std::cell::RefCell;
     use std::collections::HashMap;
@@ -150,6 +157,7 @@ fn group_expert_select(gates: &Array, bias: &Array, key: GroupSelect) -> Result<
         bailing,
         sigmoid,
         has_bias,
+        kimi,
     } = key;
     let routed_scaling_factor = f64::from_bits(scaling_bits);
     let f = FNS.with(|m| -> Result<&'static Compiled<'static>> {
@@ -157,18 +165,25 @@ fn group_expert_select(gates: &Array, bias: &Array, key: GroupSelect) -> Result<
             return Ok(*f);
         }
         let body = move |xs: &[Array]| -> mlx_core::Result<Vec<Array>> {
-            let g = xs[0].astype(Dtype::Float32)?;
+            let g = if kimi {
+                xs[0].clone()
+            } else {
+                xs[0].astype(Dtype::Float32)?
+            };
             let scores = if sigmoid {
                 ops::sigmoid(&g, None)?
             } else {
-                ops::softmax(&g, &[-1], false, None)?
+                ops::softmax(&g, &[-1], kimi, None)?
             };
             let orig = scores.clone();
-            let mut scores = if has_bias {
+            let mut scores = if has_bias && kimi {
+                (&scores + &xs[1].astype(scores.dtype())?)?
+            } else if has_bias {
                 (&scores + &xs[1])?
             } else {
                 scores
             };
+            let zero_dtype = if kimi { scores.dtype() } else { Dtype::Float32 };
             if n_group > 1 {
                 let grouped = ops::unflatten(&scores, -1, &[n_group, -1], None)?;
                 let group_scores = ops::sum(&ops::topk(&grouped, 2, -1, None)?, &[-1], true, None)?;
@@ -183,7 +198,7 @@ fn group_expert_select(gates: &Array, bias: &Array, key: GroupSelect) -> Result<
                 let zeroed = ops::put_along_axis(
                     &grouped,
                     &ops::stop_gradient(&idx, None)?,
-                    &Array::from_f32(0.0, Dtype::Float32)?,
+                    &Array::from_f32(0.0, zero_dtype)?,
                     -2,
                     None,
                 )?;
@@ -3159,6 +3174,7 @@ impl SparseMoe {
                         bailing: false,
                         sigmoid: true,
                         has_bias: true,
+                        kimi: false,
                     },
                 )?;
                 (inds, scores, true)
@@ -3186,6 +3202,7 @@ impl SparseMoe {
                         bailing: true,
                         sigmoid,
                         has_bias,
+                        kimi: false,
                     },
                 )?;
                 (inds, scores, true)

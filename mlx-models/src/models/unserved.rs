@@ -14,21 +14,6 @@ pub enum Unserved {
 /// `(model_type, why, reason)`, sorted by type.
 pub const UNSERVED: &[(&str, Unserved, &str)] = &[
     (
-        "bailing_hybrid",
-        Unserved::NotYet,
-        "hybrid (issue #32, hybrids): not ported yet",
-    ),
-    (
-        "bailing_moe_linear",
-        Unserved::NotYet,
-        "linear attention MoE (issue #32): not ported yet",
-    ),
-    (
-        "bailing_moe_v3",
-        Unserved::NotYet,
-        "MoE (issue #32, MoE family): not ported yet",
-    ),
-    (
         "deepseek_v41",
         Unserved::NotYet,
         "MLA (issue #32, DeepSeek family): not ported yet",
@@ -44,16 +29,6 @@ pub const UNSERVED: &[(&str, Unserved, &str)] = &[
         "MLA MoE (issue #32, DeepSeek family): not ported yet",
     ),
     (
-        "kimi_linear",
-        Unserved::NotYet,
-        "KDA hybrid (issue #32): not ported yet",
-    ),
-    (
-        "minimax_m3_vl",
-        Unserved::NotYet,
-        "MoE text tower behind a wrapper: not ported yet",
-    ),
-    (
         "muse_spark",
         Unserved::NoCpu,
         "mlx-lm calls its fused Metal kernels (mlx_lm.kernels: qk_norm, expert_routing, \
@@ -62,6 +37,7 @@ pub const UNSERVED: &[(&str, Unserved, &str)] = &[
     (
         "prism_hadamard_qwen35",
         Unserved::NotYet,
-        "Hadamard-rotated Qwen 3.5: not ported yet",
+        "Hadamard-rotated Qwen 3.5 (its op, mlx_core::ops::hadamard_transform, is in place): \
+         not ported yet",
     ),
 ];

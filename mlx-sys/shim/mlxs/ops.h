@@ -96,6 +96,10 @@ int mlxs_std_all(mlxs_array* out, mlxs_array a, bool keepdims, int ddof, mlxs_st
 int mlxs_softmax(mlxs_array* out, mlxs_array a, const int32_t* axes, size_t naxes,
                  bool precise, mlxs_stream s);
 int mlxs_softmax_all(mlxs_array* out, mlxs_array a, bool precise, mlxs_stream s);
+/* The Walsh-Hadamard transform over the last axis; scale is used when has_scale, else
+ * 1 / sqrt(the axis' size). */
+int mlxs_hadamard_transform(mlxs_array* out, mlxs_array a, bool has_scale, float scale,
+                            mlxs_stream s);
 
 /* ---- shape ---- */
 int mlxs_reshape(mlxs_array* out, mlxs_array a, const int32_t* shape, size_t ndim,

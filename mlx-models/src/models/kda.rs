@@ -1,0 +1,1241 @@
+//! mlx-lm 0.32.2 `models/kimi_linear.py` and `models/bailing_moe_v3.py`: Kimi Delta Attention
+//! (KDA) layers between multi-head latent attention (MLA) layers, with DeepSeek-style grouped
+//! expert routing.
+//!
+//! A KDA layer projects q, k and v, runs each through its own depthwise causal convolution and
+//! `silu`, and feeds the gated delta rule (`gated_delta_ops`, the plain-ops path mlx-lm takes
+//! off Apple GPUs) with a per-channel forget gate (`g` of shape `(B, T, H, Dk)`): kimi_linear's
+//! from a low-rank `f_a_proj` / `f_b_proj` through `compute_g`, bailing_moe_v3's from `f_proj`
+//! through the lower-bounded `compute_lower_bound_g`. Its output is RMS-normed per head and
+//! gated by `sigmoid(g(x))`. It holds an [`ArraysCache`] of four slots (three conv states, the
+//! recurrent state); MLA layers a `KVCache` of the latent and the rope keys
+//! ([`MlaAttention`]): kimi_linear's without rope (`mla_use_nope`), bailing_moe_v3's with an
+//! interleaved rope and a sigmoid gate per head before its `dense` output projection.
+
+use mlx_cache::{ArraysCache, AttentionMask, Cache};
+use mlx_core::prelude::*;
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+use crate::layers::activations::{compiled, one};
+use crate::layers::gated_delta::{compute_g, gated_delta_ops, normalize_qk};
+use crate::layers::mla::{MlaAttention, MlaSpec};
+use crate::layers::ssm::{arrays_cache, DepthwiseConv};
+use crate::layers::{
+    silu, Embedding, Linear, Mlp, MlpKind, MlpNames, RmsNorm, Rope, SwitchActivation, SwitchGlu,
+};
+use crate::models::moe::{group_expert_select, lower_top_k, GroupSelect};
+use crate::models::{kit, LanguageModel};
+use crate::weights::Weights;
+
+serde_defaults! {
+    default_one: i32 = 1;
+    default_four: i32 = 4;
+    default_true: bool = true;
+    default_sigmoid: String = "sigmoid".into();
+    default_scaling: f64 = 1.0;
+    b3_vocab: i32 = 157184;
+    b3_hidden: i32 = 1536;
+    b3_intermediate: i32 = 4608;
+    b3_moe_intermediate: i32 = 512;
+    b3_layers: i32 = 24;
+    b3_heads: i32 = 16;
+    b3_experts: i32 = 128;
+    b3_top_k: i32 = 8;
+    b3_n_group: i32 = 8;
+    b3_topk_group: i32 = 4;
+    b3_scaling: f64 = 2.5;
+    b3_head_dim: i32 = 128;
+    b3_q_lora: Option<i32> = Some(256);
+    b3_kv_lora: i32 = 512;
+    b3_rope_dim: i32 = 64;
+    b3_lower_bound: f64 = -5.0;
+    b3_eps: f64 = 1e-6;
+    b3_rope_theta: f64 = 6000000.0;
+    b3_max_pos: i64 = 131072;
+}
+
+/// kimi_linear.py's `linear_attn_config`.
+#[derive(Clone, Debug, Deserialize)]
+struct LinearAttnConfig {
+    num_heads: i32,
+    head_dim: i32,
+    /// 1-based indices of the KDA layers.
+    kda_layers: Vec<i32>,
+    #[serde(default = "default_four")]
+    short_conv_kernel_size: i32,
+}
+
+/// kimi_linear.py `ModelArgs` (the fields the text model reads).
+#[derive(Clone, Debug, Deserialize)]
+struct KimiArgs {
+    model_type: String,
+    vocab_size: i32,
+    hidden_size: i32,
+    num_hidden_layers: i32,
+    num_attention_heads: i32,
+    intermediate_size: i32,
+    head_dim: i32,
+    rms_norm_eps: f64,
+    linear_attn_config: LinearAttnConfig,
+    num_experts: i32,
+    moe_intermediate_size: i32,
+    kv_lora_rank: i32,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+    #[serde(default)]
+    qk_nope_head_dim: Option<i32>,
+    #[serde(default)]
+    qk_rope_head_dim: Option<i32>,
+    #[serde(default)]
+    v_head_dim: Option<i32>,
+    #[serde(default = "default_one")]
+    num_experts_per_token: i32,
+    #[serde(default)]
+    num_shared_experts: i32,
+    #[serde(default = "default_sigmoid")]
+    moe_router_activation_func: String,
+    #[serde(default = "default_true")]
+    moe_renormalize: bool,
+    #[serde(default = "default_scaling")]
+    routed_scaling_factor: f64,
+    #[serde(default)]
+    first_k_dense_replace: i32,
+    #[serde(default = "default_one")]
+    moe_layer_freq: i32,
+    #[serde(default = "default_one")]
+    num_expert_group: i32,
+    #[serde(default = "default_one")]
+    topk_group: i32,
+}
+
+/// bailing_moe_v3.py `ModelArgs` (every field has a default there).
+#[derive(Clone, Debug, Deserialize)]
+struct BailingArgs {
+    model_type: String,
+    #[serde(default = "b3_vocab")]
+    vocab_size: i32,
+    #[serde(default = "b3_hidden")]
+    hidden_size: i32,
+    #[serde(default = "b3_intermediate")]
+    intermediate_size: i32,
+    #[serde(default = "b3_moe_intermediate")]
+    moe_intermediate_size: i32,
+    #[serde(default = "b3_moe_intermediate")]
+    moe_shared_expert_intermediate_size: i32,
+    #[serde(default = "b3_layers")]
+    num_hidden_layers: i32,
+    #[serde(default = "b3_heads")]
+    num_attention_heads: i32,
+    #[serde(default = "b3_experts")]
+    num_experts: i32,
+    #[serde(default = "b3_top_k")]
+    num_experts_per_tok: i32,
+    #[serde(default = "default_one")]
+    num_shared_experts: i32,
+    #[serde(default = "default_one")]
+    first_k_dense_replace: i32,
+    #[serde(default = "b3_n_group")]
+    n_group: i32,
+    #[serde(default = "b3_topk_group")]
+    topk_group: i32,
+    #[serde(default = "b3_scaling")]
+    routed_scaling_factor: f64,
+    #[serde(default = "default_four")]
+    layer_group_size: i32,
+    #[serde(default = "b3_head_dim")]
+    head_dim: i32,
+    #[serde(default = "b3_q_lora")]
+    q_lora_rank: Option<i32>,
+    #[serde(default = "b3_kv_lora")]
+    kv_lora_rank: i32,
+    #[serde(default = "b3_head_dim")]
+    qk_nope_head_dim: i32,
+    #[serde(default = "b3_rope_dim")]
+    qk_rope_head_dim: i32,
+    #[serde(default = "b3_head_dim")]
+    v_head_dim: i32,
+    #[serde(default = "default_four")]
+    short_conv_kernel_size: i32,
+    #[serde(default = "b3_lower_bound")]
+    kda_lower_bound: f64,
+    #[serde(default = "default_true")]
+    kda_safe_gate: bool,
+    #[serde(default = "default_true")]
+    no_kda_lora: bool,
+    #[serde(default = "b3_eps")]
+    rms_norm_eps: f64,
+    #[serde(default = "b3_rope_theta")]
+    rope_theta: f64,
+    #[serde(default)]
+    rope_scaling: Option<Map<String, Value>>,
+    #[serde(default = "b3_max_pos")]
+    max_position_embeddings: i64,
+    #[serde(default = "default_true")]
+    rope_interleave: bool,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+}
+
+fn config_error(model_type: &str, m: String) -> ModelError {
+    ModelError::Config(format!("config.json (`{model_type}`): {m}"))
+}
+
+/// rope_utils.py's `apply_yarn_mscale`: the yarn `mscale_all_dim` squared folded into the
+/// attention scale (Python floats, so in f64).
+pub(crate) fn apply_yarn_mscale(scale: f64, cfg: Option<&Map<String, Value>>) -> f64 {
+    let Some(cfg) = cfg.filter(|c| !c.is_empty()) else {
+        return scale;
+    };
+    let rope_type = cfg
+        .get("type")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+        .or_else(|| cfg.get("rope_type").and_then(Value::as_str))
+        .unwrap_or("default");
+    let mscale_all_dim = cfg
+        .get("mscale_all_dim")
+        .and_then(Value::as_f64)
+        .unwrap_or(0.0);
+    let factor = cfg.get("factor").and_then(Value::as_f64).unwrap_or(1.0);
+    if rope_type == "default" || mscale_all_dim == 0.0 || factor <= 1.0 {
+        return scale;
+    }
+    let s = 0.1 * mscale_all_dim * factor.ln() + 1.0;
+    scale * s * s
+}
+
+/// gated_delta.py's `compute_lower_bound_g`: `exp(lower_bound * sigmoid(exp(A_log) * (a +
+/// dt_bias)))` in float32, compiled shapeless as mlx-lm compiles it (the Python float bound a
+/// float32 input of the trace here, the same weak product).
+fn compute_lower_bound_g(
+    a_log: &Array,
+    a: &Array,
+    dt_bias: &Array,
+    lower_bound: f32,
+) -> Result<Array> {
+    let f = compiled!(|xs: &[Array]| {
+        let (a_log, a, dt_bias, bound) = (&xs[0], &xs[1], &xs[2], &xs[3]);
+        let decay = ops::exp(&a_log.astype(Dtype::Float32)?, None)?;
+        let inner = (&decay * &(&a.astype(Dtype::Float32)? + dt_bias)?)?;
+        let gate = (bound * &ops::sigmoid(&inner, None)?)?;
+        Ok(vec![ops::exp(&gate, None)?])
+    })?;
+    Ok(one(
+        f.call(&[
+            a_log.clone(),
+            a.clone(),
+            dt_bias.clone(),
+            Array::from_f32(lower_bound, Dtype::Float32)?,
+        ])?,
+        "compute_lower_bound_g",
+    )?)
+}
+
+/// How a KDA layer computes its forget gate and its output gate.
+#[derive(Clone)]
+enum Gates {
+    /// kimi_linear: `f_b_proj(f_a_proj(x))` through `compute_g`; `g_b_proj(g_a_proj(x))`, and
+    /// `o_norm(out) * sigmoid(gate)` in the activations' dtype.
+    LowRank {
+        f_a: Linear,
+        f_b: Linear,
+        g_a: Linear,
+        g_b: Linear,
+    },
+    /// bailing_moe_v3: `f_proj(x)` through `compute_lower_bound_g`, `b_proj(x)` in float32;
+    /// `g_proj(x)`, and `o_norm(out) * sigmoid(gate.astype(float32)).astype(out.dtype)`.
+    Full {
+        f: Linear,
+        g: Linear,
+        lower_bound: f32,
+    },
+}
+
+/// kimi_linear's `KimiDeltaAttention`, bailing_moe_v3's `BailingKDA`.
+#[derive(Clone)]
+struct Kda {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    convs: [DepthwiseConv; 3],
+    gates: Gates,
+    b_proj: Linear,
+    /// `(H, 1)`.
+    a_log: Array,
+    /// `(H, Dk)`.
+    dt_bias: Array,
+    o_norm: RmsNorm,
+    o_proj: Linear,
+    num_heads: i32,
+    head_dim: i32,
+}
+
+/// What a KDA layer is made of, and the names of its modules.
+struct KdaSpec<'a> {
+    hidden_size: i32,
+    num_heads: i32,
+    head_dim: i32,
+    kernel: i32,
+    eps: f32,
+    /// The convolutions' module paths under the layer (`q_conv.conv`, `q_conv1d`, ...).
+    conv_names: [&'a str; 3],
+    /// `A_log`'s stored shape.
+    a_log_shape: Vec<i32>,
+    /// `None`: kimi_linear's low-rank gates; `Some(bound)`: bailing_moe_v3's full ones.
+    lower_bound: Option<f32>,
+}
+
+impl Kda {
+    fn load(s: &KdaSpec<'_>, w: &mut Weights, p: &str) -> Result<Kda> {
+        let d = s.hidden_size;
+        let proj = s.num_heads * s.head_dim;
+        let mut l = |n: &str, i: i32, o: i32| Linear::load(w, &format!("{p}.{n}"), i, o, false);
+        let q_proj = l("q_proj", d, proj)?;
+        let k_proj = l("k_proj", d, proj)?;
+        let v_proj = l("v_proj", d, proj)?;
+        let gates = match s.lower_bound {
+            None => Gates::LowRank {
+                f_a: l("f_a_proj", d, s.head_dim)?,
+                f_b: l("f_b_proj", s.head_dim, proj)?,
+                g_a: l("g_a_proj", d, s.head_dim)?,
+                g_b: l("g_b_proj", s.head_dim, proj)?,
+            },
+            Some(lower_bound) => Gates::Full {
+                f: l("f_proj", d, proj)?,
+                g: l("g_proj", d, proj)?,
+                lower_bound,
+            },
+        };
+        let b_proj = l("b_proj", d, s.num_heads)?;
+        let o_proj = l("o_proj", proj, d)?;
+        let conv = |w: &mut Weights, n: &str| {
+            DepthwiseConv::load(w, &format!("{p}.{n}"), proj, s.kernel, false)
+        };
+        let convs = [
+            conv(w, s.conv_names[0])?,
+            conv(w, s.conv_names[1])?,
+            conv(w, s.conv_names[2])?,
+        ];
+        // A missing tensor comes back as a placeholder the final weights check reports; only
+        // a tensor of the right size is reshaped.
+        let as_shape = |t: Array, shape: &[i32]| -> Result<Array> {
+            if t.size() as i64 == shape.iter().map(|&d| i64::from(d)).product::<i64>() {
+                Ok(t.reshape(shape)?)
+            } else {
+                Ok(t)
+            }
+        };
+        let a_log = as_shape(
+            w.take(&format!("{p}.A_log"), &s.a_log_shape)?,
+            &[s.num_heads, 1],
+        )?;
+        let dt_bias = as_shape(
+            w.take(&format!("{p}.dt_bias"), &[proj])?,
+            &[s.num_heads, s.head_dim],
+        )?;
+        Ok(Kda {
+            q_proj,
+            k_proj,
+            v_proj,
+            convs,
+            gates,
+            b_proj,
+            a_log,
+            dt_bias,
+            o_norm: RmsNorm::load(w, &format!("{p}.o_norm"), s.head_dim, s.eps)?,
+            o_proj,
+            num_heads: s.num_heads,
+            head_dim: s.head_dim,
+        })
+    }
+
+    fn forward(
+        &self,
+        x: &Array,
+        mask: Option<&Array>,
+        cache: Option<&mut ArraysCache>,
+    ) -> Result<Array> {
+        let sh = x.shape();
+        let (b, t) = (sh[0], sh[1]);
+        let (h, dk) = (self.num_heads, self.head_dim);
+        let projected = [
+            self.q_proj.forward(x)?,
+            self.k_proj.forward(x)?,
+            self.v_proj.forward(x)?,
+        ];
+        let mut padded = Vec::with_capacity(3);
+        let mut conv_out = Vec::with_capacity(3);
+        for (slot, (conv, y)) in self.convs.iter().zip(&projected).enumerate() {
+            let y = match mask {
+                Some(m) => ops::where_scalar(&m.expand_dims(&[-1])?, y, 0i32, None)?,
+                None => y.clone(),
+            };
+            let state = cache.as_ref().and_then(|c| c.get(slot));
+            // Without a cached state both start from `K - 1` zero steps.
+            let p = conv.padded(&y, state, true)?;
+            conv_out.push(silu(&conv.forward(&p)?)?);
+            padded.push(p);
+        }
+        let q = conv_out[0].reshape(&[b, t, h, dk])?;
+        let k = conv_out[1].reshape(&[b, t, h, dk])?;
+        let v = conv_out[2].reshape(&[b, t, h, dk])?;
+        let (q, k) = normalize_qk(&q, &k, f64::from(dk).powf(-0.5), 1e-6)?;
+        let (g, beta) = match &self.gates {
+            Gates::LowRank { f_a, f_b, .. } => {
+                let a = f_b.forward(&f_a.forward(x)?)?.reshape(&[b, t, h, dk])?;
+                let beta = ops::sigmoid(&self.b_proj.forward(x)?.reshape(&[b, t, h])?, None)?;
+                (compute_g(&self.a_log, &a, &self.dt_bias)?, beta)
+            }
+            Gates::Full { f, lower_bound, .. } => {
+                let a = f.forward(x)?.reshape(&[b, t, h, dk])?;
+                let beta = ops::sigmoid(&self.b_proj.forward(x)?.astype(Dtype::Float32)?, None)?;
+                (
+                    compute_lower_bound_g(&self.a_log, &a, &self.dt_bias, *lower_bound)?,
+                    beta,
+                )
+            }
+        };
+        let state = cache.as_ref().and_then(|c| c.get(3)).cloned();
+        let keep = cache.as_ref().is_some_and(|c| c.keeps_history());
+        let (out, state, states) =
+            gated_delta_ops(&q, &k, &v, &g, &beta, state.as_ref(), mask, keep)?;
+        if let Some(c) = cache {
+            let conv_at = |step: i32| -> Result<Vec<Option<Array>>> {
+                self.convs
+                    .iter()
+                    .zip(&padded)
+                    .map(|(conv, p)| {
+                        Ok(Some(ops::contiguous(
+                            &conv.state_after(p, step)?,
+                            false,
+                            None,
+                        )?))
+                    })
+                    .collect()
+            };
+            if keep {
+                let steps = states
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, st)| {
+                        let mut slots = conv_at(i as i32 + 1)?;
+                        slots.push(Some(st));
+                        Ok(slots)
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                c.checkpoint_steps(steps)?;
+            }
+            for (slot, st) in conv_at(t)?.into_iter().enumerate() {
+                if let Some(st) = st {
+                    c.set(slot, st)?;
+                }
+            }
+            c.set(3, state)?;
+            c.advance(t as usize)?;
+        }
+        let out = self.o_norm.forward(&out)?;
+        let out = match &self.gates {
+            Gates::LowRank { g_a, g_b, .. } => {
+                let gate = g_b.forward(&g_a.forward(x)?)?.reshape(&[b, t, h, dk])?;
+                (&out * &ops::sigmoid(&gate, None)?)?
+            }
+            Gates::Full { g, .. } => {
+                let gate = g.forward(x)?.reshape(&[b, t, h, dk])?;
+                let gate =
+                    ops::sigmoid(&gate.astype(Dtype::Float32)?, None)?.astype(out.dtype())?;
+                (&out * &gate)?
+            }
+        };
+        self.o_proj.forward(&out.reshape(&[b, t, -1])?)
+    }
+}
+
+/// The router of a MoE block.
+#[derive(Clone)]
+enum Router {
+    /// kimi_linear: `gate` an `nn.Linear`, then its compiled `_group_expert_select` with the
+    /// block's `e_score_correction_bias`.
+    Kimi {
+        gate: Linear,
+        bias: Array,
+        select: GroupSelect,
+    },
+    /// bailing_moe_v3's `BailingGate` (plain ops): float32 logits against a raw `weight`,
+    /// sigmoid scores plus `expert_bias` for the choice, the weakest groups set to `-inf`,
+    /// the chosen unbiased scores over their sum + 1e-20, times `routed_scaling_factor`.
+    Bailing {
+        weight: Array,
+        expert_bias: Array,
+        top_k: i32,
+        n_group: i32,
+        topk_group: i32,
+        routed_scaling_factor: f64,
+    },
+}
+
+impl Router {
+    fn route(&self, x: &Array) -> Result<(Array, Array)> {
+        match self {
+            Router::Kimi { gate, bias, select } => {
+                group_expert_select(&gate.forward(x)?, bias, *select)
+            }
+            Router::Bailing {
+                weight,
+                expert_bias,
+                top_k,
+                n_group,
+                topk_group,
+                routed_scaling_factor,
+            } => {
+                let w = weight.astype(Dtype::Float32)?;
+                let logits = ops::matmul(
+                    &x.astype(Dtype::Float32)?,
+                    &ops::transpose(&w, &[1, 0], None)?,
+                    None,
+                )?;
+                let scores = ops::sigmoid(&logits.astype(Dtype::Float32)?, None)?;
+                let mut routing = (&scores + expert_bias)?;
+                routing = ops::unflatten(&routing, -1, &[*n_group, -1], None)?;
+                let group_scores = ops::sum(&ops::topk(&routing, 2, -1, None)?, &[-1], true, None)?;
+                let masked = n_group - topk_group;
+                // `argpartition(kth=-1)[..., :0, :]` picks nothing: no group is masked.
+                if masked > 0 {
+                    let idx = ops::slice_axis(
+                        &ops::argpartition(&group_scores, masked - 1, -2, None)?,
+                        -2,
+                        0,
+                        masked,
+                        None,
+                    )?;
+                    routing = ops::put_along_axis(
+                        &routing,
+                        &ops::stop_gradient(&idx, None)?,
+                        &Array::from_f32(f32::NEG_INFINITY, Dtype::Float32)?,
+                        -2,
+                        None,
+                    )?;
+                }
+                let routing = ops::flatten(&routing, -2, -1, None)?;
+                let inds = lower_top_k(&routing, *top_k)?;
+                let selected = ops::take_along_axis(&scores, &inds, -1, None)?;
+                let total = (&ops::sum(&selected, &[-1], true, None)? + 1e-20f32)?;
+                let selected = (&selected / &total)?;
+                Ok((inds, (&selected * *routed_scaling_factor as f32)?))
+            }
+        }
+    }
+}
+
+/// kimi_linear's `KimiSparseMoE`, bailing_moe_v3's `BailingSparseMoE`.
+#[derive(Clone)]
+struct SparseMoe {
+    router: Router,
+    switch_mlp: SwitchGlu,
+    shared_experts: Option<Mlp>,
+    /// bailing_moe_v3 casts the weighted sum back to the input's dtype.
+    cast_back: bool,
+}
+
+impl SparseMoe {
+    fn forward(&self, x: &Array) -> Result<Array> {
+        let (inds, scores) = self.router.route(x)?;
+        let y = self.switch_mlp.forward(x, &inds)?;
+        let mut out = ops::sum(
+            &(&y * &ops::expand_dims(&scores, &[-1], None)?)?,
+            &[-2],
+            false,
+            None,
+        )?;
+        if self.cast_back {
+            out = out.astype(x.dtype())?;
+        }
+        if let Some(shared) = &self.shared_experts {
+            out = (&out + &shared.forward(x)?)?;
+        }
+        Ok(out)
+    }
+}
+
+#[derive(Clone)]
+enum Ffn {
+    Dense(Mlp),
+    Moe(Box<SparseMoe>),
+}
+
+impl Ffn {
+    fn forward(&self, x: &Array) -> Result<Array> {
+        match self {
+            Ffn::Dense(m) => m.forward(x),
+            Ffn::Moe(m) => m.forward(x),
+        }
+    }
+}
+
+#[derive(Clone)]
+enum Mixer {
+    Kda(Box<Kda>),
+    /// The MLA block and, for bailing_moe_v3, its per-head sigmoid gate `g_proj`.
+    Mla(Box<MlaAttention>, Option<Linear>),
+}
+
+#[derive(Clone)]
+struct Layer {
+    mixer: Mixer,
+    mlp: Ffn,
+    input_layernorm: RmsNorm,
+    post_attention_layernorm: RmsNorm,
+}
+
+fn swiglu_mlp(w: &mut Weights, path: &str, d: i32, h: i32) -> Result<Mlp> {
+    Mlp::load(
+        w,
+        path,
+        &MlpNames::LLAMA,
+        d,
+        h,
+        false,
+        false,
+        MlpKind::SwiGlu,
+    )
+}
+
+/// kimi_linear and bailing_moe_v3.
+pub struct Model {
+    model_type: String,
+    vocab_size: i32,
+    embed_tokens: Embedding,
+    layers: Vec<Layer>,
+    norm: RmsNorm,
+    lm_head: Option<Linear>,
+    /// The first KDA layer and the first MLA layer (their caches give the masks).
+    kda_idx: Option<usize>,
+    mla_idx: Option<usize>,
+}
+
+impl Model {
+    pub fn load(config: &ModelConfig, w: &mut Weights) -> Result<Model> {
+        match config.model_type.as_str() {
+            "bailing_moe_v3" => Model::load_bailing(config, w),
+            _ => Model::load_kimi(config, w),
+        }
+    }
+
+    fn load_kimi(config: &ModelConfig, w: &mut Weights) -> Result<Model> {
+        let a: KimiArgs = config.args()?;
+        let mt = a.model_type.clone();
+        let la = &a.linear_attn_config;
+        let nope = a.qk_nope_head_dim.filter(|v| *v != 0).unwrap_or(a.head_dim);
+        let rope_dim = a.qk_rope_head_dim.unwrap_or(0);
+        let v_head = a.v_head_dim.filter(|v| *v != 0).unwrap_or(a.head_dim);
+        kit::check_positive(
+            &mt,
+            &[
+                ("vocab_size", a.vocab_size),
+                ("hidden_size", a.hidden_size),
+                ("num_hidden_layers", a.num_hidden_layers),
+                ("num_attention_heads", a.num_attention_heads),
+                ("intermediate_size", a.intermediate_size),
+                ("kv_lora_rank", a.kv_lora_rank),
+                ("qk_nope_head_dim", nope),
+                ("v_head_dim", v_head),
+                ("linear_attn_config.num_heads", la.num_heads),
+                ("linear_attn_config.head_dim", la.head_dim),
+                ("num_experts_per_token", a.num_experts_per_token),
+                ("moe_layer_freq", a.moe_layer_freq),
+                ("num_expert_group", a.num_expert_group),
+            ],
+        )?;
+        if rope_dim < 0 {
+            return Err(config_error(
+                &mt,
+                format!("field `qk_rope_head_dim` must not be negative, got {rope_dim}"),
+            ));
+        }
+        crate::models::mamba::conv_kernel_ok(&mt, la.short_conv_kernel_size)?;
+        let sigmoid = match a.moe_router_activation_func.as_str() {
+            "sigmoid" => true,
+            "softmax" => false,
+            other => {
+                return Err(config_error(
+                    &mt,
+                    format!(
+                    "unsupported MoE router activation `{other}` (`moe_router_activation_func`)"
+                ),
+                ))
+            }
+        };
+        let n = a.num_hidden_layers;
+        let is_kda: Vec<bool> = (0..n).map(|i| la.kda_layers.contains(&(i + 1))).collect();
+        let Some(kda_idx) = is_kda.iter().position(|k| *k) else {
+            return Err(config_error(
+                &mt,
+                "`linear_attn_config.kda_layers` names no layer of the model".into(),
+            ));
+        };
+        let Some(mla_idx) = is_kda.iter().position(|k| !*k) else {
+            return Err(config_error(
+                &mt,
+                "`linear_attn_config.kda_layers` leaves no attention layer".into(),
+            ));
+        };
+        if la.kda_layers[0] - 1 != kda_idx as i32 {
+            // mlx-lm takes the SSM mask from layer `kda_layers[0] - 1`.
+            return Err(config_error(
+                &mt,
+                "`linear_attn_config.kda_layers` must start with the first KDA layer".into(),
+            ));
+        }
+        let moe_layer =
+            |i: i32| a.num_experts > 0 && i >= a.first_k_dense_replace && i % a.moe_layer_freq == 0;
+        if (0..n).any(moe_layer) {
+            kit::check_positive(
+                &mt,
+                &[
+                    ("moe_intermediate_size", a.moe_intermediate_size),
+                    ("topk_group", a.topk_group),
+                ],
+            )?;
+            if a.num_experts % a.num_expert_group != 0
+                || a.topk_group > a.num_expert_group
+                || a.num_experts_per_token > a.num_experts
+            {
+                return Err(config_error(
+                    &mt,
+                    format!(
+                        "{} experts in {} groups (top {} groups, {} experts per token) do not \
+                         split evenly",
+                        a.num_experts, a.num_expert_group, a.topk_group, a.num_experts_per_token
+                    ),
+                ));
+            }
+        }
+        // sanitize
+        w.discard_prefix("model.mtp");
+        if a.tie_word_embeddings {
+            w.discard("lm_head.weight");
+        }
+        let eps = a.rms_norm_eps as f32;
+        let d = a.hidden_size;
+        let mut layers = Vec::with_capacity(n as usize);
+        for i in 0..n {
+            let p = format!("model.layers.{i}");
+            let moe = moe_layer(i);
+            if moe {
+                let src = format!("{p}.block_sparse_moe");
+                let dst = format!("{p}.mlp");
+                kit::stack_experts(
+                    w,
+                    &format!("{src}.experts"),
+                    &format!("{dst}.switch_mlp"),
+                    a.num_experts,
+                    &[("w1", "gate_proj"), ("w2", "down_proj"), ("w3", "up_proj")],
+                    &["weight"],
+                )?;
+                for name in ["gate_proj", "up_proj", "down_proj"] {
+                    rename(
+                        w,
+                        &format!("{src}.shared_experts.{name}.weight"),
+                        format!("{dst}.shared_experts.{name}.weight"),
+                    );
+                }
+                rename(
+                    w,
+                    &format!("{src}.gate.weight"),
+                    format!("{dst}.gate.weight"),
+                );
+                rename(
+                    w,
+                    &format!("{src}.gate.e_score_correction_bias"),
+                    format!("{dst}.e_score_correction_bias"),
+                );
+            }
+            let attn = format!("{p}.self_attn");
+            let mixer = if is_kda[i as usize] {
+                for (src, dst) in [
+                    ("q_conv1d", "q_conv"),
+                    ("k_conv1d", "k_conv"),
+                    ("v_conv1d", "v_conv"),
+                ] {
+                    if let Some(t) = w.remove(&format!("{attn}.{src}.weight")) {
+                        let t = if t.ndim() == 3 {
+                            ops::moveaxis(&t, 2, 1, None)?
+                        } else {
+                            t
+                        };
+                        w.insert(format!("{attn}.{dst}.conv.weight"), t);
+                    }
+                }
+                let dt = format!("{attn}.dt_bias");
+                if w.shape_of(&dt).is_some_and(|s| s.len() > 1) {
+                    w.map_tensor(&dt, |t| Ok(t.reshape(&[-1])?))?;
+                }
+                Mixer::Kda(Box::new(Kda::load(
+                    &KdaSpec {
+                        hidden_size: d,
+                        num_heads: la.num_heads,
+                        head_dim: la.head_dim,
+                        kernel: la.short_conv_kernel_size,
+                        eps,
+                        conv_names: ["q_conv.conv", "k_conv.conv", "v_conv.conv"],
+                        a_log_shape: vec![1, 1, la.num_heads, 1],
+                        lower_bound: None,
+                    },
+                    w,
+                    &attn,
+                )?))
+            } else {
+                crate::models::deepseek::split_kv_b_proj_dims(
+                    w,
+                    &attn,
+                    a.num_attention_heads,
+                    nope,
+                    v_head,
+                    a.kv_lora_rank,
+                )?;
+                let spec = MlaSpec {
+                    hidden_size: d,
+                    num_heads: a.num_attention_heads,
+                    q_lora_rank: None,
+                    kv_lora_rank: a.kv_lora_rank,
+                    qk_nope_head_dim: nope,
+                    qk_rope_head_dim: rope_dim,
+                    v_head_dim: v_head,
+                    attention_bias: false,
+                    lora_norm_eps: eps,
+                    scale: f64::from(nope + rope_dim).powf(-0.5) as f32,
+                    // Unused: kimi_linear's MLA layers apply no rope.
+                    rope: Rope::Base {
+                        dims: rope_dim,
+                        traditional: false,
+                        base: 10000.0,
+                        scale: 1.0,
+                    },
+                    q_scale: None,
+                    kv_scale: None,
+                };
+                Mixer::Mla(
+                    Box::new(MlaAttention::load(false, spec, w, &attn)?.without_rope()),
+                    None,
+                )
+            };
+            let mlp = if moe {
+                let m = |n: &str| format!("{p}.mlp.{n}");
+                Ffn::Moe(Box::new(SparseMoe {
+                    router: Router::Kimi {
+                        gate: Linear::load(w, &m("gate"), d, a.num_experts, false)?,
+                        bias: w.take(&m("e_score_correction_bias"), &[a.num_experts])?,
+                        select: GroupSelect {
+                            top_k: a.num_experts_per_token,
+                            n_group: a.num_expert_group,
+                            topk_group: a.topk_group,
+                            scaling_bits: a.routed_scaling_factor.to_bits(),
+                            norm_topk_prob: a.moe_renormalize,
+                            bailing: false,
+                            sigmoid,
+                            has_bias: true,
+                            kimi: true,
+                        },
+                    },
+                    switch_mlp: SwitchGlu::load(
+                        w,
+                        &m("switch_mlp"),
+                        d,
+                        a.moe_intermediate_size,
+                        a.num_experts,
+                        false,
+                        SwitchActivation::SwiGlu,
+                    )?,
+                    shared_experts: if a.num_shared_experts > 0 {
+                        Some(swiglu_mlp(
+                            w,
+                            &m("shared_experts"),
+                            d,
+                            a.moe_intermediate_size * a.num_shared_experts,
+                        )?)
+                    } else {
+                        None
+                    },
+                    cast_back: false,
+                }))
+            } else {
+                Ffn::Dense(swiglu_mlp(w, &format!("{p}.mlp"), d, a.intermediate_size)?)
+            };
+            layers.push(Layer {
+                mixer,
+                mlp,
+                input_layernorm: RmsNorm::load(w, &format!("{p}.input_layernorm"), d, eps)?,
+                post_attention_layernorm: RmsNorm::load(
+                    w,
+                    &format!("{p}.post_attention_layernorm"),
+                    d,
+                    eps,
+                )?,
+            });
+        }
+        let embed_tokens = Embedding::load(w, "model.embed_tokens", a.vocab_size, d)?;
+        let norm = RmsNorm::load(w, "model.norm", d, eps)?;
+        let lm_head = if a.tie_word_embeddings {
+            None
+        } else {
+            Some(Linear::load(w, "lm_head", d, a.vocab_size, false)?)
+        };
+        Ok(Model {
+            model_type: mt,
+            vocab_size: a.vocab_size,
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            kda_idx: Some(kda_idx),
+            mla_idx: Some(mla_idx),
+        })
+    }
+
+    fn load_bailing(config: &ModelConfig, w: &mut Weights) -> Result<Model> {
+        let a: BailingArgs = config.args()?;
+        let mt = a.model_type.clone();
+        kit::check_positive(
+            &mt,
+            &[
+                ("vocab_size", a.vocab_size),
+                ("hidden_size", a.hidden_size),
+                ("intermediate_size", a.intermediate_size),
+                ("num_hidden_layers", a.num_hidden_layers),
+                ("num_attention_heads", a.num_attention_heads),
+                ("layer_group_size", a.layer_group_size),
+                ("head_dim", a.head_dim),
+                ("kv_lora_rank", a.kv_lora_rank),
+                ("qk_nope_head_dim", a.qk_nope_head_dim),
+                ("qk_rope_head_dim", a.qk_rope_head_dim),
+                ("v_head_dim", a.v_head_dim),
+                ("q_lora_rank", a.q_lora_rank.unwrap_or(1)),
+            ],
+        )?;
+        crate::models::mamba::conv_kernel_ok(&mt, a.short_conv_kernel_size)?;
+        // BailingKDA's and BailingMLA's own checks.
+        for (ok, field) in [
+            (a.no_kda_lora, "no_kda_lora"),
+            (a.kda_safe_gate, "kda_safe_gate"),
+            (a.rope_interleave, "rope_interleave"),
+        ] {
+            if !ok {
+                return Err(config_error(
+                    &mt,
+                    format!("Bailing V3 MLX currently requires {field}=true"),
+                ));
+            }
+        }
+        let n = a.num_hidden_layers;
+        let g = a.layer_group_size;
+        let is_kda: Vec<bool> = (0..n)
+            .map(|i| !((i + 1) % g == 0 || i >= n / g * g))
+            .collect();
+        let moe_layer = |i: i32| i >= a.first_k_dense_replace;
+        if (0..n).any(moe_layer) {
+            kit::check_positive(
+                &mt,
+                &[
+                    ("num_experts", a.num_experts),
+                    ("num_experts_per_tok", a.num_experts_per_tok),
+                    ("n_group", a.n_group),
+                    ("topk_group", a.topk_group),
+                    ("moe_intermediate_size", a.moe_intermediate_size),
+                    (
+                        "moe_shared_expert_intermediate_size",
+                        a.moe_shared_expert_intermediate_size * a.num_shared_experts,
+                    ),
+                ],
+            )?;
+            let per_group = if a.n_group > 0 {
+                a.num_experts / a.n_group
+            } else {
+                0
+            };
+            if a.num_experts % a.n_group != 0
+                || a.topk_group > a.n_group
+                || per_group < 2
+                || a.num_experts_per_tok > a.num_experts
+            {
+                return Err(config_error(
+                    &mt,
+                    format!(
+                        "{} experts in {} groups (top {} groups, {} experts per token) do not \
+                         split evenly into groups of at least 2",
+                        a.num_experts, a.n_group, a.topk_group, a.num_experts_per_tok
+                    ),
+                ));
+            }
+        }
+        // sanitize
+        if a.tie_word_embeddings {
+            w.discard("lm_head.weight");
+        }
+        for name in w.names() {
+            let layer = name
+                .strip_prefix("model.layers.")
+                .and_then(|r| r.split('.').next())
+                .and_then(|i| i.parse::<i32>().ok());
+            if layer.is_some_and(|i| i >= n) {
+                w.discard(&name);
+            }
+        }
+        let eps = a.rms_norm_eps as f32;
+        let d = a.hidden_size;
+        let q_head = a.qk_nope_head_dim + a.qk_rope_head_dim;
+        let scale = apply_yarn_mscale(f64::from(q_head).powf(-0.5), a.rope_scaling.as_ref());
+        let rope = Rope::initialize(
+            a.qk_rope_head_dim,
+            a.rope_theta,
+            true,
+            a.rope_scaling.as_ref(),
+            Some(a.max_position_embeddings),
+        )?;
+        let mut layers = Vec::with_capacity(n as usize);
+        for i in 0..n {
+            let p = format!("model.layers.{i}");
+            let moe = moe_layer(i);
+            if moe {
+                kit::stack_experts(
+                    w,
+                    &format!("{p}.mlp.experts"),
+                    &format!("{p}.mlp.switch_mlp"),
+                    a.num_experts,
+                    &kit::GLU_PROJECTIONS,
+                    &["weight"],
+                )?;
+            }
+            let attn = format!("{p}.attention");
+            if w.contains(&format!("{attn}.kv_b_proj.weight")) {
+                if w.contains(&format!("{attn}.kv_b_proj.scales")) {
+                    return Err(ModelError::Weights(vec![format!(
+                        "{attn}.kv_b_proj: quantized Bailing V3 kv_b_proj weights are not \
+                         supported (as in mlx-lm)"
+                    )]));
+                }
+                crate::models::deepseek::split_kv_b_proj_dims(
+                    w,
+                    &attn,
+                    a.num_attention_heads,
+                    a.qk_nope_head_dim,
+                    a.v_head_dim,
+                    a.kv_lora_rank,
+                )?;
+            }
+            for conv in ["q_conv1d", "k_conv1d", "v_conv1d"] {
+                let name = format!("{attn}.{conv}.weight");
+                if w.shape_of(&name)
+                    .is_some_and(|s| s.last().copied() != Some(1))
+                {
+                    w.map_tensor(&name, |t| Ok(ops::moveaxis(t, 2, 1, None)?))?;
+                }
+            }
+            let mixer = if is_kda[i as usize] {
+                Mixer::Kda(Box::new(Kda::load(
+                    &KdaSpec {
+                        hidden_size: d,
+                        num_heads: a.num_attention_heads,
+                        head_dim: a.head_dim,
+                        kernel: a.short_conv_kernel_size,
+                        eps,
+                        conv_names: ["q_conv1d", "k_conv1d", "v_conv1d"],
+                        a_log_shape: vec![a.num_attention_heads],
+                        lower_bound: Some(a.kda_lower_bound as f32),
+                    },
+                    w,
+                    &attn,
+                )?))
+            } else {
+                let spec = MlaSpec {
+                    hidden_size: d,
+                    num_heads: a.num_attention_heads,
+                    q_lora_rank: a.q_lora_rank,
+                    kv_lora_rank: a.kv_lora_rank,
+                    qk_nope_head_dim: a.qk_nope_head_dim,
+                    qk_rope_head_dim: a.qk_rope_head_dim,
+                    v_head_dim: a.v_head_dim,
+                    attention_bias: false,
+                    lora_norm_eps: eps,
+                    scale: scale as f32,
+                    rope: rope.clone(),
+                    q_scale: None,
+                    kv_scale: None,
+                };
+                let mla = MlaAttention::load_named(false, spec, w, &attn, "dense")?;
+                let gate = Linear::load(
+                    w,
+                    &format!("{attn}.g_proj"),
+                    d,
+                    a.num_attention_heads,
+                    false,
+                )?;
+                Mixer::Mla(Box::new(mla), Some(gate))
+            };
+            let mlp = if moe {
+                let m = |n: &str| format!("{p}.mlp.{n}");
+                Ffn::Moe(Box::new(SparseMoe {
+                    router: Router::Bailing {
+                        weight: w.take(&m("gate.weight"), &[a.num_experts, d])?,
+                        expert_bias: w.take(&m("gate.expert_bias"), &[a.num_experts])?,
+                        top_k: a.num_experts_per_tok,
+                        n_group: a.n_group,
+                        topk_group: a.topk_group,
+                        routed_scaling_factor: a.routed_scaling_factor,
+                    },
+                    switch_mlp: SwitchGlu::load(
+                        w,
+                        &m("switch_mlp"),
+                        d,
+                        a.moe_intermediate_size,
+                        a.num_experts,
+                        false,
+                        SwitchActivation::SwiGlu,
+                    )?,
+                    shared_experts: Some(swiglu_mlp(
+                        w,
+                        &m("shared_experts"),
+                        d,
+                        a.moe_shared_expert_intermediate_size * a.num_shared_experts,
+                    )?),
+                    cast_back: true,
+                }))
+            } else {
+                Ffn::Dense(swiglu_mlp(w, &format!("{p}.mlp"), d, a.intermediate_size)?)
+            };
+            layers.push(Layer {
+                mixer,
+                mlp,
+                input_layernorm: RmsNorm::load(w, &format!("{p}.input_layernorm"), d, eps)?,
+                post_attention_layernorm: RmsNorm::load(
+                    w,
+                    &format!("{p}.post_attention_layernorm"),
+                    d,
+                    eps,
+                )?,
+            });
+        }
+        let embed_tokens = Embedding::load(w, "model.word_embeddings", a.vocab_size, d)?;
+        let norm = RmsNorm::load(w, "model.norm", d, eps)?;
+        let lm_head = if a.tie_word_embeddings {
+            None
+        } else {
+            Some(Linear::load(w, "lm_head", d, a.vocab_size, false)?)
+        };
+        Ok(Model {
+            model_type: mt,
+            vocab_size: a.vocab_size,
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            kda_idx: is_kda.iter().position(|k| *k),
+            mla_idx: is_kda.iter().position(|k| !*k),
+        })
+    }
+
+    /// The final normed hidden states `(batch, seq, hidden)`.
+    pub fn hidden_states(
+        &self,
+        inputs: &Array,
+        caches: Option<&mut [Box<dyn Cache>]>,
+    ) -> Result<Array> {
+        let n = kit::new_positions(inputs, caches.as_deref(), self.layers.len(), "layers")?;
+        let mut h = self.embed_tokens.forward(inputs)?;
+        let mut caches = caches;
+        // create_attention_mask(h, cache[attn], return_array=True); create_ssm_mask(h, cache).
+        let attn_mask = match self.mla_idx {
+            Some(i) => kit::cache_mask(caches.as_deref(), i, n, None, true)?,
+            None => AttentionMask::None,
+        };
+        let ssm_mask = match (self.kda_idx, caches.as_deref()) {
+            (Some(i), Some(c)) => c[i].make_mask(n, None, false)?.as_array().cloned(),
+            _ => None,
+        };
+        for (i, layer) in self.layers.iter().enumerate() {
+            let cache = caches.as_deref_mut().map(|c| &mut c[i]);
+            let x = layer.input_layernorm.forward(&h)?;
+            let r = match &layer.mixer {
+                Mixer::Kda(k) => k.forward(&x, ssm_mask.as_ref(), arrays_cache(cache, i)?)?,
+                Mixer::Mla(m, None) => m.forward(&x, &attn_mask, cache)?,
+                Mixer::Mla(m, Some(gate)) => {
+                    let out = m.attend(&x, &attn_mask, cache)?;
+                    let s = out.shape();
+                    let heads = out.reshape(&[s[0], s[1], gate_heads(gate)?, -1])?;
+                    let g = ops::sigmoid(&gate.forward(&x)?.astype(Dtype::Float32)?, None)?
+                        .astype(heads.dtype())?;
+                    let out = (&heads * &g.expand_dims(&[-1])?)?;
+                    m.project_out(&out.reshape(&[s[0], s[1], -1])?)?
+                }
+            };
+            let hh = (&h + &r)?;
+            h = (&hh
+                + &layer
+                    .mlp
+                    .forward(&layer.post_attention_layernorm.forward(&hh)?)?)?;
+        }
+        self.norm.forward(&h)
+    }
+
+    fn head(&self, h: &Array) -> Result<Array> {
+        crate::models::project(self.lm_head.as_ref(), &self.embed_tokens, h)
+    }
+}
+
+/// The number of heads a bailing_moe_v3 head gate `g_proj` (hidden -> heads) outputs.
+fn gate_heads(gate: &Linear) -> Result<i32> {
+    Ok(gate.dims()?.0)
+}
+
+/// Moves tensor `from` to `to` when present (a checkpoint's name to mlx-lm's).
+fn rename(w: &mut Weights, from: &str, to: String) {
+    if let Some(t) = w.remove(from) {
+        w.insert(to, t);
+    }
+}
+
+impl LanguageModel for Model {
+    fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
+        let h = self.hidden_states(inputs, caches)?;
+        self.head(&h)
+    }
+
+    fn forward_hidden(&self, inputs: &Array) -> Option<Result<Array>> {
+        Some(self.hidden_states(inputs, None))
+    }
+
+    fn model_type(&self) -> &str {
+        &self.model_type
+    }
+
+    fn vocab_size(&self) -> i32 {
+        self.vocab_size
+    }
+
+    fn forward_hidden_cached(
+        &self,
+        inputs: &Array,
+        caches: &mut [Box<dyn Cache>],
+    ) -> Option<Result<Array>> {
+        Some(self.hidden_states(inputs, Some(caches)))
+    }
+
+    fn output_head(&self) -> Option<crate::models::OutputHead> {
+        Some(crate::models::OutputHead::of(
+            self.lm_head.as_ref(),
+            &self.embed_tokens,
+        ))
+    }
+
+    kit::layer_caches! {
+        /// mlx-lm's `make_cache`: an `ArraysCache(size=4)` per KDA layer, a `KVCache` per MLA
+        /// layer.
+        fn make_cache(&self) {
+            kit::hybrid_caches(
+                self.layers.iter().map(|l| matches!(l.mixer, Mixer::Mla(..))),
+                4,
+            )
+        }
+    }
+}
