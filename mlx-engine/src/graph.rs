@@ -11,9 +11,9 @@
 //! projections with or without biases, RoPE from the model's own rope (a base with linear
 //! scaling, or a frequency table: llama3, yarn with its `mscale`, longrope), layers without
 //! RoPE (SmolLM3), grouped-query or multi-query attention with the row's own softmax scale,
-//! SwiGLU, a tied or untied head; bfloat16 weights or MLX affine 4/8-bit weights with
+//! SwiGLU, a tied or untied head, per-head q/k RMSNorm before RoPE (Qwen 3); bfloat16 weights or MLX affine 4/8-bit weights with
 //! bfloat16 scales (groups of 32, 64, 128); greedy decoding of one sequence. Rows: llama,
-//! mistral, qwen2, smollm3 (and the other rows these knobs describe). The rest give a reason.
+//! mistral, qwen2, qwen3, smollm3 (and the other rows these knobs describe). The rest give a reason.
 
 use mlx_core::Dtype;
 pub use mlx_kernels::graph_decode::BuildTimes;
@@ -50,9 +50,13 @@ fn map_descriptor(m: &Model) -> Result<GraphSpec, String> {
     if d.norm != NormKind::Rms {
         return no("a norm other than RMSNorm");
     }
-    if d.qk_norm != QkNorm::None || d.qk_norm_kind.is_some() {
-        return no(&format!("q/k norm {:?}", d.qk_norm));
-    }
+    // Qwen 3's per-head RMSNorm before RoPE; the transposed variant (Gemma 3) computes the
+    // same values but comes with Gemma's other knobs, refused below.
+    let qk_norm = match (d.qk_norm, d.qk_norm_kind) {
+        (QkNorm::None, None) => false,
+        (QkNorm::PerHead, None) => true,
+        (q, _) => return no(&format!("q/k norm {q:?}")),
+    };
     if d.embed_norm || d.n_positions > 0 || d.names.positions.is_some() {
         return no("an embedding norm or learned positions");
     }
@@ -122,6 +126,7 @@ fn map_descriptor(m: &Model) -> Result<GraphSpec, String> {
         rope_layers,
         tied: m.lm_head().is_none(),
         qkv_bias: d.qkv_bias,
+        qk_norm,
         quant: None,
     })
 }
@@ -225,6 +230,14 @@ fn rms(n: Option<&Norm>, what: &str) -> Result<mlx_core::Array, String> {
     }
 }
 
+/// A weighted RMSNorm's weight and epsilon.
+fn rms_eps(n: &Norm, what: &str) -> Result<(mlx_core::Array, f32), String> {
+    match n {
+        Norm::Rms(r) => Ok((r.weight.clone(), r.eps)),
+        _ => Err(format!("{what}: not a weighted RMSNorm")),
+    }
+}
+
 fn map_weights(m: &Model, spec: &mut GraphSpec) -> Result<GraphWeights, String> {
     let t = spec.model_type.clone();
     let mut quant = None;
@@ -249,9 +262,23 @@ fn map_weights(m: &Model, spec: &mut GraphSpec) -> Result<GraphWeights, String> 
         let (Some(q), Some(k), Some(vv)) = (v.q, v.k, v.v) else {
             return Err(w("has a fused q/k/v projection"));
         };
-        if v.head_gate || v.other_qk_norm || v.q_norm.is_some() || v.k_norm.is_some() {
+        if v.head_gate || v.other_qk_norm {
             return Err(w("has a gated or normed attention"));
         }
+        let (q_norm, k_norm) = match (spec.qk_norm, v.q_norm, v.k_norm) {
+            (false, None, None) => (None, None),
+            (true, Some(qn), Some(kn)) => {
+                let (qn, kn) = (rms_eps(qn, &w("q_norm"))?, rms_eps(kn, &w("k_norm"))?);
+                if qn.1 != spec.eps || kn.1 != spec.eps {
+                    return Err(w(&format!(
+                        "q/k norm eps {} and {}, the layers' {}",
+                        qn.1, kn.1, spec.eps
+                    )));
+                }
+                (Some(qn.0), Some(kn.0))
+            }
+            _ => return Err(w("has q/k norms other than its descriptor's")),
+        };
         if v.post_attn_norm.is_some() || v.post_mlp_norm.is_some() {
             return Err(w("has post-norms"));
         }
@@ -269,6 +296,8 @@ fn map_weights(m: &Model, spec: &mut GraphSpec) -> Result<GraphWeights, String> 
             down: lin(down, "down_proj")?,
             input_norm: rms(v.pre_attn_norm, &w("input norm"))?,
             post_norm: rms(v.pre_mlp_norm, &w("post-attention norm"))?,
+            q_norm,
+            k_norm,
         });
     }
     spec.quant = quant;

@@ -9,7 +9,9 @@
 //! permuted so that a warp's two rows are a rotation pair); attention split over the sequence,
 //! combined by the last block of each head; the output projection with the residual add;
 //! gate/up as one interleaved matrix with SiLU-multiply in its epilogue; the down projection
-//! with the residual add. Then the final norm with the LM head, and a greedy argmax over the
+//! with the residual add. With per-head q/k norms (qwen3) the q/k/v matrix writes its rows
+//! unrotated and one more kernel a layer (`graph_qk_norm.cu`, compiled only for such a model)
+//! norms each head and rotates it in place. Then the final norm with the LM head, and a greedy argmax over the
 //! log-probabilities (as mlx-lm's sampler; two kernels over blocks of 2,048 logits, the
 //! log-sum-exp combined by the last block) that advances the step state on the device. The
 //! whole step is one CUDA graph ([`mlx_core::gpurt`]); the host replays it and reads tokens
@@ -55,6 +57,11 @@ use mlx_core::{ops, Array, Dtype, Error, Result};
 
 /// The kernels' CUDA source.
 pub const SOURCE: &str = include_str!("graph_decode.cu");
+
+/// Qwen 3's per-head q/k norms (`qk_norm_rope`), appended to [`SOURCE`] only for a model
+/// with them ([`GraphSpec::qk_norm`]), so the other rows compile what they always did.
+pub const QK_NORM_SOURCE: &str = include_str!("graph_qk_norm.cu");
+const QK_NORM_KERNEL: (&str, u32) = ("qk_norm_rope", 12);
 
 const KERNELS: &[(&str, u32)] = &[
     ("embed", 13),
@@ -157,7 +164,8 @@ pub struct StepComparison {
 pub enum Part {
     /// The embedding row.
     Embed,
-    /// RMSNorm + q/k/v projection with RoPE and the cache write (one a layer).
+    /// RMSNorm + q/k/v projection with RoPE and the cache write (one a layer; with q/k norms,
+    /// two: the projection, then the per-head norms and RoPE).
     Qkv,
     /// Attention over the cache (one a layer).
     Attention,
@@ -323,6 +331,9 @@ pub struct GraphSpec {
     pub tied: bool,
     /// q, k and v have biases (qwen2).
     pub qkv_bias: bool,
+    /// q and k are RMS-normed per head (over `head_dim`, weights [`GraphLayer::q_norm`] and
+    /// [`GraphLayer::k_norm`], this spec's `eps`) before RoPE (qwen3).
+    pub qk_norm: bool,
     /// MLX affine quantization of every linear and the embedding: (group size, bits); `None`:
     /// bfloat16 weights.
     pub quant: Option<(usize, usize)>,
@@ -447,6 +458,9 @@ pub struct GraphLinear {
 pub struct GraphLayer {
     pub input_norm: Array,
     pub post_norm: Array,
+    /// q's and k's per-head RMSNorm weights `[head_dim]` ([`GraphSpec::qk_norm`]).
+    pub q_norm: Option<Array>,
+    pub k_norm: Option<Array>,
     pub q: GraphLinear,
     pub k: GraphLinear,
     pub v: GraphLinear,
@@ -577,6 +591,16 @@ impl GraphWeights {
                 Dtype::Bfloat16,
             );
             want(&mut p, &n("post_norm"), &l.post_norm, &[h], Dtype::Bfloat16);
+            for (x, a) in [("q_norm", &l.q_norm), ("k_norm", &l.k_norm)] {
+                match (a, s.qk_norm) {
+                    (Some(a), true) => want(&mut p, &n(x), a, &[d], Dtype::Bfloat16),
+                    (None, false) => {}
+                    (Some(_), false) => {
+                        p.push(format!("{}: given, the spec has no q/k norm", n(x)))
+                    }
+                    (None, true) => p.push(format!("{}: missing", n(x))),
+                }
+            }
         }
         want(&mut p, "norm", &self.final_norm, &[h], Dtype::Bfloat16);
         if p.is_empty() {
@@ -609,6 +633,9 @@ struct Layer {
     qkv_bias: Option<Buffer>,
     /// Rotated pairs a head in this layer (0: no RoPE).
     nrot: usize,
+    /// q's and k's per-head norm weights (qwen3): RoPE then runs in `qk_norm_rope`, after
+    /// the norm, not in matvec_qkv.
+    qk_norm: Option<(Buffer, Buffer)>,
     o: Lin,
     gu: Lin,
     down: Lin,
@@ -884,7 +911,14 @@ impl GraphDecoder {
             "#define MV_ROWS {rows}\n#define MV_BATCH {batch}\n#define MV_EARLY {early}\n{SOURCE}"
         );
         let t0 = std::time::Instant::now();
-        let mut rt = GpuRuntime::new(&source, KERNELS)?;
+        let (source, kernels) = if spec.qk_norm {
+            let mut k = KERNELS.to_vec();
+            k.push(QK_NORM_KERNEL);
+            (format!("{source}{QK_NORM_SOURCE}"), k)
+        } else {
+            (source, KERNELS.to_vec())
+        };
+        let mut rt = GpuRuntime::new(&source, &kernels)?;
         let kernels_s = t0.elapsed().as_secs_f64();
         let t1 = std::time::Instant::now();
         let s = &spec;
@@ -904,8 +938,13 @@ impl GraphDecoder {
         let kv_bytes = s.kv_heads * capacity * d * 2;
         let mut layers = Vec::with_capacity(s.layers);
         for (l, rotates) in w.layers.iter().zip(&s.rope_layers) {
+            // With q/k norms the rows keep their order: qk_norm_rope rotates after the norm.
             let layout = Layout::Qkv {
-                pairs: if *rotates { pairs } else { 0 },
+                pairs: if *rotates && !s.qk_norm { pairs } else { 0 },
+            };
+            let qk_norm = match (&l.q_norm, &l.k_norm) {
+                (Some(q), Some(k)) if s.qk_norm => Some((put(&mut rt, q)?, put(&mut rt, k)?)),
+                _ => None,
             };
             let (qkv, qkv_bias) = upload_lin(&mut rt, s, &[&l.q, &l.k, &l.v], layout)?;
             layers.push(Layer {
@@ -914,6 +953,7 @@ impl GraphDecoder {
                 qkv,
                 qkv_bias,
                 nrot: if *rotates { s.rope.pairs() } else { 0 },
+                qk_norm,
                 o: upload_lin(&mut rt, s, &[&l.o], Layout::Plain)?.0,
                 gu: upload_lin(&mut rt, s, &[&l.gate, &l.up], Layout::Interleave)?.0,
                 down: upload_lin(&mut rt, s, &[&l.down], Layout::Plain)?.0,
@@ -1335,7 +1375,17 @@ impl GraphDecoder {
         };
         match part {
             Part::Embed => (1, s.hidden * bits / 8),
-            Part::Qkv => layers(&|l| lin_bytes(&l.qkv)),
+            Part::Qkv => {
+                // With q/k norms, two kernels a layer (qk_norm_rope reads its 2 head_dim weights).
+                let qkn = self
+                    .step
+                    .layers
+                    .iter()
+                    .filter(|l| l.qk_norm.is_some())
+                    .count();
+                let (n, bytes) = layers(&|l| lin_bytes(&l.qkv));
+                (n + qkn, bytes + qkn * 4 * s.head_dim)
+            }
             Part::Attention => layers(&|_| 2 * s.kv_heads * (self.pos + 1) * s.head_dim * 2),
             Part::Output => layers(&|l| lin_bytes(&l.o)),
             Part::GateUp => layers(&|l| lin_bytes(&l.gu)),
@@ -1678,10 +1728,39 @@ fn record_step(
                 Arg::F64(s.eps as f64),
                 Arg::Buf(a.rope, 0),
                 rec.trace_arg(),
-                Arg::I64(l.nrot as i64),
+                Arg::I64(if l.qk_norm.is_some() {
+                    0
+                } else {
+                    l.nrot as i64
+                }),
                 l.qkv_bias.map_or(Arg::I64(0), |b| Arg::Buf(b, 0)),
             ],
         )?;
+        if let Some((qw, kw)) = l.qk_norm {
+            let k_qkn = rt.kernel(QK_NORM_KERNEL.0)?;
+            rec.launch(
+                rt,
+                Part::Qkv,
+                k_qkn,
+                [(s.heads + s.kv_heads) as u32, 1, 1],
+                [128, 1, 1],
+                0,
+                &[
+                    Arg::Buf(a.qkv, 0),
+                    Arg::Buf(l.kc, 0),
+                    Arg::Buf(a.state, 0),
+                    Arg::Buf(qw, 0),
+                    Arg::Buf(kw, 0),
+                    Arg::Buf(a.rope, 0),
+                    Arg::I64(nh),
+                    Arg::I64(d),
+                    Arg::I64(cap as i64),
+                    Arg::I64(l.nrot as i64),
+                    Arg::I64(i64::from(s.rope.traditional)),
+                    Arg::F64(s.eps as f64),
+                ],
+            )?;
+        }
         rec.launch(
             rt,
             Part::Attention,
@@ -1807,6 +1886,7 @@ mod tests {
             rope_layers: vec![true, true],
             tied: true,
             qkv_bias: false,
+            qk_norm: false,
             quant: None,
         }
     }
@@ -1834,6 +1914,8 @@ mod tests {
                 .map(|_| GraphLayer {
                     input_norm: zeros(&[h as i32]),
                     post_norm: zeros(&[h as i32]),
+                    q_norm: s.qk_norm.then(|| zeros(&[d as i32])),
+                    k_norm: s.qk_norm.then(|| zeros(&[d as i32])),
                     q: dense(s.heads * d, h),
                     k: dense(s.kv_heads * d, h),
                     v: dense(s.kv_heads * d, h),
@@ -2036,22 +2118,149 @@ mod tests {
         assert_eq!(define("ARGMAX_SLICE"), ARGMAX_SLICE);
     }
 
+    /// bfloat16 rounding (to nearest, ties to even) of a finite float.
+    fn rbf(f: f32) -> f32 {
+        let b = f.to_bits();
+        f32::from_bits((b + 0x7fff + ((b >> 16) & 1)) & 0xffff_0000)
+    }
+
+    /// `qk_norm_rope` (graph_qk_norm.cu) for one head, thread for thread on the host: the
+    /// norm as MLX's fast.rms_norm rounds it, then the rotation from the step's table.
+    fn emulate_qk_norm_rope(x: &[f32], w: &[f32], r: &GraphRope, pos: usize, eps: f32) -> Vec<f32> {
+        let d = x.len();
+        let nr = r.pairs();
+        let tot: f32 = x.iter().map(|v| v * v).sum();
+        let inv = 1.0 / (tot / d as f32 + eps).sqrt();
+        let xs: Vec<f32> = (0..d).map(|t| rbf(w[t] * rbf(x[t] * inv))).collect();
+        let cs = |i: usize| {
+            let theta = r.position_scale * pos as f32 * r.inv_freq[i];
+            (theta.cos() * r.output_scale, theta.sin() * r.output_scale)
+        };
+        (0..d)
+            .map(|t| {
+                let out = if r.traditional {
+                    let i = t / 2;
+                    if i < nr {
+                        let (c, s) = cs(i);
+                        let (x1, x2) = (xs[2 * i], xs[2 * i + 1]);
+                        if t % 2 == 1 {
+                            x1 * s + x2 * c
+                        } else {
+                            x1 * c - x2 * s
+                        }
+                    } else {
+                        xs[t]
+                    }
+                } else if t < 2 * nr {
+                    let i = if t < nr { t } else { t - nr };
+                    let (c, s) = cs(i);
+                    let (x1, x2) = (xs[i], xs[i + nr]);
+                    if t < nr {
+                        x1 * c - x2 * s
+                    } else {
+                        x1 * s + x2 * c
+                    }
+                } else {
+                    xs[t]
+                };
+                rbf(out)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn qk_norm_then_rope_is_mlx_rms_norm_then_rope() {
+        let bf = |v: &[f32]| {
+            Array::from_slice(v, &[1, 1, 1, v.len() as i32])
+                .unwrap()
+                .astype(Dtype::Bfloat16)
+                .unwrap()
+        };
+        let back = |a: &Array| a.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap();
+        let (mut worst, mut cases) = (0usize, 0usize);
+        for (d, dims, traditional) in [
+            (16, 16, false),
+            (64, 64, false),
+            (64, 32, false),
+            (32, 32, true),
+        ] {
+            for seed in 0..8u32 {
+                let xv: Vec<f32> = (0..d)
+                    .map(|i| (i as f32 * 0.37 + seed as f32 * 1.3).sin() * 3.0)
+                    .collect();
+                let wv: Vec<f32> = (0..d).map(|i| 1.0 + 0.1 * (i as f32 * 0.7).cos()).collect();
+                let (x, w) = (bf(&xv), bf(&wv));
+                let wflat = w.reshape(&[d]).unwrap();
+                let pos = 5 + 97 * seed as usize;
+                let eps = 1e-6;
+                let normed = mlx_core::fast::rms_norm(&x, Some(&wflat), eps, None).unwrap();
+                // MLX's rotation in float32 (the CPU's rope fallback rounds its cosines and
+                // sines to the input's dtype, which MLX's CUDA kernel, the one the decoder
+                // matches, does not), rounded to bfloat16 at the end as that kernel does.
+                let mlx = mlx_core::fast::rope(
+                    &normed.astype(Dtype::Float32).unwrap(),
+                    dims,
+                    traditional,
+                    Some(10000.0),
+                    1.0,
+                    (pos as i32).into(),
+                    None,
+                    None,
+                )
+                .unwrap();
+                let mlx: Vec<f32> = back(&mlx).into_iter().map(rbf).collect();
+                let r = GraphRope::from_base(dims as usize, traditional, 10000.0, 1.0);
+                let ours = emulate_qk_norm_rope(&back(&x), &back(&w), &r, pos, eps);
+                // The norm alone (position 0 rotates nothing) is MLX's bit for bit.
+                let n0 = emulate_qk_norm_rope(&back(&x), &back(&w), &r, 0, eps);
+                assert_eq!(back(&normed), n0, "d {d} seed {seed}");
+                // The angles: the decoder's table (the one matvec_qkv's rows use on the device)
+                // and the CPU fallback's differ in a float's last bit at large positions, which
+                // can move a bfloat16 rounding (more than one step where x1 c - x2 s cancels):
+                // a few elements, each within one bfloat16 step of the head's largest value.
+                // A misplaced pair or an unnormed value is off by the values themselves.
+                let big = ours.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let off = mlx
+                    .iter()
+                    .zip(&ours)
+                    .filter(|(a, b)| a.to_bits() != b.to_bits())
+                    .inspect(|(a, b)| {
+                        assert!(
+                            (**a - **b).abs() <= big / 128.0,
+                            "d {d} seed {seed}: {a} vs {b}"
+                        )
+                    })
+                    .count();
+                worst = worst.max(off);
+                cases += 1;
+            }
+        }
+        assert!(
+            worst <= 2,
+            "{worst} elements off in the worst of {cases} heads"
+        );
+    }
+
     #[test]
     fn every_kernel_in_the_source_is_declared_with_its_arity() {
-        for (name, arity) in KERNELS {
+        let all = format!("{SOURCE}{QK_NORM_SOURCE}");
+        let (qk, _) = QK_NORM_KERNEL;
+        assert!(!SOURCE.contains(qk), "{qk} is only in the q/k-norm source");
+        for (name, arity) in KERNELS.iter().chain([&QK_NORM_KERNEL]) {
+            let source = all.as_str();
             // `extern "C" __global__ void [__launch_bounds__(..)] name(`
-            let start = SOURCE
+            let start = source
                 .match_indices(&format!(" {name}("))
                 .map(|(i, _)| i)
                 .find(|&i| {
-                    SOURCE[..i]
+                    source[..i]
                         .rsplit('\n')
                         .next()
                         .unwrap()
                         .contains("__global__ void")
                 })
                 .unwrap_or_else(|| panic!("{name} is not in the source"));
-            let params = &SOURCE[start..][..SOURCE[start..].find(')').unwrap()];
+            let params = &source[start..][..source[start..].find(')').unwrap()];
             assert_eq!(params.matches(',').count() + 1, *arity as usize, "{name}");
         }
     }

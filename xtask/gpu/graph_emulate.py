@@ -49,7 +49,10 @@ from mlx_lm.utils import load_model
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-CU = (ROOT / "mlx-kernels" / "src" / "graph_decode.cu").read_text()
+# graph_decode.cu, and graph_qk_norm.cu (which the decoder appends only for a model with q/k
+# norms; always here).
+CU = (ROOT / "mlx-kernels" / "src" / "graph_decode.cu").read_text() + (
+    ROOT / "mlx-kernels" / "src" / "graph_qk_norm.cu").read_text()
 RS = (ROOT / "mlx-kernels" / "src" / "graph_decode.rs").read_text()
 BOUND_REL, BOUND_AGREE = (
     float(x) for x in re.search(r"TEACHER_FORCED_BOUNDS: \(f32, f32\) = \((.*?), (.*?)\);", RS).groups()
@@ -146,6 +149,7 @@ extern "C" void emu(int k, unsigned gx, unsigned gy, unsigned bx, const u64* a) 
     case 2: run_grid(gx, gy, bx, [=] { matvec_qkv(P(const void*, 0), P(const u32*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(bf16_t*, 4), P(bf16_t*, 5), P(bf16_t*, 6), P(const int*, 7), L(8), L(9), L(10), L(11), L(12), L(13), L(14), L(15), D_(a[16]), P(const float*, 17), P(u64*, 18), L(19), P(const bf16_t*, 20)); }); break;
     case 3: run_grid(gx, gy, bx, [=] { attention(P(const bf16_t*, 0), P(const bf16_t*, 1), P(const bf16_t*, 2), P(const int*, 3), P(float*, 4), P(float*, 5), P(int*, 6), P(bf16_t*, 7), L(8), L(9), L(10), L(11), L(12), D_(a[13]), P(u64*, 14)); }); break;
     case 4: run_grid(gx, gy, bx, [=] { argmax_partial(P(const float*, 0), P(float*, 1), P(int*, 2), L(3)); }); break;
+    case 6: run_grid(gx, gy, bx, [=] { qk_norm_rope(P(bf16_t*, 0), P(bf16_t*, 1), P(const int*, 2), P(const bf16_t*, 3), P(const bf16_t*, 4), P(const float*, 5), L(6), L(7), L(8), L(9), L(10), D_(a[11])); }); break;
     case 5: run_grid(gx, gy, bx, [=] { argmax_pick(P(const float*, 0), P(const float*, 1), P(int*, 2), P(int*, 3), P(int*, 4), L(5), L(6)); }); break;
   }
 }
@@ -249,6 +253,7 @@ MADE_BASE = dict(hidden_size=64, num_hidden_layers=3, intermediate_size=128, num
 MADE = {
     "make_qwen2": dict(model_type="qwen2"),
     "make_smollm3": dict(model_type="smollm3", no_rope_layer_interval=2),
+    "make_qwen3": dict(model_type="qwen3", head_dim=16, max_position_embeddings=2048),
     "make_llama3": dict(model_type="llama", rope_theta=500000.0, max_position_embeddings=2048,
                         rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
                                           high_freq_factor=4.0, original_max_position_embeddings=64)),
@@ -296,13 +301,15 @@ def run(lib, name):
     e = Emu(lib)
     zero = e.buf(np.zeros(16, np.uint16))
     has_bias = f"model.layers.0.self_attn.q_proj.bias" in p
+    # qwen3's per-head q/k norms: matvec_qkv's rows unpaired and unrotated, then qk_norm_rope.
+    qk_norm = "model.layers.0.self_attn.q_norm.weight" in p
 
     def qkv_bias(pre, layer_pairs):
         """The q/k/v biases in the rows' order (q's and k's paired as their rows), or None."""
         if not has_bias:
             return None
         xs = [bits(p[f"{pre}.self_attn.{x}_proj.bias"]) for x in "qkv"]
-        if not trad and layer_pairs:
+        if not trad and layer_pairs and not qk_norm:
             xs = [pair_rope_rows(xs[0], d, layer_pairs), pair_rope_rows(xs[1], d, layer_pairs), xs[2]]
         return e.buf(np.concatenate(xs))
 
@@ -311,7 +318,7 @@ def run(lib, name):
         for part in parts:
             xs = [bits(p[f"{n}.{part}"]) for n in names]
             if mode == "qkv":
-                if not trad and layer_pairs:
+                if not trad and layer_pairs and not qk_norm:
                     xs = [pair_rope_rows(xs[0], d, layer_pairs), pair_rope_rows(xs[1], d, layer_pairs), xs[2]]
                 out.append(e.buf(np.concatenate(xs)))
             elif mode == "gu":
@@ -339,6 +346,8 @@ def run(lib, name):
             post=e.buf(bits(p[f"{pre}.post_attention_layernorm.weight"])),
             qkv=lin([f"{pre}.self_attn.{x}_proj" for x in "qkv"], "qkv", ropes[i][0]),
             nrot=ropes[i][0],
+            qn=e.buf(bits(p[f"{pre}.self_attn.q_norm.weight"])) if qk_norm else None,
+            kn=e.buf(bits(p[f"{pre}.self_attn.k_norm.weight"])) if qk_norm else None,
             bias=qkv_bias(pre, ropes[i][0]),
             o=lin([f"{pre}.self_attn.o_proj"]),
             gu=lin([f"{pre}.mlp.gate_proj", f"{pre}.mlp.up_proj"], "gu"),
@@ -377,8 +386,11 @@ def run(lib, name):
             (w, sb), n = L["qkv"]
             e.launch(2, mv_grid(n), 256,
                      [w, sb, h, L["inn"], qb, L["kc"], L["vc"], state, H, nbits, gs, nh, nkv, d, cap,
-                      int(trad), float(np.float32(eps)), rope, 0, L["nrot"],
+                      int(trad), float(np.float32(eps)), rope, 0, 0 if qk_norm else L["nrot"],
                       L["bias"] if L["bias"] is not None else 0])
+            if qk_norm:
+                e.launch(6, (nh + nkv, 1), 128, [qb, L["kc"], state, L["qn"], L["kn"], rope, nh, d, cap,
+                                                 L["nrot"], int(trad), float(np.float32(eps))])
             e.launch(3, (nh, ns), 128, [qb, L["kc"], L["vc"], state, po, pml, counters, attn, nh, nkv, d, cap, ns, scale, 0])
             mv(L["o"], attn, None, h, h, 2)
             mv(L["gu"], h, L["post"], None, act, 1 | 4)
@@ -512,7 +524,7 @@ def sampler_check(lib):
 def main():
     names = sys.argv[1:] or ["dense_bf16_mha", "dense_bf16_untied", "q8_g32_bf16", "q4:dense_bf16_untied",
                              "yarn_rope", "make_qwen2", "make_smollm3", "make_llama3", "q4:make_qwen2",
-                             "make_mistral_linear"]
+                             "make_mistral_linear", "make_qwen3", "q4:make_qwen3"]
     with tempfile.TemporaryDirectory() as tmp:
         lib = build(tmp)
         results = [sampler_check(lib)] + [run(lib, n) for n in names]

@@ -64,6 +64,19 @@ pub fn rows() -> Vec<Row> {
             quant: Some((32, 4)),
         },
         Row {
+            name: "qwen3",
+            config: json!({"model_type": "qwen3", "head_dim": 16,
+                "max_position_embeddings": 2048}),
+            quant: None,
+        },
+        Row {
+            name: "qwen3_q4",
+            // Hidden 128: every quantized input dimension past the group (see llama3_q4).
+            config: json!({"model_type": "qwen3", "hidden_size": 128,
+                "num_attention_heads": 8, "head_dim": 16, "max_position_embeddings": 2048}),
+            quant: Some((64, 4)),
+        },
+        Row {
             name: "smollm3",
             config: json!({"model_type": "smollm3", "no_rope_layer_interval": 2}),
             quant: None,
@@ -102,6 +115,7 @@ pub fn write(root: &Path, row: &Row) -> PathBuf {
         .and_then(Value::as_i64)
         .map_or(h / heads, |v| v as i32);
     let bias = row.config["model_type"] == "qwen2";
+    let qk_norm = row.config["model_type"] == "qwen3";
     let tied = cfg["tie_word_embeddings"].as_bool().unwrap();
     let mut seed = 0u64;
     let mut draw = |shape: &[i32], scale: f32, loc: f32| -> Array {
@@ -158,6 +172,11 @@ pub fn write(root: &Path, row: &Row) -> PathBuf {
         lin(&mut t, format!("{p}.mlp.down_proj"), w);
         for x in ["input_layernorm", "post_attention_layernorm"] {
             t.push((format!("{p}.{x}.weight"), draw(&[h], 0.1, 1.0)));
+        }
+        if qk_norm {
+            for x in ["q_norm", "k_norm"] {
+                t.push((format!("{p}.self_attn.{x}.weight"), draw(&[d], 0.1, 1.0)));
+            }
         }
     }
     t.push(("model.norm.weight".into(), draw(&[h], 0.1, 1.0)));
