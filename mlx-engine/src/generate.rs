@@ -987,10 +987,11 @@ impl<'m> GenerateStep<'m> {
 /// Greedy sampling of the CPU decoder's `logits` on the host, so that a decode step runs no
 /// MLX graph before the next one can start: the log-sum-exp in f64 (rounded to f32), the
 /// token the first largest `logit - lse` in f32 (what `argmax` over the MLX path's
-/// log-probabilities picks), the log-probabilities left as a lazy MLX subtraction for whoever
-/// reads them. `(token (1,), logprobs (vocab,), lse (1, 1))` as `sample_logits` gives them;
-/// `None` where a logit is not finite (the MLX path then reports it as usual). Tier L3: the
-/// log-sum-exp may differ from MLX's in the last bit, which only matters at exact ties.
+/// log-probabilities picks), the log-probabilities and log-sum-exp left as MLX's lazy ops for
+/// whoever reads them. `(token (1,), logprobs (vocab,), lse (1, 1))` as `sample_logits` gives them;
+/// `None` where a logit is not finite (the MLX path then reports it as usual). Tier L3 for the
+/// token only: the host's log-sum-exp may differ from MLX's in the last bit, which only
+/// matters at exact ties; the reported log-probabilities are MLX's bits.
 fn host_greedy(logits: &[f32]) -> Result<Option<(Array, Array, Array)>> {
     let m = logits.iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v));
     if logits.is_empty() || !m.is_finite() || logits.iter().any(|v| v.is_nan()) {
@@ -1010,12 +1011,12 @@ fn host_greedy(logits: &[f32]) -> Result<Option<(Array, Array, Array)>> {
             best = i;
         }
     }
-    let logprobs = ops::subtract(
-        &Array::from_slice(logits, &[logits.len() as i32])?,
-        &Array::from_slice(&[lse], &[1])?,
-        None,
-    )?;
-    let lse = Array::from_slice(&[lse], &[1, 1])?;
+    // The log-probabilities and log-sum-exp handed on are MLX's own ops, as `sample_logits`
+    // builds them (lazy: nothing runs unless they are read), so that what a caller reads is
+    // bit for bit what the batched engine and the MLX sampler report.
+    let x = Array::from_slice(logits, &[1, logits.len() as i32])?;
+    let lse = ops::logsumexp(&x, &[0, 1], true, None)?;
+    let logprobs = ops::squeeze(&ops::subtract(&x, &lse, None)?, &[0], None)?;
     let token = Array::from_slice(&[best as u32], &[1])?;
     Ok(Some((token, logprobs, lse)))
 }
@@ -1129,8 +1130,8 @@ mod tests {
     use super::*;
 
     /// The CPU decoder's host-side greedy step gives what the MLX sampler gives on the same
-    /// logits (tier L3: the token exactly, the log-sum-exp and log-probabilities within a few
-    /// ulps), and steps aside on a logit that is not finite.
+    /// logits (the token; the log-sum-exp and log-probabilities bit for bit, being MLX's own
+    /// ops), and steps aside on a logit that is not finite.
     #[test]
     fn host_greedy_matches_the_mlx_sampler() {
         let logits: Vec<f32> = (0..1000)
@@ -1152,10 +1153,7 @@ mod tests {
         );
         assert_eq!(lse.shape(), mlx_lse.shape());
         let (a, b) = (lse.item::<f32>().unwrap(), mlx_lse.item::<f32>().unwrap());
-        assert!(
-            (a - b).abs() <= 4.0 * f32::EPSILON * b.abs(),
-            "lse {a} vs {b}"
-        );
+        assert_eq!(a.to_bits(), b.to_bits(), "lse {a} vs {b}");
         let (a, b) = (
             lp.to_vec::<f32>().unwrap(),
             ops::squeeze(&mlx_lp, &[0], None)
@@ -1165,10 +1163,7 @@ mod tests {
         );
         assert_eq!(a.len(), b.len());
         for (x, y) in a.iter().zip(&b) {
-            assert!(
-                (x - y).abs() <= 1e-5 * (1.0 + y.abs()),
-                "logprob {x} vs {y}"
-            );
+            assert_eq!(x.to_bits(), y.to_bits(), "logprob {x} vs {y}");
         }
         let mut bad = logits.clone();
         bad[3] = f32::NAN;
