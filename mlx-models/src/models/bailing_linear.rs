@@ -1098,11 +1098,7 @@ impl Model {
         }
         let word_embeddings = Embedding::load(w, "model.word_embeddings", a.vocab_size, d)?;
         let norm = RmsNorm::load(w, "model.norm", d, eps)?;
-        let lm_head = if a.tie_word_embeddings {
-            None
-        } else {
-            Some(Linear::load(w, "lm_head", d, a.vocab_size, false)?)
-        };
+        let lm_head = super::load_lm_head(w, a.tie_word_embeddings, d, a.vocab_size)?;
         Ok(Model {
             model_type: mt,
             vocab_size: a.vocab_size,

@@ -289,6 +289,20 @@ pub trait MtpHead {
     ) -> Result<(Array, Array)>;
 }
 
+/// The untied `lm_head` ([`project`]'s `lm_head`): `None` with tied embeddings, else the
+/// `lm_head` linear of `hidden` inputs and `vocab` outputs, without a bias.
+pub(crate) fn load_lm_head(
+    w: &mut crate::weights::Weights,
+    tied: bool,
+    hidden: i32,
+    vocab: i32,
+) -> Result<Option<Linear>> {
+    if tied {
+        return Ok(None);
+    }
+    Ok(Some(Linear::load(w, "lm_head", hidden, vocab, false)?))
+}
+
 /// `lm_head(h)`, or with tied embeddings `embed_tokens.as_linear(h)`: the head every
 /// architecture ends with.
 pub(crate) fn project(lm_head: Option<&Linear>, embed: &Embedding, h: &Array) -> Result<Array> {
