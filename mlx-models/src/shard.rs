@@ -374,14 +374,8 @@ pub fn divide_switch_bias(l: &mut SwitchLinear, n: i32) -> Result<()> {
 /// the low ranks taking the extra layers, rank `size - 1` running the first layers and rank
 /// 0 the last. Returns this rank's `start..end`.
 pub fn pipeline_range(layers: usize, size: i32, rank: i32) -> Result<std::ops::Range<usize>> {
-    if size < 1 || rank < 0 || rank >= size {
-        return Err(ModelError::Parallel {
-            kind: crate::Parallelism::Pipeline,
-            what: format!("rank {rank}"),
-            problem: format!("not a rank of a group of {size}"),
-        });
-    }
-    let (s, r) = (size as usize, rank as usize);
+    check_rank(size, rank)?;
+    let s = size as usize;
     let (base, extra) = (layers / s, layers % s);
     let split: Vec<usize> = (0..s).map(|k| base + usize::from(k < extra)).collect();
     if split.contains(&0) {
@@ -391,6 +385,45 @@ pub fn pipeline_range(layers: usize, size: i32, rank: i32) -> Result<std::ops::R
             problem: format!("cannot give each of {s} ranks a layer"),
         });
     }
+    pipeline_range_split(&split, layers, size, rank)
+}
+
+fn check_rank(size: i32, rank: i32) -> Result<()> {
+    if size < 1 || rank < 0 || rank >= size {
+        return Err(ModelError::Parallel {
+            kind: crate::Parallelism::Pipeline,
+            what: format!("rank {rank}"),
+            problem: format!("not a rank of a group of {size}"),
+        });
+    }
+    Ok(())
+}
+
+/// `PipelineMixin.pipeline(group, split)` with an explicit `split` (layers per rank, rank 0
+/// first), checked as mlx-lm checks it: one entry per rank, each positive, summing to
+/// `layers`. Rank r runs the layers after those of ranks r+1 ... size-1.
+pub fn pipeline_range_split(
+    split: &[usize],
+    layers: usize,
+    size: i32,
+    rank: i32,
+) -> Result<std::ops::Range<usize>> {
+    check_rank(size, rank)?;
+    let bad = |problem: String| ModelError::Parallel {
+        kind: crate::Parallelism::Pipeline,
+        what: format!("split {split:?}"),
+        problem,
+    };
+    if split.len() != size as usize {
+        return Err(bad(format!(
+            "has {} entries for group size {size}",
+            split.len()
+        )));
+    }
+    if split.contains(&0) || split.iter().sum::<usize>() != layers {
+        return Err(bad(format!("must be positive and sum to {layers} layers")));
+    }
+    let r = rank as usize;
     let start: usize = split[r + 1..].iter().sum();
     Ok(start..start + split[r])
 }
@@ -418,9 +451,14 @@ pub(crate) fn check_pipeline(model_type: &str, supported: &[&str], split: bool) 
 /// Keeps only this stage's layers ([`pipeline_range`] of `size` ranks, for `rank`).
 pub(crate) fn keep_stage<T>(layers: &mut Vec<T>, size: i32, rank: i32) -> Result<()> {
     let range = pipeline_range(layers.len(), size, rank)?;
+    keep_range(layers, range);
+    Ok(())
+}
+
+/// Keeps only `range` of `layers` (a stage from [`pipeline_range_split`]).
+pub(crate) fn keep_range<T>(layers: &mut Vec<T>, range: std::ops::Range<usize>) {
     layers.truncate(range.end);
     layers.drain(..range.start);
-    Ok(())
 }
 
 /// A pipeline stage's input: ranks below the last receive the hidden states from the rank

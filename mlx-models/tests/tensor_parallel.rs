@@ -1,11 +1,8 @@
-//! L1 of tensor parallelism: the tiny llama `dense_f32`, the tiny qwen3 and the 4-bit llama
-//! `q4_g32` (mlx-cli/tests/models) and the MLA family's deepseek_v3, kimi_k25, deepseek_v32,
-//! deepseek_v2, glm4_moe_lite and mistral4 (mlx-models/tests/models/mla: heads split, MoE
-//! experts sharded in place) and qwen3_moe (mlx-models/tests/models), each sharded over 2
-//! ranks, and of pipeline parallelism: the 3-layer qwen2 `qwen2_f32` split into 2 stages (MLX's ring backend over
-//! loopback, this test binary spawned twice), give mlx-lm's own sharded run's prefill
-//! logits and greedy tokens bit for bit (`cargo xtask goldens dist`:
-//! `sharded_load` under `mlx.launch -n 2 --backend ring`).
+//! L1 of tensor and pipeline parallelism: every row of MODELS (tensor parallel) and
+//! PIPELINES (pipeline stages), each sharded over 2 ranks (MLX's ring backend over loopback,
+//! this test binary spawned twice), gives mlx-lm's own sharded run's prefill logits and
+//! greedy tokens bit for bit (`cargo xtask goldens dist`: `sharded_load` under
+//! `mlx.launch -n 2 --backend ring`). `MLX_TP_ONLY=golden,...` runs only those rows.
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -21,7 +18,7 @@ fn root() -> PathBuf {
 }
 
 /// (fixture under mlx-cli/tests/models, golden), as xtask/oracle/goldens_dist.py pairs them.
-const MODELS: [(&str, &str); 22] = [
+const MODELS: [(&str, &str); 24] = [
     ("dense_f32", "dist_llama_tp2"),
     ("qwen3", "dist_qwen3_tp2"),
     ("q4_g32", "dist_llama_q4_tp2"),
@@ -109,10 +106,21 @@ const MODELS: [(&str, &str); 22] = [
         "../../../mlx-models/tests/models/dense2/iquestloopcoder",
         "dist_iquestloopcoder_tp2",
     ),
+    // step3p5 (a fixture of goldens_dist.py whose sliding layers' heads split too: sliding
+    // and full layers' own head counts, the head-wise gate, the MoE block summed once) and
+    // minimax_m3_vl (the sparse layers' index heads split with the query heads).
+    (
+        "../../../mlx-models/tests/models/dist/step3p5",
+        "dist_step3p5_tp2",
+    ),
+    (
+        "../../../mlx-models/tests/models/dense2/minimax_m3_vl",
+        "dist_minimax_m3_vl_tp2",
+    ),
 ];
 
 /// Pipeline rows: (fixture, golden, layers of rank 0, layers of rank 1).
-const PIPELINES: [(&str, &str, usize, usize); 12] = [
+const PIPELINES: [(&str, &str, usize, usize); 14] = [
     // The 3-layer qwen2 split [2, 1] (rank 1 runs layer 0).
     ("qwen2_f32", "dist_qwen2_pp2", 2, 1),
     // ministral3: rank 1 runs the sliding layer 0 alone, rank 0 the full layer 1.
@@ -185,6 +193,21 @@ const PIPELINES: [(&str, &str, usize, usize); 12] = [
         2,
         1,
     ),
+    // minimax_m3_vl's 3 layers split [2, 1], each layer's cache a CacheList.
+    (
+        "../../../mlx-models/tests/models/dense2/minimax_m3_vl",
+        "dist_minimax_m3_vl_pp2",
+        2,
+        1,
+    ),
+    // bailing_hybrid's split by layer groups: 5 layers in groups of 2 give [3, 2] (rank 0:
+    // linear, MLA and the tail MLA layer; rank 1: linear, MLA).
+    (
+        "../../../mlx-models/tests/models/dist/bailing_hybrid",
+        "dist_bailing_hybrid_pp2",
+        3,
+        2,
+    ),
 ];
 
 fn load_golden(name: &str) -> std::collections::HashMap<String, Array> {
@@ -202,11 +225,29 @@ fn worker() {
         return;
     }
     let g = distributed::init(true, Backend::Ring).expect("ring init");
+    // `MLX_TP_ONLY=golden,golden` runs only those rows (both ranks see the same list).
+    let only = std::env::var("MLX_TP_ONLY").unwrap_or_default();
+    let wanted = |golden: &str| only.is_empty() || only.split(',').any(|o| o == golden);
+    let known = MODELS
+        .iter()
+        .map(|m| m.1)
+        .chain(PIPELINES.iter().map(|p| p.1))
+        .collect::<Vec<_>>();
+    if let Some(o) = only
+        .split(',')
+        .find(|o| !o.is_empty() && !known.contains(o))
+    {
+        panic!("MLX_TP_ONLY names `{o}`, which is not a row");
+    }
     for (model, golden) in MODELS {
-        check_model(&g, model, golden, None);
+        if wanted(golden) {
+            check_model(&g, model, golden, None);
+        }
     }
     for (model, golden, r0, r1) in PIPELINES {
-        check_model(&g, model, golden, Some((r0, r1)));
+        if wanted(golden) {
+            check_model(&g, model, golden, Some((r0, r1)));
+        }
     }
     println!("rank {} ok", g.rank());
 }
@@ -273,6 +314,37 @@ fn check_model(
         last = l.reshape(&[1, -1]).unwrap().argmax(-1, false).unwrap();
     }
     assert_eq!(toks, greedy, "rank {}: {golden}", g.rank());
+}
+
+/// Where mlx-lm's `shard()` or `pipeline` fails, ours refuses with a typed error before
+/// touching the model: the dense2 step3p5 fixture's sliding layers have 1 KV head (2 ranks
+/// cannot split it; mlx-lm's shard_linear fails on it), and the dense2 bailing_hybrid
+/// fixture's 3 layers in groups of 2 leave rank 1 no layer (mlx-lm's `split [3, 0] must be
+/// positive`). Nothing is communicated, so no ranks are needed.
+#[test]
+fn unsplittable_fixtures_are_refused_as_mlx_lm_refuses_them() {
+    if std::env::var("MLX_TP_TEST_WORKER").is_ok() {
+        return;
+    }
+    let load = |name: &str| {
+        let dir = root().join("models/dense2").join(name);
+        load_model_dir(&dir, &LoadOptions::default()).unwrap().0
+    };
+    let mut step = load("step3p5");
+    let e = step.shard_tensor_parallel(2, 0).unwrap_err().to_string();
+    assert!(
+        e.contains("model.layers.0.self_attn") && e.contains("1 KV heads"),
+        "{e}"
+    );
+    let mut bailing = load("bailing_hybrid");
+    let e = bailing.shard_pipeline(2, 1).unwrap_err().to_string();
+    assert!(e.contains("split [3, 0]") && e.contains("positive"), "{e}");
+    let e = bailing.shard_tensor_parallel(2, 0).unwrap_err().to_string();
+    assert!(e.contains("--pipeline"), "{e}");
+    // Still whole: a full forward works after the refusals.
+    let ids = Array::from_slice(&[1i32, 5, 9], &[1, 3]).unwrap();
+    bailing.forward(&ids, None).unwrap().eval().unwrap();
+    step.forward(&ids, None).unwrap().eval().unwrap();
 }
 
 fn free_port() -> u16 {

@@ -58,6 +58,13 @@ MODELS = [
     ("../../../mlx-models/tests/models/mla/longcat_flash_ngram", "dist_longcat_flash_ngram_tp2"),
     # iquestloopcoder: llama's split plus each layer's loop gate by heads.
     ("../../../mlx-models/tests/models/dense2/iquestloopcoder", "dist_iquestloopcoder_tp2"),
+    # step3p5 (FIXTURES below: head counts that divide by 2 on every layer, sliding ones too):
+    # heads split with the head-wise gate, dense MLP as llama's, the MoE block's experts and
+    # shared expert in place with one sum.
+    ("../../../mlx-models/tests/models/dist/step3p5", "dist_step3p5_tp2"),
+    # minimax_m3_vl: llama's split plus the sparse layers' index queries by heads; experts and
+    # shared experts in place, one sum.
+    ("../../../mlx-models/tests/models/dense2/minimax_m3_vl", "dist_minimax_m3_vl_tp2"),
 ]
 # Pipeline rows beyond qwen2_f32 (relative to mlx-cli/tests/models; `staged` writes the
 # weight index sharded_load's pipeline path reads).
@@ -74,6 +81,12 @@ PIPELINES = [
     ("../../../mlx-models/tests/models/qwen3_next", "dist_qwen3_next_pp2"),
     ("../../../mlx-models/tests/models/qwen3_5", "dist_qwen3_5_pp2"),
     ("../../../mlx-models/tests/models/mla/glm4_moe", "dist_glm4_moe_pp2"),
+    # minimax_m3_vl's 3 layers split [2, 1] (each layer's cache a CacheList).
+    ("../../../mlx-models/tests/models/dense2/minimax_m3_vl", "dist_minimax_m3_vl_pp2"),
+    # bailing_hybrid's own split by layer groups (FIXTURES: 5 layers in groups of 2, so
+    # [3, 2]: the tail layer on rank 0, an MLA layer on every rank for the linear layers'
+    # offset).
+    ("../../../mlx-models/tests/models/dist/bailing_hybrid", "dist_bailing_hybrid_pp2"),
     # qwen3_5_moe is left out: mlx-lm 0.32.2's own pipeline run of it loses rank 1 during
     # generate_step on this fixture (no reference to hold ours to).
 ]
@@ -130,6 +143,87 @@ def make_qwen2():
     src = ROOT / "mlx-cli/tests/models/dense_f32"
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(src / f, QWEN2 / f)
+
+
+# Seeded fixtures of our own (mlx-models/tests/models/dist/<name>), built by mlx-lm's model
+# classes as goldens_dense2.py builds its rows (normal * 0.3 init, float32) where the dense2
+# fixtures cannot be sharded by mlx-lm: step3p5's has one KV head on its sliding layers (its
+# shard() cannot split it), bailing_hybrid's 3 layers in groups of 2 leave rank 1 no layer
+# group under its pipeline().
+FIXTURES = {
+    "step3p5": {
+        "model_type": "step3p5",
+        "hidden_size": 32,
+        "num_hidden_layers": 3,
+        "intermediate_size": 64,
+        "rms_norm_eps": 1e-5,
+        "vocab_size": 96,
+        "num_attention_heads": 4,
+        "num_attention_groups": 2,
+        "head_dim": 8,
+        "sliding_window": 6,
+        "rope_theta": [10000.0, 5000.0, 10000.0],
+        "partial_rotary_factors": [0.5, 1.0, 0.5],
+        "attention_other_setting": {"num_attention_heads": 8, "num_attention_groups": 4},
+        "moe_num_experts": 4,
+        "moe_top_k": 2,
+        "moe_intermediate_size": 16,
+        "share_expert_dim": 32,
+        "moe_router_scaling_factor": 2.0,
+        "swiglu_limits": [None, 0.5, None],
+        "swiglu_limits_shared": [0.7, None, 0.4],
+    },
+    "bailing_hybrid": {
+        "model_type": "bailing_hybrid",
+        "hidden_size": 32,
+        "num_hidden_layers": 5,
+        "intermediate_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "rms_norm_eps": 1e-5,
+        "vocab_size": 96,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "num_shared_experts": 1,
+        "n_group": 2,
+        "topk_group": 1,
+        "first_k_dense_replace": 1,
+        "layer_group_size": 2,
+        "group_norm_size": 2,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 512,
+        "routed_scaling_factor": 2.0,
+        "head_dim": 8,
+        "kv_lora_rank": 16,
+        "qk_rope_head_dim": 8,
+        "qk_nope_head_dim": 8,
+        "v_head_dim": 8,
+        "q_lora_rank": 16,
+        "moe_intermediate_size": 16,
+        "use_qkv_bias": True,
+    },
+}
+
+
+def make_fixture(i, name):
+    """Writes FIXTURES[name] to mlx-models/tests/models/dist/<name> (config + weights)."""
+    import importlib
+    import json
+    import shutil
+
+    from mlx.utils import tree_flatten, tree_map
+
+    config = FIXTURES[name]
+    out = ROOT / "mlx-models/tests/models/dist" / name
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    arch = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
+    mx.random.seed(3500 + i)
+    model = arch.Model(arch.ModelArgs.from_dict(json.loads(json.dumps(config))))
+    model.update(tree_map(lambda p: mx.random.normal(p.shape) * 0.3, model.parameters()))
+    mx.eval(model.parameters())
+    mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    (out / "config.json").write_text(json.dumps(config, indent=2))
 
 
 def staged(model, force=False):
@@ -225,6 +319,9 @@ def main():
         return
     if wanted("dist_qwen2_pp2"):
         make_qwen2()
+    for i, name in enumerate(FIXTURES):
+        if any(wanted(out) and f"/dist/{name}" in m for m, out in MODELS + PIPELINES):
+            make_fixture(i, name)
     for model, _ in MODELS:
         staged(model)
     for model, _ in PIPELINES:

@@ -14,7 +14,8 @@
 //! interleaved rope, biases on the latent projections) instead, runs the recurrence chunked
 //! over a prompt (blocks of up to 128 steps as a decay-weighted causal attention plus a state
 //! carry, the state in float32) and one compiled step per token, and masks dropped expert
-//! groups with `-inf`.
+//! groups with `-inf`. Pipeline parallelism for bailing_hybrid as its mlx-lm `pipeline`
+//! ([`Model::shard_pipeline`]: whole layer groups per rank); mlx-lm has no `shard()` for either.
 
 use mlx_cache::{ArraysCache, AttentionMask, Cache};
 use mlx_core::fast;
@@ -802,6 +803,9 @@ pub struct Model {
     /// The first linear layer (bailing_hybrid's SSM mask).
     gla_idx: Option<usize>,
     hybrid: bool,
+    layer_group_size: usize,
+    /// Pipeline stage `(rank, size)` after [`Model::shard_pipeline`].
+    pipeline: Option<(i32, i32)>,
 }
 
 impl Model {
@@ -1113,6 +1117,8 @@ impl Model {
             },
             gla_idx: globals.iter().position(|g| !*g),
             hybrid: a.hybrid,
+            layer_group_size: g as usize,
+            pipeline: None,
         })
     }
 
@@ -1140,6 +1146,7 @@ impl Model {
             }
             _ => None,
         };
+        h = crate::shard::pipeline_recv(h, self.pipeline)?;
         for (i, layer) in self.layers.iter().enumerate() {
             let cache = caches.as_deref_mut().map(|c| &mut c[i]);
             let x = layer.input_layernorm.forward(&h)?;
@@ -1156,7 +1163,45 @@ impl Model {
                     .mlp
                     .forward(&layer.post_attention_layernorm.forward(&hh)?)?)?;
         }
+        h = crate::shard::pipeline_send(h, self.pipeline, caches.and_then(|c| c.last_mut()))?;
         self.norm.forward(&h)
+    }
+
+    /// Pipeline parallelism as bailing_hybrid.py's `LanguageModel.pipeline`: whole layer
+    /// groups per rank (the low ranks taking the extra groups), the layers past the last whole
+    /// group added to rank 0's share, then `PipelineMixin`'s split
+    /// ([`crate::shard::pipeline_range_split`]); the stage's masks and the linear layers'
+    /// offset come from its own first MLA and first linear layer, and a stage without an MLA
+    /// layer is refused. A stage's send is tied to its last cache (an MLA layer's keys or a
+    /// linear layer's state). bailing_moe_linear has no `pipeline` in mlx-lm.
+    pub fn shard_pipeline(&mut self, size: i32, rank: i32) -> Result<()> {
+        let t = self.model_type.as_str();
+        crate::shard::check_pipeline(t, &["bailing_hybrid"], self.pipeline.is_some())?;
+        let (layers, group) = (self.layers.len(), self.layer_group_size);
+        let s = usize::try_from(size).unwrap_or(0).max(1);
+        let (n_groups, tail) = (layers / group, layers % group);
+        let (base, extra) = (n_groups / s, n_groups % s);
+        let mut split: Vec<usize> = (0..s)
+            .map(|r| (base + usize::from(r < extra)) * group)
+            .collect();
+        split[0] += tail;
+        let range = crate::shard::pipeline_range_split(&split, layers, size, rank)?;
+        let global = |l: &Layer| !matches!(l.attention, Mixer::Linear(_));
+        let stage = &self.layers[range.clone()];
+        let attn_idx = stage
+            .iter()
+            .position(global)
+            .ok_or_else(|| ModelError::Parallel {
+                kind: crate::Parallelism::Pipeline,
+                what: format!("split {split:?}"),
+                problem: format!("leaves rank {rank} without an MLA layer"),
+            })?;
+        let gla_idx = stage.iter().position(|l| !global(l));
+        crate::shard::keep_range(&mut self.layers, range);
+        self.attn_idx = Some(attn_idx);
+        self.gla_idx = gla_idx;
+        self.pipeline = Some((rank, size));
+        Ok(())
     }
 
     fn head(&self, h: &Array) -> Result<Array> {
@@ -1195,6 +1240,25 @@ impl LanguageModel for Model {
 
     fn vocab_size(&self) -> i32 {
         self.vocab_size
+    }
+
+    fn shard_pipeline(&mut self, size: i32, rank: i32) -> Result<()> {
+        Model::shard_pipeline(self, size, rank)
+    }
+
+    /// mlx-lm has no `shard()` for either type (bailing_hybrid pipelines: `--pipeline`).
+    fn shard_tensor_parallel(&mut self, _size: i32, _rank: i32) -> Result<()> {
+        let t = &self.model_type;
+        let hint = if self.hybrid {
+            "; split it into pipeline stages instead (`mlx launch --pipeline`)"
+        } else {
+            ""
+        };
+        Err(ModelError::Parallel {
+            kind: crate::Parallelism::Tensor,
+            what: format!("model_type `{t}`"),
+            problem: format!("not supported (mlx-lm's {t} has no shard()){hint}"),
+        })
     }
 
     kit::layer_caches! {

@@ -5,6 +5,8 @@
 //! over a correction bias and GPT-OSS SwiGLU experts beside a shared expert, or dense MLPs.
 //! Each layer holds a `CacheList`: its `KVCache`, and on sparse layers a second one of the
 //! index keys (values of width zero).
+//! Tensor parallelism as mlx-lm's `shard()` ([`Model::shard_tensor_parallel`]) and pipeline
+//! parallelism as its `TextModel.pipeline` ([`Model::shard_pipeline`]).
 
 use mlx_cache::{AttentionMask, Cache, CacheList, KVCache};
 use mlx_core::prelude::*;
@@ -504,6 +506,9 @@ struct SparseMoe {
     shared_experts: DenseMlp,
     top_k: i32,
     routed_scaling_factor: f64,
+    /// Sharded in place: the block's output is summed over the group (mlx-lm's
+    /// `sharding_group`).
+    sharded: bool,
 }
 
 impl SparseMoe {
@@ -521,7 +526,10 @@ impl SparseMoe {
         let w = (&w * self.routed_scaling_factor as f32)?.astype(flat.dtype())?;
         let y = self.switch_mlp.forward(&flat, &inds)?;
         let y = ops::sum(&(&y * &w.expand_dims(&[-1])?)?, &[-2], false, None)?;
-        let y = (&y + &shared)?;
+        let mut y = (&y + &shared)?;
+        if self.sharded {
+            y = mlx_core::distributed::all_sum(&y, None, None)?;
+        }
         let mut out_shape: Vec<i32> = sh[..sh.len().saturating_sub(1)].to_vec();
         out_shape.push(-1);
         Ok(y.reshape(&out_shape)?)
@@ -549,6 +557,8 @@ pub struct Model {
     layers: Vec<Layer>,
     norm: Norm,
     lm_head: Option<Linear>,
+    /// Pipeline stage `(rank, size)` after [`Model::shard_pipeline`].
+    pipeline: Option<(i32, i32)>,
 }
 
 /// mlx-lm's `sanitize` of the text weights (`language_model.` prefixed).
@@ -724,6 +734,7 @@ impl Model {
                     )?,
                     top_k: a.num_experts_per_tok,
                     routed_scaling_factor: a.routed_scaling_factor,
+                    sharded: false,
                 }))
             } else {
                 Ffn::Dense(DenseMlp::load(
@@ -766,6 +777,7 @@ impl Model {
             layers,
             norm,
             lm_head,
+            pipeline: None,
         })
     }
 
@@ -794,6 +806,7 @@ impl Model {
             },
             None => mlx_cache::mask::fallback_mask(n, None, false)?,
         };
+        h = crate::shard::pipeline_recv(h, self.pipeline)?;
         for (i, layer) in self.layers.iter().enumerate() {
             let cache = caches.as_deref_mut().map(|c| &mut c[i]);
             let r = layer
@@ -807,7 +820,90 @@ impl Model {
             };
             h = (&r + &f)?;
         }
+        h = crate::shard::pipeline_send(h, self.pipeline, caches.and_then(|c| c.last_mut()))?;
         self.norm.forward(&h)
+    }
+
+    /// Tensor parallelism as minimax_m3_vl.py's `shard()`: q, k, v all-to-sharded, o
+    /// sharded-to-all, heads and KV heads / N; on sparse layers the index queries
+    /// all-to-sharded and the index heads / N (each serves one KV group); MoE blocks with the
+    /// experts and the shared experts split in place and one sum; dense MLPs as llama's.
+    /// Every layer's head counts are checked before the first split, as mlx-lm checks each
+    /// layer's before touching it.
+    pub fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
+        use crate::shard::{
+            all_to_sharded, sharded_to_all, sharded_to_all_inplace, switch_inplace,
+        };
+        let par = |what: String, problem: String| ModelError::Parallel {
+            kind: crate::Parallelism::Tensor,
+            what,
+            problem,
+        };
+        if size < 1 || rank < 0 || rank >= size {
+            return Err(par(
+                format!("rank {rank}"),
+                format!("not a rank of a group of {size}"),
+            ));
+        }
+        for (i, l) in self.layers.iter().enumerate() {
+            let a = &l.self_attn;
+            let mut heads = vec![a.heads, a.kv_heads];
+            heads.extend(a.indexer.as_ref().map(|ix| ix.n_heads));
+            if heads.iter().any(|h| h % size != 0) {
+                return Err(par(
+                    format!("language_model.model.layers.{i}.self_attn"),
+                    format!(
+                        "head counts {heads:?} are not all divisible by {size} ranks (is the \
+                         model already sharded?)"
+                    ),
+                ));
+            }
+        }
+        for (i, l) in self.layers.iter_mut().enumerate() {
+            let p = |s: &str| format!("language_model.model.layers.{i}.{s}");
+            let a = &mut l.self_attn;
+            all_to_sharded(&mut a.q_proj, size, rank, &p("self_attn.q_proj"))?;
+            all_to_sharded(&mut a.k_proj, size, rank, &p("self_attn.k_proj"))?;
+            all_to_sharded(&mut a.v_proj, size, rank, &p("self_attn.v_proj"))?;
+            sharded_to_all(&mut a.o_proj, size, rank, &p("self_attn.o_proj"))?;
+            a.heads /= size;
+            a.kv_heads /= size;
+            if let Some(ix) = a.indexer.as_mut() {
+                all_to_sharded(&mut ix.q_proj, size, rank, &p("self_attn.index_q_proj"))?;
+                ix.n_heads /= size;
+            }
+            match &mut l.ffn {
+                Ffn::Moe(m) => {
+                    let e = &mut m.switch_mlp;
+                    let w = |n: &str| p(&format!("block_sparse_moe.switch_mlp.{n}"));
+                    switch_inplace(&mut e.gate_proj, true, size, rank, &w("gate_proj"))?;
+                    switch_inplace(&mut e.up_proj, true, size, rank, &w("up_proj"))?;
+                    switch_inplace(&mut e.down_proj, false, size, rank, &w("down_proj"))?;
+                    let s = &mut m.shared_experts;
+                    let w = |n: &str| p(&format!("block_sparse_moe.shared_experts.{n}"));
+                    all_to_sharded(&mut s.gate_proj, size, rank, &w("gate_proj"))?;
+                    all_to_sharded(&mut s.up_proj, size, rank, &w("up_proj"))?;
+                    sharded_to_all_inplace(&mut s.down_proj, size, rank, &w("down_proj"))?;
+                    m.sharded = true;
+                }
+                Ffn::Dense(m) => {
+                    all_to_sharded(&mut m.gate_proj, size, rank, &p("mlp.gate_proj"))?;
+                    all_to_sharded(&mut m.up_proj, size, rank, &p("mlp.up_proj"))?;
+                    sharded_to_all(&mut m.down_proj, size, rank, &p("mlp.down_proj"))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Pipeline parallelism as `TextModel.pipeline` (`PipelineMixin`'s even split, see
+    /// [`crate::shard::pipeline_range`]): this model keeps its stage's layers; the mask comes
+    /// from the stage's first cache, and a stage's send is tied to its last layer's `KVCache`.
+    pub fn shard_pipeline(&mut self, size: i32, rank: i32) -> Result<()> {
+        crate::shard::check_pipeline(MT, &[MT], self.pipeline.is_some())?;
+        crate::shard::keep_stage(&mut self.layers, size, rank)?;
+        self.pipeline = Some((rank, size));
+        Ok(())
     }
 
     fn head(&self, h: &Array) -> Result<Array> {
@@ -842,6 +938,14 @@ impl LanguageModel for Model {
 
     fn layers_path(&self) -> String {
         "language_model.model.layers".into()
+    }
+
+    fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
+        Model::shard_tensor_parallel(self, size, rank)
+    }
+
+    fn shard_pipeline(&mut self, size: i32, rank: i32) -> Result<()> {
+        Model::shard_pipeline(self, size, rank)
     }
 
     kit::layer_caches! {

@@ -7,9 +7,8 @@
 //! their sum + 1e-20, scaled) over `SwitchGLU` experts plus an un-gated `share_expert`; MLPs
 //! may clamp their SwiGLU (`swiglu_limits`, `swiglu_limits_shared`). Sliding layers cache in a
 //! `RotatingKVCache(sliding_window)`. Inference only (no adapters or full fine-tuning).
-//! Tensor parallelism (mlx-lm's `shard()`) is not here yet: it would go in an
-//! `impl Model { pub fn shard_tensor_parallel }` beside `load`, over `Attention`'s and the
-//! MLPs' linears.
+//! Tensor parallelism as mlx-lm's `shard()` ([`Model::shard_tensor_parallel`]); mlx-lm has no
+//! `pipeline` for it.
 
 use mlx_cache::{AttentionMask, Cache};
 use mlx_core::prelude::*;
@@ -125,6 +124,9 @@ struct Moe {
     router_bias: Array,
     switch_mlp: SwitchGlu,
     share_expert: StepMlp,
+    /// Sharded in place: the block's output is summed over the group (mlx-lm's
+    /// `sharding_group`).
+    sharded: bool,
 }
 
 enum Ffn {
@@ -317,6 +319,7 @@ impl Model {
                         a.share_expert_dim,
                         limit_at(&a.swiglu_limits_shared, i),
                     )?,
+                    sharded: false,
                 }))
             } else {
                 Ffn::Dense(StepMlp::load(
@@ -395,7 +398,88 @@ impl Model {
         let dtype = routed.dtype();
         let routed = (&routed * &ops::expand_dims(&weights, &[-1], None)?)?;
         let routed = ops::sum(&routed, &[-2], false, None)?.astype(dtype)?;
-        Ok((&routed + &m.share_expert.forward(x)?)?)
+        let y = (&routed + &m.share_expert.forward(x)?)?;
+        Ok(if m.sharded {
+            mlx_core::distributed::all_sum(&y, None, None)?
+        } else {
+            y
+        })
+    }
+
+    /// Tensor parallelism as step3p5.py's `shard()`: q, k, v and the head-wise gate
+    /// all-to-sharded, o sharded-to-all, heads and KV heads / N (sliding layers' own counts
+    /// too); dense MLPs as llama's; MoE blocks with the shared expert and the experts split in
+    /// place (gate, up by output rows, down by input columns) and the block's output summed.
+    /// Every layer's head counts are checked before the first split (mlx-lm would fail part
+    /// way, on an indivisible weight).
+    pub fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
+        use crate::shard::{
+            all_to_sharded, sharded_to_all, sharded_to_all_inplace, switch_inplace,
+        };
+        let par = |what: String, problem: String| ModelError::Parallel {
+            kind: crate::Parallelism::Tensor,
+            what,
+            problem,
+        };
+        if size < 1 || rank < 0 || rank >= size {
+            return Err(par(
+                format!("rank {rank}"),
+                format!("not a rank of a group of {size}"),
+            ));
+        }
+        for (i, l) in self.layers.iter().enumerate() {
+            let a = &l.self_attn;
+            if a.n_heads % size != 0 || a.n_kv_heads % size != 0 {
+                return Err(par(
+                    format!("model.layers.{i}.self_attn"),
+                    format!(
+                        "{} heads and {} KV heads do not split over {size} ranks",
+                        a.n_heads, a.n_kv_heads
+                    ),
+                ));
+            }
+            if let Ffn::Moe(m) = &l.mlp {
+                if m.sharded {
+                    return Err(par("the model".into(), "already split".into()));
+                }
+            }
+        }
+        let mlp = |m: &mut StepMlp, path: &str, in_place: bool| -> Result<()> {
+            all_to_sharded(&mut m.gate_proj, size, rank, &format!("{path}.gate_proj"))?;
+            all_to_sharded(&mut m.up_proj, size, rank, &format!("{path}.up_proj"))?;
+            let down = format!("{path}.down_proj");
+            if in_place {
+                sharded_to_all_inplace(&mut m.down_proj, size, rank, &down)
+            } else {
+                sharded_to_all(&mut m.down_proj, size, rank, &down)
+            }
+        };
+        for (i, l) in self.layers.iter_mut().enumerate() {
+            let p = |s: &str| format!("model.layers.{i}.{s}");
+            let a = &mut l.self_attn;
+            all_to_sharded(&mut a.q_proj, size, rank, &p("self_attn.q_proj"))?;
+            all_to_sharded(&mut a.k_proj, size, rank, &p("self_attn.k_proj"))?;
+            all_to_sharded(&mut a.v_proj, size, rank, &p("self_attn.v_proj"))?;
+            sharded_to_all(&mut a.o_proj, size, rank, &p("self_attn.o_proj"))?;
+            a.n_heads /= size;
+            a.n_kv_heads /= size;
+            if let Some(g) = a.g_proj.as_mut() {
+                all_to_sharded(g, size, rank, &p("self_attn.g_proj"))?;
+            }
+            match &mut l.mlp {
+                Ffn::Dense(m) => mlp(m, &p("mlp"), false)?,
+                Ffn::Moe(m) => {
+                    mlp(&mut m.share_expert, &p("mlp.share_expert"), true)?;
+                    let e = &mut m.switch_mlp;
+                    let w = |n: &str| p(&format!("mlp.switch_mlp.{n}"));
+                    switch_inplace(&mut e.gate_proj, true, size, rank, &w("gate_proj"))?;
+                    switch_inplace(&mut e.up_proj, true, size, rank, &w("up_proj"))?;
+                    switch_inplace(&mut e.down_proj, false, size, rank, &w("down_proj"))?;
+                    m.sharded = true;
+                }
+            }
+        }
+        Ok(())
     }
 
     fn hidden_states(
@@ -484,6 +568,10 @@ fn sanitize(a: &ModelArgs, w: &mut Weights) -> Result<()> {
 
 impl LanguageModel for Model {
     kit::short_port_entry_points!(args, vocab_size);
+
+    fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
+        Model::shard_tensor_parallel(self, size, rank)
+    }
 
     kit::layer_caches! {
         /// `make_cache`: a `RotatingKVCache(sliding_window)` for sliding layers, else a `KVCache`.
