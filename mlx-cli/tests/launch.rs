@@ -235,7 +235,7 @@ fn launched_generate_equals(golden: &str, model: &str, launch_flags: &[&str]) {
         .map(i32::to_string)
         .collect();
     let greedy = gold["greedy"].to_vec::<i32>().unwrap();
-    let model = root.join("mlx-cli/tests/models").join(model);
+    let model = with_tokenizer(&root.join("mlx-cli/tests/models").join(model), golden);
     let mut args = vec!["launch", "-n", "2", "--backend", "ring", "--timeout", "60"];
     args.extend_from_slice(launch_flags);
     let (prompt, n) = (prompt.join(","), greedy.len().to_string());
@@ -263,6 +263,48 @@ fn launched_generate_equals(golden: &str, model: &str, launch_flags: &[&str]) {
         .collect();
     assert_eq!(tokens, greedy, "{golden}");
     assert!(took < Duration::from_secs(120), "{took:?}");
+}
+
+/// `model` itself when it has a tokenizer; else a copy of its config and weights with
+/// dense_f32's tokenizer (the one goldens_dist.py stages beside such fixtures) under the test
+/// temporary directory.
+fn with_tokenizer(model: &std::path::Path, name: &str) -> std::path::PathBuf {
+    if model.join("tokenizer.json").exists() {
+        return model.to_path_buf();
+    }
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("launch_{name}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let tok = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/models/dense_f32");
+    for (from, file) in [
+        (model, "config.json"),
+        (model, "model.safetensors"),
+        (tok.as_path(), "tokenizer.json"),
+        (tok.as_path(), "tokenizer_config.json"),
+    ] {
+        std::fs::copy(from.join(file), dir.join(file)).unwrap();
+    }
+    dir
+}
+
+/// The rows added last to the coverage table, end to end: step3p5 tensor parallel,
+/// minimax_m3_vl pipelined, bailing_hybrid pipelined by its layer groups (and refused
+/// without `--pipeline`: mlx-lm's class has no `shard()`).
+#[test]
+fn launched_generate_equals_mlx_lm_for_step3p5_minimax_m3_vl_and_bailing_hybrid() {
+    let models = "../../../mlx-models/tests/models";
+    let step = format!("{models}/dist/step3p5");
+    launched_generate_equals("dist_step3p5_tp2", &step, &[]);
+    let minimax = format!("{models}/dense2/minimax_m3_vl");
+    launched_generate_equals("dist_minimax_m3_vl_pp2", &minimax, &["--pipeline"]);
+    let bailing = format!("{models}/dist/bailing_hybrid");
+    launched_generate_equals("dist_bailing_hybrid_pp2", &bailing, &["--pipeline"]);
+    let bailing = with_tokenizer(
+        &std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/models")
+            .join(&bailing),
+        "dist_bailing_hybrid_pp2",
+    );
+    launched_generate_is_refused(bailing.to_str().unwrap(), &[], "--pipeline");
 }
 
 #[test]
