@@ -91,6 +91,7 @@ fn the_new_types_are_listed_as_table_rows() {
         "bailing_moe_linear",
         "bailing_hybrid",
         "minimax_m3_vl",
+        "kimi_k3",
     ] {
         let s = all.iter().find(|s| s.model_type == t);
         assert_eq!(s.map(|s| s.serving), Some(Serving::Dedicated), "{t}");

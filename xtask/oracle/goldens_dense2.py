@@ -682,11 +682,82 @@ CASES = {
         "float32",
         (32, 4),
     ),
+    # Kimi K3: KDA layers with one fused qkv projection and convolution (lower-bounded or
+    # plain forget gate, low-rank or full-rank output gate), NoPE MLA layers (q LoRA, sigmoid
+    # output gate), SiTU MLPs and experts, a latent MoE (down, experts, norm, up) under the
+    # compiled grouped sigmoid router, and attention residuals (blocks of attn_res_block_size
+    # layers mixed by a compiled precise softmax).
+    "kimi_k3": (
+        "kimi_k3",
+        {"text_config": {"vocab_size": 96, "hidden_size": 32, "num_hidden_layers": 4,
+                         "num_attention_heads": 4, "num_key_value_heads": 4,
+                         "intermediate_size": 64, "rms_norm_eps": 1e-5,
+                         "activation_situ_beta": 2.0, "activation_situ_linear_beta": 3.0,
+                         "attn_res_block_size": 2, "q_lora_rank": 16, "kv_lora_rank": 16,
+                         "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 8,
+                         "mla_use_output_gate": True, "num_experts": 4,
+                         "num_experts_per_token": 2, "num_shared_experts": 1,
+                         "moe_intermediate_size": 16, "routed_scaling_factor": 2.5,
+                         "first_k_dense_replace": 1, "num_expert_group": 2, "topk_group": 1,
+                         "routed_expert_hidden_size": 16, "latent_moe_use_norm": True,
+                         "linear_attn_config": {"num_heads": 4, "head_dim": 8,
+                                                "kda_layers": [1, 3, 4],
+                                                "short_conv_kernel_size": 4,
+                                                "gate_lower_bound": -5.0}}},
+        "float32",
+        None,
+    ),
+    # The flat config (no text_config), tied embeddings, no attention residuals, q_proj
+    # without LoRA, a full-rank KDA output gate without a lower bound, experts on the hidden
+    # width, plain SiTU (beta 1, no linear clamp).
+    "kimi_k3_flat": (
+        "kimi_k3",
+        {"num_hidden_layers": 3, "num_key_value_heads": 4, "kv_lora_rank": 16,
+         "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 16, "num_experts": 4,
+         "num_experts_per_token": 2, "moe_intermediate_size": 16, "moe_layer_freq": 2,
+         "tie_word_embeddings": True,
+         "linear_attn_config": {"num_heads": 2, "head_dim": 16, "kda_layers": [2],
+                                "short_conv_kernel_size": 3, "use_full_rank_gate": True}},
+        "float32",
+        None,
+    ),
+    # bfloat16 without experts (MLX's CPU GatherMM takes float32 only).
+    "kimi_k3_bf16": (
+        "kimi_k3",
+        {"text_config": {"vocab_size": 96, "hidden_size": 32, "num_hidden_layers": 3,
+                         "num_attention_heads": 4, "intermediate_size": 64,
+                         "rms_norm_eps": 1e-5, "activation_situ_beta": 1.5,
+                         "attn_res_block_size": 1, "kv_lora_rank": 16, "qk_nope_head_dim": 8,
+                         "qk_rope_head_dim": 8, "v_head_dim": 8,
+                         "linear_attn_config": {"num_heads": 4, "head_dim": 8,
+                                                "kda_layers": [1, 2],
+                                                "short_conv_kernel_size": 2,
+                                                "gate_lower_bound": -3.0}}},
+        "bfloat16",
+        None,
+    ),
+    "kimi_k3_q4": (
+        "kimi_k3",
+        {"text_config": {"vocab_size": 96, "hidden_size": 64, "num_hidden_layers": 3,
+                         "num_attention_heads": 2, "intermediate_size": 64,
+                         "rms_norm_eps": 1e-5, "activation_situ_linear_beta": 4.0,
+                         "attn_res_block_size": 2, "q_lora_rank": 32, "kv_lora_rank": 32,
+                         "qk_nope_head_dim": 32, "qk_rope_head_dim": 8, "v_head_dim": 32,
+                         "mla_use_output_gate": True, "num_experts": 4,
+                         "num_experts_per_token": 2, "num_shared_experts": 1,
+                         "moe_intermediate_size": 32, "routed_expert_hidden_size": 32,
+                         "linear_attn_config": {"num_heads": 2, "head_dim": 32,
+                                                "kda_layers": [1, 3],
+                                                "short_conv_kernel_size": 4,
+                                                "gate_lower_bound": -5.0}}},
+        "float32",
+        (32, 4),
+    ),
 }
 
 # Cases whose config is only the overrides (no BASE keys at the top level).
 NO_BASE = {"gemma4", "gemma4_bf16", "gemma4_moe", "muse_glimmer", "muse_glimmer_bf16", "muse_glimmer_q4", "talkie", "talkie_bf16", "talkie_q4", "lfm2_vl", "qwen3_vl_moe", "qwen3_vl_moe_q4", "openelm", "openelm_q4", "lille_130m", "lille_130m_bf16", "qwen3_vl", "qwen3_vl_q4", "pixtral", "pixtral_q4",
-           "qwen2_vl_q4"}
+           "qwen2_vl_q4", "kimi_k3", "kimi_k3_bf16", "kimi_k3_q4"}
 
 PROMPT = [1, 17, 90, 5, 42, 42, 7, 88, 3, 64]
 STEPS = 5

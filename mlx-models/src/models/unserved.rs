@@ -24,11 +24,6 @@ pub const UNSERVED: &[(&str, Unserved, &str)] = &[
         "AltUp, Laurel, per-layer inputs: not ported yet",
     ),
     (
-        "kimi_k3",
-        Unserved::NotYet,
-        "MLA MoE (issue #32, DeepSeek family): not ported yet",
-    ),
-    (
         "muse_spark",
         Unserved::NoCpu,
         "mlx-lm calls its fused Metal kernels (mlx_lm.kernels: qk_norm, expert_routing, \
