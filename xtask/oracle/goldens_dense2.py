@@ -753,11 +753,33 @@ CASES = {
         "float32",
         (32, 4),
     ),
+    # A Hadamard pack of Qwen 3.5 (prism_hadamard_qwen35): every linear and the embedding
+    # 2-bit affine (group 128) with a signed blockwise Walsh-Hadamard rotation folded into the
+    # input axis (blocks of 512 on the 512-wide inputs, none on the 128-wide ones), float16
+    # activations; random packed weights, float16 scales and biases, random signs.
+    "prism_hadamard_qwen35": (
+        "prism_hadamard_qwen35",
+        {"schema_version": 1, "tensor_namespace": "mlx-lm-text",
+         "gdn_activation_layout": "grouped",
+         "text_config": {"model_type": "qwen3_5", "vocab_size": 96, "hidden_size": 512,
+                         "num_hidden_layers": 2, "full_attention_interval": 2,
+                         "intermediate_size": 128, "num_attention_heads": 4,
+                         "num_key_value_heads": 2, "head_dim": 32, "rms_norm_eps": 1e-6,
+                         "linear_num_value_heads": 4, "linear_num_key_heads": 2,
+                         "linear_key_head_dim": 32, "linear_value_head_dim": 32,
+                         "linear_conv_kernel_dim": 4, "max_position_embeddings": 512,
+                         "tie_word_embeddings": True,
+                         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                             "partial_rotary_factor": 0.25}}},
+        "float16",
+        "prism",
+    ),
 }
 
 # Cases whose config is only the overrides (no BASE keys at the top level).
 NO_BASE = {"gemma4", "gemma4_bf16", "gemma4_moe", "muse_glimmer", "muse_glimmer_bf16", "muse_glimmer_q4", "talkie", "talkie_bf16", "talkie_q4", "lfm2_vl", "qwen3_vl_moe", "qwen3_vl_moe_q4", "openelm", "openelm_q4", "lille_130m", "lille_130m_bf16", "qwen3_vl", "qwen3_vl_q4", "pixtral", "pixtral_q4",
-           "qwen2_vl_q4", "kimi_k3", "kimi_k3_bf16", "kimi_k3_q4"}
+           "qwen2_vl_q4", "kimi_k3", "kimi_k3_bf16", "kimi_k3_q4",
+           "prism_hadamard_qwen35"}
 
 PROMPT = [1, 17, 90, 5, 42, 42, 7, 88, 3, 64]
 STEPS = 5
@@ -808,6 +830,37 @@ def unpack_bitlinear(model):
     return model
 
 
+def prism_records(config):
+    """The pack's manifest: every linear of the text model and its embedding, float16, a
+    Hadamard block of 512 where the input is 512 wide, else none; its quantization block."""
+    from mlx_lm.models import qwen3_5
+
+    text = qwen3_5.Model(qwen3_5.ModelArgs.from_dict(
+        {"model_type": "qwen3_5", "text_config": config["text_config"]})).language_model
+    records = []
+    for path, m in text.named_modules():
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            width = m.weight.shape[1]
+            records.append({"path": path, "embedding": isinstance(m, nn.Embedding),
+                            "dtype": "float16", "block": 512 if width % 512 == 0 else 0})
+    config["modules"] = sorted(records, key=lambda r: r["path"])
+    config["quantization"] = {"bits": 2, "group_size": 128, "mode": "affine"}
+
+
+def fill_prism(model):
+    """Random 2-bit codes, float16 scales and biases, and +-1 signs for the packed modules."""
+    from mlx_lm.models.prism_hadamard_qwen35 import HadamardQuantizedLinear
+
+    for _, m in model.named_modules():
+        if isinstance(m, HadamardQuantizedLinear):
+            m.weight = mx.random.randint(0, 2**31, m.weight.shape).astype(mx.uint32) * 2 + \
+                mx.random.randint(0, 2, m.weight.shape).astype(mx.uint32)
+            m.scales = (mx.random.uniform(0.02, 0.08, m.scales.shape)).astype(mx.float16)
+            m.biases = (-1.5 * m.scales.astype(mx.float32)).astype(mx.float16)
+            if m.block:
+                m.signs = mx.where(mx.random.uniform(shape=m.signs.shape) < 0.5, -1.0, 1.0)
+
+
 def load(out_dir, model_type):
     model, _ = load_model(out_dir)
     return unpack_bitlinear(model) if model_type == "bitnet" else model
@@ -818,6 +871,8 @@ def build(i, name, model_type, overrides, dtype, quant):
     config["model_type"] = model_type
     arch = importlib.import_module(f"mlx_lm.models.{model_type}")
     mx.random.seed(2000 + i)
+    if quant == "prism":
+        prism_records(config)
     model = arch.Model(arch.ModelArgs.from_dict(json.loads(json.dumps(config))))
     if "quantization_config" in config:
         from mlx_lm.models.bitlinear_layers import bitnet_quantize
@@ -827,7 +882,9 @@ def build(i, name, model_type, overrides, dtype, quant):
     model.set_dtype(getattr(mx, dtype))
     if model_type == "bitnet":
         fill_bitlinear(model, dtype)
-    if quant is not None:
+    if quant == "prism":
+        fill_prism(model)
+    elif quant is not None:
         gs, bits_ = quant
         pred = getattr(model, "quant_predicate", None)
         config["quantization"] = {"group_size": gs, "bits": bits_}

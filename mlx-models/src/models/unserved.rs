@@ -29,10 +29,4 @@ pub const UNSERVED: &[(&str, Unserved, &str)] = &[
         "mlx-lm calls its fused Metal kernels (mlx_lm.kernels: qk_norm, expert_routing, \
          norm_add_norm) unconditionally",
     ),
-    (
-        "prism_hadamard_qwen35",
-        Unserved::NotYet,
-        "Hadamard-rotated Qwen 3.5 (its op, mlx_core::ops::hadamard_transform, is in place): \
-         not ported yet",
-    ),
 ];
