@@ -91,6 +91,8 @@ fn the_new_types_are_listed_as_table_rows() {
         "bailing_moe_linear",
         "bailing_hybrid",
         "minimax_m3_vl",
+        "kimi_k3",
+        "prism_hadamard_qwen35",
     ] {
         let s = all.iter().find(|s| s.model_type == t);
         assert_eq!(s.map(|s| s.serving), Some(Serving::Dedicated), "{t}");
@@ -266,6 +268,41 @@ fn new_hybrid_configs_and_weights_name_the_problem() {
                 None,
             ),
             "mlp_layer_types",
+        ),
+        (
+            err(
+                "kimi_k3",
+                &|c| c["text_config"]["hidden_act"] = "gelu".into(),
+                None,
+            ),
+            "hidden_act",
+        ),
+        (
+            err(
+                "prism_hadamard_qwen35",
+                &|c| c["quantization"]["bits"] = 4.into(),
+                None,
+            ),
+            "`quantization`",
+        ),
+        (
+            err(
+                "prism_hadamard_qwen35",
+                &|_| {},
+                Some("language_model.model.layers.0.mlp.gate_proj.signs"),
+            ),
+            "language_model.model.layers.0.mlp.gate_proj.signs",
+        ),
+        (
+            err(
+                "prism_hadamard_qwen35",
+                &|c| {
+                    c["modules"][0] = serde_json::json!({"path": "model.layers.9.nothing",
+                        "embedding": false, "dtype": "float16", "block": 0})
+                },
+                None,
+            ),
+            "packed modules are unknown",
         ),
     ];
     for (msg, want) in cases {

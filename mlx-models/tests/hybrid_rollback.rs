@@ -6,8 +6,8 @@
 //! gpt_oss and gemma3_text (KVCache and RotatingKVCache on the sliding layers) and gemma4_text
 //! (the same, its KV-shared layers have none), with the rotating caches both short of their
 //! window and wrapped; recurrent_gemma, rwkv7, gear and plamo2 (their ArraysCache states beside
-//! rotating and plain KV caches); kimi_linear, bailing_moe_v3, bailing_moe_linear and
-//! bailing_hybrid (KDA and GLA states beside MLA and plain KV caches).
+//! rotating and plain KV caches); kimi_linear, bailing_moe_v3, kimi_k3, bailing_moe_linear
+//! and bailing_hybrid (KDA and GLA states beside MLA and plain KV caches).
 
 use std::path::PathBuf;
 
@@ -155,6 +155,10 @@ fn kda_hybrids_roll_back_bit_for_bit() {
     // Three conv states and the per-channel gated delta state beside MLA caches.
     property("dense2/kimi_linear", 8);
     property("dense2/bailing_moe_v3", 8);
+    // kimi_k3: one fused conv state and the gated delta state in a two-slot ArraysCache,
+    // with attention residuals and a latent MoE.
+    property("dense2/kimi_k3", 8);
+    property("dense2/kimi_k3_flat", 8);
 }
 
 #[test]
@@ -209,6 +213,7 @@ fn rollback_inside_a_multi_token_call() {
         ("gemma4_text", 2),
         ("dense2/kimi_linear", 2),
         ("dense2/bailing_moe_v3", 2),
+        ("dense2/kimi_k3", 2),
         ("dense2/bailing_moe_linear", 2),
         // Not bailing_hybrid: its chunked recurrence's outputs depend on the call's length
         // (the chunk size and its centring), so the later layers' caches of a 5-token call

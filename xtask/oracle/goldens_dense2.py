@@ -682,11 +682,104 @@ CASES = {
         "float32",
         (32, 4),
     ),
+    # Kimi K3: KDA layers with one fused qkv projection and convolution (lower-bounded or
+    # plain forget gate, low-rank or full-rank output gate), NoPE MLA layers (q LoRA, sigmoid
+    # output gate), SiTU MLPs and experts, a latent MoE (down, experts, norm, up) under the
+    # compiled grouped sigmoid router, and attention residuals (blocks of attn_res_block_size
+    # layers mixed by a compiled precise softmax).
+    "kimi_k3": (
+        "kimi_k3",
+        {"text_config": {"vocab_size": 96, "hidden_size": 32, "num_hidden_layers": 4,
+                         "num_attention_heads": 4, "num_key_value_heads": 4,
+                         "intermediate_size": 64, "rms_norm_eps": 1e-5,
+                         "activation_situ_beta": 2.0, "activation_situ_linear_beta": 3.0,
+                         "attn_res_block_size": 2, "q_lora_rank": 16, "kv_lora_rank": 16,
+                         "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 8,
+                         "mla_use_output_gate": True, "num_experts": 4,
+                         "num_experts_per_token": 2, "num_shared_experts": 1,
+                         "moe_intermediate_size": 16, "routed_scaling_factor": 2.5,
+                         "first_k_dense_replace": 1, "num_expert_group": 2, "topk_group": 1,
+                         "routed_expert_hidden_size": 16, "latent_moe_use_norm": True,
+                         "linear_attn_config": {"num_heads": 4, "head_dim": 8,
+                                                "kda_layers": [1, 3, 4],
+                                                "short_conv_kernel_size": 4,
+                                                "gate_lower_bound": -5.0}}},
+        "float32",
+        None,
+    ),
+    # The flat config (no text_config), tied embeddings, no attention residuals, q_proj
+    # without LoRA, a full-rank KDA output gate without a lower bound, experts on the hidden
+    # width, plain SiTU (beta 1, no linear clamp).
+    "kimi_k3_flat": (
+        "kimi_k3",
+        {"num_hidden_layers": 3, "num_key_value_heads": 4, "kv_lora_rank": 16,
+         "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 16, "num_experts": 4,
+         "num_experts_per_token": 2, "moe_intermediate_size": 16, "moe_layer_freq": 2,
+         "tie_word_embeddings": True,
+         "linear_attn_config": {"num_heads": 2, "head_dim": 16, "kda_layers": [2],
+                                "short_conv_kernel_size": 3, "use_full_rank_gate": True}},
+        "float32",
+        None,
+    ),
+    # bfloat16 without experts (MLX's CPU GatherMM takes float32 only).
+    "kimi_k3_bf16": (
+        "kimi_k3",
+        {"text_config": {"vocab_size": 96, "hidden_size": 32, "num_hidden_layers": 3,
+                         "num_attention_heads": 4, "intermediate_size": 64,
+                         "rms_norm_eps": 1e-5, "activation_situ_beta": 1.5,
+                         "attn_res_block_size": 1, "kv_lora_rank": 16, "qk_nope_head_dim": 8,
+                         "qk_rope_head_dim": 8, "v_head_dim": 8,
+                         "linear_attn_config": {"num_heads": 4, "head_dim": 8,
+                                                "kda_layers": [1, 2],
+                                                "short_conv_kernel_size": 2,
+                                                "gate_lower_bound": -3.0}}},
+        "bfloat16",
+        None,
+    ),
+    "kimi_k3_q4": (
+        "kimi_k3",
+        {"text_config": {"vocab_size": 96, "hidden_size": 64, "num_hidden_layers": 3,
+                         "num_attention_heads": 2, "intermediate_size": 64,
+                         "rms_norm_eps": 1e-5, "activation_situ_linear_beta": 4.0,
+                         "attn_res_block_size": 2, "q_lora_rank": 32, "kv_lora_rank": 32,
+                         "qk_nope_head_dim": 32, "qk_rope_head_dim": 8, "v_head_dim": 32,
+                         "mla_use_output_gate": True, "num_experts": 4,
+                         "num_experts_per_token": 2, "num_shared_experts": 1,
+                         "moe_intermediate_size": 32, "routed_expert_hidden_size": 32,
+                         "linear_attn_config": {"num_heads": 2, "head_dim": 32,
+                                                "kda_layers": [1, 3],
+                                                "short_conv_kernel_size": 4,
+                                                "gate_lower_bound": -5.0}}},
+        "float32",
+        (32, 4),
+    ),
+    # A Hadamard pack of Qwen 3.5 (prism_hadamard_qwen35): every linear and the embedding
+    # 2-bit affine (group 128) with a signed blockwise Walsh-Hadamard rotation folded into the
+    # input axis (blocks of 512 on the 512-wide inputs, none on the 128-wide ones), float16
+    # activations; random packed weights, float16 scales and biases, random signs.
+    "prism_hadamard_qwen35": (
+        "prism_hadamard_qwen35",
+        {"schema_version": 1, "tensor_namespace": "mlx-lm-text",
+         "gdn_activation_layout": "grouped",
+         "text_config": {"model_type": "qwen3_5", "vocab_size": 96, "hidden_size": 512,
+                         "num_hidden_layers": 2, "full_attention_interval": 2,
+                         "intermediate_size": 128, "num_attention_heads": 4,
+                         "num_key_value_heads": 2, "head_dim": 32, "rms_norm_eps": 1e-6,
+                         "linear_num_value_heads": 4, "linear_num_key_heads": 2,
+                         "linear_key_head_dim": 32, "linear_value_head_dim": 32,
+                         "linear_conv_kernel_dim": 4, "max_position_embeddings": 512,
+                         "tie_word_embeddings": True,
+                         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                             "partial_rotary_factor": 0.25}}},
+        "float16",
+        "prism",
+    ),
 }
 
 # Cases whose config is only the overrides (no BASE keys at the top level).
 NO_BASE = {"gemma4", "gemma4_bf16", "gemma4_moe", "muse_glimmer", "muse_glimmer_bf16", "muse_glimmer_q4", "talkie", "talkie_bf16", "talkie_q4", "lfm2_vl", "qwen3_vl_moe", "qwen3_vl_moe_q4", "openelm", "openelm_q4", "lille_130m", "lille_130m_bf16", "qwen3_vl", "qwen3_vl_q4", "pixtral", "pixtral_q4",
-           "qwen2_vl_q4"}
+           "qwen2_vl_q4", "kimi_k3", "kimi_k3_bf16", "kimi_k3_q4",
+           "prism_hadamard_qwen35"}
 
 PROMPT = [1, 17, 90, 5, 42, 42, 7, 88, 3, 64]
 STEPS = 5
@@ -737,6 +830,37 @@ def unpack_bitlinear(model):
     return model
 
 
+def prism_records(config):
+    """The pack's manifest: every linear of the text model and its embedding, float16, a
+    Hadamard block of 512 where the input is 512 wide, else none; its quantization block."""
+    from mlx_lm.models import qwen3_5
+
+    text = qwen3_5.Model(qwen3_5.ModelArgs.from_dict(
+        {"model_type": "qwen3_5", "text_config": config["text_config"]})).language_model
+    records = []
+    for path, m in text.named_modules():
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            width = m.weight.shape[1]
+            records.append({"path": path, "embedding": isinstance(m, nn.Embedding),
+                            "dtype": "float16", "block": 512 if width % 512 == 0 else 0})
+    config["modules"] = sorted(records, key=lambda r: r["path"])
+    config["quantization"] = {"bits": 2, "group_size": 128, "mode": "affine"}
+
+
+def fill_prism(model):
+    """Random 2-bit codes, float16 scales and biases, and +-1 signs for the packed modules."""
+    from mlx_lm.models.prism_hadamard_qwen35 import HadamardQuantizedLinear
+
+    for _, m in model.named_modules():
+        if isinstance(m, HadamardQuantizedLinear):
+            m.weight = mx.random.randint(0, 2**31, m.weight.shape).astype(mx.uint32) * 2 + \
+                mx.random.randint(0, 2, m.weight.shape).astype(mx.uint32)
+            m.scales = (mx.random.uniform(0.02, 0.08, m.scales.shape)).astype(mx.float16)
+            m.biases = (-1.5 * m.scales.astype(mx.float32)).astype(mx.float16)
+            if m.block:
+                m.signs = mx.where(mx.random.uniform(shape=m.signs.shape) < 0.5, -1.0, 1.0)
+
+
 def load(out_dir, model_type):
     model, _ = load_model(out_dir)
     return unpack_bitlinear(model) if model_type == "bitnet" else model
@@ -747,6 +871,8 @@ def build(i, name, model_type, overrides, dtype, quant):
     config["model_type"] = model_type
     arch = importlib.import_module(f"mlx_lm.models.{model_type}")
     mx.random.seed(2000 + i)
+    if quant == "prism":
+        prism_records(config)
     model = arch.Model(arch.ModelArgs.from_dict(json.loads(json.dumps(config))))
     if "quantization_config" in config:
         from mlx_lm.models.bitlinear_layers import bitnet_quantize
@@ -756,7 +882,9 @@ def build(i, name, model_type, overrides, dtype, quant):
     model.set_dtype(getattr(mx, dtype))
     if model_type == "bitnet":
         fill_bitlinear(model, dtype)
-    if quant is not None:
+    if quant == "prism":
+        fill_prism(model)
+    elif quant is not None:
         gs, bits_ = quant
         pred = getattr(model, "quant_predicate", None)
         config["quantization"] = {"group_size": gs, "bits": bits_}

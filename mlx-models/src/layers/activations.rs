@@ -228,3 +228,37 @@ fn gelu_approx_ops(x: &Array) -> Result<Array> {
     let half_x = (0.5f32 * x)?;
     &half_x * &(1.0f32 + &t)?
 }
+
+/// kimi_k3's `_situ(x, gate, beta, linear_beta)`: `beta * tanh(gate / beta) * sigmoid(gate)`
+/// times `x` (first `linear_beta * tanh(x / linear_beta)` when given), in float32, cast back
+/// to `x`'s dtype; compiled shapeless there with `beta` and `linear_beta` constants of the
+/// trace, so here one compiled function per pair and thread.
+pub fn situ(x: &Array, gate: &Array, beta: f64, linear_beta: Option<f64>) -> Result<Array> {
+    type Key = (u64, Option<u64>);
+    type Table = std::collections::HashMap<Key, &'static Compiled<'static>>;
+    thread_local! {
+        static F: std::cell::RefCell<Table> = std::cell::RefCell::new(Table::new());
+    }
+    let key = (beta.to_bits(), linear_beta.map(f64::to_bits));
+    let f = F.with(|table| -> Result<&'static Compiled<'static>> {
+        if let Some(f) = table.borrow().get(&key) {
+            return Ok(*f);
+        }
+        let body = move |xs: &[Array]| -> Result<Vec<Array>> {
+            let dtype = xs[0].dtype();
+            let gate = xs[1].astype(Dtype::Float32)?;
+            let mut x = xs[0].astype(Dtype::Float32)?;
+            let t = ops::tanh(&ops::divide_scalar(&gate, beta, None)?, None)?;
+            let a = (&ops::multiply_scalar(&t, beta, None)? * &ops::sigmoid(&gate, None)?)?;
+            if let Some(lb) = linear_beta {
+                let t = ops::tanh(&ops::divide_scalar(&x, lb, None)?, None)?;
+                x = ops::multiply_scalar(&t, lb, None)?;
+            }
+            Ok(vec![(&a * &x)?.astype(dtype)?])
+        };
+        let f: &'static Compiled<'static> = Box::leak(Box::new(compile(body, true)?));
+        table.borrow_mut().insert(key, f);
+        Ok(f)
+    })?;
+    one(f.call(&[x.clone(), gate.clone()])?, "situ")
+}

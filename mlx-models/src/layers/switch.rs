@@ -284,11 +284,21 @@ impl SwitchGlu {
 
     /// `x` of shape `(..., dims)` and `indices` `(..., k)` to `(..., k, dims)`.
     pub fn forward(&self, x: &Array, indices: &Array) -> Result<Array> {
+        self.forward_with(x, indices, |up, gate| self.activation.apply(up, gate))
+    }
+
+    /// [`SwitchGlu::forward`] with the activation `act(x_up, x_gate)` given by the caller
+    /// (kimi_k3's SiTU, whose constants would widen [`SwitchActivation`]).
+    pub fn forward_with(
+        &self,
+        x: &Array,
+        indices: &Array,
+        act: impl Fn(&Array, &Array) -> Result<Array>,
+    ) -> Result<Array> {
         routed(x, indices, |x, idx, do_sort| {
             let x_up = self.up_proj.forward(x, idx, do_sort)?;
             let x_gate = self.gate_proj.forward(x, idx, do_sort)?;
-            self.down_proj
-                .forward(&self.activation.apply(&x_up, &x_gate)?, idx, do_sort)
+            self.down_proj.forward(&act(&x_up, &x_gate)?, idx, do_sort)
         })
     }
 }

@@ -237,13 +237,14 @@ fn compute_lower_bound_g(
 /// How a KDA layer computes its forget gate and its output gate.
 #[derive(Clone)]
 enum Gates {
-    /// kimi_linear: `f_b_proj(f_a_proj(x))` through `compute_g`; `g_b_proj(g_a_proj(x))`, and
-    /// `o_norm(out) * sigmoid(gate)` in the activations' dtype.
+    /// kimi_linear and kimi_k3: `f_b_proj(f_a_proj(x))` through `compute_g`, or through
+    /// `compute_lower_bound_g` when a bound is given (kimi_k3's `gate_lower_bound`); the output
+    /// gate [`OutGate`], and `o_norm(out) * sigmoid(gate)` in the activations' dtype.
     LowRank {
         f_a: Linear,
         f_b: Linear,
-        g_a: Linear,
-        g_b: Linear,
+        out: OutGate,
+        lower_bound: Option<f32>,
     },
     /// bailing_moe_v3: `f_proj(x)` through `compute_lower_bound_g`, `b_proj(x)` in float32;
     /// `g_proj(x)`, and `o_norm(out) * sigmoid(gate.astype(float32)).astype(out.dtype)`.
@@ -254,13 +255,69 @@ enum Gates {
     },
 }
 
-/// kimi_linear's `KimiDeltaAttention`, bailing_moe_v3's `BailingKDA`.
+/// The output gate's projection of a [`Gates::LowRank`] layer.
 #[derive(Clone)]
-struct Kda {
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
-    convs: [DepthwiseConv; 3],
+enum OutGate {
+    /// `g_b_proj(g_a_proj(x))`.
+    LowRank { g_a: Linear, g_b: Linear },
+    /// kimi_k3's `use_full_rank_gate`: `g_proj(x)`.
+    Full(Linear),
+}
+
+impl OutGate {
+    fn forward(&self, x: &Array) -> Result<Array> {
+        match self {
+            OutGate::LowRank { g_a, g_b } => g_b.forward(&g_a.forward(x)?),
+            OutGate::Full(g) => g.forward(x),
+        }
+    }
+}
+
+/// A KDA layer's q/k/v projections and their short convolutions.
+#[derive(Clone)]
+enum Inputs {
+    /// kimi_linear, bailing_moe_v3: three projections, each through its own convolution;
+    /// cache slots 0-2 the conv states, 3 the recurrent state.
+    Separate {
+        q_proj: Linear,
+        k_proj: Linear,
+        v_proj: Linear,
+        convs: [DepthwiseConv; 3],
+    },
+    /// kimi_k3: one `qkv_proj` through one `qkv_conv` over the three, split after the `silu`;
+    /// cache slot 0 the conv state, 1 the recurrent state.
+    Fused {
+        qkv_proj: Linear,
+        conv: DepthwiseConv,
+    },
+}
+
+impl Inputs {
+    fn convs(&self) -> Vec<&DepthwiseConv> {
+        match self {
+            Inputs::Separate { convs, .. } => convs.iter().collect(),
+            Inputs::Fused { conv, .. } => vec![conv],
+        }
+    }
+
+    fn projections(&self, x: &Array) -> Result<Vec<Array>> {
+        Ok(match self {
+            Inputs::Separate {
+                q_proj,
+                k_proj,
+                v_proj,
+                ..
+            } => vec![q_proj.forward(x)?, k_proj.forward(x)?, v_proj.forward(x)?],
+            Inputs::Fused { qkv_proj, .. } => vec![qkv_proj.forward(x)?],
+        })
+    }
+}
+
+/// kimi_linear's `KimiDeltaAttention`, bailing_moe_v3's `BailingKDA`, kimi_k3's
+/// `KimiK3DeltaAttention`.
+#[derive(Clone)]
+pub(super) struct Kda {
+    inputs: Inputs,
     gates: Gates,
     b_proj: Linear,
     /// `(H, 1)`.
@@ -273,52 +330,117 @@ struct Kda {
     head_dim: i32,
 }
 
+/// How a KDA layer forms its forget and output gates.
+#[derive(Clone, Copy)]
+pub(super) enum GateKind {
+    /// Low-rank forget gate, optionally lower-bounded; low-rank or (`full_out`) full-rank
+    /// output gate.
+    LowRank {
+        lower_bound: Option<f32>,
+        full_out: bool,
+    },
+    /// bailing_moe_v3's full-rank gates with their lower bound.
+    Full(f32),
+}
+
 /// What a KDA layer is made of, and the names of its modules.
-struct KdaSpec<'a> {
-    hidden_size: i32,
-    num_heads: i32,
-    head_dim: i32,
-    kernel: i32,
-    eps: f32,
-    /// The convolutions' module paths under the layer (`q_conv.conv`, `q_conv1d`, ...).
-    conv_names: [&'a str; 3],
+pub(super) struct KdaSpec<'a> {
+    pub(super) hidden_size: i32,
+    pub(super) num_heads: i32,
+    pub(super) head_dim: i32,
+    pub(super) kernel: i32,
+    pub(super) eps: f32,
+    /// The convolutions' module paths under the layer (`q_conv.conv`, `q_conv1d`, ...); one
+    /// name (`qkv_conv.conv`) for kimi_k3's fused projection.
+    pub(super) conv_names: &'a [&'a str],
     /// `A_log`'s stored shape.
-    a_log_shape: Vec<i32>,
-    /// `None`: kimi_linear's low-rank gates; `Some(bound)`: bailing_moe_v3's full ones.
-    lower_bound: Option<f32>,
+    pub(super) a_log_shape: Vec<i32>,
+    pub(super) gates: GateKind,
 }
 
 impl Kda {
-    fn load(s: &KdaSpec<'_>, w: &mut Weights, p: &str) -> Result<Kda> {
+    pub(super) fn load(s: &KdaSpec<'_>, w: &mut Weights, p: &str) -> Result<Kda> {
         let d = s.hidden_size;
         let proj = s.num_heads * s.head_dim;
-        let mut l = |n: &str, i: i32, o: i32| Linear::load(w, &format!("{p}.{n}"), i, o, false);
-        let q_proj = l("q_proj", d, proj)?;
-        let k_proj = l("k_proj", d, proj)?;
-        let v_proj = l("v_proj", d, proj)?;
-        let gates = match s.lower_bound {
-            None => Gates::LowRank {
-                f_a: l("f_a_proj", d, s.head_dim)?,
-                f_b: l("f_b_proj", s.head_dim, proj)?,
-                g_a: l("g_a_proj", d, s.head_dim)?,
-                g_b: l("g_b_proj", s.head_dim, proj)?,
-            },
-            Some(lower_bound) => Gates::Full {
-                f: l("f_proj", d, proj)?,
-                g: l("g_proj", d, proj)?,
+        let l = |w: &mut Weights, n: &str, i: i32, o: i32| {
+            Linear::load(w, &format!("{p}.{n}"), i, o, false)
+        };
+        let conv = |w: &mut Weights, n: &str, channels: i32| {
+            DepthwiseConv::load(w, &format!("{p}.{n}"), channels, s.kernel, false)
+        };
+        // The modules in the order the ports always loaded them: projections, gates, b_proj,
+        // o_proj, then the convolutions.
+        let fused = match s.conv_names {
+            [_] => true,
+            [_, _, _] => false,
+            names => {
+                return Err(ModelError::Internal {
+                    what: "KDA layer".into(),
+                    problem: format!("{} convolution names, not 1 or 3", names.len()),
+                })
+            }
+        };
+        let projections = if fused {
+            vec![l(w, "qkv_proj", d, 3 * proj)?]
+        } else {
+            vec![
+                l(w, "q_proj", d, proj)?,
+                l(w, "k_proj", d, proj)?,
+                l(w, "v_proj", d, proj)?,
+            ]
+        };
+        let gates = match s.gates {
+            GateKind::LowRank {
+                lower_bound,
+                full_out,
+            } => {
+                let f_a = l(w, "f_a_proj", d, s.head_dim)?;
+                let f_b = l(w, "f_b_proj", s.head_dim, proj)?;
+                let out = if full_out {
+                    OutGate::Full(l(w, "g_proj", d, proj)?)
+                } else {
+                    OutGate::LowRank {
+                        g_a: l(w, "g_a_proj", d, s.head_dim)?,
+                        g_b: l(w, "g_b_proj", s.head_dim, proj)?,
+                    }
+                };
+                Gates::LowRank {
+                    f_a,
+                    f_b,
+                    out,
+                    lower_bound,
+                }
+            }
+            GateKind::Full(lower_bound) => Gates::Full {
+                f: l(w, "f_proj", d, proj)?,
+                g: l(w, "g_proj", d, proj)?,
                 lower_bound,
             },
         };
-        let b_proj = l("b_proj", d, s.num_heads)?;
-        let o_proj = l("o_proj", proj, d)?;
-        let conv = |w: &mut Weights, n: &str| {
-            DepthwiseConv::load(w, &format!("{p}.{n}"), proj, s.kernel, false)
+        let b_proj = l(w, "b_proj", d, s.num_heads)?;
+        let o_proj = l(w, "o_proj", proj, d)?;
+        let inputs = match (fused, projections.as_slice()) {
+            (true, [qkv_proj]) => Inputs::Fused {
+                qkv_proj: qkv_proj.clone(),
+                conv: conv(w, s.conv_names[0], 3 * proj)?,
+            },
+            (false, [q_proj, k_proj, v_proj]) => Inputs::Separate {
+                q_proj: q_proj.clone(),
+                k_proj: k_proj.clone(),
+                v_proj: v_proj.clone(),
+                convs: [
+                    conv(w, s.conv_names[0], proj)?,
+                    conv(w, s.conv_names[1], proj)?,
+                    conv(w, s.conv_names[2], proj)?,
+                ],
+            },
+            _ => {
+                return Err(ModelError::Internal {
+                    what: "KDA layer".into(),
+                    problem: "projections and convolutions do not pair up".into(),
+                })
+            }
         };
-        let convs = [
-            conv(w, s.conv_names[0])?,
-            conv(w, s.conv_names[1])?,
-            conv(w, s.conv_names[2])?,
-        ];
         // A missing tensor comes back as a placeholder the final weights check reports; only
         // a tensor of the right size is reshaped.
         let as_shape = |t: Array, shape: &[i32]| -> Result<Array> {
@@ -337,10 +459,7 @@ impl Kda {
             &[s.num_heads, s.head_dim],
         )?;
         Ok(Kda {
-            q_proj,
-            k_proj,
-            v_proj,
-            convs,
+            inputs,
             gates,
             b_proj,
             a_log,
@@ -352,7 +471,7 @@ impl Kda {
         })
     }
 
-    fn forward(
+    pub(super) fn forward(
         &self,
         x: &Array,
         mask: Option<&Array>,
@@ -361,14 +480,11 @@ impl Kda {
         let sh = x.shape();
         let (b, t) = (sh[0], sh[1]);
         let (h, dk) = (self.num_heads, self.head_dim);
-        let projected = [
-            self.q_proj.forward(x)?,
-            self.k_proj.forward(x)?,
-            self.v_proj.forward(x)?,
-        ];
-        let mut padded = Vec::with_capacity(3);
-        let mut conv_out = Vec::with_capacity(3);
-        for (slot, (conv, y)) in self.convs.iter().zip(&projected).enumerate() {
+        let projected = self.inputs.projections(x)?;
+        let convs = self.inputs.convs();
+        let mut padded = Vec::with_capacity(convs.len());
+        let mut conv_out = Vec::with_capacity(convs.len());
+        for (slot, (conv, y)) in convs.iter().zip(&projected).enumerate() {
             let y = match mask {
                 Some(m) => ops::where_scalar(&m.expand_dims(&[-1])?, y, 0i32, None)?,
                 None => y.clone(),
@@ -379,15 +495,30 @@ impl Kda {
             conv_out.push(silu(&conv.forward(&p)?)?);
             padded.push(p);
         }
+        if let [qkv] = conv_out.as_slice() {
+            let p = h * dk;
+            conv_out = (0..3)
+                .map(|i| Ok(qkv.slice_axis(-1, i * p, (i + 1) * p)?))
+                .collect::<Result<Vec<_>>>()?;
+        }
         let q = conv_out[0].reshape(&[b, t, h, dk])?;
         let k = conv_out[1].reshape(&[b, t, h, dk])?;
         let v = conv_out[2].reshape(&[b, t, h, dk])?;
         let (q, k) = normalize_qk(&q, &k, f64::from(dk).powf(-0.5), 1e-6)?;
         let (g, beta) = match &self.gates {
-            Gates::LowRank { f_a, f_b, .. } => {
+            Gates::LowRank {
+                f_a,
+                f_b,
+                lower_bound,
+                ..
+            } => {
                 let a = f_b.forward(&f_a.forward(x)?)?.reshape(&[b, t, h, dk])?;
                 let beta = ops::sigmoid(&self.b_proj.forward(x)?.reshape(&[b, t, h])?, None)?;
-                (compute_g(&self.a_log, &a, &self.dt_bias)?, beta)
+                let g = match lower_bound {
+                    None => compute_g(&self.a_log, &a, &self.dt_bias)?,
+                    Some(lb) => compute_lower_bound_g(&self.a_log, &a, &self.dt_bias, *lb)?,
+                };
+                (g, beta)
             }
             Gates::Full { f, lower_bound, .. } => {
                 let a = f.forward(x)?.reshape(&[b, t, h, dk])?;
@@ -398,13 +529,14 @@ impl Kda {
                 )
             }
         };
-        let state = cache.as_ref().and_then(|c| c.get(3)).cloned();
+        let state_slot = convs.len();
+        let state = cache.as_ref().and_then(|c| c.get(state_slot)).cloned();
         let keep = cache.as_ref().is_some_and(|c| c.keeps_history());
         let (out, state, states) =
             gated_delta_ops(&q, &k, &v, &g, &beta, state.as_ref(), mask, keep)?;
         if let Some(c) = cache {
             let conv_at = |step: i32| -> Result<Vec<Option<Array>>> {
-                self.convs
+                convs
                     .iter()
                     .zip(&padded)
                     .map(|(conv, p)| {
@@ -433,13 +565,13 @@ impl Kda {
                     c.set(slot, st)?;
                 }
             }
-            c.set(3, state)?;
+            c.set(state_slot, state)?;
             c.advance(t as usize)?;
         }
         let out = self.o_norm.forward(&out)?;
         let out = match &self.gates {
-            Gates::LowRank { g_a, g_b, .. } => {
-                let gate = g_b.forward(&g_a.forward(x)?)?.reshape(&[b, t, h, dk])?;
+            Gates::LowRank { out: gate, .. } => {
+                let gate = gate.forward(x)?.reshape(&[b, t, h, dk])?;
                 (&out * &ops::sigmoid(&gate, None)?)?
             }
             Gates::Full { g, .. } => {
@@ -779,9 +911,12 @@ impl Model {
                         head_dim: la.head_dim,
                         kernel: la.short_conv_kernel_size,
                         eps,
-                        conv_names: ["q_conv.conv", "k_conv.conv", "v_conv.conv"],
+                        conv_names: &["q_conv.conv", "k_conv.conv", "v_conv.conv"],
                         a_log_shape: vec![1, 1, la.num_heads, 1],
-                        lower_bound: None,
+                        gates: GateKind::LowRank {
+                            lower_bound: None,
+                            full_out: false,
+                        },
                     },
                     w,
                     &attn,
@@ -837,6 +972,7 @@ impl Model {
                             sigmoid,
                             has_bias: true,
                             kimi: true,
+                            cast_back: false,
                         },
                     },
                     switch_mlp: SwitchGlu::load(
@@ -1036,9 +1172,9 @@ impl Model {
                         head_dim: a.head_dim,
                         kernel: a.short_conv_kernel_size,
                         eps,
-                        conv_names: ["q_conv1d", "k_conv1d", "v_conv1d"],
+                        conv_names: &["q_conv1d", "k_conv1d", "v_conv1d"],
                         a_log_shape: vec![a.num_attention_heads],
-                        lower_bound: Some(a.kda_lower_bound as f32),
+                        gates: GateKind::Full(a.kda_lower_bound as f32),
                     },
                     w,
                     &attn,

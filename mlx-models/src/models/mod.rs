@@ -58,6 +58,7 @@ pub mod granitemoehybrid;
 pub mod iquestloopcoder;
 pub mod jamba;
 pub mod kda;
+pub mod kimi_k3;
 pub(crate) mod kit;
 pub mod lfm2;
 pub mod llama4;
@@ -73,6 +74,7 @@ pub mod olmo_hybrid;
 pub mod phi3small;
 pub mod phixtral;
 pub mod plamo2;
+pub mod prism;
 pub mod qwen3_next;
 pub mod recurrent_gemma;
 pub mod rwkv7;
@@ -517,6 +519,8 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
     ("bailing_moe_v3", |c, w| {
         Ok(Box::new(kda::Model::load(c, w)?))
     }),
+    ("kimi_k3", |c, w| Ok(Box::new(kimi_k3::Model::load(c, w)?))),
+    ("prism_hadamard_qwen35", prism::load),
     // Issue #32: multimodal wrappers around a port's text model (`wrappers.rs`).
     ("lfm2-vl", wrappers::lfm2_vl),
     ("qwen3_vl_moe", wrappers::qwen3_vl_moe),

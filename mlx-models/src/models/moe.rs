@@ -131,6 +131,8 @@ pub(crate) struct GroupSelect {
     /// kimi_linear's variant: the scores in the gates' own dtype (no float32 cast, a precise
     /// softmax), the bias and the zeroed groups in that dtype.
     pub(crate) kimi: bool,
+    /// The weights cast back to the gates' dtype (bailing_moe, kimi_k3).
+    pub(crate) cast_back: bool,
 }
 
 /// exaone_moe.py's `group_expert_select(gates, bias, top_k, ...)` as an `mx.compile`d
@@ -158,6 +160,7 @@ pub(crate) fn group_expert_select(
         sigmoid,
         has_bias,
         kimi,
+        cast_back,
     } = key;
     let routed_scaling_factor = f64::from_bits(scaling_bits);
     let f = FNS.with(|m| -> Result<&'static Compiled<'static>> {
@@ -230,7 +233,7 @@ pub(crate) fn group_expert_select(
                 scores = (&scores / &(&total + 1e-20f32)?)?;
             }
             let mut scores = (&scores * routed_scaling_factor as f32)?;
-            if bailing {
+            if cast_back {
                 scores = scores.astype(xs[0].dtype())?;
             }
             Ok(vec![inds, scores])
@@ -3178,6 +3181,7 @@ impl SparseMoe {
                         sigmoid: true,
                         has_bias: true,
                         kimi: false,
+                        cast_back: false,
                     },
                 )?;
                 (inds, scores, true)
@@ -3206,6 +3210,7 @@ impl SparseMoe {
                         sigmoid,
                         has_bias,
                         kimi: false,
+                        cast_back: true,
                     },
                 )?;
                 (inds, scores, true)

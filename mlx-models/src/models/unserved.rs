@@ -24,20 +24,9 @@ pub const UNSERVED: &[(&str, Unserved, &str)] = &[
         "AltUp, Laurel, per-layer inputs: not ported yet",
     ),
     (
-        "kimi_k3",
-        Unserved::NotYet,
-        "MLA MoE (issue #32, DeepSeek family): not ported yet",
-    ),
-    (
         "muse_spark",
         Unserved::NoCpu,
         "mlx-lm calls its fused Metal kernels (mlx_lm.kernels: qk_norm, expert_routing, \
          norm_add_norm) unconditionally",
-    ),
-    (
-        "prism_hadamard_qwen35",
-        Unserved::NotYet,
-        "Hadamard-rotated Qwen 3.5 (its op, mlx_core::ops::hadamard_transform, is in place): \
-         not ported yet",
     ),
 ];
