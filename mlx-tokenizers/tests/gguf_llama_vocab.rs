@@ -125,3 +125,62 @@ fn every_known_pre_tokenizer_builds_and_round_trips() {
         "{err}"
     );
 }
+
+/// Names where this builder follows transformers' GGUF converter rather than llama.cpp (see
+/// the module docs of `tokenizer_gguf`), so llama.cpp's ids may differ.
+const TRANSFORMERS_NAMES: &[&str] = &[
+    "default",
+    "smollm",
+    "tekken",
+    "gpt-4o",
+    "llama4",
+    "kanana2",
+    "talkie",
+    "minimax-m2",
+];
+
+/// Every `pre` value of the table on llama.cpp's Qwen2 test vocabulary, rewritten to carry it,
+/// against `llama-tokenize` on the same file (`cargo xtask goldens`-style script
+/// `xtask/oracle/goldens_gguf_llama_pre.py`): one text of all `test-tokenizer-0` inputs.
+#[test]
+fn every_pre_tokenizer_gives_llama_tokenize_ids() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/goldens/gguf_llama_pre.json"
+    );
+    let g: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let text = g["text"].as_str().unwrap();
+    let dir = llama_cpp_vocab_dir().expect("llama.cpp vocabulary files");
+    let header = mlx_core::io::read_gguf_header(dir.join("ggml-vocab-qwen2.gguf")).unwrap();
+    let base = tokenizer_data(&header.metadata).unwrap();
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for (pre, want) in g["ids"].as_object().unwrap() {
+        let Some(want) = want.as_array() else {
+            // llama.cpp refuses the name: transformers' `gpt2` only.
+            assert_eq!(pre, "gpt2");
+            continue;
+        };
+        let want: Vec<u32> = want.iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        let data = mlx_tokenizers::GgufTokenizerData {
+            pre: Some(pre.clone()),
+            ..base.clone()
+        };
+        let got = data.build().unwrap().encode(text, false).unwrap();
+        if TRANSFORMERS_NAMES.contains(&pre.as_str()) {
+            continue;
+        }
+        checked += 1;
+        if got != want {
+            let at = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
+            failures.push(format!(
+                "{pre}: first difference at {at}: got {:?}, want {:?}",
+                &got[at..(at + 6).min(got.len())],
+                &want[at..(at + 6).min(want.len())]
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(checked > 70, "{checked} names checked");
+}
