@@ -202,9 +202,9 @@ fn gguf_tokenizer_files(path: &Path) -> Result<Vec<(String, Vec<u8>)>, String> {
         );
         return Ok(Vec::new());
     }
-    let data =
-        mlx_engine::tokenizer_gguf::tokenizer_data(&header.metadata).map_err(|e| e.to_string())?;
-    let tok = data.build().map_err(|e| e.to_string())?;
+    let named = |e: mlx_engine::tokenizer::TokenizerError| format!("{}: {e}", path.display());
+    let data = mlx_engine::tokenizer_gguf::tokenizer_data(&header.metadata).map_err(named)?;
+    let tok = data.build().map_err(named)?;
     let json = tok.to_hf_json().map_err(|e| e.to_string())?;
     let token = |id: Option<u32>| {
         id.and_then(|i| data.tokens.get(i as usize))

