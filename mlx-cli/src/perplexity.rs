@@ -41,6 +41,13 @@ pub struct PerplexityArgs {
     /// Print the results as one JSON object (the figures at full precision).
     #[arg(long)]
     pub json: bool,
+    /// Which forward scores the tokens: `mlx` (mlx_lm.perplexity's own forward, L1; on the
+    /// CPU backend its dense products run through the wheel's reference BLAS, ~1 GFLOP/s) or
+    /// `cpu` (the CPU decoder, float32 activations and cache: L3, a different summation
+    /// order, tens of times faster; the figure is within the bound `tests/perplexity.rs`
+    /// states).
+    #[arg(long, default_value = "mlx", value_parser = ["mlx", "cpu"])]
+    pub decoder: String,
 }
 
 impl PerplexityArgs {
@@ -202,6 +209,46 @@ fn eval_ppl(
     })
 }
 
+/// `eval_ppl` on the CPU decoder (`--decoder cpu`, L3): each row teacher-forced from an empty
+/// cache, float32 products and keys/values; each token's cross-entropy `logsumexp - logit`
+/// and the figures in float64.
+fn eval_ppl_cpu(
+    model: &dyn mlx_models::LanguageModel,
+    data: &[i32],
+    rows: usize,
+    len: usize,
+) -> Result<Perplexity, String> {
+    use mlx_engine::cpu_decode::{CpuDecoder, KvDtype};
+    let e = |e: mlx_engine::EngineError| format!("--decoder cpu: {e}");
+    let mut dec = CpuDecoder::new(model, 0, len).map_err(e)?;
+    dec.set_activations(mlx_core::cpu::Activations::F32);
+    dec.set_kv_dtype(KvDtype::F32);
+    let mut losses: Vec<f64> = Vec::with_capacity(rows * (len - 1));
+    for r in 0..rows {
+        let row: Vec<u32> = data[r * len..(r + 1) * len]
+            .iter()
+            .map(|&t| t as u32)
+            .collect();
+        dec.reset();
+        dec.feed_all(&row[..len - 1], &mut |i, l| {
+            let m = l.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+            let s: f64 = l.iter().map(|&v| (v as f64 - m).exp()).sum();
+            losses.push(m + s.ln() - l[row[i + 1] as usize] as f64);
+        })
+        .map_err(e)?;
+        eprint!("  Processed {}/{rows} rows...\r", r + 1);
+    }
+    eprintln!();
+    let n = losses.len() as f64;
+    let mean = losses.iter().sum::<f64>() / n;
+    let var = losses.iter().map(|l| (l - mean) * (l - mean)).sum::<f64>() / (n - 1.0);
+    let ppl = mean.exp();
+    Ok(Perplexity {
+        perplexity: ppl,
+        standard_error: ppl * var.sqrt() / n.sqrt(),
+    })
+}
+
 pub fn run(a: &PerplexityArgs) -> Result<(), String> {
     let mut rng = NumpyRandom::new(a.seed);
     mlx_core::random::seed(u64::from(a.seed)).map_err(|e| e.to_string())?;
@@ -225,7 +272,11 @@ pub fn run(a: &PerplexityArgs) -> Result<(), String> {
         a.batch_size
     );
     let start = Instant::now();
-    let r = eval_ppl(model.as_ref(), &data, rows, a.sequence_length, a.batch_size)?;
+    let r = if a.decoder == "cpu" {
+        eval_ppl_cpu(model.as_ref(), &data, rows, a.sequence_length)?
+    } else {
+        eval_ppl(model.as_ref(), &data, rows, a.sequence_length, a.batch_size)?
+    };
     let secs = start.elapsed().as_secs_f64();
     let tokens_evaluated = rows * (a.sequence_length - 1);
     let peak = mlx_core::memory::peak_memory().unwrap_or(0) as f64 / 1e9;

@@ -149,3 +149,52 @@ fn benchmark_draws_mlx_lm_prompts_and_reports_trials() {
     assert!(stdout.contains("Trial 1:  prompt_tps="));
     assert!(stdout.contains("Averages: prompt_tps="));
 }
+
+/// `--decoder cpu` (L3): the CPU decoder's teacher-forced forward, float32 products and cache,
+/// on the same rows as mlx_lm.perplexity; the perplexity and its standard error within
+/// `CPU_PPL_BOUND` (relative) of mlx-lm's on every golden case. Measured: 3e-7 to 1.3e-6 on the
+/// float32-activation rows (4-bit, qwen3), 3e-5 to 8e-5 on f16 and 3e-4 to 8e-4 on bf16, where
+/// mlx-lm rounds every activation to the model's dtype and the decoder keeps float32; 1.1e-4
+/// on SmolLM2-135M float32 (results/quant/2026-12-04-session20/).
+const CPU_PPL_BOUND: f64 = 2e-3;
+
+#[test]
+fn perplexity_on_the_cpu_decoder_is_within_the_bound() {
+    let golden: Value = serde_json::from_str(
+        &std::fs::read_to_string(tests_dir().join("goldens/perplexity.json")).unwrap(),
+    )
+    .unwrap();
+    let data = tests_dir().join("perplexity/train.jsonl");
+    for (case, want) in golden["cases"].as_object().unwrap() {
+        let model = tests_dir().join(want["model"].as_str().unwrap());
+        let s = |k: &str| want[k].to_string();
+        let (code, stdout, stderr) = mlx(&[
+            "perplexity",
+            "--model",
+            model.to_str().unwrap(),
+            "--data-path",
+            data.to_str().unwrap(),
+            "--batch-size",
+            &s("batch_size"),
+            "--sequence-length",
+            &s("sequence_length"),
+            "--num-samples",
+            &s("num_samples"),
+            "--seed",
+            &s("seed"),
+            "--decoder",
+            "cpu",
+            "--json",
+        ]);
+        assert_eq!(code, 0, "{case}: {stderr}");
+        let got: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+        for k in ["perplexity", "standard_error"] {
+            let w: f64 = want[k].as_str().unwrap().parse().unwrap();
+            let g = got[k].as_f64().unwrap();
+            let rel = (g - w).abs() / w;
+            eprintln!("{case}: {k}: cpu {g}, mlx-lm {w}, relative {rel:.2e}");
+            assert!(rel <= CPU_PPL_BOUND, "{case}: {k}: cpu {g}, mlx-lm {w}");
+        }
+        assert_eq!(got["samples"], want["samples"], "{case}");
+    }
+}
