@@ -340,8 +340,9 @@ pub struct SpecArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=64), conflicts_with = "mtp")]
     pub prompt_lookup_ngram: Option<u64>,
     /// Speculate with the model's own multi-token-prediction layers (DeepSeek V3, GLM-4.5,
-    /// Qwen3-Next checkpoints carry them; mlx-lm drops them at load): they are loaded too and
-    /// draft `--num-draft-tokens` tokens a step; greedy output is that of plain decoding.
+    /// Qwen3-Next and MiMo checkpoints carry them; mlx-lm drops them at load): they are
+    /// loaded too and draft `--num-draft-tokens` tokens a step; greedy output is that of plain
+    /// decoding.
     #[arg(long)]
     pub mtp: bool,
 }

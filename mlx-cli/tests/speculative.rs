@@ -255,7 +255,8 @@ fn prompt_lookup_on_the_cpu_decoder_keeps_its_greedy_output() {
         assert_eq!(parse(&lookup), parse(&plain), "ngram {ngram}");
         assert!(lookup.contains("draft tokens accepted"), "{lookup}");
     }
-    // The JSON output: the same tokens, and the acceptance counted.
+    // The JSON output: the same tokens and log-probabilities (bit for bit: a verification
+    // pass computes each row's as a plain step does), and the acceptance counted.
     let json = |extra: &[&str]| -> Value {
         let mut args = base[..9].to_vec();
         args.push("--json");
@@ -267,6 +268,7 @@ fn prompt_lookup_on_the_cpu_decoder_keeps_its_greedy_output() {
     let plain = json(&[]);
     let spec = json(&["--prompt-lookup-ngram", "1", "--num-draft-tokens", "4"]);
     assert_eq!(spec["tokens"], plain["tokens"]);
+    assert_eq!(spec["logprobs"], plain["logprobs"]);
     assert_eq!(spec["decoder"], "cpu");
     assert!(spec["verification_passes"].as_u64().unwrap() > 0, "{spec}");
     // Sampling does not speculate on the CPU decoder: `--decoder cpu` says so.

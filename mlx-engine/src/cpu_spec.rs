@@ -13,6 +13,8 @@
 //! all accepted the next asks for more, after a miss it asks for one more than were accepted,
 //! so rows that would be rejected are not paid for.
 
+use mlx_core::prelude::*;
+
 use crate::cpu_decode::CpuDecoder;
 use crate::error::{EngineError, Result};
 use crate::speculative::SpecStats;
@@ -38,10 +40,29 @@ pub type Propose<'a> = dyn FnMut(&[u32], usize) -> Vec<u32> + 'a;
 /// edited), the occurrence in the same context beats the most recent one
 /// ([`crate::speculative::prompt_lookup`]).
 pub fn prompt_lookup_longest(history: &[u32], ngram: usize, k: usize) -> Vec<u32> {
+    longest_match(history, ngram).map_or_else(Vec::new, |(_, from)| {
+        history[from..(from + k).min(history.len())].to_vec()
+    })
+}
+
+/// [`prompt_lookup_longest`] drafting no further than its evidence reaches: at most as many
+/// tokens as the matched context is long (a one-token match drafts one, a match of eight up
+/// to eight), so a weak match costs few verification rows and a long copied span drafts the
+/// whole `k`.
+pub fn prompt_lookup_by_context(history: &[u32], ngram: usize, k: usize) -> Vec<u32> {
+    longest_match(history, ngram).map_or_else(Vec::new, |(len, from)| {
+        history[from..(from + k.min(len)).min(history.len())].to_vec()
+    })
+}
+
+/// The earlier occurrence of `history`'s last `ngram` tokens whose match with the tokens
+/// before them reaches furthest back (up to 64; the most recent on ties): `(matched length,
+/// the index after it)`.
+fn longest_match(history: &[u32], ngram: usize) -> Option<(usize, usize)> {
     const REACH: usize = 64;
     let n = history.len();
-    if ngram == 0 || k == 0 || n <= ngram {
-        return Vec::new();
+    if ngram == 0 || n <= ngram {
+        return None;
     }
     let tail = &history[n - ngram..];
     let mut best: Option<(usize, usize)> = None;
@@ -58,9 +79,7 @@ pub fn prompt_lookup_longest(history: &[u32], ngram: usize, k: usize) -> Vec<u32
             best = Some((len, end));
         }
     }
-    best.map_or_else(Vec::new, |(_, from)| {
-        history[from..(from + k).min(n)].to_vec()
-    })
+    best
 }
 
 /// A draft model on its own [`CpuDecoder`] as a proposer (`--draft-model` on the CPU
@@ -290,11 +309,28 @@ pub fn speculative_greedy_with(
     Ok((out, stats))
 }
 
-/// The log-probability of token `t` under logits `l` (`l[t] - logsumexp(l)`, on the host).
-fn logprob(l: &[f32], t: u32) -> f32 {
-    let max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f32 = l.iter().map(|&v| (v - max).exp()).sum();
-    l[t as usize] - max - sum.ln()
+/// The log-probability of `ids[i]` under row `i` of `logits` (`(rows, vocab)`), computed as
+/// plain greedy decoding on the CPU decoder computes a step's (`generate`'s host greedy: MLX's
+/// `logsumexp` over the `(1, vocab)` row, subtracted, the entry taken), so speculation reports
+/// the bits plain decoding reports; one evaluation for all the rows.
+fn row_logprobs(logits: &[f32], vocab: usize, ids: &[u32]) -> Result<Vec<f32>> {
+    let picked = ids
+        .iter()
+        .zip(logits.chunks_exact(vocab))
+        .map(|(&t, row)| -> Result<Array> {
+            let x = Array::from_slice(row, &[1, vocab as i32])?;
+            let lse = ops::logsumexp(&x, &[0, 1], true, None)?;
+            let lp = ops::squeeze(&ops::subtract(&x, &lse, None)?, &[0], None)?;
+            Ok(ops::take(
+                &lp,
+                &Array::from_slice(&[t as i32], &[1])?,
+                0,
+                None,
+            )?)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    mlx_core::eval(picked.iter())?;
+    picked.iter().map(|a| Ok(a.to_vec::<f32>()?[0])).collect()
 }
 
 /// [`speculative_greedy`] as a step iterator, what
@@ -354,7 +390,7 @@ impl<'m> CpuSpecSteps<'m> {
         history.extend_from_slice(prompt);
         let l = dec.feed(prompt)?;
         let t = argmax(l);
-        let y = (t, logprob(l, t));
+        let y = (t, row_logprobs(l, l.len(), &[t])?[0]);
         Ok(CpuSpecSteps {
             dec,
             propose,
@@ -406,11 +442,8 @@ impl<'m> CpuSpecSteps<'m> {
         let logits = self.dec.verify(&input)?;
         let mut ids = Vec::with_capacity(input.len());
         let n = accept(logits, vocab, &drafts, &mut ids);
-        let preds: Vec<(u32, f32)> = ids
-            .iter()
-            .enumerate()
-            .map(|(i, &t)| (t, logprob(&logits[i * vocab..(i + 1) * vocab], t)))
-            .collect();
+        let lps = row_logprobs(logits, vocab, &ids)?;
+        let preds: Vec<(u32, f32)> = ids.iter().copied().zip(lps).collect();
         self.len.update(drafts.len(), n);
         self.stats.rounds += 1;
         self.stats.drafted += drafts.len();

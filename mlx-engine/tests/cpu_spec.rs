@@ -8,7 +8,8 @@ use std::path::PathBuf;
 use mlx_core::prelude::*;
 use mlx_engine::cpu_decode::CpuDecoder;
 use mlx_engine::cpu_spec::{
-    greedy, prompt_lookup_longest, speculative_greedy, speculative_greedy_with, DraftLength,
+    greedy, prompt_lookup_by_context, prompt_lookup_longest, speculative_greedy,
+    speculative_greedy_with, DraftLength,
 };
 use mlx_engine::speculative::prompt_lookup;
 use mlx_models::load::{load_model_dir, LoadOptions};
@@ -144,6 +145,21 @@ fn longest_context_lookup_prefers_the_matching_context() {
     assert!(prompt_lookup_longest(&[1, 2, 3], 1, 4).is_empty());
     assert!(prompt_lookup_longest(&[1, 1], 2, 4).is_empty());
     assert!(prompt_lookup_longest(&[1, 1, 1], 0, 4).is_empty());
+}
+
+/// Drafts capped by the matched context: as many tokens as the match is long, at most `k`,
+/// from the same occurrence `prompt_lookup_longest` picks.
+#[test]
+fn context_capped_lookup_drafts_no_further_than_its_match() {
+    // "1 2 3 4" matches four tokens back (then 7 against 8).
+    let h = [7, 1, 2, 3, 4, 5, 6, 8, 1, 2, 3, 4];
+    assert_eq!(prompt_lookup_longest(&h, 1, 8), vec![5, 6, 8, 1, 2, 3, 4]);
+    assert_eq!(prompt_lookup_by_context(&h, 1, 8), vec![5, 6, 8, 1]);
+    assert_eq!(prompt_lookup_by_context(&h, 3, 2), vec![5, 6]);
+    // A one-token match drafts one token.
+    assert_eq!(prompt_lookup_by_context(&[4, 5, 4], 1, 8), vec![5]);
+    assert!(prompt_lookup_by_context(&[1, 2, 3], 1, 4).is_empty());
+    assert!(prompt_lookup_by_context(&h, 1, 0).is_empty());
 }
 
 /// The adaptive draft length: more after a round fully accepted, one past the accepted after

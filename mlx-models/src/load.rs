@@ -75,7 +75,8 @@ pub fn load_model_dir_mtp(
     let (model, params) = build_with_params(&config, weights)?;
     if mtp && model.mtp().is_none() {
         return Err(crate::error::ModelError::Config(format!(
-            "--mtp: {}: `{}` has no multi-token-prediction layers this loader knows (deepseek_v3,              glm4_moe_lite and qwen3_next checkpoints carry them)",
+            "--mtp: {}: `{}` has no multi-token-prediction layers this loader knows (deepseek_v3, \
+             glm4_moe_lite, qwen3_next and mimo checkpoints carry them)",
             dir.display(),
             config.model_type
         )));

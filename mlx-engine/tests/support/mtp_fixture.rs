@@ -1,6 +1,7 @@
 //! Writes a tiny fixture with multi-token-prediction layers added (seeded): a copy of its last
-//! layer as the MTP block, `[small noise | identity]` as `eh_proj` / `fc`, unit norms, and
-//! `num_nextn_predict_layers` = 1 in its config. Shared by `mlx-engine/tests/mtp.rs` and
+//! layer as the MTP block, small noise plus the identity on the hidden state's half as
+//! `eh_proj` / `fc` / MiMo's `input_proj`, unit norms, and `num_nextn_predict_layers` = 1 in
+//! its config. Shared by `mlx-engine/tests/mtp.rs` and
 //! `mlx-cli/tests/speculative.rs`.
 
 use std::collections::BTreeMap;
@@ -19,8 +20,10 @@ pub fn with_mtp(src: &Path, dst: &Path, seed: u64) {
     config["num_nextn_predict_layers"] = Value::from(1);
     let mut w: BTreeMap<String, Array> = mlx_models::load::load_weights(src).unwrap();
     let key = random::key(seed).unwrap();
-    // `[small noise | identity]`: the head sees mostly the target's hidden state, so its drafts
-    // are sometimes right (partial acceptance exercises the rollback of its cache).
+    // Small noise plus the identity on the hidden state's half (the second for DeepSeek and
+    // Qwen3-Next, the first for MiMo): the head sees mostly the target's hidden state, so its
+    // drafts are sometimes right (partial acceptance exercises the rollback of its cache).
+    let mimo = config["model_type"].as_str() == Some("mimo");
     let noise = random::normal(
         &[dim, 2 * dim],
         Dtype::Float32,
@@ -30,15 +33,10 @@ pub fn with_mtp(src: &Path, dst: &Path, seed: u64) {
         None,
     )
     .unwrap();
-    let eye = ops::concatenate(
-        &[
-            &ops::zeros(&[dim, dim], Dtype::Float32, None).unwrap(),
-            &ops::eye(dim, dim, 0, Dtype::Float32, None).unwrap(),
-        ],
-        1,
-        None,
-    )
-    .unwrap();
+    let zeros = ops::zeros(&[dim, dim], Dtype::Float32, None).unwrap();
+    let id = ops::eye(dim, dim, 0, Dtype::Float32, None).unwrap();
+    let halves = if mimo { [&id, &zeros] } else { [&zeros, &id] };
+    let eye = ops::concatenate(&halves, 1, None).unwrap();
     let proj = (&noise + &eye).unwrap();
     let ones = ops::ones(&[dim], Dtype::Float32, None).unwrap();
     let last = format!("model.layers.{}.", n - 1);
@@ -51,6 +49,16 @@ pub fn with_mtp(src: &Path, dst: &Path, seed: u64) {
                 ("mtp.pre_fc_norm_embedding.weight", &ones),
                 ("mtp.pre_fc_norm_hidden.weight", &ones),
                 ("mtp.norm.weight", &ones),
+            ],
+        ),
+        // MiMo: `model.mtp_layers.0`, its block's tensors beside the fusion's.
+        Some("mimo") => (
+            "model.mtp_layers.0.".into(),
+            vec![
+                ("token_layernorm.weight", &ones),
+                ("hidden_layernorm.weight", &ones),
+                ("input_proj.weight", &proj),
+                ("final_layernorm.weight", &ones),
             ],
         ),
         _ => (
@@ -72,6 +80,17 @@ pub fn with_mtp(src: &Path, dst: &Path, seed: u64) {
         .collect();
     assert!(!copies.is_empty());
     w.extend(copies);
+    if mimo {
+        // The MiMo fixture's greedy reply is mostly one token repeated, which the copied block
+        // never drafts: with its output projections zeroed the block is its residual path, so
+        // the head reads (nearly) the target's own hidden state and drafts the last token
+        // again, right on the repeats and wrong before them.
+        for name in ["self_attn.o_proj.weight", "mlp.down_proj.weight"] {
+            let key = format!("{block}{name}");
+            let zero = ops::zeros_like(&w[&key], None).unwrap();
+            w.insert(key, zero);
+        }
+    }
     for (k, v) in extra {
         let name = if k.starts_with("mtp.") {
             k.to_string()

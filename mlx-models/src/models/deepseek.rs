@@ -1756,7 +1756,7 @@ fn mtp_layer_count(spec: &DeepseekSpec, raw: &Value) -> Result<i32> {
     ) {
         return Err(ModelError::Config(format!(
             "--mtp: `{}` checkpoints carry no multi-token-prediction layers this loader knows \
-             (deepseek_v3, glm4_moe_lite, deepseek_v32 and qwen3_next do)",
+             (deepseek_v3, glm4_moe_lite, deepseek_v32, qwen3_next and mimo do)",
             spec.model_type
         )));
     }

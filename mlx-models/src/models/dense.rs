@@ -21,6 +21,8 @@ use crate::models::descriptor::{
 use crate::models::{LanguageModel, LogitTransform, OutputHead, SegmentedDecode};
 use crate::weights::Weights;
 
+mod mtp;
+
 fn init_rope(r: &RopeSpec) -> Result<Rope> {
     match r.table {
         RopeTable::NtkAlpha(alpha) => return Rope::ntk_alpha(r.dims, r.theta, alpha),
@@ -712,6 +714,12 @@ fn norm_opt(n: &Option<Norm>, x: &Array) -> Result<Array> {
 
 impl TransformerBlock {
     fn load(d: &Descriptor, w: &mut Weights, i: usize) -> Result<TransformerBlock> {
+        Self::load_at(d, w, i, &format!("{}.{i}", d.names.layers))
+    }
+
+    /// Layer `i` of the row (its shape, sliding and rope flags) with its tensors under `p`
+    /// (a multi-token-prediction block lives outside `model.layers`).
+    fn load_at(d: &Descriptor, w: &mut Weights, i: usize, p: &str) -> Result<TransformerBlock> {
         // This layer's own head counts and MLP width where they vary (OpenELM).
         let own;
         let d = match d.layer_shapes.get(i) {
@@ -727,7 +735,6 @@ impl TransformerBlock {
             None => d,
         };
         let n = &d.names;
-        let p = format!("{}.{i}", n.layers);
         let sliding = d.sliding.get(i).copied().unwrap_or(false);
         let mut norm = |name: &str| -> Result<Option<Norm>> {
             Ok(Some(Norm::load(
@@ -774,12 +781,12 @@ impl TransformerBlock {
             self_attn: Attention::load(
                 d,
                 w,
-                &join(&p, n.attn),
+                &join(p, n.attn),
                 sliding,
                 d.no_rope.get(i).copied().unwrap_or(false),
             )?,
             mlp: {
-                let path = join(&p, n.mlp);
+                let path = join(p, n.mlp);
                 let mlp = Mlp::load(
                     w,
                     &path,
@@ -1054,6 +1061,9 @@ pub struct Model {
     /// This rank's pipeline stage `(rank, size)` after [`Model::shard_pipeline`]; `layers`
     /// then holds only the stage's layers.
     pipeline: Option<(i32, i32)>,
+    /// The checkpoint's multi-token-prediction layers, loaded only under `--mtp`
+    /// ([`Weights::with_mtp`]; MiMo's `model.mtp_layers`).
+    mtp: Vec<mtp::MtpLayer>,
 }
 
 impl Model {
@@ -1212,6 +1222,7 @@ impl Model {
             .position(|s| !s)
             .ok_or_else(|| ModelError::Config("no full-attention layer".into()))?;
         let swa_idx = d.sliding.iter().position(|s| *s);
+        let mtp = mtp::load(d, w)?;
         let embed_norm = if d.embed_norm {
             Some(Norm::load(
                 w,
@@ -1236,6 +1247,7 @@ impl Model {
             grad_checkpoint: false,
             checkpoint_own: 0..0,
             pipeline: None,
+            mtp,
         })
     }
 
@@ -1249,6 +1261,10 @@ impl Model {
             w.rename_all(|k| r.rename(k))?;
         }
         for prefix in &d.drop_prefixes {
+            // `--mtp`: the multi-token-prediction layers stay for `mtp::load`.
+            if w.mtp() && d.mtp_layers.is_some_and(|m| prefix.starts_with(m)) {
+                continue;
+            }
             w.discard_prefix(prefix);
         }
         if let Some(invert_head) = d.bitlinear {
@@ -1631,6 +1647,10 @@ impl LanguageModel for Model {
 
     fn output_head(&self) -> Option<OutputHead> {
         Some(self.shaped_head())
+    }
+
+    fn mtp(&self) -> Option<&dyn crate::models::MtpHead> {
+        (!self.mtp.is_empty()).then_some(self as &dyn crate::models::MtpHead)
     }
 
     fn set_grad_checkpoint(&mut self, on: bool) -> bool {

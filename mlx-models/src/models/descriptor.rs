@@ -284,6 +284,9 @@ pub struct Descriptor {
     pub drop_layer_tensors: Vec<&'static str>,
     /// sanitize: drop every tensor under these prefixes (e.g. MiMo's `model.mtp_layers.`).
     pub drop_prefixes: Vec<&'static str>,
+    /// Where the checkpoint keeps multi-token-prediction layers (MiMo's `model.mtp_layers`):
+    /// dropped with `drop_prefixes` unless `--mtp` asks for them (`Weights::with_mtp`).
+    pub mtp_layers: Option<&'static str>,
     /// sanitize: a wrapper's prefix taken off every name (`language_model.`), after the
     /// drops.
     pub strip_prefix: Option<&'static str>,
@@ -765,6 +768,7 @@ fn base(model_type: &str, k: &Common, head_dim: i32, eps: f64) -> Descriptor {
         no_rope: vec![false; k.layers.max(0) as usize],
         drop_layer_tensors: Vec::new(),
         drop_prefixes: Vec::new(),
+        mtp_layers: None,
         strip_prefix: None,
         hf_renames: None,
         names: Names::LLAMA,
@@ -1184,7 +1188,8 @@ fn starcoder2(c: &Cfg) -> Result<Descriptor> {
 }
 
 /// `models/mimo.py`: qwen2 with another rope base and untied default; its multi-token
-/// prediction layers are dropped.
+/// prediction layers are dropped, as mlx-lm drops them, unless `--mtp` loads them
+/// (`dense::mtp`).
 fn mimo(c: &Cfg) -> Result<Descriptor> {
     let mut d = qwen2(c)?;
     d.model_type = "mimo".into();
@@ -1193,6 +1198,7 @@ fn mimo(c: &Cfg) -> Result<Descriptor> {
     }
     d.head = tie(c.bool_or("tie_word_embeddings", false)?);
     d.drop_prefixes = vec!["model.mtp_layers."];
+    d.mtp_layers = Some("model.mtp_layers");
     Ok(d)
 }
 
