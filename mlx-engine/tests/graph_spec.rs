@@ -71,8 +71,9 @@ fn every_covered_row_maps_with_its_knobs() {
             assert_eq!(spec.sliding_window, 48);
             // The local base's table for the sliding layers, the global one's for the rest.
             let local = spec.local_rope.as_ref().unwrap();
-            assert_eq!(local.inv_freq[1], 10000f32.powf(-1.0 / 8.0));
-            assert_eq!(spec.rope.inv_freq[1], 1000000f32.powf(-1.0 / 8.0));
+            let base = |b| mlx_kernels::graph_decode::GraphRope::from_base(16, false, b, 1.0);
+            assert_eq!(*local, base(10000.0));
+            assert_eq!(spec.rope, base(1000000.0));
             // Gemma's norms take `1 + w` (the file holds w near 0).
             let w = weights.layers[0]
                 .input_norm
