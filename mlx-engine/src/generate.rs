@@ -1065,7 +1065,10 @@ impl GenerateStep<'_> {
     }
 }
 
-/// The prompt's keys and values from plain MLX caches, for the graph decoder.
+/// The prompt's keys and values from plain MLX caches, for the graph decoder. A sliding
+/// layer's rotating cache qualifies while it holds every position in order (it has not
+/// wrapped: the prompt fits its window); the decoder keeps every position and masks the
+/// window itself.
 fn graph_prefix(caches: &[Box<dyn Cache>]) -> mlx_core::Result<Vec<(Array, Array)>> {
     caches
         .iter()
@@ -1075,6 +1078,17 @@ fn graph_prefix(caches: &[Box<dyn Cache>]) -> mlx_core::Result<Vec<(Array, Array
                 message,
             };
             match c.fetch().map_err(|e| bad(e.to_string()))? {
+                Some(mlx_cache::Kv::Dense { keys, .. })
+                    if keys.dim(2).ok() != Some(c.offset() as i32) =>
+                {
+                    Err(bad(format!(
+                        "a {} holds {} of its {} positions (a sliding window the prompt \
+                         outgrew); the graph decoder needs them all",
+                        c.class_name(),
+                        keys.dim(2).unwrap_or(0),
+                        c.offset()
+                    )))
+                }
                 Some(mlx_cache::Kv::Dense { keys, values }) => Ok((keys, values)),
                 _ => Err(bad(format!(
                     "the graph decoder needs plain KV caches, got {}",

@@ -11,9 +11,12 @@
 //! projections with or without biases, RoPE from the model's own rope (a base with linear
 //! scaling, or a frequency table: llama3, yarn with its `mscale`, longrope), layers without
 //! RoPE (SmolLM3), grouped-query or multi-query attention with the row's own softmax scale,
-//! SwiGLU, a tied or untied head, per-head q/k RMSNorm before RoPE (Qwen 3); bfloat16 weights or MLX affine 4/8-bit weights with
-//! bfloat16 scales (groups of 32, 64, 128); greedy decoding of one sequence. Rows: llama,
-//! mistral, qwen2, qwen3, smollm3 (and the other rows these knobs describe). The rest give a reason.
+//! SwiGLU, a tied or untied head, per-head q/k RMSNorm before RoPE (Qwen 3, Gemma 3); Gemma's
+//! `1 + w` RMSNorms, sandwich norms, GeGLU (`gelu_approx`), embedding scale, sliding-window
+//! layers with their own RoPE, attention and logit soft-caps; bfloat16 weights or MLX affine
+//! 4/8-bit weights with bfloat16 scales (groups of 32, 64, 128); greedy decoding of one
+//! sequence. Rows: llama, mistral, qwen2, qwen3, smollm3, gemma2, gemma3_text (and the other
+//! rows these knobs describe). The rest give a reason.
 
 use mlx_core::Dtype;
 pub use mlx_kernels::graph_decode::BuildTimes;
@@ -44,53 +47,70 @@ fn map_descriptor(m: &Model) -> Result<GraphSpec, String> {
     let d = m.descriptor();
     let t = &d.model_type;
     let no = |what: &str| Err(format!("`{t}`: {what} is not in the graph decoder yet"));
-    if d.placement != Placement::Pre {
-        return no(&format!("norm placement {:?}", d.placement));
-    }
-    if d.norm != NormKind::Rms {
+    // Pre-norm blocks, or Gemma's sandwich (pre and post norms around attention and MLP).
+    let sandwich = match d.placement {
+        Placement::Pre => false,
+        Placement::Sandwich if d.post_norm_offsets.is_none() => true,
+        p => return no(&format!("norm placement {p:?}")),
+    };
+    // RMSNorm, or Gemma's `rms_norm(x, 1 + w)` (the `1 + w` is added to the weights as the
+    // model adds it: `map_weights`).
+    if !matches!(d.norm, NormKind::Rms | NormKind::RmsOffset) {
         return no("a norm other than RMSNorm");
     }
-    // Qwen 3's per-head RMSNorm before RoPE; the transposed variant (Gemma 3) computes the
-    // same values but comes with Gemma's other knobs, refused below.
+    // Per-head RMSNorm before RoPE: Qwen 3's, and Gemma 3's transposed variant, which
+    // computes the same values.
     let qk_norm = match (d.qk_norm, d.qk_norm_kind) {
         (QkNorm::None, None) => false,
-        (QkNorm::PerHead, None) => true,
+        (QkNorm::PerHead | QkNorm::PerHeadTransposed, None) => true,
         (q, _) => return no(&format!("q/k norm {q:?}")),
     };
     if d.embed_norm || d.n_positions > 0 || d.names.positions.is_some() {
         return no("an embedding norm or learned positions");
     }
-    if d.embed_scale != EmbedScale::None {
-        return no("an embedding scale");
-    }
-    if d.residual_multiplier.is_some() || d.clip_residual {
+    // Gemma's sqrt(hidden): a bfloat16 constant (gemma3_text), or a weak Python float the
+    // activations' dtype rounds to bfloat16 (gemma, gemma2): the same value either way.
+    let embed_scale = match d.embed_scale {
+        EmbedScale::None => 1.0,
+        EmbedScale::Bf16(s) | EmbedScale::Weak(s) => bf16_value(s),
+    };
+    // gemma3_text's clip_residual is `x + y` outside float16; the decoder runs bfloat16.
+    if d.residual_multiplier.is_some() {
         return no("a residual multiplier");
     }
-    if d.logit_scale != LogitScale::None || d.final_logit_softcap.is_some() {
-        return no("a logit scale or soft-cap");
+    if d.logit_scale != LogitScale::None {
+        return no("a logit scale");
     }
-    if d.attn_logit_softcap.is_some() || d.query_scale.is_some() {
-        return no("an attention soft-cap or query scale");
+    if d.query_scale.is_some() {
+        return no("a query scale");
     }
     if d.head_gate.is_some() {
         return no("a head-wise attention gate");
     }
-    if d.sliding.iter().any(|&s| s) || d.sliding_window.is_some() {
-        return no("sliding-window attention");
-    }
-    if d.mlp != MlpKind::SwiGlu {
-        return no(&format!("the {:?} MLP", d.mlp));
-    }
+    let sliding_window = match (d.sliding.iter().any(|&s| s), d.sliding_window) {
+        (false, _) => 0,
+        (true, Some(w)) if w > 0 => w,
+        (true, w) => return no(&format!("sliding layers with the window {w:?}")),
+    };
+    let gelu = match d.mlp {
+        MlpKind::SwiGlu => false,
+        MlpKind::GeGluTanh => true,
+        other => return no(&format!("the {other:?} MLP")),
+    };
     if d.o_bias || d.mlp_bias || d.down_bias || d.lm_head_bias {
         return no("an output, MLP or head bias");
     }
     let layers = m.num_layers();
     let mut rope_layers = Vec::with_capacity(layers);
-    let mut rope: Option<GraphRope> = None;
+    let mut sliding = Vec::with_capacity(layers);
+    // One RoPE for the full-attention layers and one for the sliding ones (Gemma 3's local
+    // base); the same where the model has one.
+    let (mut rope, mut local): (Option<GraphRope>, Option<GraphRope>) = (None, None);
     for i in 0..layers {
         let v = m
             .layer_view(i)
             .ok_or_else(|| format!("`{t}`: layer {i} is missing"))?;
+        sliding.push(v.sliding);
         let Some(r) = v
             .rope
             .filter(|_| !d.no_rope.get(i).copied().unwrap_or(false))
@@ -99,18 +119,28 @@ fn map_descriptor(m: &Model) -> Result<GraphSpec, String> {
             continue;
         };
         let g = graph_rope(r).map_err(|e| format!("`{t}`: layer {i} {e}"))?;
-        match &rope {
+        let slot = if v.sliding && d.local_rope.is_some() {
+            &mut local
+        } else {
+            &mut rope
+        };
+        match slot {
             Some(first) if *first != g => {
                 return no("layers with different rotary embeddings");
             }
             Some(_) => {}
-            None => rope = Some(g),
+            None => *slot = Some(g),
         }
         rope_layers.push(true);
     }
-    let Some(rope) = rope else {
+    let Some(rope) = rope.or_else(|| local.clone()) else {
         return no("a model without rotary positions");
     };
+    let local_rope = local.filter(|l| *l != rope);
+    if sliding_window == 0 {
+        sliding.clear();
+    }
+    let softcap = |c: Option<f64>| c.map_or(0.0, bf16_value);
     Ok(GraphSpec {
         model_type: t.clone(),
         hidden: d.hidden_size as usize,
@@ -128,7 +158,21 @@ fn map_descriptor(m: &Model) -> Result<GraphSpec, String> {
         qkv_bias: d.qkv_bias,
         qk_norm,
         quant: None,
+        embed_scale,
+        sandwich,
+        gelu,
+        sliding,
+        sliding_window,
+        local_rope,
+        attn_softcap: softcap(d.attn_logit_softcap),
+        final_softcap: softcap(d.final_logit_softcap),
     })
+}
+
+/// `x` as a bfloat16 value (what MLX multiplies by when a weak scalar meets bfloat16
+/// activations, or a bfloat16 constant is built).
+fn bf16_value(x: f64) -> f32 {
+    half::bf16::from_f64(x).to_f32()
 }
 
 fn model_vocab(m: &Model) -> usize {
@@ -225,15 +269,21 @@ fn quantized(
 
 fn rms(n: Option<&Norm>, what: &str) -> Result<mlx_core::Array, String> {
     match n {
-        Some(Norm::Rms(r)) => Ok(r.weight.clone()),
-        _ => Err(format!("{what}: not a weighted RMSNorm")),
+        Some(n) => rms_eps(n, what).map(|(w, _)| w),
+        None => Err(format!("{what}: not a weighted RMSNorm")),
     }
 }
 
-/// A weighted RMSNorm's weight and epsilon.
+/// A weighted RMSNorm's weight and epsilon; Gemma's norm's weight is `1 + w`, computed as the
+/// model computes it at every call (a weak scalar: the weight's dtype), a new array of the
+/// norm's size.
 fn rms_eps(n: &Norm, what: &str) -> Result<(mlx_core::Array, f32), String> {
     match n {
         Norm::Rms(r) => Ok((r.weight.clone(), r.eps)),
+        Norm::RmsOffset(r) => {
+            let w = (1.0f32 + &r.weight).map_err(|e| format!("{what}: 1 + weight: {e}"))?;
+            Ok((w, r.eps))
+        }
         _ => Err(format!("{what}: not a weighted RMSNorm")),
     }
 }
@@ -279,9 +329,21 @@ fn map_weights(m: &Model, spec: &mut GraphSpec) -> Result<GraphWeights, String> 
             }
             _ => return Err(w("has q/k norms other than its descriptor's")),
         };
-        if v.post_attn_norm.is_some() || v.post_mlp_norm.is_some() {
-            return Err(w("has post-norms"));
-        }
+        let (post_attn_norm, post_mlp_norm) =
+            match (spec.sandwich, v.post_attn_norm, v.post_mlp_norm) {
+                (false, None, None) => (None, None),
+                (true, Some(a), Some(b)) => {
+                    let (a, b) = (
+                        rms_eps(a, &w("post-attention norm"))?,
+                        rms_eps(b, &w("post-MLP norm"))?,
+                    );
+                    if a.1 != spec.eps || b.1 != spec.eps {
+                        return Err(w("has post-norms with another eps"));
+                    }
+                    (Some(a.0), Some(b.0))
+                }
+                _ => return Err(w("has post-norms other than its descriptor's")),
+            };
         let Some((gate, up, down)) = v.mlp.gate_up_down() else {
             return Err(w("has a fused gate/up projection"));
         };
@@ -298,6 +360,8 @@ fn map_weights(m: &Model, spec: &mut GraphSpec) -> Result<GraphWeights, String> 
             post_norm: rms(v.pre_mlp_norm, &w("post-attention norm"))?,
             q_norm,
             k_norm,
+            post_attn_norm,
+            post_mlp_norm,
         });
     }
     spec.quant = quant;

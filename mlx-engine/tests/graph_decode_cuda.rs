@@ -3,7 +3,9 @@
 //! [`TEACHER_FORCED_BOUNDS`] and greedy decoding equal to its own teacher-forced argmax, on the
 //! mlx-lm-saved llama fixtures (bf16 tied and untied, 8-bit with bf16 scales) and on every
 //! covered row written by `support/graph_models.rs` (llama3, yarn, linear RoPE, MQA, q/k/v
-//! biases, q/k norms, NoPE layers, 4 and 8 bits), each built from the loaded model
+//! biases, q/k norms, NoPE layers, 4 and 8 bits; gemma3_text's sandwich norms, GeGLU,
+//! embedding scale and sliding layers decoded past their window, in bfloat16 and 4 bits;
+//! gemma2's soft-caps), each built from the loaded model
 //! (`mlx_engine::graph::map_model`). The same check on the bench models is `bench_generate
 //! --graph-check` (`xtask/gpu/graph.sh`). It also checks that `kernel_breakdown` and
 //! `trace_step` leave the decoder's state as a step leaves it, and the engine backend

@@ -48,7 +48,55 @@ fn every_covered_row_maps_with_its_knobs() {
             "{name}"
         );
         assert_eq!(spec.qkv_bias, name.starts_with("qwen2"), "{name}");
-        assert_eq!(spec.qk_norm, name.starts_with("qwen3"), "{name}");
+        assert_eq!(
+            spec.qk_norm,
+            name.starts_with("qwen3") || name.starts_with("gemma3"),
+            "{name}"
+        );
+        let gemma = name.starts_with("gemma");
+        assert_eq!((spec.sandwich, spec.gelu), (gemma, gemma), "{name}");
+        if gemma {
+            // sqrt(hidden) as bfloat16.
+            let want = half::bf16::from_f64((spec.hidden as f64).sqrt()).to_f32();
+            assert_eq!(spec.embed_scale, want, "{name}");
+        } else {
+            assert_eq!(spec.embed_scale, 1.0, "{name}");
+        }
+        for l in &weights.layers {
+            assert_eq!(l.post_attn_norm.is_some(), gemma, "{name}");
+            assert_eq!(l.post_mlp_norm.is_some(), gemma, "{name}");
+        }
+        if name.starts_with("gemma3") {
+            assert_eq!(spec.sliding, [true, false, true]);
+            assert_eq!(spec.sliding_window, 48);
+            // The local base's table for the sliding layers, the global one's for the rest.
+            let local = spec.local_rope.as_ref().unwrap();
+            let base = |b| mlx_kernels::graph_decode::GraphRope::from_base(16, false, b, 1.0);
+            assert_eq!(*local, base(10000.0));
+            assert_eq!(spec.rope, base(1000000.0));
+            // Gemma's norms take `1 + w` (the file holds w near 0).
+            let w = weights.layers[0]
+                .input_norm
+                .astype(mlx_core::Dtype::Float32)
+                .unwrap();
+            let mean = w.to_vec::<f32>().unwrap().iter().sum::<f32>() / spec.hidden as f32;
+            assert!((mean - 1.0).abs() < 0.1, "{name}: {mean}");
+        } else {
+            assert!(
+                spec.sliding.is_empty() && spec.local_rope.is_none(),
+                "{name}"
+            );
+        }
+        if name == "gemma2" {
+            assert_eq!((spec.attn_softcap, spec.final_softcap), (5.0, 3.0));
+            assert_eq!(spec.attn_scale, 0.25);
+        } else {
+            assert_eq!(
+                (spec.attn_softcap, spec.final_softcap),
+                (0.0, 0.0),
+                "{name}"
+            );
+        }
         for l in &weights.layers {
             assert_eq!(l.q_norm.is_some(), spec.qk_norm, "{name}");
             assert_eq!(l.k_norm.is_some(), spec.qk_norm, "{name}");
@@ -60,6 +108,9 @@ fn every_covered_row_maps_with_its_knobs() {
             "{name}"
         );
         let r = &spec.rope;
+        let plain = |r: &mlx_kernels::graph_decode::GraphRope| {
+            (r.position_scale, r.output_scale, r.inv_freq[0])
+        };
         assert_eq!(2 * r.pairs(), spec.head_dim, "{name}");
         match name {
             "smollm3" => assert_eq!(spec.rope_layers, [true, false, true]),
@@ -78,10 +129,7 @@ fn every_covered_row_maps_with_its_knobs() {
                 assert!((last * 8.0 / plain - 1.0).abs() < 1e-3, "{last} vs {plain}");
             }
             "llama_yarn_untied" => assert!(r.output_scale > 1.0),
-            _ => {
-                assert_eq!((r.position_scale, r.output_scale), (1.0, 1.0), "{name}");
-                assert_eq!(r.inv_freq[0], 1.0, "{name}");
-            }
+            _ => assert_eq!(plain(r), (1.0, 1.0, 1.0), "{name}"),
         }
         // Without a CUDA device (here), the model qualifies but the machine does not.
         if !mlx_kernels::graph_decode::GraphDecoder::available() {
@@ -98,10 +146,11 @@ fn other_rows_name_the_reason() {
     for (dir, what) in [
         (d.join("hunyuan_v1_dense"), "q/k norm PerHeadAfterRope"),
         (d.join("olmo2"), "norm placement"),
-        (d.join("granite"), "embedding scale"),
-        (d.join("gemma2"), "norm placement"),
+        (d.join("granite"), "residual multiplier"),
+        // Gemma 2 maps (sandwich norms, soft-caps); its fixture's heads of 8 do not.
+        (d.join("gemma2"), "head_dim 8"),
         (d.join("phi3"), "fused q/k/v"),
-        (d.join("smollm3_sliding"), "sliding-window"),
+        (d.join("smollm3_sliding"), "head_dim 8"),
         (d.join("internlm3"), "bias"),
         (models().join("mistral_bias_llama3rope"), "MLP"),
         (models().join("qwen3_moe"), "dedicated port"),

@@ -19,6 +19,7 @@ typedef long long ll;
 #define MODE_RES 2
 #define MODE_SWIGLU 4
 #define MODE_F32 8
+#define MODE_GELU 16
 #define ATTN_CHUNK 64
 #define ATTN_THREADS 128
 // Partial outputs the combining block loads together with the chunks' maxima and sums (the
@@ -132,18 +133,25 @@ __device__ __forceinline__ void rope_angle(int i, int pos, const float* inv_freq
   s = sinf(theta) * (float)out_scale;
 }
 
-// h = embedding row state[0] (bfloat16 table, or MLX affine-quantized: dequantize(w, s, b)),
-// and the step's RoPE table: rope[i] and rope[half + i], the cosine and sine of pair i at
-// position state[1], for the nrot rotated pairs i < nrot <= half (read by matvec_qkv's
-// epilogue).
+// h = embedding row state[0] (bfloat16 table, or MLX affine-quantized: dequantize(w, s, b))
+// times emb_scale (Gemma's sqrt(hidden), a bfloat16 value, rounded as MLX multiplies in the
+// activations' dtype; 1 elsewhere: exact), and the step's RoPE tables: rope[i] and
+// rope[half + i], the cosine and sine of pair i at position state[1], for the nrot rotated
+// pairs i < nrot <= half (read by matvec_qkv's epilogue); with nrot2 > 0 a second table (the
+// sliding layers' own RoPE: Gemma 3's local base) at rope + 2 half, from inv_freq2.
 extern "C" __global__ void embed(const void* table, const u32* sb, const int* state, bf16_t* h,
                                  ll H, ll bits, ll gs, float* rope, ll half, ll nrot,
-                                 const float* inv_freq, double pos_scale, double out_scale) {
+                                 const float* inv_freq, double pos_scale, double out_scale,
+                                 double emb_scale, ll nrot2, const float* inv_freq2,
+                                 double pos_scale2, double out_scale2) {
   pdl_wait_then_release();
   const ll tok = state[0];
   const int pos = state[1];
   for (int i = threadIdx.x; i < nrot; i += blockDim.x)
     rope_angle(i, pos, inv_freq, pos_scale, out_scale, rope[i], rope[half + i]);
+  float* rope2 = rope + 2 * half;
+  for (int i = threadIdx.x; i < nrot2; i += blockDim.x)
+    rope_angle(i, pos, inv_freq2, pos_scale2, out_scale2, rope2[i], rope2[half + i]);
   for (ll k = threadIdx.x; k < H; k += blockDim.x) {
     float v;
     if (bits == 16) {
@@ -155,7 +163,7 @@ extern "C" __global__ void embed(const void* table, const u32* sb, const int* st
       const ll g = tok * (H / gs) + k / gs;
       v = rbf(rbf(lo2f(sb[g]) * (float)q) + hi2f(sb[g]));
     }
-    h[k] = f2bf(v);
+    h[k] = f2bf(v * (float)emb_scale);
   }
 }
 
@@ -602,15 +610,32 @@ __device__ __forceinline__ void mv_run(const void* W, const u32* SB, const bf16_
     default: mv_run<16>(__VA_ARGS__); break;    \
   }
 
+// mlx-lm's nn.gelu_approx on a bfloat16 value, rounded after every op as MLX computes it in
+// the activations' dtype (its scalars are weak: bfloat16 too):
+// 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))).
+__device__ __forceinline__ float gelu_approx(float x) {
+  const float c1 = rbf(0.044715f), c2 = rbf(0.7978845608028654f);
+  const float x3 = rbf(x * x * x);
+  const float inner = rbf(x + rbf(c1 * x3));
+  const float t = rbf(tanhf(rbf(c2 * inner)));
+  return rbf(rbf(0.5f * x) * rbf(1.f + t));
+}
+
+// tanh(v / cap) * cap in bfloat16 ops (gemma2's soft-caps; cap a bfloat16 value).
+__device__ __forceinline__ float softcap_bf(float v, float cap) {
+  return rbf(rbf(tanhf(rbf(v / cap))) * cap);
+}
+
 // out = W x for W [N, K] (bfloat16, or MLX affine-quantized with BITS-bit codes, group gs,
 // bfloat16 scales and biases), x [K] bfloat16.
 // mode: NORM: x = rms_norm(xin, normw, eps) first;
 //       RES: out = res + (W x) (out may be res; each element is read and written by one lane);
-//       SWIGLU: rows are interleaved (gate_i, up_i); out[i] = silu(gate_i) * up_i;
-//       F32: out is float32 (the bfloat16-rounded values).
+//       SWIGLU: rows are interleaved (gate_i, up_i); out[i] = silu(gate_i) * up_i
+//               (with GELU: gelu_approx(gate_i) * up_i, Gemma's GeGLU);
+//       F32: out is float32 (the bfloat16-rounded values), soft-capped when cap > 0.
 extern "C" __global__ void __launch_bounds__(256, 2) matvec(
     const void* W, const u32* SB, const bf16_t* xin, const bf16_t* normw, const bf16_t* res,
-    void* out, ll N, ll K, ll bits, ll gs, ll mode, double eps, u64* trace) {
+    void* out, ll N, ll K, ll bits, ll gs, ll mode, double eps, u64* trace, double cap) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float red[MV_WARPS];
   Trace tr{trace, {0, 0, 0, 0}};
@@ -642,11 +667,16 @@ extern "C" __global__ void __launch_bounds__(256, 2) matvec(
       const bool has1 = i + 1 < N;
       if (mode & MODE_SWIGLU) {
         const float g = rbf(acc[r]), u = rbf(acc[r + 1]);
-        const float sg = rbf(1.f / (1.f + expf(-g)));
-        ((bf16_t*)out)[i / 2] = f2bf(rbf(g * sg) * u);
+        if (mode & MODE_GELU) {
+          ((bf16_t*)out)[i / 2] = f2bf(gelu_approx(g) * u);
+        } else {
+          const float sg = rbf(1.f / (1.f + expf(-g)));
+          ((bf16_t*)out)[i / 2] = f2bf(rbf(g * sg) * u);
+        }
       } else if (mode & MODE_F32) {
-        ((float*)out)[i] = rbf(acc[r]);
-        if (has1) ((float*)out)[i + 1] = rbf(acc[r + 1]);
+        const float c = (float)cap;
+        ((float*)out)[i] = c > 0.f ? softcap_bf(rbf(acc[r]), c) : rbf(acc[r]);
+        if (has1) ((float*)out)[i + 1] = c > 0.f ? softcap_bf(rbf(acc[r + 1]), c) : rbf(acc[r + 1]);
       } else if (mode & MODE_RES) {
         ((bf16_t*)out)[i] = f2bf(lo2f(e.v[r / 2]) + rbf(acc[r]));
         if (has1) ((bf16_t*)out)[i + 1] = f2bf(hi2f(e.v[r / 2]) + rbf(acc[r + 1]));
@@ -747,11 +777,16 @@ extern "C" __global__ void __launch_bounds__(256, 2) matvec_qkv(
 // positions [64 s, 64 s + 64) and writes its unnormalised output, max and sum; the last block
 // of a head to finish (counted in counters[h], which it resets) combines them:
 // out[h] = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s.
+// window > 0 (a sliding layer): only the last `window` positions, this one included, as
+// mlx-lm's RotatingKVCache of max_size window holds them at a decode step; positions before
+// are masked (a chunk wholly before them loads nothing and passes m = -inf, l = 0 on).
+// softcap > 0 (gemma2): scores = tanh(s / softcap) softcap, with the query scaled and each
+// op rounded to bfloat16 as mlx-lm's gemma2 computes them (softcap a bfloat16 value).
 // 128 threads; D 16, 32, 64 or 128.
 extern "C" __global__ void __launch_bounds__(128, 4) attention(
     const bf16_t* qb, const bf16_t* kc, const bf16_t* vc, const int* state, float* po,
     float* pml, int* counters, bf16_t* out, ll nh, ll nkv, ll D, ll cap, ll NS, double scale,
-    u64* trace) {
+    u64* trace, ll window, double softcap) {
   Trace tr{trace, {0, 0, 0, 0}};
   tr.mark(0);
   const ll h = blockIdx.x, s = blockIdx.y;
@@ -768,6 +803,8 @@ extern "C" __global__ void __launch_bounds__(128, 4) attention(
   }
   const ll ns = (L + ATTN_CHUNK - 1) / ATTN_CHUNK;
   const ll n = (L - start) < ATTN_CHUNK ? (L - start) : ATTN_CHUNK;
+  // Rows of the chunk before `lo` are outside the window.
+  const ll lo = window > 0 && L > window ? L - window - start : 0;
   const ll kvh = h / (nh / nkv);
   __shared__ __align__(16) float q[128];
   __shared__ float p[ATTN_CHUNK];
@@ -795,11 +832,11 @@ extern "C" __global__ void __launch_bounds__(128, 4) attention(
   auto load_value = [&](int i, int j) {
     vr[i] = *(const uint4*)(vc + (kvh * cap + start + j) * D + 8 * td);
   };
-  if (tid < n && tid != cur) load_key();
+  if (tid < n && tid >= lo && tid != cur) load_key();
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int j = tp + i * P;
-    if (j < n && j != cur) load_value(i, j);
+    if (j < n && j >= lo && j != cur) load_value(i, j);
   }
   pdl_wait_then_release();
   tr.mark(1);
@@ -809,10 +846,14 @@ extern "C" __global__ void __launch_bounds__(128, 4) attention(
     const int j = tp + i * P;
     if (j < n && j == cur) load_value(i, j);
   }
-  for (ll d = tid; d < D; d += ATTN_THREADS) q[d] = (float)scale * bf2f(qb[h * D + d]);
+  const float cap_s = (float)softcap;
+  for (ll d = tid; d < D; d += ATTN_THREADS) {
+    const float qs = (float)scale * bf2f(qb[h * D + d]);
+    q[d] = cap_s > 0.f ? rbf(qs) : qs;
+  }
   __syncthreads();
   float sc = NEG_INF;
-  if (tid < n) {
+  if (tid < n && tid >= lo) {
     sc = 0.f;
 #pragma unroll
     for (int c = 0; c < 16; ++c) {
@@ -824,13 +865,14 @@ extern "C" __global__ void __launch_bounds__(128, 4) attention(
       }
     }
   }
+  if (cap_s > 0.f && tid < n && tid >= lo) sc = softcap_bf(rbf(sc), cap_s);
   // Max and sum over the chunk: the chunk's 64 scores sit in warps 0 and 1.
   float m = sc;
   for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
   if (lane == 0) red[warp] = m;
   __syncthreads();
   m = fmaxf(red[0], red[1]);
-  const float e = tid < n ? expf(sc - m) : 0.f;
+  const float e = tid < n && tid >= lo ? expf(sc - m) : 0.f;
   if (tid < ATTN_CHUNK) p[tid] = e;
   float l = warp_sum(e);
   __syncthreads();
@@ -844,7 +886,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) attention(
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int j = tp + i * P;
-    if (j < n) {
+    if (j < n && j >= lo) {
       const uint4 v = vr[i];
       const float pj = p[j];
       o[0] += pj * lo2f(v.x);
@@ -897,8 +939,10 @@ extern "C" __global__ void __launch_bounds__(128, 4) attention(
     __syncthreads();
     float Mn = M;
     for (int i = 0; i < ATTN_THREADS / 32; ++i) Mn = fmaxf(Mn, red[i]);
-    const float keep = expf(M - Mn);  // 0 on the first tile
-    const float wt = t < ns ? expf(mt - Mn) : 0.f;
+    // 0 on the first tile; chunks wholly outside a window (m = -inf) weigh 0, even in a tile
+    // of nothing else (Mn = -inf).
+    const float keep = M == NEG_INF ? 0.f : expf(M - Mn);
+    const float wt = t < ns && mt != NEG_INF ? expf(mt - Mn) : 0.f;
     part[tid] = wt;
     float lw = warp_sum(lt * wt);
     __syncthreads();

@@ -17,8 +17,8 @@
 //! whole step is one CUDA graph ([`mlx_core::gpurt`]); the host replays it and reads tokens
 //! back, pipelined.
 //!
-//! What it covers: `model_type: llama` without biases or RoPE scaling (traditional RoPE or
-//! not);
+//! What it covers: the knobs of [`GraphSpec`] (llama-like rows, Qwen 3's q/k norms, Gemma's
+//! sandwich norms, GeGLU, embedding scale, sliding layers and soft-caps);
 //! bfloat16 weights, or MLX affine quantization (4 or 8 bits, groups of 32, 64 or 128) with
 //! bfloat16 scales; head size 16-128; greedy decoding; one sequence. The prompt is processed
 //! by MLX (the model's own forward, which is exact) and its KV cache copied in with
@@ -63,11 +63,16 @@ pub const SOURCE: &str = include_str!("graph_decode.cu");
 pub const QK_NORM_SOURCE: &str = include_str!("graph_qk_norm.cu");
 const QK_NORM_KERNEL: (&str, u32) = ("qk_norm_rope", 12);
 
+/// Gemma's sandwich norms (`norm_add`), appended to [`SOURCE`] only for a model with them
+/// ([`GraphSpec::sandwich`]).
+pub const GEMMA_SOURCE: &str = include_str!("graph_gemma.cu");
+const GEMMA_KERNEL: (&str, u32) = ("norm_add", 5);
+
 const KERNELS: &[(&str, u32)] = &[
-    ("embed", 13),
-    ("matvec", 13),
+    ("embed", 18),
+    ("matvec", 14),
     ("matvec_qkv", 21),
-    ("attention", 15),
+    ("attention", 17),
     ("argmax_partial", 4),
     ("argmax_pick", 7),
 ];
@@ -75,6 +80,7 @@ const MODE_NORM: i64 = 1;
 const MODE_RES: i64 = 2;
 const MODE_SWIGLU: i64 = 4;
 const MODE_F32: i64 = 8;
+const MODE_GELU: i64 = 16;
 const ATTN_CHUNK: usize = 64;
 /// The greedy sampler's blocks: threads, and logits a block (`ARGMAX_THREADS`,
 /// `ARGMAX_SLICE` in the source).
@@ -337,6 +343,23 @@ pub struct GraphSpec {
     /// MLX affine quantization of every linear and the embedding: (group size, bits); `None`:
     /// bfloat16 weights.
     pub quant: Option<(usize, usize)>,
+    /// The embedding is multiplied by this bfloat16 value (Gemma's `sqrt(hidden)`; 1: none).
+    pub embed_scale: f32,
+    /// Gemma's sandwich norms: the attention's and the MLP's outputs are RMS-normed
+    /// ([`GraphLayer::post_attn_norm`], [`GraphLayer::post_mlp_norm`]) before the residual
+    /// adds; the pre-MLP norm is [`GraphLayer::post_norm`].
+    pub sandwich: bool,
+    /// The gated MLP's activation is `gelu_approx` (Gemma's GeGLU), not SiLU.
+    pub gelu: bool,
+    /// Per layer: a sliding-window layer (empty: none), which attends to the last
+    /// [`GraphSpec::sliding_window`] positions (0: all) and rotates with
+    /// [`GraphSpec::local_rope`] where there is one (Gemma 3's local base).
+    pub sliding: Vec<bool>,
+    pub sliding_window: usize,
+    pub local_rope: Option<GraphRope>,
+    /// gemma2's soft-caps (bfloat16 values; 0: none): of the attention scores, of the logits.
+    pub attn_softcap: f32,
+    pub final_softcap: f32,
 }
 
 impl GraphSpec {
@@ -401,6 +424,52 @@ impl GraphSpec {
                 s.layers
             ));
         }
+        if !s.sliding.is_empty() && s.sliding.len() != s.layers {
+            return Err(format!(
+                "sliding: {} entries for {} layers",
+                s.sliding.len(),
+                s.layers
+            ));
+        }
+        if let Some(l) = &s.local_rope {
+            if l.pairs() == 0 || 2 * l.pairs() > s.head_dim {
+                return Err(format!(
+                    "local_rope: {} rotated pairs for a head of {}",
+                    l.pairs(),
+                    s.head_dim
+                ));
+            }
+            if l.traditional != r.traditional {
+                return Err("local_rope: traditional where the rope is not, or back".into());
+            }
+            if r.traditional && 2 * l.pairs() != s.head_dim {
+                return Err("local_rope: traditional partial rotary is not supported".into());
+            }
+            let finite = l.inv_freq.iter().all(|f| f.is_finite())
+                && l.position_scale.is_finite()
+                && l.output_scale.is_finite();
+            if !finite {
+                return Err("local_rope: a frequency or scale is not finite".into());
+            }
+        }
+        for (k, v) in [
+            ("embed_scale", s.embed_scale),
+            ("attn_softcap", s.attn_softcap),
+            ("final_softcap", s.final_softcap),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(format!("{k} {v}: not a finite number of at least 0"));
+            }
+        }
+        if s.embed_scale == 0.0 {
+            return Err("embed_scale 0: must be positive (1 for none)".into());
+        }
+        if s.sliding_window > 1 << 24 {
+            return Err(format!(
+                "sliding_window {}: at most 16777216",
+                s.sliding_window
+            ));
+        }
         if let Some((gs, bits)) = s.quant {
             if ![32, 64, 128].contains(&gs) || ![4, 8].contains(&bits) {
                 return Err(format!(
@@ -461,6 +530,10 @@ pub struct GraphLayer {
     /// q's and k's per-head RMSNorm weights `[head_dim]` ([`GraphSpec::qk_norm`]).
     pub q_norm: Option<Array>,
     pub k_norm: Option<Array>,
+    /// The sandwich post-norms' weights `[hidden]` ([`GraphSpec::sandwich`]): after the
+    /// attention, after the MLP.
+    pub post_attn_norm: Option<Array>,
+    pub post_mlp_norm: Option<Array>,
     pub q: GraphLinear,
     pub k: GraphLinear,
     pub v: GraphLinear,
@@ -601,6 +674,19 @@ impl GraphWeights {
                     (None, true) => p.push(format!("{}: missing", n(x))),
                 }
             }
+            for (x, a) in [
+                ("post_attn_norm", &l.post_attn_norm),
+                ("post_mlp_norm", &l.post_mlp_norm),
+            ] {
+                match (a, s.sandwich) {
+                    (Some(a), true) => want(&mut p, &n(x), a, &[h], Dtype::Bfloat16),
+                    (None, false) => {}
+                    (Some(_), false) => {
+                        p.push(format!("{}: given, the spec has no sandwich norms", n(x)))
+                    }
+                    (None, true) => p.push(format!("{}: missing", n(x))),
+                }
+            }
         }
         want(&mut p, "norm", &self.final_norm, &[h], Dtype::Bfloat16);
         if p.is_empty() {
@@ -633,6 +719,12 @@ struct Layer {
     qkv_bias: Option<Buffer>,
     /// Rotated pairs a head in this layer (0: no RoPE).
     nrot: usize,
+    /// Where this layer's RoPE table sits in the step's (bytes: 0, or the local table's).
+    rope_off: usize,
+    /// The attention window (0: every position).
+    window: usize,
+    /// The sandwich post-norms (after the attention, after the MLP).
+    post_norms: Option<(Buffer, Buffer)>,
     /// q's and k's per-head norm weights (qwen3): RoPE then runs in `qk_norm_rope`, after
     /// the norm, not in matvec_qkv.
     qk_norm: Option<(Buffer, Buffer)>,
@@ -649,16 +741,20 @@ struct Activations {
     qkv: Buffer,
     attn: Buffer,
     act: Buffer,
+    /// A projection's output before its sandwich post-norm (hidden; sandwich models).
+    y: Buffer,
     logits: Buffer,
     state: Buffer,
     tokens: Buffer,
     po: Buffer,
     pml: Buffer,
     counters: Buffer,
-    /// The step's RoPE table: cosines then sines of the head_dim / 2 pairs.
+    /// The step's RoPE tables: cosines then sines of the head_dim / 2 pairs; then the local
+    /// RoPE's (sliding layers), the same.
     rope: Buffer,
-    /// RoPE's inverse frequencies (float32, one a rotated pair).
+    /// RoPE's inverse frequencies (float32, one a rotated pair), and the local RoPE's.
     inv_freq: Buffer,
+    inv_freq2: Buffer,
     /// The greedy sampler's per-block maxima and sums, then the log-sum-exp and the largest
     /// log-probability (floats), and its counters and pick (4 ints).
     am_part: Buffer,
@@ -911,23 +1007,20 @@ impl GraphDecoder {
             "#define MV_ROWS {rows}\n#define MV_BATCH {batch}\n#define MV_EARLY {early}\n{SOURCE}"
         );
         let t0 = std::time::Instant::now();
-        let (source, kernels) = if spec.qk_norm {
-            let mut k = KERNELS.to_vec();
-            k.push(QK_NORM_KERNEL);
-            (format!("{source}{QK_NORM_SOURCE}"), k)
-        } else {
-            (source, KERNELS.to_vec())
-        };
+        let (mut source, mut kernels) = (source, KERNELS.to_vec());
+        if spec.qk_norm {
+            kernels.push(QK_NORM_KERNEL);
+            source.push_str(QK_NORM_SOURCE);
+        }
+        if spec.sandwich {
+            kernels.push(GEMMA_KERNEL);
+            source.push_str(GEMMA_SOURCE);
+        }
         let mut rt = GpuRuntime::new(&source, &kernels)?;
         let kernels_s = t0.elapsed().as_secs_f64();
         let t1 = std::time::Instant::now();
         let s = &spec;
         let (h, d, i_sz) = (s.hidden, s.head_dim, s.intermediate);
-        let pairs = if s.rope.traditional {
-            0
-        } else {
-            s.rope.pairs()
-        };
         let w = weights;
         let (embed, _) = upload_lin(&mut rt, s, &[&w.embed], Layout::Plain)?;
         let head = match &w.head {
@@ -937,10 +1030,20 @@ impl GraphDecoder {
         let final_norm = put(&mut rt, &w.final_norm)?;
         let kv_bytes = s.kv_heads * capacity * d * 2;
         let mut layers = Vec::with_capacity(s.layers);
-        for (l, rotates) in w.layers.iter().zip(&s.rope_layers) {
+        for (i, (l, rotates)) in w.layers.iter().zip(&s.rope_layers).enumerate() {
+            let sliding = s.sliding.get(i).copied().unwrap_or(false);
+            let (rope, rope_off) = match &s.local_rope {
+                Some(r) if sliding => (r, 2 * (d / 2) * 4),
+                _ => (&s.rope, 0),
+            };
+            let pairs = if s.rope.traditional { 0 } else { rope.pairs() };
             // With q/k norms the rows keep their order: qk_norm_rope rotates after the norm.
             let layout = Layout::Qkv {
                 pairs: if *rotates && !s.qk_norm { pairs } else { 0 },
+            };
+            let post_norms = match (&l.post_attn_norm, &l.post_mlp_norm) {
+                (Some(a), Some(m)) if s.sandwich => Some((put(&mut rt, a)?, put(&mut rt, m)?)),
+                _ => None,
             };
             let qk_norm = match (&l.q_norm, &l.k_norm) {
                 (Some(q), Some(k)) if s.qk_norm => Some((put(&mut rt, q)?, put(&mut rt, k)?)),
@@ -952,7 +1055,10 @@ impl GraphDecoder {
                 post_norm: put(&mut rt, &l.post_norm)?,
                 qkv,
                 qkv_bias,
-                nrot: if *rotates { s.rope.pairs() } else { 0 },
+                nrot: if *rotates { rope.pairs() } else { 0 },
+                rope_off,
+                window: if sliding { s.sliding_window } else { 0 },
+                post_norms,
                 qk_norm,
                 o: upload_lin(&mut rt, s, &[&l.o], Layout::Plain)?.0,
                 gu: upload_lin(&mut rt, s, &[&l.gate, &l.up], Layout::Interleave)?.0,
@@ -961,26 +1067,28 @@ impl GraphDecoder {
                 vc: rt.alloc(kv_bytes)?,
             });
         }
-        let inv: Vec<u8> = s
-            .rope
-            .inv_freq
-            .iter()
-            .flat_map(|f| f.to_le_bytes())
-            .collect();
+        let bytes = |r: &GraphRope| -> Vec<u8> {
+            r.inv_freq.iter().flat_map(|f| f.to_le_bytes()).collect()
+        };
+        let inv = bytes(&s.rope);
+        // A model without a local RoPE passes the table again (nrot2 0: never read).
+        let inv2 = bytes(s.local_rope.as_ref().unwrap_or(&s.rope));
         let ns = capacity / ATTN_CHUNK;
         let acts = Activations {
             h: rt.alloc(h * 2)?,
             qkv: rt.alloc(s.qkv_rows() * 2)?,
             attn: rt.alloc(s.heads * d * 2)?,
             act: rt.alloc(i_sz * 2)?,
+            y: rt.alloc(h * 2)?,
             logits: rt.alloc(s.vocab * 4)?,
             state: rt.alloc(16)?,
             tokens: rt.alloc(capacity * 8)?,
             po: rt.alloc(s.heads * ns * d * 4)?,
             pml: rt.alloc(s.heads * ns * 2 * 4)?,
             counters: rt.alloc(s.heads * 4)?,
-            rope: rt.alloc(d * 4)?,
+            rope: rt.alloc(2 * d * 4)?,
             inv_freq: rt.alloc_from(&inv)?,
+            inv_freq2: rt.alloc_from(&inv2)?,
             am_part: rt.alloc((2 * s.vocab.div_ceil(ARGMAX_SLICE) + 2) * 4)?,
             am_ctl: rt.alloc(16)?,
         };
@@ -1387,9 +1495,15 @@ impl GraphDecoder {
                 (n + qkn, bytes + qkn * 4 * s.head_dim)
             }
             Part::Attention => layers(&|_| 2 * s.kv_heads * (self.pos + 1) * s.head_dim * 2),
-            Part::Output => layers(&|l| lin_bytes(&l.o)),
+            Part::Output | Part::Down => {
+                // With sandwich norms, norm_add after each (reading its hidden weights).
+                let sw = self.step.layers.iter().filter(|l| l.post_norms.is_some());
+                let (nsw, swb) = (sw.clone().count(), sw.count() * 2 * s.hidden);
+                let (n, bytes) =
+                    layers(&|l| lin_bytes(if part == Part::Output { &l.o } else { &l.down }));
+                (n + nsw, bytes + swb)
+            }
             Part::GateUp => layers(&|l| lin_bytes(&l.gu)),
-            Part::Down => layers(&|l| lin_bytes(&l.down)),
             Part::Head => (1, lin_bytes(&self.step.head)),
             Part::Argmax => (2, s.vocab * 4),
         }
@@ -1615,6 +1729,11 @@ fn matvec(
             Arg::I64(mode),
             Arg::F64(s.eps as f64),
             rec.trace_arg(),
+            Arg::F64(if mode & MODE_F32 != 0 {
+                s.final_softcap as f64
+            } else {
+                0.0
+            }),
         ],
     )
 }
@@ -1692,6 +1811,15 @@ fn record_step(
             Arg::Buf(a.inv_freq, 0),
             Arg::F64(s.rope.position_scale as f64),
             Arg::F64(s.rope.output_scale as f64),
+            Arg::F64(s.embed_scale as f64),
+            Arg::I64(s.local_rope.as_ref().map_or(0, |r| r.pairs()) as i64),
+            Arg::Buf(a.inv_freq2, 0),
+            Arg::F64(
+                s.local_rope
+                    .as_ref()
+                    .map_or(1.0, |r| r.position_scale as f64),
+            ),
+            Arg::F64(s.local_rope.as_ref().map_or(1.0, |r| r.output_scale as f64)),
         ],
     )?;
     let scale = s.attn_scale as f64;
@@ -1726,7 +1854,7 @@ fn record_step(
                 Arg::I64(cap as i64),
                 Arg::I64(i64::from(s.rope.traditional)),
                 Arg::F64(s.eps as f64),
-                Arg::Buf(a.rope, 0),
+                Arg::Buf(a.rope, l.rope_off),
                 rec.trace_arg(),
                 Arg::I64(if l.qk_norm.is_some() {
                     0
@@ -1751,7 +1879,7 @@ fn record_step(
                     Arg::Buf(a.state, 0),
                     Arg::Buf(qw, 0),
                     Arg::Buf(kw, 0),
-                    Arg::Buf(a.rope, 0),
+                    Arg::Buf(a.rope, l.rope_off),
                     Arg::I64(nh),
                     Arg::I64(d),
                     Arg::I64(cap as i64),
@@ -1784,11 +1912,29 @@ fn record_step(
                 Arg::I64(ns as i64),
                 Arg::F64(scale),
                 rec.trace_arg(),
+                Arg::I64(l.window as i64),
+                Arg::F64(s.attn_softcap as f64),
             ],
         )?;
-        // The output projection with the residual, gate/up with SwiGLU, down with the residual.
+        // The output projection with the residual, gate/up with SwiGLU (GeGLU), down with the
+        // residual; with sandwich norms the projections write `y`, which norm_add norms and
+        // adds to the residual.
+        let act = if s.gelu { MODE_GELU } else { 0 };
+        let (res_out, res_mode) = match l.post_norms {
+            Some(_) => (None, 0),
+            None => (Some(a.h), MODE_RES),
+        };
+        let proj_out = if l.post_norms.is_some() { a.y } else { a.h };
         let mlp = [
-            (Part::Output, &l.o, a.attn, None, Some(a.h), a.h, MODE_RES),
+            (
+                Part::Output,
+                &l.o,
+                a.attn,
+                None,
+                res_out,
+                proj_out,
+                res_mode,
+            ),
             (
                 Part::GateUp,
                 &l.gu,
@@ -1796,12 +1942,38 @@ fn record_step(
                 Some(l.post_norm),
                 None,
                 a.act,
-                MODE_NORM | MODE_SWIGLU,
+                MODE_NORM | MODE_SWIGLU | act,
             ),
-            (Part::Down, &l.down, a.act, None, Some(a.h), a.h, MODE_RES),
+            (
+                Part::Down,
+                &l.down,
+                a.act,
+                None,
+                res_out,
+                proj_out,
+                res_mode,
+            ),
         ];
-        for (part, lin, x, norm, res, out, mode) in mlp {
+        for (j, (part, lin, x, norm, res, out, mode)) in mlp.into_iter().enumerate() {
             matvec(&mut rec, rt, part, lin, x, norm, res, out, mode)?;
+            if let (Some((pa, pm)), 0 | 2) = (l.post_norms, j) {
+                let k_na = rt.kernel(GEMMA_KERNEL.0)?;
+                rec.launch(
+                    rt,
+                    part,
+                    k_na,
+                    [1, 1, 1],
+                    [256, 1, 1],
+                    0,
+                    &[
+                        Arg::Buf(a.y, 0),
+                        Arg::Buf(if j == 0 { pa } else { pm }, 0),
+                        Arg::Buf(a.h, 0),
+                        Arg::I64(s.hidden as i64),
+                        Arg::F64(s.eps as f64),
+                    ],
+                )?;
+            }
         }
     }
     matvec(
@@ -1888,6 +2060,14 @@ mod tests {
             qkv_bias: false,
             qk_norm: false,
             quant: None,
+            embed_scale: 1.0,
+            sandwich: false,
+            gelu: false,
+            sliding: Vec::new(),
+            sliding_window: 0,
+            local_rope: None,
+            attn_softcap: 0.0,
+            final_softcap: 0.0,
         }
     }
 
@@ -1916,6 +2096,8 @@ mod tests {
                     post_norm: zeros(&[h as i32]),
                     q_norm: s.qk_norm.then(|| zeros(&[d as i32])),
                     k_norm: s.qk_norm.then(|| zeros(&[d as i32])),
+                    post_attn_norm: s.sandwich.then(|| zeros(&[h as i32])),
+                    post_mlp_norm: s.sandwich.then(|| zeros(&[h as i32])),
                     q: dense(s.heads * d, h),
                     k: dense(s.kv_heads * d, h),
                     v: dense(s.kv_heads * d, h),
@@ -1959,6 +2141,13 @@ mod tests {
             (|s| s.rope_layers = vec![true], "rope_layers"),
             (|s| s.quant = Some((16, 4)), "group size 16"),
             (|s| s.eps = f32::NAN, "eps"),
+            (|s| s.sliding = vec![true], "sliding: 1 entries"),
+            (
+                |s| s.local_rope = Some(GraphRope::from_base(16, true, 10.0, 1.0)),
+                "local_rope: traditional",
+            ),
+            (|s| s.final_softcap = f32::INFINITY, "final_softcap"),
+            (|s| s.embed_scale = 0.0, "embed_scale 0"),
         ] {
             let mut t = s.clone();
             f(&mut t);
@@ -1978,6 +2167,15 @@ mod tests {
         ] {
             assert!(e.contains(what), "{what}: {e}");
         }
+        // Sandwich norms: both post-norms a layer, only with the spec's knob.
+        let mut sw = s.clone();
+        sw.sandwich = true;
+        let mut w = tiny_weights(&sw);
+        w.layers[0].post_mlp_norm = None;
+        let e = w.check(&sw).unwrap_err();
+        assert!(e.contains("layers.0.post_mlp_norm: missing"), "{e}");
+        let e = tiny_weights(&sw).check(&s).unwrap_err();
+        assert!(e.contains("given, the spec has no sandwich norms"), "{e}");
     }
 
     #[test]
@@ -2243,10 +2441,11 @@ mod tests {
 
     #[test]
     fn every_kernel_in_the_source_is_declared_with_its_arity() {
-        let all = format!("{SOURCE}{QK_NORM_SOURCE}");
-        let (qk, _) = QK_NORM_KERNEL;
-        assert!(!SOURCE.contains(qk), "{qk} is only in the q/k-norm source");
-        for (name, arity) in KERNELS.iter().chain([&QK_NORM_KERNEL]) {
+        let all = format!("{SOURCE}{QK_NORM_SOURCE}{GEMMA_SOURCE}");
+        for (k, _) in [QK_NORM_KERNEL, GEMMA_KERNEL] {
+            assert!(!SOURCE.contains(k), "{k} is only in its own source");
+        }
+        for (name, arity) in KERNELS.iter().chain([&QK_NORM_KERNEL, &GEMMA_KERNEL]) {
             let source = all.as_str();
             // `extern "C" __global__ void [__launch_bounds__(..)] name(`
             let start = source

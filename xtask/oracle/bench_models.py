@@ -114,6 +114,18 @@ BASE_GEMMA3_270M = {
     "max_position_embeddings": 32768,
 }
 
+# Gemma 3 1B's widths (26 layers, hidden 1,152, one KV head, window 512 on five layers of six,
+# a 262k vocabulary, tied) with heads of 128 instead of 256 (4 x 128 = 512 query rows, not
+# 1,024): a gemma3_text row the GPU graph decoder takes (its heads are at most 128).
+BASE_GEMMA3_1B_H128 = dict(
+    BASE_GEMMA3_270M,
+    hidden_size=1152,
+    num_hidden_layers=26,
+    intermediate_size=6912,
+    head_dim=128,
+    query_pre_attn_scalar=256,
+)
+
 # name -> (config, dtype, (group_size, bits) or None, direct)
 # `direct`: the quantized tensors are drawn as they are stored (uniform 4-bit codes, scales and
 # biases giving weights of mean 0 and standard deviation 0.02), never as float weights that
@@ -126,6 +138,7 @@ MODELS = {
     "llama-135m-q4": (BASE_135M, "bfloat16", (64, 4), False),
     "llama-small-f32": (BASE_SMALL, "float32", None, False),
     "gemma3-270m-f32": (BASE_GEMMA3_270M, "float32", None, False),
+    "gemma3-1b-h128-bf16": (BASE_GEMMA3_1B_H128, "bfloat16", None, False),
     "llama-8b-q4": (BASE_8B, "bfloat16", (64, 4), True),
     "llama31-8b-q4": (BASE_8B_31, "bfloat16", (64, 4), True),
     "llama-8b-q8": (BASE_8B, "bfloat16", (64, 8), False),

@@ -81,7 +81,40 @@ pub fn rows() -> Vec<Row> {
             config: json!({"model_type": "smollm3", "no_rope_layer_interval": 2}),
             quant: None,
         },
+        Row {
+            name: "gemma3_text",
+            // Layers 0 and 2 slide (pattern 2) with their own RoPE base over a window of 48:
+            // longer than the tests' 40-token prompts (a rotating cache that has not wrapped
+            // is what the decoder copies in), shorter than prompt plus decoding.
+            config: gemma3(),
+            quant: None,
+        },
+        Row {
+            name: "gemma3_text_q4",
+            // Hidden 128: every quantized input dimension past the group (see llama3_q4).
+            config: {
+                let mut c = gemma3();
+                c["hidden_size"] = json!(128);
+                c["num_attention_heads"] = json!(8);
+                c
+            },
+            quant: Some((64, 4)),
+        },
+        Row {
+            name: "gemma2",
+            // Soft-caps small enough to bend a random model's scores and logits.
+            config: json!({"model_type": "gemma2", "head_dim": 16,
+                "query_pre_attn_scalar": 16, "attn_logit_softcapping": 5.0,
+                "final_logit_softcapping": 3.0}),
+            quant: None,
+        },
     ]
+}
+
+fn gemma3() -> Value {
+    json!({"model_type": "gemma3_text", "head_dim": 16, "query_pre_attn_scalar": 16,
+        "sliding_window": 48, "sliding_window_pattern": 2, "rope_theta": 1000000.0,
+        "rope_local_base_freq": 10000.0, "max_position_embeddings": 2048})
 }
 
 fn base() -> Value {
@@ -114,8 +147,12 @@ pub fn write(root: &Path, row: &Row) -> PathBuf {
         .get("head_dim")
         .and_then(Value::as_i64)
         .map_or(h / heads, |v| v as i32);
-    let bias = row.config["model_type"] == "qwen2";
-    let qk_norm = row.config["model_type"] == "qwen3";
+    let mt = row.config["model_type"].as_str().unwrap_or("");
+    let bias = mt == "qwen2";
+    let qk_norm = mt == "qwen3" || mt == "gemma3_text";
+    // Gemma: norms are `1 + w` (weights near 0), sandwich norms around attention and MLP.
+    let gemma = mt.starts_with("gemma");
+    let norm_loc = if gemma { 0.0 } else { 1.0 };
     let tied = cfg["tie_word_embeddings"].as_bool().unwrap();
     let mut seed = 0u64;
     let mut draw = |shape: &[i32], scale: f32, loc: f32| -> Array {
@@ -170,16 +207,29 @@ pub fn write(root: &Path, row: &Row) -> PathBuf {
         }
         let w = draw(&[h, inter], 1.0 / (inter as f32).sqrt(), 0.0);
         lin(&mut t, format!("{p}.mlp.down_proj"), w);
-        for x in ["input_layernorm", "post_attention_layernorm"] {
-            t.push((format!("{p}.{x}.weight"), draw(&[h], 0.1, 1.0)));
+        let norms: &[&str] = if gemma {
+            &[
+                "input_layernorm",
+                "post_attention_layernorm",
+                "pre_feedforward_layernorm",
+                "post_feedforward_layernorm",
+            ]
+        } else {
+            &["input_layernorm", "post_attention_layernorm"]
+        };
+        for x in norms {
+            t.push((format!("{p}.{x}.weight"), draw(&[h], 0.1, norm_loc)));
         }
         if qk_norm {
             for x in ["q_norm", "k_norm"] {
-                t.push((format!("{p}.self_attn.{x}.weight"), draw(&[d], 0.1, 1.0)));
+                t.push((
+                    format!("{p}.self_attn.{x}.weight"),
+                    draw(&[d], 0.1, norm_loc),
+                ));
             }
         }
     }
-    t.push(("model.norm.weight".into(), draw(&[h], 0.1, 1.0)));
+    t.push(("model.norm.weight".into(), draw(&[h], 0.1, norm_loc)));
     std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
     save_safetensors(
         dir.join("model.safetensors"),
