@@ -90,10 +90,11 @@ pub struct DecoderArgs {
     /// (llama, mistral, qwen2, smollm3 and like rows; bfloat16 or MLX affine 4/8-bit
     /// weights; greedy decoding on the device, sampling and logits processors on the host from
     /// its logits), else MLX; on the CPU backend, our multi-threaded SIMD CPU
-    /// decoder where it covers the model and options (dense llama-family rows; float weights
-    /// or MLX affine 2/4/8-bit), else MLX; `mlx`: MLX's own forward, the exact path whose
-    /// outputs match mlx-lm's (as does any explicit `--dtype`); `cpu`, `graph`: that decoder,
-    /// an error where it does not apply. Their logits differ from MLX's by float rounding.
+    /// decoder where it covers the model and options (dense llama-family and Gemma 3 rows;
+    /// float weights or MLX affine 2/4/8-bit), else MLX; `mlx`: MLX's own forward, the exact
+    /// path whose outputs match mlx-lm's (as does any explicit `--dtype`); `cpu`, `graph`: that
+    /// decoder, an error where it does not apply. Their logits differ from MLX's by float
+    /// rounding.
     #[arg(long, default_value = "auto", value_parser = ["auto", "mlx", "cpu", "graph"])]
     pub decoder: String,
     /// Worker threads of the CPU decoder (default: all cores).

@@ -13,9 +13,12 @@
 //! copy of the weights.
 //!
 //! What it covers ([`unsupported`] names the reason for anything else): dense descriptor rows
-//! with pre-norm blocks, RMSNorm, separate q/k/v projections with optional biases, optional
-//! per-head RMS q/k norms, RoPE (a base with linear scaling, or a frequency table such as
-//! llama3's), grouped-query attention, SwiGLU, a tied or untied head; weights dense (float32,
+//! with pre-norm or sandwich blocks (Gemma 3's post norms), RMSNorm (or Gemma's `1 + w`
+//! one), separate q/k/v projections with optional biases, optional per-head RMS q/k norms,
+//! RoPE (a base with linear scaling, or a frequency table such as llama3's; sliding layers'
+//! own), grouped-query attention, full or sliding-window (over its full cache, each query
+//! seeing the window before it as mlx-lm's mask does), SwiGLU or the GELU-approx gate, an
+//! embedding scale, a tied or untied head; weights dense (float32,
 //! float16, bfloat16) or MLX affine-quantized (2, 4 or 8 bits). Its own float16 KV cache is
 //! filled by running the prompt through it in blocks of [`BLOCK`] tokens, so every weight row
 //! is read once per block.
@@ -71,22 +74,27 @@ fn check(model: &dyn LanguageModel) -> Result<&Model> {
     if m.pipeline_stage().is_some() {
         return no("a pipeline stage (mlx launch --pipeline)");
     }
-    if d.placement != Placement::Pre {
+    if !matches!(d.placement, Placement::Pre | Placement::Sandwich) {
         return no(&format!("norm placement {:?}", d.placement));
     }
-    if d.norm != NormKind::Rms || d.qk_norm_kind.is_some_and(|k| k != NormKind::Rms) {
+    if d.post_norm_offsets.is_some() {
+        return no("offset post norms");
+    }
+    // Gemma's `rms_norm(x, 1 + w)` is an RMSNorm with a shifted weight ([`NormW::Offset`]).
+    let rms = |k: NormKind| matches!(k, NormKind::Rms | NormKind::RmsOffset);
+    if !rms(d.norm) || d.qk_norm_kind.is_some_and(|k| !rms(k)) {
         return no("a norm other than RMSNorm");
     }
     if d.embed_norm || d.n_positions > 0 || d.names.positions.is_some() {
         return no("an embedding norm or learned positions");
     }
-    if d.embed_scale != EmbedScale::None
-        || d.logit_scale != LogitScale::None
+    // The embedding scale is applied in float32 ([`Weights::embed_rows`]); Gemma 3's
+    // `clip_residual` only acts on float16 residuals, and the decoder's are float32.
+    if d.logit_scale != LogitScale::None
         || d.final_logit_softcap.is_some()
         || d.attn_logit_softcap.is_some()
         || d.residual_multiplier.is_some()
         || d.query_scale.is_some()
-        || d.clip_residual
     {
         return no("scaling or soft-capping of embeddings, attention or logits");
     }
@@ -96,13 +104,13 @@ fn check(model: &dyn LanguageModel) -> Result<&Model> {
     if d.kv_tile.is_some() || !d.layer_shapes.is_empty() || d.loops > 1 {
         return no("tiled KV heads, per-layer head counts or a looped layer stack");
     }
-    if d.sliding.iter().any(|&s| s) || d.sliding_window.is_some() {
-        return no("sliding-window attention");
+    if d.sliding.iter().any(|&s| s) && d.sliding_window.is_none_or(|w| w == 0) {
+        return no("sliding-window attention without a window");
     }
     if d.no_rope.iter().any(|&n| n) || d.rope.is_none() {
         return no("layers without rotary positions");
     }
-    if d.mlp != MlpKind::SwiGlu {
+    if !matches!(d.mlp, MlpKind::SwiGlu | MlpKind::GeGluTanh) {
         return no(&format!("the {:?} MLP", d.mlp));
     }
     if !matches!(
@@ -175,9 +183,46 @@ fn quantized<'m>(
     .map_err(|e| unsup(format!("{what}: {e}")))
 }
 
-fn rms_weight<'m>(n: Option<&'m Norm>, what: &str) -> Result<Floats<'m>> {
+/// An RMSNorm's scale as the kernels read it.
+enum NormW<'m> {
+    /// `rms_norm(x, w)`: the loaded weight in place.
+    Plain(Floats<'m>),
+    /// Gemma's `rms_norm(x, 1.0 + w)`: `1 + w` computed once, rounded to the weight's dtype as
+    /// mlx-lm's weak-scalar add leaves it (a vector of the hidden or head size, not a weight
+    /// copy).
+    Offset(Vec<f32>),
+}
+
+impl NormW<'_> {
+    fn floats(&self) -> Floats<'_> {
+        match self {
+            NormW::Plain(f) => *f,
+            NormW::Offset(v) => Floats::F32(v),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            NormW::Plain(f) => f.len(),
+            NormW::Offset(v) => v.len(),
+        }
+    }
+}
+
+fn rms_weight<'m>(n: Option<&'m Norm>, what: &str) -> Result<NormW<'m>> {
     match n {
-        Some(Norm::Rms(r)) => floats(&r.weight, what),
+        Some(Norm::Rms(r)) => Ok(NormW::Plain(floats(&r.weight, what)?)),
+        Some(Norm::RmsOffset(r)) => {
+            let w = floats(&r.weight, what)?;
+            let one_plus = (0..w.len())
+                .map(|i| match w {
+                    Floats::F32(_) => 1.0 + w.get(i),
+                    Floats::F16(_) => f16::from_f32(1.0 + w.get(i)).to_f32(),
+                    Floats::Bf16(_) => half::bf16::from_f32(1.0 + w.get(i)).to_f32(),
+                })
+                .collect();
+            Ok(NormW::Offset(one_plus))
+        }
         _ => Err(unsup(format!("{what}: not a weighted RMSNorm"))),
     }
 }
@@ -228,18 +273,25 @@ fn rope_table(r: Option<&Rope>, what: &str) -> Result<RopeTable> {
 }
 
 struct Layer<'m> {
-    attn_norm: Floats<'m>,
-    mlp_norm: Floats<'m>,
+    attn_norm: NormW<'m>,
+    mlp_norm: NormW<'m>,
+    /// Sandwich rows (Gemma 2 / 3): the norms of the attention's and the MLP's outputs
+    /// before each residual add.
+    post_attn_norm: Option<NormW<'m>>,
+    post_mlp_norm: Option<NormW<'m>>,
     q: (Matrix<'m>, Option<Floats<'m>>),
     k: (Matrix<'m>, Option<Floats<'m>>),
     v: (Matrix<'m>, Option<Floats<'m>>),
     o: (Matrix<'m>, Option<Floats<'m>>),
-    q_norm: Option<Floats<'m>>,
-    k_norm: Option<Floats<'m>>,
+    q_norm: Option<NormW<'m>>,
+    k_norm: Option<NormW<'m>>,
     gate: (Matrix<'m>, Option<Floats<'m>>),
     up: (Matrix<'m>, Option<Floats<'m>>),
     down: (Matrix<'m>, Option<Floats<'m>>),
     rope: RopeTable,
+    /// A sliding-window layer: each query sees its own and the `window - 1` positions before
+    /// it (mlx-lm's `create_causal_mask(..., window_size)`).
+    window: Option<usize>,
 }
 
 fn layer<'m>(d: &Descriptor, v: LayerView<'m>, i: usize) -> Result<Layer<'m>> {
@@ -269,9 +321,30 @@ fn layer<'m>(d: &Descriptor, v: LayerView<'m>, i: usize) -> Result<Layer<'m>> {
         ),
         _ => (None, None),
     };
+    let sandwich = d.placement == Placement::Sandwich;
+    let post = |n: Option<&'m Norm>, what: &str| -> Result<Option<NormW<'m>>> {
+        if sandwich {
+            rms_weight(n, &w(what)).map(Some)
+        } else {
+            Ok(None)
+        }
+    };
+    let window = if v.sliding {
+        let win = d.sliding_mask_window.or(d.sliding_window).unwrap_or(0);
+        if win == 0 {
+            return Err(unsup(format!(
+                "layer {i}: a sliding layer without a window"
+            )));
+        }
+        Some(win)
+    } else {
+        None
+    };
     Ok(Layer {
         attn_norm: rms_weight(v.pre_attn_norm, &w("input norm"))?,
-        mlp_norm: rms_weight(v.pre_mlp_norm, &w("post-attention norm"))?,
+        mlp_norm: rms_weight(v.pre_mlp_norm, &w("pre-MLP norm"))?,
+        post_attn_norm: post(v.post_attn_norm, "post-attention norm")?,
+        post_mlp_norm: post(v.post_mlp_norm, "post-MLP norm")?,
         q: matrix(q, &w("q_proj"))?,
         k: matrix(k, &w("k_proj"))?,
         v: matrix(vv, &w("v_proj"))?,
@@ -282,6 +355,7 @@ fn layer<'m>(d: &Descriptor, v: LayerView<'m>, i: usize) -> Result<Layer<'m>> {
         up: matrix(up, &w("up_proj"))?,
         down: matrix(down, &w("down_proj"))?,
         rope: rope_table(v.rope, &w("rope"))?,
+        window,
     })
 }
 
@@ -300,8 +374,12 @@ struct Weights<'m> {
     scale: f32,
     embed: Matrix<'m>,
     head: (Matrix<'m>, Option<Floats<'m>>),
-    final_norm: Floats<'m>,
+    final_norm: NormW<'m>,
     layers: Vec<Layer<'m>>,
+    /// The embeddings' multiplier ([`EmbedScale`]), as the exact path rounds it.
+    embed_scale: Option<f32>,
+    /// The MLP's gate activation.
+    act: MlpKind,
 }
 
 impl<'m> Weights<'m> {
@@ -357,11 +435,17 @@ impl<'m> Weights<'m> {
                     )));
                 }
             }
-            if l.attn_norm.len() != hidden || l.mlp_norm.len() != hidden {
+            let post = [&l.post_attn_norm, &l.post_mlp_norm];
+            if l.attn_norm.len() != hidden
+                || l.mlp_norm.len() != hidden
+                || post
+                    .iter()
+                    .any(|n| n.as_ref().is_some_and(|n| n.len() != hidden))
+            {
                 return Err(unsup(format!("layer {i}: norm width")));
             }
-            if l.q_norm.is_some_and(|n| n.len() != head_dim)
-                || l.k_norm.is_some_and(|n| n.len() != head_dim)
+            if l.q_norm.as_ref().is_some_and(|n| n.len() != head_dim)
+                || l.k_norm.as_ref().is_some_and(|n| n.len() != head_dim)
             {
                 return Err(unsup(format!("layer {i}: q/k norm width")));
             }
@@ -384,7 +468,29 @@ impl<'m> Weights<'m> {
             head,
             final_norm,
             layers,
+            embed_scale: match d.embed_scale {
+                EmbedScale::None => None,
+                // `h * s`, a weak Python float: rounded to float32 here.
+                EmbedScale::Weak(s) => Some(s as f32),
+                // `h * mx.array(s, mx.bfloat16).astype(h.dtype)`.
+                EmbedScale::Bf16(s) => Some(half::bf16::from_f64(s).to_f32()),
+            },
+            act: d.mlp,
         })
+    }
+
+    /// The embedding rows of `tokens` into `x` (`(tokens.len(), hidden)`), scaled as the
+    /// row's embedding scale says.
+    fn embed_rows(&self, tokens: &[u32], x: &mut [f32]) -> Result<()> {
+        let hid = self.hidden;
+        for (i, &tok) in tokens.iter().enumerate() {
+            let row = &mut x[i * hid..(i + 1) * hid];
+            self.embed.row_to(tok as usize, row)?;
+            if let Some(s) = self.embed_scale {
+                row.iter_mut().for_each(|v| *v *= s);
+            }
+        }
+        Ok(())
     }
 
     fn inter(&self) -> usize {
@@ -625,6 +731,37 @@ fn add(x: &mut [f32], o: &[f32]) {
     }
 }
 
+/// The residual add of a block's branch output `o`: `x += o`, or on sandwich rows
+/// `x += rms_norm(o, post)` (through `tmp`, of `x`'s length).
+fn residual(
+    x: &mut [f32],
+    o: &[f32],
+    post: Option<&NormW<'_>>,
+    eps: f32,
+    tmp: &mut [f32],
+) -> Result<()> {
+    match post {
+        Some(n) => {
+            cpu::rms_norm(o, n.floats(), eps, tmp)?;
+            add(x, tmp);
+        }
+        None => add(x, o),
+    }
+    Ok(())
+}
+
+/// `g = gelu_approx(g) * u` (Gemma 2 / 3's gate), as mlx's `nn.gelu_approx` spells it:
+/// `0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x ** 3)))`, in float32 (the exact
+/// path's dtype on the CPU; `tanh` is Rust's, so the last bits may differ: tier L3).
+fn gelu_approx_mul(g: &mut [f32], u: &[f32]) {
+    let c = (2.0f64 / std::f64::consts::PI).sqrt() as f32;
+    for (a, &b) in g.iter_mut().zip(u) {
+        let x = *a;
+        let inner = c * (x + 0.044715 * (x * x * x));
+        *a = 0.5 * x * (1.0 + inner.tanh()) * b;
+    }
+}
+
 /// Which rows one pass through the layers runs, and the caches their keys and values go to.
 enum Rows<'c, 'r> {
     /// Consecutive tokens of one sequence (a prompt block) from its cache's position on: the
@@ -769,6 +906,72 @@ impl Profile {
     }
 }
 
+/// One query row at `pos` of a sliding layer over the keys of its window, `[pos + 1 -
+/// window, pos]`, of a cache of `cap` positions per KV head. Where the window reaches back to
+/// the start this is [`attend`]; else each KV head's query group is attended over the cache
+/// from the window's first position on (the kernel's cache view starts there; one pool run
+/// a KV head).
+#[allow(clippy::too_many_arguments)]
+fn attend_window(
+    ctx: &CpuContext,
+    w: &Weights<'_>,
+    cap: usize,
+    q: &[f32],
+    k: &KvBuf,
+    v: &KvBuf,
+    pos: usize,
+    window: usize,
+    out: &mut [f32],
+) -> Result<()> {
+    let lo = (pos + 1).saturating_sub(window);
+    if lo == 0 {
+        return attend(ctx, w.attention_shape(cap), q, k, v, pos, 1, w.scale, out);
+    }
+    let hd = w.head_dim;
+    let group = w.n_heads / w.n_kv;
+    let shape = AttentionShape {
+        n_heads: group,
+        n_kv_heads: 1,
+        head_dim: hd,
+        capacity: cap - lo,
+    };
+    for kh in 0..w.n_kv {
+        let kv = (kh * cap + lo) * hd..(kh + 1) * cap * hd;
+        let qr = kh * group * hd..(kh + 1) * group * hd;
+        let (qh, oh) = (&q[qr.clone()], &mut out[qr]);
+        match (k, v) {
+            (KvBuf::F16(k), KvBuf::F16(v)) => cpu::attention_f16(
+                ctx,
+                shape,
+                qh,
+                &k[kv.clone()],
+                &v[kv],
+                pos - lo,
+                1,
+                w.scale,
+                oh,
+            )?,
+            (KvBuf::F32(k), KvBuf::F32(v)) => cpu::attention(
+                ctx,
+                shape,
+                qh,
+                &k[kv.clone()],
+                &v[kv],
+                pos - lo,
+                1,
+                w.scale,
+                oh,
+            )?,
+            _ => {
+                return Err(EngineError::Other(
+                    "a CPU cache with keys and values of different types".into(),
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
 /// [`cpu::attention`] or [`cpu::attention_f16`] as the cache stores.
 #[allow(clippy::too_many_arguments)]
 fn attend(
@@ -813,7 +1016,7 @@ fn layers(
     for (li, l) in w.layers.iter().enumerate() {
         let x = &mut s.x[..n * hid];
         let h = &mut s.h[..n * hid];
-        cpu::rms_norm(x, l.attn_norm, w.eps, h)?;
+        cpu::rms_norm(x, l.attn_norm.floats(), w.eps, h)?;
         prof.lap(Phase::Elementwise, 0);
         let (q, k, v) = (&mut s.q[..n * qd], &mut s.k[..n * kd], &mut s.v[..n * kd]);
         rows.matmul(
@@ -839,13 +1042,13 @@ fn layers(
             ],
         )?;
         prof.lap(Phase::Qkv, 1);
-        if let (Some(qn), Some(kn)) = (l.q_norm, l.k_norm) {
+        if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
             // In place through the attention buffer (free at this point).
             let tmp = &mut s.attn[..n * qd];
-            cpu::rms_norm(q, qn, w.eps, tmp)?;
+            cpu::rms_norm(q, qn.floats(), w.eps, tmp)?;
             q.copy_from_slice(tmp);
             let tmp = &mut s.attn[..n * kd];
-            cpu::rms_norm(k, kn, w.eps, tmp)?;
+            cpu::rms_norm(k, kn.floats(), w.eps, tmp)?;
             k.copy_from_slice(tmp);
         }
         let attn = &mut s.attn[..n * qd];
@@ -864,9 +1067,22 @@ fn layers(
                     cache.put(li, pos + i, ki, &v[i * kd..(i + 1) * kd]);
                 }
                 prof.lap(Phase::Elementwise, 0);
-                let shape = w.attention_shape(cache.capacity);
                 let (kc, vc) = (&cache.keys[li], &cache.values[li]);
-                attend(ctx, shape, q, kc, vc, pos, n, w.scale, attn)?;
+                match l.window {
+                    // The window cuts into some row's past: each row over its own window.
+                    Some(win) if pos + n > win => {
+                        for i in 0..n {
+                            let r = i * qd..(i + 1) * qd;
+                            let (qi, oi) = (&q[r.clone()], &mut attn[r]);
+                            let cap = cache.capacity;
+                            attend_window(ctx, w, cap, qi, kc, vc, pos + i, win, oi)?;
+                        }
+                    }
+                    _ => {
+                        let shape = w.attention_shape(cache.capacity);
+                        attend(ctx, shape, q, kc, vc, pos, n, w.scale, attn)?;
+                    }
+                }
                 prof.lap(Phase::Attention, 1);
             }
             Rows::Each(caches, _) => {
@@ -875,10 +1091,17 @@ fn layers(
                     rope(qi, ki, c.pos)?;
                     c.put(li, c.pos, ki, &v[i * kd..(i + 1) * kd]);
                     prof.lap(Phase::Elementwise, 0);
-                    let shape = w.attention_shape(c.capacity);
                     let (kc, vc) = (&c.keys[li], &c.values[li]);
                     let out = &mut attn[i * qd..(i + 1) * qd];
-                    attend(ctx, shape, qi, kc, vc, c.pos, 1, w.scale, out)?;
+                    match l.window {
+                        Some(win) => {
+                            attend_window(ctx, w, c.capacity, qi, kc, vc, c.pos, win, out)?
+                        }
+                        None => {
+                            let shape = w.attention_shape(c.capacity);
+                            attend(ctx, shape, qi, kc, vc, c.pos, 1, w.scale, out)?
+                        }
+                    }
                     prof.lap(Phase::Attention, 1);
                 }
             }
@@ -895,8 +1118,8 @@ fn layers(
             }],
         )?;
         prof.lap(Phase::O, 1);
-        add(x, o);
-        cpu::rms_norm(x, l.mlp_norm, w.eps, h)?;
+        residual(x, o, l.post_attn_norm.as_ref(), w.eps, h)?;
+        cpu::rms_norm(x, l.mlp_norm.floats(), w.eps, h)?;
         prof.lap(Phase::Elementwise, 0);
         let inter = l.gate.0.rows();
         let (g, u) = (&mut s.gate[..n * inter], &mut s.up[..n * inter]);
@@ -918,7 +1141,10 @@ fn layers(
             ],
         )?;
         prof.lap(Phase::GateUp, 1);
-        cpu::silu_mul_isa(ctx.isa, g, u)?;
+        match w.act {
+            MlpKind::GeGluTanh => gelu_approx_mul(g, u),
+            _ => cpu::silu_mul_isa(ctx.isa, g, u)?,
+        }
         prof.lap(Phase::Elementwise, 0);
         rows.matmul(
             ctx,
@@ -931,7 +1157,7 @@ fn layers(
             }],
         )?;
         prof.lap(Phase::Down, 1);
-        add(x, o);
+        residual(x, o, l.post_mlp_norm.as_ref(), w.eps, h)?;
     }
     match rows {
         Rows::Block(cache) | Rows::Seq(cache, _) => cache.pos += n,
@@ -960,10 +1186,7 @@ fn block(
     w.check_ids(tokens)?;
     cache.fits(w)?;
     cache.grow(cache.pos + t);
-    for (i, &tok) in tokens.iter().enumerate() {
-        w.embed
-            .row_to(tok as usize, &mut s.x[i * hid..(i + 1) * hid])?;
-    }
+    w.embed_rows(tokens, &mut s.x[..t * hid])?;
     layers(
         w,
         ctx,
@@ -978,7 +1201,12 @@ fn block(
     let first = if all.is_some() { 0 } else { t - 1 };
     for i in first..t {
         let h = &mut s.h[..hid];
-        cpu::rms_norm(&s.x[i * hid..(i + 1) * hid], w.final_norm, w.eps, h)?;
+        cpu::rms_norm(
+            &s.x[i * hid..(i + 1) * hid],
+            w.final_norm.floats(),
+            w.eps,
+            h,
+        )?;
         cpu::matmul_t(
             ctx,
             h,
@@ -1291,10 +1519,7 @@ impl<'m> CpuBatch<'m> {
         let (ctx, s, prof) = (&self.ctx, &mut self.b, &mut self.prof);
         prof.begin(n);
         let hid = w.hidden;
-        for (i, &tok) in tokens.iter().enumerate() {
-            w.embed
-                .row_to(tok as usize, &mut s.x[i * hid..(i + 1) * hid])?;
-        }
+        w.embed_rows(tokens, &mut s.x[..tokens.len() * hid])?;
         prof.lap(Phase::Embed, 0);
         layers(w, ctx, s, &mut Rows::Seq(cache, &mut self.rows), n, prof)?;
         head_each(w, ctx, s, n, &mut self.rows)?;
@@ -1326,10 +1551,7 @@ impl<'m> CpuBatch<'m> {
         let (ctx, s, prof) = (&self.ctx, &mut self.b, &mut self.prof);
         prof.begin(b);
         let hid = w.hidden;
-        for (i, &tok) in tokens.iter().enumerate() {
-            w.embed
-                .row_to(tok as usize, &mut s.x[i * hid..(i + 1) * hid])?;
-        }
+        w.embed_rows(tokens, &mut s.x[..tokens.len() * hid])?;
         prof.lap(Phase::Embed, 0);
         layers(w, ctx, s, &mut Rows::Each(caches, &mut self.rows), b, prof)?;
         head_each(w, ctx, s, b, &mut self.rows)?;
@@ -1349,7 +1571,7 @@ fn head_each(
 ) -> Result<()> {
     let hid = w.hidden;
     let h = &mut s.h[..n * hid];
-    cpu::rms_norm(&s.x[..n * hid], w.final_norm, w.eps, h)?;
+    cpu::rms_norm(&s.x[..n * hid], w.final_norm.floats(), w.eps, h)?;
     let logits = &mut s.logits[..n * w.vocab];
     cpu::matmul_t_each(
         ctx,
@@ -1394,7 +1616,7 @@ fn hidden_last<'a>(
     let s = &mut b.s;
     cpu::rms_norm(
         &s.x[(t - 1) * hid..t * hid],
-        b.w.final_norm,
+        b.w.final_norm.floats(),
         b.w.eps,
         &mut s.h[..hid],
     )?;

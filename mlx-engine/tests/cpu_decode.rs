@@ -83,6 +83,15 @@ const COVERED: &[&str] = &[
     "dense/qwen2_q4",
     "dense/qwen3",
     "dense/qwen3_bf16",
+    // Sliding-window layers (a window of 6 over the 41-token prompt and the decode steps).
+    "linear_rope_sliding",
+    // Gemma 3: `(1 + w)` RMSNorms in the sandwich placement, per-head q/k norms, the
+    // GELU-approx gate, the bfloat16-rounded embedding scale, `query_pre_attn_scalar`,
+    // sliding layers (window 4) with their own rope base, a linearly scaled global rope,
+    // and the tied head; dense, 4-bit, and the `gemma3` wrapper.
+    "dense/gemma3_text",
+    "dense/gemma3_text_q4",
+    "dense/gemma3_wrapper",
 ];
 
 /// Every covered fixture: teacher-forced logits of a prompt longer than one block, then
@@ -172,9 +181,9 @@ fn the_f16_cache_halves_the_bytes_and_stays_near_the_exact_path() {
 #[test]
 fn uncovered_models_name_the_reason() {
     for (name, needle) in [
-        ("dense/gemma", "norm"),
+        ("dense/gemma", "GeGluErf MLP"),
+        ("dense/gemma2", "soft-capping"),
         ("dense/phi3", "fused q/k/v"),
-        ("linear_rope_sliding", "sliding"),
         ("dense/internlm3", "RoPE"),
         ("dense/gpt2", "RMSNorm"),
         ("dense/smollm3_q4", "rotary"),
