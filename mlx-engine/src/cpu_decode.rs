@@ -642,16 +642,26 @@ enum Rows<'c, 'r> {
 }
 
 impl Rows<'_, '_> {
+    /// `normed`: `x` is an RMSNorm's output (else a decode step's products take
+    /// [`Activations::unnormed`]).
     fn matmul(
         &mut self,
         ctx: &CpuContext,
         x: &[f32],
         n: usize,
         jobs: &mut [MatJob<'_, '_>],
+        normed: bool,
     ) -> Result<()> {
+        let act = if normed {
+            ctx.activations
+        } else {
+            ctx.activations.unnormed()
+        };
         match self {
             Rows::Block(_) => cpu::matmul_t(ctx, x, n, jobs)?,
-            Rows::Seq(_, rs) | Rows::Each(_, rs) => cpu::matmul_t_each(ctx, x, n, jobs, rs)?,
+            Rows::Seq(_, rs) | Rows::Each(_, rs) => {
+                cpu::matmul_t_each_with(ctx, act, x, n, jobs, rs)?
+            }
         }
         Ok(())
     }
@@ -837,6 +847,7 @@ fn layers(
                     out: v,
                 },
             ],
+            true,
         )?;
         prof.lap(Phase::Qkv, 1);
         if let (Some(qn), Some(kn)) = (l.q_norm, l.k_norm) {
@@ -893,6 +904,7 @@ fn layers(
                 bias: l.o.1,
                 out: o,
             }],
+            false,
         )?;
         prof.lap(Phase::O, 1);
         add(x, o);
@@ -916,6 +928,7 @@ fn layers(
                     out: u,
                 },
             ],
+            true,
         )?;
         prof.lap(Phase::GateUp, 1);
         cpu::silu_mul_isa(ctx.isa, g, u)?;
@@ -929,6 +942,7 @@ fn layers(
                 bias: l.down.1,
                 out: o,
             }],
+            false,
         )?;
         prof.lap(Phase::Down, 1);
         add(x, o);
@@ -1162,17 +1176,19 @@ impl std::fmt::Debug for CpuBatch<'_> {
 }
 
 /// The decoder's default activations: [`Activations::Int16Q8Int8`], or what
-/// `MLX_CPU_ACTIVATIONS` names (`f32`, `int8`, `int16`, `int16q8int8`, `int8vnni`: a
+/// `MLX_CPU_ACTIVATIONS` names (`f32`, `int8`, `int16`, `int16q8int8`, `int8vnni`,
+/// `int8normed`: a
 /// measurement knob).
 fn activations_from_env() -> Result<Activations> {
     match std::env::var("MLX_CPU_ACTIVATIONS").ok().as_deref() {
         None | Some("") | Some("int16q8int8") => Ok(Activations::Int16Q8Int8),
         Some("int8vnni") => Ok(Activations::Int8Vnni),
+        Some("int8normed") => Ok(Activations::Int8Normed),
         Some("int16") => Ok(Activations::Int16),
         Some("int8") => Ok(Activations::Int8),
         Some("f32") => Ok(Activations::F32),
         Some(o) => Err(EngineError::Other(format!(
-            "MLX_CPU_ACTIVATIONS={o}: expected f32, int8, int16, int16q8int8 or int8vnni"
+            "MLX_CPU_ACTIVATIONS={o}: expected f32, int8, int16, int16q8int8, int8vnni or int8normed"
         ))),
     }
 }
