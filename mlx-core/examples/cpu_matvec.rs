@@ -5,6 +5,9 @@
 //! inputs) under `Int16Q8Int8` and `Int8Vnni`, alternating the two in this process.
 //! `cpu_matvec dispatch [THREADS]` times empty pool dispatches (what a decode step's 151 pool
 //! runs cost beyond their work): median and fastest of 200 steps of 151.
+//! `cpu_matvec attention [THREADS] [POSITIONS]` times one decode step's attention over a float16
+//! cache at SmolLM2-135M's shapes (30 layers of 9 query / 3 KV heads of 64, 600 positions by
+//! default, each layer's cache its own memory as in a step): median and fastest of 100 steps.
 
 use half::f16;
 use mlx_core::cpu::{
@@ -32,6 +35,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if std::env::args().nth(1).as_deref() == Some("dispatch") {
         return dispatch();
+    }
+    if std::env::args().nth(1).as_deref() == Some("attention") {
+        return attention();
     }
     let act = match std::env::args().nth(1).as_deref() {
         Some("f32") => Activations::F32,
@@ -186,6 +192,51 @@ fn dispatch() -> Result<(), Box<dyn std::error::Error>> {
         ctx.pool.threads(),
         steps[steps.len() / 2] as f64 / 1e3,
         steps[steps.len() / 2] as f64 / 151e3,
+        steps[0] as f64 / 1e3
+    );
+    Ok(())
+}
+
+/// One decode row's `attention_f16` over 30 layers' caches (what a step reads), all cores by
+/// default.
+fn attention() -> Result<(), Box<dyn std::error::Error>> {
+    let threads: usize = std::env::args().nth(2).map_or(Ok(0), |s| s.parse())?;
+    let n: usize = std::env::args().nth(3).map_or(Ok(600), |s| s.parse())?;
+    let ctx = CpuContext::new(threads)?;
+    let (nh, nkv, hd, layers) = (9usize, 3usize, 64usize, 30usize);
+    let shape = mlx_core::cpu::AttentionShape {
+        n_heads: nh,
+        n_kv_heads: nkv,
+        head_dim: hd,
+        capacity: n,
+    };
+    let mut rng = Lcg(11);
+    let caches: Vec<(Vec<f16>, Vec<f16>)> = (0..layers)
+        .map(|_| {
+            let mut f = || {
+                (0..nkv * n * hd)
+                    .map(|_| f16::from_f32(rng.unit()))
+                    .collect::<Vec<f16>>()
+            };
+            (f(), f())
+        })
+        .collect();
+    let q: Vec<f32> = (0..nh * hd).map(|_| rng.unit()).collect();
+    let mut out = vec![0f32; nh * hd];
+    let mut steps = Vec::new();
+    for _ in 0..100 {
+        let t = std::time::Instant::now();
+        for (k, v) in &caches {
+            mlx_core::cpu::attention_f16(&ctx, shape, &q, k, v, n - 1, 1, 0.125, &mut out)?;
+        }
+        steps.push(t.elapsed().as_nanos() as u64);
+    }
+    steps.sort_unstable();
+    println!(
+        "{} threads: attention_f16 {nh}/{nkv}x{hd} at {n} positions, {layers} layers: median \
+         {:.1} us a step, fastest {:.1} us",
+        ctx.pool.threads(),
+        steps[steps.len() / 2] as f64 / 1e3,
         steps[0] as f64 / 1e3
     );
     Ok(())

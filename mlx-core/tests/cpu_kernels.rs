@@ -422,6 +422,60 @@ fn attention_case(
     Ok(())
 }
 
+/// Each query row's attention is bit for bit the same whether its row comes alone (a decode
+/// step), with others (a verify pass or prompt block) or on another thread count: the SIMD
+/// path's parts of positions depend on the row's position count only (tier: bit-identical;
+/// speculative verification and batched rows rely on it).
+#[test]
+fn attention_rows_are_what_they_are_alone() -> Result<()> {
+    let (nh, nkv, hd, cap, start, m) = (9usize, 3usize, 64usize, 420usize, 250usize, 7usize);
+    let kv: Vec<half::f16> = values(nkv * cap * hd, 4)
+        .iter()
+        .map(|&x| half::f16::from_f32(x))
+        .collect();
+    let vv: Vec<half::f16> = values(nkv * cap * hd, 5)
+        .iter()
+        .map(|&x| half::f16::from_f32(x))
+        .collect();
+    let qv = values(m * nh * hd, 6);
+    let shape = AttentionShape {
+        n_heads: nh,
+        n_kv_heads: nkv,
+        head_dim: hd,
+        capacity: cap,
+    };
+    let scale = 0.125;
+    for ctx in contexts() {
+        let mut all = vec![0f32; m * nh * hd];
+        cpu::attention_f16(&ctx, shape, &qv, &kv, &vv, start, m, scale, &mut all)?;
+        let one = CpuContext::with_isa(1, ctx.isa).unwrap();
+        for t in 0..m {
+            let row = t * nh * hd..(t + 1) * nh * hd;
+            let mut alone = vec![0f32; nh * hd];
+            cpu::attention_f16(
+                &one,
+                shape,
+                &qv[row.clone()],
+                &kv,
+                &vv,
+                start + t,
+                1,
+                scale,
+                &mut alone,
+            )?;
+            assert!(
+                all[row]
+                    .iter()
+                    .zip(&alone)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{} row {t}: not the bits alone",
+                ctx.isa.name()
+            );
+        }
+    }
+    Ok(())
+}
+
 /// `attention_f16` over a float16 cache against the same SDPA reference fed the cache's
 /// values rounded to float16 and widened back (what the kernel reads); same shapes and bound
 /// as `attention_matches_sdpa`.

@@ -33,8 +33,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "int16" => Ok(mlx_core::cpu::Activations::Int16),
             "int16q8int8" => Ok(mlx_core::cpu::Activations::Int16Q8Int8),
             "int8vnni" => Ok(mlx_core::cpu::Activations::Int8Vnni),
+            "int8normed" => Ok(mlx_core::cpu::Activations::Int8Normed),
             o => Err(format!(
-                "activations: {o}? (f32, int8, int16, int16q8int8 or int8vnni)"
+                "activations: {o}? (f32, int8, int16, int16q8int8, int8vnni or int8normed)"
             )),
         })
         .collect::<Result<Vec<_>, _>>()?;

@@ -779,16 +779,26 @@ enum Rows<'c, 'r> {
 }
 
 impl Rows<'_, '_> {
+    /// `normed`: `x` is an RMSNorm's output (else a decode step's products take
+    /// [`Activations::unnormed`]).
     fn matmul(
         &mut self,
         ctx: &CpuContext,
         x: &[f32],
         n: usize,
         jobs: &mut [MatJob<'_, '_>],
+        normed: bool,
     ) -> Result<()> {
+        let act = if normed {
+            ctx.activations
+        } else {
+            ctx.activations.unnormed()
+        };
         match self {
             Rows::Block(_) => cpu::matmul_t(ctx, x, n, jobs)?,
-            Rows::Seq(_, rs) | Rows::Each(_, rs) => cpu::matmul_t_each(ctx, x, n, jobs, rs)?,
+            Rows::Seq(_, rs) | Rows::Each(_, rs) => {
+                cpu::matmul_t_each_with(ctx, act, x, n, jobs, rs)?
+            }
         }
         Ok(())
     }
@@ -1040,6 +1050,7 @@ fn layers(
                     out: v,
                 },
             ],
+            true,
         )?;
         prof.lap(Phase::Qkv, 1);
         if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
@@ -1116,6 +1127,7 @@ fn layers(
                 bias: l.o.1,
                 out: o,
             }],
+            false,
         )?;
         prof.lap(Phase::O, 1);
         residual(x, o, l.post_attn_norm.as_ref(), w.eps, h)?;
@@ -1139,6 +1151,7 @@ fn layers(
                     out: u,
                 },
             ],
+            true,
         )?;
         prof.lap(Phase::GateUp, 1);
         match w.act {
@@ -1155,6 +1168,7 @@ fn layers(
                 bias: l.down.1,
                 out: o,
             }],
+            false,
         )?;
         prof.lap(Phase::Down, 1);
         residual(x, o, l.post_mlp_norm.as_ref(), w.eps, h)?;
@@ -1390,17 +1404,19 @@ impl std::fmt::Debug for CpuBatch<'_> {
 }
 
 /// The decoder's default activations: [`Activations::Int16Q8Int8`], or what
-/// `MLX_CPU_ACTIVATIONS` names (`f32`, `int8`, `int16`, `int16q8int8`, `int8vnni`: a
+/// `MLX_CPU_ACTIVATIONS` names (`f32`, `int8`, `int16`, `int16q8int8`, `int8vnni`,
+/// `int8normed`: a
 /// measurement knob).
 fn activations_from_env() -> Result<Activations> {
     match std::env::var("MLX_CPU_ACTIVATIONS").ok().as_deref() {
         None | Some("") | Some("int16q8int8") => Ok(Activations::Int16Q8Int8),
         Some("int8vnni") => Ok(Activations::Int8Vnni),
+        Some("int8normed") => Ok(Activations::Int8Normed),
         Some("int16") => Ok(Activations::Int16),
         Some("int8") => Ok(Activations::Int8),
         Some("f32") => Ok(Activations::F32),
         Some(o) => Err(EngineError::Other(format!(
-            "MLX_CPU_ACTIVATIONS={o}: expected f32, int8, int16, int16q8int8 or int8vnni"
+            "MLX_CPU_ACTIVATIONS={o}: expected f32, int8, int16, int16q8int8, int8vnni or int8normed"
         ))),
     }
 }

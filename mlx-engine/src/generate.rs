@@ -985,31 +985,27 @@ impl<'m> GenerateStep<'m> {
 }
 
 /// Greedy sampling of the CPU decoder's `logits` on the host, so that a decode step runs no
-/// MLX graph before the next one can start: the log-sum-exp in f64 (rounded to f32), the
-/// token the first largest `logit - lse` in f32 (what `argmax` over the MLX path's
-/// log-probabilities picks), the log-probabilities and log-sum-exp left as MLX's lazy ops for
-/// whoever reads them. `(token (1,), logprobs (vocab,), lse (1, 1))` as `sample_logits` gives them;
-/// `None` where a logit is not finite (the MLX path then reports it as usual). Tier L3 for the
-/// token only: the host's log-sum-exp may differ from MLX's in the last bit, which only
-/// matters at exact ties; the reported log-probabilities are MLX's bits.
+/// MLX graph before the next one can start: the token the first largest logit (no host
+/// log-sum-exp: subtracting one keeps the order), the log-probabilities and log-sum-exp left
+/// as MLX's lazy ops for whoever reads them. `(token (1,), logprobs (vocab,), lse (1, 1))` as
+/// `sample_logits` gives them; `None` where a logit is NaN or the largest is not finite (the
+/// MLX path then reports it as usual). Tier L3 for the token only: it differs from `argmax`
+/// over MLX's log-probabilities only where two logits round to one log-probability (an exact
+/// tie there); the reported log-probabilities are MLX's bits.
 fn host_greedy(logits: &[f32]) -> Result<Option<(Array, Array, Array)>> {
-    let m = logits.iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v));
-    if logits.is_empty() || !m.is_finite() || logits.iter().any(|v| v.is_nan()) {
-        return Ok(None);
-    }
-    let sum: f64 = logits.iter().map(|&v| ((v - m) as f64).exp()).sum();
-    let lse = (m as f64 + sum.ln()) as f32;
-    if !lse.is_finite() {
-        return Ok(None);
-    }
-    let mut best = 0;
-    let mut top = f32::NEG_INFINITY;
+    // One pass: the first largest logit (greedy's token: `logits - lse` keeps the order, so
+    // it differs from the argmax of MLX's log-probabilities only where two logits round to
+    // one log-probability) and whether any is NaN.
+    let (mut best, mut top, mut nan) = (0, f32::NEG_INFINITY, false);
     for (i, &v) in logits.iter().enumerate() {
-        let lp = v - lse;
-        if lp > top {
-            top = lp;
+        nan |= v.is_nan();
+        if v > top {
+            top = v;
             best = i;
         }
+    }
+    if logits.is_empty() || !top.is_finite() || nan {
+        return Ok(None);
     }
     // The log-probabilities and log-sum-exp handed on are MLX's own ops, as `sample_logits`
     // builds them (lazy: nothing runs unless they are read), so that what a caller reads is

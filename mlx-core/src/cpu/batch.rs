@@ -63,7 +63,7 @@ enum Path {
 }
 
 #[allow(unused_variables)]
-fn path(ctx: &CpuContext, w: &Matrix<'_>) -> Path {
+fn path(ctx: &CpuContext, act: Activations, w: &Matrix<'_>) -> Path {
     #[cfg(target_arch = "x86_64")]
     {
         let cols = w.cols();
@@ -71,20 +71,20 @@ fn path(ctx: &CpuContext, w: &Matrix<'_>) -> Path {
         let fits = ctx.isa.has_avx2()
             && cols % 32 == 0
             && cols <= super::matmul::INT8_MAX_M * super::x86::MAX_BUF;
-        match ctx.activations {
+        match act {
             Activations::Int8 if fits && super::matmul::int8_kernel(w) => return Path::Int8,
             Activations::Int16 if fits && super::matmul::int16_kernel(w) => return Path::Int16,
-            Activations::Int8Vnni
+            Activations::Int8Vnni | Activations::Int8Normed
                 if fits && ctx.isa == Isa::Avx512 && super::x86::q4_int8_512_supports(w) =>
             {
                 return Path::Q4Int8
             }
-            Activations::Int16Q8Int8 | Activations::Int8Vnni
+            Activations::Int16Q8Int8 | Activations::Int8Vnni | Activations::Int8Normed
                 if fits && ctx.isa == Isa::Avx512 && super::x86::q8_int8_supports(w) =>
             {
                 return Path::Q8Int8
             }
-            Activations::Int16Q8Int8 | Activations::Int8Vnni
+            Activations::Int16Q8Int8 | Activations::Int8Vnni | Activations::Int8Normed
                 if fits && super::matmul::int16_kernel(w) =>
             {
                 return Path::Int16
@@ -101,6 +101,19 @@ fn path(ctx: &CpuContext, w: &Matrix<'_>) -> Path {
 /// inputs.
 pub fn matmul_t_each(
     ctx: &CpuContext,
+    x: &[f32],
+    m: usize,
+    jobs: &mut [MatJob<'_, '_>],
+    scratch: &mut RowsScratch,
+) -> Result<()> {
+    matmul_t_each_with(ctx, ctx.activations, x, m, jobs, scratch)
+}
+
+/// [`matmul_t_each`] with activations `act` in place of the context's (a decode step gives
+/// [`Activations::unnormed`] for the products whose inputs are not an RMSNorm's output).
+pub fn matmul_t_each_with(
+    ctx: &CpuContext,
+    act: Activations,
     x: &[f32],
     m: usize,
     jobs: &mut [MatJob<'_, '_>],
@@ -158,7 +171,7 @@ pub fn matmul_t_each(
     }
     let mut paths = [Path::Float; MAX_JOBS];
     for (p, j) in paths.iter_mut().zip(jobs.iter()) {
-        *p = path(ctx, j.w);
+        *p = path(ctx, act, j.w);
     }
     let paths = paths;
     // The inputs quantized once, each row as `matmul_t` quantizes one input.
@@ -461,6 +474,59 @@ mod tests {
                             "{act:?} batch {m} row {t} matrix {k}: not the bits alone"
                         );
                     }
+                }
+            }
+        }
+    }
+
+    /// `Int8Normed` is `Int8Vnni` for a normed input and, through [`Activations::unnormed`],
+    /// `Int16Q8Int8` for the others, bit for bit (4-bit and the 8-bit head, 1 and 5 rows).
+    #[test]
+    fn int8_normed_takes_int8vnni_or_int16q8int8() {
+        let (rows, cols) = (24, 128);
+        let w4 = words(rows * cols * 4 / 32, 2);
+        let w8 = words(rows * cols * 8 / 32, 3);
+        let sh: Vec<half::f16> = seeded(rows * cols / 32, 4)
+            .iter()
+            .map(|&v| half::f16::from_f32(v))
+            .collect();
+        let bh: Vec<half::f16> = seeded(rows * cols / 32, 5)
+            .iter()
+            .map(|&v| half::f16::from_f32(v))
+            .collect();
+        let mats = [
+            Matrix::affine(&w4, Floats::F16(&sh), Floats::F16(&bh), rows, cols, 4, 32).unwrap(),
+            Matrix::affine(&w8, Floats::F16(&sh), Floats::F16(&bh), rows, cols, 8, 32).unwrap(),
+        ];
+        assert_eq!(Activations::Int8Normed.unnormed(), Activations::Int16Q8Int8);
+        assert_eq!(Activations::Int8Vnni.unnormed(), Activations::Int8Vnni);
+        let mut ctx = CpuContext::new(2).unwrap();
+        ctx.activations = Activations::Int8Normed;
+        let mut scratch = RowsScratch::default();
+        for m in [1, 5] {
+            let x = seeded(m * cols, 20 + m as u64);
+            for w in &mats {
+                for (act, like) in [
+                    (Activations::Int8Normed, Activations::Int8Vnni),
+                    (Activations::Int8Normed.unnormed(), Activations::Int16Q8Int8),
+                ] {
+                    let (mut a, mut b) = (vec![0f32; m * rows], vec![0f32; m * rows]);
+                    let mut jobs = [MatJob {
+                        w,
+                        bias: None,
+                        out: &mut a,
+                    }];
+                    matmul_t_each_with(&ctx, act, &x, m, &mut jobs, &mut scratch).unwrap();
+                    let mut jobs = [MatJob {
+                        w,
+                        bias: None,
+                        out: &mut b,
+                    }];
+                    matmul_t_each_with(&ctx, like, &x, m, &mut jobs, &mut scratch).unwrap();
+                    assert!(
+                        a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()),
+                        "{act:?} vs {like:?}, m {m}"
+                    );
                 }
             }
         }

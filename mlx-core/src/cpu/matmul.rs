@@ -351,7 +351,10 @@ pub fn matmul_t(ctx: &CpuContext, x: &[f32], m: usize, jobs: &mut [MatJob<'_, '_
                 };
                 (Some(q), None)
             }
-            Activations::Int16 | Activations::Int16Q8Int8 | Activations::Int8Vnni
+            Activations::Int16
+            | Activations::Int16Q8Int8
+            | Activations::Int8Vnni
+            | Activations::Int8Normed
                 if fits && jobs.iter().any(|j| int16_kernel(j.w)) =>
             {
                 // SAFETY: as above (QBuf16 is plain integers and floats).

@@ -22,7 +22,7 @@ pub mod trellis;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-pub use batch::{matmul_t_each, RowsScratch};
+pub use batch::{matmul_t_each, matmul_t_each_with, RowsScratch};
 pub use matmul::{matmul_t, Floats, MatJob, Matrix, MAX_JOBS};
 pub use ops::{
     attention, attention_f16, rms_norm, rope, rope_inv_freqs, silu_mul, silu_mul_isa,
@@ -116,6 +116,22 @@ pub enum Activations {
     /// it as `Int16`. Not the CPU decoder's default: on SmolLM2-135M it fails the quality
     /// gate (92.6% top-1 agreement over 2,000 positions, perplexity 2.3% apart).
     Int8Vnni,
+    /// As `Int8Vnni` for the products whose inputs are RMSNorm outputs (the caller says
+    /// which: [`matmul_t_each_with`] and [`Activations::unnormed`]), as `Int16Q8Int8` for the
+    /// others (an attention output, SwiGLU's product), whose outlier channels int8 per 32
+    /// values flattens.
+    Int8Normed,
+}
+
+impl Activations {
+    /// What a product whose inputs are not an RMSNorm's output takes: `Int16Q8Int8` for
+    /// `Int8Normed`, else the same.
+    pub fn unnormed(self) -> Activations {
+        match self {
+            Activations::Int8Normed => Activations::Int16Q8Int8,
+            a => a,
+        }
+    }
 }
 
 /// A pool and the instruction set its kernels use.

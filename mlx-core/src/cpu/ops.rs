@@ -249,10 +249,13 @@ fn attention_impl<E: KvElem + KvSimd>(
         ));
     }
     let group = s.n_heads / s.n_kv_heads;
+    #[cfg(target_arch = "x86_64")]
+    if ctx.isa.has_avx2() && hd % 8 == 0 {
+        return attention_parts(ctx, s, q, k, v, start, m, scale, out);
+    }
     let items = m * s.n_heads;
     let next = AtomicUsize::new(0);
     let o = SharedOut::new(out);
-    let simd = ctx.isa.has_avx2() && hd % 8 == 0;
     ctx.pool.run(&|_, _| loop {
         let it = next.fetch_add(1, Ordering::Relaxed);
         if it >= items {
@@ -262,26 +265,6 @@ fn attention_impl<E: KvElem + KvSimd>(
         let kvh = h / group;
         let qv = &q[it * hd..(it + 1) * hd];
         let base = kvh * s.capacity * hd;
-        #[cfg(target_arch = "x86_64")]
-        if simd {
-            let n = start + t + 1;
-            // SAFETY: bounds as checked above: n <= capacity positions of head kvh lie in k and
-            // v, and item `it` owns out[it * hd .. (it + 1) * hd]; the ISA was checked by
-            // CpuContext and hd is a multiple of 8 no wider than MAX_HEAD_DIM.
-            unsafe {
-                let dst = o.range(it * hd, hd);
-                super::x86::attend::<E>(
-                    qv.as_ptr(),
-                    k[base..base + n * hd].as_ptr(),
-                    v[base..base + n * hd].as_ptr(),
-                    hd,
-                    n,
-                    scale,
-                    dst.as_mut_ptr(),
-                );
-            }
-            continue;
-        }
         let mut acc = [0f32; MAX_HEAD_DIM];
         let acc = &mut acc[..hd];
         let (mut mx, mut l) = (f32::NEG_INFINITY, 0f32);
@@ -310,6 +293,116 @@ fn attention_impl<E: KvElem + KvSimd>(
         }
     });
     Ok(())
+}
+
+/// Positions per part on the SIMD path: each (query row, KV head, part) is one work item, so
+/// one decode row at a few hundred positions spreads over the workers. The parts depend on
+/// the row's position count only, so its output does not depend on the thread count or on
+/// the rows that come with it.
+#[cfg(target_arch = "x86_64")]
+const ATT_PART: usize = 128;
+
+#[cfg(target_arch = "x86_64")]
+thread_local! {
+    /// [`attention_parts`]' partial results, grown to the largest call (nothing allocated
+    /// once it has).
+    static PARTS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// [`attention_impl`] with AVX2 (`hd % 8 == 0`, the shapes checked): every KV head's query
+/// heads over each part of [`ATT_PART`] positions in one work item (`x86::attend_part`: the
+/// part's keys and values read from memory once for all of them), then per query head the
+/// parts merged in order on the caller: `out = sum_p acc_p e^(mx_p - mx) / sum_p l_p e^(mx_p
+/// - mx)`.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+fn attention_parts<E: KvElem + KvSimd>(
+    ctx: &CpuContext,
+    s: AttentionShape,
+    q: &[f32],
+    k: &[E],
+    v: &[E],
+    start: usize,
+    m: usize,
+    scale: f32,
+    out: &mut [f32],
+) -> Result<()> {
+    let (hd, nkv) = (s.head_dim, s.n_kv_heads);
+    let group = s.n_heads / nkv;
+    let np = (start + m).div_ceil(ATT_PART);
+    let stride = super::x86::part_stride(hd);
+    let items = m * nkv * np;
+    let at = |t: usize, kvh: usize, p: usize, gi: usize| {
+        ((t * nkv + kvh) * np + p) * group * stride + gi * stride
+    };
+    PARTS.with(|buf| {
+        let mut buf = buf.borrow_mut();
+        let need = items * group * stride;
+        if buf.len() < need {
+            buf.resize(need, 0.0);
+        }
+        let parts = SharedOut::new(&mut buf[..need]);
+        let next = AtomicUsize::new(0);
+        ctx.pool.run(&|_, _| loop {
+            let it = next.fetch_add(1, Ordering::Relaxed);
+            if it >= items {
+                break;
+            }
+            let (t, kvh, p) = (it / (nkv * np), it / np % nkv, it % np);
+            let n = start + t + 1;
+            let p0 = p * ATT_PART;
+            if p0 >= n {
+                continue;
+            }
+            let len = (n - p0).min(ATT_PART);
+            let base = kvh * s.capacity * hd + p0 * hd;
+            let q0 = (t * s.n_heads + kvh * group) * hd;
+            // SAFETY: positions p0..p0 + len <= start + m <= capacity of head kvh lie in k and
+            // v (checked by the caller), the group's query rows in q; item `it` owns its
+            // group * stride floats of the parts; the ISA (AVX2, FMA, F16C) and hd % 8 == 0
+            // were checked by the caller.
+            unsafe {
+                let dst = parts.range(at(t, kvh, p, 0), group * stride);
+                super::x86::attend_part::<E>(
+                    q[q0..q0 + group * hd].as_ptr(),
+                    group,
+                    k[base..base + len * hd].as_ptr(),
+                    v[base..base + len * hd].as_ptr(),
+                    hd,
+                    len,
+                    scale,
+                    dst.as_mut_ptr(),
+                );
+            }
+        });
+        for t in 0..m {
+            let used = (start + t + 1).div_ceil(ATT_PART);
+            for kvh in 0..nkv {
+                for gi in 0..group {
+                    let h = kvh * group + gi;
+                    let o = &mut out[(t * s.n_heads + h) * hd..][..hd];
+                    let mx = (0..used)
+                        .map(|p| buf[at(t, kvh, p, gi) + hd])
+                        .fold(f32::NEG_INFINITY, f32::max);
+                    let mut l = 0f32;
+                    o.fill(0.0);
+                    for p in 0..used {
+                        let a = &buf[at(t, kvh, p, gi)..][..stride];
+                        let f = (a[hd] - mx).exp();
+                        l += a[hd + 1] * f;
+                        for (d, x) in o.iter_mut().zip(&a[..hd]) {
+                            *d += x * f;
+                        }
+                    }
+                    let inv = 1.0 / l;
+                    for d in o.iter_mut() {
+                        *d *= inv;
+                    }
+                }
+            }
+        }
+        Ok(())
+    })
 }
 
 #[inline]

@@ -496,6 +496,80 @@ pub(super) fn quantize_x(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) 
     }
 }
 
+/// A 4-bit affine matrix as the int8 kernels ([`rows_q4_int8`], [`rows_q4_int8_512`]) read
+/// it: its factors, and its sizes in groups, chunks of 32 and bytes.
+#[derive(Clone, Copy)]
+struct Q4<'a> {
+    scales: Floats<'a>,
+    biases: Floats<'a>,
+    rows: usize,
+    groups: usize,
+    chunks: usize,
+    /// log2 of the chunks a group.
+    shift: u32,
+    row_bytes: usize,
+    bytes: *const u8,
+}
+
+impl<'a> Q4<'a> {
+    /// `w`'s view, if it is 4-bit affine.
+    fn of(w: &Matrix<'a>) -> Option<Q4<'a>> {
+        let Kind::Affine {
+            words,
+            scales,
+            biases,
+            bits: 4,
+            group,
+        } = w.kind
+        else {
+            return None;
+        };
+        let cols = w.cols();
+        Some(Q4 {
+            scales,
+            biases,
+            rows: w.rows(),
+            groups: cols / group,
+            chunks: cols / 32,
+            shift: (group / 32).trailing_zeros(),
+            row_bytes: cols / 2,
+            bytes: words.as_ptr() as *const u8,
+        })
+    }
+}
+
+/// The `m` inputs' float sums per group of `per` chunks (what the rows' biases multiply) from
+/// their per-chunk sums `s` (`chunks` an input), into `out` at a stride of `stride >= groups`
+/// an input, zero past the last group: the integer kernels' shared set-up.
+///
+/// # Safety
+/// `s` holds `m * chunks` sums, `chunks >= groups * per`, and `out` `m * stride` floats.
+#[allow(clippy::too_many_arguments)]
+unsafe fn group_sums(
+    s: *const f32,
+    m: usize,
+    chunks: usize,
+    per: usize,
+    groups: usize,
+    stride: usize,
+    out: *mut f32,
+) {
+    // SAFETY: within the ranges of the contract.
+    unsafe {
+        for t in 0..m {
+            for g in 0..stride {
+                let mut v = 0f32;
+                if g < groups {
+                    for k in 0..per {
+                        v += *s.add(t * chunks + g * per + k);
+                    }
+                }
+                *out.add(t * stride + g) = v;
+            }
+        }
+    }
+}
+
 /// Rows `r0..r1` of `out (m, rows) = x W^T + bias` for a 4-bit affine `w` whose group is 32
 /// times a power of two, `m <= 4`, from `x` quantized by [`quantize_x`]: per chunk of 32 one
 /// `maddubs` (unsigned codes times signed inputs) and one `madd` into 32-bit sums, scaled by
@@ -515,23 +589,19 @@ pub(super) unsafe fn rows_q4_int8(
     out: SharedOut,
     bias: Option<Floats<'_>>,
 ) {
-    let Kind::Affine {
-        words,
-        scales,
-        biases,
-        bits: 4,
-        group,
-    } = w.kind
-    else {
+    let Some(g4) = Q4::of(w) else {
         return;
     };
-    let (rows, cols) = (w.rows(), w.cols());
-    let groups = cols / group;
-    let chunks = cols / 32;
-    let shift = (group / 32).trailing_zeros();
-    let per = group / 32;
-    let row_bytes = cols / 2;
-    let bytes = words.as_ptr() as *const u8;
+    let Q4 {
+        scales,
+        biases,
+        rows,
+        groups,
+        chunks,
+        shift,
+        row_bytes,
+        bytes,
+    } = g4;
     let bias_of = |r: usize| bias.map_or(0.0, |b| b.get(r));
     // SAFETY (whole body): rows r0..r1 lie within `words`, `scales` and `biases` (checked by
     // Matrix::affine); qx holds m * chunks codes, scales and sums; the stack buffers hold
@@ -542,16 +612,7 @@ pub(super) unsafe fn rows_q4_int8(
         let mut gs = std::mem::MaybeUninit::<[f32; 4 * MAX_GROUPS]>::uninit();
         let (sp, bp) = (sw.as_mut_ptr() as *mut f32, bw.as_mut_ptr() as *mut f32);
         let gsp = gs.as_mut_ptr() as *mut f32;
-        // The inputs' sums per group.
-        for t in 0..m {
-            for g in 0..groups {
-                let mut v = 0f32;
-                for k in 0..per {
-                    v += *qx.s.add(t * chunks + g * per + k);
-                }
-                *gsp.add(t * groups + g) = v;
-            }
-        }
+        group_sums(qx.s, m, chunks, 1 << shift, groups, groups, gsp);
         let mask = _mm256_set1_epi8(0x0f);
         let shifts = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
         let ones = _mm256_set1_epi16(1);
@@ -984,17 +1045,7 @@ unsafe fn rows_int16_m<const MT: usize>(
         let gsp = gs.as_mut_ptr() as *mut f32;
         // The inputs' sums per group, each input's padded to a multiple of 8 with zeros.
         let gpad = groups.div_ceil(8) * 8;
-        for t in 0..MT {
-            for g in 0..gpad {
-                let mut v = 0f32;
-                if g < groups {
-                    for k in 0..per {
-                        v += *qx.s.add(t * chunks + g * per + k);
-                    }
-                }
-                *gsp.add(t * gpad + g) = v;
-            }
-        }
+        group_sums(qx.s, MT, chunks, per, groups, gpad, gsp);
         for r in r0..r1 {
             widen_row(scales, r * groups, sp, groups);
             widen_row(biases, r * groups, bp, groups);
@@ -1133,116 +1184,140 @@ impl Load8 for half::f16 {
     }
 }
 
-/// One query head's causal attention over `n` cached positions: `out = softmax(scale * q
-/// K^T) V`, `q` and `out` of `hd` floats, `k` and `v` rows of `hd` values one position
-/// apart (float32, or float16 widened on load). The scores of a block of positions are
-/// computed first, then exponentiated eight at a time against the running maximum, then
-/// summed into the output (a rescale only when a block raises the maximum).
+/// Floats [`attend_part`] writes per query head: the unnormalized output (`hd`), then the
+/// running maximum of the scaled scores and the sum of their exponentials.
+pub(super) const fn part_stride(hd: usize) -> usize {
+    hd + 2
+}
+
+/// The `g` query heads that share one KV head (rows of `hd` floats at `q`, one after the
+/// other) over `n` cached positions (`k` and `v` rows of `hd` values one position apart:
+/// float32, or float16 widened on load): per head, into `part` at a stride of
+/// [`part_stride`], `acc = sum_j exp(scale * q.k_j - mx) v_j`, `mx` and `l = sum_j
+/// exp(scale * q.k_j - mx)` (the caller merges parts: `out = acc / l`). Per block of positions
+/// the scores of one head are computed first, then exponentiated eight at a time against
+/// its running maximum, then summed into its output (a rescale only when a block raises the
+/// maximum); the heads take a block in turn, so each block of keys and values is read from
+/// memory once for all of them (the later heads find it in the L1 cache).
 ///
 /// # Safety
-/// The CPU has AVX2, FMA and F16C; `hd` is a multiple of 8 and at most
-/// [`super::MAX_HEAD_DIM`]; `q` and `out` hold `hd` floats, `k` and `v` hold `n * hd`.
+/// The CPU has AVX2, FMA and F16C; `hd` is a multiple of 8; `q` holds `g * hd` floats and
+/// `part` `g * part_stride(hd)`; `k` and `v` hold `n * hd` values.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn attend<E: Load8>(
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn attend_part<E: Load8>(
     q: *const f32,
+    g: usize,
     k: *const E,
     v: *const E,
     hd: usize,
     n: usize,
     scale: f32,
-    out: *mut f32,
+    part: *mut f32,
 ) {
+    let stride = part_stride(hd);
     // SAFETY (whole body): every pointer stays within the ranges of the contract; the stack
-    // buffers hold MAX_HEAD_DIM and ATT_BLOCK floats.
+    // buffer holds ATT_BLOCK floats.
     unsafe {
-        let mut acc = [0f32; super::MAX_HEAD_DIM];
         let mut sc = [0f32; ATT_BLOCK];
-        let ap = acc.as_mut_ptr();
-        let (mut mx, mut l) = (f32::NEG_INFINITY, 0f32);
+        for h in 0..g {
+            let ap = part.add(h * stride);
+            let mut d = 0;
+            while d < hd {
+                _mm256_storeu_ps(ap.add(d), _mm256_setzero_ps());
+                d += 8;
+            }
+            *ap.add(hd) = f32::NEG_INFINITY;
+            *ap.add(hd + 1) = 0.0;
+        }
         let mut p0 = 0;
         while p0 < n {
             let c = (n - p0).min(ATT_BLOCK);
-            let mut cmax = f32::NEG_INFINITY;
-            for (j, s) in sc[..c].iter_mut().enumerate() {
-                let kp = k.add((p0 + j) * hd);
-                let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-                let mut d = 0;
-                while d + 16 <= hd {
-                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(d)), E::load8(kp.add(d)), a0);
-                    a1 =
-                        _mm256_fmadd_ps(_mm256_loadu_ps(q.add(d + 8)), E::load8(kp.add(d + 8)), a1);
-                    d += 16;
+            for h in 0..g {
+                let q = q.add(h * hd);
+                let ap = part.add(h * stride);
+                let (mut mx, mut l) = (*ap.add(hd), *ap.add(hd + 1));
+                let mut cmax = f32::NEG_INFINITY;
+                for (j, s) in sc[..c].iter_mut().enumerate() {
+                    let kp = k.add((p0 + j) * hd);
+                    let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                    let mut d = 0;
+                    while d + 16 <= hd {
+                        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(d)), E::load8(kp.add(d)), a0);
+                        a1 = _mm256_fmadd_ps(
+                            _mm256_loadu_ps(q.add(d + 8)),
+                            E::load8(kp.add(d + 8)),
+                            a1,
+                        );
+                        d += 16;
+                    }
+                    if d < hd {
+                        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(d)), E::load8(kp.add(d)), a0);
+                    }
+                    *s = hsum(_mm256_add_ps(a0, a1)) * scale;
+                    cmax = cmax.max(*s);
                 }
-                if d < hd {
-                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(d)), E::load8(kp.add(d)), a0);
+                if cmax > mx {
+                    let corr = (mx - cmax).exp();
+                    l *= corr;
+                    let cv = _mm256_set1_ps(corr);
+                    let mut d = 0;
+                    while d < hd {
+                        _mm256_storeu_ps(ap.add(d), _mm256_mul_ps(_mm256_loadu_ps(ap.add(d)), cv));
+                        d += 8;
+                    }
+                    mx = cmax;
                 }
-                *s = hsum(_mm256_add_ps(a0, a1)) * scale;
-                cmax = cmax.max(*s);
-            }
-            if cmax > mx {
-                let corr = (mx - cmax).exp();
-                l *= corr;
-                let cv = _mm256_set1_ps(corr);
+                let mv = _mm256_set1_ps(mx);
+                let mut sum = _mm256_setzero_ps();
+                let mut j = 0;
+                let sp = sc.as_mut_ptr();
+                while j + 8 <= c {
+                    let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sp.add(j)), mv));
+                    _mm256_storeu_ps(sp.add(j), e);
+                    sum = _mm256_add_ps(sum, e);
+                    j += 8;
+                }
+                let mut tail = 0f32;
+                for s in &mut sc[j..c] {
+                    *s = (*s - mx).exp();
+                    tail += *s;
+                }
+                l += hsum(sum) + tail;
+                let vb = v.add(p0 * hd);
                 let mut d = 0;
+                while d + 32 <= hd {
+                    let mut a = [
+                        _mm256_loadu_ps(ap.add(d)),
+                        _mm256_loadu_ps(ap.add(d + 8)),
+                        _mm256_loadu_ps(ap.add(d + 16)),
+                        _mm256_loadu_ps(ap.add(d + 24)),
+                    ];
+                    for (j, &w) in sc[..c].iter().enumerate() {
+                        let wv = _mm256_set1_ps(w);
+                        let vp = vb.add(j * hd + d);
+                        a[0] = _mm256_fmadd_ps(wv, E::load8(vp), a[0]);
+                        a[1] = _mm256_fmadd_ps(wv, E::load8(vp.add(8)), a[1]);
+                        a[2] = _mm256_fmadd_ps(wv, E::load8(vp.add(16)), a[2]);
+                        a[3] = _mm256_fmadd_ps(wv, E::load8(vp.add(24)), a[3]);
+                    }
+                    for (i, a) in a.iter().enumerate() {
+                        _mm256_storeu_ps(ap.add(d + 8 * i), *a);
+                    }
+                    d += 32;
+                }
                 while d < hd {
-                    _mm256_storeu_ps(ap.add(d), _mm256_mul_ps(_mm256_loadu_ps(ap.add(d)), cv));
+                    let mut a = _mm256_loadu_ps(ap.add(d));
+                    for (j, &w) in sc[..c].iter().enumerate() {
+                        a = _mm256_fmadd_ps(_mm256_set1_ps(w), E::load8(vb.add(j * hd + d)), a);
+                    }
+                    _mm256_storeu_ps(ap.add(d), a);
                     d += 8;
                 }
-                mx = cmax;
-            }
-            let mv = _mm256_set1_ps(mx);
-            let mut sum = _mm256_setzero_ps();
-            let mut j = 0;
-            let sp = sc.as_mut_ptr();
-            while j + 8 <= c {
-                let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sp.add(j)), mv));
-                _mm256_storeu_ps(sp.add(j), e);
-                sum = _mm256_add_ps(sum, e);
-                j += 8;
-            }
-            let mut tail = 0f32;
-            for s in &mut sc[j..c] {
-                *s = (*s - mx).exp();
-                tail += *s;
-            }
-            l += hsum(sum) + tail;
-            let vb = v.add(p0 * hd);
-            let mut d = 0;
-            while d + 32 <= hd {
-                let mut a = [
-                    _mm256_loadu_ps(ap.add(d)),
-                    _mm256_loadu_ps(ap.add(d + 8)),
-                    _mm256_loadu_ps(ap.add(d + 16)),
-                    _mm256_loadu_ps(ap.add(d + 24)),
-                ];
-                for (j, &w) in sc[..c].iter().enumerate() {
-                    let wv = _mm256_set1_ps(w);
-                    let vp = vb.add(j * hd + d);
-                    a[0] = _mm256_fmadd_ps(wv, E::load8(vp), a[0]);
-                    a[1] = _mm256_fmadd_ps(wv, E::load8(vp.add(8)), a[1]);
-                    a[2] = _mm256_fmadd_ps(wv, E::load8(vp.add(16)), a[2]);
-                    a[3] = _mm256_fmadd_ps(wv, E::load8(vp.add(24)), a[3]);
-                }
-                for (i, a) in a.iter().enumerate() {
-                    _mm256_storeu_ps(ap.add(d + 8 * i), *a);
-                }
-                d += 32;
-            }
-            while d < hd {
-                let mut a = _mm256_loadu_ps(ap.add(d));
-                for (j, &w) in sc[..c].iter().enumerate() {
-                    a = _mm256_fmadd_ps(_mm256_set1_ps(w), E::load8(vb.add(j * hd + d)), a);
-                }
-                _mm256_storeu_ps(ap.add(d), a);
-                d += 8;
+                *ap.add(hd) = mx;
+                *ap.add(hd + 1) = l;
             }
             p0 += c;
-        }
-        let inv = _mm256_set1_ps(1.0 / l);
-        let mut d = 0;
-        while d < hd {
-            _mm256_storeu_ps(out.add(d), _mm256_mul_ps(_mm256_loadu_ps(ap.add(d)), inv));
-            d += 8;
         }
     }
 }
@@ -1323,17 +1398,7 @@ unsafe fn rows_int16_512_m<const MT: usize>(
         let gsp = gs.as_mut_ptr() as *mut f32;
         let fp = fw.as_mut_ptr() as *mut f32;
         let gpad = groups.div_ceil(8) * 8;
-        for t in 0..MT {
-            for g in 0..gpad {
-                let mut v = 0f32;
-                if g < groups {
-                    for k in 0..per {
-                        v += *qx.s.add(t * chunks + g * per + k);
-                    }
-                }
-                *gsp.add(t * gpad + g) = v;
-            }
-        }
+        group_sums(qx.s, MT, chunks, per, groups, gpad, gsp);
         let nib = _mm512_set1_epi32(0x000f_000f);
         if let (0, Floats::F16(sh), Floats::F16(bh)) = (shift, scales, biases) {
             // Groups of 32 with half-precision scales and biases (GGUF's Q4_0/Q4_1/Q8_0 as
@@ -1819,23 +1884,19 @@ unsafe fn rows_q4_int8_512_m<const MT: usize>(
     out: SharedOut,
     bias: Option<Floats<'_>>,
 ) {
-    let Kind::Affine {
-        words,
-        scales,
-        biases,
-        bits: 4,
-        group,
-    } = w.kind
-    else {
+    let Some(g4) = Q4::of(w) else {
         return;
     };
-    let (rows, cols) = (w.rows(), w.cols());
-    let groups = cols / group;
-    let chunks = cols / 32;
-    let shift = (group / 32).trailing_zeros();
-    let per = group / 32;
-    let row_bytes = cols / 2;
-    let bytes = words.as_ptr() as *const u8;
+    let Q4 {
+        scales,
+        biases,
+        rows,
+        groups,
+        chunks,
+        shift,
+        row_bytes,
+        bytes,
+    } = g4;
     let bias_of = |r: usize| bias.map_or(0.0, |b| b.get(r));
     // SAFETY (whole body): rows r0..r1 lie within `words`, `scales` and `biases` (checked by
     // Matrix::affine, and the assert for the half-scale path); qx holds MT * chunks codes,
@@ -1876,17 +1937,7 @@ unsafe fn rows_q4_int8_512_m<const MT: usize>(
             }
             return;
         }
-        for t in 0..MT {
-            for g in 0..gpad {
-                let mut v = 0f32;
-                if g < groups {
-                    for k in 0..per {
-                        v += *qx.s.add(t * chunks + g * per + k);
-                    }
-                }
-                *gsp.add(t * gpad + g) = v;
-            }
-        }
+        group_sums(qx.s, MT, chunks, 1 << shift, groups, gpad, gsp);
         for r in r0..r1 {
             widen_row(scales, r * groups, sp, groups);
             widen_row(biases, r * groups, bp, groups);
