@@ -38,6 +38,9 @@ fn mlx_generate_on_the_gemma3_gguf_matches_mlx_lm() {
         g["prompt"].as_str().unwrap(),
         "--max-tokens",
         &max,
+        // The exact path (L1): under `auto` Gemma 3 now runs on the CPU decoder (L3).
+        "--decoder",
+        "mlx",
         "--json",
     ]);
     assert_eq!(code, 0, "mlx generate failed: {err}");
