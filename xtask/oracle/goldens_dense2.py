@@ -774,12 +774,78 @@ CASES = {
         "float16",
         "prism",
     ),
+    # Gemma 3n's text model (`text_config`): AltUp over 4 streams (prediction and correction
+    # coefficients clipped in float32), Laurel, per-layer inputs (ids past
+    # vocab_size_per_layer_input read row 0), the trailing num_kv_shared_layers layers reading
+    # the last earlier layer of their type's cache (their own K/V without a cache), a sliding
+    # window shorter than the prompts, gaussian top-k sparsity on the first layers, per-layer
+    # MLP widths, the compiled logit soft-cap.
+    "gemma3n": (
+        "gemma3n",
+        {"text_config": {"model_type": "gemma3n_text", "hidden_size": 32, "num_hidden_layers": 5,
+                         "intermediate_size": [64, 48, 64, 64, 32], "num_attention_heads": 4,
+                         "head_dim": 8, "rms_norm_eps": 1e-6, "vocab_size": 96,
+                         "num_key_value_heads": 2, "num_kv_shared_layers": 2,
+                         "vocab_size_per_layer_input": 64, "sliding_window": 4,
+                         "max_position_embeddings": 512, "rope_local_base_freq": 10000.0,
+                         "rope_theta": 1000000.0, "final_logit_softcapping": 30.0,
+                         "layer_types": ["sliding_attention", "full_attention",
+                                         "sliding_attention", "sliding_attention",
+                                         "full_attention"],
+                         "activation_sparsity_pattern": [0.95, 0.95, 0.0, 0.0, 0.0],
+                         "hidden_size_per_layer_input": 8, "altup_num_inputs": 4,
+                         "altup_coef_clip": 120.0, "altup_correct_scale": True,
+                         "altup_active_idx": 0, "laurel_rank": 8, "rope_scaling": None}},
+        "float32",
+        None,
+    ),
+    # bfloat16, 3 AltUp streams with the active one second, coefficients clipped at 0.2, no
+    # soft-cap, no output scale, no sparsity pattern, one KV-shared layer, one MLP width.
+    "gemma3n_bf16": (
+        "gemma3n",
+        {"text_config": {"model_type": "gemma3n_text", "hidden_size": 32, "num_hidden_layers": 4,
+                         "intermediate_size": 64, "num_attention_heads": 2, "head_dim": 16,
+                         "rms_norm_eps": 1e-6, "vocab_size": 96, "num_key_value_heads": 1,
+                         "num_kv_shared_layers": 1, "vocab_size_per_layer_input": 96,
+                         "sliding_window": 6, "max_position_embeddings": 512,
+                         "rope_local_base_freq": 10000.0, "rope_theta": 500000.0,
+                         "final_logit_softcapping": None,
+                         "layer_types": ["full_attention", "sliding_attention",
+                                         "sliding_attention", "sliding_attention"],
+                         "activation_sparsity_pattern": None,
+                         "hidden_size_per_layer_input": 8, "altup_num_inputs": 3,
+                         "altup_coef_clip": 0.2, "altup_correct_scale": False,
+                         "altup_active_idx": 1, "laurel_rank": 4}},
+        "bfloat16",
+        None,
+    ),
+    # 4-bit (group 32): the per-layer embedding, projections and experts quantized; the
+    # 4-input AltUp coefficients and 8-wide Laurel / per-layer projections stay float (their
+    # inputs do not divide by the group, as mlx_lm.convert skips them).
+    "gemma3n_q4": (
+        "gemma3n",
+        {"text_config": {"model_type": "gemma3n_text", "hidden_size": 64, "num_hidden_layers": 4,
+                         "intermediate_size": [64, 96, 64, 64], "num_attention_heads": 2,
+                         "head_dim": 32, "rms_norm_eps": 1e-6, "vocab_size": 96,
+                         "num_key_value_heads": 1, "num_kv_shared_layers": 2,
+                         "vocab_size_per_layer_input": 80, "sliding_window": 5,
+                         "max_position_embeddings": 512, "rope_local_base_freq": 10000.0,
+                         "rope_theta": 1000000.0, "final_logit_softcapping": 30.0,
+                         "layer_types": ["sliding_attention", "full_attention",
+                                         "sliding_attention", "full_attention"],
+                         "activation_sparsity_pattern": [0.95, 0.0, 0.0, 0.0],
+                         "hidden_size_per_layer_input": 8, "altup_num_inputs": 4,
+                         "altup_coef_clip": 120.0, "altup_correct_scale": True,
+                         "altup_active_idx": 0, "laurel_rank": 32}},
+        "float32",
+        (32, 4),
+    ),
 }
 
 # Cases whose config is only the overrides (no BASE keys at the top level).
 NO_BASE = {"gemma4", "gemma4_bf16", "gemma4_moe", "muse_glimmer", "muse_glimmer_bf16", "muse_glimmer_q4", "talkie", "talkie_bf16", "talkie_q4", "lfm2_vl", "qwen3_vl_moe", "qwen3_vl_moe_q4", "openelm", "openelm_q4", "lille_130m", "lille_130m_bf16", "qwen3_vl", "qwen3_vl_q4", "pixtral", "pixtral_q4",
            "qwen2_vl_q4", "kimi_k3", "kimi_k3_bf16", "kimi_k3_q4",
-           "prism_hadamard_qwen35"}
+           "prism_hadamard_qwen35", "gemma3n", "gemma3n_bf16", "gemma3n_q4"}
 
 PROMPT = [1, 17, 90, 5, 42, 42, 7, 88, 3, 64]
 STEPS = 5
@@ -892,6 +958,8 @@ def build(i, name, model_type, overrides, dtype, quant):
         # As mlx_lm.convert: the model's own predicate, its per-module settings recorded.
         def class_predicate(p, m):
             if not hasattr(m, "to_quantized"):
+                return False
+            if m.weight.shape[-1] % gs != 0:
                 return False
             if pred is None:
                 return True

@@ -171,6 +171,26 @@ pub fn geglu(gate: &Array, x: &Array) -> Result<Array> {
     one(f.call(&[gate.clone(), x.clone()])?, "geglu")
 }
 
+/// gemma3n's `gelu_topk(inputs, std_multiplier)` (activation sparsity): `gelu_approx` of
+/// `maximum(0, inputs - (mean + std * std_multiplier))` over the last axis, compiled shapeless
+/// as gemma3n.py compiles it (its inner `nn.gelu_approx` inlined into the same trace; the
+/// float32 multiplier cast to the std's dtype).
+pub fn gelu_topk(inputs: &Array, std_multiplier: &Array) -> Result<Array> {
+    let f = compiled!(|xs: &[Array]| {
+        let x = &xs[0];
+        let mean = ops::mean(x, &[-1], true, None)?;
+        let std = ops::std(x, &[-1], true, 0, None)?;
+        let cutoff = (&mean + &(&std * &xs[1].astype(std.dtype())?)?)?;
+        let d = (x - &cutoff)?;
+        let r = ops::maximum(&Scalar::Int(0).to_array_like(d.dtype())?, &d, None)?;
+        Ok(vec![gelu_approx_ops(&r)?])
+    })?;
+    one(
+        f.call(&[inputs.clone(), std_multiplier.clone()])?,
+        "gelu_topk",
+    )
+}
+
 /// `tanh(x / cap) * cap` in plain ops, `cap` a weak scalar: the soft cap that mlx-lm writes
 /// inline (gemma2's attention scores and logits, grok's, gear's, recurrent_gemma's logits,
 /// Laguna's router). gemma4_text's compiled one is [`logit_softcap`].

@@ -14,8 +14,8 @@ mod switch;
 pub mod trellis;
 
 pub use activations::{
-    clip_residual, geglu, gelu, gelu_approx, logit_softcap, precise_swiglu, relu2, silu, situ,
-    softcap, swiglu, swiglu_oai, xielu,
+    clip_residual, geglu, gelu, gelu_approx, gelu_topk, logit_softcap, precise_swiglu, relu2, silu,
+    situ, softcap, swiglu, swiglu_oai, xielu,
 };
 pub(crate) use attention::finfo_min;
 pub use attention::{

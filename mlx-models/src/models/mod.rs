@@ -53,6 +53,7 @@ pub mod dense;
 pub mod descriptor;
 pub mod falcon_h1;
 pub mod gear;
+pub mod gemma3n;
 pub mod gemma4_text;
 pub mod granitemoehybrid;
 pub mod iquestloopcoder;
@@ -525,6 +526,7 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
     ("lfm2-vl", wrappers::lfm2_vl),
     ("qwen3_vl_moe", wrappers::qwen3_vl_moe),
     ("gemma4", wrappers::gemma4),
+    ("gemma3n", |c, w| Ok(Box::new(gemma3n::Model::load(c, w)?))),
     ("talkie", |c, w| Ok(Box::new(talkie::Model::load(c, w)?))),
     ("phixtral", |c, w| {
         Ok(Box::new(phixtral::Model::load(c, w)?))

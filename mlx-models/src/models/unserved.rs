@@ -19,11 +19,6 @@ pub const UNSERVED: &[(&str, Unserved, &str)] = &[
         "MLA (issue #32, DeepSeek family): not ported yet",
     ),
     (
-        "gemma3n",
-        Unserved::NotYet,
-        "AltUp, Laurel, per-layer inputs: not ported yet",
-    ),
-    (
         "muse_spark",
         Unserved::NoCpu,
         "mlx-lm calls its fused Metal kernels (mlx_lm.kernels: qk_norm, expert_routing, \
