@@ -93,6 +93,7 @@ fn the_new_types_are_listed_as_table_rows() {
         "minimax_m3_vl",
         "kimi_k3",
         "prism_hadamard_qwen35",
+        "gemma3n",
     ] {
         let s = all.iter().find(|s| s.model_type == t);
         assert_eq!(s.map(|s| s.serving), Some(Serving::Dedicated), "{t}");
@@ -304,8 +305,86 @@ fn new_hybrid_configs_and_weights_name_the_problem() {
             ),
             "packed modules are unknown",
         ),
+        // gemma3n: mlx-lm needs a layer of each type among those that own keys and values.
+        (
+            err(
+                "gemma3n",
+                &|c| c["text_config"]["num_kv_shared_layers"] = 4.into(),
+                None,
+            ),
+            "needs a `full_attention` layer among the first 1",
+        ),
+        (
+            err(
+                "gemma3n",
+                &|c| c["text_config"]["intermediate_size"] = serde_json::json!([64, 64]),
+                None,
+            ),
+            "intermediate_size has 2 entries for 5 layers",
+        ),
+        (
+            err(
+                "gemma3n",
+                &|c| c["text_config"]["altup_active_idx"] = 4.into(),
+                None,
+            ),
+            "altup_active_idx",
+        ),
+        (
+            err(
+                "gemma3n",
+                &|c| {
+                    c["text_config"]
+                        .as_object_mut()
+                        .unwrap()
+                        .remove("laurel_rank");
+                },
+                None,
+            ),
+            "laurel_rank",
+        ),
+        (
+            err(
+                "gemma3n",
+                &|_| {},
+                Some("model.language_model.layers.4.altup.prediction_coefs.weight"),
+            ),
+            "model.language_model.layers.4.altup.prediction_coefs.weight",
+        ),
     ];
     for (msg, want) in cases {
         assert!(msg.contains(want), "{want}: {msg}");
     }
+}
+
+/// gemma3n's `sanitize`: a checkpoint of the whole multimodal model (vision and audio towers
+/// and their embedders beside `model.language_model`) loads as the text model, with the same
+/// logits.
+#[test]
+fn gemma3n_drops_the_vision_and_audio_towers() {
+    use mlx_core::prelude::*;
+    use mlx_models::load::load_weights;
+    use mlx_models::models::build;
+    use mlx_models::weights::Weights;
+
+    let dir = root().join("models/dense2/gemma3n");
+    let config = ModelConfig::from_file(&dir.join("config.json")).unwrap();
+    let mut tensors = load_weights(&dir).unwrap();
+    for k in [
+        "model.vision_tower.timm_model.stem.conv.weight",
+        "model.audio_tower.subsample_conv_projection.conv_0.conv.weight",
+        "model.embed_audio.embedding.weight",
+        "model.embed_vision.embedding_projection.weight",
+    ] {
+        tensors.insert(
+            k.to_string(),
+            Array::from_slice(&[1.0f32, 2.0], &[2]).unwrap(),
+        );
+    }
+    let model = build(&config, Weights::new(tensors, None, None)).unwrap();
+    model_check::check_loaded(
+        model.as_ref(),
+        &root().join("goldens/dense2/gemma3n.safetensors"),
+    )
+    .unwrap();
 }
