@@ -840,12 +840,48 @@ CASES = {
         "float32",
         (32, 4),
     ),
+    # DeepSeek V4.1 (deepseek_v41): hyper-connection streams mixed by Sinkhorn-normalized
+    # matrices, a sliding window per layer plus compressed KV (gated pooling of `ratio` tokens,
+    # or every token with ratio 1) read through an indexer's top-k (the first index layer also
+    # picks candidate blocks for the later ones), FP8/FP4 fake quantization as plain ops,
+    # sparse attention with sinks in float32, an inverse rope on the output, grouped low-rank
+    # output projections, sqrt-softplus routing over clamped-SwiGLU experts and a shared MLP.
+    # float32 and 4-bit (MLX's CPU GatherMM takes float32 only).
+    "deepseek_v41": (
+        "deepseek_v41",
+        {"vocab_size": 96, "hidden_size": 32, "num_hidden_layers": 4, "num_attention_heads": 4,
+         "head_dim": 32, "q_lora_rank": 16, "qk_rope_head_dim": 8, "o_groups": 2,
+         "o_lora_rank": 16, "moe_intermediate_size": 16, "n_routed_experts": 4,
+         "num_experts_per_tok": 2, "sliding_window": 4, "compress_ratios": [0, 4, 1, 4],
+         "kv_source_layer_ids": [1, 2, 3], "index_source_layer_ids": [1, 3],
+         "candidate_source_layer_id": 1, "candidate_topk_blocks": 2, "candidate_block_size": 2,
+         "index_n_heads": 2, "index_head_dim": 32, "index_topk": 3, "hc_mult": 2,
+         "hc_sinkhorn_iters": 3, "rms_norm_eps": 1e-6, "swiglu_limit": 1.0,
+         "rope_scaling": {"factor": 4.0, "original_max_position_embeddings": 64,
+                          "beta_fast": 32, "beta_slow": 1}, "max_position_embeddings": 256},
+        "float32",
+        None,
+    ),
+    "deepseek_v41_q4": (
+        "deepseek_v41",
+        {"vocab_size": 96, "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 2,
+         "head_dim": 64, "q_lora_rank": 32, "qk_rope_head_dim": 16, "o_groups": 2,
+         "o_lora_rank": 32, "moe_intermediate_size": 32, "n_routed_experts": 4,
+         "num_experts_per_tok": 2, "sliding_window": 5, "compress_ratios": [4, 0, 2],
+         "kv_source_layer_ids": [0, 2], "index_source_layer_ids": [0, 2],
+         "candidate_source_layer_id": -1, "index_n_heads": 2, "index_head_dim": 32,
+         "index_topk": 2, "hc_mult": 3, "hc_sinkhorn_iters": 4, "scoring_func": "sigmoid",
+         "routed_scaling_factor": 2.0, "gate_temp": 0.5, "rms_norm_eps": 1e-6},
+        "float32",
+        (32, 4),
+    ),
 }
 
 # Cases whose config is only the overrides (no BASE keys at the top level).
 NO_BASE = {"gemma4", "gemma4_bf16", "gemma4_moe", "muse_glimmer", "muse_glimmer_bf16", "muse_glimmer_q4", "talkie", "talkie_bf16", "talkie_q4", "lfm2_vl", "qwen3_vl_moe", "qwen3_vl_moe_q4", "openelm", "openelm_q4", "lille_130m", "lille_130m_bf16", "qwen3_vl", "qwen3_vl_q4", "pixtral", "pixtral_q4",
            "qwen2_vl_q4", "kimi_k3", "kimi_k3_bf16", "kimi_k3_q4",
-           "prism_hadamard_qwen35", "gemma3n", "gemma3n_bf16", "gemma3n_q4"}
+           "prism_hadamard_qwen35", "gemma3n", "gemma3n_bf16", "gemma3n_q4",
+           "deepseek_v41", "deepseek_v41_q4"}
 
 PROMPT = [1, 17, 90, 5, 42, 42, 7, 88, 3, 64]
 STEPS = 5

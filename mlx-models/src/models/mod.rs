@@ -49,6 +49,7 @@ pub mod bailing_linear;
 mod checkpoint;
 pub mod dbrx;
 pub mod deepseek;
+pub mod deepseek_v41;
 pub mod dense;
 pub mod descriptor;
 pub mod falcon_h1;
@@ -527,6 +528,9 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
     ("qwen3_vl_moe", wrappers::qwen3_vl_moe),
     ("gemma4", wrappers::gemma4),
     ("gemma3n", |c, w| Ok(Box::new(gemma3n::Model::load(c, w)?))),
+    ("deepseek_v41", |c, w| {
+        Ok(Box::new(deepseek_v41::Model::load(c, w)?))
+    }),
     ("talkie", |c, w| Ok(Box::new(talkie::Model::load(c, w)?))),
     ("phixtral", |c, w| {
         Ok(Box::new(phixtral::Model::load(c, w)?))

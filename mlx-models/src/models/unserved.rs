@@ -12,16 +12,9 @@ pub enum Unserved {
 }
 
 /// `(model_type, why, reason)`, sorted by type.
-pub const UNSERVED: &[(&str, Unserved, &str)] = &[
-    (
-        "deepseek_v41",
-        Unserved::NotYet,
-        "MLA (issue #32, DeepSeek family): not ported yet",
-    ),
-    (
-        "muse_spark",
-        Unserved::NoCpu,
-        "mlx-lm calls its fused Metal kernels (mlx_lm.kernels: qk_norm, expert_routing, \
+pub const UNSERVED: &[(&str, Unserved, &str)] = &[(
+    "muse_spark",
+    Unserved::NoCpu,
+    "mlx-lm calls its fused Metal kernels (mlx_lm.kernels: qk_norm, expert_routing, \
          norm_add_norm) unconditionally",
-    ),
-];
+)];
