@@ -39,6 +39,10 @@ const DRAWN_LEAVES: &[(&str, &[&str])] = &[("A_log", &["qwen3_next", "qwen3_5", 
 /// assigns `self.lm_head = nn.Linear(...)` and, when untied, assigns a new one).
 const BUILT_TWICE: &[(&str, &str)] = &[("helium", "lm_head")];
 
+/// Rank-2 `weight`s a model class creates with `mx.zeros`, no draw: `(model_type, module
+/// path suffix)` (deepseek_v41's `Router.weight`).
+const ZERO_INIT: &[(&str, &str)] = &[("deepseek_v41", ".mlp.gate")];
+
 /// How many times building `config`'s model in mlx-lm (`load_model`: the model class, then
 /// `nn.quantize`) splits the global key, given the model's parameters (name -> shape, after
 /// `sanitize`: what the built model took).
@@ -58,6 +62,12 @@ pub fn construction_draws(
         }
         let module_leaf = module.rsplit('.').next().unwrap_or(module);
         if module_leaf.contains("norm") {
+            continue;
+        }
+        if ZERO_INIT
+            .iter()
+            .any(|(t, m)| *t == config.architecture && module.ends_with(m))
+        {
             continue;
         }
         let has = |p: &str| params.contains_key(&format!("{module}.{p}"));
@@ -143,6 +153,19 @@ mod tests {
         assert_eq!(construction_draws(&llama, &t).unwrap(), 7);
         let helium = config(&serde_json::json!({"model_type": "helium"}).to_string());
         assert_eq!(construction_draws(&helium, &t).unwrap(), 8);
+    }
+
+    #[test]
+    fn zero_initialized_weights_draw_nothing() {
+        let v41 = config(&serde_json::json!({"model_type": "deepseek_v41"}).to_string());
+        let mut t: BTreeMap<String, Vec<i32>> = BTreeMap::new();
+        t.insert("model.layers.0.mlp.gate.weight".into(), vec![4, 8]);
+        assert_eq!(construction_draws(&v41, &t).unwrap(), 0);
+        t.insert(
+            "model.layers.0.mlp.shared_experts.gate_proj.weight".into(),
+            vec![4, 8],
+        );
+        assert_eq!(construction_draws(&v41, &t).unwrap(), 1);
     }
 
     #[test]

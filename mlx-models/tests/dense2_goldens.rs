@@ -94,6 +94,7 @@ fn the_new_types_are_listed_as_table_rows() {
         "kimi_k3",
         "prism_hadamard_qwen35",
         "gemma3n",
+        "deepseek_v41",
     ] {
         let s = all.iter().find(|s| s.model_type == t);
         assert_eq!(s.map(|s| s.serving), Some(Serving::Dedicated), "{t}");
@@ -351,6 +352,43 @@ fn new_hybrid_configs_and_weights_name_the_problem() {
             ),
             "model.language_model.layers.4.altup.prediction_coefs.weight",
         ),
+        // deepseek_v41: mlx-lm's refusals (engram layers) and index errors as config errors.
+        (
+            err(
+                "deepseek_v41",
+                &|c| c["engram_layer_ids"] = serde_json::json!([1]),
+                None,
+            ),
+            "engram_layer_ids",
+        ),
+        (
+            err(
+                "deepseek_v41",
+                &|c| c["kv_source_layer_ids"] = serde_json::json!([0, 1]),
+                None,
+            ),
+            "kv source layer 0 has compress ratio 0",
+        ),
+        (
+            err(
+                "deepseek_v41",
+                &|c| c["index_source_layer_ids"] = serde_json::json!([7]),
+                None,
+            ),
+            "index_source_layer_ids",
+        ),
+        (
+            err("deepseek_v41", &|c| c["o_groups"] = 3.into(), None),
+            "o_groups",
+        ),
+        (
+            err(
+                "deepseek_v41",
+                &|_| {},
+                Some("model.layers.1.self_attn.indexer.k_proj.weight"),
+            ),
+            "model.layers.1.self_attn.indexer.k_proj.weight",
+        ),
     ];
     for (msg, want) in cases {
         assert!(msg.contains(want), "{want}: {msg}");
@@ -387,4 +425,31 @@ fn gemma3n_drops_the_vision_and_audio_towers() {
         &root().join("goldens/dense2/gemma3n.safetensors"),
     )
     .unwrap();
+}
+
+/// deepseek_v41's caches are mlx-lm's `LayerCache`s: not trimmable (evicted window rows and
+/// closed compressed groups cannot come back), so prompt-cache reuse and speculative decoding
+/// refuse to trim them rather than decode from a wrong state; a cache of another kind is an
+/// error naming the model.
+#[test]
+fn deepseek_v41_caches_are_layer_caches_that_refuse_to_trim() {
+    use mlx_core::prelude::*;
+    use mlx_models::load::{load_model_dir, LoadOptions};
+
+    let dir = root().join("models/dense2/deepseek_v41");
+    let (model, _) = load_model_dir(&dir, &LoadOptions::default()).unwrap();
+    let mut caches = model.make_cache();
+    assert_eq!(caches.len(), 4);
+    let ids = Array::from_slice(&[1i32, 17, 90, 5, 42, 42, 7], &[1, 7]).unwrap();
+    model.forward(&ids, Some(&mut caches)).unwrap();
+    assert!(caches.iter().all(|c| c.offset() == 7 && !c.is_trimmable()));
+    assert!(!mlx_cache::can_trim_prompt_cache(&caches));
+    assert_eq!(mlx_cache::trim_prompt_cache(&mut caches, 2), 0);
+    let mut wrong = mlx_models::LanguageModel::make_cache(model.as_ref());
+    wrong[2] = Box::new(mlx_cache::KVCache::new());
+    let err = model
+        .forward(&ids, Some(&mut wrong))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("LayerCache"), "{err}");
 }
