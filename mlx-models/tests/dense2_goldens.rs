@@ -453,3 +453,48 @@ fn deepseek_v41_caches_are_layer_caches_that_refuse_to_trim() {
         .to_string();
     assert!(err.contains("LayerCache"), "{err}");
 }
+
+/// deepseek_v41's `sanitize`: the float32 fixture under the published checkpoint's names
+/// (`cargo xtask goldens dense2` writes it and checks mlx-lm loads it to the same logits)
+/// loads to mlx-lm's logits; its fp8/fp4 packing and a missing expert are errors naming the
+/// tensor.
+#[test]
+fn deepseek_v41_published_names_load_to_the_same_logits() {
+    use mlx_core::prelude::*;
+    use mlx_models::load::load_weights;
+    use mlx_models::models::build;
+    use mlx_models::weights::Weights;
+
+    let dir = root().join("models/deepseek_v41_published");
+    model_check::check_model(
+        &dir,
+        &root().join("goldens/dense2/deepseek_v41.safetensors"),
+    )
+    .unwrap();
+    let config = ModelConfig::from_file(&dir.join("config.json")).unwrap();
+    let err = |edit: &dyn Fn(&mut std::collections::BTreeMap<String, Array>)| {
+        let mut t = load_weights(&dir).unwrap();
+        edit(&mut t);
+        match build(&config, Weights::new(t, None, None)) {
+            Ok(_) => panic!("expected an error"),
+            Err(e) => e.to_string(),
+        }
+    };
+    let msg = err(&|t| {
+        t.insert(
+            "layers.0.attn.wq_a.scale".into(),
+            Array::from_slice(&[1.0f32], &[1]).unwrap(),
+        );
+    });
+    assert!(
+        msg.contains("layers.0.attn.wq_a.scale") && msg.contains("fp8"),
+        "{msg}"
+    );
+    let msg = err(&|t| {
+        t.remove("layers.2.ffn.experts.3.w2.weight");
+    });
+    assert!(
+        msg.contains("layer 2 has 3 down_proj expert weights"),
+        "{msg}"
+    );
+}

@@ -14,6 +14,9 @@ user), then record:
   log-probabilities and per-step top-5 `[id, logprob, f32 bits]` on a 40-token prompt
   (the format of goldens_cli_models.py, which `mlx-cli/tests/dense2_cli.rs` reads).
 
+deepseek_v41's float32 fixture is also written under the published checkpoint's names
+(mlx-models/tests/models/deepseek_v41_published/, checked to load to the same logits in mlx-lm).
+
 Run with `cargo xtask goldens dense2` (pass case names to regenerate only those; the CLI
 golden keeps the other cases it already holds).
 """
@@ -1050,6 +1053,59 @@ def cli_golden(out_dir, model_type):
     return {"prompt_ids": CLI_PROMPT, "tokens": tokens, "logprobs": logprobs, "top_logprobs": tops}
 
 
+# deepseek_v41's published names (DeepSeek's own), the inverse of its `_rename`.
+V41_NAMES = [
+    (".self_attn.", ".attn."), (".mlp.", ".ffn."), (".input_layernorm.", ".attn_norm."),
+    (".post_attention_layernorm.", ".ffn_norm."), (".attn_hc.", ".hc_attn_"),
+    (".ffn_hc.", ".hc_ffn_"), (".sinks", ".attn_sink"), (".q_a_proj.", ".wq_a."),
+    (".q_b_proj.", ".wq_b."), (".kv_proj.", ".wkv."), (".compressor.gate_proj.", ".compressor.wgate."),
+    (".o_a_proj.", ".wo_a."), (".o_b_proj.", ".wo_b."), (".q_a_norm.", ".q_norm."),
+    (".compressor.kv_norm.", ".compressor.norm."), (".indexer.k_proj.", ".indexer.wk."),
+    (".gate.e_score_correction_bias", ".gate.bias"), (".shared_experts.gate_proj.", ".shared_experts.w1."),
+    (".shared_experts.down_proj.", ".shared_experts.w2."), (".shared_experts.up_proj.", ".shared_experts.w3."),
+]
+V41_PUBLISHED = pathlib.Path("mlx-models/tests/models/deepseek_v41_published")
+
+
+def published_deepseek_v41(out_dir):
+    """The float32 deepseek_v41 fixture under the published checkpoint's names (experts one
+    tensor each, wo_a as one block-diagonal matrix, plus vision, MTP, engram and bias_vl
+    tensors sanitize drops); mlx-lm's `load_model` must give the same logits from it."""
+    config = json.loads((out_dir / "config.json").read_text())
+    weights = mx.load(str(out_dir / "model.safetensors"))
+    out = {}
+    for k, v in weights.items():
+        if k == "lm_head.weight":
+            out["head.weight"] = v
+            continue
+        if k == "model.embed_tokens.weight":
+            out["embed.weight"] = v
+            continue
+        name = k.removeprefix("model.")
+        if ".experts.switch_mlp." in name:
+            layer = name.split(".")[1]
+            proj = {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}[name.split(".")[-2]]
+            for e in range(v.shape[0]):
+                out[f"layers.{layer}.ffn.experts.{e}.{proj}.weight"] = v[e]
+            continue
+        for a, b in V41_NAMES:
+            name = name.replace(a, b)
+        if name.endswith(".wo_a.weight"):
+            v = v.reshape(-1, v.shape[-1])
+        out[name] = v
+    out["vision.patch_embed.weight"] = mx.zeros((2, 2))
+    out["mtp.0.norm.weight"] = mx.zeros((2,))
+    out["layers.0.ffn.gate.bias_vl"] = mx.zeros((2,))
+    shutil.rmtree(V41_PUBLISHED, ignore_errors=True)
+    os.makedirs(V41_PUBLISHED)
+    mx.save_safetensors(str(V41_PUBLISHED / "model.safetensors"), out)
+    (V41_PUBLISHED / "config.json").write_text(json.dumps(config, indent=2))
+    ids = mx.array([PROMPT], dtype=mx.int32)
+    ref, _ = load_model(out_dir)
+    pub, _ = load_model(V41_PUBLISHED)
+    assert mx.array_equal(ref(ids), pub(ids)).item(), "published names change the logits"
+
+
 def main():
     only = set(sys.argv[1:])
     GOLDENS.mkdir(parents=True, exist_ok=True)
@@ -1062,6 +1118,8 @@ def main():
         out_dir = build(i, name, model_type, overrides, dtype, quant)
         logits_golden(name, model_type, out_dir)
         cases[f"dense2/{name}"] = cli_golden(out_dir, model_type)
+        if name == "deepseek_v41":
+            published_deepseek_v41(out_dir)
         print(f"{name}: {cases[f'dense2/{name}']['tokens']}", file=sys.stderr)
     cases = {k: cases[k] for k in sorted(cases) if k.removeprefix("dense2/") in CASES}
     golden = {

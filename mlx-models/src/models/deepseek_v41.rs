@@ -1392,17 +1392,124 @@ fn model_args(config: &ModelConfig) -> Result<ModelArgs> {
     Ok(a)
 }
 
+/// `sanitize` for the published checkpoint (DeepSeek's own names: no key starts with
+/// `model.`): vision, aligner, image, MTP and engram tensors and the image router bias go,
+/// names are mapped to mlx-lm's (`_rename`), experts stacked per projection, `wo_a` split
+/// into its output groups. Its fp8/fp4 weights (a `.scale` beside a `.weight`) are refused:
+/// mlx-lm repacks them as mxfp8/mxfp4 under the legacy `quantization_config`, which is not
+/// read here yet.
+fn sanitize(a: &ModelArgs, w: &mut Weights) -> Result<()> {
+    let names = w.names();
+    if names.iter().any(|k| k.starts_with("model.")) {
+        return Ok(());
+    }
+    let has = |k: &str| names.iter().any(|n| n == k);
+    if let Some(k) = names.iter().find(|k| {
+        k.strip_suffix(".scale")
+            .is_some_and(|base| has(&format!("{base}.weight")))
+    }) {
+        return Err(ModelError::Unsupported {
+            what: format!("deepseek_v41 tensor `{k}`"),
+            problem: "fp8/fp4 weights with block scales are not read yet; convert the \
+                      checkpoint with mlx_lm.convert first"
+                .into(),
+        });
+    }
+    let dropped = |k: &str| {
+        ["vision.", "aligner.", "image_", "mtp."]
+            .iter()
+            .any(|p| k.starts_with(p))
+            || k.contains(".engram.")
+            || k.ends_with(".gate.bias_vl")
+    };
+    let mut experts: std::collections::BTreeMap<(usize, &str), Vec<(usize, Array)>> =
+        std::collections::BTreeMap::new();
+    for k in &names {
+        let Some(v) = w.remove(k) else { continue };
+        if dropped(k) {
+            continue;
+        }
+        // `layers.{l}.ffn.experts.{e}.{w1|w2|w3}.weight`
+        let parts: Vec<&str> = k.split('.').collect();
+        if let ["layers", l, "ffn", "experts", e, proj @ ("w1" | "w2" | "w3"), "weight"] =
+            parts.as_slice()
+        {
+            if let (Ok(l), Ok(e)) = (l.parse::<usize>(), e.parse::<usize>()) {
+                let to = match *proj {
+                    "w1" => "gate_proj",
+                    "w2" => "down_proj",
+                    _ => "up_proj",
+                };
+                experts.entry((l, to)).or_default().push((e, v));
+                continue;
+            }
+        }
+        let name = rename(k);
+        let v = if name.ends_with(".o_a_proj.weight") {
+            let last = *v.shape().last().unwrap_or(&0);
+            ops::reshape(&v, &[a.o_groups, -1, last], None)?
+        } else {
+            v
+        };
+        w.insert(name, v);
+    }
+    for ((layer, proj), mut rows) in experts {
+        if rows.len() != a.n_routed_experts as usize {
+            return Err(ModelError::Weights(vec![format!(
+                "layer {layer} has {} {proj} expert weights, but the config declares {} experts",
+                rows.len(),
+                a.n_routed_experts
+            )]));
+        }
+        rows.sort_by_key(|(e, _)| *e);
+        let refs: Vec<&Array> = rows.iter().map(|(_, v)| v).collect();
+        w.insert(
+            format!("model.layers.{layer}.mlp.experts.switch_mlp.{proj}.weight"),
+            ops::stack(&refs, 0, None)?,
+        );
+    }
+    Ok(())
+}
+
+/// `_rename`: one published name to mlx-lm's.
+fn rename(key: &str) -> String {
+    match key {
+        "head.weight" => return "lm_head.weight".into(),
+        "embed.weight" => return "model.embed_tokens.weight".into(),
+        _ => {}
+    }
+    let mut k = format!("model.{key}");
+    for (from, to) in [
+        (".attn.", ".self_attn."),
+        (".ffn.", ".mlp."),
+        (".attn_norm.", ".input_layernorm."),
+        (".ffn_norm.", ".post_attention_layernorm."),
+        (".hc_attn_", ".attn_hc."),
+        (".hc_ffn_", ".ffn_hc."),
+        (".attn_sink", ".sinks"),
+        (".wq_a.", ".q_a_proj."),
+        (".wq_b.", ".q_b_proj."),
+        (".wkv.", ".kv_proj."),
+        (".wgate.", ".gate_proj."),
+        (".wo_a.", ".o_a_proj."),
+        (".wo_b.", ".o_b_proj."),
+        (".q_norm.", ".q_a_norm."),
+        (".compressor.norm.", ".compressor.kv_norm."),
+        (".indexer.wk.", ".indexer.k_proj."),
+        (".gate.bias", ".gate.e_score_correction_bias"),
+        (".shared_experts.w1.", ".shared_experts.gate_proj."),
+        (".shared_experts.w2.", ".shared_experts.down_proj."),
+        (".shared_experts.w3.", ".shared_experts.up_proj."),
+    ] {
+        k = k.replace(from, to);
+    }
+    k
+}
+
 impl Model {
     pub fn load(config: &ModelConfig, w: &mut Weights) -> Result<Model> {
         let a = model_args(config)?;
-        if !w.names().iter().any(|k| k.starts_with("model.")) {
-            return Err(ModelError::Unsupported {
-                what: "deepseek_v41".into(),
-                problem: "the published checkpoint's names and fp8/fp4 packing are not read \
-                          yet; convert it with mlx_lm.convert first"
-                    .into(),
-            });
-        }
+        sanitize(&a, w)?;
         let (d, eps) = (a.hidden_size, a.rms_norm_eps as f32);
         let layers = (0..a.num_hidden_layers as usize)
             .map(|i| {
