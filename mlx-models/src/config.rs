@@ -119,6 +119,9 @@ impl ModelConfig {
             None | Some(Value::Null) => None,
             // BitNet's packed ternary weights: unpacked by its row (descriptor `bitlinear`).
             Some(q) if q.get("quant_method").and_then(Value::as_str) == Some("bitnet") => None,
+            Some(q) if !obj.contains_key("quantization") && legacy_mx(q).is_some() => {
+                Some(QuantConfig::parse(&legacy_mx(q).unwrap_or_default())?)
+            }
             Some(q) => Some(QuantConfig::parse(q)?),
         };
         Ok(ModelConfig {
@@ -133,6 +136,25 @@ impl ModelConfig {
     pub fn args<T: DeserializeOwned>(&self) -> Result<T> {
         parse_args(&self.raw, &self.architecture)
     }
+}
+
+/// mlx-lm's reading of a legacy `quantization_config` whose method is a microscaling format:
+/// `mxfp4`, `mxfp8`, or `fp8` with power-of-two (`ue8m0`) scales over 32x32 blocks, which
+/// stays packed as mxfp8 (DeepSeek V4.1). Each module's own mode is then inferred from its
+/// tensors, as mlx-lm's `infer_quant_config` does.
+fn legacy_mx(q: &Value) -> Option<Value> {
+    let (bits, mode) = match q.get("quant_method").and_then(Value::as_str)? {
+        "mxfp4" => (4, "mxfp4"),
+        "mxfp8" => (8, "mxfp8"),
+        "fp8"
+            if q.get("scale_fmt").and_then(Value::as_str) == Some("ue8m0")
+                && q.get("weight_block_size") == Some(&serde_json::json!([32, 32])) =>
+        {
+            (8, "mxfp8")
+        }
+        _ => return None,
+    };
+    Some(serde_json::json!({"group_size": 32, "bits": bits, "mode": mode}))
 }
 
 /// Float hyper-parameters that are meaningless outside a range (`true`: zero allowed): rope

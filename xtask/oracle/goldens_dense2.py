@@ -15,7 +15,9 @@ user), then record:
   (the format of goldens_cli_models.py, which `mlx-cli/tests/dense2_cli.rs` reads).
 
 deepseek_v41's float32 fixture is also written under the published checkpoint's names
-(mlx-models/tests/models/deepseek_v41_published/, checked to load to the same logits in mlx-lm).
+(mlx-models/tests/models/deepseek_v41_published/, checked to load to the same logits in mlx-lm)
+and, with random fp8/fp4 codes in the published packing, as dense2/deepseek_v41_fp8 (goldens
+as for the cases).
 
 Run with `cargo xtask goldens dense2` (pass case names to regenerate only those; the CLI
 golden keeps the other cases it already holds).
@@ -1106,6 +1108,44 @@ def published_deepseek_v41(out_dir):
     assert mx.array_equal(ref(ids), pub(ids)).item(), "published names change the logits"
 
 
+def packed_deepseek_v41():
+    """The published-names fixture with the published checkpoint's packing: fp8 e4m3 codes
+    with power-of-two (ue8m0, uint8) scales per 32x32 tile for the attention linears, fp4
+    pairs with float32 power-of-two scales per 32 inputs for the experts, and the legacy
+    `quantization_config` (fp8, ue8m0, 32x32 blocks) that mlx-lm reads as mxfp8 (fp4 modules
+    inferred as mxfp4). Random codes (no NaN), seeded. Returns its directory."""
+    w = mx.load(str(V41_PUBLISHED / "model.safetensors"))
+    mx.random.seed(4141)
+    out = {}
+    for k in sorted(w):
+        v = w[k]
+        linear = k.endswith(".weight") and v.ndim == 2 and v.shape[-1] % 32 == 0
+        if linear and ".ffn.experts." in k:
+            rows, cols = v.shape
+            out[k] = mx.random.randint(0, 256, (rows, cols // 2)).astype(mx.uint8)
+            out[k[:-6] + "scale"] = mx.power(
+                2.0, mx.random.randint(-8, -2, (rows, cols // 32)).astype(mx.float32))
+        elif linear and v.shape[0] % 32 == 0 and not k.startswith(("embed", "head")) \
+                and ".gate.weight" not in k:
+            rows, cols = v.shape
+            codes = mx.random.randint(0, 126, (rows, cols)).astype(mx.uint8)
+            signs = mx.random.randint(0, 2, (rows, cols)).astype(mx.uint8) * 128
+            out[k] = codes | signs
+            out[k[:-6] + "scale"] = (
+                mx.random.randint(-10, -4, (rows // 32, cols // 32)) + 127).astype(mx.uint8)
+        else:
+            out[k] = v
+    out_dir = MODELS / "deepseek_v41_fp8"
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.makedirs(out_dir)
+    mx.save_safetensors(str(out_dir / "model.safetensors"), out)
+    config = json.loads((V41_PUBLISHED / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0",
+                                     "weight_block_size": [32, 32], "activation_scheme": "dynamic"}
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    return out_dir
+
+
 def main():
     only = set(sys.argv[1:])
     GOLDENS.mkdir(parents=True, exist_ok=True)
@@ -1120,8 +1160,12 @@ def main():
         cases[f"dense2/{name}"] = cli_golden(out_dir, model_type)
         if name == "deepseek_v41":
             published_deepseek_v41(out_dir)
+            packed = packed_deepseek_v41()
+            logits_golden("deepseek_v41_fp8", model_type, packed)
+            cases["dense2/deepseek_v41_fp8"] = cli_golden(packed, model_type)
         print(f"{name}: {cases[f'dense2/{name}']['tokens']}", file=sys.stderr)
-    cases = {k: cases[k] for k in sorted(cases) if k.removeprefix("dense2/") in CASES}
+    extra = {"deepseek_v41_fp8"}
+    cases = {k: cases[k] for k in sorted(cases) if k.removeprefix("dense2/") in set(CASES) | extra}
     golden = {
         "generator": f"xtask/oracle/goldens_dense2.py mlx={mx.__version__} "
                      f"mlx_lm={__import__('mlx_lm').__version__}",

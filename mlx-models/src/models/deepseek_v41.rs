@@ -1395,25 +1395,25 @@ fn model_args(config: &ModelConfig) -> Result<ModelArgs> {
 /// `sanitize` for the published checkpoint (DeepSeek's own names: no key starts with
 /// `model.`): vision, aligner, image, MTP and engram tensors and the image router bias go,
 /// names are mapped to mlx-lm's (`_rename`), experts stacked per projection, `wo_a` split
-/// into its output groups. Its fp8/fp4 weights (a `.scale` beside a `.weight`) are refused:
-/// mlx-lm repacks them as mxfp8/mxfp4 under the legacy `quantization_config`, which is not
-/// read here yet.
+/// into its output groups, fp8/fp4 weights with their `.scale` repacked as mxfp8/mxfp4
+/// (`_repack`; the legacy `quantization_config` is read as mlx-lm reads it, each module's mode
+/// inferred from its tensors).
 fn sanitize(a: &ModelArgs, w: &mut Weights) -> Result<()> {
     let names = w.names();
     if names.iter().any(|k| k.starts_with("model.")) {
         return Ok(());
     }
     let has = |k: &str| names.iter().any(|n| n == k);
-    if let Some(k) = names.iter().find(|k| {
+    // A `.scale` beside a `.weight` is that weight's block scale, not a tensor of its own.
+    let scale_of = |k: &str| {
         k.strip_suffix(".scale")
             .is_some_and(|base| has(&format!("{base}.weight")))
-    }) {
-        return Err(ModelError::Unsupported {
-            what: format!("deepseek_v41 tensor `{k}`"),
-            problem: "fp8/fp4 weights with block scales are not read yet; convert the \
-                      checkpoint with mlx_lm.convert first"
-                .into(),
-        });
+    };
+    let mut scales: std::collections::HashMap<String, Array> = std::collections::HashMap::new();
+    for k in names.iter().filter(|k| scale_of(k)) {
+        if let Some(v) = w.remove(k) {
+            scales.insert(k.clone(), v);
+        }
     }
     let dropped = |k: &str| {
         ["vision.", "aligner.", "image_", "mtp."]
@@ -1422,13 +1422,17 @@ fn sanitize(a: &ModelArgs, w: &mut Weights) -> Result<()> {
             || k.contains(".engram.")
             || k.ends_with(".gate.bias_vl")
     };
-    let mut experts: std::collections::BTreeMap<(usize, &str), Vec<(usize, Array)>> =
+    type Rows = Vec<(usize, Array, Option<Array>)>;
+    let mut experts: std::collections::BTreeMap<(usize, &str), Rows> =
         std::collections::BTreeMap::new();
     for k in &names {
         let Some(v) = w.remove(k) else { continue };
         if dropped(k) {
             continue;
         }
+        let scale = k
+            .strip_suffix(".weight")
+            .and_then(|base| scales.remove(&format!("{base}.scale")));
         // `layers.{l}.ffn.experts.{e}.{w1|w2|w3}.weight`
         let parts: Vec<&str> = k.split('.').collect();
         if let ["layers", l, "ffn", "experts", e, proj @ ("w1" | "w2" | "w3"), "weight"] =
@@ -1440,17 +1444,30 @@ fn sanitize(a: &ModelArgs, w: &mut Weights) -> Result<()> {
                     "w2" => "down_proj",
                     _ => "up_proj",
                 };
-                experts.entry((l, to)).or_default().push((e, v));
+                experts.entry((l, to)).or_default().push((e, v, scale));
                 continue;
             }
         }
         let name = rename(k);
-        let v = if name.ends_with(".o_a_proj.weight") {
-            let last = *v.shape().last().unwrap_or(&0);
-            ops::reshape(&v, &[a.o_groups, -1, last], None)?
-        } else {
-            v
+        let (mut v, mut scale) = match scale {
+            Some(sc) => {
+                let (v, sc) = repack(&v, &sc)?;
+                (v, Some(sc))
+            }
+            None => (v, None),
         };
+        if name.ends_with(".o_a_proj.weight") {
+            let groups = |x: &Array| -> Result<Array> {
+                let last = *x.shape().last().unwrap_or(&0);
+                Ok(ops::reshape(x, &[a.o_groups, -1, last], None)?)
+            };
+            v = groups(&v)?;
+            scale = scale.as_ref().map(groups).transpose()?;
+        }
+        if let Some(sc) = scale {
+            let base = name.strip_suffix("weight").unwrap_or(&name);
+            w.insert(format!("{base}scales"), sc);
+        }
         w.insert(name, v);
     }
     for ((layer, proj), mut rows) in experts {
@@ -1461,14 +1478,53 @@ fn sanitize(a: &ModelArgs, w: &mut Weights) -> Result<()> {
                 a.n_routed_experts
             )]));
         }
-        rows.sort_by_key(|(e, _)| *e);
-        let refs: Vec<&Array> = rows.iter().map(|(_, v)| v).collect();
-        w.insert(
-            format!("model.layers.{layer}.mlp.experts.switch_mlp.{proj}.weight"),
-            ops::stack(&refs, 0, None)?,
-        );
+        rows.sort_by_key(|(e, _, _)| *e);
+        let name = format!("model.layers.{layer}.mlp.experts.switch_mlp.{proj}");
+        let refs: Vec<&Array> = rows.iter().map(|(_, v, _)| v).collect();
+        let value = ops::stack(&refs, 0, None)?;
+        let scales: Vec<&Array> = rows.iter().filter_map(|(_, _, s)| s.as_ref()).collect();
+        if scales.len() == rows.len() {
+            let (value, sc) = repack(&value, &ops::stack(&scales, 0, None)?)?;
+            w.insert(format!("{name}.scales"), sc);
+            w.insert(format!("{name}.weight"), value);
+        } else if scales.is_empty() {
+            w.insert(format!("{name}.weight"), value);
+        } else {
+            return Err(ModelError::Weights(vec![format!(
+                "layer {layer}: some {proj} experts have block scales and some not"
+            )]));
+        }
     }
     Ok(())
+}
+
+/// `_repack`: an fp8 or fp4 weight and its power-of-two (ue8m0) block scale in MLX's
+/// microscaling layout: the weight's bytes as uint32 words, the scale as its biased exponent
+/// (uint8), one per output row (fp8 keeps one per 32x32 tile: repeated over the rows).
+fn repack(weight: &Array, scale: &Array) -> Result<(Array, Array)> {
+    let mut scale = scale.clone();
+    if scale.dtype() != Dtype::Uint8 {
+        let e = ops::log2(&scale.astype(Dtype::Float32)?, None)?;
+        scale = ops::add(&e, &Scalar::Int(127).to_array_like(e.dtype())?, None)?
+            .astype(Dtype::Uint8)?;
+    }
+    let (ws, ss) = (weight.shape(), scale.shape());
+    if ws.len() < 2 || ss.len() < 2 {
+        return Err(ModelError::Weights(vec![format!(
+            "deepseek_v41: a packed weight {ws:?} with scale {ss:?} (both need 2 or more axes)"
+        )]));
+    }
+    let rows = ws[ws.len() - 2];
+    if ss[ss.len() - 2] != rows {
+        let r = ops::repeat(&scale, 32, -2, None)?;
+        scale = ops::slice_axis(&r, -2, 0, rows, None)?;
+    }
+    if ws.last().copied().unwrap_or(0) * weight.dtype().size() as i32 % 4 != 0 {
+        return Err(ModelError::Weights(vec![format!(
+            "deepseek_v41: a packed weight {ws:?} whose rows are not whole 32-bit words"
+        )]));
+    }
+    Ok((ops::view(weight, Dtype::Uint32, None)?, scale))
 }
 
 /// `_rename`: one published name to mlx-lm's.
