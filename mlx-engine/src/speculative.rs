@@ -558,7 +558,18 @@ pub fn speculative_generate_step<'m>(
             }
             c
         }
-        None => model.make_cache_with_rollback(depth),
+        None => {
+            let c = model.make_cache_with_rollback(depth);
+            // mlx-lm checks its fresh caches too: a cache kind that cannot go back (deepseek_v41's
+            // `LayerCache`) would keep the rejected drafts.
+            if let Some(bad) = c.iter().find(|c| !can_roll_back(c.as_ref())) {
+                return Err(EngineError::Other(format!(
+                    "Speculative decoding requires a trimmable prompt cache (got {})",
+                    bad.class_name()
+                )));
+            }
+            c
+        }
     };
     let mut hidden: Option<Box<dyn HiddenDrafter + 'm>> = None;
     let (draft, propose): (_, Option<DraftFn<'m>>) = match drafter {
@@ -572,7 +583,16 @@ pub fn speculative_generate_step<'m>(
             }
             let dc = match cache {
                 Some(c) => c,
-                None => d.make_cache_with_rollback(depth),
+                None => {
+                    let c = d.make_cache_with_rollback(depth);
+                    if let Some(bad) = c.iter().find(|c| !can_roll_back(c.as_ref())) {
+                        return Err(EngineError::Other(format!(
+                            "Speculative decoding requires a trimmable draft cache (got {})",
+                            bad.class_name()
+                        )));
+                    }
+                    c
+                }
             };
             (Some((d, dc)), None)
         }

@@ -330,9 +330,38 @@ fn draft_models_with_recurrent_state_roll_back_too() {
     }
 }
 
+/// deepseek_v41's `LayerCache`s cannot go back (nor can mlx-lm's): speculative decoding on
+/// fresh caches is refused, as mlx-lm refuses it, instead of keeping rejected drafts.
+#[test]
+fn speculation_refuses_caches_that_cannot_roll_back() {
+    let model = load(&model_dir("dense2/deepseek_v41"));
+    let ids: Vec<i32> = PROMPT.iter().map(|&t| t as i32).collect();
+    let err = match mlx_engine::speculative::speculative_generate_step(
+        &ids,
+        model.as_ref(),
+        None,
+        Drafter::PromptLookup { ngram: 1 },
+        3,
+        GenerateOptions::default(),
+    ) {
+        Ok(_) => panic!("speculated over LayerCaches"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains("requires a trimmable") && err.contains("LayerCache"),
+        "{err}"
+    );
+}
+
 #[test]
 fn prompt_lookup_equals_plain_greedy() {
-    for name in ["dense_f32", "qwen3_next", "dense/gemma3_text"] {
+    // dense2/gemma3n: its KV-shared layers read rotating caches that roll back.
+    for name in [
+        "dense_f32",
+        "qwen3_next",
+        "dense/gemma3_text",
+        "dense2/gemma3n",
+    ] {
         let model = load(&model_dir(name));
         let opts = GenerateOptions {
             max_tokens: Some(40),
