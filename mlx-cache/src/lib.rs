@@ -226,6 +226,18 @@ pub fn enable_rollback(caches: &mut [Box<dyn Cache>], max_rollback: usize) {
 }
 
 /// Builds a cache from its mlx-lm class name and state (mlx-lm's `from_state`).
+/// The cache classes [`cache_from_state`] rebuilds (what a prompt-cache file may hold).
+pub const KNOWN_CLASSES: &[&str] = &[
+    "KVCache",
+    "QuantizedKVCache",
+    "RotatingKVCache",
+    "RotatingQuantizedKVCache",
+    "ChunkedKVCache",
+    "ConcatenateKVCache",
+    "ArraysCache",
+    "CacheList",
+];
+
 pub fn cache_from_state(class: &str, state: StateValue) -> Result<Box<dyn Cache>> {
     Ok(match class {
         "KVCache" => Box::new(KVCache::from_state(state)?),

@@ -60,6 +60,21 @@ pub fn save_prompt_cache(
     caches: &[Box<dyn Cache>],
     metadata: &StringMap,
 ) -> Result<()> {
+    // A file the loader could not read back is refused before anything is written.
+    if let Some((i, c)) = caches
+        .iter()
+        .enumerate()
+        .find(|(_, c)| !crate::KNOWN_CLASSES.contains(&c.class_name()))
+    {
+        return Err(Error::InvalidArgument {
+            op: "save_prompt_cache",
+            message: format!(
+                "layer {i}: a {} cannot be saved to a prompt-cache file (the loader knows {})",
+                c.class_name(),
+                crate::KNOWN_CLASSES.join(", ")
+            ),
+        });
+    }
     let mut arrays = Vec::new();
     let mut scalars = Vec::new();
     for (i, c) in caches.iter().enumerate() {

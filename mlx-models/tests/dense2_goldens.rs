@@ -445,6 +445,14 @@ fn deepseek_v41_caches_are_layer_caches_that_refuse_to_trim() {
     assert!(caches.iter().all(|c| c.offset() == 7 && !c.is_trimmable()));
     assert!(!mlx_cache::can_trim_prompt_cache(&caches));
     assert_eq!(mlx_cache::trim_prompt_cache(&mut caches, 2), 0);
+    // The prompt-cache loader cannot rebuild a LayerCache (nor can mlx-lm's): no file is
+    // written.
+    let file = std::env::temp_dir().join(format!("v41_cache_{}.safetensors", std::process::id()));
+    let err = mlx_cache::save_prompt_cache(&file, &caches, &Default::default())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("LayerCache cannot be saved"), "{err}");
+    assert!(!file.exists());
     let mut wrong = mlx_models::LanguageModel::make_cache(model.as_ref());
     wrong[2] = Box::new(mlx_cache::KVCache::new());
     let err = model
