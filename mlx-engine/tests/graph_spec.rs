@@ -173,8 +173,8 @@ fn other_rows_name_the_reason() {
     for (dir, what) in [
         (d.join("hunyuan_v1_dense"), "q/k norm PerHeadAfterRope"),
         (d.join("olmo2"), "norm placement"),
-        // granite maps (its multipliers); its fixture's heads of 8 do not.
-        (d.join("granite"), "head_dim 8"),
+        // granite maps (its multipliers); its fixture's output and MLP biases do not.
+        (d.join("granite"), "an output, MLP or head bias"),
         // Gemma 2 maps (sandwich norms, soft-caps); its fixture's heads of 8 do not.
         (d.join("gemma2"), "head_dim 8"),
         // phi3 maps (fused projections split); its fixture's heads of 8 do not.
