@@ -11,11 +11,15 @@
 //! projections with or without biases, RoPE from the model's own rope (a base with linear
 //! scaling, or a frequency table: llama3, yarn with its `mscale`, longrope), layers without
 //! RoPE (SmolLM3), grouped-query or multi-query attention with the row's own softmax scale,
-//! SwiGLU, a tied or untied head, per-head q/k RMSNorm before RoPE (Qwen 3, Gemma 3); Gemma's
+//! SwiGLU, a tied or untied head, per-head q/k RMSNorm before RoPE (Qwen 3, Gemma 3), fused
+//! q/k/v and gate/up projections split by rows into views (phi3); Gemma's
 //! `1 + w` RMSNorms, sandwich norms, GeGLU (`gelu_approx`), embedding scale, sliding-window
-//! layers with their own RoPE, attention and logit soft-caps; bfloat16 weights or MLX affine
+//! layers with their own RoPE, attention and logit soft-caps; granite's residual multiplier and
+//! logits scaling (its embedding and attention multipliers are the embedding scale and the
+//! softmax scale); bfloat16 weights or MLX affine
 //! 4/8-bit weights with bfloat16 scales (groups of 32, 64, 128); greedy decoding of one
-//! sequence. Rows: llama, mistral, qwen2, qwen3, smollm3, gemma2, gemma3_text (and the other
+//! sequence. Rows: llama, mistral, qwen2, qwen3, smollm3, phi3, granite, gemma2, gemma3_text (and
+//! the other
 //! rows these knobs describe). The rest give a reason.
 
 use mlx_core::Dtype;
@@ -74,13 +78,18 @@ fn map_descriptor(m: &Model) -> Result<GraphSpec, String> {
         EmbedScale::None => 1.0,
         EmbedScale::Bf16(s) | EmbedScale::Weak(s) => bf16_value(s),
     };
-    // gemma3_text's clip_residual is `x + y` outside float16; the decoder runs bfloat16.
-    if d.residual_multiplier.is_some() {
-        return no("a residual multiplier");
-    }
-    if d.logit_scale != LogitScale::None {
-        return no("a logit scale");
-    }
+    // granite's residual multiplier and logits scaling: weak Python floats, so bfloat16
+    // values against bfloat16 activations (the model multiplies by `m as f32`).
+    let residual_scale = match d.residual_multiplier {
+        None => 0.0,
+        Some(m) if m > 0.0 => half::bf16::from_f32(m as f32).to_f32(),
+        Some(m) => return no(&format!("the residual multiplier {m}")),
+    };
+    let logit_div = match d.logit_scale {
+        LogitScale::None => 0.0,
+        LogitScale::Div(s) if s > 0.0 => half::bf16::from_f32(s as f32).to_f32(),
+        other => return no(&format!("the logit scale {other:?}")),
+    };
     if d.query_scale.is_some() {
         return no("a query scale");
     }
@@ -166,6 +175,8 @@ fn map_descriptor(m: &Model) -> Result<GraphSpec, String> {
         local_rope,
         attn_softcap: softcap(d.attn_logit_softcap),
         final_softcap: softcap(d.final_logit_softcap),
+        residual_scale,
+        logit_div,
     })
 }
 
@@ -235,6 +246,27 @@ fn linear(
         Linear::Adapted(_) => Err(format!("{what}: an adapted (LoRA/DoRA) linear")),
         Linear::Trellis { .. } => Err(format!("{what}: a trellis-coded linear")),
     }
+}
+
+/// Rows `a..b` of a linear layer's arrays (weight, and scales, biases and bias where there are):
+/// slices, views of the loaded model's arrays (a fused projection's parts).
+fn split_rows(l: &GraphLinear, a: usize, b: usize, what: &str) -> Result<GraphLinear, String> {
+    let rows = l.weight.shape().first().copied().unwrap_or(0) as usize;
+    if b > rows {
+        return Err(format!(
+            "{what}: {rows} rows, fewer than the {b} its heads or width need"
+        ));
+    }
+    let cut = |x: &mlx_core::Array| {
+        mlx_core::ops::slice_axis(x, 0, a as i32, b as i32, None)
+            .map_err(|e| format!("{what}: rows {a}..{b}: {e}"))
+    };
+    Ok(GraphLinear {
+        weight: cut(&l.weight)?,
+        scales: l.scales.as_ref().map(cut).transpose()?,
+        biases: l.biases.as_ref().map(cut).transpose()?,
+        bias: l.bias.as_ref().map(cut).transpose()?,
+    })
 }
 
 fn quantized(
@@ -309,8 +341,24 @@ fn map_weights(m: &Model, spec: &mut GraphSpec) -> Result<GraphWeights, String> 
     for i in 0..spec.layers {
         let w = |s: &str| format!("`{t}`: layer {i} {s}");
         let v = m.layer_view(i).ok_or_else(|| w("is missing"))?;
-        let (Some(q), Some(k), Some(vv)) = (v.q, v.k, v.v) else {
-            return Err(w("has a fused q/k/v projection"));
+        // Separate q/k/v projections, or phi3's fused one split by rows (views of its arrays).
+        let (q, k, vv) = match (v.q, v.k, v.v, v.qkv) {
+            (Some(q), Some(k), Some(vv), _) => (
+                linear(q, &w("q_proj"), &mut quant)?,
+                linear(k, &w("k_proj"), &mut quant)?,
+                linear(vv, &w("v_proj"), &mut quant)?,
+            ),
+            (_, _, _, Some(f)) => {
+                let f = linear(f, &w("qkv_proj"), &mut quant)?;
+                let (qn, kn) = (spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim);
+                let part = |a: usize, b: usize| split_rows(&f, a, b, &w("qkv_proj"));
+                (
+                    part(0, qn)?,
+                    part(qn, qn + kn)?,
+                    part(qn + kn, qn + 2 * kn)?,
+                )
+            }
+            _ => return Err(w("has a q/k/v projection laid out per head")),
         };
         if v.head_gate || v.other_qk_norm {
             return Err(w("has a gated or normed attention"));
@@ -344,17 +392,35 @@ fn map_weights(m: &Model, spec: &mut GraphSpec) -> Result<GraphWeights, String> 
                 }
                 _ => return Err(w("has post-norms other than its descriptor's")),
             };
-        let Some((gate, up, down)) = v.mlp.gate_up_down() else {
-            return Err(w("has a fused gate/up projection"));
+        // Separate gate and up projections, or a fused one split in half (phi3).
+        let (gate, up, down) = match (v.mlp.gate_up_down(), v.mlp.fused_gate_up_down()) {
+            (Some((g, u, d)), _) => (
+                linear(g, &w("gate_proj"), &mut quant)?,
+                linear(u, &w("up_proj"), &mut quant)?,
+                d,
+            ),
+            (None, Some((f, up_first, d))) => {
+                let f = linear(f, &w("gate_up_proj"), &mut quant)?;
+                let n = spec.intermediate;
+                let first = split_rows(&f, 0, n, &w("gate_up_proj"))?;
+                let second = split_rows(&f, n, 2 * n, &w("gate_up_proj"))?;
+                let (g, u) = if up_first {
+                    (second, first)
+                } else {
+                    (first, second)
+                };
+                (g, u, d)
+            }
+            _ => return Err(w("has an MLP without gate and up projections")),
         };
         let mut lin = |l: &Linear, s: &str| linear(l, &w(s), &mut quant);
         layers.push(GraphLayer {
-            q: lin(q, "q_proj")?,
-            k: lin(k, "k_proj")?,
-            v: lin(vv, "v_proj")?,
+            q,
+            k,
+            v: vv,
             o: lin(v.o, "o_proj")?,
-            gate: lin(gate, "gate_proj")?,
-            up: lin(up, "up_proj")?,
+            gate,
+            up,
             down: lin(down, "down_proj")?,
             input_norm: rms(v.pre_attn_norm, &w("input norm"))?,
             post_norm: rms(v.pre_mlp_norm, &w("post-attention norm"))?,

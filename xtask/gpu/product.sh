@@ -10,7 +10,8 @@
 # tokenizer fits (GEN_MODELS) `mlx generate` greedy twice with a fresh kernel cache (the second
 # run's kernels come from the on-disk cache; --verbose prints the decoder's build time), sampled
 # (--temp/--top-p/--min-p, seeded) on both decoders, and `mlx chat` (two turns, graph and MLX).
-# Logs and JSON under $OUT.
+# Then, per model of SERVE_MODELS, `mlx serve` and mlx_lm.server under SERVE_CLIENTS streaming
+# clients. Logs and JSON under $OUT.
 set -x
 C=.gpu/c
 export PYTHONUNBUFFERED=1
@@ -20,11 +21,12 @@ mkdir -p /opt/bin && for b in mlx graph_test; do xz -dc $C/$b.xz > /opt/bin/$b &
 MLX=/opt/bin/mlx
 $MLX --version
 if [ -z "$SKIP_TEST" ]; then
+  # TESTS: test names to run (default: all of graph_decode_cuda).
   # The mlx-lm-saved fixtures the test reads (not in the sparse checkout).
   if [ -f $C/fixtures.tar.xz ]; then
     mkdir -p mlx-models/tests/models && tar xJf $C/fixtures.tar.xz -C mlx-models/tests/models
   fi
-  timeout ${TEST_S:-240} /opt/bin/graph_test --test-threads 1 --nocapture 2>&1 | tee $OUT/graph_test.log | tail -30
+  timeout ${TEST_S:-240} /opt/bin/graph_test --test-threads 1 --nocapture $TESTS 2>&1 | tee $OUT/graph_test.log | tail -30
 fi
 M=${MODELS:-llama31-8b-q4 llama-135m-bf16}
 # The 135M directories carry the Llama 3 tokenizer (ids past their vocabulary): bench only.
@@ -52,6 +54,29 @@ for r in $(seq ${ROUNDS:-2}); do
       esac | tee -a $OUT/bench.log | tail -2
     done
   done
+done
+# `mlx serve` and mlx_lm.server, one model each (SERVE_MODELS), C streaming clients
+# (SERVE_CLIENTS), every request exactly SERVE_TOKENS greedy tokens (the Llama 3 tokenizer's
+# EOS ids suppressed), with bench_serve_client.py (carried in .gpu/c).
+serve_bench() {  # NAME PORT COMMAND...
+  local name=$1 port=$2; shift 2
+  setsid "$@" > $OUT/serve_$name.err 2>&1 &
+  local pid=$!
+  for _ in $(seq 300); do
+    python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/health', timeout=2)" 2> /dev/null && break
+    kill -0 $pid 2> /dev/null || break
+    sleep 1
+  done
+  echo "== serve $name" | tee -a $OUT/serve.log
+  timeout ${SERVE_S:-150} python3 $C/bench_serve_client.py http://127.0.0.1:$port \
+    --clients ${SERVE_CLIENTS:-1,16} --max-tokens ${SERVE_TOKENS:-128} --rounds ${SERVE_ROUNDS:-2} \
+    --eos 128001,128008,128009 2>&1 | tee -a $OUT/serve.log
+  kill -- -$pid 2> /dev/null; kill $pid 2> /dev/null; wait $pid 2> /dev/null
+  tail -3 $OUT/serve_$name.err >> $OUT/serve.log
+}
+for m in $SERVE_MODELS; do
+  serve_bench "mlx-$m" 8431 $MLX serve --model /opt/models/$m --port 8431 --max-batch 32 --queue-size 256 --log-level warn
+  serve_bench "mlxlm-$m" 8432 python3 -m mlx_lm server --model /opt/models/$m --port 8432
 done
 rm -rf $MLXS_GPURT_CACHE
 for m in $GM; do

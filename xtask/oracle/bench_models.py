@@ -126,6 +126,23 @@ BASE_GEMMA3_1B_H128 = dict(
     query_pre_attn_scalar=256,
 )
 
+# Qwen3-8B's shape (36 layers, hidden 4,096, 32 heads of 128 over 8 KV heads, per-head q/k
+# norms, intermediate 12,288, a 151,936-token vocabulary, untied), for the GPU.
+BASE_QWEN3_8B = {
+    "model_type": "qwen3",
+    "hidden_size": 4096,
+    "num_hidden_layers": 36,
+    "intermediate_size": 12288,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "rms_norm_eps": 1e-06,
+    "vocab_size": 151936,
+    "rope_theta": 1000000.0,
+    "max_position_embeddings": 40960,
+    "tie_word_embeddings": False,
+}
+
 # name -> (config, dtype, (group_size, bits) or None, direct)
 # `direct`: the quantized tensors are drawn as they are stored (uniform 4-bit codes, scales and
 # biases giving weights of mean 0 and standard deviation 0.02), never as float weights that
@@ -141,6 +158,8 @@ MODELS = {
     "gemma3-1b-h128-bf16": (BASE_GEMMA3_1B_H128, "bfloat16", None, False),
     "llama-8b-q4": (BASE_8B, "bfloat16", (64, 4), True),
     "llama31-8b-q4": (BASE_8B_31, "bfloat16", (64, 4), True),
+    "qwen3-8b-q4": (BASE_QWEN3_8B, "bfloat16", (64, 4), True),
+    "gemma3-1b-h128-q4": (BASE_GEMMA3_1B_H128, "bfloat16", (64, 4), False),
     "llama-8b-q8": (BASE_8B, "bfloat16", (64, 8), False),
     "llama-8b-bf16": (BASE_8B, "bfloat16", None, False),
 }
@@ -200,7 +219,8 @@ def write(out_root, name):
     mx.eval(model.parameters())
     params = dict(tree_flatten(model.parameters()))
     if config["model_type"] == "gemma3_text":
-        params.pop("lm_head.weight")  # tied, as Gemma 3 270M
+        # Tied, as Gemma 3's checkpoints (quantized: its scales and biases too).
+        params = {k: v for k, v in params.items() if not k.startswith("lm_head.")}
     mx.save_safetensors(os.path.join(out_dir, "model.safetensors"), params)
     finish(out_dir, config, n, t0)
 

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use mlx_core::io::save_safetensors;
 use mlx_core::quantized::{quantize, QuantMode};
-use mlx_core::{random, Array, Dtype};
+use mlx_core::{ops, random, Array, Dtype};
 use serde_json::{json, Value};
 
 /// A row: its name, its config's own fields (over a llama-shaped base), and the
@@ -108,6 +108,26 @@ pub fn rows() -> Vec<Row> {
                 "final_logit_softcapping": 3.0}),
             quant: None,
         },
+        Row {
+            name: "granite",
+            // Its four multipliers, away from 1 (the embedding's a bfloat16 value already).
+            config: json!({"model_type": "granite", "embedding_multiplier": 12.0,
+                "attention_multiplier": 0.1, "residual_multiplier": 0.22,
+                "logits_scaling": 8.0, "attention_bias": false, "mlp_bias": false,
+                "max_position_embeddings": 2048}),
+            quant: None,
+        },
+        Row {
+            name: "phi3_longrope_q4",
+            // Fused qkv_proj and gate_up_proj (split by rows into the decoder's parts), half
+            // the head rotated, longrope's long factors and scale (max 2048 over original 64).
+            config: json!({"model_type": "phi3", "hidden_size": 128,
+                "num_attention_heads": 8, "partial_rotary_factor": 0.5,
+                "max_position_embeddings": 2048, "original_max_position_embeddings": 64,
+                "rope_scaling": {"type": "longrope", "short_factor": [1.0, 1.0, 1.0, 1.0],
+                    "long_factor": [1.0, 1.5, 3.0, 6.0]}}),
+            quant: Some((64, 4)),
+        },
     ]
 }
 
@@ -150,6 +170,8 @@ pub fn write(root: &Path, row: &Row) -> PathBuf {
     let mt = row.config["model_type"].as_str().unwrap_or("");
     let bias = mt == "qwen2";
     let qk_norm = mt == "qwen3" || mt == "gemma3_text";
+    // phi3: one qkv_proj (q, k, v rows) and one gate_up_proj (gate, up rows).
+    let phi3 = mt == "phi3";
     // Gemma: norms are `1 + w` (weights near 0), sandwich norms around attention and MLP.
     let gemma = mt.starts_with("gemma");
     let norm_loc = if gemma { 0.0 } else { 1.0 };
@@ -189,8 +211,13 @@ pub fn write(root: &Path, row: &Row) -> PathBuf {
     for i in 0..layers {
         let p = format!("model.layers.{i}");
         let s = 1.0 / (h as f32).sqrt();
+        let mut fused = Vec::new();
         for (x, rows) in [("q", heads * d), ("k", kv * d), ("v", kv * d)] {
             let w = draw(&[rows, h], s, 0.0);
+            if phi3 {
+                fused.push(w);
+                continue;
+            }
             lin(&mut t, format!("{p}.self_attn.{x}_proj"), w);
             if bias {
                 t.push((
@@ -199,11 +226,24 @@ pub fn write(root: &Path, row: &Row) -> PathBuf {
                 ));
             }
         }
+        if phi3 {
+            let w = ops::concatenate(&fused.iter().collect::<Vec<_>>(), 0, None).unwrap();
+            lin(&mut t, format!("{p}.self_attn.qkv_proj"), w);
+            fused.clear();
+        }
         let w = draw(&[h, heads * d], s, 0.0);
         lin(&mut t, format!("{p}.self_attn.o_proj"), w);
         for x in ["gate", "up"] {
             let w = draw(&[inter, h], s, 0.0);
+            if phi3 {
+                fused.push(w);
+                continue;
+            }
             lin(&mut t, format!("{p}.mlp.{x}_proj"), w);
+        }
+        if phi3 {
+            let w = ops::concatenate(&fused.iter().collect::<Vec<_>>(), 0, None).unwrap();
+            lin(&mut t, format!("{p}.mlp.gate_up_proj"), w);
         }
         let w = draw(&[h, inter], 1.0 / (inter as f32).sqrt(), 0.0);
         lin(&mut t, format!("{p}.mlp.down_proj"), w);

@@ -183,6 +183,15 @@ impl Mlp {
         }
     }
 
+    /// A gated MLP's fused gate/up projection (`gate_up_proj`, split in half: `[gate | up]`,
+    /// or `[up | gate]` when the flag is set), and the down projection.
+    pub fn fused_gate_up_down(&self) -> Option<(&Linear, bool, &Linear)> {
+        match &self.gate_up {
+            GateUp::Fused(l) => Some((l, self.up_first, &self.down)),
+            _ => None,
+        }
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub fn load(
         w: &mut Weights,

@@ -109,6 +109,9 @@ pub struct LayerView<'a> {
     pub q: Option<&'a Linear>,
     pub k: Option<&'a Linear>,
     pub v: Option<&'a Linear>,
+    /// The fused q/k/v projection whose rows are q's, then k's, then v's (phi3's
+    /// `qkv_proj`); `None` when they are separate or laid out otherwise.
+    pub qkv: Option<&'a Linear>,
     pub o: &'a Linear,
     /// The layer has a head-wise output gate.
     pub head_gate: bool,
@@ -1327,6 +1330,10 @@ impl Model {
             Qkv::Separate { q, k, v } => (Some(q), Some(k), Some(v)),
             _ => (None, None, None),
         };
+        let qkv = match &a.qkv {
+            Qkv::Fused(l) => Some(l),
+            _ => None,
+        };
         let (q_norm, k_norm) = match &a.qk_norm {
             QkNormLayers::Norm { q, k, .. } => (Some(q), Some(k)),
             _ => (None, None),
@@ -1340,6 +1347,7 @@ impl Model {
             q,
             k,
             v,
+            qkv,
             o: &a.o_proj,
             head_gate: a.gate.is_some(),
             q_norm,
