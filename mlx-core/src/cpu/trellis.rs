@@ -498,6 +498,35 @@ pub fn quantize(
     let (su, sv) = layer_signs(seed, rows, cols);
     let mut wt = w.to_vec();
     incoherent(&mut wt, rows, cols, &su, &sv);
+    encode_rows(spec, &wt, rows, cols, threads)
+}
+
+/// Trellis-codes the rows of a row-major `(rows, cols)` matrix as they are (no incoherence
+/// transform here: [`quantize`] applies its own first, the trellis KV cache its per-token
+/// one): each row divided by its RMS, Viterbi on `threads` threads, then a least-squares
+/// scale per row. Returns `(words (rows, cols * k / 32), scales (rows))`; a row's code
+/// depends on that row only.
+pub fn encode_rows(
+    spec: &TrellisSpec,
+    wt: &[f32],
+    rows: usize,
+    cols: usize,
+    threads: usize,
+) -> Result<(Vec<u32>, Vec<f32>), String> {
+    spec.check_shape(rows, cols)?;
+    if wt.len() != rows * cols {
+        return Err(format!(
+            "trellis encode: {} values for a ({rows}, {cols}) matrix",
+            wt.len()
+        ));
+    }
+    if let Some(i) = wt.iter().position(|v| !v.is_finite()) {
+        return Err(format!(
+            "trellis encode: a non-finite value at ({}, {})",
+            i / cols,
+            i % cols
+        ));
+    }
     let rms: Vec<f32> = wt
         .chunks_exact(cols)
         .map(|r| {

@@ -1,0 +1,561 @@
+//! A trellis-coded KV cache (not in mlx-lm): every token's key and value vector of each head is
+//! coded at `bits` (2, 3 or 4) bits a dimension with the trellis code of the weights
+//! (`mlx_core::cpu::trellis`: tail-biting bit-shift trellis, an `L`-bit state, 1MAD), after a
+//! per-token incoherence transform, and decoded back to a dense array for attention.
+//!
+//! Per token and head, a vector `x` of `head_dim` values is stored as
+//! `t = H (s * (x - c))` coded in one trellis block (`head_dim * bits / 32` words) with a
+//! least-squares scale: `H` the orthonormal Walsh-Hadamard transform over the largest
+//! power-of-two block of `head_dim`, `s` seeded random signs, `c` the head's center (the mean
+//! of the first write's vectors, fixed from then on and stored with the codes: keys carry a
+//! large per-channel offset that would otherwise use most of each token's code). Decoding is
+//! `c + s * H (scale * code)`. A token's code depends only on that token and the center, so
+//! writes in any chunking give the same codes, and [`Cache::trim`] is exact: it drops the last
+//! `n` tokens' codes, leaving the cache that writing only the kept tokens leaves (with the same
+//! first write; trimming everything resets the center).
+//!
+//! The codes live in host memory (`head_dim * bits / 8 + 4` bytes a token and head, against
+//! `2 * head_dim` for a float16 cache); [`Cache::update_and_fetch`] codes the new tokens (the
+//! Viterbi search, on every core) and decodes the whole cache for attention, which receives
+//! [`Kv::Dense`] in the dtype the keys came in: any model's attention runs unchanged.
+
+use mlx_core::cpu::trellis::{self as tq, TrellisSpec};
+use mlx_core::prelude::*;
+
+use crate::mask::{create_attention_mask, AttentionMask};
+use crate::state::StateValue;
+use crate::{seq_of, Cache, Kv};
+
+/// The state window of the cache's trellis when none is given: `L` 8 keeps the Viterbi
+/// search of a token cheap (`2^L` states a dimension).
+pub const DEFAULT_TRELLIS_KV_L: u32 = 8;
+
+/// Seed of the per-dimension signs (keys and values draw their own from it).
+const SIGN_SEED: u64 = 0x7472_656c_6c69_734b;
+
+const CLASS: &str = "TrellisKVCache";
+
+/// Settings of a trellis KV cache: `bits` a dimension (2, 3 or 4) and the state window `l`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TrellisKvSpec {
+    pub bits: u32,
+    pub l: u32,
+}
+
+impl TrellisKvSpec {
+    /// Checks `bits` (2, 3 or 4) and `l` (`bits + 1..=16`).
+    pub fn new(bits: i32, l: u32) -> Result<TrellisKvSpec> {
+        let bad = |message: String| Error::InvalidArgument {
+            op: "TrellisKVCache",
+            message,
+        };
+        let bits = u32::try_from(bits)
+            .ok()
+            .filter(|b| (2..=4).contains(b))
+            .ok_or_else(|| bad(format!("trellis KV bits must be 2, 3 or 4, got {bits}")))?;
+        if l <= bits || l > 16 {
+            return Err(bad(format!(
+                "the trellis state window L must be in {}..=16, got {l}",
+                bits + 1
+            )));
+        }
+        Ok(TrellisKvSpec { bits, l })
+    }
+
+    /// The trellis block for vectors of `dim` values: one block a vector.
+    fn block(self, dim: usize) -> Result<TrellisSpec> {
+        let spec = TrellisSpec {
+            k: self.bits,
+            l: self.l,
+            block: dim,
+        };
+        spec.check().map_err(|e| Error::InvalidArgument {
+            op: "TrellisKVCache",
+            message: format!(
+                "head_dim {dim} cannot be trellis-coded at {} bits as one block: {e}",
+                self.bits
+            ),
+        })?;
+        Ok(spec)
+    }
+}
+
+/// Keys or values: the codes of every `(batch, head)` row's tokens.
+#[derive(Clone, Debug)]
+struct Side {
+    spec: TrellisSpec,
+    dim: usize,
+    /// Per-dimension signs.
+    signs: Vec<f32>,
+    /// `(rows, dim)`: each row's center.
+    center: Vec<f32>,
+    /// Per row: `tokens * words_per_token` words.
+    words: Vec<Vec<u32>>,
+    /// Per row: one scale a token.
+    scales: Vec<Vec<f32>>,
+    dtype: Dtype,
+}
+
+fn threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+fn err(message: String) -> Error {
+    Error::InvalidArgument {
+        op: "TrellisKVCache",
+        message,
+    }
+}
+
+impl Side {
+    fn words_per_token(&self) -> usize {
+        self.spec.block_words()
+    }
+
+    /// An empty side for `rows` rows of `dim`, the center taken from `x` (`(rows, n, dim)`).
+    fn new(spec: TrellisKvSpec, salt: u64, x: &[f32], rows: usize, dim: usize, dtype: Dtype) -> Result<Side> {
+        let block = spec.block(dim)?;
+        let n = x.len() / (rows * dim);
+        let mut center = vec![0.0f32; rows * dim];
+        for r in 0..rows {
+            for d in 0..dim {
+                let s: f64 = (0..n)
+                    .map(|t| f64::from(x[(r * n + t) * dim + d]))
+                    .sum();
+                center[r * dim + d] = (s / n as f64) as f32;
+            }
+        }
+        Ok(Side {
+            spec: block,
+            dim,
+            signs: tq::signs(SIGN_SEED ^ salt, dim),
+            center,
+            words: vec![Vec::new(); rows],
+            scales: vec![Vec::new(); rows],
+            dtype,
+        })
+    }
+
+    /// Codes `x` (`(rows, n, dim)`, host `f32`) and appends it.
+    fn append(&mut self, x: &[f32]) -> Result<()> {
+        let (rows, dim) = (self.words.len(), self.dim);
+        let n = x.len() / (rows * dim);
+        let hb = tq::hadamard_block(dim);
+        let mut t = x.to_vec();
+        for (i, v) in t.chunks_exact_mut(dim).enumerate() {
+            let c = &self.center[(i / n) * dim..(i / n + 1) * dim];
+            for ((v, c), s) in v.iter_mut().zip(c).zip(&self.signs) {
+                *v = (*v - c) * s;
+            }
+            tq::fwht_blocks(v, hb);
+        }
+        let (words, scales) =
+            tq::encode_rows(&self.spec, &t, rows * n, dim, threads()).map_err(err)?;
+        let wpt = self.words_per_token();
+        for r in 0..rows {
+            self.words[r].extend_from_slice(&words[r * n * wpt..(r + 1) * n * wpt]);
+            self.scales[r].extend_from_slice(&scales[r * n..(r + 1) * n]);
+        }
+        Ok(())
+    }
+
+    fn truncate(&mut self, tokens: usize) {
+        let wpt = self.words_per_token();
+        for (w, s) in self.words.iter_mut().zip(&mut self.scales) {
+            w.truncate(tokens * wpt);
+            s.truncate(tokens);
+        }
+    }
+
+    /// The decoded `(batch, heads, tokens, dim)` array in the side's dtype.
+    fn decode(&self, batch: usize, heads: usize, tokens: usize) -> Result<Array> {
+        let dim = self.dim;
+        let hb = tq::hadamard_block(dim);
+        let mut out = vec![0.0f32; batch * heads * tokens * dim];
+        if tokens > 0 {
+            let th = threads();
+            for (r, chunk) in out.chunks_exact_mut(tokens * dim).enumerate() {
+                tq::decode(
+                    &self.spec,
+                    &self.words[r],
+                    &self.scales[r],
+                    tokens,
+                    dim,
+                    th,
+                    chunk,
+                )
+                .map_err(err)?;
+                let c = &self.center[r * dim..(r + 1) * dim];
+                for v in chunk.chunks_exact_mut(dim) {
+                    tq::fwht_blocks(v, hb);
+                    for ((v, c), s) in v.iter_mut().zip(c).zip(&self.signs) {
+                        *v = *v * s + c;
+                    }
+                }
+            }
+        }
+        let shape = [batch as i32, heads as i32, tokens as i32, dim as i32];
+        let a = Array::from_slice(&out, &shape)?;
+        if self.dtype == Dtype::Float32 {
+            Ok(a)
+        } else {
+            a.astype(self.dtype)
+        }
+    }
+
+    fn nbytes(&self) -> usize {
+        let w: usize = self.words.iter().map(Vec::len).sum();
+        let s: usize = self.scales.iter().map(Vec::len).sum();
+        4 * (w + s + self.center.len())
+    }
+
+    /// `[words (B, H, T, wpt) uint32, scales (B, H, T, 1) f32, center (B, H, 1, D) f32]`.
+    fn state(&self, batch: usize, heads: usize, tokens: usize) -> Result<StateValue> {
+        let wpt = self.words_per_token();
+        let (b, h, t) = (batch as i32, heads as i32, tokens as i32);
+        let words: Vec<u32> = self.words.concat();
+        let scales: Vec<f32> = self.scales.concat();
+        Ok(StateValue::List(vec![
+            StateValue::Array(Array::from_slice(&words, &[b, h, t, wpt as i32])?),
+            StateValue::Array(Array::from_slice(&scales, &[b, h, t, 1])?),
+            StateValue::Array(Array::from_slice(&self.center, &[b, h, 1, self.dim as i32])?),
+        ]))
+    }
+
+    fn from_state(
+        v: StateValue,
+        spec: TrellisKvSpec,
+        salt: u64,
+        dtype: Dtype,
+        what: &str,
+    ) -> Result<(Side, [usize; 3])> {
+        let bad = |m: String| Error::InvalidArgument {
+            op: "from_state",
+            message: format!("{CLASS}: {what} {m}"),
+        };
+        let [w, s, c]: [StateValue; 3] = v
+            .list(CLASS, 3)?
+            .try_into()
+            .map_err(|_| bad("must have 3 entries".into()))?;
+        let (w, s, c) = (w.array(CLASS)?, s.array(CLASS)?, c.array(CLASS)?);
+        let (ws, ss, cs) = (w.shape(), s.shape(), c.shape());
+        if ws.len() != 4 || ss.len() != 4 || cs.len() != 4 {
+            return Err(bad(format!(
+                "arrays must be 4-d, got {ws:?}, {ss:?} and {cs:?}"
+            )));
+        }
+        let (b, h, t, dim) = (ws[0], ws[1], ws[2], cs[3]);
+        if dim <= 0 || b <= 0 || h <= 0 || t < 0 {
+            return Err(bad(format!("have impossible shapes {ws:?} and {cs:?}")));
+        }
+        let side_spec = spec.block(dim as usize)?;
+        let wpt = side_spec.block_words() as i32;
+        if ws[3] != wpt || ss != [b, h, t, 1] || cs != [b, h, 1, dim] {
+            return Err(bad(format!(
+                "shapes {ws:?}, {ss:?}, {cs:?} do not fit head_dim {dim} at {} bits \
+                 (words (B, H, T, {wpt}), scales (B, H, T, 1), center (B, H, 1, {dim}))",
+                spec.bits
+            )));
+        }
+        if w.dtype() != Dtype::Uint32 || s.dtype() != Dtype::Float32 || c.dtype() != Dtype::Float32
+        {
+            return Err(bad(format!(
+                "dtypes {}, {}, {}; expected uint32 words, float32 scales and center",
+                w.dtype().name(),
+                s.dtype().name(),
+                c.dtype().name()
+            )));
+        }
+        let (w, s, c) = (w.to_vec::<u32>()?, s.to_vec::<f32>()?, c.to_vec::<f32>()?);
+        if s.iter().chain(&c).any(|v| !v.is_finite()) {
+            return Err(bad("hold a non-finite scale or center".into()));
+        }
+        let rows = (b * h) as usize;
+        let (t, wpt, dim) = (t as usize, wpt as usize, dim as usize);
+        Ok((
+            Side {
+                spec: side_spec,
+                dim,
+                signs: tq::signs(SIGN_SEED ^ salt, dim),
+                center: c,
+                words: (0..rows)
+                    .map(|r| w[r * t * wpt..(r + 1) * t * wpt].to_vec())
+                    .collect(),
+                scales: (0..rows).map(|r| s[r * t..(r + 1) * t].to_vec()).collect(),
+                dtype,
+            },
+            [b as usize, h as usize, t],
+        ))
+    }
+}
+
+/// A KV cache whose keys and values are trellis-coded (see the module documentation).
+#[derive(Clone, Debug)]
+pub struct TrellisKVCache {
+    spec: TrellisKvSpec,
+    keys: Option<Side>,
+    values: Option<Side>,
+    batch: usize,
+    heads: usize,
+    offset: usize,
+}
+
+const KEY_SALT: u64 = 0;
+const VALUE_SALT: u64 = 0x5555_5555_5555_5555;
+
+/// `x` `(B, H, S, D)` as host `f32`, row-major, with its shape.
+fn host(x: &Array, what: &str) -> Result<(Vec<f32>, [usize; 4])> {
+    if !x.dtype().is_floating() {
+        return Err(err(format!(
+            "{what} are {}; expected a floating-point dtype",
+            x.dtype().name()
+        )));
+    }
+    let s = x.shape();
+    let shape = [s[0] as usize, s[1] as usize, s[2] as usize, s[3] as usize];
+    let v = if x.dtype() == Dtype::Float64 {
+        x.astype(Dtype::Float32)?.to_vec::<f32>()?
+    } else {
+        x.to_vec_f32()?
+    };
+    if let Some(i) = v.iter().position(|v| !v.is_finite()) {
+        return Err(err(format!(
+            "{what} hold a non-finite value at flat index {i}; a trellis code needs finite values"
+        )));
+    }
+    Ok((v, shape))
+}
+
+impl TrellisKVCache {
+    /// `bits` 2, 3 or 4 a dimension, state window `l` (see [`TrellisKvSpec::new`]).
+    pub fn new(bits: i32, l: u32) -> Result<Self> {
+        Ok(TrellisKVCache {
+            spec: TrellisKvSpec::new(bits, l)?,
+            keys: None,
+            values: None,
+            batch: 0,
+            heads: 0,
+            offset: 0,
+        })
+    }
+
+    pub fn spec(&self) -> TrellisKvSpec {
+        self.spec
+    }
+
+    /// The centers of keys and values (`(B, H, 1, D)`, float32), once written.
+    pub fn centers(&self) -> Result<Option<(Array, Array)>> {
+        match (&self.keys, &self.values) {
+            (Some(k), Some(v)) => {
+                let (b, h) = (self.batch as i32, self.heads as i32);
+                Ok(Some((
+                    Array::from_slice(&k.center, &[b, h, 1, k.dim as i32])?,
+                    Array::from_slice(&v.center, &[b, h, 1, v.dim as i32])?,
+                )))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Codes `keys`/`values` (a plain cache's contents, `(B, H, S, D)`) into a fresh trellis
+    /// cache: what [`crate::KVCache::to_trellis`] does.
+    pub(crate) fn from_dense(spec: TrellisKvSpec, keys: &Array, values: &Array) -> Result<Self> {
+        let mut c = TrellisKVCache {
+            spec,
+            keys: None,
+            values: None,
+            batch: 0,
+            heads: 0,
+            offset: 0,
+        };
+        c.write(keys, values)?;
+        Ok(c)
+    }
+
+    fn write(&mut self, keys: &Array, values: &Array) -> Result<()> {
+        let n = seq_of(keys, values, "update_and_fetch")?;
+        if n == 0 {
+            return Ok(());
+        }
+        let (k, ks) = host(keys, "keys")?;
+        let (v, vs) = host(values, "values")?;
+        let rows = ks[0] * ks[1];
+        match (&mut self.keys, &mut self.values) {
+            (Some(kside), Some(vside)) => {
+                if ks[0] != self.batch || ks[1] != self.heads || ks[3] != kside.dim || vs[3] != vside.dim {
+                    return Err(err(format!(
+                        "new keys {ks:?} / values {vs:?} do not match the cache's (batch {}, \
+                         heads {}, key dim {}, value dim {})",
+                        self.batch, self.heads, kside.dim, vside.dim
+                    )));
+                }
+                if keys.dtype() != kside.dtype || values.dtype() != vside.dtype {
+                    return Err(err(format!(
+                        "new keys/values are {}/{}, the cache holds {}/{}",
+                        keys.dtype().name(),
+                        values.dtype().name(),
+                        kside.dtype.name(),
+                        vside.dtype.name()
+                    )));
+                }
+                kside.append(&k)?;
+                vside.append(&v)?;
+            }
+            _ => {
+                if keys.dtype() != values.dtype() {
+                    return Err(err(format!(
+                        "keys are {} but values {}; expected one dtype",
+                        keys.dtype().name(),
+                        values.dtype().name()
+                    )));
+                }
+                let mut kside = Side::new(self.spec, KEY_SALT, &k, rows, ks[3], keys.dtype())?;
+                let mut vside = Side::new(self.spec, VALUE_SALT, &v, rows, vs[3], values.dtype())?;
+                kside.append(&k)?;
+                vside.append(&v)?;
+                self.keys = Some(kside);
+                self.values = Some(vside);
+                self.batch = ks[0];
+                self.heads = ks[1];
+            }
+        }
+        self.offset += n;
+        Ok(())
+    }
+
+    pub fn from_state(state: StateValue) -> Result<Self> {
+        let [k, v, o, bits, l, dtype]: [StateValue; 6] = state
+            .list(CLASS, 6)?
+            .try_into()
+            .map_err(|_| err("state must have 6 entries".into()))?;
+        let offset = o.usize(CLASS)?;
+        let bits = bits.int(CLASS)?;
+        let l = l.int(CLASS)?;
+        let spec = TrellisKvSpec::new(
+            i32::try_from(bits).unwrap_or(0),
+            u32::try_from(l).unwrap_or(0),
+        )
+        .map_err(|e| Error::InvalidArgument {
+            op: "from_state",
+            message: format!("{CLASS}: {}", e.message()),
+        })?;
+        let dtype_name = dtype.string(CLASS)?;
+        let dtype = Dtype::from_name(&dtype_name)
+            .filter(|d| d.is_floating())
+            .ok_or_else(|| Error::InvalidArgument {
+                op: "from_state",
+                message: format!("{CLASS}: dtype {dtype_name:?} is not a floating-point dtype"),
+            })?;
+        let mut c = TrellisKVCache {
+            spec,
+            keys: None,
+            values: None,
+            batch: 0,
+            heads: 0,
+            offset: 0,
+        };
+        match (k, v) {
+            (StateValue::None, StateValue::None) => {
+                if offset != 0 {
+                    return Err(err(format!(
+                        "from_state: offset {offset} but no keys or values"
+                    )));
+                }
+            }
+            (k, v) => {
+                let (ks, [b, h, t]) = Side::from_state(k, spec, KEY_SALT, dtype, "keys")?;
+                let (vs, vshape) = Side::from_state(v, spec, VALUE_SALT, dtype, "values")?;
+                if vshape != [b, h, t] || t != offset {
+                    return Err(Error::InvalidArgument {
+                        op: "from_state",
+                        message: format!(
+                            "{CLASS}: keys hold (batch, heads, tokens) {:?}, values {vshape:?}, \
+                             offset {offset}; expected equal and tokens = offset",
+                            [b, h, t]
+                        ),
+                    });
+                }
+                c.keys = Some(ks);
+                c.values = Some(vs);
+                c.batch = b;
+                c.heads = h;
+                c.offset = offset;
+            }
+        }
+        Ok(c)
+    }
+}
+
+impl Cache for TrellisKVCache {
+    fn class_name(&self) -> &'static str {
+        CLASS
+    }
+    fn offset(&self) -> usize {
+        self.offset
+    }
+    fn size(&self) -> usize {
+        self.offset
+    }
+    fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<Kv> {
+        self.write(keys, values)?;
+        self.fetch()?.ok_or_else(|| err("nothing was written".into()))
+    }
+    fn fetch(&self) -> Result<Option<Kv>> {
+        match (&self.keys, &self.values) {
+            (Some(k), Some(v)) => Ok(Some(Kv::Dense {
+                keys: k.decode(self.batch, self.heads, self.offset)?,
+                values: v.decode(self.batch, self.heads, self.offset)?,
+            })),
+            _ => Ok(None),
+        }
+    }
+    fn make_mask(
+        &self,
+        n: usize,
+        window_size: Option<usize>,
+        return_array: bool,
+    ) -> Result<AttentionMask> {
+        create_attention_mask(n, self.offset, return_array, window_size)
+    }
+    fn state(&self) -> StateValue {
+        let side = |s: &Option<Side>| match s {
+            None => StateValue::None,
+            Some(s) => s
+                .state(self.batch, self.heads, self.offset)
+                .unwrap_or(StateValue::None),
+        };
+        let dtype = self.keys.as_ref().map_or(Dtype::Float32, |k| k.dtype);
+        StateValue::List(vec![
+            side(&self.keys),
+            side(&self.values),
+            StateValue::count(self.offset),
+            StateValue::Int(self.spec.bits.into()),
+            StateValue::Int(self.spec.l.into()),
+            StateValue::Str(dtype.name().to_string()),
+        ])
+    }
+    fn is_trimmable(&self) -> bool {
+        true
+    }
+    fn trim(&mut self, n: usize) -> usize {
+        let n = n.min(self.offset);
+        self.offset -= n;
+        if self.offset == 0 {
+            self.keys = None;
+            self.values = None;
+            self.batch = 0;
+            self.heads = 0;
+        } else {
+            for s in [&mut self.keys, &mut self.values].into_iter().flatten() {
+                s.truncate(self.offset);
+            }
+        }
+        n
+    }
+    fn nbytes(&self) -> usize {
+        self.keys.as_ref().map_or(0, Side::nbytes) + self.values.as_ref().map_or(0, Side::nbytes)
+    }
+    fn is_empty(&self) -> bool {
+        self.keys.is_none()
+    }
+}
