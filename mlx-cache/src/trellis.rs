@@ -62,21 +62,38 @@ impl TrellisKvSpec {
         Ok(TrellisKvSpec { bits, l })
     }
 
-    /// The trellis block for vectors of `dim` values: one block a vector.
+    /// The coded length of a vector of `dim` values: `dim` rounded up to a whole number of
+    /// 32-bit words at `bits` a value (64 and 128 stay; 16 at 3 bits codes 32, the padding
+    /// zeros before the transform).
+    fn coded_dim(self, dim: usize) -> usize {
+        let unit = 32 / gcd(self.bits as usize, 32);
+        dim.div_ceil(unit) * unit
+    }
+
+    /// The trellis block for vectors of `dim` values: one block a vector (padded).
     fn block(self, dim: usize) -> Result<TrellisSpec> {
         let spec = TrellisSpec {
             k: self.bits,
             l: self.l,
-            block: dim,
+            block: self.coded_dim(dim),
         };
         spec.check().map_err(|e| Error::InvalidArgument {
             op: "TrellisKVCache",
             message: format!(
-                "head_dim {dim} cannot be trellis-coded at {} bits as one block: {e}",
-                self.bits
+                "head_dim {dim} cannot be trellis-coded at {} bits as one block of {}: {e}",
+                self.bits,
+                self.coded_dim(dim)
             ),
         })?;
         Ok(spec)
+    }
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
     }
 }
 
@@ -84,8 +101,9 @@ impl TrellisKvSpec {
 #[derive(Clone, Debug)]
 struct Side {
     spec: TrellisSpec,
+    /// Values a vector (`head_dim`); `spec.block` of them are coded (zero padding).
     dim: usize,
-    /// Per-dimension signs.
+    /// Per-dimension signs (`spec.block`).
     signs: Vec<f32>,
     /// `(rows, dim)`: each row's center.
     center: Vec<f32>,
@@ -126,9 +144,9 @@ impl Side {
             }
         }
         Ok(Side {
+            signs: tq::signs(SIGN_SEED ^ salt, block.block),
             spec: block,
             dim,
-            signs: tq::signs(SIGN_SEED ^ salt, dim),
             center,
             words: vec![Vec::new(); rows],
             scales: vec![Vec::new(); rows],
@@ -138,19 +156,19 @@ impl Side {
 
     /// Codes `x` (`(rows, n, dim)`, host `f32`) and appends it.
     fn append(&mut self, x: &[f32]) -> Result<()> {
-        let (rows, dim) = (self.words.len(), self.dim);
+        let (rows, dim, cdim) = (self.words.len(), self.dim, self.spec.block);
         let n = x.len() / (rows * dim);
-        let hb = tq::hadamard_block(dim);
-        let mut t = x.to_vec();
-        for (i, v) in t.chunks_exact_mut(dim).enumerate() {
+        let hb = tq::hadamard_block(cdim);
+        let mut t = vec![0.0f32; rows * n * cdim];
+        for (i, (v, x)) in t.chunks_exact_mut(cdim).zip(x.chunks_exact(dim)).enumerate() {
             let c = &self.center[(i / n) * dim..(i / n + 1) * dim];
-            for ((v, c), s) in v.iter_mut().zip(c).zip(&self.signs) {
-                *v = (*v - c) * s;
+            for (((v, x), c), s) in v.iter_mut().zip(x).zip(c).zip(&self.signs) {
+                *v = (x - c) * s;
             }
             tq::fwht_blocks(v, hb);
         }
         let (words, scales) =
-            tq::encode_rows(&self.spec, &t, rows * n, dim, threads()).map_err(err)?;
+            tq::encode_rows(&self.spec, &t, rows * n, cdim, threads()).map_err(err)?;
         let wpt = self.words_per_token();
         for r in 0..rows {
             self.words[r].extend_from_slice(&words[r * n * wpt..(r + 1) * n * wpt]);
@@ -169,27 +187,28 @@ impl Side {
 
     /// The decoded `(batch, heads, tokens, dim)` array in the side's dtype.
     fn decode(&self, batch: usize, heads: usize, tokens: usize) -> Result<Array> {
-        let dim = self.dim;
-        let hb = tq::hadamard_block(dim);
+        let (dim, cdim) = (self.dim, self.spec.block);
+        let hb = tq::hadamard_block(cdim);
         let mut out = vec![0.0f32; batch * heads * tokens * dim];
         if tokens > 0 {
             let th = threads();
+            let mut coded = vec![0.0f32; tokens * cdim];
             for (r, chunk) in out.chunks_exact_mut(tokens * dim).enumerate() {
                 tq::decode(
                     &self.spec,
                     &self.words[r],
                     &self.scales[r],
                     tokens,
-                    dim,
+                    cdim,
                     th,
-                    chunk,
+                    &mut coded,
                 )
                 .map_err(err)?;
                 let c = &self.center[r * dim..(r + 1) * dim];
-                for v in chunk.chunks_exact_mut(dim) {
+                for (o, v) in chunk.chunks_exact_mut(dim).zip(coded.chunks_exact_mut(cdim)) {
                     tq::fwht_blocks(v, hb);
-                    for ((v, c), s) in v.iter_mut().zip(c).zip(&self.signs) {
-                        *v = *v * s + c;
+                    for (((o, v), c), s) in o.iter_mut().zip(&*v).zip(c).zip(&self.signs) {
+                        *o = v * s + c;
                     }
                 }
             }
@@ -274,9 +293,9 @@ impl Side {
         let (t, wpt, dim) = (t as usize, wpt as usize, dim as usize);
         Ok((
             Side {
+                signs: tq::signs(SIGN_SEED ^ salt, side_spec.block),
                 spec: side_spec,
                 dim,
-                signs: tq::signs(SIGN_SEED ^ salt, dim),
                 center: c,
                 words: (0..rows)
                     .map(|r| w[r * t * wpt..(r + 1) * t * wpt].to_vec())
