@@ -53,7 +53,10 @@ pub use persist::{check_compatible, load_prompt_cache, save_prompt_cache};
 pub use rotating::{RotatingKVCache, RotatingQuantizedKVCache};
 pub use state::StateValue;
 pub use store::{QTensor, QuantSpec, Store};
-pub use trellis::{TrellisKVCache, TrellisKvSpec, DEFAULT_TRELLIS_KV_L};
+pub use trellis::{
+    TrellisKVCache, TrellisKvSpec, DEFAULT_TRELLIS_KV_HISTORY, DEFAULT_TRELLIS_KV_L,
+    DEFAULT_TRELLIS_KV_SINK, DEFAULT_TRELLIS_KV_WINDOW,
+};
 
 /// How a cache is quantized with `--kv-bits` (`--kv-mode`): mlx-lm's affine
 /// [`QuantizedKVCache`], or the trellis code of [`TrellisKVCache`] (not in mlx-lm).

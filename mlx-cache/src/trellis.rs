@@ -4,20 +4,28 @@
 //! per-token incoherence transform, and decoded back to a dense array for attention.
 //!
 //! Per token and head, a vector `x` of `head_dim` values is stored as
-//! `t = H (s * (x - c))` coded in one trellis block (`head_dim * bits / 32` words) with a
-//! least-squares scale: `H` the orthonormal Walsh-Hadamard transform over the largest
-//! power-of-two block of `head_dim`, `s` seeded random signs, `c` the head's center (the mean
-//! of the first write's vectors, fixed from then on and stored with the codes: keys carry a
-//! large per-channel offset that would otherwise use most of each token's code). Decoding is
-//! `c + s * H (scale * code)`. A token's code depends only on that token and the center, so
-//! writes in any chunking give the same codes, and [`Cache::trim`] is exact: it drops the last
-//! `n` tokens' codes, leaving the cache that writing only the kept tokens leaves (with the same
-//! first write; trimming everything resets the center).
+//! `t = H (s * (x - c) / g)` coded in one trellis block (`head_dim * bits / 32` words, the
+//! vector zero-padded to whole words) with a least-squares scale: `H` the orthonormal
+//! Walsh-Hadamard transform over the largest power-of-two block, `s` seeded random signs, `c`
+//! the head's center (the mean of the first write's vectors, fixed from then on and stored with
+//! the codes: keys carry a large per-channel offset that would otherwise use most of each
+//! token's code), `g` per-channel divisors (ones unless [`TrellisKvSpec::norm_keys`] /
+//! `norm_values`). Decoding is `c + g * s * H (scale * code)`. Beside the codes, the first
+//! `sink` tokens (the attention sinks) are kept exactly, and the last `window` tokens are read
+//! from exact copies (every token is coded when written; the copies of the last
+//! `window + history` are kept): the recent tokens most queries attend to are not coded.
+//!
+//! A token's code depends only on that token and the center, so writes in any chunking give
+//! the same codes, and [`Cache::trim`] is exact: dropping the last `n` tokens leaves the cache
+//! that writing only the kept tokens leaves (with the same first write; trimming everything
+//! resets the center), as long as `n <= history` keeps the window's exact copies (deeper trims
+//! short of everything are refused: [`Cache::can_trim`]).
 //!
 //! The codes live in host memory (`head_dim * bits / 8 + 4` bytes a token and head, against
-//! `2 * head_dim` for a float16 cache); [`Cache::update_and_fetch`] codes the new tokens (the
-//! Viterbi search, on every core) and decodes the whole cache for attention, which receives
-//! [`Kv::Dense`] in the dtype the keys came in: any model's attention runs unchanged.
+//! `2 * head_dim` for a float16 cache, plus the fixed exact sink and window);
+//! [`Cache::update_and_fetch`] codes the new tokens (the Viterbi search, on every core) and
+//! decodes the whole cache for attention, which receives [`Kv::Dense`] in the dtype the keys
+//! came in: any model's attention runs unchanged.
 
 use mlx_core::cpu::trellis::{self as tq, TrellisSpec};
 use mlx_core::prelude::*;
@@ -30,6 +38,14 @@ use crate::{seq_of, Cache, Kv};
 /// search of a token cheap (`2^L` states a dimension).
 pub const DEFAULT_TRELLIS_KV_L: u32 = 8;
 
+/// Tokens kept exactly when none is given.
+pub const DEFAULT_TRELLIS_KV_SINK: usize = 4;
+/// The exact recent window when none is given (tokens).
+pub const DEFAULT_TRELLIS_KV_WINDOW: usize = 128;
+/// How far a trim may go back with the window staying exact, when not given (a speculative
+/// draft's rejected tokens).
+pub const DEFAULT_TRELLIS_KV_HISTORY: usize = 16;
+
 /// Seed of the per-dimension signs (keys and values draw their own from it).
 const SIGN_SEED: u64 = 0x7472_656c_6c69_734b;
 
@@ -40,6 +56,20 @@ const CLASS: &str = "TrellisKVCache";
 pub struct TrellisKvSpec {
     pub bits: u32,
     pub l: u32,
+    /// The first `sink` tokens are kept exactly (float32), not coded: the attention sink(s)
+    /// most heads attend to, where a coding error moves the most attention mass.
+    pub sink: usize,
+    /// Divide keys (values) channel by channel by their spread in the first write before the
+    /// transform (and multiply back after decoding), so each channel's error follows its
+    /// spread instead of the head's.
+    pub norm_keys: bool,
+    pub norm_values: bool,
+    /// The most recent `window` tokens are read exactly (every token is coded when written;
+    /// the exact copies of the last `window + history` are kept beside the codes).
+    pub window: usize,
+    /// How many tokens a trim may go back while the window stays exact: a deeper trim (short
+    /// of emptying the cache) is refused ([`Cache::can_trim`]).
+    pub history: usize,
 }
 
 impl TrellisKvSpec {
@@ -59,7 +89,30 @@ impl TrellisKvSpec {
                 bits + 1
             )));
         }
-        Ok(TrellisKvSpec { bits, l })
+        Ok(TrellisKvSpec {
+            bits,
+            l,
+            sink: DEFAULT_TRELLIS_KV_SINK,
+            norm_keys: false,
+            norm_values: false,
+            window: DEFAULT_TRELLIS_KV_WINDOW,
+            history: DEFAULT_TRELLIS_KV_HISTORY,
+        })
+    }
+
+    /// The same settings reading the last `window` tokens exactly, trims of up to `history`
+    /// tokens keeping that exact.
+    pub fn with_window(self, window: usize, history: usize) -> TrellisKvSpec {
+        TrellisKvSpec {
+            window,
+            history,
+            ..self
+        }
+    }
+
+    /// The same settings keeping the first `sink` tokens exactly.
+    pub fn with_sink(self, sink: usize) -> TrellisKvSpec {
+        TrellisKvSpec { sink, ..self }
     }
 
     /// The coded length of a vector of `dim` values: `dim` rounded up to a whole number of
@@ -107,10 +160,19 @@ struct Side {
     signs: Vec<f32>,
     /// `(rows, dim)`: each row's center.
     center: Vec<f32>,
+    /// `(rows, dim)`: each row's per-channel divisor (ones without normalization).
+    norm: Vec<f32>,
     /// Per row: `tokens * words_per_token` words.
     words: Vec<Vec<u32>>,
     /// Per row: one scale a token.
     scales: Vec<Vec<f32>>,
+    /// Per row: the first `sink` tokens' vectors, exactly (`min(tokens, sink) * dim`).
+    dense: Vec<Vec<f32>>,
+    sink: usize,
+    /// Per row: exact copies of the last coded tokens (at most `window + history`).
+    recent: Vec<Vec<f32>>,
+    window: usize,
+    history: usize,
     dtype: Dtype,
 }
 
@@ -131,16 +193,41 @@ impl Side {
     }
 
     /// An empty side for `rows` rows of `dim`, the center taken from `x` (`(rows, n, dim)`).
-    fn new(spec: TrellisKvSpec, salt: u64, x: &[f32], rows: usize, dim: usize, dtype: Dtype) -> Result<Side> {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        spec: TrellisKvSpec,
+        salt: u64,
+        normalize: bool,
+        x: &[f32],
+        rows: usize,
+        dim: usize,
+        dtype: Dtype,
+    ) -> Result<Side> {
         let block = spec.block(dim)?;
         let n = x.len() / (rows * dim);
         let mut center = vec![0.0f32; rows * dim];
+        let mut norm = vec![1.0f32; rows * dim];
         for r in 0..rows {
             for d in 0..dim {
-                let s: f64 = (0..n)
-                    .map(|t| f64::from(x[(r * n + t) * dim + d]))
-                    .sum();
+                let s: f64 = (0..n).map(|t| f64::from(x[(r * n + t) * dim + d])).sum();
                 center[r * dim + d] = (s / n as f64) as f32;
+            }
+            if normalize && n > 1 {
+                let sd: Vec<f64> = (0..dim)
+                    .map(|d| {
+                        let c = f64::from(center[r * dim + d]);
+                        let v: f64 = (0..n)
+                            .map(|t| (f64::from(x[(r * n + t) * dim + d]) - c).powi(2))
+                            .sum();
+                        (v / n as f64).sqrt()
+                    })
+                    .collect();
+                let mean = sd.iter().sum::<f64>() / dim as f64;
+                if mean > 0.0 && mean.is_finite() {
+                    for d in 0..dim {
+                        norm[r * dim + d] = sd[d].max(0.05 * mean) as f32;
+                    }
+                }
             }
         }
         Ok(Side {
@@ -148,40 +235,99 @@ impl Side {
             spec: block,
             dim,
             center,
+            norm,
             words: vec![Vec::new(); rows],
             scales: vec![Vec::new(); rows],
+            dense: vec![Vec::new(); rows],
+            sink: spec.sink,
+            recent: vec![Vec::new(); rows],
+            window: spec.window,
+            history: spec.history,
             dtype,
         })
     }
 
-    /// Codes `x` (`(rows, n, dim)`, host `f32`) and appends it.
+    /// Coded tokens held.
+    fn coded(&self) -> usize {
+        self.scales.first().map_or(0, Vec::len)
+    }
+
+    /// Coded tokens whose exact copy is kept.
+    fn recent_len(&self) -> usize {
+        self.recent.first().map_or(0, |v| v.len() / self.dim)
+    }
+
+    /// Whether dropping the last `n` of `tokens` leaves every token of the window exact.
+    fn can_trim(&self, tokens: usize, n: usize) -> bool {
+        let after = tokens.saturating_sub(n).saturating_sub(self.sink);
+        n >= tokens
+            || self.window == 0
+            || self.recent_len() >= n.min(self.coded()) + self.window.min(after)
+    }
+
+    /// Tokens held exactly.
+    fn exact(&self) -> usize {
+        self.dense.first().map_or(0, |d| d.len() / self.dim)
+    }
+
+    /// Appends `x` (`(rows, n, dim)`, host `f32`): the tokens still within the sink as they
+    /// are, the others coded.
     fn append(&mut self, x: &[f32]) -> Result<()> {
         let (rows, dim, cdim) = (self.words.len(), self.dim, self.spec.block);
         let n = x.len() / (rows * dim);
+        let e = n.min(self.sink - self.exact().min(self.sink));
+        for r in 0..rows {
+            self.dense[r].extend_from_slice(&x[r * n * dim..(r * n + e) * dim]);
+        }
+        let m = n - e;
+        if m == 0 {
+            return Ok(());
+        }
         let hb = tq::hadamard_block(cdim);
-        let mut t = vec![0.0f32; rows * n * cdim];
-        for (i, (v, x)) in t.chunks_exact_mut(cdim).zip(x.chunks_exact(dim)).enumerate() {
-            let c = &self.center[(i / n) * dim..(i / n + 1) * dim];
-            for (((v, x), c), s) in v.iter_mut().zip(x).zip(c).zip(&self.signs) {
-                *v = (x - c) * s;
+        let mut t = vec![0.0f32; rows * m * cdim];
+        for (i, v) in t.chunks_exact_mut(cdim).enumerate() {
+            let (r, j) = (i / m, i % m);
+            let x = &x[(r * n + e + j) * dim..(r * n + e + j + 1) * dim];
+            let c = &self.center[r * dim..(r + 1) * dim];
+            let g = &self.norm[r * dim..(r + 1) * dim];
+            for ((((v, x), c), g), s) in v.iter_mut().zip(x).zip(c).zip(g).zip(&self.signs) {
+                *v = (x - c) / g * s;
             }
             tq::fwht_blocks(v, hb);
         }
         let (words, scales) =
-            tq::encode_rows(&self.spec, &t, rows * n, cdim, threads()).map_err(err)?;
+            tq::encode_rows(&self.spec, &t, rows * m, cdim, threads()).map_err(err)?;
         let wpt = self.words_per_token();
+        let keep = (self.window + self.history) * dim;
         for r in 0..rows {
-            self.words[r].extend_from_slice(&words[r * n * wpt..(r + 1) * n * wpt]);
-            self.scales[r].extend_from_slice(&scales[r * n..(r + 1) * n]);
+            self.words[r].extend_from_slice(&words[r * m * wpt..(r + 1) * m * wpt]);
+            self.scales[r].extend_from_slice(&scales[r * m..(r + 1) * m]);
+            if keep > 0 {
+                let rec = &mut self.recent[r];
+                rec.extend_from_slice(&x[(r * n + e) * dim..(r + 1) * n * dim]);
+                if rec.len() > keep {
+                    rec.drain(..rec.len() - keep);
+                }
+            }
         }
         Ok(())
     }
 
     fn truncate(&mut self, tokens: usize) {
         let wpt = self.words_per_token();
-        for (w, s) in self.words.iter_mut().zip(&mut self.scales) {
-            w.truncate(tokens * wpt);
-            s.truncate(tokens);
+        let e = tokens.min(self.sink);
+        let coded = tokens - e;
+        let drop = self.coded().saturating_sub(coded) * self.dim;
+        for ((w, s), (d, rec)) in self
+            .words
+            .iter_mut()
+            .zip(&mut self.scales)
+            .zip(self.dense.iter_mut().zip(&mut self.recent))
+        {
+            w.truncate(coded * wpt);
+            s.truncate(coded);
+            d.truncate(e * self.dim);
+            rec.truncate(rec.len().saturating_sub(drop));
         }
     }
 
@@ -190,26 +336,46 @@ impl Side {
         let (dim, cdim) = (self.dim, self.spec.block);
         let hb = tq::hadamard_block(cdim);
         let mut out = vec![0.0f32; batch * heads * tokens * dim];
+        let e = tokens.min(self.sink);
+        // The last `w` coded tokens are read from their exact copies.
+        let rl = self.recent_len();
+        let w = self.window.min(rl).min(tokens - e);
         if tokens > 0 {
             let th = threads();
-            let mut coded = vec![0.0f32; tokens * cdim];
+            let mut coded = vec![0.0f32; (tokens - e) * cdim];
             for (r, chunk) in out.chunks_exact_mut(tokens * dim).enumerate() {
+                let (exact, chunk) = chunk.split_at_mut(e * dim);
+                exact.copy_from_slice(&self.dense[r][..e * dim]);
+                if tokens == e {
+                    continue;
+                }
                 tq::decode(
                     &self.spec,
                     &self.words[r],
                     &self.scales[r],
-                    tokens,
+                    tokens - e,
                     cdim,
                     th,
                     &mut coded,
                 )
                 .map_err(err)?;
                 let c = &self.center[r * dim..(r + 1) * dim];
-                for (o, v) in chunk.chunks_exact_mut(dim).zip(coded.chunks_exact_mut(cdim)) {
+                let g = &self.norm[r * dim..(r + 1) * dim];
+                for (o, v) in chunk
+                    .chunks_exact_mut(dim)
+                    .zip(coded.chunks_exact_mut(cdim))
+                {
                     tq::fwht_blocks(v, hb);
-                    for (((o, v), c), s) in o.iter_mut().zip(&*v).zip(c).zip(&self.signs) {
-                        *o = v * s + c;
+                    for ((((o, v), c), g), s) in
+                        o.iter_mut().zip(&*v).zip(c).zip(g).zip(&self.signs)
+                    {
+                        *o = v * s * g + c;
                     }
+                }
+                if w > 0 {
+                    let rec = &self.recent[r];
+                    let n = chunk.len();
+                    chunk[n - w * dim..].copy_from_slice(&rec[rec.len() - w * dim..]);
                 }
             }
         }
@@ -222,22 +388,42 @@ impl Side {
         }
     }
 
+    /// Per row its center then its divisors.
+    fn affine(&self) -> Vec<f32> {
+        let d = self.dim;
+        self.center
+            .chunks_exact(d)
+            .zip(self.norm.chunks_exact(d))
+            .flat_map(|(c, g)| c.iter().chain(g).copied())
+            .collect()
+    }
+
     fn nbytes(&self) -> usize {
         let w: usize = self.words.iter().map(Vec::len).sum();
         let s: usize = self.scales.iter().map(Vec::len).sum();
-        4 * (w + s + self.center.len())
+        let d: usize = self.dense.iter().map(Vec::len).sum();
+        let r: usize = self.recent.iter().map(Vec::len).sum();
+        4 * (w + s + d + r + self.center.len() + self.norm.len())
     }
 
-    /// `[words (B, H, T, wpt) uint32, scales (B, H, T, 1) f32, center (B, H, 1, D) f32]`.
+    /// `[words (B, H, T - E, wpt) uint32, scales (B, H, T - E, 1) f32, center (B, H, 1, D)
+    /// f32, exact (B, H, E, D) f32]`, `E = min(T, sink)`.
     fn state(&self, batch: usize, heads: usize, tokens: usize) -> Result<StateValue> {
         let wpt = self.words_per_token();
-        let (b, h, t) = (batch as i32, heads as i32, tokens as i32);
+        let e = tokens.min(self.sink);
+        let (b, h, t) = (batch as i32, heads as i32, (tokens - e) as i32);
+        let d = self.dim as i32;
         let words: Vec<u32> = self.words.concat();
         let scales: Vec<f32> = self.scales.concat();
+        let dense: Vec<f32> = self.dense.concat();
+        let recent: Vec<f32> = self.recent.concat();
+        let rl = self.recent_len() as i32;
         Ok(StateValue::List(vec![
             StateValue::Array(Array::from_slice(&words, &[b, h, t, wpt as i32])?),
             StateValue::Array(Array::from_slice(&scales, &[b, h, t, 1])?),
-            StateValue::Array(Array::from_slice(&self.center, &[b, h, 1, self.dim as i32])?),
+            StateValue::Array(Array::from_slice(&self.affine(), &[b, h, 2, d])?),
+            StateValue::Array(Array::from_slice(&dense, &[b, h, e as i32, d])?),
+            StateValue::Array(Array::from_slice(&recent, &[b, h, rl, d])?),
         ]))
     }
 
@@ -252,15 +438,16 @@ impl Side {
             op: "from_state",
             message: format!("{CLASS}: {what} {m}"),
         };
-        let [w, s, c]: [StateValue; 3] = v
-            .list(CLASS, 3)?
+        let [w, s, c, x, rc]: [StateValue; 5] = v
+            .list(CLASS, 5)?
             .try_into()
-            .map_err(|_| bad("must have 3 entries".into()))?;
+            .map_err(|_| bad("must have 5 entries".into()))?;
         let (w, s, c) = (w.array(CLASS)?, s.array(CLASS)?, c.array(CLASS)?);
-        let (ws, ss, cs) = (w.shape(), s.shape(), c.shape());
-        if ws.len() != 4 || ss.len() != 4 || cs.len() != 4 {
+        let (x, rc) = (x.array(CLASS)?, rc.array(CLASS)?);
+        let (ws, ss, cs, xs) = (w.shape(), s.shape(), c.shape(), x.shape());
+        if ws.len() != 4 || ss.len() != 4 || cs.len() != 4 || xs.len() != 4 {
             return Err(bad(format!(
-                "arrays must be 4-d, got {ws:?}, {ss:?} and {cs:?}"
+                "arrays must be 4-d, got {ws:?}, {ss:?}, {cs:?} and {xs:?}"
             )));
         }
         let (b, h, t, dim) = (ws[0], ws[1], ws[2], cs[3]);
@@ -269,14 +456,39 @@ impl Side {
         }
         let side_spec = spec.block(dim as usize)?;
         let wpt = side_spec.block_words() as i32;
-        if ws[3] != wpt || ss != [b, h, t, 1] || cs != [b, h, 1, dim] {
+        if ws[3] != wpt || ss != [b, h, t, 1] || cs != [b, h, 2, dim] {
             return Err(bad(format!(
                 "shapes {ws:?}, {ss:?}, {cs:?} do not fit head_dim {dim} at {} bits \
-                 (words (B, H, T, {wpt}), scales (B, H, T, 1), center (B, H, 1, {dim}))",
+                 (words (B, H, T, {wpt}), scales (B, H, T, 1), center and divisors (B, H, 2, {dim}))",
                 spec.bits
             )));
         }
-        if w.dtype() != Dtype::Uint32 || s.dtype() != Dtype::Float32 || c.dtype() != Dtype::Float32
+        let e = xs[2];
+        if xs != [b, h, e, dim] || e as usize > spec.sink || (t > 0 && e as usize != spec.sink) {
+            return Err(bad(format!(
+                "exact tokens {xs:?} do not fit (B, H, E, {dim}) with E = min(tokens, sink {}) \
+                 beside {t} coded tokens",
+                spec.sink
+            )));
+        }
+        let rs = rc.shape();
+        let rl = rs.get(2).copied().unwrap_or(-1);
+        if rs.len() != 4
+            || rs != [b, h, rl, dim]
+            || rl > t
+            || rl as usize > spec.window + spec.history
+        {
+            return Err(bad(format!(
+                "exact recent tokens {rs:?} do not fit (B, H, R, {dim}) with R at most the {t} \
+                 coded tokens and window + history {}",
+                spec.window + spec.history
+            )));
+        }
+        if w.dtype() != Dtype::Uint32
+            || rc.dtype() != Dtype::Float32
+            || s.dtype() != Dtype::Float32
+            || c.dtype() != Dtype::Float32
+            || x.dtype() != Dtype::Float32
         {
             return Err(bad(format!(
                 "dtypes {}, {}, {}; expected uint32 words, float32 scales and center",
@@ -286,24 +498,52 @@ impl Side {
             )));
         }
         let (w, s, c) = (w.to_vec::<u32>()?, s.to_vec::<f32>()?, c.to_vec::<f32>()?);
-        if s.iter().chain(&c).any(|v| !v.is_finite()) {
+        let x = x.to_vec::<f32>()?;
+        let rc = rc.to_vec::<f32>()?;
+        if s.iter()
+            .chain(&c)
+            .chain(&x)
+            .chain(&rc)
+            .any(|v| !v.is_finite())
+        {
             return Err(bad("hold a non-finite scale or center".into()));
         }
+        if c.chunks_exact(2 * dim as usize)
+            .any(|a| a[dim as usize..].iter().any(|&g| g <= 0.0))
+        {
+            return Err(bad("hold a channel divisor that is not positive".into()));
+        }
         let rows = (b * h) as usize;
-        let (t, wpt, dim) = (t as usize, wpt as usize, dim as usize);
+        let (t, wpt, dim, e) = (t as usize, wpt as usize, dim as usize, e as usize);
         Ok((
             Side {
                 signs: tq::signs(SIGN_SEED ^ salt, side_spec.block),
                 spec: side_spec,
                 dim,
-                center: c,
+                center: c
+                    .chunks_exact(2 * dim)
+                    .flat_map(|a| a[..dim].to_vec())
+                    .collect(),
+                norm: c
+                    .chunks_exact(2 * dim)
+                    .flat_map(|a| a[dim..].to_vec())
+                    .collect(),
                 words: (0..rows)
                     .map(|r| w[r * t * wpt..(r + 1) * t * wpt].to_vec())
                     .collect(),
                 scales: (0..rows).map(|r| s[r * t..(r + 1) * t].to_vec()).collect(),
+                dense: (0..rows)
+                    .map(|r| x[r * e * dim..(r + 1) * e * dim].to_vec())
+                    .collect(),
+                sink: spec.sink,
+                recent: (0..rows)
+                    .map(|r| rc[r * rl as usize * dim..(r + 1) * rl as usize * dim].to_vec())
+                    .collect(),
+                window: spec.window,
+                history: spec.history,
                 dtype,
             },
-            [b as usize, h as usize, t],
+            [b as usize, h as usize, t + e],
         ))
     }
 }
@@ -348,14 +588,19 @@ fn host(x: &Array, what: &str) -> Result<(Vec<f32>, [usize; 4])> {
 impl TrellisKVCache {
     /// `bits` 2, 3 or 4 a dimension, state window `l` (see [`TrellisKvSpec::new`]).
     pub fn new(bits: i32, l: u32) -> Result<Self> {
-        Ok(TrellisKVCache {
-            spec: TrellisKvSpec::new(bits, l)?,
+        Ok(Self::with_spec(TrellisKvSpec::new(bits, l)?))
+    }
+
+    /// A cache of checked settings (see [`TrellisKvSpec`]).
+    pub fn with_spec(spec: TrellisKvSpec) -> Self {
+        TrellisKVCache {
+            spec,
             keys: None,
             values: None,
             batch: 0,
             heads: 0,
             offset: 0,
-        })
+        }
     }
 
     pub fn spec(&self) -> TrellisKvSpec {
@@ -401,7 +646,11 @@ impl TrellisKVCache {
         let rows = ks[0] * ks[1];
         match (&mut self.keys, &mut self.values) {
             (Some(kside), Some(vside)) => {
-                if ks[0] != self.batch || ks[1] != self.heads || ks[3] != kside.dim || vs[3] != vside.dim {
+                if ks[0] != self.batch
+                    || ks[1] != self.heads
+                    || ks[3] != kside.dim
+                    || vs[3] != vside.dim
+                {
                     return Err(err(format!(
                         "new keys {ks:?} / values {vs:?} do not match the cache's (batch {}, \
                          heads {}, key dim {}, value dim {})",
@@ -428,8 +677,18 @@ impl TrellisKVCache {
                         values.dtype().name()
                     )));
                 }
-                let mut kside = Side::new(self.spec, KEY_SALT, &k, rows, ks[3], keys.dtype())?;
-                let mut vside = Side::new(self.spec, VALUE_SALT, &v, rows, vs[3], values.dtype())?;
+                let sp = self.spec;
+                let mut kside =
+                    Side::new(sp, KEY_SALT, sp.norm_keys, &k, rows, ks[3], keys.dtype())?;
+                let mut vside = Side::new(
+                    sp,
+                    VALUE_SALT,
+                    sp.norm_values,
+                    &v,
+                    rows,
+                    vs[3],
+                    values.dtype(),
+                )?;
                 kside.append(&k)?;
                 vside.append(&v)?;
                 self.keys = Some(kside);
@@ -443,10 +702,12 @@ impl TrellisKVCache {
     }
 
     pub fn from_state(state: StateValue) -> Result<Self> {
-        let [k, v, o, bits, l, dtype]: [StateValue; 6] = state
-            .list(CLASS, 6)?
+        let [k, v, o, bits, l, dtype, sink, window, history]: [StateValue; 9] = state
+            .list(CLASS, 9)?
             .try_into()
-            .map_err(|_| err("state must have 6 entries".into()))?;
+            .map_err(|_| err("state must have 9 entries".into()))?;
+        let sink = sink.usize(CLASS)?;
+        let (window, history) = (window.usize(CLASS)?, history.usize(CLASS)?);
         let offset = o.usize(CLASS)?;
         let bits = bits.int(CLASS)?;
         let l = l.int(CLASS)?;
@@ -457,7 +718,9 @@ impl TrellisKVCache {
         .map_err(|e| Error::InvalidArgument {
             op: "from_state",
             message: format!("{CLASS}: {}", e.message()),
-        })?;
+        })?
+        .with_sink(sink)
+        .with_window(window, history);
         let dtype_name = dtype.string(CLASS)?;
         let dtype = Dtype::from_name(&dtype_name)
             .filter(|d| d.is_floating())
@@ -517,7 +780,8 @@ impl Cache for TrellisKVCache {
     }
     fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<Kv> {
         self.write(keys, values)?;
-        self.fetch()?.ok_or_else(|| err("nothing was written".into()))
+        self.fetch()?
+            .ok_or_else(|| err("nothing was written".into()))
     }
     fn fetch(&self) -> Result<Option<Kv>> {
         match (&self.keys, &self.values) {
@@ -551,13 +815,27 @@ impl Cache for TrellisKVCache {
             StateValue::Int(self.spec.bits.into()),
             StateValue::Int(self.spec.l.into()),
             StateValue::Str(dtype.name().to_string()),
+            StateValue::count(self.spec.sink),
+            StateValue::count(self.spec.window),
+            StateValue::count(self.spec.history),
         ])
     }
     fn is_trimmable(&self) -> bool {
         true
     }
+    fn can_trim(&self, n: usize) -> bool {
+        match &self.keys {
+            Some(k) => k.can_trim(self.offset, n.min(self.offset)),
+            None => true,
+        }
+    }
+    /// Refused (0, unchanged) where the exact window would lose tokens it needs (deeper than
+    /// `history`, short of emptying the cache).
     fn trim(&mut self, n: usize) -> usize {
         let n = n.min(self.offset);
+        if !self.can_trim(n) {
+            return 0;
+        }
         self.offset -= n;
         if self.offset == 0 {
             self.keys = None;

@@ -60,6 +60,7 @@ proptest! {
             Box::new(ChunkedKVCache::new(1 << 20)),
             Box::new(BatchKVCache::new(&[0])),
             Box::new(TrellisKVCache::new(3, 6).unwrap()),
+            Box::new(TrellisKVCache::with_spec(coded(3, 6))),
         ];
         for c in caches.iter_mut() {
             let mut expected = 0usize;
@@ -611,13 +612,14 @@ proptest! {
     /// chunking after the same first write give the same state.
     #[test]
     fn trellis_trim_equals_writing_only_the_kept_tokens(
-        bits in 2i32..=4,
+        bits in 2i32..=4, sink in 0usize..4,
         writes in prop::collection::vec(prop_oneof![3 => Just(1usize), 1 => 2usize..9], 1..10),
         n in 0usize..20, then in 1usize..4,
     ) {
         let total: usize = writes.iter().sum();
         let n = n.min(total);
-        let make = || -> Box<dyn Cache> { Box::new(TrellisKVCache::new(bits, 6).unwrap()) };
+        let spec = coded(bits, 6).with_sink(sink);
+        let make = || -> Box<dyn Cache> { Box::new(TrellisKVCache::with_spec(spec)) };
         let mut a = make();
         tfeed(a.as_mut(), &writes);
         prop_assert_eq!(a.trim(n), n);
@@ -664,7 +666,7 @@ proptest! {
     fn trellis_decodes_close_to_the_written_values(
         bits in 2i32..=4, n in 1usize..40, half in any::<bool>(),
     ) {
-        let mut c = TrellisKVCache::new(bits, 8).unwrap();
+        let mut c = TrellisKVCache::with_spec(coded(bits, 8));
         let (k, v) = (gaussian(0, n, 1), gaussian(0, n, 2));
         let (k, v) = if half {
             (k.astype(Dtype::Float16).unwrap(), v.astype(Dtype::Float16).unwrap())
@@ -686,8 +688,18 @@ proptest! {
         let mut plain = KVCache::new();
         write_kv(&mut plain, &k, &v);
         let t = plain.to_trellis(bits, 8).unwrap();
-        same_state(&t, &c)?;
+        prop_assert_eq!(t.spec(), TrellisKvSpec::new(bits, 8).unwrap());
+        let (tk, tv) = dense(&t.fetch().unwrap().unwrap());
+        let mut d = TrellisKVCache::new(bits, 8).unwrap();
+        let (dk2, dv2) = dense(&d.update_and_fetch(&k, &v).unwrap());
+        eq(&tk, &dk2)?;
+        eq(&tv, &dv2)?;
     }
+}
+
+/// Settings with no exact recent window (every token past the sink read from its code).
+fn coded(bits: i32, l: u32) -> TrellisKvSpec {
+    TrellisKvSpec::new(bits, l).unwrap().with_window(0, 0)
 }
 
 fn write_kv(c: &mut dyn Cache, k: &Array, v: &Array) {
@@ -696,7 +708,7 @@ fn write_kv(c: &mut dyn Cache, k: &Array, v: &Array) {
 
 #[test]
 fn trellis_state_round_trips_and_bad_settings_are_errors() {
-    let mut c = TrellisKVCache::new(3, 8).unwrap();
+    let mut c = TrellisKVCache::with_spec(coded(3, 8));
     tfeed(&mut c, &[5, 1, 1]);
     let back = cache_from_state("TrellisKVCache", c.state()).unwrap();
     same_state(&c, back.as_ref()).unwrap();
@@ -704,9 +716,14 @@ fn trellis_state_round_trips_and_bad_settings_are_errors() {
     for (p, q) in x.arrays().iter().zip(y.arrays()) {
         assert_bit_equal(p, q).unwrap();
     }
-    // Codes take 3 bits a value plus a float32 scale a token and head, plus the centers.
+    // Codes take 3 bits a value plus a float32 scale a token and head, plus the centers and
+    // the first 4 tokens exactly.
     let per_token = (D as usize * 3 / 32 + 1) * 4;
-    assert_eq!(c.nbytes(), 2 * H as usize * (7 * per_token + D as usize * 4));
+    let exact = DEFAULT_TRELLIS_KV_SINK * D as usize * 4;
+    assert_eq!(
+        c.nbytes(),
+        2 * H as usize * (3 * per_token + exact + 2 * D as usize * 4)
+    );
     let dir = std::env::temp_dir().join(format!("trellis_kv_{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("c.safetensors");
@@ -720,7 +737,7 @@ fn trellis_state_round_trips_and_bad_settings_are_errors() {
     }
     // head_dim 40 at 3 bits is not a whole number of words: coded padded to 64, decoded back
     // to 40 (a constant vector is its own center: decoded exactly).
-    let mut c = TrellisKVCache::new(3, 8).unwrap();
+    let mut c = TrellisKVCache::with_spec(coded(3, 8).with_sink(0));
     let x = Array::from_slice(&[0.5f32; 40], &[1, 1, 1, 40]).unwrap();
     let (k, _) = dense(&c.update_and_fetch(&x, &x).unwrap());
     assert_bit_equal(&k, &x).unwrap();
@@ -729,4 +746,57 @@ fn trellis_state_round_trips_and_bad_settings_are_errors() {
     let x = Array::from_slice(&[f32::NAN; 32], &[1, 1, 1, 32]).unwrap();
     assert!(c.update_and_fetch(&x, &x).is_err());
     assert!(c.is_empty());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// With an exact recent window the trellis cache reads the last `window` tokens exactly;
+    /// a trim of up to `history` tokens leaves what writing only the kept tokens gives (the
+    /// same decoded keys and values, the same future); a deeper one (short of everything) is
+    /// refused when it would leave the window short of exact tokens.
+    #[test]
+    fn trellis_window_reads_recent_tokens_exactly_and_trims_within_history(
+        window in 1usize..6, history in 0usize..4, sink in 0usize..3,
+        writes in prop::collection::vec(prop_oneof![3 => Just(1usize), 1 => 2usize..7], 1..10),
+        n in 0usize..12,
+    ) {
+        let total: usize = writes.iter().sum();
+        let n = n.min(total);
+        let spec = TrellisKvSpec::new(3, 6).unwrap().with_sink(sink).with_window(window, history);
+        let make = || -> Box<dyn Cache> { Box::new(TrellisKVCache::with_spec(spec)) };
+        let mut a = make();
+        tfeed(a.as_mut(), &writes);
+        // The last min(window, total - sink) tokens come back exactly.
+        let (k, _) = dense(&a.fetch().unwrap().unwrap());
+        let exact = window.min(total.saturating_sub(sink)) + sink.min(total);
+        let all = gaussian(0, total, 1);
+        let tail = |x: &Array, from: usize| slice_seq(x, from as i32, total as i32);
+        eq(&tail(&k, total - window.min(total.saturating_sub(sink))), &tail(&all, total - window.min(total.saturating_sub(sink))))?;
+        prop_assert!(exact <= total);
+        let before = a.boxed_clone();
+        let trimmed = a.trim(n);
+        if n <= history || n == total || total - n <= sink {
+            prop_assert_eq!(trimmed, n);
+        }
+        if trimmed == 0 && n > 0 {
+            same_state(a.as_ref(), before.as_ref())?;
+            return Ok(());
+        }
+        let kept = total - n;
+        if kept == 0 || kept < writes[0] {
+            return Ok(());
+        }
+        let mut b = make();
+        tfeed(b.as_mut(), &prefix_writes(&writes, kept));
+        let mut t = kept;
+        for step in 0..3 {
+            let w = if step == 2 { 3 } else { 1 };
+            let (x, y) = (twrite(a.as_mut(), t, w), twrite(b.as_mut(), t, w));
+            for (p, q) in x.arrays().iter().zip(y.arrays()) {
+                eq(p, q)?;
+            }
+            t += w;
+        }
+    }
 }

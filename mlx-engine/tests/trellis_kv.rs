@@ -16,11 +16,13 @@
 //! ```
 //!
 //! `TRELLIS_KV_TOKENS` (default 4096), `TRELLIS_KV_CHUNK` (512) and `TRELLIS_KV_BITS` (3)
-//! change the run; every row is printed.
+//! change the run; `TRELLIS_KV_ROWS` (e.g. `3:8:0:0:0:0,3:12:4:1:0:64`: bits, L, exact
+//! sink tokens, per-channel normalization of keys and of values (0/1), exact recent window of
+//! each extra row) adds rows, printed and not gated; `TRELLIS_KV_NO_GATE=1` runs only the plain row and those.
 
 use std::path::PathBuf;
 
-use mlx_cache::{Cache, KvMode};
+use mlx_cache::{Cache, KvMode, TrellisKVCache, TrellisKvSpec};
 use mlx_core::prelude::*;
 use mlx_engine::generate::{
     generate_step, make_prompt_cache, maybe_quantize_kv_cache, GenerateOptions,
@@ -65,13 +67,18 @@ fn caches(model: &dyn LanguageModel, mode: Option<(KvMode, i32)>) -> Vec<Box<dyn
     c
 }
 
+fn plain_layers(model: &dyn LanguageModel) -> usize {
+    make_prompt_cache(model, None).unwrap().len()
+}
+
 fn tiny() -> Box<dyn LanguageModel> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../mlx-models/tests/models/dense_f32");
+    let dir =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../mlx-models/tests/models/dense_f32");
     load_model_dir(&dir, &LoadOptions::default()).unwrap().0
 }
 
 /// The tiny llama (head_dim 16, coded padded to 32 at 3 bits) teacher-forced through a trellis
-/// cache: every layer's cache is a `TrellisKVCache`, chunking changes nothing (a token's code
+/// cache without its exact window: every layer's cache is a `TrellisKVCache`, chunking changes nothing (a token's code
 /// depends on the token and the first write's center only, and the first chunk is the same),
 /// and the perplexity stays near the plain cache's. Then `generate_step` with the options.
 #[test]
@@ -80,8 +87,15 @@ fn trellis_cache_runs_the_tiny_model_and_stays_near_the_plain_cache() {
     let ids: Vec<i32> = (0..97).map(|i| (i * 37 + 11) % 128).collect();
     let mut plain = caches(model.as_ref(), None);
     let (p, n) = nll(model.as_ref(), &ids, 32, &mut plain);
+    // Every token past the sink read from its code (no exact window), so coding shows.
+    let coded = |bits: i32| -> Vec<Box<dyn Cache>> {
+        let spec = TrellisKvSpec::new(bits, 8).unwrap().with_window(0, 0);
+        (0..plain_layers(model.as_ref()))
+            .map(|_| Box::new(TrellisKVCache::with_spec(spec)) as Box<dyn Cache>)
+            .collect()
+    };
     for bits in [2, 3, 4] {
-        let mut t = caches(model.as_ref(), Some((KvMode::Trellis, bits)));
+        let mut t = coded(bits);
         let (q, m) = nll(model.as_ref(), &ids, 32, &mut t);
         assert_eq!(n, m);
         assert!(t.iter().all(|c| c.class_name() == "TrellisKVCache"));
@@ -93,7 +107,7 @@ fn trellis_cache_runs_the_tiny_model_and_stays_near_the_plain_cache() {
             "{bits} bits: {pq} vs {pp}"
         );
         // Same first chunk, then other chunk sizes: the same codes, the same logits.
-        let mut u = caches(model.as_ref(), Some((KvMode::Trellis, bits)));
+        let mut u = coded(bits);
         let first = Array::from_slice(&ids[..32], &[1, 32]).unwrap();
         model.forward(&first, Some(&mut u)).unwrap();
         let rest: Vec<i32> = ids[32..ids.len() - 1].to_vec();
@@ -103,12 +117,18 @@ fn trellis_cache_runs_the_tiny_model_and_stays_near_the_plain_cache() {
             last = Some(model.forward(&x, Some(&mut u)).unwrap());
         }
         let x = Array::from_slice(&ids[64..96], &[1, 32]).unwrap();
-        let mut v = caches(model.as_ref(), Some((KvMode::Trellis, bits)));
+        let mut v = coded(bits);
         model
-            .forward(&Array::from_slice(&ids[..32], &[1, 32]).unwrap(), Some(&mut v))
+            .forward(
+                &Array::from_slice(&ids[..32], &[1, 32]).unwrap(),
+                Some(&mut v),
+            )
             .unwrap();
         model
-            .forward(&Array::from_slice(&ids[32..64], &[1, 32]).unwrap(), Some(&mut v))
+            .forward(
+                &Array::from_slice(&ids[32..64], &[1, 32]).unwrap(),
+                Some(&mut v),
+            )
             .unwrap();
         let whole = model.forward(&x, Some(&mut v)).unwrap();
         let tail = ops::slice_axis(&whole, 1, 31, 32, None).unwrap();
@@ -117,6 +137,14 @@ fn trellis_cache_runs_the_tiny_model_and_stays_near_the_plain_cache() {
         let last = ops::slice_axis(&last, 1, n_last - 1, n_last, None).unwrap();
         mlx_core::testing::assert_bit_equal(&last, &tail).unwrap();
     }
+    // maybe_quantize_kv_cache turns the plain caches into trellis ones of the default spec.
+    let t = caches(model.as_ref(), Some((KvMode::Trellis, 3)));
+    assert!(t.iter().all(|c| c
+        .as_any()
+        .downcast_ref::<TrellisKVCache>()
+        .is_some_and(
+            |c| c.spec() == TrellisKvSpec::new(3, mlx_cache::DEFAULT_TRELLIS_KV_L).unwrap()
+        )));
     // Through generate_step, quantizing from the start.
     let opts = GenerateOptions {
         max_tokens: Some(6),
@@ -157,6 +185,7 @@ fn smollm2_trellis3_cache_within_one_percent_at_4k() {
     let tokens = env_usize("TRELLIS_KV_TOKENS", 4096);
     let chunk = env_usize("TRELLIS_KV_CHUNK", 512);
     let bits = env_usize("TRELLIS_KV_BITS", 3) as i32;
+    let gate = std::env::var("TRELLIS_KV_NO_GATE").is_err();
     let opts = LoadOptions {
         dtype: Some(Dtype::Float32),
     };
@@ -174,10 +203,11 @@ fn smollm2_trellis3_cache_within_one_percent_at_4k() {
     assert!(ids.len() > tokens, "the text has {} tokens", ids.len());
     let ids = &ids[..tokens + 1];
     let mut rows = Vec::new();
-    for (name, mode) in [
-        ("plain".to_string(), None),
-        (format!("trellis-{bits}"), Some((KvMode::Trellis, bits))),
-    ] {
+    let mut kinds = vec![("plain".to_string(), None)];
+    if gate {
+        kinds.push((format!("trellis-{bits}"), Some((KvMode::Trellis, bits))));
+    }
+    for (name, mode) in kinds {
         let t = std::time::Instant::now();
         let mut c = caches(model.as_ref(), mode);
         let (s, n) = nll(model.as_ref(), ids, chunk, &mut c);
@@ -189,6 +219,35 @@ fn smollm2_trellis3_cache_within_one_percent_at_4k() {
             t.elapsed().as_secs_f64()
         );
         rows.push(ppl);
+    }
+    for row in std::env::var("TRELLIS_KV_ROWS")
+        .unwrap_or_default()
+        .split(',')
+    {
+        let f: Vec<usize> = row.split(':').filter_map(|v| v.parse().ok()).collect();
+        let [b, l, sink, nk, nv, window] = f[..] else {
+            continue;
+        };
+        let mut spec = TrellisKvSpec::new(b as i32, l as u32)
+            .unwrap()
+            .with_sink(sink)
+            .with_window(window, 0);
+        spec.norm_keys = nk == 1;
+        spec.norm_values = nv == 1;
+        let t = std::time::Instant::now();
+        let mut c: Vec<Box<dyn Cache>> = (0..plain_layers(model.as_ref()))
+            .map(|_| Box::new(TrellisKVCache::with_spec(spec)) as Box<dyn Cache>)
+            .collect();
+        let (s, n) = nll(model.as_ref(), ids, chunk, &mut c);
+        let ppl = (s / n as f64).exp();
+        eprintln!(
+            "trellis bits {b} L {l} sink {sink} norm keys {nk} values {nv} window {window}: perplexity {ppl:.4} ({:+.3}% vs plain), {:.0} s",
+            (ppl / rows[0] - 1.0) * 100.0,
+            t.elapsed().as_secs_f64()
+        );
+    }
+    if !gate {
+        return;
     }
     let gap = rows[1] / rows[0] - 1.0;
     eprintln!("trellis-{bits} vs plain: {:+.3}%", gap * 100.0);
