@@ -2057,15 +2057,13 @@ impl Worker<'_> {
     /// `maybe_quantize_kv_cache` after a forward pass, with `--kv-bits`.
     fn quantize(&self, caches: &mut [Box<dyn Cache>]) -> Result<()> {
         match &self.config.kv {
-            Some(k) => {
-                maybe_quantize_kv_cache(
-                    caches,
-                    k.quantized_kv_start,
-                    k.kv_group_size,
-                    k.kv_bits,
-                    k.kv_mode,
-                )
-            }
+            Some(k) => maybe_quantize_kv_cache(
+                caches,
+                k.quantized_kv_start,
+                k.kv_group_size,
+                k.kv_bits,
+                k.kv_mode,
+            ),
             None => Ok(()),
         }
     }
