@@ -708,7 +708,7 @@ fn write_kv(c: &mut dyn Cache, k: &Array, v: &Array) {
 
 #[test]
 fn trellis_state_round_trips_and_bad_settings_are_errors() {
-    let mut c = TrellisKVCache::with_spec(coded(3, 8));
+    let mut c = TrellisKVCache::with_spec(coded(3, 8).with_sink(4));
     tfeed(&mut c, &[5, 1, 1]);
     let back = cache_from_state("TrellisKVCache", c.state()).unwrap();
     same_state(&c, back.as_ref()).unwrap();
@@ -719,7 +719,7 @@ fn trellis_state_round_trips_and_bad_settings_are_errors() {
     // Codes take 3 bits a value plus a float32 scale a token and head, plus the centers and
     // the first 4 tokens exactly.
     let per_token = (D as usize * 3 / 32 + 1) * 4;
-    let exact = DEFAULT_TRELLIS_KV_SINK * D as usize * 4;
+    let exact = 4 * D as usize * 4;
     assert_eq!(
         c.nbytes(),
         2 * H as usize * (3 * per_token + exact + 2 * D as usize * 4)
