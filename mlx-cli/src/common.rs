@@ -59,7 +59,7 @@ pub struct KvArgs {
     pub quantized_kv_start: u64,
     /// How --kv-bits quantizes the KV cache: `affine` (mlx-lm's QuantizedKVCache) or
     /// `trellis` (2, 3 or 4 bits: each key and value vector trellis-coded, decoded for
-    /// attention; the first 4 tokens and the last 128 read exactly; not in mlx-lm).
+    /// attention; the first 32 tokens and the last 256 read exactly; not in mlx-lm).
     #[arg(long, default_value = "affine", value_parser = ["affine", "trellis"])]
     pub kv_mode: String,
 }
