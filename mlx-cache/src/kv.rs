@@ -305,6 +305,21 @@ impl KVCache {
         })
     }
 
+    /// Codes the filled prefix into a [`TrellisKVCache`] of `bits` and state window `l`.
+    pub fn to_trellis(&self, bits: i32, l: u32) -> Result<crate::TrellisKVCache> {
+        let spec = crate::TrellisKvSpec::new(bits, l)?;
+        if self.buf.keys.is_none() || self.buf.offset == 0 {
+            return crate::TrellisKVCache::new(bits, l);
+        }
+        match self.buf.fetch()? {
+            (Store::Dense(k), Store::Dense(v)) => crate::TrellisKVCache::from_dense(spec, &k, &v),
+            _ => Err(Error::InvalidArgument {
+                op: "to_trellis",
+                message: "the cache holds quantized data".into(),
+            }),
+        }
+    }
+
     pub fn from_state(state: StateValue) -> Result<Self> {
         let [k, v, o]: [StateValue; 3] = array3(state.list("KVCache", 3)?)?;
         let (keys, values) = kv_from_state(k, v, "KVCache", false)?;

@@ -10,6 +10,7 @@
 //! | [`QuantizedKVCache`] | `QuantizedKVCache` | affine-quantized triples |
 //! | [`RotatingKVCache`] | `RotatingKVCache` | sliding window with `keep`; checked [`RotatingKVCache::rollback`]; optional history so `trim` works after wrapping |
 //! | [`RotatingQuantizedKVCache`] | none | what mlx-lm's `RotatingKVCache.to_quantized` refuses |
+//! | [`TrellisKVCache`] | none | trellis-coded keys and values (2-4 bits), decoded for attention |
 //! | [`ChunkedKVCache`] | `ChunkedKVCache` | |
 //! | [`ConcatenateKVCache`] | `ConcatenateKVCache` | |
 //! | [`ArraysCache`] | `ArraysCache` | recurrent state (conv + SSM), snapshot / restore |
@@ -35,6 +36,7 @@ mod rotating;
 mod seq;
 mod state;
 mod store;
+mod trellis;
 
 use std::any::Any;
 
@@ -51,6 +53,48 @@ pub use persist::{check_compatible, load_prompt_cache, save_prompt_cache};
 pub use rotating::{RotatingKVCache, RotatingQuantizedKVCache};
 pub use state::StateValue;
 pub use store::{QTensor, QuantSpec, Store};
+pub use trellis::{
+    TrellisKVCache, TrellisKvSpec, DEFAULT_TRELLIS_KV_HISTORY, DEFAULT_TRELLIS_KV_L,
+    DEFAULT_TRELLIS_KV_SINK, DEFAULT_TRELLIS_KV_WINDOW,
+};
+
+/// How a cache is quantized with `--kv-bits` (`--kv-mode`): mlx-lm's affine
+/// [`QuantizedKVCache`], or the trellis code of [`TrellisKVCache`] (not in mlx-lm).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvMode {
+    #[default]
+    Affine,
+    Trellis,
+}
+
+impl KvMode {
+    /// `"affine"` or `"trellis"`.
+    pub fn parse(s: &str) -> Result<KvMode> {
+        match s {
+            "affine" => Ok(KvMode::Affine),
+            "trellis" => Ok(KvMode::Trellis),
+            other => Err(Error::InvalidArgument {
+                op: "kv_mode",
+                message: format!("unknown KV cache mode {other:?} (known: affine, trellis)"),
+            }),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KvMode::Affine => "affine",
+            KvMode::Trellis => "trellis",
+        }
+    }
+
+    /// Checks `bits` (and for affine `group_size`) as the cache of this mode will.
+    pub fn check(self, group_size: i32, bits: i32) -> Result<()> {
+        match self {
+            KvMode::Affine => QuantSpec::new(group_size, bits).map(|_| ()),
+            KvMode::Trellis => TrellisKvSpec::new(bits, DEFAULT_TRELLIS_KV_L).map(|_| ()),
+        }
+    }
+}
 
 /// Keys and values as a cache returns them for attention.
 #[derive(Clone, Debug)]
@@ -248,13 +292,14 @@ pub fn cache_from_state(class: &str, state: StateValue) -> Result<Box<dyn Cache>
         "ConcatenateKVCache" => Box::new(ConcatenateKVCache::from_state(state)?),
         "ArraysCache" => Box::new(ArraysCache::from_state(state)?),
         "CacheList" => Box::new(CacheList::from_state(state)?),
+        "TrellisKVCache" => Box::new(TrellisKVCache::from_state(state)?),
         other => {
             return Err(Error::InvalidArgument {
                 op: "cache_from_state",
                 message: format!(
                     "unknown cache class {other:?} (known: KVCache, QuantizedKVCache, \
                      RotatingKVCache, RotatingQuantizedKVCache, ChunkedKVCache, \
-                     ConcatenateKVCache, ArraysCache, CacheList)"
+                     ConcatenateKVCache, ArraysCache, CacheList, TrellisKVCache)"
                 ),
             })
         }

@@ -5,7 +5,8 @@
 //! (`"2.<n>.0"` = key, `"2.<n>.1"` = `scalar` | `string` | `none`).
 //!
 //! A file written by mlx-lm loads here and one written here loads in mlx-lm, except for
-//! [`crate::RotatingQuantizedKVCache`], which mlx-lm does not have.
+//! [`crate::RotatingQuantizedKVCache`] and [`crate::TrellisKVCache`], which mlx-lm does not
+//! have.
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -59,6 +59,8 @@ proptest! {
             Box::new(ConcatenateKVCache::new()),
             Box::new(ChunkedKVCache::new(1 << 20)),
             Box::new(BatchKVCache::new(&[0])),
+            Box::new(TrellisKVCache::new(3, 6).unwrap()),
+            Box::new(TrellisKVCache::with_spec(coded(3, 6))),
         ];
         for c in caches.iter_mut() {
             let mut expected = 0usize;
@@ -562,4 +564,239 @@ fn a_wrapped_rotating_cache_without_history_refuses_and_so_does_the_prompt_cache
     );
     assert_eq!(trim_prompt_cache(&mut caches, 3), 3);
     assert_eq!(caches[1].offset(), 3);
+}
+
+/// Seeded pseudo-Gaussian `(1, H, n, D)` rows (token `start + i`'s row depends only on the
+/// token), with a per-channel offset as keys have.
+fn gaussian(start: usize, n: usize, salt: u64) -> Array {
+    let mut data = Vec::with_capacity(H as usize * n * D as usize);
+    for h in 0..H as u64 {
+        for t in start as u64..(start + n) as u64 {
+            let mut z = (salt ^ (h << 40) ^ t).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            for d in 0..D {
+                // Sum of 4 uniforms, centered: roughly Gaussian, variance 1/3.
+                let mut s = 0.0f32;
+                for _ in 0..4 {
+                    z ^= z << 13;
+                    z ^= z >> 7;
+                    z ^= z << 17;
+                    s += (z >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+                }
+                data.push(s + if d % 7 == 0 { 4.0 } else { 0.0 });
+            }
+        }
+    }
+    Array::from_slice(&data, &[1, H, n as i32, D]).unwrap()
+}
+
+fn twrite(c: &mut dyn Cache, start: usize, n: usize) -> Kv {
+    c.update_and_fetch(&gaussian(start, n, 1), &gaussian(start, n, 2))
+        .unwrap()
+}
+
+fn tfeed(c: &mut dyn Cache, writes: &[usize]) {
+    let mut t = 0;
+    for &w in writes {
+        twrite(c, t, w);
+        t += w;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// The trellis cache's trim contract: a token's code depends only on the token and the
+    /// center fixed by the first write, so trimming `n` tokens leaves exactly the cache that
+    /// writing only the kept tokens (the same first write, the last write cut short) leaves,
+    /// with the same future; trimming everything leaves a fresh cache. Writes in another
+    /// chunking after the same first write give the same state.
+    #[test]
+    fn trellis_trim_equals_writing_only_the_kept_tokens(
+        bits in 2i32..=4, sink in 0usize..4,
+        writes in prop::collection::vec(prop_oneof![3 => Just(1usize), 1 => 2usize..9], 1..10),
+        n in 0usize..20, then in 1usize..4,
+    ) {
+        let total: usize = writes.iter().sum();
+        let n = n.min(total);
+        let spec = coded(bits, 6).with_sink(sink);
+        let make = || -> Box<dyn Cache> { Box::new(TrellisKVCache::with_spec(spec)) };
+        let mut a = make();
+        tfeed(a.as_mut(), &writes);
+        prop_assert_eq!(a.trim(n), n);
+        prop_assert_eq!(a.offset(), total - n);
+        let kept = total - n;
+        let mut b = make();
+        if kept == 0 {
+            prop_assert!(a.is_empty());
+        } else if kept >= writes[0] {
+            tfeed(b.as_mut(), &prefix_writes(&writes, kept));
+            same_state(a.as_ref(), b.as_ref())?;
+        } else {
+            // The first write was cut: the center stays the one it fixed.
+            return Ok(());
+        }
+        // The same future, one token at a time, then a longer write.
+        let mut t = kept;
+        for _ in 0..then {
+            let (x, y) = (twrite(a.as_mut(), t, 1), twrite(b.as_mut(), t, 1));
+            for (p, q) in x.arrays().iter().zip(y.arrays()) {
+                eq(p, q)?;
+            }
+            t += 1;
+        }
+        twrite(a.as_mut(), t, 3);
+        twrite(b.as_mut(), t, 3);
+        same_state(a.as_ref(), b.as_ref())?;
+        // Another chunking of the same tokens after the same first write.
+        let mut c = make();
+        let first = if kept == 0 { 1 } else { writes[0] };
+        twrite(c.as_mut(), 0, first);
+        for p in first..t + 3 {
+            twrite(c.as_mut(), p, 1);
+        }
+        if kept > 0 {
+            same_state(a.as_ref(), c.as_ref())?;
+        }
+    }
+
+    /// Decoded keys and values are close to what was written (relative mean squared error
+    /// bounds per bit width, well above what the code gives on these rows), in the dtype
+    /// written, and `KVCache::to_trellis` codes like one first write of the same tokens.
+    #[test]
+    fn trellis_decodes_close_to_the_written_values(
+        bits in 2i32..=4, n in 1usize..40, half in any::<bool>(),
+    ) {
+        let mut c = TrellisKVCache::with_spec(coded(bits, 8));
+        let (k, v) = (gaussian(0, n, 1), gaussian(0, n, 2));
+        let (k, v) = if half {
+            (k.astype(Dtype::Float16).unwrap(), v.astype(Dtype::Float16).unwrap())
+        } else {
+            (k, v)
+        };
+        let (dk, dv) = dense(&c.update_and_fetch(&k, &v).unwrap());
+        prop_assert_eq!(dk.dtype(), k.dtype());
+        prop_assert_eq!(dk.shape(), k.shape());
+        let bound = [0.0, 0.0, 0.15, 0.05, 0.015][bits as usize];
+        for (x, y) in [(&k, &dk), (&v, &dv)] {
+            let (x, y) = (x.to_vec_f32().unwrap(), y.to_vec_f32().unwrap());
+            // Error relative to each row's spread around the center (the part coded).
+            let mean: f32 = x.iter().sum::<f32>() / x.len() as f32;
+            let var: f32 = x.iter().map(|a| (a - mean) * (a - mean)).sum::<f32>();
+            let err: f32 = x.iter().zip(&y).map(|(a, b)| (a - b) * (a - b)).sum::<f32>();
+            prop_assert!(err / var < bound, "{bits} bits: relative error {}", err / var);
+        }
+        let mut plain = KVCache::new();
+        write_kv(&mut plain, &k, &v);
+        let t = plain.to_trellis(bits, 8).unwrap();
+        prop_assert_eq!(t.spec(), TrellisKvSpec::new(bits, 8).unwrap());
+        let (tk, tv) = dense(&t.fetch().unwrap().unwrap());
+        let mut d = TrellisKVCache::new(bits, 8).unwrap();
+        let (dk2, dv2) = dense(&d.update_and_fetch(&k, &v).unwrap());
+        eq(&tk, &dk2)?;
+        eq(&tv, &dv2)?;
+    }
+}
+
+/// Settings with no exact recent window (every token past the sink read from its code).
+fn coded(bits: i32, l: u32) -> TrellisKvSpec {
+    TrellisKvSpec::new(bits, l).unwrap().with_window(0, 0)
+}
+
+fn write_kv(c: &mut dyn Cache, k: &Array, v: &Array) {
+    c.update_and_fetch(k, v).unwrap();
+}
+
+#[test]
+fn trellis_state_round_trips_and_bad_settings_are_errors() {
+    let mut c = TrellisKVCache::with_spec(coded(3, 8).with_sink(4));
+    tfeed(&mut c, &[5, 1, 1]);
+    let back = cache_from_state("TrellisKVCache", c.state()).unwrap();
+    same_state(&c, back.as_ref()).unwrap();
+    let (x, y) = (c.fetch().unwrap().unwrap(), back.fetch().unwrap().unwrap());
+    for (p, q) in x.arrays().iter().zip(y.arrays()) {
+        assert_bit_equal(p, q).unwrap();
+    }
+    // Codes take 3 bits a value plus a float32 scale a token and head, plus the centers and
+    // the first 4 tokens exactly.
+    let per_token = (D as usize * 3 / 32 + 1) * 4;
+    let exact = 4 * D as usize * 4;
+    assert_eq!(
+        c.nbytes(),
+        2 * H as usize * (3 * per_token + exact + 2 * D as usize * 4)
+    );
+    let dir = std::env::temp_dir().join(format!("trellis_kv_{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("c.safetensors");
+    let caches: Vec<Box<dyn Cache>> = vec![Box::new(c.clone())];
+    save_prompt_cache(&path, &caches, &Default::default()).unwrap();
+    let (loaded, _) = load_prompt_cache(&path).unwrap();
+    same_state(&c, loaded[0].as_ref()).unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    for (bits, l) in [(1, 8), (5, 8), (3, 3), (3, 17)] {
+        assert!(TrellisKVCache::new(bits, l).is_err(), "{bits} {l}");
+    }
+    // head_dim 40 at 3 bits is not a whole number of words: coded padded to 64, decoded back
+    // to 40 (a constant vector is its own center: decoded exactly).
+    let mut c = TrellisKVCache::with_spec(coded(3, 8).with_sink(0));
+    let x = Array::from_slice(&[0.5f32; 40], &[1, 1, 1, 40]).unwrap();
+    let (k, _) = dense(&c.update_and_fetch(&x, &x).unwrap());
+    assert_bit_equal(&k, &x).unwrap();
+    let mut c = TrellisKVCache::new(3, 8).unwrap();
+    // Non-finite values are refused.
+    let x = Array::from_slice(&[f32::NAN; 32], &[1, 1, 1, 32]).unwrap();
+    assert!(c.update_and_fetch(&x, &x).is_err());
+    assert!(c.is_empty());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// With an exact recent window the trellis cache reads the last `window` tokens exactly;
+    /// a trim of up to `history` tokens leaves what writing only the kept tokens gives (the
+    /// same decoded keys and values, the same future); a deeper one (short of everything) is
+    /// refused when it would leave the window short of exact tokens.
+    #[test]
+    fn trellis_window_reads_recent_tokens_exactly_and_trims_within_history(
+        window in 1usize..6, history in 0usize..4, sink in 0usize..3,
+        writes in prop::collection::vec(prop_oneof![3 => Just(1usize), 1 => 2usize..7], 1..10),
+        n in 0usize..12,
+    ) {
+        let total: usize = writes.iter().sum();
+        let n = n.min(total);
+        let spec = TrellisKvSpec::new(3, 6).unwrap().with_sink(sink).with_window(window, history);
+        let make = || -> Box<dyn Cache> { Box::new(TrellisKVCache::with_spec(spec)) };
+        let mut a = make();
+        tfeed(a.as_mut(), &writes);
+        // The last min(window, total - sink) tokens come back exactly.
+        let (k, _) = dense(&a.fetch().unwrap().unwrap());
+        let exact = window.min(total.saturating_sub(sink)) + sink.min(total);
+        let all = gaussian(0, total, 1);
+        let tail = |x: &Array, from: usize| slice_seq(x, from as i32, total as i32);
+        eq(&tail(&k, total - window.min(total.saturating_sub(sink))), &tail(&all, total - window.min(total.saturating_sub(sink))))?;
+        prop_assert!(exact <= total);
+        let before = a.boxed_clone();
+        let trimmed = a.trim(n);
+        if n <= history || n == total || total - n <= sink {
+            prop_assert_eq!(trimmed, n);
+        }
+        if trimmed == 0 && n > 0 {
+            same_state(a.as_ref(), before.as_ref())?;
+            return Ok(());
+        }
+        let kept = total - n;
+        if kept == 0 || kept < writes[0] {
+            return Ok(());
+        }
+        let mut b = make();
+        tfeed(b.as_mut(), &prefix_writes(&writes, kept));
+        let mut t = kept;
+        for step in 0..3 {
+            let w = if step == 2 { 3 } else { 1 };
+            let (x, y) = (twrite(a.as_mut(), t, w), twrite(b.as_mut(), t, w));
+            for (p, q) in x.arrays().iter().zip(y.arrays()) {
+                eq(p, q)?;
+            }
+            t += w;
+        }
+    }
 }

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use clap::Parser;
-use mlx_cache::QuantizedKVCache;
+use mlx_cache::{KvMode, QuantizedKVCache};
 use mlx_models::load::ModelInfo;
 
 use crate::cache_prompt::CachePromptArgs;
@@ -253,11 +253,25 @@ fn check_sampling(temp: f64, top_p: f64, min_p: f64, xtc_p: f64, xtc_t: f64) -> 
     Ok(())
 }
 
-/// `--kv-bits` and `--kv-group-size` as the quantized cache checks them.
+/// `--kv-bits`, `--kv-group-size` and `--kv-mode` as the quantized cache checks them.
 fn check_kv(kv: &KvArgs) -> Result<(), String> {
-    if let Some(bits) = kv.kv_bits {
-        QuantizedKVCache::new(kv.kv_group_size, bits)
-            .map_err(|e| format!("--kv-bits {bits} --kv-group-size {}: {e}", kv.kv_group_size))?;
+    check_kv_mode(kv.mode(), kv.kv_bits, kv.kv_group_size)
+}
+
+fn check_kv_mode(mode: KvMode, bits: Option<i32>, group_size: i32) -> Result<(), String> {
+    match (bits, mode) {
+        (Some(bits), KvMode::Affine) => {
+            QuantizedKVCache::new(group_size, bits)
+                .map_err(|e| format!("--kv-bits {bits} --kv-group-size {group_size}: {e}"))?;
+        }
+        (Some(bits), KvMode::Trellis) => {
+            mode.check(group_size, bits)
+                .map_err(|e| format!("--kv-bits {bits} --kv-mode trellis: {e}"))?;
+        }
+        (None, KvMode::Trellis) => {
+            return Err("--kv-mode trellis needs --kv-bits (2, 3 or 4)".into());
+        }
+        (None, KvMode::Affine) => {}
     }
     Ok(())
 }
@@ -283,10 +297,8 @@ fn check_output_file(flag: &str, p: &str) -> Result<(), String> {
 
 /// `mlx serve`'s KV cache options and `--max-n` (issue #36's block of server options).
 fn check_serve_cache(a: &mlx_server::ServeArgs) -> Result<(), String> {
-    if let Some(bits) = a.kv_bits {
-        QuantizedKVCache::new(a.kv_group_size, bits)
-            .map_err(|e| format!("--kv-bits {bits} --kv-group-size {}: {e}", a.kv_group_size))?;
-    }
+    let mode = KvMode::parse(&a.kv_mode).map_err(|e| format!("--kv-mode: {e}"))?;
+    check_kv_mode(mode, a.kv_bits, a.kv_group_size)?;
     if a.max_kv_size == Some(0) {
         return Err("--max-kv-size must be at least 1".into());
     }

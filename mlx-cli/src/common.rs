@@ -57,6 +57,11 @@ pub struct KvArgs {
     /// With --kv-bits, start quantizing the KV cache from this step onwards.
     #[arg(long, default_value_t = DEFAULT_QUANTIZED_KV_START as u64)]
     pub quantized_kv_start: u64,
+    /// How --kv-bits quantizes the KV cache: `affine` (mlx-lm's QuantizedKVCache) or
+    /// `trellis` (2, 3 or 4 bits: each key and value vector trellis-coded, decoded for
+    /// attention; the first 32 tokens and the last 256 read exactly; not in mlx-lm).
+    #[arg(long, default_value = "affine", value_parser = ["affine", "trellis"])]
+    pub kv_mode: String,
 }
 
 impl KvArgs {
@@ -67,6 +72,12 @@ impl KvArgs {
         opts.kv_bits = self.kv_bits;
         opts.kv_group_size = self.kv_group_size;
         opts.quantized_kv_start = self.quantized_kv_start as usize;
+        opts.kv_mode = self.mode();
+    }
+
+    /// `--kv-mode` (clap admits only the known names).
+    pub fn mode(&self) -> mlx_cache::KvMode {
+        mlx_cache::KvMode::parse(&self.kv_mode).unwrap_or_default()
     }
 }
 

@@ -180,6 +180,18 @@ pub(crate) fn load_cache_file(path: &str, a: &GenerateArgs) -> Result<CacheFile,
             ));
         }
     }
+    if let Some(t) = caches
+        .first()
+        .and_then(|c| c.as_any().downcast_ref::<mlx_cache::TrellisKVCache>())
+    {
+        if a.kv.kv_bits.is_some_and(|b| b != t.spec().bits as i32) {
+            return Err(format!(
+                "{path}: --kv-bits does not match the trellis kv cache loaded from \
+                 --prompt-cache-file ({} bits)",
+                t.spec().bits
+            ));
+        }
+    }
     Ok(CacheFile {
         caches,
         model: metadata.get("model").cloned(),

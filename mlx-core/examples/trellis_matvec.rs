@@ -41,11 +41,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .wrapping_add(1442695040888963407);
         (z >> 40) as f32 / (1u64 << 24) as f32 - 0.5
     };
-    let mut tot = [0f64; 6];
+    let mut tot = [0f64; 7];
     println!(
-        "isa {:?}, trellis SIMD {}, {threads} threads, L {l}",
+        "isa {:?}, trellis SIMD {}, table path {}, {threads} threads, L {l}",
         ctx1.isa,
-        mlx_core::cpu::trellis::simd_available()
+        mlx_core::cpu::trellis::simd_available(),
+        mlx_core::cpu::trellis::lut_available() && l <= 8
     );
     // (rows, cols, per layer): q/o, k/v, gate/up, down.
     for (rows, cols, per_layer) in [(576, 576, 2), (192, 576, 2), (1536, 576, 2), (576, 1536, 1)] {
@@ -64,6 +65,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let bi: Vec<f16> = (0..groups).map(|_| f16::from_f32(unit() * 0.1)).collect();
         let m = Matrix::affine(&aw, Floats::F16(&sc), Floats::F16(&bi), rows, cols, 4, 64)?;
         let plan = TrellisMatvec::new(&spec, cols)?;
+        let gather = plan.clone().without_table();
         let mut out = vec![0f32; rows];
         let reps = 200;
         let affine = |ctx: &CpuContext, out: &mut Vec<f32>| {
@@ -91,6 +93,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             plan.rows(&words, &scales, std::hint::black_box(&x), 0, &mut out)
                 .expect("trellis")
         });
+        let tg = best(reps, || {
+            gather
+                .rows(&words, &scales, std::hint::black_box(&x), 0, &mut out)
+                .expect("trellis")
+        });
         let tn = best(reps, || {
             plan.par(
                 &ctxn.pool,
@@ -112,16 +119,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             matmul_t(&ctxn, std::hint::black_box(&x), 1, &mut jobs).expect("trellis");
         });
         println!(
-            "{rows}x{cols}: affine-4 {a1} ns ({threads} threads {an}), trellis-3 first kernel {old} ns, fused {t1} ns ({threads} threads {tn}, decoder's whole product {dn}); fused/affine {:.2}x",
+            "{rows}x{cols}: affine-4 {a1} ns ({threads} threads {an}), trellis-3 first kernel {old} ns, fused {t1} ns (window-gather path {tg} ns; {threads} threads {tn}, decoder's whole product {dn}); fused/affine {:.2}x",
             t1 as f64 / a1 as f64
         );
-        for (s, v) in tot.iter_mut().zip([a1, an, old, t1, tn, dn]) {
+        for (s, v) in tot.iter_mut().zip([a1, an, old, t1, tn, dn, tg]) {
             *s += (v * per_layer) as f64 * 30.0 / 1e6;
         }
     }
     println!(
-        "30 layers' linears, one token: affine-4 {:.2} ms (one thread), {:.2} ms ({threads}); trellis-3 first kernel {:.2} ms, fused {:.2} ms (one thread), {:.2} ms ({threads}), the decoder's whole products {:.2} ms ({threads})",
-        tot[0], tot[1], tot[2], tot[3], tot[4], tot[5]
+        "30 layers' linears, one token: affine-4 {:.2} ms (one thread), {:.2} ms ({threads}); trellis-3 first kernel {:.2} ms, fused {:.2} ms (one thread; window-gather path {:.2} ms), {:.2} ms ({threads}), the decoder's whole products {:.2} ms ({threads})",
+        tot[0], tot[1], tot[2], tot[3], tot[6], tot[4], tot[5]
     );
     Ok(())
 }

@@ -60,6 +60,9 @@ pub struct GenerateOptions {
     pub kv_bits: Option<i32>,
     pub kv_group_size: i32,
     pub quantized_kv_start: usize,
+    /// How `kv_bits` quantizes: mlx-lm's affine cache, or the trellis cache (2-4 bits; not in
+    /// mlx-lm; `--kv-mode trellis`).
+    pub kv_mode: mlx_cache::KvMode,
     pub prompt_progress: Option<PromptProgress>,
     /// Decode through [`crate::compiled::CompiledDecoder`] where the model supports it (see
     /// [`CompiledDecode`]).
@@ -152,6 +155,7 @@ impl Default for GenerateOptions {
             kv_bits: None,
             kv_group_size: 64,
             quantized_kv_start: DEFAULT_QUANTIZED_KV_START,
+            kv_mode: mlx_cache::KvMode::Affine,
             prompt_progress: None,
             compiled_decode: CompiledDecode::default(),
             eval_probe: None,
@@ -190,16 +194,25 @@ pub fn make_prompt_cache(
 
 /// `maybe_quantize_kv_cache`: plain caches past `start` tokens become quantized. Unlike
 /// mlx-lm (whose `RotatingKVCache.to_quantized` raises), rotating caches become
-/// [`mlx_cache::RotatingQuantizedKVCache`].
+/// [`mlx_cache::RotatingQuantizedKVCache`]. With [`mlx_cache::KvMode::Trellis`] plain caches
+/// become [`mlx_cache::TrellisKVCache`]s (state window [`mlx_cache::DEFAULT_TRELLIS_KV_L`]);
+/// rotating caches stay dense (they are bounded already).
 pub fn maybe_quantize_kv_cache(
     caches: &mut [Box<dyn Cache>],
     start: usize,
     group_size: i32,
     bits: Option<i32>,
+    mode: mlx_cache::KvMode,
 ) -> Result<()> {
     let Some(bits) = bits else { return Ok(()) };
     for c in caches.iter_mut() {
         if c.offset() < start {
+            continue;
+        }
+        if mode == mlx_cache::KvMode::Trellis {
+            if let Some(kv) = c.as_any().downcast_ref::<KVCache>() {
+                *c = Box::new(kv.to_trellis(bits, mlx_cache::DEFAULT_TRELLIS_KV_L)?);
+            }
             continue;
         }
         if let Some(kv) = c.as_any().downcast_ref::<KVCache>() {
@@ -419,7 +432,7 @@ fn start<'m>(
     opts.sampler.settings().validate(vocab)?;
     check_logits_processors(&opts.logits_processors, vocab)?;
     if let Some(bits) = opts.kv_bits {
-        mlx_cache::QuantSpec::new(opts.kv_group_size, bits)?;
+        opts.kv_mode.check(opts.kv_group_size, bits)?;
     }
     let cpu = match (cpu_given, opts.cpu_decode) {
         (Some(d), _) => {
@@ -656,6 +669,7 @@ impl<'m> GenerateStep<'m> {
             self.opts.quantized_kv_start,
             self.opts.kv_group_size,
             self.opts.kv_bits,
+            self.opts.kv_mode,
         )?;
         Ok((sampled, ops::squeeze(&logprobs, &[0], None)?, lse))
     }
@@ -696,6 +710,7 @@ impl<'m> GenerateStep<'m> {
                 self.opts.quantized_kv_start,
                 self.opts.kv_group_size,
                 self.opts.kv_bits,
+                self.opts.kv_mode,
             )?;
             // `mx.eval([c.state for c in prompt_cache])`: every cache's state, recurrent
             // (ArraysCache) state included, so the lazy graph never grows with the prompt.

@@ -545,7 +545,7 @@ pub fn speculative_generate_step<'m>(
     opts.sampler.settings().validate(vocab)?;
     check_logits_processors(&opts.logits_processors, vocab)?;
     if let Some(bits) = opts.kv_bits {
-        mlx_cache::QuantSpec::new(opts.kv_group_size, bits)?;
+        opts.kv_mode.check(opts.kv_group_size, bits)?;
     }
     let depth = num_draft_tokens + 1;
     let caches = match prompt_cache {
@@ -751,6 +751,7 @@ impl<'m> SpeculativeStep<'m> {
             self.opts.quantized_kv_start,
             self.opts.kv_group_size,
             self.opts.kv_bits,
+            self.opts.kv_mode,
         )
     }
 

@@ -322,6 +322,7 @@ fn the_decoder_choice_is_reported() {
         kv_bits: Some(4),
         kv_group_size: 64,
         quantized_kv_start: 0,
+        kv_mode: mlx_cache::KvMode::Affine,
     };
     let r = Engine::start(
         move || {

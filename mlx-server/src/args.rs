@@ -200,6 +200,11 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 5000)]
     pub quantized_kv_start: usize,
 
+    /// How --kv-bits quantizes the KV cache: `affine` (mlx-lm's) or `trellis` (2, 3 or 4
+    /// bits, trellis-coded keys and values; not in mlx_lm.server).
+    #[arg(long, default_value = "affine", value_parser = ["affine", "trellis"])]
+    pub kv_mode: String,
+
     /// A rotating KV cache of this many tokens per layer (for models whose cache mlx-lm
     /// does not fix); requests are then served one at a time (no batching).
     #[arg(long)]

@@ -149,13 +149,20 @@ fn decoder(args: &ServeArgs) -> EngineDecoder {
 /// `--kv-bits`, `--kv-group-size`, `--quantized-kv-start`, `--max-kv-size`: the engine's
 /// one-at-a-time mode when `--kv-bits` or `--max-kv-size` is given.
 fn kv_options(args: &ServeArgs) -> Result<Option<mlx_engine::batch::KvOptions>, ServeError> {
+    let kv_mode = mlx_cache::KvMode::parse(&args.kv_mode)
+        .map_err(|e| ServeError::Args(format!("--kv-mode: {e}")))?;
     if let Some(bits) = args.kv_bits {
-        mlx_cache::QuantSpec::new(args.kv_group_size, bits).map_err(|e| {
+        kv_mode.check(args.kv_group_size, bits).map_err(|e| {
             ServeError::Args(format!(
-                "--kv-bits {bits} --kv-group-size {}: {e}",
-                args.kv_group_size
+                "--kv-bits {bits} --kv-group-size {} --kv-mode {}: {e}",
+                args.kv_group_size,
+                kv_mode.name()
             ))
         })?;
+    } else if kv_mode == mlx_cache::KvMode::Trellis {
+        return Err(ServeError::Args(
+            "--kv-mode trellis needs --kv-bits (2, 3 or 4)".into(),
+        ));
     }
     if args.max_kv_size == Some(0) {
         return Err(ServeError::Args("--max-kv-size must be at least 1".into()));
@@ -168,6 +175,7 @@ fn kv_options(args: &ServeArgs) -> Result<Option<mlx_engine::batch::KvOptions>, 
         kv_bits: args.kv_bits,
         kv_group_size: args.kv_group_size,
         quantized_kv_start: args.quantized_kv_start,
+        kv_mode,
     }))
 }
 

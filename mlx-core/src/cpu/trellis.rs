@@ -498,6 +498,35 @@ pub fn quantize(
     let (su, sv) = layer_signs(seed, rows, cols);
     let mut wt = w.to_vec();
     incoherent(&mut wt, rows, cols, &su, &sv);
+    encode_rows(spec, &wt, rows, cols, threads)
+}
+
+/// Trellis-codes the rows of a row-major `(rows, cols)` matrix as they are (no incoherence
+/// transform here: [`quantize`] applies its own first, the trellis KV cache its per-token
+/// one): each row divided by its RMS, Viterbi on `threads` threads, then a least-squares
+/// scale per row. Returns `(words (rows, cols * k / 32), scales (rows))`; a row's code
+/// depends on that row only.
+pub fn encode_rows(
+    spec: &TrellisSpec,
+    wt: &[f32],
+    rows: usize,
+    cols: usize,
+    threads: usize,
+) -> Result<(Vec<u32>, Vec<f32>), String> {
+    spec.check_shape(rows, cols)?;
+    if wt.len() != rows * cols {
+        return Err(format!(
+            "trellis encode: {} values for a ({rows}, {cols}) matrix",
+            wt.len()
+        ));
+    }
+    if let Some(i) = wt.iter().position(|v| !v.is_finite()) {
+        return Err(format!(
+            "trellis encode: a non-finite value at ({}, {})",
+            i / cols,
+            i % cols
+        ));
+    }
     let rms: Vec<f32> = wt
         .chunks_exact(cols)
         .map(|r| {
@@ -911,6 +940,84 @@ pub struct TrellisMatvec {
     lo: Vec<u32>,
     sh: Vec<u32>,
     simd: bool,
+    /// The table path's plan (`L <= 8`, blocks of a multiple of 64 weights, AVX-512 VBMI).
+    lut: Option<LutPlan>,
+}
+
+/// The plan of the table path (`L <= 8`): per group of 64 weights of a block, the dword
+/// permutation that puts in each 64-bit lane `q` the two words holding the windows of weights
+/// `8q..8q + 8` (high word first, in the lane's upper half), and the 64 bit offsets from which
+/// `vpmultishiftqb` takes each weight's 8-bit window; the code of every 8-bit state as two byte
+/// tables (`code + 510` is 0..=1020); the order in which the kernel meets a group's weights
+/// (byte unpacking interleaves them), so the input is permuted to it once a call.
+#[derive(Clone, Debug)]
+struct LutPlan {
+    idx: Vec<u32>,
+    ctrl: Vec<u8>,
+    lo: [u8; 256],
+    hi: [u8; 256],
+}
+
+/// Position `i` of a group of 64 weights as the table kernel meets them: quarters
+/// `[0..8, 16..24]`, `[32..40, 48..56]`, `[8..16, 24..32]`, `[40..48, 56..64]`.
+fn lut_order(i: usize) -> usize {
+    const BASE: [[usize; 2]; 4] = [[0, 16], [32, 48], [8, 24], [40, 56]];
+    let (q, j) = (i / 16, i % 16);
+    BASE[q][j / 8] + j % 8
+}
+
+/// The table path's input, prepared once a product: permuted to the kernel's order
+/// ([`lut_order`] within each group of 64).
+fn lut_input(x: &[f32]) -> Vec<f32> {
+    (0..x.len())
+        .map(|i| x[i / 64 * 64 + lut_order(i % 64)])
+        .collect()
+}
+
+impl LutPlan {
+    fn new(spec: &TrellisSpec) -> Option<LutPlan> {
+        let (bw, l) = (spec.block_words(), spec.l as usize);
+        if l > 8 || bw > 16 || spec.block % 64 != 0 {
+            return None;
+        }
+        let bits = spec.block * spec.k as usize;
+        let (mut idx, mut ctrl) = (Vec::new(), Vec::new());
+        for u in 0..spec.block / 8 {
+            let a = spec.window_start(8 * u) / 32;
+            idx.push(((a + 1) % bw) as u32);
+            idx.push(a as u32);
+            for t in 8 * u..8 * u + 8 {
+                // Offset of the window's first bit from word `a`'s first bit, cyclically; in
+                // the lane `(w[a] << 32) | w[a + 1]` that bit sits at 63 - s, the window's
+                // lowest at 64 - s - L.
+                let s = (spec.window_start(t) + bits - 32 * a) % bits;
+                if s + l > 64 {
+                    return None;
+                }
+                ctrl.push((64 - s - l) as u8);
+            }
+        }
+        let (mut lo, mut hi) = ([0u8; 256], [0u8; 256]);
+        for st in 0..1u32 << l {
+            let v = st.wrapping_mul(MAD_A).wrapping_add(MAD_B);
+            let sum: u32 = v.to_le_bytes().iter().map(|&b| u32::from(b)).sum();
+            lo[st as usize] = (sum & 0xFF) as u8;
+            hi[st as usize] = (sum >> 8) as u8;
+        }
+        Some(LutPlan { idx, ctrl, lo, hi })
+    }
+}
+
+/// Whether the table path's instructions (AVX-512 VBMI on top of [`simd_available`]) exist.
+pub fn lut_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        simd_available() && std::arch::is_x86_feature_detected!("avx512vbmi")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 impl TrellisMatvec {
@@ -945,7 +1052,23 @@ impl TrellisMatvec {
             lo,
             sh,
             simd: simd && bw <= 16 && spec.block % 16 == 0 && simd_available(),
+            lut: if simd && lut_available() {
+                LutPlan::new(spec)
+            } else {
+                None
+            },
         })
+    }
+
+    /// Without the table path (`L <= 8`): the window-gather SIMD path only, for comparison.
+    pub fn without_table(mut self) -> TrellisMatvec {
+        self.lut = None;
+        self
+    }
+
+    /// Whether the table path runs.
+    pub fn is_table(&self) -> bool {
+        self.lut.is_some()
     }
 
     /// Whether the AVX-512 path runs.
@@ -991,6 +1114,14 @@ impl TrellisMatvec {
     ) -> Result<(), String> {
         self.check(words, scales, x, r0, y.len())?;
         #[cfg(target_arch = "x86_64")]
+        if let Some(lut) = &self.lut {
+            // SAFETY: `lut` is set only where `lut_available` found AVX-512 F/BW/VBMI/VBMI2/VNNI,
+            // and `check` sized the words, scales and input for these rows; the plan's word
+            // indices are below the block's word count (at most 16).
+            unsafe { self.rows_lut(lut, words, scales, &lut_input(x), r0, y) };
+            return Ok(());
+        }
+        #[cfg(target_arch = "x86_64")]
         if self.simd {
             // SAFETY: `simd` is set only where `simd_available` found AVX-512 F/BW/VBMI2/VNNI,
             // and `check` sized the words, scales and input for these rows; the plan's word
@@ -1013,6 +1144,8 @@ impl TrellisMatvec {
     ) -> Result<(), String> {
         let rows = y.len();
         self.check(words, scales, x, 0, rows)?;
+        // The table path's input is permuted once, not once a chunk of rows.
+        let prepared = self.lut.as_ref().map(|_| lut_input(x));
         const CHUNK: usize = 16;
         let next = std::sync::atomic::AtomicUsize::new(0);
         let out = super::SharedOut::new(y);
@@ -1026,6 +1159,13 @@ impl TrellisMatvec {
             // SAFETY: chunk `c` is taken by exactly one worker (the atomic counter), so the
             // range is touched by that worker only, within the pool run.
             let ys = unsafe { out.range(r0, n) };
+            #[cfg(target_arch = "x86_64")]
+            if let (Some(lut), Some(input)) = (&self.lut, &prepared) {
+                // SAFETY: as in `rows`: `lut` is set only where the instructions exist, and
+                // the sizes were checked for all rows above.
+                unsafe { self.rows_lut(lut, words, scales, input, r0, ys) };
+                continue;
+            }
             // The sizes were checked for all rows above.
             let _ = self.rows(words, scales, x, r0, ys);
         });
@@ -1051,6 +1191,82 @@ impl TrellisMatvec {
                 }
             }
             *yo = lanes.iter().sum::<f32>() * (scales[r0 + i] / MAD_SCALE);
+        }
+    }
+
+    /// The table path: per group of 64 weights one `vpermd` (the words of each lane), one
+    /// `vpmultishiftqb` (64 8-bit states), four `vpermt2b` and two blends (the code's two bytes
+    /// from 256-entry tables), two unpacks to 16-bit codes, then four conversions and FMAs
+    /// against the input permuted to the unpacked order.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
+    unsafe fn rows_lut(
+        &self,
+        lut: &LutPlan,
+        words: &[u32],
+        scales: &[f32],
+        xp: &[f32],
+        r0: usize,
+        y: &mut [f32],
+    ) {
+        use std::arch::x86_64::*;
+        let spec = &self.spec;
+        let wpr = self.cols * spec.k as usize / 32;
+        let bw = spec.block_words();
+        let nb = self.cols / spec.block;
+        let groups = spec.block / 64;
+        let wmask: __mmask16 = ((1u32 << bw) - 1) as u16;
+        let bmask = _mm512_set1_epi8(((1u32 << spec.l) - 1) as u8 as i8);
+        let off = _mm512_set1_epi16(510);
+        // SAFETY: the loads read the row's `nb * bw` words (masked lanes are not read), the
+        // plan's `groups * 16` indices and `groups * 64` offsets, the 256-byte tables and
+        // `xp`'s `nb * block` values.
+        unsafe {
+            let tl = |i: usize| _mm512_loadu_si512(lut.lo.as_ptr().add(64 * i) as *const _);
+            let th = |i: usize| _mm512_loadu_si512(lut.hi.as_ptr().add(64 * i) as *const _);
+            let (l0, l1, l2, l3) = (tl(0), tl(1), tl(2), tl(3));
+            let (h0, h1, h2, h3) = (th(0), th(1), th(2), th(3));
+            for (i, yo) in y.iter_mut().enumerate() {
+                let row = words.as_ptr().add((r0 + i) * wpr);
+                let mut acc = [_mm512_setzero_ps(); 4];
+                for b in 0..nb {
+                    let wv = _mm512_maskz_loadu_epi32(wmask, row.add(b * bw) as *const i32);
+                    for g in 0..groups {
+                        let idx = _mm512_loadu_si512(lut.idx.as_ptr().add(16 * g) as *const _);
+                        let ctrl = _mm512_loadu_si512(lut.ctrl.as_ptr().add(64 * g) as *const _);
+                        let data = _mm512_permutexvar_epi32(idx, wv);
+                        let st = _mm512_and_si512(_mm512_multishift_epi64_epi8(ctrl, data), bmask);
+                        let top = _mm512_movepi8_mask(st);
+                        let lo = _mm512_mask_blend_epi8(
+                            top,
+                            _mm512_permutex2var_epi8(l0, st, l1),
+                            _mm512_permutex2var_epi8(l2, st, l3),
+                        );
+                        let hi = _mm512_mask_blend_epi8(
+                            top,
+                            _mm512_permutex2var_epi8(h0, st, h1),
+                            _mm512_permutex2var_epi8(h2, st, h3),
+                        );
+                        let ca = _mm512_sub_epi16(_mm512_unpacklo_epi8(lo, hi), off);
+                        let cb = _mm512_sub_epi16(_mm512_unpackhi_epi8(lo, hi), off);
+                        let xg = xp.as_ptr().add(b * spec.block + 64 * g);
+                        let halves = [
+                            _mm512_castsi512_si256(ca),
+                            _mm512_extracti64x4_epi64::<1>(ca),
+                            _mm512_castsi512_si256(cb),
+                            _mm512_extracti64x4_epi64::<1>(cb),
+                        ];
+                        for (q, h) in halves.into_iter().enumerate() {
+                            let code = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(h));
+                            let xv = _mm512_loadu_ps(xg.add(16 * q));
+                            acc[q] = _mm512_fmadd_ps(code, xv, acc[q]);
+                        }
+                    }
+                }
+                let sum =
+                    _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+                *yo = _mm512_reduce_add_ps(sum) * (scales[r0 + i] / MAD_SCALE);
+            }
         }
     }
 
@@ -1277,6 +1493,9 @@ mod tests {
             (2, 8, 64),
             (3, 8, 64),
             (4, 8, 64),
+            (3, 6, 128),
+            (2, 8, 192),
+            (4, 7, 64),
             (3, 12, 64),
             (4, 16, 128),
             (2, 16, 256),
@@ -1291,11 +1510,19 @@ mod tests {
             let x = gauss(cols, 22);
             let portable = TrellisMatvec::with_simd(&spec, cols, false).unwrap();
             let fast = TrellisMatvec::new(&spec, cols).unwrap();
+            assert_eq!(
+                fast.is_table(),
+                l <= 8 && block % 64 == 0 && lut_available()
+            );
+            let gather = fast.clone().without_table();
             let (mut y0, mut y1, mut y2) = (vec![0.0; rows], vec![0.0; rows], vec![0.0; rows]);
+            let mut y3 = vec![0.0; rows];
             portable.rows(&words, &scales, &x, 0, &mut y0).unwrap();
             fast.rows(&words, &scales, &x, 0, &mut y1).unwrap();
+            gather.rows(&words, &scales, &x, 0, &mut y3).unwrap();
             let pool = crate::cpu::ThreadPool::new(2).unwrap();
             fast.par(&pool, &words, &scales, &x, &mut y2).unwrap();
+
             for r in 0..rows {
                 let want: f64 = dense[r * cols..(r + 1) * cols]
                     .iter()
@@ -1307,7 +1534,7 @@ mod tests {
                     .zip(&x)
                     .map(|(&a, &b)| (f64::from(a) * f64::from(b)).abs())
                     .sum();
-                for y in [y0[r], y1[r], y2[r]] {
+                for y in [y0[r], y1[r], y2[r], y3[r]] {
                     assert!(
                         (f64::from(y) - want).abs() <= 1e-5 * norm,
                         "k={k} l={l} block={block} row {r}: {y} vs {want}"

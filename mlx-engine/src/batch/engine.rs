@@ -174,6 +174,7 @@ pub struct KvOptions {
     pub kv_bits: Option<i32>,
     pub kv_group_size: i32,
     pub quantized_kv_start: usize,
+    pub kv_mode: mlx_cache::KvMode,
 }
 
 impl Default for EngineConfig {
@@ -328,6 +329,7 @@ fn one_at_a_time_options(
         generate.kv_bits = kv.kv_bits;
         generate.kv_group_size = kv.kv_group_size;
         generate.quantized_kv_start = kv.quantized_kv_start;
+        generate.kv_mode = kv.kv_mode;
     }
     Ok(crate::stream::StreamOptions {
         generate,
@@ -2055,9 +2057,13 @@ impl Worker<'_> {
     /// `maybe_quantize_kv_cache` after a forward pass, with `--kv-bits`.
     fn quantize(&self, caches: &mut [Box<dyn Cache>]) -> Result<()> {
         match &self.config.kv {
-            Some(k) => {
-                maybe_quantize_kv_cache(caches, k.quantized_kv_start, k.kv_group_size, k.kv_bits)
-            }
+            Some(k) => maybe_quantize_kv_cache(
+                caches,
+                k.quantized_kv_start,
+                k.kv_group_size,
+                k.kv_bits,
+                k.kv_mode,
+            ),
             None => Ok(()),
         }
     }
