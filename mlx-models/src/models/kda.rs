@@ -22,7 +22,7 @@ use crate::error::{ModelError, Result};
 use crate::layers::activations::{compiled, one, situ};
 use crate::layers::gated_delta::{compute_g, gated_delta_ops, normalize_qk};
 use crate::layers::mla::{MlaAttention, MlaSpec};
-use crate::layers::ssm::{arrays_cache, DepthwiseConv};
+use crate::layers::ssm::{arrays_cache, store_recurrent, DepthwiseConv};
 use crate::layers::{
     silu, Embedding, Linear, Mlp, MlpKind, MlpNames, RmsNorm, Rope, SwitchActivation, SwitchGlu,
 };
@@ -535,38 +535,8 @@ impl Kda {
         let (out, state, states) =
             gated_delta_ops(&q, &k, &v, &g, &beta, state.as_ref(), mask, keep)?;
         if let Some(c) = cache {
-            let conv_at = |step: i32| -> Result<Vec<Option<Array>>> {
-                convs
-                    .iter()
-                    .zip(&padded)
-                    .map(|(conv, p)| {
-                        Ok(Some(ops::contiguous(
-                            &conv.state_after(p, step)?,
-                            false,
-                            None,
-                        )?))
-                    })
-                    .collect()
-            };
-            if keep {
-                let steps = states
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, st)| {
-                        let mut slots = conv_at(i as i32 + 1)?;
-                        slots.push(Some(st));
-                        Ok(slots)
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                c.checkpoint_steps(steps)?;
-            }
-            for (slot, st) in conv_at(t)?.into_iter().enumerate() {
-                if let Some(st) = st {
-                    c.set(slot, st)?;
-                }
-            }
-            c.set(state_slot, state)?;
-            c.advance(t as usize)?;
+            let pairs: Vec<_> = convs.iter().copied().zip(&padded).collect();
+            store_recurrent(c, &pairs, t, keep.then_some(states), Some(state), true)?;
         }
         let out = self.o_norm.forward(&out)?;
         let out = match &self.gates {
