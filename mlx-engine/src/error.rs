@@ -48,7 +48,58 @@ pub enum EngineError {
     /// never bad input.
     #[error("internal error: {what}: {problem}")]
     Internal { what: String, problem: String },
-    /// An invalid argument or state not covered above.
+    /// The prompt holds no token; `hint` completes the message (mlx-lm's wording, where the
+    /// entry point has one).
+    #[error("the prompt is empty: give at least one token{hint}")]
+    EmptyPrompt { hint: String },
+    /// An option that must be positive is not.
+    #[error("{option} must be positive")]
+    NotPositive { option: String },
+    /// mlx-lm's `max_tokens == 0` refusal.
+    #[error("Maximum number of tokens must be non-zero (use -1 for no limit).")]
+    ZeroMaxTokens,
+    /// Options that do not combine (the message names both and what to use instead).
+    #[error("{0}")]
+    Conflict(String),
+    /// A decoder (`decoder`: the CPU decoder, the compiled decoder) handed to an entry point
+    /// (`context`) with another model than the one it was built for.
+    #[error("{context}: the {decoder} was made for another model than this {model_type} model")]
+    DecoderMismatch {
+        context: String,
+        decoder: String,
+        model_type: String,
+    },
+    /// The model's logits at generated token `token` are NaN or infinite (`lse`: their
+    /// log-sum-exp): corrupt weights or inputs.
+    #[error(
+        "the model's logits at generated token {token} are not finite (their log-sum-exp is \
+         {lse}); the weights or the inputs are corrupt"
+    )]
+    NonFiniteLogits { token: usize, lse: f32 },
+    /// The model lacks what an engine feature needs (its output head, its hidden states):
+    /// its `model_type` and the problem.
+    #[error("`{model_type}` {problem}")]
+    ModelLacks { model_type: String, problem: String },
+    /// A drafter of speculative decoding (block drafter, MTP head) cannot be built or run:
+    /// what (the drafter, or its weights file) and the problem.
+    #[error("{what}: {problem}")]
+    Draft { what: String, problem: String },
+    /// The draft model's vocabulary differs from the model's (mlx-lm's wording).
+    #[error(
+        "Draft model tokenizer does not match model tokenizer: the draft's vocabulary has \
+         {draft} tokens, the model's {model} (speculative decoding needs the same vocabulary)"
+    )]
+    DraftVocabMismatch { draft: usize, model: usize },
+    /// The draft model's vocabulary is larger than the model's.
+    #[error(
+        "the draft model's vocabulary ({draft} tokens) is larger than the model's ({model}): \
+         its tokens could not be verified"
+    )]
+    DraftVocabTooLarge { draft: i32, model: i32 },
+    /// Speculative decoding got a prompt cache it cannot roll back (its class name).
+    #[error("Speculative decoding requires a trimmable prompt cache (got {class})")]
+    UntrimmableCache { class: String },
+    /// An invalid argument or state not covered above (the CPU decoder's own checks).
     #[error("{0}")]
     Other(String),
 }

@@ -369,10 +369,11 @@ pub fn generate_step_cpu<'m>(
     opts: GenerateOptions,
 ) -> Result<GenerateStep<'m>> {
     if !cpu.is_for(model) {
-        return Err(EngineError::Other(format!(
-            "generate_step_cpu: the CPU decoder was made for another model than this {} model",
-            model.model_type()
-        )));
+        return Err(EngineError::DecoderMismatch {
+            context: "generate_step_cpu".into(),
+            decoder: "CPU decoder".into(),
+            model_type: model.model_type().to_string(),
+        });
     }
     start(prompt, model, None, opts, Decoder::None, Some(cpu))
 }
@@ -391,11 +392,11 @@ pub fn generate_step_with_decoder<'m>(
     decoder: &'m CompiledDecoder<'m>,
 ) -> Result<GenerateStep<'m>> {
     if !decoder.is_for(model) {
-        return Err(EngineError::Other(format!(
-            "generate_step_with_decoder: the compiled decoder was made for another model \
-             than this {} model",
-            model.model_type()
-        )));
+        return Err(EngineError::DecoderMismatch {
+            context: "generate_step_with_decoder".into(),
+            decoder: "compiled decoder".into(),
+            model_type: model.model_type().to_string(),
+        });
     }
     start(
         prompt,
@@ -416,16 +417,15 @@ fn start<'m>(
     cpu_given: Option<CpuDecoder<'m>>,
 ) -> Result<GenerateStep<'m>> {
     if prompt.is_empty() {
-        return Err(EngineError::Other(
-            "the prompt is empty: give at least one token (mlx-lm: \"Either input_embeddings \
-             or prompt (or both) must be provided.\")"
+        return Err(EngineError::EmptyPrompt {
+            hint: " (mlx-lm: \"Either input_embeddings or prompt (or both) must be provided.\")"
                 .into(),
-        ));
+        });
     }
     if opts.prefill_step_size == 0 {
-        return Err(EngineError::Other(
-            "prefill_step_size must be positive".into(),
-        ));
+        return Err(EngineError::NotPositive {
+            option: "prefill_step_size".into(),
+        });
     }
     let vocab = model.vocab_size();
     check_token_ids("prompt", prompt, vocab)?;
@@ -639,7 +639,10 @@ impl<'m> GenerateStep<'m> {
                     let input = mlx
                         .as_ref()
                         .map(|m| m.0)
-                        .ok_or_else(|| EngineError::Other("sample_logits: no input ids".into()))?;
+                        .ok_or_else(|| EngineError::Internal {
+                            what: "sample_logits".into(),
+                            problem: "no input ids".into(),
+                        })?;
                     let v = input.astype(Dtype::Int32)?.to_vec::<i32>()?;
                     self.track(&v);
                 }
@@ -979,11 +982,10 @@ impl<'m> GenerateStep<'m> {
         // the pipeline (the host could not build step n+2 while the device runs step n+1).
         let norm = lse.to_vec_f32()?;
         if let Some(v) = norm.iter().find(|v| !v.is_finite()) {
-            return Err(EngineError::Other(format!(
-                "the model's logits at generated token {} are not finite (their log-sum-exp is \
-                 {v}); the weights or the inputs are corrupt",
-                self.n
-            )));
+            return Err(EngineError::NonFiniteLogits {
+                token: self.n,
+                lse: *v,
+            });
         }
         if self.n % 256 == 0 {
             memory::clear_cache()?;
@@ -1041,10 +1043,7 @@ impl GenerateStep<'_> {
             self.progress(self.prompt_len);
             let norm = lse.to_vec_f32()?;
             if let Some(v) = norm.iter().find(|v| !v.is_finite()) {
-                return Err(EngineError::Other(format!(
-                    "the model's logits at generated token 0 are not finite (their \
-                     log-sum-exp is {v}); the weights or the inputs are corrupt"
-                )));
+                return Err(EngineError::NonFiniteLogits { token: 0, lse: *v });
             }
             let token = y.astype(Dtype::Uint32)?.item::<u32>()?;
             // Held as the pending token: the next call starts the decoder from it.
@@ -1216,7 +1215,7 @@ mod tests {
         let again = on_generation_stream(|| Ok(default_index())).unwrap();
         assert_eq!(again, first);
         // Restored when the work fails too.
-        let err = on_generation_stream(|| -> Result<()> { Err(EngineError::Other("x".into())) });
+        let err = on_generation_stream(|| -> Result<()> { Err(EngineError::Conflict("x".into())) });
         assert!(err.is_err());
         assert_eq!(default_index(), before);
         // Work done there is usable from the default stream.

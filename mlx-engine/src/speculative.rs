@@ -91,9 +91,10 @@ pub struct MtpDrafter<'m> {
 impl<'m> MtpDrafter<'m> {
     pub fn new(head: &'m dyn mlx_models::models::MtpHead) -> Result<MtpDrafter<'m>> {
         if head.depth() == 0 {
-            return Err(EngineError::Other(
-                "--mtp: the model has no multi-token-prediction layers".into(),
-            ));
+            return Err(EngineError::Options {
+                option: "--mtp".into(),
+                problem: "the model has no multi-token-prediction layers".into(),
+            });
         }
         Ok(MtpDrafter {
             head,
@@ -183,12 +184,10 @@ impl std::fmt::Debug for Drafter<'_> {
 /// same vocabulary size (`draft_tokenizer.vocab_size != tokenizer.vocab_size`).
 pub fn check_draft_tokenizer(target: &Tokenizer, draft: &Tokenizer) -> Result<()> {
     if target.vocab_size() != draft.vocab_size() {
-        return Err(EngineError::Other(format!(
-            "Draft model tokenizer does not match model tokenizer: the draft's vocabulary has {} \
-             tokens, the model's {} (speculative decoding needs the same vocabulary)",
-            draft.vocab_size(),
-            target.vocab_size()
-        )));
+        return Err(EngineError::DraftVocabMismatch {
+            draft: draft.vocab_size(),
+            model: target.vocab_size(),
+        });
     }
     Ok(())
 }
@@ -276,18 +275,17 @@ pub struct BlockDrafter {
 impl BlockDrafter {
     /// A drafter of `proj` `(block * hidden, hidden)` over the target's output head.
     pub fn new(model: &dyn LanguageModel, proj: Array) -> Result<BlockDrafter> {
-        let head = model.output_head().ok_or_else(|| {
-            EngineError::Other(format!(
-                "block drafter: `{}` does not expose its output head",
-                model.model_type()
-            ))
+        let head = model.output_head().ok_or_else(|| EngineError::Draft {
+            what: "block drafter".into(),
+            problem: format!("`{}` does not expose its output head", model.model_type()),
         })?;
         let shape = proj.shape();
         let ok = shape.len() == 2 && shape[1] > 0 && shape[0] > 0 && shape[0] % shape[1] == 0;
         if !ok {
-            return Err(EngineError::Other(format!(
-                "block drafter: `proj.weight` must be (block * hidden, hidden), got {shape:?}"
-            )));
+            return Err(EngineError::Draft {
+                what: "block drafter".into(),
+                problem: format!("`proj.weight` must be (block * hidden, hidden), got {shape:?}"),
+            });
         }
         Ok(BlockDrafter {
             head,
@@ -301,11 +299,9 @@ impl BlockDrafter {
     /// Loads `proj.weight` from the safetensors file `path`.
     pub fn load(model: &dyn LanguageModel, path: &std::path::Path) -> Result<BlockDrafter> {
         let (mut t, _) = mlx_core::io::load_safetensors(path, None)?;
-        let proj = t.remove("proj.weight").ok_or_else(|| {
-            EngineError::Other(format!(
-                "{}: block drafter weights need a `proj.weight` tensor",
-                path.display()
-            ))
+        let proj = t.remove("proj.weight").ok_or_else(|| EngineError::Draft {
+            what: path.display().to_string(),
+            problem: "block drafter weights need a `proj.weight` tensor".into(),
         })?;
         BlockDrafter::new(model, proj)
     }
@@ -327,10 +323,13 @@ impl BlockDrafter {
     pub fn distill(states: &Array, block: usize, lambda: f64) -> Result<Array> {
         let shape = states.shape();
         if shape.len() != 2 || shape[0] as usize <= block || block == 0 {
-            return Err(EngineError::Other(format!(
-                "block drafter: distilling {block} tokens needs more than {block} hidden \
-                 states (t, hidden), got {shape:?}"
-            )));
+            return Err(EngineError::Draft {
+                what: "block drafter".into(),
+                problem: format!(
+                    "distilling {block} tokens needs more than {block} hidden states (t, \
+                     hidden), got {shape:?}"
+                ),
+            });
         }
         let (t, d) = (shape[0] as usize, shape[1] as usize);
         let x: Vec<f64> = states
@@ -380,9 +379,10 @@ fn solve(a: &mut [f64], b: &mut [f64], d: usize) -> Result<Vec<f64>> {
             .max_by(|&i, &j| a[i * d + col].abs().total_cmp(&a[j * d + col].abs()))
             .unwrap_or(col);
         if a[piv * d + col].abs() < 1e-300 {
-            return Err(EngineError::Other(
-                "block drafter: the hidden states are degenerate (singular system)".into(),
-            ));
+            return Err(EngineError::Draft {
+                what: "block drafter".into(),
+                problem: "the hidden states are degenerate (singular system)".into(),
+            });
         }
         if piv != col {
             for c in 0..d {
@@ -427,11 +427,14 @@ impl HiddenDrafter for BlockDrafter {
         let n = hidden.dim(1)?;
         let h = ops::slice_axis(hidden, 1, n - 1, n, None)?;
         if h.shape().last().copied() != Some(self.hidden as i32) {
-            return Err(EngineError::Other(format!(
-                "block drafter: built for hidden size {}, the model's is {:?}",
-                self.hidden,
-                h.shape().last()
-            )));
+            return Err(EngineError::Draft {
+                what: "block drafter".into(),
+                problem: format!(
+                    "built for hidden size {}, the model's is {:?}",
+                    self.hidden,
+                    h.shape().last()
+                ),
+            });
         }
         h.eval()?;
         self.last = Some(h);
@@ -517,24 +520,24 @@ pub fn speculative_generate_step<'m>(
     opts: GenerateOptions,
 ) -> Result<SpeculativeStep<'m>> {
     if prompt.is_empty() {
-        return Err(EngineError::Other(
-            "the prompt is empty: give at least one token".into(),
-        ));
+        return Err(EngineError::EmptyPrompt {
+            hint: String::new(),
+        });
     }
     if opts.prefill_step_size == 0 {
-        return Err(EngineError::Other(
-            "prefill_step_size must be positive".into(),
-        ));
+        return Err(EngineError::NotPositive {
+            option: "prefill_step_size".into(),
+        });
     }
     if opts.grammar.is_some() {
-        return Err(EngineError::Other(
+        return Err(EngineError::Conflict(
             "constrained decoding (a grammar, --json-schema) does not combine with speculative \
              decoding"
                 .into(),
         ));
     }
     if opts.cpu_decode.is_some() {
-        return Err(EngineError::Other(
+        return Err(EngineError::Conflict(
             "speculative decoding runs on the MLX path: the CPU decoder cannot verify draft \
              tokens (use --decoder mlx)"
                 .into(),
@@ -551,10 +554,9 @@ pub fn speculative_generate_step<'m>(
     let caches = match prompt_cache {
         Some(c) => {
             if let Some(bad) = c.iter().find(|c| !can_roll_back(c.as_ref())) {
-                return Err(EngineError::Other(format!(
-                    "Speculative decoding requires a trimmable prompt cache (got {})",
-                    bad.class_name()
-                )));
+                return Err(EngineError::UntrimmableCache {
+                    class: bad.class_name().to_string(),
+                });
             }
             c
         }
@@ -575,11 +577,10 @@ pub fn speculative_generate_step<'m>(
     let (draft, propose): (_, Option<DraftFn<'m>>) = match drafter {
         Drafter::Model { model: d, cache } => {
             if d.vocab_size() > vocab {
-                return Err(EngineError::Other(format!(
-                    "the draft model's vocabulary ({} tokens) is larger than the model's ({vocab}): \
-                     its tokens could not be verified",
-                    d.vocab_size()
-                )));
+                return Err(EngineError::DraftVocabTooLarge {
+                    draft: d.vocab_size(),
+                    model: vocab,
+                });
             }
             let dc = match cache {
                 Some(c) => c,
@@ -598,9 +599,10 @@ pub fn speculative_generate_step<'m>(
         }
         Drafter::PromptLookup { ngram } => {
             if ngram == 0 {
-                return Err(EngineError::Other(
-                    "prompt lookup: the n-gram size must be at least 1".into(),
-                ));
+                return Err(EngineError::Options {
+                    option: "prompt lookup".into(),
+                    problem: "the n-gram size must be at least 1".into(),
+                });
             }
             (
                 None,
@@ -611,10 +613,9 @@ pub fn speculative_generate_step<'m>(
         }
         Drafter::Custom(f) => (None, Some(f)),
         Drafter::Mtp => {
-            let head = model.mtp().ok_or_else(|| {
-                EngineError::Other(
-                    "--mtp: the model was loaded without multi-token-prediction layers".into(),
-                )
+            let head = model.mtp().ok_or_else(|| EngineError::Options {
+                option: "--mtp".into(),
+                problem: "the model was loaded without multi-token-prediction layers".into(),
             })?;
             hidden = Some(Box::new(MtpDrafter::new(head)?));
             (None, None)
@@ -625,10 +626,11 @@ pub fn speculative_generate_step<'m>(
         }
     };
     if hidden.is_some() && model.output_head().is_none() {
-        return Err(EngineError::Other(format!(
-            "`{}` does not expose its hidden states: a hidden-state drafter cannot follow it",
-            model.model_type()
-        )));
+        return Err(EngineError::ModelLacks {
+            model_type: model.model_type().to_string(),
+            problem: "does not expose its hidden states: a hidden-state drafter cannot follow it"
+                .into(),
+        });
     }
     let ids: Vec<u32> = prompt.iter().map(|&t| t as u32).collect();
     let mut g = SpeculativeStep {
@@ -798,15 +800,17 @@ impl<'m> SpeculativeStep<'m> {
         caches: &mut [Box<dyn Cache>],
         x: &Array,
     ) -> Result<Array> {
-        let head = model.output_head().ok_or_else(|| {
-            EngineError::Other(format!("`{}` has no output head", model.model_type()))
+        let head = model.output_head().ok_or_else(|| EngineError::ModelLacks {
+            model_type: model.model_type().to_string(),
+            problem: "has no output head".into(),
         })?;
-        let h = model.forward_hidden_cached(x, caches).ok_or_else(|| {
-            EngineError::Other(format!(
-                "`{}` does not expose its hidden states",
-                model.model_type()
-            ))
-        })??;
+        let h =
+            model
+                .forward_hidden_cached(x, caches)
+                .ok_or_else(|| EngineError::ModelLacks {
+                    model_type: model.model_type().to_string(),
+                    problem: "does not expose its hidden states".into(),
+                })??;
         let logits = head.forward(&h)?;
         self.last_hidden = Some(h);
         Ok(logits)

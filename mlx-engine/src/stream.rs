@@ -248,11 +248,11 @@ pub fn stream_generate_cpu_speculative_with<'m>(
     opts: StreamOptions,
 ) -> Result<TextStream<'m>> {
     if !cpu.is_for(model) {
-        return Err(EngineError::Other(format!(
-            "speculation on the CPU decoder: the decoder was made for another model than this \
-             {} model",
-            model.model_type()
-        )));
+        return Err(EngineError::DecoderMismatch {
+            context: "speculation on the CPU decoder".into(),
+            decoder: "decoder".into(),
+            model_type: model.model_type().to_string(),
+        });
     }
     cpu_speculative(
         model,
@@ -275,9 +275,10 @@ fn cpu_speculative<'m>(
     opts: StreamOptions,
 ) -> Result<TextStream<'m>> {
     if let CpuDrafterSpec::Lookup(0) = drafter {
-        return Err(EngineError::Other(
-            "prompt lookup: the n-gram size must be at least 1".into(),
-        ));
+        return Err(EngineError::Options {
+            option: "prompt lookup".into(),
+            problem: "the n-gram size must be at least 1".into(),
+        });
     }
     if let CpuDrafterSpec::Model(d) = drafter {
         if let Some(why) = crate::cpu_decode::unsupported(d) {
@@ -292,7 +293,7 @@ fn cpu_speculative<'m>(
             || !g.logits_processors.is_empty()
             || g.grammar.is_some()
         {
-            return Err(EngineError::Other(
+            return Err(EngineError::Conflict(
                 "speculation on the CPU decoder is greedy only: temperature 0, no logits \
                  processors, no grammar (use --decoder mlx)"
                     .into(),
@@ -302,9 +303,10 @@ fn cpu_speculative<'m>(
             Some(c) => c,
             None => {
                 let Some(c) = g.cpu_decode else {
-                    return Err(EngineError::Other(
-                        "speculation on the CPU decoder: cpu_decode is not set".into(),
-                    ));
+                    return Err(EngineError::Options {
+                        option: "speculation on the CPU decoder".into(),
+                        problem: "cpu_decode is not set".into(),
+                    });
                 };
                 if let Some(why) = crate::generate::cpu_decode_unsupported(model, &g, false) {
                     return Err(EngineError::CpuDecoderUnsupported(why));
@@ -388,18 +390,17 @@ fn check_prompt(
     opts: &StreamOptions,
 ) -> Result<Vec<i32>> {
     if opts.generate.max_tokens == Some(0) {
-        return Err(EngineError::Other(
-            "Maximum number of tokens must be non-zero (use -1 for no limit).".into(),
-        ));
+        return Err(EngineError::ZeroMaxTokens);
     }
     let ids: Vec<i32> = prompt
         .iter()
         .map(|&t| {
-            i32::try_from(t).map_err(|_| {
-                EngineError::Other(format!(
-                    "prompt: token id {t} is outside the model's vocabulary of {} tokens",
+            i32::try_from(t).map_err(|_| EngineError::Input {
+                what: "prompt".into(),
+                problem: format!(
+                    "token id {t} is outside the model's vocabulary of {} tokens",
                     model.vocab_size()
-                ))
+                ),
             })
         })
         .collect::<Result<_>>()?;

@@ -2,7 +2,6 @@
 //! that tolerate unknown keys, and the `quantization` block with per-module overrides.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -81,33 +80,27 @@ pub struct QuantConfig {
 }
 
 impl ModelConfig {
-    /// Reads and parses `path` (a `config.json`).
-    pub fn from_file(path: &Path) -> Result<ModelConfig> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ModelError::Config(format!("{}: {e}", path.display())))?;
-        Self::from_json_str(&text).map_err(|e| match e {
-            ModelError::Config(m) => ModelError::Config(format!("{}: {m}", path.display())),
-            other => other,
-        })
-    }
-
-    pub fn from_json_str(text: &str) -> Result<ModelConfig> {
-        let raw = parse_python_json(text)
-            .map_err(|e| ModelError::Config(format!("invalid JSON: {e}")))?;
-        Self::from_value(raw)
-    }
-
-    pub fn from_value(raw: Value) -> Result<ModelConfig> {
+    /// The document's `model_type` (it must be an object holding a string `model_type`).
+    /// The checked constructors (`from_file`, `from_json_str`, `from_value`) are beside the
+    /// registry (`models/mod.rs`), which decides whether the type is served.
+    pub(crate) fn model_type_of(raw: &Value) -> Result<String> {
         let obj = raw
             .as_object()
             .ok_or_else(|| ModelError::Config("config.json must hold a JSON object".into()))?;
-        let model_type = obj
+        Ok(obj
             .get("model_type")
             .and_then(Value::as_str)
             .ok_or_else(|| ModelError::Config("config.json has no string `model_type`".into()))?
-            .to_string();
+            .to_string())
+    }
+
+    /// The config of `raw` once its `model_type` (from [`Self::model_type_of`]) is accepted:
+    /// float hyper-parameters checked, the quantization block parsed.
+    pub(crate) fn with_model_type(raw: Value, model_type: String) -> Result<ModelConfig> {
+        let obj = raw
+            .as_object()
+            .ok_or_else(|| ModelError::Config("config.json must hold a JSON object".into()))?;
         let architecture = remap(&model_type).to_string();
-        crate::models::check_supported(&model_type)?;
         check_float_params(obj, "")?;
         if let Some(Value::Object(text)) = obj.get("text_config") {
             check_float_params(text, "text_config.")?;

@@ -231,6 +231,27 @@ impl Weights {
         }
     }
 
+    /// Drops every tensor of `model.layers.{i}` with `i >= n` (a checkpoint's MTP or extra
+    /// layers after the model's own).
+    pub fn discard_layers_from(&mut self, n: i32) {
+        for name in self.names() {
+            let layer = name
+                .strip_prefix("model.layers.")
+                .and_then(|r| r.split('.').next())
+                .and_then(|i| i.parse::<i32>().ok());
+            if layer.is_some_and(|i| i >= n) {
+                self.discard(&name);
+            }
+        }
+    }
+
+    /// Moves tensor `from` to `to` when present (a checkpoint's name to mlx-lm's).
+    pub fn rename(&mut self, from: &str, to: String) {
+        if let Some(t) = self.remove(from) {
+            self.insert(to, t);
+        }
+    }
+
     /// Renames every tensor under `prefix` to the name without it (a wrapper's
     /// `language_model.`).
     pub fn strip_prefix(&mut self, prefix: &str) {

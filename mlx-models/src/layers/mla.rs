@@ -368,6 +368,19 @@ impl MlaAttention {
 
     /// deepseek_v2.py's `DeepseekV2Attention`: keys `[k_nope, k_pe repeated per head]` and
     /// values from `kv_b_proj` go to the cache; `mask` as `create_attention_mask(h, cache)`.
+    /// `kv_a_proj_with_mqa(x)` split into the normed latent `(B, L, kv_lora_rank)` and the
+    /// rope keys `(B, 1, L, qk_rope_head_dim)`.
+    fn compress_kv(&self, x: &Array, b: i32, l: i32) -> Result<(Array, Array)> {
+        let compressed = self.kv_a_proj_with_mqa.forward(x)?;
+        let parts = ops::split_at(&compressed, &[self.kv_lora_rank], -1, None)?;
+        let k_pe = ops::transpose(
+            &ops::reshape(&parts[1], &[b, l, 1, self.qk_rope_head_dim], None)?,
+            &[0, 2, 1, 3],
+            None,
+        )?;
+        Ok((self.kv_a_layernorm.forward(&parts[0])?, k_pe))
+    }
+
     pub fn forward_expanded(
         &self,
         x: &Array,
@@ -385,14 +398,8 @@ impl MlaAttention {
         let q = self.queries(x, b, l)?;
         let qs = ops::split_at(&q, &[self.qk_nope_head_dim], -1, None)?;
         let (q_nope, q_pe) = (&qs[0], &qs[1]);
-        let compressed = self.kv_a_proj_with_mqa.forward(x)?;
-        let parts = ops::split_at(&compressed, &[self.kv_lora_rank], -1, None)?;
-        let k_pe = ops::transpose(
-            &ops::reshape(&parts[1], &[b, l, 1, self.qk_rope_head_dim], None)?,
-            &[0, 2, 1, 3],
-            None,
-        )?;
-        let kv = kv_b_proj.forward(&self.kv_a_layernorm.forward(&parts[0])?)?;
+        let (kv_latent, k_pe) = self.compress_kv(x, b, l)?;
+        let kv = kv_b_proj.forward(&kv_latent)?;
         let kv = ops::transpose(
             &ops::reshape(&kv, &[b, l, self.num_heads, -1], None)?,
             &[0, 2, 1, 3],
@@ -414,12 +421,7 @@ impl MlaAttention {
         };
         let queries = ops::concatenate(&[q_nope, &q_pe], -1, None)?;
         let out = scaled_dot_product_attention(&queries, &kv, self.scale, mask, None)?;
-        let out = ops::reshape(
-            &ops::transpose(&out, &[0, 2, 1, 3], None)?,
-            &[b, l, -1],
-            None,
-        )?;
-        self.o_proj.forward(&out)
+        self.o_proj.forward(&join_heads(&out, b, l)?)
     }
 
     /// mistral4.py's `Mistral4Attention`: the absorbed latent cache of deepseek_v3, both query
@@ -447,53 +449,28 @@ impl MlaAttention {
         let (b, l) = (sh[0], sh[1]);
         let q = self.queries(x, b, l)?;
         let qs = ops::split_at(&q, &[self.qk_nope_head_dim], -1, None)?;
-        let compressed = self.kv_a_proj_with_mqa.forward(x)?;
-        let parts = ops::split_at(&compressed, &[self.kv_lora_rank], -1, None)?;
-        let k_rope = ops::transpose(
-            &ops::reshape(&parts[1], &[b, l, 1, self.qk_rope_head_dim], None)?,
-            &[0, 2, 1, 3],
-            None,
-        )?;
-        let kv_latent = ops::expand_dims(&self.kv_a_layernorm.forward(&parts[0])?, &[1], None)?;
+        let (kv_latent, k_rope) = self.compress_kv(x, b, l)?;
+        let kv_latent = ops::expand_dims(&kv_latent, &[1], None)?;
         let offset = cache.as_ref().map_or(0, |c| c.offset());
         let q_rope = self.rope.forward(&qs[1], offset)?;
         let k_rope = self.rope.forward(&k_rope, offset)?;
         let q_nope = (&qs[0] * attn_scale)?;
         let q_rope = (&q_rope * attn_scale)?;
-        let (kv_latent, k_rope) = match cache {
-            Some(c) => match c.update_and_fetch(&kv_latent, &k_rope)? {
-                Kv::Dense { keys, values } => (keys, values),
-                Kv::Quantized { .. } => {
-                    return Err(ModelError::Cache {
-                        what: "MLA attention".into(),
-                        problem: "does not support a quantized KV cache (--kv-bits)".into(),
-                    })
-                }
-            },
-            None => (kv_latent, k_rope),
-        };
+        let (kv_latent, k_rope) = cached_latent(cache, kv_latent, k_rope)?;
         let out = if l == 1 {
-            let mut pe_scores = ops::matmul(
-                &ops::multiply_scalar(&q_rope, self.scale, None)?,
-                &ops::swapaxes(&k_rope, -1, -2, None)?,
-                None,
-            )?;
-            if let AttentionMask::Array(m) = mask {
-                let dt = pe_scores.dtype();
-                let min = Scalar::Float(finfo_min(dt)).to_array_like(dt)?;
-                pe_scores = ops::where_(m, &pe_scores, &min, None)?;
-            }
-            let out = scaled_dot_product_attention(
-                &embed_q.forward(&q_nope, true)?,
-                &Kv::Dense {
-                    keys: kv_latent.clone(),
-                    values: kv_latent,
-                },
+            let mask_arr = match mask {
+                AttentionMask::Array(m) => Some(m),
+                _ => None,
+            };
+            absorbed(
+                (embed_q, unembed_out),
+                &q_nope,
+                &q_rope,
+                kv_latent,
+                &k_rope,
+                mask_arr,
                 self.scale,
-                &AttentionMask::Array(pe_scores),
-                None,
-            )?;
-            unembed_out.forward(&out, true)?
+            )?
         } else {
             let k_nope = embed_q.forward(&kv_latent, false)?;
             let v = unembed_out.forward(&kv_latent, true)?;
@@ -514,12 +491,7 @@ impl MlaAttention {
                 None,
             )?
         };
-        let out = ops::reshape(
-            &ops::transpose(&out, &[0, 2, 1, 3], None)?,
-            &[b, l, -1],
-            None,
-        )?;
-        self.o_proj.forward(&out)
+        self.o_proj.forward(&join_heads(&out, b, l)?)
     }
 
     /// `x` `(B, L, hidden)`; `mask` as `create_attention_mask(h, cache, return_array=True)`
@@ -562,14 +534,7 @@ impl MlaAttention {
         }
         let qs = ops::split_at(&q, &[self.qk_nope_head_dim], -1, None)?;
         let (q_nope, q_pe) = (&qs[0], &qs[1]);
-        let compressed = self.kv_a_proj_with_mqa.forward(x)?;
-        let parts = ops::split_at(&compressed, &[self.kv_lora_rank], -1, None)?;
-        let k_pe = ops::transpose(
-            &ops::reshape(&parts[1], &[b, l, 1, self.qk_rope_head_dim], None)?,
-            &[0, 2, 1, 3],
-            None,
-        )?;
-        let mut kv_latent = self.kv_a_layernorm.forward(&parts[0])?;
+        let (mut kv_latent, k_pe) = self.compress_kv(x, b, l)?;
         if let Some(sc) = self.kv_scale {
             kv_latent = ops::multiply_scalar(&kv_latent, sc, None)?;
         }
@@ -583,57 +548,101 @@ impl MlaAttention {
             )
         };
         let kv_latent = ops::expand_dims(&kv_latent, &[1], None)?;
-        let (kv_latent, k_pe) = match cache {
-            Some(c) => match c.update_and_fetch(&kv_latent, &k_pe)? {
-                Kv::Dense { keys, values } => (keys, values),
-                Kv::Quantized { .. } => {
-                    return Err(ModelError::Cache {
-                        what: "MLA attention".into(),
-                        problem: "does not support a quantized KV cache (--kv-bits)".into(),
-                    })
-                }
-            },
-            None => (kv_latent, k_pe),
-        };
-        let mut pe_scores = ops::matmul(
-            &ops::multiply_scalar(&q_pe, self.scale, None)?,
-            &ops::swapaxes(&k_pe, -1, -2, None)?,
-            None,
-        )?;
+        let (kv_latent, k_pe) = cached_latent(cache, kv_latent, k_pe)?;
         let mask = match mask {
             AttentionMask::Causal => mlx_cache::mask::fallback_mask(l as usize, None, true)?,
             m => m.clone(),
         };
-        if let AttentionMask::Array(m) = &mask {
-            let dt = pe_scores.dtype();
-            let min = Scalar::Float(finfo_min(dt)).to_array_like(dt)?;
-            pe_scores = ops::where_(m, &pe_scores, &min, None)?;
-        }
-        let (q_nope, k, v) = if l == 1 {
-            (embed_q.forward(q_nope, true)?, kv_latent.clone(), kv_latent)
-        } else {
-            (
-                q_nope.clone(),
-                embed_q.forward(&kv_latent, false)?,
-                unembed_out.forward(&kv_latent, true)?,
-            )
+        let mask_arr = match &mask {
+            AttentionMask::Array(m) => Some(m),
+            _ => None,
         };
-        let mut out = scaled_dot_product_attention(
-            &q_nope,
-            &Kv::Dense { keys: k, values: v },
+        let out = absorbed(
+            (embed_q, unembed_out),
+            q_nope,
+            &q_pe,
+            kv_latent,
+            &k_pe,
+            mask_arr,
             self.scale,
-            &AttentionMask::Array(pe_scores),
-            None,
         )?;
-        if l == 1 {
-            out = unembed_out.forward(&out, true)?;
-        }
-        Ok(ops::reshape(
-            &ops::transpose(&out, &[0, 2, 1, 3], None)?,
-            &[b, l, -1],
-            None,
-        )?)
+        Ok(join_heads(&out, b, l)?)
     }
+}
+
+/// The layer's KV cache updated with the new latent and rope keys, and its whole contents
+/// (the inputs themselves without a cache); a quantized cache is refused.
+fn cached_latent(
+    cache: Option<&mut Box<dyn Cache>>,
+    kv_latent: Array,
+    k_pe: Array,
+) -> Result<(Array, Array)> {
+    match cache {
+        Some(c) => match c.update_and_fetch(&kv_latent, &k_pe)? {
+            Kv::Dense { keys, values } => Ok((keys, values)),
+            Kv::Quantized { .. } => Err(ModelError::Cache {
+                what: "MLA attention".into(),
+                problem: "does not support a quantized KV cache (--kv-bits)".into(),
+            }),
+        },
+        None => Ok((kv_latent, k_pe)),
+    }
+}
+
+/// deepseek_v3.py's absorbed attention once queries, latent and rope keys are ready: the rope
+/// scores `(q_pe * scale) @ k_pe^T` filled with the dtype's minimum where `mask` is false, as
+/// the additive mask of attention over the latent (one token: the queries through `embed_q`,
+/// the output through `unembed_out`; a prompt: keys and values expanded from the latent).
+/// `(B, heads, L, v_head_dim)`.
+fn absorbed(
+    (embed_q, unembed_out): (&MultiLinear, &MultiLinear),
+    q_nope: &Array,
+    q_pe: &Array,
+    kv_latent: Array,
+    k_pe: &Array,
+    mask: Option<&Array>,
+    scale: f32,
+) -> Result<Array> {
+    let l = q_nope.shape()[2];
+    let mut pe_scores = ops::matmul(
+        &ops::multiply_scalar(q_pe, scale, None)?,
+        &ops::swapaxes(k_pe, -1, -2, None)?,
+        None,
+    )?;
+    if let Some(m) = mask {
+        let dt = pe_scores.dtype();
+        let min = Scalar::Float(finfo_min(dt)).to_array_like(dt)?;
+        pe_scores = ops::where_(m, &pe_scores, &min, None)?;
+    }
+    let (q_nope, k, v) = if l == 1 {
+        (embed_q.forward(q_nope, true)?, kv_latent.clone(), kv_latent)
+    } else {
+        (
+            q_nope.clone(),
+            embed_q.forward(&kv_latent, false)?,
+            unembed_out.forward(&kv_latent, true)?,
+        )
+    };
+    let mut out = scaled_dot_product_attention(
+        &q_nope,
+        &Kv::Dense { keys: k, values: v },
+        scale,
+        &AttentionMask::Array(pe_scores),
+        None,
+    )?;
+    if l == 1 {
+        out = unembed_out.forward(&out, true)?;
+    }
+    Ok(out)
+}
+
+/// `(B, heads, L, D)` -> `(B, L, heads * D)`.
+fn join_heads(out: &Array, b: i32, l: i32) -> mlx_core::Result<Array> {
+    ops::reshape(
+        &ops::transpose(out, &[0, 2, 1, 3], None)?,
+        &[b, l, -1],
+        None,
+    )
 }
 
 /// deepseek_v32.py's `Indexer` (DeepSeek Sparse Attention): scores every cached position per
@@ -796,14 +805,7 @@ impl MlaAttention {
         )?;
         let qs = ops::split_at(&q, &[self.qk_nope_head_dim], -1, None)?;
         let (q_nope, q_pe) = (&qs[0], &qs[1]);
-        let compressed = self.kv_a_proj_with_mqa.forward(x)?;
-        let parts = ops::split_at(&compressed, &[self.kv_lora_rank], -1, None)?;
-        let k_pe = ops::transpose(
-            &ops::reshape(&parts[1], &[b, l, 1, self.qk_rope_head_dim], None)?,
-            &[0, 2, 1, 3],
-            None,
-        )?;
-        let kv_latent = self.kv_a_layernorm.forward(&parts[0])?;
+        let (kv_latent, k_pe) = self.compress_kv(x, b, l)?;
         let mut caches = caches;
         let offset = caches
             .as_deref()
@@ -812,18 +814,11 @@ impl MlaAttention {
         let q_pe = self.rope.forward(q_pe, offset)?;
         let k_pe = self.rope.forward(&k_pe, offset)?;
         let kv_latent = ops::expand_dims(&kv_latent, &[1], None)?;
-        let (mut kv_latent, mut k_pe) = match caches.as_deref_mut().and_then(|c| c.first_mut()) {
-            Some(c) => match c.update_and_fetch(&kv_latent, &k_pe)? {
-                Kv::Dense { keys, values } => (keys, values),
-                Kv::Quantized { .. } => {
-                    return Err(ModelError::Cache {
-                        what: "MLA attention".into(),
-                        problem: "does not support a quantized KV cache (--kv-bits)".into(),
-                    })
-                }
-            },
-            None => (kv_latent, k_pe),
-        };
+        let (mut kv_latent, mut k_pe) = cached_latent(
+            caches.as_deref_mut().and_then(|c| c.first_mut()),
+            kv_latent,
+            k_pe,
+        )?;
         let mask = match mask {
             AttentionMask::Causal => mlx_cache::mask::fallback_mask(l as usize, None, true)?,
             m => m.clone(),
@@ -866,40 +861,15 @@ impl MlaAttention {
                 });
             }
         }
-        let mut pe_scores = ops::matmul(
-            &ops::multiply_scalar(&q_pe, self.scale, None)?,
-            &ops::swapaxes(&k_pe, -1, -2, None)?,
-            None,
-        )?;
-        if let Some(m) = &mask_arr {
-            let dt = pe_scores.dtype();
-            let min = Scalar::Float(finfo_min(dt)).to_array_like(dt)?;
-            pe_scores = ops::where_(m, &pe_scores, &min, None)?;
-        }
-        let (q_nope, k, v) = if l == 1 {
-            (embed_q.forward(q_nope, true)?, kv_latent.clone(), kv_latent)
-        } else {
-            (
-                q_nope.clone(),
-                embed_q.forward(&kv_latent, false)?,
-                unembed_out.forward(&kv_latent, true)?,
-            )
-        };
-        let mut out = scaled_dot_product_attention(
-            &q_nope,
-            &Kv::Dense { keys: k, values: v },
+        let out = absorbed(
+            (embed_q, unembed_out),
+            q_nope,
+            &q_pe,
+            kv_latent,
+            &k_pe,
+            mask_arr.as_ref(),
             self.scale,
-            &AttentionMask::Array(pe_scores),
-            None,
         )?;
-        if l == 1 {
-            out = unembed_out.forward(&out, true)?;
-        }
-        let out = ops::reshape(
-            &ops::transpose(&out, &[0, 2, 1, 3], None)?,
-            &[b, l, -1],
-            None,
-        )?;
-        self.o_proj.forward(&out)
+        self.o_proj.forward(&join_heads(&out, b, l)?)
     }
 }

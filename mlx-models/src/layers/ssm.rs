@@ -239,6 +239,57 @@ pub fn ssm_attn(
     Ok((y, state))
 }
 
+/// Writes a recurrent layer's `ArraysCache` after `t` new steps: slot `k` the state of
+/// convolution `k` over its padded input (`convs`), the next slot the recurrent `state` (when
+/// given), then `advance(t)`. `history` (the recurrent state after each step, given when the
+/// cache keeps history) is recorded first, step by step, beside the conv states after that
+/// step. `contiguous`: the conv states are copied contiguous (kimi_linear's and
+/// bailing_moe_v3's `mx.contiguous`).
+pub(crate) fn store_recurrent(
+    c: &mut ArraysCache,
+    convs: &[(&DepthwiseConv, &Array)],
+    t: i32,
+    history: Option<Vec<Array>>,
+    state: Option<Array>,
+    contiguous: bool,
+) -> Result<()> {
+    let conv_at = |step: i32| -> Result<Vec<Option<Array>>> {
+        convs
+            .iter()
+            .map(|(conv, p)| {
+                let st = conv.state_after(p, step)?;
+                Ok(Some(if contiguous {
+                    ops::contiguous(&st, false, None)?
+                } else {
+                    st
+                }))
+            })
+            .collect()
+    };
+    if let Some(states) = history {
+        let steps = states
+            .into_iter()
+            .enumerate()
+            .map(|(i, st)| {
+                let mut slots = conv_at(i as i32 + 1)?;
+                slots.push(Some(st));
+                Ok(slots)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        c.checkpoint_steps(steps)?;
+    }
+    for (slot, st) in conv_at(t)?.into_iter().enumerate() {
+        if let Some(st) = st {
+            c.set(slot, st)?;
+        }
+    }
+    if let Some(st) = state {
+        c.set(convs.len(), st)?;
+    }
+    c.advance(t as usize)?;
+    Ok(())
+}
+
 /// The `(B, T, D)` cache of layer `i`, downcast.
 pub(crate) fn arrays_cache(
     c: Option<&mut Box<dyn Cache>>,

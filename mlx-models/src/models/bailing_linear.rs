@@ -928,15 +928,7 @@ impl Model {
         }
         if a.hybrid {
             // The checkpoint appends MTP layers after the base ones.
-            for name in w.names() {
-                let layer = name
-                    .strip_prefix("model.layers.")
-                    .and_then(|r| r.split('.').next())
-                    .and_then(|i| i.parse::<i32>().ok());
-                if layer.is_some_and(|i| i >= n) {
-                    w.discard(&name);
-                }
-            }
+            w.discard_layers_from(n);
         }
         let mla_rope = if a.hybrid {
             Some(Rope::initialize(

@@ -146,6 +146,29 @@ where
     }
 }
 
+/// A port's layer stack: each layer over `h` in turn through [`layer_step`], under
+/// `mx.checkpoint` when the model trains with `grad_checkpoint` (`own`: the layers that train
+/// in full); `forward_of(i)` is layer `i`'s forward (it owns what it needs: masks, index).
+pub(crate) fn layer_stack<L, F>(
+    layers: &[L],
+    mut h: Array,
+    mut caches: Option<&mut [Box<dyn Cache>]>,
+    grad_checkpoint: bool,
+    own: &std::ops::Range<usize>,
+    forward_of: impl Fn(usize) -> F,
+) -> Result<Array>
+where
+    L: LayerArrays,
+    F: Fn(&L, &Array, Option<&mut Box<dyn Cache>>) -> Result<Array> + Send + 'static,
+{
+    for (i, layer) in layers.iter().enumerate() {
+        let cache = caches.as_deref_mut().map(|c| &mut c[i]);
+        let ckpt = grad_checkpoint.then(|| own.contains(&i));
+        h = layer_step(layer, &h, cache, ckpt, forward_of(i))?;
+    }
+    Ok(h)
+}
+
 /// A cache state's tree with its arrays taken out (their places marked).
 enum StateShape {
     Array,

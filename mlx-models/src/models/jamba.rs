@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::layers::ssm::{arrays_cache, fma, softplus, DepthwiseConv};
+use crate::layers::ssm::{arrays_cache, fma, softplus, store_recurrent, DepthwiseConv};
 use crate::layers::{silu, swiglu, Embedding, Linear, RmsNorm, SwitchActivation};
 use crate::models::mamba::{conv_kernel_ok, positive, sanitize};
 use crate::models::moe::{Router, SparseMoe, SparseMoeParams};
@@ -204,24 +204,9 @@ impl MambaMixer {
         let y = ops::matmul(&full, &c.expand_dims(&[-1])?, None)?.squeeze(&[-1])?;
         let y = (&y + &(&self.d * &x)?)?;
         if let Some(cache) = cache {
-            if cache.keeps_history() {
-                let steps = states
-                    .iter()
-                    .enumerate()
-                    .map(|(s, st)| {
-                        Ok(vec![
-                            Some(self.conv1d.state_after(&padded, s as i32 + 1)?),
-                            Some(st.clone()),
-                        ])
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                cache.checkpoint_steps(steps)?;
-            }
-            cache.set(0, self.conv1d.state_after(&padded, t)?)?;
-            if let Some(st) = state {
-                cache.set(1, st)?;
-            }
-            cache.advance(t as usize)?;
+            let history = cache.keeps_history().then_some(states);
+            let conv = [(&self.conv1d, &padded)];
+            store_recurrent(cache, &conv, t, history, state, false)?;
         }
         self.out_proj.forward(&swiglu(z, &y)?)
     }

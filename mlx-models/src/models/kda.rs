@@ -19,10 +19,10 @@ use serde_json::{Map, Value};
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::layers::activations::{compiled, one};
+use crate::layers::activations::{compiled, one, situ};
 use crate::layers::gated_delta::{compute_g, gated_delta_ops, normalize_qk};
 use crate::layers::mla::{MlaAttention, MlaSpec};
-use crate::layers::ssm::{arrays_cache, DepthwiseConv};
+use crate::layers::ssm::{arrays_cache, store_recurrent, DepthwiseConv};
 use crate::layers::{
     silu, Embedding, Linear, Mlp, MlpKind, MlpNames, RmsNorm, Rope, SwitchActivation, SwitchGlu,
 };
@@ -535,38 +535,8 @@ impl Kda {
         let (out, state, states) =
             gated_delta_ops(&q, &k, &v, &g, &beta, state.as_ref(), mask, keep)?;
         if let Some(c) = cache {
-            let conv_at = |step: i32| -> Result<Vec<Option<Array>>> {
-                convs
-                    .iter()
-                    .zip(&padded)
-                    .map(|(conv, p)| {
-                        Ok(Some(ops::contiguous(
-                            &conv.state_after(p, step)?,
-                            false,
-                            None,
-                        )?))
-                    })
-                    .collect()
-            };
-            if keep {
-                let steps = states
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, st)| {
-                        let mut slots = conv_at(i as i32 + 1)?;
-                        slots.push(Some(st));
-                        Ok(slots)
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                c.checkpoint_steps(steps)?;
-            }
-            for (slot, st) in conv_at(t)?.into_iter().enumerate() {
-                if let Some(st) = st {
-                    c.set(slot, st)?;
-                }
-            }
-            c.set(state_slot, state)?;
-            c.advance(t as usize)?;
+            let pairs: Vec<_> = convs.iter().copied().zip(&padded).collect();
+            store_recurrent(c, &pairs, t, keep.then_some(states), Some(state), true)?;
         }
         let out = self.o_norm.forward(&out)?;
         let out = match &self.gates {
@@ -587,7 +557,7 @@ impl Kda {
 
 /// The router of a MoE block.
 #[derive(Clone)]
-enum Router {
+pub(super) enum Router {
     /// kimi_linear: `gate` an `nn.Linear`, then its compiled `_group_expert_select` with the
     /// block's `e_score_correction_bias`.
     Kimi {
@@ -661,20 +631,36 @@ impl Router {
     }
 }
 
-/// kimi_linear's `KimiSparseMoE`, bailing_moe_v3's `BailingSparseMoE`.
+/// kimi_linear's `KimiSparseMoE`, bailing_moe_v3's `BailingSparseMoE`, kimi_k3's
+/// `KimiK3SparseMoE`.
 #[derive(Clone)]
-struct SparseMoe {
-    router: Router,
-    switch_mlp: SwitchGlu,
-    shared_experts: Option<Mlp>,
+pub(super) struct SparseMoe {
+    pub(super) router: Router,
+    pub(super) switch_mlp: SwitchGlu,
+    /// kimi_k3's experts: SiTU with these constants (`beta`, `linear_beta`) through
+    /// `forward_with`; otherwise the switch layer's own activation.
+    pub(super) situ: Option<(f64, Option<f64>)>,
+    /// kimi_k3's latent width: `routed_expert_down_proj`, the optional norm and
+    /// `routed_expert_up_proj` around the routed experts.
+    pub(super) latent: Option<(Linear, Option<RmsNorm>, Linear)>,
+    pub(super) shared_experts: Option<DenseMlp>,
     /// bailing_moe_v3 casts the weighted sum back to the input's dtype.
-    cast_back: bool,
+    pub(super) cast_back: bool,
 }
 
 impl SparseMoe {
     fn forward(&self, x: &Array) -> Result<Array> {
         let (inds, scores) = self.router.route(x)?;
-        let y = self.switch_mlp.forward(x, &inds)?;
+        let y = match &self.latent {
+            Some((down, _, _)) => down.forward(x)?,
+            None => x.clone(),
+        };
+        let y = match self.situ {
+            Some((beta, linear_beta)) => self
+                .switch_mlp
+                .forward_with(&y, &inds, |up, gate| Ok(situ(up, gate, beta, linear_beta)?))?,
+            None => self.switch_mlp.forward(&y, &inds)?,
+        };
         let mut out = ops::sum(
             &(&y * &ops::expand_dims(&scores, &[-1], None)?)?,
             &[-2],
@@ -684,21 +670,99 @@ impl SparseMoe {
         if self.cast_back {
             out = out.astype(x.dtype())?;
         }
-        if let Some(shared) = &self.shared_experts {
-            out = (&out + &shared.forward(x)?)?;
+        let shared = match &self.shared_experts {
+            Some(s) => Some(s.forward(x)?),
+            None => None,
+        };
+        if let Some((_, norm, up)) = &self.latent {
+            if let Some(n) = norm {
+                out = n.forward(&out)?;
+            }
+            out = up.forward(&out)?;
         }
-        Ok(out)
+        match shared {
+            Some(s) => Ok((&out + &s)?),
+            None => Ok(out),
+        }
+    }
+}
+
+/// A dense MLP (a layer's, or a MoE block's shared experts).
+#[derive(Clone)]
+pub(super) enum DenseMlp {
+    /// kimi_linear, bailing_moe_v3: `down_proj(silu(gate_proj(x)) * up_proj(x))`.
+    SwiGlu(Mlp),
+    /// kimi_k3's `KimiK3MLP`: `down_proj(situ(up_proj(x), gate_proj(x)))`.
+    Situ(SituMlp),
+}
+
+impl DenseMlp {
+    /// The SwiGLU MLP at `path`: `gate_proj`, `up_proj`, `down_proj`, no biases.
+    pub(super) fn swiglu(w: &mut Weights, path: &str, d: i32, h: i32) -> Result<DenseMlp> {
+        Ok(DenseMlp::SwiGlu(Mlp::load(
+            w,
+            path,
+            &MlpNames::LLAMA,
+            d,
+            h,
+            false,
+            false,
+            MlpKind::SwiGlu,
+        )?))
+    }
+
+    fn forward(&self, x: &Array) -> Result<Array> {
+        match self {
+            DenseMlp::SwiGlu(m) => m.forward(x),
+            DenseMlp::Situ(m) => m.forward(x),
+        }
+    }
+}
+
+/// kimi_k3's `KimiK3MLP`: `down_proj(situ(up_proj(x), gate_proj(x)))`.
+#[derive(Clone)]
+pub(super) struct SituMlp {
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+    beta: f64,
+    linear_beta: Option<f64>,
+}
+
+impl SituMlp {
+    pub(super) fn load(
+        w: &mut Weights,
+        p: &str,
+        d: i32,
+        hidden: i32,
+        beta: f64,
+        linear_beta: Option<f64>,
+    ) -> Result<SituMlp> {
+        Ok(SituMlp {
+            gate_proj: Linear::load(w, &format!("{p}.gate_proj"), d, hidden, false)?,
+            up_proj: Linear::load(w, &format!("{p}.up_proj"), d, hidden, false)?,
+            down_proj: Linear::load(w, &format!("{p}.down_proj"), hidden, d, false)?,
+            beta,
+            linear_beta,
+        })
+    }
+
+    fn forward(&self, x: &Array) -> Result<Array> {
+        let up = self.up_proj.forward(x)?;
+        let gate = self.gate_proj.forward(x)?;
+        self.down_proj
+            .forward(&situ(&up, &gate, self.beta, self.linear_beta)?)
     }
 }
 
 #[derive(Clone)]
-enum Ffn {
-    Dense(Mlp),
+pub(super) enum Ffn {
+    Dense(DenseMlp),
     Moe(Box<SparseMoe>),
 }
 
 impl Ffn {
-    fn forward(&self, x: &Array) -> Result<Array> {
+    pub(super) fn forward(&self, x: &Array) -> Result<Array> {
         match self {
             Ffn::Dense(m) => m.forward(x),
             Ffn::Moe(m) => m.forward(x),
@@ -706,32 +770,192 @@ impl Ffn {
     }
 }
 
+/// The gate an MLA layer applies to its attention output before the output projection.
 #[derive(Clone)]
-enum Mixer {
+pub(super) enum MlaGate {
+    None,
+    /// kimi_k3's `mla_use_output_gate`: `out * sigmoid(g_proj(x))`.
+    Output(Linear),
+    /// bailing_moe_v3: one sigmoid gate per head (`g_proj`: hidden -> heads) in float32.
+    PerHead(Linear),
+}
+
+#[derive(Clone)]
+pub(super) enum Mixer {
     Kda(Box<Kda>),
-    /// The MLA block and, for bailing_moe_v3, its per-head sigmoid gate `g_proj`.
-    Mla(Box<MlaAttention>, Option<Linear>),
+    Mla(Box<MlaAttention>, MlaGate),
 }
 
+impl Mixer {
+    /// The mixer on the normed input `x`; `i` names the layer in cache errors.
+    pub(super) fn forward(
+        &self,
+        x: &Array,
+        attn_mask: &AttentionMask,
+        ssm_mask: Option<&Array>,
+        cache: Option<&mut Box<dyn Cache>>,
+        i: usize,
+    ) -> Result<Array> {
+        match self {
+            Mixer::Kda(k) => k.forward(x, ssm_mask, arrays_cache(cache, i)?),
+            Mixer::Mla(m, MlaGate::None) => m.forward(x, attn_mask, cache),
+            Mixer::Mla(m, MlaGate::Output(gate)) => {
+                let out = m.attend(x, attn_mask, cache)?;
+                let out = (&out * &ops::sigmoid(&gate.forward(x)?, None)?)?;
+                m.project_out(&out)
+            }
+            Mixer::Mla(m, MlaGate::PerHead(gate)) => {
+                let out = m.attend(x, attn_mask, cache)?;
+                let s = out.shape();
+                // `g_proj` maps hidden -> heads.
+                let heads = out.reshape(&[s[0], s[1], gate.dims()?.0, -1])?;
+                let g = ops::sigmoid(&gate.forward(x)?.astype(Dtype::Float32)?, None)?
+                    .astype(heads.dtype())?;
+                let out = (&heads * &g.expand_dims(&[-1])?)?;
+                m.project_out(&out.reshape(&[s[0], s[1], -1])?)
+            }
+        }
+    }
+}
+
+/// A KDA or MLA layer with its feed-forward block, pre-normed.
 #[derive(Clone)]
-struct Layer {
-    mixer: Mixer,
-    mlp: Ffn,
-    input_layernorm: RmsNorm,
-    post_attention_layernorm: RmsNorm,
+pub(super) struct Layer {
+    pub(super) mixer: Mixer,
+    pub(super) mlp: Ffn,
+    pub(super) input_layernorm: RmsNorm,
+    pub(super) post_attention_layernorm: RmsNorm,
 }
 
-fn swiglu_mlp(w: &mut Weights, path: &str, d: i32, h: i32) -> Result<Mlp> {
-    Mlp::load(
-        w,
-        path,
-        &MlpNames::LLAMA,
-        d,
-        h,
-        false,
-        false,
-        MlpKind::SwiGlu,
-    )
+impl Layer {
+    /// Loads the two norms of layer `p` around `mixer` and `mlp`.
+    pub(super) fn load(
+        w: &mut Weights,
+        p: &str,
+        mixer: Mixer,
+        mlp: Ffn,
+        d: i32,
+        eps: f32,
+    ) -> Result<Layer> {
+        Ok(Layer {
+            mixer,
+            mlp,
+            input_layernorm: RmsNorm::load(w, &format!("{p}.input_layernorm"), d, eps)?,
+            post_attention_layernorm: RmsNorm::load(
+                w,
+                &format!("{p}.post_attention_layernorm"),
+                d,
+                eps,
+            )?,
+        })
+    }
+
+    /// `h + mixer(norm(h))`, then that plus `mlp(norm(..))`.
+    pub(super) fn forward(
+        &self,
+        h: &Array,
+        attn_mask: &AttentionMask,
+        ssm_mask: Option<&Array>,
+        cache: Option<&mut Box<dyn Cache>>,
+        i: usize,
+    ) -> Result<Array> {
+        let x = self.input_layernorm.forward(h)?;
+        let r = self.mixer.forward(&x, attn_mask, ssm_mask, cache, i)?;
+        let hh = (h + &r)?;
+        Ok((&hh
+            + &self
+                .mlp
+                .forward(&self.post_attention_layernorm.forward(&hh)?)?)?)
+    }
+}
+
+/// create_attention_mask(h, cache[attn], return_array=True) and create_ssm_mask(h, cache) of
+/// the first MLA layer `mla_idx` and the first KDA layer `kda_idx`, for `n` new positions.
+pub(super) fn masks(
+    caches: Option<&[Box<dyn Cache>]>,
+    kda_idx: Option<usize>,
+    mla_idx: Option<usize>,
+    n: usize,
+) -> Result<(AttentionMask, Option<Array>)> {
+    let attn_mask = match mla_idx {
+        Some(i) => kit::cache_mask(caches, i, n, None, true)?,
+        None => AttentionMask::None,
+    };
+    let ssm_mask = match (kda_idx, caches) {
+        (Some(i), Some(c)) => c[i].make_mask(n, None, false)?.as_array().cloned(),
+        _ => None,
+    };
+    Ok((attn_mask, ssm_mask))
+}
+
+/// kimi_linear's and kimi_k3's sanitize of a KDA layer's separate convolutions: `{q,k,v}_conv1d`
+/// (moved to `(C, K, 1)` when 3-dimensional) become `{q,k,v}_conv.conv`.
+pub(super) fn move_kimi_convs(w: &mut Weights, attn: &str) -> Result<()> {
+    for (src, dst) in [
+        ("q_conv1d", "q_conv"),
+        ("k_conv1d", "k_conv"),
+        ("v_conv1d", "v_conv"),
+    ] {
+        if let Some(t) = w.remove(&format!("{attn}.{src}.weight")) {
+            let t = if t.ndim() == 3 {
+                ops::moveaxis(&t, 2, 1, None)?
+            } else {
+                t
+            };
+            w.insert(format!("{attn}.{dst}.conv.weight"), t);
+        }
+    }
+    Ok(())
+}
+
+/// The dimensions of a kimi MLA layer without rope (`mla_use_nope`).
+pub(super) struct NopeMla {
+    pub(super) hidden_size: i32,
+    pub(super) num_heads: i32,
+    pub(super) q_lora_rank: Option<i32>,
+    pub(super) kv_lora_rank: i32,
+    pub(super) qk_nope_head_dim: i32,
+    pub(super) qk_rope_head_dim: i32,
+    pub(super) v_head_dim: i32,
+    pub(super) lora_norm_eps: f32,
+}
+
+impl NopeMla {
+    /// kimi_linear's and kimi_k3's MLA layer at `attn`: `kv_b_proj` split as mlx-lm's sanitize
+    /// splits it, no rope.
+    pub(super) fn load(&self, w: &mut Weights, attn: &str) -> Result<MlaAttention> {
+        crate::models::deepseek::split_kv_b_proj_dims(
+            w,
+            attn,
+            self.num_heads,
+            self.qk_nope_head_dim,
+            self.v_head_dim,
+            self.kv_lora_rank,
+        )?;
+        let rope_dim = self.qk_rope_head_dim;
+        let spec = MlaSpec {
+            hidden_size: self.hidden_size,
+            num_heads: self.num_heads,
+            q_lora_rank: self.q_lora_rank,
+            kv_lora_rank: self.kv_lora_rank,
+            qk_nope_head_dim: self.qk_nope_head_dim,
+            qk_rope_head_dim: rope_dim,
+            v_head_dim: self.v_head_dim,
+            attention_bias: false,
+            lora_norm_eps: self.lora_norm_eps,
+            scale: f64::from(self.qk_nope_head_dim + rope_dim).powf(-0.5) as f32,
+            // Unused: these MLA layers apply no rope.
+            rope: Rope::Base {
+                dims: rope_dim,
+                traditional: false,
+                base: 10000.0,
+                scale: 1.0,
+            },
+            q_scale: None,
+            kv_scale: None,
+        };
+        Ok(MlaAttention::load(false, spec, w, attn)?.without_rope())
+    }
 }
 
 /// kimi_linear and bailing_moe_v3.
@@ -867,39 +1091,20 @@ impl Model {
                     &["weight"],
                 )?;
                 for name in ["gate_proj", "up_proj", "down_proj"] {
-                    rename(
-                        w,
+                    w.rename(
                         &format!("{src}.shared_experts.{name}.weight"),
                         format!("{dst}.shared_experts.{name}.weight"),
                     );
                 }
-                rename(
-                    w,
-                    &format!("{src}.gate.weight"),
-                    format!("{dst}.gate.weight"),
-                );
-                rename(
-                    w,
+                w.rename(&format!("{src}.gate.weight"), format!("{dst}.gate.weight"));
+                w.rename(
                     &format!("{src}.gate.e_score_correction_bias"),
                     format!("{dst}.e_score_correction_bias"),
                 );
             }
             let attn = format!("{p}.self_attn");
             let mixer = if is_kda[i as usize] {
-                for (src, dst) in [
-                    ("q_conv1d", "q_conv"),
-                    ("k_conv1d", "k_conv"),
-                    ("v_conv1d", "v_conv"),
-                ] {
-                    if let Some(t) = w.remove(&format!("{attn}.{src}.weight")) {
-                        let t = if t.ndim() == 3 {
-                            ops::moveaxis(&t, 2, 1, None)?
-                        } else {
-                            t
-                        };
-                        w.insert(format!("{attn}.{dst}.conv.weight"), t);
-                    }
-                }
+                move_kimi_convs(w, &attn)?;
                 let dt = format!("{attn}.dt_bias");
                 if w.shape_of(&dt).is_some_and(|s| s.len() > 1) {
                     w.map_tensor(&dt, |t| Ok(t.reshape(&[-1])?))?;
@@ -922,15 +1127,7 @@ impl Model {
                     &attn,
                 )?))
             } else {
-                crate::models::deepseek::split_kv_b_proj_dims(
-                    w,
-                    &attn,
-                    a.num_attention_heads,
-                    nope,
-                    v_head,
-                    a.kv_lora_rank,
-                )?;
-                let spec = MlaSpec {
+                let mla = NopeMla {
                     hidden_size: d,
                     num_heads: a.num_attention_heads,
                     q_lora_rank: None,
@@ -938,23 +1135,9 @@ impl Model {
                     qk_nope_head_dim: nope,
                     qk_rope_head_dim: rope_dim,
                     v_head_dim: v_head,
-                    attention_bias: false,
                     lora_norm_eps: eps,
-                    scale: f64::from(nope + rope_dim).powf(-0.5) as f32,
-                    // Unused: kimi_linear's MLA layers apply no rope.
-                    rope: Rope::Base {
-                        dims: rope_dim,
-                        traditional: false,
-                        base: 10000.0,
-                        scale: 1.0,
-                    },
-                    q_scale: None,
-                    kv_scale: None,
                 };
-                Mixer::Mla(
-                    Box::new(MlaAttention::load(false, spec, w, &attn)?.without_rope()),
-                    None,
-                )
+                Mixer::Mla(Box::new(mla.load(w, &attn)?), MlaGate::None)
             };
             let mlp = if moe {
                 let m = |n: &str| format!("{p}.mlp.{n}");
@@ -984,8 +1167,10 @@ impl Model {
                         false,
                         SwitchActivation::SwiGlu,
                     )?,
+                    situ: None,
+                    latent: None,
                     shared_experts: if a.num_shared_experts > 0 {
-                        Some(swiglu_mlp(
+                        Some(DenseMlp::swiglu(
                             w,
                             &m("shared_experts"),
                             d,
@@ -997,19 +1182,14 @@ impl Model {
                     cast_back: false,
                 }))
             } else {
-                Ffn::Dense(swiglu_mlp(w, &format!("{p}.mlp"), d, a.intermediate_size)?)
-            };
-            layers.push(Layer {
-                mixer,
-                mlp,
-                input_layernorm: RmsNorm::load(w, &format!("{p}.input_layernorm"), d, eps)?,
-                post_attention_layernorm: RmsNorm::load(
+                Ffn::Dense(DenseMlp::swiglu(
                     w,
-                    &format!("{p}.post_attention_layernorm"),
+                    &format!("{p}.mlp"),
                     d,
-                    eps,
-                )?,
-            });
+                    a.intermediate_size,
+                )?)
+            };
+            layers.push(Layer::load(w, &p, mixer, mlp, d, eps)?);
         }
         let embed_tokens = Embedding::load(w, "model.embed_tokens", a.vocab_size, d)?;
         let norm = RmsNorm::load(w, "model.norm", d, eps)?;
@@ -1105,15 +1285,7 @@ impl Model {
         if a.tie_word_embeddings {
             w.discard("lm_head.weight");
         }
-        for name in w.names() {
-            let layer = name
-                .strip_prefix("model.layers.")
-                .and_then(|r| r.split('.').next())
-                .and_then(|i| i.parse::<i32>().ok());
-            if layer.is_some_and(|i| i >= n) {
-                w.discard(&name);
-            }
-        }
+        w.discard_layers_from(n);
         let eps = a.rms_norm_eps as f32;
         let d = a.hidden_size;
         let q_head = a.qk_nope_head_dim + a.qk_rope_head_dim;
@@ -1203,7 +1375,7 @@ impl Model {
                     a.num_attention_heads,
                     false,
                 )?;
-                Mixer::Mla(Box::new(mla), Some(gate))
+                Mixer::Mla(Box::new(mla), MlaGate::PerHead(gate))
             };
             let mlp = if moe {
                 let m = |n: &str| format!("{p}.mlp.{n}");
@@ -1225,7 +1397,9 @@ impl Model {
                         false,
                         SwitchActivation::SwiGlu,
                     )?,
-                    shared_experts: Some(swiglu_mlp(
+                    situ: None,
+                    latent: None,
+                    shared_experts: Some(DenseMlp::swiglu(
                         w,
                         &m("shared_experts"),
                         d,
@@ -1234,19 +1408,14 @@ impl Model {
                     cast_back: true,
                 }))
             } else {
-                Ffn::Dense(swiglu_mlp(w, &format!("{p}.mlp"), d, a.intermediate_size)?)
-            };
-            layers.push(Layer {
-                mixer,
-                mlp,
-                input_layernorm: RmsNorm::load(w, &format!("{p}.input_layernorm"), d, eps)?,
-                post_attention_layernorm: RmsNorm::load(
+                Ffn::Dense(DenseMlp::swiglu(
                     w,
-                    &format!("{p}.post_attention_layernorm"),
+                    &format!("{p}.mlp"),
                     d,
-                    eps,
-                )?,
-            });
+                    a.intermediate_size,
+                )?)
+            };
+            layers.push(Layer::load(w, &p, mixer, mlp, d, eps)?);
         }
         let embed_tokens = Embedding::load(w, "model.word_embeddings", a.vocab_size, d)?;
         let norm = RmsNorm::load(w, "model.norm", d, eps)?;
@@ -1272,36 +1441,10 @@ impl Model {
         let n = kit::new_positions(inputs, caches.as_deref(), self.layers.len(), "layers")?;
         let mut h = self.embed_tokens.forward(inputs)?;
         let mut caches = caches;
-        // create_attention_mask(h, cache[attn], return_array=True); create_ssm_mask(h, cache).
-        let attn_mask = match self.mla_idx {
-            Some(i) => kit::cache_mask(caches.as_deref(), i, n, None, true)?,
-            None => AttentionMask::None,
-        };
-        let ssm_mask = match (self.kda_idx, caches.as_deref()) {
-            (Some(i), Some(c)) => c[i].make_mask(n, None, false)?.as_array().cloned(),
-            _ => None,
-        };
+        let (attn_mask, ssm_mask) = masks(caches.as_deref(), self.kda_idx, self.mla_idx, n)?;
         for (i, layer) in self.layers.iter().enumerate() {
             let cache = caches.as_deref_mut().map(|c| &mut c[i]);
-            let x = layer.input_layernorm.forward(&h)?;
-            let r = match &layer.mixer {
-                Mixer::Kda(k) => k.forward(&x, ssm_mask.as_ref(), arrays_cache(cache, i)?)?,
-                Mixer::Mla(m, None) => m.forward(&x, &attn_mask, cache)?,
-                Mixer::Mla(m, Some(gate)) => {
-                    let out = m.attend(&x, &attn_mask, cache)?;
-                    let s = out.shape();
-                    let heads = out.reshape(&[s[0], s[1], gate_heads(gate)?, -1])?;
-                    let g = ops::sigmoid(&gate.forward(&x)?.astype(Dtype::Float32)?, None)?
-                        .astype(heads.dtype())?;
-                    let out = (&heads * &g.expand_dims(&[-1])?)?;
-                    m.project_out(&out.reshape(&[s[0], s[1], -1])?)?
-                }
-            };
-            let hh = (&h + &r)?;
-            h = (&hh
-                + &layer
-                    .mlp
-                    .forward(&layer.post_attention_layernorm.forward(&hh)?)?)?;
+            h = layer.forward(&h, &attn_mask, ssm_mask.as_ref(), cache, i)?;
         }
         self.norm.forward(&h)
     }
@@ -1311,27 +1454,8 @@ impl Model {
     }
 }
 
-/// The number of heads a bailing_moe_v3 head gate `g_proj` (hidden -> heads) outputs.
-fn gate_heads(gate: &Linear) -> Result<i32> {
-    Ok(gate.dims()?.0)
-}
-
-/// Moves tensor `from` to `to` when present (a checkpoint's name to mlx-lm's).
-fn rename(w: &mut Weights, from: &str, to: String) {
-    if let Some(t) = w.remove(from) {
-        w.insert(to, t);
-    }
-}
-
 impl LanguageModel for Model {
-    fn forward(&self, inputs: &Array, caches: Option<&mut [Box<dyn Cache>]>) -> Result<Array> {
-        let h = self.hidden_states(inputs, caches)?;
-        self.head(&h)
-    }
-
-    fn forward_hidden(&self, inputs: &Array) -> Option<Result<Array>> {
-        Some(self.hidden_states(inputs, None))
-    }
+    kit::hidden_state_entry_points!(tied lm_head, embed_tokens);
 
     fn model_type(&self) -> &str {
         &self.model_type
@@ -1339,21 +1463,6 @@ impl LanguageModel for Model {
 
     fn vocab_size(&self) -> i32 {
         self.vocab_size
-    }
-
-    fn forward_hidden_cached(
-        &self,
-        inputs: &Array,
-        caches: &mut [Box<dyn Cache>],
-    ) -> Option<Result<Array>> {
-        Some(self.hidden_states(inputs, Some(caches)))
-    }
-
-    fn output_head(&self) -> Option<crate::models::OutputHead> {
-        Some(crate::models::OutputHead::of(
-            self.lm_head.as_ref(),
-            &self.embed_tokens,
-        ))
     }
 
     kit::layer_caches! {

@@ -10,7 +10,7 @@
 //! Caches: an `ArraysCache(size=2)` per KDA layer (conv state, recurrent state), a `KVCache`
 //! per MLA layer, as mlx-lm's `make_cache`.
 
-use mlx_cache::{AttentionMask, Cache};
+use mlx_cache::Cache;
 use mlx_core::compile::{compile, Compiled};
 use mlx_core::prelude::*;
 use serde::Deserialize;
@@ -18,12 +18,13 @@ use serde_json::Value;
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::layers::activations::{one, situ};
-use crate::layers::mla::{MlaAttention, MlaSpec};
-use crate::layers::ssm::arrays_cache;
-use crate::layers::{Embedding, Linear, RmsNorm, Rope, SwitchActivation, SwitchGlu};
-use crate::models::kda::{GateKind, Kda, KdaSpec};
-use crate::models::moe::{group_expert_select, GroupSelect};
+use crate::layers::activations::one;
+use crate::layers::{Embedding, Linear, RmsNorm, SwitchActivation, SwitchGlu};
+use crate::models::kda::{
+    self, DenseMlp, Ffn, GateKind, Kda, KdaSpec, Mixer, MlaGate, NopeMla, Router, SituMlp,
+    SparseMoe,
+};
+use crate::models::moe::GroupSelect;
 use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
@@ -115,106 +116,6 @@ fn config_error(m: String) -> ModelError {
     ModelError::Config(format!("config.json (`kimi_k3`): {m}"))
 }
 
-/// `KimiK3MLP`: `down_proj(situ(up_proj(x), gate_proj(x)))`.
-#[derive(Clone)]
-struct SituMlp {
-    gate_proj: Linear,
-    up_proj: Linear,
-    down_proj: Linear,
-    beta: f64,
-    linear_beta: Option<f64>,
-}
-
-impl SituMlp {
-    fn load(w: &mut Weights, p: &str, d: i32, hidden: i32, a: &TextArgs) -> Result<SituMlp> {
-        Ok(SituMlp {
-            gate_proj: Linear::load(w, &format!("{p}.gate_proj"), d, hidden, false)?,
-            up_proj: Linear::load(w, &format!("{p}.up_proj"), d, hidden, false)?,
-            down_proj: Linear::load(w, &format!("{p}.down_proj"), hidden, d, false)?,
-            beta: a.activation_situ_beta.unwrap_or(1.0),
-            linear_beta: a.activation_situ_linear_beta,
-        })
-    }
-
-    fn forward(&self, x: &Array) -> Result<Array> {
-        let up = self.up_proj.forward(x)?;
-        let gate = self.gate_proj.forward(x)?;
-        self.down_proj
-            .forward(&situ(&up, &gate, self.beta, self.linear_beta)?)
-    }
-}
-
-/// `KimiK3SparseMoE`.
-#[derive(Clone)]
-struct SparseMoe {
-    gate: Linear,
-    bias: Array,
-    select: GroupSelect,
-    switch_mlp: SwitchGlu,
-    /// The latent width's `routed_expert_down_proj`, optional norm and `routed_expert_up_proj`.
-    latent: Option<(Linear, Option<RmsNorm>, Linear)>,
-    shared_experts: Option<SituMlp>,
-    /// The experts' SiTU constants.
-    beta: f64,
-    linear_beta: Option<f64>,
-}
-
-impl SparseMoe {
-    fn forward(&self, x: &Array) -> Result<Array> {
-        let (inds, weights) = group_expert_select(&self.gate.forward(x)?, &self.bias, self.select)?;
-        let y = match &self.latent {
-            Some((down, _, _)) => down.forward(x)?,
-            None => x.clone(),
-        };
-        let (beta, linear_beta) = (self.beta, self.linear_beta);
-        let y = self
-            .switch_mlp
-            .forward_with(&y, &inds, |up, gate| Ok(situ(up, gate, beta, linear_beta)?))?;
-        let mut y = ops::sum(
-            &(&y * &ops::expand_dims(&weights, &[-1], None)?)?,
-            &[-2],
-            false,
-            None,
-        )?;
-        let shared = match &self.shared_experts {
-            Some(s) => Some(s.forward(x)?),
-            None => None,
-        };
-        if let Some((_, norm, up)) = &self.latent {
-            if let Some(n) = norm {
-                y = n.forward(&y)?;
-            }
-            y = up.forward(&y)?;
-        }
-        match shared {
-            Some(s) => Ok((&y + &s)?),
-            None => Ok(y),
-        }
-    }
-}
-
-#[derive(Clone)]
-enum Ffn {
-    Dense(SituMlp),
-    Moe(Box<SparseMoe>),
-}
-
-impl Ffn {
-    fn forward(&self, x: &Array) -> Result<Array> {
-        match self {
-            Ffn::Dense(m) => m.forward(x),
-            Ffn::Moe(m) => m.forward(x),
-        }
-    }
-}
-
-#[derive(Clone)]
-enum Mixer {
-    Kda(Box<Kda>),
-    /// The MLA block and its optional output gate `g_proj` (`mla_use_output_gate`).
-    Mla(Box<MlaAttention>, Option<Linear>),
-}
-
 /// A layer's attention-residual weights: `norm.weight.astype(float32) * proj.weight` for the
 /// attention and the MLP mixes, and whether the layer starts a block.
 #[derive(Clone)]
@@ -224,12 +125,10 @@ struct AttnRes {
     mlp_w: Array,
 }
 
+/// A KDA or MLA layer and, when the model uses attention residuals, its mixes' weights.
 #[derive(Clone)]
 struct Layer {
-    mixer: Mixer,
-    mlp: Ffn,
-    input_layernorm: RmsNorm,
-    post_attention_layernorm: RmsNorm,
+    block: kda::Layer,
     attn_res: Option<AttnRes>,
 }
 
@@ -320,13 +219,6 @@ fn res_weight(w: &mut Weights, p: &str, d: i32, eps: f32) -> Result<Array> {
         proj
     };
     Ok((&norm.weight.astype(Dtype::Float32)? * &proj)?)
-}
-
-/// Moves tensor `from` to `to` when present (a checkpoint's name to mlx-lm's).
-fn rename(w: &mut Weights, from: &str, to: String) {
-    if let Some(t) = w.remove(from) {
-        w.insert(to, t);
-    }
 }
 
 /// kimi_k3's text model.
@@ -449,15 +341,7 @@ impl Model {
         // LanguageModel.sanitize.
         w.discard_prefix("model.mtp");
         w.discard_prefix("mtp");
-        for name in w.names() {
-            let layer = name
-                .strip_prefix("model.layers.")
-                .and_then(|r| r.split('.').next())
-                .and_then(|i| i.parse::<i32>().ok());
-            if layer.is_some_and(|i| i >= n) {
-                w.discard(&name);
-            }
-        }
+        w.discard_layers_from(n);
         if a.tie_word_embeddings {
             w.discard("lm_head.weight");
         }
@@ -469,7 +353,7 @@ impl Model {
                 ] {
                     let pat = format!("{src}.{pat}");
                     if let Some(stem) = name.strip_suffix(&pat) {
-                        rename(w, &name, format!("{stem}{src}_{dst}"));
+                        w.rename(&name, format!("{stem}{src}_{dst}"));
                     }
                 }
             }
@@ -477,6 +361,11 @@ impl Model {
 
         let eps = a.rms_norm_eps as f32;
         let d = a.hidden_size;
+        // The SiTU constants of the MLPs and the experts.
+        let (beta, linear_beta) = (
+            a.activation_situ_beta.unwrap_or(1.0),
+            a.activation_situ_linear_beta,
+        );
         let mut layers = Vec::with_capacity(n as usize);
         for i in 0..n {
             let p = format!("model.layers.{i}");
@@ -507,8 +396,7 @@ impl Model {
                     "switch_mlp.down_proj",
                 ] {
                     for suffix in ["weight", "scales", "biases"] {
-                        rename(
-                            w,
+                        w.rename(
                             &format!("{src}.{name}.{suffix}"),
                             format!("{dst}.{name}.{suffix}"),
                         );
@@ -518,25 +406,12 @@ impl Model {
                     format!("{src}.gate.e_score_correction_bias"),
                     format!("{src}.e_score_correction_bias"),
                 ] {
-                    rename(w, &key, format!("{dst}.e_score_correction_bias"));
+                    w.rename(&key, format!("{dst}.e_score_correction_bias"));
                 }
             }
             let attn = format!("{p}.self_attn");
             let mixer = if is_kda[i as usize] {
-                for (src, dst) in [
-                    ("q_conv1d", "q_conv"),
-                    ("k_conv1d", "k_conv"),
-                    ("v_conv1d", "v_conv"),
-                ] {
-                    if let Some(t) = w.remove(&format!("{attn}.{src}.weight")) {
-                        let t = if t.ndim() == 3 {
-                            ops::moveaxis(&t, 2, 1, None)?
-                        } else {
-                            t
-                        };
-                        w.insert(format!("{attn}.{dst}.conv.weight"), t);
-                    }
-                }
+                kda::move_kimi_convs(w, &attn)?;
                 for name in ["dt_bias", "A_log"] {
                     let key = format!("{attn}.{name}");
                     if w.shape_of(&key).is_some_and(|s| s.len() > 1) {
@@ -598,40 +473,20 @@ impl Model {
                     &attn,
                 )?))
             } else {
-                crate::models::deepseek::split_kv_b_proj_dims(
-                    w,
-                    &attn,
-                    a.num_attention_heads,
-                    a.qk_nope_head_dim,
-                    a.v_head_dim,
-                    a.kv_lora_rank,
-                )?;
-                let rope_dim = a.qk_rope_head_dim;
-                let spec = MlaSpec {
+                let mla = NopeMla {
                     hidden_size: d,
                     num_heads: a.num_attention_heads,
                     q_lora_rank: a.q_lora_rank,
                     kv_lora_rank: a.kv_lora_rank,
                     qk_nope_head_dim: a.qk_nope_head_dim,
-                    qk_rope_head_dim: rope_dim,
+                    qk_rope_head_dim: a.qk_rope_head_dim,
                     v_head_dim: a.v_head_dim,
-                    attention_bias: false,
                     // Both LoRA norms of KimiK3MLAAttention use eps 1e-6.
                     lora_norm_eps: 1e-6,
-                    scale: f64::from(a.qk_nope_head_dim + rope_dim).powf(-0.5) as f32,
-                    // Unused: the MLA layers apply no rope (mla_use_nope).
-                    rope: Rope::Base {
-                        dims: rope_dim,
-                        traditional: false,
-                        base: 10000.0,
-                        scale: 1.0,
-                    },
-                    q_scale: None,
-                    kv_scale: None,
-                };
-                let mla = MlaAttention::load(false, spec, w, &attn)?.without_rope();
+                }
+                .load(w, &attn)?;
                 let gate = if a.mla_use_output_gate {
-                    Some(Linear::load(
+                    MlaGate::Output(Linear::load(
                         w,
                         &format!("{attn}.g_proj"),
                         d,
@@ -639,7 +494,7 @@ impl Model {
                         false,
                     )?)
                 } else {
-                    None
+                    MlaGate::None
                 };
                 Mixer::Mla(Box::new(mla), gate)
             };
@@ -672,45 +527,49 @@ impl Model {
                     None => None,
                 };
                 let shared_experts = if a.num_shared_experts > 0 {
-                    Some(SituMlp::load(
+                    Some(DenseMlp::Situ(SituMlp::load(
                         w,
                         &m("shared_experts"),
                         d,
                         moe_hidden * a.num_shared_experts,
-                        &a,
-                    )?)
+                        beta,
+                        linear_beta,
+                    )?))
                 } else {
                     None
                 };
                 Ffn::Moe(Box::new(SparseMoe {
-                    gate,
-                    bias,
-                    select: GroupSelect {
-                        top_k: a.num_experts_per_token,
-                        n_group: a.num_expert_group,
-                        topk_group: a.topk_group,
-                        scaling_bits: a.routed_scaling_factor.to_bits(),
-                        norm_topk_prob: a.moe_renormalize,
-                        bailing: false,
-                        sigmoid: true,
-                        has_bias: true,
-                        kimi: false,
-                        cast_back: true,
+                    router: Router::Kimi {
+                        gate,
+                        bias,
+                        select: GroupSelect {
+                            top_k: a.num_experts_per_token,
+                            n_group: a.num_expert_group,
+                            topk_group: a.topk_group,
+                            scaling_bits: a.routed_scaling_factor.to_bits(),
+                            norm_topk_prob: a.moe_renormalize,
+                            bailing: false,
+                            sigmoid: true,
+                            has_bias: true,
+                            kimi: false,
+                            cast_back: true,
+                        },
                     },
                     switch_mlp,
+                    situ: Some((beta, linear_beta)),
                     latent,
                     shared_experts,
-                    beta: a.activation_situ_beta.unwrap_or(1.0),
-                    linear_beta: a.activation_situ_linear_beta,
+                    cast_back: false,
                 }))
             } else {
-                Ffn::Dense(SituMlp::load(
+                Ffn::Dense(DenseMlp::Situ(SituMlp::load(
                     w,
                     &format!("{p}.mlp"),
                     d,
                     a.intermediate_size,
-                    &a,
-                )?)
+                    beta,
+                    linear_beta,
+                )?))
             };
             let attn_res = match a.attn_res_block_size {
                 Some(bs) => Some(AttnRes {
@@ -721,15 +580,7 @@ impl Model {
                 None => None,
             };
             layers.push(Layer {
-                mixer,
-                mlp,
-                input_layernorm: RmsNorm::load(w, &format!("{p}.input_layernorm"), d, eps)?,
-                post_attention_layernorm: RmsNorm::load(
-                    w,
-                    &format!("{p}.post_attention_layernorm"),
-                    d,
-                    eps,
-                )?,
+                block: kda::Layer::load(w, &p, mixer, mlp, d, eps)?,
                 attn_res,
             });
         }
@@ -753,25 +604,6 @@ impl Model {
         })
     }
 
-    fn mixer(
-        layer: &Layer,
-        x: &Array,
-        attn_mask: &AttentionMask,
-        ssm_mask: Option<&Array>,
-        cache: Option<&mut Box<dyn Cache>>,
-        i: usize,
-    ) -> Result<Array> {
-        match &layer.mixer {
-            Mixer::Kda(k) => k.forward(x, ssm_mask, arrays_cache(cache, i)?),
-            Mixer::Mla(m, None) => m.forward(x, attn_mask, cache),
-            Mixer::Mla(m, Some(gate)) => {
-                let out = m.attend(x, attn_mask, cache)?;
-                let out = (&out * &ops::sigmoid(&gate.forward(x)?, None)?)?;
-                m.project_out(&out)
-            }
-        }
-    }
-
     /// The final normed hidden states `(batch, seq, hidden)`.
     pub fn hidden_states(
         &self,
@@ -781,14 +613,7 @@ impl Model {
         let n = kit::new_positions(inputs, caches.as_deref(), self.layers.len(), "layers")?;
         let mut h = self.embed_tokens.forward(inputs)?;
         let mut caches = caches;
-        let ssm_mask = match (self.kda_idx, caches.as_deref()) {
-            (Some(i), Some(c)) => c[i].make_mask(n, None, false)?.as_array().cloned(),
-            _ => None,
-        };
-        let attn_mask = match self.mla_idx {
-            Some(i) => kit::cache_mask(caches.as_deref(), i, n, None, true)?,
-            None => AttentionMask::None,
-        };
+        let (attn_mask, ssm_mask) = kda::masks(caches.as_deref(), self.kda_idx, self.mla_idx, n)?;
         let mut blocks = Blocks {
             raw: None,
             inv_rms: None,
@@ -796,16 +621,9 @@ impl Model {
         };
         for (i, layer) in self.layers.iter().enumerate() {
             let cache = caches.as_deref_mut().map(|c| &mut c[i]);
+            let block = &layer.block;
             match &layer.attn_res {
-                None => {
-                    let x = layer.input_layernorm.forward(&h)?;
-                    let r = Model::mixer(layer, &x, &attn_mask, ssm_mask.as_ref(), cache, i)?;
-                    let hh = (&h + &r)?;
-                    h = (&hh
-                        + &layer
-                            .mlp
-                            .forward(&layer.post_attention_layernorm.forward(&hh)?)?)?;
-                }
+                None => h = block.forward(&h, &attn_mask, ssm_mask.as_ref(), cache, i)?,
                 Some(res) => {
                     let mixed = blocks.mix(&h, &res.attn_w)?;
                     let mut partial = Some(h.clone());
@@ -813,17 +631,19 @@ impl Model {
                         blocks.append(&h)?;
                         partial = None;
                     }
-                    let x = layer.input_layernorm.forward(&mixed)?;
-                    let y = Model::mixer(layer, &x, &attn_mask, ssm_mask.as_ref(), cache, i)?;
+                    let x = block.input_layernorm.forward(&mixed)?;
+                    let y = block
+                        .mixer
+                        .forward(&x, &attn_mask, ssm_mask.as_ref(), cache, i)?;
                     let partial = match partial {
                         Some(p) => (&p + &y)?,
                         None => y,
                     };
                     let mixed = blocks.mix(&partial, &res.mlp_w)?;
                     h = (&partial
-                        + &layer
+                        + &block
                             .mlp
-                            .forward(&layer.post_attention_layernorm.forward(&mixed)?)?)?;
+                            .forward(&block.post_attention_layernorm.forward(&mixed)?)?)?;
                 }
             }
         }
@@ -854,7 +674,9 @@ impl LanguageModel for Model {
         /// layer.
         fn make_cache(&self) {
             kit::hybrid_caches(
-                self.layers.iter().map(|l| matches!(l.mixer, Mixer::Mla(..))),
+                self.layers
+                    .iter()
+                    .map(|l| matches!(l.block.mixer, Mixer::Mla(..))),
                 2,
             )
         }

@@ -64,6 +64,34 @@ pub(crate) fn cache_mask(
     }
 }
 
+/// The masks of a stack of attention and recurrent layers for `n` new positions, after
+/// checking there is one cache per layer: the cache mask of the first attention layer
+/// (`fa_idx`) and the array mask of the first recurrent layer (`ssm_idx`); without caches the
+/// causal fallback and no recurrent mask.
+pub(crate) fn hybrid_masks(
+    caches: Option<&[Box<dyn Cache>]>,
+    layers: usize,
+    fa_idx: Option<usize>,
+    ssm_idx: Option<usize>,
+    n: usize,
+) -> Result<(AttentionMask, Option<Array>)> {
+    match caches {
+        Some(c) => {
+            check_caches(Some(c), layers, "layers")?;
+            let fa = match fa_idx {
+                Some(i) => c[i].make_mask(n, None, false)?,
+                None => AttentionMask::None,
+            };
+            let ssm = match ssm_idx {
+                Some(i) => c[i].make_mask(n, None, false)?.as_array().cloned(),
+                None => None,
+            };
+            Ok((fa, ssm))
+        }
+        None => Ok((mlx_cache::mask::fallback_mask(n, None, false)?, None)),
+    }
+}
+
 /// `n` plain `KVCache`s (mlx-lm's default `make_prompt_cache` for a model without
 /// `make_cache`, or a `make_cache` that returns only those).
 pub(crate) fn kv_caches(n: usize) -> Vec<Box<dyn Cache>> {

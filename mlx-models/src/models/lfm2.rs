@@ -13,7 +13,7 @@ use serde_json::Value;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::{swiglu, Embedding, LayerParam, Linear, LinearMut, RmsNorm, Rope};
-use crate::models::checkpoint::{layer_step, LayerArrays};
+use crate::models::checkpoint::{layer_stack, LayerArrays};
 use crate::models::moe::{
     Attention, AttentionSpec, BlockExtras, QkNorm, Router, SparseMoe, SparseMoeParams,
 };
@@ -670,30 +670,26 @@ impl Model {
         crate::models::moe::check_inputs(inputs)?;
         let mut h = self.embed_tokens.forward(inputs)?;
         let n = h.shape().get(1).copied().unwrap_or(0) as usize;
-        let mut caches = caches;
-        let (attn_mask, conv_mask) = match caches.as_deref() {
-            Some(c) => {
-                kit::check_caches(Some(c), self.layers.len(), "layers")?;
-                (
-                    c[self.fa_idx].make_mask(n, None, false)?,
-                    c[self.conv_idx]
-                        .make_mask(n, None, false)?
-                        .as_array()
-                        .cloned(),
-                )
-            }
-            None => (mlx_cache::mask::fallback_mask(n, None, false)?, None),
-        };
-        for (i, layer) in self.layers.iter().enumerate() {
-            let cache = caches.as_deref_mut().map(|c| &mut c[i]);
-            let ckpt = self
-                .grad_checkpoint
-                .then(|| self.checkpoint_own.contains(&i));
-            let (am, cm) = (attn_mask.clone(), conv_mask.clone());
-            h = layer_step(layer, &h, cache, ckpt, move |l, x, c| {
-                l.forward(x, i, &am, cm.as_ref(), c)
-            })?;
-        }
+        let (attn_mask, conv_mask) = kit::hybrid_masks(
+            caches.as_deref(),
+            self.layers.len(),
+            Some(self.fa_idx),
+            Some(self.conv_idx),
+            n,
+        )?;
+        h = layer_stack(
+            &self.layers,
+            h,
+            caches,
+            self.grad_checkpoint,
+            &self.checkpoint_own,
+            |i| {
+                let (am, cm) = (attn_mask.clone(), conv_mask.clone());
+                move |l: &DecoderLayer, x: &Array, c: Option<&mut Box<dyn Cache>>| {
+                    l.forward(x, i, &am, cm.as_ref(), c)
+                }
+            },
+        )?;
         self.embedding_norm.forward(&h)
     }
 

@@ -14,7 +14,7 @@ use serde_json::Value;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::ssm::{
-    arrays_cache, softplus, DepthwiseConv, GatedNorm, Mamba2Dims, Mamba2Mixer,
+    arrays_cache, softplus, store_recurrent, DepthwiseConv, GatedNorm, Mamba2Dims, Mamba2Mixer,
 };
 use crate::layers::{silu, swiglu, Embedding, Linear, RmsNorm};
 use crate::models::{kit, LanguageModel};
@@ -248,24 +248,8 @@ impl MambaBlock {
         let refs: Vec<&Array> = ys.iter().collect();
         let y = ops::stack(&refs, 1, None)?;
         if let Some(c) = cache {
-            if keep {
-                let steps = states
-                    .into_iter()
-                    .enumerate()
-                    .map(|(s, st)| {
-                        Ok(vec![
-                            Some(self.conv1d.state_after(&padded, s as i32 + 1)?),
-                            Some(st),
-                        ])
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                c.checkpoint_steps(steps)?;
-            }
-            c.set(0, self.conv1d.state_after(&padded, t)?)?;
-            if let Some(st) = state {
-                c.set(1, st)?;
-            }
-            c.advance(t as usize)?;
+            let conv = [(&self.conv1d, &padded)];
+            store_recurrent(c, &conv, t, keep.then_some(states), state, false)?;
         }
         self.out_proj.forward(&swiglu(z, &y)?)
     }

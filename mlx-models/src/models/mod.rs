@@ -598,6 +598,33 @@ pub fn supported_model_types() -> Vec<SupportedType> {
     out
 }
 
+/// The checked constructors of a `config.json`: parsed, its `model_type` served by the
+/// registry ([`check_supported`]), its float hyper-parameters and quantization block read
+/// (`config.rs`).
+impl ModelConfig {
+    /// Reads and parses `path` (a `config.json`).
+    pub fn from_file(path: &std::path::Path) -> Result<ModelConfig> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ModelError::Config(format!("{}: {e}", path.display())))?;
+        Self::from_json_str(&text).map_err(|e| match e {
+            ModelError::Config(m) => ModelError::Config(format!("{}: {m}", path.display())),
+            other => other,
+        })
+    }
+
+    pub fn from_json_str(text: &str) -> Result<ModelConfig> {
+        let raw = crate::config::parse_python_json(text)
+            .map_err(|e| ModelError::Config(format!("invalid JSON: {e}")))?;
+        Self::from_value(raw)
+    }
+
+    pub fn from_value(raw: serde_json::Value) -> Result<ModelConfig> {
+        let model_type = ModelConfig::model_type_of(&raw)?;
+        check_supported(&model_type)?;
+        ModelConfig::with_model_type(raw, model_type)
+    }
+}
+
 /// Ok when [`build`] serves `model_type`; else the rejection error.
 pub fn check_supported(model_type: &str) -> Result<()> {
     let arch = remap(model_type);

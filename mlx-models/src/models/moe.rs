@@ -14,7 +14,7 @@ use crate::layers::{
     scaled_dot_product_attention, Embedding, LayerParam, Linear, LinearMut, Mlp, MlpKind, MlpNames,
     Norm, NormKind, RmsNorm, Rope, RopeScaling, SwitchActivation, SwitchGlu,
 };
-use crate::models::checkpoint::{layer_step, LayerArrays};
+use crate::models::checkpoint::{layer_stack, LayerArrays};
 use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
@@ -4027,26 +4027,38 @@ impl Model {
                         .into(),
             });
         }
-        let mut shared: Option<(Array, Array)> = None;
-        h = crate::shard::pipeline_recv(h, self.pipeline)?;
-        for (i, layer) in self.layers.iter().enumerate() {
-            let m = if self.is_sliding(i) {
+        // Layer `i`'s mask: the sliding-window one on sliding layers.
+        let mask_of = |i: usize| {
+            if self.is_sliding(i) {
                 swa_mask.as_ref().unwrap_or(&mask)
             } else {
                 &mask
             }
-            .clone();
-            let cache = caches.as_deref_mut().map(|c| &mut c[i]);
-            if cla {
-                let (out, kv) = layer.forward_shared(&h, &m, cache, shared.as_ref())?;
+            .clone()
+        };
+        h = crate::shard::pipeline_recv(h, self.pipeline)?;
+        if cla {
+            let mut shared: Option<(Array, Array)> = None;
+            for (i, layer) in self.layers.iter().enumerate() {
+                let cache = caches.as_deref_mut().map(|c| &mut c[i]);
+                let (out, kv) = layer.forward_shared(&h, &mask_of(i), cache, shared.as_ref())?;
                 h = out;
                 shared = Some(kv);
-                continue;
             }
-            let ckpt = self
-                .grad_checkpoint
-                .then(|| self.checkpoint_own.contains(&i));
-            h = layer_step(layer, &h, cache, ckpt, move |l, x, c| l.forward(x, &m, c))?;
+        } else {
+            h = layer_stack(
+                &self.layers,
+                h,
+                caches.as_deref_mut(),
+                self.grad_checkpoint,
+                &self.checkpoint_own,
+                |i| {
+                    let m = mask_of(i);
+                    move |l: &DecoderLayer, x: &Array, c: Option<&mut Box<dyn Cache>>| {
+                        l.forward(x, &m, c)
+                    }
+                },
+            )?;
         }
         h = crate::shard::pipeline_send(h, self.pipeline, caches.and_then(|c| c.last_mut()))?;
         self.norm.forward(&h)

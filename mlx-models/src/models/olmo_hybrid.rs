@@ -12,7 +12,7 @@ use serde_json::Value;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::gated_delta::{compute_g, gated_delta_ops, normalize_qk, RmsNormGated};
-use crate::layers::ssm::{arrays_cache, DepthwiseConv};
+use crate::layers::ssm::{arrays_cache, store_recurrent, DepthwiseConv};
 use crate::layers::{scaled_dot_product_attention, silu, Embedding, Linear, RmsNorm, Rope};
 use crate::models::mamba::{conv_kernel_ok, positive};
 use crate::models::{kit, LanguageModel};
@@ -221,32 +221,8 @@ impl GatedDeltaNet {
         let (out, state, states) =
             gated_delta_ops(&q, &k, &v, &g, &beta, state.as_ref(), mask, keep)?;
         if let Some(c) = cache {
-            let conv_at = |t: i32| -> Result<Vec<Option<Array>>> {
-                self.convs
-                    .iter()
-                    .zip(&padded)
-                    .map(|(conv, p)| Ok(Some(conv.state_after(p, t)?)))
-                    .collect()
-            };
-            if keep {
-                let steps = states
-                    .into_iter()
-                    .enumerate()
-                    .map(|(t, st)| {
-                        let mut slots = conv_at(t as i32 + 1)?;
-                        slots.push(Some(st));
-                        Ok(slots)
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                c.checkpoint_steps(steps)?;
-            }
-            for (slot, st) in conv_at(s)?.into_iter().enumerate() {
-                if let Some(st) = st {
-                    c.set(slot, st)?;
-                }
-            }
-            c.set(3, state)?;
-            c.advance(s as usize)?;
+            let pairs: Vec<_> = self.convs.iter().zip(&padded).collect();
+            store_recurrent(c, &pairs, s, keep.then_some(states), Some(state), false)?;
         }
         let gate = self.g_proj.forward(x)?.reshape(&[-1, self.head_v_dim])?;
         let out = out.reshape(&[-1, self.head_v_dim])?;

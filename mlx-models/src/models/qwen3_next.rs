@@ -24,7 +24,7 @@ use crate::layers::{
     RopeScaling, SwitchActivation,
 };
 use crate::layers::{LayerParam, LinearMut};
-use crate::models::checkpoint::{layer_step, LayerArrays};
+use crate::models::checkpoint::{layer_stack, LayerArrays};
 use crate::models::moe::{Ffn, Router, SparseMoe, SparseMoeParams};
 use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
@@ -1300,32 +1300,27 @@ impl Model {
         let mut h = self.embed_tokens.forward(inputs)?;
         let n = h.shape().get(1).copied().unwrap_or(0) as usize;
         let mut caches = caches;
-        let (fa_mask, ssm_mask) = match caches.as_deref() {
-            Some(c) => {
-                kit::check_caches(Some(c), self.layers.len(), "layers")?;
-                let fa = match self.fa_idx {
-                    Some(i) => c[i].make_mask(n, None, false)?,
-                    None => AttentionMask::None,
-                };
-                let ssm = match self.ssm_idx {
-                    Some(i) => c[i].make_mask(n, None, false)?.as_array().cloned(),
-                    None => None,
-                };
-                (fa, ssm)
-            }
-            None => (mlx_cache::mask::fallback_mask(n, None, false)?, None),
-        };
+        let (fa_mask, ssm_mask) = kit::hybrid_masks(
+            caches.as_deref(),
+            self.layers.len(),
+            self.fa_idx,
+            self.ssm_idx,
+            n,
+        )?;
         h = crate::shard::pipeline_recv(h, self.pipeline)?;
-        for (i, layer) in self.layers.iter().enumerate() {
-            let cache = caches.as_deref_mut().map(|c| &mut c[i]);
-            let ckpt = self
-                .grad_checkpoint
-                .then(|| self.checkpoint_own.contains(&i));
-            let (fm, sm) = (fa_mask.clone(), ssm_mask.clone());
-            h = layer_step(layer, &h, cache, ckpt, move |l, x, c| {
-                l.forward(x, i, &fm, sm.as_ref(), c)
-            })?;
-        }
+        h = layer_stack(
+            &self.layers,
+            h,
+            caches.as_deref_mut(),
+            self.grad_checkpoint,
+            &self.checkpoint_own,
+            |i| {
+                let (fm, sm) = (fa_mask.clone(), ssm_mask.clone());
+                move |l: &DecoderLayer, x: &Array, c: Option<&mut Box<dyn Cache>>| {
+                    l.forward(x, i, &fm, sm.as_ref(), c)
+                }
+            },
+        )?;
         h = crate::shard::pipeline_send(h, self.pipeline, caches.and_then(|c| c.last_mut()))?;
         self.norm.forward(&h)
     }
