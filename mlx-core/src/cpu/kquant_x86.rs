@@ -1,0 +1,352 @@
+//! The AVX2 kernels of [`super::kquant`]: each 32-value chunk of a GGML row unpacked into 32
+//! bytes of codes in registers, then per input `maddubs` (unsigned codes times the int8
+//! inputs; signed codes through the sign trick, `|w| * sign(x, w)`), `madd` with the chunk's
+//! integer scales (one per 16 values: Q6_K; else 1), one float multiply-add with the chunk's
+//! factor times the input's scale, and the minimums (`b * sum(x)`) in a float on the side.
+//! Every function requires AVX2, FMA and F16C: callers check [`super::Isa::has_avx2`].
+
+use std::arch::x86_64::*;
+
+use super::kquant::GgmlType;
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn h2f(p: *const u8) -> f32 {
+    // SAFETY: the caller keeps p within its row (two bytes).
+    unsafe {
+        let h = std::ptr::read_unaligned(p as *const u16);
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h))))
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum(v: __m256) -> f32 {
+    let lo = _mm256_castps256_ps128(v);
+    let hi = _mm256_extractf128_ps(v, 1);
+    let s = _mm_add_ps(lo, hi);
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    _mm_cvtss_f32(s)
+}
+
+/// 16 packed bytes' low nibbles (values 0..16) then high nibbles (16..32), as GGML's legacy
+/// blocks order them.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nibbles16(p: *const u8) -> __m256i {
+    // SAFETY: the caller keeps p within its row (16 bytes).
+    unsafe {
+        let q = _mm_loadu_si128(p as *const __m128i);
+        let m = _mm_set1_epi8(0x0f);
+        let lo = _mm_and_si128(q, m);
+        let hi = _mm_and_si128(_mm_srli_epi16(q, 4), m);
+        _mm256_set_m128i(hi, lo)
+    }
+}
+
+/// Byte `i` is 0xff where bit `i` of `x` is set (llama.cpp's `bytes_from_bits_32`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn bytes_from_bits(x: u32) -> __m256i {
+    let shuf = _mm256_set_epi64x(
+        0x0303_0303_0303_0303,
+        0x0202_0202_0202_0202,
+        0x0101_0101_0101_0101,
+        0,
+    );
+    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x as i32), shuf);
+    let bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe));
+    _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1))
+}
+
+/// One GGML type's chunks: chunk `c` of a row as 32 code bytes, the `madd` operand of its
+/// integer scales, its float factor and its minimum (subtracted). Chunks are asked for in
+/// order, so a k-quant decodes its block's scales once, at the block's first chunk.
+trait Unpack {
+    /// Codes are signed (else unsigned, at most 63).
+    const SIGNED: bool;
+    /// The type has minimums.
+    const MINS: bool;
+    unsafe fn chunk(&mut self, row: *const u8, c: usize) -> (__m256i, __m256i, f32, f32);
+}
+
+#[derive(Default)]
+struct Q8_0;
+#[derive(Default)]
+struct Q4_0;
+#[derive(Default)]
+struct Q5_0;
+#[derive(Default)]
+struct Q4_1;
+#[derive(Default)]
+struct Q5_1;
+#[derive(Default)]
+struct Q45K<const FIVE: bool> {
+    d: f32,
+    dmin: f32,
+    sc: [u8; 8],
+    m: [u8; 8],
+}
+#[derive(Default)]
+struct Q6K;
+
+impl Unpack for Q8_0 {
+    const SIGNED: bool = true;
+    const MINS: bool = false;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn chunk(&mut self, row: *const u8, c: usize) -> (__m256i, __m256i, f32, f32) {
+        // SAFETY: chunk c is within the row (the caller's contract).
+        unsafe {
+            let p = row.add(34 * c);
+            let w = _mm256_loadu_si256(p.add(2) as *const __m256i);
+            (w, _mm256_set1_epi16(1), h2f(p), 0.0)
+        }
+    }
+}
+
+impl Unpack for Q4_0 {
+    const SIGNED: bool = true;
+    const MINS: bool = false;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn chunk(&mut self, row: *const u8, c: usize) -> (__m256i, __m256i, f32, f32) {
+        // SAFETY: as above.
+        unsafe {
+            let p = row.add(18 * c);
+            let w = _mm256_sub_epi8(nibbles16(p.add(2)), _mm256_set1_epi8(8));
+            (w, _mm256_set1_epi16(1), h2f(p), 0.0)
+        }
+    }
+}
+
+impl Unpack for Q5_0 {
+    const SIGNED: bool = true;
+    const MINS: bool = false;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn chunk(&mut self, row: *const u8, c: usize) -> (__m256i, __m256i, f32, f32) {
+        // SAFETY: as above.
+        unsafe {
+            let p = row.add(22 * c);
+            let qh = std::ptr::read_unaligned(p.add(2) as *const u32);
+            let hb = _mm256_and_si256(bytes_from_bits(qh), _mm256_set1_epi8(0x10));
+            let w = _mm256_or_si256(nibbles16(p.add(6)), hb);
+            let w = _mm256_sub_epi8(w, _mm256_set1_epi8(16));
+            (w, _mm256_set1_epi16(1), h2f(p), 0.0)
+        }
+    }
+}
+
+impl Unpack for Q4_1 {
+    const SIGNED: bool = false;
+    const MINS: bool = true;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn chunk(&mut self, row: *const u8, c: usize) -> (__m256i, __m256i, f32, f32) {
+        // SAFETY: as above.
+        unsafe {
+            let p = row.add(20 * c);
+            (
+                nibbles16(p.add(4)),
+                _mm256_set1_epi16(1),
+                h2f(p),
+                -h2f(p.add(2)),
+            )
+        }
+    }
+}
+
+impl Unpack for Q5_1 {
+    const SIGNED: bool = false;
+    const MINS: bool = true;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn chunk(&mut self, row: *const u8, c: usize) -> (__m256i, __m256i, f32, f32) {
+        // SAFETY: as above.
+        unsafe {
+            let p = row.add(24 * c);
+            let qh = std::ptr::read_unaligned(p.add(4) as *const u32);
+            let hb = _mm256_and_si256(bytes_from_bits(qh), _mm256_set1_epi8(0x10));
+            let w = _mm256_or_si256(nibbles16(p.add(8)), hb);
+            (w, _mm256_set1_epi16(1), h2f(p), -h2f(p.add(2)))
+        }
+    }
+}
+
+impl<const FIVE: bool> Unpack for Q45K<FIVE> {
+    const SIGNED: bool = false;
+    const MINS: bool = true;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn chunk(&mut self, row: *const u8, c: usize) -> (__m256i, __m256i, f32, f32) {
+        let bb = if FIVE { 176 } else { 144 };
+        let (sb, j) = (c / 8, c % 8);
+        // SAFETY: as above (block sb holds chunk c).
+        unsafe {
+            let p = row.add(bb * sb);
+            if j == 0 {
+                self.d = h2f(p);
+                self.dmin = h2f(p.add(2));
+                let s = std::slice::from_raw_parts(p.add(4), 12);
+                for i in 0..4 {
+                    self.sc[i] = s[i] & 0x3f;
+                    self.sc[i + 4] = (s[8 + i] & 0x0f) | ((s[i] >> 2) & 0x30);
+                    self.m[i] = s[4 + i] & 0x3f;
+                    self.m[i + 4] = (s[8 + i] >> 4) | ((s[4 + i] >> 2) & 0x30);
+                }
+            }
+            let qs = p.add(if FIVE { 48 } else { 16 });
+            let q = _mm256_loadu_si256(qs.add(32 * (j / 2)) as *const __m256i);
+            let q = if j % 2 == 0 {
+                q
+            } else {
+                _mm256_srli_epi16(q, 4)
+            };
+            let mut w = _mm256_and_si256(q, _mm256_set1_epi8(0x0f));
+            if FIVE {
+                let qh = _mm256_loadu_si256(p.add(16) as *const __m256i);
+                let h = _mm256_and_si256(
+                    _mm256_srl_epi16(qh, _mm_cvtsi32_si128(j as i32)),
+                    _mm256_set1_epi8(1),
+                );
+                w = _mm256_or_si256(w, _mm256_slli_epi16(h, 4));
+            }
+            let dm = self.dmin * f32::from(self.m[j]);
+            (w, _mm256_set1_epi16(i16::from(self.sc[j])), self.d, dm)
+        }
+    }
+}
+
+impl Unpack for Q6K {
+    const SIGNED: bool = true;
+    const MINS: bool = false;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn chunk(&mut self, row: *const u8, c: usize) -> (__m256i, __m256i, f32, f32) {
+        let (sb, g) = (c / 8, c % 8);
+        let (h, gg) = (g / 4, g % 4);
+        // SAFETY: as above.
+        unsafe {
+            let p = row.add(210 * sb);
+            let l = _mm256_loadu_si256(p.add(64 * h + 32 * (gg % 2)) as *const __m256i);
+            let l = if gg / 2 == 0 {
+                l
+            } else {
+                _mm256_srli_epi16(l, 4)
+            };
+            let low = _mm256_and_si256(l, _mm256_set1_epi8(0x0f));
+            let qh = _mm256_loadu_si256(p.add(128 + 32 * h) as *const __m256i);
+            let high = _mm256_and_si256(
+                _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * gg as i32)),
+                _mm256_set1_epi8(3),
+            );
+            let w = _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
+            let w = _mm256_sub_epi8(w, _mm256_set1_epi8(32));
+            let s = p.add(192 + 8 * h + 2 * gg);
+            let sc = _mm256_set_m128i(
+                _mm_set1_epi16(i16::from(*s.add(1) as i8)),
+                _mm_set1_epi16(i16::from(*s as i8)),
+            );
+            (w, sc, h2f(p.add(208)), 0.0)
+        }
+    }
+}
+
+/// `MT` inputs' dot products with one row of `chunks` chunks.
+///
+/// # Safety
+/// AVX2, FMA and F16C; `row` holds `chunks` chunks of `U`'s type, `q` `MT * chunks * 32`
+/// codes, `d` and `s` `MT * chunks` floats.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn kernel<U: Unpack, const MT: usize>(
+    mut u: U,
+    row: *const u8,
+    q: *const i8,
+    d: *const f32,
+    s: *const f32,
+    chunks: usize,
+) -> [f32; MT] {
+    let mut acc = [_mm256_setzero_ps(); MT];
+    let mut mins = [0f32; MT];
+    // SAFETY: within the ranges of the contract.
+    unsafe {
+        for c in 0..chunks {
+            let (w, sc, f, b) = u.chunk(row, c);
+            let aw = _mm256_sign_epi8(w, w);
+            for t in 0..MT {
+                let i = t * chunks + c;
+                let x = _mm256_loadu_si256(q.add(i * 32) as *const __m256i);
+                let p = if U::SIGNED {
+                    _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w))
+                } else {
+                    _mm256_maddubs_epi16(w, x)
+                };
+                let v = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, sc));
+                acc[t] = _mm256_fmadd_ps(v, _mm256_set1_ps(f * *d.add(i)), acc[t]);
+                if U::MINS {
+                    mins[t] -= b * *s.add(i);
+                }
+            }
+        }
+        let mut out = [0f32; MT];
+        for t in 0..MT {
+            out[t] = hsum(acc[t]) + mins[t];
+        }
+        out
+    }
+}
+
+/// `mt` (1..=4) inputs against one row of type `ty` into `res[..mt]`.
+///
+/// # Safety
+/// AVX2, FMA and F16C; `ty` has an AVX2 kernel ([`GgmlType::has_avx2_kernel`]); `row` holds
+/// `chunks` chunks, `q` `mt * chunks * 32` codes, `d` and `s` `mt * chunks` floats.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dots(
+    ty: GgmlType,
+    row: &[u8],
+    q: &[i8],
+    d: &[f32],
+    s: &[f32],
+    mt: usize,
+    chunks: usize,
+    res: &mut [f32; 4],
+) {
+    assert!(
+        row.len() >= chunks * 32 / ty.block() * ty.block_bytes()
+            && q.len() >= mt * chunks * 32
+            && d.len() >= mt * chunks
+            && s.len() >= mt * chunks
+            && (1..=4).contains(&mt),
+        "kquant dots: short buffers"
+    );
+    macro_rules! go {
+        ($u:expr) => {
+            // SAFETY: the sizes were checked above; the features are the caller's contract.
+            unsafe {
+                let (r, q, d, s) = (row.as_ptr(), q.as_ptr(), d.as_ptr(), s.as_ptr());
+                match mt {
+                    1 => res[..1].copy_from_slice(&kernel::<_, 1>($u, r, q, d, s, chunks)),
+                    2 => res[..2].copy_from_slice(&kernel::<_, 2>($u, r, q, d, s, chunks)),
+                    3 => res[..3].copy_from_slice(&kernel::<_, 3>($u, r, q, d, s, chunks)),
+                    _ => res.copy_from_slice(&kernel::<_, 4>($u, r, q, d, s, chunks)),
+                }
+            }
+        };
+    }
+    match ty {
+        GgmlType::Q8_0 => go!(Q8_0),
+        GgmlType::Q4_0 => go!(Q4_0),
+        GgmlType::Q5_0 => go!(Q5_0),
+        GgmlType::Q4_1 => go!(Q4_1),
+        GgmlType::Q5_1 => go!(Q5_1),
+        GgmlType::Q4_K => go!(Q45K::<false>::default()),
+        GgmlType::Q5_K => go!(Q45K::<true>::default()),
+        GgmlType::Q6_K => go!(Q6K),
+        GgmlType::Q2_K | GgmlType::Q3_K => unreachable!("no AVX2 kernel for {}", ty.name()),
+    }
+}
