@@ -121,6 +121,15 @@ impl DecoderChoice {
 }
 
 impl DecoderArgs {
+    /// Whether [`DecoderArgs::pick`] may choose the CPU decoder, as far as the flags alone
+    /// say (`--decoder cpu`, or `auto` on the CPU backend with `--dtype auto`): then a GGUF
+    /// file's k-quant weights are loaded as their blocks, which the CPU decoder reads in place
+    /// (the MLX path, should `pick` still fall back to it, dequantizes them on use).
+    pub fn may_pick_cpu(&self, dtype: &str) -> bool {
+        let on_gpu = mlx_core::Device::default_device().is_ok_and(|d| d != mlx_core::Device::cpu());
+        self.decoder == "cpu" || (self.decoder == "auto" && !on_gpu && dtype == "auto")
+    }
+
     /// [`DecoderArgs::pick`], or the MLX path when `speculative` (drafts are verified there;
     /// `--decoder cpu|graph` is then an error).
     pub fn pick_unless_speculative(

@@ -142,6 +142,12 @@ fn matrix<'m>(l: &'m Linear, what: &str) -> Result<(Matrix<'m>, Option<Floats<'m
             quantized(weight, rows, cols, what)?,
             bias.as_ref().map(|b| floats(b, what)).transpose()?,
         )),
+        Linear::Ggml { weight, bias } => Ok((
+            weight
+                .cpu_view()
+                .map_err(|e| unsup(format!("{what}: {e}")))?,
+            bias.as_ref().map(|b| floats(b, what)).transpose()?,
+        )),
         Linear::Adapted(_) => Err(unsup(format!("{what}: an adapted (LoRA/DoRA) linear"))),
         Linear::Trellis { weight, bias } => Ok((
             Matrix::trellis(
@@ -401,6 +407,9 @@ impl<'m> Weights<'m> {
                 let (r, c) = m.embed_tokens().shape();
                 quantized(q, r as usize, c as usize, "embed_tokens")?
             }
+            Embedding::Ggml(g) => g
+                .cpu_view()
+                .map_err(|e| unsup(format!("embed_tokens: {e}")))?,
             Embedding::Adapted(_) => return Err(unsup("an adapted embedding")),
         };
         let head = match m.lm_head() {
