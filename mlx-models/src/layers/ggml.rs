@@ -61,7 +61,11 @@ impl GgmlWeight {
 
     /// `x @ W.T`, as a dense linear over [`GgmlWeight::dequantize`].
     pub fn matmul_t(&self, x: &Array) -> Result<Array> {
-        Ok(ops::matmul(x, &ops::transpose_all(&self.dequantize()?, None)?, None)?)
+        Ok(ops::matmul(
+            x,
+            &ops::transpose_all(&self.dequantize()?, None)?,
+            None,
+        )?)
     }
 
     /// Rows `ids` dequantized (an embedding lookup): shape `ids.shape + [cols]`.

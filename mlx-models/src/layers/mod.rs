@@ -3,8 +3,8 @@
 pub(crate) mod activations;
 mod attention;
 mod embedding;
-pub mod ggml;
 pub mod gated_delta;
+pub mod ggml;
 mod linear;
 pub mod mla;
 mod mlp;
