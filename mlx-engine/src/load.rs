@@ -345,7 +345,11 @@ fn load_path(
         };
         let (model, g) = load_gguf_model_with(path, &opts, how)?;
         let mut all = shapes(&g.tensors);
-        all.extend(g.blocks.iter().map(|(k, b)| (k.clone(), vec![b.rows, b.cols])));
+        all.extend(
+            g.blocks
+                .iter()
+                .map(|(k, b)| (k.clone(), vec![b.rows, b.cols])),
+        );
         let draws = construction_draws(&g.config, &all).map_err(|e| e.to_string());
         let tok_err = |source| LoadError::Tokenizer {
             path: path.to_path_buf(),

@@ -471,6 +471,27 @@ fn run(
             continue;
         };
         let rb = ty.row_bytes(cols);
+        #[cfg(target_arch = "x86_64")]
+        if isa.has_avx2() && ty.has_avx2_kernel() {
+            // SAFETY: Isa::Avx2 / Avx512 are only constructed where the CPU has AVX2, FMA and
+            // F16C (CpuContext checks `available`); rows r0..r1 of every output are this
+            // worker's alone; `rows` checks the sizes.
+            unsafe {
+                super::kquant_x86::rows(
+                    ty,
+                    data,
+                    rb,
+                    (r0, r1),
+                    (&acts.q, &acts.d, &acts.s),
+                    m,
+                    chunks,
+                    out,
+                    n,
+                    bias,
+                )
+            };
+            continue;
+        }
         for r in r0..r1 {
             let row = &data[r * rb..(r + 1) * rb];
             let bv = bias.map_or(0.0, |b| b.get(r));
@@ -508,9 +529,23 @@ fn dots(
         let q = &a.q[t0 * chunks * 32..(t0 + mt) * chunks * 32];
         let d = &a.d[c0..c0 + mt * chunks];
         let s = &a.s[c0..c0 + mt * chunks];
+        let out = SharedOut::new(&mut res[..mt]);
         // SAFETY: Isa::Avx2 / Avx512 are only constructed where the CPU has AVX2, FMA and
-        // F16C; the slices hold `mt` inputs of `chunks` chunks and the row `chunks` chunks.
-        unsafe { super::kquant_x86::dots(ty, row, q, d, s, mt, chunks, res) };
+        // F16C; `out` is this call's own.
+        unsafe {
+            super::kquant_x86::rows(
+                ty,
+                row,
+                row.len(),
+                (0, 1),
+                (q, d, s),
+                mt,
+                chunks,
+                out,
+                1,
+                None,
+            )
+        };
         return;
     }
     let _ = isa;

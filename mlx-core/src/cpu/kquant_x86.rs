@@ -8,6 +8,8 @@
 use std::arch::x86_64::*;
 
 use super::kquant::GgmlType;
+use super::matmul::Floats;
+use super::SharedOut;
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -299,54 +301,103 @@ unsafe fn kernel<U: Unpack, const MT: usize>(
     }
 }
 
-/// `mt` (1..=4) inputs against one row of type `ty` into `res[..mt]`.
+/// Rows `r0..r1` of a matrix of type `ty` (`data`, `rb` bytes a row) against `m` inputs (`q`,
+/// `d`, `s`: `chunks` chunks each), four inputs a pass over each row, into `out` (`(m, n)`)
+/// plus `bias`.
 ///
 /// # Safety
-/// AVX2, FMA and F16C; `ty` has an AVX2 kernel ([`GgmlType::has_avx2_kernel`]); `row` holds
-/// `chunks` chunks, `q` `mt * chunks * 32` codes, `d` and `s` `mt * chunks` floats.
+/// AVX2, FMA and F16C; `ty` has an AVX2 kernel ([`GgmlType::has_avx2_kernel`]); rows
+/// `r0..r1` of `out` are the caller's alone during the pool run.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dots(
+pub(super) unsafe fn rows(
     ty: GgmlType,
-    row: &[u8],
-    q: &[i8],
-    d: &[f32],
-    s: &[f32],
-    mt: usize,
+    data: &[u8],
+    rb: usize,
+    (r0, r1): (usize, usize),
+    (q, d, s): (&[i8], &[f32], &[f32]),
+    m: usize,
     chunks: usize,
-    res: &mut [f32; 4],
+    out: SharedOut,
+    n: usize,
+    bias: Option<Floats<'_>>,
 ) {
     assert!(
-        row.len() >= chunks * 32 / ty.block() * ty.block_bytes()
-            && q.len() >= mt * chunks * 32
-            && d.len() >= mt * chunks
-            && s.len() >= mt * chunks
-            && (1..=4).contains(&mt),
-        "kquant dots: short buffers"
+        rb == ty.row_bytes(chunks * 32)
+            && data.len() >= r1 * rb
+            && r1 <= n
+            && q.len() >= m * chunks * 32
+            && d.len() >= m * chunks
+            && s.len() >= m * chunks,
+        "kquant rows: short buffers"
     );
-    macro_rules! go {
-        ($u:expr) => {
-            // SAFETY: the sizes were checked above; the features are the caller's contract.
-            unsafe {
-                let (r, q, d, s) = (row.as_ptr(), q.as_ptr(), d.as_ptr(), s.as_ptr());
-                match mt {
-                    1 => res[..1].copy_from_slice(&kernel::<_, 1>($u, r, q, d, s, chunks)),
-                    2 => res[..2].copy_from_slice(&kernel::<_, 2>($u, r, q, d, s, chunks)),
-                    3 => res[..3].copy_from_slice(&kernel::<_, 3>($u, r, q, d, s, chunks)),
-                    _ => res.copy_from_slice(&kernel::<_, 4>($u, r, q, d, s, chunks)),
-                }
-            }
+    // SAFETY: the sizes were checked above; the features and the output rows are the
+    // caller's contract.
+    unsafe {
+        let a = Args {
+            data: data.as_ptr(),
+            rb,
+            q: q.as_ptr(),
+            d: d.as_ptr(),
+            s: s.as_ptr(),
+            m,
+            chunks,
+            out,
+            n,
+            bias,
         };
+        match ty {
+            GgmlType::Q8_0 => rows_t::<Q8_0>(&a, r0, r1),
+            GgmlType::Q4_0 => rows_t::<Q4_0>(&a, r0, r1),
+            GgmlType::Q5_0 => rows_t::<Q5_0>(&a, r0, r1),
+            GgmlType::Q4_1 => rows_t::<Q4_1>(&a, r0, r1),
+            GgmlType::Q5_1 => rows_t::<Q5_1>(&a, r0, r1),
+            GgmlType::Q4_K => rows_t::<Q45K<false>>(&a, r0, r1),
+            GgmlType::Q5_K => rows_t::<Q45K<true>>(&a, r0, r1),
+            GgmlType::Q6_K => rows_t::<Q6K>(&a, r0, r1),
+            GgmlType::Q2_K | GgmlType::Q3_K => unreachable!("no AVX2 kernel for {}", ty.name()),
+        }
     }
-    match ty {
-        GgmlType::Q8_0 => go!(Q8_0),
-        GgmlType::Q4_0 => go!(Q4_0),
-        GgmlType::Q5_0 => go!(Q5_0),
-        GgmlType::Q4_1 => go!(Q4_1),
-        GgmlType::Q5_1 => go!(Q5_1),
-        GgmlType::Q4_K => go!(Q45K::<false>::default()),
-        GgmlType::Q5_K => go!(Q45K::<true>::default()),
-        GgmlType::Q6_K => go!(Q6K),
-        GgmlType::Q2_K | GgmlType::Q3_K => unreachable!("no AVX2 kernel for {}", ty.name()),
+}
+
+struct Args<'a> {
+    data: *const u8,
+    rb: usize,
+    q: *const i8,
+    d: *const f32,
+    s: *const f32,
+    m: usize,
+    chunks: usize,
+    out: SharedOut,
+    n: usize,
+    bias: Option<Floats<'a>>,
+}
+
+/// [`rows`] for one type.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows_t<U: Unpack + Default>(a: &Args<'_>, r0: usize, r1: usize) {
+    let c = a.chunks;
+    for r in r0..r1 {
+        let bv = a.bias.map_or(0.0, |b| b.get(r));
+        // SAFETY: within the sizes `rows` checked.
+        unsafe {
+            let row = a.data.add(r * a.rb);
+            let mut t0 = 0;
+            while t0 < a.m {
+                let (q, d, s) = (a.q.add(t0 * c * 32), a.d.add(t0 * c), a.s.add(t0 * c));
+                let mut res = [0f32; 4];
+                let mt = (a.m - t0).min(4);
+                match mt {
+                    1 => res[..1].copy_from_slice(&kernel::<U, 1>(U::default(), row, q, d, s, c)),
+                    2 => res[..2].copy_from_slice(&kernel::<U, 2>(U::default(), row, q, d, s, c)),
+                    3 => res[..3].copy_from_slice(&kernel::<U, 3>(U::default(), row, q, d, s, c)),
+                    _ => res.copy_from_slice(&kernel::<U, 4>(U::default(), row, q, d, s, c)),
+                }
+                for (t, v) in res[..mt].iter().enumerate() {
+                    a.out.write((t0 + t) * a.n + r, v + bv);
+                }
+                t0 += mt;
+            }
+        }
     }
 }
