@@ -102,6 +102,9 @@ fn isas() -> Vec<Isa> {
     if Isa::Avx2.available() {
         v.push(Isa::Avx2);
     }
+    if Isa::Avx512.available() {
+        v.push(Isa::Avx512);
+    }
     v
 }
 

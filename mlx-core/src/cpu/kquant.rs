@@ -344,6 +344,8 @@ pub(crate) struct Acts {
     q: Vec<i8>,
     d: Vec<f32>,
     s: Vec<f32>,
+    /// Each 4 codes' sum times -128 (the AVX-512 kernel's start for signed codes + 128).
+    n4: Vec<i32>,
 }
 
 /// Quantizes `x` (a multiple of 32 values) into `a` (grown as needed; nothing is allocated
@@ -353,6 +355,7 @@ pub(crate) fn quantize_acts(x: &[f32], a: &mut Acts) {
     a.q.resize(x.len(), 0);
     a.d.resize(chunks, 0.0);
     a.s.resize(chunks, 0.0);
+    a.n4.resize(chunks * 8, 0);
     for (c, chunk) in x.chunks_exact(32).enumerate() {
         let amax = chunk.iter().fold(0f32, |m, v| m.max(v.abs()));
         let d = amax / 127.0;
@@ -364,6 +367,10 @@ pub(crate) fn quantize_acts(x: &[f32], a: &mut Acts) {
         }
         a.d[c] = d;
         a.s[c] = sum;
+        for (l, n) in a.n4[c * 8..c * 8 + 8].iter_mut().enumerate() {
+            let q = &a.q[c * 32 + 4 * l..c * 32 + 4 * l + 4];
+            *n = -128 * q.iter().map(|&v| i32::from(v)).sum::<i32>();
+        }
     }
 }
 
@@ -482,7 +489,8 @@ fn run(
                     data,
                     rb,
                     (r0, r1),
-                    (&acts.q, &acts.d, &acts.s),
+                    (&acts.q, &acts.d, &acts.s, &acts.n4),
+                    isa == Isa::Avx512,
                     m,
                     chunks,
                     out,
@@ -529,6 +537,7 @@ fn dots(
         let q = &a.q[t0 * chunks * 32..(t0 + mt) * chunks * 32];
         let d = &a.d[c0..c0 + mt * chunks];
         let s = &a.s[c0..c0 + mt * chunks];
+        let n4 = &a.n4[c0 * 8..(c0 + mt * chunks) * 8];
         let out = SharedOut::new(&mut res[..mt]);
         // SAFETY: Isa::Avx2 / Avx512 are only constructed where the CPU has AVX2, FMA and
         // F16C; `out` is this call's own.
@@ -538,7 +547,8 @@ fn dots(
                 row,
                 row.len(),
                 (0, 1),
-                (q, d, s),
+                (q, d, s, n4),
+                isa == Isa::Avx512,
                 mt,
                 chunks,
                 out,
@@ -646,7 +656,10 @@ mod tests {
             let rows = 8;
             let data = random_rows(ty, rows, cols, 3 + ty.id() as u64);
             let x = exact_inputs(cols, 11);
-            for isa in [Isa::Scalar, Isa::detect()] {
+            for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512] {
+                if !isa.available() {
+                    continue;
+                }
                 for r in 0..rows {
                     let row = &data[r * ty.row_bytes(cols)..(r + 1) * ty.row_bytes(cols)];
                     let (want, abs) = plain(ty, row, &x);

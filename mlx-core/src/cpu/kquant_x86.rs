@@ -70,7 +70,13 @@ trait Unpack {
     const SIGNED: bool;
     /// The type has minimums.
     const MINS: bool;
+    /// One integer scale a chunk (all but Q6_K): the AVX-512 VNNI kernel's types.
+    const ONE_SCALE: bool = true;
     unsafe fn chunk(&mut self, row: *const u8, c: usize) -> (__m256i, __m256i, f32, f32);
+    /// Chunk `c`'s integer scale as a float, after [`Unpack::chunk`] of `c` (one-scale types).
+    fn int_scale(&self, _c: usize) -> f32 {
+        1.0
+    }
 }
 
 #[derive(Default)]
@@ -219,11 +225,15 @@ impl<const FIVE: bool> Unpack for Q45K<FIVE> {
             (w, _mm256_set1_epi16(i16::from(self.sc[j])), self.d, dm)
         }
     }
+    fn int_scale(&self, c: usize) -> f32 {
+        f32::from(self.sc[c % 8])
+    }
 }
 
 impl Unpack for Q6K {
     const SIGNED: bool = true;
     const MINS: bool = false;
+    const ONE_SCALE: bool = false;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn chunk(&mut self, row: *const u8, c: usize) -> (__m256i, __m256i, f32, f32) {
@@ -315,7 +325,8 @@ pub(super) unsafe fn rows(
     data: &[u8],
     rb: usize,
     (r0, r1): (usize, usize),
-    (q, d, s): (&[i8], &[f32], &[f32]),
+    (q, d, s, n4): (&[i8], &[f32], &[f32], &[i32]),
+    wide: bool,
     m: usize,
     chunks: usize,
     out: SharedOut,
@@ -328,7 +339,8 @@ pub(super) unsafe fn rows(
             && r1 <= n
             && q.len() >= m * chunks * 32
             && d.len() >= m * chunks
-            && s.len() >= m * chunks,
+            && s.len() >= m * chunks
+            && n4.len() >= m * chunks * 8,
         "kquant rows: short buffers"
     );
     // SAFETY: the sizes were checked above; the features and the output rows are the
@@ -340,6 +352,7 @@ pub(super) unsafe fn rows(
             q: q.as_ptr(),
             d: d.as_ptr(),
             s: s.as_ptr(),
+            n4: n4.as_ptr(),
             m,
             chunks,
             out,
@@ -347,13 +360,13 @@ pub(super) unsafe fn rows(
             bias,
         };
         match ty {
-            GgmlType::Q8_0 => rows_t::<Q8_0>(&a, r0, r1),
-            GgmlType::Q4_0 => rows_t::<Q4_0>(&a, r0, r1),
-            GgmlType::Q5_0 => rows_t::<Q5_0>(&a, r0, r1),
-            GgmlType::Q4_1 => rows_t::<Q4_1>(&a, r0, r1),
-            GgmlType::Q5_1 => rows_t::<Q5_1>(&a, r0, r1),
-            GgmlType::Q4_K => rows_t::<Q45K<false>>(&a, r0, r1),
-            GgmlType::Q5_K => rows_t::<Q45K<true>>(&a, r0, r1),
+            GgmlType::Q8_0 => rows_w::<Q8_0>(&a, r0, r1, wide),
+            GgmlType::Q4_0 => rows_w::<Q4_0>(&a, r0, r1, wide),
+            GgmlType::Q5_0 => rows_w::<Q5_0>(&a, r0, r1, wide),
+            GgmlType::Q4_1 => rows_w::<Q4_1>(&a, r0, r1, wide),
+            GgmlType::Q5_1 => rows_w::<Q5_1>(&a, r0, r1, wide),
+            GgmlType::Q4_K => rows_w::<Q45K<false>>(&a, r0, r1, wide),
+            GgmlType::Q5_K => rows_w::<Q45K<true>>(&a, r0, r1, wide),
             GgmlType::Q6_K => rows_t::<Q6K>(&a, r0, r1),
             GgmlType::Q2_K | GgmlType::Q3_K => unreachable!("no AVX2 kernel for {}", ty.name()),
         }
@@ -366,11 +379,142 @@ struct Args<'a> {
     q: *const i8,
     d: *const f32,
     s: *const f32,
+    n4: *const i32,
     m: usize,
     chunks: usize,
     out: SharedOut,
     n: usize,
     bias: Option<Floats<'a>>,
+}
+
+/// [`rows`] for one type of one scale a chunk: the AVX-512 VNNI kernel where `wide` and the
+/// chunks pair up, else the AVX2 one.
+///
+/// # Safety
+/// As [`rows`], and `wide` only on AVX-512 F/BW/VL + VNNI.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows_w<U: Unpack + Default>(a: &Args<'_>, r0: usize, r1: usize, wide: bool) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if wide && a.chunks % 2 == 0 && U::ONE_SCALE {
+            rows_512::<U>(a, r0, r1)
+        } else {
+            rows_t::<U>(a, r0, r1)
+        }
+    }
+}
+
+/// [`rows_t`] through [`kernel512`].
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn rows_512<U: Unpack + Default>(a: &Args<'_>, r0: usize, r1: usize) {
+    let c = a.chunks;
+    for r in r0..r1 {
+        let bv = a.bias.map_or(0.0, |b| b.get(r));
+        // SAFETY: within the sizes `rows` checked.
+        unsafe {
+            let row = a.data.add(r * a.rb);
+            let mut t0 = 0;
+            while t0 < a.m {
+                let (q, d, s) = (a.q.add(t0 * c * 32), a.d.add(t0 * c), a.s.add(t0 * c));
+                let n4 = a.n4.add(t0 * c * 8);
+                let mut res = [0f32; 4];
+                let mt = (a.m - t0).min(4);
+                match mt {
+                    1 => res[..1].copy_from_slice(&kernel512::<U, 1>(
+                        U::default(),
+                        row,
+                        q,
+                        d,
+                        s,
+                        n4,
+                        c,
+                    )),
+                    2 => res[..2].copy_from_slice(&kernel512::<U, 2>(
+                        U::default(),
+                        row,
+                        q,
+                        d,
+                        s,
+                        n4,
+                        c,
+                    )),
+                    3 => res[..3].copy_from_slice(&kernel512::<U, 3>(
+                        U::default(),
+                        row,
+                        q,
+                        d,
+                        s,
+                        n4,
+                        c,
+                    )),
+                    _ => res.copy_from_slice(&kernel512::<U, 4>(U::default(), row, q, d, s, n4, c)),
+                }
+                for (t, v) in res[..mt].iter().enumerate() {
+                    a.out.write((t0 + t) * a.n + r, v + bv);
+                }
+                t0 += mt;
+            }
+        }
+    }
+}
+
+/// `MT` inputs' dot products with one row, two chunks at a time: codes as unsigned bytes
+/// (signed ones `+ 128`, their `128 * sum(q)` taken off by starting each sum at `n4`, the
+/// inputs' per-4 sums times -128), one `vpdpbusd` per input, the chunk factors (`f * scale * d`)
+/// in one float multiply-add.
+///
+/// # Safety
+/// As [`kernel`], `chunks` even, `n4` holding `MT * chunks * 8` sums, AVX-512 F/BW/VL + VNNI.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn kernel512<U: Unpack, const MT: usize>(
+    mut u: U,
+    row: *const u8,
+    q: *const i8,
+    d: *const f32,
+    s: *const f32,
+    n4: *const i32,
+    chunks: usize,
+) -> [f32; MT] {
+    let mut acc = [_mm512_setzero_ps(); MT];
+    let mut mins = [0f32; MT];
+    // SAFETY: within the ranges of the contract.
+    unsafe {
+        let mut c = 0;
+        while c < chunks {
+            let (w0, _, f0, b0) = u.chunk(row, c);
+            let g0 = f0 * u.int_scale(c);
+            let (w1, _, f1, b1) = u.chunk(row, c + 1);
+            let g1 = f1 * u.int_scale(c + 1);
+            let mut w = _mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1);
+            if U::SIGNED {
+                w = _mm512_xor_si512(w, _mm512_set1_epi8(-128));
+            }
+            for t in 0..MT {
+                let i = t * chunks + c;
+                let x = _mm512_loadu_si512(q.add(i * 32) as *const _);
+                let init = if U::SIGNED {
+                    _mm512_loadu_si512(n4.add(i * 8) as *const _)
+                } else {
+                    _mm512_setzero_si512()
+                };
+                let p = _mm512_dpbusd_epi32(init, w, x);
+                let lo = _mm512_castps_pd(_mm512_set1_ps(g0 * *d.add(i)));
+                let hi = _mm256_castps_pd(_mm256_set1_ps(g1 * *d.add(i + 1)));
+                let sc = _mm512_castpd_ps(_mm512_insertf64x4(lo, hi, 1));
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc[t]);
+                if U::MINS {
+                    mins[t] -= b0 * *s.add(i) + b1 * *s.add(i + 1);
+                }
+            }
+            c += 2;
+        }
+        let mut out = [0f32; MT];
+        for t in 0..MT {
+            out[t] = _mm512_reduce_add_ps(acc[t]) + mins[t];
+        }
+        out
+    }
 }
 
 /// [`rows`] for one type.
