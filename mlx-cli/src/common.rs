@@ -91,7 +91,8 @@ pub struct DecoderArgs {
     /// weights; greedy decoding on the device, sampling and logits processors on the host from
     /// its logits), else MLX; on the CPU backend, our multi-threaded SIMD CPU
     /// decoder where it covers the model and options (dense llama-family and Gemma 3 rows;
-    /// float weights or MLX affine 2/4/8-bit), else MLX; `mlx`: MLX's own forward, the exact
+    /// float weights, MLX affine 2/4/8-bit or a GGUF's GGML blocks, which are then loaded as
+    /// stored instead of dequantized), else MLX; `mlx`: MLX's own forward, the exact
     /// path whose outputs match mlx-lm's (as does any explicit `--dtype`); `cpu`, `graph`: that
     /// decoder, an error where it does not apply. Their logits differ from MLX's by float
     /// rounding.

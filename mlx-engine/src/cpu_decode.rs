@@ -19,7 +19,8 @@
 //! own), grouped-query attention, full or sliding-window (over its full cache, each query
 //! seeing the window before it as mlx-lm's mask does), SwiGLU or the GELU-approx gate, an
 //! embedding scale, a tied or untied head; weights dense (float32,
-//! float16, bfloat16) or MLX affine-quantized (2, 4 or 8 bits). Its own float16 KV cache is
+//! float16, bfloat16), MLX affine-quantized (2, 4 or 8 bits), trellis-coded, or a GGUF file's
+//! GGML blocks kept as stored (`GgufTensors::Blocks`: Q4_0..Q8_0, Q2_K..Q6_K, int8 inputs). Its own float16 KV cache is
 //! filled by running the prompt through it in blocks of [`BLOCK`] tokens, so every weight row
 //! is read once per block.
 //!

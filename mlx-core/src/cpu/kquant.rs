@@ -559,9 +559,9 @@ fn dots(
         return;
     }
     let _ = isa;
-    for t in 0..mt {
+    for (t, r) in res.iter_mut().enumerate().take(mt) {
         let u = t0 + t;
-        res[t] = dot_scalar(
+        *r = dot_scalar(
             ty,
             row,
             &a.q[u * chunks * 32..(u + 1) * chunks * 32],
