@@ -14,7 +14,7 @@
 use std::path::PathBuf;
 
 use mlx_core::cpu::kquant::{dequantize_row, GgmlType};
-use mlx_core::cpu::{matmul_t, CpuContext, Isa, MatJob, Matrix};
+use mlx_core::cpu::{matmul_t, Activations, CpuContext, Isa, MatJob, Matrix};
 use mlx_core::testing::Goldens;
 use mlx_models::gguf_dequant::dequantize;
 
@@ -77,9 +77,23 @@ impl Lcg {
     }
 }
 
-/// `x W^T` through `matmul_t` on `isa` (two threads) for `rows` rows of `cols` values.
+/// `x W^T` through `matmul_t` on `isa` (two threads) for `rows` rows of `cols` values, int8
+/// inputs.
 fn product(isa: Isa, ty: GgmlType, bytes: &[u8], rows: usize, cols: usize, x: &[f32]) -> Vec<f32> {
-    let ctx = CpuContext::with_isa(2, isa).unwrap();
+    product_with(Activations::Int8, isa, ty, bytes, rows, cols, x)
+}
+
+fn product_with(
+    act: Activations,
+    isa: Isa,
+    ty: GgmlType,
+    bytes: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+) -> Vec<f32> {
+    let mut ctx = CpuContext::with_isa(2, isa).unwrap();
+    ctx.activations = act;
     let w = Matrix::ggml(bytes, ty, rows, cols).unwrap();
     let m = x.len() / cols;
     let mut out = vec![0f32; m * rows];
@@ -191,6 +205,38 @@ fn random_inputs_stay_within_the_int8_bound() {
             let rel = (err / norm).sqrt();
             eprintln!("{} {isa:?}: relative error {rel:.2e}", ty.name());
             assert!(rel < 0.015, "{} {isa:?}: relative error {rel}", ty.name());
+        }
+    }
+}
+
+/// Float inputs (the CPU decoder's default activations, `Int16Q8Int8`; also `F32`): the blocks'
+/// codes widened to floats, no input rounding: the reference within float32 rounding,
+/// `2e-6 * sum |w x|` on random inputs (tier L3).
+#[test]
+fn float_inputs_give_the_reference_within_rounding() {
+    let (rows, cols, m) = (16, 512, 5);
+    for ty in GgmlType::ALL {
+        let bytes = random_rows(ty, rows, cols, 300 + u64::from(ty.id()));
+        let w = dequantize(ty.id(), &bytes, rows * cols).unwrap();
+        let mut g = Lcg(9);
+        let x: Vec<f32> = (0..m * cols).map(|_| g.unit() * 3.0).collect();
+        for act in [Activations::Int16Q8Int8, Activations::F32] {
+            for isa in isas() {
+                let got = product_with(act, isa, ty, &bytes, rows, cols, &x);
+                for t in 0..m {
+                    for r in 0..rows {
+                        let (wr, xt) = (&w[r * cols..(r + 1) * cols], &x[t * cols..(t + 1) * cols]);
+                        let want: f32 = wr.iter().zip(xt).map(|(a, b)| a * b).sum();
+                        let abs: f32 = wr.iter().zip(xt).map(|(a, b)| (a * b).abs()).sum();
+                        let y = got[t * rows + r];
+                        assert!(
+                            (y - want).abs() <= 2e-6 * abs,
+                            "{} {act:?} {isa:?} input {t} row {r}: {y} vs {want}",
+                            ty.name()
+                        );
+                    }
+                }
+            }
         }
     }
 }

@@ -19,7 +19,7 @@
 //! takes), so a batched decode step gets each sequence's bits alone.
 
 use super::matmul::{Kind, MatJob, Matrix};
-use super::{CpuContext, Isa, SharedOut};
+use super::{Activations, CpuContext, Isa, SharedOut};
 use crate::{Error, Result};
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -403,6 +403,18 @@ fn dot_scalar(ty: GgmlType, row: &[u8], q: &[i8], d: &[f32], s: &[f32]) -> f32 {
     acc + mins
 }
 
+/// The portable float kernel: each block dequantized ([`dequantize_row`]), then a float32 dot.
+fn dot_plain(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
+    let (bs, bb) = (ty.block(), ty.block_bytes());
+    let mut w = [0f32; 256];
+    let mut acc = 0f32;
+    for (b, xb) in row.chunks_exact(bb).zip(x.chunks_exact(bs)) {
+        dequantize_row(ty, b, &mut w[..bs]);
+        acc += w[..bs].iter().zip(xb).map(|(a, b)| a * b).sum::<f32>();
+    }
+    acc
+}
+
 thread_local! {
     static ACTS: RefCell<Acts> = RefCell::new(Acts::default());
 }
@@ -412,11 +424,22 @@ pub(crate) fn is_ggml(w: &Matrix<'_>) -> bool {
     matches!(w.kind, Kind::Ggml { .. })
 }
 
+/// Whether `act` gives GGML products int8 inputs (the int8 modes: `Int8`, `Int8Vnni`,
+/// `Int8Normed` for normed inputs); else float32 inputs (the default `Int16Q8Int8`, `Int16`,
+/// `F32`): the blocks' codes widened to floats, no input rounding.
+pub fn int8_inputs(act: Activations) -> bool {
+    matches!(
+        act,
+        Activations::Int8 | Activations::Int8Vnni | Activations::Int8Normed
+    )
+}
+
 /// `out = x W^T (+ bias)` for every job of a call that holds a GGML matrix: each input row
-/// through the int8 kernels above (the same bits whatever `m`), other layouts through the float
-/// kernels one row at a time.
+/// through the kernels above (int8 or float inputs as [`int8_inputs`] says; the same bits
+/// whatever `m`), other layouts through the float kernels one row at a time.
 pub(crate) fn matmul_jobs(
     ctx: &CpuContext,
+    act: Activations,
     x: &[f32],
     m: usize,
     jobs: &mut [MatJob<'_, '_>],
@@ -431,12 +454,13 @@ pub(crate) fn matmul_jobs(
     ACTS.with(|a| {
         let mut acts = a.borrow_mut();
         quantize_acts(x, &mut acts);
-        run(ctx, x, m, jobs, &acts)
+        run(ctx, int8_inputs(act), x, m, jobs, &acts)
     })
 }
 
 fn run(
     ctx: &CpuContext,
+    int8: bool,
     x: &[f32],
     m: usize,
     jobs: &mut [MatJob<'_, '_>],
@@ -490,6 +514,7 @@ fn run(
                     rb,
                     (r0, r1),
                     (&acts.q, &acts.d, &acts.s, &acts.n4),
+                    (!int8).then_some(x),
                     isa == Isa::Avx512,
                     m,
                     chunks,
@@ -503,6 +528,14 @@ fn run(
         for r in r0..r1 {
             let row = &data[r * rb..(r + 1) * rb];
             let bv = bias.map_or(0.0, |b| b.get(r));
+            if !int8 {
+                for t in 0..m {
+                    let v = dot_plain(ty, row, &x[t * cols..(t + 1) * cols]);
+                    // SAFETY: row r of every output is this worker's alone.
+                    unsafe { out.write(t * n + r, v + bv) };
+                }
+                continue;
+            }
             let mut t0 = 0;
             while t0 < m {
                 let mt = (m - t0).min(4);
@@ -548,6 +581,7 @@ fn dots(
                 row.len(),
                 (0, 1),
                 (q, d, s, n4),
+                None,
                 isa == Isa::Avx512,
                 mt,
                 chunks,

@@ -77,6 +77,10 @@ trait Unpack {
     fn int_scale(&self, _c: usize) -> f32 {
         1.0
     }
+    /// Chunk `c`'s integer scale of each half as floats, after [`Unpack::chunk`] of `c`.
+    fn halves(&self, _c: usize) -> [f32; 2] {
+        [1.0; 2]
+    }
 }
 
 #[derive(Default)]
@@ -97,7 +101,9 @@ struct Q45K<const FIVE: bool> {
     m: [u8; 8],
 }
 #[derive(Default)]
-struct Q6K;
+struct Q6K {
+    sc: [f32; 2],
+}
 
 impl Unpack for Q8_0 {
     const SIGNED: bool = true;
@@ -228,6 +234,9 @@ impl<const FIVE: bool> Unpack for Q45K<FIVE> {
     fn int_scale(&self, c: usize) -> f32 {
         f32::from(self.sc[c % 8])
     }
+    fn halves(&self, c: usize) -> [f32; 2] {
+        [f32::from(self.sc[c % 8]); 2]
+    }
 }
 
 impl Unpack for Q6K {
@@ -257,12 +266,16 @@ impl Unpack for Q6K {
             let w = _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
             let w = _mm256_sub_epi8(w, _mm256_set1_epi8(32));
             let s = p.add(192 + 8 * h + 2 * gg);
+            self.sc = [f32::from(*s as i8), f32::from(*s.add(1) as i8)];
             let sc = _mm256_set_m128i(
                 _mm_set1_epi16(i16::from(*s.add(1) as i8)),
                 _mm_set1_epi16(i16::from(*s as i8)),
             );
             (w, sc, h2f(p.add(208)), 0.0)
         }
+    }
+    fn halves(&self, _c: usize) -> [f32; 2] {
+        self.sc
     }
 }
 
@@ -326,6 +339,7 @@ pub(super) unsafe fn rows(
     rb: usize,
     (r0, r1): (usize, usize),
     (q, d, s, n4): (&[i8], &[f32], &[f32], &[i32]),
+    x: Option<&[f32]>,
     wide: bool,
     m: usize,
     chunks: usize,
@@ -340,7 +354,8 @@ pub(super) unsafe fn rows(
             && q.len() >= m * chunks * 32
             && d.len() >= m * chunks
             && s.len() >= m * chunks
-            && n4.len() >= m * chunks * 8,
+            && n4.len() >= m * chunks * 8
+            && x.is_none_or(|x| x.len() >= m * chunks * 32),
         "kquant rows: short buffers"
     );
     // SAFETY: the sizes were checked above; the features and the output rows are the
@@ -353,6 +368,7 @@ pub(super) unsafe fn rows(
             d: d.as_ptr(),
             s: s.as_ptr(),
             n4: n4.as_ptr(),
+            x: x.map(<[f32]>::as_ptr),
             m,
             chunks,
             out,
@@ -367,6 +383,7 @@ pub(super) unsafe fn rows(
             GgmlType::Q5_1 => rows_w::<Q5_1>(&a, r0, r1, wide),
             GgmlType::Q4_K => rows_w::<Q45K<false>>(&a, r0, r1, wide),
             GgmlType::Q5_K => rows_w::<Q45K<true>>(&a, r0, r1, wide),
+            GgmlType::Q6_K if a.x.is_some() => rows_f::<Q6K>(&a, r0, r1),
             GgmlType::Q6_K => rows_t::<Q6K>(&a, r0, r1),
             GgmlType::Q2_K | GgmlType::Q3_K => unreachable!("no AVX2 kernel for {}", ty.name()),
         }
@@ -380,6 +397,8 @@ struct Args<'a> {
     d: *const f32,
     s: *const f32,
     n4: *const i32,
+    /// The float inputs: the float kernel ([`kernel_f32`]) instead of the int8 ones.
+    x: Option<*const f32>,
     m: usize,
     chunks: usize,
     out: SharedOut,
@@ -396,7 +415,9 @@ struct Args<'a> {
 unsafe fn rows_w<U: Unpack + Default>(a: &Args<'_>, r0: usize, r1: usize, wide: bool) {
     // SAFETY: the caller's contract.
     unsafe {
-        if wide && a.chunks % 2 == 0 && U::ONE_SCALE {
+        if a.x.is_some() {
+            rows_f::<U>(a, r0, r1)
+        } else if wide && a.chunks % 2 == 0 && U::ONE_SCALE {
             rows_512::<U>(a, r0, r1)
         } else {
             rows_t::<U>(a, r0, r1)
@@ -512,6 +533,88 @@ unsafe fn kernel512<U: Unpack, const MT: usize>(
         let mut out = [0f32; MT];
         for t in 0..MT {
             out[t] = _mm512_reduce_add_ps(acc[t]) + mins[t];
+        }
+        out
+    }
+}
+
+/// [`rows_t`] through [`kernel_f32`] (float inputs).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows_f<U: Unpack + Default>(a: &Args<'_>, r0: usize, r1: usize) {
+    let c = a.chunks;
+    let Some(xp) = a.x else { return };
+    for r in r0..r1 {
+        let bv = a.bias.map_or(0.0, |b| b.get(r));
+        // SAFETY: within the sizes `rows` checked.
+        unsafe {
+            let row = a.data.add(r * a.rb);
+            let mut t0 = 0;
+            while t0 < a.m {
+                let (x, s) = (xp.add(t0 * c * 32), a.s.add(t0 * c));
+                let mut res = [0f32; 4];
+                let mt = (a.m - t0).min(4);
+                match mt {
+                    1 => res[..1].copy_from_slice(&kernel_f32::<U, 1>(U::default(), row, x, s, c)),
+                    2 => res[..2].copy_from_slice(&kernel_f32::<U, 2>(U::default(), row, x, s, c)),
+                    3 => res[..3].copy_from_slice(&kernel_f32::<U, 3>(U::default(), row, x, s, c)),
+                    _ => res.copy_from_slice(&kernel_f32::<U, 4>(U::default(), row, x, s, c)),
+                }
+                for (t, v) in res[..mt].iter().enumerate() {
+                    a.out.write((t0 + t) * a.n + r, v + bv);
+                }
+                t0 += mt;
+            }
+        }
+    }
+}
+
+/// `MT` float inputs' dot products with one row: each chunk's codes widened to floats times
+/// their factor (`f * scale`, per half), one FMA per 8 values and input; the minimums times
+/// the inputs' exact sums.
+///
+/// # Safety
+/// As [`kernel`], with `x` holding `MT * chunks * 32` floats.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn kernel_f32<U: Unpack, const MT: usize>(
+    mut u: U,
+    row: *const u8,
+    x: *const f32,
+    s: *const f32,
+    chunks: usize,
+) -> [f32; MT] {
+    let mut acc = [_mm256_setzero_ps(); MT];
+    let mut mins = [0f32; MT];
+    // SAFETY: within the ranges of the contract.
+    unsafe {
+        for c in 0..chunks {
+            let (w, _, f, b) = u.chunk(row, c);
+            let h = u.halves(c);
+            let lo = _mm256_castsi256_si128(w);
+            let hi = _mm256_extracti128_si256(w, 1);
+            let parts = [lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)];
+            let mut wv = [_mm256_setzero_ps(); 4];
+            for (k, (v, p)) in wv.iter_mut().zip(parts).enumerate() {
+                let i = if U::SIGNED {
+                    _mm256_cvtepi8_epi32(p)
+                } else {
+                    _mm256_cvtepu8_epi32(p)
+                };
+                *v = _mm256_mul_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(f * h[k / 2]));
+            }
+            for t in 0..MT {
+                let xp = x.add((t * chunks + c) * 32);
+                for (k, v) in wv.iter().enumerate() {
+                    acc[t] = _mm256_fmadd_ps(*v, _mm256_loadu_ps(xp.add(8 * k)), acc[t]);
+                }
+                if U::MINS {
+                    mins[t] -= b * *s.add(t * chunks + c);
+                }
+            }
+        }
+        let mut out = [0f32; MT];
+        for t in 0..MT {
+            out[t] = hsum(acc[t]) + mins[t];
         }
         out
     }
