@@ -8,7 +8,7 @@
 //! `cpu_matvec attention [THREADS] [POSITIONS]` times one decode step's attention over a float16
 //! cache at SmolLM2-135M's shapes (30 layers of 9 query / 3 KV heads of 64, 600 positions by
 //! default, each layer's cache its own memory as in a step): median and fastest of 100 steps.
-//! `cpu_matvec ggml [scalar|avx2|avx512]` times the GGML-block products (`cpu::kquant`) at Gemma
+//! `cpu_matvec ggml [scalar|avx2|avx512] [f32|int8]` times the GGML-block products (`cpu::kquant`) at Gemma
 //! 3 270M's Q4_K_M shapes and types (Q5_0 q/k/v/gate/up, Q4_K o/down, Q6_K down, Q8_0 v and the
 //! tied head), one and four inputs, on one thread: fastest of many runs.
 
@@ -257,7 +257,15 @@ fn ggml() -> Result<(), Box<dyn std::error::Error>> {
         Some("avx512") => Isa::Avx512,
         _ => Isa::detect(),
     };
-    let ctx = CpuContext::with_isa(1, isa)?;
+    let mut ctx = CpuContext::with_isa(1, isa)?;
+    // Float inputs (the CPU decoder's default) unless `int8`.
+    let int8 = std::env::args().nth(3).as_deref() == Some("int8");
+    ctx.activations = if int8 {
+        Activations::Int8
+    } else {
+        Activations::Int16Q8Int8
+    };
+    let inputs = if int8 { "int8" } else { "f32" };
     let mut rng = Lcg(7);
     for (rows, cols, ty, what) in [
         (1024, 640, GgmlType::Q5_0, "q_proj"),
@@ -301,7 +309,8 @@ fn ggml() -> Result<(), Box<dyn std::error::Error>> {
                 best = best.min(t.elapsed().as_nanos() as u64);
             }
             println!(
-                "{what} {rows}x{cols} {} m={m} ({}): {best} ns, {:.2} GB/s of weights, {:.2} GMAC/s",
+                "{what} {rows}x{cols} {} m={m} ({}, {inputs} inputs): {best} ns, {:.2} GB/s of \
+                 weights, {:.2} GMAC/s",
                 ty.name(),
                 isa.name(),
                 data.len() as f64 / best as f64,

@@ -1,14 +1,19 @@
 //! Products over GGML's block formats read in place (a GGUF tensor's raw bytes): the legacy
 //! 32-value blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) and the 256-value k-quants (Q2_K..Q6_K).
 //!
-//! The inputs are quantized once per call to int8 per 32 values (`d = max|x| / 127`,
-//! `q = round(x / d)`, llama.cpp's Q8_0 activations; the exact float sum of each 32 kept for
-//! the blocks' minimums), and each 32-value chunk of a weight row is decoded to integer codes
+//! Two kinds of input ([`int8_inputs`]). By default (the CPU decoder's `Int16Q8Int8`, and
+//! `F32`) the inputs stay float32: each chunk's codes are widened to floats times their factor
+//! and summed with FMA (the plain reference up to summation order). Under the int8 modes
+//! (`Int8`, `Int8Vnni`, `Int8Normed`) they are quantized once per call to int8 per 32 values
+//! (`d = max|x| / 127`, `q = round(x / d)`, llama.cpp's Q8_0 activations; the exact float sum of
+//! each 32 kept for the blocks' minimums): faster, but on Gemma 3 270M they failed the quality
+//! gate (95.7% top-1 over 512 positions). Each 32-value chunk of a weight row is decoded to integer codes
 //! `w` with an integer scale per 16 values (Q6_K, Q3_K, Q2_K's sub-blocks; else 1), a float
 //! factor `f` and a float minimum `b`, so that a weight is `f * scale * w + b` exactly as the
 //! format defines it. A chunk's product with an input is then
-//! `f * d * sum(scale * w * q) + b * sum(x)`: integer dot products (`maddubs` + `madd` with
-//! AVX2), one float multiply-add a chunk.
+//! `f * d * sum(scale * w * q) + b * sum(x)` with int8 inputs: integer dot products (`maddubs`
+//! + `madd` with AVX2, `vpdpbusd` two chunks at a time with AVX-512 VNNI), one float
+//! multiply-add a chunk; with float inputs `sum((f * scale * w) * x) + b * sum(x)`.
 //!
 //! Tier L3 against the plain reference (each block dequantized as gguf-py does, then a float32
 //! dot with the unquantized inputs): the int8 inputs add at most half a step (`d / 2`) of error

@@ -383,6 +383,7 @@ pub(super) unsafe fn rows(
             GgmlType::Q5_1 => rows_w::<Q5_1>(&a, r0, r1, wide),
             GgmlType::Q4_K => rows_w::<Q45K<false>>(&a, r0, r1, wide),
             GgmlType::Q5_K => rows_w::<Q45K<true>>(&a, r0, r1, wide),
+            GgmlType::Q6_K if a.x.is_some() && wide => rows_f512::<Q6K>(&a, r0, r1),
             GgmlType::Q6_K if a.x.is_some() => rows_f::<Q6K>(&a, r0, r1),
             GgmlType::Q6_K => rows_t::<Q6K>(&a, r0, r1),
             GgmlType::Q2_K | GgmlType::Q3_K => unreachable!("no AVX2 kernel for {}", ty.name()),
@@ -415,7 +416,9 @@ struct Args<'a> {
 unsafe fn rows_w<U: Unpack + Default>(a: &Args<'_>, r0: usize, r1: usize, wide: bool) {
     // SAFETY: the caller's contract.
     unsafe {
-        if a.x.is_some() {
+        if a.x.is_some() && wide {
+            rows_f512::<U>(a, r0, r1)
+        } else if a.x.is_some() {
             rows_f::<U>(a, r0, r1)
         } else if wide && a.chunks % 2 == 0 && U::ONE_SCALE {
             rows_512::<U>(a, r0, r1)
@@ -565,6 +568,83 @@ unsafe fn rows_f<U: Unpack + Default>(a: &Args<'_>, r0: usize, r1: usize) {
                 t0 += mt;
             }
         }
+    }
+}
+
+/// [`rows_f`] through [`kernel_f512`].
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn rows_f512<U: Unpack + Default>(a: &Args<'_>, r0: usize, r1: usize) {
+    let c = a.chunks;
+    let Some(xp) = a.x else { return };
+    for r in r0..r1 {
+        let bv = a.bias.map_or(0.0, |b| b.get(r));
+        // SAFETY: within the sizes `rows` checked.
+        unsafe {
+            let row = a.data.add(r * a.rb);
+            let mut t0 = 0;
+            while t0 < a.m {
+                let (x, s) = (xp.add(t0 * c * 32), a.s.add(t0 * c));
+                let mut res = [0f32; 4];
+                let mt = (a.m - t0).min(4);
+                match mt {
+                    1 => res[..1].copy_from_slice(&kernel_f512::<U, 1>(U::default(), row, x, s, c)),
+                    2 => res[..2].copy_from_slice(&kernel_f512::<U, 2>(U::default(), row, x, s, c)),
+                    3 => res[..3].copy_from_slice(&kernel_f512::<U, 3>(U::default(), row, x, s, c)),
+                    _ => res.copy_from_slice(&kernel_f512::<U, 4>(U::default(), row, x, s, c)),
+                }
+                for (t, v) in res[..mt].iter().enumerate() {
+                    a.out.write((t0 + t) * a.n + r, v + bv);
+                }
+                t0 += mt;
+            }
+        }
+    }
+}
+
+/// [`kernel_f32`] on 16-lane vectors: each half chunk widened in one step.
+///
+/// # Safety
+/// As [`kernel_f32`], and AVX-512 F/BW/VL.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn kernel_f512<U: Unpack, const MT: usize>(
+    mut u: U,
+    row: *const u8,
+    x: *const f32,
+    s: *const f32,
+    chunks: usize,
+) -> [f32; MT] {
+    let mut acc = [_mm512_setzero_ps(); MT];
+    let mut mins = [0f32; MT];
+    // SAFETY: within the ranges of the contract.
+    unsafe {
+        for c in 0..chunks {
+            let (w, _, f, b) = u.chunk(row, c);
+            let h = u.halves(c);
+            let parts = [_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1)];
+            let mut wv = [_mm512_setzero_ps(); 2];
+            for (k, (v, p)) in wv.iter_mut().zip(parts).enumerate() {
+                let i = if U::SIGNED {
+                    _mm512_cvtepi8_epi32(p)
+                } else {
+                    _mm512_cvtepu8_epi32(p)
+                };
+                *v = _mm512_mul_ps(_mm512_cvtepi32_ps(i), _mm512_set1_ps(f * h[k]));
+            }
+            for t in 0..MT {
+                let xp = x.add((t * chunks + c) * 32);
+                acc[t] = _mm512_fmadd_ps(wv[0], _mm512_loadu_ps(xp), acc[t]);
+                acc[t] = _mm512_fmadd_ps(wv[1], _mm512_loadu_ps(xp.add(16)), acc[t]);
+                if U::MINS {
+                    mins[t] -= b * *s.add(t * chunks + c);
+                }
+            }
+        }
+        let mut out = [0f32; MT];
+        for t in 0..MT {
+            out[t] = _mm512_reduce_add_ps(acc[t]) + mins[t];
+        }
+        out
     }
 }
 
