@@ -9,10 +9,10 @@
 //! each 32 kept for the blocks' minimums): faster, but on Gemma 3 270M they failed the quality
 //! gate (95.7% top-1 over 512 positions). Each 32-value chunk of a weight row is decoded to integer codes
 //! `w` with an integer scale per 16 values (Q6_K, Q3_K, Q2_K's sub-blocks; else 1), a float
-//! factor `f` and a float minimum `b`, so that a weight is `f * scale * w + b` exactly as the
+//! factor `f` and a float minimum `b`, so that a weight is `f * scale * w - b` exactly as the
 //! format defines it. A chunk's product with an input is then
 //! `f * d * sum(scale * w * q) + b * sum(x)` with int8 inputs: integer dot products (`maddubs`
-//! + `madd` with AVX2, `vpdpbusd` two chunks at a time with AVX-512 VNNI), one float
+//! then `madd` with AVX2, `vpdpbusd` two chunks at a time with AVX-512 VNNI), one float
 //! multiply-add a chunk; with float inputs `sum((f * scale * w) * x) + b * sum(x)`.
 //!
 //! Tier L3 against the plain reference (each block dequantized as gguf-py does, then a float32
