@@ -198,6 +198,12 @@ pub fn fused_layers(
                     a.path()
                 )))
             }
+            Linear::Ggml { .. } => {
+                return Err(TrainError::Config(format!(
+                    "{}: fusing into GGML blocks is not supported (fuse with -d)",
+                    a.path()
+                )))
+            }
         };
         Ok(Some((a.path().to_string(), t)))
     };
@@ -228,6 +234,7 @@ pub fn fused_layers(
                     let t = match a.fuse(dequantize)? {
                         Embedding::Dense(w) => vec![("weight", w)],
                         Embedding::Quantized(q) => quantized(q),
+                        Embedding::Ggml(g) => vec![("weight", g.dequantize()?)],
                         Embedding::Adapted(_) => return Err(still_adapted(a.path())),
                     };
                     out.push((a.path().to_string(), t));

@@ -109,6 +109,7 @@ fn dense_weight(base: &Linear) -> Result<Array> {
         Linear::Dense { weight, .. } => Ok(weight.clone()),
         Linear::Quantized { weight, .. } => dequantized(weight),
         Linear::Trellis { weight, .. } => Ok(weight.dequantize()?),
+        Linear::Ggml { weight, .. } => Ok(weight.dequantize()?),
         Linear::Adapted(_) => Err(TrainError::Config(
             "an adapter cannot wrap another adapter".into(),
         )),
@@ -119,7 +120,8 @@ fn base_bias(base: &Linear) -> Option<&Array> {
     match base {
         Linear::Dense { bias, .. }
         | Linear::Quantized { bias, .. }
-        | Linear::Trellis { bias, .. } => bias.as_ref(),
+        | Linear::Trellis { bias, .. }
+        | Linear::Ggml { bias, .. } => bias.as_ref(),
         Linear::Adapted(_) => None,
     }
 }
@@ -620,6 +622,7 @@ impl LoraEmbedding {
         match &self.base {
             Embedding::Dense(w) => Ok(w.clone()),
             Embedding::Quantized(q) => dequantized(q),
+            Embedding::Ggml(g) => Ok(g.dequantize()?),
             Embedding::Adapted(_) => Err(TrainError::Config(
                 "an adapter cannot wrap another adapter".into(),
             )),

@@ -102,7 +102,8 @@ pub struct DecoderArgs {
     /// weights; greedy decoding on the device, sampling and logits processors on the host from
     /// its logits), else MLX; on the CPU backend, our multi-threaded SIMD CPU
     /// decoder where it covers the model and options (dense llama-family and Gemma 3 rows;
-    /// float weights or MLX affine 2/4/8-bit), else MLX; `mlx`: MLX's own forward, the exact
+    /// float weights, MLX affine 2/4/8-bit or a GGUF's GGML blocks, which are then loaded as
+    /// stored instead of dequantized), else MLX; `mlx`: MLX's own forward, the exact
     /// path whose outputs match mlx-lm's (as does any explicit `--dtype`); `cpu`, `graph`: that
     /// decoder, an error where it does not apply. Their logits differ from MLX's by float
     /// rounding.
@@ -132,6 +133,15 @@ impl DecoderChoice {
 }
 
 impl DecoderArgs {
+    /// Whether [`DecoderArgs::pick`] may choose the CPU decoder, as far as the flags alone
+    /// say (`--decoder cpu`, or `auto` on the CPU backend with `--dtype auto`): then a GGUF
+    /// file's k-quant weights are loaded as their blocks, which the CPU decoder reads in place
+    /// (the MLX path, should `pick` still fall back to it, dequantizes them on use).
+    pub fn may_pick_cpu(&self, dtype: &str) -> bool {
+        let on_gpu = mlx_core::Device::default_device().is_ok_and(|d| d != mlx_core::Device::cpu());
+        self.decoder == "cpu" || (self.decoder == "auto" && !on_gpu && dtype == "auto")
+    }
+
     /// [`DecoderArgs::pick`], or the MLX path when `speculative` (drafts are verified there;
     /// `--decoder cpu|graph` is then an error).
     pub fn pick_unless_speculative(

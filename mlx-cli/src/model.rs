@@ -44,6 +44,12 @@ pub fn load(a: &ModelArgs) -> Result<Loaded, String> {
 
 /// [`load`]; with `mtp`, the checkpoint's multi-token-prediction layers too (`--mtp`).
 pub fn load_with(a: &ModelArgs, mtp: bool) -> Result<Loaded, String> {
+    load_for(a, mtp, false)
+}
+
+/// [`load_with`]; with `gguf_blocks`, a GGUF file's GGML-block weights kept as blocks for the
+/// CPU decoder ([`LoadSpec::gguf_blocks`]; see [`crate::common::DecoderArgs::may_pick_cpu`]).
+pub fn load_for(a: &ModelArgs, mtp: bool, gguf_blocks: bool) -> Result<Loaded, String> {
     if a.adapter_path.is_some() && std::env::var_os(crate::launch::ENV_BACKEND).is_some() {
         return Err(
             "--adapter-path: adapters are not supported in a launched (sharded) model yet".into(),
@@ -56,6 +62,7 @@ pub fn load_with(a: &ModelArgs, mtp: bool) -> Result<Loaded, String> {
             .as_deref()
             .map(Path::new)
             .map(Path::to_path_buf),
+        gguf_blocks,
     };
     let mut m = load::load_mtp(
         &model_path(a.model.as_deref())?,

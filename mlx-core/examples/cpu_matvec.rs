@@ -8,6 +8,9 @@
 //! `cpu_matvec attention [THREADS] [POSITIONS]` times one decode step's attention over a float16
 //! cache at SmolLM2-135M's shapes (30 layers of 9 query / 3 KV heads of 64, 600 positions by
 //! default, each layer's cache its own memory as in a step): median and fastest of 100 steps.
+//! `cpu_matvec ggml [scalar|avx2|avx512] [f32|int8]` times the GGML-block products (`cpu::kquant`) at Gemma
+//! 3 270M's Q4_K_M shapes and types (Q5_0 q/k/v/gate/up, Q4_K o/down, Q6_K down, Q8_0 v and the
+//! tied head), one and four inputs, on one thread: fastest of many runs.
 
 use half::f16;
 use mlx_core::cpu::{
@@ -38,6 +41,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if std::env::args().nth(1).as_deref() == Some("attention") {
         return attention();
+    }
+    if std::env::args().nth(1).as_deref() == Some("ggml") {
+        return ggml();
     }
     let act = match std::env::args().nth(1).as_deref() {
         Some("f32") => Activations::F32,
@@ -239,5 +245,78 @@ fn attention() -> Result<(), Box<dyn std::error::Error>> {
         steps[steps.len() / 2] as f64 / 1e3,
         steps[0] as f64 / 1e3
     );
+    Ok(())
+}
+
+/// GGML-block products at Gemma 3 270M's shapes (see the module's note).
+fn ggml() -> Result<(), Box<dyn std::error::Error>> {
+    use mlx_core::cpu::kquant::GgmlType;
+    let isa = match std::env::args().nth(2).as_deref() {
+        Some("scalar") => Isa::Scalar,
+        Some("avx2") => Isa::Avx2,
+        Some("avx512") => Isa::Avx512,
+        _ => Isa::detect(),
+    };
+    let mut ctx = CpuContext::with_isa(1, isa)?;
+    // Float inputs (the CPU decoder's default) unless `int8`.
+    let int8 = std::env::args().nth(3).as_deref() == Some("int8");
+    ctx.activations = if int8 {
+        Activations::Int8
+    } else {
+        Activations::Int16Q8Int8
+    };
+    let inputs = if int8 { "int8" } else { "f32" };
+    let mut rng = Lcg(7);
+    for (rows, cols, ty, what) in [
+        (1024, 640, GgmlType::Q5_0, "q_proj"),
+        (256, 640, GgmlType::Q5_0, "k/v_proj"),
+        (256, 640, GgmlType::Q8_0, "v_proj"),
+        (640, 1024, GgmlType::Q4_K, "o_proj"),
+        (2048, 640, GgmlType::Q5_0, "gate/up_proj"),
+        (640, 2048, GgmlType::Q4_K, "down_proj"),
+        (640, 2048, GgmlType::Q6_K, "down_proj"),
+        (262_144, 640, GgmlType::Q8_0, "tied head"),
+    ] {
+        let mut data: Vec<u8> = (0..rows * ty.row_bytes(cols))
+            .map(|_| rng.next() as u8)
+            .collect();
+        // Finite half-precision factors wherever the format keeps them.
+        let halves: &[usize] = match ty {
+            GgmlType::Q6_K => &[208],
+            GgmlType::Q4_K => &[0, 2],
+            _ => &[0],
+        };
+        for b in data.chunks_exact_mut(ty.block_bytes()) {
+            for &at in halves {
+                let f = f16::from_f32(rng.unit() * 0.01);
+                b[at..at + 2].copy_from_slice(&f.to_le_bytes());
+            }
+        }
+        let w = Matrix::ggml(&data, ty, rows, cols)?;
+        for m in [1usize, 4] {
+            let x: Vec<f32> = (0..m * cols).map(|_| rng.unit()).collect();
+            let mut out = vec![0f32; m * rows];
+            let reps = (100_000_000 / (rows * cols * m)).clamp(5, 2000);
+            let mut best = u64::MAX;
+            for _ in 0..reps {
+                let t = std::time::Instant::now();
+                let mut jobs = [MatJob {
+                    w: &w,
+                    bias: None,
+                    out: &mut out,
+                }];
+                matmul_t(&ctx, std::hint::black_box(&x), m, &mut jobs)?;
+                best = best.min(t.elapsed().as_nanos() as u64);
+            }
+            println!(
+                "{what} {rows}x{cols} {} m={m} ({}, {inputs} inputs): {best} ns, {:.2} GB/s of \
+                 weights, {:.2} GMAC/s",
+                ty.name(),
+                isa.name(),
+                data.len() as f64 / best as f64,
+                (rows * cols * m) as f64 / best as f64
+            );
+        }
+    }
     Ok(())
 }

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use mlx_core::Dtype;
 use mlx_engine::cpu_decode::CpuDecoder;
-use mlx_models::gguf::load_gguf_model;
+use mlx_models::gguf::{load_gguf_model_with, GgufTensors};
 use mlx_models::load::LoadOptions;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -20,7 +20,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let opts = LoadOptions {
         dtype: Some(Dtype::Float32),
     };
-    let (model, _) = load_gguf_model(&path, &opts)?;
+    let (model, _) = load_gguf_model_with(&path, &opts, GgufTensors::Blocks)?;
     let mut dec = CpuDecoder::new(model.as_ref(), threads, 1024)?;
     // One or more activation modes, comma-separated: the rounds alternate between them.
     let modes = std::env::args()

@@ -18,7 +18,7 @@
 use mlx_core::prelude::*;
 use mlx_engine::cpu_decode::{unsupported, CpuDecoder};
 use mlx_engine::tokenizer_gguf::tokenizer_data;
-use mlx_models::gguf::load_gguf_model;
+use mlx_models::gguf::{load_gguf_model_with, GgufTensors};
 use mlx_models::load::LoadOptions;
 
 /// Least share of positions whose top-1 tokens agree.
@@ -101,7 +101,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let opts = LoadOptions {
         dtype: Some(Dtype::Float32),
     };
-    let (model, g) = load_gguf_model(&path, &opts)?;
+    // As `mlx generate` loads for the CPU decoder: k-quant and other GGML-block weights kept as
+    // their blocks; the exact forward dequantizes them on use (the dequantizing loader's bits).
+    let (model, g) = load_gguf_model_with(&path, &opts, GgufTensors::Blocks)?;
     if let Some(why) = unsupported(model.as_ref()) {
         println!(
             "{name}: the CPU decoder does not cover this model ({why}); generation runs the \

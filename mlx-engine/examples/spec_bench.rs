@@ -90,6 +90,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let spec = LoadSpec {
         dtype: "f32".into(),
         adapter_path: None,
+        gguf_blocks: false,
     };
     let m = load(&ModelRef::Path(path.clone()), &spec, &mut Quiet)?;
     let messages = vec![serde_json::json!({

@@ -19,7 +19,8 @@
 //! own), grouped-query attention, full or sliding-window (over its full cache, each query
 //! seeing the window before it as mlx-lm's mask does), SwiGLU or the GELU-approx gate, an
 //! embedding scale, a tied or untied head; weights dense (float32,
-//! float16, bfloat16) or MLX affine-quantized (2, 4 or 8 bits). Its own float16 KV cache is
+//! float16, bfloat16), MLX affine-quantized (2, 4 or 8 bits), trellis-coded, or a GGUF file's
+//! GGML blocks kept as stored (`GgufTensors::Blocks`: Q4_0..Q8_0, Q2_K..Q6_K, int8 inputs). Its own float16 KV cache is
 //! filled by running the prompt through it in blocks of [`BLOCK`] tokens, so every weight row
 //! is read once per block.
 //!
@@ -140,6 +141,12 @@ fn matrix<'m>(l: &'m Linear, what: &str) -> Result<(Matrix<'m>, Option<Floats<'m
         )),
         Linear::Quantized { weight, bias } => Ok((
             quantized(weight, rows, cols, what)?,
+            bias.as_ref().map(|b| floats(b, what)).transpose()?,
+        )),
+        Linear::Ggml { weight, bias } => Ok((
+            weight
+                .cpu_view()
+                .map_err(|e| unsup(format!("{what}: {e}")))?,
             bias.as_ref().map(|b| floats(b, what)).transpose()?,
         )),
         Linear::Adapted(_) => Err(unsup(format!("{what}: an adapted (LoRA/DoRA) linear"))),
@@ -401,6 +408,9 @@ impl<'m> Weights<'m> {
                 let (r, c) = m.embed_tokens().shape();
                 quantized(q, r as usize, c as usize, "embed_tokens")?
             }
+            Embedding::Ggml(g) => g
+                .cpu_view()
+                .map_err(|e| unsup(format!("embed_tokens: {e}")))?,
             Embedding::Adapted(_) => return Err(unsup("an adapted embedding")),
         };
         let head = match m.lm_head() {

@@ -245,6 +245,7 @@ fn linear(
         }
         Linear::Adapted(_) => Err(format!("{what}: an adapted (LoRA/DoRA) linear")),
         Linear::Trellis { .. } => Err(format!("{what}: a trellis-coded linear")),
+        Linear::Ggml { .. } => Err(format!("{what}: GGML blocks kept for the CPU decoder")),
     }
 }
 
@@ -332,6 +333,7 @@ fn map_weights(m: &Model, spec: &mut GraphSpec) -> Result<GraphWeights, String> 
         },
         Embedding::Quantized(q) => quantized(q, "embed_tokens", &mut quant)?,
         Embedding::Adapted(_) => return Err(format!("`{t}`: an adapted embedding")),
+        Embedding::Ggml(_) => return Err(format!("`{t}`: GGML blocks kept for the CPU decoder")),
     };
     let head = m
         .lm_head()

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use mlx_core::prelude::*;
 use mlx_core::DeviceType;
 use mlx_models::config::ModelConfig;
-use mlx_models::gguf::load_gguf_model;
+use mlx_models::gguf::{load_gguf_model_with, GgufTensors};
 use mlx_models::load::{LoadOptions, ModelInfo};
 use mlx_models::{LanguageModel, ModelError};
 use serde_json::Value;
@@ -227,6 +227,10 @@ pub struct LoadSpec {
     pub dtype: String,
     /// `--adapter-path`.
     pub adapter_path: Option<PathBuf>,
+    /// A GGUF file's k-quant and other GGML-block linear weights kept as their blocks for the
+    /// CPU decoder (`GgufTensors::Blocks`) instead of dequantized: set when the CPU decoder is
+    /// to run (the MLX forward still runs on them, dequantizing on use).
+    pub gguf_blocks: bool,
 }
 
 impl Default for LoadSpec {
@@ -235,6 +239,7 @@ impl Default for LoadSpec {
         LoadSpec {
             dtype: "stored".into(),
             adapter_path: None,
+            gguf_blocks: false,
         }
     }
 }
@@ -293,7 +298,7 @@ pub fn load_mtp(
     mtp: bool,
 ) -> Result<Loaded> {
     let path = resolve(model, events)?;
-    let mut m = load_path(&path, &spec.dtype, events, mtp)?;
+    let mut m = load_path(&path, &spec.dtype, events, mtp, spec.gguf_blocks)?;
     if let Some(w) = crate::stream::eos_outside_vocab(m.model.as_ref(), &m.tokenizer) {
         events.note(&w);
     }
@@ -317,7 +322,13 @@ pub fn load_mtp(
     Ok(m)
 }
 
-fn load_path(path: &Path, dtype: &str, events: &mut dyn LoadEvents, mtp: bool) -> Result<Loaded> {
+fn load_path(
+    path: &Path,
+    dtype: &str,
+    events: &mut dyn LoadEvents,
+    mtp: bool,
+    blocks: bool,
+) -> Result<Loaded> {
     let (dtype, dtype_name) = pick_dtype(dtype, events)?;
     let opts = LoadOptions { dtype };
     if mtp && is_gguf(path) {
@@ -327,8 +338,19 @@ fn load_path(path: &Path, dtype: &str, events: &mut dyn LoadEvents, mtp: bool) -
         ))));
     }
     if is_gguf(path) {
-        let (model, g) = load_gguf_model(path, &opts)?;
-        let draws = construction_draws(&g.config, &shapes(&g.tensors)).map_err(|e| e.to_string());
+        let how = if blocks {
+            GgufTensors::Blocks
+        } else {
+            GgufTensors::Auto
+        };
+        let (model, g) = load_gguf_model_with(path, &opts, how)?;
+        let mut all = shapes(&g.tensors);
+        all.extend(
+            g.blocks
+                .iter()
+                .map(|(k, b)| (k.clone(), vec![b.rows, b.cols])),
+        );
+        let draws = construction_draws(&g.config, &all).map_err(|e| e.to_string());
         let tok_err = |source| LoadError::Tokenizer {
             path: path.to_path_buf(),
             source,

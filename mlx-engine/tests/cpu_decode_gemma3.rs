@@ -18,7 +18,7 @@
 use mlx_core::prelude::*;
 use mlx_engine::cpu_decode::CpuDecoder;
 use mlx_engine::tokenizer_gguf::tokenizer_data;
-use mlx_models::gguf::load_gguf_model;
+use mlx_models::gguf::{load_gguf_model_with, GgufTensors};
 use mlx_models::load::LoadOptions;
 
 const TEXT: &str = include_str!("../../results/quant/exodus_kjv_1-16.txt");
@@ -86,7 +86,7 @@ fn gemma3_270m_top1_agreement_and_perplexity_match_the_exact_path() {
     let opts = LoadOptions {
         dtype: Some(Dtype::Float32),
     };
-    let (model, g) = load_gguf_model(&path, &opts).unwrap();
+    let (model, g) = load_gguf_model_with(&path, &opts, GgufTensors::Blocks).unwrap();
     let tok = tokenizer_data(&g.metadata).unwrap().build().unwrap();
     let ids = tok.encode(TEXT, true).unwrap();
     assert!(

@@ -33,6 +33,9 @@ pub struct GgufModel {
     pub config: ModelConfig,
     pub tensors: BTreeMap<String, Array>,
     pub metadata: GgufMetadata,
+    /// Weights kept as GGML blocks ([`GgufTensors::Blocks`]; else empty), by mlx-lm name
+    /// (`<path>.weight`).
+    pub blocks: BTreeMap<String, crate::layers::GgmlWeight>,
 }
 
 fn gguf_err(path: &Path, m: impl std::fmt::Display) -> ModelError {
@@ -603,6 +606,79 @@ pub enum GgufTensors {
     Mlx,
     /// Every tensor dequantized to f32 in Rust, as gguf-py's `dequantize` does.
     Dequantize,
+    /// For the CPU decoder: as [`GgufTensors::Auto`] where MLX's reader takes every tensor as
+    /// stored; else the linear and embedding weights stored in a GGML block type
+    /// (`mlx_core::cpu::kquant::GgmlType`) kept as their blocks, read in place by its int8
+    /// kernels ([`GgufModel::blocks`]; about the file's size in memory, where dequantizing
+    /// takes 4 bytes a weight); every other tensor as [`GgufTensors::Dequantize`] gives it.
+    /// The MLX forward over kept weights dequantizes them on use (the same bits, slowly).
+    Blocks,
+}
+
+/// The mlx-lm names whose GGML blocks [`GgufTensors::Blocks`] keeps: plain linear and
+/// embedding weights (not experts, fused or reshaped tensors).
+fn keeps_blocks(mapped: &str) -> bool {
+    const ENDS: &[&str] = &[
+        ".q_proj.weight",
+        ".k_proj.weight",
+        ".v_proj.weight",
+        ".o_proj.weight",
+        ".gate_proj.weight",
+        ".up_proj.weight",
+        ".down_proj.weight",
+    ];
+    let top = matches!(mapped, "model.embed_tokens.weight" | "lm_head.weight");
+    top || (mapped.starts_with("model.layers.")
+        && !mapped.contains("expert")
+        && !mapped.contains("switch_mlp")
+        && ENDS.iter().any(|e| mapped.ends_with(e)))
+}
+
+/// The tensors of `header`: those `keep` picks (2-dimensional, of a GGML block type) as
+/// their bytes, `(name, type, rows, cols, uint8 (rows, row_bytes))`, the others dequantized.
+#[allow(clippy::type_complexity)]
+fn blocks_with(
+    path: &Path,
+    header: mlx_core::io::GgufHeader,
+    keep: impl Fn(&str) -> bool,
+) -> Result<(
+    BTreeMap<String, Array>,
+    GgufMetadata,
+    Vec<(String, mlx_core::cpu::kquant::GgmlType, i32, i32, Array)>,
+)> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut kept = Vec::new();
+    let mut rest = header.clone();
+    rest.tensors.clear();
+    let mut file = std::fs::File::open(path).map_err(|e| gguf_err(path, e))?;
+    for t in &header.tensors {
+        let ty = mlx_core::cpu::kquant::GgmlType::from_id(t.ggml_type);
+        let (Some(ty), &[cols, rows]) = (ty, t.dims.as_slice()) else {
+            rest.tensors.push(t.clone());
+            continue;
+        };
+        let (Ok(rows), Ok(cols)) = (i32::try_from(rows), i32::try_from(cols)) else {
+            rest.tensors.push(t.clone());
+            continue;
+        };
+        if !keep(&t.name) || cols as usize % ty.block() != 0 {
+            rest.tensors.push(t.clone());
+            continue;
+        }
+        let rb = ty.row_bytes(cols as usize);
+        let len = (rows as usize)
+            .checked_mul(rb)
+            .filter(|&n| n as u64 == t.bytes && i32::try_from(rb).is_ok())
+            .ok_or_else(|| gguf_err(path, format!("tensor {}: size does not match", t.name)))?;
+        let mut bytes = vec![0u8; len];
+        file.seek(SeekFrom::Start(t.offset))
+            .and_then(|_| file.read_exact(&mut bytes))
+            .map_err(|e| gguf_err(path, format!("tensor {}: {e}", t.name)))?;
+        let a = Array::from_slice(&bytes, &[rows, rb as i32])?;
+        kept.push((t.name.clone(), ty, rows, cols, a));
+    }
+    let (raw, metadata) = dequantized_with(path, rest)?;
+    Ok((raw, metadata, kept))
 }
 
 /// GGML types MLX's GGUF reader loads without converting them (F32, F16, Q4_0, Q4_1, Q8_0).
@@ -664,7 +740,28 @@ pub fn read_gguf(path: &Path) -> Result<GgufModel> {
 /// [`read_gguf`] with the tensors obtained as `how` says.
 pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
     // The header is read once here; MLX's own reader parses the file for its tensors.
+    let mut kept = Vec::new();
     let (raw, metadata) = match how {
+        GgufTensors::Blocks => {
+            let header = read_gguf_header(path).map_err(|e| gguf_err(path, e))?;
+            if header
+                .tensors
+                .iter()
+                .all(|t| MLX_NATIVE_TYPES.contains(&t.ggml_type))
+            {
+                // As `Auto`: MLX's reader gives these as affine triples the CPU decoder reads.
+                return read_gguf_with(path, GgufTensors::Mlx);
+            }
+            let arch_name = meta_str(&header.metadata, "general.architecture").unwrap_or("");
+            let arch = ARCHS.iter().find(|a| a.arch == arch_name);
+            let keep = |name: &str| {
+                arch.and_then(|a| map_name(a, name))
+                    .is_some_and(|m| keeps_blocks(&m))
+            };
+            let (raw, metadata, k) = blocks_with(path, header, keep)?;
+            kept = k;
+            (raw, metadata)
+        }
         GgufTensors::Auto => {
             let header = read_gguf_header(path).map_err(|e| gguf_err(path, e))?;
             if header
@@ -769,6 +866,30 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
     let mut unknown = Vec::new();
     // Rope tensors that become hyper-parameters (long-rope factors).
     let mut rope_tensors: BTreeMap<String, Array> = BTreeMap::new();
+    let mut ggml = BTreeMap::new();
+    for (name, ty, rows, cols, a) in kept {
+        let Some(m) = map_name(arch, &name) else {
+            unknown.push(name);
+            continue;
+        };
+        // Rows carry their blocks: llama.cpp's Q/K row permutation is undone on the bytes.
+        let a = if arch.permute_qk && m.contains(".self_attn.q_proj.") {
+            unpermute(&a, heads, &name, &key("attention.head_count"))?
+        } else if arch.permute_qk && m.contains(".self_attn.k_proj.") {
+            unpermute(&a, kv_heads, &name, &key("attention.head_count_kv"))?
+        } else {
+            a
+        };
+        if ggml.contains_key(&m) {
+            return Err(gguf_err(
+                path,
+                format!("GGUF tensor {name} maps to {m}, which another tensor already gave"),
+            ));
+        }
+        let g = crate::layers::GgmlWeight::new(a, ty, rows, cols)
+            .map_err(|e| gguf_err(path, format!("tensor {name}: {e}")))?;
+        ggml.insert(m, g);
+    }
     for (name, a) in raw {
         if is_mtp(&name) {
             continue;
@@ -1310,6 +1431,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         config,
         tensors,
         metadata,
+        blocks: ggml,
     })
 }
 
@@ -2113,7 +2235,7 @@ pub fn load_gguf_model_with(
     how: GgufTensors,
 ) -> Result<(Box<dyn LanguageModel>, GgufModel)> {
     let g = read_gguf_with(path, how)?;
-    let weights = Weights::new(g.tensors.clone(), None, opts.dtype);
+    let weights = Weights::new(g.tensors.clone(), None, opts.dtype).with_ggml(g.blocks.clone());
     let model = build(&g.config, weights)?;
     Ok((model, g))
 }

@@ -120,6 +120,7 @@ fn split_weight(
             ))
         }
         Linear::Adapted(_) => Err(ModelError::Parallel { kind: crate::Parallelism::Tensor, what: what.to_string(), problem: "cannot split an adapted linear (fuse the adapter first)".into() }),
+        Linear::Ggml { .. } => Err(ModelError::Parallel { kind: crate::Parallelism::Tensor, what: what.to_string(), problem: "cannot split GGML blocks kept for the CPU decoder (load with --decoder mlx)".into() }),
         Linear::Trellis { .. } => Err(ModelError::Parallel { kind: crate::Parallelism::Tensor, what: what.to_string(), problem: "cannot split a trellis-coded linear (its Hadamard blocks and tail-biting streams span the whole matrix)".into() }),
     }
 }

@@ -37,6 +37,8 @@ pub struct Weights {
     quantizable: Vec<QuantizableModule>,
     /// Load the checkpoint's multi-token-prediction layers too ([`Weights::with_mtp`]).
     mtp: bool,
+    /// Weights kept as GGML blocks (`<path>.weight` names; [`Weights::with_ggml`]).
+    ggml: BTreeMap<String, crate::layers::GgmlWeight>,
 }
 
 /// A module that can be quantized (it has mlx's `to_quantized`), as [`Weights`] saw it.
@@ -71,7 +73,38 @@ impl Weights {
             taken_names: Vec::new(),
             quantizable: Vec::new(),
             mtp: false,
+            ggml: BTreeMap::new(),
         }
+    }
+
+    /// Adds weights kept as GGML blocks (a GGUF file read with `GgufTensors::Blocks`), by
+    /// `<path>.weight` name: the linear and embedding layers at those paths take them
+    /// ([`Weights::take_ggml`]).
+    pub fn with_ggml(mut self, ggml: BTreeMap<String, crate::layers::GgmlWeight>) -> Self {
+        self.ggml = ggml;
+        self
+    }
+
+    /// The GGML-block weight `name` of logical shape `(rows, cols)`, if one was given (a
+    /// different shape is recorded for [`Weights::finish`]).
+    pub fn take_ggml(
+        &mut self,
+        name: &str,
+        rows: i32,
+        cols: i32,
+    ) -> Result<Option<crate::layers::GgmlWeight>> {
+        let Some(g) = self.ggml.get(name) else {
+            return Ok(None);
+        };
+        let g = g.clone();
+        self.used.insert(name.to_string());
+        if (g.rows, g.cols) != (rows, cols) {
+            self.misshaped.push(format!(
+                "{name}: shape [{}, {}], expected [{rows}, {cols}]",
+                g.rows, g.cols
+            ));
+        }
+        Ok(Some(g))
     }
 
     /// Opt in to the multi-token-prediction layers a checkpoint carries (DeepSeek V3 /
@@ -420,6 +453,7 @@ impl Weights {
         let mut unexpected: Vec<String> = self
             .tensors
             .keys()
+            .chain(self.ggml.keys())
             .filter(|k| !self.used.contains(*k))
             .map(|k| format!("unexpected: {k}"))
             .collect();

@@ -38,7 +38,7 @@ pub struct RowsScratch {
 
 impl SharedOut {
     /// The part of the buffer from `start` on (`start` at most its length).
-    fn from(self, start: usize) -> SharedOut {
+    pub(super) fn from(self, start: usize) -> SharedOut {
         let start = start.min(self.len);
         SharedOut {
             // SAFETY-free: pointer arithmetic within (or one past) the buffer, never read here.
@@ -168,6 +168,10 @@ pub fn matmul_t_each_with(
     }
     if jobs.iter().any(|j| j.w.trellis_view().is_some()) {
         return super::trellis::matmul_jobs(ctx, x, m, jobs);
+    }
+    if jobs.iter().any(|j| super::kquant::is_ggml(j.w)) {
+        // Each row's bits do not depend on the rows that come with it.
+        return super::kquant::matmul_jobs(ctx, act, x, m, jobs);
     }
     let mut paths = [Path::Float; MAX_JOBS];
     for (p, j) in paths.iter_mut().zip(jobs.iter()) {

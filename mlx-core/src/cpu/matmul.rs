@@ -94,6 +94,12 @@ pub(crate) enum Kind<'a> {
     },
     /// Trellis-coded (`cpu::trellis`): products take `trellis::matmul_jobs`.
     Trellis(super::trellis::TrellisView<'a>),
+    /// GGML blocks as a GGUF file stores them, row after row (`cpu::kquant`): products take
+    /// `kquant::matmul_jobs`.
+    Ggml {
+        data: &'a [u8],
+        ty: super::kquant::GgmlType,
+    },
 }
 
 /// A weight matrix `(rows, cols)` borrowed in one of MLX's layouts (checked at construction).
@@ -179,6 +185,40 @@ impl<'a> Matrix<'a> {
         })
     }
 
+    /// A matrix of GGML blocks (`data`: a GGUF tensor's bytes, `rows` rows of `cols` values,
+    /// `cols` a multiple of the type's block), read in place by the int8 kernels of
+    /// [`super::kquant`].
+    pub fn ggml(
+        data: &'a [u8],
+        ty: super::kquant::GgmlType,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Matrix<'a>> {
+        if cols == 0 || cols % ty.block() != 0 {
+            return Err(bad(format!(
+                "{} rows of {cols} values are not whole {}-value {} blocks",
+                rows,
+                ty.block(),
+                ty.name()
+            )));
+        }
+        let need = rows
+            .checked_mul(ty.row_bytes(cols))
+            .ok_or_else(|| bad("matrix too large".into()))?;
+        if data.len() != need {
+            return Err(bad(format!(
+                "({rows}, {cols}) in {} blocks needs {need} bytes, got {}",
+                ty.name(),
+                data.len()
+            )));
+        }
+        Ok(Matrix {
+            rows,
+            cols,
+            kind: Kind::Ggml { data, ty },
+        })
+    }
+
     /// A trellis-coded matrix (its products run the fused trellis kernel).
     pub fn trellis(view: super::trellis::TrellisView<'a>) -> Matrix<'a> {
         Matrix {
@@ -213,6 +253,11 @@ impl<'a> Matrix<'a> {
                 self.cols
             )));
         }
+        if let Kind::Ggml { data, ty } = self.kind {
+            let rb = ty.row_bytes(self.cols);
+            super::kquant::dequantize_row(ty, &data[r * rb..(r + 1) * rb], out);
+            return Ok(());
+        }
         for (c, o) in out.iter_mut().enumerate() {
             *o = self.value(r, c);
         }
@@ -238,6 +283,13 @@ impl<'a> Matrix<'a> {
                 scales.get(g) * q as f32 + biases.get(g)
             }
             Kind::Trellis(t) => t.value(r, c),
+            Kind::Ggml { data, ty } => {
+                let (bs, bb) = (ty.block(), ty.block_bytes());
+                let at = (r * self.cols + c) / bs * bb;
+                let mut block = [0f32; 256];
+                super::kquant::dequantize_row(ty, &data[at..at + bb], &mut block[..bs]);
+                block[c % bs]
+            }
         }
     }
 }
@@ -305,6 +357,9 @@ pub fn matmul_t(ctx: &CpuContext, x: &[f32], m: usize, jobs: &mut [MatJob<'_, '_
     }
     if jobs.iter().any(|j| j.w.trellis_view().is_some()) {
         return super::trellis::matmul_jobs(ctx, x, m, jobs);
+    }
+    if jobs.iter().any(|j| super::kquant::is_ggml(j.w)) {
+        return super::kquant::matmul_jobs(ctx, ctx.activations, x, m, jobs);
     }
     let threads = ctx.pool.threads();
     let total: usize = jobs.iter().map(|j| j.w.rows).sum();

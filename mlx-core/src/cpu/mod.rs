@@ -15,6 +15,9 @@
 //! caller's or on the stack.
 
 mod batch;
+pub mod kquant;
+#[cfg(target_arch = "x86_64")]
+mod kquant_x86;
 mod matmul;
 mod ops;
 mod pool;

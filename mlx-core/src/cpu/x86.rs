@@ -32,7 +32,7 @@ pub(super) fn supports(w: &Matrix<'_>) -> bool {
                 && w.cols() / group <= MAX_GROUPS
                 && ((group / 32).is_power_of_two() || w.cols() <= MAX_BUF)
         }
-        Kind::Trellis(_) => false,
+        Kind::Trellis(_) | Kind::Ggml { .. } => false,
     }
 }
 
@@ -313,7 +313,7 @@ pub(super) unsafe fn rows_avx2(
     unsafe {
         match w.kind {
             // Never here: `matmul_t` routes trellis matrices to `trellis::matmul_jobs`.
-            Kind::Trellis(_) => {}
+            Kind::Trellis(_) | Kind::Ggml { .. } => {}
             Kind::Dense(Floats::F32(d)) => {
                 for r in r0..r1 {
                     let l = F32Row(d.as_ptr().add(r * cols));
@@ -2223,7 +2223,7 @@ pub(super) unsafe fn rows_prefill_512(
                 let row = r + i;
                 match w.kind {
                     // Never here (`prefill_512_supports` refuses trellis matrices).
-                    Kind::Trellis(_) => return,
+                    Kind::Trellis(_) | Kind::Ggml { .. } => return,
                     Kind::Dense(Floats::F32(d)) => *p = d.as_ptr().add(row * cols),
                     Kind::Dense(Floats::F16(d)) => {
                         dequant_into(&F16Row(d.as_ptr().add(row * cols) as *const u16), cols, dst);
@@ -2326,7 +2326,7 @@ pub(super) fn prefill_512_supports(w: &Matrix<'_>) -> bool {
                     && (group / 32).is_power_of_two()
                     && w.cols() / group <= MAX_GROUPS
             }
-            Kind::Trellis(_) => false,
+            Kind::Trellis(_) | Kind::Ggml { .. } => false,
         }
 }
 

@@ -11,6 +11,8 @@ use crate::weights::Weights;
 pub enum Embedding {
     Dense(Array),
     Quantized(QuantizedWeight),
+    /// GGML blocks kept from a GGUF file for the CPU decoder (`GgufTensors::Blocks`).
+    Ggml(Box<crate::layers::GgmlWeight>),
     /// An adapter standing in for the table (LoRA and DoRA in `mlx-train`, as mlx-lm's
     /// `LoRAEmbedding` and `DoRAEmbedding` replace an `nn.Embedding`).
     Adapted(Box<dyn EmbeddingAdapter>),
@@ -38,7 +40,11 @@ impl Clone for Box<dyn EmbeddingAdapter> {
 
 impl Embedding {
     pub fn load(w: &mut Weights, path: &str, num: i32, dims: i32) -> Result<Embedding> {
-        match w.quantization(path, dims)? {
+        let q = w.quantization(path, dims)?;
+        if let Some(g) = w.take_ggml(&format!("{path}.weight"), num, dims)? {
+            return Ok(Embedding::Ggml(Box::new(g)));
+        }
+        match q {
             Some(q) => Ok(Embedding::Quantized(QuantizedWeight::load(
                 w, path, num, dims, &q,
             )?)),
@@ -59,6 +65,7 @@ impl Embedding {
                 let s = q.weight.shape();
                 (s[0], s[1] * 32 / q.bits)
             }
+            Embedding::Ggml(g) => (g.rows, g.cols),
             Embedding::Adapted(a) => a.base().shape(),
         }
     }
@@ -68,6 +75,7 @@ impl Embedding {
         match self {
             Embedding::Adapted(a) => a.forward(ids),
             Embedding::Dense(w) => Ok(ops::take(w, ids, 0, None)?),
+            Embedding::Ggml(g) => g.rows_of(ids),
             Embedding::Quantized(q) => {
                 let rows = |a: &Array| ops::take(a, ids, 0, None);
                 let biases = q.biases.as_ref().map(rows).transpose()?;
@@ -90,6 +98,7 @@ impl Embedding {
         match self {
             Embedding::Dense(w) => Ok(ops::matmul(x, &ops::transpose_all(w, None)?, None)?),
             Embedding::Quantized(q) => q.matmul_t(x),
+            Embedding::Ggml(g) => g.matmul_t(x),
             Embedding::Adapted(a) => a.as_linear(x),
         }
     }

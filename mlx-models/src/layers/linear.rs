@@ -142,6 +142,11 @@ pub enum Linear {
         weight: Box<TrellisWeight>,
         bias: Option<Array>,
     },
+    /// GGML blocks kept from a GGUF file for the CPU decoder (`GgufTensors::Blocks`).
+    Ggml {
+        weight: Box<crate::layers::GgmlWeight>,
+        bias: Option<Array>,
+    },
     Adapted(Box<dyn LinearAdapter>),
 }
 
@@ -166,7 +171,14 @@ impl Linear {
         } else {
             None
         };
-        match w.linear_quantization(path, in_dims)? {
+        let q = w.linear_quantization(path, in_dims)?;
+        if let Some(g) = w.take_ggml(&format!("{path}.weight"), out_dims, in_dims)? {
+            return Ok(Linear::Ggml {
+                weight: Box::new(g),
+                bias: b,
+            });
+        }
+        match q {
             Some(q) if q.trellis.is_some() => {
                 let t = q.trellis.unwrap_or(crate::config::TrellisParams {
                     trellis_l: 0,
@@ -209,6 +221,10 @@ impl Linear {
                 weight.parameters_mut(path, out);
                 (bias, true)
             }
+            Linear::Ggml { weight, bias } => {
+                LayerParam::push(out, path, "weight", &mut weight.data, true);
+                (bias, true)
+            }
             Linear::Adapted(_) => {
                 return Err(ModelError::Unsupported {
                     what: path.to_string(),
@@ -234,6 +250,7 @@ impl Linear {
                 Ok((s[0], s[1] * 32 / weight.bits))
             }
             Linear::Trellis { weight, .. } => Ok((weight.rows, weight.cols)),
+            Linear::Ggml { weight, .. } => Ok((weight.rows, weight.cols)),
             Linear::Adapted(a) => a.base().dims(),
         }
     }
@@ -254,6 +271,13 @@ impl Linear {
             )?),
             Linear::Dense { weight, bias: None } => {
                 Ok(ops::matmul(x, &ops::transpose_all(weight, None)?, None)?)
+            }
+            Linear::Ggml { weight, bias } => {
+                let y = weight.matmul_t(x)?;
+                match bias {
+                    Some(b) => Ok((&y + b)?),
+                    None => Ok(y),
+                }
             }
             Linear::Trellis { weight, bias } => {
                 let y = weight.matmul_t(x)?;

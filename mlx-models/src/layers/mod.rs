@@ -4,6 +4,7 @@ pub(crate) mod activations;
 mod attention;
 mod embedding;
 pub mod gated_delta;
+pub mod ggml;
 mod linear;
 pub mod mla;
 mod mlp;
@@ -23,6 +24,7 @@ pub use attention::{
     DenseAttention,
 };
 pub use embedding::{Embedding, EmbeddingAdapter};
+pub use ggml::GgmlWeight;
 pub use linear::{Linear, LinearAdapter, QuantizedWeight};
 pub use mlp::{join, Mlp, MlpKind, MlpNames};
 pub use norm::{LayerNorm, Norm, NormKind, RmsNorm};

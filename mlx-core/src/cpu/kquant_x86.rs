@@ -1,0 +1,730 @@
+//! The AVX2 kernels of [`super::kquant`]: each 32-value chunk of a GGML row unpacked into 32
+//! bytes of codes in registers, then per input `maddubs` (unsigned codes times the int8
+//! inputs; signed codes through the sign trick, `|w| * sign(x, w)`), `madd` with the chunk's
+//! integer scales (one per 16 values: Q6_K; else 1), one float multiply-add with the chunk's
+//! factor times the input's scale, and the minimums (`b * sum(x)`) in a float on the side.
+//! Every function requires AVX2, FMA and F16C: callers check [`super::Isa::has_avx2`].
+
+use std::arch::x86_64::*;
+
+use super::kquant::GgmlType;
+use super::matmul::Floats;
+use super::SharedOut;
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn h2f(p: *const u8) -> f32 {
+    // SAFETY: the caller keeps p within its row (two bytes).
+    unsafe {
+        let h = std::ptr::read_unaligned(p as *const u16);
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h))))
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum(v: __m256) -> f32 {
+    let lo = _mm256_castps256_ps128(v);
+    let hi = _mm256_extractf128_ps(v, 1);
+    let s = _mm_add_ps(lo, hi);
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    _mm_cvtss_f32(s)
+}
+
+/// 16 packed bytes' low nibbles (values 0..16) then high nibbles (16..32), as GGML's legacy
+/// blocks order them.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nibbles16(p: *const u8) -> __m256i {
+    // SAFETY: the caller keeps p within its row (16 bytes).
+    unsafe {
+        let q = _mm_loadu_si128(p as *const __m128i);
+        let m = _mm_set1_epi8(0x0f);
+        let lo = _mm_and_si128(q, m);
+        let hi = _mm_and_si128(_mm_srli_epi16(q, 4), m);
+        _mm256_set_m128i(hi, lo)
+    }
+}
+
+/// Byte `i` is 0xff where bit `i` of `x` is set (llama.cpp's `bytes_from_bits_32`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn bytes_from_bits(x: u32) -> __m256i {
+    let shuf = _mm256_set_epi64x(
+        0x0303_0303_0303_0303,
+        0x0202_0202_0202_0202,
+        0x0101_0101_0101_0101,
+        0,
+    );
+    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x as i32), shuf);
+    let bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe));
+    _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1))
+}
+
+/// One GGML type's chunks: chunk `c` of a row as 32 code bytes, the `madd` operand of its
+/// integer scales, its float factor and its minimum (subtracted). Chunks are asked for in
+/// order, so a k-quant decodes its block's scales once, at the block's first chunk.
+trait Unpack {
+    /// Codes are signed (else unsigned, at most 63).
+    const SIGNED: bool;
+    /// The type has minimums.
+    const MINS: bool;
+    /// One integer scale a chunk (all but Q6_K): the AVX-512 VNNI kernel's types.
+    const ONE_SCALE: bool = true;
+    unsafe fn chunk(&mut self, row: *const u8, c: usize) -> (__m256i, __m256i, f32, f32);
+    /// Chunk `c`'s integer scale as a float, after [`Unpack::chunk`] of `c` (one-scale types).
+    fn int_scale(&self, _c: usize) -> f32 {
+        1.0
+    }
+    /// Chunk `c`'s integer scale of each half as floats, after [`Unpack::chunk`] of `c`.
+    fn halves(&self, _c: usize) -> [f32; 2] {
+        [1.0; 2]
+    }
+}
+
+#[derive(Default)]
+struct Q8_0;
+#[derive(Default)]
+struct Q4_0;
+#[derive(Default)]
+struct Q5_0;
+#[derive(Default)]
+struct Q4_1;
+#[derive(Default)]
+struct Q5_1;
+#[derive(Default)]
+struct Q45K<const FIVE: bool> {
+    d: f32,
+    dmin: f32,
+    sc: [u8; 8],
+    m: [u8; 8],
+}
+#[derive(Default)]
+struct Q6K {
+    sc: [f32; 2],
+}
+
+impl Unpack for Q8_0 {
+    const SIGNED: bool = true;
+    const MINS: bool = false;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn chunk(&mut self, row: *const u8, c: usize) -> (__m256i, __m256i, f32, f32) {
+        // SAFETY: chunk c is within the row (the caller's contract).
+        unsafe {
+            let p = row.add(34 * c);
+            let w = _mm256_loadu_si256(p.add(2) as *const __m256i);
+            (w, _mm256_set1_epi16(1), h2f(p), 0.0)
+        }
+    }
+}
+
+impl Unpack for Q4_0 {
+    const SIGNED: bool = true;
+    const MINS: bool = false;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn chunk(&mut self, row: *const u8, c: usize) -> (__m256i, __m256i, f32, f32) {
+        // SAFETY: as above.
+        unsafe {
+            let p = row.add(18 * c);
+            let w = _mm256_sub_epi8(nibbles16(p.add(2)), _mm256_set1_epi8(8));
+            (w, _mm256_set1_epi16(1), h2f(p), 0.0)
+        }
+    }
+}
+
+impl Unpack for Q5_0 {
+    const SIGNED: bool = true;
+    const MINS: bool = false;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn chunk(&mut self, row: *const u8, c: usize) -> (__m256i, __m256i, f32, f32) {
+        // SAFETY: as above.
+        unsafe {
+            let p = row.add(22 * c);
+            let qh = std::ptr::read_unaligned(p.add(2) as *const u32);
+            let hb = _mm256_and_si256(bytes_from_bits(qh), _mm256_set1_epi8(0x10));
+            let w = _mm256_or_si256(nibbles16(p.add(6)), hb);
+            let w = _mm256_sub_epi8(w, _mm256_set1_epi8(16));
+            (w, _mm256_set1_epi16(1), h2f(p), 0.0)
+        }
+    }
+}
+
+impl Unpack for Q4_1 {
+    const SIGNED: bool = false;
+    const MINS: bool = true;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn chunk(&mut self, row: *const u8, c: usize) -> (__m256i, __m256i, f32, f32) {
+        // SAFETY: as above.
+        unsafe {
+            let p = row.add(20 * c);
+            (
+                nibbles16(p.add(4)),
+                _mm256_set1_epi16(1),
+                h2f(p),
+                -h2f(p.add(2)),
+            )
+        }
+    }
+}
+
+impl Unpack for Q5_1 {
+    const SIGNED: bool = false;
+    const MINS: bool = true;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn chunk(&mut self, row: *const u8, c: usize) -> (__m256i, __m256i, f32, f32) {
+        // SAFETY: as above.
+        unsafe {
+            let p = row.add(24 * c);
+            let qh = std::ptr::read_unaligned(p.add(4) as *const u32);
+            let hb = _mm256_and_si256(bytes_from_bits(qh), _mm256_set1_epi8(0x10));
+            let w = _mm256_or_si256(nibbles16(p.add(8)), hb);
+            (w, _mm256_set1_epi16(1), h2f(p), -h2f(p.add(2)))
+        }
+    }
+}
+
+impl<const FIVE: bool> Unpack for Q45K<FIVE> {
+    const SIGNED: bool = false;
+    const MINS: bool = true;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn chunk(&mut self, row: *const u8, c: usize) -> (__m256i, __m256i, f32, f32) {
+        let bb = if FIVE { 176 } else { 144 };
+        let (sb, j) = (c / 8, c % 8);
+        // SAFETY: as above (block sb holds chunk c).
+        unsafe {
+            let p = row.add(bb * sb);
+            if j == 0 {
+                self.d = h2f(p);
+                self.dmin = h2f(p.add(2));
+                let s = std::slice::from_raw_parts(p.add(4), 12);
+                for i in 0..4 {
+                    self.sc[i] = s[i] & 0x3f;
+                    self.sc[i + 4] = (s[8 + i] & 0x0f) | ((s[i] >> 2) & 0x30);
+                    self.m[i] = s[4 + i] & 0x3f;
+                    self.m[i + 4] = (s[8 + i] >> 4) | ((s[4 + i] >> 2) & 0x30);
+                }
+            }
+            let qs = p.add(if FIVE { 48 } else { 16 });
+            let q = _mm256_loadu_si256(qs.add(32 * (j / 2)) as *const __m256i);
+            let q = if j % 2 == 0 {
+                q
+            } else {
+                _mm256_srli_epi16(q, 4)
+            };
+            let mut w = _mm256_and_si256(q, _mm256_set1_epi8(0x0f));
+            if FIVE {
+                let qh = _mm256_loadu_si256(p.add(16) as *const __m256i);
+                let h = _mm256_and_si256(
+                    _mm256_srl_epi16(qh, _mm_cvtsi32_si128(j as i32)),
+                    _mm256_set1_epi8(1),
+                );
+                w = _mm256_or_si256(w, _mm256_slli_epi16(h, 4));
+            }
+            let dm = self.dmin * f32::from(self.m[j]);
+            (w, _mm256_set1_epi16(i16::from(self.sc[j])), self.d, dm)
+        }
+    }
+    fn int_scale(&self, c: usize) -> f32 {
+        f32::from(self.sc[c % 8])
+    }
+    fn halves(&self, c: usize) -> [f32; 2] {
+        [f32::from(self.sc[c % 8]); 2]
+    }
+}
+
+impl Unpack for Q6K {
+    const SIGNED: bool = true;
+    const MINS: bool = false;
+    const ONE_SCALE: bool = false;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn chunk(&mut self, row: *const u8, c: usize) -> (__m256i, __m256i, f32, f32) {
+        let (sb, g) = (c / 8, c % 8);
+        let (h, gg) = (g / 4, g % 4);
+        // SAFETY: as above.
+        unsafe {
+            let p = row.add(210 * sb);
+            let l = _mm256_loadu_si256(p.add(64 * h + 32 * (gg % 2)) as *const __m256i);
+            let l = if gg / 2 == 0 {
+                l
+            } else {
+                _mm256_srli_epi16(l, 4)
+            };
+            let low = _mm256_and_si256(l, _mm256_set1_epi8(0x0f));
+            let qh = _mm256_loadu_si256(p.add(128 + 32 * h) as *const __m256i);
+            let high = _mm256_and_si256(
+                _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * gg as i32)),
+                _mm256_set1_epi8(3),
+            );
+            let w = _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
+            let w = _mm256_sub_epi8(w, _mm256_set1_epi8(32));
+            let s = p.add(192 + 8 * h + 2 * gg);
+            self.sc = [f32::from(*s as i8), f32::from(*s.add(1) as i8)];
+            let sc = _mm256_set_m128i(
+                _mm_set1_epi16(i16::from(*s.add(1) as i8)),
+                _mm_set1_epi16(i16::from(*s as i8)),
+            );
+            (w, sc, h2f(p.add(208)), 0.0)
+        }
+    }
+    fn halves(&self, _c: usize) -> [f32; 2] {
+        self.sc
+    }
+}
+
+/// `MT` inputs' dot products with one row of `chunks` chunks.
+///
+/// # Safety
+/// AVX2, FMA and F16C; `row` holds `chunks` chunks of `U`'s type, `q` `MT * chunks * 32`
+/// codes, `d` and `s` `MT * chunks` floats.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn kernel<U: Unpack, const MT: usize>(
+    mut u: U,
+    row: *const u8,
+    q: *const i8,
+    d: *const f32,
+    s: *const f32,
+    chunks: usize,
+) -> [f32; MT] {
+    let mut acc = [_mm256_setzero_ps(); MT];
+    let mut mins = [0f32; MT];
+    // SAFETY: within the ranges of the contract.
+    unsafe {
+        for c in 0..chunks {
+            let (w, sc, f, b) = u.chunk(row, c);
+            let aw = _mm256_sign_epi8(w, w);
+            for t in 0..MT {
+                let i = t * chunks + c;
+                let x = _mm256_loadu_si256(q.add(i * 32) as *const __m256i);
+                let p = if U::SIGNED {
+                    _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w))
+                } else {
+                    _mm256_maddubs_epi16(w, x)
+                };
+                let v = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, sc));
+                acc[t] = _mm256_fmadd_ps(v, _mm256_set1_ps(f * *d.add(i)), acc[t]);
+                if U::MINS {
+                    mins[t] -= b * *s.add(i);
+                }
+            }
+        }
+        let mut out = [0f32; MT];
+        for t in 0..MT {
+            out[t] = hsum(acc[t]) + mins[t];
+        }
+        out
+    }
+}
+
+/// Rows `r0..r1` of a matrix of type `ty` (`data`, `rb` bytes a row) against `m` inputs (`q`,
+/// `d`, `s`: `chunks` chunks each), four inputs a pass over each row, into `out` (`(m, n)`)
+/// plus `bias`.
+///
+/// # Safety
+/// AVX2, FMA and F16C; `ty` has an AVX2 kernel ([`GgmlType::has_avx2_kernel`]); rows
+/// `r0..r1` of `out` are the caller's alone during the pool run.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn rows(
+    ty: GgmlType,
+    data: &[u8],
+    rb: usize,
+    (r0, r1): (usize, usize),
+    (q, d, s, n4): (&[i8], &[f32], &[f32], &[i32]),
+    x: Option<&[f32]>,
+    wide: bool,
+    m: usize,
+    chunks: usize,
+    out: SharedOut,
+    n: usize,
+    bias: Option<Floats<'_>>,
+) {
+    assert!(
+        rb == ty.row_bytes(chunks * 32)
+            && data.len() >= r1 * rb
+            && r1 <= n
+            && q.len() >= m * chunks * 32
+            && d.len() >= m * chunks
+            && s.len() >= m * chunks
+            && n4.len() >= m * chunks * 8
+            && x.is_none_or(|x| x.len() >= m * chunks * 32),
+        "kquant rows: short buffers"
+    );
+    // SAFETY: the sizes were checked above; the features and the output rows are the
+    // caller's contract.
+    unsafe {
+        let a = Args {
+            data: data.as_ptr(),
+            rb,
+            q: q.as_ptr(),
+            d: d.as_ptr(),
+            s: s.as_ptr(),
+            n4: n4.as_ptr(),
+            x: x.map(<[f32]>::as_ptr),
+            m,
+            chunks,
+            out,
+            n,
+            bias,
+        };
+        match ty {
+            GgmlType::Q8_0 => rows_w::<Q8_0>(&a, r0, r1, wide),
+            GgmlType::Q4_0 => rows_w::<Q4_0>(&a, r0, r1, wide),
+            GgmlType::Q5_0 => rows_w::<Q5_0>(&a, r0, r1, wide),
+            GgmlType::Q4_1 => rows_w::<Q4_1>(&a, r0, r1, wide),
+            GgmlType::Q5_1 => rows_w::<Q5_1>(&a, r0, r1, wide),
+            GgmlType::Q4_K => rows_w::<Q45K<false>>(&a, r0, r1, wide),
+            GgmlType::Q5_K => rows_w::<Q45K<true>>(&a, r0, r1, wide),
+            GgmlType::Q6_K if a.x.is_some() && wide => rows_f512::<Q6K>(&a, r0, r1),
+            GgmlType::Q6_K if a.x.is_some() => rows_f::<Q6K>(&a, r0, r1),
+            GgmlType::Q6_K => rows_t::<Q6K>(&a, r0, r1),
+            GgmlType::Q2_K | GgmlType::Q3_K => unreachable!("no AVX2 kernel for {}", ty.name()),
+        }
+    }
+}
+
+struct Args<'a> {
+    data: *const u8,
+    rb: usize,
+    q: *const i8,
+    d: *const f32,
+    s: *const f32,
+    n4: *const i32,
+    /// The float inputs: the float kernel ([`kernel_f32`]) instead of the int8 ones.
+    x: Option<*const f32>,
+    m: usize,
+    chunks: usize,
+    out: SharedOut,
+    n: usize,
+    bias: Option<Floats<'a>>,
+}
+
+/// [`rows`] for one type of one scale a chunk: the AVX-512 VNNI kernel where `wide` and the
+/// chunks pair up, else the AVX2 one.
+///
+/// # Safety
+/// As [`rows`], and `wide` only on AVX-512 F/BW/VL + VNNI.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows_w<U: Unpack + Default>(a: &Args<'_>, r0: usize, r1: usize, wide: bool) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if a.x.is_some() && wide {
+            rows_f512::<U>(a, r0, r1)
+        } else if a.x.is_some() {
+            rows_f::<U>(a, r0, r1)
+        } else if wide && a.chunks % 2 == 0 && U::ONE_SCALE {
+            rows_512::<U>(a, r0, r1)
+        } else {
+            rows_t::<U>(a, r0, r1)
+        }
+    }
+}
+
+/// [`rows_t`] through [`kernel512`].
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn rows_512<U: Unpack + Default>(a: &Args<'_>, r0: usize, r1: usize) {
+    let c = a.chunks;
+    for r in r0..r1 {
+        let bv = a.bias.map_or(0.0, |b| b.get(r));
+        // SAFETY: within the sizes `rows` checked.
+        unsafe {
+            let row = a.data.add(r * a.rb);
+            let mut t0 = 0;
+            while t0 < a.m {
+                let (q, d, s) = (a.q.add(t0 * c * 32), a.d.add(t0 * c), a.s.add(t0 * c));
+                let n4 = a.n4.add(t0 * c * 8);
+                let mut res = [0f32; 4];
+                let mt = (a.m - t0).min(4);
+                match mt {
+                    1 => res[..1].copy_from_slice(&kernel512::<U, 1>(
+                        U::default(),
+                        row,
+                        q,
+                        d,
+                        s,
+                        n4,
+                        c,
+                    )),
+                    2 => res[..2].copy_from_slice(&kernel512::<U, 2>(
+                        U::default(),
+                        row,
+                        q,
+                        d,
+                        s,
+                        n4,
+                        c,
+                    )),
+                    3 => res[..3].copy_from_slice(&kernel512::<U, 3>(
+                        U::default(),
+                        row,
+                        q,
+                        d,
+                        s,
+                        n4,
+                        c,
+                    )),
+                    _ => res.copy_from_slice(&kernel512::<U, 4>(U::default(), row, q, d, s, n4, c)),
+                }
+                for (t, v) in res[..mt].iter().enumerate() {
+                    a.out.write((t0 + t) * a.n + r, v + bv);
+                }
+                t0 += mt;
+            }
+        }
+    }
+}
+
+/// `MT` inputs' dot products with one row, two chunks at a time: codes as unsigned bytes
+/// (signed ones `+ 128`, their `128 * sum(q)` taken off by starting each sum at `n4`, the
+/// inputs' per-4 sums times -128), one `vpdpbusd` per input, the chunk factors (`f * scale * d`)
+/// in one float multiply-add.
+///
+/// # Safety
+/// As [`kernel`], `chunks` even, `n4` holding `MT * chunks * 8` sums, AVX-512 F/BW/VL + VNNI.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn kernel512<U: Unpack, const MT: usize>(
+    mut u: U,
+    row: *const u8,
+    q: *const i8,
+    d: *const f32,
+    s: *const f32,
+    n4: *const i32,
+    chunks: usize,
+) -> [f32; MT] {
+    let mut acc = [_mm512_setzero_ps(); MT];
+    let mut mins = [0f32; MT];
+    // SAFETY: within the ranges of the contract.
+    unsafe {
+        let mut c = 0;
+        while c < chunks {
+            let (w0, _, f0, b0) = u.chunk(row, c);
+            let g0 = f0 * u.int_scale(c);
+            let (w1, _, f1, b1) = u.chunk(row, c + 1);
+            let g1 = f1 * u.int_scale(c + 1);
+            let mut w = _mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1);
+            if U::SIGNED {
+                w = _mm512_xor_si512(w, _mm512_set1_epi8(-128));
+            }
+            for t in 0..MT {
+                let i = t * chunks + c;
+                let x = _mm512_loadu_si512(q.add(i * 32) as *const _);
+                let init = if U::SIGNED {
+                    _mm512_loadu_si512(n4.add(i * 8) as *const _)
+                } else {
+                    _mm512_setzero_si512()
+                };
+                let p = _mm512_dpbusd_epi32(init, w, x);
+                let lo = _mm512_castps_pd(_mm512_set1_ps(g0 * *d.add(i)));
+                let hi = _mm256_castps_pd(_mm256_set1_ps(g1 * *d.add(i + 1)));
+                let sc = _mm512_castpd_ps(_mm512_insertf64x4(lo, hi, 1));
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc[t]);
+                if U::MINS {
+                    mins[t] -= b0 * *s.add(i) + b1 * *s.add(i + 1);
+                }
+            }
+            c += 2;
+        }
+        let mut out = [0f32; MT];
+        for t in 0..MT {
+            out[t] = _mm512_reduce_add_ps(acc[t]) + mins[t];
+        }
+        out
+    }
+}
+
+/// [`rows_t`] through [`kernel_f32`] (float inputs).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows_f<U: Unpack + Default>(a: &Args<'_>, r0: usize, r1: usize) {
+    let c = a.chunks;
+    let Some(xp) = a.x else { return };
+    for r in r0..r1 {
+        let bv = a.bias.map_or(0.0, |b| b.get(r));
+        // SAFETY: within the sizes `rows` checked.
+        unsafe {
+            let row = a.data.add(r * a.rb);
+            let mut t0 = 0;
+            while t0 < a.m {
+                let (x, s) = (xp.add(t0 * c * 32), a.s.add(t0 * c));
+                let mut res = [0f32; 4];
+                let mt = (a.m - t0).min(4);
+                match mt {
+                    1 => res[..1].copy_from_slice(&kernel_f32::<U, 1>(U::default(), row, x, s, c)),
+                    2 => res[..2].copy_from_slice(&kernel_f32::<U, 2>(U::default(), row, x, s, c)),
+                    3 => res[..3].copy_from_slice(&kernel_f32::<U, 3>(U::default(), row, x, s, c)),
+                    _ => res.copy_from_slice(&kernel_f32::<U, 4>(U::default(), row, x, s, c)),
+                }
+                for (t, v) in res[..mt].iter().enumerate() {
+                    a.out.write((t0 + t) * a.n + r, v + bv);
+                }
+                t0 += mt;
+            }
+        }
+    }
+}
+
+/// [`rows_f`] through [`kernel_f512`].
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn rows_f512<U: Unpack + Default>(a: &Args<'_>, r0: usize, r1: usize) {
+    let c = a.chunks;
+    let Some(xp) = a.x else { return };
+    for r in r0..r1 {
+        let bv = a.bias.map_or(0.0, |b| b.get(r));
+        // SAFETY: within the sizes `rows` checked.
+        unsafe {
+            let row = a.data.add(r * a.rb);
+            let mut t0 = 0;
+            while t0 < a.m {
+                let (x, s) = (xp.add(t0 * c * 32), a.s.add(t0 * c));
+                let mut res = [0f32; 4];
+                let mt = (a.m - t0).min(4);
+                match mt {
+                    1 => res[..1].copy_from_slice(&kernel_f512::<U, 1>(U::default(), row, x, s, c)),
+                    2 => res[..2].copy_from_slice(&kernel_f512::<U, 2>(U::default(), row, x, s, c)),
+                    3 => res[..3].copy_from_slice(&kernel_f512::<U, 3>(U::default(), row, x, s, c)),
+                    _ => res.copy_from_slice(&kernel_f512::<U, 4>(U::default(), row, x, s, c)),
+                }
+                for (t, v) in res[..mt].iter().enumerate() {
+                    a.out.write((t0 + t) * a.n + r, v + bv);
+                }
+                t0 += mt;
+            }
+        }
+    }
+}
+
+/// [`kernel_f32`] on 16-lane vectors: each half chunk widened in one step.
+///
+/// # Safety
+/// As [`kernel_f32`], and AVX-512 F/BW/VL.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn kernel_f512<U: Unpack, const MT: usize>(
+    mut u: U,
+    row: *const u8,
+    x: *const f32,
+    s: *const f32,
+    chunks: usize,
+) -> [f32; MT] {
+    let mut acc = [_mm512_setzero_ps(); MT];
+    let mut mins = [0f32; MT];
+    // SAFETY: within the ranges of the contract.
+    unsafe {
+        for c in 0..chunks {
+            let (w, _, f, b) = u.chunk(row, c);
+            let h = u.halves(c);
+            let parts = [_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1)];
+            let mut wv = [_mm512_setzero_ps(); 2];
+            for (k, (v, p)) in wv.iter_mut().zip(parts).enumerate() {
+                let i = if U::SIGNED {
+                    _mm512_cvtepi8_epi32(p)
+                } else {
+                    _mm512_cvtepu8_epi32(p)
+                };
+                *v = _mm512_mul_ps(_mm512_cvtepi32_ps(i), _mm512_set1_ps(f * h[k]));
+            }
+            for t in 0..MT {
+                let xp = x.add((t * chunks + c) * 32);
+                acc[t] = _mm512_fmadd_ps(wv[0], _mm512_loadu_ps(xp), acc[t]);
+                acc[t] = _mm512_fmadd_ps(wv[1], _mm512_loadu_ps(xp.add(16)), acc[t]);
+                if U::MINS {
+                    mins[t] -= b * *s.add(t * chunks + c);
+                }
+            }
+        }
+        let mut out = [0f32; MT];
+        for t in 0..MT {
+            out[t] = _mm512_reduce_add_ps(acc[t]) + mins[t];
+        }
+        out
+    }
+}
+
+/// `MT` float inputs' dot products with one row: each chunk's codes widened to floats times
+/// their factor (`f * scale`, per half), one FMA per 8 values and input; the minimums times
+/// the inputs' exact sums.
+///
+/// # Safety
+/// As [`kernel`], with `x` holding `MT * chunks * 32` floats.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn kernel_f32<U: Unpack, const MT: usize>(
+    mut u: U,
+    row: *const u8,
+    x: *const f32,
+    s: *const f32,
+    chunks: usize,
+) -> [f32; MT] {
+    let mut acc = [_mm256_setzero_ps(); MT];
+    let mut mins = [0f32; MT];
+    // SAFETY: within the ranges of the contract.
+    unsafe {
+        for c in 0..chunks {
+            let (w, _, f, b) = u.chunk(row, c);
+            let h = u.halves(c);
+            let lo = _mm256_castsi256_si128(w);
+            let hi = _mm256_extracti128_si256(w, 1);
+            let parts = [lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)];
+            let mut wv = [_mm256_setzero_ps(); 4];
+            for (k, (v, p)) in wv.iter_mut().zip(parts).enumerate() {
+                let i = if U::SIGNED {
+                    _mm256_cvtepi8_epi32(p)
+                } else {
+                    _mm256_cvtepu8_epi32(p)
+                };
+                *v = _mm256_mul_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(f * h[k / 2]));
+            }
+            for t in 0..MT {
+                let xp = x.add((t * chunks + c) * 32);
+                for (k, v) in wv.iter().enumerate() {
+                    acc[t] = _mm256_fmadd_ps(*v, _mm256_loadu_ps(xp.add(8 * k)), acc[t]);
+                }
+                if U::MINS {
+                    mins[t] -= b * *s.add(t * chunks + c);
+                }
+            }
+        }
+        let mut out = [0f32; MT];
+        for t in 0..MT {
+            out[t] = hsum(acc[t]) + mins[t];
+        }
+        out
+    }
+}
+
+/// [`rows`] for one type.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows_t<U: Unpack + Default>(a: &Args<'_>, r0: usize, r1: usize) {
+    let c = a.chunks;
+    for r in r0..r1 {
+        let bv = a.bias.map_or(0.0, |b| b.get(r));
+        // SAFETY: within the sizes `rows` checked.
+        unsafe {
+            let row = a.data.add(r * a.rb);
+            let mut t0 = 0;
+            while t0 < a.m {
+                let (q, d, s) = (a.q.add(t0 * c * 32), a.d.add(t0 * c), a.s.add(t0 * c));
+                let mut res = [0f32; 4];
+                let mt = (a.m - t0).min(4);
+                match mt {
+                    1 => res[..1].copy_from_slice(&kernel::<U, 1>(U::default(), row, q, d, s, c)),
+                    2 => res[..2].copy_from_slice(&kernel::<U, 2>(U::default(), row, q, d, s, c)),
+                    3 => res[..3].copy_from_slice(&kernel::<U, 3>(U::default(), row, q, d, s, c)),
+                    _ => res.copy_from_slice(&kernel::<U, 4>(U::default(), row, q, d, s, c)),
+                }
+                for (t, v) in res[..mt].iter().enumerate() {
+                    a.out.write((t0 + t) * a.n + r, v + bv);
+                }
+                t0 += mt;
+            }
+        }
+    }
+}
