@@ -269,7 +269,6 @@ pub fn enable_rollback(caches: &mut [Box<dyn Cache>], max_rollback: usize) {
     }
 }
 
-/// Builds a cache from its mlx-lm class name and state (mlx-lm's `from_state`).
 /// The cache classes [`cache_from_state`] rebuilds (what a prompt-cache file may hold).
 pub const KNOWN_CLASSES: &[&str] = &[
     "KVCache",
@@ -280,8 +279,10 @@ pub const KNOWN_CLASSES: &[&str] = &[
     "ConcatenateKVCache",
     "ArraysCache",
     "CacheList",
+    "TrellisKVCache",
 ];
 
+/// Builds a cache from its mlx-lm class name and state (mlx-lm's `from_state`).
 pub fn cache_from_state(class: &str, state: StateValue) -> Result<Box<dyn Cache>> {
     Ok(match class {
         "KVCache" => Box::new(KVCache::from_state(state)?),
