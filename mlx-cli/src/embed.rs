@@ -31,7 +31,8 @@ pub struct EmbedArgs {
 }
 
 pub fn run(a: &EmbedArgs) -> Result<(), String> {
-    let m = model::load(&a.model)?;
+    // GGML blocks kept for the CPU decoder where it may run (the MLX path dequantizes on use).
+    let m = model::load_for(&a.model, false, a.decoder.may_pick_cpu(&a.model.dtype))?;
     let ids = a
         .text
         .iter()
