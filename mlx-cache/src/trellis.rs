@@ -261,7 +261,10 @@ impl Side {
     /// Whether dropping the last `n` of `tokens` leaves every token of the window exact.
     fn can_trim(&self, tokens: usize, n: usize) -> bool {
         let after = tokens.saturating_sub(n).saturating_sub(self.sink);
+        // `after == 0`: what is kept lies within the sink (held exactly), so no coded token
+        // is left for the window to cover.
         n >= tokens
+            || after == 0
             || self.window == 0
             || self.recent_len() >= n.min(self.coded()) + self.window.min(after)
     }
