@@ -665,3 +665,44 @@ fn n_choices_share_one_prefill_and_decode_as_rows_of_their_own() {
     assert_eq!(tokens(&a), tokens(&b), "a seeded request repeats");
     assert!(a[0].tokens != a[1].tokens || a[1].tokens != a[2].tokens);
 }
+
+/// A model whose caches have no batched form (Gemma 3's rotating sliding-window caches) runs
+/// its requests one at a time over its own caches: requests sent together each get the tokens
+/// and log-probabilities they get alone, not an error.
+#[test]
+fn a_model_with_rotating_caches_serves_requests_sent_together() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../mlx-cli/tests/models/gemma3_text");
+    let (engine, thread) = Engine::start(
+        move || {
+            let (model, _) = load_model_dir(&dir, &LoadOptions::default())?;
+            Ok((model, Tokenizer::from_dir(&dir)?))
+        },
+        EngineConfig {
+            max_batch: 4,
+            prompt_cache_entries: 4,
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap();
+    let engine = Running {
+        engine: Some(engine),
+        thread: Some(thread),
+    };
+    let prompts: [Vec<u32>; 3] = [vec![5, 9, 13, 2, 7], vec![11, 3], vec![4, 4, 8, 15, 16, 23]];
+    let req = |p: &Vec<u32>| BatchRequest {
+        logprobs: true,
+        top_logprobs: 2,
+        ..request(p.clone(), 6)
+    };
+    let alone: Vec<Outcome> = prompts.iter().map(|p| run(&engine, req(p))).collect();
+    let rxs: Vec<_> = prompts.iter().map(|p| submit(&engine, req(p))).collect();
+    for (rx, a) in rxs.iter().zip(&alone) {
+        let mut out = Outcome::default();
+        read(rx, &mut out, None);
+        assert_eq!(out.tokens, a.tokens);
+        assert_eq!(out.tokens.len(), 6);
+        for (x, y) in out.logprobs.iter().zip(&a.logprobs) {
+            assert_eq!(x.0.map(f32::to_bits), y.0.map(f32::to_bits));
+        }
+    }
+}

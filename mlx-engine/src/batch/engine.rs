@@ -625,6 +625,10 @@ struct Worker<'m> {
     speculative: VecDeque<Job>,
     tokenizer: Arc<Tokenizer>,
     config: EngineConfig,
+    /// The model's fresh caches are not all plain KV caches (rotating sliding windows, mlx-lm's
+    /// `LayerCache`, ...): they have no batched form, so requests run one at a time over their
+    /// own caches, as under `--kv-bits` / `--max-kv-size`.
+    own_caches: bool,
     stats: Arc<EngineStats>,
     prompt_cache: PromptCache,
     /// The CPU decoder's prompt cache: finished sequences' tokens and caches, most recent
@@ -712,9 +716,15 @@ impl<'m> Worker<'m> {
     fn new(
         model: &'m dyn LanguageModel,
         tokenizer: Arc<Tokenizer>,
-        config: EngineConfig,
+        mut config: EngineConfig,
         stats: Arc<EngineStats>,
     ) -> Self {
+        let own_caches = config.kv.is_none()
+            && make_prompt_cache(model, None).is_ok_and(|c| check_plain(&c).is_err());
+        if own_caches {
+            config.max_batch = 1;
+            config.prompt_cache_entries = 0;
+        }
         let prompt_cache = PromptCache::new(config.prompt_cache_entries, config.prompt_cache_bytes);
         Worker {
             model,
@@ -723,6 +733,7 @@ impl<'m> Worker<'m> {
             speculative: VecDeque::new(),
             tokenizer,
             config,
+            own_caches,
             stats,
             prompt_cache,
             cpu_prompts: VecDeque::new(),
@@ -1482,7 +1493,7 @@ impl Worker<'_> {
                 self.start_cpu(job);
                 continue;
             }
-            let alone = !job.extra.is_empty() || self.config.kv.is_some();
+            let alone = !job.extra.is_empty() || self.config.kv.is_some() || self.own_caches;
             match self.plan(&job.request, alone) {
                 Ok(Start::Alone(caches, reused)) => self.start_alone(job, caches, reused),
                 Ok(Start::Fresh) => fresh.push(job),
@@ -1539,7 +1550,7 @@ impl Worker<'_> {
     /// step on the last token).
     fn start_alone(&mut self, job: Job, caches: Vec<Box<dyn Cache>>, reused: usize) {
         let len = job.request.prompt.len();
-        let plain = if self.config.kv.is_some() {
+        let plain = if self.config.kv.is_some() || self.own_caches {
             Ok(())
         } else {
             check_plain(&caches)
@@ -2111,7 +2122,7 @@ impl Worker<'_> {
 
     /// Adds a single sequence's caches to the batch as a new last row.
     fn join(&mut self, caches: &[Box<dyn Cache>]) -> Result<()> {
-        if self.config.kv.is_some() {
+        if self.config.kv.is_some() || self.own_caches {
             // One request at a time, over its own (rotating or quantized) caches.
             if !self.rows.is_empty() {
                 return Err(EngineError::Internal {
