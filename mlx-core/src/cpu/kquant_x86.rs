@@ -9,6 +9,7 @@ use std::arch::x86_64::*;
 
 use super::kquant::GgmlType;
 use super::matmul::Floats;
+use super::x86::hsum;
 use super::SharedOut;
 
 #[inline]
@@ -19,17 +20,6 @@ unsafe fn h2f(p: *const u8) -> f32 {
         let h = std::ptr::read_unaligned(p as *const u16);
         _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h))))
     }
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn hsum(v: __m256) -> f32 {
-    let lo = _mm256_castps256_ps128(v);
-    let hi = _mm256_extractf128_ps(v, 1);
-    let s = _mm_add_ps(lo, hi);
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    _mm_cvtss_f32(s)
 }
 
 /// 16 packed bytes' low nibbles (values 0..16) then high nibbles (16..32), as GGML's legacy

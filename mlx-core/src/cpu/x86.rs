@@ -174,9 +174,10 @@ unsafe fn u8x8(x: __m128i) -> __m256 {
     _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(x))
 }
 
+/// The sum of `v`'s eight lanes (also used by the k-quant kernels).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn hsum(v: __m256) -> f32 {
+pub(super) unsafe fn hsum(v: __m256) -> f32 {
     let lo = _mm256_castps256_ps128(v);
     let hi = _mm256_extractf128_ps(v, 1);
     let s = _mm_add_ps(lo, hi);
