@@ -488,24 +488,38 @@ pub fn pipeline_send(
     let mut h = h;
     if rank != 0 {
         h = distributed::send(&h, (rank - 1).rem_euclid(size), None, None)?;
-        if let Some(c) = last {
-            if !c.is_empty() && !c.depend_on(&h)? {
-                return Err(ModelError::Parallel {
-                    kind: crate::Parallelism::Pipeline,
-                    what: format!("a {}", c.class_name()),
-                    problem: "cannot be tied to the stage's send".into(),
-                });
-            }
+        tie_to_send(last, &h)?;
+    }
+    gather_stage_output(h, size)
+}
+
+/// mlx-lm's `cache[-1].keys = mx.depends(cache[-1].keys, sent)` (or `cache[-1][0]` of an
+/// `ArraysCache`): the stage's last cache made to depend on what it sent, so that evaluating
+/// the cache runs the send.
+pub fn tie_to_send(last: Option<&mut Box<dyn mlx_cache::Cache>>, sent: &Array) -> Result<()> {
+    if let Some(c) = last {
+        if !c.is_empty() && !c.depend_on(sent)? {
+            return Err(ModelError::Parallel {
+                kind: crate::Parallelism::Pipeline,
+                what: format!("a {}", c.class_name()),
+                problem: "cannot be tied to the stage's send".into(),
+            });
         }
     }
-    if size > 1 {
-        let b = h.shape().first().copied().unwrap_or(0);
-        let all = distributed::all_gather(&h, None, None)?;
-        let mut stop = all.shape();
-        stop[0] = b;
-        let start = vec![0; stop.len()];
-        let strides = vec![1; stop.len()];
-        h = all.slice(&start, &stop, &strides)?;
+    Ok(())
+}
+
+/// Every rank's copy of rank 0's stage output: `all_gather(h)[:batch]` over `size` ranks
+/// (mlx-lm's broadcast that keeps the send in the graph); `h` itself with one rank.
+pub fn gather_stage_output(h: Array, size: i32) -> Result<Array> {
+    if size <= 1 {
+        return Ok(h);
     }
-    Ok(h)
+    let b = h.shape().first().copied().unwrap_or(0);
+    let all = distributed::all_gather(&h, None, None)?;
+    let mut stop = all.shape();
+    stop[0] = b;
+    let start = vec![0; stop.len()];
+    let strides = vec![1; stop.len()];
+    Ok(all.slice(&start, &stop, &strides)?)
 }

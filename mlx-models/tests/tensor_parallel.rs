@@ -18,7 +18,7 @@ fn root() -> PathBuf {
 }
 
 /// (fixture under mlx-cli/tests/models, golden), as xtask/oracle/goldens_dist.py pairs them.
-const MODELS: [(&str, &str); 24] = [
+const MODELS: [(&str, &str); 26] = [
     ("dense_f32", "dist_llama_tp2"),
     ("qwen3", "dist_qwen3_tp2"),
     ("q4_g32", "dist_llama_q4_tp2"),
@@ -117,10 +117,22 @@ const MODELS: [(&str, &str); 24] = [
         "../../../mlx-models/tests/models/dense2/minimax_m3_vl",
         "dist_minimax_m3_vl_tp2",
     ),
+    // kimi_k3: KDA layers by heads (qkv_proj and its convolution by q | k | v thirds), NoPE
+    // MLA layers with the output gate, experts and shared experts in place with one sum
+    // before the latent up-projection. deepseek_v41: q_b_proj by heads, whole output groups
+    // per rank, sinks by heads, experts and shared experts in place.
+    (
+        "../../../mlx-models/tests/models/dense2/kimi_k3",
+        "dist_kimi_k3_tp2",
+    ),
+    (
+        "../../../mlx-models/tests/models/dense2/deepseek_v41",
+        "dist_deepseek_v41_tp2",
+    ),
 ];
 
 /// Pipeline rows: (fixture, golden, layers of rank 0, layers of rank 1).
-const PIPELINES: [(&str, &str, usize, usize); 14] = [
+const PIPELINES: [(&str, &str, usize, usize); 15] = [
     // The 3-layer qwen2 split [2, 1] (rank 1 runs layer 0).
     ("qwen2_f32", "dist_qwen2_pp2", 2, 1),
     // ministral3: rank 1 runs the sliding layer 0 alone, rank 0 the full layer 1.
@@ -206,6 +218,14 @@ const PIPELINES: [(&str, &str, usize, usize); 14] = [
         "../../../mlx-models/tests/models/dist/bailing_hybrid",
         "dist_bailing_hybrid_pp2",
         3,
+        2,
+    ),
+    // kimi_k3's 4 layers split [2, 2], the attention-residual blocks of rank 1's layers
+    // sent with its hidden state.
+    (
+        "../../../mlx-models/tests/models/dense2/kimi_k3",
+        "dist_kimi_k3_pp2",
+        2,
         2,
     ),
 ];

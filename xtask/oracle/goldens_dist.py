@@ -65,6 +65,13 @@ MODELS = [
     # minimax_m3_vl: llama's split plus the sparse layers' index queries by heads; experts and
     # shared experts in place, one sum.
     ("../../../mlx-models/tests/models/dense2/minimax_m3_vl", "dist_minimax_m3_vl_tp2"),
+    # kimi_k3: KDA layers split by heads (qkv_proj and its convolution by q | k | v segments),
+    # NoPE MLA layers as deepseek_v3's with the output gate, experts and shared experts in
+    # place, the latent projections whole.
+    ("../../../mlx-models/tests/models/dense2/kimi_k3", "dist_kimi_k3_tp2"),
+    # deepseek_v41: q_b_proj by heads, whole output groups per rank (o_a_proj in place),
+    # sinks by heads, experts and shared experts in place.
+    ("../../../mlx-models/tests/models/dense2/deepseek_v41", "dist_deepseek_v41_tp2"),
 ]
 # Pipeline rows beyond qwen2_f32 (relative to mlx-cli/tests/models; `staged` writes the
 # weight index sharded_load's pipeline path reads).
@@ -87,6 +94,9 @@ PIPELINES = [
     # [3, 2]: the tail layer on rank 0, an MLA layer on every rank for the linear layers'
     # offset).
     ("../../../mlx-models/tests/models/dist/bailing_hybrid", "dist_bailing_hybrid_pp2"),
+    # kimi_k3: 4 layers split [2, 2]; the attention-residual blocks so far travel with the
+    # hidden state.
+    ("../../../mlx-models/tests/models/dense2/kimi_k3", "dist_kimi_k3_pp2"),
     # qwen3_5_moe is left out: mlx-lm 0.32.2's own pipeline run of it loses rank 1 during
     # generate_step on this fixture (no reference to hold ours to).
 ]

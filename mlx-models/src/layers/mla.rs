@@ -292,6 +292,11 @@ impl MlaAttention {
         self.o_proj.forward(x)
     }
 
+    /// The attention's heads (this rank's, once sharded).
+    pub fn num_heads(&self) -> i32 {
+        self.num_heads
+    }
+
     /// Tensor parallelism as deepseek_v3's / deepseek_v2's `shard()` on `self_attn`: q_proj or
     /// q_b_proj (and v2's kv_b_proj) all-to-sharded, o_proj sharded-to-all, the heads divided
     /// by `n`, and rank `r`'s heads of `embed_q` / `unembed_out`.

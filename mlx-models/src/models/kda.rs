@@ -471,6 +471,59 @@ impl Kda {
         })
     }
 
+    /// The layer's heads (this rank's, once sharded).
+    pub(super) fn num_heads(&self) -> i32 {
+        self.num_heads
+    }
+
+    /// Tensor parallelism as kimi_k3's `shard()` on a KDA layer: `qkv_proj` all-to-sharded
+    /// by its q | k | v thirds and the convolution's channels alike, `f_b_proj`, the output
+    /// gate's last projection (`g_proj` or `g_b_proj`) and `b_proj` all-to-sharded, `o_proj`
+    /// sharded-to-all, `A_log` and `dt_bias` by heads. Only the fused inputs of kimi_k3 (its
+    /// mlx-lm class is the only KDA one with `shard()`).
+    pub(super) fn shard_tensor_parallel(&mut self, n: i32, r: i32, path: &str) -> Result<()> {
+        use crate::shard::{all_to_sharded, all_to_sharded_segments, sharded_to_all, split_rows};
+        let p = |m: &str| format!("{path}.{m}");
+        let bad = |problem: String| ModelError::Parallel {
+            kind: crate::Parallelism::Tensor,
+            what: path.to_string(),
+            problem,
+        };
+        if n <= 0 || self.num_heads % n != 0 {
+            return Err(bad(format!(
+                "{} heads do not split over {n} ranks",
+                self.num_heads
+            )));
+        }
+        let Inputs::Fused { qkv_proj, conv } = &mut self.inputs else {
+            return Err(bad(
+                "separate q/k/v projections (kimi_linear, bailing_moe_v3) have no tensor \
+                 parallelism in mlx-lm"
+                    .into(),
+            ));
+        };
+        let Gates::LowRank { f_b, out, .. } = &mut self.gates else {
+            return Err(bad(
+                "full-rank KDA gates have no tensor parallelism in mlx-lm".into(),
+            ));
+        };
+        let proj = self.num_heads * self.head_dim;
+        let seg = [proj, 2 * proj];
+        all_to_sharded_segments(qkv_proj, &seg, n, r, &p("qkv_proj"))?;
+        all_to_sharded(f_b, n, r, &p("f_b_proj"))?;
+        match out {
+            OutGate::Full(g) => all_to_sharded(g, n, r, &p("g_proj"))?,
+            OutGate::LowRank { g_b, .. } => all_to_sharded(g_b, n, r, &p("g_b_proj"))?,
+        }
+        all_to_sharded(&mut self.b_proj, n, r, &p("b_proj"))?;
+        sharded_to_all(&mut self.o_proj, n, r, &p("o_proj"))?;
+        conv.weight = split_rows(&conv.weight, &seg, n, r, &p("qkv_conv.conv.weight"))?;
+        self.a_log = split_rows(&self.a_log, &[], n, r, &p("A_log"))?;
+        self.dt_bias = split_rows(&self.dt_bias, &[], n, r, &p("dt_bias"))?;
+        self.num_heads /= n;
+        Ok(())
+    }
+
     pub(super) fn forward(
         &self,
         x: &Array,
@@ -646,6 +699,9 @@ pub(super) struct SparseMoe {
     pub(super) shared_experts: Option<DenseMlp>,
     /// bailing_moe_v3 casts the weighted sum back to the input's dtype.
     pub(super) cast_back: bool,
+    /// kimi_k3's `sharding_group` after [`SparseMoe::shard_tensor_parallel`]: the routed sum
+    /// and the shared experts' output are summed over the ranks in one `all_sum`.
+    pub(super) sharded: bool,
 }
 
 impl SparseMoe {
@@ -670,10 +726,23 @@ impl SparseMoe {
         if self.cast_back {
             out = out.astype(x.dtype())?;
         }
-        let shared = match &self.shared_experts {
+        let mut shared = match &self.shared_experts {
             Some(s) => Some(s.forward(x)?),
             None => None,
         };
+        if self.sharded {
+            match shared {
+                Some(s) => {
+                    let split = out.shape().last().copied().unwrap_or(0);
+                    let both = ops::concatenate(&[&out, &s], -1, None)?;
+                    let both = mlx_core::distributed::all_sum(&both, None, None)?;
+                    let width = both.shape().last().copied().unwrap_or(0);
+                    out = both.slice_axis(-1, 0, split)?;
+                    shared = Some(both.slice_axis(-1, split, width)?);
+                }
+                None => out = mlx_core::distributed::all_sum(&out, None, None)?,
+            }
+        }
         if let Some((_, norm, up)) = &self.latent {
             if let Some(n) = norm {
                 out = n.forward(&out)?;
@@ -684,6 +753,26 @@ impl SparseMoe {
             Some(s) => Ok((&out + &s)?),
             None => Ok(out),
         }
+    }
+}
+
+impl SparseMoe {
+    /// Tensor parallelism as kimi_k3's `shard()` on its MoE blocks: the routed experts' and
+    /// the shared experts' projections split in place (gate and up by rows, down by columns,
+    /// no sum inside), the router and the latent projections whole, and the block's sums
+    /// taken together ([`SparseMoe::sharded`]).
+    pub(super) fn shard_tensor_parallel(&mut self, n: i32, r: i32, path: &str) -> Result<()> {
+        use crate::shard::switch_inplace;
+        let sm = &mut self.switch_mlp;
+        let p = |m: &str| format!("{path}.switch_mlp.{m}");
+        switch_inplace(&mut sm.gate_proj, true, n, r, &p("gate_proj"))?;
+        switch_inplace(&mut sm.up_proj, true, n, r, &p("up_proj"))?;
+        switch_inplace(&mut sm.down_proj, false, n, r, &p("down_proj"))?;
+        if let Some(shared) = &mut self.shared_experts {
+            shared.shard_tensor_parallel(n, r, &format!("{path}.shared_experts"), true)?;
+        }
+        self.sharded = true;
+        Ok(())
     }
 }
 
@@ -715,6 +804,34 @@ impl DenseMlp {
         match self {
             DenseMlp::SwiGlu(m) => m.forward(x),
             DenseMlp::Situ(m) => m.forward(x),
+        }
+    }
+
+    /// Tensor parallelism as kimi_k3's `shard()`: gate and up all-to-sharded, down
+    /// sharded-to-all — summed inside (`shard_linear`, a layer's MLP) or, `in_place`, left to
+    /// the enclosing MoE block's sum (`shard_inplace`, its shared experts).
+    pub(super) fn shard_tensor_parallel(
+        &mut self,
+        n: i32,
+        r: i32,
+        path: &str,
+        in_place: bool,
+    ) -> Result<()> {
+        use crate::shard::{all_to_sharded, sharded_to_all, sharded_to_all_inplace};
+        let DenseMlp::Situ(m) = self else {
+            return Err(ModelError::Parallel {
+                kind: crate::Parallelism::Tensor,
+                what: path.to_string(),
+                problem: "a SwiGLU MLP of a KDA model has no tensor parallelism in mlx-lm".into(),
+            });
+        };
+        let p = |l: &str| format!("{path}.{l}");
+        all_to_sharded(&mut m.gate_proj, n, r, &p("gate_proj"))?;
+        all_to_sharded(&mut m.up_proj, n, r, &p("up_proj"))?;
+        if in_place {
+            sharded_to_all_inplace(&mut m.down_proj, n, r, &p("down_proj"))
+        } else {
+            sharded_to_all(&mut m.down_proj, n, r, &p("down_proj"))
         }
     }
 }
@@ -1180,6 +1297,7 @@ impl Model {
                         None
                     },
                     cast_back: false,
+                    sharded: false,
                 }))
             } else {
                 Ffn::Dense(DenseMlp::swiglu(
@@ -1406,6 +1524,7 @@ impl Model {
                         a.moe_shared_expert_intermediate_size * a.num_shared_experts,
                     )?),
                     cast_back: true,
+                    sharded: false,
                 }))
             } else {
                 Ffn::Dense(DenseMlp::swiglu(

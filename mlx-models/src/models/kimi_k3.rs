@@ -12,6 +12,7 @@
 
 use mlx_cache::Cache;
 use mlx_core::compile::{compile, Compiled};
+use mlx_core::distributed;
 use mlx_core::prelude::*;
 use serde::Deserialize;
 use serde_json::Value;
@@ -233,6 +234,13 @@ pub struct Model {
     eps: f32,
     kda_idx: Option<usize>,
     mla_idx: Option<usize>,
+    /// `attn_res_block_size`: how many layers a residual block spans.
+    block_size: Option<i32>,
+    /// This rank's pipeline stage `(rank, size)` after [`Model::shard_pipeline`].
+    pipeline: Option<(i32, i32)>,
+    /// The residual blocks recorded before this stage's first layer (`in_blocks`): they
+    /// arrive with the hidden state from the stage before.
+    in_blocks: i32,
 }
 
 impl Model {
@@ -560,6 +568,7 @@ impl Model {
                     latent,
                     shared_experts,
                     cast_back: false,
+                    sharded: false,
                 }))
             } else {
                 Ffn::Dense(DenseMlp::Situ(SituMlp::load(
@@ -601,6 +610,9 @@ impl Model {
             eps,
             kda_idx: is_kda.iter().position(|k| *k),
             mla_idx: is_kda.iter().position(|k| !*k),
+            block_size: a.attn_res_block_size,
+            pipeline: None,
+            in_blocks: 0,
         })
     }
 
@@ -612,6 +624,7 @@ impl Model {
     ) -> Result<Array> {
         let n = kit::new_positions(inputs, caches.as_deref(), self.layers.len(), "layers")?;
         let mut h = self.embed_tokens.forward(inputs)?;
+        let boundary = h.dtype();
         let mut caches = caches;
         let (attn_mask, ssm_mask) = kda::masks(caches.as_deref(), self.kda_idx, self.mla_idx, n)?;
         let mut blocks = Blocks {
@@ -619,6 +632,26 @@ impl Model {
             inv_rms: None,
             eps: self.eps,
         };
+        // A stage below the last receives the hidden state (and, with attention residuals,
+        // the blocks recorded so far packed in front of it) from the stage above.
+        if let Some((rank, size)) = self.pipeline {
+            if rank < size - 1 {
+                if self.output_res.is_some() {
+                    let mut shape = vec![self.in_blocks + 1];
+                    shape.extend(h.shape());
+                    let packed = distributed::recv(&shape, h.dtype(), rank + 1, None, None)?;
+                    let k = self.in_blocks;
+                    h = ops::squeeze(&packed.slice_axis(0, k, k + 1)?, &[0], None)?;
+                    let raw = packed.slice_axis(0, 0, k)?;
+                    let xf = raw.astype(Dtype::Float32)?;
+                    let ms = ops::mean(&(&xf * &xf)?, &[-1], false, None)?;
+                    blocks.inv_rms = Some(ops::rsqrt(&(&ms + self.eps)?, None)?);
+                    blocks.raw = Some(raw);
+                } else {
+                    h = distributed::recv_like(&h, rank + 1, None, None)?;
+                }
+            }
+        }
         for (i, layer) in self.layers.iter().enumerate() {
             let cache = caches.as_deref_mut().map(|c| &mut c[i]);
             let block = &layer.block;
@@ -647,10 +680,119 @@ impl Model {
                 }
             }
         }
-        if let Some(w_eff) = &self.output_res {
-            h = blocks.mix(&h, w_eff)?;
+        match self.pipeline {
+            // A stage above rank 0 sends its output (and the blocks so far) to the rank below,
+            // tied to its last cache.
+            Some((rank, size)) if rank != 0 => {
+                let dst = rank - 1;
+                let sent = match &blocks.raw {
+                    Some(raw) if self.output_res.is_some() => {
+                        let packed = ops::concatenate(&[raw, &h.expand_dims(&[0])?], 0, None)?
+                            .astype(boundary)?;
+                        let sent = distributed::send(&packed, dst, None, None)?;
+                        let k = sent.shape()[0];
+                        h = ops::squeeze(&sent.slice_axis(0, k - 1, k)?, &[0], None)?;
+                        sent
+                    }
+                    _ => {
+                        h = distributed::send(&h.astype(boundary)?, dst, None, None)?;
+                        h.clone()
+                    }
+                };
+                let last = caches.as_deref_mut().and_then(|c| c.last_mut());
+                crate::shard::tie_to_send(last, &sent)?;
+                let _ = size;
+            }
+            _ => {
+                if let Some(w_eff) = &self.output_res {
+                    h = blocks.mix(&h, w_eff)?;
+                }
+            }
+        }
+        if let Some((_, size)) = self.pipeline {
+            h = crate::shard::gather_stage_output(h.astype(boundary)?, size)?;
         }
         self.norm.forward(&h)
+    }
+
+    /// Tensor parallelism as kimi_k3's `shard()`: KDA layers by heads
+    /// ([`Kda::shard_tensor_parallel`]), MLA layers as deepseek_v3's with the output gate
+    /// split by rows, dense MLPs as llama's, MoE blocks with their experts split in place and
+    /// one sum ([`SparseMoe::shard_tensor_parallel`]).
+    pub fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
+        if size < 1 || rank < 0 || rank >= size {
+            return Err(ModelError::Parallel {
+                kind: crate::Parallelism::Tensor,
+                what: format!("rank {rank}"),
+                problem: format!("not a rank of a group of {size}"),
+            });
+        }
+        if size == 1 {
+            return Ok(());
+        }
+        if self.pipeline.is_some() {
+            return Err(ModelError::Parallel {
+                kind: crate::Parallelism::Tensor,
+                what: "the model".into(),
+                problem: "already split into pipeline stages".into(),
+            });
+        }
+        // Check every layer before changing any, so that a refusal leaves the model whole.
+        for (i, layer) in self.layers.iter().enumerate() {
+            let heads = match &layer.block.mixer {
+                Mixer::Kda(k) => k.num_heads(),
+                Mixer::Mla(m, _) => m.num_heads(),
+            };
+            if heads % size != 0 {
+                return Err(ModelError::Parallel {
+                    kind: crate::Parallelism::Tensor,
+                    what: format!("model.layers.{i}.self_attn"),
+                    problem: format!("{heads} heads do not split over {size} ranks"),
+                });
+            }
+        }
+        for (i, layer) in self.layers.iter_mut().enumerate() {
+            let p = format!("model.layers.{i}");
+            let attn = format!("{p}.self_attn");
+            match &mut layer.block.mixer {
+                Mixer::Kda(k) => k.shard_tensor_parallel(size, rank, &attn)?,
+                Mixer::Mla(m, gate) => {
+                    m.shard_tensor_parallel(size, rank, &attn)?;
+                    if let MlaGate::Output(g) = gate {
+                        crate::shard::all_to_sharded(g, size, rank, &format!("{attn}.g_proj"))?;
+                    }
+                }
+            }
+            match &mut layer.block.mlp {
+                Ffn::Dense(m) => m.shard_tensor_parallel(size, rank, &format!("{p}.mlp"), false)?,
+                Ffn::Moe(m) => m.shard_tensor_parallel(size, rank, &format!("{p}.mlp"))?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Pipeline parallelism as kimi_k3's own `pipeline()`: an even split in which the first
+    /// layers' stage (rank `size - 1`) takes the extra layer, rank 0 the last layers; with
+    /// attention residuals the blocks recorded so far travel with the hidden state.
+    pub fn shard_pipeline(&mut self, size: i32, rank: i32) -> Result<()> {
+        crate::shard::check_pipeline("kimi_k3", &["kimi_k3"], self.pipeline.is_some())?;
+        let layers = self.layers.len();
+        let s = usize::try_from(size).unwrap_or(0).max(1);
+        let (base, extra) = (layers / s, layers % s);
+        // seg = size - rank - 1 counts stages from the first layers; seg < extra take one more.
+        let split: Vec<usize> = (0..s)
+            .map(|r| base + usize::from(s - 1 - r < extra))
+            .collect();
+        let range = crate::shard::pipeline_range_split(&split, layers, size, rank)?;
+        if let Some(bs) = self.block_size {
+            self.in_blocks = (range.start as i32 + bs - 1) / bs;
+        }
+        crate::shard::keep_range(&mut self.layers, range);
+        let is_kda = |l: &Layer| matches!(l.block.mixer, Mixer::Kda(_));
+        self.kda_idx = self.layers.iter().position(is_kda);
+        self.mla_idx = self.layers.iter().position(|l| !is_kda(l));
+        self.pipeline = Some((rank, size));
+        Ok(())
     }
 
     fn head(&self, h: &Array) -> Result<Array> {
@@ -663,6 +805,14 @@ impl LanguageModel for Model {
 
     fn model_type(&self) -> &str {
         "kimi_k3"
+    }
+
+    fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
+        Model::shard_tensor_parallel(self, size, rank)
+    }
+
+    fn shard_pipeline(&mut self, size: i32, rank: i32) -> Result<()> {
+        Model::shard_pipeline(self, size, rank)
     }
 
     fn vocab_size(&self) -> i32 {
