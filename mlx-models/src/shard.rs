@@ -289,11 +289,30 @@ pub fn switch_inplace(
     what: &str,
 ) -> Result<()> {
     let axis = if all_to_sharded { 1 } else { -1 };
+    switch_parts(l, n, r, axis, all_to_sharded.then_some(-1), what)
+}
+
+/// mlx's `shard_inplace(module, lambda path, weight: 0)` on a `SwitchLinear`: rank `r` keeps
+/// its part of the experts (axis 0 of every array, the bias's too). deepseek_v41's grouped
+/// output projection keeps whole groups per rank this way.
+pub fn switch_experts_inplace(l: &mut SwitchLinear, n: i32, r: i32, what: &str) -> Result<()> {
+    switch_parts(l, n, r, 0, Some(0), what)
+}
+
+/// Rank `r`'s part of every array of `l` along `axis`; the bias along `bias_axis`, or whole.
+fn switch_parts(
+    l: &mut SwitchLinear,
+    n: i32,
+    r: i32,
+    axis: i32,
+    bias_axis: Option<i32>,
+    what: &str,
+) -> Result<()> {
     let split = |a: &Array| part(a, n, r, axis, what);
     let split_bias = |b: &Option<Array>| -> Result<Option<Array>> {
-        match b {
-            Some(b) if all_to_sharded => Ok(Some(part(b, n, r, -1, what)?)),
-            other => Ok(other.clone()),
+        match (b, bias_axis) {
+            (Some(b), Some(ax)) => Ok(Some(part(b, n, r, ax, what)?)),
+            (other, _) => Ok(other.clone()),
         }
     };
     *l = match &*l {

@@ -1088,6 +1088,26 @@ impl Attention {
         })
     }
 
+    /// `shard()` on `self_attn`: `q_b_proj` by heads, whole output groups per rank
+    /// (`o_a_proj`'s groups, `o_b_proj`'s columns, summed), `sinks` by heads; the KV, the
+    /// compressor and the indexer whole.
+    fn shard_tensor_parallel(&mut self, n: i32, r: i32, path: &str) -> Result<()> {
+        use crate::shard::{all_to_sharded, sharded_to_all, split_rows, switch_experts_inplace};
+        let p = |m: &str| format!("{path}.{m}");
+        all_to_sharded(&mut self.q_b_proj, n, r, &p("q_b_proj"))?;
+        switch_experts_inplace(&mut self.o_a_proj, n, r, &p("o_a_proj"))?;
+        sharded_to_all(&mut self.o_b_proj, n, r, &p("o_b_proj"))?;
+        self.num_heads /= n;
+        self.o_groups /= n;
+        self.group_ids = ops::reshape(
+            &ops::arange(0.0, f64::from(self.o_groups), 1.0, Dtype::Int32, None)?,
+            &[1, self.o_groups],
+            None,
+        )?;
+        self.sinks = split_rows(&self.sinks, &[], n, r, &p("sinks"))?;
+        Ok(())
+    }
+
     /// `_compress`: the new compressed KV and index keys into the cache, and shared.
     fn compress(
         &self,
@@ -1218,6 +1238,9 @@ struct Moe {
     shared_down: Linear,
     limit: f64,
     dim: i32,
+    /// `sharding_group` after [`Model::shard_tensor_parallel`]: the block's float32 output
+    /// summed over the ranks.
+    sharded: bool,
 }
 
 impl Moe {
@@ -1246,6 +1269,7 @@ impl Moe {
             shared_down: Linear::load(w, &p("shared_experts.down_proj"), m, d, false)?,
             limit: a.swiglu_limit,
             dim: d,
+            sharded: false,
         })
     }
 
@@ -1297,8 +1321,39 @@ impl Moe {
         let shared = self
             .shared_down
             .forward(&clamped_swiglu(&up, &gate, limit)?.astype(flat.dtype())?)?;
-        let out = ops::add(&routed, &shared.astype(Dtype::Float32)?, None)?;
+        let mut out = ops::add(&routed, &shared.astype(Dtype::Float32)?, None)?;
+        if self.sharded {
+            out = mlx_core::distributed::all_sum(&out, None, None)?;
+        }
         Ok(ops::reshape(&out, &shape, None)?.astype(x.dtype())?)
+    }
+
+    /// `shard()` on the block: the routed and shared experts split in place (gate and up by
+    /// rows, down by columns), their sum taken over the ranks in `forward`.
+    fn shard_tensor_parallel(&mut self, n: i32, r: i32, path: &str) -> Result<()> {
+        use crate::shard::{all_to_sharded, sharded_to_all_inplace, switch_inplace};
+        let p = |m: &str| format!("{path}.{m}");
+        let e = &mut self.experts;
+        switch_inplace(
+            &mut e.gate_proj,
+            true,
+            n,
+            r,
+            &p("experts.switch_mlp.gate_proj"),
+        )?;
+        switch_inplace(&mut e.up_proj, true, n, r, &p("experts.switch_mlp.up_proj"))?;
+        switch_inplace(
+            &mut e.down_proj,
+            false,
+            n,
+            r,
+            &p("experts.switch_mlp.down_proj"),
+        )?;
+        all_to_sharded(&mut self.shared_gate, n, r, &p("shared_experts.gate_proj"))?;
+        all_to_sharded(&mut self.shared_up, n, r, &p("shared_experts.up_proj"))?;
+        sharded_to_all_inplace(&mut self.shared_down, n, r, &p("shared_experts.down_proj"))?;
+        self.sharded = true;
+        Ok(())
     }
 }
 
@@ -1662,10 +1717,49 @@ impl Model {
     fn head(&self, h: &Array) -> Result<Array> {
         self.lm_head.forward(h)
     }
+
+    /// Tensor parallelism as `Model.shard()`: every layer's attention
+    /// ([`Attention::shard_tensor_parallel`]) and MoE block ([`Moe::shard_tensor_parallel`]),
+    /// refused (the model left whole) unless the ranks divide the heads and the output groups.
+    pub fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
+        if size < 1 || rank < 0 || rank >= size {
+            return Err(ModelError::Parallel {
+                kind: crate::Parallelism::Tensor,
+                what: format!("rank {rank}"),
+                problem: format!("not a rank of a group of {size}"),
+            });
+        }
+        if size == 1 {
+            return Ok(());
+        }
+        let (heads, groups) = (self.args.num_attention_heads, self.args.o_groups);
+        if heads % size != 0 || groups % size != 0 {
+            return Err(ModelError::Parallel {
+                kind: crate::Parallelism::Tensor,
+                what: "model.layers.*.self_attn".into(),
+                problem: format!(
+                    "{size} ranks must divide the {heads} attention heads and the {groups} \
+                     output groups"
+                ),
+            });
+        }
+        for (i, l) in self.layers.iter_mut().enumerate() {
+            let p = format!("model.layers.{i}");
+            l.self_attn
+                .shard_tensor_parallel(size, rank, &format!("{p}.self_attn"))?;
+            l.mlp
+                .shard_tensor_parallel(size, rank, &format!("{p}.mlp"))?;
+        }
+        Ok(())
+    }
 }
 
 impl LanguageModel for Model {
     kit::short_port_entry_points!(args, vocab_size);
+
+    fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
+        Model::shard_tensor_parallel(self, size, rank)
+    }
 
     kit::layer_caches! {
         /// `make_cache`: a `LayerCache(sliding_window)` per layer.
