@@ -132,7 +132,7 @@ const MODELS: [(&str, &str); 26] = [
 ];
 
 /// Pipeline rows: (fixture, golden, layers of rank 0, layers of rank 1).
-const PIPELINES: [(&str, &str, usize, usize); 15] = [
+const PIPELINES: [(&str, &str, usize, usize); 16] = [
     // The 3-layer qwen2 split [2, 1] (rank 1 runs layer 0).
     ("qwen2_f32", "dist_qwen2_pp2", 2, 1),
     // ministral3: rank 1 runs the sliding layer 0 alone, rank 0 the full layer 1.
@@ -227,6 +227,14 @@ const PIPELINES: [(&str, &str, usize, usize); 15] = [
         "dist_kimi_k3_pp2",
         2,
         2,
+    ),
+    // prism_hadamard_qwen35: qwen3_5's pipeline over Hadamard-packed 2-bit linears, its 2
+    // layers split [1, 1].
+    (
+        "../../../mlx-models/tests/models/dense2/prism_hadamard_qwen35",
+        "dist_prism_hadamard_qwen35_pp2",
+        1,
+        1,
     ),
 ];
 
@@ -361,6 +369,20 @@ fn unsplittable_fixtures_are_refused_as_mlx_lm_refuses_them() {
     assert!(e.contains("split [3, 0]") && e.contains("positive"), "{e}");
     let e = bailing.shard_tensor_parallel(2, 0).unwrap_err().to_string();
     assert!(e.contains("--pipeline"), "{e}");
+    // prism_hadamard_qwen35: mlx-lm's qwen3_5 shard() fails on the Hadamard-packed linears
+    // (`_split` of a (512, 1) sign vector); ours refuses the packed (adapted) linears and
+    // leaves the model whole.
+    let mut prism = load("prism_hadamard_qwen35");
+    let e = prism.shard_tensor_parallel(2, 0).unwrap_err().to_string();
+    assert!(
+        e.contains("in_proj_qkv") && e.contains("adapted linear"),
+        "{e}"
+    );
+    prism
+        .forward(&Array::from_slice(&[1i32, 5, 9], &[1, 3]).unwrap(), None)
+        .unwrap()
+        .eval()
+        .unwrap();
     // Still whole: a full forward works after the refusals.
     let ids = Array::from_slice(&[1i32, 5, 9], &[1, 3]).unwrap();
     bailing.forward(&ids, None).unwrap().eval().unwrap();

@@ -97,6 +97,7 @@ PIPELINES = [
     # kimi_k3: 4 layers split [2, 2]; the attention-residual blocks so far travel with the
     # hidden state.
     ("../../../mlx-models/tests/models/dense2/kimi_k3", "dist_kimi_k3_pp2"),
+    ("../../../mlx-models/tests/models/dense2/prism_hadamard_qwen35", "dist_prism_hadamard_qwen35_pp2"),
     # qwen3_5_moe is left out: mlx-lm 0.32.2's own pipeline run of it loses rank 1 during
     # generate_step on this fixture (no reference to hold ours to).
 ]

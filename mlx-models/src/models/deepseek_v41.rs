@@ -378,6 +378,7 @@ fn weak(v: f64, like: &Array) -> Result<Array> {
 
 /// `YarnRoPE` as deepseek_v41 builds it (traditional, attention factor 1): its frequency
 /// table, applied with a position scale and, for the output, negated frequencies.
+#[derive(Clone)]
 struct YarnRope {
     dims: i32,
     freqs: Array,
@@ -594,6 +595,7 @@ fn fake_quant_fp4(x: &Array, block: i32, e4m3_scale: bool) -> Result<Array> {
 }
 
 /// `HyperConnection`: the pre, post and (Sinkhorn-normalized) residual mixes of the streams.
+#[derive(Clone)]
 struct HyperConnection {
     hc: i32,
     iters: i32,
@@ -696,6 +698,7 @@ fn expand(x: &Array, residual: &Array, post: &Array, comb: &Array) -> Result<Arr
     Ok(ops::add(&out, &mixed, None)?.astype(residual.dtype())?)
 }
 
+#[derive(Clone)]
 struct Compressor {
     ratio: i64,
     kv_proj: Linear,
@@ -760,6 +763,7 @@ impl Compressor {
     }
 }
 
+#[derive(Clone)]
 struct Indexer {
     ratio: i64,
     candidate_source: bool,
@@ -967,6 +971,7 @@ fn sparse_attention(
     Ok(ops::reshape(&out, &[b, l, h, d], None)?.astype(q.dtype())?)
 }
 
+#[derive(Clone)]
 struct Attention {
     num_heads: i32,
     head_dim: i32,
@@ -1224,6 +1229,7 @@ fn clamped_swiglu(up: &Array, gate: &Array, limit: f64) -> Result<Array> {
     Ok(swiglu(&gate, &up)?.astype(dtype)?)
 }
 
+#[derive(Clone)]
 struct Moe {
     gate_weight: Array,
     e_score_correction_bias: Array,
@@ -1357,6 +1363,7 @@ impl Moe {
     }
 }
 
+#[derive(Clone)]
 struct Layer {
     self_attn: Attention,
     mlp: Moe,
@@ -1743,13 +1750,16 @@ impl Model {
                 ),
             });
         }
-        for (i, l) in self.layers.iter_mut().enumerate() {
+        // Split copies (the arrays are shared) and keep them only when every layer splits.
+        let mut layers = self.layers.clone();
+        for (i, l) in layers.iter_mut().enumerate() {
             let p = format!("model.layers.{i}");
             l.self_attn
                 .shard_tensor_parallel(size, rank, &format!("{p}.self_attn"))?;
             l.mlp
                 .shard_tensor_parallel(size, rank, &format!("{p}.mlp"))?;
         }
+        self.layers = layers;
         Ok(())
     }
 }

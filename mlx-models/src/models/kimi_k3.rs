@@ -683,7 +683,7 @@ impl Model {
         match self.pipeline {
             // A stage above rank 0 sends its output (and the blocks so far) to the rank below,
             // tied to its last cache.
-            Some((rank, size)) if rank != 0 => {
+            Some((rank, _)) if rank != 0 => {
                 let dst = rank - 1;
                 let sent = match &blocks.raw {
                     Some(raw) if self.output_res.is_some() => {
@@ -699,9 +699,8 @@ impl Model {
                         h.clone()
                     }
                 };
-                let last = caches.as_deref_mut().and_then(|c| c.last_mut());
+                let last = caches.and_then(|c| c.last_mut());
                 crate::shard::tie_to_send(last, &sent)?;
-                let _ = size;
             }
             _ => {
                 if let Some(w_eff) = &self.output_res {
@@ -751,7 +750,9 @@ impl Model {
                 });
             }
         }
-        for (i, layer) in self.layers.iter_mut().enumerate() {
+        // Split copies (the arrays are shared) and keep them only when every layer splits.
+        let mut layers = self.layers.clone();
+        for (i, layer) in layers.iter_mut().enumerate() {
             let p = format!("model.layers.{i}");
             let attn = format!("{p}.self_attn");
             match &mut layer.block.mixer {
@@ -768,6 +769,7 @@ impl Model {
                 Ffn::Moe(m) => m.shard_tensor_parallel(size, rank, &format!("{p}.mlp"))?,
             }
         }
+        self.layers = layers;
         Ok(())
     }
 

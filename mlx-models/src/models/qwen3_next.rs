@@ -1394,7 +1394,11 @@ impl Model {
             });
         }
         let pre = format!("{}model", self.args.prefix);
-        if let Some(head) = self.lm_head.as_mut() {
+        // Split copies (the arrays are shared, not copied) and keep them only when every part
+        // splits: a refusal (an adapted linear, say) leaves the model whole.
+        let mut lm_head = self.lm_head.clone();
+        let mut layers = self.layers.clone();
+        if let Some(head) = lm_head.as_mut() {
             let vocab = self.args.vocab_size;
             if vocab % size != 0 {
                 return Err(ModelError::Tensor {
@@ -1404,7 +1408,7 @@ impl Model {
             }
             all_to_sharded(head, size, rank, &format!("{}lm_head", self.args.prefix))?;
         }
-        for (i, l) in self.layers.iter_mut().enumerate() {
+        for (i, l) in layers.iter_mut().enumerate() {
             let p = format!("{pre}.layers.{i}");
             match &mut l.mixer {
                 Mixer::Linear(m) => {
@@ -1429,9 +1433,11 @@ impl Model {
                 Ffn::Sparse(m) => m.shard_gated_shared_in_place(size, rank, &format!("{p}.mlp"))?,
             }
         }
-        if self.lm_head.is_some() {
+        if lm_head.is_some() {
             self.sharded_head = Some(size);
         }
+        self.lm_head = lm_head;
+        self.layers = layers;
         Ok(())
     }
 }
