@@ -132,7 +132,7 @@ const MODELS: [(&str, &str); 26] = [
 ];
 
 /// Pipeline rows: (fixture, golden, layers of rank 0, layers of rank 1).
-const PIPELINES: [(&str, &str, usize, usize); 16] = [
+const PIPELINES: [(&str, &str, usize, usize); 17] = [
     // The 3-layer qwen2 split [2, 1] (rank 1 runs layer 0).
     ("qwen2_f32", "dist_qwen2_pp2", 2, 1),
     // ministral3: rank 1 runs the sliding layer 0 alone, rank 0 the full layer 1.
@@ -235,6 +235,14 @@ const PIPELINES: [(&str, &str, usize, usize); 16] = [
         "dist_prism_hadamard_qwen35_pp2",
         1,
         1,
+    ),
+    // deepseek_v41's 4 layers split [2, 2]: streams, pre_mix and the shared compressed
+    // state that rank 0's layers read from rank 1's, packed in one message.
+    (
+        "../../../mlx-models/tests/models/dense2/deepseek_v41",
+        "dist_deepseek_v41_pp2",
+        2,
+        2,
     ),
 ];
 

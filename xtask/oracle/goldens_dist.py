@@ -98,6 +98,9 @@ PIPELINES = [
     # hidden state.
     ("../../../mlx-models/tests/models/dense2/kimi_k3", "dist_kimi_k3_pp2"),
     ("../../../mlx-models/tests/models/dense2/prism_hadamard_qwen35", "dist_prism_hadamard_qwen35_pp2"),
+    # deepseek_v41: 4 layers split [2, 2]; the hyper-connection streams, pre_mix and the
+    # shared compressed KV / index keys / candidates / top-k indices packed in one message.
+    ("../../../mlx-models/tests/models/dense2/deepseek_v41", "dist_deepseek_v41_pp2"),
     # qwen3_5_moe is left out: mlx-lm 0.32.2's own pipeline run of it loses rank 1 during
     # generate_step on this fixture (no reference to hold ours to).
 ]
@@ -280,6 +283,13 @@ def worker():
             run_model(staged(model, force=True), path, pipeline=True)
 
 
+# Rows whose greedy ids come from a plain loop over the sharded model (`model(y, cache)`,
+# argmax, evaluated each step) instead of generate_step: mlx-lm 0.32.2's generate_step over
+# deepseek_v41's pipeline loses a message (rank 1 finishes while rank 0 still waits for a
+# stage message), though the sharded model itself runs.
+PLAIN_GREEDY = {"dist_deepseek_v41_pp2"}
+
+
 def run_model(MODEL, OUT, pipeline=False):
     from mlx_lm.generate import generate_step
     from mlx_lm.models.cache import make_prompt_cache
@@ -295,9 +305,22 @@ def run_model(MODEL, OUT, pipeline=False):
     prefill = model(prompt[None], cache=cache)[0].astype(mx.float32)
     mx.eval(prefill)
     ids, rows = [], []
-    for (tok, logprobs), _ in zip(generate_step(prompt, model, max_tokens=STEPS), range(STEPS)):
-        ids.append(int(tok))
-        rows.append(logprobs.astype(mx.float32))
+    if OUT.stem in PLAIN_GREEDY:
+        logits = prefill[-1:]
+        for _ in range(STEPS):
+            logprobs = logits[-1] - mx.logsumexp(logits[-1], keepdims=True)
+            tok = mx.argmax(logits[-1])
+            mx.eval(tok, logprobs)
+            ids.append(int(tok))
+            rows.append(logprobs)
+            logits = model(mx.array([[int(tok)]]), cache=cache)[0].astype(mx.float32)
+            mx.eval(logits)
+    else:
+        for (tok, logprobs), _ in zip(
+            generate_step(prompt, model, max_tokens=STEPS), range(STEPS)
+        ):
+            ids.append(int(tok))
+            rows.append(logprobs.astype(mx.float32))
     mx.eval(prefill, rows)
     if group.rank() == 0:
         single, _ = load(str(MODEL))

@@ -1437,6 +1437,201 @@ pub struct Model {
     layers: Vec<Layer>,
     norm: RmsNorm,
     lm_head: Linear,
+    /// After [`Model::shard_pipeline`]: this rank's stage `(rank, size)` and its layers.
+    pipeline: Option<Stage>,
+}
+
+/// A pipeline stage: `(rank, size)` and the layers `start..end` it runs.
+#[derive(Clone, Copy, Debug)]
+struct Stage {
+    rank: i32,
+    size: i32,
+    start: usize,
+    end: usize,
+}
+
+/// The shared state that crosses a stage boundary (`_shared_reads` / `_crossing` keys).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SharedKey {
+    CompressKv,
+    IndexK,
+    Candidates,
+    TopkIdx,
+}
+
+impl SharedKey {
+    /// `_CACHE_FIELDS`: the state kept in the `LayerCache` field of that name.
+    fn is_cache_field(self) -> bool {
+        matches!(self, SharedKey::CompressKv | SharedKey::IndexK)
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            SharedKey::CompressKv => "compress_kv",
+            SharedKey::IndexK => "index_k",
+            SharedKey::Candidates => "candidates",
+            SharedKey::TopkIdx => "topk_idx",
+        }
+    }
+}
+
+/// `_shared_reads(args, layer)`: the shared state a layer reads, as (key, layer that writes
+/// it), in mlx-lm's dict order.
+fn shared_reads(a: &ModelArgs, layer: usize) -> Vec<(SharedKey, usize)> {
+    if a.ratio(layer) == 0 {
+        return Vec::new();
+    }
+    let last = |m: &dyn Fn(usize) -> bool| (0..=layer).rev().find(|&j| m(j));
+    let mut reads = vec![(
+        SharedKey::CompressKv,
+        last(&|j| a.kv_source(j) && a.ratio(j) != 0),
+    )];
+    if a.index_source(layer) {
+        reads.push((
+            SharedKey::IndexK,
+            last(&|j| a.kv_source(j) && a.index_source(j)),
+        ));
+        let source = a.candidate_source_layer_id;
+        if source >= 0 && (source as usize) < layer && a.candidate_topk_blocks > 0 {
+            reads.push((SharedKey::Candidates, Some(source as usize)));
+        }
+    } else {
+        reads.push((SharedKey::TopkIdx, last(&|j| a.index_source(j))));
+    }
+    reads
+        .into_iter()
+        .filter_map(|(k, s)| s.map(|s| (k, s)))
+        .collect()
+}
+
+/// `_crossing(args, boundary)`: the shared state that layers from `boundary` on read from
+/// layers before it (a key keeps the place it was first met, its source the last one).
+fn crossing(a: &ModelArgs, boundary: usize) -> Vec<(SharedKey, usize)> {
+    let mut out: Vec<(SharedKey, usize)> = Vec::new();
+    for layer in boundary..a.num_hidden_layers as usize {
+        for (key, source) in shared_reads(a, layer) {
+            if source < boundary {
+                match out.iter_mut().find(|(k, _)| *k == key) {
+                    Some(e) => e.1 = source,
+                    None => out.push((key, source)),
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `_entries(args, source, position)`: the compressed entries of kv source `source` after
+/// `position` tokens.
+fn entries(a: &ModelArgs, source: Option<usize>, position: i64) -> Result<i64> {
+    match source {
+        None => Ok(0),
+        Some(s) => match a.ratio(s) {
+            0 => Err(ModelError::Config(format!(
+                "config.json (`deepseek_v41`): layer {s} is a shared-state source with \
+                 compress ratio 0 (`compress_ratios`)"
+            ))),
+            r => Ok(position.div_euclid(r)),
+        },
+    }
+}
+
+/// `_index_keys(args, layer, position)`: the index keys layer `layer` scores.
+fn index_keys(a: &ModelArgs, layer: usize, position: i64) -> Result<i64> {
+    let source = shared_reads(a, layer)
+        .into_iter()
+        .find(|(k, _)| *k == SharedKey::IndexK)
+        .map(|(_, s)| s);
+    entries(a, source, position)
+}
+
+/// One part of a stage-boundary message: its key (`None` for the streams and `pre_mix`),
+/// shape and dtype.
+type Part = (Option<SharedKey>, Vec<i32>, Dtype);
+
+/// `_layout`: the parts of the message at a stage boundary.
+fn layout(
+    a: &ModelArgs,
+    crossing: &[(SharedKey, usize)],
+    batch: i32,
+    length: i32,
+    start_pos: i64,
+    dtype: Dtype,
+) -> Result<Vec<Part>> {
+    let end = start_pos + i64::from(length);
+    let mut out: Vec<Part> = vec![
+        (None, vec![batch, length, a.hc_mult, a.hidden_size], dtype),
+        (None, vec![batch, length, a.hc_mult], Dtype::Float32),
+    ];
+    for &(key, source) in crossing {
+        let part = match key {
+            SharedKey::CompressKv | SharedKey::IndexK => {
+                let new = entries(a, Some(source), end)? - entries(a, Some(source), start_pos)?;
+                let width = if key == SharedKey::CompressKv {
+                    a.head_dim
+                } else {
+                    a.index_head_dim
+                };
+                (vec![batch, new as i32, width], dtype)
+            }
+            SharedKey::Candidates => {
+                let block = i64::from(a.candidate_block_size);
+                let blocks = (index_keys(a, source, end)? + block - 1).div_euclid(block);
+                (vec![batch, length, blocks as i32], Dtype::Bool)
+            }
+            SharedKey::TopkIdx => {
+                let topk = i64::from(a.index_topk).min(index_keys(a, source, end)?);
+                (vec![batch, length, topk as i32], Dtype::Int32)
+            }
+        };
+        out.push((Some(key), part.0, part.1));
+    }
+    Ok(out)
+}
+
+/// `_nbytes`: one part's bytes in a message, padded to a multiple of 8.
+fn nbytes(shape: &[i32], dtype: Dtype) -> i64 {
+    let size = shape.iter().map(|&d| i64::from(d)).product::<i64>() * dtype.size() as i64;
+    (size + 7) / 8 * 8
+}
+
+/// `_pack`: the bytes of all parts in one `uint8` array.
+fn pack(parts: &[Array]) -> Result<Array> {
+    let mut data = Vec::with_capacity(parts.len());
+    for part in parts {
+        let flat = ops::reshape(&part.view(Dtype::Uint8)?, &[-1], None)?;
+        let pad = nbytes(&part.shape(), part.dtype()) - flat.size() as i64;
+        data.push(if pad > 0 {
+            ops::pad_widths(
+                &flat,
+                &[(0, pad as i32)],
+                &Array::from_int(0, Dtype::Uint8)?,
+                "constant",
+                None,
+            )?
+        } else {
+            flat
+        });
+    }
+    let refs: Vec<&Array> = data.iter().collect();
+    Ok(ops::concatenate(&refs, 0, None)?)
+}
+
+/// `_unpack`: the parts of `packed` as `layout` places them.
+fn unpack(packed: &Array, layout: &[Part]) -> Result<Vec<Array>> {
+    let mut start = 0i64;
+    let mut out = Vec::with_capacity(layout.len());
+    for (_, shape, dtype) in layout {
+        let len = shape.iter().map(|&d| i64::from(d)).product::<i64>() * dtype.size() as i64;
+        let data = ops::slice_axis(packed, 0, start as i32, (start + len) as i32, None)?;
+        let mut rows = shape.clone();
+        if let Some(last) = rows.last_mut() {
+            *last *= dtype.size() as i32;
+        }
+        out.push(ops::reshape(&data, &rows, None)?.view(*dtype)?);
+        start += nbytes(shape, *dtype);
+    }
+    Ok(out)
 }
 
 /// The config, read flat from a `text_config` when there is one (`model_type` from the top).
@@ -1653,6 +1848,7 @@ impl Model {
             lm_head: Linear::load(w, "lm_head", d, a.vocab_size, false)?,
             layers,
             args: a,
+            pipeline: None,
         })
     }
 
@@ -1706,6 +1902,14 @@ impl Model {
             None,
         )?;
         let mut shared = Shared::default();
+        if let Some(st) = self.pipeline {
+            if st.rank < st.size - 1 {
+                let (s2, p2) =
+                    self.receive(&streams, start_pos, st, layer_caches[0], &mut shared)?;
+                streams = s2;
+                pre_mix = p2;
+            }
+        }
         for (layer, cache) in self.layers.iter().zip(layer_caches.iter_mut()) {
             let (st, pm) = layer.forward(
                 &streams,
@@ -1718,7 +1922,171 @@ impl Model {
             streams = st;
             pre_mix = pm;
         }
-        self.norm.forward(&collapse(&streams, &pre_mix)?)
+        let Some(st) = self.pipeline else {
+            return self.norm.forward(&collapse(&streams, &pre_mix)?);
+        };
+        if st.rank > 0 {
+            let sent = self.send(&streams, &pre_mix, start_pos, st, &shared)?;
+            streams = ops::depends(&streams, &sent)?;
+            pre_mix = ops::depends(&pre_mix, &sent)?;
+            // Prefill only evaluates the cache, which must still send.
+            if let Some(last) = layer_caches.last_mut() {
+                if let Some(w) = &last.window {
+                    last.window = Some(ops::depends(w, &sent)?);
+                }
+            }
+        }
+        let out = collapse(&streams, &pre_mix)?;
+        // Rank 0 runs the last layers, and every rank needs its output.
+        let out = crate::shard::gather_stage_output(out, st.size)?;
+        self.norm.forward(&out)
+    }
+
+    /// `_receive`: the streams and `pre_mix` from the stage above, and the shared state it
+    /// sends into `shared` (the growing parts appended to this stage's first cache).
+    fn receive(
+        &self,
+        like: &Array,
+        start_pos: i64,
+        st: Stage,
+        cache: &mut LayerCache,
+        shared: &mut Shared,
+    ) -> Result<(Array, Array)> {
+        let a = &self.args;
+        let s = like.shape();
+        let parts_in = crossing(a, st.start);
+        let lay = layout(a, &parts_in, s[0], s[1], start_pos, like.dtype())?;
+        let size: i64 = lay.iter().map(|(_, sh, dt)| nbytes(sh, *dt)).sum();
+        let packed =
+            mlx_core::distributed::recv(&[size as i32], Dtype::Uint8, st.rank + 1, None, None)?;
+        let mut parts = unpack(&packed, &lay)?.into_iter();
+        let (streams, pre_mix) = match (parts.next(), parts.next()) {
+            (Some(a), Some(b)) => (a, b),
+            _ => {
+                return Err(ModelError::Internal {
+                    what: "deepseek_v41 pipeline".into(),
+                    problem: "a message without its streams".into(),
+                })
+            }
+        };
+        for ((key, source), part) in parts_in.iter().zip(parts) {
+            match key {
+                SharedKey::CompressKv | SharedKey::IndexK => {
+                    // The first layer never writes this field, so it keeps the entries of the
+                    // source in the stage before.
+                    let field = if *key == SharedKey::CompressKv {
+                        &mut cache.compress_kv
+                    } else {
+                        &mut cache.index_k
+                    };
+                    if part.shape()[1] > 0 {
+                        *field = Some(append(field.as_ref(), &part)?);
+                    }
+                    if *key == SharedKey::CompressKv {
+                        shared.compress_kv = field.clone();
+                    } else {
+                        shared.index_k = field.clone();
+                    }
+                }
+                SharedKey::Candidates => {
+                    let keys = index_keys(a, *source, start_pos + i64::from(s[1]))?;
+                    let mask = ops::repeat(&part, a.candidate_block_size, -1, None)?;
+                    shared.candidates = if keys != 0 {
+                        Some(ops::slice_axis(&mask, -1, 0, keys as i32, None)?)
+                    } else {
+                        None
+                    };
+                }
+                SharedKey::TopkIdx => shared.topk_idx = Some(part),
+            }
+        }
+        Ok((streams, pre_mix))
+    }
+
+    /// `_send`: the streams, `pre_mix` and the shared state the next stages read, packed and
+    /// sent to the rank below.
+    fn send(
+        &self,
+        streams: &Array,
+        pre_mix: &Array,
+        start_pos: i64,
+        st: Stage,
+        shared: &Shared,
+    ) -> Result<Array> {
+        let a = &self.args;
+        let s = streams.shape();
+        let out = crossing(a, st.end);
+        let lay = layout(a, &out, s[0], s[1], start_pos, streams.dtype())?;
+        let mut parts = Vec::with_capacity(lay.len());
+        for (i, (key, shape, dtype)) in lay.iter().enumerate() {
+            let state = match key {
+                None if i == 0 => Some(streams.clone()),
+                None => Some(pre_mix.clone()),
+                Some(SharedKey::CompressKv) => shared.compress_kv.clone(),
+                Some(SharedKey::IndexK) => shared.index_k.clone(),
+                Some(SharedKey::Candidates) => shared.candidates.clone(),
+                Some(SharedKey::TopkIdx) => shared.topk_idx.clone(),
+            };
+            let part = match (state, key) {
+                // Not written yet, so the layout has no entries either.
+                (None, _) => ops::zeros(shape, *dtype, None)?,
+                (Some(p), Some(k)) if k.is_cache_field() => {
+                    // It holds all entries so far; send only the new ones.
+                    let n = p.shape()[1];
+                    ops::slice_axis(&p, 1, n - shape[1], n, None)?
+                }
+                (Some(p), Some(SharedKey::Candidates)) => {
+                    // `part[..., ::candidate_block_size]`.
+                    let stop = p.shape();
+                    let start = vec![0; stop.len()];
+                    let mut strides = vec![1; stop.len()];
+                    if let Some(step) = strides.last_mut() {
+                        *step = a.candidate_block_size;
+                    }
+                    p.slice(&start, &stop, &strides)?
+                }
+                (Some(p), _) => p,
+            };
+            if &part.shape() != shape || part.dtype() != *dtype {
+                return Err(ModelError::Parallel {
+                    kind: crate::Parallelism::Pipeline,
+                    what: format!("deepseek_v41 stage {}", st.rank),
+                    problem: format!(
+                        "the next pipeline stage expects {} as {:?} {:?}, not {:?} {:?}",
+                        key.map_or("streams", SharedKey::name),
+                        dtype,
+                        shape,
+                        part.dtype(),
+                        part.shape()
+                    ),
+                });
+            }
+            parts.push(part);
+        }
+        Ok(mlx_core::distributed::send(
+            &pack(&parts)?,
+            st.rank - 1,
+            None,
+            None,
+        )?)
+    }
+
+    /// Pipeline parallelism as `TextModel.pipeline` (`PipelineMixin`'s even split): this
+    /// rank keeps its stage's layers; the streams, `pre_mix` and the shared compressed KV,
+    /// index keys, candidates and top-k indices the later layers read cross each boundary
+    /// packed in one message.
+    pub fn shard_pipeline(&mut self, size: i32, rank: i32) -> Result<()> {
+        crate::shard::check_pipeline("deepseek_v41", &["deepseek_v41"], self.pipeline.is_some())?;
+        let range = crate::shard::pipeline_range(self.layers.len(), size, rank)?;
+        let (start, end) = (range.start, range.end);
+        crate::shard::keep_range(&mut self.layers, range);
+        self.pipeline = Some(Stage {
+            rank,
+            size,
+            start,
+            end,
+        });
+        Ok(())
     }
 
     fn head(&self, h: &Array) -> Result<Array> {
@@ -1738,6 +2106,13 @@ impl Model {
         }
         if size == 1 {
             return Ok(());
+        }
+        if self.pipeline.is_some() {
+            return Err(ModelError::Parallel {
+                kind: crate::Parallelism::Tensor,
+                what: "the model".into(),
+                problem: "already split into pipeline stages".into(),
+            });
         }
         let (heads, groups) = (self.args.num_attention_heads, self.args.o_groups);
         if heads % size != 0 || groups % size != 0 {
@@ -1769,6 +2144,10 @@ impl LanguageModel for Model {
 
     fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
         Model::shard_tensor_parallel(self, size, rank)
+    }
+
+    fn shard_pipeline(&mut self, size: i32, rank: i32) -> Result<()> {
+        Model::shard_pipeline(self, size, rank)
     }
 
     kit::layer_caches! {
