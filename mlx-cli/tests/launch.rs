@@ -307,6 +307,16 @@ fn launched_generate_equals_mlx_lm_for_step3p5_minimax_m3_vl_and_bailing_hybrid(
     launched_generate_is_refused(bailing.to_str().unwrap(), &[], "--pipeline");
 }
 
+/// kimi_k3 tensor parallel (KDA layers by heads) and deepseek_v41 pipelined (its stage
+/// message of streams and shared compressed state), end to end through `mlx launch`.
+#[test]
+fn launched_generate_equals_mlx_lm_for_kimi_k3_and_deepseek_v41() {
+    let models = "../../../mlx-models/tests/models/dense2";
+    launched_generate_equals("dist_kimi_k3_tp2", &format!("{models}/kimi_k3"), &[]);
+    let v41 = format!("{models}/deepseek_v41");
+    launched_generate_equals("dist_deepseek_v41_pp2", &v41, &["--pipeline"]);
+}
+
 #[test]
 fn launched_generate_is_tensor_parallel_and_equals_mlx_lm_sharded_run() {
     launched_generate_equals("dist_llama_tp2", "dense_f32", &[]);
