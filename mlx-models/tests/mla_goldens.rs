@@ -133,6 +133,12 @@ fn glm4_moe_matches_mlx_lm_bit_for_bit() {
     check_all(&["glm4_moe", "glm4_moe_q4"]);
 }
 
+/// solar_open: glm4_moe's model under solar_open's arguments (their defaults in the f32 row).
+#[test]
+fn solar_open_matches_mlx_lm_bit_for_bit() {
+    check_all(&["solar_open", "solar_open_q4"]);
+}
+
 #[test]
 fn youtu_llm_matches_mlx_lm_bit_for_bit() {
     check_all(&["youtu_llm", "youtu_llm_q4"]);

@@ -18,7 +18,7 @@ fn root() -> PathBuf {
 }
 
 /// (fixture under mlx-cli/tests/models, golden), as xtask/oracle/goldens_dist.py pairs them.
-const MODELS: [(&str, &str); 26] = [
+const MODELS: [(&str, &str); 27] = [
     ("dense_f32", "dist_llama_tp2"),
     ("qwen3", "dist_qwen3_tp2"),
     ("q4_g32", "dist_llama_q4_tp2"),
@@ -129,10 +129,15 @@ const MODELS: [(&str, &str); 26] = [
         "../../../mlx-models/tests/models/dense2/deepseek_v41",
         "dist_deepseek_v41_tp2",
     ),
+    // solar_open: glm4_moe's shard() under solar_open's arguments.
+    (
+        "../../../mlx-models/tests/models/mla/solar_open",
+        "dist_solar_open_tp2",
+    ),
 ];
 
 /// Pipeline rows: (fixture, golden, layers of rank 0, layers of rank 1).
-const PIPELINES: [(&str, &str, usize, usize); 17] = [
+const PIPELINES: [(&str, &str, usize, usize); 18] = [
     // The 3-layer qwen2 split [2, 1] (rank 1 runs layer 0).
     ("qwen2_f32", "dist_qwen2_pp2", 2, 1),
     // ministral3: rank 1 runs the sliding layer 0 alone, rank 0 the full layer 1.
@@ -243,6 +248,13 @@ const PIPELINES: [(&str, &str, usize, usize); 17] = [
         "dist_deepseek_v41_pp2",
         2,
         2,
+    ),
+    // solar_open's 3 layers split [2, 1], as glm4_moe's.
+    (
+        "../../../mlx-models/tests/models/mla/solar_open",
+        "dist_solar_open_pp2",
+        2,
+        1,
     ),
 ];
 

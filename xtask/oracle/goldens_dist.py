@@ -72,6 +72,8 @@ MODELS = [
     # deepseek_v41: q_b_proj by heads, whole output groups per rank (o_a_proj in place),
     # sinks by heads, experts and shared experts in place.
     ("../../../mlx-models/tests/models/dense2/deepseek_v41", "dist_deepseek_v41_tp2"),
+    # solar_open: glm4_moe's Model (its shard() and pipeline) under solar_open's arguments.
+    ("../../../mlx-models/tests/models/mla/solar_open", "dist_solar_open_tp2"),
 ]
 # Pipeline rows beyond qwen2_f32 (relative to mlx-cli/tests/models; `staged` writes the
 # weight index sharded_load's pipeline path reads).
@@ -101,6 +103,7 @@ PIPELINES = [
     # deepseek_v41: 4 layers split [2, 2]; the hyper-connection streams, pre_mix and the
     # shared compressed KV / index keys / candidates / top-k indices packed in one message.
     ("../../../mlx-models/tests/models/dense2/deepseek_v41", "dist_deepseek_v41_pp2"),
+    ("../../../mlx-models/tests/models/mla/solar_open", "dist_solar_open_pp2"),
     # qwen3_5_moe is left out: mlx-lm 0.32.2's own pipeline run of it loses rank 1 during
     # generate_step on this fixture (no reference to hold ours to).
 ]

@@ -412,6 +412,23 @@ ROWS.update(
             "float32",
             (32, 4),
         ),
+        # solar_open: glm4_moe's Model under solar_open's ModelArgs (no attention bias, no
+        # q/k norms, one expert group and no rope_scaling by default); the 4-bit row sets them.
+        "solar_open": (
+            "solar_open",
+            {k: v for k, v in GLM4_MOE.items()
+             if k not in ("use_qk_norm", "attention_bias", "n_group", "topk_group",
+                          "rope_scaling")},
+            "float32",
+            None,
+        ),
+        "solar_open_q4": (
+            "solar_open",
+            {**GLM4_MOE, "use_qk_norm": True, "attention_bias": True, "n_group": 2,
+             "topk_group": 1, "tie_word_embeddings": True},
+            "float32",
+            (32, 4),
+        ),
         "youtu_llm": ("youtu_llm", {**YOUTU}, "float32", None),
         "youtu_llm_q4": (
             "youtu_llm",

@@ -3,8 +3,9 @@ mlx-lm 0.32.2's `models/` against what `mlx models --json` lists.
 
 Usage: port_types.py MODELS.json
 
-A model type is a module of `mlx_lm/models/` defining both `Model` and `ModelArgs` (helpers
-such as `cache`, `rope_utils` or `switch_layers` are not). Each must be listed by `mlx models`:
+A model type is a module of `mlx_lm/models/` defining `ModelArgs` and defining or importing
+`Model` (solar_open.py imports glm4_moe's; helpers such as `cache`, `rope_utils` or
+`switch_layers` are not). Each must be listed by `mlx models`:
 served (a table row or a dedicated port) or not served with a reason (`serving: "none"`).
 Exits 1, naming them, when a type is neither (a new mlx-lm type nobody handled), when a type is
 listed both ways, or when a listed unserved type is not one of mlx-lm's.
@@ -25,7 +26,7 @@ models_dir = pathlib.Path(mlx_lm.__file__).parent / "models"
 types = sorted(
     p.stem
     for p in models_dir.glob("*.py")
-    if re.search(r"^class Model\(", p.read_text(), re.M)
+    if re.search(r"^(class Model\(|from \.\w+ import Model\b)", p.read_text(), re.M)
     and re.search(r"^class ModelArgs\b", p.read_text(), re.M)
 )
 

@@ -287,7 +287,9 @@ impl DeepseekSpec {
                     })?;
                 (text, "language_model.", &DEEPSEEK_V3, false)
             }
-            "glm4_moe" | "youtu_llm" => (config.raw.clone(), "", &DEEPSEEK_V3, false),
+            "glm4_moe" | "solar_open" | "youtu_llm" => {
+                (config.raw.clone(), "", &DEEPSEEK_V3, false)
+            }
             other => {
                 return Err(ModelError::Config(format!(
                     "`{other}` is not an MLA / DeepSeek V3 row"
@@ -345,7 +347,7 @@ impl DeepseekSpec {
             "mistral4" => return Self::mistral4(config),
             "dots1" => return Self::dots1(config, a),
             "deepseek" => return Self::deepseek(config, a),
-            "glm4_moe" => return Self::glm4_moe(config, a),
+            "glm4_moe" | "solar_open" => return Self::glm4_moe(config, a),
             "youtu_llm" => return Self::youtu_llm(config, a),
             _ => {}
         }
@@ -817,9 +819,20 @@ impl DeepseekSpec {
     /// glm4_moe.py's `ModelArgs` (all but `scoring_func` and `topk_method` required there):
     /// dots1's shape with a GQA attention whose q/k/v carry `attention_bias`, optional per-head
     /// q/k norms, `nn.RoPE(head_dim * partial_rotary_factor)` (no scaling), deepseek_v3's router.
-    fn glm4_moe(config: &ModelConfig, a: Args) -> Result<DeepseekSpec> {
-        fn need<T>(v: Option<T>, name: &str) -> Result<T> {
-            v.ok_or_else(|| ModelError::Config(format!("glm4_moe: config.json lacks `{name}`")))
+    /// glm4_moe.py's `ModelArgs`, or solar_open.py's: glm4_moe's `Model` under its own
+    /// arguments, in which `attention_bias` and `use_qk_norm` default to false, `n_group` and
+    /// `topk_group` to 1 and `rope_scaling` to none.
+    fn glm4_moe(config: &ModelConfig, mut a: Args) -> Result<DeepseekSpec> {
+        let t = config.model_type.as_str();
+        fn need<T>(t: &str, v: Option<T>, name: &str) -> Result<T> {
+            v.ok_or_else(|| ModelError::Config(format!("{t}: config.json lacks `{name}`")))
+        }
+        let solar = t == "solar_open";
+        if solar {
+            a.attention_bias.get_or_insert(false);
+            a.use_qk_norm.get_or_insert(false);
+            a.n_group.get_or_insert(1);
+            a.topk_group.get_or_insert(1);
         }
         if let Some(m) = a.topk_method.as_ref().filter(|m| *m != "noaux_tc") {
             return Err(ModelError::Config(format!(
@@ -827,8 +840,8 @@ impl DeepseekSpec {
                  \"noaux_tc\")"
             )));
         }
-        let head_dim = need(a.head_dim, "head_dim")?;
-        let partial = need(a.partial_rotary_factor, "partial_rotary_factor")?;
+        let head_dim = need(t, a.head_dim, "head_dim")?;
+        let partial = need(t, a.partial_rotary_factor, "partial_rotary_factor")?;
         let rope_dims = (f64::from(head_dim) * partial) as i32;
         if head_dim <= 0 || rope_dims <= 0 || rope_dims > head_dim {
             return Err(ModelError::Config(format!(
@@ -836,49 +849,49 @@ impl DeepseekSpec {
                  rotated dimensions in a head"
             )));
         }
-        let bias = need(a.attention_bias, "attention_bias")?;
-        // Required there (it may be null); unused by its `nn.RoPE`.
-        if config.raw.get("rope_scaling").is_none() {
+        let bias = need(t, a.attention_bias, "attention_bias")?;
+        // Required by glm4_moe (it may be null); unused by its `nn.RoPE`.
+        if !solar && config.raw.get("rope_scaling").is_none() {
             return Err(ModelError::Config(
                 "glm4_moe: config.json lacks `rope_scaling`".into(),
             ));
         }
-        need(a.tie_word_embeddings, "tie_word_embeddings")?;
+        need(t, a.tie_word_embeddings, "tie_word_embeddings")?;
         let spec = DeepseekSpec {
             model_type: config.model_type.clone(),
             prefix: "",
-            vocab_size: need(a.vocab_size, "vocab_size")?,
-            hidden_size: need(a.hidden_size, "hidden_size")?,
-            intermediate_size: need(a.intermediate_size, "intermediate_size")?,
-            moe_intermediate_size: need(a.moe_intermediate_size, "moe_intermediate_size")?,
-            num_hidden_layers: need(a.num_hidden_layers, "num_hidden_layers")?,
-            num_attention_heads: need(a.num_attention_heads, "num_attention_heads")?,
-            n_shared_experts: need(a.n_shared_experts, "n_shared_experts")?,
-            n_routed_experts: need(a.n_routed_experts, "n_routed_experts")?,
-            routed_scaling_factor: need(a.routed_scaling_factor, "routed_scaling_factor")?,
+            vocab_size: need(t, a.vocab_size, "vocab_size")?,
+            hidden_size: need(t, a.hidden_size, "hidden_size")?,
+            intermediate_size: need(t, a.intermediate_size, "intermediate_size")?,
+            moe_intermediate_size: need(t, a.moe_intermediate_size, "moe_intermediate_size")?,
+            num_hidden_layers: need(t, a.num_hidden_layers, "num_hidden_layers")?,
+            num_attention_heads: need(t, a.num_attention_heads, "num_attention_heads")?,
+            n_shared_experts: need(t, a.n_shared_experts, "n_shared_experts")?,
+            n_routed_experts: need(t, a.n_routed_experts, "n_routed_experts")?,
+            routed_scaling_factor: need(t, a.routed_scaling_factor, "routed_scaling_factor")?,
             // Unused by standard attention.
             kv_lora_rank: 1,
             q_lora_rank: None,
             qk_rope_head_dim: 1,
             v_head_dim: 1,
             qk_nope_head_dim: 1,
-            norm_topk_prob: need(a.norm_topk_prob, "norm_topk_prob")?,
-            n_group: need(a.n_group, "n_group")?,
-            topk_group: need(a.topk_group, "topk_group")?,
-            num_experts_per_tok: need(a.num_experts_per_tok, "num_experts_per_tok")?,
+            norm_topk_prob: need(t, a.norm_topk_prob, "norm_topk_prob")?,
+            n_group: need(t, a.n_group, "n_group")?,
+            topk_group: need(t, a.topk_group, "topk_group")?,
+            num_experts_per_tok: need(t, a.num_experts_per_tok, "num_experts_per_tok")?,
             moe_layer_freq: 1,
-            first_k_dense_replace: need(a.first_k_dense_replace, "first_k_dense_replace")?,
-            max_position_embeddings: need(a.max_position_embeddings, "max_position_embeddings")?,
-            rms_norm_eps: need(a.rms_norm_eps, "rms_norm_eps")? as f32,
-            rope_theta: need(a.rope_theta, "rope_theta")?,
+            first_k_dense_replace: need(t, a.first_k_dense_replace, "first_k_dense_replace")?,
+            max_position_embeddings: need(t, a.max_position_embeddings, "max_position_embeddings")?,
+            rms_norm_eps: need(t, a.rms_norm_eps, "rms_norm_eps")? as f32,
+            rope_theta: need(t, a.rope_theta, "rope_theta")?,
             rope_scaling: None,
             attention_bias: bias,
             lora_norm_eps: 1e-6,
             denominator_eps: false,
             standard_attention: Some(StandardAttention {
-                n_kv_heads: need(a.num_key_value_heads, "num_key_value_heads")?,
+                n_kv_heads: need(t, a.num_key_value_heads, "num_key_value_heads")?,
                 head_dim,
-                qk_norm: need(a.use_qk_norm, "use_qk_norm")?,
+                qk_norm: need(t, a.use_qk_norm, "use_qk_norm")?,
                 bias,
                 o_bias: false,
                 rope_dims,
@@ -1736,10 +1749,12 @@ impl Model {
 
 /// The rows whose mlx-lm class has `pipeline` (`PipelineMixin`); kimi_k25's wrapper has no
 /// `model.pipeline`, so sharded_load does not pipeline it.
-const PIPELINED: [&str; 7] = [
+const PIPELINED: [&str; 8] = [
     "deepseek_v3",
-    // glm4_moe.py's LanguageModel (PipelineMixin), the same stage loop as deepseek_v3's.
+    // glm4_moe.py's LanguageModel (PipelineMixin), the same stage loop as deepseek_v3's;
+    // solar_open.py imports that Model.
     "glm4_moe",
+    "solar_open",
     "deepseek_v32",
     "glm_moe_dsa",
     "deepseek_v2",
@@ -2064,10 +2079,12 @@ pub(crate) fn split_kv_b_proj_dims(
 }
 
 /// The rows whose mlx-lm class has deepseek_v3's / deepseek_v2's `shard()`.
-const SHARDED: [&str; 8] = [
+const SHARDED: [&str; 9] = [
     "deepseek_v3",
-    // glm4_moe.py's shard(): llama's attention split, MoE blocks as deepseek_v3's.
+    // glm4_moe.py's shard(): llama's attention split, MoE blocks as deepseek_v3's (solar_open's
+    // too).
     "glm4_moe",
+    "solar_open",
     "kimi_k25",
     "deepseek_v32",
     // glm_moe_dsa.py's Model subclasses deepseek_v32's (its shard() and pipeline()).
@@ -2108,7 +2125,9 @@ impl Model {
                     a.shard_tensor_parallel(size, rank, &attn)?
                 }
                 SelfAttn::Sparse(ai) => ai.0.shard_tensor_parallel(size, rank, &attn)?,
-                SelfAttn::Standard(a) if t == "glm4_moe" => a.shard_plain(size, rank, &attn)?,
+                SelfAttn::Standard(a) if matches!(t, "glm4_moe" | "solar_open") => {
+                    a.shard_plain(size, rank, &attn)?
+                }
                 SelfAttn::Standard(_) => {
                     return Err(ModelError::Parallel {
                         kind: crate::Parallelism::Tensor,

@@ -461,6 +461,9 @@ const DEDICATED: &[(&str, DedicatedFn)] = &[
     ("glm4_moe", |c, w| {
         Ok(Box::new(deepseek::Model::load(c, w)?))
     }),
+    ("solar_open", |c, w| {
+        Ok(Box::new(deepseek::Model::load(c, w)?))
+    }),
     ("kimi_vl", |c, w| Ok(Box::new(deepseek::Model::load(c, w)?))),
     ("youtu_llm", |c, w| {
         Ok(Box::new(deepseek::Model::load(c, w)?))
