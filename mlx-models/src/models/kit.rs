@@ -294,6 +294,32 @@ macro_rules! layer_caches {
 }
 pub(crate) use layer_caches;
 
+/// `layer_adaptables_mut` and `layer_parameters_mut` of a port whose decoder layers
+/// (`self.$layers`, under `layers_path()`) are [`Walkable`](crate::layers::Walkable): both
+/// lists come from each layer's one walk.
+macro_rules! walked_layers {
+    ($layers:ident) => {
+        fn layer_adaptables_mut(&mut self) -> Vec<Vec<(String, $crate::layers::LinearMut<'_>)>> {
+            self.$layers
+                .iter_mut()
+                .map(|l| $crate::layers::Walk::linears_of(l))
+                .collect()
+        }
+
+        fn layer_parameters_mut(
+            &mut self,
+        ) -> $crate::error::Result<Vec<Vec<$crate::layers::LayerParam<'_>>>> {
+            let root = self.layers_path();
+            self.$layers
+                .iter_mut()
+                .enumerate()
+                .map(|(i, l)| $crate::layers::Walk::params_of(l, &format!("{root}.{i}")))
+                .collect()
+        }
+    };
+}
+pub(crate) use walked_layers;
+
 /// A hybrid layer's recurrent cache and KV cache.
 pub(crate) type LayerCaches<'a> = (Option<&'a mut ArraysCache>, Option<&'a mut Box<dyn Cache>>);
 

@@ -11,8 +11,9 @@ use serde::Deserialize;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::{
-    scaled_dot_product_attention, Embedding, LayerParam, Linear, LinearMut, Mlp, MlpKind, MlpNames,
-    Norm, NormKind, RmsNorm, Rope, RopeScaling, SwitchActivation, SwitchGlu,
+    join, scaled_dot_product_attention, Embedding, LayerParam, Linear, LinearMut, Mlp, MlpKind,
+    MlpNames, Norm, NormKind, RmsNorm, Rope, RopeScaling, SwitchActivation, SwitchGlu, Walk,
+    Walkable,
 };
 use crate::models::checkpoint::{layer_stack, LayerArrays};
 use crate::models::{kit, LanguageModel};
@@ -2613,44 +2614,10 @@ impl Attention {
         })
     }
 
-    /// Every array of the attention under `path` (`...self_attn`), for full fine-tuning.
-    /// The projections under their names (`q_proj`, `k_proj`, `v_proj`, then the output
-    /// projection under this model's name), the order every mlx-lm attention here declares
-    /// them in.
-    pub(crate) fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
-        let Attention {
-            q_proj,
-            k_proj,
-            v_proj,
-            o_proj,
-            names: [o_name, ..],
-            q_name,
-            out_gate,
-            head_gate,
-            ..
-        } = self;
-        let mut out: Vec<(String, &mut Linear)> = vec![(q_name.to_string(), q_proj)];
-        if let Some(k) = k_proj {
-            out.push(("k_proj".into(), k));
-        }
-        if let Some(v) = v_proj {
-            out.push(("v_proj".into(), v));
-        }
-        out.push((o_name.to_string(), o_proj));
-        if let Some(g) = out_gate {
-            out.push(("gate_proj".into(), g));
-        }
-        if let Some(g) = head_gate {
-            out.push(("g_proj".into(), g));
-        }
-        out
-    }
-
-    pub(crate) fn parameters_mut<'a>(
-        &'a mut self,
-        path: &str,
-        out: &mut Vec<LayerParam<'a>>,
-    ) -> Result<()> {
+    /// Walks the projections under their names (`q_proj`, `k_proj`, `v_proj`, then the
+    /// output projection under this model's name, the order every mlx-lm attention here
+    /// declares them in), the q/k norms, the output and head gates, and the sinks.
+    pub(crate) fn walk<'a>(&'a mut self, path: &str, w: &mut Walk<'a>) {
         let Attention {
             q_proj,
             k_proj,
@@ -2665,32 +2632,21 @@ impl Attention {
             head_gate,
             ..
         } = self;
-        let p = |n: &str| format!("{path}.{n}");
-        for (name, l) in [
-            (*q_proj_name, Some(q_proj)),
-            ("k_proj", k_proj.as_mut()),
-            ("v_proj", v_proj.as_mut()),
-            (*o_name, Some(o_proj)),
-        ] {
-            if let Some(l) = l {
-                l.parameters_mut(&p(name), out)?;
-            }
-        }
+        let p = |n: &str| join(path, n);
+        w.linear(&p(q_proj_name), q_proj);
+        w.linear_opt(&p("k_proj"), k_proj.as_mut());
+        w.linear_opt(&p("v_proj"), v_proj.as_mut());
+        w.linear(&p(o_name), o_proj);
         for (name, n) in [(*q_name, q_norm), (*k_name, k_norm)] {
             if let Some(n) = n {
-                n.parameters_mut(&p(name), out);
+                w.rms_norm(&p(name), n);
             }
         }
-        if let Some(g) = out_gate {
-            g.parameters_mut(&p("gate_proj"), out)?;
-        }
-        if let Some(g) = head_gate {
-            g.parameters_mut(&p("g_proj"), out)?;
-        }
+        w.linear_opt(&p("gate_proj"), out_gate.as_mut());
+        w.linear_opt(&p("g_proj"), head_gate.as_mut());
         if let Some(sinks) = sinks {
-            LayerParam::push(out, path, "sinks", sinks, false);
+            w.array(path, "sinks", sinks);
         }
-        Ok(())
     }
 
     pub(crate) fn forward(
@@ -2963,58 +2919,11 @@ impl SparseMoe {
         })
     }
 
-    /// Every array of the block under `path`, for full fine-tuning: router, experts, shared
-    /// expert and its gate.
-    /// The router, the experts' switch linears and the shared expert's linears under their
-    /// paths inside the block, in the order mlx-lm's blocks declare them (gpt_oss: experts,
-    /// router; the others: gate, switch_mlp, shared_expert, shared_expert_gate).
-    pub fn linears_mut(&mut self) -> Vec<(String, LinearMut<'_>)> {
-        let SparseMoe {
-            gate,
-            switch_mlp,
-            shared_expert,
-            names: [router, experts],
-            plain_shared,
-            plain_shared_name: shared_name,
-            coefficient,
-            ..
-        } = self;
-        let router_name = router.to_string();
-        let mut out: Vec<(String, LinearMut<'_>)> = switch_mlp
-            .linears_mut()
-            .into_iter()
-            .map(|(n, l)| (format!("{experts}.{n}"), LinearMut::Switch(l)))
-            .collect();
-        // gpt_oss's `MLPBlock` declares `experts` before `router`; the others' blocks
-        // declare `gate` first.
-        let pos = if router_name == "router" {
-            out.len()
-        } else {
-            0
-        };
-        out.insert(pos, (router_name, LinearMut::Linear(gate)));
-        if let Some((mlp, shared_gate)) = shared_expert {
-            for (n, l) in mlp.linears_mut(&MlpNames::LLAMA) {
-                out.push((format!("shared_expert.{n}"), LinearMut::Linear(l)));
-            }
-            out.push(("shared_expert_gate".into(), LinearMut::Linear(shared_gate)));
-        }
-        if let Some(mlp) = plain_shared {
-            for (n, l) in mlp.linears_mut(&MlpNames::LLAMA) {
-                out.push((format!("{shared_name}.{n}"), LinearMut::Linear(l)));
-            }
-        }
-        if let Some(c) = coefficient {
-            out.push(("coefficient".into(), LinearMut::Linear(c)));
-        }
-        out
-    }
-
-    pub fn parameters_mut<'a>(
-        &'a mut self,
-        path: &str,
-        out: &mut Vec<LayerParam<'a>>,
-    ) -> Result<()> {
+    /// Walks the router, the experts' switch linears (then the router's correction bias),
+    /// the shared expert and its gate, the plain shared experts and the coefficient, in the
+    /// order mlx-lm's blocks declare them (gpt_oss: experts, router; the others: gate,
+    /// switch_mlp, shared_expert, shared_expert_gate).
+    pub fn walk<'a>(&'a mut self, path: &str, w: &mut Walk<'a>) {
         let SparseMoe {
             gate,
             switch_mlp,
@@ -3026,23 +2935,28 @@ impl SparseMoe {
             coefficient,
             ..
         } = self;
-        let p = |n: &str| format!("{path}.{n}");
-        gate.parameters_mut(&p(router), out)?;
-        switch_mlp.parameters_mut(&p(experts), out);
-        if let Some((name, b)) = correction_bias {
-            LayerParam::push(out, path, name, b, false);
+        let p = |n: &str| join(path, n);
+        // gpt_oss's `MLPBlock` declares `experts` before `router`; the others' blocks
+        // declare `gate` first.
+        let mut gate = Some(gate);
+        if *router != "router" {
+            w.linear_opt(&p(router), gate.take());
         }
+        w.module(&p(experts), switch_mlp);
+        if let Some((name, b)) = correction_bias {
+            w.array(path, name, b);
+        }
+        w.linear_opt(&p(router), gate.take());
         if let Some((mlp, shared_gate)) = shared_expert {
-            mlp.parameters_mut(&p("shared_expert"), &MlpNames::LLAMA, out)?;
-            shared_gate.parameters_mut(&p("shared_expert_gate"), out)?;
+            mlp.walk(&p("shared_expert"), &MlpNames::LLAMA, w);
+            w.linear(&p("shared_expert_gate"), shared_gate);
         }
         if let Some(mlp) = plain_shared {
-            mlp.parameters_mut(&p(plain_shared_name), &MlpNames::LLAMA, out)?;
+            mlp.walk(&p(plain_shared_name), &MlpNames::LLAMA, w);
         }
         if let Some(c) = coefficient {
-            c.parameters_mut(&p("coefficient"), out)?;
+            w.linear(&p("coefficient"), c);
         }
-        Ok(())
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
@@ -3391,28 +3305,11 @@ pub(crate) enum Ffn {
 }
 
 impl Ffn {
-    /// The block's arrays under `path` (full fine-tuning).
-    pub(crate) fn parameters_mut<'a>(
-        &'a mut self,
-        path: &str,
-        out: &mut Vec<LayerParam<'a>>,
-    ) -> Result<()> {
+    /// Walks the dense MLP (gate, down, up) or the experts' block.
+    pub(crate) fn walk<'a>(&'a mut self, path: &str, w: &mut Walk<'a>) {
         match self {
-            Ffn::Dense(m) => m.parameters_mut(path, &MlpNames::LLAMA, out),
-            Ffn::Sparse(m) => m.parameters_mut(path, out),
-        }
-    }
-
-    /// The block's linears and switch linears under their paths inside it, in mlx-lm's
-    /// declaration order (a dense MLP: gate, down, up).
-    pub(crate) fn linears_mut(&mut self) -> Vec<(String, LinearMut<'_>)> {
-        match self {
-            Ffn::Dense(m) => m
-                .linears_mut(&MlpNames::LLAMA)
-                .into_iter()
-                .map(|(n, l)| (n.to_string(), LinearMut::Linear(l)))
-                .collect(),
-            Ffn::Sparse(m) => m.linears_mut(),
+            Ffn::Dense(m) => m.walk(path, &MlpNames::LLAMA, w),
+            Ffn::Sparse(m) => m.walk(path, w),
         }
     }
 
@@ -3439,29 +3336,8 @@ struct DecoderLayer {
 }
 
 impl DecoderLayer {
-    /// The layer's linears and switch linears under their paths inside it (`ffn` is the
-    /// feed-forward block's module name), attention first.
-    fn linears_mut(&mut self, ffn: &str) -> Vec<(String, LinearMut<'_>)> {
-        let DecoderLayer {
-            self_attn,
-            ffn: block,
-            attn_module: attn,
-            ..
-        } = self;
-        let mut out: Vec<(String, LinearMut<'_>)> = self_attn
-            .linears_mut()
-            .into_iter()
-            .map(|(n, l)| (format!("{attn}.{n}"), LinearMut::Linear(l)))
-            .collect();
-        for (n, l) in block.linears_mut() {
-            out.push((format!("{ffn}.{n}"), l));
-        }
-        out
-    }
-
-    /// Every array of the layer under `path` (`model.layers.<i>`); `ffn` is the feed-forward
-    /// block's module name.
-    fn parameters_mut(&mut self, path: &str, ffn: &str) -> Result<Vec<LayerParam<'_>>> {
+    /// Walks the attention, the feed-forward block (module name `ffn`) and the norms.
+    fn walk<'a>(&'a mut self, path: &str, ffn: &str, w: &mut Walk<'a>) {
         let DecoderLayer {
             self_attn,
             ffn: block,
@@ -3471,20 +3347,17 @@ impl DecoderLayer {
             mlp_norms,
             ..
         } = self;
-        let mut out = Vec::new();
-        self_attn.parameters_mut(&format!("{path}.{attn_module}"), &mut out)?;
-        block.parameters_mut(&format!("{path}.{ffn}"), &mut out)?;
-        for (name, n) in [
-            ("input_layernorm", input_layernorm),
-            ("post_attention_layernorm", post_attention_layernorm),
-        ] {
-            n.parameters_mut(&format!("{path}.{name}"), &mut out);
-        }
+        self_attn.walk(&join(path, attn_module), w);
+        block.walk(&join(path, ffn), w);
+        w.norm(&join(path, "input_layernorm"), input_layernorm);
+        w.norm(
+            &join(path, "post_attention_layernorm"),
+            post_attention_layernorm,
+        );
         if let Some((pre, post)) = mlp_norms {
-            pre.parameters_mut(&format!("{path}.pre_mlp_layernorm"), &mut out);
-            post.parameters_mut(&format!("{path}.post_mlp_layernorm"), &mut out);
+            w.norm(&join(path, "pre_mlp_layernorm"), pre);
+            w.norm(&join(path, "post_mlp_layernorm"), post);
         }
-        Ok(out)
     }
 
     fn forward(
@@ -3535,18 +3408,14 @@ impl DecoderLayer {
     }
 }
 
-impl LayerArrays for DecoderLayer {
-    fn arrays_mut(&mut self) -> Result<Vec<LayerParam<'_>>> {
-        self.parameters_mut("", "ffn")
-    }
-
-    fn linears(&mut self) -> Vec<LinearMut<'_>> {
-        self.linears_mut("ffn")
-            .into_iter()
-            .map(|(_, l)| l)
-            .collect()
+impl Walkable for DecoderLayer {
+    /// The checkpoints' walk (the names are not used there).
+    fn walk<'a>(&'a mut self, path: &str, w: &mut Walk<'a>) {
+        DecoderLayer::walk(self, path, "ffn", w);
     }
 }
+
+impl LayerArrays for DecoderLayer {}
 
 /// A mixture-of-experts decoder (mixtral, qwen2_moe, qwen3_moe, olmoe).
 pub struct Model {
@@ -4373,7 +4242,10 @@ impl LanguageModel for Model {
         layers
             .iter_mut()
             .zip(&spec.dense_layers)
-            .map(|(l, dense)| l.linears_mut(if *dense { "mlp" } else { spec.moe_module }))
+            .map(|(l, dense)| {
+                let ffn = if *dense { "mlp" } else { spec.moe_module };
+                Walk::linears(move |w| l.walk("", ffn, w))
+            })
             .collect()
     }
 
@@ -4385,7 +4257,7 @@ impl LanguageModel for Model {
             .enumerate()
             .map(|(i, (l, dense))| {
                 let ffn = if *dense { "mlp" } else { spec.moe_module };
-                l.parameters_mut(&format!("model.layers.{i}"), ffn)
+                Walk::params(&format!("model.layers.{i}"), move |w| l.walk("", ffn, w))
             })
             .collect()
     }
