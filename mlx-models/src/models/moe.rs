@@ -1227,6 +1227,46 @@ serde_defaults! {
 }
 
 impl MoeSpec {
+    /// The values most rows share; each row sets its shape and what differs (the goldens
+    /// check every row). The shape fields here are placeholders a row always overrides.
+    fn defaults() -> MoeSpec {
+        MoeSpec {
+            model_type: String::new(),
+            hidden_size: 0,
+            num_hidden_layers: 0,
+            vocab_size: 0,
+            rms_norm_eps: 0.0,
+            tie_word_embeddings: false,
+            n_heads: 0,
+            n_kv_heads: 0,
+            head_dim: 0,
+            rope_theta: 0.0,
+            num_experts: 0,
+            top_k: 0,
+            moe_intermediate_size: 0,
+            router: Router::TopKThenSoftmax,
+            dense_layers: Vec::new(),
+            intermediate_size: 0,
+            qkv_bias: false,
+            o_bias: false,
+            qk_norm: QkNorm::None,
+            rope_traditional: false,
+            rope_scaling: None,
+            max_position_embeddings: None,
+            expert_bias: false,
+            shared_expert_intermediate_size: None,
+            moe_module: "mlp",
+            drops_tied_head: false,
+            attn_sinks: false,
+            moe_names: ["gate", "switch_mlp"],
+            router_bias: false,
+            activation: SwitchActivation::SwiGlu,
+            sliding: Vec::new(),
+            sliding_window: None,
+            extras: MoeExtras::default(),
+        }
+    }
+
     /// The row for `config.architecture`.
     pub fn from_config(config: &ModelConfig) -> Result<MoeSpec> {
         let spec = match config.architecture.as_str() {
@@ -1251,33 +1291,20 @@ impl MoeSpec {
                     n_heads: a.num_attention_heads,
                     n_kv_heads: a.num_key_value_heads,
                     head_dim: a.head_dim,
-                    qkv_bias: false,
-                    o_bias: false,
                     qk_norm: QkNorm::PerHead,
                     rope_theta: a.rope_theta,
-                    rope_traditional: false,
-                    rope_scaling: None,
                     max_position_embeddings: Some(a.max_position_embeddings),
                     num_experts: a.num_experts,
                     top_k: a.num_experts_per_tok,
                     moe_intermediate_size: a.moe_intermediate_size,
-                    expert_bias: false,
                     router: Router::SoftmaxUpperPartition {
                         norm_topk_prob: a.norm_topk_prob,
                         cast_back: true,
                     },
-                    shared_expert_intermediate_size: None,
                     dense_layers,
                     intermediate_size: a.intermediate_size,
-                    moe_module: "mlp",
                     drops_tied_head: true,
-                    attn_sinks: false,
-                    moe_names: ["gate", "switch_mlp"],
-                    router_bias: false,
-                    activation: SwitchActivation::SwiGlu,
-                    sliding: Vec::new(),
-                    sliding_window: None,
-                    extras: MoeExtras::default(),
+                    ..MoeSpec::defaults()
                 }
             }
             "qwen2_moe" => {
@@ -1305,16 +1332,11 @@ impl MoeSpec {
                     n_kv_heads: kv_heads(a.num_key_value_heads, a.num_attention_heads),
                     head_dim: head_dim_of(a.hidden_size, a.num_attention_heads)?,
                     qkv_bias: true,
-                    o_bias: false,
-                    qk_norm: QkNorm::None,
                     rope_theta: a.rope_theta,
                     rope_traditional: a.rope_traditional,
-                    rope_scaling: None,
-                    max_position_embeddings: None,
                     num_experts: a.num_experts,
                     top_k: a.num_experts_per_tok,
                     moe_intermediate_size: a.moe_intermediate_size,
-                    expert_bias: false,
                     router: Router::SoftmaxLowerPartition {
                         norm_topk_prob: false,
                         flatten: false,
@@ -1322,15 +1344,7 @@ impl MoeSpec {
                     shared_expert_intermediate_size: Some(a.shared_expert_intermediate_size),
                     dense_layers: vec![false; a.num_hidden_layers.max(0) as usize],
                     intermediate_size: a.intermediate_size,
-                    moe_module: "mlp",
-                    drops_tied_head: false,
-                    attn_sinks: false,
-                    moe_names: ["gate", "switch_mlp"],
-                    router_bias: false,
-                    activation: SwitchActivation::SwiGlu,
-                    sliding: Vec::new(),
-                    sliding_window: None,
-                    extras: MoeExtras::default(),
+                    ..MoeSpec::defaults()
                 }
             }
             "mixtral" => {
@@ -1345,30 +1359,17 @@ impl MoeSpec {
                     n_heads: a.num_attention_heads,
                     n_kv_heads: kv_heads(a.num_key_value_heads, a.num_attention_heads),
                     head_dim: head_dim_of(a.hidden_size, a.num_attention_heads)?,
-                    qkv_bias: false,
-                    o_bias: false,
-                    qk_norm: QkNorm::None,
                     rope_theta: a.rope_theta,
                     rope_traditional: a.rope_traditional,
-                    rope_scaling: None,
-                    max_position_embeddings: None,
                     num_experts: a.num_local_experts,
                     top_k: a.num_experts_per_tok,
                     moe_intermediate_size: a.intermediate_size,
-                    expert_bias: false,
                     router: Router::TopKThenSoftmax,
-                    shared_expert_intermediate_size: None,
                     dense_layers: vec![false; a.num_hidden_layers.max(0) as usize],
                     intermediate_size: a.intermediate_size,
                     moe_module: "block_sparse_moe",
                     drops_tied_head: true,
-                    attn_sinks: false,
-                    moe_names: ["gate", "switch_mlp"],
-                    router_bias: false,
-                    activation: SwitchActivation::SwiGlu,
-                    sliding: Vec::new(),
-                    sliding_window: None,
-                    extras: MoeExtras::default(),
+                    ..MoeSpec::defaults()
                 }
             }
             "olmoe" => {
@@ -1402,18 +1403,9 @@ impl MoeSpec {
                         norm_topk_prob: a.norm_topk_prob,
                         flatten: true,
                     },
-                    shared_expert_intermediate_size: None,
                     dense_layers: vec![false; a.num_hidden_layers.max(0) as usize],
                     intermediate_size: a.intermediate_size,
-                    moe_module: "mlp",
-                    drops_tied_head: false,
-                    attn_sinks: false,
-                    moe_names: ["gate", "switch_mlp"],
-                    router_bias: false,
-                    activation: SwitchActivation::SwiGlu,
-                    sliding: Vec::new(),
-                    sliding_window: None,
-                    extras: MoeExtras::default(),
+                    ..MoeSpec::defaults()
                 }
             }
             "gpt_oss" => {
@@ -1461,28 +1453,22 @@ impl MoeSpec {
                     head_dim: a.head_dim,
                     qkv_bias: true,
                     o_bias: true,
-                    qk_norm: QkNorm::None,
                     rope_theta: a.rope_theta,
-                    rope_traditional: false,
                     rope_scaling: a.rope_scaling,
-                    max_position_embeddings: None,
                     num_experts: a.num_local_experts,
                     top_k: a.num_experts_per_tok,
                     moe_intermediate_size: a.intermediate_size,
                     expert_bias: true,
                     router: Router::UpperTopKThenSoftmax,
-                    shared_expert_intermediate_size: None,
                     dense_layers: vec![false; n],
                     intermediate_size: a.intermediate_size,
-                    moe_module: "mlp",
-                    drops_tied_head: false,
                     attn_sinks: true,
                     moe_names: ["router", "experts"],
                     router_bias: true,
                     activation: SwitchActivation::SwiGluOai,
                     sliding: types.iter().map(|t| t == "sliding_attention").collect(),
                     sliding_window: Some(window),
-                    extras: MoeExtras::default(),
+                    ..MoeSpec::defaults()
                 }
             }
             "phimoe" => {
@@ -1502,35 +1488,23 @@ impl MoeSpec {
                     head_dim,
                     qkv_bias: true,
                     o_bias: true,
-                    qk_norm: QkNorm::None,
                     rope_theta: a.rope_theta,
-                    rope_traditional: false,
-                    rope_scaling: None,
-                    max_position_embeddings: None,
                     num_experts: a.num_local_experts,
                     top_k: a.num_experts_per_tok,
                     moe_intermediate_size: a.intermediate_size,
-                    expert_bias: false,
                     router: Router::SparseMixer {
                         jitter_eps: a.router_jitter_noise,
                     },
-                    shared_expert_intermediate_size: None,
                     dense_layers: vec![false; n],
                     intermediate_size: a.intermediate_size,
                     moe_module: "block_sparse_moe",
-                    drops_tied_head: false,
-                    attn_sinks: false,
-                    moe_names: ["gate", "switch_mlp"],
-                    router_bias: false,
-                    activation: SwitchActivation::SwiGlu,
-                    sliding: Vec::new(),
-                    sliding_window: None,
                     extras: MoeExtras {
                         layer_norm: true,
                         lm_head_bias: true,
                         rope: Some(rope),
                         ..MoeExtras::default()
                     },
+                    ..MoeSpec::defaults()
                 }
             }
             "Klear" => {
@@ -1563,27 +1537,15 @@ impl MoeSpec {
                     o_bias: a.attention_bias,
                     qk_norm: QkNorm::PerHead,
                     rope_theta: a.rope_theta,
-                    rope_traditional: false,
-                    rope_scaling: None,
-                    max_position_embeddings: None,
                     num_experts: a.num_experts,
                     top_k: a.num_experts_per_tok,
                     moe_intermediate_size: a.moe_intermediate_size,
-                    expert_bias: false,
                     router: Router::SigmoidBiased {
                         norm_topk_prob: a.norm_topk_prob,
                     },
-                    shared_expert_intermediate_size: None,
                     dense_layers,
                     intermediate_size: a.intermediate_size,
-                    moe_module: "mlp",
-                    drops_tied_head: false,
-                    attn_sinks: false,
                     moe_names: ["gate", "experts"],
-                    router_bias: false,
-                    activation: SwitchActivation::SwiGlu,
-                    sliding: Vec::new(),
-                    sliding_window: None,
                     extras: MoeExtras {
                         block: BlockExtras {
                             correction_bias: Some("expert_bias"),
@@ -1596,6 +1558,7 @@ impl MoeSpec {
                         },
                         ..MoeExtras::default()
                     },
+                    ..MoeSpec::defaults()
                 }
             }
             "hunyuan" => {
@@ -1656,25 +1619,13 @@ impl MoeSpec {
                         QkNorm::None
                     },
                     rope_theta: a.rope_theta,
-                    rope_traditional: false,
-                    rope_scaling: None,
-                    max_position_embeddings: None,
                     num_experts: a.num_experts,
                     top_k,
                     moe_intermediate_size: width,
-                    expert_bias: false,
                     router: Router::SoftmaxLowerF32Weights,
-                    shared_expert_intermediate_size: None,
                     dense_layers: vec![a.num_experts == 1; n],
                     intermediate_size: a.intermediate_size,
-                    moe_module: "mlp",
-                    drops_tied_head: false,
-                    attn_sinks: false,
                     moe_names: ["gate.wg", "switch_mlp"],
-                    router_bias: false,
-                    activation: SwitchActivation::SwiGlu,
-                    sliding: Vec::new(),
-                    sliding_window: None,
                     extras: MoeExtras {
                         rope: Some(rope),
                         attn_names: Some(["o_proj", "query_layernorm", "key_layernorm"]),
@@ -1686,6 +1637,7 @@ impl MoeSpec {
                         },
                         ..MoeExtras::default()
                     },
+                    ..MoeSpec::defaults()
                 }
             }
             "mellum" => {
@@ -1730,30 +1682,18 @@ impl MoeSpec {
                     n_heads: a.num_attention_heads,
                     n_kv_heads: a.num_key_value_heads,
                     head_dim: a.head_dim,
-                    qkv_bias: false,
-                    o_bias: false,
                     qk_norm: QkNorm::PerHead,
                     rope_theta: 10000.0,
-                    rope_traditional: false,
-                    rope_scaling: None,
-                    max_position_embeddings: None,
                     num_experts: a.num_experts,
                     top_k: a.num_experts_per_tok,
                     moe_intermediate_size: a.moe_intermediate_size,
-                    expert_bias: false,
                     router: Router::SoftmaxUpperPartition {
                         norm_topk_prob: a.norm_topk_prob,
                         cast_back: false,
                     },
-                    shared_expert_intermediate_size: None,
                     dense_layers: vec![false; n],
                     intermediate_size: a.intermediate_size,
-                    moe_module: "mlp",
                     drops_tied_head: true,
-                    attn_sinks: false,
-                    moe_names: ["gate", "switch_mlp"],
-                    router_bias: false,
-                    activation: SwitchActivation::SwiGlu,
                     sliding: a
                         .layer_types
                         .iter()
@@ -1765,6 +1705,7 @@ impl MoeSpec {
                         defines_make_cache: true,
                         ..MoeExtras::default()
                     },
+                    ..MoeSpec::defaults()
                 }
             }
             "exaone_moe" => {
@@ -1828,32 +1769,22 @@ impl MoeSpec {
                     n_heads: a.num_attention_heads,
                     n_kv_heads: a.num_key_value_heads,
                     head_dim: a.head_dim,
-                    qkv_bias: false,
-                    o_bias: false,
                     qk_norm: QkNorm::PerHead,
                     rope_theta,
-                    rope_traditional: false,
                     rope_scaling: a.rope_scaling,
                     max_position_embeddings: Some(a.max_position_embeddings),
                     num_experts: a.num_experts,
                     top_k: a.num_experts_per_tok,
                     moe_intermediate_size: a.moe_intermediate_size,
-                    expert_bias: false,
                     router: Router::Grouped {
                         n_group: a.n_group,
                         topk_group: a.topk_group,
                         routed_scaling_factor: a.routed_scaling_factor,
                         norm_topk_prob: a.norm_topk_prob,
                     },
-                    shared_expert_intermediate_size: None,
                     dense_layers: a.is_moe_layer.iter().map(|m| !m).collect(),
                     intermediate_size: a.intermediate_size,
-                    moe_module: "mlp",
                     drops_tied_head: true,
-                    attn_sinks: false,
-                    moe_names: ["gate", "switch_mlp"],
-                    router_bias: false,
-                    activation: SwitchActivation::SwiGlu,
                     sliding: sliding.clone(),
                     sliding_window: Some(window),
                     extras: MoeExtras {
@@ -1866,6 +1797,7 @@ impl MoeSpec {
                         },
                         ..MoeExtras::default()
                     },
+                    ..MoeSpec::defaults()
                 }
             }
             "bailing_moe" => {
@@ -1927,7 +1859,6 @@ impl MoeSpec {
                         QkNorm::None
                     },
                     rope_theta: a.rope_theta,
-                    rope_traditional: false,
                     rope_scaling: a.rope_scaling,
                     max_position_embeddings: Some(a.max_position_embeddings),
                     num_experts: a.num_experts,
@@ -1941,17 +1872,10 @@ impl MoeSpec {
                         norm_topk_prob: a.norm_topk_prob,
                         sigmoid,
                     },
-                    shared_expert_intermediate_size: None,
                     dense_layers: (0..n).map(|i| i < a.first_k_dense_replace).collect(),
                     intermediate_size: a.intermediate_size,
-                    moe_module: "mlp",
                     drops_tied_head: true,
-                    attn_sinks: false,
                     moe_names: ["gate.gate_proj", "switch_mlp"],
-                    router_bias: false,
-                    activation: SwitchActivation::SwiGlu,
-                    sliding: Vec::new(),
-                    sliding_window: None,
                     extras: MoeExtras {
                         rope_dims: Some(rope_dims),
                         dense_bias: a.use_bias,
@@ -1969,6 +1893,7 @@ impl MoeSpec {
                         },
                         ..MoeExtras::default()
                     },
+                    ..MoeSpec::defaults()
                 }
             }
             "afmoe" => {
@@ -2035,17 +1960,13 @@ impl MoeSpec {
                     n_heads: a.num_attention_heads,
                     n_kv_heads: a.num_key_value_heads,
                     head_dim: a.head_dim,
-                    qkv_bias: false,
-                    o_bias: false,
                     qk_norm: QkNorm::PerHead,
                     rope_theta: a.rope_theta,
-                    rope_traditional: false,
                     rope_scaling: a.rope_scaling,
                     max_position_embeddings: Some(a.max_position_embeddings),
                     num_experts: a.num_experts,
                     top_k: a.num_experts_per_tok,
                     moe_intermediate_size: a.moe_intermediate_size,
-                    expert_bias: false,
                     router: Router::GroupedPlain {
                         n_group: a.n_group,
                         topk_group: a.topk_group,
@@ -2053,15 +1974,10 @@ impl MoeSpec {
                         route_norm: a.route_norm,
                         sigmoid,
                     },
-                    shared_expert_intermediate_size: None,
                     dense_layers: (0..n as i32).map(|i| i < a.num_dense_layers).collect(),
                     intermediate_size: a.intermediate_size,
-                    moe_module: "mlp",
                     drops_tied_head: true,
-                    attn_sinks: false,
                     moe_names: ["router.gate", "experts"],
-                    router_bias: false,
-                    activation: SwitchActivation::SwiGlu,
                     sliding: sliding.clone(),
                     sliding_window: Some(window),
                     extras: MoeExtras {
@@ -2080,6 +1996,7 @@ impl MoeSpec {
                         },
                         ..MoeExtras::default()
                     },
+                    ..MoeSpec::defaults()
                 }
             }
             "laguna" => {
@@ -2160,26 +2077,17 @@ impl MoeSpec {
                     o_bias: a.attention_bias,
                     qk_norm: QkNorm::PerHead,
                     rope_theta: 10000.0,
-                    rope_traditional: false,
-                    rope_scaling: None,
-                    max_position_embeddings: None,
                     num_experts: a.num_experts,
                     top_k: a.num_experts_per_tok,
                     moe_intermediate_size: a.moe_intermediate_size,
-                    expert_bias: false,
                     router: Router::Laguna {
                         softcap: a.moe_router_logit_softcapping,
                         sqrt_softplus,
                     },
-                    shared_expert_intermediate_size: None,
                     dense_layers: mlp_types.iter().map(|t| t != "sparse").collect(),
                     intermediate_size: a.intermediate_size,
-                    moe_module: "mlp",
                     drops_tied_head: true,
-                    attn_sinks: false,
                     moe_names: ["gate.proj", "switch_mlp"],
-                    router_bias: false,
-                    activation: SwitchActivation::SwiGlu,
                     sliding,
                     sliding_window: window,
                     extras: MoeExtras {
@@ -2196,6 +2104,7 @@ impl MoeSpec {
                         },
                         ..MoeExtras::default()
                     },
+                    ..MoeSpec::defaults()
                 }
             }
             "granitemoe" => {
@@ -2213,28 +2122,18 @@ impl MoeSpec {
                     head_dim: head_dim_of(a.hidden_size, a.num_attention_heads)?,
                     qkv_bias: a.attention_bias,
                     o_bias: a.attention_bias,
-                    qk_norm: QkNorm::None,
                     rope_theta: a.rope_theta,
-                    rope_traditional: false,
                     rope_scaling: a.rope_scaling,
                     max_position_embeddings: Some(a.max_position_embeddings),
                     num_experts: a.num_local_experts,
                     top_k: a.num_experts_per_tok,
                     moe_intermediate_size: a.intermediate_size,
-                    expert_bias: false,
                     router: Router::UpperTopKThenSoftmaxF32,
-                    shared_expert_intermediate_size: None,
                     dense_layers: vec![false; n],
                     intermediate_size: a.intermediate_size,
                     moe_module: "block_sparse_moe",
                     // Its `sanitize` drops a tied head only when it splits `input_linear`.
-                    drops_tied_head: false,
-                    attn_sinks: false,
                     moe_names: ["router.layer", "switch_mlp"],
-                    router_bias: false,
-                    activation: SwitchActivation::SwiGlu,
-                    sliding: Vec::new(),
-                    sliding_window: None,
                     extras: MoeExtras {
                         embedding_multiplier: Some(a.embedding_multiplier as f32),
                         residual_multiplier: Some(a.residual_multiplier as f32),
@@ -2242,6 +2141,7 @@ impl MoeSpec {
                         attention_scale: Some(a.attention_multiplier as f32),
                         ..MoeExtras::default()
                     },
+                    ..MoeSpec::defaults()
                 }
             }
             "minimax" => {
@@ -2267,33 +2167,19 @@ impl MoeSpec {
                     n_heads: a.num_attention_heads,
                     n_kv_heads: a.num_key_value_heads,
                     head_dim,
-                    qkv_bias: false,
-                    o_bias: false,
                     qk_norm: if a.use_qk_norm {
                         QkNorm::Full
                     } else {
                         QkNorm::None
                     },
                     rope_theta: a.rope_theta,
-                    rope_traditional: false,
-                    rope_scaling: None,
-                    max_position_embeddings: None,
                     num_experts: a.num_local_experts,
                     top_k: a.num_experts_per_tok,
                     moe_intermediate_size: a.intermediate_size,
-                    expert_bias: false,
                     router: Router::SigmoidCorrected,
-                    shared_expert_intermediate_size: None,
                     dense_layers: vec![false; n],
                     intermediate_size: a.intermediate_size,
                     moe_module: "block_sparse_moe",
-                    drops_tied_head: false,
-                    attn_sinks: false,
-                    moe_names: ["gate", "switch_mlp"],
-                    router_bias: false,
-                    activation: SwitchActivation::SwiGlu,
-                    sliding: Vec::new(),
-                    sliding_window: None,
                     extras: MoeExtras {
                         rope_dims: Some(a.rotary_dim),
                         block: BlockExtras {
@@ -2302,6 +2188,7 @@ impl MoeSpec {
                         },
                         ..MoeExtras::default()
                     },
+                    ..MoeSpec::defaults()
                 }
             }
             "ernie4_5_moe" => {
@@ -2353,27 +2240,16 @@ impl MoeSpec {
                     head_dim,
                     qkv_bias: a.use_bias,
                     o_bias: a.use_bias,
-                    qk_norm: QkNorm::None,
                     rope_theta: a.rope_theta,
                     rope_traditional: true,
-                    rope_scaling: None,
                     max_position_embeddings: Some(a.max_position_embeddings),
                     num_experts: a.moe_num_experts,
                     top_k: a.moe_k,
                     moe_intermediate_size: moe_width,
                     expert_bias: a.use_bias,
                     router: Router::NormalizedTopK { sigmoid },
-                    shared_expert_intermediate_size: None,
                     dense_layers,
                     intermediate_size: a.intermediate_size,
-                    moe_module: "mlp",
-                    drops_tied_head: false,
-                    attn_sinks: false,
-                    moe_names: ["gate", "switch_mlp"],
-                    router_bias: false,
-                    activation: SwitchActivation::SwiGlu,
-                    sliding: Vec::new(),
-                    sliding_window: None,
                     extras: MoeExtras {
                         dense_bias: a.use_bias,
                         block: BlockExtras {
@@ -2382,6 +2258,7 @@ impl MoeSpec {
                         },
                         ..MoeExtras::default()
                     },
+                    ..MoeSpec::defaults()
                 }
             }
             other => {
