@@ -21,8 +21,7 @@ use crate::layers::gated_delta::{
 };
 use crate::layers::{join, Walk, Walkable};
 use crate::layers::{
-    scaled_dot_product_attention, silu, Embedding, Linear, Mlp, MlpKind, RmsNorm, Rope,
-    RopeScaling, SwitchActivation,
+    silu, Embedding, Linear, Mlp, MlpKind, RmsNorm, Rope, RopeScaling, SwitchActivation,
 };
 use crate::models::checkpoint::{layer_stack, LayerArrays};
 use crate::models::moe::{Ffn, Router, SparseMoe, SparseMoeParams};
@@ -439,23 +438,15 @@ impl Attention {
             None,
         )?)?)?;
         let values = heads(&ops::reshape(&values, &[b, l, self.n_kv_heads, -1], None)?)?;
-        let (queries, kv) = match cache {
-            Some(c) => {
-                let offset = c.offset();
-                let q = self.rope.forward(&queries, offset)?;
-                let k = self.rope.forward(&keys, offset)?;
-                (q, c.update_and_fetch(&k, &values)?)
-            }
-            None => (
-                self.rope.forward(&queries, 0)?,
-                mlx_cache::Kv::Dense {
-                    keys: self.rope.forward(&keys, 0)?,
-                    values,
-                },
-            ),
-        };
-        let out = scaled_dot_product_attention(&queries, &kv, self.scale, mask, None)?;
-        let out = ops::reshape(&heads(&out)?, &[b, l, -1], None)?;
+        let out = kit::rope_attend(
+            queries,
+            keys,
+            values,
+            Some(&self.rope),
+            cache,
+            self.scale,
+            mask,
+        )?;
         self.o_proj.forward(&(&out * &ops::sigmoid(&gate, None)?)?)
     }
 }
