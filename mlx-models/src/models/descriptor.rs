@@ -1254,6 +1254,30 @@ fn smollm3(c: &Cfg) -> Result<Descriptor> {
     Ok(d)
 }
 
+/// InternLM's rotary embedding (internlm2 and internlm3): `rope_scaling` must have `factor`
+/// and a `type_key` (`type`, internlm3's `rope_type`) of linear or dynamic;
+/// `max_position_embeddings` defaults to 32768.
+fn internlm_rope(c: &Cfg, hd: i32, type_key: &str) -> Result<RopeSpec> {
+    let scaling = c.opt_map("rope_scaling")?;
+    if let Some(s) = &scaling {
+        let ty = s.get(type_key).and_then(Value::as_str);
+        if !s.contains_key("factor") || !matches!(ty, Some("linear") | Some("dynamic")) {
+            return Err(c.err(
+                "rope_scaling",
+                &format!("must have `factor` and a `{type_key}` of linear or dynamic"),
+            ));
+        }
+    }
+    Ok(RopeSpec {
+        dims: hd,
+        theta: c.f64_or("rope_theta", 10000.0)?,
+        traditional: c.bool_or("rope_traditional", false)?,
+        scaling,
+        max_position_embeddings: Some(c.opt_i64("max_position_embeddings")?.unwrap_or(32768)),
+        table: RopeTable::Initialize,
+    })
+}
+
 /// `models/internlm3.py`.
 fn internlm3(c: &Cfg) -> Result<Descriptor> {
     let k = common(c, false)?;
@@ -1263,24 +1287,7 @@ fn internlm3(c: &Cfg) -> Result<Descriptor> {
     (d.qkv_bias, d.o_bias) = (qkv_bias, qkv_bias);
     let bias = c.bool_or("bias", false)?;
     (d.mlp_bias, d.down_bias) = (bias, bias);
-    let scaling = c.opt_map("rope_scaling")?;
-    if let Some(s) = &scaling {
-        let ty = s.get("rope_type").and_then(Value::as_str);
-        if !s.contains_key("factor") || !matches!(ty, Some("linear") | Some("dynamic")) {
-            return Err(c.err(
-                "rope_scaling",
-                "must have `factor` and a `rope_type` of linear or dynamic",
-            ));
-        }
-    }
-    d.rope = Some(RopeSpec {
-        dims: hd,
-        theta: c.f64_or("rope_theta", 10000.0)?,
-        traditional: c.bool_or("rope_traditional", false)?,
-        scaling,
-        max_position_embeddings: Some(c.opt_i64("max_position_embeddings")?.unwrap_or(32768)),
-        table: RopeTable::Initialize,
-    });
+    d.rope = Some(internlm_rope(c, hd, "rope_type")?);
     d.head = tie(c.bool_or("tie_word_embeddings", false)?);
     Ok(d)
 }
@@ -1473,24 +1480,7 @@ fn internlm2(c: &Cfg) -> Result<Descriptor> {
     let mut d = base("internlm2", &k, hd, c.f64("rms_norm_eps")?);
     let bias = c.bool_or("bias", true)?;
     (d.qkv_bias, d.o_bias) = (bias, bias);
-    let scaling = c.opt_map("rope_scaling")?;
-    if let Some(s) = &scaling {
-        let ty = s.get("type").and_then(Value::as_str);
-        if !s.contains_key("factor") || !matches!(ty, Some("linear") | Some("dynamic")) {
-            return Err(c.err(
-                "rope_scaling",
-                "must have `factor` and a `type` of linear or dynamic",
-            ));
-        }
-    }
-    d.rope = Some(RopeSpec {
-        dims: hd,
-        theta: c.f64_or("rope_theta", 10000.0)?,
-        traditional: c.bool_or("rope_traditional", false)?,
-        scaling,
-        max_position_embeddings: Some(c.opt_i64("max_position_embeddings")?.unwrap_or(32768)),
-        table: RopeTable::Initialize,
-    });
+    d.rope = Some(internlm_rope(c, hd, "type")?);
     d.head = tie(c.bool_or("tie_word_embeddings", false)?);
     d.names = Names {
         embed: "model.tok_embeddings",
