@@ -228,10 +228,6 @@ impl LanguageModel for FullModel {
         self.synced(|m| m.trace(inputs))?
     }
 
-    fn layer_linears_mut(&mut self) -> Vec<Vec<(String, &mut mlx_models::layers::Linear)>> {
-        self.inner_mut().layer_linears_mut()
-    }
-
     fn layer_adaptables_mut(&mut self) -> Vec<Vec<(String, mlx_models::layers::LinearMut<'_>)>> {
         self.inner_mut().layer_adaptables_mut()
     }

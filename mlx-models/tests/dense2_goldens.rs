@@ -30,26 +30,13 @@ fn names() -> Vec<String> {
 fn every_dense2_fixture_matches_mlx_lm_bit_for_bit() {
     let names = names();
     assert!(names.len() >= 10, "only {} dense2 goldens", names.len());
-    let failures: Vec<String> = names
-        .iter()
-        .filter_map(|n| {
-            model_check::check_model(
-                &root().join("models/dense2").join(n),
-                &root()
-                    .join("goldens/dense2")
-                    .join(format!("{n}.safetensors")),
-            )
-            .err()
-            .map(|e| format!("{n}: {e}"))
-        })
-        .collect();
-    assert!(
-        failures.is_empty(),
-        "{} of {} models differ:\n{}",
-        failures.len(),
-        names.len(),
-        failures.join("\n")
-    );
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    model_check::check_all(&names, |n| {
+        model_check::check_model(
+            &root().join("models/dense2").join(n),
+            &root().join(format!("goldens/dense2/{n}.safetensors")),
+        )
+    });
 }
 
 #[test]

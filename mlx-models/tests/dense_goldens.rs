@@ -26,26 +26,13 @@ fn every_dense_row_matches_mlx_lm_bit_for_bit() {
         .collect();
     names.sort();
     assert!(names.len() >= 10, "only {} dense goldens", names.len());
-    let failures: Vec<String> = names
-        .iter()
-        .filter_map(|n| {
-            model_check::check_model(
-                &root().join("models/dense").join(n),
-                &root()
-                    .join("goldens/dense")
-                    .join(format!("{n}.safetensors")),
-            )
-            .err()
-            .map(|e| format!("{n}: {e}"))
-        })
-        .collect();
-    assert!(
-        failures.is_empty(),
-        "{} of {} models differ:\n{}",
-        failures.len(),
-        names.len(),
-        failures.join("\n")
-    );
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    model_check::check_all(&refs, |n| {
+        model_check::check_model(
+            &root().join("models/dense").join(n),
+            &root().join(format!("goldens/dense/{n}.safetensors")),
+        )
+    });
     eprintln!(
         "{} dense models bit-exact: {}",
         names.len(),

@@ -38,17 +38,7 @@ fn check_model(name: &str) -> Result<(), String> {
 
 #[test]
 fn tiny_llamas_match_mlx_lm_bit_for_bit() {
-    let failures: Vec<String> = MODELS
-        .iter()
-        .filter_map(|m| check_model(m).err().map(|e| format!("{m}: {e}")))
-        .collect();
-    assert!(
-        failures.is_empty(),
-        "{} of {} models differ:\n{}",
-        failures.len(),
-        MODELS.len(),
-        failures.join("\n")
-    );
+    model_check::check_all(MODELS, check_model);
 }
 
 #[test]

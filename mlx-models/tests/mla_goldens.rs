@@ -5,9 +5,10 @@
 //! forward. The CLI side (greedy ids, top-5 log-probabilities) is in mlx-cli's
 //! `models_cli.rs`, over `cli_models_mla.json`.
 
+mod model_check;
+
 use std::path::PathBuf;
 
-use mlx_core::testing::Goldens;
 use mlx_models::load::{load_model_dir, LoadOptions};
 use mlx_models::models::LanguageModel;
 
@@ -15,62 +16,22 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests")
 }
 
-fn check_loaded(name: &str, model: &dyn LanguageModel) -> Result<(), String> {
-    let g = Goldens::load(
-        root()
-            .join("goldens")
-            .join(format!("mla_{name}.safetensors")),
-    )
-    .map_err(|e| e.to_string())?;
-    let err = |e: mlx_models::ModelError| e.to_string();
-    let mut caches = model.make_cache();
-    let prefill = g.case("prefill").map_err(|e| e.to_string())?;
-    let input = prefill.input(0).map_err(|e| e.to_string())?;
-    prefill
-        .check(&[model.forward(input, Some(&mut caches)).map_err(err)?])
-        .map_err(|e| format!("prefill: {e}"))?;
-    let mut fed = Vec::new();
-    for s in 0.. {
-        let Ok(step) = g.case(&format!("step{s}")) else {
-            break;
-        };
-        let input = step.input(0).map_err(|e| e.to_string())?;
-        fed.push(input.to_vec::<i32>().map_err(|e| e.to_string())?[0]);
-        step.check(&[model.forward(input, Some(&mut caches)).map_err(err)?])
-            .map_err(|e| format!("step{s}: {e}"))?;
-    }
-    let full = g.case("full").map_err(|e| e.to_string())?;
-    let input = full.input(0).map_err(|e| e.to_string())?;
-    full.check(&[model.forward(input, None).map_err(err)?])
-        .map_err(|e| format!("full: {e}"))?;
-    let greedy: Vec<i32> = g.metadata()["greedy"]
-        .split(',')
-        .map(|x| x.parse().map_err(|_| format!("bad greedy id {x}")))
-        .collect::<Result<_, _>>()?;
-    if fed != greedy {
-        return Err(format!("greedy ids {fed:?} vs {greedy:?}"));
-    }
-    Ok(())
+fn golden(name: &str) -> PathBuf {
+    root()
+        .join("goldens")
+        .join(format!("mla_{name}.safetensors"))
 }
 
 fn check_model(name: &str) -> Result<(), String> {
-    let dir = root().join("models").join("mla").join(name);
-    let (model, _) = load_model_dir(&dir, &LoadOptions::default()).map_err(|e| e.to_string())?;
-    check_loaded(name, model.as_ref())
+    model_check::check_model_full(&root().join("models/mla").join(name), &golden(name))
+}
+
+fn check_loaded(name: &str, model: &dyn LanguageModel) -> Result<(), String> {
+    model_check::check_loaded_full(model, &golden(name))
 }
 
 fn check_all(models: &[&str]) {
-    let failures: Vec<String> = models
-        .iter()
-        .filter_map(|m| check_model(m).err().map(|e| format!("{m}: {e}")))
-        .collect();
-    assert!(
-        failures.is_empty(),
-        "{} of {} models differ:\n{}",
-        failures.len(),
-        models.len(),
-        failures.join("\n")
-    );
+    model_check::check_all(models, check_model);
 }
 
 #[test]

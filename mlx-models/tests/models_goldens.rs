@@ -3,6 +3,8 @@
 //! classes) give logits equal to mlx-lm's to the last bit: prefill (SwitchGLU's sorted path),
 //! every cached decode step (the unsorted path), and a cache-less forward.
 
+mod model_check;
+
 use std::path::PathBuf;
 
 use mlx_core::prelude::*;
@@ -16,77 +18,22 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests")
 }
 
+fn golden(name: &str) -> PathBuf {
+    root()
+        .join("goldens")
+        .join(format!("models_{name}.safetensors"))
+}
+
 fn check_model(name: &str) -> Result<(), String> {
-    let (model, _) = load_model_dir(&root().join("models").join(name), &LoadOptions::default())
-        .map_err(|e| e.to_string())?;
-    check_loaded(name, model.as_ref())
+    model_check::check_model_full(&root().join("models").join(name), &golden(name))
 }
 
 fn check_loaded(name: &str, model: &dyn LanguageModel) -> Result<(), String> {
-    let g = Goldens::load(
-        root()
-            .join("goldens")
-            .join(format!("models_{name}.safetensors")),
-    )
-    .map_err(|e| e.to_string())?;
-    let err = |e: mlx_models::ModelError| e.to_string();
-    let mut caches = model.make_cache();
-    let prefill = g.case("prefill").map_err(|e| e.to_string())?;
-    let input = prefill.input(0).map_err(|e| e.to_string())?;
-    prefill.check(&[model.forward(input, Some(&mut caches)).map_err(err)?])?;
-    let mut fed = Vec::new();
-    for s in 0.. {
-        let Ok(step) = g.case(&format!("step{s}")) else {
-            break;
-        };
-        let input = step.input(0).map_err(|e| e.to_string())?;
-        fed.push(input.to_vec::<i32>().map_err(|e| e.to_string())?[0]);
-        step.check(&[model.forward(input, Some(&mut caches)).map_err(err)?])?;
-    }
-    if g.case("chunk0").is_ok() {
-        // Chunked prefill, the cache state evaluated after each chunk (generate_step's way).
-        let mut caches = model.make_cache();
-        for prefix in ["chunk", "chunkstep"] {
-            for c in 0.. {
-                let Ok(case) = g.case(&format!("{prefix}{c}")) else {
-                    break;
-                };
-                let input = case.input(0).map_err(|e| e.to_string())?;
-                let logits = model.forward(input, Some(&mut caches)).map_err(err)?;
-                let states: Vec<Array> = caches
-                    .iter()
-                    .flat_map(|c| c.state().into_arrays())
-                    .collect();
-                mlx_core::eval(&states).map_err(|e| e.to_string())?;
-                case.check(&[logits])?;
-            }
-        }
-    }
-    let full = g.case("full").map_err(|e| e.to_string())?;
-    let input = full.input(0).map_err(|e| e.to_string())?;
-    full.check(&[model.forward(input, None).map_err(err)?])?;
-    let greedy: Vec<i32> = g.metadata()["greedy"]
-        .split(',')
-        .map(|x| x.parse().map_err(|_| format!("bad greedy id {x}")))
-        .collect::<Result<_, _>>()?;
-    if fed != greedy {
-        return Err(format!("greedy ids {fed:?} vs {greedy:?}"));
-    }
-    Ok(())
+    model_check::check_loaded_full(model, &golden(name))
 }
 
 fn check_all(models: &[&str]) {
-    let failures: Vec<String> = models
-        .iter()
-        .filter_map(|m| check_model(m).err().map(|e| format!("{m}: {e}")))
-        .collect();
-    assert!(
-        failures.is_empty(),
-        "{} of {} models differ:\n{}",
-        failures.len(),
-        models.len(),
-        failures.join("\n")
-    );
+    model_check::check_all(models, check_model);
 }
 
 #[test]

@@ -4,62 +4,26 @@
 //! give logits equal to mlx-lm's to the last bit: prefill (SwitchGLU's sorted path), every
 //! cached decode step (the unsorted path), and a cache-less forward.
 
-use std::path::PathBuf;
+mod model_check;
 
-use mlx_core::testing::Goldens;
-use mlx_models::load::{load_model_dir, LoadOptions};
+use std::path::PathBuf;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests")
 }
 
+fn golden(name: &str) -> PathBuf {
+    root()
+        .join("goldens")
+        .join(format!("moe2_{name}.safetensors"))
+}
+
 fn check_model(name: &str) -> Result<(), String> {
-    let s = |e: &dyn std::fmt::Display| e.to_string();
-    let (model, _) = load_model_dir(
-        &root().join("models/moe2").join(name),
-        &LoadOptions::default(),
-    )
-    .map_err(|e| s(&e))?;
-    let g = Goldens::load(root().join(format!("goldens/moe2_{name}.safetensors")))
-        .map_err(|e| s(&e))?;
-    let mut caches = model.make_cache();
-    let prefill = g.case("prefill").map_err(|e| s(&e))?;
-    let input = prefill.input(0).map_err(|e| s(&e))?;
-    prefill.check(&[model.forward(input, Some(&mut caches)).map_err(|e| s(&e))?])?;
-    let mut fed = Vec::new();
-    for step in 0.. {
-        let Ok(case) = g.case(&format!("step{step}")) else {
-            break;
-        };
-        let input = case.input(0).map_err(|e| s(&e))?;
-        fed.push(input.to_vec::<i32>().map_err(|e| s(&e))?[0]);
-        case.check(&[model.forward(input, Some(&mut caches)).map_err(|e| s(&e))?])?;
-    }
-    let full = g.case("full").map_err(|e| s(&e))?;
-    let input = full.input(0).map_err(|e| s(&e))?;
-    full.check(&[model.forward(input, None).map_err(|e| s(&e))?])?;
-    let greedy: Vec<i32> = g.metadata()["greedy"]
-        .split(',')
-        .map(|x| x.parse().map_err(|_| format!("bad greedy id {x}")))
-        .collect::<Result<_, _>>()?;
-    if fed != greedy {
-        return Err(format!("greedy ids {fed:?} vs {greedy:?}"));
-    }
-    Ok(())
+    model_check::check_model_full(&root().join("models/moe2").join(name), &golden(name))
 }
 
 fn check_all(models: &[&str]) {
-    let failures: Vec<String> = models
-        .iter()
-        .filter_map(|m| check_model(m).err().map(|e| format!("{m}: {e}")))
-        .collect();
-    assert!(
-        failures.is_empty(),
-        "{} of {} models differ:\n{}",
-        failures.len(),
-        models.len(),
-        failures.join("\n")
-    );
+    model_check::check_all(models, check_model);
 }
 
 #[test]

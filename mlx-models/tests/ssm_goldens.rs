@@ -6,17 +6,33 @@
 //! the recurrent caches' rollback contract: decoding k tokens, trimming j and decoding on
 //! equals decoding the k - j tokens directly, bit for bit (mlx-lm cannot trim them at all).
 
+mod model_check;
+
 use std::path::PathBuf;
 
 use mlx_cache::{trim_prompt_cache, Cache};
 use mlx_core::prelude::*;
-use mlx_core::testing::{assert_bit_equal, Goldens};
+use mlx_core::testing::assert_bit_equal;
 use mlx_models::load::{load_model_dir, LoadOptions};
 use mlx_models::models::LanguageModel;
 use proptest::prelude::*;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests")
+}
+
+fn golden(name: &str) -> PathBuf {
+    root()
+        .join("goldens/ssm")
+        .join(format!("{name}.safetensors"))
+}
+
+fn check_model(name: &str) -> Result<(), String> {
+    model_check::check_model_full(&root().join("models/ssm").join(name), &golden(name))
+}
+
+fn check_all(models: &[&str]) {
+    model_check::check_all(models, check_model);
 }
 
 fn load(name: &str) -> Box<dyn LanguageModel> {
@@ -26,76 +42,6 @@ fn load(name: &str) -> Box<dyn LanguageModel> {
     )
     .unwrap()
     .0
-}
-
-fn check_model(name: &str) -> Result<(), String> {
-    let model = load(name);
-    let g = Goldens::load(
-        root()
-            .join("goldens/ssm")
-            .join(format!("{name}.safetensors")),
-    )
-    .map_err(|e| e.to_string())?;
-    let err = |e: mlx_models::ModelError| e.to_string();
-    let mut caches = model.make_cache();
-    let prefill = g.case("prefill").map_err(|e| e.to_string())?;
-    let input = prefill.input(0).map_err(|e| e.to_string())?;
-    prefill
-        .check(&[model.forward(input, Some(&mut caches)).map_err(err)?])
-        .map_err(|e| format!("prefill: {e}"))?;
-    let mut fed = Vec::new();
-    for s in 0.. {
-        let Ok(step) = g.case(&format!("step{s}")) else {
-            break;
-        };
-        let input = step.input(0).map_err(|e| e.to_string())?;
-        fed.push(input.to_vec::<i32>().map_err(|e| e.to_string())?[0]);
-        step.check(&[model.forward(input, Some(&mut caches)).map_err(err)?])
-            .map_err(|e| format!("step{s}: {e}"))?;
-    }
-    let mut caches = model.make_cache();
-    for prefix in ["chunk", "chunkstep"] {
-        for c in 0.. {
-            let Ok(case) = g.case(&format!("{prefix}{c}")) else {
-                break;
-            };
-            let input = case.input(0).map_err(|e| e.to_string())?;
-            let logits = model.forward(input, Some(&mut caches)).map_err(err)?;
-            let states: Vec<Array> = caches
-                .iter()
-                .flat_map(|c| c.state().into_arrays())
-                .collect();
-            mlx_core::eval(&states).map_err(|e| e.to_string())?;
-            case.check(&[logits])
-                .map_err(|e| format!("{prefix}{c}: {e}"))?;
-        }
-    }
-    let full = g.case("full").map_err(|e| e.to_string())?;
-    let input = full.input(0).map_err(|e| e.to_string())?;
-    full.check(&[model.forward(input, None).map_err(err)?])
-        .map_err(|e| format!("full: {e}"))?;
-    let greedy: Vec<i32> = g.metadata()["greedy"]
-        .split(',')
-        .map(|x| x.parse().map_err(|_| format!("bad greedy id {x}")))
-        .collect::<Result<_, _>>()?;
-    if fed != greedy {
-        return Err(format!("greedy ids {fed:?} vs {greedy:?}"));
-    }
-    Ok(())
-}
-
-fn check_all(models: &[&str]) {
-    let failures: Vec<String> = models
-        .iter()
-        .filter_map(|m| check_model(m).err().map(|e| format!("{m}: {e}")))
-        .collect();
-    assert!(
-        failures.is_empty(),
-        "{} of {} models differ:\n{}",
-        failures.len(),
-        models.len(),
-        failures.join("\n")
-    );
 }
 
 #[test]

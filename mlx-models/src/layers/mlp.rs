@@ -6,7 +6,6 @@ use mlx_core::prelude::*;
 use crate::error::Result;
 use crate::layers::activations::{gelu, gelu_approx, relu2, silu, swiglu, xielu};
 use crate::layers::linear::Linear;
-use crate::layers::LayerParam;
 use crate::weights::Weights;
 
 #[derive(serde::Serialize, Clone, Copy, Debug, PartialEq, Eq)]
@@ -123,15 +122,10 @@ impl Mlp {
         gate_up_down(gate_up, down, names)
     }
 
-    /// The MLP's arrays under `path` (full fine-tuning): the projections', then xIELU's
-    /// learned scalars (`act_fn.alpha_p`, `alpha_n`, `beta`, `eps`: mlx-lm's `XieLU` holds all
-    /// four as parameters, so all four train).
-    pub fn parameters_mut<'a>(
-        &'a mut self,
-        path: &str,
-        names: &MlpNames,
-        out: &mut Vec<LayerParam<'a>>,
-    ) -> Result<()> {
+    /// Walks the projections under their `names`, in mlx-lm's declaration order (gate,
+    /// down, up), then xIELU's learned scalars (`act_fn.alpha_p`, `alpha_n`, `beta`, `eps`:
+    /// mlx-lm's `XieLU` holds all four as parameters, so all four train).
+    pub fn walk<'a>(&'a mut self, path: &str, names: &MlpNames, w: &mut super::Walk<'a>) {
         let Mlp {
             gate_up,
             down,
@@ -139,7 +133,7 @@ impl Mlp {
             ..
         } = self;
         for (name, l) in gate_up_down(gate_up, down, names) {
-            l.parameters_mut(&join(path, name), out)?;
+            w.linear(&join(path, name), l);
         }
         if let Some(p) = xielu {
             let act = join(path, "act_fn");
@@ -155,10 +149,9 @@ impl Mlp {
                 ("beta", beta),
                 ("eps", eps),
             ] {
-                LayerParam::push(out, &act, leaf, a, false);
+                w.array(&act, leaf, a);
             }
         }
-        Ok(())
     }
 
     /// The projections, in the order of [`Mlp::linears_mut`].

@@ -13,6 +13,7 @@ mod rope;
 pub mod ssm;
 mod switch;
 pub mod trellis;
+mod walk;
 
 pub use activations::{
     clip_residual, geglu, gelu, gelu_approx, gelu_topk, logit_softcap, precise_swiglu, relu2, silu,
@@ -34,6 +35,7 @@ pub use switch::{
     clamped_swiglu, SwitchActivation, SwitchAdapter, SwitchGlu, SwitchLinear, SwitchMlp,
 };
 pub use trellis::{set_trellis_decode, TrellisDecode, TrellisWeight};
+pub use walk::{Walk, Walkable};
 
 use mlx_core::prelude::Array;
 

@@ -275,13 +275,6 @@ impl SwitchGlu {
         ]
     }
 
-    /// The three projections' arrays under `path` (full fine-tuning).
-    pub fn parameters_mut<'a>(&'a mut self, path: &str, out: &mut Vec<LayerParam<'a>>) {
-        for (name, l) in self.linears_mut() {
-            l.parameters_mut(&format!("{path}.{name}"), out);
-        }
-    }
-
     /// `x` of shape `(..., dims)` and `indices` `(..., k)` to `(..., k, dims)`.
     pub fn forward(&self, x: &Array, indices: &Array) -> Result<Array> {
         self.forward_with(x, indices, |up, gate| self.activation.apply(up, gate))
@@ -398,4 +391,13 @@ pub fn clamped_swiglu(x: &Array, gate: &Array, limit: f32) -> Result<Array> {
         None,
     )?;
     Ok((&g * &x)?)
+}
+
+impl super::Walkable for SwitchGlu {
+    /// The three projections, in `SwitchGLU`'s declaration order.
+    fn walk<'a>(&'a mut self, path: &str, w: &mut super::Walk<'a>) {
+        for (name, l) in self.linears_mut() {
+            w.switch(&super::join(path, name), l);
+        }
+    }
 }

@@ -11,16 +11,21 @@ use mlx_core::prelude::*;
 use mlx_core::transforms;
 
 use crate::error::{ModelError, Result};
-use crate::layers::{LayerParam, LinearMut};
+use crate::layers::{LayerParam, LinearMut, Walk, Walkable};
 
-/// A port's decoder layer whose own arrays can enter its checkpoint.
-pub(crate) trait LayerArrays: Clone + Send + 'static {
+/// A port's decoder layer whose own arrays can enter its checkpoint: both lists come from
+/// the layer's one [`Walkable::walk`].
+pub(crate) trait LayerArrays: Walkable + Clone + Send + 'static {
     /// The layer's own arrays, always in the same order (their names are not used).
-    fn arrays_mut(&mut self) -> Result<Vec<LayerParam<'_>>>;
+    fn arrays_mut(&mut self) -> Result<Vec<LayerParam<'_>>> {
+        Walk::params_of(self, "")
+    }
     /// The layer's linears and switch linears, always in the same order: the adapted ones'
     /// trainable arrays enter the checkpoint as inputs (else their gradients would not flow
     /// through it).
-    fn linears(&mut self) -> Vec<LinearMut<'_>>;
+    fn linears(&mut self) -> Vec<LinearMut<'_>> {
+        Walk::linears_of(self).into_iter().map(|(_, l)| l).collect()
+    }
 }
 
 /// The trainable arrays of the layer's adapters, in [`LayerArrays::linears`] order.

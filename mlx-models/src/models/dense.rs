@@ -10,8 +10,8 @@ use mlx_core::transforms;
 
 use crate::error::{ModelError, Result};
 use crate::layers::{
-    clip_residual, join, scaled_dot_product_attention, Embedding, LayerParam, Linear, Mlp,
-    MlpNames, Norm, NormKind, Rope,
+    clip_residual, join, scaled_dot_product_attention, Embedding, LayerParam, Linear, LinearMut,
+    Mlp, MlpNames, Norm, NormKind, Rope, Walk,
 };
 use crate::models::checkpoint::concat_cache;
 use crate::models::descriptor::{
@@ -173,23 +173,8 @@ fn attn_linears<'a>(
 }
 
 impl Attention {
-    /// The projections, under their module paths inside the layer (mlx-lm's names), in
-    /// declaration order.
-    fn linears_mut(&mut self, n: &Names) -> Vec<(String, &mut Linear)> {
-        let Attention {
-            qkv, gate, o_proj, ..
-        } = self;
-        attn_linears(qkv, gate, o_proj, n)
-    }
-
-    /// Every array of the attention under `path` (the layer's), for full fine-tuning:
-    /// the projections, then the QK norms.
-    fn parameters_mut<'a>(
-        &'a mut self,
-        path: &str,
-        n: &Names,
-        out: &mut Vec<LayerParam<'a>>,
-    ) -> Result<()> {
+    /// Walks the projections, then the QK norms, under `path` (the layer's).
+    fn walk<'a>(&'a mut self, path: &str, n: &Names, w: &mut Walk<'a>) {
         let Attention {
             qkv,
             gate,
@@ -198,35 +183,28 @@ impl Attention {
             ..
         } = self;
         for (name, l) in attn_linears(qkv, gate, o_proj, n) {
-            l.parameters_mut(&join(path, &name), out)?;
+            w.linear(&join(path, &name), l);
         }
         let norm_path = |name: &str| join(path, &join(n.attn, name));
         match qk_norm {
             QkNormLayers::None => {}
             QkNormLayers::Norm { q, k, .. } => {
-                q.parameters_mut(&norm_path(n.q_norm), out);
-                k.parameters_mut(&norm_path(n.k_norm), out);
+                w.norm(&norm_path(n.q_norm), q);
+                w.norm(&norm_path(n.k_norm), k);
             }
             QkNormLayers::LayerNorm2d { q, k, .. } => {
-                LayerParam::push(out, &norm_path(n.q_norm), "weight", q, false);
-                LayerParam::push(out, &norm_path(n.k_norm), "weight", k, false);
+                w.array(&norm_path(n.q_norm), "weight", q);
+                w.array(&norm_path(n.k_norm), "weight", k);
             }
             QkNormLayers::PerHead { q, k, .. } => {
                 for (name, rows) in [(n.q_norm, q), (n.k_norm, k)] {
                     let path = norm_path(name);
-                    for (h, w) in rows.iter_mut().enumerate() {
-                        LayerParam::push(
-                            out,
-                            &join(&path, &format!("norms.{h}")),
-                            "weight",
-                            w,
-                            false,
-                        );
+                    for (h, a) in rows.iter_mut().enumerate() {
+                        w.array(&join(&path, &format!("norms.{h}")), "weight", a);
                     }
                 }
             }
         }
-        Ok(())
     }
 
     fn linears(&self) -> Vec<&Linear> {
@@ -878,19 +856,8 @@ impl TransformerBlock {
         self.residual(&h, &norm_opt(&self.post_mlp, &r)?)
     }
 
-    fn linears_mut(&mut self, n: &Names) -> Vec<(String, &mut Linear)> {
-        let mut out = self.self_attn.linears_mut(n);
-        out.extend(
-            self.mlp
-                .linears_mut(&n.mlp_names)
-                .into_iter()
-                .map(|(name, l)| (join(n.mlp, name), l)),
-        );
-        out
-    }
-
-    /// Every array of the block under `path` (`model.layers.<i>`), for full fine-tuning.
-    fn parameters_mut(&mut self, path: &str, n: &Names) -> Result<Vec<LayerParam<'_>>> {
+    /// Walks the attention, the MLP and the norms, under `path` (`model.layers.<i>`).
+    fn walk<'a>(&'a mut self, path: &str, n: &Names, w: &mut Walk<'a>) {
         let TransformerBlock {
             self_attn,
             mlp,
@@ -900,9 +867,8 @@ impl TransformerBlock {
             post_mlp,
             ..
         } = self;
-        let mut out = Vec::new();
-        self_attn.parameters_mut(path, n, &mut out)?;
-        mlp.parameters_mut(&join(path, n.mlp), &n.mlp_names, &mut out)?;
+        self_attn.walk(path, n, w);
+        mlp.walk(&join(path, n.mlp), &n.mlp_names, w);
         for (norm, name) in [
             (pre_attn, n.pre_attn_norm),
             (post_attn, n.post_attn_norm),
@@ -910,10 +876,14 @@ impl TransformerBlock {
             (post_mlp, n.post_mlp_norm),
         ] {
             if let Some(norm) = norm {
-                norm.parameters_mut(&join(path, name), &mut out);
+                w.norm(&join(path, name), norm);
             }
         }
-        Ok(out)
+    }
+
+    /// Every array of the block under `path`, for full fine-tuning.
+    fn parameters_mut(&mut self, path: &str, n: &Names) -> Result<Vec<LayerParam<'_>>> {
+        Walk::params(path, move |w| self.walk("", n, w))
     }
 
     fn linears(&self) -> Vec<&Linear> {
@@ -1608,11 +1578,11 @@ impl LanguageModel for Model {
         self.head(&self.run(inputs, caches, None)?)
     }
 
-    fn layer_linears_mut(&mut self) -> Vec<Vec<(String, &mut Linear)>> {
+    fn layer_adaptables_mut(&mut self) -> Vec<Vec<(String, LinearMut<'_>)>> {
         let names = &self.desc.names;
         self.layers
             .iter_mut()
-            .map(|l| l.linears_mut(names))
+            .map(|l| Walk::linears(move |w| l.walk("", names, w)))
             .collect()
     }
 

@@ -113,6 +113,20 @@ pub struct RopeSpec {
     pub table: RopeTable,
 }
 
+impl RopeSpec {
+    /// `nn.RoPE(dims, traditional, base=theta)`: no scaling, no length, `initialize_rope`.
+    pub fn plain(dims: i32, theta: f64, traditional: bool) -> RopeSpec {
+        RopeSpec {
+            dims,
+            theta,
+            traditional,
+            scaling: None,
+            max_position_embeddings: None,
+            table: RopeTable::Initialize,
+        }
+    }
+}
+
 /// Where the rotary frequencies come from.
 #[derive(serde::Serialize, Clone, Copy, Debug, PartialEq)]
 pub enum RopeTable {
@@ -550,14 +564,11 @@ fn olmo(c: &Cfg) -> Result<Descriptor> {
     let mut d = base("olmo", &k, hd, 1e-5);
     d.norm = NormKind::LayerNoAffine;
     d.manual_attention = true;
-    d.rope = Some(RopeSpec {
-        dims: hd,
-        theta: c.f64_or("rope_theta", 10000.0)?,
-        traditional: c.bool_or("rope_traditional", false)?,
-        scaling: None,
-        max_position_embeddings: None,
-        table: RopeTable::Initialize,
-    });
+    d.rope = Some(RopeSpec::plain(
+        hd,
+        c.f64_or("rope_theta", 10000.0)?,
+        c.bool_or("rope_traditional", false)?,
+    ));
     d.head = tie(c.bool_or("weight_tying", false)?);
     d.names = Names {
         embed: "model.transformer.wte",
@@ -860,14 +871,11 @@ fn gemma(c: &Cfg) -> Result<Descriptor> {
     let mut d = base("gemma", &k, hd, c.f64("rms_norm_eps")?);
     d.norm = NormKind::RmsOffset;
     d.mlp = MlpKind::GeGluErf;
-    d.rope = Some(RopeSpec {
-        dims: hd,
-        theta: c.f64_or("rope_theta", 10000.0)?,
-        traditional: c.bool_or("rope_traditional", false)?,
-        scaling: None,
-        max_position_embeddings: None,
-        table: RopeTable::Initialize,
-    });
+    d.rope = Some(RopeSpec::plain(
+        hd,
+        c.f64_or("rope_theta", 10000.0)?,
+        c.bool_or("rope_traditional", false)?,
+    ));
     d.embed_scale = EmbedScale::Weak(f64::from(k.hidden).powf(0.5));
     Ok(d)
 }
@@ -912,14 +920,11 @@ fn gemma3_text(c: &Cfg) -> Result<Descriptor> {
         max_position_embeddings: Some(c.opt_i64("max_position_embeddings")?.unwrap_or(32768)),
         table: RopeTable::Initialize,
     });
-    d.local_rope = Some(RopeSpec {
-        dims: hd,
-        theta: c.f64_or("rope_local_base_freq", 10_000.0)?,
-        traditional: false,
-        scaling: None,
-        max_position_embeddings: None,
-        table: RopeTable::Initialize,
-    });
+    d.local_rope = Some(RopeSpec::plain(
+        hd,
+        c.f64_or("rope_local_base_freq", 10_000.0)?,
+        false,
+    ));
     let pattern = c.i32_or("sliding_window_pattern", 6)?;
     if pattern <= 0 {
         return Err(c.err("sliding_window_pattern", "must be positive"));
@@ -1011,14 +1016,7 @@ fn spark2_5(c: &Cfg) -> Result<Descriptor> {
                 &format!("{ty}: invalid rotary dimension {dims} for head_dim {hd}"),
             ));
         }
-        Ok(RopeSpec {
-            dims,
-            theta: num("rope_theta", 10000.0)?,
-            traditional: false,
-            scaling: None,
-            max_position_embeddings: None,
-            table: RopeTable::Initialize,
-        })
+        Ok(RopeSpec::plain(dims, num("rope_theta", 10000.0)?, false))
     };
     d.sliding = types.iter().map(|t| t == "sliding_attention").collect();
     if d.sliding.iter().any(|&s| !s) {
@@ -1145,14 +1143,11 @@ fn cohere(c: &Cfg) -> Result<Descriptor> {
         d.qk_norm = QkNorm::LayerNorm2d;
     }
     d.placement = Placement::Parallel;
-    d.rope = Some(RopeSpec {
-        dims: hd,
-        theta: c.f64_or("rope_theta", 8000000.0)?,
-        traditional: true,
-        scaling: None,
-        max_position_embeddings: None,
-        table: RopeTable::Initialize,
-    });
+    d.rope = Some(RopeSpec::plain(
+        hd,
+        c.f64_or("rope_theta", 8000000.0)?,
+        true,
+    ));
     d.logit_scale = LogitScale::Mul(c.f64_or("logit_scale", 0.0625)?);
     Ok(d)
 }
@@ -1175,14 +1170,11 @@ fn starcoder2(c: &Cfg) -> Result<Descriptor> {
         gate_up: None,
         up_first: false,
     };
-    d.rope = Some(RopeSpec {
-        dims: hd,
-        theta: c.f64_or("rope_theta", 100000.0)?,
-        traditional: false,
-        scaling: None,
-        max_position_embeddings: None,
-        table: RopeTable::Initialize,
-    });
+    d.rope = Some(RopeSpec::plain(
+        hd,
+        c.f64_or("rope_theta", 100000.0)?,
+        false,
+    ));
     d.head = tie(c.bool_or("tie_word_embeddings", true)?);
     Ok(d)
 }
@@ -1230,14 +1222,7 @@ fn helium(c: &Cfg) -> Result<Descriptor> {
     d.qkv_bias = c.bool("attention_bias")?;
     let mlp_bias = c.bool("mlp_bias")?;
     (d.mlp_bias, d.down_bias) = (mlp_bias, mlp_bias);
-    d.rope = Some(RopeSpec {
-        dims: hd,
-        theta: c.f64("rope_theta")?,
-        traditional: true,
-        scaling: None,
-        max_position_embeddings: None,
-        table: RopeTable::Initialize,
-    });
+    d.rope = Some(RopeSpec::plain(hd, c.f64("rope_theta")?, true));
     d.head = Head::Untied;
     Ok(d)
 }
@@ -1269,6 +1254,30 @@ fn smollm3(c: &Cfg) -> Result<Descriptor> {
     Ok(d)
 }
 
+/// InternLM's rotary embedding (internlm2 and internlm3): `rope_scaling` must have `factor`
+/// and a `type_key` (`type`, internlm3's `rope_type`) of linear or dynamic;
+/// `max_position_embeddings` defaults to 32768.
+fn internlm_rope(c: &Cfg, hd: i32, type_key: &str) -> Result<RopeSpec> {
+    let scaling = c.opt_map("rope_scaling")?;
+    if let Some(s) = &scaling {
+        let ty = s.get(type_key).and_then(Value::as_str);
+        if !s.contains_key("factor") || !matches!(ty, Some("linear") | Some("dynamic")) {
+            return Err(c.err(
+                "rope_scaling",
+                &format!("must have `factor` and a `{type_key}` of linear or dynamic"),
+            ));
+        }
+    }
+    Ok(RopeSpec {
+        dims: hd,
+        theta: c.f64_or("rope_theta", 10000.0)?,
+        traditional: c.bool_or("rope_traditional", false)?,
+        scaling,
+        max_position_embeddings: Some(c.opt_i64("max_position_embeddings")?.unwrap_or(32768)),
+        table: RopeTable::Initialize,
+    })
+}
+
 /// `models/internlm3.py`.
 fn internlm3(c: &Cfg) -> Result<Descriptor> {
     let k = common(c, false)?;
@@ -1278,24 +1287,7 @@ fn internlm3(c: &Cfg) -> Result<Descriptor> {
     (d.qkv_bias, d.o_bias) = (qkv_bias, qkv_bias);
     let bias = c.bool_or("bias", false)?;
     (d.mlp_bias, d.down_bias) = (bias, bias);
-    let scaling = c.opt_map("rope_scaling")?;
-    if let Some(s) = &scaling {
-        let ty = s.get("rope_type").and_then(Value::as_str);
-        if !s.contains_key("factor") || !matches!(ty, Some("linear") | Some("dynamic")) {
-            return Err(c.err(
-                "rope_scaling",
-                "must have `factor` and a `rope_type` of linear or dynamic",
-            ));
-        }
-    }
-    d.rope = Some(RopeSpec {
-        dims: hd,
-        theta: c.f64_or("rope_theta", 10000.0)?,
-        traditional: c.bool_or("rope_traditional", false)?,
-        scaling,
-        max_position_embeddings: Some(c.opt_i64("max_position_embeddings")?.unwrap_or(32768)),
-        table: RopeTable::Initialize,
-    });
+    d.rope = Some(internlm_rope(c, hd, "rope_type")?);
     d.head = tie(c.bool_or("tie_word_embeddings", false)?);
     Ok(d)
 }
@@ -1374,14 +1366,11 @@ fn glm4(c: &Cfg) -> Result<Descriptor> {
     d.names.pre_mlp_norm = "post_attention_layernorm";
     d.names.post_mlp_norm = "post_mlp_layernorm";
     d.names.mlp_names.gate_up = Some("gate_up_proj");
-    d.rope = Some(RopeSpec {
-        dims: (f64::from(hd) * c.f64("partial_rotary_factor")?) as i32,
-        theta: c.f64("rope_theta")?,
-        traditional: c.bool_or("rope_traditional", true)?,
-        scaling: None,
-        max_position_embeddings: None,
-        table: RopeTable::Initialize,
-    });
+    d.rope = Some(RopeSpec::plain(
+        (f64::from(hd) * c.f64("partial_rotary_factor")?) as i32,
+        c.f64("rope_theta")?,
+        c.bool_or("rope_traditional", true)?,
+    ));
     d.head = Head::Untied;
     Ok(d)
 }
@@ -1403,14 +1392,7 @@ fn olmo3(c: &Cfg) -> Result<Descriptor> {
         c,
         Some(c.i64_required("max_position_embeddings")?),
     )?);
-    d.local_rope = Some(RopeSpec {
-        dims: hd,
-        theta,
-        traditional: false,
-        scaling: None,
-        max_position_embeddings: None,
-        table: RopeTable::Initialize,
-    });
+    d.local_rope = Some(RopeSpec::plain(hd, theta, false));
     d.sliding = match c.opt_strings("layer_types")? {
         Some(t) => t.iter().map(|t| t != "full_attention").collect(),
         None => (0..k.layers.max(0)).map(|i| (i + 1) % 4 != 0).collect(),
@@ -1498,24 +1480,7 @@ fn internlm2(c: &Cfg) -> Result<Descriptor> {
     let mut d = base("internlm2", &k, hd, c.f64("rms_norm_eps")?);
     let bias = c.bool_or("bias", true)?;
     (d.qkv_bias, d.o_bias) = (bias, bias);
-    let scaling = c.opt_map("rope_scaling")?;
-    if let Some(s) = &scaling {
-        let ty = s.get("type").and_then(Value::as_str);
-        if !s.contains_key("factor") || !matches!(ty, Some("linear") | Some("dynamic")) {
-            return Err(c.err(
-                "rope_scaling",
-                "must have `factor` and a `type` of linear or dynamic",
-            ));
-        }
-    }
-    d.rope = Some(RopeSpec {
-        dims: hd,
-        theta: c.f64_or("rope_theta", 10000.0)?,
-        traditional: c.bool_or("rope_traditional", false)?,
-        scaling,
-        max_position_embeddings: Some(c.opt_i64("max_position_embeddings")?.unwrap_or(32768)),
-        table: RopeTable::Initialize,
-    });
+    d.rope = Some(internlm_rope(c, hd, "type")?);
     d.head = tie(c.bool_or("tie_word_embeddings", false)?);
     d.names = Names {
         embed: "model.tok_embeddings",
@@ -1582,14 +1547,7 @@ fn glm(c: &Cfg) -> Result<Descriptor> {
     let mut d = base("glm", &k, hd, c.f64("rms_norm_eps")?);
     d.qkv_bias = c.bool_or("attention_bias", false)?;
     d.names.mlp_names.gate_up = Some("gate_up_proj");
-    d.rope = Some(RopeSpec {
-        dims: hd,
-        theta: c.f64_or("rope_theta", 10000.0)?,
-        traditional: true,
-        scaling: None,
-        max_position_embeddings: None,
-        table: RopeTable::Initialize,
-    });
+    d.rope = Some(RopeSpec::plain(hd, c.f64_or("rope_theta", 10000.0)?, true));
     d.head = tie(c.bool_or("tie_word_embeddings", true)?);
     d.drop_layer_tensors = vec![INV_FREQ];
     Ok(d)
@@ -1640,14 +1598,11 @@ fn phi(c: &Cfg) -> Result<Descriptor> {
     d.names.final_norm = "model.final_layernorm";
     d.names.mlp_names = plain_mlp("fc1", "fc2");
     d.mlp = MlpKind::GeluTanh;
-    d.rope = Some(RopeSpec {
-        dims: (c.f64_or("partial_rotary_factor", 0.4)? * f64::from(hd)) as i32,
-        theta: c.f64_or("rope_theta", 10000.0)?,
-        traditional: false,
-        scaling: None,
-        max_position_embeddings: None,
-        table: RopeTable::Initialize,
-    });
+    d.rope = Some(RopeSpec::plain(
+        (c.f64_or("partial_rotary_factor", 0.4)? * f64::from(hd)) as i32,
+        c.f64_or("rope_theta", 10000.0)?,
+        false,
+    ));
     d.attn_scale = (1.0 / f64::from(hd)).sqrt();
     d.upcast = Upcast::Queries;
     Ok(d)
@@ -1670,14 +1625,11 @@ fn stablelm(c: &Cfg) -> Result<Descriptor> {
         d.names.q_norm = "q_layernorm";
         d.names.k_norm = "k_layernorm";
     }
-    d.rope = Some(RopeSpec {
-        dims: (c.f64("partial_rotary_factor")? * f64::from(hd)) as i32,
-        theta: c.f64("rope_theta")?,
-        traditional: false,
-        scaling: None,
-        max_position_embeddings: None,
-        table: RopeTable::Initialize,
-    });
+    d.rope = Some(RopeSpec::plain(
+        (c.f64("partial_rotary_factor")? * f64::from(hd)) as i32,
+        c.f64("rope_theta")?,
+        false,
+    ));
     d.attn_scale = (1.0 / f64::from(hd)).sqrt();
     d.upcast = Upcast::QueriesKeys;
     Ok(d)
@@ -1725,14 +1677,11 @@ fn gpt_neox(c: &Cfg) -> Result<Descriptor> {
         lm_head: "model.embed_out",
         ..Names::LLAMA
     };
-    d.rope = Some(RopeSpec {
-        dims: (f64::from(hd) * c.f64("rotary_pct")?) as i32,
-        theta: c.f64("rotary_emb_base")?,
-        traditional: false,
-        scaling: None,
-        max_position_embeddings: None,
-        table: RopeTable::Initialize,
-    });
+    d.rope = Some(RopeSpec::plain(
+        (f64::from(hd) * c.f64("rotary_pct")?) as i32,
+        c.f64("rotary_emb_base")?,
+        false,
+    ));
     // gpt_neox.py sanitize.
     d.hf_renames = Some(HfRenames {
         drop_suffixes: &[
@@ -1919,14 +1868,7 @@ fn cohere2(c: &Cfg) -> Result<Descriptor> {
     let bias = c.bool_or("attention_bias", false)?;
     (d.qkv_bias, d.o_bias) = (bias, bias);
     d.placement = Placement::Parallel;
-    d.rope = Some(RopeSpec {
-        dims: hd,
-        theta: c.f64_or("rope_theta", 50000.0)?,
-        traditional: true,
-        scaling: None,
-        max_position_embeddings: None,
-        table: RopeTable::Initialize,
-    });
+    d.rope = Some(RopeSpec::plain(hd, c.f64_or("rope_theta", 50000.0)?, true));
     let pattern = c.i32_or("sliding_window_pattern", 4)?;
     if pattern <= 0 {
         return Err(c.err("sliding_window_pattern", "must be positive"));
@@ -2079,14 +2021,7 @@ fn llama4_text(c: &Cfg) -> Result<Descriptor> {
         d.qk_norm = QkNorm::PerHead;
         d.qk_norm_kind = Some(NormKind::RmsNoWeight);
     }
-    d.rope = Some(RopeSpec {
-        dims: hd,
-        theta: c.f64("rope_theta")?,
-        traditional: true,
-        scaling: None,
-        max_position_embeddings: None,
-        table: RopeTable::Initialize,
-    });
+    d.rope = Some(RopeSpec::plain(hd, c.f64("rope_theta")?, true));
     let n = k.layers.max(0) as usize;
     d.no_rope = match c.get("no_rope_layers") {
         Some(Value::Array(a)) if a.len() == n => a

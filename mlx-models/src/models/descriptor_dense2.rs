@@ -34,14 +34,7 @@ pub(super) fn qwen(c: &Cfg) -> Result<Descriptor> {
     let bias = !c.bool_or("no_bias", true)?;
     d.qkv_bias = true;
     (d.o_bias, d.mlp_bias, d.down_bias, d.lm_head_bias) = (bias, bias, bias, bias);
-    d.rope = Some(RopeSpec {
-        dims: per_head,
-        theta: 10000.0,
-        traditional: false,
-        scaling: None,
-        max_position_embeddings: None,
-        table: RopeTable::Initialize,
-    });
+    d.rope = Some(RopeSpec::plain(per_head, 10000.0, false));
     d.head = Head::Untied;
     d.names = Names {
         embed: "transformer.wte",
@@ -85,14 +78,7 @@ pub(super) fn lille_130m(c: &Cfg) -> Result<Descriptor> {
     };
     let hd = hidden / heads;
     let mut d = base("lille-130m", &k, hd, c.f64("layer_norm_eps")?);
-    d.rope = Some(RopeSpec {
-        dims: hd,
-        theta: c.f64("rope_theta")?,
-        traditional: true,
-        scaling: None,
-        max_position_embeddings: None,
-        table: RopeTable::Initialize,
-    });
+    d.rope = Some(RopeSpec::plain(hd, c.f64("rope_theta")?, true));
     d.head = Head::Tied;
     d.names = Names {
         embed: "transformer.tok_embeddings",
@@ -189,14 +175,11 @@ pub(super) fn plamo(c: &Cfg) -> Result<Descriptor> {
     let mut d = base("plamo", &k, hd, c.f64("rms_norm_eps")?);
     d.placement = Placement::ParallelResidualFirst;
     d.kv_tile = Some(shared);
-    d.rope = Some(RopeSpec {
-        dims: hd,
-        theta: c.f64_or("rope_theta", 10000.0)?,
-        traditional: c.bool_or("rope_traditional", false)?,
-        scaling: None,
-        max_position_embeddings: None,
-        table: RopeTable::Initialize,
-    });
+    d.rope = Some(RopeSpec::plain(
+        hd,
+        c.f64_or("rope_theta", 10000.0)?,
+        c.bool_or("rope_traditional", false)?,
+    ));
     d.head = Head::Untied;
     d.names = Names {
         layers: "model.layers.layers",
@@ -285,14 +268,11 @@ pub(super) fn openelm(c: &Cfg) -> Result<Descriptor> {
         d.qk_norm = QkNorm::PerHeadTransposed;
     }
     // `ffn_with_glu` is read but unused by mlx-lm: the MLP is always gated.
-    d.rope = Some(RopeSpec {
-        dims: hd,
-        theta: c.f64_or("rope_freq_constant", 10000.0)?,
-        traditional: false,
-        scaling: None,
-        max_position_embeddings: None,
-        table: RopeTable::Initialize,
-    });
+    d.rope = Some(RopeSpec::plain(
+        hd,
+        c.f64_or("rope_freq_constant", 10000.0)?,
+        false,
+    ));
     d.head = tie(c.bool_or("share_input_output_layers", true)?);
     d.names = Names {
         embed: "transformer.token_embeddings",
@@ -393,14 +373,7 @@ pub(super) fn plamo3(c: &Cfg) -> Result<Descriptor> {
         .collect();
     d.sliding_window = Some(window as usize);
     d.sliding_mask_window = Some(window as usize + 1);
-    let rope_at = |theta: f64| RopeSpec {
-        dims: hd,
-        theta,
-        traditional: false,
-        scaling: None,
-        max_position_embeddings: None,
-        table: RopeTable::Initialize,
-    };
+    let rope_at = |theta: f64| RopeSpec::plain(hd, theta, false);
     d.rope = Some(rope_at(c.f64_or("rope_theta", 1_000_000.0)?));
     d.local_rope = Some(rope_at(c.f64_or("rope_local_theta", 10_000.0)?));
     d.head = tie(c.bool_or("tie_word_embeddings", true)?);

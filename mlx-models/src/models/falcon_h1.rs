@@ -11,9 +11,7 @@ use serde::Deserialize;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::ssm::{GatedNorm, Mamba2Dims, Mamba2Mixer};
-use crate::layers::{
-    scaled_dot_product_attention, swiglu, Embedding, Linear, RmsNorm, Rope, RopeScaling,
-};
+use crate::layers::{swiglu, Embedding, Linear, RmsNorm, Rope, RopeScaling};
 use crate::models::mamba::{conv_kernel_ok, positive};
 use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
@@ -328,29 +326,10 @@ impl Attention {
         mask: &AttentionMask,
         cache: Option<&mut Box<dyn Cache>>,
     ) -> Result<Array> {
-        let sh = x.shape();
-        let (b, l) = (sh[0], sh[1]);
-        let heads = |y: Array, n: i32| y.reshape(&[b, l, n, -1])?.transpose(&[0, 2, 1, 3]);
-        let q = heads(self.q_proj.forward(x)?, self.n_heads)?;
-        let k = heads(self.k_proj.forward(x)?, self.n_kv_heads)?;
-        let v = heads(self.v_proj.forward(x)?, self.n_kv_heads)?;
-        let (q, kv) = match cache {
-            Some(c) => {
-                let offset = c.offset();
-                let q = self.rope.forward(&q, offset)?;
-                let k = self.rope.forward(&k, offset)?;
-                (q, c.update_and_fetch(&k, &v)?)
-            }
-            None => (
-                self.rope.forward(&q, 0)?,
-                mlx_cache::Kv::Dense {
-                    keys: self.rope.forward(&k, 0)?,
-                    values: v,
-                },
-            ),
-        };
-        let out = scaled_dot_product_attention(&q, &kv, self.scale, mask, None)?;
-        let out = out.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
+        let q = kit::split_heads(&self.q_proj.forward(x)?, self.n_heads)?;
+        let k = kit::split_heads(&self.k_proj.forward(x)?, self.n_kv_heads)?;
+        let v = kit::split_heads(&self.v_proj.forward(x)?, self.n_kv_heads)?;
+        let out = kit::rope_attend(q, k, v, Some(&self.rope), cache, self.scale, mask)?;
         self.o_proj.forward(&out)
     }
 }

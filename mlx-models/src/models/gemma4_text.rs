@@ -13,8 +13,8 @@ use serde_json::Value;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::{
-    gelu_approx, scaled_dot_product_attention, Embedding, LayerParam, Linear, LinearMut, RmsNorm,
-    Rope, SwitchActivation, SwitchGlu,
+    gelu_approx, join, scaled_dot_product_attention, Embedding, Linear, RmsNorm, Rope,
+    SwitchActivation, SwitchGlu, Walk, Walkable,
 };
 use crate::models::checkpoint::{checkpointed_many, concat_cache, LayerArrays};
 use crate::models::LanguageModel;
@@ -369,33 +369,19 @@ impl Attention {
     }
 }
 
-impl Attention {
-    /// Every array of the attention under `path` (`...self_attn`), for full fine-tuning; a
-    /// KV-shared layer has no `k_proj`, `v_proj` or `k_norm`.
-    fn parameters_mut<'a>(&'a mut self, path: &str, out: &mut Vec<LayerParam<'a>>) -> Result<()> {
-        let Attention {
-            q_proj,
-            k_proj,
-            v_proj,
-            o_proj,
-            q_norm,
-            k_norm,
-            ..
-        } = self;
-        let p = |n: &str| format!("{path}.{n}");
-        q_proj.parameters_mut(&p("q_proj"), out)?;
-        if let Some(k) = k_proj {
-            k.parameters_mut(&p("k_proj"), out)?;
+impl Walkable for Attention {
+    /// The projections, then the q/k norms; a KV-shared layer has no `k_proj`, `v_proj` or
+    /// `k_norm`.
+    fn walk<'a>(&'a mut self, path: &str, w: &mut Walk<'a>) {
+        let p = |n: &str| join(path, n);
+        w.linear(&p("q_proj"), &mut self.q_proj);
+        w.linear_opt(&p("k_proj"), self.k_proj.as_mut());
+        w.linear_opt(&p("v_proj"), self.v_proj.as_mut());
+        w.linear(&p("o_proj"), &mut self.o_proj);
+        w.rms_norm(&p("q_norm"), &mut self.q_norm);
+        if let Some(k) = &mut self.k_norm {
+            w.rms_norm(&p("k_norm"), k);
         }
-        if let Some(v) = v_proj {
-            v.parameters_mut(&p("v_proj"), out)?;
-        }
-        o_proj.parameters_mut(&p("o_proj"), out)?;
-        q_norm.parameters_mut(&p("q_norm"), out);
-        if let Some(k) = k_norm {
-            k.parameters_mut(&p("k_norm"), out);
-        }
-        Ok(())
     }
 }
 
@@ -479,76 +465,12 @@ struct DecoderLayer {
     layer_scalar: Array,
 }
 
-impl DecoderLayer {
-    /// The layer's linears and switch linears under their mlx-lm paths, in declaration order:
-    /// `self_attn`'s projections (those a KV-shared or `attention_k_eq_v` layer has), `mlp`'s,
-    /// a MoE layer's `router.proj` and `experts.switch_glu.*`, then the per-layer input's.
-    fn linears_mut(&mut self) -> Vec<(String, LinearMut<'_>)> {
-        let DecoderLayer {
-            self_attn,
-            mlp,
-            moe,
-            per_layer,
-            ..
-        } = self;
-        let Attention {
-            q_proj,
-            k_proj,
-            v_proj,
-            o_proj,
-            ..
-        } = self_attn;
-        let Mlp {
-            gate_proj,
-            down_proj,
-            up_proj,
-        } = mlp;
-        let mut linears: Vec<(&str, &mut Linear)> = vec![("self_attn.q_proj", q_proj)];
-        if let Some(k) = k_proj {
-            linears.push(("self_attn.k_proj", k));
-        }
-        if let Some(v) = v_proj {
-            linears.push(("self_attn.v_proj", v));
-        }
-        linears.push(("self_attn.o_proj", o_proj));
-        linears.push(("mlp.gate_proj", gate_proj));
-        linears.push(("mlp.down_proj", down_proj));
-        linears.push(("mlp.up_proj", up_proj));
-        let mut out: Vec<(String, LinearMut<'_>)> = linears
-            .into_iter()
-            .map(|(n, l)| (n.to_string(), LinearMut::Linear(l)))
-            .collect();
-        if let Some(m) = moe {
-            let Moe {
-                proj, switch_glu, ..
-            } = m;
-            out.push(("router.proj".into(), LinearMut::Linear(proj)));
-            for (n, l) in switch_glu.linears_mut() {
-                out.push((format!("experts.switch_glu.{n}"), LinearMut::Switch(l)));
-            }
-        }
-        if let Some(PerLayerInput {
-            per_layer_input_gate,
-            per_layer_projection,
-            ..
-        }) = per_layer
-        {
-            out.push((
-                "per_layer_input_gate".into(),
-                LinearMut::Linear(per_layer_input_gate),
-            ));
-            out.push((
-                "per_layer_projection".into(),
-                LinearMut::Linear(per_layer_projection),
-            ));
-        }
-        out
-    }
-
-    /// Every array of the layer under `path` (`model.layers.<i>`), for full fine-tuning,
-    /// under mlx-lm's names (the router's under `router`, the experts' under
-    /// `experts.switch_glu`, the MoE block's norms on the layer).
-    fn parameters_mut(&mut self, path: &str) -> Result<Vec<LayerParam<'_>>> {
+impl Walkable for DecoderLayer {
+    /// In declaration order: `self_attn`'s projections (those a KV-shared or
+    /// `attention_k_eq_v` layer has), `mlp`'s, a MoE layer's `router.proj` (its `scale` and
+    /// `per_expert_scale`) and `experts.switch_glu.*`, the per-layer input's linears; then
+    /// the norms (the MoE block's on the layer) and `layer_scalar`.
+    fn walk<'a>(&'a mut self, path: &str, w: &mut Walk<'a>) {
         let DecoderLayer {
             self_attn,
             mlp,
@@ -561,9 +483,8 @@ impl DecoderLayer {
             layer_scalar,
             ..
         } = self;
-        let p = |n: &str| format!("{path}.{n}");
-        let mut out = Vec::new();
-        self_attn.parameters_mut(&p("self_attn"), &mut out)?;
+        let p = |n: &str| join(path, n);
+        w.module(&p("self_attn"), self_attn);
         let Mlp {
             gate_proj,
             down_proj,
@@ -574,7 +495,7 @@ impl DecoderLayer {
             ("down_proj", down_proj),
             ("up_proj", up_proj),
         ] {
-            l.parameters_mut(&p(&format!("mlp.{name}")), &mut out)?;
+            w.linear(&p(&format!("mlp.{name}")), l);
         }
         let mut norms = vec![
             ("input_layernorm", input_layernorm),
@@ -593,16 +514,10 @@ impl DecoderLayer {
                 pre_feedforward_layernorm_2,
                 ..
             } = m;
-            proj.parameters_mut(&p("router.proj"), &mut out)?;
-            LayerParam::push(&mut out, &p("router"), "scale", scale, false);
-            LayerParam::push(
-                &mut out,
-                &p("router"),
-                "per_expert_scale",
-                per_expert_scale,
-                false,
-            );
-            switch_glu.parameters_mut(&p("experts.switch_glu"), &mut out);
+            w.linear(&p("router.proj"), proj);
+            w.array(&p("router"), "scale", scale);
+            w.array(&p("router"), "per_expert_scale", per_expert_scale);
+            w.module(&p("experts.switch_glu"), switch_glu);
             norms.push(("post_feedforward_layernorm_1", post_feedforward_layernorm_1));
             norms.push(("post_feedforward_layernorm_2", post_feedforward_layernorm_2));
             norms.push(("pre_feedforward_layernorm_2", pre_feedforward_layernorm_2));
@@ -613,17 +528,18 @@ impl DecoderLayer {
                 per_layer_projection,
                 post_per_layer_input_norm,
             } = pl;
-            per_layer_input_gate.parameters_mut(&p("per_layer_input_gate"), &mut out)?;
-            per_layer_projection.parameters_mut(&p("per_layer_projection"), &mut out)?;
+            w.linear(&p("per_layer_input_gate"), per_layer_input_gate);
+            w.linear(&p("per_layer_projection"), per_layer_projection);
             norms.push(("post_per_layer_input_norm", post_per_layer_input_norm));
         }
         for (name, n) in norms {
-            n.parameters_mut(&p(name), &mut out);
+            w.rms_norm(&p(name), n);
         }
-        LayerParam::push(&mut out, path, "layer_scalar", layer_scalar, false);
-        Ok(out)
+        w.array(path, "layer_scalar", layer_scalar);
     }
+}
 
+impl DecoderLayer {
     fn forward(
         &self,
         x: &Array,
@@ -673,15 +589,7 @@ impl DecoderLayer {
     }
 }
 
-impl LayerArrays for DecoderLayer {
-    fn arrays_mut(&mut self) -> Result<Vec<LayerParam<'_>>> {
-        self.parameters_mut("")
-    }
-
-    fn linears(&mut self) -> Vec<LinearMut<'_>> {
-        self.linears_mut().into_iter().map(|(_, l)| l).collect()
-    }
-}
+impl LayerArrays for DecoderLayer {}
 
 impl DecoderLayer {
     /// [`DecoderLayer::forward`] without a cache under `mx.checkpoint` (mlx-lm's
@@ -1195,18 +1103,5 @@ impl LanguageModel for Model {
         self.args.first_kv_shared()
     }
 
-    fn layer_adaptables_mut(&mut self) -> Vec<Vec<(String, LinearMut<'_>)>> {
-        self.layers
-            .iter_mut()
-            .map(DecoderLayer::linears_mut)
-            .collect()
-    }
-
-    fn layer_parameters_mut(&mut self) -> Result<Vec<Vec<LayerParam<'_>>>> {
-        self.layers
-            .iter_mut()
-            .enumerate()
-            .map(|(i, l)| l.parameters_mut(&format!("model.layers.{i}")))
-            .collect()
-    }
+    crate::models::kit::walked_layers!(layers);
 }

@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::layers::{swiglu, Embedding, LayerParam, Linear, LinearMut, RmsNorm, Rope};
+use crate::layers::{join, swiglu, Embedding, Linear, RmsNorm, Rope, Walk, Walkable};
 use crate::models::checkpoint::{layer_stack, LayerArrays};
 use crate::models::moe::{
     Attention, AttentionSpec, BlockExtras, QkNorm, Router, SparseMoe, SparseMoeParams,
@@ -340,23 +340,16 @@ impl ShortConv {
     }
 }
 
-impl ShortConv {
-    /// The block's arrays under `path` (`...conv`), for full fine-tuning.
-    fn parameters_mut<'a>(&'a mut self, path: &str, out: &mut Vec<LayerParam<'a>>) -> Result<()> {
-        let ShortConv {
-            conv_weight,
-            conv_bias,
-            in_proj,
-            out_proj,
-            ..
-        } = self;
-        let conv = format!("{path}.conv");
-        LayerParam::push(out, &conv, "weight", conv_weight, false);
-        if let Some(b) = conv_bias {
-            LayerParam::push(out, &conv, "bias", b, false);
+impl Walkable for ShortConv {
+    /// The convolution's arrays (`conv.weight`, `conv.bias`), then `in_proj`, `out_proj`.
+    fn walk<'a>(&'a mut self, path: &str, w: &mut Walk<'a>) {
+        let conv = join(path, "conv");
+        w.array(&conv, "weight", &mut self.conv_weight);
+        if let Some(b) = &mut self.conv_bias {
+            w.array(&conv, "bias", b);
         }
-        in_proj.parameters_mut(&format!("{path}.in_proj"), out)?;
-        out_proj.parameters_mut(&format!("{path}.out_proj"), out)
+        w.linear(&join(path, "in_proj"), &mut self.in_proj);
+        w.linear(&join(path, "out_proj"), &mut self.out_proj);
     }
 }
 
@@ -385,66 +378,35 @@ impl FeedForward {
     }
 }
 
-impl DecoderLayer {
-    /// The layer's linears under their mlx-lm paths, in declaration order (`self_attn` or
-    /// `conv` before `feed_forward`: `w1`, `w3`, `w2`; lfm2_moe's experts: router, switch).
-    fn linears_mut(&mut self) -> Vec<(String, LinearMut<'_>)> {
-        let DecoderLayer {
-            op, feed_forward, ..
-        } = self;
-        let mut out: Vec<(String, LinearMut<'_>)> = match op {
-            Operator::Attention(a) => a
-                .linears_mut()
-                .into_iter()
-                .map(|(n, l)| (format!("self_attn.{n}"), LinearMut::Linear(l)))
-                .collect(),
-            Operator::Conv(c) => vec![
-                ("conv.in_proj".into(), LinearMut::Linear(&mut c.in_proj)),
-                ("conv.out_proj".into(), LinearMut::Linear(&mut c.out_proj)),
-            ],
-        };
-        match feed_forward {
-            FeedForward::Mlp { w1, w2, w3, names } => {
-                for (name, l) in [(names[0], w1), (names[1], w3), (names[2], w2)] {
-                    out.push((format!("feed_forward.{name}"), LinearMut::Linear(l)));
-                }
-            }
-            FeedForward::Moe(m) => {
-                for (name, l) in m.linears_mut() {
-                    out.push((format!("feed_forward.{name}"), l));
-                }
-            }
-        }
-        out
-    }
-
-    /// Every array of the layer under `path` (`model.layers.<i>`), for full fine-tuning.
-    fn parameters_mut(&mut self, path: &str) -> Result<Vec<LayerParam<'_>>> {
+impl Walkable for DecoderLayer {
+    /// The operator (`self_attn` or `conv`), the feed-forward block (`w1`, `w3`, `w2`, its
+    /// declaration order; lfm2_moe's experts: router, switch), then the norms.
+    fn walk<'a>(&'a mut self, path: &str, w: &mut Walk<'a>) {
         let DecoderLayer {
             op,
             feed_forward,
             operator_norm,
             ffn_norm,
         } = self;
-        let mut out = Vec::new();
         match op {
-            Operator::Attention(a) => a.parameters_mut(&format!("{path}.self_attn"), &mut out)?,
-            Operator::Conv(c) => c.parameters_mut(&format!("{path}.conv"), &mut out)?,
+            Operator::Attention(a) => a.walk(&join(path, "self_attn"), w),
+            Operator::Conv(c) => w.module(&join(path, "conv"), c),
         }
+        let ff = join(path, "feed_forward");
         match feed_forward {
             FeedForward::Mlp { w1, w2, w3, names } => {
-                for (name, l) in [(names[0], w1), (names[2], w2), (names[1], w3)] {
-                    l.parameters_mut(&format!("{path}.feed_forward.{name}"), &mut out)?;
+                for (name, l) in [(names[0], w1), (names[1], w3), (names[2], w2)] {
+                    w.linear(&join(&ff, name), l);
                 }
             }
-            FeedForward::Moe(m) => m.parameters_mut(&format!("{path}.feed_forward"), &mut out)?,
+            FeedForward::Moe(m) => m.walk(&ff, w),
         }
-        for (name, n) in [("operator_norm", operator_norm), ("ffn_norm", ffn_norm)] {
-            n.parameters_mut(&format!("{path}.{name}"), &mut out);
-        }
-        Ok(out)
+        w.rms_norm(&join(path, "operator_norm"), operator_norm);
+        w.rms_norm(&join(path, "ffn_norm"), ffn_norm);
     }
+}
 
+impl DecoderLayer {
     /// One layer at index `i` (for its error message) over `h`.
     fn forward(
         &self,
@@ -476,15 +438,7 @@ impl DecoderLayer {
     }
 }
 
-impl LayerArrays for DecoderLayer {
-    fn arrays_mut(&mut self) -> Result<Vec<LayerParam<'_>>> {
-        self.parameters_mut("")
-    }
-
-    fn linears(&mut self) -> Vec<LinearMut<'_>> {
-        self.linears_mut().into_iter().map(|(_, l)| l).collect()
-    }
-}
+impl LayerArrays for DecoderLayer {}
 
 #[derive(Clone)]
 enum Operator {
@@ -726,18 +680,5 @@ impl LanguageModel for Model {
         }
     }
 
-    fn layer_adaptables_mut(&mut self) -> Vec<Vec<(String, LinearMut<'_>)>> {
-        self.layers
-            .iter_mut()
-            .map(DecoderLayer::linears_mut)
-            .collect()
-    }
-
-    fn layer_parameters_mut(&mut self) -> Result<Vec<Vec<LayerParam<'_>>>> {
-        self.layers
-            .iter_mut()
-            .enumerate()
-            .map(|(i, l)| l.parameters_mut(&format!("model.layers.{i}")))
-            .collect()
-    }
+    kit::walked_layers!(layers);
 }

@@ -164,26 +164,13 @@ pub trait LanguageModel: Send {
         })
     }
 
-    /// The linears of each decoder layer (`model.layers`), under their path inside the layer
-    /// as mlx-lm names the modules (`self_attn.q_proj`), in the order the Python module
-    /// declares them; adapters (LoRA, DoRA) wrap or replace them in place. Empty when the
-    /// architecture does not support adapters.
-    fn layer_linears_mut(&mut self) -> Vec<Vec<(String, &mut Linear)>> {
-        Vec::new()
-    }
-
-    /// [`LanguageModel::layer_linears_mut`] with the switch (per-expert) linears too, in
-    /// the order mlx-lm's module declares them (MoE ports override it; the default gives the
-    /// linears). Adapters convert these.
+    /// The linears and switch (per-expert) linears of each decoder layer (`model.layers`),
+    /// under their path inside the layer as mlx-lm names the modules (`self_attn.q_proj`), in
+    /// the order the Python module declares them; adapters (LoRA, DoRA) wrap or replace them
+    /// in place. Empty when the architecture does not support adapters. Ports give it from
+    /// their layers' walk ([`crate::layers::Walk`]).
     fn layer_adaptables_mut(&mut self) -> Vec<Vec<(String, LinearMut<'_>)>> {
-        self.layer_linears_mut()
-            .into_iter()
-            .map(|l| {
-                l.into_iter()
-                    .map(|(n, x)| (n, LinearMut::Linear(x)))
-                    .collect()
-            })
-            .collect()
+        Vec::new()
     }
 
     /// The modules outside the decoder layers that adapters can wrap (an untied `lm_head`,

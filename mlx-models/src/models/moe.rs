@@ -11,8 +11,9 @@ use serde::Deserialize;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::{
-    scaled_dot_product_attention, Embedding, LayerParam, Linear, LinearMut, Mlp, MlpKind, MlpNames,
-    Norm, NormKind, RmsNorm, Rope, RopeScaling, SwitchActivation, SwitchGlu,
+    join, scaled_dot_product_attention, Embedding, LayerParam, Linear, LinearMut, Mlp, MlpKind,
+    MlpNames, Norm, NormKind, RmsNorm, Rope, RopeScaling, SwitchActivation, SwitchGlu, Walk,
+    Walkable,
 };
 use crate::models::checkpoint::{layer_stack, LayerArrays};
 use crate::models::{kit, LanguageModel};
@@ -1226,6 +1227,46 @@ serde_defaults! {
 }
 
 impl MoeSpec {
+    /// The values most rows share; each row sets its shape and what differs (the goldens
+    /// check every row). The shape fields here are placeholders a row always overrides.
+    fn defaults() -> MoeSpec {
+        MoeSpec {
+            model_type: String::new(),
+            hidden_size: 0,
+            num_hidden_layers: 0,
+            vocab_size: 0,
+            rms_norm_eps: 0.0,
+            tie_word_embeddings: false,
+            n_heads: 0,
+            n_kv_heads: 0,
+            head_dim: 0,
+            rope_theta: 0.0,
+            num_experts: 0,
+            top_k: 0,
+            moe_intermediate_size: 0,
+            router: Router::TopKThenSoftmax,
+            dense_layers: Vec::new(),
+            intermediate_size: 0,
+            qkv_bias: false,
+            o_bias: false,
+            qk_norm: QkNorm::None,
+            rope_traditional: false,
+            rope_scaling: None,
+            max_position_embeddings: None,
+            expert_bias: false,
+            shared_expert_intermediate_size: None,
+            moe_module: "mlp",
+            drops_tied_head: false,
+            attn_sinks: false,
+            moe_names: ["gate", "switch_mlp"],
+            router_bias: false,
+            activation: SwitchActivation::SwiGlu,
+            sliding: Vec::new(),
+            sliding_window: None,
+            extras: MoeExtras::default(),
+        }
+    }
+
     /// The row for `config.architecture`.
     pub fn from_config(config: &ModelConfig) -> Result<MoeSpec> {
         let spec = match config.architecture.as_str() {
@@ -1250,33 +1291,20 @@ impl MoeSpec {
                     n_heads: a.num_attention_heads,
                     n_kv_heads: a.num_key_value_heads,
                     head_dim: a.head_dim,
-                    qkv_bias: false,
-                    o_bias: false,
                     qk_norm: QkNorm::PerHead,
                     rope_theta: a.rope_theta,
-                    rope_traditional: false,
-                    rope_scaling: None,
                     max_position_embeddings: Some(a.max_position_embeddings),
                     num_experts: a.num_experts,
                     top_k: a.num_experts_per_tok,
                     moe_intermediate_size: a.moe_intermediate_size,
-                    expert_bias: false,
                     router: Router::SoftmaxUpperPartition {
                         norm_topk_prob: a.norm_topk_prob,
                         cast_back: true,
                     },
-                    shared_expert_intermediate_size: None,
                     dense_layers,
                     intermediate_size: a.intermediate_size,
-                    moe_module: "mlp",
                     drops_tied_head: true,
-                    attn_sinks: false,
-                    moe_names: ["gate", "switch_mlp"],
-                    router_bias: false,
-                    activation: SwitchActivation::SwiGlu,
-                    sliding: Vec::new(),
-                    sliding_window: None,
-                    extras: MoeExtras::default(),
+                    ..MoeSpec::defaults()
                 }
             }
             "qwen2_moe" => {
@@ -1304,16 +1332,11 @@ impl MoeSpec {
                     n_kv_heads: kv_heads(a.num_key_value_heads, a.num_attention_heads),
                     head_dim: head_dim_of(a.hidden_size, a.num_attention_heads)?,
                     qkv_bias: true,
-                    o_bias: false,
-                    qk_norm: QkNorm::None,
                     rope_theta: a.rope_theta,
                     rope_traditional: a.rope_traditional,
-                    rope_scaling: None,
-                    max_position_embeddings: None,
                     num_experts: a.num_experts,
                     top_k: a.num_experts_per_tok,
                     moe_intermediate_size: a.moe_intermediate_size,
-                    expert_bias: false,
                     router: Router::SoftmaxLowerPartition {
                         norm_topk_prob: false,
                         flatten: false,
@@ -1321,15 +1344,7 @@ impl MoeSpec {
                     shared_expert_intermediate_size: Some(a.shared_expert_intermediate_size),
                     dense_layers: vec![false; a.num_hidden_layers.max(0) as usize],
                     intermediate_size: a.intermediate_size,
-                    moe_module: "mlp",
-                    drops_tied_head: false,
-                    attn_sinks: false,
-                    moe_names: ["gate", "switch_mlp"],
-                    router_bias: false,
-                    activation: SwitchActivation::SwiGlu,
-                    sliding: Vec::new(),
-                    sliding_window: None,
-                    extras: MoeExtras::default(),
+                    ..MoeSpec::defaults()
                 }
             }
             "mixtral" => {
@@ -1344,30 +1359,17 @@ impl MoeSpec {
                     n_heads: a.num_attention_heads,
                     n_kv_heads: kv_heads(a.num_key_value_heads, a.num_attention_heads),
                     head_dim: head_dim_of(a.hidden_size, a.num_attention_heads)?,
-                    qkv_bias: false,
-                    o_bias: false,
-                    qk_norm: QkNorm::None,
                     rope_theta: a.rope_theta,
                     rope_traditional: a.rope_traditional,
-                    rope_scaling: None,
-                    max_position_embeddings: None,
                     num_experts: a.num_local_experts,
                     top_k: a.num_experts_per_tok,
                     moe_intermediate_size: a.intermediate_size,
-                    expert_bias: false,
                     router: Router::TopKThenSoftmax,
-                    shared_expert_intermediate_size: None,
                     dense_layers: vec![false; a.num_hidden_layers.max(0) as usize],
                     intermediate_size: a.intermediate_size,
                     moe_module: "block_sparse_moe",
                     drops_tied_head: true,
-                    attn_sinks: false,
-                    moe_names: ["gate", "switch_mlp"],
-                    router_bias: false,
-                    activation: SwitchActivation::SwiGlu,
-                    sliding: Vec::new(),
-                    sliding_window: None,
-                    extras: MoeExtras::default(),
+                    ..MoeSpec::defaults()
                 }
             }
             "olmoe" => {
@@ -1401,18 +1403,9 @@ impl MoeSpec {
                         norm_topk_prob: a.norm_topk_prob,
                         flatten: true,
                     },
-                    shared_expert_intermediate_size: None,
                     dense_layers: vec![false; a.num_hidden_layers.max(0) as usize],
                     intermediate_size: a.intermediate_size,
-                    moe_module: "mlp",
-                    drops_tied_head: false,
-                    attn_sinks: false,
-                    moe_names: ["gate", "switch_mlp"],
-                    router_bias: false,
-                    activation: SwitchActivation::SwiGlu,
-                    sliding: Vec::new(),
-                    sliding_window: None,
-                    extras: MoeExtras::default(),
+                    ..MoeSpec::defaults()
                 }
             }
             "gpt_oss" => {
@@ -1460,28 +1453,22 @@ impl MoeSpec {
                     head_dim: a.head_dim,
                     qkv_bias: true,
                     o_bias: true,
-                    qk_norm: QkNorm::None,
                     rope_theta: a.rope_theta,
-                    rope_traditional: false,
                     rope_scaling: a.rope_scaling,
-                    max_position_embeddings: None,
                     num_experts: a.num_local_experts,
                     top_k: a.num_experts_per_tok,
                     moe_intermediate_size: a.intermediate_size,
                     expert_bias: true,
                     router: Router::UpperTopKThenSoftmax,
-                    shared_expert_intermediate_size: None,
                     dense_layers: vec![false; n],
                     intermediate_size: a.intermediate_size,
-                    moe_module: "mlp",
-                    drops_tied_head: false,
                     attn_sinks: true,
                     moe_names: ["router", "experts"],
                     router_bias: true,
                     activation: SwitchActivation::SwiGluOai,
                     sliding: types.iter().map(|t| t == "sliding_attention").collect(),
                     sliding_window: Some(window),
-                    extras: MoeExtras::default(),
+                    ..MoeSpec::defaults()
                 }
             }
             "phimoe" => {
@@ -1501,35 +1488,23 @@ impl MoeSpec {
                     head_dim,
                     qkv_bias: true,
                     o_bias: true,
-                    qk_norm: QkNorm::None,
                     rope_theta: a.rope_theta,
-                    rope_traditional: false,
-                    rope_scaling: None,
-                    max_position_embeddings: None,
                     num_experts: a.num_local_experts,
                     top_k: a.num_experts_per_tok,
                     moe_intermediate_size: a.intermediate_size,
-                    expert_bias: false,
                     router: Router::SparseMixer {
                         jitter_eps: a.router_jitter_noise,
                     },
-                    shared_expert_intermediate_size: None,
                     dense_layers: vec![false; n],
                     intermediate_size: a.intermediate_size,
                     moe_module: "block_sparse_moe",
-                    drops_tied_head: false,
-                    attn_sinks: false,
-                    moe_names: ["gate", "switch_mlp"],
-                    router_bias: false,
-                    activation: SwitchActivation::SwiGlu,
-                    sliding: Vec::new(),
-                    sliding_window: None,
                     extras: MoeExtras {
                         layer_norm: true,
                         lm_head_bias: true,
                         rope: Some(rope),
                         ..MoeExtras::default()
                     },
+                    ..MoeSpec::defaults()
                 }
             }
             "Klear" => {
@@ -1562,27 +1537,15 @@ impl MoeSpec {
                     o_bias: a.attention_bias,
                     qk_norm: QkNorm::PerHead,
                     rope_theta: a.rope_theta,
-                    rope_traditional: false,
-                    rope_scaling: None,
-                    max_position_embeddings: None,
                     num_experts: a.num_experts,
                     top_k: a.num_experts_per_tok,
                     moe_intermediate_size: a.moe_intermediate_size,
-                    expert_bias: false,
                     router: Router::SigmoidBiased {
                         norm_topk_prob: a.norm_topk_prob,
                     },
-                    shared_expert_intermediate_size: None,
                     dense_layers,
                     intermediate_size: a.intermediate_size,
-                    moe_module: "mlp",
-                    drops_tied_head: false,
-                    attn_sinks: false,
                     moe_names: ["gate", "experts"],
-                    router_bias: false,
-                    activation: SwitchActivation::SwiGlu,
-                    sliding: Vec::new(),
-                    sliding_window: None,
                     extras: MoeExtras {
                         block: BlockExtras {
                             correction_bias: Some("expert_bias"),
@@ -1595,6 +1558,7 @@ impl MoeSpec {
                         },
                         ..MoeExtras::default()
                     },
+                    ..MoeSpec::defaults()
                 }
             }
             "hunyuan" => {
@@ -1655,25 +1619,13 @@ impl MoeSpec {
                         QkNorm::None
                     },
                     rope_theta: a.rope_theta,
-                    rope_traditional: false,
-                    rope_scaling: None,
-                    max_position_embeddings: None,
                     num_experts: a.num_experts,
                     top_k,
                     moe_intermediate_size: width,
-                    expert_bias: false,
                     router: Router::SoftmaxLowerF32Weights,
-                    shared_expert_intermediate_size: None,
                     dense_layers: vec![a.num_experts == 1; n],
                     intermediate_size: a.intermediate_size,
-                    moe_module: "mlp",
-                    drops_tied_head: false,
-                    attn_sinks: false,
                     moe_names: ["gate.wg", "switch_mlp"],
-                    router_bias: false,
-                    activation: SwitchActivation::SwiGlu,
-                    sliding: Vec::new(),
-                    sliding_window: None,
                     extras: MoeExtras {
                         rope: Some(rope),
                         attn_names: Some(["o_proj", "query_layernorm", "key_layernorm"]),
@@ -1685,6 +1637,7 @@ impl MoeSpec {
                         },
                         ..MoeExtras::default()
                     },
+                    ..MoeSpec::defaults()
                 }
             }
             "mellum" => {
@@ -1729,30 +1682,18 @@ impl MoeSpec {
                     n_heads: a.num_attention_heads,
                     n_kv_heads: a.num_key_value_heads,
                     head_dim: a.head_dim,
-                    qkv_bias: false,
-                    o_bias: false,
                     qk_norm: QkNorm::PerHead,
                     rope_theta: 10000.0,
-                    rope_traditional: false,
-                    rope_scaling: None,
-                    max_position_embeddings: None,
                     num_experts: a.num_experts,
                     top_k: a.num_experts_per_tok,
                     moe_intermediate_size: a.moe_intermediate_size,
-                    expert_bias: false,
                     router: Router::SoftmaxUpperPartition {
                         norm_topk_prob: a.norm_topk_prob,
                         cast_back: false,
                     },
-                    shared_expert_intermediate_size: None,
                     dense_layers: vec![false; n],
                     intermediate_size: a.intermediate_size,
-                    moe_module: "mlp",
                     drops_tied_head: true,
-                    attn_sinks: false,
-                    moe_names: ["gate", "switch_mlp"],
-                    router_bias: false,
-                    activation: SwitchActivation::SwiGlu,
                     sliding: a
                         .layer_types
                         .iter()
@@ -1764,6 +1705,7 @@ impl MoeSpec {
                         defines_make_cache: true,
                         ..MoeExtras::default()
                     },
+                    ..MoeSpec::defaults()
                 }
             }
             "exaone_moe" => {
@@ -1827,32 +1769,22 @@ impl MoeSpec {
                     n_heads: a.num_attention_heads,
                     n_kv_heads: a.num_key_value_heads,
                     head_dim: a.head_dim,
-                    qkv_bias: false,
-                    o_bias: false,
                     qk_norm: QkNorm::PerHead,
                     rope_theta,
-                    rope_traditional: false,
                     rope_scaling: a.rope_scaling,
                     max_position_embeddings: Some(a.max_position_embeddings),
                     num_experts: a.num_experts,
                     top_k: a.num_experts_per_tok,
                     moe_intermediate_size: a.moe_intermediate_size,
-                    expert_bias: false,
                     router: Router::Grouped {
                         n_group: a.n_group,
                         topk_group: a.topk_group,
                         routed_scaling_factor: a.routed_scaling_factor,
                         norm_topk_prob: a.norm_topk_prob,
                     },
-                    shared_expert_intermediate_size: None,
                     dense_layers: a.is_moe_layer.iter().map(|m| !m).collect(),
                     intermediate_size: a.intermediate_size,
-                    moe_module: "mlp",
                     drops_tied_head: true,
-                    attn_sinks: false,
-                    moe_names: ["gate", "switch_mlp"],
-                    router_bias: false,
-                    activation: SwitchActivation::SwiGlu,
                     sliding: sliding.clone(),
                     sliding_window: Some(window),
                     extras: MoeExtras {
@@ -1865,6 +1797,7 @@ impl MoeSpec {
                         },
                         ..MoeExtras::default()
                     },
+                    ..MoeSpec::defaults()
                 }
             }
             "bailing_moe" => {
@@ -1926,7 +1859,6 @@ impl MoeSpec {
                         QkNorm::None
                     },
                     rope_theta: a.rope_theta,
-                    rope_traditional: false,
                     rope_scaling: a.rope_scaling,
                     max_position_embeddings: Some(a.max_position_embeddings),
                     num_experts: a.num_experts,
@@ -1940,17 +1872,10 @@ impl MoeSpec {
                         norm_topk_prob: a.norm_topk_prob,
                         sigmoid,
                     },
-                    shared_expert_intermediate_size: None,
                     dense_layers: (0..n).map(|i| i < a.first_k_dense_replace).collect(),
                     intermediate_size: a.intermediate_size,
-                    moe_module: "mlp",
                     drops_tied_head: true,
-                    attn_sinks: false,
                     moe_names: ["gate.gate_proj", "switch_mlp"],
-                    router_bias: false,
-                    activation: SwitchActivation::SwiGlu,
-                    sliding: Vec::new(),
-                    sliding_window: None,
                     extras: MoeExtras {
                         rope_dims: Some(rope_dims),
                         dense_bias: a.use_bias,
@@ -1968,6 +1893,7 @@ impl MoeSpec {
                         },
                         ..MoeExtras::default()
                     },
+                    ..MoeSpec::defaults()
                 }
             }
             "afmoe" => {
@@ -2034,17 +1960,13 @@ impl MoeSpec {
                     n_heads: a.num_attention_heads,
                     n_kv_heads: a.num_key_value_heads,
                     head_dim: a.head_dim,
-                    qkv_bias: false,
-                    o_bias: false,
                     qk_norm: QkNorm::PerHead,
                     rope_theta: a.rope_theta,
-                    rope_traditional: false,
                     rope_scaling: a.rope_scaling,
                     max_position_embeddings: Some(a.max_position_embeddings),
                     num_experts: a.num_experts,
                     top_k: a.num_experts_per_tok,
                     moe_intermediate_size: a.moe_intermediate_size,
-                    expert_bias: false,
                     router: Router::GroupedPlain {
                         n_group: a.n_group,
                         topk_group: a.topk_group,
@@ -2052,15 +1974,10 @@ impl MoeSpec {
                         route_norm: a.route_norm,
                         sigmoid,
                     },
-                    shared_expert_intermediate_size: None,
                     dense_layers: (0..n as i32).map(|i| i < a.num_dense_layers).collect(),
                     intermediate_size: a.intermediate_size,
-                    moe_module: "mlp",
                     drops_tied_head: true,
-                    attn_sinks: false,
                     moe_names: ["router.gate", "experts"],
-                    router_bias: false,
-                    activation: SwitchActivation::SwiGlu,
                     sliding: sliding.clone(),
                     sliding_window: Some(window),
                     extras: MoeExtras {
@@ -2079,6 +1996,7 @@ impl MoeSpec {
                         },
                         ..MoeExtras::default()
                     },
+                    ..MoeSpec::defaults()
                 }
             }
             "laguna" => {
@@ -2159,26 +2077,17 @@ impl MoeSpec {
                     o_bias: a.attention_bias,
                     qk_norm: QkNorm::PerHead,
                     rope_theta: 10000.0,
-                    rope_traditional: false,
-                    rope_scaling: None,
-                    max_position_embeddings: None,
                     num_experts: a.num_experts,
                     top_k: a.num_experts_per_tok,
                     moe_intermediate_size: a.moe_intermediate_size,
-                    expert_bias: false,
                     router: Router::Laguna {
                         softcap: a.moe_router_logit_softcapping,
                         sqrt_softplus,
                     },
-                    shared_expert_intermediate_size: None,
                     dense_layers: mlp_types.iter().map(|t| t != "sparse").collect(),
                     intermediate_size: a.intermediate_size,
-                    moe_module: "mlp",
                     drops_tied_head: true,
-                    attn_sinks: false,
                     moe_names: ["gate.proj", "switch_mlp"],
-                    router_bias: false,
-                    activation: SwitchActivation::SwiGlu,
                     sliding,
                     sliding_window: window,
                     extras: MoeExtras {
@@ -2195,6 +2104,7 @@ impl MoeSpec {
                         },
                         ..MoeExtras::default()
                     },
+                    ..MoeSpec::defaults()
                 }
             }
             "granitemoe" => {
@@ -2212,28 +2122,18 @@ impl MoeSpec {
                     head_dim: head_dim_of(a.hidden_size, a.num_attention_heads)?,
                     qkv_bias: a.attention_bias,
                     o_bias: a.attention_bias,
-                    qk_norm: QkNorm::None,
                     rope_theta: a.rope_theta,
-                    rope_traditional: false,
                     rope_scaling: a.rope_scaling,
                     max_position_embeddings: Some(a.max_position_embeddings),
                     num_experts: a.num_local_experts,
                     top_k: a.num_experts_per_tok,
                     moe_intermediate_size: a.intermediate_size,
-                    expert_bias: false,
                     router: Router::UpperTopKThenSoftmaxF32,
-                    shared_expert_intermediate_size: None,
                     dense_layers: vec![false; n],
                     intermediate_size: a.intermediate_size,
                     moe_module: "block_sparse_moe",
                     // Its `sanitize` drops a tied head only when it splits `input_linear`.
-                    drops_tied_head: false,
-                    attn_sinks: false,
                     moe_names: ["router.layer", "switch_mlp"],
-                    router_bias: false,
-                    activation: SwitchActivation::SwiGlu,
-                    sliding: Vec::new(),
-                    sliding_window: None,
                     extras: MoeExtras {
                         embedding_multiplier: Some(a.embedding_multiplier as f32),
                         residual_multiplier: Some(a.residual_multiplier as f32),
@@ -2241,6 +2141,7 @@ impl MoeSpec {
                         attention_scale: Some(a.attention_multiplier as f32),
                         ..MoeExtras::default()
                     },
+                    ..MoeSpec::defaults()
                 }
             }
             "minimax" => {
@@ -2266,33 +2167,19 @@ impl MoeSpec {
                     n_heads: a.num_attention_heads,
                     n_kv_heads: a.num_key_value_heads,
                     head_dim,
-                    qkv_bias: false,
-                    o_bias: false,
                     qk_norm: if a.use_qk_norm {
                         QkNorm::Full
                     } else {
                         QkNorm::None
                     },
                     rope_theta: a.rope_theta,
-                    rope_traditional: false,
-                    rope_scaling: None,
-                    max_position_embeddings: None,
                     num_experts: a.num_local_experts,
                     top_k: a.num_experts_per_tok,
                     moe_intermediate_size: a.intermediate_size,
-                    expert_bias: false,
                     router: Router::SigmoidCorrected,
-                    shared_expert_intermediate_size: None,
                     dense_layers: vec![false; n],
                     intermediate_size: a.intermediate_size,
                     moe_module: "block_sparse_moe",
-                    drops_tied_head: false,
-                    attn_sinks: false,
-                    moe_names: ["gate", "switch_mlp"],
-                    router_bias: false,
-                    activation: SwitchActivation::SwiGlu,
-                    sliding: Vec::new(),
-                    sliding_window: None,
                     extras: MoeExtras {
                         rope_dims: Some(a.rotary_dim),
                         block: BlockExtras {
@@ -2301,6 +2188,7 @@ impl MoeSpec {
                         },
                         ..MoeExtras::default()
                     },
+                    ..MoeSpec::defaults()
                 }
             }
             "ernie4_5_moe" => {
@@ -2352,27 +2240,16 @@ impl MoeSpec {
                     head_dim,
                     qkv_bias: a.use_bias,
                     o_bias: a.use_bias,
-                    qk_norm: QkNorm::None,
                     rope_theta: a.rope_theta,
                     rope_traditional: true,
-                    rope_scaling: None,
                     max_position_embeddings: Some(a.max_position_embeddings),
                     num_experts: a.moe_num_experts,
                     top_k: a.moe_k,
                     moe_intermediate_size: moe_width,
                     expert_bias: a.use_bias,
                     router: Router::NormalizedTopK { sigmoid },
-                    shared_expert_intermediate_size: None,
                     dense_layers,
                     intermediate_size: a.intermediate_size,
-                    moe_module: "mlp",
-                    drops_tied_head: false,
-                    attn_sinks: false,
-                    moe_names: ["gate", "switch_mlp"],
-                    router_bias: false,
-                    activation: SwitchActivation::SwiGlu,
-                    sliding: Vec::new(),
-                    sliding_window: None,
                     extras: MoeExtras {
                         dense_bias: a.use_bias,
                         block: BlockExtras {
@@ -2381,6 +2258,7 @@ impl MoeSpec {
                         },
                         ..MoeExtras::default()
                     },
+                    ..MoeSpec::defaults()
                 }
             }
             other => {
@@ -2613,44 +2491,10 @@ impl Attention {
         })
     }
 
-    /// Every array of the attention under `path` (`...self_attn`), for full fine-tuning.
-    /// The projections under their names (`q_proj`, `k_proj`, `v_proj`, then the output
-    /// projection under this model's name), the order every mlx-lm attention here declares
-    /// them in.
-    pub(crate) fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
-        let Attention {
-            q_proj,
-            k_proj,
-            v_proj,
-            o_proj,
-            names: [o_name, ..],
-            q_name,
-            out_gate,
-            head_gate,
-            ..
-        } = self;
-        let mut out: Vec<(String, &mut Linear)> = vec![(q_name.to_string(), q_proj)];
-        if let Some(k) = k_proj {
-            out.push(("k_proj".into(), k));
-        }
-        if let Some(v) = v_proj {
-            out.push(("v_proj".into(), v));
-        }
-        out.push((o_name.to_string(), o_proj));
-        if let Some(g) = out_gate {
-            out.push(("gate_proj".into(), g));
-        }
-        if let Some(g) = head_gate {
-            out.push(("g_proj".into(), g));
-        }
-        out
-    }
-
-    pub(crate) fn parameters_mut<'a>(
-        &'a mut self,
-        path: &str,
-        out: &mut Vec<LayerParam<'a>>,
-    ) -> Result<()> {
+    /// Walks the projections under their names (`q_proj`, `k_proj`, `v_proj`, then the
+    /// output projection under this model's name, the order every mlx-lm attention here
+    /// declares them in), the q/k norms, the output and head gates, and the sinks.
+    pub(crate) fn walk<'a>(&'a mut self, path: &str, w: &mut Walk<'a>) {
         let Attention {
             q_proj,
             k_proj,
@@ -2665,32 +2509,21 @@ impl Attention {
             head_gate,
             ..
         } = self;
-        let p = |n: &str| format!("{path}.{n}");
-        for (name, l) in [
-            (*q_proj_name, Some(q_proj)),
-            ("k_proj", k_proj.as_mut()),
-            ("v_proj", v_proj.as_mut()),
-            (*o_name, Some(o_proj)),
-        ] {
-            if let Some(l) = l {
-                l.parameters_mut(&p(name), out)?;
-            }
-        }
+        let p = |n: &str| join(path, n);
+        w.linear(&p(q_proj_name), q_proj);
+        w.linear_opt(&p("k_proj"), k_proj.as_mut());
+        w.linear_opt(&p("v_proj"), v_proj.as_mut());
+        w.linear(&p(o_name), o_proj);
         for (name, n) in [(*q_name, q_norm), (*k_name, k_norm)] {
             if let Some(n) = n {
-                n.parameters_mut(&p(name), out);
+                w.rms_norm(&p(name), n);
             }
         }
-        if let Some(g) = out_gate {
-            g.parameters_mut(&p("gate_proj"), out)?;
-        }
-        if let Some(g) = head_gate {
-            g.parameters_mut(&p("g_proj"), out)?;
-        }
+        w.linear_opt(&p("gate_proj"), out_gate.as_mut());
+        w.linear_opt(&p("g_proj"), head_gate.as_mut());
         if let Some(sinks) = sinks {
-            LayerParam::push(out, path, "sinks", sinks, false);
+            w.array(path, "sinks", sinks);
         }
-        Ok(())
     }
 
     pub(crate) fn forward(
@@ -2963,58 +2796,11 @@ impl SparseMoe {
         })
     }
 
-    /// Every array of the block under `path`, for full fine-tuning: router, experts, shared
-    /// expert and its gate.
-    /// The router, the experts' switch linears and the shared expert's linears under their
-    /// paths inside the block, in the order mlx-lm's blocks declare them (gpt_oss: experts,
-    /// router; the others: gate, switch_mlp, shared_expert, shared_expert_gate).
-    pub fn linears_mut(&mut self) -> Vec<(String, LinearMut<'_>)> {
-        let SparseMoe {
-            gate,
-            switch_mlp,
-            shared_expert,
-            names: [router, experts],
-            plain_shared,
-            plain_shared_name: shared_name,
-            coefficient,
-            ..
-        } = self;
-        let router_name = router.to_string();
-        let mut out: Vec<(String, LinearMut<'_>)> = switch_mlp
-            .linears_mut()
-            .into_iter()
-            .map(|(n, l)| (format!("{experts}.{n}"), LinearMut::Switch(l)))
-            .collect();
-        // gpt_oss's `MLPBlock` declares `experts` before `router`; the others' blocks
-        // declare `gate` first.
-        let pos = if router_name == "router" {
-            out.len()
-        } else {
-            0
-        };
-        out.insert(pos, (router_name, LinearMut::Linear(gate)));
-        if let Some((mlp, shared_gate)) = shared_expert {
-            for (n, l) in mlp.linears_mut(&MlpNames::LLAMA) {
-                out.push((format!("shared_expert.{n}"), LinearMut::Linear(l)));
-            }
-            out.push(("shared_expert_gate".into(), LinearMut::Linear(shared_gate)));
-        }
-        if let Some(mlp) = plain_shared {
-            for (n, l) in mlp.linears_mut(&MlpNames::LLAMA) {
-                out.push((format!("{shared_name}.{n}"), LinearMut::Linear(l)));
-            }
-        }
-        if let Some(c) = coefficient {
-            out.push(("coefficient".into(), LinearMut::Linear(c)));
-        }
-        out
-    }
-
-    pub fn parameters_mut<'a>(
-        &'a mut self,
-        path: &str,
-        out: &mut Vec<LayerParam<'a>>,
-    ) -> Result<()> {
+    /// Walks the router, the experts' switch linears (then the router's correction bias),
+    /// the shared expert and its gate, the plain shared experts and the coefficient, in the
+    /// order mlx-lm's blocks declare them (gpt_oss: experts, router; the others: gate,
+    /// switch_mlp, shared_expert, shared_expert_gate).
+    pub fn walk<'a>(&'a mut self, path: &str, w: &mut Walk<'a>) {
         let SparseMoe {
             gate,
             switch_mlp,
@@ -3026,23 +2812,28 @@ impl SparseMoe {
             coefficient,
             ..
         } = self;
-        let p = |n: &str| format!("{path}.{n}");
-        gate.parameters_mut(&p(router), out)?;
-        switch_mlp.parameters_mut(&p(experts), out);
-        if let Some((name, b)) = correction_bias {
-            LayerParam::push(out, path, name, b, false);
+        let p = |n: &str| join(path, n);
+        // gpt_oss's `MLPBlock` declares `experts` before `router`; the others' blocks
+        // declare `gate` first.
+        let mut gate = Some(gate);
+        if *router != "router" {
+            w.linear_opt(&p(router), gate.take());
         }
+        w.module(&p(experts), switch_mlp);
+        if let Some((name, b)) = correction_bias {
+            w.array(path, name, b);
+        }
+        w.linear_opt(&p(router), gate.take());
         if let Some((mlp, shared_gate)) = shared_expert {
-            mlp.parameters_mut(&p("shared_expert"), &MlpNames::LLAMA, out)?;
-            shared_gate.parameters_mut(&p("shared_expert_gate"), out)?;
+            mlp.walk(&p("shared_expert"), &MlpNames::LLAMA, w);
+            w.linear(&p("shared_expert_gate"), shared_gate);
         }
         if let Some(mlp) = plain_shared {
-            mlp.parameters_mut(&p(plain_shared_name), &MlpNames::LLAMA, out)?;
+            mlp.walk(&p(plain_shared_name), &MlpNames::LLAMA, w);
         }
         if let Some(c) = coefficient {
-            c.parameters_mut(&p("coefficient"), out)?;
+            w.linear(&p("coefficient"), c);
         }
-        Ok(())
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
@@ -3391,28 +3182,11 @@ pub(crate) enum Ffn {
 }
 
 impl Ffn {
-    /// The block's arrays under `path` (full fine-tuning).
-    pub(crate) fn parameters_mut<'a>(
-        &'a mut self,
-        path: &str,
-        out: &mut Vec<LayerParam<'a>>,
-    ) -> Result<()> {
+    /// Walks the dense MLP (gate, down, up) or the experts' block.
+    pub(crate) fn walk<'a>(&'a mut self, path: &str, w: &mut Walk<'a>) {
         match self {
-            Ffn::Dense(m) => m.parameters_mut(path, &MlpNames::LLAMA, out),
-            Ffn::Sparse(m) => m.parameters_mut(path, out),
-        }
-    }
-
-    /// The block's linears and switch linears under their paths inside it, in mlx-lm's
-    /// declaration order (a dense MLP: gate, down, up).
-    pub(crate) fn linears_mut(&mut self) -> Vec<(String, LinearMut<'_>)> {
-        match self {
-            Ffn::Dense(m) => m
-                .linears_mut(&MlpNames::LLAMA)
-                .into_iter()
-                .map(|(n, l)| (n.to_string(), LinearMut::Linear(l)))
-                .collect(),
-            Ffn::Sparse(m) => m.linears_mut(),
+            Ffn::Dense(m) => m.walk(path, &MlpNames::LLAMA, w),
+            Ffn::Sparse(m) => m.walk(path, w),
         }
     }
 
@@ -3439,29 +3213,8 @@ struct DecoderLayer {
 }
 
 impl DecoderLayer {
-    /// The layer's linears and switch linears under their paths inside it (`ffn` is the
-    /// feed-forward block's module name), attention first.
-    fn linears_mut(&mut self, ffn: &str) -> Vec<(String, LinearMut<'_>)> {
-        let DecoderLayer {
-            self_attn,
-            ffn: block,
-            attn_module: attn,
-            ..
-        } = self;
-        let mut out: Vec<(String, LinearMut<'_>)> = self_attn
-            .linears_mut()
-            .into_iter()
-            .map(|(n, l)| (format!("{attn}.{n}"), LinearMut::Linear(l)))
-            .collect();
-        for (n, l) in block.linears_mut() {
-            out.push((format!("{ffn}.{n}"), l));
-        }
-        out
-    }
-
-    /// Every array of the layer under `path` (`model.layers.<i>`); `ffn` is the feed-forward
-    /// block's module name.
-    fn parameters_mut(&mut self, path: &str, ffn: &str) -> Result<Vec<LayerParam<'_>>> {
+    /// Walks the attention, the feed-forward block (module name `ffn`) and the norms.
+    fn walk<'a>(&'a mut self, path: &str, ffn: &str, w: &mut Walk<'a>) {
         let DecoderLayer {
             self_attn,
             ffn: block,
@@ -3471,20 +3224,17 @@ impl DecoderLayer {
             mlp_norms,
             ..
         } = self;
-        let mut out = Vec::new();
-        self_attn.parameters_mut(&format!("{path}.{attn_module}"), &mut out)?;
-        block.parameters_mut(&format!("{path}.{ffn}"), &mut out)?;
-        for (name, n) in [
-            ("input_layernorm", input_layernorm),
-            ("post_attention_layernorm", post_attention_layernorm),
-        ] {
-            n.parameters_mut(&format!("{path}.{name}"), &mut out);
-        }
+        self_attn.walk(&join(path, attn_module), w);
+        block.walk(&join(path, ffn), w);
+        w.norm(&join(path, "input_layernorm"), input_layernorm);
+        w.norm(
+            &join(path, "post_attention_layernorm"),
+            post_attention_layernorm,
+        );
         if let Some((pre, post)) = mlp_norms {
-            pre.parameters_mut(&format!("{path}.pre_mlp_layernorm"), &mut out);
-            post.parameters_mut(&format!("{path}.post_mlp_layernorm"), &mut out);
+            w.norm(&join(path, "pre_mlp_layernorm"), pre);
+            w.norm(&join(path, "post_mlp_layernorm"), post);
         }
-        Ok(out)
     }
 
     fn forward(
@@ -3535,18 +3285,14 @@ impl DecoderLayer {
     }
 }
 
-impl LayerArrays for DecoderLayer {
-    fn arrays_mut(&mut self) -> Result<Vec<LayerParam<'_>>> {
-        self.parameters_mut("", "ffn")
-    }
-
-    fn linears(&mut self) -> Vec<LinearMut<'_>> {
-        self.linears_mut("ffn")
-            .into_iter()
-            .map(|(_, l)| l)
-            .collect()
+impl Walkable for DecoderLayer {
+    /// The checkpoints' walk (the names are not used there).
+    fn walk<'a>(&'a mut self, path: &str, w: &mut Walk<'a>) {
+        DecoderLayer::walk(self, path, "ffn", w);
     }
 }
+
+impl LayerArrays for DecoderLayer {}
 
 /// A mixture-of-experts decoder (mixtral, qwen2_moe, qwen3_moe, olmoe).
 pub struct Model {
@@ -4373,7 +4119,10 @@ impl LanguageModel for Model {
         layers
             .iter_mut()
             .zip(&spec.dense_layers)
-            .map(|(l, dense)| l.linears_mut(if *dense { "mlp" } else { spec.moe_module }))
+            .map(|(l, dense)| {
+                let ffn = if *dense { "mlp" } else { spec.moe_module };
+                Walk::linears(move |w| l.walk("", ffn, w))
+            })
             .collect()
     }
 
@@ -4385,7 +4134,7 @@ impl LanguageModel for Model {
             .enumerate()
             .map(|(i, (l, dense))| {
                 let ffn = if *dense { "mlp" } else { spec.moe_module };
-                l.parameters_mut(&format!("model.layers.{i}"), ffn)
+                Walk::params(&format!("model.layers.{i}"), move |w| l.walk("", ffn, w))
             })
             .collect()
     }

@@ -12,7 +12,7 @@ use serde_json::Value;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::ssm::{arrays_cache, GatedNorm, Mamba2Dims, Mamba2Mixer};
-use crate::layers::{relu2, scaled_dot_product_attention, Embedding, Linear, RmsNorm};
+use crate::layers::{relu2, Embedding, Linear, RmsNorm};
 use crate::models::mamba::{conv_kernel_ok, positive, sanitize};
 use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
@@ -222,18 +222,10 @@ impl Attention {
         mask: &AttentionMask,
         cache: Option<&mut Box<dyn Cache>>,
     ) -> Result<Array> {
-        let sh = x.shape();
-        let (b, l) = (sh[0], sh[1]);
-        let heads = |y: Array, n: i32| y.reshape(&[b, l, n, -1])?.transpose(&[0, 2, 1, 3]);
-        let q = heads(self.q_proj.forward(x)?, self.n_heads)?;
-        let k = heads(self.k_proj.forward(x)?, self.n_kv_heads)?;
-        let v = heads(self.v_proj.forward(x)?, self.n_kv_heads)?;
-        let kv = match cache {
-            Some(c) => c.update_and_fetch(&k, &v)?,
-            None => mlx_cache::Kv::Dense { keys: k, values: v },
-        };
-        let out = scaled_dot_product_attention(&q, &kv, self.scale, mask, None)?;
-        let out = out.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
+        let q = kit::split_heads(&self.q_proj.forward(x)?, self.n_heads)?;
+        let k = kit::split_heads(&self.k_proj.forward(x)?, self.n_kv_heads)?;
+        let v = kit::split_heads(&self.v_proj.forward(x)?, self.n_kv_heads)?;
+        let out = kit::rope_attend(q, k, v, None, cache, self.scale, mask)?;
         self.o_proj.forward(&out)
     }
 }

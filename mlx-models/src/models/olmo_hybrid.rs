@@ -13,7 +13,7 @@ use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::gated_delta::{compute_g, gated_delta_ops, normalize_qk, RmsNormGated};
 use crate::layers::ssm::{arrays_cache, store_recurrent, DepthwiseConv};
-use crate::layers::{scaled_dot_product_attention, silu, Embedding, Linear, RmsNorm, Rope};
+use crate::layers::{silu, Embedding, Linear, RmsNorm, Rope};
 use crate::models::mamba::{conv_kernel_ok, positive};
 use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
@@ -243,7 +243,6 @@ struct Attention {
     rope: Option<Rope>,
     n_heads: i32,
     n_kv_heads: i32,
-    head_dim: i32,
     scale: f32,
 }
 
@@ -283,7 +282,6 @@ impl Attention {
             },
             n_heads: h,
             n_kv_heads: kv,
-            head_dim: hd,
             scale: f64::from(hd).powf(-0.5) as f32,
         })
     }
@@ -294,29 +292,13 @@ impl Attention {
         mask: &AttentionMask,
         cache: Option<&mut Box<dyn Cache>>,
     ) -> Result<Array> {
-        let sh = x.shape();
-        let (b, l) = (sh[0], sh[1]);
         let q = self.q_norm.forward(&self.q_proj.forward(x)?)?;
         let k = self.k_norm.forward(&self.k_proj.forward(x)?)?;
         let v = self.v_proj.forward(x)?;
-        let heads = |y: &Array, n: i32| {
-            y.reshape(&[b, l, n, self.head_dim])?
-                .transpose(&[0, 2, 1, 3])
-        };
-        let mut q = heads(&q, self.n_heads)?;
-        let mut k = heads(&k, self.n_kv_heads)?;
-        let v = heads(&v, self.n_kv_heads)?;
-        let offset = cache.as_ref().map_or(0, |c| c.offset());
-        if let Some(rope) = &self.rope {
-            q = rope.forward(&q, offset)?;
-            k = rope.forward(&k, offset)?;
-        }
-        let kv = match cache {
-            Some(c) => c.update_and_fetch(&k, &v)?,
-            None => mlx_cache::Kv::Dense { keys: k, values: v },
-        };
-        let out = scaled_dot_product_attention(&q, &kv, self.scale, mask, None)?;
-        let out = out.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
+        let q = kit::split_heads(&q, self.n_heads)?;
+        let k = kit::split_heads(&k, self.n_kv_heads)?;
+        let v = kit::split_heads(&v, self.n_kv_heads)?;
+        let out = kit::rope_attend(q, k, v, self.rope.as_ref(), cache, self.scale, mask)?;
         self.o_proj.forward(&out)
     }
 }

@@ -15,7 +15,7 @@ use serde::Deserialize;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::ssm::{arrays_cache, ssm_attn, DepthwiseConv, SsmParams};
-use crate::layers::{scaled_dot_product_attention, silu, swiglu, Embedding, Linear, Norm, Rope};
+use crate::layers::{silu, swiglu, Embedding, Linear, Norm, Rope};
 use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
@@ -367,11 +367,8 @@ impl Model {
         };
         let q = per_head(&q, &a.q_weight)?;
         let k = per_head(&k, &a.k_weight)?;
-        let offset = cache.as_ref().map_or(0, |c| c.offset());
-        let q = self.rope.forward(&q, offset)?;
-        let kv_all = kit::cached_kv(cache, self.rope.forward(&k, offset)?, v)?;
-        let out = scaled_dot_product_attention(&q, &kv_all, self.scale, mask, None)?;
-        a.o_proj.forward(&kit::merge_heads(&out)?)
+        let out = kit::rope_attend(q, k, v, Some(&self.rope), cache, self.scale, mask)?;
+        a.o_proj.forward(&out)
     }
 
     fn hidden_states(

@@ -19,11 +19,10 @@ use crate::error::{ModelError, Result};
 use crate::layers::gated_delta::{
     gated_delta_update, gated_delta_update_fast, normalize_qk, RmsNormGated,
 };
+use crate::layers::{join, Walk, Walkable};
 use crate::layers::{
-    scaled_dot_product_attention, silu, Embedding, Linear, Mlp, MlpKind, RmsNorm, Rope,
-    RopeScaling, SwitchActivation,
+    silu, Embedding, Linear, Mlp, MlpKind, RmsNorm, Rope, RopeScaling, SwitchActivation,
 };
-use crate::layers::{LayerParam, LinearMut};
 use crate::models::checkpoint::{layer_stack, LayerArrays};
 use crate::models::moe::{Ffn, Router, SparseMoe, SparseMoeParams};
 use crate::models::{kit, LanguageModel};
@@ -439,23 +438,15 @@ impl Attention {
             None,
         )?)?)?;
         let values = heads(&ops::reshape(&values, &[b, l, self.n_kv_heads, -1], None)?)?;
-        let (queries, kv) = match cache {
-            Some(c) => {
-                let offset = c.offset();
-                let q = self.rope.forward(&queries, offset)?;
-                let k = self.rope.forward(&keys, offset)?;
-                (q, c.update_and_fetch(&k, &values)?)
-            }
-            None => (
-                self.rope.forward(&queries, 0)?,
-                mlx_cache::Kv::Dense {
-                    keys: self.rope.forward(&keys, 0)?,
-                    values,
-                },
-            ),
-        };
-        let out = scaled_dot_product_attention(&queries, &kv, self.scale, mask, None)?;
-        let out = ops::reshape(&heads(&out)?, &[b, l, -1], None)?;
+        let out = kit::rope_attend(
+            queries,
+            keys,
+            values,
+            Some(&self.rope),
+            cache,
+            self.scale,
+            mask,
+        )?;
         self.o_proj.forward(&(&out * &ops::sigmoid(&gate, None)?)?)
     }
 }
@@ -485,30 +476,18 @@ impl Attention {
         self.n_kv_heads = (self.n_kv_heads / n).max(1);
         Ok(())
     }
+}
 
-    /// Every array of the attention under `path` (`...self_attn`), for full fine-tuning.
-    fn parameters_mut<'a>(&'a mut self, path: &str, out: &mut Vec<LayerParam<'a>>) -> Result<()> {
-        let Attention {
-            q_proj,
-            k_proj,
-            v_proj,
-            o_proj,
-            q_norm,
-            k_norm,
-            ..
-        } = self;
-        for (name, l) in [
-            ("q_proj", q_proj),
-            ("k_proj", k_proj),
-            ("v_proj", v_proj),
-            ("o_proj", o_proj),
-        ] {
-            l.parameters_mut(&format!("{path}.{name}"), out)?;
-        }
-        for (name, n) in [("q_norm", q_norm), ("k_norm", k_norm)] {
-            n.parameters_mut(&format!("{path}.{name}"), out);
-        }
-        Ok(())
+impl Walkable for Attention {
+    /// The projections, then the q/k norms.
+    fn walk<'a>(&'a mut self, path: &str, w: &mut Walk<'a>) {
+        let p = |n: &str| join(path, n);
+        w.linear(&p("q_proj"), &mut self.q_proj);
+        w.linear(&p("k_proj"), &mut self.k_proj);
+        w.linear(&p("v_proj"), &mut self.v_proj);
+        w.linear(&p("o_proj"), &mut self.o_proj);
+        w.rms_norm(&p("q_norm"), &mut self.q_norm);
+        w.rms_norm(&p("k_norm"), &mut self.k_norm);
     }
 }
 
@@ -546,6 +525,31 @@ struct GatedDeltaNet {
     use_kernel: bool,
     /// mlx-lm's `sharding_group` (qwen3_5's `shard()`): the output summed over the group.
     sharded: bool,
+}
+
+impl Walkable for GatedDeltaNet {
+    /// The input projections and `out_proj`, then the block's own arrays under mlx-lm's
+    /// names (`conv1d.weight`, `dt_bias`, `A_log`, `norm.weight`).
+    fn walk<'a>(&'a mut self, path: &str, w: &mut Walk<'a>) {
+        let p = |n: &str| join(path, n);
+        match &mut self.proj {
+            Projections::Fused { qkvz, ba } => {
+                w.linear(&p("in_proj_qkvz"), qkvz);
+                w.linear(&p("in_proj_ba"), ba);
+            }
+            Projections::Split { qkv, z, b, a } => {
+                w.linear(&p("in_proj_qkv"), qkv);
+                w.linear(&p("in_proj_z"), z);
+                w.linear(&p("in_proj_b"), b);
+                w.linear(&p("in_proj_a"), a);
+            }
+        }
+        w.linear(&p("out_proj"), &mut self.out_proj);
+        w.array(&p("conv1d"), "weight", &mut self.conv1d_weight);
+        w.array(path, "dt_bias", &mut self.dt_bias);
+        w.array(path, "A_log", &mut self.a_log);
+        w.array(&p("norm"), "weight", &mut self.norm.weight);
+    }
 }
 
 impl GatedDeltaNet {
@@ -599,39 +603,6 @@ impl GatedDeltaNet {
             use_kernel: false,
             sharded: false,
         })
-    }
-
-    /// Every array of the block under `path` (`...linear_attn`), for full fine-tuning, under
-    /// mlx-lm's names (`A_log`, `conv1d.weight`, `in_proj_*`).
-    fn parameters_mut<'a>(&'a mut self, path: &str, out: &mut Vec<LayerParam<'a>>) -> Result<()> {
-        let GatedDeltaNet {
-            conv1d_weight,
-            proj,
-            dt_bias,
-            a_log,
-            norm,
-            out_proj,
-            ..
-        } = self;
-        let p = |n: &str| format!("{path}.{n}");
-        let linears: Vec<(&str, &mut Linear)> = match proj {
-            Projections::Fused { qkvz, ba } => vec![("in_proj_qkvz", qkvz), ("in_proj_ba", ba)],
-            Projections::Split { qkv, z, b, a } => vec![
-                ("in_proj_qkv", qkv),
-                ("in_proj_z", z),
-                ("in_proj_b", b),
-                ("in_proj_a", a),
-            ],
-        };
-        for (name, l) in linears {
-            l.parameters_mut(&p(name), out)?;
-        }
-        out_proj.parameters_mut(&p("out_proj"), out)?;
-        LayerParam::push(out, &p("conv1d"), "weight", conv1d_weight, false);
-        LayerParam::push(out, path, "dt_bias", dt_bias, false);
-        LayerParam::push(out, path, "A_log", a_log, false);
-        LayerParam::push(out, &p("norm"), "weight", &mut norm.weight, false);
-        Ok(())
     }
 
     /// `(mixed_qkv (B, S, conv_dim), z (B, S, nv, dv), b (B, S, nv), a (B, S, nv))`.
@@ -818,70 +789,29 @@ struct DecoderLayer {
     post_attention_layernorm: RmsNorm,
 }
 
-impl DecoderLayer {
-    /// The layer's linears and switch linears under their mlx-lm paths, in declaration
-    /// order (the mixer, then `mlp`).
-    fn linears_mut(&mut self) -> Vec<(String, LinearMut<'_>)> {
-        let DecoderLayer { mixer, mlp, .. } = self;
-        let mut out: Vec<(String, LinearMut<'_>)> = match mixer {
-            Mixer::Attention(a) => [
-                ("q_proj", &mut a.q_proj),
-                ("k_proj", &mut a.k_proj),
-                ("v_proj", &mut a.v_proj),
-                ("o_proj", &mut a.o_proj),
-            ]
-            .into_iter()
-            .map(|(n, l)| (format!("self_attn.{n}"), LinearMut::Linear(l)))
-            .collect(),
-            Mixer::Linear(m) => {
-                let GatedDeltaNet { proj, out_proj, .. } = m;
-                let mut v: Vec<(&str, &mut Linear)> = match proj {
-                    Projections::Fused { qkvz, ba } => {
-                        vec![("in_proj_qkvz", qkvz), ("in_proj_ba", ba)]
-                    }
-                    Projections::Split { qkv, z, b, a } => vec![
-                        ("in_proj_qkv", qkv),
-                        ("in_proj_z", z),
-                        ("in_proj_b", b),
-                        ("in_proj_a", a),
-                    ],
-                };
-                v.push(("out_proj", out_proj));
-                v.into_iter()
-                    .map(|(n, l)| (format!("linear_attn.{n}"), LinearMut::Linear(l)))
-                    .collect()
-            }
-        };
-        for (n, l) in mlp.linears_mut() {
-            out.push((format!("mlp.{n}"), l));
-        }
-        out
-    }
-
-    /// Every array of the layer under `path` (`[language_model.]model.layers.<i>`), for full
-    /// fine-tuning.
-    fn parameters_mut(&mut self, path: &str) -> Result<Vec<LayerParam<'_>>> {
+impl Walkable for DecoderLayer {
+    /// The mixer (`linear_attn` or `self_attn`), `mlp`, then the norms.
+    fn walk<'a>(&'a mut self, path: &str, w: &mut Walk<'a>) {
         let DecoderLayer {
             mixer,
             mlp,
             input_layernorm,
             post_attention_layernorm,
         } = self;
-        let mut out = Vec::new();
         match mixer {
-            Mixer::Linear(m) => m.parameters_mut(&format!("{path}.linear_attn"), &mut out)?,
-            Mixer::Attention(a) => a.parameters_mut(&format!("{path}.self_attn"), &mut out)?,
+            Mixer::Linear(m) => w.module(&join(path, "linear_attn"), m),
+            Mixer::Attention(a) => w.module(&join(path, "self_attn"), a),
         }
-        mlp.parameters_mut(&format!("{path}.mlp"), &mut out)?;
-        for (name, n) in [
-            ("input_layernorm", input_layernorm),
-            ("post_attention_layernorm", post_attention_layernorm),
-        ] {
-            n.parameters_mut(&format!("{path}.{name}"), &mut out);
-        }
-        Ok(out)
+        mlp.walk(&join(path, "mlp"), w);
+        w.rms_norm(&join(path, "input_layernorm"), input_layernorm);
+        w.rms_norm(
+            &join(path, "post_attention_layernorm"),
+            post_attention_layernorm,
+        );
     }
+}
 
+impl DecoderLayer {
     /// One layer at index `i` (for its error message) over `h`.
     fn forward(
         &self,
@@ -914,15 +844,7 @@ impl DecoderLayer {
     }
 }
 
-impl LayerArrays for DecoderLayer {
-    fn arrays_mut(&mut self) -> Result<Vec<LayerParam<'_>>> {
-        self.parameters_mut("")
-    }
-
-    fn linears(&mut self) -> Vec<LinearMut<'_>> {
-        self.linears_mut().into_iter().map(|(_, l)| l).collect()
-    }
-}
+impl LayerArrays for DecoderLayer {}
 
 /// A decoder layer under `p`: a Gated DeltaNet or gated attention mixer, a sparse or dense MLP.
 fn load_layer(
@@ -1470,13 +1392,6 @@ impl LanguageModel for Model {
         }
     }
 
-    fn layer_adaptables_mut(&mut self) -> Vec<Vec<(String, LinearMut<'_>)>> {
-        self.layers
-            .iter_mut()
-            .map(DecoderLayer::linears_mut)
-            .collect()
-    }
-
     fn layers_path(&self) -> String {
         format!("{}model.layers", self.args.prefix)
     }
@@ -1497,12 +1412,5 @@ impl LanguageModel for Model {
             .then_some(self as &dyn crate::models::MtpHead)
     }
 
-    fn layer_parameters_mut(&mut self) -> Result<Vec<Vec<LayerParam<'_>>>> {
-        let pre = format!("{}model.layers", self.args.prefix);
-        self.layers
-            .iter_mut()
-            .enumerate()
-            .map(|(i, l)| l.parameters_mut(&format!("{pre}.{i}")))
-            .collect()
-    }
+    kit::walked_layers!(layers);
 }
