@@ -511,6 +511,52 @@ const ARCHS: &[GgufArch] = &[
         model_type: "cohere2",
         ..PLAIN
     },
+    // gpt-oss: attention sinks (`attn_sinks.weight`, mlx-lm's bare `sinks`), a biased router,
+    // biased experts (gate and up written apart by the converter), post-attention norm as
+    // llama.cpp's `post_attention_norm`; every other layer sliding, as both default.
+    GgufArch {
+        arch: "gpt-oss",
+        model_type: "gpt_oss",
+        parts: &[
+            ("post_attention_norm", "post_attention_layernorm"),
+            ("attn_sinks", "self_attn.sinks"),
+            ("ffn_gate_inp", "mlp.router"),
+            ("ffn_gate_exps", "mlp.experts.gate_proj"),
+            ("ffn_up_exps", "mlp.experts.up_proj"),
+            ("ffn_down_exps", "mlp.experts.down_proj"),
+        ],
+        ..PLAIN
+    },
+    // LFM2: short-convolution layers (`shortconv.*`, the depthwise kernel stored as
+    // (channels, kernel)) between attention layers, told apart by a per-layer
+    // `head_count_kv` (0 for a convolution); its final norm is llama.cpp's `token_embd_norm`.
+    GgufArch {
+        arch: "lfm2",
+        model_type: "lfm2",
+        parts: &[
+            ("attn_norm", "operator_norm"),
+            ("ffn_norm", "ffn_norm"),
+            ("ffn_gate", "feed_forward.w1"),
+            ("ffn_up", "feed_forward.w3"),
+            ("ffn_down", "feed_forward.w2"),
+            ("attn_q_norm", "self_attn.q_layernorm"),
+            ("attn_k_norm", "self_attn.k_layernorm"),
+            ("attn_output", "self_attn.out_proj"),
+            ("shortconv.conv", "conv.conv"),
+            ("shortconv.in_proj", "conv.in_proj"),
+            ("shortconv.out_proj", "conv.out_proj"),
+        ],
+        top: &[("token_embd_norm", "model.embedding_norm")],
+        ..PLAIN
+    },
+    // Nanbeige (llama.cpp's llama class: Q / K permuted), its stack run `num_loops` times.
+    GgufArch {
+        arch: "nanbeige",
+        model_type: "nanbeige",
+        permute_qk: true,
+        rope_tensors: true,
+        ..PLAIN
+    },
     // EXAONE 4.0: post-norms only, q/k norms, sliding layers, Llama 3's rope as `rope_freqs`.
     GgufArch {
         arch: "exaone4",
@@ -566,6 +612,10 @@ fn map_name(a: &GgufArch, name: &str) -> Option<String> {
             format!("{}.{layer}.{part}", a.layers)
         }
     };
+    if mapped.ends_with(".self_attn.sinks") && suffix == "weight" {
+        // gpt-oss: the converter adds `.weight` to mlx-lm's bare `sinks`.
+        return Some(mapped);
+    }
     if mapped.ends_with(".mlp.gate.e_score_correction") && suffix == "bias" {
         return Some(format!("{mapped}_bias"));
     }
@@ -817,7 +867,35 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
     };
     let heads = count("attention.head_count")?;
-    let kv_heads = meta_count(&metadata, path, &key("attention.head_count_kv"))?.unwrap_or(heads);
+    // LFM2 writes `head_count_kv` per layer, 0 for its convolution layers.
+    let kv_per_layer = match metadata.get(&key("attention.head_count_kv")) {
+        Some(GgufValue::Array(a)) if arch.arch == "lfm2" && a.ndim() == 1 => Some(
+            a.astype(Dtype::Int64)
+                .and_then(|b| b.to_vec::<i64>())
+                .map_err(|e| gguf_err(path, format!("metadata `attention.head_count_kv`: {e}")))?,
+        ),
+        _ => None,
+    };
+    let kv_heads = match &kv_per_layer {
+        Some(per) => {
+            let mut nonzero = per.iter().copied().filter(|&n| n != 0);
+            let first = nonzero.next();
+            match first {
+                Some(n) if n > 0 && n <= i64::from(heads) && nonzero.all(|m| m == n) => n as i32,
+                _ => {
+                    return Err(gguf_err(
+                        path,
+                        format!(
+                            "metadata `{}` is {per:?}: LFM2 needs one positive head count \
+                             (at most {heads}) on its attention layers, 0 on the others",
+                            key("attention.head_count_kv")
+                        ),
+                    ))
+                }
+            }
+        }
+        None => meta_count(&metadata, path, &key("attention.head_count_kv"))?.unwrap_or(heads),
+    };
     let hidden = count("embedding_length")?;
     let vocab = match meta_count(&metadata, path, &key("vocab_size"))? {
         Some(v) => v,
@@ -920,6 +998,11 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                     // One gate row, which a converter may store as a vector.
                     let h = a.shape()[0];
                     a.reshape(&[1, h])?
+                } else if arch.arch == "lfm2" && m.ends_with(".conv.conv.weight") && a.ndim() == 2
+                {
+                    // Stored squeezed, (channels, kernel): mlx-lm's Conv1d weight is
+                    // (channels, kernel, 1).
+                    a.expand_dims(&[2])?
                 } else if arch.norm_plus_one && name.contains("_norm.") {
                     // Stored as `1 + w` (a weak Python int in mlx-lm terms: the tensor's dtype).
                     (&a - 1)?
@@ -960,6 +1043,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
     let (eps, eps_field) = match arch.arch {
         "starcoder2" => (float(LN_EPS, true)?, "norm_epsilon"),
         "command-r" | "cohere2" => (float(LN_EPS, true)?, "layer_norm_eps"),
+        "lfm2" => (float(RMS_EPS, true)?, "norm_eps"),
         "exaone" => (
             match float(RMS_EPS, true)? {
                 Some(e) => Some(e),
@@ -1412,6 +1496,121 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         }
         "deepseek2" | "mistral4" => {
             deepseek2_config(&mut config, &mut tensors, path, &metadata, heads, arch.arch)?
+        }
+        "gpt-oss" => {
+            // GptOssModel: the experts' width as `expert_feed_forward_length`, the window;
+            // llama.cpp fixes the pattern (even layers sliding), mlx-lm's default too.
+            config["num_local_experts"] = Value::from(count("expert_count")?);
+            config["num_experts_per_tok"] = Value::from(count("expert_used_count")?);
+            config["intermediate_size"] = Value::from(count("expert_feed_forward_length")?);
+            config["sliding_window"] = Value::from(count("attention.sliding_window")?);
+            if config.get("head_dim").is_none() {
+                config["head_dim"] = Value::from(hidden / heads);
+            }
+            if blocks % 2 != 0 {
+                return Err(gguf_err(
+                    path,
+                    format!(
+                        "metadata `{}` is {blocks}: gpt-oss alternates sliding and full layers",
+                        key("block_count")
+                    ),
+                ));
+            }
+            config["rope_scaling"] = match meta_str(&metadata, &key("rope.scaling.type")) {
+                Some("yarn") => {
+                    let need = |k: &str| -> Result<f64> {
+                        float(k, false)?.ok_or_else(|| {
+                            gguf_err(path, format!("metadata `{}` is missing", key(k)))
+                        })
+                    };
+                    json!({
+                        "rope_type": "yarn",
+                        "factor": need("rope.scaling.factor")?,
+                        "original_max_position_embeddings":
+                            count("rope.scaling.original_context_length")?,
+                        "beta_fast": float("rope.scaling.yarn_beta_fast", false)?.unwrap_or(32.0),
+                        "beta_slow": float("rope.scaling.yarn_beta_slow", false)?.unwrap_or(1.0),
+                    })
+                }
+                None | Some("none") => Value::Null,
+                Some(t) => {
+                    return Err(gguf_err(
+                        path,
+                        format!(
+                            "metadata `{}` is `{t}`; gpt-oss maps only yarn",
+                            key("rope.scaling.type")
+                        ),
+                    ))
+                }
+            };
+        }
+        "lfm2" => {
+            let Some(per) = &kv_per_layer else {
+                return Err(gguf_err(
+                    path,
+                    format!(
+                        "metadata `{}` is not a per-layer list; LFM2 needs one",
+                        key("attention.head_count_kv")
+                    ),
+                ));
+            };
+            if per.len() != blocks as usize {
+                return Err(gguf_err(
+                    path,
+                    format!(
+                        "metadata `{}` has {} entries for {blocks} layers",
+                        key("attention.head_count_kv"),
+                        per.len()
+                    ),
+                ));
+            }
+            let types: Vec<&str> = per
+                .iter()
+                .map(|&n| if n == 0 { "conv" } else { "full_attention" })
+                .collect();
+            config["layer_types"] = json!(types);
+            config["conv_L_cache"] = Value::from(count("shortconv.l_cache")?);
+            config["conv_bias"] =
+                Value::from(tensors.keys().any(|k| k.ends_with(".conv.in_proj.bias")));
+            // The width is stored already adjusted (LFM2Model._add_feed_forward_length).
+            config["block_ff_dim"] = Value::from(ffn);
+            config["block_dim"] = Value::from(hidden);
+            config["block_auto_adjust_ff_dim"] = Value::from(false);
+            config["block_multiple_of"] = Value::from(1);
+            config["block_ffn_dim_multiplier"] = Value::Null;
+            if config.get("max_position_embeddings").is_none() {
+                return Err(gguf_err(
+                    path,
+                    format!("metadata `{}` is missing", key("context_length")),
+                ));
+            }
+        }
+        "nanbeige" => {
+            // NanbeigeModel: the loop count and whether the loops between skip the final norm.
+            if let Some(n) = meta_count(&metadata, path, &key("num_loops"))? {
+                config["num_loops"] = Value::from(n);
+            }
+            match metadata.get(&key("skip_loop_final_norm")) {
+                None => {}
+                Some(GgufValue::Array(a)) if a.size() == 1 => {
+                    let b = a
+                        .astype(Dtype::Bool)
+                        .and_then(|b| b.item::<bool>())
+                        .map_err(|e| {
+                            gguf_err(path, format!("metadata `skip_loop_final_norm`: {e}"))
+                        })?;
+                    config["skip_loop_final_norm"] = Value::from(b);
+                }
+                Some(_) => {
+                    return Err(gguf_err(
+                        path,
+                        format!("metadata `{}` is not a flag", key("skip_loop_final_norm")),
+                    ))
+                }
+            }
+            let has = |t: &str| tensors.contains_key(&format!("model.layers.0.{t}"));
+            config["attention_bias"] = Value::from(has("self_attn.q_proj.bias"));
+            config["mlp_bias"] = Value::from(has("mlp.down_proj.bias"));
         }
         _ => {}
     }

@@ -109,6 +109,9 @@ fn later_gguf_architectures_match_mlx_lm() {
         ("command_r", "cohere"),
         ("cohere2", "cohere2"),
         ("exaone4", "exaone4"),
+        ("gpt_oss", "gpt_oss"),
+        ("nanbeige", "nanbeige"),
+        ("lfm2", "lfm2"),
     ];
     let failures: Vec<String> = cases
         .iter()
@@ -145,6 +148,9 @@ fn later_gguf_architectures_match_mlx_lm() {
         "command-r",
         "cohere2",
         "exaone4",
+        "gpt-oss",
+        "nanbeige",
+        "lfm2",
     ] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }

@@ -255,6 +255,31 @@ def minicpm3(c, gguf):
     return m
 
 
+def gpt_oss(c):
+    """GptOssModel: TextModel's keys (YaRN's as rope scaling, head_dim as key / value length,
+    no vocab_size), the window and the experts' width."""
+    m = meta_common("gpt-oss", c, head_dim=c["head_dim"])
+    rs = c["rope_scaling"]
+    m.str("rope.scaling.type", "yarn")
+    m.f32("rope.scaling.factor", rs["factor"])
+    m.num("rope.scaling.original_context_length", rs["original_max_position_embeddings"])
+    m.f32("rope.scaling.yarn_beta_fast", rs["beta_fast"])
+    m.f32("rope.scaling.yarn_beta_slow", rs["beta_slow"])
+    m.num("expert_count", c["num_local_experts"])
+    m.num("expert_used_count", c["num_experts_per_tok"])
+    m.num("attention.sliding_window", c["sliding_window"])
+    m.num("expert_feed_forward_length", c["intermediate_size"])
+    return m
+
+
+def nanbeige(c):
+    """NanbeigeModel (LlamaModel: Q / K permuted, vocab size, rope dims) plus its loops."""
+    m = meta_common("nanbeige", c, vocab_size=True, rope_dims=c["head_dim"])
+    m.num("num_loops", c["num_loops"])
+    m.flag("skip_loop_final_norm", c["skip_loop_final_norm"])
+    return m
+
+
 def moe_meta(arch, c, m):
     """The expert keys TextModel and the GLM-4.5 / dots.llm1 converter classes write."""
     m.num("expert_count", c["n_routed_experts"])
@@ -334,6 +359,52 @@ FACTORS = {
 # name: (model_type, config overrides, metadata writer, extra name map, permute Q / K,
 #        layer prefix of the mlx-lm names)
 CASES = {
+    # gpt-oss: sinks, biased router and experts, alternating sliding layers, YaRN.
+    "gpt_oss": (
+        "gpt_oss",
+        {
+            "num_hidden_layers": 4,
+            "head_dim": 8,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "sliding_window": 4,
+            "tie_word_embeddings": False,
+            "rope_theta": 150000.0,
+            "rope_scaling": {
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "original_max_position_embeddings": 64,
+                "truncate": False,
+            },
+        },
+        gpt_oss,
+        {
+            "post_attention_layernorm": "post_attention_norm",
+            "mlp.router": "ffn_gate_inp",
+            "mlp.experts.gate_proj": "ffn_gate_exps",
+            "mlp.experts.up_proj": "ffn_up_exps",
+            "mlp.experts.down_proj": "ffn_down_exps",
+        },
+        False,
+        "model.layers",
+    ),
+    # Nanbeige: the llama stack run twice with shared weights, the final norm between loops
+    # skipped.
+    "nanbeige": (
+        "nanbeige",
+        {
+            "head_dim": 16,
+            "num_loops": 2,
+            "skip_loop_final_norm": True,
+            "tie_word_embeddings": False,
+        },
+        nanbeige,
+        {},
+        True,
+        "model.layers",
+    ),
     # Llama 3.1's rope (llama.cpp stores the factors as `rope_freqs`, not the parameters):
     # two frequencies in the smoothed band, one of each outside it.
     "llama3": (
@@ -636,6 +707,9 @@ CASES = {
 
 
 def to_gguf_name(name, parts, prefix):
+    if name.endswith(".self_attn.sinks"):
+        # gpt-oss: the converter adds `.weight` to the bare parameter.
+        return f"blk.{name.split('.')[2]}.attn_sinks.weight"
     if name.endswith(".mlp.gate.e_score_correction_bias"):
         return f"blk.{name.split('.')[2]}.exp_probs_b.bias"
     module, suffix = name.rsplit(".", 1)
@@ -803,3 +877,77 @@ def qwen3next_case(seed):
 
 if not ONLY or "qwen3next" in ONLY:
     qwen3next_case(seed_of("qwen3next"))
+
+
+# LFM2 (`lfm2`): short-convolution layers between attention layers. LFM2Model writes
+# `head_count_kv` per layer (0 for a convolution layer), the feed-forward width already
+# adjusted (block_auto_adjust_ff_dim: 64 -> 48 here), the convolution's cache length, and
+# the depthwise kernel squeezed to (channels, kernel); the final norm is `token_embd_norm`.
+LFM2 = {
+    "model_type": "lfm2",
+    "vocab_size": 96,
+    "hidden_size": 32,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    "norm_eps": 1e-5,
+    "conv_bias": False,
+    "conv_L_cache": 3,
+    "block_dim": 32,
+    "block_ff_dim": 64,
+    "block_multiple_of": 16,
+    "block_ffn_dim_multiplier": 1.0,
+    "block_auto_adjust_ff_dim": True,
+    "rope_theta": 1000000.0,
+    "layer_types": ["conv", "full_attention", "conv", "full_attention"],
+}
+
+LFM2_PARTS = {
+    "model.embed_tokens": "token_embd",
+    "model.embedding_norm": "token_embd_norm",
+    "operator_norm": "attn_norm",
+    "ffn_norm": "ffn_norm",
+    "feed_forward.w1": "ffn_gate",
+    "feed_forward.w3": "ffn_up",
+    "feed_forward.w2": "ffn_down",
+    "self_attn.q_layernorm": "attn_q_norm",
+    "self_attn.k_layernorm": "attn_k_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.out_proj": "attn_output",
+    "conv.conv": "shortconv.conv",
+    "conv.in_proj": "shortconv.in_proj",
+    "conv.out_proj": "shortconv.out_proj",
+}
+
+
+def lfm2_case(seed):
+    c = LFM2
+    _, model = seeded_model("lfm2", c, seed)
+    gguf = {}
+    for k, v in tree_flatten(model.parameters()):
+        if k.endswith("conv.conv.weight"):
+            v = v.squeeze(-1)
+        gguf[to_gguf_name(k, LFM2_PARTS, "model.layers")] = v
+    assert gguf["blk.0.ffn_gate.weight"].shape[0] == 48
+    m = Meta("lfm2")
+    m.num("block_count", c["num_hidden_layers"])
+    m.num("context_length", c["max_position_embeddings"])
+    m.num("embedding_length", c["hidden_size"])
+    m.num("feed_forward_length", 48)
+    m.num("attention.head_count", c["num_attention_heads"])
+    m.num("attention.head_count_kv", [c["num_key_value_heads"] if t != "conv" else 0 for t in c["layer_types"]])
+    m.f32("rope.freq_base", c["rope_theta"])
+    m.f32("attention.layer_norm_rms_epsilon", c["norm_eps"])
+    m.num("vocab_size", c["vocab_size"])
+    m.num("shortconv.l_cache", c["conv_L_cache"])
+    m.m["tokenizer.ggml.model"] = "gpt2"
+    m.m["tokenizer.ggml.tokens"] = [f"t{i}" for i in range(c["vocab_size"])]
+    write_gguf("lfm2", gguf, m)
+    record(model, "lfm2", __file__)
+
+
+if not ONLY or "lfm2" in ONLY:
+    lfm2_case(seed_of("lfm2"))
