@@ -998,8 +998,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                     // One gate row, which a converter may store as a vector.
                     let h = a.shape()[0];
                     a.reshape(&[1, h])?
-                } else if arch.arch == "lfm2" && m.ends_with(".conv.conv.weight") && a.ndim() == 2
-                {
+                } else if arch.arch == "lfm2" && m.ends_with(".conv.conv.weight") && a.ndim() == 2 {
                     // Stored squeezed, (channels, kernel): mlx-lm's Conv1d weight is
                     // (channels, kernel, 1).
                     a.expand_dims(&[2])?

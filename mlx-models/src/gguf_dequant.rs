@@ -117,7 +117,11 @@ fn nibble(qs: &[u8], j: usize) -> u8 {
 fn mxfp4(b: &[u8], o: &mut [f32]) {
     const KVALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
     let e = u32::from(b[0]);
-    let d = f32::from_bits(if e < 2 { 0x0020_0000 << e } else { (e - 1) << 23 });
+    let d = f32::from_bits(if e < 2 {
+        0x0020_0000 << e
+    } else {
+        (e - 1) << 23
+    });
     for (j, v) in o.iter_mut().enumerate() {
         *v = d * f32::from(KVALUES[usize::from(nibble(&b[1..], j))]);
     }

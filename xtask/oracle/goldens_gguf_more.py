@@ -363,8 +363,8 @@ CASES = {
     "gpt_oss": (
         "gpt_oss",
         {
-            "num_hidden_layers": 4,
             "head_dim": 8,
+            "intermediate_size": 32,
             "num_local_experts": 4,
             "num_experts_per_tok": 2,
             "sliding_window": 4,
