@@ -549,6 +549,32 @@ const ARCHS: &[GgufArch] = &[
         top: &[("token_embd_norm", "model.embedding_norm")],
         ..PLAIN
     },
+    // LFM2-MoE: LFM2's layers, dense feed-forward blocks first (`leading_dense_block_count`),
+    // then sigmoid-routed experts with a selection bias (`exp_probs_b`).
+    GgufArch {
+        arch: "lfm2moe",
+        model_type: "lfm2_moe",
+        parts: &[
+            ("attn_norm", "operator_norm"),
+            ("ffn_norm", "ffn_norm"),
+            ("ffn_gate", "feed_forward.gate_proj"),
+            ("ffn_up", "feed_forward.up_proj"),
+            ("ffn_down", "feed_forward.down_proj"),
+            ("ffn_gate_inp", "feed_forward.gate"),
+            ("ffn_gate_exps", "feed_forward.switch_mlp.gate_proj"),
+            ("ffn_up_exps", "feed_forward.switch_mlp.up_proj"),
+            ("ffn_down_exps", "feed_forward.switch_mlp.down_proj"),
+            ("exp_probs_b", "feed_forward.expert_bias"),
+            ("attn_q_norm", "self_attn.q_layernorm"),
+            ("attn_k_norm", "self_attn.k_layernorm"),
+            ("attn_output", "self_attn.out_proj"),
+            ("shortconv.conv", "conv.conv"),
+            ("shortconv.in_proj", "conv.in_proj"),
+            ("shortconv.out_proj", "conv.out_proj"),
+        ],
+        top: &[("token_embd_norm", "model.embedding_norm")],
+        ..PLAIN
+    },
     // Nanbeige (llama.cpp's llama class: Q / K permuted), its stack run `num_loops` times.
     GgufArch {
         arch: "nanbeige",
@@ -612,8 +638,11 @@ fn map_name(a: &GgufArch, name: &str) -> Option<String> {
             format!("{}.{layer}.{part}", a.layers)
         }
     };
-    if mapped.ends_with(".self_attn.sinks") && suffix == "weight" {
-        // gpt-oss: the converter adds `.weight` to mlx-lm's bare `sinks`.
+    if (mapped.ends_with(".self_attn.sinks") && suffix == "weight")
+        || (mapped.ends_with(".feed_forward.expert_bias") && suffix == "bias")
+    {
+        // gpt-oss's `sinks` and LFM2-MoE's `expert_bias` are bare parameters in mlx-lm; the
+        // converters add a `.weight` / `.bias`.
         return Some(mapped);
     }
     if mapped.ends_with(".mlp.gate.e_score_correction") && suffix == "bias" {
@@ -869,7 +898,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
     let heads = count("attention.head_count")?;
     // LFM2 writes `head_count_kv` per layer, 0 for its convolution layers.
     let kv_per_layer = match metadata.get(&key("attention.head_count_kv")) {
-        Some(GgufValue::Array(a)) if arch.arch == "lfm2" && a.ndim() == 1 => Some(
+        Some(GgufValue::Array(a)) if arch.arch.starts_with("lfm2") && a.ndim() == 1 => Some(
             a.astype(Dtype::Int64)
                 .and_then(|b| b.to_vec::<i64>())
                 .map_err(|e| gguf_err(path, format!("metadata `attention.head_count_kv`: {e}")))?,
@@ -998,7 +1027,10 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                     // One gate row, which a converter may store as a vector.
                     let h = a.shape()[0];
                     a.reshape(&[1, h])?
-                } else if arch.arch == "lfm2" && m.ends_with(".conv.conv.weight") && a.ndim() == 2 {
+                } else if arch.arch.starts_with("lfm2")
+                    && m.ends_with(".conv.conv.weight")
+                    && a.ndim() == 2
+                {
                     // Stored squeezed, (channels, kernel): mlx-lm's Conv1d weight is
                     // (channels, kernel, 1).
                     a.expand_dims(&[2])?
@@ -1042,7 +1074,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
     let (eps, eps_field) = match arch.arch {
         "starcoder2" => (float(LN_EPS, true)?, "norm_epsilon"),
         "command-r" | "cohere2" => (float(LN_EPS, true)?, "layer_norm_eps"),
-        "lfm2" => (float(RMS_EPS, true)?, "norm_eps"),
+        "lfm2" | "lfm2moe" => (float(RMS_EPS, true)?, "norm_eps"),
         "exaone" => (
             match float(RMS_EPS, true)? {
                 Some(e) => Some(e),
@@ -1543,7 +1575,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                 }
             };
         }
-        "lfm2" => {
+        "lfm2" | "lfm2moe" => {
             let Some(per) = &kv_per_layer else {
                 return Err(gguf_err(
                     path,
@@ -1571,12 +1603,59 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             config["conv_L_cache"] = Value::from(count("shortconv.l_cache")?);
             config["conv_bias"] =
                 Value::from(tensors.keys().any(|k| k.ends_with(".conv.in_proj.bias")));
-            // The width is stored already adjusted (LFM2Model._add_feed_forward_length).
-            config["block_ff_dim"] = Value::from(ffn);
-            config["block_dim"] = Value::from(hidden);
-            config["block_auto_adjust_ff_dim"] = Value::from(false);
-            config["block_multiple_of"] = Value::from(1);
-            config["block_ffn_dim_multiplier"] = Value::Null;
+            if arch.arch == "lfm2" {
+                // The width is stored already adjusted (LFM2Model._add_feed_forward_length).
+                config["block_ff_dim"] = Value::from(ffn);
+                config["block_dim"] = Value::from(hidden);
+                config["block_auto_adjust_ff_dim"] = Value::from(false);
+                config["block_multiple_of"] = Value::from(1);
+                config["block_ffn_dim_multiplier"] = Value::Null;
+            } else {
+                // llama.cpp's LFM2-MoE always renormalizes the top-k weights and scales them
+                // by `expert_weights_scale` (1 when absent, as the converter writes none).
+                config["num_experts"] = Value::from(count("expert_count")?);
+                config["num_experts_per_tok"] = Value::from(count("expert_used_count")?);
+                config["moe_intermediate_size"] = Value::from(count("expert_feed_forward_length")?);
+                // 0 is a valid count here (meta_count takes positive values only).
+                let dense = match meta_f64(&metadata, &key("leading_dense_block_count")) {
+                    None => 0,
+                    Some(v) if v.fract() == 0.0 && (0.0..=f64::from(blocks)).contains(&v) => {
+                        v as i64
+                    }
+                    Some(v) => {
+                        return Err(gguf_err(
+                            path,
+                            format!(
+                                "metadata `{}` is {v}; it must be a layer count of at most \
+                                 {blocks}",
+                                key("leading_dense_block_count")
+                            ),
+                        ))
+                    }
+                };
+                config["num_dense_layers"] = Value::from(dense);
+                config["norm_topk_prob"] = Value::from(true);
+                config["use_expert_bias"] = Value::from(
+                    tensors
+                        .keys()
+                        .any(|k| k.ends_with(".feed_forward.expert_bias")),
+                );
+                config["routed_scaling_factor"] = Value::from(
+                    float("expert_weights_scale", true)?
+                        .filter(|&v| v != 0.0)
+                        .unwrap_or(1.0),
+                );
+                if meta_count(&metadata, path, &key("expert_gating_func"))?.is_some_and(|g| g != 2)
+                {
+                    return Err(gguf_err(
+                        path,
+                        format!(
+                            "metadata `{}` is not sigmoid (2), the router mlx-lm's lfm2_moe has",
+                            key("expert_gating_func")
+                        ),
+                    ));
+                }
+            }
             if config.get("max_position_embeddings").is_none() {
                 return Err(gguf_err(
                     path,

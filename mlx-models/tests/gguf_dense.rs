@@ -112,6 +112,7 @@ fn later_gguf_architectures_match_mlx_lm() {
         ("gpt_oss", "gpt_oss"),
         ("nanbeige", "nanbeige"),
         ("lfm2", "lfm2"),
+        ("lfm2moe", "lfm2_moe"),
     ];
     let failures: Vec<String> = cases
         .iter()
@@ -151,6 +152,7 @@ fn later_gguf_architectures_match_mlx_lm() {
         "gpt-oss",
         "nanbeige",
         "lfm2",
+        "lfm2moe",
     ] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }

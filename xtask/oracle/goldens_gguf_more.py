@@ -951,3 +951,80 @@ def lfm2_case(seed):
 
 if not ONLY or "lfm2" in ONLY:
     lfm2_case(seed_of("lfm2"))
+
+
+# LFM2-MoE (`lfm2moe`): LFM2's layers with a dense first block and sigmoid-routed experts
+# with a selection bias. LFM2MoeModel writes the per-layer `head_count_kv`, the dense width
+# as `feed_forward_length`, the experts' as `expert_feed_forward_length`, the dense block
+# count, sigmoid gating (2) and `expert_bias` as `exp_probs_b.bias`; llama.cpp always
+# renormalizes the top-k weights (norm_topk_prob) and scales them by 1.
+LFM2MOE = {
+    "model_type": "lfm2_moe",
+    "vocab_size": 96,
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "moe_intermediate_size": 16,
+    "num_hidden_layers": 4,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "norm_topk_prob": True,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    "use_expert_bias": True,
+    "num_dense_layers": 1,
+    "norm_eps": 1e-5,
+    "conv_bias": False,
+    "conv_L_cache": 3,
+    "rope_theta": 1000000.0,
+    "routed_scaling_factor": 1.0,
+    "layer_types": ["conv", "full_attention", "conv", "full_attention"],
+}
+
+LFM2MOE_PARTS = {
+    **LFM2_PARTS,
+    "feed_forward.gate_proj": "ffn_gate",
+    "feed_forward.up_proj": "ffn_up",
+    "feed_forward.down_proj": "ffn_down",
+    "feed_forward.gate": "ffn_gate_inp",
+    "feed_forward.switch_mlp.gate_proj": "ffn_gate_exps",
+    "feed_forward.switch_mlp.up_proj": "ffn_up_exps",
+    "feed_forward.switch_mlp.down_proj": "ffn_down_exps",
+}
+
+
+def lfm2moe_case(seed):
+    c = LFM2MOE
+    _, model = seeded_model("lfm2_moe", c, seed)
+    gguf = {}
+    for k, v in tree_flatten(model.parameters()):
+        if k.endswith("conv.conv.weight"):
+            v = v.squeeze(-1)
+        if k.endswith(".feed_forward.expert_bias"):
+            gguf[f"blk.{k.split('.')[2]}.exp_probs_b.bias"] = v
+            continue
+        gguf[to_gguf_name(k, LFM2MOE_PARTS, "model.layers")] = v
+    m = Meta("lfm2moe")
+    m.num("block_count", c["num_hidden_layers"])
+    m.num("context_length", c["max_position_embeddings"])
+    m.num("embedding_length", c["hidden_size"])
+    m.num("feed_forward_length", c["intermediate_size"])
+    m.num("attention.head_count", c["num_attention_heads"])
+    m.num("attention.head_count_kv", [c["num_key_value_heads"] if t == "full_attention" else 0 for t in c["layer_types"]])
+    m.f32("rope.freq_base", c["rope_theta"])
+    m.f32("attention.layer_norm_rms_epsilon", c["norm_eps"])
+    m.num("expert_count", c["num_experts"])
+    m.num("expert_used_count", c["num_experts_per_tok"])
+    m.num("expert_feed_forward_length", c["moe_intermediate_size"])
+    m.num("leading_dense_block_count", c["num_dense_layers"])
+    m.num("expert_gating_func", 2)
+    m.num("vocab_size", c["vocab_size"])
+    m.num("shortconv.l_cache", c["conv_L_cache"])
+    m.m["tokenizer.ggml.model"] = "gpt2"
+    m.m["tokenizer.ggml.tokens"] = [f"t{i}" for i in range(c["vocab_size"])]
+    write_gguf("lfm2moe", gguf, m)
+    record(model, "lfm2moe", __file__)
+
+
+if not ONLY or "lfm2moe" in ONLY:
+    lfm2moe_case(seed_of("lfm2moe"))
