@@ -78,29 +78,26 @@ fn t5_unigram_gguf_vocabulary_encodes_as_transformers() {
 fn t5_unigram_gguf_errors_name_the_field() {
     let mut d = data();
     d.precompiled_charsmap = Some(vec![1, 2, 3]);
-    let e = d
-        .build()
-        .err()
-        .expect("a broken charsmap was accepted")
-        .to_string();
+    let Err(e) = d.build() else {
+        panic!("a broken charsmap was accepted")
+    };
+    let e = e.to_string();
     assert!(e.contains("tokenizer.ggml.precompiled_charsmap"), "{e}");
 
     let mut d = data();
     d.scores = Some(vec![0.0; 3]);
-    let e = d
-        .build()
-        .err()
-        .expect("short scores were accepted")
-        .to_string();
+    let Err(e) = d.build() else {
+        panic!("short scores were accepted")
+    };
+    let e = e.to_string();
     assert!(e.contains("tokenizer.ggml.scores has 3 entries"), "{e}");
 
     let mut d = data();
     d.unk_id = None;
     d.token_types = None;
-    let e = d
-        .build()
-        .err()
-        .expect("no unknown token was accepted")
-        .to_string();
+    let Err(e) = d.build() else {
+        panic!("no unknown token was accepted")
+    };
+    let e = e.to_string();
     assert!(e.contains("names no unknown token"), "{e}");
 }
