@@ -163,6 +163,31 @@ const EXPERT_PARTS: [(&str, &str); 4] = [
     ("ffn_down_exps", "mlp.switch_mlp.down_proj"),
 ];
 
+/// Qwen 3.5's names (`qwen35`, `qwen35moe`): Qwen3-Next's with the projections separate.
+const QWEN35_PARTS: &[(&str, &str)] = &[
+    ("attn_q_norm", "self_attn.q_norm"),
+    ("attn_k_norm", "self_attn.k_norm"),
+    ("post_attention_norm", "post_attention_layernorm"),
+    EXPERT_PARTS[0],
+    EXPERT_PARTS[1],
+    EXPERT_PARTS[2],
+    EXPERT_PARTS[3],
+    ("ffn_gate_up_exps", "mlp.switch_mlp.gate_up_proj"),
+    ("ffn_gate_inp_shexp", "mlp.shared_expert_gate"),
+    ("ffn_gate_shexp", "mlp.shared_expert.gate_proj"),
+    ("ffn_up_shexp", "mlp.shared_expert.up_proj"),
+    ("ffn_down_shexp", "mlp.shared_expert.down_proj"),
+    ("ssm_beta", "linear_attn.in_proj_b"),
+    ("ssm_alpha", "linear_attn.in_proj_a"),
+    ("ssm_norm", "linear_attn.norm"),
+    ("ssm_out", "linear_attn.out_proj"),
+    ("ssm_conv1d", "linear_attn.conv1d"),
+    // Renamed (and their value heads put back in order) by `qwen3next_config`.
+    ("attn_qkv", "linear_attn.gguf_qkv"),
+    ("attn_gate", "linear_attn.gguf_z"),
+    ("ssm_dt", "linear_attn.gguf_dt"),
+];
+
 const GEMMA2_PARTS: &[(&str, &str)] = &[
     ("post_attention_norm", "post_attention_layernorm"),
     ("ffn_norm", "pre_feedforward_layernorm"),
@@ -482,6 +507,21 @@ const ARCHS: &[GgufArch] = &[
             ("attn_gate", "linear_attn.gguf_z"),
             ("ssm_dt", "linear_attn.gguf_dt"),
         ],
+        ..PLAIN
+    },
+    // Qwen 3.5 (dense and MoE): Qwen3-Next's layers with separate projections (`attn_qkv`,
+    // `attn_gate`, `ssm_beta`, `ssm_alpha`), value heads reordered by the converter (undone in
+    // `qwen3next_config`).
+    GgufArch {
+        arch: "qwen35",
+        model_type: "qwen3_5",
+        parts: QWEN35_PARTS,
+        ..PLAIN
+    },
+    GgufArch {
+        arch: "qwen35moe",
+        model_type: "qwen3_5_moe",
+        parts: QWEN35_PARTS,
         ..PLAIN
     },
     GgufArch {
@@ -1005,7 +1045,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             rope_tensors.insert(name, a);
             continue;
         }
-        if arch.arch == "qwen3next" {
+        if matches!(arch.arch, "qwen3next" | "qwen35" | "qwen35moe") {
             // `blk.N.ssm_a` (no suffix): -exp(A_log), read back as mlx-lm's A_log.
             if let Some(layer) = name
                 .strip_prefix("blk.")
@@ -1296,7 +1336,14 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             arch.arch,
             hidden / heads,
         )?,
-        "qwen3next" => qwen3next_config(&mut config, &mut tensors, path, &metadata, blocks)?,
+        "qwen3next" | "qwen35" | "qwen35moe" => qwen3next_config(
+            &mut config,
+            &mut tensors,
+            path,
+            &metadata,
+            blocks,
+            arch.arch,
+        )?,
         "olmo2" => {
             // OLMo 3 is written as `olmo2` with a sliding window (and its per-layer pattern).
             if let Some(w) = meta_count(&metadata, path, &key("attention.sliding_window"))? {
@@ -1850,21 +1897,24 @@ fn llama3_rope(config: &mut Value, f: &Array, path: &Path, default_head: i32) ->
     Ok(())
 }
 
-/// llama.cpp's `qwen3next` as mlx-lm's qwen3_next: the gated-delta sizes from the `ssm.*`
-/// keys (`state_size` the key head size, `group_count` the key heads, `time_step_rank` the
-/// value heads, `inner_size` their width), the layer pattern from `full_attention_interval`
-/// (an `attention.recurrent_layers` list must follow it), experts renormalized as llama.cpp
-/// does; and the tensors back in mlx-lm's form: `attn_qkv` / `attn_gate` regrouped per key
-/// head into `in_proj_qkvz`, the conv kernel given its trailing axis, `ssm_dt.bias` as
-/// `dt_bias`.
+/// llama.cpp's `qwen3next` as mlx-lm's qwen3_next, and `qwen35` / `qwen35moe` as qwen3_5 /
+/// qwen3_5_moe: the gated-delta sizes from the `ssm.*` keys (`state_size` the key head size,
+/// `group_count` the key heads, `time_step_rank` the value heads, `inner_size` their width),
+/// the layer pattern from `full_attention_interval` (an `attention.recurrent_layers` list must
+/// follow it), experts renormalized as llama.cpp does; and the tensors back in mlx-lm's form:
+/// the conv kernel given its trailing axis, `ssm_dt.bias` as `dt_bias`; for qwen3next
+/// `attn_qkv` / `attn_gate` regrouped per key head into `in_proj_qkvz`; for Qwen 3.5 they are
+/// `in_proj_qkv` / `in_proj_z`, and the value heads, which the converter reorders from grouped
+/// by key head to tiled ([`untile_v_heads`]), are put back in every tensor it reorders.
 fn qwen3next_config(
     config: &mut Value,
     tensors: &mut BTreeMap<String, Array>,
     path: &Path,
     meta: &GgufMetadata,
     blocks: i32,
+    arch: &str,
 ) -> Result<()> {
-    let key = |k: &str| format!("qwen3next.{k}");
+    let key = |k: &str| format!("{arch}.{k}");
     let need = |k: &str| -> Result<i32> {
         meta_count(meta, path, &key(k))?
             .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
@@ -1875,17 +1925,26 @@ fn qwen3next_config(
         need("ssm.time_step_rank")?,
         need("ssm.inner_size")?,
     );
-    if inner % nv != 0 || nv % nk != 0 {
+    if nk <= 0 || dk <= 0 || nv <= 0 || inner <= 0 || inner % nv != 0 || nv % nk != 0 {
         return Err(gguf_err(
             path,
             format!(
-                "metadata: `ssm.inner_size` {inner}, `ssm.time_step_rank` {nv} and \
-                 `ssm.group_count` {nk} do not divide into heads"
+                "metadata: `ssm.inner_size` {inner}, `ssm.time_step_rank` {nv}, \
+                 `ssm.state_size` {dk} and `ssm.group_count` {nk} do not divide into heads"
             ),
         ));
     }
     let dv = inner / nv;
     let interval = meta_count(meta, path, &key("full_attention_interval"))?.unwrap_or(4);
+    if interval <= 0 {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` is {interval}",
+                key("full_attention_interval")
+            ),
+        ));
+    }
     if let Some(GgufValue::Array(a)) = meta.get(&key("attention.recurrent_layers")) {
         let flags: Vec<bool> = a
             .astype(Dtype::Bool)
@@ -1898,8 +1957,9 @@ fn qwen3next_config(
                 path,
                 format!(
                     "metadata `{}` is not every {interval}th layer full attention, the only \
-                     pattern mlx-lm's qwen3_next has",
-                    key("attention.recurrent_layers")
+                     pattern mlx-lm's {} has",
+                    key("attention.recurrent_layers"),
+                    config["model_type"].as_str().unwrap_or(arch)
                 ),
             ));
         }
@@ -1912,39 +1972,108 @@ fn qwen3next_config(
             format!("metadata `{}` is missing", key("attention.key_length")),
         ));
     }
-    config["partial_rotary_factor"] = Value::from(f64::from(rot) / head_dim as f64);
+    let partial = f64::from(rot) / head_dim as f64;
+    let qwen35 = arch != "qwen3next";
     config["linear_num_key_heads"] = Value::from(nk);
     config["linear_key_head_dim"] = Value::from(dk);
     config["linear_num_value_heads"] = Value::from(nv);
     config["linear_value_head_dim"] = Value::from(dv);
     config["linear_conv_kernel_dim"] = Value::from(need("ssm.conv_kernel")?);
     config["full_attention_interval"] = Value::from(interval);
-    config["num_experts"] = Value::from(need("expert_count")?);
-    config["num_experts_per_tok"] = Value::from(need("expert_used_count")?);
-    config["moe_intermediate_size"] = Value::from(need("expert_feed_forward_length")?);
-    config["shared_expert_intermediate_size"] =
-        Value::from(need("expert_shared_feed_forward_length")?);
-    config["decoder_sparse_step"] = Value::from(1);
-    let dense: Vec<i32> = (0..blocks)
-        .filter(|l| tensors.contains_key(&format!("model.layers.{l}.mlp.gate_proj.weight")))
-        .collect();
-    config["mlp_only_layers"] = json!(dense);
-    config["norm_topk_prob"] = Value::from(true);
     config["attention_bias"] = Value::from(
         (0..blocks)
             .any(|l| tensors.contains_key(&format!("model.layers.{l}.self_attn.q_proj.bias"))),
     );
+    if qwen35 {
+        // qwen3_5's rope settings are `rope_parameters` (its defaults otherwise: theta 1e5,
+        // a quarter rotated). Text positions make the interleaved MRoPE of
+        // `rope.dimension_sections` plain rope, which is what mlx-lm's text model applies.
+        let mut rope = json!({
+            "type": "default",
+            "rope_theta": config["rope_theta"].clone(),
+            "partial_rotary_factor": partial,
+        });
+        if let Some(GgufValue::Array(a)) = meta.get(&key("rope.dimension_sections")) {
+            let s = a
+                .astype(Dtype::Int64)
+                .and_then(|b| b.to_vec::<i64>())
+                .map_err(|e| gguf_err(path, format!("metadata `rope.dimension_sections`: {e}")))?;
+            rope["mrope_section"] = json!(s.iter().take(3).collect::<Vec<_>>());
+        }
+        config["rope_parameters"] = rope;
+    } else {
+        config["partial_rotary_factor"] = Value::from(partial);
+    }
+    if arch != "qwen35" {
+        config["num_experts"] = Value::from(need("expert_count")?);
+        config["num_experts_per_tok"] = Value::from(need("expert_used_count")?);
+        config["moe_intermediate_size"] = Value::from(need("expert_feed_forward_length")?);
+        config["shared_expert_intermediate_size"] =
+            Value::from(need("expert_shared_feed_forward_length")?);
+        config["decoder_sparse_step"] = Value::from(1);
+        config["norm_topk_prob"] = Value::from(true);
+    }
+    if arch == "qwen3next" {
+        let dense: Vec<i32> = (0..blocks)
+            .filter(|l| tensors.contains_key(&format!("model.layers.{l}.mlp.gate_proj.weight")))
+            .collect();
+        config["mlp_only_layers"] = json!(dense);
+    }
 
     let bad = |what: String| ModelError::Weights(vec![what]);
+    let r = nv / nk;
+    let qk_rows = 2 * nk * dk;
+    // Value heads tiled -> grouped along `axis`, each head `len / nv` wide (whole quantization
+    // groups of a packed tensor's columns, or the error says so).
+    let untile = |a: &Array, axis: usize, name: &str| -> Result<Array> {
+        if r == 1 {
+            return Ok(a.clone());
+        }
+        let len = a.shape().get(axis).copied().unwrap_or(0);
+        if len <= 0 || len % nv != 0 {
+            return Err(bad(format!(
+                "GGUF {name}: shape {:?} does not split into {nv} value heads along axis {axis}",
+                a.shape()
+            )));
+        }
+        untile_v_heads(a, axis, nk, r, len / nv)
+    };
+    // The V part (after q and k, `2 * nk * dk` rows) of a (rows, ..) tensor, put back in order.
+    let untile_v_rows = |a: &Array, name: &str| -> Result<Array> {
+        let rows = a.shape().first().copied().unwrap_or(0);
+        if rows != qk_rows + nv * dv {
+            return Err(bad(format!(
+                "GGUF {name}: shape {:?}, expected {} rows (2 x {nk} x {dk} + {nv} x {dv})",
+                a.shape(),
+                qk_rows + nv * dv
+            )));
+        }
+        if r == 1 {
+            return Ok(a.clone());
+        }
+        let parts = ops::split_at(a, &[qk_rows], 0, None)?;
+        let [qk, v] =
+            <[Array; 2]>::try_from(parts).map_err(|_| bad(format!("GGUF {name}: split failed")))?;
+        let v = untile(&v, 0, name)?;
+        Ok(ops::concatenate(&[&qk, &v], 0, None)?)
+    };
     let names: Vec<String> = tensors.keys().cloned().collect();
     for k in names {
+        let take = |t: &mut BTreeMap<String, Array>| t.remove(&k).ok_or_else(|| bad(k.clone()));
         if let Some(p) = k.strip_suffix(".linear_attn.gguf_dt.bias") {
-            let a = tensors.remove(&k).ok_or_else(|| bad(k.clone()))?;
+            let a = take(tensors)?;
+            let a = if qwen35 { untile(&a, 0, &k)? } else { a };
             tensors.insert(format!("{p}.linear_attn.dt_bias"), a);
+        } else if qwen35 && k.ends_with(".linear_attn.A_log") {
+            let a = untile(&take(tensors)?, 0, &k)?;
+            tensors.insert(k, a);
         } else if k.ends_with(".linear_attn.conv1d.weight") {
-            let a = tensors.remove(&k).ok_or_else(|| bad(k.clone()))?;
+            let a = take(tensors)?;
             let a = match a.shape().as_slice() {
-                &[c, w] => a.reshape(&[c, w, 1])?,
+                &[c, w] => {
+                    let a = if qwen35 { untile_v_rows(&a, &k)? } else { a };
+                    a.reshape(&[c, w, 1])?
+                }
                 s => {
                     return Err(bad(format!(
                         "GGUF {k}: shape {s:?}, expected (channels, kernel)"
@@ -1952,6 +2081,25 @@ fn qwen3next_config(
                 }
             };
             tensors.insert(k, a);
+        } else if qwen35 {
+            let Some((p, rest)) = k.split_once(".linear_attn.") else {
+                continue;
+            };
+            let Some((part, suffix)) = rest.split_once('.') else {
+                continue;
+            };
+            let (to, a) = match part {
+                "gguf_qkv" => ("in_proj_qkv", untile_v_rows(&take(tensors)?, &k)?),
+                "gguf_z" => ("in_proj_z", untile(&take(tensors)?, 0, &k)?),
+                "in_proj_b" | "in_proj_a" => (part, untile(&take(tensors)?, 0, &k)?),
+                "out_proj" => {
+                    let a = take(tensors)?;
+                    let last = a.ndim().saturating_sub(1);
+                    ("out_proj", untile(&a, last, &k)?)
+                }
+                _ => continue,
+            };
+            tensors.insert(format!("{p}.linear_attn.{to}.{suffix}"), a);
         } else if let Some(rest) = k.split_once(".linear_attn.gguf_qkv.") {
             let (p, suffix) = rest;
             let qkv = tensors.remove(&k).ok_or_else(|| bad(k.clone()))?;
@@ -1961,7 +2109,6 @@ fn qwen3next_config(
                 .ok_or_else(|| bad(format!("{k} without its attn_gate")))?;
             let cols = qkv.shape().last().copied().unwrap_or(0);
             let rows = qkv.shape().first().copied().unwrap_or(0);
-            let r = nv / nk;
             if qkv.ndim() != 2
                 || z.ndim() != 2
                 || rows != nk * (2 * dk + r * dv)
@@ -1993,6 +2140,25 @@ fn qwen3next_config(
         return Err(bad(format!("GGUF tensor for {k} without its partner")));
     }
     Ok(())
+}
+
+/// Undoes llama.cpp's value-head reorder for Qwen 3.5 (`_LinearAttentionVReorderBase`): along
+/// `axis`, heads stored tiled `(per_key, key_heads, width)` go back to mlx-lm's grouped order
+/// `(key_heads, per_key, width)`.
+fn untile_v_heads(
+    a: &Array,
+    axis: usize,
+    key_heads: i32,
+    per_key: i32,
+    width: i32,
+) -> Result<Array> {
+    let shape = a.shape();
+    let mut split = shape[..axis].to_vec();
+    split.extend([per_key, key_heads, width]);
+    split.extend_from_slice(&shape[axis + 1..]);
+    let v = ops::reshape(a, &split, None)?;
+    let v = ops::swapaxes(&v, axis as i32, axis as i32 + 1, None)?;
+    Ok(ops::reshape(&v, &shape, None)?)
 }
 
 /// A boolean metadata value (`None` when absent).

@@ -113,6 +113,8 @@ fn later_gguf_architectures_match_mlx_lm() {
         ("nanbeige", "nanbeige"),
         ("lfm2", "lfm2"),
         ("lfm2moe", "lfm2_moe"),
+        ("qwen35", "qwen3_5"),
+        ("qwen35moe", "qwen3_5_moe"),
     ];
     let failures: Vec<String> = cases
         .iter()
@@ -153,6 +155,8 @@ fn later_gguf_architectures_match_mlx_lm() {
         "nanbeige",
         "lfm2",
         "lfm2moe",
+        "qwen35",
+        "qwen35moe",
     ] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }
