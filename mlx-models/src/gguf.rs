@@ -2020,7 +2020,7 @@ fn qwen3next_config(
         config["mlp_only_layers"] = json!(dense);
     }
 
-    let bad = |what: String| ModelError::Weights(vec![what]);
+    let bad = |what: String| gguf_err(path, what);
     let r = nv / nk;
     let qk_rows = 2 * nk * dk;
     // Value heads tiled -> grouped along `axis`, each head `len / nv` wide (whole quantization
@@ -2032,7 +2032,7 @@ fn qwen3next_config(
         let len = a.shape().get(axis).copied().unwrap_or(0);
         if len <= 0 || len % nv != 0 {
             return Err(bad(format!(
-                "GGUF {name}: shape {:?} does not split into {nv} value heads along axis {axis}",
+                "GGUF tensor {name}: shape {:?} does not split into {nv} value heads along axis {axis}",
                 a.shape()
             )));
         }
@@ -2043,7 +2043,7 @@ fn qwen3next_config(
         let rows = a.shape().first().copied().unwrap_or(0);
         if rows != qk_rows + nv * dv {
             return Err(bad(format!(
-                "GGUF {name}: shape {:?}, expected {} rows (2 x {nk} x {dk} + {nv} x {dv})",
+                "GGUF tensor {name}: shape {:?}, expected {} rows (2 x {nk} x {dk} + {nv} x {dv})",
                 a.shape(),
                 qk_rows + nv * dv
             )));
@@ -2052,31 +2052,32 @@ fn qwen3next_config(
             return Ok(a.clone());
         }
         let parts = ops::split_at(a, &[qk_rows], 0, None)?;
-        let [qk, v] =
-            <[Array; 2]>::try_from(parts).map_err(|_| bad(format!("GGUF {name}: split failed")))?;
+        let [qk, v] = <[Array; 2]>::try_from(parts)
+            .map_err(|_| bad(format!("GGUF tensor {name}: split failed")))?;
         let v = untile(&v, 0, name)?;
         Ok(ops::concatenate(&[&qk, &v], 0, None)?)
     };
     let names: Vec<String> = tensors.keys().cloned().collect();
     for k in names {
         let take = |t: &mut BTreeMap<String, Array>| t.remove(&k).ok_or_else(|| bad(k.clone()));
+        let g = gguf_linear_attn_name(&k);
         if let Some(p) = k.strip_suffix(".linear_attn.gguf_dt.bias") {
             let a = take(tensors)?;
-            let a = if qwen35 { untile(&a, 0, &k)? } else { a };
+            let a = if qwen35 { untile(&a, 0, &g)? } else { a };
             tensors.insert(format!("{p}.linear_attn.dt_bias"), a);
         } else if qwen35 && k.ends_with(".linear_attn.A_log") {
-            let a = untile(&take(tensors)?, 0, &k)?;
+            let a = untile(&take(tensors)?, 0, &g)?;
             tensors.insert(k, a);
         } else if k.ends_with(".linear_attn.conv1d.weight") {
             let a = take(tensors)?;
             let a = match a.shape().as_slice() {
                 &[c, w] => {
-                    let a = if qwen35 { untile_v_rows(&a, &k)? } else { a };
+                    let a = if qwen35 { untile_v_rows(&a, &g)? } else { a };
                     a.reshape(&[c, w, 1])?
                 }
                 s => {
                     return Err(bad(format!(
-                        "GGUF {k}: shape {s:?}, expected (channels, kernel)"
+                        "GGUF tensor {g}: shape {s:?}, expected (channels, kernel)"
                     )))
                 }
             };
@@ -2089,13 +2090,13 @@ fn qwen3next_config(
                 continue;
             };
             let (to, a) = match part {
-                "gguf_qkv" => ("in_proj_qkv", untile_v_rows(&take(tensors)?, &k)?),
-                "gguf_z" => ("in_proj_z", untile(&take(tensors)?, 0, &k)?),
-                "in_proj_b" | "in_proj_a" => (part, untile(&take(tensors)?, 0, &k)?),
+                "gguf_qkv" => ("in_proj_qkv", untile_v_rows(&take(tensors)?, &g)?),
+                "gguf_z" => ("in_proj_z", untile(&take(tensors)?, 0, &g)?),
+                "in_proj_b" | "in_proj_a" => (part, untile(&take(tensors)?, 0, &g)?),
                 "out_proj" => {
                     let a = take(tensors)?;
                     let last = a.ndim().saturating_sub(1);
-                    ("out_proj", untile(&a, last, &k)?)
+                    ("out_proj", untile(&a, last, &g)?)
                 }
                 _ => continue,
             };
@@ -2106,7 +2107,7 @@ fn qwen3next_config(
             let zk = format!("{p}.linear_attn.gguf_z.{suffix}");
             let z = tensors
                 .remove(&zk)
-                .ok_or_else(|| bad(format!("{k} without its attn_gate")))?;
+                .ok_or_else(|| bad(format!("GGUF tensor {g} without its attn_gate")))?;
             let cols = qkv.shape().last().copied().unwrap_or(0);
             let rows = qkv.shape().first().copied().unwrap_or(0);
             if qkv.ndim() != 2
@@ -2116,7 +2117,7 @@ fn qwen3next_config(
                 || z.shape()[1] != cols
             {
                 return Err(bad(format!(
-                    "GGUF {k} {:?} / attn_gate {:?} are not ({nk} key heads x (2 x {dk} + {} ), \
+                    "GGUF tensor {g} {:?} / attn_gate {:?} are not ({nk} key heads x (2 x {dk} + {} ), \
                      columns) / ({nk} x {}, columns)",
                     qkv.shape(),
                     z.shape(),
@@ -2126,7 +2127,7 @@ fn qwen3next_config(
             }
             let parts = ops::split_at(&qkv, &[nk * dk, 2 * nk * dk], 0, None)?;
             let [q, kk, v] = <[Array; 3]>::try_from(parts)
-                .map_err(|_| bad(format!("GGUF {k}: split failed")))?;
+                .map_err(|_| bad(format!("GGUF tensor {g}: split failed")))?;
             let q = q.reshape(&[nk, dk, cols])?;
             let kk = kk.reshape(&[nk, dk, cols])?;
             let v = v.reshape(&[nk, r * dv, cols])?;
@@ -2140,6 +2141,34 @@ fn qwen3next_config(
         return Err(bad(format!("GGUF tensor for {k} without its partner")));
     }
     Ok(())
+}
+
+/// The GGUF name (`blk.N.attn_qkv.weight`) of an mlx-lm gated-delta tensor name, for messages.
+fn gguf_linear_attn_name(mapped: &str) -> String {
+    let Some((layer, rest)) = mapped
+        .strip_prefix("model.layers.")
+        .and_then(|r| r.split_once('.'))
+    else {
+        return mapped.to_string();
+    };
+    let (part, suffix) = match rest.rsplit_once('.') {
+        Some((p, s)) if !rest.ends_with("A_log") && !rest.ends_with("dt_bias") => (p, s),
+        _ => (rest, ""),
+    };
+    let gguf = match part {
+        "linear_attn.A_log" => Some("ssm_a"),
+        "linear_attn.dt_bias" => Some("ssm_dt.bias"),
+        "linear_attn.in_proj_ba" => Some("ssm_ba"),
+        _ => QWEN35_PARTS
+            .iter()
+            .find(|(_, to)| *to == part)
+            .map(|(from, _)| *from),
+    };
+    match (gguf, suffix) {
+        (Some(g), "") => format!("blk.{layer}.{g}"),
+        (Some(g), s) => format!("blk.{layer}.{g}.{s}"),
+        (None, _) => mapped.to_string(),
+    }
 }
 
 /// Undoes llama.cpp's value-head reorder for Qwen 3.5 (`_LinearAttentionVReorderBase`): along
