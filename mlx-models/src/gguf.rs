@@ -2772,4 +2772,32 @@ mod tests {
         assert!(e.to_string().contains("rope_freqs"), "{e}");
         Ok(())
     }
+
+    /// Qwen 3.5's value heads untiled on a quantized `ssm_out` (MLX's affine triple of a
+    /// Q4_0 / Q8_0 file): whole groups of columns move with their head, so untiling the packed
+    /// weight, scales and biases by heads dequantizes to the untiled weight.
+    #[test]
+    fn value_heads_untile_on_quantized_columns() -> Result<()> {
+        use mlx_core::quantized::{dequantize, quantize, QuantMode};
+        let (nk, r, dv) = (2, 3, 32);
+        let nv = nk * r;
+        let w = mlx_core::random::normal(&[8, nv * dv], Dtype::Float32, None, None, None, None)?;
+        let (q, sc, b) = quantize(&w, 32, 4, QuantMode::Affine, None)?;
+        let b = b.ok_or_else(|| ModelError::Weights(vec!["no biases".into()]))?;
+        let by_heads = |a: &Array| untile_v_heads(a, 1, nk, r, a.shape()[1] / nv);
+        let (uq, us, ub) = (by_heads(&q)?, by_heads(&sc)?, by_heads(&b)?);
+        let deq = |q: &Array, s: &Array, b: &Array| {
+            dequantize(q, s, Some(b), 32, 4, QuantMode::Affine, None, None)
+        };
+        let got = deq(&uq, &us, &ub)?;
+        let want = untile_v_heads(&deq(&q, &sc, &b)?, 1, nk, r, dv)?;
+        assert_eq!(got.to_vec::<f32>()?, want.to_vec::<f32>()?);
+        // And untiling is the converter's tiling undone: tiled (r, nk) -> grouped (nk, r).
+        let ids = Array::from_slice(&(0..nv).collect::<Vec<i32>>(), &[nv])?;
+        let tiled = untile_v_heads(&ids, 0, r, nk, 1)?;
+        assert_eq!(tiled.to_vec::<i32>()?, vec![0, 3, 1, 4, 2, 5]);
+        let back = untile_v_heads(&tiled, 0, nk, r, 1)?;
+        assert_eq!(back.to_vec::<i32>()?, (0..nv).collect::<Vec<i32>>());
+        Ok(())
+    }
 }
