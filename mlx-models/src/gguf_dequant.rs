@@ -23,6 +23,7 @@ pub const DEQUANTIZED_TYPES: &[(u32, &str)] = &[
     (13, "Q5_K"),
     (14, "Q6_K"),
     (30, "BF16"),
+    (39, "MXFP4"),
 ];
 
 /// numpy's `float16 -> float32` (`npy_halfbits_to_floatbits`): exact, NaN payloads kept.
@@ -100,6 +101,7 @@ pub fn dequantize(ggml_type: u32, data: &[u8], elements: usize) -> Result<Vec<f3
         11 => blocks.for_each(|(b, o)| q3_k(b, o)),
         12 => blocks.for_each(|(b, o)| q4_k(b, o, false)),
         13 => blocks.for_each(|(b, o)| q4_k(b, o, true)),
+        39 => blocks.for_each(|(b, o)| mxfp4(b, o)),
         _ => blocks.for_each(|(b, o)| q6_k(b, o)),
     }
     Ok(out)
@@ -108,6 +110,21 @@ pub fn dequantize(ggml_type: u32, data: &[u8], elements: usize) -> Result<Vec<f3
 /// The low (`k < 16`) or high nibble of a 32-value block's packed quants.
 fn nibble(qs: &[u8], j: usize) -> u8 {
     (qs[j % 16] >> (4 * (j / 16))) & 0x0f
+}
+
+/// MXFP4 (gpt-oss): an E8M0 exponent byte as half its power of two (`e8m0_to_fp32_half`),
+/// then 32 E2M1 codes as doubled values, low nibbles first; `d * q`.
+fn mxfp4(b: &[u8], o: &mut [f32]) {
+    const KVALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+    let e = u32::from(b[0]);
+    let d = f32::from_bits(if e < 2 {
+        0x0020_0000 << e
+    } else {
+        (e - 1) << 23
+    });
+    for (j, v) in o.iter_mut().enumerate() {
+        *v = d * f32::from(KVALUES[usize::from(nibble(&b[1..], j))]);
+    }
 }
 
 fn q4_0(b: &[u8], o: &mut [f32]) {

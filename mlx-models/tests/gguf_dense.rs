@@ -109,6 +109,12 @@ fn later_gguf_architectures_match_mlx_lm() {
         ("command_r", "cohere"),
         ("cohere2", "cohere2"),
         ("exaone4", "exaone4"),
+        ("gpt_oss", "gpt_oss"),
+        ("nanbeige", "nanbeige"),
+        ("lfm2", "lfm2"),
+        ("lfm2moe", "lfm2_moe"),
+        ("qwen35", "qwen3_5"),
+        ("qwen35moe", "qwen3_5_moe"),
     ];
     let failures: Vec<String> = cases
         .iter()
@@ -145,6 +151,12 @@ fn later_gguf_architectures_match_mlx_lm() {
         "command-r",
         "cohere2",
         "exaone4",
+        "gpt-oss",
+        "nanbeige",
+        "lfm2",
+        "lfm2moe",
+        "qwen35",
+        "qwen35moe",
     ] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }

@@ -328,4 +328,45 @@ mod gguf {
         );
         assert!(!e.contains("invalid model config"), "{e}");
     }
+
+    #[test]
+    fn bad_qwen35_sizes_name_the_key_or_the_tensor() {
+        let u = |v: u32| GgufValue::Array(Array::scalar(v).unwrap());
+        let e = err(&edited(
+            "qwen35",
+            "q35rank",
+            |m| {
+                m.insert("qwen35.ssm.time_step_rank".into(), u(3));
+            },
+            |_| {},
+        ));
+        assert!(
+            e.contains("ssm.time_step_rank") && e.contains("q35rank.gguf"),
+            "{e}"
+        );
+        let e = err(&edited(
+            "qwen35",
+            "q35pattern",
+            |m| {
+                m.insert("qwen35.full_attention_interval".into(), u(3));
+            },
+            |_| {},
+        ));
+        assert!(e.contains("qwen35.attention.recurrent_layers"), "{e}");
+        let e = err(&edited(
+            "qwen35moe",
+            "q35qkv",
+            |_| {},
+            |t| {
+                let w = ops::zeros(&[40, 32], Dtype::Float32, None).unwrap();
+                t.insert("blk.0.attn_qkv.weight".into(), w);
+            },
+        ));
+        assert!(
+            e.contains("blk.0.attn_qkv.weight")
+                && e.contains("[40, 32]")
+                && e.contains("q35qkv.gguf"),
+            "{e}"
+        );
+    }
 }

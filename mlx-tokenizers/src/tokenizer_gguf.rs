@@ -2,7 +2,8 @@
 //! GGUF converter (`integrations/gguf/gguf_tokenizer_mapping.py`) build it.
 //!
 //! Supported: SentencePiece vocabularies (`tokenizer.ggml.model = "llama"`: Llama 2, Mistral,
-//! Gemma; see [`GgufTokenizerData::build`]), WordPiece vocabularies (`"bert"`: BERT-style
+//! Gemma; see [`GgufTokenizerData::build`]), SentencePiece Unigram vocabularies (`"t5"`,
+//! llama.cpp's UGM: T5, mT5, Flan-T5; see `build_ugm`), WordPiece vocabularies (`"bert"`: BERT-style
 //! embedding models, see `build_wpm`), BPE over raw UTF-8 pieces (`"gemma4"`, see
 //! `build_raw_bpe`) and byte-level BPE vocabularies (`tokenizer.ggml.model = "gpt2"`) with
 //! every pre-tokenizer llama.cpp's `llama-vocab.cpp` names in `tokenizer.ggml.pre` (`PRE_NAMES`:
@@ -70,7 +71,8 @@ fn meta_str<'a>(meta: &'a GgufMetadata, key: &str) -> Option<&'a str> {
 /// The tokenizer part of a GGUF file's metadata.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct GgufTokenizerData {
-    /// `tokenizer.ggml.model`: `"gpt2"` (byte-level BPE) or `"llama"` (SentencePiece).
+    /// `tokenizer.ggml.model`: `"gpt2"` (byte-level BPE), `"llama"` (SentencePiece), `"t5"`
+    /// (SentencePiece Unigram), `"bert"` (WordPiece) or `"gemma4"` (BPE over raw UTF-8).
     pub model: String,
     /// `tokenizer.ggml.pre`: the pre-tokenizer name.
     pub pre: Option<String>,
@@ -111,6 +113,10 @@ pub struct GgufTokenizerData {
     /// `tokenizer.ggml.normalizer.strip_accents` (WordPiece; llama.cpp's default: as
     /// `lowercase`).
     pub strip_accents: Option<bool>,
+    /// `tokenizer.ggml.precompiled_charsmap` (Unigram: SentencePiece's normalization table).
+    pub precompiled_charsmap: Option<Vec<u8>>,
+    /// `tokenizer.ggml.remove_extra_whitespaces` (Unigram; llama.cpp's default: true).
+    pub remove_extra_whitespaces: Option<bool>,
 }
 
 const LLAMA3_SPLIT: &str = concat!(
@@ -478,6 +484,9 @@ impl GgufTokenizerData {
         if self.model == "llama" {
             return self.build_spm();
         }
+        if self.model == "t5" {
+            return self.build_ugm();
+        }
         if self.model == "bert" {
             return self.build_wpm();
         }
@@ -492,7 +501,7 @@ impl GgufTokenizerData {
             return Err(TokenizerError::Invalid(format!(
                 "GGUF tokenizer model {:?} is not supported; supported: [\"gpt2\"] \
                  (byte-level BPE), [\"gemma4\"] (BPE over raw UTF-8), [\"llama\"] \
-                 (SentencePiece), [\"bert\"] (WordPiece)",
+                 (SentencePiece), [\"t5\"] (SentencePiece Unigram), [\"bert\"] (WordPiece)",
                 self.model
             )));
         }
@@ -1027,6 +1036,147 @@ impl GgufTokenizerData {
     }
 }
 
+impl GgufTokenizerData {
+    /// A SentencePiece Unigram vocabulary (`"t5"`, llama.cpp's UGM) as transformers'
+    /// `SpmConverter.build_tokenizer_from_spm_proto` builds one to encode as SentencePiece
+    /// does: a Unigram over the pieces and their scores (unknown characters fused into one
+    /// `<unk>`); the normalizer in SentencePiece's order: the precompiled charsmap, then (when
+    /// `remove_extra_whitespaces`) leading and trailing spaces dropped and runs of spaces made
+    /// one, spaces written `▁`, and (when `add_space_prefix`) the dummy `▁` prefix, which
+    /// Metaspace adds even before a leading `▁`; control pieces as special tokens. llama.cpp
+    /// adds EOS for this model unless the file says otherwise.
+    fn build_ugm(&self) -> Result<Tokenizer> {
+        use tokenizers::decoders::fuse::Fuse;
+        use tokenizers::decoders::sequence::Sequence as DecoderSequence;
+        use tokenizers::decoders::strip::Strip;
+        use tokenizers::models::unigram::Unigram;
+        use tokenizers::normalizers::replace::{Replace, ReplacePattern};
+        use tokenizers::normalizers::utils::Sequence as NormalizerSequence;
+        use tokenizers::normalizers::Precompiled;
+        use tokenizers::pre_tokenizers::metaspace::{Metaspace, PrependScheme};
+        use tokenizers::{DecoderWrapper, NormalizerWrapper};
+
+        let bad = |m: String| TokenizerError::Invalid(m);
+        let n = self.tokens.len();
+        let scores = self
+            .scores
+            .as_ref()
+            .ok_or_else(|| bad("GGUF Unigram vocabulary has no tokenizer.ggml.scores".into()))?;
+        if scores.len() != n {
+            return Err(bad(format!(
+                "GGUF tokenizer.ggml.scores has {} entries for {n} tokens",
+                scores.len()
+            )));
+        }
+        if let Some(i) = scores.iter().position(|s| !s.is_finite()) {
+            return Err(bad(format!(
+                "GGUF tokenizer.ggml.scores[{i}] is {} (not a finite number)",
+                scores[i]
+            )));
+        }
+        let types = self.token_types()?;
+        self.check_ids(&[
+            ("bos", self.bos_id),
+            ("eos", self.eos_id),
+            ("unk", self.unk_id),
+            ("pad", self.pad_id),
+        ])?;
+        // llama.cpp's UGM needs an unknown token; the file's, else the first of type 2.
+        let unk = match self.unk_id {
+            Some(u) => u as usize,
+            None => types.iter().position(|&t| t == 2).ok_or_else(|| {
+                bad("GGUF Unigram vocabulary names no unknown token \
+                     (tokenizer.ggml.unknown_token_id or a token of type 2)"
+                    .into())
+            })?,
+        };
+        let vocab: Vec<(String, f64)> = self
+            .tokens
+            .iter()
+            .zip(scores)
+            .map(|(t, &s)| (t.clone(), f64::from(s)))
+            .collect();
+        let model = Unigram::from(vocab, Some(unk), false)
+            .map_err(|e| TokenizerError::Backend(format!("building Unigram: {e}")))?;
+        let mut inner = tokenizers::Tokenizer::new(model);
+
+        let replace = |from: ReplacePattern, to: &str| {
+            Replace::new(from, to)
+                .map(NormalizerWrapper::Replace)
+                .map_err(|e| TokenizerError::Backend(format!("building a Replace: {e}")))
+        };
+        let regex = |r: &str| ReplacePattern::Regex(r.into());
+        let mut normalizers = Vec::new();
+        match self.precompiled_charsmap.as_deref() {
+            Some(map) if !map.is_empty() => {
+                let p = Precompiled::from(map)
+                    .map_err(|e| bad(format!("GGUF tokenizer.ggml.precompiled_charsmap: {e}")))?;
+                normalizers.push(NormalizerWrapper::Precompiled(p));
+            }
+            _ => {}
+        }
+        if self.remove_extra_whitespaces.unwrap_or(true) {
+            // Only spaces count: SentencePiece leaves other whitespace alone.
+            normalizers.push(replace(regex(r"\A +| +\z"), "")?);
+            normalizers.push(replace(regex(" {2,}"), " ")?);
+        }
+        normalizers.push(replace(ReplacePattern::String(" ".into()), "\u{2581}")?);
+        let prefix = self.add_space_prefix.unwrap_or(true);
+        if prefix {
+            normalizers.push(replace(regex("\\A\u{2581}"), "\u{2581}\u{2581}")?);
+        }
+        inner
+            .with_normalizer(Some(NormalizerWrapper::Sequence(NormalizerSequence::new(
+                normalizers,
+            ))))
+            .map_err(|e| TokenizerError::Backend(format!("setting the normalizer: {e}")))?;
+        if prefix {
+            inner.with_pre_tokenizer(Some(PreTokenizerWrapper::Metaspace(Metaspace::new(
+                '\u{2581}',
+                PrependScheme::Always,
+                false,
+            ))));
+        }
+        let mut decoders = vec![DecoderWrapper::Replace(
+            tokenizers::normalizers::replace::Replace::new("\u{2581}", " ")
+                .map_err(|e| TokenizerError::Backend(format!("building a Replace: {e}")))?,
+        )];
+        if prefix {
+            decoders.push(DecoderWrapper::Fuse(Fuse::new()));
+            decoders.push(DecoderWrapper::Strip(Strip::new(' ', 1, 0)));
+        }
+        inner.with_decoder(Some(DecoderWrapper::Sequence(DecoderSequence::new(
+            decoders,
+        ))));
+        let added = |ty: i32, special: bool| -> Vec<AddedToken> {
+            self.tokens
+                .iter()
+                .zip(&types)
+                .filter(|(_, t)| **t == ty)
+                .map(|(p, _)| AddedToken::from(p.clone(), special).normalized(false))
+                .collect()
+        };
+        let control = added(3, true);
+        if !control.is_empty() {
+            inner
+                .add_special_tokens(control)
+                .map_err(|e| TokenizerError::Backend(format!("adding control tokens: {e}")))?;
+        }
+        let user = added(4, false);
+        if !user.is_empty() {
+            inner
+                .add_tokens(user)
+                .map_err(|e| TokenizerError::Backend(format!("adding user-defined tokens: {e}")))?;
+        }
+        let data = GgufTokenizerData {
+            unk_id: Some(unk as u32),
+            add_eos: Some(self.add_eos.unwrap_or(true)),
+            ..self.clone()
+        };
+        data.finish(inner, &self.tokens, false)
+    }
+}
+
 /// The tokenizer part of GGUF metadata (`tokenizer.ggml.*`, `tokenizer.chat_template`).
 pub fn tokenizer_data(meta: &GgufMetadata) -> Result<GgufTokenizerData> {
     let strings = |k: &str| -> Option<Vec<String>> {
@@ -1081,5 +1231,27 @@ pub fn tokenizer_data(meta: &GgufMetadata) -> Result<GgufTokenizerData> {
         mask_id: id("tokenizer.ggml.mask_token_id"),
         lowercase: flag("tokenizer.ggml.normalizer.lowercase"),
         strip_accents: flag("tokenizer.ggml.normalizer.strip_accents"),
+        precompiled_charsmap: match meta.get("tokenizer.ggml.precompiled_charsmap") {
+            Some(GgufValue::Array(a)) => Some(
+                a.astype(Dtype::Int32)
+                    .and_then(|a| a.to_vec::<i32>())
+                    .map_err(|e| {
+                        TokenizerError::Config(format!(
+                            "GGUF tokenizer.ggml.precompiled_charsmap: {e}"
+                        ))
+                    })?
+                    .into_iter()
+                    .map(|b| {
+                        u8::try_from(b).map_err(|_| {
+                            TokenizerError::Config(format!(
+                                "GGUF tokenizer.ggml.precompiled_charsmap holds {b}, not a byte"
+                            ))
+                        })
+                    })
+                    .collect::<Result<Vec<u8>>>()?,
+            ),
+            _ => None,
+        },
+        remove_extra_whitespaces: flag("tokenizer.ggml.remove_extra_whitespaces"),
     })
 }

@@ -40,6 +40,10 @@ SCALES = {
     T.Q5_K: [0, 2],
     T.Q6_K: [208],
 }
+# Types added later, drawn from their own generator so that the cases above keep their bytes.
+LATER = {
+    T.MXFP4: [],
+}
 BLOCKS = 4
 
 
@@ -51,7 +55,7 @@ def blocks(rng, qtype, n_blocks, finite):
         return rng.standard_normal(n_blocks * block).astype(np.float16).view(np.uint8), n_blocks * block
     data = rng.integers(0, 256, size=(n_blocks, size), dtype=np.uint8)
     if finite:
-        for off in SCALES[qtype]:
+        for off in {**SCALES, **LATER}[qtype]:
             v = (rng.standard_normal(n_blocks) * 0.05).astype(np.float16)
             data[:, off:off + 2] = v.view(np.uint8).reshape(n_blocks, 2)
     return data.reshape(-1), n_blocks * block
@@ -68,6 +72,14 @@ def main():
             assert out.dtype == np.float32 and out.size == n
             name = f"{qtype.name}_{'finite' if finite else 'raw'}"
             g.case(name, "dequantize", [mx.array(data)], [mx.array(out)], ggml_type=int(qtype), elements=n)
+    later = np.random.default_rng(20261204)
+    for qtype in LATER:
+        for finite in (True, False):
+            data, n = blocks(later, qtype, BLOCKS, finite)
+            out = gguf.quants.dequantize(data.reshape(1, -1), qtype).reshape(-1)
+            assert out.dtype == np.float32 and out.size == n
+            name = f"{qtype.name}_{'finite' if finite else 'raw'}"
+            g.case(name, "dequantize", [mx.array(data)], [mx.array(out)], ggml_type=int(qtype), elements=n)
 
     # A file: 3 rows per tensor, each row one or two blocks wide.
     path = "mlx-models/tests/models/gguf/quants.gguf"
@@ -80,10 +92,10 @@ def main():
     w.add_string("test.str", "héllo")
     w.add_array("test.ints", [1, 2, 3])
     w.add_array("test.strs", ["a", "bc"])
-    for qtype in SCALES:
+    for qtype in [*SCALES, *LATER]:
         block, size = GGML_QUANT_SIZES[qtype]
         cols = block * (2 if block == 32 else 1) if block > 1 else 8
-        data, n = blocks(rng, qtype, 3 * cols // block, True)
+        data, n = blocks(rng if qtype in SCALES else later, qtype, 3 * cols // block, True)
         raw = data.reshape(3, -1)
         w.add_tensor(f"t_{qtype.name.lower()}", raw, raw_shape=raw.shape, raw_dtype=qtype)
         out = gguf.quants.dequantize(raw, qtype)

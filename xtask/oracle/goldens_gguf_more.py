@@ -255,6 +255,31 @@ def minicpm3(c, gguf):
     return m
 
 
+def gpt_oss(c):
+    """GptOssModel: TextModel's keys (YaRN's as rope scaling, head_dim as key / value length,
+    no vocab_size), the window and the experts' width."""
+    m = meta_common("gpt-oss", c, head_dim=c["head_dim"])
+    rs = c["rope_scaling"]
+    m.str("rope.scaling.type", "yarn")
+    m.f32("rope.scaling.factor", rs["factor"])
+    m.num("rope.scaling.original_context_length", rs["original_max_position_embeddings"])
+    m.f32("rope.scaling.yarn_beta_fast", rs["beta_fast"])
+    m.f32("rope.scaling.yarn_beta_slow", rs["beta_slow"])
+    m.num("expert_count", c["num_local_experts"])
+    m.num("expert_used_count", c["num_experts_per_tok"])
+    m.num("attention.sliding_window", c["sliding_window"])
+    m.num("expert_feed_forward_length", c["intermediate_size"])
+    return m
+
+
+def nanbeige(c):
+    """NanbeigeModel (LlamaModel: Q / K permuted, vocab size, rope dims) plus its loops."""
+    m = meta_common("nanbeige", c, vocab_size=True, rope_dims=c["head_dim"])
+    m.num("num_loops", c["num_loops"])
+    m.flag("skip_loop_final_norm", c["skip_loop_final_norm"])
+    return m
+
+
 def moe_meta(arch, c, m):
     """The expert keys TextModel and the GLM-4.5 / dots.llm1 converter classes write."""
     m.num("expert_count", c["n_routed_experts"])
@@ -334,6 +359,52 @@ FACTORS = {
 # name: (model_type, config overrides, metadata writer, extra name map, permute Q / K,
 #        layer prefix of the mlx-lm names)
 CASES = {
+    # gpt-oss: sinks, biased router and experts, alternating sliding layers, YaRN.
+    "gpt_oss": (
+        "gpt_oss",
+        {
+            "head_dim": 8,
+            "intermediate_size": 32,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "sliding_window": 4,
+            "tie_word_embeddings": False,
+            "rope_theta": 150000.0,
+            "rope_scaling": {
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "original_max_position_embeddings": 64,
+                "truncate": False,
+            },
+        },
+        gpt_oss,
+        {
+            "post_attention_layernorm": "post_attention_norm",
+            "mlp.router": "ffn_gate_inp",
+            "mlp.experts.gate_proj": "ffn_gate_exps",
+            "mlp.experts.up_proj": "ffn_up_exps",
+            "mlp.experts.down_proj": "ffn_down_exps",
+        },
+        False,
+        "model.layers",
+    ),
+    # Nanbeige: the llama stack run twice with shared weights, the final norm between loops
+    # skipped.
+    "nanbeige": (
+        "nanbeige",
+        {
+            "head_dim": 16,
+            "num_loops": 2,
+            "skip_loop_final_norm": True,
+            "tie_word_embeddings": False,
+        },
+        nanbeige,
+        {},
+        True,
+        "model.layers",
+    ),
     # Llama 3.1's rope (llama.cpp stores the factors as `rope_freqs`, not the parameters):
     # two frequencies in the smoothed band, one of each outside it.
     "llama3": (
@@ -636,6 +707,9 @@ CASES = {
 
 
 def to_gguf_name(name, parts, prefix):
+    if name.endswith(".self_attn.sinks"):
+        # gpt-oss: the converter adds `.weight` to the bare parameter.
+        return f"blk.{name.split('.')[2]}.attn_sinks.weight"
     if name.endswith(".mlp.gate.e_score_correction_bias"):
         return f"blk.{name.split('.')[2]}.exp_probs_b.bias"
     module, suffix = name.rsplit(".", 1)
@@ -803,3 +877,348 @@ def qwen3next_case(seed):
 
 if not ONLY or "qwen3next" in ONLY:
     qwen3next_case(seed_of("qwen3next"))
+
+
+# LFM2 (`lfm2`): short-convolution layers between attention layers. LFM2Model writes
+# `head_count_kv` per layer (0 for a convolution layer), the feed-forward width already
+# adjusted (block_auto_adjust_ff_dim: 64 -> 48 here), the convolution's cache length, and
+# the depthwise kernel squeezed to (channels, kernel); the final norm is `token_embd_norm`.
+LFM2 = {
+    "model_type": "lfm2",
+    "vocab_size": 96,
+    "hidden_size": 32,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    "norm_eps": 1e-5,
+    "conv_bias": False,
+    "conv_L_cache": 3,
+    "block_dim": 32,
+    "block_ff_dim": 64,
+    "block_multiple_of": 16,
+    "block_ffn_dim_multiplier": 1.0,
+    "block_auto_adjust_ff_dim": True,
+    "rope_theta": 1000000.0,
+    "layer_types": ["conv", "full_attention", "conv", "full_attention"],
+}
+
+LFM2_PARTS = {
+    "model.embed_tokens": "token_embd",
+    "model.embedding_norm": "token_embd_norm",
+    "operator_norm": "attn_norm",
+    "ffn_norm": "ffn_norm",
+    "feed_forward.w1": "ffn_gate",
+    "feed_forward.w3": "ffn_up",
+    "feed_forward.w2": "ffn_down",
+    "self_attn.q_layernorm": "attn_q_norm",
+    "self_attn.k_layernorm": "attn_k_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.out_proj": "attn_output",
+    "conv.conv": "shortconv.conv",
+    "conv.in_proj": "shortconv.in_proj",
+    "conv.out_proj": "shortconv.out_proj",
+}
+
+
+def lfm2_case(seed):
+    c = LFM2
+    _, model = seeded_model("lfm2", c, seed)
+    gguf = {}
+    for k, v in tree_flatten(model.parameters()):
+        if k.endswith("conv.conv.weight"):
+            v = v.squeeze(-1)
+        gguf[to_gguf_name(k, LFM2_PARTS, "model.layers")] = v
+    assert gguf["blk.0.ffn_gate.weight"].shape[0] == 48
+    m = Meta("lfm2")
+    m.num("block_count", c["num_hidden_layers"])
+    m.num("context_length", c["max_position_embeddings"])
+    m.num("embedding_length", c["hidden_size"])
+    m.num("feed_forward_length", 48)
+    m.num("attention.head_count", c["num_attention_heads"])
+    m.num("attention.head_count_kv", [c["num_key_value_heads"] if t != "conv" else 0 for t in c["layer_types"]])
+    m.f32("rope.freq_base", c["rope_theta"])
+    m.f32("attention.layer_norm_rms_epsilon", c["norm_eps"])
+    m.num("vocab_size", c["vocab_size"])
+    m.num("shortconv.l_cache", c["conv_L_cache"])
+    m.m["tokenizer.ggml.model"] = "gpt2"
+    m.m["tokenizer.ggml.tokens"] = [f"t{i}" for i in range(c["vocab_size"])]
+    write_gguf("lfm2", gguf, m)
+    record(model, "lfm2", __file__)
+
+
+if not ONLY or "lfm2" in ONLY:
+    lfm2_case(seed_of("lfm2"))
+
+
+# LFM2-MoE (`lfm2moe`): LFM2's layers with a dense first block and sigmoid-routed experts
+# with a selection bias. LFM2MoeModel writes the per-layer `head_count_kv`, the dense width
+# as `feed_forward_length`, the experts' as `expert_feed_forward_length`, the dense block
+# count, sigmoid gating (2) and `expert_bias` as `exp_probs_b.bias`; llama.cpp always
+# renormalizes the top-k weights (norm_topk_prob) and scales them by 1.
+LFM2MOE = {
+    "model_type": "lfm2_moe",
+    "vocab_size": 96,
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "moe_intermediate_size": 16,
+    "num_hidden_layers": 4,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "norm_topk_prob": True,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    "use_expert_bias": True,
+    "num_dense_layers": 1,
+    "norm_eps": 1e-5,
+    "conv_bias": False,
+    "conv_L_cache": 3,
+    "rope_theta": 1000000.0,
+    "routed_scaling_factor": 1.0,
+    "layer_types": ["conv", "full_attention", "conv", "full_attention"],
+}
+
+LFM2MOE_PARTS = {
+    **LFM2_PARTS,
+    "feed_forward.gate_proj": "ffn_gate",
+    "feed_forward.up_proj": "ffn_up",
+    "feed_forward.down_proj": "ffn_down",
+    "feed_forward.gate": "ffn_gate_inp",
+    "feed_forward.switch_mlp.gate_proj": "ffn_gate_exps",
+    "feed_forward.switch_mlp.up_proj": "ffn_up_exps",
+    "feed_forward.switch_mlp.down_proj": "ffn_down_exps",
+}
+
+
+def lfm2moe_case(seed):
+    c = LFM2MOE
+    _, model = seeded_model("lfm2_moe", c, seed)
+    gguf = {}
+    for k, v in tree_flatten(model.parameters()):
+        if k.endswith("conv.conv.weight"):
+            v = v.squeeze(-1)
+        if k.endswith(".feed_forward.expert_bias"):
+            gguf[f"blk.{k.split('.')[2]}.exp_probs_b.bias"] = v
+            continue
+        gguf[to_gguf_name(k, LFM2MOE_PARTS, "model.layers")] = v
+    m = Meta("lfm2moe")
+    m.num("block_count", c["num_hidden_layers"])
+    m.num("context_length", c["max_position_embeddings"])
+    m.num("embedding_length", c["hidden_size"])
+    m.num("feed_forward_length", c["intermediate_size"])
+    m.num("attention.head_count", c["num_attention_heads"])
+    m.num("attention.head_count_kv", [c["num_key_value_heads"] if t == "full_attention" else 0 for t in c["layer_types"]])
+    m.f32("rope.freq_base", c["rope_theta"])
+    m.f32("attention.layer_norm_rms_epsilon", c["norm_eps"])
+    m.num("expert_count", c["num_experts"])
+    m.num("expert_used_count", c["num_experts_per_tok"])
+    m.num("expert_feed_forward_length", c["moe_intermediate_size"])
+    m.num("leading_dense_block_count", c["num_dense_layers"])
+    m.num("expert_gating_func", 2)
+    m.num("vocab_size", c["vocab_size"])
+    m.num("shortconv.l_cache", c["conv_L_cache"])
+    m.m["tokenizer.ggml.model"] = "gpt2"
+    m.m["tokenizer.ggml.tokens"] = [f"t{i}" for i in range(c["vocab_size"])]
+    write_gguf("lfm2moe", gguf, m)
+    record(model, "lfm2moe", __file__)
+
+
+if not ONLY or "lfm2moe" in ONLY:
+    lfm2moe_case(seed_of("lfm2moe"))
+
+
+# Qwen 3.5 (`qwen35`, `qwen35moe`): Qwen3-Next's layers with separate projections
+# (`in_proj_qkv` -> attn_qkv, `in_proj_z` -> attn_gate, `in_proj_b` -> ssm_beta, `in_proj_a`
+# -> ssm_alpha), every layer with experts in the MoE. Qwen3_5TextModel /
+# Qwen3_5MoeTextModel (_LinearAttentionVReorderBase) first reorder the value heads from
+# grouped by key head ([k0: v0..v{r-1}, k1: ...]) to tiled ([v0 of every k, v1 of every k,
+# ...]) in the V rows of `in_proj_qkv`, the rows of `in_proj_z`, `in_proj_b`, `in_proj_a`,
+# `A_log`, `dt_bias`, the V channels of the conv kernel and the columns of `out_proj`; then
+# Qwen3NextModel's conversions (`ssm_a = -exp(A_log)`, conv squeezed, `dt_bias` as
+# `ssm_dt.bias`). The metadata adds the interleaved-MRoPE sections (text positions make it
+# plain rope) and `attention.recurrent_layers` from `layer_types`. The golden is mlx-lm on
+# the weights read back from the file (A_log through -exp / log); every other tensor read
+# back is checked equal to the seeded model's.
+QWEN35 = {
+    **BASE,
+    "model_type": "qwen3_5",
+    "num_hidden_layers": 4,
+    "intermediate_size": 24,
+    "full_attention_interval": 2,
+    "layer_types": ["linear_attention", "full_attention"] * 2,
+    "head_dim": 8,
+    # Three value heads per key head: a reorder that swapped the two counts would fail.
+    "linear_num_value_heads": 6,
+    "linear_num_key_heads": 2,
+    "linear_key_head_dim": 8,
+    "linear_value_head_dim": 8,
+    "linear_conv_kernel_dim": 4,
+    "tie_word_embeddings": False,
+    "rope_parameters": {
+        "rope_type": "default",
+        "mrope_section": [1, 1, 0],
+        "mrope_interleaved": True,
+        "rope_theta": 1000000.0,
+        "partial_rotary_factor": 0.5,
+    },
+}
+
+QWEN35MOE = {
+    **QWEN35,
+    "model_type": "qwen3_5_moe",
+    "num_hidden_layers": 2,
+    "layer_types": ["linear_attention", "full_attention"],
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "shared_expert_intermediate_size": 16,
+    "moe_intermediate_size": 16,
+}
+
+QWEN35_PARTS = {
+    **QWEN3NEXT_PARTS,
+    "linear_attn.in_proj_qkv": "attn_qkv",
+    "linear_attn.in_proj_z": "attn_gate",
+    "linear_attn.in_proj_b": "ssm_beta",
+    "linear_attn.in_proj_a": "ssm_alpha",
+    "linear_attn.conv1d": "ssm_conv1d",
+    "linear_attn.dt": "ssm_dt",
+}
+
+
+def tile_v(t, axis, nk, r, d):
+    """_LinearAttentionVReorderBase._reorder_v_heads: (.., nk, r, d, ..) -> (.., r, nk, d, ..)."""
+    s = list(t.shape)
+    axis = axis % len(s)
+    t = t.reshape(*s[:axis], nk, r, d, *s[axis + 1 :])
+    return t.swapaxes(axis, axis + 1).reshape(s)
+
+
+def untile_v(t, axis, nk, r, d):
+    s = list(t.shape)
+    axis = axis % len(s)
+    t = t.reshape(*s[:axis], r, nk, d, *s[axis + 1 :])
+    return t.swapaxes(axis, axis + 1).reshape(s)
+
+
+def qwen35_case(name, c, arch, seed):
+    model_type = c["model_type"]
+    _, model = seeded_model(model_type, c, seed)
+    nk, dk = c["linear_num_key_heads"], c["linear_key_head_dim"]
+    nv, dv = c["linear_num_value_heads"], c["linear_value_head_dim"]
+    r = nv // nk
+    qk = 2 * nk * dk
+    gguf = {}
+    for k, v in tree_flatten(model.parameters()):
+        k = k.removeprefix("language_model.")
+        layer = k.split(".")[2] if k.startswith("model.layers.") else None
+        if ".linear_attn." in k and r > 1:
+            if k.endswith("in_proj_qkv.weight"):
+                v = mx.concatenate([v[:qk], tile_v(v[qk:], 0, nk, r, dv)], axis=0)
+            elif k.endswith("in_proj_z.weight"):
+                v = tile_v(v, 0, nk, r, dv)
+            elif k.endswith(("in_proj_b.weight", "in_proj_a.weight", "A_log", "dt_bias")):
+                v = tile_v(v, 0, nk, r, 1)
+            elif k.endswith("conv1d.weight"):
+                v = mx.concatenate([v[:qk], tile_v(v[qk:], 0, nk, r, dv)], axis=0)
+            elif k.endswith("out_proj.weight"):
+                v = tile_v(v, 1, nk, r, dv)
+        if k.endswith("linear_attn.A_log"):
+            gguf[f"blk.{layer}.ssm_a"] = -mx.exp(v)
+        elif k.endswith("linear_attn.dt_bias"):
+            gguf[f"blk.{layer}.ssm_dt.bias"] = v
+        elif k.endswith("linear_attn.conv1d.weight"):
+            gguf[f"blk.{layer}.ssm_conv1d.weight"] = v.squeeze(-1)
+        else:
+            gguf[to_gguf_name(k, QWEN35_PARTS, "model.layers")] = v
+    # One MTP layer (mtp_num_hidden_layers): a full-attention layer plus its nextn.* parts.
+    n = c["num_hidden_layers"]
+    for k in [k for k in gguf if k.startswith(f"blk.{n - 1}.")]:
+        gguf[f"blk.{n}." + k.split(".", 2)[2]] = gguf[k]
+    h = c["hidden_size"]
+    gguf[f"blk.{n}.nextn.eh_proj.weight"] = mx.ones((h, 2 * h))
+    for part in ("enorm", "hnorm", "shared_head_norm"):
+        gguf[f"blk.{n}.nextn.{part}.weight"] = mx.ones((h,))
+
+    rp = c["rope_parameters"]
+    m = Meta(arch)
+    m.num("block_count", n + 1)
+    m.num("context_length", c["max_position_embeddings"])
+    m.num("embedding_length", c["hidden_size"])
+    m.num("feed_forward_length", c["intermediate_size"])
+    m.num("attention.head_count", c["num_attention_heads"])
+    m.num("attention.head_count_kv", c["num_key_value_heads"])
+    m.m[f"{arch}.rope.dimension_sections"] = mx.array(rp["mrope_section"] + [0], dtype=mx.int32)
+    m.f32("rope.freq_base", rp["rope_theta"])
+    m.f32("attention.layer_norm_rms_epsilon", c["rms_norm_eps"])
+    if c.get("num_experts"):
+        m.num("expert_count", c["num_experts"])
+        m.num("expert_used_count", c["num_experts_per_tok"])
+        m.num("expert_feed_forward_length", c["moe_intermediate_size"])
+        m.num("expert_shared_feed_forward_length", c["shared_expert_intermediate_size"])
+    m.num("attention.key_length", c["head_dim"])
+    m.num("attention.value_length", c["head_dim"])
+    m.num("ssm.conv_kernel", c["linear_conv_kernel_dim"])
+    m.num("ssm.state_size", dk)
+    m.num("ssm.group_count", nk)
+    m.num("ssm.time_step_rank", nv)
+    m.num("ssm.inner_size", dv * nv)
+    m.m[f"{arch}.attention.recurrent_layers"] = mx.array(
+        [t == "linear_attention" for t in c["layer_types"]] + [False]
+    )
+    m.num("full_attention_interval", c["full_attention_interval"])
+    m.num("rope.dimension_count", int(c["head_dim"] * rp["partial_rotary_factor"]))
+    m.num("nextn_predict_layers", 1)
+    m.m["tokenizer.ggml.model"] = "gpt2"
+    m.m["tokenizer.ggml.tokens"] = [f"t{i}" for i in range(c["vocab_size"])]
+    path = write_gguf(name, gguf, m)
+
+    # Read back into a fresh mlx-lm model, undoing each conversion.
+    loaded = mx.load(path)
+    inv = {v: k for k, v in QWEN35_PARTS.items()}
+    back = {}
+    for k, v in loaded.items():
+        if k.startswith(f"blk.{n}."):
+            continue
+        if not k.startswith("blk."):
+            module, suffix = k.rsplit(".", 1)
+            back[f"language_model.{inv[module]}.{suffix}"] = v
+            continue
+        _, layer, rest = k.split(".", 2)
+        p = f"model.layers.{layer}"
+        if rest == "ssm_a":
+            mk, v = f"{p}.linear_attn.A_log", mx.log(-v)
+        elif rest == "ssm_dt.bias":
+            mk = f"{p}.linear_attn.dt_bias"
+        elif rest == "ssm_conv1d.weight":
+            mk, v = f"{p}.linear_attn.conv1d.weight", v[..., None]
+        else:
+            module, suffix = rest.rsplit(".", 1)
+            mk = f"{p}.{inv[module]}.{suffix}"
+        if ".linear_attn." in mk and r > 1:
+            if mk.endswith(("in_proj_qkv.weight", "conv1d.weight")):
+                v = mx.concatenate([v[:qk], untile_v(v[qk:], 0, nk, r, dv)], axis=0)
+            elif mk.endswith("in_proj_z.weight"):
+                v = untile_v(v, 0, nk, r, dv)
+            elif mk.endswith(("in_proj_b.weight", "in_proj_a.weight", "A_log", "dt_bias")):
+                v = untile_v(v, 0, nk, r, 1)
+            elif mk.endswith("out_proj.weight"):
+                v = untile_v(v, 1, nk, r, dv)
+        back["language_model." + mk] = v
+    orig = dict(tree_flatten(model.parameters()))
+    assert sorted(orig) == sorted(back), (sorted(orig), sorted(back))
+    for k, v in back.items():
+        if not k.endswith("A_log"):
+            assert mx.array_equal(orig[k], v).item(), k
+    module = __import__(f"mlx_lm.models.{model_type}", fromlist=["Model"])
+    fresh = module.Model(module.ModelArgs.from_dict(c))
+    fresh.load_weights(list(back.items()), strict=True)
+    mx.eval(fresh.parameters())
+    record(fresh, name, __file__)
+
+
+for _name, _c, _arch in [("qwen35", QWEN35, "qwen35"), ("qwen35moe", QWEN35MOE, "qwen35moe")]:
+    if not ONLY or _name in ONLY:
+        qwen35_case(_name, _c, _arch, seed_of(_name))
