@@ -19,6 +19,7 @@ pub mod embed;
 mod error;
 pub mod gguf;
 pub mod gguf_dequant;
+pub mod gptq;
 pub mod layers;
 pub mod load;
 pub mod models;
