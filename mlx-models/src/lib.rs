@@ -13,6 +13,7 @@
 //! Models never own caches: `forward` takes the caches made by `make_cache` (or loaded).
 #![forbid(unsafe_code)]
 
+pub mod awq;
 pub mod config;
 pub mod convert;
 pub mod embed;

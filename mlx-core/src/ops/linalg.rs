@@ -232,3 +232,19 @@ pub fn cholesky_inv(l: &Array, upper: bool, s: Option<&Stream>) -> Result<Array>
         sys::mlxs_linalg_cholesky_inv(o, l.as_raw(), upper, raw(s))
     })
 }
+
+/// `mx.einsum(subscripts, *operands)`: MLX's own contraction path and products.
+pub fn einsum(subscripts: &str, operands: &[&Array], s: Option<&Stream>) -> Result<Array> {
+    if operands.is_empty() {
+        return Err(crate::error::Error::invalid(
+            "einsum",
+            "needs at least one operand",
+        ));
+    }
+    let sub = super::c_string("einsum", subscripts)?;
+    let v = super::vec_of("einsum", operands)?;
+    // SAFETY: live vector handle, NUL-terminated string alive across the call.
+    array_out("einsum", |o| unsafe {
+        sys::mlxs_einsum(o, sub.as_ptr(), v.0, raw(s))
+    })
+}
