@@ -32,9 +32,9 @@ use crate::models::dense::{AwqPart, Model as Dense};
 use crate::models::{build, build_recording, LanguageModel};
 use crate::weights::Weights;
 
-/// The model types whose mlx-lm class AWQ runs here (`AWQ_MODEL_CONFIGS`' `llama_awq` rows
-/// whose module is mlx-lm's `llama.py`).
-pub const AWQ_TYPES: [&str; 2] = ["llama", "mistral"];
+/// The model types AWQ runs here: `AWQ_MODEL_CONFIGS`' `llama_awq` rows whose mlx-lm module
+/// is `llama.py` (llama, mistral), `qwen2.py` or `qwen3.py`.
+pub const AWQ_TYPES: [&str; 4] = ["llama", "mistral", "qwen2", "qwen3"];
 
 /// `python -m mlx_lm.quant.awq`'s quantization arguments.
 #[derive(Clone, Debug)]
@@ -368,10 +368,10 @@ impl Run<'_> {
             );
             let mut o = Vec::new();
             for (n, l) in lm.linears {
-                if !matches!(l, Linear::Dense { bias: None, .. }) {
+                if !matches!(l, Linear::Dense { .. }) {
                     return Err(ModelError::Unsupported {
                         what: format!("layer {i}: {n}"),
-                        problem: "AWQ here takes dense linears without biases".into(),
+                        problem: "AWQ takes dense (unquantized) linears".into(),
                     });
                 }
                 o.push((n.clone(), l.clone()));
@@ -421,6 +421,7 @@ impl Run<'_> {
         let x = get(&feat, down[0])?;
         let s = self.search_best_scale(i, &down, None, &x)?;
         {
+            self.divide_bias(i, "mlp.up_proj", &s)?;
             let mut w = self.weights(i)?;
             let up = w.get("mlp.up_proj").ok_or_else(|| internal("no up_proj"))?;
             let up = (up / &ops::expand_dims(&s, &[-1], None)?)?;
@@ -460,6 +461,19 @@ impl Run<'_> {
             log("Loss is not reduced, falling back to original weights.".into());
         }
         Ok(outputs)
+    }
+
+    /// `apply_scale` into a linear: its bias, if any, divided by the scales.
+    fn divide_bias(&mut self, i: usize, name: &str, s: &Array) -> Result<()> {
+        let lm = self.model.awq_layer_mut(i)?;
+        for (n, l) in lm.linears {
+            if n == name {
+                if let Linear::Dense { bias: Some(b), .. } = l {
+                    *b = (&*b / s)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// `apply_scale` into a norm (`input_layernorm` when `attn`, else
@@ -590,6 +604,7 @@ pub fn awq(
 
     // The parameters under mlx-lm's names: the layers' new norms and quantized linears.
     let layers_path = run.model.layers_path();
+    let qwen3 = model_config.model_type == "qwen3";
     let mut new: BTreeMap<String, Vec<(String, Array)>> = BTreeMap::new();
     let mut quantized: BTreeMap<String, LayerQuant> = BTreeMap::new();
     let lq = |g: i32, b: i32| LayerQuant {
@@ -647,30 +662,48 @@ pub fn awq(
         );
         let mut entries: BTreeMap<String, Value> = BTreeMap::new();
         for (n, l) in lm.linears {
-            let Linear::Quantized { weight, .. } = l else {
+            let Linear::Quantized { weight, bias } = l else {
                 return Err(internal("a layer linear was left unquantized"));
             };
             let path = format!("{p}.{n}");
             new.insert(format!("{path}.weight"), triple(&path, weight)?);
+            if let Some(b) = bias {
+                // `up_proj`'s bias took the down scales (`apply_scale`).
+                new.insert(
+                    format!("{path}.bias"),
+                    vec![(format!("{path}.bias"), b.clone())],
+                );
+            }
             quantized.insert(path.clone(), lq(weight.group_size, weight.bits));
             entries.insert(n, leaf(weight.group_size, weight.bits));
         }
-        // llama.py's module order: attention (q, k, v, o, rope), MLP (gate, down, up), norms.
-        for n in [
+        // The class's module order: attention (q, k, v, o, qwen3's q/k norms, rope), MLP
+        // (gate, down, up), norms.
+        let qk_norms: &[&str] = if qwen3 {
+            &["self_attn.q_norm", "self_attn.k_norm"]
+        } else {
+            &[]
+        };
+        let order = [
             "self_attn.q_proj",
             "self_attn.k_proj",
             "self_attn.v_proj",
             "self_attn.o_proj",
+        ]
+        .iter()
+        .chain(qk_norms)
+        .chain(&[
             "self_attn.rope",
             "mlp.gate_proj",
             "mlp.down_proj",
             "mlp.up_proj",
             "input_layernorm",
             "post_attention_layernorm",
-        ] {
+        ]);
+        for n in order {
             qblock.insert(
                 format!("{p}.{n}"),
-                entries.remove(n).unwrap_or(Value::Bool(false)),
+                entries.remove(*n).unwrap_or(Value::Bool(false)),
             );
         }
         if !entries.is_empty() {
@@ -686,7 +719,6 @@ pub fn awq(
             leaf(opts.embed_group_size, opts.embed_bits),
         );
     }
-    drop(run);
     drop(boxed);
 
     let built = build_recording(&model_config, Weights::new(tensors, None, None))?;

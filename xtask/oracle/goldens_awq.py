@@ -32,6 +32,15 @@ CASES = [
     ("q3_g64_all", ["--bits", "3", "--group-size", "64", "--embed-bits", "6",
                     "--embed-group-size", "64", "--num-samples", "-1",
                     "--sequence-length", "16", "--n-grid", "10", "--seed", "5"]),
+    # The other classes of llama_awq: qwen3 (q/k norms, tied embeddings, float32), mistral
+    # (llama.py with biases on every linear, Llama 3 rope, tied). (The qwen2_f32 fixture is left
+    # out: transformers loads its word-level tokenizer.json as Qwen2's BPE class for that model
+    # type, so mlx-lm's calibration ids are not the file's.)
+    ("qwen3_q4", ["--bits", "4", "--group-size", "32", "--num-samples", "4",
+                  "--sequence-length", "16", "--n-grid", "10", "--seed", "2"], "models/qwen3"),
+    ("mistral_q8", ["--bits", "8", "--group-size", "32", "--num-samples", "4",
+                    "--sequence-length", "16", "--n-grid", "10", "--seed", "3"],
+     "models/mistral_bias_llama3rope"),
 ]
 
 RUN = "import sys; from mlx_lm.quant.awq import main; sys.argv = ['awq'] + sys.argv[1:]; main()"
@@ -43,14 +52,17 @@ def main():
         home = Path(tmp) / "home"
         (home / ".cache" / "mlx-lm").mkdir(parents=True)
         shutil.copy(TEXT, home / ".cache" / "mlx-lm" / "calibration_v5.txt")
-        for case, args in CASES:
+        for case, args, *model in CASES:
+            src = CLI / model[0] if model else FIXTURE
             dst = Path(tmp) / case
-            cmd = [sys.executable, "-c", RUN, "--model", str(FIXTURE), "--mlx-path", str(dst), *args]
+            cmd = [sys.executable, "-c", RUN, "--model", str(src), "--mlx-path", str(dst), *args]
             r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, HOME=str(home)))
             if r.returncode != 0:
                 sys.exit(f"{case}: {' '.join(cmd)} failed:\n{r.stdout}\n{r.stderr}")
             log = [l for l in (r.stdout + r.stderr).splitlines() if l.startswith("Loss")]
             out[case] = {"args": args, "log": log, "files": describe(dst)}
+            if model:
+                out[case]["model"] = model[0]
             keep = os.environ.get("AWQ_KEEP")
             if keep:
                 shutil.copytree(dst, Path(keep) / case, dirs_exist_ok=True)

@@ -41,6 +41,9 @@ CASES = [
     ("q2_g64", ["--bits", "2", "--group-size", "64", "--fallback-bits", "4",
                 "--fallback-group-size", "32", "--num-samples", "-1",
                 "--sequence-length", "48", "--seed", "7"]),
+    # Tied embeddings (no lm_head to run GPTQ on), q/k norms, float32.
+    ("qwen3_q8", ["--bits", "8", "--group-size", "32", "--fallback-group-size", "32", "--num-samples", "6",
+                  "--sequence-length", "16", "--seed", "3"], "models/qwen3"),
 ]
 
 
@@ -61,14 +64,14 @@ def arg(args, name, default):
     return int(args[args.index(name) + 1]) if name in args else default
 
 
-def calibration_rows(args, home):
+def calibration_rows(args, home, src):
     """mlx-lm's own `load_data` after `main`'s seeding and lazy load."""
     from mlx_lm.quant.utils import load_data
     from mlx_lm.utils import load
 
     os.environ["HOME"] = str(home)
     mx.random.seed(arg(args, "--seed", 123))
-    _, tokenizer, _ = load(str(FIXTURE), lazy=True, return_config=True)
+    _, tokenizer, _ = load(str(src), lazy=True, return_config=True)
     data = load_data(tokenizer, arg(args, "--num-samples", -1), arg(args, "--sequence-length", 512))
     return data.tolist()
 
@@ -80,9 +83,10 @@ def main():
         home = Path(tmp) / "home"
         (home / ".cache" / "mlx-lm").mkdir(parents=True)
         shutil.copy(TEXT, home / ".cache" / "mlx-lm" / "calibration_v5.txt")
-        for case, args in CASES:
+        for case, args, *model in CASES:
+            src = CLI / model[0] if model else FIXTURE
             dst = Path(tmp) / case
-            cmd = [sys.executable, "-m", "mlx_lm.quant.gptq", "--model", str(FIXTURE),
+            cmd = [sys.executable, "-m", "mlx_lm.quant.gptq", "--model", str(src),
                    "--mlx-path", str(dst), *args]
             env = dict(os.environ, HOME=str(home))
             r = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -90,9 +94,11 @@ def main():
                 sys.exit(f"{case}: {' '.join(cmd)} failed:\n{r.stdout}\n{r.stderr}")
             out[case] = {
                 "args": args,
-                "rows": calibration_rows(args, home),
+                "rows": calibration_rows(args, home, src),
                 "files": describe(dst),
             }
+            if model:
+                out[case]["model"] = model[0]
             print(case, "ok")
     GOLDEN.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
 

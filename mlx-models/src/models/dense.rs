@@ -1911,9 +1911,8 @@ impl Model {
             if !matches!(l.self_attn.qkv, Qkv::Separate { .. }) {
                 return Err("fused q/k/v projections".into());
             }
-            if !matches!(l.self_attn.qk_norm, QkNormLayers::None) || l.self_attn.sub_norm.is_some()
-            {
-                return Err("q/k norms".into());
+            if l.self_attn.sub_norm.is_some() {
+                return Err("an attention sub-norm".into());
             }
         }
         Ok(())
