@@ -454,7 +454,8 @@ impl Run<'_> {
         let after = mean_loss(&outputs, &outputs_q)?;
         mlx_core::eval([&before, &after])?;
         let (b, a) = (before.item::<f32>()?, after.item::<f32>()?);
-        log(format!("Loss reduction: {}", a / b));
+        // mlx-lm prints the float32 quotient as a Python float.
+        log(format!("Loss reduction: {}", f64::from(a / b)));
         if a > b {
             self.restore(i, &orig_linears, &orig_norms)?;
             self.quantize_layer(i)?;
