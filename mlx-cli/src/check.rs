@@ -41,6 +41,7 @@ pub enum Checked {
     Convert(Box<crate::convert::ConvertArgs>),
     Perplexity(Box<crate::perplexity::PerplexityArgs>),
     Benchmark(Box<crate::benchmark::BenchmarkArgs>),
+    Quant(Box<crate::quant::QuantArgs>),
 }
 
 impl Checked {
@@ -62,6 +63,7 @@ impl Checked {
             Checked::Convert(_) => "convert",
             Checked::Perplexity(_) => "perplexity",
             Checked::Benchmark(_) => "benchmark",
+            Checked::Quant(_) => "quant",
         }
     }
 }
@@ -223,6 +225,10 @@ pub fn check(c: Command) -> Result<Checked, String> {
         Command::Benchmark(a) => {
             a.check()?;
             Checked::Benchmark(Box::new(a))
+        }
+        Command::Quant(a) => {
+            a.check()?;
+            Checked::Quant(Box::new(a))
         }
     })
 }

@@ -24,6 +24,7 @@ mod model;
 mod models;
 mod perplexity;
 mod progress;
+mod quant;
 mod serve;
 
 use std::process::ExitCode;
@@ -88,6 +89,9 @@ pub enum Command {
     /// Prompt and generation tokens/s and peak memory over timed trials (as
     /// `mlx_lm.benchmark`).
     Benchmark(benchmark::BenchmarkArgs),
+    /// Learned quantization with calibration text from a local file (as
+    /// `python -m mlx_lm.quant.gptq`): `mlx quant gptq --model DIR --data-path TEXT`.
+    Quant(quant::QuantArgs),
 }
 
 /// Runs a checked command line.
@@ -111,6 +115,7 @@ pub fn run(c: check::Checked) -> Result<(), String> {
         Checked::Convert(a) => convert::run(&a),
         Checked::Perplexity(a) => perplexity::run(&a),
         Checked::Benchmark(a) => benchmark::run(&a),
+        Checked::Quant(a) => quant::run(&a),
     }
 }
 

@@ -241,3 +241,38 @@ fn conveniences_and_methods() -> Result<()> {
     assert!(ops::array_equal(&back, &a, false, None)?.item::<bool>()?);
     Ok(())
 }
+
+#[test]
+fn cholesky_and_its_inverse_solve_a_small_system_and_refuse_bad_shapes() {
+    let a = Array::from_slice(&[4.0f32, 2.0, 2.0, 3.0], &[2, 2]).unwrap();
+    let cpu = Stream::cpu().unwrap();
+    let l = ops::cholesky(&a, false, Some(&cpu)).unwrap();
+    let lv: Vec<f32> = l.to_vec().unwrap();
+    assert_eq!(&lv[..3], &[2.0, 0.0, 1.0]);
+    assert!((lv[3] - 2.0f32.sqrt()).abs() < 1e-6);
+    let u: Vec<f32> = ops::cholesky(&a, true, Some(&cpu))
+        .unwrap()
+        .to_vec()
+        .unwrap();
+    assert_eq!(&u[..3], &[2.0, 1.0, 0.0]);
+    let inv: Vec<f32> = ops::cholesky_inv(&l, false, Some(&cpu))
+        .unwrap()
+        .to_vec()
+        .unwrap();
+    for (g, w) in inv
+        .iter()
+        .zip([3.0f32 / 8.0, -2.0 / 8.0, -2.0 / 8.0, 4.0 / 8.0])
+    {
+        assert!((g - w).abs() < 1e-6, "{inv:?}");
+    }
+    fails(ops::cholesky(&arange(6, &[2, 3]), false, None), "cholesky");
+    fails(ops::cholesky(&arange(4, &[4]), false, None), "cholesky");
+    fails(
+        ops::cholesky(&a.astype(Dtype::Float16).unwrap(), false, None),
+        "cholesky",
+    );
+    fails(
+        ops::cholesky_inv(&arange(6, &[3, 2]), false, None),
+        "cholesky_inv",
+    );
+}

@@ -121,7 +121,7 @@ fn read_json(path: &Path) -> Result<Value> {
 }
 
 /// mlx-lm's `load_config` plus what `load_model` changes in the returned dict.
-fn load_config_dict(src: &Path) -> Result<Map<String, Value>> {
+pub(crate) fn load_config_dict(src: &Path) -> Result<Map<String, Value>> {
     let path = src.join("config.json");
     let Value::Object(mut config) = read_json(&path)? else {
         return Err(ModelError::Config(format!(
@@ -191,12 +191,12 @@ fn mode_defaults(mode: QuantMode) -> (i32, i32) {
 /// One module's quantization as mlx-lm records it in the config (group size may be `null`
 /// when a recipe ran without `--q-group-size`).
 #[derive(Clone, Debug, PartialEq)]
-struct LayerQuant {
-    group_size: Option<i32>,
-    bits: i32,
-    mode: QuantMode,
+pub(crate) struct LayerQuant {
+    pub(crate) group_size: Option<i32>,
+    pub(crate) bits: i32,
+    pub(crate) mode: QuantMode,
     /// A trellis-coded linear (then `mode` is unused).
-    trellis: Option<TrellisParams>,
+    pub(crate) trellis: Option<TrellisParams>,
 }
 
 impl LayerQuant {
@@ -732,7 +732,10 @@ fn total_parameters(params: &[(String, Array)], quantized: &BTreeMap<String, Lay
 }
 
 /// mlx-lm's `compute_bits_per_weight`: all bytes * 8 / total parameters.
-fn bits_per_weight_of(params: &[(String, Array)], quantized: &BTreeMap<String, LayerQuant>) -> f64 {
+pub(crate) fn bits_per_weight_of(
+    params: &[(String, Array)],
+    quantized: &BTreeMap<String, LayerQuant>,
+) -> f64 {
     let bytes: usize = params.iter().map(|(_, a)| a.nbytes()).sum();
     let total = total_parameters(params, quantized);
     if total == 0 {
@@ -778,7 +781,7 @@ impl Drop for TempDir {
     }
 }
 
-fn save(
+pub(crate) fn save(
     src: Option<&Path>,
     dst: &Path,
     params: &[(String, Array)],

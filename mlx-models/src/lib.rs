@@ -13,12 +13,14 @@
 //! Models never own caches: `forward` takes the caches made by `make_cache` (or loaded).
 #![forbid(unsafe_code)]
 
+pub mod awq;
 pub mod config;
 pub mod convert;
 pub mod embed;
 mod error;
 pub mod gguf;
 pub mod gguf_dequant;
+pub mod gptq;
 pub mod layers;
 pub mod load;
 pub mod models;

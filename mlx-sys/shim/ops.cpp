@@ -200,6 +200,15 @@ int mlxs_hadamard_transform(mlxs_array* out, mlxs_array a, bool has_scale, float
     put(out, mx::hadamard_transform(A(a), sc, S(s)));
   });
 }
+int mlxs_linalg_cholesky(mlxs_array* out, mlxs_array a, bool upper, mlxs_stream s) {
+  return guard([&] { put(out, mx::linalg::cholesky(A(a), upper, S(s))); });
+}
+int mlxs_linalg_cholesky_inv(mlxs_array* out, mlxs_array a, bool upper, mlxs_stream s) {
+  return guard([&] { put(out, mx::linalg::cholesky_inv(A(a), upper, S(s))); });
+}
+int mlxs_einsum(mlxs_array* out, const char* subscripts, mlxs_vec operands, mlxs_stream s) {
+  return guard([&] { put(out, mx::einsum(std::string(subscripts), V(operands), S(s))); });
+}
 
 /* ---- shape ---- */
 

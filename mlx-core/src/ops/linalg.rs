@@ -192,3 +192,59 @@ pub fn hadamard_transform(a: &Array, scale: Option<f32>, s: Option<&Stream>) -> 
         sys::mlxs_hadamard_transform(o, a.as_raw(), scale.is_some(), scale.unwrap_or(0.0), raw(s))
     })
 }
+
+/// Checks what `mx.linalg.cholesky` / `cholesky_inv` need: float32, at least 2-D, square in
+/// the last two axes.
+fn check_square_f32(op: &'static str, a: &Array) -> Result<()> {
+    let sh = a.shape();
+    if a.dtype() != crate::dtype::Dtype::Float32 {
+        return Err(crate::error::Error::invalid(
+            op,
+            format!("needs a float32 matrix, not {:?}", a.dtype()),
+        ));
+    }
+    if sh.len() < 2 || sh[sh.len() - 1] != sh[sh.len() - 2] {
+        return Err(crate::error::Error::invalid(
+            op,
+            format!("needs square matrices in the last two axes, not shape {sh:?}"),
+        ));
+    }
+    Ok(())
+}
+
+/// `mx.linalg.cholesky(a, upper)`: the lower (or upper) Cholesky factor of the symmetric
+/// positive definite float32 matrices in `a`'s last two axes. MLX runs it on the CPU only
+/// (LAPACK `potrf`): pass a CPU stream when the default device is a GPU.
+pub fn cholesky(a: &Array, upper: bool, s: Option<&Stream>) -> Result<Array> {
+    check_square_f32("cholesky", a)?;
+    // SAFETY: live handle.
+    array_out("cholesky", |o| unsafe {
+        sys::mlxs_linalg_cholesky(o, a.as_raw(), upper, raw(s))
+    })
+}
+
+/// `mx.linalg.cholesky_inv(l, upper)`: the inverse of `A` from its Cholesky factor `l`
+/// (lower, or upper when `upper`); CPU only, as [`cholesky`].
+pub fn cholesky_inv(l: &Array, upper: bool, s: Option<&Stream>) -> Result<Array> {
+    check_square_f32("cholesky_inv", l)?;
+    // SAFETY: live handle.
+    array_out("cholesky_inv", |o| unsafe {
+        sys::mlxs_linalg_cholesky_inv(o, l.as_raw(), upper, raw(s))
+    })
+}
+
+/// `mx.einsum(subscripts, *operands)`: MLX's own contraction path and products.
+pub fn einsum(subscripts: &str, operands: &[&Array], s: Option<&Stream>) -> Result<Array> {
+    if operands.is_empty() {
+        return Err(crate::error::Error::invalid(
+            "einsum",
+            "needs at least one operand",
+        ));
+    }
+    let sub = super::c_string("einsum", subscripts)?;
+    let v = super::vec_of("einsum", operands)?;
+    // SAFETY: live vector handle, NUL-terminated string alive across the call.
+    array_out("einsum", |o| unsafe {
+        sys::mlxs_einsum(o, sub.as_ptr(), v.0, raw(s))
+    })
+}

@@ -1678,6 +1678,10 @@ impl LanguageModel for Model {
         Some(self)
     }
 
+    fn as_dense_mut(&mut self) -> Option<&mut Model> {
+        Some(self)
+    }
+
     fn segmented(&self) -> Option<&dyn SegmentedDecode> {
         if self.segmentable() {
             Some(self)
@@ -1829,6 +1833,133 @@ pub(crate) fn llama4_attn_scale(
 }
 
 /// `base.create_attention_mask(h, None, window_size, return_array)`.
+/// The parts of a layer AWQ (`mlx_lm.quant.awq`) runs alone: the whole block, its
+/// `self_attn`, its `mlp`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AwqPart {
+    Block,
+    Attention,
+    Mlp,
+}
+
+/// What AWQ changes of a layer: its attention and MLP input norms and its linears.
+pub struct AwqLayerMut<'a> {
+    /// `input_layernorm`.
+    pub pre_attn: &'a mut Norm,
+    /// `post_attention_layernorm`.
+    pub pre_mlp: &'a mut Norm,
+    /// The linears under their paths inside the layer (mlx-lm's declaration order).
+    pub linears: Vec<(String, &'a mut Linear)>,
+}
+
+impl Model {
+    /// Whether AWQ's llama recipe (`llama_awq`) fits this model: pre-norm blocks with plain
+    /// RMS norms, separate q/k/v projections, gate/up/down MLPs, one causal mask, learned
+    /// positions and loops absent; the problem otherwise.
+    pub fn awq_llama_shape(&self) -> std::result::Result<(), String> {
+        let d = &self.desc;
+        if d.placement != Placement::Pre {
+            return Err("its blocks are not pre-norm".into());
+        }
+        if d.norm != NormKind::Rms {
+            return Err("its norms are not plain RMS norms".into());
+        }
+        if self.positions.is_some() || d.loops > 1 || d.query_scale.is_some() {
+            return Err("learned positions, loops or query scales".into());
+        }
+        if self.pipeline.is_some() || self.embed_norm.is_some() {
+            return Err("a pipeline stage or an embedding norm".into());
+        }
+        for l in &self.layers {
+            if l.sliding
+                || l.self_attn.gate.is_some()
+                || l.residual_multiplier.is_some()
+                || l.clip_residual
+            {
+                return Err("sliding layers, gated attention or scaled residuals".into());
+            }
+            if !matches!(l.self_attn.qkv, Qkv::Separate { .. }) {
+                return Err("fused q/k/v projections".into());
+            }
+            if l.self_attn.sub_norm.is_some() {
+                return Err("an attention sub-norm".into());
+            }
+        }
+        Ok(())
+    }
+
+    /// `model.model.embed_tokens(ids)` alone (AWQ's first input; no embedding scale).
+    pub fn awq_embed(&self, ids: &Array) -> Result<Array> {
+        self.embed_tokens.forward(ids)
+    }
+
+    /// The input embedding, to quantize it in place.
+    pub fn awq_embedding_mut(&mut self) -> &mut Embedding {
+        &mut self.embed_tokens
+    }
+
+    /// Layer `i`'s `part` on `x` without a cache, under `create_attention_mask(x)` (causal
+    /// for more than one position).
+    pub fn awq_run(&self, i: usize, part: AwqPart, x: &Array) -> Result<Array> {
+        let l = self.layers.get(i).ok_or_else(|| ModelError::Input {
+            what: format!("layer {i}"),
+            problem: format!("the model has {} layers", self.layers.len()),
+        })?;
+        let n = x.shape().get(1).copied().unwrap_or(0) as usize;
+        let mask = no_cache_mask(n, None, self.desc.mask_as_array)?;
+        let ctx = Ctx {
+            mask: &mask,
+            query_scale: None,
+            layer: i,
+            trace: None,
+        };
+        match part {
+            AwqPart::Block => l.forward(x, &ctx, None),
+            AwqPart::Attention => l.self_attn.forward(x, &ctx, None),
+            AwqPart::Mlp => l.mlp.forward(x),
+        }
+    }
+
+    /// Layer `i`'s norms and linears (a pre-norm layer: see [`Model::awq_llama_shape`]).
+    pub fn awq_layer_mut(&mut self, i: usize) -> Result<AwqLayerMut<'_>> {
+        let names = &self.desc.names;
+        let n = self.layers.len();
+        let l = self.layers.get_mut(i).ok_or_else(|| ModelError::Input {
+            what: format!("layer {i}"),
+            problem: format!("the model has {n} layers"),
+        })?;
+        let TransformerBlock {
+            self_attn,
+            mlp,
+            pre_attn,
+            pre_mlp,
+            ..
+        } = l;
+        let (Some(pre_attn), Some(pre_mlp)) = (pre_attn.as_mut(), pre_mlp.as_mut()) else {
+            return Err(ModelError::Unsupported {
+                what: format!("layer {i}"),
+                problem: "has no pre-attention and pre-MLP norms".into(),
+            });
+        };
+        let mut linears = self_attn.linears_mut(names);
+        linears.extend(
+            mlp.linears_mut(&names.mlp_names)
+                .into_iter()
+                .map(|(name, l)| (join(names.mlp, name), l)),
+        );
+        Ok(AwqLayerMut {
+            pre_attn,
+            pre_mlp,
+            linears,
+        })
+    }
+
+    /// The untied output head, if any.
+    pub fn awq_lm_head_mut(&mut self) -> Option<&mut Linear> {
+        self.lm_head.as_mut()
+    }
+}
+
 fn no_cache_mask(n: usize, window: Option<usize>, return_array: bool) -> Result<AttentionMask> {
     Ok(mlx_cache::mask::fallback_mask(n, window, return_array)?)
 }

@@ -242,6 +242,12 @@ pub trait LanguageModel: Send {
         None
     }
 
+    /// [`LanguageModel::as_dense`], mutable: AWQ (`crate::awq`) runs its layers' parts and
+    /// rewrites their weights in place.
+    fn as_dense_mut(&mut self) -> Option<&mut dense::Model> {
+        None
+    }
+
     /// The decode step cut into compilable segments ([`SegmentedDecode`]); `None` where the
     /// architecture (or this model's variant of it) does not support it.
     fn segmented(&self) -> Option<&dyn SegmentedDecode> {

@@ -100,6 +100,13 @@ int mlxs_softmax_all(mlxs_array* out, mlxs_array a, bool precise, mlxs_stream s)
  * 1 / sqrt(the axis' size). */
 int mlxs_hadamard_transform(mlxs_array* out, mlxs_array a, bool has_scale, float scale,
                             mlxs_stream s);
+/* mx.linalg.cholesky(a, upper): the Cholesky factor of a symmetric positive definite
+ * float32 matrix (batched over leading axes); CPU streams only. */
+int mlxs_linalg_cholesky(mlxs_array* out, mlxs_array a, bool upper, mlxs_stream s);
+/* mx.linalg.cholesky_inv(L, upper): the inverse of A given its Cholesky factor L; CPU only. */
+int mlxs_linalg_cholesky_inv(mlxs_array* out, mlxs_array a, bool upper, mlxs_stream s);
+/* mx.einsum(subscripts, *operands) (subscripts a NUL-terminated string). */
+int mlxs_einsum(mlxs_array* out, const char* subscripts, mlxs_vec operands, mlxs_stream s);
 
 /* ---- shape ---- */
 int mlxs_reshape(mlxs_array* out, mlxs_array a, const int32_t* shape, size_t ndim,
