@@ -24,7 +24,7 @@ use crate::convert::{
     bits_per_weight_of, load_config_dict, save, ConvertReport, LayerQuant, Progress,
 };
 use crate::error::{ModelError, Result};
-use crate::layers::{Linear, LinearAdapter};
+use crate::layers::{Linear, LinearAdapter, LinearMut};
 use crate::load::load_weights;
 use crate::models::{build, build_recording, TopModuleMut};
 use crate::weights::Weights;
@@ -271,8 +271,17 @@ pub fn gptq(
     // then an untied lm_head.
     let layers_path = model.layers_path();
     let mut caught: Vec<(String, Arc<Mutex<Array>>)> = Vec::new();
-    for (li, layer) in model.layer_linears_mut().into_iter().enumerate() {
+    for (li, layer) in model.layer_adaptables_mut().into_iter().enumerate() {
         for (name, l) in layer {
+            let l = match l {
+                LinearMut::Linear(l) => l,
+                LinearMut::Switch(_) => {
+                    return Err(ModelError::Unsupported {
+                        what: format!("{layers_path}.{li}.{name}"),
+                        problem: "GPTQ of expert (switch) linears is not implemented".into(),
+                    })
+                }
+            };
             if let Some(h) = catch(l)? {
                 caught.push((format!("{layers_path}.{li}.{name}"), h));
             }

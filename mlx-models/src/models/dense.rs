@@ -1941,12 +1941,22 @@ impl Model {
                 problem: "has no pre-attention and pre-MLP norms".into(),
             });
         };
-        let mut linears = self_attn.linears_mut(names);
-        linears.extend(
-            mlp.linears_mut(&names.mlp_names)
-                .into_iter()
-                .map(|(name, l)| (join(names.mlp, name), l)),
-        );
+        let walked = crate::layers::Walk::linears(|w| {
+            self_attn.walk("", names, w);
+            mlp.walk(names.mlp, &names.mlp_names, w);
+        });
+        let mut linears = Vec::with_capacity(walked.len());
+        for (name, l) in walked {
+            match l {
+                LinearMut::Linear(l) => linears.push((name, l)),
+                LinearMut::Switch(_) => {
+                    return Err(ModelError::Unsupported {
+                        what: format!("layer {i}: {name}"),
+                        problem: "AWQ of switch linears is not implemented".into(),
+                    })
+                }
+            }
+        }
         Ok(AwqLayerMut {
             pre_attn,
             pre_mlp,
