@@ -481,20 +481,25 @@ fn batched_equals_single() {
     }) {
         let dir = graph_models::write(&tmp, &row);
         let name = row.name;
-        let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| batched_row(name, &dir)));
-        eprintln!(
-            "batched row {name}: {}",
-            if ok.is_ok() { "ok" } else { "FAILED" }
-        );
-        if ok.is_err() {
-            failed.push(name);
+        // One tile of 4 rows, and two tiles of 2 (each kernel launched twice).
+        for tile in [None, Some(2)] {
+            let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                batched_row(name, &dir, tile)
+            }));
+            eprintln!(
+                "batched row {name} (tile {tile:?}): {}",
+                if ok.is_ok() { "ok" } else { "FAILED" }
+            );
+            if ok.is_err() {
+                failed.push(name);
+            }
         }
     }
     let _ = std::fs::remove_dir_all(&tmp);
     assert!(failed.is_empty(), "batched rows failed: {failed:?}");
 }
 
-fn batched_row(name: &str, dir: &std::path::Path) {
+fn batched_row(name: &str, dir: &std::path::Path, tile: Option<u32>) {
     use mlx_kernels::graph_decode::GraphOptions;
     let model = load_model_dir(dir, &LoadOptions::default()).unwrap().0;
     let vocab = model.vocab_size();
@@ -514,6 +519,7 @@ fn batched_row(name: &str, dir: &std::path::Path) {
     let mut single = GraphDecoder::new(spec.clone(), &weights, 128).unwrap();
     let opts = GraphOptions {
         sequences: 4,
+        tile_sequences: tile,
         ..GraphOptions::default()
     };
     let mut dec = GraphDecoder::with_options(spec, &weights, 128, &opts).unwrap();
