@@ -439,8 +439,10 @@ fn pick_graph(
         return Err("the model's caches are not all plain KV caches (sliding windows)".into());
     }
     let (spec, weights) = crate::graph::map_model(model)?;
-    let rows =
-        GraphDecoder::max_sequences(&spec).min(config.max_batch.min(u32::MAX as usize) as u32);
+    // A row a sequence of the batch (the decoder tiles them as its kernels take them).
+    let rows = config
+        .max_batch
+        .min(mlx_kernels::graph_decode::MAX_SEQUENCES as usize) as u32;
     let opts = GraphOptions {
         sequences: rows.max(1),
         ..GraphOptions::default()
@@ -451,9 +453,9 @@ fn pick_graph(
         "graph ({} rows of {} positions{})",
         dec.sequences(),
         dec.capacity(),
-        if (dec.sequences()) < config.max_batch {
+        if dec.sequences() < config.max_batch {
             format!(
-                ", fewer than --max-batch {}: the kernels' limit",
+                ", fewer than --max-batch {}: the decoder's limit",
                 config.max_batch
             )
         } else {
