@@ -427,12 +427,15 @@ fn compiled_kernels_are_cached_on_disk() {
     let _ = std::fs::remove_dir_all(&tmp);
 }
 
+/// [`prefill`]'s answer.
+type Prefilled = (u32, Vec<(Array, Array)>, Vec<Box<dyn mlx_cache::Cache>>);
+
+/// One teacher-forced step of a sequence alone: its input, our logits, the MLX forward's.
+type AloneStep = (u32, Vec<f32>, Vec<f32>);
+
 /// A prompt's MLX forward: its greedy next token, its KV cache as the decoder takes it, and
 /// the caches to continue the MLX forward from.
-fn prefill(
-    model: &dyn mlx_models::LanguageModel,
-    prompt: &[i32],
-) -> (u32, Vec<(Array, Array)>, Vec<Box<dyn mlx_cache::Cache>>) {
+fn prefill(model: &dyn mlx_models::LanguageModel, prompt: &[i32]) -> Prefilled {
     let mut caches = model.make_cache();
     let x = Array::from_slice(prompt, &[1, prompt.len() as i32]).unwrap();
     let logits = model.forward(&x, Some(&mut caches)).unwrap();
@@ -526,7 +529,7 @@ fn batched_row(name: &str, dir: &std::path::Path, tile: Option<u32>) {
     assert_eq!(dec.sequences(), 4);
     // Each sequence alone: its teacher-forced logits (single decoder) and the MLX forward's,
     // for the steps it is in the batch.
-    let mut alone: Vec<Vec<(u32, Vec<f32>, Vec<f32>)>> = Vec::new();
+    let mut alone: Vec<Vec<AloneStep>> = Vec::new();
     for (p, _, join, leave) in &seqs {
         let (mut token, kv, mut caches) = prefill(model.as_ref(), p);
         single.set_prefix(&kv).unwrap();

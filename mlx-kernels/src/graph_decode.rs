@@ -2046,7 +2046,7 @@ fn record_step(
     let at = |t: usize, row: usize| t * nb * row;
     let h_row = s.hidden * 2;
     let qkv_row = s.qkv_rows() * 2;
-    let slot = s.kv_heads * cap * s.head_dim as usize * 2;
+    let slot = s.kv_heads * cap * s.head_dim * 2;
     let rope_row = 2 * s.head_dim * 4;
     let am_g = s.vocab.div_ceil(ARGMAX_SLICE);
     let mut rec = Recorder {
