@@ -643,6 +643,7 @@ fn run(a: &Args) -> BoxResult<()> {
             chunks_in_flight: env_u32("MLX_GRAPH_BATCH")?,
             chunks_before_wait: env_u32("MLX_GRAPH_EARLY")?,
             blocks_per_sm: env_u32("MLX_GRAPH_BLOCKS")?,
+            ..GraphOptions::default()
         };
         let cap = a.prompt_len + a.gen_len.max(a.graph_check) + 1;
         // The loaded model's own description and arrays (no second load).

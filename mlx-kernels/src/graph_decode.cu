@@ -8,6 +8,11 @@
 // The step state lives on the device: state[0] the token to embed, state[1] its position
 // (where its keys and values go; attention covers state[1] + 1 positions), state[2] the
 // number of steps taken (the index the next sampled token is written at).
+//
+// Batched decode: NB sequences (rows) a step, NB set by the host (1 by default). Row b has its
+// own state (state + 4 b; a position below 0 marks the row idle: it writes no cache and samples
+// nothing), its own cache slot (kc, vc + b nkv cap D) and activations (each buffer's row b at
+// b times its row's size). The matrix-vector kernels read each weight once for all rows.
 
 typedef unsigned short bf16_t;
 typedef unsigned int u32;
@@ -28,6 +33,18 @@ typedef long long ll;
 // Rows a warp computes at once in the matrix-vector products: 2 or 4 (set by the host).
 #ifndef MV_ROWS
 #define MV_ROWS 2
+#endif
+// Sequences a step (see the top).
+#ifndef NB
+#define NB 1
+#endif
+// Blocks of a matrix-vector kernel a multiprocessor holds at once: two with one sequence (at
+// most 128 registers a thread); with several, their inputs fill the shared memory of one, and
+// their sums take the registers of two.
+#if NB == 1
+#define MV_MIN_BLOCKS 2
+#else
+#define MV_MIN_BLOCKS 1
 #endif
 
 __device__ __forceinline__ float bf2f(bf16_t h) { return __uint_as_float(((u32)h) << 16); }
@@ -145,8 +162,13 @@ extern "C" __global__ void embed(const void* table, const u32* sb, const int* st
                                  double emb_scale, ll nrot2, const float* inv_freq2,
                                  double pos_scale2, double out_scale2) {
   pdl_wait_then_release();
-  const ll tok = state[0];
-  const int pos = state[1];
+  const int b = blockIdx.x;  // the row
+  state += 4 * b;
+  h += (ll)b * H;
+  rope += (ll)b * 4 * half;
+  // An idle row embeds token 0 (its results are never read).
+  const ll tok = state[1] < 0 ? 0 : state[0];
+  const int pos = state[1] < 0 ? 0 : state[1];
   for (int i = threadIdx.x; i < nrot; i += blockDim.x)
     rope_angle(i, pos, inv_freq, pos_scale, out_scale, rope[i], rope[half + i]);
   float* rope2 = rope + 2 * half;
@@ -361,20 +383,26 @@ struct MvStream {
     }
   }
 
-  // acc[r] += row r . x over chunk c, from slot u.
+  // acc[b][r] += row r . x_b over chunk c, from slot u, for each sequence b (its input at
+  // xs + b xstride bytes, its chunk sums at xc + b xstride bytes).
   __device__ __forceinline__ void compute(int u, int c, const bf16_t* xs, const float* xc,
-                                          float* acc) {
+                                          int xstride, float (*acc)[MV_ROWS]) {
     if (c >= C) return;
-    if (BITS == 16) {
-      const uint4 xv = ((const uint4*)xs)[xs_slot(c)];
 #pragma unroll
-      for (int r = 0; r < MV_ROWS; ++r) acc[r] = dot8(q[u][r], xv, acc[r]);
-    } else {
-      float d[MV_ROWS];
-      qchunk<BITS>(q[u], xs, c, d);
-      const float xsum = xc[c];
+    for (int b = 0; b < NB; ++b) {
+      const bf16_t* xsb = (const bf16_t*)((const unsigned char*)xs + b * xstride);
+      if (BITS == 16) {
+        const uint4 xv = ((const uint4*)xsb)[xs_slot(c)];
 #pragma unroll
-      for (int r = 0; r < MV_ROWS; ++r) acc[r] += lo2f(sb[u][r]) * d[r] + hi2f(sb[u][r]) * xsum;
+        for (int r = 0; r < MV_ROWS; ++r) acc[b][r] = dot8(q[u][r], xv, acc[b][r]);
+      } else {
+        float d[MV_ROWS];
+        qchunk<BITS>(q[u], xsb, c, d);
+        const float xsum = ((const float*)((const unsigned char*)xc + b * xstride))[c];
+#pragma unroll
+        for (int r = 0; r < MV_ROWS; ++r)
+          acc[b][r] += lo2f(sb[u][r]) * d[r] + hi2f(sb[u][r]) * xsum;
+      }
     }
   }
 };
@@ -535,10 +563,18 @@ __device__ __forceinline__ float* mv_chunk_sums(unsigned char* smem, ll K) {
   return (float*)(smem + 2 * ((K + 63) & ~63ll));
 }
 
+// Bytes of shared memory one sequence's input and chunk sums take (mv_shared_bytes in
+// graph_decode.rs), rounded up to 16: sequence b's sit at smem + b mv_row_bytes.
+__device__ __forceinline__ int mv_row_bytes(ll K, ll bits) {
+  const ll sums = bits == 16 ? 0 : K / (128 / bits) * 4;
+  return (int)((2 * ((K + 63) & ~63ll) + sums + 15) & ~15ll);
+}
+
 // The body of the matrix-vector kernels: W [N, K] times the input (xin, or rms_norm(xin,
-// normw, eps) when norm); epi(first row, sums, early) on lane 0 with the warp's sums of each
-// row group, where early = pre(first row), loaded by lane 0 when the group's sums begin (what
-// the epilogue reads from memory, there by its end). The grid is at most one wave: warps
+// normw, eps) when norm; sequence b's at xin + b K); epi(first row, b, sums, early) on lane 0
+// with the warp's sums of each row group for each sequence b, where early = pre(first row, b),
+// loaded by lane 0 when the group's sums begin (what the epilogue reads from memory, there by
+// its end). The grid is at most one wave: warps
 // stride over the row groups, streaming their chunks (MvStream). The first MV_EARLY chunks
 // are loaded before waiting for the previous kernel (weights do not depend on it), the rest
 // of the first MV_BATCH after the prologue.
@@ -549,6 +585,7 @@ __device__ __forceinline__ void mv_run(const void* W, const u32* SB, const bf16_
                                        Pre pre, Epi epi) {
   bf16_t* xs = (bf16_t*)smem;
   float* xc = mv_chunk_sums(smem, K);
+  const int xstride = mv_row_bytes(K, BITS);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   MvStream<BITS> m;
   m.W = (const unsigned char*)W;
@@ -569,32 +606,46 @@ __device__ __forceinline__ void mv_run(const void* W, const u32* SB, const bf16_
   for (int u = 0; u < MV_EARLY; ++u) m.load(u);
   pdl_wait_then_release();
   tr.mark(1);
-  mv_prologue(xs, xc, red, xin, normw, K, norm, eps, BITS);
+#pragma unroll
+  for (int b = 0; b < NB; ++b) {
+    mv_prologue((bf16_t*)(smem + b * xstride), mv_chunk_sums(smem + b * xstride, K), red,
+                xin + b * K, normw, K, norm, eps, BITS);
+  }
   tr.mark(2);
 #pragma unroll
   for (int u = MV_EARLY; u < MV_BATCH; ++u) m.load(u);
   tr.arrived(m.q[0][0].x);
   ll p = (ll)blockIdx.x * MV_WARPS + warp;  // the row group being summed, chunk lane + 32 k
   int k = 0;
-  auto early = (lane == 0 && p < m.groups) ? pre(MV_ROWS * p) : decltype(pre(0)){};
-  float acc[MV_ROWS];
+  decltype(pre(0, 0)) early[NB];
 #pragma unroll
-  for (int r = 0; r < MV_ROWS; ++r) acc[r] = 0.f;
+  for (int b = 0; b < NB; ++b)
+    early[b] = (lane == 0 && p < m.groups) ? pre(MV_ROWS * p, b) : decltype(pre(0, 0)){};
+  float acc[NB][MV_ROWS];
+#pragma unroll
+  for (int b = 0; b < NB; ++b)
+#pragma unroll
+    for (int r = 0; r < MV_ROWS; ++r) acc[b][r] = 0.f;
   while (p < m.groups) {
 #pragma unroll
     for (int u = 0; u < MV_BATCH; ++u) {
       if (p < m.groups) {
-        m.compute(u, lane + 32 * k, xs, xc, acc);
+        m.compute(u, lane + 32 * k, xs, xc, xstride, acc);
         m.load(u);
         if (++k == m.per_lane) {
 #pragma unroll
-          for (int r = 0; r < MV_ROWS; ++r) acc[r] = warp_sum(acc[r]);
-          if (lane == 0) epi(MV_ROWS * p, acc, early);
+          for (int b = 0; b < NB; ++b) {
 #pragma unroll
-          for (int r = 0; r < MV_ROWS; ++r) acc[r] = 0.f;
+            for (int r = 0; r < MV_ROWS; ++r) acc[b][r] = warp_sum(acc[b][r]);
+            if (lane == 0) epi(MV_ROWS * p, b, acc[b], early[b]);
+#pragma unroll
+            for (int r = 0; r < MV_ROWS; ++r) acc[b][r] = 0.f;
+          }
           k = 0;
           p += m.stride;
-          if (lane == 0 && p < m.groups) early = pre(MV_ROWS * p);
+#pragma unroll
+          for (int b = 0; b < NB; ++b)
+            if (lane == 0 && p < m.groups) early[b] = pre(MV_ROWS * p, b);
         }
       }
     }
@@ -636,7 +687,7 @@ __device__ __forceinline__ float softcap_bf(float v, float cap) {
 //            by -cap when cap < 0 (granite's logits_scaling, a bfloat16 value);
 //       RES with cap != 0: out = res + (W x) cap, the product rounded first (granite's
 //            residual_multiplier, a bfloat16 value).
-extern "C" __global__ void __launch_bounds__(256, 2) matvec(
+extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec(
     const void* W, const u32* SB, const bf16_t* xin, const bf16_t* normw, const bf16_t* res,
     void* out, ll N, ll K, ll bits, ll gs, ll mode, double eps, u64* trace, double cap) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -647,22 +698,27 @@ extern "C" __global__ void __launch_bounds__(256, 2) matvec(
   struct Res {
     u32 v[MV_ROWS / 2];
   };
-  auto pre = [&](ll r0) {
+  // Sequence b's residual and output: row b of each (N values; N / 2 with SWIGLU).
+  const ll out_n = (mode & MODE_SWIGLU) ? N / 2 : N;
+  auto pre = [&](ll r0, int b) {
     Res e{};
     if (mode & MODE_RES) {
+      const bf16_t* rb = res + b * N;
 #pragma unroll
       for (int r = 0; r < MV_ROWS; r += 2) {
         const ll i = r0 + r;
         if (i + 1 < N) {
-          e.v[r / 2] = *(const u32*)(res + i);
+          e.v[r / 2] = *(const u32*)(rb + i);
         } else if (i < N) {
-          e.v[r / 2] = res[i];
+          e.v[r / 2] = rb[i];
         }
       }
     }
     return e;
   };
-  auto epi = [&](ll r0, const float* acc, const Res& e) {
+  auto epi = [&](ll r0, int b, const float* acc, const Res& e) {
+    void* out_b = (mode & MODE_F32) ? (void*)((float*)out + b * out_n)
+                                    : (void*)((bf16_t*)out + b * out_n);
 #pragma unroll
     for (int r = 0; r < MV_ROWS; r += 2) {
       const ll i = r0 + r;  // rows i and i + 1
@@ -671,26 +727,26 @@ extern "C" __global__ void __launch_bounds__(256, 2) matvec(
       if (mode & MODE_SWIGLU) {
         const float g = rbf(acc[r]), u = rbf(acc[r + 1]);
         if (mode & MODE_GELU) {
-          ((bf16_t*)out)[i / 2] = f2bf(gelu_approx(g) * u);
+          ((bf16_t*)out_b)[i / 2] = f2bf(gelu_approx(g) * u);
         } else {
           const float sg = rbf(1.f / (1.f + expf(-g)));
-          ((bf16_t*)out)[i / 2] = f2bf(rbf(g * sg) * u);
+          ((bf16_t*)out_b)[i / 2] = f2bf(rbf(g * sg) * u);
         }
       } else if (mode & MODE_F32) {
         const float c = (float)cap;
         auto fin = [&](float v) {
           return c > 0.f ? softcap_bf(rbf(v), c) : c < 0.f ? rbf(rbf(v) / -c) : rbf(v);
         };
-        ((float*)out)[i] = fin(acc[r]);
-        if (has1) ((float*)out)[i + 1] = fin(acc[r + 1]);
+        ((float*)out_b)[i] = fin(acc[r]);
+        if (has1) ((float*)out_b)[i + 1] = fin(acc[r + 1]);
       } else if (mode & MODE_RES) {
         const float m = (float)cap;
         auto y = [&](float v) { return m != 0.f ? rbf(rbf(v) * m) : rbf(v); };
-        ((bf16_t*)out)[i] = f2bf(lo2f(e.v[r / 2]) + y(acc[r]));
-        if (has1) ((bf16_t*)out)[i + 1] = f2bf(hi2f(e.v[r / 2]) + y(acc[r + 1]));
+        ((bf16_t*)out_b)[i] = f2bf(lo2f(e.v[r / 2]) + y(acc[r]));
+        if (has1) ((bf16_t*)out_b)[i + 1] = f2bf(hi2f(e.v[r / 2]) + y(acc[r + 1]));
       } else {
-        ((bf16_t*)out)[i] = f2bf(acc[r]);
-        if (has1) ((bf16_t*)out)[i + 1] = f2bf(acc[r + 1]);
+        ((bf16_t*)out_b)[i] = f2bf(acc[r]);
+        if (has1) ((bf16_t*)out_b)[i + 1] = f2bf(acc[r + 1]);
       }
     }
   };
@@ -709,7 +765,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) matvec(
 // bias: the projections' biases in the rows' order, or null; added as MLX adds them: after
 // the rounding of a quantized product, in the same rounding as a dense one (addmm).
 // Rows (nh + 2 nkv) D fit in 32 bits (the host checks).
-extern "C" __global__ void __launch_bounds__(256, 2) matvec_qkv(
+extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) matvec_qkv(
     const void* W, const u32* SB, const bf16_t* xin, const bf16_t* normw, bf16_t* qout,
     bf16_t* kc, bf16_t* vc, const int* state, ll K, ll bits, ll gs, ll nh, ll nkv, ll D, ll cap,
     ll traditional, double eps, const float* rope, u64* trace, ll nrot, const bf16_t* bias) {
@@ -726,9 +782,12 @@ extern "C" __global__ void __launch_bounds__(256, 2) matvec_qkv(
     int head[MV_ROWS / 2], i[MV_ROWS / 2];
     float c[MV_ROWS / 2], s[MV_ROWS / 2];
   };
-  auto pre = [&](ll r0) {
+  // Sequence b: its state, its RoPE table (2 D floats a row), its q rows and cache slot.
+  const ll rows_all = (nh + 2 * nkv) * D, slot = nkv * cap * D;
+  auto pre = [&](ll r0, int b) {
     Pre e;
-    e.pos = state[1];
+    e.pos = state[4 * b + 1];
+    const float* rope_b = rope + (ll)b * 2 * D;
 #pragma unroll
     for (int r = 0; r < MV_ROWS; r += 2) {
       const int i0 = (int)r0 + r;
@@ -738,8 +797,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) matvec_qkv(
       e.c[r / 2] = 1.f;
       e.s[r / 2] = 0.f;
       if (i0 < krows && e.i[r / 2] / 2 < nr) {
-        e.c[r / 2] = rope[e.i[r / 2] / 2];
-        e.s[r / 2] = rope[half + e.i[r / 2] / 2];
+        e.c[r / 2] = rope_b[e.i[r / 2] / 2];
+        e.s[r / 2] = rope_b[half + e.i[r / 2] / 2];
       }
     }
     return e;
@@ -750,7 +809,11 @@ extern "C" __global__ void __launch_bounds__(256, 2) matvec_qkv(
     const float b = bf2f(bias[row]);
     return bits == 16 ? rbf(acc + b) : rbf(rbf(acc) + b);
   };
-  auto epi = [&](ll r0, const float* acc, const Pre& e) {
+  auto epi = [&](ll r0, int b, const float* acc, const Pre& e) {
+    if (e.pos < 0) return;  // an idle row
+    bf16_t* const qo = qout + b * rows_all;
+    bf16_t* const kcb = kc + b * slot;
+    bf16_t* const vcb = vc + b * slot;
 #pragma unroll
     for (int r = 0; r < MV_ROWS; r += 2) {
       const int i0 = (int)r0 + r;  // rows i0 and i0 + 1: a rotation pair of q or k, or two of v
@@ -760,7 +823,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) matvec_qkv(
       const bool paired = i < nr && !traditional;
       const int a = paired ? i : 2 * i, b = paired ? i + nr : 2 * i + 1;
       if (i0 < krows) {
-        bf16_t* dst = i0 < qrows ? qout + h * Di : kc + ((ll)h * cap + e.pos) * D;
+        bf16_t* dst = i0 < qrows ? qo + h * Di : kcb + ((ll)h * cap + e.pos) * D;
         if (i < nr) {
           dst[a] = f2bf(x1 * c - x2 * s);
           dst[b] = f2bf(x1 * s + x2 * c);
@@ -769,7 +832,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) matvec_qkv(
           dst[b] = f2bf(x2);
         }
       } else {
-        bf16_t* vd = vc + ((ll)h * cap + e.pos) * D + e.i[r / 2];
+        bf16_t* vd = vcb + ((ll)h * cap + e.pos) * D + e.i[r / 2];
         vd[0] = f2bf(x1);
         vd[1] = f2bf(x2);
       }
@@ -797,10 +860,20 @@ extern "C" __global__ void __launch_bounds__(128, 4) attention(
     u64* trace, ll window, double softcap) {
   Trace tr{trace, {0, 0, 0, 0}};
   tr.mark(0);
-  const ll h = blockIdx.x, s = blockIdx.y;
+  // Block (b nh + h, s): sequence b's head h (grid nh NB by NS).
+  const ll b = blockIdx.x / nh, h = blockIdx.x % nh, s = blockIdx.y;
+  state += 4 * b;
+  qb += b * (nh + 2 * nkv) * D;
+  kc += b * nkv * cap * D;
+  vc += b * nkv * cap * D;
+  po += b * nh * NS * D;
+  pml += b * nh * NS * 2;
+  counters += b * nh;
+  out += b * nh * D;
   // Read before the wait: the previous step's argmax, which set it, has finished (each
   // kernel of the step started after the one before it had waited for its own predecessor).
-  const ll L = (ll)state[1] + 1;
+  // An idle row (position -1) covers nothing.
+  const ll L = state[1] < 0 ? 0 : (ll)state[1] + 1;
   const ll start = s * ATTN_CHUNK;
   if (start >= L) {
     pdl_wait_then_release();
@@ -1046,6 +1119,11 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_partial(
   pdl_wait_then_release();
   const int tid = threadIdx.x;
   const ll G = gridDim.x;
+  // Block (x, b): sequence b's logits, parts and counters (grid G by NB).
+  const ll row = blockIdx.y;
+  logits += row * V;
+  part += row * (2 * G + 2);
+  ctl += row * 4;
   float v[ARGMAX_PER];
   argmax_load(logits, V, v);
   float m = NEG_INF;
@@ -1094,10 +1172,18 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_pick(
   __shared__ int last;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const ll G = gridDim.x;
+  const ll row = blockIdx.y;
+  logits += row * V;
+  part += row * (2 * G + 2);
+  ctl += row * 4;
+  state += 4 * row;
+  tokens += row * 2 * max_steps;
   // The logits were written two kernels back: loaded before the wait (see attention).
   float v[ARGMAX_PER];
   argmax_load(logits, V, v);
   pdl_wait_then_release();
+  // An idle row samples nothing (its state is the host's: read after the wait).
+  if (state[1] < 0) return;
   const float lse = __ldcg(&part[2 * G]), best = __ldcg(&part[2 * G + 1]);
   // V - the thread's first index whose log-probability is the largest, or 0.
   int mine = 0;

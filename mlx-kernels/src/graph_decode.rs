@@ -120,7 +120,24 @@ pub struct GraphOptions {
     /// default: as many as fit). Fewer leave room for the next kernel's blocks to start
     /// early and load their first weights.
     pub blocks_per_sm: Option<u32>,
+    /// Sequences a step decodes (batched decode, 1 to [`MAX_SEQUENCES`]; default 1): each
+    /// its own row with its own position and cache slot ([`GraphDecoder::step_rows_greedy`]).
+    /// The matrix-vector kernels read each weight once for a tile of up to
+    /// [`TILE_SEQUENCES`] rows (fewer where the inputs fill the shared memory:
+    /// [`GraphDecoder::max_sequences`]); more rows take several tiles a kernel, and may be
+    /// rounded up to whole tiles ([`GraphDecoder::sequences`]). The single-sequence calls use
+    /// row 0.
+    pub sequences: u32,
+    /// At most this many sequences a tile (default: as many as fit, up to
+    /// [`TILE_SEQUENCES`]); for testing the tiles.
+    pub tile_sequences: Option<u32>,
 }
+
+/// The most sequences a [`GraphDecoder`] decodes a step.
+pub const MAX_SEQUENCES: u32 = 64;
+/// The most sequences one launch of a matrix-vector kernel takes (`NB` in the source; past it
+/// the sums no longer fit the registers).
+pub const TILE_SEQUENCES: u32 = 8;
 
 impl Default for GraphOptions {
     fn default() -> Self {
@@ -130,6 +147,8 @@ impl Default for GraphOptions {
             chunks_in_flight: None,
             chunks_before_wait: None,
             blocks_per_sm: None,
+            sequences: 1,
+            tile_sequences: None,
         }
     }
 }
@@ -788,6 +807,8 @@ pub struct GraphDecoder {
     traced: Option<(Graph, Buffer)>,
     batch: u32,
     broken: Option<String>,
+    /// Each row's cached positions (batched decode; `None`: idle).
+    row_pos: Vec<Option<usize>>,
     /// Reads of sampled tokens queued by [`GraphDecoder::next_token`], oldest first.
     pending: VecDeque<mlx_core::gpurt::Ticket>,
     /// Steps queued so far in the current run of [`GraphDecoder::next_token`] (the position
@@ -1001,6 +1022,20 @@ impl GraphDecoder {
                 format!("chunks_before_wait {early}: must be 1 to chunks_in_flight ({batch})"),
             ));
         }
+        if !(1..=MAX_SEQUENCES).contains(&opts.sequences) {
+            return Err(invalid(
+                "graph_decoder",
+                format!("sequences {}: must be 1 to {MAX_SEQUENCES}", opts.sequences),
+            ));
+        }
+        // Tiles of nb rows: as few tiles as the kernels' limit allows, the rows spread evenly.
+        let want = opts.sequences as usize;
+        let per_tile = Self::max_sequences(&spec)
+            .min(opts.tile_sequences.unwrap_or(u32::MAX))
+            .max(1) as usize;
+        let tiles = want.div_ceil(per_tile);
+        let nb = want.div_ceil(tiles);
+        let total = nb * tiles;
         if opts.blocks_per_sm == Some(0) {
             return Err(invalid(
                 "graph_decoder",
@@ -1018,7 +1053,8 @@ impl GraphDecoder {
         }
         let capacity = capacity.div_ceil(ATTN_CHUNK) * ATTN_CHUNK;
         let source = format!(
-            "#define MV_ROWS {rows}\n#define MV_BATCH {batch}\n#define MV_EARLY {early}\n{SOURCE}"
+            "#define MV_ROWS {rows}\n#define MV_BATCH {batch}\n#define MV_EARLY {early}\n\
+             #define NB {nb}\n{SOURCE}"
         );
         let t0 = std::time::Instant::now();
         let (mut source, mut kernels) = (source, KERNELS.to_vec());
@@ -1042,7 +1078,8 @@ impl GraphDecoder {
             _ => embed,
         };
         let final_norm = put(&mut rt, &w.final_norm)?;
-        let kv_bytes = s.kv_heads * capacity * d * 2;
+        // One cache slot a sequence.
+        let kv_bytes = total * s.kv_heads * capacity * d * 2;
         let mut layers = Vec::with_capacity(s.layers);
         for (i, (l, rotates)) in w.layers.iter().zip(&s.rope_layers).enumerate() {
             let sliding = s.sliding.get(i).copied().unwrap_or(false);
@@ -1088,26 +1125,38 @@ impl GraphDecoder {
         // A model without a local RoPE passes the table again (nrot2 0: never read).
         let inv2 = bytes(s.local_rope.as_ref().unwrap_or(&s.rope));
         let ns = capacity / ATTN_CHUNK;
+        // Every buffer holds one row a sequence (row b at b times a row's size).
         let acts = Activations {
-            h: rt.alloc(h * 2)?,
-            qkv: rt.alloc(s.qkv_rows() * 2)?,
-            attn: rt.alloc(s.heads * d * 2)?,
-            act: rt.alloc(i_sz * 2)?,
-            y: rt.alloc(h * 2)?,
-            logits: rt.alloc(s.vocab * 4)?,
-            state: rt.alloc(16)?,
-            tokens: rt.alloc(capacity * 8)?,
-            po: rt.alloc(s.heads * ns * d * 4)?,
-            pml: rt.alloc(s.heads * ns * 2 * 4)?,
-            counters: rt.alloc(s.heads * 4)?,
-            rope: rt.alloc(2 * d * 4)?,
+            h: rt.alloc(total * h * 2)?,
+            qkv: rt.alloc(total * s.qkv_rows() * 2)?,
+            attn: rt.alloc(total * s.heads * d * 2)?,
+            act: rt.alloc(total * i_sz * 2)?,
+            y: rt.alloc(total * h * 2)?,
+            logits: rt.alloc(total * s.vocab * 4)?,
+            state: rt.alloc(total * 16)?,
+            tokens: rt.alloc(total * capacity * 8)?,
+            po: rt.alloc(total * s.heads * ns * d * 4)?,
+            pml: rt.alloc(total * s.heads * ns * 2 * 4)?,
+            counters: rt.alloc(total * s.heads * 4)?,
+            rope: rt.alloc(total * 2 * d * 4)?,
             inv_freq: rt.alloc_from(&inv)?,
             inv_freq2: rt.alloc_from(&inv2)?,
-            am_part: rt.alloc((2 * s.vocab.div_ceil(ARGMAX_SLICE) + 2) * 4)?,
-            am_ctl: rt.alloc(16)?,
+            am_part: rt.alloc(total * (2 * s.vocab.div_ceil(ARGMAX_SLICE) + 2) * 4)?,
+            am_ctl: rt.alloc(total * 16)?,
         };
         let max_k = h.max(i_sz).max(s.heads * d);
-        let shared = mv_shared_bytes(max_k, s.group_and_bits().1);
+        let shared = mv_shared_bytes(max_k, s.group_and_bits().1) * nb as u32;
+        if shared + 1024 > MV_SHARED_MAX {
+            return Err(invalid(
+                "graph_decoder",
+                format!(
+                    "`{}`: {nb} sequences need {shared} bytes of shared memory for inputs of \
+                     width {max_k}, more than the {MV_SHARED_MAX} a block may take: decode \
+                     fewer sequences a step",
+                    spec.model_type
+                ),
+            ));
+        }
         // Past 48 KiB less the kernels' static shared memory (under 1 KiB), opt in.
         if shared + 1024 > 48 * 1024 {
             for k in ["matvec", "matvec_qkv"] {
@@ -1131,6 +1180,8 @@ impl GraphDecoder {
             pdl,
             rows,
             mv_cap,
+            nb,
+            tiles,
         };
         let weights_s = t1.elapsed().as_secs_f64();
         let t2 = std::time::Instant::now();
@@ -1154,6 +1205,7 @@ impl GraphDecoder {
             batch,
             broken: None,
             pending: VecDeque::new(),
+            row_pos: vec![None; total],
             queued_to: 0,
             start_pos: 0,
             limit: 0,
@@ -1271,6 +1323,13 @@ impl GraphDecoder {
     /// Copies a prompt's KV cache in: per layer, keys and values `[1, kv_heads, n, head_dim]`
     /// bfloat16 (what an MLX `KVCache` fetches after the prompt). The position becomes `n`.
     pub fn set_prefix(&mut self, kv: &[(Array, Array)]) -> Result<()> {
+        self.pos = 0;
+        self.pos = self.copy_prefix(0, kv)?;
+        Ok(())
+    }
+
+    /// Copies a prompt's KV cache into row `row`'s cache slot; returns its length.
+    fn copy_prefix(&mut self, row: usize, kv: &[(Array, Array)]) -> Result<usize> {
         let s = &self.step.shape;
         if kv.len() != s.layers {
             return Err(invalid(
@@ -1314,20 +1373,19 @@ impl GraphDecoder {
         let s = &self.step.shape;
         let (cap, d, nkv) = (self.step.capacity, s.head_dim, s.kv_heads);
         let bufs: Vec<(Buffer, Buffer)> = self.step.layers.iter().map(|l| (l.kc, l.vc)).collect();
+        let slot = row * nkv * cap * d * 2;
         let row = n * d * 2;
         // Where MLX holds the cache on the GPU (its CUDA build), device to device: each head's
         // n rows to the head's slot. (The host path below moves the cache through host memory,
         // down and up again: 67 MB each way for a Llama-3-8B cache of 512 positions.)
         if mlx_core::Device::gpu().is_available()? {
             return self.guard(|me| {
-                me.pos = 0;
                 for (&(kb, vb), (k, v)) in bufs.iter().zip(kv) {
                     for (b, a) in [(kb, k), (vb, v)] {
-                        me.rt.copy_from_array(b, 0, cap * d * 2, a, row, nkv)?;
+                        me.rt.copy_from_array(b, slot, cap * d * 2, a, row, nkv)?;
                     }
                 }
-                me.pos = n;
-                Ok(())
+                Ok(n)
             });
         }
         let host: Vec<(Vec<u8>, Vec<u8>)> = kv
@@ -1335,27 +1393,172 @@ impl GraphDecoder {
             .map(|(k, v)| Ok((k.to_bytes()?, v.to_bytes()?)))
             .collect::<Result<_>>()?;
         self.guard(|me| {
-            me.pos = 0;
             for ((kb, vb), (kh, vh)) in bufs.iter().zip(&host) {
                 for hd in 0..nkv {
-                    me.rt
-                        .upload(*kb, hd * cap * d * 2, &kh[hd * row..(hd + 1) * row])?;
-                    me.rt
-                        .upload(*vb, hd * cap * d * 2, &vh[hd * row..(hd + 1) * row])?;
+                    let at = slot + hd * cap * d * 2;
+                    me.rt.upload(*kb, at, &kh[hd * row..(hd + 1) * row])?;
+                    me.rt.upload(*vb, at, &vh[hd * row..(hd + 1) * row])?;
                 }
             }
-            me.pos = n;
-            Ok(())
+            Ok(n)
         })
     }
 
     fn set_state(&mut self, token: u32) -> Result<()> {
         self.drain()?;
         self.limit = self.pos;
-        let mut st = [0u8; 16];
-        st[0..4].copy_from_slice(&(token as i32).to_le_bytes());
-        st[4..8].copy_from_slice(&(self.pos as i32).to_le_bytes());
+        self.upload_states(&[(0, token, self.pos)])
+    }
+
+    /// Writes the step state of every row: `(row, token, position)` for the rows that step,
+    /// the others idle (position -1).
+    fn upload_states(&mut self, rows: &[(usize, u32, usize)]) -> Result<()> {
+        let n = self.sequences();
+        let mut st = vec![0u8; 16 * n];
+        for r in 0..n {
+            st[16 * r + 4..16 * r + 8].copy_from_slice(&(-1i32).to_le_bytes());
+        }
+        for &(r, token, pos) in rows {
+            st[16 * r..16 * r + 4].copy_from_slice(&(token as i32).to_le_bytes());
+            st[16 * r + 4..16 * r + 8].copy_from_slice(&(pos as i32).to_le_bytes());
+        }
         self.rt.upload(self.step.acts.state, 0, &st)
+    }
+
+    /// The most sequences one launch of a matrix-vector kernel takes for the model `spec`
+    /// describes: the kernels hold each sequence's input in shared memory (at most
+    /// [`TILE_SEQUENCES`]).
+    pub fn max_sequences(spec: &GraphSpec) -> u32 {
+        let max_k = spec
+            .hidden
+            .max(spec.intermediate)
+            .max(spec.heads * spec.head_dim);
+        let per = mv_shared_bytes(max_k, spec.group_and_bits().1).max(1);
+        ((MV_SHARED_MAX - 1024) / per).clamp(1, TILE_SEQUENCES)
+    }
+
+    /// Sequences a step (rows; [`GraphOptions::sequences`] rounded up to whole tiles).
+    pub fn sequences(&self) -> usize {
+        self.step.nb * self.step.tiles
+    }
+
+    /// Row `row`'s cached positions, or `None` when the row is free.
+    pub fn row_position(&self, row: usize) -> Option<usize> {
+        self.row_pos.get(row).copied().flatten()
+    }
+
+    /// A free row (batched decode), if there is one.
+    pub fn free_row(&self) -> Option<usize> {
+        self.row_pos.iter().position(|p| p.is_none())
+    }
+
+    /// Frees row `row`: its sequence leaves the batch (its cache slot is reused by the next
+    /// sequence given the row).
+    pub fn release_row(&mut self, row: usize) {
+        if let Some(p) = self.row_pos.get_mut(row) {
+            *p = None;
+        }
+    }
+
+    /// Starts a sequence in row `row` from a prompt's KV cache (as [`GraphDecoder::set_prefix`]
+    /// takes it; none for an empty prefix): the row's position becomes the prompt's length.
+    pub fn set_row_prefix(&mut self, row: usize, kv: &[(Array, Array)]) -> Result<()> {
+        self.check_row(row)?;
+        let n = self.copy_prefix(row, kv)?;
+        self.row_pos[row] = Some(n);
+        Ok(())
+    }
+
+    fn check_row(&self, row: usize) -> Result<()> {
+        if row >= self.sequences() {
+            return Err(invalid(
+                "graph_decoder",
+                format!("row {row}: the decoder has {} rows", self.sequences()),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks a batched step's rows: each given once, started, with room for one position.
+    fn check_rows(&self, rows: &[(usize, u32)]) -> Result<Vec<(usize, u32, usize)>> {
+        let mut seen = vec![false; self.sequences()];
+        let mut out = Vec::with_capacity(rows.len());
+        for &(r, t) in rows {
+            self.check_row(r)?;
+            self.check_token(t)?;
+            if std::mem::replace(&mut seen[r], true) {
+                return Err(invalid("graph_decoder", format!("row {r} is given twice")));
+            }
+            let Some(pos) = self.row_pos[r] else {
+                return Err(invalid(
+                    "graph_decoder",
+                    format!("row {r} has no sequence (set_row_prefix starts one)"),
+                ));
+            };
+            if pos >= self.step.capacity {
+                return Err(invalid(
+                    "graph_decoder",
+                    format!(
+                        "row {r}: the cache is full: {pos} positions are in use, its capacity \
+                         is {}",
+                        self.step.capacity
+                    ),
+                ));
+            }
+            out.push((r, t, pos));
+        }
+        Ok(out)
+    }
+
+    /// One batched step: each `(row, token)` goes in at its row's position (the other rows
+    /// stay as they are); returns each given row's logits (bfloat16 values as float32), in
+    /// the order given. Teacher-forced: the rows' next tokens are the caller's.
+    pub fn step_rows_logits(&mut self, rows: &[(usize, u32)]) -> Result<Vec<Vec<f32>>> {
+        let states = self.check_rows(rows)?;
+        let vocab = self.step.shape.vocab;
+        self.guard(|me| {
+            me.drain()?;
+            me.limit = me.pos;
+            me.upload_states(&states)?;
+            me.rt.replay(me.graph, 1)?;
+            let mut out = Vec::with_capacity(states.len());
+            for &(r, _, pos) in &states {
+                let mut b = vec![0u8; vocab * 4];
+                me.rt.download(me.step.acts.logits, r * vocab * 4, &mut b)?;
+                out.push(
+                    b.chunks_exact(4)
+                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                        .collect(),
+                );
+                me.row_pos[r] = Some(pos + 1);
+            }
+            Ok(out)
+        })
+    }
+
+    /// One batched greedy step: each `(row, token)` goes in at its row's position; returns
+    /// each given row's greedy next token and its log-probability, in the order given.
+    pub fn step_rows_greedy(&mut self, rows: &[(usize, u32)]) -> Result<Vec<(u32, f32)>> {
+        let states = self.check_rows(rows)?;
+        let cap = self.step.capacity;
+        self.guard(|me| {
+            me.drain()?;
+            me.limit = me.pos;
+            me.upload_states(&states)?;
+            me.rt.replay(me.graph, 1)?;
+            let mut out = Vec::with_capacity(states.len());
+            for &(r, _, pos) in &states {
+                // The row's first sampled slot (its step count starts at 0).
+                let mut b = [0u8; 8];
+                me.rt.download(me.step.acts.tokens, r * cap * 8, &mut b)?;
+                out.push((
+                    u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+                    f32::from_le_bytes([b[4], b[5], b[6], b[7]]),
+                ));
+                me.row_pos[r] = Some(pos + 1);
+            }
+            Ok(out)
+        })
     }
 
     /// Runs one step on `token` at the current position (teacher-forced) and returns the
@@ -1686,10 +1889,15 @@ fn mv_blocks(n: usize, rows: usize, resident: u32) -> u32 {
 /// Dynamic shared memory of a matrix-vector kernel over inputs of width `k`: the input as
 /// bfloat16 (rounded up to 64 values, its 16-byte slots swizzled within 64-byte groups), then
 /// with quantized weights one float32 sum per 16-byte chunk of codes (`128 / bits` inputs).
+/// Rounded up to 16 bytes: with several sequences, sequence b's sits at b times this
+/// (`mv_row_bytes` in the source).
 fn mv_shared_bytes(k: usize, bits: usize) -> u32 {
     let sums = if bits == 16 { 0 } else { k / (128 / bits) * 4 };
-    (k.next_multiple_of(64) * 2 + sums) as u32
+    (k.next_multiple_of(64) * 2 + sums).next_multiple_of(16) as u32
 }
+
+/// The dynamic shared memory a block may opt in to on sm_90 (227 KiB).
+const MV_SHARED_MAX: u32 = 227 * 1024;
 
 fn opt(b: Option<Buffer>, dummy: Buffer) -> Arg {
     Arg::Buf(b.unwrap_or(dummy), 0)
@@ -1709,10 +1917,40 @@ fn matvec(
     out: Buffer,
     mode: i64,
 ) -> Result<()> {
+    for t in 0..rec.step.tiles {
+        matvec_tile(rec, rt, part, lin, x, norm, res, out, mode, t)?;
+    }
+    Ok(())
+}
+
+/// [`matvec`] for tile `t`'s rows.
+#[allow(clippy::too_many_arguments)]
+fn matvec_tile(
+    rec: &mut Recorder,
+    rt: &mut GpuRuntime,
+    part: Part,
+    lin: &Lin,
+    x: Buffer,
+    norm: Option<Buffer>,
+    res: Option<Buffer>,
+    out: Buffer,
+    mode: i64,
+    t: usize,
+) -> Result<()> {
     let k = rt.kernel("matvec")?;
     let s = &rec.step.shape;
     let (gs, bits) = s.group_and_bits();
-    let shared = mv_shared_bytes(lin.k, bits);
+    let shared = mv_shared_bytes(lin.k, bits) * rec.step.nb as u32;
+    // Tile t's first row of the input, the residual and the output.
+    let rows = t * rec.step.nb;
+    let out_row = if mode & MODE_F32 != 0 {
+        lin.n * 4
+    } else if mode & MODE_SWIGLU != 0 {
+        lin.n / 2 * 2
+    } else {
+        lin.n * 2
+    };
+    let (xo, ro, oo) = (rows * lin.k * 2, rows * lin.n * 2, rows * out_row);
     rec.launch(
         rt,
         part,
@@ -1732,10 +1970,10 @@ fn matvec(
         &[
             Arg::Buf(lin.w, 0),
             opt(lin.sb, x),
-            Arg::Buf(x, 0),
+            Arg::Buf(x, xo),
             opt(norm, x),
-            opt(res, x),
-            Arg::Buf(out, 0),
+            res.map_or(Arg::Buf(x, 0), |r| Arg::Buf(r, ro)),
+            Arg::Buf(out, oo),
             Arg::I64(lin.n as i64),
             Arg::I64(lin.k as i64),
             Arg::I64(bits as i64),
@@ -1776,6 +2014,9 @@ struct Step {
     rows: usize,
     /// The cap on a matrix-vector kernel's grid besides one wave (blocks_per_sm x SMs).
     mv_cap: u32,
+    /// Sequences a launch takes (`NB`), and launches a kernel (tiles of nb rows).
+    nb: usize,
+    tiles: usize,
 }
 
 /// Records one decode step (while capturing), or only one part's kernels of it; with a
@@ -1796,8 +2037,18 @@ fn record_step(
         final_norm,
         rows,
         mv_cap,
+        nb,
+        tiles,
         ..
     } = *step;
+    let nbu = nb as u32;
+    // Tile t's first row in a buffer of `row` bytes a row.
+    let at = |t: usize, row: usize| t * nb * row;
+    let h_row = s.hidden * 2;
+    let qkv_row = s.qkv_rows() * 2;
+    let slot = s.kv_heads * cap * s.head_dim * 2;
+    let rope_row = 2 * s.head_dim * 4;
+    let am_g = s.vocab.div_ceil(ARGMAX_SLICE);
     let mut rec = Recorder {
         step,
         only,
@@ -1812,132 +2063,140 @@ fn record_step(
     let (gs, bits) = s.group_and_bits();
     let (d, nh, nkv) = (s.head_dim as i64, s.heads as i64, s.kv_heads as i64);
     let ns = cap / ATTN_CHUNK;
-    rec.launch(
-        rt,
-        Part::Embed,
-        k_embed,
-        [1, 1, 1],
-        [256, 1, 1],
-        0,
-        &[
-            Arg::Buf(embed.w, 0),
-            opt(embed.sb, a.h),
-            Arg::Buf(a.state, 0),
-            Arg::Buf(a.h, 0),
-            Arg::I64(s.hidden as i64),
-            Arg::I64(bits as i64),
-            Arg::I64(gs as i64),
-            Arg::Buf(a.rope, 0),
-            Arg::I64(d / 2),
-            Arg::I64(s.rope.pairs() as i64),
-            Arg::Buf(a.inv_freq, 0),
-            Arg::F64(s.rope.position_scale as f64),
-            Arg::F64(s.rope.output_scale as f64),
-            Arg::F64(s.embed_scale as f64),
-            Arg::I64(s.local_rope.as_ref().map_or(0, |r| r.pairs()) as i64),
-            Arg::Buf(a.inv_freq2, 0),
-            Arg::F64(
-                s.local_rope
-                    .as_ref()
-                    .map_or(1.0, |r| r.position_scale as f64),
-            ),
-            Arg::F64(s.local_rope.as_ref().map_or(1.0, |r| r.output_scale as f64)),
-        ],
-    )?;
+    for t in 0..tiles {
+        rec.launch(
+            rt,
+            Part::Embed,
+            k_embed,
+            [nbu, 1, 1],
+            [256, 1, 1],
+            0,
+            &[
+                Arg::Buf(embed.w, 0),
+                opt(embed.sb, a.h),
+                Arg::Buf(a.state, at(t, 16)),
+                Arg::Buf(a.h, at(t, h_row)),
+                Arg::I64(s.hidden as i64),
+                Arg::I64(bits as i64),
+                Arg::I64(gs as i64),
+                Arg::Buf(a.rope, at(t, rope_row)),
+                Arg::I64(d / 2),
+                Arg::I64(s.rope.pairs() as i64),
+                Arg::Buf(a.inv_freq, 0),
+                Arg::F64(s.rope.position_scale as f64),
+                Arg::F64(s.rope.output_scale as f64),
+                Arg::F64(s.embed_scale as f64),
+                Arg::I64(s.local_rope.as_ref().map_or(0, |r| r.pairs()) as i64),
+                Arg::Buf(a.inv_freq2, 0),
+                Arg::F64(
+                    s.local_rope
+                        .as_ref()
+                        .map_or(1.0, |r| r.position_scale as f64),
+                ),
+                Arg::F64(s.local_rope.as_ref().map_or(1.0, |r| r.output_scale as f64)),
+            ],
+        )?;
+    }
     let scale = s.attn_scale as f64;
     // Every layer's q/k/v product has the same shape.
-    let qkv_shared = mv_shared_bytes(s.hidden, bits);
+    let qkv_shared = mv_shared_bytes(s.hidden, bits) * nbu;
     let qkv_resident = rt
         .resident_blocks(k_qkv, MV_THREADS, qkv_shared)?
         .min(mv_cap);
     for l in layers {
-        rec.launch(
-            rt,
-            Part::Qkv,
-            k_qkv,
-            [mv_blocks(l.qkv.n, rows, qkv_resident), 1, 1],
-            [MV_THREADS, 1, 1],
-            qkv_shared,
-            &[
-                Arg::Buf(l.qkv.w, 0),
-                opt(l.qkv.sb, a.h),
-                Arg::Buf(a.h, 0),
-                Arg::Buf(l.in_norm, 0),
-                Arg::Buf(a.qkv, 0),
-                Arg::Buf(l.kc, 0),
-                Arg::Buf(l.vc, 0),
-                Arg::Buf(a.state, 0),
-                Arg::I64(l.qkv.k as i64),
-                Arg::I64(bits as i64),
-                Arg::I64(gs as i64),
-                Arg::I64(nh),
-                Arg::I64(nkv),
-                Arg::I64(d),
-                Arg::I64(cap as i64),
-                Arg::I64(i64::from(s.rope.traditional)),
-                Arg::F64(s.eps as f64),
-                Arg::Buf(a.rope, l.rope_off),
-                rec.trace_arg(),
-                Arg::I64(if l.qk_norm.is_some() {
-                    0
-                } else {
-                    l.nrot as i64
-                }),
-                l.qkv_bias.map_or(Arg::I64(0), |b| Arg::Buf(b, 0)),
-            ],
-        )?;
-        if let Some((qw, kw)) = l.qk_norm {
-            let k_qkn = rt.kernel(QK_NORM_KERNEL.0)?;
+        for t in 0..tiles {
             rec.launch(
                 rt,
                 Part::Qkv,
-                k_qkn,
-                [(s.heads + s.kv_heads) as u32, 1, 1],
-                [128, 1, 1],
-                0,
+                k_qkv,
+                [mv_blocks(l.qkv.n, rows, qkv_resident), 1, 1],
+                [MV_THREADS, 1, 1],
+                qkv_shared,
                 &[
-                    Arg::Buf(a.qkv, 0),
-                    Arg::Buf(l.kc, 0),
-                    Arg::Buf(a.state, 0),
-                    Arg::Buf(qw, 0),
-                    Arg::Buf(kw, 0),
-                    Arg::Buf(a.rope, l.rope_off),
+                    Arg::Buf(l.qkv.w, 0),
+                    opt(l.qkv.sb, a.h),
+                    Arg::Buf(a.h, at(t, h_row)),
+                    Arg::Buf(l.in_norm, 0),
+                    Arg::Buf(a.qkv, at(t, qkv_row)),
+                    Arg::Buf(l.kc, at(t, slot)),
+                    Arg::Buf(l.vc, at(t, slot)),
+                    Arg::Buf(a.state, at(t, 16)),
+                    Arg::I64(l.qkv.k as i64),
+                    Arg::I64(bits as i64),
+                    Arg::I64(gs as i64),
                     Arg::I64(nh),
+                    Arg::I64(nkv),
                     Arg::I64(d),
                     Arg::I64(cap as i64),
-                    Arg::I64(l.nrot as i64),
                     Arg::I64(i64::from(s.rope.traditional)),
                     Arg::F64(s.eps as f64),
+                    Arg::Buf(a.rope, at(t, rope_row) + l.rope_off),
+                    rec.trace_arg(),
+                    Arg::I64(if l.qk_norm.is_some() {
+                        0
+                    } else {
+                        l.nrot as i64
+                    }),
+                    l.qkv_bias.map_or(Arg::I64(0), |b| Arg::Buf(b, 0)),
                 ],
             )?;
         }
-        rec.launch(
-            rt,
-            Part::Attention,
-            k_attn,
-            [s.heads as u32, ns as u32, 1],
-            [128, 1, 1],
-            0,
-            &[
-                Arg::Buf(a.qkv, 0),
-                Arg::Buf(l.kc, 0),
-                Arg::Buf(l.vc, 0),
-                Arg::Buf(a.state, 0),
-                Arg::Buf(a.po, 0),
-                Arg::Buf(a.pml, 0),
-                Arg::Buf(a.counters, 0),
-                Arg::Buf(a.attn, 0),
-                Arg::I64(nh),
-                Arg::I64(nkv),
-                Arg::I64(d),
-                Arg::I64(cap as i64),
-                Arg::I64(ns as i64),
-                Arg::F64(scale),
-                rec.trace_arg(),
-                Arg::I64(l.window as i64),
-                Arg::F64(s.attn_softcap as f64),
-            ],
-        )?;
+        if let Some((qw, kw)) = l.qk_norm {
+            for t in 0..tiles {
+                let k_qkn = rt.kernel(QK_NORM_KERNEL.0)?;
+                rec.launch(
+                    rt,
+                    Part::Qkv,
+                    k_qkn,
+                    [(s.heads + s.kv_heads) as u32 * nbu, 1, 1],
+                    [128, 1, 1],
+                    0,
+                    &[
+                        Arg::Buf(a.qkv, at(t, qkv_row)),
+                        Arg::Buf(l.kc, at(t, slot)),
+                        Arg::Buf(a.state, at(t, 16)),
+                        Arg::Buf(qw, 0),
+                        Arg::Buf(kw, 0),
+                        Arg::Buf(a.rope, at(t, rope_row) + l.rope_off),
+                        Arg::I64(nh),
+                        Arg::I64(d),
+                        Arg::I64(cap as i64),
+                        Arg::I64(l.nrot as i64),
+                        Arg::I64(i64::from(s.rope.traditional)),
+                        Arg::F64(s.eps as f64),
+                    ],
+                )?;
+            }
+        }
+        for t in 0..tiles {
+            rec.launch(
+                rt,
+                Part::Attention,
+                k_attn,
+                [s.heads as u32 * nbu, ns as u32, 1],
+                [128, 1, 1],
+                0,
+                &[
+                    Arg::Buf(a.qkv, at(t, qkv_row)),
+                    Arg::Buf(l.kc, at(t, slot)),
+                    Arg::Buf(l.vc, at(t, slot)),
+                    Arg::Buf(a.state, at(t, 16)),
+                    Arg::Buf(a.po, at(t, s.heads * ns * s.head_dim * 4)),
+                    Arg::Buf(a.pml, at(t, s.heads * ns * 2 * 4)),
+                    Arg::Buf(a.counters, at(t, s.heads * 4)),
+                    Arg::Buf(a.attn, at(t, s.heads * s.head_dim * 2)),
+                    Arg::I64(nh),
+                    Arg::I64(nkv),
+                    Arg::I64(d),
+                    Arg::I64(cap as i64),
+                    Arg::I64(ns as i64),
+                    Arg::F64(scale),
+                    rec.trace_arg(),
+                    Arg::I64(l.window as i64),
+                    Arg::F64(s.attn_softcap as f64),
+                ],
+            )?;
+        }
         // The output projection with the residual, gate/up with SwiGLU (GeGLU), down with the
         // residual; with sandwich norms the projections write `y`, which norm_add norms and
         // adds to the residual.
@@ -1980,21 +2239,23 @@ fn record_step(
             matvec(&mut rec, rt, part, lin, x, norm, res, out, mode)?;
             if let (Some((pa, pm)), 0 | 2) = (l.post_norms, j) {
                 let k_na = rt.kernel(GEMMA_KERNEL.0)?;
-                rec.launch(
-                    rt,
-                    part,
-                    k_na,
-                    [1, 1, 1],
-                    [256, 1, 1],
-                    0,
-                    &[
-                        Arg::Buf(a.y, 0),
-                        Arg::Buf(if j == 0 { pa } else { pm }, 0),
-                        Arg::Buf(a.h, 0),
-                        Arg::I64(s.hidden as i64),
-                        Arg::F64(s.eps as f64),
-                    ],
-                )?;
+                for t in 0..tiles {
+                    rec.launch(
+                        rt,
+                        part,
+                        k_na,
+                        [nbu, 1, 1],
+                        [256, 1, 1],
+                        0,
+                        &[
+                            Arg::Buf(a.y, at(t, h_row)),
+                            Arg::Buf(if j == 0 { pa } else { pm }, 0),
+                            Arg::Buf(a.h, at(t, h_row)),
+                            Arg::I64(s.hidden as i64),
+                            Arg::F64(s.eps as f64),
+                        ],
+                    )?;
+                }
             }
         }
     }
@@ -2009,38 +2270,44 @@ fn record_step(
         a.logits,
         MODE_NORM | MODE_F32,
     )?;
-    let am_blocks = s.vocab.div_ceil(ARGMAX_SLICE) as u32;
-    rec.launch(
-        rt,
-        Part::Argmax,
-        k_am_partial,
-        [am_blocks, 1, 1],
-        [ARGMAX_THREADS, 1, 1],
-        0,
-        &[
-            Arg::Buf(a.logits, 0),
-            Arg::Buf(a.am_part, 0),
-            Arg::Buf(a.am_ctl, 0),
-            Arg::I64(s.vocab as i64),
-        ],
-    )?;
-    rec.launch(
-        rt,
-        Part::Argmax,
-        k_am_pick,
-        [am_blocks, 1, 1],
-        [ARGMAX_THREADS, 1, 1],
-        0,
-        &[
-            Arg::Buf(a.logits, 0),
-            Arg::Buf(a.am_part, 0),
-            Arg::Buf(a.am_ctl, 0),
-            Arg::Buf(a.state, 0),
-            Arg::Buf(a.tokens, 0),
-            Arg::I64(s.vocab as i64),
-            Arg::I64(cap as i64),
-        ],
-    )
+    let am_blocks = am_g as u32;
+    let am_row = (2 * am_g + 2) * 4;
+    for t in 0..tiles {
+        rec.launch(
+            rt,
+            Part::Argmax,
+            k_am_partial,
+            [am_blocks, nbu, 1],
+            [ARGMAX_THREADS, 1, 1],
+            0,
+            &[
+                Arg::Buf(a.logits, at(t, s.vocab * 4)),
+                Arg::Buf(a.am_part, at(t, am_row)),
+                Arg::Buf(a.am_ctl, at(t, 16)),
+                Arg::I64(s.vocab as i64),
+            ],
+        )?;
+    }
+    for t in 0..tiles {
+        rec.launch(
+            rt,
+            Part::Argmax,
+            k_am_pick,
+            [am_blocks, nbu, 1],
+            [ARGMAX_THREADS, 1, 1],
+            0,
+            &[
+                Arg::Buf(a.logits, at(t, s.vocab * 4)),
+                Arg::Buf(a.am_part, at(t, am_row)),
+                Arg::Buf(a.am_ctl, at(t, 16)),
+                Arg::Buf(a.state, at(t, 16)),
+                Arg::Buf(a.tokens, at(t, cap * 8)),
+                Arg::I64(s.vocab as i64),
+                Arg::I64(cap as i64),
+            ],
+        )?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

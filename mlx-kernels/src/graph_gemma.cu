@@ -10,6 +10,9 @@ extern "C" __global__ void __launch_bounds__(256) norm_add(const bf16_t* y, cons
   __shared__ float red[8];
   pdl_wait_then_release();
   const int t = threadIdx.x;
+  // Block b: sequence b's row (grid NB).
+  y += (ll)blockIdx.x * H;
+  h += (ll)blockIdx.x * H;
   float ss = 0.f;
   for (ll k = t; k < H; k += 256) {
     const float v = bf2f(y[k]);

@@ -12,7 +12,15 @@ extern "C" __global__ void __launch_bounds__(128) qk_norm_rope(
   __shared__ float red[4];
   __shared__ float xs[128];
   pdl_wait_then_release();
-  const int t = threadIdx.x, Di = (int)D, b = blockIdx.x, half = Di / 2, nr = (int)nrot;
+  // Block (row nh + nkv) + b: sequence row's head b (q heads, then k heads).
+  const ll per = gridDim.x / NB, nkv = per - nh, row = blockIdx.x / per;
+  const int t = threadIdx.x, Di = (int)D, b = (int)(blockIdx.x % per), half = Di / 2,
+            nr = (int)nrot;
+  state += 4 * row;
+  if (state[1] < 0) return;  // an idle row
+  q += row * (nh + 2 * nkv) * D;
+  kc += row * nkv * cap * D;
+  rope += row * 2 * D;
   const bool isq = b < nh;
   bf16_t* x = isq ? q + (ll)b * D : kc + ((ll)(b - nh) * cap + state[1]) * D;
   const bf16_t* w = isq ? qw : kw;

@@ -210,12 +210,14 @@ pub struct ServeArgs {
     #[arg(long)]
     pub max_kv_size: Option<usize>,
 
-    /// `auto`: on the CPU backend, our multi-threaded SIMD CPU decoder runs the batch where
-    /// it covers the model and options (dense llama-family rows; float weights or MLX affine
-    /// 2/4/8-bit; not with --kv-bits or --max-kv-size), else MLX; `mlx`: MLX's own forward,
-    /// the exact path whose outputs match mlx_lm.server's; `cpu`: the CPU decoder, an error
-    /// where it does not apply. Its logits differ from MLX's by float rounding.
-    #[arg(long, default_value = "auto", value_parser = ["auto", "mlx", "cpu"])]
+    /// `auto`: on a CUDA build with a GPU, the graph decoder runs the batch's decode steps
+    /// where it covers the model (one row of it a sequence; prefill stays on MLX); on the CPU
+    /// backend, our multi-threaded SIMD CPU decoder where it covers the model and options
+    /// (dense llama-family rows; float weights or MLX affine 2/4/8-bit; not with --kv-bits or
+    /// --max-kv-size); else MLX. `mlx`: MLX's own forward, the exact path whose outputs match
+    /// mlx_lm.server's; `cpu`, `graph`: that decoder, an error where it does not apply. Their
+    /// logits differ from MLX's by float rounding.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "mlx", "cpu", "graph"])]
     pub decoder: String,
 
     /// Worker threads of the CPU decoder (default: all cores).

@@ -143,6 +143,7 @@ fn decoder(args: &ServeArgs) -> EngineDecoder {
     match args.decoder.as_str() {
         "mlx" => EngineDecoder::Mlx,
         "cpu" => EngineDecoder::Cpu { threads },
+        "graph" => EngineDecoder::Graph,
         _ => EngineDecoder::Auto { threads },
     }
 }

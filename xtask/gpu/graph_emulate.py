@@ -165,6 +165,10 @@ PROMPT = int(os.environ.get("GRAPH_EMU_PROMPT", "150"))
 # The one-wave cap on a matrix-vector grid (the GPU's resident blocks): small here, so that
 # warps stream over several row groups as they do on the GPU for the large matrices.
 RESIDENT = int(os.environ.get("GRAPH_EMU_RESIDENT", "3"))
+# Sequences a step (GraphOptions::sequences): row 0 decodes the prompt as with one; rows
+# 1.. their own prompts (shorter by 17 tokens a row, other tokens); row 1 leaves after step 4
+# and, with 3 rows or more, the last row joins at step 2 (idle before).
+NB = int(os.environ.get("GRAPH_EMU_NB", "1"))
 DUMP = os.environ.get("GRAPH_EMU_DUMP")  # a folder: each step's logits saved there
 
 
@@ -174,7 +178,7 @@ def mv_grid(rows):
 
 
 def build(tmp):
-    src = f"#define MV_ROWS {ROWS}\n#define MV_BATCH {BATCH}\n" + CU
+    src = f"#define MV_ROWS {ROWS}\n#define MV_BATCH {BATCH}\n#define NB {NB}\n" + CU
     src = src.replace("extern __shared__ __align__(16) unsigned char smem[];", "unsigned char* smem = g_smem;")
     cpp, so = os.path.join(tmp, "emu.cpp"), os.path.join(tmp, "emu.so")
     open(cpp, "w").write(PRE + src + LAUNCH)
@@ -417,24 +421,25 @@ def run(lib, name):
             o=lin([f"{pre}.self_attn.o_proj"]),
             gu=lin([f"{pre}.mlp.gate_proj", f"{pre}.mlp.up_proj"], "gu"),
             down=lin([f"{pre}.mlp.down_proj"]),
-            kc=e.buf(np.zeros(nkv * cap * d, np.uint16)),
-            vc=e.buf(np.zeros(nkv * cap * d, np.uint16)),
+            kc=e.buf(np.zeros(NB * nkv * cap * d, np.uint16)),
+            vc=e.buf(np.zeros(NB * nkv * cap * d, np.uint16)),
         ))
-    h = e.buf(np.zeros(H, np.uint16))
-    qb = e.buf(np.zeros((nh + 2 * nkv) * d, np.uint16))
-    attn = e.buf(np.zeros(nh * d, np.uint16))
-    act = e.buf(np.zeros(inter, np.uint16))
-    logits = e.buf(np.zeros(V, np.float32))
-    state = e.buf(np.zeros(4, np.int32))
-    tokens = e.buf(np.zeros(2 * cap, np.int32))  # token, log-probability bits
-    po = e.buf(np.zeros(nh * ns * d, np.float32))
-    pml = e.buf(np.zeros(nh * ns * 2, np.float32))
-    counters = e.buf(np.zeros(nh, np.int32))
-    rope = e.buf(np.zeros(2 * d, np.float32))  # the step's RoPE tables (embed writes them)
-    y = e.buf(np.zeros(H, np.uint16))  # a projection's output before its sandwich norm
+    # One row a sequence in every buffer.
+    h = e.buf(np.zeros(NB * H, np.uint16))
+    qb = e.buf(np.zeros(NB * (nh + 2 * nkv) * d, np.uint16))
+    attn = e.buf(np.zeros(NB * nh * d, np.uint16))
+    act = e.buf(np.zeros(NB * inter, np.uint16))
+    logits = e.buf(np.zeros(NB * V, np.float32))
+    state = e.buf(np.zeros(4 * NB, np.int32))
+    tokens = e.buf(np.zeros(NB * 2 * cap, np.int32))  # token, log-probability bits
+    po = e.buf(np.zeros(NB * nh * ns * d, np.float32))
+    pml = e.buf(np.zeros(NB * nh * ns * 2, np.float32))
+    counters = e.buf(np.zeros(NB * nh, np.int32))
+    rope = e.buf(np.zeros(NB * 2 * d, np.float32))  # the step's RoPE tables (embed writes them)
+    y = e.buf(np.zeros(NB * H, np.uint16))  # a projection's output before its sandwich norm
     am = -(-V // ARGMAX_SLICE)  # the sampler's blocks
-    am_part = e.buf(np.zeros(2 * am + 2, np.float32))  # its partials
-    am_ctl = e.buf(np.zeros(4, np.int32))
+    am_part = e.buf(np.zeros(NB * (2 * am + 2), np.float32))  # its partials
+    am_ctl = e.buf(np.zeros(NB * 4, np.int32))
     inv_buf = e.buf(inv_freq)
     inv_buf2 = e.buf(inv_freq2)
     scale = float(np.float32(model.model.layers[0].self_attn.scale))
@@ -447,7 +452,7 @@ def run(lib, name):
                   0, (final_cap if final_cap > 0 else -logit_div) if mode & 8 else res_scale if mode & 2 else 0.0])  # no timeline
 
     def step():
-        e.launch(0, (1, 1), 256, [embed[0], embed[1], state, h, H, nbits, gs, rope, d // 2, pairs, inv_buf,
+        e.launch(0, (NB, 1), 256, [embed[0], embed[1], state, h, H, nbits, gs, rope, d // 2, pairs, inv_buf,
                                    pos_scale, out_scale, emb_scale, pairs2, inv_buf2, pos_scale2, out_scale2])
         for L in layers:
             (w, sb), n = L["qkv"]
@@ -456,56 +461,89 @@ def run(lib, name):
                       int(trad), float(np.float32(eps)), rope[L["rope_off"]:], 0, 0 if qk_norm else L["nrot"],
                       L["bias"] if L["bias"] is not None else 0])
             if qk_norm:
-                e.launch(6, (nh + nkv, 1), 128, [qb, L["kc"], state, L["qn"], L["kn"], rope[L["rope_off"]:], nh, d, cap,
+                e.launch(6, ((nh + nkv) * NB, 1), 128, [qb, L["kc"], state, L["qn"], L["kn"], rope[L["rope_off"]:], nh, d, cap,
                                                  L["nrot"], int(trad), float(np.float32(eps))])
-            e.launch(3, (nh, ns), 128, [qb, L["kc"], L["vc"], state, po, pml, counters, attn, nh, nkv, d, cap, ns, scale, 0,
+            e.launch(3, (nh * NB, ns), 128, [qb, L["kc"], L["vc"], state, po, pml, counters, attn, nh, nkv, d, cap, ns, scale, 0,
                                         L["window"], attn_cap])
             if sandwich:
                 mv(L["o"], attn, None, None, y, 0)
-                e.launch(7, (1, 1), 256, [y, L["pa"], h, H, float(np.float32(eps))])
+                e.launch(7, (NB, 1), 256, [y, L["pa"], h, H, float(np.float32(eps))])
                 mv(L["gu"], h, L["post"], None, act, 1 | 4 | (16 if gemma else 0))
                 mv(L["down"], act, None, None, y, 0)
-                e.launch(7, (1, 1), 256, [y, L["pm"], h, H, float(np.float32(eps))])
+                e.launch(7, (NB, 1), 256, [y, L["pm"], h, H, float(np.float32(eps))])
             else:
                 mv(L["o"], attn, None, h, h, 2)
                 mv(L["gu"], h, L["post"], None, act, 1 | 4)
                 mv(L["down"], act, None, h, h, 2)
         mv((head, V), h, final_norm, None, logits, 1 | 8)
-        e.launch(4, (am, 1), 256, [logits, am_part, am_ctl, V])
-        e.launch(5, (am, 1), 256, [logits, am_part, am_ctl, state, tokens, V, cap])
+        e.launch(4, (am, NB), 256, [logits, am_part, am_ctl, V])
+        e.launch(5, (am, NB), 256, [logits, am_part, am_ctl, state, tokens, V, cap])
 
-    prompt = [(i * 7919 + 13) % V for i in range(PROMPT)]
-    cache = make_prompt_cache(model)
-    out = model(mx.array([prompt]), cache=cache)
-    token = int(mx.argmax(out[0, -1]).item())
-    # The prompt's keys at every position: a sliding layer's rotating cache keeps only its
-    # window, so the prompt runs again over plain caches (the model's masks keep the window).
     from mlx_lm.models.cache import KVCache
-    full = [KVCache() for _ in range(nl)]
-    model(mx.array([prompt]), cache=full)
-    for i, c in enumerate(full):
-        keys, values, n = c.keys, c.values, c.offset
-        k, v = keys[..., :n, :], values[..., :n, :]
-        kb, vb = bits(k[0]), bits(v[0])  # [nkv, n, d]
-        layers[i]["kc"].reshape(nkv, cap, d)[:, :n] = kb
-        layers[i]["vc"].reshape(nkv, cap, d)[:, :n] = vb
-    pos = len(prompt)
-    worst, agree, steps = 0.0, 0, 8
-    for _ in range(steps):
-        ref = np.array(model(mx.array([[token]]), cache=cache)[0, -1].astype(mx.float32))
-        state[:] = [token, pos, 0, 0]
+
+    def start(b):
+        """Row b's prompt through mlx-lm: its greedy token and its cache (the reference's);
+        its keys and values into the row's cache slot."""
+        prompt = [(i * 7919 + 13 + 101 * b) % V for i in range(PROMPT - 17 * b)]
+        cache = make_prompt_cache(model)
+        out = model(mx.array([prompt]), cache=cache)
+        token = int(mx.argmax(out[0, -1]).item())
+        # The prompt's keys at every position: a sliding layer's rotating cache keeps only its
+        # window, so the prompt runs again over plain caches (the model's masks keep the window).
+        full = [KVCache() for _ in range(nl)]
+        model(mx.array([prompt]), cache=full)
+        for i, c in enumerate(full):
+            keys, values, n = c.keys, c.values, c.offset
+            k, v = keys[..., :n, :], values[..., :n, :]
+            kb, vb = bits(k[0]), bits(v[0])  # [nkv, n, d]
+            layers[i]["kc"].reshape(NB, nkv, cap, d)[b, :, :n] = kb
+            layers[i]["vc"].reshape(NB, nkv, cap, d)[b, :, :n] = vb
+        return dict(token=token, cache=cache, pos=len(prompt))
+
+    steps = 8
+    joins = {b: 0 for b in range(NB)}
+    leaves = {b: steps for b in range(NB)}
+    if NB > 1:
+        leaves[1] = 5
+    if NB > 2:
+        joins[NB - 1] = 2
+    rows = {}
+    worst, agree, count = 0.0, 0, 0
+    for step_i in range(steps):
+        for b in range(NB):
+            if step_i == joins[b]:
+                rows[b] = start(b)
+            if step_i == leaves[b]:
+                del rows[b]
+        refs = {}
+        for b in range(NB):
+            if b in rows:
+                r = rows[b]
+                refs[b] = np.array(model(mx.array([[r["token"]]]), cache=r["cache"])[0, -1].astype(mx.float32))
+                state[4 * b:4 * b + 4] = [r["token"], r["pos"], 0, 0]
+            else:
+                state[4 * b:4 * b + 4] = [0, -1, 0, 0]  # idle
         step()
-        pos += 1
-        assert state[1] == pos and state[0] == tokens[0], "the step state did not advance"
-        assert state[0] == mlx_lm_pick(logits), "the sampled token is not mlx-lm's pick"
-        assert tokens[1:2].view(np.float32)[0] == mlx_lm_logprob(logits, state[0]), \
-            "the sampled token's log-probability is not mlx-lm's"
-        if DUMP:  # every step's logits, to compare two versions of the kernels bit for bit
-            np.save(Path(DUMP) / f"{name.replace(':', '_')}-{pos}.npy", logits)
-        rel = float(np.max(np.abs(ref - logits)) / max(np.max(np.abs(ref)), 1e-6))
-        worst = max(worst, rel)
-        agree += int(np.argmax(ref) == np.argmax(logits))
-        token = int(np.argmax(ref))
+        for b in range(NB):
+            st = state[4 * b:4 * b + 4]
+            if b not in rows:
+                assert st[1] == -1, "an idle row's state changed"
+                continue
+            r, lg, tk = rows[b], logits[b * V:(b + 1) * V], tokens[b * 2 * cap:(b + 1) * 2 * cap]
+            r["pos"] += 1
+            assert st[1] == r["pos"] and st[0] == tk[0], "the step state did not advance"
+            assert st[0] == mlx_lm_pick(lg), "the sampled token is not mlx-lm's pick"
+            assert tk[1:2].view(np.float32)[0] == mlx_lm_logprob(lg, st[0]), \
+                "the sampled token's log-probability is not mlx-lm's"
+            if DUMP:  # every step's logits, to compare two versions of the kernels bit for bit
+                np.save(Path(DUMP) / f"{name.replace(':', '_')}-row{b}-{r['pos']}.npy", lg)
+            ref = refs[b]
+            rel = float(np.max(np.abs(ref - lg)) / max(np.max(np.abs(ref)), 1e-6))
+            worst = max(worst, rel)
+            agree += int(np.argmax(ref) == np.argmax(lg))
+            count += 1
+            r["token"] = int(np.argmax(ref))
+    steps = count
     share = agree / steps
     ok = worst <= BOUND_REL and share >= BOUND_AGREE
     note = ""
@@ -515,7 +553,7 @@ def run(lib, name):
         note = (f"; down_proj of layer 0 against float64: mlx-lm (CPU) {mlx_err:.4f}, "
                 f"ours {ours_err:.4f}")
         ok = ours_err < mlx_err and share >= 0.75
-    print(f"{name} (rows per warp {ROWS}): max relative logit difference {worst:.5f}, greedy agreement {share:.2f} "
+    print(f"{name} (rows per warp {ROWS}, sequences {NB}, row-steps {count}): max relative logit difference {worst:.5f}, greedy agreement {share:.2f} "
           f"(traditional RoPE {trad}, rotated pairs {[r[0] for r in ropes]}, q/k/v bias {has_bias}, "
           f"bits {nbits}, tied {tied}, sandwich {sandwich}, window {window} on {sliding}, soft-caps "
           f"{attn_cap}/{final_cap}){note} {'ok' if ok else 'FAILED'}")

@@ -109,14 +109,21 @@ def main():
     ap.add_argument("--rows", type=int, default=2)
     ap.add_argument("--batch", type=int)
     ap.add_argument("--early", type=int)
+    ap.add_argument("--nb", type=int, default=1, help="sequences a step (GraphOptions::sequences)")
     ap.add_argument("--kernel", default="matvec")
     ap.add_argument("--dump")
     a = ap.parse_args()
     batch = a.batch or 8 // a.rows
     early = a.early or batch
     src = (f"#define MV_ROWS {a.rows}\n#define MV_BATCH {batch}\n#define MV_EARLY {early}\n"
-           + (ROOT / "mlx-kernels/src/graph_decode.cu").read_text())
+           f"#define NB {a.nb}\n"
+           + "".join((ROOT / "mlx-kernels/src" / f).read_text()
+                     for f in ("graph_decode.cu", "graph_qk_norm.cu", "graph_gemma.cu")))
     cubin, log = compile_cubin(src)
+    if not os.path.exists(NVDISASM):
+        for name, regs, stack, st, ld in resources(log):
+            print(f"{name:14} {regs:4} registers, {stack} bytes stack, spills {st} stored / {ld} loaded")
+        return
     for name, regs, stack, st, ld in resources(log):
         print(f"{name:12} {regs:4} registers, {stack} bytes stack, spills {st} stored / {ld} loaded")
     with tempfile.TemporaryDirectory() as tmp:

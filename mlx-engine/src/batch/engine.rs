@@ -43,6 +43,7 @@ use crate::sample::SamplerSettings;
 use crate::sample::{make_logits_processors, LogitsProcessor, ProcessorSettings, Sampler};
 use crate::stream::FinishReason;
 use crate::tokenizer::Tokenizer;
+use mlx_kernels::graph_decode::{GraphDecoder, GraphOptions};
 
 /// One request, already tokenized and validated by the caller.
 #[derive(Clone, Debug)]
@@ -165,6 +166,22 @@ pub enum EngineDecoder {
     Auto { threads: usize },
     /// The CPU decoder; loading fails with the reason where it does not apply.
     Cpu { threads: usize },
+    /// The GPU graph decoder (a `cuda` build): every decode step of the batch is one step of
+    /// [`mlx_kernels::graph_decode::GraphDecoder`] over a row a sequence, each row its own
+    /// position and cache slot (prefill stays on the MLX forward); loading fails with the
+    /// reason where it does not apply. `Auto` takes it first where it applies.
+    Graph,
+}
+
+/// Positions a sequence may take in the graph decoder's cache ([`EngineDecoder::Graph`]):
+/// `MLX_GRAPH_CAPACITY`, default 4096. A request whose prompt and `max_tokens` exceed it is
+/// answered with an error that says so.
+fn graph_capacity() -> usize {
+    std::env::var("MLX_GRAPH_CAPACITY")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n: &usize| n > 0)
+        .unwrap_or(4096)
 }
 
 /// The KV cache options of [`EngineConfig::kv`], as `generate_step` takes them.
@@ -343,10 +360,28 @@ fn one_at_a_time_options(
 fn pick_decoder<'m>(
     model: &'m dyn LanguageModel,
     config: &EngineConfig,
-) -> Result<(Option<CpuBatch<'m>>, String)> {
+) -> Result<(Option<CpuBatch<'m>>, Option<GraphDecoder>, String)> {
     let threads = match config.decoder {
-        EngineDecoder::Mlx => return Ok((None, "mlx (--decoder mlx)".into())),
+        EngineDecoder::Mlx => return Ok((None, None, "mlx (--decoder mlx)".into())),
+        EngineDecoder::Graph => {
+            return match pick_graph(model, config) {
+                Ok((dec, note)) => Ok((None, Some(dec), note)),
+                Err(why) => Err(EngineError::CpuDecoderUnsupported(format!(
+                    "--decoder graph: {why}"
+                ))),
+            };
+        }
         EngineDecoder::Auto { threads } | EngineDecoder::Cpu { threads } => threads,
+    };
+    // On a CUDA build with a GPU, the graph decoder first.
+    let graph_why = match config.decoder {
+        EngineDecoder::Auto { .. } if GraphDecoder::available() => {
+            match pick_graph(model, config) {
+                Ok((dec, note)) => return Ok((None, Some(dec), note)),
+                Err(why) => Some(why),
+            }
+        }
+        _ => None,
     };
     let opts = crate::generate::GenerateOptions {
         max_kv_size: config.kv.as_ref().and_then(|k| k.max_kv_size),
@@ -362,16 +397,72 @@ fn pick_decoder<'m>(
         (None, _) => {
             let cpu = CpuBatch::new(model, threads)?;
             let note = format!("cpu ({}, {} threads)", cpu.isa(), cpu.threads());
-            Ok((Some(cpu), note))
+            Ok((Some(cpu), None, note))
         }
         (Some(why), EngineDecoder::Cpu { .. }) => Err(EngineError::CpuDecoderUnsupported(format!(
             "--decoder cpu: {why}"
         ))),
         (Some(why), _) => Ok((
             None,
-            format!("mlx (auto: the CPU decoder does not apply: {why})"),
+            None,
+            match graph_why {
+                Some(g) => format!(
+                    "mlx (auto: the graph decoder does not apply: {g}; the CPU decoder does not \
+                     apply: {why})"
+                ),
+                None => format!("mlx (auto: the CPU decoder does not apply: {why})"),
+            },
         )),
     }
+}
+
+/// The graph decoder for the batch: as many rows as the batch holds and the kernels take
+/// ([`GraphDecoder::max_sequences`]), [`graph_capacity`] positions each; or why it does not
+/// apply.
+fn pick_graph(
+    model: &dyn LanguageModel,
+    config: &EngineConfig,
+) -> std::result::Result<(GraphDecoder, String), String> {
+    if !GraphDecoder::available() {
+        return Err("no CUDA device (or a build without the `cuda` feature)".into());
+    }
+    if config.kv.is_some() {
+        return Err("the one-at-a-time KV cache options (--kv-bits, --max-kv-size)".into());
+    }
+    if let Some(why) = crate::graph::model_unsupported(model) {
+        return Err(why);
+    }
+    // The MLX prefill's caches are copied in: plain KV caches only (not Gemma 3's rotating
+    // windows).
+    let plain = make_prompt_cache(model, None).map_err(|e| e.to_string())?;
+    if check_plain(&plain).is_err() {
+        return Err("the model's caches are not all plain KV caches (sliding windows)".into());
+    }
+    let (spec, weights) = crate::graph::map_model(model)?;
+    // A row a sequence of the batch (the decoder tiles them as its kernels take them).
+    let rows = config
+        .max_batch
+        .min(mlx_kernels::graph_decode::MAX_SEQUENCES as usize) as u32;
+    let opts = GraphOptions {
+        sequences: rows.max(1),
+        ..GraphOptions::default()
+    };
+    let cap = graph_capacity();
+    let dec = GraphDecoder::with_options(spec, &weights, cap, &opts).map_err(|e| e.to_string())?;
+    let note = format!(
+        "graph ({} rows of {} positions{})",
+        dec.sequences(),
+        dec.capacity(),
+        if dec.sequences() < config.max_batch {
+            format!(
+                ", fewer than --max-batch {}: the decoder's limit",
+                config.max_batch
+            )
+        } else {
+            String::new()
+        }
+    );
+    Ok((dec, note))
 }
 
 impl Engine {
@@ -432,7 +523,7 @@ impl Engine {
                 };
                 let tokenizer = Arc::new(tokenizer);
                 let vocab = model.vocab_size().max(0) as usize;
-                let (cpu, note) = match pick_decoder(model.as_ref(), &config) {
+                let (cpu, graph, note) = match pick_decoder(model.as_ref(), &config) {
                     Ok(x) => x,
                     Err(e) => {
                         let _ = ready_tx.send(Err(e));
@@ -445,6 +536,11 @@ impl Engine {
                 let mut worker = Worker::new(model.as_ref(), tokenizer, config, thread_stats);
                 worker.draft = draft.as_deref();
                 worker.cpu = cpu;
+                if let Some(dec) = graph {
+                    // One row of the decoder a sequence: the batch holds as many.
+                    worker.config.max_batch = worker.config.max_batch.min(dec.sequences());
+                    worker.graph = Some(dec);
+                }
                 worker.run(rx);
             })
             .map_err(|e| EngineError::Internal {
@@ -614,12 +710,17 @@ struct Seq {
     grammar: Option<Grammar>,
     /// The row's cache when the CPU decoder runs the batch.
     cpu: Option<CpuCache>,
+    /// The row's row in the graph decoder, when it runs the batch.
+    graph_row: Option<usize>,
 }
 
 struct Worker<'m> {
     model: &'m dyn LanguageModel,
     /// The CPU decoder, when it runs the batch (each row's cache is in its `Seq`).
     cpu: Option<CpuBatch<'m>>,
+    /// The GPU graph decoder, when it runs the batch (each row's cache in its row of the
+    /// decoder: `Seq::graph_row`; `caches` stays empty).
+    graph: Option<GraphDecoder>,
     /// The draft model of speculative requests, and those requests, waiting to run alone.
     draft: Option<&'m dyn LanguageModel>,
     speculative: VecDeque<Job>,
@@ -729,6 +830,7 @@ impl<'m> Worker<'m> {
         Worker {
             model,
             cpu: None,
+            graph: None,
             draft: None,
             speculative: VecDeque::new(),
             tokenizer,
@@ -1330,9 +1432,44 @@ impl<'m> Worker<'m> {
 
     fn fail_all(&mut self, e: &EngineError) {
         for mut row in self.rows.drain(..) {
+            if let (Some(dec), Some(r)) = (self.graph.as_mut(), row.graph_row) {
+                dec.release_row(r);
+            }
             row.sink.send(BatchEvent::Error(e.to_string()));
         }
         self.caches.clear();
+        if self.graph.as_ref().is_some_and(|d| d.is_broken()) {
+            // A failed CUDA call: the MLX path serves the requests from here on.
+            eprintln!(
+                "[mlx-engine] the graph decoder failed ({e}); the MLX forward decodes from now on"
+            );
+            self.graph = None;
+        }
+    }
+
+    /// A sequence's caches (one plain KV cache a layer, after its prompt) into a free row of
+    /// the graph decoder; returns the row.
+    fn graph_join(&mut self, caches: &[Box<dyn Cache>]) -> Result<usize> {
+        let internal = |problem: String| EngineError::Internal {
+            what: "the graph decoder's batch".into(),
+            problem,
+        };
+        let kv = caches
+            .iter()
+            .map(|c| match c.fetch()? {
+                Some(mlx_cache::Kv::Dense { keys, values }) => Ok((keys, values)),
+                _ => Err(internal("a layer's cache is not a plain KV cache".into())),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let dec = self
+            .graph
+            .as_mut()
+            .ok_or_else(|| internal("no graph decoder".into()))?;
+        let row = dec
+            .free_row()
+            .ok_or_else(|| internal(format!("all {} rows are taken", dec.sequences())))?;
+        dec.set_row_prefix(row, &kv)?;
+        Ok(row)
     }
 
     /// Rows whose client went away or whose deadline passed leave the batch.
@@ -1359,10 +1496,18 @@ impl<'m> Worker<'m> {
         if keep.len() == self.rows.len() {
             return Ok(());
         }
+        if let Some(dec) = self.graph.as_mut() {
+            for (i, row) in self.rows.iter().enumerate() {
+                if let (false, Some(r)) = (keep.contains(&i), row.graph_row) {
+                    dec.release_row(r);
+                }
+            }
+        }
         if store
             && self.config.prompt_cache_entries > 0
             && self.config.kv.is_none()
             && self.cpu.is_none()
+            && self.graph.is_none()
         {
             for i in (0..self.rows.len()).filter(|i| !keep.contains(i)) {
                 let caches = self.extract_row(i)?;
@@ -1537,6 +1682,21 @@ impl Worker<'_> {
                     self.vocab()
                 ),
             });
+        }
+        if let Some(dec) = &self.graph {
+            if r.prompt.len() + r.max_tokens > dec.capacity() {
+                return Err(EngineError::Input {
+                    what: "request".into(),
+                    problem: format!(
+                        "{} prompt tokens and max_tokens {} exceed the graph decoder's {} \
+                         positions a sequence (MLX_GRAPH_CAPACITY; --decoder mlx has no such \
+                         limit)",
+                        r.prompt.len(),
+                        r.max_tokens,
+                        dec.capacity()
+                    ),
+                });
+            }
         }
         match self.prompt_cache.fetch(&r.prompt) {
             Some(hit) => Ok(Start::Alone(hit.caches, hit.reused)),
@@ -1956,8 +2116,14 @@ impl Worker<'_> {
                 } else {
                     grammar.clone()
                 };
-                if let Some(row) = self.start_row(&request, sink, token, &logprobs, p.reused, g)? {
-                    self.join(&caches)?;
+                if let Some(mut row) =
+                    self.start_row(&request, sink, token, &logprobs, p.reused, g)?
+                {
+                    if self.graph.is_some() {
+                        row.graph_row = Some(self.graph_join(&caches)?);
+                    } else {
+                        self.join(&caches)?;
+                    }
                     self.rows.push(row);
                     joined = true;
                 }
@@ -2018,6 +2184,14 @@ impl Worker<'_> {
             }
         }
         if keep.is_empty() {
+            return Ok(());
+        }
+        if self.graph.is_some() {
+            // Each row's prompt (without its padding) into its own row of the decoder.
+            for (row, &e) in rows.iter_mut().zip(&keep) {
+                row.graph_row = Some(self.graph_join(&extract_row(&caches, e)?)?);
+            }
+            self.rows.extend(rows);
             return Ok(());
         }
         if keep.len() < k {
@@ -2113,6 +2287,7 @@ impl Worker<'_> {
             deadline: request.timeout.map(|t| Instant::now() + t),
             grammar,
             cpu: None,
+            graph_row: None,
         };
         Ok(match self.emit(&mut row, first, Some(logprobs))? {
             Outcome::Continue => Some(row),
@@ -2202,7 +2377,42 @@ impl Worker<'_> {
         self.stats.max_batch_seen.fetch_max(b, Ordering::Relaxed);
         self.stats.decoded_rows.fetch_add(b, Ordering::Relaxed);
         let inputs: Vec<i32> = self.rows.iter().map(|r| r.next_input as i32).collect();
-        let mut logits = if let Some(cpu) = self.cpu.as_mut() {
+        let graph_rows = if self.graph.is_some() {
+            self.rows
+                .iter()
+                .map(|r| {
+                    r.graph_row
+                        .map(|g| (g, r.next_input))
+                        .ok_or_else(|| EngineError::Internal {
+                            what: "the graph decoder's batch".into(),
+                            problem: "a row has no row of the decoder".into(),
+                        })
+                })
+                .collect::<Result<Vec<_>>>()?
+        } else {
+            Vec::new()
+        };
+        // Greedy rows without logits processors, grammars or log-probabilities: the tokens
+        // are picked on the device (mlx-lm's argmax of the log-probabilities).
+        let device_greedy = self.rows.iter().all(|r| {
+            r.sampler.settings().temp == 0.0
+                && r.processors.is_empty()
+                && r.grammar.is_none()
+                && !r.logprobs
+        });
+        if let (Some(dec), true) = (self.graph.as_mut(), device_greedy) {
+            let picks = dec.step_rows_greedy(&graph_rows)?;
+            let tokens: Vec<u32> = picks.iter().map(|p| p.0).collect();
+            return self.finish_step(&tokens, vec![None; b]);
+        }
+        let mut logits = if let Some(dec) = self.graph.as_mut() {
+            // One step of the graph decoder over every row: `(batch, vocab)` float32 logits;
+            // the rest of the step is the MLX path's.
+            let l = dec.step_rows_logits(&graph_rows)?;
+            let vocab = l.first().map_or(0, Vec::len);
+            let flat: Vec<f32> = l.into_iter().flatten().collect();
+            Array::from_slice(&flat, &[b as i32, vocab as i32])?
+        } else if let Some(cpu) = self.cpu.as_mut() {
             // One CPU step over every row's own cache: `(batch, vocab)` float32 logits, each
             // row's what it gets decoded alone; the rest of the step is the MLX path's.
             let tokens: Vec<u32> = self.rows.iter().map(|r| r.next_input).collect();
@@ -2304,11 +2514,6 @@ impl Worker<'_> {
         };
         mlx_core::eval([&sampled, &logprobs])?;
         let tokens = sampled.astype(Dtype::Uint32)?.to_vec::<u32>()?;
-        self.steps += 1;
-        self.stats.decode_steps.fetch_add(1, Ordering::Relaxed);
-        if self.steps % 256 == 0 {
-            memory::clear_cache()?;
-        }
         // Rows that report log-probabilities get their `(vocab,)` row.
         let lps: Vec<Option<Array>> = self
             .rows
@@ -2326,6 +2531,18 @@ impl Worker<'_> {
                 )?))
             })
             .collect::<Result<_>>()?;
+        self.finish_step(&tokens, lps)
+    }
+
+    /// The end of a decode step: each row gets its token (and log-probabilities); the
+    /// finished rows leave.
+    fn finish_step(&mut self, tokens: &[u32], lps: Vec<Option<Array>>) -> Result<()> {
+        let b = self.rows.len();
+        self.steps += 1;
+        self.stats.decode_steps.fetch_add(1, Ordering::Relaxed);
+        if self.steps % 256 == 0 {
+            memory::clear_cache()?;
+        }
         let mut keep = Vec::with_capacity(b);
         let mut rows = std::mem::take(&mut self.rows);
         let mut result = Ok(());

@@ -1,0 +1,57 @@
+#!/bin/bash
+# Device call 2 of the batched-decode run (issue #30, run 8), after `product_setup.sh` on the
+# same warm machine, carrying .gpu/c (`cargo xtask gpu pack`, then this script copied there):
+# 1. graph_decode_cuda's `batched_equals_single` (3 sequences of different lengths in one
+#    decoder of 4 rows, one joining and one leaving, teacher-forced against each sequence
+#    decoded alone and against the MLX forward; one tile of 4 and two of 2), then the quick
+#    engine-backend test, into graph_test.log;
+# 2. `mlx serve --decoder graph` (the batch engine on the graph decoder), `--decoder mlx` and
+#    mlx_lm.server (SERVE_SIDES) under 1 and 16 streaming clients on SERVE_MODELS, into
+#    serve.log;
+# 3. `batched_throughput` (ignored test: aggregate greedy tokens a second of the graph decoder
+#    for ROWS sequences a step) on each of THRU_MODELS, into throughput.log.
+set -x
+C=.gpu/c
+export PYTHONUNBUFFERED=1
+SITE=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+export LD_LIBRARY_PATH="$SITE/mlx/lib"
+export MLXS_GPURT_CACHE=/tmp/gpurt-cache
+mkdir -p /opt/bin && for b in mlx graph_test; do xz -dc $C/$b.xz > /opt/bin/$b && chmod +x /opt/bin/$b; done
+MLX=/opt/bin/mlx
+if [ -f $C/fixtures.tar.xz ]; then
+  mkdir -p mlx-models/tests/models && tar xJf $C/fixtures.tar.xz -C mlx-models/tests/models
+fi
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
+if [ -z "$SKIP_TEST" ]; then
+  timeout ${TEST_S:-200} /opt/bin/graph_test --test-threads 1 --nocapture batched_equals_single 2>&1 | tee $OUT/graph_test.log | tail -30
+fi
+serve_bench() {  # NAME PORT COMMAND...
+  local name=$1 port=$2; shift 2
+  setsid "$@" > $OUT/serve_$name.err 2>&1 &
+  local pid=$!
+  for _ in $(seq 300); do
+    python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/health', timeout=2)" 2> /dev/null && break
+    kill -0 $pid 2> /dev/null || break
+    sleep 1
+  done
+  echo "== serve $name" | tee -a $OUT/serve.log
+  timeout ${SERVE_S:-100} python3 $C/bench_serve_client.py http://127.0.0.1:$port \
+    --clients ${SERVE_CLIENTS:-1,16} --max-tokens ${SERVE_TOKENS:-128} --rounds ${SERVE_ROUNDS:-1} \
+    --eos 128001,128008,128009 2>&1 | tee -a $OUT/serve.log
+  kill -- -$pid 2> /dev/null; kill $pid 2> /dev/null; wait $pid 2> /dev/null
+  grep -m2 -i "decoder" $OUT/serve_$name.err >> $OUT/serve.log; tail -3 $OUT/serve_$name.err >> $OUT/serve.log
+}
+for m in ${SERVE_MODELS:-llama31-8b-q4}; do
+  for d in ${SERVE_SIDES:-graph mlx mlxlm}; do
+    case $d in
+      mlxlm) serve_bench "mlxlm-$m" 8432 python3 -m mlx_lm server --model /opt/models/$m --port 8432 ;;
+      *) serve_bench "$d-$m" 8431 $MLX serve --model /opt/models/$m --port 8431 --max-batch ${MAX_BATCH:-16} --queue-size 256 --decoder $d --log-level info ;;
+    esac
+  done
+done
+for m in ${THRU_MODELS:-llama-135m-bf16 llama31-8b-q4}; do
+  MLX_GRAPH_BATCH_MODEL=/opt/models/$m MLX_GRAPH_BATCH_ROWS="${ROWS:-1 2 4 8 16}" \
+    timeout ${THRU_S:-100} /opt/bin/graph_test --ignored --nocapture --test-threads 1 batched_throughput 2>&1 \
+    | grep -v "^test \|^running\|^$" | tee -a $OUT/throughput.log
+done
+echo batched-done
