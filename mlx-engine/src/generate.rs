@@ -1022,15 +1022,15 @@ impl<'m> GenerateStep<'m> {
 
 /// Greedy sampling of the CPU decoder's `logits` on the host, so that a decode step runs no
 /// MLX graph before the next one can start: the token the first largest logit, the
-/// log-sum-exp on the host ([`mlx_core::cpu::greedy_lse`]: a vector `exp`, summed in f64;
-/// MLX's `logsumexp` over Gemma 3's 262,144 logits took ~2.5 ms of one core a step, beside
-/// the decoder's workers), the log-probabilities `logits - lse` left as MLX's lazy op for
-/// whoever reads them, and the token's log-probability. `((token (1,), logprobs (vocab,),
-/// lse (1, 1)), log-probability)`; `None` where a logit is NaN or the largest is not finite
-/// (the MLX path then reports it as usual). Tier L3: the token differs from `argmax` over
-/// MLX's log-probabilities only where two logits round to one log-probability (an exact tie
-/// there); the log-sum-exp is within the bound `greedy_lse_matches_logsumexp` states of
-/// MLX's, so each log-probability too (the same subtraction).
+/// log-sum-exp on the host ([`mlx_core::cpu::greedy_lse`]: MLX's CPU `logsumexp` replayed
+/// bit for bit, its `exp` 8 lanes at a time; MLX's own runs one lane on its stream's thread,
+/// beside the decoder's workers, every step), the log-probabilities `logits - lse` left as
+/// MLX's lazy op for whoever reads them, and the token's log-probability. `((token (1,),
+/// logprobs (vocab,), lse (1, 1)), log-probability)`; `None` where a logit is NaN or the
+/// largest is not finite (the MLX path then reports it as usual). Tier L3 for the token
+/// only: it differs from `argmax` over MLX's log-probabilities only where two logits round
+/// to one log-probability (an exact tie there); the log-sum-exp and log-probabilities are
+/// MLX's bits (`greedy_lse_matches_logsumexp`).
 #[allow(clippy::type_complexity)]
 fn host_greedy(logits: &[f32]) -> Result<Option<((Array, Array, Array), f32)>> {
     let Some((best, lse)) = mlx_core::cpu::greedy_lse(mlx_core::cpu::Isa::detect(), logits) else {
