@@ -284,10 +284,10 @@ pub struct GenerateStep<'m> {
     graph: Option<GraphRun<'m>>,
     /// Why the graph decoder handed the run to the MLX path, if it did.
     graph_fallback: Option<String>,
-    /// The newest step's token log-probability where the host computed it (the CPU
-    /// decoder's greedy steps, [`host_greedy`]): its log-probabilities and log-sum-exp are
-    /// then left lazy, read only by whoever asks.
-    host_logprob: Option<f32>,
+    /// The newest step's token and its log-probability where the host computed them (the
+    /// CPU decoder's greedy steps, [`host_greedy`]): the step's log-probabilities are then
+    /// left lazy, read only by whoever asks, and the token is read and fed on without MLX.
+    host: Option<(u32, f32)>,
 }
 
 /// A run of the graph decoder: the decoder, and the tokens it was given or produced since the
@@ -495,7 +495,7 @@ fn start<'m>(
         cpu,
         graph: None,
         graph_fallback: None,
-        host_logprob: None,
+        host: None,
     };
     on_generation_stream(|| g.prefill(prompt))?;
     if let Some((spec, weights)) = graph_spec {
@@ -599,10 +599,10 @@ impl<'m> GenerateStep<'m> {
             let greedy = self.opts.sampler.settings().temp == 0.0
                 && self.opts.logits_processors.is_empty()
                 && self.opts.grammar.is_none();
-            self.host_logprob = None;
+            self.host = None;
             if greedy {
-                if let Some((r, lp)) = host_greedy(logits)? {
-                    self.host_logprob = Some(lp);
+                if let Some((r, tok, lp)) = host_greedy(logits)? {
+                    self.host = Some((tok, lp));
                     return Ok(r);
                 }
             }
@@ -705,7 +705,7 @@ impl<'m> GenerateStep<'m> {
         if self.cpu.is_some() {
             // The whole prompt through the CPU decoder (in blocks, inside `feed`).
             let (y, lp, lse) = self.step(&remaining, Some(rest))?;
-            if self.host_logprob.is_none() {
+            if self.host.is_none() {
                 async_eval([&y, &lp, &lse])?;
             }
             self.y = Some((y, lp, lse));
@@ -956,9 +956,9 @@ impl<'m> GenerateStep<'m> {
             return Ok(None);
         };
         let stop = self.opts.max_tokens == Some(self.n);
-        // This step's log-probability where the host computed it (`step` below replaces it
-        // with the next one's).
-        let host_logprob = self.host_logprob;
+        // This step's token and log-probability where the host computed them (`step` below
+        // replaces them with the next one's).
+        let host = self.host;
         if self.graph.is_some() && !stop && !self.graph_host() {
             return self.advance_graph(y, logprobs, lse);
         }
@@ -969,11 +969,14 @@ impl<'m> GenerateStep<'m> {
             }
         }
         let next = if !stop {
-            let next = self.step(&y, None)?;
+            // A host-greedy token is fed as its id: reading `y` would be an MLX evaluation on
+            // the generation stream (a hand-off to its thread) every step.
+            let id = host.map(|h| [h.0 as i32]);
+            let next = self.step(&y, id.as_ref().map(|i| &i[..]))?;
             self.probe("step", &[&next.0, &next.1, &next.2]);
             // A host-greedy step's arrays hold their values already but its
             // log-probabilities, left lazy.
-            if self.host_logprob.is_none() {
+            if self.host.is_none() {
                 async_eval([&next.0, &next.1, &next.2])?;
             }
             Some(next)
@@ -990,14 +993,17 @@ impl<'m> GenerateStep<'m> {
             self.y = Some((y, logprobs, lse));
             return Ok(None);
         }
-        let token = y.astype(Dtype::Uint32)?.item::<u32>()?;
+        let token = match host {
+            Some((t, _)) => t,
+            None => y.astype(Dtype::Uint32)?.item::<u32>()?,
+        };
         // A NaN or infinite logit makes every log-probability NaN; the samplers would then
         // return token 0 as if it had been chosen.
         // Read in its own dtype: an `astype` here would be a new node queued on the
         // generation stream behind the whole next step, and waiting for it would serialise
         // the pipeline (the host could not build step n+2 while the device runs step n+1).
         // A host-greedy step checked its logits already (finite largest, no NaN).
-        if host_logprob.is_none() {
+        if host.is_none() {
             let norm = lse.to_vec_f32()?;
             if let Some(v) = norm.iter().find(|v| !v.is_finite()) {
                 return Err(EngineError::NonFiniteLogits {
@@ -1015,7 +1021,7 @@ impl<'m> GenerateStep<'m> {
             token,
             logprobs,
             from_draft: false,
-            logprob: host_logprob,
+            logprob: host.map(|h| h.1),
         }))
     }
 }
@@ -1026,13 +1032,13 @@ impl<'m> GenerateStep<'m> {
 /// bit for bit, its `exp` 8 lanes at a time; MLX's own runs one lane on its stream's thread,
 /// beside the decoder's workers, every step), the log-probabilities `logits - lse` left as
 /// MLX's lazy op for whoever reads them, and the token's log-probability. `((token (1,),
-/// logprobs (vocab,), lse (1, 1)), log-probability)`; `None` where a logit is NaN or the
+/// logprobs (vocab,), lse (1, 1)), token, log-probability)`; `None` where a logit is NaN or the
 /// largest is not finite (the MLX path then reports it as usual). Tier L3 for the token
 /// only: it differs from `argmax` over MLX's log-probabilities only where two logits round
 /// to one log-probability (an exact tie there); the log-sum-exp and log-probabilities are
 /// MLX's bits (`greedy_lse_matches_logsumexp`).
 #[allow(clippy::type_complexity)]
-fn host_greedy(logits: &[f32]) -> Result<Option<((Array, Array, Array), f32)>> {
+fn host_greedy(logits: &[f32]) -> Result<Option<((Array, Array, Array), u32, f32)>> {
     let Some((best, lse)) = mlx_core::cpu::greedy_lse(mlx_core::cpu::Isa::detect(), logits) else {
         return Ok(None);
     };
@@ -1040,7 +1046,11 @@ fn host_greedy(logits: &[f32]) -> Result<Option<((Array, Array, Array), f32)>> {
     let lse_a = Array::from_slice(&[lse], &[1, 1])?;
     let logprobs = ops::squeeze(&ops::subtract(&x, &lse_a, None)?, &[0], None)?;
     let token = Array::from_slice(&[best as u32], &[1])?;
-    Ok(Some(((token, logprobs, lse_a), logits[best] - lse)))
+    Ok(Some((
+        (token, logprobs, lse_a),
+        best as u32,
+        logits[best] - lse,
+    )))
 }
 
 impl GenerateStep<'_> {
@@ -1181,7 +1191,7 @@ mod tests {
                 .collect();
             // A masked logit (below MLX's -88 cut-off once the largest is taken off).
             logits[n / 2] = f32::NEG_INFINITY;
-            let ((tok, lp, lse), tlp) = host_greedy(&logits).unwrap().expect("finite logits");
+            let ((tok, lp, lse), htok, tlp) = host_greedy(&logits).unwrap().expect("finite logits");
             let x = Array::from_slice(&logits, &[1, logits.len() as i32]).unwrap();
             let mlx_lse = ops::logsumexp(&x, &[0, 1], true, None).unwrap();
             let mlx_lp = ops::subtract(&x, &mlx_lse, None).unwrap();
@@ -1210,6 +1220,7 @@ mod tests {
             for (x, y) in a.iter().zip(&b) {
                 assert_eq!(x.to_bits(), y.to_bits(), "n {n}: logprob {x} vs {y}");
             }
+            assert_eq!(htok, t);
             assert_eq!(tlp.to_bits(), a[t as usize].to_bits());
         }
         let mut bad: Vec<f32> = (0..100).map(|i| i as f32 * 0.01).collect();
