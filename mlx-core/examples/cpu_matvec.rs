@@ -11,7 +11,8 @@
 //! `cpu_matvec ggml [scalar|avx2|avx512] [f32|int16|int8]` times the GGML-block products
 //! (`cpu::kquant`) of a decode step (`matmul_t_each`) at Gemma 3 270M's Q4_K_M shapes and types
 //! (Q5_0 q/k/v/gate/up, Q4_K o/down, Q6_K down, Q8_0 v and the tied head) and SmolLM2-135M's
-//! Q4_1 ones, one and four inputs, on one thread: fastest of many runs. `f32` (the default):
+//! Q4_1 ones, one and four inputs, on one thread (or a fourth argument's count): fastest of
+//! many runs. `f32` (the default):
 //! float inputs (`Activations::F32`); `int16`: int16 inputs (`Int16Q8Int8`, the CPU decoder's
 //! default); `int8`: int8 inputs (`Int8`).
 
@@ -260,7 +261,8 @@ fn ggml() -> Result<(), Box<dyn std::error::Error>> {
         Some("avx512") => Isa::Avx512,
         _ => Isa::detect(),
     };
-    let mut ctx = CpuContext::with_isa(1, isa)?;
+    let threads: usize = std::env::args().nth(4).map_or(Ok(1), |s| s.parse())?;
+    let mut ctx = CpuContext::with_isa(threads, isa)?;
     let inputs = std::env::args().nth(3).unwrap_or_else(|| "f32".into());
     ctx.activations = match inputs.as_str() {
         "int8" => Activations::Int8,

@@ -1,8 +1,13 @@
 //! Products over GGML's block formats read in place (a GGUF tensor's raw bytes): the legacy
 //! 32-value blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) and the 256-value k-quants (Q2_K..Q6_K).
 //!
-//! Two kinds of input ([`int8_inputs`]). By default (the CPU decoder's `Int16Q8Int8`, and
-//! `F32`) the inputs stay float32: each chunk's codes are widened to floats times their factor
+//! Three kinds of input ([`inputs_for`]). A decode step's products (`matmul_t_each`, one to
+//! four inputs) under `Int16` and the CPU decoder's default `Int16Q8Int8` quantize them to
+//! int16 per 32 values (`d = max|x| / 32767`): each chunk's codes times their integer scale
+//! widened to int16, `madd` (AVX-512 VNNI: `vpdpwssd`) into exact 32-bit sums, one float
+//! multiply-add a chunk with `f * d`, the minimums times the exact float sums; at most half a
+//! step (`d / 2`) of error per input value. A prompt block's products (`matmul_t`) and `F32`
+//! keep them float32: each chunk's codes are widened to floats times their factor
 //! and summed with FMA (the plain reference up to summation order). Under the int8 modes
 //! (`Int8`, `Int8Vnni`, `Int8Normed`) they are quantized once per call to int8 per 32 values
 //! (`d = max|x| / 127`, `q = round(x / d)`, llama.cpp's Q8_0 activations; the exact float sum of
@@ -871,9 +876,14 @@ mod tests {
     /// same whatever `m`.
     #[test]
     fn int16_inputs_are_within_half_a_step() {
-        let cols = 512;
         let rows = 6;
-        for ty in GgmlType::ALL.into_iter().filter(|t| t.has_avx2_kernel()) {
+        // 16 chunks, and 19 (the 32-value types' grouped kernel's tail).
+        let shapes = GgmlType::ALL
+            .into_iter()
+            .filter(|t| t.has_avx2_kernel())
+            .flat_map(|t| [(t, 512), (t, 608)])
+            .filter(|(t, cols)| cols % t.block() == 0);
+        for (ty, cols) in shapes {
             let data = random_rows(ty, rows, cols, 21 + ty.id() as u64);
             let mut g = Lcg(99);
             let x: Vec<f32> = (0..4 * cols)
