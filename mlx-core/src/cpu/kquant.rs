@@ -748,6 +748,7 @@ pub fn dot_row_with(isa: Isa, ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
 /// (`data`, `rows` rows) through the kernels `act` picks on `isa` for a decode step's
 /// products (`matmul_t_each`: float, int8 or int16 inputs, [`inputs_for`]), `threads` workers.
 #[doc(hidden)]
+#[allow(clippy::too_many_arguments)]
 pub fn matvec_with(
     isa: Isa,
     act: Activations,
