@@ -8,9 +8,13 @@
 //! `cpu_matvec attention [THREADS] [POSITIONS]` times one decode step's attention over a float16
 //! cache at SmolLM2-135M's shapes (30 layers of 9 query / 3 KV heads of 64, 600 positions by
 //! default, each layer's cache its own memory as in a step): median and fastest of 100 steps.
-//! `cpu_matvec ggml [scalar|avx2|avx512] [f32|int8]` times the GGML-block products (`cpu::kquant`) at Gemma
-//! 3 270M's Q4_K_M shapes and types (Q5_0 q/k/v/gate/up, Q4_K o/down, Q6_K down, Q8_0 v and the
-//! tied head), one and four inputs, on one thread: fastest of many runs.
+//! `cpu_matvec ggml [scalar|avx2|avx512] [f32|int16|int8]` times the GGML-block products
+//! (`cpu::kquant`) of a decode step (`matmul_t_each`) at Gemma 3 270M's Q4_K_M shapes and types
+//! (Q5_0 q/k/v/gate/up, Q4_K o/down, Q6_K down, Q8_0 v and the tied head) and SmolLM2-135M's
+//! Q4_1 ones, one and four inputs, on one thread (or a fourth argument's count): fastest of
+//! many runs. `f32` (the default):
+//! float inputs (`Activations::F32`); `int16`: int16 inputs (`Int16Q8Int8`, the CPU decoder's
+//! default); `int8`: int8 inputs (`Int8`).
 
 use half::f16;
 use mlx_core::cpu::{
@@ -257,15 +261,15 @@ fn ggml() -> Result<(), Box<dyn std::error::Error>> {
         Some("avx512") => Isa::Avx512,
         _ => Isa::detect(),
     };
-    let mut ctx = CpuContext::with_isa(1, isa)?;
-    // Float inputs (the CPU decoder's default) unless `int8`.
-    let int8 = std::env::args().nth(3).as_deref() == Some("int8");
-    ctx.activations = if int8 {
-        Activations::Int8
-    } else {
-        Activations::Int16Q8Int8
+    let threads: usize = std::env::args().nth(4).map_or(Ok(1), |s| s.parse())?;
+    let mut ctx = CpuContext::with_isa(threads, isa)?;
+    let inputs = std::env::args().nth(3).unwrap_or_else(|| "f32".into());
+    ctx.activations = match inputs.as_str() {
+        "int8" => Activations::Int8,
+        "int16" => Activations::Int16Q8Int8,
+        _ => Activations::F32,
     };
-    let inputs = if int8 { "int8" } else { "f32" };
+    let mut scratch = RowsScratch::default();
     let mut rng = Lcg(7);
     for (rows, cols, ty, what) in [
         (1024, 640, GgmlType::Q5_0, "q_proj"),
@@ -276,6 +280,9 @@ fn ggml() -> Result<(), Box<dyn std::error::Error>> {
         (640, 2048, GgmlType::Q4_K, "down_proj"),
         (640, 2048, GgmlType::Q6_K, "down_proj"),
         (262_144, 640, GgmlType::Q8_0, "tied head"),
+        (576, 576, GgmlType::Q4_1, "smollm2 q/o_proj"),
+        (1536, 576, GgmlType::Q4_1, "smollm2 gate/up_proj"),
+        (576, 1536, GgmlType::Q4_1, "smollm2 down_proj"),
     ] {
         let mut data: Vec<u8> = (0..rows * ty.row_bytes(cols))
             .map(|_| rng.next() as u8)
@@ -283,7 +290,7 @@ fn ggml() -> Result<(), Box<dyn std::error::Error>> {
         // Finite half-precision factors wherever the format keeps them.
         let halves: &[usize] = match ty {
             GgmlType::Q6_K => &[208],
-            GgmlType::Q4_K => &[0, 2],
+            GgmlType::Q4_K | GgmlType::Q4_1 => &[0, 2],
             _ => &[0],
         };
         for b in data.chunks_exact_mut(ty.block_bytes()) {
@@ -305,7 +312,7 @@ fn ggml() -> Result<(), Box<dyn std::error::Error>> {
                     bias: None,
                     out: &mut out,
                 }];
-                matmul_t(&ctx, std::hint::black_box(&x), m, &mut jobs)?;
+                matmul_t_each(&ctx, std::hint::black_box(&x), m, &mut jobs, &mut scratch)?;
                 best = best.min(t.elapsed().as_nanos() as u64);
             }
             println!(

@@ -284,6 +284,10 @@ pub struct GenerateStep<'m> {
     graph: Option<GraphRun<'m>>,
     /// Why the graph decoder handed the run to the MLX path, if it did.
     graph_fallback: Option<String>,
+    /// The newest step's token and its log-probability where the host computed them (the
+    /// CPU decoder's greedy steps, [`host_greedy`]): the step's log-probabilities are then
+    /// left lazy, read only by whoever asks, and the token is read and fed on without MLX.
+    host: Option<(u32, f32)>,
 }
 
 /// A run of the graph decoder: the decoder, and the tokens it was given or produced since the
@@ -491,6 +495,7 @@ fn start<'m>(
         cpu,
         graph: None,
         graph_fallback: None,
+        host: None,
     };
     on_generation_stream(|| g.prefill(prompt))?;
     if let Some((spec, weights)) = graph_spec {
@@ -594,8 +599,10 @@ impl<'m> GenerateStep<'m> {
             let greedy = self.opts.sampler.settings().temp == 0.0
                 && self.opts.logits_processors.is_empty()
                 && self.opts.grammar.is_none();
+            self.host = None;
             if greedy {
-                if let Some(r) = host_greedy(logits)? {
+                if let Some((r, tok, lp)) = host_greedy(logits)? {
+                    self.host = Some((tok, lp));
                     return Ok(r);
                 }
             }
@@ -698,7 +705,9 @@ impl<'m> GenerateStep<'m> {
         if self.cpu.is_some() {
             // The whole prompt through the CPU decoder (in blocks, inside `feed`).
             let (y, lp, lse) = self.step(&remaining, Some(rest))?;
-            async_eval([&y, &lp, &lse])?;
+            if self.host.is_none() {
+                async_eval([&y, &lp, &lse])?;
+            }
             self.y = Some((y, lp, lse));
             return Ok(());
         }
@@ -947,6 +956,9 @@ impl<'m> GenerateStep<'m> {
             return Ok(None);
         };
         let stop = self.opts.max_tokens == Some(self.n);
+        // This step's token and log-probability where the host computed them (`step` below
+        // replaces them with the next one's).
+        let host = self.host;
         if self.graph.is_some() && !stop && !self.graph_host() {
             return self.advance_graph(y, logprobs, lse);
         }
@@ -957,9 +969,16 @@ impl<'m> GenerateStep<'m> {
             }
         }
         let next = if !stop {
-            let next = self.step(&y, None)?;
+            // A host-greedy token is fed as its id: reading `y` would be an MLX evaluation on
+            // the generation stream (a hand-off to its thread) every step.
+            let id = host.map(|h| [h.0 as i32]);
+            let next = self.step(&y, id.as_ref().map(|i| &i[..]))?;
             self.probe("step", &[&next.0, &next.1, &next.2]);
-            async_eval([&next.0, &next.1, &next.2])?;
+            // A host-greedy step's arrays hold their values already but its
+            // log-probabilities, left lazy.
+            if self.host.is_none() {
+                async_eval([&next.0, &next.1, &next.2])?;
+            }
             Some(next)
         } else {
             None
@@ -974,18 +993,24 @@ impl<'m> GenerateStep<'m> {
             self.y = Some((y, logprobs, lse));
             return Ok(None);
         }
-        let token = y.astype(Dtype::Uint32)?.item::<u32>()?;
+        let token = match host {
+            Some((t, _)) => t,
+            None => y.astype(Dtype::Uint32)?.item::<u32>()?,
+        };
         // A NaN or infinite logit makes every log-probability NaN; the samplers would then
         // return token 0 as if it had been chosen.
         // Read in its own dtype: an `astype` here would be a new node queued on the
         // generation stream behind the whole next step, and waiting for it would serialise
         // the pipeline (the host could not build step n+2 while the device runs step n+1).
-        let norm = lse.to_vec_f32()?;
-        if let Some(v) = norm.iter().find(|v| !v.is_finite()) {
-            return Err(EngineError::NonFiniteLogits {
-                token: self.n,
-                lse: *v,
-            });
+        // A host-greedy step checked its logits already (finite largest, no NaN).
+        if host.is_none() {
+            let norm = lse.to_vec_f32()?;
+            if let Some(v) = norm.iter().find(|v| !v.is_finite()) {
+                return Err(EngineError::NonFiniteLogits {
+                    token: self.n,
+                    lse: *v,
+                });
+            }
         }
         if self.n % 256 == 0 {
             memory::clear_cache()?;
@@ -996,42 +1021,36 @@ impl<'m> GenerateStep<'m> {
             token,
             logprobs,
             from_draft: false,
-            logprob: None,
+            logprob: host.map(|h| h.1),
         }))
     }
 }
 
 /// Greedy sampling of the CPU decoder's `logits` on the host, so that a decode step runs no
-/// MLX graph before the next one can start: the token the first largest logit (no host
-/// log-sum-exp: subtracting one keeps the order), the log-probabilities and log-sum-exp left
-/// as MLX's lazy ops for whoever reads them. `(token (1,), logprobs (vocab,), lse (1, 1))` as
-/// `sample_logits` gives them; `None` where a logit is NaN or the largest is not finite (the
-/// MLX path then reports it as usual). Tier L3 for the token only: it differs from `argmax`
-/// over MLX's log-probabilities only where two logits round to one log-probability (an exact
-/// tie there); the reported log-probabilities are MLX's bits.
-fn host_greedy(logits: &[f32]) -> Result<Option<(Array, Array, Array)>> {
-    // One pass: the first largest logit (greedy's token: `logits - lse` keeps the order, so
-    // it differs from the argmax of MLX's log-probabilities only where two logits round to
-    // one log-probability) and whether any is NaN.
-    let (mut best, mut top, mut nan) = (0, f32::NEG_INFINITY, false);
-    for (i, &v) in logits.iter().enumerate() {
-        nan |= v.is_nan();
-        if v > top {
-            top = v;
-            best = i;
-        }
-    }
-    if logits.is_empty() || !top.is_finite() || nan {
+/// MLX graph before the next one can start: the token the first largest logit, the
+/// log-sum-exp on the host ([`mlx_core::cpu::greedy_lse`]: MLX's CPU `logsumexp` replayed
+/// bit for bit, its `exp` 8 lanes at a time; MLX's own runs one lane on its stream's thread,
+/// beside the decoder's workers, every step), the log-probabilities `logits - lse` left as
+/// MLX's lazy op for whoever reads them, and the token's log-probability. `((token (1,),
+/// logprobs (vocab,), lse (1, 1)), token, log-probability)`; `None` where a logit is NaN or the
+/// largest is not finite (the MLX path then reports it as usual). Tier L3 for the token
+/// only: it differs from `argmax` over MLX's log-probabilities only where two logits round
+/// to one log-probability (an exact tie there); the log-sum-exp and log-probabilities are
+/// MLX's bits (`greedy_lse_matches_logsumexp`).
+#[allow(clippy::type_complexity)]
+fn host_greedy(logits: &[f32]) -> Result<Option<((Array, Array, Array), u32, f32)>> {
+    let Some((best, lse)) = mlx_core::cpu::greedy_lse(mlx_core::cpu::Isa::detect(), logits) else {
         return Ok(None);
-    }
-    // The log-probabilities and log-sum-exp handed on are MLX's own ops, as `sample_logits`
-    // builds them (lazy: nothing runs unless they are read), so that what a caller reads is
-    // bit for bit what the batched engine and the MLX sampler report.
+    };
     let x = Array::from_slice(logits, &[1, logits.len() as i32])?;
-    let lse = ops::logsumexp(&x, &[0, 1], true, None)?;
-    let logprobs = ops::squeeze(&ops::subtract(&x, &lse, None)?, &[0], None)?;
+    let lse_a = Array::from_slice(&[lse], &[1, 1])?;
+    let logprobs = ops::squeeze(&ops::subtract(&x, &lse_a, None)?, &[0], None)?;
     let token = Array::from_slice(&[best as u32], &[1])?;
-    Ok(Some((token, logprobs, lse)))
+    Ok(Some((
+        (token, logprobs, lse_a),
+        best as u32,
+        logits[best] - lse,
+    )))
 }
 
 impl GenerateStep<'_> {
@@ -1154,46 +1173,64 @@ mod tests {
     use super::*;
 
     /// The CPU decoder's host-side greedy step gives what the MLX sampler gives on the same
-    /// logits (the token; the log-sum-exp and log-probabilities bit for bit, being MLX's own
-    /// ops), and steps aside on a logit that is not finite.
+    /// logits: the token, and the log-sum-exp, the log-probabilities and the token's bit for
+    /// bit (the host log-sum-exp is MLX's CPU `logsumexp` replayed, at 1,000 and 262,144
+    /// logits, 13 for the tail past the last 8, a spread past MLX's -88 cut-off and a masked
+    /// logit); a logit that is NaN or a largest that is not finite steps aside (the MLX path
+    /// reports it).
     #[test]
-    fn host_greedy_matches_the_mlx_sampler() {
-        let logits: Vec<f32> = (0..1000)
-            .map(|i| ((i * 7919 % 1009) as f32 / 50.0).sin() * 8.0)
-            .collect();
-        let (tok, lp, lse) = host_greedy(&logits).unwrap().expect("finite logits");
-        let x = Array::from_slice(&logits, &[1, logits.len() as i32]).unwrap();
-        let mlx_lse = ops::logsumexp(&x, &[0, 1], true, None).unwrap();
-        let mlx_lp = ops::subtract(&x, &mlx_lse, None).unwrap();
-        let mlx_tok = Sampler::greedy().sample(&mlx_lp).unwrap();
-        assert_eq!(tok.shape(), mlx_tok.shape());
-        assert_eq!(
-            tok.astype(Dtype::Uint32).unwrap().item::<u32>().unwrap(),
-            mlx_tok
-                .astype(Dtype::Uint32)
-                .unwrap()
-                .item::<u32>()
-                .unwrap()
-        );
-        assert_eq!(lse.shape(), mlx_lse.shape());
-        let (a, b) = (lse.item::<f32>().unwrap(), mlx_lse.item::<f32>().unwrap());
-        assert_eq!(a.to_bits(), b.to_bits(), "lse {a} vs {b}");
-        let (a, b) = (
-            lp.to_vec::<f32>().unwrap(),
-            ops::squeeze(&mlx_lp, &[0], None)
-                .unwrap()
-                .to_vec::<f32>()
-                .unwrap(),
-        );
-        assert_eq!(a.len(), b.len());
-        for (x, y) in a.iter().zip(&b) {
-            assert_eq!(x.to_bits(), y.to_bits(), "logprob {x} vs {y}");
+    fn greedy_lse_matches_logsumexp() {
+        for (n, scale) in [
+            (1000usize, 8.0f32),
+            (262_144, 12.0),
+            (13, 3.0),
+            (4099, 70.0),
+        ] {
+            let mut logits: Vec<f32> = (0..n)
+                .map(|i| ((i * 7919 % 1009) as f32 / 50.0 + (i % 13) as f32).sin() * scale)
+                .collect();
+            // A masked logit (below MLX's -88 cut-off once the largest is taken off).
+            logits[n / 2] = f32::NEG_INFINITY;
+            let ((tok, lp, lse), htok, tlp) = host_greedy(&logits).unwrap().expect("finite logits");
+            let x = Array::from_slice(&logits, &[1, logits.len() as i32]).unwrap();
+            let mlx_lse = ops::logsumexp(&x, &[0, 1], true, None).unwrap();
+            let mlx_lp = ops::subtract(&x, &mlx_lse, None).unwrap();
+            let mlx_tok = Sampler::greedy().sample(&mlx_lp).unwrap();
+            assert_eq!(tok.shape(), mlx_tok.shape());
+            let t = tok.astype(Dtype::Uint32).unwrap().item::<u32>().unwrap();
+            assert_eq!(
+                t,
+                mlx_tok
+                    .astype(Dtype::Uint32)
+                    .unwrap()
+                    .item::<u32>()
+                    .unwrap()
+            );
+            assert_eq!(lse.shape(), mlx_lse.shape());
+            let (a, b) = (lse.item::<f32>().unwrap(), mlx_lse.item::<f32>().unwrap());
+            assert_eq!(a.to_bits(), b.to_bits(), "n {n}: lse {a} vs {b}");
+            let (a, b) = (
+                lp.to_vec::<f32>().unwrap(),
+                ops::squeeze(&mlx_lp, &[0], None)
+                    .unwrap()
+                    .to_vec::<f32>()
+                    .unwrap(),
+            );
+            assert_eq!(a.len(), b.len());
+            for (x, y) in a.iter().zip(&b) {
+                assert_eq!(x.to_bits(), y.to_bits(), "n {n}: logprob {x} vs {y}");
+            }
+            assert_eq!(htok, t);
+            assert_eq!(tlp.to_bits(), a[t as usize].to_bits());
         }
-        let mut bad = logits.clone();
+        let mut bad: Vec<f32> = (0..100).map(|i| i as f32 * 0.01).collect();
         bad[3] = f32::NAN;
         assert!(host_greedy(&bad).unwrap().is_none());
         bad[3] = f32::INFINITY;
         assert!(host_greedy(&bad).unwrap().is_none());
+        bad[3] = f32::NEG_INFINITY;
+        assert!(host_greedy(&bad).unwrap().is_some());
+        assert!(host_greedy(&[]).unwrap().is_none());
     }
 
     fn default_index() -> i32 {

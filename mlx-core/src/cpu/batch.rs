@@ -171,7 +171,7 @@ pub fn matmul_t_each_with(
     }
     if jobs.iter().any(|j| super::kquant::is_ggml(j.w)) {
         // Each row's bits do not depend on the rows that come with it.
-        return super::kquant::matmul_jobs(ctx, act, x, m, jobs);
+        return super::kquant::matmul_jobs(ctx, act, x, m, jobs, true);
     }
     let mut paths = [Path::Float; MAX_JOBS];
     for (p, j) in paths.iter_mut().zip(jobs.iter()) {

@@ -1,8 +1,13 @@
 //! Products over GGML's block formats read in place (a GGUF tensor's raw bytes): the legacy
 //! 32-value blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) and the 256-value k-quants (Q2_K..Q6_K).
 //!
-//! Two kinds of input ([`int8_inputs`]). By default (the CPU decoder's `Int16Q8Int8`, and
-//! `F32`) the inputs stay float32: each chunk's codes are widened to floats times their factor
+//! Three kinds of input ([`inputs_for`]). A decode step's products (`matmul_t_each`, one to
+//! four inputs) under `Int16` and the CPU decoder's default `Int16Q8Int8` quantize them to
+//! int16 per 32 values (`d = max|x| / 32767`): each chunk's codes times their integer scale
+//! widened to int16, `madd` (AVX-512 VNNI: `vpdpwssd`) into exact 32-bit sums, one float
+//! multiply-add a chunk with `f * d`, the minimums times the exact float sums; at most half a
+//! step (`d / 2`) of error per input value. A prompt block's products (`matmul_t`) and `F32`
+//! keep them float32: each chunk's codes are widened to floats times their factor
 //! and summed with FMA (the plain reference up to summation order). Under the int8 modes
 //! (`Int8`, `Int8Vnni`, `Int8Normed`) they are quantized once per call to int8 per 32 values
 //! (`d = max|x| / 127`, `q = round(x / d)`, llama.cpp's Q8_0 activations; the exact float sum of
@@ -132,10 +137,36 @@ impl GgmlType {
     }
 }
 
-/// numpy's (and IEEE's) half to float: exact.
+/// numpy's `float16 -> float32` (`npy_halfbits_to_floatbits`): exact, NaN payloads kept.
+pub fn f16_to_f32(h: u16) -> f32 {
+    let h = u32::from(h);
+    let sign = (h & 0x8000) << 16;
+    let exp = h & 0x7c00;
+    let bits = match exp {
+        0 => {
+            let mut sig = h & 0x03ff;
+            if sig == 0 {
+                return f32::from_bits(sign);
+            }
+            // Subnormal: normalise.
+            let mut e = 0u32;
+            sig <<= 1;
+            while sig & 0x0400 == 0 {
+                sig <<= 1;
+                e += 1;
+            }
+            sign + ((127 - 15 - e) << 23) + ((sig & 0x03ff) << 13)
+        }
+        0x7c00 => sign + 0x7f80_0000 + ((h & 0x03ff) << 13),
+        _ => sign + (((h & 0x7fff) + 0x1_c000) << 13),
+    };
+    f32::from_bits(bits)
+}
+
+/// The half at byte `at` of `b` as a float ([`f16_to_f32`]).
 #[inline]
 fn half(b: &[u8], at: usize) -> f32 {
-    half::f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
+    f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
 }
 
 /// One row of a GGML matrix (`row`: its bytes, `out`: its `cols` values) dequantized to f32
@@ -351,6 +382,71 @@ pub(crate) struct Acts {
     s: Vec<f32>,
     /// Each 4 codes' sum times -128 (the AVX-512 kernel's start for signed codes + 128).
     n4: Vec<i32>,
+    /// The int16 codes ([`Inputs::Int16`]; `d` and `s` then hold their scales and sums).
+    q16: Vec<i16>,
+}
+
+/// How a call's GGML products read their inputs ([`inputs_for`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Inputs {
+    /// Float32: each chunk's codes widened to floats times their factor.
+    F32,
+    /// Int8 per 32 values ([`quantize_acts`]): integer dot products.
+    Int8,
+    /// Int16 per 32 values (`d = max|x| / 32767`, codes rounded to nearest), integer dot
+    /// products (`madd`; AVX-512 VNNI's `vpdpwssd`): an input error of at most 1/65534 of
+    /// each chunk's largest input, 256 times less than int8's. AVX2 only.
+    Int16,
+}
+
+/// The inputs a call takes: int8 under the int8 modes ([`int8_inputs`]); int16 for the
+/// decode steps' products (`each`: `matmul_t_each`, one to four inputs) under `Int16` and
+/// `Int16Q8Int8` (the CPU decoder's default) where the CPU has AVX2; else float32 (a prompt
+/// block's `matmul_t`, `F32`, no AVX2).
+pub fn inputs_for(isa: Isa, act: Activations, m: usize, each: bool) -> Inputs {
+    if int8_inputs(act) {
+        Inputs::Int8
+    } else if each
+        && m <= 4
+        && isa.has_avx2()
+        && matches!(act, Activations::Int16 | Activations::Int16Q8Int8)
+    {
+        Inputs::Int16
+    } else {
+        Inputs::F32
+    }
+}
+
+/// Each 32 values' float sum (the minimums' factor of the float inputs) into `s`.
+fn chunk_sums(x: &[f32], s: &mut Vec<f32>) {
+    s.clear();
+    s.extend(x.chunks_exact(32).map(|c| c.iter().sum::<f32>()));
+}
+
+/// `x` quantized to int16 per 32 values into `a.q16`, `a.d`, `a.s` (grown as needed).
+fn quantize_acts16(isa: Isa, x: &[f32], a: &mut Acts) {
+    let chunks = x.len() / 32;
+    a.q16.resize(x.len(), 0);
+    a.d.resize(chunks, 0.0);
+    a.s.resize(chunks, 0.0);
+    #[cfg(target_arch = "x86_64")]
+    if isa.has_avx2() {
+        // SAFETY: AVX2, FMA and F16C checked (Isa::Avx2 / Avx512 exist only where the CPU
+        // has them); the buffers were sized above.
+        unsafe { super::x86::quantize_x16(x, &mut a.q16, &mut a.d, &mut a.s) };
+        return;
+    }
+    let _ = isa;
+    for (c, chunk) in x.chunks_exact(32).enumerate() {
+        let amax = chunk.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 32767.0;
+        let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+        for (q, v) in a.q16[c * 32..c * 32 + 32].iter_mut().zip(chunk) {
+            *q = (v * inv).round() as i16;
+        }
+        a.d[c] = d;
+        a.s[c] = chunk.iter().sum();
+    }
 }
 
 /// Quantizes `x` (a multiple of 32 values) into `a` (grown as needed; nothing is allocated
@@ -440,14 +536,16 @@ pub fn int8_inputs(act: Activations) -> bool {
 }
 
 /// `out = x W^T (+ bias)` for every job of a call that holds a GGML matrix: each input row
-/// through the kernels above (int8 or float inputs as [`int8_inputs`] says; the same bits
-/// whatever `m`), other layouts through the float kernels one row at a time.
+/// through the kernels above (float, int8 or int16 inputs as [`inputs_for`] says of `act`,
+/// `m` and `each`; for given inputs the same bits whatever `m`), other layouts through the
+/// float kernels one row at a time.
 pub(crate) fn matmul_jobs(
     ctx: &CpuContext,
     act: Activations,
     x: &[f32],
     m: usize,
     jobs: &mut [MatJob<'_, '_>],
+    each: bool,
 ) -> Result<()> {
     let cols = jobs[0].w.cols();
     if cols % 32 != 0 {
@@ -456,16 +554,21 @@ pub(crate) fn matmul_jobs(
             format!("GGML blocks of {cols} columns (not a multiple of 32)"),
         ));
     }
+    let inputs = inputs_for(ctx.isa, act, m, each);
     ACTS.with(|a| {
         let mut acts = a.borrow_mut();
-        quantize_acts(x, &mut acts);
-        run(ctx, int8_inputs(act), x, m, jobs, &acts)
+        match inputs {
+            Inputs::Int8 => quantize_acts(x, &mut acts),
+            Inputs::Int16 => quantize_acts16(ctx.isa, x, &mut acts),
+            Inputs::F32 => chunk_sums(x, &mut acts.s),
+        }
+        run(ctx, inputs, x, m, jobs, &acts)
     })
 }
 
 fn run(
     ctx: &CpuContext,
-    int8: bool,
+    inputs: Inputs,
     x: &[f32],
     m: usize,
     jobs: &mut [MatJob<'_, '_>],
@@ -518,8 +621,7 @@ fn run(
                     data,
                     rb,
                     (r0, r1),
-                    (&acts.q, &acts.d, &acts.s, &acts.n4),
-                    (!int8).then_some(x),
+                    x86_inputs(inputs, x, acts),
                     isa == Isa::Avx512,
                     m,
                     chunks,
@@ -533,7 +635,8 @@ fn run(
         for r in r0..r1 {
             let row = &data[r * rb..(r + 1) * rb];
             let bv = bias.map_or(0.0, |b| b.get(r));
-            if !int8 {
+            if inputs != Inputs::Int8 {
+                // Float (or int16: no portable int16 kernel) inputs: the plain product.
                 for t in 0..m {
                     let v = dot_plain(ty, row, &x[t * cols..(t + 1) * cols]);
                     // SAFETY: row r of every output is this worker's alone.
@@ -557,6 +660,26 @@ fn run(
     Ok(())
 }
 
+/// The x86 kernels' view of a call's inputs.
+#[cfg(target_arch = "x86_64")]
+fn x86_inputs<'a>(inputs: Inputs, x: &'a [f32], a: &'a Acts) -> super::kquant_x86::Inputs<'a> {
+    use super::kquant_x86::Inputs as X;
+    match inputs {
+        Inputs::Int8 => X::Int8 {
+            q: &a.q,
+            d: &a.d,
+            s: &a.s,
+            n4: &a.n4,
+        },
+        Inputs::F32 => X::F32 { x, s: &a.s },
+        Inputs::Int16 => X::Int16 {
+            q: &a.q16,
+            d: &a.d,
+            s: &a.s,
+        },
+    }
+}
+
 /// `mt` (1..=4) inputs from `t0` on against one row.
 #[allow(clippy::too_many_arguments)]
 fn dots(
@@ -576,6 +699,7 @@ fn dots(
         let d = &a.d[c0..c0 + mt * chunks];
         let s = &a.s[c0..c0 + mt * chunks];
         let n4 = &a.n4[c0 * 8..(c0 + mt * chunks) * 8];
+        let inputs = super::kquant_x86::Inputs::Int8 { q, d, s, n4 };
         let out = SharedOut::new(&mut res[..mt]);
         // SAFETY: Isa::Avx2 / Avx512 are only constructed where the CPU has AVX2, FMA and
         // F16C; `out` is this call's own.
@@ -585,8 +709,7 @@ fn dots(
                 row,
                 row.len(),
                 (0, 1),
-                (q, d, s, n4),
-                None,
+                inputs,
                 isa == Isa::Avx512,
                 mt,
                 chunks,
@@ -619,6 +742,39 @@ pub fn dot_row_with(isa: Isa, ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
     let mut res = [0f32; 4];
     dots(isa, ty, row, &a, 0, 1, x.len() / 32, &mut res);
     res[0]
+}
+
+/// Test and benchmark access to `m` input rows (`x`, `(m, cols)`) against a GGML matrix
+/// (`data`, `rows` rows) through the kernels `act` picks on `isa` for a decode step's
+/// products (`matmul_t_each`: float, int8 or int16 inputs, [`inputs_for`]), `threads` workers.
+#[doc(hidden)]
+#[allow(clippy::too_many_arguments)]
+pub fn matvec_with(
+    isa: Isa,
+    act: Activations,
+    threads: usize,
+    ty: GgmlType,
+    data: &[u8],
+    rows: usize,
+    x: &[f32],
+    m: usize,
+    out: &mut [f32],
+) -> Result<()> {
+    let mut ctx = CpuContext::with_isa(threads, isa)?;
+    ctx.activations = act;
+    let w = Matrix::ggml(data, ty, rows, x.len() / m.max(1))?;
+    let mut scratch = super::RowsScratch::default();
+    super::matmul_t_each(
+        &ctx,
+        x,
+        m,
+        &mut [MatJob {
+            w: &w,
+            bias: None,
+            out,
+        }],
+        &mut scratch,
+    )
 }
 
 #[cfg(test)]
@@ -708,6 +864,81 @@ mod tests {
                         "{} {isa:?} row {r}: {got} vs {want} (sum |wx| {abs})",
                         ty.name()
                     );
+                }
+            }
+        }
+    }
+
+    /// Int16 inputs (a decode step's default, `Int16Q8Int8`): every AVX2-kernel type's AVX2
+    /// and AVX-512 int16 kernels against the plain product (dequantized row, float32 dot with
+    /// the unquantized inputs), one to four inputs a call: tier L3, bound `sum_c (d_c / 2)
+    /// sum_{i in c} |w_i|` (each input off by at most half its chunk's step `d_c = max|x| /
+    /// 32767`) plus `2e-6 * sum |w x|` of float32 rounding; and each input's bits are the
+    /// same whatever `m`.
+    #[test]
+    fn int16_inputs_are_within_half_a_step() {
+        let rows = 6;
+        // 16 chunks, and 19 (the 32-value types' grouped kernel's tail).
+        let shapes = GgmlType::ALL
+            .into_iter()
+            .filter(|t| t.has_avx2_kernel())
+            .flat_map(|t| [(t, 512), (t, 608)])
+            .filter(|(t, cols)| cols % t.block() == 0);
+        for (ty, cols) in shapes {
+            let data = random_rows(ty, rows, cols, 21 + ty.id() as u64);
+            let mut g = Lcg(99);
+            let x: Vec<f32> = (0..4 * cols)
+                .map(|i| {
+                    let v = (g.next() % 20001) as f32 / 10000.0 - 1.0;
+                    // An outlier channel, as a Gemma hidden state has.
+                    if i % 97 == 3 {
+                        v * 300.0
+                    } else {
+                        v
+                    }
+                })
+                .collect();
+            for isa in [Isa::Avx2, Isa::Avx512] {
+                if !isa.available() {
+                    continue;
+                }
+                assert_eq!(
+                    inputs_for(isa, Activations::Int16Q8Int8, 1, true),
+                    Inputs::Int16
+                );
+                let mut one = vec![0f32; rows];
+                for m in 1..=4 {
+                    let mut out = vec![0f32; m * rows];
+                    let xm = &x[..m * cols];
+                    let act = Activations::Int16Q8Int8;
+                    matvec_with(isa, act, 2, ty, &data, rows, xm, m, &mut out).unwrap();
+                    for t in 0..m {
+                        let xt = &x[t * cols..(t + 1) * cols];
+                        matvec_with(isa, act, 1, ty, &data, rows, xt, 1, &mut one).unwrap();
+                        for r in 0..rows {
+                            let rb = ty.row_bytes(cols);
+                            let row = &data[r * rb..(r + 1) * rb];
+                            let (want, abs) = plain(ty, row, xt);
+                            let mut w = vec![0f32; cols];
+                            dequantize_row(ty, row, &mut w);
+                            let step: f32 = w
+                                .chunks_exact(32)
+                                .zip(xt.chunks_exact(32))
+                                .map(|(wc, xc)| {
+                                    let amax = xc.iter().fold(0f32, |a, v| a.max(v.abs()));
+                                    amax / 32767.0 / 2.0 * wc.iter().map(|v| v.abs()).sum::<f32>()
+                                })
+                                .sum();
+                            let got = out[t * rows + r];
+                            assert!(
+                                (got - want).abs() <= 1.001 * step + 2e-6 * abs + 1e-30,
+                                "{} {isa:?} m {m} input {t} row {r}: {got} vs {want} \
+                                 (bound {step} + {abs} * 2e-6)",
+                                ty.name()
+                            );
+                            assert_eq!(got.to_bits(), one[r].to_bits(), "{} m {m}", ty.name());
+                        }
+                    }
                 }
             }
         }

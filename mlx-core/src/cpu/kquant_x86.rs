@@ -62,6 +62,8 @@ trait Unpack {
     const MINS: bool;
     /// One integer scale a chunk (all but Q6_K): the AVX-512 VNNI kernel's types.
     const ONE_SCALE: bool = true;
+    /// Integer scales other than 1 ([`Unpack::halves`]): the k-quants.
+    const SCALED: bool = false;
     unsafe fn chunk(&mut self, row: *const u8, c: usize) -> (__m256i, __m256i, f32, f32);
     /// Chunk `c`'s integer scale as a float, after [`Unpack::chunk`] of `c` (one-scale types).
     fn int_scale(&self, _c: usize) -> f32 {
@@ -182,6 +184,7 @@ impl Unpack for Q5_1 {
 impl<const FIVE: bool> Unpack for Q45K<FIVE> {
     const SIGNED: bool = false;
     const MINS: bool = true;
+    const SCALED: bool = true;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn chunk(&mut self, row: *const u8, c: usize) -> (__m256i, __m256i, f32, f32) {
@@ -233,6 +236,7 @@ impl Unpack for Q6K {
     const SIGNED: bool = true;
     const MINS: bool = false;
     const ONE_SCALE: bool = false;
+    const SCALED: bool = true;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn chunk(&mut self, row: *const u8, c: usize) -> (__m256i, __m256i, f32, f32) {
@@ -314,13 +318,34 @@ unsafe fn kernel<U: Unpack, const MT: usize>(
     }
 }
 
-/// Rows `r0..r1` of a matrix of type `ty` (`data`, `rb` bytes a row) against `m` inputs (`q`,
-/// `d`, `s`: `chunks` chunks each), four inputs a pass over each row, into `out` (`(m, n)`)
-/// plus `bias`.
+/// A call's inputs as the kernels read them.
+#[derive(Clone, Copy)]
+pub(super) enum Inputs<'a> {
+    /// Int8 per 32 values (`q`, scales `d`, float sums `s`, `n4`: see [`kernel512`]).
+    Int8 {
+        q: &'a [i8],
+        d: &'a [f32],
+        s: &'a [f32],
+        n4: &'a [i32],
+    },
+    /// Float32 (`x`) with each chunk's float sum (`s`, for the minimums).
+    F32 { x: &'a [f32], s: &'a [f32] },
+    /// Int16 per 32 values (`q`, scales `d`, float sums `s`: `x86::quantize_x16`'s layout).
+    Int16 {
+        q: &'a [i16],
+        d: &'a [f32],
+        s: &'a [f32],
+    },
+}
+
+/// Rows `r0..r1` of a matrix of type `ty` (`data`, `rb` bytes a row) against `m` inputs
+/// (`chunks` chunks each), four inputs a pass over each row, into `out` (`(m, n)`) plus
+/// `bias`. `wide`: the AVX-512 kernels.
 ///
 /// # Safety
-/// AVX2, FMA and F16C; `ty` has an AVX2 kernel ([`GgmlType::has_avx2_kernel`]); rows
-/// `r0..r1` of `out` are the caller's alone during the pool run.
+/// AVX2, FMA and F16C (and AVX-512 F/BW/VL + VNNI where `wide`); `ty` has an AVX2 kernel
+/// ([`GgmlType::has_avx2_kernel`]); rows `r0..r1` of `out` are the caller's alone during the
+/// pool run.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn rows(
@@ -328,8 +353,7 @@ pub(super) unsafe fn rows(
     data: &[u8],
     rb: usize,
     (r0, r1): (usize, usize),
-    (q, d, s, n4): (&[i8], &[f32], &[f32], &[i32]),
-    x: Option<&[f32]>,
+    inputs: Inputs<'_>,
     wide: bool,
     m: usize,
     chunks: usize,
@@ -337,34 +361,31 @@ pub(super) unsafe fn rows(
     n: usize,
     bias: Option<Floats<'_>>,
 ) {
+    let (vals, sums) = (m * chunks * 32, m * chunks);
+    let fits = match inputs {
+        Inputs::Int8 { q, d, s, n4 } => {
+            q.len() >= vals && d.len() >= sums && s.len() >= sums && n4.len() >= sums * 8
+        }
+        Inputs::F32 { x, s } => x.len() >= vals && s.len() >= sums,
+        Inputs::Int16 { q, d, s } => q.len() >= vals && d.len() >= sums && s.len() >= sums,
+    };
     assert!(
-        rb == ty.row_bytes(chunks * 32)
-            && data.len() >= r1 * rb
-            && r1 <= n
-            && q.len() >= m * chunks * 32
-            && d.len() >= m * chunks
-            && s.len() >= m * chunks
-            && n4.len() >= m * chunks * 8
-            && x.is_none_or(|x| x.len() >= m * chunks * 32),
+        rb == ty.row_bytes(chunks * 32) && data.len() >= r1 * rb && r1 <= n && fits,
         "kquant rows: short buffers"
     );
+    let a = Args {
+        data: data.as_ptr(),
+        rb,
+        inputs,
+        m,
+        chunks,
+        out,
+        n,
+        bias,
+    };
     // SAFETY: the sizes were checked above; the features and the output rows are the
     // caller's contract.
     unsafe {
-        let a = Args {
-            data: data.as_ptr(),
-            rb,
-            q: q.as_ptr(),
-            d: d.as_ptr(),
-            s: s.as_ptr(),
-            n4: n4.as_ptr(),
-            x: x.map(<[f32]>::as_ptr),
-            m,
-            chunks,
-            out,
-            n,
-            bias,
-        };
         match ty {
             GgmlType::Q8_0 => rows_w::<Q8_0>(&a, r0, r1, wide),
             GgmlType::Q4_0 => rows_w::<Q4_0>(&a, r0, r1, wide),
@@ -373,9 +394,7 @@ pub(super) unsafe fn rows(
             GgmlType::Q5_1 => rows_w::<Q5_1>(&a, r0, r1, wide),
             GgmlType::Q4_K => rows_w::<Q45K<false>>(&a, r0, r1, wide),
             GgmlType::Q5_K => rows_w::<Q45K<true>>(&a, r0, r1, wide),
-            GgmlType::Q6_K if a.x.is_some() && wide => rows_f512::<Q6K>(&a, r0, r1),
-            GgmlType::Q6_K if a.x.is_some() => rows_f::<Q6K>(&a, r0, r1),
-            GgmlType::Q6_K => rows_t::<Q6K>(&a, r0, r1),
+            GgmlType::Q6_K => rows_w::<Q6K>(&a, r0, r1, wide),
             GgmlType::Q2_K | GgmlType::Q3_K => unreachable!("no AVX2 kernel for {}", ty.name()),
         }
     }
@@ -384,12 +403,7 @@ pub(super) unsafe fn rows(
 struct Args<'a> {
     data: *const u8,
     rb: usize,
-    q: *const i8,
-    d: *const f32,
-    s: *const f32,
-    n4: *const i32,
-    /// The float inputs: the float kernel ([`kernel_f32`]) instead of the int8 ones.
-    x: Option<*const f32>,
+    inputs: Inputs<'a>,
     m: usize,
     chunks: usize,
     out: SharedOut,
@@ -397,78 +411,236 @@ struct Args<'a> {
     bias: Option<Floats<'a>>,
 }
 
-/// [`rows`] for one type of one scale a chunk: the AVX-512 VNNI kernel where `wide` and the
-/// chunks pair up, else the AVX2 one.
+/// The row loop every kernel shares: rows `r0..r1` of `a`, the inputs four at a time through
+/// `$k::<$U, MT>(U::default(), row, args...)` (`$row`, `$t0`: the names the arguments may use
+/// for the row's bytes and the first input of the pass), each result plus the bias.
+macro_rules! row_loop {
+    ($a:ident, $r0:ident, $r1:ident, $U:ty, |$row:ident, $t0:ident| $k:ident($($arg:expr),* $(,)?)) => {{
+        for r in $r0..$r1 {
+            let bv = $a.bias.map_or(0.0, |b| b.get(r));
+            let $row = $a.data.add(r * $a.rb);
+            let mut $t0 = 0;
+            while $t0 < $a.m {
+                let mut res = [0f32; 4];
+                let mt = ($a.m - $t0).min(4);
+                match mt {
+                    1 => res[..1].copy_from_slice(&$k::<$U, 1>(<$U>::default(), $row, $($arg),*)),
+                    2 => res[..2].copy_from_slice(&$k::<$U, 2>(<$U>::default(), $row, $($arg),*)),
+                    3 => res[..3].copy_from_slice(&$k::<$U, 3>(<$U>::default(), $row, $($arg),*)),
+                    _ => res.copy_from_slice(&$k::<$U, 4>(<$U>::default(), $row, $($arg),*)),
+                }
+                for (t, v) in res[..mt].iter().enumerate() {
+                    $a.out.write(($t0 + t) * $a.n + r, v + bv);
+                }
+                $t0 += mt;
+            }
+        }
+    }};
+}
+
+/// [`rows`] for one type: by the inputs' kind, the AVX-512 kernel where `wide` (and, for
+/// int8 inputs, the chunks pair up and the type has one scale a chunk), else the AVX2 one.
 ///
 /// # Safety
-/// As [`rows`], and `wide` only on AVX-512 F/BW/VL + VNNI.
+/// As [`rows`].
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn rows_w<U: Unpack + Default>(a: &Args<'_>, r0: usize, r1: usize, wide: bool) {
     // SAFETY: the caller's contract.
     unsafe {
-        if a.x.is_some() && wide {
-            rows_f512::<U>(a, r0, r1)
-        } else if a.x.is_some() {
-            rows_f::<U>(a, r0, r1)
-        } else if wide && a.chunks % 2 == 0 && U::ONE_SCALE {
-            rows_512::<U>(a, r0, r1)
-        } else {
-            rows_t::<U>(a, r0, r1)
+        match a.inputs {
+            Inputs::F32 { .. } if wide => rows_512::<U>(a, r0, r1),
+            Inputs::Int16 { .. } if wide => rows_512::<U>(a, r0, r1),
+            Inputs::Int8 { .. } if wide && a.chunks % 2 == 0 && U::ONE_SCALE => {
+                rows_512::<U>(a, r0, r1)
+            }
+            _ => rows_256::<U>(a, r0, r1),
         }
     }
 }
 
-/// [`rows_t`] through [`kernel512`].
+/// [`rows_w`]'s AVX2 kernels.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows_256<U: Unpack + Default>(a: &Args<'_>, r0: usize, r1: usize) {
+    let c = a.chunks;
+    // SAFETY: within the sizes `rows` checked.
+    unsafe {
+        match a.inputs {
+            Inputs::Int8 { q, d, s, .. } => {
+                let (q, d, s) = (q.as_ptr(), d.as_ptr(), s.as_ptr());
+                row_loop!(a, r0, r1, U, |row, t0| kernel(
+                    q.add(t0 * c * 32),
+                    d.add(t0 * c),
+                    s.add(t0 * c),
+                    c
+                ))
+            }
+            Inputs::F32 { x, s } => {
+                let (x, s) = (x.as_ptr(), s.as_ptr());
+                row_loop!(a, r0, r1, U, |row, t0| kernel_f32(
+                    x.add(t0 * c * 32),
+                    s.add(t0 * c),
+                    c
+                ))
+            }
+            Inputs::Int16 { q, d, s } => {
+                let (q, d, s) = (q.as_ptr(), d.as_ptr(), s.as_ptr());
+                row_loop!(a, r0, r1, U, |row, t0| kernel_i16(
+                    q.add(t0 * c * 32),
+                    d.add(t0 * c),
+                    s.add(t0 * c),
+                    c
+                ))
+            }
+        }
+    }
+}
+
+/// [`rows_w`]'s AVX-512 kernels.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn rows_512<U: Unpack + Default>(a: &Args<'_>, r0: usize, r1: usize) {
     let c = a.chunks;
-    for r in r0..r1 {
-        let bv = a.bias.map_or(0.0, |b| b.get(r));
-        // SAFETY: within the sizes `rows` checked.
-        unsafe {
-            let row = a.data.add(r * a.rb);
-            let mut t0 = 0;
-            while t0 < a.m {
-                let (q, d, s) = (a.q.add(t0 * c * 32), a.d.add(t0 * c), a.s.add(t0 * c));
-                let n4 = a.n4.add(t0 * c * 8);
-                let mut res = [0f32; 4];
-                let mt = (a.m - t0).min(4);
-                match mt {
-                    1 => res[..1].copy_from_slice(&kernel512::<U, 1>(
-                        U::default(),
-                        row,
-                        q,
-                        d,
-                        s,
-                        n4,
-                        c,
-                    )),
-                    2 => res[..2].copy_from_slice(&kernel512::<U, 2>(
-                        U::default(),
-                        row,
-                        q,
-                        d,
-                        s,
-                        n4,
-                        c,
-                    )),
-                    3 => res[..3].copy_from_slice(&kernel512::<U, 3>(
-                        U::default(),
-                        row,
-                        q,
-                        d,
-                        s,
-                        n4,
-                        c,
-                    )),
-                    _ => res.copy_from_slice(&kernel512::<U, 4>(U::default(), row, q, d, s, n4, c)),
-                }
-                for (t, v) in res[..mt].iter().enumerate() {
-                    a.out.write((t0 + t) * a.n + r, v + bv);
-                }
-                t0 += mt;
+    // SAFETY: within the sizes `rows` checked.
+    unsafe {
+        match a.inputs {
+            Inputs::Int8 { q, d, s, n4 } => {
+                let (q, d, s, n4) = (q.as_ptr(), d.as_ptr(), s.as_ptr(), n4.as_ptr());
+                row_loop!(a, r0, r1, U, |row, t0| kernel512(
+                    q.add(t0 * c * 32),
+                    d.add(t0 * c),
+                    s.add(t0 * c),
+                    n4.add(t0 * c * 8),
+                    c
+                ))
+            }
+            Inputs::F32 { x, s } => {
+                let (x, s) = (x.as_ptr(), s.as_ptr());
+                row_loop!(a, r0, r1, U, |row, t0| kernel_f512(
+                    x.add(t0 * c * 32),
+                    s.add(t0 * c),
+                    c
+                ))
+            }
+            Inputs::Int16 { q, d, s } => {
+                let (q, d, s) = (q.as_ptr(), d.as_ptr(), s.as_ptr());
+                row_loop!(a, r0, r1, U, |row, t0| kernel_i16_512(
+                    q.add(t0 * c * 32),
+                    d.add(t0 * c),
+                    s.add(t0 * c),
+                    c
+                ))
             }
         }
+    }
+}
+
+/// `MT` int16 inputs' dot products with one row: each chunk's codes widened to int16 (times
+/// their integer scales, per half: the k-quants'), two `madd`s per input into 32-bit sums,
+/// one float multiply-add with the chunk's factor times the input's scale; the minimums
+/// times the inputs' float sums. Exact integer sums (a code times its scale is at most 4096
+/// in magnitude, an input 32767: a lane's two pairs stay below 2^30).
+///
+/// # Safety
+/// As [`kernel`], with `q` holding `MT * chunks * 32` int16 codes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn kernel_i16<U: Unpack, const MT: usize>(
+    mut u: U,
+    row: *const u8,
+    q: *const i16,
+    d: *const f32,
+    s: *const f32,
+    chunks: usize,
+) -> [f32; MT] {
+    let mut acc = [_mm256_setzero_ps(); MT];
+    let mut mins = [0f32; MT];
+    // SAFETY: within the ranges of the contract.
+    unsafe {
+        for c in 0..chunks {
+            let (w, _, f, b) = u.chunk(row, c);
+            let (lo, hi) = (_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+            let (mut w0, mut w1) = if U::SIGNED {
+                (_mm256_cvtepi8_epi16(lo), _mm256_cvtepi8_epi16(hi))
+            } else {
+                (_mm256_cvtepu8_epi16(lo), _mm256_cvtepu8_epi16(hi))
+            };
+            if U::SCALED {
+                let h = u.halves(c);
+                w0 = _mm256_mullo_epi16(w0, _mm256_set1_epi16(h[0] as i16));
+                w1 = _mm256_mullo_epi16(w1, _mm256_set1_epi16(h[1] as i16));
+            }
+            for t in 0..MT {
+                let i = t * chunks + c;
+                let xp = q.add(i * 32) as *const __m256i;
+                let p = _mm256_add_epi32(
+                    _mm256_madd_epi16(w0, _mm256_loadu_si256(xp)),
+                    _mm256_madd_epi16(w1, _mm256_loadu_si256(xp.add(1))),
+                );
+                let g = _mm256_set1_ps(f * *d.add(i));
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), g, acc[t]);
+                if U::MINS {
+                    mins[t] -= b * *s.add(i);
+                }
+            }
+        }
+        let mut out = [0f32; MT];
+        for t in 0..MT {
+            out[t] = hsum(acc[t]) + mins[t];
+        }
+        out
+    }
+}
+
+/// [`kernel_i16`] on 32-lane vectors: a chunk's codes widened in one step, one `vpdpwssd`
+/// per input.
+///
+/// # Safety
+/// As [`kernel_i16`], and AVX-512 F/BW/VL + VNNI.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn kernel_i16_512<U: Unpack, const MT: usize>(
+    mut u: U,
+    row: *const u8,
+    q: *const i16,
+    d: *const f32,
+    s: *const f32,
+    chunks: usize,
+) -> [f32; MT] {
+    let mut acc = [_mm512_setzero_ps(); MT];
+    let mut mins = [0f32; MT];
+    // SAFETY: within the ranges of the contract.
+    unsafe {
+        for c in 0..chunks {
+            let (w, _, f, b) = u.chunk(row, c);
+            let mut w16 = if U::SIGNED {
+                _mm512_cvtepi8_epi16(w)
+            } else {
+                _mm512_cvtepu8_epi16(w)
+            };
+            if U::SCALED {
+                let h = u.halves(c);
+                let sc = _mm512_mask_blend_epi16(
+                    0xffff_0000,
+                    _mm512_set1_epi16(h[0] as i16),
+                    _mm512_set1_epi16(h[1] as i16),
+                );
+                w16 = _mm512_mullo_epi16(w16, sc);
+            }
+            for t in 0..MT {
+                let i = t * chunks + c;
+                let x = _mm512_loadu_si512(q.add(i * 32) as *const _);
+                let p = _mm512_dpwssd_epi32(_mm512_setzero_si512(), w16, x);
+                let g = _mm512_set1_ps(f * *d.add(i));
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), g, acc[t]);
+                if U::MINS {
+                    mins[t] -= b * *s.add(i);
+                }
+            }
+        }
+        let mut out = [0f32; MT];
+        for t in 0..MT {
+            out[t] = _mm512_reduce_add_ps(acc[t]) + mins[t];
+        }
+        out
     }
 }
 
@@ -528,66 +700,6 @@ unsafe fn kernel512<U: Unpack, const MT: usize>(
             out[t] = _mm512_reduce_add_ps(acc[t]) + mins[t];
         }
         out
-    }
-}
-
-/// [`rows_t`] through [`kernel_f32`] (float inputs).
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn rows_f<U: Unpack + Default>(a: &Args<'_>, r0: usize, r1: usize) {
-    let c = a.chunks;
-    let Some(xp) = a.x else { return };
-    for r in r0..r1 {
-        let bv = a.bias.map_or(0.0, |b| b.get(r));
-        // SAFETY: within the sizes `rows` checked.
-        unsafe {
-            let row = a.data.add(r * a.rb);
-            let mut t0 = 0;
-            while t0 < a.m {
-                let (x, s) = (xp.add(t0 * c * 32), a.s.add(t0 * c));
-                let mut res = [0f32; 4];
-                let mt = (a.m - t0).min(4);
-                match mt {
-                    1 => res[..1].copy_from_slice(&kernel_f32::<U, 1>(U::default(), row, x, s, c)),
-                    2 => res[..2].copy_from_slice(&kernel_f32::<U, 2>(U::default(), row, x, s, c)),
-                    3 => res[..3].copy_from_slice(&kernel_f32::<U, 3>(U::default(), row, x, s, c)),
-                    _ => res.copy_from_slice(&kernel_f32::<U, 4>(U::default(), row, x, s, c)),
-                }
-                for (t, v) in res[..mt].iter().enumerate() {
-                    a.out.write((t0 + t) * a.n + r, v + bv);
-                }
-                t0 += mt;
-            }
-        }
-    }
-}
-
-/// [`rows_f`] through [`kernel_f512`].
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn rows_f512<U: Unpack + Default>(a: &Args<'_>, r0: usize, r1: usize) {
-    let c = a.chunks;
-    let Some(xp) = a.x else { return };
-    for r in r0..r1 {
-        let bv = a.bias.map_or(0.0, |b| b.get(r));
-        // SAFETY: within the sizes `rows` checked.
-        unsafe {
-            let row = a.data.add(r * a.rb);
-            let mut t0 = 0;
-            while t0 < a.m {
-                let (x, s) = (xp.add(t0 * c * 32), a.s.add(t0 * c));
-                let mut res = [0f32; 4];
-                let mt = (a.m - t0).min(4);
-                match mt {
-                    1 => res[..1].copy_from_slice(&kernel_f512::<U, 1>(U::default(), row, x, s, c)),
-                    2 => res[..2].copy_from_slice(&kernel_f512::<U, 2>(U::default(), row, x, s, c)),
-                    3 => res[..3].copy_from_slice(&kernel_f512::<U, 3>(U::default(), row, x, s, c)),
-                    _ => res.copy_from_slice(&kernel_f512::<U, 4>(U::default(), row, x, s, c)),
-                }
-                for (t, v) in res[..mt].iter().enumerate() {
-                    a.out.write((t0 + t) * a.n + r, v + bv);
-                }
-                t0 += mt;
-            }
-        }
     }
 }
 
@@ -687,34 +799,5 @@ unsafe fn kernel_f32<U: Unpack, const MT: usize>(
             out[t] = hsum(acc[t]) + mins[t];
         }
         out
-    }
-}
-
-/// [`rows`] for one type.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn rows_t<U: Unpack + Default>(a: &Args<'_>, r0: usize, r1: usize) {
-    let c = a.chunks;
-    for r in r0..r1 {
-        let bv = a.bias.map_or(0.0, |b| b.get(r));
-        // SAFETY: within the sizes `rows` checked.
-        unsafe {
-            let row = a.data.add(r * a.rb);
-            let mut t0 = 0;
-            while t0 < a.m {
-                let (q, d, s) = (a.q.add(t0 * c * 32), a.d.add(t0 * c), a.s.add(t0 * c));
-                let mut res = [0f32; 4];
-                let mt = (a.m - t0).min(4);
-                match mt {
-                    1 => res[..1].copy_from_slice(&kernel::<U, 1>(U::default(), row, q, d, s, c)),
-                    2 => res[..2].copy_from_slice(&kernel::<U, 2>(U::default(), row, q, d, s, c)),
-                    3 => res[..3].copy_from_slice(&kernel::<U, 3>(U::default(), row, q, d, s, c)),
-                    _ => res.copy_from_slice(&kernel::<U, 4>(U::default(), row, q, d, s, c)),
-                }
-                for (t, v) in res[..mt].iter().enumerate() {
-                    a.out.write((t0 + t) * a.n + r, v + bv);
-                }
-                t0 += mt;
-            }
-        }
     }
 }

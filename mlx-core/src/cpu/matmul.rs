@@ -359,7 +359,7 @@ pub fn matmul_t(ctx: &CpuContext, x: &[f32], m: usize, jobs: &mut [MatJob<'_, '_
         return super::trellis::matmul_jobs(ctx, x, m, jobs);
     }
     if jobs.iter().any(|j| super::kquant::is_ggml(j.w)) {
-        return super::kquant::matmul_jobs(ctx, ctx.activations, x, m, jobs);
+        return super::kquant::matmul_jobs(ctx, ctx.activations, x, m, jobs, false);
     }
     let threads = ctx.pool.threads();
     let total: usize = jobs.iter().map(|j| j.w.rows).sum();

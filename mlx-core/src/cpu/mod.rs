@@ -28,7 +28,7 @@ mod x86;
 pub use batch::{matmul_t_each, matmul_t_each_with, RowsScratch};
 pub use matmul::{matmul_t, Floats, MatJob, Matrix, MAX_JOBS};
 pub use ops::{
-    attention, attention_f16, rms_norm, rope, rope_inv_freqs, silu_mul, silu_mul_isa,
+    attention, attention_f16, greedy_lse, rms_norm, rope, rope_inv_freqs, silu_mul, silu_mul_isa,
     AttentionShape, MAX_HEAD_DIM,
 };
 pub use pool::{available_threads, ThreadPool};

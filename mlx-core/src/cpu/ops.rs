@@ -141,6 +141,81 @@ pub fn silu_mul_isa(isa: super::Isa, g: &mut [f32], u: &[f32]) -> Result<()> {
     silu_mul(g, u)
 }
 
+/// Greedy sampling's host side over one row of logits: the first largest's index, and the
+/// log-sum-exp `ln(sum(exp(x - top))) + top` as MLX's CPU `logsumexp` computes it on
+/// x86-64, bit for bit (its `simd::exp`, each term added in order in f32: [`mlx_exp`]),
+/// the exponentials 8 at a time with AVX2; `None` where `x` is empty, holds a NaN or its
+/// largest is not finite. Tier: equal to MLX's (`greedy_lse_matches_logsumexp` in
+/// mlx-engine).
+pub fn greedy_lse(isa: super::Isa, x: &[f32]) -> Option<(usize, f32)> {
+    let n = x.len() / 8 * 8;
+    let (mut top, mut nan) = max_nan(isa, &x[..n]);
+    for &v in &x[n..] {
+        top = top.max(v);
+        nan |= v.is_nan();
+    }
+    if x.is_empty() || nan || !top.is_finite() {
+        return None;
+    }
+    let best = x.iter().position(|&v| v == top)?;
+    let mut sum = sum_exp(isa, &x[..n], top);
+    for &v in &x[n..] {
+        sum += mlx_exp(v - top);
+    }
+    Some((best, sum.ln() + top))
+}
+
+/// MLX's `simd::exp` of one float (`mlx/backend/cpu/simd/math.h`, as built for x86-64: one
+/// lane, `std::fma`, `floor` of the float plus a double 0.5).
+#[allow(clippy::excessive_precision, clippy::approx_constant)]
+pub fn mlx_exp(x: f32) -> f32 {
+    // MLX's constant (not `LOG2_E`'s value).
+    let xl = x * 1.442695f32;
+    let ipart = (f64::from(xl) + 0.5).floor() as f32;
+    let f = xl - ipart;
+    let mut p = 1.535336188319500e-4f32;
+    p = p.mul_add(f, 1.339887440266574e-3);
+    p = p.mul_add(f, 9.618437357674640e-3);
+    p = p.mul_add(f, 5.550332471162809e-2);
+    p = p.mul_add(f, 2.402264791363012e-1);
+    p = p.mul_add(f, 6.931472028550421e-1);
+    p = p.mul_add(f, 1.0);
+    let e = f32::from_bits(((ipart as i32).wrapping_add(127) as u32).wrapping_shl(23));
+    if x.is_nan() {
+        x
+    } else if x > 88.0 {
+        f32::INFINITY
+    } else if x < -88.0 {
+        0.0
+    } else {
+        e * p
+    }
+}
+
+/// The largest of `x` (a multiple of 8 floats) and whether any is NaN.
+fn max_nan(isa: super::Isa, x: &[f32]) -> (f32, bool) {
+    #[cfg(target_arch = "x86_64")]
+    if isa.has_avx2() && isa.available() {
+        // SAFETY: the ISA is available (checked); the length is a multiple of 8.
+        return unsafe { super::x86::max_nan8(x) };
+    }
+    let _ = isa;
+    x.iter().fold((f32::NEG_INFINITY, false), |(m, n), &v| {
+        (m.max(v), n | v.is_nan())
+    })
+}
+
+/// `sum(exp(x - top))` of `x` (a multiple of 8 floats), MLX's way (see [`greedy_lse`]).
+fn sum_exp(isa: super::Isa, x: &[f32], top: f32) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if isa.has_avx2() && isa.available() {
+        // SAFETY: as above.
+        return unsafe { super::x86::mlx_sum_exp8(x, top, 0.0) };
+    }
+    let _ = isa;
+    x.iter().fold(0f32, |a, &v| a + mlx_exp(v - top))
+}
+
 /// Head layout of [`attention`].
 #[derive(Clone, Copy, Debug)]
 pub struct AttentionShape {
@@ -432,3 +507,31 @@ pub(super) use super::x86::Load8 as KvSimd;
 pub(super) trait KvSimd {}
 #[cfg(not(target_arch = "x86_64"))]
 impl<T> KvSimd for T {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// [`greedy_lse`]'s 8-lane path gives its portable one's bits (each `exp` and the sum in
+    /// order are MLX's; mlx-engine's `greedy_lse_matches_logsumexp` checks both against MLX),
+    /// over spreads past the -88 cut-off, a masked logit and tails past the last 8.
+    #[test]
+    fn greedy_lse_lanes_match_the_portable_path() {
+        for (n, scale) in [(8usize, 1.0f32), (1003, 9.0), (4096, 70.0), (17, 200.0)] {
+            let mut x: Vec<f32> = (0..n)
+                .map(|i| ((i * 7919 % 1009) as f32 / 37.0).sin() * scale)
+                .collect();
+            x[n / 3] = f32::NEG_INFINITY;
+            let want = greedy_lse(super::super::Isa::Scalar, &x).unwrap();
+            for isa in [super::super::Isa::Avx2, super::super::Isa::Avx512] {
+                if isa.available() {
+                    let got = greedy_lse(isa, &x).unwrap();
+                    assert_eq!(got.0, want.0, "n {n}");
+                    assert_eq!(got.1.to_bits(), want.1.to_bits(), "n {n}: {got:?} {want:?}");
+                }
+            }
+        }
+        assert!(greedy_lse(super::super::Isa::Scalar, &[1.0, f32::NAN]).is_none());
+        assert!(greedy_lse(super::super::Isa::Scalar, &[]).is_none());
+    }
+}

@@ -1134,6 +1134,91 @@ pub(super) unsafe fn exp8(x: __m256) -> __m256 {
     _mm256_mul_ps(y, _mm256_castsi256_ps(n))
 }
 
+/// The largest of `x` (a multiple of 8 floats; `-inf` when empty) and whether any is NaN.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn max_nan8(x: &[f32]) -> (f32, bool) {
+    assert!(x.len() % 8 == 0, "max_nan8 length");
+    // SAFETY: every load is within the slice (steps of 8 over a multiple of 8).
+    unsafe {
+        let mut m = _mm256_set1_ps(f32::NEG_INFINITY);
+        let mut nan = _mm256_setzero_ps();
+        for i in (0..x.len()).step_by(8) {
+            let v = _mm256_loadu_ps(x.as_ptr().add(i));
+            m = _mm256_max_ps(m, v);
+            nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        }
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), m);
+        let top = lanes.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        (top, _mm256_movemask_ps(nan) != 0)
+    }
+}
+
+/// `acc + sum(exp(x - top))` of `x` (a multiple of 8 floats) as MLX's CPU `logsumexp` sums
+/// it on x86-64 (one lane: each term added in order in f32), each `exp` MLX's
+/// `simd::exp` in 8 lanes (the same operations: the rounding to the nearest integer in
+/// double, `fma`s, the exponent by shifting, 0 below -88), so the sum is MLX's bit for bit.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::excessive_precision, clippy::approx_constant)]
+pub(super) unsafe fn mlx_sum_exp8(x: &[f32], top: f32, mut acc: f32) -> f32 {
+    assert!(x.len() % 8 == 0, "mlx_sum_exp8 length");
+    // SAFETY: every load is within the slice (steps of 8 over a multiple of 8).
+    unsafe {
+        let t = _mm256_set1_ps(top);
+        let half = _mm256_set1_pd(0.5);
+        let mut lanes = [0f32; 8];
+        for i in (0..x.len()).step_by(8) {
+            let xi = _mm256_sub_ps(_mm256_loadu_ps(x.as_ptr().add(i)), t);
+            // MLX's constant (not `LOG2_E`'s value).
+            let xl = _mm256_mul_ps(xi, _mm256_set1_ps(1.442695));
+            // `floor(x + 0.5)` with the double 0.5: the sum and floor in double.
+            let lo = _mm256_floor_pd(_mm256_add_pd(
+                _mm256_cvtps_pd(_mm256_castps256_ps128(xl)),
+                half,
+            ));
+            let hi = _mm256_floor_pd(_mm256_add_pd(
+                _mm256_cvtps_pd(_mm256_extractf128_ps(xl, 1)),
+                half,
+            ));
+            let ipart = _mm256_set_m128(_mm256_cvtpd_ps(hi), _mm256_cvtpd_ps(lo));
+            let f = _mm256_sub_ps(xl, ipart);
+            let mut p = _mm256_set1_ps(1.535336188319500e-4);
+            p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.339887440266574e-3));
+            p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.618437357674640e-3));
+            p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.550332471162809e-2));
+            p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.402264791363012e-1));
+            p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931472028550421e-1));
+            p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0));
+            let e = _mm256_slli_epi32(
+                _mm256_add_epi32(_mm256_cvttps_epi32(ipart), _mm256_set1_epi32(127)),
+                23,
+            );
+            let r = _mm256_mul_ps(_mm256_castsi256_ps(e), p);
+            let r = _mm256_blendv_ps(
+                r,
+                _mm256_set1_ps(f32::INFINITY),
+                _mm256_cmp_ps(xi, _mm256_set1_ps(88.0), _CMP_GT_OQ),
+            );
+            let r = _mm256_blendv_ps(
+                r,
+                _mm256_setzero_ps(),
+                _mm256_cmp_ps(xi, _mm256_set1_ps(-88.0), _CMP_LT_OQ),
+            );
+            _mm256_storeu_ps(lanes.as_mut_ptr(), r);
+            for v in lanes {
+                acc += v;
+            }
+        }
+        acc
+    }
+}
+
 /// `g = g / (1 + exp(-g)) * u`, eight at a time.
 ///
 /// # Safety

@@ -2405,6 +2405,13 @@ impl Worker<'_> {
             let tokens: Vec<u32> = picks.iter().map(|p| p.0).collect();
             return self.finish_step(&tokens, vec![None; b]);
         }
+        // Greedy rows without processors or a grammar on the CPU decoder: each row's token and
+        // log-sum-exp on the host (`mlx_core::cpu::greedy_lse`, MLX's `logsumexp` bit for bit),
+        // as `generate_step` takes them, instead of an MLX log-sum-exp over the vocabulary.
+        let host_greedy = self.rows.iter().all(|r| {
+            r.processors.is_empty() && r.grammar.is_none() && r.sampler.settings().temp == 0.0
+        });
+        let mut host: Option<(Vec<u32>, Vec<f32>)> = None;
         let mut logits = if let Some(dec) = self.graph.as_mut() {
             // One step of the graph decoder over every row: `(batch, vocab)` float32 logits;
             // the rest of the step is the MLX path's.
@@ -2428,6 +2435,14 @@ impl Worker<'_> {
                 .collect::<Result<Vec<_>>>()?;
             let vocab = cpu.vocab();
             let l = cpu.step(&mut caches, &tokens)?;
+            if host_greedy && vocab > 0 {
+                let isa = mlx_core::cpu::Isa::detect();
+                host = l
+                    .chunks_exact(vocab)
+                    .map(|row| mlx_core::cpu::greedy_lse(isa, row).map(|(t, v)| (t as u32, v)))
+                    .collect::<Option<Vec<_>>>()
+                    .map(|v| v.into_iter().unzip());
+            }
             Array::from_slice(l, &[b as i32, vocab as i32])?
         } else {
             let x = Array::from_slice(&inputs, &[b as i32, 1])?;
@@ -2490,30 +2505,14 @@ impl Worker<'_> {
             }
             logits = apply_mask(&logits, &bits, &[b as i32, v as i32])?;
         }
-        let lse = ops::logsumexp(&logits, &[-1], true, None)?;
-        let logprobs = ops::subtract(&logits, &lse, None)?;
-        let first = self.rows[0].sampler.settings().clone();
-        let sampled = if self.rows.iter().all(|r| *r.sampler.settings() == first) {
-            self.rows[0].sampler.sample(&logprobs)?
-        } else {
-            let parts: Vec<Array> = self
-                .rows
-                .iter()
-                .enumerate()
-                .map(|(e, r)| {
-                    r.sampler.sample(&ops::slice_axis(
-                        &logprobs,
-                        0,
-                        e as i32,
-                        e as i32 + 1,
-                        None,
-                    )?)
-                })
-                .collect::<Result<_>>()?;
-            ops::concatenate(&parts.iter().collect::<Vec<_>>(), 0, None)?
+        let (tokens, logprobs) = match host {
+            // The log-probabilities left lazy: only rows that report them read theirs.
+            Some((tokens, lse)) => {
+                let lse = Array::from_slice(&lse, &[b as i32, 1])?;
+                (tokens, ops::subtract(&logits, &lse, None)?)
+            }
+            None => self.sample_rows(&logits)?,
         };
-        mlx_core::eval([&sampled, &logprobs])?;
-        let tokens = sampled.astype(Dtype::Uint32)?.to_vec::<u32>()?;
         // Rows that report log-probabilities get their `(vocab,)` row.
         let lps: Vec<Option<Array>> = self
             .rows
@@ -2560,6 +2559,36 @@ impl Worker<'_> {
         self.rows = rows;
         result?;
         self.keep_rows(&keep, true)
+    }
+
+    /// Each row's token from the step's `(batch, vocab)` logits through MLX: log-sum-exp,
+    /// log-probabilities (returned, evaluated) and each row's sampler (one call where all
+    /// rows share their settings).
+    fn sample_rows(&self, logits: &Array) -> Result<(Vec<u32>, Array)> {
+        let lse = ops::logsumexp(logits, &[-1], true, None)?;
+        let logprobs = ops::subtract(logits, &lse, None)?;
+        let first = self.rows[0].sampler.settings().clone();
+        let sampled = if self.rows.iter().all(|r| *r.sampler.settings() == first) {
+            self.rows[0].sampler.sample(&logprobs)?
+        } else {
+            let parts: Vec<Array> = self
+                .rows
+                .iter()
+                .enumerate()
+                .map(|(e, r)| {
+                    r.sampler.sample(&ops::slice_axis(
+                        &logprobs,
+                        0,
+                        e as i32,
+                        e as i32 + 1,
+                        None,
+                    )?)
+                })
+                .collect::<Result<_>>()?;
+            ops::concatenate(&parts.iter().collect::<Vec<_>>(), 0, None)?
+        };
+        mlx_core::eval([&sampled, &logprobs])?;
+        Ok((sampled.astype(Dtype::Uint32)?.to_vec::<u32>()?, logprobs))
     }
 
     /// Hands `token` to its row: EOS, stop strings and the token limit end the row.
