@@ -17,6 +17,8 @@
 mod batch;
 pub mod kquant;
 #[cfg(target_arch = "x86_64")]
+mod kgemm;
+#[cfg(target_arch = "x86_64")]
 mod kquant_x86;
 mod matmul;
 mod ops;
