@@ -15,9 +15,9 @@
 //! caller's or on the stack.
 
 mod batch;
-pub mod kquant;
 #[cfg(target_arch = "x86_64")]
 mod kgemm;
+pub mod kquant;
 #[cfg(target_arch = "x86_64")]
 mod kquant_x86;
 mod matmul;
