@@ -151,8 +151,8 @@ fn run(ctx: &CpuContext, xt: &[f32], m: usize, jobs: &mut [MatJob<'_, '_>]) {
                         // column of scalar writes n apart thrashes the L1's sets).
                         for t in 0..tn {
                             let o = out.range((tile * MT + t) * n + r0, r1 - r0);
-                            for (i, o) in o.iter_mut().enumerate() {
-                                *o = acc[i][t] + bv[i];
+                            for ((o, a), b) in o.iter_mut().zip(&acc).zip(&bv) {
+                                *o = a[t] + b;
                             }
                         }
                     }
