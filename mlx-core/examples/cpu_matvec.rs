@@ -15,6 +15,12 @@
 //! many runs. `f32` (the default):
 //! float inputs (`Activations::F32`); `int16`: int16 inputs (`Int16Q8Int8`, the CPU decoder's
 //! default); `int8`: int8 inputs (`Int8`).
+//! `cpu_matvec kgemm [THREADS] [M]` times a prompt block's GGML products (M rows, 32 by default:
+//! the CPU decoder's prefill block) at the same shapes three ways, alternating in this process:
+//! `matmul_t` (the panel kernels of `cpu::kgemm`: each weight panel decoded once to floats),
+//! the per-row kernels with float inputs (four rows a pass: what `matmul_t` ran before) and
+//! with int8 inputs summed by VNNI (`Int8Vnni`, llama.cpp's way with Q8_0 activations), both
+//! through `matmul_t_each`. Prints the fastest of many runs and GFLOP/s (2 per weight and row).
 
 use half::f16;
 use mlx_core::cpu::{
@@ -48,6 +54,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if std::env::args().nth(1).as_deref() == Some("ggml") {
         return ggml();
+    }
+    if std::env::args().nth(1).as_deref() == Some("kgemm") {
+        return kgemm();
     }
     let act = match std::env::args().nth(1).as_deref() {
         Some("f32") => Activations::F32,
@@ -325,5 +334,102 @@ fn ggml() -> Result<(), Box<dyn std::error::Error>> {
             );
         }
     }
+    Ok(())
+}
+
+/// Prompt-block GGML products three ways (see the module's note).
+fn kgemm() -> Result<(), Box<dyn std::error::Error>> {
+    use mlx_core::cpu::kquant::GgmlType;
+    let threads: usize = std::env::args()
+        .nth(2)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let m: usize = std::env::args()
+        .nth(3)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(32);
+    let mut ctx = CpuContext::new(threads)?;
+    let mut scratch = RowsScratch::default();
+    let mut rng = Lcg(7);
+    println!("threads {threads}, m {m}, {}", ctx.isa.name());
+    let mut totals = [0u64; 3];
+    for (rows, cols, ty, what) in [
+        (1024, 640, GgmlType::Q5_0, "q_proj"),
+        (256, 640, GgmlType::Q5_0, "k_proj"),
+        (256, 640, GgmlType::Q8_0, "v_proj"),
+        (640, 1024, GgmlType::Q4_K, "o_proj"),
+        (2048, 640, GgmlType::Q5_0, "gate_proj"),
+        (2048, 640, GgmlType::Q5_0, "up_proj"),
+        (640, 2048, GgmlType::Q4_K, "down_proj"),
+        (640, 2048, GgmlType::Q6_K, "down_proj"),
+    ] {
+        let mut data: Vec<u8> = (0..rows * ty.row_bytes(cols))
+            .map(|_| rng.next() as u8)
+            .collect();
+        let halves: &[usize] = match ty {
+            GgmlType::Q6_K => &[208],
+            GgmlType::Q4_K => &[0, 2],
+            _ => &[0],
+        };
+        for b in data.chunks_exact_mut(ty.block_bytes()) {
+            for &at in halves {
+                let f = f16::from_f32(rng.unit() * 0.01);
+                b[at..at + 2].copy_from_slice(&f.to_le_bytes());
+            }
+        }
+        let w = Matrix::ggml(&data, ty, rows, cols)?;
+        let x: Vec<f32> = (0..m * cols).map(|_| rng.unit()).collect();
+        let mut out = vec![0f32; m * rows];
+        let reps = (400_000_000 / (rows * cols * m)).clamp(5, 400);
+        let mut best = [u64::MAX; 3];
+        for _ in 0..reps {
+            for (k, b) in best.iter_mut().enumerate() {
+                let t = std::time::Instant::now();
+                let mut jobs = [MatJob {
+                    w: &w,
+                    bias: None,
+                    out: &mut out,
+                }];
+                let x = std::hint::black_box(&x);
+                match k {
+                    0 => matmul_t(&ctx, x, m, &mut jobs)?,
+                    1 => {
+                        ctx.activations = Activations::Int16Q8Int8;
+                        matmul_t_each(&ctx, x, m, &mut jobs, &mut scratch)?
+                    }
+                    _ => {
+                        ctx.activations = Activations::Int8Vnni;
+                        matmul_t_each(&ctx, x, m, &mut jobs, &mut scratch)?
+                    }
+                }
+                ctx.activations = Activations::F32;
+                *b = (*b).min(t.elapsed().as_nanos() as u64);
+            }
+        }
+        let flops = 2.0 * (rows * cols * m) as f64;
+        println!(
+            "{what} {rows}x{cols} {}: panel {} ns ({:.1} GFLOP/s), per-row f32 {} ns ({:.1}), \
+             per-row int8 VNNI {} ns ({:.1})",
+            ty.name(),
+            best[0],
+            flops / best[0] as f64,
+            best[1],
+            flops / best[1] as f64,
+            best[2],
+            flops / best[2] as f64
+        );
+        for (t, b) in totals.iter_mut().zip(best) {
+            *t += b;
+        }
+    }
+    println!(
+        "one layer (both down_proj types counted): panel {} ns, per-row f32 {} ns ({:.2}x), \
+         per-row int8 VNNI {} ns ({:.2}x)",
+        totals[0],
+        totals[1],
+        totals[1] as f64 / totals[0] as f64,
+        totals[2],
+        totals[2] as f64 / totals[0] as f64
+    );
     Ok(())
 }

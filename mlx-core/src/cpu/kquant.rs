@@ -26,7 +26,9 @@
 //! inputs are representable, else within the rounding of the inputs). The AVX2 kernels and the
 //! portable one sum in different orders (tier L3 between them, a float32 rounding bound).
 //! Every row's result depends on nothing but its own inputs (not on how many rows a call
-//! takes), so a batched decode step gets each sequence's bits alone.
+//! takes), so a batched decode step gets each sequence's bits alone. A `matmul_t` call of
+//! `kgemm::MIN_M` rows or more (a prompt block) takes `cpu::kgemm`'s panel kernels instead
+//! where they apply (AVX-512, float inputs).
 
 use super::matmul::{Kind, MatJob, Matrix};
 use super::{Activations, CpuContext, Isa, SharedOut};

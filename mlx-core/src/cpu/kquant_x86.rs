@@ -55,7 +55,7 @@ unsafe fn bytes_from_bits(x: u32) -> __m256i {
 /// One GGML type's chunks: chunk `c` of a row as 32 code bytes, the `madd` operand of its
 /// integer scales, its float factor and its minimum (subtracted). Chunks are asked for in
 /// order, so a k-quant decodes its block's scales once, at the block's first chunk.
-trait Unpack {
+pub(super) trait Unpack {
     /// Codes are signed (else unsigned, at most 63).
     const SIGNED: bool;
     /// The type has minimums.
@@ -76,24 +76,24 @@ trait Unpack {
 }
 
 #[derive(Default)]
-struct Q8_0;
+pub(super) struct Q8_0;
 #[derive(Default)]
-struct Q4_0;
+pub(super) struct Q4_0;
 #[derive(Default)]
-struct Q5_0;
+pub(super) struct Q5_0;
 #[derive(Default)]
-struct Q4_1;
+pub(super) struct Q4_1;
 #[derive(Default)]
-struct Q5_1;
+pub(super) struct Q5_1;
 #[derive(Default)]
-struct Q45K<const FIVE: bool> {
+pub(super) struct Q45K<const FIVE: bool> {
     d: f32,
     dmin: f32,
     sc: [u8; 8],
     m: [u8; 8],
 }
 #[derive(Default)]
-struct Q6K {
+pub(super) struct Q6K {
     sc: [f32; 2],
 }
 

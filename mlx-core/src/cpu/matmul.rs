@@ -358,6 +358,11 @@ pub fn matmul_t(ctx: &CpuContext, x: &[f32], m: usize, jobs: &mut [MatJob<'_, '_
     if jobs.iter().any(|j| j.w.trellis_view().is_some()) {
         return super::trellis::matmul_jobs(ctx, x, m, jobs);
     }
+    // A prompt block over GGML blocks: each weight panel decoded once for all rows.
+    #[cfg(target_arch = "x86_64")]
+    if super::kgemm::applies(ctx, m, jobs) {
+        return super::kgemm::matmul_jobs(ctx, x, m, jobs);
+    }
     if jobs.iter().any(|j| super::kquant::is_ggml(j.w)) {
         return super::kquant::matmul_jobs(ctx, ctx.activations, x, m, jobs, false);
     }

@@ -15,6 +15,8 @@
 //! caller's or on the stack.
 
 mod batch;
+#[cfg(target_arch = "x86_64")]
+mod kgemm;
 pub mod kquant;
 #[cfg(target_arch = "x86_64")]
 mod kquant_x86;
