@@ -408,6 +408,18 @@ pub fn pipeline_range(layers: usize, size: i32, rank: i32) -> Result<std::ops::R
     pipeline_range_split(&split, layers, size, rank)
 }
 
+/// Tensor parallelism's first check: `rank` is a rank of a group of `size`.
+pub(crate) fn check_tensor_rank(size: i32, rank: i32) -> Result<()> {
+    if size < 1 || rank < 0 || rank >= size {
+        return Err(ModelError::Parallel {
+            kind: crate::Parallelism::Tensor,
+            what: format!("rank {rank}"),
+            problem: format!("not a rank of a group of {size}"),
+        });
+    }
+    Ok(())
+}
+
 fn check_rank(size: i32, rank: i32) -> Result<()> {
     if size < 1 || rank < 0 || rank >= size {
         return Err(ModelError::Parallel {

@@ -2109,13 +2109,7 @@ impl Model {
                 problem: format!("not supported yet ({})", SHARDED.join(", ")),
             });
         }
-        if size < 1 || rank < 0 || rank >= size {
-            return Err(ModelError::Parallel {
-                kind: crate::Parallelism::Tensor,
-                what: format!("rank {rank}"),
-                problem: format!("not a rank of a group of {size}"),
-            });
-        }
+        crate::shard::check_tensor_rank(size, rank)?;
         let pre = self.spec.prefix;
         for (i, l) in self.layers.iter_mut().enumerate() {
             let path = format!("{pre}model.layers.{i}");

@@ -2097,13 +2097,7 @@ impl Model {
     /// ([`Attention::shard_tensor_parallel`]) and MoE block ([`Moe::shard_tensor_parallel`]),
     /// refused (the model left whole) unless the ranks divide the heads and the output groups.
     pub fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
-        if size < 1 || rank < 0 || rank >= size {
-            return Err(ModelError::Parallel {
-                kind: crate::Parallelism::Tensor,
-                what: format!("rank {rank}"),
-                problem: format!("not a rank of a group of {size}"),
-            });
-        }
+        crate::shard::check_tensor_rank(size, rank)?;
         if size == 1 {
             return Ok(());
         }

@@ -1058,13 +1058,7 @@ impl Model {
                 problem: format!("not supported yet ({})", SHARDED.join(", ")),
             });
         }
-        if size < 1 || rank < 0 || rank >= size {
-            return Err(ModelError::Parallel {
-                kind: crate::Parallelism::Tensor,
-                what: format!("rank {rank}"),
-                problem: format!("not a rank of a group of {size}"),
-            });
-        }
+        crate::shard::check_tensor_rank(size, rank)?;
         if d.n_heads % size != 0 || d.n_kv_heads % size != 0 {
             return Err(ModelError::Parallel {
                 kind: crate::Parallelism::Tensor,

@@ -267,13 +267,7 @@ impl Model {
     /// layer's loop gate keeping this rank's heads (weight rows and bias).
     pub fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
         use crate::shard::{all_to_sharded, sharded_to_all, take_heads};
-        if size < 1 || rank < 0 || rank >= size {
-            return Err(ModelError::Parallel {
-                kind: crate::Parallelism::Tensor,
-                what: format!("rank {rank}"),
-                problem: format!("not a rank of a group of {size}"),
-            });
-        }
+        crate::shard::check_tensor_rank(size, rank)?;
         let (h, kvh) = (self.args.num_attention_heads, self.args.num_key_value_heads);
         if h % size != 0 || kvh % size != 0 {
             return Err(ModelError::Parallel {

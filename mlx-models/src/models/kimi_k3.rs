@@ -719,13 +719,7 @@ impl Model {
     /// split by rows, dense MLPs as llama's, MoE blocks with their experts split in place and
     /// one sum ([`SparseMoe::shard_tensor_parallel`]).
     pub fn shard_tensor_parallel(&mut self, size: i32, rank: i32) -> Result<()> {
-        if size < 1 || rank < 0 || rank >= size {
-            return Err(ModelError::Parallel {
-                kind: crate::Parallelism::Tensor,
-                what: format!("rank {rank}"),
-                problem: format!("not a rank of a group of {size}"),
-            });
-        }
+        crate::shard::check_tensor_rank(size, rank)?;
         if size == 1 {
             return Ok(());
         }

@@ -510,13 +510,7 @@ impl Model {
                 problem: "not supported yet (longcat_flash, longcat_flash_ngram)".into(),
             });
         }
-        if size < 1 || rank < 0 || rank >= size {
-            return Err(ModelError::Parallel {
-                kind: crate::Parallelism::Tensor,
-                what: format!("rank {rank}"),
-                problem: format!("not a rank of a group of {size}"),
-            });
-        }
+        crate::shard::check_tensor_rank(size, rank)?;
         for (i, l) in self.layers.iter_mut().enumerate() {
             let p = format!("model.layers.{i}");
             for (j, a) in l.self_attn.iter_mut().enumerate() {

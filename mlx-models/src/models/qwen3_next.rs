@@ -1294,13 +1294,7 @@ impl Model {
                 ),
             });
         }
-        if size < 1 || rank < 0 || rank >= size {
-            return Err(ModelError::Parallel {
-                kind: crate::Parallelism::Tensor,
-                what: format!("rank {rank}"),
-                problem: format!("not a rank of a group of {size}"),
-            });
-        }
+        crate::shard::check_tensor_rank(size, rank)?;
         if self.pipeline.is_some() || self.sharded_head.is_some() {
             return Err(ModelError::Parallel {
                 kind: crate::Parallelism::Tensor,
