@@ -139,38 +139,8 @@ pub fn run(a: &ConvertArgs) -> Result<(), String> {
         opts.extra_files = gguf_tokenizer_files(Path::new(&a.hf_path))
             .map_err(|e| format!("{}: {e}", a.hf_path))?;
     }
-    let tty = std::io::stderr().is_terminal();
-    let mut bar: Option<ProgressBar> = None;
-    let mut on_progress = |p: Progress<'_>| match p {
-        Progress::Info(line) => {
-            if let Some(b) = bar.take() {
-                b.finish_and_clear();
-            }
-            println!("[INFO] {line}");
-        }
-        Progress::Stage(name, total) => {
-            if let Some(b) = bar.take() {
-                b.finish_and_clear();
-            }
-            if tty && total > 0 {
-                let pb =
-                    ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::stderr());
-                if let Ok(style) =
-                    ProgressStyle::with_template("[mlx] {prefix} [{bar:30}] {pos}/{len} {wide_msg}")
-                {
-                    pb.set_style(style.progress_chars("=> "));
-                }
-                pb.set_prefix(name.to_string());
-                bar = Some(pb);
-            }
-        }
-        Progress::Tensor(name) => {
-            if let Some(b) = &bar {
-                b.set_message(name.to_string());
-                b.inc(1);
-            }
-        }
-    };
+    let mut progress = ProgressView::new("[INFO] ");
+    let mut on_progress = |p: Progress<'_>| progress.show(p);
     let report = convert(
         Path::new(&a.hf_path),
         Path::new(&a.mlx_path),
@@ -178,9 +148,7 @@ pub fn run(a: &ConvertArgs) -> Result<(), String> {
         &mut on_progress,
     )
     .map_err(|e| format!("{}: {e}", a.hf_path))?;
-    if let Some(b) = bar.take() {
-        b.finish_and_clear();
-    }
+    progress.finish();
     eprintln!(
         "[mlx] wrote {} tensors to {} ({})",
         report.tensors,
@@ -234,4 +202,61 @@ fn gguf_tokenizer_files(path: &Path) -> Result<Vec<(String, Vec<u8>)>, String> {
         ("tokenizer.json".into(), json.into_bytes()),
         ("tokenizer_config.json".into(), config.into_bytes()),
     ])
+}
+
+/// How `convert` and `quant` show a conversion's [`Progress`] on the terminal: info lines on
+/// standard output (after `info_prefix`), and a bar on standard error per stage when it is a
+/// terminal, advanced per tensor.
+pub(crate) struct ProgressView {
+    info_prefix: &'static str,
+    tty: bool,
+    bar: Option<ProgressBar>,
+}
+
+impl ProgressView {
+    pub(crate) fn new(info_prefix: &'static str) -> ProgressView {
+        ProgressView {
+            info_prefix,
+            tty: std::io::stderr().is_terminal(),
+            bar: None,
+        }
+    }
+
+    pub(crate) fn show(&mut self, p: Progress<'_>) {
+        match p {
+            Progress::Info(line) => {
+                self.finish();
+                println!("{}{line}", self.info_prefix);
+            }
+            Progress::Stage(name, total) => {
+                self.finish();
+                if self.tty && total > 0 {
+                    let pb = ProgressBar::with_draw_target(
+                        Some(total as u64),
+                        ProgressDrawTarget::stderr(),
+                    );
+                    if let Ok(style) = ProgressStyle::with_template(
+                        "[mlx] {prefix} [{bar:30}] {pos}/{len} {wide_msg}",
+                    ) {
+                        pb.set_style(style.progress_chars("=> "));
+                    }
+                    pb.set_prefix(name.to_string());
+                    self.bar = Some(pb);
+                }
+            }
+            Progress::Tensor(name) => {
+                if let Some(b) = &self.bar {
+                    b.set_message(name.to_string());
+                    b.inc(1);
+                }
+            }
+        }
+    }
+
+    /// Clears the current stage's bar.
+    pub(crate) fn finish(&mut self) {
+        if let Some(b) = self.bar.take() {
+            b.finish_and_clear();
+        }
+    }
 }

@@ -6,11 +6,9 @@
 //! in the order of `mx.random.permutation` under `--seed` after the global key draws mlx-lm's
 //! `load` takes (what `mx.random.seed(seed)` before `load` gives there).
 
-use std::io::IsTerminal;
 use std::path::Path;
 
 use clap::{Args, Subcommand};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use mlx_core::prelude::*;
 use mlx_models::awq::{awq, AwqOptions};
 use mlx_models::convert::Progress;
@@ -222,38 +220,8 @@ pub fn run(q: &QuantArgs) -> Result<(), String> {
         QuantMethod::Awq(a) => (&a.model, &a.mlx_path),
     };
     let dir = Path::new(model);
-    let tty = std::io::stderr().is_terminal();
-    let mut bar: Option<ProgressBar> = None;
-    let mut on_progress = |p: Progress<'_>| match p {
-        Progress::Info(line) => {
-            if let Some(b) = bar.take() {
-                b.finish_and_clear();
-            }
-            println!("{line}");
-        }
-        Progress::Stage(name, total) => {
-            if let Some(b) = bar.take() {
-                b.finish_and_clear();
-            }
-            if tty && total > 0 {
-                let pb =
-                    ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::stderr());
-                if let Ok(style) =
-                    ProgressStyle::with_template("[mlx] {prefix} [{bar:30}] {pos}/{len} {wide_msg}")
-                {
-                    pb.set_style(style.progress_chars("=> "));
-                }
-                pb.set_prefix(name.to_string());
-                bar = Some(pb);
-            }
-        }
-        Progress::Tensor(name) => {
-            if let Some(b) = &bar {
-                b.set_message(name.to_string());
-                b.inc(1);
-            }
-        }
-    };
+    let mut progress = crate::convert::ProgressView::new("");
+    let mut on_progress = |p: Progress<'_>| progress.show(p);
     let report = match &q.method {
         QuantMethod::Gptq(a) => {
             let data = seeded_data(
@@ -291,9 +259,7 @@ pub fn run(q: &QuantArgs) -> Result<(), String> {
         }
     }
     .map_err(|e| format!("{model}: {e}"))?;
-    if let Some(b) = bar.take() {
-        b.finish_and_clear();
-    }
+    progress.finish();
     eprintln!(
         "[mlx] wrote {} tensors to {} ({})",
         report.tensors,
