@@ -3,7 +3,7 @@
 //! chat-templated prompt, float32; goldens from `cargo xtask goldens smollm2_generate`), and
 //! bad input gets a clear error and a non-zero exit.
 
-mod support;
+use crate::support;
 use support::mlx;
 
 use std::path::PathBuf;

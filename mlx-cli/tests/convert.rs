@@ -5,7 +5,7 @@
 //! `tokenizer.json` and `generation_config.json` equal mlx-lm's byte for byte. The command line
 //! itself runs a few cases and its refusals.
 
-mod support;
+use crate::support;
 use support::mlx;
 
 use std::collections::BTreeMap;

@@ -6,7 +6,7 @@
 //! own `generate` makes of gguf-py's dequantized weights (`cargo xtask goldens gemma3_gguf_cli`).
 //! Skipped, with a message, only when the model cannot be fetched.
 
-mod support;
+use crate::support;
 
 use std::path::PathBuf;
 

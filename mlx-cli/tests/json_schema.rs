@@ -3,7 +3,7 @@
 //! real SmolLM2-135M-Instruct GGUF (byte-level BPE vocabulary of 49,152 tokens), whose free
 //! reply to the same prompt is not bare JSON; a bad schema file is an error naming the file.
 
-mod support;
+use crate::support;
 use support::mlx;
 
 #[path = "../../mlx-engine/tests/support/schema_check.rs"]

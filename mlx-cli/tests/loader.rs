@@ -3,7 +3,7 @@
 //! (then `mlx generate --adapter-path` on what it trained) take a `.gguf` file; `mlx fuse` on
 //! one is a clear error naming what to do instead.
 
-mod support;
+use crate::support;
 use support::mlx;
 
 use std::io::{BufRead, BufReader, Read, Write};

@@ -3,7 +3,7 @@
 //! seeded permutation of the records), batches and figures, the perplexity and its standard
 //! error equal as float64 on tiny fixtures (f32, bf16, f16 and 4-bit models).
 
-mod support;
+use crate::support;
 use support::mlx;
 
 use std::path::PathBuf;

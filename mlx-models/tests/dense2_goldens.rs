@@ -3,7 +3,7 @@
 //! goldens by `cargo xtask goldens dense2`) give mlx-lm's logits to the last bit: prefill,
 //! every cached decode step and a cache-less forward.
 
-mod model_check;
+use crate::model_check;
 
 use std::path::PathBuf;
 

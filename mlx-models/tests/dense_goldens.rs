@@ -3,7 +3,7 @@
 //! dense`) give logits equal to mlx-lm's to the last bit: prefill, every cached decode step,
 //! and a cache-less forward. Also: the dispatch ladder's listing and its rejection.
 
-mod model_check;
+use crate::model_check;
 
 use std::path::PathBuf;
 

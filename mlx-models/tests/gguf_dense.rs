@@ -5,7 +5,7 @@
 //! goldens gguf_dense`, loaded by `mlx_models::gguf`, give mlx-lm's logits on the same
 //! weights to the last bit.
 
-mod model_check;
+use crate::model_check;
 
 use std::path::PathBuf;
 

@@ -4,7 +4,7 @@
 //! (`LanguageModel::layer_parameters_mut`: full name, shape, quantized or not).
 //!
 //! `tests/snapshots/layer_walk.txt` was written by this test (`LAYER_WALK_WRITE=1 cargo test
-//! -p mlx-models --test layer_walk`) from the hand-written enumerators before one walker
+//! -p mlx-models --test integration layer_walk::`) from the hand-written enumerators before one walker
 //! replaced them; the test proves the walker lists the same linears in the same order and
 //! the same arrays. The arrays' order is compared as a set: their consumers (full
 //! fine-tuning's `ParamMap`, adapter file checks, the checkpoints' own inputs) look them up

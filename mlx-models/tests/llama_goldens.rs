@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-mod model_check;
+use crate::model_check;
 
 use mlx_core::prelude::*;
 use mlx_models::load::{load_model_dir, LoadOptions};

@@ -5,7 +5,7 @@
 //! forward. The CLI side (greedy ids, top-5 log-probabilities) is in mlx-cli's
 //! `models_cli.rs`, over `cli_models_mla.json`.
 
-mod model_check;
+use crate::model_check;
 
 use std::path::PathBuf;
 

@@ -3,7 +3,7 @@
 //! classes) give logits equal to mlx-lm's to the last bit: prefill (SwitchGLU's sorted path),
 //! every cached decode step (the unsorted path), and a cache-less forward.
 
-mod model_check;
+use crate::model_check;
 
 use std::path::PathBuf;
 

@@ -6,7 +6,7 @@
 //! the recurrent caches' rollback contract: decoding k tokens, trimming j and decoding on
 //! equals decoding the k - j tokens directly, bit for bit (mlx-lm cannot trim them at all).
 
-mod model_check;
+use crate::model_check;
 
 use std::path::PathBuf;
 

@@ -3,7 +3,7 @@
 //! the outcome in `<body data-selftest>`, which the test polls; then a screenshot, whose path
 //! is printed. Skipped (with the reason printed) when `chromium` is not installed.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};

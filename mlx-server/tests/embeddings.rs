@@ -2,7 +2,7 @@
 //! L2-normalised hidden states (`cargo xtask goldens serve`) and to the library's
 //! `mlx_models::embed::embed`, as floats and as base64; bad inputs get 400s.
 
-mod common;
+use crate::common;
 
 use common::{post, serve_golden, server_fixture, TestServer};
 use mlx_models::embed::{embed, to_vecs};

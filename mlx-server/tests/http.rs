@@ -3,7 +3,7 @@
 //! streaming as server-sent events, prompt-cache reuse, every bad request a 4xx with an OpenAI error object, the
 //! queue limit (503 with Retry-After), the API key, and a client that disconnects mid-stream.
 
-mod common;
+use crate::common;
 
 use common::{golden, http, post, EventStream, TestServer};
 use serde_json::{json, Value};

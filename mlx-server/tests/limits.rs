@@ -3,7 +3,7 @@
 //! past `--max-queued-tokens` a request gets a 429 with `Retry-After`; the server keeps
 //! serving.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

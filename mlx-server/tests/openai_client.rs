@@ -2,7 +2,7 @@
 //! `target/`, pinned), including a 32-client concurrent streaming load test. The checks are
 //! in `openai_client.py`.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

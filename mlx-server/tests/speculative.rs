@@ -4,7 +4,7 @@
 //! the per-request `num_draft_tokens` and `draft_model` fields are read as mlx_lm.server
 //! reads them, and bad values are refused naming the field.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 

@@ -2,7 +2,7 @@
 //! every client lost its stream) fails only the request that renders it: another client's
 //! stream runs to its end and `/health` keeps answering.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 

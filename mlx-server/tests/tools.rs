@@ -8,7 +8,7 @@
 //! by the server; on `tools_qwen3` every response equals what the real `mlx_lm.server` returned
 //! for the same request (ids and times aside), streaming chunk by chunk.
 
-mod common;
+use crate::common;
 
 use common::{post, serve_golden, server_fixture, EventStream, TestServer};
 use serde_json::{json, Value};

@@ -2,7 +2,7 @@
 `goldens_gguf_more.py`) share: the seeded tiny mlx-lm model, llama.cpp's Q / K row
 permutation, the metadata writer, the lossless write of the GGUF file and the recorded
 logits (prefill, cached decode steps, a cache-less forward) that `cargo test -p mlx-models
---test gguf_dense` compares ours with.
+--test integration gguf_dense::` compares ours with.
 """
 
 import importlib
