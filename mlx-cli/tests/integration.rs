@@ -5,7 +5,8 @@
 //! are separate `[[test]]` targets in Cargo.toml; `every_test_file_is_built` checks that no
 //! file of `tests/` is left out of both.
 
-#[allow(dead_code)]
+#[path = "support/cli_golden.rs"]
+mod cli_golden;
 mod support;
 
 mod cache_prompt_partial;

@@ -14,8 +14,7 @@ use std::sync::Mutex;
 
 use serde_json::Value;
 
-#[path = "support/cli_golden.rs"]
-mod cli_golden;
+use crate::cli_golden;
 
 fn here() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -9,8 +9,7 @@ use std::path::{Path, PathBuf};
 use mlx_core::{io, ops};
 use serde_json::Value;
 
-#[path = "support/cli_golden.rs"]
-mod cli_golden;
+use crate::cli_golden;
 
 fn here() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

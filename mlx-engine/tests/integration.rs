@@ -5,7 +5,6 @@
 //! are separate `[[test]]` targets in Cargo.toml; `every_test_file_is_built` checks that no
 //! file of `tests/` is left out of both.
 
-#[allow(dead_code)]
 mod common;
 
 mod bad_files;

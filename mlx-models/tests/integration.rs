@@ -5,7 +5,6 @@
 //! are separate `[[test]]` targets in Cargo.toml; `every_test_file_is_built` checks that no
 //! file of `tests/` is left out of both.
 
-#[allow(dead_code)]
 mod model_check;
 
 mod dense2_goldens;

@@ -11,8 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 pub use common::fixture;
 /// A server on the tiny fixture whose shutdown the test triggers (`TestServer::shutdown`).
