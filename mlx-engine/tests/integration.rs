@@ -19,7 +19,6 @@ mod gemma3_gguf;
 mod smollm2_gguf;
 mod smollm2_gguf_logits;
 mod smollm2_tokenizer;
-mod template_alloc;
 mod tokenizer_gguf;
 mod tokenizer_gguf_spm;
 mod tokenizer_gguf_wpm;
