@@ -636,6 +636,46 @@ const ARCHS: &[GgufArch] = &[
         rope_tensors: true,
         ..PLAIN
     },
+    // ERNIE 4.5 MoE: ERNIE 4.5's layers (interleaved rope, nothing permuted), experts from
+    // `leading_dense_block_count` on every `interleave_moe_layer_step`-th layer, a shared
+    // expert; `exp_probs_b` (the checkpoints' `e_score_correction_bias`) is read and dropped,
+    // as mlx-lm's sanitize drops it.
+    GgufArch {
+        arch: "ernie4_5-moe",
+        model_type: "ernie4_5_moe",
+        parts: &[
+            ("exp_probs_b", "mlp.moe_statics.e_score_correction"),
+            EXPERT_PARTS[0],
+            EXPERT_PARTS[1],
+            EXPERT_PARTS[2],
+            EXPERT_PARTS[3],
+            SHARED_EXPERT_PARTS[0],
+            SHARED_EXPERT_PARTS[1],
+            SHARED_EXPERT_PARTS[2],
+        ],
+        ..PLAIN
+    },
+    // Llama 4 (text): Q / K as stored (llama.cpp's llama4 rope is interleaved, as mlx-lm's),
+    // dense and MoE layers under `feed_forward`, Scout's rope as `rope_freqs`; the names get
+    // mlx-lm's `language_model.` and the config its `text_config` (`llama4_config`).
+    GgufArch {
+        arch: "llama4",
+        model_type: "llama4",
+        parts: &[
+            ("ffn_gate", "feed_forward.gate_proj"),
+            ("ffn_up", "feed_forward.up_proj"),
+            ("ffn_down", "feed_forward.down_proj"),
+            ("ffn_gate_inp", "feed_forward.router"),
+            ("ffn_gate_exps", "feed_forward.experts.gate_proj"),
+            ("ffn_up_exps", "feed_forward.experts.up_proj"),
+            ("ffn_down_exps", "feed_forward.experts.down_proj"),
+            ("ffn_gate_shexp", "feed_forward.shared_expert.gate_proj"),
+            ("ffn_up_shexp", "feed_forward.shared_expert.up_proj"),
+            ("ffn_down_shexp", "feed_forward.shared_expert.down_proj"),
+        ],
+        rope_tensors: true,
+        ..PLAIN
+    },
 ];
 
 /// `llama.cpp` tensor names to mlx-lm's, for `a`.
@@ -685,7 +725,7 @@ fn map_name(a: &GgufArch, name: &str) -> Option<String> {
         // converters add a `.weight` / `.bias`.
         return Some(mapped);
     }
-    if mapped.ends_with(".mlp.gate.e_score_correction") && suffix == "bias" {
+    if mapped.ends_with(".e_score_correction") && suffix == "bias" {
         return Some(format!("{mapped}_bias"));
     }
     Some(format!("{mapped}.{suffix}"))
@@ -1663,24 +1703,9 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                 config["num_experts"] = Value::from(count("expert_count")?);
                 config["num_experts_per_tok"] = Value::from(count("expert_used_count")?);
                 config["moe_intermediate_size"] = Value::from(count("expert_feed_forward_length")?);
-                // 0 is a valid count here (meta_count takes positive values only).
-                let dense = match meta_f64(&metadata, &key("leading_dense_block_count")) {
-                    None => 0,
-                    Some(v) if v.fract() == 0.0 && (0.0..=f64::from(blocks)).contains(&v) => {
-                        v as i64
-                    }
-                    Some(v) => {
-                        return Err(gguf_err(
-                            path,
-                            format!(
-                                "metadata `{}` is {v}; it must be a layer count of at most \
-                                 {blocks}",
-                                key("leading_dense_block_count")
-                            ),
-                        ))
-                    }
-                };
-                config["num_dense_layers"] = Value::from(dense);
+                let dense =
+                    meta_layer_count(&metadata, path, &key("leading_dense_block_count"), blocks)?;
+                config["num_dense_layers"] = Value::from(dense.unwrap_or(0));
                 config["norm_topk_prob"] = Value::from(true);
                 config["use_expert_bias"] = Value::from(
                     tensors
@@ -1710,6 +1735,8 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                 ));
             }
         }
+        "ernie4_5-moe" => ernie45_moe_config(&mut config, &tensors, path, &metadata, blocks)?,
+        "llama4" => llama4_config(&mut config, &tensors, path, &metadata)?,
         "nanbeige" => {
             // NanbeigeModel: the loop count and whether the loops between skip the final norm.
             if let Some(n) = meta_count(&metadata, path, &key("num_loops"))? {
@@ -1747,6 +1774,19 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             "unexpected GGUF tensor: {name}"
         )]));
     }
+    if arch.arch == "llama4" {
+        // mlx-lm's llama4 is the text model of the multimodal checkpoint.
+        config = json!({"model_type": "llama4", "text_config": config});
+        config["text_config"]["model_type"] = Value::from("llama4_text");
+        tensors = std::mem::take(&mut tensors)
+            .into_iter()
+            .map(|(k, v)| (format!("language_model.{k}"), v))
+            .collect();
+        ggml = std::mem::take(&mut ggml)
+            .into_iter()
+            .map(|(k, v)| (format!("language_model.{k}"), v))
+            .collect();
+    }
     let config = ModelConfig::from_value(config).map_err(|e| match e {
         ModelError::Config(m) => gguf_err(path, format!("hyper-parameters: {m}")),
         other => other,
@@ -1757,6 +1797,121 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         metadata,
         blocks: ggml,
     })
+}
+
+/// A count of layers `key` (0 allowed, unlike [`meta_count`]) of at most `blocks`.
+fn meta_layer_count(
+    meta: &GgufMetadata,
+    path: &Path,
+    key: &str,
+    blocks: i32,
+) -> Result<Option<i32>> {
+    match meta_f64(meta, key) {
+        None if meta.contains_key(key) => {
+            Err(gguf_err(path, format!("metadata `{key}` is not a number")))
+        }
+        None => Ok(None),
+        Some(v) if v.fract() == 0.0 && (0.0..=f64::from(blocks)).contains(&v) => Ok(Some(v as i32)),
+        Some(v) => Err(gguf_err(
+            path,
+            format!("metadata `{key}` is {v}; it must be a layer count of at most {blocks}"),
+        )),
+    }
+}
+
+/// ERNIE 4.5 MoE (`Ernie4_5MoeModel`'s keys) as mlx-lm's `ernie4_5_moe` args: the expert
+/// counts, the interleave step, the leading dense layers (llama.cpp: a layer has experts from
+/// `leading_dense_block_count` on where `(layer + 1) % step == 0`, mlx-lm's rule with no
+/// end index), the experts' width and the shared expert count (its width is
+/// `moe_intermediate_size * moe_num_shared_experts` in mlx-lm, which the tensors' shapes
+/// must match; the converter's `expert_shared_feed_forward_length` is not read).
+fn ernie45_moe_config(
+    config: &mut Value,
+    tensors: &BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    blocks: i32,
+) -> Result<()> {
+    let key = |k: &str| format!("ernie4_5-moe.{k}");
+    let need = |k: &str| -> Result<i32> {
+        meta_count(meta, path, &key(k))?
+            .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
+    };
+    config["moe_num_experts"] = Value::from(need("expert_count")?);
+    config["moe_k"] = Value::from(need("expert_used_count")?);
+    config["moe_layer_interval"] = Value::from(need("interleave_moe_layer_step")?);
+    config["moe_layer_start_index"] = Value::from(
+        meta_layer_count(meta, path, &key("leading_dense_block_count"), blocks)?.unwrap_or(0),
+    );
+    if let Some(n) = meta_count(meta, path, &key("expert_feed_forward_length"))? {
+        config["moe_intermediate_size"] = Value::from(n);
+    }
+    config["moe_num_shared_experts"] = Value::from(
+        meta_layer_count(meta, path, &key("expert_shared_count"), i32::MAX)?.unwrap_or(0),
+    );
+    config["use_bias"] = Value::from(tensors.contains_key("model.layers.0.self_attn.q_proj.bias"));
+    if config.get("head_dim").is_none() {
+        let (h, n) = (&config["hidden_size"], &config["num_attention_heads"]);
+        config["head_dim"] = Value::from(h.as_i64().unwrap_or(0) / n.as_i64().unwrap_or(1));
+    }
+    if config.get("max_position_embeddings").is_none() {
+        return Err(gguf_err(
+            path,
+            format!("metadata `{}` is missing", key("context_length")),
+        ));
+    }
+    Ok(())
+}
+
+/// Llama 4 (`Llama4Model`'s keys) as mlx-lm's llama4 `text_config`: the dense layers' width
+/// is `feed_forward_length` (`intermediate_size_mlp`), the experts' is
+/// `expert_feed_forward_length` (`intermediate_size`). What llama.cpp fixes rather than reads
+/// is set as it fixes it: chunks of 8192 tokens on three of every four layers, the fourth
+/// global without rope (mlx-lm's fixed pattern), the attention temperature (mlx-lm's
+/// defaults, llama.cpp's values), and q/k norms unless there are 128 experts (Maverick). A
+/// file whose `attention.sliding_window` is 0 (every layer global with rope: MobileLLM) is
+/// refused: mlx-lm's llama4 has no such layout.
+fn llama4_config(
+    config: &mut Value,
+    tensors: &BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+) -> Result<()> {
+    let key = |k: &str| format!("llama4.{k}");
+    let need = |k: &str| -> Result<i32> {
+        meta_count(meta, path, &key(k))?
+            .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
+    };
+    if meta_f64(meta, &key("attention.sliding_window")) == Some(0.0) {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` is 0 (every layer global, with rope): mlx-lm's llama4 makes \
+                 every 4th layer global without rope and chunks the others",
+                key("attention.sliding_window")
+            ),
+        ));
+    }
+    let experts = need("expert_count")?;
+    config["intermediate_size_mlp"] = config["intermediate_size"].clone();
+    config["intermediate_size"] = Value::from(need("expert_feed_forward_length")?);
+    config["interleave_moe_layer_step"] = Value::from(need("interleave_moe_layer_step")?);
+    config["num_local_experts"] = Value::from(experts);
+    config["num_experts_per_tok"] = Value::from(need("expert_used_count")?);
+    config["attention_chunk_size"] = Value::from(8192);
+    config["use_qk_norm"] = Value::from(experts != 128);
+    config["attention_bias"] =
+        Value::from(tensors.contains_key("model.layers.0.self_attn.q_proj.bias"));
+    if config.get("max_position_embeddings").is_none() {
+        return Err(gguf_err(
+            path,
+            format!("metadata `{}` is missing", key("context_length")),
+        ));
+    }
+    if config.get("rope_scaling").is_none() {
+        config["rope_scaling"] = Value::Null;
+    }
+    Ok(())
 }
 
 /// llama.cpp's fused `ffn_gate_up_exps` `(experts, 2 * ffn, hidden)` (and its quantization
@@ -1833,28 +1988,28 @@ fn llama3_rope(config: &mut Value, f: &Array, path: &Path, default_head: i32) ->
         .collect();
     let low = 1.0;
     let (old, high) = match blended.as_slice() {
-        [] | [_] => {
-            let high = 4.0;
-            let old = match blended.first() {
-                Some(&i) => ((3.0 * smooth(got[i]) + 1.0) * wavelen[i]).round(),
-                None => {
-                    // Any context between the classes gives the same factors.
-                    let lo = (0..got.len())
-                        .filter(|&i| close(got[i], 1.0))
-                        .map(|i| wavelen[i] * high)
-                        .fold(0.0, f64::max);
-                    let hi = (0..got.len())
-                        .filter(|&i| close(got[i], factor))
-                        .map(|i| wavelen[i])
-                        .fold(f64::INFINITY, f64::min);
-                    if (lo..hi).contains(&8192.0) {
-                        8192.0
-                    } else {
-                        ((lo + hi.min(lo * 2.0)) / 2.0).round()
-                    }
-                }
+        [] => {
+            // No blended band: a step at the original context, which low = high gives (Llama 4
+            // Scout's 1 and 1; mlx-lm's Llama3RoPE then blends nothing). Any context between
+            // the two classes gives the same factors.
+            let lo = (0..got.len())
+                .filter(|&i| close(got[i], 1.0))
+                .map(|i| wavelen[i])
+                .fold(0.0, f64::max);
+            let hi = (0..got.len())
+                .filter(|&i| close(got[i], factor))
+                .map(|i| wavelen[i])
+                .fold(f64::INFINITY, f64::min);
+            let old = if lo < 8192.0 && 8192.0 < hi {
+                8192.0
+            } else {
+                ((lo + hi.min(lo * 2.0)) / 2.0).round()
             };
-            (old, high)
+            (old, low)
+        }
+        [i] => {
+            let high = 4.0;
+            (((3.0 * smooth(got[*i]) + 1.0) * wavelen[*i]).round(), high)
         }
         [.., _] => {
             // s = a / wavelen - b with a = old / (high - low), b = low / (high - low).
@@ -2762,6 +2917,22 @@ mod tests {
                 })
             );
         }
+        // Llama 4 Scout (theta 500000, head 128, factor 16, low = high = 1, original context
+        // 8192): no blended band; a step at 8192 between two adjacent frequencies.
+        let f = converter_factors(500_000.0, 128, 16.0, 1.0, 1.0, 8192.0);
+        let a = Array::from_slice(&f, &[64])?;
+        let mut config = json!({"head_dim": 128, "rope_theta": 500000.0});
+        llama3_rope(&mut config, &a, Path::new("x.gguf"), 128)?;
+        assert_eq!(
+            config["rope_scaling"],
+            json!({
+                "rope_type": "llama3",
+                "factor": 16.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 1.0,
+                "original_max_position_embeddings": 8192,
+            })
+        );
         // Factors no Llama 3 scaling gives are refused, naming the tensor.
         let mut f = converter_factors(500_000.0, 128, 8.0, 1.0, 4.0, 8192.0);
         f[40] = 3.0;

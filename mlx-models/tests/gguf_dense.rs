@@ -115,6 +115,8 @@ fn later_gguf_architectures_match_mlx_lm() {
         ("lfm2moe", "lfm2_moe"),
         ("qwen35", "qwen3_5"),
         ("qwen35moe", "qwen3_5_moe"),
+        ("ernie4_5_moe", "ernie4_5_moe"),
+        ("llama4", "llama4"),
     ];
     let failures: Vec<String> = cases
         .iter()
@@ -157,6 +159,8 @@ fn later_gguf_architectures_match_mlx_lm() {
         "lfm2moe",
         "qwen35",
         "qwen35moe",
+        "ernie4_5-moe",
+        "llama4",
     ] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }

@@ -320,6 +320,52 @@ mod gguf {
     }
 
     #[test]
+    fn bad_ernie45_moe_and_llama4_metadata_names_the_key() {
+        let u = |v: u32| GgufValue::Array(Array::scalar(v).unwrap());
+        for (fixture, key) in [
+            ("ernie4_5_moe", "ernie4_5-moe.interleave_moe_layer_step"),
+            ("ernie4_5_moe", "ernie4_5-moe.expert_used_count"),
+            ("llama4", "llama4.expert_feed_forward_length"),
+            ("llama4", "llama4.interleave_moe_layer_step"),
+        ] {
+            let e = err(&edited(
+                fixture,
+                "missing",
+                |m| {
+                    m.remove(key);
+                },
+                |_| {},
+            ));
+            assert!(e.contains(key) && e.contains("is missing"), "{key}: {e}");
+        }
+        let e = err(&edited(
+            "ernie4_5_moe",
+            "e45dense",
+            |m| {
+                m.insert("ernie4_5-moe.leading_dense_block_count".into(), u(9));
+            },
+            |_| {},
+        ));
+        assert!(
+            e.contains("leading_dense_block_count") && e.contains("at most 4"),
+            "{e}"
+        );
+        // MobileLLM's layout (every layer global, with rope) is not mlx-lm's llama4.
+        let e = err(&edited(
+            "llama4",
+            "l4swa",
+            |m| {
+                m.insert("llama4.attention.sliding_window".into(), u(0));
+            },
+            |_| {},
+        ));
+        assert!(
+            e.contains("llama4.attention.sliding_window") && e.contains("l4swa.gguf"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn head_counts_that_do_not_divide_the_rows_name_the_tensor() {
         let e = err(&file("heads3", 3, 3));
         assert!(

@@ -127,14 +127,14 @@ SPM = tokenizer("llama")
 
 
 def text_model(eps=("attention.layer_norm_rms_epsilon", "rms_norm_eps"), head_dim=None,
-               vocab_size=False, rope_dims=None, blocks=layers):
+               vocab_size=False, rope_dims=None, blocks=layers, ffn="intermediate_size"):
     """TextModel.set_gguf_parameters' keys (plus LlamaModel's vocab_size and rope dims), then
     the byte-level BPE tokenizer; `head_dim` / `rope_dims` are config fields or functions."""
     e = [
         u32("block_count", blocks),
         u32("context_length", "max_position_embeddings"),
         u32("embedding_length", "hidden_size"),
-        u32("feed_forward_length", "intermediate_size"),
+        u32("feed_forward_length", ffn),
         u32("attention.head_count", "num_attention_heads"),
         u32("attention.head_count_kv", "num_key_value_heads"),
         f32("rope.freq_base", "rope_theta"),
@@ -425,6 +425,8 @@ class Case:
     read_back: Optional[Callable] = None
     # The mlx-lm names' wrapper read back (`language_model.` for Qwen 3.5).
     wrap: str = ""
+    # The config the converter reads (Llama 4's `text_config`).
+    hparams: Callable = lambda c: c
 
     def __post_init__(self):
         self.names = {**LLAMA, **self.parts}
@@ -465,8 +467,8 @@ def write_case(name, case):
         for g, t in case.tensors(case, k, v) if case.tensors else [(case.gguf_name(k), v)]:
             gguf[g] = t
     for add in case.extra:
-        add(c, gguf)
-    path = write_gguf(name, gguf, write_meta(case.arch, c, case.meta))
+        add(case.hparams(c), gguf)
+    path = write_gguf(name, gguf, write_meta(case.arch, case.hparams(c), case.meta))
     if case.read_back is None:
         record(model, name, __file__)
         return
@@ -1108,6 +1110,102 @@ CASES = {
         for name, c in [("qwen35", QWEN35), ("qwen35moe", QWEN35MOE)]
     },
 }
+
+
+# ERNIE 4.5 MoE (`ernie4_5-moe`): a dense first layer (moe_layer_start_index), then experts
+# every `moe_layer_interval`-th layer, a softmax router over f32 logits, a shared expert.
+# Ernie4_5MoeModel writes TextModel's keys, the expert counts, the interleave step, the dense
+# block count, the experts' width, the shared expert count, and as the shared expert's width
+# `intermediate_size // num_key_value_heads` (sic; mlx-lm's is moe_intermediate_size *
+# moe_num_shared_experts, which the tensors' shapes carry). The checkpoints'
+# `moe_statics.e_score_correction_bias` becomes `exp_probs_b.bias`, which llama.cpp adds to
+# the router's selection and mlx-lm's sanitize drops: the file holds one that would move the
+# choice to expert 3, and the golden is mlx-lm's (without it).
+def ernie_probs_b(c, gguf):
+    for layer in range(c["num_hidden_layers"]):
+        if layer >= c["moe_layer_start_index"] and (layer + 1) % c["moe_layer_interval"] == 0:
+            gguf[f"blk.{layer}.exp_probs_b.bias"] = mx.array([0.0, 0.0, 0.0, 10.0])
+
+
+CASES["ernie4_5_moe"] = Case(
+    "ernie4_5_moe",
+    cfg("ernie4_5_moe", num_hidden_layers=4, head_dim=8, use_bias=False, tie_word_embeddings=False,
+        moe_num_experts=4, moe_k=2, moe_layer_start_index=1, moe_layer_interval=2,
+        moe_intermediate_size=16, moe_num_shared_experts=1),
+    "ernie4_5-moe",
+    text_model(head_dim="head_dim") + [
+        u32("expert_count", "moe_num_experts"),
+        u32("expert_used_count", "moe_k"),
+        u32("interleave_moe_layer_step", "moe_layer_interval"),
+        u32("leading_dense_block_count", "moe_layer_start_index"),
+        u32("expert_feed_forward_length", "moe_intermediate_size"),
+        u32("expert_shared_count", "moe_num_shared_experts"),
+        u32("expert_shared_feed_forward_length", lambda c: c["intermediate_size"] // c["num_key_value_heads"]),
+    ],
+    {**DEEPSEEK_MOE, **EXPERTS},
+    extra=[ernie_probs_b],
+)
+
+
+# Llama 4 (`llama4`): Llama4Model (LlamaModel's keys, Q / K not permuted: llama.cpp's llama4
+# rope is interleaved as mlx-lm's) with the MoE width as `expert_feed_forward_length`, the
+# dense layers' as `feed_forward_length`, the interleave step; Scout's rope (llama3 with
+# low = high frequency factor 1: no blended band) as `rope_freqs`. llama.cpp fixes what the
+# file does not say: chunks of 8192, every 4th layer global without rope, the attention
+# temperature (floor 8192, scale 0.1), and q/k norms unless there are 128 experts.
+# A head of 32 (16 frequencies, adjacent ones closer than 4x) puts the 8192 boundary between
+# two of them.
+def llama4_tensors(case, k, v):
+    return [(case.gguf_name(k.removeprefix("language_model.")), v)]
+
+
+CASES["llama4"] = Case(
+    "llama4",
+    {
+        "model_type": "llama4",
+        "text_config": {
+            **BASE,
+            "model_type": "llama4_text",
+            "num_hidden_layers": 4,
+            "head_dim": 32,
+            "intermediate_size": 16,
+            "intermediate_size_mlp": 64,
+            "interleave_moe_layer_step": 2,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 1,
+            "attention_bias": False,
+            "attention_chunk_size": 8192,
+            "use_qk_norm": True,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 500000.0,
+            "rope_scaling": {**LLAMA3_ROPE, "factor": 16.0, "high_freq_factor": 1.0,
+                             "original_max_position_embeddings": 8192},
+        },
+    },
+    "llama4",
+    text_model(vocab_size=True, rope_dims="head_dim", head_dim="head_dim",
+               ffn="intermediate_size_mlp") + [
+        u32("expert_count", "num_local_experts"),
+        u32("expert_used_count", "num_experts_per_tok"),
+        u32("interleave_moe_layer_step", "interleave_moe_layer_step"),
+        u32("expert_feed_forward_length", "intermediate_size"),
+    ],
+    {
+        "feed_forward.gate_proj": "ffn_gate",
+        "feed_forward.up_proj": "ffn_up",
+        "feed_forward.down_proj": "ffn_down",
+        "feed_forward.router": "ffn_gate_inp",
+        "feed_forward.experts.gate_proj": "ffn_gate_exps",
+        "feed_forward.experts.up_proj": "ffn_up_exps",
+        "feed_forward.experts.down_proj": "ffn_down_exps",
+        "feed_forward.shared_expert.gate_proj": "ffn_gate_shexp",
+        "feed_forward.shared_expert.up_proj": "ffn_up_shexp",
+        "feed_forward.shared_expert.down_proj": "ffn_down_shexp",
+    },
+    tensors=llama4_tensors,
+    extra=[llama3_rope_freqs],
+    hparams=lambda c: c["text_config"],
+)
 
 
 ONLY = only()
