@@ -99,6 +99,8 @@ struct GgufArch {
     /// Reads the rope factor tensors ([`ROPE_TENSORS`]: Phi-3's long rope, Llama 3's
     /// `rope_freqs`) into `rope_scaling`.
     rope_tensors: bool,
+    /// `attention.head_count_kv` is a per-layer list, 0 on the layers without attention.
+    per_layer_kv: bool,
 }
 
 /// Tensors llama.cpp writes for rope scaling, which mlx-lm's configs hold as numbers.
@@ -119,6 +121,7 @@ const PLAIN: GgufArch = GgufArch {
     top: &[],
     base_parts: &[],
     rope_tensors: false,
+    per_layer_kv: false,
 };
 
 const DEEPSEEK2_PARTS: &[(&str, &str)] = &[
@@ -587,6 +590,7 @@ const ARCHS: &[GgufArch] = &[
             ("shortconv.out_proj", "conv.out_proj"),
         ],
         top: &[("token_embd_norm", "model.embedding_norm")],
+        per_layer_kv: true,
         ..PLAIN
     },
     // LFM2-MoE: LFM2's layers, dense feed-forward blocks first (`leading_dense_block_count`),
@@ -613,6 +617,7 @@ const ARCHS: &[GgufArch] = &[
             ("shortconv.out_proj", "conv.out_proj"),
         ],
         top: &[("token_embd_norm", "model.embedding_norm")],
+        per_layer_kv: true,
         ..PLAIN
     },
     // Nanbeige (llama.cpp's llama class: Q / K permuted), its stack run `num_loops` times.
@@ -653,6 +658,33 @@ const ARCHS: &[GgufArch] = &[
             SHARED_EXPERT_PARTS[1],
             SHARED_EXPERT_PARTS[2],
         ],
+        ..PLAIN
+    },
+    // Granite 4.0 H: Mamba-2 layers (`ssm_*`; `ssm_a` is -exp(A_log), `ssm_d` D, both
+    // (heads, 1); the gated norm as (groups, inner / groups); the conv kernel squeezed) told
+    // apart from attention layers by the per-layer `head_count_kv`; Q / K permuted (the
+    // converter's llama class); experts with a shared expert whose fused `input_linear` the
+    // converter split (`granitehybrid_config` joins it), or a dense MLP.
+    GgufArch {
+        arch: "granitehybrid",
+        model_type: "granitemoehybrid",
+        permute_qk: true,
+        parts: &[
+            ("ssm_in", "mamba.in_proj"),
+            ("ssm_out", "mamba.out_proj"),
+            ("ssm_conv1d", "mamba.conv1d"),
+            ("ssm_norm", "mamba.norm"),
+            // `ssm_dt.bias` -> `mamba.dt_bias` (see `map_name`).
+            ("ssm_dt", "mamba.dt"),
+            ("ffn_gate_inp", "block_sparse_moe.router.layer"),
+            ("ffn_gate_exps", "block_sparse_moe.switch_mlp.gate_proj"),
+            ("ffn_up_exps", "block_sparse_moe.switch_mlp.up_proj"),
+            ("ffn_down_exps", "block_sparse_moe.switch_mlp.down_proj"),
+            ("ffn_gate_shexp", "shared_mlp.gguf_gate"),
+            ("ffn_up_shexp", "shared_mlp.gguf_up"),
+            ("ffn_down_shexp", "shared_mlp.output_linear"),
+        ],
+        per_layer_kv: true,
         ..PLAIN
     },
     // Llama 4 (text): Q / K as stored (llama.cpp's llama4 rope is interleaved, as mlx-lm's),
@@ -725,7 +757,9 @@ fn map_name(a: &GgufArch, name: &str) -> Option<String> {
         // converters add a `.weight` / `.bias`.
         return Some(mapped);
     }
-    if mapped.ends_with(".e_score_correction") && suffix == "bias" {
+    if (mapped.ends_with(".e_score_correction") || mapped.ends_with(".mamba.dt"))
+        && suffix == "bias"
+    {
         return Some(format!("{mapped}_bias"));
     }
     Some(format!("{mapped}.{suffix}"))
@@ -976,9 +1010,10 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
     };
     let heads = count("attention.head_count")?;
-    // LFM2 writes `head_count_kv` per layer, 0 for its convolution layers.
+    // LFM2 and Granite 4.0 H write `head_count_kv` per layer, 0 for their convolution /
+    // Mamba layers.
     let kv_per_layer = match metadata.get(&key("attention.head_count_kv")) {
-        Some(GgufValue::Array(a)) if arch.arch.starts_with("lfm2") && a.ndim() == 1 => Some(
+        Some(GgufValue::Array(a)) if arch.per_layer_kv && a.ndim() == 1 => Some(
             a.astype(Dtype::Int64)
                 .and_then(|b| b.to_vec::<i64>())
                 .map_err(|e| gguf_err(path, format!("metadata `attention.head_count_kv`: {e}")))?,
@@ -995,8 +1030,8 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                     return Err(gguf_err(
                         path,
                         format!(
-                            "metadata `{}` is {per:?}: LFM2 needs one positive head count \
-                             (at most {heads}) on its attention layers, 0 on the others",
+                            "metadata `{}` is {per:?}: {arch_name} needs one positive head \
+                             count (at most {heads}) on its attention layers, 0 on the others",
                             key("attention.head_count_kv")
                         ),
                     ))
@@ -1085,15 +1120,30 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             rope_tensors.insert(name, a);
             continue;
         }
-        if matches!(arch.arch, "qwen3next" | "qwen35" | "qwen35moe") {
-            // `blk.N.ssm_a` (no suffix): -exp(A_log), read back as mlx-lm's A_log.
-            if let Some(layer) = name
-                .strip_prefix("blk.")
-                .and_then(|r| r.strip_suffix(".ssm_a"))
-                .filter(|l| l.parse::<u32>().is_ok())
-            {
+        if matches!(
+            arch.arch,
+            "qwen3next" | "qwen35" | "qwen35moe" | "granitehybrid"
+        ) {
+            let layer_of = |suffix: &str| {
+                name.strip_prefix("blk.")
+                    .and_then(|r| r.strip_suffix(suffix))
+                    .filter(|l| l.parse::<u32>().is_ok())
+                    .map(str::to_string)
+            };
+            // `blk.N.ssm_a` (no suffix): -exp(A_log), read back as mlx-lm's A_log; Mamba-2's
+            // `ssm_a` and `ssm_d` are (heads, 1), mlx-lm's A_log and D (heads,).
+            if let Some(layer) = layer_of(".ssm_a") {
                 let a_log = ops::log(&ops::negative(&a, None)?, None)?;
-                tensors.insert(format!("model.layers.{layer}.linear_attn.A_log"), a_log);
+                let (k, a_log) = if arch.arch == "granitehybrid" {
+                    ("mamba", a_log.reshape(&[-1])?)
+                } else {
+                    ("linear_attn", a_log)
+                };
+                tensors.insert(format!("model.layers.{layer}.{k}.A_log"), a_log);
+                continue;
+            }
+            if let Some(layer) = layer_of(".ssm_d").filter(|_| arch.arch == "granitehybrid") {
+                tensors.insert(format!("model.layers.{layer}.mamba.D"), a.reshape(&[-1])?);
                 continue;
             }
         }
@@ -1107,13 +1157,15 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                     // One gate row, which a converter may store as a vector.
                     let h = a.shape()[0];
                     a.reshape(&[1, h])?
-                } else if arch.arch.starts_with("lfm2")
-                    && m.ends_with(".conv.conv.weight")
+                } else if (m.ends_with(".conv.conv.weight") || m.ends_with(".mamba.conv1d.weight"))
                     && a.ndim() == 2
                 {
                     // Stored squeezed, (channels, kernel): mlx-lm's Conv1d weight is
                     // (channels, kernel, 1).
                     a.expand_dims(&[2])?
+                } else if m.ends_with(".mamba.norm.weight") && a.ndim() == 2 {
+                    // Mamba-2's gated norm, stored per group.
+                    a.reshape(&[-1])?
                 } else if arch.norm_plus_one && name.contains("_norm.") {
                     // Stored as `1 + w` (a weak Python int in mlx-lm terms: the tensor's dtype).
                     (&a - 1)?
@@ -1736,6 +1788,10 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             }
         }
         "ernie4_5-moe" => ernie45_moe_config(&mut config, &tensors, path, &metadata, blocks)?,
+        "granitehybrid" => {
+            let per = kv_per_layer.as_deref().unwrap_or(&[]);
+            granitehybrid_config(&mut config, &mut tensors, path, &metadata, blocks, per)?
+        }
         "llama4" => llama4_config(&mut config, &tensors, path, &metadata)?,
         "nanbeige" => {
             // NanbeigeModel: the loop count and whether the loops between skip the final norm.
@@ -1859,6 +1915,123 @@ fn ernie45_moe_config(
             path,
             format!("metadata `{}` is missing", key("context_length")),
         ));
+    }
+    Ok(())
+}
+
+/// Granite 4.0 H (`GraniteHybridModel`'s keys) as mlx-lm's granitemoehybrid args: layer
+/// types from the per-layer `head_count_kv` (0: Mamba), the Mamba-2 sizes from `ssm.*`
+/// (heads = `time_step_rank`, head size = `inner_size / heads`), Granite's multipliers from
+/// its scales, experts and the shared expert's width where there are experts (the converter's
+/// split `ffn_gate_shexp` / `ffn_up_shexp` joined back into `input_linear`, gate first, rows
+/// with their quantization), rope only where `rope.scaling.finetuned` says (llama.cpp's flag;
+/// absent: none, Granite 4.0 H's `nope`).
+fn granitehybrid_config(
+    config: &mut Value,
+    tensors: &mut BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    blocks: i32,
+    per: &[i64],
+) -> Result<()> {
+    let key = |k: &str| format!("granitehybrid.{k}");
+    let need = |k: &str| -> Result<i32> {
+        meta_count(meta, path, &key(k))?
+            .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
+    };
+    if per.len() != blocks as usize {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` must list a head count for each of the {blocks} layers (0 for a \
+                 Mamba layer)",
+                key("attention.head_count_kv")
+            ),
+        ));
+    }
+    let types: Vec<&str> = per
+        .iter()
+        .map(|&n| if n == 0 { "mamba" } else { "attention" })
+        .collect();
+    config["layer_types"] = json!(types);
+    let (heads, inner) = (need("ssm.time_step_rank")?, need("ssm.inner_size")?);
+    if inner % heads != 0 {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` = {inner} does not divide into `{}` = {heads} heads",
+                key("ssm.inner_size"),
+                key("ssm.time_step_rank")
+            ),
+        ));
+    }
+    config["mamba_n_heads"] = Value::from(heads);
+    config["mamba_d_head"] = Value::from(inner / heads);
+    config["mamba_d_state"] = Value::from(need("ssm.state_size")?);
+    config["mamba_d_conv"] = Value::from(need("ssm.conv_kernel")?);
+    config["mamba_n_groups"] = Value::from(need("ssm.group_count")?);
+    let has = |t: &str| tensors.keys().any(|k| k.ends_with(t));
+    config["mamba_conv_bias"] = Value::from(has(".mamba.conv1d.bias"));
+    config["mamba_proj_bias"] = Value::from(has(".mamba.in_proj.bias"));
+    config["attention_bias"] = Value::from(has(".self_attn.q_proj.bias"));
+    config["mlp_bias"] = Value::from(has(".mlp.down_proj.bias"));
+    for (k, name) in [
+        ("attention.scale", "attention_multiplier"),
+        ("embedding_scale", "embedding_multiplier"),
+        ("residual_scale", "residual_multiplier"),
+        ("logit_scale", "logits_scaling"),
+    ] {
+        let v = meta_f64(meta, &key(k))
+            .filter(|v| v.is_finite() && *v > 0.0)
+            .ok_or_else(|| {
+                gguf_err(
+                    path,
+                    format!("metadata `{}` is missing or not a positive number", key(k)),
+                )
+            })?;
+        config[name] = Value::from(v);
+    }
+    let rope = match meta.get(&key("rope.scaling.finetuned")) {
+        None => false,
+        Some(GgufValue::Array(a)) if a.size() == 1 => a
+            .astype(Dtype::Bool)
+            .and_then(|b| b.item::<bool>())
+            .map_err(|e| gguf_err(path, format!("metadata `rope.scaling.finetuned`: {e}")))?,
+        Some(_) => {
+            return Err(gguf_err(
+                path,
+                format!("metadata `{}` is not a flag", key("rope.scaling.finetuned")),
+            ))
+        }
+    };
+    config["position_embedding_type"] = Value::from(if rope { "rope" } else { "nope" });
+    if has(".block_sparse_moe.router.layer.weight") {
+        config["num_local_experts"] = Value::from(need("expert_count")?);
+        config["num_experts_per_tok"] = Value::from(need("expert_used_count")?);
+        config["shared_intermediate_size"] =
+            Value::from(need("expert_shared_feed_forward_length")?);
+        for l in 0..blocks {
+            let p = format!("model.layers.{l}.shared_mlp");
+            for suffix in ["weight", "scales", "biases"] {
+                let (g, u) = (
+                    tensors.remove(&format!("{p}.gguf_gate.{suffix}")),
+                    tensors.remove(&format!("{p}.gguf_up.{suffix}")),
+                );
+                match (g, u) {
+                    (None, None) => {}
+                    (Some(g), Some(u)) => {
+                        let joined = ops::concatenate(&[&g, &u], 0, None)?;
+                        tensors.insert(format!("{p}.input_linear.{suffix}"), joined);
+                    }
+                    _ => {
+                        return Err(ModelError::Weights(vec![format!(
+                            "GGUF tensors blk.{l}.ffn_gate_shexp.{suffix} and \
+                             blk.{l}.ffn_up_shexp.{suffix}: one without the other"
+                        )]))
+                    }
+                }
+            }
+        }
     }
     Ok(())
 }

@@ -117,6 +117,8 @@ fn later_gguf_architectures_match_mlx_lm() {
         ("qwen35moe", "qwen3_5_moe"),
         ("ernie4_5_moe", "ernie4_5_moe"),
         ("llama4", "llama4"),
+        ("granitehybrid", "granitemoehybrid"),
+        ("granitehybrid_dense", "granitemoehybrid"),
     ];
     let failures: Vec<String> = cases
         .iter()
@@ -161,6 +163,7 @@ fn later_gguf_architectures_match_mlx_lm() {
         "qwen35moe",
         "ernie4_5-moe",
         "llama4",
+        "granitehybrid",
     ] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }

@@ -320,13 +320,18 @@ mod gguf {
     }
 
     #[test]
-    fn bad_ernie45_moe_and_llama4_metadata_names_the_key() {
+    fn bad_ernie45_moe_llama4_and_granitehybrid_metadata_names_the_key() {
         let u = |v: u32| GgufValue::Array(Array::scalar(v).unwrap());
         for (fixture, key) in [
             ("ernie4_5_moe", "ernie4_5-moe.interleave_moe_layer_step"),
             ("ernie4_5_moe", "ernie4_5-moe.expert_used_count"),
             ("llama4", "llama4.expert_feed_forward_length"),
             ("llama4", "llama4.interleave_moe_layer_step"),
+            ("granitehybrid", "granitehybrid.ssm.time_step_rank"),
+            (
+                "granitehybrid",
+                "granitehybrid.expert_shared_feed_forward_length",
+            ),
         ] {
             let e = err(&edited(
                 fixture,
@@ -348,6 +353,19 @@ mod gguf {
         ));
         assert!(
             e.contains("leading_dense_block_count") && e.contains("at most 4"),
+            "{e}"
+        );
+        // Granite 4.0 H's layer types come from a per-layer head count.
+        let e = err(&edited(
+            "granitehybrid",
+            "ghkv",
+            |m| {
+                m.insert("granitehybrid.attention.head_count_kv".into(), u(2));
+            },
+            |_| {},
+        ));
+        assert!(
+            e.contains("granitehybrid.attention.head_count_kv") && e.contains("ghkv.gguf"),
             "{e}"
         );
         // MobileLLM's layout (every layer global, with rope) is not mlx-lm's llama4.

@@ -25,7 +25,7 @@ from typing import Callable, Optional
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from gguf_golden import Meta, only, permute, record, seeded_model, write_gguf
+from gguf_golden import Meta, only, permute, record, seeded_model, unpermute, write_gguf
 
 BASE = {
     "hidden_size": 32,
@@ -1206,6 +1206,148 @@ CASES["llama4"] = Case(
     extra=[llama3_rope_freqs],
     hparams=lambda c: c["text_config"],
 )
+
+
+# Granite 4.0 H (`granitehybrid`): Mamba-2 layers between attention layers, experts with a
+# shared expert (or a dense MLP), Granite's multipliers. GraniteHybridModel writes Granite
+# MoE's keys (LlamaModel's: Q / K permuted, vocab size, rope dims; the multipliers as
+# scales; the shared expert's width), the SSM sizes, `head_count_kv` per layer (0 for a
+# Mamba layer), and `rope.scaling.finetuned` for whether attention uses rope (Granite 4.0
+# H: no, and then a context of 2**20; Bamba: yes). Mamba2Model's conversions: `A_log` as
+# `ssm_a = -exp(A_log)` and `D` as `ssm_d`, both (heads, 1); `dt_bias` as `ssm_dt.bias`;
+# the conv kernel squeezed; the gated norm's weight as (groups, inner / groups); the shared
+# expert's fused `input_linear` split into `ffn_gate_shexp` / `ffn_up_shexp` (the dense
+# variant's into `ffn_gate` / `ffn_up`). The golden is mlx-lm on the weights read back.
+GRANITEHYBRID = {
+    "model_type": "granitemoehybrid",
+    "vocab_size": 96,
+    "hidden_size": 32,
+    "intermediate_size": 16,
+    "num_hidden_layers": 4,
+    "max_position_embeddings": 256,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "attention_bias": False,
+    "embedding_multiplier": 12.0,
+    "attention_multiplier": 0.25,
+    "logits_scaling": 8.0,
+    "residual_multiplier": 0.22,
+    "layer_types": ["mamba", "attention", "mamba", "mamba"],
+    "rms_norm_eps": 1e-5,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "shared_intermediate_size": 24,
+    "mamba_n_heads": 4,
+    "mamba_d_head": 16,
+    "mamba_proj_bias": False,
+    "mamba_d_state": 8,
+    "mamba_d_conv": 4,
+    "mamba_n_groups": 2,
+    "mamba_conv_bias": True,
+    "position_embedding_type": "nope",
+    "tie_word_embeddings": True,
+}
+
+# Dense, with rope (Q / K permutation shows), tied: the converter's non-MoE path.
+GRANITEHYBRID_DENSE = {
+    **{k: v for k, v in GRANITEHYBRID.items()
+       if k not in ("num_local_experts", "num_experts_per_tok", "shared_intermediate_size")},
+    "intermediate_size": 48,
+    "layer_types": ["attention", "mamba", "attention", "mamba"],
+    "position_embedding_type": "rope",
+    "rope_theta": 10000.0,
+    "mamba_conv_bias": False,
+}
+
+GRANITEHYBRID_PARTS = {
+    "mamba.in_proj": "ssm_in",
+    "mamba.out_proj": "ssm_out",
+    "mamba.conv1d": "ssm_conv1d",
+    "mamba.norm": "ssm_norm",
+    "block_sparse_moe.router.layer": "ffn_gate_inp",
+    "block_sparse_moe.switch_mlp.gate_proj": "ffn_gate_exps",
+    "block_sparse_moe.switch_mlp.up_proj": "ffn_up_exps",
+    "block_sparse_moe.switch_mlp.down_proj": "ffn_down_exps",
+    "shared_mlp.output_linear": "ffn_down_shexp",
+}
+
+
+def granite_tensors(case, k, v):
+    c = case.config
+    layer = layer_of(k)
+    if k.endswith("mamba.A_log"):
+        return [(f"blk.{layer}.ssm_a", (-mx.exp(v))[:, None])]
+    if k.endswith("mamba.D"):
+        return [(f"blk.{layer}.ssm_d", v[:, None])]
+    if k.endswith("mamba.dt_bias"):
+        return [(f"blk.{layer}.ssm_dt.bias", v)]
+    if k.endswith("mamba.conv1d.weight"):
+        return [(f"blk.{layer}.ssm_conv1d.weight", v.squeeze(-1))]
+    if k.endswith("mamba.norm.weight"):
+        return [(f"blk.{layer}.ssm_norm.weight", v.reshape(c["mamba_n_groups"], -1))]
+    if k.endswith("shared_mlp.input_linear.weight"):
+        gate, up = mx.split(v, 2, axis=0)
+        return [(f"blk.{layer}.ffn_gate_shexp.weight", gate), (f"blk.{layer}.ffn_up_shexp.weight", up)]
+    return [(case.gguf_name(k), v)]
+
+
+def granite_back(case, p, rest, v, loaded):
+    c = case.config
+    if rest == "ssm_a":
+        return f"{p}.mamba.A_log", mx.log(-v).reshape(-1)
+    if rest == "ssm_d":
+        return f"{p}.mamba.D", v.reshape(-1)
+    if rest == "ssm_dt.bias":
+        return f"{p}.mamba.dt_bias", v
+    if rest == "ssm_conv1d.weight":
+        return f"{p}.mamba.conv1d.weight", v[..., None]
+    if rest == "ssm_norm.weight":
+        return f"{p}.mamba.norm.weight", v.reshape(-1)
+    if rest == "ffn_gate_shexp.weight":
+        return None
+    if rest == "ffn_up_shexp.weight":
+        gate = loaded[f"blk.{p.split('.')[2]}.ffn_gate_shexp.weight"]
+        return f"{p}.shared_mlp.input_linear.weight", mx.concatenate([gate, v], axis=0)
+    if rest in ("attn_q.weight", "attn_k.weight"):
+        v = unpermute(v, c["num_attention_heads" if rest == "attn_q.weight" else "num_key_value_heads"])
+    module, suffix = rest.rsplit(".", 1)
+    return f"{p}.{case.inverse[module]}.{suffix}", v
+
+
+def granite_meta(c):
+    moe = "num_local_experts" in c
+    rope = c["position_embedding_type"] != "nope"
+    return [
+        u32("block_count", "num_hidden_layers"),
+        u32("context_length", "max_position_embeddings" if rope else 2**20),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv",
+            lambda c: [c["num_key_value_heads"] if t == "attention" else 0 for t in c["layer_types"]]),
+        f32("rope.freq_base", lambda c: c.get("rope_theta", 10000.0)),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+    ] + ([u32("expert_count", "num_local_experts"), u32("expert_used_count", "num_experts_per_tok")]
+         if moe else []) + [
+        u32("vocab_size", "vocab_size"),
+        u32("rope.dimension_count", head_size),
+        f32("attention.scale", "attention_multiplier"),
+        f32("embedding_scale", "embedding_multiplier"),
+        f32("residual_scale", "residual_multiplier"),
+        f32("logit_scale", "logits_scaling"),
+    ] + ([u32("expert_shared_feed_forward_length", "shared_intermediate_size")] if moe else []) + [
+        u32("ssm.conv_kernel", "mamba_d_conv"),
+        u32("ssm.state_size", "mamba_d_state"),
+        u32("ssm.group_count", "mamba_n_groups"),
+        u32("ssm.inner_size", lambda c: c["mamba_n_heads"] * c["mamba_d_head"]),
+        u32("ssm.time_step_rank", "mamba_n_heads"),
+        flag("rope.scaling.finetuned", rope),
+    ] + GPT2
+
+
+for _name, _c in [("granitehybrid", GRANITEHYBRID), ("granitehybrid_dense", GRANITEHYBRID_DENSE)]:
+    CASES[_name] = Case(_c["model_type"], _c, "granitehybrid", granite_meta(_c), GRANITEHYBRID_PARTS,
+                        permute_qk=True, tensors=granite_tensors, read_back=granite_back)
 
 
 ONLY = only()
