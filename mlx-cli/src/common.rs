@@ -17,7 +17,7 @@ pub const DEFAULT_PREFILL_STEP_SIZE: usize = 2048;
 pub struct ModelArgs {
     /// An HF-style directory (config.json, model*.safetensors, tokenizer.json), a .gguf file
     /// (architectures llama, llama4, qwen2, qwen3, qwen2moe, qwen3moe, qwen3next, qwen35,
-    /// qwen35moe, phi3, phimoe, gemma, gemma2, gemma3, olmo2, olmoe, granite, granitemoe,
+    /// qwen35moe, phi3, phimoe, gemma, gemma2, gemma3, gemma4, olmo2, olmoe, granite, granitemoe,
     /// granitehybrid, glm4, glm4moe, dots1, mistral3, mistral4, deepseek2, minicpm3, smollm3,
     /// starcoder2, exaone, exaone4, seed_oss, ernie4_5, ernie4_5-moe, command-r, cohere2, gpt-oss,
     /// nanbeige, lfm2, lfm2moe; BPE, SentencePiece, Unigram or WordPiece vocabularies), or a

@@ -687,6 +687,32 @@ const ARCHS: &[GgufArch] = &[
         per_layer_kv: true,
         ..PLAIN
     },
+    // Gemma 4 (dense): Gemma 3's names (norms as stored: no `1 + w`), per-layer inputs
+    // (`per_layer_*`, `inp_gate`, `proj`, `post_norm`), `layer_output_scale` as the bare
+    // `layer_scalar`; `rope_freqs` is the full layers' proportional rope (`gemma4_config`).
+    GgufArch {
+        arch: "gemma4",
+        model_type: "gemma4_text",
+        parts: &[
+            ("post_attention_norm", "post_attention_layernorm"),
+            ("ffn_norm", "pre_feedforward_layernorm"),
+            ("post_ffw_norm", "post_feedforward_layernorm"),
+            ("attn_q_norm", "self_attn.q_norm"),
+            ("attn_k_norm", "self_attn.k_norm"),
+            ("inp_gate", "per_layer_input_gate"),
+            ("proj", "per_layer_projection"),
+            ("post_norm", "post_per_layer_input_norm"),
+            ("layer_output_scale", "layer_scalar"),
+        ],
+        top: &[
+            ("per_layer_token_embd", "model.embed_tokens_per_layer"),
+            ("per_layer_model_proj", "model.per_layer_model_projection"),
+            ("per_layer_proj_norm", "model.per_layer_projection_norm"),
+        ],
+        rope_tensors: true,
+        per_layer_kv: true,
+        ..PLAIN
+    },
     // Llama 4 (text): Q / K as stored (llama.cpp's llama4 rope is interleaved, as mlx-lm's),
     // dense and MoE layers under `feed_forward`, Scout's rope as `rope_freqs`; the names get
     // mlx-lm's `language_model.` and the config its `text_config` (`llama4_config`).
@@ -750,7 +776,8 @@ fn map_name(a: &GgufArch, name: &str) -> Option<String> {
             format!("{}.{layer}.{part}", a.layers)
         }
     };
-    if (mapped.ends_with(".self_attn.sinks") && suffix == "weight")
+    if ((mapped.ends_with(".self_attn.sinks") || mapped.ends_with(".layer_scalar"))
+        && suffix == "weight")
         || (mapped.ends_with(".feed_forward.expert_bias") && suffix == "bias")
     {
         // gpt-oss's `sinks` and LFM2-MoE's `expert_bias` are bare parameters in mlx-lm; the
@@ -1083,7 +1110,30 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             .is_some_and(|l| l >= blocks)
             && nextn > 0
     };
-    let ffn = count("feed_forward_length")?;
+    // Gemma 4 writes the width per layer when its shared-KV layers' MLPs are double wide
+    // (`gemma4_config` checks the list); the first is the base width.
+    let ffn_per_layer = match metadata.get(&key("feed_forward_length")) {
+        Some(GgufValue::Array(a)) if arch.arch == "gemma4" && a.ndim() == 1 && a.size() > 1 => {
+            Some(
+                a.astype(Dtype::Int64)
+                    .and_then(|b| b.to_vec::<i64>())
+                    .map_err(|e| gguf_err(path, format!("metadata `feed_forward_length`: {e}")))?,
+            )
+        }
+        _ => None,
+    };
+    let ffn = match &ffn_per_layer {
+        Some(per) => i32::try_from(per[0])
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| {
+                gguf_err(
+                    path,
+                    format!("metadata `{}` is {per:?}", key("feed_forward_length")),
+                )
+            })?,
+        None => count("feed_forward_length")?,
+    };
     let mut tensors = BTreeMap::new();
     let mut unknown = Vec::new();
     // Rope tensors that become hyper-parameters (long-rope factors).
@@ -1788,6 +1838,15 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             }
         }
         "ernie4_5-moe" => ernie45_moe_config(&mut config, &tensors, path, &metadata, blocks)?,
+        "gemma4" => gemma4_config(
+            &mut config,
+            &tensors,
+            &mut rope_tensors,
+            path,
+            &metadata,
+            blocks,
+            ffn_per_layer.as_deref(),
+        )?,
         "granitehybrid" => {
             let per = kv_per_layer.as_deref().unwrap_or(&[]);
             granitehybrid_config(&mut config, &mut tensors, path, &metadata, blocks, per)?
@@ -1910,6 +1969,188 @@ fn ernie45_moe_config(
         let (h, n) = (&config["hidden_size"], &config["num_attention_heads"]);
         config["head_dim"] = Value::from(h.as_i64().unwrap_or(0) / n.as_i64().unwrap_or(1));
     }
+    if config.get("max_position_embeddings").is_none() {
+        return Err(gguf_err(
+            path,
+            format!("metadata `{}` is missing", key("context_length")),
+        ));
+    }
+    Ok(())
+}
+
+/// Gemma 4 (`Gemma4Model`'s keys) as mlx-lm's gemma4_text args, for the dense models: layer
+/// types from `attention.sliding_window_pattern`, the sliding and full layers' head sizes
+/// (`key_length_swa`, `key_length`), the shared-KV layer count, the per-layer input width (and
+/// its embedding's rows), double-wide MLPs from the per-layer `feed_forward_length`, the
+/// softcap (none when absent, as llama.cpp), and `rope_parameters`: the full layers'
+/// proportional rope with the rotated fraction `rope_freqs` gives (1 per rotated frequency,
+/// 1e30 per other), the sliding layers' default rope over the whole head. Refused, naming
+/// the key or tensor: experts (26B), K = V layers (a KV layer without `attn_v`), different KV
+/// head counts per kind, sliding layers rotating part of a head (mlx-lm rotates it whole).
+fn gemma4_config(
+    config: &mut Value,
+    tensors: &BTreeMap<String, Array>,
+    rope_tensors: &mut BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    blocks: i32,
+    ffn_per_layer: Option<&[i64]>,
+) -> Result<()> {
+    let key = |k: &str| format!("gemma4.{k}");
+    let need = |k: &str| -> Result<i32> {
+        meta_count(meta, path, &key(k))?
+            .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
+    };
+    if meta.contains_key(&key("expert_count")) {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}`: Gemma 4's mixture of experts (26B) is not mapped",
+                key("expert_count")
+            ),
+        ));
+    }
+    let flags = match meta.get(&key("attention.sliding_window_pattern")) {
+        Some(GgufValue::Array(a)) if a.ndim() == 1 => a
+            .astype(Dtype::Bool)
+            .and_then(|b| b.to_vec::<bool>())
+            .map_err(|e| gguf_err(path, format!("metadata `sliding_window_pattern`: {e}")))?,
+        _ => vec![],
+    };
+    if flags.len() != blocks as usize {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` must flag each of the {blocks} layers sliding or not",
+                key("attention.sliding_window_pattern")
+            ),
+        ));
+    }
+    let types: Vec<&str> = flags
+        .iter()
+        .map(|&s| {
+            if s {
+                "sliding_attention"
+            } else {
+                "full_attention"
+            }
+        })
+        .collect();
+    config["layer_types"] = json!(types);
+    let (head, global) = (
+        need("attention.key_length_swa")?,
+        need("attention.key_length")?,
+    );
+    config["head_dim"] = Value::from(head);
+    config["global_head_dim"] = Value::from(global);
+    config["sliding_window"] = Value::from(need("attention.sliding_window")?);
+    let shared =
+        meta_layer_count(meta, path, &key("attention.shared_kv_layers"), blocks)?.unwrap_or(0);
+    config["num_kv_shared_layers"] = Value::from(shared);
+    let per_layer = meta_layer_count(
+        meta,
+        path,
+        &key("embedding_length_per_layer_input"),
+        i32::MAX,
+    )?
+    .unwrap_or(0);
+    config["hidden_size_per_layer_input"] = Value::from(per_layer);
+    config["vocab_size_per_layer_input"] = match tensors.get("model.embed_tokens_per_layer.weight")
+    {
+        Some(t) => Value::from(t.shape()[0]),
+        None => config["vocab_size"].clone(),
+    };
+    let first_shared = i64::from(blocks - shared);
+    let base = config["intermediate_size"].as_i64().unwrap_or(0);
+    config["use_double_wide_mlp"] = Value::from(match ffn_per_layer {
+        None => false,
+        Some(per) => {
+            let wide =
+                (0..per.len() as i64).any(|l| l >= first_shared && per[l as usize] == 2 * base);
+            let ok = per.len() == blocks as usize
+                && per.iter().enumerate().all(|(l, &n)| {
+                    n == if wide && l as i64 >= first_shared {
+                        2 * base
+                    } else {
+                        base
+                    }
+                });
+            if !ok {
+                return Err(gguf_err(
+                    path,
+                    format!(
+                        "metadata `{}` is {per:?}: mlx-lm's gemma4_text has one width, doubled \
+                         on the {shared} shared-KV layers or not",
+                        key("feed_forward_length")
+                    ),
+                ));
+            }
+            wide
+        }
+    });
+    for l in 0..first_shared {
+        let p = format!("model.layers.{l}.self_attn");
+        if tensors.contains_key(&format!("{p}.k_proj.weight"))
+            && !tensors.contains_key(&format!("{p}.v_proj.weight"))
+        {
+            return Err(ModelError::Weights(vec![format!(
+                "GGUF tensor blk.{l}.attn_v.weight is missing: K = V attention (Gemma 4 31B) is \
+                 not mapped"
+            )]));
+        }
+    }
+    if let Some(d) = meta_count(meta, path, &key("rope.dimension_count_swa"))? {
+        if d != head {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is {d}: a sliding layer rotating part of its {head}-wide \
+                     heads, which mlx-lm's gemma4_text rotates whole",
+                    key("rope.dimension_count_swa")
+                ),
+            ));
+        }
+    }
+    let full_theta = config["rope_theta"].clone();
+    let swa_theta =
+        meta_f64(meta, &key("rope.freq_base_swa")).map_or(full_theta.clone(), Value::from);
+    let rotated = match rope_tensors.remove("rope_freqs.weight") {
+        None => 1.0,
+        Some(f) => {
+            let v = f
+                .astype(Dtype::Float32)
+                .and_then(|a| a.to_vec::<f32>())
+                .map_err(|e| gguf_err(path, format!("tensor rope_freqs: {e}")))?;
+            let n = v.iter().take_while(|&&x| x == 1.0).count();
+            if v.len() as i64 * 2 != i64::from(global) || v[n..].iter().any(|&x| x < 1e30) {
+                return Err(gguf_err(
+                    path,
+                    format!(
+                        "tensor rope_freqs: expected {} factors, 1 for each rotated frequency \
+                         then 1e30, as Gemma 4's converter writes them",
+                        global / 2
+                    ),
+                ));
+            }
+            2.0 * n as f64 / f64::from(global)
+        }
+    };
+    config["rope_parameters"] = json!({
+        "full_attention": {
+            "rope_type": "proportional",
+            "rope_theta": full_theta,
+            "partial_rotary_factor": rotated,
+        },
+        "sliding_attention": {
+            "rope_type": "default",
+            "rope_theta": swa_theta,
+            "partial_rotary_factor": 1.0,
+        },
+    });
+    config["final_logit_softcapping"] =
+        meta_f64(meta, &key("final_logit_softcapping")).map_or(Value::Null, Value::from);
+    config["attention_k_eq_v"] = Value::from(false);
+    config["enable_moe_block"] = Value::from(false);
     if config.get("max_position_embeddings").is_none() {
         return Err(gguf_err(
             path,
@@ -2062,6 +2303,33 @@ fn llama4_config(
                 "metadata `{}` is 0 (every layer global, with rope): mlx-lm's llama4 makes \
                  every 4th layer global without rope and chunks the others",
                 key("attention.sliding_window")
+            ),
+        ));
+    }
+    // llama.cpp's pattern (every 4th layer global) and one rope base: mlx-lm's fixed layout.
+    if let Some(GgufValue::Array(a)) = meta.get(&key("attention.sliding_window_pattern")) {
+        let flags = a
+            .astype(Dtype::Bool)
+            .and_then(|b| b.to_vec::<bool>())
+            .map_err(|e| gguf_err(path, format!("metadata `sliding_window_pattern`: {e}")))?;
+        if !(0..flags.len()).all(|i| flags[i] == ((i + 1) % 4 != 0)) {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is not every 4th layer global, mlx-lm's llama4 layout",
+                    key("attention.sliding_window_pattern")
+                ),
+            ));
+        }
+    }
+    if meta_f64(meta, &key("rope.freq_base_swa"))
+        .is_some_and(|b| Some(b) != config["rope_theta"].as_f64())
+    {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` differs from the global base; mlx-lm's llama4 has one",
+                key("rope.freq_base_swa")
             ),
         ));
     }

@@ -119,6 +119,7 @@ fn later_gguf_architectures_match_mlx_lm() {
         ("llama4", "llama4"),
         ("granitehybrid", "granitemoehybrid"),
         ("granitehybrid_dense", "granitemoehybrid"),
+        ("gemma4", "gemma4_text"),
     ];
     let failures: Vec<String> = cases
         .iter()
@@ -164,6 +165,7 @@ fn later_gguf_architectures_match_mlx_lm() {
         "ernie4_5-moe",
         "llama4",
         "granitehybrid",
+        "gemma4",
     ] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }

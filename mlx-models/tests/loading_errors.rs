@@ -320,7 +320,7 @@ mod gguf {
     }
 
     #[test]
-    fn bad_ernie45_moe_llama4_and_granitehybrid_metadata_names_the_key() {
+    fn bad_ernie45_moe_llama4_granitehybrid_and_gemma4_metadata_names_the_key() {
         let u = |v: u32| GgufValue::Array(Array::scalar(v).unwrap());
         for (fixture, key) in [
             ("ernie4_5_moe", "ernie4_5-moe.interleave_moe_layer_step"),
@@ -368,6 +368,26 @@ mod gguf {
             e.contains("granitehybrid.attention.head_count_kv") && e.contains("ghkv.gguf"),
             "{e}"
         );
+        // Gemma 4: the layer kinds, the double-wide widths and the unmapped MoE name the key.
+        for (name, k, v) in [
+            ("g4pattern", "gemma4.attention.sliding_window_pattern", u(1)),
+            (
+                "g4ffn",
+                "gemma4.feed_forward_length",
+                GgufValue::Array(Array::from_slice(&[32u32, 64, 32, 64, 64], &[5]).unwrap()),
+            ),
+            ("g4moe", "gemma4.expert_count", u(4)),
+        ] {
+            let e = err(&edited(
+                "gemma4",
+                name,
+                |m| {
+                    m.insert(k.into(), v);
+                },
+                |_| {},
+            ));
+            assert!(e.contains(k) && e.contains(&format!("{name}.gguf")), "{e}");
+        }
         // MobileLLM's layout (every layer global, with rope) is not mlx-lm's llama4.
         let e = err(&edited(
             "llama4",

@@ -1350,6 +1350,109 @@ for _name, _c in [("granitehybrid", GRANITEHYBRID), ("granitehybrid_dense", GRAN
                         permute_qk=True, tensors=granite_tensors, read_back=granite_back)
 
 
+# Gemma 4 (`gemma4`, the dense E2B / E4B kind): sliding and full layers with their own head
+# sizes, per-layer inputs, KV shared by the last layers, double-wide MLPs there, a layer
+# scalar. Gemma4Model writes Gemma 3's keys (norms as they are: no `1 + w` in Gemma 4), the
+# full layers' head size as key / value length and the sliding ones' as `*_swa`, the shared
+# KV layer count, the per-layer input width, the pattern as a per-layer flag list, the
+# feed-forward width per layer (doubled on the shared-KV layers), the rope dims of each kind
+# and both rope bases; the full layers' proportional rope (a quarter of the head rotated) as
+# `rope_freqs`: 1 for each rotated frequency, 1e30 for the others. `layer_scalar` becomes
+# `layer_output_scale.weight`.
+GEMMA4 = {
+    "model_type": "gemma4_text",
+    "hidden_size": 32,
+    "num_hidden_layers": 5,
+    "intermediate_size": 32,
+    "num_attention_heads": 4,
+    "head_dim": 8,
+    "global_head_dim": 16,
+    "rms_norm_eps": 1e-6,
+    "vocab_size": 96,
+    "vocab_size_per_layer_input": 96,
+    "num_key_value_heads": 2,
+    "num_kv_shared_layers": 2,
+    "hidden_size_per_layer_input": 8,
+    "sliding_window": 4,
+    "layer_types": ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention",
+                    "full_attention"],
+    "max_position_embeddings": 256,
+    "final_logit_softcapping": 30.0,
+    "use_double_wide_mlp": True,
+    "tie_word_embeddings": True,
+    "rope_parameters": {
+        "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0, "rope_type": "proportional"},
+        "sliding_attention": {"partial_rotary_factor": 1.0, "rope_theta": 10000.0, "rope_type": "default"},
+    },
+}
+
+
+def gemma4_tensors(case, k, v):
+    if k.endswith(".layer_scalar"):
+        return [(f"blk.{layer_of(k)}.layer_output_scale.weight", v)]
+    return [(case.gguf_name(k), v)]
+
+
+def gemma4_rope_freqs(c, gguf):
+    """Gemma4Model.generate_extra_tensors."""
+    hd = c["global_head_dim"]
+    n_rot = int(hd * c["rope_parameters"]["full_attention"]["partial_rotary_factor"] / 2)
+    gguf["rope_freqs.weight"] = mx.array([1.0] * n_rot + [1e30] * (hd // 2 - n_rot), dtype=mx.float32)
+
+
+def gemma4_ffn(c):
+    first_shared = c["num_hidden_layers"] - c["num_kv_shared_layers"]
+    n = c["intermediate_size"]
+    return [n if i < first_shared else 2 * n for i in range(c["num_hidden_layers"])]
+
+
+def gemma4_rope(kind, field):
+    return lambda c: c["rope_parameters"][kind][field]
+
+
+CASES["gemma4"] = Case(
+    "gemma4_text",
+    GEMMA4,
+    "gemma4",
+    [
+        u32("block_count", "num_hidden_layers"),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", gemma4_ffn),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv", "num_key_value_heads"),
+        f32("rope.freq_base", gemma4_rope("full_attention", "rope_theta")),
+        f32("rope.freq_base_swa", gemma4_rope("sliding_attention", "rope_theta")),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+        u32("attention.key_length", "global_head_dim"),
+        u32("attention.value_length", "global_head_dim"),
+        f32("final_logit_softcapping", "final_logit_softcapping"),
+        u32("attention.sliding_window", "sliding_window"),
+        u32("attention.shared_kv_layers", "num_kv_shared_layers"),
+        u32("embedding_length_per_layer_input", "hidden_size_per_layer_input"),
+        arr("attention.sliding_window_pattern",
+            lambda c: mx.array([t == "sliding_attention" for t in c["layer_types"]])),
+        u32("attention.key_length_swa", "head_dim"),
+        u32("attention.value_length_swa", "head_dim"),
+        u32("rope.dimension_count", "global_head_dim"),
+        u32("rope.dimension_count_swa", lambda c: int(c["head_dim"] * c["rope_parameters"]["sliding_attention"]["partial_rotary_factor"])),
+    ] + tokenizer("gemma4"),
+    {
+        "post_attention_layernorm": "post_attention_norm",
+        "pre_feedforward_layernorm": "ffn_norm",
+        "post_feedforward_layernorm": "post_ffw_norm",
+        "model.embed_tokens_per_layer": "per_layer_token_embd",
+        "model.per_layer_model_projection": "per_layer_model_proj",
+        "model.per_layer_projection_norm": "per_layer_proj_norm",
+        "per_layer_input_gate": "inp_gate",
+        "per_layer_projection": "proj",
+        "post_per_layer_input_norm": "post_norm",
+    },
+    tensors=gemma4_tensors,
+    extra=[gemma4_rope_freqs],
+)
+
+
 ONLY = only()
 for _name, _case in CASES.items():
     if not ONLY or _name in ONLY:
