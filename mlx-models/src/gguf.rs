@@ -101,6 +101,9 @@ struct GgufArch {
     rope_tensors: bool,
     /// `attention.head_count_kv` is a per-layer list, 0 on the layers without attention.
     per_layer_kv: bool,
+    /// mlx-lm serves the file as the text model of a multimodal checkpoint: its weights
+    /// renamed (a leading `.1` replaced by `.0`), its config as `text_config` of `.2`.
+    text_of: Option<(&'static str, &'static str, &'static str)>,
 }
 
 /// Tensors llama.cpp writes for rope scaling, which mlx-lm's configs hold as numbers.
@@ -122,6 +125,7 @@ const PLAIN: GgufArch = GgufArch {
     base_parts: &[],
     rope_tensors: false,
     per_layer_kv: false,
+    text_of: None,
 };
 
 const DEEPSEEK2_PARTS: &[(&str, &str)] = &[
@@ -687,6 +691,41 @@ const ARCHS: &[GgufArch] = &[
         per_layer_kv: true,
         ..PLAIN
     },
+    // Gemma 3n (the text model): Gemma 3's names (norms as stored), AltUp (`altup_*`; the
+    // converter's stacked `altup_proj` / `altup_unembd_proj` unstacked by `gemma3n_config`),
+    // Laurel, per-layer inputs; names under mlx-lm's `model.language_model.`.
+    GgufArch {
+        arch: "gemma3n",
+        model_type: "gemma3n",
+        parts: &[
+            ("post_attention_norm", "post_attention_layernorm"),
+            ("ffn_norm", "pre_feedforward_layernorm"),
+            ("post_ffw_norm", "post_feedforward_layernorm"),
+            ("attn_q_norm", "self_attn.q_norm"),
+            ("attn_k_norm", "self_attn.k_norm"),
+            ("inp_gate", "per_layer_input_gate"),
+            ("proj", "per_layer_projection"),
+            ("post_norm", "post_per_layer_input_norm"),
+            ("altup_correct_coef", "altup.correction_coefs"),
+            // `altup_correct_scale.weight` -> the bare `altup.correct_output_scale`.
+            ("altup_correct_scale", "altup.correct_output_scale"),
+            ("altup_predict_coef", "altup.prediction_coefs"),
+            ("altup_router", "altup.modality_router"),
+            ("altup_router_norm", "altup.router_norm"),
+            ("laurel_l", "laurel.linear_left"),
+            ("laurel_r", "laurel.linear_right"),
+            ("laurel_post_norm", "laurel.post_laurel_norm"),
+        ],
+        top: &[
+            ("per_layer_token_embd", "model.embed_tokens_per_layer"),
+            ("per_layer_model_proj", "model.per_layer_model_projection"),
+            ("per_layer_proj_norm", "model.per_layer_projection_norm"),
+            ("altup_proj", "model.gguf_altup_proj"),
+            ("altup_unembd_proj", "model.gguf_altup_unembd_proj"),
+        ],
+        text_of: Some(("model.language_model.", "model.", "gemma3n_text")),
+        ..PLAIN
+    },
     // Gemma 4 (dense): Gemma 3's names (norms as stored: no `1 + w`), per-layer inputs
     // (`per_layer_*`, `inp_gate`, `proj`, `post_norm`), `layer_output_scale` as the bare
     // `layer_scalar`; `rope_freqs` is the full layers' proportional rope (`gemma4_config`).
@@ -732,6 +771,7 @@ const ARCHS: &[GgufArch] = &[
             ("ffn_down_shexp", "feed_forward.shared_expert.down_proj"),
         ],
         rope_tensors: true,
+        text_of: Some(("language_model.", "", "llama4_text")),
         ..PLAIN
     },
 ];
@@ -776,7 +816,9 @@ fn map_name(a: &GgufArch, name: &str) -> Option<String> {
             format!("{}.{layer}.{part}", a.layers)
         }
     };
-    if ((mapped.ends_with(".self_attn.sinks") || mapped.ends_with(".layer_scalar"))
+    if ((mapped.ends_with(".self_attn.sinks")
+        || mapped.ends_with(".layer_scalar")
+        || mapped.ends_with(".altup.correct_output_scale"))
         && suffix == "weight")
         || (mapped.ends_with(".feed_forward.expert_bias") && suffix == "bias")
     {
@@ -1113,7 +1155,9 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
     // Gemma 4 writes the width per layer when its shared-KV layers' MLPs are double wide
     // (`gemma4_config` checks the list); the first is the base width.
     let ffn_per_layer = match metadata.get(&key("feed_forward_length")) {
-        Some(GgufValue::Array(a)) if arch.arch == "gemma4" && a.ndim() == 1 && a.size() > 1 => {
+        Some(GgufValue::Array(a))
+            if matches!(arch.arch, "gemma4" | "gemma3n") && a.ndim() == 1 && a.size() > 1 =>
+        {
             Some(
                 a.astype(Dtype::Int64)
                     .and_then(|b| b.to_vec::<i64>())
@@ -1838,6 +1882,14 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             }
         }
         "ernie4_5-moe" => ernie45_moe_config(&mut config, &tensors, path, &metadata, blocks)?,
+        "gemma3n" => gemma3n_config(
+            &mut config,
+            &mut tensors,
+            path,
+            &metadata,
+            blocks,
+            ffn_per_layer.as_deref(),
+        )?,
         "gemma4" => gemma4_config(
             &mut config,
             &tensors,
@@ -1889,17 +1941,18 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             "unexpected GGUF tensor: {name}"
         )]));
     }
-    if arch.arch == "llama4" {
-        // mlx-lm's llama4 is the text model of the multimodal checkpoint.
-        config = json!({"model_type": "llama4", "text_config": config});
-        config["text_config"]["model_type"] = Value::from("llama4_text");
+    if let Some((prefix, strip, text_type)) = arch.text_of {
+        // mlx-lm's model is the text model of the multimodal checkpoint.
+        config = json!({"model_type": arch.model_type, "text_config": config});
+        config["text_config"]["model_type"] = Value::from(text_type);
+        let rename = |k: String| format!("{prefix}{}", k.strip_prefix(strip).unwrap_or(&k));
         tensors = std::mem::take(&mut tensors)
             .into_iter()
-            .map(|(k, v)| (format!("language_model.{k}"), v))
+            .map(|(k, v)| (rename(k), v))
             .collect();
         ggml = std::mem::take(&mut ggml)
             .into_iter()
-            .map(|(k, v)| (format!("language_model.{k}"), v))
+            .map(|(k, v)| (rename(k), v))
             .collect();
     }
     let config = ModelConfig::from_value(config).map_err(|e| match e {
@@ -1968,6 +2021,188 @@ fn ernie45_moe_config(
     if config.get("head_dim").is_none() {
         let (h, n) = (&config["hidden_size"], &config["num_attention_heads"]);
         config["head_dim"] = Value::from(h.as_i64().unwrap_or(0) / n.as_i64().unwrap_or(1));
+    }
+    if config.get("max_position_embeddings").is_none() {
+        return Err(gguf_err(
+            path,
+            format!("metadata `{}` is missing", key("context_length")),
+        ));
+    }
+    Ok(())
+}
+
+/// The standard normal's CDF, `(1 + erf(t / sqrt 2)) / 2`, by erf's Taylor series (|x| < 4;
+/// saturated beyond, where it is 1 within f64).
+fn normal_cdf(t: f64) -> f64 {
+    if t.is_nan() {
+        return f64::NAN;
+    }
+    let x = t / std::f64::consts::SQRT_2;
+    if x.abs() >= 4.0 {
+        return if x > 0.0 { 1.0 } else { 0.0 };
+    }
+    // erf(x) = 2 / sqrt(pi) * sum_n (-1)^n x^(2n+1) / (n! (2n+1))
+    let (mut term, mut sum, mut n) = (x, x, 0.0);
+    while term.abs() > 1e-17 * sum.abs().max(1e-300) {
+        n += 1.0;
+        term *= -x * x / n;
+        sum += term / (2.0 * n + 1.0);
+    }
+    0.5 * (1.0 + sum * 2.0 / std::f64::consts::PI.sqrt())
+}
+
+/// Gemma 3n (`Gemma3NModel`'s keys) as mlx-lm's gemma3n `text_config`: layer types from the
+/// per-layer flags, the head size, the sliding window and both rope bases, AltUp's stream
+/// count and active stream (and `altup_correct_scale` where the file has its tensors), the
+/// Laurel rank from `laurel_l`'s rows, the per-layer input width and its embedding's rows,
+/// the shared-KV layer count, the widths (one, or one per layer), the softcap, and
+/// `activation_sparsity_pattern` from `activation_sparsity_scale` (the converter's f32
+/// standard normal quantile of each value: the value is its CDF, given to 6 decimals as the
+/// released ones are; -inf is 0). llama.cpp does not clip AltUp's coefficients and the file
+/// does not carry `altup_coef_clip`: none here. The stacked AltUp projections are split back
+/// into mlx-lm's three of each.
+fn gemma3n_config(
+    config: &mut Value,
+    tensors: &mut BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    blocks: i32,
+    ffn_per_layer: Option<&[i64]>,
+) -> Result<()> {
+    let key = |k: &str| format!("gemma3n.{k}");
+    let need = |k: &str| -> Result<i32> {
+        meta_count(meta, path, &key(k))?
+            .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
+    };
+    let flags = match meta.get(&key("attention.sliding_window_pattern")) {
+        Some(GgufValue::Array(a)) if a.ndim() == 1 => a
+            .astype(Dtype::Bool)
+            .and_then(|b| b.to_vec::<bool>())
+            .map_err(|e| gguf_err(path, format!("metadata `sliding_window_pattern`: {e}")))?,
+        _ => vec![],
+    };
+    if flags.len() != blocks as usize {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` must flag each of the {blocks} layers sliding or not",
+                key("attention.sliding_window_pattern")
+            ),
+        ));
+    }
+    let types: Vec<&str> = flags
+        .iter()
+        .map(|&s| {
+            if s {
+                "sliding_attention"
+            } else {
+                "full_attention"
+            }
+        })
+        .collect();
+    config["layer_types"] = json!(types);
+    config["head_dim"] = Value::from(need("attention.key_length")?);
+    config["sliding_window"] = Value::from(need("attention.sliding_window")?);
+    config["rope_local_base_freq"] = meta_f64(meta, &key("rope.freq_base_swa"))
+        .map_or(config["rope_theta"].clone(), Value::from);
+    let inputs = need("altup.num_inputs")?;
+    let active = meta_layer_count(meta, path, &key("altup.active_idx"), inputs - 1)?.unwrap_or(0);
+    config["altup_num_inputs"] = Value::from(inputs);
+    config["altup_active_idx"] = Value::from(active);
+    config["altup_coef_clip"] = Value::Null;
+    let layer0 = |t: &str| tensors.get(&format!("model.layers.0.{t}"));
+    config["altup_correct_scale"] = Value::from(layer0("altup.correct_output_scale").is_some());
+    config["laurel_rank"] = match layer0("laurel.linear_left.weight") {
+        Some(t) => Value::from(t.shape()[0]),
+        None => {
+            return Err(ModelError::Weights(vec![
+                "GGUF tensor blk.0.laurel_l.weight is missing".into(),
+            ]))
+        }
+    };
+    config["hidden_size_per_layer_input"] = Value::from(need("embedding_length_per_layer_input")?);
+    config["vocab_size_per_layer_input"] = match tensors.get("model.embed_tokens_per_layer.weight")
+    {
+        Some(t) => Value::from(t.shape()[0]),
+        None => {
+            return Err(ModelError::Weights(vec![
+                "GGUF tensor per_layer_token_embd.weight is missing".into(),
+            ]))
+        }
+    };
+    config["num_kv_shared_layers"] = Value::from(
+        meta_layer_count(meta, path, &key("attention.shared_kv_layers"), blocks)?.unwrap_or(0),
+    );
+    if let Some(per) = ffn_per_layer {
+        if per.len() != blocks as usize {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` has {} widths for {blocks} layers",
+                    key("feed_forward_length"),
+                    per.len()
+                ),
+            ));
+        }
+        config["intermediate_size"] = json!(per);
+    }
+    config["final_logit_softcapping"] =
+        meta_f64(meta, &key("final_logit_softcapping")).map_or(Value::Null, Value::from);
+    let scales: Vec<f32> = match meta.get(&key("activation_sparsity_scale")) {
+        Some(GgufValue::Array(a)) if a.ndim() == 1 && a.size() == blocks as usize => a
+            .astype(Dtype::Float32)
+            .and_then(|b| b.to_vec::<f32>())
+            .map_err(|e| gguf_err(path, format!("metadata `activation_sparsity_scale`: {e}")))?,
+        _ => {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` must give one value for each of the {blocks} layers",
+                    key("activation_sparsity_scale")
+                ),
+            ))
+        }
+    };
+    let pattern: Vec<f64> = scales
+        .iter()
+        .map(|&t| (normal_cdf(f64::from(t)) * 1e6).round() / 1e6)
+        .collect();
+    if pattern.iter().any(|p| !(0.0..1.0).contains(p)) {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` is {scales:?}: not quantiles of a sparsity in [0, 1)",
+                key("activation_sparsity_scale")
+            ),
+        ));
+    }
+    config["activation_sparsity_pattern"] = json!(pattern);
+    // The converter's stacks (3, hidden, hidden), and their quantization, back into three.
+    for (stacked, name) in [
+        ("model.gguf_altup_proj", "model.altup_projections"),
+        (
+            "model.gguf_altup_unembd_proj",
+            "model.altup_unembed_projections",
+        ),
+    ] {
+        for suffix in ["weight", "scales", "biases"] {
+            let Some(t) = tensors.remove(&format!("{stacked}.{suffix}")) else {
+                continue;
+            };
+            let n = t.shape().first().copied().unwrap_or(0);
+            if n != inputs - 1 {
+                return Err(ModelError::Weights(vec![format!(
+                    "GGUF tensor {}.{suffix}: {n} projections stacked, expected `{}` - 1 = {}",
+                    stacked.trim_start_matches("model.gguf_"),
+                    key("altup.num_inputs"),
+                    inputs - 1
+                )]));
+            }
+            for i in 0..n {
+                let one = ops::take(&t, &Array::scalar(i)?, 0, None)?;
+                tensors.insert(format!("{name}.{i}.{suffix}"), one);
+            }
+        }
     }
     if config.get("max_position_embeddings").is_none() {
         return Err(gguf_err(
@@ -3383,6 +3618,18 @@ mod tests {
         let e = llama3_rope(&mut config, &a, Path::new("x.gguf"), 128).unwrap_err();
         assert!(e.to_string().contains("rope_freqs"), "{e}");
         Ok(())
+    }
+
+    /// Gemma 3n's sparsity values come back from the converter's f32 quantiles.
+    #[test]
+    fn normal_cdf_recovers_sparsity_values() {
+        // torch.distributions.Normal(0, 1).icdf(s) in float32, for s = 0.95, 0.5, 0.99.
+        for (t, s) in [(1.644_853_6f32, 0.95), (0.0, 0.5), (2.326_347_9, 0.99)] {
+            let p = (normal_cdf(f64::from(t)) * 1e6).round() / 1e6;
+            assert_eq!(p, s, "{t}");
+        }
+        assert_eq!(normal_cdf(f64::NEG_INFINITY), 0.0);
+        assert!((normal_cdf(-1.0) - 0.158_655_253_931_457).abs() < 1e-14);
     }
 
     /// Qwen 3.5's value heads untiled on a quantized `ssm_out` (MLX's affine triple of a

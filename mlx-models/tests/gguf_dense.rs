@@ -120,6 +120,7 @@ fn later_gguf_architectures_match_mlx_lm() {
         ("granitehybrid", "granitemoehybrid"),
         ("granitehybrid_dense", "granitemoehybrid"),
         ("gemma4", "gemma4_text"),
+        ("gemma3n", "gemma3n"),
     ];
     let failures: Vec<String> = cases
         .iter()
@@ -166,6 +167,7 @@ fn later_gguf_architectures_match_mlx_lm() {
         "llama4",
         "granitehybrid",
         "gemma4",
+        "gemma3n",
     ] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }

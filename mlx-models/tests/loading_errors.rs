@@ -320,7 +320,7 @@ mod gguf {
     }
 
     #[test]
-    fn bad_ernie45_moe_llama4_granitehybrid_and_gemma4_metadata_names_the_key() {
+    fn bad_metadata_of_the_later_gguf_maps_names_the_key() {
         let u = |v: u32| GgufValue::Array(Array::scalar(v).unwrap());
         for (fixture, key) in [
             ("ernie4_5_moe", "ernie4_5-moe.interleave_moe_layer_step"),
@@ -332,6 +332,10 @@ mod gguf {
                 "granitehybrid",
                 "granitehybrid.expert_shared_feed_forward_length",
             ),
+            ("gemma4", "gemma4.attention.key_length_swa"),
+            ("gemma4", "gemma4.attention.sliding_window"),
+            ("gemma3n", "gemma3n.altup.num_inputs"),
+            ("gemma3n", "gemma3n.embedding_length_per_layer_input"),
         ] {
             let e = err(&edited(
                 fixture,
@@ -368,18 +372,31 @@ mod gguf {
             e.contains("granitehybrid.attention.head_count_kv") && e.contains("ghkv.gguf"),
             "{e}"
         );
-        // Gemma 4: the layer kinds, the double-wide widths and the unmapped MoE name the key.
-        for (name, k, v) in [
-            ("g4pattern", "gemma4.attention.sliding_window_pattern", u(1)),
+        // Gemma 4: the layer kinds, the double-wide widths and the unmapped MoE name the key;
+        // Gemma 3n: the sparsity quantiles.
+        for (fixture, name, k, v) in [
             (
+                "gemma4",
+                "g4pattern",
+                "gemma4.attention.sliding_window_pattern",
+                u(1),
+            ),
+            (
+                "gemma4",
                 "g4ffn",
                 "gemma4.feed_forward_length",
                 GgufValue::Array(Array::from_slice(&[32u32, 64, 32, 64, 64], &[5]).unwrap()),
             ),
-            ("g4moe", "gemma4.expert_count", u(4)),
+            ("gemma4", "g4moe", "gemma4.expert_count", u(4)),
+            (
+                "gemma3n",
+                "g3nsparse",
+                "gemma3n.activation_sparsity_scale",
+                u(1),
+            ),
         ] {
             let e = err(&edited(
-                "gemma4",
+                fixture,
                 name,
                 |m| {
                     m.insert(k.into(), v);

@@ -1453,6 +1453,112 @@ CASES["gemma4"] = Case(
 )
 
 
+# Gemma 3n (`gemma3n`, its text model): AltUp (four streams, their projections stacked by the
+# converter into `altup_proj` / `altup_unembd_proj`), Laurel, per-layer inputs, KV shared
+# by the last layers, Gaussian top-k activation sparsity. Gemma3NModel writes Gemma 3's keys
+# (norms as they are), the AltUp sizes, the per-layer input width, the shared KV layer count,
+# the pattern as per-layer flags, and the sparsity as `activation_sparsity_scale`: the
+# standard normal's quantile of each layer's value (torch float32: -inf for 0; mx here).
+# `correct_output_scale` becomes `altup_correct_scale.weight`. The file has no
+# `altup_coef_clip` (llama.cpp does not clip): the seeded coefficients are far inside 120.
+GEMMA3N_TEXT = {
+    "model_type": "gemma3n_text",
+    "hidden_size": 32,
+    "num_hidden_layers": 4,
+    "intermediate_size": 64,
+    "num_attention_heads": 4,
+    "head_dim": 8,
+    "rms_norm_eps": 1e-6,
+    "vocab_size": 96,
+    "num_key_value_heads": 2,
+    "num_kv_shared_layers": 2,
+    "vocab_size_per_layer_input": 96,
+    "sliding_window": 4,
+    "max_position_embeddings": 256,
+    "rope_local_base_freq": 10000.0,
+    "rope_theta": 1000000.0,
+    "final_logit_softcapping": 30.0,
+    "layer_types": ["sliding_attention", "full_attention"] * 2,
+    "activation_sparsity_pattern": [0.95, 0.95, 0.0, 0.0],
+    "hidden_size_per_layer_input": 8,
+    "altup_num_inputs": 4,
+    "altup_coef_clip": 120.0,
+    "altup_correct_scale": True,
+    "altup_active_idx": 0,
+    "laurel_rank": 4,
+}
+
+
+def gemma3n_tensors(case, k, v):
+    k = k.removeprefix("model.language_model.")
+    if k.endswith(".altup.correct_output_scale"):
+        return [(f"blk.{k.split('.')[1]}.altup_correct_scale.weight", v)]
+    for stack, name in [("altup_projections", "altup_proj"), ("altup_unembed_projections", "altup_unembd_proj")]:
+        if k.startswith(stack + "."):
+            # Gemma3NModel stacks the three projections (0, 1, 2) into one tensor.
+            case.stacks.setdefault(name, {})[int(k.split(".")[1])] = v
+            if len(case.stacks[name]) < 3:
+                return []
+            return [(f"{name}.weight", mx.stack([case.stacks[name][i] for i in range(3)]))]
+    return [(case.gguf_name("model." + k), v)]
+
+
+def gemma3n_meta():
+    rope_theta = lambda c: c["rope_theta"]  # noqa: E731
+    return [
+        u32("block_count", "num_hidden_layers"),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv", "num_key_value_heads"),
+        f32("rope.freq_base", rope_theta),
+        f32("rope.freq_base_swa", "rope_local_base_freq"),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+        u32("attention.key_length", "head_dim"),
+        u32("attention.value_length", "head_dim"),
+        f32("final_logit_softcapping", "final_logit_softcapping"),
+        u32("attention.sliding_window", "sliding_window"),
+        u32("altup.active_idx", "altup_active_idx"),
+        u32("altup.num_inputs", "altup_num_inputs"),
+        u32("embedding_length_per_layer_input", "hidden_size_per_layer_input"),
+        u32("attention.shared_kv_layers", "num_kv_shared_layers"),
+        arr("activation_sparsity_scale", lambda c: mx.sqrt(mx.array(2.0)) * mx.erfinv(
+            2 * mx.array(c["activation_sparsity_pattern"], dtype=mx.float32) - 1)),
+        arr("attention.sliding_window_pattern",
+            lambda c: mx.array([t == "sliding_attention" for t in c["layer_types"]])),
+    ] + SPM
+
+
+CASES["gemma3n"] = Case(
+    "gemma3n",
+    {"model_type": "gemma3n", "text_config": GEMMA3N_TEXT},
+    "gemma3n",
+    gemma3n_meta(),
+    {
+        "post_attention_layernorm": "post_attention_norm",
+        "pre_feedforward_layernorm": "ffn_norm",
+        "post_feedforward_layernorm": "post_ffw_norm",
+        "model.embed_tokens_per_layer": "per_layer_token_embd",
+        "model.per_layer_model_projection": "per_layer_model_proj",
+        "model.per_layer_projection_norm": "per_layer_proj_norm",
+        "per_layer_input_gate": "inp_gate",
+        "per_layer_projection": "proj",
+        "post_per_layer_input_norm": "post_norm",
+        "altup.correction_coefs": "altup_correct_coef",
+        "altup.prediction_coefs": "altup_predict_coef",
+        "altup.modality_router": "altup_router",
+        "altup.router_norm": "altup_router_norm",
+        "laurel.linear_left": "laurel_l",
+        "laurel.linear_right": "laurel_r",
+        "laurel.post_laurel_norm": "laurel_post_norm",
+    },
+    tensors=gemma3n_tensors,
+    hparams=lambda c: c["text_config"],
+)
+CASES["gemma3n"].stacks = {}
+
+
 ONLY = only()
 for _name, _case in CASES.items():
     if not ONLY or _name in ONLY:
