@@ -691,6 +691,46 @@ const ARCHS: &[GgufArch] = &[
         per_layer_kv: true,
         ..PLAIN
     },
+    // RWKV-7 (fla-hub's names, as mlx-lm reads them): time mixing (`time_mix_*`: the
+    // projections, the LoRAs as `*1` / `*2` / `*0` (bias), the fused token-shift mixes, the
+    // per-head group norm `time_mix_ln`), channel mixing (`channel_mix_*`), the first
+    // layer's pre-norm as `token_embd_norm` (`rwkv7_config` undoes the rest).
+    GgufArch {
+        arch: "rwkv7",
+        model_type: "rwkv7",
+        parts: &[
+            ("attn_norm", "attn_norm"),
+            ("attn_norm_2", "ffn_norm"),
+            ("time_mix_receptance", "attn.r_proj"),
+            ("time_mix_key", "attn.k_proj"),
+            ("time_mix_value", "attn.v_proj"),
+            ("time_mix_output", "attn.o_proj"),
+            ("time_mix_ln", "attn.g_norm"),
+            ("time_mix_k_k", "attn.k_k"),
+            ("time_mix_k_a", "attn.k_a"),
+            ("time_mix_r_k", "attn.r_k"),
+            ("time_mix_lerp_fused", "attn.gguf_lerp"),
+            ("time_mix_w0", "attn.w_lora.gguf0"),
+            ("time_mix_w1", "attn.w_lora.lora.0"),
+            ("time_mix_w2", "attn.w_lora.lora.2"),
+            ("time_mix_a0", "attn.a_lora.gguf0"),
+            ("time_mix_a1", "attn.a_lora.lora.0"),
+            ("time_mix_a2", "attn.a_lora.lora.2"),
+            ("time_mix_v0", "attn.v_lora.gguf0"),
+            ("time_mix_v1", "attn.v_lora.lora.0"),
+            ("time_mix_v2", "attn.v_lora.lora.2"),
+            ("time_mix_g1", "attn.g_lora.lora.0"),
+            ("time_mix_g2", "attn.g_lora.lora.2"),
+            ("channel_mix_key", "ffn.key"),
+            ("channel_mix_value", "ffn.value"),
+            ("channel_mix_lerp_k", "ffn.x_k"),
+        ],
+        top: &[
+            ("token_embd", "model.embeddings"),
+            ("token_embd_norm", "model.layers.0.pre_norm"),
+        ],
+        ..PLAIN
+    },
     // Gemma 3n (the text model): Gemma 3's names (norms as stored), AltUp (`altup_*`; the
     // converter's stacked `altup_proj` / `altup_unembd_proj` unstacked by `gemma3n_config`),
     // Laurel, per-layer inputs; names under mlx-lm's `model.language_model.`.
@@ -776,6 +816,17 @@ const ARCHS: &[GgufArch] = &[
     },
 ];
 
+/// mlx-lm parameters without a `.weight`, to which the converters add one.
+const BARE_PARAMS: &[&str] = &[
+    ".self_attn.sinks",
+    ".layer_scalar",
+    ".altup.correct_output_scale",
+    ".attn.k_k",
+    ".attn.k_a",
+    ".attn.r_k",
+    ".ffn.x_k",
+];
+
 /// `llama.cpp` tensor names to mlx-lm's, for `a`.
 fn map_name(a: &GgufArch, name: &str) -> Option<String> {
     let (base, suffix) = name.rsplit_once('.')?;
@@ -816,10 +867,7 @@ fn map_name(a: &GgufArch, name: &str) -> Option<String> {
             format!("{}.{layer}.{part}", a.layers)
         }
     };
-    if ((mapped.ends_with(".self_attn.sinks")
-        || mapped.ends_with(".layer_scalar")
-        || mapped.ends_with(".altup.correct_output_scale"))
-        && suffix == "weight")
+    if (BARE_PARAMS.iter().any(|b| mapped.ends_with(b)) && suffix == "weight")
         || (mapped.ends_with(".feed_forward.expert_bias") && suffix == "bias")
     {
         // gpt-oss's `sinks` and LFM2-MoE's `expert_bias` are bare parameters in mlx-lm; the
@@ -1078,7 +1126,23 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         meta_count(&metadata, path, &key(k))?
             .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
     };
-    let heads = count("attention.head_count")?;
+    let heads = if arch.arch == "rwkv7" {
+        // RWKV-7 writes a head count of 0 (unused); its heads are the width over the head size.
+        let (h, d) = (count("embedding_length")?, count("wkv.head_size")?);
+        if h % d != 0 {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` = {d} does not divide `{}` = {h}",
+                    key("wkv.head_size"),
+                    key("embedding_length")
+                ),
+            ));
+        }
+        h / d
+    } else {
+        count("attention.head_count")?
+    };
     // LFM2 and Granite 4.0 H write `head_count_kv` per layer, 0 for their convolution /
     // Mamba layers.
     let kv_per_layer = match metadata.get(&key("attention.head_count_kv")) {
@@ -1301,6 +1365,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         "starcoder2" => (float(LN_EPS, true)?, "norm_epsilon"),
         "command-r" | "cohere2" => (float(LN_EPS, true)?, "layer_norm_eps"),
         "lfm2" | "lfm2moe" => (float(RMS_EPS, true)?, "norm_eps"),
+        "rwkv7" => (float(LN_EPS, true)?, "norm_eps"),
         "exaone" => (
             match float(RMS_EPS, true)? {
                 Some(e) => Some(e),
@@ -1311,7 +1376,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         _ => (float(RMS_EPS, true)?, "rms_norm_eps"),
     };
     let eps = eps.ok_or_else(|| {
-        let k = if eps_field == "norm_epsilon" {
+        let k = if eps_field == "norm_epsilon" || arch.arch == "rwkv7" {
             LN_EPS
         } else {
             RMS_EPS
@@ -1882,6 +1947,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             }
         }
         "ernie4_5-moe" => ernie45_moe_config(&mut config, &tensors, path, &metadata, blocks)?,
+        "rwkv7" => rwkv7_config(&mut config, &mut tensors, path, &metadata, blocks, heads)?,
         "gemma3n" => gemma3n_config(
             &mut config,
             &mut tensors,
@@ -2027,6 +2093,67 @@ fn ernie45_moe_config(
             path,
             format!("metadata `{}` is missing", key("context_length")),
         ));
+    }
+    Ok(())
+}
+
+/// RWKV-7 (`Rwkv7Model`'s keys) as mlx-lm's rwkv7 args: the head size, the four LoRA ranks,
+/// the LayerNorm epsilon; the fused token-shift mixes (r, w, k, v, a, g) split back into
+/// `x_r` .. `x_g` of shape (1, 1, hidden), the LoRAs' biases (`*0`) back under `lora.2.bias`,
+/// `r_k` per head, and the first layer's value LoRA dropped (the converter writes copies of
+/// its `a` LoRA there; mlx-lm's first layer has none).
+fn rwkv7_config(
+    config: &mut Value,
+    tensors: &mut BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    blocks: i32,
+    heads: i32,
+) -> Result<()> {
+    let key = |k: &str| format!("rwkv7.{k}");
+    let need = |k: &str| -> Result<i32> {
+        meta_count(meta, path, &key(k))?
+            .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
+    };
+    let head = need("wkv.head_size")?;
+    config["head_dim"] = Value::from(head);
+    config["decay_low_rank_dim"] = Value::from(need("attention.decay_lora_rank")?);
+    config["a_low_rank_dim"] = Value::from(need("attention.iclr_lora_rank")?);
+    config["v_low_rank_dim"] = Value::from(need("attention.value_residual_mix_lora_rank")?);
+    config["gate_low_rank_dim"] = Value::from(need("attention.gate_lora_rank")?);
+    tensors.retain(|k, _| !k.starts_with("model.layers.0.attn.v_lora."));
+    let names: Vec<String> = tensors.keys().cloned().collect();
+    for name in names {
+        let Some(t) = tensors.remove(&name) else {
+            continue;
+        };
+        if let Some(p) = name.strip_suffix(".gguf0.weight") {
+            tensors.insert(format!("{p}.lora.2.bias"), t);
+        } else if let Some(p) = name.strip_suffix(".attn.gguf_lerp.weight") {
+            let hidden = t.shape().last().copied().unwrap_or(0);
+            if t.size() != 6 * hidden as usize {
+                return Err(ModelError::Weights(vec![format!(
+                    "GGUF tensor blk.{}.time_mix_lerp_fused.weight: shape {:?}, expected the six \
+                     token-shift mixes (r, w, k, v, a, g) of the width",
+                    p.trim_start_matches("model.layers."),
+                    t.shape()
+                )]));
+            }
+            let t = t.reshape(&[6, 1, 1, hidden])?;
+            for (i, x) in ["r", "w", "k", "v", "a", "g"].iter().enumerate() {
+                let one = ops::take(&t, &Array::from_slice(&[i as i32], &[1])?, 0, None)?;
+                tensors.insert(format!("{p}.attn.x_{x}"), one.reshape(&[1, 1, hidden])?);
+            }
+        } else if name.ends_with(".attn.r_k") {
+            tensors.insert(name, t.reshape(&[heads, head])?);
+        } else {
+            tensors.insert(name, t);
+        }
+    }
+    if !tensors.contains_key("model.layers.0.pre_norm.weight") && blocks > 0 {
+        return Err(ModelError::Weights(vec![
+            "GGUF tensor token_embd_norm.weight is missing (RWKV-7's first pre-norm)".into(),
+        ]));
     }
     Ok(())
 }

@@ -121,6 +121,7 @@ fn later_gguf_architectures_match_mlx_lm() {
         ("granitehybrid_dense", "granitemoehybrid"),
         ("gemma4", "gemma4_text"),
         ("gemma3n", "gemma3n"),
+        ("rwkv7", "rwkv7"),
     ];
     let failures: Vec<String> = cases
         .iter()
@@ -168,6 +169,7 @@ fn later_gguf_architectures_match_mlx_lm() {
         "granitehybrid",
         "gemma4",
         "gemma3n",
+        "rwkv7",
     ] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }

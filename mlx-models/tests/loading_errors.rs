@@ -336,6 +336,9 @@ mod gguf {
             ("gemma4", "gemma4.attention.sliding_window"),
             ("gemma3n", "gemma3n.altup.num_inputs"),
             ("gemma3n", "gemma3n.embedding_length_per_layer_input"),
+            ("rwkv7", "rwkv7.wkv.head_size"),
+            ("rwkv7", "rwkv7.attention.gate_lora_rank"),
+            ("rwkv7", "rwkv7.attention.layer_norm_epsilon"),
         ] {
             let e = err(&edited(
                 fixture,

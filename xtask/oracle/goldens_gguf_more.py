@@ -1559,6 +1559,93 @@ CASES["gemma3n"] = Case(
 CASES["gemma3n"].stacks = {}
 
 
+# RWKV-7 (`rwkv7`, fla-hub's layout as mlx-lm reads it): Rwkv7Model's filter renames
+# (`attn` -> `attention`, `ffn` -> `feed_forward`, `ffn_norm` -> `ln2`, `g_norm` -> `ln_x`,
+# `*_lora.lora.0/2.weight` -> `*1` / `*2`, `*_lora.lora.2.bias` -> `*0`), the six token-shift
+# mixes stacked into `time_mix_lerp_fused` (r, w, k, v, a, g), every other tensor squeezed
+# (`k_k`, `k_a`, `ln_x` are flat in the checkpoint, which mlx-lm's sanitize reshapes per
+# head), `r_k` flattened, and layer 0's missing value-residual LoRA written as copies of its
+# `a` LoRA. Metadata: the LayerNorm epsilon, the head size, the four LoRA ranks, the width,
+# a context of 2**20 and a head count of 0.
+RWKV7 = {
+    "model_type": "rwkv7",
+    "vocab_size": 96,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "norm_eps": 1e-5,
+    "head_dim": 8,
+    "num_hidden_layers": 2,
+    "a_low_rank_dim": 8,
+    "v_low_rank_dim": 4,
+    "gate_low_rank_dim": 12,
+    "decay_low_rank_dim": 8,
+    "tie_word_embeddings": False,
+}
+
+RWKV7_PARTS = {
+    "model.embeddings": "token_embd",
+    "attn_norm": "attn_norm",
+    "ffn_norm": "attn_norm_2",
+    "attn.r_proj": "time_mix_receptance",
+    "attn.k_proj": "time_mix_key",
+    "attn.v_proj": "time_mix_value",
+    "attn.o_proj": "time_mix_output",
+    "attn.g_norm": "time_mix_ln",
+    "ffn.key": "channel_mix_key",
+    "ffn.value": "channel_mix_value",
+}
+
+
+def rwkv7_tensors(case, k, v):
+    layer = layer_of(k)
+    if k.startswith("model.layers.0.pre_norm."):
+        return [(f"token_embd_norm.{k.rsplit('.', 1)[1]}", v)]
+    if ".attn.x_" in k:
+        mixes = case.stacks.setdefault(layer, {})
+        mixes[k.rsplit("_", 1)[1]] = v
+        if len(mixes) < 6:
+            return []
+        return [(f"blk.{layer}.time_mix_lerp_fused.weight", mx.stack([mixes[x] for x in "rwkvag"]))]
+    if ".attn." in k and "_lora.lora." in k:
+        which = k.split(".attn.")[1][0]
+        tail = k.split("_lora.lora.")[1]
+        n = {"0.weight": "1", "2.weight": "2", "2.bias": "0"}[tail]
+        out = [(f"blk.{layer}.time_mix_{which}{n}.weight", v)]
+        if layer == "0" and which == "a":
+            out.append((f"blk.{layer}.time_mix_v{n}.weight", v))
+        return out
+    if k.endswith((".attn.k_k", ".attn.k_a", ".attn.r_k")):
+        return [(f"blk.{layer}.time_mix_{k.rsplit('.', 1)[1]}.weight", v.reshape(-1))]
+    if k.endswith(".attn.g_norm.weight") or k.endswith(".attn.g_norm.bias"):
+        return [(f"blk.{layer}.time_mix_ln.{k.rsplit('.', 1)[1]}", v.reshape(-1))]
+    if k.endswith(".ffn.x_k"):
+        return [(f"blk.{layer}.channel_mix_lerp_k.weight", v.reshape(-1))]
+    return [(case.gguf_name(k), v)]
+
+
+CASES["rwkv7"] = Case(
+    "rwkv7",
+    RWKV7,
+    "rwkv7",
+    [
+        u32("context_length", 1048576),
+        u32("embedding_length", "hidden_size"),
+        u32("block_count", "num_hidden_layers"),
+        f32("attention.layer_norm_epsilon", "norm_eps"),
+        u32("wkv.head_size", "head_dim"),
+        u32("attention.decay_lora_rank", "decay_low_rank_dim"),
+        u32("attention.iclr_lora_rank", "a_low_rank_dim"),
+        u32("attention.value_residual_mix_lora_rank", "v_low_rank_dim"),
+        u32("attention.gate_lora_rank", "gate_low_rank_dim"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", 0),
+    ] + tokenizer("rwkv"),
+    RWKV7_PARTS,
+    tensors=rwkv7_tensors,
+)
+CASES["rwkv7"].stacks = {}
+
+
 ONLY = only()
 for _name, _case in CASES.items():
     if not ONLY or _name in ONLY:
