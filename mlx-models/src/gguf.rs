@@ -2033,6 +2033,46 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
     })
 }
 
+/// `max_position_embeddings` must have come from `key` (`<arch>.context_length`).
+fn require_context(config: &Value, path: &Path, key: &str) -> Result<()> {
+    match config.get("max_position_embeddings") {
+        Some(_) => Ok(()),
+        None => Err(gguf_err(path, format!("metadata `{key}` is missing"))),
+    }
+}
+
+/// `<arch>.<k>`, a positive count, or an error naming the key when it is absent.
+fn need_count(meta: &GgufMetadata, path: &Path, arch: &str, k: &str) -> Result<i32> {
+    let key = format!("{arch}.{k}");
+    meta_count(meta, path, &key)?
+        .ok_or_else(|| gguf_err(path, format!("metadata `{key}` is missing")))
+}
+
+/// Gemma 3n / 4 `layer_types` from the per-layer sliding flags `key` (one per layer).
+fn gemma_layer_types(meta: &GgufMetadata, path: &Path, key: &str, blocks: i32) -> Result<Value> {
+    let flags = match meta.get(key) {
+        Some(GgufValue::Array(a)) if a.ndim() == 1 => a
+            .astype(Dtype::Bool)
+            .and_then(|b| b.to_vec::<bool>())
+            .map_err(|e| gguf_err(path, format!("metadata `{key}`: {e}")))?,
+        _ => vec![],
+    };
+    if flags.len() != blocks as usize {
+        return Err(gguf_err(
+            path,
+            format!("metadata `{key}` must flag each of the {blocks} layers sliding or not"),
+        ));
+    }
+    let kind = |s: bool| {
+        if s {
+            "sliding_attention"
+        } else {
+            "full_attention"
+        }
+    };
+    Ok(json!(flags.into_iter().map(kind).collect::<Vec<_>>()))
+}
+
 /// A count of layers `key` (0 allowed, unlike [`meta_count`]) of at most `blocks`.
 fn meta_layer_count(
     meta: &GgufMetadata,
@@ -2067,10 +2107,7 @@ fn ernie45_moe_config(
     blocks: i32,
 ) -> Result<()> {
     let key = |k: &str| format!("ernie4_5-moe.{k}");
-    let need = |k: &str| -> Result<i32> {
-        meta_count(meta, path, &key(k))?
-            .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
-    };
+    let need = |k: &str| need_count(meta, path, "ernie4_5-moe", k);
     config["moe_num_experts"] = Value::from(need("expert_count")?);
     config["moe_k"] = Value::from(need("expert_used_count")?);
     config["moe_layer_interval"] = Value::from(need("interleave_moe_layer_step")?);
@@ -2088,12 +2125,7 @@ fn ernie45_moe_config(
         let (h, n) = (&config["hidden_size"], &config["num_attention_heads"]);
         config["head_dim"] = Value::from(h.as_i64().unwrap_or(0) / n.as_i64().unwrap_or(1));
     }
-    if config.get("max_position_embeddings").is_none() {
-        return Err(gguf_err(
-            path,
-            format!("metadata `{}` is missing", key("context_length")),
-        ));
-    }
+    require_context(config, path, &key("context_length"))?;
     Ok(())
 }
 
@@ -2110,11 +2142,7 @@ fn rwkv7_config(
     blocks: i32,
     heads: i32,
 ) -> Result<()> {
-    let key = |k: &str| format!("rwkv7.{k}");
-    let need = |k: &str| -> Result<i32> {
-        meta_count(meta, path, &key(k))?
-            .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
-    };
+    let need = |k: &str| need_count(meta, path, "rwkv7", k);
     let head = need("wkv.head_size")?;
     config["head_dim"] = Value::from(head);
     config["decay_low_rank_dim"] = Value::from(need("attention.decay_lora_rank")?);
@@ -2197,37 +2225,9 @@ fn gemma3n_config(
     ffn_per_layer: Option<&[i64]>,
 ) -> Result<()> {
     let key = |k: &str| format!("gemma3n.{k}");
-    let need = |k: &str| -> Result<i32> {
-        meta_count(meta, path, &key(k))?
-            .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
-    };
-    let flags = match meta.get(&key("attention.sliding_window_pattern")) {
-        Some(GgufValue::Array(a)) if a.ndim() == 1 => a
-            .astype(Dtype::Bool)
-            .and_then(|b| b.to_vec::<bool>())
-            .map_err(|e| gguf_err(path, format!("metadata `sliding_window_pattern`: {e}")))?,
-        _ => vec![],
-    };
-    if flags.len() != blocks as usize {
-        return Err(gguf_err(
-            path,
-            format!(
-                "metadata `{}` must flag each of the {blocks} layers sliding or not",
-                key("attention.sliding_window_pattern")
-            ),
-        ));
-    }
-    let types: Vec<&str> = flags
-        .iter()
-        .map(|&s| {
-            if s {
-                "sliding_attention"
-            } else {
-                "full_attention"
-            }
-        })
-        .collect();
-    config["layer_types"] = json!(types);
+    let need = |k: &str| need_count(meta, path, "gemma3n", k);
+    config["layer_types"] =
+        gemma_layer_types(meta, path, &key("attention.sliding_window_pattern"), blocks)?;
     config["head_dim"] = Value::from(need("attention.key_length")?);
     config["sliding_window"] = Value::from(need("attention.sliding_window")?);
     config["rope_local_base_freq"] = meta_f64(meta, &key("rope.freq_base_swa"))
@@ -2331,12 +2331,7 @@ fn gemma3n_config(
             }
         }
     }
-    if config.get("max_position_embeddings").is_none() {
-        return Err(gguf_err(
-            path,
-            format!("metadata `{}` is missing", key("context_length")),
-        ));
-    }
+    require_context(config, path, &key("context_length"))?;
     Ok(())
 }
 
@@ -2359,10 +2354,7 @@ fn gemma4_config(
     ffn_per_layer: Option<&[i64]>,
 ) -> Result<()> {
     let key = |k: &str| format!("gemma4.{k}");
-    let need = |k: &str| -> Result<i32> {
-        meta_count(meta, path, &key(k))?
-            .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
-    };
+    let need = |k: &str| need_count(meta, path, "gemma4", k);
     if meta.contains_key(&key("expert_count")) {
         return Err(gguf_err(
             path,
@@ -2372,33 +2364,8 @@ fn gemma4_config(
             ),
         ));
     }
-    let flags = match meta.get(&key("attention.sliding_window_pattern")) {
-        Some(GgufValue::Array(a)) if a.ndim() == 1 => a
-            .astype(Dtype::Bool)
-            .and_then(|b| b.to_vec::<bool>())
-            .map_err(|e| gguf_err(path, format!("metadata `sliding_window_pattern`: {e}")))?,
-        _ => vec![],
-    };
-    if flags.len() != blocks as usize {
-        return Err(gguf_err(
-            path,
-            format!(
-                "metadata `{}` must flag each of the {blocks} layers sliding or not",
-                key("attention.sliding_window_pattern")
-            ),
-        ));
-    }
-    let types: Vec<&str> = flags
-        .iter()
-        .map(|&s| {
-            if s {
-                "sliding_attention"
-            } else {
-                "full_attention"
-            }
-        })
-        .collect();
-    config["layer_types"] = json!(types);
+    config["layer_types"] =
+        gemma_layer_types(meta, path, &key("attention.sliding_window_pattern"), blocks)?;
     let (head, global) = (
         need("attention.key_length_swa")?,
         need("attention.key_length")?,
@@ -2513,12 +2480,7 @@ fn gemma4_config(
         meta_f64(meta, &key("final_logit_softcapping")).map_or(Value::Null, Value::from);
     config["attention_k_eq_v"] = Value::from(false);
     config["enable_moe_block"] = Value::from(false);
-    if config.get("max_position_embeddings").is_none() {
-        return Err(gguf_err(
-            path,
-            format!("metadata `{}` is missing", key("context_length")),
-        ));
-    }
+    require_context(config, path, &key("context_length"))?;
     Ok(())
 }
 
@@ -2538,10 +2500,7 @@ fn granitehybrid_config(
     per: &[i64],
 ) -> Result<()> {
     let key = |k: &str| format!("granitehybrid.{k}");
-    let need = |k: &str| -> Result<i32> {
-        meta_count(meta, path, &key(k))?
-            .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
-    };
+    let need = |k: &str| need_count(meta, path, "granitehybrid", k);
     if per.len() != blocks as usize {
         return Err(gguf_err(
             path,
@@ -2654,10 +2613,7 @@ fn llama4_config(
     meta: &GgufMetadata,
 ) -> Result<()> {
     let key = |k: &str| format!("llama4.{k}");
-    let need = |k: &str| -> Result<i32> {
-        meta_count(meta, path, &key(k))?
-            .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
-    };
+    let need = |k: &str| need_count(meta, path, "llama4", k);
     if meta_f64(meta, &key("attention.sliding_window")) == Some(0.0) {
         return Err(gguf_err(
             path,
@@ -2705,12 +2661,7 @@ fn llama4_config(
     config["use_qk_norm"] = Value::from(experts != 128);
     config["attention_bias"] =
         Value::from(tensors.contains_key("model.layers.0.self_attn.q_proj.bias"));
-    if config.get("max_position_embeddings").is_none() {
-        return Err(gguf_err(
-            path,
-            format!("metadata `{}` is missing", key("context_length")),
-        ));
-    }
+    require_context(config, path, &key("context_length"))?;
     if config.get("rope_scaling").is_none() {
         config["rope_scaling"] = Value::Null;
     }

@@ -1350,6 +1350,20 @@ for _name, _c in [("granitehybrid", GRANITEHYBRID), ("granitehybrid_dense", GRAN
                         permute_qk=True, tensors=granite_tensors, read_back=granite_back)
 
 
+# Gemma 3n's and Gemma 4's names beyond llama's: the sandwich norms and the per-layer inputs.
+GEMMA_PER_LAYER = {
+        "post_attention_layernorm": "post_attention_norm",
+        "pre_feedforward_layernorm": "ffn_norm",
+        "post_feedforward_layernorm": "post_ffw_norm",
+        "model.embed_tokens_per_layer": "per_layer_token_embd",
+        "model.per_layer_model_projection": "per_layer_model_proj",
+        "model.per_layer_projection_norm": "per_layer_proj_norm",
+        "per_layer_input_gate": "inp_gate",
+        "per_layer_projection": "proj",
+        "post_per_layer_input_norm": "post_norm",
+}
+
+
 # Gemma 4 (`gemma4`, the dense E2B / E4B kind): sliding and full layers with their own head
 # sizes, per-layer inputs, KV shared by the last layers, double-wide MLPs there, a layer
 # scalar. Gemma4Model writes Gemma 3's keys (norms as they are: no `1 + w` in Gemma 4), the
@@ -1438,15 +1452,7 @@ CASES["gemma4"] = Case(
         u32("rope.dimension_count_swa", lambda c: int(c["head_dim"] * c["rope_parameters"]["sliding_attention"]["partial_rotary_factor"])),
     ] + tokenizer("gemma4"),
     {
-        "post_attention_layernorm": "post_attention_norm",
-        "pre_feedforward_layernorm": "ffn_norm",
-        "post_feedforward_layernorm": "post_ffw_norm",
-        "model.embed_tokens_per_layer": "per_layer_token_embd",
-        "model.per_layer_model_projection": "per_layer_model_proj",
-        "model.per_layer_projection_norm": "per_layer_proj_norm",
-        "per_layer_input_gate": "inp_gate",
-        "per_layer_projection": "proj",
-        "post_per_layer_input_norm": "post_norm",
+        **GEMMA_PER_LAYER,
     },
     tensors=gemma4_tensors,
     extra=[gemma4_rope_freqs],
@@ -1536,15 +1542,7 @@ CASES["gemma3n"] = Case(
     "gemma3n",
     gemma3n_meta(),
     {
-        "post_attention_layernorm": "post_attention_norm",
-        "pre_feedforward_layernorm": "ffn_norm",
-        "post_feedforward_layernorm": "post_ffw_norm",
-        "model.embed_tokens_per_layer": "per_layer_token_embd",
-        "model.per_layer_model_projection": "per_layer_model_proj",
-        "model.per_layer_projection_norm": "per_layer_proj_norm",
-        "per_layer_input_gate": "inp_gate",
-        "per_layer_projection": "proj",
-        "post_per_layer_input_norm": "post_norm",
+        **GEMMA_PER_LAYER,
         "altup.correction_coefs": "altup_correct_coef",
         "altup.prediction_coefs": "altup_predict_coef",
         "altup.modality_router": "altup_router",
