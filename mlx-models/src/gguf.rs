@@ -99,6 +99,11 @@ struct GgufArch {
     /// Reads the rope factor tensors ([`ROPE_TENSORS`]: Phi-3's long rope, Llama 3's
     /// `rope_freqs`) into `rope_scaling`.
     rope_tensors: bool,
+    /// `attention.head_count_kv` is a per-layer list, 0 on the layers without attention.
+    per_layer_kv: bool,
+    /// mlx-lm serves the file as the text model of a multimodal checkpoint: its weights
+    /// renamed (a leading `.1` replaced by `.0`), its config as `text_config` of `.2`.
+    text_of: Option<(&'static str, &'static str, &'static str)>,
 }
 
 /// Tensors llama.cpp writes for rope scaling, which mlx-lm's configs hold as numbers.
@@ -119,6 +124,8 @@ const PLAIN: GgufArch = GgufArch {
     top: &[],
     base_parts: &[],
     rope_tensors: false,
+    per_layer_kv: false,
+    text_of: None,
 };
 
 const DEEPSEEK2_PARTS: &[(&str, &str)] = &[
@@ -587,6 +594,7 @@ const ARCHS: &[GgufArch] = &[
             ("shortconv.out_proj", "conv.out_proj"),
         ],
         top: &[("token_embd_norm", "model.embedding_norm")],
+        per_layer_kv: true,
         ..PLAIN
     },
     // LFM2-MoE: LFM2's layers, dense feed-forward blocks first (`leading_dense_block_count`),
@@ -613,6 +621,7 @@ const ARCHS: &[GgufArch] = &[
             ("shortconv.out_proj", "conv.out_proj"),
         ],
         top: &[("token_embd_norm", "model.embedding_norm")],
+        per_layer_kv: true,
         ..PLAIN
     },
     // Nanbeige (llama.cpp's llama class: Q / K permuted), its stack run `num_loops` times.
@@ -636,6 +645,186 @@ const ARCHS: &[GgufArch] = &[
         rope_tensors: true,
         ..PLAIN
     },
+    // ERNIE 4.5 MoE: ERNIE 4.5's layers (interleaved rope, nothing permuted), experts from
+    // `leading_dense_block_count` on every `interleave_moe_layer_step`-th layer, a shared
+    // expert; `exp_probs_b` (the checkpoints' `e_score_correction_bias`) is read and dropped,
+    // as mlx-lm's sanitize drops it.
+    GgufArch {
+        arch: "ernie4_5-moe",
+        model_type: "ernie4_5_moe",
+        parts: &[
+            ("exp_probs_b", "mlp.moe_statics.e_score_correction"),
+            EXPERT_PARTS[0],
+            EXPERT_PARTS[1],
+            EXPERT_PARTS[2],
+            EXPERT_PARTS[3],
+            SHARED_EXPERT_PARTS[0],
+            SHARED_EXPERT_PARTS[1],
+            SHARED_EXPERT_PARTS[2],
+        ],
+        ..PLAIN
+    },
+    // Granite 4.0 H: Mamba-2 layers (`ssm_*`; `ssm_a` is -exp(A_log), `ssm_d` D, both
+    // (heads, 1); the gated norm as (groups, inner / groups); the conv kernel squeezed) told
+    // apart from attention layers by the per-layer `head_count_kv`; Q / K permuted (the
+    // converter's llama class); experts with a shared expert whose fused `input_linear` the
+    // converter split (`granitehybrid_config` joins it), or a dense MLP.
+    GgufArch {
+        arch: "granitehybrid",
+        model_type: "granitemoehybrid",
+        permute_qk: true,
+        parts: &[
+            ("ssm_in", "mamba.in_proj"),
+            ("ssm_out", "mamba.out_proj"),
+            ("ssm_conv1d", "mamba.conv1d"),
+            ("ssm_norm", "mamba.norm"),
+            // `ssm_dt.bias` -> `mamba.dt_bias` (see `map_name`).
+            ("ssm_dt", "mamba.dt"),
+            ("ffn_gate_inp", "block_sparse_moe.router.layer"),
+            ("ffn_gate_exps", "block_sparse_moe.switch_mlp.gate_proj"),
+            ("ffn_up_exps", "block_sparse_moe.switch_mlp.up_proj"),
+            ("ffn_down_exps", "block_sparse_moe.switch_mlp.down_proj"),
+            ("ffn_gate_shexp", "shared_mlp.gguf_gate"),
+            ("ffn_up_shexp", "shared_mlp.gguf_up"),
+            ("ffn_down_shexp", "shared_mlp.output_linear"),
+        ],
+        per_layer_kv: true,
+        ..PLAIN
+    },
+    // RWKV-7 (fla-hub's names, as mlx-lm reads them): time mixing (`time_mix_*`: the
+    // projections, the LoRAs as `*1` / `*2` / `*0` (bias), the fused token-shift mixes, the
+    // per-head group norm `time_mix_ln`), channel mixing (`channel_mix_*`), the first
+    // layer's pre-norm as `token_embd_norm` (`rwkv7_config` undoes the rest).
+    GgufArch {
+        arch: "rwkv7",
+        model_type: "rwkv7",
+        parts: &[
+            ("attn_norm", "attn_norm"),
+            ("attn_norm_2", "ffn_norm"),
+            ("time_mix_receptance", "attn.r_proj"),
+            ("time_mix_key", "attn.k_proj"),
+            ("time_mix_value", "attn.v_proj"),
+            ("time_mix_output", "attn.o_proj"),
+            ("time_mix_ln", "attn.g_norm"),
+            ("time_mix_k_k", "attn.k_k"),
+            ("time_mix_k_a", "attn.k_a"),
+            ("time_mix_r_k", "attn.r_k"),
+            ("time_mix_lerp_fused", "attn.gguf_lerp"),
+            ("time_mix_w0", "attn.w_lora.gguf0"),
+            ("time_mix_w1", "attn.w_lora.lora.0"),
+            ("time_mix_w2", "attn.w_lora.lora.2"),
+            ("time_mix_a0", "attn.a_lora.gguf0"),
+            ("time_mix_a1", "attn.a_lora.lora.0"),
+            ("time_mix_a2", "attn.a_lora.lora.2"),
+            ("time_mix_v0", "attn.v_lora.gguf0"),
+            ("time_mix_v1", "attn.v_lora.lora.0"),
+            ("time_mix_v2", "attn.v_lora.lora.2"),
+            ("time_mix_g1", "attn.g_lora.lora.0"),
+            ("time_mix_g2", "attn.g_lora.lora.2"),
+            ("channel_mix_key", "ffn.key"),
+            ("channel_mix_value", "ffn.value"),
+            ("channel_mix_lerp_k", "ffn.x_k"),
+        ],
+        top: &[
+            ("token_embd", "model.embeddings"),
+            ("token_embd_norm", "model.layers.0.pre_norm"),
+        ],
+        ..PLAIN
+    },
+    // Gemma 3n (the text model): Gemma 3's names (norms as stored), AltUp (`altup_*`; the
+    // converter's stacked `altup_proj` / `altup_unembd_proj` unstacked by `gemma3n_config`),
+    // Laurel, per-layer inputs; names under mlx-lm's `model.language_model.`.
+    GgufArch {
+        arch: "gemma3n",
+        model_type: "gemma3n",
+        parts: &[
+            ("post_attention_norm", "post_attention_layernorm"),
+            ("ffn_norm", "pre_feedforward_layernorm"),
+            ("post_ffw_norm", "post_feedforward_layernorm"),
+            ("attn_q_norm", "self_attn.q_norm"),
+            ("attn_k_norm", "self_attn.k_norm"),
+            ("inp_gate", "per_layer_input_gate"),
+            ("proj", "per_layer_projection"),
+            ("post_norm", "post_per_layer_input_norm"),
+            ("altup_correct_coef", "altup.correction_coefs"),
+            // `altup_correct_scale.weight` -> the bare `altup.correct_output_scale`.
+            ("altup_correct_scale", "altup.correct_output_scale"),
+            ("altup_predict_coef", "altup.prediction_coefs"),
+            ("altup_router", "altup.modality_router"),
+            ("altup_router_norm", "altup.router_norm"),
+            ("laurel_l", "laurel.linear_left"),
+            ("laurel_r", "laurel.linear_right"),
+            ("laurel_post_norm", "laurel.post_laurel_norm"),
+        ],
+        top: &[
+            ("per_layer_token_embd", "model.embed_tokens_per_layer"),
+            ("per_layer_model_proj", "model.per_layer_model_projection"),
+            ("per_layer_proj_norm", "model.per_layer_projection_norm"),
+            ("altup_proj", "model.gguf_altup_proj"),
+            ("altup_unembd_proj", "model.gguf_altup_unembd_proj"),
+        ],
+        text_of: Some(("model.language_model.", "model.", "gemma3n_text")),
+        ..PLAIN
+    },
+    // Gemma 4 (dense): Gemma 3's names (norms as stored: no `1 + w`), per-layer inputs
+    // (`per_layer_*`, `inp_gate`, `proj`, `post_norm`), `layer_output_scale` as the bare
+    // `layer_scalar`; `rope_freqs` is the full layers' proportional rope (`gemma4_config`).
+    GgufArch {
+        arch: "gemma4",
+        model_type: "gemma4_text",
+        parts: &[
+            ("post_attention_norm", "post_attention_layernorm"),
+            ("ffn_norm", "pre_feedforward_layernorm"),
+            ("post_ffw_norm", "post_feedforward_layernorm"),
+            ("attn_q_norm", "self_attn.q_norm"),
+            ("attn_k_norm", "self_attn.k_norm"),
+            ("inp_gate", "per_layer_input_gate"),
+            ("proj", "per_layer_projection"),
+            ("post_norm", "post_per_layer_input_norm"),
+            ("layer_output_scale", "layer_scalar"),
+        ],
+        top: &[
+            ("per_layer_token_embd", "model.embed_tokens_per_layer"),
+            ("per_layer_model_proj", "model.per_layer_model_projection"),
+            ("per_layer_proj_norm", "model.per_layer_projection_norm"),
+        ],
+        rope_tensors: true,
+        per_layer_kv: true,
+        ..PLAIN
+    },
+    // Llama 4 (text): Q / K as stored (llama.cpp's llama4 rope is interleaved, as mlx-lm's),
+    // dense and MoE layers under `feed_forward`, Scout's rope as `rope_freqs`; the names get
+    // mlx-lm's `language_model.` and the config its `text_config` (`llama4_config`).
+    GgufArch {
+        arch: "llama4",
+        model_type: "llama4",
+        parts: &[
+            ("ffn_gate", "feed_forward.gate_proj"),
+            ("ffn_up", "feed_forward.up_proj"),
+            ("ffn_down", "feed_forward.down_proj"),
+            ("ffn_gate_inp", "feed_forward.router"),
+            ("ffn_gate_exps", "feed_forward.experts.gate_proj"),
+            ("ffn_up_exps", "feed_forward.experts.up_proj"),
+            ("ffn_down_exps", "feed_forward.experts.down_proj"),
+            ("ffn_gate_shexp", "feed_forward.shared_expert.gate_proj"),
+            ("ffn_up_shexp", "feed_forward.shared_expert.up_proj"),
+            ("ffn_down_shexp", "feed_forward.shared_expert.down_proj"),
+        ],
+        rope_tensors: true,
+        text_of: Some(("language_model.", "", "llama4_text")),
+        ..PLAIN
+    },
+];
+
+/// mlx-lm parameters without a `.weight`, to which the converters add one.
+const BARE_PARAMS: &[&str] = &[
+    ".self_attn.sinks",
+    ".layer_scalar",
+    ".altup.correct_output_scale",
+    ".attn.k_k",
+    ".attn.k_a",
+    ".attn.r_k",
+    ".ffn.x_k",
 ];
 
 /// `llama.cpp` tensor names to mlx-lm's, for `a`.
@@ -678,14 +867,16 @@ fn map_name(a: &GgufArch, name: &str) -> Option<String> {
             format!("{}.{layer}.{part}", a.layers)
         }
     };
-    if (mapped.ends_with(".self_attn.sinks") && suffix == "weight")
+    if (BARE_PARAMS.iter().any(|b| mapped.ends_with(b)) && suffix == "weight")
         || (mapped.ends_with(".feed_forward.expert_bias") && suffix == "bias")
     {
         // gpt-oss's `sinks` and LFM2-MoE's `expert_bias` are bare parameters in mlx-lm; the
         // converters add a `.weight` / `.bias`.
         return Some(mapped);
     }
-    if mapped.ends_with(".mlp.gate.e_score_correction") && suffix == "bias" {
+    if (mapped.ends_with(".e_score_correction") || mapped.ends_with(".mamba.dt"))
+        && suffix == "bias"
+    {
         return Some(format!("{mapped}_bias"));
     }
     Some(format!("{mapped}.{suffix}"))
@@ -935,10 +1126,27 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         meta_count(&metadata, path, &key(k))?
             .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
     };
-    let heads = count("attention.head_count")?;
-    // LFM2 writes `head_count_kv` per layer, 0 for its convolution layers.
+    let heads = if arch.arch == "rwkv7" {
+        // RWKV-7 writes a head count of 0 (unused); its heads are the width over the head size.
+        let (h, d) = (count("embedding_length")?, count("wkv.head_size")?);
+        if h % d != 0 {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` = {d} does not divide `{}` = {h}",
+                    key("wkv.head_size"),
+                    key("embedding_length")
+                ),
+            ));
+        }
+        h / d
+    } else {
+        count("attention.head_count")?
+    };
+    // LFM2 and Granite 4.0 H write `head_count_kv` per layer, 0 for their convolution /
+    // Mamba layers.
     let kv_per_layer = match metadata.get(&key("attention.head_count_kv")) {
-        Some(GgufValue::Array(a)) if arch.arch.starts_with("lfm2") && a.ndim() == 1 => Some(
+        Some(GgufValue::Array(a)) if arch.per_layer_kv && a.ndim() == 1 => Some(
             a.astype(Dtype::Int64)
                 .and_then(|b| b.to_vec::<i64>())
                 .map_err(|e| gguf_err(path, format!("metadata `attention.head_count_kv`: {e}")))?,
@@ -955,8 +1163,8 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                     return Err(gguf_err(
                         path,
                         format!(
-                            "metadata `{}` is {per:?}: LFM2 needs one positive head count \
-                             (at most {heads}) on its attention layers, 0 on the others",
+                            "metadata `{}` is {per:?}: {arch_name} needs one positive head \
+                             count (at most {heads}) on its attention layers, 0 on the others",
                             key("attention.head_count_kv")
                         ),
                     ))
@@ -1008,7 +1216,32 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             .is_some_and(|l| l >= blocks)
             && nextn > 0
     };
-    let ffn = count("feed_forward_length")?;
+    // Gemma 4 writes the width per layer when its shared-KV layers' MLPs are double wide
+    // (`gemma4_config` checks the list); the first is the base width.
+    let ffn_per_layer = match metadata.get(&key("feed_forward_length")) {
+        Some(GgufValue::Array(a))
+            if matches!(arch.arch, "gemma4" | "gemma3n") && a.ndim() == 1 && a.size() > 1 =>
+        {
+            Some(
+                a.astype(Dtype::Int64)
+                    .and_then(|b| b.to_vec::<i64>())
+                    .map_err(|e| gguf_err(path, format!("metadata `feed_forward_length`: {e}")))?,
+            )
+        }
+        _ => None,
+    };
+    let ffn = match &ffn_per_layer {
+        Some(per) => i32::try_from(per[0])
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| {
+                gguf_err(
+                    path,
+                    format!("metadata `{}` is {per:?}", key("feed_forward_length")),
+                )
+            })?,
+        None => count("feed_forward_length")?,
+    };
     let mut tensors = BTreeMap::new();
     let mut unknown = Vec::new();
     // Rope tensors that become hyper-parameters (long-rope factors).
@@ -1045,15 +1278,30 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             rope_tensors.insert(name, a);
             continue;
         }
-        if matches!(arch.arch, "qwen3next" | "qwen35" | "qwen35moe") {
-            // `blk.N.ssm_a` (no suffix): -exp(A_log), read back as mlx-lm's A_log.
-            if let Some(layer) = name
-                .strip_prefix("blk.")
-                .and_then(|r| r.strip_suffix(".ssm_a"))
-                .filter(|l| l.parse::<u32>().is_ok())
-            {
+        if matches!(
+            arch.arch,
+            "qwen3next" | "qwen35" | "qwen35moe" | "granitehybrid"
+        ) {
+            let layer_of = |suffix: &str| {
+                name.strip_prefix("blk.")
+                    .and_then(|r| r.strip_suffix(suffix))
+                    .filter(|l| l.parse::<u32>().is_ok())
+                    .map(str::to_string)
+            };
+            // `blk.N.ssm_a` (no suffix): -exp(A_log), read back as mlx-lm's A_log; Mamba-2's
+            // `ssm_a` and `ssm_d` are (heads, 1), mlx-lm's A_log and D (heads,).
+            if let Some(layer) = layer_of(".ssm_a") {
                 let a_log = ops::log(&ops::negative(&a, None)?, None)?;
-                tensors.insert(format!("model.layers.{layer}.linear_attn.A_log"), a_log);
+                let (k, a_log) = if arch.arch == "granitehybrid" {
+                    ("mamba", a_log.reshape(&[-1])?)
+                } else {
+                    ("linear_attn", a_log)
+                };
+                tensors.insert(format!("model.layers.{layer}.{k}.A_log"), a_log);
+                continue;
+            }
+            if let Some(layer) = layer_of(".ssm_d").filter(|_| arch.arch == "granitehybrid") {
+                tensors.insert(format!("model.layers.{layer}.mamba.D"), a.reshape(&[-1])?);
                 continue;
             }
         }
@@ -1067,13 +1315,15 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                     // One gate row, which a converter may store as a vector.
                     let h = a.shape()[0];
                     a.reshape(&[1, h])?
-                } else if arch.arch.starts_with("lfm2")
-                    && m.ends_with(".conv.conv.weight")
+                } else if (m.ends_with(".conv.conv.weight") || m.ends_with(".mamba.conv1d.weight"))
                     && a.ndim() == 2
                 {
                     // Stored squeezed, (channels, kernel): mlx-lm's Conv1d weight is
                     // (channels, kernel, 1).
                     a.expand_dims(&[2])?
+                } else if m.ends_with(".mamba.norm.weight") && a.ndim() == 2 {
+                    // Mamba-2's gated norm, stored per group.
+                    a.reshape(&[-1])?
                 } else if arch.norm_plus_one && name.contains("_norm.") {
                     // Stored as `1 + w` (a weak Python int in mlx-lm terms: the tensor's dtype).
                     (&a - 1)?
@@ -1115,6 +1365,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         "starcoder2" => (float(LN_EPS, true)?, "norm_epsilon"),
         "command-r" | "cohere2" => (float(LN_EPS, true)?, "layer_norm_eps"),
         "lfm2" | "lfm2moe" => (float(RMS_EPS, true)?, "norm_eps"),
+        "rwkv7" => (float(LN_EPS, true)?, "norm_eps"),
         "exaone" => (
             match float(RMS_EPS, true)? {
                 Some(e) => Some(e),
@@ -1125,7 +1376,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         _ => (float(RMS_EPS, true)?, "rms_norm_eps"),
     };
     let eps = eps.ok_or_else(|| {
-        let k = if eps_field == "norm_epsilon" {
+        let k = if eps_field == "norm_epsilon" || arch.arch == "rwkv7" {
             LN_EPS
         } else {
             RMS_EPS
@@ -1663,24 +1914,9 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                 config["num_experts"] = Value::from(count("expert_count")?);
                 config["num_experts_per_tok"] = Value::from(count("expert_used_count")?);
                 config["moe_intermediate_size"] = Value::from(count("expert_feed_forward_length")?);
-                // 0 is a valid count here (meta_count takes positive values only).
-                let dense = match meta_f64(&metadata, &key("leading_dense_block_count")) {
-                    None => 0,
-                    Some(v) if v.fract() == 0.0 && (0.0..=f64::from(blocks)).contains(&v) => {
-                        v as i64
-                    }
-                    Some(v) => {
-                        return Err(gguf_err(
-                            path,
-                            format!(
-                                "metadata `{}` is {v}; it must be a layer count of at most \
-                                 {blocks}",
-                                key("leading_dense_block_count")
-                            ),
-                        ))
-                    }
-                };
-                config["num_dense_layers"] = Value::from(dense);
+                let dense =
+                    meta_layer_count(&metadata, path, &key("leading_dense_block_count"), blocks)?;
+                config["num_dense_layers"] = Value::from(dense.unwrap_or(0));
                 config["norm_topk_prob"] = Value::from(true);
                 config["use_expert_bias"] = Value::from(
                     tensors
@@ -1710,6 +1946,30 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                 ));
             }
         }
+        "ernie4_5-moe" => ernie45_moe_config(&mut config, &tensors, path, &metadata, blocks)?,
+        "rwkv7" => rwkv7_config(&mut config, &mut tensors, path, &metadata, blocks, heads)?,
+        "gemma3n" => gemma3n_config(
+            &mut config,
+            &mut tensors,
+            path,
+            &metadata,
+            blocks,
+            ffn_per_layer.as_deref(),
+        )?,
+        "gemma4" => gemma4_config(
+            &mut config,
+            &tensors,
+            &mut rope_tensors,
+            path,
+            &metadata,
+            blocks,
+            ffn_per_layer.as_deref(),
+        )?,
+        "granitehybrid" => {
+            let per = kv_per_layer.as_deref().unwrap_or(&[]);
+            granitehybrid_config(&mut config, &mut tensors, path, &metadata, blocks, per)?
+        }
+        "llama4" => llama4_config(&mut config, &tensors, path, &metadata)?,
         "nanbeige" => {
             // NanbeigeModel: the loop count and whether the loops between skip the final norm.
             if let Some(n) = meta_count(&metadata, path, &key("num_loops"))? {
@@ -1747,6 +2007,20 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             "unexpected GGUF tensor: {name}"
         )]));
     }
+    if let Some((prefix, strip, text_type)) = arch.text_of {
+        // mlx-lm's model is the text model of the multimodal checkpoint.
+        config = json!({"model_type": arch.model_type, "text_config": config});
+        config["text_config"]["model_type"] = Value::from(text_type);
+        let rename = |k: String| format!("{prefix}{}", k.strip_prefix(strip).unwrap_or(&k));
+        tensors = std::mem::take(&mut tensors)
+            .into_iter()
+            .map(|(k, v)| (rename(k), v))
+            .collect();
+        ggml = std::mem::take(&mut ggml)
+            .into_iter()
+            .map(|(k, v)| (rename(k), v))
+            .collect();
+    }
     let config = ModelConfig::from_value(config).map_err(|e| match e {
         ModelError::Config(m) => gguf_err(path, format!("hyper-parameters: {m}")),
         other => other,
@@ -1757,6 +2031,641 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         metadata,
         blocks: ggml,
     })
+}
+
+/// `max_position_embeddings` must have come from `key` (`<arch>.context_length`).
+fn require_context(config: &Value, path: &Path, key: &str) -> Result<()> {
+    match config.get("max_position_embeddings") {
+        Some(_) => Ok(()),
+        None => Err(gguf_err(path, format!("metadata `{key}` is missing"))),
+    }
+}
+
+/// `<arch>.<k>`, a positive count, or an error naming the key when it is absent.
+fn need_count(meta: &GgufMetadata, path: &Path, arch: &str, k: &str) -> Result<i32> {
+    let key = format!("{arch}.{k}");
+    meta_count(meta, path, &key)?
+        .ok_or_else(|| gguf_err(path, format!("metadata `{key}` is missing")))
+}
+
+/// Gemma 3n / 4 `layer_types` from the per-layer sliding flags `key` (one per layer).
+fn gemma_layer_types(meta: &GgufMetadata, path: &Path, key: &str, blocks: i32) -> Result<Value> {
+    let flags = match meta.get(key) {
+        Some(GgufValue::Array(a)) if a.ndim() == 1 => a
+            .astype(Dtype::Bool)
+            .and_then(|b| b.to_vec::<bool>())
+            .map_err(|e| gguf_err(path, format!("metadata `{key}`: {e}")))?,
+        _ => vec![],
+    };
+    if flags.len() != blocks as usize {
+        return Err(gguf_err(
+            path,
+            format!("metadata `{key}` must flag each of the {blocks} layers sliding or not"),
+        ));
+    }
+    let kind = |s: bool| {
+        if s {
+            "sliding_attention"
+        } else {
+            "full_attention"
+        }
+    };
+    Ok(json!(flags.into_iter().map(kind).collect::<Vec<_>>()))
+}
+
+/// A count of layers `key` (0 allowed, unlike [`meta_count`]) of at most `blocks`.
+fn meta_layer_count(
+    meta: &GgufMetadata,
+    path: &Path,
+    key: &str,
+    blocks: i32,
+) -> Result<Option<i32>> {
+    match meta_f64(meta, key) {
+        None if meta.contains_key(key) => {
+            Err(gguf_err(path, format!("metadata `{key}` is not a number")))
+        }
+        None => Ok(None),
+        Some(v) if v.fract() == 0.0 && (0.0..=f64::from(blocks)).contains(&v) => Ok(Some(v as i32)),
+        Some(v) => Err(gguf_err(
+            path,
+            format!("metadata `{key}` is {v}; it must be a layer count of at most {blocks}"),
+        )),
+    }
+}
+
+/// ERNIE 4.5 MoE (`Ernie4_5MoeModel`'s keys) as mlx-lm's `ernie4_5_moe` args: the expert
+/// counts, the interleave step, the leading dense layers (llama.cpp: a layer has experts from
+/// `leading_dense_block_count` on where `(layer + 1) % step == 0`, mlx-lm's rule with no
+/// end index), the experts' width and the shared expert count (its width is
+/// `moe_intermediate_size * moe_num_shared_experts` in mlx-lm, which the tensors' shapes
+/// must match; the converter's `expert_shared_feed_forward_length` is not read).
+fn ernie45_moe_config(
+    config: &mut Value,
+    tensors: &BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    blocks: i32,
+) -> Result<()> {
+    let key = |k: &str| format!("ernie4_5-moe.{k}");
+    let need = |k: &str| need_count(meta, path, "ernie4_5-moe", k);
+    config["moe_num_experts"] = Value::from(need("expert_count")?);
+    config["moe_k"] = Value::from(need("expert_used_count")?);
+    config["moe_layer_interval"] = Value::from(need("interleave_moe_layer_step")?);
+    config["moe_layer_start_index"] = Value::from(
+        meta_layer_count(meta, path, &key("leading_dense_block_count"), blocks)?.unwrap_or(0),
+    );
+    if let Some(n) = meta_count(meta, path, &key("expert_feed_forward_length"))? {
+        config["moe_intermediate_size"] = Value::from(n);
+    }
+    config["moe_num_shared_experts"] = Value::from(
+        meta_layer_count(meta, path, &key("expert_shared_count"), i32::MAX)?.unwrap_or(0),
+    );
+    config["use_bias"] = Value::from(tensors.contains_key("model.layers.0.self_attn.q_proj.bias"));
+    if config.get("head_dim").is_none() {
+        let (h, n) = (&config["hidden_size"], &config["num_attention_heads"]);
+        config["head_dim"] = Value::from(h.as_i64().unwrap_or(0) / n.as_i64().unwrap_or(1));
+    }
+    require_context(config, path, &key("context_length"))?;
+    Ok(())
+}
+
+/// RWKV-7 (`Rwkv7Model`'s keys) as mlx-lm's rwkv7 args: the head size, the four LoRA ranks,
+/// the LayerNorm epsilon; the fused token-shift mixes (r, w, k, v, a, g) split back into
+/// `x_r` .. `x_g` of shape (1, 1, hidden), the LoRAs' biases (`*0`) back under `lora.2.bias`,
+/// `r_k` per head, and the first layer's value LoRA dropped (the converter writes copies of
+/// its `a` LoRA there; mlx-lm's first layer has none).
+fn rwkv7_config(
+    config: &mut Value,
+    tensors: &mut BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    blocks: i32,
+    heads: i32,
+) -> Result<()> {
+    let need = |k: &str| need_count(meta, path, "rwkv7", k);
+    let head = need("wkv.head_size")?;
+    config["head_dim"] = Value::from(head);
+    config["decay_low_rank_dim"] = Value::from(need("attention.decay_lora_rank")?);
+    config["a_low_rank_dim"] = Value::from(need("attention.iclr_lora_rank")?);
+    config["v_low_rank_dim"] = Value::from(need("attention.value_residual_mix_lora_rank")?);
+    config["gate_low_rank_dim"] = Value::from(need("attention.gate_lora_rank")?);
+    tensors.retain(|k, _| !k.starts_with("model.layers.0.attn.v_lora."));
+    let names: Vec<String> = tensors.keys().cloned().collect();
+    for name in names {
+        let Some(t) = tensors.remove(&name) else {
+            continue;
+        };
+        if let Some(p) = name.strip_suffix(".gguf0.weight") {
+            tensors.insert(format!("{p}.lora.2.bias"), t);
+        } else if let Some(p) = name.strip_suffix(".attn.gguf_lerp.weight") {
+            let hidden = t.shape().last().copied().unwrap_or(0);
+            if t.size() != 6 * hidden as usize {
+                return Err(ModelError::Weights(vec![format!(
+                    "GGUF tensor blk.{}.time_mix_lerp_fused.weight: shape {:?}, expected the six \
+                     token-shift mixes (r, w, k, v, a, g) of the width",
+                    p.trim_start_matches("model.layers."),
+                    t.shape()
+                )]));
+            }
+            let t = t.reshape(&[6, 1, 1, hidden])?;
+            for (i, x) in ["r", "w", "k", "v", "a", "g"].iter().enumerate() {
+                let one = ops::take(&t, &Array::from_slice(&[i as i32], &[1])?, 0, None)?;
+                tensors.insert(format!("{p}.attn.x_{x}"), one.reshape(&[1, 1, hidden])?);
+            }
+        } else if name.ends_with(".attn.r_k") {
+            tensors.insert(name, t.reshape(&[heads, head])?);
+        } else {
+            tensors.insert(name, t);
+        }
+    }
+    if !tensors.contains_key("model.layers.0.pre_norm.weight") && blocks > 0 {
+        return Err(ModelError::Weights(vec![
+            "GGUF tensor token_embd_norm.weight is missing (RWKV-7's first pre-norm)".into(),
+        ]));
+    }
+    Ok(())
+}
+
+/// The standard normal's CDF, `(1 + erf(t / sqrt 2)) / 2`, by erf's Taylor series (|x| < 4;
+/// saturated beyond, where it is 1 within f64).
+fn normal_cdf(t: f64) -> f64 {
+    if t.is_nan() {
+        return f64::NAN;
+    }
+    let x = t / std::f64::consts::SQRT_2;
+    if x.abs() >= 4.0 {
+        return if x > 0.0 { 1.0 } else { 0.0 };
+    }
+    // erf(x) = 2 / sqrt(pi) * sum_n (-1)^n x^(2n+1) / (n! (2n+1))
+    let (mut term, mut sum, mut n) = (x, x, 0.0);
+    while term.abs() > 1e-17 * sum.abs().max(1e-300) {
+        n += 1.0;
+        term *= -x * x / n;
+        sum += term / (2.0 * n + 1.0);
+    }
+    0.5 * (1.0 + sum * 2.0 / std::f64::consts::PI.sqrt())
+}
+
+/// Gemma 3n (`Gemma3NModel`'s keys) as mlx-lm's gemma3n `text_config`: layer types from the
+/// per-layer flags, the head size, the sliding window and both rope bases, AltUp's stream
+/// count and active stream (and `altup_correct_scale` where the file has its tensors), the
+/// Laurel rank from `laurel_l`'s rows, the per-layer input width and its embedding's rows,
+/// the shared-KV layer count, the widths (one, or one per layer), the softcap, and
+/// `activation_sparsity_pattern` from `activation_sparsity_scale` (the converter's f32
+/// standard normal quantile of each value: the value is its CDF, given to 6 decimals as the
+/// released ones are; -inf is 0). llama.cpp does not clip AltUp's coefficients and the file
+/// does not carry `altup_coef_clip`: none here. The stacked AltUp projections are split back
+/// into mlx-lm's three of each.
+fn gemma3n_config(
+    config: &mut Value,
+    tensors: &mut BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    blocks: i32,
+    ffn_per_layer: Option<&[i64]>,
+) -> Result<()> {
+    let key = |k: &str| format!("gemma3n.{k}");
+    let need = |k: &str| need_count(meta, path, "gemma3n", k);
+    config["layer_types"] =
+        gemma_layer_types(meta, path, &key("attention.sliding_window_pattern"), blocks)?;
+    config["head_dim"] = Value::from(need("attention.key_length")?);
+    config["sliding_window"] = Value::from(need("attention.sliding_window")?);
+    config["rope_local_base_freq"] = meta_f64(meta, &key("rope.freq_base_swa"))
+        .map_or(config["rope_theta"].clone(), Value::from);
+    let inputs = need("altup.num_inputs")?;
+    let active = meta_layer_count(meta, path, &key("altup.active_idx"), inputs - 1)?.unwrap_or(0);
+    config["altup_num_inputs"] = Value::from(inputs);
+    config["altup_active_idx"] = Value::from(active);
+    config["altup_coef_clip"] = Value::Null;
+    let layer0 = |t: &str| tensors.get(&format!("model.layers.0.{t}"));
+    config["altup_correct_scale"] = Value::from(layer0("altup.correct_output_scale").is_some());
+    config["laurel_rank"] = match layer0("laurel.linear_left.weight") {
+        Some(t) => Value::from(t.shape()[0]),
+        None => {
+            return Err(ModelError::Weights(vec![
+                "GGUF tensor blk.0.laurel_l.weight is missing".into(),
+            ]))
+        }
+    };
+    config["hidden_size_per_layer_input"] = Value::from(need("embedding_length_per_layer_input")?);
+    config["vocab_size_per_layer_input"] = match tensors.get("model.embed_tokens_per_layer.weight")
+    {
+        Some(t) => Value::from(t.shape()[0]),
+        None => {
+            return Err(ModelError::Weights(vec![
+                "GGUF tensor per_layer_token_embd.weight is missing".into(),
+            ]))
+        }
+    };
+    config["num_kv_shared_layers"] = Value::from(
+        meta_layer_count(meta, path, &key("attention.shared_kv_layers"), blocks)?.unwrap_or(0),
+    );
+    if let Some(per) = ffn_per_layer {
+        if per.len() != blocks as usize {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` has {} widths for {blocks} layers",
+                    key("feed_forward_length"),
+                    per.len()
+                ),
+            ));
+        }
+        config["intermediate_size"] = json!(per);
+    }
+    config["final_logit_softcapping"] =
+        meta_f64(meta, &key("final_logit_softcapping")).map_or(Value::Null, Value::from);
+    let scales: Vec<f32> = match meta.get(&key("activation_sparsity_scale")) {
+        Some(GgufValue::Array(a)) if a.ndim() == 1 && a.size() == blocks as usize => a
+            .astype(Dtype::Float32)
+            .and_then(|b| b.to_vec::<f32>())
+            .map_err(|e| gguf_err(path, format!("metadata `activation_sparsity_scale`: {e}")))?,
+        _ => {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` must give one value for each of the {blocks} layers",
+                    key("activation_sparsity_scale")
+                ),
+            ))
+        }
+    };
+    let pattern: Vec<f64> = scales
+        .iter()
+        .map(|&t| (normal_cdf(f64::from(t)) * 1e6).round() / 1e6)
+        .collect();
+    if pattern.iter().any(|p| !(0.0..1.0).contains(p)) {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` is {scales:?}: not quantiles of a sparsity in [0, 1)",
+                key("activation_sparsity_scale")
+            ),
+        ));
+    }
+    config["activation_sparsity_pattern"] = json!(pattern);
+    // The converter's stacks (3, hidden, hidden), and their quantization, back into three.
+    for (stacked, name) in [
+        ("model.gguf_altup_proj", "model.altup_projections"),
+        (
+            "model.gguf_altup_unembd_proj",
+            "model.altup_unembed_projections",
+        ),
+    ] {
+        for suffix in ["weight", "scales", "biases"] {
+            let Some(t) = tensors.remove(&format!("{stacked}.{suffix}")) else {
+                continue;
+            };
+            let n = t.shape().first().copied().unwrap_or(0);
+            if n != inputs - 1 {
+                return Err(ModelError::Weights(vec![format!(
+                    "GGUF tensor {}.{suffix}: {n} projections stacked, expected `{}` - 1 = {}",
+                    stacked.trim_start_matches("model.gguf_"),
+                    key("altup.num_inputs"),
+                    inputs - 1
+                )]));
+            }
+            for i in 0..n {
+                let one = ops::take(&t, &Array::scalar(i)?, 0, None)?;
+                tensors.insert(format!("{name}.{i}.{suffix}"), one);
+            }
+        }
+    }
+    require_context(config, path, &key("context_length"))?;
+    Ok(())
+}
+
+/// Gemma 4 (`Gemma4Model`'s keys) as mlx-lm's gemma4_text args, for the dense models: layer
+/// types from `attention.sliding_window_pattern`, the sliding and full layers' head sizes
+/// (`key_length_swa`, `key_length`), the shared-KV layer count, the per-layer input width (and
+/// its embedding's rows), double-wide MLPs from the per-layer `feed_forward_length`, the
+/// softcap (none when absent, as llama.cpp), and `rope_parameters`: the full layers'
+/// proportional rope with the rotated fraction `rope_freqs` gives (1 per rotated frequency,
+/// 1e30 per other), the sliding layers' default rope over the whole head. Refused, naming
+/// the key or tensor: experts (26B), K = V layers (a KV layer without `attn_v`), different KV
+/// head counts per kind, sliding layers rotating part of a head (mlx-lm rotates it whole).
+fn gemma4_config(
+    config: &mut Value,
+    tensors: &BTreeMap<String, Array>,
+    rope_tensors: &mut BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    blocks: i32,
+    ffn_per_layer: Option<&[i64]>,
+) -> Result<()> {
+    let key = |k: &str| format!("gemma4.{k}");
+    let need = |k: &str| need_count(meta, path, "gemma4", k);
+    if meta.contains_key(&key("expert_count")) {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}`: Gemma 4's mixture of experts (26B) is not mapped",
+                key("expert_count")
+            ),
+        ));
+    }
+    config["layer_types"] =
+        gemma_layer_types(meta, path, &key("attention.sliding_window_pattern"), blocks)?;
+    let (head, global) = (
+        need("attention.key_length_swa")?,
+        need("attention.key_length")?,
+    );
+    config["head_dim"] = Value::from(head);
+    config["global_head_dim"] = Value::from(global);
+    config["sliding_window"] = Value::from(need("attention.sliding_window")?);
+    let shared =
+        meta_layer_count(meta, path, &key("attention.shared_kv_layers"), blocks)?.unwrap_or(0);
+    config["num_kv_shared_layers"] = Value::from(shared);
+    let per_layer = meta_layer_count(
+        meta,
+        path,
+        &key("embedding_length_per_layer_input"),
+        i32::MAX,
+    )?
+    .unwrap_or(0);
+    config["hidden_size_per_layer_input"] = Value::from(per_layer);
+    config["vocab_size_per_layer_input"] = match tensors.get("model.embed_tokens_per_layer.weight")
+    {
+        Some(t) => Value::from(t.shape()[0]),
+        None => config["vocab_size"].clone(),
+    };
+    let first_shared = i64::from(blocks - shared);
+    let base = config["intermediate_size"].as_i64().unwrap_or(0);
+    config["use_double_wide_mlp"] = Value::from(match ffn_per_layer {
+        None => false,
+        Some(per) => {
+            let wide =
+                (0..per.len() as i64).any(|l| l >= first_shared && per[l as usize] == 2 * base);
+            let ok = per.len() == blocks as usize
+                && per.iter().enumerate().all(|(l, &n)| {
+                    n == if wide && l as i64 >= first_shared {
+                        2 * base
+                    } else {
+                        base
+                    }
+                });
+            if !ok {
+                return Err(gguf_err(
+                    path,
+                    format!(
+                        "metadata `{}` is {per:?}: mlx-lm's gemma4_text has one width, doubled \
+                         on the {shared} shared-KV layers or not",
+                        key("feed_forward_length")
+                    ),
+                ));
+            }
+            wide
+        }
+    });
+    for l in 0..first_shared {
+        let p = format!("model.layers.{l}.self_attn");
+        if tensors.contains_key(&format!("{p}.k_proj.weight"))
+            && !tensors.contains_key(&format!("{p}.v_proj.weight"))
+        {
+            return Err(ModelError::Weights(vec![format!(
+                "GGUF tensor blk.{l}.attn_v.weight is missing: K = V attention (Gemma 4 31B) is \
+                 not mapped"
+            )]));
+        }
+    }
+    if let Some(d) = meta_count(meta, path, &key("rope.dimension_count_swa"))? {
+        if d != head {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is {d}: a sliding layer rotating part of its {head}-wide \
+                     heads, which mlx-lm's gemma4_text rotates whole",
+                    key("rope.dimension_count_swa")
+                ),
+            ));
+        }
+    }
+    let full_theta = config["rope_theta"].clone();
+    let swa_theta =
+        meta_f64(meta, &key("rope.freq_base_swa")).map_or(full_theta.clone(), Value::from);
+    let rotated = match rope_tensors.remove("rope_freqs.weight") {
+        None => 1.0,
+        Some(f) => {
+            let v = f
+                .astype(Dtype::Float32)
+                .and_then(|a| a.to_vec::<f32>())
+                .map_err(|e| gguf_err(path, format!("tensor rope_freqs: {e}")))?;
+            let n = v.iter().take_while(|&&x| x == 1.0).count();
+            if v.len() as i64 * 2 != i64::from(global) || v[n..].iter().any(|&x| x < 1e30) {
+                return Err(gguf_err(
+                    path,
+                    format!(
+                        "tensor rope_freqs: expected {} factors, 1 for each rotated frequency \
+                         then 1e30, as Gemma 4's converter writes them",
+                        global / 2
+                    ),
+                ));
+            }
+            2.0 * n as f64 / f64::from(global)
+        }
+    };
+    config["rope_parameters"] = json!({
+        "full_attention": {
+            "rope_type": "proportional",
+            "rope_theta": full_theta,
+            "partial_rotary_factor": rotated,
+        },
+        "sliding_attention": {
+            "rope_type": "default",
+            "rope_theta": swa_theta,
+            "partial_rotary_factor": 1.0,
+        },
+    });
+    config["final_logit_softcapping"] =
+        meta_f64(meta, &key("final_logit_softcapping")).map_or(Value::Null, Value::from);
+    config["attention_k_eq_v"] = Value::from(false);
+    config["enable_moe_block"] = Value::from(false);
+    require_context(config, path, &key("context_length"))?;
+    Ok(())
+}
+
+/// Granite 4.0 H (`GraniteHybridModel`'s keys) as mlx-lm's granitemoehybrid args: layer
+/// types from the per-layer `head_count_kv` (0: Mamba), the Mamba-2 sizes from `ssm.*`
+/// (heads = `time_step_rank`, head size = `inner_size / heads`), Granite's multipliers from
+/// its scales, experts and the shared expert's width where there are experts (the converter's
+/// split `ffn_gate_shexp` / `ffn_up_shexp` joined back into `input_linear`, gate first, rows
+/// with their quantization), rope only where `rope.scaling.finetuned` says (llama.cpp's flag;
+/// absent: none, Granite 4.0 H's `nope`).
+fn granitehybrid_config(
+    config: &mut Value,
+    tensors: &mut BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    blocks: i32,
+    per: &[i64],
+) -> Result<()> {
+    let key = |k: &str| format!("granitehybrid.{k}");
+    let need = |k: &str| need_count(meta, path, "granitehybrid", k);
+    if per.len() != blocks as usize {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` must list a head count for each of the {blocks} layers (0 for a \
+                 Mamba layer)",
+                key("attention.head_count_kv")
+            ),
+        ));
+    }
+    let types: Vec<&str> = per
+        .iter()
+        .map(|&n| if n == 0 { "mamba" } else { "attention" })
+        .collect();
+    config["layer_types"] = json!(types);
+    let (heads, inner) = (need("ssm.time_step_rank")?, need("ssm.inner_size")?);
+    if inner % heads != 0 {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` = {inner} does not divide into `{}` = {heads} heads",
+                key("ssm.inner_size"),
+                key("ssm.time_step_rank")
+            ),
+        ));
+    }
+    config["mamba_n_heads"] = Value::from(heads);
+    config["mamba_d_head"] = Value::from(inner / heads);
+    config["mamba_d_state"] = Value::from(need("ssm.state_size")?);
+    config["mamba_d_conv"] = Value::from(need("ssm.conv_kernel")?);
+    config["mamba_n_groups"] = Value::from(need("ssm.group_count")?);
+    let has = |t: &str| tensors.keys().any(|k| k.ends_with(t));
+    config["mamba_conv_bias"] = Value::from(has(".mamba.conv1d.bias"));
+    config["mamba_proj_bias"] = Value::from(has(".mamba.in_proj.bias"));
+    config["attention_bias"] = Value::from(has(".self_attn.q_proj.bias"));
+    config["mlp_bias"] = Value::from(has(".mlp.down_proj.bias"));
+    for (k, name) in [
+        ("attention.scale", "attention_multiplier"),
+        ("embedding_scale", "embedding_multiplier"),
+        ("residual_scale", "residual_multiplier"),
+        ("logit_scale", "logits_scaling"),
+    ] {
+        let v = meta_f64(meta, &key(k))
+            .filter(|v| v.is_finite() && *v > 0.0)
+            .ok_or_else(|| {
+                gguf_err(
+                    path,
+                    format!("metadata `{}` is missing or not a positive number", key(k)),
+                )
+            })?;
+        config[name] = Value::from(v);
+    }
+    let rope = match meta.get(&key("rope.scaling.finetuned")) {
+        None => false,
+        Some(GgufValue::Array(a)) if a.size() == 1 => a
+            .astype(Dtype::Bool)
+            .and_then(|b| b.item::<bool>())
+            .map_err(|e| gguf_err(path, format!("metadata `rope.scaling.finetuned`: {e}")))?,
+        Some(_) => {
+            return Err(gguf_err(
+                path,
+                format!("metadata `{}` is not a flag", key("rope.scaling.finetuned")),
+            ))
+        }
+    };
+    config["position_embedding_type"] = Value::from(if rope { "rope" } else { "nope" });
+    if has(".block_sparse_moe.router.layer.weight") {
+        config["num_local_experts"] = Value::from(need("expert_count")?);
+        config["num_experts_per_tok"] = Value::from(need("expert_used_count")?);
+        config["shared_intermediate_size"] =
+            Value::from(need("expert_shared_feed_forward_length")?);
+        for l in 0..blocks {
+            let p = format!("model.layers.{l}.shared_mlp");
+            for suffix in ["weight", "scales", "biases"] {
+                let (g, u) = (
+                    tensors.remove(&format!("{p}.gguf_gate.{suffix}")),
+                    tensors.remove(&format!("{p}.gguf_up.{suffix}")),
+                );
+                match (g, u) {
+                    (None, None) => {}
+                    (Some(g), Some(u)) => {
+                        let joined = ops::concatenate(&[&g, &u], 0, None)?;
+                        tensors.insert(format!("{p}.input_linear.{suffix}"), joined);
+                    }
+                    _ => {
+                        return Err(ModelError::Weights(vec![format!(
+                            "GGUF tensors blk.{l}.ffn_gate_shexp.{suffix} and \
+                             blk.{l}.ffn_up_shexp.{suffix}: one without the other"
+                        )]))
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Llama 4 (`Llama4Model`'s keys) as mlx-lm's llama4 `text_config`: the dense layers' width
+/// is `feed_forward_length` (`intermediate_size_mlp`), the experts' is
+/// `expert_feed_forward_length` (`intermediate_size`). What llama.cpp fixes rather than reads
+/// is set as it fixes it: chunks of 8192 tokens on three of every four layers, the fourth
+/// global without rope (mlx-lm's fixed pattern), the attention temperature (mlx-lm's
+/// defaults, llama.cpp's values), and q/k norms unless there are 128 experts (Maverick). A
+/// file whose `attention.sliding_window` is 0 (every layer global with rope: MobileLLM) is
+/// refused: mlx-lm's llama4 has no such layout.
+fn llama4_config(
+    config: &mut Value,
+    tensors: &BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+) -> Result<()> {
+    let key = |k: &str| format!("llama4.{k}");
+    let need = |k: &str| need_count(meta, path, "llama4", k);
+    if meta_f64(meta, &key("attention.sliding_window")) == Some(0.0) {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` is 0 (every layer global, with rope): mlx-lm's llama4 makes \
+                 every 4th layer global without rope and chunks the others",
+                key("attention.sliding_window")
+            ),
+        ));
+    }
+    // llama.cpp's pattern (every 4th layer global) and one rope base: mlx-lm's fixed layout.
+    if let Some(GgufValue::Array(a)) = meta.get(&key("attention.sliding_window_pattern")) {
+        let flags = a
+            .astype(Dtype::Bool)
+            .and_then(|b| b.to_vec::<bool>())
+            .map_err(|e| gguf_err(path, format!("metadata `sliding_window_pattern`: {e}")))?;
+        if !(0..flags.len()).all(|i| flags[i] == ((i + 1) % 4 != 0)) {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is not every 4th layer global, mlx-lm's llama4 layout",
+                    key("attention.sliding_window_pattern")
+                ),
+            ));
+        }
+    }
+    if meta_f64(meta, &key("rope.freq_base_swa"))
+        .is_some_and(|b| Some(b) != config["rope_theta"].as_f64())
+    {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` differs from the global base; mlx-lm's llama4 has one",
+                key("rope.freq_base_swa")
+            ),
+        ));
+    }
+    let experts = need("expert_count")?;
+    config["intermediate_size_mlp"] = config["intermediate_size"].clone();
+    config["intermediate_size"] = Value::from(need("expert_feed_forward_length")?);
+    config["interleave_moe_layer_step"] = Value::from(need("interleave_moe_layer_step")?);
+    config["num_local_experts"] = Value::from(experts);
+    config["num_experts_per_tok"] = Value::from(need("expert_used_count")?);
+    config["attention_chunk_size"] = Value::from(8192);
+    config["use_qk_norm"] = Value::from(experts != 128);
+    config["attention_bias"] =
+        Value::from(tensors.contains_key("model.layers.0.self_attn.q_proj.bias"));
+    require_context(config, path, &key("context_length"))?;
+    if config.get("rope_scaling").is_none() {
+        config["rope_scaling"] = Value::Null;
+    }
+    Ok(())
 }
 
 /// llama.cpp's fused `ffn_gate_up_exps` `(experts, 2 * ffn, hidden)` (and its quantization
@@ -1833,28 +2742,28 @@ fn llama3_rope(config: &mut Value, f: &Array, path: &Path, default_head: i32) ->
         .collect();
     let low = 1.0;
     let (old, high) = match blended.as_slice() {
-        [] | [_] => {
-            let high = 4.0;
-            let old = match blended.first() {
-                Some(&i) => ((3.0 * smooth(got[i]) + 1.0) * wavelen[i]).round(),
-                None => {
-                    // Any context between the classes gives the same factors.
-                    let lo = (0..got.len())
-                        .filter(|&i| close(got[i], 1.0))
-                        .map(|i| wavelen[i] * high)
-                        .fold(0.0, f64::max);
-                    let hi = (0..got.len())
-                        .filter(|&i| close(got[i], factor))
-                        .map(|i| wavelen[i])
-                        .fold(f64::INFINITY, f64::min);
-                    if (lo..hi).contains(&8192.0) {
-                        8192.0
-                    } else {
-                        ((lo + hi.min(lo * 2.0)) / 2.0).round()
-                    }
-                }
+        [] => {
+            // No blended band: a step at the original context, which low = high gives (Llama 4
+            // Scout's 1 and 1; mlx-lm's Llama3RoPE then blends nothing). Any context between
+            // the two classes gives the same factors.
+            let lo = (0..got.len())
+                .filter(|&i| close(got[i], 1.0))
+                .map(|i| wavelen[i])
+                .fold(0.0, f64::max);
+            let hi = (0..got.len())
+                .filter(|&i| close(got[i], factor))
+                .map(|i| wavelen[i])
+                .fold(f64::INFINITY, f64::min);
+            let old = if lo < 8192.0 && 8192.0 < hi {
+                8192.0
+            } else {
+                ((lo + hi.min(lo * 2.0)) / 2.0).round()
             };
-            (old, high)
+            (old, low)
+        }
+        [i] => {
+            let high = 4.0;
+            (((3.0 * smooth(got[*i]) + 1.0) * wavelen[*i]).round(), high)
         }
         [.., _] => {
             // s = a / wavelen - b with a = old / (high - low), b = low / (high - low).
@@ -2762,6 +3671,22 @@ mod tests {
                 })
             );
         }
+        // Llama 4 Scout (theta 500000, head 128, factor 16, low = high = 1, original context
+        // 8192): no blended band; a step at 8192 between two adjacent frequencies.
+        let f = converter_factors(500_000.0, 128, 16.0, 1.0, 1.0, 8192.0);
+        let a = Array::from_slice(&f, &[64])?;
+        let mut config = json!({"head_dim": 128, "rope_theta": 500000.0});
+        llama3_rope(&mut config, &a, Path::new("x.gguf"), 128)?;
+        assert_eq!(
+            config["rope_scaling"],
+            json!({
+                "rope_type": "llama3",
+                "factor": 16.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 1.0,
+                "original_max_position_embeddings": 8192,
+            })
+        );
         // Factors no Llama 3 scaling gives are refused, naming the tensor.
         let mut f = converter_factors(500_000.0, 128, 8.0, 1.0, 4.0, 8192.0);
         f[40] = 3.0;
@@ -2771,6 +3696,18 @@ mod tests {
         let e = llama3_rope(&mut config, &a, Path::new("x.gguf"), 128).unwrap_err();
         assert!(e.to_string().contains("rope_freqs"), "{e}");
         Ok(())
+    }
+
+    /// Gemma 3n's sparsity values come back from the converter's f32 quantiles.
+    #[test]
+    fn normal_cdf_recovers_sparsity_values() {
+        // torch.distributions.Normal(0, 1).icdf(s) in float32, for s = 0.95, 0.5, 0.99.
+        for (t, s) in [(1.644_853_6f32, 0.95), (0.0, 0.5), (2.326_347_9, 0.99)] {
+            let p = (normal_cdf(f64::from(t)) * 1e6).round() / 1e6;
+            assert_eq!(p, s, "{t}");
+        }
+        assert_eq!(normal_cdf(f64::NEG_INFINITY), 0.0);
+        assert!((normal_cdf(-1.0) - 0.158_655_253_931_457).abs() < 1e-14);
     }
 
     /// Qwen 3.5's value heads untiled on a quantized `ssm_out` (MLX's affine triple of a

@@ -115,6 +115,13 @@ fn later_gguf_architectures_match_mlx_lm() {
         ("lfm2moe", "lfm2_moe"),
         ("qwen35", "qwen3_5"),
         ("qwen35moe", "qwen3_5_moe"),
+        ("ernie4_5_moe", "ernie4_5_moe"),
+        ("llama4", "llama4"),
+        ("granitehybrid", "granitemoehybrid"),
+        ("granitehybrid_dense", "granitemoehybrid"),
+        ("gemma4", "gemma4_text"),
+        ("gemma3n", "gemma3n"),
+        ("rwkv7", "rwkv7"),
     ];
     let failures: Vec<String> = cases
         .iter()
@@ -157,6 +164,12 @@ fn later_gguf_architectures_match_mlx_lm() {
         "lfm2moe",
         "qwen35",
         "qwen35moe",
+        "ernie4_5-moe",
+        "llama4",
+        "granitehybrid",
+        "gemma4",
+        "gemma3n",
+        "rwkv7",
     ] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }

@@ -320,6 +320,110 @@ mod gguf {
     }
 
     #[test]
+    fn bad_metadata_of_the_later_gguf_maps_names_the_key() {
+        let u = |v: u32| GgufValue::Array(Array::scalar(v).unwrap());
+        for (fixture, key) in [
+            ("ernie4_5_moe", "ernie4_5-moe.interleave_moe_layer_step"),
+            ("ernie4_5_moe", "ernie4_5-moe.expert_used_count"),
+            ("llama4", "llama4.expert_feed_forward_length"),
+            ("llama4", "llama4.interleave_moe_layer_step"),
+            ("granitehybrid", "granitehybrid.ssm.time_step_rank"),
+            (
+                "granitehybrid",
+                "granitehybrid.expert_shared_feed_forward_length",
+            ),
+            ("gemma4", "gemma4.attention.key_length_swa"),
+            ("gemma4", "gemma4.attention.sliding_window"),
+            ("gemma3n", "gemma3n.altup.num_inputs"),
+            ("gemma3n", "gemma3n.embedding_length_per_layer_input"),
+            ("rwkv7", "rwkv7.wkv.head_size"),
+            ("rwkv7", "rwkv7.attention.gate_lora_rank"),
+            ("rwkv7", "rwkv7.attention.layer_norm_epsilon"),
+        ] {
+            let e = err(&edited(
+                fixture,
+                "missing",
+                |m| {
+                    m.remove(key);
+                },
+                |_| {},
+            ));
+            assert!(e.contains(key) && e.contains("is missing"), "{key}: {e}");
+        }
+        let e = err(&edited(
+            "ernie4_5_moe",
+            "e45dense",
+            |m| {
+                m.insert("ernie4_5-moe.leading_dense_block_count".into(), u(9));
+            },
+            |_| {},
+        ));
+        assert!(
+            e.contains("leading_dense_block_count") && e.contains("at most 4"),
+            "{e}"
+        );
+        // Granite 4.0 H's layer types come from a per-layer head count.
+        let e = err(&edited(
+            "granitehybrid",
+            "ghkv",
+            |m| {
+                m.insert("granitehybrid.attention.head_count_kv".into(), u(2));
+            },
+            |_| {},
+        ));
+        assert!(
+            e.contains("granitehybrid.attention.head_count_kv") && e.contains("ghkv.gguf"),
+            "{e}"
+        );
+        // Gemma 4: the layer kinds, the double-wide widths and the unmapped MoE name the key;
+        // Gemma 3n: the sparsity quantiles.
+        for (fixture, name, k, v) in [
+            (
+                "gemma4",
+                "g4pattern",
+                "gemma4.attention.sliding_window_pattern",
+                u(1),
+            ),
+            (
+                "gemma4",
+                "g4ffn",
+                "gemma4.feed_forward_length",
+                GgufValue::Array(Array::from_slice(&[32u32, 64, 32, 64, 64], &[5]).unwrap()),
+            ),
+            ("gemma4", "g4moe", "gemma4.expert_count", u(4)),
+            (
+                "gemma3n",
+                "g3nsparse",
+                "gemma3n.activation_sparsity_scale",
+                u(1),
+            ),
+        ] {
+            let e = err(&edited(
+                fixture,
+                name,
+                |m| {
+                    m.insert(k.into(), v);
+                },
+                |_| {},
+            ));
+            assert!(e.contains(k) && e.contains(&format!("{name}.gguf")), "{e}");
+        }
+        // MobileLLM's layout (every layer global, with rope) is not mlx-lm's llama4.
+        let e = err(&edited(
+            "llama4",
+            "l4swa",
+            |m| {
+                m.insert("llama4.attention.sliding_window".into(), u(0));
+            },
+            |_| {},
+        ));
+        assert!(
+            e.contains("llama4.attention.sliding_window") && e.contains("l4swa.gguf"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn head_counts_that_do_not_divide_the_rows_name_the_tensor() {
         let e = err(&file("heads3", 3, 3));
         assert!(

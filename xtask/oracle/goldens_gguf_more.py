@@ -2,24 +2,30 @@
 llama.cpp's `convert_hf_to_gguf.py` writes them, and mlx-lm 0.32.2's logits on the same
 weights.
 
-For each case: build `mlx_lm.models.<model_type>.Model`, seed it (normal * 0.3), rename its
-tensors to llama.cpp's (gguf-py's tensor_mapping.py: experts stacked as `ffn_*_exps`, Q / K
-rows permuted where the converter's class is LlamaModel's), write the metadata keys that
-converter class writes (and only those: no `vocab_size` where it writes none, the
-vocabulary's size is then the length of `tokenizer.ggml.tokens`), save the file with
-`mx.save_gguf` (f32, checked lossless) under mlx-models/tests/models/gguf/<name>.gguf and
-record the model's prefill, cached decode steps and a cache-less forward in
-mlx-models/tests/goldens/gguf/<name>.safetensors. Case names after the script regenerate only
-those. Run with `cargo xtask goldens gguf_more`.
+One table, `CASES`, and one writer, `write_case`. For each case: build
+`mlx_lm.models.<model_type>.Model`, seed it (normal * 0.3), rename its tensors to llama.cpp's
+(gguf-py's tensor_mapping.py: experts stacked as `ffn_*_exps`, Q / K rows permuted where the
+converter's class is LlamaModel's, the case's `convert` hook for tensors the converter
+reshapes), add the tensors the converter generates (`extra`), write the metadata keys that
+converter class writes, in its order (`meta`, a list of entries; only those keys: no
+`vocab_size` where it writes none, the vocabulary's size is then the length of
+`tokenizer.ggml.tokens`), save the file with `mx.save_gguf` (f32, checked lossless) under
+mlx-models/tests/models/gguf/<name>.gguf and record the model's prefill, cached decode steps
+and a cache-less forward in mlx-models/tests/goldens/gguf/<name>.safetensors. A case whose
+conversion changes values (`read_back`) is recorded on a fresh mlx-lm model loaded from the
+file with each conversion undone. Case names after the script regenerate only those. Run
+with `cargo xtask goldens gguf_more`.
 """
 
 import math
 import zlib
+from dataclasses import dataclass, field
+from typing import Callable, Optional
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from gguf_golden import Meta, only, permute, record, seeded_model, write_gguf
+from gguf_golden import Meta, only, permute, record, seeded_model, unpermute, write_gguf
 
 BASE = {
     "hidden_size": 32,
@@ -59,30 +65,168 @@ EXPERTS = {
 }
 
 
-def meta_common(arch, c, eps="rms", vocab_size=False, rope_dims=None, head_dim=None):
-    """TextModel.set_gguf_parameters' keys (plus LlamaModel's vocab_size and rope dims)."""
+# --- Metadata, as data ---------------------------------------------------------------------
+# An entry is (kind, key, value): `value` is a config field name, a function of the config, or
+# a constant. Kinds: "u32" (uint32, also a per-layer list), "f32", "str", "flag" (bool),
+# "arr" (an mx.array the function returns: bool or int32 lists), and "raw" (a key without the
+# architecture prefix: the tokenizer's).
+
+
+def _val(c, v):
+    if callable(v):
+        return v(c)
+    if isinstance(v, str):
+        return c[v]
+    return v
+
+
+def _entry(kind):
+    return lambda key, v: (kind, key, v)
+
+
+u32, f32, text, flag, arr = (_entry(k) for k in ("u32", "f32", "str", "flag", "arr"))
+
+
+def write_meta(arch, c, entries):
     m = Meta(arch)
-    m.num("block_count", c.get("num_hidden_layers", c.get("num_layers")))
-    m.num("context_length", c["max_position_embeddings"])
-    m.num("embedding_length", c["hidden_size"])
-    m.num("feed_forward_length", c["intermediate_size"])
-    m.num("attention.head_count", c["num_attention_heads"])
-    m.num("attention.head_count_kv", c["num_key_value_heads"])
-    m.f32("rope.freq_base", c["rope_theta"])
-    if eps == "rms":
-        m.f32("attention.layer_norm_rms_epsilon", c["rms_norm_eps"])
-    else:
-        m.f32("attention.layer_norm_epsilon", c[eps])
-    if head_dim is not None:
-        m.num("attention.key_length", head_dim)
-        m.num("attention.value_length", head_dim)
-    if vocab_size:
-        m.num("vocab_size", c["vocab_size"])
-    if rope_dims is not None:
-        m.num("rope.dimension_count", rope_dims)
-    m.m["tokenizer.ggml.model"] = "gpt2"
-    m.m["tokenizer.ggml.tokens"] = [f"t{i}" for i in range(c["vocab_size"])]
+    for kind, key, v in entries:
+        # Strings are field names except for the string kinds.
+        v = _val(c, v) if kind not in ("str", "raw") or callable(v) else v
+        if kind == "u32":
+            m.num(key, v)
+        elif kind == "f32":
+            m.f32(key, v)
+        elif kind == "str":
+            m.str(key, v)
+        elif kind == "flag":
+            m.flag(key, v)
+        elif kind == "arr":
+            m.m[f"{arch}.{key}"] = v
+        else:
+            m.m[key] = v
     return m
+
+
+def layers(c):
+    return c.get("num_hidden_layers", c.get("num_layers"))
+
+
+def head_size(c):
+    return c["hidden_size"] // c["num_attention_heads"]
+
+
+def tokenizer(model):
+    return [
+        ("raw", "tokenizer.ggml.model", model),
+        ("raw", "tokenizer.ggml.tokens", lambda c: [f"t{i}" for i in range(c["vocab_size"])]),
+    ]
+
+
+GPT2 = tokenizer("gpt2")
+SPM = tokenizer("llama")
+
+
+def text_model(eps=("attention.layer_norm_rms_epsilon", "rms_norm_eps"), head_dim=None,
+               vocab_size=False, rope_dims=None, blocks=layers, ffn="intermediate_size"):
+    """TextModel.set_gguf_parameters' keys (plus LlamaModel's vocab_size and rope dims), then
+    the byte-level BPE tokenizer; `head_dim` / `rope_dims` are config fields or functions."""
+    e = [
+        u32("block_count", blocks),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", ffn),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv", "num_key_value_heads"),
+        f32("rope.freq_base", "rope_theta"),
+        f32(*eps),
+    ]
+    if head_dim is not None:
+        e += [u32("attention.key_length", head_dim), u32("attention.value_length", head_dim)]
+    if vocab_size:
+        e.append(u32("vocab_size", "vocab_size"))
+    if rope_dims is not None:
+        e.append(u32("rope.dimension_count", rope_dims))
+    return e + GPT2
+
+
+def plus_mtp(c):
+    """block_count with the one MTP layer the converter writes after the main layers."""
+    return c["num_hidden_layers"] + 1
+
+
+def window_pattern(flags):
+    return arr("attention.sliding_window_pattern", lambda c: mx.array(flags(c)))
+
+
+# The expert keys TextModel and the GLM-4.5 / dots.llm1 converter classes write.
+MOE_META = [
+    u32("expert_count", "n_routed_experts"),
+    u32("expert_used_count", "num_experts_per_tok"),
+    u32("expert_group_count", "n_group"),
+    u32("expert_group_used_count", "topk_group"),
+    u32("expert_feed_forward_length", "moe_intermediate_size"),
+    u32("expert_shared_count", "n_shared_experts"),
+    u32("leading_dense_block_count", "first_k_dense_replace"),
+    f32("expert_weights_scale", "routed_scaling_factor"),
+    flag("expert_weights_norm", "norm_topk_prob"),
+]
+
+
+def phi3_meta(experts=False):
+    """Phi3MiniModel.set_gguf_parameters (long rope: the factors are tensors, `extra`)."""
+    e = [
+        u32("context_length", "max_position_embeddings"),
+        u32("rope.scaling.original_context_length", "original_max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("block_count", "num_hidden_layers"),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv", "num_key_value_heads"),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+        u32("rope.dimension_count",
+            lambda c: int(c.get("partial_rotary_factor", 1.0) * c["hidden_size"]) // c["num_attention_heads"]),
+        f32("rope.freq_base", "rope_theta"),
+        u32("attention.sliding_window", 0),
+        f32("rope.scaling.attn_factor", lambda c: math.sqrt(
+            1 + math.log(c["max_position_embeddings"] / c["original_max_position_embeddings"])
+            / math.log(c["original_max_position_embeddings"]))),
+    ] + SPM
+    if experts:
+        e += [u32("expert_used_count", "num_experts_per_tok"), u32("expert_count", "num_local_experts")]
+    return e
+
+
+def ssm_meta(c_dk="linear_key_head_dim"):
+    """The gated-delta keys Qwen3NextModel and the Qwen 3.5 classes write."""
+    return [
+        u32("ssm.conv_kernel", "linear_conv_kernel_dim"),
+        u32("ssm.state_size", c_dk),
+        u32("ssm.group_count", "linear_num_key_heads"),
+        u32("ssm.time_step_rank", "linear_num_value_heads"),
+        u32("ssm.inner_size", lambda c: c["linear_value_head_dim"] * c["linear_num_value_heads"]),
+    ]
+
+
+def lfm2_meta(kv_of, ffn, middle):
+    """LFM2Model / LFM2MoeModel: per-layer `head_count_kv` (0 for a convolution layer), the
+    convolution's cache length, the tokenizer last."""
+    return [
+        u32("block_count", "num_hidden_layers"),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", ffn),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv",
+            lambda c: [c["num_key_value_heads"] if kv_of(t) else 0 for t in c["layer_types"]]),
+        f32("rope.freq_base", "rope_theta"),
+        f32("attention.layer_norm_rms_epsilon", "norm_eps"),
+    ] + middle + [
+        u32("vocab_size", "vocab_size"),
+        u32("shortconv.l_cache", "conv_L_cache"),
+    ] + GPT2
+
+
+# --- Tensors the converters generate or reshape --------------------------------------------
 
 
 def llama3_rope_freqs(c, gguf):
@@ -108,216 +252,256 @@ def llama3_rope_freqs(c, gguf):
     gguf["rope_freqs.weight"] = mx.array(np.array(out, dtype=np.float32))
 
 
-def llama3(c, gguf):
-    llama3_rope_freqs(c, gguf)
-    return meta_common("llama", c, vocab_size=True, rope_dims=c.get("head_dim"), head_dim=c.get("head_dim"))
-
-
-def olmo3(c):
-    """Olmo2Model (OLMo 3 is written as `olmo2`): the sliding window and its per-layer
-    pattern (every 4th layer full attention when the config has no layer_types)."""
-    m = meta_common("olmo2", c)
-    m.num("attention.sliding_window", c["sliding_window"])
-    pattern = [(i + 1) % 4 != 0 for i in range(c["num_hidden_layers"])]
-    m.m["olmo2.attention.sliding_window_pattern"] = mx.array(pattern)
-    return m
-
-
-def seed_oss(c):
-    return meta_common("seed_oss", c, head_dim=c["head_dim"])
-
-
-def ernie4_5(c):
-    return meta_common("ernie4_5", c, head_dim=c["head_dim"])
-
-
-def command_r(c):
-    """CommandR2Model: LayerNorm epsilon, logit scale, no rope scaling."""
-    m = meta_common("command-r", c, eps="layer_norm_eps")
-    m.f32("logit_scale", c["logit_scale"])
-    m.str("rope.scaling.type", "none")
-    return m
-
-
-def cohere2(c):
-    """Cohere2Model: LayerNorm epsilon, logit scale, sliding window, vocab size, rope dims
-    (rotary_pct 1); llama.cpp's pattern is every 4th layer global, as mlx-lm's default."""
-    m = meta_common("cohere2", c, eps="layer_norm_eps", vocab_size=True, rope_dims=c["head_dim"],
-                    head_dim=c["head_dim"])
-    m.f32("logit_scale", c["logit_scale"])
-    m.num("attention.sliding_window", c["sliding_window"])
-    m.str("rope.scaling.type", "none")
-    return m
-
-
-def exaone4(c, gguf):
-    """Exaone4Model: vocab size, the sliding window and its per-layer pattern (from the
-    config's "LLLG" string), Llama 3's rope as `rope_freqs`."""
-    llama3_rope_freqs(c, gguf)
-    m = meta_common("exaone4", c, vocab_size=True, head_dim=c["head_dim"])
-    m.num("attention.sliding_window", c["sliding_window"])
-    p = c["sliding_window_pattern"]
-    m.m["exaone4.attention.sliding_window_pattern"] = mx.array(
-        [p[i % len(p)] == "L" for i in range(c["num_hidden_layers"])]
-    )
-    return m
-
-
-def smollm3(c):
-    # SmolLM3Model(LlamaModel): Q / K permuted, no-rope layers fixed at every 4th in llama.cpp.
-    return meta_common("smollm3", c, vocab_size=True, rope_dims=c["hidden_size"] // c["num_attention_heads"])
-
-
-def starcoder2(c):
-    return meta_common("starcoder2", c, eps="norm_epsilon")
-
-
-def exaone(c):
-    # ExaoneModel: rope dims = partial_rotary_factor (1.0) * head size; the released files
-    # carry the RMS epsilon key llama.cpp reads.
-    c = {**c, "num_hidden_layers": c["num_layers"], "rms_norm_eps": c["layer_norm_epsilon"]}
-    return meta_common("exaone", c, rope_dims=c["hidden_size"] // c["num_attention_heads"])
-
-
-def olmoe(c):
-    # OlmoeModel writes the RMS epsilon as 1e-5 whatever the config says (the config's is too).
-    m = meta_common("olmoe", c)
-    m.num("expert_count", c["num_experts"])
-    m.num("expert_used_count", c["num_experts_per_tok"])
-    return m
-
-
-def granitemoe(c):
-    m = meta_common("granitemoe", c, vocab_size=True, rope_dims=c["hidden_size"] // c["num_attention_heads"])
-    m.num("expert_count", c["num_local_experts"])
-    m.num("expert_used_count", c["num_experts_per_tok"])
-    m.f32("attention.scale", c["attention_multiplier"])
-    m.f32("embedding_scale", c["embedding_multiplier"])
-    m.f32("residual_scale", c["residual_multiplier"])
-    m.f32("logit_scale", c["logits_scaling"])
-    return m
-
-
-def phi3_rope(arch, c, gguf):
-    """Phi3MiniModel.set_gguf_parameters and generate_extra_tensors (long-rope factors)."""
-    m = Meta(arch)
-    hd = c["hidden_size"] // c["num_attention_heads"]
-    m.num("context_length", c["max_position_embeddings"])
-    m.num("rope.scaling.original_context_length", c["original_max_position_embeddings"])
-    m.num("embedding_length", c["hidden_size"])
-    m.num("feed_forward_length", c["intermediate_size"])
-    m.num("block_count", c["num_hidden_layers"])
-    m.num("attention.head_count", c["num_attention_heads"])
-    m.num("attention.head_count_kv", c["num_key_value_heads"])
-    m.f32("attention.layer_norm_rms_epsilon", c["rms_norm_eps"])
-    m.num("rope.dimension_count", int(c.get("partial_rotary_factor", 1.0) * c["hidden_size"]) // c["num_attention_heads"])
-    m.f32("rope.freq_base", c["rope_theta"])
-    m.num("attention.sliding_window", 0)
-    rs = c["rope_scaling"]
-    scale = c["max_position_embeddings"] / c["original_max_position_embeddings"]
-    m.f32("rope.scaling.attn_factor", math.sqrt(1 + math.log(scale) / math.log(c["original_max_position_embeddings"])))
-    gguf["rope_factors_long.weight"] = mx.array(rs["long_factor"], dtype=mx.float32)
-    gguf["rope_factors_short.weight"] = mx.array(rs["short_factor"], dtype=mx.float32)
-    m.m["tokenizer.ggml.model"] = "llama"
-    m.m["tokenizer.ggml.tokens"] = [f"t{i}" for i in range(c["vocab_size"])]
-    assert len(rs["long_factor"]) == hd * c.get("partial_rotary_factor", 1.0) // 2
-    return m
-
-
-def phimoe(c, gguf):
-    m = phi3_rope("phimoe", c, gguf)
-    m.num("expert_used_count", c["num_experts_per_tok"])
-    m.num("expert_count", c["num_local_experts"])
-    return m
-
-
-def minicpm3(c, gguf):
-    """MiniCPM3Model.set_gguf_parameters (no scales: llama.cpp fixes scale_emb 12, scale_depth
-    1.4 and dim_model_base 256, MiniCPM3-4B's) and its long-rope factor tensors."""
-    m = Meta("minicpm3")
-    m.num("context_length", c["max_position_embeddings"])
-    m.num("embedding_length", c["hidden_size"])
-    m.num("block_count", c["num_hidden_layers"])
-    m.num("feed_forward_length", c["intermediate_size"])
-    m.num("attention.head_count", c["num_attention_heads"])
-    m.num("attention.head_count_kv", c["num_key_value_heads"])
-    m.f32("attention.layer_norm_rms_epsilon", c["rms_norm_eps"])
-    m.num("vocab_size", c["vocab_size"])
-    m.num("attention.q_lora_rank", c["q_lora_rank"])
-    m.num("attention.kv_lora_rank", c["kv_lora_rank"])
-    m.num("attention.key_length", c["qk_nope_head_dim"] + c["qk_rope_head_dim"])
-    m.num("rope.dimension_count", c["qk_rope_head_dim"])
+def long_rope_factors(c, gguf):
+    """Phi-3's / MiniCPM3's long-rope factors as tensors (long, then short)."""
     rs = c["rope_scaling"]
     gguf["rope_factors_long.weight"] = mx.array(rs["long_factor"], dtype=mx.float32)
     gguf["rope_factors_short.weight"] = mx.array(rs["short_factor"], dtype=mx.float32)
-    m.m["tokenizer.ggml.model"] = "llama"
-    m.m["tokenizer.ggml.tokens"] = [f"t{i}" for i in range(c["vocab_size"])]
-    return m
 
 
-def gpt_oss(c):
-    """GptOssModel: TextModel's keys (YaRN's as rope scaling, head_dim as key / value length,
-    no vocab_size), the window and the experts' width."""
-    m = meta_common("gpt-oss", c, head_dim=c["head_dim"])
-    rs = c["rope_scaling"]
-    m.str("rope.scaling.type", "yarn")
-    m.f32("rope.scaling.factor", rs["factor"])
-    m.num("rope.scaling.original_context_length", rs["original_max_position_embeddings"])
-    m.f32("rope.scaling.yarn_beta_fast", rs["beta_fast"])
-    m.f32("rope.scaling.yarn_beta_slow", rs["beta_slow"])
-    m.num("expert_count", c["num_local_experts"])
-    m.num("expert_used_count", c["num_experts_per_tok"])
-    m.num("attention.sliding_window", c["sliding_window"])
-    m.num("expert_feed_forward_length", c["intermediate_size"])
-    return m
+def mtp_layer(shift):
+    """One MTP layer (nextn_predict_layers 1) after the main ones: the last layer's tensors
+    renamed (plus `shift`, so that reading it by mistake shows), and its nextn.* parts."""
+
+    def add(c, gguf):
+        n = c["num_hidden_layers"]
+        for k in [k for k in gguf if k.startswith(f"blk.{n - 1}.")]:
+            gguf[f"blk.{n}." + k.split(".", 2)[2]] = gguf[k] + shift if shift else gguf[k]
+        h = c["hidden_size"]
+        gguf[f"blk.{n}.nextn.eh_proj.weight"] = mx.ones((h, 2 * h))
+        for part in ("enorm", "hnorm", "shared_head_norm"):
+            gguf[f"blk.{n}.nextn.{part}.weight"] = mx.ones((h,))
+
+    return add
 
 
-def nanbeige(c):
-    """NanbeigeModel (LlamaModel: Q / K permuted, vocab size, rope dims) plus its loops."""
-    m = meta_common("nanbeige", c, vocab_size=True, rope_dims=c["head_dim"])
-    m.num("num_loops", c["num_loops"])
-    m.flag("skip_loop_final_norm", c["skip_loop_final_norm"])
-    return m
+def layer_of(k):
+    return k.split(".")[2] if k.startswith("model.layers.") else None
 
 
-def moe_meta(arch, c, m):
-    """The expert keys TextModel and the GLM-4.5 / dots.llm1 converter classes write."""
-    m.num("expert_count", c["n_routed_experts"])
-    m.num("expert_used_count", c["num_experts_per_tok"])
-    m.num("expert_group_count", c["n_group"])
-    m.num("expert_group_used_count", c["topk_group"])
-    m.num("expert_feed_forward_length", c["moe_intermediate_size"])
-    m.num("expert_shared_count", c["n_shared_experts"])
-    m.num("leading_dense_block_count", c["first_k_dense_replace"])
-    m.f32("expert_weights_scale", c["routed_scaling_factor"])
-    m.flag("expert_weights_norm", c["norm_topk_prob"])
-    return m
+def squeezed_conv(k, v):
+    """LFM2's short convolution: the depthwise kernel squeezed to (channels, kernel)."""
+    if k.endswith("conv.conv.weight"):
+        return k, v.squeeze(-1)
+    return k, v
 
 
-def glm4moe(c, gguf):
-    """Glm4MoeModel: head_dim as key / value length, the rotated part as rope dims, sigmoid
-    gating, and the MTP layer (block_count counts it) written after the main layers."""
+def adjusted_ffn(c, gguf):
+    """LFM2's feed-forward width as block_auto_adjust_ff_dim leaves it (64 -> 48 here)."""
+    assert gguf["blk.0.ffn_gate.weight"].shape[0] == 48
+
+
+def lfm2_tensors(case, k, v):
+    k, v = squeezed_conv(k, v)
+    if k.endswith(".feed_forward.expert_bias"):
+        return [(f"blk.{layer_of(k)}.exp_probs_b.bias", v)]
+    return [(case.gguf_name(k), v)]
+
+
+def gated_delta_tensor(k, v):
+    """Qwen3NextModel.modify_tensors' value-changing conversions, or None."""
+    layer = layer_of(k)
+    if k.endswith("linear_attn.A_log"):
+        return [(f"blk.{layer}.ssm_a", -mx.exp(v))]
+    if k.endswith("linear_attn.dt_bias"):
+        return [(f"blk.{layer}.ssm_dt.bias", v)]
+    if k.endswith("linear_attn.conv1d.weight"):
+        return [(f"blk.{layer}.ssm_conv1d.weight", v.squeeze(-1))]
+    return None
+
+
+def qwen3next_tensors(case, k, v):
+    """`in_proj_qkvz` regrouped into `attn_qkv` (q, k, v of every head) and `attn_gate` (z)."""
+    c = case.config
+    nk, dk = c["linear_num_key_heads"], c["linear_key_head_dim"]
+    r, dv = c["linear_num_value_heads"] // nk, c["linear_value_head_dim"]
+    out = gated_delta_tensor(k, v)
+    if out is not None:
+        return out
+    if k.endswith("linear_attn.in_proj_qkvz.weight"):
+        g = v.reshape(nk, 2 * dk + 2 * r * dv, -1)
+        q, kk, vv, z = mx.split(g, [dk, 2 * dk, 2 * dk + r * dv], axis=1)
+        h = v.shape[-1]
+        qkv = [q.reshape(-1, h), kk.reshape(-1, h), vv.reshape(-1, h)]
+        return [
+            (f"blk.{layer_of(k)}.attn_qkv.weight", mx.concatenate(qkv, axis=0)),
+            (f"blk.{layer_of(k)}.attn_gate.weight", z.reshape(-1, h)),
+        ]
+    return [(case.gguf_name(k), v)]
+
+
+def tile_v(t, axis, nk, r, d):
+    """_LinearAttentionVReorderBase._reorder_v_heads: (.., nk, r, d, ..) -> (.., r, nk, d, ..)."""
+    s = list(t.shape)
+    axis = axis % len(s)
+    t = t.reshape(*s[:axis], nk, r, d, *s[axis + 1 :])
+    return t.swapaxes(axis, axis + 1).reshape(s)
+
+
+def untile_v(t, axis, nk, r, d):
+    s = list(t.shape)
+    axis = axis % len(s)
+    t = t.reshape(*s[:axis], r, nk, d, *s[axis + 1 :])
+    return t.swapaxes(axis, axis + 1).reshape(s)
+
+
+def qwen35_v_heads(c, k, v, tile):
+    """The value-head reorder of every tensor the Qwen 3.5 converter reorders (`tile`), or
+    its inverse (`untile_v`)."""
+    nk, dk = c["linear_num_key_heads"], c["linear_key_head_dim"]
+    r, dv = c["linear_num_value_heads"] // nk, c["linear_value_head_dim"]
+    qk = 2 * nk * dk
+    if ".linear_attn." not in k or r == 1:
+        return v
+    if k.endswith(("in_proj_qkv.weight", "conv1d.weight")):
+        return mx.concatenate([v[:qk], tile(v[qk:], 0, nk, r, dv)], axis=0)
+    if k.endswith("in_proj_z.weight"):
+        return tile(v, 0, nk, r, dv)
+    if k.endswith(("in_proj_b.weight", "in_proj_a.weight", "A_log", "dt_bias")):
+        return tile(v, 0, nk, r, 1)
+    if k.endswith("out_proj.weight"):
+        return tile(v, 1, nk, r, dv)
+    return v
+
+
+def qwen35_tensors(case, k, v):
+    k = k.removeprefix("language_model.")
+    v = qwen35_v_heads(case.config, k, v, tile_v)
+    out = gated_delta_tensor(k, v)
+    return out if out is not None else [(case.gguf_name(k), v)]
+
+
+def qwen3next_back(case, p, rest, v, loaded):
+    """The mlx-lm (name, value) of `blk.<layer>.<rest>` with qwen3next's conversions undone,
+    or None for `attn_gate` (joined into `in_proj_qkvz` with `attn_qkv`)."""
+    c = case.config
+    nk, dk = c["linear_num_key_heads"], c["linear_key_head_dim"]
+    r, dv = c["linear_num_value_heads"] // nk, c["linear_value_head_dim"]
+    if rest == "attn_gate.weight":
+        return None
+    if rest == "attn_qkv.weight":
+        hh = v.shape[-1]
+        q, kk, vv = mx.split(v, [nk * dk, 2 * nk * dk], axis=0)
+        z = loaded[f"blk.{p.split('.')[2]}.attn_gate.weight"]
+        parts = [q.reshape(nk, dk, hh), kk.reshape(nk, dk, hh), vv.reshape(nk, r * dv, hh), z.reshape(nk, r * dv, hh)]
+        return f"{p}.linear_attn.in_proj_qkvz.weight", mx.concatenate(parts, axis=1).reshape(-1, hh)
+    return gated_delta_back(case, p, rest, v)
+
+
+def gated_delta_back(case, p, rest, v):
+    if rest == "ssm_a":
+        return f"{p}.linear_attn.A_log", mx.log(-v)
+    if rest == "ssm_dt.bias":
+        return f"{p}.linear_attn.dt_bias", v
+    if rest == "ssm_conv1d.weight":
+        return f"{p}.linear_attn.conv1d.weight", v[..., None]
+    module, suffix = rest.rsplit(".", 1)
+    return f"{p}.{case.inverse[module]}.{suffix}", v
+
+
+def qwen35_back(case, p, rest, v, loaded):
+    mk, v = gated_delta_back(case, p, rest, v)
+    return mk, qwen35_v_heads(case.config, mk, v, untile_v)
+
+
+# --- The table -----------------------------------------------------------------------------
+
+
+@dataclass
+class Case:
+    model_type: str
+    config: dict
+    arch: str
+    meta: list
+    parts: dict = field(default_factory=dict)
+    permute_qk: bool = False
+    prefix: str = "model.layers"
+    # (case, mlx-lm name, value) -> [(GGUF name, value)], for tensors the converter reshapes.
+    tensors: Optional[Callable] = None
+    # Functions (config, gguf tensors) adding what the converter generates, in its order.
+    extra: list = field(default_factory=list)
+    # (case, "model.layers.<l>", rest, value, loaded) -> (mlx-lm name, value) or None: the
+    # golden is then mlx-lm on the weights read back from the file through it.
+    read_back: Optional[Callable] = None
+    # The mlx-lm names' wrapper read back (`language_model.` for Qwen 3.5).
+    wrap: str = ""
+    # The config the converter reads (Llama 4's `text_config`).
+    hparams: Callable = lambda c: c
+
+    def __post_init__(self):
+        self.names = {**LLAMA, **self.parts}
+        self.inverse = {v: k for k, v in self.names.items()}
+
+    def gguf_name(self, name):
+        return to_gguf_name(name, self.names, self.prefix)
+
+
+def to_gguf_name(name, parts, prefix):
+    if name.endswith(".self_attn.sinks"):
+        # gpt-oss: the converter adds `.weight` to the bare parameter.
+        return f"blk.{name.split('.')[2]}.attn_sinks.weight"
+    if name.endswith(".mlp.gate.e_score_correction_bias"):
+        return f"blk.{name.split('.')[2]}.exp_probs_b.bias"
+    module, suffix = name.rsplit(".", 1)
+    if module in parts:
+        return f"{parts[module]}.{suffix}"
+    assert module.startswith(prefix + "."), name
+    layer, part = module[len(prefix) + 1 :].split(".", 1)
+    return f"blk.{layer}.{parts[part]}.{suffix}"
+
+
+def seed_of(name):
+    """A seed from the case name (adding a case changes no other case's weights)."""
+    return zlib.crc32(name.encode()) % 100000
+
+
+def write_case(name, case):
+    c = case.config
+    _, model = seeded_model(case.model_type, c, seed_of(name))
+    gguf = {}
+    for k, v in tree_flatten(model.parameters()):
+        if c.get("tie_word_embeddings", case.model_type != "phimoe") and k == "lm_head.weight":
+            continue
+        if case.permute_qk and (".q_proj." in k or ".k_proj." in k):
+            v = permute(v, c["num_attention_heads" if ".q_proj." in k else "num_key_value_heads"])
+        for g, t in case.tensors(case, k, v) if case.tensors else [(case.gguf_name(k), v)]:
+            gguf[g] = t
+    for add in case.extra:
+        add(case.hparams(c), gguf)
+    path = write_gguf(name, gguf, write_meta(case.arch, case.hparams(c), case.meta))
+    if case.read_back is None:
+        record(model, name, __file__)
+        return
+    # Read back into a fresh mlx-lm model, undoing each conversion (the MTP layer skipped);
+    # every tensor but A_log (through -exp / log) must come back as seeded.
+    loaded = mx.load(path)
     n = c["num_hidden_layers"]
-    m = meta_common("glm4moe", {**c, "num_hidden_layers": n + 1}, head_dim=c["head_dim"],
-                    rope_dims=int(c["head_dim"] * c["partial_rotary_factor"]))
-    moe_meta("glm4moe", c, m)
-    m.num("expert_gating_func", 2)
-    m.num("nextn_predict_layers", 1)
-    # The MTP layer: a decoder layer (layer n-1's tensors, renamed) plus its nextn.* parts.
-    for k in [k for k in gguf if k.startswith(f"blk.{n - 1}.")]:
-        gguf[f"blk.{n}." + k.split(".", 2)[2]] = gguf[k] + 1
-    h = c["hidden_size"]
-    gguf[f"blk.{n}.nextn.eh_proj.weight"] = mx.ones((h, 2 * h))
-    for part in ("enorm", "hnorm", "shared_head_norm"):
-        gguf[f"blk.{n}.nextn.{part}.weight"] = mx.ones((h,))
-    return m
+    back = {}
+    for k, v in loaded.items():
+        if k.startswith(f"blk.{n}."):
+            continue
+        if not k.startswith("blk."):
+            module, suffix = k.rsplit(".", 1)
+            back[f"{case.wrap}{case.inverse[module]}.{suffix}"] = v
+            continue
+        _, layer, rest = k.split(".", 2)
+        got = case.read_back(case, f"model.layers.{layer}", rest, v, loaded)
+        if got is not None:
+            back[case.wrap + got[0]] = got[1]
+    orig = dict(tree_flatten(model.parameters()))
+    assert sorted(orig) == sorted(back), (sorted(orig), sorted(back))
+    for k, v in back.items():
+        if not k.endswith("A_log"):
+            assert mx.array_equal(orig[k], v).item(), k
+    module = __import__(f"mlx_lm.models.{case.model_type}", fromlist=["Model"])
+    fresh = module.Model(module.ModelArgs.from_dict(c))
+    fresh.load_weights(list(back.items()), strict=True)
+    mx.eval(fresh.parameters())
+    record(fresh, name, __file__)
 
 
-def dots1(c, gguf):
-    """Dots1Model (Qwen2MoeModel's keys plus DeepSeek's); no gating function key (the
-    converter rejects `noaux_tc`; llama.cpp's dots1 is sigmoid)."""
-    m = meta_common("dots1", c)
-    return moe_meta("dots1", c, m)
+def cfg(model_type, **overrides):
+    return {**BASE, "model_type": model_type, **overrides}
 
 
 DEEPSEEK_MOE = {
@@ -348,6 +532,11 @@ MLA = {
     "self_attn.kv_b_proj": "attn_kv_b",
 }
 
+POST_NORMS = {
+    "post_attention_layernorm": "post_attention_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+}
+
 # The attention factor llama.cpp's converter writes for long rope (its formula, which mlx-lm's
 # SuScaledRoPE also uses without an mscale): PhiMoE's mscales are that, as the file holds it.
 PHIMOE_MSCALE = math.sqrt(1 + math.log(8192 / 512) / math.log(512))
@@ -356,528 +545,11 @@ FACTORS = {
     "long_factor": [1.0, 1.5, 2.0, 2.5],
 }
 
-# name: (model_type, config overrides, metadata writer, extra name map, permute Q / K,
-#        layer prefix of the mlx-lm names)
-CASES = {
-    # gpt-oss: sinks, biased router and experts, alternating sliding layers, YaRN.
-    "gpt_oss": (
-        "gpt_oss",
-        {
-            "head_dim": 8,
-            "intermediate_size": 32,
-            "num_local_experts": 4,
-            "num_experts_per_tok": 2,
-            "sliding_window": 4,
-            "tie_word_embeddings": False,
-            "rope_theta": 150000.0,
-            "rope_scaling": {
-                "rope_type": "yarn",
-                "factor": 4.0,
-                "beta_fast": 32.0,
-                "beta_slow": 1.0,
-                "original_max_position_embeddings": 64,
-                "truncate": False,
-            },
-        },
-        gpt_oss,
-        {
-            "post_attention_layernorm": "post_attention_norm",
-            "mlp.router": "ffn_gate_inp",
-            "mlp.experts.gate_proj": "ffn_gate_exps",
-            "mlp.experts.up_proj": "ffn_up_exps",
-            "mlp.experts.down_proj": "ffn_down_exps",
-        },
-        False,
-        "model.layers",
-    ),
-    # Nanbeige: the llama stack run twice with shared weights, the final norm between loops
-    # skipped.
-    "nanbeige": (
-        "nanbeige",
-        {
-            "head_dim": 16,
-            "num_loops": 2,
-            "skip_loop_final_norm": True,
-            "tie_word_embeddings": False,
-        },
-        nanbeige,
-        {},
-        True,
-        "model.layers",
-    ),
-    # Llama 3.1's rope (llama.cpp stores the factors as `rope_freqs`, not the parameters):
-    # two frequencies in the smoothed band, one of each outside it.
-    "llama3": (
-        "llama",
-        {
-            "head_dim": 16,
-            "tie_word_embeddings": False,
-            "rope_scaling": {
-                "rope_type": "llama3",
-                "factor": 8.0,
-                "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 2048,
-            },
-        },
-        llama3,
-        {},
-        True,
-        "model.layers",
-    ),
-    # OLMo 3 (sliding window 4 on layers 1-3, full attention on the 4th).
-    "olmo3": (
-        "olmo3",
-        {"num_hidden_layers": 4, "sliding_window": 4, "rope_theta": 500000.0, "tie_word_embeddings": False},
-        olmo3,
-        {
-            "post_attention_layernorm": "post_attention_norm",
-            "post_feedforward_layernorm": "post_ffw_norm",
-        },
-        False,
-        "model.layers",
-    ),
-    "seed_oss": (
-        "seed_oss",
-        {
-            "head_dim": 16,
-            "attention_bias": True,
-            "attention_out_bias": False,
-            "mlp_bias": False,
-            "tie_word_embeddings": False,
-        },
-        seed_oss,
-        {},
-        False,
-        "model.layers",
-    ),
-    # ERNIE 4.5 (dense): interleaved rope in both, so no permutation.
-    "ernie4_5": (
-        "ernie4_5",
-        {"head_dim": 8, "use_bias": False, "tie_word_embeddings": True},
-        ernie4_5,
-        {},
-        False,
-        "model.layers",
-    ),
-    # Command R (cohere): parallel block with one LayerNorm, per-head q/k LayerNorms, tied
-    # head scaled by logit_scale.
-    "command_r": (
-        "cohere",
-        {
-            "layer_norm_eps": 1e-5,
-            "logit_scale": 0.0625,
-            "use_qk_norm": True,
-            "attention_bias": False,
-            "layer_norm_bias": False,
-            "tie_word_embeddings": True,
-        },
-        command_r,
-        {},
-        False,
-        "model.layers",
-    ),
-    # Command R7B (cohere2): sliding window 4 on layers 1-3, the 4th global without rope.
-    "cohere2": (
-        "cohere2",
-        {
-            "num_hidden_layers": 4,
-            "head_dim": 8,
-            "layer_norm_eps": 1e-5,
-            "logit_scale": 0.25,
-            "sliding_window": 4,
-            "sliding_window_pattern": 4,
-            "tie_word_embeddings": True,
-        },
-        cohere2,
-        {},
-        False,
-        "model.layers",
-    ),
-    # EXAONE 4.0: post-norms only, q/k norms, 3 sliding layers then a global one without
-    # rope, Llama 3's rope scaling.
-    "exaone4": (
-        "exaone4",
-        {
-            "num_hidden_layers": 4,
-            "head_dim": 8,
-            "sliding_window": 4,
-            "sliding_window_pattern": "LLLG",
-            "tie_word_embeddings": False,
-            "rope_scaling": {
-                "rope_type": "llama3",
-                "factor": 16.0,
-                "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 64,
-            },
-        },
-        exaone4,
-        {
-            "post_attention_layernorm": "post_attention_norm",
-            "post_feedforward_layernorm": "post_ffw_norm",
-        },
-        False,
-        "model.layers",
-    ),
-    # 4 layers: the 4th has no rope.
-    "smollm3": (
-        "smollm3",
-        {"num_hidden_layers": 4, "tie_word_embeddings": False, "rope_theta": 5000000.0},
-        smollm3,
-        {},
-        True,
-        "model.layers",
-    ),
-    "starcoder2": (
-        "starcoder2",
-        {"norm_epsilon": 1e-5, "tie_word_embeddings": True, "rope_theta": 100000.0},
-        starcoder2,
-        {"mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"},
-        False,
-        "model.layers",
-    ),
-    "exaone": (
-        "exaone",
-        {
-            "num_layers": 2,
-            "layer_norm_epsilon": 1e-5,
-            "tie_word_embeddings": False,
-            "attention_bias": False,
-            "mlp_bias": False,
-        },
-        exaone,
-        {
-            "transformer.wte": "token_embd",
-            "transformer.ln_f": "output_norm",
-            "ln_1": "attn_norm",
-            "ln_2": "ffn_norm",
-            "attn.attention.q_proj": "attn_q",
-            "attn.attention.k_proj": "attn_k",
-            "attn.attention.v_proj": "attn_v",
-            "attn.attention.out_proj": "attn_output",
-            "mlp.c_fc_0": "ffn_gate",
-            "mlp.c_fc_1": "ffn_up",
-            "mlp.c_proj": "ffn_down",
-        },
-        False,
-        "transformer.h",
-    ),
-    "olmoe": (
-        "olmoe",
-        {
-            "rms_norm_eps": 1e-5,
-            "num_experts": 4,
-            "num_experts_per_tok": 2,
-            "intermediate_size": 16,
-            "norm_topk_prob": False,
-            "tie_word_embeddings": False,
-        },
-        olmoe,
-        EXPERTS,
-        False,
-        "model.layers",
-    ),
-    "granitemoe": (
-        "granitemoe",
-        {
-            "intermediate_size": 16,
-            "num_local_experts": 4,
-            "num_experts_per_tok": 2,
-            "attention_bias": False,
-            "attention_multiplier": 0.25,
-            "embedding_multiplier": 12.0,
-            "residual_multiplier": 0.22,
-            "logits_scaling": 8.0,
-            "tie_word_embeddings": True,
-        },
-        granitemoe,
-        {
-            "block_sparse_moe.router.layer": "ffn_gate_inp",
-            "block_sparse_moe.switch_mlp.gate_proj": "ffn_gate_exps",
-            "block_sparse_moe.switch_mlp.up_proj": "ffn_up_exps",
-            "block_sparse_moe.switch_mlp.down_proj": "ffn_down_exps",
-        },
-        True,
-        "model.layers",
-    ),
-    # Phi-3 with long rope (the 128k models): the factors as tensors.
-    "phi3_longrope": (
-        "phi3",
-        {
-            "max_position_embeddings": 8192,
-            "original_max_position_embeddings": 512,
-            "rope_scaling": {"type": "longrope", **FACTORS},
-            "tie_word_embeddings": False,
-        },
-        lambda c, g: phi3_rope("phi3", c, g),
-        {"self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"},
-        False,
-        "model.layers",
-    ),
-    "phimoe": (
-        "phimoe",
-        {
-            "intermediate_size": 16,
-            "num_local_experts": 4,
-            "num_experts_per_tok": 2,
-            "max_position_embeddings": 8192,
-            "original_max_position_embeddings": 512,
-            "rope_scaling": {
-                "type": "longrope",
-                **FACTORS,
-                "short_mscale": PHIMOE_MSCALE,
-                "long_mscale": PHIMOE_MSCALE,
-            },
-        },
-        phimoe,
-        {
-            "block_sparse_moe.gate": "ffn_gate_inp",
-            "block_sparse_moe.switch_mlp.gate_proj": "ffn_gate_exps",
-            "block_sparse_moe.switch_mlp.up_proj": "ffn_up_exps",
-            "block_sparse_moe.switch_mlp.down_proj": "ffn_down_exps",
-        },
-        False,
-        "model.layers",
-    ),
-    # MiniCPM3 (MLA, dense): rope scaled by long factors over the whole context (the file
-    # has no original context: llama.cpp's is the context length, as here).
-    "minicpm3": (
-        "minicpm3",
-        {
-            "num_key_value_heads": 4,
-            "dim_model_base": 256,
-            "scale_depth": 1.4,
-            "scale_emb": 12.0,
-            "q_lora_rank": 24,
-            "kv_lora_rank": 16,
-            "qk_nope_head_dim": 8,
-            "qk_rope_head_dim": 8,
-            "rope_scaling": {
-                "type": "longrope",
-                "original_max_position_embeddings": 256,
-                **FACTORS,
-            },
-            "tie_word_embeddings": False,
-        },
-        minicpm3,
-        MLA,
-        False,
-        "model.layers",
-    ),
-    # GLM-4.5: head_dim wider than hidden / heads, half of it rotated, q/k norms, biases,
-    # sigmoid router with groups, a leading dense layer, shared expert, one MTP layer.
-    "glm4moe": (
-        "glm4_moe",
-        {
-            **MOE_COMMON,
-            "head_dim": 16,
-            "partial_rotary_factor": 0.5,
-            "attention_bias": True,
-            "use_qk_norm": True,
-            "n_group": 2,
-            "topk_group": 1,
-            "routed_scaling_factor": 2.5,
-        },
-        glm4moe,
-        {**DEEPSEEK_MOE, "post_attention_layernorm": "post_attention_norm", **EXPERTS},
-        False,
-        "model.layers",
-    ),
-    "dots1": (
-        "dots1",
-        {
-            **MOE_COMMON,
-            "n_group": 1,
-            "topk_group": 1,
-            "routed_scaling_factor": 2.0,
-            "scoring_func": "noaux_tc",
-        },
-        dots1,
-        {
-            **DEEPSEEK_MOE,
-            "mlp.experts.gate_proj": "ffn_gate_exps",
-            "mlp.experts.up_proj": "ffn_up_exps",
-            "mlp.experts.down_proj": "ffn_down_exps",
-        },
-        False,
-        "model.layers",
-    ),
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
 }
-
-
-def to_gguf_name(name, parts, prefix):
-    if name.endswith(".self_attn.sinks"):
-        # gpt-oss: the converter adds `.weight` to the bare parameter.
-        return f"blk.{name.split('.')[2]}.attn_sinks.weight"
-    if name.endswith(".mlp.gate.e_score_correction_bias"):
-        return f"blk.{name.split('.')[2]}.exp_probs_b.bias"
-    module, suffix = name.rsplit(".", 1)
-    if module in parts:
-        return f"{parts[module]}.{suffix}"
-    assert module.startswith(prefix + "."), name
-    layer, part = module[len(prefix) + 1 :].split(".", 1)
-    return f"blk.{layer}.{parts[part]}.{suffix}"
-
-
-def seed_of(name):
-    """A seed from the case name (adding a case changes no other case's weights)."""
-    return zlib.crc32(name.encode()) % 100000
-
-
-ONLY = only()
-for name, (model_type, overrides, meta, extra, permute_qk, prefix) in CASES.items():
-    if ONLY and name not in ONLY:
-        continue
-    config = {**BASE, "model_type": model_type, **overrides}
-    if model_type == "exaone":
-        config.pop("num_hidden_layers")
-        config.pop("rms_norm_eps")
-    _, model = seeded_model(model_type, config, seed_of(name))
-    parts = {**LLAMA, **extra}
-    gguf = {}
-    for k, v in tree_flatten(model.parameters()):
-        if config.get("tie_word_embeddings", model_type != "phimoe") and k == "lm_head.weight":
-            continue
-        if permute_qk and (".q_proj." in k or ".k_proj." in k):
-            heads = config["num_attention_heads" if ".q_proj." in k else "num_key_value_heads"]
-            v = permute(v, heads)
-        gguf[to_gguf_name(k, parts, prefix)] = v
-    m = meta(config, gguf) if meta.__code__.co_argcount == 2 else meta(config)
-    write_gguf(name, gguf, m)
-    record(model, name, __file__)
-
-
-# Qwen3-Next (`qwen3next`): Qwen3NextModel.modify_tensors' conversions, which change values,
-# so the golden is mlx-lm on the weights read back from the file (as the Gemma norms are in
-# goldens_gguf_dense.py): `A_log` stored as `ssm_a = -exp(A_log)` (read back as
-# `log(-ssm_a)`), `in_proj_qkvz` regrouped into `attn_qkv` (q, k, v of every head) and
-# `attn_gate` (z), conv1d squeezed to (channels, kernel), `dt_bias` as `ssm_dt.bias`; the
-# norms are stored as 1 + w, which is mlx-lm's own parameter. The file also holds one MTP
-# layer (nextn_predict_layers), which is skipped.
-QWEN3NEXT = {
-    **BASE,
-    "model_type": "qwen3_next",
-    "num_hidden_layers": 4,
-    "full_attention_interval": 2,
-    "head_dim": 8,
-    "linear_num_value_heads": 4,
-    "linear_num_key_heads": 2,
-    "linear_key_head_dim": 16,
-    "linear_value_head_dim": 8,
-    "linear_conv_kernel_dim": 4,
-    "num_experts": 4,
-    "num_experts_per_tok": 2,
-    "decoder_sparse_step": 1,
-    "mlp_only_layers": [],
-    "shared_expert_intermediate_size": 16,
-    "moe_intermediate_size": 16,
-    "partial_rotary_factor": 0.25,
-    "norm_topk_prob": True,
-    "tie_word_embeddings": False,
-}
-
-QWEN3NEXT_PARTS = {
-    **LLAMA,
-    **EXPERTS,
-    "post_attention_layernorm": "post_attention_norm",
-    "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
-    "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
-    "mlp.shared_expert.up_proj": "ffn_up_shexp",
-    "mlp.shared_expert.down_proj": "ffn_down_shexp",
-    "linear_attn.in_proj_ba": "ssm_ba",
-    "linear_attn.norm": "ssm_norm",
-    "linear_attn.out_proj": "ssm_out",
-}
-
-
-def qwen3next_case(seed):
-    c = QWEN3NEXT
-    _, model = seeded_model("qwen3_next", c, seed)
-    nk, dk = c["linear_num_key_heads"], c["linear_key_head_dim"]
-    nv, dv = c["linear_num_value_heads"], c["linear_value_head_dim"]
-    r = nv // nk
-    gguf = {}
-    for k, v in tree_flatten(model.parameters()):
-        layer = k.split(".")[2] if k.startswith("model.layers.") else None
-        if k.endswith("linear_attn.A_log"):
-            gguf[f"blk.{layer}.ssm_a"] = -mx.exp(v)
-        elif k.endswith("linear_attn.dt_bias"):
-            gguf[f"blk.{layer}.ssm_dt.bias"] = v
-        elif k.endswith("linear_attn.conv1d.weight"):
-            gguf[f"blk.{layer}.ssm_conv1d.weight"] = v.squeeze(-1)
-        elif k.endswith("linear_attn.in_proj_qkvz.weight"):
-            g = v.reshape(nk, 2 * dk + 2 * r * dv, -1)
-            q, kk, vv, z = mx.split(g, [dk, 2 * dk, 2 * dk + r * dv], axis=1)
-            h = v.shape[-1]
-            qkv = [q.reshape(-1, h), kk.reshape(-1, h), vv.reshape(-1, h)]
-            gguf[f"blk.{layer}.attn_qkv.weight"] = mx.concatenate(qkv, axis=0)
-            gguf[f"blk.{layer}.attn_gate.weight"] = z.reshape(-1, h)
-        else:
-            gguf[to_gguf_name(k, QWEN3NEXT_PARTS, "model.layers")] = v
-    n = c["num_hidden_layers"]
-    for k in [k for k in gguf if k.startswith(f"blk.{n - 1}.")]:
-        gguf[f"blk.{n}." + k.split(".", 2)[2]] = gguf[k]
-    h = c["hidden_size"]
-    gguf[f"blk.{n}.nextn.eh_proj.weight"] = mx.ones((h, 2 * h))
-    for part in ("enorm", "hnorm", "shared_head_norm"):
-        gguf[f"blk.{n}.nextn.{part}.weight"] = mx.ones((h,))
-
-    m = meta_common("qwen3next", {**c, "num_hidden_layers": n + 1}, head_dim=c["head_dim"],
-                    rope_dims=int(c["head_dim"] * c["partial_rotary_factor"]))
-    m.num("expert_count", c["num_experts"])
-    m.num("expert_used_count", c["num_experts_per_tok"])
-    m.num("expert_feed_forward_length", c["moe_intermediate_size"])
-    m.num("expert_shared_feed_forward_length", c["shared_expert_intermediate_size"])
-    m.num("ssm.conv_kernel", c["linear_conv_kernel_dim"])
-    m.num("ssm.state_size", dk)
-    m.num("ssm.group_count", nk)
-    m.num("ssm.time_step_rank", nv)
-    m.num("ssm.inner_size", dv * nv)
-    m.num("full_attention_interval", c["full_attention_interval"])
-    m.num("nextn_predict_layers", 1)
-    write_gguf("qwen3next", gguf, m)
-
-    # Read back as the Rust loader does, into a fresh mlx-lm model.
-    loaded = mx.load(f"mlx-models/tests/models/gguf/qwen3next.gguf")
-    back = {}
-    inv = {v: k for k, v in QWEN3NEXT_PARTS.items()}
-    for k, v in loaded.items():
-        if k.startswith(f"blk.{n}."):
-            continue
-        if not k.startswith("blk."):
-            module, suffix = k.rsplit(".", 1)
-            back[f"{inv[module]}.{suffix}"] = v
-            continue
-        _, layer, rest = k.split(".", 2)
-        p = f"model.layers.{layer}"
-        if rest == "ssm_a":
-            back[f"{p}.linear_attn.A_log"] = mx.log(-v)
-        elif rest == "ssm_dt.bias":
-            back[f"{p}.linear_attn.dt_bias"] = v
-        elif rest == "ssm_conv1d.weight":
-            back[f"{p}.linear_attn.conv1d.weight"] = v[..., None]
-        elif rest == "attn_gate.weight":
-            continue
-        elif rest == "attn_qkv.weight":
-            hh = v.shape[-1]
-            q, kk, vv = mx.split(v, [nk * dk, 2 * nk * dk], axis=0)
-            z = loaded[f"blk.{layer}.attn_gate.weight"]
-            parts = [q.reshape(nk, dk, hh), kk.reshape(nk, dk, hh), vv.reshape(nk, r * dv, hh), z.reshape(nk, r * dv, hh)]
-            back[f"{p}.linear_attn.in_proj_qkvz.weight"] = mx.concatenate(parts, axis=1).reshape(-1, hh)
-        else:
-            module, suffix = rest.rsplit(".", 1)
-            back[f"{p}.{inv[module]}.{suffix}"] = v
-    module = __import__("mlx_lm.models.qwen3_next", fromlist=["Model"])
-    fresh = module.Model(module.ModelArgs.from_dict(c))
-    fresh.load_weights(list(back.items()), strict=True)
-    mx.eval(fresh.parameters())
-    record(fresh, "qwen3next", __file__)
-
-
-if not ONLY or "qwen3next" in ONLY:
-    qwen3next_case(seed_of("qwen3next"))
-
 
 # LFM2 (`lfm2`): short-convolution layers between attention layers. LFM2Model writes
 # `head_count_kv` per layer (0 for a convolution layer), the feed-forward width already
@@ -922,37 +594,6 @@ LFM2_PARTS = {
     "conv.out_proj": "shortconv.out_proj",
 }
 
-
-def lfm2_case(seed):
-    c = LFM2
-    _, model = seeded_model("lfm2", c, seed)
-    gguf = {}
-    for k, v in tree_flatten(model.parameters()):
-        if k.endswith("conv.conv.weight"):
-            v = v.squeeze(-1)
-        gguf[to_gguf_name(k, LFM2_PARTS, "model.layers")] = v
-    assert gguf["blk.0.ffn_gate.weight"].shape[0] == 48
-    m = Meta("lfm2")
-    m.num("block_count", c["num_hidden_layers"])
-    m.num("context_length", c["max_position_embeddings"])
-    m.num("embedding_length", c["hidden_size"])
-    m.num("feed_forward_length", 48)
-    m.num("attention.head_count", c["num_attention_heads"])
-    m.num("attention.head_count_kv", [c["num_key_value_heads"] if t != "conv" else 0 for t in c["layer_types"]])
-    m.f32("rope.freq_base", c["rope_theta"])
-    m.f32("attention.layer_norm_rms_epsilon", c["norm_eps"])
-    m.num("vocab_size", c["vocab_size"])
-    m.num("shortconv.l_cache", c["conv_L_cache"])
-    m.m["tokenizer.ggml.model"] = "gpt2"
-    m.m["tokenizer.ggml.tokens"] = [f"t{i}" for i in range(c["vocab_size"])]
-    write_gguf("lfm2", gguf, m)
-    record(model, "lfm2", __file__)
-
-
-if not ONLY or "lfm2" in ONLY:
-    lfm2_case(seed_of("lfm2"))
-
-
 # LFM2-MoE (`lfm2moe`): LFM2's layers with a dense first block and sigmoid-routed experts
 # with a selection bias. LFM2MoeModel writes the per-layer `head_count_kv`, the dense width
 # as `feed_forward_length`, the experts' as `expert_feed_forward_length`, the dense block
@@ -992,43 +633,46 @@ LFM2MOE_PARTS = {
     "feed_forward.switch_mlp.down_proj": "ffn_down_exps",
 }
 
+# Qwen3-Next (`qwen3next`): Qwen3NextModel.modify_tensors' conversions, which change values,
+# so the golden is mlx-lm on the weights read back from the file (as the Gemma norms are in
+# goldens_gguf_dense.py): `A_log` stored as `ssm_a = -exp(A_log)` (read back as
+# `log(-ssm_a)`), `in_proj_qkvz` regrouped into `attn_qkv` (q, k, v of every head) and
+# `attn_gate` (z), conv1d squeezed to (channels, kernel), `dt_bias` as `ssm_dt.bias`; the
+# norms are stored as 1 + w, which is mlx-lm's own parameter. The file also holds one MTP
+# layer (nextn_predict_layers), which is skipped.
+QWEN3NEXT = {
+    **BASE,
+    "model_type": "qwen3_next",
+    "num_hidden_layers": 4,
+    "full_attention_interval": 2,
+    "head_dim": 8,
+    "linear_num_value_heads": 4,
+    "linear_num_key_heads": 2,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 8,
+    "linear_conv_kernel_dim": 4,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "shared_expert_intermediate_size": 16,
+    "moe_intermediate_size": 16,
+    "partial_rotary_factor": 0.25,
+    "norm_topk_prob": True,
+    "tie_word_embeddings": False,
+}
 
-def lfm2moe_case(seed):
-    c = LFM2MOE
-    _, model = seeded_model("lfm2_moe", c, seed)
-    gguf = {}
-    for k, v in tree_flatten(model.parameters()):
-        if k.endswith("conv.conv.weight"):
-            v = v.squeeze(-1)
-        if k.endswith(".feed_forward.expert_bias"):
-            gguf[f"blk.{k.split('.')[2]}.exp_probs_b.bias"] = v
-            continue
-        gguf[to_gguf_name(k, LFM2MOE_PARTS, "model.layers")] = v
-    m = Meta("lfm2moe")
-    m.num("block_count", c["num_hidden_layers"])
-    m.num("context_length", c["max_position_embeddings"])
-    m.num("embedding_length", c["hidden_size"])
-    m.num("feed_forward_length", c["intermediate_size"])
-    m.num("attention.head_count", c["num_attention_heads"])
-    m.num("attention.head_count_kv", [c["num_key_value_heads"] if t == "full_attention" else 0 for t in c["layer_types"]])
-    m.f32("rope.freq_base", c["rope_theta"])
-    m.f32("attention.layer_norm_rms_epsilon", c["norm_eps"])
-    m.num("expert_count", c["num_experts"])
-    m.num("expert_used_count", c["num_experts_per_tok"])
-    m.num("expert_feed_forward_length", c["moe_intermediate_size"])
-    m.num("leading_dense_block_count", c["num_dense_layers"])
-    m.num("expert_gating_func", 2)
-    m.num("vocab_size", c["vocab_size"])
-    m.num("shortconv.l_cache", c["conv_L_cache"])
-    m.m["tokenizer.ggml.model"] = "gpt2"
-    m.m["tokenizer.ggml.tokens"] = [f"t{i}" for i in range(c["vocab_size"])]
-    write_gguf("lfm2moe", gguf, m)
-    record(model, "lfm2moe", __file__)
-
-
-if not ONLY or "lfm2moe" in ONLY:
-    lfm2moe_case(seed_of("lfm2moe"))
-
+QWEN3NEXT_PARTS = {
+    **EXPERTS,
+    "post_attention_layernorm": "post_attention_norm",
+    "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
+    "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_expert.up_proj": "ffn_up_shexp",
+    "mlp.shared_expert.down_proj": "ffn_down_shexp",
+    "linear_attn.in_proj_ba": "ssm_ba",
+    "linear_attn.norm": "ssm_norm",
+    "linear_attn.out_proj": "ssm_out",
+}
 
 # Qwen 3.5 (`qwen35`, `qwen35moe`): Qwen3-Next's layers with separate projections
 # (`in_proj_qkv` -> attn_qkv, `in_proj_z` -> attn_gate, `in_proj_b` -> ssm_beta, `in_proj_a`
@@ -1088,137 +732,919 @@ QWEN35_PARTS = {
 }
 
 
-def tile_v(t, axis, nk, r, d):
-    """_LinearAttentionVReorderBase._reorder_v_heads: (.., nk, r, d, ..) -> (.., r, nk, d, ..)."""
-    s = list(t.shape)
-    axis = axis % len(s)
-    t = t.reshape(*s[:axis], nk, r, d, *s[axis + 1 :])
-    return t.swapaxes(axis, axis + 1).reshape(s)
+def qwen35_meta(c):
+    """Qwen3_5TextModel / Qwen3_5MoeTextModel.set_gguf_parameters."""
+    moe = [
+        u32("expert_count", "num_experts"),
+        u32("expert_used_count", "num_experts_per_tok"),
+        u32("expert_feed_forward_length", "moe_intermediate_size"),
+        u32("expert_shared_feed_forward_length", "shared_expert_intermediate_size"),
+    ] if c.get("num_experts") else []
+    rp = lambda f: lambda c: c["rope_parameters"][f]  # noqa: E731
+    return [
+        u32("block_count", plus_mtp),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv", "num_key_value_heads"),
+        arr("rope.dimension_sections", lambda c: mx.array(c["rope_parameters"]["mrope_section"] + [0], dtype=mx.int32)),
+        f32("rope.freq_base", rp("rope_theta")),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+    ] + moe + [
+        u32("attention.key_length", "head_dim"),
+        u32("attention.value_length", "head_dim"),
+    ] + ssm_meta() + [
+        arr("attention.recurrent_layers",
+            lambda c: mx.array([t == "linear_attention" for t in c["layer_types"]] + [False])),
+        u32("full_attention_interval", "full_attention_interval"),
+        u32("rope.dimension_count", lambda c: int(c["head_dim"] * c["rope_parameters"]["partial_rotary_factor"])),
+        u32("nextn_predict_layers", 1),
+    ] + GPT2
 
 
-def untile_v(t, axis, nk, r, d):
-    s = list(t.shape)
-    axis = axis % len(s)
-    t = t.reshape(*s[:axis], r, nk, d, *s[axis + 1 :])
-    return t.swapaxes(axis, axis + 1).reshape(s)
+CASES = {
+    # gpt-oss: sinks, biased router and experts, alternating sliding layers, YaRN.
+    # GptOssModel: TextModel's keys (YaRN's as rope scaling, head_dim as key / value length,
+    # no vocab_size), the window and the experts' width.
+    "gpt_oss": Case(
+        "gpt_oss",
+        cfg(
+            "gpt_oss",
+            head_dim=8,
+            intermediate_size=32,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=4,
+            tie_word_embeddings=False,
+            rope_theta=150000.0,
+            rope_scaling={
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "original_max_position_embeddings": 64,
+                "truncate": False,
+            },
+        ),
+        "gpt-oss",
+        text_model(head_dim="head_dim") + [
+            text("rope.scaling.type", "yarn"),
+            f32("rope.scaling.factor", lambda c: c["rope_scaling"]["factor"]),
+            u32("rope.scaling.original_context_length",
+                lambda c: c["rope_scaling"]["original_max_position_embeddings"]),
+            f32("rope.scaling.yarn_beta_fast", lambda c: c["rope_scaling"]["beta_fast"]),
+            f32("rope.scaling.yarn_beta_slow", lambda c: c["rope_scaling"]["beta_slow"]),
+            u32("expert_count", "num_local_experts"),
+            u32("expert_used_count", "num_experts_per_tok"),
+            u32("attention.sliding_window", "sliding_window"),
+            u32("expert_feed_forward_length", "intermediate_size"),
+        ],
+        {
+            "post_attention_layernorm": "post_attention_norm",
+            "mlp.router": "ffn_gate_inp",
+            "mlp.experts.gate_proj": "ffn_gate_exps",
+            "mlp.experts.up_proj": "ffn_up_exps",
+            "mlp.experts.down_proj": "ffn_down_exps",
+        },
+    ),
+    # Nanbeige: the llama stack run twice with shared weights, the final norm between loops
+    # skipped. NanbeigeModel (LlamaModel: Q / K permuted, vocab size, rope dims) plus its
+    # loops.
+    "nanbeige": Case(
+        "nanbeige",
+        cfg("nanbeige", head_dim=16, num_loops=2, skip_loop_final_norm=True, tie_word_embeddings=False),
+        "nanbeige",
+        text_model(vocab_size=True, rope_dims="head_dim") + [
+            u32("num_loops", "num_loops"),
+            flag("skip_loop_final_norm", "skip_loop_final_norm"),
+        ],
+        permute_qk=True,
+    ),
+    # Llama 3.1's rope (llama.cpp stores the factors as `rope_freqs`, not the parameters):
+    # two frequencies in the smoothed band, one of each outside it.
+    "llama3": Case(
+        "llama",
+        cfg(
+            "llama",
+            head_dim=16,
+            tie_word_embeddings=False,
+            rope_scaling={**LLAMA3_ROPE, "factor": 8.0, "original_max_position_embeddings": 2048},
+        ),
+        "llama",
+        text_model(vocab_size=True, rope_dims="head_dim", head_dim="head_dim"),
+        permute_qk=True,
+        extra=[llama3_rope_freqs],
+    ),
+    # OLMo 3 (sliding window 4 on layers 1-3, full attention on the 4th), written as `olmo2`
+    # by Olmo2Model: the window and its per-layer pattern (every 4th layer full attention when
+    # the config has no layer_types).
+    "olmo3": Case(
+        "olmo3",
+        cfg("olmo3", num_hidden_layers=4, sliding_window=4, rope_theta=500000.0, tie_word_embeddings=False),
+        "olmo2",
+        text_model() + [
+            u32("attention.sliding_window", "sliding_window"),
+            window_pattern(lambda c: [(i + 1) % 4 != 0 for i in range(c["num_hidden_layers"])]),
+        ],
+        POST_NORMS,
+    ),
+    "seed_oss": Case(
+        "seed_oss",
+        cfg("seed_oss", head_dim=16, attention_bias=True, attention_out_bias=False, mlp_bias=False,
+            tie_word_embeddings=False),
+        "seed_oss",
+        text_model(head_dim="head_dim"),
+    ),
+    # ERNIE 4.5 (dense): interleaved rope in both, so no permutation.
+    "ernie4_5": Case(
+        "ernie4_5",
+        cfg("ernie4_5", head_dim=8, use_bias=False, tie_word_embeddings=True),
+        "ernie4_5",
+        text_model(head_dim="head_dim"),
+    ),
+    # Command R (cohere): parallel block with one LayerNorm, per-head q/k LayerNorms, tied
+    # head scaled by logit_scale. CommandR2Model: LayerNorm epsilon, logit scale, no rope
+    # scaling.
+    "command_r": Case(
+        "cohere",
+        cfg("cohere", layer_norm_eps=1e-5, logit_scale=0.0625, use_qk_norm=True, attention_bias=False,
+            layer_norm_bias=False, tie_word_embeddings=True),
+        "command-r",
+        text_model(eps=("attention.layer_norm_epsilon", "layer_norm_eps")) + [
+            f32("logit_scale", "logit_scale"),
+            text("rope.scaling.type", "none"),
+        ],
+    ),
+    # Command R7B (cohere2): sliding window 4 on layers 1-3, the 4th global without rope.
+    # Cohere2Model: LayerNorm epsilon, logit scale, sliding window, vocab size, rope dims
+    # (rotary_pct 1); llama.cpp's pattern is every 4th layer global, as mlx-lm's default.
+    "cohere2": Case(
+        "cohere2",
+        cfg("cohere2", num_hidden_layers=4, head_dim=8, layer_norm_eps=1e-5, logit_scale=0.25,
+            sliding_window=4, sliding_window_pattern=4, tie_word_embeddings=True),
+        "cohere2",
+        text_model(eps=("attention.layer_norm_epsilon", "layer_norm_eps"), vocab_size=True,
+                   rope_dims="head_dim", head_dim="head_dim") + [
+            f32("logit_scale", "logit_scale"),
+            u32("attention.sliding_window", "sliding_window"),
+            text("rope.scaling.type", "none"),
+        ],
+    ),
+    # EXAONE 4.0: post-norms only, q/k norms, 3 sliding layers then a global one without
+    # rope, Llama 3's rope scaling. Exaone4Model: vocab size, the sliding window and its
+    # per-layer pattern (from the config's "LLLG" string), Llama 3's rope as `rope_freqs`.
+    "exaone4": Case(
+        "exaone4",
+        cfg("exaone4", num_hidden_layers=4, head_dim=8, sliding_window=4, sliding_window_pattern="LLLG",
+            tie_word_embeddings=False,
+            rope_scaling={**LLAMA3_ROPE, "factor": 16.0, "original_max_position_embeddings": 64}),
+        "exaone4",
+        text_model(vocab_size=True, head_dim="head_dim") + [
+            u32("attention.sliding_window", "sliding_window"),
+            window_pattern(lambda c: [c["sliding_window_pattern"][i % len(c["sliding_window_pattern"])] == "L"
+                                      for i in range(c["num_hidden_layers"])]),
+        ],
+        POST_NORMS,
+        extra=[llama3_rope_freqs],
+    ),
+    # 4 layers: the 4th has no rope. SmolLM3Model(LlamaModel): Q / K permuted, no-rope layers
+    # fixed at every 4th in llama.cpp.
+    "smollm3": Case(
+        "smollm3",
+        cfg("smollm3", num_hidden_layers=4, tie_word_embeddings=False, rope_theta=5000000.0),
+        "smollm3",
+        text_model(vocab_size=True, rope_dims=head_size),
+        permute_qk=True,
+    ),
+    "starcoder2": Case(
+        "starcoder2",
+        cfg("starcoder2", norm_epsilon=1e-5, tie_word_embeddings=True, rope_theta=100000.0),
+        "starcoder2",
+        text_model(eps=("attention.layer_norm_epsilon", "norm_epsilon")),
+        {"mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"},
+    ),
+    # ExaoneModel: rope dims = partial_rotary_factor (1.0) * head size; the released files
+    # carry the RMS epsilon key llama.cpp reads.
+    "exaone": Case(
+        "exaone",
+        {k: v for k, v in cfg("exaone", num_layers=2, layer_norm_epsilon=1e-5, tie_word_embeddings=False,
+                              attention_bias=False, mlp_bias=False).items()
+         if k not in ("num_hidden_layers", "rms_norm_eps")},
+        "exaone",
+        text_model(eps=("attention.layer_norm_rms_epsilon", "layer_norm_epsilon"), rope_dims=head_size),
+        {
+            "transformer.wte": "token_embd",
+            "transformer.ln_f": "output_norm",
+            "ln_1": "attn_norm",
+            "ln_2": "ffn_norm",
+            "attn.attention.q_proj": "attn_q",
+            "attn.attention.k_proj": "attn_k",
+            "attn.attention.v_proj": "attn_v",
+            "attn.attention.out_proj": "attn_output",
+            "mlp.c_fc_0": "ffn_gate",
+            "mlp.c_fc_1": "ffn_up",
+            "mlp.c_proj": "ffn_down",
+        },
+        prefix="transformer.h",
+    ),
+    # OlmoeModel writes the RMS epsilon as 1e-5 whatever the config says (the config's is too).
+    "olmoe": Case(
+        "olmoe",
+        cfg("olmoe", rms_norm_eps=1e-5, num_experts=4, num_experts_per_tok=2, intermediate_size=16,
+            norm_topk_prob=False, tie_word_embeddings=False),
+        "olmoe",
+        text_model() + [u32("expert_count", "num_experts"), u32("expert_used_count", "num_experts_per_tok")],
+        EXPERTS,
+    ),
+    "granitemoe": Case(
+        "granitemoe",
+        cfg("granitemoe", intermediate_size=16, num_local_experts=4, num_experts_per_tok=2,
+            attention_bias=False, attention_multiplier=0.25, embedding_multiplier=12.0,
+            residual_multiplier=0.22, logits_scaling=8.0, tie_word_embeddings=True),
+        "granitemoe",
+        text_model(vocab_size=True, rope_dims=head_size) + [
+            u32("expert_count", "num_local_experts"),
+            u32("expert_used_count", "num_experts_per_tok"),
+            f32("attention.scale", "attention_multiplier"),
+            f32("embedding_scale", "embedding_multiplier"),
+            f32("residual_scale", "residual_multiplier"),
+            f32("logit_scale", "logits_scaling"),
+        ],
+        {
+            "block_sparse_moe.router.layer": "ffn_gate_inp",
+            "block_sparse_moe.switch_mlp.gate_proj": "ffn_gate_exps",
+            "block_sparse_moe.switch_mlp.up_proj": "ffn_up_exps",
+            "block_sparse_moe.switch_mlp.down_proj": "ffn_down_exps",
+        },
+        permute_qk=True,
+    ),
+    # Phi-3 with long rope (the 128k models): the factors as tensors.
+    "phi3_longrope": Case(
+        "phi3",
+        cfg("phi3", max_position_embeddings=8192, original_max_position_embeddings=512,
+            rope_scaling={"type": "longrope", **FACTORS}, tie_word_embeddings=False),
+        "phi3",
+        phi3_meta(),
+        {"self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"},
+        extra=[long_rope_factors],
+    ),
+    "phimoe": Case(
+        "phimoe",
+        cfg("phimoe", intermediate_size=16, num_local_experts=4, num_experts_per_tok=2,
+            max_position_embeddings=8192, original_max_position_embeddings=512,
+            rope_scaling={"type": "longrope", **FACTORS, "short_mscale": PHIMOE_MSCALE,
+                          "long_mscale": PHIMOE_MSCALE}),
+        "phimoe",
+        phi3_meta(experts=True),
+        {
+            "block_sparse_moe.gate": "ffn_gate_inp",
+            "block_sparse_moe.switch_mlp.gate_proj": "ffn_gate_exps",
+            "block_sparse_moe.switch_mlp.up_proj": "ffn_up_exps",
+            "block_sparse_moe.switch_mlp.down_proj": "ffn_down_exps",
+        },
+        extra=[long_rope_factors],
+    ),
+    # MiniCPM3 (MLA, dense): rope scaled by long factors over the whole context (the file
+    # has no original context: llama.cpp's is the context length, as here).
+    # MiniCPM3Model.set_gguf_parameters (no scales: llama.cpp fixes scale_emb 12, scale_depth
+    # 1.4 and dim_model_base 256, MiniCPM3-4B's) and its long-rope factor tensors.
+    "minicpm3": Case(
+        "minicpm3",
+        cfg("minicpm3", num_key_value_heads=4, dim_model_base=256, scale_depth=1.4, scale_emb=12.0,
+            q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8,
+            rope_scaling={"type": "longrope", "original_max_position_embeddings": 256, **FACTORS},
+            tie_word_embeddings=False),
+        "minicpm3",
+        [
+            u32("context_length", "max_position_embeddings"),
+            u32("embedding_length", "hidden_size"),
+            u32("block_count", "num_hidden_layers"),
+            u32("feed_forward_length", "intermediate_size"),
+            u32("attention.head_count", "num_attention_heads"),
+            u32("attention.head_count_kv", "num_key_value_heads"),
+            f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+            u32("vocab_size", "vocab_size"),
+            u32("attention.q_lora_rank", "q_lora_rank"),
+            u32("attention.kv_lora_rank", "kv_lora_rank"),
+            u32("attention.key_length", lambda c: c["qk_nope_head_dim"] + c["qk_rope_head_dim"]),
+            u32("rope.dimension_count", "qk_rope_head_dim"),
+        ] + SPM,
+        MLA,
+        extra=[long_rope_factors],
+    ),
+    # GLM-4.5: head_dim wider than hidden / heads, half of it rotated, q/k norms, biases,
+    # sigmoid router with groups, a leading dense layer, shared expert, one MTP layer.
+    # Glm4MoeModel: head_dim as key / value length, the rotated part as rope dims, sigmoid
+    # gating, and the MTP layer (block_count counts it) written after the main layers.
+    "glm4moe": Case(
+        "glm4_moe",
+        cfg("glm4_moe", **MOE_COMMON, head_dim=16, partial_rotary_factor=0.5, attention_bias=True,
+            use_qk_norm=True, n_group=2, topk_group=1, routed_scaling_factor=2.5),
+        "glm4moe",
+        text_model(blocks=plus_mtp, head_dim="head_dim",
+                   rope_dims=lambda c: int(c["head_dim"] * c["partial_rotary_factor"]))
+        + MOE_META + [u32("expert_gating_func", 2), u32("nextn_predict_layers", 1)],
+        {**DEEPSEEK_MOE, "post_attention_layernorm": "post_attention_norm", **EXPERTS},
+        extra=[mtp_layer(shift=1)],
+    ),
+    # Dots1Model (Qwen2MoeModel's keys plus DeepSeek's); no gating function key (the
+    # converter rejects `noaux_tc`; llama.cpp's dots1 is sigmoid).
+    "dots1": Case(
+        "dots1",
+        cfg("dots1", **MOE_COMMON, n_group=1, topk_group=1, routed_scaling_factor=2.0, scoring_func="noaux_tc"),
+        "dots1",
+        text_model() + MOE_META,
+        {
+            **DEEPSEEK_MOE,
+            "mlp.experts.gate_proj": "ffn_gate_exps",
+            "mlp.experts.up_proj": "ffn_up_exps",
+            "mlp.experts.down_proj": "ffn_down_exps",
+        },
+    ),
+    "qwen3next": Case(
+        "qwen3_next",
+        QWEN3NEXT,
+        "qwen3next",
+        text_model(blocks=plus_mtp, head_dim="head_dim",
+                   rope_dims=lambda c: int(c["head_dim"] * c["partial_rotary_factor"])) + [
+            u32("expert_count", "num_experts"),
+            u32("expert_used_count", "num_experts_per_tok"),
+            u32("expert_feed_forward_length", "moe_intermediate_size"),
+            u32("expert_shared_feed_forward_length", "shared_expert_intermediate_size"),
+        ] + ssm_meta() + [
+            u32("full_attention_interval", "full_attention_interval"),
+            u32("nextn_predict_layers", 1),
+        ],
+        QWEN3NEXT_PARTS,
+        tensors=qwen3next_tensors,
+        extra=[mtp_layer(shift=0)],
+        read_back=qwen3next_back,
+    ),
+    "lfm2": Case(
+        "lfm2",
+        LFM2,
+        "lfm2",
+        lfm2_meta(lambda t: t != "conv", 48, []),
+        LFM2_PARTS,
+        tensors=lfm2_tensors,
+        extra=[adjusted_ffn],
+    ),
+    "lfm2moe": Case(
+        "lfm2_moe",
+        LFM2MOE,
+        "lfm2moe",
+        lfm2_meta(lambda t: t == "full_attention", "intermediate_size", [
+            u32("expert_count", "num_experts"),
+            u32("expert_used_count", "num_experts_per_tok"),
+            u32("expert_feed_forward_length", "moe_intermediate_size"),
+            u32("leading_dense_block_count", "num_dense_layers"),
+            u32("expert_gating_func", 2),
+        ]),
+        LFM2MOE_PARTS,
+        tensors=lfm2_tensors,
+    ),
+    **{
+        name: Case(c["model_type"], c, name, qwen35_meta(c), QWEN35_PARTS, tensors=qwen35_tensors,
+                   extra=[mtp_layer(shift=0)], read_back=qwen35_back, wrap="language_model.")
+        for name, c in [("qwen35", QWEN35), ("qwen35moe", QWEN35MOE)]
+    },
+}
 
 
-def qwen35_case(name, c, arch, seed):
-    model_type = c["model_type"]
-    _, model = seeded_model(model_type, c, seed)
-    nk, dk = c["linear_num_key_heads"], c["linear_key_head_dim"]
-    nv, dv = c["linear_num_value_heads"], c["linear_value_head_dim"]
-    r = nv // nk
-    qk = 2 * nk * dk
-    gguf = {}
-    for k, v in tree_flatten(model.parameters()):
-        k = k.removeprefix("language_model.")
-        layer = k.split(".")[2] if k.startswith("model.layers.") else None
-        if ".linear_attn." in k and r > 1:
-            if k.endswith("in_proj_qkv.weight"):
-                v = mx.concatenate([v[:qk], tile_v(v[qk:], 0, nk, r, dv)], axis=0)
-            elif k.endswith("in_proj_z.weight"):
-                v = tile_v(v, 0, nk, r, dv)
-            elif k.endswith(("in_proj_b.weight", "in_proj_a.weight", "A_log", "dt_bias")):
-                v = tile_v(v, 0, nk, r, 1)
-            elif k.endswith("conv1d.weight"):
-                v = mx.concatenate([v[:qk], tile_v(v[qk:], 0, nk, r, dv)], axis=0)
-            elif k.endswith("out_proj.weight"):
-                v = tile_v(v, 1, nk, r, dv)
-        if k.endswith("linear_attn.A_log"):
-            gguf[f"blk.{layer}.ssm_a"] = -mx.exp(v)
-        elif k.endswith("linear_attn.dt_bias"):
-            gguf[f"blk.{layer}.ssm_dt.bias"] = v
-        elif k.endswith("linear_attn.conv1d.weight"):
-            gguf[f"blk.{layer}.ssm_conv1d.weight"] = v.squeeze(-1)
-        else:
-            gguf[to_gguf_name(k, QWEN35_PARTS, "model.layers")] = v
-    # One MTP layer (mtp_num_hidden_layers): a full-attention layer plus its nextn.* parts.
-    n = c["num_hidden_layers"]
-    for k in [k for k in gguf if k.startswith(f"blk.{n - 1}.")]:
-        gguf[f"blk.{n}." + k.split(".", 2)[2]] = gguf[k]
-    h = c["hidden_size"]
-    gguf[f"blk.{n}.nextn.eh_proj.weight"] = mx.ones((h, 2 * h))
-    for part in ("enorm", "hnorm", "shared_head_norm"):
-        gguf[f"blk.{n}.nextn.{part}.weight"] = mx.ones((h,))
-
-    rp = c["rope_parameters"]
-    m = Meta(arch)
-    m.num("block_count", n + 1)
-    m.num("context_length", c["max_position_embeddings"])
-    m.num("embedding_length", c["hidden_size"])
-    m.num("feed_forward_length", c["intermediate_size"])
-    m.num("attention.head_count", c["num_attention_heads"])
-    m.num("attention.head_count_kv", c["num_key_value_heads"])
-    m.m[f"{arch}.rope.dimension_sections"] = mx.array(rp["mrope_section"] + [0], dtype=mx.int32)
-    m.f32("rope.freq_base", rp["rope_theta"])
-    m.f32("attention.layer_norm_rms_epsilon", c["rms_norm_eps"])
-    if c.get("num_experts"):
-        m.num("expert_count", c["num_experts"])
-        m.num("expert_used_count", c["num_experts_per_tok"])
-        m.num("expert_feed_forward_length", c["moe_intermediate_size"])
-        m.num("expert_shared_feed_forward_length", c["shared_expert_intermediate_size"])
-    m.num("attention.key_length", c["head_dim"])
-    m.num("attention.value_length", c["head_dim"])
-    m.num("ssm.conv_kernel", c["linear_conv_kernel_dim"])
-    m.num("ssm.state_size", dk)
-    m.num("ssm.group_count", nk)
-    m.num("ssm.time_step_rank", nv)
-    m.num("ssm.inner_size", dv * nv)
-    m.m[f"{arch}.attention.recurrent_layers"] = mx.array(
-        [t == "linear_attention" for t in c["layer_types"]] + [False]
-    )
-    m.num("full_attention_interval", c["full_attention_interval"])
-    m.num("rope.dimension_count", int(c["head_dim"] * rp["partial_rotary_factor"]))
-    m.num("nextn_predict_layers", 1)
-    m.m["tokenizer.ggml.model"] = "gpt2"
-    m.m["tokenizer.ggml.tokens"] = [f"t{i}" for i in range(c["vocab_size"])]
-    path = write_gguf(name, gguf, m)
-
-    # Read back into a fresh mlx-lm model, undoing each conversion.
-    loaded = mx.load(path)
-    inv = {v: k for k, v in QWEN35_PARTS.items()}
-    back = {}
-    for k, v in loaded.items():
-        if k.startswith(f"blk.{n}."):
-            continue
-        if not k.startswith("blk."):
-            module, suffix = k.rsplit(".", 1)
-            back[f"language_model.{inv[module]}.{suffix}"] = v
-            continue
-        _, layer, rest = k.split(".", 2)
-        p = f"model.layers.{layer}"
-        if rest == "ssm_a":
-            mk, v = f"{p}.linear_attn.A_log", mx.log(-v)
-        elif rest == "ssm_dt.bias":
-            mk = f"{p}.linear_attn.dt_bias"
-        elif rest == "ssm_conv1d.weight":
-            mk, v = f"{p}.linear_attn.conv1d.weight", v[..., None]
-        else:
-            module, suffix = rest.rsplit(".", 1)
-            mk = f"{p}.{inv[module]}.{suffix}"
-        if ".linear_attn." in mk and r > 1:
-            if mk.endswith(("in_proj_qkv.weight", "conv1d.weight")):
-                v = mx.concatenate([v[:qk], untile_v(v[qk:], 0, nk, r, dv)], axis=0)
-            elif mk.endswith("in_proj_z.weight"):
-                v = untile_v(v, 0, nk, r, dv)
-            elif mk.endswith(("in_proj_b.weight", "in_proj_a.weight", "A_log", "dt_bias")):
-                v = untile_v(v, 0, nk, r, 1)
-            elif mk.endswith("out_proj.weight"):
-                v = untile_v(v, 1, nk, r, dv)
-        back["language_model." + mk] = v
-    orig = dict(tree_flatten(model.parameters()))
-    assert sorted(orig) == sorted(back), (sorted(orig), sorted(back))
-    for k, v in back.items():
-        if not k.endswith("A_log"):
-            assert mx.array_equal(orig[k], v).item(), k
-    module = __import__(f"mlx_lm.models.{model_type}", fromlist=["Model"])
-    fresh = module.Model(module.ModelArgs.from_dict(c))
-    fresh.load_weights(list(back.items()), strict=True)
-    mx.eval(fresh.parameters())
-    record(fresh, name, __file__)
+# ERNIE 4.5 MoE (`ernie4_5-moe`): a dense first layer (moe_layer_start_index), then experts
+# every `moe_layer_interval`-th layer, a softmax router over f32 logits, a shared expert.
+# Ernie4_5MoeModel writes TextModel's keys, the expert counts, the interleave step, the dense
+# block count, the experts' width, the shared expert count, and as the shared expert's width
+# `intermediate_size // num_key_value_heads` (sic; mlx-lm's is moe_intermediate_size *
+# moe_num_shared_experts, which the tensors' shapes carry). The checkpoints'
+# `moe_statics.e_score_correction_bias` becomes `exp_probs_b.bias`, which llama.cpp adds to
+# the router's selection and mlx-lm's sanitize drops: the file holds one that would move the
+# choice to expert 3, and the golden is mlx-lm's (without it).
+def ernie_probs_b(c, gguf):
+    for layer in range(c["num_hidden_layers"]):
+        if layer >= c["moe_layer_start_index"] and (layer + 1) % c["moe_layer_interval"] == 0:
+            gguf[f"blk.{layer}.exp_probs_b.bias"] = mx.array([0.0, 0.0, 0.0, 10.0])
 
 
-for _name, _c, _arch in [("qwen35", QWEN35, "qwen35"), ("qwen35moe", QWEN35MOE, "qwen35moe")]:
+CASES["ernie4_5_moe"] = Case(
+    "ernie4_5_moe",
+    cfg("ernie4_5_moe", num_hidden_layers=4, head_dim=8, use_bias=False, tie_word_embeddings=False,
+        moe_num_experts=4, moe_k=2, moe_layer_start_index=1, moe_layer_interval=2,
+        moe_intermediate_size=16, moe_num_shared_experts=1),
+    "ernie4_5-moe",
+    text_model(head_dim="head_dim") + [
+        u32("expert_count", "moe_num_experts"),
+        u32("expert_used_count", "moe_k"),
+        u32("interleave_moe_layer_step", "moe_layer_interval"),
+        u32("leading_dense_block_count", "moe_layer_start_index"),
+        u32("expert_feed_forward_length", "moe_intermediate_size"),
+        u32("expert_shared_count", "moe_num_shared_experts"),
+        u32("expert_shared_feed_forward_length", lambda c: c["intermediate_size"] // c["num_key_value_heads"]),
+    ],
+    {**DEEPSEEK_MOE, **EXPERTS},
+    extra=[ernie_probs_b],
+)
+
+
+# Llama 4 (`llama4`): Llama4Model (LlamaModel's keys, Q / K not permuted: llama.cpp's llama4
+# rope is interleaved as mlx-lm's) with the MoE width as `expert_feed_forward_length`, the
+# dense layers' as `feed_forward_length`, the interleave step; Scout's rope (llama3 with
+# low = high frequency factor 1: no blended band) as `rope_freqs`. llama.cpp fixes what the
+# file does not say: chunks of 8192, every 4th layer global without rope, the attention
+# temperature (floor 8192, scale 0.1), and q/k norms unless there are 128 experts.
+# A head of 32 (16 frequencies, adjacent ones closer than 4x) puts the 8192 boundary between
+# two of them.
+def llama4_tensors(case, k, v):
+    return [(case.gguf_name(k.removeprefix("language_model.")), v)]
+
+
+CASES["llama4"] = Case(
+    "llama4",
+    {
+        "model_type": "llama4",
+        "text_config": {
+            **BASE,
+            "model_type": "llama4_text",
+            "num_hidden_layers": 4,
+            "head_dim": 32,
+            "intermediate_size": 16,
+            "intermediate_size_mlp": 64,
+            "interleave_moe_layer_step": 2,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 1,
+            "attention_bias": False,
+            "attention_chunk_size": 8192,
+            "use_qk_norm": True,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 500000.0,
+            "rope_scaling": {**LLAMA3_ROPE, "factor": 16.0, "high_freq_factor": 1.0,
+                             "original_max_position_embeddings": 8192},
+        },
+    },
+    "llama4",
+    text_model(vocab_size=True, rope_dims="head_dim", head_dim="head_dim",
+               ffn="intermediate_size_mlp") + [
+        u32("expert_count", "num_local_experts"),
+        u32("expert_used_count", "num_experts_per_tok"),
+        u32("interleave_moe_layer_step", "interleave_moe_layer_step"),
+        u32("expert_feed_forward_length", "intermediate_size"),
+    ],
+    {
+        "feed_forward.gate_proj": "ffn_gate",
+        "feed_forward.up_proj": "ffn_up",
+        "feed_forward.down_proj": "ffn_down",
+        "feed_forward.router": "ffn_gate_inp",
+        "feed_forward.experts.gate_proj": "ffn_gate_exps",
+        "feed_forward.experts.up_proj": "ffn_up_exps",
+        "feed_forward.experts.down_proj": "ffn_down_exps",
+        "feed_forward.shared_expert.gate_proj": "ffn_gate_shexp",
+        "feed_forward.shared_expert.up_proj": "ffn_up_shexp",
+        "feed_forward.shared_expert.down_proj": "ffn_down_shexp",
+    },
+    tensors=llama4_tensors,
+    extra=[llama3_rope_freqs],
+    hparams=lambda c: c["text_config"],
+)
+
+
+# Granite 4.0 H (`granitehybrid`): Mamba-2 layers between attention layers, experts with a
+# shared expert (or a dense MLP), Granite's multipliers. GraniteHybridModel writes Granite
+# MoE's keys (LlamaModel's: Q / K permuted, vocab size, rope dims; the multipliers as
+# scales; the shared expert's width), the SSM sizes, `head_count_kv` per layer (0 for a
+# Mamba layer), and `rope.scaling.finetuned` for whether attention uses rope (Granite 4.0
+# H: no, and then a context of 2**20; Bamba: yes). Mamba2Model's conversions: `A_log` as
+# `ssm_a = -exp(A_log)` and `D` as `ssm_d`, both (heads, 1); `dt_bias` as `ssm_dt.bias`;
+# the conv kernel squeezed; the gated norm's weight as (groups, inner / groups); the shared
+# expert's fused `input_linear` split into `ffn_gate_shexp` / `ffn_up_shexp` (the dense
+# variant's into `ffn_gate` / `ffn_up`). The golden is mlx-lm on the weights read back.
+GRANITEHYBRID = {
+    "model_type": "granitemoehybrid",
+    "vocab_size": 96,
+    "hidden_size": 32,
+    "intermediate_size": 16,
+    "num_hidden_layers": 4,
+    "max_position_embeddings": 256,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "attention_bias": False,
+    "embedding_multiplier": 12.0,
+    "attention_multiplier": 0.25,
+    "logits_scaling": 8.0,
+    "residual_multiplier": 0.22,
+    "layer_types": ["mamba", "attention", "mamba", "mamba"],
+    "rms_norm_eps": 1e-5,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "shared_intermediate_size": 24,
+    "mamba_n_heads": 4,
+    "mamba_d_head": 16,
+    "mamba_proj_bias": False,
+    "mamba_d_state": 8,
+    "mamba_d_conv": 4,
+    "mamba_n_groups": 2,
+    "mamba_conv_bias": True,
+    "position_embedding_type": "nope",
+    "tie_word_embeddings": True,
+}
+
+# Dense, with rope (Q / K permutation shows), tied: the converter's non-MoE path.
+GRANITEHYBRID_DENSE = {
+    **{k: v for k, v in GRANITEHYBRID.items()
+       if k not in ("num_local_experts", "num_experts_per_tok", "shared_intermediate_size")},
+    "intermediate_size": 48,
+    "layer_types": ["attention", "mamba", "attention", "mamba"],
+    "position_embedding_type": "rope",
+    "rope_theta": 10000.0,
+    "mamba_conv_bias": False,
+}
+
+GRANITEHYBRID_PARTS = {
+    "mamba.in_proj": "ssm_in",
+    "mamba.out_proj": "ssm_out",
+    "mamba.conv1d": "ssm_conv1d",
+    "mamba.norm": "ssm_norm",
+    "block_sparse_moe.router.layer": "ffn_gate_inp",
+    "block_sparse_moe.switch_mlp.gate_proj": "ffn_gate_exps",
+    "block_sparse_moe.switch_mlp.up_proj": "ffn_up_exps",
+    "block_sparse_moe.switch_mlp.down_proj": "ffn_down_exps",
+    "shared_mlp.output_linear": "ffn_down_shexp",
+}
+
+
+def granite_tensors(case, k, v):
+    c = case.config
+    layer = layer_of(k)
+    if k.endswith("mamba.A_log"):
+        return [(f"blk.{layer}.ssm_a", (-mx.exp(v))[:, None])]
+    if k.endswith("mamba.D"):
+        return [(f"blk.{layer}.ssm_d", v[:, None])]
+    if k.endswith("mamba.dt_bias"):
+        return [(f"blk.{layer}.ssm_dt.bias", v)]
+    if k.endswith("mamba.conv1d.weight"):
+        return [(f"blk.{layer}.ssm_conv1d.weight", v.squeeze(-1))]
+    if k.endswith("mamba.norm.weight"):
+        return [(f"blk.{layer}.ssm_norm.weight", v.reshape(c["mamba_n_groups"], -1))]
+    if k.endswith("shared_mlp.input_linear.weight"):
+        gate, up = mx.split(v, 2, axis=0)
+        return [(f"blk.{layer}.ffn_gate_shexp.weight", gate), (f"blk.{layer}.ffn_up_shexp.weight", up)]
+    return [(case.gguf_name(k), v)]
+
+
+def granite_back(case, p, rest, v, loaded):
+    c = case.config
+    if rest == "ssm_a":
+        return f"{p}.mamba.A_log", mx.log(-v).reshape(-1)
+    if rest == "ssm_d":
+        return f"{p}.mamba.D", v.reshape(-1)
+    if rest == "ssm_dt.bias":
+        return f"{p}.mamba.dt_bias", v
+    if rest == "ssm_conv1d.weight":
+        return f"{p}.mamba.conv1d.weight", v[..., None]
+    if rest == "ssm_norm.weight":
+        return f"{p}.mamba.norm.weight", v.reshape(-1)
+    if rest == "ffn_gate_shexp.weight":
+        return None
+    if rest == "ffn_up_shexp.weight":
+        gate = loaded[f"blk.{p.split('.')[2]}.ffn_gate_shexp.weight"]
+        return f"{p}.shared_mlp.input_linear.weight", mx.concatenate([gate, v], axis=0)
+    if rest in ("attn_q.weight", "attn_k.weight"):
+        v = unpermute(v, c["num_attention_heads" if rest == "attn_q.weight" else "num_key_value_heads"])
+    module, suffix = rest.rsplit(".", 1)
+    return f"{p}.{case.inverse[module]}.{suffix}", v
+
+
+def granite_meta(c):
+    moe = "num_local_experts" in c
+    rope = c["position_embedding_type"] != "nope"
+    return [
+        u32("block_count", "num_hidden_layers"),
+        u32("context_length", "max_position_embeddings" if rope else 2**20),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv",
+            lambda c: [c["num_key_value_heads"] if t == "attention" else 0 for t in c["layer_types"]]),
+        f32("rope.freq_base", lambda c: c.get("rope_theta", 10000.0)),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+    ] + ([u32("expert_count", "num_local_experts"), u32("expert_used_count", "num_experts_per_tok")]
+         if moe else []) + [
+        u32("vocab_size", "vocab_size"),
+        u32("rope.dimension_count", head_size),
+        f32("attention.scale", "attention_multiplier"),
+        f32("embedding_scale", "embedding_multiplier"),
+        f32("residual_scale", "residual_multiplier"),
+        f32("logit_scale", "logits_scaling"),
+    ] + ([u32("expert_shared_feed_forward_length", "shared_intermediate_size")] if moe else []) + [
+        u32("ssm.conv_kernel", "mamba_d_conv"),
+        u32("ssm.state_size", "mamba_d_state"),
+        u32("ssm.group_count", "mamba_n_groups"),
+        u32("ssm.inner_size", lambda c: c["mamba_n_heads"] * c["mamba_d_head"]),
+        u32("ssm.time_step_rank", "mamba_n_heads"),
+        flag("rope.scaling.finetuned", rope),
+    ] + GPT2
+
+
+for _name, _c in [("granitehybrid", GRANITEHYBRID), ("granitehybrid_dense", GRANITEHYBRID_DENSE)]:
+    CASES[_name] = Case(_c["model_type"], _c, "granitehybrid", granite_meta(_c), GRANITEHYBRID_PARTS,
+                        permute_qk=True, tensors=granite_tensors, read_back=granite_back)
+
+
+# Gemma 3n's and Gemma 4's names beyond llama's: the sandwich norms and the per-layer inputs.
+GEMMA_PER_LAYER = {
+        "post_attention_layernorm": "post_attention_norm",
+        "pre_feedforward_layernorm": "ffn_norm",
+        "post_feedforward_layernorm": "post_ffw_norm",
+        "model.embed_tokens_per_layer": "per_layer_token_embd",
+        "model.per_layer_model_projection": "per_layer_model_proj",
+        "model.per_layer_projection_norm": "per_layer_proj_norm",
+        "per_layer_input_gate": "inp_gate",
+        "per_layer_projection": "proj",
+        "post_per_layer_input_norm": "post_norm",
+}
+
+
+# Gemma 4 (`gemma4`, the dense E2B / E4B kind): sliding and full layers with their own head
+# sizes, per-layer inputs, KV shared by the last layers, double-wide MLPs there, a layer
+# scalar. Gemma4Model writes Gemma 3's keys (norms as they are: no `1 + w` in Gemma 4), the
+# full layers' head size as key / value length and the sliding ones' as `*_swa`, the shared
+# KV layer count, the per-layer input width, the pattern as a per-layer flag list, the
+# feed-forward width per layer (doubled on the shared-KV layers), the rope dims of each kind
+# and both rope bases; the full layers' proportional rope (a quarter of the head rotated) as
+# `rope_freqs`: 1 for each rotated frequency, 1e30 for the others. `layer_scalar` becomes
+# `layer_output_scale.weight`.
+GEMMA4 = {
+    "model_type": "gemma4_text",
+    "hidden_size": 32,
+    "num_hidden_layers": 5,
+    "intermediate_size": 32,
+    "num_attention_heads": 4,
+    "head_dim": 8,
+    "global_head_dim": 16,
+    "rms_norm_eps": 1e-6,
+    "vocab_size": 96,
+    "vocab_size_per_layer_input": 96,
+    "num_key_value_heads": 2,
+    "num_kv_shared_layers": 2,
+    "hidden_size_per_layer_input": 8,
+    "sliding_window": 4,
+    "layer_types": ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention",
+                    "full_attention"],
+    "max_position_embeddings": 256,
+    "final_logit_softcapping": 30.0,
+    "use_double_wide_mlp": True,
+    "tie_word_embeddings": True,
+    "rope_parameters": {
+        "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0, "rope_type": "proportional"},
+        "sliding_attention": {"partial_rotary_factor": 1.0, "rope_theta": 10000.0, "rope_type": "default"},
+    },
+}
+
+
+def gemma4_tensors(case, k, v):
+    if k.endswith(".layer_scalar"):
+        return [(f"blk.{layer_of(k)}.layer_output_scale.weight", v)]
+    return [(case.gguf_name(k), v)]
+
+
+def gemma4_rope_freqs(c, gguf):
+    """Gemma4Model.generate_extra_tensors."""
+    hd = c["global_head_dim"]
+    n_rot = int(hd * c["rope_parameters"]["full_attention"]["partial_rotary_factor"] / 2)
+    gguf["rope_freqs.weight"] = mx.array([1.0] * n_rot + [1e30] * (hd // 2 - n_rot), dtype=mx.float32)
+
+
+def gemma4_ffn(c):
+    first_shared = c["num_hidden_layers"] - c["num_kv_shared_layers"]
+    n = c["intermediate_size"]
+    return [n if i < first_shared else 2 * n for i in range(c["num_hidden_layers"])]
+
+
+def gemma4_rope(kind, field):
+    return lambda c: c["rope_parameters"][kind][field]
+
+
+CASES["gemma4"] = Case(
+    "gemma4_text",
+    GEMMA4,
+    "gemma4",
+    [
+        u32("block_count", "num_hidden_layers"),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", gemma4_ffn),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv", "num_key_value_heads"),
+        f32("rope.freq_base", gemma4_rope("full_attention", "rope_theta")),
+        f32("rope.freq_base_swa", gemma4_rope("sliding_attention", "rope_theta")),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+        u32("attention.key_length", "global_head_dim"),
+        u32("attention.value_length", "global_head_dim"),
+        f32("final_logit_softcapping", "final_logit_softcapping"),
+        u32("attention.sliding_window", "sliding_window"),
+        u32("attention.shared_kv_layers", "num_kv_shared_layers"),
+        u32("embedding_length_per_layer_input", "hidden_size_per_layer_input"),
+        arr("attention.sliding_window_pattern",
+            lambda c: mx.array([t == "sliding_attention" for t in c["layer_types"]])),
+        u32("attention.key_length_swa", "head_dim"),
+        u32("attention.value_length_swa", "head_dim"),
+        u32("rope.dimension_count", "global_head_dim"),
+        u32("rope.dimension_count_swa", lambda c: int(c["head_dim"] * c["rope_parameters"]["sliding_attention"]["partial_rotary_factor"])),
+    ] + tokenizer("gemma4"),
+    {
+        **GEMMA_PER_LAYER,
+    },
+    tensors=gemma4_tensors,
+    extra=[gemma4_rope_freqs],
+)
+
+
+# Gemma 3n (`gemma3n`, its text model): AltUp (four streams, their projections stacked by the
+# converter into `altup_proj` / `altup_unembd_proj`), Laurel, per-layer inputs, KV shared
+# by the last layers, Gaussian top-k activation sparsity. Gemma3NModel writes Gemma 3's keys
+# (norms as they are), the AltUp sizes, the per-layer input width, the shared KV layer count,
+# the pattern as per-layer flags, and the sparsity as `activation_sparsity_scale`: the
+# standard normal's quantile of each layer's value (torch float32: -inf for 0; mx here).
+# `correct_output_scale` becomes `altup_correct_scale.weight`. The file has no
+# `altup_coef_clip` (llama.cpp does not clip): the seeded coefficients are far inside 120.
+GEMMA3N_TEXT = {
+    "model_type": "gemma3n_text",
+    "hidden_size": 32,
+    "num_hidden_layers": 4,
+    "intermediate_size": 64,
+    "num_attention_heads": 4,
+    "head_dim": 8,
+    "rms_norm_eps": 1e-6,
+    "vocab_size": 96,
+    "num_key_value_heads": 2,
+    "num_kv_shared_layers": 2,
+    "vocab_size_per_layer_input": 96,
+    "sliding_window": 4,
+    "max_position_embeddings": 256,
+    "rope_local_base_freq": 10000.0,
+    "rope_theta": 1000000.0,
+    "final_logit_softcapping": 30.0,
+    "layer_types": ["sliding_attention", "full_attention"] * 2,
+    "activation_sparsity_pattern": [0.95, 0.95, 0.0, 0.0],
+    "hidden_size_per_layer_input": 8,
+    "altup_num_inputs": 4,
+    "altup_coef_clip": 120.0,
+    "altup_correct_scale": True,
+    "altup_active_idx": 0,
+    "laurel_rank": 4,
+}
+
+
+def gemma3n_tensors(case, k, v):
+    k = k.removeprefix("model.language_model.")
+    if k.endswith(".altup.correct_output_scale"):
+        return [(f"blk.{k.split('.')[1]}.altup_correct_scale.weight", v)]
+    for stack, name in [("altup_projections", "altup_proj"), ("altup_unembed_projections", "altup_unembd_proj")]:
+        if k.startswith(stack + "."):
+            # Gemma3NModel stacks the three projections (0, 1, 2) into one tensor.
+            case.stacks.setdefault(name, {})[int(k.split(".")[1])] = v
+            if len(case.stacks[name]) < 3:
+                return []
+            return [(f"{name}.weight", mx.stack([case.stacks[name][i] for i in range(3)]))]
+    return [(case.gguf_name("model." + k), v)]
+
+
+def gemma3n_meta():
+    rope_theta = lambda c: c["rope_theta"]  # noqa: E731
+    return [
+        u32("block_count", "num_hidden_layers"),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv", "num_key_value_heads"),
+        f32("rope.freq_base", rope_theta),
+        f32("rope.freq_base_swa", "rope_local_base_freq"),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+        u32("attention.key_length", "head_dim"),
+        u32("attention.value_length", "head_dim"),
+        f32("final_logit_softcapping", "final_logit_softcapping"),
+        u32("attention.sliding_window", "sliding_window"),
+        u32("altup.active_idx", "altup_active_idx"),
+        u32("altup.num_inputs", "altup_num_inputs"),
+        u32("embedding_length_per_layer_input", "hidden_size_per_layer_input"),
+        u32("attention.shared_kv_layers", "num_kv_shared_layers"),
+        arr("activation_sparsity_scale", lambda c: mx.sqrt(mx.array(2.0)) * mx.erfinv(
+            2 * mx.array(c["activation_sparsity_pattern"], dtype=mx.float32) - 1)),
+        arr("attention.sliding_window_pattern",
+            lambda c: mx.array([t == "sliding_attention" for t in c["layer_types"]])),
+    ] + SPM
+
+
+CASES["gemma3n"] = Case(
+    "gemma3n",
+    {"model_type": "gemma3n", "text_config": GEMMA3N_TEXT},
+    "gemma3n",
+    gemma3n_meta(),
+    {
+        **GEMMA_PER_LAYER,
+        "altup.correction_coefs": "altup_correct_coef",
+        "altup.prediction_coefs": "altup_predict_coef",
+        "altup.modality_router": "altup_router",
+        "altup.router_norm": "altup_router_norm",
+        "laurel.linear_left": "laurel_l",
+        "laurel.linear_right": "laurel_r",
+        "laurel.post_laurel_norm": "laurel_post_norm",
+    },
+    tensors=gemma3n_tensors,
+    hparams=lambda c: c["text_config"],
+)
+CASES["gemma3n"].stacks = {}
+
+
+# RWKV-7 (`rwkv7`, fla-hub's layout as mlx-lm reads it): Rwkv7Model's filter renames
+# (`attn` -> `attention`, `ffn` -> `feed_forward`, `ffn_norm` -> `ln2`, `g_norm` -> `ln_x`,
+# `*_lora.lora.0/2.weight` -> `*1` / `*2`, `*_lora.lora.2.bias` -> `*0`), the six token-shift
+# mixes stacked into `time_mix_lerp_fused` (r, w, k, v, a, g), every other tensor squeezed
+# (`k_k`, `k_a`, `ln_x` are flat in the checkpoint, which mlx-lm's sanitize reshapes per
+# head), `r_k` flattened, and layer 0's missing value-residual LoRA written as copies of its
+# `a` LoRA. Metadata: the LayerNorm epsilon, the head size, the four LoRA ranks, the width,
+# a context of 2**20 and a head count of 0.
+RWKV7 = {
+    "model_type": "rwkv7",
+    "vocab_size": 96,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "norm_eps": 1e-5,
+    "head_dim": 8,
+    "num_hidden_layers": 2,
+    "a_low_rank_dim": 8,
+    "v_low_rank_dim": 4,
+    "gate_low_rank_dim": 12,
+    "decay_low_rank_dim": 8,
+    "tie_word_embeddings": False,
+}
+
+RWKV7_PARTS = {
+    "model.embeddings": "token_embd",
+    "attn_norm": "attn_norm",
+    "ffn_norm": "attn_norm_2",
+    "attn.r_proj": "time_mix_receptance",
+    "attn.k_proj": "time_mix_key",
+    "attn.v_proj": "time_mix_value",
+    "attn.o_proj": "time_mix_output",
+    "attn.g_norm": "time_mix_ln",
+    "ffn.key": "channel_mix_key",
+    "ffn.value": "channel_mix_value",
+}
+
+
+def rwkv7_tensors(case, k, v):
+    layer = layer_of(k)
+    if k.startswith("model.layers.0.pre_norm."):
+        return [(f"token_embd_norm.{k.rsplit('.', 1)[1]}", v)]
+    if ".attn.x_" in k:
+        mixes = case.stacks.setdefault(layer, {})
+        mixes[k.rsplit("_", 1)[1]] = v
+        if len(mixes) < 6:
+            return []
+        return [(f"blk.{layer}.time_mix_lerp_fused.weight", mx.stack([mixes[x] for x in "rwkvag"]))]
+    if ".attn." in k and "_lora.lora." in k:
+        which = k.split(".attn.")[1][0]
+        tail = k.split("_lora.lora.")[1]
+        n = {"0.weight": "1", "2.weight": "2", "2.bias": "0"}[tail]
+        out = [(f"blk.{layer}.time_mix_{which}{n}.weight", v)]
+        if layer == "0" and which == "a":
+            out.append((f"blk.{layer}.time_mix_v{n}.weight", v))
+        return out
+    if k.endswith((".attn.k_k", ".attn.k_a", ".attn.r_k")):
+        return [(f"blk.{layer}.time_mix_{k.rsplit('.', 1)[1]}.weight", v.reshape(-1))]
+    if k.endswith(".attn.g_norm.weight") or k.endswith(".attn.g_norm.bias"):
+        return [(f"blk.{layer}.time_mix_ln.{k.rsplit('.', 1)[1]}", v.reshape(-1))]
+    if k.endswith(".ffn.x_k"):
+        return [(f"blk.{layer}.channel_mix_lerp_k.weight", v.reshape(-1))]
+    return [(case.gguf_name(k), v)]
+
+
+CASES["rwkv7"] = Case(
+    "rwkv7",
+    RWKV7,
+    "rwkv7",
+    [
+        u32("context_length", 1048576),
+        u32("embedding_length", "hidden_size"),
+        u32("block_count", "num_hidden_layers"),
+        f32("attention.layer_norm_epsilon", "norm_eps"),
+        u32("wkv.head_size", "head_dim"),
+        u32("attention.decay_lora_rank", "decay_low_rank_dim"),
+        u32("attention.iclr_lora_rank", "a_low_rank_dim"),
+        u32("attention.value_residual_mix_lora_rank", "v_low_rank_dim"),
+        u32("attention.gate_lora_rank", "gate_low_rank_dim"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", 0),
+    ] + tokenizer("rwkv"),
+    RWKV7_PARTS,
+    tensors=rwkv7_tensors,
+)
+CASES["rwkv7"].stacks = {}
+
+
+ONLY = only()
+for _name, _case in CASES.items():
     if not ONLY or _name in ONLY:
-        qwen35_case(_name, _c, _arch, seed_of(_name))
+        write_case(_name, _case)
