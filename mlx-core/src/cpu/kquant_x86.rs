@@ -9,7 +9,7 @@ use std::arch::x86_64::*;
 
 use super::kquant::GgmlType;
 use super::matmul::Floats;
-use super::x86::hsum;
+use super::x86::{hsum, prefetch, prefetch_rows};
 use super::SharedOut;
 
 #[inline]
@@ -368,12 +368,17 @@ struct Args<'a> {
 
 /// The row loop every kernel shares: rows `r0..r1` of `a`, the inputs four at a time through
 /// `$k::<$U, MT>(U::default(), row, args...)` (`$row`, `$t0`: the names the arguments may use
-/// for the row's bytes and the first input of the pass), each result plus the bias.
+/// for the row's bytes and the first input of the pass), each result plus the bias; the
+/// row [`prefetch_rows`] ahead prefetched.
 macro_rules! row_loop {
     ($a:ident, $r0:ident, $r1:ident, $U:ty, |$row:ident, $t0:ident| $k:ident($($arg:expr),* $(,)?)) => {{
+        let ahead = prefetch_rows($a.rb);
         for r in $r0..$r1 {
             let bv = $a.bias.map_or(0.0, |b| b.get(r));
             let $row = $a.data.add(r * $a.rb);
+            if ahead > 0 && r + ahead < $a.n {
+                prefetch($row.wrapping_add(ahead * $a.rb), $a.rb);
+            }
             let mut $t0 = 0;
             while $t0 < $a.m {
                 let mut res = [0f32; 4];
