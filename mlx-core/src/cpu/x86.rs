@@ -1359,7 +1359,10 @@ unsafe fn attend_part_g<E: Load8, const G: usize>(
             // This block's values (read after its scores) and the next block's keys, on
             // their way while the scores are computed (see `PREFETCH_BYTES`).
             prefetch(v.add(p0 * hd) as *const u8, c * row);
-            prefetch(k.wrapping_add((p0 + c) * hd) as *const u8, (n - p0 - c).min(ATT_BLOCK) * row);
+            prefetch(
+                k.wrapping_add((p0 + c) * hd) as *const u8,
+                (n - p0 - c).min(ATT_BLOCK) * row,
+            );
             let mut cmax = [f32::NEG_INFINITY; G];
             for j in 0..c {
                 let kp = k.add((p0 + j) * hd);
