@@ -1850,7 +1850,7 @@ unsafe fn rows_int16_512_m<const MT: usize>(
 /// decode step's products are small (a few hundred KB each) and split into blocks of rows
 /// that the workers take in turn, so the hardware prefetchers, which stop at every 4 KB
 /// page, keep too few lines in flight: without it the kernels streamed from memory at a
-/// third to a half of what a plain read of the same bytes reaches on this machine
+/// fifth to a third of what a plain read of the same bytes reaches on this machine
 /// (`cpu_matvec step`; results/bench/2026-12-04-s23-cpu-decode/).
 pub(super) const PREFETCH_BYTES: usize = 4096;
 
