@@ -58,6 +58,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if std::env::args().nth(1).as_deref() == Some("kgemm") {
         return kgemm();
     }
+    if std::env::args().nth(1).as_deref() == Some("step") {
+        return step();
+    }
     let act = match std::env::args().nth(1).as_deref() {
         Some("f32") => Activations::F32,
         Some("int8") => Activations::Int8,
@@ -213,6 +216,305 @@ fn dispatch() -> Result<(), Box<dyn std::error::Error>> {
         steps[steps.len() / 2] as f64 / 151e3,
         steps[0] as f64 / 1e3
     );
+    Ok(())
+}
+
+/// Weight words, scales, biases, rows, columns, bits.
+type Store = (Vec<u32>, Vec<f16>, Vec<f16>, usize, usize, u32);
+
+/// A synthetic SmolLM2-135M decode step (Q4_1 layers as 4-bit affine with half factors, the
+/// tied Q8_0 head as 8-bit, every layer its own memory, 97 MB a step), its products through
+/// `matmul_t_each` as the CPU decoder runs them (q/k/v one run, o, gate/up one run, down,
+/// head) and `attention_f16` at a depth, under `Int16Q8Int8`: median ms per part over the
+/// steps, and the same step with one layer's weights reused 30 times (`hot`: from cache, so
+/// what is left is compute and hand-offs). Beside it, a 2-thread read of the same bytes (the
+/// bandwidth bound). `cpu_matvec step [THREADS] [DEPTH] [STEPS]`.
+fn step() -> Result<(), Box<dyn std::error::Error>> {
+    let threads: usize = std::env::args().nth(2).map_or(Ok(0), |s| s.parse())?;
+    let depth: usize = std::env::args().nth(3).map_or(Ok(600), |s| s.parse())?;
+    let nsteps: usize = std::env::args().nth(4).map_or(Ok(60), |s| s.parse())?;
+    let mut ctx = CpuContext::new(threads)?;
+    ctx.activations = Activations::Int16Q8Int8;
+    let (hid, inter, qd, kd, layers, vocab) =
+        (576usize, 1536usize, 576usize, 192usize, 30usize, 49152usize);
+    let (nh, nkv, hd) = (9usize, 3usize, 64usize);
+    let mut rng = Lcg(5);
+    let mut mk = |rows: usize, cols: usize, bits: usize| -> Store {
+        let words: Vec<u32> = (0..rows * cols * bits / 32).map(|_| rng.next()).collect();
+        let g = rows * cols / 32;
+        let s: Vec<f16> = (0..g).map(|_| f16::from_f32(rng.unit() * 0.1)).collect();
+        let b: Vec<f16> = (0..g).map(|_| f16::from_f32(rng.unit() * 0.1)).collect();
+        (words, s, b, rows, cols, bits as u32)
+    };
+    // q, k, v, o, gate, up, down per layer.
+    let stores: Vec<[Store; 7]> = (0..layers)
+        .map(|_| {
+            [
+                mk(qd, hid, 4),
+                mk(kd, hid, 4),
+                mk(kd, hid, 4),
+                mk(hid, qd, 4),
+                mk(inter, hid, 4),
+                mk(inter, hid, 4),
+                mk(hid, inter, 4),
+            ]
+        })
+        .collect();
+    let head_store = mk(vocab, hid, 8);
+    fn mat(s: &Store) -> Matrix<'_> {
+        Matrix::affine(
+            &s.0,
+            Floats::F16(&s.1),
+            Floats::F16(&s.2),
+            s.3,
+            s.4,
+            s.5,
+            32,
+        )
+        .unwrap()
+    }
+    let mats: Vec<Vec<Matrix<'_>>> = stores.iter().map(|l| l.iter().map(mat).collect()).collect();
+    let head = mat(&head_store);
+    let bytes: usize = stores
+        .iter()
+        .flat_map(|l| l.iter())
+        .chain(std::iter::once(&head_store))
+        .map(|s| s.0.len() * 4 + s.1.len() * 4)
+        .sum();
+    let cap = depth + 1;
+    let caches: Vec<(Vec<f16>, Vec<f16>)> = (0..layers)
+        .map(|_| {
+            let mut f = || {
+                (0..nkv * cap * hd)
+                    .map(|_| f16::from_f32(rng.unit()))
+                    .collect::<Vec<f16>>()
+            };
+            (f(), f())
+        })
+        .collect();
+    let kv_bytes = layers * 2 * nkv * cap * hd * 2;
+    let shape = mlx_core::cpu::AttentionShape {
+        n_heads: nh,
+        n_kv_heads: nkv,
+        head_dim: hd,
+        capacity: cap,
+    };
+    let x: Vec<f32> = (0..inter).map(|_| rng.unit()).collect();
+    let (mut q, mut k, mut v) = (vec![0f32; qd], vec![0f32; kd], vec![0f32; kd]);
+    let mut att = vec![0f32; qd];
+    let (mut o, mut g, mut u) = (vec![0f32; hid], vec![0f32; inter], vec![0f32; inter]);
+    let mut logits = vec![0f32; vocab];
+    let mut scratch = RowsScratch::default();
+    if std::env::var("STEP_MATS").is_ok() {
+        // Each matrix kind alone over the 30 layers (cold), one call a layer.
+        let names = ["q", "k", "v", "o", "gate", "up", "down"];
+        for (j, name) in names.iter().enumerate() {
+            let mut best = u64::MAX;
+            let mut meds = Vec::new();
+            for _ in 0..20 {
+                let t0 = std::time::Instant::now();
+                for m in &mats {
+                    let w = &m[j];
+                    let mut out = vec![0f32; w.rows()];
+                    let xin = &x[..w.cols()];
+                    matmul_t_each(
+                        &ctx,
+                        xin,
+                        1,
+                        &mut [MatJob {
+                            w,
+                            bias: None,
+                            out: &mut out,
+                        }],
+                        &mut scratch,
+                    )?;
+                }
+                let e = t0.elapsed().as_nanos() as u64;
+                best = best.min(e);
+                meds.push(e);
+            }
+            meds.sort_unstable();
+            let b: usize = stores
+                .iter()
+                .map(|l| l[j].0.len() * 4 + l[j].1.len() * 4)
+                .sum();
+            println!(
+                "{name:<5} x30: fastest {:.3} ms ({:.1} GB/s), median {:.3} ms",
+                best as f64 / 1e6,
+                b as f64 / best as f64,
+                meds[10] as f64 / 1e6
+            );
+        }
+    }
+    const PARTS: [&str; 7] = ["qkv", "attention", "o", "gate_up", "down", "head", "all"];
+    let mut run = |hot: bool, att_on: bool| -> Result<Vec<Vec<u64>>, Box<dyn std::error::Error>> {
+        let mut t = vec![Vec::new(); PARTS.len()];
+        for _ in 0..nsteps {
+            let mut part = [0u64; 7];
+            let t0 = std::time::Instant::now();
+            let mut last = t0;
+            let mut lap = |i: usize, part: &mut [u64; 7]| {
+                let now = std::time::Instant::now();
+                part[i] += (now - last).as_nanos() as u64;
+                last = now;
+            };
+            for li in 0..layers {
+                let m = &mats[if hot { 0 } else { li }];
+                let h = &x[..hid];
+                let mut jobs = [
+                    MatJob {
+                        w: &m[0],
+                        bias: None,
+                        out: &mut q,
+                    },
+                    MatJob {
+                        w: &m[1],
+                        bias: None,
+                        out: &mut k,
+                    },
+                    MatJob {
+                        w: &m[2],
+                        bias: None,
+                        out: &mut v,
+                    },
+                ];
+                matmul_t_each(&ctx, h, 1, &mut jobs, &mut scratch)?;
+                lap(0, &mut part);
+                if att_on {
+                    let (kc, vc) = &caches[if hot { 0 } else { li }];
+                    mlx_core::cpu::attention_f16(
+                        &ctx, shape, &q, kc, vc, depth, 1, 0.125, &mut att,
+                    )?;
+                }
+                lap(1, &mut part);
+                matmul_t_each(
+                    &ctx,
+                    &att,
+                    1,
+                    &mut [MatJob {
+                        w: &m[3],
+                        bias: None,
+                        out: &mut o,
+                    }],
+                    &mut scratch,
+                )?;
+                lap(2, &mut part);
+                let mut jobs = [
+                    MatJob {
+                        w: &m[4],
+                        bias: None,
+                        out: &mut g,
+                    },
+                    MatJob {
+                        w: &m[5],
+                        bias: None,
+                        out: &mut u,
+                    },
+                ];
+                matmul_t_each(&ctx, h, 1, &mut jobs, &mut scratch)?;
+                lap(3, &mut part);
+                matmul_t_each(
+                    &ctx,
+                    &x,
+                    1,
+                    &mut [MatJob {
+                        w: &m[6],
+                        bias: None,
+                        out: &mut o,
+                    }],
+                    &mut scratch,
+                )?;
+                lap(4, &mut part);
+            }
+            if !hot {
+                matmul_t_each(
+                    &ctx,
+                    &x[..hid],
+                    1,
+                    &mut [MatJob {
+                        w: &head,
+                        bias: None,
+                        out: &mut logits,
+                    }],
+                    &mut scratch,
+                )?;
+            }
+            lap(5, &mut part);
+            part[6] = t0.elapsed().as_nanos() as u64;
+            for (a, b) in t.iter_mut().zip(part) {
+                a.push(b);
+            }
+        }
+        for a in t.iter_mut() {
+            a.sort_unstable();
+        }
+        Ok(t)
+    };
+    let med = |v: &Vec<u64>| v[v.len() / 2] as f64 / 1e6;
+    for round in 0..2 {
+        for (name, hot, att_on) in [
+            ("cold", false, true),
+            ("cold-noattn", false, false),
+            ("hot", true, true),
+        ] {
+            let t = run(hot, att_on)?;
+            let mut line = format!(
+                "round {round} {name:<12} {} threads depth {depth}:",
+                ctx.pool.threads()
+            );
+            for (i, p) in PARTS.iter().enumerate() {
+                line += &format!(" {p} {:.3}", med(&t[i]));
+            }
+            let all = med(&t[6]);
+            line += &format!(" (fastest {:.3})", t[6][0] as f64 / 1e6);
+            if !hot {
+                let b = bytes + if att_on { kv_bytes } else { 0 };
+                line += &format!(
+                    " ms | {:.1} tok/s, {:.1} GB/s",
+                    1e3 / all,
+                    b as f64 / all / 1e6
+                );
+            }
+            println!("{line}");
+        }
+        // The bandwidth bound: every worker sums its half of the weight words, statically split.
+        let all: Vec<&[u32]> = stores
+            .iter()
+            .flat_map(|l| l.iter())
+            .chain(std::iter::once(&head_store))
+            .map(|s| &s.0[..])
+            .collect();
+        let mut best = Vec::new();
+        for _ in 0..20 {
+            let t0 = std::time::Instant::now();
+            let acc = std::sync::atomic::AtomicU64::new(0);
+            ctx.pool.run(&|w, n| {
+                let mut s = 0u64;
+                for a in &all {
+                    let per = a.len().div_ceil(n);
+                    let part = &a[(w * per).min(a.len())..((w + 1) * per).min(a.len())];
+                    let mut l = [0u32; 16];
+                    for c in part.chunks_exact(16) {
+                        for (x, y) in l.iter_mut().zip(c) {
+                            *x = x.wrapping_add(*y);
+                        }
+                    }
+                    s += l.iter().map(|&v| v as u64).sum::<u64>();
+                }
+                acc.fetch_add(s, std::sync::atomic::Ordering::Relaxed);
+            });
+            std::hint::black_box(acc.load(std::sync::atomic::Ordering::Relaxed));
+            best.push(t0.elapsed().as_nanos() as u64);
+        }
+        best.sort_unstable();
+        let words: usize = all.iter().map(|a| a.len() * 4).sum();
+        println!(
+            "round {round} read of the {:.1} MB of weight words: median {:.3} ms, {:.1} GB/s",
+            words as f64 / 1e6,
+            best[10] as f64 / 1e6,
+            words as f64 / best[10] as f64
+        );
+    }
     Ok(())
 }
 

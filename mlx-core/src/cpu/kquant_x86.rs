@@ -9,7 +9,7 @@ use std::arch::x86_64::*;
 
 use super::kquant::GgmlType;
 use super::matmul::Floats;
-use super::x86::hsum;
+use super::x86::{hsum, prefetch, prefetch_rows};
 use super::SharedOut;
 
 #[inline]
@@ -273,55 +273,10 @@ impl Unpack for Q6K {
     }
 }
 
-/// `MT` inputs' dot products with one row of `chunks` chunks.
-///
-/// # Safety
-/// AVX2, FMA and F16C; `row` holds `chunks` chunks of `U`'s type, `q` `MT * chunks * 32`
-/// codes, `d` and `s` `MT * chunks` floats.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn kernel<U: Unpack, const MT: usize>(
-    mut u: U,
-    row: *const u8,
-    q: *const i8,
-    d: *const f32,
-    s: *const f32,
-    chunks: usize,
-) -> [f32; MT] {
-    let mut acc = [_mm256_setzero_ps(); MT];
-    let mut mins = [0f32; MT];
-    // SAFETY: within the ranges of the contract.
-    unsafe {
-        for c in 0..chunks {
-            let (w, sc, f, b) = u.chunk(row, c);
-            let aw = _mm256_sign_epi8(w, w);
-            for t in 0..MT {
-                let i = t * chunks + c;
-                let x = _mm256_loadu_si256(q.add(i * 32) as *const __m256i);
-                let p = if U::SIGNED {
-                    _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w))
-                } else {
-                    _mm256_maddubs_epi16(w, x)
-                };
-                let v = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, sc));
-                acc[t] = _mm256_fmadd_ps(v, _mm256_set1_ps(f * *d.add(i)), acc[t]);
-                if U::MINS {
-                    mins[t] -= b * *s.add(i);
-                }
-            }
-        }
-        let mut out = [0f32; MT];
-        for t in 0..MT {
-            out[t] = hsum(acc[t]) + mins[t];
-        }
-        out
-    }
-}
-
 /// A call's inputs as the kernels read them.
 #[derive(Clone, Copy)]
 pub(super) enum Inputs<'a> {
-    /// Int8 per 32 values (`q`, scales `d`, float sums `s`, `n4`: see [`kernel512`]).
+    /// Int8 per 32 values (`q`, scales `d`, float sums `s`, `n4`: see `v512::kernel8`).
     Int8 {
         q: &'a [i8],
         d: &'a [f32],
@@ -413,12 +368,17 @@ struct Args<'a> {
 
 /// The row loop every kernel shares: rows `r0..r1` of `a`, the inputs four at a time through
 /// `$k::<$U, MT>(U::default(), row, args...)` (`$row`, `$t0`: the names the arguments may use
-/// for the row's bytes and the first input of the pass), each result plus the bias.
+/// for the row's bytes and the first input of the pass), each result plus the bias; the
+/// row [`prefetch_rows`] ahead prefetched.
 macro_rules! row_loop {
     ($a:ident, $r0:ident, $r1:ident, $U:ty, |$row:ident, $t0:ident| $k:ident($($arg:expr),* $(,)?)) => {{
+        let ahead = prefetch_rows($a.rb);
         for r in $r0..$r1 {
             let bv = $a.bias.map_or(0.0, |b| b.get(r));
             let $row = $a.data.add(r * $a.rb);
+            if ahead > 0 && r + ahead < $a.n {
+                prefetch($row.wrapping_add(ahead * $a.rb), $a.rb);
+            }
             let mut $t0 = 0;
             while $t0 < $a.m {
                 let mut res = [0f32; 4];
@@ -438,366 +398,463 @@ macro_rules! row_loop {
     }};
 }
 
-/// [`rows`] for one type: by the inputs' kind, the AVX-512 kernel where `wide` (and, for
-/// int8 inputs, the chunks pair up and the type has one scale a chunk), else the AVX2 one.
+/// [`rows`] for one type: the AVX-512 kernels where `wide` (for int8 inputs only where the
+/// chunks pair up and the type has one scale a chunk), else the AVX2 ones.
 ///
 /// # Safety
 /// As [`rows`].
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn rows_w<U: Unpack + Default>(a: &Args<'_>, r0: usize, r1: usize, wide: bool) {
-    // SAFETY: the caller's contract.
+    let wide = wide
+        && match a.inputs {
+            Inputs::Int8 { .. } => a.chunks % 2 == 0 && U::ONE_SCALE,
+            Inputs::F32 { .. } | Inputs::Int16 { .. } => true,
+        };
+    // SAFETY: the caller's contract (AVX-512 F/BW/VL + VNNI where `wide`).
     unsafe {
-        match a.inputs {
-            Inputs::F32 { .. } if wide => rows_512::<U>(a, r0, r1),
-            Inputs::Int16 { .. } if wide => rows_512::<U>(a, r0, r1),
-            Inputs::Int8 { .. } if wide && a.chunks % 2 == 0 && U::ONE_SCALE => {
-                rows_512::<U>(a, r0, r1)
-            }
-            _ => rows_256::<U>(a, r0, r1),
+        if wide {
+            v512::rows::<U>(a, r0, r1)
+        } else {
+            v256::rows::<U>(a, r0, r1)
         }
     }
 }
 
-/// [`rows_w`]'s AVX2 kernels.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn rows_256<U: Unpack + Default>(a: &Args<'_>, r0: usize, r1: usize) {
-    let c = a.chunks;
-    // SAFETY: within the sizes `rows` checked.
-    unsafe {
-        match a.inputs {
-            Inputs::Int8 { q, d, s, .. } => {
-                let (q, d, s) = (q.as_ptr(), d.as_ptr(), s.as_ptr());
-                row_loop!(a, r0, r1, U, |row, t0| kernel(
-                    q.add(t0 * c * 32),
-                    d.add(t0 * c),
-                    s.add(t0 * c),
-                    c
-                ))
-            }
-            Inputs::F32 { x, s } => {
-                let (x, s) = (x.as_ptr(), s.as_ptr());
-                row_loop!(a, r0, r1, U, |row, t0| kernel_f32(
-                    x.add(t0 * c * 32),
-                    s.add(t0 * c),
-                    c
-                ))
-            }
-            Inputs::Int16 { q, d, s } => {
-                let (q, d, s) = (q.as_ptr(), d.as_ptr(), s.as_ptr());
-                row_loop!(a, r0, r1, U, |row, t0| kernel_i16(
-                    q.add(t0 * c * 32),
-                    d.add(t0 * c),
-                    s.add(t0 * c),
-                    c
-                ))
-            }
-        }
-    }
-}
-
-/// [`rows_w`]'s AVX-512 kernels.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn rows_512<U: Unpack + Default>(a: &Args<'_>, r0: usize, r1: usize) {
-    let c = a.chunks;
-    // SAFETY: within the sizes `rows` checked.
-    unsafe {
-        match a.inputs {
-            Inputs::Int8 { q, d, s, n4 } => {
-                let (q, d, s, n4) = (q.as_ptr(), d.as_ptr(), s.as_ptr(), n4.as_ptr());
-                row_loop!(a, r0, r1, U, |row, t0| kernel512(
-                    q.add(t0 * c * 32),
-                    d.add(t0 * c),
-                    s.add(t0 * c),
-                    n4.add(t0 * c * 8),
-                    c
-                ))
-            }
-            Inputs::F32 { x, s } => {
-                let (x, s) = (x.as_ptr(), s.as_ptr());
-                row_loop!(a, r0, r1, U, |row, t0| kernel_f512(
-                    x.add(t0 * c * 32),
-                    s.add(t0 * c),
-                    c
-                ))
-            }
-            Inputs::Int16 { q, d, s } => {
-                let (q, d, s) = (q.as_ptr(), d.as_ptr(), s.as_ptr());
-                row_loop!(a, r0, r1, U, |row, t0| kernel_i16_512(
-                    q.add(t0 * c * 32),
-                    d.add(t0 * c),
-                    s.add(t0 * c),
-                    c
-                ))
+/// The kernels both vector widths share, written once: each ISA's module ([`v256`], [`v512`])
+/// defines its vector helpers (`Acc`, `LANES`, `zero`, `splat`, `fmadd`, `load`, `reduce`,
+/// `widen16`, `dot16`, `widen_f`) and its int8 kernel `kernel8` under its target features
+/// (`$feat`), and this expands the int16 and float kernels and the row dispatch over them,
+/// so every helper inlines into kernels of the same features.
+macro_rules! lane_kernels {
+    ($feat:literal) => {
+        /// `MT` int16 inputs' dot products with one row: each chunk's codes widened to int16
+        /// (times their integer scales, per half: the k-quants'), integer dot products into
+        /// exact 32-bit sums (`widen16`, `dot16`), one float multiply-add with the chunk's
+        /// factor times the input's scale; the minimums times the inputs' float sums. Exact
+        /// integer sums (a code times its scale is at most 4096 in magnitude, an input 32767:
+        /// a lane's two pairs stay below 2^30).
+        ///
+        /// # Safety
+        /// The module's features; `row` holds `chunks` chunks of `U`'s type, `q`
+        /// `MT * chunks * 32` int16 codes, `d` and `s` `MT * chunks` floats.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn kernel_i16<U: Unpack, const MT: usize>(
+            mut u: U,
+            row: *const u8,
+            q: *const i16,
+            d: *const f32,
+            s: *const f32,
+            chunks: usize,
+        ) -> [f32; MT] {
+            let mut acc = [zero(); MT];
+            let mut mins = [0f32; MT];
+            // SAFETY: within the ranges of the contract.
+            unsafe {
+                for c in 0..chunks {
+                    let (w, _, f, b) = u.chunk(row, c);
+                    let w16 = widen16(&u, w, c);
+                    for t in 0..MT {
+                        let i = t * chunks + c;
+                        let p = dot16(w16, q.add(i * 32));
+                        acc[t] = fmadd(p, splat(f * *d.add(i)), acc[t]);
+                        if U::MINS {
+                            mins[t] -= b * *s.add(i);
+                        }
+                    }
+                }
+                let mut out = [0f32; MT];
+                for t in 0..MT {
+                    out[t] = reduce(acc[t]) + mins[t];
+                }
+                out
             }
         }
-    }
-}
 
-/// `MT` int16 inputs' dot products with one row: each chunk's codes widened to int16 (times
-/// their integer scales, per half: the k-quants'), two `madd`s per input into 32-bit sums,
-/// one float multiply-add with the chunk's factor times the input's scale; the minimums
-/// times the inputs' float sums. Exact integer sums (a code times its scale is at most 4096
-/// in magnitude, an input 32767: a lane's two pairs stay below 2^30).
-///
-/// # Safety
-/// As [`kernel`], with `q` holding `MT * chunks * 32` int16 codes.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn kernel_i16<U: Unpack, const MT: usize>(
-    mut u: U,
-    row: *const u8,
-    q: *const i16,
-    d: *const f32,
-    s: *const f32,
-    chunks: usize,
-) -> [f32; MT] {
-    let mut acc = [_mm256_setzero_ps(); MT];
-    let mut mins = [0f32; MT];
-    // SAFETY: within the ranges of the contract.
-    unsafe {
-        for c in 0..chunks {
-            let (w, _, f, b) = u.chunk(row, c);
-            let (lo, hi) = (_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
-            let (mut w0, mut w1) = if U::SIGNED {
-                (_mm256_cvtepi8_epi16(lo), _mm256_cvtepi8_epi16(hi))
-            } else {
-                (_mm256_cvtepu8_epi16(lo), _mm256_cvtepu8_epi16(hi))
-            };
-            if U::SCALED {
-                let h = u.halves(c);
-                w0 = _mm256_mullo_epi16(w0, _mm256_set1_epi16(h[0] as i16));
-                w1 = _mm256_mullo_epi16(w1, _mm256_set1_epi16(h[1] as i16));
+        /// `MT` float inputs' dot products with one row: each chunk's codes widened to floats
+        /// times their factor (`f * scale`, per half: `widen_f`), one FMA per `LANES` values
+        /// and input; the minimums times the inputs' exact sums.
+        ///
+        /// # Safety
+        /// As `kernel_i16`, with `x` holding `MT * chunks * 32` floats.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn kernel_f32<U: Unpack, const MT: usize>(
+            mut u: U,
+            row: *const u8,
+            x: *const f32,
+            s: *const f32,
+            chunks: usize,
+        ) -> [f32; MT] {
+            let mut acc = [zero(); MT];
+            let mut mins = [0f32; MT];
+            // SAFETY: within the ranges of the contract.
+            unsafe {
+                for c in 0..chunks {
+                    let (w, _, f, b) = u.chunk(row, c);
+                    let wv = widen_f::<U>(w, f, u.halves(c));
+                    for t in 0..MT {
+                        let xp = x.add((t * chunks + c) * 32);
+                        for (k, v) in wv.iter().enumerate() {
+                            acc[t] = fmadd(*v, load(xp.add(LANES * k)), acc[t]);
+                        }
+                        if U::MINS {
+                            mins[t] -= b * *s.add(t * chunks + c);
+                        }
+                    }
+                }
+                let mut out = [0f32; MT];
+                for t in 0..MT {
+                    out[t] = reduce(acc[t]) + mins[t];
+                }
+                out
             }
-            for t in 0..MT {
-                let i = t * chunks + c;
-                let xp = q.add(i * 32) as *const __m256i;
-                let p = _mm256_add_epi32(
-                    _mm256_madd_epi16(w0, _mm256_loadu_si256(xp)),
-                    _mm256_madd_epi16(w1, _mm256_loadu_si256(xp.add(1))),
-                );
-                let g = _mm256_set1_ps(f * *d.add(i));
-                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), g, acc[t]);
-                if U::MINS {
-                    mins[t] -= b * *s.add(i);
+        }
+
+        /// [`rows_w`]'s kernels at this width, by the inputs' kind.
+        ///
+        /// # Safety
+        /// As [`rows`], with the module's features.
+        #[target_feature(enable = $feat)]
+        pub(super) unsafe fn rows<U: Unpack + Default>(a: &Args<'_>, r0: usize, r1: usize) {
+            let c = a.chunks;
+            // SAFETY: within the sizes `rows` checked.
+            unsafe {
+                match a.inputs {
+                    Inputs::Int8 { q, d, s, n4 } => {
+                        let (q, d, s, n4) = (q.as_ptr(), d.as_ptr(), s.as_ptr(), n4.as_ptr());
+                        row_loop!(a, r0, r1, U, |row, t0| kernel8(
+                            q.add(t0 * c * 32),
+                            d.add(t0 * c),
+                            s.add(t0 * c),
+                            n4.add(t0 * c * 8),
+                            c
+                        ))
+                    }
+                    Inputs::F32 { x, s } => {
+                        let (x, s) = (x.as_ptr(), s.as_ptr());
+                        row_loop!(a, r0, r1, U, |row, t0| kernel_f32(
+                            x.add(t0 * c * 32),
+                            s.add(t0 * c),
+                            c
+                        ))
+                    }
+                    Inputs::Int16 { q, d, s } => {
+                        let (q, d, s) = (q.as_ptr(), d.as_ptr(), s.as_ptr());
+                        row_loop!(a, r0, r1, U, |row, t0| kernel_i16(
+                            q.add(t0 * c * 32),
+                            d.add(t0 * c),
+                            s.add(t0 * c),
+                            c
+                        ))
+                    }
                 }
             }
         }
-        let mut out = [0f32; MT];
-        for t in 0..MT {
-            out[t] = hsum(acc[t]) + mins[t];
-        }
-        out
-    }
+    };
 }
 
-/// [`kernel_i16`] on 32-lane vectors: a chunk's codes widened in one step, one `vpdpwssd`
-/// per input.
-///
-/// # Safety
-/// As [`kernel_i16`], and AVX-512 F/BW/VL + VNNI.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn kernel_i16_512<U: Unpack, const MT: usize>(
-    mut u: U,
-    row: *const u8,
-    q: *const i16,
-    d: *const f32,
-    s: *const f32,
-    chunks: usize,
-) -> [f32; MT] {
-    let mut acc = [_mm512_setzero_ps(); MT];
-    let mut mins = [0f32; MT];
-    // SAFETY: within the ranges of the contract.
-    unsafe {
-        for c in 0..chunks {
-            let (w, _, f, b) = u.chunk(row, c);
-            let mut w16 = if U::SIGNED {
-                _mm512_cvtepi8_epi16(w)
-            } else {
-                _mm512_cvtepu8_epi16(w)
-            };
-            if U::SCALED {
-                let h = u.halves(c);
-                let sc = _mm512_mask_blend_epi16(
-                    0xffff_0000,
-                    _mm512_set1_epi16(h[0] as i16),
-                    _mm512_set1_epi16(h[1] as i16),
-                );
-                w16 = _mm512_mullo_epi16(w16, sc);
-            }
-            for t in 0..MT {
-                let i = t * chunks + c;
-                let x = _mm512_loadu_si512(q.add(i * 32) as *const _);
-                let p = _mm512_dpwssd_epi32(_mm512_setzero_si512(), w16, x);
-                let g = _mm512_set1_ps(f * *d.add(i));
-                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), g, acc[t]);
-                if U::MINS {
-                    mins[t] -= b * *s.add(i);
-                }
-            }
-        }
-        let mut out = [0f32; MT];
-        for t in 0..MT {
-            out[t] = _mm512_reduce_add_ps(acc[t]) + mins[t];
-        }
-        out
-    }
-}
+/// The AVX2 kernels (256-bit vectors).
+mod v256 {
+    use super::*;
 
-/// `MT` inputs' dot products with one row, two chunks at a time: codes as unsigned bytes
-/// (signed ones `+ 128`, their `128 * sum(q)` taken off by starting each sum at `n4`, the
-/// inputs' per-4 sums times -128), one `vpdpbusd` per input, the chunk factors (`f * scale * d`)
-/// in one float multiply-add.
-///
-/// # Safety
-/// As [`kernel`], `chunks` even, `n4` holding `MT * chunks * 8` sums, AVX-512 F/BW/VL + VNNI.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn kernel512<U: Unpack, const MT: usize>(
-    mut u: U,
-    row: *const u8,
-    q: *const i8,
-    d: *const f32,
-    s: *const f32,
-    n4: *const i32,
-    chunks: usize,
-) -> [f32; MT] {
-    let mut acc = [_mm512_setzero_ps(); MT];
-    let mut mins = [0f32; MT];
-    // SAFETY: within the ranges of the contract.
-    unsafe {
-        let mut c = 0;
-        while c < chunks {
-            let (w0, _, f0, b0) = u.chunk(row, c);
-            let g0 = f0 * u.int_scale(c);
-            let (w1, _, f1, b1) = u.chunk(row, c + 1);
-            let g1 = f1 * u.int_scale(c + 1);
-            let mut w = _mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1);
-            if U::SIGNED {
-                w = _mm512_xor_si512(w, _mm512_set1_epi8(-128));
-            }
-            for t in 0..MT {
-                let i = t * chunks + c;
-                let x = _mm512_loadu_si512(q.add(i * 32) as *const _);
-                let init = if U::SIGNED {
-                    _mm512_loadu_si512(n4.add(i * 8) as *const _)
-                } else {
-                    _mm512_setzero_si512()
-                };
-                let p = _mm512_dpbusd_epi32(init, w, x);
-                let lo = _mm512_castps_pd(_mm512_set1_ps(g0 * *d.add(i)));
-                let hi = _mm256_castps_pd(_mm256_set1_ps(g1 * *d.add(i + 1)));
-                let sc = _mm512_castpd_ps(_mm512_insertf64x4(lo, hi, 1));
-                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc[t]);
-                if U::MINS {
-                    mins[t] -= b0 * *s.add(i) + b1 * *s.add(i + 1);
-                }
-            }
-            c += 2;
-        }
-        let mut out = [0f32; MT];
-        for t in 0..MT {
-            out[t] = _mm512_reduce_add_ps(acc[t]) + mins[t];
-        }
-        out
-    }
-}
+    type Acc = __m256;
+    const LANES: usize = 8;
 
-/// [`kernel_f32`] on 16-lane vectors: each half chunk widened in one step.
-///
-/// # Safety
-/// As [`kernel_f32`], and AVX-512 F/BW/VL.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn kernel_f512<U: Unpack, const MT: usize>(
-    mut u: U,
-    row: *const u8,
-    x: *const f32,
-    s: *const f32,
-    chunks: usize,
-) -> [f32; MT] {
-    let mut acc = [_mm512_setzero_ps(); MT];
-    let mut mins = [0f32; MT];
-    // SAFETY: within the ranges of the contract.
-    unsafe {
-        for c in 0..chunks {
-            let (w, _, f, b) = u.chunk(row, c);
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn zero() -> Acc {
+        _mm256_setzero_ps()
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn splat(v: f32) -> Acc {
+        _mm256_set1_ps(v)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn fmadd(a: Acc, b: Acc, c: Acc) -> Acc {
+        _mm256_fmadd_ps(a, b, c)
+    }
+
+    /// # Safety
+    /// `p` holds `LANES` floats.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load(p: *const f32) -> Acc {
+        // SAFETY: the caller's contract.
+        unsafe { _mm256_loadu_ps(p) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn reduce(v: Acc) -> f32 {
+        // SAFETY: AVX2 is enabled here.
+        unsafe { hsum(v) }
+    }
+
+    /// A chunk's 32 codes as two vectors of 16 int16, times their halves' integer scales.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn widen16<U: Unpack>(u: &U, w: __m256i, c: usize) -> [__m256i; 2] {
+        let (lo, hi) = (_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+        let (mut w0, mut w1) = if U::SIGNED {
+            (_mm256_cvtepi8_epi16(lo), _mm256_cvtepi8_epi16(hi))
+        } else {
+            (_mm256_cvtepu8_epi16(lo), _mm256_cvtepu8_epi16(hi))
+        };
+        if U::SCALED {
             let h = u.halves(c);
-            let parts = [_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1)];
-            let mut wv = [_mm512_setzero_ps(); 2];
-            for (k, (v, p)) in wv.iter_mut().zip(parts).enumerate() {
-                let i = if U::SIGNED {
-                    _mm512_cvtepi8_epi32(p)
-                } else {
-                    _mm512_cvtepu8_epi32(p)
-                };
-                *v = _mm512_mul_ps(_mm512_cvtepi32_ps(i), _mm512_set1_ps(f * h[k]));
-            }
-            for t in 0..MT {
-                let xp = x.add((t * chunks + c) * 32);
-                acc[t] = _mm512_fmadd_ps(wv[0], _mm512_loadu_ps(xp), acc[t]);
-                acc[t] = _mm512_fmadd_ps(wv[1], _mm512_loadu_ps(xp.add(16)), acc[t]);
-                if U::MINS {
-                    mins[t] -= b * *s.add(t * chunks + c);
+            w0 = _mm256_mullo_epi16(w0, _mm256_set1_epi16(h[0] as i16));
+            w1 = _mm256_mullo_epi16(w1, _mm256_set1_epi16(h[1] as i16));
+        }
+        [w0, w1]
+    }
+
+    /// The chunk's 32-bit integer sums against 32 int16 inputs at `xp`, as floats.
+    ///
+    /// # Safety
+    /// `xp` holds 32 int16 values.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot16(w: [__m256i; 2], xp: *const i16) -> Acc {
+        let xp = xp as *const __m256i;
+        // SAFETY: the caller's contract.
+        unsafe {
+            let p = _mm256_add_epi32(
+                _mm256_madd_epi16(w[0], _mm256_loadu_si256(xp)),
+                _mm256_madd_epi16(w[1], _mm256_loadu_si256(xp.add(1))),
+            );
+            _mm256_cvtepi32_ps(p)
+        }
+    }
+
+    /// A chunk's 32 codes as four vectors of 8 floats times their half's factor.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn widen_f<U: Unpack>(w: __m256i, f: f32, h: [f32; 2]) -> [Acc; 4] {
+        let lo = _mm256_castsi256_si128(w);
+        let hi = _mm256_extracti128_si256(w, 1);
+        let parts = [lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)];
+        let mut wv = [_mm256_setzero_ps(); 4];
+        for (k, (v, p)) in wv.iter_mut().zip(parts).enumerate() {
+            let i = if U::SIGNED {
+                _mm256_cvtepi8_epi32(p)
+            } else {
+                _mm256_cvtepu8_epi32(p)
+            };
+            *v = _mm256_mul_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(f * h[k / 2]));
+        }
+        wv
+    }
+
+    /// `MT` int8 inputs' dot products with one row: per chunk `maddubs` (unsigned codes
+    /// times the int8 inputs; signed codes through the sign trick, `|w| * sign(x, w)`),
+    /// `madd` with the chunk's integer scales, one float multiply-add with the chunk's
+    /// factor times the input's scale, and the minimums in a float on the side (`_n4`:
+    /// unused here).
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C; `row` holds `chunks` chunks of `U`'s type, `q` `MT * chunks * 32`
+    /// codes, `d` and `s` `MT * chunks` floats.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn kernel8<U: Unpack, const MT: usize>(
+        mut u: U,
+        row: *const u8,
+        q: *const i8,
+        d: *const f32,
+        s: *const f32,
+        _n4: *const i32,
+        chunks: usize,
+    ) -> [f32; MT] {
+        let mut acc = [_mm256_setzero_ps(); MT];
+        let mut mins = [0f32; MT];
+        // SAFETY: within the ranges of the contract.
+        unsafe {
+            for c in 0..chunks {
+                let (w, sc, f, b) = u.chunk(row, c);
+                let aw = _mm256_sign_epi8(w, w);
+                for t in 0..MT {
+                    let i = t * chunks + c;
+                    let x = _mm256_loadu_si256(q.add(i * 32) as *const __m256i);
+                    let p = if U::SIGNED {
+                        _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w))
+                    } else {
+                        _mm256_maddubs_epi16(w, x)
+                    };
+                    let v = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, sc));
+                    acc[t] = _mm256_fmadd_ps(v, _mm256_set1_ps(f * *d.add(i)), acc[t]);
+                    if U::MINS {
+                        mins[t] -= b * *s.add(i);
+                    }
                 }
             }
+            let mut out = [0f32; MT];
+            for t in 0..MT {
+                out[t] = hsum(acc[t]) + mins[t];
+            }
+            out
         }
-        let mut out = [0f32; MT];
-        for t in 0..MT {
-            out[t] = _mm512_reduce_add_ps(acc[t]) + mins[t];
-        }
-        out
     }
+
+    lane_kernels!("avx2,fma,f16c");
 }
 
-/// `MT` float inputs' dot products with one row: each chunk's codes widened to floats times
-/// their factor (`f * scale`, per half), one FMA per 8 values and input; the minimums times
-/// the inputs' exact sums.
-///
-/// # Safety
-/// As [`kernel`], with `x` holding `MT * chunks * 32` floats.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn kernel_f32<U: Unpack, const MT: usize>(
-    mut u: U,
-    row: *const u8,
-    x: *const f32,
-    s: *const f32,
-    chunks: usize,
-) -> [f32; MT] {
-    let mut acc = [_mm256_setzero_ps(); MT];
-    let mut mins = [0f32; MT];
-    // SAFETY: within the ranges of the contract.
-    unsafe {
-        for c in 0..chunks {
-            let (w, _, f, b) = u.chunk(row, c);
-            let h = u.halves(c);
-            let lo = _mm256_castsi256_si128(w);
-            let hi = _mm256_extracti128_si256(w, 1);
-            let parts = [lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)];
-            let mut wv = [_mm256_setzero_ps(); 4];
-            for (k, (v, p)) in wv.iter_mut().zip(parts).enumerate() {
-                let i = if U::SIGNED {
-                    _mm256_cvtepi8_epi32(p)
-                } else {
-                    _mm256_cvtepu8_epi32(p)
-                };
-                *v = _mm256_mul_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(f * h[k / 2]));
-            }
-            for t in 0..MT {
-                let xp = x.add((t * chunks + c) * 32);
-                for (k, v) in wv.iter().enumerate() {
-                    acc[t] = _mm256_fmadd_ps(*v, _mm256_loadu_ps(xp.add(8 * k)), acc[t]);
-                }
-                if U::MINS {
-                    mins[t] -= b * *s.add(t * chunks + c);
-                }
-            }
-        }
-        let mut out = [0f32; MT];
-        for t in 0..MT {
-            out[t] = hsum(acc[t]) + mins[t];
-        }
-        out
+/// The AVX-512 kernels (512-bit vectors; F/BW/VL + VNNI).
+mod v512 {
+    use super::*;
+
+    type Acc = __m512;
+    const LANES: usize = 16;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    fn zero() -> Acc {
+        _mm512_setzero_ps()
     }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    fn splat(v: f32) -> Acc {
+        _mm512_set1_ps(v)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    fn fmadd(a: Acc, b: Acc, c: Acc) -> Acc {
+        _mm512_fmadd_ps(a, b, c)
+    }
+
+    /// # Safety
+    /// `p` holds `LANES` floats.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn load(p: *const f32) -> Acc {
+        // SAFETY: the caller's contract.
+        unsafe { _mm512_loadu_ps(p) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    fn reduce(v: Acc) -> f32 {
+        _mm512_reduce_add_ps(v)
+    }
+
+    /// A chunk's 32 codes as 32 int16 lanes, times their halves' integer scales.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    fn widen16<U: Unpack>(u: &U, w: __m256i, c: usize) -> __m512i {
+        let mut w16 = if U::SIGNED {
+            _mm512_cvtepi8_epi16(w)
+        } else {
+            _mm512_cvtepu8_epi16(w)
+        };
+        if U::SCALED {
+            let h = u.halves(c);
+            let sc = _mm512_mask_blend_epi16(
+                0xffff_0000,
+                _mm512_set1_epi16(h[0] as i16),
+                _mm512_set1_epi16(h[1] as i16),
+            );
+            w16 = _mm512_mullo_epi16(w16, sc);
+        }
+        w16
+    }
+
+    /// The chunk's 32-bit integer sums against 32 int16 inputs at `xp` (one `vpdpwssd`), as
+    /// floats.
+    ///
+    /// # Safety
+    /// `xp` holds 32 int16 values.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn dot16(w: __m512i, xp: *const i16) -> Acc {
+        // SAFETY: the caller's contract.
+        unsafe {
+            let x = _mm512_loadu_si512(xp as *const _);
+            _mm512_cvtepi32_ps(_mm512_dpwssd_epi32(_mm512_setzero_si512(), w, x))
+        }
+    }
+
+    /// A chunk's 32 codes as two vectors of 16 floats times their half's factor.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    fn widen_f<U: Unpack>(w: __m256i, f: f32, h: [f32; 2]) -> [Acc; 2] {
+        let parts = [_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1)];
+        let mut wv = [_mm512_setzero_ps(); 2];
+        for (k, (v, p)) in wv.iter_mut().zip(parts).enumerate() {
+            let i = if U::SIGNED {
+                _mm512_cvtepi8_epi32(p)
+            } else {
+                _mm512_cvtepu8_epi32(p)
+            };
+            *v = _mm512_mul_ps(_mm512_cvtepi32_ps(i), _mm512_set1_ps(f * h[k]));
+        }
+        wv
+    }
+
+    /// `MT` int8 inputs' dot products with one row, two chunks at a time: codes as unsigned
+    /// bytes (signed ones `+ 128`, their `128 * sum(q)` taken off by starting each sum at
+    /// `n4`, the inputs' per-4 sums times -128), one `vpdpbusd` per input, the chunk factors
+    /// (`f * scale * d`) in one float multiply-add.
+    ///
+    /// # Safety
+    /// As `v256::kernel8`, `chunks` even, `n4` holding `MT * chunks * 8` sums, AVX-512
+    /// F/BW/VL + VNNI; `U` has one integer scale a chunk.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn kernel8<U: Unpack, const MT: usize>(
+        mut u: U,
+        row: *const u8,
+        q: *const i8,
+        d: *const f32,
+        s: *const f32,
+        n4: *const i32,
+        chunks: usize,
+    ) -> [f32; MT] {
+        let mut acc = [_mm512_setzero_ps(); MT];
+        let mut mins = [0f32; MT];
+        // SAFETY: within the ranges of the contract.
+        unsafe {
+            let mut c = 0;
+            while c < chunks {
+                let (w0, _, f0, b0) = u.chunk(row, c);
+                let g0 = f0 * u.int_scale(c);
+                let (w1, _, f1, b1) = u.chunk(row, c + 1);
+                let g1 = f1 * u.int_scale(c + 1);
+                let mut w = _mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1);
+                if U::SIGNED {
+                    w = _mm512_xor_si512(w, _mm512_set1_epi8(-128));
+                }
+                for t in 0..MT {
+                    let i = t * chunks + c;
+                    let x = _mm512_loadu_si512(q.add(i * 32) as *const _);
+                    let init = if U::SIGNED {
+                        _mm512_loadu_si512(n4.add(i * 8) as *const _)
+                    } else {
+                        _mm512_setzero_si512()
+                    };
+                    let p = _mm512_dpbusd_epi32(init, w, x);
+                    let lo = _mm512_castps_pd(_mm512_set1_ps(g0 * *d.add(i)));
+                    let hi = _mm256_castps_pd(_mm256_set1_ps(g1 * *d.add(i + 1)));
+                    let sc = _mm512_castpd_ps(_mm512_insertf64x4(lo, hi, 1));
+                    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc[t]);
+                    if U::MINS {
+                        mins[t] -= b0 * *s.add(i) + b1 * *s.add(i + 1);
+                    }
+                }
+                c += 2;
+            }
+            let mut out = [0f32; MT];
+            for t in 0..MT {
+                out[t] = _mm512_reduce_add_ps(acc[t]) + mins[t];
+            }
+            out
+        }
+    }
+
+    lane_kernels!("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni");
 }

@@ -44,6 +44,13 @@ struct Shared {
     /// Workers inside the current job.
     active: AtomicUsize,
     panicked: AtomicBool,
+    /// Workers asleep on `wake` (counted under the lock before they wait): `run` signals
+    /// the condition variable only when one is, so a decode step's runs, which find the
+    /// workers spinning, make no system call.
+    sleepers: AtomicUsize,
+    /// The caller is asleep on `done` (set under the lock before it waits, SeqCst): the last
+    /// worker out signals only then.
+    caller_waits: AtomicBool,
 }
 
 impl Shared {
@@ -108,6 +115,8 @@ impl ThreadPool {
             open: AtomicU64::new(0),
             active: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
+            sleepers: AtomicUsize::new(0),
+            caller_waits: AtomicBool::new(false),
         });
         let mut pool = ThreadPool {
             shared: shared.clone(),
@@ -158,7 +167,10 @@ impl ThreadPool {
                 .generation
                 .store(st.generation, Ordering::SeqCst);
         }
-        self.shared.wake.notify_all();
+        // A worker about to sleep counted itself under the lock taken above, so it is seen.
+        if self.shared.sleepers.load(Ordering::SeqCst) != 0 {
+            self.shared.wake.notify_all();
+        }
         let mine = catch_unwind(AssertUnwindSafe(|| f(0, n)));
         // Close the job, then wait for the workers that joined before it closed (they hold
         // `f`) before returning or unwinding. SeqCst on `open` and `active` here and in
@@ -172,9 +184,13 @@ impl ThreadPool {
         }
         if self.shared.active.load(Ordering::SeqCst) != 0 {
             let mut st = self.shared.lock();
+            // Set before the check (SeqCst both sides): the last worker either is seen
+            // still active here or sees the flag and signals under the lock.
+            self.shared.caller_waits.store(true, Ordering::SeqCst);
             while self.shared.active.load(Ordering::SeqCst) != 0 {
                 st = self.shared.done.wait(st).unwrap_or_else(|e| e.into_inner());
             }
+            self.shared.caller_waits.store(false, Ordering::SeqCst);
         }
         self.shared.lock().job = None;
         let worker_panicked = self.shared.panicked.swap(false, Ordering::SeqCst);
@@ -198,7 +214,9 @@ fn worker(shared: &Shared, index: usize, threads: usize) {
         let job = {
             let mut st = shared.lock();
             while st.generation == seen && !st.shutdown {
+                shared.sleepers.fetch_add(1, Ordering::SeqCst);
                 st = shared.wake.wait(st).unwrap_or_else(|e| e.into_inner());
+                shared.sleepers.fetch_sub(1, Ordering::SeqCst);
             }
             if st.shutdown {
                 return;
@@ -218,7 +236,9 @@ fn worker(shared: &Shared, index: usize, threads: usize) {
                 }
             }
         }
-        if shared.active.fetch_sub(1, Ordering::SeqCst) == 1 {
+        if shared.active.fetch_sub(1, Ordering::SeqCst) == 1
+            && shared.caller_waits.load(Ordering::SeqCst)
+        {
             let _st = shared.lock();
             shared.done.notify_all();
         }
@@ -271,5 +291,30 @@ mod tests {
             after.fetch_add(1, Ordering::SeqCst);
         });
         assert!((1..=3).contains(&after.load(Ordering::SeqCst)));
+    }
+
+    /// Jobs that find the workers asleep (idle past their spin) still reach them, and a
+    /// caller that finishes first waits for a slow worker (both paths signal only when
+    /// someone sleeps).
+    #[test]
+    fn sleeping_workers_and_a_waiting_caller() {
+        let pool = ThreadPool::new(2).unwrap();
+        for round in 0..4 {
+            std::thread::sleep(std::time::Duration::from_millis(30));
+            let joined = AtomicUsize::new(0);
+            let done = AtomicUsize::new(0);
+            pool.run(&|w, _| {
+                joined.fetch_add(1, Ordering::SeqCst);
+                if w == 0 {
+                    // Give the sleeping worker time to wake and join.
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                } else {
+                    std::thread::sleep(std::time::Duration::from_millis(10 * round));
+                }
+                done.fetch_add(1, Ordering::SeqCst);
+            });
+            assert_eq!(done.load(Ordering::SeqCst), joined.load(Ordering::SeqCst));
+            assert!(joined.load(Ordering::SeqCst) >= 1);
+        }
     }
 }

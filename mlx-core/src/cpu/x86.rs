@@ -614,10 +614,12 @@ pub(super) unsafe fn rows_q4_int8(
         let (sp, bp) = (sw.as_mut_ptr() as *mut f32, bw.as_mut_ptr() as *mut f32);
         let gsp = gs.as_mut_ptr() as *mut f32;
         group_sums(qx.s, m, chunks, 1 << shift, groups, groups, gsp);
+        let pf = prefetch_rows(row_bytes);
         let mask = _mm256_set1_epi8(0x0f);
         let shifts = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
         let ones = _mm256_set1_epi16(1);
         for r in r0..r1 {
+            prefetch_affine_row(bytes, row_bytes, scales, biases, groups, r, pf, rows);
             widen_row(scales, r * groups, sp, groups);
             widen_row(biases, r * groups, bp, groups);
             let rb = bytes.add(r * row_bytes);
@@ -1047,7 +1049,9 @@ unsafe fn rows_int16_m<const MT: usize>(
         // The inputs' sums per group, each input's padded to a multiple of 8 with zeros.
         let gpad = groups.div_ceil(8) * 8;
         group_sums(qx.s, MT, chunks, per, groups, gpad, gsp);
+        let pf = prefetch_rows(row_bytes);
         for r in r0..r1 {
+            prefetch_affine_row(bytes, row_bytes, scales, biases, groups, r, pf, rows);
             widen_row(scales, r * groups, sp, groups);
             widen_row(biases, r * groups, bp, groups);
             for g in groups..gpad {
@@ -1301,6 +1305,185 @@ pub(super) unsafe fn attend_part<E: Load8>(
     scale: f32,
     part: *mut f32,
 ) {
+    // SAFETY: the caller's contract, forwarded.
+    unsafe {
+        match g {
+            1 => attend_part_g::<E, 1>(q, k, v, hd, n, scale, part),
+            2 => attend_part_g::<E, 2>(q, k, v, hd, n, scale, part),
+            3 => attend_part_g::<E, 3>(q, k, v, hd, n, scale, part),
+            4 => attend_part_g::<E, 4>(q, k, v, hd, n, scale, part),
+            _ => attend_part_each::<E>(q, g, k, v, hd, n, scale, part),
+        }
+    }
+}
+
+/// [`attend_part`] for `G` query heads with each key and value vector loaded (and widened)
+/// once for all of them: the scores of all heads per position, then per head the rescale
+/// and exponentials, then the values into every head's output. Per head the same operations
+/// in the same order as [`attend_part_each`] (bit-identical results): only the interleaving
+/// across heads differs.
+///
+/// # Safety
+/// As [`attend_part`] with `g = G`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::needless_range_loop)]
+unsafe fn attend_part_g<E: Load8, const G: usize>(
+    q: *const f32,
+    k: *const E,
+    v: *const E,
+    hd: usize,
+    n: usize,
+    scale: f32,
+    part: *mut f32,
+) {
+    let stride = part_stride(hd);
+    // SAFETY (whole body): every pointer stays within the ranges of the contract; the stack
+    // buffers hold G * ATT_BLOCK floats.
+    unsafe {
+        let mut sc = [[0f32; ATT_BLOCK]; G];
+        for h in 0..G {
+            let ap = part.add(h * stride);
+            let mut d = 0;
+            while d < hd {
+                _mm256_storeu_ps(ap.add(d), _mm256_setzero_ps());
+                d += 8;
+            }
+            *ap.add(hd) = f32::NEG_INFINITY;
+            *ap.add(hd + 1) = 0.0;
+        }
+        let row = hd * std::mem::size_of::<E>();
+        let mut p0 = 0;
+        while p0 < n {
+            let c = (n - p0).min(ATT_BLOCK);
+            // This block's values (read after its scores) and the next block's keys, on
+            // their way while the scores are computed (see `PREFETCH_BYTES`).
+            prefetch(v.add(p0 * hd) as *const u8, c * row);
+            prefetch(
+                k.wrapping_add((p0 + c) * hd) as *const u8,
+                (n - p0 - c).min(ATT_BLOCK) * row,
+            );
+            let mut cmax = [f32::NEG_INFINITY; G];
+            for j in 0..c {
+                let kp = k.add((p0 + j) * hd);
+                let mut a0 = [_mm256_setzero_ps(); G];
+                let mut a1 = [_mm256_setzero_ps(); G];
+                let mut d = 0;
+                while d + 16 <= hd {
+                    let (k0, k1) = (E::load8(kp.add(d)), E::load8(kp.add(d + 8)));
+                    for h in 0..G {
+                        let qh = q.add(h * hd);
+                        a0[h] = _mm256_fmadd_ps(_mm256_loadu_ps(qh.add(d)), k0, a0[h]);
+                        a1[h] = _mm256_fmadd_ps(_mm256_loadu_ps(qh.add(d + 8)), k1, a1[h]);
+                    }
+                    d += 16;
+                }
+                if d < hd {
+                    let k0 = E::load8(kp.add(d));
+                    for h in 0..G {
+                        let qh = q.add(h * hd);
+                        a0[h] = _mm256_fmadd_ps(_mm256_loadu_ps(qh.add(d)), k0, a0[h]);
+                    }
+                }
+                for h in 0..G {
+                    let s = hsum(_mm256_add_ps(a0[h], a1[h])) * scale;
+                    sc[h][j] = s;
+                    cmax[h] = cmax[h].max(s);
+                }
+            }
+            for h in 0..G {
+                let ap = part.add(h * stride);
+                let (mut mx, mut l) = (*ap.add(hd), *ap.add(hd + 1));
+                if cmax[h] > mx {
+                    let corr = (mx - cmax[h]).exp();
+                    l *= corr;
+                    let cv = _mm256_set1_ps(corr);
+                    let mut d = 0;
+                    while d < hd {
+                        _mm256_storeu_ps(ap.add(d), _mm256_mul_ps(_mm256_loadu_ps(ap.add(d)), cv));
+                        d += 8;
+                    }
+                    mx = cmax[h];
+                }
+                let mv = _mm256_set1_ps(mx);
+                let mut sum = _mm256_setzero_ps();
+                let mut j = 0;
+                let sp = sc[h].as_mut_ptr();
+                while j + 8 <= c {
+                    let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sp.add(j)), mv));
+                    _mm256_storeu_ps(sp.add(j), e);
+                    sum = _mm256_add_ps(sum, e);
+                    j += 8;
+                }
+                let mut tail = 0f32;
+                for s in &mut sc[h][j..c] {
+                    *s = (*s - mx).exp();
+                    tail += *s;
+                }
+                l += hsum(sum) + tail;
+                *ap.add(hd) = mx;
+                *ap.add(hd + 1) = l;
+            }
+            let vb = v.add(p0 * hd);
+            let mut d = 0;
+            while d + 16 <= hd {
+                let mut a = [[_mm256_setzero_ps(); 2]; G];
+                for h in 0..G {
+                    let ap = part.add(h * stride + d);
+                    a[h] = [_mm256_loadu_ps(ap), _mm256_loadu_ps(ap.add(8))];
+                }
+                for j in 0..c {
+                    let vp = vb.add(j * hd + d);
+                    let (v0, v1) = (E::load8(vp), E::load8(vp.add(8)));
+                    for h in 0..G {
+                        let wv = _mm256_set1_ps(sc[h][j]);
+                        a[h][0] = _mm256_fmadd_ps(wv, v0, a[h][0]);
+                        a[h][1] = _mm256_fmadd_ps(wv, v1, a[h][1]);
+                    }
+                }
+                for h in 0..G {
+                    let ap = part.add(h * stride + d);
+                    _mm256_storeu_ps(ap, a[h][0]);
+                    _mm256_storeu_ps(ap.add(8), a[h][1]);
+                }
+                d += 16;
+            }
+            if d < hd {
+                let mut a = [_mm256_setzero_ps(); G];
+                for h in 0..G {
+                    a[h] = _mm256_loadu_ps(part.add(h * stride + d));
+                }
+                for j in 0..c {
+                    let v0 = E::load8(vb.add(j * hd + d));
+                    for h in 0..G {
+                        a[h] = _mm256_fmadd_ps(_mm256_set1_ps(sc[h][j]), v0, a[h]);
+                    }
+                }
+                for h in 0..G {
+                    _mm256_storeu_ps(part.add(h * stride + d), a[h]);
+                }
+            }
+            p0 += c;
+        }
+    }
+}
+
+/// [`attend_part`] one query head at a time (any group size).
+///
+/// # Safety
+/// As [`attend_part`].
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn attend_part_each<E: Load8>(
+    q: *const f32,
+    g: usize,
+    k: *const E,
+    v: *const E,
+    hd: usize,
+    n: usize,
+    scale: f32,
+    part: *mut f32,
+) {
     let stride = part_stride(hd);
     // SAFETY (whole body): every pointer stays within the ranges of the contract; the stack
     // buffer holds ATT_BLOCK floats.
@@ -1317,8 +1500,16 @@ pub(super) unsafe fn attend_part<E: Load8>(
             *ap.add(hd + 1) = 0.0;
         }
         let mut p0 = 0;
+        let row = hd * std::mem::size_of::<E>();
         while p0 < n {
             let c = (n - p0).min(ATT_BLOCK);
+            // This block's values (read after its scores) and the next block's keys, on
+            // their way while the scores are computed (see `PREFETCH_BYTES`).
+            prefetch(v.add(p0 * hd) as *const u8, c * row);
+            prefetch(
+                k.wrapping_add((p0 + c) * hd) as *const u8,
+                (n - p0 - c).min(ATT_BLOCK) * row,
+            );
             for h in 0..g {
                 let q = q.add(h * hd);
                 let ap = part.add(h * stride);
@@ -1485,6 +1676,7 @@ unsafe fn rows_int16_512_m<const MT: usize>(
         let fp = fw.as_mut_ptr() as *mut f32;
         let gpad = groups.div_ceil(8) * 8;
         group_sums(qx.s, MT, chunks, per, groups, gpad, gsp);
+        let pf = prefetch_rows(row_bytes);
         let nib = _mm512_set1_epi32(0x000f_000f);
         if let (0, Floats::F16(sh), Floats::F16(bh)) = (shift, scales, biases) {
             // Groups of 32 with half-precision scales and biases (GGUF's Q4_0/Q4_1/Q8_0 as
@@ -1500,6 +1692,7 @@ unsafe fn rows_int16_512_m<const MT: usize>(
                     bh.as_ptr().add(r * groups) as *const u16,
                 );
                 let rb = bytes.add(r * row_bytes);
+                prefetch_affine_row(bytes, row_bytes, scales, biases, groups, r, pf, rows);
                 if bits == 4 {
                     let v = dot4_512_h::<MT>(rb, s0, b0, chunks, qx);
                     let b = bias_of(r);
@@ -1560,6 +1753,7 @@ unsafe fn rows_int16_512_m<const MT: usize>(
             return;
         }
         for r in r0..r1 {
+            prefetch_affine_row(bytes, row_bytes, scales, biases, groups, r, pf, rows);
             widen_row(scales, r * groups, sp, groups);
             widen_row(biases, r * groups, bp, groups);
             for g in groups..gpad {
@@ -1650,6 +1844,79 @@ unsafe fn rows_int16_512_m<const MT: usize>(
             }
         }
     }
+}
+
+/// How far ahead of the row it reads a decode kernel prefetches its weights, in bytes. A
+/// decode step's products are small (a few hundred KB each) and split into blocks of rows
+/// that the workers take in turn, so the hardware prefetchers, which stop at every 4 KB
+/// page, keep too few lines in flight: without it the kernels streamed from memory at a
+/// fifth to a third of what a plain read of the same bytes reaches on this machine
+/// (`cpu_matvec step`; results/bench/2026-12-04-s23-cpu-decode/).
+pub(super) const PREFETCH_BYTES: usize = 4096;
+
+/// Rows ahead to prefetch for rows of `row_bytes` bytes (`MLX_CPU_PF` overrides the bytes,
+/// for measurements; 0 turns prefetching off).
+pub(super) fn prefetch_rows(row_bytes: usize) -> usize {
+    static PF: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let bytes = *PF.get_or_init(|| {
+        std::env::var("MLX_CPU_PF")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(PREFETCH_BYTES)
+    });
+    if bytes == 0 {
+        0
+    } else {
+        bytes.div_ceil(row_bytes.max(1))
+    }
+}
+
+/// Prefetches `n` bytes from `p` into L1 (whole lines). A hint: nothing is read, so `p` may
+/// lie past a buffer's end.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn prefetch(p: *const u8, n: usize) {
+    let mut o = 0;
+    while o < n {
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(o) as *const i8);
+        o += 64;
+    }
+}
+
+/// A float array's row `r` of `n` elements, as bytes to prefetch.
+#[inline]
+fn floats_row(f: Floats<'_>, r: usize, n: usize) -> (*const u8, usize) {
+    match f {
+        Floats::F32(s) => (s.as_ptr().wrapping_add(r * n) as *const u8, 4 * n),
+        Floats::F16(s) => (s.as_ptr().wrapping_add(r * n) as *const u8, 2 * n),
+        Floats::Bf16(s) => (s.as_ptr().wrapping_add(r * n) as *const u8, 2 * n),
+    }
+}
+
+/// Prefetches row `r + ahead` (when `ahead > 0` and that row exists) of an affine matrix:
+/// its code bytes (`row_bytes` a row from `bytes`) and its `groups` scales and biases.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+fn prefetch_affine_row(
+    bytes: *const u8,
+    row_bytes: usize,
+    scales: Floats<'_>,
+    biases: Floats<'_>,
+    groups: usize,
+    r: usize,
+    ahead: usize,
+    rows: usize,
+) {
+    if ahead == 0 || r + ahead >= rows {
+        return;
+    }
+    let n = r + ahead;
+    prefetch(bytes.wrapping_add(n * row_bytes), row_bytes);
+    let (p, l) = floats_row(scales, n, groups);
+    prefetch(p, l);
+    let (p, l) = floats_row(biases, n, groups);
+    prefetch(p, l);
 }
 
 /// Quantizes `x` (`(m, cols)`, `cols` a multiple of 32) to int8 codes in their natural order
@@ -1755,11 +2022,14 @@ unsafe fn rows_q8_int8_512_m<const MT: usize>(
         );
         // Lanes 0-7: the pair's first chunk; 8-15: its second.
         let base = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+        let pf = prefetch_rows(cols);
+        let (scales, biases) = (Floats::F16(sh), Floats::F16(bh));
         for r in r0..r1 {
             let (s0, b0) = (
                 sh.as_ptr().add(r * chunks) as *const u16,
                 bh.as_ptr().add(r * chunks) as *const u16,
             );
+            prefetch_affine_row(bytes, cols, scales, biases, chunks, r, pf, rows);
             // The bias term first, 16 chunks at a time; then per block of 16 chunks the
             // factors (scale times input scale) in a register per input, each pair's two
             // picked out by one permute (the same operations in the same order as through a
@@ -2008,7 +2278,9 @@ unsafe fn rows_q4_int8_512_m<const MT: usize>(
                 sh.len() >= r1 * groups && bh.len() >= r1 * groups,
                 "scales out of range"
             );
+            let pf = prefetch_rows(row_bytes);
             for r in r0..r1 {
+                prefetch_affine_row(bytes, row_bytes, scales, biases, groups, r, pf, rows);
                 let v = row_q4_int8_512_h::<MT>(
                     bytes.add(r * row_bytes),
                     sh.as_ptr().add(r * groups) as *const u16,
@@ -2024,7 +2296,9 @@ unsafe fn rows_q4_int8_512_m<const MT: usize>(
             return;
         }
         group_sums(qx.s, MT, chunks, 1 << shift, groups, gpad, gsp);
+        let pf = prefetch_rows(row_bytes);
         for r in r0..r1 {
+            prefetch_affine_row(bytes, row_bytes, scales, biases, groups, r, pf, rows);
             widen_row(scales, r * groups, sp, groups);
             widen_row(biases, r * groups, bp, groups);
             for g in groups..gpad {
@@ -2419,6 +2693,52 @@ pub(super) fn prefill_512_supports(w: &Matrix<'_>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The grouped attention kernel (each key and value loaded once for the group's heads)
+    /// gives every head the bits of the one-head-at-a-time kernel: 1-4 heads, f32 and f16
+    /// caches, head sizes with and without an 8-value tail, parts shorter than, equal to and
+    /// longer than a block (tier: bit-identical).
+    #[test]
+    fn grouped_attention_is_the_per_head_kernel_bit_for_bit() {
+        if !super::super::Isa::Avx2.available() {
+            return;
+        }
+        let mut seed = 9u64;
+        let mut rnd = |n: usize| -> Vec<f32> {
+            (0..n)
+                .map(|_| {
+                    seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+                    ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
+                })
+                .collect()
+        };
+        for &hd in &[24usize, 64, 256] {
+            for g in 1..=4usize {
+                for &n in &[1usize, 63, 64, 130] {
+                    let q = rnd(g * hd);
+                    let k = rnd(n * hd);
+                    let v = rnd(n * hd);
+                    let kh: Vec<half::f16> = k.iter().map(|&x| half::f16::from_f32(x)).collect();
+                    let vh: Vec<half::f16> = v.iter().map(|&x| half::f16::from_f32(x)).collect();
+                    let len = g * part_stride(hd);
+                    let (mut a, mut b) = (vec![0f32; len], vec![0f32; len]);
+                    let (mut c, mut d) = (vec![0f32; len], vec![0f32; len]);
+                    // SAFETY: AVX2 checked above; the buffers hold what the kernels read and
+                    // write.
+                    unsafe {
+                        let (qp, s) = (q.as_ptr(), 0.125);
+                        attend_part(qp, g, k.as_ptr(), v.as_ptr(), hd, n, s, a.as_mut_ptr());
+                        attend_part_each(qp, g, k.as_ptr(), v.as_ptr(), hd, n, s, b.as_mut_ptr());
+                        attend_part(qp, g, kh.as_ptr(), vh.as_ptr(), hd, n, s, c.as_mut_ptr());
+                        attend_part_each(qp, g, kh.as_ptr(), vh.as_ptr(), hd, n, s, d.as_mut_ptr());
+                    }
+                    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&a), bits(&b), "f32, hd {hd}, {g} heads, {n} positions");
+                    assert_eq!(bits(&c), bits(&d), "f16, hd {hd}, {g} heads, {n} positions");
+                }
+            }
+        }
+    }
 
     /// The SIMD quantizer gives the scalar one's scales, its codes up to ties rounded the
     /// other way (at most 1 apart), and its sums up to float summation order.
