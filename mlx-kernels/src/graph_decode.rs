@@ -74,8 +74,8 @@ const KERNELS: &[(&str, u32)] = &[
     ("matvec", 14),
     ("matvec_qkv", 21),
     ("attention", 17),
-    ("argmax_partial", 4),
-    ("argmax_pick", 7),
+    ("argmax_partial", 5),
+    ("argmax_pick", 8),
 ];
 const MODE_NORM: i64 = 1;
 const MODE_RES: i64 = 2;
