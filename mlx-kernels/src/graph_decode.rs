@@ -1525,7 +1525,10 @@ impl GraphDecoder {
     /// step; every tile past it is idle).
     fn graph_for(&self, rows: impl Iterator<Item = usize>) -> Graph {
         let n = rows.map(|r| r / self.step.nb + 1).max().unwrap_or(1);
-        self.tile_graphs.get(n.wrapping_sub(1)).copied().unwrap_or(self.graph)
+        self.tile_graphs
+            .get(n.wrapping_sub(1))
+            .copied()
+            .unwrap_or(self.graph)
     }
 
     /// Checks a batched step's rows: each given once, started, with room for one position.
