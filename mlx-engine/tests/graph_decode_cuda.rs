@@ -32,6 +32,15 @@ fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
+/// `v` rounded to bfloat16 (to nearest, ties to even), as a float32.
+fn bf16(v: f32) -> f32 {
+    if v.is_nan() {
+        return v;
+    }
+    let b = v.to_bits();
+    f32::from_bits(b.wrapping_add(0x7fff + ((b >> 16) & 1)) & 0xffff_0000)
+}
+
 #[test]
 fn graph_decoder_follows_the_mlx_forward() {
     if !GraphDecoder::available() {
@@ -644,6 +653,58 @@ fn batched_row(name: &str, dir: &std::path::Path, tile: Option<u32>) {
             p.1
         );
     }
+    // One row stepping (row 0; the others idle): only its tile runs (one graph a tile count),
+    // bit-equal to the sequence decoded alone. Then its greedy pick under a logit bias set on
+    // the device: the largest logit suppressed, another raised, as mlx-lm's logit_bias
+    // processor adds them (bfloat16 sums) before its pick.
+    let (first, kv, _) = prefill(model.as_ref(), &seqs[0].0);
+    dec.set_row_prefix(0, &kv).unwrap();
+    let got = dec.step_rows_logits(&[(0, first)]).unwrap().remove(0);
+    single.set_prefix(&kv).unwrap();
+    let want = single.step_logits(first).unwrap();
+    assert!(
+        same_bits(&want, &got),
+        "{name}: one row of tile 0 stepping alone differs from the sequence decoded alone"
+    );
+    let top = compare_logits(&got, &got).ours_token as u32;
+    let raised = (top + 1) % vocab as u32;
+    let bias = [(top, -100.0f32), (raised, 3.3f32)];
+    let biased: Vec<f32> = got
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| {
+            let b = bias
+                .iter()
+                .find(|b| b.0 as usize == i)
+                .map_or(0.0, |b| bf16(b.1));
+            bf16(l + b)
+        })
+        .collect();
+    let best = compare_logits(&biased, &biased).ours_token;
+    dec.set_row_prefix(0, &kv).unwrap();
+    dec.set_row_bias(0, &bias).unwrap();
+    let pick = dec.step_rows_greedy(&[(0, first)]).unwrap()[0];
+    let (g, b) = (biased[pick.0 as usize], biased[best]);
+    eprintln!(
+        "{name}: biased greedy token {} (unbiased {top}, biased argmax {best})",
+        pick.0
+    );
+    assert!(
+        pick.0 != top && (g == b || b - g <= 1e-2 * b.abs().max(1.0)),
+        "{name}: biased greedy token {} (biased logit {g}), the largest biased logit {b}",
+        pick.0
+    );
+    // Cleared: the unbiased pick again.
+    dec.set_row_bias(0, &[]).unwrap();
+    dec.set_row_prefix(0, &kv).unwrap();
+    let pick = dec.step_rows_greedy(&[(0, first)]).unwrap()[0];
+    let (g, b) = (got[pick.0 as usize], got[top as usize]);
+    assert!(
+        g == b || b - g <= 1e-2 * b.abs().max(1.0),
+        "{name}: unbiased greedy token {} after the bias was cleared",
+        pick.0
+    );
+    assert!(dec.set_row_bias(0, &[(vocab as u32, 1.0)]).is_err());
     // Bad input is an error: a row twice, a free row, a row past the decoder's.
     assert!(dec.step_rows_logits(&[(0, 1), (0, 2)]).is_err());
     assert!(dec.step_rows_logits(&[(3, 1)]).is_err());
@@ -672,12 +733,18 @@ fn batched_throughput() {
     let (first, kv, _) = prefill(model.as_ref(), &prompt);
     let (spec, weights) = mlx_engine::graph::map_model(model.as_ref()).unwrap();
     let rows_list = std::env::var("MLX_GRAPH_BATCH_ROWS").unwrap_or_else(|_| "1 2 4 8 16".into());
+    // Weight rows a warp (`GraphOptions::rows_per_warp`, 2 or 4): MLX_GRAPH_BATCH_MV_ROWS.
+    let rows_per_warp = std::env::var("MLX_GRAPH_BATCH_MV_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
     for nb in rows_list
         .split_whitespace()
         .filter_map(|n| n.parse::<u32>().ok())
     {
         let opts = GraphOptions {
             sequences: nb,
+            rows_per_warp,
             ..GraphOptions::default()
         };
         let mut dec = match GraphDecoder::with_options(spec.clone(), &weights, 256, &opts) {
@@ -704,9 +771,26 @@ fn batched_throughput() {
         run(64, &mut dec);
         let s = t.elapsed().as_secs_f64();
         eprintln!(
-            "batched_throughput {dir}: {nb} rows, {:.1} steps/s, {:.1} tokens/s aggregate",
+            "batched_throughput {dir}: {nb} rows ({rows_per_warp} a warp), {:.1} steps/s, \
+             {:.1} tokens/s aggregate",
             64.0 / s,
             64.0 * f64::from(nb) / s
         );
+        // Half the rows stepping (the first ones: the tiles past them idle).
+        if nb >= 4 {
+            let half = &tokens[..nb as usize / 2].to_vec();
+            let t = std::time::Instant::now();
+            for _ in 0..32 {
+                dec.step_rows_greedy(half).unwrap();
+            }
+            let s = t.elapsed().as_secs_f64();
+            eprintln!(
+                "batched_throughput {dir}: {} of {nb} rows stepping, {:.1} steps/s, {:.1} \
+                 tokens/s aggregate",
+                nb / 2,
+                32.0 / s,
+                32.0 * f64::from(nb / 2) / s
+            );
+        }
     }
 }

@@ -395,7 +395,7 @@ struct MvStream {
         const uint4 xv = ((const uint4*)xsb)[xs_slot(c)];
 #pragma unroll
         for (int r = 0; r < MV_ROWS; ++r) acc[b][r] = dot8(q[u][r], xv, acc[b][r]);
-      } else {
+      } else if (NB == 1) {
         float d[MV_ROWS];
         qchunk<BITS>(q[u], xsb, c, d);
         const float xsum = ((const float*)((const unsigned char*)xc + b * xstride))[c];
@@ -403,6 +403,63 @@ struct MvStream {
         for (int r = 0; r < MV_ROWS; ++r)
           acc[b][r] += lo2f(sb[u][r]) * d[r] + hi2f(sb[u][r]) * xsum;
       }
+    }
+    if (BITS != 16 && NB > 1) qchunk_rows(u, c, xs, xc, xstride, acc);
+  }
+
+  // compute's quantized case for NB > 1: the codes of each word are decoded once, for every
+  // sequence. Each sum is the one qchunk forms (each word's codes summed on their own, the
+  // words' sums in order, then scale and bias), bit for bit: only the loops are swapped.
+  __device__ __forceinline__ void qchunk_rows(int u, int c, const bf16_t* xs, const float* xc,
+                                              int xstride, float (*acc)[MV_ROWS]) {
+    constexpr int PER = 32 / BITS;
+    constexpr int VALS = 4 * PER;
+    float d[NB][MV_ROWS];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float q[MV_ROWS][PER];
+#pragma unroll
+      for (int r = 0; r < MV_ROWS; ++r) {
+        const u32 word = i == 0 ? this->q[u][r].x
+                         : i == 1 ? this->q[u][r].y
+                         : i == 2 ? this->q[u][r].z
+                                  : this->q[u][r].w;
+        if (BITS == 4) {
+          codes4(word, q[r]);
+        } else {
+          codes8(word, q[r]);
+        }
+      }
+      // Word i's inputs: slot c (VALS / 8) + i PER / 8, from its (i PER % 8)-th value.
+      const int slot = xs_slot(c * (VALS / 8) + (i * PER) / 8);
+      const int off = (i * PER) % 8;
+#pragma unroll
+      for (int b = 0; b < NB; ++b) {
+        const uint4 t = ((const uint4*)((const unsigned char*)xs + b * xstride))[slot];
+        float x[8];
+        x[0] = lo2f(t.x);
+        x[1] = hi2f(t.x);
+        x[2] = lo2f(t.y);
+        x[3] = hi2f(t.y);
+        x[4] = lo2f(t.z);
+        x[5] = hi2f(t.z);
+        x[6] = lo2f(t.w);
+        x[7] = hi2f(t.w);
+#pragma unroll
+        for (int r = 0; r < MV_ROWS; ++r) {
+          float s = q[r][0] * x[off];
+#pragma unroll
+          for (int j = 1; j < PER; ++j) s += q[r][j] * x[off + j];
+          d[b][r] = i == 0 ? s : d[b][r] + s;
+        }
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+      const float xsum = ((const float*)((const unsigned char*)xc + b * xstride))[c];
+#pragma unroll
+      for (int r = 0; r < MV_ROWS; ++r)
+        acc[b][r] += lo2f(sb[u][r]) * d[b][r] + hi2f(sb[u][r]) * xsum;
     }
   }
 };
@@ -1102,18 +1159,22 @@ __device__ __forceinline__ float block_max(float v, float* red) {
 }
 
 // The thread's values of its block's slice (-inf past V: adds nothing to a sum of
-// exponentials, never the maximum, never picked).
-__device__ __forceinline__ void argmax_load(const float* logits, ll V, float* v) {
+// exponentials, never the maximum, never picked), each plus the row's logit bias (a
+// bfloat16 value; zero where none is set), the sum rounded to bfloat16, as mlx-lm's
+// logit_bias processor adds it to the bfloat16 logits (x + 0 is x: a row without a bias
+// reads its logits).
+__device__ __forceinline__ void argmax_load(const float* logits, const float* bias, ll V,
+                                            float* v) {
   const ll base = (ll)blockIdx.x * ARGMAX_SLICE + threadIdx.x;
 #pragma unroll
   for (int k = 0; k < ARGMAX_PER; ++k) {
     const ll i = base + k * ARGMAX_THREADS;
-    v[k] = i < V ? __ldcg(logits + i) : NEG_INF;
+    v[k] = i < V ? rbf(__ldcg(logits + i) + __ldcg(bias + i)) : NEG_INF;
   }
 }
 
 extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_partial(
-    const float* logits, float* part, int* ctl, ll V) {
+    const float* logits, const float* bias, float* part, int* ctl, ll V) {
   __shared__ float red[ARGMAX_THREADS / 32];
   __shared__ int last;
   pdl_wait_then_release();
@@ -1122,10 +1183,11 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_partial(
   // Block (x, b): sequence b's logits, parts and counters (grid G by NB).
   const ll row = blockIdx.y;
   logits += row * V;
+  bias += row * V;
   part += row * (2 * G + 2);
   ctl += row * 4;
   float v[ARGMAX_PER];
-  argmax_load(logits, V, v);
+  argmax_load(logits, bias, V, v);
   float m = NEG_INF;
 #pragma unroll
   for (int k = 0; k < ARGMAX_PER; ++k) m = v[k] > m ? v[k] : m;
@@ -1166,21 +1228,22 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_partial(
 }
 
 extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_pick(
-    const float* logits, const float* part, int* ctl, int* state, int* tokens, ll V,
-    ll max_steps) {
+    const float* logits, const float* bias, const float* part, int* ctl, int* state,
+    int* tokens, ll V, ll max_steps) {
   __shared__ int red[ARGMAX_THREADS / 32];
   __shared__ int last;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const ll G = gridDim.x;
   const ll row = blockIdx.y;
   logits += row * V;
+  bias += row * V;
   part += row * (2 * G + 2);
   ctl += row * 4;
   state += 4 * row;
   tokens += row * 2 * max_steps;
   // The logits were written two kernels back: loaded before the wait (see attention).
   float v[ARGMAX_PER];
-  argmax_load(logits, V, v);
+  argmax_load(logits, bias, V, v);
   pdl_wait_then_release();
   // An idle row samples nothing (its state is the host's: read after the wait).
   if (state[1] < 0) return;

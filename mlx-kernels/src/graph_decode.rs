@@ -74,8 +74,8 @@ const KERNELS: &[(&str, u32)] = &[
     ("matvec", 14),
     ("matvec_qkv", 21),
     ("attention", 17),
-    ("argmax_partial", 4),
-    ("argmax_pick", 7),
+    ("argmax_partial", 5),
+    ("argmax_pick", 8),
 ];
 const MODE_NORM: i64 = 1;
 const MODE_RES: i64 = 2;
@@ -792,6 +792,9 @@ struct Activations {
     /// log-probability (floats), and its counters and pick (4 ints).
     am_part: Buffer,
     am_ctl: Buffer,
+    /// Each row's logit bias (float32, vocab a row; zeros unless set_row_bias set one),
+    /// added where the greedy sampler reads the logits.
+    bias: Buffer,
 }
 
 /// A model's decode step as a replayed CUDA graph. See the module docs.
@@ -801,6 +804,10 @@ pub struct GraphDecoder {
     step: Step,
     pos: usize,
     graph: Graph,
+    /// Rows whose logit bias is set (not all zeros).
+    row_bias: Vec<bool>,
+    /// The step over the first n tiles only (n = 1 .. tiles - 1; `graph` runs them all).
+    tile_graphs: Vec<Graph>,
     /// Graphs of one part each, captured on the first breakdown.
     part_graphs: Vec<(Part, Graph)>,
     /// The step recording its timeline, and the timeline's buffer (on the first trace).
@@ -1143,6 +1150,7 @@ impl GraphDecoder {
             inv_freq2: rt.alloc_from(&inv2)?,
             am_part: rt.alloc(total * (2 * s.vocab.div_ceil(ARGMAX_SLICE) + 2) * 4)?,
             am_ctl: rt.alloc(total * 16)?,
+            bias: rt.alloc(total * s.vocab * 4)?,
         };
         let max_k = h.max(i_sz).max(s.heads * d);
         let shared = mv_shared_bytes(max_k, s.group_and_bits().1) * nb as u32;
@@ -1185,27 +1193,35 @@ impl GraphDecoder {
         };
         let weights_s = t1.elapsed().as_secs_f64();
         let t2 = std::time::Instant::now();
-        let graph = match rt.capture(|rt| record_step(rt, &step, None, None)) {
+        let graph = match rt.capture(|rt| record_step(rt, &step, None, None, tiles)) {
             Ok(g) => g,
             Err(_) if pdl => {
                 // A driver that cannot capture programmatic launches: plain launches.
                 step.pdl = false;
                 rt.set_programmatic_launch(false)?;
-                rt.capture(|rt| record_step(rt, &step, None, None))?
+                rt.capture(|rt| record_step(rt, &step, None, None, tiles))?
             }
             Err(e) => return Err(e),
         };
+        // Graphs of the first 1 .. tiles - 1 tiles: a step runs the tiles up to the last one
+        // holding a row that steps.
+        let mut tile_graphs = Vec::with_capacity(tiles.saturating_sub(1));
+        for n in 1..tiles {
+            tile_graphs.push(rt.capture(|rt| record_step(rt, &step, None, None, n))?);
+        }
         Ok(GraphDecoder {
             rt,
             step,
             pos: 0,
             graph,
+            tile_graphs,
             part_graphs: Vec::new(),
             traced: None,
             batch,
             broken: None,
             pending: VecDeque::new(),
             row_pos: vec![None; total],
+            row_bias: vec![false; total],
             queued_to: 0,
             start_pos: 0,
             limit: 0,
@@ -1460,6 +1476,32 @@ impl GraphDecoder {
         }
     }
 
+    /// Sets row `row`'s logit bias for the greedy sampler (`step_rows_greedy`, whose tokens
+    /// and log-probabilities are then those of the biased logits: each `(token, bias)` added
+    /// as a bfloat16 value to the bfloat16 logit, the sum rounded to bfloat16, as mlx-lm's
+    /// `logit_bias` processor, `logits.at[:, ids].add(values)`, does; a token given twice
+    /// takes its last bias). Empty: no bias. Kept until set again (a row's
+    /// next sequence sets its own). `step_rows_logits` returns the logits without it.
+    pub fn set_row_bias(&mut self, row: usize, bias: &[(u32, f32)]) -> Result<()> {
+        self.check_row(row)?;
+        for &(t, _) in bias {
+            self.check_token(t)?;
+        }
+        if bias.is_empty() && !self.row_bias[row] {
+            return Ok(());
+        }
+        let vocab = self.step.shape.vocab;
+        let mut dense = vec![0f32; vocab];
+        for &(t, v) in bias {
+            dense[t as usize] = bf16_round(v);
+        }
+        let bytes: Vec<u8> = dense.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let buf = self.step.acts.bias;
+        self.guard(|me| me.rt.upload(buf, row * vocab * 4, &bytes))?;
+        self.row_bias[row] = !bias.is_empty();
+        Ok(())
+    }
+
     /// Starts a sequence in row `row` from a prompt's KV cache (as [`GraphDecoder::set_prefix`]
     /// takes it; none for an empty prefix): the row's position becomes the prompt's length.
     pub fn set_row_prefix(&mut self, row: usize, kv: &[(Array, Array)]) -> Result<()> {
@@ -1477,6 +1519,16 @@ impl GraphDecoder {
             ));
         }
         Ok(())
+    }
+
+    /// The graph that runs the tiles up to the last one holding one of `rows` (the rows that
+    /// step; every tile past it is idle).
+    fn graph_for(&self, rows: impl Iterator<Item = usize>) -> Graph {
+        let n = rows.map(|r| r / self.step.nb + 1).max().unwrap_or(1);
+        self.tile_graphs
+            .get(n.wrapping_sub(1))
+            .copied()
+            .unwrap_or(self.graph)
     }
 
     /// Checks a batched step's rows: each given once, started, with room for one position.
@@ -1520,7 +1572,8 @@ impl GraphDecoder {
             me.drain()?;
             me.limit = me.pos;
             me.upload_states(&states)?;
-            me.rt.replay(me.graph, 1)?;
+            let graph = me.graph_for(states.iter().map(|s| s.0));
+            me.rt.replay(graph, 1)?;
             let mut out = Vec::with_capacity(states.len());
             for &(r, _, pos) in &states {
                 let mut b = vec![0u8; vocab * 4];
@@ -1545,7 +1598,8 @@ impl GraphDecoder {
             me.drain()?;
             me.limit = me.pos;
             me.upload_states(&states)?;
-            me.rt.replay(me.graph, 1)?;
+            let graph = me.graph_for(states.iter().map(|s| s.0));
+            me.rt.replay(graph, 1)?;
             let mut out = Vec::with_capacity(states.len());
             for &(r, _, pos) in &states {
                 // The row's first sampled slot (its step count starts at 0).
@@ -1569,7 +1623,7 @@ impl GraphDecoder {
         let vocab = self.step.shape.vocab;
         self.guard(|me| {
             me.set_state(token)?;
-            me.rt.replay(me.graph, 1)?;
+            me.rt.replay(me.graph_for(std::iter::once(0)), 1)?;
             me.pos += 1;
             let mut b = vec![0u8; vocab * 4];
             me.rt.download(me.step.acts.logits, 0, &mut b)?;
@@ -1602,7 +1656,7 @@ impl GraphDecoder {
                 for part in Part::ALL {
                     let g = me
                         .rt
-                        .capture(|rt| record_step(rt, &me.step, Some(part), None))?;
+                        .capture(|rt| record_step(rt, &me.step, Some(part), None, me.step.tiles))?;
                     me.part_graphs.push((part, g));
                 }
             }
@@ -1647,7 +1701,7 @@ impl GraphDecoder {
                     let buf = me.rt.alloc((TRACE_RECORDS + 1) * 64)?;
                     let g = me
                         .rt
-                        .capture(|rt| record_step(rt, &me.step, None, Some(buf)))?;
+                        .capture(|rt| record_step(rt, &me.step, None, Some(buf), me.step.tiles))?;
                     me.traced = Some((g, buf));
                     (g, buf)
                 }
@@ -1736,7 +1790,7 @@ impl GraphDecoder {
         self.guard(|me| {
             for &t in tokens {
                 me.set_state(t)?;
-                me.rt.replay(me.graph, 1)?;
+                me.rt.replay(me.graph_for(std::iter::once(0)), 1)?;
                 me.pos += 1;
             }
             me.rt.synchronize()
@@ -1787,7 +1841,7 @@ impl GraphDecoder {
                 None => {}
             }
             while me.pending.len() < READ_AHEAD && me.queued_to < me.limit {
-                me.rt.replay(me.graph, 1)?;
+                me.rt.replay(me.graph_for(std::iter::once(0)), 1)?;
                 let slot = me.queued_to - me.start_pos;
                 me.pending
                     .push_back(me.rt.read_begin(me.step.acts.tokens, slot * 8, 8)?);
@@ -1847,6 +1901,8 @@ struct Recorder<'a> {
     /// The timeline's buffer (GraphDecoder::trace_step), or none.
     trace: Option<Buffer>,
     prev_multi_wave: bool,
+    /// Tiles recorded: the first `tiles` of the step's (rows past them do not run).
+    tiles: usize,
 }
 
 impl Recorder<'_> {
@@ -1878,6 +1934,15 @@ impl Recorder<'_> {
         self.prev_multi_wave = blocks > resident as u64;
         Ok(())
     }
+}
+
+/// `v` rounded to bfloat16 (to nearest, ties to even; NaN stays NaN), as a float32.
+fn bf16_round(v: f32) -> f32 {
+    if v.is_nan() {
+        return v;
+    }
+    let b = v.to_bits();
+    f32::from_bits(b.wrapping_add(0x7fff + ((b >> 16) & 1)) & 0xffff_0000)
 }
 
 /// Blocks for a matrix-vector kernel over `n` rows, `rows` a warp: at most one wave of
@@ -1917,7 +1982,7 @@ fn matvec(
     out: Buffer,
     mode: i64,
 ) -> Result<()> {
-    for t in 0..rec.step.tiles {
+    for t in 0..rec.tiles {
         matvec_tile(rec, rt, part, lin, x, norm, res, out, mode, t)?;
     }
     Ok(())
@@ -2026,6 +2091,7 @@ fn record_step(
     step: &Step,
     only: Option<Part>,
     trace: Option<Buffer>,
+    run_tiles: usize,
 ) -> Result<()> {
     let Step {
         shape: ref s,
@@ -2038,9 +2104,10 @@ fn record_step(
         rows,
         mv_cap,
         nb,
-        tiles,
         ..
     } = *step;
+    // Only the first run_tiles tiles' rows run (the rest idle): one graph a tile count.
+    let tiles = run_tiles.clamp(1, step.tiles);
     let nbu = nb as u32;
     // Tile t's first row in a buffer of `row` bytes a row.
     let at = |t: usize, row: usize| t * nb * row;
@@ -2054,6 +2121,7 @@ fn record_step(
         only,
         trace,
         prev_multi_wave: false,
+        tiles,
     };
     let k_embed = rt.kernel("embed")?;
     let k_qkv = rt.kernel("matvec_qkv")?;
@@ -2282,6 +2350,7 @@ fn record_step(
             0,
             &[
                 Arg::Buf(a.logits, at(t, s.vocab * 4)),
+                Arg::Buf(a.bias, at(t, s.vocab * 4)),
                 Arg::Buf(a.am_part, at(t, am_row)),
                 Arg::Buf(a.am_ctl, at(t, 16)),
                 Arg::I64(s.vocab as i64),
@@ -2298,6 +2367,7 @@ fn record_step(
             0,
             &[
                 Arg::Buf(a.logits, at(t, s.vocab * 4)),
+                Arg::Buf(a.bias, at(t, s.vocab * 4)),
                 Arg::Buf(a.am_part, at(t, am_row)),
                 Arg::Buf(a.am_ctl, at(t, 16)),
                 Arg::Buf(a.state, at(t, 16)),

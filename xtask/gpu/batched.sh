@@ -5,11 +5,12 @@
 #    decoder of 4 rows, one joining and one leaving, teacher-forced against each sequence
 #    decoded alone and against the MLX forward; one tile of 4 and two of 2), then the quick
 #    engine-backend test, into graph_test.log;
-# 2. `mlx serve --decoder graph` (the batch engine on the graph decoder), `--decoder mlx` and
-#    mlx_lm.server (SERVE_SIDES) under 1 and 16 streaming clients on SERVE_MODELS, into
-#    serve.log;
-# 3. `batched_throughput` (ignored test: aggregate greedy tokens a second of the graph decoder
-#    for ROWS sequences a step) on each of THRU_MODELS, into throughput.log.
+# 2. `batched_throughput` (ignored test: aggregate greedy tokens a second of the graph decoder
+#    for ROWS sequences a step, and half of them stepping) on each of THRU_MODELS, with each
+#    THRU_MV_ROWS weight rows a warp (2, 4), into throughput.log;
+# 3. `mlx serve --decoder graph` (the batch engine on the graph decoder), `--decoder mlx` and
+#    mlx_lm.server (SERVE_SIDES) under SERVE_CLIENTS (1,16) streaming clients on SERVE_MODELS,
+#    into serve.log (SERVE_CLIENTS=1,16,16 repeats 16 on the warm server).
 set -x
 C=.gpu/c
 export PYTHONUNBUFFERED=1
@@ -25,6 +26,13 @@ nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
 if [ -z "$SKIP_TEST" ]; then
   timeout ${TEST_S:-200} /opt/bin/graph_test --test-threads 1 --nocapture batched_equals_single 2>&1 | tee $OUT/graph_test.log | tail -30
 fi
+for m in ${THRU_MODELS:-llama-135m-bf16 llama31-8b-q4}; do
+  for mv in ${THRU_MV_ROWS:-2}; do
+    MLX_GRAPH_BATCH_MODEL=/opt/models/$m MLX_GRAPH_BATCH_ROWS="${ROWS:-1 2 4 8 16}" MLX_GRAPH_BATCH_MV_ROWS=$mv \
+      timeout ${THRU_S:-100} /opt/bin/graph_test --ignored --nocapture --test-threads 1 batched_throughput 2>&1 \
+      | grep -v "^running\|^$" | tee -a $OUT/throughput.log
+  done
+done
 serve_bench() {  # NAME PORT COMMAND...
   local name=$1 port=$2; shift 2
   setsid "$@" > $OUT/serve_$name.err 2>&1 &
@@ -48,10 +56,5 @@ for m in ${SERVE_MODELS:-llama31-8b-q4}; do
       *) serve_bench "$d-$m" 8431 $MLX serve --model /opt/models/$m --port 8431 --max-batch ${MAX_BATCH:-16} --queue-size 256 --decoder $d --log-level info ;;
     esac
   done
-done
-for m in ${THRU_MODELS:-llama-135m-bf16 llama31-8b-q4}; do
-  MLX_GRAPH_BATCH_MODEL=/opt/models/$m MLX_GRAPH_BATCH_ROWS="${ROWS:-1 2 4 8 16}" \
-    timeout ${THRU_S:-100} /opt/bin/graph_test --ignored --nocapture --test-threads 1 batched_throughput 2>&1 \
-    | grep -v "^test \|^running\|^$" | tee -a $OUT/throughput.log
 done
 echo batched-done

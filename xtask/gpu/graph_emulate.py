@@ -149,9 +149,9 @@ extern "C" void emu(int k, unsigned gx, unsigned gy, unsigned bx, const u64* a) 
     case 2: run_grid(gx, gy, bx, [=] { matvec_qkv(P(const void*, 0), P(const u32*, 1), P(const bf16_t*, 2), P(const bf16_t*, 3), P(bf16_t*, 4), P(bf16_t*, 5), P(bf16_t*, 6), P(const int*, 7), L(8), L(9), L(10), L(11), L(12), L(13), L(14), L(15), D_(a[16]), P(const float*, 17), P(u64*, 18), L(19), P(const bf16_t*, 20)); }); break;
     case 3: run_grid(gx, gy, bx, [=] { attention(P(const bf16_t*, 0), P(const bf16_t*, 1), P(const bf16_t*, 2), P(const int*, 3), P(float*, 4), P(float*, 5), P(int*, 6), P(bf16_t*, 7), L(8), L(9), L(10), L(11), L(12), D_(a[13]), P(u64*, 14), L(15), D_(a[16])); }); break;
     case 7: run_grid(gx, gy, bx, [=] { norm_add(P(const bf16_t*, 0), P(const bf16_t*, 1), P(bf16_t*, 2), L(3), D_(a[4])); }); break;
-    case 4: run_grid(gx, gy, bx, [=] { argmax_partial(P(const float*, 0), P(float*, 1), P(int*, 2), L(3)); }); break;
+    case 4: run_grid(gx, gy, bx, [=] { argmax_partial(P(const float*, 0), P(const float*, 1), P(float*, 2), P(int*, 3), L(4)); }); break;
     case 6: run_grid(gx, gy, bx, [=] { qk_norm_rope(P(bf16_t*, 0), P(bf16_t*, 1), P(const int*, 2), P(const bf16_t*, 3), P(const bf16_t*, 4), P(const float*, 5), L(6), L(7), L(8), L(9), L(10), D_(a[11])); }); break;
-    case 5: run_grid(gx, gy, bx, [=] { argmax_pick(P(const float*, 0), P(const float*, 1), P(int*, 2), P(int*, 3), P(int*, 4), L(5), L(6)); }); break;
+    case 5: run_grid(gx, gy, bx, [=] { argmax_pick(P(const float*, 0), P(const float*, 1), P(const float*, 2), P(int*, 3), P(int*, 4), P(int*, 5), L(6), L(7)); }); break;
   }
 }
 """
@@ -440,6 +440,7 @@ def run(lib, name):
     am = -(-V // ARGMAX_SLICE)  # the sampler's blocks
     am_part = e.buf(np.zeros(NB * (2 * am + 2), np.float32))  # its partials
     am_ctl = e.buf(np.zeros(NB * 4, np.int32))
+    bias = e.buf(np.zeros(NB * V, np.float32))  # the rows' logit biases (none)
     inv_buf = e.buf(inv_freq)
     inv_buf2 = e.buf(inv_freq2)
     scale = float(np.float32(model.model.layers[0].self_attn.scale))
@@ -476,8 +477,8 @@ def run(lib, name):
                 mv(L["gu"], h, L["post"], None, act, 1 | 4)
                 mv(L["down"], act, None, h, h, 2)
         mv((head, V), h, final_norm, None, logits, 1 | 8)
-        e.launch(4, (am, NB), 256, [logits, am_part, am_ctl, V])
-        e.launch(5, (am, NB), 256, [logits, am_part, am_ctl, state, tokens, V, cap])
+        e.launch(4, (am, NB), 256, [logits, bias, am_part, am_ctl, V])
+        e.launch(5, (am, NB), 256, [logits, bias, am_part, am_ctl, state, tokens, V, cap])
 
     from mlx_lm.models.cache import KVCache
 
@@ -588,6 +589,13 @@ def mlx_lm_pick(logits):
     return int(make_sampler(0.0)(lg - mx.logsumexp(lg, axis=-1, keepdims=True)).item())
 
 
+def make_sampler_greedy(lg):
+    """mlx-lm's greedy pick from a (1, V) bfloat16 array of (processed) logits."""
+    from mlx_lm.sample_utils import make_sampler
+
+    return make_sampler(0.0)(lg - mx.logsumexp(lg, axis=-1, keepdims=True)).item()
+
+
 def mlx_lm_logprob(logits, token):
     """generate_step's log-probability of `token` (bfloat16 logits minus their logsumexp)."""
     lg = mx.array(logits).astype(mx.bfloat16)
@@ -617,21 +625,36 @@ def sampler_check(lib):
     nan = rng.normal(0, 1, 5000)
     nan[[3, 4100]] = np.nan
     cases.append(("NaN", nan))
+    # A logit bias (the serve bench's EOS suppression, plus one that makes a new winner and
+    # ones whose sums round in bfloat16): mlx-lm's logit_bias processor, then its pick.
+    biased = rng.normal(0, 3, 50000)
+    top = int(np.argmax(biased))
+    bias_of = {top: -100.0, 123: 30.0, 7: 0.3, 49999: -0.01}
+    cases.append(("logit bias", biased))
     ok = True
     for what, vals in cases:
         V = len(vals)
         # bfloat16 values held as float32, as the head kernel writes them.
         logits = e.buf(np.array(mx.array(np.asarray(vals, np.float32)).astype(mx.bfloat16)
                                 .astype(mx.float32)))
-        want = mlx_lm_pick(logits)
+        bias = e.buf(np.zeros(V, np.float32))
+        if what == "logit bias":
+            lg = mx.array(logits).astype(mx.bfloat16)[None]
+            ids = list(bias_of)
+            lg[:, ids] += mx.array([bias_of[i] for i in ids])
+            want = int(make_sampler_greedy(lg))
+            for i, v in bias_of.items():
+                bias[i] = v
+        else:
+            want = mlx_lm_pick(logits)
         am = -(-V // ARGMAX_SLICE)
         part = e.buf(np.zeros(2 * am + 2, np.float32))
         ctl = e.buf(np.zeros(4, np.int32))
         state = e.buf(np.array([0, 5, 0, 0], np.int32))
         tokens = e.buf(np.zeros(8, np.int32))
         for _ in range(2):
-            e.launch(4, (am, 1), 256, [logits, part, ctl, V])
-            e.launch(5, (am, 1), 256, [logits, part, ctl, state, tokens, V, 4])
+            e.launch(4, (am, 1), 256, [logits, bias, part, ctl, V])
+            e.launch(5, (am, 1), 256, [logits, bias, part, ctl, state, tokens, V, 4])
         got = [int(t) for t in tokens[0:4:2]]
         good = got == [want, want] and list(state[:3]) == [want, 7, 2] and not ctl.any()
         ok &= good

@@ -712,6 +712,9 @@ struct Seq {
     cpu: Option<CpuCache>,
     /// The row's row in the graph decoder, when it runs the batch.
     graph_row: Option<usize>,
+    /// Whether the graph decoder's row holds this row's logit bias (none, or its one
+    /// `LogitBias` processor's), set before its first step with tokens picked on the device.
+    graph_bias_set: bool,
 }
 
 struct Worker<'m> {
@@ -2288,6 +2291,7 @@ impl Worker<'_> {
             grammar,
             cpu: None,
             graph_row: None,
+            graph_bias_set: false,
         };
         Ok(match self.emit(&mut row, first, Some(logprobs))? {
             Outcome::Continue => Some(row),
@@ -2392,15 +2396,23 @@ impl Worker<'_> {
         } else {
             Vec::new()
         };
-        // Greedy rows without logits processors, grammars or log-probabilities: the tokens
-        // are picked on the device (mlx-lm's argmax of the log-probabilities).
-        let device_greedy = self.rows.iter().all(|r| {
-            r.sampler.settings().temp == 0.0
-                && r.processors.is_empty()
-                && r.grammar.is_none()
-                && !r.logprobs
-        });
+        // Greedy rows without grammars or log-probabilities, and without logits processors
+        // but one logit bias (set in the decoder's row): the tokens are picked on the device
+        // (mlx-lm's argmax of the log-probabilities of the biased logits).
+        let device_greedy = self.graph.is_some()
+            && self.rows.iter().all(|r| {
+                r.sampler.settings().temp == 0.0
+                    && device_bias(&r.processors).is_some()
+                    && r.grammar.is_none()
+                    && !r.logprobs
+            });
         if let (Some(dec), true) = (self.graph.as_mut(), device_greedy) {
+            for row in self.rows.iter_mut().filter(|r| !r.graph_bias_set) {
+                if let (Some(g), Some(bias)) = (row.graph_row, device_bias(&row.processors)) {
+                    dec.set_row_bias(g, &bias)?;
+                    row.graph_bias_set = true;
+                }
+            }
             let picks = dec.step_rows_greedy(&graph_rows)?;
             let tokens: Vec<u32> = picks.iter().map(|p| p.0).collect();
             return self.finish_step(&tokens, vec![None; b]);
@@ -2643,6 +2655,20 @@ impl Worker<'_> {
 
 /// A row's processors when they are only logit biases (which read no context): their ids and
 /// value bits, to compare rows; `None` otherwise or when there are none.
+/// A row's logits processors as the graph decoder's device bias: none (empty), or the
+/// `(token, bias)` pairs of a single `LogitBias`; `None` when the row has other processors.
+fn device_bias(processors: &[LogitsProcessor]) -> Option<Vec<(u32, f32)>> {
+    match processors {
+        [] => Some(Vec::new()),
+        [LogitsProcessor::LogitBias { ids, values }] if ids.len() == values.len() => ids
+            .iter()
+            .zip(values)
+            .map(|(&i, &v)| u32::try_from(i).ok().map(|i| (i, v)))
+            .collect(),
+        _ => None,
+    }
+}
+
 fn bias_only(processors: &[LogitsProcessor]) -> Option<Vec<(Vec<i32>, Vec<u32>)>> {
     if processors.is_empty() {
         return None;
