@@ -42,7 +42,7 @@ pub(super) fn supports(w: &Matrix<'_>) -> bool {
 }
 
 /// Rows `r0..r1` of `out = x W^T (+ bias)` for the `m` int16-quantized inputs `qx` (as
-/// `rows_int16_512` computes them), [`WIDE_TILE`] inputs a pass over each weight row.
+/// `rows_int16_512` computes them), up to [`WIDE_TILE`] inputs a pass over each weight row.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA, F16C and AVX-512 F/BW/VL with VNNI; [`supports`] holds for `w`;
@@ -61,9 +61,13 @@ pub(super) unsafe fn rows(
 ) {
     let (n, cols) = (w.rows(), w.cols());
     let chunks = cols / 32;
+    // Past one tile, tiles of even size (7 rows as 4 + 3, not 6 + 1: a one-row pass over the
+    // weights costs nearly what a one-row product does).
+    let mut tiles = m.div_ceil(WIDE_TILE);
     let mut t0 = 0;
     while t0 < m {
-        let mt = (m - t0).min(WIDE_TILE);
+        let mt = (m - t0).div_ceil(tiles);
+        tiles -= 1;
         let c = t0 * chunks;
         // SAFETY: rows t0..t0 + mt of qx start at these offsets; the contract is forwarded.
         unsafe {
