@@ -2,9 +2,10 @@
 //! one sequence) against one row, at SmolLM2-135M's shapes in its GGUF's formats (Q4_1
 //! layers as 4-bit affine, the tied Q8_0 head as 8-bit), under the CPU decoder's default
 //! activations (`Int16Q8Int8`): `cargo run --release -p mlx-core --example cpu_rows --
-//! [THREADS] [MAX_ROWS]`. Each shape cycles through enough copies to stream its weights from
-//! memory (as a decode step does, 98 MB a token), and prints the fastest of many runs per
-//! row count and its cost in one-row products.
+//! [THREADS] [MAX_ROWS] [MB]`. Each shape cycles through enough copies to stream its weights
+//! from memory (as a decode step does, 98 MB a token; `MB`, default 96, the size of the cycle:
+//! a small one keeps the weights in cache, so the kernels' arithmetic alone is timed), and
+//! prints the fastest of many runs per row count and its cost in one-row products.
 
 use half::f16;
 use mlx_core::cpu::{matmul_t_each, Activations, CpuContext, Floats, MatJob, Matrix, RowsScratch};
@@ -33,6 +34,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .nth(2)
         .and_then(|v| v.parse().ok())
         .unwrap_or(6);
+    let cycle_mb: f64 = std::env::args()
+        .nth(3)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(96.0);
     let mut ctx = CpuContext::new(threads)?;
     ctx.activations = Activations::Int16Q8Int8;
     let mut rng = Lcg(7);
@@ -43,9 +48,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         (576, 1536, 4),
         (49152, 576, 8),
     ] {
-        // Enough copies for 96 MB, so the cycle does not stay in the 32 MB L3.
+        // Enough copies for `cycle_mb` (96 MB: the cycle does not stay in the 32 MB L3).
         let one = rows * cols * bits / 8 + rows * cols / 32 * 4;
-        let copies = (96_000_000 / one).max(2);
+        let copies = ((cycle_mb * 1e6) as usize / one).max(1);
         let mut store = Vec::new();
         for _ in 0..copies {
             let words: Vec<u32> = (0..rows * cols * bits / 32).map(|_| rng.next()).collect();

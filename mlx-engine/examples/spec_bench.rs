@@ -20,7 +20,8 @@ use std::time::Instant;
 use mlx_engine::chat_template::ChatTemplateOptions;
 use mlx_engine::cpu_decode::CpuDecoder;
 use mlx_engine::cpu_spec::{
-    greedy, prompt_lookup_by_context, prompt_lookup_longest, speculative_greedy_with, DraftLength,
+    greedy, longest_match, prompt_lookup_by_context, prompt_lookup_longest,
+    speculative_greedy_with, DraftLength,
 };
 use mlx_engine::load::{load, LoadSpec, ModelRef, Quiet};
 use mlx_engine::speculative::prompt_lookup;
@@ -71,18 +72,24 @@ fn row(
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let rounds: usize = arg("--rounds", 5);
-    let ngram: usize = arg("--ngram", 3);
-    let k: usize = arg("--draft", 3);
+    // The defaults: the policy `--simulate` and the measured runs of
+    // results/bench/2026-12-04-s23-spec/ found best on this prompt (any n-gram of one token
+    // or more, the occurrence with the longest context, drafts up to one past that context's
+    // length, at most 8, no adaptation).
+    let ngram: usize = arg("--ngram", 1);
+    let k: usize = arg("--draft", 8);
     let max_tokens: usize = arg("--max-tokens", 160);
     let threads: usize = arg("--threads", 0);
     let out_file: String = arg("--out", String::new());
     // 1: the number of drafts a round asks for adapts (`DraftLength`); 0: always `--draft`.
-    let adaptive: usize = arg("--adaptive", 1);
+    let adaptive: usize = arg("--adaptive", 0);
     // 1: the lookup takes the occurrence with the longest context (`prompt_lookup_longest`);
     // 0: the most recent one (`prompt_lookup`).
     let longest: usize = arg("--longest", 1);
     // 1: drafts no longer than the matched context (`prompt_lookup_by_context`).
-    let by_context: usize = arg("--by-context", 0);
+    let by_context: usize = arg("--by-context", 1);
+    // With `--by-context 1`: drafts up to the matched context's length plus this many.
+    let slack: usize = arg("--slack", 1);
     // > 0: time one verification pass of 1..=N rows against a one-token step and exit.
     let cost: usize = arg("--cost", 0);
 
@@ -112,13 +119,29 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if cost > 0 {
         return verify_cost(&mut dec, &prompt, cost, rounds);
     }
+    // > 0: per-part profiles (`MLX_CPU_PROFILE=1`) of verification passes of 1..=N rows, one
+    // fresh decoder a row count (each prints its profile when dropped), then exit.
+    let profile: usize = arg("--profile", 0);
+    if profile > 0 {
+        drop(dec);
+        for n in 1..=profile {
+            let mut d = CpuDecoder::new(m.model.as_ref(), threads, prompt.len() + n + 8)?;
+            profile_rows(&mut d, &prompt, n, rounds * 16)?;
+        }
+        return Ok(());
+    }
     if arg("--simulate", 0usize) > 0 {
         let plain = greedy(&mut dec, &prompt, max_tokens, &mut |t| eos.contains(&t))?;
+        let costs: Vec<f64> = arg("--costs", String::new())
+            .split(',')
+            .filter_map(|c| c.trim().parse().ok())
+            .collect();
         simulate(
             &prompt,
             &plain,
             arg("--alpha", 0.2f64),
             arg("--tile", 4usize),
+            &costs,
         );
         return Ok(());
     }
@@ -148,7 +171,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
         let mut lookup = |h: &[u32], n: usize| {
             if by_context != 0 {
-                prompt_lookup_by_context(h, ngram, n)
+                capped(h, ngram, n, slack)
             } else if longest != 0 {
                 prompt_lookup_longest(h, ngram, n)
             } else {
@@ -244,7 +267,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
              activations), {} threads, prompt {} tokens (a copy-edit request over a passage with \
              repeated spans, ChatML), at most {max_tokens} tokens, greedy, stop at EOS; prompt \
              lookup n-gram {ngram}, up to {k} draft tokens (adaptive: {}, longest-context lookup: {}, \
-             drafts capped by the matched context: {}) verified in one batched pass; plain = \
+             drafts capped by the matched context plus {slack}: {}) verified in one batched pass; plain = \
              the same decoder one token a step. Rounds alternate the two; decode rate = \
              (tokens - 1) / (time from the first token to the last).\n\n\
              The CPU-time ratio is plain's CPU seconds a decoded token over speculation's (every \
@@ -324,6 +347,43 @@ fn verify_cost(
     Ok(())
 }
 
+/// Longest-context lookup drafting at most the matched context's length plus `slack` tokens
+/// (`slack` 0: [`prompt_lookup_by_context`]).
+fn capped(history: &[u32], ngram: usize, k: usize, slack: usize) -> Vec<u32> {
+    longest_match(history, ngram).map_or_else(Vec::new, |(len, from)| {
+        history[from..(from + k.min(len + slack)).min(history.len())].to_vec()
+    })
+}
+
+/// `passes` verification passes of `n` rows after the prompt (the cache rolled back after each)
+/// on `dec`, whose `MLX_CPU_PROFILE` table (printed to stderr when it is dropped) is then that
+/// of `n`-row passes alone (the prompt's blocks are not profiled).
+fn profile_rows(
+    dec: &mut CpuDecoder<'_>,
+    prompt: &[u32],
+    n: usize,
+    passes: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    dec.feed(prompt)?;
+    let base = dec.position();
+    let tokens: Vec<u32> = prompt[prompt.len() / 2..]
+        .iter()
+        .copied()
+        .cycle()
+        .take(n)
+        .collect();
+    let t = Instant::now();
+    for _ in 0..passes {
+        dec.verify(&tokens)?;
+        dec.truncate(base);
+    }
+    eprintln!(
+        "profile {n} rows: {passes} passes, {:.3} ms a pass",
+        t.elapsed().as_secs_f64() * 1e3 / passes as f64
+    );
+    Ok(())
+}
+
 /// CPU time of every thread of this process so far, in seconds (the first field of each
 /// `/proc/self/task/*/schedstat`, nanoseconds on the CPU); 0 where that is not readable.
 fn cpu_seconds() -> f64 {
@@ -344,15 +404,39 @@ fn cpu_seconds() -> f64 {
 }
 
 /// Draft policies replayed against the plain greedy reply (a draft is accepted up to its first
-/// token that differs from the reply): passes, rows verified and the cost in one-token steps
-/// when a pass of `r` rows costs `(1 - alpha) * ceil(r / tile) + alpha * r` (the products run
-/// `tile` rows a pass over each weight block); plain decoding costs one step a token.
-fn simulate(prompt: &[u32], reply: &[u32], alpha: f64, tile: usize) {
-    println!("ngram longest adaptive k | passes rows cost speedup");
+/// token that differs from the reply): passes, rows verified and the cost in one-token steps.
+/// A pass of `r` rows costs `costs[r - 1]` where `--costs c1,c2,...` gives measured costs
+/// (past the list, its last step's increment per row), else `(1 - alpha) * ceil(r / tile) +
+/// alpha * r` (the products run `tile` rows a pass over each weight block); plain decoding
+/// costs one step a token. Lookups: most recent occurrence (`recent`), longest context
+/// (`longest`), longest context with drafts capped by its length (`context`; `ctx-1`,
+/// `ctx+1`, `ctx+2`: the cap one less, one or two more than the matched length), and
+/// `oracle`: `longest`'s drafts cut to the part the reply accepts (the bound for these
+/// lookups: no policy drafting from them does better).
+fn simulate(prompt: &[u32], reply: &[u32], alpha: f64, tile: usize, costs: &[f64]) {
+    let cost_of = |r: usize| -> f64 {
+        if costs.is_empty() {
+            return (1.0 - alpha) * r.div_ceil(tile.max(1)) as f64 + alpha * r as f64;
+        }
+        if r <= costs.len() {
+            return costs[r - 1];
+        }
+        let n = costs.len();
+        let inc = if n > 1 {
+            costs[n - 1] - costs[n - 2]
+        } else {
+            alpha
+        };
+        costs[n - 1] + inc * (r - n) as f64
+    };
+    println!("ngram lookup adaptive k | passes rows cost speedup");
+    let mut best: Vec<(f64, String)> = Vec::new();
     for ngram in 1..=4 {
-        for longest in [false, true] {
+        for lookup in [
+            "recent", "longest", "context", "ctx-1", "ctx+1", "ctx+2", "oracle",
+        ] {
             for adaptive in [false, true] {
-                for k in [2, 3, 4, 6, 8, 12] {
+                for k in [1, 2, 3, 4, 5, 6, 8, 12] {
                     let mut len = DraftLength::new(k, adaptive);
                     let mut history = prompt.to_vec();
                     let (mut passes, mut rows, mut done) = (0usize, 0usize, 0usize);
@@ -362,11 +446,27 @@ fn simulate(prompt: &[u32], reply: &[u32], alpha: f64, tile: usize) {
                         history.push(reply[done]);
                         done += 1;
                         let want = len.want(reply.len().saturating_sub(done));
-                        let drafts = if longest {
-                            prompt_lookup_longest(&history, ngram, want)
-                        } else {
-                            prompt_lookup(&history, ngram, want)
+                        let mut drafts = match lookup {
+                            "recent" => prompt_lookup(&history, ngram, want),
+                            "context" => prompt_lookup_by_context(&history, ngram, want),
+                            "ctx-1" | "ctx+1" | "ctx+2" => {
+                                let slack: isize = lookup[3..].parse().unwrap_or(0);
+                                longest_match(&history, ngram).map_or_else(Vec::new, |(l, from)| {
+                                    let n = (l as isize + slack).max(0) as usize;
+                                    let end = (from + n.min(want)).min(history.len());
+                                    history[from..end].to_vec()
+                                })
+                            }
+                            _ => prompt_lookup_longest(&history, ngram, want),
                         };
+                        if lookup == "oracle" {
+                            let keep = drafts
+                                .iter()
+                                .zip(&reply[done..])
+                                .take_while(|(a, b)| a == b)
+                                .count();
+                            drafts.truncate(keep);
+                        }
                         let n = drafts
                             .iter()
                             .zip(&reply[done..])
@@ -375,17 +475,23 @@ fn simulate(prompt: &[u32], reply: &[u32], alpha: f64, tile: usize) {
                         len.update(drafts.len(), n);
                         passes += 1;
                         rows += 1 + drafts.len();
-                        let r = 1 + drafts.len();
-                        cost += (1.0 - alpha) * r.div_ceil(tile.max(1)) as f64 + alpha * r as f64;
+                        cost += cost_of(1 + drafts.len());
                         history.extend_from_slice(&reply[done..done + n]);
                         done += n;
                     }
-                    println!(
-                        "{ngram} {longest} {adaptive} {k} | {passes} {rows} {cost:.1} {:.2}x",
+                    let line = format!(
+                        "{ngram} {lookup} {adaptive} {k} | {passes} {rows} {cost:.1} {:.2}x",
                         reply.len() as f64 / cost
                     );
+                    println!("{line}");
+                    best.push((reply.len() as f64 / cost, line));
                 }
             }
         }
+    }
+    best.sort_by(|a, b| b.0.total_cmp(&a.0));
+    println!("best:");
+    for (_, l) in best.iter().take(8) {
+        println!("{l}");
     }
 }

@@ -58,7 +58,7 @@ pub fn prompt_lookup_by_context(history: &[u32], ngram: usize, k: usize) -> Vec<
 /// The earlier occurrence of `history`'s last `ngram` tokens whose match with the tokens
 /// before them reaches furthest back (up to 64; the most recent on ties): `(matched length,
 /// the index after it)`.
-fn longest_match(history: &[u32], ngram: usize) -> Option<(usize, usize)> {
+pub fn longest_match(history: &[u32], ngram: usize) -> Option<(usize, usize)> {
     const REACH: usize = 64;
     let n = history.len();
     if ngram == 0 || n <= ngram {

@@ -316,6 +316,12 @@ pub fn matmul_t_each_with(
                 // The kernel `matmul_t` picks for one input; each input row's sums are
                 // independent of how many rows a call takes (`each_row_is_what_it_is_alone`).
                 let wide = isa == Isa::Avx512 && cols / 32 <= super::x86::MAX_CHUNKS;
+                if wide && super::affine_rows::supports(&w) {
+                    // SAFETY: as below (Isa::Avx512, the inputs quantized to int16, these
+                    // weight rows of the output this worker's alone).
+                    unsafe { super::affine_rows::rows(&w, r0, r1, q, m, out, bias) };
+                    continue;
+                }
                 let tile = if wide { super::x86::WIDE_TILE } else { 4 };
                 let mut t0 = 0;
                 while t0 < m {

@@ -14,6 +14,8 @@
 //! Nothing here allocates per call except where a function says so; scratch space is the
 //! caller's or on the stack.
 
+#[cfg(target_arch = "x86_64")]
+mod affine_rows;
 mod batch;
 #[cfg(target_arch = "x86_64")]
 mod kgemm;

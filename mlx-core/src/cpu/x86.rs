@@ -778,7 +778,7 @@ unsafe fn dot4_512<const MT: usize>(
 #[inline]
 #[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn dot4_512_h<const MT: usize>(
+pub(super) unsafe fn dot4_512_h<const MT: usize>(
     rb: *const u8,
     s0: *const u16,
     b0: *const u16,

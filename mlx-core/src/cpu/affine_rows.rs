@@ -1,0 +1,252 @@
+//! The products of a speculative verification pass (or a batched decode step) over 4-bit
+//! affine weights in groups of 32 with half-precision scales and biases (GGUF's Q4_0 / Q4_1
+//! as MLX loads them: SmolLM2-135M's layers), with the CPU decoder's int16 inputs on AVX-512.
+//!
+//! Each row's sum is [`x86::dot4_512_h`](super::x86)'s, the function the one-row kernel
+//! (`rows_int16_512`) calls, so every input row gets the bits it gets alone (tier:
+//! bit-identical, `each_row_is_what_it_is_alone` in `batch.rs` and this file's test); up to
+//! [`WIDE_TILE`](super::x86::WIDE_TILE) inputs share one pass over each weight row (its bytes
+//! loaded and unpacked once, the rows' sums register-blocked). What this adds: the weights
+//! stream from memory while the rows' arithmetic runs. A weight row is ~360 bytes (codes,
+//! scales, biases), read once per pass; without a prefetch the loads of the next row only
+//! start when its sums do, so the memory time adds to the arithmetic instead of overlapping
+//! it. Here each row prefetches the one [`PREFETCH_ROWS`] ahead.
+//!
+//! The plain reference is `x86::rows_int16_512` (the same sums, no prefetch); the micro
+//! benchmark is `cargo run --release -p mlx-core --example cpu_rows -- [THREADS] [MAX_ROWS]`.
+
+use std::arch::x86_64::*;
+
+use super::matmul::{Floats, Kind, Matrix};
+use super::x86::{dot4_512_h, QuantX16, MAX_CHUNKS, WIDE_TILE};
+use super::SharedOut;
+
+/// How many weight rows ahead each row prefetches (a few rows: ~1.4 KB at SmolLM2's 576
+/// columns, enough to cover the memory latency behind one row's sums).
+pub(super) const PREFETCH_ROWS: usize = 4;
+
+/// Whether [`rows`] takes `w`: 4-bit affine, groups of 32, half-precision scales and biases,
+/// at most [`MAX_CHUNKS`] chunks a row.
+pub(super) fn supports(w: &Matrix<'_>) -> bool {
+    matches!(
+        w.kind,
+        Kind::Affine {
+            bits: 4,
+            group: 32,
+            scales: Floats::F16(_),
+            biases: Floats::F16(_),
+            ..
+        }
+    ) && w.cols() % 32 == 0
+        && w.cols() / 32 <= MAX_CHUNKS
+}
+
+/// Rows `r0..r1` of `out = x W^T (+ bias)` for the `m` int16-quantized inputs `qx` (as
+/// `rows_int16_512` computes them), up to [`WIDE_TILE`] inputs a pass over each weight row.
+///
+/// # Safety
+/// The CPU has AVX2, FMA, F16C and AVX-512 F/BW/VL with VNNI; [`supports`] holds for `w`;
+/// `qx` holds `m` rows of `cols` codes (and [`permute_x16`](super::x86)'s copy), scales and
+/// sums; rows `r0..r1` (`r1 <= w.rows()`) of `out` (`(m, rows)`) are this caller's alone.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn rows(
+    w: &Matrix<'_>,
+    r0: usize,
+    r1: usize,
+    qx: QuantX16,
+    m: usize,
+    out: SharedOut,
+    bias: Option<Floats<'_>>,
+) {
+    let (n, cols) = (w.rows(), w.cols());
+    let chunks = cols / 32;
+    // Past one tile, tiles of even size (7 rows as 4 + 3, not 6 + 1: a one-row pass over the
+    // weights costs nearly what a one-row product does).
+    let mut tiles = m.div_ceil(WIDE_TILE);
+    let mut t0 = 0;
+    while t0 < m {
+        let mt = (m - t0).div_ceil(tiles);
+        tiles -= 1;
+        let c = t0 * chunks;
+        // SAFETY: rows t0..t0 + mt of qx start at these offsets; the contract is forwarded.
+        unsafe {
+            let q = QuantX16 {
+                q: qx.q.add(t0 * cols),
+                p: qx.p.add(t0 * cols),
+                d: qx.d.add(c),
+                s: qx.s.add(c),
+            };
+            // Only the first pass prefetches: the others find the block's rows in cache.
+            let pf = t0 == 0;
+            let o = out.from(t0 * n);
+            match mt {
+                1 => rows_m::<1>(w, r0, r1, q, o, bias, pf),
+                2 => rows_m::<2>(w, r0, r1, q, o, bias, pf),
+                3 => rows_m::<3>(w, r0, r1, q, o, bias, pf),
+                4 => rows_m::<4>(w, r0, r1, q, o, bias, pf),
+                5 => rows_m::<5>(w, r0, r1, q, o, bias, pf),
+                _ => rows_m::<6>(w, r0, r1, q, o, bias, pf),
+            }
+        }
+        t0 += mt;
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn rows_m<const MT: usize>(
+    w: &Matrix<'_>,
+    r0: usize,
+    r1: usize,
+    qx: QuantX16,
+    out: SharedOut,
+    bias: Option<Floats<'_>>,
+    prefetch: bool,
+) {
+    let Kind::Affine {
+        words,
+        scales: Floats::F16(sh),
+        biases: Floats::F16(bh),
+        bits: 4,
+        group: 32,
+    } = w.kind
+    else {
+        return;
+    };
+    let (rows, cols) = (w.rows(), w.cols());
+    let chunks = cols / 32;
+    let row_bytes = cols / 2;
+    let bytes = words.as_ptr() as *const u8;
+    assert!(
+        r1 <= rows && sh.len() >= rows * chunks && bh.len() >= rows * chunks,
+        "affine_rows: rows {r0}..{r1} of {rows}, scales out of range"
+    );
+    // SAFETY (whole body): rows r0..r1 lie within `words`, `sh` and `bh` (Matrix::affine's
+    // checks and the assert); prefetches are hints and only name rows that exist; the
+    // contract of `dot4_512_h` is `rows`'.
+    unsafe {
+        // The lines of weight row `r` (codes, scales, biases) on their way to L1.
+        let fetch = |r: usize| {
+            let p = bytes.add(r * row_bytes) as *const i8;
+            let mut o = 0;
+            while o < row_bytes {
+                _mm_prefetch::<_MM_HINT_T0>(p.add(o));
+                o += 64;
+            }
+            _mm_prefetch::<_MM_HINT_T0>(p.add(row_bytes - 1));
+            _mm_prefetch::<_MM_HINT_T0>(sh.as_ptr().add(r * chunks) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(bh.as_ptr().add(r * chunks) as *const i8);
+        };
+        if prefetch {
+            // The block's first rows at once (the loop below reaches each row ahead of it).
+            for r in r0..(r0 + PREFETCH_ROWS).min(r1) {
+                fetch(r);
+            }
+        }
+        for r in r0..r1 {
+            let s0 = sh.as_ptr().add(r * chunks) as *const u16;
+            let b0 = bh.as_ptr().add(r * chunks) as *const u16;
+            let rb = bytes.add(r * row_bytes);
+            if prefetch && r + PREFETCH_ROWS < rows {
+                fetch(r + PREFETCH_ROWS);
+            }
+            let v = dot4_512_h::<MT>(rb, s0, b0, chunks, qx);
+            let b = bias.map_or(0.0, |b| b.get(r));
+            for (t, v) in v.iter().enumerate() {
+                out.write(t * rows + r, v + b);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{
+        matmul_t, matmul_t_each, Activations, CpuContext, Isa, MatJob, RowsScratch,
+    };
+    use super::*;
+
+    fn seeded(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// Every row of 1..=8 inputs through `matmul_t_each` (this file's kernel, prefetching)
+    /// has the bits `matmul_t` gives that input alone (the plain `rows_int16_512`), with and
+    /// without a bias, over row counts that end blocks and prefetches early and column counts
+    /// with an unpaired chunk (17, 33) and a partial block of 16 chunks (18): tier
+    /// bit-identical. Skipped where the CPU lacks AVX-512 (the kernel is not reached).
+    #[test]
+    fn rows_are_the_one_row_kernels_bits() {
+        let mut ctx = CpuContext::new(2).unwrap();
+        if ctx.isa != Isa::Avx512 {
+            eprintln!("no AVX-512: affine_rows is not reached here");
+            return;
+        }
+        ctx.activations = Activations::Int16;
+        let mut scratch = RowsScratch::default();
+        for (rows, cols) in [(37, 544), (70, 576), (5, 1056), (3, 32)] {
+            let words: Vec<u32> = seeded(rows * cols / 8, 1)
+                .iter()
+                .map(|v| (v.to_bits()).wrapping_mul(2_654_435_761))
+                .collect();
+            let sh: Vec<half::f16> = seeded(rows * cols / 32, 2)
+                .iter()
+                .map(|&v| half::f16::from_f32(v * 0.1))
+                .collect();
+            let bh: Vec<half::f16> = seeded(rows * cols / 32, 3)
+                .iter()
+                .map(|&v| half::f16::from_f32(v * 0.1))
+                .collect();
+            let bias = seeded(rows, 4);
+            let w = Matrix::affine(
+                &words,
+                Floats::F16(&sh),
+                Floats::F16(&bh),
+                rows,
+                cols,
+                4,
+                32,
+            )
+            .unwrap();
+            assert!(supports(&w));
+            for m in 1..=8 {
+                let x = seeded(m * cols, 10 + m as u64);
+                for b in [None, Some(Floats::F32(&bias))] {
+                    let mut got = vec![0f32; m * rows];
+                    let mut jobs = [MatJob {
+                        w: &w,
+                        bias: b,
+                        out: &mut got,
+                    }];
+                    matmul_t_each(&ctx, &x, m, &mut jobs, &mut scratch).unwrap();
+                    for t in 0..m {
+                        let mut alone = vec![0f32; rows];
+                        let mut jobs = [MatJob {
+                            w: &w,
+                            bias: b,
+                            out: &mut alone,
+                        }];
+                        matmul_t(&ctx, &x[t * cols..(t + 1) * cols], 1, &mut jobs).unwrap();
+                        let row = &got[t * rows..(t + 1) * rows];
+                        assert!(
+                            row.iter()
+                                .zip(&alone)
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{rows}x{cols}, {m} inputs, row {t}, bias {}: not the bits alone",
+                            b.is_some()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
