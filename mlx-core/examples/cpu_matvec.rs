@@ -352,7 +352,7 @@ fn kgemm() -> Result<(), Box<dyn std::error::Error>> {
     let mut scratch = RowsScratch::default();
     let mut rng = Lcg(7);
     println!("threads {threads}, m {m}, {}", ctx.isa.name());
-    let mut totals = [0u64; 3];
+    let mut totals = [0u64; 4];
     for (rows, cols, ty, what) in [
         (1024, 640, GgmlType::Q5_0, "q_proj"),
         (256, 640, GgmlType::Q5_0, "k_proj"),
@@ -381,7 +381,7 @@ fn kgemm() -> Result<(), Box<dyn std::error::Error>> {
         let x: Vec<f32> = (0..m * cols).map(|_| rng.unit()).collect();
         let mut out = vec![0f32; m * rows];
         let reps = (400_000_000 / (rows * cols * m)).clamp(5, 400);
-        let mut best = [u64::MAX; 3];
+        let mut best = [u64::MAX; 4];
         for _ in 0..reps {
             for (k, b) in best.iter_mut().enumerate() {
                 let t = std::time::Instant::now();
@@ -393,6 +393,10 @@ fn kgemm() -> Result<(), Box<dyn std::error::Error>> {
                 let x = std::hint::black_box(&x);
                 match k {
                     0 => matmul_t(&ctx, x, m, &mut jobs)?,
+                    3 => {
+                        ctx.activations = Activations::Int16Q8Int8;
+                        matmul_t(&ctx, x, m, &mut jobs)?
+                    }
                     1 => {
                         ctx.activations = Activations::Int16Q8Int8;
                         matmul_t_each(&ctx, x, m, &mut jobs, &mut scratch)?
@@ -408,11 +412,13 @@ fn kgemm() -> Result<(), Box<dyn std::error::Error>> {
         }
         let flops = 2.0 * (rows * cols * m) as f64;
         println!(
-            "{what} {rows}x{cols} {}: panel {} ns ({:.1} GFLOP/s), per-row f32 {} ns ({:.1}), \
-             per-row int8 VNNI {} ns ({:.1})",
+            "{what} {rows}x{cols} {}: panel {} ns ({:.1} GFLOP/s), panel int16 {} ns ({:.1}), \
+             per-row f32 {} ns ({:.1}), per-row int8 VNNI {} ns ({:.1})",
             ty.name(),
             best[0],
             flops / best[0] as f64,
+            best[3],
+            flops / best[3] as f64,
             best[1],
             flops / best[1] as f64,
             best[2],
@@ -423,9 +429,11 @@ fn kgemm() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     println!(
-        "one layer (both down_proj types counted): panel {} ns, per-row f32 {} ns ({:.2}x), \
-         per-row int8 VNNI {} ns ({:.2}x)",
+        "one layer (both down_proj types counted): panel {} ns, panel int16 {} ns ({:.2}x), \
+         per-row f32 {} ns ({:.2}x), per-row int8 VNNI {} ns ({:.2}x)",
         totals[0],
+        totals[3],
+        totals[3] as f64 / totals[0] as f64,
         totals[1],
         totals[1] as f64 / totals[0] as f64,
         totals[2],

@@ -110,7 +110,8 @@ pub enum Activations {
     /// Q8_0 as loaded: a tied head) of one to four inputs quantized to int8 per 32 values
     /// (natural order) and summed by AVX-512 VNNI's `vpdpbusd`, a quarter of the int16
     /// kernel's instructions; where the CPU lacks AVX-512 VNNI those take the int16 kernel.
-    /// Only through [`matmul_t_each`] (decode steps); [`matmul_t`] takes it as `Int16`.
+    /// Only through [`matmul_t_each`] (decode steps); [`matmul_t`] takes it as `Int16` (a
+    /// prompt block's GGML products on AVX-512: `cpu::kgemm`'s int16 panels).
     Int16Q8Int8,
     /// As `Int16Q8Int8`, and the 4-bit products (groups of 32 times a power of two) of one to
     /// four inputs too read int8 inputs (llama.cpp's Q8_0 activations: one scale per 32
