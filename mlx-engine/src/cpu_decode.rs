@@ -848,9 +848,9 @@ const PHASES: [(&str, &str); 9] = [
     ),
 ];
 
-/// Wall time per part of the decode steps, when `MLX_CPU_PROFILE` is set (read once when a
-/// decoder is made); printed to stderr when the decoder is dropped. Off, it costs one branch
-/// a part.
+/// Wall time per part of the decode steps (and, in a second table, of the prompt blocks),
+/// when `MLX_CPU_PROFILE` is set (read once when a decoder is made); printed to stderr when
+/// the decoder is dropped. Off, it costs one branch a part.
 #[derive(Default)]
 struct Profile {
     on: bool,
@@ -900,15 +900,16 @@ impl Profile {
         }
     }
 
-    /// The table: one line a part, `name ms_per_step share description`.
-    fn report(&self) -> Option<String> {
+    /// The table: one line a part, `name ms_per_step share description`; `what` names the
+    /// steps (`decode steps`, `prompt blocks`).
+    fn report(&self, what: &str) -> Option<String> {
         if !self.on || self.steps == 0 {
             return None;
         }
         let total: u64 = self.ns.iter().sum();
         let steps = self.steps as f64;
         let mut out = format!(
-            "cpu decoder profile: {} decode steps, {:.2} rows a step, {:.1} pool runs a step, \
+            "cpu decoder profile: {} {what}, {:.2} rows a step, {:.1} pool runs a step, \
              {:.3} ms a step in all\n",
             self.steps,
             self.rows as f64 / steps,
@@ -1196,6 +1197,7 @@ fn layers(
 
 /// Runs `tokens` (at most [`BLOCK`]) of one sequence through the model after what `cache`
 /// holds; with `head`, the logits of the last token (or of each, to `all`) into `s.logits`.
+#[allow(clippy::too_many_arguments)]
 fn block(
     w: &Weights<'_>,
     ctx: &CpuContext,
@@ -1204,21 +1206,18 @@ fn block(
     tokens: &[u32],
     mut all: Option<&mut LogitsFn<'_>>,
     head: bool,
+    prof: &mut Profile,
 ) -> Result<()> {
     let t = tokens.len();
     let hid = w.hidden;
     w.check_ids(tokens)?;
     cache.fits(w)?;
     cache.grow(cache.pos + t);
+    // No `end`: the time between prompt blocks is not the caller's.
+    prof.begin(t);
     w.embed_rows(tokens, &mut s.x[..t * hid])?;
-    layers(
-        w,
-        ctx,
-        s,
-        &mut Rows::Block(cache),
-        t,
-        &mut Profile::default(),
-    )?;
+    prof.lap(Phase::Embed, 0);
+    layers(w, ctx, s, &mut Rows::Block(cache), t, prof)?;
     if !head {
         return Ok(());
     }
@@ -1241,6 +1240,7 @@ fn block(
                 out: &mut s.logits[..w.vocab],
             }],
         )?;
+        prof.lap(Phase::Head, 1);
         if let Some(f) = all.as_mut() {
             f(i, &s.logits[..w.vocab]);
         }
@@ -1371,6 +1371,7 @@ impl<'m> CpuDecoder<'m> {
                 chunk,
                 Some(&mut f),
                 true,
+                &mut b.pprof,
             )?;
             done += chunk.len();
         }
@@ -1397,6 +1398,8 @@ pub struct CpuBatch<'m> {
     rows: RowsScratch,
     /// Decode-step timings (`MLX_CPU_PROFILE`).
     prof: Profile,
+    /// Prompt-block timings (`MLX_CPU_PROFILE`).
+    pprof: Profile,
     /// What [`CpuBatch::new_cache`] stores.
     kv_dtype: KvDtype,
 }
@@ -1449,6 +1452,7 @@ impl<'m> CpuBatch<'m> {
             b,
             rows: RowsScratch::default(),
             prof: Profile::from_env(),
+            pprof: Profile::from_env(),
             kv_dtype: KvDtype::default(),
         })
     }
@@ -1520,7 +1524,8 @@ impl<'m> CpuBatch<'m> {
         for (i, chunk) in tokens.chunks(BLOCK).enumerate() {
             // The head of the last block only (earlier ones' logits are never read).
             let last = head && i + 1 == n;
-            block(&self.w, &self.ctx, cache, &mut self.s, chunk, None, last)?;
+            let p = &mut self.pprof;
+            block(&self.w, &self.ctx, cache, &mut self.s, chunk, None, last, p)?;
         }
         Ok(())
     }
@@ -1615,7 +1620,10 @@ fn head_each(
 
 impl Drop for CpuBatch<'_> {
     fn drop(&mut self) {
-        if let Some(r) = self.prof.report() {
+        if let Some(r) = self.prof.report("decode steps") {
+            eprint!("{r}");
+        }
+        if let Some(r) = self.pprof.report("prompt blocks") {
             eprint!("{r}");
         }
     }
@@ -1635,7 +1643,8 @@ fn hidden_last<'a>(
     cache.reset();
     let mut t = 0;
     for chunk in tokens.chunks(BLOCK) {
-        block(&b.w, &b.ctx, cache, &mut b.s, chunk, None, false)?;
+        let p = &mut Profile::default();
+        block(&b.w, &b.ctx, cache, &mut b.s, chunk, None, false, p)?;
         t = chunk.len();
     }
     let hid = b.w.hidden;
@@ -1725,7 +1734,7 @@ mod tests {
             p.end();
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
-        let r = p.report().unwrap();
+        let r = p.report("decode steps").unwrap();
         assert!(
             r.contains("2 decode steps, 1.00 rows a step, 2.0 pool runs a step"),
             "{r}"
@@ -1739,6 +1748,6 @@ mod tests {
         let mut off = Profile::default();
         off.begin(1);
         off.lap(Phase::Qkv, 1);
-        assert!(off.report().is_none() && off.ns.iter().all(|&n| n == 0));
+        assert!(off.report("decode steps").is_none() && off.ns.iter().all(|&n| n == 0));
     }
 }
