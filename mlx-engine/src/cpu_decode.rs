@@ -760,18 +760,6 @@ fn residual(
     Ok(())
 }
 
-/// `g = gelu_approx(g) * u` (Gemma 2 / 3's gate), as mlx's `nn.gelu_approx` spells it:
-/// `0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x ** 3)))`, in float32 (the exact
-/// path's dtype on the CPU; `tanh` is Rust's, so the last bits may differ: tier L3).
-fn gelu_approx_mul(g: &mut [f32], u: &[f32]) {
-    let c = (2.0f64 / std::f64::consts::PI).sqrt() as f32;
-    for (a, &b) in g.iter_mut().zip(u) {
-        let x = *a;
-        let inner = c * (x + 0.044715 * (x * x * x));
-        *a = 0.5 * x * (1.0 + inner.tanh()) * b;
-    }
-}
-
 /// Which rows one pass through the layers runs, and the caches their keys and values go to.
 enum Rows<'c, 'r> {
     /// Consecutive tokens of one sequence (a prompt block) from its cache's position on: the
@@ -1022,6 +1010,46 @@ fn attend(
     Ok(())
 }
 
+/// [`cpu::attention_prompt`] or [`cpu::attention_prompt_f16`] as the cache stores (a prompt
+/// block of at least [`cpu::PROMPT_MIN_M`] rows, `window` a sliding layer's).
+#[allow(clippy::too_many_arguments)]
+fn attend_prompt(
+    ctx: &CpuContext,
+    shape: AttentionShape,
+    q: &[f32],
+    k: &KvBuf,
+    v: &KvBuf,
+    start: usize,
+    m: usize,
+    window: Option<usize>,
+    scale: f32,
+    out: &mut [f32],
+) -> Result<()> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        match (k, v) {
+            (KvBuf::F16(k), KvBuf::F16(v)) => {
+                cpu::attention_prompt_f16(ctx, shape, q, k, v, start, m, window, scale, out)?
+            }
+            (KvBuf::F32(k), KvBuf::F32(v)) => {
+                cpu::attention_prompt(ctx, shape, q, k, v, start, m, window, scale, out)?
+            }
+            _ => {
+                return Err(EngineError::Other(
+                    "a CPU cache with keys and values of different types".into(),
+                ))
+            }
+        }
+        return Ok(());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        // Never called here (`prompt` is false off x86-64).
+        let _ = window;
+        return attend(ctx, shape, q, k, v, start, m, scale, out);
+    }
+}
+
 /// The layers over the `n` embedded rows in `s.x`, then the caches' positions advanced: the
 /// one layer body of a prompt block and of a (batched) decode step.
 fn layers(
@@ -1074,10 +1102,15 @@ fn layers(
             k.copy_from_slice(tmp);
         }
         let attn = &mut s.attn[..n * qd];
+        // A prompt block's rows as one product (`cpu::attention_prompt`); decode steps and
+        // verification rows (which must equal rows alone) never.
+        #[cfg(target_arch = "x86_64")]
+        let prompt = matches!(rows, Rows::Block(_)) && cpu::prompt_applies(ctx, n, hd);
+        #[cfg(not(target_arch = "x86_64"))]
+        let prompt = false;
         let rope = |qi: &mut [f32], ki: &mut [f32], pos: usize| -> Result<()> {
             let p = pos as f32 * l.rope.scale;
-            cpu::rope(qi, hd, l.rope.traditional, &l.rope.inv, p)?;
-            cpu::rope(ki, hd, l.rope.traditional, &l.rope.inv, p)?;
+            cpu::rope_pair(qi, ki, hd, l.rope.traditional, &l.rope.inv, p)?;
             Ok(())
         };
         match rows {
@@ -1091,6 +1124,10 @@ fn layers(
                 prof.lap(Phase::Elementwise, 0);
                 let (kc, vc) = (&cache.keys[li], &cache.values[li]);
                 match l.window {
+                    _ if prompt => {
+                        let shape = w.attention_shape(cache.capacity);
+                        attend_prompt(ctx, shape, q, kc, vc, pos, n, l.window, w.scale, attn)?;
+                    }
                     // The window cuts into some row's past: each row over its own window.
                     Some(win) if pos + n > win => {
                         for i in 0..n {
@@ -1166,7 +1203,7 @@ fn layers(
         )?;
         prof.lap(Phase::GateUp, 1);
         match w.act {
-            MlpKind::GeGluTanh => gelu_approx_mul(g, u),
+            MlpKind::GeGluTanh => cpu::gelu_approx_mul_isa(ctx.isa, g, u)?,
             _ => cpu::silu_mul_isa(ctx.isa, g, u)?,
         }
         prof.lap(Phase::Elementwise, 0);

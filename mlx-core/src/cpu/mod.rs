@@ -23,6 +23,8 @@ mod kquant_x86;
 mod matmul;
 mod ops;
 mod pool;
+#[cfg(target_arch = "x86_64")]
+mod prompt_attn;
 pub mod trellis;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -30,10 +32,12 @@ mod x86;
 pub use batch::{matmul_t_each, matmul_t_each_with, RowsScratch};
 pub use matmul::{matmul_t, Floats, MatJob, Matrix, MAX_JOBS};
 pub use ops::{
-    attention, attention_f16, greedy_lse, rms_norm, rope, rope_inv_freqs, silu_mul, silu_mul_isa,
-    AttentionShape, MAX_HEAD_DIM,
+    attention, attention_f16, gelu_approx_mul_isa, greedy_lse, rms_norm, rope, rope_inv_freqs,
+    rope_pair, silu_mul, silu_mul_isa, AttentionShape, MAX_HEAD_DIM,
 };
 pub use pool::{available_threads, ThreadPool};
+#[cfg(target_arch = "x86_64")]
+pub use prompt_attn::{attention_prompt, attention_prompt_f16, prompt_applies, PROMPT_MIN_M};
 
 /// The instruction set a kernel runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
