@@ -1012,6 +1012,7 @@ fn attend(
 
 /// [`cpu::attention_prompt`] or [`cpu::attention_prompt_f16`] as the cache stores (a prompt
 /// block of at least [`cpu::PROMPT_MIN_M`] rows, `window` a sliding layer's).
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 fn attend_prompt(
     ctx: &CpuContext,
@@ -1025,29 +1026,38 @@ fn attend_prompt(
     scale: f32,
     out: &mut [f32],
 ) -> Result<()> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        match (k, v) {
-            (KvBuf::F16(k), KvBuf::F16(v)) => {
-                cpu::attention_prompt_f16(ctx, shape, q, k, v, start, m, window, scale, out)?
-            }
-            (KvBuf::F32(k), KvBuf::F32(v)) => {
-                cpu::attention_prompt(ctx, shape, q, k, v, start, m, window, scale, out)?
-            }
-            _ => {
-                return Err(EngineError::Other(
-                    "a CPU cache with keys and values of different types".into(),
-                ))
-            }
+    match (k, v) {
+        (KvBuf::F16(k), KvBuf::F16(v)) => {
+            cpu::attention_prompt_f16(ctx, shape, q, k, v, start, m, window, scale, out)?
         }
-        return Ok(());
+        (KvBuf::F32(k), KvBuf::F32(v)) => {
+            cpu::attention_prompt(ctx, shape, q, k, v, start, m, window, scale, out)?
+        }
+        _ => {
+            return Err(EngineError::Other(
+                "a CPU cache with keys and values of different types".into(),
+            ))
+        }
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        // Never called here (`prompt` is false off x86-64).
-        let _ = window;
-        return attend(ctx, shape, q, k, v, start, m, scale, out);
-    }
+    Ok(())
+}
+
+/// Off x86-64 never called (`prompt` is false there): the per-row kernel.
+#[cfg(not(target_arch = "x86_64"))]
+#[allow(clippy::too_many_arguments)]
+fn attend_prompt(
+    ctx: &CpuContext,
+    shape: AttentionShape,
+    q: &[f32],
+    k: &KvBuf,
+    v: &KvBuf,
+    start: usize,
+    m: usize,
+    _window: Option<usize>,
+    scale: f32,
+    out: &mut [f32],
+) -> Result<()> {
+    attend(ctx, shape, q, k, v, start, m, scale, out)
 }
 
 /// The layers over the `n` embedded rows in `s.x`, then the caches' positions advanced: the
