@@ -107,7 +107,8 @@ pub enum Activations {
     /// relative error of about 1/254 of each chunk's largest input to each product's terms.
     Int8,
     /// Quantized to int16 per 32 values for the 4- and 8-bit products of one to four inputs
-    /// (AVX2 only, else as `F32`): integer dot products with an input error of at most
+    /// (AVX2 only, else as `F32`) and for a prompt block's GGML products on AVX-512
+    /// (`cpu::kgemm`'s int16 panels): integer dot products with an input error of at most
     /// 1/65534 of each chunk's largest input, 256 times less than `Int8`'s.
     Int16,
     /// As `Int16`, but the 8-bit products in groups of 32 with half-precision scales (GGUF's
