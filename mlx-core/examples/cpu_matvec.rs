@@ -50,6 +50,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return dispatch();
     }
     if std::env::args().nth(1).as_deref() == Some("attention") {
+        if std::env::args().nth(2).as_deref() == Some("prompt") {
+            return attention_prompt();
+        }
         return attention();
     }
     if std::env::args().nth(1).as_deref() == Some("ggml") {
@@ -563,6 +566,70 @@ fn attention() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// `cpu_matvec attention prompt [THREADS]`: one prompt block's attention (32 rows) at Gemma 3
+/// 270M's heads (4 query heads, 1 KV head, width 256, float16 cache) at several depths, the
+/// decode kernel (`attention_f16`, each row alone) against the prompt kernel
+/// (`attention_prompt_f16`), alternating, fastest of many runs.
+fn attention_prompt() -> Result<(), Box<dyn std::error::Error>> {
+    let threads: usize = std::env::args().nth(3).map_or(Ok(1), |s| s.parse())?;
+    let ctx = CpuContext::new(threads)?;
+    let (nh, nkv, hd, m, cap) = (4usize, 1usize, 256usize, 32usize, 1024usize);
+    let shape = mlx_core::cpu::AttentionShape {
+        n_heads: nh,
+        n_kv_heads: nkv,
+        head_dim: hd,
+        capacity: cap,
+    };
+    let mut rng = Lcg(13);
+    let mut f = || {
+        (0..nkv * cap * hd)
+            .map(|_| f16::from_f32(rng.unit()))
+            .collect::<Vec<f16>>()
+    };
+    let (k, v) = (f(), f());
+    let q: Vec<f32> = (0..m * nh * hd).map(|_| rng.unit()).collect();
+    let mut out = vec![0f32; m * nh * hd];
+    println!("threads {threads}: one 32-row prompt block, 4/1 heads x 256, float16 cache");
+    let mut totals = [0u64; 2];
+    for start in [0usize, 128, 256, 480] {
+        let mut best = [u64::MAX; 2];
+        for _ in 0..200 {
+            for (i, b) in best.iter_mut().enumerate() {
+                let t = std::time::Instant::now();
+                if i == 0 {
+                    mlx_core::cpu::attention_f16(
+                        &ctx, shape, &q, &k, &v, start, m, 0.0625, &mut out,
+                    )?;
+                } else {
+                    mlx_core::cpu::attention_prompt_f16(
+                        &ctx, shape, &q, &k, &v, start, m, None, 0.0625, &mut out,
+                    )?;
+                }
+                *b = (*b).min(t.elapsed().as_nanos() as u64);
+            }
+        }
+        // Multiply-adds: scores and weighted values over each row's causal span, per head.
+        let macs: f64 = (0..m).map(|t| (start + t + 1) as f64).sum::<f64>() * (2 * nh * hd) as f64;
+        println!(
+            "start {start}: rows alone {} ns ({:.1} GFLOP/s), prompt kernel {} ns ({:.1}), {:.2}x",
+            best[0],
+            2.0 * macs / best[0] as f64,
+            best[1],
+            2.0 * macs / best[1] as f64,
+            best[0] as f64 / best[1] as f64
+        );
+        totals[0] += best[0];
+        totals[1] += best[1];
+    }
+    println!(
+        "sum of the four depths: rows alone {} ns, prompt kernel {} ns ({:.2}x)",
+        totals[0],
+        totals[1],
+        totals[0] as f64 / totals[1] as f64
+    );
+    Ok(())
+}
+
 /// GGML-block products at Gemma 3 270M's shapes (see the module's note).
 fn ggml() -> Result<(), Box<dyn std::error::Error>> {
     use mlx_core::cpu::kquant::GgmlType;
@@ -654,7 +721,7 @@ fn kgemm() -> Result<(), Box<dyn std::error::Error>> {
     let mut scratch = RowsScratch::default();
     let mut rng = Lcg(7);
     println!("threads {threads}, m {m}, {}", ctx.isa.name());
-    let mut totals = [0u64; 3];
+    let mut totals = [0u64; 4];
     for (rows, cols, ty, what) in [
         (1024, 640, GgmlType::Q5_0, "q_proj"),
         (256, 640, GgmlType::Q5_0, "k_proj"),
@@ -683,7 +750,7 @@ fn kgemm() -> Result<(), Box<dyn std::error::Error>> {
         let x: Vec<f32> = (0..m * cols).map(|_| rng.unit()).collect();
         let mut out = vec![0f32; m * rows];
         let reps = (400_000_000 / (rows * cols * m)).clamp(5, 400);
-        let mut best = [u64::MAX; 3];
+        let mut best = [u64::MAX; 4];
         for _ in 0..reps {
             for (k, b) in best.iter_mut().enumerate() {
                 let t = std::time::Instant::now();
@@ -695,6 +762,10 @@ fn kgemm() -> Result<(), Box<dyn std::error::Error>> {
                 let x = std::hint::black_box(&x);
                 match k {
                     0 => matmul_t(&ctx, x, m, &mut jobs)?,
+                    3 => {
+                        ctx.activations = Activations::Int16Q8Int8;
+                        matmul_t(&ctx, x, m, &mut jobs)?
+                    }
                     1 => {
                         ctx.activations = Activations::Int16Q8Int8;
                         matmul_t_each(&ctx, x, m, &mut jobs, &mut scratch)?
@@ -710,11 +781,13 @@ fn kgemm() -> Result<(), Box<dyn std::error::Error>> {
         }
         let flops = 2.0 * (rows * cols * m) as f64;
         println!(
-            "{what} {rows}x{cols} {}: panel {} ns ({:.1} GFLOP/s), per-row f32 {} ns ({:.1}), \
-             per-row int8 VNNI {} ns ({:.1})",
+            "{what} {rows}x{cols} {}: panel {} ns ({:.1} GFLOP/s), panel int16 {} ns ({:.1}), \
+             per-row f32 {} ns ({:.1}), per-row int8 VNNI {} ns ({:.1})",
             ty.name(),
             best[0],
             flops / best[0] as f64,
+            best[3],
+            flops / best[3] as f64,
             best[1],
             flops / best[1] as f64,
             best[2],
@@ -725,9 +798,11 @@ fn kgemm() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     println!(
-        "one layer (both down_proj types counted): panel {} ns, per-row f32 {} ns ({:.2}x), \
-         per-row int8 VNNI {} ns ({:.2}x)",
+        "one layer (both down_proj types counted): panel {} ns, panel int16 {} ns ({:.2}x), \
+         per-row f32 {} ns ({:.2}x), per-row int8 VNNI {} ns ({:.2}x)",
         totals[0],
+        totals[3],
+        totals[3] as f64 / totals[0] as f64,
         totals[1],
         totals[1] as f64 / totals[0] as f64,
         totals[2],

@@ -760,18 +760,6 @@ fn residual(
     Ok(())
 }
 
-/// `g = gelu_approx(g) * u` (Gemma 2 / 3's gate), as mlx's `nn.gelu_approx` spells it:
-/// `0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x ** 3)))`, in float32 (the exact
-/// path's dtype on the CPU; `tanh` is Rust's, so the last bits may differ: tier L3).
-fn gelu_approx_mul(g: &mut [f32], u: &[f32]) {
-    let c = (2.0f64 / std::f64::consts::PI).sqrt() as f32;
-    for (a, &b) in g.iter_mut().zip(u) {
-        let x = *a;
-        let inner = c * (x + 0.044715 * (x * x * x));
-        *a = 0.5 * x * (1.0 + inner.tanh()) * b;
-    }
-}
-
 /// Which rows one pass through the layers runs, and the caches their keys and values go to.
 enum Rows<'c, 'r> {
     /// Consecutive tokens of one sequence (a prompt block) from its cache's position on: the
@@ -848,9 +836,9 @@ const PHASES: [(&str, &str); 9] = [
     ),
 ];
 
-/// Wall time per part of the decode steps, when `MLX_CPU_PROFILE` is set (read once when a
-/// decoder is made); printed to stderr when the decoder is dropped. Off, it costs one branch
-/// a part.
+/// Wall time per part of the decode steps (and, in a second table, of the prompt blocks),
+/// when `MLX_CPU_PROFILE` is set (read once when a decoder is made); printed to stderr when
+/// the decoder is dropped. Off, it costs one branch a part.
 #[derive(Default)]
 struct Profile {
     on: bool,
@@ -900,15 +888,16 @@ impl Profile {
         }
     }
 
-    /// The table: one line a part, `name ms_per_step share description`.
-    fn report(&self) -> Option<String> {
+    /// The table: one line a part, `name ms_per_step share description`; `what` names the
+    /// steps (`decode steps`, `prompt blocks`).
+    fn report(&self, what: &str) -> Option<String> {
         if !self.on || self.steps == 0 {
             return None;
         }
         let total: u64 = self.ns.iter().sum();
         let steps = self.steps as f64;
         let mut out = format!(
-            "cpu decoder profile: {} decode steps, {:.2} rows a step, {:.1} pool runs a step, \
+            "cpu decoder profile: {} {what}, {:.2} rows a step, {:.1} pool runs a step, \
              {:.3} ms a step in all\n",
             self.steps,
             self.rows as f64 / steps,
@@ -1021,6 +1010,56 @@ fn attend(
     Ok(())
 }
 
+/// [`cpu::attention_prompt`] or [`cpu::attention_prompt_f16`] as the cache stores (a prompt
+/// block of at least [`cpu::PROMPT_MIN_M`] rows, `window` a sliding layer's).
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+fn attend_prompt(
+    ctx: &CpuContext,
+    shape: AttentionShape,
+    q: &[f32],
+    k: &KvBuf,
+    v: &KvBuf,
+    start: usize,
+    m: usize,
+    window: Option<usize>,
+    scale: f32,
+    out: &mut [f32],
+) -> Result<()> {
+    match (k, v) {
+        (KvBuf::F16(k), KvBuf::F16(v)) => {
+            cpu::attention_prompt_f16(ctx, shape, q, k, v, start, m, window, scale, out)?
+        }
+        (KvBuf::F32(k), KvBuf::F32(v)) => {
+            cpu::attention_prompt(ctx, shape, q, k, v, start, m, window, scale, out)?
+        }
+        _ => {
+            return Err(EngineError::Other(
+                "a CPU cache with keys and values of different types".into(),
+            ))
+        }
+    }
+    Ok(())
+}
+
+/// Off x86-64 never called (`prompt` is false there): the per-row kernel.
+#[cfg(not(target_arch = "x86_64"))]
+#[allow(clippy::too_many_arguments)]
+fn attend_prompt(
+    ctx: &CpuContext,
+    shape: AttentionShape,
+    q: &[f32],
+    k: &KvBuf,
+    v: &KvBuf,
+    start: usize,
+    m: usize,
+    _window: Option<usize>,
+    scale: f32,
+    out: &mut [f32],
+) -> Result<()> {
+    attend(ctx, shape, q, k, v, start, m, scale, out)
+}
+
 /// The layers over the `n` embedded rows in `s.x`, then the caches' positions advanced: the
 /// one layer body of a prompt block and of a (batched) decode step.
 fn layers(
@@ -1073,10 +1112,15 @@ fn layers(
             k.copy_from_slice(tmp);
         }
         let attn = &mut s.attn[..n * qd];
+        // A prompt block's rows as one product (`cpu::attention_prompt`); decode steps and
+        // verification rows (which must equal rows alone) never.
+        #[cfg(target_arch = "x86_64")]
+        let prompt = matches!(rows, Rows::Block(_)) && cpu::prompt_applies(ctx, n, hd);
+        #[cfg(not(target_arch = "x86_64"))]
+        let prompt = false;
         let rope = |qi: &mut [f32], ki: &mut [f32], pos: usize| -> Result<()> {
             let p = pos as f32 * l.rope.scale;
-            cpu::rope(qi, hd, l.rope.traditional, &l.rope.inv, p)?;
-            cpu::rope(ki, hd, l.rope.traditional, &l.rope.inv, p)?;
+            cpu::rope_pair(qi, ki, hd, l.rope.traditional, &l.rope.inv, p)?;
             Ok(())
         };
         match rows {
@@ -1090,6 +1134,10 @@ fn layers(
                 prof.lap(Phase::Elementwise, 0);
                 let (kc, vc) = (&cache.keys[li], &cache.values[li]);
                 match l.window {
+                    _ if prompt => {
+                        let shape = w.attention_shape(cache.capacity);
+                        attend_prompt(ctx, shape, q, kc, vc, pos, n, l.window, w.scale, attn)?;
+                    }
                     // The window cuts into some row's past: each row over its own window.
                     Some(win) if pos + n > win => {
                         for i in 0..n {
@@ -1165,7 +1213,7 @@ fn layers(
         )?;
         prof.lap(Phase::GateUp, 1);
         match w.act {
-            MlpKind::GeGluTanh => gelu_approx_mul(g, u),
+            MlpKind::GeGluTanh => cpu::gelu_approx_mul_isa(ctx.isa, g, u)?,
             _ => cpu::silu_mul_isa(ctx.isa, g, u)?,
         }
         prof.lap(Phase::Elementwise, 0);
@@ -1196,6 +1244,7 @@ fn layers(
 
 /// Runs `tokens` (at most [`BLOCK`]) of one sequence through the model after what `cache`
 /// holds; with `head`, the logits of the last token (or of each, to `all`) into `s.logits`.
+#[allow(clippy::too_many_arguments)]
 fn block(
     w: &Weights<'_>,
     ctx: &CpuContext,
@@ -1204,21 +1253,18 @@ fn block(
     tokens: &[u32],
     mut all: Option<&mut LogitsFn<'_>>,
     head: bool,
+    prof: &mut Profile,
 ) -> Result<()> {
     let t = tokens.len();
     let hid = w.hidden;
     w.check_ids(tokens)?;
     cache.fits(w)?;
     cache.grow(cache.pos + t);
+    // No `end`: the time between prompt blocks is not the caller's.
+    prof.begin(t);
     w.embed_rows(tokens, &mut s.x[..t * hid])?;
-    layers(
-        w,
-        ctx,
-        s,
-        &mut Rows::Block(cache),
-        t,
-        &mut Profile::default(),
-    )?;
+    prof.lap(Phase::Embed, 0);
+    layers(w, ctx, s, &mut Rows::Block(cache), t, prof)?;
     if !head {
         return Ok(());
     }
@@ -1241,6 +1287,7 @@ fn block(
                 out: &mut s.logits[..w.vocab],
             }],
         )?;
+        prof.lap(Phase::Head, 1);
         if let Some(f) = all.as_mut() {
             f(i, &s.logits[..w.vocab]);
         }
@@ -1371,6 +1418,7 @@ impl<'m> CpuDecoder<'m> {
                 chunk,
                 Some(&mut f),
                 true,
+                &mut b.pprof,
             )?;
             done += chunk.len();
         }
@@ -1397,6 +1445,8 @@ pub struct CpuBatch<'m> {
     rows: RowsScratch,
     /// Decode-step timings (`MLX_CPU_PROFILE`).
     prof: Profile,
+    /// Prompt-block timings (`MLX_CPU_PROFILE`).
+    pprof: Profile,
     /// What [`CpuBatch::new_cache`] stores.
     kv_dtype: KvDtype,
 }
@@ -1449,6 +1499,7 @@ impl<'m> CpuBatch<'m> {
             b,
             rows: RowsScratch::default(),
             prof: Profile::from_env(),
+            pprof: Profile::from_env(),
             kv_dtype: KvDtype::default(),
         })
     }
@@ -1520,7 +1571,8 @@ impl<'m> CpuBatch<'m> {
         for (i, chunk) in tokens.chunks(BLOCK).enumerate() {
             // The head of the last block only (earlier ones' logits are never read).
             let last = head && i + 1 == n;
-            block(&self.w, &self.ctx, cache, &mut self.s, chunk, None, last)?;
+            let p = &mut self.pprof;
+            block(&self.w, &self.ctx, cache, &mut self.s, chunk, None, last, p)?;
         }
         Ok(())
     }
@@ -1615,7 +1667,10 @@ fn head_each(
 
 impl Drop for CpuBatch<'_> {
     fn drop(&mut self) {
-        if let Some(r) = self.prof.report() {
+        if let Some(r) = self.prof.report("decode steps") {
+            eprint!("{r}");
+        }
+        if let Some(r) = self.pprof.report("prompt blocks") {
             eprint!("{r}");
         }
     }
@@ -1635,7 +1690,8 @@ fn hidden_last<'a>(
     cache.reset();
     let mut t = 0;
     for chunk in tokens.chunks(BLOCK) {
-        block(&b.w, &b.ctx, cache, &mut b.s, chunk, None, false)?;
+        let p = &mut Profile::default();
+        block(&b.w, &b.ctx, cache, &mut b.s, chunk, None, false, p)?;
         t = chunk.len();
     }
     let hid = b.w.hidden;
@@ -1725,7 +1781,7 @@ mod tests {
             p.end();
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
-        let r = p.report().unwrap();
+        let r = p.report("decode steps").unwrap();
         assert!(
             r.contains("2 decode steps, 1.00 rows a step, 2.0 pool runs a step"),
             "{r}"
@@ -1739,6 +1795,6 @@ mod tests {
         let mut off = Profile::default();
         off.begin(1);
         off.lap(Phase::Qkv, 1);
-        assert!(off.report().is_none() && off.ns.iter().all(|&n| n == 0));
+        assert!(off.report("decode steps").is_none() && off.ns.iter().all(|&n| n == 0));
     }
 }

@@ -28,7 +28,8 @@
 //! Every row's result depends on nothing but its own inputs (not on how many rows a call
 //! takes), so a batched decode step gets each sequence's bits alone. A `matmul_t` call of
 //! `kgemm::MIN_M` rows or more (a prompt block) takes `cpu::kgemm`'s panel kernels instead
-//! where they apply (AVX-512, float inputs).
+//! where they apply (AVX-512; float inputs, or int16 per 32 values under `Int16` /
+//! `Int16Q8Int8`).
 
 use super::matmul::{Kind, MatJob, Matrix};
 use super::{Activations, CpuContext, Isa, SharedOut};

@@ -25,6 +25,8 @@ mod kquant_x86;
 mod matmul;
 mod ops;
 mod pool;
+#[cfg(target_arch = "x86_64")]
+mod prompt_attn;
 pub mod trellis;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -32,10 +34,12 @@ mod x86;
 pub use batch::{matmul_t_each, matmul_t_each_with, RowsScratch};
 pub use matmul::{matmul_t, Floats, MatJob, Matrix, MAX_JOBS};
 pub use ops::{
-    attention, attention_f16, greedy_lse, rms_norm, rope, rope_inv_freqs, silu_mul, silu_mul_isa,
-    AttentionShape, MAX_HEAD_DIM,
+    attention, attention_f16, gelu_approx_mul_isa, greedy_lse, rms_norm, rope, rope_inv_freqs,
+    rope_pair, silu_mul, silu_mul_isa, AttentionShape, MAX_HEAD_DIM,
 };
 pub use pool::{available_threads, ThreadPool};
+#[cfg(target_arch = "x86_64")]
+pub use prompt_attn::{attention_prompt, attention_prompt_f16, prompt_applies, PROMPT_MIN_M};
 
 /// The instruction set a kernel runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,14 +109,16 @@ pub enum Activations {
     /// relative error of about 1/254 of each chunk's largest input to each product's terms.
     Int8,
     /// Quantized to int16 per 32 values for the 4- and 8-bit products of one to four inputs
-    /// (AVX2 only, else as `F32`): integer dot products with an input error of at most
+    /// (AVX2 only, else as `F32`) and for a prompt block's GGML products on AVX-512
+    /// (`cpu::kgemm`'s int16 panels): integer dot products with an input error of at most
     /// 1/65534 of each chunk's largest input, 256 times less than `Int8`'s.
     Int16,
     /// As `Int16`, but the 8-bit products in groups of 32 with half-precision scales (GGUF's
     /// Q8_0 as loaded: a tied head) of one to four inputs quantized to int8 per 32 values
     /// (natural order) and summed by AVX-512 VNNI's `vpdpbusd`, a quarter of the int16
     /// kernel's instructions; where the CPU lacks AVX-512 VNNI those take the int16 kernel.
-    /// Only through [`matmul_t_each`] (decode steps); [`matmul_t`] takes it as `Int16`.
+    /// Only through [`matmul_t_each`] (decode steps); [`matmul_t`] takes it as `Int16` (a
+    /// prompt block's GGML products on AVX-512: `cpu::kgemm`'s int16 panels).
     Int16Q8Int8,
     /// As `Int16Q8Int8`, and the 4-bit products (groups of 32 times a power of two) of one to
     /// four inputs too read int8 inputs (llama.cpp's Q8_0 activations: one scale per 32
