@@ -21,13 +21,10 @@ use mlx_core::prelude::*;
 use mlx_core::quantized::{self, QuantMode};
 use serde_json::{Map, Value};
 
-use crate::config::ModelConfig;
-use crate::convert::{
-    bits_per_weight_of, load_config_dict, save, ConvertReport, LayerQuant, Progress,
-};
+use crate::convert::{ConvertReport, LayerQuant, Progress};
 use crate::error::{ModelError, Result};
 use crate::layers::{Embedding, Linear, LinearAdapter, Norm, QuantizedWeight};
-use crate::load::load_weights;
+use crate::learned::{bad, check_run, load_source, splice_and_save, Source};
 use crate::models::dense::{AwqPart, Model as Dense};
 use crate::models::{build, build_recording, LanguageModel};
 use crate::weights::Weights;
@@ -515,16 +512,7 @@ pub fn awq(
     opts: &AwqOptions,
     progress: &mut dyn FnMut(Progress<'_>),
 ) -> Result<ConvertReport> {
-    let bad = |option: &str, problem: String| ModelError::Convert {
-        option: option.into(),
-        problem,
-    };
-    if dst.exists() {
-        return Err(bad(
-            "--mlx-path",
-            format!("{} already exists", dst.display()),
-        ));
-    }
+    check_run(dst, data)?;
     QuantMode::Affine
         .check(opts.group_size, opts.bits)
         .map_err(|m| bad("--bits/--group-size", m.to_string()))?;
@@ -534,18 +522,11 @@ pub fn awq(
     if opts.n_grid < 1 {
         return Err(bad("--n-grid", "must be at least 1".into()));
     }
-    if data.ndim() != 2 || data.shape()[0] == 0 {
-        return Err(bad(
-            "calibration data",
-            format!(
-                "needs (samples, sequence length) ids, not {:?}",
-                data.shape()
-            ),
-        ));
-    }
-    progress(Progress::Info("Loading".into()));
-    let mut config = load_config_dict(src)?;
-    let model_config = ModelConfig::from_file(&src.join("config.json"))?;
+    let Source {
+        config,
+        model_config,
+        tensors,
+    } = load_source(src, progress)?;
     if !AWQ_TYPES.contains(&model_config.model_type.as_str()) {
         return Err(bad(
             "--model",
@@ -555,7 +536,6 @@ pub fn awq(
             ),
         ));
     }
-    let tensors = load_weights(src)?;
     let quant = model_config.quantization.clone();
     if quant.is_some() {
         return Err(bad("--model", "is quantized already".into()));
@@ -723,26 +703,14 @@ pub fn awq(
     drop(boxed);
 
     let built = build_recording(&model_config, Weights::new(tensors, None, None))?;
-    let mut params = Vec::with_capacity(built.parameters.len() + 2 * quantized.len());
-    for (n, a) in built.parameters {
-        match new.remove(&n) {
-            Some(parts) => params.extend(parts),
-            None => params.push((n, a)),
-        }
-    }
-    if !new.is_empty() {
-        return Err(internal(
-            "a rewritten tensor has no place in the model's parameters",
-        ));
-    }
-    let bpw = bits_per_weight_of(&params, &quantized);
-    progress(Progress::Info(format!(
-        "Quantized model with {bpw:.3} bits per weight."
-    )));
-    config.insert("quantization".into(), Value::Object(qblock));
-    let report = save(Some(src), dst, &params, &quantized, config, &[], progress)?;
-    Ok(ConvertReport {
-        bits_per_weight: Some(bpw),
-        ..report
-    })
+    splice_and_save(
+        src,
+        dst,
+        built.parameters,
+        new,
+        &quantized,
+        config,
+        qblock,
+        progress,
+    )
 }

@@ -22,6 +22,7 @@ pub mod gguf;
 pub mod gguf_dequant;
 pub mod gptq;
 pub mod layers;
+mod learned;
 pub mod load;
 pub mod models;
 pub mod pyjson;
