@@ -13,6 +13,16 @@
 //! 3 bits, 6-bit embedding) takes ~40 s in debug: `cargo test -p mlx-cli --test quant --
 //! --ignored`. `qwen3_q4`'s second block falls back to its plain quantization (AWQ's loss is not
 //! below it); the other blocks are kept.
+//! Dynamic quantization (`python -m mlx_lm.quant.dynamic_quant`, `cargo xtask goldens
+//! dynamic`): the sensitivities file equals mlx-lm's byte for byte (every float32 sensitivity:
+//! the gradients of the KL loss through the low-bit model are MLX's vjp of the same ops), and
+//! so do the chosen bit widths and the output; `--report-ppl`'s lines too. `--sensitivities`
+//! with mlx-lm's file gives the same output.
+//! DWQ (`mlx_lm.quant.dwq.main` with its HF dataset loader replaced by the committed
+//! `quant/dwq_train.jsonl` rows, `cargo xtask goldens dwq`): the distilled scales, biases and
+//! norms (bfloat16) and every other file equal mlx-lm's byte for byte, over 4 and 3 bits (the
+//! trained arrays) and 8 bits (only the norms train), and the printed trainable share and
+//! validation losses are mlx-lm's lines.
 
 mod support;
 use support::mlx;
@@ -35,14 +45,51 @@ fn temp_dir(tag: &str) -> PathBuf {
     d
 }
 
+/// `mlx ARGS` run in `dir` (dynamic quant writes its sensitivities file in the working
+/// directory, as mlx-lm does).
+fn mlx_in(dir: &Path, args: &[&str]) -> (i32, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mlx"))
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run mlx");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The `*_sensitivities.json` file a dynamic run left in `dir`.
+fn sensitivities_in(dir: &Path) -> Option<String> {
+    std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .find(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .ends_with("_sensitivities.json")
+        })
+        .and_then(|e| std::fs::read_to_string(e.path()).ok())
+}
+
 /// Runs `mlx quant METHOD` on the golden's `cases` (all when empty) and compares.
 fn check_cases(method: &str, cases: &[&str]) {
+    check_cases_with(method, cases, &[]);
+}
+
+/// [`check_cases`] with `extra` arguments after the golden's.
+fn check_cases_with(method: &str, cases: &[&str], extra: &[&str]) {
     let golden: Value = serde_json::from_str(
         &std::fs::read_to_string(tests_dir().join(format!("goldens/{method}.json"))).unwrap(),
     )
     .unwrap();
-    let out = temp_dir(method);
-    let text = tests_dir().join("quant/calibration.txt");
+    let out = temp_dir(&format!("{method}-{}-{}", cases.join("-"), extra.len()));
+    let text = tests_dir().join(if method == "dwq" {
+        "quant/dwq_train.jsonl"
+    } else {
+        "quant/calibration.txt"
+    });
     let mut bad = Vec::new();
     for (case, want) in golden.as_object().unwrap() {
         if !cases.is_empty() && !cases.contains(&case.as_str()) {
@@ -53,6 +100,8 @@ fn check_cases(method: &str, cases: &[&str]) {
             .and_then(Value::as_str)
             .unwrap_or("convert/llama");
         let src = tests_dir().join(model);
+        let work = out.join(format!("work_{case}"));
+        std::fs::create_dir_all(&work).unwrap();
         let dst = out.join(case);
         let mut args = vec![
             "quant",
@@ -71,13 +120,44 @@ fn check_cases(method: &str, cases: &[&str]) {
                 .iter()
                 .map(|a| a.as_str().unwrap()),
         );
-        let (code, stdout, stderr) = mlx(&args);
+        // `--sensitivities @`: mlx-lm's own file for this case, written into the work directory.
+        let given = work.join("given_sensitivities.json.in");
+        for a in extra {
+            if *a == "@" {
+                std::fs::write(&given, want["sensitivities"].as_str().unwrap()).unwrap();
+                args.push(given.to_str().unwrap());
+            } else {
+                args.push(a);
+            }
+        }
+        let (code, stdout, stderr) = mlx_in(&work, &args);
         assert_eq!(code, 0, "{case}: {stderr}");
-        assert!(
-            stdout.contains("bits per weight"),
-            "{case}: no bits-per-weight line in {stdout}"
-        );
-        if let Some(log) = want.get("log").and_then(Value::as_array) {
+        if method == "dwq" {
+            // mlx-lm's printed lines: the trainable share and the validation losses.
+            let theirs: Vec<&str> = want["log"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(Value::as_str)
+                .collect();
+            let ours: Vec<&str> = stdout
+                .lines()
+                .filter(|l| l.starts_with("Trainable") || l.starts_with("Validation:"))
+                .collect();
+            if ours != theirs {
+                bad.push(format!("{case}: {ours:?}, mlx-lm {theirs:?}"));
+            }
+        } else {
+            assert!(
+                stdout.contains("bits per weight"),
+                "{case}: no bits-per-weight line in {stdout}"
+            );
+        }
+        if let Some(log) = want
+            .get("log")
+            .and_then(Value::as_array)
+            .filter(|_| method == "awq")
+        {
             let theirs: Vec<String> = log.iter().map(|l| figure(l.as_str().unwrap())).collect();
             let ours: Vec<String> = stdout
                 .lines()
@@ -88,6 +168,21 @@ fn check_cases(method: &str, cases: &[&str]) {
                 bad.push(format!(
                     "{case}: loss reductions {ours:?}, mlx-lm {theirs:?}"
                 ));
+            }
+        }
+        if let Some(theirs) = want.get("sensitivities").and_then(Value::as_str) {
+            if !extra.contains(&"@") && sensitivities_in(&work).as_deref() != Some(theirs) {
+                bad.push(format!(
+                    "{case}: sensitivities {:?}, mlx-lm {theirs}",
+                    sensitivities_in(&work)
+                ));
+            }
+        }
+        if let Some(ppl) = want.get("ppl").and_then(Value::as_array) {
+            let ours: Vec<&str> = stdout.lines().filter(|l| l.contains("PPL:")).collect();
+            let theirs: Vec<&str> = ppl.iter().filter_map(Value::as_str).collect();
+            if ours != theirs {
+                bad.push(format!("{case}: {ours:?}, mlx-lm {theirs:?}"));
             }
         }
         bad.extend(compare(case, &dst, want));
@@ -119,6 +214,21 @@ fn awq_equals_mlx_lm_bit_for_bit() {
 #[ignore = "~40 s in debug: cargo test -p mlx-cli --test quant -- --ignored"]
 fn awq_equals_mlx_lm_bit_for_bit_over_batches_and_strides() {
     check_cases("awq", &["q3_g64_all"]);
+}
+
+#[test]
+fn dynamic_equals_mlx_lm_bit_for_bit() {
+    check_cases("dynamic", &[]);
+}
+
+#[test]
+fn dynamic_from_mlx_lm_sensitivities_equals_mlx_lm() {
+    check_cases_with("dynamic", &["llama_3_6_g32"], &["--sensitivities", "@"]);
+}
+
+#[test]
+fn dwq_equals_mlx_lm_bit_for_bit() {
+    check_cases("dwq", &[]);
 }
 
 #[test]

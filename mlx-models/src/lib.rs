@@ -16,6 +16,7 @@
 pub mod awq;
 pub mod config;
 pub mod convert;
+pub mod dynamic_quant;
 pub mod embed;
 mod error;
 pub mod gguf;
