@@ -30,8 +30,8 @@ pub enum QuantMethod {
     #[command(allow_negative_numbers = true)]
     Gptq(GptqArgs),
     /// AWQ (as `python -m mlx_lm.quant.awq`): activation-aware scales folded into the norms
-    /// and projections, then clipped per group, block by block; llama-class models (mlx-lm's
-    /// `llama_awq` recipe: model types llama and mistral).
+    /// and projections, then clipped per group, block by block; model types llama, mistral,
+    /// qwen2, qwen3 (mlx-lm's `llama_awq` recipe) and gemma3_text (`gemma3_text_awq`).
     #[command(allow_negative_numbers = true)]
     Awq(AwqArgs),
     /// Dynamic quantization (as `python -m mlx_lm.quant.dynamic_quant`): each quantizable

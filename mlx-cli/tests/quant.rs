@@ -12,7 +12,8 @@
 //! order). Its second case (67 rows: three `run_layer` batches, clip inputs strided by 3,
 //! 3 bits, 6-bit embedding) takes ~40 s in debug: `cargo test -p mlx-cli --test quant --
 //! --ignored`. `qwen3_q4`'s second block falls back to its plain quantization (AWQ's loss is not
-//! below it); the other blocks are kept.
+//! below it); the other blocks are kept. `gemma3_q4` is `gemma3_text_awq` (`1 + w` norms,
+//! sliding layers).
 //! Dynamic quantization (`python -m mlx_lm.quant.dynamic_quant`, `cargo xtask goldens
 //! dynamic`): the sensitivities file equals mlx-lm's byte for byte (every float32 sensitivity:
 //! the gradients of the KL loss through the low-bit model are MLX's vjp of the same ops), and
@@ -207,7 +208,7 @@ fn gptq_equals_mlx_lm_bit_for_bit() {
 
 #[test]
 fn awq_equals_mlx_lm_bit_for_bit() {
-    check_cases("awq", &["q4_g32", "qwen3_q4", "mistral_q8"]);
+    check_cases("awq", &["q4_g32", "qwen3_q4", "mistral_q8", "gemma3_q4"]);
 }
 
 #[test]
@@ -236,9 +237,8 @@ fn awq_refuses_what_its_recipe_does_not_cover() {
     let out = temp_dir("awq-bad");
     let text = tests_dir().join("quant/calibration.txt");
     let dst = out.join("q");
-    // gemma3_text is in mlx-lm's AWQ table but not here (its `1 + w` norms take another
-    // apply_scale branch).
-    let src = tests_dir().join("models/gemma3_text");
+    // phi3 is not in mlx-lm's AWQ table.
+    let src = tests_dir().join("models/phi3");
     let (code, _, err) = mlx(&[
         "quant",
         "awq",
@@ -254,7 +254,7 @@ fn awq_refuses_what_its_recipe_does_not_cover() {
         "2",
     ]);
     assert_ne!(code, 0);
-    assert!(err.contains("AWQ support for gemma3_text"), "{err}");
+    assert!(err.contains("AWQ support for phi3"), "{err}");
     assert!(!dst.exists());
     let _ = std::fs::remove_dir_all(&out);
 }
