@@ -297,3 +297,51 @@ fn gptq_refuses_bad_options_with_the_option_named() {
     assert!(!dst.exists(), "a refused run left {}", dst.display());
     let _ = std::fs::remove_dir_all(&out);
 }
+
+#[test]
+fn dynamic_and_dwq_refuse_bad_options_with_the_option_named() {
+    let out = temp_dir("dyn-dwq-bad");
+    let src = tests_dir().join("convert/llama");
+    let text = tests_dir().join("quant/calibration.txt");
+    let rows = tests_dir().join("quant/dwq_train.jsonl");
+    let dst = out.join("q");
+    let run = |method: &str, data: &Path, extra: &[&str]| {
+        let mut a = vec![
+            "quant",
+            method,
+            "--model",
+            src.to_str().unwrap(),
+            "--mlx-path",
+            dst.to_str().unwrap(),
+            "--data-path",
+            data.to_str().unwrap(),
+        ];
+        a.extend(extra);
+        mlx_in(&out, &a)
+    };
+    for (method, data, extra, named) in [
+        ("dynamic", &text, &["--low-bits", "7"][..], "--low-bits"),
+        ("dynamic", &text, &["--target-bpw", "0"][..], "--target-bpw"),
+        (
+            "dynamic",
+            &text,
+            &["--sensitivities", "/nonexistent.json"][..],
+            "--sensitivities",
+        ),
+        (
+            "dwq",
+            &rows,
+            &["--target-dir", "targets"][..],
+            "--target-dir",
+        ),
+        ("dwq", &rows, &["--bits", "7"][..], "--bits"),
+        // All 20 rows train: none is left to validate on.
+        ("dwq", &rows, &["--num-samples", "20"][..], "--num-samples"),
+    ] {
+        let (code, _, err) = run(method, data, extra);
+        assert_ne!(code, 0, "{method} {extra:?}");
+        assert!(err.contains(named), "{method} {extra:?}: {err}");
+    }
+    assert!(!dst.exists(), "a refused run left {}", dst.display());
+    let _ = std::fs::remove_dir_all(&out);
+}
