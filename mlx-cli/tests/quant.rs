@@ -21,7 +21,7 @@
 //! with mlx-lm's file gives the same output.
 //! DWQ (`mlx_lm.quant.dwq.main` with its HF dataset loader replaced by the committed
 //! `quant/dwq_train.jsonl` rows, `cargo xtask goldens dwq`): the distilled scales, biases and
-//! norms (bfloat16) and every other file equal mlx-lm's byte for byte, over 4 and 3 bits (the
+//! norms (bfloat16), every other tensor and the compared files equal mlx-lm's, over 4 and 3 bits (the
 //! trained arrays) and 8 bits (only the norms train), and the printed trainable share and
 //! validation losses are mlx-lm's lines.
 

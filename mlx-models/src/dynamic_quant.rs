@@ -12,8 +12,10 @@
 //! - The model quantized by `convert` with the modules above the threshold at the high bits
 //!   (`quantize_model` with the predicate's `{bits, group_size}`), written by mlx-lm's `save`.
 //!
-//! Tier L1 on CPU: the sensitivities are mlx-lm's float32 values bit for bit and the output
-//! equals mlx-lm's byte for byte (`mlx-cli/tests/quant.rs`, golden `cargo xtask goldens dynamic`).
+//! Tier L1 on CPU: the sensitivities are mlx-lm's float32 values bit for bit, and every output
+//! tensor (name, dtype, shape, bytes), `config.json`, the index and the copied files equal
+//! mlx-lm's (`mlx-cli/tests/quant.rs`, golden `cargo xtask goldens dynamic`); the safetensors
+//! container orders its data otherwise, as every `save` here does.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
