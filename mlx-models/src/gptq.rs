@@ -8,7 +8,7 @@
 //! takes plain affine quantization at the fallback bits and group size. The output directory
 //! is written by `convert`'s `save` (mlx-lm's `save`).
 //!
-//! Tier L1 on CPU: the tensors equal mlx-lm's bit for bit (`mlx-cli/tests/gptq.rs`).
+//! Tier L1 on CPU: the tensors equal mlx-lm's bit for bit (`mlx-cli/tests/quant.rs`).
 
 use std::collections::BTreeMap;
 use std::path::Path;
