@@ -107,6 +107,8 @@ impl ConvertArgs {
             dequantize: self.dequantize,
             trellis,
             trellis_hessians: self.q_hessians.clone(),
+            per_module: None,
+            keep_dtype: false,
         })
     }
 

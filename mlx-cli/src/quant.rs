@@ -10,6 +10,7 @@ use std::path::Path;
 
 use clap::{Args, Subcommand};
 use mlx_core::prelude::*;
+use mlx_core::quantized::QuantMode;
 use mlx_models::awq::{awq, AwqOptions};
 use mlx_models::convert::Progress;
 use mlx_models::gptq::{gptq, GptqOptions};
@@ -29,11 +30,119 @@ pub enum QuantMethod {
     #[command(allow_negative_numbers = true)]
     Gptq(GptqArgs),
     /// AWQ (as `python -m mlx_lm.quant.awq`): activation-aware scales folded into the norms
-    /// and projections, then clipped per group, block by block; llama-class models (mlx-lm's
-    /// `llama_awq` recipe: model types llama and mistral).
+    /// and projections, then clipped per group, block by block; model types llama, mistral,
+    /// qwen2, qwen3 (mlx-lm's `llama_awq` recipe) and gemma3_text (`gemma3_text_awq`).
     #[command(allow_negative_numbers = true)]
     Awq(AwqArgs),
+    /// Dynamic quantization (as `python -m mlx_lm.quant.dynamic_quant`): each quantizable
+    /// module's sensitivity from the gradient of the low-bit model's KL divergence to the float
+    /// model on calibration text, then the most sensitive modules at the high bits so that the
+    /// model reaches `--target-bpw`. The sensitivities are written to
+    /// `<model with / as _>_sensitivities.json` in the current directory (mlx-lm's file).
+    #[command(allow_negative_numbers = true)]
+    Dynamic(DynamicArgs),
+    /// DWQ (as `python -m mlx_lm.quant.dwq`): the quantized model's scales and biases (and its
+    /// other unfrozen arrays, the norms) distilled against the float model's logits with Adam,
+    /// one pass over local training rows.
+    #[command(allow_negative_numbers = true)]
+    Dwq(DwqArgs),
 }
+
+#[derive(Args, Debug)]
+pub struct DwqArgs {
+    /// A model to distill from (the student is this model quantized to --bits/--group-size).
+    #[arg(long, short = 'm')]
+    pub model: String,
+    /// An already quantized student (not supported here yet).
+    #[arg(long)]
+    pub quantized_model: Option<String>,
+    /// Path to save the quantized model.
+    #[arg(long, default_value = "mlx_model")]
+    pub mlx_path: String,
+    /// Bits per weight for quantization.
+    #[arg(long, default_value_t = 4)]
+    pub bits: i32,
+    /// Group size for quantization.
+    #[arg(long, default_value_t = 64)]
+    pub group_size: i32,
+    /// Number of samples to use for training (the next 32 validate).
+    #[arg(long, default_value_t = 2048)]
+    pub num_samples: usize,
+    #[arg(long, default_value_t = 1025)]
+    pub max_seq_length: usize,
+    #[arg(long, default_value_t = 123)]
+    pub seed: u32,
+    #[arg(long, default_value_t = 1e-6)]
+    pub learning_rate: f64,
+    #[arg(long, default_value_t = 4)]
+    pub batch_size: usize,
+    /// The training rows: a local JSONL file, or a directory with `train.jsonl` (mlx-lm loads
+    /// a Hugging Face dataset's `train` split; give its rows here), in mlx-lm's `text`,
+    /// `prompt`/`completion` or `messages` formats.
+    #[arg(long)]
+    pub data_path: String,
+    /// Use gradient checkpointing to reduce memory use.
+    #[arg(long)]
+    pub grad_checkpoint: bool,
+    /// Directory of precomputed targets (not supported here yet).
+    #[arg(long)]
+    pub target_dir: Option<String>,
+    /// Compute the targets and exit (not supported here yet).
+    #[arg(long)]
+    pub targets_only: bool,
+    /// Pipeline parallel (not supported here yet).
+    #[arg(long)]
+    pub pipeline: bool,
+    /// Accepted for mlx-lm compatibility (nothing is run from the model directory).
+    #[arg(long)]
+    pub trust_remote_code: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct DynamicArgs {
+    /// The model directory (Hugging Face names are not fetched).
+    #[arg(long, short = 'm')]
+    pub model: String,
+    /// Path to save the model.
+    #[arg(long, default_value = "mlx_model")]
+    pub mlx_path: String,
+    #[arg(long, default_value_t = 123)]
+    pub seed: u64,
+    /// Path to a pre-computed sensitivity JSON file.
+    #[arg(long)]
+    pub sensitivities: Option<String>,
+    /// Target bits per weight.
+    #[arg(long, default_value_t = 5.0)]
+    pub target_bpw: f64,
+    #[arg(long, default_value_t = 4)]
+    pub low_bits: i32,
+    #[arg(long, default_value_t = 64)]
+    pub low_group_size: i32,
+    #[arg(long, default_value_t = 5)]
+    pub high_bits: i32,
+    #[arg(long, default_value_t = 64)]
+    pub high_group_size: i32,
+    /// Compute the perplexity of the base and quantized models.
+    #[arg(long)]
+    pub report_ppl: bool,
+    /// Use gradient checkpointing to reduce memory use.
+    #[arg(long)]
+    pub grad_checkpoint: bool,
+    /// What type to use to accumulate the gradients for the sensitivities.
+    #[arg(long, default_value = "float32", value_parser = ["float32", "bfloat16"])]
+    pub accumulation_dtype: String,
+    /// The calibration text: a local plain-text file (mlx-lm downloads its own
+    /// `calibration_v5.txt` into ~/.cache/mlx-lm/; give that file, or any text, here). Rows
+    /// of 512 tokens, all of them, as mlx-lm's `load_data(tokenizer, -1, 512)`.
+    #[arg(long)]
+    pub data_path: String,
+    /// Accepted for mlx-lm compatibility (nothing is run from the model directory).
+    #[arg(long)]
+    pub trust_remote_code: bool,
+}
+
+/// `dynamic_quant`'s fixed calibration row length.
+const DYNAMIC_SEQUENCE_LENGTH: i64 = 512;
 
 #[derive(Args, Debug)]
 pub struct AwqArgs {
@@ -123,6 +232,21 @@ impl QuantArgs {
                 a.num_samples,
                 &a.mlx_path,
             ),
+            QuantMethod::Dwq(a) => return check_dwq(a),
+            QuantMethod::Dynamic(a) => {
+                if let Some(p) = a.sensitivities.as_deref() {
+                    if !Path::new(p).is_file() {
+                        return Err(format!("--sensitivities {p}: no such file"));
+                    }
+                }
+                (
+                    &a.model,
+                    &a.data_path,
+                    DYNAMIC_SEQUENCE_LENGTH,
+                    -1,
+                    &a.mlx_path,
+                )
+            }
         };
         check_common(model, data_path, sequence_length, num_samples, mlx_path)
     }
@@ -218,6 +342,8 @@ pub fn run(q: &QuantArgs) -> Result<(), String> {
     let (model, mlx_path) = match &q.method {
         QuantMethod::Gptq(a) => (&a.model, &a.mlx_path),
         QuantMethod::Awq(a) => (&a.model, &a.mlx_path),
+        QuantMethod::Dynamic(a) => return run_dynamic(a),
+        QuantMethod::Dwq(a) => return run_dwq(a),
     };
     let dir = Path::new(model);
     let mut progress = crate::convert::ProgressView::new("");
@@ -257,6 +383,7 @@ pub fn run(q: &QuantArgs) -> Result<(), String> {
             };
             awq(dir, Path::new(mlx_path), &data, &opts, &mut on_progress)
         }
+        QuantMethod::Dynamic(_) | QuantMethod::Dwq(_) => unreachable!("handled above"),
     }
     .map_err(|e| format!("{model}: {e}"))?;
     progress.finish();
@@ -264,6 +391,197 @@ pub fn run(q: &QuantArgs) -> Result<(), String> {
         "[mlx] wrote {} tensors to {} ({})",
         report.tensors,
         mlx_path,
+        report.files.join(", ")
+    );
+    Ok(())
+}
+
+/// `mx.random.seed(seed)` after `load` (dynamic quant seeds after loading: no construction
+/// draws), then `load_data(tokenizer, -1, 512)` on the local text.
+fn rows_after_load(
+    tok: &mlx_engine::Tokenizer,
+    text: &str,
+    seed: u64,
+    data_path: &str,
+) -> Result<Array, String> {
+    mlx_engine::seed::seed_as_mlx_lm(seed, 0).map_err(|e| e.to_string())?;
+    calibration_rows(tok, text, -1, DYNAMIC_SEQUENCE_LENGTH)
+        .map_err(|e| format!("--data-path {data_path}: {e}"))
+}
+
+/// `python -m mlx_lm.quant.dynamic_quant`'s `main`.
+fn run_dynamic(a: &DynamicArgs) -> Result<(), String> {
+    use mlx_models::dynamic_quant as dq;
+    let dir = Path::new(&a.model);
+    let at = |e: mlx_models::ModelError| format!("{}: {e}", a.model);
+    let opts = dq::DynamicOptions {
+        target_bpw: a.target_bpw,
+        low_bits: a.low_bits,
+        low_group_size: a.low_group_size,
+        high_bits: a.high_bits,
+        high_group_size: a.high_group_size,
+        accumulation_dtype: if a.accumulation_dtype == "bfloat16" {
+            Dtype::Bfloat16
+        } else {
+            Dtype::Float32
+        },
+        grad_checkpoint: a.grad_checkpoint,
+        ..dq::DynamicOptions::default()
+    };
+    opts.validate().map_err(|e| e.to_string())?;
+    let src = dq::Source::load(dir).map_err(at)?;
+    let tok = mlx_engine::Tokenizer::from_dir(dir).map_err(|e| format!("{}: {e}", a.model))?;
+    let text = std::fs::read_to_string(&a.data_path)
+        .map_err(|e| format!("--data-path {}: {e}", a.data_path))?;
+    let mut progress = crate::convert::ProgressView::new("");
+    let sensitivities = match &a.sensitivities {
+        None => {
+            let data = rows_after_load(&tok, &text, a.seed, &a.data_path)?;
+            let s = dq::estimate_sensitivities(&src, &data, &opts, &mut |p| progress.show(p))
+                .map_err(at)?;
+            progress.finish();
+            let file = format!("{}_sensitivities.json", a.model.replace('/', "_"));
+            std::fs::write(&file, dq::sensitivities_json(&s))
+                .map_err(|e| format!("{file}: {e}"))?;
+            s.into_iter().collect()
+        }
+        Some(p) => {
+            dq::read_sensitivities(Path::new(p)).map_err(|e| format!("--sensitivities {e}"))?
+        }
+    };
+    let data = rows_after_load(&tok, &text, a.seed, &a.data_path)?;
+    let e = |e: mlx_models::ModelError| e.to_string();
+    if a.report_ppl {
+        let (m, _) = mlx_models::load::load_model_dir(dir, &LoadOptions::default()).map_err(at)?;
+        let ppl = dq::eval_ppl(m.as_ref(), &data).map_err(e)?;
+        println!("Original PPL: {ppl:.3}");
+    }
+    let threshold = dq::estimate_threshold(&src, &sensitivities, &opts).map_err(at)?;
+    let high = dq::high_modules(&src, &sensitivities, threshold);
+    drop(src);
+    let report = dq::quantize_and_save(dir, Path::new(&a.mlx_path), high, &opts, &mut |p| {
+        progress.show(p)
+    })
+    .map_err(at)?;
+    progress.finish();
+    if a.report_ppl {
+        let (m, _) =
+            mlx_models::load::load_model_dir(Path::new(&a.mlx_path), &LoadOptions::default())
+                .map_err(|e| format!("{}: {e}", a.mlx_path))?;
+        let ppl = dq::eval_ppl(m.as_ref(), &data).map_err(e)?;
+        println!("Quantized PPL: {ppl:.3}");
+    }
+    let peak = mlx_core::memory::peak_memory().map_err(|e| e.to_string())?;
+    println!("Peak memory used: {:.3}GB", peak as f64 / 1e9);
+    eprintln!(
+        "[mlx] wrote {} tensors to {} ({})",
+        report.tensors,
+        a.mlx_path,
+        report.files.join(", ")
+    );
+    Ok(())
+}
+
+fn check_dwq(a: &DwqArgs) -> Result<(), String> {
+    for (set, name) in [
+        (a.quantized_model.is_some(), "--quantized-model"),
+        (a.target_dir.is_some(), "--target-dir"),
+        (a.targets_only, "--targets-only"),
+        (a.pipeline, "--pipeline"),
+    ] {
+        if set {
+            return Err(format!("{name}: not supported by `mlx quant dwq` yet"));
+        }
+    }
+    if !Path::new(&a.model).join("config.json").is_file() {
+        return Err(format!(
+            "--model {}: not a model directory (no config.json)",
+            a.model
+        ));
+    }
+    if !Path::new(&a.data_path).exists() {
+        return Err(format!(
+            "--data-path {}: no such file or directory (training rows are read locally)",
+            a.data_path
+        ));
+    }
+    if a.batch_size == 0 {
+        return Err("--batch-size must be at least 1".into());
+    }
+    if a.max_seq_length < 2 {
+        return Err("--max-seq-length must be at least 2".into());
+    }
+    if !(a.learning_rate.is_finite() && a.learning_rate >= 0.0) {
+        return Err("--learning-rate must be a non-negative number".into());
+    }
+    QuantMode::Affine
+        .check(a.group_size, a.bits)
+        .map_err(|m| format!("--bits/--group-size: {m}"))?;
+    if Path::new(&a.mlx_path).exists() {
+        return Err(format!("--mlx-path {}: already exists", a.mlx_path));
+    }
+    Ok(())
+}
+
+/// `python -m mlx_lm.quant.dwq`'s `main` (no precomputed targets, one process).
+fn run_dwq(a: &DwqArgs) -> Result<(), String> {
+    use mlx_train::dwq::{self, DwqEvent, DwqOptions};
+    let dir = Path::new(&a.model);
+    let opts = DwqOptions {
+        bits: a.bits,
+        group_size: a.group_size,
+        num_samples: a.num_samples,
+        max_seq_length: a.max_seq_length,
+        seed: a.seed,
+        learning_rate: a.learning_rate,
+        batch_size: a.batch_size,
+        grad_checkpoint: a.grad_checkpoint,
+        ..DwqOptions::default()
+    };
+    // `mx.random.seed(args.seed)` (nothing in DWQ draws from it on this path).
+    mlx_core::random::seed(u64::from(a.seed)).map_err(|e| e.to_string())?;
+    let tok = mlx_train::tokenize::load(dir).map_err(|e| e.to_string())?;
+    let file = if Path::new(&a.data_path).is_dir() {
+        Path::new(&a.data_path).join("train.jsonl")
+    } else {
+        Path::new(&a.data_path).to_path_buf()
+    };
+    let rows = mlx_train::data::read_jsonl(&file).map_err(|e| e.to_string())?;
+    let (train, valid) = dwq::load_data(&tok, &rows, &file.display().to_string(), &opts)
+        .map_err(|e| e.to_string())?;
+    let mut progress = crate::convert::ProgressView::new("");
+    let mut on_event = |e: DwqEvent<'_>| match e {
+        DwqEvent::Trainable { trainable, total } => {
+            let (t, n) = (trainable as f64 / 1e6, total as f64 / 1e6);
+            println!(
+                "Trainable parameters: {:.3}% ({t:.3}M/{n:.3}M)",
+                t * 100.0 / n
+            );
+        }
+        DwqEvent::Validation { it, loss } => println!("Validation: it={it}, loss={loss:.3}"),
+        DwqEvent::Step { it, loss, tokens } => {
+            eprintln!("[mlx] step {} loss={loss:.4} tokens={tokens}", it + 1)
+        }
+        DwqEvent::Convert(p) => {
+            if !matches!(p, Progress::Info(_)) {
+                progress.show(p)
+            }
+        }
+    };
+    let report = dwq::dwq(
+        dir,
+        Path::new(&a.mlx_path),
+        &train,
+        &valid,
+        &opts,
+        &mut on_event,
+    )
+    .map_err(|e| format!("{}: {e}", a.model))?;
+    progress.finish();
+    eprintln!(
+        "[mlx] wrote {} tensors to {} ({})",
+        report.tensors,
+        a.mlx_path,
         report.files.join(", ")
     );
     Ok(())

@@ -7,24 +7,13 @@
 
 use crate::support;
 use support::mlx;
+use crate::model_output::compare;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use mlx_core::quantized::QuantMode;
 use mlx_models::convert::{convert, ConvertOptions};
 use serde_json::Value;
-use sha2::{Digest, Sha256};
-
-/// Files we write as mlx-lm does. `tokenizer_config.json` and `chat_template.jinja` are
-/// transformers' `save_pretrained` re-serialisation on mlx-lm's side (we copy the source's).
-const COMPARED: [&str; 5] = [
-    "config.json",
-    "model.safetensors.index.json",
-    "README.md",
-    "tokenizer.json",
-    "generation_config.json",
-];
 
 fn tests_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests")
@@ -35,35 +24,6 @@ fn temp_dir(tag: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
-}
-
-fn sha(bytes: &[u8]) -> String {
-    let mut h = Sha256::new();
-    h.update(bytes);
-    // The golden keeps 16 hex digits of each digest.
-    format!("{:x}", h.finalize())[..16].to_string()
-}
-
-fn tensor_table(path: &Path) -> BTreeMap<String, Value> {
-    let data = std::fs::read(path).unwrap();
-    let n = u64::from_le_bytes(data[..8].try_into().unwrap()) as usize;
-    let header: serde_json::Map<String, Value> = serde_json::from_slice(&data[8..8 + n]).unwrap();
-    let base = 8 + n;
-    header
-        .into_iter()
-        .map(|(k, v)| {
-            if k == "__metadata__" {
-                return (k, v);
-            }
-            let off = v["data_offsets"].as_array().unwrap();
-            let (a, b) = (
-                off[0].as_u64().unwrap() as usize,
-                off[1].as_u64().unwrap() as usize,
-            );
-            let row = serde_json::json!([v["dtype"], v["shape"], sha(&data[base + a..base + b])]);
-            (k, row)
-        })
-        .collect()
 }
 
 fn options(args: &[String]) -> ConvertOptions {
@@ -82,46 +42,6 @@ fn options(args: &[String]) -> ConvertOptions {
         }
     }
     o
-}
-
-/// Compares our output directory with the golden's record of mlx-lm's; the differences.
-fn compare(case: &str, ours: &Path, want: &Value) -> Vec<String> {
-    let mut bad = Vec::new();
-    let files = want["files"].as_object().unwrap();
-    for (name, entry) in files {
-        let p = ours.join(name);
-        if !p.exists() {
-            if COMPARED.contains(&name.as_str()) || name.ends_with(".safetensors") {
-                bad.push(format!("{case}: {name} missing"));
-            }
-            continue;
-        }
-        if name.ends_with(".safetensors") {
-            let got = tensor_table(&p);
-            let want_t = entry["tensors"].as_object().unwrap();
-            for (k, v) in want_t {
-                match got.get(k) {
-                    None => bad.push(format!("{case}: {name}: tensor {k} missing")),
-                    Some(g) if g != v => {
-                        bad.push(format!("{case}: {name}: {k}: ours {g}, mlx-lm {v}"))
-                    }
-                    _ => {}
-                }
-            }
-            for k in got.keys().filter(|k| !want_t.contains_key(*k)) {
-                bad.push(format!("{case}: {name}: unexpected tensor {k}"));
-            }
-        } else if COMPARED.contains(&name.as_str()) {
-            let got = sha(&std::fs::read(&p).unwrap());
-            if got != entry["sha256"].as_str().unwrap() {
-                bad.push(format!(
-                    "{case}: {name} differs:\n{}",
-                    std::fs::read_to_string(&p).unwrap_or_default()
-                ));
-            }
-        }
-    }
-    bad
 }
 
 #[test]

@@ -7,6 +7,8 @@
 
 #[path = "support/cli_golden.rs"]
 mod cli_golden;
+#[path = "support/model_output.rs"]
+mod model_output;
 mod support;
 
 mod cache_prompt_partial;

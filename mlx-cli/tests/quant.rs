@@ -12,26 +12,26 @@
 //! order). Its second case (67 rows: three `run_layer` batches, clip inputs strided by 3,
 //! 3 bits, 6-bit embedding) takes ~40 s in debug: `cargo test -p mlx-cli --test integration quant:: --
 //! --ignored`. `qwen3_q4`'s second block falls back to its plain quantization (AWQ's loss is not
-//! below it); the other blocks are kept.
+//! below it); the other blocks are kept. `gemma3_q4` is `gemma3_text_awq` (`1 + w` norms,
+//! sliding layers).
+//! Dynamic quantization (`python -m mlx_lm.quant.dynamic_quant`, `cargo xtask goldens
+//! dynamic`): the sensitivities file equals mlx-lm's byte for byte (every float32 sensitivity:
+//! the gradients of the KL loss through the low-bit model are MLX's vjp of the same ops), and
+//! so do the chosen bit widths and the output; `--report-ppl`'s lines too. `--sensitivities`
+//! with mlx-lm's file gives the same output.
+//! DWQ (`mlx_lm.quant.dwq.main` with its HF dataset loader replaced by the committed
+//! `quant/dwq_train.jsonl` rows, `cargo xtask goldens dwq`): the distilled scales, biases and
+//! norms (bfloat16), every other tensor and the compared files equal mlx-lm's, over 4 and 3 bits (the
+//! trained arrays) and 8 bits (only the norms train), and the printed trainable share and
+//! validation losses are mlx-lm's lines.
 
 use crate::support;
 use support::mlx;
+use crate::model_output::compare;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
-use sha2::{Digest, Sha256};
-
-/// Files we write as mlx-lm does (`tokenizer_config.json` and `chat_template.jinja` are
-/// transformers' `save_pretrained` re-serialisation on mlx-lm's side; we copy the source's).
-const COMPARED: [&str; 5] = [
-    "config.json",
-    "model.safetensors.index.json",
-    "README.md",
-    "tokenizer.json",
-    "generation_config.json",
-];
 
 fn tests_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests")
@@ -44,77 +44,51 @@ fn temp_dir(tag: &str) -> PathBuf {
     d
 }
 
-fn sha(bytes: &[u8]) -> String {
-    let mut h = Sha256::new();
-    h.update(bytes);
-    format!("{:x}", h.finalize())[..16].to_string()
+/// `mlx ARGS` run in `dir` (dynamic quant writes its sensitivities file in the working
+/// directory, as mlx-lm does).
+fn mlx_in(dir: &Path, args: &[&str]) -> (i32, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mlx"))
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run mlx");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
-fn tensor_table(path: &Path) -> BTreeMap<String, Value> {
-    let data = std::fs::read(path).unwrap();
-    let n = u64::from_le_bytes(data[..8].try_into().unwrap()) as usize;
-    let header: serde_json::Map<String, Value> = serde_json::from_slice(&data[8..8 + n]).unwrap();
-    let base = 8 + n;
-    header
-        .into_iter()
-        .map(|(k, v)| {
-            if k == "__metadata__" {
-                return (k, v);
-            }
-            let off = v["data_offsets"].as_array().unwrap();
-            let (a, b) = (
-                off[0].as_u64().unwrap() as usize,
-                off[1].as_u64().unwrap() as usize,
-            );
-            let row = serde_json::json!([v["dtype"], v["shape"], sha(&data[base + a..base + b])]);
-            (k, row)
+/// The `*_sensitivities.json` file a dynamic run left in `dir`.
+fn sensitivities_in(dir: &Path) -> Option<String> {
+    std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .find(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .ends_with("_sensitivities.json")
         })
-        .collect()
-}
-
-fn compare(case: &str, ours: &Path, want: &Value) -> Vec<String> {
-    let mut bad = Vec::new();
-    for (name, entry) in want["files"].as_object().unwrap() {
-        let p = ours.join(name);
-        if !p.exists() {
-            if COMPARED.contains(&name.as_str()) || name.ends_with(".safetensors") {
-                bad.push(format!("{case}: {name} missing"));
-            }
-            continue;
-        }
-        if name.ends_with(".safetensors") {
-            let got = tensor_table(&p);
-            let want_t = entry["tensors"].as_object().unwrap();
-            for (k, v) in want_t {
-                match got.get(k) {
-                    None => bad.push(format!("{case}: {name}: tensor {k} missing")),
-                    Some(g) if g != v => {
-                        bad.push(format!("{case}: {name}: {k}: ours {g}, mlx-lm {v}"))
-                    }
-                    _ => {}
-                }
-            }
-            for k in got.keys().filter(|k| !want_t.contains_key(*k)) {
-                bad.push(format!("{case}: {name}: unexpected tensor {k}"));
-            }
-        } else if COMPARED.contains(&name.as_str()) {
-            let got = sha(&std::fs::read(&p).unwrap());
-            if got != entry["sha256"].as_str().unwrap() {
-                bad.push(format!("{case}: {name} differs"));
-            }
-        }
-    }
-    bad
+        .and_then(|e| std::fs::read_to_string(e.path()).ok())
 }
 
 /// Runs `mlx quant METHOD` on the golden's `cases` (all when empty) and compares.
 fn check_cases(method: &str, cases: &[&str]) {
+    check_cases_with(method, cases, &[]);
+}
+
+/// [`check_cases`] with `extra` arguments after the golden's.
+fn check_cases_with(method: &str, cases: &[&str], extra: &[&str]) {
     let golden: Value = serde_json::from_str(
         &std::fs::read_to_string(tests_dir().join(format!("goldens/{method}.json"))).unwrap(),
     )
     .unwrap();
-    let out = temp_dir(method);
-    let text = tests_dir().join("quant/calibration.txt");
+    let out = temp_dir(&format!("{method}-{}-{}", cases.join("-"), extra.len()));
+    let text = tests_dir().join(if method == "dwq" {
+        "quant/dwq_train.jsonl"
+    } else {
+        "quant/calibration.txt"
+    });
     let mut bad = Vec::new();
     for (case, want) in golden.as_object().unwrap() {
         if !cases.is_empty() && !cases.contains(&case.as_str()) {
@@ -125,6 +99,8 @@ fn check_cases(method: &str, cases: &[&str]) {
             .and_then(Value::as_str)
             .unwrap_or("convert/llama");
         let src = tests_dir().join(model);
+        let work = out.join(format!("work_{case}"));
+        std::fs::create_dir_all(&work).unwrap();
         let dst = out.join(case);
         let mut args = vec![
             "quant",
@@ -143,13 +119,44 @@ fn check_cases(method: &str, cases: &[&str]) {
                 .iter()
                 .map(|a| a.as_str().unwrap()),
         );
-        let (code, stdout, stderr) = mlx(&args);
+        // `--sensitivities @`: mlx-lm's own file for this case, written into the work directory.
+        let given = work.join("given_sensitivities.json.in");
+        for a in extra {
+            if *a == "@" {
+                std::fs::write(&given, want["sensitivities"].as_str().unwrap()).unwrap();
+                args.push(given.to_str().unwrap());
+            } else {
+                args.push(a);
+            }
+        }
+        let (code, stdout, stderr) = mlx_in(&work, &args);
         assert_eq!(code, 0, "{case}: {stderr}");
-        assert!(
-            stdout.contains("bits per weight"),
-            "{case}: no bits-per-weight line in {stdout}"
-        );
-        if let Some(log) = want.get("log").and_then(Value::as_array) {
+        if method == "dwq" {
+            // mlx-lm's printed lines: the trainable share and the validation losses.
+            let theirs: Vec<&str> = want["log"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(Value::as_str)
+                .collect();
+            let ours: Vec<&str> = stdout
+                .lines()
+                .filter(|l| l.starts_with("Trainable") || l.starts_with("Validation:"))
+                .collect();
+            if ours != theirs {
+                bad.push(format!("{case}: {ours:?}, mlx-lm {theirs:?}"));
+            }
+        } else {
+            assert!(
+                stdout.contains("bits per weight"),
+                "{case}: no bits-per-weight line in {stdout}"
+            );
+        }
+        if let Some(log) = want
+            .get("log")
+            .and_then(Value::as_array)
+            .filter(|_| method == "awq")
+        {
             let theirs: Vec<String> = log.iter().map(|l| figure(l.as_str().unwrap())).collect();
             let ours: Vec<String> = stdout
                 .lines()
@@ -160,6 +167,21 @@ fn check_cases(method: &str, cases: &[&str]) {
                 bad.push(format!(
                     "{case}: loss reductions {ours:?}, mlx-lm {theirs:?}"
                 ));
+            }
+        }
+        if let Some(theirs) = want.get("sensitivities").and_then(Value::as_str) {
+            if !extra.contains(&"@") && sensitivities_in(&work).as_deref() != Some(theirs) {
+                bad.push(format!(
+                    "{case}: sensitivities {:?}, mlx-lm {theirs}",
+                    sensitivities_in(&work)
+                ));
+            }
+        }
+        if let Some(ppl) = want.get("ppl").and_then(Value::as_array) {
+            let ours: Vec<&str> = stdout.lines().filter(|l| l.contains("PPL:")).collect();
+            let theirs: Vec<&str> = ppl.iter().filter_map(Value::as_str).collect();
+            if ours != theirs {
+                bad.push(format!("{case}: {ours:?}, mlx-lm {theirs:?}"));
             }
         }
         bad.extend(compare(case, &dst, want));
@@ -184,7 +206,7 @@ fn gptq_equals_mlx_lm_bit_for_bit() {
 
 #[test]
 fn awq_equals_mlx_lm_bit_for_bit() {
-    check_cases("awq", &["q4_g32", "qwen3_q4", "mistral_q8"]);
+    check_cases("awq", &["q4_g32", "qwen3_q4", "mistral_q8", "gemma3_q4"]);
 }
 
 #[test]
@@ -194,13 +216,27 @@ fn awq_equals_mlx_lm_bit_for_bit_over_batches_and_strides() {
 }
 
 #[test]
+fn dynamic_equals_mlx_lm_bit_for_bit() {
+    check_cases("dynamic", &[]);
+}
+
+#[test]
+fn dynamic_from_mlx_lm_sensitivities_equals_mlx_lm() {
+    check_cases_with("dynamic", &["llama_3_6_g32"], &["--sensitivities", "@"]);
+}
+
+#[test]
+fn dwq_equals_mlx_lm_bit_for_bit() {
+    check_cases("dwq", &[]);
+}
+
+#[test]
 fn awq_refuses_what_its_recipe_does_not_cover() {
     let out = temp_dir("awq-bad");
     let text = tests_dir().join("quant/calibration.txt");
     let dst = out.join("q");
-    // gemma3_text is in mlx-lm's AWQ table but not here (its `1 + w` norms take another
-    // apply_scale branch).
-    let src = tests_dir().join("models/gemma3_text");
+    // phi3 is not in mlx-lm's AWQ table.
+    let src = tests_dir().join("models/phi3");
     let (code, _, err) = mlx(&[
         "quant",
         "awq",
@@ -216,7 +252,7 @@ fn awq_refuses_what_its_recipe_does_not_cover() {
         "2",
     ]);
     assert_ne!(code, 0);
-    assert!(err.contains("AWQ support for gemma3_text"), "{err}");
+    assert!(err.contains("AWQ support for phi3"), "{err}");
     assert!(!dst.exists());
     let _ = std::fs::remove_dir_all(&out);
 }
@@ -256,6 +292,54 @@ fn gptq_refuses_bad_options_with_the_option_named() {
     let (code, _, err) = run(base(&["--data-path", t, "--sequence-length", "5000"]));
     assert_ne!(code, 0);
     assert!(err.contains("--sequence-length"), "{err}");
+    assert!(!dst.exists(), "a refused run left {}", dst.display());
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn dynamic_and_dwq_refuse_bad_options_with_the_option_named() {
+    let out = temp_dir("dyn-dwq-bad");
+    let src = tests_dir().join("convert/llama");
+    let text = tests_dir().join("quant/calibration.txt");
+    let rows = tests_dir().join("quant/dwq_train.jsonl");
+    let dst = out.join("q");
+    let run = |method: &str, data: &Path, extra: &[&str]| {
+        let mut a = vec![
+            "quant",
+            method,
+            "--model",
+            src.to_str().unwrap(),
+            "--mlx-path",
+            dst.to_str().unwrap(),
+            "--data-path",
+            data.to_str().unwrap(),
+        ];
+        a.extend(extra);
+        mlx_in(&out, &a)
+    };
+    for (method, data, extra, named) in [
+        ("dynamic", &text, &["--low-bits", "7"][..], "--low-bits"),
+        ("dynamic", &text, &["--target-bpw", "0"][..], "--target-bpw"),
+        (
+            "dynamic",
+            &text,
+            &["--sensitivities", "/nonexistent.json"][..],
+            "--sensitivities",
+        ),
+        (
+            "dwq",
+            &rows,
+            &["--target-dir", "targets"][..],
+            "--target-dir",
+        ),
+        ("dwq", &rows, &["--bits", "7"][..], "--bits"),
+        // All 20 rows train: none is left to validate on.
+        ("dwq", &rows, &["--num-samples", "20"][..], "--num-samples"),
+    ] {
+        let (code, _, err) = run(method, data, extra);
+        assert_ne!(code, 0, "{method} {extra:?}");
+        assert!(err.contains(named), "{method} {extra:?}: {err}");
+    }
     assert!(!dst.exists(), "a refused run left {}", dst.display());
     let _ = std::fs::remove_dir_all(&out);
 }

@@ -11,7 +11,12 @@
 //! `{group_size: 64, bits: 4}`, then every leaf module of the llama class (`false` for the
 //! unquantized ones).
 //!
-//! Tier L1 on CPU (`mlx-cli/tests/awq.rs`).
+//! `gemma3_text` takes `gemma3_text_awq`: the same three scale groups with the MLP's input
+//! norm `pre_feedforward_layernorm`, folded into Gemma's `1 + w` weights by
+//! `((1 + w) / s - 1)` in float32; as in mlx-lm, the blocks see the embedding without its
+//! `sqrt(hidden)` scale and every block (sliding ones too) runs under the one causal mask.
+//!
+//! Tier L1 on CPU (`mlx-cli/tests/quant.rs`).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -21,20 +26,18 @@ use mlx_core::prelude::*;
 use mlx_core::quantized::{self, QuantMode};
 use serde_json::{Map, Value};
 
-use crate::config::ModelConfig;
-use crate::convert::{
-    bits_per_weight_of, load_config_dict, save, ConvertReport, LayerQuant, Progress,
-};
+use crate::convert::{ConvertReport, LayerQuant, Progress};
 use crate::error::{ModelError, Result};
 use crate::layers::{Embedding, Linear, LinearAdapter, Norm, QuantizedWeight};
-use crate::load::load_weights;
+use crate::learned::{bad, check_run, load_source, splice_and_save, Source};
 use crate::models::dense::{AwqPart, Model as Dense};
 use crate::models::{build, build_recording, LanguageModel};
 use crate::weights::Weights;
 
 /// The model types AWQ runs here: `AWQ_MODEL_CONFIGS`' `llama_awq` rows whose mlx-lm module
-/// is `llama.py` (llama, mistral), `qwen2.py` or `qwen3.py`.
-pub const AWQ_TYPES: [&str; 4] = ["llama", "mistral", "qwen2", "qwen3"];
+/// is `llama.py` (llama, mistral), `qwen2.py` or `qwen3.py`, and `gemma3_text_awq`'s
+/// `gemma3_text`.
+pub const AWQ_TYPES: [&str; 5] = ["llama", "mistral", "qwen2", "qwen3", "gemma3_text"];
 
 /// `python -m mlx_lm.quant.awq`'s quantization arguments.
 #[derive(Clone, Debug)]
@@ -126,9 +129,25 @@ fn set_weight(l: &mut Linear, w: Array) -> Result<()> {
 
 fn norm_weight(n: &mut Norm) -> Result<&mut Array> {
     match n {
-        Norm::Rms(r) => Ok(&mut r.weight),
+        Norm::Rms(r) | Norm::RmsOffset(r) => Ok(&mut r.weight),
         _ => Err(internal("a norm that should be an RMS norm is not")),
     }
+}
+
+/// `apply_scale`'s norm branches: `w / s` for `nn.RMSNorm`; for Gemma's `RMSNorm` (`1 + w`),
+/// `((1 + w.astype(float32)) / s - 1).astype(w.dtype)`.
+fn scale_norm(n: &mut Norm, s: &Array) -> Result<()> {
+    match n {
+        Norm::Rms(r) => r.weight = (&r.weight / s)?,
+        Norm::RmsOffset(r) => {
+            let dt = r.weight.dtype();
+            let one = scalar(1.0, Dtype::Float32)?;
+            let w = (&(&one + &r.weight.astype(Dtype::Float32)?)? / s)?;
+            r.weight = (&w - &one)?.astype(dt)?;
+        }
+        _ => return Err(internal("a norm that should be an RMS norm is not")),
+    }
+    Ok(())
 }
 
 fn quantized_weight(w: &Array, group_size: i32, bits: i32) -> Result<QuantizedWeight> {
@@ -488,8 +507,7 @@ impl Run<'_> {
         feat: &mut BTreeMap<String, Array>,
     ) -> Result<()> {
         let lm = self.model.awq_layer_mut(i)?;
-        let norm = norm_weight(if attn { lm.pre_attn } else { lm.pre_mlp })?;
-        *norm = (&*norm / s)?;
+        scale_norm(if attn { lm.pre_attn } else { lm.pre_mlp }, s)?;
         for (n, l) in lm.linears {
             if layers.contains(&n.as_str()) {
                 let w = (&weight_of(l)? * s)?;
@@ -515,16 +533,7 @@ pub fn awq(
     opts: &AwqOptions,
     progress: &mut dyn FnMut(Progress<'_>),
 ) -> Result<ConvertReport> {
-    let bad = |option: &str, problem: String| ModelError::Convert {
-        option: option.into(),
-        problem,
-    };
-    if dst.exists() {
-        return Err(bad(
-            "--mlx-path",
-            format!("{} already exists", dst.display()),
-        ));
-    }
+    check_run(dst, data)?;
     QuantMode::Affine
         .check(opts.group_size, opts.bits)
         .map_err(|m| bad("--bits/--group-size", m.to_string()))?;
@@ -534,18 +543,11 @@ pub fn awq(
     if opts.n_grid < 1 {
         return Err(bad("--n-grid", "must be at least 1".into()));
     }
-    if data.ndim() != 2 || data.shape()[0] == 0 {
-        return Err(bad(
-            "calibration data",
-            format!(
-                "needs (samples, sequence length) ids, not {:?}",
-                data.shape()
-            ),
-        ));
-    }
-    progress(Progress::Info("Loading".into()));
-    let mut config = load_config_dict(src)?;
-    let model_config = ModelConfig::from_file(&src.join("config.json"))?;
+    let Source {
+        config,
+        model_config,
+        tensors,
+    } = load_source(src, progress)?;
     if !AWQ_TYPES.contains(&model_config.model_type.as_str()) {
         return Err(bad(
             "--model",
@@ -555,7 +557,6 @@ pub fn awq(
             ),
         ));
     }
-    let tensors = load_weights(src)?;
     let quant = model_config.quantization.clone();
     if quant.is_some() {
         return Err(bad("--model", "is quantized already".into()));
@@ -564,9 +565,17 @@ pub fn awq(
     let model = boxed
         .as_dense_mut()
         .ok_or_else(|| bad("--model", "not a descriptor-table model".into()))?;
-    model
-        .awq_llama_shape()
-        .map_err(|p| bad("--model", format!("AWQ's llama recipe does not fit: {p}")))?;
+    let gemma = model_config.model_type == "gemma3_text";
+    if gemma {
+        model
+            .awq_gemma3_shape()
+            .map_err(|p| bad("--model", format!("AWQ's Gemma 3 recipe does not fit: {p}")))?;
+    } else {
+        model
+            .awq_llama_shape()
+            .map_err(|p| bad("--model", format!("AWQ's llama recipe does not fit: {p}")))?;
+    }
+    let (pre_attn_name, pre_mlp_name) = model.awq_norm_names();
 
     // The embedding, quantized first; its output feeds the first block.
     let embed = match model.awq_embedding_mut() {
@@ -648,16 +657,16 @@ pub fn awq(
         let p = format!("{layers_path}.{i}");
         let lm = run.model.awq_layer_mut(i)?;
         new.insert(
-            format!("{p}.input_layernorm.weight"),
+            format!("{p}.{pre_attn_name}.weight"),
             vec![(
-                format!("{p}.input_layernorm.weight"),
+                format!("{p}.{pre_attn_name}.weight"),
                 norm_weight(lm.pre_attn)?.clone(),
             )],
         );
         new.insert(
-            format!("{p}.post_attention_layernorm.weight"),
+            format!("{p}.{pre_mlp_name}.weight"),
             vec![(
-                format!("{p}.post_attention_layernorm.weight"),
+                format!("{p}.{pre_mlp_name}.weight"),
                 norm_weight(lm.pre_mlp)?.clone(),
             )],
         );
@@ -680,7 +689,7 @@ pub fn awq(
         }
         // The class's module order: attention (q, k, v, o, qwen3's q/k norms, rope), MLP
         // (gate, down, up), norms.
-        let qk_norms: &[&str] = if qwen3 {
+        let qk_norms: &[&str] = if qwen3 || gemma {
             &["self_attn.q_norm", "self_attn.k_norm"]
         } else {
             &[]
@@ -700,7 +709,12 @@ pub fn awq(
             "mlp.up_proj",
             "input_layernorm",
             "post_attention_layernorm",
-        ]);
+        ])
+        .chain(if gemma {
+            &["pre_feedforward_layernorm", "post_feedforward_layernorm"][..]
+        } else {
+            &[]
+        });
         for n in order {
             qblock.insert(
                 format!("{p}.{n}"),
@@ -723,26 +737,14 @@ pub fn awq(
     drop(boxed);
 
     let built = build_recording(&model_config, Weights::new(tensors, None, None))?;
-    let mut params = Vec::with_capacity(built.parameters.len() + 2 * quantized.len());
-    for (n, a) in built.parameters {
-        match new.remove(&n) {
-            Some(parts) => params.extend(parts),
-            None => params.push((n, a)),
-        }
-    }
-    if !new.is_empty() {
-        return Err(internal(
-            "a rewritten tensor has no place in the model's parameters",
-        ));
-    }
-    let bpw = bits_per_weight_of(&params, &quantized);
-    progress(Progress::Info(format!(
-        "Quantized model with {bpw:.3} bits per weight."
-    )));
-    config.insert("quantization".into(), Value::Object(qblock));
-    let report = save(Some(src), dst, &params, &quantized, config, &[], progress)?;
-    Ok(ConvertReport {
-        bits_per_weight: Some(bpw),
-        ..report
-    })
+    splice_and_save(
+        src,
+        dst,
+        built.parameters,
+        new,
+        &quantized,
+        config,
+        qblock,
+        progress,
+    )
 }

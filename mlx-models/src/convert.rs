@@ -74,6 +74,20 @@ pub struct ConvertOptions {
     /// Files written into the output beside the model's (name, bytes): the tokenizer files a
     /// caller made for a GGUF source, which has none of its own.
     pub extra_files: Vec<(String, Vec<u8>)>,
+    /// A learned quantizer's `quant_predicate` (dynamic quant's): these modules take their own
+    /// bits and group size, recorded as `{"bits", "group_size"}`; the rest take `-q`'s.
+    pub per_module: Option<PerModule>,
+    /// Keep the stored dtypes (`quantize_model` on a loaded model, as the learned quantizers
+    /// call it) instead of casting to `--dtype` / `torch_dtype` (`mlx_lm.convert`).
+    pub keep_dtype: bool,
+}
+
+/// Modules quantized with their own bits and group size (see [`ConvertOptions::per_module`]).
+#[derive(Clone, Debug, Default)]
+pub struct PerModule {
+    pub bits: i32,
+    pub group_size: i32,
+    pub paths: std::collections::BTreeSet<String>,
 }
 
 /// Whether `src` names a GGUF file (a `.gguf` path that is a file).
@@ -296,9 +310,74 @@ pub fn convert(
     opts: &ConvertOptions,
     progress: &mut dyn FnMut(Progress<'_>),
 ) -> Result<ConvertReport> {
+    check_free(dst)?;
+    let c = convert_in_memory(src, opts, progress)?;
+    save_converted(src, dst, &c, &opts.extra_files, progress)
+}
+
+/// A converted model before it is written: the parameters under mlx-lm's names in its
+/// order, each module's quantization and the config.
+pub struct Converted {
+    pub params: Vec<(String, Array)>,
+    quantized: BTreeMap<String, LayerQuant>,
+    config: Map<String, Value>,
+    bits_per_weight: Option<f64>,
+    gguf: bool,
+}
+
+impl Converted {
+    /// The `config.json` the model is written with.
+    pub fn config(&self) -> &Map<String, Value> {
+        &self.config
+    }
+
+    /// Whether the module at `path` is quantized, and with which bits, group size and mode.
+    pub fn quantization(&self, path: &str) -> Option<(i32, Option<i32>, QuantMode)> {
+        self.quantized
+            .get(path)
+            .filter(|q| q.trellis.is_none())
+            .map(|q| (q.bits, q.group_size, q.mode))
+    }
+}
+
+fn check_free(dst: &Path) -> Result<()> {
     if dst.exists() {
         return Err(ModelError::Convert { option: "--mlx-path".into(), problem: format!("Cannot save to the path {} as it already exists. Please delete the file/directory or specify a new path to save to.", dst.display()) });
     }
+    Ok(())
+}
+
+/// Writes a [`Converted`] model to `dst` (mlx-lm's `save`; `src` gives the tokenizer and
+/// other files copied beside the weights).
+pub fn save_converted(
+    src: &Path,
+    dst: &Path,
+    c: &Converted,
+    extra_files: &[(String, Vec<u8>)],
+    progress: &mut dyn FnMut(Progress<'_>),
+) -> Result<ConvertReport> {
+    check_free(dst)?;
+    let report = save(
+        (!c.gguf).then_some(src),
+        dst,
+        &c.params,
+        &c.quantized,
+        c.config.clone(),
+        extra_files,
+        progress,
+    )?;
+    Ok(ConvertReport {
+        bits_per_weight: c.bits_per_weight,
+        ..report
+    })
+}
+
+/// [`convert`] without writing: what `mlx_lm.convert` holds before its `save`.
+pub fn convert_in_memory(
+    src: &Path,
+    opts: &ConvertOptions,
+    progress: &mut dyn FnMut(Progress<'_>),
+) -> Result<Converted> {
     if opts.quantize && opts.dequantize {
         return Err(ModelError::Convert {
             option: "-q/-d".into(),
@@ -397,7 +476,11 @@ pub fn convert(
                 .and_then(Value::as_str)
                 .map(String::from)
         });
-    if let Some(dt) = dtype_name.as_deref().and_then(parse_dtype) {
+    if let Some(dt) = dtype_name
+        .as_deref()
+        .and_then(parse_dtype)
+        .filter(|_| !opts.keep_dtype)
+    {
         if PREDICATE_MODELS.contains(&model_type.as_str()) {
             return Err(ModelError::Convert { option: format!("model type `{model_type}`"), problem: "mlx-lm casts it with a per-model `cast_predicate` that `mlx convert` does not reproduce yet".into() });
         }
@@ -538,7 +621,27 @@ pub fn convert(
         progress(Progress::Stage("Quantizing", candidates.len()));
         let mut replaced: BTreeMap<String, Vec<(String, Array)>> = BTreeMap::new();
         for m in candidates {
+            let own = opts
+                .per_module
+                .as_ref()
+                .filter(|p| p.paths.contains(&m.path));
             let lq = match recipe {
+                _ if own.is_some() => {
+                    let p = own.ok_or_else(|| ModelError::Internal {
+                        what: "convert".into(),
+                        problem: "per-module quantization went missing".into(),
+                    })?;
+                    let mut j = Map::new();
+                    j.insert("bits".into(), Value::from(p.bits));
+                    j.insert("group_size".into(), Value::from(p.group_size));
+                    qblock.insert(m.path.clone(), Value::Object(j));
+                    LayerQuant {
+                        group_size: Some(p.group_size),
+                        bits: p.bits,
+                        mode: QuantMode::Affine,
+                        trellis: None,
+                    }
+                }
                 Some(r) => {
                     let lq =
                         mixed_recipe(r, opts.q_group_size, num_layers, layer_location, &m.path)?;
@@ -679,18 +782,12 @@ pub fn convert(
         quantized.clear();
     }
 
-    let report = save(
-        (!gguf).then_some(src),
-        dst,
-        &params,
-        &quantized,
+    Ok(Converted {
+        params,
+        quantized,
         config,
-        &opts.extra_files,
-        progress,
-    )?;
-    Ok(ConvertReport {
         bits_per_weight,
-        ..report
+        gguf,
     })
 }
 

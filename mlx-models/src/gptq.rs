@@ -8,7 +8,7 @@
 //! takes plain affine quantization at the fallback bits and group size. The output directory
 //! is written by `convert`'s `save` (mlx-lm's `save`).
 //!
-//! Tier L1 on CPU: the tensors equal mlx-lm's bit for bit (`mlx-cli/tests/gptq.rs`).
+//! Tier L1 on CPU: the tensors equal mlx-lm's bit for bit (`mlx-cli/tests/quant.rs`).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -19,13 +19,10 @@ use mlx_core::prelude::*;
 use mlx_core::quantized::{self, QuantMode};
 use serde_json::{Map, Value};
 
-use crate::config::ModelConfig;
-use crate::convert::{
-    bits_per_weight_of, load_config_dict, save, ConvertReport, LayerQuant, Progress,
-};
+use crate::convert::{ConvertReport, LayerQuant, Progress};
 use crate::error::{ModelError, Result};
 use crate::layers::{Linear, LinearAdapter, LinearMut};
-use crate::load::load_weights;
+use crate::learned::{bad, check_run, load_source, splice_and_save, Source};
 use crate::models::{build, build_recording, TopModuleMut};
 use crate::weights::Weights;
 
@@ -219,16 +216,7 @@ pub fn gptq(
     opts: &GptqOptions,
     progress: &mut dyn FnMut(Progress<'_>),
 ) -> Result<ConvertReport> {
-    let bad = |option: &str, problem: String| ModelError::Convert {
-        option: option.into(),
-        problem,
-    };
-    if dst.exists() {
-        return Err(bad(
-            "--mlx-path",
-            format!("{} already exists", dst.display()),
-        ));
-    }
+    check_run(dst, data)?;
     if ![2, 4, 8].contains(&opts.bits) {
         return Err(bad(
             "--bits",
@@ -241,26 +229,14 @@ pub fn gptq(
     QuantMode::Affine
         .check(opts.fallback_group_size, opts.fallback_bits)
         .map_err(|m| bad("--fallback-bits/--fallback-group-size", m.to_string()))?;
-    if data.ndim() != 2 || data.shape()[0] == 0 || opts.batch_size == 0 {
-        return Err(bad(
-            "calibration data",
-            format!(
-                "needs (samples, sequence length) ids, not {:?}",
-                data.shape()
-            ),
-        ));
+    if opts.batch_size == 0 {
+        return Err(bad("batch size", "must be at least 1".into()));
     }
-    if !src.is_dir() {
-        return Err(bad(
-            "--model",
-            format!("{}: not a model directory", src.display()),
-        ));
-    }
-
-    progress(Progress::Info("Loading".into()));
-    let mut config = load_config_dict(src)?;
-    let model_config = ModelConfig::from_file(&src.join("config.json"))?;
-    let tensors = load_weights(src)?;
+    let Source {
+        config,
+        model_config,
+        tensors,
+    } = load_source(src, progress)?;
     let quant = model_config.quantization.clone();
     let mut model = build(
         &model_config,
@@ -321,7 +297,7 @@ pub fn gptq(
 
     // The parameters under mlx-lm's names, in load order.
     let built = build_recording(&model_config, Weights::new(tensors, quant, None))?;
-    let mut params = built.parameters;
+    let params = built.parameters;
     let index: BTreeMap<String, usize> = params
         .iter()
         .enumerate()
@@ -438,22 +414,7 @@ pub fn gptq(
             },
         );
     }
-    let mut out = Vec::with_capacity(params.len() + 2 * replaced.len());
-    for (n, a) in params {
-        match replaced.remove(&n) {
-            Some(parts) => out.extend(parts),
-            None => out.push((n, a)),
-        }
-    }
-    params = out;
-    let bpw = bits_per_weight_of(&params, &quantized);
-    progress(Progress::Info(format!(
-        "Quantized model with {bpw:.3} bits per weight."
-    )));
-    config.insert("quantization".into(), Value::Object(qblock));
-    let report = save(Some(src), dst, &params, &quantized, config, &[], progress)?;
-    Ok(ConvertReport {
-        bits_per_weight: Some(bpw),
-        ..report
-    })
+    splice_and_save(
+        src, dst, params, replaced, &quantized, config, qblock, progress,
+    )
 }

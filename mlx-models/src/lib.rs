@@ -16,12 +16,14 @@
 pub mod awq;
 pub mod config;
 pub mod convert;
+pub mod dynamic_quant;
 pub mod embed;
 mod error;
 pub mod gguf;
 pub mod gguf_dequant;
 pub mod gptq;
 pub mod layers;
+mod learned;
 pub mod load;
 pub mod models;
 pub mod pyjson;

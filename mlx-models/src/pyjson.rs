@@ -12,6 +12,42 @@ pub fn dumps(value: &Value, indent: usize, ensure_ascii: bool) -> String {
     out
 }
 
+/// `json.dumps(value, ensure_ascii=ensure_ascii)` without `indent`: one line, `", "` and
+/// `": "` separators.
+pub fn dumps_inline(value: &Value, ensure_ascii: bool) -> String {
+    let mut out = String::new();
+    write_inline(&mut out, value, ensure_ascii);
+    out
+}
+
+fn write_inline(out: &mut String, v: &Value, ascii: bool) {
+    match v {
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                write_inline(out, item, ascii);
+            }
+            out.push(']');
+        }
+        Value::Object(map) => {
+            out.push('{');
+            for (i, (k, item)) in map.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                write_str(out, k, ascii);
+                out.push_str(": ");
+                write_inline(out, item, ascii);
+            }
+            out.push('}');
+        }
+        scalar => write_value(out, scalar, 0, 0, ascii),
+    }
+}
+
 fn newline(out: &mut String, indent: usize, level: usize) {
     out.push('\n');
     for _ in 0..indent * level {

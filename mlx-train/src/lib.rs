@@ -27,6 +27,7 @@
 pub mod attention;
 pub mod cli;
 pub mod data;
+pub mod dwq;
 pub mod loss;
 pub mod memory;
 pub mod nprand;

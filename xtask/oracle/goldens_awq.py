@@ -41,6 +41,10 @@ CASES = [
     ("mistral_q8", ["--bits", "8", "--group-size", "32", "--num-samples", "4",
                     "--sequence-length", "16", "--n-grid", "10", "--seed", "3"],
      "models/mistral_bias_llama3rope"),
+    # gemma3_text_awq: `1 + w` norms, the MLP's pre_feedforward_layernorm, sliding layers (run
+    # under the one causal mask, as awq_quantize does), an untied lm_head.
+    ("gemma3_q4", ["--bits", "4", "--group-size", "32", "--num-samples", "4",
+                   "--sequence-length", "16", "--n-grid", "10", "--seed", "4"], "models/gemma3_text"),
 ]
 
 RUN = "import sys; from mlx_lm.quant.awq import main; sys.argv = ['awq'] + sys.argv[1:]; main()"

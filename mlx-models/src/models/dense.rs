@@ -1858,6 +1858,30 @@ impl Model {
         if d.norm != NormKind::Rms {
             return Err("its norms are not plain RMS norms".into());
         }
+        self.awq_common_shape(false)
+    }
+
+    /// Whether AWQ's Gemma 3 recipe (`gemma3_text_awq`) fits: sandwich blocks with Gemma's
+    /// `1 + w` RMS norms (sliding layers and the float16 residual clip allowed: AWQ runs every
+    /// block under the one causal mask); the problem otherwise.
+    pub fn awq_gemma3_shape(&self) -> std::result::Result<(), String> {
+        let d = &self.desc;
+        if d.placement != Placement::Sandwich || d.post_norm_offsets.is_some() {
+            return Err("its blocks are not Gemma's sandwich blocks".into());
+        }
+        if d.norm != NormKind::RmsOffset {
+            return Err("its norms are not Gemma's `1 + w` RMS norms".into());
+        }
+        self.awq_common_shape(true)
+    }
+
+    /// The names of the norms AWQ folds scales into: before attention and before the MLP.
+    pub fn awq_norm_names(&self) -> (&'static str, &'static str) {
+        (self.desc.names.pre_attn_norm, self.desc.names.pre_mlp_norm)
+    }
+
+    fn awq_common_shape(&self, gemma: bool) -> std::result::Result<(), String> {
+        let d = &self.desc;
         if self.positions.is_some() || d.loops > 1 || d.query_scale.is_some() {
             return Err("learned positions, loops or query scales".into());
         }
@@ -1865,10 +1889,9 @@ impl Model {
             return Err("a pipeline stage or an embedding norm".into());
         }
         for l in &self.layers {
-            if l.sliding
+            if (!gemma && (l.sliding || l.clip_residual))
                 || l.self_attn.gate.is_some()
                 || l.residual_multiplier.is_some()
-                || l.clip_residual
             {
                 return Err("sliding layers, gated attention or scaled residuals".into());
             }
