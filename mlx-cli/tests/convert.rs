@@ -5,9 +5,9 @@
 //! `tokenizer.json` and `generation_config.json` equal mlx-lm's byte for byte. The command line
 //! itself runs a few cases and its refusals.
 
+use crate::model_output::compare;
 use crate::support;
 use support::mlx;
-use crate::model_output::compare;
 
 use std::path::{Path, PathBuf};
 

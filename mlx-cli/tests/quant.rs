@@ -25,9 +25,9 @@
 //! trained arrays) and 8 bits (only the norms train), and the printed trainable share and
 //! validation losses are mlx-lm's lines.
 
+use crate::model_output::compare;
 use crate::support;
 use support::mlx;
-use crate::model_output::compare;
 
 use std::path::{Path, PathBuf};
 
