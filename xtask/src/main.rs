@@ -34,6 +34,7 @@ mod bench_train;
 mod bindings;
 mod gpu;
 mod oracle;
+mod test_targets;
 
 use std::process::ExitCode;
 
