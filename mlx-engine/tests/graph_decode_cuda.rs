@@ -718,7 +718,7 @@ fn batched_row(name: &str, dir: &std::path::Path, tile: Option<u32>) {
 /// measurement, printed, not asserted:
 /// `MLX_GRAPH_BATCH_MODEL=/opt/models/llama31-8b-q4 graph_test --ignored batched_throughput`.
 #[test]
-#[ignore]
+#[ignore = "a throughput measurement on a CUDA device with a real model: MLX_GRAPH_BATCH_MODEL=DIR"]
 fn batched_throughput() {
     use mlx_kernels::graph_decode::GraphOptions;
     let Ok(dir) = std::env::var("MLX_GRAPH_BATCH_MODEL") else {

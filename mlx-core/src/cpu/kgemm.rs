@@ -733,6 +733,16 @@ mod tests {
         }
     }
 
+    /// Every row of `data` through the bit-exact block decoder: the plain reference's weights.
+    fn dequantized(ty: GgmlType, data: &[u8], rows: usize, cols: usize) -> Vec<f32> {
+        let rb = ty.row_bytes(cols);
+        let mut deq = vec![0f32; rows * cols];
+        for (r, out) in deq.chunks_exact_mut(cols).enumerate() {
+            dequantize_row(ty, &data[r * rb..(r + 1) * rb], out);
+        }
+        deq
+    }
+
     /// `matmul_t` with at least `MIN_M` rows (through this module) against the plain
     /// reference (rows dequantized, float32 dots in f64 here): tier L3, bound
     /// `cols * 2^-24 * sum |w x|` per output (float32 summation in any order), with a bias,
@@ -749,15 +759,7 @@ mod tests {
         for ty in TYPES {
             let data = random_rows(ty, rows, cols, 3 + u64::from(ty.id()));
             let w = Matrix::ggml(&data, ty, rows, cols).unwrap();
-            let rb = ty.row_bytes(cols);
-            let mut deq = vec![0f32; rows * cols];
-            for r in 0..rows {
-                dequantize_row(
-                    ty,
-                    &data[r * rb..(r + 1) * rb],
-                    &mut deq[r * cols..(r + 1) * cols],
-                );
-            }
+            let deq = dequantized(ty, &data, rows, cols);
             for m in [16, 17, 32, 33, 40] {
                 let x: Vec<f32> = (0..m * cols).map(|_| g.unit()).collect();
                 let mut out = vec![0f32; m * rows];
@@ -808,15 +810,7 @@ mod tests {
         for ty in TYPES {
             let data = random_rows(ty, rows, cols, 7 + u64::from(ty.id()));
             let w = Matrix::ggml(&data, ty, rows, cols).unwrap();
-            let rb = ty.row_bytes(cols);
-            let mut deq = vec![0f32; rows * cols];
-            for r in 0..rows {
-                dequantize_row(
-                    ty,
-                    &data[r * rb..(r + 1) * rb],
-                    &mut deq[r * cols..(r + 1) * cols],
-                );
-            }
+            let deq = dequantized(ty, &data, rows, cols);
             for m in [16, 17, 32, 33, 40] {
                 let x: Vec<f32> = (0..m * cols)
                     .map(|i| g.unit() * 10f32.powi((i % 7) as i32 - 3))

@@ -91,15 +91,27 @@ pub fn attention_prompt(
     out: &mut [f32],
 ) -> Result<()> {
     if !prompt_applies(ctx, m, s.head_dim) {
-        if window.is_some_and(|w| start + m > w) {
-            return Err(Error::invalid(
-                "cpu::attention_prompt",
-                "a window on a call these kernels do not take",
-            ));
-        }
+        no_window_reached("cpu::attention_prompt", window, start, m)?;
         return super::attention(ctx, s, q, k, v, start, m, scale, out);
     }
     prompt_impl(ctx, s, q, k, v, start, m, window, scale, out)
+}
+
+/// The plain kernels the calls fall back to take no window: a fallback call whose rows reach
+/// past one is an error, not a silently wider attention.
+fn no_window_reached(
+    op: &'static str,
+    window: Option<usize>,
+    start: usize,
+    m: usize,
+) -> Result<()> {
+    if window.is_some_and(|w| start + m > w) {
+        return Err(Error::invalid(
+            op,
+            "a window on a call these kernels do not take",
+        ));
+    }
+    Ok(())
 }
 
 /// [`attention_prompt`] over a float16 cache (each value widened exactly).
@@ -117,12 +129,7 @@ pub fn attention_prompt_f16(
     out: &mut [f32],
 ) -> Result<()> {
     if !prompt_applies(ctx, m, s.head_dim) {
-        if window.is_some_and(|w| start + m > w) {
-            return Err(Error::invalid(
-                "cpu::attention_prompt_f16",
-                "a window on a call these kernels do not take",
-            ));
-        }
+        no_window_reached("cpu::attention_prompt_f16", window, start, m)?;
         return super::attention_f16(ctx, s, q, k, v, start, m, scale, out);
     }
     prompt_impl(ctx, s, q, k, v, start, m, window, scale, out)
