@@ -4,7 +4,7 @@
 //! generation, shutdown (in-process and by signal to `mlx-serve`) ends within its grace, the
 //! `Host` and `Content-Type` checks, and an OpenAI error object on every error status.
 
-use crate::support_conn;
+mod support_conn;
 
 use std::io::Write;
 use std::time::Duration;

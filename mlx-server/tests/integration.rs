@@ -6,15 +6,12 @@
 //! checks that no file of `tests/` is left out of both.
 
 mod common;
-mod support_conn;
 
 mod chat_page;
-mod conn;
 mod embeddings;
 mod http;
 mod limits;
 mod openai_client;
-mod soak;
 mod speculative;
 mod template_bomb;
 mod tools;

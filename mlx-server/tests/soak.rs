@@ -3,7 +3,7 @@
 //! come and go, with every request answered, every row freed and memory flat; and shutdown
 //! under load ending within its grace.
 
-use crate::support_conn;
+mod support_conn;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::common;
+#[path = "../common/mod.rs"]
+mod common;
 
 pub use common::fixture;
 /// A server on the tiny fixture whose shutdown the test triggers (`TestServer::shutdown`).
