@@ -706,3 +706,59 @@ fn a_model_with_rotating_caches_serves_requests_sent_together() {
         }
     }
 }
+
+/// Records `EngineStats::active` as each event is sent (on the engine thread, in its order).
+struct ActiveSink {
+    stats: std::sync::Arc<mlx_engine::batch::EngineStats>,
+    seen: std::sync::mpsc::Sender<(bool, usize)>,
+}
+
+impl mlx_engine::batch::EventSink for ActiveSink {
+    fn send(&mut self, event: BatchEvent) -> bool {
+        let done = matches!(event, BatchEvent::Done { .. } | BatchEvent::Error(_));
+        let _ = self
+            .seen
+            .send((done, self.stats.active.load(Ordering::SeqCst)));
+        true
+    }
+    fn is_closed(&self) -> bool {
+        false
+    }
+}
+
+/// A row is counted as active before its client hears of it: a client holding the response
+/// head or a token that asks `/health` sees its row (it once read 0 between the first token
+/// and the engine loop's count, and a test took a live stream for a cut one). Alone and with
+/// requests prefilled together.
+#[test]
+fn a_row_is_counted_active_before_its_first_event() {
+    let engine = start_with(EngineConfig {
+        max_batch: 4,
+        prompt_cache_entries: 0,
+        ..EngineConfig::default()
+    });
+    let (tx, rx) = std::sync::mpsc::channel();
+    let sink = || {
+        Box::new(ActiveSink {
+            stats: engine.stats().clone(),
+            seen: tx.clone(),
+        }) as Box<dyn mlx_engine::batch::EventSink>
+    };
+    engine.submit(request(vec![5, 6, 7], 4), sink()).unwrap();
+    for p in [vec![8, 9], vec![10, 11, 12, 13], vec![14]] {
+        engine.submit(request(p, 3), sink()).unwrap();
+    }
+    drop(tx);
+    let mut done = 0;
+    for (is_done, active) in rx.iter().take(200) {
+        if is_done {
+            done += 1;
+        } else {
+            assert!(active >= 1, "an event went out with no active row counted");
+        }
+        if done == 4 {
+            break;
+        }
+    }
+    assert_eq!(done, 4);
+}

@@ -2261,6 +2261,25 @@ impl Worker<'_> {
     fn start_row(
         &mut self,
         request: &BatchRequest,
+        sink: Box<dyn EventSink>,
+        first: u32,
+        logprobs: &Array,
+        reused: usize,
+        grammar: Option<Grammar>,
+    ) -> Result<Option<Seq>> {
+        // Counted before the client hears of it: whoever holds the response head or the first
+        // token and asks `/health` sees the row (the loop's own count comes after the push).
+        self.stats.active.fetch_add(1, Ordering::Relaxed);
+        let row = self.start_row_counted(request, sink, first, logprobs, reused, grammar);
+        if !matches!(row, Ok(Some(_))) {
+            self.stats.active.fetch_sub(1, Ordering::Relaxed);
+        }
+        row
+    }
+
+    fn start_row_counted(
+        &mut self,
+        request: &BatchRequest,
         mut sink: Box<dyn EventSink>,
         first: u32,
         logprobs: &Array,
