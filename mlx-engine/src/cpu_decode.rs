@@ -511,9 +511,12 @@ impl<'m> Weights<'m> {
     fn check_ids(&self, tokens: &[u32]) -> Result<()> {
         let vocab = self.embed.rows();
         match tokens.iter().find(|&&x| x as usize >= vocab) {
-            Some(bad) => Err(EngineError::Other(format!(
-                "token id {bad} is outside the model's vocabulary of {vocab} tokens"
-            ))),
+            Some(bad) => Err(EngineError::Input {
+                what: "tokens".into(),
+                problem: format!(
+                    "token id {bad} is outside the model's vocabulary of {vocab} tokens"
+                ),
+            }),
             None => Ok(()),
         }
     }
@@ -660,7 +663,9 @@ impl CpuCache {
 
     fn fits(&self, w: &Weights<'_>) -> Result<()> {
         if self.keys.len() != w.layers.len() || self.n_kv != w.n_kv || self.head_dim != w.head_dim {
-            return Err(EngineError::Other(format!(
+            return Err(EngineError::Cache {
+                what: "CPU cache".into(),
+                problem: format!(
                 "a CPU cache of {} layers, {} KV heads of {} for a model of {} layers, {} of {}",
                 self.keys.len(),
                 self.n_kv,
@@ -668,7 +673,8 @@ impl CpuCache {
                 w.layers.len(),
                 w.n_kv,
                 w.head_dim
-            )));
+            ),
+            });
         }
         Ok(())
     }
@@ -971,11 +977,7 @@ fn attend_window(
                 w.scale,
                 oh,
             )?,
-            _ => {
-                return Err(EngineError::Other(
-                    "a CPU cache with keys and values of different types".into(),
-                ))
-            }
+            _ => return Err(mixed_kv()),
         }
     }
     Ok(())
@@ -1001,11 +1003,7 @@ fn attend(
         (KvBuf::F32(k), KvBuf::F32(v)) => {
             cpu::attention(ctx, shape, q, k, v, start, m, scale, out)?
         }
-        _ => {
-            return Err(EngineError::Other(
-                "a CPU cache with keys and values of different types".into(),
-            ))
-        }
+        _ => return Err(mixed_kv()),
     }
     Ok(())
 }
@@ -1033,11 +1031,7 @@ fn attend_prompt(
         (KvBuf::F32(k), KvBuf::F32(v)) => {
             cpu::attention_prompt(ctx, shape, q, k, v, start, m, window, scale, out)?
         }
-        _ => {
-            return Err(EngineError::Other(
-                "a CPU cache with keys and values of different types".into(),
-            ))
-        }
+        _ => return Err(mixed_kv()),
     }
     Ok(())
 }
@@ -1475,9 +1469,10 @@ fn activations_from_env() -> Result<Activations> {
         Some("int16") => Ok(Activations::Int16),
         Some("int8") => Ok(Activations::Int8),
         Some("f32") => Ok(Activations::F32),
-        Some(o) => Err(EngineError::Other(format!(
-            "MLX_CPU_ACTIVATIONS={o}: expected f32, int8, int16, int16q8int8, int8vnni or int8normed"
-        ))),
+        Some(o) => Err(EngineError::Options {
+            option: "MLX_CPU_ACTIVATIONS".into(),
+            problem: format!("{o}: expected f32, int8, int16, int16q8int8, int8vnni or int8normed"),
+        }),
     }
 }
 
@@ -1563,7 +1558,10 @@ impl<'m> CpuBatch<'m> {
 
     fn run(&mut self, cache: &mut CpuCache, tokens: &[u32], head: bool) -> Result<()> {
         if tokens.is_empty() {
-            return Err(EngineError::Other("CpuBatch::prefill: no tokens".into()));
+            return Err(EngineError::Input {
+                what: "CpuBatch::prefill".into(),
+                problem: "no tokens".into(),
+            });
         }
         // A prompt between two decode steps is not the caller's time.
         self.prof.ended = None;
@@ -1585,7 +1583,10 @@ impl<'m> CpuBatch<'m> {
     pub fn verify(&mut self, cache: &mut CpuCache, tokens: &[u32]) -> Result<&[f32]> {
         let n = tokens.len();
         if n == 0 {
-            return Err(EngineError::Other("CpuBatch::verify: no tokens".into()));
+            return Err(EngineError::Input {
+                what: "CpuBatch::verify".into(),
+                problem: "no tokens".into(),
+            });
         }
         let w = &self.w;
         w.check_ids(tokens)?;
@@ -1612,10 +1613,10 @@ impl<'m> CpuBatch<'m> {
     pub fn step(&mut self, caches: &mut [&mut CpuCache], tokens: &[u32]) -> Result<&[f32]> {
         let b = tokens.len();
         if b == 0 || caches.len() != b {
-            return Err(EngineError::Other(format!(
-                "CpuBatch::step: {b} tokens for {} caches",
-                caches.len()
-            )));
+            return Err(EngineError::Input {
+                what: "CpuBatch::step".into(),
+                problem: format!("{b} tokens for {} caches", caches.len()),
+            });
         }
         let w = &self.w;
         w.check_ids(tokens)?;
@@ -1683,9 +1684,10 @@ fn hidden_last<'a>(
     tokens: &[u32],
 ) -> Result<&'a [f32]> {
     if tokens.is_empty() {
-        return Err(EngineError::Other(
-            "CpuDecoder::hidden_last: no tokens".into(),
-        ));
+        return Err(EngineError::Input {
+            what: "CpuDecoder::hidden_last".into(),
+            problem: "no tokens".into(),
+        });
     }
     cache.reset();
     let mut t = 0;
@@ -1746,19 +1748,36 @@ fn embed_with(
     hidden: &mut dyn FnMut(&[u32]) -> Result<Vec<f32>>,
 ) -> Result<Vec<Vec<f32>>> {
     if batch.is_empty() {
-        return Err(EngineError::Other("embed: no texts given".into()));
+        return Err(EngineError::Input {
+            what: "embed".into(),
+            problem: "no texts given".into(),
+        });
     }
     let mut out = Vec::with_capacity(batch.len());
     for (i, ids) in batch.iter().enumerate() {
         if ids.is_empty() {
-            return Err(EngineError::Other(format!("embed: text {i} has no tokens")));
+            return Err(EngineError::Input {
+                what: "embed".into(),
+                problem: format!("text {i} has no tokens"),
+            });
         }
-        let h = hidden(ids).map_err(|e| EngineError::Other(format!("embed: text {i}: {e}")))?;
+        let h = hidden(ids).map_err(|e| EngineError::EmbedText {
+            index: i,
+            source: Box::new(e),
+        })?;
         // mlx-lm's order: sum of squares, square root, then max with 1e-12 and a division.
         let norm = h.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-12);
         out.push(h.iter().map(|v| v / norm).collect());
     }
     Ok(out)
+}
+
+/// The error of a CPU cache whose keys and values are stored in different types.
+fn mixed_kv() -> EngineError {
+    EngineError::Cache {
+        what: "CPU cache".into(),
+        problem: "keys and values of different types".into(),
+    }
 }
 
 #[cfg(test)]

@@ -99,6 +99,12 @@ pub enum EngineError {
     /// Speculative decoding got a prompt cache it cannot roll back (its class name).
     #[error("Speculative decoding requires a trimmable prompt cache (got {class})")]
     UntrimmableCache { class: String },
+    /// Embedding one text of a batch failed: its index and the cause.
+    #[error("embed: text {index}: {source}")]
+    EmbedText {
+        index: usize,
+        source: Box<EngineError>,
+    },
     /// An invalid argument or state not covered above (the CPU decoder's own checks).
     #[error("{0}")]
     Other(String),
