@@ -1,7 +1,8 @@
 //! A tokenizer built from GGUF metadata (`tokenizer.ggml.*`), the way llama.cpp and transformers'
 //! GGUF converter (`integrations/gguf/gguf_tokenizer_mapping.py`) build it.
 //!
-//! Supported: SentencePiece vocabularies (`tokenizer.ggml.model = "llama"`: Llama 2, Mistral,
+//! Supported: RWKV "world" vocabularies (`"rwkv"`, llama.cpp's greedy byte trie, see
+//! `build_rwkv`), SentencePiece vocabularies (`tokenizer.ggml.model = "llama"`: Llama 2, Mistral,
 //! Gemma; see [`GgufTokenizerData::build`]), SentencePiece Unigram vocabularies (`"t5"`,
 //! llama.cpp's UGM: T5, mT5, Flan-T5; see `build_ugm`), WordPiece vocabularies (`"bert"`: BERT-style
 //! embedding models, see `build_wpm`), BPE over raw UTF-8 pieces (`"gemma4"`, see
@@ -72,7 +73,8 @@ fn meta_str<'a>(meta: &'a GgufMetadata, key: &str) -> Option<&'a str> {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct GgufTokenizerData {
     /// `tokenizer.ggml.model`: `"gpt2"` (byte-level BPE), `"llama"` (SentencePiece), `"t5"`
-    /// (SentencePiece Unigram), `"bert"` (WordPiece) or `"gemma4"` (BPE over raw UTF-8).
+    /// (SentencePiece Unigram), `"bert"` (WordPiece), `"gemma4"` (BPE over raw UTF-8) or
+    /// `"rwkv"` (RWKV's byte trie).
     pub model: String,
     /// `tokenizer.ggml.pre`: the pre-tokenizer name.
     pub pre: Option<String>,
@@ -490,6 +492,9 @@ impl GgufTokenizerData {
         if self.model == "bert" {
             return self.build_wpm();
         }
+        if self.model == "rwkv" {
+            return self.build_rwkv();
+        }
         let raw_pre = matches!(
             self.pre.as_deref(),
             Some("gemma4" | "granite-embed-multi-311m" | "sarvam-moe")
@@ -501,7 +506,8 @@ impl GgufTokenizerData {
             return Err(TokenizerError::Invalid(format!(
                 "GGUF tokenizer model {:?} is not supported; supported: [\"gpt2\"] \
                  (byte-level BPE), [\"gemma4\"] (BPE over raw UTF-8), [\"llama\"] \
-                 (SentencePiece), [\"t5\"] (SentencePiece Unigram), [\"bert\"] (WordPiece)",
+                 (SentencePiece), [\"t5\"] (SentencePiece Unigram), [\"bert\"] (WordPiece), \
+                 [\"rwkv\"] (RWKV's greedy byte trie)",
                 self.model
             )));
         }
@@ -830,6 +836,68 @@ impl GgufTokenizerData {
 
         // llama.cpp adds BOS for SentencePiece vocabularies unless the file says otherwise.
         self.finish(inner, &pieces, true)
+    }
+}
+
+impl GgufTokenizerData {
+    /// An RWKV "world" vocabulary (`tokenizer.ggml.model = "rwkv"`: RWKV-6/7 GGUF files), as
+    /// llama.cpp runs it: each token the bytes its escaped spelling stands for
+    /// ([`unescape_rwkv_token`](crate::tokenizer_trie::unescape_rwkv_token)), the text taken
+    /// greedily, the longest token at each position
+    /// ([`TrieEncoder::rwkv`](crate::tokenizer_trie::TrieEncoder::rwkv)), control tokens
+    /// (`<s>`) split out first; no BOS or EOS is added. The backend holds the tokens spelled
+    /// in GPT-2's byte alphabet with a byte-level decoder, so decoding, streaming and grammars
+    /// see each token's bytes.
+    fn build_rwkv(&self) -> Result<Tokenizer> {
+        use crate::tokenizer_trie::{unescape_rwkv_token, TrieEncoder};
+
+        let types = self.token_types()?;
+        self.check_ids(&[
+            ("bos", self.bos_id),
+            ("eos", self.eos_id),
+            ("unk", self.unk_id),
+            ("pad", self.pad_id),
+        ])?;
+        let spelled: Vec<String> = self
+            .tokens
+            .iter()
+            .map(|t| {
+                unescape_rwkv_token(t)
+                    .into_iter()
+                    .map(byte_to_unicode)
+                    .collect()
+            })
+            .collect();
+        let vocab: tokenizers::models::bpe::Vocab = spelled
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.clone(), i as u32))
+            .collect();
+        let bpe = BPE::builder()
+            .vocab_and_merges(vocab, Vec::new())
+            .build()
+            .map_err(|e| TokenizerError::Backend(format!("building the RWKV vocabulary: {e}")))?;
+        let mut inner = tokenizers::Tokenizer::new(bpe);
+        inner.with_decoder(Some(ByteLevel::default()));
+        let control: Vec<AddedToken> = spelled
+            .iter()
+            .zip(&types)
+            .filter(|(t, ty)| **ty == 3 && !t.is_empty())
+            .map(|(t, _)| AddedToken::from(t.clone(), true).normalized(false))
+            .collect();
+        if !control.is_empty() {
+            inner
+                .add_special_tokens(control)
+                .map_err(|e| TokenizerError::Backend(format!("adding control tokens: {e}")))?;
+        }
+        let data = GgufTokenizerData {
+            add_bos: Some(false),
+            add_eos: Some(false),
+            ..self.clone()
+        };
+        let mut tok = data.finish(inner, &spelled, false)?;
+        tok.set_trie_encoder(TrieEncoder::rwkv(&self.tokens, &types, self.unk_id));
+        Ok(tok)
     }
 }
 

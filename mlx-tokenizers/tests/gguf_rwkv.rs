@@ -1,0 +1,95 @@
+//! An RWKV "world" vocabulary read from GGUF metadata (`tokenizer.ggml.model = "rwkv"`,
+//! llama.cpp's greedy byte trie): a subset of RWKV's own vocabulary written by `cargo xtask
+//! goldens gguf_rwkv` as llama.cpp's converter writes it (`tests/fixtures/gguf/rwkv-world.gguf`),
+//! against llama.cpp's `llama-tokenize` on that file over texts with Unicode (partial UTF-8 byte
+//! tokens), runs of spaces and newlines, digits, code and `<s>` in the text; every text decodes
+//! back to itself.
+
+use std::path::PathBuf;
+
+use mlx_tokenizers::tokenizer_gguf::tokenizer_data;
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests")
+}
+
+fn data() -> mlx_tokenizers::GgufTokenizerData {
+    let path = root().join("fixtures/gguf/rwkv-world.gguf");
+    let header = mlx_core::io::read_gguf_header(&path).expect("reading the GGUF header");
+    tokenizer_data(&header.metadata).expect("GGUF tokenizer metadata")
+}
+
+#[test]
+fn rwkv_gguf_vocabulary_encodes_as_llama_cpp() {
+    let golden: Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("goldens/gguf_rwkv.json")).unwrap(),
+    )
+    .unwrap();
+    let data = data();
+    assert_eq!(data.model, "rwkv");
+    let tok = data.build().expect("building the RWKV tokenizer");
+    assert_eq!(
+        tok.vocab_size() as u64,
+        golden["vocab_size"].as_u64().unwrap()
+    );
+    let mut failures = Vec::new();
+    for case in golden["cases"].as_array().unwrap() {
+        let text = case["text"].as_str().unwrap();
+        let want: Vec<u32> = case["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect();
+        // llama.cpp adds nothing for RWKV, with or without special tokens.
+        for add in [false, true] {
+            let ids = tok.encode(text, add).unwrap();
+            if ids != want {
+                failures.push(format!("{text:?} (add {add}): ids {ids:?}, want {want:?}"));
+            }
+        }
+        let decoded = tok.decode(&want, false).unwrap();
+        if decoded != text {
+            failures.push(format!("{text:?}: decoded {decoded:?}"));
+        }
+        let mut stream = tok.detokenizer();
+        for &id in &want {
+            stream.add_token(id);
+        }
+        stream.finalize().unwrap();
+        let streamed = stream.text().unwrap();
+        if streamed != text {
+            failures.push(format!("{text:?}: streamed {streamed:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // `<s>` is special: skipped when asked.
+    let ids = tok.encode("a<s>b", false).unwrap();
+    assert_eq!(tok.decode(&ids, true).unwrap(), "ab");
+    assert!(tok.to_hf_json().is_err());
+}
+
+#[test]
+fn rwkv_gguf_errors_name_the_field() {
+    let mut d = data();
+    d.token_types = Some(vec![1; 3]);
+    let e = d.build().unwrap_err().to_string();
+    assert!(e.contains("token_type has 3 entries"), "{e}");
+
+    let mut d = data();
+    d.eos_id = Some(100_000);
+    let e = d.build().unwrap_err().to_string();
+    assert!(e.contains("eos token id 100000"), "{e}");
+
+    // A vocabulary without the byte `z`: no panic, an error naming the byte and the key.
+    let mut d = data();
+    let z = d.tokens.iter().position(|t| t == "z").unwrap();
+    d.tokens[z] = "[gone]".into();
+    let tok = d.build().unwrap();
+    let e = tok.encode("z", false).unwrap_err().to_string();
+    assert!(
+        e.contains("0x7a") && e.contains("tokenizer.ggml.unknown_token_id"),
+        "{e}"
+    );
+}
