@@ -2,7 +2,8 @@
 //! GGUF converter (`integrations/gguf/gguf_tokenizer_mapping.py`) build it.
 //!
 //! Supported: RWKV "world" vocabularies (`"rwkv"`, llama.cpp's greedy byte trie, see
-//! `build_rwkv`), SentencePiece vocabularies (`tokenizer.ggml.model = "llama"`: Llama 2, Mistral,
+//! `build_rwkv`), whitespace-split BPE (`"whitespace"`, see `build_whitespace`), SentencePiece
+//! vocabularies (`tokenizer.ggml.model = "llama"`: Llama 2, Mistral,
 //! Gemma; see [`GgufTokenizerData::build`]), SentencePiece Unigram vocabularies (`"t5"`,
 //! llama.cpp's UGM: T5, mT5, Flan-T5; see `build_ugm`), WordPiece vocabularies (`"bert"`: BERT-style
 //! embedding models, see `build_wpm`), BPE over raw UTF-8 pieces (`"gemma4"`, see
@@ -16,7 +17,8 @@
 //! llama.cpp's own `test-tokenizer-0` data (`tests/gguf_llama_vocab.rs`). Where llama.cpp runs
 //! a hand-written splitter instead of a regex (AFMoE's and Tiny Aya's digit groups, Kimi K2's
 //! Han-aware pattern, SuperBPE's groups of three), an equivalent regex stands in. Not yet
-//! built: `mmbert` and `whitespace` (raw UTF-8 words with their own word split).
+//! built: `mmbert` (raw UTF-8 words with a Metaspace word split), and `whitespace` under the
+//! `gpt2` model.
 //!
 //! Tokens of type 3 (control) become special added tokens, tokens of type 4 (user-defined) plain
 //! added tokens, neither normalized; a control token spelled outside the byte-level alphabet is a
@@ -495,6 +497,9 @@ impl GgufTokenizerData {
         if self.model == "rwkv" {
             return self.build_rwkv();
         }
+        if self.model == "whitespace" {
+            return self.build_whitespace();
+        }
         let raw_pre = matches!(
             self.pre.as_deref(),
             Some("gemma4" | "granite-embed-multi-311m" | "sarvam-moe")
@@ -507,14 +512,16 @@ impl GgufTokenizerData {
                 "GGUF tokenizer model {:?} is not supported; supported: [\"gpt2\"] \
                  (byte-level BPE), [\"gemma4\"] (BPE over raw UTF-8), [\"llama\"] \
                  (SentencePiece), [\"t5\"] (SentencePiece Unigram), [\"bert\"] (WordPiece), \
-                 [\"rwkv\"] (RWKV's greedy byte trie)",
+                 [\"rwkv\"] (RWKV's greedy byte trie), [\"whitespace\"] (BPE over \
+                 whitespace-split UTF-8 words)",
                 self.model
             )));
         }
         let pre_name = self.pre.as_deref().unwrap_or("default");
         if matches!(pre_name, "mmbert" | "whitespace") {
-            // llama.cpp's raw-UTF-8 BPE with a Metaspace word split (mmBERT) or its
-            // whitespace-split BPE (jina-embeddings-v2-base-zh): not built yet.
+            // llama.cpp's raw-UTF-8 BPE with a Metaspace word split (mmBERT), or the
+            // whitespace pre-tokenizer under `gpt2` (its own model, `whitespace`, is built):
+            // not built yet.
             return Err(TokenizerError::Invalid(format!(
                 "GGUF tokenizer.ggml.pre {pre_name:?} (a llama.cpp pre-tokenizer over raw UTF-8 \
                  words) is not supported yet"
@@ -902,6 +909,98 @@ impl GgufTokenizerData {
 }
 
 impl GgufTokenizerData {
+    /// A BPE over raw UTF-8 words split at whitespace (`tokenizer.ggml.model = "whitespace"`,
+    /// llama.cpp's `llm_tokenizer_whitespace_session`: jina-embeddings-v2-base-zh): the text
+    /// split at Unicode white space, which is dropped, each word lower-cased when
+    /// `tokenizer.ggml.normalizer.lowercase` says so (llama.cpp's default here: no), then
+    /// merged by the file's merges; a character outside the vocabulary is its byte tokens
+    /// (`<0xXX>`) where the vocabulary has them, else dropped, and no merge crosses it. BOS /
+    /// EOS as the file says. Decoding joins the tokens with spaces (the split dropped them).
+    fn build_whitespace(&self) -> Result<Tokenizer> {
+        use tokenizers::normalizers::utils::Lowercase;
+        use tokenizers::pre_tokenizers::whitespace::WhitespaceSplit;
+        use tokenizers::NormalizerWrapper;
+
+        let types = self.token_types()?;
+        self.check_ids(&[
+            ("bos", self.bos_id),
+            ("eos", self.eos_id),
+            ("unk", self.unk_id),
+            ("pad", self.pad_id),
+        ])?;
+        if self.pre.as_deref().is_some_and(|p| p != "whitespace") {
+            return Err(TokenizerError::Invalid(format!(
+                "GGUF tokenizer.ggml.pre {:?} with tokenizer.ggml.model \"whitespace\": llama.cpp \
+                 pins the pre-tokenizer \"whitespace\" for it",
+                self.pre.as_deref().unwrap_or("")
+            )));
+        }
+        let vocab: tokenizers::models::bpe::Vocab = self
+            .tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.clone(), i as u32))
+            .collect();
+        let bpe = BPE::builder()
+            .vocab_and_merges(vocab, self.merge_pairs()?)
+            .byte_fallback(true)
+            .build()
+            .map_err(|e| TokenizerError::Backend(format!("building BPE: {e}")))?;
+        let mut inner = tokenizers::Tokenizer::new(bpe);
+        if self.lowercase.unwrap_or(false) {
+            inner
+                .with_normalizer(Some(NormalizerWrapper::Lowercase(Lowercase)))
+                .map_err(|e| TokenizerError::Backend(format!("setting the normalizer: {e}")))?;
+        }
+        // Characters that are no token of their own stand alone, so that no merge crosses them
+        // (llama.cpp keeps them as symbols between their neighbours).
+        let singles: std::collections::BTreeSet<char> = self
+            .tokens
+            .iter()
+            .filter_map(|t| {
+                let mut c = t.chars();
+                match (c.next(), c.next()) {
+                    (Some(ch), None) => Some(ch),
+                    _ => None,
+                }
+            })
+            .collect();
+        let class: String = singles
+            .iter()
+            .map(|c| format!("\\x{{{:x}}}", *c as u32))
+            .collect();
+        let mut steps = vec![PreTokenizerWrapper::WhitespaceSplit(WhitespaceSplit)];
+        if !class.is_empty() {
+            steps.push(split(&format!("[^\\s{class}]"))?);
+        }
+        inner.with_pre_tokenizer(Some(PreTokenizerWrapper::Sequence(Sequence::new(steps))));
+        let control: Vec<AddedToken> = self
+            .tokens
+            .iter()
+            .zip(&types)
+            .filter(|(t, ty)| **ty == 3 && !t.is_empty())
+            .map(|(t, _)| AddedToken::from(t.clone(), true).normalized(false))
+            .collect();
+        if !control.is_empty() {
+            inner
+                .add_special_tokens(control)
+                .map_err(|e| TokenizerError::Backend(format!("adding control tokens: {e}")))?;
+        }
+        let user: Vec<AddedToken> = self
+            .tokens
+            .iter()
+            .zip(&types)
+            .filter(|(t, ty)| **ty == 4 && !t.is_empty())
+            .map(|(t, _)| AddedToken::from(t.clone(), false).normalized(false))
+            .collect();
+        if !user.is_empty() {
+            inner
+                .add_tokens(user)
+                .map_err(|e| TokenizerError::Backend(format!("adding user-defined tokens: {e}")))?;
+        }
+        self.finish(inner, &self.tokens, false)
+    }
+
     /// `tokenizer.ggml.merges` as pairs.
     fn merge_pairs(&self) -> Result<Vec<(String, String)>> {
         self.merges

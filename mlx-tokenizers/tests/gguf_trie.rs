@@ -1,9 +1,17 @@
+//! The GGUF vocabularies llama.cpp alone defines, each against `llama-tokenize` on a file written
+//! as llama.cpp's converter writes it.
+//!
 //! An RWKV "world" vocabulary read from GGUF metadata (`tokenizer.ggml.model = "rwkv"`,
 //! llama.cpp's greedy byte trie): a subset of RWKV's own vocabulary written by `cargo xtask
 //! goldens gguf_rwkv` as llama.cpp's converter writes it (`tests/fixtures/gguf/rwkv-world.gguf`),
 //! against llama.cpp's `llama-tokenize` on that file over texts with Unicode (partial UTF-8 byte
 //! tokens), runs of spaces and newlines, digits, code and `<s>` in the text; every text decodes
 //! back to itself.
+//!
+//! A whitespace-split BPE over raw UTF-8 (`tokenizer.ggml.model = "whitespace"`,
+//! jina-embeddings-v2-base-zh's), trained by `cargo xtask goldens gguf_whitespace`
+//! (`tests/fixtures/gguf/whitespace-bpe.gguf`): Unicode white space, Chinese words, characters
+//! outside the vocabulary between mergeable ones, special tokens.
 
 use std::path::PathBuf;
 
@@ -15,7 +23,11 @@ fn root() -> PathBuf {
 }
 
 fn data() -> mlx_tokenizers::GgufTokenizerData {
-    let path = root().join("fixtures/gguf/rwkv-world.gguf");
+    data_of("rwkv-world.gguf")
+}
+
+fn data_of(file: &str) -> mlx_tokenizers::GgufTokenizerData {
+    let path = root().join("fixtures/gguf").join(file);
     let header = mlx_core::io::read_gguf_header(&path).expect("reading the GGUF header");
     tokenizer_data(&header.metadata).expect("GGUF tokenizer metadata")
 }
@@ -92,4 +104,49 @@ fn rwkv_gguf_errors_name_the_field() {
         e.contains("0x7a") && e.contains("tokenizer.ggml.unknown_token_id"),
         "{e}"
     );
+}
+
+#[test]
+fn whitespace_gguf_vocabulary_encodes_as_llama_cpp() {
+    let golden: Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("goldens/gguf_whitespace.json")).unwrap(),
+    )
+    .unwrap();
+    let data = data_of("whitespace-bpe.gguf");
+    assert_eq!(data.model, "whitespace");
+    let tok = data.build().expect("building the whitespace BPE tokenizer");
+    assert_eq!(
+        tok.vocab_size() as u64,
+        golden["vocab_size"].as_u64().unwrap()
+    );
+    let mut failures = Vec::new();
+    for case in golden["cases"].as_array().unwrap() {
+        let text = case["text"].as_str().unwrap();
+        let want: Vec<u32> = case["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect();
+        let ids = tok.encode(text, true).unwrap();
+        if ids != want {
+            failures.push(format!("{text:?}: ids {ids:?}, want {want:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // Decoding joins the words with spaces.
+    let ids = tok.encode("hello  world", false).unwrap();
+    assert_eq!(tok.decode(&ids, true).unwrap(), "hello world");
+
+    let mut d = data_of("whitespace-bpe.gguf");
+    d.pre = Some("gpt2".into());
+    let e = d.build().unwrap_err().to_string();
+    assert!(
+        e.contains("tokenizer.ggml.pre") && e.contains("gpt2"),
+        "{e}"
+    );
+    let mut d = data_of("whitespace-bpe.gguf");
+    d.merges = vec!["a b c".into()];
+    let e = d.build().unwrap_err().to_string();
+    assert!(e.contains("tokenizer.ggml.merges"), "{e}");
 }

@@ -14,7 +14,7 @@ The expected ids are llama.cpp's own: `llama-tokenize --ids --no-escape --file T
 tokens parsed, its default) on that file for every text, from `$LLAMA_TOKENIZE`, else
 `$CARGO_TARGET_DIR` (else target/)`/llama-cpp/build/bin/llama-tokenize`, which
 `xtask/bench/build_llama_cpp.sh` builds. Written to mlx-tokenizers/tests/goldens/gguf_rwkv.json.
-Run with `cargo xtask goldens gguf_rwkv` (before `gguf_more rwkv7`, whose model reads this
+Run with `cargo xtask goldens gguf_rwkv` (before `gguf_more rwkv7_world`, whose model reads this
 vocabulary).
 """
 
