@@ -155,7 +155,8 @@ pub struct Tokenizer {
     detokenizer_kind: DetokenizerKind,
     /// `convert_ids_to_tokens(range(len(tokenizer)))`, shared by detokenizers.
     token_map: std::sync::Arc<Vec<Option<String>>>,
-    /// An encoder of llama.cpp's that the backend has no model for (RWKV's byte trie): `encode`
+    /// An encoder of llama.cpp's that the backend has no model for (RWKV's byte trie, PLaMo 2's
+    /// Viterbi search): `encode`
     /// runs it instead of the backend, which still decodes.
     trie_encoder: Option<std::sync::Arc<crate::tokenizer_trie::TrieEncoder>>,
 }
@@ -257,8 +258,8 @@ impl Tokenizer {
     pub fn to_hf_json(&self) -> Result<String> {
         if self.trie_encoder.is_some() {
             return Err(TokenizerError::Invalid(
-                "this tokenizer (llama.cpp's RWKV byte trie, read from GGUF) has no \
-                 tokenizer.json form"
+                "this tokenizer (llama.cpp's RWKV or PLaMo 2 algorithm, read from GGUF) has \
+                 no tokenizer.json form"
                     .into(),
             ));
         }
@@ -534,7 +535,8 @@ impl Tokenizer {
         self.trie_encoder = Some(std::sync::Arc::new(encoder));
     }
 
-    /// Whether `encode` runs a byte trie of llama.cpp's (RWKV) rather than the backend.
+    /// Whether `encode` runs an algorithm of llama.cpp's (RWKV, PLaMo 2) rather than the
+    /// backend.
     pub fn has_trie_encoder(&self) -> bool {
         self.trie_encoder.is_some()
     }
@@ -547,8 +549,8 @@ impl Tokenizer {
     /// Token ids of `text`; `add_special_tokens` applies the post-processor (e.g. BOS).
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
         if let Some(trie) = &self.trie_encoder {
-            // llama.cpp's RWKV tokenizer adds no BOS or EOS, whatever is asked.
-            return trie.encode(text);
+            // llama.cpp adds BOS (PLaMo 2) or nothing (RWKV) itself.
+            return trie.encode(text, add_special_tokens);
         }
         let enc = backend("encoding", || {
             self.inner.encode_fast(text, add_special_tokens)

@@ -2,8 +2,8 @@
 //! GGUF converter (`integrations/gguf/gguf_tokenizer_mapping.py`) build it.
 //!
 //! Supported: RWKV "world" vocabularies (`"rwkv"`, llama.cpp's greedy byte trie, see
-//! `build_rwkv`), whitespace-split BPE (`"whitespace"`, see `build_whitespace`), SentencePiece
-//! vocabularies (`tokenizer.ggml.model = "llama"`: Llama 2, Mistral,
+//! `build_rwkv`), PLaMo 2's (`"plamo2"`, see `build_plamo2`), whitespace-split BPE
+//! (`"whitespace"`, see `build_whitespace`), SentencePiece vocabularies (`tokenizer.ggml.model = "llama"`: Llama 2, Mistral,
 //! Gemma; see [`GgufTokenizerData::build`]), SentencePiece Unigram vocabularies (`"t5"`,
 //! llama.cpp's UGM: T5, mT5, Flan-T5; see `build_ugm`), WordPiece vocabularies (`"bert"`: BERT-style
 //! embedding models, see `build_wpm`), BPE over raw UTF-8 pieces (`"gemma4"`, see
@@ -500,6 +500,9 @@ impl GgufTokenizerData {
         if self.model == "whitespace" {
             return self.build_whitespace();
         }
+        if self.model == "plamo2" {
+            return self.build_plamo2();
+        }
         let raw_pre = matches!(
             self.pre.as_deref(),
             Some("gemma4" | "granite-embed-multi-311m" | "sarvam-moe")
@@ -513,7 +516,7 @@ impl GgufTokenizerData {
                  (byte-level BPE), [\"gemma4\"] (BPE over raw UTF-8), [\"llama\"] \
                  (SentencePiece), [\"t5\"] (SentencePiece Unigram), [\"bert\"] (WordPiece), \
                  [\"rwkv\"] (RWKV's greedy byte trie), [\"whitespace\"] (BPE over \
-                 whitespace-split UTF-8 words)",
+                 whitespace-split UTF-8 words), [\"plamo2\"] (PLaMo 2's Viterbi search)",
                 self.model
             )));
         }
@@ -909,6 +912,92 @@ impl GgufTokenizerData {
 }
 
 impl GgufTokenizerData {
+    /// PLaMo 2's vocabulary (`tokenizer.ggml.model = "plamo2"`), as llama.cpp runs it
+    /// ([`TrieEncoder::plamo2`](crate::tokenizer_trie::TrieEncoder::plamo2): the segmentation
+    /// of best total score, byte tokens `<0xXX>` (type 6) for what no token covers), control
+    /// tokens split out first, BOS in front when `add_bos_token` says so; llama.cpp's default
+    /// ids where the file names none (unk 0, bos 1, eos 2, pad 3). Decoding: the tokens' text,
+    /// byte tokens as their bytes.
+    fn build_plamo2(&self) -> Result<Tokenizer> {
+        use crate::tokenizer_trie::TrieEncoder;
+        use tokenizers::decoders::byte_fallback::ByteFallback;
+        use tokenizers::decoders::fuse::Fuse;
+        use tokenizers::decoders::sequence::Sequence as DecoderSequence;
+        use tokenizers::DecoderWrapper;
+
+        let n = self.tokens.len();
+        let types = self.token_types()?;
+        let scores = self.scores.as_ref().ok_or_else(|| {
+            TokenizerError::Invalid("GGUF PLaMo 2 vocabulary has no tokenizer.ggml.scores".into())
+        })?;
+        if scores.len() != n {
+            return Err(TokenizerError::Invalid(format!(
+                "GGUF tokenizer.ggml.scores has {} entries for {n} tokens",
+                scores.len()
+            )));
+        }
+        let default = |id: Option<u32>, d: u32| id.or(Some(d).filter(|&d| (d as usize) < n));
+        let data = GgufTokenizerData {
+            unk_id: default(self.unk_id, 0),
+            bos_id: default(self.bos_id, 1),
+            eos_id: default(self.eos_id, 2),
+            pad_id: default(self.pad_id, 3),
+            add_bos: Some(self.add_bos.unwrap_or(false)),
+            add_eos: Some(false),
+            ..self.clone()
+        };
+        data.check_ids(&[
+            ("bos", data.bos_id),
+            ("eos", data.eos_id),
+            ("unk", data.unk_id),
+            ("pad", data.pad_id),
+        ])?;
+        let encoder = TrieEncoder::plamo2(
+            &self.tokens,
+            &types,
+            scores,
+            data.bos_id.filter(|_| data.add_bos == Some(true)),
+        )?;
+        let vocab: tokenizers::models::bpe::Vocab = self
+            .tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.clone(), i as u32))
+            .collect();
+        let bpe = BPE::builder()
+            .vocab_and_merges(vocab, Vec::new())
+            .byte_fallback(true)
+            .build()
+            .map_err(|e| {
+                TokenizerError::Backend(format!("building the PLaMo 2 vocabulary: {e}"))
+            })?;
+        let mut inner = tokenizers::Tokenizer::new(bpe);
+        inner.with_decoder(Some(DecoderWrapper::Sequence(DecoderSequence::new(vec![
+            DecoderWrapper::ByteFallback(ByteFallback::new()),
+            DecoderWrapper::Fuse(Fuse::new()),
+        ]))));
+        let control: Vec<AddedToken> = self
+            .tokens
+            .iter()
+            .zip(&types)
+            .filter(|(t, ty)| matches!(**ty, 2 | 3) && !t.is_empty())
+            .map(|(t, _)| AddedToken::from(t.clone(), true).normalized(false))
+            .collect();
+        if !control.is_empty() {
+            inner
+                .add_special_tokens(control)
+                .map_err(|e| TokenizerError::Backend(format!("adding control tokens: {e}")))?;
+        }
+        // The backend's post-processor adds nothing: the encoder adds BOS itself.
+        let mut tok = GgufTokenizerData {
+            add_bos: Some(false),
+            ..data.clone()
+        }
+        .finish(inner, &self.tokens, false)?;
+        tok.set_trie_encoder(encoder);
+        Ok(tok)
+    }
+
     /// A BPE over raw UTF-8 words split at whitespace (`tokenizer.ggml.model = "whitespace"`,
     /// llama.cpp's `llm_tokenizer_whitespace_session`: jina-embeddings-v2-base-zh): the text
     /// split at Unicode white space, which is dropped, each word lower-cased when

@@ -6,6 +6,11 @@
 //!   `llm_tokenizer_rwkv_session::tokenize`): the vocabulary's tokens, unescaped from the
 //!   Python `repr` spelling the converter writes (`llama_unescape_rwkv_token`), in a byte trie;
 //!   the text is taken greedily, at each position the longest token that starts there.
+//! - [`TrieEncoder::plamo2`]: llama.cpp's `llm_tokenizer_plamo2` (PLaMo 2's own tokenizer): a
+//!   Viterbi search over code points for the segmentation of least cost, each token costing
+//!   minus its score (times 10^4, rounded), a code point no token covers costing 10^7 and
+//!   spelled by its UTF-8 byte tokens. Ported with its suffix table, so that ties and its
+//!   treatment of out-of-range scores are llama.cpp's.
 //!
 //! Special tokens (types control, user-defined and unknown, as llama.cpp's
 //! `cache_special_tokens`) are split out of the text first, the longest first, each at every
@@ -107,17 +112,27 @@ impl ByteTrie {
 pub enum TrieKind {
     /// `LLM_TOKENIZER_RWKV`.
     Rwkv,
+    /// `llm_tokenizer_plamo2`.
+    Plamo2,
 }
 
-/// An encoder over a byte trie of the vocabulary, with llama.cpp's special-token split.
+#[derive(Debug, Clone)]
+enum Algo {
+    Rwkv(ByteTrie),
+    Plamo2(Box<Plamo2Table>),
+}
+
+/// An encoder of llama.cpp's over the vocabulary, with its special-token split.
 #[derive(Debug, Clone)]
 pub struct TrieEncoder {
     kind: TrieKind,
-    trie: ByteTrie,
+    algo: Algo,
     /// Special tokens' bytes and ids, longest first (ties in id order).
     specials: Vec<(Vec<u8>, u32)>,
-    /// `tokenizer.ggml.unknown_token_id`: what a byte no token starts with becomes.
+    /// `tokenizer.ggml.unknown_token_id`: what a byte no token starts with becomes (RWKV).
     unk: Option<u32>,
+    /// The BOS id added when special tokens are asked for (PLaMo 2 with `add_bos`).
+    bos: Option<u32>,
 }
 
 impl TrieEncoder {
@@ -131,19 +146,48 @@ impl TrieEncoder {
         }
         Self {
             kind: TrieKind::Rwkv,
-            trie,
+            algo: Algo::Rwkv(trie),
             specials: special_tokens(tokens, types),
             unk,
+            bos: None,
         }
     }
 
-    /// The ids of `text`: special tokens split out, the rest through the trie.
-    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+    /// llama.cpp's PLaMo 2 tokenizer over `tokens` with their `types` and `scores`; `bos` is
+    /// added in front when special tokens are asked for. Errors name a missing byte token.
+    pub fn plamo2(
+        tokens: &[String],
+        types: &[i32],
+        scores: &[f32],
+        bos: Option<u32>,
+    ) -> Result<Self> {
+        Ok(Self {
+            kind: TrieKind::Plamo2,
+            algo: Algo::Plamo2(Box::new(Plamo2Table::build(tokens, types, scores)?)),
+            specials: special_tokens(tokens, types),
+            unk: None,
+            bos,
+        })
+    }
+
+    /// The ids of `text`: special tokens split out, the rest through the algorithm; BOS first
+    /// when `add_special` and the encoder adds one.
+    pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
         let mut out = Vec::new();
+        if add_special {
+            out.extend(self.bos);
+        }
         for piece in partition(text.as_bytes(), &self.specials) {
             match piece {
                 Fragment::Token(id) => out.push(id),
-                Fragment::Text(bytes) => self.tokenize(bytes, &mut out)?,
+                Fragment::Text(bytes) => match &self.algo {
+                    Algo::Rwkv(trie) => self.tokenize(trie, bytes, &mut out)?,
+                    Algo::Plamo2(table) => {
+                        // Fragments split at special tokens' UTF-8 spellings stay UTF-8.
+                        let text = String::from_utf8_lossy(bytes);
+                        table.encode(&text, &mut out)?;
+                    }
+                },
             }
         }
         Ok(out)
@@ -152,11 +196,11 @@ impl TrieEncoder {
     /// `llm_tokenizer_rwkv_session::tokenize`. Where llama.cpp would push its null token (a
     /// byte no token starts with, no unknown token) or loop forever (a byte that starts tokens
     /// but is no token itself, the vocabulary lacking that byte), an error names the byte.
-    fn tokenize(&self, text: &[u8], out: &mut Vec<u32>) -> Result<()> {
+    fn tokenize(&self, trie: &ByteTrie, text: &[u8], out: &mut Vec<u32>) -> Result<()> {
         let mut pos = 0usize;
         while pos < text.len() {
             let start = pos;
-            let Some(mut node) = self.trie.child(0, text[pos]) else {
+            let Some(mut node) = trie.child(0, text[pos]) else {
                 match self.unk {
                     Some(u) => {
                         out.push(u);
@@ -168,14 +212,14 @@ impl TrieEncoder {
             };
             let mut found: Option<(u32, usize)> = None;
             loop {
-                if let Some(v) = self.trie.nodes[node as usize].value {
+                if let Some(v) = trie.nodes[node as usize].value {
                     found = Some((v, pos + 1));
                 }
                 if pos + 1 >= text.len() {
                     break;
                 }
                 pos += 1;
-                match self.trie.child(node, text[pos]) {
+                match trie.child(node, text[pos]) {
                     Some(n) => node = n,
                     None => break,
                 }
@@ -196,6 +240,185 @@ impl TrieEncoder {
             self.kind, text[at]
         ))
     }
+}
+
+const INVALID_SCORE: i32 = -20_000_000;
+const UNKNOWN_SCORE: i32 = -10_000_000;
+
+/// One row of [`Plamo2Table`]: a piece that is a prefix of a suffix.
+#[derive(Debug, Clone, Copy)]
+struct Row {
+    len: i32,
+    token: i32,
+    score: i32,
+    piece: i32,
+}
+
+/// `llm_tokenizer_plamo2`'s tables, built as it builds them.
+#[derive(Debug, Clone)]
+struct Plamo2Table {
+    bytes: [u32; 256],
+    to_suffix_id: std::collections::HashMap<i64, i32>,
+    table: Vec<Row>,
+}
+
+impl Plamo2Table {
+    fn build(tokens: &[String], types: &[i32], scores: &[f32]) -> Result<Self> {
+        use std::collections::HashMap;
+        let mut bytes = [0u32; 256];
+        let mut suffix_to_score: HashMap<String, f32> = HashMap::new();
+        let mut token_to_id: HashMap<&str, i32> = HashMap::new();
+        for (id, text) in tokens.iter().enumerate() {
+            token_to_id.insert(text.as_str(), id as i32);
+            if types.get(id) == Some(&6) {
+                let b = text.as_bytes();
+                if b.len() == 6 && text.starts_with("<0x") && text.ends_with('>') {
+                    if let Ok(v) = u8::from_str_radix(&text[3..5], 16) {
+                        bytes[v as usize] = id as u32;
+                    }
+                }
+                continue;
+            }
+            suffix_to_score.insert(text.clone(), scores[id]);
+            let cps: Vec<char> = text.chars().collect();
+            for i in 1..cps.len() {
+                let suffix: String = cps[i..].iter().collect();
+                suffix_to_score.entry(suffix).or_insert(f32::NAN);
+            }
+        }
+        if let Some(b) = bytes.iter().position(|&id| id == 0) {
+            return Err(TokenizerError::Invalid(format!(
+                "GGUF PLaMo 2 vocabulary: no byte token <0x{b:02X}> (tokenizer.ggml.token_type 6)"
+            )));
+        }
+        let mut suffixes: Vec<&str> = suffix_to_score.keys().map(String::as_str).collect();
+        suffixes.push("");
+        suffixes.sort_by(|a, b| a.bytes().rev().cmp(b.bytes().rev()));
+        let mut suffix_to_id: HashMap<&str, i32> = HashMap::with_capacity(suffixes.len());
+        let mut to_suffix_id: HashMap<i64, i32> = HashMap::new();
+        let mut num_pieces = 0i32;
+        for &suffix in &suffixes {
+            suffix_to_id.insert(suffix, num_pieces);
+            let mut cps = suffix.char_indices();
+            match cps.next() {
+                Some((_, c0)) => {
+                    let rest = &suffix[c0.len_utf8()..];
+                    let code = (i64::from(c0 as u32) << 32)
+                        | i64::from(*suffix_to_id.get(rest).unwrap_or(&0));
+                    to_suffix_id.insert(code, num_pieces);
+                    let n = prefixes(suffix)
+                        .filter(|p| suffix_to_score.contains_key(*p))
+                        .count();
+                    num_pieces += 1 + n as i32;
+                }
+                None => num_pieces += 1,
+            }
+        }
+        let mut table = Vec::with_capacity(num_pieces as usize);
+        for &suffix in &suffixes {
+            for (piece, len) in prefixes(suffix).zip((1..=suffix.chars().count()).rev()) {
+                let Some(&score) = suffix_to_score.get(piece) else {
+                    continue;
+                };
+                table.push(Row {
+                    len: len as i32,
+                    token: token_to_id.get(piece).copied().unwrap_or(-1),
+                    score: if score.is_finite() {
+                        (f64::from(score) * 1e4).round() as i32
+                    } else {
+                        INVALID_SCORE
+                    },
+                    piece: *suffix_to_id.get(piece).unwrap_or(&0),
+                });
+            }
+            table.push(Row {
+                len: 1,
+                token: -1,
+                score: UNKNOWN_SCORE,
+                piece: 0,
+            });
+        }
+        Ok(Self {
+            bytes,
+            to_suffix_id,
+            table,
+        })
+    }
+
+    /// `llm_tokenizer_plamo2::encode`.
+    fn encode(&self, text: &str, out: &mut Vec<u32>) -> Result<()> {
+        let mut data: Vec<char> = text.chars().collect();
+        if data.first() == Some(&'\u{feff}') {
+            data.remove(0);
+        }
+        let n = data.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let mut scores = vec![1i64 << 60; n + 1];
+        scores[n] = 0;
+        // (token length, token id, number of tokens)
+        let mut path = vec![(0i32, 0i32, 0i32); n + 1];
+        let mut suffix_id = 0i32;
+        for i in (0..n).rev() {
+            let c = data[i] as u32;
+            for p in suffix_id.max(0) as usize..self.table.len() {
+                let code = (i64::from(c) << 32) | i64::from(self.table[p].piece);
+                suffix_id = self.to_suffix_id.get(&code).copied().unwrap_or(0);
+                if suffix_id > 0 || self.table[p].score == UNKNOWN_SCORE {
+                    break;
+                }
+            }
+            for p in suffix_id.max(0) as usize..self.table.len() {
+                let row = self.table[p];
+                if row.score > INVALID_SCORE {
+                    let end = i + row.len as usize;
+                    if end <= n {
+                        let s = scores[end] - i64::from(row.score);
+                        if s < scores[i] {
+                            scores[i] = s;
+                            let mut count = path[end].2 + 1;
+                            if row.score == UNKNOWN_SCORE {
+                                count += i32::from(c >= 0x80)
+                                    + i32::from(c >= 0x800)
+                                    + i32::from(c >= 0x10000);
+                            }
+                            path[i] = (row.len, row.token, count);
+                        }
+                    }
+                }
+                if row.score == UNKNOWN_SCORE {
+                    break;
+                }
+            }
+        }
+        let mut pos = 0usize;
+        while pos < n {
+            let (len, token, _) = path[pos];
+            if token >= 0 {
+                out.push(token as u32);
+            } else {
+                let mut buf = [0u8; 4];
+                for b in data[pos].encode_utf8(&mut buf).bytes() {
+                    out.push(self.bytes[b as usize]);
+                }
+            }
+            if len <= 0 {
+                return Err(TokenizerError::Invalid(format!(
+                    "GGUF PLaMo 2 vocabulary: no segmentation at code point {pos} of the text"
+                )));
+            }
+            pos += len as usize;
+        }
+        Ok(())
+    }
+}
+
+/// The prefixes of `s` by code points, longest first.
+fn prefixes(s: &str) -> impl Iterator<Item = &str> {
+    let mut ends: Vec<usize> = s.char_indices().map(|(i, c)| i + c.len_utf8()).collect();
+    ends.reverse();
+    ends.into_iter().map(move |e| &s[..e])
 }
 
 /// llama.cpp's `cache_special_tokens`: types control (3), user-defined (4) and unknown (2),
@@ -274,14 +497,14 @@ mod tests {
         let types = [1, 1, 1, 1, 3, 1];
         let e = TrieEncoder::rwkv(&toks, &types, None);
         // "abca": "abc" then "a"; "abab": "ab" "ab"; the special token split out.
-        assert_eq!(e.encode("abca").unwrap(), vec![3, 0]);
-        assert_eq!(e.encode("ab<s>abab").unwrap(), vec![2, 4, 2, 2]);
-        let err = e.encode("az").unwrap_err().to_string();
+        assert_eq!(e.encode("abca", false).unwrap(), vec![3, 0]);
+        assert_eq!(e.encode("ab<s>abab", true).unwrap(), vec![2, 4, 2, 2]);
+        let err = e.encode("az", false).unwrap_err().to_string();
         assert!(
             err.contains("0x7a") && err.contains("unknown_token_id"),
             "{err}"
         );
         let e = TrieEncoder::rwkv(&toks, &types, Some(5));
-        assert_eq!(e.encode("az").unwrap(), vec![0, 5]);
+        assert_eq!(e.encode("az", false).unwrap(), vec![0, 5]);
     }
 }

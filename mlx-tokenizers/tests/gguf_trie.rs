@@ -12,6 +12,12 @@
 //! jina-embeddings-v2-base-zh's), trained by `cargo xtask goldens gguf_whitespace`
 //! (`tests/fixtures/gguf/whitespace-bpe.gguf`): Unicode white space, Chinese words, characters
 //! outside the vocabulary between mergeable ones, special tokens.
+//!
+//! A PLaMo 2-shaped vocabulary (`tokenizer.ggml.model = "plamo2"`, llama.cpp's Viterbi search)
+//! made by `cargo xtask goldens gguf_plamo2` (`tests/fixtures/gguf/plamo2.gguf`): ids with BOS
+//! and without, over texts with Japanese, code, runs of spaces, byte fallback for characters
+//! outside the vocabulary, a leading BOM, special tokens and score ties; decoding gives the
+//! text back.
 
 use std::path::PathBuf;
 
@@ -149,4 +155,59 @@ fn whitespace_gguf_vocabulary_encodes_as_llama_cpp() {
     d.merges = vec!["a b c".into()];
     let e = d.build().unwrap_err().to_string();
     assert!(e.contains("tokenizer.ggml.merges"), "{e}");
+}
+
+#[test]
+fn plamo2_gguf_vocabulary_encodes_as_llama_cpp() {
+    let golden: Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("goldens/gguf_plamo2.json")).unwrap(),
+    )
+    .unwrap();
+    let data = data_of("plamo2.gguf");
+    assert_eq!(data.model, "plamo2");
+    let tok = data.build().expect("building the PLaMo 2 tokenizer");
+    assert_eq!(
+        tok.vocab_size() as u64,
+        golden["vocab_size"].as_u64().unwrap()
+    );
+    let ids = |v: &Value| -> Vec<u32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
+    let mut failures = Vec::new();
+    for case in golden["cases"].as_array().unwrap() {
+        let text = case["text"].as_str().unwrap();
+        let with = tok.encode(text, true).unwrap();
+        if with != ids(&case["ids"]) {
+            failures.push(format!(
+                "{text:?}: ids {with:?}, want {:?}",
+                ids(&case["ids"])
+            ));
+        }
+        let plain = tok.encode(text, false).unwrap();
+        if plain != ids(&case["ids_plain"]) {
+            failures.push(format!(
+                "{text:?}: plain ids {plain:?}, want {:?}",
+                ids(&case["ids_plain"])
+            ));
+        }
+        let decoded = tok.decode(&plain, false).unwrap();
+        if decoded != text.trim_start_matches('\u{feff}') {
+            failures.push(format!("{text:?}: decoded {decoded:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+
+    let mut d = data_of("plamo2.gguf");
+    d.scores = None;
+    let e = d.build().unwrap_err().to_string();
+    assert!(e.contains("tokenizer.ggml.scores"), "{e}");
+    let mut d = data_of("plamo2.gguf");
+    let b = d.tokens.iter().position(|t| t == "<0x41>").unwrap();
+    d.token_types.as_mut().unwrap()[b] = 1;
+    let e = d.build().unwrap_err().to_string();
+    assert!(e.contains("<0x41>") && e.contains("token_type"), "{e}");
 }

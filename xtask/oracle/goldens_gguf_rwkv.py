@@ -129,14 +129,16 @@ def llama_tokenize():
     return f"{target}/llama-cpp/build/bin/llama-tokenize"
 
 
-def tokenize(model, text):
-    """llama.cpp's ids for `text` (special tokens parsed, as llama-tokenize does by default)."""
+def tokenize(model, text, flags=()):
+    """llama.cpp's ids for `text` (special tokens parsed, as llama-tokenize does by default;
+    `flags` added to its command line)."""
     with tempfile.NamedTemporaryFile("wb", suffix=".txt", delete=False) as f:
         f.write(text.encode("utf-8"))
         name = f.name
     try:
         out = subprocess.run(
-            [llama_tokenize(), "-m", model, "--file", name, "--no-escape", "--ids", "--log-disable"],
+            [llama_tokenize(), "-m", model, "--file", name, "--no-escape", "--ids", "--log-disable",
+             *flags],
             check=True, capture_output=True, text=True,
         ).stdout
     finally:
