@@ -389,6 +389,25 @@ const ARCHS: &[GgufArch] = &[
         top: &[("token_embd", "model.tok_embeddings"), ("output", "output")],
         ..PLAIN
     },
+    // Apertus: Q / K as stored; the xIELU parameters come from metadata (`apertus_config`).
+    GgufArch {
+        arch: "apertus",
+        model_type: "apertus",
+        parts: &[
+            ("attn_norm", "attention_layernorm"),
+            ("ffn_norm", "feedforward_layernorm"),
+            ("attn_q_norm", "self_attn.q_norm"),
+            ("attn_k_norm", "self_attn.k_norm"),
+        ],
+        ..PLAIN
+    },
+    // Nemotron: LayerNorm1P weights stored as `1 + w`; the relu2 MLP's up / down.
+    GgufArch {
+        arch: "nemotron",
+        model_type: "nemotron",
+        norm_plus_one: true,
+        ..PLAIN
+    },
     // StableLM 2: LayerNorms with bias, partial rope; the per-head q / k LayerNorms stacked
     // (`stablelm_config` splits them back).
     GgufArch {
@@ -1353,7 +1372,8 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                 } else if m.ends_with(".mamba.norm.weight") && a.ndim() == 2 {
                     // Mamba-2's gated norm, stored per group.
                     a.reshape(&[-1])?
-                } else if arch.norm_plus_one && name.contains("_norm.") {
+                } else if arch.norm_plus_one && name.contains("_norm.") && name.ends_with(".weight")
+                {
                     // Stored as `1 + w` (a weak Python int in mlx-lm terms: the tensor's dtype).
                     (&a - 1)?
                 } else {
@@ -1393,6 +1413,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
     let (eps, eps_field) = match arch.arch {
         "starcoder2" => (float(LN_EPS, true)?, "norm_epsilon"),
         "stablelm" => (float(LN_EPS, true)?, "layer_norm_eps"),
+        "nemotron" => (float(LN_EPS, true)?, "norm_eps"),
         "command-r" | "cohere2" => (float(LN_EPS, true)?, "layer_norm_eps"),
         "lfm2" | "lfm2moe" => (float(RMS_EPS, true)?, "norm_eps"),
         "rwkv7" => (float(LN_EPS, true)?, "norm_eps"),
@@ -1406,7 +1427,9 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         _ => (float(RMS_EPS, true)?, "rms_norm_eps"),
     };
     let eps = eps.ok_or_else(|| {
-        let k = if matches!(eps_field, "norm_epsilon" | "layer_norm_eps") || arch.arch == "rwkv7" {
+        let k = if matches!(eps_field, "norm_epsilon" | "layer_norm_eps")
+            || matches!(arch.arch, "rwkv7" | "nemotron")
+        {
             LN_EPS
         } else {
             RMS_EPS
@@ -1979,6 +2002,8 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         "ernie4_5-moe" => ernie45_moe_config(&mut config, &tensors, path, &metadata, blocks)?,
         "rwkv7" => rwkv7_config(&mut config, &mut tensors, path, &metadata, blocks, heads)?,
         "internlm2" => internlm2_config(&mut config, &mut tensors, path, blocks, heads, kv_heads)?,
+        "apertus" => apertus_config(&mut config, &mut tensors, path, &metadata, blocks)?,
+        "nemotron" => nemotron_config(&mut config, &tensors, path, &metadata, hidden, heads)?,
         "stablelm" => stablelm_config(&mut config, &mut tensors, path, &metadata, heads, kv_heads)?,
         "gemma3n" => gemma3n_config(
             &mut config,
@@ -2166,6 +2191,101 @@ fn ernie45_moe_config(
 /// `x_r` .. `x_g` of shape (1, 1, hidden), the LoRAs' biases (`*0`) back under `lora.2.bias`,
 /// `r_k` per head, and the first layer's value LoRA dropped (the converter writes copies of
 /// its `a` LoRA there; mlx-lm's first layer has none).
+/// Nemotron (`nemotron`): relu2, the rotated share of the head from `rope.dimension_count`
+/// (the converter's int(factor * hidden) // heads), biases from the tensors, linear rope
+/// scaling from `rope.scaling.type` / `rope.scaling.factor` (another kind is refused).
+fn nemotron_config(
+    config: &mut Value,
+    tensors: &BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    hidden: i32,
+    heads: i32,
+) -> Result<()> {
+    let key = |k: &str| format!("nemotron.{k}");
+    config["hidden_act"] = Value::from("relu2");
+    // The head size is `attention.key_length` where written (TextModel writes it from the
+    // config's `head_dim`), else hidden / heads; `rope.dimension_count` is the rotated part.
+    let hd = meta_count(meta, path, &key("attention.key_length"))?.unwrap_or(hidden / heads.max(1));
+    config["head_dim"] = Value::from(hd);
+    let rot = meta_count(meta, path, &key("rope.dimension_count"))?.unwrap_or(hd / 2);
+    if rot <= 0 || rot > hd {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` = {rot} must be in 1..={hd} (the head size)",
+                key("rope.dimension_count")
+            ),
+        ));
+    }
+    config["partial_rotary_factor"] = Value::from(f64::from(rot) / f64::from(hd));
+    let has = |k: &str| tensors.contains_key(k);
+    config["attention_bias"] = Value::from(has("model.layers.0.self_attn.q_proj.bias"));
+    config["mlp_bias"] = Value::from(has("model.layers.0.mlp.up_proj.bias"));
+    match meta_str(meta, &key("rope.scaling.type")) {
+        None | Some("none") => {}
+        Some("linear") => {
+            let f = meta_f64(meta, &key("rope.scaling.factor")).ok_or_else(|| {
+                gguf_err(
+                    path,
+                    format!("metadata `{}` is missing", key("rope.scaling.factor")),
+                )
+            })?;
+            config["rope_scaling"] = json!({"type": "linear", "factor": f});
+        }
+        Some(other) => {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is {other:?}: mlx-lm's nemotron takes linear scaling only",
+                    key("rope.scaling.type")
+                ),
+            ))
+        }
+    }
+    Ok(())
+}
+
+/// Apertus (`apertus`): each layer's xIELU parameters from the per-layer `xielu.alpha_n`,
+/// `xielu.alpha_p`, `xielu.beta` and `xielu.eps` arrays (the converter's `.item()` of each
+/// parameter) back into mlx-lm's `mlp.act_fn.*` scalars; biases and q / k norms from the tensors.
+fn apertus_config(
+    config: &mut Value,
+    tensors: &mut BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    blocks: i32,
+) -> Result<()> {
+    for name in ["alpha_n", "alpha_p", "beta", "eps"] {
+        let key = format!("apertus.xielu.{name}");
+        let values: Vec<f32> = match meta.get(&key) {
+            Some(GgufValue::Array(a)) if a.ndim() == 1 && a.size() == blocks as usize => a
+                .astype(Dtype::Float32)
+                .and_then(|b| b.to_vec::<f32>())
+                .map_err(|e| gguf_err(path, format!("metadata `{key}`: {e}")))?,
+            None => return Err(gguf_err(path, format!("metadata `{key}` is missing"))),
+            Some(_) => {
+                return Err(gguf_err(
+                    path,
+                    format!("metadata `{key}` must give one value for each of the {blocks} layers"),
+                ))
+            }
+        };
+        for (l, v) in values.into_iter().enumerate() {
+            tensors.insert(
+                format!("model.layers.{l}.mlp.act_fn.{name}"),
+                Array::scalar(v)?,
+            );
+        }
+    }
+    let has = |k: &str| tensors.contains_key(k);
+    config["mlp_bias"] = Value::from(has("model.layers.0.mlp.up_proj.bias"));
+    config["attention_bias"] = Value::from(has("model.layers.0.self_attn.q_proj.bias"));
+    config["qk_norm"] = Value::from(has("model.layers.0.self_attn.q_norm.weight"));
+    config["post_norm"] = Value::from(false);
+    Ok(())
+}
+
 /// InternLM2 (`internlm2`): llama.cpp's q, k and v (Q / K rows permuted) back into mlx-lm's
 /// fused `attention.wqkv`, per KV group its queries, then its key and value head (the rows of
 /// a quantized tensor's scales and biases with them). llama.cpp writes no biases (`bias` false).

@@ -128,6 +128,8 @@ fn later_gguf_architectures_match_mlx_lm() {
         ("stablelm", "stablelm"),
         ("stablelm_parallel", "stablelm"),
         ("internlm2", "internlm2"),
+        ("apertus", "apertus"),
+        ("nemotron", "nemotron"),
     ];
     let failures: Vec<String> = cases
         .iter()
@@ -178,6 +180,8 @@ fn later_gguf_architectures_match_mlx_lm() {
         "rwkv7",
         "stablelm",
         "internlm2",
+        "apertus",
+        "nemotron",
     ] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }

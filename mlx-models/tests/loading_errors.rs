@@ -339,6 +339,7 @@ mod gguf {
             ("rwkv7", "rwkv7.wkv.head_size"),
             ("rwkv7", "rwkv7.attention.gate_lora_rank"),
             ("rwkv7", "rwkv7.attention.layer_norm_epsilon"),
+            ("apertus", "apertus.xielu.beta"),
         ] {
             let e = err(&edited(
                 fixture,
@@ -447,6 +448,19 @@ mod gguf {
             e.contains("self_attn.q_layernorm") && e.contains("(4, 8)"),
             "{e}"
         );
+        // Nemotron: a rope scaling mlx-lm's nemotron lacks.
+        let e = err(&edited(
+            "nemotron",
+            "nemyarn",
+            |m| {
+                m.insert(
+                    "nemotron.rope.scaling.type".into(),
+                    GgufValue::String("yarn".into()),
+                );
+            },
+            |_| {},
+        ));
+        assert!(e.contains("nemotron.rope.scaling.type"), "{e}");
         // InternLM2: q, k and v come together; the key heads divide the query heads.
         let e = err(&edited(
             "internlm2",

@@ -430,6 +430,10 @@ class Case:
     hparams: Callable = lambda c: c
     # (name, model, path) -> None: more goldens from the written file and the golden's model.
     after: Optional[Callable] = None
+    # Read-back of every tensor (GGUF name, value) -> value, before `read_back` maps it; the
+    # names (mlx-lm's) whose read-back may differ from the seeded values.
+    undo: Optional[Callable] = None
+    inexact: Callable = lambda k: k.endswith("A_log")
 
     def __post_init__(self):
         self.names = {**LLAMA, **self.parts}
@@ -485,6 +489,8 @@ def write_case(name, case):
     for k, v in loaded.items():
         if k.startswith(f"blk.{n}."):
             continue
+        if case.undo is not None:
+            v = case.undo(k, v)
         if not k.startswith("blk."):
             module, suffix = k.rsplit(".", 1)
             back[f"{case.wrap}{case.inverse[module]}.{suffix}"] = v
@@ -496,7 +502,7 @@ def write_case(name, case):
     orig = dict(tree_flatten(model.parameters()))
     assert sorted(orig) == sorted(back), (sorted(orig), sorted(back))
     for k, v in back.items():
-        if not k.endswith("A_log"):
+        if not case.inexact(k):
             assert mx.array_equal(orig[k], v).item(), k
     module = __import__(f"mlx_lm.models.{case.model_type}", fromlist=["Model"])
     fresh = module.Model(module.ModelArgs.from_dict(c))
@@ -1734,11 +1740,77 @@ CASES["internlm2"] = Case(
 )
 
 
+# Apertus (`apertus`): ApertusModel(LlamaModel) keeps Q / K as stored (undo_permute False) and
+# writes each layer's xIELU parameters (`act_fn.alpha_n`, `alpha_p`, `beta`, `eps`) as four
+# per-layer float arrays (`xielu.*`) instead of tensors; q / k norms per head.
+APERTUS_XIELU = {}
+
+
+def apertus_tensors(case, k, v):
+    if ".mlp.act_fn." in k:
+        APERTUS_XIELU.setdefault(k.rsplit(".", 1)[1], {})[int(layer_of(k))] = v.item()
+        return []
+    return [(case.gguf_name(k), v)]
+
+
+def xielu(name):
+    return arr(f"xielu.{name}", lambda c: mx.array(
+        [APERTUS_XIELU[name][layer] for layer in range(c["num_hidden_layers"])], dtype=mx.float32))
+
+
+CASES["apertus"] = Case(
+    "apertus",
+    cfg("apertus", mlp_bias=False, attention_bias=False, post_norm=False, qk_norm=True,
+        tie_word_embeddings=False),
+    "apertus",
+    text_model(vocab_size=True, rope_dims=head_size) + [xielu(n) for n in ("alpha_n", "alpha_p", "beta", "eps")],
+    {
+        "attention_layernorm": "attn_norm",
+        "feedforward_layernorm": "ffn_norm",
+        "self_attn.q_norm": "attn_q_norm",
+        "self_attn.k_norm": "attn_k_norm",
+    },
+    tensors=apertus_tensors,
+)
+
+
+# Nemotron (`nemotron`, Nemotron-3 / Minitron): LayerNorm1P weights stored as `w + 1`
+# (NemotronModel adds 1 to every `*norm.weight`; biases as they are), the relu2 MLP's
+# up / down, a partial rope (`rope.dimension_count` = int(factor * hidden) // heads), the
+# LayerNorm epsilon, the vocabulary size and `rope.scaling.type` "none" (or linear with a
+# factor). The golden is mlx-lm on the norms read back as `stored - 1`.
+CASES["nemotron"] = Case(
+    "nemotron",
+    {k: v for k, v in cfg("nemotron", hidden_act="relu2", norm_eps=1e-5, partial_rotary_factor=0.5,
+                          attention_bias=False, mlp_bias=False, tie_word_embeddings=False).items()
+     if k != "rms_norm_eps"},
+    "nemotron",
+    [
+        u32("block_count", "num_hidden_layers"),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv", "num_key_value_heads"),
+        f32("rope.freq_base", "rope_theta"),
+        u32("vocab_size", "vocab_size"),
+        f32("attention.layer_norm_epsilon", "norm_eps"),
+        u32("rope.dimension_count", lambda c: int(c["partial_rotary_factor"] * c["hidden_size"]) // c["num_attention_heads"]),
+        text("rope.scaling.type", "none"),
+    ] + GPT2,
+    tensors=lambda case, k, v: [(case.gguf_name(k), v + 1 if k.endswith("norm.weight") else v)],
+    read_back=lambda case, prefix, rest, v, loaded: (f"{prefix}.{case.inverse[rest.rsplit('.', 1)[0]]}.{rest.rsplit('.', 1)[1]}", v),
+    undo=lambda k, v: v - 1 if k.endswith("norm.weight") else v,
+    inexact=lambda k: k.endswith("norm.weight"),
+)
+
+
 # RWKV-7 with a real "world" vocabulary (`rwkv7_world`): the same converter output with the
 # tokenizer metadata of `goldens_gguf_rwkv.py`'s fixture (run that first), so `mlx generate`
 # runs on the file. Besides the logits, `rwkv7_cli` records what `mlx generate --json`
 # must print: the prompt through the file's chat template (rendered as transformers renders
-# it), its ids from llama.cpp's `llama-tokenize` on this very file, and mlx-lm's
+# it, with the `enable_thinking` mlx-lm's TokenizerWrapper passes: false, the vocabulary has
+# no thinking markers), its ids from llama.cpp's `llama-tokenize` on this very file, and mlx-lm's
 # `generate_step` (greedy) on the seeded model: ids and each token's log-probability.
 RWKV_VOCAB = "mlx-tokenizers/tests/fixtures/gguf/rwkv-world.gguf"
 RWKV_CLI = "mlx-cli/tests/goldens/gguf_rwkv_cli.json"
@@ -1763,7 +1835,7 @@ def rwkv7_cli(name, model, path):
     env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
     text = env.from_string(meta["tokenizer.chat_template"]).render(
         messages=[{"role": "user", "content": RWKV_PROMPT}], add_generation_prompt=True,
-        bos_token=meta["tokenizer.ggml.tokens"][0])
+        bos_token=meta["tokenizer.ggml.tokens"][0], enable_thinking=False)
     ids = tokenize(path, text)
     eos = meta["tokenizer.ggml.eos_token_id"].item()
     tokens, logprobs = [], []
