@@ -158,12 +158,13 @@ fn unknown_pre_tokenizer_is_a_clear_error() {
     for name in ["gpt2", "smollm", "llama-bpe", "qwen2"] {
         assert!(err.contains(name), "{err} should list {name}");
     }
-    // RWKV's vocabularies are not built here (T5's Unigram is: `gguf_ugm.rs`).
+    // An unknown model names itself and lists the supported ones.
     let data = GgufTokenizerData {
-        model: "rwkv".into(),
+        model: "mystery-model".into(),
         ..Default::default()
     };
     let err = data.build().unwrap_err().to_string();
+    assert!(err.contains("\"mystery-model\""), "{err}");
     assert!(err.contains("\"rwkv\""), "{err}");
     assert!(
         err.contains("\"bert\"") && err.contains("\"llama\""),

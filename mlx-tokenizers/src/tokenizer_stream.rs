@@ -134,6 +134,9 @@ enum State {
         token_map: Arc<Vec<Option<String>>>,
         unflushed: String,
         text: String,
+        /// Every byte as its token holds it, nothing trimmed (llama.cpp's RWKV vocabularies,
+        /// which mlx-lm has no detokenizer for): the text is the full decode's.
+        exact: bool,
     },
 }
 
@@ -204,6 +207,7 @@ impl StreamingDetokenizer {
                 token_map: tokenizer.token_map(),
                 unflushed: String::new(),
                 text: String::new(),
+                exact: tokenizer.has_trie_encoder(),
             },
         };
         Self {
@@ -270,6 +274,22 @@ impl StreamingDetokenizer {
                 token_map,
                 unflushed,
                 text,
+                exact: true,
+            } => {
+                if let Some(Some(t)) = token_map.get(token as usize) {
+                    unflushed.push_str(t);
+                }
+                let decoded = bpe_decode_exact(unflushed);
+                if !decoded.ends_with('\u{fffd}') {
+                    text.push_str(&decoded);
+                    unflushed.clear();
+                }
+            }
+            State::Bpe {
+                token_map,
+                unflushed,
+                text,
+                exact: false,
             } => {
                 // mlx-lm's fallback for ids past the vocabulary.
                 let v: &str = match token_map.get(token as usize) {
@@ -317,6 +337,15 @@ impl StreamingDetokenizer {
                 ..
             } => {
                 spm_try_flush(unflushed, text, *trim_space, true);
+                unflushed.clear();
+            }
+            State::Bpe {
+                unflushed,
+                text,
+                exact: true,
+                ..
+            } => {
+                text.push_str(&bpe_decode_exact(unflushed));
                 unflushed.clear();
             }
             State::Bpe {
@@ -482,6 +511,18 @@ fn bpe_decode_streaming(seq: &str) -> String {
             }
         }
     }
+    lossy(&bytes)
+}
+
+/// Byte-level characters back to their bytes, every byte (0 included).
+fn bpe_decode_exact(seq: &str) -> String {
+    let bytes: Vec<u8> = seq
+        .chars()
+        .flat_map(|c| match byte_decoder(c) {
+            Some(b) => vec![b],
+            None => c.to_string().into_bytes(),
+        })
+        .collect();
     lossy(&bytes)
 }
 

