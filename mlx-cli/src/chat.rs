@@ -172,7 +172,7 @@ pub fn run(a: &ChatArgs) -> Result<(), String> {
             .with_speculation(ChatSpeculation {
                 draft,
                 ngram,
-                num_draft_tokens: a.spec.num_draft_tokens as usize,
+                num_draft_tokens: a.spec.num_draft_tokens(),
             })
             .map_err(|e| e.to_string())?;
     }

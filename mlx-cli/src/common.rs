@@ -356,12 +356,15 @@ pub struct SpecArgs {
     /// speculation), or with `--decoder cpu` both models on the CPU decoder (greedy only).
     #[arg(long, value_name = "PATH|NAME", conflicts_with_all = ["prompt_lookup_ngram", "mtp"])]
     pub draft_model: Option<String>,
-    /// Number of tokens to draft when using speculative decoding.
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(0..=64))]
-    pub num_draft_tokens: u64,
-    /// Speculate by prompt lookup: draft the tokens that followed the most recent earlier
-    /// occurrence of the last N tokens (prompt and output so far); the model verifies them,
-    /// so greedy output is that of plain decoding.
+    /// Number of tokens to draft when using speculative decoding (at most, a round): default
+    /// 3 with a draft model or --mtp (mlx-lm's), 8 with --prompt-lookup-ngram.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=64))]
+    pub num_draft_tokens: Option<u64>,
+    /// Speculate by prompt lookup: find the earlier occurrence (prompt and output so far) of
+    /// the last N tokens (at least N: 1 is best on edits and summaries) whose preceding tokens
+    /// match furthest back, and draft the tokens that followed it, at most the matched length
+    /// plus one and at most --num-draft-tokens; the model verifies them in one pass, so greedy
+    /// output is that of plain decoding.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=64), conflicts_with = "mtp")]
     pub prompt_lookup_ngram: Option<u64>,
     /// Speculate with the model's own multi-token-prediction layers (DeepSeek V3, GLM-4.5,
@@ -381,6 +384,16 @@ pub enum SpecSource {
 }
 
 impl SpecArgs {
+    /// `--num-draft-tokens`, or its default: 8 for prompt lookup
+    /// ([`mlx_engine::cpu_spec::LOOKUP_DRAFTS`]), 3 otherwise (mlx-lm's).
+    pub fn num_draft_tokens(&self) -> usize {
+        match self.num_draft_tokens {
+            Some(n) => n as usize,
+            None if self.prompt_lookup_ngram.is_some() => mlx_engine::cpu_spec::LOOKUP_DRAFTS,
+            None => 3,
+        }
+    }
+
     pub fn active(&self) -> bool {
         self.draft_model.is_some() || self.prompt_lookup_ngram.is_some() || self.mtp
     }

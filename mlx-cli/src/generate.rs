@@ -399,7 +399,7 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
             &m.tokenizer,
             &ids,
             d.model.as_ref(),
-            a.spec.num_draft_tokens as usize,
+            a.spec.num_draft_tokens(),
             opts,
         ),
         (Some(_), Some(n)) if decoder.cpu.is_some() => stream_generate_cpu_speculative(
@@ -407,7 +407,7 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
             &m.tokenizer,
             &ids,
             n,
-            a.spec.num_draft_tokens as usize,
+            a.spec.num_draft_tokens(),
             opts,
         ),
         (Some(sp), _) => stream_generate_speculative(
@@ -416,7 +416,7 @@ pub fn run(a: &GenerateArgs, cache_file: Option<CacheFile>) -> Result<(), String
             &ids,
             caches,
             sp.drafter(),
-            a.spec.num_draft_tokens as usize,
+            a.spec.num_draft_tokens(),
             opts,
         ),
         (None, _) => stream_generate(m.model.as_ref(), &m.tokenizer, &ids, caches, opts),

@@ -20,8 +20,8 @@ use std::time::Instant;
 use mlx_engine::chat_template::ChatTemplateOptions;
 use mlx_engine::cpu_decode::CpuDecoder;
 use mlx_engine::cpu_spec::{
-    greedy, longest_match, prompt_lookup_by_context, prompt_lookup_longest,
-    speculative_greedy_with, DraftLength,
+    greedy, longest_match, prompt_lookup_by_context, prompt_lookup_capped, prompt_lookup_longest,
+    speculative_greedy_with, DraftLength, LOOKUP_DRAFTS, LOOKUP_SLACK,
 };
 use mlx_engine::load::{load, LoadSpec, ModelRef, Quiet};
 use mlx_engine::speculative::prompt_lookup;
@@ -72,12 +72,12 @@ fn row(
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let rounds: usize = arg("--rounds", 5);
-    // The defaults: the policy `--simulate` and the measured runs of
-    // results/bench/2026-12-04-s23-spec/ found best on this prompt (any n-gram of one token
-    // or more, the occurrence with the longest context, drafts up to one past that context's
-    // length, at most 8, no adaptation).
+    // The defaults: the library's policy (`cpu_spec::prompt_lookup_drafts`, what `mlx
+    // generate --prompt-lookup-ngram 1` drafts with): any n-gram of one token or more, the
+    // occurrence with the longest context, drafts up to one past that context's length, at
+    // most 8, no adaptation. The flags below vary it for experiments.
     let ngram: usize = arg("--ngram", 1);
-    let k: usize = arg("--draft", 8);
+    let k: usize = arg("--draft", LOOKUP_DRAFTS);
     let max_tokens: usize = arg("--max-tokens", 160);
     let threads: usize = arg("--threads", 0);
     let out_file: String = arg("--out", String::new());
@@ -89,7 +89,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // 1: drafts no longer than the matched context (`prompt_lookup_by_context`).
     let by_context: usize = arg("--by-context", 1);
     // With `--by-context 1`: drafts up to the matched context's length plus this many.
-    let slack: usize = arg("--slack", 1);
+    let slack: usize = arg("--slack", LOOKUP_SLACK);
     // > 0: time one verification pass of 1..=N rows against a one-token step and exit.
     let cost: usize = arg("--cost", 0);
 
@@ -171,7 +171,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
         let mut lookup = |h: &[u32], n: usize| {
             if by_context != 0 {
-                capped(h, ngram, n, slack)
+                prompt_lookup_capped(h, ngram, n, slack)
             } else if longest != 0 {
                 prompt_lookup_longest(h, ngram, n)
             } else {
@@ -345,14 +345,6 @@ fn verify_cost(
         );
     }
     Ok(())
-}
-
-/// Longest-context lookup drafting at most the matched context's length plus `slack` tokens
-/// (`slack` 0: [`prompt_lookup_by_context`]).
-fn capped(history: &[u32], ngram: usize, k: usize, slack: usize) -> Vec<u32> {
-    longest_match(history, ngram).map_or_else(Vec::new, |(len, from)| {
-        history[from..(from + k.min(len + slack)).min(history.len())].to_vec()
-    })
 }
 
 /// `passes` verification passes of `n` rows after the prompt (the cache rolled back after each)

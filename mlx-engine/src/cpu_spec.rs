@@ -55,6 +55,37 @@ pub fn prompt_lookup_by_context(history: &[u32], ngram: usize, k: usize) -> Vec<
     })
 }
 
+/// How many tokens past the matched context [`prompt_lookup_drafts`] drafts: a match of `n`
+/// tokens drafts up to `n + LOOKUP_SLACK`.
+pub const LOOKUP_SLACK: usize = 1;
+
+/// The default most drafts a prompt-lookup round proposes (`--num-draft-tokens` with
+/// `--prompt-lookup-ngram` when not given).
+pub const LOOKUP_DRAFTS: usize = 8;
+
+/// The prompt-lookup policy every entry point drafts with (`mlx generate|chat|serve
+/// --prompt-lookup-ngram N --num-draft-tokens K`, the MLX path's
+/// [`crate::speculative::Drafter::PromptLookup`] and the CPU decoder's alike): among the
+/// earlier occurrences (prompt and output so far) of `history`'s last `ngram` tokens, the one
+/// whose match with the tokens before them reaches furthest back ([`longest_match`]); the
+/// tokens that followed it, at most `k` and at most the matched length plus [`LOOKUP_SLACK`].
+/// A one-token match drafts two, a long copied span the whole `k`. Measured against the
+/// other lookups on a copy-edit prompt in `results/bench/2026-12-04-s23-spec/`.
+pub fn prompt_lookup_drafts(history: &[u32], ngram: usize, k: usize) -> Vec<u32> {
+    prompt_lookup_capped(history, ngram, k, LOOKUP_SLACK)
+}
+
+/// [`prompt_lookup_drafts`] with the cap `matched length + slack` (the bench's simulator
+/// compares slacks).
+pub fn prompt_lookup_capped(history: &[u32], ngram: usize, k: usize, slack: usize) -> Vec<u32> {
+    if k == 0 {
+        return Vec::new();
+    }
+    longest_match(history, ngram).map_or_else(Vec::new, |(len, from)| {
+        history[from..(from + k.min(len + slack)).min(history.len())].to_vec()
+    })
+}
+
 /// The earlier occurrence of `history`'s last `ngram` tokens whose match with the tokens
 /// before them reaches furthest back (up to 64; the most recent on ties): `(matched length,
 /// the index after it)`.
@@ -309,28 +340,49 @@ pub fn speculative_greedy_with(
     Ok((out, stats))
 }
 
-/// The log-probability of `ids[i]` under row `i` of `logits` (`(rows, vocab)`), computed as
-/// plain greedy decoding on the CPU decoder computes a step's (`generate`'s host greedy: MLX's
-/// `logsumexp` over the `(1, vocab)` row, subtracted, the entry taken), so speculation reports
-/// the bits plain decoding reports; one evaluation for all the rows.
-fn row_logprobs(logits: &[f32], vocab: usize, ids: &[u32]) -> Result<Vec<f32>> {
-    let picked = ids
-        .iter()
-        .zip(logits.chunks_exact(vocab))
-        .map(|(&t, row)| -> Result<Array> {
-            let x = Array::from_slice(row, &[1, vocab as i32])?;
-            let lse = ops::logsumexp(&x, &[0, 1], true, None)?;
-            let lp = ops::squeeze(&ops::subtract(&x, &lse, None)?, &[0], None)?;
-            Ok(ops::take(
-                &lp,
-                &Array::from_slice(&[t as i32], &[1])?,
-                0,
-                None,
-            )?)
-        })
-        .collect::<Result<Vec<_>>>()?;
-    mlx_core::eval(picked.iter())?;
-    picked.iter().map(|a| Ok(a.to_vec::<f32>()?[0])).collect()
+/// Greedy choice and log-probability of one row of logits, as plain greedy decoding on the
+/// CPU decoder computes a step's (`generate`'s `host_greedy`: [`mlx_core::cpu::greedy_lse`],
+/// the first largest logit and MLX's CPU `logsumexp` replayed on the host bit for bit, then
+/// the entry minus it), so speculation reports the bits plain decoding reports with no MLX
+/// graph a pass. A row holding a NaN or no finite largest value takes [`argmax`] and MLX's
+/// own `logsumexp` (as plain decoding's MLX fallback does).
+fn pick(isa: mlx_core::cpu::Isa, row: &[f32]) -> Result<(u32, f32)> {
+    match mlx_core::cpu::greedy_lse(isa, row) {
+        Some((best, lse)) => Ok((best as u32, row[best] - lse)),
+        None => {
+            let t = argmax(row);
+            Ok((t, mlx_logprob(row, t)?))
+        }
+    }
+}
+
+/// [`accept`] with each row's log-probability ([`pick`]) into `preds`.
+fn accept_logprobs(
+    logits: &[f32],
+    vocab: usize,
+    drafts: &[u32],
+    preds: &mut Vec<(u32, f32)>,
+) -> Result<usize> {
+    let isa = mlx_core::cpu::Isa::detect();
+    preds.clear();
+    for row in logits.chunks_exact(vocab) {
+        let p = pick(isa, row)?;
+        preds.push(p);
+        if drafts.get(preds.len() - 1) != Some(&p.0) {
+            break;
+        }
+    }
+    Ok(preds.len() - 1)
+}
+
+/// `row`'s log-probability of `t` through MLX (`logsumexp` over the `(1, vocab)` row,
+/// subtracted, the entry taken).
+fn mlx_logprob(row: &[f32], t: u32) -> Result<f32> {
+    let x = Array::from_slice(row, &[1, row.len() as i32])?;
+    let lse = ops::logsumexp(&x, &[0, 1], true, None)?;
+    let lp = ops::squeeze(&ops::subtract(&x, &lse, None)?, &[0], None)?;
+    let v = ops::take(&lp, &Array::from_slice(&[t as i32], &[1])?, 0, None)?;
+    Ok(v.to_vec::<f32>()?[0])
 }
 
 /// [`speculative_greedy`] as a step iterator, what
@@ -350,20 +402,23 @@ pub struct CpuSpecSteps<'m> {
     /// Tokens yielded or queued.
     produced: usize,
     stats: SpecStats,
+    /// The last pass's greedy choices and log-probabilities (kept between passes).
+    preds: Vec<(u32, f32)>,
 }
 
 impl<'m> CpuSpecSteps<'m> {
     /// Runs the prompt through `dec` (from an empty cache) and gets ready to speculate with
-    /// drafts of at most `k` tokens from `propose` (adaptive [`DraftLength`]).
+    /// drafts from `propose`, as many a round as `len` asks for (prompt lookup: a fixed
+    /// [`DraftLength`], the policy caps drafts by their evidence; a draft model: adaptive).
     pub fn new(
         mut dec: CpuDecoder<'m>,
         prompt: &[u32],
         max_tokens: Option<usize>,
-        k: usize,
+        len: DraftLength,
         propose: Box<Propose<'m>>,
     ) -> Result<Self> {
         dec.reset();
-        Self::resume(dec, Vec::new(), prompt, max_tokens, k, propose)
+        Self::resume(dec, Vec::new(), prompt, max_tokens, len, propose)
     }
 
     /// As [`CpuSpecSteps::new`] over a decoder whose cache already holds `earlier` (a
@@ -374,7 +429,7 @@ impl<'m> CpuSpecSteps<'m> {
         earlier: Vec<u32>,
         prompt: &[u32],
         max_tokens: Option<usize>,
-        k: usize,
+        len: DraftLength,
         propose: Box<Propose<'m>>,
     ) -> Result<Self> {
         check(prompt)?;
@@ -388,19 +443,18 @@ impl<'m> CpuSpecSteps<'m> {
         }
         let mut history = earlier;
         history.extend_from_slice(prompt);
-        let l = dec.feed(prompt)?;
-        let t = argmax(l);
-        let y = (t, row_logprobs(l, l.len(), &[t])?[0]);
+        let y = pick(mlx_core::cpu::Isa::detect(), dec.feed(prompt)?)?;
         Ok(CpuSpecSteps {
             dec,
             propose,
-            len: DraftLength::new(k, true),
+            len,
             max_tokens,
             history,
             queue: Default::default(),
             y,
             produced: 0,
             stats: SpecStats::default(),
+            preds: Vec::new(),
         })
     }
 
@@ -440,21 +494,19 @@ impl<'m> CpuSpecSteps<'m> {
         input.extend_from_slice(&drafts);
         let vocab = self.dec.vocab();
         let logits = self.dec.verify(&input)?;
-        let mut ids = Vec::with_capacity(input.len());
-        let n = accept(logits, vocab, &drafts, &mut ids);
-        let lps = row_logprobs(logits, vocab, &ids)?;
-        let preds: Vec<(u32, f32)> = ids.iter().copied().zip(lps).collect();
+        let preds = &mut self.preds;
+        let n = accept_logprobs(logits, vocab, &drafts, preds)?;
         self.len.update(drafts.len(), n);
         self.stats.rounds += 1;
         self.stats.drafted += drafts.len();
         self.stats.accepted += n;
         self.dec.truncate(base + 1 + n);
-        for (d, p) in drafts.iter().zip(&preds).take(n) {
+        for (d, p) in drafts.iter().zip(self.preds.iter()).take(n) {
             self.queue.push_back((*d, p.1, true));
             self.history.push(*d);
             self.produced += 1;
         }
-        self.y = preds[n];
+        self.y = self.preds[n];
         Ok(())
     }
 

@@ -35,8 +35,10 @@ pub enum Drafter<'m> {
         model: &'m dyn LanguageModel,
         cache: Option<Vec<Box<dyn Cache>>>,
     },
-    /// Prompt lookup: the tokens after the most recent earlier occurrence of the last `ngram`
-    /// tokens (prompt and output so far); no draft when there is none.
+    /// Prompt lookup by [`crate::cpu_spec::prompt_lookup_drafts`] (the policy every entry
+    /// point drafts with): the tokens after the earlier occurrence of the last `ngram` tokens
+    /// (prompt and output so far) with the longest matching context, capped by that context;
+    /// no draft when there is none.
     PromptLookup { ngram: usize },
     /// Any proposer: called with the prompt and output so far and the most tokens it may
     /// propose (tests force accept patterns with it).
@@ -240,7 +242,8 @@ fn py_end(len: usize, end: isize) -> usize {
 }
 
 /// The tokens after the most recent earlier occurrence of the last `ngram` tokens of
-/// `history`, at most `k` of them.
+/// `history`, at most `k` of them (the lookup before [`crate::cpu_spec::prompt_lookup_drafts`];
+/// the bench's simulator compares against it).
 pub fn prompt_lookup(history: &[u32], ngram: usize, k: usize) -> Vec<u32> {
     if ngram == 0 || k == 0 || history.len() <= ngram {
         return Vec::new();
@@ -607,7 +610,7 @@ pub fn speculative_generate_step<'m>(
             (
                 None,
                 Some(Box::new(move |h: &[u32], k: usize| {
-                    prompt_lookup(h, ngram, k)
+                    crate::cpu_spec::prompt_lookup_drafts(h, ngram, k)
                 })),
             )
         }

@@ -180,8 +180,9 @@ pub fn stream_generate_speculative<'m>(
 /// [`stream_generate`] with prompt lookup speculation on the CPU decoder
 /// ([`crate::cpu_spec`]): greedy only (temperature 0, no logits processors, no grammar, no
 /// prompt cache); `opts.generate.cpu_decode` must be set (its threads run the decoder). Drafts
-/// of at most `num_draft_tokens` tokens (fewer after misses) are verified in one batched pass
-/// each; the output is plain greedy decoding's on the CPU decoder, bit for bit.
+/// by [`crate::cpu_spec::prompt_lookup_drafts`] (n-grams of at least `ngram` tokens, at most
+/// `num_draft_tokens` a round) are verified in one batched pass each; the output is plain
+/// greedy decoding's on the CPU decoder, bit for bit.
 pub fn stream_generate_cpu_speculative<'m>(
     model: &'m dyn LanguageModel,
     tokenizer: &'m Tokenizer,
@@ -316,15 +317,23 @@ fn cpu_speculative<'m>(
             }
         };
         let prompt: Vec<u32> = ids.iter().map(|&t| t as u32).collect();
-        let propose: Box<crate::cpu_spec::Propose<'m>> = match drafter {
-            CpuDrafterSpec::Lookup(ngram) => Box::new(move |h: &[u32], k: usize| {
-                crate::cpu_spec::prompt_lookup_longest(h, ngram, k)
-            }),
+        // Prompt lookup drafts by its policy (the number of drafts fixed, capped by the
+        // matched context); a draft model's rounds adapt to its misses.
+        let (propose, adaptive): (Box<crate::cpu_spec::Propose<'m>>, bool) = match drafter {
+            CpuDrafterSpec::Lookup(ngram) => (
+                Box::new(move |h: &[u32], k: usize| {
+                    crate::cpu_spec::prompt_lookup_drafts(h, ngram, k)
+                }),
+                false,
+            ),
             CpuDrafterSpec::Model(d) => {
                 let room = ids.len() + g.max_tokens.unwrap_or(0) + num_draft_tokens + 1;
                 let ddec = CpuDecoder::new(d, dec.threads(), room)?;
                 let mut draft = crate::cpu_spec::CpuDraft::new(ddec, dec.vocab());
-                Box::new(move |h: &[u32], k: usize| draft.propose(h, k))
+                (
+                    Box::new(move |h: &[u32], k: usize| draft.propose(h, k)),
+                    true,
+                )
             }
         };
         let steps = CpuSpecSteps::resume(
@@ -332,7 +341,7 @@ fn cpu_speculative<'m>(
             earlier,
             &prompt,
             g.max_tokens,
-            num_draft_tokens,
+            crate::cpu_spec::DraftLength::new(num_draft_tokens, adaptive),
             propose,
         )?;
         Ok(Steps::CpuSpeculative(Box::new(steps)))
@@ -625,18 +634,25 @@ impl<'m> TextStream<'m> {
             self.prompt_tps = self.prompt_tokens as f64 / dt.max(f64::MIN_POSITIVE);
             self.first = Some(now);
         }
-        let lp = step.logprobs.astype(Dtype::Float32)?;
+        // The log-probabilities as an array only where they are read (a step that carries
+        // its token's log-probability and no top log-probabilities asked for builds no graph).
+        let lp = || step.logprobs.astype(Dtype::Float32);
         let logprob = match step.logprob {
             Some(v) => v,
             None => ops::take(
-                &lp,
+                &lp()?,
                 &Array::from_slice(&[step.token as i32], &[1])?,
                 0,
                 None,
             )?
             .to_vec::<f32>()?[0],
         };
-        let top = if self.opts.top_logprobs > 0 && lp.size() > 0 {
+        let lp = if self.opts.top_logprobs > 0 {
+            Some(lp()?)
+        } else {
+            None
+        };
+        let top = if let Some(lp) = lp.filter(|lp| lp.size() > 0) {
             let k = (self.opts.top_logprobs as i32).min(lp.size() as i32);
             let order = ops::argsort(&ops::negative(&lp, None)?, -1, None)?;
             let idx = ops::slice_axis(&order, 0, 0, k, None)?;

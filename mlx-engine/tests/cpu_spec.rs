@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use mlx_core::prelude::*;
 use mlx_engine::cpu_decode::CpuDecoder;
 use mlx_engine::cpu_spec::{
-    greedy, prompt_lookup_by_context, prompt_lookup_longest, speculative_greedy,
-    speculative_greedy_with, DraftLength,
+    greedy, prompt_lookup_by_context, prompt_lookup_drafts, prompt_lookup_longest,
+    speculative_greedy, speculative_greedy_with, DraftLength,
 };
 use mlx_engine::speculative::prompt_lookup;
 use mlx_models::load::{load_model_dir, LoadOptions};
@@ -257,4 +257,109 @@ fn draft_model_speculation_equals_plain_greedy() {
             }
         }
     }
+}
+
+/// The prompt-lookup policy every entry point drafts with (`prompt_lookup_drafts`): the
+/// longest-context occurrence, drafts up to its matched length plus one, at most `k`.
+#[test]
+fn the_lookup_policy_drafts_one_past_its_match() {
+    // "1 2 3 4" matches four tokens back (then 7 against 8): up to five drafts.
+    let h = [7, 1, 2, 3, 4, 5, 6, 8, 1, 2, 3, 4, 9];
+    let h = &h[..12];
+    assert_eq!(prompt_lookup_drafts(h, 1, 8), vec![5, 6, 8, 1, 2]);
+    assert_eq!(prompt_lookup_drafts(h, 1, 3), vec![5, 6, 8]);
+    assert_eq!(prompt_lookup_drafts(h, 4, 8), vec![5, 6, 8, 1, 2]);
+    assert!(prompt_lookup_drafts(h, 5, 8).is_empty());
+    // A one-token match drafts two tokens; none past the end of the history.
+    assert_eq!(prompt_lookup_drafts(&[4, 5, 6, 4], 1, 8), vec![5, 6]);
+    assert_eq!(prompt_lookup_drafts(&[4, 5, 4], 1, 8), vec![5, 4]);
+    assert!(prompt_lookup_drafts(&[1, 2, 3], 1, 4).is_empty());
+    assert!(prompt_lookup_drafts(h, 1, 0).is_empty());
+    assert!(prompt_lookup_drafts(h, 0, 4).is_empty());
+}
+
+/// A small deterministic generator (xorshift64*), for the property test below.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// Property: over random texts with repeated spans (random tokens, spans of them copied again,
+/// as edits and summaries repeat their source), what `mlx generate --prompt-lookup-ngram`
+/// streams (`stream_generate_cpu_speculative`: the library's lookup policy, its text stream)
+/// is plain greedy decoding's stream on the CPU decoder: the same tokens, log-probability
+/// bits, text and finish reason, for n-grams 1-3 and 1-8 drafts.
+#[test]
+fn prompt_lookup_streams_plain_greedy_over_random_texts() {
+    use mlx_engine::generate::{CpuDecode, GenerateOptions};
+    use mlx_engine::stream::{stream_generate, stream_generate_cpu_speculative, StreamOptions};
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny_chat");
+    let (model, _) = load_model_dir(&dir, &LoadOptions::default()).unwrap();
+    let tok = mlx_engine::Tokenizer::from_dir(&dir).unwrap();
+    let vocab = model.vocab_size() as usize;
+    let mut rng = Rng(0x5eed_1234_abcd_0001);
+    let mut drafted = 0;
+    for case in 0..12 {
+        let mut prompt: Vec<u32> = (0..4 + rng.below(12))
+            .map(|_| rng.below(vocab) as u32)
+            .collect();
+        for _ in 0..1 + rng.below(3) {
+            let from = rng.below(prompt.len());
+            let len = 1 + rng.below(prompt.len() - from);
+            let span = prompt[from..from + len].to_vec();
+            prompt.extend(span);
+            prompt.push(rng.below(vocab) as u32);
+        }
+        let max_tokens = 8 + rng.below(32);
+        let (ngram, k) = (1 + case % 3, 1 + rng.below(8));
+        let opts = StreamOptions {
+            generate: GenerateOptions {
+                max_tokens: Some(max_tokens),
+                cpu_decode: Some(CpuDecode { threads: 2 }),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let plain = collect(
+            &mut stream_generate(model.as_ref(), &tok, &prompt, None, opts.clone()).unwrap(),
+        );
+        let mut s =
+            stream_generate_cpu_speculative(model.as_ref(), &tok, &prompt, ngram, k, opts).unwrap();
+        let spec = collect(&mut s);
+        drafted += s.spec_stats().unwrap().drafted;
+        assert_eq!(
+            spec, plain,
+            "case {case}: prompt {prompt:?} ngram {ngram} k {k}"
+        );
+    }
+    assert!(drafted > 0, "no case drafted");
+}
+
+type Streamed = (
+    Option<u32>,
+    Option<u32>,
+    String,
+    Option<mlx_engine::stream::FinishReason>,
+);
+
+fn collect(s: &mut mlx_engine::stream::TextStream<'_>) -> Vec<Streamed> {
+    s.map(|r| {
+        let r = r.unwrap();
+        (
+            r.token,
+            r.logprob.map(f32::to_bits),
+            r.text,
+            r.finish_reason,
+        )
+    })
+    .collect()
 }

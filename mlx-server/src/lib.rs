@@ -343,7 +343,7 @@ pub fn engine_config(args: &ServeArgs) -> Result<EngineConfig, ServeError> {
             .prompt_lookup_ngram
             .map(|n| mlx_engine::batch::PromptLookup {
                 ngram: n as usize,
-                num_draft_tokens: args.num_draft_tokens,
+                num_draft_tokens: args.num_draft_tokens(),
             }),
     })
 }

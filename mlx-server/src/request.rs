@@ -455,7 +455,7 @@ pub fn parse(state: &AppState, kind: Kind, bytes: &[u8]) -> Result<Parsed, ApiEr
     // mlx_lm.server: `num_draft_tokens` (default --num-draft-tokens) and `draft_model`
     // ("default_model": --draft-model). Speculation needs the server's draft model.
     let num_draft_tokens = match integer(body, "num_draft_tokens")? {
-        None => args.num_draft_tokens,
+        None => args.num_draft_tokens(),
         Some(n) if (0..=64).contains(&n) => n as usize,
         Some(n) => {
             return Err(ApiError::invalid(

@@ -1,15 +1,17 @@
 //! `cargo xtask bench spec [--rounds R] [--ngram N] [--draft K] [--max-tokens M] [--threads T]
-//! [--out FILE.md]`: prompt-lookup speculation against plain greedy decoding on the CPU
-//! decoder, real SmolLM2-135M-Instruct, same run, alternating (`mlx-engine/examples/
-//! spec_bench.rs` in a release build). Writes the table to `results/bench/spec-cpu.md` unless
-//! `--out` says otherwise.
+//! [--model PATH] [--bin PATH] [--extra "ARGS"] [--out FILE.md]`: prompt-lookup speculation
+//! measured on the path users run, the `mlx generate` command of a release build of `mlx-cli`
+//! (built first unless `--bin` names one): the same copy-edit prompt (chat template) plain and
+//! with `--prompt-lookup-ngram N` (default 1; `--draft K` adds `--num-draft-tokens K`, else
+//! the command's default), `--json`, alternating in one run; each round's rates are the
+//! command's own `generation_tps`, with `uptime` beside them; the median ratio is printed and
+//! the table written to `results/bench/spec-cli.md` unless `--out` says otherwise. The model
+//! defaults to the SmolLM2 GGUF `mlx_engine::fetch` caches; no `--dtype`/`--decoder` flags
+//! unless `--extra` gives them (the defaults pick the CPU decoder on the CPU backend).
 //!
-//! `cargo xtask bench spec --cli [--rounds R] [--ngram N] [--draft K] [--max-tokens M]
-//! [--threads T] [--model PATH] [--out FILE.md]`: the same comparison through the `mlx generate`
-//! command itself (a release build of `mlx-cli`; `--decoder cpu --dtype f32 --json`, plain
-//! against `--prompt-lookup-ngram N --num-draft-tokens K`, alternating), its own reported
-//! generation rate; table in `results/bench/spec-cli.md`. The model defaults to the SmolLM2
-//! GGUF the example fetches into the `mlx_engine::fetch` cache.
+//! `cargo xtask bench spec --engine [...]`: the engine-level loop without the command's
+//! stream (`mlx-engine/examples/spec_bench.rs` in a release build: `--profile`,
+//! `--simulate`, `--cost`), table in `results/bench/spec-cpu.md`.
 
 use crate::bench::cargo;
 use crate::bindings::workspace_root;
@@ -17,15 +19,16 @@ use crate::bindings::workspace_root;
 pub fn run(args: &[String]) -> Result<(), String> {
     if args.iter().any(|a| a == "--help" || a == "-h") {
         println!(
-            "cargo xtask bench spec [--cli] [--model PATH] [--rounds R] [--ngram N] [--draft K] [--max-tokens M] \
-             [--threads T] [--out FILE.md]"
+            "cargo xtask bench spec [--model PATH] [--bin PATH] [--rounds R] [--ngram N] \
+             [--draft K] [--max-tokens M] [--threads T] [--extra \"ARGS\"] [--out FILE.md]\n\
+             cargo xtask bench spec --engine [spec_bench's flags]"
         );
         return Ok(());
     }
-    if args.iter().any(|a| a == "--cli") {
+    if !args.iter().any(|a| a == "--engine") {
         return run_cli(args);
     }
-    let mut pass: Vec<String> = args.to_vec();
+    let mut pass: Vec<String> = args.iter().filter(|a| *a != "--engine").cloned().collect();
     if !pass.iter().any(|a| a == "--out") {
         let out = workspace_root().join("results/bench/spec-cpu.md");
         pass.push("--out".into());
@@ -92,16 +95,42 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
+/// `uptime`'s line (the load averages beside each figure), or /proc/loadavg's.
+fn uptime() -> String {
+    std::process::Command::new("uptime")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| {
+            std::fs::read_to_string("/proc/loadavg")
+                .unwrap_or_default()
+                .trim()
+                .to_string()
+        })
+}
+
+/// The load averages of an `uptime` line (what follows "load average:").
+fn load_of(uptime: &str) -> &str {
+    uptime
+        .split("load average:")
+        .nth(1)
+        .map_or(uptime, str::trim)
+}
+
 fn run_cli(args: &[String]) -> Result<(), String> {
-    let rounds = num(args, "--rounds", 3)?.max(1);
-    let ngram = num(args, "--ngram", 3)?;
-    let k = num(args, "--draft", 3)?;
+    let rounds = num(args, "--rounds", 5)?.max(1);
+    let ngram = num(args, "--ngram", 1)?;
+    let k = flag(args, "--draft");
     let max_tokens = num(args, "--max-tokens", 160)?;
     let threads = flag(args, "--threads");
+    let extra: Vec<String> = flag(args, "--extra")
+        .map(|e| e.split_whitespace().map(String::from).collect())
+        .unwrap_or_default();
     let model = flag(args, "--model").map_or_else(default_model, Into::into);
     if !model.exists() {
         return Err(format!(
-            "--model {}: no such file (`cargo xtask bench spec` without --cli fetches SmolLM2)",
+            "--model {}: no such file (`cargo xtask bench spec --engine` fetches SmolLM2)",
             model.display()
         ));
     }
@@ -109,38 +138,35 @@ fn run_cli(args: &[String]) -> Result<(), String> {
         || workspace_root().join("results/bench/spec-cli.md"),
         Into::into,
     );
-    let status = cargo()
-        .args(["build", "--release", "-p", "mlx-cli"])
-        .status()
-        .map_err(|e| format!("cargo build mlx-cli: {e}"))?;
-    if !status.success() {
-        return Err(format!("building mlx-cli failed ({status})"));
-    }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| workspace_root().join("target"), Into::into);
-    let bin = target.join("release").join("mlx");
+    let bin: std::path::PathBuf = match flag(args, "--bin") {
+        Some(b) => b.into(),
+        None => {
+            let status = cargo()
+                .args(["build", "--release", "-p", "mlx-cli"])
+                .status()
+                .map_err(|e| format!("cargo build mlx-cli: {e}"))?;
+            if !status.success() {
+                return Err(format!("building mlx-cli failed ({status})"));
+            }
+            let target = std::env::var_os("CARGO_TARGET_DIR")
+                .map_or_else(|| workspace_root().join("target"), Into::into);
+            std::path::PathBuf::from(target).join("release").join("mlx")
+        }
+    };
     let prompt = format!(
         "Copy the following text exactly, but replace every \"public library\" with \
          \"city library\":\n\n{PASSAGE}"
     );
     let max = max_tokens.to_string();
-    let run = |extra: &[String]| -> Result<serde_json::Value, String> {
+    let run = |spec: &[String]| -> Result<serde_json::Value, String> {
         let mut c = std::process::Command::new(&bin);
-        c.args(["generate", "--model"]).arg(&model).args([
-            "--prompt",
-            &prompt,
-            "-m",
-            &max,
-            "--dtype",
-            "f32",
-            "--decoder",
-            "cpu",
-            "--json",
-        ]);
+        c.args(["generate", "--model"])
+            .arg(&model)
+            .args(["--prompt", &prompt, "-m", &max, "--json"]);
         if let Some(t) = &threads {
             c.args(["--threads", t]);
         }
-        c.args(extra);
+        c.args(&extra).args(spec);
         let out = c.output().map_err(|e| format!("{}: {e}", bin.display()))?;
         if !out.status.success() {
             return Err(format!(
@@ -151,44 +177,44 @@ fn run_cli(args: &[String]) -> Result<(), String> {
         serde_json::from_slice(&out.stdout)
             .map_err(|e| format!("mlx generate --json: bad output: {e}"))
     };
-    let spec_args: Vec<String> = [
-        "--prompt-lookup-ngram".to_string(),
-        ngram.to_string(),
-        "--num-draft-tokens".into(),
-        k.to_string(),
-    ]
-    .into();
+    let mut spec_args: Vec<String> = vec!["--prompt-lookup-ngram".into(), ngram.to_string()];
+    if let Some(k) = &k {
+        spec_args.extend(["--num-draft-tokens".to_string(), k.clone()]);
+    }
     let (mut plain_rate, mut spec_rate, mut ratio, mut rows) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut last = serde_json::Value::Null;
+    let mut all_same = true;
+    let first_uptime = uptime();
+    println!("{first_uptime}");
     for round in 0..rounds {
-        let load = std::fs::read_to_string("/proc/loadavg")
-            .unwrap_or_default()
-            .split_whitespace()
-            .next()
-            .unwrap_or("?")
-            .to_string();
-        let p = run(&[])?;
-        let s = run(&spec_args)?;
+        // Alternate which goes first, so neither always follows the other.
+        let (p, s) = if round % 2 == 0 {
+            let p = run(&[])?;
+            (p, run(&spec_args)?)
+        } else {
+            let s = run(&spec_args)?;
+            (run(&[])?, s)
+        };
+        let up = uptime();
         let rate = |v: &serde_json::Value| v["generation_tps"].as_f64().unwrap_or(0.0);
         let (pr, sr) = (rate(&p), rate(&s));
         plain_rate.push(pr);
         spec_rate.push(sr);
         ratio.push(sr / pr);
+        let same = s["tokens"] == p["tokens"];
+        all_same &= same;
         let n = s["tokens"].as_array().map_or(0, Vec::len);
         rows.push(format!(
-            "| {round} | {pr:.1} | {sr:.1} | {:.2}x | {n} | {} / {} | {} | {} | {load} |",
+            "| {round} | {pr:.1} | {sr:.1} | {:.2}x | {n} | {} / {} | {} | {} | {} |",
             sr / pr,
             s["accepted_draft_tokens"],
             s["draft_tokens"],
             s["verification_passes"],
-            if s["tokens"] == p["tokens"] {
-                "yes"
-            } else {
-                "NO"
-            }
+            if same { "yes" } else { "NO" },
+            load_of(&up)
         ));
-        println!("{}", rows.last().unwrap());
+        println!("{}", rows.last().map_or("", String::as_str));
         last = s;
     }
     let (mp, ms, mr) = (
@@ -196,25 +222,47 @@ fn run_cli(args: &[String]) -> Result<(), String> {
         median(&mut spec_rate),
         median(&mut ratio),
     );
+    let last_uptime = uptime();
     let summary = format!(
-        "**median over {rounds} rounds: plain {mp:.1} tok/s, prompt lookup {ms:.1} tok/s, \
-         ratio {mr:.2}x**"
+        "median over {rounds} rounds: plain {mp:.1} tok/s, prompt lookup {ms:.1} tok/s, \
+         ratio {mr:.2}x"
     );
     println!("{summary}");
+    println!("{last_uptime}");
     let md = format!(
-        "# Prompt-lookup speculation through `mlx generate` on the CPU decoder\n\n\
-         `cargo xtask bench spec --cli`: release `mlx generate --model {} --dtype f32 --decoder \
-         cpu --json -m {max_tokens}` (the copy-edit prompt of `mlx-engine/examples/spec_bench.rs`, \
-         chat template), plain against `--prompt-lookup-ngram {ngram} --num-draft-tokens {k}`, \
-         alternating; rates are the command's own `generation_tps`.\n\n\
+        "# Prompt-lookup speculation through `mlx generate`\n\n\
+         `cargo xtask bench spec`: `{} generate --model {} --prompt <copy-edit request> -m \
+         {max_tokens} --json{}{}` (the chat template applied; the defaults pick the decoder), \
+         plain against `{}`, alternating (odd rounds run speculation first); rates are the \
+         command's own `generation_tps` (tokens after the first over the time since it).\n\n\
+         `uptime` before: `{first_uptime}`\n\n\
          | round | plain tok/s | lookup tok/s | ratio | tokens | accepted / drafted | passes | \
-         same tokens | load |\n|---|---|---|---|---|---|---|---|---|\n{}\n\n{summary}\n\n\
+         same tokens | load (1, 5, 15 min) |\n|---|---|---|---|---|---|---|---|---|\n{}\n\n\
+         **{summary}**{} (target >= 1.8x).\n\n`uptime` after: `{last_uptime}`\n\n\
          The reply (speculative run, last round):\n\n```text\n{}\n```\n",
+        bin.display(),
         model.file_name().unwrap_or_default().to_string_lossy(),
+        threads
+            .as_ref()
+            .map_or(String::new(), |t| format!(" --threads {t}")),
+        if extra.is_empty() {
+            String::new()
+        } else {
+            format!(" {}", extra.join(" "))
+        },
+        spec_args.join(" "),
         rows.join("\n"),
+        if all_same {
+            "; the same tokens in every round"
+        } else {
+            "; OUTPUTS DIFFER"
+        },
         last["text"].as_str().unwrap_or("")
     );
     std::fs::write(&out_file, md).map_err(|e| format!("{}: {e}", out_file.display()))?;
     println!("wrote {}", out_file.display());
+    if !all_same {
+        return Err("speculative output differs from plain decoding".into());
+    }
     Ok(())
 }

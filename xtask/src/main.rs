@@ -13,9 +13,10 @@
 //!   project against mlx-lm on the same models, alternating; see `bench.rs`.
 //! - `fuzz [TARGET|all] [--runs N] [--seed S] [--start I] [--seconds T]`: the structure-aware
 //!   fuzz targets of `mlx-fuzz` (release build, in-process, stable toolchain).
-//! - `bench spec [...]`: prompt-lookup speculation vs plain decoding on the CPU decoder
-//!   (real SmolLM2-135M), ratio printed, table in `results/bench/spec-cpu.md`; `--cli`: the
-//!   same through `mlx generate` itself (`results/bench/spec-cli.md`).
+//! - `bench spec [...]`: `mlx generate` with and without prompt lookup (real SmolLM2-135M,
+//!   a copy-edit prompt), alternating, ratio and `uptime` printed, table in
+//!   `results/bench/spec-cli.md`; `--engine`: the engine-level loop
+//!   (`results/bench/spec-cpu.md`).
 //! - `bench serve [...]`: aggregate decode throughput of `mlx serve` against `mlx_lm.server`
 //!   at 1, 4, 16 and 32 concurrent clients; see `bench_serve.rs`.
 //! - `cpu-quality [--positions N] [--text FILE] [MODEL ...]`: the CPU decoder's quality gate
