@@ -842,6 +842,79 @@ pub(crate) fn bits_per_weight_of(
     }
 }
 
+/// Per model type, each module's children in the order its mlx-lm class defines them
+/// (`xtask/oracle/goldens_param_order.py` records it from mlx-lm's own classes over the tiny
+/// fixtures; numeric children, a list's items, are in index order and not listed). A parent
+/// under `=` is a concrete one (`=model.layers.3`), kept where a type's list items are of
+/// classes that order their children differently; it is looked up before the `*` pattern.
+const PARAM_ORDER: &str = include_str!("param_order.json");
+
+fn param_order_table() -> &'static Map<String, Value> {
+    static TABLE: std::sync::OnceLock<Map<String, Value>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| serde_json::from_str(PARAM_ORDER).unwrap_or_default())
+}
+
+/// Puts `params` in `tree_flatten(model.parameters())`'s order, the order mlx-lm's
+/// `save_model` inserts them into the dict it saves. `mx.save_safetensors` lays the data out
+/// in the iteration order of the `std::unordered_map` MLX's bindings fill from that dict one
+/// emplace at a time, so the file's bytes depend on that insertion order (our save replays
+/// it: `mlxs_save_safetensors`). A depth-first walk of the module tree: each name sorts by its
+/// components' ranks among their siblings (the table's; list items by index). A quantized
+/// module's `scales` and `biases` follow its `weight` (`QuantizedLinear` sets them in that
+/// order, before any `bias`); what the table lacks keeps our order, after what it has.
+pub fn mlx_lm_order(model_type: &str, params: &mut [(String, Array)]) {
+    let table = param_order_table();
+    let Some(Value::Object(types)) = table.get(model_type).or_else(|| table.get("llama")) else {
+        return;
+    };
+    let mut unknown: BTreeMap<(String, String), usize> = BTreeMap::new();
+    let mut keys: Vec<Vec<(u8, usize, u8)>> = Vec::with_capacity(params.len());
+    for (name, _) in params.iter() {
+        let mut key = Vec::new();
+        let mut pattern = String::new();
+        let mut concrete = String::from("=");
+        for part in name.split('.') {
+            if let Ok(i) = part.parse::<usize>() {
+                key.push((0, i, 0));
+            } else {
+                let kids = types
+                    .get(&concrete)
+                    .or_else(|| types.get(&pattern))
+                    .and_then(Value::as_array);
+                let pos = |c: &str| kids.and_then(|k| k.iter().position(|v| v == c));
+                let rank = match (pos(part), part) {
+                    (Some(p), _) => Some((p, 0)),
+                    (None, "scales") => pos("weight").map(|p| (p, 1)),
+                    (None, "biases") => pos("weight").map(|p| (p, 2)),
+                    _ => None,
+                };
+                key.push(match rank {
+                    Some((p, sub)) => (1, p, sub),
+                    None => {
+                        let n = unknown.len();
+                        (2, *unknown.entry((pattern.clone(), part.to_string())).or_insert(n), 0)
+                    }
+                });
+            }
+            if !pattern.is_empty() {
+                pattern.push('.');
+                concrete.push('.');
+            }
+            pattern.push_str(if part.parse::<usize>().is_ok() { "*" } else { part });
+            concrete.push_str(part);
+        }
+        keys.push(key);
+    }
+    let mut idx: Vec<usize> = (0..params.len()).collect();
+    idx.sort_by(|&a, &b| keys[a].cmp(&keys[b]));
+    let mut taken: Vec<Option<(String, Array)>> = params.iter().cloned().map(Some).collect();
+    for (slot, i) in params.iter_mut().zip(idx) {
+        if let Some(p) = taken[i].take() {
+            *slot = p;
+        }
+    }
+}
+
 /// mlx-lm's `make_shards`: consecutive tensors, a new shard when the next would pass 5 GiB.
 fn make_shards(params: &[(String, Array)]) -> Vec<Vec<usize>> {
     let mut shards: Vec<Vec<usize>> = Vec::new();
@@ -904,7 +977,15 @@ pub(crate) fn save(
     std::fs::create_dir(&tmp.path).map_err(|e| io_err(&tmp.path, e))?;
     let mut files = Vec::new();
 
-    // Weights.
+    // Weights, in the order mlx-lm's `save_model` inserts them.
+    let mut ordered = params.to_vec();
+    let model_type = config
+        .get("model_type")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    mlx_lm_order(&model_type, &mut ordered);
+    let params = &ordered[..];
     let shards = make_shards(params);
     let count = shards.len();
     let mut weight_map: BTreeMap<String, String> = BTreeMap::new();

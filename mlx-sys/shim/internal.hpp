@@ -84,6 +84,10 @@ inline mlxs_vec wrap_vec(std::vector<mx::array> v) { return new mlxs_vec_{std::m
 
 struct mlxs_map_ {
   std::vector<std::pair<std::string, mx::array>> items;  // sorted by key
+  // The keys in the order they were first inserted (maps built by mlxs_map_insert): what a
+  // Python dict's order is to MLX's bindings, which fill an std::unordered_map one emplace at
+  // a time in that order; the writers' files follow that map's iteration order.
+  std::vector<std::string> order;
 };
 struct mlxs_strmap_ {
   std::vector<std::pair<std::string, std::string>> items;  // sorted by key

@@ -19,6 +19,25 @@ void gguf_insert(mlxs_gguf_meta m, const char* key, mx::GGUFMetaData v) {
   sorted_insert(m->items, std::string(cstr(key, "key")), std::move(v));
 }
 
+// The std::unordered_map MLX's Python bindings pass to save_safetensors for a dict: nanobind's
+// dict caster emplaces the items one at a time, in the dict's order, into a default-constructed
+// map, and the file's tensor data follows that map's iteration order (which depends on the
+// insertion sequence and the rehashes along it, not on the set of keys alone). A map filled by
+// mlxs_map_insert replays its insertion order; a loaded one (no order) its key order.
+std::unordered_map<std::string, mx::array> insertion_ordered(mlxs_map m) {
+  std::unordered_map<std::string, mx::array> t;
+  if (m->order.size() != m->items.size()) {
+    for (const auto& [k, a] : m->items) t.emplace(k, a);
+    return t;
+  }
+  for (const auto& k : m->order) {
+    auto it = std::lower_bound(m->items.begin(), m->items.end(), k,
+                               [](const auto& p, const std::string& s) { return p.first < s; });
+    t.emplace(k, it->second);
+  }
+  return t;
+}
+
 }  // namespace
 
 extern "C" {
@@ -28,7 +47,11 @@ void mlxs_map_free(mlxs_map m) { delete m; }
 int mlxs_map_insert(mlxs_map m, const char* key, mlxs_array a) {
   return guard([&] {
     if (!m) throw std::invalid_argument("[map_insert] null map");
-    sorted_insert(m->items, std::string(cstr(key, "key")), A(a));
+    std::string k(cstr(key, "key"));
+    auto it = std::lower_bound(m->items.begin(), m->items.end(), k,
+                               [](const auto& p, const std::string& s) { return p.first < s; });
+    if (it == m->items.end() || it->first != k) m->order.push_back(k);
+    sorted_insert(m->items, std::move(k), A(a));
   });
 }
 size_t mlxs_map_size(mlxs_map m) { return m ? m->items.size() : 0; }
@@ -74,7 +97,7 @@ int mlxs_load_safetensors(mlxs_map* arrays, mlxs_strmap* metadata, const char* p
 int mlxs_save_safetensors(const char* path, mlxs_map arrays, mlxs_strmap metadata) {
   return guard([&] {
     if (!arrays) throw std::invalid_argument("[save_safetensors] null map");
-    std::unordered_map<std::string, mx::array> t(arrays->items.begin(), arrays->items.end());
+    auto t = insertion_ordered(arrays);
     std::unordered_map<std::string, std::string> m;
     if (metadata) m = {metadata->items.begin(), metadata->items.end()};
     mx::save_safetensors(std::string(cstr(path, "path")), std::move(t), std::move(m));
