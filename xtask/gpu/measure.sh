@@ -8,7 +8,7 @@
 #   bench  product.sh's bench only (BENCH_MODELS, ROUNDS; `mlx benchmark --decoder auto|mlx` and
 #          `mlx_lm benchmark`, with peak memory, and the copy bandwidth);
 #   moe    the Qwen3-30B-A3B-shaped 4-bit model written, then one bench round of the three sides.
-# Logs under $OUT.
+# Logs under $OUT, packed into logs-$TAG.tgz at the end (parts.log and spec_table.md beside it).
 C=.gpu/c
 export PYTHONUNBUFFERED=1
 SITE=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
@@ -57,4 +57,7 @@ for part in ${PARTS:-setup test spec bench moe}; do
       grep -h "written\|averages\|Averages\|== moe\|decoder" $OUT/moe.log | cut -c1-220 ;;
   esac
 done
-echo "measure-done at ${SECONDS} s"
+echo "measure-done at ${SECONDS} s" | tee -a $OUT/parts.log
+# A call returns at most 8 files: everything in one archive, the summary beside it.
+rm -f $OUT/spec_err.tmp
+(cd $OUT && tar czf logs-${TAG:-run}.tgz --exclude='logs-*.tgz' --exclude=parts.log . && find . -maxdepth 1 -type f ! -name 'logs-*.tgz' ! -name parts.log ! -name spec_table.md -delete)
