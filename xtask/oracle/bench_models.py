@@ -143,6 +143,33 @@ BASE_QWEN3_8B = {
     "tie_word_embeddings": False,
 }
 
+# Qwen3-30B-A3B's shape (qwen3_moe: 48 layers, hidden 2,048, 32 heads of 128 over 4 KV heads,
+# 128 experts of intermediate 768, 8 a token, a 151,936-token vocabulary, untied), for the GPU's
+# MoE row.
+BASE_QWEN3_30B_A3B = {
+    "model_type": "qwen3_moe",
+    "hidden_size": 2048,
+    "num_hidden_layers": 48,
+    "intermediate_size": 6144,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "moe_intermediate_size": 768,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "norm_topk_prob": True,
+    "rms_norm_eps": 1e-06,
+    "vocab_size": 151936,
+    "rope_theta": 1000000.0,
+    "max_position_embeddings": 40960,
+    "tie_word_embeddings": False,
+}
+# SmolLM2-135M's shape with Llama 3's 128,256-token vocabulary: a draft model for the 8B-shaped
+# targets (draft and target share a vocabulary).
+BASE_135M_V128K = dict(BASE_135M, vocab_size=128256)
+
 # name -> (config, dtype, (group_size, bits) or None, direct)
 # `direct`: the quantized tensors are drawn as they are stored (uniform 4-bit codes, scales and
 # biases giving weights of mean 0 and standard deviation 0.02), never as float weights that
@@ -162,7 +189,63 @@ MODELS = {
     "gemma3-1b-h128-q4": (BASE_GEMMA3_1B_H128, "bfloat16", (64, 4), False),
     "llama-8b-q8": (BASE_8B, "bfloat16", (64, 8), False),
     "llama-8b-bf16": (BASE_8B, "bfloat16", None, False),
+    "qwen3-30b-a3b-q4": (BASE_QWEN3_30B_A3B, "bfloat16", (64, 4), True),
+    "llama-135m-v128k-bf16": (BASE_135M_V128K, "bfloat16", None, False),
+    # Echo models: every attention and MLP output projection zero, every norm one and the head
+    # equal to the embedding, so the residual stream is the token's embedding and greedy decoding
+    # repeats the last prompt token. A target and a draft of this kind agree on every token: the
+    # forced acceptance pattern of the draft-model speculation bench (weights are random; the
+    # step costs what the plain model's does, the projections are still read and multiplied).
+    "echo-llama31-8b-q4": (BASE_8B_31, "bfloat16", (64, 4), True),
+    "echo-llama-135m-v128k-bf16": (BASE_135M_V128K, "bfloat16", None, False),
+    # Successor models: as echo, with the head row of token j the embedding of j - 1, so greedy
+    # decoding counts up from the last prompt token. The draft `succ5-` has the head rows of the
+    # tokens divisible by 5 negated: it never proposes those, so each run of accepted drafts
+    # ends before the next multiple of 5 (a fixed acceptance pattern between all and none).
+    "succ-llama31-8b-q4": (BASE_8B_31, "bfloat16", (64, 4), True),
+    "succ5-llama-135m-v128k-bf16": (
+        dict(BASE_135M_V128K, tie_word_embeddings=False),
+        "bfloat16",
+        None,
+        False,
+    ),
 }
+
+ZERO_OUT = (".self_attn.o_proj.", ".mlp.down_proj.")
+
+
+def echo(params, shift=0, break_mod=0):
+    """The echo model's tensors (see MODELS): zero output projections (codes kept, scales and
+    biases zero when quantized), norms one, the head (its codes, scales and biases) the
+    embedding's, its rows moved down by `shift` (row j the embedding's row j - shift) and, with
+    `break_mod`, the rows of the tokens divisible by it negated (bfloat16 heads only)."""
+    out = {}
+    for k, v in params.items():
+        if any(z in k for z in ZERO_OUT) and v.dtype != mx.uint32:
+            v = mx.zeros(v.shape, dtype=v.dtype)
+        elif k.endswith("norm.weight"):
+            v = mx.ones(v.shape, dtype=v.dtype)
+        out[k] = v
+    for k in list(out):
+        if k.startswith("lm_head."):
+            v = out["model.embed_tokens." + k[len("lm_head."):]]
+            if shift:
+                v = mx.roll(v, shift, axis=0)
+            if break_mod:
+                rows = (mx.arange(v.shape[0]) % break_mod == 0)[:, None]
+                v = mx.where(rows, -v, v)
+            out[k] = v
+    return out
+
+
+def head_pattern(name):
+    """echo() arguments for a model name: echo- (repeat), succ- (count up), succN- (count up,
+    never proposing multiples of N)."""
+    kind = name.split("-")[0]
+    if kind == "echo":
+        return {}
+    n = kind[len("succ"):]
+    return {"shift": 1, "break_mod": int(n) if n else 0}
 
 
 def direct_params(model, dtype, gs, bits):
@@ -203,6 +286,8 @@ def write(out_root, name):
         nn.quantize(model, group_size=gs, bits=bits)
         config["quantization"] = {"group_size": gs, "bits": bits}
         params = direct_params(model, getattr(mx, dtype), gs, bits)
+        if name.split("-")[0].startswith(("echo", "succ")):
+            params = echo(params, **head_pattern(name))
         n = sum(v.size * (32 // bits if v.dtype == mx.uint32 else 1) for v in params.values())
         mx.eval(params)
         mx.save_safetensors(os.path.join(out_dir, "model.safetensors"), params)
@@ -221,6 +306,8 @@ def write(out_root, name):
     if config["model_type"] == "gemma3_text":
         # Tied, as Gemma 3's checkpoints (quantized: its scales and biases too).
         params = {k: v for k, v in params.items() if not k.startswith("lm_head.")}
+    if name.split("-")[0].startswith(("echo", "succ")):
+        params = echo(params, **head_pattern(name))
     mx.save_safetensors(os.path.join(out_dir, "model.safetensors"), params)
     finish(out_dir, config, n, t0)
 

@@ -1,0 +1,63 @@
+#!/bin/bash
+# The unmeasured rows of issues #30 and #33 on one warm H200, in parts (PARTS, in order), each
+# skipped when less than its share of BUDGET_S (default 570 s) is left, carrying .gpu/a and
+# .gpu/c of `cargo xtask gpu pack` (spec_gpu.sh, spec_cost.py and this script copied into .gpu/c):
+#   setup  product_setup.sh with MODELS (skipped when /opt/models holds them all);
+#   test   graph_decode_cuda's TESTS (default batched_equals_single) capped at TEST_S;
+#   spec   spec_gpu.sh (draft-model speculation cost, forced acceptance);
+#   bench  product.sh's bench only (BENCH_MODELS, ROUNDS; `mlx benchmark --decoder auto|mlx` and
+#          `mlx_lm benchmark`, with peak memory, and the copy bandwidth);
+#   moe    the Qwen3-30B-A3B-shaped 4-bit model written, then one bench round of the three sides.
+# Logs under $OUT, packed into logs-$TAG.tgz at the end (parts.log and spec_table.md beside it).
+C=.gpu/c
+export PYTHONUNBUFFERED=1
+SITE=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+B=${BUDGET_S:-570}
+left() { echo $((B - SECONDS)); }
+need() {  # PART SECONDS: whether SECONDS are left for PART
+  if [ $(left) -lt $2 ]; then echo "== skip $1: $(left) s left, wants $2" | tee -a $OUT/parts.log; return 1; fi
+  echo "== $1 at ${SECONDS} s ($(uptime))" | tee -a $OUT/parts.log
+}
+for part in ${PARTS:-setup test spec bench moe}; do
+  case $part in
+    setup)
+      need setup 60 && timeout $(left) bash .gpu/a/product_setup.sh > $OUT/setup.log 2>&1
+      tail -3 $OUT/setup.log ;;
+    test)
+      need test 60 || continue
+      export LD_LIBRARY_PATH="$SITE/mlx/lib" MLXS_GPURT_CACHE=/tmp/gpurt-cache
+      mkdir -p /opt/bin && xz -dc $C/graph_test.xz > /opt/bin/graph_test && chmod +x /opt/bin/graph_test
+      mkdir -p mlx-models/tests/models && tar xJf $C/fixtures.tar.xz -C mlx-models/tests/models
+      T=${TEST_S:-240}; [ $T -gt $(left) ] && T=$(left)
+      timeout $T /opt/bin/graph_test --test-threads 1 --nocapture ${TESTS:-batched_equals_single} > $OUT/graph_test.log 2>&1
+      echo "test rc=$?" >> $OUT/graph_test.log; tail -4 $OUT/graph_test.log ;;
+    spec)
+      need spec 60 && SPEC_S=60 timeout $(left) bash $C/spec_gpu.sh > $OUT/spec_run.log 2>&1
+      tail -20 $OUT/spec_run.log ;;
+    bench)
+      need bench 60 || continue
+      SKIP_TEST=1 MODELS="${BENCH_MODELS:-llama-135m-bf16 llama31-8b-q4}" GEN_MODELS=" " SERVE_MODELS= \
+        timeout $(left) bash $C/product.sh > $OUT/bench_run.log 2>&1
+      grep -h "averages\|Averages\|== round\|copy bandwidth" $OUT/bench.log $OUT/copy_bw.log | cut -c1-220 ;;
+    moe)
+      need moe 120 || continue
+      timeout $(left) python3 .gpu/a/bench_models.py /opt/models qwen3-30b-a3b-q4 > $OUT/moe.log 2>&1
+      cp /opt/tok/tokenizer*.json /opt/models/qwen3-30b-a3b-q4/
+      export LD_LIBRARY_PATH="$SITE/mlx/lib"
+      mkdir -p /opt/bin && [ -x /opt/bin/mlx ] || { xz -dc $C/mlx.xz > /opt/bin/mlx && chmod +x /opt/bin/mlx; }
+      for side in mlxlm graph mlx mlxlm graph; do
+        [ $(left) -lt 20 ] && break
+        echo "== moe $side" >> $OUT/moe.log
+        case $side in
+          graph) timeout $(left) /opt/bin/mlx benchmark --model /opt/models/qwen3-30b-a3b-q4 -p 512 -g 128 -n 3 --json --decoder auto 2>&1 | grep -v '^{"prompt"' ;;
+          mlx) timeout $(left) /opt/bin/mlx benchmark --model /opt/models/qwen3-30b-a3b-q4 -p 512 -g 128 -n 3 --json --decoder mlx 2>&1 | grep -v '^{"prompt"' ;;
+          mlxlm) timeout $(left) python3 -m mlx_lm benchmark --model /opt/models/qwen3-30b-a3b-q4 -p 512 -g 128 -n 3 2>&1 ;;
+        esac >> $OUT/moe.log
+      done
+      grep -h "written\|averages\|Averages\|== moe\|decoder" $OUT/moe.log | cut -c1-220 ;;
+  esac
+done
+echo "measure-done at ${SECONDS} s" | tee -a $OUT/parts.log
+# A call returns at most 8 files: everything in one archive, the summary beside it.
+rm -f $OUT/spec_err.tmp
+(cd $OUT && tar czf logs-${TAG:-run}.tgz --exclude='logs-*.tgz' --exclude=parts.log . && find . -maxdepth 1 -type f ! -name 'logs-*.tgz' ! -name parts.log ! -name spec_table.md -delete)
