@@ -408,6 +408,16 @@ const ARCHS: &[GgufArch] = &[
         norm_plus_one: true,
         ..PLAIN
     },
+    // Hunyuan dense: per-head q / k norms; the NTK-alpha rope comes already scaled.
+    GgufArch {
+        arch: "hunyuan-dense",
+        model_type: "hunyuan_v1_dense",
+        parts: &[
+            ("attn_q_norm", "self_attn.query_layernorm"),
+            ("attn_k_norm", "self_attn.key_layernorm"),
+        ],
+        ..PLAIN
+    },
     // StableLM 2: LayerNorms with bias, partial rope; the per-head q / k LayerNorms stacked
     // (`stablelm_config` splits them back).
     GgufArch {
@@ -2004,6 +2014,9 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         "internlm2" => internlm2_config(&mut config, &mut tensors, path, blocks, heads, kv_heads)?,
         "apertus" => apertus_config(&mut config, &mut tensors, path, &metadata, blocks)?,
         "nemotron" => nemotron_config(&mut config, &tensors, path, &metadata, hidden, heads)?,
+        "hunyuan-dense" => {
+            hunyuan_dense_config(&mut config, &tensors, path, &metadata, hidden, heads)?
+        }
         "stablelm" => stablelm_config(&mut config, &mut tensors, path, &metadata, heads, kv_heads)?,
         "gemma3n" => gemma3n_config(
             &mut config,
@@ -2243,6 +2256,40 @@ fn nemotron_config(
             ))
         }
     }
+    Ok(())
+}
+
+/// Hunyuan dense (`hunyuan-dense`): mlx-lm's hunyuan_v1_dense with the file's rope base, which
+/// HunYuanModel wrote already scaled by its NTK alpha (so no `rope_scaling`: alpha 1 keeps the
+/// base); a scaling other than "none" is refused. The head size from `attention.key_length`,
+/// q / k norms and biases from the tensors.
+fn hunyuan_dense_config(
+    config: &mut Value,
+    tensors: &BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    hidden: i32,
+    heads: i32,
+) -> Result<()> {
+    let key = |k: &str| format!("hunyuan-dense.{k}");
+    let hd = meta_count(meta, path, &key("attention.key_length"))?.unwrap_or(hidden / heads.max(1));
+    config["head_dim"] = Value::from(hd);
+    match meta_str(meta, &key("rope.scaling.type")) {
+        None | Some("none") => {}
+        Some(other) => {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is {other:?}: Hunyuan's files carry the NTK-alpha base \
+                     already scaled, with scaling \"none\"",
+                    key("rope.scaling.type")
+                ),
+            ))
+        }
+    }
+    let has = |k: &str| tensors.contains_key(k);
+    config["use_qk_norm"] = Value::from(has("model.layers.0.self_attn.query_layernorm.weight"));
+    config["attention_bias"] = Value::from(has("model.layers.0.self_attn.q_proj.bias"));
     Ok(())
 }
 

@@ -130,6 +130,7 @@ fn later_gguf_architectures_match_mlx_lm() {
         ("internlm2", "internlm2"),
         ("apertus", "apertus"),
         ("nemotron", "nemotron"),
+        ("hunyuan_dense", "hunyuan_v1_dense"),
     ];
     let failures: Vec<String> = cases
         .iter()
@@ -182,6 +183,7 @@ fn later_gguf_architectures_match_mlx_lm() {
         "internlm2",
         "apertus",
         "nemotron",
+        "hunyuan-dense",
     ] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }

@@ -461,6 +461,19 @@ mod gguf {
             |_| {},
         ));
         assert!(e.contains("nemotron.rope.scaling.type"), "{e}");
+        // Hunyuan dense: only the pre-scaled NTK-alpha rope.
+        let e = err(&edited(
+            "hunyuan_dense",
+            "hydyn",
+            |m| {
+                m.insert(
+                    "hunyuan-dense.rope.scaling.type".into(),
+                    GgufValue::String("yarn".into()),
+                );
+            },
+            |_| {},
+        ));
+        assert!(e.contains("hunyuan-dense.rope.scaling.type"), "{e}");
         // InternLM2: q, k and v come together; the key heads divide the query heads.
         let e = err(&edited(
             "internlm2",

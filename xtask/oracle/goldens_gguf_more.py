@@ -1805,6 +1805,44 @@ CASES["nemotron"] = Case(
 )
 
 
+# Hunyuan dense (`hunyuan-dense`, Hunyuan-7B / 4B / 1.8B / 0.5B): HunYuanModel writes TextModel's
+# keys with the head size, then for its NTK-alpha ("dynamic") rope the base already scaled,
+# base * alpha ** (head_dim / (head_dim - 2)), scaling "none" with factor 1, and a 256k context
+# (both as the original context). mlx-lm's hunyuan_v1_dense scales the same base the same way
+# at load; the file's scaled base with alpha 1 is the same rope.
+HUNYUAN_DENSE = cfg("hunyuan_v1_dense", head_dim=8, use_qk_norm=True, attention_bias=False,
+                    tie_word_embeddings=True, max_position_embeddings=32768,
+                    rope_scaling={"alpha": 50.0, "factor": 1.0, "type": "dynamic"})
+
+
+def hunyuan_base(c):
+    d = c["head_dim"]
+    return c["rope_theta"] * (c["rope_scaling"]["alpha"] ** (d / (d - 2)))
+
+
+CASES["hunyuan_dense"] = Case(
+    "hunyuan_v1_dense",
+    HUNYUAN_DENSE,
+    "hunyuan-dense",
+    [
+        u32("block_count", "num_hidden_layers"),
+        u32("context_length", 256 * 1024),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv", "num_key_value_heads"),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+        u32("attention.key_length", "head_dim"),
+        u32("attention.value_length", "head_dim"),
+        f32("rope.freq_base", hunyuan_base),
+        text("rope.scaling.type", "none"),
+        f32("rope.scaling.factor", 1.0),
+        u32("rope.scaling.original_context_length", 256 * 1024),
+    ] + GPT2,
+    {"self_attn.query_layernorm": "attn_q_norm", "self_attn.key_layernorm": "attn_k_norm"},
+)
+
+
 # RWKV-7 with a real "world" vocabulary (`rwkv7_world`): the same converter output with the
 # tokenizer metadata of `goldens_gguf_rwkv.py`'s fixture (run that first), so `mlx generate`
 # runs on the file. Besides the logits, `rwkv7_cli` records what `mlx generate --json`
