@@ -418,6 +418,20 @@ const ARCHS: &[GgufArch] = &[
         ],
         ..PLAIN
     },
+    // Phi-2 (mlx-lm's `phi`): LayerNorms and linear layers with bias; an older converter's
+    // fused `attn_qkv` is split by `phi2_config`.
+    GgufArch {
+        arch: "phi2",
+        model_type: "phi",
+        parts: &[
+            ("attn_qkv", "self_attn.gguf_qkv"),
+            ("attn_output", "self_attn.dense"),
+            ("ffn_up", "mlp.fc1"),
+            ("ffn_down", "mlp.fc2"),
+        ],
+        top: &[("output_norm", "model.final_layernorm")],
+        ..PLAIN
+    },
     // StableLM 2: LayerNorms with bias, partial rope; the per-head q / k LayerNorms stacked
     // (`stablelm_config` splits them back).
     GgufArch {
@@ -1423,6 +1437,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
     let (eps, eps_field) = match arch.arch {
         "starcoder2" => (float(LN_EPS, true)?, "norm_epsilon"),
         "stablelm" => (float(LN_EPS, true)?, "layer_norm_eps"),
+        "phi2" => (float(LN_EPS, true)?, "layer_norm_eps"),
         "nemotron" => (float(LN_EPS, true)?, "norm_eps"),
         "command-r" | "cohere2" => (float(LN_EPS, true)?, "layer_norm_eps"),
         "lfm2" | "lfm2moe" => (float(RMS_EPS, true)?, "norm_eps"),
@@ -2017,6 +2032,15 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         "hunyuan-dense" => {
             hunyuan_dense_config(&mut config, &tensors, path, &metadata, hidden, heads)?
         }
+        "phi2" => phi2_config(
+            &mut config,
+            &mut tensors,
+            path,
+            &metadata,
+            blocks,
+            hidden,
+            heads,
+        )?,
         "stablelm" => stablelm_config(&mut config, &mut tensors, path, &metadata, heads, kv_heads)?,
         "gemma3n" => gemma3n_config(
             &mut config,
@@ -2254,6 +2278,78 @@ fn nemotron_config(
                     key("rope.scaling.type")
                 ),
             ))
+        }
+    }
+    Ok(())
+}
+
+/// Phi-2 (`phi2`): mlx-lm's phi arguments; the rotated share of the head from
+/// `rope.dimension_count` (the whole head when absent); a fused `attn_qkv` (q, k, v rows in
+/// turn, as older converters wrote Phi-2's `Wqkv`) split into mlx-lm's three projections.
+fn phi2_config(
+    config: &mut Value,
+    tensors: &mut BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    blocks: i32,
+    hidden: i32,
+    heads: i32,
+) -> Result<()> {
+    let key = |k: &str| format!("phi2.{k}");
+    if heads <= 0 || hidden % heads != 0 {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` = {hidden} is not a multiple of `{}` = {heads}",
+                key("embedding_length"),
+                key("attention.head_count")
+            ),
+        ));
+    }
+    let hd = hidden / heads;
+    if let Some(c) = config.as_object_mut() {
+        c.remove("head_dim");
+    }
+    let rot = meta_count(meta, path, &key("rope.dimension_count"))?.unwrap_or(hd);
+    if rot <= 0 || rot > hd {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` = {rot} must be in 1..={hd} (the head size)",
+                key("rope.dimension_count")
+            ),
+        ));
+    }
+    config["partial_rotary_factor"] = Value::from(f64::from(rot) / f64::from(hd));
+    let kv = config["num_key_value_heads"].as_i64().unwrap_or(0) as i32;
+    for l in 0..blocks {
+        for suffix in ["weight", "bias", "scales", "biases"] {
+            let name = format!("model.layers.{l}.self_attn.gguf_qkv.{suffix}");
+            let Some(qkv) = tensors.remove(&name) else {
+                continue;
+            };
+            let rows = qkv.shape()[0];
+            let (q, k) = (heads * hd, kv * hd);
+            if rows != q + 2 * k {
+                return Err(gguf_err(
+                    path,
+                    format!(
+                        "GGUF tensor blk.{l}.attn_qkv.{suffix} has {rows} rows, not {} (q, k, v)",
+                        q + 2 * k
+                    ),
+                ));
+            }
+            let cols = qkv.shape().get(1).copied();
+            for (part, start, len) in [("q", 0, q), ("k", q, k), ("v", q + k, k)] {
+                let a = match cols {
+                    Some(c) => qkv.slice(&[start, 0], &[start + len, c], &[1, 1])?,
+                    None => qkv.slice(&[start], &[start + len], &[1])?,
+                };
+                tensors.insert(
+                    format!("model.layers.{l}.self_attn.{part}_proj.{suffix}"),
+                    a,
+                );
+            }
         }
     }
     Ok(())

@@ -474,6 +474,22 @@ mod gguf {
             |_| {},
         ));
         assert!(e.contains("hunyuan-dense.rope.scaling.type"), "{e}");
+        // Phi-2: an older converter's fused qkv is split (and must have q + 2 kv rows).
+        let e = err(&edited(
+            "phi2",
+            "phi2qkv",
+            |_| {},
+            |t| {
+                let q = t.remove("blk.0.attn_q.weight").unwrap();
+                let k = t.remove("blk.0.attn_k.weight").unwrap();
+                let fused = mlx_core::ops::concatenate(&[&q, &k], 0, None).unwrap();
+                t.insert("blk.0.attn_qkv.weight".into(), fused);
+            },
+        ));
+        assert!(
+            e.contains("blk.0.attn_qkv.weight") && e.contains("rows"),
+            "{e}"
+        );
         // InternLM2: q, k and v come together; the key heads divide the query heads.
         let e = err(&edited(
             "internlm2",

@@ -1843,6 +1843,35 @@ CASES["hunyuan_dense"] = Case(
 )
 
 
+# Phi-2 (`phi2`, mlx-lm's `phi`): Phi2Model writes no rope base (10000), the feed-forward width
+# as 4 * hidden (Phi-2's), the LayerNorm epsilon, the rotated width int(factor * hidden) //
+# heads and `add_bos_token` false; LayerNorms and every linear layer with bias, the head too.
+CASES["phi2"] = Case(
+    "phi",
+    {k: v for k, v in cfg("phi", intermediate_size=128, layer_norm_eps=1e-5, partial_rotary_factor=0.5,
+                          num_key_value_heads=4, tie_word_embeddings=False).items()
+     if k != "rms_norm_eps"},
+    "phi2",
+    [
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", lambda c: 4 * c["hidden_size"]),
+        u32("block_count", "num_hidden_layers"),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv", "num_attention_heads"),
+        f32("attention.layer_norm_epsilon", "layer_norm_eps"),
+        u32("rope.dimension_count", lambda c: int(c["partial_rotary_factor"] * c["hidden_size"]) // c["num_attention_heads"]),
+        ("raw", "tokenizer.ggml.add_bos_token", mx.array(False)),
+    ] + GPT2,
+    {
+        "model.final_layernorm": "output_norm",
+        "self_attn.dense": "attn_output",
+        "mlp.fc1": "ffn_up",
+        "mlp.fc2": "ffn_down",
+    },
+)
+
+
 # RWKV-7 with a real "world" vocabulary (`rwkv7_world`): the same converter output with the
 # tokenizer metadata of `goldens_gguf_rwkv.py`'s fixture (run that first), so `mlx generate`
 # runs on the file. Besides the logits, `rwkv7_cli` records what `mlx generate --json`
