@@ -432,6 +432,26 @@ const ARCHS: &[GgufArch] = &[
         top: &[("output_norm", "model.final_layernorm")],
         ..PLAIN
     },
+    // GPT-2: fused `c_attn`, learned positions, the head tied to the embedding.
+    GgufArch {
+        arch: "gpt2",
+        model_type: "gpt2",
+        parts: &[
+            ("attn_norm", "ln_1"),
+            ("attn_qkv", "attn.c_attn"),
+            ("attn_output", "attn.c_proj"),
+            ("ffn_norm", "ln_2"),
+            ("ffn_up", "mlp.c_fc"),
+            ("ffn_down", "mlp.c_proj"),
+        ],
+        layers: "model.h",
+        top: &[
+            ("token_embd", "model.wte"),
+            ("position_embd", "model.wpe"),
+            ("output_norm", "model.ln_f"),
+        ],
+        ..PLAIN
+    },
     // StableLM 2: LayerNorms with bias, partial rope; the per-head q / k LayerNorms stacked
     // (`stablelm_config` splits them back).
     GgufArch {
@@ -1437,6 +1457,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
     let (eps, eps_field) = match arch.arch {
         "starcoder2" => (float(LN_EPS, true)?, "norm_epsilon"),
         "stablelm" => (float(LN_EPS, true)?, "layer_norm_eps"),
+        "gpt2" => (float(LN_EPS, true)?, "layer_norm_epsilon"),
         "phi2" => (float(LN_EPS, true)?, "layer_norm_eps"),
         "nemotron" => (float(LN_EPS, true)?, "norm_eps"),
         "command-r" | "cohere2" => (float(LN_EPS, true)?, "layer_norm_eps"),
@@ -1452,8 +1473,10 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         _ => (float(RMS_EPS, true)?, "rms_norm_eps"),
     };
     let eps = eps.ok_or_else(|| {
-        let k = if matches!(eps_field, "norm_epsilon" | "layer_norm_eps")
-            || matches!(arch.arch, "rwkv7" | "nemotron")
+        let k = if matches!(
+            eps_field,
+            "norm_epsilon" | "layer_norm_eps" | "layer_norm_epsilon"
+        ) || matches!(arch.arch, "rwkv7" | "nemotron")
         {
             LN_EPS
         } else {
@@ -2041,6 +2064,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             hidden,
             heads,
         )?,
+        "gpt2" => gpt2_config(&mut config, &tensors, path, blocks, hidden, heads)?,
         "stablelm" => stablelm_config(&mut config, &mut tensors, path, &metadata, heads, kv_heads)?,
         "gemma3n" => gemma3n_config(
             &mut config,
@@ -2352,6 +2376,37 @@ fn phi2_config(
             }
         }
     }
+    Ok(())
+}
+
+/// GPT-2 (`gpt2`): mlx-lm's `n_*` arguments; the positions from `position_embd`'s rows. The
+/// head is the embedding in mlx-lm's gpt2: a file with its own `output` is refused.
+fn gpt2_config(
+    config: &mut Value,
+    tensors: &BTreeMap<String, Array>,
+    path: &Path,
+    blocks: i32,
+    hidden: i32,
+    heads: i32,
+) -> Result<()> {
+    if tensors.contains_key("lm_head.weight") {
+        return Err(gguf_err(
+            path,
+            "GGUF tensor output.weight: mlx-lm's gpt2 ties its head to the embedding",
+        ));
+    }
+    let positions = tensors
+        .get("model.wpe.weight")
+        .map(|w| w.shape()[0])
+        .ok_or_else(|| gguf_err(path, "GGUF tensor position_embd.weight is missing"))?;
+    config["n_embd"] = Value::from(hidden);
+    config["n_head"] = Value::from(heads);
+    config["n_layer"] = Value::from(blocks);
+    config["n_positions"] = Value::from(positions);
+    config["n_ctx"] = config
+        .get("max_position_embeddings")
+        .cloned()
+        .unwrap_or(Value::from(positions));
     Ok(())
 }
 

@@ -132,6 +132,7 @@ fn later_gguf_architectures_match_mlx_lm() {
         ("nemotron", "nemotron"),
         ("hunyuan_dense", "hunyuan_v1_dense"),
         ("phi2", "phi"),
+        ("gpt2", "gpt2"),
     ];
     let failures: Vec<String> = cases
         .iter()
@@ -186,6 +187,7 @@ fn later_gguf_architectures_match_mlx_lm() {
         "nemotron",
         "hunyuan-dense",
         "phi2",
+        "gpt2",
     ] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }

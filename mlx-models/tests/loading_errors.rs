@@ -490,6 +490,26 @@ mod gguf {
             e.contains("blk.0.attn_qkv.weight") && e.contains("rows"),
             "{e}"
         );
+        // GPT-2: learned positions are needed; the head is the embedding.
+        let e = err(&edited(
+            "gpt2",
+            "gpt2pos",
+            |_| {},
+            |t| {
+                t.remove("position_embd.weight");
+            },
+        ));
+        assert!(e.contains("position_embd.weight"), "{e}");
+        let e = err(&edited(
+            "gpt2",
+            "gpt2head",
+            |_| {},
+            |t| {
+                let w = t["token_embd.weight"].clone();
+                t.insert("output.weight".into(), w);
+            },
+        ));
+        assert!(e.contains("output.weight"), "{e}");
         // InternLM2: q, k and v come together; the key heads divide the query heads.
         let e = err(&edited(
             "internlm2",

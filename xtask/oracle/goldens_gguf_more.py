@@ -1872,6 +1872,37 @@ CASES["phi2"] = Case(
 )
 
 
+# GPT-2 (`gpt2`): GPT2Model transposes HF's Conv1D weights (to mlx-lm's Linear layout) and
+# writes the block count, `n_ctx`, the width, 4 * width as the feed-forward width, the heads
+# and the LayerNorm epsilon; learned positions as `position_embd`; the head is the embedding.
+CASES["gpt2"] = Case(
+    "gpt2",
+    {"model_type": "gpt2", "n_ctx": 256, "n_embd": 32, "n_head": 4, "n_layer": 2, "n_positions": 256,
+     "layer_norm_epsilon": 1e-5, "vocab_size": 96},
+    "gpt2",
+    [
+        u32("block_count", "n_layer"),
+        u32("context_length", "n_ctx"),
+        u32("embedding_length", "n_embd"),
+        u32("feed_forward_length", lambda c: 4 * c["n_embd"]),
+        u32("attention.head_count", "n_head"),
+        f32("attention.layer_norm_epsilon", "layer_norm_epsilon"),
+    ] + GPT2,
+    {
+        "model.wte": "token_embd",
+        "model.wpe": "position_embd",
+        "model.ln_f": "output_norm",
+        "ln_1": "attn_norm",
+        "attn.c_attn": "attn_qkv",
+        "attn.c_proj": "attn_output",
+        "ln_2": "ffn_norm",
+        "mlp.c_fc": "ffn_up",
+        "mlp.c_proj": "ffn_down",
+    },
+    prefix="model.h",
+)
+
+
 # RWKV-7 with a real "world" vocabulary (`rwkv7_world`): the same converter output with the
 # tokenizer metadata of `goldens_gguf_rwkv.py`'s fixture (run that first), so `mlx generate`
 # runs on the file. Besides the logits, `rwkv7_cli` records what `mlx generate --json`
