@@ -452,6 +452,26 @@ const ARCHS: &[GgufArch] = &[
         ],
         ..PLAIN
     },
+    // StarCoder (mlx-lm's gpt_bigcode): GPT-2's layout under `transformer.`, multi-query.
+    GgufArch {
+        arch: "starcoder",
+        model_type: "gpt_bigcode",
+        parts: &[
+            ("attn_norm", "ln_1"),
+            ("attn_qkv", "attn.c_attn"),
+            ("attn_output", "attn.c_proj"),
+            ("ffn_norm", "ln_2"),
+            ("ffn_up", "mlp.c_fc"),
+            ("ffn_down", "mlp.c_proj"),
+        ],
+        layers: "transformer.h",
+        top: &[
+            ("token_embd", "transformer.wte"),
+            ("position_embd", "transformer.wpe"),
+            ("output_norm", "transformer.ln_f"),
+        ],
+        ..PLAIN
+    },
     // StableLM 2: LayerNorms with bias, partial rope; the per-head q / k LayerNorms stacked
     // (`stablelm_config` splits them back).
     GgufArch {
@@ -1458,6 +1478,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         "starcoder2" => (float(LN_EPS, true)?, "norm_epsilon"),
         "stablelm" => (float(LN_EPS, true)?, "layer_norm_eps"),
         "gpt2" => (float(LN_EPS, true)?, "layer_norm_epsilon"),
+        "starcoder" => (float(LN_EPS, true)?, "layer_norm_epsilon"),
         "phi2" => (float(LN_EPS, true)?, "layer_norm_eps"),
         "nemotron" => (float(LN_EPS, true)?, "norm_eps"),
         "command-r" | "cohere2" => (float(LN_EPS, true)?, "layer_norm_eps"),
@@ -2065,6 +2086,16 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             heads,
         )?,
         "gpt2" => gpt2_config(&mut config, &tensors, path, blocks, hidden, heads)?,
+        "starcoder" => starcoder_config(
+            &mut config,
+            &tensors,
+            path,
+            blocks,
+            hidden,
+            heads,
+            kv_heads,
+            ffn,
+        )?,
         "stablelm" => stablelm_config(&mut config, &mut tensors, path, &metadata, heads, kv_heads)?,
         "gemma3n" => gemma3n_config(
             &mut config,
@@ -2407,6 +2438,49 @@ fn gpt2_config(
         .get("max_position_embeddings")
         .cloned()
         .unwrap_or(Value::from(positions));
+    Ok(())
+}
+
+/// StarCoder (`starcoder`): mlx-lm's gpt_bigcode arguments; multi-query where the file has one
+/// KV head (else every head has its own, `multi_query` false); positions from
+/// `position_embd`'s rows; biases from the tensors.
+#[allow(clippy::too_many_arguments)]
+fn starcoder_config(
+    config: &mut Value,
+    tensors: &BTreeMap<String, Array>,
+    path: &Path,
+    blocks: i32,
+    hidden: i32,
+    heads: i32,
+    kv_heads: i32,
+    ffn: i32,
+) -> Result<()> {
+    let multi_query = match kv_heads {
+        1 => true,
+        k if k == heads => false,
+        k => {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `starcoder.attention.head_count_kv` = {k}: mlx-lm's gpt_bigcode \
+                     takes 1 (multi-query) or the head count ({heads})"
+                ),
+            ))
+        }
+    };
+    let positions = tensors
+        .get("transformer.wpe.weight")
+        .map(|w| w.shape()[0])
+        .ok_or_else(|| gguf_err(path, "GGUF tensor position_embd.weight is missing"))?;
+    let has = |k: &str| tensors.contains_key(k);
+    config["n_embd"] = Value::from(hidden);
+    config["n_head"] = Value::from(heads);
+    config["n_layer"] = Value::from(blocks);
+    config["n_inner"] = Value::from(ffn);
+    config["n_positions"] = Value::from(positions);
+    config["multi_query"] = Value::from(multi_query);
+    config["attention_bias"] = Value::from(has("transformer.h.0.attn.c_attn.bias"));
+    config["mlp_bias"] = Value::from(has("transformer.h.0.mlp.c_fc.bias"));
     Ok(())
 }
 

@@ -133,6 +133,7 @@ fn later_gguf_architectures_match_mlx_lm() {
         ("hunyuan_dense", "hunyuan_v1_dense"),
         ("phi2", "phi"),
         ("gpt2", "gpt2"),
+        ("starcoder", "gpt_bigcode"),
     ];
     let failures: Vec<String> = cases
         .iter()
@@ -188,6 +189,7 @@ fn later_gguf_architectures_match_mlx_lm() {
         "hunyuan-dense",
         "phi2",
         "gpt2",
+        "starcoder",
     ] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }

@@ -510,6 +510,16 @@ mod gguf {
             },
         ));
         assert!(e.contains("output.weight"), "{e}");
+        // StarCoder: one KV head or all of them.
+        let e = err(&edited(
+            "starcoder",
+            "scgqa",
+            |m| {
+                m.insert("starcoder.attention.head_count_kv".into(), u(2));
+            },
+            |_| {},
+        ));
+        assert!(e.contains("starcoder.attention.head_count_kv"), "{e}");
         // InternLM2: q, k and v come together; the key heads divide the query heads.
         let e = err(&edited(
             "internlm2",

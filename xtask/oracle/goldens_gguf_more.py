@@ -1903,6 +1903,39 @@ CASES["gpt2"] = Case(
 )
 
 
+# StarCoder (`starcoder`, mlx-lm's gpt_bigcode): StarCoderModel writes `n_positions` as the
+# context, 4 * width as the feed-forward width, one KV head (multi-query) and the LayerNorm
+# epsilon; learned positions as `position_embd`; the head tied to the embedding.
+CASES["starcoder"] = Case(
+    "gpt_bigcode",
+    {"model_type": "gpt_bigcode", "n_embd": 32, "n_layer": 2, "n_inner": 128, "n_head": 4,
+     "n_positions": 256, "layer_norm_epsilon": 1e-5, "vocab_size": 96, "multi_query": True,
+     "tie_word_embeddings": True},
+    "starcoder",
+    [
+        u32("context_length", "n_positions"),
+        u32("embedding_length", "n_embd"),
+        u32("feed_forward_length", lambda c: 4 * c["n_embd"]),
+        u32("block_count", "n_layer"),
+        u32("attention.head_count", "n_head"),
+        u32("attention.head_count_kv", 1),
+        f32("attention.layer_norm_epsilon", "layer_norm_epsilon"),
+    ] + GPT2,
+    {
+        "transformer.wte": "token_embd",
+        "transformer.wpe": "position_embd",
+        "transformer.ln_f": "output_norm",
+        "ln_1": "attn_norm",
+        "attn.c_attn": "attn_qkv",
+        "attn.c_proj": "attn_output",
+        "ln_2": "ffn_norm",
+        "mlp.c_fc": "ffn_up",
+        "mlp.c_proj": "ffn_down",
+    },
+    prefix="transformer.h",
+)
+
+
 # RWKV-7 with a real "world" vocabulary (`rwkv7_world`): the same converter output with the
 # tokenizer metadata of `goldens_gguf_rwkv.py`'s fixture (run that first), so `mlx generate`
 # runs on the file. Besides the logits, `rwkv7_cli` records what `mlx generate --json`
