@@ -472,6 +472,25 @@ const ARCHS: &[GgufArch] = &[
         ],
         ..PLAIN
     },
+    // GPT-NeoX (Pythia): the regrouped `attn_qkv` interleaved per head again
+    // (`gptneox_config`).
+    GgufArch {
+        arch: "gptneox",
+        model_type: "gpt_neox",
+        parts: &[
+            ("attn_qkv", "attention.gguf_qkv"),
+            ("attn_output", "attention.dense"),
+            ("ffn_up", "mlp.dense_h_to_4h"),
+            ("ffn_down", "mlp.dense_4h_to_h"),
+        ],
+        layers: "model.h",
+        top: &[
+            ("token_embd", "model.embed_in"),
+            ("output", "model.embed_out"),
+            ("output_norm", "model.final_layer_norm"),
+        ],
+        ..PLAIN
+    },
     // StableLM 2: LayerNorms with bias, partial rope; the per-head q / k LayerNorms stacked
     // (`stablelm_config` splits them back).
     GgufArch {
@@ -1478,6 +1497,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         "starcoder2" => (float(LN_EPS, true)?, "norm_epsilon"),
         "stablelm" => (float(LN_EPS, true)?, "layer_norm_eps"),
         "gpt2" => (float(LN_EPS, true)?, "layer_norm_epsilon"),
+        "gptneox" => (float(LN_EPS, true)?, "layer_norm_eps"),
         "starcoder" => (float(LN_EPS, true)?, "layer_norm_epsilon"),
         "phi2" => (float(LN_EPS, true)?, "layer_norm_eps"),
         "nemotron" => (float(LN_EPS, true)?, "norm_eps"),
@@ -2086,6 +2106,15 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             heads,
         )?,
         "gpt2" => gpt2_config(&mut config, &tensors, path, blocks, hidden, heads)?,
+        "gptneox" => gptneox_config(
+            &mut config,
+            &mut tensors,
+            path,
+            &metadata,
+            blocks,
+            hidden,
+            heads,
+        )?,
         "starcoder" => starcoder_config(
             &mut config,
             &tensors,
@@ -2481,6 +2510,74 @@ fn starcoder_config(
     config["multi_query"] = Value::from(multi_query);
     config["attention_bias"] = Value::from(has("transformer.h.0.attn.c_attn.bias"));
     config["mlp_bias"] = Value::from(has("transformer.h.0.mlp.c_fc.bias"));
+    Ok(())
+}
+
+/// GPT-NeoX (`gptneox`): mlx-lm's gpt_neox arguments (`rotary_pct` from `rope.dimension_count`,
+/// the base from `rope.freq_base` or 10000, `use_parallel_residual` as the file says, else
+/// true); the converter's `attn_qkv` (q rows, then k, then v) interleaved per head again
+/// (per head: q, k, v), weight, bias and a quantized tensor's scales and biases alike.
+fn gptneox_config(
+    config: &mut Value,
+    tensors: &mut BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    blocks: i32,
+    hidden: i32,
+    heads: i32,
+) -> Result<()> {
+    let key = |k: &str| format!("gptneox.{k}");
+    if heads <= 0 || hidden % heads != 0 {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` = {hidden} is not a multiple of `{}` = {heads}",
+                key("embedding_length"),
+                key("attention.head_count")
+            ),
+        ));
+    }
+    let hd = hidden / heads;
+    let rot = meta_count(meta, path, &key("rope.dimension_count"))?.unwrap_or(hd);
+    if rot <= 0 || rot > hd {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` = {rot} must be in 1..={hd} (the head size)",
+                key("rope.dimension_count")
+            ),
+        ));
+    }
+    if let Some(c) = config.as_object_mut() {
+        c.remove("head_dim");
+    }
+    config["rotary_pct"] = Value::from(f64::from(rot) / f64::from(hd));
+    config["rotary_emb_base"] = config["rope_theta"].clone();
+    config["use_parallel_residual"] =
+        Value::from(meta_bool(meta, path, &key("use_parallel_residual"))?.unwrap_or(true));
+    for l in 0..blocks {
+        for suffix in ["weight", "bias", "scales", "biases"] {
+            let name = format!("model.h.{l}.attention.gguf_qkv.{suffix}");
+            let Some(qkv) = tensors.remove(&name) else {
+                continue;
+            };
+            let shape = qkv.shape();
+            if shape[0] != 3 * hidden {
+                return Err(gguf_err(
+                    path,
+                    format!(
+                        "GGUF tensor blk.{l}.attn_qkv.{suffix} has {} rows, not 3 x {hidden}",
+                        shape[0]
+                    ),
+                ));
+            }
+            let mut grouped = vec![3, heads, hd];
+            grouped.extend_from_slice(&shape[1..]);
+            let a = qkv.reshape(&grouped)?;
+            let a = ops::swapaxes(&a, 0, 1, None)?.reshape(&shape)?;
+            tensors.insert(format!("model.h.{l}.attention.query_key_value.{suffix}"), a);
+        }
+    }
     Ok(())
 }
 

@@ -134,6 +134,7 @@ fn later_gguf_architectures_match_mlx_lm() {
         ("phi2", "phi"),
         ("gpt2", "gpt2"),
         ("starcoder", "gpt_bigcode"),
+        ("gptneox", "gpt_neox"),
     ];
     let failures: Vec<String> = cases
         .iter()
@@ -190,6 +191,7 @@ fn later_gguf_architectures_match_mlx_lm() {
         "phi2",
         "gpt2",
         "starcoder",
+        "gptneox",
     ] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }

@@ -520,6 +520,22 @@ mod gguf {
             |_| {},
         ));
         assert!(e.contains("starcoder.attention.head_count_kv"), "{e}");
+        // GPT-NeoX: the fused qkv has three times the width.
+        let e = err(&edited(
+            "gptneox",
+            "neoxqkv",
+            |_| {},
+            |t| {
+                let w = t["blk.0.attn_qkv.weight"]
+                    .slice(&[0, 0], &[64, 32], &[1, 1])
+                    .unwrap();
+                t.insert("blk.0.attn_qkv.weight".into(), w);
+            },
+        ));
+        assert!(
+            e.contains("blk.0.attn_qkv.weight") && e.contains("rows"),
+            "{e}"
+        );
         // InternLM2: q, k and v come together; the key heads divide the query heads.
         let e = err(&edited(
             "internlm2",

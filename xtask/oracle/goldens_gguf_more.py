@@ -1936,6 +1936,51 @@ CASES["starcoder"] = Case(
 )
 
 
+# GPT-NeoX (`gptneox`, Pythia): GPTNeoXModel regroups the per-head interleaved
+# `query_key_value` (per head: its q, k, v rows) into q rows, then k, then v (weight and bias),
+# and writes no rope base (10000), the rotated width int(rotary_pct * head size), the parallel
+# residual flag and the LayerNorm epsilon.
+def gptneox_tensors(case, k, v):
+    if ".attention.query_key_value." in k:
+        c = case.config
+        h, hd = c["num_attention_heads"], c["hidden_size"] // c["num_attention_heads"]
+        v = v.reshape(h, 3, hd, *v.shape[1:]).swapaxes(0, 1).reshape(v.shape)
+    return [(case.gguf_name(k), v)]
+
+
+CASES["gptneox"] = Case(
+    "gpt_neox",
+    {"model_type": "gpt_neox", "max_position_embeddings": 256, "hidden_size": 32,
+     "num_attention_heads": 4, "num_hidden_layers": 2, "layer_norm_eps": 1e-5, "vocab_size": 96,
+     "rotary_emb_base": 10000, "rotary_pct": 0.25, "use_parallel_residual": True,
+     "intermediate_size": 128},
+    "gptneox",
+    [
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("block_count", "num_hidden_layers"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("rope.dimension_count", lambda c: int(c["rotary_pct"] * (c["hidden_size"] // c["num_attention_heads"]))),
+        u32("attention.head_count", "num_attention_heads"),
+        flag("use_parallel_residual", "use_parallel_residual"),
+        f32("attention.layer_norm_epsilon", "layer_norm_eps"),
+    ] + GPT2,
+    {
+        "model.embed_in": "token_embd",
+        "model.embed_out": "output",
+        "model.final_layer_norm": "output_norm",
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "ffn_norm",
+        "attention.query_key_value": "attn_qkv",
+        "attention.dense": "attn_output",
+        "mlp.dense_h_to_4h": "ffn_up",
+        "mlp.dense_4h_to_h": "ffn_down",
+    },
+    prefix="model.h",
+    tensors=gptneox_tensors,
+)
+
+
 # RWKV-7 with a real "world" vocabulary (`rwkv7_world`): the same converter output with the
 # tokenizer metadata of `goldens_gguf_rwkv.py`'s fixture (run that first), so `mlx generate`
 # runs on the file. Besides the logits, `rwkv7_cli` records what `mlx generate --json`
