@@ -202,7 +202,7 @@ fn later_gguf_architectures_match_mlx_lm() {
 #[test]
 fn phi2_fused_qkv_loads_as_the_split_file() {
     use mlx_core::io::{load_gguf, save_gguf};
-    let (mut tensors, meta) = load_gguf(&root().join("models/gguf/phi2.gguf"), None).unwrap();
+    let (mut tensors, meta) = load_gguf(root().join("models/gguf/phi2.gguf"), None).unwrap();
     for l in 0..2 {
         for suffix in ["weight", "bias"] {
             let part = |p: &str| format!("blk.{l}.attn_{p}.{suffix}");
