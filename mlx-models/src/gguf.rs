@@ -491,6 +491,13 @@ const ARCHS: &[GgufArch] = &[
         ],
         ..PLAIN
     },
+    // MiniCPM 1 / 2: Q/K permuted; its three scales from metadata (`minicpm_config`).
+    GgufArch {
+        arch: "minicpm",
+        model_type: "minicpm",
+        permute_qk: true,
+        ..PLAIN
+    },
     // StableLM 2: LayerNorms with bias, partial rope; the per-head q / k LayerNorms stacked
     // (`stablelm_config` splits them back).
     GgufArch {
@@ -2106,6 +2113,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             heads,
         )?,
         "gpt2" => gpt2_config(&mut config, &tensors, path, blocks, hidden, heads)?,
+        "minicpm" => minicpm_config(&mut config, path, &metadata, blocks, hidden)?,
         "gptneox" => gptneox_config(
             &mut config,
             &mut tensors,
@@ -2578,6 +2586,36 @@ fn gptneox_config(
             tensors.insert(format!("model.h.{l}.attention.query_key_value.{suffix}"), a);
         }
     }
+    Ok(())
+}
+
+/// MiniCPM (`minicpm`): mlx-lm's `scale_emb` (`embedding_scale`), `scale_depth`
+/// (`residual_scale` times the square root of the layer count) and `dim_model_base` (hidden /
+/// `logit_scale`, an integer where it is one): mlx-lm recomputes the residual and logit scales
+/// from them in Python floats, which come back to the file's f32 values.
+fn minicpm_config(
+    config: &mut Value,
+    path: &Path,
+    meta: &GgufMetadata,
+    blocks: i32,
+    hidden: i32,
+) -> Result<()> {
+    let need = |k: &str| -> Result<f64> {
+        let key = format!("minicpm.{k}");
+        match meta_f64(meta, &key) {
+            Some(v) if v.is_finite() && v != 0.0 => Ok(v),
+            Some(v) => Err(gguf_err(path, format!("metadata `{key}` is {v}"))),
+            None => Err(gguf_err(path, format!("metadata `{key}` is missing"))),
+        }
+    };
+    config["scale_emb"] = Value::from(need("embedding_scale")?);
+    config["scale_depth"] = Value::from(need("residual_scale")? * f64::from(blocks).sqrt());
+    let base = f64::from(hidden) / need("logit_scale")?;
+    config["dim_model_base"] = if base.fract() == 0.0 && base.abs() < 1e9 {
+        Value::from(base as i64)
+    } else {
+        Value::from(base)
+    };
     Ok(())
 }
 

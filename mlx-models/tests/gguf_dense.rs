@@ -135,6 +135,7 @@ fn later_gguf_architectures_match_mlx_lm() {
         ("gpt2", "gpt2"),
         ("starcoder", "gpt_bigcode"),
         ("gptneox", "gpt_neox"),
+        ("minicpm", "minicpm"),
     ];
     let failures: Vec<String> = cases
         .iter()
@@ -192,6 +193,7 @@ fn later_gguf_architectures_match_mlx_lm() {
         "gpt2",
         "starcoder",
         "gptneox",
+        "minicpm",
     ] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }

@@ -340,6 +340,7 @@ mod gguf {
             ("rwkv7", "rwkv7.attention.gate_lora_rank"),
             ("rwkv7", "rwkv7.attention.layer_norm_epsilon"),
             ("apertus", "apertus.xielu.beta"),
+            ("minicpm", "minicpm.residual_scale"),
         ] {
             let e = err(&edited(
                 fixture,

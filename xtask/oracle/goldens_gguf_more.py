@@ -1981,6 +1981,23 @@ CASES["gptneox"] = Case(
 )
 
 
+# MiniCPM (`minicpm`, MiniCPM 1 / 2): MiniCPMModel permutes Q / K as LlamaModel does and adds
+# to TextModel's keys `embedding_scale` (scale_emb), `residual_scale` (scale_depth / sqrt of
+# the layer count) and `logit_scale` (hidden / dim_model_base), each an f32 of the Python
+# value mlx-lm computes the same way.
+CASES["minicpm"] = Case(
+    "minicpm",
+    cfg("minicpm", dim_model_base=16, scale_depth=1.4, scale_emb=12.0, tie_word_embeddings=True),
+    "minicpm",
+    text_model() + [
+        f32("embedding_scale", "scale_emb"),
+        f32("residual_scale", lambda c: c["scale_depth"] / c["num_hidden_layers"] ** 0.5),
+        f32("logit_scale", lambda c: c["hidden_size"] / c["dim_model_base"]),
+    ],
+    permute_qk=True,
+)
+
+
 # RWKV-7 with a real "world" vocabulary (`rwkv7_world`): the same converter output with the
 # tokenizer metadata of `goldens_gguf_rwkv.py`'s fixture (run that first), so `mlx generate`
 # runs on the file. Besides the logits, `rwkv7_cli` records what `mlx generate --json`
