@@ -498,6 +498,22 @@ const ARCHS: &[GgufArch] = &[
         permute_qk: true,
         ..PLAIN
     },
+    // DeepSeek MoE (v1): Q/K permuted, routed experts stacked, shared experts.
+    GgufArch {
+        arch: "deepseek",
+        model_type: "deepseek",
+        permute_qk: true,
+        parts: &[
+            EXPERT_PARTS[0],
+            EXPERT_PARTS[1],
+            EXPERT_PARTS[2],
+            EXPERT_PARTS[3],
+            ("ffn_gate_shexp", "mlp.shared_experts.gate_proj"),
+            ("ffn_up_shexp", "mlp.shared_experts.up_proj"),
+            ("ffn_down_shexp", "mlp.shared_experts.down_proj"),
+        ],
+        ..PLAIN
+    },
     // StableLM 2: LayerNorms with bias, partial rope; the per-head q / k LayerNorms stacked
     // (`stablelm_config` splits them back).
     GgufArch {
@@ -2114,6 +2130,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         )?,
         "gpt2" => gpt2_config(&mut config, &tensors, path, blocks, hidden, heads)?,
         "minicpm" => minicpm_config(&mut config, path, &metadata, blocks, hidden)?,
+        "deepseek" => deepseek_config(&mut config, path, &metadata, blocks)?,
         "gptneox" => gptneox_config(
             &mut config,
             &mut tensors,
@@ -2586,6 +2603,47 @@ fn gptneox_config(
             tensors.insert(format!("model.h.{l}.attention.query_key_value.{suffix}"), a);
         }
     }
+    Ok(())
+}
+
+/// DeepSeek MoE (`deepseek`): mlx-lm's deepseek arguments from the expert keys (every layer
+/// from `leading_dense_block_count` on has experts, `moe_layer_freq` 1, as llama.cpp's graph);
+/// an `expert_weights_scale` other than 1 (which mlx-lm's deepseek lacks) is refused.
+fn deepseek_config(
+    config: &mut Value,
+    path: &Path,
+    meta: &GgufMetadata,
+    blocks: i32,
+) -> Result<()> {
+    let need = |k: &str| need_count(meta, path, "deepseek", k);
+    let dense = meta_count(meta, path, "deepseek.leading_dense_block_count")?.unwrap_or(0);
+    if dense > blocks {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `deepseek.leading_dense_block_count` = {dense} is more than the \
+                 {blocks} layers"
+            ),
+        ));
+    }
+    if let Some(s) = meta_f64(meta, "deepseek.expert_weights_scale") {
+        if s != 1.0 {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `deepseek.expert_weights_scale` is {s}: mlx-lm's deepseek \
+                     scales by 1"
+                ),
+            ));
+        }
+    }
+    config["n_routed_experts"] = Value::from(need("expert_count")?);
+    config["num_experts_per_tok"] = Value::from(need("expert_used_count")?);
+    config["n_shared_experts"] =
+        Value::from(meta_count(meta, path, "deepseek.expert_shared_count")?.unwrap_or(0));
+    config["moe_intermediate_size"] = Value::from(need("expert_feed_forward_length")?);
+    config["first_k_dense_replace"] = Value::from(dense);
+    config["moe_layer_freq"] = Value::from(1);
     Ok(())
 }
 

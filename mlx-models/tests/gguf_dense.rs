@@ -136,6 +136,7 @@ fn later_gguf_architectures_match_mlx_lm() {
         ("starcoder", "gpt_bigcode"),
         ("gptneox", "gpt_neox"),
         ("minicpm", "minicpm"),
+        ("deepseek", "deepseek"),
     ];
     let failures: Vec<String> = cases
         .iter()
@@ -194,6 +195,7 @@ fn later_gguf_architectures_match_mlx_lm() {
         "starcoder",
         "gptneox",
         "minicpm",
+        "deepseek",
     ] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }

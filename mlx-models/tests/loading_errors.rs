@@ -341,6 +341,7 @@ mod gguf {
             ("rwkv7", "rwkv7.attention.layer_norm_epsilon"),
             ("apertus", "apertus.xielu.beta"),
             ("minicpm", "minicpm.residual_scale"),
+            ("deepseek", "deepseek.expert_feed_forward_length"),
         ] {
             let e = err(&edited(
                 fixture,

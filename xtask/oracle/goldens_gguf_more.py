@@ -1998,6 +1998,32 @@ CASES["minicpm"] = Case(
 )
 
 
+# DeepSeek MoE (`deepseek`, deepseek-moe-16b): DeepseekModel permutes Q / K as LlamaModel
+# does, stacks the routed experts, and adds to TextModel's keys (with the experts used per
+# token) the rope width, scaling "none", the dense first blocks, the vocabulary size, the
+# experts' width, a weights scale of 1, the expert and shared-expert counts.
+CASES["deepseek"] = Case(
+    "deepseek",
+    cfg("deepseek", num_hidden_layers=3, first_k_dense_replace=1, n_routed_experts=4,
+        num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=16, moe_layer_freq=1,
+        num_key_value_heads=4, tie_word_embeddings=False),
+    "deepseek",
+    text_model() + [
+        u32("expert_used_count", "num_experts_per_tok"),
+        u32("rope.dimension_count", head_size),
+        text("rope.scaling.type", "none"),
+        u32("leading_dense_block_count", "first_k_dense_replace"),
+        u32("vocab_size", "vocab_size"),
+        u32("expert_feed_forward_length", "moe_intermediate_size"),
+        f32("expert_weights_scale", 1.0),
+        u32("expert_count", "n_routed_experts"),
+        u32("expert_shared_count", "n_shared_experts"),
+    ],
+    {**EXPERTS, **DEEPSEEK_MOE},
+    permute_qk=True,
+)
+
+
 # RWKV-7 with a real "world" vocabulary (`rwkv7_world`): the same converter output with the
 # tokenizer metadata of `goldens_gguf_rwkv.py`'s fixture (run that first), so `mlx generate`
 # runs on the file. Besides the logits, `rwkv7_cli` records what `mlx generate --json`
