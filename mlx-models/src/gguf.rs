@@ -408,6 +408,112 @@ const ARCHS: &[GgufArch] = &[
         norm_plus_one: true,
         ..PLAIN
     },
+    // Hunyuan dense: per-head q / k norms; the NTK-alpha rope comes already scaled.
+    GgufArch {
+        arch: "hunyuan-dense",
+        model_type: "hunyuan_v1_dense",
+        parts: &[
+            ("attn_q_norm", "self_attn.query_layernorm"),
+            ("attn_k_norm", "self_attn.key_layernorm"),
+        ],
+        ..PLAIN
+    },
+    // Phi-2 (mlx-lm's `phi`): LayerNorms and linear layers with bias; an older converter's
+    // fused `attn_qkv` is split by `phi2_config`.
+    GgufArch {
+        arch: "phi2",
+        model_type: "phi",
+        parts: &[
+            ("attn_qkv", "self_attn.gguf_qkv"),
+            ("attn_output", "self_attn.dense"),
+            ("ffn_up", "mlp.fc1"),
+            ("ffn_down", "mlp.fc2"),
+        ],
+        top: &[("output_norm", "model.final_layernorm")],
+        ..PLAIN
+    },
+    // GPT-2: fused `c_attn`, learned positions, the head tied to the embedding.
+    GgufArch {
+        arch: "gpt2",
+        model_type: "gpt2",
+        parts: &[
+            ("attn_norm", "ln_1"),
+            ("attn_qkv", "attn.c_attn"),
+            ("attn_output", "attn.c_proj"),
+            ("ffn_norm", "ln_2"),
+            ("ffn_up", "mlp.c_fc"),
+            ("ffn_down", "mlp.c_proj"),
+        ],
+        layers: "model.h",
+        top: &[
+            ("token_embd", "model.wte"),
+            ("position_embd", "model.wpe"),
+            ("output_norm", "model.ln_f"),
+        ],
+        ..PLAIN
+    },
+    // StarCoder (mlx-lm's gpt_bigcode): GPT-2's layout under `transformer.`, multi-query.
+    GgufArch {
+        arch: "starcoder",
+        model_type: "gpt_bigcode",
+        parts: &[
+            ("attn_norm", "ln_1"),
+            ("attn_qkv", "attn.c_attn"),
+            ("attn_output", "attn.c_proj"),
+            ("ffn_norm", "ln_2"),
+            ("ffn_up", "mlp.c_fc"),
+            ("ffn_down", "mlp.c_proj"),
+        ],
+        layers: "transformer.h",
+        top: &[
+            ("token_embd", "transformer.wte"),
+            ("position_embd", "transformer.wpe"),
+            ("output_norm", "transformer.ln_f"),
+        ],
+        ..PLAIN
+    },
+    // GPT-NeoX (Pythia): the regrouped `attn_qkv` interleaved per head again
+    // (`gptneox_config`).
+    GgufArch {
+        arch: "gptneox",
+        model_type: "gpt_neox",
+        parts: &[
+            ("attn_qkv", "attention.gguf_qkv"),
+            ("attn_output", "attention.dense"),
+            ("ffn_up", "mlp.dense_h_to_4h"),
+            ("ffn_down", "mlp.dense_4h_to_h"),
+        ],
+        layers: "model.h",
+        top: &[
+            ("token_embd", "model.embed_in"),
+            ("output", "model.embed_out"),
+            ("output_norm", "model.final_layer_norm"),
+        ],
+        ..PLAIN
+    },
+    // MiniCPM 1 / 2: Q/K permuted; its three scales from metadata (`minicpm_config`).
+    GgufArch {
+        arch: "minicpm",
+        model_type: "minicpm",
+        permute_qk: true,
+        ..PLAIN
+    },
+    // DeepSeek MoE (v1): Q/K permuted, routed experts stacked, shared experts.
+    GgufArch {
+        arch: "deepseek",
+        model_type: "deepseek",
+        permute_qk: true,
+        parts: &[
+            EXPERT_PARTS[0],
+            EXPERT_PARTS[1],
+            EXPERT_PARTS[2],
+            EXPERT_PARTS[3],
+            ("ffn_gate_shexp", "mlp.shared_experts.gate_proj"),
+            ("ffn_up_shexp", "mlp.shared_experts.up_proj"),
+            ("ffn_down_shexp", "mlp.shared_experts.down_proj"),
+        ],
+        ..PLAIN
+    },
     // StableLM 2: LayerNorms with bias, partial rope; the per-head q / k LayerNorms stacked
     // (`stablelm_config` splits them back).
     GgufArch {
@@ -1413,6 +1519,10 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
     let (eps, eps_field) = match arch.arch {
         "starcoder2" => (float(LN_EPS, true)?, "norm_epsilon"),
         "stablelm" => (float(LN_EPS, true)?, "layer_norm_eps"),
+        "gpt2" => (float(LN_EPS, true)?, "layer_norm_epsilon"),
+        "gptneox" => (float(LN_EPS, true)?, "layer_norm_eps"),
+        "starcoder" => (float(LN_EPS, true)?, "layer_norm_epsilon"),
+        "phi2" => (float(LN_EPS, true)?, "layer_norm_eps"),
         "nemotron" => (float(LN_EPS, true)?, "norm_eps"),
         "command-r" | "cohere2" => (float(LN_EPS, true)?, "layer_norm_eps"),
         "lfm2" | "lfm2moe" => (float(RMS_EPS, true)?, "norm_eps"),
@@ -1427,8 +1537,10 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         _ => (float(RMS_EPS, true)?, "rms_norm_eps"),
     };
     let eps = eps.ok_or_else(|| {
-        let k = if matches!(eps_field, "norm_epsilon" | "layer_norm_eps")
-            || matches!(arch.arch, "rwkv7" | "nemotron")
+        let k = if matches!(
+            eps_field,
+            "norm_epsilon" | "layer_norm_eps" | "layer_norm_epsilon"
+        ) || matches!(arch.arch, "rwkv7" | "nemotron")
         {
             LN_EPS
         } else {
@@ -2004,6 +2116,40 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         "internlm2" => internlm2_config(&mut config, &mut tensors, path, blocks, heads, kv_heads)?,
         "apertus" => apertus_config(&mut config, &mut tensors, path, &metadata, blocks)?,
         "nemotron" => nemotron_config(&mut config, &tensors, path, &metadata, hidden, heads)?,
+        "hunyuan-dense" => {
+            hunyuan_dense_config(&mut config, &tensors, path, &metadata, hidden, heads)?
+        }
+        "phi2" => phi2_config(
+            &mut config,
+            &mut tensors,
+            path,
+            &metadata,
+            blocks,
+            hidden,
+            heads,
+        )?,
+        "gpt2" => gpt2_config(&mut config, &tensors, path, blocks, hidden, heads)?,
+        "minicpm" => minicpm_config(&mut config, path, &metadata, blocks, hidden)?,
+        "deepseek" => deepseek_config(&mut config, path, &metadata, blocks)?,
+        "gptneox" => gptneox_config(
+            &mut config,
+            &mut tensors,
+            path,
+            &metadata,
+            blocks,
+            hidden,
+            heads,
+        )?,
+        "starcoder" => starcoder_config(
+            &mut config,
+            &tensors,
+            path,
+            blocks,
+            hidden,
+            heads,
+            kv_heads,
+            ffn,
+        )?,
         "stablelm" => stablelm_config(&mut config, &mut tensors, path, &metadata, heads, kv_heads)?,
         "gemma3n" => gemma3n_config(
             &mut config,
@@ -2243,6 +2389,325 @@ fn nemotron_config(
             ))
         }
     }
+    Ok(())
+}
+
+/// Phi-2 (`phi2`): mlx-lm's phi arguments; the rotated share of the head from
+/// `rope.dimension_count` (the whole head when absent); a fused `attn_qkv` (q, k, v rows in
+/// turn, as older converters wrote Phi-2's `Wqkv`) split into mlx-lm's three projections.
+fn phi2_config(
+    config: &mut Value,
+    tensors: &mut BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    blocks: i32,
+    hidden: i32,
+    heads: i32,
+) -> Result<()> {
+    let key = |k: &str| format!("phi2.{k}");
+    if heads <= 0 || hidden % heads != 0 {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` = {hidden} is not a multiple of `{}` = {heads}",
+                key("embedding_length"),
+                key("attention.head_count")
+            ),
+        ));
+    }
+    let hd = hidden / heads;
+    if let Some(c) = config.as_object_mut() {
+        c.remove("head_dim");
+    }
+    let rot = meta_count(meta, path, &key("rope.dimension_count"))?.unwrap_or(hd);
+    if rot <= 0 || rot > hd {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` = {rot} must be in 1..={hd} (the head size)",
+                key("rope.dimension_count")
+            ),
+        ));
+    }
+    config["partial_rotary_factor"] = Value::from(f64::from(rot) / f64::from(hd));
+    let kv = config["num_key_value_heads"].as_i64().unwrap_or(0) as i32;
+    for l in 0..blocks {
+        for suffix in ["weight", "bias", "scales", "biases"] {
+            let name = format!("model.layers.{l}.self_attn.gguf_qkv.{suffix}");
+            let Some(qkv) = tensors.remove(&name) else {
+                continue;
+            };
+            let rows = qkv.shape()[0];
+            let (q, k) = (heads * hd, kv * hd);
+            if rows != q + 2 * k {
+                return Err(gguf_err(
+                    path,
+                    format!(
+                        "GGUF tensor blk.{l}.attn_qkv.{suffix} has {rows} rows, not {} (q, k, v)",
+                        q + 2 * k
+                    ),
+                ));
+            }
+            let cols = qkv.shape().get(1).copied();
+            for (part, start, len) in [("q", 0, q), ("k", q, k), ("v", q + k, k)] {
+                let a = match cols {
+                    Some(c) => qkv.slice(&[start, 0], &[start + len, c], &[1, 1])?,
+                    None => qkv.slice(&[start], &[start + len], &[1])?,
+                };
+                tensors.insert(
+                    format!("model.layers.{l}.self_attn.{part}_proj.{suffix}"),
+                    a,
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// GPT-2 (`gpt2`): mlx-lm's `n_*` arguments; the positions from `position_embd`'s rows. The
+/// head is the embedding in mlx-lm's gpt2: a file with its own `output` is refused.
+fn gpt2_config(
+    config: &mut Value,
+    tensors: &BTreeMap<String, Array>,
+    path: &Path,
+    blocks: i32,
+    hidden: i32,
+    heads: i32,
+) -> Result<()> {
+    if tensors.contains_key("lm_head.weight") {
+        return Err(gguf_err(
+            path,
+            "GGUF tensor output.weight: mlx-lm's gpt2 ties its head to the embedding",
+        ));
+    }
+    let positions = tensors
+        .get("model.wpe.weight")
+        .map(|w| w.shape()[0])
+        .ok_or_else(|| gguf_err(path, "GGUF tensor position_embd.weight is missing"))?;
+    config["n_embd"] = Value::from(hidden);
+    config["n_head"] = Value::from(heads);
+    config["n_layer"] = Value::from(blocks);
+    config["n_positions"] = Value::from(positions);
+    config["n_ctx"] = config
+        .get("max_position_embeddings")
+        .cloned()
+        .unwrap_or(Value::from(positions));
+    Ok(())
+}
+
+/// StarCoder (`starcoder`): mlx-lm's gpt_bigcode arguments; multi-query where the file has one
+/// KV head (else every head has its own, `multi_query` false); positions from
+/// `position_embd`'s rows; biases from the tensors.
+#[allow(clippy::too_many_arguments)]
+fn starcoder_config(
+    config: &mut Value,
+    tensors: &BTreeMap<String, Array>,
+    path: &Path,
+    blocks: i32,
+    hidden: i32,
+    heads: i32,
+    kv_heads: i32,
+    ffn: i32,
+) -> Result<()> {
+    let multi_query = match kv_heads {
+        1 => true,
+        k if k == heads => false,
+        k => {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `starcoder.attention.head_count_kv` = {k}: mlx-lm's gpt_bigcode \
+                     takes 1 (multi-query) or the head count ({heads})"
+                ),
+            ))
+        }
+    };
+    let positions = tensors
+        .get("transformer.wpe.weight")
+        .map(|w| w.shape()[0])
+        .ok_or_else(|| gguf_err(path, "GGUF tensor position_embd.weight is missing"))?;
+    let has = |k: &str| tensors.contains_key(k);
+    config["n_embd"] = Value::from(hidden);
+    config["n_head"] = Value::from(heads);
+    config["n_layer"] = Value::from(blocks);
+    config["n_inner"] = Value::from(ffn);
+    config["n_positions"] = Value::from(positions);
+    config["multi_query"] = Value::from(multi_query);
+    config["attention_bias"] = Value::from(has("transformer.h.0.attn.c_attn.bias"));
+    config["mlp_bias"] = Value::from(has("transformer.h.0.mlp.c_fc.bias"));
+    Ok(())
+}
+
+/// GPT-NeoX (`gptneox`): mlx-lm's gpt_neox arguments (`rotary_pct` from `rope.dimension_count`,
+/// the base from `rope.freq_base` or 10000, `use_parallel_residual` as the file says, else
+/// true); the converter's `attn_qkv` (q rows, then k, then v) interleaved per head again
+/// (per head: q, k, v), weight, bias and a quantized tensor's scales and biases alike.
+fn gptneox_config(
+    config: &mut Value,
+    tensors: &mut BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    blocks: i32,
+    hidden: i32,
+    heads: i32,
+) -> Result<()> {
+    let key = |k: &str| format!("gptneox.{k}");
+    if heads <= 0 || hidden % heads != 0 {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` = {hidden} is not a multiple of `{}` = {heads}",
+                key("embedding_length"),
+                key("attention.head_count")
+            ),
+        ));
+    }
+    let hd = hidden / heads;
+    let rot = meta_count(meta, path, &key("rope.dimension_count"))?.unwrap_or(hd);
+    if rot <= 0 || rot > hd {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` = {rot} must be in 1..={hd} (the head size)",
+                key("rope.dimension_count")
+            ),
+        ));
+    }
+    if let Some(c) = config.as_object_mut() {
+        c.remove("head_dim");
+    }
+    config["rotary_pct"] = Value::from(f64::from(rot) / f64::from(hd));
+    config["rotary_emb_base"] = config["rope_theta"].clone();
+    config["use_parallel_residual"] =
+        Value::from(meta_bool(meta, path, &key("use_parallel_residual"))?.unwrap_or(true));
+    for l in 0..blocks {
+        for suffix in ["weight", "bias", "scales", "biases"] {
+            let name = format!("model.h.{l}.attention.gguf_qkv.{suffix}");
+            let Some(qkv) = tensors.remove(&name) else {
+                continue;
+            };
+            let shape = qkv.shape();
+            if shape[0] != 3 * hidden {
+                return Err(gguf_err(
+                    path,
+                    format!(
+                        "GGUF tensor blk.{l}.attn_qkv.{suffix} has {} rows, not 3 x {hidden}",
+                        shape[0]
+                    ),
+                ));
+            }
+            let mut grouped = vec![3, heads, hd];
+            grouped.extend_from_slice(&shape[1..]);
+            let a = qkv.reshape(&grouped)?;
+            let a = ops::swapaxes(&a, 0, 1, None)?.reshape(&shape)?;
+            tensors.insert(format!("model.h.{l}.attention.query_key_value.{suffix}"), a);
+        }
+    }
+    Ok(())
+}
+
+/// DeepSeek MoE (`deepseek`): mlx-lm's deepseek arguments from the expert keys (every layer
+/// from `leading_dense_block_count` on has experts, `moe_layer_freq` 1, as llama.cpp's graph);
+/// an `expert_weights_scale` other than 1 (which mlx-lm's deepseek lacks) is refused.
+fn deepseek_config(
+    config: &mut Value,
+    path: &Path,
+    meta: &GgufMetadata,
+    blocks: i32,
+) -> Result<()> {
+    let need = |k: &str| need_count(meta, path, "deepseek", k);
+    let dense = meta_count(meta, path, "deepseek.leading_dense_block_count")?.unwrap_or(0);
+    if dense > blocks {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `deepseek.leading_dense_block_count` = {dense} is more than the \
+                 {blocks} layers"
+            ),
+        ));
+    }
+    if let Some(s) = meta_f64(meta, "deepseek.expert_weights_scale") {
+        if s != 1.0 {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `deepseek.expert_weights_scale` is {s}: mlx-lm's deepseek \
+                     scales by 1"
+                ),
+            ));
+        }
+    }
+    config["n_routed_experts"] = Value::from(need("expert_count")?);
+    config["num_experts_per_tok"] = Value::from(need("expert_used_count")?);
+    config["n_shared_experts"] =
+        Value::from(meta_count(meta, path, "deepseek.expert_shared_count")?.unwrap_or(0));
+    config["moe_intermediate_size"] = Value::from(need("expert_feed_forward_length")?);
+    config["first_k_dense_replace"] = Value::from(dense);
+    config["moe_layer_freq"] = Value::from(1);
+    Ok(())
+}
+
+/// MiniCPM (`minicpm`): mlx-lm's `scale_emb` (`embedding_scale`), `scale_depth`
+/// (`residual_scale` times the square root of the layer count) and `dim_model_base` (hidden /
+/// `logit_scale`, an integer where it is one): mlx-lm recomputes the residual and logit scales
+/// from them in Python floats, which come back to the file's f32 values.
+fn minicpm_config(
+    config: &mut Value,
+    path: &Path,
+    meta: &GgufMetadata,
+    blocks: i32,
+    hidden: i32,
+) -> Result<()> {
+    let need = |k: &str| -> Result<f64> {
+        let key = format!("minicpm.{k}");
+        match meta_f64(meta, &key) {
+            Some(v) if v.is_finite() && v != 0.0 => Ok(v),
+            Some(v) => Err(gguf_err(path, format!("metadata `{key}` is {v}"))),
+            None => Err(gguf_err(path, format!("metadata `{key}` is missing"))),
+        }
+    };
+    config["scale_emb"] = Value::from(need("embedding_scale")?);
+    config["scale_depth"] = Value::from(need("residual_scale")? * f64::from(blocks).sqrt());
+    let base = f64::from(hidden) / need("logit_scale")?;
+    config["dim_model_base"] = if base.fract() == 0.0 && base.abs() < 1e9 {
+        Value::from(base as i64)
+    } else {
+        Value::from(base)
+    };
+    Ok(())
+}
+
+/// Hunyuan dense (`hunyuan-dense`): mlx-lm's hunyuan_v1_dense with the file's rope base, which
+/// HunYuanModel wrote already scaled by its NTK alpha (so no `rope_scaling`: alpha 1 keeps the
+/// base); a scaling other than "none" is refused. The head size from `attention.key_length`,
+/// q / k norms and biases from the tensors.
+fn hunyuan_dense_config(
+    config: &mut Value,
+    tensors: &BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    hidden: i32,
+    heads: i32,
+) -> Result<()> {
+    let key = |k: &str| format!("hunyuan-dense.{k}");
+    let hd = meta_count(meta, path, &key("attention.key_length"))?.unwrap_or(hidden / heads.max(1));
+    config["head_dim"] = Value::from(hd);
+    match meta_str(meta, &key("rope.scaling.type")) {
+        None | Some("none") => {}
+        Some(other) => {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is {other:?}: Hunyuan's files carry the NTK-alpha base \
+                     already scaled, with scaling \"none\"",
+                    key("rope.scaling.type")
+                ),
+            ))
+        }
+    }
+    let has = |k: &str| tensors.contains_key(k);
+    config["use_qk_norm"] = Value::from(has("model.layers.0.self_attn.query_layernorm.weight"));
+    config["attention_bias"] = Value::from(has("model.layers.0.self_attn.q_proj.bias"));
     Ok(())
 }
 

@@ -130,6 +130,13 @@ fn later_gguf_architectures_match_mlx_lm() {
         ("internlm2", "internlm2"),
         ("apertus", "apertus"),
         ("nemotron", "nemotron"),
+        ("hunyuan_dense", "hunyuan_v1_dense"),
+        ("phi2", "phi"),
+        ("gpt2", "gpt2"),
+        ("starcoder", "gpt_bigcode"),
+        ("gptneox", "gpt_neox"),
+        ("minicpm", "minicpm"),
+        ("deepseek", "deepseek"),
     ];
     let failures: Vec<String> = cases
         .iter()
@@ -182,7 +189,45 @@ fn later_gguf_architectures_match_mlx_lm() {
         "internlm2",
         "apertus",
         "nemotron",
+        "hunyuan-dense",
+        "phi2",
+        "gpt2",
+        "starcoder",
+        "gptneox",
+        "minicpm",
+        "deepseek",
     ] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }
+}
+
+/// Phi-2 files from older converters fuse q, k and v into `attn_qkv` (weight and bias): the
+/// fixture fused that way loads into the same model.
+#[test]
+fn phi2_fused_qkv_loads_as_the_split_file() {
+    use mlx_core::io::{load_gguf, save_gguf};
+    let (mut tensors, meta) = load_gguf(root().join("models/gguf/phi2.gguf"), None).unwrap();
+    for l in 0..2 {
+        for suffix in ["weight", "bias"] {
+            let part = |p: &str| format!("blk.{l}.attn_{p}.{suffix}");
+            let (q, k, v) = (
+                tensors.remove(&part("q")).unwrap(),
+                tensors.remove(&part("k")).unwrap(),
+                tensors.remove(&part("v")).unwrap(),
+            );
+            let fused = mlx_core::ops::concatenate(&[&q, &k, &v], 0, None).unwrap();
+            tensors.insert(part("qkv"), fused);
+        }
+    }
+    let dir = std::env::temp_dir().join(format!("mlx-gguf-phi2-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("phi2_fused.gguf");
+    save_gguf(&path, tensors.iter().map(|(k, v)| (k.as_str(), v)), &meta).unwrap();
+    let (model, _) = load_gguf_model(&path, &LoadOptions::default()).unwrap();
+    let r = model_check::check_loaded(
+        model.as_ref(),
+        &root().join("goldens/gguf/phi2.safetensors"),
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    r.unwrap();
 }

@@ -340,6 +340,8 @@ mod gguf {
             ("rwkv7", "rwkv7.attention.gate_lora_rank"),
             ("rwkv7", "rwkv7.attention.layer_norm_epsilon"),
             ("apertus", "apertus.xielu.beta"),
+            ("minicpm", "minicpm.residual_scale"),
+            ("deepseek", "deepseek.expert_feed_forward_length"),
         ] {
             let e = err(&edited(
                 fixture,
@@ -461,6 +463,81 @@ mod gguf {
             |_| {},
         ));
         assert!(e.contains("nemotron.rope.scaling.type"), "{e}");
+        // Hunyuan dense: only the pre-scaled NTK-alpha rope.
+        let e = err(&edited(
+            "hunyuan_dense",
+            "hydyn",
+            |m| {
+                m.insert(
+                    "hunyuan-dense.rope.scaling.type".into(),
+                    GgufValue::String("yarn".into()),
+                );
+            },
+            |_| {},
+        ));
+        assert!(e.contains("hunyuan-dense.rope.scaling.type"), "{e}");
+        // Phi-2: an older converter's fused qkv is split (and must have q + 2 kv rows).
+        let e = err(&edited(
+            "phi2",
+            "phi2qkv",
+            |_| {},
+            |t| {
+                let q = t.remove("blk.0.attn_q.weight").unwrap();
+                let k = t.remove("blk.0.attn_k.weight").unwrap();
+                let fused = mlx_core::ops::concatenate(&[&q, &k], 0, None).unwrap();
+                t.insert("blk.0.attn_qkv.weight".into(), fused);
+            },
+        ));
+        assert!(
+            e.contains("blk.0.attn_qkv.weight") && e.contains("rows"),
+            "{e}"
+        );
+        // GPT-2: learned positions are needed; the head is the embedding.
+        let e = err(&edited(
+            "gpt2",
+            "gpt2pos",
+            |_| {},
+            |t| {
+                t.remove("position_embd.weight");
+            },
+        ));
+        assert!(e.contains("position_embd.weight"), "{e}");
+        let e = err(&edited(
+            "gpt2",
+            "gpt2head",
+            |_| {},
+            |t| {
+                let w = t["token_embd.weight"].clone();
+                t.insert("output.weight".into(), w);
+            },
+        ));
+        assert!(e.contains("output.weight"), "{e}");
+        // StarCoder: one KV head or all of them.
+        let e = err(&edited(
+            "starcoder",
+            "scgqa",
+            |m| {
+                m.insert("starcoder.attention.head_count_kv".into(), u(2));
+            },
+            |_| {},
+        ));
+        assert!(e.contains("starcoder.attention.head_count_kv"), "{e}");
+        // GPT-NeoX: the fused qkv has three times the width.
+        let e = err(&edited(
+            "gptneox",
+            "neoxqkv",
+            |_| {},
+            |t| {
+                let w = t["blk.0.attn_qkv.weight"]
+                    .slice(&[0, 0], &[64, 32], &[1, 1])
+                    .unwrap();
+                t.insert("blk.0.attn_qkv.weight".into(), w);
+            },
+        ));
+        assert!(
+            e.contains("blk.0.attn_qkv.weight") && e.contains("rows"),
+            "{e}"
+        );
         // InternLM2: q, k and v come together; the key heads divide the query heads.
         let e = err(&edited(
             "internlm2",

@@ -265,6 +265,15 @@ struct Plamo2Table {
 impl Plamo2Table {
     fn build(tokens: &[String], types: &[i32], scores: &[f32]) -> Result<Self> {
         use std::collections::HashMap;
+        if scores.len() != tokens.len() || types.len() != tokens.len() {
+            return Err(TokenizerError::Invalid(format!(
+                "GGUF PLaMo 2 vocabulary: {} tokens, {} tokenizer.ggml.scores, {} \
+                 tokenizer.ggml.token_type entries",
+                tokens.len(),
+                scores.len(),
+                types.len()
+            )));
+        }
         let mut bytes = [0u32; 256];
         let mut suffix_to_score: HashMap<String, f32> = HashMap::new();
         let mut token_to_id: HashMap<&str, i32> = HashMap::new();

@@ -1805,6 +1805,225 @@ CASES["nemotron"] = Case(
 )
 
 
+# Hunyuan dense (`hunyuan-dense`, Hunyuan-7B / 4B / 1.8B / 0.5B): HunYuanModel writes TextModel's
+# keys with the head size, then for its NTK-alpha ("dynamic") rope the base already scaled,
+# base * alpha ** (head_dim / (head_dim - 2)), scaling "none" with factor 1, and a 256k context
+# (both as the original context). mlx-lm's hunyuan_v1_dense scales the same base the same way
+# at load; the file's scaled base with alpha 1 is the same rope.
+HUNYUAN_DENSE = cfg("hunyuan_v1_dense", head_dim=8, use_qk_norm=True, attention_bias=False,
+                    tie_word_embeddings=True, max_position_embeddings=32768,
+                    rope_scaling={"alpha": 50.0, "factor": 1.0, "type": "dynamic"})
+
+
+def hunyuan_base(c):
+    d = c["head_dim"]
+    return c["rope_theta"] * (c["rope_scaling"]["alpha"] ** (d / (d - 2)))
+
+
+CASES["hunyuan_dense"] = Case(
+    "hunyuan_v1_dense",
+    HUNYUAN_DENSE,
+    "hunyuan-dense",
+    [
+        u32("block_count", "num_hidden_layers"),
+        u32("context_length", 256 * 1024),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv", "num_key_value_heads"),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+        u32("attention.key_length", "head_dim"),
+        u32("attention.value_length", "head_dim"),
+        f32("rope.freq_base", hunyuan_base),
+        text("rope.scaling.type", "none"),
+        f32("rope.scaling.factor", 1.0),
+        u32("rope.scaling.original_context_length", 256 * 1024),
+    ] + GPT2,
+    {"self_attn.query_layernorm": "attn_q_norm", "self_attn.key_layernorm": "attn_k_norm"},
+)
+
+
+# Phi-2 (`phi2`, mlx-lm's `phi`): Phi2Model writes no rope base (10000), the feed-forward width
+# as 4 * hidden (Phi-2's), the LayerNorm epsilon, the rotated width int(factor * hidden) //
+# heads and `add_bos_token` false; LayerNorms and every linear layer with bias, the head too.
+CASES["phi2"] = Case(
+    "phi",
+    {k: v for k, v in cfg("phi", intermediate_size=128, layer_norm_eps=1e-5, partial_rotary_factor=0.5,
+                          num_key_value_heads=4, tie_word_embeddings=False).items()
+     if k != "rms_norm_eps"},
+    "phi2",
+    [
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", lambda c: 4 * c["hidden_size"]),
+        u32("block_count", "num_hidden_layers"),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv", "num_attention_heads"),
+        f32("attention.layer_norm_epsilon", "layer_norm_eps"),
+        u32("rope.dimension_count", lambda c: int(c["partial_rotary_factor"] * c["hidden_size"]) // c["num_attention_heads"]),
+        ("raw", "tokenizer.ggml.add_bos_token", mx.array(False)),
+    ] + GPT2,
+    {
+        "model.final_layernorm": "output_norm",
+        "self_attn.dense": "attn_output",
+        "mlp.fc1": "ffn_up",
+        "mlp.fc2": "ffn_down",
+    },
+)
+
+
+# GPT-2 (`gpt2`): GPT2Model transposes HF's Conv1D weights (to mlx-lm's Linear layout) and
+# writes the block count, `n_ctx`, the width, 4 * width as the feed-forward width, the heads
+# and the LayerNorm epsilon; learned positions as `position_embd`; the head is the embedding.
+CASES["gpt2"] = Case(
+    "gpt2",
+    {"model_type": "gpt2", "n_ctx": 256, "n_embd": 32, "n_head": 4, "n_layer": 2, "n_positions": 256,
+     "layer_norm_epsilon": 1e-5, "vocab_size": 96},
+    "gpt2",
+    [
+        u32("block_count", "n_layer"),
+        u32("context_length", "n_ctx"),
+        u32("embedding_length", "n_embd"),
+        u32("feed_forward_length", lambda c: 4 * c["n_embd"]),
+        u32("attention.head_count", "n_head"),
+        f32("attention.layer_norm_epsilon", "layer_norm_epsilon"),
+    ] + GPT2,
+    {
+        "model.wte": "token_embd",
+        "model.wpe": "position_embd",
+        "model.ln_f": "output_norm",
+        "ln_1": "attn_norm",
+        "attn.c_attn": "attn_qkv",
+        "attn.c_proj": "attn_output",
+        "ln_2": "ffn_norm",
+        "mlp.c_fc": "ffn_up",
+        "mlp.c_proj": "ffn_down",
+    },
+    prefix="model.h",
+)
+
+
+# StarCoder (`starcoder`, mlx-lm's gpt_bigcode): StarCoderModel writes `n_positions` as the
+# context, 4 * width as the feed-forward width, one KV head (multi-query) and the LayerNorm
+# epsilon; learned positions as `position_embd`; the head tied to the embedding.
+CASES["starcoder"] = Case(
+    "gpt_bigcode",
+    {"model_type": "gpt_bigcode", "n_embd": 32, "n_layer": 2, "n_inner": 128, "n_head": 4,
+     "n_positions": 256, "layer_norm_epsilon": 1e-5, "vocab_size": 96, "multi_query": True,
+     "tie_word_embeddings": True},
+    "starcoder",
+    [
+        u32("context_length", "n_positions"),
+        u32("embedding_length", "n_embd"),
+        u32("feed_forward_length", lambda c: 4 * c["n_embd"]),
+        u32("block_count", "n_layer"),
+        u32("attention.head_count", "n_head"),
+        u32("attention.head_count_kv", 1),
+        f32("attention.layer_norm_epsilon", "layer_norm_epsilon"),
+    ] + GPT2,
+    {
+        "transformer.wte": "token_embd",
+        "transformer.wpe": "position_embd",
+        "transformer.ln_f": "output_norm",
+        "ln_1": "attn_norm",
+        "attn.c_attn": "attn_qkv",
+        "attn.c_proj": "attn_output",
+        "ln_2": "ffn_norm",
+        "mlp.c_fc": "ffn_up",
+        "mlp.c_proj": "ffn_down",
+    },
+    prefix="transformer.h",
+)
+
+
+# GPT-NeoX (`gptneox`, Pythia): GPTNeoXModel regroups the per-head interleaved
+# `query_key_value` (per head: its q, k, v rows) into q rows, then k, then v (weight and bias),
+# and writes no rope base (10000), the rotated width int(rotary_pct * head size), the parallel
+# residual flag and the LayerNorm epsilon.
+def gptneox_tensors(case, k, v):
+    if ".attention.query_key_value." in k:
+        c = case.config
+        h, hd = c["num_attention_heads"], c["hidden_size"] // c["num_attention_heads"]
+        v = v.reshape(h, 3, hd, *v.shape[1:]).swapaxes(0, 1).reshape(v.shape)
+    return [(case.gguf_name(k), v)]
+
+
+CASES["gptneox"] = Case(
+    "gpt_neox",
+    {"model_type": "gpt_neox", "max_position_embeddings": 256, "hidden_size": 32,
+     "num_attention_heads": 4, "num_hidden_layers": 2, "layer_norm_eps": 1e-5, "vocab_size": 96,
+     "rotary_emb_base": 10000, "rotary_pct": 0.25, "use_parallel_residual": True,
+     "intermediate_size": 128},
+    "gptneox",
+    [
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("block_count", "num_hidden_layers"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("rope.dimension_count", lambda c: int(c["rotary_pct"] * (c["hidden_size"] // c["num_attention_heads"]))),
+        u32("attention.head_count", "num_attention_heads"),
+        flag("use_parallel_residual", "use_parallel_residual"),
+        f32("attention.layer_norm_epsilon", "layer_norm_eps"),
+    ] + GPT2,
+    {
+        "model.embed_in": "token_embd",
+        "model.embed_out": "output",
+        "model.final_layer_norm": "output_norm",
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "ffn_norm",
+        "attention.query_key_value": "attn_qkv",
+        "attention.dense": "attn_output",
+        "mlp.dense_h_to_4h": "ffn_up",
+        "mlp.dense_4h_to_h": "ffn_down",
+    },
+    prefix="model.h",
+    tensors=gptneox_tensors,
+)
+
+
+# MiniCPM (`minicpm`, MiniCPM 1 / 2): MiniCPMModel permutes Q / K as LlamaModel does and adds
+# to TextModel's keys `embedding_scale` (scale_emb), `residual_scale` (scale_depth / sqrt of
+# the layer count) and `logit_scale` (hidden / dim_model_base), each an f32 of the Python
+# value mlx-lm computes the same way.
+CASES["minicpm"] = Case(
+    "minicpm",
+    cfg("minicpm", dim_model_base=16, scale_depth=1.4, scale_emb=12.0, tie_word_embeddings=True),
+    "minicpm",
+    text_model() + [
+        f32("embedding_scale", "scale_emb"),
+        f32("residual_scale", lambda c: c["scale_depth"] / c["num_hidden_layers"] ** 0.5),
+        f32("logit_scale", lambda c: c["hidden_size"] / c["dim_model_base"]),
+    ],
+    permute_qk=True,
+)
+
+
+# DeepSeek MoE (`deepseek`, deepseek-moe-16b): DeepseekModel permutes Q / K as LlamaModel
+# does, stacks the routed experts, and adds to TextModel's keys (with the experts used per
+# token) the rope width, scaling "none", the dense first blocks, the vocabulary size, the
+# experts' width, a weights scale of 1, the expert and shared-expert counts.
+CASES["deepseek"] = Case(
+    "deepseek",
+    cfg("deepseek", num_hidden_layers=3, first_k_dense_replace=1, n_routed_experts=4,
+        num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=16, moe_layer_freq=1,
+        num_key_value_heads=4, tie_word_embeddings=False),
+    "deepseek",
+    text_model() + [
+        u32("expert_used_count", "num_experts_per_tok"),
+        u32("rope.dimension_count", head_size),
+        text("rope.scaling.type", "none"),
+        u32("leading_dense_block_count", "first_k_dense_replace"),
+        u32("vocab_size", "vocab_size"),
+        u32("expert_feed_forward_length", "moe_intermediate_size"),
+        f32("expert_weights_scale", 1.0),
+        u32("expert_count", "n_routed_experts"),
+        u32("expert_shared_count", "n_shared_experts"),
+    ],
+    {**EXPERTS, **DEEPSEEK_MOE},
+    permute_qk=True,
+)
+
+
 # RWKV-7 with a real "world" vocabulary (`rwkv7_world`): the same converter output with the
 # tokenizer metadata of `goldens_gguf_rwkv.py`'s fixture (run that first), so `mlx generate`
 # runs on the file. Besides the logits, `rwkv7_cli` records what `mlx generate --json`
