@@ -877,10 +877,11 @@ mod tests {
     /// the unquantized inputs), one to four inputs a call: tier L3, bound `sum_c (d_c / 2)
     /// sum_{i in c} |w_i|` (each input off by at most half its chunk's step `d_c = max|x| /
     /// 32767`) plus `2e-6 * sum |w x|` of float32 rounding; and each input's bits are the
-    /// same whatever `m`.
+    /// same whatever `m` (70 rows: one input's four-row passes, `kquant_x86::ROWS`, and
+    /// their remainders, on one and two threads).
     #[test]
     fn int16_inputs_are_within_half_a_step() {
-        let rows = 6;
+        let rows = 70;
         // 16 chunks, and 19 (the 32-value types' grouped kernel's tail).
         let shapes = GgmlType::ALL
             .into_iter()
