@@ -582,7 +582,12 @@ fn run(
     let chunks = cols / 32;
     let threads = ctx.pool.threads();
     let total: usize = jobs.iter().map(|j| j.w.rows()).sum();
-    let block = (total / (threads * 8)).clamp(1, 32);
+    // Blocks of rows the workers take in turn: at most 32 rows, but up to 256 in a call of
+    // 64k rows or more (a large vocabulary's head: 8192 blocks of 32 rows at Gemma 3's
+    // 262,144 would cost as many contended atomic increments, and each block's last rows'
+    // prefetches would land in another worker's block).
+    let cap = if total >= 1 << 16 { 256 } else { 32 };
+    let block = (total / (threads * 8)).clamp(1, cap);
     type Plan<'p> = (Matrix<'p>, Option<Floats<'p>>, SharedOut, usize);
     let mut plan: [Option<Plan<'_>>; MAX_JOBS] = [None; MAX_JOBS];
     let mut blocks = 0;
