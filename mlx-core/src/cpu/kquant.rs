@@ -582,7 +582,12 @@ fn run(
     let chunks = cols / 32;
     let threads = ctx.pool.threads();
     let total: usize = jobs.iter().map(|j| j.w.rows()).sum();
-    let block = (total / (threads * 8)).clamp(1, 32);
+    // Blocks of rows the workers take in turn: at most 32 rows, but up to 256 in a call of
+    // 64k rows or more (a large vocabulary's head: 8192 blocks of 32 rows at Gemma 3's
+    // 262,144 would cost as many contended atomic increments, and each block's last rows'
+    // prefetches would land in another worker's block).
+    let cap = if total >= 1 << 16 { 256 } else { 32 };
+    let block = (total / (threads * 8)).clamp(1, cap);
     type Plan<'p> = (Matrix<'p>, Option<Floats<'p>>, SharedOut, usize);
     let mut plan: [Option<Plan<'_>>; MAX_JOBS] = [None; MAX_JOBS];
     let mut blocks = 0;
@@ -877,10 +882,11 @@ mod tests {
     /// the unquantized inputs), one to four inputs a call: tier L3, bound `sum_c (d_c / 2)
     /// sum_{i in c} |w_i|` (each input off by at most half its chunk's step `d_c = max|x| /
     /// 32767`) plus `2e-6 * sum |w x|` of float32 rounding; and each input's bits are the
-    /// same whatever `m`.
+    /// same whatever `m` (70 rows: one input's four-row passes, `kquant_x86::ROWS`, and
+    /// their remainders, on one and two threads).
     #[test]
     fn int16_inputs_are_within_half_a_step() {
-        let rows = 6;
+        let rows = 70;
         // 16 chunks, and 19 (the 32-value types' grouped kernel's tail).
         let shapes = GgmlType::ALL
             .into_iter()

@@ -73,6 +73,21 @@ pub(super) trait Unpack {
     fn halves(&self, _c: usize) -> [f32; 2] {
         [1.0; 2]
     }
+    /// [`Unpack::halves`] as integers (the same values).
+    fn int_halves(&self, _c: usize) -> [i16; 2] {
+        [1; 2]
+    }
+    /// The type has [`Unpack::chunk512`].
+    const CHUNK512: bool = false;
+    /// AVX-512 (F/BW/VL): chunk `c`'s codes as 32 int16 lanes (the values `chunk` gives,
+    /// times the integer scales, as `v512::widen16` makes them), its factor and minimum, in
+    /// fewer instructions. Only where [`Unpack::CHUNK512`].
+    ///
+    /// # Safety
+    /// As [`Unpack::chunk`], and the CPU has AVX-512 F/BW/VL.
+    unsafe fn chunk512(&mut self, _row: *const u8, _c: usize) -> (__m512i, f32, f32) {
+        unreachable!("no chunk512")
+    }
 }
 
 #[derive(Default)]
@@ -95,6 +110,7 @@ pub(super) struct Q45K<const FIVE: bool> {
 #[derive(Default)]
 pub(super) struct Q6K {
     sc: [f32; 2],
+    isc: [i16; 2],
 }
 
 impl Unpack for Q8_0 {
@@ -130,6 +146,26 @@ impl Unpack for Q4_0 {
 impl Unpack for Q5_0 {
     const SIGNED: bool = true;
     const MINS: bool = false;
+    const CHUNK512: bool = true;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+    unsafe fn chunk512(&mut self, row: *const u8, c: usize) -> (__m512i, f32, f32) {
+        // SAFETY: as `chunk`.
+        unsafe {
+            let p = row.add(22 * c);
+            let qh = std::ptr::read_unaligned(p.add(2) as *const u32);
+            // The 16 bytes in both halves, as int16: low nibbles in lanes 0..16, high in
+            // 16..32; minus 16 where the fifth bit is clear (`(n | h << 4) - 16`).
+            let q = _mm256_broadcastsi128_si256(_mm_loadu_si128(p.add(6) as *const __m128i));
+            let v = _mm512_srlv_epi16(
+                _mm512_cvtepu8_epi16(q),
+                _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1),
+            );
+            let v = _mm512_and_si512(v, _mm512_set1_epi16(0x0f));
+            let w = _mm512_mask_sub_epi16(v, !qh, v, _mm512_set1_epi16(16));
+            (w, h2f(p), 0.0)
+        }
+    }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn chunk(&mut self, row: *const u8, c: usize) -> (__m256i, __m256i, f32, f32) {
@@ -230,6 +266,9 @@ impl<const FIVE: bool> Unpack for Q45K<FIVE> {
     fn halves(&self, c: usize) -> [f32; 2] {
         [f32::from(self.sc[c % 8]); 2]
     }
+    fn int_halves(&self, c: usize) -> [i16; 2] {
+        [i16::from(self.sc[c % 8]); 2]
+    }
 }
 
 impl Unpack for Q6K {
@@ -261,6 +300,7 @@ impl Unpack for Q6K {
             let w = _mm256_sub_epi8(w, _mm256_set1_epi8(32));
             let s = p.add(192 + 8 * h + 2 * gg);
             self.sc = [f32::from(*s as i8), f32::from(*s.add(1) as i8)];
+            self.isc = [i16::from(*s as i8), i16::from(*s.add(1) as i8)];
             let sc = _mm256_set_m128i(
                 _mm_set1_epi16(i16::from(*s.add(1) as i8)),
                 _mm_set1_epi16(i16::from(*s as i8)),
@@ -270,6 +310,9 @@ impl Unpack for Q6K {
     }
     fn halves(&self, _c: usize) -> [f32; 2] {
         self.sc
+    }
+    fn int_halves(&self, _c: usize) -> [i16; 2] {
+        self.isc
     }
 }
 
@@ -366,6 +409,9 @@ struct Args<'a> {
     bias: Option<Floats<'a>>,
 }
 
+/// Rows a pass of the one-input int16 kernel (`kernel_i16_rows`).
+const ROWS: usize = 4;
+
 /// The row loop every kernel shares: rows `r0..r1` of `a`, the inputs four at a time through
 /// `$k::<$U, MT>(U::default(), row, args...)` (`$row`, `$t0`: the names the arguments may use
 /// for the row's bytes and the first input of the pass), each result plus the bias; the
@@ -452,8 +498,7 @@ macro_rules! lane_kernels {
             // SAFETY: within the ranges of the contract.
             unsafe {
                 for c in 0..chunks {
-                    let (w, _, f, b) = u.chunk(row, c);
-                    let w16 = widen16(&u, w, c);
+                    let (w16, f, b) = codes16(&mut u, row, c);
                     for t in 0..MT {
                         let i = t * chunks + c;
                         let p = dot16(w16, q.add(i * 32));
@@ -466,6 +511,46 @@ macro_rules! lane_kernels {
                 let mut out = [0f32; MT];
                 for t in 0..MT {
                     out[t] = reduce(acc[t]) + mins[t];
+                }
+                out
+            }
+        }
+
+        /// `R` rows' dot products with one int16 input, the rows' chunks interleaved: `R`
+        /// independent chains of float multiply-adds where one row alone waits on each
+        /// multiply-add's latency. Each row's operations, in their order, are
+        /// `kernel_i16`'s with `MT = 1`: the same bits.
+        ///
+        /// # Safety
+        /// As `kernel_i16` (`MT = 1`), for each of `rows`.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn kernel_i16_rows<U: Unpack + Default, const R: usize>(
+            rows: [*const u8; R],
+            q: *const i16,
+            d: *const f32,
+            s: *const f32,
+            chunks: usize,
+        ) -> [f32; R] {
+            let mut u: [U; R] = std::array::from_fn(|_| U::default());
+            let mut acc = [zero(); R];
+            let mut mins = [0f32; R];
+            // SAFETY: within the ranges of the contract.
+            unsafe {
+                for c in 0..chunks {
+                    let (xd, xs) = (*d.add(c), *s.add(c));
+                    for r in 0..R {
+                        let (w16, f, b) = codes16(&mut u[r], rows[r], c);
+                        let p = dot16(w16, q.add(c * 32));
+                        acc[r] = fmadd(p, splat(f * xd), acc[r]);
+                        if U::MINS {
+                            mins[r] -= b * xs;
+                        }
+                    }
+                }
+                let mut out = [0f32; R];
+                for r in 0..R {
+                    out[r] = reduce(acc[r]) + mins[r];
                 }
                 out
             }
@@ -541,6 +626,28 @@ macro_rules! lane_kernels {
                     }
                     Inputs::Int16 { q, d, s } => {
                         let (q, d, s) = (q.as_ptr(), d.as_ptr(), s.as_ptr());
+                        let mut r0 = r0;
+                        if a.m == 1 && U::SCALED {
+                            // One input of a k-quant: four rows at a time
+                            // (`kernel_i16_rows`), the rest below. The prefetch leads each
+                            // group by as many rows as one row at a time does.
+                            let ahead = prefetch_rows(a.rb) + ROWS - 1;
+                            while r0 + ROWS <= r1 {
+                                let rows: [*const u8; ROWS] =
+                                    std::array::from_fn(|k| a.data.add((r0 + k) * a.rb));
+                                for (k, &row) in rows.iter().enumerate() {
+                                    if ahead > 0 && r0 + k + ahead < a.n {
+                                        prefetch(row.wrapping_add(ahead * a.rb), a.rb);
+                                    }
+                                }
+                                let res = kernel_i16_rows::<U, ROWS>(rows, q, d, s, c);
+                                for (k, v) in res.iter().enumerate() {
+                                    let bv = a.bias.map_or(0.0, |b| b.get(r0 + k));
+                                    a.out.write(r0 + k, v + bv);
+                                }
+                                r0 += ROWS;
+                            }
+                        }
                         row_loop!(a, r0, r1, U, |row, t0| kernel_i16(
                             q.add(t0 * c * 32),
                             d.add(t0 * c),
@@ -606,11 +713,25 @@ mod v256 {
             (_mm256_cvtepu8_epi16(lo), _mm256_cvtepu8_epi16(hi))
         };
         if U::SCALED {
-            let h = u.halves(c);
-            w0 = _mm256_mullo_epi16(w0, _mm256_set1_epi16(h[0] as i16));
-            w1 = _mm256_mullo_epi16(w1, _mm256_set1_epi16(h[1] as i16));
+            let h = u.int_halves(c);
+            w0 = _mm256_mullo_epi16(w0, _mm256_set1_epi16(h[0]));
+            w1 = _mm256_mullo_epi16(w1, _mm256_set1_epi16(h[1]));
         }
         [w0, w1]
+    }
+
+    /// Chunk `c`'s codes as int16 ([`widen16`]), its factor and minimum.
+    ///
+    /// # Safety
+    /// As [`Unpack::chunk`].
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn codes16<U: Unpack>(u: &mut U, row: *const u8, c: usize) -> ([__m256i; 2], f32, f32) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            let (w, _, f, b) = u.chunk(row, c);
+            (widen16(u, w, c), f, b)
+        }
     }
 
     /// The chunk's 32-bit integer sums against 32 int16 inputs at `xp`, as floats.
@@ -746,22 +867,40 @@ mod v512 {
     /// A chunk's 32 codes as 32 int16 lanes, times their halves' integer scales.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    fn widen16<U: Unpack>(u: &U, w: __m256i, c: usize) -> __m512i {
+    pub(super) fn widen16<U: Unpack>(u: &U, w: __m256i, c: usize) -> __m512i {
         let mut w16 = if U::SIGNED {
             _mm512_cvtepi8_epi16(w)
         } else {
             _mm512_cvtepu8_epi16(w)
         };
         if U::SCALED {
-            let h = u.halves(c);
+            let h = u.int_halves(c);
             let sc = _mm512_mask_blend_epi16(
                 0xffff_0000,
-                _mm512_set1_epi16(h[0] as i16),
-                _mm512_set1_epi16(h[1] as i16),
+                _mm512_set1_epi16(h[0]),
+                _mm512_set1_epi16(h[1]),
             );
             w16 = _mm512_mullo_epi16(w16, sc);
         }
         w16
+    }
+
+    /// Chunk `c`'s codes as int16 ([`Unpack::chunk512`] where the type has it, else
+    /// [`widen16`]), its factor and minimum.
+    ///
+    /// # Safety
+    /// As [`Unpack::chunk`].
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn codes16<U: Unpack>(u: &mut U, row: *const u8, c: usize) -> (__m512i, f32, f32) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            if U::CHUNK512 {
+                return u.chunk512(row, c);
+            }
+            let (w, _, f, b) = u.chunk(row, c);
+            (widen16(u, w, c), f, b)
+        }
     }
 
     /// The chunk's 32-bit integer sums against 32 int16 inputs at `xp` (one `vpdpwssd`), as
@@ -857,4 +996,48 @@ mod v512 {
     }
 
     lane_kernels!("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Q5_0's AVX-512 unpacking (`Unpack::chunk512`) gives the int16 codes, factor and
+    /// minimum of the AVX2 one widened (`v512::widen16`), bit for bit, on every bit pattern
+    /// of random blocks.
+    #[test]
+    fn q5_0_chunk512_is_the_widened_chunk() {
+        if !super::super::Isa::Avx512.available() {
+            return;
+        }
+        let mut g = 12345u64;
+        let data: Vec<u8> = (0..22 * 64)
+            .map(|_| {
+                g = g.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                (g >> 33) as u8
+            })
+            .collect();
+        for c in 0..64 {
+            let mut u = Q5_0;
+            // SAFETY: AVX-512 F/BW/VL checked above; chunk c lies within `data`.
+            let (a, b) = unsafe {
+                let (w, _, f, m) = u.chunk(data.as_ptr(), c);
+                let (w16, f2, m2) = u.chunk512(data.as_ptr(), c);
+                let mut x = [0i16; 32];
+                let mut y = [0i16; 32];
+                _mm512_storeu_si512(x.as_mut_ptr() as *mut _, v512_widen(&u, w, c));
+                _mm512_storeu_si512(y.as_mut_ptr() as *mut _, w16);
+                (
+                    (x, f.to_bits(), m.to_bits()),
+                    (y, f2.to_bits(), m2.to_bits()),
+                )
+            };
+            assert_eq!(a, b, "chunk {c}");
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    fn v512_widen<U: Unpack>(u: &U, w: __m256i, c: usize) -> __m512i {
+        v512::widen16(u, w, c)
+    }
 }
