@@ -150,7 +150,7 @@ fn run_cli(args: &[String]) -> Result<(), String> {
             }
             let target = std::env::var_os("CARGO_TARGET_DIR")
                 .map_or_else(|| workspace_root().join("target"), Into::into);
-            std::path::PathBuf::from(target).join("release").join("mlx")
+            target.join("release").join("mlx")
         }
     };
     let prompt = format!(
