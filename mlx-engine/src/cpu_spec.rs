@@ -406,8 +406,10 @@ pub struct CpuSpecSteps<'m> {
     /// Tokens yielded or queued.
     produced: usize,
     stats: SpecStats,
-    /// The last pass's greedy choices and log-probabilities (kept between passes).
+    /// The last pass's greedy choices and log-probabilities, and its input tokens (kept
+    /// between passes: no allocation a pass).
     preds: Vec<(u32, f32)>,
+    input: Vec<u32>,
 }
 
 impl<'m> CpuSpecSteps<'m> {
@@ -460,6 +462,7 @@ impl<'m> CpuSpecSteps<'m> {
             produced: 0,
             stats: SpecStats::default(),
             preds: Vec::new(),
+            input: Vec::new(),
         })
     }
 
@@ -495,11 +498,12 @@ impl<'m> CpuSpecSteps<'m> {
         let mut drafts = (self.propose)(&self.history, want);
         drafts.truncate(want);
         let base = self.dec.position();
-        let mut input = Vec::with_capacity(drafts.len() + 1);
+        let input = &mut self.input;
+        input.clear();
         input.push(y);
         input.extend_from_slice(&drafts);
         let vocab = self.dec.vocab();
-        let logits = self.dec.verify(&input)?;
+        let logits = self.dec.verify(input)?;
         let preds = &mut self.preds;
         let n = accept_logprobs(logits, vocab, &drafts, preds)?;
         self.len.update(drafts.len(), n);
