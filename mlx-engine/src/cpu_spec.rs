@@ -387,9 +387,11 @@ fn mlx_logprob(row: &[f32], t: u32) -> Result<f32> {
 
 /// [`speculative_greedy`] as a step iterator, what
 /// [`crate::stream::stream_generate_cpu_speculative`] streams: each call yields one token
-/// (`(token, log-probability, from_draft)`); a verification pass runs when the tokens of the
-/// last one are used up. The caller stops it (EOS, stop strings); `max_tokens` (`None`: no
-/// limit) only bounds the drafts so no pass verifies tokens past it.
+/// (`(token, log-probability, from_draft)`). The decoder's own next token is yielded as soon
+/// as it is known (after the prompt, after each pass), as plain decoding yields it; the
+/// verification pass that feeds it with the drafts after it runs on the call after, so a
+/// stream that stops at that token (EOS, `max_tokens`, a stop string) runs no pass for it.
+/// `max_tokens` (`None`: no limit) only bounds the drafts so no pass verifies tokens past it.
 pub struct CpuSpecSteps<'m> {
     dec: CpuDecoder<'m>,
     propose: Box<Propose<'m>>,
@@ -397,13 +399,17 @@ pub struct CpuSpecSteps<'m> {
     max_tokens: Option<usize>,
     history: Vec<u32>,
     queue: std::collections::VecDeque<(u32, f32, bool)>,
-    /// The decoder's next token (and its log-probability), not yet yielded nor in the cache.
+    /// The decoder's next token (and its log-probability), not yet in the cache.
     y: (u32, f32),
+    /// Whether `y` has been yielded (its pass runs on the next call).
+    y_out: bool,
     /// Tokens yielded or queued.
     produced: usize,
     stats: SpecStats,
-    /// The last pass's greedy choices and log-probabilities (kept between passes).
+    /// The last pass's greedy choices and log-probabilities, and its input tokens (kept
+    /// between passes: no allocation a pass).
     preds: Vec<(u32, f32)>,
+    input: Vec<u32>,
 }
 
 impl<'m> CpuSpecSteps<'m> {
@@ -452,9 +458,11 @@ impl<'m> CpuSpecSteps<'m> {
             history,
             queue: Default::default(),
             y,
+            y_out: false,
             produced: 0,
             stats: SpecStats::default(),
             preds: Vec::new(),
+            input: Vec::new(),
         })
     }
 
@@ -467,33 +475,35 @@ impl<'m> CpuSpecSteps<'m> {
     /// tokens yielded so far (the prompt and every yielded token; verified tokens not yet
     /// yielded are rolled back): what a conversation continues.
     pub fn into_decoder(mut self) -> (CpuDecoder<'m>, Vec<u32>) {
+        // A yielded token whose pass has not run yet goes into the cache now (should that
+        // fail, it is left out of both).
+        if self.y_out && self.queue.is_empty() && self.dec.feed(&[self.y.0]).is_err() {
+            self.history.pop();
+        }
         let keep = self.dec.position().saturating_sub(self.queue.len());
         self.dec.truncate(keep);
         self.history.truncate(keep);
         (self.dec, self.history)
     }
 
-    /// One verification pass: the pending token and the drafts queued, the decoder's next
-    /// token pending.
+    /// One verification pass: the yielded token `y` and the drafts after it, the accepted
+    /// drafts queued, the decoder's next token pending (not yet yielded).
     fn round(&mut self) -> Result<()> {
         let y = self.y.0;
-        self.queue.push_back((y, self.y.1, false));
-        self.history.push(y);
-        self.produced += 1;
         let room = self
             .max_tokens
             .map_or(usize::MAX, |m| m.saturating_sub(self.produced));
-        // With no room left the pending token is still run (no drafts), as plain decoding
-        // runs every token it yields: the cache then holds what plain decoding's would.
+        // With no room left (a caller reading past `max_tokens`) `y` still runs, no drafts.
         let want = self.len.want(room);
         let mut drafts = (self.propose)(&self.history, want);
         drafts.truncate(want);
         let base = self.dec.position();
-        let mut input = Vec::with_capacity(drafts.len() + 1);
+        let input = &mut self.input;
+        input.clear();
         input.push(y);
         input.extend_from_slice(&drafts);
         let vocab = self.dec.vocab();
-        let logits = self.dec.verify(&input)?;
+        let logits = self.dec.verify(input)?;
         let preds = &mut self.preds;
         let n = accept_logprobs(logits, vocab, &drafts, preds)?;
         self.len.update(drafts.len(), n);
@@ -507,16 +517,25 @@ impl<'m> CpuSpecSteps<'m> {
             self.produced += 1;
         }
         self.y = self.preds[n];
+        self.y_out = false;
         Ok(())
     }
 
     /// The next token, its log-probability and whether a draft proposed it.
     pub fn next_token(&mut self) -> Result<(u32, f32, bool)> {
-        if self.queue.is_empty() {
-            self.round()?;
+        if let Some(t) = self.queue.pop_front() {
+            return Ok(t);
         }
-        self.queue
-            .pop_front()
-            .ok_or_else(|| EngineError::Other("speculation produced no token".into()))
+        if self.y_out {
+            self.round()?;
+            if let Some(t) = self.queue.pop_front() {
+                return Ok(t);
+            }
+        }
+        // The decoder's own token: yielded before the pass that feeds it.
+        self.y_out = true;
+        self.history.push(self.y.0);
+        self.produced += 1;
+        Ok((self.y.0, self.y.1, false))
     }
 }

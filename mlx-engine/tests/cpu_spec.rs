@@ -340,6 +340,13 @@ fn prompt_lookup_streams_plain_greedy_over_random_texts() {
             spec, plain,
             "case {case}: prompt {prompt:?} ngram {ngram} k {k}"
         );
+        // What a conversation continues: the cache holds the prompt and every token streamed
+        // (the last one fed though its pass never ran), nothing verified past them.
+        let (dec, held) = s.into_cpu_speculation().unwrap();
+        let mut want = prompt.clone();
+        want.extend(spec.iter().filter_map(|r| r.0));
+        assert_eq!(held, want, "case {case}");
+        assert_eq!(dec.position(), want.len(), "case {case}");
     }
     assert!(drafted > 0, "no case drafted");
 }

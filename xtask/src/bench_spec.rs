@@ -150,7 +150,7 @@ fn run_cli(args: &[String]) -> Result<(), String> {
             }
             let target = std::env::var_os("CARGO_TARGET_DIR")
                 .map_or_else(|| workspace_root().join("target"), Into::into);
-            std::path::PathBuf::from(target).join("release").join("mlx")
+            target.join("release").join("mlx")
         }
     };
     let prompt = format!(
@@ -234,7 +234,7 @@ fn run_cli(args: &[String]) -> Result<(), String> {
          `cargo xtask bench spec`: `{} generate --model {} --prompt <copy-edit request> -m \
          {max_tokens} --json{}{}` (the chat template applied; the defaults pick the decoder), \
          plain against `{}`, alternating (odd rounds run speculation first); rates are the \
-         command's own `generation_tps` (tokens after the first over the time since it).\n\n\
+         command's own `generation_tps` (tokens, the first and any EOS included, over the time since the first).\n\n\
          `uptime` before: `{first_uptime}`\n\n\
          | round | plain tok/s | lookup tok/s | ratio | tokens | accepted / drafted | passes | \
          same tokens | load (1, 5, 15 min) |\n|---|---|---|---|---|---|---|---|---|\n{}\n\n\
