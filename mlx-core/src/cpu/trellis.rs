@@ -177,8 +177,21 @@ pub fn hadamard_block(n: usize) -> usize {
 }
 
 /// In-place orthonormal Walsh-Hadamard transform of each consecutive `block` of `x`
-/// (Sylvester order, scaled by `1/sqrt(block)`).
+/// (Sylvester order, scaled by `1/sqrt(block)`). Blocks of 16 or more take AVX-512 where the
+/// CPU has it: the same butterflies in the same order, so the same bits as the portable loop
+/// (the CPU decoder runs two of these per trellis product).
 pub fn fwht_blocks(x: &mut [f32], block: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if block >= 16 && block.is_power_of_two() && std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: AVX-512 F is present and `block` is a power of two of at least 16.
+        unsafe { fwht_blocks_avx512(x, block) };
+        return;
+    }
+    fwht_blocks_portable(x, block);
+}
+
+/// [`fwht_blocks`]'s portable loop (the reference of its SIMD path).
+pub fn fwht_blocks_portable(x: &mut [f32], block: usize) {
     let scale = 1.0 / (block as f32).sqrt();
     for chunk in x.chunks_exact_mut(block) {
         let mut h = 1;
@@ -193,6 +206,76 @@ pub fn fwht_blocks(x: &mut [f32], block: usize) {
             h *= 2;
         }
         chunk.iter_mut().for_each(|v| *v *= scale);
+    }
+}
+
+/// [`fwht_blocks`] on AVX-512: the butterflies of spans 1, 2, 4 and 8 inside each vector of
+/// 16 (a lane permutation, an add and a masked subtract: lane `j` without bit `h` gets
+/// `x[j] + x[j + h]`, lane `j + h` gets `x[j] - x[j + h]`, as the portable loop), then the
+/// wider spans between vectors, the scale multiplied after the last one.
+///
+/// # Safety
+/// The CPU has AVX-512 F; `block` is a power of two of at least 16.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn fwht_blocks_avx512(x: &mut [f32], block: usize) {
+    use std::arch::x86_64::*;
+    const PARTNER: [[i32; 16]; 4] = {
+        let mut p = [[0i32; 16]; 4];
+        let mut s = 0;
+        while s < 4 {
+            let mut j = 0;
+            while j < 16 {
+                p[s][j] = (j ^ (1 << s)) as i32;
+                j += 1;
+            }
+            s += 1;
+        }
+        p
+    };
+    const UPPER: [__mmask16; 4] = [0xAAAA, 0xCCCC, 0xF0F0, 0xFF00];
+    let scale = 1.0 / (block as f32).sqrt();
+    let sv = _mm512_set1_ps(scale);
+    let n = x.len() / block * block;
+    let p = x.as_mut_ptr();
+    // SAFETY (whole body): every access is below `n <= x.len()`: vectors of 16 at offsets that
+    // are multiples of 16 (`block` is), and partner offsets `j + h < i + 2h <= block`.
+    unsafe {
+        let idx: [__m512i; 4] =
+            std::array::from_fn(|s| _mm512_loadu_si512(PARTNER[s].as_ptr() as *const _));
+        let mut o = 0;
+        while o < n {
+            let mut v = _mm512_loadu_ps(p.add(o));
+            for (s, &m) in UPPER.iter().enumerate() {
+                let q = _mm512_permutexvar_ps(idx[s], v);
+                v = _mm512_mask_sub_ps(_mm512_add_ps(v, q), m, q, v);
+            }
+            if block == 16 {
+                v = _mm512_mul_ps(v, sv);
+            }
+            _mm512_storeu_ps(p.add(o), v);
+            o += 16;
+        }
+        for b0 in (0..n).step_by(block) {
+            let mut h = 16;
+            while h < block {
+                let last = 2 * h == block;
+                for i in (b0..b0 + block).step_by(2 * h) {
+                    for j in (i..i + h).step_by(16) {
+                        let a = _mm512_loadu_ps(p.add(j));
+                        let b = _mm512_loadu_ps(p.add(j + h));
+                        let (mut s0, mut s1) = (_mm512_add_ps(a, b), _mm512_sub_ps(a, b));
+                        if last {
+                            s0 = _mm512_mul_ps(s0, sv);
+                            s1 = _mm512_mul_ps(s1, sv);
+                        }
+                        _mm512_storeu_ps(p.add(j), s0);
+                        _mm512_storeu_ps(p.add(j + h), s1);
+                    }
+                }
+                h *= 2;
+            }
+        }
     }
 }
 
@@ -1159,17 +1242,37 @@ impl TrellisMatvec {
             // SAFETY: chunk `c` is taken by exactly one worker (the atomic counter), so the
             // range is touched by that worker only, within the pool run.
             let ys = unsafe { out.range(r0, n) };
-            #[cfg(target_arch = "x86_64")]
-            if let (Some(lut), Some(input)) = (&self.lut, &prepared) {
-                // SAFETY: as in `rows`: `lut` is set only where the instructions exist, and
-                // the sizes were checked for all rows above.
-                unsafe { self.rows_lut(lut, words, scales, input, r0, ys) };
-                continue;
-            }
-            // The sizes were checked for all rows above.
-            let _ = self.rows(words, scales, x, r0, ys);
+            self.rows_prepared(words, scales, x, prepared.as_deref(), r0, ys);
         });
         Ok(())
+    }
+
+    /// The table path's input for `x` ([`lut_input`]), when the table path runs.
+    fn prepare(&self, x: &[f32]) -> Option<Vec<f32>> {
+        self.lut.as_ref().map(|_| lut_input(x))
+    }
+
+    /// Rows `r0..r0 + y.len()` with the input already prepared ([`TrellisMatvec::prepare`]);
+    /// the sizes were checked by the caller (for all rows).
+    fn rows_prepared(
+        &self,
+        words: &[u32],
+        scales: &[f32],
+        x: &[f32],
+        prepared: Option<&[f32]>,
+        r0: usize,
+        y: &mut [f32],
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if let (Some(lut), Some(input)) = (&self.lut, prepared) {
+            // SAFETY: as in `rows`: `lut` is set only where the instructions exist, and the
+            // caller checked the sizes for these rows.
+            unsafe { self.rows_lut(lut, words, scales, input, r0, y) };
+            return;
+        }
+        let _ = prepared;
+        // The sizes were checked by the caller.
+        let _ = self.rows(words, scales, x, r0, y);
     }
 
     fn rows_portable(&self, words: &[u32], scales: &[f32], x: &[f32], r0: usize, y: &mut [f32]) {
@@ -1217,6 +1320,7 @@ impl TrellisMatvec {
         let groups = spec.block / 64;
         let wmask: __mmask16 = ((1u32 << bw) - 1) as u16;
         let bmask = _mm512_set1_epi8(((1u32 << spec.l) - 1) as u8 as i8);
+        let full = spec.l == 8;
         let off = _mm512_set1_epi16(510);
         // SAFETY: the loads read the row's `nb * bw` words (masked lanes are not read), the
         // plan's `groups * 16` indices and `groups * 64` offsets, the 256-byte tables and
@@ -1235,7 +1339,13 @@ impl TrellisMatvec {
                         let idx = _mm512_loadu_si512(lut.idx.as_ptr().add(16 * g) as *const _);
                         let ctrl = _mm512_loadu_si512(lut.ctrl.as_ptr().add(64 * g) as *const _);
                         let data = _mm512_permutexvar_epi32(idx, wv);
-                        let st = _mm512_and_si512(_mm512_multishift_epi64_epi8(ctrl, data), bmask);
+                        let st = _mm512_multishift_epi64_epi8(ctrl, data);
+                        // With L = 8 the 8-bit windows are the states.
+                        let st = if full {
+                            st
+                        } else {
+                            _mm512_and_si512(st, bmask)
+                        };
                         let top = _mm512_movepi8_mask(st);
                         let lo = _mm512_mask_blend_epi8(
                             top,
@@ -1457,6 +1567,74 @@ mod tests {
         assert!(mse[0] < 0.118, "{mse:?}");
         assert!(mse[1] < 0.0345, "{mse:?}");
         assert!(mse[2] < 0.0095, "{mse:?}");
+    }
+
+    #[test]
+    fn fwht_simd_path_gives_the_portable_bits() {
+        for block in [1usize, 2, 8, 16, 32, 64, 128, 512, 4096] {
+            let x = gauss(3 * block.max(64), block as u64);
+            let (mut a, mut b) = (x.clone(), x.clone());
+            fwht_blocks(&mut a, block);
+            fwht_blocks_portable(&mut b, block);
+            let same = a.iter().zip(&b).all(|(u, v)| u.to_bits() == v.to_bits());
+            assert!(same, "block {block}");
+        }
+    }
+
+    #[test]
+    fn one_dispatch_for_several_trellis_jobs_gives_each_its_own_bits() {
+        use crate::cpu::{matmul_t, CpuContext, Isa, MatJob, Matrix};
+        let spec = TrellisSpec {
+            k: 3,
+            l: 8,
+            block: 64,
+        };
+        let (cols, m) = (128, 2);
+        let ctx = CpuContext::with_isa(2, Isa::detect()).unwrap();
+        let coded: Vec<_> = [64usize, 48]
+            .iter()
+            .map(|&rows| {
+                let w = gauss(rows * cols, rows as u64);
+                let (words, scales) = quantize(&spec, &w, rows, cols, rows as u64, 2).unwrap();
+                let (su, sv) = layer_signs(rows as u64, rows, cols);
+                (words, scales, su, sv)
+            })
+            .collect();
+        let plan = TrellisMatvec::new(&spec, cols).unwrap();
+        let views: Vec<TrellisView> = coded
+            .iter()
+            .map(|(w, s, su, sv)| TrellisView::new(w, s, su, sv, &plan).unwrap())
+            .collect();
+        let mats: Vec<Matrix> = views.iter().map(|&v| Matrix::trellis(v)).collect();
+        let x = gauss(m * cols, 9);
+        let (mut y0, mut y1) = (vec![0.0; m * 64], vec![0.0; m * 48]);
+        let mut jobs = [
+            MatJob {
+                w: &mats[0],
+                bias: None,
+                out: &mut y0,
+            },
+            MatJob {
+                w: &mats[1],
+                bias: None,
+                out: &mut y1,
+            },
+        ];
+        matmul_t(&ctx, &x, m, &mut jobs).unwrap();
+        for (v, got) in views.iter().zip([&y0, &y1]) {
+            let rows = v.rows();
+            let mut xh = vec![0.0; cols];
+            for r in 0..m {
+                let mut want = vec![0.0; rows];
+                v.matvec(&ctx.pool, &x[r * cols..(r + 1) * cols], &mut xh, &mut want)
+                    .unwrap();
+                let same = want
+                    .iter()
+                    .zip(&got[r * rows..(r + 1) * rows])
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{rows} rows, input {r}");
+            }
+        }
     }
 
     #[test]
@@ -1710,16 +1888,26 @@ impl<'a> TrellisView<'a> {
                 y.len()
             ));
         }
+        self.input_transform(x, xh);
+        self.plan.par(pool, self.words, self.scales, xh, y)?;
+        self.output_transform(y);
+        Ok(())
+    }
+
+    /// `xh = H_c (sv * x)` (both `cols` long).
+    fn input_transform(&self, x: &[f32], xh: &mut [f32]) {
         for ((o, &v), &s) in xh.iter_mut().zip(x).zip(self.sv) {
             *o = v * s;
         }
-        fwht_blocks(xh, hadamard_block(cols));
-        self.plan.par(pool, self.words, self.scales, xh, y)?;
-        fwht_blocks(y, hadamard_block(rows));
+        fwht_blocks(xh, hadamard_block(self.cols()));
+    }
+
+    /// `y = su * H_r y` (`rows` long).
+    fn output_transform(&self, y: &mut [f32]) {
+        fwht_blocks(y, hadamard_block(self.rows()));
         for (o, &s) in y.iter_mut().zip(self.su) {
             *o *= s;
         }
-        Ok(())
     }
 
     /// Element `(r, c)` of the logical matrix (an embedding row's value; slow: it decodes the
@@ -1752,30 +1940,84 @@ impl<'a> TrellisView<'a> {
 }
 
 /// [`super::matmul_t`] / [`super::matmul_t_each`] for a call holding a trellis matrix (checked
-/// by the caller): each trellis job row by row through [`TrellisView::matvec`] (every row gets
-/// the bits it gets alone), the others through `matmul_t` one job at a time.
+/// by the caller): the other jobs through `matmul_t` one at a time; then per input row the
+/// trellis jobs' input transforms, one pool run over all their rows (q, k and v, or gate and
+/// up, share one dispatch; every row gets the bits it gets alone), their output transforms.
 pub(super) fn matmul_jobs(
     ctx: &super::CpuContext,
     x: &[f32],
     m: usize,
     jobs: &mut [super::MatJob<'_, '_>],
 ) -> crate::Result<()> {
+    const CHUNK: usize = 16;
     let op = "cpu::matmul_t (trellis)";
-    for j in jobs.iter_mut() {
-        let Some(t) = j.w.trellis_view() else {
-            super::matmul_t(ctx, x, m, std::slice::from_mut(j))?;
-            continue;
-        };
-        let (rows, cols) = (t.rows(), t.cols());
-        let mut xh = vec![0.0f32; cols];
-        for (xr, yr) in x
-            .chunks_exact(cols)
-            .zip(j.out.chunks_exact_mut(rows))
-            .take(m)
-        {
-            t.matvec(&ctx.pool, xr, &mut xh, yr)
-                .map_err(|e| crate::Error::invalid(op, e))?;
-            if let Some(b) = j.bias {
+    let mut trellis = Vec::new();
+    for (i, j) in jobs.iter_mut().enumerate() {
+        match j.w.trellis_view() {
+            Some(t) => trellis.push((i, t)),
+            None => super::matmul_t(ctx, x, m, std::slice::from_mut(j))?,
+        }
+    }
+    let Some(&(_, first)) = trellis.first() else {
+        return Ok(());
+    };
+    let cols = first.cols();
+    let mut xh: Vec<Vec<f32>> = vec![vec![0.0f32; cols]; trellis.len()];
+    let mut work = Vec::new();
+    for (k, &(i, t)) in trellis.iter().enumerate() {
+        let rows = t.rows();
+        let bad = t.cols() != cols || x.len() < m * cols || jobs[i].out.len() < m * rows;
+        if bad {
+            return Err(crate::Error::invalid(
+                op,
+                format!(
+                    "a ({rows}, {}) trellis matrix with {} inputs of {cols} and {} outputs",
+                    t.cols(),
+                    x.len(),
+                    jobs[i].out.len()
+                ),
+            ));
+        }
+        t.plan
+            .check(t.words, t.scales, &xh[k], 0, rows)
+            .map_err(|e| crate::Error::invalid(op, e))?;
+        for r0 in (0..rows).step_by(CHUNK) {
+            work.push((k, r0, CHUNK.min(rows - r0)));
+        }
+    }
+    for r in 0..m {
+        let xr = &x[r * cols..(r + 1) * cols];
+        let mut prepared = Vec::with_capacity(trellis.len());
+        for (&(_, t), buf) in trellis.iter().zip(xh.iter_mut()) {
+            t.input_transform(xr, buf);
+            prepared.push(t.plan.prepare(buf));
+        }
+        let outs: Vec<super::SharedOut> = trellis
+            .iter()
+            .map(|&(i, t)| {
+                let rows = t.rows();
+                super::SharedOut::new(&mut jobs[i].out[r * rows..(r + 1) * rows])
+            })
+            .collect();
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        ctx.pool.run(&|_, _| loop {
+            let c = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let Some(&(k, r0, n)) = work.get(c) else {
+                break;
+            };
+            let t = &trellis[k].1;
+            // SAFETY: work item `c` is taken by exactly one worker (the atomic counter) and
+            // the items of one job cover disjoint row ranges of its output row, which outlives
+            // the pool run.
+            let ys = unsafe { outs[k].range(r0, n) };
+            t.plan
+                .rows_prepared(t.words, t.scales, &xh[k], prepared[k].as_deref(), r0, ys);
+        });
+        for &(i, t) in &trellis {
+            let rows = t.rows();
+            let yr = &mut jobs[i].out[r * rows..(r + 1) * rows];
+            t.output_transform(yr);
+            if let Some(b) = jobs[i].bias {
                 for (i, o) in yr.iter_mut().enumerate() {
                     *o += b.get(i);
                 }
