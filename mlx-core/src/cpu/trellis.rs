@@ -1031,8 +1031,8 @@ pub struct TrellisMatvec {
 /// permutation that puts in each 64-bit lane `q` the two words holding the windows of weights
 /// `8q..8q + 8` (high word first, in the lane's upper half), and the 64 bit offsets from which
 /// `vpmultishiftqb` takes each weight's 8-bit window; the code of every 8-bit state as two byte
-/// tables (`code + 510` is 0..=1020); the order in which the kernel meets a group's weights
-/// (byte unpacking interleaves them), so the input is permuted to it once a call.
+/// tables (the bytes of the code `sum - 510` as a 16-bit integer); the order in which the
+/// kernel meets a group's weights ([`lut_order`]), so the input is permuted to it once a call.
 #[derive(Clone, Debug)]
 struct LutPlan {
     idx: Vec<u32>,
@@ -1041,12 +1041,12 @@ struct LutPlan {
     hi: [u8; 256],
 }
 
-/// Position `i` of a group of 64 weights as the table kernel meets them: quarters
-/// `[0..8, 16..24]`, `[32..40, 48..56]`, `[8..16, 24..32]`, `[40..48, 56..64]`.
+/// Position `i` of a group of 64 weights as the table kernel meets them: four vectors of 16,
+/// the weights `4d`, `4d + 2`, `4d + 1` and `4d + 3` (`d` = 0..16; the low and high 16-bit
+/// halves of each 32-bit lane of the even and the odd weights' codes).
 fn lut_order(i: usize) -> usize {
-    const BASE: [[usize; 2]; 4] = [[0, 16], [32, 48], [8, 24], [40, 56]];
-    let (q, j) = (i / 16, i % 16);
-    BASE[q][j / 8] + j % 8
+    const OFF: [usize; 4] = [0, 2, 1, 3];
+    4 * (i % 16) + OFF[i / 16]
 }
 
 /// The table path's input, prepared once a product: permuted to the kernel's order
@@ -1083,9 +1083,10 @@ impl LutPlan {
         let (mut lo, mut hi) = ([0u8; 256], [0u8; 256]);
         for st in 0..1u32 << l {
             let v = st.wrapping_mul(MAD_A).wrapping_add(MAD_B);
-            let sum: u32 = v.to_le_bytes().iter().map(|&b| u32::from(b)).sum();
-            lo[st as usize] = (sum & 0xFF) as u8;
-            hi[st as usize] = (sum >> 8) as u8;
+            let sum: i32 = v.to_le_bytes().iter().map(|&b| i32::from(b)).sum();
+            let [b0, b1] = ((sum - 510) as i16).to_le_bytes();
+            lo[st as usize] = b0;
+            hi[st as usize] = b1;
         }
         Some(LutPlan { idx, ctrl, lo, hi })
     }
@@ -1299,8 +1300,9 @@ impl TrellisMatvec {
 
     /// The table path: per group of 64 weights one `vpermd` (the words of each lane), one
     /// `vpmultishiftqb` (64 8-bit states), four `vpermt2b` and two blends (the code's two bytes
-    /// from 256-entry tables), two unpacks to 16-bit codes, then four conversions and FMAs
-    /// against the input permuted to the unpacked order.
+    /// from 256-entry tables): six shuffles. The bytes become 16-bit codes and those 32-bit
+    /// lanes by shifts and bitwise selects (no shuffle), then four conversions and FMAs against
+    /// the input permuted to that order ([`lut_order`]).
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
     unsafe fn rows_lut(
@@ -1321,10 +1323,11 @@ impl TrellisMatvec {
         let wmask: __mmask16 = ((1u32 << bw) - 1) as u16;
         let bmask = _mm512_set1_epi8(((1u32 << spec.l) - 1) as u8 as i8);
         let full = spec.l == 8;
-        let off = _mm512_set1_epi16(510);
-        // SAFETY: the loads read the row's `nb * bw` words (masked lanes are not read), the
-        // plan's `groups * 16` indices and `groups * 64` offsets, the 256-byte tables and
-        // `xp`'s `nb * block` values.
+        let low_bytes = _mm512_set1_epi16(0x00FF);
+        // SAFETY: the loads read the row's `nb * bw` words (whole vectors only where 16 words
+        // lie within `words`, else masked lanes are not read), the plan's `groups * 16`
+        // indices and `groups * 64` offsets, the 256-byte tables and `xp`'s `nb * block`
+        // values.
         unsafe {
             let tl = |i: usize| _mm512_loadu_si512(lut.lo.as_ptr().add(64 * i) as *const _);
             let th = |i: usize| _mm512_loadu_si512(lut.hi.as_ptr().add(64 * i) as *const _);
@@ -1334,7 +1337,14 @@ impl TrellisMatvec {
                 let row = words.as_ptr().add((r0 + i) * wpr);
                 let mut acc = [_mm512_setzero_ps(); 4];
                 for b in 0..nb {
-                    let wv = _mm512_maskz_loadu_epi32(wmask, row.add(b * bw) as *const i32);
+                    // A whole vector where the words go on that far (a masked load runs
+                    // several times slower when the weights stream from memory).
+                    let at = (r0 + i) * wpr + b * bw;
+                    let wv = if at + 16 <= words.len() {
+                        _mm512_loadu_si512(row.add(b * bw) as *const _)
+                    } else {
+                        _mm512_maskz_loadu_epi32(wmask, row.add(b * bw) as *const i32)
+                    };
                     for g in 0..groups {
                         let idx = _mm512_loadu_si512(lut.idx.as_ptr().add(16 * g) as *const _);
                         let ctrl = _mm512_loadu_si512(lut.ctrl.as_ptr().add(64 * g) as *const _);
@@ -1357,19 +1367,30 @@ impl TrellisMatvec {
                             _mm512_permutex2var_epi8(h0, st, h1),
                             _mm512_permutex2var_epi8(h2, st, h3),
                         );
-                        let ca = _mm512_sub_epi16(_mm512_unpacklo_epi8(lo, hi), off);
-                        let cb = _mm512_sub_epi16(_mm512_unpackhi_epi8(lo, hi), off);
-                        let xg = xp.as_ptr().add(b * spec.block + 64 * g);
-                        let halves = [
-                            _mm512_castsi512_si256(ca),
-                            _mm512_extracti64x4_epi64::<1>(ca),
-                            _mm512_castsi512_si256(cb),
-                            _mm512_extracti64x4_epi64::<1>(cb),
+                        // 16-bit codes of the even weights (low byte from `lo`, high from `hi`
+                        // moved up) and of the odd ones (`lo` moved down, `hi` in place).
+                        let even = _mm512_ternarylogic_epi32::<0xCA>(
+                            low_bytes,
+                            lo,
+                            _mm512_slli_epi16::<8>(hi),
+                        );
+                        let odd = _mm512_ternarylogic_epi32::<0xCA>(
+                            low_bytes,
+                            _mm512_srli_epi16::<8>(lo),
+                            hi,
+                        );
+                        // Each 32-bit lane's low and high halves, sign-extended: weights 4d,
+                        // 4d + 2, 4d + 1, 4d + 3.
+                        let codes = [
+                            _mm512_srai_epi32::<16>(_mm512_slli_epi32::<16>(even)),
+                            _mm512_srai_epi32::<16>(even),
+                            _mm512_srai_epi32::<16>(_mm512_slli_epi32::<16>(odd)),
+                            _mm512_srai_epi32::<16>(odd),
                         ];
-                        for (q, h) in halves.into_iter().enumerate() {
-                            let code = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(h));
+                        let xg = xp.as_ptr().add(b * spec.block + 64 * g);
+                        for (q, c) in codes.into_iter().enumerate() {
                             let xv = _mm512_loadu_ps(xg.add(16 * q));
-                            acc[q] = _mm512_fmadd_ps(code, xv, acc[q]);
+                            acc[q] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c), xv, acc[q]);
                         }
                     }
                 }
@@ -1401,14 +1422,22 @@ impl TrellisMatvec {
         let ones = _mm512_set1_epi32(0x0101_0101);
         let minus = _mm512_set1_epi32(-510);
         let lmask = _mm512_set1_epi32(((1u32 << spec.l) - 1) as i32);
-        // SAFETY: the loads read the row's `nb * bw` words (masked lanes are not read), the
-        // plan's `block` entries and `x`'s `nb * block` values, all sized by `check`.
+        // SAFETY: the loads read the row's `nb * bw` words (whole vectors only where 16 words
+        // lie within `words`, else masked lanes are not read), the plan's `block` entries and
+        // `x`'s `nb * block` values, all sized by `check`.
         unsafe {
             for (i, yo) in y.iter_mut().enumerate() {
                 let row = words.as_ptr().add((r0 + i) * wpr);
                 let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
                 for b in 0..nb {
-                    let wv = _mm512_maskz_loadu_epi32(wmask, row.add(b * bw) as *const i32);
+                    // A whole vector where the words go on that far (a masked load runs
+                    // several times slower when the weights stream from memory).
+                    let at = (r0 + i) * wpr + b * bw;
+                    let wv = if at + 16 <= words.len() {
+                        _mm512_loadu_si512(row.add(b * bw) as *const _)
+                    } else {
+                        _mm512_maskz_loadu_epi32(wmask, row.add(b * bw) as *const i32)
+                    };
                     let xb = x.as_ptr().add(b * spec.block);
                     let mut c = 0;
                     while c < spec.block {
