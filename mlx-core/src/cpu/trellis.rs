@@ -1092,6 +1092,9 @@ impl LutPlan {
     }
 }
 
+/// How many input rows (a prompt's) [`matmul_jobs`] runs through the trellis kernel at once.
+const PROMPT_INPUTS: usize = 4;
+
 /// Whether the table path's instructions (AVX-512 VBMI on top of [`simd_available`]) exist.
 pub fn lut_available() -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -1102,6 +1105,50 @@ pub fn lut_available() -> bool {
     {
         false
     }
+}
+
+/// The table kernel's 64 codes of group `$g` of a block whose words are `$wv`, as four vectors
+/// of 32-bit integers in [`lut_order`] (one `vpermd`, one `vpmultishiftqb`, four `vpermt2b`
+/// and two blends, then shifts and bitwise selects). Expanded inside the `unsafe`,
+/// AVX-512 VBMI bodies of [`TrellisMatvec`]'s table kernels.
+#[cfg(target_arch = "x86_64")]
+macro_rules! lut_codes {
+    ($lut:expr, $g:expr, $wv:expr, $full:expr, $bmask:expr, $low_bytes:expr, $t:expr) => {{
+        let (l0, l1, l2, l3, h0, h1, h2, h3) = $t;
+        let idx = _mm512_loadu_si512($lut.idx.as_ptr().add(16 * $g) as *const _);
+        let ctrl = _mm512_loadu_si512($lut.ctrl.as_ptr().add(64 * $g) as *const _);
+        let data = _mm512_permutexvar_epi32(idx, $wv);
+        let st = _mm512_multishift_epi64_epi8(ctrl, data);
+        // With L = 8 the 8-bit windows are the states.
+        let st = if $full {
+            st
+        } else {
+            _mm512_and_si512(st, $bmask)
+        };
+        let top = _mm512_movepi8_mask(st);
+        let lo = _mm512_mask_blend_epi8(
+            top,
+            _mm512_permutex2var_epi8(l0, st, l1),
+            _mm512_permutex2var_epi8(l2, st, l3),
+        );
+        let hi = _mm512_mask_blend_epi8(
+            top,
+            _mm512_permutex2var_epi8(h0, st, h1),
+            _mm512_permutex2var_epi8(h2, st, h3),
+        );
+        // 16-bit codes of the even weights (low byte from `lo`, high from `hi` moved up) and
+        // of the odd ones (`lo` moved down, `hi` in place).
+        let even = _mm512_ternarylogic_epi32::<0xCA>($low_bytes, lo, _mm512_slli_epi16::<8>(hi));
+        let odd = _mm512_ternarylogic_epi32::<0xCA>($low_bytes, _mm512_srli_epi16::<8>(lo), hi);
+        // Each 32-bit lane's low and high halves, sign-extended: weights 4d, 4d + 2, 4d + 1,
+        // 4d + 3.
+        [
+            _mm512_srai_epi32::<16>(_mm512_slli_epi32::<16>(even)),
+            _mm512_srai_epi32::<16>(even),
+            _mm512_srai_epi32::<16>(_mm512_slli_epi32::<16>(odd)),
+            _mm512_srai_epi32::<16>(odd),
+        ]
+    }};
 }
 
 impl TrellisMatvec {
@@ -1276,6 +1323,36 @@ impl TrellisMatvec {
         let _ = self.rows(words, scales, x, r0, y);
     }
 
+    /// [`TrellisMatvec::rows_prepared`] for [`PROMPT_INPUTS`] inputs at once (the table path
+    /// reads each group's words and makes its codes once for all of them); every input's rows
+    /// get the bits they get alone. `out(t, i, v)`: input `t`'s value of row `r0 + i`.
+    #[allow(clippy::too_many_arguments)]
+    fn rows_prepared_multi(
+        &self,
+        words: &[u32],
+        scales: &[f32],
+        x: [&[f32]; PROMPT_INPUTS],
+        prepared: [Option<&[f32]>; PROMPT_INPUTS],
+        r0: usize,
+        n: usize,
+        out: &mut dyn FnMut(usize, usize, f32),
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if let (Some(lut), [Some(a), Some(b), Some(c), Some(d)]) = (&self.lut, prepared) {
+            // SAFETY: as in `rows`: `lut` is set only where the instructions exist, and the
+            // caller checked the sizes for these rows and inputs.
+            unsafe { self.rows_lut_multi(lut, words, scales, [a, b, c, d], r0, n, out) };
+            return;
+        }
+        let mut y = vec![0.0f32; n];
+        for (t, (xt, pt)) in x.into_iter().zip(prepared).enumerate() {
+            self.rows_prepared(words, scales, xt, pt, r0, &mut y);
+            for (i, &v) in y.iter().enumerate() {
+                out(t, i, v);
+            }
+        }
+    }
+
     fn rows_portable(&self, words: &[u32], scales: &[f32], x: &[f32], r0: usize, y: &mut [f32]) {
         let spec = &self.spec;
         let wpr = self.cols * spec.k as usize / 32;
@@ -1331,8 +1408,7 @@ impl TrellisMatvec {
         unsafe {
             let tl = |i: usize| _mm512_loadu_si512(lut.lo.as_ptr().add(64 * i) as *const _);
             let th = |i: usize| _mm512_loadu_si512(lut.hi.as_ptr().add(64 * i) as *const _);
-            let (l0, l1, l2, l3) = (tl(0), tl(1), tl(2), tl(3));
-            let (h0, h1, h2, h3) = (th(0), th(1), th(2), th(3));
+            let tables = (tl(0), tl(1), tl(2), tl(3), th(0), th(1), th(2), th(3));
             for (i, yo) in y.iter_mut().enumerate() {
                 let row = words.as_ptr().add((r0 + i) * wpr);
                 let mut acc = [_mm512_setzero_ps(); 4];
@@ -1346,47 +1422,7 @@ impl TrellisMatvec {
                         _mm512_maskz_loadu_epi32(wmask, row.add(b * bw) as *const i32)
                     };
                     for g in 0..groups {
-                        let idx = _mm512_loadu_si512(lut.idx.as_ptr().add(16 * g) as *const _);
-                        let ctrl = _mm512_loadu_si512(lut.ctrl.as_ptr().add(64 * g) as *const _);
-                        let data = _mm512_permutexvar_epi32(idx, wv);
-                        let st = _mm512_multishift_epi64_epi8(ctrl, data);
-                        // With L = 8 the 8-bit windows are the states.
-                        let st = if full {
-                            st
-                        } else {
-                            _mm512_and_si512(st, bmask)
-                        };
-                        let top = _mm512_movepi8_mask(st);
-                        let lo = _mm512_mask_blend_epi8(
-                            top,
-                            _mm512_permutex2var_epi8(l0, st, l1),
-                            _mm512_permutex2var_epi8(l2, st, l3),
-                        );
-                        let hi = _mm512_mask_blend_epi8(
-                            top,
-                            _mm512_permutex2var_epi8(h0, st, h1),
-                            _mm512_permutex2var_epi8(h2, st, h3),
-                        );
-                        // 16-bit codes of the even weights (low byte from `lo`, high from `hi`
-                        // moved up) and of the odd ones (`lo` moved down, `hi` in place).
-                        let even = _mm512_ternarylogic_epi32::<0xCA>(
-                            low_bytes,
-                            lo,
-                            _mm512_slli_epi16::<8>(hi),
-                        );
-                        let odd = _mm512_ternarylogic_epi32::<0xCA>(
-                            low_bytes,
-                            _mm512_srli_epi16::<8>(lo),
-                            hi,
-                        );
-                        // Each 32-bit lane's low and high halves, sign-extended: weights 4d,
-                        // 4d + 2, 4d + 1, 4d + 3.
-                        let codes = [
-                            _mm512_srai_epi32::<16>(_mm512_slli_epi32::<16>(even)),
-                            _mm512_srai_epi32::<16>(even),
-                            _mm512_srai_epi32::<16>(_mm512_slli_epi32::<16>(odd)),
-                            _mm512_srai_epi32::<16>(odd),
-                        ];
+                        let codes = lut_codes!(lut, g, wv, full, bmask, low_bytes, tables);
                         let xg = xp.as_ptr().add(b * spec.block + 64 * g);
                         for (q, c) in codes.into_iter().enumerate() {
                             let xv = _mm512_loadu_ps(xg.add(16 * q));
@@ -1397,6 +1433,76 @@ impl TrellisMatvec {
                 let sum =
                     _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
                 *yo = _mm512_reduce_add_ps(sum) * (scales[r0 + i] / MAD_SCALE);
+            }
+        }
+    }
+
+    /// [`TrellisMatvec::rows_lut`] for [`PROMPT_INPUTS`] inputs at once (a prompt's rows):
+    /// each group's words are read and its codes made once for all of them; each input has
+    /// its own accumulators in [`TrellisMatvec::rows_lut`]'s order, so its outputs have the
+    /// bits it gets alone. `out(t, i, v)`: input `t`'s value of row `r0 + i`.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn rows_lut_multi(
+        &self,
+        lut: &LutPlan,
+        words: &[u32],
+        scales: &[f32],
+        xp: [&[f32]; PROMPT_INPUTS],
+        r0: usize,
+        n: usize,
+        out: &mut dyn FnMut(usize, usize, f32),
+    ) {
+        use std::arch::x86_64::*;
+        let spec = &self.spec;
+        let wpr = self.cols * spec.k as usize / 32;
+        let bw = spec.block_words();
+        let nb = self.cols / spec.block;
+        let groups = spec.block / 64;
+        let wmask: __mmask16 = ((1u32 << bw) - 1) as u16;
+        let bmask = _mm512_set1_epi8(((1u32 << spec.l) - 1) as u8 as i8);
+        let full = spec.l == 8;
+        let low_bytes = _mm512_set1_epi16(0x00FF);
+        // SAFETY: as in `rows_lut`, each input holding `nb * block` values.
+        unsafe {
+            let tl = |i: usize| _mm512_loadu_si512(lut.lo.as_ptr().add(64 * i) as *const _);
+            let th = |i: usize| _mm512_loadu_si512(lut.hi.as_ptr().add(64 * i) as *const _);
+            let tables = (tl(0), tl(1), tl(2), tl(3), th(0), th(1), th(2), th(3));
+            for i in 0..n {
+                let row = words.as_ptr().add((r0 + i) * wpr);
+                let mut acc = [[_mm512_setzero_ps(); 4]; PROMPT_INPUTS];
+                for b in 0..nb {
+                    let at = (r0 + i) * wpr + b * bw;
+                    let wv = if at + 16 <= words.len() {
+                        _mm512_loadu_si512(row.add(b * bw) as *const _)
+                    } else {
+                        _mm512_maskz_loadu_epi32(wmask, row.add(b * bw) as *const i32)
+                    };
+                    for g in 0..groups {
+                        let codes = lut_codes!(lut, g, wv, full, bmask, low_bytes, tables);
+                        let cf = [
+                            _mm512_cvtepi32_ps(codes[0]),
+                            _mm512_cvtepi32_ps(codes[1]),
+                            _mm512_cvtepi32_ps(codes[2]),
+                            _mm512_cvtepi32_ps(codes[3]),
+                        ];
+                        for (a, x) in acc.iter_mut().zip(xp) {
+                            let xg = x.as_ptr().add(b * spec.block + 64 * g);
+                            for (q, &c) in cf.iter().enumerate() {
+                                a[q] = _mm512_fmadd_ps(c, _mm512_loadu_ps(xg.add(16 * q)), a[q]);
+                            }
+                        }
+                    }
+                }
+                for (t, a) in acc.iter().enumerate() {
+                    let sum = _mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3]));
+                    out(
+                        t,
+                        i,
+                        _mm512_reduce_add_ps(sum) * (scales[r0 + i] / MAD_SCALE),
+                    );
+                }
             }
         }
     }
@@ -1618,7 +1724,8 @@ mod tests {
             l: 8,
             block: 64,
         };
-        let (cols, m) = (128, 2);
+        // Five inputs: four through the several-input kernel, one alone.
+        let (cols, m) = (128, 5);
         let ctx = CpuContext::with_isa(2, Isa::detect()).unwrap();
         let coded: Vec<_> = [64usize, 48]
             .iter()
@@ -1969,9 +2076,11 @@ impl<'a> TrellisView<'a> {
 }
 
 /// [`super::matmul_t`] / [`super::matmul_t_each`] for a call holding a trellis matrix (checked
-/// by the caller): the other jobs through `matmul_t` one at a time; then per input row the
-/// trellis jobs' input transforms, one pool run over all their rows (q, k and v, or gate and
-/// up, share one dispatch; every row gets the bits it gets alone), their output transforms.
+/// by the caller): the other jobs through `matmul_t` one at a time; then per input row (a
+/// prompt's rows [`PROMPT_INPUTS`] at a time, each group's codes made once for all of them)
+/// the trellis jobs' input transforms, one pool run over all their rows (q, k and v, or gate
+/// and up, share one dispatch; every output gets the bits it gets alone), their output
+/// transforms.
 pub(super) fn matmul_jobs(
     ctx: &super::CpuContext,
     x: &[f32],
@@ -1991,7 +2100,8 @@ pub(super) fn matmul_jobs(
         return Ok(());
     };
     let cols = first.cols();
-    let mut xh: Vec<Vec<f32>> = vec![vec![0.0f32; cols]; trellis.len()];
+    const MT: usize = PROMPT_INPUTS;
+    let mut xh: Vec<Vec<f32>> = vec![vec![0.0f32; cols]; trellis.len() * MT];
     let mut work = Vec::new();
     for (k, &(i, t)) in trellis.iter().enumerate() {
         let rows = t.rows();
@@ -2008,26 +2118,42 @@ pub(super) fn matmul_jobs(
             ));
         }
         t.plan
-            .check(t.words, t.scales, &xh[k], 0, rows)
+            .check(t.words, t.scales, &xh[k * MT], 0, rows)
             .map_err(|e| crate::Error::invalid(op, e))?;
         for r0 in (0..rows).step_by(CHUNK) {
             work.push((k, r0, CHUNK.min(rows - r0)));
         }
     }
-    for r in 0..m {
-        let xr = &x[r * cols..(r + 1) * cols];
-        let mut prepared = Vec::with_capacity(trellis.len());
-        for (&(_, t), buf) in trellis.iter().zip(xh.iter_mut()) {
-            t.input_transform(xr, buf);
-            prepared.push(t.plan.prepare(buf));
+    // Input rows go MT at a time (a prompt), the rest one at a time; slot `k * MT + u` holds
+    // job `k`'s transformed input row `r + u`.
+    let mut r = 0;
+    while r < m {
+        let mt = if m - r >= MT { MT } else { 1 };
+        for (k, &(_, t)) in trellis.iter().enumerate() {
+            for u in 0..mt {
+                t.input_transform(&x[(r + u) * cols..(r + u + 1) * cols], &mut xh[k * MT + u]);
+            }
         }
-        let outs: Vec<super::SharedOut> = trellis
-            .iter()
-            .map(|&(i, t)| {
-                let rows = t.rows();
-                super::SharedOut::new(&mut jobs[i].out[r * rows..(r + 1) * rows])
+        let prepared: Vec<Option<Vec<f32>>> = (0..trellis.len() * MT)
+            .map(|s| {
+                if s % MT < mt {
+                    trellis[s / MT].1.plan.prepare(&xh[s])
+                } else {
+                    None
+                }
             })
             .collect();
+        let mut outs = Vec::with_capacity(trellis.len() * MT);
+        for &(i, t) in &trellis {
+            let rows = t.rows();
+            for u in 0..MT {
+                outs.push(if u < mt {
+                    super::SharedOut::new(&mut jobs[i].out[(r + u) * rows..(r + u + 1) * rows])
+                } else {
+                    super::SharedOut::new(&mut [])
+                });
+            }
+        }
         let next = std::sync::atomic::AtomicUsize::new(0);
         ctx.pool.run(&|_, _| loop {
             let c = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -2035,23 +2161,43 @@ pub(super) fn matmul_jobs(
                 break;
             };
             let t = &trellis[k].1;
-            // SAFETY: work item `c` is taken by exactly one worker (the atomic counter) and
-            // the items of one job cover disjoint row ranges of its output row, which outlives
-            // the pool run.
-            let ys = unsafe { outs[k].range(r0, n) };
-            t.plan
-                .rows_prepared(t.words, t.scales, &xh[k], prepared[k].as_deref(), r0, ys);
+            if mt == MT {
+                let xs: [&[f32]; MT] = std::array::from_fn(|u| xh[k * MT + u].as_slice());
+                let ps: [Option<&[f32]>; MT] =
+                    std::array::from_fn(|u| prepared[k * MT + u].as_deref());
+                t.plan
+                    .rows_prepared_multi(t.words, t.scales, xs, ps, r0, n, &mut |u, i, v| {
+                        // SAFETY: work item `c` is taken by exactly one worker (the atomic
+                        // counter) and the items of one job cover disjoint row ranges of its
+                        // output rows, which outlive the pool run.
+                        unsafe { outs[k * MT + u].write(r0 + i, v) }
+                    });
+            } else {
+                // SAFETY: as above.
+                let ys = unsafe { outs[k * MT].range(r0, n) };
+                t.plan.rows_prepared(
+                    t.words,
+                    t.scales,
+                    &xh[k * MT],
+                    prepared[k * MT].as_deref(),
+                    r0,
+                    ys,
+                );
+            }
         });
         for &(i, t) in &trellis {
             let rows = t.rows();
-            let yr = &mut jobs[i].out[r * rows..(r + 1) * rows];
-            t.output_transform(yr);
-            if let Some(b) = jobs[i].bias {
-                for (i, o) in yr.iter_mut().enumerate() {
-                    *o += b.get(i);
+            for u in 0..mt {
+                let yr = &mut jobs[i].out[(r + u) * rows..(r + u + 1) * rows];
+                t.output_transform(yr);
+                if let Some(b) = jobs[i].bias {
+                    for (i, o) in yr.iter_mut().enumerate() {
+                        *o += b.get(i);
+                    }
                 }
             }
         }
+        r += mt;
     }
     Ok(())
 }
