@@ -42,6 +42,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         (z >> 40) as f32 / (1u64 << 24) as f32 - 0.5
     };
     let mut tot = [0f64; 7];
+    let mut stream = [0f64; 2];
     println!(
         "isa {:?}, trellis SIMD {}, table path {}, {threads} threads, L {l}",
         ctx1.isa,
@@ -125,7 +126,48 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for (s, v) in tot.iter_mut().zip([a1, an, old, t1, tn, dn, tg]) {
             *s += (v * per_layer) as f64 * 30.0 / 1e6;
         }
+        // Streamed from memory, as in a decode step: the 30 layers' copies of this shape, each
+        // read once a sweep (best of a few sweeps), one thread, the table (or SIMD) kernel
+        // against the affine 4-bit one.
+        let n = 30 * per_layer as usize;
+        let tw: Vec<Vec<u32>> = (0..n).map(|_| words.clone()).collect();
+        let awc: Vec<Vec<u32>> = (0..n).map(|_| aw.clone()).collect();
+        let am: Vec<Matrix> = awc
+            .iter()
+            .map(|a| Matrix::affine(a, Floats::F16(&sc), Floats::F16(&bi), rows, cols, 4, 64))
+            .collect::<Result<_, _>>()?;
+        let sweeps = 5;
+        let st = best(sweeps, || {
+            for w in &tw {
+                plan.rows(w, &scales, std::hint::black_box(&x), 0, &mut out)
+                    .expect("trellis");
+            }
+        });
+        let sa = best(sweeps, || {
+            for m in &am {
+                let mut jobs = [MatJob {
+                    w: m,
+                    bias: None,
+                    out: &mut out,
+                }];
+                matmul_t(&ctx1, std::hint::black_box(&x), 1, &mut jobs).expect("affine");
+            }
+        });
+        println!(
+            "  streamed, {n} copies: affine-4 {:.3} ms, trellis-3 {:.3} ms ({:.2}x)",
+            sa as f64 / 1e6,
+            st as f64 / 1e6,
+            st as f64 / sa as f64
+        );
+        stream[0] += sa as f64 / 1e6;
+        stream[1] += st as f64 / 1e6;
     }
+    println!(
+        "30 layers' linears streamed from memory, one thread: affine-4 {:.2} ms, trellis-3 {:.2} ms ({:.2}x)",
+        stream[0],
+        stream[1],
+        stream[1] / stream[0]
+    );
     println!(
         "30 layers' linears, one token: affine-4 {:.2} ms (one thread), {:.2} ms ({threads}); trellis-3 first kernel {:.2} ms, fused {:.2} ms (one thread; window-gather path {:.2} ms), {:.2} ms ({threads}), the decoder's whole products {:.2} ms ({threads})",
         tot[0], tot[1], tot[2], tot[3], tot[6], tot[4], tot[5]

@@ -177,8 +177,21 @@ pub fn hadamard_block(n: usize) -> usize {
 }
 
 /// In-place orthonormal Walsh-Hadamard transform of each consecutive `block` of `x`
-/// (Sylvester order, scaled by `1/sqrt(block)`).
+/// (Sylvester order, scaled by `1/sqrt(block)`). Blocks of 16 or more take AVX-512 where the
+/// CPU has it: the same butterflies in the same order, so the same bits as the portable loop
+/// (the CPU decoder runs two of these per trellis product).
 pub fn fwht_blocks(x: &mut [f32], block: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if block >= 16 && block.is_power_of_two() && std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: AVX-512 F is present and `block` is a power of two of at least 16.
+        unsafe { fwht_blocks_avx512(x, block) };
+        return;
+    }
+    fwht_blocks_portable(x, block);
+}
+
+/// [`fwht_blocks`]'s portable loop (the reference of its SIMD path).
+pub fn fwht_blocks_portable(x: &mut [f32], block: usize) {
     let scale = 1.0 / (block as f32).sqrt();
     for chunk in x.chunks_exact_mut(block) {
         let mut h = 1;
@@ -193,6 +206,76 @@ pub fn fwht_blocks(x: &mut [f32], block: usize) {
             h *= 2;
         }
         chunk.iter_mut().for_each(|v| *v *= scale);
+    }
+}
+
+/// [`fwht_blocks`] on AVX-512: the butterflies of spans 1, 2, 4 and 8 inside each vector of
+/// 16 (a lane permutation, an add and a masked subtract: lane `j` without bit `h` gets
+/// `x[j] + x[j + h]`, lane `j + h` gets `x[j] - x[j + h]`, as the portable loop), then the
+/// wider spans between vectors, the scale multiplied after the last one.
+///
+/// # Safety
+/// The CPU has AVX-512 F; `block` is a power of two of at least 16.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn fwht_blocks_avx512(x: &mut [f32], block: usize) {
+    use std::arch::x86_64::*;
+    const PARTNER: [[i32; 16]; 4] = {
+        let mut p = [[0i32; 16]; 4];
+        let mut s = 0;
+        while s < 4 {
+            let mut j = 0;
+            while j < 16 {
+                p[s][j] = (j ^ (1 << s)) as i32;
+                j += 1;
+            }
+            s += 1;
+        }
+        p
+    };
+    const UPPER: [__mmask16; 4] = [0xAAAA, 0xCCCC, 0xF0F0, 0xFF00];
+    let scale = 1.0 / (block as f32).sqrt();
+    let sv = _mm512_set1_ps(scale);
+    let n = x.len() / block * block;
+    let p = x.as_mut_ptr();
+    // SAFETY (whole body): every access is below `n <= x.len()`: vectors of 16 at offsets that
+    // are multiples of 16 (`block` is), and partner offsets `j + h < i + 2h <= block`.
+    unsafe {
+        let idx: [__m512i; 4] =
+            std::array::from_fn(|s| _mm512_loadu_si512(PARTNER[s].as_ptr() as *const _));
+        let mut o = 0;
+        while o < n {
+            let mut v = _mm512_loadu_ps(p.add(o));
+            for (s, &m) in UPPER.iter().enumerate() {
+                let q = _mm512_permutexvar_ps(idx[s], v);
+                v = _mm512_mask_sub_ps(_mm512_add_ps(v, q), m, q, v);
+            }
+            if block == 16 {
+                v = _mm512_mul_ps(v, sv);
+            }
+            _mm512_storeu_ps(p.add(o), v);
+            o += 16;
+        }
+        for b0 in (0..n).step_by(block) {
+            let mut h = 16;
+            while h < block {
+                let last = 2 * h == block;
+                for i in (b0..b0 + block).step_by(2 * h) {
+                    for j in (i..i + h).step_by(16) {
+                        let a = _mm512_loadu_ps(p.add(j));
+                        let b = _mm512_loadu_ps(p.add(j + h));
+                        let (mut s0, mut s1) = (_mm512_add_ps(a, b), _mm512_sub_ps(a, b));
+                        if last {
+                            s0 = _mm512_mul_ps(s0, sv);
+                            s1 = _mm512_mul_ps(s1, sv);
+                        }
+                        _mm512_storeu_ps(p.add(j), s0);
+                        _mm512_storeu_ps(p.add(j + h), s1);
+                    }
+                }
+                h *= 2;
+            }
+        }
     }
 }
 
@@ -948,8 +1031,8 @@ pub struct TrellisMatvec {
 /// permutation that puts in each 64-bit lane `q` the two words holding the windows of weights
 /// `8q..8q + 8` (high word first, in the lane's upper half), and the 64 bit offsets from which
 /// `vpmultishiftqb` takes each weight's 8-bit window; the code of every 8-bit state as two byte
-/// tables (`code + 510` is 0..=1020); the order in which the kernel meets a group's weights
-/// (byte unpacking interleaves them), so the input is permuted to it once a call.
+/// tables (the bytes of the code `sum - 510` as a 16-bit integer); the order in which the
+/// kernel meets a group's weights ([`lut_order`]), so the input is permuted to it once a call.
 #[derive(Clone, Debug)]
 struct LutPlan {
     idx: Vec<u32>,
@@ -958,12 +1041,12 @@ struct LutPlan {
     hi: [u8; 256],
 }
 
-/// Position `i` of a group of 64 weights as the table kernel meets them: quarters
-/// `[0..8, 16..24]`, `[32..40, 48..56]`, `[8..16, 24..32]`, `[40..48, 56..64]`.
+/// Position `i` of a group of 64 weights as the table kernel meets them: four vectors of 16,
+/// the weights `4d`, `4d + 2`, `4d + 1` and `4d + 3` (`d` = 0..16; the low and high 16-bit
+/// halves of each 32-bit lane of the even and the odd weights' codes).
 fn lut_order(i: usize) -> usize {
-    const BASE: [[usize; 2]; 4] = [[0, 16], [32, 48], [8, 24], [40, 56]];
-    let (q, j) = (i / 16, i % 16);
-    BASE[q][j / 8] + j % 8
+    const OFF: [usize; 4] = [0, 2, 1, 3];
+    4 * (i % 16) + OFF[i / 16]
 }
 
 /// The table path's input, prepared once a product: permuted to the kernel's order
@@ -1000,13 +1083,17 @@ impl LutPlan {
         let (mut lo, mut hi) = ([0u8; 256], [0u8; 256]);
         for st in 0..1u32 << l {
             let v = st.wrapping_mul(MAD_A).wrapping_add(MAD_B);
-            let sum: u32 = v.to_le_bytes().iter().map(|&b| u32::from(b)).sum();
-            lo[st as usize] = (sum & 0xFF) as u8;
-            hi[st as usize] = (sum >> 8) as u8;
+            let sum: i32 = v.to_le_bytes().iter().map(|&b| i32::from(b)).sum();
+            let [b0, b1] = ((sum - 510) as i16).to_le_bytes();
+            lo[st as usize] = b0;
+            hi[st as usize] = b1;
         }
         Some(LutPlan { idx, ctrl, lo, hi })
     }
 }
+
+/// How many input rows (a prompt's) [`matmul_jobs`] runs through the trellis kernel at once.
+const PROMPT_INPUTS: usize = 4;
 
 /// Whether the table path's instructions (AVX-512 VBMI on top of [`simd_available`]) exist.
 pub fn lut_available() -> bool {
@@ -1018,6 +1105,50 @@ pub fn lut_available() -> bool {
     {
         false
     }
+}
+
+/// The table kernel's 64 codes of group `$g` of a block whose words are `$wv`, as four vectors
+/// of 32-bit integers in [`lut_order`] (one `vpermd`, one `vpmultishiftqb`, four `vpermt2b`
+/// and two blends, then shifts and bitwise selects). Expanded inside the `unsafe`,
+/// AVX-512 VBMI bodies of [`TrellisMatvec`]'s table kernels.
+#[cfg(target_arch = "x86_64")]
+macro_rules! lut_codes {
+    ($lut:expr, $g:expr, $wv:expr, $full:expr, $bmask:expr, $low_bytes:expr, $t:expr) => {{
+        let (l0, l1, l2, l3, h0, h1, h2, h3) = $t;
+        let idx = _mm512_loadu_si512($lut.idx.as_ptr().add(16 * $g) as *const _);
+        let ctrl = _mm512_loadu_si512($lut.ctrl.as_ptr().add(64 * $g) as *const _);
+        let data = _mm512_permutexvar_epi32(idx, $wv);
+        let st = _mm512_multishift_epi64_epi8(ctrl, data);
+        // With L = 8 the 8-bit windows are the states.
+        let st = if $full {
+            st
+        } else {
+            _mm512_and_si512(st, $bmask)
+        };
+        let top = _mm512_movepi8_mask(st);
+        let lo = _mm512_mask_blend_epi8(
+            top,
+            _mm512_permutex2var_epi8(l0, st, l1),
+            _mm512_permutex2var_epi8(l2, st, l3),
+        );
+        let hi = _mm512_mask_blend_epi8(
+            top,
+            _mm512_permutex2var_epi8(h0, st, h1),
+            _mm512_permutex2var_epi8(h2, st, h3),
+        );
+        // 16-bit codes of the even weights (low byte from `lo`, high from `hi` moved up) and
+        // of the odd ones (`lo` moved down, `hi` in place).
+        let even = _mm512_ternarylogic_epi32::<0xCA>($low_bytes, lo, _mm512_slli_epi16::<8>(hi));
+        let odd = _mm512_ternarylogic_epi32::<0xCA>($low_bytes, _mm512_srli_epi16::<8>(lo), hi);
+        // Each 32-bit lane's low and high halves, sign-extended: weights 4d, 4d + 2, 4d + 1,
+        // 4d + 3.
+        [
+            _mm512_srai_epi32::<16>(_mm512_slli_epi32::<16>(even)),
+            _mm512_srai_epi32::<16>(even),
+            _mm512_srai_epi32::<16>(_mm512_slli_epi32::<16>(odd)),
+            _mm512_srai_epi32::<16>(odd),
+        ]
+    }};
 }
 
 impl TrellisMatvec {
@@ -1159,17 +1290,67 @@ impl TrellisMatvec {
             // SAFETY: chunk `c` is taken by exactly one worker (the atomic counter), so the
             // range is touched by that worker only, within the pool run.
             let ys = unsafe { out.range(r0, n) };
-            #[cfg(target_arch = "x86_64")]
-            if let (Some(lut), Some(input)) = (&self.lut, &prepared) {
-                // SAFETY: as in `rows`: `lut` is set only where the instructions exist, and
-                // the sizes were checked for all rows above.
-                unsafe { self.rows_lut(lut, words, scales, input, r0, ys) };
-                continue;
-            }
-            // The sizes were checked for all rows above.
-            let _ = self.rows(words, scales, x, r0, ys);
+            self.rows_prepared(words, scales, x, prepared.as_deref(), r0, ys);
         });
         Ok(())
+    }
+
+    /// The table path's input for `x` ([`lut_input`]), when the table path runs.
+    fn prepare(&self, x: &[f32]) -> Option<Vec<f32>> {
+        self.lut.as_ref().map(|_| lut_input(x))
+    }
+
+    /// Rows `r0..r0 + y.len()` with the input already prepared ([`TrellisMatvec::prepare`]);
+    /// the sizes were checked by the caller (for all rows).
+    fn rows_prepared(
+        &self,
+        words: &[u32],
+        scales: &[f32],
+        x: &[f32],
+        prepared: Option<&[f32]>,
+        r0: usize,
+        y: &mut [f32],
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if let (Some(lut), Some(input)) = (&self.lut, prepared) {
+            // SAFETY: as in `rows`: `lut` is set only where the instructions exist, and the
+            // caller checked the sizes for these rows.
+            unsafe { self.rows_lut(lut, words, scales, input, r0, y) };
+            return;
+        }
+        let _ = prepared;
+        // The sizes were checked by the caller.
+        let _ = self.rows(words, scales, x, r0, y);
+    }
+
+    /// [`TrellisMatvec::rows_prepared`] for [`PROMPT_INPUTS`] inputs at once (the table path
+    /// reads each group's words and makes its codes once for all of them); every input's rows
+    /// get the bits they get alone. `out(t, i, v)`: input `t`'s value of row `r0 + i`.
+    #[allow(clippy::too_many_arguments)]
+    fn rows_prepared_multi(
+        &self,
+        words: &[u32],
+        scales: &[f32],
+        x: [&[f32]; PROMPT_INPUTS],
+        prepared: [Option<&[f32]>; PROMPT_INPUTS],
+        r0: usize,
+        n: usize,
+        out: &mut dyn FnMut(usize, usize, f32),
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if let (Some(lut), [Some(a), Some(b), Some(c), Some(d)]) = (&self.lut, prepared) {
+            // SAFETY: as in `rows`: `lut` is set only where the instructions exist, and the
+            // caller checked the sizes for these rows and inputs.
+            unsafe { self.rows_lut_multi(lut, words, scales, [a, b, c, d], r0, n, out) };
+            return;
+        }
+        let mut y = vec![0.0f32; n];
+        for (t, (xt, pt)) in x.into_iter().zip(prepared).enumerate() {
+            self.rows_prepared(words, scales, xt, pt, r0, &mut y);
+            for (i, &v) in y.iter().enumerate() {
+                out(t, i, v);
+            }
+        }
     }
 
     fn rows_portable(&self, words: &[u32], scales: &[f32], x: &[f32], r0: usize, y: &mut [f32]) {
@@ -1196,8 +1377,9 @@ impl TrellisMatvec {
 
     /// The table path: per group of 64 weights one `vpermd` (the words of each lane), one
     /// `vpmultishiftqb` (64 8-bit states), four `vpermt2b` and two blends (the code's two bytes
-    /// from 256-entry tables), two unpacks to 16-bit codes, then four conversions and FMAs
-    /// against the input permuted to the unpacked order.
+    /// from 256-entry tables): six shuffles. The bytes become 16-bit codes and those 32-bit
+    /// lanes by shifts and bitwise selects (no shuffle), then four conversions and FMAs against
+    /// the input permuted to that order ([`lut_order`]).
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
     unsafe fn rows_lut(
@@ -1217,55 +1399,110 @@ impl TrellisMatvec {
         let groups = spec.block / 64;
         let wmask: __mmask16 = ((1u32 << bw) - 1) as u16;
         let bmask = _mm512_set1_epi8(((1u32 << spec.l) - 1) as u8 as i8);
-        let off = _mm512_set1_epi16(510);
-        // SAFETY: the loads read the row's `nb * bw` words (masked lanes are not read), the
-        // plan's `groups * 16` indices and `groups * 64` offsets, the 256-byte tables and
-        // `xp`'s `nb * block` values.
+        let full = spec.l == 8;
+        let low_bytes = _mm512_set1_epi16(0x00FF);
+        // SAFETY: the loads read the row's `nb * bw` words (whole vectors only where 16 words
+        // lie within `words`, else masked lanes are not read), the plan's `groups * 16`
+        // indices and `groups * 64` offsets, the 256-byte tables and `xp`'s `nb * block`
+        // values.
         unsafe {
             let tl = |i: usize| _mm512_loadu_si512(lut.lo.as_ptr().add(64 * i) as *const _);
             let th = |i: usize| _mm512_loadu_si512(lut.hi.as_ptr().add(64 * i) as *const _);
-            let (l0, l1, l2, l3) = (tl(0), tl(1), tl(2), tl(3));
-            let (h0, h1, h2, h3) = (th(0), th(1), th(2), th(3));
+            let tables = (tl(0), tl(1), tl(2), tl(3), th(0), th(1), th(2), th(3));
             for (i, yo) in y.iter_mut().enumerate() {
                 let row = words.as_ptr().add((r0 + i) * wpr);
                 let mut acc = [_mm512_setzero_ps(); 4];
                 for b in 0..nb {
-                    let wv = _mm512_maskz_loadu_epi32(wmask, row.add(b * bw) as *const i32);
+                    // A whole vector where the words go on that far (a masked load runs
+                    // several times slower when the weights stream from memory).
+                    let at = (r0 + i) * wpr + b * bw;
+                    let wv = if at + 16 <= words.len() {
+                        _mm512_loadu_si512(row.add(b * bw) as *const _)
+                    } else {
+                        _mm512_maskz_loadu_epi32(wmask, row.add(b * bw) as *const i32)
+                    };
                     for g in 0..groups {
-                        let idx = _mm512_loadu_si512(lut.idx.as_ptr().add(16 * g) as *const _);
-                        let ctrl = _mm512_loadu_si512(lut.ctrl.as_ptr().add(64 * g) as *const _);
-                        let data = _mm512_permutexvar_epi32(idx, wv);
-                        let st = _mm512_and_si512(_mm512_multishift_epi64_epi8(ctrl, data), bmask);
-                        let top = _mm512_movepi8_mask(st);
-                        let lo = _mm512_mask_blend_epi8(
-                            top,
-                            _mm512_permutex2var_epi8(l0, st, l1),
-                            _mm512_permutex2var_epi8(l2, st, l3),
-                        );
-                        let hi = _mm512_mask_blend_epi8(
-                            top,
-                            _mm512_permutex2var_epi8(h0, st, h1),
-                            _mm512_permutex2var_epi8(h2, st, h3),
-                        );
-                        let ca = _mm512_sub_epi16(_mm512_unpacklo_epi8(lo, hi), off);
-                        let cb = _mm512_sub_epi16(_mm512_unpackhi_epi8(lo, hi), off);
+                        let codes = lut_codes!(lut, g, wv, full, bmask, low_bytes, tables);
                         let xg = xp.as_ptr().add(b * spec.block + 64 * g);
-                        let halves = [
-                            _mm512_castsi512_si256(ca),
-                            _mm512_extracti64x4_epi64::<1>(ca),
-                            _mm512_castsi512_si256(cb),
-                            _mm512_extracti64x4_epi64::<1>(cb),
-                        ];
-                        for (q, h) in halves.into_iter().enumerate() {
-                            let code = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(h));
+                        for (q, c) in codes.into_iter().enumerate() {
                             let xv = _mm512_loadu_ps(xg.add(16 * q));
-                            acc[q] = _mm512_fmadd_ps(code, xv, acc[q]);
+                            acc[q] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c), xv, acc[q]);
                         }
                     }
                 }
                 let sum =
                     _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
                 *yo = _mm512_reduce_add_ps(sum) * (scales[r0 + i] / MAD_SCALE);
+            }
+        }
+    }
+
+    /// [`TrellisMatvec::rows_lut`] for [`PROMPT_INPUTS`] inputs at once (a prompt's rows):
+    /// each group's words are read and its codes made once for all of them; each input has
+    /// its own accumulators in [`TrellisMatvec::rows_lut`]'s order, so its outputs have the
+    /// bits it gets alone. `out(t, i, v)`: input `t`'s value of row `r0 + i`.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn rows_lut_multi(
+        &self,
+        lut: &LutPlan,
+        words: &[u32],
+        scales: &[f32],
+        xp: [&[f32]; PROMPT_INPUTS],
+        r0: usize,
+        n: usize,
+        out: &mut dyn FnMut(usize, usize, f32),
+    ) {
+        use std::arch::x86_64::*;
+        let spec = &self.spec;
+        let wpr = self.cols * spec.k as usize / 32;
+        let bw = spec.block_words();
+        let nb = self.cols / spec.block;
+        let groups = spec.block / 64;
+        let wmask: __mmask16 = ((1u32 << bw) - 1) as u16;
+        let bmask = _mm512_set1_epi8(((1u32 << spec.l) - 1) as u8 as i8);
+        let full = spec.l == 8;
+        let low_bytes = _mm512_set1_epi16(0x00FF);
+        // SAFETY: as in `rows_lut`, each input holding `nb * block` values.
+        unsafe {
+            let tl = |i: usize| _mm512_loadu_si512(lut.lo.as_ptr().add(64 * i) as *const _);
+            let th = |i: usize| _mm512_loadu_si512(lut.hi.as_ptr().add(64 * i) as *const _);
+            let tables = (tl(0), tl(1), tl(2), tl(3), th(0), th(1), th(2), th(3));
+            for i in 0..n {
+                let row = words.as_ptr().add((r0 + i) * wpr);
+                let mut acc = [[_mm512_setzero_ps(); 4]; PROMPT_INPUTS];
+                for b in 0..nb {
+                    let at = (r0 + i) * wpr + b * bw;
+                    let wv = if at + 16 <= words.len() {
+                        _mm512_loadu_si512(row.add(b * bw) as *const _)
+                    } else {
+                        _mm512_maskz_loadu_epi32(wmask, row.add(b * bw) as *const i32)
+                    };
+                    for g in 0..groups {
+                        let codes = lut_codes!(lut, g, wv, full, bmask, low_bytes, tables);
+                        let cf = [
+                            _mm512_cvtepi32_ps(codes[0]),
+                            _mm512_cvtepi32_ps(codes[1]),
+                            _mm512_cvtepi32_ps(codes[2]),
+                            _mm512_cvtepi32_ps(codes[3]),
+                        ];
+                        for (a, x) in acc.iter_mut().zip(xp) {
+                            let xg = x.as_ptr().add(b * spec.block + 64 * g);
+                            for (q, &c) in cf.iter().enumerate() {
+                                a[q] = _mm512_fmadd_ps(c, _mm512_loadu_ps(xg.add(16 * q)), a[q]);
+                            }
+                        }
+                    }
+                }
+                for (t, a) in acc.iter().enumerate() {
+                    let sum = _mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3]));
+                    out(
+                        t,
+                        i,
+                        _mm512_reduce_add_ps(sum) * (scales[r0 + i] / MAD_SCALE),
+                    );
+                }
             }
         }
     }
@@ -1291,14 +1528,22 @@ impl TrellisMatvec {
         let ones = _mm512_set1_epi32(0x0101_0101);
         let minus = _mm512_set1_epi32(-510);
         let lmask = _mm512_set1_epi32(((1u32 << spec.l) - 1) as i32);
-        // SAFETY: the loads read the row's `nb * bw` words (masked lanes are not read), the
-        // plan's `block` entries and `x`'s `nb * block` values, all sized by `check`.
+        // SAFETY: the loads read the row's `nb * bw` words (whole vectors only where 16 words
+        // lie within `words`, else masked lanes are not read), the plan's `block` entries and
+        // `x`'s `nb * block` values, all sized by `check`.
         unsafe {
             for (i, yo) in y.iter_mut().enumerate() {
                 let row = words.as_ptr().add((r0 + i) * wpr);
                 let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
                 for b in 0..nb {
-                    let wv = _mm512_maskz_loadu_epi32(wmask, row.add(b * bw) as *const i32);
+                    // A whole vector where the words go on that far (a masked load runs
+                    // several times slower when the weights stream from memory).
+                    let at = (r0 + i) * wpr + b * bw;
+                    let wv = if at + 16 <= words.len() {
+                        _mm512_loadu_si512(row.add(b * bw) as *const _)
+                    } else {
+                        _mm512_maskz_loadu_epi32(wmask, row.add(b * bw) as *const i32)
+                    };
                     let xb = x.as_ptr().add(b * spec.block);
                     let mut c = 0;
                     while c < spec.block {
@@ -1457,6 +1702,75 @@ mod tests {
         assert!(mse[0] < 0.118, "{mse:?}");
         assert!(mse[1] < 0.0345, "{mse:?}");
         assert!(mse[2] < 0.0095, "{mse:?}");
+    }
+
+    #[test]
+    fn fwht_simd_path_gives_the_portable_bits() {
+        for block in [1usize, 2, 8, 16, 32, 64, 128, 512, 4096] {
+            let x = gauss(3 * block.max(64), block as u64);
+            let (mut a, mut b) = (x.clone(), x.clone());
+            fwht_blocks(&mut a, block);
+            fwht_blocks_portable(&mut b, block);
+            let same = a.iter().zip(&b).all(|(u, v)| u.to_bits() == v.to_bits());
+            assert!(same, "block {block}");
+        }
+    }
+
+    #[test]
+    fn one_dispatch_for_several_trellis_jobs_gives_each_its_own_bits() {
+        use crate::cpu::{matmul_t, CpuContext, Isa, MatJob, Matrix};
+        let spec = TrellisSpec {
+            k: 3,
+            l: 8,
+            block: 64,
+        };
+        // Five inputs: four through the several-input kernel, one alone.
+        let (cols, m) = (128, 5);
+        let ctx = CpuContext::with_isa(2, Isa::detect()).unwrap();
+        let coded: Vec<_> = [64usize, 48]
+            .iter()
+            .map(|&rows| {
+                let w = gauss(rows * cols, rows as u64);
+                let (words, scales) = quantize(&spec, &w, rows, cols, rows as u64, 2).unwrap();
+                let (su, sv) = layer_signs(rows as u64, rows, cols);
+                (words, scales, su, sv)
+            })
+            .collect();
+        let plan = TrellisMatvec::new(&spec, cols).unwrap();
+        let views: Vec<TrellisView> = coded
+            .iter()
+            .map(|(w, s, su, sv)| TrellisView::new(w, s, su, sv, &plan).unwrap())
+            .collect();
+        let mats: Vec<Matrix> = views.iter().map(|&v| Matrix::trellis(v)).collect();
+        let x = gauss(m * cols, 9);
+        let (mut y0, mut y1) = (vec![0.0; m * 64], vec![0.0; m * 48]);
+        let mut jobs = [
+            MatJob {
+                w: &mats[0],
+                bias: None,
+                out: &mut y0,
+            },
+            MatJob {
+                w: &mats[1],
+                bias: None,
+                out: &mut y1,
+            },
+        ];
+        matmul_t(&ctx, &x, m, &mut jobs).unwrap();
+        for (v, got) in views.iter().zip([&y0, &y1]) {
+            let rows = v.rows();
+            let mut xh = vec![0.0; cols];
+            for r in 0..m {
+                let mut want = vec![0.0; rows];
+                v.matvec(&ctx.pool, &x[r * cols..(r + 1) * cols], &mut xh, &mut want)
+                    .unwrap();
+                let same = want
+                    .iter()
+                    .zip(&got[r * rows..(r + 1) * rows])
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{rows} rows, input {r}");
+            }
+        }
     }
 
     #[test]
@@ -1710,16 +2024,26 @@ impl<'a> TrellisView<'a> {
                 y.len()
             ));
         }
+        self.input_transform(x, xh);
+        self.plan.par(pool, self.words, self.scales, xh, y)?;
+        self.output_transform(y);
+        Ok(())
+    }
+
+    /// `xh = H_c (sv * x)` (both `cols` long).
+    fn input_transform(&self, x: &[f32], xh: &mut [f32]) {
         for ((o, &v), &s) in xh.iter_mut().zip(x).zip(self.sv) {
             *o = v * s;
         }
-        fwht_blocks(xh, hadamard_block(cols));
-        self.plan.par(pool, self.words, self.scales, xh, y)?;
-        fwht_blocks(y, hadamard_block(rows));
+        fwht_blocks(xh, hadamard_block(self.cols()));
+    }
+
+    /// `y = su * H_r y` (`rows` long).
+    fn output_transform(&self, y: &mut [f32]) {
+        fwht_blocks(y, hadamard_block(self.rows()));
         for (o, &s) in y.iter_mut().zip(self.su) {
             *o *= s;
         }
-        Ok(())
     }
 
     /// Element `(r, c)` of the logical matrix (an embedding row's value; slow: it decodes the
@@ -1752,35 +2076,128 @@ impl<'a> TrellisView<'a> {
 }
 
 /// [`super::matmul_t`] / [`super::matmul_t_each`] for a call holding a trellis matrix (checked
-/// by the caller): each trellis job row by row through [`TrellisView::matvec`] (every row gets
-/// the bits it gets alone), the others through `matmul_t` one job at a time.
+/// by the caller): the other jobs through `matmul_t` one at a time; then per input row (a
+/// prompt's rows [`PROMPT_INPUTS`] at a time, each group's codes made once for all of them)
+/// the trellis jobs' input transforms, one pool run over all their rows (q, k and v, or gate
+/// and up, share one dispatch; every output gets the bits it gets alone), their output
+/// transforms.
 pub(super) fn matmul_jobs(
     ctx: &super::CpuContext,
     x: &[f32],
     m: usize,
     jobs: &mut [super::MatJob<'_, '_>],
 ) -> crate::Result<()> {
+    const CHUNK: usize = 16;
     let op = "cpu::matmul_t (trellis)";
-    for j in jobs.iter_mut() {
-        let Some(t) = j.w.trellis_view() else {
-            super::matmul_t(ctx, x, m, std::slice::from_mut(j))?;
-            continue;
-        };
-        let (rows, cols) = (t.rows(), t.cols());
-        let mut xh = vec![0.0f32; cols];
-        for (xr, yr) in x
-            .chunks_exact(cols)
-            .zip(j.out.chunks_exact_mut(rows))
-            .take(m)
-        {
-            t.matvec(&ctx.pool, xr, &mut xh, yr)
-                .map_err(|e| crate::Error::invalid(op, e))?;
-            if let Some(b) = j.bias {
-                for (i, o) in yr.iter_mut().enumerate() {
-                    *o += b.get(i);
+    let mut trellis = Vec::new();
+    for (i, j) in jobs.iter_mut().enumerate() {
+        match j.w.trellis_view() {
+            Some(t) => trellis.push((i, t)),
+            None => super::matmul_t(ctx, x, m, std::slice::from_mut(j))?,
+        }
+    }
+    let Some(&(_, first)) = trellis.first() else {
+        return Ok(());
+    };
+    let cols = first.cols();
+    const MT: usize = PROMPT_INPUTS;
+    let mut xh: Vec<Vec<f32>> = vec![vec![0.0f32; cols]; trellis.len() * MT];
+    let mut work = Vec::new();
+    for (k, &(i, t)) in trellis.iter().enumerate() {
+        let rows = t.rows();
+        let bad = t.cols() != cols || x.len() < m * cols || jobs[i].out.len() < m * rows;
+        if bad {
+            return Err(crate::Error::invalid(
+                op,
+                format!(
+                    "a ({rows}, {}) trellis matrix with {} inputs of {cols} and {} outputs",
+                    t.cols(),
+                    x.len(),
+                    jobs[i].out.len()
+                ),
+            ));
+        }
+        t.plan
+            .check(t.words, t.scales, &xh[k * MT], 0, rows)
+            .map_err(|e| crate::Error::invalid(op, e))?;
+        for r0 in (0..rows).step_by(CHUNK) {
+            work.push((k, r0, CHUNK.min(rows - r0)));
+        }
+    }
+    // Input rows go MT at a time (a prompt), the rest one at a time; slot `k * MT + u` holds
+    // job `k`'s transformed input row `r + u`.
+    let mut r = 0;
+    while r < m {
+        let mt = if m - r >= MT { MT } else { 1 };
+        for (k, &(_, t)) in trellis.iter().enumerate() {
+            for u in 0..mt {
+                t.input_transform(&x[(r + u) * cols..(r + u + 1) * cols], &mut xh[k * MT + u]);
+            }
+        }
+        let prepared: Vec<Option<Vec<f32>>> = (0..trellis.len() * MT)
+            .map(|s| {
+                if s % MT < mt {
+                    trellis[s / MT].1.plan.prepare(&xh[s])
+                } else {
+                    None
+                }
+            })
+            .collect();
+        let mut outs = Vec::with_capacity(trellis.len() * MT);
+        for &(i, t) in &trellis {
+            let rows = t.rows();
+            for u in 0..MT {
+                outs.push(if u < mt {
+                    super::SharedOut::new(&mut jobs[i].out[(r + u) * rows..(r + u + 1) * rows])
+                } else {
+                    super::SharedOut::new(&mut [])
+                });
+            }
+        }
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        ctx.pool.run(&|_, _| loop {
+            let c = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let Some(&(k, r0, n)) = work.get(c) else {
+                break;
+            };
+            let t = &trellis[k].1;
+            if mt == MT {
+                let xs: [&[f32]; MT] = std::array::from_fn(|u| xh[k * MT + u].as_slice());
+                let ps: [Option<&[f32]>; MT] =
+                    std::array::from_fn(|u| prepared[k * MT + u].as_deref());
+                t.plan
+                    .rows_prepared_multi(t.words, t.scales, xs, ps, r0, n, &mut |u, i, v| {
+                        // SAFETY: work item `c` is taken by exactly one worker (the atomic
+                        // counter) and the items of one job cover disjoint row ranges of its
+                        // output rows, which outlive the pool run.
+                        unsafe { outs[k * MT + u].write(r0 + i, v) }
+                    });
+            } else {
+                // SAFETY: as above.
+                let ys = unsafe { outs[k * MT].range(r0, n) };
+                t.plan.rows_prepared(
+                    t.words,
+                    t.scales,
+                    &xh[k * MT],
+                    prepared[k * MT].as_deref(),
+                    r0,
+                    ys,
+                );
+            }
+        });
+        for &(i, t) in &trellis {
+            let rows = t.rows();
+            for u in 0..mt {
+                let yr = &mut jobs[i].out[(r + u) * rows..(r + u + 1) * rows];
+                t.output_transform(yr);
+                if let Some(b) = jobs[i].bias {
+                    for (i, o) in yr.iter_mut().enumerate() {
+                        *o += b.get(i);
+                    }
                 }
             }
         }
+        r += mt;
     }
     Ok(())
 }
