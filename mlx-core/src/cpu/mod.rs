@@ -24,6 +24,7 @@ pub mod kquant;
 mod kquant_x86;
 mod matmul;
 mod ops;
+mod pages;
 mod pool;
 #[cfg(target_arch = "x86_64")]
 mod prompt_attn;
@@ -37,6 +38,7 @@ pub use ops::{
     attention, attention_f16, gelu_approx_mul_isa, greedy_lse, rms_norm, rope, rope_inv_freqs,
     rope_pair, silu_mul, silu_mul_isa, AttentionShape, MAX_HEAD_DIM,
 };
+pub use pages::prefer_huge_pages;
 pub use pool::{available_threads, ThreadPool};
 #[cfg(target_arch = "x86_64")]
 pub use prompt_attn::{attention_prompt, attention_prompt_f16, prompt_applies, PROMPT_MIN_M};
@@ -115,7 +117,7 @@ pub enum Activations {
     Int16,
     /// As `Int16`, but the 8-bit products in groups of 32 with half-precision scales (GGUF's
     /// Q8_0 as loaded: a tied head) of one to four inputs quantized to int8 per 32 values
-    /// (natural order) and summed by AVX-512 VNNI's `vpdpbusd`, a quarter of the int16
+    /// and summed by AVX-512 VNNI's `vpdpbusd`, a quarter of the int16
     /// kernel's instructions; where the CPU lacks AVX-512 VNNI those take the int16 kernel.
     /// Only through [`matmul_t_each`] (decode steps); [`matmul_t`] takes it as `Int16` (a
     /// prompt block's GGML products on AVX-512: `cpu::kgemm`'s int16 panels).
