@@ -2136,10 +2136,11 @@ unsafe fn rows_q8_int8_512_m<const MT: usize>(
 
 /// Quantizes `x` (`(m, cols)`, `cols` a multiple of 32) to int8 for [`rows_q4_int8_512`]
 /// (llama.cpp's Q8_0 activations): per chunk of 32 values a scale `d = max|x| / 127` and the
-/// codes `round(x / d)` (half to even), laid out in each row as [`permute_x16`] lays out its
-/// int16 codes (a pair of chunks as `[c even, c + 1 even, c odd, c + 1 odd]`, 16 codes each;
-/// an unpaired last chunk as `[even, odd]`), and `s` the chunk's float sum (what the rows'
-/// biases multiply). Eight values at a time.
+/// codes `round(x / d)` (half to even), laid out in each row by quads of 4 chunks (`n <= 4`
+/// in a row's last): the even codes of the quad's chunks (16 each, chunk after chunk), then
+/// their odd ones, so a quad's 64 weight bytes meet them as low and high nibbles, one chunk a
+/// 128-bit lane; and `s` the chunk's float sum (what the rows' biases multiply). Eight values
+/// at a time.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C.
@@ -2162,9 +2163,9 @@ pub(super) unsafe fn quantize_x8p(
         "quantize_x8p buffers"
     );
     let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
-    // SAFETY: chunk c reads x[32c..32c + 32] and writes 32 codes within its row's pair
-    // (q[32 * (c - c % 2)..] up to 64 codes, or 32 for an unpaired last chunk), d[c], s[c],
-    // all in bounds (checked above).
+    // SAFETY: chunk c reads x[32c..32c + 32] and writes 32 codes within its row's quad
+    // (q[32 * (c - c % 4)..] up to 128 codes, 32 a chunk the quad has), d[c], s[c], all in
+    // bounds (checked above).
     unsafe {
         let mut codes = [0i8; 32];
         for c in 0..chunks {
@@ -2194,15 +2195,11 @@ pub(super) unsafe fn quantize_x8p(
             let b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
             _mm256_storeu_si256(codes.as_mut_ptr() as *mut __m256i, b);
             let (rc, row) = (c % row_chunks, c / row_chunks);
-            let paired = rc + 1 < row_chunks || rc % 2 == 1;
-            let base = q.as_mut_ptr().add(row * cols + (rc - rc % 2) * 32);
-            let (e, o) = if !paired {
-                (base, base.add(16))
-            } else if rc % 2 == 0 {
-                (base, base.add(32))
-            } else {
-                (base.add(16), base.add(48))
-            };
+            // Chunk j of a quad of n: its even codes at 16j, its odd ones at 16(n + j).
+            let (c0, j) = (rc - rc % 4, rc % 4);
+            let n = (row_chunks - c0).min(4);
+            let base = q.as_mut_ptr().add(row * cols + c0 * 32);
+            let (e, o) = (base.add(16 * j), base.add(16 * (n + j)));
             for j in 0..16 {
                 *e.add(j) = codes[2 * j];
                 *o.add(j) = codes[2 * j + 1];
@@ -2370,11 +2367,8 @@ unsafe fn rows_q4_int8_512_m<const MT: usize>(
 /// One row of [`rows_q4_int8_512_m`] with groups of 32 and half-precision scales and biases
 /// (`s0`, `b0`: the row's `chunks` of each): per block of 16 chunks the factors (scale times
 /// input scale) in one register per input and the bias term (bias times the input's float
-/// sum) added; then per pair of chunks in the block the 32 weight bytes as low nibbles (lower
-/// half) and high nibbles (upper half), one `vpdpbusd` with the inputs' codes in
-/// [`quantize_x8p`]'s order, the pair's two factors picked out of the register by one
-/// permute. Pairs alternate between two accumulators; an unpaired last chunk is summed in 256
-/// bits. Each input's sum is computed alike whatever `MT` is.
+/// sum) added; then [`block4_i8`] quad by quad. Each input's sum is computed alike whatever
+/// `MT` is.
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BW/VL and VNNI; `rb` holds `chunks * 16` bytes, `s0` and `b0`
@@ -2392,12 +2386,8 @@ unsafe fn row_q4_int8_512_h<const MT: usize>(
     // SAFETY (whole body): reads stay within the ranges of the contract (masked loads past a
     // row's last chunk read nothing).
     unsafe {
-        let nib = _mm512_set1_epi8(0x0f);
-        // Lanes 0-3 and 8-11: the pair's first chunk; 4-7 and 12-15: its second.
-        let base = _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
         let mut a0 = [_mm512_setzero_ps(); MT];
         let mut a1 = [_mm512_setzero_ps(); MT];
-        let mut tail = [_mm256_setzero_ps(); MT];
         let mut c0 = 0;
         while c0 < chunks {
             let k = (chunks - c0).min(16);
@@ -2411,62 +2401,74 @@ unsafe fn row_q4_int8_512_h<const MT: usize>(
                 let xs = _mm512_maskz_loadu_ps(mask, qx.s.add(t * chunks + c0));
                 a0[t] = _mm512_fmadd_ps(bv, xs, a0[t]);
             }
-            let pair = |j: usize, acc: &mut [__m512; MT]| {
-                let c = c0 + j;
-                let wv = _mm256_loadu_si256(rb.add(c * 16) as *const __m256i);
-                let w2 =
-                    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(wv), _mm256_srli_epi16::<4>(wv));
-                let wq = _mm512_and_si512(w2, nib);
-                let idx = _mm512_add_epi32(base, _mm512_set1_epi32(j as i32));
-                for (t, a) in acc.iter_mut().enumerate() {
-                    let xv = _mm512_loadu_si512(qx.q.add((t * chunks + c) * 32) as *const _);
-                    let sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, xv);
-                    let fv = _mm512_permutexvar_ps(idx, f[t]);
-                    *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), fv, *a);
-                }
-            };
-            let mut j = 0;
-            while j + 4 <= k {
-                pair(j, &mut a0);
-                pair(j + 2, &mut a1);
-                j += 4;
-            }
-            if j + 2 <= k {
-                pair(j, &mut a0);
-                j += 2;
-            }
-            if j < k {
-                // The row's unpaired last chunk.
-                let c = c0 + j;
-                let wv = _mm_loadu_si128(rb.add(c * 16) as *const __m128i);
-                let w2 = _mm256_inserti128_si256::<1>(
-                    _mm256_castsi128_si256(wv),
-                    _mm_srli_epi16::<4>(wv),
-                );
-                let wq = _mm256_and_si256(w2, _mm256_set1_epi8(0x0f));
-                let idx = _mm512_set1_epi32(j as i32);
-                for (t, a) in tail.iter_mut().enumerate() {
-                    let xv = _mm256_loadu_si256(qx.q.add((t * chunks + c) * 32) as *const __m256i);
-                    let sum = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wq, xv);
-                    let fv = _mm512_castps512_ps256(_mm512_permutexvar_ps(idx, f[t]));
-                    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), fv, *a);
-                }
-            }
+            block4_i8::<MT>(rb, c0, k, chunks, qx.q, &f, &mut a0, &mut a1);
             c0 += 16;
         }
         let mut out = [0f32; MT];
         for t in 0..MT {
-            out[t] = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t])) + hsum(tail[t]);
+            out[t] = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t]));
         }
         out
     }
 }
 
+/// One block of up to 16 chunks (`k` from chunk `c0`, a multiple of 16) of a 4-bit row at
+/// `rb` against `MT` inputs in [`quantize_x8p`]'s order, the chunks' factors in `f` (lane
+/// `j`: chunk `c0 + j`), quad by quad: the quad's 64 bytes as low nibbles (one mask) and high
+/// nibbles (one shift and mask), each chunk one 128-bit lane, then per input two `vpdpbusd`
+/// into exact 32-bit sums (8 products a lane, four lanes a chunk), one conversion, the
+/// factors spread to their lanes by one permute, and one FMA. Quads alternate between `a0`
+/// (even quads of the row) and `a1`.
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VL and VNNI; `rb` holds the row's chunks up to `c0 + k`; `qp`
+/// holds `MT` rows of `chunks * 32` codes in [`quantize_x8p`]'s order.
+#[inline]
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn block4_i8<const MT: usize>(
+    rb: *const u8,
+    c0: usize,
+    k: usize,
+    chunks: usize,
+    qp: *const i8,
+    f: &[__m512; MT],
+    a0: &mut [__m512; MT],
+    a1: &mut [__m512; MT],
+) {
+    // SAFETY (whole body): masked loads read only the quad's chunks (weights) and its `16n`
+    // bytes of each half (codes); the rest is the contract.
+    unsafe {
+        let nib = _mm512_set1_epi8(0x0f);
+        // Lane 4j + i of quad `qi`: chunk 4qi + j of the block.
+        let base = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+        let mut qi = 0;
+        while 4 * qi < k {
+            let c = c0 + 4 * qi;
+            let n = (k - 4 * qi).min(4);
+            let bytes: __mmask64 = if n == 4 { !0 } else { (1u64 << (16 * n)) - 1 };
+            let a = _mm512_maskz_loadu_epi8(bytes, rb.add(c * 16) as *const _);
+            let lo = _mm512_and_si512(a, nib);
+            let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(a), nib);
+            let idx = _mm512_add_epi32(base, _mm512_set1_epi32(4 * qi as i32));
+            let acc = if (c / 4) % 2 == 0 { &mut *a0 } else { &mut *a1 };
+            for (t, a) in acc.iter_mut().enumerate() {
+                let xq = qp.add(t * chunks * 32 + c * 32);
+                let xe = _mm512_maskz_loadu_epi8(bytes, xq as *const _);
+                let xo = _mm512_maskz_loadu_epi8(bytes, xq.add(16 * n) as *const _);
+                let sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xe);
+                let sum = _mm512_dpbusd_epi32(sum, hi, xo);
+                let fv = _mm512_permutexvar_ps(idx, f[t]);
+                *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), fv, *a);
+            }
+            qi += 1;
+        }
+    }
+}
+
 /// The main loop of [`rows_q4_int8_512_m`] over one row (`chunks` chunks of 16 bytes at
-/// `rb`): two chunks at a time, their 32 bytes as low nibbles (lower half) and high nibbles
-/// (upper half) of one vector, one `vpdpbusd` with the inputs' codes in [`quantize_x8p`]'s
-/// order, each chunk's lanes scaled by its factor `fp[t * chunks + c]`. Pairs alternate
-/// between `acc` and a second accumulator; an unpaired last chunk is summed in 256 bits.
+/// `rb`) with its factors in a buffer (`fp[t * chunks + c]`), starting from `acc`: per block
+/// of 16 chunks the factors in one register per input, then [`block4_i8`].
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BW/VL and VNNI; `rb` holds `chunks * 16` bytes; `qp` holds `MT`
@@ -2482,50 +2484,22 @@ unsafe fn dot4_512_i8<const MT: usize>(
 ) -> [f32; MT] {
     // SAFETY (whole body): reads stay within the ranges of the contract.
     unsafe {
-        let nib = _mm512_set1_epi8(0x0f);
-        // Lanes 0-3 and 8-11: the pair's first factor; 4-7 and 12-15: its second.
-        let idx = _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
         let mut a0 = acc;
         let mut a1 = [_mm512_setzero_ps(); MT];
-        let pair = |c: usize, acc: &mut [__m512; MT]| {
-            let wv = _mm256_loadu_si256(rb.add(c * 16) as *const __m256i);
-            let w2 =
-                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(wv), _mm256_srli_epi16::<4>(wv));
-            let wq = _mm512_and_si512(w2, nib);
-            for (t, a) in acc.iter_mut().enumerate() {
-                let xv = _mm512_loadu_si512(qp.add(t * chunks * 32 + c * 32) as *const _);
-                let sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, xv);
-                let two = (fp.add(t * chunks + c) as *const f64).read_unaligned();
-                let f = _mm512_permutexvar_ps(idx, _mm512_castpd_ps(_mm512_set1_pd(two)));
-                *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), f, *a);
+        let mut c0 = 0;
+        while c0 < chunks {
+            let k = (chunks - c0).min(16);
+            let mask: __mmask16 = if k == 16 { 0xffff } else { (1u16 << k) - 1 };
+            let mut f = [_mm512_setzero_ps(); MT];
+            for (t, f) in f.iter_mut().enumerate() {
+                *f = _mm512_maskz_loadu_ps(mask, fp.add(t * chunks + c0));
             }
-        };
-        let mut c = 0;
-        while c + 4 <= chunks {
-            pair(c, &mut a0);
-            pair(c + 2, &mut a1);
-            c += 4;
-        }
-        if c + 2 <= chunks {
-            pair(c, &mut a0);
-            c += 2;
-        }
-        let mut tail = [_mm256_setzero_ps(); MT];
-        if c < chunks {
-            let wv = _mm_loadu_si128(rb.add(c * 16) as *const __m128i);
-            let w2 =
-                _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(wv), _mm_srli_epi16::<4>(wv));
-            let wq = _mm256_and_si256(w2, _mm256_set1_epi8(0x0f));
-            for (t, a) in tail.iter_mut().enumerate() {
-                let xv = _mm256_loadu_si256(qp.add(t * chunks * 32 + c * 32) as *const __m256i);
-                let sum = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wq, xv);
-                let f = _mm256_set1_ps(*fp.add(t * chunks + c));
-                *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), f, *a);
-            }
+            block4_i8::<MT>(rb, c0, k, chunks, qp, &f, &mut a0, &mut a1);
+            c0 += 16;
         }
         let mut out = [0f32; MT];
         for t in 0..MT {
-            out[t] = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t])) + hsum(tail[t]);
+            out[t] = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t]));
         }
         out
     }
@@ -2807,16 +2781,16 @@ mod tests {
         assert_eq!(q2[n - 32..], [0i16; 32]);
     }
 
-    /// The pair-order int8 quantizer puts each chunk's codes (half to even) where the 4-bit
-    /// int8 kernel reads them: pairs of chunks as `[c even, c + 1 even, c odd, c + 1 odd]`,
-    /// an unpaired last chunk of a row as `[even, odd]`; scales `amax / 127`, float sums.
+    /// The quad-order int8 quantizer puts each chunk's codes (half to even) where the 4-bit
+    /// int8 kernel reads them: per quad of `n` chunks (4, or what a row's last quad has), the
+    /// even codes of chunk `j` at `16j`, its odd ones at `16(n + j)`; scales `amax / 127`,
+    /// float sums. Rows of 7 chunks: a quad of 4, then one of 3.
     #[test]
-    fn quantize_x8p_lays_codes_out_in_pair_order() {
+    fn quantize_x8p_lays_codes_out_in_quad_order() {
         if !super::super::Isa::Avx2.available() {
             return;
         }
-        // Two rows of 96 columns (3 chunks: a pair and an unpaired last one).
-        let cols = 96;
+        let cols = 7 * 32;
         let x: Vec<f32> = (0..2 * cols)
             .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
             .collect();
@@ -2829,16 +2803,17 @@ mod tests {
             assert_eq!(d[c], amax / 127.0);
             let inv = 1.0 / d[c];
             let code = |k: usize| (chunk[k] * inv).round_ties_even() as i8;
-            let (row, rc) = (c / 3, c % 3);
-            let at = |off: usize| q[row * cols + off];
-            for j in 0..16 {
-                let (e, o) = match rc {
-                    0 => (j, 32 + j),
-                    1 => (16 + j, 48 + j),
-                    _ => (64 + j, 80 + j),
-                };
-                assert_eq!(at(e), code(2 * j), "chunk {c} even {j}");
-                assert_eq!(at(o), code(2 * j + 1), "chunk {c} odd {j}");
+            let (row, rc) = (c / 7, c % 7);
+            let (c0, j) = (rc / 4 * 4, rc % 4);
+            let quad = (7 - c0).min(4);
+            let at = |off: usize| q[row * cols + c0 * 32 + off];
+            for i in 0..16 {
+                assert_eq!(at(16 * j + i), code(2 * i), "chunk {c} even {i}");
+                assert_eq!(
+                    at(16 * (quad + j) + i),
+                    code(2 * i + 1),
+                    "chunk {c} odd {i}"
+                );
             }
             let sum: f32 = chunk.iter().sum();
             assert!((s[c] - sum).abs() <= 1e-4 * (1.0 + sum.abs()));
