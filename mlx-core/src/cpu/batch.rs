@@ -201,7 +201,7 @@ pub fn matmul_t_each_with(
             scratch.n8.resize(m * cols, 0);
             scratch.nd.resize(chunks, 0.0);
             scratch.ns.resize(chunks, 0.0);
-            super::x86::quantize_x8(x, cols, &mut scratch.n8, &mut scratch.nd, &mut scratch.ns);
+            super::x86::quantize_x8(x, &mut scratch.n8, &mut scratch.nd, &mut scratch.ns);
             n = Some(super::x86::QuantX {
                 q: scratch.n8.as_ptr(),
                 d: scratch.nd.as_ptr(),

@@ -117,7 +117,7 @@ pub enum Activations {
     Int16,
     /// As `Int16`, but the 8-bit products in groups of 32 with half-precision scales (GGUF's
     /// Q8_0 as loaded: a tied head) of one to four inputs quantized to int8 per 32 values
-    /// and summed by AVX-512 VNNI's `vpdpbusd`, a quarter of the int16
+    /// (natural order) and summed by AVX-512 VNNI's `vpdpbusd`, a quarter of the int16
     /// kernel's instructions; where the CPU lacks AVX-512 VNNI those take the int16 kernel.
     /// Only through [`matmul_t_each`] (decode steps); [`matmul_t`] takes it as `Int16` (a
     /// prompt block's GGML products on AVX-512: `cpu::kgemm`'s int16 panels).

@@ -662,118 +662,43 @@ pub(super) struct QuantX16 {
 }
 
 /// The int16 codes `q` (rows of `cols`, a multiple of 32) reordered for [`dot4_512`]: in each
-/// row, per quad of 4 chunks (a row's last quad may hold `n < 4`), four vectors of `4n`
-/// 32-bit lanes, `v = 2k + h` (`k` 0 or 1, `h` 0 for the low nibbles, 1 for the high ones)
-/// at `32 * c0 + 8n * v`; lane `4j + i` (chunk `c0 + j`) holds the codes at positions
-/// `16k + 4i + h` and `16k + 4i + 2 + h` of that chunk. A 4-bit quad's 64 bytes, each 128-bit
-/// lane (one chunk) split into its low and high 8 bytes widened to 16 bits (`unpack` with
-/// zero), then meet the codes of their low nibbles (one mask) and high nibbles (one shift)
-/// with every chunk's sums in its own four lanes.
+/// row, chunks `c, c + 1` (even `c`) as `[c even, c + 1 even, c odd, c + 1 odd]` (16 codes
+/// each: the codes at even positions, then those at odd ones), and an unpaired last chunk as
+/// `[even, odd]`. A 4-bit weight chunk's bytes, widened to 16-bit lanes, then meet the codes
+/// of their low nibbles (even positions) and high nibbles (odd) with one mask and one shift.
 pub(super) fn permute_x16(q: &[i16], cols: usize, p: &mut [i16]) {
     let chunks = cols / 32;
     for (rq, rp) in q.chunks_exact(cols).zip(p.chunks_exact_mut(cols)) {
-        let mut c0 = 0;
-        while c0 < chunks {
-            let n = (chunks - c0).min(4);
-            for k in 0..2 {
-                for h in 0..2 {
-                    let v = c0 * 32 + (2 * k + h) * 8 * n;
-                    for j in 0..n {
-                        for i in 0..4 {
-                            for w in 0..2 {
-                                rp[v + (4 * j + i) * 2 + w] =
-                                    rq[(c0 + j) * 32 + 16 * k + 4 * i + 2 * w + h];
-                            }
-                        }
-                    }
-                }
+        let mut c = 0;
+        while c + 2 <= chunks {
+            let (a, b) = (&rq[c * 32..c * 32 + 32], &rq[c * 32 + 32..c * 32 + 64]);
+            let d = &mut rp[c * 32..c * 32 + 64];
+            for j in 0..16 {
+                d[j] = a[2 * j];
+                d[16 + j] = b[2 * j];
+                d[32 + j] = a[2 * j + 1];
+                d[48 + j] = b[2 * j + 1];
             }
-            c0 += 4;
+            c += 2;
         }
-    }
-}
-
-/// One block of up to 16 chunks (`k` of them from chunk `c0`, a multiple of 16) of a 4-bit
-/// row at `rb` against `MT` inputs in [`permute_x16`]'s order, the chunks' factors in `f`
-/// (lane `j`: chunk `c0 + j`), quad by quad: the quad's 64 bytes unpacked once (low and high
-/// 8 bytes of each chunk widened to 16 bits, low nibbles by one mask, high ones by one
-/// shift), then per input one `madd` and three `vpdpwssd` into exact 32-bit sums, four lanes
-/// a chunk (8 products a lane: at most 8 * 15 * 32767, exact in float32), one conversion, the
-/// chunks' factors spread to their lanes by one permute, and one FMA. Quads alternate
-/// between `a0` (even quads of the row) and `a1`.
-///
-/// # Safety
-/// The CPU has AVX-512 F/BW/VL and VNNI; `rb` holds the row's chunks up to `c0 + k`; `qp`
-/// holds `MT` rows of `chunks * 32` codes in [`permute_x16`]'s order.
-#[inline]
-#[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn block4_512<const MT: usize>(
-    rb: *const u8,
-    c0: usize,
-    k: usize,
-    chunks: usize,
-    qp: *const i16,
-    f: &[__m512; MT],
-    a0: &mut [__m512; MT],
-    a1: &mut [__m512; MT],
-) {
-    // SAFETY (whole body): masked loads read only the chunks that exist (weights) and the
-    // quad's `4n` lanes (codes); the rest is the contract.
-    unsafe {
-        let nib = _mm512_set1_epi16(0x000f);
-        let zero = _mm512_setzero_si512();
-        // Lane 4j + i of quad `qi`: chunk 4qi + j of the block.
-        let base = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-        let mut qi = 0;
-        while 4 * qi < k {
-            let c = c0 + 4 * qi;
-            let n = (k - 4 * qi).min(4);
-            let a = if n == 4 {
-                _mm512_loadu_si512(rb.add(c * 16) as *const _)
-            } else {
-                _mm512_maskz_loadu_epi8((1u64 << (16 * n)) - 1, rb.add(c * 16) as *const _)
-            };
-            let v0 = _mm512_unpacklo_epi8(a, zero);
-            let v1 = _mm512_unpackhi_epi8(a, zero);
-            let w = [
-                _mm512_and_si512(v0, nib),
-                _mm512_srli_epi16::<4>(v0),
-                _mm512_and_si512(v1, nib),
-                _mm512_srli_epi16::<4>(v1),
-            ];
-            let idx = _mm512_add_epi32(base, _mm512_set1_epi32(4 * qi as i32));
-            let lanes: __mmask16 = if n == 4 {
-                0xffff
-            } else {
-                (1u16 << (4 * n)) - 1
-            };
-            let acc = if (c / 4) % 2 == 0 { &mut *a0 } else { &mut *a1 };
-            for (t, a) in acc.iter_mut().enumerate() {
-                let xq = qp.add(t * chunks * 32 + c * 32);
-                let x = |v: usize| {
-                    if n == 4 {
-                        _mm512_loadu_si512(xq.add(32 * v) as *const _)
-                    } else {
-                        _mm512_maskz_loadu_epi32(lanes, xq.add(8 * n * v) as *const _)
-                    }
-                };
-                let s = _mm512_madd_epi16(w[0], x(0));
-                let s = _mm512_dpwssd_epi32(s, w[1], x(1));
-                let s = _mm512_dpwssd_epi32(s, w[2], x(2));
-                let s = _mm512_dpwssd_epi32(s, w[3], x(3));
-                let fv = _mm512_permutexvar_ps(idx, f[t]);
-                *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), fv, *a);
+        if c < chunks {
+            let a = &rq[c * 32..c * 32 + 32];
+            let d = &mut rp[c * 32..c * 32 + 32];
+            for j in 0..16 {
+                d[j] = a[2 * j];
+                d[16 + j] = a[2 * j + 1];
             }
-            qi += 1;
         }
     }
 }
 
 /// The 4-bit main loop of [`rows_int16_512_m`] over one row (`chunks` chunks of 16 bytes at
-/// `rb`) with its factors in a buffer (`fp[t * chunks + c]`: chunk `c`'s for input `t`),
-/// starting from `acc`: per block of 16 chunks the factors in one register per input, then
-/// [`block4_512`]. Returns each input's sum, in an order that does not depend on `MT`.
+/// `rb`): two chunks at a time, their 32 bytes widened to 16-bit lanes, the low nibbles (one
+/// mask) `madd`ed with the inputs' even codes and the high nibbles (one shift) added by
+/// `vpdpwssd` with the odd codes ([`permute_x16`]'s order), so lanes 0-7 sum chunk `c` and
+/// 8-15 chunk `c + 1`; each half scaled by its chunk's factor `fp[t * chunks + c]`. Pairs
+/// alternate between `acc` and a second accumulator; an unpaired last chunk is summed in
+/// 256 bits. Returns each input's sum, in an order that does not depend on `MT`.
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BW/VL and VNNI; `rb` holds `chunks * 16` bytes; `qp` holds `MT`
@@ -787,25 +712,53 @@ unsafe fn dot4_512<const MT: usize>(
     fp: *const f32,
     acc: [__m512; MT],
 ) -> [f32; MT] {
-    // SAFETY (whole body): reads stay within the ranges of the contract (masked loads past a
-    // row's last chunk read nothing).
+    // SAFETY (whole body): reads stay within the ranges of the contract.
     unsafe {
+        let nib = _mm512_set1_epi16(0x000f);
+        // Lanes 0-7: the pair's first factor; 8-15: its second.
+        let idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
         let mut a0 = acc;
         let mut a1 = [_mm512_setzero_ps(); MT];
-        let mut c0 = 0;
-        while c0 < chunks {
-            let k = (chunks - c0).min(16);
-            let mask: __mmask16 = if k == 16 { 0xffff } else { (1u16 << k) - 1 };
-            let mut f = [_mm512_setzero_ps(); MT];
-            for (t, f) in f.iter_mut().enumerate() {
-                *f = _mm512_maskz_loadu_ps(mask, fp.add(t * chunks + c0));
+        let pair = |c: usize, acc: &mut [__m512; MT]| {
+            let wv = _mm512_cvtepu8_epi16(_mm256_loadu_si256(rb.add(c * 16) as *const __m256i));
+            let lo = _mm512_and_si512(wv, nib);
+            let hi = _mm512_srli_epi16::<4>(wv);
+            for (t, a) in acc.iter_mut().enumerate() {
+                let xp = qp.add(t * chunks * 32 + c * 32);
+                let sum = _mm512_madd_epi16(lo, _mm512_loadu_si512(xp as *const _));
+                let sum = _mm512_dpwssd_epi32(sum, hi, _mm512_loadu_si512(xp.add(32) as *const _));
+                let two = (fp.add(t * chunks + c) as *const f64).read_unaligned();
+                let f = _mm512_permutexvar_ps(idx, _mm512_castpd_ps(_mm512_set1_pd(two)));
+                *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), f, *a);
             }
-            block4_512::<MT>(rb, c0, k, chunks, qp, &f, &mut a0, &mut a1);
-            c0 += 16;
+        };
+        let mut c = 0;
+        while c + 4 <= chunks {
+            pair(c, &mut a0);
+            pair(c + 2, &mut a1);
+            c += 4;
+        }
+        if c + 2 <= chunks {
+            pair(c, &mut a0);
+            c += 2;
+        }
+        let mut tail = [_mm256_setzero_ps(); MT];
+        if c < chunks {
+            let wv = _mm256_cvtepu8_epi16(_mm_loadu_si128(rb.add(c * 16) as *const __m128i));
+            let lo = _mm256_and_si256(wv, _mm256_set1_epi16(0x000f));
+            let hi = _mm256_srli_epi16::<4>(wv);
+            for (t, a) in tail.iter_mut().enumerate() {
+                let xp = qp.add(t * chunks * 32 + c * 32);
+                let sum = _mm256_madd_epi16(lo, _mm256_loadu_si256(xp as *const __m256i));
+                let sum =
+                    _mm256_dpwssd_epi32(sum, hi, _mm256_loadu_si256(xp.add(16) as *const __m256i));
+                let f = _mm256_set1_ps(*fp.add(t * chunks + c));
+                *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), f, *a);
+            }
         }
         let mut out = [0f32; MT];
         for t in 0..MT {
-            out[t] = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t]));
+            out[t] = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t])) + hsum(tail[t]);
         }
         out
     }
@@ -814,10 +767,10 @@ unsafe fn dot4_512<const MT: usize>(
 /// [`dot4_512`] for a row in groups of 32 with half-precision scales and biases (`s0`, `b0`:
 /// the row's `chunks` of each), its factors kept in registers instead of a stack buffer: the
 /// bias term first (bias times the input's float sum, 16 chunks at a time), then per block of
-/// 16 chunks the factors (scale times input scale) in one register per input and
-/// [`block4_512`]. The same operations in the same order as the buffered version
-/// (bit-identical sums); a store of the factors followed by narrow reloads of them stalled
-/// store forwarding.
+/// 16 chunks the factors (scale times input scale) in one register per input, each pair's
+/// two picked out by one permute. The same operations in the same order as the buffered
+/// version (bit-identical sums); a store of the factors followed by narrow reloads of them
+/// stalled store forwarding.
 ///
 /// # Safety
 /// As [`dot4_512`], with `s0` and `b0` holding `chunks` halves each and `qx` `MT` rows of
@@ -853,7 +806,12 @@ pub(super) unsafe fn dot4_512_h<const MT: usize>(
             }
             c0 += 16;
         }
+        let nib = _mm512_set1_epi16(0x000f);
+        // Lanes 0-7: the pair's first chunk; 8-15: its second.
+        let base = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+        let qp = qx.p;
         let mut a1 = [_mm512_setzero_ps(); MT];
+        let mut tail = [_mm256_setzero_ps(); MT];
         let mut c0 = 0;
         while c0 < chunks {
             let k = (chunks - c0).min(16);
@@ -864,12 +822,55 @@ pub(super) unsafe fn dot4_512_h<const MT: usize>(
                 let dv = _mm512_maskz_loadu_ps(mask, qx.d.add(t * chunks + c0));
                 f[t] = _mm512_mul_ps(sv, dv);
             }
-            block4_512::<MT>(rb, c0, k, chunks, qx.p, &f, &mut a0, &mut a1);
+            let pair = |j: usize, acc: &mut [__m512; MT]| {
+                let c = c0 + j;
+                let wv = _mm512_cvtepu8_epi16(_mm256_loadu_si256(rb.add(c * 16) as *const __m256i));
+                let lo = _mm512_and_si512(wv, nib);
+                let hi = _mm512_srli_epi16::<4>(wv);
+                let idx = _mm512_add_epi32(base, _mm512_set1_epi32(j as i32));
+                for (t, a) in acc.iter_mut().enumerate() {
+                    let xp = qp.add(t * chunks * 32 + c * 32);
+                    let sum = _mm512_madd_epi16(lo, _mm512_loadu_si512(xp as *const _));
+                    let sum =
+                        _mm512_dpwssd_epi32(sum, hi, _mm512_loadu_si512(xp.add(32) as *const _));
+                    let fv = _mm512_permutexvar_ps(idx, f[t]);
+                    *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), fv, *a);
+                }
+            };
+            // c0 is a multiple of 16: pairs at c % 4 == 0 go to a0, as in `dot4_512`.
+            let mut j = 0;
+            while j + 4 <= k {
+                pair(j, &mut a0);
+                pair(j + 2, &mut a1);
+                j += 4;
+            }
+            if j + 2 <= k {
+                pair(j, &mut a0);
+                j += 2;
+            }
+            if j < k {
+                let c = c0 + j;
+                let wv = _mm256_cvtepu8_epi16(_mm_loadu_si128(rb.add(c * 16) as *const __m128i));
+                let lo = _mm256_and_si256(wv, _mm256_set1_epi16(0x000f));
+                let hi = _mm256_srli_epi16::<4>(wv);
+                let idx = _mm512_set1_epi32(j as i32);
+                for (t, a) in tail.iter_mut().enumerate() {
+                    let xp = qp.add(t * chunks * 32 + c * 32);
+                    let sum = _mm256_madd_epi16(lo, _mm256_loadu_si256(xp as *const __m256i));
+                    let sum = _mm256_dpwssd_epi32(
+                        sum,
+                        hi,
+                        _mm256_loadu_si256(xp.add(16) as *const __m256i),
+                    );
+                    let fv = _mm512_castps512_ps256(_mm512_permutexvar_ps(idx, f[t]));
+                    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), fv, *a);
+                }
+            }
             c0 += 16;
         }
         let mut out = [0f32; MT];
         for t in 0..MT {
-            out[t] = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t]));
+            out[t] = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t])) + hsum(tail[t]);
         }
         out
     }
@@ -1918,25 +1919,17 @@ fn prefetch_affine_row(
     prefetch(p, l);
 }
 
-/// Quantizes `x` (`(m, cols)`, `cols` a multiple of 32) to int8 codes for
-/// [`rows_q8_int8_512`]: per chunk of 32 values a scale `d = max|x| / 127`, the codes
+/// Quantizes `x` (`(m, cols)`, `cols` a multiple of 32) to int8 codes in their natural order
+/// for [`rows_q8_int8_512`]: per chunk of 32 values a scale `d = max|x| / 127`, the codes
 /// `round(x / d)` (half away from zero), and `s` the chunk's float sum (what the rows' biases
-/// multiply). The codes in quad order: per quad of 4 chunks of a row (`n <= 4` in its last),
-/// the chunks' first 16 codes one after the other, then their last 16. Scalar code: a few
-/// hundred values per product.
-pub(super) fn quantize_x8(x: &[f32], cols: usize, q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
-    let row_chunks = cols / 32;
+/// multiply). Scalar code: a few hundred values per product.
+pub(super) fn quantize_x8(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
     for (c, chunk) in x.chunks_exact(32).enumerate() {
         let amax = chunk.iter().fold(0f32, |a, v| a.max(v.abs()));
         let dc = amax / 127.0;
         let inv = if dc > 0.0 { 1.0 / dc } else { 0.0 };
-        // Chunk c's place in its row's quad of 4 chunks (n in the row's last one).
-        let (row, rc) = (c / row_chunks, c % row_chunks);
-        let (c0, j) = (rc / 4 * 4, rc % 4);
-        let n = (row_chunks - c0).min(4);
-        let base = row * cols + c0 * 32 + 16 * j;
-        for (i, v) in chunk.iter().enumerate() {
-            q[base + (i / 16) * 16 * n + i % 16] = (v * inv).round() as i8;
+        for (o, v) in q[c * 32..c * 32 + 32].iter_mut().zip(chunk) {
+            *o = (v * inv).round() as i8;
         }
         d[c] = dc;
         s[c] = chunk.iter().sum();
@@ -1962,9 +1955,9 @@ pub(super) fn q8_int8_supports(w: &Matrix<'_>) -> bool {
 
 /// Rows `r0..r1` of `out (m, rows) = x W^T + bias` for an 8-bit `w` that
 /// [`q8_int8_supports`], `m <= WIDE_TILE`, from `x` quantized by [`quantize_x8`]: the unsigned weight
-/// bytes times the signed input codes by `vpdpbusd`, 64 a instruction, a quad of 4 chunks in
-/// two (each chunk's sums in 4 lanes), scaled in float by its group's scale times the chunk's
-/// input scale; the biases multiply the inputs' float sums.
+/// bytes times the signed input codes by `vpdpbusd`, 64 a instruction (two chunks: lanes 0-7
+/// sum chunk `c`, 8-15 chunk `c + 1`), each half scaled in float by its group's scale times
+/// the chunk's input scale; the biases multiply the inputs' float sums.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA, F16C and AVX-512 F/BW/VL with VNNI; `w` is as
@@ -2027,11 +2020,8 @@ unsafe fn rows_q8_int8_512_m<const MT: usize>(
             chunks <= MAX_CHUNKS && sh.len() >= r1 * chunks && bh.len() >= r1 * chunks,
             "rows_q8_int8_512: {chunks} chunks a row, scales out of range"
         );
-        // 64-bit words of a quad's two vectors (a: chunks 0-1, b: 2-3) that hold each chunk's
-        // first and second 16 bytes; lane 4j + i of a quad's sums: chunk j of the quad.
-        let lo_q = _mm512_set_epi64(13, 12, 9, 8, 5, 4, 1, 0);
-        let hi_q = _mm512_set_epi64(15, 14, 11, 10, 7, 6, 3, 2);
-        let quad = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+        // Lanes 0-7: the pair's first chunk; 8-15: its second.
+        let base = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
         let pf = prefetch_rows(cols);
         let (scales, biases) = (Floats::F16(sh), Floats::F16(bh));
         for r in r0..r1 {
@@ -2058,6 +2048,7 @@ unsafe fn rows_q8_int8_512_m<const MT: usize>(
             }
             let rb = bytes.add(r * cols);
             let mut a1 = [_mm512_setzero_ps(); MT];
+            let mut tail = [_mm256_setzero_ps(); MT];
             let mut c0 = 0;
             while c0 < chunks {
                 let k = (chunks - c0).min(16);
@@ -2068,66 +2059,44 @@ unsafe fn rows_q8_int8_512_m<const MT: usize>(
                     let dv = _mm512_maskz_loadu_ps(mask, qx.d.add(t * chunks + c0));
                     f[t] = _mm512_mul_ps(sv, dv);
                 }
-                // Quad by quad (4 chunks, 128 bytes): each 128-bit lane one chunk's first
-                // (w0) or second (w1) 16 bytes (two 64-bit permutes shared by the inputs),
-                // so per input two `vpdpbusd` sum 8 products a lane in the chunk's four
-                // lanes, then one conversion, one permute of the factors and one FMA.
-                let mut qi = 0;
-                while 4 * qi < k {
-                    let c = c0 + 4 * qi;
-                    let n = (k - 4 * qi).min(4);
-                    let p = rb.add(c * 32);
-                    let (a, b) = if n == 4 {
-                        (
-                            _mm512_loadu_si512(p as *const _),
-                            _mm512_loadu_si512(p.add(64) as *const _),
-                        )
-                    } else {
-                        let bytes_of = |m: usize| {
-                            if m >= 2 {
-                                !0u64
-                            } else {
-                                (1u64 << (32 * m)) - 1
-                            }
-                        };
-                        (
-                            _mm512_maskz_loadu_epi8(bytes_of(n.min(2)), p as *const _),
-                            _mm512_maskz_loadu_epi8(
-                                bytes_of(n.saturating_sub(2)),
-                                p.add(64) as *const _,
-                            ),
-                        )
-                    };
-                    let w0 = _mm512_permutex2var_epi64(a, lo_q, b);
-                    let w1 = _mm512_permutex2var_epi64(a, hi_q, b);
-                    let idx = _mm512_add_epi32(quad, _mm512_set1_epi32(4 * qi as i32));
-                    let lanes: __mmask64 = if n == 4 { !0 } else { (1u64 << (16 * n)) - 1 };
-                    let acc = if (c / 4) % 2 == 0 { &mut a0 } else { &mut a1 };
+                let pair = |j: usize, acc: &mut [__m512; MT]| {
+                    let c = c0 + j;
+                    let wv = _mm512_loadu_si512(rb.add(c * 32) as *const _);
+                    let idx = _mm512_add_epi32(base, _mm512_set1_epi32(j as i32));
                     for (t, a) in acc.iter_mut().enumerate() {
-                        let xq = qx.q.add(t * cols + c * 32);
-                        let (x0, x1) = if n == 4 {
-                            (
-                                _mm512_loadu_si512(xq as *const _),
-                                _mm512_loadu_si512(xq.add(64) as *const _),
-                            )
-                        } else {
-                            (
-                                _mm512_maskz_loadu_epi8(lanes, xq as *const _),
-                                _mm512_maskz_loadu_epi8(lanes, xq.add(16 * n) as *const _),
-                            )
-                        };
-                        let sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w0, x0);
-                        let sum = _mm512_dpbusd_epi32(sum, w1, x1);
+                        let xv = _mm512_loadu_si512(qx.q.add(t * cols + c * 32) as *const _);
+                        let sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
                         let fv = _mm512_permutexvar_ps(idx, f[t]);
                         *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), fv, *a);
                     }
-                    qi += 1;
+                };
+                // c0 is a multiple of 16: pairs at c % 4 == 0 go to a0.
+                let mut j = 0;
+                while j + 4 <= k {
+                    pair(j, &mut a0);
+                    pair(j + 2, &mut a1);
+                    j += 4;
+                }
+                if j + 2 <= k {
+                    pair(j, &mut a0);
+                    j += 2;
+                }
+                if j < k {
+                    let c = c0 + j;
+                    let wv = _mm256_loadu_si256(rb.add(c * 32) as *const __m256i);
+                    let idx = _mm512_set1_epi32(j as i32);
+                    for (t, a) in tail.iter_mut().enumerate() {
+                        let xv = _mm256_loadu_si256(qx.q.add(t * cols + c * 32) as *const __m256i);
+                        let sum = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wv, xv);
+                        let fv = _mm512_castps512_ps256(_mm512_permutexvar_ps(idx, f[t]));
+                        *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), fv, *a);
+                    }
                 }
                 c0 += 16;
             }
             let b = bias_of(r);
             for t in 0..MT {
-                let v = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t]));
+                let v = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t])) + hsum(tail[t]);
                 out.write(t * rows + r, v + b);
             }
         }
@@ -2136,11 +2105,10 @@ unsafe fn rows_q8_int8_512_m<const MT: usize>(
 
 /// Quantizes `x` (`(m, cols)`, `cols` a multiple of 32) to int8 for [`rows_q4_int8_512`]
 /// (llama.cpp's Q8_0 activations): per chunk of 32 values a scale `d = max|x| / 127` and the
-/// codes `round(x / d)` (half to even), laid out in each row by quads of 4 chunks (`n <= 4`
-/// in a row's last): the even codes of the quad's chunks (16 each, chunk after chunk), then
-/// their odd ones, so a quad's 64 weight bytes meet them as low and high nibbles, one chunk a
-/// 128-bit lane; and `s` the chunk's float sum (what the rows' biases multiply). Eight values
-/// at a time.
+/// codes `round(x / d)` (half to even), laid out in each row as [`permute_x16`] lays out its
+/// int16 codes (a pair of chunks as `[c even, c + 1 even, c odd, c + 1 odd]`, 16 codes each;
+/// an unpaired last chunk as `[even, odd]`), and `s` the chunk's float sum (what the rows'
+/// biases multiply). Eight values at a time.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C.
@@ -2163,9 +2131,9 @@ pub(super) unsafe fn quantize_x8p(
         "quantize_x8p buffers"
     );
     let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
-    // SAFETY: chunk c reads x[32c..32c + 32] and writes 32 codes within its row's quad
-    // (q[32 * (c - c % 4)..] up to 128 codes, 32 a chunk the quad has), d[c], s[c], all in
-    // bounds (checked above).
+    // SAFETY: chunk c reads x[32c..32c + 32] and writes 32 codes within its row's pair
+    // (q[32 * (c - c % 2)..] up to 64 codes, or 32 for an unpaired last chunk), d[c], s[c],
+    // all in bounds (checked above).
     unsafe {
         let mut codes = [0i8; 32];
         for c in 0..chunks {
@@ -2195,11 +2163,15 @@ pub(super) unsafe fn quantize_x8p(
             let b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
             _mm256_storeu_si256(codes.as_mut_ptr() as *mut __m256i, b);
             let (rc, row) = (c % row_chunks, c / row_chunks);
-            // Chunk j of a quad of n: its even codes at 16j, its odd ones at 16(n + j).
-            let (c0, j) = (rc - rc % 4, rc % 4);
-            let n = (row_chunks - c0).min(4);
-            let base = q.as_mut_ptr().add(row * cols + c0 * 32);
-            let (e, o) = (base.add(16 * j), base.add(16 * (n + j)));
+            let paired = rc + 1 < row_chunks || rc % 2 == 1;
+            let base = q.as_mut_ptr().add(row * cols + (rc - rc % 2) * 32);
+            let (e, o) = if !paired {
+                (base, base.add(16))
+            } else if rc % 2 == 0 {
+                (base, base.add(32))
+            } else {
+                (base.add(16), base.add(48))
+            };
             for j in 0..16 {
                 *e.add(j) = codes[2 * j];
                 *o.add(j) = codes[2 * j + 1];
@@ -2367,8 +2339,11 @@ unsafe fn rows_q4_int8_512_m<const MT: usize>(
 /// One row of [`rows_q4_int8_512_m`] with groups of 32 and half-precision scales and biases
 /// (`s0`, `b0`: the row's `chunks` of each): per block of 16 chunks the factors (scale times
 /// input scale) in one register per input and the bias term (bias times the input's float
-/// sum) added; then [`block4_i8`] quad by quad. Each input's sum is computed alike whatever
-/// `MT` is.
+/// sum) added; then per pair of chunks in the block the 32 weight bytes as low nibbles (lower
+/// half) and high nibbles (upper half), one `vpdpbusd` with the inputs' codes in
+/// [`quantize_x8p`]'s order, the pair's two factors picked out of the register by one
+/// permute. Pairs alternate between two accumulators; an unpaired last chunk is summed in 256
+/// bits. Each input's sum is computed alike whatever `MT` is.
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BW/VL and VNNI; `rb` holds `chunks * 16` bytes, `s0` and `b0`
@@ -2386,8 +2361,12 @@ unsafe fn row_q4_int8_512_h<const MT: usize>(
     // SAFETY (whole body): reads stay within the ranges of the contract (masked loads past a
     // row's last chunk read nothing).
     unsafe {
+        let nib = _mm512_set1_epi8(0x0f);
+        // Lanes 0-3 and 8-11: the pair's first chunk; 4-7 and 12-15: its second.
+        let base = _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
         let mut a0 = [_mm512_setzero_ps(); MT];
         let mut a1 = [_mm512_setzero_ps(); MT];
+        let mut tail = [_mm256_setzero_ps(); MT];
         let mut c0 = 0;
         while c0 < chunks {
             let k = (chunks - c0).min(16);
@@ -2401,74 +2380,62 @@ unsafe fn row_q4_int8_512_h<const MT: usize>(
                 let xs = _mm512_maskz_loadu_ps(mask, qx.s.add(t * chunks + c0));
                 a0[t] = _mm512_fmadd_ps(bv, xs, a0[t]);
             }
-            block4_i8::<MT>(rb, c0, k, chunks, qx.q, &f, &mut a0, &mut a1);
+            let pair = |j: usize, acc: &mut [__m512; MT]| {
+                let c = c0 + j;
+                let wv = _mm256_loadu_si256(rb.add(c * 16) as *const __m256i);
+                let w2 =
+                    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(wv), _mm256_srli_epi16::<4>(wv));
+                let wq = _mm512_and_si512(w2, nib);
+                let idx = _mm512_add_epi32(base, _mm512_set1_epi32(j as i32));
+                for (t, a) in acc.iter_mut().enumerate() {
+                    let xv = _mm512_loadu_si512(qx.q.add((t * chunks + c) * 32) as *const _);
+                    let sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, xv);
+                    let fv = _mm512_permutexvar_ps(idx, f[t]);
+                    *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), fv, *a);
+                }
+            };
+            let mut j = 0;
+            while j + 4 <= k {
+                pair(j, &mut a0);
+                pair(j + 2, &mut a1);
+                j += 4;
+            }
+            if j + 2 <= k {
+                pair(j, &mut a0);
+                j += 2;
+            }
+            if j < k {
+                // The row's unpaired last chunk.
+                let c = c0 + j;
+                let wv = _mm_loadu_si128(rb.add(c * 16) as *const __m128i);
+                let w2 = _mm256_inserti128_si256::<1>(
+                    _mm256_castsi128_si256(wv),
+                    _mm_srli_epi16::<4>(wv),
+                );
+                let wq = _mm256_and_si256(w2, _mm256_set1_epi8(0x0f));
+                let idx = _mm512_set1_epi32(j as i32);
+                for (t, a) in tail.iter_mut().enumerate() {
+                    let xv = _mm256_loadu_si256(qx.q.add((t * chunks + c) * 32) as *const __m256i);
+                    let sum = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wq, xv);
+                    let fv = _mm512_castps512_ps256(_mm512_permutexvar_ps(idx, f[t]));
+                    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), fv, *a);
+                }
+            }
             c0 += 16;
         }
         let mut out = [0f32; MT];
         for t in 0..MT {
-            out[t] = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t]));
+            out[t] = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t])) + hsum(tail[t]);
         }
         out
     }
 }
 
-/// One block of up to 16 chunks (`k` from chunk `c0`, a multiple of 16) of a 4-bit row at
-/// `rb` against `MT` inputs in [`quantize_x8p`]'s order, the chunks' factors in `f` (lane
-/// `j`: chunk `c0 + j`), quad by quad: the quad's 64 bytes as low nibbles (one mask) and high
-/// nibbles (one shift and mask), each chunk one 128-bit lane, then per input two `vpdpbusd`
-/// into exact 32-bit sums (8 products a lane, four lanes a chunk), one conversion, the
-/// factors spread to their lanes by one permute, and one FMA. Quads alternate between `a0`
-/// (even quads of the row) and `a1`.
-///
-/// # Safety
-/// The CPU has AVX-512 F/BW/VL and VNNI; `rb` holds the row's chunks up to `c0 + k`; `qp`
-/// holds `MT` rows of `chunks * 32` codes in [`quantize_x8p`]'s order.
-#[inline]
-#[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn block4_i8<const MT: usize>(
-    rb: *const u8,
-    c0: usize,
-    k: usize,
-    chunks: usize,
-    qp: *const i8,
-    f: &[__m512; MT],
-    a0: &mut [__m512; MT],
-    a1: &mut [__m512; MT],
-) {
-    // SAFETY (whole body): masked loads read only the quad's chunks (weights) and its `16n`
-    // bytes of each half (codes); the rest is the contract.
-    unsafe {
-        let nib = _mm512_set1_epi8(0x0f);
-        // Lane 4j + i of quad `qi`: chunk 4qi + j of the block.
-        let base = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-        let mut qi = 0;
-        while 4 * qi < k {
-            let c = c0 + 4 * qi;
-            let n = (k - 4 * qi).min(4);
-            let bytes: __mmask64 = if n == 4 { !0 } else { (1u64 << (16 * n)) - 1 };
-            let a = _mm512_maskz_loadu_epi8(bytes, rb.add(c * 16) as *const _);
-            let lo = _mm512_and_si512(a, nib);
-            let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(a), nib);
-            let idx = _mm512_add_epi32(base, _mm512_set1_epi32(4 * qi as i32));
-            let acc = if (c / 4) % 2 == 0 { &mut *a0 } else { &mut *a1 };
-            for (t, a) in acc.iter_mut().enumerate() {
-                let xq = qp.add(t * chunks * 32 + c * 32);
-                let xe = _mm512_maskz_loadu_epi8(bytes, xq as *const _);
-                let xo = _mm512_maskz_loadu_epi8(bytes, xq.add(16 * n) as *const _);
-                let sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xe);
-                let sum = _mm512_dpbusd_epi32(sum, hi, xo);
-                let fv = _mm512_permutexvar_ps(idx, f[t]);
-                *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), fv, *a);
-            }
-            qi += 1;
-        }
-    }
-}
-
 /// The main loop of [`rows_q4_int8_512_m`] over one row (`chunks` chunks of 16 bytes at
-/// `rb`) with its factors in a buffer (`fp[t * chunks + c]`), starting from `acc`: per block
-/// of 16 chunks the factors in one register per input, then [`block4_i8`].
+/// `rb`): two chunks at a time, their 32 bytes as low nibbles (lower half) and high nibbles
+/// (upper half) of one vector, one `vpdpbusd` with the inputs' codes in [`quantize_x8p`]'s
+/// order, each chunk's lanes scaled by its factor `fp[t * chunks + c]`. Pairs alternate
+/// between `acc` and a second accumulator; an unpaired last chunk is summed in 256 bits.
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BW/VL and VNNI; `rb` holds `chunks * 16` bytes; `qp` holds `MT`
@@ -2484,22 +2451,50 @@ unsafe fn dot4_512_i8<const MT: usize>(
 ) -> [f32; MT] {
     // SAFETY (whole body): reads stay within the ranges of the contract.
     unsafe {
+        let nib = _mm512_set1_epi8(0x0f);
+        // Lanes 0-3 and 8-11: the pair's first factor; 4-7 and 12-15: its second.
+        let idx = _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
         let mut a0 = acc;
         let mut a1 = [_mm512_setzero_ps(); MT];
-        let mut c0 = 0;
-        while c0 < chunks {
-            let k = (chunks - c0).min(16);
-            let mask: __mmask16 = if k == 16 { 0xffff } else { (1u16 << k) - 1 };
-            let mut f = [_mm512_setzero_ps(); MT];
-            for (t, f) in f.iter_mut().enumerate() {
-                *f = _mm512_maskz_loadu_ps(mask, fp.add(t * chunks + c0));
+        let pair = |c: usize, acc: &mut [__m512; MT]| {
+            let wv = _mm256_loadu_si256(rb.add(c * 16) as *const __m256i);
+            let w2 =
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(wv), _mm256_srli_epi16::<4>(wv));
+            let wq = _mm512_and_si512(w2, nib);
+            for (t, a) in acc.iter_mut().enumerate() {
+                let xv = _mm512_loadu_si512(qp.add(t * chunks * 32 + c * 32) as *const _);
+                let sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, xv);
+                let two = (fp.add(t * chunks + c) as *const f64).read_unaligned();
+                let f = _mm512_permutexvar_ps(idx, _mm512_castpd_ps(_mm512_set1_pd(two)));
+                *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), f, *a);
             }
-            block4_i8::<MT>(rb, c0, k, chunks, qp, &f, &mut a0, &mut a1);
-            c0 += 16;
+        };
+        let mut c = 0;
+        while c + 4 <= chunks {
+            pair(c, &mut a0);
+            pair(c + 2, &mut a1);
+            c += 4;
+        }
+        if c + 2 <= chunks {
+            pair(c, &mut a0);
+            c += 2;
+        }
+        let mut tail = [_mm256_setzero_ps(); MT];
+        if c < chunks {
+            let wv = _mm_loadu_si128(rb.add(c * 16) as *const __m128i);
+            let w2 =
+                _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(wv), _mm_srli_epi16::<4>(wv));
+            let wq = _mm256_and_si256(w2, _mm256_set1_epi8(0x0f));
+            for (t, a) in tail.iter_mut().enumerate() {
+                let xv = _mm256_loadu_si256(qp.add(t * chunks * 32 + c * 32) as *const __m256i);
+                let sum = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wq, xv);
+                let f = _mm256_set1_ps(*fp.add(t * chunks + c));
+                *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), f, *a);
+            }
         }
         let mut out = [0f32; MT];
         for t in 0..MT {
-            out[t] = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t]));
+            out[t] = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t])) + hsum(tail[t]);
         }
         out
     }
@@ -2781,16 +2776,16 @@ mod tests {
         assert_eq!(q2[n - 32..], [0i16; 32]);
     }
 
-    /// The quad-order int8 quantizer puts each chunk's codes (half to even) where the 4-bit
-    /// int8 kernel reads them: per quad of `n` chunks (4, or what a row's last quad has), the
-    /// even codes of chunk `j` at `16j`, its odd ones at `16(n + j)`; scales `amax / 127`,
-    /// float sums. Rows of 7 chunks: a quad of 4, then one of 3.
+    /// The pair-order int8 quantizer puts each chunk's codes (half to even) where the 4-bit
+    /// int8 kernel reads them: pairs of chunks as `[c even, c + 1 even, c odd, c + 1 odd]`,
+    /// an unpaired last chunk of a row as `[even, odd]`; scales `amax / 127`, float sums.
     #[test]
-    fn quantize_x8p_lays_codes_out_in_quad_order() {
+    fn quantize_x8p_lays_codes_out_in_pair_order() {
         if !super::super::Isa::Avx2.available() {
             return;
         }
-        let cols = 7 * 32;
+        // Two rows of 96 columns (3 chunks: a pair and an unpaired last one).
+        let cols = 96;
         let x: Vec<f32> = (0..2 * cols)
             .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
             .collect();
@@ -2803,17 +2798,16 @@ mod tests {
             assert_eq!(d[c], amax / 127.0);
             let inv = 1.0 / d[c];
             let code = |k: usize| (chunk[k] * inv).round_ties_even() as i8;
-            let (row, rc) = (c / 7, c % 7);
-            let (c0, j) = (rc / 4 * 4, rc % 4);
-            let quad = (7 - c0).min(4);
-            let at = |off: usize| q[row * cols + c0 * 32 + off];
-            for i in 0..16 {
-                assert_eq!(at(16 * j + i), code(2 * i), "chunk {c} even {i}");
-                assert_eq!(
-                    at(16 * (quad + j) + i),
-                    code(2 * i + 1),
-                    "chunk {c} odd {i}"
-                );
+            let (row, rc) = (c / 3, c % 3);
+            let at = |off: usize| q[row * cols + off];
+            for j in 0..16 {
+                let (e, o) = match rc {
+                    0 => (j, 32 + j),
+                    1 => (16 + j, 48 + j),
+                    _ => (64 + j, 80 + j),
+                };
+                assert_eq!(at(e), code(2 * j), "chunk {c} even {j}");
+                assert_eq!(at(o), code(2 * j + 1), "chunk {c} odd {j}");
             }
             let sum: f32 = chunk.iter().sum();
             assert!((s[c] - sum).abs() <= 1e-4 * (1.0 + sum.abs()));
