@@ -278,6 +278,11 @@ fn step() -> Result<(), Box<dyn std::error::Error>> {
     }
     let mats: Vec<Vec<Matrix<'_>>> = stores.iter().map(|l| l.iter().map(mat).collect()).collect();
     let head = mat(&head_store);
+    // As the CPU decoder does with a model's weights (`MLX_CPU_HUGEPAGES=0`: not).
+    let mut spans: Vec<(usize, usize)> = mats.iter().flatten().flat_map(|m| m.spans()).collect();
+    spans.extend(head.spans());
+    let advised = mlx_core::cpu::prefer_huge_pages(&spans);
+    println!("huge pages: {:.1} MB advised", advised as f64 / 1e6);
     let bytes: usize = stores
         .iter()
         .flat_map(|l| l.iter())

@@ -466,6 +466,15 @@ impl<'m> Weights<'m> {
         if embed.cols() != hidden || head.0.cols() != hidden || final_norm.len() != hidden {
             return Err(unsup("embedding, head or final norm width"));
         }
+        // Every weight a step streams, on huge pages where the kernel allows (fewer TLB misses
+        // and page walks per step; `cpu::prefer_huge_pages`, a hint: no contents change).
+        let mut spans = head.0.spans();
+        for l in &layers {
+            for (w, _) in [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down] {
+                spans.extend(w.spans());
+            }
+        }
+        cpu::prefer_huge_pages(&spans);
         Ok(Weights {
             hidden,
             n_heads,

@@ -235,6 +235,34 @@ impl<'a> Matrix<'a> {
         }
     }
 
+    /// The address ranges `[start, end)` of the buffers this matrix reads (codes, scales and
+    /// biases; floats; GGML blocks), for [`super::prefer_huge_pages`]. Trellis matrices give
+    /// none.
+    pub fn spans(&self) -> Vec<(usize, usize)> {
+        fn span<T>(s: &[T]) -> (usize, usize) {
+            let a = s.as_ptr() as usize;
+            (a, a + std::mem::size_of_val(s))
+        }
+        fn floats(f: &Floats<'_>) -> (usize, usize) {
+            match f {
+                Floats::F32(s) => span(s),
+                Floats::F16(s) => span(s),
+                Floats::Bf16(s) => span(s),
+            }
+        }
+        match &self.kind {
+            Kind::Dense(f) => vec![floats(f)],
+            Kind::Affine {
+                words,
+                scales,
+                biases,
+                ..
+            } => vec![span(words), floats(scales), floats(biases)],
+            Kind::Ggml { data, .. } => vec![span(data)],
+            Kind::Trellis(_) => Vec::new(),
+        }
+    }
+
     pub fn rows(&self) -> usize {
         self.rows
     }

@@ -24,6 +24,7 @@ pub mod kquant;
 mod kquant_x86;
 mod matmul;
 mod ops;
+mod pages;
 mod pool;
 #[cfg(target_arch = "x86_64")]
 mod prompt_attn;
@@ -37,6 +38,7 @@ pub use ops::{
     attention, attention_f16, gelu_approx_mul_isa, greedy_lse, rms_norm, rope, rope_inv_freqs,
     rope_pair, silu_mul, silu_mul_isa, AttentionShape, MAX_HEAD_DIM,
 };
+pub use pages::prefer_huge_pages;
 pub use pool::{available_threads, ThreadPool};
 #[cfg(target_arch = "x86_64")]
 pub use prompt_attn::{attention_prompt, attention_prompt_f16, prompt_applies, PROMPT_MIN_M};
