@@ -664,8 +664,9 @@ impl<'m> TextStream<'m> {
         // mlx-lm counts every token the model produced, the EOS token included.
         self.n += 1;
         if let Some(t0) = self.first {
-            self.generation_tps =
-                self.n as f64 / now.duration_since(t0).as_secs_f64().max(f64::MIN_POSITIVE);
+            // Timed here, after the token's own work, as mlx-lm times it where it yields: the
+            // first token's rate is then a measured (large) figure, not tokens over zero.
+            self.generation_tps = self.n as f64 / t0.elapsed().as_secs_f64().max(f64::MIN_POSITIVE);
         }
         if self.tokenizer.eos_token_ids().contains(&step.token) {
             // The EOS token is not detokenized; the final response carries it.

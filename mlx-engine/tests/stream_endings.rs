@@ -57,6 +57,12 @@ fn the_last_response_carries_the_last_token_and_the_reason() {
     assert_eq!(rs[1].finish_reason, Some(FinishReason::Length));
     assert_eq!(rs[1].generation_tokens, 2);
     assert_eq!(rs[1].token, run(Some(50))[1].token);
+    // One token: its rate is a measured figure (mlx-lm times it where it yields), not one
+    // token over a zero duration (~4e307).
+    let rs = run(Some(1));
+    assert_eq!(rs.len(), 1);
+    let tps = rs[0].generation_tps;
+    assert!(tps.is_finite() && tps > 0.0 && tps < 1e12, "{tps}");
     // 0 is an error, as in mlx-lm.
     let err = stream_generate(model.as_ref(), &tok, &prompt, None, opts(Some(0)))
         .err()

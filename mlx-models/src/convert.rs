@@ -892,7 +892,13 @@ pub fn mlx_lm_order(model_type: &str, params: &mut [(String, Array)]) {
                     Some((p, sub)) => (1, p, sub),
                     None => {
                         let n = unknown.len();
-                        (2, *unknown.entry((pattern.clone(), part.to_string())).or_insert(n), 0)
+                        (
+                            2,
+                            *unknown
+                                .entry((pattern.clone(), part.to_string()))
+                                .or_insert(n),
+                            0,
+                        )
                     }
                 });
             }
@@ -900,7 +906,11 @@ pub fn mlx_lm_order(model_type: &str, params: &mut [(String, Array)]) {
                 pattern.push('.');
                 concrete.push('.');
             }
-            pattern.push_str(if part.parse::<usize>().is_ok() { "*" } else { part });
+            pattern.push_str(if part.parse::<usize>().is_ok() {
+                "*"
+            } else {
+                part
+            });
             concrete.push_str(part);
         }
         keys.push(key);
