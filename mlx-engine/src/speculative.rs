@@ -507,6 +507,8 @@ pub struct SpeculativeStep<'m> {
     /// How many tokens of `history` the target's and the draft model's caches hold.
     target_len: usize,
     draft_len: usize,
+    /// MLX's CUDA back-end on the GPU: see [`few_query_attention`].
+    cuda_attention: bool,
 }
 
 /// Starts speculative generation from `prompt` (token ids): the target `model` with its
@@ -657,6 +659,9 @@ pub fn speculative_generate_step<'m>(
         stats: SpecStats::default(),
         target_len: prompt.len() - 1,
         draft_len: prompt.len() - 1,
+        cuda_attention: mlx_core::Device::default_device()?.kind == mlx_core::DeviceType::Gpu
+            && mlx_core::kernels::KernelBackend::native()
+                == Some(mlx_core::kernels::KernelBackend::Cuda),
     };
     on_generation_stream(|| {
         if let Some((d, mut dc)) = g.draft.take() {
@@ -670,6 +675,30 @@ pub fn speculative_generate_step<'m>(
         Ok(())
     })?;
     Ok(g)
+}
+
+/// Queries at most this many rows over a longer cache attend through plain ops on CUDA.
+const FEW_QUERIES: i32 = 32;
+
+/// The attention of a verification round (and of a draft step) on MLX's CUDA back-end. There MLX
+/// sends attention with more than one query row to cuDNN, whose graph cache is keyed by the
+/// shapes: every round's key length is new, so every round built a new cuDNN graph (~44 ms a
+/// call, the round ~150 ms; results/gpu/2026-12-04-s24-spec-attn). A forward of 2..=FEW_QUERIES
+/// queries over a longer cache attends through plain ops instead
+/// ([`mlx_models::layers::plain_scaled_dot_product_attention`]); everything else, and every
+/// other back-end (the CPU path is untouched), keeps MLX's SDPA. These are the ops MLX itself
+/// runs with `MLX_CUDA_USE_CUDNN_SDPA=0` for 4+ queries; against mlx-lm's cuDNN attention on
+/// the GPU the tier is L3 (a different reduction order).
+fn few_query_attention() -> std::rc::Rc<mlx_models::layers::DenseAttention> {
+    std::rc::Rc::new(|q: &Array, k: &Array, v: &Array, scale: f32, mask| {
+        let (ql, kl) = (q.dim(2)?, k.dim(2)?);
+        if !(2..=FEW_QUERIES).contains(&ql) || kl <= ql {
+            return Ok(None);
+        }
+        Ok(Some(
+            mlx_models::layers::plain_scaled_dot_product_attention(q, k, v, scale, mask)?,
+        ))
+    })
 }
 
 fn uint_array(ids: &[u32]) -> Result<Array> {
@@ -844,10 +873,17 @@ impl<'m> SpeculativeStep<'m> {
         target: bool,
     ) -> Result<(Array, Array)> {
         let x = ops::expand_dims(y, &[0], None)?;
-        let logits = if target && self.hidden.is_some() {
-            self.forward_tapped(model, caches, &x)?
+        let mut forward = |this: &mut Self| -> Result<Array> {
+            if target && this.hidden.is_some() {
+                this.forward_tapped(model, caches, &x)
+            } else {
+                Ok(model.forward(&x, Some(caches))?)
+            }
+        };
+        let logits = if self.cuda_attention {
+            mlx_models::layers::with_dense_attention(few_query_attention(), || forward(self))?
         } else {
-            model.forward(&x, Some(caches))?
+            forward(self)?
         };
         let len = logits.dim(1)?;
         let np = n_predict as i32;

@@ -162,11 +162,142 @@ pub fn quantized_scaled_dot_product_attention(
     }
 }
 
+/// Attention over dense keys and values through plain ops, in the order of MLX's own fallback
+/// (`fast::scaled_dot_product_attention`'s unfused path): queries scaled, grouped by KV head,
+/// scores by matmul, the mask applied (boolean: the dtype's minimum where false; additive:
+/// added; causal: bottom-right aligned), precise softmax, matmul with the values: on the CPU
+/// equal to the last bit to `fast::scaled_dot_product_attention` (which runs that fallback
+/// there). Used where MLX's fused kernel has a per-shape cost (the engine's speculative
+/// verification on CUDA).
+pub fn plain_scaled_dot_product_attention(
+    queries: &Array,
+    keys: &Array,
+    values: &Array,
+    scale: f32,
+    mask: &AttentionMask,
+) -> Result<Array> {
+    let qs = queries.shape();
+    let (b, n_q_heads, l, d) = (qs[0], qs[1], qs[2], qs[3]);
+    let ks = keys.shape();
+    let n_kv_heads = ks[ks.len() - 3];
+    let vs = values.shape();
+    let dv = vs[vs.len() - 1];
+    let n_repeats = n_q_heads / n_kv_heads.max(1);
+    let mut queries = ops::multiply_scalar(queries, scale, None)?;
+    let (k, v) = if n_repeats > 1 {
+        queries = ops::reshape(&queries, &[b, n_kv_heads, n_repeats, l, d], None)?;
+        (
+            ops::expand_dims(keys, &[-3], None)?,
+            ops::expand_dims(values, &[-3], None)?,
+        )
+    } else {
+        (keys.clone(), values.clone())
+    };
+    let mut scores = ops::matmul(&queries, &ops::swapaxes(&k, -1, -2, None)?, None)?;
+    let mask_arr = match mask {
+        AttentionMask::None => None,
+        AttentionMask::Causal => {
+            let ss = scores.shape();
+            let (ql, kl) = (ss[ss.len() - 2], ss[ss.len() - 1]);
+            let q_idx = ops::arange(f64::from(kl - ql), f64::from(kl), 1.0, Dtype::Int32, None)?;
+            let k_idx = ops::arange(0.0, f64::from(kl), 1.0, Dtype::Int32, None)?;
+            Some(ops::greater_equal(
+                &ops::expand_dims(&q_idx, &[1], None)?,
+                &ops::expand_dims(&k_idx, &[0], None)?,
+                None,
+            )?)
+        }
+        AttentionMask::Array(a) => Some(a.clone()),
+    };
+    if let Some(mut m) = mask_arr {
+        if n_repeats > 1 && m.ndim() > 3 {
+            m = ops::expand_dims(&m, &[-3], None)?;
+        }
+        scores = if m.dtype() == Dtype::Bool {
+            let min = finfo_min(scores.dtype());
+            ops::where_(
+                &m,
+                &scores,
+                &Scalar::Float(min).to_array_like(scores.dtype())?,
+                None,
+            )?
+        } else {
+            ops::add(&scores, &m, None)?
+        };
+    }
+    let scores = ops::softmax(&scores, &[-1], true, None)?;
+    let out = ops::matmul(&scores, &v, None)?;
+    if n_repeats > 1 {
+        Ok(ops::reshape(&out, &[b, n_q_heads, l, dv], None)?)
+    } else {
+        Ok(out)
+    }
+}
+
 /// `mx.finfo(dtype).min` as the Python float mlx-lm passes on.
 pub(crate) fn finfo_min(d: Dtype) -> f32 {
     match d {
         Dtype::Float16 => -65504.0,
         Dtype::Bfloat16 => half::bf16::MIN.to_f32(),
         _ => f32::MIN,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The plain-op attention (the engine's stand-in for MLX's SDPA in CUDA verification
+    /// passes) against `mx.fast.scaled_dot_product_attention` on the CPU, which runs MLX's
+    /// plain-op fallback: GQA, few queries over a longer cache, each mask kind; equal to the
+    /// last bit (the same ops in the same order).
+    #[test]
+    fn plain_attention_matches_fused_sdpa() -> Result<()> {
+        let (b, hq, hkv, l, kl, d) = (1, 8, 2, 5, 37, 16);
+        let n = |shape: &[i32], seed| -> Result<Array> {
+            let key = mlx_core::random::key(seed)?;
+            Ok(mlx_core::random::normal(
+                shape,
+                Dtype::Float32,
+                None,
+                None,
+                Some(&key),
+                None,
+            )?)
+        };
+        let q = n(&[b, hq, l, d], 1)?;
+        let k = n(&[b, hkv, kl, d], 2)?;
+        let v = n(&[b, hkv, kl, d], 3)?;
+        let scale = (d as f32).powf(-0.5);
+        let rows = ops::arange(f64::from(kl - l), f64::from(kl), 1.0, Dtype::Int32, None)?;
+        let cols = ops::arange(0.0, f64::from(kl), 1.0, Dtype::Int32, None)?;
+        let boolean = ops::greater_equal(
+            &ops::expand_dims(&rows, &[1], None)?,
+            &ops::expand_dims(&cols, &[0], None)?,
+            None,
+        )?;
+        let additive = n(&[l, kl], 4)?;
+        for (name, mask) in [
+            ("none", AttentionMask::None),
+            ("causal", AttentionMask::Causal),
+            ("boolean", AttentionMask::Array(boolean)),
+            ("additive", AttentionMask::Array(additive)),
+        ] {
+            let fused = scaled_dot_product_attention(
+                &q,
+                &Kv::Dense {
+                    keys: k.clone(),
+                    values: v.clone(),
+                },
+                scale,
+                &mask,
+                None,
+            )?;
+            let plain = plain_scaled_dot_product_attention(&q, &k, &v, scale, &mask)?;
+            assert_eq!(plain.shape(), fused.shape(), "{name}");
+            let equal = ops::array_equal(&plain, &fused, false, None)?.item::<bool>()?;
+            assert!(equal, "{name}: plain-op attention differs from MLX's SDPA");
+        }
+        Ok(())
     }
 }
