@@ -58,9 +58,23 @@ fn conversions_equal_mlx_lm_convert() {
     let mut bad = Vec::new();
     for (case, want) in order {
         let src = want["source"].as_str().unwrap();
-        let src_dir = match src.strip_prefix('@') {
-            Some(c) => out.join(c),
-            None => tests_dir().join(src),
+        let src_dir = match (src.strip_prefix('@'), src.strip_prefix('+')) {
+            (Some(c), _) => out.join(c),
+            // A fixture staged beside the tiny tokenizer's files (as the golden script does).
+            (_, Some(p)) => {
+                let staged = out.join(format!("staged_{case}"));
+                std::fs::create_dir_all(&staged).unwrap();
+                for e in std::fs::read_dir(tests_dir().join(p)).unwrap() {
+                    let e = e.unwrap();
+                    std::fs::copy(e.path(), staged.join(e.file_name())).unwrap();
+                }
+                for f in ["tokenizer.json", "tokenizer_config.json"] {
+                    std::fs::copy(tests_dir().join("models/tokenizer").join(f), staged.join(f))
+                        .unwrap();
+                }
+                staged
+            }
+            _ => tests_dir().join(src),
         };
         let args: Vec<String> = want["args"]
             .as_array()
@@ -234,18 +248,9 @@ fn every_fixture_lists_its_tensors_in_mlx_lm_order() {
         ..ConvertOptions::default()
     };
     // Not yet written as mlx-lm writes them (each a convert gap of its own, not an order):
-    // mlx-lm's wrapper classes keep the text model under `language_model.` where we write the
-    // text model's own names; BitNet and the Hadamard-rotated Qwen3.5 keep tensors we fold;
-    // checkpoints quantized outside MLX are refused.
-    const NOT_YET: [(&str, &str); 11] = [
-        ("dense/gemma3_wrapper", "language_model. names"),
-        ("dense/mistral3_wrapper", "language_model. names"),
-        ("dense2/gemma4", "language_model. names"),
-        ("dense2/kimi_k3", "language_model. names"),
-        ("dense2/lfm2_vl", "language_model. names"),
-        ("dense2/pixtral", "language_model. names"),
-        ("dense2/qwen2_vl", "language_model. names"),
-        ("dense2/qwen3_vl", "language_model. names"),
+    // BitNet and the Hadamard-rotated Qwen3.5 keep tensors we fold; checkpoints quantized
+    // outside MLX are refused.
+    const NOT_YET: [(&str, &str); 3] = [
         ("dense2/bitnet", "BitLinear's own tensors"),
         ("dense2/prism_hadamard_qwen35", "the rotation's tensors"),
         ("dense2/deepseek_v41_fp8", "fp8 checkpoints are refused"),
@@ -270,6 +275,11 @@ fn every_fixture_lists_its_tensors_in_mlx_lm_order() {
                 }
             };
         let model_type = c.config()["model_type"].as_str().unwrap_or("").to_string();
+        if let Some(prefix) = mlx_models::convert::wrapper_prefix(&model_type, &c.params) {
+            for (n, _) in c.params.iter_mut() {
+                *n = format!("{prefix}{n}");
+            }
+        }
         mlx_models::convert::mlx_lm_order(&model_type, &mut c.params);
         let ours: Vec<&str> = c.params.iter().map(|(n, _)| n.as_str()).collect();
         let mut sorted = ours.clone();

@@ -844,14 +844,24 @@ pub(crate) fn bits_per_weight_of(
 
 /// Per model type, each module's children in the order its mlx-lm class defines them
 /// (`xtask/oracle/goldens_param_order.py` records it from mlx-lm's own classes over the tiny
-/// fixtures; numeric children, a list's items, are in index order and not listed). A parent
-/// under `=` is a concrete one (`=model.layers.3`), kept where a type's list items are of
-/// classes that order their children differently; it is looked up before the `*` pattern.
+/// fixtures; numeric children, a list's items, are in index order and not listed). Where a
+/// type's list items are of classes that order their children differently, the pattern is
+/// kept per set of children (`model.layers.*|mlp,self_attn`), looked up before the pattern.
 const PARAM_ORDER: &str = include_str!("param_order.json");
 
 fn param_order_table() -> &'static Map<String, Value> {
     static TABLE: std::sync::OnceLock<Map<String, Value>> = std::sync::OnceLock::new();
     TABLE.get_or_init(|| serde_json::from_str(PARAM_ORDER).unwrap_or_default())
+}
+
+/// The prefix mlx-lm's names carry over ours: a type whose mlx-lm class wraps the text model
+/// as its only child (`self.language_model`, `param_order.json`'s root) names every parameter
+/// `language_model.` + the text model's name, where our loader takes that prefix off.
+pub fn wrapper_prefix(model_type: &str, params: &[(String, Array)]) -> Option<&'static str> {
+    let root = param_order_table().get(model_type)?.get("")?.as_array()?;
+    let only = root.len() == 1 && root[0] == "language_model";
+    (only && !params.iter().any(|(n, _)| n.starts_with("language_model.")))
+        .then_some("language_model.")
 }
 
 /// Puts `params` in `tree_flatten(model.parameters())`'s order, the order mlx-lm's
@@ -867,18 +877,35 @@ pub fn mlx_lm_order(model_type: &str, params: &mut [(String, Array)]) {
     let Some(Value::Object(types)) = table.get(model_type).or_else(|| table.get("llama")) else {
         return;
     };
+    // Each concrete parent's set of named children (what a `pattern|a,b,c` entry is for).
+    let mut children: BTreeMap<String, std::collections::BTreeSet<&str>> = BTreeMap::new();
+    for (name, _) in params.iter() {
+        let mut parent = String::new();
+        for part in name.split('.') {
+            if part.parse::<usize>().is_err() {
+                children.entry(parent.clone()).or_default().insert(part);
+            }
+            if !parent.is_empty() {
+                parent.push('.');
+            }
+            parent.push_str(part);
+        }
+    }
     let mut unknown: BTreeMap<(String, String), usize> = BTreeMap::new();
     let mut keys: Vec<Vec<(u8, usize, u8)>> = Vec::with_capacity(params.len());
     for (name, _) in params.iter() {
         let mut key = Vec::new();
         let mut pattern = String::new();
-        let mut concrete = String::from("=");
+        let mut concrete = String::new();
         for part in name.split('.') {
             if let Ok(i) = part.parse::<usize>() {
                 key.push((0, i, 0));
             } else {
-                let kids = types
-                    .get(&concrete)
+                let set = children.get(&concrete).map(|c| {
+                    format!("{pattern}|{}", c.iter().copied().collect::<Vec<_>>().join(","))
+                });
+                let kids = set
+                    .and_then(|k| types.get(&k))
                     .or_else(|| types.get(&pattern))
                     .and_then(Value::as_array);
                 let pos = |c: &str| kids.and_then(|k| k.iter().position(|v| v == c));
@@ -978,12 +1005,29 @@ pub(crate) fn save(
     let mut files = Vec::new();
 
     // Weights, in the order mlx-lm's `save_model` inserts them.
+    // (The count reads the quantization by our module paths, before any wrapper prefix.)
+    let total_params = total_parameters(params, quantized);
     let mut ordered = params.to_vec();
     let model_type = config
         .get("model_type")
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_string();
+    if let Some(prefix) = wrapper_prefix(&model_type, &ordered) {
+        for (n, _) in ordered.iter_mut() {
+            *n = format!("{prefix}{n}");
+        }
+        // The quantization block's per-module entries are module paths too.
+        if let Some(Value::Object(q)) = config.get_mut("quantization") {
+            *q = std::mem::take(q)
+                .into_iter()
+                .map(|(k, v)| match v {
+                    Value::Object(_) | Value::Bool(_) => (format!("{prefix}{k}"), v),
+                    v => (k, v),
+                })
+                .collect();
+        }
+    }
     mlx_lm_order(&model_type, &mut ordered);
     let params = &ordered[..];
     let shards = make_shards(params);
@@ -1018,7 +1062,7 @@ pub(crate) fn save(
     metadata.insert("total_size".into(), Value::from(total_size as u64));
     metadata.insert(
         "total_parameters".into(),
-        Value::from(total_parameters(params, quantized)),
+        Value::from(total_params),
     );
     let mut index = Map::new();
     index.insert("metadata".into(), Value::Object(metadata));
