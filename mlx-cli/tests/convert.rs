@@ -87,6 +87,13 @@ fn conversions_equal_mlx_lm_convert() {
             Ok(_) => bad.extend(compare(case, &dst, want)),
             Err(e) => bad.push(format!("{case}: {e}")),
         }
+        // A wrapper's output (mlx-lm's `language_model.` names and per-module entries) loads.
+        if src.starts_with('+') {
+            let opts = mlx_models::load::LoadOptions::default();
+            if let Err(e) = mlx_models::load::load_model_dir(&dst, &opts) {
+                bad.push(format!("{case}: does not load back: {e}"));
+            }
+        }
     }
     let _ = std::fs::remove_dir_all(&out);
     assert!(
