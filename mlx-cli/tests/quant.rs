@@ -102,6 +102,20 @@ fn check_cases_with(method: &str, cases: &[&str], extra: &[&str]) {
         std::fs::create_dir_all(&work).unwrap();
         let src = match model {
             "@padded" => stage_padded(&work.join("padded")),
+            // A fixture staged beside the tiny tokenizer's files (as the golden script does).
+            m if m.starts_with('+') => {
+                let staged = work.join("staged");
+                std::fs::create_dir_all(&staged).unwrap();
+                for e in std::fs::read_dir(tests_dir().join(&m[1..])).unwrap() {
+                    let e = e.unwrap();
+                    std::fs::copy(e.path(), staged.join(e.file_name())).unwrap();
+                }
+                for f in ["tokenizer.json", "tokenizer_config.json"] {
+                    std::fs::copy(tests_dir().join("models/tokenizer").join(f), staged.join(f))
+                        .unwrap();
+                }
+                staged
+            }
             m => tests_dir().join(m),
         };
         let targets = work.join("targets");
@@ -292,7 +306,16 @@ fn gptq_equals_mlx_lm_bit_for_bit() {
 
 #[test]
 fn awq_equals_mlx_lm_bit_for_bit() {
-    check_cases("awq", &["q4_g32", "qwen3_q4", "mistral_q8", "gemma3_q4"]);
+    check_cases(
+        "awq",
+        &[
+            "q4_g32",
+            "qwen3_q4",
+            "mistral_q8",
+            "gemma3_q4",
+            "gemma3_wrapper_q4",
+        ],
+    );
 }
 
 #[test]
