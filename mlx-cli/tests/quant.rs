@@ -242,7 +242,10 @@ fn compare_targets(case: &str, dir: &Path, want: &serde_json::Map<String, Value>
     let mut ours = Vec::new();
     for split in ["train", "valid"] {
         for e in std::fs::read_dir(dir.join(split)).into_iter().flatten() {
-            ours.push(format!("{split}/{}", e.unwrap().file_name().to_string_lossy()));
+            ours.push(format!(
+                "{split}/{}",
+                e.unwrap().file_name().to_string_lossy()
+            ));
         }
     }
     ours.sort();
@@ -269,7 +272,8 @@ fn stage_padded(dst: &Path) -> PathBuf {
         let e = e.unwrap();
         std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
     }
-    let (mut w, meta) = mlx_core::io::load_safetensors(src.join("model.safetensors"), None).unwrap();
+    let (mut w, meta) =
+        mlx_core::io::load_safetensors(src.join("model.safetensors"), None).unwrap();
     for k in ["model.embed_tokens.weight", "lm_head.weight"] {
         let a = &w[k];
         let (rows, cols) = (a.shape()[0], a.shape()[1]);
@@ -440,7 +444,12 @@ fn dynamic_and_dwq_refuse_bad_options_with_the_option_named() {
         (
             "dwq",
             &rows,
-            &["--quantized-model", src.to_str().unwrap(), "--num-samples", "8"][..],
+            &[
+                "--quantized-model",
+                src.to_str().unwrap(),
+                "--num-samples",
+                "8",
+            ][..],
             "--quantized-model",
         ),
         ("dwq", &rows, &["--bits", "7"][..], "--bits"),

@@ -38,7 +38,14 @@ use crate::weights::Weights;
 /// is `llama.py` (llama, mistral), `qwen2.py` or `qwen3.py`, `gemma3_text_awq`'s
 /// `gemma3_text`, and its `lm_key="language_model"` wrapper `gemma3` (not `mistral3` yet:
 /// its text model's query scales are outside what `awq_llama_shape` accepts).
-pub const AWQ_TYPES: [&str; 6] = ["llama", "mistral", "qwen2", "qwen3", "gemma3_text", "gemma3"];
+pub const AWQ_TYPES: [&str; 6] = [
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma3_text",
+    "gemma3",
+];
 
 /// `python -m mlx_lm.quant.awq`'s quantization arguments.
 #[derive(Clone, Debug)]

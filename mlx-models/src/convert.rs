@@ -902,7 +902,10 @@ pub fn mlx_lm_order(model_type: &str, params: &mut [(String, Array)]) {
                 key.push((0, i, 0));
             } else {
                 let set = children.get(&concrete).map(|c| {
-                    format!("{pattern}|{}", c.iter().copied().collect::<Vec<_>>().join(","))
+                    format!(
+                        "{pattern}|{}",
+                        c.iter().copied().collect::<Vec<_>>().join(",")
+                    )
                 });
                 let kids = set
                     .and_then(|k| types.get(&k))
@@ -919,7 +922,13 @@ pub fn mlx_lm_order(model_type: &str, params: &mut [(String, Array)]) {
                     Some((p, sub)) => (1, p, sub),
                     None => {
                         let n = unknown.len();
-                        (2, *unknown.entry((pattern.clone(), part.to_string())).or_insert(n), 0)
+                        (
+                            2,
+                            *unknown
+                                .entry((pattern.clone(), part.to_string()))
+                                .or_insert(n),
+                            0,
+                        )
                     }
                 });
             }
@@ -927,7 +936,11 @@ pub fn mlx_lm_order(model_type: &str, params: &mut [(String, Array)]) {
                 pattern.push('.');
                 concrete.push('.');
             }
-            pattern.push_str(if part.parse::<usize>().is_ok() { "*" } else { part });
+            pattern.push_str(if part.parse::<usize>().is_ok() {
+                "*"
+            } else {
+                part
+            });
             concrete.push_str(part);
         }
         keys.push(key);
@@ -1060,10 +1073,7 @@ pub(crate) fn save(
     let total_size: usize = params.iter().map(|(_, a)| a.nbytes()).sum();
     let mut metadata = Map::new();
     metadata.insert("total_size".into(), Value::from(total_size as u64));
-    metadata.insert(
-        "total_parameters".into(),
-        Value::from(total_params),
-    );
+    metadata.insert("total_parameters".into(), Value::from(total_params));
     let mut index = Map::new();
     index.insert("metadata".into(), Value::Object(metadata));
     index.insert(

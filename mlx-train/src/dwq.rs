@@ -232,9 +232,16 @@ pub fn dwq(
     opts: &DwqOptions,
     on_event: &mut dyn FnMut(DwqEvent<'_>),
 ) -> Result<ConvertReport> {
-    dwq_with(src, dst, train, valid, opts, &DwqSources::default(), on_event)?.ok_or_else(|| {
-        TrainError::Config("no model written (the targets only were asked for)".into())
-    })
+    dwq_with(
+        src,
+        dst,
+        train,
+        valid,
+        opts,
+        &DwqSources::default(),
+        on_event,
+    )?
+    .ok_or_else(|| TrainError::Config("no model written (the targets only were asked for)".into()))
 }
 
 /// Whether `dir` holds targets (`train/*.safetensors` and `valid/*.safetensors`).
@@ -335,7 +342,10 @@ pub fn dwq_with(
             if !c.config().contains_key("quantization") {
                 return Err(TrainError::option(
                     "--quantized-model",
-                    format!("{}: Quantized model must already be quantized.", q.display()),
+                    format!(
+                        "{}: Quantized model must already be quantized.",
+                        q.display()
+                    ),
                 ));
             }
             c
@@ -369,15 +379,7 @@ pub fn dwq_with(
         trainable: params.values().map(Array::size).sum(),
         total,
     });
-    let params = train_student(
-        &student,
-        &target,
-        params,
-        train,
-        valid,
-        opts,
-        on_event,
-    )?;
+    let params = train_student(&student, &target, params, train, valid, opts, on_event)?;
     let Student { mut converted, .. } = student;
     for (k, v) in converted.params.iter_mut() {
         if let Some(p) = params.get(k) {

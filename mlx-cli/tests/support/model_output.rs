@@ -66,7 +66,9 @@ pub fn compare(case: &str, ours: &Path, want: &Value) -> Vec<String> {
             if sha(&bytes) == entry["sha256"].as_str().unwrap() {
                 continue;
             }
-            bad.push(format!("{case}: {name} differs from mlx-lm's byte for byte"));
+            bad.push(format!(
+                "{case}: {name} differs from mlx-lm's byte for byte"
+            ));
             let got = tensor_table(&p);
             let want_t = entry["tensors"].as_object().unwrap();
             for (k, v) in want_t {
