@@ -323,3 +323,57 @@ fn every_fixture_lists_its_tensors_in_mlx_lm_order() {
         bad.join("\n")
     );
 }
+
+/// `mlx fuse` writes mlx_lm.fuse's directory byte for byte (its `save`, as `mlx convert`;
+/// the weights, index, config and model card, not the re-serialised tokenizer.json):
+/// a LoRA fused into a float base, into a 4-bit base (re-quantized) and with `--dequantize`
+/// (`cargo xtask goldens fuse`, `xtask/oracle/goldens_fuse.py`).
+#[test]
+fn fuse_writes_mlx_lm_fuse_bytes() {
+    let golden: Value = serde_json::from_str(
+        &std::fs::read_to_string(tests_dir().join("goldens/fuse.json")).unwrap(),
+    )
+    .unwrap();
+    let train = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../mlx-train/tests");
+    let out = temp_dir("fuse");
+    let mut bad = Vec::new();
+    for (case, want) in golden.as_object().unwrap() {
+        let base = train.join("models").join(want["base"].as_str().unwrap());
+        let adapters = train
+            .join("adapters")
+            .join(want["adapters"].as_str().unwrap());
+        let dst = out.join(case);
+        let mut args = vec![
+            "fuse",
+            "--model",
+            base.to_str().unwrap(),
+            "--adapter-path",
+            adapters.to_str().unwrap(),
+            "--save-path",
+            dst.to_str().unwrap(),
+        ];
+        args.extend(
+            want["args"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| a.as_str().unwrap()),
+        );
+        let (code, _, stderr) = mlx(&args);
+        if code != 0 {
+            bad.push(format!("{case}: {stderr}"));
+            continue;
+        }
+        // transformers' `save_pretrained` re-serialises this tokenizer (it adds the
+        // `TemplateProcessing` post-processor its tokenizer_config implies); we copy the
+        // source's file, as for convert. Everything else is compared.
+        let tokenizer = format!("{case}: tokenizer.json differs");
+        bad.extend(
+            compare(case, &dst, want)
+                .into_iter()
+                .filter(|l| !l.starts_with(&tokenizer)),
+        );
+    }
+    let _ = std::fs::remove_dir_all(&out);
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}

@@ -372,6 +372,72 @@ pub fn save_converted(
     })
 }
 
+/// Each module's current quantization (loaded quantized; convert quantizes more later).
+fn quantized_of(built: &crate::models::BuiltParameters) -> Result<BTreeMap<String, LayerQuant>> {
+    let mut quantized: BTreeMap<String, LayerQuant> = BTreeMap::new();
+    for m in &built.quantizable {
+        if let Some(q) = &m.quantized {
+            if q.trellis.is_some() {
+                quantized.insert(
+                    m.path.clone(),
+                    LayerQuant {
+                        group_size: Some(q.group_size),
+                        bits: q.bits,
+                        mode: QuantMode::Affine,
+                        trellis: q.trellis,
+                    },
+                );
+                continue;
+            }
+            let mode = QuantMode::from_name(&q.mode).ok_or_else(|| {
+                ModelError::Config(format!(
+                    "{}: unknown quantization mode `{}`",
+                    m.path, q.mode
+                ))
+            })?;
+            quantized.insert(
+                m.path.clone(),
+                LayerQuant {
+                    group_size: Some(q.group_size),
+                    bits: q.bits,
+                    mode,
+                    trellis: None,
+                },
+            );
+        }
+    }
+    Ok(quantized)
+}
+
+/// mlx-lm's `save` of a model held as tensors under its names (`mlx_lm.fuse` writes its fused
+/// model so): built lazily as `convert` builds it, then [`save`] (the parameters in mlx-lm's
+/// order, shards, index, `save_config`, the tokenizer and other files of `src`, the model
+/// card). `dst` may be an empty directory; anything else there is refused.
+pub fn save_tensors(
+    src: &Path,
+    dst: &Path,
+    tensors: BTreeMap<String, Array>,
+    config: Map<String, Value>,
+) -> Result<ConvertReport> {
+    let model_config = ModelConfig::from_value(Value::Object(config.clone()))?;
+    let quant = model_config.quantization.clone();
+    let built = build_recording(&model_config, Weights::new(tensors, quant, None))?;
+    let quantized = quantized_of(&built)?;
+    if dst.is_dir() && std::fs::read_dir(dst).is_ok_and(|mut d| d.next().is_none()) {
+        std::fs::remove_dir(dst).map_err(|e| io_err(dst, e))?;
+    }
+    check_free(dst)?;
+    save(
+        Some(src),
+        dst,
+        &built.parameters,
+        &quantized,
+        config,
+        &[],
+        &mut |_| {},
+    )
+}
+
 /// [`convert`] without writing: what `mlx_lm.convert` holds before its `save`.
 pub fn convert_in_memory(
     src: &Path,
@@ -423,40 +489,8 @@ pub fn convert_in_memory(
     let built = build_recording(&model_config, weights)?;
     let model_type = model_config.model_type.clone();
 
+    let mut quantized = quantized_of(&built)?;
     let mut params: Vec<(String, Array)> = built.parameters;
-    // Each module's current quantization (loaded quantized, or quantized below).
-    let mut quantized: BTreeMap<String, LayerQuant> = BTreeMap::new();
-    for m in &built.quantizable {
-        if let Some(q) = &m.quantized {
-            if q.trellis.is_some() {
-                quantized.insert(
-                    m.path.clone(),
-                    LayerQuant {
-                        group_size: Some(q.group_size),
-                        bits: q.bits,
-                        mode: QuantMode::Affine,
-                        trellis: q.trellis,
-                    },
-                );
-                continue;
-            }
-            let mode = QuantMode::from_name(&q.mode).ok_or_else(|| {
-                ModelError::Config(format!(
-                    "{}: unknown quantization mode `{}`",
-                    m.path, q.mode
-                ))
-            })?;
-            quantized.insert(
-                m.path.clone(),
-                LayerQuant {
-                    group_size: Some(q.group_size),
-                    bits: q.bits,
-                    mode,
-                    trellis: None,
-                },
-            );
-        }
-    }
 
     // dtype: --dtype, else config's torch_dtype, else text_config's dtype.
     let dtype_name: Option<String> = opts
