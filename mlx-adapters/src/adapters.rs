@@ -10,7 +10,7 @@ use mlx_core::io::{load_safetensors, save_safetensors, StringMap};
 use mlx_core::prelude::*;
 use mlx_core::quantized::QuantMode;
 use mlx_models::layers::{Embedding, Linear, LinearMut, QuantizedWeight, SwitchLinear};
-use mlx_models::load::{load_model_dir, load_weights, weight_files, LoadOptions};
+use mlx_models::load::{load_model_dir, load_weights, LoadOptions};
 use mlx_models::models::TopModuleMut;
 use mlx_models::LanguageModel;
 use serde::Deserialize;
@@ -352,34 +352,8 @@ pub fn fuse_model_dir(
         config.remove("quantization");
         config.remove("quantization_config");
     }
-    std::fs::create_dir_all(out_dir).map_err(|e| io_err(out_dir, e))?;
-    let weight_set: Vec<_> = weight_files(model_dir)?;
-    let rd = std::fs::read_dir(model_dir).map_err(|e| io_err(model_dir, e))?;
-    for entry in rd {
-        let entry = entry.map_err(|e| io_err(model_dir, e))?;
-        let p = entry.path();
-        let name = entry.file_name();
-        let skip = weight_set.contains(&p)
-            || name == "model.safetensors.index.json"
-            || name == "config.json"
-            || !p.is_file();
-        if !skip {
-            let dst = out_dir.join(&name);
-            std::fs::copy(&p, &dst).map_err(|e| io_err(&dst, e))?;
-        }
-    }
-    let out_config = out_dir.join("config.json");
-    let text = serde_json::to_string_pretty(&config)
-        .map_err(|e| io_err(&out_config, format!("serializing: {e}")))?;
-    mlx_core::partial::write_atomic(&out_config, text.as_bytes())
-        .map_err(|e| io_err(&out_config, e))?;
+    // mlx-lm's `save`, as `mlx convert` writes (the same bytes as mlx_lm.fuse's directory).
     eval(tensors.values())?;
-    let mut meta = StringMap::new();
-    meta.insert("format".into(), "mlx".into());
-    save_safetensors(
-        out_dir.join("model.safetensors"),
-        tensors.iter().map(|(k, v)| (k.as_str(), v)),
-        &meta,
-    )?;
+    mlx_models::convert::save_tensors(model_dir, out_dir, tensors, config)?;
     Ok(())
 }

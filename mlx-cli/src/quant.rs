@@ -53,7 +53,7 @@ pub struct DwqArgs {
     /// A model to distill from (the student is this model quantized to --bits/--group-size).
     #[arg(long, short = 'm')]
     pub model: String,
-    /// An already quantized student (not supported here yet).
+    /// An already quantized model (the student) to improve with DWQ.
     #[arg(long)]
     pub quantized_model: Option<String>,
     /// Path to save the quantized model.
@@ -84,13 +84,13 @@ pub struct DwqArgs {
     /// Use gradient checkpointing to reduce memory use.
     #[arg(long)]
     pub grad_checkpoint: bool,
-    /// Directory of precomputed targets (not supported here yet).
+    /// Directory to save/load targets (the teacher's top-1024 logits per batch).
     #[arg(long)]
     pub target_dir: Option<String>,
-    /// Compute the targets and exit (not supported here yet).
+    /// Compute the targets and exit.
     #[arg(long)]
     pub targets_only: bool,
-    /// Pipeline parallel (not supported here yet).
+    /// Pipeline parallel instead of data parallel (no effect in one process).
     #[arg(long)]
     pub pipeline: bool,
     /// Accepted for mlx-lm compatibility (nothing is run from the model directory).
@@ -483,14 +483,11 @@ fn run_dynamic(a: &DynamicArgs) -> Result<(), String> {
 }
 
 fn check_dwq(a: &DwqArgs) -> Result<(), String> {
-    for (set, name) in [
-        (a.quantized_model.is_some(), "--quantized-model"),
-        (a.target_dir.is_some(), "--target-dir"),
-        (a.targets_only, "--targets-only"),
-        (a.pipeline, "--pipeline"),
-    ] {
-        if set {
-            return Err(format!("{name}: not supported by `mlx quant dwq` yet"));
+    if let Some(q) = &a.quantized_model {
+        if !Path::new(q).join("config.json").is_file() {
+            return Err(format!(
+                "--quantized-model {q}: not a model directory (no config.json)"
+            ));
         }
     }
     if !Path::new(&a.model).join("config.json").is_file() {
@@ -517,13 +514,13 @@ fn check_dwq(a: &DwqArgs) -> Result<(), String> {
     QuantMode::Affine
         .check(a.group_size, a.bits)
         .map_err(|m| format!("--bits/--group-size: {m}"))?;
-    if Path::new(&a.mlx_path).exists() {
+    if Path::new(&a.mlx_path).exists() && !a.targets_only {
         return Err(format!("--mlx-path {}: already exists", a.mlx_path));
     }
     Ok(())
 }
 
-/// `python -m mlx_lm.quant.dwq`'s `main` (no precomputed targets, one process).
+/// `python -m mlx_lm.quant.dwq`'s `main` (one process).
 fn run_dwq(a: &DwqArgs) -> Result<(), String> {
     use mlx_train::dwq::{self, DwqEvent, DwqOptions};
     let dir = Path::new(&a.model);
@@ -568,16 +565,26 @@ fn run_dwq(a: &DwqArgs) -> Result<(), String> {
             }
         }
     };
-    let report = dwq::dwq(
+    // `--pipeline` shards over a group of several processes only: in one it changes nothing.
+    let sources = dwq::DwqSources {
+        quantized_model: a.quantized_model.as_deref().map(Path::new),
+        target_dir: a.target_dir.as_deref().map(Path::new),
+        targets_only: a.targets_only,
+    };
+    let report = dwq::dwq_with(
         dir,
         Path::new(&a.mlx_path),
         &train,
         &valid,
         &opts,
+        &sources,
         &mut on_event,
     )
     .map_err(|e| format!("{}: {e}", a.model))?;
     progress.finish();
+    let Some(report) = report else {
+        return Ok(());
+    };
     eprintln!(
         "[mlx] wrote {} tensors to {} ({})",
         report.tensors,

@@ -58,9 +58,23 @@ fn conversions_equal_mlx_lm_convert() {
     let mut bad = Vec::new();
     for (case, want) in order {
         let src = want["source"].as_str().unwrap();
-        let src_dir = match src.strip_prefix('@') {
-            Some(c) => out.join(c),
-            None => tests_dir().join(src),
+        let src_dir = match (src.strip_prefix('@'), src.strip_prefix('+')) {
+            (Some(c), _) => out.join(c),
+            // A fixture staged beside the tiny tokenizer's files (as the golden script does).
+            (_, Some(p)) => {
+                let staged = out.join(format!("staged_{case}"));
+                std::fs::create_dir_all(&staged).unwrap();
+                for e in std::fs::read_dir(tests_dir().join(p)).unwrap() {
+                    let e = e.unwrap();
+                    std::fs::copy(e.path(), staged.join(e.file_name())).unwrap();
+                }
+                for f in ["tokenizer.json", "tokenizer_config.json"] {
+                    std::fs::copy(tests_dir().join("models/tokenizer").join(f), staged.join(f))
+                        .unwrap();
+                }
+                staged
+            }
+            _ => tests_dir().join(src),
         };
         let args: Vec<String> = want["args"]
             .as_array()
@@ -72,6 +86,13 @@ fn conversions_equal_mlx_lm_convert() {
         match convert(&src_dir, &dst, &options(&args), &mut |_| {}) {
             Ok(_) => bad.extend(compare(case, &dst, want)),
             Err(e) => bad.push(format!("{case}: {e}")),
+        }
+        // A wrapper's output (mlx-lm's `language_model.` names and per-module entries) loads.
+        if src.starts_with('+') {
+            let opts = mlx_models::load::LoadOptions::default();
+            if let Err(e) = mlx_models::load::load_model_dir(&dst, &opts) {
+                bad.push(format!("{case}: does not load back: {e}"));
+            }
         }
     }
     let _ = std::fs::remove_dir_all(&out);
@@ -234,18 +255,9 @@ fn every_fixture_lists_its_tensors_in_mlx_lm_order() {
         ..ConvertOptions::default()
     };
     // Not yet written as mlx-lm writes them (each a convert gap of its own, not an order):
-    // mlx-lm's wrapper classes keep the text model under `language_model.` where we write the
-    // text model's own names; BitNet and the Hadamard-rotated Qwen3.5 keep tensors we fold;
-    // checkpoints quantized outside MLX are refused.
-    const NOT_YET: [(&str, &str); 11] = [
-        ("dense/gemma3_wrapper", "language_model. names"),
-        ("dense/mistral3_wrapper", "language_model. names"),
-        ("dense2/gemma4", "language_model. names"),
-        ("dense2/kimi_k3", "language_model. names"),
-        ("dense2/lfm2_vl", "language_model. names"),
-        ("dense2/pixtral", "language_model. names"),
-        ("dense2/qwen2_vl", "language_model. names"),
-        ("dense2/qwen3_vl", "language_model. names"),
+    // BitNet and the Hadamard-rotated Qwen3.5 keep tensors we fold; checkpoints quantized
+    // outside MLX are refused.
+    const NOT_YET: [(&str, &str); 3] = [
         ("dense2/bitnet", "BitLinear's own tensors"),
         ("dense2/prism_hadamard_qwen35", "the rotation's tensors"),
         ("dense2/deepseek_v41_fp8", "fp8 checkpoints are refused"),
@@ -270,6 +282,11 @@ fn every_fixture_lists_its_tensors_in_mlx_lm_order() {
                 }
             };
         let model_type = c.config()["model_type"].as_str().unwrap_or("").to_string();
+        if let Some(prefix) = mlx_models::convert::wrapper_prefix(&model_type, &c.params) {
+            for (n, _) in c.params.iter_mut() {
+                *n = format!("{prefix}{n}");
+            }
+        }
         mlx_models::convert::mlx_lm_order(&model_type, &mut c.params);
         let ours: Vec<&str> = c.params.iter().map(|(n, _)| n.as_str()).collect();
         let mut sorted = ours.clone();
@@ -305,4 +322,58 @@ fn every_fixture_lists_its_tensors_in_mlx_lm_order() {
         cases.len() - skipped,
         bad.join("\n")
     );
+}
+
+/// `mlx fuse` writes mlx_lm.fuse's directory byte for byte (its `save`, as `mlx convert`;
+/// the weights, index, config and model card, not the re-serialised tokenizer.json):
+/// a LoRA fused into a float base, into a 4-bit base (re-quantized) and with `--dequantize`
+/// (`cargo xtask goldens fuse`, `xtask/oracle/goldens_fuse.py`).
+#[test]
+fn fuse_writes_mlx_lm_fuse_bytes() {
+    let golden: Value = serde_json::from_str(
+        &std::fs::read_to_string(tests_dir().join("goldens/fuse.json")).unwrap(),
+    )
+    .unwrap();
+    let train = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../mlx-train/tests");
+    let out = temp_dir("fuse");
+    let mut bad = Vec::new();
+    for (case, want) in golden.as_object().unwrap() {
+        let base = train.join("models").join(want["base"].as_str().unwrap());
+        let adapters = train
+            .join("adapters")
+            .join(want["adapters"].as_str().unwrap());
+        let dst = out.join(case);
+        let mut args = vec![
+            "fuse",
+            "--model",
+            base.to_str().unwrap(),
+            "--adapter-path",
+            adapters.to_str().unwrap(),
+            "--save-path",
+            dst.to_str().unwrap(),
+        ];
+        args.extend(
+            want["args"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| a.as_str().unwrap()),
+        );
+        let (code, _, stderr) = mlx(&args);
+        if code != 0 {
+            bad.push(format!("{case}: {stderr}"));
+            continue;
+        }
+        // transformers' `save_pretrained` re-serialises this tokenizer (it adds the
+        // `TemplateProcessing` post-processor its tokenizer_config implies); we copy the
+        // source's file, as for convert. Everything else is compared.
+        let tokenizer = format!("{case}: tokenizer.json differs");
+        bad.extend(
+            compare(case, &dst, want)
+                .into_iter()
+                .filter(|l| !l.starts_with(&tokenizer)),
+        );
+    }
+    let _ = std::fs::remove_dir_all(&out);
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
 }

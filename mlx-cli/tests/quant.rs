@@ -98,9 +98,58 @@ fn check_cases_with(method: &str, cases: &[&str], extra: &[&str]) {
             .get("model")
             .and_then(Value::as_str)
             .unwrap_or("convert/llama");
-        let src = tests_dir().join(model);
         let work = out.join(format!("work_{case}"));
         std::fs::create_dir_all(&work).unwrap();
+        let src = match model {
+            "@padded" => stage_padded(&work.join("padded")),
+            // A fixture staged beside the tiny tokenizer's files (as the golden script does).
+            m if m.starts_with('+') => {
+                let staged = work.join("staged");
+                std::fs::create_dir_all(&staged).unwrap();
+                for e in std::fs::read_dir(tests_dir().join(&m[1..])).unwrap() {
+                    let e = e.unwrap();
+                    std::fs::copy(e.path(), staged.join(e.file_name())).unwrap();
+                }
+                for f in ["tokenizer.json", "tokenizer_config.json"] {
+                    std::fs::copy(tests_dir().join("models/tokenizer").join(f), staged.join(f))
+                        .unwrap();
+                }
+                staged
+            }
+            m => tests_dir().join(m),
+        };
+        let targets = work.join("targets");
+        let quantized = work.join("quantized");
+        let staged: Vec<String> = want["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| match a.as_str().unwrap() {
+                "@targets" => targets.to_str().unwrap().to_string(),
+                "@quantized" => {
+                    // The golden's `mlx_lm convert` of the llama, by ours (equal byte for byte).
+                    let llama = tests_dir().join("convert/llama");
+                    let (code, _, err) = mlx_in(
+                        &work,
+                        &[
+                            "convert",
+                            "--hf-path",
+                            llama.to_str().unwrap(),
+                            "--mlx-path",
+                            quantized.to_str().unwrap(),
+                            "-q",
+                            "--q-bits",
+                            "3",
+                            "--q-group-size",
+                            "32",
+                        ],
+                    );
+                    assert_eq!(code, 0, "{err}");
+                    quantized.to_str().unwrap().to_string()
+                }
+                a => a.to_string(),
+            })
+            .collect();
         let dst = out.join(case);
         let mut args = vec![
             "quant",
@@ -112,13 +161,7 @@ fn check_cases_with(method: &str, cases: &[&str], extra: &[&str]) {
             "--data-path",
             text.to_str().unwrap(),
         ];
-        args.extend(
-            want["args"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|a| a.as_str().unwrap()),
-        );
+        args.extend(staged.iter().map(String::as_str));
         // `--sensitivities @`: mlx-lm's own file for this case, written into the work directory.
         let given = work.join("given_sensitivities.json.in");
         for a in extra {
@@ -185,9 +228,70 @@ fn check_cases_with(method: &str, cases: &[&str], extra: &[&str]) {
             }
         }
         bad.extend(compare(case, &dst, want));
+        if let Some(t) = want.get("targets").and_then(Value::as_object) {
+            bad.extend(compare_targets(case, &targets, t));
+        }
     }
     let _ = std::fs::remove_dir_all(&out);
     assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+/// The saved DWQ targets against the golden's hashes of mlx-lm's (`split/name` -> sha256).
+fn compare_targets(case: &str, dir: &Path, want: &serde_json::Map<String, Value>) -> Vec<String> {
+    let mut bad = Vec::new();
+    let mut ours = Vec::new();
+    for split in ["train", "valid"] {
+        for e in std::fs::read_dir(dir.join(split)).into_iter().flatten() {
+            ours.push(format!(
+                "{split}/{}",
+                e.unwrap().file_name().to_string_lossy()
+            ));
+        }
+    }
+    ours.sort();
+    let theirs: Vec<&String> = want.keys().collect();
+    if ours.iter().collect::<Vec<_>>() != theirs {
+        bad.push(format!("{case}: target files {ours:?}, mlx-lm {theirs:?}"));
+    }
+    for (name, sha) in want {
+        let got = std::fs::read(dir.join(name)).map(|b| crate::model_output::sha(&b));
+        if got.as_deref().ok() != sha.as_str() {
+            bad.push(format!("{case}: target {name} differs from mlx-lm's"));
+        }
+    }
+    bad
+}
+
+/// `goldens_dwq.py`'s `stage_padded`: the convert llama with `embed_tokens` and `lm_head`
+/// padded with zero rows to 1056 (DWQ's saved targets are the top 1024 logits).
+fn stage_padded(dst: &Path) -> PathBuf {
+    use mlx_core::prelude::*;
+    let src = tests_dir().join("convert/llama");
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
+    }
+    let (mut w, meta) =
+        mlx_core::io::load_safetensors(src.join("model.safetensors"), None).unwrap();
+    for k in ["model.embed_tokens.weight", "lm_head.weight"] {
+        let a = &w[k];
+        let (rows, cols) = (a.shape()[0], a.shape()[1]);
+        let pad = ops::zeros(&[1056 - rows, cols], a.dtype(), None).unwrap();
+        let padded = ops::concatenate(&[a, &pad], 0, None).unwrap();
+        w.insert(k.to_string(), padded);
+    }
+    mlx_core::io::save_safetensors(
+        dst.join("model.safetensors"),
+        w.iter().map(|(k, v)| (k.as_str(), v)),
+        &meta,
+    )
+    .unwrap();
+    let mut cfg: Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    cfg["vocab_size"] = 1056.into();
+    std::fs::write(dst.join("config.json"), cfg.to_string()).unwrap();
+    dst.to_path_buf()
 }
 
 /// A `Loss reduction: X` line's figure as float32 (mlx-lm prints the float32's double), or
@@ -206,7 +310,16 @@ fn gptq_equals_mlx_lm_bit_for_bit() {
 
 #[test]
 fn awq_equals_mlx_lm_bit_for_bit() {
-    check_cases("awq", &["q4_g32", "qwen3_q4", "mistral_q8", "gemma3_q4"]);
+    check_cases(
+        "awq",
+        &[
+            "q4_g32",
+            "qwen3_q4",
+            "mistral_q8",
+            "gemma3_q4",
+            "gemma3_wrapper_q4",
+        ],
+    );
 }
 
 #[test]
@@ -326,11 +439,18 @@ fn dynamic_and_dwq_refuse_bad_options_with_the_option_named() {
             &["--sensitivities", "/nonexistent.json"][..],
             "--sensitivities",
         ),
+        // A student that is not quantized (mlx-lm: "Quantized model must already be
+        // quantized.").
         (
             "dwq",
             &rows,
-            &["--target-dir", "targets"][..],
-            "--target-dir",
+            &[
+                "--quantized-model",
+                src.to_str().unwrap(),
+                "--num-samples",
+                "8",
+            ][..],
+            "--quantized-model",
         ),
         ("dwq", &rows, &["--bits", "7"][..], "--bits"),
         // All 20 rows train: none is left to validate on.
@@ -341,5 +461,50 @@ fn dynamic_and_dwq_refuse_bad_options_with_the_option_named() {
         assert!(err.contains(named), "{method} {extra:?}: {err}");
     }
     assert!(!dst.exists(), "a refused run left {}", dst.display());
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// `--targets-only` computes and saves the teacher's targets (equal to mlx-lm's files of the
+/// `llama_target_dir` case) and writes no model.
+#[test]
+fn dwq_targets_only_saves_mlx_lm_targets_and_stops() {
+    let golden: Value = serde_json::from_str(
+        &std::fs::read_to_string(tests_dir().join("goldens/dwq.json")).unwrap(),
+    )
+    .unwrap();
+    let want = &golden["llama_target_dir"];
+    let out = temp_dir("dwq-targets-only");
+    let src = stage_padded(&out.join("padded"));
+    let targets = out.join("targets");
+    let dst = out.join("q");
+    let rows = tests_dir().join("quant/dwq_train.jsonl");
+    let (code, _, err) = mlx_in(
+        &out,
+        &[
+            "quant",
+            "dwq",
+            "--model",
+            src.to_str().unwrap(),
+            "--mlx-path",
+            dst.to_str().unwrap(),
+            "--data-path",
+            rows.to_str().unwrap(),
+            "--target-dir",
+            targets.to_str().unwrap(),
+            "--targets-only",
+            "--num-samples",
+            "8",
+            "--seed",
+            "5",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(!dst.exists());
+    let bad = compare_targets(
+        "targets-only",
+        &targets,
+        want["targets"].as_object().unwrap(),
+    );
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
     let _ = std::fs::remove_dir_all(&out);
 }

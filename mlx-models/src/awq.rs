@@ -35,9 +35,17 @@ use crate::models::{build, build_recording, LanguageModel};
 use crate::weights::Weights;
 
 /// The model types AWQ runs here: `AWQ_MODEL_CONFIGS`' `llama_awq` rows whose mlx-lm module
-/// is `llama.py` (llama, mistral), `qwen2.py` or `qwen3.py`, and `gemma3_text_awq`'s
-/// `gemma3_text`.
-pub const AWQ_TYPES: [&str; 5] = ["llama", "mistral", "qwen2", "qwen3", "gemma3_text"];
+/// is `llama.py` (llama, mistral), `qwen2.py` or `qwen3.py`, `gemma3_text_awq`'s
+/// `gemma3_text`, and its `lm_key="language_model"` wrapper `gemma3` (not `mistral3` yet:
+/// its text model's query scales are outside what `awq_llama_shape` accepts).
+pub const AWQ_TYPES: [&str; 6] = [
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma3_text",
+    "gemma3",
+];
 
 /// `python -m mlx_lm.quant.awq`'s quantization arguments.
 #[derive(Clone, Debug)]
@@ -565,7 +573,9 @@ pub fn awq(
     let model = boxed
         .as_dense_mut()
         .ok_or_else(|| bad("--model", "not a descriptor-table model".into()))?;
-    let gemma = model_config.model_type == "gemma3_text";
+    // `gemma3` is `update(gemma3_text_awq, lm_key="language_model")`: the same recipe on the
+    // wrapped text model, whose names `save` writes under `language_model.`.
+    let gemma = matches!(model_config.model_type.as_str(), "gemma3_text" | "gemma3");
     if gemma {
         model
             .awq_gemma3_shape()

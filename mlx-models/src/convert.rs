@@ -372,6 +372,72 @@ pub fn save_converted(
     })
 }
 
+/// Each module's current quantization (loaded quantized; convert quantizes more later).
+fn quantized_of(built: &crate::models::BuiltParameters) -> Result<BTreeMap<String, LayerQuant>> {
+    let mut quantized: BTreeMap<String, LayerQuant> = BTreeMap::new();
+    for m in &built.quantizable {
+        if let Some(q) = &m.quantized {
+            if q.trellis.is_some() {
+                quantized.insert(
+                    m.path.clone(),
+                    LayerQuant {
+                        group_size: Some(q.group_size),
+                        bits: q.bits,
+                        mode: QuantMode::Affine,
+                        trellis: q.trellis,
+                    },
+                );
+                continue;
+            }
+            let mode = QuantMode::from_name(&q.mode).ok_or_else(|| {
+                ModelError::Config(format!(
+                    "{}: unknown quantization mode `{}`",
+                    m.path, q.mode
+                ))
+            })?;
+            quantized.insert(
+                m.path.clone(),
+                LayerQuant {
+                    group_size: Some(q.group_size),
+                    bits: q.bits,
+                    mode,
+                    trellis: None,
+                },
+            );
+        }
+    }
+    Ok(quantized)
+}
+
+/// mlx-lm's `save` of a model held as tensors under its names (`mlx_lm.fuse` writes its fused
+/// model so): built lazily as `convert` builds it, then [`save`] (the parameters in mlx-lm's
+/// order, shards, index, `save_config`, the tokenizer and other files of `src`, the model
+/// card). `dst` may be an empty directory; anything else there is refused.
+pub fn save_tensors(
+    src: &Path,
+    dst: &Path,
+    tensors: BTreeMap<String, Array>,
+    config: Map<String, Value>,
+) -> Result<ConvertReport> {
+    let model_config = ModelConfig::from_value(Value::Object(config.clone()))?;
+    let quant = model_config.quantization.clone();
+    let built = build_recording(&model_config, Weights::new(tensors, quant, None))?;
+    let quantized = quantized_of(&built)?;
+    if dst.is_dir() && std::fs::read_dir(dst).is_ok_and(|mut d| d.next().is_none()) {
+        std::fs::remove_dir(dst).map_err(|e| io_err(dst, e))?;
+    }
+    check_free(dst)?;
+    save(
+        Some(src),
+        dst,
+        &built.parameters,
+        &quantized,
+        config,
+        &[],
+        &mut |_| {},
+    )
+}
+
 /// [`convert`] without writing: what `mlx_lm.convert` holds before its `save`.
 pub fn convert_in_memory(
     src: &Path,
@@ -423,40 +489,8 @@ pub fn convert_in_memory(
     let built = build_recording(&model_config, weights)?;
     let model_type = model_config.model_type.clone();
 
+    let mut quantized = quantized_of(&built)?;
     let mut params: Vec<(String, Array)> = built.parameters;
-    // Each module's current quantization (loaded quantized, or quantized below).
-    let mut quantized: BTreeMap<String, LayerQuant> = BTreeMap::new();
-    for m in &built.quantizable {
-        if let Some(q) = &m.quantized {
-            if q.trellis.is_some() {
-                quantized.insert(
-                    m.path.clone(),
-                    LayerQuant {
-                        group_size: Some(q.group_size),
-                        bits: q.bits,
-                        mode: QuantMode::Affine,
-                        trellis: q.trellis,
-                    },
-                );
-                continue;
-            }
-            let mode = QuantMode::from_name(&q.mode).ok_or_else(|| {
-                ModelError::Config(format!(
-                    "{}: unknown quantization mode `{}`",
-                    m.path, q.mode
-                ))
-            })?;
-            quantized.insert(
-                m.path.clone(),
-                LayerQuant {
-                    group_size: Some(q.group_size),
-                    bits: q.bits,
-                    mode,
-                    trellis: None,
-                },
-            );
-        }
-    }
 
     // dtype: --dtype, else config's torch_dtype, else text_config's dtype.
     let dtype_name: Option<String> = opts
@@ -844,14 +878,24 @@ pub(crate) fn bits_per_weight_of(
 
 /// Per model type, each module's children in the order its mlx-lm class defines them
 /// (`xtask/oracle/goldens_param_order.py` records it from mlx-lm's own classes over the tiny
-/// fixtures; numeric children, a list's items, are in index order and not listed). A parent
-/// under `=` is a concrete one (`=model.layers.3`), kept where a type's list items are of
-/// classes that order their children differently; it is looked up before the `*` pattern.
+/// fixtures; numeric children, a list's items, are in index order and not listed). Where a
+/// type's list items are of classes that order their children differently, the pattern is
+/// kept per set of children (`model.layers.*|mlp,self_attn`), looked up before the pattern.
 const PARAM_ORDER: &str = include_str!("param_order.json");
 
 fn param_order_table() -> &'static Map<String, Value> {
     static TABLE: std::sync::OnceLock<Map<String, Value>> = std::sync::OnceLock::new();
     TABLE.get_or_init(|| serde_json::from_str(PARAM_ORDER).unwrap_or_default())
+}
+
+/// The prefix mlx-lm's names carry over ours: a type whose mlx-lm class wraps the text model
+/// as its only child (`self.language_model`, `param_order.json`'s root) names every parameter
+/// `language_model.` + the text model's name, where our loader takes that prefix off.
+pub fn wrapper_prefix(model_type: &str, params: &[(String, Array)]) -> Option<&'static str> {
+    let root = param_order_table().get(model_type)?.get("")?.as_array()?;
+    let only = root.len() == 1 && root[0] == "language_model";
+    (only && !params.iter().any(|(n, _)| n.starts_with("language_model.")))
+        .then_some("language_model.")
 }
 
 /// Puts `params` in `tree_flatten(model.parameters())`'s order, the order mlx-lm's
@@ -867,18 +911,38 @@ pub fn mlx_lm_order(model_type: &str, params: &mut [(String, Array)]) {
     let Some(Value::Object(types)) = table.get(model_type).or_else(|| table.get("llama")) else {
         return;
     };
+    // Each concrete parent's set of named children (what a `pattern|a,b,c` entry is for).
+    let mut children: BTreeMap<String, std::collections::BTreeSet<&str>> = BTreeMap::new();
+    for (name, _) in params.iter() {
+        let mut parent = String::new();
+        for part in name.split('.') {
+            if part.parse::<usize>().is_err() {
+                children.entry(parent.clone()).or_default().insert(part);
+            }
+            if !parent.is_empty() {
+                parent.push('.');
+            }
+            parent.push_str(part);
+        }
+    }
     let mut unknown: BTreeMap<(String, String), usize> = BTreeMap::new();
     let mut keys: Vec<Vec<(u8, usize, u8)>> = Vec::with_capacity(params.len());
     for (name, _) in params.iter() {
         let mut key = Vec::new();
         let mut pattern = String::new();
-        let mut concrete = String::from("=");
+        let mut concrete = String::new();
         for part in name.split('.') {
             if let Ok(i) = part.parse::<usize>() {
                 key.push((0, i, 0));
             } else {
-                let kids = types
-                    .get(&concrete)
+                let set = children.get(&concrete).map(|c| {
+                    format!(
+                        "{pattern}|{}",
+                        c.iter().copied().collect::<Vec<_>>().join(",")
+                    )
+                });
+                let kids = set
+                    .and_then(|k| types.get(&k))
                     .or_else(|| types.get(&pattern))
                     .and_then(Value::as_array);
                 let pos = |c: &str| kids.and_then(|k| k.iter().position(|v| v == c));
@@ -988,12 +1052,29 @@ pub(crate) fn save(
     let mut files = Vec::new();
 
     // Weights, in the order mlx-lm's `save_model` inserts them.
+    // (The count reads the quantization by our module paths, before any wrapper prefix.)
+    let total_params = total_parameters(params, quantized);
     let mut ordered = params.to_vec();
     let model_type = config
         .get("model_type")
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_string();
+    if let Some(prefix) = wrapper_prefix(&model_type, &ordered) {
+        for (n, _) in ordered.iter_mut() {
+            *n = format!("{prefix}{n}");
+        }
+        // The quantization block's per-module entries are module paths too.
+        if let Some(Value::Object(q)) = config.get_mut("quantization") {
+            *q = std::mem::take(q)
+                .into_iter()
+                .map(|(k, v)| match v {
+                    Value::Object(_) | Value::Bool(_) => (format!("{prefix}{k}"), v),
+                    v => (k, v),
+                })
+                .collect();
+        }
+    }
     mlx_lm_order(&model_type, &mut ordered);
     let params = &ordered[..];
     let shards = make_shards(params);
@@ -1026,10 +1107,7 @@ pub(crate) fn save(
     let total_size: usize = params.iter().map(|(_, a)| a.nbytes()).sum();
     let mut metadata = Map::new();
     metadata.insert("total_size".into(), Value::from(total_size as u64));
-    metadata.insert(
-        "total_parameters".into(),
-        Value::from(total_parameters(params, quantized)),
-    );
+    metadata.insert("total_parameters".into(), Value::from(total_params));
     let mut index = Map::new();
     index.insert("metadata".into(), Value::Object(metadata));
     index.insert(

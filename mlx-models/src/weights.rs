@@ -385,7 +385,10 @@ impl Weights {
 
     fn infer_quantization(&self, path: &str, in_dims: i32) -> Result<Option<QuantParams>> {
         if let Some(q) = &self.quant {
-            if let Some(o) = q.overrides.get(path) {
+            // mlx-lm names a wrapper's modules `language_model.` + the text model's path
+            // (what `mlx convert` writes for those types too).
+            let wrapped = format!("language_model.{path}");
+            if let Some(o) = q.overrides.get(path).or_else(|| q.overrides.get(&wrapped)) {
                 return Ok(o.clone());
             }
         }

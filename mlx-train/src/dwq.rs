@@ -1,6 +1,7 @@
 //! DWQ (distilled weight quantization) as mlx-lm 0.32.2 runs it (`mlx_lm/quant/dwq.py`,
-//! `python -m mlx_lm.quant.dwq`) without precomputed targets: the float model is the teacher,
-//! its copy quantized by `quantize_model` the student, and the student's trainable arrays (the
+//! `python -m mlx_lm.quant.dwq`): the float model is the teacher (or its top-1024 logits saved
+//! under `--target-dir`), its copy quantized by `quantize_model` (or `--quantized-model`) the
+//! student, and the student's trainable arrays (the
 //! scales and biases of its affine layers under 8 bits, and every array outside quantized
 //! modules, such as the norms, which mlx-lm's `trainable_parameters` leaves unfrozen) are
 //! trained in float32 by `Adam(learning_rate, bias_correction=True)` on
@@ -71,6 +72,19 @@ impl Default for DwqOptions {
             num_valid_samples: 32,
         }
     }
+}
+
+/// Where the student and the targets come from (`--quantized-model`, `--target-dir`,
+/// `--targets-only`).
+#[derive(Clone, Debug, Default)]
+pub struct DwqSources<'a> {
+    /// An already quantized model to train instead of quantizing the teacher.
+    pub quantized_model: Option<&'a Path>,
+    /// Where the teacher's top-1024 logits are saved (computed when the directory holds no
+    /// `train/*.safetensors` and `valid/*.safetensors` yet) and read back from.
+    pub target_dir: Option<&'a Path>,
+    /// Compute the targets and stop.
+    pub targets_only: bool,
 }
 
 /// What the run reports (mlx-lm's printed lines, as events).
@@ -209,8 +223,7 @@ fn dwq_loss(
     Ok((loss, ntoks))
 }
 
-/// `python -m mlx_lm.quant.dwq --model SRC --mlx-path DST` on `train`/`valid` (without
-/// `--target-dir` or `--quantized-model`).
+/// `python -m mlx_lm.quant.dwq --model SRC --mlx-path DST` on `train`/`valid`.
 pub fn dwq(
     src: &Path,
     dst: &Path,
@@ -219,6 +232,94 @@ pub fn dwq(
     opts: &DwqOptions,
     on_event: &mut dyn FnMut(DwqEvent<'_>),
 ) -> Result<ConvertReport> {
+    dwq_with(
+        src,
+        dst,
+        train,
+        valid,
+        opts,
+        &DwqSources::default(),
+        on_event,
+    )?
+    .ok_or_else(|| TrainError::Config("no model written (the targets only were asked for)".into()))
+}
+
+/// Whether `dir` holds targets (`train/*.safetensors` and `valid/*.safetensors`).
+fn has_targets(dir: &Path) -> bool {
+    let any = |split: &str| {
+        std::fs::read_dir(dir.join(split)).is_ok_and(|rd| {
+            rd.filter_map(|e| e.ok())
+                .any(|e| e.file_name().to_string_lossy().ends_with(".safetensors"))
+        })
+    };
+    dir.is_dir() && any("train") && any("valid")
+}
+
+/// `compute_dwq_targets`: for `valid` then `train`, each batch's teacher logits (inputs
+/// without their last token), their top 1024 by `argpartition(kth=-1024)` and the matching
+/// logits, saved as `{"logits", "indices"}` in `dir/<split>/<batch index:010>.safetensors`.
+fn compute_targets(
+    teacher: &dyn LanguageModel,
+    dir: &Path,
+    train: &Dataset,
+    valid: &Dataset,
+    opts: &DwqOptions,
+) -> Result<()> {
+    for (data, split) in [(valid, "valid"), (train, "train")] {
+        let path = dir.join(split);
+        std::fs::create_dir_all(&path).map_err(|e| TrainError::Io {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        let mut it = BatchIter::new(data, opts.batch_size, opts.max_seq_length, false)?;
+        let mut rng = NumpyRandom::new(opts.seed);
+        let mut i = 0usize;
+        while let Some(batch) = it.next_batch(data, &mut rng)? {
+            let (b, w) = (batch.tokens.shape()[0], batch.tokens.shape()[1]);
+            let x = batch.tokens.slice(&[0, 0], &[b, w - 1], &[1, 1])?;
+            let logits = teacher.forward(&x, None)?;
+            mlx_core::eval([&logits])?;
+            let v = logits.shape()[2];
+            let idx = ops::argpartition(&logits, -1024, -1, None)?;
+            let idx = idx.slice(&[0, 0, v - 1024], &[b, w - 1, v], &[1, 1, 1])?;
+            let top = ops::take_along_axis(&logits, &idx, -1, None)?;
+            let file = path.join(format!("{i:010}.safetensors"));
+            mlx_core::io::save_safetensors(
+                &file,
+                [("logits", &top), ("indices", &idx)],
+                &Default::default(),
+            )?;
+            i += 1;
+        }
+    }
+    Ok(())
+}
+
+/// [`dwq`] with mlx-lm's other sources: an already quantized student, targets saved to (or
+/// read from) a directory, or the targets alone (then `None`). In one process `--pipeline`
+/// changes nothing (mlx-lm shards only over a group of several).
+pub fn dwq_with(
+    src: &Path,
+    dst: &Path,
+    train: &Dataset,
+    valid: &Dataset,
+    opts: &DwqOptions,
+    sources: &DwqSources<'_>,
+    on_event: &mut dyn FnMut(DwqEvent<'_>),
+) -> Result<Option<ConvertReport>> {
+    let mut targets = sources.target_dir.filter(|d| has_targets(d));
+    // The float model, unless both the targets and the student are given.
+    let teacher = match (targets, sources.quantized_model) {
+        (Some(_), Some(_)) => None,
+        _ => Some(mlx_models::load::load_model_dir(src, &Default::default())?.0),
+    };
+    if let (None, Some(dir), Some(t)) = (targets, sources.target_dir, teacher.as_ref()) {
+        compute_targets(t.as_ref(), dir, train, valid, opts)?;
+        targets = Some(dir);
+    }
+    if sources.targets_only {
+        return Ok(None);
+    }
     if dst.exists() {
         return Err(TrainError::option(
             "--mlx-path",
@@ -231,15 +332,46 @@ pub fn dwq(
             "leaves no validation rows (mlx-lm takes the 32 after the training ones)",
         ));
     }
-    let (teacher, _) = mlx_models::load::load_model_dir(src, &Default::default())?;
-    let copts = ConvertOptions {
-        quantize: true,
-        q_bits: Some(opts.bits),
-        q_group_size: Some(opts.group_size),
-        keep_dtype: true,
-        ..ConvertOptions::default()
+    let converted = match sources.quantized_model {
+        Some(q) => {
+            let copts = ConvertOptions {
+                keep_dtype: true,
+                ..ConvertOptions::default()
+            };
+            let c = convert_in_memory(q, &copts, &mut |p| on_event(DwqEvent::Convert(p)))?;
+            if !c.config().contains_key("quantization") {
+                return Err(TrainError::option(
+                    "--quantized-model",
+                    format!(
+                        "{}: Quantized model must already be quantized.",
+                        q.display()
+                    ),
+                ));
+            }
+            c
+        }
+        None => {
+            let copts = ConvertOptions {
+                quantize: true,
+                q_bits: Some(opts.bits),
+                q_group_size: Some(opts.group_size),
+                keep_dtype: true,
+                ..ConvertOptions::default()
+            };
+            convert_in_memory(src, &copts, &mut |p| on_event(DwqEvent::Convert(p)))?
+        }
     };
-    let converted = convert_in_memory(src, &copts, &mut |p| on_event(DwqEvent::Convert(p)))?;
+    let target = match targets {
+        Some(dir) => Target::Saved(dir),
+        None => match teacher.as_ref() {
+            Some(t) => Target::Teacher(t.as_ref()),
+            None => {
+                return Err(TrainError::Config(
+                    "no teacher and no targets (internal)".into(),
+                ))
+            }
+        },
+    };
     let student = Student::new(converted)?;
     let total = total_parameters(&student);
     let params = student.params()?;
@@ -247,30 +379,28 @@ pub fn dwq(
         trainable: params.values().map(Array::size).sum(),
         total,
     });
-    let params = train_student(
-        &student,
-        teacher.as_ref(),
-        params,
-        train,
-        valid,
-        opts,
-        on_event,
-    )?;
+    let params = train_student(&student, &target, params, train, valid, opts, on_event)?;
     let Student { mut converted, .. } = student;
     for (k, v) in converted.params.iter_mut() {
         if let Some(p) = params.get(k) {
             *v = p.astype(opts.dtype)?;
         }
     }
-    Ok(save_converted(src, dst, &converted, &[], &mut |p| {
+    Ok(Some(save_converted(src, dst, &converted, &[], &mut |p| {
         on_event(DwqEvent::Convert(p))
-    })?)
+    })?))
+}
+
+/// `target_fn`: the teacher's logits, or the saved top-1024 logits and their indices.
+enum Target<'a> {
+    Teacher(&'a dyn LanguageModel),
+    Saved(&'a Path),
 }
 
 /// `dwq_quantize`'s validation and training loop: the trained float32 arrays.
 fn train_student(
     student: &Student,
-    teacher: &dyn LanguageModel,
+    target: &Target<'_>,
     mut params: ParamMap,
     train: &Dataset,
     valid: &Dataset,
@@ -286,7 +416,11 @@ fn train_student(
         if grad_checkpoint {
             m.set_grad_checkpoint(true);
         }
-        let logits = m.forward(&others[0], None).map_err(|e| cb(e.into()))?;
+        let mut logits = m.forward(&others[0], None).map_err(|e| cb(e.into()))?;
+        if let Some(ids) = others.get(3) {
+            // Saved targets: the student's logits at the teacher's top indices.
+            logits = ops::take_along_axis(&logits, ids, -1, None)?;
+        }
         let (l, n) = dwq_loss(&logits, &others[1], &others[2], scale).map_err(cb)?;
         Ok(vec![l, n])
     };
@@ -300,21 +434,46 @@ fn train_student(
         LearningRate::Constant(opts.learning_rate),
     )?;
 
-    let targets_of = |batch: &Array| -> Result<(Array, Array)> {
+    // The inputs (the batch less its last token) and `target_fn(batch, idx, split)`.
+    let targets_of = |batch: &Array, idx: usize, split: &str| -> Result<Vec<Array>> {
         let w = batch.shape()[1];
         let b = batch.shape()[0];
         let x = batch.slice(&[0, 0], &[b, w - 1], &[1, 1])?;
-        let t = teacher.forward(&x, None)?;
-        mlx_core::eval([&t])?;
-        Ok((x, t))
+        match target {
+            Target::Teacher(teacher) => {
+                let t = teacher.forward(&x, None)?;
+                mlx_core::eval([&t])?;
+                Ok(vec![x, t])
+            }
+            Target::Saved(dir) => {
+                let file = dir.join(split).join(format!("{idx:010}.safetensors"));
+                let (m, _) = mlx_core::io::load_safetensors(&file, None)?;
+                let get = |k: &str| {
+                    m.get(k).cloned().ok_or_else(|| {
+                        TrainError::Config(format!("{}: no `{k}` tensor", file.display()))
+                    })
+                };
+                let (t, ids) = (get("logits")?, get("indices")?);
+                mlx_core::eval([&t, &ids])?;
+                Ok(vec![x, t, ids])
+            }
+        }
+    };
+    let with_lengths = |mut xt: Vec<Array>, lengths: &Array| {
+        let ids = (xt.len() == 3).then(|| xt.remove(2));
+        xt.push(lengths.clone());
+        xt.extend(ids);
+        xt
     };
     let validate = |params: &ParamMap| -> Result<f64> {
         let mut it = BatchIter::new(valid, opts.batch_size, opts.max_seq_length, false)?;
         let mut rng = NumpyRandom::new(opts.seed);
         let (mut v_loss, mut v_tokens) = (0.0f64, 0i64);
+        let mut i = 0usize;
         while let Some(batch) = it.next_batch(valid, &mut rng)? {
-            let (x, t) = targets_of(&batch.tokens)?;
-            let out = loss_fn(params, &[x, t, batch.lengths.clone()])?;
+            let xt = targets_of(&batch.tokens, i, "valid")?;
+            i += 1;
+            let out = loss_fn(params, &with_lengths(xt, &batch.lengths))?;
             mlx_core::eval(out.iter())?;
             let loss = f64::from(out[0].item::<f32>()?);
             let ntoks = out[1].astype(Dtype::Int64)?.item::<i64>()?;
@@ -334,8 +493,8 @@ fn train_student(
     let mut it = 0usize;
     let mut last = 0usize;
     while let Some(batch) = iter.next_batch(train, &mut rng)? {
-        let (x, t) = targets_of(&batch.tokens)?;
-        let (values, grads) = vg(&params, &[x, t, batch.lengths.clone()])?;
+        let xt = targets_of(&batch.tokens, it, "train")?;
+        let (values, grads) = vg(&params, &with_lengths(xt, &batch.lengths))?;
         params = opt.apply_gradients(&grads, &params)?;
         let mut outs: Vec<&Array> = values.iter().collect();
         outs.extend(params.values());

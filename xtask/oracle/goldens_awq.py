@@ -6,7 +6,8 @@ As `goldens_gptq.py`: HOME points at a temporary directory whose
 the model is the tiny float16 llama `mlx-cli/tests/convert/llama/`. The module has no
 `__main__` guard, so its `main()` is called with the arguments in `sys.argv`, in a subprocess.
 The golden (`mlx-cli/tests/goldens/awq.json`) holds, per case, every output file's sha256 and
-every tensor's dtype, shape and sha256, and the per-block `Loss reduction` lines. Run with `cargo xtask goldens awq`.
+every tensor's dtype, shape and sha256, and the per-block `Loss reduction` lines. Run with `cargo xtask goldens awq`
+(case names after the script regenerate only those).
 """
 
 import json
@@ -45,6 +46,11 @@ CASES = [
     # under the one causal mask, as awq_quantize does), an untied lm_head.
     ("gemma3_q4", ["--bits", "4", "--group-size", "32", "--num-samples", "4",
                    "--sequence-length", "16", "--n-grid", "10", "--seed", "4"], "models/gemma3_text"),
+    # The wrapper (`lm_key="language_model"`): names and per-module entries under
+    # `language_model.` ("+": the fixture staged beside the tiny tokenizer's files).
+    ("gemma3_wrapper_q4", ["--bits", "4", "--group-size", "32", "--num-samples", "4",
+                           "--sequence-length", "16", "--n-grid", "10", "--seed", "4"],
+     "+../../mlx-models/tests/models/dense/gemma3_wrapper"),
 ]
 
 RUN = "import sys; from mlx_lm.quant.awq import main; sys.argv = ['awq'] + sys.argv[1:]; main()"
@@ -56,8 +62,19 @@ def main():
         home = Path(tmp) / "home"
         (home / ".cache" / "mlx-lm").mkdir(parents=True)
         shutil.copy(TEXT, home / ".cache" / "mlx-lm" / "calibration_v5.txt")
+        only = set(sys.argv[1:])
+        if only and GOLDEN.exists():
+            out = json.loads(GOLDEN.read_text())
         for case, args, *model in CASES:
-            src = CLI / model[0] if model else FIXTURE
+            if only and case not in only:
+                continue
+            src = CLI / model[0].lstrip("+") if model else FIXTURE
+            if model and model[0].startswith("+"):
+                staged = Path(tmp) / f"staged_{case}"
+                shutil.copytree(src, staged)
+                for f in ["tokenizer.json", "tokenizer_config.json"]:
+                    shutil.copy(CLI / "models" / "tokenizer" / f, staged / f)
+                src = staged
             dst = Path(tmp) / case
             cmd = [sys.executable, "-c", RUN, "--model", str(src), "--mlx-path", str(dst), *args]
             r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, HOME=str(home)))

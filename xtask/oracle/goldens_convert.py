@@ -148,6 +148,16 @@ CASES = [
     ("mixtral_q4_g32", "models/mixtral", ["-q", "--q-group-size", "32"]),
     ("mistral_bias_q6_g32", "models/mistral_bias_llama3rope", ["-q", "--q-bits", "6", "--q-group-size", "32"]),
     ("q4_g64_untied_deq", "models/q4_g64_untied", ["-d"]),
+    # The tensors' order in the file follows each class's module order: hybrids, GPT-style
+    # blocks, and wrappers whose names carry `language_model.` (per-module entries too).
+    ("lfm2_q4_g32", "models/lfm2", ["-q", "--q-group-size", "32"]),
+    ("gpt_neox_bf16", "models/gpt_neox", ["--dtype", "bfloat16"]),
+    ("gpt2_q8_g32", "models/gpt2", ["-q", "--q-bits", "8", "--q-group-size", "32"]),
+    # ("+": the fixture staged beside the tiny tokenizer's files, which it lacks.)
+    ("gemma3_wrapper_q4_g32", "+../../mlx-models/tests/models/dense/gemma3_wrapper",
+     ["-q", "--q-group-size", "32"]),
+    ("qwen2_vl_mixed_3_6_g32", "+../../mlx-models/tests/models/dense2/qwen2_vl",
+     ["-q", "--quant-predicate", "mixed_3_6", "--q-group-size", "32"]),
 ]
 
 
@@ -161,7 +171,13 @@ def main():
         for case, src, args in CASES:
             if only and case not in only and not any(c.startswith(case) for c in only):
                 continue
-            src_dir = tmp / src[1:] if src.startswith("@") else CLI / src
+            src_dir = tmp / src[1:] if src.startswith("@") else CLI / src.lstrip("+")
+            if src.startswith("+"):
+                staged = tmp / f"staged_{case}"
+                shutil.copytree(src_dir, staged)
+                for f in ["tokenizer.json", "tokenizer_config.json"]:
+                    shutil.copy(CLI / "models" / "tokenizer" / f, staged / f)
+                src_dir = staged
             out = tmp / case
             cmd = [sys.executable, "-m", "mlx_lm", "convert", "--hf-path", str(src_dir),
                    "--mlx-path", str(out)] + args

@@ -12,8 +12,8 @@ llama's vocabulary (`random.Random(35)`, written once, then committed).
 
 The golden (`mlx-cli/tests/goldens/dwq.json`) holds, per case, the arguments, the
 `Trainable parameters` and `Validation` lines and, as `goldens_convert.py` records them, every
-output file's sha256 and every tensor's dtype, shape and sha256. Run with `cargo xtask goldens
-dwq`.
+output file's sha256 and every tensor's dtype, shape and sha256 (and, with `--target-dir`, each
+saved target file's sha256). Run with `cargo xtask goldens dwq`.
 """
 
 import contextlib
@@ -45,7 +45,42 @@ CASES = [
     # 8 bits: the scales and biases stay frozen, the norms train.
     ("llama_q8", "convert/llama",
      ["--bits", "8", "--group-size", "64", "--num-samples", "4", "--learning-rate", "1e-2"]),
+    # An already quantized student (`mlx_lm convert -q --q-bits 3 --q-group-size 32` of the
+    # llama, "@quantized" below): trained instead of quantizing the teacher.
+    ("llama_quantized_model", "convert/llama",
+     ["--quantized-model", "@quantized", "--num-samples", "8", "--learning-rate", "1e-3",
+      "--seed", "5"]),
+    # Targets saved to a directory ("@targets") and read back: the llama with its vocabulary
+    # padded with zero rows to 1056 ("@padded"), since the targets are the top 1024 logits.
+    ("llama_target_dir", "@padded",
+     ["--target-dir", "@targets", "--bits", "4", "--group-size", "32", "--num-samples", "8",
+      "--learning-rate", "1e-3", "--seed", "5"]),
 ]
+QUANTIZED_ARGS = ["-q", "--q-bits", "3", "--q-group-size", "32"]
+PADDED_VOCAB = 1056
+
+
+def stage_padded(dst):
+    """convert/llama with `embed_tokens` and `lm_head` padded with zero rows to 1056."""
+    import mlx.core as mx
+    import shutil
+    src = CLI / "convert" / "llama"
+    shutil.copytree(src, dst)
+    w = mx.load(str(src / "model.safetensors"))
+    for k in ["model.embed_tokens.weight", "lm_head.weight"]:
+        a = w[k]
+        w[k] = mx.concatenate([a, mx.zeros((PADDED_VOCAB - a.shape[0], a.shape[1]), a.dtype)])
+    mx.save_safetensors(str(dst / "model.safetensors"), w)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["vocab_size"] = PADDED_VOCAB
+    (dst / "config.json").write_text(json.dumps(cfg, indent=2))
+
+
+def targets_of(d):
+    """Each saved target file's sha256, as `split/name`."""
+    import hashlib
+    return {f"{p.parent.name}/{p.name}": hashlib.sha256(p.read_bytes()).hexdigest()[:16]
+            for p in sorted(d.glob("*/*.safetensors"))}
 
 
 def write_data():
@@ -73,10 +108,19 @@ def main():
     dwq.load_dataset = local_dataset
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
+        import subprocess
+        quantized = Path(tmp) / "quantized"
+        subprocess.run([sys.executable, "-m", "mlx_lm", "convert", "--hf-path",
+                        str(CLI / "convert" / "llama"), "--mlx-path", str(quantized),
+                        *QUANTIZED_ARGS], check=True, capture_output=True)
+        padded = Path(tmp) / "padded"
+        stage_padded(padded)
         for case, model, args in CASES:
             dst = Path(tmp) / case
-            sys.argv = ["dwq", "--model", str(CLI / model), "--mlx-path", str(dst),
-                        "--data-path", str(DATA), *args]
+            targets = Path(tmp) / f"targets_{case}"
+            at = {"@quantized": str(quantized), "@targets": str(targets), "@padded": str(padded)}
+            sys.argv = ["dwq", "--model", at.get(model, str(CLI / model)), "--mlx-path", str(dst),
+                        "--data-path", str(DATA), *[at.get(a, a) for a in args]]
             buf = io.StringIO()
             with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
                 dwq.main()
@@ -88,6 +132,8 @@ def main():
                         if l.startswith("Trainable parameters") or l.startswith("Validation:")],
                 "files": describe(dst),
             }
+            if targets.exists():
+                out[case]["targets"] = targets_of(targets)
             print(case, "ok", out[case]["log"])
     GOLDEN.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
 

@@ -52,9 +52,9 @@ def pattern(parts):
 
 def add_order(graph, names):
     """Each concrete parent's children in first-seen order give precedence pairs for the
-    merge, under the parent's pattern (list indices as `*`) and under the concrete parent
-    itself (`=model.layers.3`), kept for the types whose list items are of several classes
-    that order their children differently."""
+    merge, under the parent's pattern (list indices as `*`) and under the pattern with the
+    parent's set of children (`model.layers.*|mlp,self_attn`), kept for the types whose list
+    items are of several classes that order their children differently."""
     seen = {}
     for n in names:
         parts = n.split(".")
@@ -65,7 +65,8 @@ def add_order(graph, names):
             if c not in kids:
                 kids.append(c)
     for parent, kids in seen.items():
-        for key in (pattern(parent.split(".")) if parent else "", "=" + parent):
+        pat = pattern(parent.split("."))
+        for key in (pat, "=" + pat + "|" + ",".join(sorted(kids))):
             g = graph.setdefault(key, {"first": [], "after": {}})
             for k in kids:
                 if k not in g["first"]:
@@ -88,7 +89,8 @@ def topo(g):
 def merge(graph, model_type):
     """Topological order of each parent's children (ties in first-seen order). Where the
     fixtures order a pattern's children both ways (list items of several classes), the
-    concrete parents (`=model.layers.3`) are kept instead, which the lookup tries first."""
+    pattern's orders per set of children (`model.layers.*|a,b,c`) are kept instead, which the
+    lookup tries first."""
     out = {}
     conflicts = []
     for pat, g in sorted(graph.items()):
@@ -100,14 +102,14 @@ def merge(graph, model_type):
             continue
         out[pat] = order
     for pat in conflicts:
-        print(f"{model_type}: {pat}: children ordered both ways; concrete parents kept", file=sys.stderr)
+        print(f"{model_type}: {pat}: children ordered both ways; kept per set of children", file=sys.stderr)
         for key, g in sorted(graph.items()):
-            if key.startswith("=") and pattern(key[1:].split(".")) == pat:
+            if key.startswith("=" + pat + "|"):
                 order = topo(g)
                 if order is None:  # fixtures of one type whose configs pick other classes
                     print(f"{model_type}: {key}: still both ways; the first fixture's order kept", file=sys.stderr)
                     order = g["first"]
-                out[key] = order
+                out[key[1:]] = order
     return out
 
 
