@@ -122,37 +122,7 @@ pub fn quantized_scaled_dot_product_attention(
         (q_keys.clone(), q_values.clone())
     };
     let mut scores = qmm(&queries, &k, true, spec)?;
-    let mask_arr = match mask {
-        AttentionMask::None => None,
-        AttentionMask::Causal => {
-            let ss = scores.shape();
-            let (ql, kl) = (ss[ss.len() - 2], ss[ss.len() - 1]);
-            let q_idx = ops::arange(f64::from(kl - ql), f64::from(kl), 1.0, Dtype::Int32, None)?;
-            let k_idx = ops::arange(0.0, f64::from(kl), 1.0, Dtype::Int32, None)?;
-            Some(ops::greater_equal(
-                &ops::expand_dims(&q_idx, &[1], None)?,
-                &ops::expand_dims(&k_idx, &[0], None)?,
-                None,
-            )?)
-        }
-        AttentionMask::Array(a) => Some(a.clone()),
-    };
-    if let Some(mut m) = mask_arr {
-        if n_repeats > 1 && m.ndim() > 3 {
-            m = ops::expand_dims(&m, &[-3], None)?;
-        }
-        scores = if m.dtype() == Dtype::Bool {
-            let min = finfo_min(scores.dtype());
-            ops::where_(
-                &m,
-                &scores,
-                &Scalar::Float(min).to_array_like(scores.dtype())?,
-                None,
-            )?
-        } else {
-            ops::add(&scores, &m, None)?
-        };
-    }
+    scores = masked_scores(scores, mask, n_repeats)?;
     let scores = ops::softmax(&scores, &[-1], true, None)?;
     let out = qmm(&scores, &v, false, spec)?;
     if n_repeats > 1 {
@@ -194,6 +164,20 @@ pub fn plain_scaled_dot_product_attention(
         (keys.clone(), values.clone())
     };
     let mut scores = ops::matmul(&queries, &ops::swapaxes(&k, -1, -2, None)?, None)?;
+    scores = masked_scores(scores, mask, n_repeats)?;
+    let scores = ops::softmax(&scores, &[-1], true, None)?;
+    let out = ops::matmul(&scores, &v, None)?;
+    if n_repeats > 1 {
+        Ok(ops::reshape(&out, &[b, n_q_heads, l, dv], None)?)
+    } else {
+        Ok(out)
+    }
+}
+
+/// mlx-lm's masking of attention scores (`scaled_dot_product_attention`'s fallback): a causal
+/// mask built for the scores' query and key lengths, a boolean mask as `where` with the dtype's
+/// minimum, an additive mask added; one axis more for grouped heads.
+fn masked_scores(mut scores: Array, mask: &AttentionMask, n_repeats: i32) -> Result<Array> {
     let mask_arr = match mask {
         AttentionMask::None => None,
         AttentionMask::Causal => {
@@ -225,13 +209,7 @@ pub fn plain_scaled_dot_product_attention(
             ops::add(&scores, &m, None)?
         };
     }
-    let scores = ops::softmax(&scores, &[-1], true, None)?;
-    let out = ops::matmul(&scores, &v, None)?;
-    if n_repeats > 1 {
-        Ok(ops::reshape(&out, &[b, n_q_heads, l, dv], None)?)
-    } else {
-        Ok(out)
-    }
+    Ok(scores)
 }
 
 /// `mx.finfo(dtype).min` as the Python float mlx-lm passes on.
