@@ -269,9 +269,9 @@ pub fn greedy(
 
 fn check(prompt: &[u32]) -> Result<()> {
     if prompt.is_empty() {
-        return Err(EngineError::Other(
-            "the prompt is empty: give at least one token".into(),
-        ));
+        return Err(EngineError::EmptyPrompt {
+            hint: String::new(),
+        });
     }
     Ok(())
 }
@@ -440,12 +440,14 @@ impl<'m> CpuSpecSteps<'m> {
     ) -> Result<Self> {
         check(prompt)?;
         if earlier.len() != dec.position() {
-            return Err(EngineError::Other(format!(
-                "CPU speculation: the decoder's cache holds {} tokens, {} were given as its \
-                 contents",
-                dec.position(),
-                earlier.len()
-            )));
+            return Err(EngineError::Cache {
+                what: "CPU speculation".into(),
+                problem: format!(
+                    "the decoder's cache holds {} tokens, {} were given as its contents",
+                    dec.position(),
+                    earlier.len()
+                ),
+            });
         }
         let mut history = earlier;
         history.extend_from_slice(prompt);

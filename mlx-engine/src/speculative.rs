@@ -570,10 +570,9 @@ pub fn speculative_generate_step<'m>(
             // mlx-lm checks its fresh caches too: a cache kind that cannot go back (deepseek_v41's
             // `LayerCache`) would keep the rejected drafts.
             if let Some(bad) = c.iter().find(|c| !can_roll_back(c.as_ref())) {
-                return Err(EngineError::Other(format!(
-                    "Speculative decoding requires a trimmable prompt cache (got {})",
-                    bad.class_name()
-                )));
+                return Err(EngineError::UntrimmableCache {
+                    class: bad.class_name().to_string(),
+                });
             }
             c
         }
@@ -592,10 +591,13 @@ pub fn speculative_generate_step<'m>(
                 None => {
                     let c = d.make_cache_with_rollback(depth);
                     if let Some(bad) = c.iter().find(|c| !can_roll_back(c.as_ref())) {
-                        return Err(EngineError::Other(format!(
-                            "Speculative decoding requires a trimmable draft cache (got {})",
-                            bad.class_name()
-                        )));
+                        return Err(EngineError::Cache {
+                            what: "Speculative decoding".into(),
+                            problem: format!(
+                                "requires a trimmable draft cache (got {})",
+                                bad.class_name()
+                            ),
+                        });
                     }
                     c
                 }
