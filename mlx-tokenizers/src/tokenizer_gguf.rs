@@ -469,6 +469,16 @@ impl GgufTokenizerData {
         }
     }
 
+    /// [`Self::check_ids`] over the BOS, EOS, unknown and padding ids.
+    fn check_special_ids(&self) -> Result<()> {
+        self.check_ids(&[
+            ("bos", self.bos_id),
+            ("eos", self.eos_id),
+            ("unk", self.unk_id),
+            ("pad", self.pad_id),
+        ])
+    }
+
     /// An error naming the first special token id outside the vocabulary.
     fn check_ids(&self, ids: &[(&str, Option<u32>)]) -> Result<()> {
         let n = self.tokens.len();
@@ -544,12 +554,7 @@ impl GgufTokenizerData {
             })?;
         let n = self.tokens.len();
         self.token_types()?;
-        self.check_ids(&[
-            ("bos", self.bos_id),
-            ("eos", self.eos_id),
-            ("unk", self.unk_id),
-            ("pad", self.pad_id),
-        ])?;
+        self.check_special_ids()?;
 
         // transformers' byte_level_tokenizer: tokens spelled outside the byte alphabet are
         // re-spelled byte by byte.
@@ -700,12 +705,7 @@ impl GgufTokenizerData {
             )));
         }
         let types = self.token_types()?;
-        self.check_ids(&[
-            ("bos", self.bos_id),
-            ("eos", self.eos_id),
-            ("unk", self.unk_id),
-            ("pad", self.pad_id),
-        ])?;
+        self.check_special_ids()?;
         let pieces: Vec<String> = self
             .tokens
             .iter()
@@ -862,12 +862,7 @@ impl GgufTokenizerData {
         use crate::tokenizer_trie::{unescape_rwkv_token, TrieEncoder};
 
         let types = self.token_types()?;
-        self.check_ids(&[
-            ("bos", self.bos_id),
-            ("eos", self.eos_id),
-            ("unk", self.unk_id),
-            ("pad", self.pad_id),
-        ])?;
+        self.check_special_ids()?;
         let spelled: Vec<String> = self
             .tokens
             .iter()
@@ -878,11 +873,7 @@ impl GgufTokenizerData {
                     .collect()
             })
             .collect();
-        let vocab: tokenizers::models::bpe::Vocab = spelled
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.clone(), i as u32))
-            .collect();
+        let vocab = token_vocab(&spelled);
         let bpe = BPE::builder()
             .vocab_and_merges(vocab, Vec::new())
             .build()
@@ -958,12 +949,7 @@ impl GgufTokenizerData {
             scores,
             data.bos_id.filter(|_| data.add_bos == Some(true)),
         )?;
-        let vocab: tokenizers::models::bpe::Vocab = self
-            .tokens
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.clone(), i as u32))
-            .collect();
+        let vocab = token_vocab(&self.tokens);
         let bpe = BPE::builder()
             .vocab_and_merges(vocab, Vec::new())
             .byte_fallback(true)
@@ -1011,12 +997,7 @@ impl GgufTokenizerData {
         use tokenizers::NormalizerWrapper;
 
         let types = self.token_types()?;
-        self.check_ids(&[
-            ("bos", self.bos_id),
-            ("eos", self.eos_id),
-            ("unk", self.unk_id),
-            ("pad", self.pad_id),
-        ])?;
+        self.check_special_ids()?;
         if self.pre.as_deref().is_some_and(|p| p != "whitespace") {
             return Err(TokenizerError::Invalid(format!(
                 "GGUF tokenizer.ggml.pre {:?} with tokenizer.ggml.model \"whitespace\": llama.cpp \
@@ -1024,12 +1005,7 @@ impl GgufTokenizerData {
                 self.pre.as_deref().unwrap_or("")
             )));
         }
-        let vocab: tokenizers::models::bpe::Vocab = self
-            .tokens
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.clone(), i as u32))
-            .collect();
+        let vocab = token_vocab(&self.tokens);
         let bpe = BPE::builder()
             .vocab_and_merges(vocab, self.merge_pairs()?)
             .byte_fallback(true)
@@ -1121,18 +1097,8 @@ impl GgufTokenizerData {
         use tokenizers::{DecoderWrapper, NormalizerWrapper};
 
         let types = self.token_types()?;
-        self.check_ids(&[
-            ("bos", self.bos_id),
-            ("eos", self.eos_id),
-            ("unk", self.unk_id),
-            ("pad", self.pad_id),
-        ])?;
-        let vocab: tokenizers::models::bpe::Vocab = self
-            .tokens
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.clone(), i as u32))
-            .collect();
+        self.check_special_ids()?;
+        let vocab = token_vocab(&self.tokens);
         let mut builder = BPE::builder()
             .vocab_and_merges(vocab, self.merge_pairs()?)
             .byte_fallback(true);
@@ -1331,12 +1297,7 @@ impl GgufTokenizerData {
             )));
         }
         let types = self.token_types()?;
-        self.check_ids(&[
-            ("bos", self.bos_id),
-            ("eos", self.eos_id),
-            ("unk", self.unk_id),
-            ("pad", self.pad_id),
-        ])?;
+        self.check_special_ids()?;
         // llama.cpp's UGM needs an unknown token; the file's, else the first of type 2.
         let unk = match self.unk_id {
             Some(u) => u as usize,
@@ -1510,4 +1471,13 @@ pub fn tokenizer_data(meta: &GgufMetadata) -> Result<GgufTokenizerData> {
         },
         remove_extra_whitespaces: flag("tokenizer.ggml.remove_extra_whitespaces"),
     })
+}
+
+/// Tokens as a BPE vocabulary: each token its index.
+fn token_vocab(tokens: &[String]) -> tokenizers::models::bpe::Vocab {
+    tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.clone(), i as u32))
+        .collect()
 }
