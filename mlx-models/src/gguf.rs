@@ -2354,16 +2354,7 @@ fn nemotron_config(
     // config's `head_dim`), else hidden / heads; `rope.dimension_count` is the rotated part.
     let hd = meta_count(meta, path, &key("attention.key_length"))?.unwrap_or(hidden / heads.max(1));
     config["head_dim"] = Value::from(hd);
-    let rot = meta_count(meta, path, &key("rope.dimension_count"))?.unwrap_or(hd / 2);
-    if rot <= 0 || rot > hd {
-        return Err(gguf_err(
-            path,
-            format!(
-                "metadata `{}` = {rot} must be in 1..={hd} (the head size)",
-                key("rope.dimension_count")
-            ),
-        ));
-    }
+    let rot = rotary_dims(meta, path, &key("rope.dimension_count"), hd / 2, hd)?;
     config["partial_rotary_factor"] = Value::from(f64::from(rot) / f64::from(hd));
     let has = |k: &str| tensors.contains_key(k);
     config["attention_bias"] = Value::from(has("model.layers.0.self_attn.q_proj.bias"));
@@ -2392,6 +2383,40 @@ fn nemotron_config(
     Ok(())
 }
 
+/// The head size `hidden / heads`, where `embedding_length` is a multiple of
+/// `attention.head_count` (`key` spells an architecture's metadata keys).
+fn head_size(path: &Path, key: &dyn Fn(&str) -> String, hidden: i32, heads: i32) -> Result<i32> {
+    if heads <= 0 || hidden % heads != 0 {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` = {hidden} is not a multiple of `{}` = {heads}",
+                key("embedding_length"),
+                key("attention.head_count")
+            ),
+        ));
+    }
+    Ok(hidden / heads)
+}
+
+/// The rotated share of a head of `hd`: the metadata `rot_key` (else `default`), in 1..=hd.
+fn rotary_dims(
+    meta: &GgufMetadata,
+    path: &Path,
+    rot_key: &str,
+    default: i32,
+    hd: i32,
+) -> Result<i32> {
+    let rot = meta_count(meta, path, rot_key)?.unwrap_or(default);
+    if rot <= 0 || rot > hd {
+        return Err(gguf_err(
+            path,
+            format!("metadata `{rot_key}` = {rot} must be in 1..={hd} (the head size)"),
+        ));
+    }
+    Ok(rot)
+}
+
 /// Phi-2 (`phi2`): mlx-lm's phi arguments; the rotated share of the head from
 /// `rope.dimension_count` (the whole head when absent); a fused `attn_qkv` (q, k, v rows in
 /// turn, as older converters wrote Phi-2's `Wqkv`) split into mlx-lm's three projections.
@@ -2405,30 +2430,11 @@ fn phi2_config(
     heads: i32,
 ) -> Result<()> {
     let key = |k: &str| format!("phi2.{k}");
-    if heads <= 0 || hidden % heads != 0 {
-        return Err(gguf_err(
-            path,
-            format!(
-                "metadata `{}` = {hidden} is not a multiple of `{}` = {heads}",
-                key("embedding_length"),
-                key("attention.head_count")
-            ),
-        ));
-    }
-    let hd = hidden / heads;
+    let hd = head_size(path, &key, hidden, heads)?;
     if let Some(c) = config.as_object_mut() {
         c.remove("head_dim");
     }
-    let rot = meta_count(meta, path, &key("rope.dimension_count"))?.unwrap_or(hd);
-    if rot <= 0 || rot > hd {
-        return Err(gguf_err(
-            path,
-            format!(
-                "metadata `{}` = {rot} must be in 1..={hd} (the head size)",
-                key("rope.dimension_count")
-            ),
-        ));
-    }
+    let rot = rotary_dims(meta, path, &key("rope.dimension_count"), hd, hd)?;
     config["partial_rotary_factor"] = Value::from(f64::from(rot) / f64::from(hd));
     let kv = config["num_key_value_heads"].as_i64().unwrap_or(0) as i32;
     for l in 0..blocks {
@@ -2552,27 +2558,8 @@ fn gptneox_config(
     heads: i32,
 ) -> Result<()> {
     let key = |k: &str| format!("gptneox.{k}");
-    if heads <= 0 || hidden % heads != 0 {
-        return Err(gguf_err(
-            path,
-            format!(
-                "metadata `{}` = {hidden} is not a multiple of `{}` = {heads}",
-                key("embedding_length"),
-                key("attention.head_count")
-            ),
-        ));
-    }
-    let hd = hidden / heads;
-    let rot = meta_count(meta, path, &key("rope.dimension_count"))?.unwrap_or(hd);
-    if rot <= 0 || rot > hd {
-        return Err(gguf_err(
-            path,
-            format!(
-                "metadata `{}` = {rot} must be in 1..={hd} (the head size)",
-                key("rope.dimension_count")
-            ),
-        ));
-    }
+    let hd = head_size(path, &key, hidden, heads)?;
+    let rot = rotary_dims(meta, path, &key("rope.dimension_count"), hd, hd)?;
     if let Some(c) = config.as_object_mut() {
         c.remove("head_dim");
     }
@@ -2846,17 +2833,7 @@ fn stablelm_config(
 ) -> Result<()> {
     let key = |k: &str| format!("stablelm.{k}");
     let hidden = config["hidden_size"].as_i64().unwrap_or(0) as i32;
-    if heads <= 0 || hidden % heads != 0 {
-        return Err(gguf_err(
-            path,
-            format!(
-                "metadata `{}` = {hidden} is not a multiple of `{}` = {heads}",
-                key("embedding_length"),
-                key("attention.head_count")
-            ),
-        ));
-    }
-    let hd = hidden / heads;
+    let hd = head_size(path, &key, hidden, heads)?;
     if let Some(c) = config.as_object_mut() {
         c.remove("head_dim");
     }

@@ -605,11 +605,7 @@ impl GgufTokenizerData {
                 .filter(|(t, ty)| **ty == 3 && is_byte_level_spelled(t, &alphabet))
                 .map(|(t, _)| AddedToken::from(t.clone(), true).normalized(false))
                 .collect();
-            if !control.is_empty() {
-                inner
-                    .add_special_tokens(control)
-                    .map_err(|e| TokenizerError::Backend(format!("adding control tokens: {e}")))?;
-            }
+            add_control_tokens(&mut inner, control)?;
             let user: Vec<AddedToken> = self
                 .tokens
                 .iter()
@@ -617,11 +613,7 @@ impl GgufTokenizerData {
                 .filter(|(t, ty)| **ty == 4 && inner.token_to_id(t).is_some())
                 .map(|(t, _)| AddedToken::from(t.clone(), false).normalized(false))
                 .collect();
-            if !user.is_empty() {
-                inner.add_tokens(user).map_err(|e| {
-                    TokenizerError::Backend(format!("adding user-defined tokens: {e}"))
-                })?;
-            }
+            add_user_tokens(&mut inner, user)?;
         }
 
         self.finish(inner, &self.tokens, spec.add_bos)
@@ -832,17 +824,9 @@ impl GgufTokenizerData {
                 .collect()
         };
         let control = added(3, true);
-        if !control.is_empty() {
-            inner
-                .add_special_tokens(control)
-                .map_err(|e| TokenizerError::Backend(format!("adding control tokens: {e}")))?;
-        }
+        add_control_tokens(&mut inner, control)?;
         let user_tokens = added(4, false);
-        if !user_tokens.is_empty() {
-            inner
-                .add_tokens(user_tokens)
-                .map_err(|e| TokenizerError::Backend(format!("adding user-defined tokens: {e}")))?;
-        }
+        add_user_tokens(&mut inner, user_tokens)?;
 
         // llama.cpp adds BOS for SentencePiece vocabularies unless the file says otherwise.
         self.finish(inner, &pieces, true)
@@ -886,11 +870,7 @@ impl GgufTokenizerData {
             .filter(|(t, ty)| **ty == 3 && !t.is_empty())
             .map(|(t, _)| AddedToken::from(t.clone(), true).normalized(false))
             .collect();
-        if !control.is_empty() {
-            inner
-                .add_special_tokens(control)
-                .map_err(|e| TokenizerError::Backend(format!("adding control tokens: {e}")))?;
-        }
+        add_control_tokens(&mut inner, control)?;
         let data = GgufTokenizerData {
             add_bos: Some(false),
             add_eos: Some(false),
@@ -969,11 +949,7 @@ impl GgufTokenizerData {
             .filter(|(t, ty)| matches!(**ty, 2 | 3) && !t.is_empty())
             .map(|(t, _)| AddedToken::from(t.clone(), true).normalized(false))
             .collect();
-        if !control.is_empty() {
-            inner
-                .add_special_tokens(control)
-                .map_err(|e| TokenizerError::Backend(format!("adding control tokens: {e}")))?;
-        }
+        add_control_tokens(&mut inner, control)?;
         // The backend's post-processor adds nothing: the encoder adds BOS itself.
         let mut tok = GgufTokenizerData {
             add_bos: Some(false),
@@ -1046,11 +1022,7 @@ impl GgufTokenizerData {
             .filter(|(t, ty)| **ty == 3 && !t.is_empty())
             .map(|(t, _)| AddedToken::from(t.clone(), true).normalized(false))
             .collect();
-        if !control.is_empty() {
-            inner
-                .add_special_tokens(control)
-                .map_err(|e| TokenizerError::Backend(format!("adding control tokens: {e}")))?;
-        }
+        add_control_tokens(&mut inner, control)?;
         let user: Vec<AddedToken> = self
             .tokens
             .iter()
@@ -1058,11 +1030,7 @@ impl GgufTokenizerData {
             .filter(|(t, ty)| **ty == 4 && !t.is_empty())
             .map(|(t, _)| AddedToken::from(t.clone(), false).normalized(false))
             .collect();
-        if !user.is_empty() {
-            inner
-                .add_tokens(user)
-                .map_err(|e| TokenizerError::Backend(format!("adding user-defined tokens: {e}")))?;
-        }
+        add_user_tokens(&mut inner, user)?;
         self.finish(inner, &self.tokens, false)
     }
 
@@ -1131,22 +1099,14 @@ impl GgufTokenizerData {
                 .collect()
         };
         let control = added(&|_, ty| ty == 3, true);
-        if !control.is_empty() {
-            inner
-                .add_special_tokens(control)
-                .map_err(|e| TokenizerError::Backend(format!("adding control tokens: {e}")))?;
-        }
+        add_control_tokens(&mut inner, control)?;
         // llama.cpp takes a run of newlines that is a token whole (its Gemma 4 fix); the
         // longest-first match of added tokens does the same.
         let user = added(
             &|t, ty| ty == 4 || (ty == 1 && !t.is_empty() && t.bytes().all(|b| b == b'\n')),
             false,
         );
-        if !user.is_empty() {
-            inner
-                .add_tokens(user)
-                .map_err(|e| TokenizerError::Backend(format!("adding user-defined tokens: {e}")))?;
-        }
+        add_user_tokens(&mut inner, user)?;
         let data = GgufTokenizerData {
             add_bos: if self.model == "gemma4"
                 || matches!(
@@ -1242,11 +1202,7 @@ impl GgufTokenizerData {
             .filter(|(_, t)| **t == 3)
             .map(|(w, _)| AddedToken::from(w.clone(), true).normalized(false))
             .collect();
-        if !control.is_empty() {
-            inner
-                .add_special_tokens(control)
-                .map_err(|e| TokenizerError::Backend(format!("adding control tokens: {e}")))?;
-        }
+        add_control_tokens(&mut inner, control)?;
         let data = GgufTokenizerData {
             bos_id: cls,
             eos_id: sep,
@@ -1374,17 +1330,9 @@ impl GgufTokenizerData {
                 .collect()
         };
         let control = added(3, true);
-        if !control.is_empty() {
-            inner
-                .add_special_tokens(control)
-                .map_err(|e| TokenizerError::Backend(format!("adding control tokens: {e}")))?;
-        }
+        add_control_tokens(&mut inner, control)?;
         let user = added(4, false);
-        if !user.is_empty() {
-            inner
-                .add_tokens(user)
-                .map_err(|e| TokenizerError::Backend(format!("adding user-defined tokens: {e}")))?;
-        }
+        add_user_tokens(&mut inner, user)?;
         let data = GgufTokenizerData {
             unk_id: Some(unk as u32),
             add_eos: Some(self.add_eos.unwrap_or(true)),
@@ -1471,6 +1419,28 @@ pub fn tokenizer_data(meta: &GgufMetadata) -> Result<GgufTokenizerData> {
         },
         remove_extra_whitespaces: flag("tokenizer.ggml.remove_extra_whitespaces"),
     })
+}
+
+/// Adds `tokens` (where there are any) as the tokenizer's special tokens: the file's control
+/// tokens.
+fn add_control_tokens(inner: &mut tokenizers::Tokenizer, tokens: Vec<AddedToken>) -> Result<()> {
+    if !tokens.is_empty() {
+        inner
+            .add_special_tokens(tokens)
+            .map_err(|e| TokenizerError::Backend(format!("adding control tokens: {e}")))?;
+    }
+    Ok(())
+}
+
+/// Adds `tokens` (where there are any) as the tokenizer's added, non-special tokens: the
+/// file's user-defined tokens.
+fn add_user_tokens(inner: &mut tokenizers::Tokenizer, tokens: Vec<AddedToken>) -> Result<()> {
+    if !tokens.is_empty() {
+        inner
+            .add_tokens(tokens)
+            .map_err(|e| TokenizerError::Backend(format!("adding user-defined tokens: {e}")))?;
+    }
+    Ok(())
 }
 
 /// Tokens as a BPE vocabulary: each token its index.
