@@ -968,6 +968,47 @@ const ARCHS: &[GgufArch] = &[
         text_of: Some(("language_model.", "", "llama4_text")),
         ..PLAIN
     },
+    // Mamba (Falcon Mamba too, written as `mamba` with `ssm.dt_b_c_rms`): `backbone.` names,
+    // `ssm_a` is -exp(A_log), `ssm_d` D, the conv kernel squeezed (`mamba_config`).
+    GgufArch {
+        arch: "mamba",
+        model_type: "mamba",
+        parts: &[
+            ("attn_norm", "norm"),
+            ("ssm_in", "mixer.in_proj"),
+            ("ssm_conv1d", "mixer.conv1d"),
+            ("ssm_x", "mixer.x_proj"),
+            ("ssm_dt", "mixer.dt_proj"),
+            ("ssm_out", "mixer.out_proj"),
+        ],
+        layers: "backbone.layers",
+        top: &[
+            ("token_embd", "backbone.embeddings"),
+            ("output_norm", "backbone.norm_f"),
+        ],
+        ..PLAIN
+    },
+    // Mamba-2: Mamba's names, `ssm_dt.bias` is `dt_bias`, A and D (heads, 1), the gated norm
+    // per group (`mamba_config`).
+    GgufArch {
+        arch: "mamba2",
+        model_type: "mamba2",
+        parts: &[
+            ("attn_norm", "norm"),
+            ("ssm_in", "mixer.in_proj"),
+            ("ssm_conv1d", "mixer.conv1d"),
+            // `ssm_dt.bias` -> `mixer.dt_bias` (see `map_name`).
+            ("ssm_dt", "mixer.dt"),
+            ("ssm_norm", "mixer.norm"),
+            ("ssm_out", "mixer.out_proj"),
+        ],
+        layers: "backbone.layers",
+        top: &[
+            ("token_embd", "backbone.embeddings"),
+            ("output_norm", "backbone.norm_f"),
+        ],
+        ..PLAIN
+    },
 ];
 
 /// mlx-lm parameters without a `.weight`, to which the converters add one.
@@ -1028,7 +1069,9 @@ fn map_name(a: &GgufArch, name: &str) -> Option<String> {
         // converters add a `.weight` / `.bias`.
         return Some(mapped);
     }
-    if (mapped.ends_with(".e_score_correction") || mapped.ends_with(".mamba.dt"))
+    if (mapped.ends_with(".e_score_correction")
+        || mapped.ends_with(".mamba.dt")
+        || mapped.ends_with(".mixer.dt"))
         && suffix == "bias"
     {
         return Some(format!("{mapped}_bias"));
@@ -1280,6 +1323,8 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         meta_count(&metadata, path, &key(k))?
             .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
     };
+    // Pure state-space stacks: no attention heads, no feed-forward width (both written as 0).
+    let attention_free = matches!(arch.arch, "mamba" | "mamba2");
     let heads = if arch.arch == "rwkv7" {
         // RWKV-7 writes a head count of 0 (unused); its heads are the width over the head size.
         let (h, d) = (count("embedding_length")?, count("wkv.head_size")?);
@@ -1294,6 +1339,9 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             ));
         }
         h / d
+    } else if attention_free {
+        // Mamba writes a head count of 0 (unused).
+        1
     } else {
         count("attention.head_count")?
     };
@@ -1394,6 +1442,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                     format!("metadata `{}` is {per:?}", key("feed_forward_length")),
                 )
             })?,
+        None if attention_free => 0,
         None => count("feed_forward_length")?,
     };
     let mut tensors = BTreeMap::new();
@@ -1434,7 +1483,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         }
         if matches!(
             arch.arch,
-            "qwen3next" | "qwen35" | "qwen35moe" | "granitehybrid"
+            "qwen3next" | "qwen35" | "qwen35moe" | "granitehybrid" | "mamba" | "mamba2"
         ) {
             let layer_of = |suffix: &str| {
                 name.strip_prefix("blk.")
@@ -1444,18 +1493,26 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             };
             // `blk.N.ssm_a` (no suffix): -exp(A_log), read back as mlx-lm's A_log; Mamba-2's
             // `ssm_a` and `ssm_d` are (heads, 1), mlx-lm's A_log and D (heads,).
+            // Mamba (1) keeps A as (inner, state).
+            let module = |layer: &str| match arch.arch {
+                "granitehybrid" => format!("model.layers.{layer}.mamba"),
+                "mamba" | "mamba2" => format!("{}.{layer}.mixer", arch.layers),
+                _ => format!("model.layers.{layer}.linear_attn"),
+            };
             if let Some(layer) = layer_of(".ssm_a") {
                 let a_log = ops::log(&ops::negative(&a, None)?, None)?;
-                let (k, a_log) = if arch.arch == "granitehybrid" {
-                    ("mamba", a_log.reshape(&[-1])?)
+                let a_log = if matches!(arch.arch, "granitehybrid" | "mamba2") {
+                    a_log.reshape(&[-1])?
                 } else {
-                    ("linear_attn", a_log)
+                    a_log
                 };
-                tensors.insert(format!("model.layers.{layer}.{k}.A_log"), a_log);
+                tensors.insert(format!("{}.A_log", module(&layer)), a_log);
                 continue;
             }
-            if let Some(layer) = layer_of(".ssm_d").filter(|_| arch.arch == "granitehybrid") {
-                tensors.insert(format!("model.layers.{layer}.mamba.D"), a.reshape(&[-1])?);
+            if let Some(layer) = layer_of(".ssm_d")
+                .filter(|_| matches!(arch.arch, "granitehybrid" | "mamba" | "mamba2"))
+            {
+                tensors.insert(format!("{}.D", module(&layer)), a.reshape(&[-1])?);
                 continue;
             }
         }
@@ -1469,13 +1526,17 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                     // One gate row, which a converter may store as a vector.
                     let h = a.shape()[0];
                     a.reshape(&[1, h])?
-                } else if (m.ends_with(".conv.conv.weight") || m.ends_with(".mamba.conv1d.weight"))
+                } else if (m.ends_with(".conv.conv.weight")
+                    || m.ends_with(".mamba.conv1d.weight")
+                    || m.ends_with(".mixer.conv1d.weight"))
                     && a.ndim() == 2
                 {
                     // Stored squeezed, (channels, kernel): mlx-lm's Conv1d weight is
                     // (channels, kernel, 1).
                     a.expand_dims(&[2])?
-                } else if m.ends_with(".mamba.norm.weight") && a.ndim() == 2 {
+                } else if (m.ends_with(".mamba.norm.weight") || m.ends_with(".mixer.norm.weight"))
+                    && a.ndim() == 2
+                {
                     // Mamba-2's gated norm, stored per group.
                     a.reshape(&[-1])?
                 } else if arch.norm_plus_one && name.contains("_norm.") && name.ends_with(".weight")
@@ -2200,6 +2261,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             config["attention_bias"] = Value::from(has("self_attn.q_proj.bias"));
             config["mlp_bias"] = Value::from(has("mlp.down_proj.bias"));
         }
+        "mamba" | "mamba2" => mamba_config(&mut config, &tensors, path, &metadata, arch.arch)?,
         _ => {}
     }
     if let Some(f) = rope_tensors.remove("rope_freqs.weight") {
@@ -4358,6 +4420,63 @@ fn join_kv_b(tensors: &mut BTreeMap<String, Array>, heads: i32, nope: i32, v: i3
         let kv = ops::reshape(&kv, &[heads * (nope + v), rank], None)?;
         tensors.insert(format!("{p}.kv_b_proj.weight"), kv);
     }
+    Ok(())
+}
+
+/// Mamba / Mamba-2 (`MambaModel` / `Mamba2Model`'s keys) as mlx-lm's `mamba` / `mamba2`
+/// arguments, replacing the transformer fields: the SSM sizes, biases from the tensors,
+/// Falcon Mamba (`falcon_mamba`) where `ssm.dt_b_c_rms` is set. Mamba-2's head count is
+/// `ssm.time_step_rank`, its time step unclamped (llama.cpp clamps none: mlx-lm's `(0, inf)`).
+/// mlx-lm's Mamba block norms use RMSNorm's default epsilon and Falcon Mamba's B/C/dt norms
+/// `mixer_rms_eps` (default 1e-6), which no key carries: mlx-lm's defaults, as it reads the
+/// checkpoints.
+fn mamba_config(
+    config: &mut Value,
+    tensors: &BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    arch: &str,
+) -> Result<()> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let need = |k: &str| need_count(meta, path, arch, k);
+    let (inner, rank) = (need("ssm.inner_size")?, need("ssm.time_step_rank")?);
+    let has = |t: &str| tensors.contains_key(&format!("backbone.layers.0.mixer.{t}"));
+    let mut c = json!({
+        "model_type": arch,
+        "vocab_size": config["vocab_size"].clone(),
+        "hidden_size": config["hidden_size"].clone(),
+        "num_hidden_layers": config["num_hidden_layers"].clone(),
+        "intermediate_size": inner,
+        "state_size": need("ssm.state_size")?,
+        "conv_kernel": need("ssm.conv_kernel")?,
+        "use_bias": has("in_proj.bias"),
+        "use_conv_bias": has("conv1d.bias"),
+        "tie_word_embeddings": config["tie_word_embeddings"].clone(),
+    });
+    if arch == "mamba" {
+        c["time_step_rank"] = Value::from(rank);
+        if meta_bool(meta, path, &key("ssm.dt_b_c_rms"))? == Some(true) {
+            c["model_type"] = Value::from("falcon_mamba");
+        }
+    } else {
+        if inner % rank != 0 {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` = {inner} does not divide into `{}` = {rank} heads",
+                    key("ssm.inner_size"),
+                    key("ssm.time_step_rank")
+                ),
+            ));
+        }
+        c["num_heads"] = Value::from(rank);
+        c["head_dim"] = Value::from(inner / rank);
+        c["n_groups"] = Value::from(need("ssm.group_count")?);
+        c["layer_norm_epsilon"] = config["rms_norm_eps"].clone();
+        c["time_step_limit"] = json!([0.0, "Infinity"]);
+        c["time_step_rank"] = Value::from("auto");
+    }
+    *config = c;
     Ok(())
 }
 

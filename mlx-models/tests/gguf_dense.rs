@@ -231,3 +231,38 @@ fn phi2_fused_qkv_loads_as_the_split_file() {
     let _ = std::fs::remove_dir_all(&dir);
     r.unwrap();
 }
+
+/// llama.cpp's state-space and later mixture-of-experts architectures (`cargo xtask goldens
+/// gguf_more`, the cases after `rwkv7_world`): each file loads as its mlx-lm type and matches
+/// mlx-lm's logits on the weights read back from it.
+#[test]
+fn ssm_and_moe_gguf_architectures_match_mlx_lm() {
+    let cases = [
+        ("mamba", "mamba"),
+        // Written as `mamba` with `ssm.dt_b_c_rms`.
+        ("falcon_mamba", "falcon_mamba"),
+        ("mamba2", "mamba2"),
+    ];
+    let failures: Vec<String> = cases
+        .iter()
+        .filter_map(|(n, model_type)| {
+            let run = || -> Result<(), String> {
+                let path = root().join("models/gguf").join(format!("{n}.gguf"));
+                let (model, g) =
+                    load_gguf_model(&path, &LoadOptions::default()).map_err(|e| e.to_string())?;
+                if g.config.model_type != *model_type {
+                    return Err(format!("model type {}", g.config.model_type));
+                }
+                model_check::check_loaded(
+                    model.as_ref(),
+                    &root().join("goldens/gguf").join(format!("{n}.safetensors")),
+                )
+            };
+            run().err().map(|e| format!("{n}: {e}"))
+        })
+        .collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    for a in ["mamba", "mamba2"] {
+        assert!(supported_gguf_architectures().contains(&a), "{a}");
+    }
+}

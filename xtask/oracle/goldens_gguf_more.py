@@ -2098,6 +2098,190 @@ def rwkv7_world_case():
 CASES["rwkv7_world"] = rwkv7_world_case()
 
 
+
+# --- State-space and later mixture-of-experts architectures (issue #32, h12) ---------------
+
+# Mamba (`mamba`; Falcon Mamba is written as `mamba` with `ssm.dt_b_c_rms` true): MambaModel
+# writes a dummy context (2**20), the width, feed-forward width and head count 0, the block
+# count, the SSM sizes (conv kernel, inner, state, time-step rank), the RMS epsilon and the
+# B/C/dt-norm flag; `A_log` as `ssm_a = -exp(A_log)` (read back as `log(-ssm_a)`), the conv
+# kernel squeezed to (channels, kernel), `D` as `ssm_d`; the head omitted when it equals the
+# embedding. mlx-lm's block norms use RMSNorm's default epsilon (1e-5, the file's here) and
+# its B/C/dt norms `mixer_rms_eps` (default 1e-6: the file has no key for it).
+MAMBA_PARTS = {
+    "backbone.embeddings": "token_embd",
+    "backbone.norm_f": "output_norm",
+    "lm_head": "output",
+    "norm": "attn_norm",
+    "mixer.in_proj": "ssm_in",
+    "mixer.conv1d": "ssm_conv1d",
+    "mixer.x_proj": "ssm_x",
+    "mixer.dt_proj": "ssm_dt",
+    "mixer.out_proj": "ssm_out",
+    "mixer.norm": "ssm_norm",
+}
+
+
+def mamba_tensors(case, k, v):
+    """MambaModel / Mamba2Model.modify_tensors: A as -exp(A_log) ((heads, 1) in Mamba-2), D
+    ((heads, 1) in Mamba-2), the conv kernel squeezed, Mamba-2's gated norm per group and its
+    `dt_bias` as `ssm_dt.bias`."""
+    c = case.config
+    layer = k.split(".")[2] if k.startswith("backbone.layers.") else None
+    two = case.model_type == "mamba2"
+    if k.endswith("mixer.A_log"):
+        a = -mx.exp(v)
+        return [(f"blk.{layer}.ssm_a", a[:, None] if two else a)]
+    if k.endswith("mixer.D"):
+        return [(f"blk.{layer}.ssm_d", v[:, None] if two else v)]
+    if k.endswith("mixer.dt_bias"):
+        return [(f"blk.{layer}.ssm_dt.bias", v)]
+    if k.endswith("mixer.conv1d.weight"):
+        return [(f"blk.{layer}.ssm_conv1d.weight", v.squeeze(-1))]
+    if k.endswith("mixer.norm.weight") and two:
+        return [(f"blk.{layer}.ssm_norm.weight", v.reshape(c["n_groups"], -1))]
+    return [(case.gguf_name(k), v)]
+
+
+def mamba_back(case, p, rest, v, loaded):
+    p = p.replace("model.layers", "backbone.layers")
+    two = case.model_type == "mamba2"
+    if rest == "ssm_a":
+        return f"{p}.mixer.A_log", mx.log(-v).reshape(-1) if two else mx.log(-v)
+    if rest == "ssm_d":
+        return f"{p}.mixer.D", v.reshape(-1)
+    if rest == "ssm_dt.bias" and two:
+        return f"{p}.mixer.dt_bias", v
+    if rest == "ssm_conv1d.weight":
+        return f"{p}.mixer.conv1d.weight", v[..., None]
+    if rest == "ssm_norm.weight":
+        return f"{p}.mixer.norm.weight", v.reshape(-1)
+    module, suffix = rest.rsplit(".", 1)
+    return f"{p}.{case.inverse[module]}.{suffix}", v
+
+
+def mamba_meta(two):
+    e = [
+        u32("context_length", 2**20),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", 0),
+        u32("attention.head_count", 0),
+        u32("block_count", "num_hidden_layers"),
+        u32("ssm.conv_kernel", "conv_kernel"),
+        u32("ssm.inner_size", "intermediate_size"),
+        u32("ssm.state_size", "state_size"),
+    ]
+    if two:
+        e += [
+            u32("ssm.time_step_rank", lambda c: c["intermediate_size"] // c["head_dim"]),
+            u32("ssm.group_count", "n_groups"),
+            f32("attention.layer_norm_rms_epsilon", "layer_norm_epsilon"),
+        ]
+    else:
+        e += [
+            u32("ssm.time_step_rank", "time_step_rank"),
+            f32("attention.layer_norm_rms_epsilon", 1e-5),
+            flag("ssm.dt_b_c_rms", lambda c: c["model_type"] == "falcon_mamba"),
+        ]
+    return e + GPT2
+
+
+MAMBA = {
+    "model_type": "mamba",
+    "vocab_size": 96,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "state_size": 8,
+    "num_hidden_layers": 2,
+    "conv_kernel": 4,
+    "use_bias": False,
+    "use_conv_bias": True,
+    "time_step_rank": 4,
+    "tie_word_embeddings": True,
+}
+
+# Mamba-2 (`mamba2`): Mamba2Model writes the head count as `ssm.time_step_rank` (inner / head
+# size), the group count; `dt_bias` becomes `ssm_dt.bias`, A and D are (heads, 1), the gated
+# norm (groups, inner / groups). llama.cpp clamps no time step: mlx-lm's (0, inf).
+MAMBA2 = {
+    "model_type": "mamba2",
+    "num_heads": 8,
+    "head_dim": 8,
+    "vocab_size": 96,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "state_size": 8,
+    "num_hidden_layers": 2,
+    "layer_norm_epsilon": 1e-5,
+    "conv_kernel": 4,
+    "n_groups": 2,
+    "use_bias": False,
+    "use_conv_bias": True,
+    "tie_word_embeddings": False,
+    "time_step_limit": (0.0, float("inf")),
+    "time_step_rank": "auto",
+}
+
+for _name, _c in [
+    ("mamba", MAMBA),
+    ("falcon_mamba", {**MAMBA, "model_type": "falcon_mamba", "tie_word_embeddings": False}),
+    ("mamba2", MAMBA2),
+]:
+    _two = _c["model_type"] == "mamba2"
+    CASES[_name] = Case("mamba2" if _two else "mamba", _c, "mamba2" if _two else "mamba",
+                        mamba_meta(_two), MAMBA_PARTS, prefix="backbone.layers",
+                        tensors=mamba_tensors, read_back=mamba_back)
+
+
+
+# MiniMax-M2 (`minimax-m2`, mlx-lm's `minimax`): TextModel's keys (the experts' width is
+# `intermediate_size`, so also `feed_forward_length`; sigmoid gating as
+# `expert_gating_func` 2; the head size as key / value length), then the experts' width and
+# the rotated width `rotary_dim`; experts stacked, `e_score_correction_bias` as
+# `exp_probs_b.bias`, the q / k norms over all heads as `attn_q_norm` / `attn_k_norm`.
+MINIMAX_M2 = cfg("minimax", num_hidden_layers=2, intermediate_size=16, head_dim=8,
+                 num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=0,
+                 rotary_dim=4, scoring_func="sigmoid", use_qk_norm=True,
+                 tie_word_embeddings=False)
+
+
+def minimax_m2_tensors(case, k, v):
+    if k.endswith(".block_sparse_moe.e_score_correction_bias"):
+        return [(f"blk.{layer_of(k)}.exp_probs_b.bias", v)]
+    return [(case.gguf_name(k), v)]
+
+
+CASES["minimax_m2"] = Case(
+    "minimax",
+    MINIMAX_M2,
+    "minimax-m2",
+    [
+        u32("block_count", "num_hidden_layers"),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv", "num_key_value_heads"),
+        f32("rope.freq_base", "rope_theta"),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+        u32("expert_count", "num_local_experts"),
+        u32("expert_used_count", "num_experts_per_tok"),
+        u32("expert_gating_func", 2),
+        u32("attention.key_length", "head_dim"),
+        u32("attention.value_length", "head_dim"),
+        u32("expert_feed_forward_length", "intermediate_size"),
+        u32("rope.dimension_count", "rotary_dim"),
+    ] + GPT2,
+    {
+        "block_sparse_moe.gate": "ffn_gate_inp",
+        "block_sparse_moe.switch_mlp.gate_proj": "ffn_gate_exps",
+        "block_sparse_moe.switch_mlp.up_proj": "ffn_up_exps",
+        "block_sparse_moe.switch_mlp.down_proj": "ffn_down_exps",
+    },
+    tensors=minimax_m2_tensors,
+)
+
+
 ONLY = only()
 for _name, _case in CASES.items():
     if not ONLY or _name in ONLY:
