@@ -1009,6 +1009,23 @@ const ARCHS: &[GgufArch] = &[
         ],
         ..PLAIN
     },
+    // MiniMax-M2 (mlx-lm's `minimax`): q / k norms over all heads, a partial rope, sigmoid-
+    // routed experts with a selection bias (`exp_probs_b`), no shared expert.
+    GgufArch {
+        arch: "minimax-m2",
+        model_type: "minimax",
+        parts: &[
+            ("attn_q_norm", "self_attn.q_norm"),
+            ("attn_k_norm", "self_attn.k_norm"),
+            // `exp_probs_b.bias` -> `e_score_correction_bias` (see `map_name`).
+            ("exp_probs_b", "block_sparse_moe.e_score_correction"),
+            ("ffn_gate_inp", "block_sparse_moe.gate"),
+            ("ffn_gate_exps", "block_sparse_moe.switch_mlp.gate_proj"),
+            ("ffn_up_exps", "block_sparse_moe.switch_mlp.up_proj"),
+            ("ffn_down_exps", "block_sparse_moe.switch_mlp.down_proj"),
+        ],
+        ..PLAIN
+    },
 ];
 
 /// mlx-lm parameters without a `.weight`, to which the converters add one.
@@ -2262,6 +2279,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             config["mlp_bias"] = Value::from(has("mlp.down_proj.bias"));
         }
         "mamba" | "mamba2" => mamba_config(&mut config, &tensors, path, &metadata, arch.arch)?,
+        "minimax-m2" => minimax_m2_config(&mut config, &tensors, path, &metadata)?,
         _ => {}
     }
     if let Some(f) = rope_tensors.remove("rope_freqs.weight") {
@@ -4478,6 +4496,36 @@ fn mamba_config(
     }
     *config = c;
     Ok(())
+}
+
+/// MiniMax-M2 (`MiniMaxM2Model`'s keys) as mlx-lm's `minimax`: the experts' width
+/// (`expert_feed_forward_length`), the rotated width (`rope.dimension_count`), the head size;
+/// mlx-lm routes by sigmoid with a selection bias and renormalizes the top-k weights, so a
+/// file with another `expert_gating_func` is refused.
+fn minimax_m2_config(
+    config: &mut Value,
+    tensors: &BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+) -> Result<()> {
+    let arch = "minimax-m2";
+    let need = |k: &str| need_count(meta, path, arch, k);
+    let gating = format!("{arch}.expert_gating_func");
+    if meta_count(meta, path, &gating)?.is_some_and(|g| g != 2) {
+        return Err(gguf_err(
+            path,
+            format!("metadata `{gating}` is not sigmoid (2), the router mlx-lm's minimax has"),
+        ));
+    }
+    config["num_local_experts"] = Value::from(need("expert_count")?);
+    config["num_experts_per_tok"] = Value::from(need("expert_used_count")?);
+    config["intermediate_size"] = Value::from(need("expert_feed_forward_length")?);
+    config["shared_intermediate_size"] = Value::from(0);
+    config["rotary_dim"] = Value::from(need("rope.dimension_count")?);
+    config["scoring_func"] = Value::from("sigmoid");
+    config["use_qk_norm"] =
+        Value::from(tensors.contains_key("model.layers.0.self_attn.q_norm.weight"));
+    require_context(config, path, &format!("{arch}.context_length"))
 }
 
 /// What `mlx info` prints about a GGUF file of a supported architecture, without building

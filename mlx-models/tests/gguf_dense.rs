@@ -242,6 +242,7 @@ fn ssm_and_moe_gguf_architectures_match_mlx_lm() {
         // Written as `mamba` with `ssm.dt_b_c_rms`.
         ("falcon_mamba", "falcon_mamba"),
         ("mamba2", "mamba2"),
+        ("minimax_m2", "minimax"),
     ];
     let failures: Vec<String> = cases
         .iter()
@@ -262,7 +263,7 @@ fn ssm_and_moe_gguf_architectures_match_mlx_lm() {
         })
         .collect();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    for a in ["mamba", "mamba2"] {
+    for a in ["mamba", "mamba2", "minimax-m2"] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }
 }
