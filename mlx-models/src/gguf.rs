@@ -1026,6 +1026,30 @@ const ARCHS: &[GgufArch] = &[
         ],
         ..PLAIN
     },
+    // Ling 2.0 (mlx-lm's `bailing_moe`): the fused `attn_qkv` as stored (nothing permuted),
+    // per-head q / k norms, group-limited routing with an expert bias (`exp_probs_b`), shared
+    // experts, dense first layers; its MTP layers skipped (`bailing_config`).
+    GgufArch {
+        arch: "bailingmoe2",
+        model_type: "bailing_moe",
+        parts: &[
+            ("attn_qkv", "attention.query_key_value"),
+            ("attn_output", "attention.dense"),
+            ("attn_q_norm", "attention.query_layernorm"),
+            ("attn_k_norm", "attention.key_layernorm"),
+            ("ffn_gate_inp", "mlp.gate.gate_proj"),
+            // `exp_probs_b.bias` -> the bare `mlp.gate.expert_bias` (see `map_name`).
+            ("exp_probs_b", "mlp.gate.expert_bias"),
+            ("ffn_gate_exps", "mlp.switch_mlp.gate_proj"),
+            ("ffn_up_exps", "mlp.switch_mlp.up_proj"),
+            ("ffn_down_exps", "mlp.switch_mlp.down_proj"),
+            SHARED_EXPERT_PARTS[0],
+            SHARED_EXPERT_PARTS[1],
+            SHARED_EXPERT_PARTS[2],
+        ],
+        top: &[("token_embd", "model.word_embeddings")],
+        ..PLAIN
+    },
 ];
 
 /// mlx-lm parameters without a `.weight`, to which the converters add one.
@@ -1080,7 +1104,9 @@ fn map_name(a: &GgufArch, name: &str) -> Option<String> {
         }
     };
     if (BARE_PARAMS.iter().any(|b| mapped.ends_with(b)) && suffix == "weight")
-        || (mapped.ends_with(".feed_forward.expert_bias") && suffix == "bias")
+        || ((mapped.ends_with(".feed_forward.expert_bias")
+            || mapped.ends_with(".mlp.gate.expert_bias"))
+            && suffix == "bias")
     {
         // gpt-oss's `sinks` and LFM2-MoE's `expert_bias` are bare parameters in mlx-lm; the
         // converters add a `.weight` / `.bias`.
@@ -2280,6 +2306,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         }
         "mamba" | "mamba2" => mamba_config(&mut config, &tensors, path, &metadata, arch.arch)?,
         "minimax-m2" => minimax_m2_config(&mut config, &tensors, path, &metadata)?,
+        "bailingmoe2" => bailing_config(&mut config, &tensors, path, &metadata, blocks)?,
         _ => {}
     }
     if let Some(f) = rope_tensors.remove("rope_freqs.weight") {
@@ -4526,6 +4553,113 @@ fn minimax_m2_config(
     config["use_qk_norm"] =
         Value::from(tensors.contains_key("model.layers.0.self_attn.q_norm.weight"));
     require_context(config, path, &format!("{arch}.context_length"))
+}
+
+/// Ling 2.0 (`BailingMoeV2Model`'s keys) as mlx-lm's `bailing_moe`: experts after
+/// `leading_dense_block_count` dense layers, the router's gating (`expert_gating_func`: 1
+/// softmax, 2 sigmoid), groups, routed scale and renormalization, the rotated width, the
+/// shared experts' width per expert from the tensors (mlx-lm multiplies
+/// `moe_shared_expert_intermediate_size` by their count). mlx-lm's head size is the width over
+/// the heads and its lm_head is not re-normalized (`norm_head` false, as this converter class
+/// writes it): a file saying otherwise is refused.
+fn bailing_config(
+    config: &mut Value,
+    tensors: &BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    blocks: i32,
+) -> Result<()> {
+    let arch = "bailingmoe2";
+    let key = |k: &str| format!("{arch}.{k}");
+    let need = |k: &str| need_count(meta, path, arch, k);
+    let (hidden, heads) = (
+        config["hidden_size"].as_i64().unwrap_or(0),
+        config["num_attention_heads"].as_i64().unwrap_or(1),
+    );
+    if let Some(d) = meta_count(meta, path, &key("attention.key_length"))? {
+        if i64::from(d) * heads != hidden {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` = {d} is not the width over the heads, the only head size \
+                     mlx-lm's bailing_moe has",
+                    key("attention.key_length")
+                ),
+            ));
+        }
+    }
+    if let Some(c) = config.as_object_mut() {
+        c.remove("head_dim");
+    }
+    config["score_function"] = Value::from(match meta_count(meta, path, &key("expert_gating_func"))? {
+        None | Some(1) => "softmax",
+        Some(2) => "sigmoid",
+        Some(g) => {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is {g}; mlx-lm's bailing_moe routes by softmax (1) or sigmoid (2)",
+                    key("expert_gating_func")
+                ),
+            ))
+        }
+    });
+    config["num_experts"] = Value::from(need("expert_count")?);
+    config["num_experts_per_tok"] = Value::from(need("expert_used_count")?);
+    config["moe_intermediate_size"] = Value::from(need("expert_feed_forward_length")?);
+    let dense = meta_layer_count(meta, path, &key("leading_dense_block_count"), blocks)?;
+    config["first_k_dense_replace"] = Value::from(dense.unwrap_or(0));
+    config["n_group"] = Value::from(meta_count(meta, path, &key("expert_group_count"))?.unwrap_or(1));
+    config["topk_group"] =
+        Value::from(meta_count(meta, path, &key("expert_group_used_count"))?.unwrap_or(1));
+    config["norm_topk_prob"] =
+        Value::from(meta_bool(meta, path, &key("expert_weights_norm"))?.unwrap_or(false));
+    let scale = meta_f64(meta, &key("expert_weights_scale")).unwrap_or(1.0);
+    if !(scale.is_finite() && scale > 0.0) {
+        return Err(gguf_err(
+            path,
+            format!("metadata `{}` is {scale}; it must be a finite number > 0", key("expert_weights_scale")),
+        ));
+    }
+    config["routed_scaling_factor"] = Value::from(scale);
+    config["rotary_dim"] = Value::from(need("rope.dimension_count")?);
+    let has = |t: &str| tensors.keys().any(|k| k.ends_with(t));
+    config["use_qk_norm"] = Value::from(has(".attention.query_layernorm.weight"));
+    config["use_qkv_bias"] = Value::from(has(".attention.query_key_value.bias"));
+    config["use_bias"] = Value::from(has(".attention.dense.bias"));
+    config["moe_router_enable_expert_bias"] = Value::from(has(".mlp.gate.expert_bias"));
+    config["norm_head"] = Value::from(false);
+    // The shared experts' width: mlx-lm's is `moe_shared_expert_intermediate_size` times their
+    // count.
+    let shared = meta_count(meta, path, &key("expert_shared_count"))?.unwrap_or(0);
+    config["num_shared_experts"] = Value::from(shared);
+    let width = tensors
+        .iter()
+        .find(|(k, _)| k.ends_with(".mlp.shared_experts.up_proj.weight"))
+        .map(|(_, a)| a.shape()[0]);
+    match width {
+        Some(w) if shared > 0 && w % shared == 0 => {
+            config["moe_shared_expert_intermediate_size"] = Value::from(w / shared)
+        }
+        None if shared == 0 => {}
+        _ => {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` = {shared} does not fit the shared experts' tensors \
+                     (`ffn_up_shexp` with {width:?} rows)",
+                    key("expert_shared_count")
+                ),
+            ))
+        }
+    }
+    if meta_str(meta, &key("rope.scaling.type")).is_some_and(|t| t != "none") {
+        return Err(gguf_err(
+            path,
+            format!("metadata `{}`: rope scaling is not mapped for bailingmoe2", key("rope.scaling.type")),
+        ));
+    }
+    require_context(config, path, &key("context_length"))
 }
 
 /// What `mlx info` prints about a GGUF file of a supported architecture, without building

@@ -243,6 +243,7 @@ fn ssm_and_moe_gguf_architectures_match_mlx_lm() {
         ("falcon_mamba", "falcon_mamba"),
         ("mamba2", "mamba2"),
         ("minimax_m2", "minimax"),
+        ("bailingmoe2", "bailing_moe"),
     ];
     let failures: Vec<String> = cases
         .iter()
@@ -263,7 +264,7 @@ fn ssm_and_moe_gguf_architectures_match_mlx_lm() {
         })
         .collect();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    for a in ["mamba", "mamba2", "minimax-m2"] {
+    for a in ["mamba", "mamba2", "minimax-m2", "bailingmoe2"] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }
 }

@@ -2282,6 +2282,75 @@ CASES["minimax_m2"] = Case(
 )
 
 
+
+# Ling 2.0 (`bailingmoe2`, mlx-lm's `bailing_moe`): BailingMoeV2Model writes TextModel's keys
+# (with the group routing and the sigmoid gating), the rotated width (head size * the
+# partial-rotary factor), the dense first blocks, the vocabulary size, the experts' and the
+# shared expert's widths, the routed scale, the shared count, top-k renormalization and the
+# MTP layer count (its MTP layer after the main ones, skipped); the fused `query_key_value`
+# as `attn_qkv` (nothing permuted), `expert_bias` as `exp_probs_b.bias`, experts stacked.
+BAILINGMOE2 = cfg("bailing_moe", num_hidden_layers=3, num_key_value_heads=2, intermediate_size=48,
+                  moe_intermediate_size=16, num_experts=8, num_shared_experts=1,
+                  num_experts_per_tok=2, norm_topk_prob=True, first_k_dense_replace=1,
+                  use_qk_norm=True, partial_rotary_factor=0.5, moe_router_enable_expert_bias=True,
+                  routed_scaling_factor=2.5, score_function="sigmoid", n_group=4, topk_group=2,
+                  moe_shared_expert_intermediate_size=16, num_nextn_predict_layers=1,
+                  tie_word_embeddings=False)
+
+
+def bailing_tensors(case, k, v):
+    if k.endswith(".mlp.gate.expert_bias"):
+        return [(f"blk.{layer_of(k)}.exp_probs_b.bias", v)]
+    return [(case.gguf_name(k), v)]
+
+
+CASES["bailingmoe2"] = Case(
+    "bailing_moe",
+    BAILINGMOE2,
+    "bailingmoe2",
+    [
+        u32("block_count", plus_mtp),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv", "num_key_value_heads"),
+        f32("rope.freq_base", "rope_theta"),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+        u32("expert_count", "num_experts"),
+        u32("expert_used_count", "num_experts_per_tok"),
+        u32("expert_group_count", "n_group"),
+        u32("expert_group_used_count", "topk_group"),
+        u32("expert_gating_func", 2),
+        u32("rope.dimension_count", lambda c: int(head_size(c) * c["partial_rotary_factor"])),
+        u32("leading_dense_block_count", "first_k_dense_replace"),
+        u32("vocab_size", "vocab_size"),
+        u32("expert_feed_forward_length", "moe_intermediate_size"),
+        u32("expert_shared_feed_forward_length", "moe_shared_expert_intermediate_size"),
+        f32("expert_weights_scale", "routed_scaling_factor"),
+        u32("expert_shared_count", "num_shared_experts"),
+        flag("expert_weights_norm", "norm_topk_prob"),
+        u32("nextn_predict_layers", "num_nextn_predict_layers"),
+    ] + GPT2,
+    {
+        "model.word_embeddings": "token_embd",
+        "attention.query_key_value": "attn_qkv",
+        "attention.dense": "attn_output",
+        "attention.query_layernorm": "attn_q_norm",
+        "attention.key_layernorm": "attn_k_norm",
+        "mlp.gate.gate_proj": "ffn_gate_inp",
+        "mlp.switch_mlp.gate_proj": "ffn_gate_exps",
+        "mlp.switch_mlp.up_proj": "ffn_up_exps",
+        "mlp.switch_mlp.down_proj": "ffn_down_exps",
+        "mlp.shared_experts.gate_proj": "ffn_gate_shexp",
+        "mlp.shared_experts.up_proj": "ffn_up_shexp",
+        "mlp.shared_experts.down_proj": "ffn_down_shexp",
+    },
+    tensors=bailing_tensors,
+    extra=[mtp_layer(1.0)],
+)
+
+
 ONLY = only()
 for _name, _case in CASES.items():
     if not ONLY or _name in ONLY:
