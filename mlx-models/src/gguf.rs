@@ -1050,6 +1050,36 @@ const ARCHS: &[GgufArch] = &[
         top: &[("token_embd", "model.word_embeddings")],
         ..PLAIN
     },
+    // Nemotron-H (dense): Mamba-2, attention (Q / K permuted: the converter's llama class) and
+    // MLP-only layers under `backbone.layers.N.mixer`, told apart by the per-layer
+    // `head_count_kv` and `feed_forward_length` (`nemotron_h_config`).
+    GgufArch {
+        arch: "nemotron_h",
+        model_type: "nemotron_h",
+        permute_qk: true,
+        parts: &[
+            ("attn_norm", "norm"),
+            ("ssm_in", "mixer.in_proj"),
+            ("ssm_conv1d", "mixer.conv1d"),
+            // `ssm_dt.bias` -> `mixer.dt_bias` (see `map_name`).
+            ("ssm_dt", "mixer.dt"),
+            ("ssm_norm", "mixer.norm"),
+            ("ssm_out", "mixer.out_proj"),
+            ("attn_q", "mixer.q_proj"),
+            ("attn_k", "mixer.k_proj"),
+            ("attn_v", "mixer.v_proj"),
+            ("attn_output", "mixer.o_proj"),
+            ("ffn_up", "mixer.up_proj"),
+            ("ffn_down", "mixer.down_proj"),
+        ],
+        layers: "backbone.layers",
+        top: &[
+            ("token_embd", "backbone.embeddings"),
+            ("output_norm", "backbone.norm_f"),
+        ],
+        per_layer_kv: true,
+        ..PLAIN
+    },
 ];
 
 /// mlx-lm parameters without a `.weight`, to which the converters add one.
@@ -1120,6 +1150,12 @@ fn map_name(a: &GgufArch, name: &str) -> Option<String> {
         return Some(format!("{mapped}_bias"));
     }
     Some(format!("{mapped}.{suffix}"))
+}
+
+/// Whether `mapped` is an attention layer's `proj` (`q_proj` / `k_proj`): under `self_attn`,
+/// or Nemotron-H's `mixer`.
+fn is_proj(mapped: &str, proj: &str) -> bool {
+    mapped.contains(&format!(".self_attn.{proj}.")) || mapped.contains(&format!(".mixer.{proj}."))
 }
 
 /// Undoes llama.cpp's row permutation of Q / K: rows viewed as
@@ -1465,7 +1501,9 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
     // (`gemma4_config` checks the list); the first is the base width.
     let ffn_per_layer = match metadata.get(&key("feed_forward_length")) {
         Some(GgufValue::Array(a))
-            if matches!(arch.arch, "gemma4" | "gemma3n") && a.ndim() == 1 && a.size() > 1 =>
+            if matches!(arch.arch, "gemma4" | "gemma3n" | "nemotron_h")
+                && a.ndim() == 1
+                && a.size() > 1 =>
         {
             Some(
                 a.astype(Dtype::Int64)
@@ -1476,6 +1514,8 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         _ => None,
     };
     let ffn = match &ffn_per_layer {
+        // Nemotron-H: 0 on its Mamba-2 and attention layers (`nemotron_h_config` reads the list).
+        Some(_) if arch.arch == "nemotron_h" => 0,
         Some(per) => i32::try_from(per[0])
             .ok()
             .filter(|&n| n > 0)
@@ -1499,9 +1539,9 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             continue;
         };
         // Rows carry their blocks: llama.cpp's Q/K row permutation is undone on the bytes.
-        let a = if arch.permute_qk && m.contains(".self_attn.q_proj.") {
+        let a = if arch.permute_qk && is_proj(&m, "q_proj") {
             unpermute(&a, heads, &name, &key("attention.head_count"))?
-        } else if arch.permute_qk && m.contains(".self_attn.k_proj.") {
+        } else if arch.permute_qk && is_proj(&m, "k_proj") {
             unpermute(&a, kv_heads, &name, &key("attention.head_count_kv"))?
         } else {
             a
@@ -1526,7 +1566,13 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         }
         if matches!(
             arch.arch,
-            "qwen3next" | "qwen35" | "qwen35moe" | "granitehybrid" | "mamba" | "mamba2"
+            "qwen3next"
+                | "qwen35"
+                | "qwen35moe"
+                | "granitehybrid"
+                | "mamba"
+                | "mamba2"
+                | "nemotron_h"
         ) {
             let layer_of = |suffix: &str| {
                 name.strip_prefix("blk.")
@@ -1539,12 +1585,12 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             // Mamba (1) keeps A as (inner, state).
             let module = |layer: &str| match arch.arch {
                 "granitehybrid" => format!("model.layers.{layer}.mamba"),
-                "mamba" | "mamba2" => format!("{}.{layer}.mixer", arch.layers),
+                "mamba" | "mamba2" | "nemotron_h" => format!("{}.{layer}.mixer", arch.layers),
                 _ => format!("model.layers.{layer}.linear_attn"),
             };
             if let Some(layer) = layer_of(".ssm_a") {
                 let a_log = ops::log(&ops::negative(&a, None)?, None)?;
-                let a_log = if matches!(arch.arch, "granitehybrid" | "mamba2") {
+                let a_log = if arch.arch != "mamba" {
                     a_log.reshape(&[-1])?
                 } else {
                     a_log
@@ -1553,7 +1599,9 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                 continue;
             }
             if let Some(layer) = layer_of(".ssm_d")
-                .filter(|_| matches!(arch.arch, "granitehybrid" | "mamba" | "mamba2"))
+                .filter(|_| {
+                    matches!(arch.arch, "granitehybrid" | "mamba" | "mamba2" | "nemotron_h")
+                })
             {
                 tensors.insert(format!("{}.D", module(&layer)), a.reshape(&[-1])?);
                 continue;
@@ -1561,9 +1609,9 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         }
         match map_name(arch, &name) {
             Some(m) => {
-                let a = if arch.permute_qk && m.contains(".self_attn.q_proj.") {
+                let a = if arch.permute_qk && is_proj(&m, "q_proj") {
                     unpermute(&a, heads, &name, &key("attention.head_count"))?
-                } else if arch.permute_qk && m.contains(".self_attn.k_proj.") {
+                } else if arch.permute_qk && is_proj(&m, "k_proj") {
                     unpermute(&a, kv_heads, &name, &key("attention.head_count_kv"))?
                 } else if m.ends_with(".shared_expert_gate.weight") && a.ndim() == 1 {
                     // One gate row, which a converter may store as a vector.
@@ -1631,6 +1679,14 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         "command-r" | "cohere2" => (float(LN_EPS, true)?, "layer_norm_eps"),
         "lfm2" | "lfm2moe" => (float(RMS_EPS, true)?, "norm_eps"),
         "rwkv7" => (float(LN_EPS, true)?, "norm_eps"),
+        // llama.cpp reads the RMS key, else the LayerNorm one (what the converter writes).
+        "nemotron_h" => (
+            match float(RMS_EPS, true)? {
+                Some(e) => Some(e),
+                None => float(LN_EPS, true)?,
+            },
+            "layer_norm_epsilon",
+        ),
         "exaone" => (
             match float(RMS_EPS, true)? {
                 Some(e) => Some(e),
@@ -2307,6 +2363,14 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         "mamba" | "mamba2" => mamba_config(&mut config, &tensors, path, &metadata, arch.arch)?,
         "minimax-m2" => minimax_m2_config(&mut config, &tensors, path, &metadata)?,
         "bailingmoe2" => bailing_config(&mut config, &tensors, path, &metadata, blocks)?,
+        "nemotron_h" => nemotron_h_config(
+            &mut config,
+            &mut tensors,
+            path,
+            &metadata,
+            kv_per_layer.as_deref(),
+            ffn_per_layer.as_deref(),
+        )?,
         _ => {}
     }
     if let Some(f) = rope_tensors.remove("rope_freqs.weight") {
@@ -4660,6 +4724,108 @@ fn bailing_config(
         ));
     }
     require_context(config, path, &key("context_length"))
+}
+
+/// Nemotron-H (dense; `NemotronHModel`'s keys) as mlx-lm's `nemotron_h`: the layer pattern
+/// from the per-layer lists (`head_count_kv` > 0: attention `*`, `feed_forward_length` > 0:
+/// MLP `-`, both 0: Mamba-2 `M`), the Mamba-2 sizes as `granitehybrid` writes them, biases from
+/// the tensors. mlx-lm's model always has its own head: a file without `output.weight` gets
+/// the embedding's (llama.cpp's duplicate). Mixture-of-experts layers (`nemotron_h_moe`) are
+/// not mapped: this port has no `E` blocks.
+fn nemotron_h_config(
+    config: &mut Value,
+    tensors: &mut BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    kv: Option<&[i64]>,
+    ffn: Option<&[i64]>,
+) -> Result<()> {
+    let arch = "nemotron_h";
+    let key = |k: &str| format!("{arch}.{k}");
+    let need = |k: &str| need_count(meta, path, arch, k);
+    let blocks = config["num_hidden_layers"].as_i64().unwrap_or(0) as usize;
+    let list = |k: &str, per: Option<&[i64]>| -> Result<Vec<i64>> {
+        match per {
+            Some(p) if p.len() == blocks && p.iter().all(|&n| n >= 0) => Ok(p.to_vec()),
+            _ => Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` must list a non-negative value for each of the {blocks} \
+                     layers (0 for a Mamba-2 layer)",
+                    key(k)
+                ),
+            )),
+        }
+    };
+    let (kv, ffn) = (
+        list("attention.head_count_kv", kv)?,
+        list("feed_forward_length", ffn)?,
+    );
+    let mut pattern = String::new();
+    let mut width = None;
+    for (l, (&k, &f)) in kv.iter().zip(&ffn).enumerate() {
+        pattern.push(match (k, f) {
+            (0, 0) => 'M',
+            (_, 0) => '*',
+            (0, f) if width.is_none_or(|w| w == f) => {
+                width = Some(f);
+                '-'
+            }
+            _ => {
+                return Err(gguf_err(
+                    path,
+                    format!(
+                        "metadata `{}` / `{}`: layer {l} has both or an MLP width other than the \
+                         others'",
+                        key("attention.head_count_kv"),
+                        key("feed_forward_length")
+                    ),
+                ))
+            }
+        });
+    }
+    let (heads, inner) = (need("ssm.time_step_rank")?, need("ssm.inner_size")?);
+    if inner % heads != 0 {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` = {inner} does not divide into `{}` = {heads} heads",
+                key("ssm.inner_size"),
+                key("ssm.time_step_rank")
+            ),
+        ));
+    }
+    if meta_bool(meta, path, &key("rope.scaling.finetuned"))? == Some(true) {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` is true: rope, which mlx-lm's nemotron_h attention lacks",
+                key("rope.scaling.finetuned")
+            ),
+        ));
+    }
+    config["hybrid_override_pattern"] = Value::from(pattern);
+    config["intermediate_size"] = Value::from(width.unwrap_or(0).max(1));
+    config["mamba_num_heads"] = Value::from(heads);
+    config["mamba_head_dim"] = Value::from(inner / heads);
+    config["ssm_state_size"] = Value::from(need("ssm.state_size")?);
+    config["conv_kernel"] = Value::from(need("ssm.conv_kernel")?);
+    config["n_groups"] = Value::from(need("ssm.group_count")?);
+    let has = |t: &str| tensors.keys().any(|k| k.ends_with(t));
+    config["mamba_proj_bias"] = Value::from(has(".mixer.in_proj.bias"));
+    config["use_conv_bias"] = Value::from(has(".mixer.conv1d.bias"));
+    config["attention_bias"] = Value::from(has(".mixer.q_proj.bias"));
+    config["mlp_bias"] = Value::from(has(".mixer.up_proj.bias"));
+    config["use_bias"] = Value::from(false);
+    if !tensors.contains_key("lm_head.weight") {
+        for suffix in ["weight", "scales", "biases"] {
+            if let Some(e) = tensors.get(&format!("backbone.embeddings.{suffix}")) {
+                let e = e.clone();
+                tensors.insert(format!("lm_head.{suffix}"), e);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// What `mlx info` prints about a GGUF file of a supported architecture, without building

@@ -244,6 +244,7 @@ fn ssm_and_moe_gguf_architectures_match_mlx_lm() {
         ("mamba2", "mamba2"),
         ("minimax_m2", "minimax"),
         ("bailingmoe2", "bailing_moe"),
+        ("nemotron_h", "nemotron_h"),
     ];
     let failures: Vec<String> = cases
         .iter()
@@ -264,7 +265,7 @@ fn ssm_and_moe_gguf_architectures_match_mlx_lm() {
         })
         .collect();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    for a in ["mamba", "mamba2", "minimax-m2", "bailingmoe2"] {
+    for a in ["mamba", "mamba2", "minimax-m2", "bailingmoe2", "nemotron_h"] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }
 }

@@ -2128,7 +2128,7 @@ def mamba_tensors(case, k, v):
     `dt_bias` as `ssm_dt.bias`."""
     c = case.config
     layer = k.split(".")[2] if k.startswith("backbone.layers.") else None
-    two = case.model_type == "mamba2"
+    two = case.model_type in ("mamba2", "nemotron_h")
     if k.endswith("mixer.A_log"):
         a = -mx.exp(v)
         return [(f"blk.{layer}.ssm_a", a[:, None] if two else a)]
@@ -2145,7 +2145,7 @@ def mamba_tensors(case, k, v):
 
 def mamba_back(case, p, rest, v, loaded):
     p = p.replace("model.layers", "backbone.layers")
-    two = case.model_type == "mamba2"
+    two = case.model_type in ("mamba2", "nemotron_h")
     if rest == "ssm_a":
         return f"{p}.mixer.A_log", mx.log(-v).reshape(-1) if two else mx.log(-v)
     if rest == "ssm_d":
@@ -2348,6 +2348,90 @@ CASES["bailingmoe2"] = Case(
     },
     tensors=bailing_tensors,
     extra=[mtp_layer(1.0)],
+)
+
+
+
+# Nemotron-H (`nemotron_h`, dense): NemotronHModel is GraniteHybridModel's (Mamba-2 layers as
+# Mamba2Model writes them, attention layers through the llama class: Q / K permuted) with
+# MLP-only layers. The layer kinds are per-layer lists: `head_count_kv` (> 0: attention) and
+# `feed_forward_length` (> 0: MLP), both 0 for Mamba-2. GraniteModel drops `head_dim` before
+# the llama class writes the rope width (hidden / heads); NemotronH writes it as key / value
+# length. The LayerNorm-epsilon key (`layer_norm_epsilon`) is llama.cpp's RMS epsilon here.
+NEMOTRON_H = {
+    "model_type": "nemotron_h",
+    "vocab_size": 96,
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "max_position_embeddings": 256,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "attention_bias": False,
+    "mamba_num_heads": 8,
+    "mamba_head_dim": 8,
+    "mamba_proj_bias": False,
+    "ssm_state_size": 8,
+    "conv_kernel": 4,
+    "n_groups": 2,
+    "mlp_bias": False,
+    "layer_norm_epsilon": 1e-5,
+    "use_bias": False,
+    "use_conv_bias": True,
+    "hybrid_override_pattern": "M*M-",
+    "num_hidden_layers": 4,
+    # mlx-lm's nemotron_h always has its own head (the converter writes `output`).
+    "tie_word_embeddings": False,
+}
+
+NEMOTRON_H_PARTS = {
+    **MAMBA_PARTS,
+    "mixer.q_proj": "attn_q",
+    "mixer.k_proj": "attn_k",
+    "mixer.v_proj": "attn_v",
+    "mixer.o_proj": "attn_output",
+    "mixer.up_proj": "ffn_up",
+    "mixer.down_proj": "ffn_down",
+}
+
+
+def nemotron_h_back(case, p, rest, v, loaded):
+    c = case.config
+    if rest in ("attn_q.weight", "attn_k.weight"):
+        v = unpermute(v, c["num_attention_heads" if rest == "attn_q.weight" else "num_key_value_heads"])
+    return mamba_back(case, p, rest, v, loaded)
+
+
+CASES["nemotron_h"] = Case(
+    "nemotron_h",
+    NEMOTRON_H,
+    "nemotron_h",
+    [
+        u32("block_count", "num_hidden_layers"),
+        u32("context_length", 2**20),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length",
+            lambda c: [c["intermediate_size"] if t == "-" else 0 for t in c["hybrid_override_pattern"]]),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv",
+            lambda c: [c["num_key_value_heads"] if t == "*" else 0 for t in c["hybrid_override_pattern"]]),
+        f32("attention.layer_norm_epsilon", "layer_norm_epsilon"),
+        u32("vocab_size", "vocab_size"),
+        u32("rope.dimension_count", head_size),
+        u32("ssm.conv_kernel", "conv_kernel"),
+        u32("ssm.state_size", "ssm_state_size"),
+        u32("ssm.group_count", "n_groups"),
+        u32("ssm.inner_size", lambda c: c["mamba_num_heads"] * c["mamba_head_dim"]),
+        u32("ssm.time_step_rank", "mamba_num_heads"),
+        flag("rope.scaling.finetuned", False),
+        u32("attention.key_length", "head_dim"),
+        u32("attention.value_length", "head_dim"),
+    ] + GPT2,
+    NEMOTRON_H_PARTS,
+    permute_qk=True,
+    prefix="backbone.layers",
+    tensors=mamba_tensors,
+    read_back=nemotron_h_back,
 )
 
 
