@@ -1080,6 +1080,26 @@ const ARCHS: &[GgufArch] = &[
         per_layer_kv: true,
         ..PLAIN
     },
+    // Falcon-H1: attention and Mamba-2 side by side in every layer, then an MLP; the
+    // converter folds every multiplier into the weights (`falcon_h1_config`).
+    GgufArch {
+        arch: "falcon-h1",
+        model_type: "falcon_h1",
+        parts: &[
+            ("ffn_norm", "pre_ff_layernorm"),
+            ("ffn_gate", "feed_forward.gate_proj"),
+            ("ffn_up", "feed_forward.up_proj"),
+            ("ffn_down", "feed_forward.down_proj"),
+            ("ssm_in", "mamba.in_proj"),
+            ("ssm_conv1d", "mamba.conv1d"),
+            // `ssm_dt.bias` -> `mamba.dt_bias` (see `map_name`).
+            ("ssm_dt", "mamba.dt"),
+            ("ssm_norm", "mamba.norm"),
+            ("ssm_out", "mamba.out_proj"),
+        ],
+        top: &[("output_norm", "model.final_layernorm")],
+        ..PLAIN
+    },
 ];
 
 /// mlx-lm parameters without a `.weight`, to which the converters add one.
@@ -1573,6 +1593,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                 | "mamba"
                 | "mamba2"
                 | "nemotron_h"
+                | "falcon-h1"
         ) {
             let layer_of = |suffix: &str| {
                 name.strip_prefix("blk.")
@@ -1584,7 +1605,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             // `ssm_a` and `ssm_d` are (heads, 1), mlx-lm's A_log and D (heads,).
             // Mamba (1) keeps A as (inner, state).
             let module = |layer: &str| match arch.arch {
-                "granitehybrid" => format!("model.layers.{layer}.mamba"),
+                "granitehybrid" | "falcon-h1" => format!("model.layers.{layer}.mamba"),
                 "mamba" | "mamba2" | "nemotron_h" => format!("{}.{layer}.mixer", arch.layers),
                 _ => format!("model.layers.{layer}.linear_attn"),
             };
@@ -1600,7 +1621,10 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             }
             if let Some(layer) = layer_of(".ssm_d")
                 .filter(|_| {
-                    matches!(arch.arch, "granitehybrid" | "mamba" | "mamba2" | "nemotron_h")
+                    matches!(
+                        arch.arch,
+                        "granitehybrid" | "mamba" | "mamba2" | "nemotron_h" | "falcon-h1"
+                    )
                 })
             {
                 tensors.insert(format!("{}.D", module(&layer)), a.reshape(&[-1])?);
@@ -2363,6 +2387,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         "mamba" | "mamba2" => mamba_config(&mut config, &tensors, path, &metadata, arch.arch)?,
         "minimax-m2" => minimax_m2_config(&mut config, &tensors, path, &metadata)?,
         "bailingmoe2" => bailing_config(&mut config, &tensors, path, &metadata, blocks)?,
+        "falcon-h1" => falcon_h1_config(&mut config, &tensors, path, &metadata)?,
         "nemotron_h" => nemotron_h_config(
             &mut config,
             &mut tensors,
@@ -4826,6 +4851,69 @@ fn nemotron_h_config(
         }
     }
     Ok(())
+}
+
+/// Falcon-H1 (`FalconH1Model`'s keys: Mamba2Model's, then the attention's) as mlx-lm's
+/// `falcon_h1`. The converter folds every multiplier into the weights (mlx-lm's sanitize does
+/// the same on a checkpoint), so they are all 1 here. A tied head is refused: mlx-lm scales
+/// tied logits by `lm_head_multiplier / embedding_multiplier`, which the file does not keep.
+fn falcon_h1_config(
+    config: &mut Value,
+    tensors: &BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+) -> Result<()> {
+    let arch = "falcon-h1";
+    let key = |k: &str| format!("{arch}.{k}");
+    let need = |k: &str| need_count(meta, path, arch, k);
+    if !tensors.contains_key("lm_head.weight") {
+        return Err(gguf_err(
+            path,
+            "no `output.weight`: a tied Falcon-H1 head needs `lm_head_multiplier` and \
+             `embedding_multiplier`, which the file does not keep",
+        ));
+    }
+    let (heads, inner) = (need("ssm.time_step_rank")?, need("ssm.inner_size")?);
+    if inner % heads != 0 {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` = {inner} does not divide into `{}` = {heads} heads",
+                key("ssm.inner_size"),
+                key("ssm.time_step_rank")
+            ),
+        ));
+    }
+    config["head_dim"] = Value::from(need("attention.key_length")?);
+    config["mamba_d_ssm"] = Value::from(inner);
+    config["mamba_n_heads"] = Value::from(heads);
+    config["mamba_d_head"] = Value::from(inner / heads);
+    config["mamba_d_state"] = Value::from(need("ssm.state_size")?);
+    config["mamba_n_groups"] = Value::from(need("ssm.group_count")?);
+    config["mamba_d_conv"] = Value::from(need("ssm.conv_kernel")?);
+    let has = |t: &str| tensors.keys().any(|k| k.ends_with(t));
+    config["mamba_rms_norm"] = Value::from(has(".mamba.norm.weight"));
+    // llama.cpp gates before the norm.
+    config["mamba_norm_before_gate"] = Value::from(false);
+    config["mamba_conv_bias"] = Value::from(has(".mamba.conv1d.bias"));
+    config["mamba_proj_bias"] = Value::from(has(".mamba.in_proj.bias"));
+    config["projectors_bias"] = Value::from(has(".mamba.out_proj.bias"));
+    config["attention_bias"] = Value::from(has(".self_attn.q_proj.bias"));
+    config["mlp_bias"] = Value::from(has(".feed_forward.up_proj.bias"));
+    for m in [
+        "attention_in_multiplier",
+        "attention_out_multiplier",
+        "embedding_multiplier",
+        "key_multiplier",
+        "lm_head_multiplier",
+        "ssm_in_multiplier",
+        "ssm_out_multiplier",
+    ] {
+        config[m] = Value::from(1.0);
+    }
+    config["mlp_multipliers"] = json!([1.0, 1.0]);
+    config["ssm_multipliers"] = json!([1.0, 1.0, 1.0, 1.0, 1.0]);
+    require_context(config, path, &key("context_length"))
 }
 
 /// What `mlx info` prints about a GGUF file of a supported architecture, without building

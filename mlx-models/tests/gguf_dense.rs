@@ -245,6 +245,7 @@ fn ssm_and_moe_gguf_architectures_match_mlx_lm() {
         ("minimax_m2", "minimax"),
         ("bailingmoe2", "bailing_moe"),
         ("nemotron_h", "nemotron_h"),
+        ("falcon_h1", "falcon_h1"),
     ];
     let failures: Vec<String> = cases
         .iter()
@@ -265,7 +266,7 @@ fn ssm_and_moe_gguf_architectures_match_mlx_lm() {
         })
         .collect();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    for a in ["mamba", "mamba2", "minimax-m2", "bailingmoe2", "nemotron_h"] {
+    for a in ["mamba", "mamba2", "minimax-m2", "bailingmoe2", "nemotron_h", "falcon-h1"] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }
 }

@@ -2435,6 +2435,153 @@ CASES["nemotron_h"] = Case(
 )
 
 
+
+# Falcon-H1 (`falcon-h1`): FalconH1Model is Mamba2Model's (A as -exp(A_log), A and D
+# (heads, 1), the gated norm per group, `dt_bias` as `ssm_dt.bias`, the conv kernel squeezed)
+# with every layer's attention and Mamba-2 side by side and an MLP; its multipliers are
+# folded into the weights (embedding, q / k / v, k's key multiplier, o, the SSM in / out with
+# the per-segment `ssm_multipliers`, MLP gate / down, the head), which is also mlx-lm's
+# sanitize, so the file holds no multiplier. It writes Mamba2Model's keys, then the
+# vocabulary size, the block count, the real context and feed-forward width, the heads, the
+# head size and the rope base. The golden is mlx-lm on the folded weights read back.
+FALCON_H1 = {
+    "model_type": "falcon_h1",
+    "vocab_size": 96,
+    "hidden_size": 32,
+    "head_dim": 8,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 2,
+    "intermediate_size": 48,
+    "max_position_embeddings": 256,
+    "mamba_d_ssm": 64,
+    "mamba_n_heads": 8,
+    "mamba_d_head": 8,
+    "mamba_d_state": 8,
+    "mamba_n_groups": 1,
+    "mamba_d_conv": 4,
+    "mamba_rms_norm": True,
+    "mamba_norm_before_gate": False,
+    "mamba_conv_bias": True,
+    "mamba_proj_bias": False,
+    "projectors_bias": False,
+    "attention_bias": False,
+    "mlp_bias": False,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+    "attention_in_multiplier": 1.5,
+    "attention_out_multiplier": 0.9375,
+    "embedding_multiplier": 5.656854249492381,
+    "key_multiplier": 0.390625,
+    "lm_head_multiplier": 0.0390625,
+    "mlp_multipliers": [0.8838834764831844, 0.5859375],
+    "ssm_in_multiplier": 1.25,
+    "ssm_multipliers": [0.3535533905932738, 0.25, 0.3535533905932738, 0.5, 0.3535533905932738],
+    "ssm_out_multiplier": 0.23570226039551587,
+}
+
+FALCON_H1_PARTS = {
+    "model.final_layernorm": "output_norm",
+    "pre_ff_layernorm": "ffn_norm",
+    "feed_forward.gate_proj": "ffn_gate",
+    "feed_forward.up_proj": "ffn_up",
+    "feed_forward.down_proj": "ffn_down",
+    "mamba.in_proj": "ssm_in",
+    "mamba.conv1d": "ssm_conv1d",
+    "mamba.norm": "ssm_norm",
+    "mamba.out_proj": "ssm_out",
+}
+
+
+def falcon_h1_tensors(case, k, v):
+    c = case.config
+    layer = layer_of(k)
+    if k.endswith("mamba.A_log"):
+        return [(f"blk.{layer}.ssm_a", (-mx.exp(v))[:, None])]
+    if k.endswith("mamba.D"):
+        return [(f"blk.{layer}.ssm_d", v[:, None])]
+    if k.endswith("mamba.dt_bias"):
+        return [(f"blk.{layer}.ssm_dt.bias", v)]
+    if k.endswith("mamba.conv1d.weight"):
+        return [(f"blk.{layer}.ssm_conv1d.weight", v.squeeze(-1))]
+    if k.endswith("mamba.norm.weight"):
+        return [(f"blk.{layer}.ssm_norm.weight", v.reshape(c["mamba_n_groups"], -1))]
+    # FalconH1Model.modify_tensors' multipliers (float32 products).
+    if "down_proj" in k:
+        v = v * c["mlp_multipliers"][1]
+    elif "gate_proj" in k:
+        v = v * c["mlp_multipliers"][0]
+    elif "k_proj" in k:
+        v = v * c["key_multiplier"] * c["attention_in_multiplier"]
+    elif "q_proj" in k or "v_proj" in k:
+        v = v * c["attention_in_multiplier"]
+    elif "o_proj" in k:
+        v = v * c["attention_out_multiplier"]
+    elif "out_proj" in k:
+        v = v * c["ssm_out_multiplier"]
+    elif "in_proj" in k:
+        v = v * c["ssm_in_multiplier"]
+        d, g = c["mamba_d_ssm"], c["mamba_n_groups"] * c["mamba_d_state"]
+        ends = [d, 2 * d, 2 * d + g, 2 * d + 2 * g, v.shape[0]]
+        m = c["ssm_multipliers"]
+        parts, start = [], 0
+        for i, e in enumerate(ends):
+            parts.append(v[start:e] * m[i])
+            start = e
+        v = mx.concatenate(parts, axis=0)
+    elif "lm_head" in k:
+        v = v * c["lm_head_multiplier"]
+    elif "embed_tokens" in k:
+        v = v * c["embedding_multiplier"]
+    return [(case.gguf_name(k), v)]
+
+
+def falcon_h1_back(case, p, rest, v, loaded):
+    if rest == "ssm_a":
+        return f"{p}.mamba.A_log", mx.log(-v).reshape(-1)
+    if rest == "ssm_d":
+        return f"{p}.mamba.D", v.reshape(-1)
+    if rest == "ssm_dt.bias":
+        return f"{p}.mamba.dt_bias", v
+    if rest == "ssm_conv1d.weight":
+        return f"{p}.mamba.conv1d.weight", v[..., None]
+    if rest == "ssm_norm.weight":
+        return f"{p}.mamba.norm.weight", v.reshape(-1)
+    module, suffix = rest.rsplit(".", 1)
+    return f"{p}.{case.inverse[module]}.{suffix}", v
+
+
+CASES["falcon_h1"] = Case(
+    "falcon_h1",
+    FALCON_H1,
+    "falcon-h1",
+    [
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("block_count", "num_hidden_layers"),
+        u32("ssm.conv_kernel", "mamba_d_conv"),
+        u32("ssm.inner_size", "mamba_d_ssm"),
+        u32("ssm.state_size", "mamba_d_state"),
+        u32("ssm.time_step_rank", lambda c: c["mamba_d_ssm"] // c["mamba_d_head"]),
+        u32("ssm.group_count", "mamba_n_groups"),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+        u32("vocab_size", "vocab_size"),
+        u32("attention.head_count_kv", "num_key_value_heads"),
+        u32("attention.key_length", "head_dim"),
+        u32("attention.value_length", "head_dim"),
+        f32("rope.freq_base", "rope_theta"),
+    ] + GPT2,
+    FALCON_H1_PARTS,
+    tensors=falcon_h1_tensors,
+    read_back=falcon_h1_back,
+    # Every multiplied tensor comes back as the folded product, not the seeded value.
+    inexact=lambda k: not k.endswith(("norm.weight", "conv1d.weight", "conv1d.bias", "dt_bias", ".D")),
+)
+
+
 ONLY = only()
 for _name, _case in CASES.items():
     if not ONLY or _name in ONLY:
