@@ -1100,6 +1100,34 @@ const ARCHS: &[GgufArch] = &[
         top: &[("output_norm", "model.final_layernorm")],
         ..PLAIN
     },
+    // Jamba: Mamba (1) layers with dt / B / C norms and attention layers (told apart by the
+    // per-layer `head_count_kv`), each followed by an MLP or, where the file has them, stacked
+    // experts (`jamba_config` places both).
+    GgufArch {
+        arch: "jamba",
+        model_type: "jamba",
+        parts: &[
+            ("ffn_norm", "pre_ff_layernorm"),
+            ("ffn_gate", "feed_forward.gate_proj"),
+            ("ffn_up", "feed_forward.up_proj"),
+            ("ffn_down", "feed_forward.down_proj"),
+            ("ffn_gate_inp", "feed_forward.router"),
+            ("ffn_gate_exps", "feed_forward.switch_mlp.gate_proj"),
+            ("ffn_up_exps", "feed_forward.switch_mlp.up_proj"),
+            ("ffn_down_exps", "feed_forward.switch_mlp.down_proj"),
+            ("ssm_in", "mamba.in_proj"),
+            ("ssm_conv1d", "mamba.conv1d"),
+            ("ssm_x", "mamba.x_proj"),
+            ("ssm_dt", "mamba.dt_proj"),
+            ("ssm_out", "mamba.out_proj"),
+            ("ssm_dt_norm", "mamba.dt_layernorm"),
+            ("ssm_b_norm", "mamba.b_layernorm"),
+            ("ssm_c_norm", "mamba.c_layernorm"),
+        ],
+        top: &[("output_norm", "model.final_layernorm")],
+        per_layer_kv: true,
+        ..PLAIN
+    },
 ];
 
 /// mlx-lm parameters without a `.weight`, to which the converters add one.
@@ -1594,6 +1622,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                 | "mamba2"
                 | "nemotron_h"
                 | "falcon-h1"
+                | "jamba"
         ) {
             let layer_of = |suffix: &str| {
                 name.strip_prefix("blk.")
@@ -1603,15 +1632,15 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             };
             // `blk.N.ssm_a` (no suffix): -exp(A_log), read back as mlx-lm's A_log; Mamba-2's
             // `ssm_a` and `ssm_d` are (heads, 1), mlx-lm's A_log and D (heads,).
-            // Mamba (1) keeps A as (inner, state).
+            // Mamba (1) and Jamba keep A as (inner, state).
             let module = |layer: &str| match arch.arch {
-                "granitehybrid" | "falcon-h1" => format!("model.layers.{layer}.mamba"),
+                "granitehybrid" | "falcon-h1" | "jamba" => format!("model.layers.{layer}.mamba"),
                 "mamba" | "mamba2" | "nemotron_h" => format!("{}.{layer}.mixer", arch.layers),
                 _ => format!("model.layers.{layer}.linear_attn"),
             };
             if let Some(layer) = layer_of(".ssm_a") {
                 let a_log = ops::log(&ops::negative(&a, None)?, None)?;
-                let a_log = if arch.arch != "mamba" {
+                let a_log = if !matches!(arch.arch, "mamba" | "jamba") {
                     a_log.reshape(&[-1])?
                 } else {
                     a_log
@@ -1623,7 +1652,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                 .filter(|_| {
                     matches!(
                         arch.arch,
-                        "granitehybrid" | "mamba" | "mamba2" | "nemotron_h" | "falcon-h1"
+                        "granitehybrid" | "mamba" | "mamba2" | "nemotron_h" | "falcon-h1" | "jamba"
                     )
                 })
             {
@@ -2388,6 +2417,13 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         "minimax-m2" => minimax_m2_config(&mut config, &tensors, path, &metadata)?,
         "bailingmoe2" => bailing_config(&mut config, &tensors, path, &metadata, blocks)?,
         "falcon-h1" => falcon_h1_config(&mut config, &tensors, path, &metadata)?,
+        "jamba" => jamba_config(
+            &mut config,
+            &tensors,
+            path,
+            &metadata,
+            kv_per_layer.as_deref(),
+        )?,
         "nemotron_h" => nemotron_h_config(
             &mut config,
             &mut tensors,
@@ -4913,6 +4949,86 @@ fn falcon_h1_config(
     }
     config["mlp_multipliers"] = json!([1.0, 1.0]);
     config["ssm_multipliers"] = json!([1.0, 1.0, 1.0, 1.0, 1.0]);
+    require_context(config, path, &key("context_length"))
+}
+
+/// Jamba (`JambaModel`'s keys) as mlx-lm's `jamba`: the layer kinds from the per-layer
+/// `head_count_kv` (mlx-lm's `layers_block_type`; it needs both kinds), the Mamba sizes
+/// (`mamba_expand` = inner / width), and the expert layers from the tensors (no key places
+/// them): mlx-lm puts experts where `(layer + expert_layer_offset) % expert_layer_period == 0`,
+/// so the file's must be such a set.
+fn jamba_config(
+    config: &mut Value,
+    tensors: &BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    kv: Option<&[i64]>,
+) -> Result<()> {
+    let arch = "jamba";
+    let key = |k: &str| format!("{arch}.{k}");
+    let need = |k: &str| need_count(meta, path, arch, k);
+    let blocks = config["num_hidden_layers"].as_i64().unwrap_or(0);
+    let n = blocks as usize;
+    let kv = match kv {
+        Some(k) if k.len() == n && k.contains(&0) && k.iter().any(|&h| h > 0) => k,
+        _ => {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` must list a head count for each of the {blocks} layers, 0 on \
+                     the Mamba layers; mlx-lm's jamba needs both kinds",
+                    key("attention.head_count_kv")
+                ),
+            ))
+        }
+    };
+    let types: Vec<&str> = kv
+        .iter()
+        .map(|&h| if h > 0 { "attention" } else { "mamba" })
+        .collect();
+    let attn: Vec<i64> = (0..blocks).filter(|&i| kv[i as usize] > 0).collect();
+    config["layers_block_type"] = json!(types);
+    config["attn_layer_offset"] = Value::from(attn[0]);
+    config["attn_layer_period"] = Value::from(attn.get(1).map_or(blocks, |b| b - attn[0]));
+    let moe: Vec<i64> = (0..blocks)
+        .filter(|i| tensors.contains_key(&format!("model.layers.{i}.feed_forward.router.weight")))
+        .collect();
+    let (offset, period) = match moe.as_slice() {
+        [] => (1, blocks + 1),
+        [first, rest @ ..] => {
+            let p = rest.first().map_or(blocks + 1, |s| s - first);
+            ((p - first % p) % p, p)
+        }
+    };
+    if (0..blocks).any(|i| ((i + offset) % period == 0) != moe.contains(&i)) {
+        return Err(ModelError::Weights(vec![format!(
+            "GGUF jamba: the layers with experts ({moe:?}) are not every n-th layer from one \
+             offset, the only placement mlx-lm's jamba has"
+        )]));
+    }
+    config["expert_layer_offset"] = Value::from(offset);
+    config["expert_layer_period"] = Value::from(period);
+    config["num_experts"] = Value::from(need("expert_count")?);
+    config["num_experts_per_tok"] = Value::from(need("expert_used_count")?);
+    let (inner, hidden) = (need("ssm.inner_size")?, need("embedding_length")?);
+    if inner % hidden != 0 {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` = {inner} is not a multiple of `{}` = {hidden} (mlx-lm's \
+                 `mamba_expand`)",
+                key("ssm.inner_size"),
+                key("embedding_length")
+            ),
+        ));
+    }
+    config["mamba_expand"] = Value::from(inner / hidden);
+    config["mamba_d_state"] = Value::from(need("ssm.state_size")?);
+    config["mamba_d_conv"] = Value::from(need("ssm.conv_kernel")?);
+    config["mamba_dt_rank"] = Value::from(need("ssm.time_step_rank")?);
+    let has = |t: &str| tensors.keys().any(|k| k.ends_with(t));
+    config["mamba_proj_bias"] = Value::from(has(".mamba.in_proj.bias"));
+    config["mamba_conv_bias"] = Value::from(has(".mamba.conv1d.bias"));
     require_context(config, path, &key("context_length"))
 }
 

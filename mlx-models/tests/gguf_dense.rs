@@ -246,6 +246,7 @@ fn ssm_and_moe_gguf_architectures_match_mlx_lm() {
         ("bailingmoe2", "bailing_moe"),
         ("nemotron_h", "nemotron_h"),
         ("falcon_h1", "falcon_h1"),
+        ("jamba", "jamba"),
     ];
     let failures: Vec<String> = cases
         .iter()
@@ -266,7 +267,7 @@ fn ssm_and_moe_gguf_architectures_match_mlx_lm() {
         })
         .collect();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    for a in ["mamba", "mamba2", "minimax-m2", "bailingmoe2", "nemotron_h", "falcon-h1"] {
+    for a in ["mamba", "mamba2", "minimax-m2", "bailingmoe2", "nemotron_h", "falcon-h1", "jamba"] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }
 }

@@ -2582,6 +2582,108 @@ CASES["falcon_h1"] = Case(
 )
 
 
+
+# Jamba (`jamba`): JambaModel writes the per-layer `head_count_kv` (attention layers), the
+# Mamba sizes (inner = expand * width, state, conv kernel, time-step rank), the RMS epsilon
+# and the expert counts; no key places the experts (the stacked `ffn_*_exps` of the layers
+# that have them do); Mamba's conversions (A as -exp(A_log), the conv kernel squeezed) and
+# the dt / B / C norms as `ssm_dt_norm` / `ssm_b_norm` / `ssm_c_norm`.
+JAMBA = {
+    "model_type": "jamba",
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "attn_layer_offset": 1,
+    "attn_layer_period": 2,
+    "expert_layer_offset": 1,
+    "expert_layer_period": 2,
+    "mamba_d_conv": 4,
+    "mamba_d_state": 8,
+    "mamba_expand": 2,
+    "mamba_dt_rank": 4,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 256,
+    "vocab_size": 96,
+    "mamba_proj_bias": False,
+    "mamba_conv_bias": True,
+    "tie_word_embeddings": False,
+}
+
+JAMBA_PARTS = {
+    "model.final_layernorm": "output_norm",
+    "pre_ff_layernorm": "ffn_norm",
+    "feed_forward.gate_proj": "ffn_gate",
+    "feed_forward.up_proj": "ffn_up",
+    "feed_forward.down_proj": "ffn_down",
+    "feed_forward.router": "ffn_gate_inp",
+    "feed_forward.switch_mlp.gate_proj": "ffn_gate_exps",
+    "feed_forward.switch_mlp.up_proj": "ffn_up_exps",
+    "feed_forward.switch_mlp.down_proj": "ffn_down_exps",
+    "mamba.in_proj": "ssm_in",
+    "mamba.conv1d": "ssm_conv1d",
+    "mamba.x_proj": "ssm_x",
+    "mamba.dt_proj": "ssm_dt",
+    "mamba.out_proj": "ssm_out",
+    "mamba.dt_layernorm": "ssm_dt_norm",
+    "mamba.b_layernorm": "ssm_b_norm",
+    "mamba.c_layernorm": "ssm_c_norm",
+}
+
+
+def jamba_tensors(case, k, v):
+    layer = layer_of(k)
+    if k.endswith("mamba.A_log"):
+        return [(f"blk.{layer}.ssm_a", -mx.exp(v))]
+    if k.endswith("mamba.D"):
+        return [(f"blk.{layer}.ssm_d", v)]
+    if k.endswith("mamba.conv1d.weight"):
+        return [(f"blk.{layer}.ssm_conv1d.weight", v.squeeze(-1))]
+    return [(case.gguf_name(k), v)]
+
+
+def jamba_back(case, p, rest, v, loaded):
+    if rest == "ssm_a":
+        return f"{p}.mamba.A_log", mx.log(-v)
+    if rest == "ssm_d":
+        return f"{p}.mamba.D", v
+    if rest == "ssm_conv1d.weight":
+        return f"{p}.mamba.conv1d.weight", v[..., None]
+    module, suffix = rest.rsplit(".", 1)
+    return f"{p}.{case.inverse[module]}.{suffix}", v
+
+
+CASES["jamba"] = Case(
+    "jamba",
+    JAMBA,
+    "jamba",
+    [
+        u32("block_count", "num_hidden_layers"),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv", lambda c: [
+            c["num_key_value_heads"] if i >= c["attn_layer_offset"]
+            and (i - c["attn_layer_offset"]) % c["attn_layer_period"] == 0 else 0
+            for i in range(c["num_hidden_layers"])]),
+        u32("ssm.conv_kernel", "mamba_d_conv"),
+        u32("ssm.inner_size", lambda c: c["mamba_expand"] * c["hidden_size"]),
+        u32("ssm.state_size", "mamba_d_state"),
+        u32("ssm.time_step_rank", "mamba_dt_rank"),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+        u32("expert_count", "num_experts"),
+        u32("expert_used_count", "num_experts_per_tok"),
+    ] + SPM,
+    JAMBA_PARTS,
+    tensors=jamba_tensors,
+    read_back=jamba_back,
+)
+
+
 ONLY = only()
 for _name, _case in CASES.items():
     if not ONLY or _name in ONLY:
