@@ -1128,6 +1128,28 @@ const ARCHS: &[GgufArch] = &[
         per_layer_kv: true,
         ..PLAIN
     },
+    // DBRX: bias-free LayerNorms around a fused, clipped `Wqkv`; the stacked experts are
+    // mlx-lm's list of experts (`dbrx_config` unstacks them).
+    GgufArch {
+        arch: "dbrx",
+        model_type: "dbrx",
+        parts: &[
+            ("attn_norm", "norm_attn_norm.norm_1"),
+            ("attn_output_norm", "norm_attn_norm.norm_2"),
+            ("attn_qkv", "norm_attn_norm.attn.Wqkv"),
+            ("attn_output", "norm_attn_norm.attn.out_proj"),
+            ("ffn_gate_inp", "ffn.router.layer"),
+            ("ffn_gate_exps", "ffn.gguf_w1"),
+            ("ffn_up_exps", "ffn.gguf_v1"),
+            ("ffn_down_exps", "ffn.gguf_w2"),
+        ],
+        layers: "transformer.blocks",
+        top: &[
+            ("token_embd", "transformer.wte"),
+            ("output_norm", "transformer.norm_f"),
+        ],
+        ..PLAIN
+    },
 ];
 
 /// mlx-lm parameters without a `.weight`, to which the converters add one.
@@ -1732,6 +1754,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         "command-r" | "cohere2" => (float(LN_EPS, true)?, "layer_norm_eps"),
         "lfm2" | "lfm2moe" => (float(RMS_EPS, true)?, "norm_eps"),
         "rwkv7" => (float(LN_EPS, true)?, "norm_eps"),
+        "dbrx" => (float(LN_EPS, true)?, "layer_norm_eps"),
         // llama.cpp reads the RMS key, else the LayerNorm one (what the converter writes).
         "nemotron_h" => (
             match float(RMS_EPS, true)? {
@@ -1753,7 +1776,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         let k = if matches!(
             eps_field,
             "norm_epsilon" | "layer_norm_eps" | "layer_norm_epsilon"
-        ) || matches!(arch.arch, "rwkv7" | "nemotron")
+        ) || matches!(arch.arch, "rwkv7" | "nemotron" | "dbrx")
         {
             LN_EPS
         } else {
@@ -2417,6 +2440,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         "minimax-m2" => minimax_m2_config(&mut config, &tensors, path, &metadata)?,
         "bailingmoe2" => bailing_config(&mut config, &tensors, path, &metadata, blocks)?,
         "falcon-h1" => falcon_h1_config(&mut config, &tensors, path, &metadata)?,
+        "dbrx" => dbrx_config(&mut config, &mut tensors, path, &metadata)?,
         "jamba" => jamba_config(
             &mut config,
             &tensors,
@@ -5030,6 +5054,98 @@ fn jamba_config(
     config["mamba_proj_bias"] = Value::from(has(".mamba.in_proj.bias"));
     config["mamba_conv_bias"] = Value::from(has(".mamba.conv1d.bias"));
     require_context(config, path, &key("context_length"))
+}
+
+/// DBRX (`DbrxModel`'s keys) as mlx-lm's `dbrx` arguments (`attn_config`, `ffn_config`),
+/// replacing the transformer fields; each layer's stacked experts become mlx-lm's list
+/// (`ffn.experts.<e>.{w1, v1, w2}`: the converter's `w2` is already each expert's Linear
+/// weight). mlx-lm always clips the fused projection and has its own head: a file without
+/// `attention.clamp_kqv` is refused (llama.cpp would not clip), one without `output.weight`
+/// gets the embedding's (llama.cpp's duplicate). mlx-lm's LayerNorms use their default
+/// epsilon (1e-5, the only one the converter writes) whatever the file says.
+fn dbrx_config(
+    config: &mut Value,
+    tensors: &mut BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+) -> Result<()> {
+    let arch = "dbrx";
+    let key = |k: &str| format!("{arch}.{k}");
+    let need = |k: &str| need_count(meta, path, arch, k);
+    let clip = meta_f64(meta, &key("attention.clamp_kqv"))
+        .filter(|c| c.is_finite() && *c > 0.0)
+        .ok_or_else(|| {
+            gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is missing or not a positive number (mlx-lm's dbrx clips \
+                     the fused projection)",
+                    key("attention.clamp_kqv")
+                ),
+            )
+        })?;
+    let experts = need("expert_count")?;
+    let blocks = config["num_hidden_layers"].clone();
+    *config = json!({
+        "model_type": "dbrx",
+        "vocab_size": config["vocab_size"].clone(),
+        "d_model": config["hidden_size"].clone(),
+        "n_layers": blocks,
+        "n_heads": config["num_attention_heads"].clone(),
+        "attn_config": {
+            "kv_n_heads": config["num_key_value_heads"].clone(),
+            "clip_qkv": clip,
+            "rope_theta": config["rope_theta"].clone(),
+        },
+        "ffn_config": {
+            "ffn_hidden_size": config["intermediate_size"].clone(),
+            "moe_num_experts": experts,
+            "moe_top_k": need("expert_used_count")?,
+        },
+    });
+    let stacked: Vec<String> = tensors
+        .keys()
+        .filter(|k| k.contains(".ffn.gguf_"))
+        .cloned()
+        .collect();
+    for k in stacked {
+        let (Some(a), Some((layer, rest))) = (tensors.remove(&k), k.split_once(".ffn.gguf_"))
+        else {
+            continue;
+        };
+        let (w, suffix) = rest.split_once('.').unwrap_or((rest, "weight"));
+        let shape = a.shape();
+        let &[n, rows, cols] = shape.as_slice() else {
+            return Err(ModelError::Weights(vec![format!(
+                "GGUF tensor for {k}: shape {shape:?}, expected {experts} stacked experts"
+            )]));
+        };
+        if n != experts {
+            return Err(ModelError::Weights(vec![format!(
+                "GGUF tensor for {k}: {n} experts, metadata `{}` says {experts}",
+                key("expert_count")
+            )]));
+        }
+        for e in 0..experts {
+            let one = ops::slice_axis(&a, 0, e, e + 1, None)?.reshape(&[rows, cols])?;
+            tensors.insert(format!("{layer}.ffn.experts.{e}.{w}.{suffix}"), one);
+        }
+    }
+    if !tensors.contains_key("lm_head.weight") {
+        for suffix in ["weight", "scales", "biases"] {
+            if let Some(e) = tensors.get(&format!("transformer.wte.{suffix}")) {
+                let e = e.clone();
+                tensors.insert(format!("lm_head.{suffix}"), e);
+            }
+        }
+    }
+    if meta_count(meta, path, &key("context_length"))?.is_none() {
+        return Err(gguf_err(
+            path,
+            format!("metadata `{}` is missing", key("context_length")),
+        ));
+    }
+    Ok(())
 }
 
 /// What `mlx info` prints about a GGUF file of a supported architecture, without building

@@ -247,6 +247,7 @@ fn ssm_and_moe_gguf_architectures_match_mlx_lm() {
         ("nemotron_h", "nemotron_h"),
         ("falcon_h1", "falcon_h1"),
         ("jamba", "jamba"),
+        ("dbrx", "dbrx"),
     ];
     let failures: Vec<String> = cases
         .iter()
@@ -267,7 +268,7 @@ fn ssm_and_moe_gguf_architectures_match_mlx_lm() {
         })
         .collect();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    for a in ["mamba", "mamba2", "minimax-m2", "bailingmoe2", "nemotron_h", "falcon-h1", "jamba"] {
+    for a in ["mamba", "mamba2", "minimax-m2", "bailingmoe2", "nemotron_h", "falcon-h1", "jamba", "dbrx"] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }
 }

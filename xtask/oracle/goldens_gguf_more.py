@@ -2684,6 +2684,75 @@ CASES["jamba"] = Case(
 )
 
 
+
+# DBRX (`dbrx`): DbrxModel writes the block count, `max_seq_len`, the width, the experts'
+# width as `feed_forward_length`, the heads, the KV heads, the rope base, `clip_qkv` as
+# `attention.clamp_kqv`, the expert counts and a LayerNorm epsilon of 1e-5; it stacks each
+# layer's experts (`w1` -> `ffn_gate_exps`, `v1` -> `ffn_up_exps`, `w2` -> `ffn_down_exps` as
+# (experts, width, ffn): each expert's is mlx-lm's `w2` Linear weight) where mlx-lm keeps a
+# list of experts; `norm_2` is `attn_output_norm`.
+DBRX = {
+    "model_type": "dbrx",
+    "vocab_size": 96,
+    "d_model": 32,
+    "n_layers": 2,
+    "n_heads": 4,
+    "max_seq_len": 256,
+    "attn_config": {"kv_n_heads": 2, "clip_qkv": 0.5, "rope_theta": 10000.0},
+    "ffn_config": {"ffn_hidden_size": 16, "moe_num_experts": 4, "moe_top_k": 2},
+    "tie_word_embeddings": False,
+}
+
+DBRX_PARTS = {
+    "transformer.wte": "token_embd",
+    "transformer.norm_f": "output_norm",
+    "norm_attn_norm.norm_1": "attn_norm",
+    "norm_attn_norm.norm_2": "attn_output_norm",
+    "norm_attn_norm.attn.Wqkv": "attn_qkv",
+    "norm_attn_norm.attn.out_proj": "attn_output",
+    "ffn.router.layer": "ffn_gate_inp",
+}
+
+
+def dbrx_tensors(case, k, v):
+    """The experts of a layer stacked once all of them are seen."""
+    if ".ffn.experts." not in k:
+        return [(case.gguf_name(k), v)]
+    _, _, layer, _, _, e, w, _ = k.split(".")
+    seen = case.stacks.setdefault(layer, {})
+    seen[(w, int(e))] = v
+    n = case.config["ffn_config"]["moe_num_experts"]
+    if len(seen) < 3 * n:
+        return []
+    names = {"w1": "ffn_gate_exps", "v1": "ffn_up_exps", "w2": "ffn_down_exps"}
+    return [(f"blk.{layer}.{g}.weight", mx.stack([seen[(w, i)] for i in range(n)]))
+            for w, g in names.items()]
+
+
+CASES["dbrx"] = Case(
+    "dbrx",
+    DBRX,
+    "dbrx",
+    [
+        u32("block_count", "n_layers"),
+        u32("context_length", "max_seq_len"),
+        u32("embedding_length", "d_model"),
+        u32("feed_forward_length", lambda c: c["ffn_config"]["ffn_hidden_size"]),
+        u32("attention.head_count", "n_heads"),
+        u32("attention.head_count_kv", lambda c: c["attn_config"]["kv_n_heads"]),
+        f32("rope.freq_base", lambda c: c["attn_config"]["rope_theta"]),
+        f32("attention.clamp_kqv", lambda c: c["attn_config"]["clip_qkv"]),
+        u32("expert_count", lambda c: c["ffn_config"]["moe_num_experts"]),
+        u32("expert_used_count", lambda c: c["ffn_config"]["moe_top_k"]),
+        f32("attention.layer_norm_epsilon", 1e-5),
+    ] + GPT2,
+    DBRX_PARTS,
+    prefix="transformer.blocks",
+    tensors=dbrx_tensors,
+)
+CASES["dbrx"].stacks = {}
+
+
 ONLY = only()
 for _name, _case in CASES.items():
     if not ONLY or _name in ONLY:
