@@ -1150,6 +1150,25 @@ const ARCHS: &[GgufArch] = &[
         ],
         ..PLAIN
     },
+    // Hunyuan MoE (Hunyuan-A13B; mlx-lm's `hunyuan`): per-head q / k norms, softmax-routed
+    // experts beside a shared MLP, the NTK-alpha rope base stored already scaled
+    // (`hunyuan_moe_config`).
+    GgufArch {
+        arch: "hunyuan-moe",
+        model_type: "hunyuan",
+        parts: &[
+            ("attn_q_norm", "self_attn.query_layernorm"),
+            ("attn_k_norm", "self_attn.key_layernorm"),
+            ("ffn_gate_inp", "mlp.gate.wg"),
+            ("ffn_gate_exps", "mlp.switch_mlp.gate_proj"),
+            ("ffn_up_exps", "mlp.switch_mlp.up_proj"),
+            ("ffn_down_exps", "mlp.switch_mlp.down_proj"),
+            ("ffn_gate_shexp", "mlp.shared_mlp.gate_proj"),
+            ("ffn_up_shexp", "mlp.shared_mlp.up_proj"),
+            ("ffn_down_shexp", "mlp.shared_mlp.down_proj"),
+        ],
+        ..PLAIN
+    },
 ];
 
 /// mlx-lm parameters without a `.weight`, to which the converters add one.
@@ -2441,6 +2460,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         "bailingmoe2" => bailing_config(&mut config, &tensors, path, &metadata, blocks)?,
         "falcon-h1" => falcon_h1_config(&mut config, &tensors, path, &metadata)?,
         "dbrx" => dbrx_config(&mut config, &mut tensors, path, &metadata)?,
+        "hunyuan-moe" => hunyuan_moe_config(&mut config, &tensors, path, &metadata)?,
         "jamba" => jamba_config(
             &mut config,
             &tensors,
@@ -5145,6 +5165,87 @@ fn dbrx_config(
             format!("metadata `{}` is missing", key("context_length")),
         ));
     }
+    Ok(())
+}
+
+/// Hunyuan MoE (`HunYuanMoEModel`'s keys) as mlx-lm's `hunyuan`: the rope base comes
+/// already scaled by the NTK alpha (scaling "none"), so alpha is 1 here; the experts' width
+/// and count, the experts used (`moe_topk`), the shared MLP (`use_mixed_mlp_moe`, its width
+/// `intermediate_size` times `num_shared_expert` in mlx-lm, which the tensors must match).
+/// llama.cpp gives every layer its own K / V: no cross-layer sharing (`use_cla` false).
+/// mlx-lm's head size is the width over the heads: another `attention.key_length` is refused.
+fn hunyuan_moe_config(
+    config: &mut Value,
+    tensors: &BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+) -> Result<()> {
+    let arch = "hunyuan-moe";
+    let key = |k: &str| format!("{arch}.{k}");
+    let need = |k: &str| need_count(meta, path, arch, k);
+    let (hidden, heads) = (
+        config["hidden_size"].as_i64().unwrap_or(0),
+        config["num_attention_heads"].as_i64().unwrap_or(1),
+    );
+    if let Some(d) = meta_count(meta, path, &key("attention.key_length"))? {
+        if i64::from(d) * heads != hidden {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` = {d} is not the width over the heads, the only head size \
+                     mlx-lm's hunyuan has",
+                    key("attention.key_length")
+                ),
+            ));
+        }
+    }
+    if let Some(c) = config.as_object_mut() {
+        c.remove("head_dim");
+    }
+    match meta_str(meta, &key("rope.scaling.type")) {
+        None | Some("none") => {}
+        Some(other) => {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is {other:?}: Hunyuan's files carry the NTK-alpha base \
+                     already scaled, with scaling \"none\"",
+                    key("rope.scaling.type")
+                ),
+            ))
+        }
+    }
+    config["rope_scaling"] = json!({"alpha": 1.0, "factor": 1.0, "type": "dynamic"});
+    config["num_experts"] = Value::from(need("expert_count")?);
+    config["moe_topk"] = Value::from(need("expert_used_count")?);
+    config["moe_intermediate_size"] = Value::from(need("expert_feed_forward_length")?);
+    let shared = meta_count(meta, path, &key("expert_shared_count"))?.unwrap_or(0);
+    let width = tensors
+        .iter()
+        .find(|(k, _)| k.ends_with(".mlp.shared_mlp.up_proj.weight"))
+        .map(|(_, a)| i64::from(a.shape()[0]));
+    let ffn = config["intermediate_size"].as_i64().unwrap_or(0);
+    match width {
+        None => config["use_mixed_mlp_moe"] = Value::from(false),
+        Some(w) if w == ffn * i64::from(shared) => config["use_mixed_mlp_moe"] = Value::from(true),
+        Some(w) => {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` = {shared} times `{}` = {ffn} is not the shared MLP's width \
+                     ({w} rows of `ffn_up_shexp`), as mlx-lm's hunyuan sizes it",
+                    key("expert_shared_count"),
+                    key("feed_forward_length")
+                ),
+            ))
+        }
+    }
+    config["num_shared_expert"] = Value::from(shared);
+    let has = |k: &str| tensors.contains_key(k);
+    config["use_qk_norm"] = Value::from(has("model.layers.0.self_attn.query_layernorm.weight"));
+    config["attention_bias"] = Value::from(has("model.layers.0.self_attn.q_proj.bias"));
+    config["use_cla"] = Value::from(false);
+    config["cla_share_factor"] = Value::from(2);
     Ok(())
 }
 

@@ -248,6 +248,7 @@ fn ssm_and_moe_gguf_architectures_match_mlx_lm() {
         ("falcon_h1", "falcon_h1"),
         ("jamba", "jamba"),
         ("dbrx", "dbrx"),
+        ("hunyuan_moe", "hunyuan"),
     ];
     let failures: Vec<String> = cases
         .iter()
@@ -268,7 +269,7 @@ fn ssm_and_moe_gguf_architectures_match_mlx_lm() {
         })
         .collect();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    for a in ["mamba", "mamba2", "minimax-m2", "bailingmoe2", "nemotron_h", "falcon-h1", "jamba", "dbrx"] {
+    for a in ["mamba", "mamba2", "minimax-m2", "bailingmoe2", "nemotron_h", "falcon-h1", "jamba", "dbrx", "hunyuan-moe"] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }
 }

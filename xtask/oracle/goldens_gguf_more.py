@@ -2753,6 +2753,61 @@ CASES["dbrx"] = Case(
 CASES["dbrx"].stacks = {}
 
 
+
+# Hunyuan MoE (`hunyuan-moe`, Hunyuan-A13B; mlx-lm's `hunyuan`): HunYuanMoEModel writes
+# TextModel's keys (no per-token expert count there: Hunyuan's is `moe_topk`), then the
+# shared MLP's width (`intermediate_size`), the experts' width, the experts used, the shared
+# count, and for its NTK-alpha rope the base already scaled as hunyuan-dense does, scaling
+# "none" and a 256k context. Experts stacked, the router `mlp.gate.wg` as `ffn_gate_inp`, the
+# shared MLP as `ffn_*_shexp`; every layer has its own K / V (llama.cpp has no CLA).
+HUNYUAN_MOE = cfg("hunyuan", intermediate_size=32, attention_bias=False, moe_topk=2, num_experts=4,
+                  num_shared_expert=1, use_mixed_mlp_moe=True, use_qk_norm=True, use_cla=False,
+                  cla_share_factor=2, moe_intermediate_size=16, tie_word_embeddings=False,
+                  rms_norm_eps=1e-5, max_position_embeddings=32768,
+                  rope_scaling={"alpha": 50.0, "factor": 1.0, "type": "dynamic"})
+
+
+def hunyuan_moe_base(c):
+    d = c["hidden_size"] // c["num_attention_heads"]
+    return c["rope_theta"] * (c["rope_scaling"]["alpha"] ** (d / (d - 2)))
+
+
+CASES["hunyuan_moe"] = Case(
+    "hunyuan",
+    HUNYUAN_MOE,
+    "hunyuan-moe",
+    [
+        u32("block_count", "num_hidden_layers"),
+        u32("context_length", 256 * 1024),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv", "num_key_value_heads"),
+        f32("rope.freq_base", hunyuan_moe_base),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+        u32("expert_count", "num_experts"),
+        u32("expert_shared_feed_forward_length", "intermediate_size"),
+        u32("expert_feed_forward_length", "moe_intermediate_size"),
+        u32("expert_used_count", "moe_topk"),
+        u32("expert_shared_count", "num_shared_expert"),
+        text("rope.scaling.type", "none"),
+        f32("rope.scaling.factor", 1.0),
+        u32("rope.scaling.original_context_length", 256 * 1024),
+    ] + GPT2,
+    {
+        "self_attn.query_layernorm": "attn_q_norm",
+        "self_attn.key_layernorm": "attn_k_norm",
+        "mlp.gate.wg": "ffn_gate_inp",
+        "mlp.switch_mlp.gate_proj": "ffn_gate_exps",
+        "mlp.switch_mlp.up_proj": "ffn_up_exps",
+        "mlp.switch_mlp.down_proj": "ffn_down_exps",
+        "mlp.shared_mlp.gate_proj": "ffn_gate_shexp",
+        "mlp.shared_mlp.up_proj": "ffn_up_shexp",
+        "mlp.shared_mlp.down_proj": "ffn_down_shexp",
+    },
+)
+
+
 ONLY = only()
 for _name, _case in CASES.items():
     if not ONLY or _name in ONLY:
