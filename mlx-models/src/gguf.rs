@@ -1169,6 +1169,22 @@ const ARCHS: &[GgufArch] = &[
         ],
         ..PLAIN
     },
+    // Qwen3-VL MoE's text tower: qwen3moe's names and keys (its interleaved-MRoPE sections
+    // are plain rope on text positions, as mlx-lm runs it), under mlx-lm's `language_model.`.
+    GgufArch {
+        arch: "qwen3vlmoe",
+        model_type: "qwen3_vl_moe",
+        parts: &[
+            ("attn_q_norm", "self_attn.q_norm"),
+            ("attn_k_norm", "self_attn.k_norm"),
+            EXPERT_PARTS[0],
+            EXPERT_PARTS[1],
+            EXPERT_PARTS[2],
+            EXPERT_PARTS[3],
+        ],
+        text_of: Some(("language_model.", "", "qwen3_moe")),
+        ..PLAIN
+    },
 ];
 
 /// mlx-lm parameters without a `.weight`, to which the converters add one.
@@ -1863,7 +1879,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             }
             long_rope(&mut config, &mut rope_tensors, path, &metadata, arch.arch)?;
         }
-        "qwen3moe" => {
+        "qwen3moe" | "qwen3vlmoe" => {
             // llama.cpp's qwen3moe renormalizes the top-k weights and has no dense layers.
             config["num_experts"] = Value::from(count("expert_count")?);
             config["num_experts_per_tok"] = Value::from(count("expert_used_count")?);

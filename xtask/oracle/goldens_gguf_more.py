@@ -2808,6 +2808,45 @@ CASES["hunyuan_moe"] = Case(
 )
 
 
+
+# Qwen3-VL MoE's text tower (`qwen3vlmoe`, mlx-lm's `qwen3_vl_moe`, whose model is qwen3_moe's
+# under `language_model.`): Qwen3VLMoeTextModel writes Qwen3MoeModel's keys plus the
+# interleaved-MRoPE sections (text positions make it plain rope, as mlx-lm runs it) and the
+# deepstack layer count (the vision tower's; unused by text); experts stacked (the packed
+# `gate_up_proj` split, `down_proj` transposed: each expert's Linear weight, as here).
+QWEN3VLMOE_TEXT = cfg("qwen3_moe", head_dim=8, num_experts=4, num_experts_per_tok=2,
+                      decoder_sparse_step=1, mlp_only_layers=[], moe_intermediate_size=16,
+                      norm_topk_prob=True, rope_theta=5000000.0, tie_word_embeddings=False,
+                      rope_scaling={"rope_type": "default", "mrope_section": [2, 1, 1],
+                                    "mrope_interleaved": True})
+
+CASES["qwen3vlmoe"] = Case(
+    "qwen3_vl_moe",
+    {"model_type": "qwen3_vl_moe", "text_config": QWEN3VLMOE_TEXT, "tie_word_embeddings": False},
+    "qwen3vlmoe",
+    [
+        u32("block_count", "num_hidden_layers"),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv", "num_key_value_heads"),
+        arr("rope.dimension_sections", lambda c: mx.array([2, 1, 1, 0], dtype=mx.int32)),
+        f32("rope.freq_base", "rope_theta"),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+        u32("expert_count", "num_experts"),
+        u32("expert_used_count", "num_experts_per_tok"),
+        u32("attention.key_length", "head_dim"),
+        u32("attention.value_length", "head_dim"),
+        u32("expert_feed_forward_length", "moe_intermediate_size"),
+        u32("n_deepstack_layers", 3),
+    ] + GPT2,
+    {**EXPERTS},
+    tensors=lambda case, k, v: [(case.gguf_name(k.removeprefix("language_model.")), v)],
+    hparams=lambda c: c["text_config"],
+)
+
+
 ONLY = only()
 for _name, _case in CASES.items():
     if not ONLY or _name in ONLY:
