@@ -1185,6 +1185,31 @@ const ARCHS: &[GgufArch] = &[
         text_of: Some(("language_model.", "", "qwen3_moe")),
         ..PLAIN
     },
+    // AFMoE (Arcee Trinity): gated attention (`attn_gate`) with q / k norms, sandwich norms,
+    // sigmoid-routed experts with a selection bias (`exp_probs_b`) and shared experts after
+    // dense first layers; sliding layers in llama.cpp's fixed pattern (`afmoe_config`).
+    GgufArch {
+        arch: "afmoe",
+        model_type: "afmoe",
+        parts: &[
+            ("attn_q_norm", "self_attn.q_norm"),
+            ("attn_k_norm", "self_attn.k_norm"),
+            ("attn_gate", "self_attn.gate_proj"),
+            ("post_attention_norm", "post_attention_layernorm"),
+            ("ffn_norm", "pre_mlp_layernorm"),
+            ("post_ffw_norm", "post_mlp_layernorm"),
+            ("ffn_gate_inp", "mlp.router.gate"),
+            // `exp_probs_b.bias` -> the bare `mlp.expert_bias` (see `map_name`).
+            ("exp_probs_b", "mlp.expert_bias"),
+            ("ffn_gate_exps", "mlp.experts.gate_proj"),
+            ("ffn_up_exps", "mlp.experts.up_proj"),
+            ("ffn_down_exps", "mlp.experts.down_proj"),
+            SHARED_EXPERT_PARTS[0],
+            SHARED_EXPERT_PARTS[1],
+            SHARED_EXPERT_PARTS[2],
+        ],
+        ..PLAIN
+    },
 ];
 
 /// mlx-lm parameters without a `.weight`, to which the converters add one.
@@ -1240,7 +1265,8 @@ fn map_name(a: &GgufArch, name: &str) -> Option<String> {
     };
     if (BARE_PARAMS.iter().any(|b| mapped.ends_with(b)) && suffix == "weight")
         || ((mapped.ends_with(".feed_forward.expert_bias")
-            || mapped.ends_with(".mlp.gate.expert_bias"))
+            || mapped.ends_with(".mlp.gate.expert_bias")
+            || mapped.ends_with(".mlp.expert_bias"))
             && suffix == "bias")
     {
         // gpt-oss's `sinks` and LFM2-MoE's `expert_bias` are bare parameters in mlx-lm; the
@@ -2477,6 +2503,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         "falcon-h1" => falcon_h1_config(&mut config, &tensors, path, &metadata)?,
         "dbrx" => dbrx_config(&mut config, &mut tensors, path, &metadata)?,
         "hunyuan-moe" => hunyuan_moe_config(&mut config, &tensors, path, &metadata)?,
+        "afmoe" => afmoe_config(&mut config, &tensors, path, &metadata, blocks)?,
         "jamba" => jamba_config(
             &mut config,
             &tensors,
@@ -5263,6 +5290,126 @@ fn hunyuan_moe_config(
     config["use_cla"] = Value::from(false);
     config["cla_share_factor"] = Value::from(2);
     Ok(())
+}
+
+/// AFMoE (`AfmoeModel`'s keys) as mlx-lm's `afmoe`: with `attention.sliding_window`, the
+/// per-layer flags of `attention.sliding_window_pattern` or llama.cpp's fixed pattern (three
+/// sliding layers, then a full one; mlx-lm needs at least one full layer), else every layer
+/// full; routing as llama.cpp reads it (sigmoid unless `expert_gating_func` says softmax, no
+/// renormalization and a scale of 1 unless the keys say otherwise); the shared experts' width
+/// must be mlx-lm's (`moe_intermediate_size` times their count); the embedding scaled by
+/// sqrt(width), which llama.cpp always does.
+fn afmoe_config(
+    config: &mut Value,
+    tensors: &BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    blocks: i32,
+) -> Result<()> {
+    let arch = "afmoe";
+    let key = |k: &str| format!("{arch}.{k}");
+    let need = |k: &str| need_count(meta, path, arch, k);
+    let window = meta_count(meta, path, &key("attention.sliding_window"))?;
+    let sliding: Vec<bool> = match (window, meta.get(&key("attention.sliding_window_pattern"))) {
+        (None, _) => vec![false; blocks as usize],
+        (Some(_), Some(GgufValue::Array(a))) => a
+            .astype(Dtype::Bool)
+            .and_then(|b| b.to_vec::<bool>())
+            .map_err(|e| gguf_err(path, format!("metadata `attention.sliding_window_pattern`: {e}")))?,
+        (Some(_), _) => (0..blocks).map(|i| (i + 1) % 4 != 0).collect(),
+    };
+    if sliding.len() != blocks as usize || sliding.iter().all(|&s| s) {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` ({} entries for {blocks} layers) needs a full-attention layer, \
+                 which mlx-lm's afmoe needs",
+                key("attention.sliding_window_pattern"),
+                sliding.len()
+            ),
+        ));
+    }
+    let types: Vec<&str> = sliding
+        .iter()
+        .map(|&s| if s { "sliding_attention" } else { "full_attention" })
+        .collect();
+    config["layer_types"] = json!(types);
+    config["sliding_window"] = Value::from(window.unwrap_or(1));
+    config["score_func"] = Value::from(match meta_count(meta, path, &key("expert_gating_func"))? {
+        None | Some(2) => "sigmoid",
+        Some(1) => "softmax",
+        Some(g) => {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is {g}; mlx-lm's afmoe routes by sigmoid (2) or softmax (1)",
+                    key("expert_gating_func")
+                ),
+            ))
+        }
+    });
+    config["num_experts"] = Value::from(need("expert_count")?);
+    config["num_experts_per_tok"] = Value::from(need("expert_used_count")?);
+    config["moe_intermediate_size"] = Value::from(need("expert_feed_forward_length")?);
+    let dense = meta_layer_count(meta, path, &key("leading_dense_block_count"), blocks)?;
+    config["num_dense_layers"] = Value::from(dense.unwrap_or(0));
+    config["n_group"] = Value::from(meta_count(meta, path, &key("expert_group_count"))?.unwrap_or(1));
+    config["topk_group"] =
+        Value::from(meta_count(meta, path, &key("expert_group_used_count"))?.unwrap_or(1));
+    config["route_norm"] =
+        Value::from(meta_bool(meta, path, &key("expert_weights_norm"))?.unwrap_or(false));
+    let scale = meta_f64(meta, &key("expert_weights_scale")).unwrap_or(1.0);
+    if !(scale.is_finite() && scale > 0.0) {
+        return Err(gguf_err(
+            path,
+            format!("metadata `{}` is {scale}; it must be a finite number > 0", key("expert_weights_scale")),
+        ));
+    }
+    config["route_scale"] = Value::from(scale);
+    config["mup_enabled"] = Value::from(true);
+    let shared = meta_count(meta, path, &key("expert_shared_count"))?.unwrap_or(0);
+    let moe = config["moe_intermediate_size"].as_i64().unwrap_or(0);
+    let width = tensors
+        .iter()
+        .find(|(k, _)| k.ends_with(".mlp.shared_experts.up_proj.weight"))
+        .map(|(_, a)| i64::from(a.shape()[0]));
+    if width.unwrap_or(0) != moe * i64::from(shared) {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` = {shared} times `{}` = {moe} is not the shared experts' width \
+                 ({width:?} rows of `ffn_up_shexp`), as mlx-lm's afmoe sizes it",
+                key("expert_shared_count"),
+                key("expert_feed_forward_length")
+            ),
+        ));
+    }
+    config["num_shared_experts"] = Value::from(shared);
+    if meta_str(meta, &key("rope.scaling.type")).is_some_and(|t| t != "none") {
+        return Err(gguf_err(
+            path,
+            format!("metadata `{}`: rope scaling is not mapped for afmoe", key("rope.scaling.type")),
+        ));
+    }
+    if meta_f64(meta, &key("rope.freq_base_swa"))
+        .is_some_and(|b| Some(b) != config["rope_theta"].as_f64())
+    {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` differs from the base; mlx-lm's afmoe has one",
+                key("rope.freq_base_swa")
+            ),
+        ));
+    }
+    if config.get("head_dim").is_none() {
+        let (h, n) = (
+            config["hidden_size"].as_i64().unwrap_or(0),
+            config["num_attention_heads"].as_i64().unwrap_or(1).max(1),
+        );
+        config["head_dim"] = Value::from(h / n);
+    }
+    require_context(config, path, &key("context_length"))
 }
 
 /// What `mlx info` prints about a GGUF file of a supported architecture, without building

@@ -250,6 +250,7 @@ fn ssm_and_moe_gguf_architectures_match_mlx_lm() {
         ("dbrx", "dbrx"),
         ("hunyuan_moe", "hunyuan"),
         ("qwen3vlmoe", "qwen3_vl_moe"),
+        ("afmoe", "afmoe"),
     ];
     let failures: Vec<String> = cases
         .iter()
@@ -270,7 +271,7 @@ fn ssm_and_moe_gguf_architectures_match_mlx_lm() {
         })
         .collect();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    for a in ["mamba", "mamba2", "minimax-m2", "bailingmoe2", "nemotron_h", "falcon-h1", "jamba", "dbrx", "hunyuan-moe", "qwen3vlmoe"] {
+    for a in ["mamba", "mamba2", "minimax-m2", "bailingmoe2", "nemotron_h", "falcon-h1", "jamba", "dbrx", "hunyuan-moe", "qwen3vlmoe", "afmoe"] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }
 }

@@ -2847,6 +2847,73 @@ CASES["qwen3vlmoe"] = Case(
 )
 
 
+
+# AFMoE (`afmoe`, Arcee Trinity): AfmoeModel writes LlamaModel's keys (TextModel's with the
+# group routing, the gating function and the head size, plus the vocabulary size and rope
+# width; nothing permuted: its tensors bypass the llama class) and the shared-expert count,
+# the experts' width, the dense first blocks, the routed renormalization and scale and the
+# sliding window; llama.cpp fixes the pattern (three sliding layers, then a full one) and
+# always scales the embedding by sqrt(width) (mlx-lm's `mup_enabled`). The gated attention's
+# `gate_proj` is `attn_gate`, `expert_bias` `exp_probs_b.bias`, experts stacked.
+AFMOE = cfg("afmoe", num_hidden_layers=4, head_dim=8, num_experts=4, num_experts_per_tok=2,
+            num_shared_experts=1, num_dense_layers=1, moe_intermediate_size=16, route_norm=True,
+            route_scale=2.5, score_func="sigmoid", n_group=1, topk_group=1, sliding_window=4,
+            mup_enabled=True, tie_word_embeddings=False,
+            layer_types=["sliding_attention"] * 3 + ["full_attention"])
+
+
+def afmoe_tensors(case, k, v):
+    if k.endswith(".mlp.expert_bias"):
+        return [(f"blk.{layer_of(k)}.exp_probs_b.bias", v)]
+    return [(case.gguf_name(k), v)]
+
+
+CASES["afmoe"] = Case(
+    "afmoe",
+    AFMOE,
+    "afmoe",
+    [
+        u32("block_count", "num_hidden_layers"),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv", "num_key_value_heads"),
+        f32("rope.freq_base", "rope_theta"),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+        u32("expert_count", "num_experts"),
+        u32("expert_used_count", "num_experts_per_tok"),
+        u32("expert_group_count", "n_group"),
+        u32("expert_group_used_count", "topk_group"),
+        u32("expert_gating_func", 2),
+        u32("attention.key_length", "head_dim"),
+        u32("attention.value_length", "head_dim"),
+        u32("vocab_size", "vocab_size"),
+        u32("rope.dimension_count", "head_dim"),
+        u32("expert_shared_count", "num_shared_experts"),
+        u32("expert_feed_forward_length", "moe_intermediate_size"),
+        u32("leading_dense_block_count", "num_dense_layers"),
+        flag("expert_weights_norm", "route_norm"),
+        f32("expert_weights_scale", "route_scale"),
+        u32("attention.sliding_window", "sliding_window"),
+    ] + GPT2,
+    {
+        "self_attn.gate_proj": "attn_gate",
+        "post_attention_layernorm": "post_attention_norm",
+        "pre_mlp_layernorm": "ffn_norm",
+        "post_mlp_layernorm": "post_ffw_norm",
+        "mlp.router.gate": "ffn_gate_inp",
+        "mlp.experts.gate_proj": "ffn_gate_exps",
+        "mlp.experts.up_proj": "ffn_up_exps",
+        "mlp.experts.down_proj": "ffn_down_exps",
+        "mlp.shared_experts.gate_proj": "ffn_gate_shexp",
+        "mlp.shared_experts.up_proj": "ffn_up_shexp",
+        "mlp.shared_experts.down_proj": "ffn_down_shexp",
+    },
+    tensors=afmoe_tensors,
+)
+
+
 ONLY = only()
 for _name, _case in CASES.items():
     if not ONLY or _name in ONLY:
