@@ -1210,6 +1210,20 @@ const ARCHS: &[GgufArch] = &[
         ],
         ..PLAIN
     },
+    // DeepSeek V3.2 (llama.cpp's `deepseek32`, its deepseek2 class plus the sparse-attention
+    // indexer): deepseek2's names and MLA as deepseek_v3 reads it, the indexer's tensors.
+    GgufArch {
+        arch: "deepseek32",
+        model_type: "deepseek_v32",
+        parts: &[
+            ("indexer.attn_q_b", "self_attn.indexer.wq_b"),
+            ("indexer.attn_k", "self_attn.indexer.wk"),
+            ("indexer.k_norm", "self_attn.indexer.k_norm"),
+            ("indexer.proj", "self_attn.indexer.weights_proj"),
+        ],
+        base_parts: DEEPSEEK2_PARTS,
+        ..PLAIN
+    },
 ];
 
 /// mlx-lm parameters without a `.weight`, to which the converters add one.
@@ -2504,6 +2518,10 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         "dbrx" => dbrx_config(&mut config, &mut tensors, path, &metadata)?,
         "hunyuan-moe" => hunyuan_moe_config(&mut config, &tensors, path, &metadata)?,
         "afmoe" => afmoe_config(&mut config, &tensors, path, &metadata, blocks)?,
+        "deepseek32" => {
+            deepseek2_config(&mut config, &mut tensors, path, &metadata, heads, arch.arch)?;
+            deepseek32_config(&mut config, path, &metadata)?
+        }
         "jamba" => jamba_config(
             &mut config,
             &tensors,
@@ -5410,6 +5428,25 @@ fn afmoe_config(
         config["head_dim"] = Value::from(h / n);
     }
     require_context(config, path, &key("context_length"))
+}
+
+/// DeepSeek V3.2 (`DeepseekV32Model`'s keys) as mlx-lm's `deepseek_v32`, after
+/// [`deepseek2_config`]: the indexer's head count, head size and top-k. Its MLA is deepseek_v3's
+/// (a sigmoid router: `expert_gating_func` 2).
+fn deepseek32_config(config: &mut Value, path: &Path, meta: &GgufMetadata) -> Result<()> {
+    let arch = "deepseek32";
+    let need = |k: &str| need_count(meta, path, arch, k);
+    if config["model_type"] != "deepseek_v3" {
+        return Err(gguf_err(
+            path,
+            format!("metadata `{arch}.expert_gating_func` is not sigmoid (2), DeepSeek V3.2's router"),
+        ));
+    }
+    config["model_type"] = Value::from("deepseek_v32");
+    config["index_n_heads"] = Value::from(need("attention.indexer.head_count")?);
+    config["index_head_dim"] = Value::from(need("attention.indexer.key_length")?);
+    config["index_topk"] = Value::from(need("attention.indexer.top_k")?);
+    Ok(())
 }
 
 /// What `mlx info` prints about a GGUF file of a supported architecture, without building

@@ -251,6 +251,8 @@ fn ssm_and_moe_gguf_architectures_match_mlx_lm() {
         ("hunyuan_moe", "hunyuan"),
         ("qwen3vlmoe", "qwen3_vl_moe"),
         ("afmoe", "afmoe"),
+        // `cargo xtask goldens gguf_mla deepseek32`.
+        ("deepseek32", "deepseek_v32"),
     ];
     let failures: Vec<String> = cases
         .iter()
@@ -271,7 +273,7 @@ fn ssm_and_moe_gguf_architectures_match_mlx_lm() {
         })
         .collect();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    for a in ["mamba", "mamba2", "minimax-m2", "bailingmoe2", "nemotron_h", "falcon-h1", "jamba", "dbrx", "hunyuan-moe", "qwen3vlmoe", "afmoe"] {
+    for a in ["mamba", "mamba2", "minimax-m2", "bailingmoe2", "nemotron_h", "falcon-h1", "jamba", "dbrx", "hunyuan-moe", "qwen3vlmoe", "afmoe", "deepseek32"] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }
 }

@@ -116,6 +116,27 @@ CASES = {
         "split",
         "mistral4",
     ),
+    # DeepSeek V3.2 (llama.cpp's `deepseek32`: DeepseekV2Model plus the sparse-attention
+    # indexer's tensors and its head count, head size and top-k). Its top-k (8) is below the
+    # recorded sequence (15), so the indexer selects keys in the later steps.
+    "deepseek32": (
+        "deepseek_v32",
+        {
+            "q_lora_rank": 24,
+            "scoring_func": "sigmoid",
+            "topk_method": "noaux_tc",
+            "norm_topk_prob": True,
+            "n_group": 2,
+            "topk_group": 1,
+            "routed_scaling_factor": 2.5,
+            "rope_scaling": None,
+            "index_n_heads": 2,
+            "index_head_dim": 16,
+            "index_topk": 8,
+        },
+        "split",
+        "deepseek32",
+    ),
 }
 
 # mlx-lm names (HF's, experts stacked) -> llama.cpp's (gguf-py's tensor_mapping.py).
@@ -140,6 +161,10 @@ PARTS = {
     "mlp.shared_experts.gate_proj": "ffn_gate_shexp",
     "mlp.shared_experts.up_proj": "ffn_up_shexp",
     "mlp.shared_experts.down_proj": "ffn_down_shexp",
+    "self_attn.indexer.wq_b": "indexer.attn_q_b",
+    "self_attn.indexer.wk": "indexer.attn_k",
+    "self_attn.indexer.k_norm": "indexer.k_norm",
+    "self_attn.indexer.weights_proj": "indexer.proj",
 }
 
 
@@ -192,7 +217,7 @@ def convert(hf, c, layout):
 
 
 def metadata(c, layout):
-    arch = "mistral4" if c["model_type"] == "mistral4" else "deepseek2"
+    arch = {"mistral4": "mistral4", "deepseek_v32": "deepseek32"}.get(c["model_type"], "deepseek2")
     meta = Meta(arch)
     m, num = meta.m, meta.num
 
@@ -238,6 +263,10 @@ def metadata(c, layout):
         num("rope.scaling.yarn_beta_fast", rs["beta_fast"], mx.float32)
         num("rope.scaling.yarn_beta_slow", rs["beta_slow"], mx.float32)
         num("rope.scaling.yarn_log_multiplier", 0.1 * rs["mscale_all_dim"], mx.float32)
+    if arch == "deepseek32":
+        num("attention.indexer.head_count", c["index_n_heads"])
+        num("attention.indexer.key_length", c["index_head_dim"])
+        num("attention.indexer.top_k", c["index_topk"])
     return m
 
 
