@@ -1224,6 +1224,19 @@ const ARCHS: &[GgufArch] = &[
         base_parts: DEEPSEEK2_PARTS,
         ..PLAIN
     },
+    // GLM-5 (llama.cpp's `glm-dsa`, mlx-lm's `glm_moe_dsa`): DeepSeek V3.2's layout.
+    GgufArch {
+        arch: "glm-dsa",
+        model_type: "glm_moe_dsa",
+        parts: &[
+            ("indexer.attn_q_b", "self_attn.indexer.wq_b"),
+            ("indexer.attn_k", "self_attn.indexer.wk"),
+            ("indexer.k_norm", "self_attn.indexer.k_norm"),
+            ("indexer.proj", "self_attn.indexer.weights_proj"),
+        ],
+        base_parts: DEEPSEEK2_PARTS,
+        ..PLAIN
+    },
 ];
 
 /// mlx-lm parameters without a `.weight`, to which the converters add one.
@@ -2518,9 +2531,9 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         "dbrx" => dbrx_config(&mut config, &mut tensors, path, &metadata)?,
         "hunyuan-moe" => hunyuan_moe_config(&mut config, &tensors, path, &metadata)?,
         "afmoe" => afmoe_config(&mut config, &tensors, path, &metadata, blocks)?,
-        "deepseek32" => {
+        "deepseek32" | "glm-dsa" => {
             deepseek2_config(&mut config, &mut tensors, path, &metadata, heads, arch.arch)?;
-            deepseek32_config(&mut config, path, &metadata)?
+            deepseek32_config(&mut config, path, &metadata, arch.arch)?
         }
         "jamba" => jamba_config(
             &mut config,
@@ -5430,19 +5443,53 @@ fn afmoe_config(
     require_context(config, path, &key("context_length"))
 }
 
-/// DeepSeek V3.2 (`DeepseekV32Model`'s keys) as mlx-lm's `deepseek_v32`, after
-/// [`deepseek2_config`]: the indexer's head count, head size and top-k. Its MLA is deepseek_v3's
-/// (a sigmoid router: `expert_gating_func` 2).
-fn deepseek32_config(config: &mut Value, path: &Path, meta: &GgufMetadata) -> Result<()> {
-    let arch = "deepseek32";
+/// DeepSeek V3.2 (`DeepseekV32Model`'s keys) as mlx-lm's `deepseek_v32`, and GLM-5
+/// (`GlmMoeDsaModel`'s, `glm-dsa`) as its `glm_moe_dsa`, after [`deepseek2_config`]: the
+/// indexer's head count, head size and top-k; GLM-5's rope as `rope_parameters`. Their MLA
+/// is deepseek_v3's (a sigmoid router: `expert_gating_func` 2). A GLM-5 file whose
+/// `attention.indexer.types` skips the indexer on some layers is refused: mlx-lm's has one on
+/// every layer.
+fn deepseek32_config(config: &mut Value, path: &Path, meta: &GgufMetadata, arch: &str) -> Result<()> {
+    let key = |k: &str| format!("{arch}.{k}");
     let need = |k: &str| need_count(meta, path, arch, k);
     if config["model_type"] != "deepseek_v3" {
         return Err(gguf_err(
             path,
-            format!("metadata `{arch}.expert_gating_func` is not sigmoid (2), DeepSeek V3.2's router"),
+            format!(
+                "metadata `{}` is not sigmoid (2), the router of mlx-lm's {}",
+                key("expert_gating_func"),
+                if arch == "glm-dsa" { "glm_moe_dsa" } else { "deepseek_v32" }
+            ),
         ));
     }
-    config["model_type"] = Value::from("deepseek_v32");
+    if arch == "glm-dsa" {
+        if let Some(GgufValue::Array(a)) = meta.get(&key("attention.indexer.types")) {
+            let full = a
+                .astype(Dtype::Bool)
+                .and_then(|b| b.to_vec::<bool>())
+                .map_err(|e| gguf_err(path, format!("metadata `attention.indexer.types`: {e}")))?;
+            if full.contains(&false) {
+                return Err(gguf_err(
+                    path,
+                    format!(
+                        "metadata `{}` skips the indexer on some layers; mlx-lm's glm_moe_dsa \
+                         has one on every layer",
+                        key("attention.indexer.types")
+                    ),
+                ));
+            }
+        }
+        let theta = config["rope_theta"].clone();
+        let mut rp = match config.get("rope_scaling") {
+            Some(rs @ Value::Object(_)) => rs.clone(),
+            _ => json!({"rope_type": "default"}),
+        };
+        rp["rope_theta"] = theta;
+        config["rope_parameters"] = rp;
+        config["model_type"] = Value::from("glm_moe_dsa");
+    } else {
+        config["model_type"] = Value::from("deepseek_v32");
+    }
     config["index_n_heads"] = Value::from(need("attention.indexer.head_count")?);
     config["index_head_dim"] = Value::from(need("attention.indexer.key_length")?);
     config["index_topk"] = Value::from(need("attention.indexer.top_k")?);

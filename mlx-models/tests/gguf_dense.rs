@@ -251,8 +251,9 @@ fn ssm_and_moe_gguf_architectures_match_mlx_lm() {
         ("hunyuan_moe", "hunyuan"),
         ("qwen3vlmoe", "qwen3_vl_moe"),
         ("afmoe", "afmoe"),
-        // `cargo xtask goldens gguf_mla deepseek32`.
+        // `cargo xtask goldens gguf_mla deepseek32 glm_dsa`.
         ("deepseek32", "deepseek_v32"),
+        ("glm_dsa", "glm_moe_dsa"),
     ];
     let failures: Vec<String> = cases
         .iter()
@@ -273,7 +274,7 @@ fn ssm_and_moe_gguf_architectures_match_mlx_lm() {
         })
         .collect();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    for a in ["mamba", "mamba2", "minimax-m2", "bailingmoe2", "nemotron_h", "falcon-h1", "jamba", "dbrx", "hunyuan-moe", "qwen3vlmoe", "afmoe", "deepseek32"] {
+    for a in ["mamba", "mamba2", "minimax-m2", "bailingmoe2", "nemotron_h", "falcon-h1", "jamba", "dbrx", "hunyuan-moe", "qwen3vlmoe", "afmoe", "deepseek32", "glm-dsa"] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }
 }

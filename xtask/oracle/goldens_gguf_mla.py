@@ -137,6 +137,28 @@ CASES = {
         "split",
         "deepseek32",
     ),
+    # GLM-5 (llama.cpp's `glm-dsa`, mlx-lm's `glm_moe_dsa`: deepseek_v32 with rope_parameters and
+    # an interleaved indexer rope): DeepseekV2Model's keys, the rope width
+    # (qk_rope_head_dim * partial_rotary_factor, 1 here), the indexer's keys; its MTP layer
+    # count is written only where the checkpoint has one (none here).
+    "glm_dsa": (
+        "glm_moe_dsa",
+        {
+            "q_lora_rank": 24,
+            "scoring_func": "sigmoid",
+            "topk_method": "noaux_tc",
+            "norm_topk_prob": True,
+            "n_group": 1,
+            "topk_group": 1,
+            "routed_scaling_factor": 2.5,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+            "index_n_heads": 2,
+            "index_head_dim": 16,
+            "index_topk": 8,
+        },
+        "split",
+        "glm_dsa",
+    ),
 }
 
 # mlx-lm names (HF's, experts stacked) -> llama.cpp's (gguf-py's tensor_mapping.py).
@@ -217,7 +239,8 @@ def convert(hf, c, layout):
 
 
 def metadata(c, layout):
-    arch = {"mistral4": "mistral4", "deepseek_v32": "deepseek32"}.get(c["model_type"], "deepseek2")
+    arch = {"mistral4": "mistral4", "deepseek_v32": "deepseek32", "glm_moe_dsa": "glm-dsa"}.get(
+        c["model_type"], "deepseek2")
     meta = Meta(arch)
     m, num = meta.m, meta.num
 
@@ -256,14 +279,14 @@ def metadata(c, layout):
         m[f"{arch}.expert_weights_norm"] = mx.array(True)
     num("rope.dimension_count", c["qk_rope_head_dim"])
     rs = c.get("rope_parameters") or c.get("rope_scaling")
-    if rs:
+    if rs and rs.get("rope_type") != "default":
         m[f"{arch}.rope.scaling.type"] = "yarn"
         num("rope.scaling.factor", rs["factor"], mx.float32)
         num("rope.scaling.original_context_length", rs["original_max_position_embeddings"])
         num("rope.scaling.yarn_beta_fast", rs["beta_fast"], mx.float32)
         num("rope.scaling.yarn_beta_slow", rs["beta_slow"], mx.float32)
         num("rope.scaling.yarn_log_multiplier", 0.1 * rs["mscale_all_dim"], mx.float32)
-    if arch == "deepseek32":
+    if arch in ("deepseek32", "glm-dsa"):
         num("attention.indexer.head_count", c["index_n_heads"])
         num("attention.indexer.key_length", c["index_head_dim"])
         num("attention.indexer.top_k", c["index_topk"])
