@@ -1224,6 +1224,28 @@ const ARCHS: &[GgufArch] = &[
         base_parts: DEEPSEEK2_PARTS,
         ..PLAIN
     },
+    // Ling 1.0 (mlx-lm's `bailing_moe`): q / k / v split from the fused projection, Q / K
+    // permuted (`bailing_config` joins them back), softmax-routed experts with shared ones.
+    GgufArch {
+        arch: "bailingmoe",
+        model_type: "bailing_moe",
+        parts: &[
+            ("attn_q", "attention.gguf_q"),
+            ("attn_k", "attention.gguf_k"),
+            ("attn_v", "attention.gguf_v"),
+            ("attn_qkv", "attention.query_key_value"),
+            ("attn_output", "attention.dense"),
+            ("ffn_gate_inp", "mlp.gate.gate_proj"),
+            ("ffn_gate_exps", "mlp.switch_mlp.gate_proj"),
+            ("ffn_up_exps", "mlp.switch_mlp.up_proj"),
+            ("ffn_down_exps", "mlp.switch_mlp.down_proj"),
+            SHARED_EXPERT_PARTS[0],
+            SHARED_EXPERT_PARTS[1],
+            SHARED_EXPERT_PARTS[2],
+        ],
+        top: &[("token_embd", "model.word_embeddings")],
+        ..PLAIN
+    },
     // GLM-5 (llama.cpp's `glm-dsa`, mlx-lm's `glm_moe_dsa`): DeepSeek V3.2's layout.
     GgufArch {
         arch: "glm-dsa",
@@ -2526,7 +2548,14 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         }
         "mamba" | "mamba2" => mamba_config(&mut config, &tensors, path, &metadata, arch.arch)?,
         "minimax-m2" => minimax_m2_config(&mut config, &tensors, path, &metadata)?,
-        "bailingmoe2" => bailing_config(&mut config, &tensors, path, &metadata, blocks)?,
+        "bailingmoe2" | "bailingmoe" => bailing_config(
+            &mut config,
+            &mut tensors,
+            path,
+            &metadata,
+            blocks,
+            arch.arch,
+        )?,
         "falcon-h1" => falcon_h1_config(&mut config, &tensors, path, &metadata)?,
         "dbrx" => dbrx_config(&mut config, &mut tensors, path, &metadata)?,
         "hunyuan-moe" => hunyuan_moe_config(&mut config, &tensors, path, &metadata)?,
@@ -4798,7 +4827,9 @@ fn minimax_m2_config(
     require_context(config, path, &format!("{arch}.context_length"))
 }
 
-/// Ling 2.0 (`BailingMoeV2Model`'s keys) as mlx-lm's `bailing_moe`: experts after
+/// Ling 1.0 (`BailingMoeModel`, `bailingmoe`) and 2.0 (`BailingMoeV2Model`, `bailingmoe2`)
+/// as mlx-lm's `bailing_moe`; Ling 1.0's split, permuted q / k / v are joined back into
+/// `query_key_value` (its head, which the converter normalized, is read as stored). Experts after
 /// `leading_dense_block_count` dense layers, the router's gating (`expert_gating_func`: 1
 /// softmax, 2 sigmoid), groups, routed scale and renormalization, the rotated width, the
 /// shared experts' width per expert from the tensors (mlx-lm multiplies
@@ -4807,12 +4838,17 @@ fn minimax_m2_config(
 /// writes it): a file saying otherwise is refused.
 fn bailing_config(
     config: &mut Value,
-    tensors: &BTreeMap<String, Array>,
+    tensors: &mut BTreeMap<String, Array>,
     path: &Path,
     meta: &GgufMetadata,
     blocks: i32,
+    arch: &str,
 ) -> Result<()> {
-    let arch = "bailingmoe2";
+    if arch == "bailingmoe" {
+        let heads = config["num_attention_heads"].as_i64().unwrap_or(0) as i32;
+        let kv = config["num_key_value_heads"].as_i64().unwrap_or(0) as i32;
+        join_bailing_qkv(tensors, blocks, heads, kv)?;
+    }
     let key = |k: &str| format!("{arch}.{k}");
     let need = |k: &str| need_count(meta, path, arch, k);
     let (hidden, heads) = (
@@ -4899,7 +4935,7 @@ fn bailing_config(
     if meta_str(meta, &key("rope.scaling.type")).is_some_and(|t| t != "none") {
         return Err(gguf_err(
             path,
-            format!("metadata `{}`: rope scaling is not mapped for bailingmoe2", key("rope.scaling.type")),
+            format!("metadata `{}`: rope scaling is not mapped for {arch}", key("rope.scaling.type")),
         ));
     }
     require_context(config, path, &key("context_length"))
@@ -5493,6 +5529,44 @@ fn deepseek32_config(config: &mut Value, path: &Path, meta: &GgufMetadata, arch:
     config["index_n_heads"] = Value::from(need("attention.indexer.head_count")?);
     config["index_head_dim"] = Value::from(need("attention.indexer.key_length")?);
     config["index_topk"] = Value::from(need("attention.indexer.top_k")?);
+    Ok(())
+}
+
+/// Ling 1.0's `attn_q` / `attn_k` (rows permuted by the heads / KV heads, as the llama class
+/// does) and `attn_v` joined back into mlx-lm's `query_key_value` (scales and biases with
+/// their rows).
+fn join_bailing_qkv(
+    tensors: &mut BTreeMap<String, Array>,
+    blocks: i32,
+    heads: i32,
+    kv: i32,
+) -> Result<()> {
+    for l in 0..blocks {
+        let p = format!("model.layers.{l}.attention");
+        for suffix in ["weight", "scales", "biases", "bias"] {
+            let part = |t: &str| format!("{p}.gguf_{t}.{suffix}");
+            let (q, k, v) = (
+                tensors.remove(&part("q")),
+                tensors.remove(&part("k")),
+                tensors.remove(&part("v")),
+            );
+            match (q, k, v) {
+                (None, None, None) => {}
+                (Some(q), Some(k), Some(v)) if suffix != "bias" => {
+                    let q = unpermute(&q, heads, &format!("blk.{l}.attn_q.{suffix}"), "attention.head_count")?;
+                    let k = unpermute(&k, kv, &format!("blk.{l}.attn_k.{suffix}"), "attention.head_count_kv")?;
+                    let joined = ops::concatenate(&[&q, &k, &v], 0, None)?;
+                    tensors.insert(format!("{p}.query_key_value.{suffix}"), joined);
+                }
+                _ => {
+                    return Err(ModelError::Weights(vec![format!(
+                        "GGUF tensors blk.{l}.attn_q / attn_k / attn_v .{suffix}: not all three, \
+                         or biases (which this map does not un-permute)"
+                    )]))
+                }
+            }
+        }
+    }
     Ok(())
 }
 

@@ -244,6 +244,7 @@ fn ssm_and_moe_gguf_architectures_match_mlx_lm() {
         ("mamba2", "mamba2"),
         ("minimax_m2", "minimax"),
         ("bailingmoe2", "bailing_moe"),
+        ("bailingmoe", "bailing_moe"),
         ("nemotron_h", "nemotron_h"),
         ("falcon_h1", "falcon_h1"),
         ("jamba", "jamba"),
@@ -274,7 +275,7 @@ fn ssm_and_moe_gguf_architectures_match_mlx_lm() {
         })
         .collect();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    for a in ["mamba", "mamba2", "minimax-m2", "bailingmoe2", "nemotron_h", "falcon-h1", "jamba", "dbrx", "hunyuan-moe", "qwen3vlmoe", "afmoe", "deepseek32", "glm-dsa"] {
+    for a in ["mamba", "mamba2", "minimax-m2", "bailingmoe2", "bailingmoe", "nemotron_h", "falcon-h1", "jamba", "dbrx", "hunyuan-moe", "qwen3vlmoe", "afmoe", "deepseek32", "glm-dsa"] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }
 }

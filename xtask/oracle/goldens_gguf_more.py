@@ -2914,6 +2914,87 @@ CASES["afmoe"] = Case(
 )
 
 
+
+# Ling 1.0 (`bailingmoe`, Ling-lite / Ling-plus; mlx-lm's `bailing_moe`): BailingMoeModel splits
+# the fused `query_key_value` into `attn_q` / `attn_k` / `attn_v`, Q / K permuted as the llama
+# class does (K by the KV heads), and, with `norm_head`, writes the head divided by its
+# column norms (+ 1e-7); its keys are TextModel's (softmax routing, no key for it) plus the
+# rope width, the dense first blocks, the vocabulary size, the experts' width, a weights scale
+# of 1, the shared count and the renormalization flag. The golden is mlx-lm on the weights
+# read back (Q / K un-permuted and joined; the normalized head as stored).
+BAILINGMOE = cfg("bailing_moe", num_hidden_layers=3, num_key_value_heads=2, intermediate_size=48,
+                 moe_intermediate_size=16, num_experts=4, num_shared_experts=1,
+                 num_experts_per_tok=2, norm_topk_prob=True, first_k_dense_replace=1,
+                 norm_head=True, tie_word_embeddings=False)
+
+
+def bailing1_tensors(case, k, v):
+    c = case.config
+    layer = layer_of(k)
+    if k.endswith(".attention.query_key_value.weight"):
+        h, kv, d = c["num_attention_heads"], c["num_key_value_heads"], head_size(c)
+        q, kk, vv = mx.split(v, [h * d, (h + kv) * d], axis=0)
+        return [(f"blk.{layer}.attn_q.weight", permute(q, h)), (f"blk.{layer}.attn_k.weight", permute(kk, kv)),
+                (f"blk.{layer}.attn_v.weight", vv)]
+    if k == "lm_head.weight":
+        return [("output.weight", v / (mx.linalg.norm(v, axis=0, keepdims=True) + 1e-7))]
+    return [(case.gguf_name(k), v)]
+
+
+def bailing1_back(case, p, rest, v, loaded):
+    c = case.config
+    if rest in ("attn_k.weight", "attn_v.weight"):
+        return None
+    if rest == "attn_q.weight":
+        layer = p.split(".")[2]
+        q = unpermute(v, c["num_attention_heads"])
+        kk = unpermute(loaded[f"blk.{layer}.attn_k.weight"], c["num_key_value_heads"])
+        qkv = mx.concatenate([q, kk, loaded[f"blk.{layer}.attn_v.weight"]], axis=0)
+        return f"{p}.attention.query_key_value.weight", qkv
+    module, suffix = rest.rsplit(".", 1)
+    return f"{p}.{case.inverse[module]}.{suffix}", v
+
+
+CASES["bailingmoe"] = Case(
+    "bailing_moe",
+    BAILINGMOE,
+    "bailingmoe",
+    [
+        u32("block_count", "num_hidden_layers"),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv", "num_key_value_heads"),
+        f32("rope.freq_base", "rope_theta"),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+        u32("expert_count", "num_experts"),
+        u32("expert_used_count", "num_experts_per_tok"),
+        u32("rope.dimension_count", head_size),
+        u32("leading_dense_block_count", "first_k_dense_replace"),
+        u32("vocab_size", "vocab_size"),
+        u32("expert_feed_forward_length", "moe_intermediate_size"),
+        f32("expert_weights_scale", 1.0),
+        u32("expert_shared_count", "num_shared_experts"),
+        flag("expert_weights_norm", "norm_topk_prob"),
+    ] + GPT2,
+    {
+        "model.word_embeddings": "token_embd",
+        "attention.dense": "attn_output",
+        "mlp.gate.gate_proj": "ffn_gate_inp",
+        "mlp.switch_mlp.gate_proj": "ffn_gate_exps",
+        "mlp.switch_mlp.up_proj": "ffn_up_exps",
+        "mlp.switch_mlp.down_proj": "ffn_down_exps",
+        "mlp.shared_experts.gate_proj": "ffn_gate_shexp",
+        "mlp.shared_experts.up_proj": "ffn_up_shexp",
+        "mlp.shared_experts.down_proj": "ffn_down_shexp",
+    },
+    tensors=bailing1_tensors,
+    read_back=bailing1_back,
+    inexact=lambda k: k == "lm_head.weight",
+)
+
+
 ONLY = only()
 for _name, _case in CASES.items():
     if not ONLY or _name in ONLY:
