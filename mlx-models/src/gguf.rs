@@ -525,6 +525,23 @@ const ARCHS: &[GgufArch] = &[
         ],
         ..PLAIN
     },
+    // Qwen2-VL / Qwen2.5-VL's text tower: qwen2's names; its M-RoPE is plain rope on text
+    // (mlx-lm's too), so `rope.dimension_sections` is not read.
+    GgufArch {
+        arch: "qwen2vl",
+        model_type: "qwen2_vl",
+        ..PLAIN
+    },
+    // Qwen3-VL's text tower: qwen3's names (the deepstack count concerns images).
+    GgufArch {
+        arch: "qwen3vl",
+        model_type: "qwen3_vl",
+        parts: &[
+            ("attn_q_norm", "self_attn.q_norm"),
+            ("attn_k_norm", "self_attn.k_norm"),
+        ],
+        ..PLAIN
+    },
     // EXAONE 3 / 3.5: GPT-2-like module names in mlx-lm.
     GgufArch {
         arch: "exaone",
@@ -1190,6 +1207,21 @@ fn dequantized_with(
     Ok((tensors, header.metadata))
 }
 
+/// llama.cpp's encoder architectures (BERT-style embedding models), which [`read_gguf`] refuses
+/// by name: mlx-lm has no encoder model type. Their tokenizers (`bert`, `whitespace`, `gpt2`
+/// with `mmbert`, ...) are read.
+const GGUF_ENCODERS: &[(&str, &str)] = &[
+    ("bert", "BERT"),
+    ("modern-bert", "ModernBERT, mmBERT"),
+    ("nomic-bert", "Nomic BERT"),
+    ("nomic-bert-moe", "Nomic BERT MoE"),
+    ("neo-bert", "NeoBERT"),
+    ("jina-bert-v2", "Jina BERT v2"),
+    ("jina-bert-v3", "Jina BERT v3"),
+    ("eurobert", "EuroBERT"),
+    ("t5encoder", "T5's encoder"),
+];
+
 /// The GGUF architectures [`read_gguf`] maps (`general.architecture` values).
 pub fn supported_gguf_architectures() -> Vec<&'static str> {
     ARCHS.iter().map(|a| a.arch).collect()
@@ -1242,6 +1274,17 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         GgufTensors::Mlx => load_gguf(path, None).map_err(|e| gguf_err(path, e))?,
     };
     let arch_name = meta_str(&metadata, "general.architecture").unwrap_or("");
+    if let Some((_, why)) = GGUF_ENCODERS.iter().find(|(a, _)| *a == arch_name) {
+        return Err(gguf_err(
+            path,
+            format!(
+                "GGUF architecture `{arch_name}` ({why}) is not served: it is an encoder (masked \
+                 language model / embeddings) and mlx-lm 0.32.2, whose model types this crate \
+                 serves, has none; its tokenizer can still be read \
+                 (mlx_tokenizers::tokenizer_gguf)"
+            ),
+        ));
+    }
     let Some(arch) = ARCHS.iter().find(|a| a.arch == arch_name) else {
         return Err(ModelError::UnsupportedModelType {
             model_type: format!("gguf:{arch_name}"),

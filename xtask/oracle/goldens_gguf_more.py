@@ -1700,6 +1700,45 @@ for _name, _extra in [
     CASES[_name].stacks = {}
 
 
+# Qwen2-VL / Qwen3-VL's text towers (`qwen2vl`, `qwen3vl`): Qwen2VLModel is TextModel (qkv
+# bias), Qwen3VLTextModel Qwen3Model (per-head q / k norms, the head size) plus the deepstack
+# layer count; both write the M-RoPE sections (padded to 4) where TextModel writes rope
+# scaling. mlx-lm's qwen2_vl / qwen3_vl wrap qwen2 / qwen3 under `language_model.` and turn
+# M-RoPE into plain rope, as text positions make it.
+def qwen_vl_tensors(case, k, v):
+    k = k.removeprefix("language_model.")
+    if case.config.get("tie_word_embeddings") and k == "lm_head.weight":
+        return []
+    return [(case.gguf_name(k), v)]
+
+
+def qwen_vl_meta(deepstack):
+    tm = text_model(head_dim="head_dim" if deepstack else None)
+    sections = arr("rope.dimension_sections",
+                   lambda c: mx.array(c["rope_scaling"]["mrope_section"] + [0], dtype=mx.int32))
+    at = [e[1] for e in tm].index("rope.freq_base")
+    meta = tm[:at] + [sections] + tm[at:]
+    if deepstack:
+        meta.insert(meta.index(GPT2[0]), u32("n_deepstack_layers", 3))
+    return meta
+
+
+for _name, _type, _extra in [
+    ("qwen2vl", "qwen2_vl", dict(tie_word_embeddings=False)),
+    ("qwen3vl", "qwen3_vl", dict(head_dim=16, tie_word_embeddings=True)),
+]:
+    CASES[_name] = Case(
+        _type,
+        cfg(_type, rope_theta=1000000.0,
+            rope_scaling={"type": "mrope", "mrope_section": [2, 1, 1] if _name == "qwen2vl" else [4, 2, 2]},
+            **_extra),
+        _name,
+        qwen_vl_meta(_name == "qwen3vl"),
+        {"self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"},
+        tensors=qwen_vl_tensors,
+    )
+
+
 # InternLM2 (`internlm2`): InternLM2Model splits the fused `wqkv` (per KV group: its queries,
 # then one key and one value head) into q, k and v, Q and K permuted as LlamaModel's; it adds
 # the vocabulary size and the rope width to TextModel's keys. Its checkpoints have no biases.
