@@ -542,6 +542,27 @@ const ARCHS: &[GgufArch] = &[
         ],
         ..PLAIN
     },
+    // Qwen (1): GPT-2-like names under `transformer.`, fused qkv with bias, `w1` up and `w2`
+    // gate (`qwen_config`).
+    GgufArch {
+        arch: "qwen",
+        model_type: "qwen",
+        parts: &[
+            ("attn_norm", "ln_1"),
+            ("attn_qkv", "attn.c_attn"),
+            ("attn_output", "attn.c_proj"),
+            ("ffn_norm", "ln_2"),
+            ("ffn_up", "mlp.w1"),
+            ("ffn_gate", "mlp.w2"),
+            ("ffn_down", "mlp.c_proj"),
+        ],
+        layers: "transformer.h",
+        top: &[
+            ("token_embd", "transformer.wte"),
+            ("output_norm", "transformer.ln_f"),
+        ],
+        ..PLAIN
+    },
     // EXAONE 3 / 3.5: GPT-2-like module names in mlx-lm.
     GgufArch {
         arch: "exaone",
@@ -1570,7 +1591,9 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         "command-r" | "cohere2" => (float(LN_EPS, true)?, "layer_norm_eps"),
         "lfm2" | "lfm2moe" => (float(RMS_EPS, true)?, "norm_eps"),
         "rwkv7" => (float(LN_EPS, true)?, "norm_eps"),
-        "exaone" => (
+        // llama.cpp reads Qwen's RMS key; its converter writes Qwen's `layer_norm_epsilon`
+        // under the LayerNorm one.
+        "exaone" | "qwen" => (
             match float(RMS_EPS, true)? {
                 Some(e) => Some(e),
                 None => float(LN_EPS, true)?,
@@ -1583,7 +1606,8 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         let k = if matches!(
             eps_field,
             "norm_epsilon" | "layer_norm_eps" | "layer_norm_epsilon"
-        ) || matches!(arch.arch, "rwkv7" | "nemotron")
+        ) && arch.arch != "qwen"
+            || matches!(arch.arch, "rwkv7" | "nemotron")
         {
             LN_EPS
         } else {
@@ -2172,6 +2196,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             heads,
         )?,
         "gpt2" => gpt2_config(&mut config, &tensors, path, blocks, hidden, heads)?,
+        "qwen" => qwen_config(&mut config, &tensors, path, &key, hidden, heads, kv_heads)?,
         "minicpm" => minicpm_config(&mut config, path, &metadata, blocks, hidden)?,
         "deepseek" => deepseek_config(&mut config, path, &metadata, blocks)?,
         "gptneox" => gptneox_config(
@@ -2541,6 +2566,49 @@ fn gpt2_config(
         .get("max_position_embeddings")
         .cloned()
         .unwrap_or(Value::from(positions));
+    Ok(())
+}
+
+/// Qwen (`qwen`): mlx-lm's qwen arguments (its rope base is fixed at 10000, its heads all
+/// have keys and values, its head untied); biases beyond the qkv one from the tensors.
+fn qwen_config(
+    config: &mut Value,
+    tensors: &BTreeMap<String, Array>,
+    path: &Path,
+    key: &dyn Fn(&str) -> String,
+    hidden: i32,
+    heads: i32,
+    kv_heads: i32,
+) -> Result<()> {
+    let hd = head_size(path, key, hidden, heads)?;
+    if kv_heads != heads {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` = {kv_heads}: mlx-lm's qwen gives every one of the {heads} heads \
+                 its keys and values",
+                key("attention.head_count_kv")
+            ),
+        ));
+    }
+    if config["rope_theta"].as_f64() != Some(10000.0) {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` is {}: mlx-lm's qwen fixes the rope base at 10000",
+                key("rope.freq_base"),
+                config["rope_theta"]
+            ),
+        ));
+    }
+    if !tensors.contains_key("lm_head.weight") {
+        return Err(gguf_err(
+            path,
+            "GGUF tensor output.weight is missing: mlx-lm's qwen has its own head",
+        ));
+    }
+    config["kv_channels"] = Value::from(hd);
+    config["no_bias"] = Value::from(!tensors.contains_key("transformer.h.0.attn.c_proj.bias"));
     Ok(())
 }
 

@@ -1739,6 +1739,38 @@ for _name, _type, _extra in [
     )
 
 
+# Qwen (`qwen`, Qwen-7B's QWenLMHeadModel): QwenModel is TextModel's keys (the whole MLP
+# width as `feed_forward_length`, each of `w1` / `w2` half of it; Qwen's `layer_norm_epsilon`
+# as the LayerNorm key) and gguf-py's map: fused `c_attn` with bias, `w1` up, `w2` gate.
+CASES["qwen"] = Case(
+    "qwen",
+    {"model_type": "qwen", "hidden_size": 32, "num_attention_heads": 4, "num_hidden_layers": 2,
+     "kv_channels": 8, "intermediate_size": 128, "layer_norm_epsilon": 1e-6, "no_bias": True,
+     "vocab_size": 96, "max_position_embeddings": 256, "tie_word_embeddings": False},
+    "qwen",
+    [
+        u32("block_count", "num_hidden_layers"),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        f32("attention.layer_norm_epsilon", "layer_norm_epsilon"),
+    ] + GPT2,
+    {
+        "transformer.wte": "token_embd",
+        "transformer.ln_f": "output_norm",
+        "ln_1": "attn_norm",
+        "ln_2": "ffn_norm",
+        "attn.c_attn": "attn_qkv",
+        "attn.c_proj": "attn_output",
+        "mlp.w1": "ffn_up",
+        "mlp.w2": "ffn_gate",
+        "mlp.c_proj": "ffn_down",
+    },
+    prefix="transformer.h",
+)
+
+
 # InternLM2 (`internlm2`): InternLM2Model splits the fused `wqkv` (per KV group: its queries,
 # then one key and one value head) into q, k and v, Q and K permuted as LlamaModel's; it adds
 # the vocabulary size and the rope width to TextModel's keys. Its checkpoints have no biases.
