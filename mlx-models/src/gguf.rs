@@ -563,6 +563,15 @@ const ARCHS: &[GgufArch] = &[
         ],
         ..PLAIN
     },
+    // PLaMo (1): one norm per layer (parallel attention and MLP); `attn_q` / `attn_output`
+    // shuffled for ggml's GQA broadcast (`plamo_config` puts them back).
+    GgufArch {
+        arch: "plamo",
+        model_type: "plamo",
+        parts: &[("attn_norm", "norm")],
+        layers: "model.layers.layers",
+        ..PLAIN
+    },
     // EXAONE 3 / 3.5: GPT-2-like module names in mlx-lm.
     GgufArch {
         arch: "exaone",
@@ -2197,6 +2206,23 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         )?,
         "gpt2" => gpt2_config(&mut config, &tensors, path, blocks, hidden, heads)?,
         "qwen" => qwen_config(&mut config, &tensors, path, &key, hidden, heads, kv_heads)?,
+        "plamo" => {
+            if let Some(k) = ggml.keys().find(|k| k.contains(".self_attn.")) {
+                return Err(gguf_err(
+                    path,
+                    format!("{k}: PLaMo's shuffled attention is read dequantized only"),
+                ));
+            }
+            plamo_config(
+                &mut config,
+                &mut tensors,
+                path,
+                &key,
+                hidden,
+                heads,
+                kv_heads,
+            )?
+        }
         "minicpm" => minicpm_config(&mut config, path, &metadata, blocks, hidden)?,
         "deepseek" => deepseek_config(&mut config, path, &metadata, blocks)?,
         "gptneox" => gptneox_config(
@@ -2609,6 +2635,51 @@ fn qwen_config(
     }
     config["kv_channels"] = Value::from(hd);
     config["no_bias"] = Value::from(!tensors.contains_key("transformer.h.0.attn.c_proj.bias"));
+    Ok(())
+}
+
+/// PLaMo (`plamo`): the query heads shared `n_shared_head` ways over the KV heads, the
+/// converter's shuffle of `attn_q`'s rows and `attn_output`'s columns, (kv, shared, head_dim),
+/// put back to mlx-lm's (shared, kv, head_dim).
+fn plamo_config(
+    config: &mut Value,
+    tensors: &mut BTreeMap<String, Array>,
+    path: &Path,
+    key: &dyn Fn(&str) -> String,
+    hidden: i32,
+    heads: i32,
+    kv_heads: i32,
+) -> Result<()> {
+    let hd = head_size(path, key, hidden, heads)?;
+    if heads % kv_heads != 0 {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` = {kv_heads} does not divide `{}` = {heads}",
+                key("attention.head_count_kv"),
+                key("attention.head_count")
+            ),
+        ));
+    }
+    let shared = heads / kv_heads;
+    for (name, a) in tensors.iter_mut() {
+        let fixed = if name.ends_with(".self_attn.q_proj.weight") {
+            let cols = a.shape()[1];
+            a.reshape(&[kv_heads, shared, hd, cols])?
+                .transpose(&[1, 0, 2, 3])?
+                .reshape(&[heads * hd, cols])?
+        } else if name.ends_with(".self_attn.o_proj.weight") {
+            let rows = a.shape()[0];
+            a.reshape(&[rows, kv_heads, shared, hd])?
+                .transpose(&[0, 2, 1, 3])?
+                .reshape(&[rows, heads * hd])?
+        } else {
+            continue;
+        };
+        *a = fixed;
+    }
+    config["n_shared_head"] = Value::from(shared);
+    config.as_object_mut().map(|m| m.remove("head_dim"));
     Ok(())
 }
 

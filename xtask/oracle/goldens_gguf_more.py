@@ -1771,6 +1771,44 @@ CASES["qwen"] = Case(
 )
 
 
+# PLaMo (`plamo`, PLaMo-13B): PlamoModel writes a fixed context of 4096 and its KV head count
+# (the query heads over `n_shared_head`), and shuffles `attn_q`'s rows and `attn_output`'s
+# columns from (shared, kv, head_dim) to (kv, shared, head_dim) so that ggml's GQA broadcast
+# pairs each query head with mlx-lm's tiled key head (the converter spells it for 13B's 8 x 5
+# x 128; here the same shuffle at this size). One norm per layer (parallel attention and MLP).
+def plamo_tensors(case, k, v):
+    c = case.config
+    shared = c["n_shared_head"]
+    kv = c["num_attention_heads"] // shared
+    hd = c["hidden_size"] // c["num_attention_heads"]
+    if k.endswith(".self_attn.q_proj.weight"):
+        v = v.reshape(shared, kv, hd, -1).transpose(1, 0, 2, 3).reshape(v.shape)
+    elif k.endswith(".self_attn.o_proj.weight"):
+        v = v.reshape(-1, shared, kv, hd).transpose(0, 2, 1, 3).reshape(v.shape)
+    return [(case.gguf_name(k), v)]
+
+
+CASES["plamo"] = Case(
+    "plamo",
+    {"model_type": "plamo", "hidden_size": 32, "num_hidden_layers": 2, "intermediate_size": 64,
+     "num_attention_heads": 4, "n_shared_head": 2, "rms_norm_eps": 1e-6, "vocab_size": 96,
+     "tie_word_embeddings": False},
+    "plamo",
+    [
+        u32("context_length", 4096),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("block_count", "num_hidden_layers"),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv", lambda c: c["num_attention_heads"] // c["n_shared_head"]),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+    ] + SPM,
+    {"norm": "attn_norm"},
+    prefix="model.layers.layers",
+    tensors=plamo_tensors,
+)
+
+
 # InternLM2 (`internlm2`): InternLM2Model splits the fused `wqkv` (per KV group: its queries,
 # then one key and one value head) into q, k and v, Q and K permuted as LlamaModel's; it adds
 # the vocabulary size and the rope width to TextModel's keys. Its checkpoints have no biases.
