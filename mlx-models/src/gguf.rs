@@ -572,6 +572,26 @@ const ARCHS: &[GgufArch] = &[
         layers: "model.layers.layers",
         ..PLAIN
     },
+    // PLaMo 3: sandwich norms stored with mlx-lm's runtime offsets added (`plamo3_config`
+    // takes them off), fused qkv and gate-up, sliding layers with their own rope base.
+    GgufArch {
+        arch: "plamo3",
+        model_type: "plamo3",
+        parts: &[
+            ("attn_norm", "pre_mixer_norm"),
+            ("attn_qkv", "mixer.qkv_proj"),
+            ("attn_output", "mixer.o_proj"),
+            ("attn_q_norm", "mixer.q_norm"),
+            ("attn_k_norm", "mixer.k_norm"),
+            ("attn_post_norm", "post_mixer_norm"),
+            ("ffn_norm", "pre_mlp_norm"),
+            ("ffn_up", "mlp.gate_up_proj"),
+            ("ffn_down", "mlp.down_proj"),
+            ("ffn_post_norm", "post_mlp_norm"),
+        ],
+        layers: "model.layers.layers",
+        ..PLAIN
+    },
     // EXAONE 3 / 3.5: GPT-2-like module names in mlx-lm.
     GgufArch {
         arch: "exaone",
@@ -2206,6 +2226,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         )?,
         "gpt2" => gpt2_config(&mut config, &tensors, path, blocks, hidden, heads)?,
         "qwen" => qwen_config(&mut config, &tensors, path, &key, hidden, heads, kv_heads)?,
+        "plamo3" => plamo3_config(&mut config, &mut tensors, path, &metadata, &key)?,
         "plamo" => {
             if let Some(k) = ggml.keys().find(|k| k.contains(".self_attn.")) {
                 return Err(gguf_err(
@@ -2680,6 +2701,50 @@ fn plamo_config(
     }
     config["n_shared_head"] = Value::from(shared);
     config.as_object_mut().map(|m| m.remove("head_dim"));
+    Ok(())
+}
+
+/// PLaMo 3 (`plamo3`): the norms' offsets (added by the converter, added again at run time by
+/// mlx-lm) taken off, in f32 as mlx-lm's `weight + offset` is computed; the window, its period
+/// (every n-th layer full) and the local rope base from metadata.
+fn plamo3_config(
+    config: &mut Value,
+    tensors: &mut BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    key: &dyn Fn(&str) -> String,
+) -> Result<()> {
+    let after_mlp = (1.0f64 / 5f64.powf(1.5)) as f32;
+    for (name, a) in tensors.iter_mut() {
+        let offset = if name.ends_with(".post_mixer_norm.weight") {
+            (1.0f64 / 5.0) as f32
+        } else if name.ends_with(".post_mlp_norm.weight") {
+            after_mlp
+        } else if name.ends_with("norm.weight") {
+            1.0
+        } else {
+            continue;
+        };
+        *a = (&*a - offset)?;
+    }
+    let need = |k: &str| -> Result<i32> {
+        meta_count(meta, path, &key(k))?
+            .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
+    };
+    config["window_size"] = Value::from(need("attention.sliding_window")?);
+    config["sliding_window_pattern"] = Value::from(need("attention.sliding_window_pattern")?);
+    if let Some(theta) = meta_f64(meta, &key("rope.freq_base_swa")) {
+        if !(theta.is_finite() && theta > 0.0) {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is {theta}; it must be a finite number > 0",
+                    key("rope.freq_base_swa")
+                ),
+            ));
+        }
+        config["rope_local_theta"] = Value::from(theta);
+    }
     Ok(())
 }
 

@@ -1809,6 +1809,77 @@ CASES["plamo"] = Case(
 )
 
 
+# PLaMo 3 (`plamo3`): Plamo3Model writes TextModel's keys (the local rope base as
+# `rope.freq_base_swa`, the head size) and the vocabulary size, window and its period, and
+# stores each norm with mlx-lm's runtime offset added (`+ 1`; `+ 1/5` after the mixer, `+ 1/5 **
+# 1.5` after the MLP): read back with the offsets taken off again (`undo`).
+PLAMO3_OFFSETS = {
+    "attn_post_norm.weight": 1.0 / 5,
+    "ffn_post_norm.weight": 1.0 / (5**1.5),
+}
+
+
+def plamo3_offset(k):
+    if k.startswith("blk.") and k.split(".", 2)[2] in PLAMO3_OFFSETS:
+        return PLAMO3_OFFSETS[k.split(".", 2)[2]]
+    return 1.0 if k.endswith("norm.weight") else 0.0
+
+
+def plamo3_tensors(case, k, v):
+    g = case.gguf_name(k)
+    off = plamo3_offset(g)
+    return [(g, v + off if off else v)]
+
+
+def plamo3_back(case, p, rest, v, loaded):
+    module, suffix = rest.rsplit(".", 1)
+    return f"model.layers.layers.{p.split('.')[2]}.{case.inverse[module]}.{suffix}", v
+
+
+CASES["plamo3"] = Case(
+    "plamo3",
+    {"model_type": "plamo3", "hidden_size": 32, "num_hidden_layers": 4, "intermediate_size": 64,
+     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6,
+     "vocab_size": 96, "max_position_embeddings": 256, "window_size": 4,
+     "sliding_window_pattern": 2, "rope_theta": 1000000.0, "rope_local_theta": 10000.0,
+     "tie_word_embeddings": False},
+    "plamo3",
+    [
+        u32("block_count", "num_hidden_layers"),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv", "num_key_value_heads"),
+        f32("rope.freq_base", "rope_theta"),
+        f32("rope.freq_base_swa", "rope_local_theta"),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+        u32("attention.key_length", "head_dim"),
+        u32("attention.value_length", "head_dim"),
+        u32("vocab_size", "vocab_size"),
+        u32("attention.sliding_window", "window_size"),
+        u32("attention.sliding_window_pattern", "sliding_window_pattern"),
+    ] + tokenizer("plamo2"),
+    {
+        "pre_mixer_norm": "attn_norm",
+        "mixer.qkv_proj": "attn_qkv",
+        "mixer.o_proj": "attn_output",
+        "mixer.q_norm": "attn_q_norm",
+        "mixer.k_norm": "attn_k_norm",
+        "post_mixer_norm": "attn_post_norm",
+        "pre_mlp_norm": "ffn_norm",
+        "mlp.gate_up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+        "post_mlp_norm": "ffn_post_norm",
+    },
+    prefix="model.layers.layers",
+    tensors=plamo3_tensors,
+    read_back=plamo3_back,
+    undo=lambda k, v: v - plamo3_offset(k) if plamo3_offset(k) else v,
+    inexact=lambda k: k.endswith("norm.weight"),
+)
+
+
 # InternLM2 (`internlm2`): InternLM2Model splits the fused `wqkv` (per KV group: its queries,
 # then one key and one value head) into q, k and v, Q and K permuted as LlamaModel's; it adds
 # the vocabulary size and the rope width to TextModel's keys. Its checkpoints have no biases.
