@@ -592,6 +592,27 @@ const ARCHS: &[GgufArch] = &[
         layers: "model.layers.layers",
         ..PLAIN
     },
+    // Talkie: weightless norms; gains as `*.scale` / `layer_output_scale` / `attn_q_norm`, the
+    // head's gain as `logit_scale`, the query / key rows' second halves negated for llama.cpp's
+    // rope (`talkie_config` puts all of it back).
+    GgufArch {
+        arch: "talkie",
+        model_type: "talkie",
+        parts: &[
+            ("attn_q", "attn.attn_query"),
+            ("attn_k", "attn.attn_key"),
+            ("attn_v", "attn.attn_value"),
+            ("attn_output", "attn.attn_resid"),
+            ("attn_q_norm", "attn.head_gain.head_g"),
+            ("ffn_gate", "mlp.mlp_gate"),
+            ("ffn_up", "mlp.mlp_linear"),
+            ("ffn_down", "mlp.mlp_resid"),
+            ("layer_output_scale", "embed_skip.a_g"),
+        ],
+        layers: "model.blocks",
+        top: &[("token_embd", "model.embed")],
+        ..PLAIN
+    },
     // EXAONE 3 / 3.5: GPT-2-like module names in mlx-lm.
     GgufArch {
         arch: "exaone",
@@ -1046,6 +1067,8 @@ const BARE_PARAMS: &[&str] = &[
     ".attn.k_a",
     ".attn.r_k",
     ".ffn.x_k",
+    ".embed_skip.a_g",
+    ".attn.head_gain.head_g",
 ];
 
 /// `llama.cpp` tensor names to mlx-lm's, for `a`.
@@ -2227,6 +2250,15 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         "gpt2" => gpt2_config(&mut config, &tensors, path, blocks, hidden, heads)?,
         "qwen" => qwen_config(&mut config, &tensors, path, &key, hidden, heads, kv_heads)?,
         "plamo3" => plamo3_config(&mut config, &mut tensors, path, &metadata, &key)?,
+        "talkie" => {
+            if let Some(k) = ggml.keys().find(|k| k.contains(".attn.attn_")) {
+                return Err(gguf_err(
+                    path,
+                    format!("{k}: Talkie's sign-flipped attention is read dequantized only"),
+                ));
+            }
+            talkie_config(&mut config, &mut tensors, path, &metadata, &key)?
+        }
         "plamo" => {
             if let Some(k) = ggml.keys().find(|k| k.contains(".self_attn.")) {
                 return Err(gguf_err(
@@ -2745,6 +2777,78 @@ fn plamo3_config(
         }
         config["rope_local_theta"] = Value::from(theta);
     }
+    Ok(())
+}
+
+/// Talkie (`talkie`): the converter's negation of the second half of every query and key
+/// head's rows undone (exact), its renames put back (`attn_output.scale` -> `attn_gain.a_g`,
+/// `ffn_down.scale` -> `mlp_gain.a_g`, `output.weight` -> the bare `lm_head`, the head gain
+/// flattened) and `logit_scale` made the head's gain `lm_head_gain.w_g`.
+fn talkie_config(
+    config: &mut Value,
+    tensors: &mut BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    key: &dyn Fn(&str) -> String,
+) -> Result<()> {
+    let hd = config["head_dim"]
+        .as_i64()
+        .map(|d| d as i32)
+        .filter(|&d| d > 0 && d % 2 == 0)
+        .ok_or_else(|| {
+            gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is missing or odd: Talkie's heads need an even size",
+                    key("attention.key_length")
+                ),
+            )
+        })?;
+    let half = hd / 2;
+    let signs: Vec<f32> = (0..hd).map(|i| if i < half { 1.0 } else { -1.0 }).collect();
+    let signs = Array::from_slice(&signs, &[1, hd, 1])?;
+    let renames = [
+        (".attn.attn_resid.scale", ".attn_gain.a_g"),
+        (".mlp.mlp_resid.scale", ".mlp_gain.a_g"),
+    ];
+    let names: Vec<String> = tensors.keys().cloned().collect();
+    for name in names {
+        let Some(a) = tensors.remove(&name) else {
+            continue;
+        };
+        let (name, a) = if name.ends_with(".attn.attn_query.weight")
+            || name.ends_with(".attn.attn_key.weight")
+        {
+            let shape = a.shape().to_vec();
+            let flipped = (&a.reshape(&[-1, hd, shape[1]])? * &signs.astype(a.dtype())?)?;
+            (name, flipped.reshape(&shape)?)
+        } else if name.ends_with(".attn.head_gain.head_g") {
+            (name, a.reshape(&[-1])?)
+        } else if name == "lm_head.weight" {
+            ("lm_head".to_string(), a)
+        } else if let Some((from, to)) = renames.iter().find(|(f, _)| name.ends_with(f)) {
+            (format!("{}{to}", &name[..name.len() - from.len()]), a)
+        } else {
+            (name, a)
+        };
+        tensors.insert(name, a);
+    }
+    if !tensors.contains_key("lm_head") {
+        return Err(gguf_err(
+            path,
+            "GGUF tensor output.weight is missing: Talkie's head is its own",
+        ));
+    }
+    let gain = meta_f64(meta, &key("logit_scale")).ok_or_else(|| {
+        gguf_err(
+            path,
+            format!("metadata `{}` is missing", key("logit_scale")),
+        )
+    })?;
+    tensors.insert(
+        "lm_head_gain.w_g".into(),
+        Array::from_slice(&[gain as f32], &[1])?,
+    );
     Ok(())
 }
 

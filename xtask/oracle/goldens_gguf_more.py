@@ -1880,6 +1880,70 @@ CASES["plamo3"] = Case(
 )
 
 
+# Talkie (`talkie`): TalkieModel negates the second half of each query and key head's rows
+# (its rope turns the other way), writes the gains as `attn_output.scale` / `ffn_down.scale`,
+# the embedding skip as `layer_output_scale`, the query head gain as `attn_q_norm` (n_head, 1),
+# the bare `lm_head` as `output.weight` and its gain as the `logit_scale` key; its norms have
+# no weights and its eps is float32's (the key it writes).
+TALKIE_GAIN = {}
+
+
+def talkie_tensors(case, k, v):
+    c = case.config
+    layer = k.split(".")[2] if k.startswith("model.blocks.") else None
+    if k == "lm_head_gain.w_g":
+        TALKIE_GAIN["w_g"] = v.item()
+        return []
+    if k == "lm_head":
+        return [("output.weight", v)]
+    if k.endswith((".attn.attn_query.weight", ".attn.attn_key.weight")):
+        hd = c["head_dim"]
+        signs = mx.concatenate([mx.ones((hd // 2,)), -mx.ones((hd // 2,))]).reshape(1, hd, 1)
+        v = (v.reshape(-1, hd, v.shape[-1]) * signs).reshape(v.shape)
+    elif k.endswith(".attn.head_gain.head_g"):
+        return [(f"blk.{layer}.attn_q_norm.weight", v[:, None])]
+    elif k.endswith(".attn_gain.a_g"):
+        return [(f"blk.{layer}.attn_output.scale", v)]
+    elif k.endswith(".mlp_gain.a_g"):
+        return [(f"blk.{layer}.ffn_down.scale", v)]
+    elif k.endswith(".embed_skip.a_g"):
+        return [(f"blk.{layer}.layer_output_scale.weight", v)]
+    return [(case.gguf_name(k), v)]
+
+
+CASES["talkie"] = Case(
+    "talkie",
+    {"model_type": "talkie", "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+     "head_dim": 8, "intermediate_size": 64, "vocab_size": 96, "rope_theta": 1000000.0,
+     "max_position_embeddings": 256, "tie_word_embeddings": False},
+    "talkie",
+    [
+        u32("block_count", "num_hidden_layers"),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        f32("rope.freq_base", "rope_theta"),
+        u32("attention.key_length", "head_dim"),
+        u32("attention.value_length", "head_dim"),
+        f32("attention.layer_norm_rms_epsilon", 1.1920928955078125e-07),
+        f32("logit_scale", lambda c: TALKIE_GAIN["w_g"]),
+    ] + GPT2,
+    {
+        "model.embed": "token_embd",
+        "attn.attn_query": "attn_q",
+        "attn.attn_key": "attn_k",
+        "attn.attn_value": "attn_v",
+        "attn.attn_resid": "attn_output",
+        "mlp.mlp_gate": "ffn_gate",
+        "mlp.mlp_linear": "ffn_up",
+        "mlp.mlp_resid": "ffn_down",
+    },
+    prefix="model.blocks",
+    tensors=talkie_tensors,
+)
+
+
 # InternLM2 (`internlm2`): InternLM2Model splits the fused `wqkv` (per KV group: its queries,
 # then one key and one value head) into q, k and v, Q and K permuted as LlamaModel's; it adds
 # the vocabulary size and the rope width to TextModel's keys. Its checkpoints have no biases.
