@@ -613,6 +613,19 @@ const ARCHS: &[GgufArch] = &[
         top: &[("token_embd", "model.embed")],
         ..PLAIN
     },
+    // Spark 2.5: fused `q_k_v_proj`, the head-wise gate `g_proj`, sliding and full layers each
+    // with their rope base and width (`spark2_5_config`).
+    GgufArch {
+        arch: "spark2_5",
+        model_type: "spark2_5",
+        parts: &[
+            ("attn_qkv", "self_attn.q_k_v_proj"),
+            ("attn_gate", "self_attn.g_proj"),
+            ("attn_output", "self_attn.out_proj"),
+        ],
+        top: &[("token_embd", "model.embedding")],
+        ..PLAIN
+    },
     // EXAONE 3 / 3.5: GPT-2-like module names in mlx-lm.
     GgufArch {
         arch: "exaone",
@@ -2250,6 +2263,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         "gpt2" => gpt2_config(&mut config, &tensors, path, blocks, hidden, heads)?,
         "qwen" => qwen_config(&mut config, &tensors, path, &key, hidden, heads, kv_heads)?,
         "plamo3" => plamo3_config(&mut config, &mut tensors, path, &metadata, &key)?,
+        "spark2_5" => spark2_5_config(&mut config, &tensors, path, &metadata, &key, blocks)?,
         "talkie" => {
             if let Some(k) = ggml.keys().find(|k| k.contains(".attn.attn_")) {
                 return Err(gguf_err(
@@ -2849,6 +2863,96 @@ fn talkie_config(
         "lm_head_gain.w_g".into(),
         Array::from_slice(&[gain as f32], &[1])?,
     );
+    Ok(())
+}
+
+/// Spark 2.5 (`spark2_5`): the layer kinds from the per-layer sliding flags, the window, and
+/// each kind's `rope_parameters` (base, rotated share of the head); biases from the tensors.
+fn spark2_5_config(
+    config: &mut Value,
+    tensors: &BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    key: &dyn Fn(&str) -> String,
+    blocks: i32,
+) -> Result<()> {
+    let missing = |k: &str| gguf_err(path, format!("metadata `{}` is missing", key(k)));
+    let flags = match meta.get(&key("attention.sliding_window_pattern")) {
+        Some(GgufValue::Array(a)) if a.ndim() == 1 => a
+            .astype(Dtype::Bool)
+            .and_then(|b| b.to_vec::<bool>())
+            .map_err(|e| {
+                gguf_err(
+                    path,
+                    format!(
+                        "metadata `{}`: {e}",
+                        key("attention.sliding_window_pattern")
+                    ),
+                )
+            })?,
+        Some(_) => {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is not a per-layer list of flags",
+                    key("attention.sliding_window_pattern")
+                ),
+            ))
+        }
+        None => return Err(missing("attention.sliding_window_pattern")),
+    };
+    if flags.len() != blocks as usize {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` has {} entries for {blocks} layers",
+                key("attention.sliding_window_pattern"),
+                flags.len()
+            ),
+        ));
+    }
+    let kinds: Vec<&str> = flags
+        .iter()
+        .map(|&s| {
+            if s {
+                "sliding_attention"
+            } else {
+                "full_attention"
+            }
+        })
+        .collect();
+    config["layer_types"] = json!(kinds);
+    config["sliding_window"] = Value::from(
+        meta_count(meta, path, &key("attention.sliding_window"))?
+            .ok_or_else(|| missing("attention.sliding_window"))?,
+    );
+    let hd = config["head_dim"]
+        .as_f64()
+        .ok_or_else(|| missing("attention.key_length"))?;
+    let theta = config["rope_theta"].clone();
+    let swa_theta = match meta_f64(meta, &key("rope.freq_base_swa")) {
+        Some(t) if t.is_finite() && t > 0.0 => Value::from(t),
+        Some(t) => {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is {t}; it must be a finite number > 0",
+                    key("rope.freq_base_swa")
+                ),
+            ))
+        }
+        None => theta.clone(),
+    };
+    let share = |k: &str| -> Result<f64> {
+        Ok(meta_count(meta, path, &key(k))?.map_or(1.0, |d| f64::from(d) / hd))
+    };
+    config["rope_parameters"] = json!({
+        "full_attention": {"rope_theta": theta, "partial_rotary_factor": share("rope.dimension_count")?},
+        "sliding_attention": {"rope_theta": swa_theta, "partial_rotary_factor": share("rope.dimension_count_swa")?},
+    });
+    let has = |t: &str| tensors.contains_key(&format!("model.layers.0.{t}"));
+    config["attention_bias"] = Value::from(has("self_attn.q_k_v_proj.bias"));
+    config["mlp_bias"] = Value::from(has("mlp.down_proj.bias"));
     Ok(())
 }
 

@@ -1944,6 +1944,49 @@ CASES["talkie"] = Case(
 )
 
 
+# Spark 2.5 (`spark2_5`): TextModel's keys (the full layers' rope base, the sliding layers' as
+# `rope.freq_base_swa`, the head size) plus the vocabulary size, the window, the per-layer
+# sliding flags and each layer kind's rotated width; fused `q_k_v_proj`, the head-wise sigmoid
+# gate `g_proj` as `attn_gate`.
+CASES["spark2_5"] = Case(
+    "spark2_5",
+    {"model_type": "spark2_5", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 4,
+     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 96,
+     "sliding_window": 4, "max_position_embeddings": 256, "rms_norm_eps": 1e-6,
+     "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+     "rope_parameters": {
+         "full_attention": {"rope_theta": 1000000.0, "partial_rotary_factor": 0.5},
+         "sliding_attention": {"rope_theta": 10000.0, "partial_rotary_factor": 1.0},
+     },
+     "tie_word_embeddings": False},
+    "spark2_5",
+    [
+        u32("block_count", "num_hidden_layers"),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv", "num_key_value_heads"),
+        f32("rope.freq_base", lambda c: c["rope_parameters"]["full_attention"]["rope_theta"]),
+        f32("rope.freq_base_swa", lambda c: c["rope_parameters"]["sliding_attention"]["rope_theta"]),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+        u32("attention.key_length", "head_dim"),
+        u32("attention.value_length", "head_dim"),
+        u32("vocab_size", "vocab_size"),
+        u32("attention.sliding_window", "sliding_window"),
+        window_pattern(lambda c: [t == "sliding_attention" for t in c["layer_types"]]),
+        u32("rope.dimension_count", lambda c: int(c["head_dim"] * c["rope_parameters"]["full_attention"]["partial_rotary_factor"])),
+        u32("rope.dimension_count_swa", lambda c: int(c["head_dim"] * c["rope_parameters"]["sliding_attention"]["partial_rotary_factor"])),
+    ] + GPT2,
+    {
+        "model.embedding": "token_embd",
+        "self_attn.q_k_v_proj": "attn_qkv",
+        "self_attn.g_proj": "attn_gate",
+        "self_attn.out_proj": "attn_output",
+    },
+)
+
+
 # InternLM2 (`internlm2`): InternLM2Model splits the fused `wqkv` (per KV group: its queries,
 # then one key and one value head) into q, k and v, Q and K permuted as LlamaModel's; it adds
 # the vocabulary size and the rope width to TextModel's keys. Its checkpoints have no biases.
