@@ -626,6 +626,25 @@ const ARCHS: &[GgufArch] = &[
         top: &[("token_embd", "model.embedding")],
         ..PLAIN
     },
+    // OLMo (1): transformers' layout (Q / K permuted) read into mlx-lm's AI2 one: q, k, v fused
+    // into `att_proj`, up and gate into `ff_proj` (`olmo_config`); no norm weights.
+    GgufArch {
+        arch: "olmo",
+        model_type: "olmo",
+        permute_qk: true,
+        parts: &[
+            ("attn_output", "attn_out"),
+            ("ffn_gate", "gguf_gate"),
+            ("ffn_up", "gguf_up"),
+            ("ffn_down", "ff_out"),
+        ],
+        layers: "model.transformer.blocks",
+        top: &[
+            ("token_embd", "model.transformer.wte"),
+            ("output", "model.transformer.ff_out"),
+        ],
+        ..PLAIN
+    },
     // EXAONE 3 / 3.5: GPT-2-like module names in mlx-lm.
     GgufArch {
         arch: "exaone",
@@ -1647,7 +1666,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
     const LN_EPS: &str = "attention.layer_norm_epsilon";
     let (eps, eps_field) = match arch.arch {
         "starcoder2" => (float(LN_EPS, true)?, "norm_epsilon"),
-        "stablelm" => (float(LN_EPS, true)?, "layer_norm_eps"),
+        "stablelm" | "olmo" => (float(LN_EPS, true)?, "layer_norm_eps"),
         "gpt2" => (float(LN_EPS, true)?, "layer_norm_epsilon"),
         "gptneox" => (float(LN_EPS, true)?, "layer_norm_eps"),
         "starcoder" => (float(LN_EPS, true)?, "layer_norm_epsilon"),
@@ -2263,6 +2282,25 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         "gpt2" => gpt2_config(&mut config, &tensors, path, blocks, hidden, heads)?,
         "qwen" => qwen_config(&mut config, &tensors, path, &key, hidden, heads, kv_heads)?,
         "plamo3" => plamo3_config(&mut config, &mut tensors, path, &metadata, &key)?,
+        "olmo" => {
+            if let Some(k) = ggml
+                .keys()
+                .find(|k| k.contains("_proj.") || k.contains(".gguf_"))
+            {
+                return Err(gguf_err(
+                    path,
+                    format!("{k}: OLMo's fused projections are read dequantized only"),
+                ));
+            }
+            olmo_config(
+                &mut config,
+                &mut tensors,
+                path,
+                &metadata,
+                &key,
+                (blocks, heads, kv_heads, ffn),
+            )?
+        }
         "spark2_5" => spark2_5_config(&mut config, &tensors, path, &metadata, &key, blocks)?,
         "talkie" => {
             if let Some(k) = ggml.keys().find(|k| k.contains(".attn.attn_")) {
@@ -2953,6 +2991,90 @@ fn spark2_5_config(
     let has = |t: &str| tensors.contains_key(&format!("model.layers.0.{t}"));
     config["attention_bias"] = Value::from(has("self_attn.q_k_v_proj.bias"));
     config["mlp_bias"] = Value::from(has("mlp.down_proj.bias"));
+    Ok(())
+}
+
+/// OLMo (`olmo`): mlx-lm's AI2 arguments and fused projections (`att_proj` = [q | k | v],
+/// `ff_proj` = [up | gate]); mlx-lm's fixed LayerNorm eps (1e-5), full heads and no clamp are
+/// checked.
+fn olmo_config(
+    config: &mut Value,
+    tensors: &mut BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    key: &dyn Fn(&str) -> String,
+    (blocks, heads, kv_heads, ffn): (i32, i32, i32, i32),
+) -> Result<()> {
+    if meta.contains_key(&key("attention.clamp_kqv")) {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}`: mlx-lm's olmo does not clamp q, k and v",
+                key("attention.clamp_kqv")
+            ),
+        ));
+    }
+    if kv_heads != heads {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` = {kv_heads}: mlx-lm's olmo gives each of the {heads} heads its \
+                 keys and values",
+                key("attention.head_count_kv")
+            ),
+        ));
+    }
+    if config["layer_norm_eps"].as_f64().map(|e| e as f32) != Some(1e-5) {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` is {}: mlx-lm's olmo fixes it at 1e-5",
+                key("attention.layer_norm_epsilon"),
+                config["layer_norm_eps"]
+            ),
+        ));
+    }
+    for l in 0..blocks {
+        let p = format!("model.transformer.blocks.{l}");
+        for (fused, parts) in [
+            (
+                "att_proj",
+                ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"].as_slice(),
+            ),
+            ("ff_proj", ["gguf_up", "gguf_gate"].as_slice()),
+        ] {
+            let mut got = Vec::with_capacity(parts.len());
+            for part in parts {
+                let name = format!("{p}.{part}.weight");
+                got.push(tensors.remove(&name).ok_or_else(|| {
+                    gguf_err(
+                        path,
+                        format!("layer {l}: `{part}` is missing (OLMo's {fused} needs it)"),
+                    )
+                })?);
+            }
+            let refs: Vec<&Array> = got.iter().collect();
+            let joined = ops::concatenate(&refs, 0, None)
+                .map_err(|e| gguf_err(path, format!("layer {l}: joining {fused}: {e}")))?;
+            tensors.insert(format!("{p}.{fused}.weight"), joined);
+        }
+    }
+    if let Some(k) = tensors.keys().find(|k| k.ends_with(".bias")) {
+        return Err(gguf_err(path, format!("{k}: mlx-lm's olmo has no biases")));
+    }
+    let tied = !tensors.contains_key("model.transformer.ff_out.weight");
+    let vocab = config["vocab_size"].clone();
+    *config = json!({
+        "model_type": "olmo",
+        "d_model": config["hidden_size"],
+        "n_layers": blocks,
+        "mlp_hidden_size": 2 * ffn,
+        "n_heads": heads,
+        "vocab_size": vocab,
+        "embedding_size": vocab,
+        "rope_theta": config["rope_theta"],
+        "weight_tying": tied,
+    });
     Ok(())
 }
 

@@ -19,12 +19,17 @@ with `cargo xtask goldens gguf_more`.
 
 import math
 import os
+import sys
+import types
 import zlib
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
+
+# mlx_lm/models/olmo.py exits unless `hf_olmo` imports; it is only an availability probe.
+sys.modules.setdefault("hf_olmo", types.ModuleType("hf_olmo"))
 
 from gguf_golden import Meta, only, permute, record, seeded_model, unpermute, write_gguf
 
@@ -477,7 +482,7 @@ def write_case(name, case):
         add(case.hparams(c), gguf)
     path = write_gguf(name, gguf, write_meta(case.arch, case.hparams(c), case.meta))
     if case.read_back is None:
-        record(model, name, __file__)
+        record(model, name, __file__, one_token=case.model_type == "olmo")
         if case.after is not None:
             case.after(name, model, path)
         return
@@ -1984,6 +1989,52 @@ CASES["spark2_5"] = Case(
         "self_attn.g_proj": "attn_gate",
         "self_attn.out_proj": "attn_output",
     },
+)
+
+
+# OLMo (`olmo`, OLMo 1 / 1.7 as transformers' OlmoForCausalLM): OlmoModel writes TextModel's
+# keys and a LayerNorm eps of 1e-5, Q / K permuted as LlamaModel's; transformers' q / k / v and
+# gate / up are mlx-lm's (AI2 layout) fused `att_proj` and `ff_proj` ([up | gate]); no norm
+# weights (non-parametric LayerNorms).
+def olmo_tensors(case, k, v):
+    c = case.config
+    if k == "model.transformer.ff_out.weight":
+        return [("output.weight", v)]
+    if k == "model.transformer.wte.weight":
+        return [("token_embd.weight", v)]
+    layer = k.split(".")[3]
+    if k.endswith(".att_proj.weight"):
+        q, kk, vv = mx.split(v, 3, axis=0)
+        n = c["n_heads"]
+        return [(f"blk.{layer}.attn_q.weight", permute(q, n)), (f"blk.{layer}.attn_k.weight", permute(kk, n)),
+                (f"blk.{layer}.attn_v.weight", vv)]
+    if k.endswith(".ff_proj.weight"):
+        up, gate = mx.split(v, 2, axis=0)
+        return [(f"blk.{layer}.ffn_gate.weight", gate), (f"blk.{layer}.ffn_up.weight", up)]
+    if k.endswith(".attn_out.weight"):
+        return [(f"blk.{layer}.attn_output.weight", v)]
+    if k.endswith(".ff_out.weight"):
+        return [(f"blk.{layer}.ffn_down.weight", v)]
+    raise KeyError(k)
+
+
+CASES["olmo"] = Case(
+    "olmo",
+    {"model_type": "olmo", "d_model": 32, "n_layers": 2, "mlp_hidden_size": 128, "n_heads": 4,
+     "vocab_size": 96, "embedding_size": 96, "rope_theta": 10000.0, "weight_tying": False,
+     "max_position_embeddings": 256, "tie_word_embeddings": False},
+    "olmo",
+    [
+        u32("block_count", "n_layers"),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "d_model"),
+        u32("feed_forward_length", lambda c: c["mlp_hidden_size"] // 2),
+        u32("attention.head_count", "n_heads"),
+        u32("attention.head_count_kv", "n_heads"),
+        f32("rope.freq_base", "rope_theta"),
+        f32("attention.layer_norm_epsilon", 1e-5),
+    ] + GPT2,
+    tensors=olmo_tensors,
 )
 
 
