@@ -525,6 +525,126 @@ const ARCHS: &[GgufArch] = &[
         ],
         ..PLAIN
     },
+    // Qwen2-VL / Qwen2.5-VL's text tower: qwen2's names; its M-RoPE is plain rope on text
+    // (mlx-lm's too), so `rope.dimension_sections` is not read.
+    GgufArch {
+        arch: "qwen2vl",
+        model_type: "qwen2_vl",
+        ..PLAIN
+    },
+    // Qwen3-VL's text tower: qwen3's names (the deepstack count concerns images).
+    GgufArch {
+        arch: "qwen3vl",
+        model_type: "qwen3_vl",
+        parts: &[
+            ("attn_q_norm", "self_attn.q_norm"),
+            ("attn_k_norm", "self_attn.k_norm"),
+        ],
+        ..PLAIN
+    },
+    // Qwen (1): GPT-2-like names under `transformer.`, fused qkv with bias, `w1` up and `w2`
+    // gate (`qwen_config`).
+    GgufArch {
+        arch: "qwen",
+        model_type: "qwen",
+        parts: &[
+            ("attn_norm", "ln_1"),
+            ("attn_qkv", "attn.c_attn"),
+            ("attn_output", "attn.c_proj"),
+            ("ffn_norm", "ln_2"),
+            ("ffn_up", "mlp.w1"),
+            ("ffn_gate", "mlp.w2"),
+            ("ffn_down", "mlp.c_proj"),
+        ],
+        layers: "transformer.h",
+        top: &[
+            ("token_embd", "transformer.wte"),
+            ("output_norm", "transformer.ln_f"),
+        ],
+        ..PLAIN
+    },
+    // PLaMo (1): one norm per layer (parallel attention and MLP); `attn_q` / `attn_output`
+    // shuffled for ggml's GQA broadcast (`plamo_config` puts them back).
+    GgufArch {
+        arch: "plamo",
+        model_type: "plamo",
+        parts: &[("attn_norm", "norm")],
+        layers: "model.layers.layers",
+        ..PLAIN
+    },
+    // PLaMo 3: sandwich norms stored with mlx-lm's runtime offsets added (`plamo3_config`
+    // takes them off), fused qkv and gate-up, sliding layers with their own rope base.
+    GgufArch {
+        arch: "plamo3",
+        model_type: "plamo3",
+        parts: &[
+            ("attn_norm", "pre_mixer_norm"),
+            ("attn_qkv", "mixer.qkv_proj"),
+            ("attn_output", "mixer.o_proj"),
+            ("attn_q_norm", "mixer.q_norm"),
+            ("attn_k_norm", "mixer.k_norm"),
+            ("attn_post_norm", "post_mixer_norm"),
+            ("ffn_norm", "pre_mlp_norm"),
+            ("ffn_up", "mlp.gate_up_proj"),
+            ("ffn_down", "mlp.down_proj"),
+            ("ffn_post_norm", "post_mlp_norm"),
+        ],
+        layers: "model.layers.layers",
+        ..PLAIN
+    },
+    // Talkie: weightless norms; gains as `*.scale` / `layer_output_scale` / `attn_q_norm`, the
+    // head's gain as `logit_scale`, the query / key rows' second halves negated for llama.cpp's
+    // rope (`talkie_config` puts all of it back).
+    GgufArch {
+        arch: "talkie",
+        model_type: "talkie",
+        parts: &[
+            ("attn_q", "attn.attn_query"),
+            ("attn_k", "attn.attn_key"),
+            ("attn_v", "attn.attn_value"),
+            ("attn_output", "attn.attn_resid"),
+            ("attn_q_norm", "attn.head_gain.head_g"),
+            ("ffn_gate", "mlp.mlp_gate"),
+            ("ffn_up", "mlp.mlp_linear"),
+            ("ffn_down", "mlp.mlp_resid"),
+            ("layer_output_scale", "embed_skip.a_g"),
+        ],
+        layers: "model.blocks",
+        top: &[("token_embd", "model.embed")],
+        ..PLAIN
+    },
+    // Spark 2.5: fused `q_k_v_proj`, the head-wise gate `g_proj`, sliding and full layers each
+    // with their rope base and width (`spark2_5_config`).
+    GgufArch {
+        arch: "spark2_5",
+        model_type: "spark2_5",
+        parts: &[
+            ("attn_qkv", "self_attn.q_k_v_proj"),
+            ("attn_gate", "self_attn.g_proj"),
+            ("attn_output", "self_attn.out_proj"),
+        ],
+        top: &[("token_embd", "model.embedding")],
+        ..PLAIN
+    },
+    // OLMo (1): transformers' layout (Q / K permuted) read into mlx-lm's AI2 one: q, k, v fused
+    // into `att_proj`, up and gate into `ff_proj` (`olmo_config`); no norm weights.
+    GgufArch {
+        arch: "olmo",
+        model_type: "olmo",
+        permute_qk: true,
+        parts: &[
+            ("attn_output", "attn_out"),
+            ("ffn_gate", "gguf_gate"),
+            ("ffn_up", "gguf_up"),
+            ("ffn_down", "ff_out"),
+        ],
+        layers: "model.transformer.blocks",
+        top: &[
+            ("token_embd", "model.transformer.wte"),
+            ("output", "model.transformer.ff_out"),
+        ],
+        ..PLAIN
+    },
     // EXAONE 3 / 3.5: GPT-2-like module names in mlx-lm.
     GgufArch {
         arch: "exaone",
@@ -1270,6 +1390,8 @@ const BARE_PARAMS: &[&str] = &[
     ".attn.k_a",
     ".attn.r_k",
     ".ffn.x_k",
+    ".embed_skip.a_g",
+    ".attn.head_gain.head_g",
 ];
 
 /// `llama.cpp` tensor names to mlx-lm's, for `a`.
@@ -1492,6 +1614,21 @@ fn dequantized_with(
     Ok((tensors, header.metadata))
 }
 
+/// llama.cpp's encoder architectures (BERT-style embedding models), which [`read_gguf`] refuses
+/// by name: mlx-lm has no encoder model type. Their tokenizers (`bert`, `whitespace`, `gpt2`
+/// with `mmbert`, ...) are read.
+const GGUF_ENCODERS: &[(&str, &str)] = &[
+    ("bert", "BERT"),
+    ("modern-bert", "ModernBERT, mmBERT"),
+    ("nomic-bert", "Nomic BERT"),
+    ("nomic-bert-moe", "Nomic BERT MoE"),
+    ("neo-bert", "NeoBERT"),
+    ("jina-bert-v2", "Jina BERT v2"),
+    ("jina-bert-v3", "Jina BERT v3"),
+    ("eurobert", "EuroBERT"),
+    ("t5encoder", "T5's encoder"),
+];
+
 /// The GGUF architectures [`read_gguf`] maps (`general.architecture` values).
 pub fn supported_gguf_architectures() -> Vec<&'static str> {
     ARCHS.iter().map(|a| a.arch).collect()
@@ -1544,6 +1681,17 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         GgufTensors::Mlx => load_gguf(path, None).map_err(|e| gguf_err(path, e))?,
     };
     let arch_name = meta_str(&metadata, "general.architecture").unwrap_or("");
+    if let Some((_, why)) = GGUF_ENCODERS.iter().find(|(a, _)| *a == arch_name) {
+        return Err(gguf_err(
+            path,
+            format!(
+                "GGUF architecture `{arch_name}` ({why}) is not served: it is an encoder (masked \
+                 language model / embeddings) and mlx-lm 0.32.2, whose model types this crate \
+                 serves, has none; its tokenizer can still be read \
+                 (mlx_tokenizers::tokenizer_gguf)"
+            ),
+        ));
+    }
     let Some(arch) = ARCHS.iter().find(|a| a.arch == arch_name) else {
         return Err(ModelError::UnsupportedModelType {
             model_type: format!("gguf:{arch_name}"),
@@ -1855,7 +2003,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
     const LN_EPS: &str = "attention.layer_norm_epsilon";
     let (eps, eps_field) = match arch.arch {
         "starcoder2" => (float(LN_EPS, true)?, "norm_epsilon"),
-        "stablelm" => (float(LN_EPS, true)?, "layer_norm_eps"),
+        "stablelm" | "olmo" => (float(LN_EPS, true)?, "layer_norm_eps"),
         "gpt2" => (float(LN_EPS, true)?, "layer_norm_epsilon"),
         "gptneox" => (float(LN_EPS, true)?, "layer_norm_eps"),
         "starcoder" => (float(LN_EPS, true)?, "layer_norm_epsilon"),
@@ -1873,7 +2021,9 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             },
             "layer_norm_epsilon",
         ),
-        "exaone" => (
+        // llama.cpp reads Qwen's RMS key; its converter writes Qwen's `layer_norm_epsilon`
+        // under the LayerNorm one.
+        "exaone" | "qwen" => (
             match float(RMS_EPS, true)? {
                 Some(e) => Some(e),
                 None => float(LN_EPS, true)?,
@@ -1886,7 +2036,8 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         let k = if matches!(
             eps_field,
             "norm_epsilon" | "layer_norm_eps" | "layer_norm_epsilon"
-        ) || matches!(arch.arch, "rwkv7" | "nemotron" | "dbrx")
+        ) && arch.arch != "qwen"
+            || matches!(arch.arch, "rwkv7" | "nemotron" | "dbrx")
         {
             LN_EPS
         } else {
@@ -2475,6 +2626,54 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             heads,
         )?,
         "gpt2" => gpt2_config(&mut config, &tensors, path, blocks, hidden, heads)?,
+        "qwen" => qwen_config(&mut config, &tensors, path, &key, hidden, heads, kv_heads)?,
+        "plamo3" => plamo3_config(&mut config, &mut tensors, path, &metadata, &key)?,
+        "olmo" => {
+            if let Some(k) = ggml
+                .keys()
+                .find(|k| k.contains("_proj.") || k.contains(".gguf_"))
+            {
+                return Err(gguf_err(
+                    path,
+                    format!("{k}: OLMo's fused projections are read dequantized only"),
+                ));
+            }
+            olmo_config(
+                &mut config,
+                &mut tensors,
+                path,
+                &metadata,
+                &key,
+                (blocks, heads, kv_heads, ffn),
+            )?
+        }
+        "spark2_5" => spark2_5_config(&mut config, &tensors, path, &metadata, &key, blocks)?,
+        "talkie" => {
+            if let Some(k) = ggml.keys().find(|k| k.contains(".attn.attn_")) {
+                return Err(gguf_err(
+                    path,
+                    format!("{k}: Talkie's sign-flipped attention is read dequantized only"),
+                ));
+            }
+            talkie_config(&mut config, &mut tensors, path, &metadata, &key)?
+        }
+        "plamo" => {
+            if let Some(k) = ggml.keys().find(|k| k.contains(".self_attn.")) {
+                return Err(gguf_err(
+                    path,
+                    format!("{k}: PLaMo's shuffled attention is read dequantized only"),
+                ));
+            }
+            plamo_config(
+                &mut config,
+                &mut tensors,
+                path,
+                &key,
+                hidden,
+                heads,
+                kv_heads,
+            )?
+        }
         "minicpm" => minicpm_config(&mut config, path, &metadata, blocks, hidden)?,
         "deepseek" => deepseek_config(&mut config, path, &metadata, blocks)?,
         "gptneox" => gptneox_config(
@@ -2877,6 +3076,384 @@ fn gpt2_config(
         .get("max_position_embeddings")
         .cloned()
         .unwrap_or(Value::from(positions));
+    Ok(())
+}
+
+/// Qwen (`qwen`): mlx-lm's qwen arguments (its rope base is fixed at 10000, its heads all
+/// have keys and values, its head untied); biases beyond the qkv one from the tensors.
+fn qwen_config(
+    config: &mut Value,
+    tensors: &BTreeMap<String, Array>,
+    path: &Path,
+    key: &dyn Fn(&str) -> String,
+    hidden: i32,
+    heads: i32,
+    kv_heads: i32,
+) -> Result<()> {
+    let hd = head_size(path, key, hidden, heads)?;
+    if kv_heads != heads {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` = {kv_heads}: mlx-lm's qwen gives every one of the {heads} heads \
+                 its keys and values",
+                key("attention.head_count_kv")
+            ),
+        ));
+    }
+    if config["rope_theta"].as_f64() != Some(10000.0) {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` is {}: mlx-lm's qwen fixes the rope base at 10000",
+                key("rope.freq_base"),
+                config["rope_theta"]
+            ),
+        ));
+    }
+    if !tensors.contains_key("lm_head.weight") {
+        return Err(gguf_err(
+            path,
+            "GGUF tensor output.weight is missing: mlx-lm's qwen has its own head",
+        ));
+    }
+    config["kv_channels"] = Value::from(hd);
+    config["no_bias"] = Value::from(!tensors.contains_key("transformer.h.0.attn.c_proj.bias"));
+    Ok(())
+}
+
+/// PLaMo (`plamo`): the query heads shared `n_shared_head` ways over the KV heads, the
+/// converter's shuffle of `attn_q`'s rows and `attn_output`'s columns, (kv, shared, head_dim),
+/// put back to mlx-lm's (shared, kv, head_dim).
+fn plamo_config(
+    config: &mut Value,
+    tensors: &mut BTreeMap<String, Array>,
+    path: &Path,
+    key: &dyn Fn(&str) -> String,
+    hidden: i32,
+    heads: i32,
+    kv_heads: i32,
+) -> Result<()> {
+    let hd = head_size(path, key, hidden, heads)?;
+    if heads % kv_heads != 0 {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` = {kv_heads} does not divide `{}` = {heads}",
+                key("attention.head_count_kv"),
+                key("attention.head_count")
+            ),
+        ));
+    }
+    let shared = heads / kv_heads;
+    for (name, a) in tensors.iter_mut() {
+        let fixed = if name.ends_with(".self_attn.q_proj.weight") {
+            let cols = a.shape()[1];
+            a.reshape(&[kv_heads, shared, hd, cols])?
+                .transpose(&[1, 0, 2, 3])?
+                .reshape(&[heads * hd, cols])?
+        } else if name.ends_with(".self_attn.o_proj.weight") {
+            let rows = a.shape()[0];
+            a.reshape(&[rows, kv_heads, shared, hd])?
+                .transpose(&[0, 2, 1, 3])?
+                .reshape(&[rows, heads * hd])?
+        } else {
+            continue;
+        };
+        *a = fixed;
+    }
+    config["n_shared_head"] = Value::from(shared);
+    config.as_object_mut().map(|m| m.remove("head_dim"));
+    Ok(())
+}
+
+/// PLaMo 3 (`plamo3`): the norms' offsets (added by the converter, added again at run time by
+/// mlx-lm) taken off, in f32 as mlx-lm's `weight + offset` is computed; the window, its period
+/// (every n-th layer full) and the local rope base from metadata.
+fn plamo3_config(
+    config: &mut Value,
+    tensors: &mut BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    key: &dyn Fn(&str) -> String,
+) -> Result<()> {
+    let after_mlp = (1.0f64 / 5f64.powf(1.5)) as f32;
+    for (name, a) in tensors.iter_mut() {
+        let offset = if name.ends_with(".post_mixer_norm.weight") {
+            (1.0f64 / 5.0) as f32
+        } else if name.ends_with(".post_mlp_norm.weight") {
+            after_mlp
+        } else if name.ends_with("norm.weight") {
+            1.0
+        } else {
+            continue;
+        };
+        *a = (&*a - offset)?;
+    }
+    let need = |k: &str| -> Result<i32> {
+        meta_count(meta, path, &key(k))?
+            .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
+    };
+    config["window_size"] = Value::from(need("attention.sliding_window")?);
+    config["sliding_window_pattern"] = Value::from(need("attention.sliding_window_pattern")?);
+    if let Some(theta) = meta_f64(meta, &key("rope.freq_base_swa")) {
+        if !(theta.is_finite() && theta > 0.0) {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is {theta}; it must be a finite number > 0",
+                    key("rope.freq_base_swa")
+                ),
+            ));
+        }
+        config["rope_local_theta"] = Value::from(theta);
+    }
+    Ok(())
+}
+
+/// Talkie (`talkie`): the converter's negation of the second half of every query and key
+/// head's rows undone (exact), its renames put back (`attn_output.scale` -> `attn_gain.a_g`,
+/// `ffn_down.scale` -> `mlp_gain.a_g`, `output.weight` -> the bare `lm_head`, the head gain
+/// flattened) and `logit_scale` made the head's gain `lm_head_gain.w_g`.
+fn talkie_config(
+    config: &mut Value,
+    tensors: &mut BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    key: &dyn Fn(&str) -> String,
+) -> Result<()> {
+    let hd = config["head_dim"]
+        .as_i64()
+        .map(|d| d as i32)
+        .filter(|&d| d > 0 && d % 2 == 0)
+        .ok_or_else(|| {
+            gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is missing or odd: Talkie's heads need an even size",
+                    key("attention.key_length")
+                ),
+            )
+        })?;
+    let half = hd / 2;
+    let signs: Vec<f32> = (0..hd).map(|i| if i < half { 1.0 } else { -1.0 }).collect();
+    let signs = Array::from_slice(&signs, &[1, hd, 1])?;
+    let renames = [
+        (".attn.attn_resid.scale", ".attn_gain.a_g"),
+        (".mlp.mlp_resid.scale", ".mlp_gain.a_g"),
+    ];
+    let names: Vec<String> = tensors.keys().cloned().collect();
+    for name in names {
+        let Some(a) = tensors.remove(&name) else {
+            continue;
+        };
+        let (name, a) = if name.ends_with(".attn.attn_query.weight")
+            || name.ends_with(".attn.attn_key.weight")
+        {
+            let shape = a.shape().to_vec();
+            let flipped = (&a.reshape(&[-1, hd, shape[1]])? * &signs.astype(a.dtype())?)?;
+            (name, flipped.reshape(&shape)?)
+        } else if name.ends_with(".attn.head_gain.head_g") {
+            (name, a.reshape(&[-1])?)
+        } else if name == "lm_head.weight" {
+            ("lm_head".to_string(), a)
+        } else if let Some((from, to)) = renames.iter().find(|(f, _)| name.ends_with(f)) {
+            (format!("{}{to}", &name[..name.len() - from.len()]), a)
+        } else {
+            (name, a)
+        };
+        tensors.insert(name, a);
+    }
+    if !tensors.contains_key("lm_head") {
+        return Err(gguf_err(
+            path,
+            "GGUF tensor output.weight is missing: Talkie's head is its own",
+        ));
+    }
+    let gain = meta_f64(meta, &key("logit_scale")).ok_or_else(|| {
+        gguf_err(
+            path,
+            format!("metadata `{}` is missing", key("logit_scale")),
+        )
+    })?;
+    tensors.insert(
+        "lm_head_gain.w_g".into(),
+        Array::from_slice(&[gain as f32], &[1])?,
+    );
+    Ok(())
+}
+
+/// Spark 2.5 (`spark2_5`): the layer kinds from the per-layer sliding flags, the window, and
+/// each kind's `rope_parameters` (base, rotated share of the head); biases from the tensors.
+fn spark2_5_config(
+    config: &mut Value,
+    tensors: &BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    key: &dyn Fn(&str) -> String,
+    blocks: i32,
+) -> Result<()> {
+    let missing = |k: &str| gguf_err(path, format!("metadata `{}` is missing", key(k)));
+    let flags = match meta.get(&key("attention.sliding_window_pattern")) {
+        Some(GgufValue::Array(a)) if a.ndim() == 1 => a
+            .astype(Dtype::Bool)
+            .and_then(|b| b.to_vec::<bool>())
+            .map_err(|e| {
+                gguf_err(
+                    path,
+                    format!(
+                        "metadata `{}`: {e}",
+                        key("attention.sliding_window_pattern")
+                    ),
+                )
+            })?,
+        Some(_) => {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is not a per-layer list of flags",
+                    key("attention.sliding_window_pattern")
+                ),
+            ))
+        }
+        None => return Err(missing("attention.sliding_window_pattern")),
+    };
+    if flags.len() != blocks as usize {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` has {} entries for {blocks} layers",
+                key("attention.sliding_window_pattern"),
+                flags.len()
+            ),
+        ));
+    }
+    let kinds: Vec<&str> = flags
+        .iter()
+        .map(|&s| {
+            if s {
+                "sliding_attention"
+            } else {
+                "full_attention"
+            }
+        })
+        .collect();
+    config["layer_types"] = json!(kinds);
+    config["sliding_window"] = Value::from(
+        meta_count(meta, path, &key("attention.sliding_window"))?
+            .ok_or_else(|| missing("attention.sliding_window"))?,
+    );
+    let hd = config["head_dim"]
+        .as_f64()
+        .ok_or_else(|| missing("attention.key_length"))?;
+    let theta = config["rope_theta"].clone();
+    let swa_theta = match meta_f64(meta, &key("rope.freq_base_swa")) {
+        Some(t) if t.is_finite() && t > 0.0 => Value::from(t),
+        Some(t) => {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is {t}; it must be a finite number > 0",
+                    key("rope.freq_base_swa")
+                ),
+            ))
+        }
+        None => theta.clone(),
+    };
+    let share = |k: &str| -> Result<f64> {
+        Ok(meta_count(meta, path, &key(k))?.map_or(1.0, |d| f64::from(d) / hd))
+    };
+    config["rope_parameters"] = json!({
+        "full_attention": {"rope_theta": theta, "partial_rotary_factor": share("rope.dimension_count")?},
+        "sliding_attention": {"rope_theta": swa_theta, "partial_rotary_factor": share("rope.dimension_count_swa")?},
+    });
+    let has = |t: &str| tensors.contains_key(&format!("model.layers.0.{t}"));
+    config["attention_bias"] = Value::from(has("self_attn.q_k_v_proj.bias"));
+    config["mlp_bias"] = Value::from(has("mlp.down_proj.bias"));
+    Ok(())
+}
+
+/// OLMo (`olmo`): mlx-lm's AI2 arguments and fused projections (`att_proj` = [q | k | v],
+/// `ff_proj` = [up | gate]); mlx-lm's fixed LayerNorm eps (1e-5), full heads and no clamp are
+/// checked.
+fn olmo_config(
+    config: &mut Value,
+    tensors: &mut BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    key: &dyn Fn(&str) -> String,
+    (blocks, heads, kv_heads, ffn): (i32, i32, i32, i32),
+) -> Result<()> {
+    if meta.contains_key(&key("attention.clamp_kqv")) {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}`: mlx-lm's olmo does not clamp q, k and v",
+                key("attention.clamp_kqv")
+            ),
+        ));
+    }
+    if kv_heads != heads {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` = {kv_heads}: mlx-lm's olmo gives each of the {heads} heads its \
+                 keys and values",
+                key("attention.head_count_kv")
+            ),
+        ));
+    }
+    if config["layer_norm_eps"].as_f64().map(|e| e as f32) != Some(1e-5) {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` is {}: mlx-lm's olmo fixes it at 1e-5",
+                key("attention.layer_norm_epsilon"),
+                config["layer_norm_eps"]
+            ),
+        ));
+    }
+    for l in 0..blocks {
+        let p = format!("model.transformer.blocks.{l}");
+        for (fused, parts) in [
+            (
+                "att_proj",
+                ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"].as_slice(),
+            ),
+            ("ff_proj", ["gguf_up", "gguf_gate"].as_slice()),
+        ] {
+            let mut got = Vec::with_capacity(parts.len());
+            for part in parts {
+                let name = format!("{p}.{part}.weight");
+                got.push(tensors.remove(&name).ok_or_else(|| {
+                    gguf_err(
+                        path,
+                        format!("layer {l}: `{part}` is missing (OLMo's {fused} needs it)"),
+                    )
+                })?);
+            }
+            let refs: Vec<&Array> = got.iter().collect();
+            let joined = ops::concatenate(&refs, 0, None)
+                .map_err(|e| gguf_err(path, format!("layer {l}: joining {fused}: {e}")))?;
+            tensors.insert(format!("{p}.{fused}.weight"), joined);
+        }
+    }
+    if let Some(k) = tensors.keys().find(|k| k.ends_with(".bias")) {
+        return Err(gguf_err(path, format!("{k}: mlx-lm's olmo has no biases")));
+    }
+    let tied = !tensors.contains_key("model.transformer.ff_out.weight");
+    let vocab = config["vocab_size"].clone();
+    *config = json!({
+        "model_type": "olmo",
+        "d_model": config["hidden_size"],
+        "n_layers": blocks,
+        "mlp_hidden_size": 2 * ffn,
+        "n_heads": heads,
+        "vocab_size": vocab,
+        "embedding_size": vocab,
+        "rope_theta": config["rope_theta"],
+        "weight_tying": tied,
+    });
     Ok(())
 }
 

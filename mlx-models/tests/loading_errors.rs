@@ -242,6 +242,23 @@ mod gguf {
         assert!(e.contains("llama.attention.head_count_kv"), "{e}");
     }
 
+    /// An encoder GGUF (mmBERT's `modern-bert`) is refused by name: not a model type served.
+    #[test]
+    fn encoder_gguf_architectures_are_refused_by_name() {
+        let p = file("mmbert", 4, 4);
+        let (tensors, mut meta) = mlx_core::io::load_gguf(&p, None).unwrap();
+        meta.insert(
+            "general.architecture",
+            GgufValue::String("modern-bert".into()),
+        );
+        save_gguf(&p, tensors.iter().map(|(k, v)| (k.as_str(), v)), &meta).unwrap();
+        let e = err(&p);
+        assert!(
+            e.contains("`modern-bert`") && e.contains("mmBERT") && e.contains("not served"),
+            "{e}"
+        );
+    }
+
     /// A committed GGUF fixture (`tests/models/gguf/<fixture>.gguf`) rewritten with its
     /// metadata and tensors edited.
     fn edited(

@@ -1,7 +1,8 @@
 //! A tokenizer built from GGUF metadata (`tokenizer.ggml.*`), the way llama.cpp and transformers'
 //! GGUF converter (`integrations/gguf/gguf_tokenizer_mapping.py`) build it.
 //!
-//! Supported: RWKV "world" vocabularies (`"rwkv"`, llama.cpp's greedy byte trie, see
+//! Supported: HybriDNA's (`"hybriddna"`: the byte-level BPE below, with llama.cpp's DNA k-mers
+//! between `<dna>` and `</dna>`, see [`TrieEncoder::hybriddna`](crate::tokenizer_trie::TrieEncoder::hybriddna)), RWKV "world" vocabularies (`"rwkv"`, llama.cpp's greedy byte trie, see
 //! `build_rwkv`), PLaMo 2's (`"plamo2"`, see `build_plamo2`), whitespace-split BPE
 //! (`"whitespace"`, see `build_whitespace`), SentencePiece vocabularies (`tokenizer.ggml.model = "llama"`: Llama 2, Mistral,
 //! Gemma; see [`GgufTokenizerData::build`]), SentencePiece Unigram vocabularies (`"t5"`,
@@ -16,9 +17,10 @@
 //! C++'s `std::regex`) are not copied. The other names follow llama.cpp, checked against
 //! llama.cpp's own `test-tokenizer-0` data (`tests/gguf_llama_vocab.rs`). Where llama.cpp runs
 //! a hand-written splitter instead of a regex (AFMoE's and Tiny Aya's digit groups, Kimi K2's
-//! Han-aware pattern, SuperBPE's groups of three), an equivalent regex stands in. Not yet
-//! built: `mmbert` (raw UTF-8 words with a Metaspace word split), and `whitespace` under the
-//! `gpt2` model.
+//! Han-aware pattern, SuperBPE's groups of three), an equivalent regex stands in. mmBERT's
+//! `mmbert` (BPE over raw UTF-8 with a Metaspace word split) is built as `build_raw_bpe`
+//! describes; `whitespace` under the `gpt2` model (which llama.cpp's converter never writes) is
+//! refused.
 //!
 //! Tokens of type 3 (control) become special added tokens, tokens of type 4 (user-defined) plain
 //! added tokens, neither normalized; a control token spelled outside the byte-level alphabet is a
@@ -42,6 +44,7 @@
 use serde_json::{Map, Value};
 use tokenizers::decoders::byte_level::ByteLevel;
 use tokenizers::models::bpe::BPE;
+use tokenizers::pre_tokenizers::metaspace::{Metaspace, PrependScheme};
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior};
@@ -515,29 +518,30 @@ impl GgufTokenizerData {
         }
         let raw_pre = matches!(
             self.pre.as_deref(),
-            Some("gemma4" | "granite-embed-multi-311m" | "sarvam-moe")
+            Some("gemma4" | "granite-embed-multi-311m" | "sarvam-moe" | "mmbert")
         );
         if self.model == "gemma4" || (self.model == "gpt2" && raw_pre) {
             return self.build_raw_bpe();
         }
-        if self.model != "gpt2" {
+        let hybriddna = self.model == "hybriddna";
+        if self.model != "gpt2" && !hybriddna {
             return Err(TokenizerError::Invalid(format!(
                 "GGUF tokenizer model {:?} is not supported; supported: [\"gpt2\"] \
                  (byte-level BPE), [\"gemma4\"] (BPE over raw UTF-8), [\"llama\"] \
                  (SentencePiece), [\"t5\"] (SentencePiece Unigram), [\"bert\"] (WordPiece), \
                  [\"rwkv\"] (RWKV's greedy byte trie), [\"whitespace\"] (BPE over \
-                 whitespace-split UTF-8 words), [\"plamo2\"] (PLaMo 2's Viterbi search)",
+                 whitespace-split UTF-8 words), [\"plamo2\"] (PLaMo 2's Viterbi search), \
+                 [\"hybriddna\"] (byte-level BPE with DNA k-mers)",
                 self.model
             )));
         }
         let pre_name = self.pre.as_deref().unwrap_or("default");
-        if matches!(pre_name, "mmbert" | "whitespace") {
-            // llama.cpp's raw-UTF-8 BPE with a Metaspace word split (mmBERT), or the
-            // whitespace pre-tokenizer under `gpt2` (its own model, `whitespace`, is built):
-            // not built yet.
+        if pre_name == "whitespace" {
+            // The whitespace pre-tokenizer under `gpt2` (its own model, `whitespace`, is
+            // built): llama.cpp's converter never writes it so.
             return Err(TokenizerError::Invalid(format!(
-                "GGUF tokenizer.ggml.pre {pre_name:?} (a llama.cpp pre-tokenizer over raw UTF-8 \
-                 words) is not supported yet"
+                "GGUF tokenizer.ggml.pre {pre_name:?} with tokenizer.ggml.model \"gpt2\" is not \
+                 supported (llama.cpp's converter writes it with the model \"whitespace\")"
             )));
         }
         let spec = PRE_NAMES
@@ -595,7 +599,22 @@ impl GgufTokenizerData {
             .map_err(|e| TokenizerError::Backend(format!("building BPE: {e}")))?;
         let mut inner = tokenizers::Tokenizer::new(bpe);
         inner.with_pre_tokenizer(Some(spec.pre_tokenizer()?));
-        inner.with_decoder(Some(ByteLevel::default()));
+        if hybriddna {
+            // llama.cpp erases the k-mers' marker from their text: they decode to the bases.
+            use tokenizers::decoders::sequence::Sequence as DecoderSequence;
+            use tokenizers::normalizers::replace::Replace;
+            use tokenizers::DecoderWrapper;
+            let erase = Replace::new(crate::tokenizer_trie::DNA_KMER_MARKER, "")
+                .map_err(|e| TokenizerError::Backend(format!("building a Replace: {e}")))?;
+            inner.with_decoder(Some(DecoderWrapper::Sequence(DecoderSequence::new(vec![
+                DecoderWrapper::ByteLevel(ByteLevel::default()),
+                DecoderWrapper::Replace(erase),
+            ]))));
+        } else {
+            inner.with_decoder(Some(ByteLevel::default()));
+        }
+        // HybriDNA's encoder runs this BPE between its special tokens and DNA spans.
+        let plain_bpe = hybriddna.then(|| inner.clone());
 
         if let Some(types) = &self.token_types {
             let control: Vec<AddedToken> = self
@@ -616,7 +635,33 @@ impl GgufTokenizerData {
             add_user_tokens(&mut inner, user)?;
         }
 
-        self.finish(inner, &self.tokens, spec.add_bos)
+        let tag = |t: &str| self.tokens.iter().rposition(|x| x == t).map(|i| i as u32);
+        match (plain_bpe, tag("<dna>"), tag("</dna>"), tag("<oov>")) {
+            (Some(bpe), Some(begin), Some(end), Some(oov)) => {
+                // llama.cpp's HybriDNA session; it adds BOS / EOS itself.
+                let types = self.token_types()?;
+                let add_bos = self.add_bos.unwrap_or(spec.add_bos);
+                let add_eos = self.add_eos.unwrap_or(false);
+                let encoder = crate::tokenizer_trie::TrieEncoder::hybriddna(
+                    bpe,
+                    &self.tokens,
+                    &types,
+                    (begin, end, oov),
+                    self.bos_id.filter(|_| add_bos),
+                    self.eos_id.filter(|_| add_eos),
+                );
+                let data = GgufTokenizerData {
+                    add_bos: Some(false),
+                    add_eos: Some(false),
+                    ..self.clone()
+                };
+                let mut tok = data.finish(inner, &self.tokens, false)?;
+                tok.set_trie_encoder(encoder);
+                Ok(tok)
+            }
+            // Without the DNA tokens llama.cpp runs the plain BPE.
+            _ => self.finish(inner, &self.tokens, spec.add_bos),
+        }
     }
 
     /// The tokenizer around `inner`: the special tokens named by id (spelled as in `names`),
@@ -1056,7 +1101,9 @@ impl GgufTokenizerData {
     /// pre-tokenizer), as llama.cpp runs it: spaces written `▁`, the text split into runs of
     /// newlines and runs of anything else (no word splitting), a run of newlines that is a
     /// vocabulary token taken whole, byte pieces (`<0xXX>`) for what the merges leave outside
-    /// the vocabulary. llama.cpp adds BOS for Gemma 4 whatever the file says.
+    /// the vocabulary. llama.cpp adds BOS for Gemma 4 whatever the file says. Under `mmbert`
+    /// (mmBERT) each run of non-newlines also gets a leading `▁` and is split in front of every
+    /// `▁` (llama.cpp's Metaspace split), and `<mask>` takes the spaces before it.
     fn build_raw_bpe(&self) -> Result<Tokenizer> {
         use tokenizers::decoders::byte_fallback::ByteFallback;
         use tokenizers::decoders::fuse::Fuse;
@@ -1084,7 +1131,21 @@ impl GgufTokenizerData {
         inner
             .with_normalizer(Some(NormalizerWrapper::Replace(replace(" ", "\u{2581}")?)))
             .map_err(|e| TokenizerError::Backend(format!("setting the normalizer: {e}")))?;
-        inner.with_pre_tokenizer(Some(split(r"[^\n]+|[\n]+")?));
+        let mmbert = self.pre.as_deref() == Some("mmbert");
+        if mmbert {
+            // llama.cpp's MMBERT: each run of non-newlines gets a leading `▁` and is split in
+            // front of every `▁` (a Metaspace split).
+            inner.with_pre_tokenizer(Some(PreTokenizerWrapper::Sequence(Sequence::new(vec![
+                split(r"[^\n]+|[\n]+")?,
+                PreTokenizerWrapper::Metaspace(Metaspace::new(
+                    '\u{2581}',
+                    PrependScheme::Always,
+                    true,
+                )),
+            ]))));
+        } else {
+            inner.with_pre_tokenizer(Some(split(r"[^\n]+|[\n]+")?));
+        }
         inner.with_decoder(Some(DecoderWrapper::Sequence(DecoderSequence::new(vec![
             DecoderWrapper::Replace(replace("\u{2581}", " ")?),
             DecoderWrapper::ByteFallback(ByteFallback::new()),
@@ -1098,7 +1159,15 @@ impl GgufTokenizerData {
                 .map(|(t, _)| AddedToken::from(t.clone(), special).normalized(false))
                 .collect()
         };
-        let control = added(&|_, ty| ty == 3, true);
+        let mut control = added(&|_, ty| ty == 3, true);
+        if mmbert {
+            // llama.cpp gives mmBERT's `<mask>` the spaces before it (`LLAMA_TOKEN_ATTR_LSTRIP`).
+            for t in &mut control {
+                if t.content == "<mask>" {
+                    *t = t.clone().lstrip(true);
+                }
+            }
+        }
         add_control_tokens(&mut inner, control)?;
         // llama.cpp takes a run of newlines that is a token whole (its Gemma 4 fix); the
         // longest-first match of added tokens does the same.

@@ -12,6 +12,10 @@
 //!   spelled by its UTF-8 byte tokens. Ported with its suffix table, so that ties and its
 //!   treatment of out-of-range scores are llama.cpp's.
 //!
+//! - [`TrieEncoder::hybriddna`]: llama.cpp's `llm_tokenizer_hybriddna_session` (HybriDNA):
+//!   byte-level BPE outside `<dna>...</dna>`, the DNA between cut into 6-mers (upper-cased, the
+//!   last padded with `A`), each its k-mer token (spelled with a U+E000 suffix) or `<oov>`.
+//!
 //! Special tokens (types control, user-defined and unknown, as llama.cpp's
 //! `cache_special_tokens`) are split out of the text first, the longest first, each at every
 //! occurrence left to right (`tokenizer_st_partition` with `parse_special`).
@@ -114,12 +118,93 @@ pub enum TrieKind {
     Rwkv,
     /// `llm_tokenizer_plamo2`.
     Plamo2,
+    /// `llm_tokenizer_hybriddna_session`.
+    HybridDna,
 }
 
 #[derive(Debug, Clone)]
 enum Algo {
     Rwkv(ByteTrie),
     Plamo2(Box<Plamo2Table>),
+    HybridDna(Box<DnaKmers>),
+}
+
+/// llama.cpp's marker suffix (U+E000) on HybriDNA's k-mer tokens, which keeps them apart from
+/// base-vocabulary tokens of the same letters.
+pub const DNA_KMER_MARKER: &str = "\u{e000}";
+
+/// `llm_tokenizer_hybriddna_session`'s data: the BPE for the text outside `<dna>...</dna>`, the
+/// tag and `<oov>` ids, and the k-mer tokens (spelled with [`DNA_KMER_MARKER`]).
+#[derive(Debug, Clone)]
+struct DnaKmers {
+    bpe: tokenizers::Tokenizer,
+    begin: u32,
+    end: u32,
+    oov: u32,
+    kmers: std::collections::HashMap<String, u32>,
+}
+
+impl DnaKmers {
+    const K: usize = 6;
+    const OPEN: &'static [u8] = b"<dna>";
+    const CLOSE: &'static [u8] = b"</dna>";
+
+    fn bpe(&self, text: &[u8], out: &mut Vec<u32>) -> Result<()> {
+        if text.is_empty() {
+            return Ok(());
+        }
+        let text = String::from_utf8_lossy(text);
+        let enc = self
+            .bpe
+            .encode_fast(text.as_ref(), false)
+            .map_err(|e| TokenizerError::Backend(e.to_string()))?;
+        out.extend_from_slice(enc.get_ids());
+        Ok(())
+    }
+
+    /// `tokenize`: BPE outside the tags; between them (or to the end when unclosed) the
+    /// sequence upper-cased (ASCII), cut into k-mers of 6, the last padded with `A`, each its
+    /// token or `<oov>`.
+    fn encode(&self, text: &[u8], out: &mut Vec<u32>) -> Result<()> {
+        let mut pos = 0;
+        while pos < text.len() {
+            let Some(start) = find(&text[pos..], Self::OPEN).map(|i| i + pos) else {
+                return self.bpe(&text[pos..], out);
+            };
+            self.bpe(&text[pos..start], out)?;
+            out.push(self.begin);
+            let content = start + Self::OPEN.len();
+            let end = find(&text[content..], Self::CLOSE).map(|i| i + content);
+            self.kmers(&text[content..end.unwrap_or(text.len())], out);
+            let Some(end) = end else {
+                break;
+            };
+            out.push(self.end);
+            pos = end + Self::CLOSE.len();
+        }
+        Ok(())
+    }
+
+    fn kmers(&self, raw: &[u8], out: &mut Vec<u32>) {
+        let seq: Vec<u8> = raw.iter().map(|b| b.to_ascii_uppercase()).collect();
+        let token = |kmer: &[u8]| {
+            std::str::from_utf8(kmer)
+                .ok()
+                .and_then(|k| self.kmers.get(&format!("{k}{DNA_KMER_MARKER}")))
+                .copied()
+                .unwrap_or(self.oov)
+        };
+        let mut chunks = seq.chunks(Self::K);
+        for chunk in chunks.by_ref() {
+            if chunk.len() == Self::K {
+                out.push(token(chunk));
+            } else {
+                let mut last = chunk.to_vec();
+                last.resize(Self::K, b'A');
+                out.push(token(&last));
+            }
+        }
+    }
 }
 
 /// An encoder of llama.cpp's over the vocabulary, with its special-token split.
@@ -133,6 +218,8 @@ pub struct TrieEncoder {
     unk: Option<u32>,
     /// The BOS id added when special tokens are asked for (PLaMo 2 with `add_bos`).
     bos: Option<u32>,
+    /// The EOS id added when special tokens are asked for (HybriDNA with `add_eos`).
+    eos: Option<u32>,
 }
 
 impl TrieEncoder {
@@ -150,6 +237,7 @@ impl TrieEncoder {
             specials: special_tokens(tokens, types),
             unk,
             bos: None,
+            eos: None,
         }
     }
 
@@ -167,7 +255,44 @@ impl TrieEncoder {
             specials: special_tokens(tokens, types),
             unk: None,
             bos,
+            eos: None,
         })
+    }
+
+    /// llama.cpp's HybriDNA tokenizer: `bpe` (the byte-level BPE of the rest of the file, with
+    /// no added tokens of its own to split) outside `<dna>...</dna>`, DNA k-mers between; `begin`,
+    /// `end` and `oov` are the ids of `<dna>`, `</dna>` and `<oov>`; the k-mers are the tokens
+    /// ending with [`DNA_KMER_MARKER`] (a later duplicate wins, as llama.cpp's `token_to_id`).
+    /// `bos` / `eos` are added when special tokens are asked for.
+    #[allow(clippy::too_many_arguments)]
+    pub fn hybriddna(
+        bpe: tokenizers::Tokenizer,
+        tokens: &[String],
+        types: &[i32],
+        (begin, end, oov): (u32, u32, u32),
+        bos: Option<u32>,
+        eos: Option<u32>,
+    ) -> Self {
+        let kmers = tokens
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.ends_with(DNA_KMER_MARKER))
+            .map(|(i, t)| (t.clone(), i as u32))
+            .collect();
+        Self {
+            kind: TrieKind::HybridDna,
+            algo: Algo::HybridDna(Box::new(DnaKmers {
+                bpe,
+                begin,
+                end,
+                oov,
+                kmers,
+            })),
+            specials: special_tokens(tokens, types),
+            unk: None,
+            bos,
+            eos,
+        }
     }
 
     /// The ids of `text`: special tokens split out, the rest through the algorithm; BOS first
@@ -187,8 +312,12 @@ impl TrieEncoder {
                         let text = String::from_utf8_lossy(bytes);
                         table.encode(&text, &mut out)?;
                     }
+                    Algo::HybridDna(dna) => dna.encode(bytes, &mut out)?,
                 },
             }
+        }
+        if add_special {
+            out.extend(self.eos);
         }
         Ok(out)
     }

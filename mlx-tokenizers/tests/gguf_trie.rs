@@ -211,3 +211,103 @@ fn plamo2_gguf_vocabulary_encodes_as_llama_cpp() {
     let e = d.build().unwrap_err().to_string();
     assert!(e.contains("<0x41>") && e.contains("token_type"), "{e}");
 }
+
+/// The `mmbert` pre-tokenizer (`cargo xtask goldens gguf_mmbert`: a Metaspace BPE over raw UTF-8
+/// trained as mmBERT's, written as llama.cpp's ModernBERT converter writes it): ids with BOS and
+/// EOS (the file's flags) equal `llama-tokenize`'s, and without them the same ids less those
+/// two; decoding (control tokens skipped) gives llama.cpp's `llama_detokenize` text (`▁` read
+/// as spaces, so a leading space).
+#[test]
+fn mmbert_gguf_vocabulary_encodes_as_llama_cpp() {
+    let golden: Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("goldens/gguf_mmbert.json")).unwrap(),
+    )
+    .unwrap();
+    let data = data_of("mmbert-bpe.gguf");
+    assert_eq!(data.pre.as_deref(), Some("mmbert"));
+    let tok = data.build().expect("building the mmBERT tokenizer");
+    assert_eq!(
+        tok.vocab_size() as u64,
+        golden["vocab_size"].as_u64().unwrap()
+    );
+    let (bos, eos) = (data.bos_id.unwrap(), data.eos_id.unwrap());
+    let mut failures = Vec::new();
+    for case in golden["cases"].as_array().unwrap() {
+        let text = case["text"].as_str().unwrap();
+        let want: Vec<u32> = case["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect();
+        let ids = tok.encode(text, true).unwrap();
+        if ids != want {
+            failures.push(format!("{text:?}: ids {ids:?}, want {want:?}"));
+        }
+        assert_eq!((want[0], want[want.len() - 1]), (bos, eos), "{text:?}");
+        let inner = &want[1..want.len() - 1];
+        let plain = tok.encode(text, false).unwrap();
+        if plain != inner {
+            failures.push(format!("{text:?}: plain ids {plain:?}, want {inner:?}"));
+        }
+        let decoded = tok.decode(&want, true).unwrap();
+        if decoded != case["decoded"].as_str().unwrap() {
+            failures.push(format!(
+                "{text:?}: decoded {decoded:?}, llama.cpp {:?}",
+                case["decoded"]
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// HybriDNA's vocabulary (`tokenizer.ggml.model = "hybriddna"`, `cargo xtask goldens
+/// gguf_hybriddna`): byte-level BPE with DNA 6-mers between `<dna>` and `</dna>`, the tags as
+/// control tokens (split out first, as llama.cpp splits special tokens: the span stays BPE)
+/// and as normal ones (the k-mers, `<oov>` for what is not ACGT, the last k-mer padded with
+/// `A`); ids with BOS equal `llama-tokenize`'s, and decoding (control tokens skipped) gives
+/// llama.cpp's `llama_detokenize` text (the k-mers' U+E000 marker erased).
+#[test]
+fn hybriddna_gguf_vocabulary_encodes_as_llama_cpp() {
+    let golden: Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("goldens/gguf_hybriddna.json")).unwrap(),
+    )
+    .unwrap();
+    let mut failures = Vec::new();
+    for (name, fixture) in golden["fixtures"].as_object().unwrap() {
+        let data = data_of(fixture["file"].as_str().unwrap());
+        assert_eq!(data.model, "hybriddna");
+        let tok = data.build().expect("building the HybriDNA tokenizer");
+        assert_eq!(
+            tok.vocab_size() as u64,
+            fixture["vocab_size"].as_u64().unwrap()
+        );
+        let bos = data.bos_id.unwrap();
+        for case in fixture["cases"].as_array().unwrap() {
+            let text = case["text"].as_str().unwrap();
+            let want: Vec<u32> = case["ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as u32)
+                .collect();
+            let ids = tok.encode(text, true).unwrap();
+            if ids != want {
+                failures.push(format!("{name} {text:?}: ids {ids:?}, want {want:?}"));
+            }
+            assert_eq!(want[0], bos, "{text:?}");
+            let plain = tok.encode(text, false).unwrap();
+            if plain != want[1..] {
+                failures.push(format!("{name} {text:?}: plain ids {plain:?}"));
+            }
+            let decoded = tok.decode(&want, true).unwrap();
+            if decoded != case["decoded"].as_str().unwrap() {
+                failures.push(format!(
+                    "{name} {text:?}: decoded {decoded:?}, llama.cpp {:?}",
+                    case["decoded"]
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

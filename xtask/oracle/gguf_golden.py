@@ -81,12 +81,14 @@ def write_gguf(name, tensors, meta):
     return path
 
 
-def record(model, golden, script):
+def record(model, golden, script, one_token=False):
     """GOLDENS/<golden>.safetensors: the prefill of PROMPT, STEPS greedy cached decode steps
-    and a cache-less forward of the whole sequence; `script` is the generator's __file__."""
+    and a cache-less forward of the whole sequence; `script` is the generator's __file__.
+    `one_token`: a one-token prefill and no cache-less forward (mlx-lm's OLMo 1 adds the
+    "causal" mask string to its scores, so it runs one token at a time)."""
     g = Golden(f"{GOLDENS}/{golden}.safetensors", script)
     cache = make_prompt_cache(model)
-    ids = mx.array([PROMPT], dtype=mx.int32)
+    ids = mx.array([PROMPT[:1] if one_token else PROMPT], dtype=mx.int32)
     logits = model(ids, cache=cache)
     g.case("prefill", "forward", [ids], logits)
     greedy = []
@@ -96,7 +98,8 @@ def record(model, golden, script):
         ids = nxt[:, None]
         logits = model(ids, cache=cache)
         g.case(f"step{s}", "forward", [ids], logits)
-    full_ids = mx.array([PROMPT + greedy], dtype=mx.int32)
-    g.case("full", "forward_nocache", [full_ids], model(full_ids))
+    if not one_token:
+        full_ids = mx.array([PROMPT + greedy], dtype=mx.int32)
+        g.case("full", "forward_nocache", [full_ids], model(full_ids))
     g.meta["greedy"] = ",".join(map(str, greedy))
     g.save()

@@ -19,12 +19,17 @@ with `cargo xtask goldens gguf_more`.
 
 import math
 import os
+import sys
+import types
 import zlib
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
+
+# mlx_lm/models/olmo.py exits unless `hf_olmo` imports; it is only an availability probe.
+sys.modules.setdefault("hf_olmo", types.ModuleType("hf_olmo"))
 
 from gguf_golden import Meta, only, permute, record, seeded_model, unpermute, write_gguf
 
@@ -477,7 +482,7 @@ def write_case(name, case):
         add(case.hparams(c), gguf)
     path = write_gguf(name, gguf, write_meta(case.arch, case.hparams(c), case.meta))
     if case.read_back is None:
-        record(model, name, __file__)
+        record(model, name, __file__, one_token=case.model_type == "olmo")
         if case.after is not None:
             case.after(name, model, path)
         return
@@ -1698,6 +1703,339 @@ for _name, _extra in [
         tensors=stablelm_tensors,
     )
     CASES[_name].stacks = {}
+
+
+# Qwen2-VL / Qwen3-VL's text towers (`qwen2vl`, `qwen3vl`): Qwen2VLModel is TextModel (qkv
+# bias), Qwen3VLTextModel Qwen3Model (per-head q / k norms, the head size) plus the deepstack
+# layer count; both write the M-RoPE sections (padded to 4) where TextModel writes rope
+# scaling. mlx-lm's qwen2_vl / qwen3_vl wrap qwen2 / qwen3 under `language_model.` and turn
+# M-RoPE into plain rope, as text positions make it.
+def qwen_vl_tensors(case, k, v):
+    k = k.removeprefix("language_model.")
+    if case.config.get("tie_word_embeddings") and k == "lm_head.weight":
+        return []
+    return [(case.gguf_name(k), v)]
+
+
+def qwen_vl_meta(deepstack):
+    tm = text_model(head_dim="head_dim" if deepstack else None)
+    sections = arr("rope.dimension_sections",
+                   lambda c: mx.array(c["rope_scaling"]["mrope_section"] + [0], dtype=mx.int32))
+    at = [e[1] for e in tm].index("rope.freq_base")
+    meta = tm[:at] + [sections] + tm[at:]
+    if deepstack:
+        meta.insert(meta.index(GPT2[0]), u32("n_deepstack_layers", 3))
+    return meta
+
+
+for _name, _type, _extra in [
+    ("qwen2vl", "qwen2_vl", dict(tie_word_embeddings=False)),
+    ("qwen3vl", "qwen3_vl", dict(head_dim=16, tie_word_embeddings=True)),
+]:
+    CASES[_name] = Case(
+        _type,
+        cfg(_type, rope_theta=1000000.0,
+            rope_scaling={"type": "mrope", "mrope_section": [2, 1, 1] if _name == "qwen2vl" else [4, 2, 2]},
+            **_extra),
+        _name,
+        qwen_vl_meta(_name == "qwen3vl"),
+        {"self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"},
+        tensors=qwen_vl_tensors,
+    )
+
+
+# Qwen (`qwen`, Qwen-7B's QWenLMHeadModel): QwenModel is TextModel's keys (the whole MLP
+# width as `feed_forward_length`, each of `w1` / `w2` half of it; Qwen's `layer_norm_epsilon`
+# as the LayerNorm key) and gguf-py's map: fused `c_attn` with bias, `w1` up, `w2` gate.
+CASES["qwen"] = Case(
+    "qwen",
+    {"model_type": "qwen", "hidden_size": 32, "num_attention_heads": 4, "num_hidden_layers": 2,
+     "kv_channels": 8, "intermediate_size": 128, "layer_norm_epsilon": 1e-6, "no_bias": True,
+     "vocab_size": 96, "max_position_embeddings": 256, "tie_word_embeddings": False},
+    "qwen",
+    [
+        u32("block_count", "num_hidden_layers"),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        f32("attention.layer_norm_epsilon", "layer_norm_epsilon"),
+    ] + GPT2,
+    {
+        "transformer.wte": "token_embd",
+        "transformer.ln_f": "output_norm",
+        "ln_1": "attn_norm",
+        "ln_2": "ffn_norm",
+        "attn.c_attn": "attn_qkv",
+        "attn.c_proj": "attn_output",
+        "mlp.w1": "ffn_up",
+        "mlp.w2": "ffn_gate",
+        "mlp.c_proj": "ffn_down",
+    },
+    prefix="transformer.h",
+)
+
+
+# PLaMo (`plamo`, PLaMo-13B): PlamoModel writes a fixed context of 4096 and its KV head count
+# (the query heads over `n_shared_head`), and shuffles `attn_q`'s rows and `attn_output`'s
+# columns from (shared, kv, head_dim) to (kv, shared, head_dim) so that ggml's GQA broadcast
+# pairs each query head with mlx-lm's tiled key head (the converter spells it for 13B's 8 x 5
+# x 128; here the same shuffle at this size). One norm per layer (parallel attention and MLP).
+def plamo_tensors(case, k, v):
+    c = case.config
+    shared = c["n_shared_head"]
+    kv = c["num_attention_heads"] // shared
+    hd = c["hidden_size"] // c["num_attention_heads"]
+    if k.endswith(".self_attn.q_proj.weight"):
+        v = v.reshape(shared, kv, hd, -1).transpose(1, 0, 2, 3).reshape(v.shape)
+    elif k.endswith(".self_attn.o_proj.weight"):
+        v = v.reshape(-1, shared, kv, hd).transpose(0, 2, 1, 3).reshape(v.shape)
+    return [(case.gguf_name(k), v)]
+
+
+CASES["plamo"] = Case(
+    "plamo",
+    {"model_type": "plamo", "hidden_size": 32, "num_hidden_layers": 2, "intermediate_size": 64,
+     "num_attention_heads": 4, "n_shared_head": 2, "rms_norm_eps": 1e-6, "vocab_size": 96,
+     "tie_word_embeddings": False},
+    "plamo",
+    [
+        u32("context_length", 4096),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("block_count", "num_hidden_layers"),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv", lambda c: c["num_attention_heads"] // c["n_shared_head"]),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+    ] + SPM,
+    {"norm": "attn_norm"},
+    prefix="model.layers.layers",
+    tensors=plamo_tensors,
+)
+
+
+# PLaMo 3 (`plamo3`): Plamo3Model writes TextModel's keys (the local rope base as
+# `rope.freq_base_swa`, the head size) and the vocabulary size, window and its period, and
+# stores each norm with mlx-lm's runtime offset added (`+ 1`; `+ 1/5` after the mixer, `+ 1/5 **
+# 1.5` after the MLP): read back with the offsets taken off again (`undo`).
+PLAMO3_OFFSETS = {
+    "attn_post_norm.weight": 1.0 / 5,
+    "ffn_post_norm.weight": 1.0 / (5**1.5),
+}
+
+
+def plamo3_offset(k):
+    if k.startswith("blk.") and k.split(".", 2)[2] in PLAMO3_OFFSETS:
+        return PLAMO3_OFFSETS[k.split(".", 2)[2]]
+    return 1.0 if k.endswith("norm.weight") else 0.0
+
+
+def plamo3_tensors(case, k, v):
+    g = case.gguf_name(k)
+    off = plamo3_offset(g)
+    return [(g, v + off if off else v)]
+
+
+def plamo3_back(case, p, rest, v, loaded):
+    module, suffix = rest.rsplit(".", 1)
+    return f"model.layers.layers.{p.split('.')[2]}.{case.inverse[module]}.{suffix}", v
+
+
+CASES["plamo3"] = Case(
+    "plamo3",
+    {"model_type": "plamo3", "hidden_size": 32, "num_hidden_layers": 4, "intermediate_size": 64,
+     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6,
+     "vocab_size": 96, "max_position_embeddings": 256, "window_size": 4,
+     "sliding_window_pattern": 2, "rope_theta": 1000000.0, "rope_local_theta": 10000.0,
+     "tie_word_embeddings": False},
+    "plamo3",
+    [
+        u32("block_count", "num_hidden_layers"),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv", "num_key_value_heads"),
+        f32("rope.freq_base", "rope_theta"),
+        f32("rope.freq_base_swa", "rope_local_theta"),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+        u32("attention.key_length", "head_dim"),
+        u32("attention.value_length", "head_dim"),
+        u32("vocab_size", "vocab_size"),
+        u32("attention.sliding_window", "window_size"),
+        u32("attention.sliding_window_pattern", "sliding_window_pattern"),
+    ] + tokenizer("plamo2"),
+    {
+        "pre_mixer_norm": "attn_norm",
+        "mixer.qkv_proj": "attn_qkv",
+        "mixer.o_proj": "attn_output",
+        "mixer.q_norm": "attn_q_norm",
+        "mixer.k_norm": "attn_k_norm",
+        "post_mixer_norm": "attn_post_norm",
+        "pre_mlp_norm": "ffn_norm",
+        "mlp.gate_up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+        "post_mlp_norm": "ffn_post_norm",
+    },
+    prefix="model.layers.layers",
+    tensors=plamo3_tensors,
+    read_back=plamo3_back,
+    undo=lambda k, v: v - plamo3_offset(k) if plamo3_offset(k) else v,
+    inexact=lambda k: k.endswith("norm.weight"),
+)
+
+
+# Talkie (`talkie`): TalkieModel negates the second half of each query and key head's rows
+# (its rope turns the other way), writes the gains as `attn_output.scale` / `ffn_down.scale`,
+# the embedding skip as `layer_output_scale`, the query head gain as `attn_q_norm` (n_head, 1),
+# the bare `lm_head` as `output.weight` and its gain as the `logit_scale` key; its norms have
+# no weights and its eps is float32's (the key it writes).
+TALKIE_GAIN = {}
+
+
+def talkie_tensors(case, k, v):
+    c = case.config
+    layer = k.split(".")[2] if k.startswith("model.blocks.") else None
+    if k == "lm_head_gain.w_g":
+        TALKIE_GAIN["w_g"] = v.item()
+        return []
+    if k == "lm_head":
+        return [("output.weight", v)]
+    if k.endswith((".attn.attn_query.weight", ".attn.attn_key.weight")):
+        hd = c["head_dim"]
+        signs = mx.concatenate([mx.ones((hd // 2,)), -mx.ones((hd // 2,))]).reshape(1, hd, 1)
+        v = (v.reshape(-1, hd, v.shape[-1]) * signs).reshape(v.shape)
+    elif k.endswith(".attn.head_gain.head_g"):
+        return [(f"blk.{layer}.attn_q_norm.weight", v[:, None])]
+    elif k.endswith(".attn_gain.a_g"):
+        return [(f"blk.{layer}.attn_output.scale", v)]
+    elif k.endswith(".mlp_gain.a_g"):
+        return [(f"blk.{layer}.ffn_down.scale", v)]
+    elif k.endswith(".embed_skip.a_g"):
+        return [(f"blk.{layer}.layer_output_scale.weight", v)]
+    return [(case.gguf_name(k), v)]
+
+
+CASES["talkie"] = Case(
+    "talkie",
+    {"model_type": "talkie", "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+     "head_dim": 8, "intermediate_size": 64, "vocab_size": 96, "rope_theta": 1000000.0,
+     "max_position_embeddings": 256, "tie_word_embeddings": False},
+    "talkie",
+    [
+        u32("block_count", "num_hidden_layers"),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        f32("rope.freq_base", "rope_theta"),
+        u32("attention.key_length", "head_dim"),
+        u32("attention.value_length", "head_dim"),
+        f32("attention.layer_norm_rms_epsilon", 1.1920928955078125e-07),
+        f32("logit_scale", lambda c: TALKIE_GAIN["w_g"]),
+    ] + GPT2,
+    {
+        "model.embed": "token_embd",
+        "attn.attn_query": "attn_q",
+        "attn.attn_key": "attn_k",
+        "attn.attn_value": "attn_v",
+        "attn.attn_resid": "attn_output",
+        "mlp.mlp_gate": "ffn_gate",
+        "mlp.mlp_linear": "ffn_up",
+        "mlp.mlp_resid": "ffn_down",
+    },
+    prefix="model.blocks",
+    tensors=talkie_tensors,
+)
+
+
+# Spark 2.5 (`spark2_5`): TextModel's keys (the full layers' rope base, the sliding layers' as
+# `rope.freq_base_swa`, the head size) plus the vocabulary size, the window, the per-layer
+# sliding flags and each layer kind's rotated width; fused `q_k_v_proj`, the head-wise sigmoid
+# gate `g_proj` as `attn_gate`.
+CASES["spark2_5"] = Case(
+    "spark2_5",
+    {"model_type": "spark2_5", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 4,
+     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 96,
+     "sliding_window": 4, "max_position_embeddings": 256, "rms_norm_eps": 1e-6,
+     "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+     "rope_parameters": {
+         "full_attention": {"rope_theta": 1000000.0, "partial_rotary_factor": 0.5},
+         "sliding_attention": {"rope_theta": 10000.0, "partial_rotary_factor": 1.0},
+     },
+     "tie_word_embeddings": False},
+    "spark2_5",
+    [
+        u32("block_count", "num_hidden_layers"),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv", "num_key_value_heads"),
+        f32("rope.freq_base", lambda c: c["rope_parameters"]["full_attention"]["rope_theta"]),
+        f32("rope.freq_base_swa", lambda c: c["rope_parameters"]["sliding_attention"]["rope_theta"]),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+        u32("attention.key_length", "head_dim"),
+        u32("attention.value_length", "head_dim"),
+        u32("vocab_size", "vocab_size"),
+        u32("attention.sliding_window", "sliding_window"),
+        window_pattern(lambda c: [t == "sliding_attention" for t in c["layer_types"]]),
+        u32("rope.dimension_count", lambda c: int(c["head_dim"] * c["rope_parameters"]["full_attention"]["partial_rotary_factor"])),
+        u32("rope.dimension_count_swa", lambda c: int(c["head_dim"] * c["rope_parameters"]["sliding_attention"]["partial_rotary_factor"])),
+    ] + GPT2,
+    {
+        "model.embedding": "token_embd",
+        "self_attn.q_k_v_proj": "attn_qkv",
+        "self_attn.g_proj": "attn_gate",
+        "self_attn.out_proj": "attn_output",
+    },
+)
+
+
+# OLMo (`olmo`, OLMo 1 / 1.7 as transformers' OlmoForCausalLM): OlmoModel writes TextModel's
+# keys and a LayerNorm eps of 1e-5, Q / K permuted as LlamaModel's; transformers' q / k / v and
+# gate / up are mlx-lm's (AI2 layout) fused `att_proj` and `ff_proj` ([up | gate]); no norm
+# weights (non-parametric LayerNorms).
+def olmo_tensors(case, k, v):
+    c = case.config
+    if k == "model.transformer.ff_out.weight":
+        return [("output.weight", v)]
+    if k == "model.transformer.wte.weight":
+        return [("token_embd.weight", v)]
+    layer = k.split(".")[3]
+    if k.endswith(".att_proj.weight"):
+        q, kk, vv = mx.split(v, 3, axis=0)
+        n = c["n_heads"]
+        return [(f"blk.{layer}.attn_q.weight", permute(q, n)), (f"blk.{layer}.attn_k.weight", permute(kk, n)),
+                (f"blk.{layer}.attn_v.weight", vv)]
+    if k.endswith(".ff_proj.weight"):
+        up, gate = mx.split(v, 2, axis=0)
+        return [(f"blk.{layer}.ffn_gate.weight", gate), (f"blk.{layer}.ffn_up.weight", up)]
+    if k.endswith(".attn_out.weight"):
+        return [(f"blk.{layer}.attn_output.weight", v)]
+    if k.endswith(".ff_out.weight"):
+        return [(f"blk.{layer}.ffn_down.weight", v)]
+    raise KeyError(k)
+
+
+CASES["olmo"] = Case(
+    "olmo",
+    {"model_type": "olmo", "d_model": 32, "n_layers": 2, "mlp_hidden_size": 128, "n_heads": 4,
+     "vocab_size": 96, "embedding_size": 96, "rope_theta": 10000.0, "weight_tying": False,
+     "max_position_embeddings": 256, "tie_word_embeddings": False},
+    "olmo",
+    [
+        u32("block_count", "n_layers"),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "d_model"),
+        u32("feed_forward_length", lambda c: c["mlp_hidden_size"] // 2),
+        u32("attention.head_count", "n_heads"),
+        u32("attention.head_count_kv", "n_heads"),
+        f32("rope.freq_base", "rope_theta"),
+        f32("attention.layer_norm_epsilon", 1e-5),
+    ] + GPT2,
+    tensors=olmo_tensors,
+)
 
 
 # InternLM2 (`internlm2`): InternLM2Model splits the fused `wqkv` (per KV group: its queries,

