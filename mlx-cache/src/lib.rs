@@ -269,43 +269,43 @@ pub fn enable_rollback(caches: &mut [Box<dyn Cache>], max_rollback: usize) {
     }
 }
 
-/// The cache classes [`cache_from_state`] rebuilds (what a prompt-cache file may hold).
-pub const KNOWN_CLASSES: &[&str] = &[
-    "KVCache",
-    "QuantizedKVCache",
-    "RotatingKVCache",
-    "RotatingQuantizedKVCache",
-    "ChunkedKVCache",
-    "ConcatenateKVCache",
-    "ArraysCache",
-    "CacheList",
-    "TrellisKVCache",
-];
+/// The cache classes a prompt-cache file may hold, each named once: [`KNOWN_CLASSES`] and
+/// [`cache_from_state`] come from this one list (a class name is its type's name, as in
+/// mlx-lm).
+macro_rules! cache_classes {
+    ($($class:ident),* $(,)?) => {
+        /// The cache classes [`cache_from_state`] rebuilds (what a prompt-cache file may hold).
+        pub const KNOWN_CLASSES: &[&str] = &[$(stringify!($class)),*];
 
-/// Builds a cache from its mlx-lm class name and state (mlx-lm's `from_state`).
-pub fn cache_from_state(class: &str, state: StateValue) -> Result<Box<dyn Cache>> {
-    Ok(match class {
-        "KVCache" => Box::new(KVCache::from_state(state)?),
-        "QuantizedKVCache" => Box::new(QuantizedKVCache::from_state(state)?),
-        "RotatingKVCache" => Box::new(RotatingKVCache::from_state(state)?),
-        "RotatingQuantizedKVCache" => Box::new(RotatingQuantizedKVCache::from_state(state)?),
-        "ChunkedKVCache" => Box::new(ChunkedKVCache::from_state(state)?),
-        "ConcatenateKVCache" => Box::new(ConcatenateKVCache::from_state(state)?),
-        "ArraysCache" => Box::new(ArraysCache::from_state(state)?),
-        "CacheList" => Box::new(CacheList::from_state(state)?),
-        "TrellisKVCache" => Box::new(TrellisKVCache::from_state(state)?),
-        other => {
-            return Err(Error::InvalidArgument {
-                op: "cache_from_state",
-                message: format!(
-                    "unknown cache class {other:?} (known: KVCache, QuantizedKVCache, \
-                     RotatingKVCache, RotatingQuantizedKVCache, ChunkedKVCache, \
-                     ConcatenateKVCache, ArraysCache, CacheList, TrellisKVCache)"
-                ),
+        /// Builds a cache from its mlx-lm class name and state (mlx-lm's `from_state`).
+        pub fn cache_from_state(class: &str, state: StateValue) -> Result<Box<dyn Cache>> {
+            Ok(match class {
+                $(stringify!($class) => Box::new($class::from_state(state)?),)*
+                other => {
+                    return Err(Error::InvalidArgument {
+                        op: "cache_from_state",
+                        message: format!(
+                            "unknown cache class {other:?} (known: {})",
+                            KNOWN_CLASSES.join(", ")
+                        ),
+                    })
+                }
             })
         }
-    })
+    };
 }
+
+cache_classes!(
+    KVCache,
+    QuantizedKVCache,
+    RotatingKVCache,
+    RotatingQuantizedKVCache,
+    ChunkedKVCache,
+    ConcatenateKVCache,
+    ArraysCache,
+    CacheList,
+    TrellisKVCache,
+);
 
 pub(crate) fn as_i32(v: usize, op: &'static str) -> Result<i32> {
     i32::try_from(v).map_err(|_| Error::InvalidArgument {

@@ -253,3 +253,19 @@ fn fuzz_regression_chunked_cache_positions_are_checked() {
     };
     assert!(err.contains("start_position 5"), "{err}");
 }
+
+#[test]
+fn an_unknown_class_is_refused_naming_every_known_one() {
+    let e = cache_from_state("NoSuchCache", StateValue::None)
+        .err()
+        .expect("an unknown class is an error")
+        .to_string();
+    assert!(
+        e.contains(
+            "unknown cache class \"NoSuchCache\" (known: KVCache, QuantizedKVCache, \
+             RotatingKVCache, RotatingQuantizedKVCache, ChunkedKVCache, ConcatenateKVCache, \
+             ArraysCache, CacheList, TrellisKVCache)"
+        ),
+        "{e}"
+    );
+}

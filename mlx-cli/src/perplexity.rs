@@ -10,13 +10,14 @@ use std::time::Instant;
 
 use clap::Args;
 use mlx_core::prelude::*;
-use mlx_models::load::{load_model_dir, LoadOptions};
+use mlx_engine::load::{LoadError, LoadSpec, ModelRef};
 use mlx_train::data::{create_dataset, read_jsonl, DataConfig};
 use mlx_train::nprand::NumpyRandom;
 
 #[derive(Args, Debug)]
 pub struct PerplexityArgs {
-    /// Path to the model directory.
+    /// The model: an HF-style directory, a .gguf file or a Hugging Face name, loaded as
+    /// every command loads it (its stored dtypes, as mlx-lm's `load`).
     #[arg(long)]
     pub model: String,
     /// Accepted for mlx-lm compatibility (nothing is run from the model directory).
@@ -63,11 +64,13 @@ impl PerplexityArgs {
             return Err("--num-samples must be positive or -1 (all)".into());
         }
         data_file(&self.data_path).map(|_| ())?;
-        if !Path::new(&self.model).join("config.json").is_file() {
-            return Err(format!(
-                "--model {}: not a model directory (no config.json)",
-                self.model
-            ));
+        if let ModelRef::Path(p) = crate::model::model_path(Some(&self.model))? {
+            if p.is_dir() && !p.join("config.json").is_file() {
+                return Err(format!(
+                    "--model {}: not a model directory (no config.json)",
+                    self.model
+                ));
+            }
         }
         Ok(())
     }
@@ -253,10 +256,18 @@ pub fn run(a: &PerplexityArgs) -> Result<(), String> {
     let mut rng = NumpyRandom::new(a.seed);
     mlx_core::random::seed(u64::from(a.seed)).map_err(|e| e.to_string())?;
     println!("Loading model from {}...", a.model);
-    let dir = Path::new(&a.model);
-    let (model, _) =
-        load_model_dir(dir, &LoadOptions::default()).map_err(|e| format!("{}: {e}", a.model))?;
-    let tok = mlx_engine::Tokenizer::from_dir(dir).map_err(|e| format!("{}: {e}", a.model))?;
+    // The one loader, as mlx_lm.perplexity's `load`: stored dtypes, no adapters.
+    let loaded = mlx_engine::load::load(
+        &crate::model::model_path(Some(&a.model))?,
+        &LoadSpec::default(),
+        &mut crate::model::Stderr::default(),
+    )
+    .map_err(|e| match e {
+        LoadError::Model(e) => format!("{}: {e}", a.model),
+        LoadError::Tokenizer { source, .. } => format!("{}: {source}", a.model),
+        e => e.to_string(),
+    })?;
+    let (model, tok) = (loaded.model, loaded.tokenizer);
     println!("\nLoading dataset...");
     println!("  Sequence length: {}", a.sequence_length);
     let (data, rows) = load_data(

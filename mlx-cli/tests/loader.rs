@@ -1,7 +1,7 @@
 //! The one loader (`mlx_engine::load`) behind every command: `mlx serve --adapter-path` answers
 //! what `mlx generate --adapter-path` prints on the same adapter, and `mlx info`, `mlx train`
-//! (then `mlx generate --adapter-path` on what it trained) take a `.gguf` file; `mlx fuse` on
-//! one is a clear error naming what to do instead.
+//! (then `mlx generate --adapter-path` on what it trained) and `mlx perplexity` take a `.gguf`
+//! file; `mlx fuse` on one is a clear error naming what to do instead.
 
 use crate::support;
 use support::mlx;
@@ -228,5 +228,36 @@ fn train_generate_and_fuse_on_a_gguf_file() {
         "{err}"
     );
     assert!(!dir.join("fused").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn perplexity_reads_a_gguf_file() {
+    let dir = tmp("ppl");
+    let gguf = gguf_with_tokenizer(&dir);
+    let data = workspace().join("mlx-train/tests/data/text");
+    let (code, out, err) = mlx(&[
+        "perplexity",
+        "--model",
+        gguf.to_str().unwrap(),
+        "--data-path",
+        data.to_str().unwrap(),
+        "--sequence-length",
+        "8",
+        "--num-samples",
+        "2",
+        "--batch-size",
+        "2",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let v: Value = out
+        .lines()
+        .find(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .unwrap_or_else(|| panic!("no JSON line: {out}"));
+    let ppl = v["perplexity"].as_f64().unwrap();
+    assert!(ppl.is_finite() && ppl > 1.0, "{v}");
+    assert_eq!(v["samples"], 2, "{v}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -757,17 +757,8 @@ impl<'m> GenerateStep<'m> {
             .unwrap_or_default();
         self.settle();
         if !ids.is_empty() {
-            let synced = on_generation_stream(|| {
-                let x = Array::from_slice(&ids, &[1, ids.len() as i32])?;
-                self.model.forward(&x, Some(&mut self.caches))?;
-                let states: Vec<Array> = self
-                    .caches
-                    .iter()
-                    .flat_map(|c| c.state().into_arrays())
-                    .collect();
-                mlx_core::eval(states.iter())?;
-                Ok(())
-            });
+            let synced =
+                on_generation_stream(|| forward_into_caches(self.model, &mut self.caches, &ids));
             let _ = synced;
         }
         std::mem::take(&mut self.caches)
@@ -866,14 +857,7 @@ impl<'m> GenerateStep<'m> {
             Err(e) => {
                 let ids = self.graph_give_up(&e);
                 if !ids.is_empty() {
-                    let x = Array::from_slice(&ids, &[1, ids.len() as i32])?;
-                    self.model.forward(&x, Some(&mut self.caches))?;
-                    let states: Vec<Array> = self
-                        .caches
-                        .iter()
-                        .flat_map(|c| c.state().into_arrays())
-                        .collect();
-                    mlx_core::eval(states.iter())?;
+                    forward_into_caches(self.model, &mut self.caches, &ids)?;
                 }
                 Ok(None)
             }
@@ -1132,6 +1116,23 @@ const GRAPH_NOT_FINITE: &str = "the graph decoder gave non-finite values";
 
 /// The error a non-finite value from the graph decoder is treated as (a device fault: the
 /// MLX forward's values were finite for the same prompt).
+/// Runs `ids` through the MLX forward into `caches` and evaluates their states: the MLX
+/// caches catch up on the tokens the graph decoder took.
+fn forward_into_caches(
+    model: &dyn LanguageModel,
+    caches: &mut [Box<dyn Cache>],
+    ids: &[i32],
+) -> Result<()> {
+    let x = Array::from_slice(ids, &[1, ids.len() as i32])?;
+    model.forward(&x, Some(caches))?;
+    let states: Vec<Array> = caches
+        .iter()
+        .flat_map(|c| c.state().into_arrays())
+        .collect();
+    mlx_core::eval(states.iter())?;
+    Ok(())
+}
+
 fn graph_not_finite(what: String) -> mlx_core::Error {
     mlx_core::Error::InvalidArgument {
         op: "graph_decoder",

@@ -445,6 +445,42 @@ fn floor_char_boundary(s: &str, mut i: usize) -> usize {
     i
 }
 
+/// The text a stream can send now, for single and batched generation alike: `full[emitted..]`
+/// up to the first stop string (`true`: generation stops there), else all but the last
+/// `hold` bytes (a tail that could still begin a stop string; cut back to a character
+/// boundary). Advances `emitted`.
+pub(crate) fn take_text(
+    full: &str,
+    emitted: &mut usize,
+    stops: &[String],
+    hold: usize,
+) -> (String, bool) {
+    if let Some(pos) = stops
+        .iter()
+        .filter(|s| !s.is_empty())
+        .filter_map(|s| full.find(s.as_str()))
+        .min()
+    {
+        let out = full[(*emitted).min(pos)..pos].to_string();
+        *emitted = pos;
+        return (out, true);
+    }
+    let end = floor_char_boundary(full, full.len().saturating_sub(hold)).max(*emitted);
+    let out = full[*emitted..end].to_string();
+    *emitted = end;
+    (out, false)
+}
+
+/// The `top` most likely `(id, logprob)` pairs of a step's float32 log-probabilities, most
+/// likely first (at most as many as there are ids), for single and batched generation alike.
+pub(crate) fn top_logprobs(lp: &Array, top: usize) -> Result<Vec<(u32, f32)>> {
+    let k = (top as i32).min(lp.size() as i32);
+    let order = ops::argsort(&ops::negative(lp, None)?, -1, None)?;
+    let idx = ops::slice_axis(&order, 0, 0, k, None)?;
+    let vals = ops::take(lp, &idx, 0, None)?.to_vec::<f32>()?;
+    Ok(idx.to_vec::<u32>()?.into_iter().zip(vals).collect())
+}
+
 impl<'m> TextStream<'m> {
     /// The caches after generation: they hold the prompt and every generated token.
     /// With speculative decoding, the target's caches after mlx-lm's closing rewind (see
@@ -583,16 +619,6 @@ impl<'m> TextStream<'m> {
     /// could still begin one.
     fn take_text(&mut self, finished: bool) -> (String, bool) {
         let stops = &self.opts.stop_strings;
-        if let Some(pos) = stops
-            .iter()
-            .filter(|s| !s.is_empty())
-            .filter_map(|s| self.full.find(s.as_str()))
-            .min()
-        {
-            let out = self.full[self.emitted.min(pos)..pos].to_string();
-            self.emitted = pos;
-            return (out, true);
-        }
         let hold = if finished {
             0
         } else {
@@ -602,11 +628,7 @@ impl<'m> TextStream<'m> {
                 .max()
                 .unwrap_or(0)
         };
-        let end =
-            floor_char_boundary(&self.full, self.full.len().saturating_sub(hold)).max(self.emitted);
-        let out = self.full[self.emitted..end].to_string();
-        self.emitted = end;
-        (out, false)
+        take_text(&self.full, &mut self.emitted, stops, hold)
     }
 
     fn advance(&mut self) -> Result<Option<GenerationResponse>> {
@@ -653,11 +675,7 @@ impl<'m> TextStream<'m> {
             None
         };
         let top = if let Some(lp) = lp.filter(|lp| lp.size() > 0) {
-            let k = (self.opts.top_logprobs as i32).min(lp.size() as i32);
-            let order = ops::argsort(&ops::negative(&lp, None)?, -1, None)?;
-            let idx = ops::slice_axis(&order, 0, 0, k, None)?;
-            let vals = ops::take(&lp, &idx, 0, None)?.to_vec::<f32>()?;
-            idx.to_vec::<u32>()?.into_iter().zip(vals).collect()
+            top_logprobs(&lp, self.opts.top_logprobs)?
         } else {
             Vec::new()
         };

@@ -4,7 +4,8 @@
 # PROMPT-token prompt and GEN greedy tokens: mlx-lm's generate_step (bench_mlx_lm.py), ours
 # uncompiled (`bench_generate --compiled off`) and ours compiled with the step kept across
 # trials (`--compiled auto`); round 1 also runs ours with a compiled step made per trial
-# (`--compiled percall`, as the bench did before; a mode `graph` runs `--decoder graph`), adds `--step-timing 32` to ours and `--graph`
+# (`--compiled percall`, as the bench did before). R1_MODES replaces the modes of every round
+# (a mode `graph` runs `--decoder graph`). Round 1 adds `--step-timing 32` to ours and `--graph`
 # (primitive counts of the prefill and decode graphs) to both sides. One
 # JSON line per process goes to $OUT/ab.jsonl (summarise with `python3 xtask/gpu/ab_table.py`),
 # the copy bandwidth to $OUT/copy_bandwidth.txt. Models are written by bench_models.py into
@@ -39,7 +40,9 @@ for m in $MODELS; do
   M=/tmp/bench-models/$m
   for r in $(seq 1 "$ROUNDS"); do
     if [ "$r" -gt 1 ] && [ "$SECONDS" -gt "$ROUND_BUDGET_S" ]; then echo "skip $m round $r: ${SECONDS}s spent"; break; fi
-    EXTRA=""; MODES="off auto"; PYEXTRA=""
+    # The requested modes (R1_MODES) run in every round; without them round 1 runs
+    # `off auto percall` and the later rounds `off auto`.
+    EXTRA=""; MODES=${R1_MODES:-"off auto"}; PYEXTRA=""
     if [ "$r" = 1 ]; then EXTRA="--step-timing 32 --graph"; MODES=${R1_MODES:-"off auto percall"}; PYEXTRA="--graph"; fi
     # SKIP_MLX_LM=1: ours only (mlx-lm's figures from another run of the same kind).
     if [ "${SKIP_MLX_LM:-0}" != 1 ]; then

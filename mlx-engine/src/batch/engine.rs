@@ -2723,11 +2723,7 @@ fn token_logprobs(logprobs: &Array, token: u32, top: usize) -> Result<TokenLogpr
         .first()
         .copied();
     let pairs = if top > 0 {
-        let k = (top as i32).min(lp.size() as i32);
-        let order = ops::argsort(&ops::negative(&lp, None)?, -1, None)?;
-        let idx = ops::slice_axis(&order, 0, 0, k, None)?;
-        let vals = ops::take(&lp, &idx, 0, None)?.to_vec::<f32>()?;
-        idx.to_vec::<u32>()?.into_iter().zip(vals).collect()
+        crate::stream::top_logprobs(&lp, top)?
     } else {
         Vec::new()
     };

@@ -14,13 +14,6 @@ pub(crate) struct TextState {
     emitted: usize,
 }
 
-fn floor_char_boundary(s: &str, mut i: usize) -> usize {
-    while i > 0 && !s.is_char_boundary(i) {
-        i -= 1;
-    }
-    i
-}
-
 impl TextState {
     pub fn new(tokenizer: &Tokenizer, stops: Vec<String>) -> Self {
         TextState {
@@ -68,26 +61,12 @@ impl TextState {
     }
 
     fn take(&mut self, finished: bool) -> (String, bool) {
-        if let Some(pos) = self
-            .stops
-            .iter()
-            .filter_map(|s| self.full.find(s.as_str()))
-            .min()
-        {
-            let out = self.full[self.emitted.min(pos)..pos].to_string();
-            self.emitted = pos;
-            return (out, true);
-        }
         let hold = if finished {
             0
         } else {
             self.possible_stop_start()
         };
-        let end =
-            floor_char_boundary(&self.full, self.full.len().saturating_sub(hold)).max(self.emitted);
-        let out = self.full[self.emitted..end].to_string();
-        self.emitted = end;
-        (out, false)
+        crate::stream::take_text(&self.full, &mut self.emitted, &self.stops, hold)
     }
 }
 
