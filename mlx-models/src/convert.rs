@@ -876,11 +876,14 @@ pub(crate) fn bits_per_weight_of(
     }
 }
 
-/// Per model type, each module's children in the order its mlx-lm class defines them
-/// (`xtask/oracle/goldens_param_order.py` records it from mlx-lm's own classes over the tiny
-/// fixtures; numeric children, a list's items, are in index order and not listed). Where a
-/// type's list items are of classes that order their children differently, the pattern is
-/// kept per set of children (`model.layers.*|mlp,self_attn`), looked up before the pattern.
+/// Per mlx-lm model module (`mlx_lm/models/<module>.py`, a `model_type` after
+/// `MODEL_REMAPPING`), each module's children in the order its classes define them
+/// (`xtask/oracle/goldens_param_order.py` records it from mlx-lm's own classes: the tiny
+/// fixtures as loaded, and each fixture's config rebuilt with every boolean switch flipped, so
+/// optional modules no fixture has are placed too; numeric children, a list's items, are in
+/// index order and not listed). Where a type's list items are of classes that order their
+/// children differently, the pattern is kept per set of children
+/// (`model.layers.*|mlp,self_attn`), looked up before the pattern.
 const PARAM_ORDER: &str = include_str!("param_order.json");
 
 fn param_order_table() -> &'static Map<String, Value> {
@@ -892,7 +895,10 @@ fn param_order_table() -> &'static Map<String, Value> {
 /// as its only child (`self.language_model`, `param_order.json`'s root) names every parameter
 /// `language_model.` + the text model's name, where our loader takes that prefix off.
 pub fn wrapper_prefix(model_type: &str, params: &[(String, Array)]) -> Option<&'static str> {
-    let root = param_order_table().get(model_type)?.get("")?.as_array()?;
+    let root = param_order_table()
+        .get(crate::config::remap(model_type))?
+        .get("")?
+        .as_array()?;
     let only = root.len() == 1 && root[0] == "language_model";
     (only && !params.iter().any(|(n, _)| n.starts_with("language_model.")))
         .then_some("language_model.")
@@ -905,11 +911,19 @@ pub fn wrapper_prefix(model_type: &str, params: &[(String, Array)]) -> Option<&'
 /// it: `mlxs_save_safetensors`). A depth-first walk of the module tree: each name sorts by its
 /// components' ranks among their siblings (the table's; list items by index). A quantized
 /// module's `scales` and `biases` follow its `weight` (`QuantizedLinear` sets them in that
-/// order, before any `bias`); what the table lacks keeps our order, after what it has.
-pub fn mlx_lm_order(model_type: &str, params: &mut [(String, Array)]) {
-    let table = param_order_table();
-    let Some(Value::Object(types)) = table.get(model_type).or_else(|| table.get("llama")) else {
-        return;
+/// order, before any `bias`, whatever the table says); what the table lacks keeps our order, after what it has. A
+/// type the table lacks is refused (no order to write it in).
+pub fn mlx_lm_order(model_type: &str, params: &mut [(String, Array)]) -> Result<()> {
+    let module = crate::config::remap(model_type);
+    let Some(Value::Object(types)) = param_order_table().get(module) else {
+        return Err(ModelError::Convert {
+            option: format!("model type `{model_type}`"),
+            problem: format!(
+                "no parameter order for mlx-lm's `{module}` module in param_order.json \
+                 (`cargo xtask goldens param_order` records it from a fixture of the type), so \
+                 the file could not be written in mlx-lm's byte order"
+            ),
+        });
     };
     // Each concrete parent's set of named children (what a `pattern|a,b,c` entry is for).
     let mut children: BTreeMap<String, std::collections::BTreeSet<&str>> = BTreeMap::new();
@@ -946,12 +960,14 @@ pub fn mlx_lm_order(model_type: &str, params: &mut [(String, Array)]) {
                     .or_else(|| types.get(&pattern))
                     .and_then(Value::as_array);
                 let pos = |c: &str| kids.and_then(|k| k.iter().position(|v| v == c));
-                let rank = match (pos(part), part) {
-                    (Some(p), _) => Some((p, 0)),
-                    (None, "scales") => pos("weight").map(|p| (p, 1)),
-                    (None, "biases") => pos("weight").map(|p| (p, 2)),
+                // A quantized module's `scales` and `biases` follow its `weight` wherever the
+                // table has them: `QuantizedLinear` sets all three before any `bias`.
+                let after_weight = match part {
+                    "scales" => pos("weight").map(|p| (p, 1)),
+                    "biases" => pos("weight").map(|p| (p, 2)),
                     _ => None,
                 };
+                let rank = after_weight.or_else(|| pos(part).map(|p| (p, 0)));
                 key.push(match rank {
                     Some((p, sub)) => (1, p, sub),
                     None => {
@@ -987,6 +1003,7 @@ pub fn mlx_lm_order(model_type: &str, params: &mut [(String, Array)]) {
             *slot = p;
         }
     }
+    Ok(())
 }
 
 /// mlx-lm's `make_shards`: consecutive tensors, a new shard when the next would pass 5 GiB.
@@ -1075,7 +1092,7 @@ pub(crate) fn save(
                 .collect();
         }
     }
-    mlx_lm_order(&model_type, &mut ordered);
+    mlx_lm_order(&model_type, &mut ordered)?;
     let params = &ordered[..];
     let shards = make_shards(params);
     let count = shards.len();
