@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "mlx-cli" / "tests" / "goldens" / "param_order.json"
 HELDOUT = ROOT / "mlx-cli" / "tests" / "goldens" / "param_order_heldout.json"
 TABLE = ROOT / "mlx-models" / "src" / "param_order.json"
+PREDICATES = ROOT / "mlx-models" / "src" / "predicates.json"
 DIRS = [
     ROOT / "mlx-models" / "tests" / "models",
     ROOT / "mlx-cli" / "tests" / "models",
@@ -227,6 +228,78 @@ def delta(names):
     return out
 
 
+def first_star(name):
+    """A name with its first list index (the layer's) as `*`; later indices (a Sequential's
+    items) stay, predicates read them (`lora.2`)."""
+    parts = name.split(".")
+    i = next((j for j, x in enumerate(parts) if x.isdigit()), None)
+    if i is not None:
+        parts[i] = "*"
+    return ".".join(parts)
+
+
+def siblings(names):
+    """Each concrete parent's named (non-index) children among the parameter names, sorted and
+    joined with commas: `convert.rs`'s key for a pattern whose answers differ by layer kind."""
+    kids = {}
+    for n in names:
+        parts = n.split(".")
+        for i, c in enumerate(parts):
+            if not c.isdigit():
+                kids.setdefault(".".join(parts[:i]), set()).add(c)
+    return {k: ",".join(sorted(v)) for k, v in kids.items()}
+
+
+def add_predicates(preds, model):
+    """What mlx-lm's per-model `cast_predicate` (which parameters `convert --dtype` leaves in
+    their dtype) and `quant_predicate` (per module path: not quantized, or quantized with its own
+    parameters) answer for this model's names: per pattern, each name's answer and its parent's
+    set of children."""
+    cast = getattr(model, "cast_predicate", None)
+    quant = getattr(model, "quant_predicate", None)
+    names = names_of(model)
+    sib = siblings(names)
+    parent = lambda n: sib.get(n.rsplit(".", 1)[0] if "." in n else "", "")  # noqa: E731
+    if cast is not None:
+        for k in names:
+            preds.setdefault("cast", {}).setdefault(first_star(k), {})[k] = (bool(cast(k)), parent(k))
+    if quant is not None:
+        for path, m in model.named_modules():
+            if hasattr(m, "to_quantized") and hasattr(m, "weight"):
+                r = quant(path, m)
+                r = r if isinstance(r, dict) else bool(r)
+                preds.setdefault("quant", {}).setdefault(first_star(path), {})[path] = (r, parent(path))
+
+
+def merge_predicates(preds, module):
+    """Only what differs from mlx-lm's default (cast: True, quantize: True), per pattern; a
+    pattern whose names get different answers (a predicate reading the layer's kind) is kept per
+    set of the parent's children (`pattern|a,b,c`), else per name (`=name`)."""
+    out = {}
+    for kind in ("cast", "quant"):
+        got = {}
+        for pat, by_name in sorted(preds.get(kind, {}).items()):
+            answers = {json.dumps(v) for v, _ in by_name.values()}
+            if len(answers) == 1:
+                v = next(iter(by_name.values()))[0]
+                if v is not True:
+                    got[pat] = v
+                continue
+            by_set = {}
+            for v, kids in by_name.values():
+                by_set.setdefault(kids, set()).add(json.dumps(v))
+            if all(len(a) == 1 for a in by_set.values()):
+                for kids, a in sorted(by_set.items()):
+                    got[pat + "|" + kids] = json.loads(next(iter(a)))
+                continue
+            print(f"{module}: {kind} {pat}: answers differ by name; kept per name", file=sys.stderr)
+            for name, (v, _) in sorted(by_name.items()):
+                got["=" + name] = v
+        if got:
+            out[kind] = got
+    return out
+
+
 def main():
     cases = {}
     skipped = {}
@@ -255,13 +328,19 @@ def main():
     # switch flipped in turn (a module a real checkpoint turns on that no fixture has: biases,
     # norms, shared experts, untied heads), merged into the table.
     built = 0
+    preds = {}
     for rel, module, cfg in configs:
+        try:
+            add_predicates(preds.setdefault(module, {}), build(module, cfg))
+        except BaseException:
+            pass
         for sw in switches(module, cfg):
             try:
                 model = build(module, with_switches(cfg, [sw]))
             except BaseException:  # a switch this class does not take alone
                 continue
             add_order(graphs.setdefault(module, {}), names_of(model))
+            add_predicates(preds.setdefault(module, {}), model)
             built += 1
     # Held out of the table: the same classes with many switches flipped at once (all, else
     # seeded random halves, else none), quantized where `nn.quantize` takes them (its names hold the float
@@ -299,6 +378,9 @@ def main():
     table = {t: merge(g, t) for t, g in sorted(graphs.items())}
     lines = [json.dumps(t) + ": " + json.dumps(v, separators=(",", ":")) for t, v in table.items()]
     TABLE.write_text("{\n" + ",\n".join(lines) + "\n}\n")
+    merged = {t: merge_predicates(p, t) for t, p in sorted(preds.items())}
+    lines = [json.dumps(t) + ": " + json.dumps(v, separators=(",", ":")) for t, v in merged.items() if v]
+    PREDICATES.write_text("{\n" + ",\n".join(lines) + "\n}\n")
     print(f"{len(cases)} fixtures, {len(skipped)} skipped, {built} switched builds, "
           f"{len(heldout)} held-out orders, {len(table)} mlx-lm modules")
 
