@@ -238,6 +238,73 @@ fn a_gguf_file_converts_to_the_same_model() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
+/// Model types with no fixture, and modules no fixture turns on: for every type `mlx models`
+/// serves, the table orders names as mlx-lm's own classes do, on configs held out of the table
+/// (`param_order_heldout.json`: each fixture's config with many boolean switches flipped at
+/// once, quantized where `nn.quantize` takes it; `cargo xtask goldens param_order`).
+#[test]
+fn every_served_type_orders_held_out_configs_as_mlx_lm() {
+    let rows: Value = serde_json::from_str(
+        &std::fs::read_to_string(tests_dir().join("goldens/param_order_heldout.json")).unwrap(),
+    )
+    .unwrap();
+    let one = mlx_core::Array::from_slice(&[0f32], &[1]).unwrap();
+    let mut covered = std::collections::BTreeSet::new();
+    let mut bad = Vec::new();
+    for row in rows.as_array().unwrap() {
+        let model_type = row["type"].as_str().unwrap();
+        // `K:rest`: K leading components shared with the previous name.
+        let mut prev: Vec<String> = Vec::new();
+        let theirs: Vec<String> = row["names"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| {
+                let (k, rest) = d.as_str().unwrap().split_once(':').unwrap();
+                let mut parts = prev[..k.parse::<usize>().unwrap()].to_vec();
+                parts.extend(rest.split('.').map(str::to_string));
+                prev = parts;
+                prev.join(".")
+            })
+            .collect();
+        let mut params: Vec<(String, mlx_core::Array)> =
+            theirs.iter().map(|n| (n.clone(), one.clone())).collect();
+        params.sort_by(|a, b| a.0.cmp(&b.0));
+        if let Err(e) = mlx_models::convert::mlx_lm_order(model_type, &mut params) {
+            bad.push(format!("{model_type}: {e}"));
+            continue;
+        }
+        covered.insert(mlx_models::config::remap(model_type).to_string());
+        let ours: Vec<&str> = params.iter().map(|(n, _)| n.as_str()).collect();
+        if let Some(i) = ours.iter().zip(&theirs).position(|(a, b)| a != b) {
+            let end = (i + 4).min(ours.len());
+            bad.push(format!(
+                "{model_type} ({}, {}, switches {}): from tensor {i}: ours {:?}, mlx-lm {:?}",
+                row["from"],
+                row["kind"],
+                row["switches"],
+                &ours[i..end],
+                &theirs[i..end]
+            ));
+        }
+    }
+    for t in mlx_models::models::supported_model_types() {
+        let module = mlx_models::config::remap(&t.model_type);
+        if !covered.contains(module) {
+            bad.push(format!(
+                "{} (mlx-lm's `{module}`): no held-out order checked",
+                t.model_type
+            ));
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "{} problems:\n{}",
+        bad.len(),
+        bad.join("\n")
+    );
+}
+
 /// Every writer (convert, GPTQ, AWQ, dynamic, DWQ) saves the parameters in the order
 /// `mlx_lm_order` puts them in, and `mx.save_safetensors` lays a file's tensors out by the
 /// insertion order of its dict: the files equal mlx-lm's byte for byte exactly when that order
@@ -287,7 +354,10 @@ fn every_fixture_lists_its_tensors_in_mlx_lm_order() {
                 *n = format!("{prefix}{n}");
             }
         }
-        mlx_models::convert::mlx_lm_order(&model_type, &mut c.params);
+        if let Err(e) = mlx_models::convert::mlx_lm_order(&model_type, &mut c.params) {
+            bad.push(format!("{rel}: {e}"));
+            continue;
+        }
         let ours: Vec<&str> = c.params.iter().map(|(n, _)| n.as_str()).collect();
         let mut sorted = ours.clone();
         sorted.sort_unstable();

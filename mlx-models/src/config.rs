@@ -330,7 +330,8 @@ impl QuantConfig {
                 Value::Object(_) => {
                     overrides.insert(
                         k.clone(),
-                        Some(QuantParams::parse(val, &format!(".{k}"), &default.mode)?),
+                        // `to_quantized(**entry)`: a missing mode is affine, not the top level's.
+                        Some(QuantParams::parse(val, &format!(".{k}"), "affine")?),
                     );
                 }
                 _ => {}

@@ -30,22 +30,66 @@ pub const QUANT_RECIPES: [&str; 4] = ["mixed_2_6", "mixed_3_4", "mixed_3_6", "mi
 /// `--dtype` choices (`MODEL_CONVERSION_DTYPES`).
 pub const CONVERSION_DTYPES: [&str; 3] = ["float16", "bfloat16", "float32"];
 
-/// Model types whose mlx-lm class defines `quant_predicate` or `cast_predicate` (per-layer
-/// exceptions `mlx convert` does not reproduce yet): refused when they would matter.
-const PREDICATE_MODELS: [&str; 12] = [
-    "gpt_oss",
-    "gemma4_text",
-    "gemma4",
-    "granite",
-    "qwen3_next",
-    "qwen3_5",
-    "qwen3_5_moe",
-    "qwen3_moe",
-    "lfm2_moe",
-    "granitemoe",
-    "granitemoehybrid",
-    "jamba",
-];
+/// mlx-lm's per-model predicates, as its classes answer them (`predicates.json`, recorded by
+/// `xtask/oracle/goldens_param_order.py` over the fixtures and their switched configs; only
+/// answers other than the default `True`): `cast`, per parameter name, whether `convert
+/// --dtype` casts it (`cast_predicate`); `quant`, per module path, whether it is quantized
+/// (`false`) or with its own parameters (a dict), when no recipe is given (`quant_predicate`).
+/// Keys are names with the layer index as `*`; where a model's answer depends on the layer's
+/// kind, `pattern|a,b,c` (the parent's named children), and `=name` for one name.
+const PREDICATES: &str = include_str!("predicates.json");
+
+fn predicate_table() -> &'static Map<String, Value> {
+    static TABLE: std::sync::OnceLock<Map<String, Value>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| serde_json::from_str(PREDICATES).unwrap_or_default())
+}
+
+/// Each concrete parent's named (non-index) children among `names`.
+fn children_of<'a>(
+    names: impl Iterator<Item = &'a str>,
+) -> BTreeMap<String, std::collections::BTreeSet<&'a str>> {
+    let mut children: BTreeMap<String, std::collections::BTreeSet<&str>> = BTreeMap::new();
+    for name in names {
+        let mut parent = String::new();
+        for part in name.split('.') {
+            if part.parse::<usize>().is_err() {
+                children.entry(parent.clone()).or_default().insert(part);
+            }
+            if !parent.is_empty() {
+                parent.push('.');
+            }
+            parent.push_str(part);
+        }
+    }
+    children
+}
+
+/// mlx-lm's predicate `kind` (`cast` or `quant`) of `model_type` for `name` (mlx-lm's name),
+/// where it is not the default `True`.
+fn predicate_answer(
+    model_type: &str,
+    kind: &str,
+    name: &str,
+    children: &BTreeMap<String, std::collections::BTreeSet<&str>>,
+) -> Option<&'static Value> {
+    let table = predicate_table()
+        .get(crate::config::remap(model_type))?
+        .get(kind)?;
+    let mut parts: Vec<&str> = name.split('.').collect();
+    if let Some(i) = parts.iter().position(|p| p.parse::<usize>().is_ok()) {
+        parts[i] = "*";
+    }
+    let pattern = parts.join(".");
+    let parent = name.rsplit_once('.').map_or("", |(p, _)| p);
+    let kids = children
+        .get(parent)
+        .map(|k| k.iter().copied().collect::<Vec<_>>().join(","))
+        .unwrap_or_default();
+    table
+        .get(&format!("={name}"))
+        .or_else(|| table.get(&format!("{pattern}|{kids}")))
+        .or_else(|| table.get(&pattern))
+}
 
 /// What to do (mlx_lm.convert's arguments).
 #[derive(Clone, Debug, Default)]
@@ -515,15 +559,22 @@ pub fn convert_in_memory(
         .and_then(parse_dtype)
         .filter(|_| !opts.keep_dtype)
     {
-        if PREDICATE_MODELS.contains(&model_type.as_str()) {
-            return Err(ModelError::Convert { option: format!("model type `{model_type}`"), problem: "mlx-lm casts it with a per-model `cast_predicate` that `mlx convert` does not reproduce yet".into() });
-        }
         progress(Progress::Info(format!(
             "Using dtype: {}",
             dtype_name.as_deref().unwrap_or("")
         )));
-        for (_, a) in params.iter_mut() {
-            if a.dtype().is_floating() && a.dtype() != dt {
+        // The model's `cast_predicate` reads mlx-lm's names (a wrapper's `language_model.`).
+        let prefix = wrapper_prefix(&model_type, &params).unwrap_or("");
+        let names: Vec<String> = params.iter().map(|(n, _)| format!("{prefix}{n}")).collect();
+        let children = children_of(names.iter().map(String::as_str));
+        let kept: Vec<bool> = names
+            .iter()
+            .map(|n| {
+                predicate_answer(&model_type, "cast", n, &children) == Some(&Value::Bool(false))
+            })
+            .collect();
+        for ((_, a), keep) in params.iter_mut().zip(kept) {
+            if !keep && a.dtype().is_floating() && a.dtype() != dt {
                 *a = a.astype(dt)?;
             }
         }
@@ -532,9 +583,6 @@ pub fn convert_in_memory(
     let mut bits_per_weight = None;
     if opts.quantize {
         progress(Progress::Info("Quantizing".into()));
-        if PREDICATE_MODELS.contains(&model_type.as_str()) && opts.quant_predicate.is_none() {
-            return Err(ModelError::Convert { option: format!("model type `{model_type}`"), problem: "mlx-lm quantizes it with a per-model `quant_predicate` that `mlx convert` does not reproduce yet".into() });
-        }
         let (dg, db) = match opts.trellis {
             Some(_) => (TRELLIS_DEFAULTS.0, TRELLIS_DEFAULTS.1),
             None => mode_defaults(opts.q_mode),
@@ -652,9 +700,24 @@ pub fn convert_in_memory(
             }
             None => Default::default(),
         };
+        // The model's own `quant_predicate` (mlx-lm's, by its names), when no recipe is given.
+        let prefix = wrapper_prefix(&model_type, &params).unwrap_or("");
+        let names: Vec<String> = params.iter().map(|(n, _)| format!("{prefix}{n}")).collect();
+        let children = children_of(names.iter().map(String::as_str));
+        let model_says = |path: &str| -> Option<&'static Value> {
+            if recipe.is_some() || opts.trellis.is_some() {
+                return None;
+            }
+            predicate_answer(&model_type, "quant", &format!("{prefix}{path}"), &children)
+        };
+        let candidates: Vec<_> = candidates
+            .into_iter()
+            .filter(|m| model_says(&m.path) != Some(&Value::Bool(false)))
+            .collect();
         progress(Progress::Stage("Quantizing", candidates.len()));
         let mut replaced: BTreeMap<String, Vec<(String, Array)>> = BTreeMap::new();
         for m in candidates {
+            let own_params = model_says(&m.path).filter(|v| v.is_object());
             let own = opts
                 .per_module
                 .as_ref()
@@ -680,6 +743,38 @@ pub fn convert_in_memory(
                     let lq =
                         mixed_recipe(r, opts.q_group_size, num_layers, layer_location, &m.path)?;
                     qblock.insert(m.path.clone(), lq.to_json());
+                    lq
+                }
+                None if own_params.is_some() => {
+                    // `to_quantized(**params)`: what the dict leaves out takes `nn.quantize`'s
+                    // defaults (affine; the mode's group size), not the command line's.
+                    let v = own_params.cloned().unwrap_or_default();
+                    let mode = match v.get("mode").and_then(Value::as_str) {
+                        Some(name) => {
+                            QuantMode::from_name(name).ok_or_else(|| ModelError::Convert {
+                                option: format!("model type `{model_type}`"),
+                                problem: format!(
+                                    "its quant_predicate gives {} the unknown mode `{name}`",
+                                    m.path
+                                ),
+                            })?
+                        }
+                        None => QuantMode::Affine,
+                    };
+                    let lq = LayerQuant {
+                        group_size: v
+                            .get("group_size")
+                            .and_then(Value::as_i64)
+                            .map(|g| g as i32)
+                            .or(Some(mode_defaults(mode).0)),
+                        bits: v
+                            .get("bits")
+                            .and_then(Value::as_i64)
+                            .map_or(mode_defaults(mode).1, |b| b as i32),
+                        mode,
+                        trellis: None,
+                    };
+                    qblock.insert(m.path.clone(), v);
                     lq
                 }
                 None if opts.trellis.is_some() && !m.linear => {
@@ -839,11 +934,22 @@ fn module_of(name: &str) -> &str {
     name.rsplit_once('.').map_or("", |(m, _)| m)
 }
 
-/// mlx-lm's `get_total_parameters`: a quantized module counts its bias and its unpacked
-/// weight; every other module all of its parameters.
+/// mlx-lm's `get_total_parameters`: over the leaf modules only (a parameter set directly on a
+/// module that has submodules, such as a router's `expert_bias` beside its experts, is not
+/// counted), a quantized module counts its bias and its unpacked weight; every other module all
+/// of its parameters.
 fn total_parameters(params: &[(String, Array)], quantized: &BTreeMap<String, LayerQuant>) -> u64 {
+    // Modules with submodules: every strict ancestor of a parameter's module.
+    let mut inner: std::collections::BTreeSet<&str> = std::collections::BTreeSet::new();
+    for (n, _) in params {
+        let mut m = module_of(module_of(n));
+        while !m.is_empty() && inner.insert(m) {
+            m = module_of(m);
+        }
+    }
     params
         .iter()
+        .filter(|(n, _)| !inner.contains(module_of(n)))
         .map(|(n, a)| {
             let m = module_of(n);
             match quantized.get(m) {
@@ -876,11 +982,14 @@ pub(crate) fn bits_per_weight_of(
     }
 }
 
-/// Per model type, each module's children in the order its mlx-lm class defines them
-/// (`xtask/oracle/goldens_param_order.py` records it from mlx-lm's own classes over the tiny
-/// fixtures; numeric children, a list's items, are in index order and not listed). Where a
-/// type's list items are of classes that order their children differently, the pattern is
-/// kept per set of children (`model.layers.*|mlp,self_attn`), looked up before the pattern.
+/// Per mlx-lm model module (`mlx_lm/models/<module>.py`, a `model_type` after
+/// `MODEL_REMAPPING`), each module's children in the order its classes define them
+/// (`xtask/oracle/goldens_param_order.py` records it from mlx-lm's own classes: the tiny
+/// fixtures as loaded, and each fixture's config rebuilt with every boolean switch flipped, so
+/// optional modules no fixture has are placed too; numeric children, a list's items, are in
+/// index order and not listed). Where a type's list items are of classes that order their
+/// children differently, the pattern is kept per set of children
+/// (`model.layers.*|mlp,self_attn`), looked up before the pattern.
 const PARAM_ORDER: &str = include_str!("param_order.json");
 
 fn param_order_table() -> &'static Map<String, Value> {
@@ -892,7 +1001,10 @@ fn param_order_table() -> &'static Map<String, Value> {
 /// as its only child (`self.language_model`, `param_order.json`'s root) names every parameter
 /// `language_model.` + the text model's name, where our loader takes that prefix off.
 pub fn wrapper_prefix(model_type: &str, params: &[(String, Array)]) -> Option<&'static str> {
-    let root = param_order_table().get(model_type)?.get("")?.as_array()?;
+    let root = param_order_table()
+        .get(crate::config::remap(model_type))?
+        .get("")?
+        .as_array()?;
     let only = root.len() == 1 && root[0] == "language_model";
     (only && !params.iter().any(|(n, _)| n.starts_with("language_model.")))
         .then_some("language_model.")
@@ -905,26 +1017,23 @@ pub fn wrapper_prefix(model_type: &str, params: &[(String, Array)]) -> Option<&'
 /// it: `mlxs_save_safetensors`). A depth-first walk of the module tree: each name sorts by its
 /// components' ranks among their siblings (the table's; list items by index). A quantized
 /// module's `scales` and `biases` follow its `weight` (`QuantizedLinear` sets them in that
-/// order, before any `bias`); what the table lacks keeps our order, after what it has.
-pub fn mlx_lm_order(model_type: &str, params: &mut [(String, Array)]) {
-    let table = param_order_table();
-    let Some(Value::Object(types)) = table.get(model_type).or_else(|| table.get("llama")) else {
-        return;
+/// order, before any `bias`, whatever the table says); what the table lacks keeps our order, after what it has. A
+/// type the table lacks is refused (no order to write it in).
+pub fn mlx_lm_order(model_type: &str, params: &mut [(String, Array)]) -> Result<()> {
+    let module = crate::config::remap(model_type);
+    let Some(Value::Object(types)) = param_order_table().get(module) else {
+        return Err(ModelError::Convert {
+            option: format!("model type `{model_type}`"),
+            problem: format!(
+                "no parameter order for mlx-lm's `{module}` module in param_order.json \
+                 (`cargo xtask goldens param_order` records it from a fixture of the type), so \
+                 the file could not be written in mlx-lm's byte order"
+            ),
+        });
     };
     // Each concrete parent's set of named children (what a `pattern|a,b,c` entry is for).
-    let mut children: BTreeMap<String, std::collections::BTreeSet<&str>> = BTreeMap::new();
-    for (name, _) in params.iter() {
-        let mut parent = String::new();
-        for part in name.split('.') {
-            if part.parse::<usize>().is_err() {
-                children.entry(parent.clone()).or_default().insert(part);
-            }
-            if !parent.is_empty() {
-                parent.push('.');
-            }
-            parent.push_str(part);
-        }
-    }
+    let names: Vec<String> = params.iter().map(|(n, _)| n.clone()).collect();
+    let children = children_of(names.iter().map(String::as_str));
     let mut unknown: BTreeMap<(String, String), usize> = BTreeMap::new();
     let mut keys: Vec<Vec<(u8, usize, u8)>> = Vec::with_capacity(params.len());
     for (name, _) in params.iter() {
@@ -946,12 +1055,14 @@ pub fn mlx_lm_order(model_type: &str, params: &mut [(String, Array)]) {
                     .or_else(|| types.get(&pattern))
                     .and_then(Value::as_array);
                 let pos = |c: &str| kids.and_then(|k| k.iter().position(|v| v == c));
-                let rank = match (pos(part), part) {
-                    (Some(p), _) => Some((p, 0)),
-                    (None, "scales") => pos("weight").map(|p| (p, 1)),
-                    (None, "biases") => pos("weight").map(|p| (p, 2)),
+                // A quantized module's `scales` and `biases` follow its `weight` wherever the
+                // table has them: `QuantizedLinear` sets all three before any `bias`.
+                let after_weight = match part {
+                    "scales" => pos("weight").map(|p| (p, 1)),
+                    "biases" => pos("weight").map(|p| (p, 2)),
                     _ => None,
                 };
+                let rank = after_weight.or_else(|| pos(part).map(|p| (p, 0)));
                 key.push(match rank {
                     Some((p, sub)) => (1, p, sub),
                     None => {
@@ -987,6 +1098,7 @@ pub fn mlx_lm_order(model_type: &str, params: &mut [(String, Array)]) {
             *slot = p;
         }
     }
+    Ok(())
 }
 
 /// mlx-lm's `make_shards`: consecutive tensors, a new shard when the next would pass 5 GiB.
@@ -1075,7 +1187,7 @@ pub(crate) fn save(
                 .collect();
         }
     }
-    mlx_lm_order(&model_type, &mut ordered);
+    mlx_lm_order(&model_type, &mut ordered)?;
     let params = &ordered[..];
     let shards = make_shards(params);
     let count = shards.len();

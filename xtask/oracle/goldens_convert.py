@@ -158,6 +158,13 @@ CASES = [
      ["-q", "--q-group-size", "32"]),
     ("qwen2_vl_mixed_3_6_g32", "+../../mlx-models/tests/models/dense2/qwen2_vl",
      ["-q", "--quant-predicate", "mixed_3_6", "--q-group-size", "32"]),
+    # The classes' own predicates: `quant_predicate` (routers at 8 bits, group 64) and
+    # `cast_predicate` (routing biases kept in float32), also through a wrapper's names.
+    ("qwen3_moe_q4", "+../../mlx-models/tests/models/qwen3_moe", ["-q"]),
+    ("lfm2_moe_q4_bf16", "+../../mlx-models/tests/models/moe2/lfm2_moe", ["-q", "--dtype", "bfloat16"]),
+    ("deepseek_v3_bf16", "+../../mlx-models/tests/models/mla/deepseek_v3", ["--dtype", "bfloat16"]),
+    ("kimi_vl_bf16", "+../../mlx-models/tests/models/mla/kimi_vl", ["--dtype", "bfloat16"]),
+    ("qwen3_moe_mxfp4", "+../../mlx-models/tests/models/qwen3_moe", ["-q", "--q-mode", "mxfp4"]),
 ]
 
 
