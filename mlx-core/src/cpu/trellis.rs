@@ -557,10 +557,23 @@ fn viterbi(
     let g = 1usize << (l - k);
     let gmask = (g - 1) as u32;
     let t_len = x.len();
-    for (st, c) in s.cost.iter_mut().enumerate() {
-        let d = x[0] - codes[st];
-        let allowed = overlap.is_none_or(|o| (st as u32) >> k == o);
-        *c = if allowed { d * d } else { f32::INFINITY };
+    // The first weight's costs: every state, or (constrained) only the `2^k` states whose
+    // top `L - k` bits are the overlap, a contiguous run.
+    match overlap {
+        None => {
+            for (c, &code) in s.cost.iter_mut().zip(codes) {
+                let d = x[0] - code;
+                *c = d * d;
+            }
+        }
+        Some(o) => {
+            s.cost.iter_mut().for_each(|c| *c = f32::INFINITY);
+            let run = (o as usize) << k..((o as usize) + 1) << k;
+            for (c, &code) in s.cost[run.clone()].iter_mut().zip(&codes[run]) {
+                let d = x[0] - code;
+                *c = d * d;
+            }
+        }
     }
     for (t, &xt) in x.iter().enumerate().skip(1) {
         let arg = &mut s.arg[t * g..(t + 1) * g];
@@ -577,11 +590,16 @@ fn viterbi(
         );
         std::mem::swap(&mut s.cost, &mut s.next);
     }
+    // The lowest final cost (the first state on ties): over every state, or (constrained)
+    // over the `2^k` states whose low `L - k` bits are the overlap, `g` apart.
     let mut last = 0u32;
     let mut lowest = f32::INFINITY;
-    for st in 0..n {
-        let allowed = overlap.is_none_or(|o| (st as u32) & gmask == o);
-        if allowed && s.cost[st] < lowest {
+    let (first, stride) = match overlap {
+        None => (0, 1),
+        Some(o) => ((o & gmask) as usize, g),
+    };
+    for st in (first..n).step_by(stride) {
+        if s.cost[st] < lowest {
             lowest = s.cost[st];
             last = st as u32;
         }
@@ -1717,6 +1735,73 @@ mod tests {
             decode_row(&spec, &words, 1.0, &mut dec);
             for t in 0..32 {
                 assert_eq!(dec[t].to_bits(), code_1mad(states[t]).to_bits());
+            }
+        }
+    }
+
+    /// A plain Viterbi (every state, every predecessor, no scratch reuse) with the
+    /// encoder's tie rules: the lowest predecessor index, the lowest final state.
+    fn viterbi_plain(spec: &TrellisSpec, x: &[f32], overlap: Option<u32>) -> Vec<u32> {
+        let (k, l) = (spec.k, spec.l);
+        let (n, g) = (1usize << l, 1u32 << (l - k));
+        let codes = code_table(l);
+        let mut cost: Vec<f32> = (0..n as u32)
+            .map(|st| match overlap {
+                Some(o) if st >> k != o => f32::INFINITY,
+                _ => (x[0] - codes[st as usize]) * (x[0] - codes[st as usize]),
+            })
+            .collect();
+        let mut args = vec![vec![0u32; n]; x.len()];
+        for t in 1..x.len() {
+            let mut next = vec![0.0f32; n];
+            for s2 in 0..n as u32 {
+                let (mut best, mut arg) = (f32::INFINITY, 0u32);
+                for p in 0..1u32 << k {
+                    let c = cost[((p << (l - k)) | (s2 >> k)) as usize];
+                    if p == 0 || c < best {
+                        (best, arg) = (c, p);
+                    }
+                }
+                let d = x[t] - codes[s2 as usize];
+                next[s2 as usize] = best + d * d;
+                args[t][s2 as usize] = arg;
+            }
+            cost = next;
+        }
+        let mut last = 0u32;
+        let mut lowest = f32::INFINITY;
+        for st in 0..n as u32 {
+            if overlap.is_none_or(|o| st & (g - 1) == o) && cost[st as usize] < lowest {
+                (lowest, last) = (cost[st as usize], st);
+            }
+        }
+        let mut path = vec![last; x.len()];
+        for t in (1..x.len()).rev() {
+            let cur = path[t];
+            path[t - 1] = (args[t][cur as usize] << (l - k)) | (cur >> k);
+        }
+        path
+    }
+
+    #[test]
+    fn encoder_equals_a_plain_viterbi() {
+        for (k, l) in [(2, 6), (2, 8), (3, 8), (4, 8), (3, 10), (4, 10)] {
+            let spec = TrellisSpec { k, l, block: 64 };
+            let codes = code_table(l);
+            let mut s = Scratch::new(&spec);
+            for seed in 0..2 {
+                let x = gauss(64, 200 + seed);
+                let half = 32;
+                let rolled: Vec<f32> = (0..64).map(|i| x[(i + 64 - half) % 64]).collect();
+                let overlap = viterbi_plain(&spec, &rolled, None)[half] >> k;
+                let path = viterbi_plain(&spec, &x, Some(overlap));
+                let mut want = vec![0u32; spec.block_words()];
+                pack_block(&spec, &path, &mut want);
+                for isa in [crate::cpu::Isa::detect(), crate::cpu::Isa::Scalar] {
+                    let mut got = vec![0u32; spec.block_words()];
+                    encode_block(isa, &spec, &x, &codes, &mut s, &mut got);
+                    assert_eq!(got, want, "k={k} l={l} seed={seed} {isa:?}");
+                }
             }
         }
     }
