@@ -449,7 +449,74 @@ unsafe fn viterbi_step_avx512(
     arg: &mut [u8],
     next: &mut [f32],
 ) {
-    viterbi_step(k, w, codes, cost, best, wide, arg, next)
+    if arg.len() % 16 != 0 {
+        return viterbi_step(k, w, codes, cost, best, wide, arg, next);
+    }
+    // SAFETY: this function's own features (the caller checked them); `arg.len()` is a
+    // multiple of 16 (checked above).
+    unsafe {
+        match k {
+            2 => acs_avx512::<4, 2>(w, codes, cost, arg, next),
+            3 => acs_avx512::<8, 3>(w, codes, cost, arg, next),
+            _ => acs_avx512::<16, 4>(w, codes, cost, arg, next),
+        }
+    }
+}
+
+/// [`viterbi_step_k`] on 16 groups a pass (the same operations in the same order, so the
+/// same bits): the add-compare-select of 16 groups at once (each group's `FAN`
+/// predecessors are the same lane of `FAN` contiguous slices: a strided min over whole
+/// vectors), its arguments narrowed to bytes, then the groups' `16 * FAN` successors
+/// written while the 16 minima are in a register (each successor's minimum by a lane
+/// permute). `arg.len()` (the number of groups) must be a multiple of 16.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+unsafe fn acs_avx512<const FAN: usize, const SHIFT: u32>(
+    w: f32,
+    codes: &[f32],
+    cost: &[f32],
+    arg: &mut [u8],
+    next: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    let g = arg.len();
+    assert!(g % 16 == 0 && cost.len() == g * FAN && codes.len() == g * FAN);
+    assert!(next.len() == g * FAN);
+    let wv = _mm512_set1_ps(w);
+    let lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    // SAFETY (all loads and stores): `i0 + 16 <= g`, `p < FAN`, so `p * g + i0 + 16 <=
+    // FAN * g = cost.len()`; `base + 16 * FAN = (i0 + 16) * FAN <= codes.len() = next.len()`;
+    // `i0 + 16 <= arg.len()` (asserted above). The intrinsics need AVX-512 F/BW, enabled here.
+    unsafe {
+        let mut idx = [_mm512_setzero_si512(); FAN];
+        for (m, v) in idx.iter_mut().enumerate() {
+            *v = _mm512_srli_epi32::<SHIFT>(_mm512_add_epi32(
+                lane,
+                _mm512_set1_epi32(16 * m as i32),
+            ));
+        }
+        let (cp, kp, np) = (cost.as_ptr(), codes.as_ptr(), next.as_mut_ptr());
+        for i0 in (0..g).step_by(16) {
+            let mut best = _mm512_loadu_ps(cp.add(i0));
+            let mut a = _mm512_setzero_si512();
+            for p in 1..FAN {
+                let c = _mm512_loadu_ps(cp.add(p * g + i0));
+                let lt = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(c, best);
+                best = _mm512_mask_mov_ps(best, lt, c);
+                a = _mm512_mask_mov_epi32(a, lt, _mm512_set1_epi32(p as i32));
+            }
+            _mm_storeu_si128(
+                arg.as_mut_ptr().add(i0) as *mut __m128i,
+                _mm512_cvtepi32_epi8(a),
+            );
+            let base = i0 * FAN;
+            for (m, ix) in idx.iter().enumerate() {
+                let b = _mm512_permutexvar_ps(*ix, best);
+                let d = _mm512_sub_ps(wv, _mm512_loadu_ps(kp.add(base + 16 * m)));
+                _mm512_storeu_ps(np.add(base + 16 * m), _mm512_add_ps(b, _mm512_mul_ps(d, d)));
+            }
+        }
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -490,10 +557,23 @@ fn viterbi(
     let g = 1usize << (l - k);
     let gmask = (g - 1) as u32;
     let t_len = x.len();
-    for (st, c) in s.cost.iter_mut().enumerate() {
-        let d = x[0] - codes[st];
-        let allowed = overlap.is_none_or(|o| (st as u32) >> k == o);
-        *c = if allowed { d * d } else { f32::INFINITY };
+    // The first weight's costs: every state, or (constrained) only the `2^k` states whose
+    // top `L - k` bits are the overlap, a contiguous run.
+    match overlap {
+        None => {
+            for (c, &code) in s.cost.iter_mut().zip(codes) {
+                let d = x[0] - code;
+                *c = d * d;
+            }
+        }
+        Some(o) => {
+            s.cost.iter_mut().for_each(|c| *c = f32::INFINITY);
+            let run = (o as usize) << k..((o as usize) + 1) << k;
+            for (c, &code) in s.cost[run.clone()].iter_mut().zip(&codes[run]) {
+                let d = x[0] - code;
+                *c = d * d;
+            }
+        }
     }
     for (t, &xt) in x.iter().enumerate().skip(1) {
         let arg = &mut s.arg[t * g..(t + 1) * g];
@@ -510,11 +590,16 @@ fn viterbi(
         );
         std::mem::swap(&mut s.cost, &mut s.next);
     }
+    // The lowest final cost (the first state on ties): over every state, or (constrained)
+    // over the `2^k` states whose low `L - k` bits are the overlap, `g` apart.
     let mut last = 0u32;
     let mut lowest = f32::INFINITY;
-    for st in 0..n {
-        let allowed = overlap.is_none_or(|o| (st as u32) & gmask == o);
-        if allowed && s.cost[st] < lowest {
+    let (first, stride) = match overlap {
+        None => (0, 1),
+        Some(o) => ((o & gmask) as usize, g),
+    };
+    for st in (first..n).step_by(stride) {
+        if s.cost[st] < lowest {
             lowest = s.cost[st];
             last = st as u32;
         }
@@ -1650,6 +1735,101 @@ mod tests {
             decode_row(&spec, &words, 1.0, &mut dec);
             for t in 0..32 {
                 assert_eq!(dec[t].to_bits(), code_1mad(states[t]).to_bits());
+            }
+        }
+    }
+
+    /// A plain Viterbi (every state, every predecessor, no scratch reuse) with the
+    /// encoder's tie rules: the lowest predecessor index, the lowest final state.
+    fn viterbi_plain(spec: &TrellisSpec, x: &[f32], overlap: Option<u32>) -> Vec<u32> {
+        let (k, l) = (spec.k, spec.l);
+        let (n, g) = (1usize << l, 1u32 << (l - k));
+        let codes = code_table(l);
+        let mut cost: Vec<f32> = (0..n as u32)
+            .map(|st| match overlap {
+                Some(o) if st >> k != o => f32::INFINITY,
+                _ => (x[0] - codes[st as usize]) * (x[0] - codes[st as usize]),
+            })
+            .collect();
+        let mut args = vec![vec![0u32; n]; x.len()];
+        for t in 1..x.len() {
+            let mut next = vec![0.0f32; n];
+            for s2 in 0..n as u32 {
+                let (mut best, mut arg) = (f32::INFINITY, 0u32);
+                for p in 0..1u32 << k {
+                    let c = cost[((p << (l - k)) | (s2 >> k)) as usize];
+                    if p == 0 || c < best {
+                        (best, arg) = (c, p);
+                    }
+                }
+                let d = x[t] - codes[s2 as usize];
+                next[s2 as usize] = best + d * d;
+                args[t][s2 as usize] = arg;
+            }
+            cost = next;
+        }
+        let mut last = 0u32;
+        let mut lowest = f32::INFINITY;
+        for st in 0..n as u32 {
+            if overlap.is_none_or(|o| st & (g - 1) == o) && cost[st as usize] < lowest {
+                (lowest, last) = (cost[st as usize], st);
+            }
+        }
+        let mut path = vec![last; x.len()];
+        for t in (1..x.len()).rev() {
+            let cur = path[t];
+            path[t - 1] = (args[t][cur as usize] << (l - k)) | (cur >> k);
+        }
+        path
+    }
+
+    #[test]
+    fn encoder_equals_a_plain_viterbi() {
+        for (k, l) in [(2, 6), (2, 8), (3, 8), (4, 8), (3, 10), (4, 10)] {
+            let spec = TrellisSpec { k, l, block: 64 };
+            let codes = code_table(l);
+            let mut s = Scratch::new(&spec);
+            for seed in 0..2 {
+                let x = gauss(64, 200 + seed);
+                let half = 32;
+                let rolled: Vec<f32> = (0..64).map(|i| x[(i + 64 - half) % 64]).collect();
+                let overlap = viterbi_plain(&spec, &rolled, None)[half] >> k;
+                let path = viterbi_plain(&spec, &x, Some(overlap));
+                let mut want = vec![0u32; spec.block_words()];
+                pack_block(&spec, &path, &mut want);
+                for isa in [crate::cpu::Isa::detect(), crate::cpu::Isa::Scalar] {
+                    let mut got = vec![0u32; spec.block_words()];
+                    encode_block(isa, &spec, &x, &codes, &mut s, &mut got);
+                    assert_eq!(got, want, "k={k} l={l} seed={seed} {isa:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn viterbi_simd_path_gives_the_portable_path() {
+        // The add-compare-select on 16 groups a pass against the portable step: the same
+        // words for every shape the SIMD step takes (and one it hands back, L - k < 4).
+        let isa = crate::cpu::Isa::detect();
+        for (k, l) in [
+            (2, 6),
+            (2, 8),
+            (3, 8),
+            (4, 8),
+            (2, 12),
+            (3, 12),
+            (4, 12),
+            (3, 14),
+        ] {
+            let spec = TrellisSpec { k, l, block: 64 };
+            let codes = code_table(l);
+            let mut s = Scratch::new(&spec);
+            for seed in 0..3 {
+                let x = gauss(64, 100 + seed);
+                let (mut a, mut b) = (vec![0u32; spec.block_words()], vec![0; spec.block_words()]);
+                encode_block(isa, &spec, &x, &codes, &mut s, &mut a);
+                encode_block(crate::cpu::Isa::Scalar, &spec, &x, &codes, &mut s, &mut b);
+                assert_eq!(a, b, "k={k} l={l} seed={seed}");
             }
         }
     }
