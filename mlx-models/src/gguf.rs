@@ -1780,14 +1780,12 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                 tensors.insert(format!("{}.A_log", module(&layer)), a_log);
                 continue;
             }
-            if let Some(layer) = layer_of(".ssm_d")
-                .filter(|_| {
-                    matches!(
-                        arch.arch,
-                        "granitehybrid" | "mamba" | "mamba2" | "nemotron_h" | "falcon-h1" | "jamba"
-                    )
-                })
-            {
+            if let Some(layer) = layer_of(".ssm_d").filter(|_| {
+                matches!(
+                    arch.arch,
+                    "granitehybrid" | "mamba" | "mamba2" | "nemotron_h" | "falcon-h1" | "jamba"
+                )
+            }) {
                 tensors.insert(format!("{}.D", module(&layer)), a.reshape(&[-1])?);
                 continue;
             }
@@ -4888,7 +4886,8 @@ fn bailing_config(
     config["moe_intermediate_size"] = Value::from(need("expert_feed_forward_length")?);
     let dense = meta_layer_count(meta, path, &key("leading_dense_block_count"), blocks)?;
     config["first_k_dense_replace"] = Value::from(dense.unwrap_or(0));
-    config["n_group"] = Value::from(meta_count(meta, path, &key("expert_group_count"))?.unwrap_or(1));
+    config["n_group"] =
+        Value::from(meta_count(meta, path, &key("expert_group_count"))?.unwrap_or(1));
     config["topk_group"] =
         Value::from(meta_count(meta, path, &key("expert_group_used_count"))?.unwrap_or(1));
     config["norm_topk_prob"] =
@@ -4897,7 +4896,10 @@ fn bailing_config(
     if !(scale.is_finite() && scale > 0.0) {
         return Err(gguf_err(
             path,
-            format!("metadata `{}` is {scale}; it must be a finite number > 0", key("expert_weights_scale")),
+            format!(
+                "metadata `{}` is {scale}; it must be a finite number > 0",
+                key("expert_weights_scale")
+            ),
         ));
     }
     config["routed_scaling_factor"] = Value::from(scale);
@@ -4935,7 +4937,10 @@ fn bailing_config(
     if meta_str(meta, &key("rope.scaling.type")).is_some_and(|t| t != "none") {
         return Err(gguf_err(
             path,
-            format!("metadata `{}`: rope scaling is not mapped for {arch}", key("rope.scaling.type")),
+            format!(
+                "metadata `{}`: rope scaling is not mapped for {arch}",
+                key("rope.scaling.type")
+            ),
         ));
     }
     require_context(config, path, &key("context_length"))
@@ -5382,7 +5387,12 @@ fn afmoe_config(
         (Some(_), Some(GgufValue::Array(a))) => a
             .astype(Dtype::Bool)
             .and_then(|b| b.to_vec::<bool>())
-            .map_err(|e| gguf_err(path, format!("metadata `attention.sliding_window_pattern`: {e}")))?,
+            .map_err(|e| {
+                gguf_err(
+                    path,
+                    format!("metadata `attention.sliding_window_pattern`: {e}"),
+                )
+            })?,
         (Some(_), _) => (0..blocks).map(|i| (i + 1) % 4 != 0).collect(),
     };
     if sliding.len() != blocks as usize || sliding.iter().all(|&s| s) {
@@ -5398,7 +5408,13 @@ fn afmoe_config(
     }
     let types: Vec<&str> = sliding
         .iter()
-        .map(|&s| if s { "sliding_attention" } else { "full_attention" })
+        .map(|&s| {
+            if s {
+                "sliding_attention"
+            } else {
+                "full_attention"
+            }
+        })
         .collect();
     config["layer_types"] = json!(types);
     config["sliding_window"] = Value::from(window.unwrap_or(1));
@@ -5420,7 +5436,8 @@ fn afmoe_config(
     config["moe_intermediate_size"] = Value::from(need("expert_feed_forward_length")?);
     let dense = meta_layer_count(meta, path, &key("leading_dense_block_count"), blocks)?;
     config["num_dense_layers"] = Value::from(dense.unwrap_or(0));
-    config["n_group"] = Value::from(meta_count(meta, path, &key("expert_group_count"))?.unwrap_or(1));
+    config["n_group"] =
+        Value::from(meta_count(meta, path, &key("expert_group_count"))?.unwrap_or(1));
     config["topk_group"] =
         Value::from(meta_count(meta, path, &key("expert_group_used_count"))?.unwrap_or(1));
     config["route_norm"] =
@@ -5429,7 +5446,10 @@ fn afmoe_config(
     if !(scale.is_finite() && scale > 0.0) {
         return Err(gguf_err(
             path,
-            format!("metadata `{}` is {scale}; it must be a finite number > 0", key("expert_weights_scale")),
+            format!(
+                "metadata `{}` is {scale}; it must be a finite number > 0",
+                key("expert_weights_scale")
+            ),
         ));
     }
     config["route_scale"] = Value::from(scale);
@@ -5455,7 +5475,10 @@ fn afmoe_config(
     if meta_str(meta, &key("rope.scaling.type")).is_some_and(|t| t != "none") {
         return Err(gguf_err(
             path,
-            format!("metadata `{}`: rope scaling is not mapped for afmoe", key("rope.scaling.type")),
+            format!(
+                "metadata `{}`: rope scaling is not mapped for afmoe",
+                key("rope.scaling.type")
+            ),
         ));
     }
     if meta_f64(meta, &key("rope.freq_base_swa"))
@@ -5485,7 +5508,12 @@ fn afmoe_config(
 /// is deepseek_v3's (a sigmoid router: `expert_gating_func` 2). A GLM-5 file whose
 /// `attention.indexer.types` skips the indexer on some layers is refused: mlx-lm's has one on
 /// every layer.
-fn deepseek32_config(config: &mut Value, path: &Path, meta: &GgufMetadata, arch: &str) -> Result<()> {
+fn deepseek32_config(
+    config: &mut Value,
+    path: &Path,
+    meta: &GgufMetadata,
+    arch: &str,
+) -> Result<()> {
     let key = |k: &str| format!("{arch}.{k}");
     let need = |k: &str| need_count(meta, path, arch, k);
     if config["model_type"] != "deepseek_v3" {
@@ -5494,7 +5522,11 @@ fn deepseek32_config(config: &mut Value, path: &Path, meta: &GgufMetadata, arch:
             format!(
                 "metadata `{}` is not sigmoid (2), the router of mlx-lm's {}",
                 key("expert_gating_func"),
-                if arch == "glm-dsa" { "glm_moe_dsa" } else { "deepseek_v32" }
+                if arch == "glm-dsa" {
+                    "glm_moe_dsa"
+                } else {
+                    "deepseek_v32"
+                }
             ),
         ));
     }
@@ -5553,8 +5585,18 @@ fn join_bailing_qkv(
             match (q, k, v) {
                 (None, None, None) => {}
                 (Some(q), Some(k), Some(v)) if suffix != "bias" => {
-                    let q = unpermute(&q, heads, &format!("blk.{l}.attn_q.{suffix}"), "attention.head_count")?;
-                    let k = unpermute(&k, kv, &format!("blk.{l}.attn_k.{suffix}"), "attention.head_count_kv")?;
+                    let q = unpermute(
+                        &q,
+                        heads,
+                        &format!("blk.{l}.attn_q.{suffix}"),
+                        "attention.head_count",
+                    )?;
+                    let k = unpermute(
+                        &k,
+                        kv,
+                        &format!("blk.{l}.attn_k.{suffix}"),
+                        "attention.head_count_kv",
+                    )?;
                     let joined = ops::concatenate(&[&q, &k, &v], 0, None)?;
                     tensors.insert(format!("{p}.query_key_value.{suffix}"), joined);
                 }

@@ -275,7 +275,22 @@ fn ssm_and_moe_gguf_architectures_match_mlx_lm() {
         })
         .collect();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    for a in ["mamba", "mamba2", "minimax-m2", "bailingmoe2", "bailingmoe", "nemotron_h", "falcon-h1", "jamba", "dbrx", "hunyuan-moe", "qwen3vlmoe", "afmoe", "deepseek32", "glm-dsa"] {
+    for a in [
+        "mamba",
+        "mamba2",
+        "minimax-m2",
+        "bailingmoe2",
+        "bailingmoe",
+        "nemotron_h",
+        "falcon-h1",
+        "jamba",
+        "dbrx",
+        "hunyuan-moe",
+        "qwen3vlmoe",
+        "afmoe",
+        "deepseek32",
+        "glm-dsa",
+    ] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }
 }

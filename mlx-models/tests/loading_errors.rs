@@ -661,14 +661,37 @@ mod gguf {
         // A router mlx-lm's class lacks, layer lists that do not describe the layers, a
         // tied Falcon-H1 head (its multipliers are not in the file).
         for (fixture, name, k, v) in [
-            ("minimax_m2", "mmgating", "minimax-m2.expert_gating_func", u(1)),
-            ("bailingmoe2", "blgating", "bailingmoe2.expert_gating_func", u(3)),
-            ("deepseek32", "ds32gating", "deepseek32.expert_gating_func", u(1)),
-            ("nemotron_h", "nhffn", "nemotron_h.feed_forward_length", u(48)),
+            (
+                "minimax_m2",
+                "mmgating",
+                "minimax-m2.expert_gating_func",
+                u(1),
+            ),
+            (
+                "bailingmoe2",
+                "blgating",
+                "bailingmoe2.expert_gating_func",
+                u(3),
+            ),
+            (
+                "deepseek32",
+                "ds32gating",
+                "deepseek32.expert_gating_func",
+                u(1),
+            ),
+            (
+                "nemotron_h",
+                "nhffn",
+                "nemotron_h.feed_forward_length",
+                u(48),
+            ),
             ("jamba", "jbkv", "jamba.attention.head_count_kv", u(2)),
-            ("afmoe", "afpattern", "afmoe.attention.sliding_window_pattern", {
-                GgufValue::Array(Array::from_slice(&[true, true, true, true], &[4]).unwrap())
-            }),
+            (
+                "afmoe",
+                "afpattern",
+                "afmoe.attention.sliding_window_pattern",
+                { GgufValue::Array(Array::from_slice(&[true, true, true, true], &[4]).unwrap()) },
+            ),
         ] {
             let e = err(&edited(
                 fixture,
@@ -688,6 +711,9 @@ mod gguf {
                 t.remove("output.weight");
             },
         ));
-        assert!(e.contains("output.weight") && e.contains("lm_head_multiplier"), "{e}");
+        assert!(
+            e.contains("output.weight") && e.contains("lm_head_multiplier"),
+            "{e}"
+        );
     }
 }
