@@ -252,6 +252,7 @@ fn ssm_and_moe_gguf_architectures_match_mlx_lm() {
         ("hunyuan_moe", "hunyuan"),
         ("qwen3vlmoe", "qwen3_vl_moe"),
         ("afmoe", "afmoe"),
+        ("plamo2", "plamo2"),
         // `cargo xtask goldens gguf_mla deepseek32 glm_dsa`.
         ("deepseek32", "deepseek_v32"),
         ("glm_dsa", "glm_moe_dsa"),
@@ -288,6 +289,7 @@ fn ssm_and_moe_gguf_architectures_match_mlx_lm() {
         "hunyuan-moe",
         "qwen3vlmoe",
         "afmoe",
+        "plamo2",
         "deepseek32",
         "glm-dsa",
     ] {

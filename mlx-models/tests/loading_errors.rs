@@ -647,6 +647,7 @@ mod gguf {
             ("afmoe", "afmoe.expert_feed_forward_length"),
             ("deepseek32", "deepseek32.attention.indexer.top_k"),
             ("glm_dsa", "glm-dsa.attention.indexer.head_count"),
+            ("plamo2", "plamo2.attention.key_length"),
         ] {
             let e = err(&edited(
                 fixture,
@@ -686,6 +687,9 @@ mod gguf {
                 u(48),
             ),
             ("jamba", "jbkv", "jamba.attention.head_count_kv", u(2)),
+            ("plamo2", "p2kv", "plamo2.attention.head_count_kv", {
+                GgufValue::Array(Array::from_slice(&[0u32, 0, 2, 2], &[4]).unwrap())
+            }),
             (
                 "afmoe",
                 "afpattern",
