@@ -1366,6 +1366,38 @@ const ARCHS: &[GgufArch] = &[
         top: &[("token_embd", "model.word_embeddings")],
         ..PLAIN
     },
+    // PLaMo 2: Mamba and attention layers (per-layer `head_count` / `head_count_kv`, 0 on
+    // Mamba layers) under `model.layers.layers`, each with an MLP; the RMSNorms' offsets
+    // stored added (`plamo2_config` subtracts them).
+    GgufArch {
+        arch: "plamo2",
+        model_type: "plamo2",
+        parts: &[
+            ("attn_norm", "pre_mixer_norm"),
+            ("post_attention_norm", "post_mixer_norm"),
+            ("ffn_norm", "pre_mlp_norm"),
+            ("post_ffw_norm", "post_mlp_norm"),
+            ("attn_qkv", "mixer.qkv_proj"),
+            ("attn_output", "mixer.o_proj"),
+            // `.weight` of these five -> mlx-lm's bare parameters (see `map_name`).
+            ("attn_q_norm", "mixer.q_weight"),
+            ("attn_k_norm", "mixer.k_weight"),
+            ("ssm_dt_norm", "mixer.dt_norm_weight"),
+            ("ssm_b_norm", "mixer.B_norm_weight"),
+            ("ssm_c_norm", "mixer.C_norm_weight"),
+            ("ssm_in", "mixer.in_proj"),
+            ("ssm_conv1d", "mixer.conv1d"),
+            ("ssm_x", "mixer.bcdt_proj"),
+            // `ssm_dt.bias` is the bare `dt_bias` (`plamo2_config`).
+            ("ssm_dt", "mixer.dt_proj"),
+            ("ssm_out", "mixer.out_proj"),
+            ("ffn_up", "mlp.gate_up_proj"),
+            ("ffn_down", "mlp.down_proj"),
+        ],
+        layers: "model.layers.layers",
+        per_layer_kv: true,
+        ..PLAIN
+    },
     // GLM-5 (llama.cpp's `glm-dsa`, mlx-lm's `glm_moe_dsa`): DeepSeek V3.2's layout.
     GgufArch {
         arch: "glm-dsa",
@@ -1392,6 +1424,11 @@ const BARE_PARAMS: &[&str] = &[
     ".ffn.x_k",
     ".embed_skip.a_g",
     ".attn.head_gain.head_g",
+    ".mixer.q_weight",
+    ".mixer.k_weight",
+    ".mixer.dt_norm_weight",
+    ".mixer.B_norm_weight",
+    ".mixer.C_norm_weight",
 ];
 
 /// `llama.cpp` tensor names to mlx-lm's, for `a`.
@@ -1749,6 +1786,29 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
     } else if attention_free {
         // Mamba writes a head count of 0 (unused).
         1
+    } else if let (true, Some(GgufValue::Array(a))) = (
+        arch.per_layer_kv,
+        metadata.get(&key("attention.head_count")),
+    ) {
+        // PLaMo 2 writes it per layer too, 0 on its Mamba layers: the attention layers' count.
+        let per = a
+            .astype(Dtype::Int64)
+            .and_then(|b| b.to_vec::<i64>())
+            .map_err(|e| gguf_err(path, format!("metadata `attention.head_count`: {e}")))?;
+        let mut nonzero = per.iter().copied().filter(|&n| n != 0);
+        match nonzero.next() {
+            Some(n) if n > 0 && n <= i64::from(i32::MAX) && nonzero.all(|m| m == n) => n as i32,
+            _ => {
+                return Err(gguf_err(
+                    path,
+                    format!(
+                        "metadata `{}` is {per:?}: {arch_name} needs one positive head count on \
+                         its attention layers, 0 on the others",
+                        key("attention.head_count")
+                    ),
+                ))
+            }
+        }
     } else {
         count("attention.head_count")?
     };
@@ -1903,6 +1963,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                 | "nemotron_h"
                 | "falcon-h1"
                 | "jamba"
+                | "plamo2"
         ) {
             let layer_of = |suffix: &str| {
                 name.strip_prefix("blk.")
@@ -1915,12 +1976,14 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             // Mamba (1) and Jamba keep A as (inner, state).
             let module = |layer: &str| match arch.arch {
                 "granitehybrid" | "falcon-h1" | "jamba" => format!("model.layers.{layer}.mamba"),
-                "mamba" | "mamba2" | "nemotron_h" => format!("{}.{layer}.mixer", arch.layers),
+                "mamba" | "mamba2" | "nemotron_h" | "plamo2" => {
+                    format!("{}.{layer}.mixer", arch.layers)
+                }
                 _ => format!("model.layers.{layer}.linear_attn"),
             };
             if let Some(layer) = layer_of(".ssm_a") {
                 let a_log = ops::log(&ops::negative(&a, None)?, None)?;
-                let a_log = if !matches!(arch.arch, "mamba" | "jamba") {
+                let a_log = if !matches!(arch.arch, "mamba" | "jamba" | "plamo2") {
                     a_log.reshape(&[-1])?
                 } else {
                     a_log
@@ -1928,14 +1991,18 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                 tensors.insert(format!("{}.A_log", module(&layer)), a_log);
                 continue;
             }
-            if let Some(layer) = layer_of(".ssm_d")
-                .filter(|_| {
-                    matches!(
-                        arch.arch,
-                        "granitehybrid" | "mamba" | "mamba2" | "nemotron_h" | "falcon-h1" | "jamba"
-                    )
-                })
-            {
+            if let Some(layer) = layer_of(".ssm_d").filter(|_| {
+                matches!(
+                    arch.arch,
+                    "granitehybrid"
+                        | "mamba"
+                        | "mamba2"
+                        | "nemotron_h"
+                        | "falcon-h1"
+                        | "jamba"
+                        | "plamo2"
+                )
+            }) {
                 tensors.insert(format!("{}.D", module(&layer)), a.reshape(&[-1])?);
                 continue;
             }
@@ -2759,6 +2826,13 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         "dbrx" => dbrx_config(&mut config, &mut tensors, path, &metadata)?,
         "hunyuan-moe" => hunyuan_moe_config(&mut config, &tensors, path, &metadata)?,
         "afmoe" => afmoe_config(&mut config, &tensors, path, &metadata, blocks)?,
+        "plamo2" => plamo2_config(
+            &mut config,
+            &mut tensors,
+            path,
+            &metadata,
+            kv_per_layer.as_deref(),
+        )?,
         "deepseek32" | "glm-dsa" => {
             deepseek2_config(&mut config, &mut tensors, path, &metadata, heads, arch.arch)?;
             deepseek32_config(&mut config, path, &metadata, arch.arch)?
@@ -5465,7 +5539,8 @@ fn bailing_config(
     config["moe_intermediate_size"] = Value::from(need("expert_feed_forward_length")?);
     let dense = meta_layer_count(meta, path, &key("leading_dense_block_count"), blocks)?;
     config["first_k_dense_replace"] = Value::from(dense.unwrap_or(0));
-    config["n_group"] = Value::from(meta_count(meta, path, &key("expert_group_count"))?.unwrap_or(1));
+    config["n_group"] =
+        Value::from(meta_count(meta, path, &key("expert_group_count"))?.unwrap_or(1));
     config["topk_group"] =
         Value::from(meta_count(meta, path, &key("expert_group_used_count"))?.unwrap_or(1));
     config["norm_topk_prob"] =
@@ -5474,7 +5549,10 @@ fn bailing_config(
     if !(scale.is_finite() && scale > 0.0) {
         return Err(gguf_err(
             path,
-            format!("metadata `{}` is {scale}; it must be a finite number > 0", key("expert_weights_scale")),
+            format!(
+                "metadata `{}` is {scale}; it must be a finite number > 0",
+                key("expert_weights_scale")
+            ),
         ));
     }
     config["routed_scaling_factor"] = Value::from(scale);
@@ -5512,7 +5590,10 @@ fn bailing_config(
     if meta_str(meta, &key("rope.scaling.type")).is_some_and(|t| t != "none") {
         return Err(gguf_err(
             path,
-            format!("metadata `{}`: rope scaling is not mapped for {arch}", key("rope.scaling.type")),
+            format!(
+                "metadata `{}`: rope scaling is not mapped for {arch}",
+                key("rope.scaling.type")
+            ),
         ));
     }
     require_context(config, path, &key("context_length"))
@@ -5959,7 +6040,12 @@ fn afmoe_config(
         (Some(_), Some(GgufValue::Array(a))) => a
             .astype(Dtype::Bool)
             .and_then(|b| b.to_vec::<bool>())
-            .map_err(|e| gguf_err(path, format!("metadata `attention.sliding_window_pattern`: {e}")))?,
+            .map_err(|e| {
+                gguf_err(
+                    path,
+                    format!("metadata `attention.sliding_window_pattern`: {e}"),
+                )
+            })?,
         (Some(_), _) => (0..blocks).map(|i| (i + 1) % 4 != 0).collect(),
     };
     if sliding.len() != blocks as usize || sliding.iter().all(|&s| s) {
@@ -5975,7 +6061,13 @@ fn afmoe_config(
     }
     let types: Vec<&str> = sliding
         .iter()
-        .map(|&s| if s { "sliding_attention" } else { "full_attention" })
+        .map(|&s| {
+            if s {
+                "sliding_attention"
+            } else {
+                "full_attention"
+            }
+        })
         .collect();
     config["layer_types"] = json!(types);
     config["sliding_window"] = Value::from(window.unwrap_or(1));
@@ -5997,7 +6089,8 @@ fn afmoe_config(
     config["moe_intermediate_size"] = Value::from(need("expert_feed_forward_length")?);
     let dense = meta_layer_count(meta, path, &key("leading_dense_block_count"), blocks)?;
     config["num_dense_layers"] = Value::from(dense.unwrap_or(0));
-    config["n_group"] = Value::from(meta_count(meta, path, &key("expert_group_count"))?.unwrap_or(1));
+    config["n_group"] =
+        Value::from(meta_count(meta, path, &key("expert_group_count"))?.unwrap_or(1));
     config["topk_group"] =
         Value::from(meta_count(meta, path, &key("expert_group_used_count"))?.unwrap_or(1));
     config["route_norm"] =
@@ -6006,7 +6099,10 @@ fn afmoe_config(
     if !(scale.is_finite() && scale > 0.0) {
         return Err(gguf_err(
             path,
-            format!("metadata `{}` is {scale}; it must be a finite number > 0", key("expert_weights_scale")),
+            format!(
+                "metadata `{}` is {scale}; it must be a finite number > 0",
+                key("expert_weights_scale")
+            ),
         ));
     }
     config["route_scale"] = Value::from(scale);
@@ -6032,7 +6128,10 @@ fn afmoe_config(
     if meta_str(meta, &key("rope.scaling.type")).is_some_and(|t| t != "none") {
         return Err(gguf_err(
             path,
-            format!("metadata `{}`: rope scaling is not mapped for afmoe", key("rope.scaling.type")),
+            format!(
+                "metadata `{}`: rope scaling is not mapped for afmoe",
+                key("rope.scaling.type")
+            ),
         ));
     }
     if meta_f64(meta, &key("rope.freq_base_swa"))
@@ -6062,7 +6161,12 @@ fn afmoe_config(
 /// is deepseek_v3's (a sigmoid router: `expert_gating_func` 2). A GLM-5 file whose
 /// `attention.indexer.types` skips the indexer on some layers is refused: mlx-lm's has one on
 /// every layer.
-fn deepseek32_config(config: &mut Value, path: &Path, meta: &GgufMetadata, arch: &str) -> Result<()> {
+fn deepseek32_config(
+    config: &mut Value,
+    path: &Path,
+    meta: &GgufMetadata,
+    arch: &str,
+) -> Result<()> {
     let key = |k: &str| format!("{arch}.{k}");
     let need = |k: &str| need_count(meta, path, arch, k);
     if config["model_type"] != "deepseek_v3" {
@@ -6071,7 +6175,11 @@ fn deepseek32_config(config: &mut Value, path: &Path, meta: &GgufMetadata, arch:
             format!(
                 "metadata `{}` is not sigmoid (2), the router of mlx-lm's {}",
                 key("expert_gating_func"),
-                if arch == "glm-dsa" { "glm_moe_dsa" } else { "deepseek_v32" }
+                if arch == "glm-dsa" {
+                    "glm_moe_dsa"
+                } else {
+                    "deepseek_v32"
+                }
             ),
         ));
     }
@@ -6130,8 +6238,18 @@ fn join_bailing_qkv(
             match (q, k, v) {
                 (None, None, None) => {}
                 (Some(q), Some(k), Some(v)) if suffix != "bias" => {
-                    let q = unpermute(&q, heads, &format!("blk.{l}.attn_q.{suffix}"), "attention.head_count")?;
-                    let k = unpermute(&k, kv, &format!("blk.{l}.attn_k.{suffix}"), "attention.head_count_kv")?;
+                    let q = unpermute(
+                        &q,
+                        heads,
+                        &format!("blk.{l}.attn_q.{suffix}"),
+                        "attention.head_count",
+                    )?;
+                    let k = unpermute(
+                        &k,
+                        kv,
+                        &format!("blk.{l}.attn_k.{suffix}"),
+                        "attention.head_count_kv",
+                    )?;
                     let joined = ops::concatenate(&[&q, &k, &v], 0, None)?;
                     tensors.insert(format!("{p}.query_key_value.{suffix}"), joined);
                 }
@@ -6142,6 +6260,113 @@ fn join_bailing_qkv(
                     )]))
                 }
             }
+        }
+    }
+    Ok(())
+}
+
+/// PLaMo 2 (`Plamo2Model`'s keys) as mlx-lm's `plamo2`: `mamba_step` from the per-layer
+/// `head_count_kv` (mlx-lm places attention where `i % step == step / 2`, or on the last layer
+/// alone when `step / 2` reaches the depth: the file's layers must be such a set), the head
+/// size (`key_length`), the Mamba sizes (inner = Mamba heads * head size); each RMSNorm's
+/// offset, which the converter added, subtracted in the tensor's dtype (mlx-lm adds it back
+/// at run time); `ssm_dt.bias` as the bare `dt_bias`. mlx-lm's attention rotates with base
+/// 10000 whatever the file says, as it does for the checkpoint.
+fn plamo2_config(
+    config: &mut Value,
+    tensors: &mut BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    kv: Option<&[i64]>,
+) -> Result<()> {
+    let arch = "plamo2";
+    let key = |k: &str| format!("{arch}.{k}");
+    let need = |k: &str| need_count(meta, path, arch, k);
+    let blocks = config["num_hidden_layers"].as_i64().unwrap_or(0);
+    let attn: Vec<bool> = match kv {
+        Some(k) if k.len() == blocks as usize => k.iter().map(|&h| h > 0).collect(),
+        _ => {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` must list a head count for each of the {blocks} layers (0 on \
+                     the Mamba layers)",
+                    key("attention.head_count_kv")
+                ),
+            ))
+        }
+    };
+    let is_mamba = |step: i64, i: i64| {
+        if blocks <= step / 2 {
+            i != blocks - 1
+        } else {
+            i % step != step / 2
+        }
+    };
+    let step = (1..=2 * blocks + 2)
+        .find(|&s| (0..blocks).all(|i| is_mamba(s, i) != attn[i as usize]))
+        .ok_or_else(|| {
+            gguf_err(
+                path,
+                format!(
+                    "metadata `{}`: the attention layers are not every `mamba_step`-th, the only \
+                     placement mlx-lm's plamo2 has",
+                    key("attention.head_count_kv")
+                ),
+            )
+        })?;
+    let (heads, inner, hd) = (
+        need("ssm.time_step_rank")?,
+        need("ssm.inner_size")?,
+        need("attention.key_length")?,
+    );
+    if i64::from(heads) * i64::from(hd) != i64::from(inner) {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` = {inner} is not `{}` = {heads} times `{}` = {hd}, as mlx-lm's \
+                 plamo2 sizes the Mamba layers",
+                key("ssm.inner_size"),
+                key("ssm.time_step_rank"),
+                key("attention.key_length")
+            ),
+        ));
+    }
+    config["mamba_step"] = Value::from(step);
+    config["mamba_enabled"] = Value::from(true);
+    config["mamba_num_heads"] = Value::from(heads);
+    config["hidden_size_per_head"] = Value::from(hd);
+    config["mamba_d_state"] = Value::from(need("ssm.state_size")?);
+    config["mamba_d_conv"] = Value::from(need("ssm.conv_kernel")?);
+    for l in 0..blocks {
+        let p = format!("model.layers.layers.{l}");
+        if let Some(b) = tensors.remove(&format!("{p}.mixer.dt_proj.bias")) {
+            tensors.insert(format!("{p}.mixer.dt_bias"), b);
+        }
+    }
+    let offsets = [
+        ("pre_mixer_norm", 1.0),
+        ("post_mixer_norm", 1.0 / 5.0),
+        ("pre_mlp_norm", 1.0),
+        ("post_mlp_norm", 1.0 / 5f64.powf(1.5)),
+    ];
+    let names: Vec<(String, f64)> = tensors
+        .keys()
+        .filter_map(|k| {
+            if k == "model.norm.weight" {
+                return Some((k.clone(), 1.0));
+            }
+            let module = k.strip_suffix(".weight")?.rsplit('.').next()?;
+            offsets
+                .iter()
+                .find(|(m, _)| *m == module)
+                .map(|(_, o)| (k.clone(), *o))
+        })
+        .collect();
+    for (k, o) in names {
+        if let Some(w) = tensors.remove(&k) {
+            let off = Scalar::from(o).to_array_like(w.dtype())?;
+            tensors.insert(k, ops::subtract(&w, &off, None)?);
         }
     }
     Ok(())

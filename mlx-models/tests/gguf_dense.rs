@@ -268,6 +268,7 @@ fn ssm_and_moe_gguf_architectures_match_mlx_lm() {
         ("hunyuan_moe", "hunyuan"),
         ("qwen3vlmoe", "qwen3_vl_moe"),
         ("afmoe", "afmoe"),
+        ("plamo2", "plamo2"),
         // `cargo xtask goldens gguf_mla deepseek32 glm_dsa`.
         ("deepseek32", "deepseek_v32"),
         ("glm_dsa", "glm_moe_dsa"),
@@ -291,7 +292,23 @@ fn ssm_and_moe_gguf_architectures_match_mlx_lm() {
         })
         .collect();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    for a in ["mamba", "mamba2", "minimax-m2", "bailingmoe2", "bailingmoe", "nemotron_h", "falcon-h1", "jamba", "dbrx", "hunyuan-moe", "qwen3vlmoe", "afmoe", "deepseek32", "glm-dsa"] {
+    for a in [
+        "mamba",
+        "mamba2",
+        "minimax-m2",
+        "bailingmoe2",
+        "bailingmoe",
+        "nemotron_h",
+        "falcon-h1",
+        "jamba",
+        "dbrx",
+        "hunyuan-moe",
+        "qwen3vlmoe",
+        "afmoe",
+        "plamo2",
+        "deepseek32",
+        "glm-dsa",
+    ] {
         assert!(supported_gguf_architectures().contains(&a), "{a}");
     }
 }

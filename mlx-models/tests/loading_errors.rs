@@ -642,4 +642,99 @@ mod gguf {
             "{e}"
         );
     }
+
+    /// The state-space and later mixture-of-experts maps (`gguf_dense::ssm_and_moe_*`): a
+    /// missing key they add names it; what a file cannot say for mlx-lm is refused by key.
+    #[test]
+    fn bad_metadata_of_the_ssm_and_moe_gguf_maps_names_the_key() {
+        let u = |v: u32| GgufValue::Array(Array::scalar(v).unwrap());
+        for (fixture, key) in [
+            ("mamba", "mamba.ssm.time_step_rank"),
+            ("falcon_mamba", "mamba.ssm.state_size"),
+            ("mamba2", "mamba2.ssm.group_count"),
+            ("minimax_m2", "minimax-m2.rope.dimension_count"),
+            ("bailingmoe2", "bailingmoe2.expert_feed_forward_length"),
+            ("bailingmoe", "bailingmoe.rope.dimension_count"),
+            ("nemotron_h", "nemotron_h.ssm.inner_size"),
+            ("falcon_h1", "falcon-h1.attention.key_length"),
+            ("jamba", "jamba.ssm.conv_kernel"),
+            ("dbrx", "dbrx.attention.clamp_kqv"),
+            ("hunyuan_moe", "hunyuan-moe.expert_feed_forward_length"),
+            ("qwen3vlmoe", "qwen3vlmoe.expert_feed_forward_length"),
+            ("afmoe", "afmoe.expert_feed_forward_length"),
+            ("deepseek32", "deepseek32.attention.indexer.top_k"),
+            ("glm_dsa", "glm-dsa.attention.indexer.head_count"),
+            ("plamo2", "plamo2.attention.key_length"),
+        ] {
+            let e = err(&edited(
+                fixture,
+                "ssmmissing",
+                |m| {
+                    m.remove(key);
+                },
+                |_| {},
+            ));
+            assert!(e.contains(key) && e.contains("is missing"), "{key}: {e}");
+        }
+        // A router mlx-lm's class lacks, layer lists that do not describe the layers, a
+        // tied Falcon-H1 head (its multipliers are not in the file).
+        for (fixture, name, k, v) in [
+            (
+                "minimax_m2",
+                "mmgating",
+                "minimax-m2.expert_gating_func",
+                u(1),
+            ),
+            (
+                "bailingmoe2",
+                "blgating",
+                "bailingmoe2.expert_gating_func",
+                u(3),
+            ),
+            (
+                "deepseek32",
+                "ds32gating",
+                "deepseek32.expert_gating_func",
+                u(1),
+            ),
+            (
+                "nemotron_h",
+                "nhffn",
+                "nemotron_h.feed_forward_length",
+                u(48),
+            ),
+            ("jamba", "jbkv", "jamba.attention.head_count_kv", u(2)),
+            ("plamo2", "p2kv", "plamo2.attention.head_count_kv", {
+                GgufValue::Array(Array::from_slice(&[0u32, 0, 2, 2], &[4]).unwrap())
+            }),
+            (
+                "afmoe",
+                "afpattern",
+                "afmoe.attention.sliding_window_pattern",
+                { GgufValue::Array(Array::from_slice(&[true, true, true, true], &[4]).unwrap()) },
+            ),
+        ] {
+            let e = err(&edited(
+                fixture,
+                name,
+                |m| {
+                    m.insert(k.into(), v);
+                },
+                |_| {},
+            ));
+            assert!(e.contains(k) && e.contains(&format!("{name}.gguf")), "{e}");
+        }
+        let e = err(&edited(
+            "falcon_h1",
+            "fh1tied",
+            |_| {},
+            |t| {
+                t.remove("output.weight");
+            },
+        ));
+        assert!(
+            e.contains("output.weight") && e.contains("lm_head_multiplier"),
+            "{e}"
+        );
+    }
 }

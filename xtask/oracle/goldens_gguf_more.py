@@ -3333,6 +3333,140 @@ CASES["bailingmoe"] = Case(
 )
 
 
+
+# PLaMo 2 (`plamo2`): Plamo2Model writes the layer kinds as per-layer `head_count` and
+# `head_count_kv` lists (0 on Mamba layers, from `mamba_step`), the head size as key / value
+# length, the Mamba sizes (inner = Mamba heads * head size, group count 0), and adds each
+# RMSNorm's offset to its weight (pre-mixer, pre-MLP and final norms + 1, post-mixer + 1/5,
+# post-MLP + 1/5**1.5); A as -exp(A_log), the conv kernel squeezed, the bare `dt_bias`,
+# `*_norm_weight` and `q_weight` / `k_weight` renamed to `.bias` / `.weight` tensors. The
+# golden is mlx-lm on the weights read back (the offsets subtracted in f32).
+PLAMO2 = {
+    "model_type": "plamo2",
+    "hidden_size": 32,
+    "num_hidden_layers": 4,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "hidden_size_per_head": 8,
+    "max_position_embeddings": 256,
+    "mamba_d_state": 8,
+    "mamba_d_conv": 4,
+    "mamba_num_heads": 4,
+    "mamba_step": 2,
+    "mamba_enabled": True,
+    "intermediate_size": 48,
+    "vocab_size": 96,
+}
+
+PLAMO2_OFFSETS = {
+    "pre_mixer_norm": 1.0,
+    "post_mixer_norm": 1.0 / 5,
+    "pre_mlp_norm": 1.0,
+    "post_mlp_norm": 1.0 / (5**1.5),
+}
+
+PLAMO2_PARTS = {
+    "pre_mixer_norm": "attn_norm",
+    "post_mixer_norm": "post_attention_norm",
+    "pre_mlp_norm": "ffn_norm",
+    "post_mlp_norm": "post_ffw_norm",
+    "mixer.qkv_proj": "attn_qkv",
+    "mixer.o_proj": "attn_output",
+    "mixer.in_proj": "ssm_in",
+    "mixer.bcdt_proj": "ssm_x",
+    "mixer.dt_proj": "ssm_dt",
+    "mixer.out_proj": "ssm_out",
+    "mlp.gate_up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+
+PLAMO2_BARE = {
+    "mixer.q_weight": "attn_q_norm.weight",
+    "mixer.k_weight": "attn_k_norm.weight",
+    "mixer.dt_norm_weight": "ssm_dt_norm.weight",
+    "mixer.B_norm_weight": "ssm_b_norm.weight",
+    "mixer.C_norm_weight": "ssm_c_norm.weight",
+    "mixer.dt_bias": "ssm_dt.bias",
+    "mixer.D": "ssm_d",
+}
+
+
+def plamo2_is_mamba(c, i):
+    n, step = c["num_hidden_layers"], c["mamba_step"]
+    if n <= step // 2:
+        return i != n - 1
+    return (i % step) != (step // 2)
+
+
+def plamo2_tensors(case, k, v):
+    if k == "model.norm.weight":
+        return [("output_norm.weight", v + 1.0)]
+    if not k.startswith("model.layers.layers."):
+        return [(case.gguf_name(k), v)]
+    layer, rest = k.split(".", 4)[3:]
+    if rest == "mixer.A_log":
+        return [(f"blk.{layer}.ssm_a", -mx.exp(v))]
+    if rest in PLAMO2_BARE:
+        return [(f"blk.{layer}.{PLAMO2_BARE[rest]}", v)]
+    if rest == "mixer.conv1d.weight":
+        return [(f"blk.{layer}.ssm_conv1d.weight", v.squeeze(-1))]
+    module = rest.rsplit(".", 1)[0]
+    if module in PLAMO2_OFFSETS:
+        v = v + PLAMO2_OFFSETS[module]
+    return [(case.gguf_name(k), v)]
+
+
+def plamo2_back(case, p, rest, v, loaded):
+    p = p.replace("model.layers", "model.layers.layers")
+    if rest == "ssm_a":
+        return f"{p}.mixer.A_log", mx.log(-v)
+    if rest == "ssm_conv1d.weight":
+        return f"{p}.mixer.conv1d.weight", v[..., None]
+    for mk, g in PLAMO2_BARE.items():
+        if rest == g:
+            return f"{p}.{mk}", v
+    module, suffix = rest.rsplit(".", 1)
+    mk = case.inverse[module]
+    if mk in PLAMO2_OFFSETS:
+        v = v - PLAMO2_OFFSETS[mk]
+    return f"{p}.{mk}.{suffix}", v
+
+
+CASES["plamo2"] = Case(
+    "plamo2",
+    PLAMO2,
+    "plamo2",
+    [
+        u32("vocab_size", "vocab_size"),
+        u32("attention.head_count_kv", lambda c: [
+            0 if plamo2_is_mamba(c, i) else c["num_key_value_heads"] for i in range(c["num_hidden_layers"])]),
+        u32("attention.head_count", lambda c: [
+            0 if plamo2_is_mamba(c, i) else c["num_attention_heads"] for i in range(c["num_hidden_layers"])]),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("attention.key_length", "hidden_size_per_head"),
+        u32("attention.value_length", "hidden_size_per_head"),
+        u32("block_count", "num_hidden_layers"),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+        f32("rope.freq_base", 10000.0),
+        u32("ssm.state_size", "mamba_d_state"),
+        u32("ssm.conv_kernel", "mamba_d_conv"),
+        u32("ssm.time_step_rank", "mamba_num_heads"),
+        u32("ssm.inner_size", lambda c: c["mamba_num_heads"] * c["hidden_size_per_head"]),
+        u32("ssm.group_count", 0),
+        u32("feed_forward_length", "intermediate_size"),
+    ] + GPT2,
+    PLAMO2_PARTS,
+    prefix="model.layers.layers",
+    tensors=plamo2_tensors,
+    read_back=plamo2_back,
+    undo=lambda k, v: v - 1.0 if k == "output_norm.weight" else v,
+    inexact=lambda k: k.endswith(("A_log", "norm.weight")),
+)
+
+
 ONLY = only()
 for _name, _case in CASES.items():
     if not ONLY or _name in ONLY:
