@@ -645,6 +645,21 @@ const ARCHS: &[GgufArch] = &[
         ],
         ..PLAIN
     },
+    // Mellum (JetBrains Mellum 2): experts stacked (softmax router, top-k renormalized), q / k
+    // norms, sliding and full layers with their rope bases (`mellum_config`).
+    GgufArch {
+        arch: "mellum",
+        model_type: "mellum",
+        parts: &[
+            ("attn_q_norm", "self_attn.q_norm"),
+            ("attn_k_norm", "self_attn.k_norm"),
+            EXPERT_PARTS[0],
+            EXPERT_PARTS[1],
+            EXPERT_PARTS[2],
+            EXPERT_PARTS[3],
+        ],
+        ..PLAIN
+    },
     // EXAONE 3 / 3.5: GPT-2-like module names in mlx-lm.
     GgufArch {
         arch: "exaone",
@@ -2302,6 +2317,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             )?
         }
         "spark2_5" => spark2_5_config(&mut config, &tensors, path, &metadata, &key, blocks)?,
+        "mellum" => mellum_config(&mut config, path, &metadata, &key, blocks)?,
         "talkie" => {
             if let Some(k) = ggml.keys().find(|k| k.contains(".attn.attn_")) {
                 return Err(gguf_err(
@@ -2904,16 +2920,14 @@ fn talkie_config(
     Ok(())
 }
 
-/// Spark 2.5 (`spark2_5`): the layer kinds from the per-layer sliding flags, the window, and
-/// each kind's `rope_parameters` (base, rotated share of the head); biases from the tensors.
-fn spark2_5_config(
-    config: &mut Value,
-    tensors: &BTreeMap<String, Array>,
-    path: &Path,
+/// `layer_types` ("sliding_attention" / "full_attention") from the per-layer flags of
+/// `attention.sliding_window_pattern`, one per layer.
+fn sliding_kinds(
     meta: &GgufMetadata,
+    path: &Path,
     key: &dyn Fn(&str) -> String,
     blocks: i32,
-) -> Result<()> {
+) -> Result<Vec<&'static str>> {
     let missing = |k: &str| gguf_err(path, format!("metadata `{}` is missing", key(k)));
     let flags = match meta.get(&key("attention.sliding_window_pattern")) {
         Some(GgufValue::Array(a)) if a.ndim() == 1 => a
@@ -2959,7 +2973,92 @@ fn spark2_5_config(
             }
         })
         .collect();
+    Ok(kinds)
+}
+
+/// Mellum (`mellum`): the experts (llama.cpp renormalizes the top-k softmax weights and scales
+/// them only by an `expert_weights_scale` other than 0 or 1, which mlx-lm's mellum lacks), the
+/// layer kinds from the sliding flags (all full without a window) and each kind's rope base.
+fn mellum_config(
+    config: &mut Value,
+    path: &Path,
+    meta: &GgufMetadata,
+    key: &dyn Fn(&str) -> String,
+    blocks: i32,
+) -> Result<()> {
+    let need = |k: &str| -> Result<i32> {
+        meta_count(meta, path, &key(k))?
+            .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
+    };
+    config["num_experts"] = Value::from(need("expert_count")?);
+    config["num_experts_per_tok"] = Value::from(need("expert_used_count")?);
+    config["moe_intermediate_size"] = Value::from(need("expert_feed_forward_length")?);
+    config["norm_topk_prob"] = Value::from(true);
+    if let Some(s) = meta_f64(meta, &key("expert_weights_scale")).filter(|&s| s != 0.0 && s != 1.0)
+    {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` is {s}: mlx-lm's mellum does not scale its experts",
+                key("expert_weights_scale")
+            ),
+        ));
+    }
+    if let Some(t) = meta_str(meta, &key("rope.scaling.type")).filter(|t| *t != "none") {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` is `{t}`; the mellum map reads unscaled rope only",
+                key("rope.scaling.type")
+            ),
+        ));
+    }
+    let window = meta_count(meta, path, &key("attention.sliding_window"))?;
+    let kinds = match window {
+        Some(_) => sliding_kinds(meta, path, key, blocks)?,
+        None => vec!["full_attention"; blocks as usize],
+    };
     config["layer_types"] = json!(kinds);
+    config["sliding_window"] = Value::from(window.unwrap_or(0));
+    let theta = config["rope_theta"].clone();
+    let swa = match meta_f64(meta, &key("rope.freq_base_swa")) {
+        Some(t) if t.is_finite() && t > 0.0 => Value::from(t),
+        Some(t) => {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is {t}; it must be a finite number > 0",
+                    key("rope.freq_base_swa")
+                ),
+            ))
+        }
+        None => theta.clone(),
+    };
+    config["rope_parameters"] = json!({
+        "full_attention": {"rope_theta": theta},
+        "sliding_attention": {"rope_theta": swa},
+    });
+    if config.get("head_dim").is_none() {
+        return Err(gguf_err(
+            path,
+            format!("metadata `{}` is missing", key("attention.key_length")),
+        ));
+    }
+    Ok(())
+}
+
+/// Spark 2.5 (`spark2_5`): the layer kinds from the per-layer sliding flags, the window, and
+/// each kind's `rope_parameters` (base, rotated share of the head); biases from the tensors.
+fn spark2_5_config(
+    config: &mut Value,
+    tensors: &BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    key: &dyn Fn(&str) -> String,
+    blocks: i32,
+) -> Result<()> {
+    let missing = |k: &str| gguf_err(path, format!("metadata `{}` is missing", key(k)));
+    config["layer_types"] = json!(sliding_kinds(meta, path, key, blocks)?);
     config["sliding_window"] = Value::from(
         meta_count(meta, path, &key("attention.sliding_window"))?
             .ok_or_else(|| missing("attention.sliding_window"))?,

@@ -2038,6 +2038,42 @@ CASES["olmo"] = Case(
 )
 
 
+# Mellum (`mellum`, JetBrains Mellum 2): MellumModel writes TextModel's keys (the full layers'
+# rope base, the sliding ones' as `rope.freq_base_swa`, the experts, the head size), the
+# experts' width, the window and the per-layer sliding flags; experts stacked; q / k norms.
+CASES["mellum"] = Case(
+    "mellum",
+    {"model_type": "mellum", "hidden_size": 32, "num_hidden_layers": 4, "intermediate_size": 64,
+     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "num_experts": 4,
+     "num_experts_per_tok": 2, "moe_intermediate_size": 16, "rms_norm_eps": 1e-6,
+     "vocab_size": 96, "max_position_embeddings": 256, "norm_topk_prob": True, "sliding_window": 4,
+     "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+     "rope_parameters": {"full_attention": {"rope_theta": 1000000.0},
+                         "sliding_attention": {"rope_theta": 10000.0}},
+     "tie_word_embeddings": False},
+    "mellum",
+    [
+        u32("block_count", "num_hidden_layers"),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv", "num_key_value_heads"),
+        f32("rope.freq_base", lambda c: c["rope_parameters"]["full_attention"]["rope_theta"]),
+        f32("rope.freq_base_swa", lambda c: c["rope_parameters"]["sliding_attention"]["rope_theta"]),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+        u32("expert_count", "num_experts"),
+        u32("expert_used_count", "num_experts_per_tok"),
+        u32("attention.key_length", "head_dim"),
+        u32("attention.value_length", "head_dim"),
+        u32("expert_feed_forward_length", "moe_intermediate_size"),
+        u32("attention.sliding_window", "sliding_window"),
+        window_pattern(lambda c: [t == "sliding_attention" for t in c["layer_types"]]),
+    ] + GPT2,
+    EXPERTS,
+)
+
+
 # InternLM2 (`internlm2`): InternLM2Model splits the fused `wqkv` (per KV group: its queries,
 # then one key and one value head) into q, k and v, Q and K permuted as LlamaModel's; it adds
 # the vocabulary size and the rope width to TextModel's keys. Its checkpoints have no biases.
