@@ -660,6 +660,26 @@ const ARCHS: &[GgufArch] = &[
         ],
         ..PLAIN
     },
+    // EXAONE MoE (K-EXAONE): EXAONE 4's attention (q / k norms, rope on the sliding layers
+    // only) with pre-norm layers, a sigmoid grouped router with its correction bias, shared
+    // experts, dense first blocks (`exaone_moe_config`).
+    GgufArch {
+        arch: "exaone-moe",
+        model_type: "exaone_moe",
+        parts: &[
+            ("attn_q_norm", "self_attn.q_norm"),
+            ("attn_k_norm", "self_attn.k_norm"),
+            ("exp_probs_b", "mlp.gate.e_score_correction"),
+            EXPERT_PARTS[0],
+            EXPERT_PARTS[1],
+            EXPERT_PARTS[2],
+            EXPERT_PARTS[3],
+            SHARED_EXPERT_PARTS[0],
+            SHARED_EXPERT_PARTS[1],
+            SHARED_EXPERT_PARTS[2],
+        ],
+        ..PLAIN
+    },
     // EXAONE 3 / 3.5: GPT-2-like module names in mlx-lm.
     GgufArch {
         arch: "exaone",
@@ -1514,7 +1534,12 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
     let blocks = count("block_count")?;
     // Multi-token-prediction layers (GLM-4.5, DeepSeek V3) come after the main ones and are
     // counted in `block_count`; mlx-lm's sanitize drops them, so they are not read.
-    let nextn = meta_count(&metadata, path, &key("nextn_predict_layers"))?.unwrap_or(0);
+    // 0 is what converters write for a checkpoint without MTP layers (EXAONE MoE's).
+    let nextn = if meta_f64(&metadata, &key("nextn_predict_layers")) == Some(0.0) {
+        0
+    } else {
+        meta_count(&metadata, path, &key("nextn_predict_layers"))?.unwrap_or(0)
+    };
     if nextn >= blocks {
         return Err(gguf_err(
             path,
@@ -2318,6 +2343,9 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         }
         "spark2_5" => spark2_5_config(&mut config, &tensors, path, &metadata, &key, blocks)?,
         "mellum" => mellum_config(&mut config, path, &metadata, &key, blocks)?,
+        "exaone-moe" => {
+            exaone_moe_config(&mut config, &mut tensors, path, &metadata, &key, blocks)?
+        }
         "talkie" => {
             if let Some(k) = ggml.keys().find(|k| k.contains(".attn.attn_")) {
                 return Err(gguf_err(
@@ -3043,6 +3071,134 @@ fn mellum_config(
             path,
             format!("metadata `{}` is missing", key("attention.key_length")),
         ));
+    }
+    Ok(())
+}
+
+/// EXAONE MoE (`exaone-moe`): llama.cpp's router (sigmoid, the required gating function 2,
+/// groups, the correction bias, top-k renormalized as `expert_weights_norm` says, scaled by
+/// `expert_weights_scale`, 1 when absent or 0) as mlx-lm's exaone_moe arguments; MoE layers
+/// from `leading_dense_block_count` on; layer kinds from the sliding flags (llama.cpp's "LLLG"
+/// without them); the local rope base (`rope.freq_base_swa`, else the base) for mlx-lm's one,
+/// since only the sliding layers rotate; a layer without `exp_probs_b` gets a zero bias.
+fn exaone_moe_config(
+    config: &mut Value,
+    tensors: &mut BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    key: &dyn Fn(&str) -> String,
+    blocks: i32,
+) -> Result<()> {
+    let need = |k: &str| -> Result<i32> {
+        meta_count(meta, path, &key(k))?
+            .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
+    };
+    let experts = need("expert_count")?;
+    if need("expert_gating_func")? != 2 {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` is not sigmoid (2), the router mlx-lm's exaone_moe has",
+                key("expert_gating_func")
+            ),
+        ));
+    }
+    let moe = need("expert_feed_forward_length")?;
+    let shared = meta_count(meta, path, &key("expert_shared_count"))?.unwrap_or(0);
+    if let Some(w) = meta_count(meta, path, &key("expert_shared_feed_forward_length"))? {
+        if shared > 0 && w != moe * shared {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` = {w} is not {shared} shared experts of {moe} (mlx-lm's \
+                     exaone_moe)",
+                    key("expert_shared_feed_forward_length")
+                ),
+            ));
+        }
+    }
+    if let Some(t) = meta_str(meta, &key("rope.scaling.type")).filter(|t| *t != "none") {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` is `{t}`; the exaone-moe map reads unscaled rope only",
+                key("rope.scaling.type")
+            ),
+        ));
+    }
+    let dense = meta_count(meta, path, &key("leading_dense_block_count"))?.unwrap_or(0);
+    let kinds = if meta.contains_key(&key("attention.sliding_window_pattern")) {
+        sliding_kinds(meta, path, key, blocks)?
+    } else {
+        (0..blocks)
+            .map(|i| {
+                if (i + 1) % 4 != 0 {
+                    "sliding_attention"
+                } else {
+                    "full_attention"
+                }
+            })
+            .collect()
+    };
+    if kinds.contains(&"sliding_attention") {
+        if let Some(t) = meta_f64(meta, &key("rope.freq_base_swa")) {
+            if !(t.is_finite() && t > 0.0) {
+                return Err(gguf_err(
+                    path,
+                    format!(
+                        "metadata `{}` is {t}; it must be a finite number > 0",
+                        key("rope.freq_base_swa")
+                    ),
+                ));
+            }
+            config["rope_theta"] = Value::from(t);
+        }
+    }
+    config["layer_types"] = json!(kinds);
+    config["sliding_window"] = Value::from(need("attention.sliding_window")?);
+    config["is_moe_layer"] = json!((0..blocks).map(|i| i >= dense).collect::<Vec<_>>());
+    config["num_experts"] = Value::from(experts);
+    config["num_experts_per_tok"] = Value::from(need("expert_used_count")?);
+    config["num_shared_experts"] = Value::from(shared);
+    config["moe_intermediate_size"] = Value::from(moe);
+    config["n_group"] =
+        Value::from(meta_count(meta, path, &key("expert_group_count"))?.unwrap_or(1));
+    config["topk_group"] =
+        Value::from(meta_count(meta, path, &key("expert_group_used_count"))?.unwrap_or(1));
+    config["routed_scaling_factor"] = Value::from(
+        meta_f64(meta, &key("expert_weights_scale"))
+            .filter(|&s| s != 0.0)
+            .unwrap_or(1.0),
+    );
+    config["norm_topk_prob"] = Value::from(match meta.get(&key("expert_weights_norm")) {
+        None => false,
+        Some(GgufValue::Array(a)) if a.size() == 1 => a
+            .astype(Dtype::Bool)
+            .and_then(|b| b.item::<bool>())
+            .map_err(|e| {
+                gguf_err(
+                    path,
+                    format!("metadata `{}`: {e}", key("expert_weights_norm")),
+                )
+            })?,
+        Some(_) => {
+            return Err(gguf_err(
+                path,
+                format!("metadata `{}` is not a flag", key("expert_weights_norm")),
+            ))
+        }
+    });
+    if config.get("head_dim").is_none() {
+        return Err(gguf_err(
+            path,
+            format!("metadata `{}` is missing", key("attention.key_length")),
+        ));
+    }
+    for l in dense..blocks {
+        let bias = format!("model.layers.{l}.mlp.gate.e_score_correction_bias");
+        if !tensors.contains_key(&bias) {
+            tensors.insert(bias, ops::zeros(&[experts], Dtype::Float32, None)?);
+        }
     }
     Ok(())
 }

@@ -2074,6 +2074,58 @@ CASES["mellum"] = Case(
 )
 
 
+# EXAONE MoE (`exaone-moe`, K-EXAONE): ExaoneMoEModel is Exaone4Model's keys (TextModel's with
+# the expert groups and the sigmoid gating function, the vocabulary size, the window and the
+# per-layer sliding flags) plus the experts' and shared experts' widths, their scale and
+# renormalization, the dense first blocks, no MTP layers and rope scaling "none"; experts
+# stacked, the correction bias as `exp_probs_b`.
+EXAONE_MOE = {
+    "model_type": "exaone_moe", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 96,
+    "num_experts": 8, "num_experts_per_tok": 2, "num_shared_experts": 1, "moe_intermediate_size": 16,
+    "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5, "norm_topk_prob": True,
+    "rms_norm_eps": 1e-6, "max_position_embeddings": 256, "sliding_window": 4,
+    "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+    "is_moe_layer": [False, True, True, True], "first_k_dense_replace": 1, "rope_theta": 1000000.0,
+    "scoring_func": "sigmoid", "tie_word_embeddings": False,
+}
+
+CASES["exaone_moe"] = Case(
+    "exaone_moe",
+    EXAONE_MOE,
+    "exaone-moe",
+    [
+        u32("block_count", "num_hidden_layers"),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv", "num_key_value_heads"),
+        f32("rope.freq_base", "rope_theta"),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+        u32("expert_count", "num_experts"),
+        u32("expert_used_count", "num_experts_per_tok"),
+        u32("expert_group_count", "n_group"),
+        u32("expert_group_used_count", "topk_group"),
+        u32("expert_gating_func", 2),
+        u32("attention.key_length", "head_dim"),
+        u32("attention.value_length", "head_dim"),
+        u32("vocab_size", "vocab_size"),
+        u32("attention.sliding_window", "sliding_window"),
+        window_pattern(lambda c: [t == "sliding_attention" for t in c["layer_types"]]),
+        u32("expert_feed_forward_length", "moe_intermediate_size"),
+        u32("expert_shared_count", "num_shared_experts"),
+        u32("expert_shared_feed_forward_length", lambda c: c["moe_intermediate_size"] * c["num_shared_experts"]),
+        f32("expert_weights_scale", "routed_scaling_factor"),
+        flag("expert_weights_norm", "norm_topk_prob"),
+        u32("leading_dense_block_count", "first_k_dense_replace"),
+        u32("nextn_predict_layers", 0),
+        text("rope.scaling.type", "none"),
+    ] + GPT2,
+    {**EXPERTS, **DEEPSEEK_MOE},
+)
+
+
 # InternLM2 (`internlm2`): InternLM2Model splits the fused `wqkv` (per KV group: its queries,
 # then one key and one value head) into q, k and v, Q and K permuted as LlamaModel's; it adds
 # the vocabulary size and the rope width to TextModel's keys. Its checkpoints have no biases.
