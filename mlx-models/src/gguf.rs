@@ -680,6 +680,29 @@ const ARCHS: &[GgufArch] = &[
         ],
         ..PLAIN
     },
+    // OpenELM: per-layer head counts and MLP widths (`openelm_config`), fused qkv, gate and up
+    // joined back into `proj_1`.
+    GgufArch {
+        arch: "openelm",
+        model_type: "openelm",
+        parts: &[
+            ("attn_qkv", "attn.qkv_proj"),
+            ("attn_output", "attn.out_proj"),
+            ("attn_q_norm", "attn.q_norm"),
+            ("attn_k_norm", "attn.k_norm"),
+            ("ffn_gate", "ffn.gguf_gate"),
+            ("ffn_up", "ffn.gguf_up"),
+            ("ffn_down", "ffn.proj_2"),
+            ("attn_norm", "attn_norm"),
+            ("ffn_norm", "ffn_norm"),
+        ],
+        layers: "transformer.layers",
+        top: &[
+            ("token_embd", "transformer.token_embeddings"),
+            ("output_norm", "transformer.norm"),
+        ],
+        ..PLAIN
+    },
     // EXAONE 3 / 3.5: GPT-2-like module names in mlx-lm.
     GgufArch {
         arch: "exaone",
@@ -1463,7 +1486,19 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         meta_count(&metadata, path, &key(k))?
             .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
     };
-    let heads = if arch.arch == "rwkv7" {
+    // OpenELM writes its query / KV head counts per layer; the first layer's stand for the
+    // shared reads below, `openelm_config` takes the lists.
+    let openelm_heads = if arch.arch == "openelm" {
+        Some((
+            per_layer_counts(&metadata, path, &key("attention.head_count"))?,
+            per_layer_counts(&metadata, path, &key("attention.head_count_kv"))?,
+        ))
+    } else {
+        None
+    };
+    let heads = if let Some((q, _)) = &openelm_heads {
+        q[0]
+    } else if arch.arch == "rwkv7" {
         // RWKV-7 writes a head count of 0 (unused); its heads are the width over the head size.
         let (h, d) = (count("embedding_length")?, count("wkv.head_size")?);
         if h % d != 0 {
@@ -1508,7 +1543,10 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                 }
             }
         }
-        None => meta_count(&metadata, path, &key("attention.head_count_kv"))?.unwrap_or(heads),
+        None => match &openelm_heads {
+            Some((_, kv)) => kv[0],
+            None => meta_count(&metadata, path, &key("attention.head_count_kv"))?.unwrap_or(heads),
+        },
     };
     let hidden = count("embedding_length")?;
     let vocab = match meta_count(&metadata, path, &key("vocab_size"))? {
@@ -1562,7 +1600,9 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
     // (`gemma4_config` checks the list); the first is the base width.
     let ffn_per_layer = match metadata.get(&key("feed_forward_length")) {
         Some(GgufValue::Array(a))
-            if matches!(arch.arch, "gemma4" | "gemma3n") && a.ndim() == 1 && a.size() > 1 =>
+            if matches!(arch.arch, "gemma4" | "gemma3n" | "openelm")
+                && a.ndim() == 1
+                && a.size() > 1 =>
         {
             Some(
                 a.astype(Dtype::Int64)
@@ -2343,6 +2383,27 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
         }
         "spark2_5" => spark2_5_config(&mut config, &tensors, path, &metadata, &key, blocks)?,
         "mellum" => mellum_config(&mut config, path, &metadata, &key, blocks)?,
+        "openelm" => {
+            if let Some(k) = ggml.keys().find(|k| k.contains(".ffn.gguf_")) {
+                return Err(gguf_err(
+                    path,
+                    format!("{k}: OpenELM's split gate / up are read dequantized only"),
+                ));
+            }
+            let (q, kv) = openelm_heads.clone().unwrap_or_default();
+            let ffn = ffn_per_layer
+                .clone()
+                .unwrap_or_else(|| vec![i64::from(ffn)]);
+            openelm_config(
+                &mut config,
+                &mut tensors,
+                path,
+                &key,
+                blocks,
+                hidden,
+                (q, kv, ffn),
+            )?
+        }
         "exaone-moe" => {
             exaone_moe_config(&mut config, &mut tensors, path, &metadata, &key, blocks)?
         }
@@ -3200,6 +3261,120 @@ fn exaone_moe_config(
             tensors.insert(bias, ops::zeros(&[experts], Dtype::Float32, None)?);
         }
     }
+    Ok(())
+}
+
+/// A positive count per layer (a list, or one number for every layer), as 32-bit values.
+fn per_layer_counts(meta: &GgufMetadata, path: &Path, key: &str) -> Result<Vec<i32>> {
+    let bad = || {
+        gguf_err(
+            path,
+            format!("metadata `{key}` must be positive 32-bit counts, one per layer"),
+        )
+    };
+    match meta.get(key) {
+        None => Err(gguf_err(path, format!("metadata `{key}` is missing"))),
+        Some(GgufValue::Array(a)) if a.ndim() <= 1 && a.size() >= 1 => {
+            let v = a
+                .astype(Dtype::Int64)
+                .and_then(|b| b.reshape(&[-1]))
+                .and_then(|b| b.to_vec::<i64>())
+                .map_err(|e| gguf_err(path, format!("metadata `{key}`: {e}")))?;
+            v.iter()
+                .map(|&n| i32::try_from(n).ok().filter(|&n| n > 0).ok_or_else(bad))
+                .collect()
+        }
+        Some(_) => Err(bad()),
+    }
+}
+
+/// OpenELM (`openelm`): mlx-lm's arguments from the per-layer lists (each MLP width as a
+/// multiplier of the width with a divisor of 1, which gives the width back through mlx-lm's
+/// `make_divisible`); gate and up joined into `proj_1`.
+fn openelm_config(
+    config: &mut Value,
+    tensors: &mut BTreeMap<String, Array>,
+    path: &Path,
+    key: &dyn Fn(&str) -> String,
+    blocks: i32,
+    hidden: i32,
+    (q, kv, ffn): (Vec<i32>, Vec<i32>, Vec<i64>),
+) -> Result<()> {
+    let n = blocks as usize;
+    let expand = |v: Vec<i64>, k: &str| -> Result<Vec<i64>> {
+        match v.len() {
+            1 => Ok(vec![v[0]; n]),
+            l if l == n => Ok(v),
+            l => Err(gguf_err(
+                path,
+                format!("metadata `{}` has {l} entries for {blocks} layers", key(k)),
+            )),
+        }
+    };
+    let q = expand(
+        q.into_iter().map(i64::from).collect(),
+        "attention.head_count",
+    )?;
+    let kv = expand(
+        kv.into_iter().map(i64::from).collect(),
+        "attention.head_count_kv",
+    )?;
+    let ffn = expand(ffn, "feed_forward_length")?;
+    if let Some(l) = (0..n).find(|&l| q[l] % kv[l] != 0) {
+        return Err(gguf_err(
+            path,
+            format!(
+                "layer {l}: metadata `{}` ({}) does not divide `{}` ({})",
+                key("attention.head_count_kv"),
+                kv[l],
+                key("attention.head_count"),
+                q[l]
+            ),
+        ));
+    }
+    let hd = config["head_dim"].as_i64().ok_or_else(|| {
+        gguf_err(
+            path,
+            format!("metadata `{}` is missing", key("attention.key_length")),
+        )
+    })?;
+    for l in 0..blocks {
+        let p = format!("transformer.layers.{l}.ffn");
+        let (Some(gate), Some(up)) = (
+            tensors.remove(&format!("{p}.gguf_gate.weight")),
+            tensors.remove(&format!("{p}.gguf_up.weight")),
+        ) else {
+            return Err(gguf_err(
+                path,
+                format!("GGUF tensors blk.{l}.ffn_gate / ffn_up: OpenELM needs both"),
+            ));
+        };
+        tensors.insert(
+            format!("{p}.proj_1.weight"),
+            ops::concatenate(&[&gate, &up], 0, None)?,
+        );
+    }
+    let eps = config["rms_norm_eps"].clone();
+    let theta = config["rope_theta"].clone();
+    let vocab = config["vocab_size"].clone();
+    let tied = !tensors.contains_key("lm_head.weight");
+    let norms = tensors.contains_key("transformer.layers.0.attn.q_norm.weight");
+    *config = json!({
+        "model_type": "openelm",
+        "head_dim": hd,
+        "num_transformer_layers": blocks,
+        "model_dim": hidden,
+        "vocab_size": vocab,
+        "ffn_dim_divisor": 1,
+        "num_query_heads": q,
+        "num_kv_heads": kv,
+        "ffn_multipliers": ffn.iter().map(|&f| f as f64 / f64::from(hidden)).collect::<Vec<_>>(),
+        "ffn_with_glu": true,
+        "normalize_qk_projections": norms,
+        "share_input_output_layers": tied,
+        "rms_norm_eps": eps,
+        "rope_freq_constant": theta,
+    });
     Ok(())
 }
 

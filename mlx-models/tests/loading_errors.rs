@@ -709,6 +709,20 @@ mod gguf {
                 GgufValue::Array(Array::from_slice(&[true, false], &[2]).unwrap()),
                 "2 entries for 4 layers",
             ),
+            (
+                "openelm",
+                "oekv",
+                "openelm.attention.head_count_kv",
+                GgufValue::Array(Array::from_slice(&[2u32, 1, 1], &[3]).unwrap()),
+                "3 entries for 2 layers",
+            ),
+            (
+                "openelm",
+                "oeq",
+                "openelm.attention.head_count",
+                GgufValue::Array(Array::from_slice(&[4u32, 0], &[2]).unwrap()),
+                "positive",
+            ),
         ] {
             let e = err(&edited(
                 fixture,

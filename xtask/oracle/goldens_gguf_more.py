@@ -2126,6 +2126,59 @@ CASES["exaone_moe"] = Case(
 )
 
 
+# OpenELM (`openelm`): OpenELMModel writes the per-layer query / KV head counts and MLP widths
+# (make_divisible(multiplier * model_dim, divisor)) as lists, the rope base, an RMS eps of
+# 1e-6, a full-head rope width and the head size; `proj_1` split into gate and up.
+def openelm_tensors(case, k, v):
+    if k.endswith(".ffn.proj_1.weight"):
+        layer = k.split(".")[2]
+        gate, up = mx.split(v, 2, axis=0)
+        return [(f"blk.{layer}.ffn_gate.weight", gate), (f"blk.{layer}.ffn_up.weight", up)]
+    return [(case.gguf_name(k), v)]
+
+
+def openelm_ffn(c):
+    from mlx_lm.models.openelm import make_divisible
+
+    return [int(make_divisible(m * c["model_dim"], divisor=c["ffn_dim_divisor"])) for m in c["ffn_multipliers"]]
+
+
+CASES["openelm"] = Case(
+    "openelm",
+    {"model_type": "openelm", "head_dim": 8, "num_transformer_layers": 2, "model_dim": 32,
+     "vocab_size": 96, "ffn_dim_divisor": 8, "num_query_heads": [4, 2], "num_kv_heads": [2, 1],
+     "ffn_multipliers": [0.5, 1.3], "share_input_output_layers": False,
+     "rope_freq_constant": 10000.0, "max_context_length": 256, "tie_word_embeddings": False},
+    "openelm",
+    [
+        u32("block_count", "num_transformer_layers"),
+        u32("context_length", "max_context_length"),
+        u32("embedding_length", "model_dim"),
+        u32("feed_forward_length", openelm_ffn),
+        u32("attention.head_count", "num_query_heads"),
+        u32("attention.head_count_kv", "num_kv_heads"),
+        f32("rope.freq_base", "rope_freq_constant"),
+        f32("attention.layer_norm_rms_epsilon", 1e-6),
+        u32("rope.dimension_count", "head_dim"),
+        u32("attention.key_length", "head_dim"),
+        u32("attention.value_length", "head_dim"),
+    ] + SPM,
+    {
+        "transformer.token_embeddings": "token_embd",
+        "transformer.norm": "output_norm",
+        "attn.qkv_proj": "attn_qkv",
+        "attn.out_proj": "attn_output",
+        "attn.q_norm": "attn_q_norm",
+        "attn.k_norm": "attn_k_norm",
+        "ffn.proj_2": "ffn_down",
+        "ffn_norm": "ffn_norm",
+        "attn_norm": "attn_norm",
+    },
+    prefix="transformer.layers",
+    tensors=openelm_tensors,
+)
+
+
 # InternLM2 (`internlm2`): InternLM2Model splits the fused `wqkv` (per KV group: its queries,
 # then one key and one value head) into q, k and v, Q and K permuted as LlamaModel's; it adds
 # the vocabulary size and the rope width to TextModel's keys. Its checkpoints have no biases.
