@@ -3257,8 +3257,8 @@ fn exaone_moe_config(
     }
     for l in dense..blocks {
         let bias = format!("model.layers.{l}.mlp.gate.e_score_correction_bias");
-        if !tensors.contains_key(&bias) {
-            tensors.insert(bias, ops::zeros(&[experts], Dtype::Float32, None)?);
+        if let std::collections::btree_map::Entry::Vacant(e) = tensors.entry(bias) {
+            e.insert(ops::zeros(&[experts], Dtype::Float32, None)?);
         }
     }
     Ok(())
