@@ -703,6 +703,23 @@ const ARCHS: &[GgufArch] = &[
         ],
         ..PLAIN
     },
+    // Muse Glimmer's text tower: centred sandwich norms stored `1 + w`, Q / K permuted for
+    // llama.cpp's rope, the output gate, the q / k norms synthesized from `qk_scale_factor`
+    // (`muse_glimmer_config` reads them back into it).
+    GgufArch {
+        arch: "muse-glimmer",
+        model_type: "muse_glimmer",
+        permute_qk: true,
+        parts: &[
+            ("attn_gate", "self_attn.gate_proj"),
+            ("attn_post_norm", "post_attention_layernorm"),
+            ("ffn_norm", "pre_feedforward_layernorm"),
+            ("ffn_post_norm", "post_feedforward_layernorm"),
+            ("attn_q_norm", "self_attn.gguf_q_norm"),
+            ("attn_k_norm", "self_attn.gguf_k_norm"),
+        ],
+        ..PLAIN
+    },
     // EXAONE 3 / 3.5: GPT-2-like module names in mlx-lm.
     GgufArch {
         arch: "exaone",
@@ -2404,6 +2421,9 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                 (q, kv, ffn),
             )?
         }
+        "muse-glimmer" => {
+            muse_glimmer_config(&mut config, &mut tensors, path, &metadata, &key, blocks)?
+        }
         "exaone-moe" => {
             exaone_moe_config(&mut config, &mut tensors, path, &metadata, &key, blocks)?
         }
@@ -3375,6 +3395,117 @@ fn openelm_config(
         "rms_norm_eps": eps,
         "rope_freq_constant": theta,
     });
+    Ok(())
+}
+
+/// Muse Glimmer (`muse-glimmer`): the four centred layer norms' `1 +` taken off (f32, as
+/// mlx-lm adds it back); the synthesized q / k norms read back into `qk_scale_factor` (every
+/// `attn_q_norm` one value, every `attn_k_norm` ones) and dropped; `logit_scale` as
+/// `output_multiplier`, the soft-capping, the window and layer kinds; the sliding layers' rope
+/// base (`rope.freq_base_swa`, else the base) as mlx-lm's one, the full layers without rope;
+/// llama.cpp's fixed post-norm eps (1e-8).
+fn muse_glimmer_config(
+    config: &mut Value,
+    tensors: &mut BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    key: &dyn Fn(&str) -> String,
+    blocks: i32,
+) -> Result<()> {
+    let need = |k: &str| -> Result<f64> {
+        meta_f64(meta, &key(k))
+            .filter(|v| v.is_finite() && *v > 0.0)
+            .ok_or_else(|| {
+                gguf_err(
+                    path,
+                    format!("metadata `{}` is missing or not a number > 0", key(k)),
+                )
+            })
+    };
+    let mut qk_scale: Option<f32> = None;
+    let names: Vec<String> = tensors.keys().cloned().collect();
+    for name in names {
+        if name.contains(".self_attn.gguf_q_norm.") || name.contains(".self_attn.gguf_k_norm.") {
+            let Some(a) = tensors.remove(&name) else {
+                continue;
+            };
+            let v = a
+                .astype(Dtype::Float32)
+                .and_then(|b| b.reshape(&[-1]))
+                .and_then(|b| b.to_vec::<f32>())
+                .map_err(|e| gguf_err(path, format!("{name}: {e}")))?;
+            let first = v.first().copied().unwrap_or(f32::NAN);
+            let uniform = v.iter().all(|&x| x == first);
+            let ok = if name.contains("gguf_k_norm") {
+                uniform && first == 1.0
+            } else {
+                let same = qk_scale.is_none_or(|s| s == first);
+                qk_scale = Some(first);
+                uniform && same && first.is_finite()
+            };
+            if !ok {
+                return Err(gguf_err(
+                    path,
+                    format!(
+                        "{name}: Muse Glimmer's q / k norms are weightless (`attn_k_norm` all ones, \
+                         every `attn_q_norm` one qk_scale_factor), which mlx-lm's muse_glimmer \
+                         assumes"
+                    ),
+                ));
+            }
+            continue;
+        }
+        if [
+            ".input_layernorm.weight",
+            ".post_attention_layernorm.weight",
+            ".pre_feedforward_layernorm.weight",
+            ".post_feedforward_layernorm.weight",
+        ]
+        .iter()
+        .any(|s| name.ends_with(s))
+        {
+            if let Some(a) = tensors.get_mut(&name) {
+                *a = (&*a - 1.0f32)?;
+            }
+        }
+    }
+    let qk_scale = qk_scale.ok_or_else(|| {
+        gguf_err(
+            path,
+            "GGUF tensor blk.0.attn_q_norm.weight is missing (it carries qk_scale_factor)",
+        )
+    })?;
+    config["qk_scale_factor"] = Value::from(f64::from(qk_scale));
+    config["output_multiplier"] = Value::from(need("logit_scale")?);
+    config["final_logit_softcapping"] = Value::from(need("final_logit_softcapping")?);
+    config["sliding_window"] = Value::from(
+        meta_count(meta, path, &key("attention.sliding_window"))?.ok_or_else(|| {
+            gguf_err(
+                path,
+                format!("metadata `{}` is missing", key("attention.sliding_window")),
+            )
+        })?,
+    );
+    config["layer_types"] = json!(sliding_kinds(meta, path, key, blocks)?);
+    if let Some(t) = meta_f64(meta, &key("rope.freq_base_swa")) {
+        if !(t.is_finite() && t > 0.0) {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is {t}; it must be a finite number > 0",
+                    key("rope.freq_base_swa")
+                ),
+            ));
+        }
+        config["rope_theta"] = Value::from(t);
+    }
+    config["post_norm_eps"] = Value::from(1e-8);
+    if config.get("head_dim").is_none() {
+        return Err(gguf_err(
+            path,
+            format!("metadata `{}` is missing", key("attention.key_length")),
+        ));
+    }
     Ok(())
 }
 

@@ -654,6 +654,7 @@ mod gguf {
             ("spark2_5", "spark2_5.attention.sliding_window_pattern"),
             ("exaone_moe", "exaone-moe.expert_gating_func"),
             ("mellum", "mellum.expert_feed_forward_length"),
+            ("muse_glimmer", "muse-glimmer.logit_scale"),
         ] {
             let e = err(&edited(
                 fixture,

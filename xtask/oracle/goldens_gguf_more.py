@@ -2179,6 +2179,74 @@ CASES["openelm"] = Case(
 )
 
 
+# Muse Glimmer (`muse-glimmer`, text tower): MuseGlimmerModel stores the four centred layer
+# norms with their `1 +` added, Q / K in llama.cpp's interleaved rope layout (LlamaModel's
+# permutation), the scaleless q / k norms as synthesized `attn_q_norm` (qk_scale_factor) and
+# `attn_k_norm` (ones) tensors, the output gate as `attn_gate`; `output_multiplier` as
+# `logit_scale`, the final soft-capping, the window and the per-layer sliding flags (rope on
+# the sliding layers only). Read back with the `1 +` taken off and the synthesized norms dropped.
+MUSE_NORMS = ("attn_norm.weight", "attn_post_norm.weight", "ffn_norm.weight", "ffn_post_norm.weight")
+
+
+def muse_offset(k):
+    return 1.0 if k.startswith("blk.") and k.split(".", 2)[2] in MUSE_NORMS else 0.0
+
+
+def muse_tensors(case, k, v):
+    c = case.config
+    g = case.gguf_name(k)
+    out = [(g, v + 1.0 if muse_offset(g) else v)]
+    if k.endswith(".self_attn.q_proj.weight"):
+        layer = k.split(".")[2]
+        hd = c["head_dim"]
+        out += [(f"blk.{layer}.attn_q_norm.weight", mx.full((hd,), c["qk_scale_factor"], dtype=mx.float32)),
+                (f"blk.{layer}.attn_k_norm.weight", mx.ones((hd,), dtype=mx.float32))]
+    return out
+
+
+def muse_back(case, p, rest, v, loaded):
+    if rest in ("attn_q_norm.weight", "attn_k_norm.weight"):
+        return None
+    c = case.config
+    module, suffix = rest.rsplit(".", 1)
+    name = f"{p}.{case.inverse[module]}.{suffix}"
+    if name.endswith(".self_attn.q_proj.weight"):
+        v = unpermute(v, c["num_attention_heads"])
+    elif name.endswith(".self_attn.k_proj.weight"):
+        v = unpermute(v, c["num_key_value_heads"])
+    return name, v
+
+
+CASES["muse_glimmer"] = Case(
+    "muse_glimmer",
+    {"model_type": "muse_glimmer", "hidden_size": 32, "num_hidden_layers": 4, "intermediate_size": 64,
+     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 96,
+     "rms_norm_eps": 1e-5, "post_norm_eps": 1e-8, "sliding_window": 4, "qk_scale_factor": 3.87,
+     "max_position_embeddings": 256, "rope_theta": 500000.0,
+     "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+     "final_logit_softcapping": 20.0, "output_multiplier": 0.19611613513818404,
+     "tie_word_embeddings": False},
+    "muse-glimmer",
+    text_model(head_dim="head_dim") [:-len(GPT2)] + [
+        f32("final_logit_softcapping", "final_logit_softcapping"),
+        f32("logit_scale", "output_multiplier"),
+        u32("attention.sliding_window", "sliding_window"),
+        window_pattern(lambda c: [t == "sliding_attention" for t in c["layer_types"]]),
+    ] + GPT2,
+    {
+        "self_attn.gate_proj": "attn_gate",
+        "post_attention_layernorm": "attn_post_norm",
+        "pre_feedforward_layernorm": "ffn_norm",
+        "post_feedforward_layernorm": "ffn_post_norm",
+    },
+    permute_qk=True,
+    tensors=muse_tensors,
+    read_back=muse_back,
+    undo=lambda k, v: v - 1.0 if muse_offset(k) else v,
+    inexact=lambda k: k.endswith("layernorm.weight"),
+)
+
+
 # InternLM2 (`internlm2`): InternLM2Model splits the fused `wqkv` (per KV group: its queries,
 # then one key and one value head) into q, k and v, Q and K permuted as LlamaModel's; it adds
 # the vocabulary size and the rope width to TextModel's keys. Its checkpoints have no biases.
