@@ -645,6 +645,81 @@ const ARCHS: &[GgufArch] = &[
         ],
         ..PLAIN
     },
+    // Mellum (JetBrains Mellum 2): experts stacked (softmax router, top-k renormalized), q / k
+    // norms, sliding and full layers with their rope bases (`mellum_config`).
+    GgufArch {
+        arch: "mellum",
+        model_type: "mellum",
+        parts: &[
+            ("attn_q_norm", "self_attn.q_norm"),
+            ("attn_k_norm", "self_attn.k_norm"),
+            EXPERT_PARTS[0],
+            EXPERT_PARTS[1],
+            EXPERT_PARTS[2],
+            EXPERT_PARTS[3],
+        ],
+        ..PLAIN
+    },
+    // EXAONE MoE (K-EXAONE): EXAONE 4's attention (q / k norms, rope on the sliding layers
+    // only) with pre-norm layers, a sigmoid grouped router with its correction bias, shared
+    // experts, dense first blocks (`exaone_moe_config`).
+    GgufArch {
+        arch: "exaone-moe",
+        model_type: "exaone_moe",
+        parts: &[
+            ("attn_q_norm", "self_attn.q_norm"),
+            ("attn_k_norm", "self_attn.k_norm"),
+            ("exp_probs_b", "mlp.gate.e_score_correction"),
+            EXPERT_PARTS[0],
+            EXPERT_PARTS[1],
+            EXPERT_PARTS[2],
+            EXPERT_PARTS[3],
+            SHARED_EXPERT_PARTS[0],
+            SHARED_EXPERT_PARTS[1],
+            SHARED_EXPERT_PARTS[2],
+        ],
+        ..PLAIN
+    },
+    // OpenELM: per-layer head counts and MLP widths (`openelm_config`), fused qkv, gate and up
+    // joined back into `proj_1`.
+    GgufArch {
+        arch: "openelm",
+        model_type: "openelm",
+        parts: &[
+            ("attn_qkv", "attn.qkv_proj"),
+            ("attn_output", "attn.out_proj"),
+            ("attn_q_norm", "attn.q_norm"),
+            ("attn_k_norm", "attn.k_norm"),
+            ("ffn_gate", "ffn.gguf_gate"),
+            ("ffn_up", "ffn.gguf_up"),
+            ("ffn_down", "ffn.proj_2"),
+            ("attn_norm", "attn_norm"),
+            ("ffn_norm", "ffn_norm"),
+        ],
+        layers: "transformer.layers",
+        top: &[
+            ("token_embd", "transformer.token_embeddings"),
+            ("output_norm", "transformer.norm"),
+        ],
+        ..PLAIN
+    },
+    // Muse Glimmer's text tower: centred sandwich norms stored `1 + w`, Q / K permuted for
+    // llama.cpp's rope, the output gate, the q / k norms synthesized from `qk_scale_factor`
+    // (`muse_glimmer_config` reads them back into it).
+    GgufArch {
+        arch: "muse-glimmer",
+        model_type: "muse_glimmer",
+        permute_qk: true,
+        parts: &[
+            ("attn_gate", "self_attn.gate_proj"),
+            ("attn_post_norm", "post_attention_layernorm"),
+            ("ffn_norm", "pre_feedforward_layernorm"),
+            ("ffn_post_norm", "post_feedforward_layernorm"),
+            ("attn_q_norm", "self_attn.gguf_q_norm"),
+            ("attn_k_norm", "self_attn.gguf_k_norm"),
+        ],
+        ..PLAIN
+    },
     // EXAONE 3 / 3.5: GPT-2-like module names in mlx-lm.
     GgufArch {
         arch: "exaone",
@@ -1769,7 +1844,19 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
     };
     // Pure state-space stacks: no attention heads, no feed-forward width (both written as 0).
     let attention_free = matches!(arch.arch, "mamba" | "mamba2");
-    let heads = if arch.arch == "rwkv7" {
+    // OpenELM writes its query / KV head counts per layer; the first layer's stand for the
+    // shared reads below, `openelm_config` takes the lists.
+    let openelm_heads = if arch.arch == "openelm" {
+        Some((
+            per_layer_counts(&metadata, path, &key("attention.head_count"))?,
+            per_layer_counts(&metadata, path, &key("attention.head_count_kv"))?,
+        ))
+    } else {
+        None
+    };
+    let heads = if let Some((q, _)) = &openelm_heads {
+        q[0]
+    } else if arch.arch == "rwkv7" {
         // RWKV-7 writes a head count of 0 (unused); its heads are the width over the head size.
         let (h, d) = (count("embedding_length")?, count("wkv.head_size")?);
         if h % d != 0 {
@@ -1840,7 +1927,10 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
                 }
             }
         }
-        None => meta_count(&metadata, path, &key("attention.head_count_kv"))?.unwrap_or(heads),
+        None => match &openelm_heads {
+            Some((_, kv)) => kv[0],
+            None => meta_count(&metadata, path, &key("attention.head_count_kv"))?.unwrap_or(heads),
+        },
     };
     let hidden = count("embedding_length")?;
     let vocab = match meta_count(&metadata, path, &key("vocab_size"))? {
@@ -1866,7 +1956,12 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
     let blocks = count("block_count")?;
     // Multi-token-prediction layers (GLM-4.5, DeepSeek V3) come after the main ones and are
     // counted in `block_count`; mlx-lm's sanitize drops them, so they are not read.
-    let nextn = meta_count(&metadata, path, &key("nextn_predict_layers"))?.unwrap_or(0);
+    // 0 is what converters write for a checkpoint without MTP layers (EXAONE MoE's).
+    let nextn = if meta_f64(&metadata, &key("nextn_predict_layers")) == Some(0.0) {
+        0
+    } else {
+        meta_count(&metadata, path, &key("nextn_predict_layers"))?.unwrap_or(0)
+    };
     if nextn >= blocks {
         return Err(gguf_err(
             path,
@@ -1889,7 +1984,7 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
     // (`gemma4_config` checks the list); the first is the base width.
     let ffn_per_layer = match metadata.get(&key("feed_forward_length")) {
         Some(GgufValue::Array(a))
-            if matches!(arch.arch, "gemma4" | "gemma3n" | "nemotron_h")
+            if matches!(arch.arch, "gemma4" | "gemma3n" | "nemotron_h" | "openelm")
                 && a.ndim() == 1
                 && a.size() > 1 =>
         {
@@ -2715,6 +2810,34 @@ pub fn read_gguf_with(path: &Path, how: GgufTensors) -> Result<GgufModel> {
             )?
         }
         "spark2_5" => spark2_5_config(&mut config, &tensors, path, &metadata, &key, blocks)?,
+        "mellum" => mellum_config(&mut config, path, &metadata, &key, blocks)?,
+        "openelm" => {
+            if let Some(k) = ggml.keys().find(|k| k.contains(".ffn.gguf_")) {
+                return Err(gguf_err(
+                    path,
+                    format!("{k}: OpenELM's split gate / up are read dequantized only"),
+                ));
+            }
+            let (q, kv) = openelm_heads.clone().unwrap_or_default();
+            let ffn = ffn_per_layer
+                .clone()
+                .unwrap_or_else(|| vec![i64::from(ffn)]);
+            openelm_config(
+                &mut config,
+                &mut tensors,
+                path,
+                &key,
+                blocks,
+                hidden,
+                (q, kv, ffn),
+            )?
+        }
+        "muse-glimmer" => {
+            muse_glimmer_config(&mut config, &mut tensors, path, &metadata, &key, blocks)?
+        }
+        "exaone-moe" => {
+            exaone_moe_config(&mut config, &mut tensors, path, &metadata, &key, blocks)?
+        }
         "talkie" => {
             if let Some(k) = ggml.keys().find(|k| k.contains(".attn.attn_")) {
                 return Err(gguf_err(
@@ -3357,16 +3480,14 @@ fn talkie_config(
     Ok(())
 }
 
-/// Spark 2.5 (`spark2_5`): the layer kinds from the per-layer sliding flags, the window, and
-/// each kind's `rope_parameters` (base, rotated share of the head); biases from the tensors.
-fn spark2_5_config(
-    config: &mut Value,
-    tensors: &BTreeMap<String, Array>,
-    path: &Path,
+/// `layer_types` ("sliding_attention" / "full_attention") from the per-layer flags of
+/// `attention.sliding_window_pattern`, one per layer.
+fn sliding_kinds(
     meta: &GgufMetadata,
+    path: &Path,
     key: &dyn Fn(&str) -> String,
     blocks: i32,
-) -> Result<()> {
+) -> Result<Vec<&'static str>> {
     let missing = |k: &str| gguf_err(path, format!("metadata `{}` is missing", key(k)));
     let flags = match meta.get(&key("attention.sliding_window_pattern")) {
         Some(GgufValue::Array(a)) if a.ndim() == 1 => a
@@ -3412,7 +3533,445 @@ fn spark2_5_config(
             }
         })
         .collect();
+    Ok(kinds)
+}
+
+/// Mellum (`mellum`): the experts (llama.cpp renormalizes the top-k softmax weights and scales
+/// them only by an `expert_weights_scale` other than 0 or 1, which mlx-lm's mellum lacks), the
+/// layer kinds from the sliding flags (all full without a window) and each kind's rope base.
+fn mellum_config(
+    config: &mut Value,
+    path: &Path,
+    meta: &GgufMetadata,
+    key: &dyn Fn(&str) -> String,
+    blocks: i32,
+) -> Result<()> {
+    let need = |k: &str| -> Result<i32> {
+        meta_count(meta, path, &key(k))?
+            .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
+    };
+    config["num_experts"] = Value::from(need("expert_count")?);
+    config["num_experts_per_tok"] = Value::from(need("expert_used_count")?);
+    config["moe_intermediate_size"] = Value::from(need("expert_feed_forward_length")?);
+    config["norm_topk_prob"] = Value::from(true);
+    if let Some(s) = meta_f64(meta, &key("expert_weights_scale")).filter(|&s| s != 0.0 && s != 1.0)
+    {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` is {s}: mlx-lm's mellum does not scale its experts",
+                key("expert_weights_scale")
+            ),
+        ));
+    }
+    if let Some(t) = meta_str(meta, &key("rope.scaling.type")).filter(|t| *t != "none") {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` is `{t}`; the mellum map reads unscaled rope only",
+                key("rope.scaling.type")
+            ),
+        ));
+    }
+    let window = meta_count(meta, path, &key("attention.sliding_window"))?;
+    let kinds = match window {
+        Some(_) => sliding_kinds(meta, path, key, blocks)?,
+        None => vec!["full_attention"; blocks as usize],
+    };
     config["layer_types"] = json!(kinds);
+    config["sliding_window"] = Value::from(window.unwrap_or(0));
+    let theta = config["rope_theta"].clone();
+    let swa = match meta_f64(meta, &key("rope.freq_base_swa")) {
+        Some(t) if t.is_finite() && t > 0.0 => Value::from(t),
+        Some(t) => {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is {t}; it must be a finite number > 0",
+                    key("rope.freq_base_swa")
+                ),
+            ))
+        }
+        None => theta.clone(),
+    };
+    config["rope_parameters"] = json!({
+        "full_attention": {"rope_theta": theta},
+        "sliding_attention": {"rope_theta": swa},
+    });
+    if config.get("head_dim").is_none() {
+        return Err(gguf_err(
+            path,
+            format!("metadata `{}` is missing", key("attention.key_length")),
+        ));
+    }
+    Ok(())
+}
+
+/// EXAONE MoE (`exaone-moe`): llama.cpp's router (sigmoid, the required gating function 2,
+/// groups, the correction bias, top-k renormalized as `expert_weights_norm` says, scaled by
+/// `expert_weights_scale`, 1 when absent or 0) as mlx-lm's exaone_moe arguments; MoE layers
+/// from `leading_dense_block_count` on; layer kinds from the sliding flags (llama.cpp's "LLLG"
+/// without them); the local rope base (`rope.freq_base_swa`, else the base) for mlx-lm's one,
+/// since only the sliding layers rotate; a layer without `exp_probs_b` gets a zero bias.
+fn exaone_moe_config(
+    config: &mut Value,
+    tensors: &mut BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    key: &dyn Fn(&str) -> String,
+    blocks: i32,
+) -> Result<()> {
+    let need = |k: &str| -> Result<i32> {
+        meta_count(meta, path, &key(k))?
+            .ok_or_else(|| gguf_err(path, format!("metadata `{}` is missing", key(k))))
+    };
+    let experts = need("expert_count")?;
+    if need("expert_gating_func")? != 2 {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` is not sigmoid (2), the router mlx-lm's exaone_moe has",
+                key("expert_gating_func")
+            ),
+        ));
+    }
+    let moe = need("expert_feed_forward_length")?;
+    let shared = meta_count(meta, path, &key("expert_shared_count"))?.unwrap_or(0);
+    if let Some(w) = meta_count(meta, path, &key("expert_shared_feed_forward_length"))? {
+        if shared > 0 && w != moe * shared {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` = {w} is not {shared} shared experts of {moe} (mlx-lm's \
+                     exaone_moe)",
+                    key("expert_shared_feed_forward_length")
+                ),
+            ));
+        }
+    }
+    if let Some(t) = meta_str(meta, &key("rope.scaling.type")).filter(|t| *t != "none") {
+        return Err(gguf_err(
+            path,
+            format!(
+                "metadata `{}` is `{t}`; the exaone-moe map reads unscaled rope only",
+                key("rope.scaling.type")
+            ),
+        ));
+    }
+    let dense = meta_count(meta, path, &key("leading_dense_block_count"))?.unwrap_or(0);
+    let kinds = if meta.contains_key(&key("attention.sliding_window_pattern")) {
+        sliding_kinds(meta, path, key, blocks)?
+    } else {
+        (0..blocks)
+            .map(|i| {
+                if (i + 1) % 4 != 0 {
+                    "sliding_attention"
+                } else {
+                    "full_attention"
+                }
+            })
+            .collect()
+    };
+    if kinds.contains(&"sliding_attention") {
+        if let Some(t) = meta_f64(meta, &key("rope.freq_base_swa")) {
+            if !(t.is_finite() && t > 0.0) {
+                return Err(gguf_err(
+                    path,
+                    format!(
+                        "metadata `{}` is {t}; it must be a finite number > 0",
+                        key("rope.freq_base_swa")
+                    ),
+                ));
+            }
+            config["rope_theta"] = Value::from(t);
+        }
+    }
+    config["layer_types"] = json!(kinds);
+    config["sliding_window"] = Value::from(need("attention.sliding_window")?);
+    config["is_moe_layer"] = json!((0..blocks).map(|i| i >= dense).collect::<Vec<_>>());
+    config["num_experts"] = Value::from(experts);
+    config["num_experts_per_tok"] = Value::from(need("expert_used_count")?);
+    config["num_shared_experts"] = Value::from(shared);
+    config["moe_intermediate_size"] = Value::from(moe);
+    config["n_group"] =
+        Value::from(meta_count(meta, path, &key("expert_group_count"))?.unwrap_or(1));
+    config["topk_group"] =
+        Value::from(meta_count(meta, path, &key("expert_group_used_count"))?.unwrap_or(1));
+    config["routed_scaling_factor"] = Value::from(
+        meta_f64(meta, &key("expert_weights_scale"))
+            .filter(|&s| s != 0.0)
+            .unwrap_or(1.0),
+    );
+    config["norm_topk_prob"] = Value::from(match meta.get(&key("expert_weights_norm")) {
+        None => false,
+        Some(GgufValue::Array(a)) if a.size() == 1 => a
+            .astype(Dtype::Bool)
+            .and_then(|b| b.item::<bool>())
+            .map_err(|e| {
+                gguf_err(
+                    path,
+                    format!("metadata `{}`: {e}", key("expert_weights_norm")),
+                )
+            })?,
+        Some(_) => {
+            return Err(gguf_err(
+                path,
+                format!("metadata `{}` is not a flag", key("expert_weights_norm")),
+            ))
+        }
+    });
+    if config.get("head_dim").is_none() {
+        return Err(gguf_err(
+            path,
+            format!("metadata `{}` is missing", key("attention.key_length")),
+        ));
+    }
+    for l in dense..blocks {
+        let bias = format!("model.layers.{l}.mlp.gate.e_score_correction_bias");
+        if let std::collections::btree_map::Entry::Vacant(e) = tensors.entry(bias) {
+            e.insert(ops::zeros(&[experts], Dtype::Float32, None)?);
+        }
+    }
+    Ok(())
+}
+
+/// A positive count per layer (a list, or one number for every layer), as 32-bit values.
+fn per_layer_counts(meta: &GgufMetadata, path: &Path, key: &str) -> Result<Vec<i32>> {
+    let bad = || {
+        gguf_err(
+            path,
+            format!("metadata `{key}` must be positive 32-bit counts, one per layer"),
+        )
+    };
+    match meta.get(key) {
+        None => Err(gguf_err(path, format!("metadata `{key}` is missing"))),
+        Some(GgufValue::Array(a)) if a.ndim() <= 1 && a.size() >= 1 => {
+            let v = a
+                .astype(Dtype::Int64)
+                .and_then(|b| b.reshape(&[-1]))
+                .and_then(|b| b.to_vec::<i64>())
+                .map_err(|e| gguf_err(path, format!("metadata `{key}`: {e}")))?;
+            v.iter()
+                .map(|&n| i32::try_from(n).ok().filter(|&n| n > 0).ok_or_else(bad))
+                .collect()
+        }
+        Some(_) => Err(bad()),
+    }
+}
+
+/// OpenELM (`openelm`): mlx-lm's arguments from the per-layer lists (each MLP width as a
+/// multiplier of the width with a divisor of 1, which gives the width back through mlx-lm's
+/// `make_divisible`); gate and up joined into `proj_1`.
+fn openelm_config(
+    config: &mut Value,
+    tensors: &mut BTreeMap<String, Array>,
+    path: &Path,
+    key: &dyn Fn(&str) -> String,
+    blocks: i32,
+    hidden: i32,
+    (q, kv, ffn): (Vec<i32>, Vec<i32>, Vec<i64>),
+) -> Result<()> {
+    let n = blocks as usize;
+    let expand = |v: Vec<i64>, k: &str| -> Result<Vec<i64>> {
+        match v.len() {
+            1 => Ok(vec![v[0]; n]),
+            l if l == n => Ok(v),
+            l => Err(gguf_err(
+                path,
+                format!("metadata `{}` has {l} entries for {blocks} layers", key(k)),
+            )),
+        }
+    };
+    let q = expand(
+        q.into_iter().map(i64::from).collect(),
+        "attention.head_count",
+    )?;
+    let kv = expand(
+        kv.into_iter().map(i64::from).collect(),
+        "attention.head_count_kv",
+    )?;
+    let ffn = expand(ffn, "feed_forward_length")?;
+    if let Some(l) = (0..n).find(|&l| q[l] % kv[l] != 0) {
+        return Err(gguf_err(
+            path,
+            format!(
+                "layer {l}: metadata `{}` ({}) does not divide `{}` ({})",
+                key("attention.head_count_kv"),
+                kv[l],
+                key("attention.head_count"),
+                q[l]
+            ),
+        ));
+    }
+    let hd = config["head_dim"].as_i64().ok_or_else(|| {
+        gguf_err(
+            path,
+            format!("metadata `{}` is missing", key("attention.key_length")),
+        )
+    })?;
+    for l in 0..blocks {
+        let p = format!("transformer.layers.{l}.ffn");
+        let (Some(gate), Some(up)) = (
+            tensors.remove(&format!("{p}.gguf_gate.weight")),
+            tensors.remove(&format!("{p}.gguf_up.weight")),
+        ) else {
+            return Err(gguf_err(
+                path,
+                format!("GGUF tensors blk.{l}.ffn_gate / ffn_up: OpenELM needs both"),
+            ));
+        };
+        tensors.insert(
+            format!("{p}.proj_1.weight"),
+            ops::concatenate(&[&gate, &up], 0, None)?,
+        );
+    }
+    let eps = config["rms_norm_eps"].clone();
+    let theta = config["rope_theta"].clone();
+    let vocab = config["vocab_size"].clone();
+    let tied = !tensors.contains_key("lm_head.weight");
+    let norms = tensors.contains_key("transformer.layers.0.attn.q_norm.weight");
+    *config = json!({
+        "model_type": "openelm",
+        "head_dim": hd,
+        "num_transformer_layers": blocks,
+        "model_dim": hidden,
+        "vocab_size": vocab,
+        "ffn_dim_divisor": 1,
+        "num_query_heads": q,
+        "num_kv_heads": kv,
+        "ffn_multipliers": ffn.iter().map(|&f| f as f64 / f64::from(hidden)).collect::<Vec<_>>(),
+        "ffn_with_glu": true,
+        "normalize_qk_projections": norms,
+        "share_input_output_layers": tied,
+        "rms_norm_eps": eps,
+        "rope_freq_constant": theta,
+    });
+    Ok(())
+}
+
+/// Muse Glimmer (`muse-glimmer`): the four centred layer norms' `1 +` taken off (f32, as
+/// mlx-lm adds it back); the synthesized q / k norms read back into `qk_scale_factor` (every
+/// `attn_q_norm` one value, every `attn_k_norm` ones) and dropped; `logit_scale` as
+/// `output_multiplier`, the soft-capping, the window and layer kinds; the sliding layers' rope
+/// base (`rope.freq_base_swa`, else the base) as mlx-lm's one, the full layers without rope;
+/// llama.cpp's fixed post-norm eps (1e-8).
+fn muse_glimmer_config(
+    config: &mut Value,
+    tensors: &mut BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    key: &dyn Fn(&str) -> String,
+    blocks: i32,
+) -> Result<()> {
+    let need = |k: &str| -> Result<f64> {
+        meta_f64(meta, &key(k))
+            .filter(|v| v.is_finite() && *v > 0.0)
+            .ok_or_else(|| {
+                gguf_err(
+                    path,
+                    format!("metadata `{}` is missing or not a number > 0", key(k)),
+                )
+            })
+    };
+    let mut qk_scale: Option<f32> = None;
+    let names: Vec<String> = tensors.keys().cloned().collect();
+    for name in names {
+        if name.contains(".self_attn.gguf_q_norm.") || name.contains(".self_attn.gguf_k_norm.") {
+            let Some(a) = tensors.remove(&name) else {
+                continue;
+            };
+            let v = a
+                .astype(Dtype::Float32)
+                .and_then(|b| b.reshape(&[-1]))
+                .and_then(|b| b.to_vec::<f32>())
+                .map_err(|e| gguf_err(path, format!("{name}: {e}")))?;
+            let first = v.first().copied().unwrap_or(f32::NAN);
+            let uniform = v.iter().all(|&x| x == first);
+            let ok = if name.contains("gguf_k_norm") {
+                uniform && first == 1.0
+            } else {
+                let same = qk_scale.is_none_or(|s| s == first);
+                qk_scale = Some(first);
+                uniform && same && first.is_finite()
+            };
+            if !ok {
+                return Err(gguf_err(
+                    path,
+                    format!(
+                        "{name}: Muse Glimmer's q / k norms are weightless (`attn_k_norm` all ones, \
+                         every `attn_q_norm` one qk_scale_factor), which mlx-lm's muse_glimmer \
+                         assumes"
+                    ),
+                ));
+            }
+            continue;
+        }
+        if [
+            ".input_layernorm.weight",
+            ".post_attention_layernorm.weight",
+            ".pre_feedforward_layernorm.weight",
+            ".post_feedforward_layernorm.weight",
+        ]
+        .iter()
+        .any(|s| name.ends_with(s))
+        {
+            if let Some(a) = tensors.get_mut(&name) {
+                *a = (&*a - 1.0f32)?;
+            }
+        }
+    }
+    let qk_scale = qk_scale.ok_or_else(|| {
+        gguf_err(
+            path,
+            "GGUF tensor blk.0.attn_q_norm.weight is missing (it carries qk_scale_factor)",
+        )
+    })?;
+    config["qk_scale_factor"] = Value::from(f64::from(qk_scale));
+    config["output_multiplier"] = Value::from(need("logit_scale")?);
+    config["final_logit_softcapping"] = Value::from(need("final_logit_softcapping")?);
+    config["sliding_window"] = Value::from(
+        meta_count(meta, path, &key("attention.sliding_window"))?.ok_or_else(|| {
+            gguf_err(
+                path,
+                format!("metadata `{}` is missing", key("attention.sliding_window")),
+            )
+        })?,
+    );
+    config["layer_types"] = json!(sliding_kinds(meta, path, key, blocks)?);
+    if let Some(t) = meta_f64(meta, &key("rope.freq_base_swa")) {
+        if !(t.is_finite() && t > 0.0) {
+            return Err(gguf_err(
+                path,
+                format!(
+                    "metadata `{}` is {t}; it must be a finite number > 0",
+                    key("rope.freq_base_swa")
+                ),
+            ));
+        }
+        config["rope_theta"] = Value::from(t);
+    }
+    config["post_norm_eps"] = Value::from(1e-8);
+    if config.get("head_dim").is_none() {
+        return Err(gguf_err(
+            path,
+            format!("metadata `{}` is missing", key("attention.key_length")),
+        ));
+    }
+    Ok(())
+}
+
+/// Spark 2.5 (`spark2_5`): the layer kinds from the per-layer sliding flags, the window, and
+/// each kind's `rope_parameters` (base, rotated share of the head); biases from the tensors.
+fn spark2_5_config(
+    config: &mut Value,
+    tensors: &BTreeMap<String, Array>,
+    path: &Path,
+    meta: &GgufMetadata,
+    key: &dyn Fn(&str) -> String,
+    blocks: i32,
+) -> Result<()> {
+    let missing = |k: &str| gguf_err(path, format!("metadata `{}` is missing", key(k)));
+    config["layer_types"] = json!(sliding_kinds(meta, path, key, blocks)?);
     config["sliding_window"] = Value::from(
         meta_count(meta, path, &key("attention.sliding_window"))?
             .ok_or_else(|| missing("attention.sliding_window"))?,

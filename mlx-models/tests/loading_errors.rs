@@ -643,6 +643,103 @@ mod gguf {
         );
     }
 
+    /// The maps added for issue #32's dense rows: a missing or unusable key is named.
+    #[test]
+    fn bad_metadata_of_the_dense_gguf_maps_names_the_key() {
+        let u = |v: u32| GgufValue::Array(Array::scalar(v).unwrap());
+        let f = |v: f32| GgufValue::Array(Array::scalar(v).unwrap());
+        for (fixture, key) in [
+            ("talkie", "talkie.logit_scale"),
+            ("plamo3", "plamo3.attention.sliding_window"),
+            ("spark2_5", "spark2_5.attention.sliding_window_pattern"),
+            ("exaone_moe", "exaone-moe.expert_gating_func"),
+            ("mellum", "mellum.expert_feed_forward_length"),
+            ("muse_glimmer", "muse-glimmer.logit_scale"),
+        ] {
+            let e = err(&edited(
+                fixture,
+                "dense_missing",
+                |m| {
+                    m.remove(key);
+                },
+                |_| {},
+            ));
+            assert!(e.contains(key) && e.contains("is missing"), "{key}: {e}");
+        }
+        for (fixture, name, key, value, says) in [
+            ("qwen", "qwrope", "qwen.rope.freq_base", f(1e6), "10000"),
+            (
+                "olmo",
+                "olclamp",
+                "olmo.attention.clamp_kqv",
+                f(8.0),
+                "clamp",
+            ),
+            (
+                "olmo",
+                "oleps",
+                "olmo.attention.layer_norm_epsilon",
+                f(1e-6),
+                "1e-5",
+            ),
+            (
+                "plamo",
+                "plkv",
+                "plamo.attention.head_count_kv",
+                u(3),
+                "does not divide",
+            ),
+            (
+                "exaone_moe",
+                "exgate",
+                "exaone-moe.expert_gating_func",
+                u(1),
+                "sigmoid",
+            ),
+            (
+                "mellum",
+                "mlscale",
+                "mellum.expert_weights_scale",
+                f(2.0),
+                "scale",
+            ),
+            (
+                "spark2_5",
+                "sppat",
+                "spark2_5.attention.sliding_window_pattern",
+                GgufValue::Array(Array::from_slice(&[true, false], &[2]).unwrap()),
+                "2 entries for 4 layers",
+            ),
+            (
+                "openelm",
+                "oekv",
+                "openelm.attention.head_count_kv",
+                GgufValue::Array(Array::from_slice(&[2u32, 1, 1], &[3]).unwrap()),
+                "3 entries for 2 layers",
+            ),
+            (
+                "openelm",
+                "oeq",
+                "openelm.attention.head_count",
+                GgufValue::Array(Array::from_slice(&[4u32, 0], &[2]).unwrap()),
+                "positive",
+            ),
+        ] {
+            let e = err(&edited(
+                fixture,
+                name,
+                |m| {
+                    m.insert(key.into(), value);
+                },
+                |_| {},
+            ));
+            assert!(
+                e.contains(key) && e.contains(says) && e.contains(&format!("{name}.gguf")),
+                "{key}: {e}"
+            );
+        }
+    }
+
     /// The state-space and later mixture-of-experts maps (`gguf_dense::ssm_and_moe_*`): a
     /// missing key they add names it; what a file cannot say for mlx-lm is refused by key.
     #[test]

@@ -2038,6 +2038,215 @@ CASES["olmo"] = Case(
 )
 
 
+# Mellum (`mellum`, JetBrains Mellum 2): MellumModel writes TextModel's keys (the full layers'
+# rope base, the sliding ones' as `rope.freq_base_swa`, the experts, the head size), the
+# experts' width, the window and the per-layer sliding flags; experts stacked; q / k norms.
+CASES["mellum"] = Case(
+    "mellum",
+    {"model_type": "mellum", "hidden_size": 32, "num_hidden_layers": 4, "intermediate_size": 64,
+     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "num_experts": 4,
+     "num_experts_per_tok": 2, "moe_intermediate_size": 16, "rms_norm_eps": 1e-6,
+     "vocab_size": 96, "max_position_embeddings": 256, "norm_topk_prob": True, "sliding_window": 4,
+     "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+     "rope_parameters": {"full_attention": {"rope_theta": 1000000.0},
+                         "sliding_attention": {"rope_theta": 10000.0}},
+     "tie_word_embeddings": False},
+    "mellum",
+    [
+        u32("block_count", "num_hidden_layers"),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv", "num_key_value_heads"),
+        f32("rope.freq_base", lambda c: c["rope_parameters"]["full_attention"]["rope_theta"]),
+        f32("rope.freq_base_swa", lambda c: c["rope_parameters"]["sliding_attention"]["rope_theta"]),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+        u32("expert_count", "num_experts"),
+        u32("expert_used_count", "num_experts_per_tok"),
+        u32("attention.key_length", "head_dim"),
+        u32("attention.value_length", "head_dim"),
+        u32("expert_feed_forward_length", "moe_intermediate_size"),
+        u32("attention.sliding_window", "sliding_window"),
+        window_pattern(lambda c: [t == "sliding_attention" for t in c["layer_types"]]),
+    ] + GPT2,
+    EXPERTS,
+)
+
+
+# EXAONE MoE (`exaone-moe`, K-EXAONE): ExaoneMoEModel is Exaone4Model's keys (TextModel's with
+# the expert groups and the sigmoid gating function, the vocabulary size, the window and the
+# per-layer sliding flags) plus the experts' and shared experts' widths, their scale and
+# renormalization, the dense first blocks, no MTP layers and rope scaling "none"; experts
+# stacked, the correction bias as `exp_probs_b`.
+EXAONE_MOE = {
+    "model_type": "exaone_moe", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 96,
+    "num_experts": 8, "num_experts_per_tok": 2, "num_shared_experts": 1, "moe_intermediate_size": 16,
+    "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5, "norm_topk_prob": True,
+    "rms_norm_eps": 1e-6, "max_position_embeddings": 256, "sliding_window": 4,
+    "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+    "is_moe_layer": [False, True, True, True], "first_k_dense_replace": 1, "rope_theta": 1000000.0,
+    "scoring_func": "sigmoid", "tie_word_embeddings": False,
+}
+
+CASES["exaone_moe"] = Case(
+    "exaone_moe",
+    EXAONE_MOE,
+    "exaone-moe",
+    [
+        u32("block_count", "num_hidden_layers"),
+        u32("context_length", "max_position_embeddings"),
+        u32("embedding_length", "hidden_size"),
+        u32("feed_forward_length", "intermediate_size"),
+        u32("attention.head_count", "num_attention_heads"),
+        u32("attention.head_count_kv", "num_key_value_heads"),
+        f32("rope.freq_base", "rope_theta"),
+        f32("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+        u32("expert_count", "num_experts"),
+        u32("expert_used_count", "num_experts_per_tok"),
+        u32("expert_group_count", "n_group"),
+        u32("expert_group_used_count", "topk_group"),
+        u32("expert_gating_func", 2),
+        u32("attention.key_length", "head_dim"),
+        u32("attention.value_length", "head_dim"),
+        u32("vocab_size", "vocab_size"),
+        u32("attention.sliding_window", "sliding_window"),
+        window_pattern(lambda c: [t == "sliding_attention" for t in c["layer_types"]]),
+        u32("expert_feed_forward_length", "moe_intermediate_size"),
+        u32("expert_shared_count", "num_shared_experts"),
+        u32("expert_shared_feed_forward_length", lambda c: c["moe_intermediate_size"] * c["num_shared_experts"]),
+        f32("expert_weights_scale", "routed_scaling_factor"),
+        flag("expert_weights_norm", "norm_topk_prob"),
+        u32("leading_dense_block_count", "first_k_dense_replace"),
+        u32("nextn_predict_layers", 0),
+        text("rope.scaling.type", "none"),
+    ] + GPT2,
+    {**EXPERTS, **DEEPSEEK_MOE},
+)
+
+
+# OpenELM (`openelm`): OpenELMModel writes the per-layer query / KV head counts and MLP widths
+# (make_divisible(multiplier * model_dim, divisor)) as lists, the rope base, an RMS eps of
+# 1e-6, a full-head rope width and the head size; `proj_1` split into gate and up.
+def openelm_tensors(case, k, v):
+    if k.endswith(".ffn.proj_1.weight"):
+        layer = k.split(".")[2]
+        gate, up = mx.split(v, 2, axis=0)
+        return [(f"blk.{layer}.ffn_gate.weight", gate), (f"blk.{layer}.ffn_up.weight", up)]
+    return [(case.gguf_name(k), v)]
+
+
+def openelm_ffn(c):
+    from mlx_lm.models.openelm import make_divisible
+
+    return [int(make_divisible(m * c["model_dim"], divisor=c["ffn_dim_divisor"])) for m in c["ffn_multipliers"]]
+
+
+CASES["openelm"] = Case(
+    "openelm",
+    {"model_type": "openelm", "head_dim": 8, "num_transformer_layers": 2, "model_dim": 32,
+     "vocab_size": 96, "ffn_dim_divisor": 8, "num_query_heads": [4, 2], "num_kv_heads": [2, 1],
+     "ffn_multipliers": [0.5, 1.3], "share_input_output_layers": False,
+     "rope_freq_constant": 10000.0, "max_context_length": 256, "tie_word_embeddings": False},
+    "openelm",
+    [
+        u32("block_count", "num_transformer_layers"),
+        u32("context_length", "max_context_length"),
+        u32("embedding_length", "model_dim"),
+        u32("feed_forward_length", openelm_ffn),
+        u32("attention.head_count", "num_query_heads"),
+        u32("attention.head_count_kv", "num_kv_heads"),
+        f32("rope.freq_base", "rope_freq_constant"),
+        f32("attention.layer_norm_rms_epsilon", 1e-6),
+        u32("rope.dimension_count", "head_dim"),
+        u32("attention.key_length", "head_dim"),
+        u32("attention.value_length", "head_dim"),
+    ] + SPM,
+    {
+        "transformer.token_embeddings": "token_embd",
+        "transformer.norm": "output_norm",
+        "attn.qkv_proj": "attn_qkv",
+        "attn.out_proj": "attn_output",
+        "attn.q_norm": "attn_q_norm",
+        "attn.k_norm": "attn_k_norm",
+        "ffn.proj_2": "ffn_down",
+        "ffn_norm": "ffn_norm",
+        "attn_norm": "attn_norm",
+    },
+    prefix="transformer.layers",
+    tensors=openelm_tensors,
+)
+
+
+# Muse Glimmer (`muse-glimmer`, text tower): MuseGlimmerModel stores the four centred layer
+# norms with their `1 +` added, Q / K in llama.cpp's interleaved rope layout (LlamaModel's
+# permutation), the scaleless q / k norms as synthesized `attn_q_norm` (qk_scale_factor) and
+# `attn_k_norm` (ones) tensors, the output gate as `attn_gate`; `output_multiplier` as
+# `logit_scale`, the final soft-capping, the window and the per-layer sliding flags (rope on
+# the sliding layers only). Read back with the `1 +` taken off and the synthesized norms dropped.
+MUSE_NORMS = ("attn_norm.weight", "attn_post_norm.weight", "ffn_norm.weight", "ffn_post_norm.weight")
+
+
+def muse_offset(k):
+    return 1.0 if k.startswith("blk.") and k.split(".", 2)[2] in MUSE_NORMS else 0.0
+
+
+def muse_tensors(case, k, v):
+    c = case.config
+    g = case.gguf_name(k)
+    out = [(g, v + 1.0 if muse_offset(g) else v)]
+    if k.endswith(".self_attn.q_proj.weight"):
+        layer = k.split(".")[2]
+        hd = c["head_dim"]
+        out += [(f"blk.{layer}.attn_q_norm.weight", mx.full((hd,), c["qk_scale_factor"], dtype=mx.float32)),
+                (f"blk.{layer}.attn_k_norm.weight", mx.ones((hd,), dtype=mx.float32))]
+    return out
+
+
+def muse_back(case, p, rest, v, loaded):
+    if rest in ("attn_q_norm.weight", "attn_k_norm.weight"):
+        return None
+    c = case.config
+    module, suffix = rest.rsplit(".", 1)
+    name = f"{p}.{case.inverse[module]}.{suffix}"
+    if name.endswith(".self_attn.q_proj.weight"):
+        v = unpermute(v, c["num_attention_heads"])
+    elif name.endswith(".self_attn.k_proj.weight"):
+        v = unpermute(v, c["num_key_value_heads"])
+    return name, v
+
+
+CASES["muse_glimmer"] = Case(
+    "muse_glimmer",
+    {"model_type": "muse_glimmer", "hidden_size": 32, "num_hidden_layers": 4, "intermediate_size": 64,
+     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 96,
+     "rms_norm_eps": 1e-5, "post_norm_eps": 1e-8, "sliding_window": 4, "qk_scale_factor": 3.87,
+     "max_position_embeddings": 256, "rope_theta": 500000.0,
+     "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+     "final_logit_softcapping": 20.0, "output_multiplier": 0.19611613513818404,
+     "tie_word_embeddings": False},
+    "muse-glimmer",
+    text_model(head_dim="head_dim") [:-len(GPT2)] + [
+        f32("final_logit_softcapping", "final_logit_softcapping"),
+        f32("logit_scale", "output_multiplier"),
+        u32("attention.sliding_window", "sliding_window"),
+        window_pattern(lambda c: [t == "sliding_attention" for t in c["layer_types"]]),
+    ] + GPT2,
+    {
+        "self_attn.gate_proj": "attn_gate",
+        "post_attention_layernorm": "attn_post_norm",
+        "pre_feedforward_layernorm": "ffn_norm",
+        "post_feedforward_layernorm": "ffn_post_norm",
+    },
+    permute_qk=True,
+    tensors=muse_tensors,
+    read_back=muse_back,
+    undo=lambda k, v: v - 1.0 if muse_offset(k) else v,
+    inexact=lambda k: k.endswith("layernorm.weight"),
+)
+
+
 # InternLM2 (`internlm2`): InternLM2Model splits the fused `wqkv` (per KV group: its queries,
 # then one key and one value head) into q, k and v, Q and K permuted as LlamaModel's; it adds
 # the vocabulary size and the rope width to TextModel's keys. Its checkpoints have no biases.
