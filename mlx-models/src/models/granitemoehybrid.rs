@@ -14,7 +14,7 @@ use crate::error::{ModelError, Result};
 use crate::layers::ssm::{arrays_cache, GatedNorm, Mamba2Dims, Mamba2Mixer};
 use crate::layers::{swiglu, Embedding, Linear, RmsNorm, Rope, SwitchActivation};
 use crate::models::mamba::{conv_kernel_ok, positive, sanitize};
-use crate::models::moe::{Router, SparseMoe, SparseMoeParams};
+use crate::models::moe_block::{Router, SparseMoe, SparseMoeParams};
 use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 

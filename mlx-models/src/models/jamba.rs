@@ -14,7 +14,7 @@ use crate::error::{ModelError, Result};
 use crate::layers::ssm::{arrays_cache, fma, softplus, store_recurrent, DepthwiseConv};
 use crate::layers::{silu, swiglu, Embedding, Linear, RmsNorm, SwitchActivation};
 use crate::models::mamba::{conv_kernel_ok, positive, sanitize};
-use crate::models::moe::{Router, SparseMoe, SparseMoeParams};
+use crate::models::moe_block::{Router, SparseMoe, SparseMoeParams};
 use crate::models::nemotron_h::Attention;
 use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
