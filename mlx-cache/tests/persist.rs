@@ -256,10 +256,10 @@ fn fuzz_regression_chunked_cache_positions_are_checked() {
 
 #[test]
 fn an_unknown_class_is_refused_naming_every_known_one() {
-    let e = cache_from_state("NoSuchCache", StateValue::None)
-        .err()
-        .expect("an unknown class is an error")
-        .to_string();
+    let Err(e) = cache_from_state("NoSuchCache", StateValue::None) else {
+        panic!("an unknown class is an error");
+    };
+    let e = e.to_string();
     assert!(
         e.contains(
             "unknown cache class \"NoSuchCache\" (known: KVCache, QuantizedKVCache, \

@@ -61,19 +61,11 @@ fn conversions_equal_mlx_lm_convert() {
         let src_dir = match (src.strip_prefix('@'), src.strip_prefix('+')) {
             (Some(c), _) => out.join(c),
             // A fixture staged beside the tiny tokenizer's files (as the golden script does).
-            (_, Some(p)) => {
-                let staged = out.join(format!("staged_{case}"));
-                std::fs::create_dir_all(&staged).unwrap();
-                for e in std::fs::read_dir(tests_dir().join(p)).unwrap() {
-                    let e = e.unwrap();
-                    std::fs::copy(e.path(), staged.join(e.file_name())).unwrap();
-                }
-                for f in ["tokenizer.json", "tokenizer_config.json"] {
-                    std::fs::copy(tests_dir().join("models/tokenizer").join(f), staged.join(f))
-                        .unwrap();
-                }
-                staged
-            }
+            (_, Some(p)) => crate::model_output::stage_with_tokenizer(
+                &tests_dir(),
+                p,
+                &out.join(format!("staged_{case}")),
+            ),
             _ => tests_dir().join(src),
         };
         let args: Vec<String> = want["args"]

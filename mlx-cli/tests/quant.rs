@@ -103,19 +103,11 @@ fn check_cases_with(method: &str, cases: &[&str], extra: &[&str]) {
         let src = match model {
             "@padded" => stage_padded(&work.join("padded")),
             // A fixture staged beside the tiny tokenizer's files (as the golden script does).
-            m if m.starts_with('+') => {
-                let staged = work.join("staged");
-                std::fs::create_dir_all(&staged).unwrap();
-                for e in std::fs::read_dir(tests_dir().join(&m[1..])).unwrap() {
-                    let e = e.unwrap();
-                    std::fs::copy(e.path(), staged.join(e.file_name())).unwrap();
-                }
-                for f in ["tokenizer.json", "tokenizer_config.json"] {
-                    std::fs::copy(tests_dir().join("models/tokenizer").join(f), staged.join(f))
-                        .unwrap();
-                }
-                staged
-            }
+            m if m.starts_with('+') => crate::model_output::stage_with_tokenizer(
+                &tests_dir(),
+                &m[1..],
+                &work.join("staged"),
+            ),
             m => tests_dir().join(m),
         };
         let targets = work.join("targets");

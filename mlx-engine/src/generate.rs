@@ -130,9 +130,9 @@ pub fn cpu_decode_unsupported(
 }
 
 /// Whether `generate_step` decodes through the compiled step. Off by default: on the CPU
-/// the two paths give the same bits (`tests/compiled_decode.rs`), but on the H200 the
-/// compiled step gained only ~5-10% for a 135M model and lost ~5% for an 8B 4-bit one
-/// (`results/gpu/README.md`), so it stays opt-in until it pays.
+/// the two paths give the same bits (`tests/compiled_decode.rs`), but on the GPU the
+/// compiled step gained little for a small model and lost for an 8B 4-bit one (the figures
+/// are in `results/gpu/README.md`), so it stays opt-in until it pays.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum CompiledDecode {
     /// The uncompiled forward (mlx-lm's path).
@@ -674,14 +674,19 @@ impl<'m> GenerateStep<'m> {
             s.commit(&mut self.caches)?;
             self.compiled_steps += 1;
         }
+        self.quantize_kv()?;
+        Ok((sampled, ops::squeeze(&logprobs, &[0], None)?, lse))
+    }
+
+    /// mlx-lm's `quantize_cache_fn`: `maybe_quantize_kv_cache` with the run's KV options.
+    fn quantize_kv(&mut self) -> Result<()> {
         maybe_quantize_kv_cache(
             &mut self.caches,
             self.opts.quantized_kv_start,
             self.opts.kv_group_size,
             self.opts.kv_bits,
             self.opts.kv_mode,
-        )?;
-        Ok((sampled, ops::squeeze(&logprobs, &[0], None)?, lse))
+        )
     }
 
     fn probe(&self, what: &'static str, arrays: &[&Array]) {
@@ -717,13 +722,7 @@ impl<'m> GenerateStep<'m> {
             let processed = ops::slice_axis(&remaining, 0, 0, n as i32, None)?;
             let x = ops::expand_dims(&processed, &[0], None)?;
             self.model.forward(&x, Some(&mut self.caches))?;
-            maybe_quantize_kv_cache(
-                &mut self.caches,
-                self.opts.quantized_kv_start,
-                self.opts.kv_group_size,
-                self.opts.kv_bits,
-                self.opts.kv_mode,
-            )?;
+            self.quantize_kv()?;
             // `mx.eval([c.state for c in prompt_cache])`: every cache's state, recurrent
             // (ArraysCache) state included, so the lazy graph never grows with the prompt.
             let states: Vec<Array> = self

@@ -82,7 +82,7 @@ pub struct QuantConfig {
 impl ModelConfig {
     /// The document's `model_type` (it must be an object holding a string `model_type`).
     /// The checked constructors (`from_file`, `from_json_str`, `from_value`) are beside the
-    /// registry (`models/mod.rs`), which decides whether the type is served.
+    /// registry (`models/registry.rs`), which decides whether the type is served.
     pub(crate) fn model_type_of(raw: &Value) -> Result<String> {
         let obj = raw
             .as_object()

@@ -3,7 +3,7 @@
 //! sha256), for the convert and quant tests.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -94,4 +94,18 @@ pub fn compare(case: &str, ours: &Path, want: &Value) -> Vec<String> {
         }
     }
     bad
+}
+
+/// A `+DIR` fixture as the golden scripts stage it: `tests/DIR`'s files copied into `staged`
+/// with the tiny tokenizer's `tokenizer.json` and `tokenizer_config.json` beside them.
+pub fn stage_with_tokenizer(tests: &Path, fixture: &str, staged: &Path) -> PathBuf {
+    std::fs::create_dir_all(staged).unwrap();
+    for e in std::fs::read_dir(tests.join(fixture)).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), staged.join(e.file_name())).unwrap();
+    }
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(tests.join("models/tokenizer").join(f), staged.join(f)).unwrap();
+    }
+    staged.to_path_buf()
 }

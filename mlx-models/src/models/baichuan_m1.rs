@@ -276,11 +276,7 @@ impl Model {
             });
         }
         let norm = RmsNorm::load(w, "model.norm", d, eps)?;
-        let lm_head = if a.tie_word_embeddings {
-            None
-        } else {
-            Some(Linear::load(w, "lm_head", d, a.vocab_size, false)?)
-        };
+        let lm_head = crate::models::load_lm_head(w, a.tie_word_embeddings, d, a.vocab_size)?;
         let first_swa_idx = a
             .sliding_window_layers
             .first()

@@ -385,11 +385,7 @@ impl Model {
             });
         }
         let final_layernorm = RmsNorm::load(w, "model.final_layernorm", d, eps)?;
-        let lm_head = if a.tie_word_embeddings {
-            None
-        } else {
-            Some(Linear::load(w, "lm_head", d, a.vocab_size, false)?)
-        };
+        let lm_head = crate::models::load_lm_head(w, a.tie_word_embeddings, d, a.vocab_size)?;
         Ok(Model {
             model_type: a.model_type,
             vocab_size: a.vocab_size,

@@ -318,11 +318,7 @@ impl Model {
                 )?,
             });
         }
-        let lm_head = if args.tie_word_embeddings {
-            None
-        } else {
-            Some(Linear::load(w, "lm_head", d, args.vocab_size, false)?)
-        };
+        let lm_head = crate::models::load_lm_head(w, args.tie_word_embeddings, d, args.vocab_size)?;
         let qpas = args.query_pre_attn_scalar.unwrap_or(f64::from(hd));
         Ok(Model {
             embed_tokens: Embedding::load(w, "model.embed_tokens", args.vocab_size, d)?,

@@ -859,11 +859,7 @@ impl Model {
             None
         };
         let norm = RmsNorm::load(w, "model.norm", d, eps)?;
-        let lm_head = if args.tie_word_embeddings {
-            None
-        } else {
-            Some(Linear::load(w, "lm_head", d, args.vocab_size, false)?)
-        };
+        let lm_head = crate::models::load_lm_head(w, args.tie_word_embeddings, d, args.vocab_size)?;
         let mut previous_kvs: Vec<usize> = (0..n).collect();
         for (j, prev) in previous_kvs.iter_mut().enumerate().skip(first_shared) {
             *prev = (0..first_shared)

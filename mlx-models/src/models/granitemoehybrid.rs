@@ -14,7 +14,7 @@ use crate::error::{ModelError, Result};
 use crate::layers::ssm::{arrays_cache, GatedNorm, Mamba2Dims, Mamba2Mixer};
 use crate::layers::{swiglu, Embedding, Linear, RmsNorm, Rope, SwitchActivation};
 use crate::models::mamba::{conv_kernel_ok, positive, sanitize};
-use crate::models::moe::{Router, SparseMoe, SparseMoeParams};
+use crate::models::moe_block::{Router, SparseMoe, SparseMoeParams};
 use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 
@@ -416,11 +416,7 @@ impl Model {
             });
         }
         let norm = RmsNorm::load(w, "model.norm", d, eps)?;
-        let lm_head = if a.tie_word_embeddings {
-            None
-        } else {
-            Some(Linear::load(w, "lm_head", d, a.vocab_size, false)?)
-        };
+        let lm_head = crate::models::load_lm_head(w, a.tie_word_embeddings, d, a.vocab_size)?;
         Ok(Model {
             fa_idx: a.layer_types.iter().position(|t| t == "attention"),
             ssm_idx: a.layer_types.iter().position(|t| t == "mamba"),

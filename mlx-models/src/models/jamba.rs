@@ -14,7 +14,7 @@ use crate::error::{ModelError, Result};
 use crate::layers::ssm::{arrays_cache, fma, softplus, store_recurrent, DepthwiseConv};
 use crate::layers::{silu, swiglu, Embedding, Linear, RmsNorm, SwitchActivation};
 use crate::models::mamba::{conv_kernel_ok, positive, sanitize};
-use crate::models::moe::{Router, SparseMoe, SparseMoeParams};
+use crate::models::moe_block::{Router, SparseMoe, SparseMoeParams};
 use crate::models::nemotron_h::Attention;
 use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
@@ -349,11 +349,7 @@ impl Model {
             });
         }
         let final_layernorm = RmsNorm::load(w, "model.final_layernorm", d, eps)?;
-        let lm_head = if a.tie_word_embeddings {
-            None
-        } else {
-            Some(Linear::load(w, "lm_head", d, a.vocab_size, false)?)
-        };
+        let lm_head = crate::models::load_lm_head(w, a.tie_word_embeddings, d, a.vocab_size)?;
         Ok(Model {
             model_type: a.model_type,
             vocab_size: a.vocab_size,

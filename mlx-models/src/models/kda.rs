@@ -26,7 +26,7 @@ use crate::layers::ssm::{arrays_cache, store_recurrent, DepthwiseConv};
 use crate::layers::{
     silu, Embedding, Linear, Mlp, MlpKind, MlpNames, RmsNorm, Rope, SwitchActivation, SwitchGlu,
 };
-use crate::models::moe::{group_expert_select, lower_top_k, GroupSelect};
+use crate::models::moe_block::{group_expert_select, lower_top_k, GroupSelect};
 use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 

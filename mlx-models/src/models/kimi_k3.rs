@@ -25,7 +25,7 @@ use crate::models::kda::{
     self, DenseMlp, Ffn, GateKind, Kda, KdaSpec, Mixer, MlaGate, NopeMla, Router, SituMlp,
     SparseMoe,
 };
-use crate::models::moe::GroupSelect;
+use crate::models::moe_block::GroupSelect;
 use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 

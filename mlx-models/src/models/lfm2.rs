@@ -1,7 +1,7 @@
 //! mlx-lm 0.32.2 `models/lfm2.py`: gated short-convolution blocks (conv state in an
 //! [`ArraysCache`] of one slot) interleaved with attention layers (per-head q/k norms); and
 //! `models/lfm2_moe.py`, the same layers with the MoE family's experts
-//! ([`crate::models::moe::SparseMoe`]) after the first `num_dense_layers`.
+//! ([`crate::models::moe_block::SparseMoe`]) after the first `num_dense_layers`.
 //! A cache from [`LanguageModel::make_cache_with_rollback`] keeps recent per-token conv states
 //! so `trim(n)` works (see `mlx_cache::ArraysCache`).
 
@@ -14,9 +14,8 @@ use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::{join, swiglu, Embedding, Linear, RmsNorm, Rope, Walk, Walkable};
 use crate::models::checkpoint::{layer_stack, LayerArrays};
-use crate::models::moe::{
-    Attention, AttentionSpec, BlockExtras, QkNorm, Router, SparseMoe, SparseMoeParams,
-};
+use crate::models::moe::{Attention, AttentionSpec, QkNorm};
+use crate::models::moe_block::{BlockExtras, Router, SparseMoe, SparseMoeParams};
 use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 

@@ -345,11 +345,7 @@ impl Model {
             });
         }
         let norm_f = RmsNorm::load(w, "backbone.norm_f", d, final_eps)?;
-        let lm_head = if tied {
-            None
-        } else {
-            Some(Linear::load(w, "lm_head", d, vocab, false)?)
-        };
+        let lm_head = crate::models::load_lm_head(w, tied, d, vocab)?;
         Ok(Model {
             model_type,
             vocab_size: vocab,

@@ -17,7 +17,7 @@ use crate::layers::{
     scaled_dot_product_attention, Embedding, Linear, Mlp, MlpKind, MlpNames, RmsNorm, Rope,
     SwitchActivation,
 };
-use crate::models::moe::{BlockExtras, Router, SparseMoe, SparseMoeParams};
+use crate::models::moe_block::{BlockExtras, Router, SparseMoe, SparseMoeParams};
 use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 

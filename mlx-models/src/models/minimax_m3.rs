@@ -19,7 +19,7 @@ use crate::layers::{
     scaled_dot_product_attention, swiglu_oai, Embedding, Linear, Norm, NormKind, Rope,
     SwitchActivation, SwitchGlu,
 };
-use crate::models::moe::lower_top_k;
+use crate::models::moe_block::lower_top_k;
 use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 

@@ -70,6 +70,7 @@ pub mod mamba;
 pub mod mimo_v2_flash;
 pub mod minimax_m3;
 pub mod moe;
+pub mod moe_block;
 pub mod muse_glimmer;
 pub mod nemotron_h;
 pub mod nemotron_nas;

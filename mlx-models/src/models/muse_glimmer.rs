@@ -247,11 +247,7 @@ impl Model {
             });
         }
         let norm = RmsNorm::load(w, "model.norm", d, eps)?;
-        let lm_head = if args.tie_word_embeddings {
-            None
-        } else {
-            Some(Linear::load(w, "lm_head", d, args.vocab_size, false)?)
-        };
+        let lm_head = crate::models::load_lm_head(w, args.tie_word_embeddings, d, args.vocab_size)?;
         Ok(Model {
             eps,
             embed,

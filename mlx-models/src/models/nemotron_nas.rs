@@ -254,11 +254,7 @@ impl Model {
             });
         }
         let embed_tokens = Embedding::load(w, "model.embed_tokens", args.vocab_size, d)?;
-        let lm_head = if args.tie_word_embeddings {
-            None
-        } else {
-            Some(Linear::load(w, "lm_head", d, args.vocab_size, false)?)
-        };
+        let lm_head = crate::models::load_lm_head(w, args.tie_word_embeddings, d, args.vocab_size)?;
         Ok(Model {
             head: OutputHead::of(lm_head.as_ref(), &embed_tokens),
             norm: RmsNorm::load(w, "model.norm", d, eps)?,

@@ -147,7 +147,7 @@ impl Model {
     /// `MOE.__call__`: the top-k gate logits, softmaxed (precise), weight each expert's MLP.
     fn moe(&self, b: &Block, x: &Array) -> Result<Array> {
         let gates = b.gate.forward(x)?;
-        let inds = crate::models::moe::lower_top_k(&gates, self.args.num_experts_per_tok)?;
+        let inds = crate::models::moe_block::lower_top_k(&gates, self.args.num_experts_per_tok)?;
         let scores = ops::take_along_axis(&gates, &inds, -1, None)?;
         let scores = ops::softmax(&scores, &[-1], true, None)?;
         let y = b.switch_mlp.forward(x, &inds)?;

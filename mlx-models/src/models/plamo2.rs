@@ -232,11 +232,7 @@ impl Model {
                 post_mlp_norm: norm(w, "post_mlp_norm", 1.0 / 5f64.powf(1.5))?,
             });
         }
-        let lm_head = if args.tie_word_embeddings {
-            None
-        } else {
-            Some(Linear::load(w, "lm_head", d, args.vocab_size, false)?)
-        };
+        let lm_head = crate::models::load_lm_head(w, args.tie_word_embeddings, d, args.vocab_size)?;
         Ok(Model {
             embed_tokens: Embedding::load(w, "model.embed_tokens", args.vocab_size, d)?,
             layers,

@@ -24,7 +24,7 @@ use crate::layers::{
     silu, Embedding, Linear, Mlp, MlpKind, RmsNorm, Rope, RopeScaling, SwitchActivation,
 };
 use crate::models::checkpoint::{layer_stack, LayerArrays};
-use crate::models::moe::{Ffn, Router, SparseMoe, SparseMoeParams};
+use crate::models::moe_block::{Ffn, Router, SparseMoe, SparseMoeParams};
 use crate::models::{kit, LanguageModel};
 use crate::weights::Weights;
 

@@ -271,11 +271,7 @@ impl Model {
                 ffn_x_k: w.take(&p("ffn.x_k"), &[d])?,
             });
         }
-        let lm_head = if args.tie_word_embeddings {
-            None
-        } else {
-            Some(Linear::load(w, "lm_head", d, args.vocab_size, false)?)
-        };
+        let lm_head = crate::models::load_lm_head(w, args.tie_word_embeddings, d, args.vocab_size)?;
         Ok(Model {
             embeddings: Embedding::load(w, "model.embeddings", args.vocab_size, d)?,
             layers,

@@ -387,7 +387,7 @@ impl Model {
     fn moe(&self, m: &Moe, x: &Array) -> Result<Array> {
         let scores = ops::sigmoid(&m.gate.forward(x)?.astype(Dtype::Float32)?, None)?;
         let corrected = (&scores + &m.router_bias)?;
-        let inds = crate::models::moe::lower_top_k(&corrected, self.top_k)?;
+        let inds = crate::models::moe_block::lower_top_k(&corrected, self.top_k)?;
         let mut weights = ops::take_along_axis(&scores, &inds, -1, None)?;
         if self.norm_topk {
             let total = ops::add_scalar(&ops::sum(&weights, &[-1], true, None)?, 1e-20f32, None)?;
