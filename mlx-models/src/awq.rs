@@ -34,13 +34,16 @@ use crate::models::dense::{AwqPart, Model as Dense};
 use crate::models::{build, build_recording, LanguageModel};
 use crate::weights::Weights;
 
-/// The model types AWQ runs here: `AWQ_MODEL_CONFIGS`' `llama_awq` rows whose mlx-lm module
-/// is `llama.py` (llama, mistral), `qwen2.py` or `qwen3.py`, `gemma3_text_awq`'s
-/// `gemma3_text`, and its `lm_key="language_model"` wrapper `gemma3` (not `mistral3` yet:
-/// its text model's query scales are outside what `awq_llama_shape` accepts).
-pub const AWQ_TYPES: [&str; 6] = [
+/// The model types AWQ runs here: `AWQ_MODEL_CONFIGS`' `llama_awq` rows (llama, mistral,
+/// ministral3 with its `llama_4_scaling` query scales, qwen2, qwen3, and the
+/// `lm_key="language_model"` wrappers mistral3 and llava), `gemma3_text_awq`'s `gemma3_text`,
+/// and its wrapper `gemma3`.
+pub const AWQ_TYPES: [&str; 9] = [
     "llama",
     "mistral",
+    "ministral3",
+    "mistral3",
+    "llava",
     "qwen2",
     "qwen3",
     "gemma3_text",
