@@ -86,8 +86,8 @@ fn predicate_answer(
         .map(|k| k.iter().copied().collect::<Vec<_>>().join(","))
         .unwrap_or_default();
     table
-        .get(&format!("={name}"))
-        .or_else(|| table.get(&format!("{pattern}|{kids}")))
+        .get(format!("={name}"))
+        .or_else(|| table.get(format!("{pattern}|{kids}")))
         .or_else(|| table.get(&pattern))
 }
 
