@@ -34,7 +34,8 @@ pub const CONVERSION_DTYPES: [&str; 3] = ["float16", "bfloat16", "float32"];
 /// `xtask/oracle/goldens_param_order.py` over the fixtures and their switched configs; only
 /// answers other than the default `True`): `cast`, per parameter name, whether `convert
 /// --dtype` casts it (`cast_predicate`); `quant`, per module path, whether it is quantized
-/// (`false`) or with its own parameters (a dict), when no recipe is given (`quant_predicate`).
+/// (`false`) or with its own parameters (a dict), when no recipe is given (`quant_predicate`);
+/// `plain`, the modules with a matrix `weight` mlx-lm cannot quantize (no `to_quantized`).
 /// Keys are names with the layer index as `*`; where a model's answer depends on the layer's
 /// kind, `pattern|a,b,c` (the parent's named children), and `=name` for one name.
 const PREDICATES: &str = include_str!("predicates.json");
@@ -710,9 +711,14 @@ pub fn convert_in_memory(
             }
             predicate_answer(&model_type, "quant", &format!("{prefix}{path}"), &children)
         };
+        // What mlx-lm cannot quantize at all (a matrix weight on a module without
+        // `to_quantized`, e.g. a router class of its own) stays float, recipe or not.
+        let plain = |path: &str| {
+            predicate_answer(&model_type, "plain", &format!("{prefix}{path}"), &children).is_some()
+        };
         let candidates: Vec<_> = candidates
             .into_iter()
-            .filter(|m| model_says(&m.path) != Some(&Value::Bool(false)))
+            .filter(|m| !plain(&m.path) && model_says(&m.path) != Some(&Value::Bool(false)))
             .collect();
         progress(Progress::Stage("Quantizing", candidates.len()));
         let mut replaced: BTreeMap<String, Vec<(String, Array)>> = BTreeMap::new();
@@ -939,11 +945,18 @@ fn module_of(name: &str) -> &str {
 /// counted), a quantized module counts its bias and its unpacked weight; every other module all
 /// of its parameters.
 fn total_parameters(params: &[(String, Array)], quantized: &BTreeMap<String, LayerQuant>) -> u64 {
-    // Modules with submodules: every strict ancestor of a parameter's module.
+    // Modules with submodules: every strict ancestor of a parameter's module, the root
+    // included (an array set on the model itself, talkie's `lm_head`, is not counted).
     let mut inner: std::collections::BTreeSet<&str> = std::collections::BTreeSet::new();
     for (n, _) in params {
+        if !n.contains('.') {
+            continue;
+        }
         let mut m = module_of(module_of(n));
-        while !m.is_empty() && inner.insert(m) {
+        loop {
+            if !inner.insert(m) || m.is_empty() {
+                break;
+            }
             m = module_of(m);
         }
     }
@@ -1123,6 +1136,50 @@ fn make_shards(params: &[(String, Array)]) -> Vec<Vec<usize>> {
 pub const MODEL_CARD: &str =
     "---\nlanguage: en\nlibrary_name: mlx\npipeline_tag: text-generation\ntags:\n- mlx\n---\n";
 
+/// What mlx-lm's `ModelArgs.__post_init__` writes into the config's own `text_config` dict
+/// (`from_dict` passes that dict itself, so `save_config` writes the change): a wrapper's
+/// vocabulary size copied in, head counts and `tie_word_embeddings` set (gemma3, gemma4,
+/// pixtral, lfm2-vl, mistral3; llava is mistral3). A key already there keeps its place, a new
+/// one goes last, as a Python dict's assignment does.
+fn args_mutations(config: &mut Map<String, Value>) {
+    let model_type = config
+        .get("model_type")
+        .and_then(Value::as_str)
+        .map(|t| crate::config::remap(t).to_string())
+        .unwrap_or_default();
+    let vocab = config.get("vocab_size").cloned();
+    let Some(Value::Object(tc)) = config.get_mut("text_config") else {
+        return;
+    };
+    let default = |tc: &mut Map<String, Value>, key: &str, v: i64| {
+        let cur = tc.get(key).cloned().unwrap_or(Value::from(v));
+        tc.insert(key.into(), cur);
+    };
+    match model_type.as_str() {
+        "gemma3" | "gemma4" => {
+            let (v, heads, kv) = if model_type == "gemma3" {
+                (262208, 8, 4)
+            } else {
+                (262144, 8, 1)
+            };
+            tc.insert("vocab_size".into(), vocab.unwrap_or(Value::from(v)));
+            default(tc, "num_attention_heads", heads);
+            default(tc, "num_key_value_heads", kv);
+        }
+        "pixtral" => {
+            tc.insert("tie_word_embeddings".into(), Value::Bool(false));
+            default(tc, "num_attention_heads", 32);
+        }
+        "lfm2-vl" => {
+            tc.insert("tie_word_embeddings".into(), Value::Bool(false));
+        }
+        "mistral3" if !tc.contains_key("tie_word_embeddings") => {
+            tc.insert("tie_word_embeddings".into(), Value::Bool(false));
+        }
+        _ => {}
+    }
+}
+
 /// A temporary sibling of `dst`, removed on drop unless renamed into place.
 struct TempDir {
     path: PathBuf,
@@ -1161,6 +1218,7 @@ pub(crate) fn save(
     };
     let _ = std::fs::remove_dir_all(&tmp.path);
     std::fs::create_dir(&tmp.path).map_err(|e| io_err(&tmp.path, e))?;
+    args_mutations(&mut config);
     let mut files = Vec::new();
 
     // Weights, in the order mlx-lm's `save_model` inserts them.

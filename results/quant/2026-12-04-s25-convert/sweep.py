@@ -1,7 +1,8 @@
-"""Held-out sweep: `mlx convert` against `python -m mlx_lm convert` on every float tiny fixture
-of mlx-models/tests/models that no convert golden covers, each staged beside the tiny
-tokenizer, with `-q --q-group-size 32` and with `--dtype bfloat16`; every output file compared
-whole (cmp). Run in the oracle venv: python sweep.py MLX_BINARY OUT_DIR."""
+"""Held-out sweep: `mlx convert` against mlx-lm's `convert` (called in this process, as
+`python -m mlx_lm convert` calls it) on the first float tiny fixture of each model type under
+mlx-models/tests/models, each staged beside the tiny tokenizer, with `-q --q-group-size 32` and
+with `--dtype bfloat16`; every output file compared whole (filecmp). Run in the oracle venv:
+python sweep.py MLX_BINARY OUT_DIR."""
 import filecmp
 import json
 import shutil
@@ -13,14 +14,18 @@ ROOT = Path(__file__).resolve().parents[3]
 MLX, OUT = sys.argv[1], Path(sys.argv[2])
 TOK = ROOT / "mlx-cli" / "tests" / "models" / "tokenizer"
 ARGS = {"q4_g32": ["-q", "--q-group-size", "32"], "bf16": ["--dtype", "bfloat16"]}
-rows = []
+from mlx_lm.convert import convert as mlx_lm_convert  # noqa: E402
+
+KW = {"q4_g32": dict(quantize=True, q_group_size=32), "bf16": dict(dtype="bfloat16")}
+rows, seen = [], set()
 for cfg in sorted((ROOT / "mlx-models" / "tests" / "models").rglob("config.json")):
     d = cfg.parent
     if d.is_symlink() or not list(d.glob("model*.safetensors")):
         continue
     c = json.loads(cfg.read_text())
-    if "quantization" in c or "quantization_config" in c:
+    if "quantization" in c or "quantization_config" in c or c.get("model_type") in seen:
         continue
+    seen.add(c.get("model_type"))
     rel = str(d.relative_to(ROOT / "mlx-models" / "tests" / "models"))
     stage = OUT / "src" / rel.replace("/", "__")
     if not stage.exists():
@@ -33,8 +38,13 @@ for cfg in sorted((ROOT / "mlx-models" / "tests" / "models").rglob("config.json"
         for p in (py, rs):
             shutil.rmtree(p, ignore_errors=True)
             p.parent.mkdir(parents=True, exist_ok=True)
-        a = subprocess.run([sys.executable, "-m", "mlx_lm", "convert", "--hf-path", str(stage),
-                            "--mlx-path", str(py), *args], capture_output=True, text=True)
+        print(f"{rel} {tag} ...", file=sys.stderr, flush=True)
+        shutil.rmtree(py, ignore_errors=True)
+        try:
+            mlx_lm_convert(str(stage), str(py), **KW[tag])
+            a = subprocess.CompletedProcess([], 0, "", "")
+        except BaseException as e:  # noqa: BLE001
+            a = subprocess.CompletedProcess([], 1, "", f"{type(e).__name__}: {e}")
         b = subprocess.run([MLX, "convert", "--hf-path", str(stage), "--mlx-path", str(rs), *args],
                            capture_output=True, text=True)
         if a.returncode != 0:
