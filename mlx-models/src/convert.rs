@@ -1313,9 +1313,28 @@ pub(crate) fn save(
     )?;
     files.push("config.json".into());
 
-    // Tokenizer files and what mlx-lm copies (`*.py`, generation_config.json).
+    // Tokenizer files and what mlx-lm copies (`*.py`, generation_config.json). A
+    // `PreTrainedTokenizerFast` source is written as transformers' `save_pretrained` writes
+    // it (`tokenizers_backend_files`); other tokenizer classes are copied.
     if let Some(src) = src {
+        let rewritten = tokenizers_backend_files(src)?;
+        if let Some(written) = &rewritten {
+            for (name, text) in written {
+                write_file(&tmp.path.join(name), text)?;
+                files.push(name.clone());
+            }
+        }
         for f in copied_files(src)? {
+            // With the config rewritten, `save_pretrained` writes only `tokenizer.json` beside
+            // it (re-serialized by `tokenizers`: the same bytes for the files seen); mlx-lm
+            // then copies `*.py` and `generation_config.json`.
+            let name = f.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            let kept = name == "tokenizer.json"
+                || name.ends_with(".py")
+                || name == "generation_config.json";
+            if rewritten.is_some() && !kept {
+                continue;
+            }
             let to = tmp.path.join(f.file_name().unwrap_or_default());
             std::fs::copy(&f, &to).map_err(|e| io_err(&f, e))?;
             files.push(f.file_name().and_then(|n| n.to_str()).unwrap_or("").into());
@@ -1352,6 +1371,167 @@ pub(crate) fn save(
         bits_per_weight: None,
         tensors: params.len(),
     })
+}
+
+/// transformers 5.25's `save_pretrained` for a tokenizer loaded as `TokenizersBackend` (a
+/// source `tokenizer_config.json` naming `PreTrainedTokenizerFast`, beside a `tokenizer.json`),
+/// as mlx-lm's `save` calls it: the config's own entries less `add_bos_token`,
+/// `add_eos_token`, `added_tokens_decoder`, `additional_special_tokens` and file names, plus
+/// `backend`, `is_local`, `local_files_only`, `model_max_length` (transformers' `1e30` when
+/// absent), the class name, and mlx-lm's inferred `tool_parser_type`; keys sorted, indent 2;
+/// the chat template moved to `chat_template.jinja`. `None` for any other source (copied).
+fn tokenizers_backend_files(src: &Path) -> Result<Option<Vec<(String, String)>>> {
+    let cfg_path = src.join("tokenizer_config.json");
+    let (Ok(text), true) = (
+        std::fs::read_to_string(&cfg_path),
+        src.join("tokenizer.json").is_file(),
+    ) else {
+        return Ok(None);
+    };
+    let Ok(Value::Object(mut cfg)) = crate::config::parse_python_json(&text) else {
+        return Ok(None);
+    };
+    let class = cfg.get("tokenizer_class").and_then(Value::as_str);
+    let other_files = [
+        "tokenizer.model",
+        "vocab.json",
+        "merges.txt",
+        "tiktoken.model",
+    ];
+    if class != Some("PreTrainedTokenizerFast") || other_files.iter().any(|f| src.join(f).exists())
+    {
+        return Ok(None);
+    }
+    let template = match cfg.remove("chat_template") {
+        Some(Value::String(t)) => Some(t),
+        None | Some(Value::Null) => None,
+        Some(_) => return Ok(None), // several named templates: not reproduced
+    };
+    for k in [
+        "add_bos_token",
+        "add_eos_token",
+        "added_tokens_decoder",
+        "additional_special_tokens",
+        "name_or_path",
+        "special_tokens_map_file",
+        "tokenizer_file",
+        "device_map",
+        "slow_tokenizer_class",
+        "files_loaded",
+    ] {
+        cfg.remove(k);
+    }
+    cfg.insert("backend".into(), Value::from("tokenizers"));
+    cfg.insert("is_local".into(), Value::Bool(true));
+    cfg.insert("local_files_only".into(), Value::Bool(false));
+    const MAX_LEN: &str = "__mlx_transformers_very_large_integer__";
+    if !cfg.contains_key("model_max_length") {
+        cfg.insert("model_max_length".into(), Value::from(MAX_LEN));
+    }
+    cfg.insert("tokenizer_class".into(), Value::from("TokenizersBackend"));
+    if !cfg.contains_key("tool_parser_type") {
+        let vocab = tokenizer_vocab(&src.join("tokenizer.json"));
+        if let Some(t) = infer_tool_parser(template.as_deref(), &vocab) {
+            cfg.insert("tool_parser_type".into(), Value::from(t));
+        }
+    }
+    fn sorted(v: Value) -> Value {
+        match v {
+            Value::Object(m) => {
+                let mut kv: Vec<(String, Value)> = m.into_iter().collect();
+                kv.sort_by(|a, b| a.0.cmp(&b.0));
+                Value::Object(kv.into_iter().map(|(k, v)| (k, sorted(v))).collect())
+            }
+            Value::Array(a) => Value::Array(a.into_iter().map(sorted).collect()),
+            v => v,
+        }
+    }
+    let json = pyjson::dumps(&sorted(Value::Object(cfg)), 2, false)
+        .replace(&format!("\"{MAX_LEN}\""), "1000000000000000019884624838656")
+        + "\n";
+    let mut out = vec![("tokenizer_config.json".to_string(), json)];
+    if let Some(t) = template {
+        out.push(("chat_template.jinja".into(), t));
+    }
+    Ok(Some(out))
+}
+
+/// The token strings of a `tokenizer.json` (model vocabulary and added tokens).
+fn tokenizer_vocab(path: &Path) -> std::collections::BTreeSet<String> {
+    let mut out = std::collections::BTreeSet::new();
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return out;
+    };
+    let Ok(v) = serde_json::from_str::<Value>(&text) else {
+        return out;
+    };
+    match v.pointer("/model/vocab") {
+        Some(Value::Object(m)) => out.extend(m.keys().cloned()),
+        Some(Value::Array(a)) => out.extend(
+            a.iter()
+                .filter_map(|p| p.get(0).and_then(Value::as_str).map(String::from)),
+        ),
+        _ => {}
+    }
+    if let Some(Value::Array(a)) = v.get("added_tokens") {
+        out.extend(
+            a.iter()
+                .filter_map(|t| t.get("content").and_then(Value::as_str).map(String::from)),
+        );
+    }
+    out
+}
+
+/// mlx-lm's `_infer_tool_parser` (`tokenizer_utils.py`): the chat template's markers, then
+/// the vocabulary's.
+fn infer_tool_parser(
+    template: Option<&str>,
+    vocab: &std::collections::BTreeSet<String>,
+) -> Option<&'static str> {
+    if let Some(t) = template {
+        let has = |s: &str| t.contains(s);
+        let found = if has("<minimax:tool_call>") {
+            Some("minimax_m2")
+        } else if has("<|tool_call>") && has("<tool_call|>") {
+            Some("gemma4")
+        } else if has("<start_function_call>") {
+            Some("function_gemma")
+        } else if has("<longcat_tool_call>") {
+            Some("longcat")
+        } else if has("<arg_key>") {
+            Some("glm47")
+        } else if has("<|tool_list_start|>") || has("<|tool_call_start|>") {
+            Some("pythonic")
+        } else if has("<tool_call>\\n<function=") || has("<tool_call>\n<function=") {
+            Some("qwen3_coder")
+        } else if has("<|tool_calls_section_begin|>") {
+            Some("kimi_k2")
+        } else if has("<function name=\"") && has("<param name=\"") {
+            Some("minicpm5")
+        } else if has("[TOOL_CALLS]") {
+            Some("mistral")
+        } else if has("<atem:function_calls>") {
+            Some("muse_spark")
+        } else if has("<tool_call>") && has("tool_call.name") {
+            Some("json_tools")
+        } else {
+            None
+        };
+        if found.is_some() {
+            return found;
+        }
+    }
+    let v = |s: &str| vocab.contains(s);
+    if ["<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"]
+        .iter()
+        .all(|t| v(t))
+    {
+        Some("kimi_k3")
+    } else if v("<|tool_call_start|>") && v("<|tool_call_end|>") {
+        Some("pythonic")
+    } else {
+        None
+    }
 }
 
 /// The tokenizer's files and what `save` copies: `*.py`, `generation_config.json`,
