@@ -310,6 +310,8 @@ fn awq_equals_mlx_lm_bit_for_bit() {
             "mistral_q8",
             "gemma3_q4",
             "gemma3_wrapper_q4",
+            "ministral3_q4",
+            "mistral3_wrapper_q4",
         ],
     );
 }

@@ -34,7 +34,8 @@ pub const CONVERSION_DTYPES: [&str; 3] = ["float16", "bfloat16", "float32"];
 /// `xtask/oracle/goldens_param_order.py` over the fixtures and their switched configs; only
 /// answers other than the default `True`): `cast`, per parameter name, whether `convert
 /// --dtype` casts it (`cast_predicate`); `quant`, per module path, whether it is quantized
-/// (`false`) or with its own parameters (a dict), when no recipe is given (`quant_predicate`).
+/// (`false`) or with its own parameters (a dict), when no recipe is given (`quant_predicate`);
+/// `plain`, the modules with a matrix `weight` mlx-lm cannot quantize (no `to_quantized`).
 /// Keys are names with the layer index as `*`; where a model's answer depends on the layer's
 /// kind, `pattern|a,b,c` (the parent's named children), and `=name` for one name.
 const PREDICATES: &str = include_str!("predicates.json");
@@ -86,8 +87,8 @@ fn predicate_answer(
         .map(|k| k.iter().copied().collect::<Vec<_>>().join(","))
         .unwrap_or_default();
     table
-        .get(&format!("={name}"))
-        .or_else(|| table.get(&format!("{pattern}|{kids}")))
+        .get(format!("={name}"))
+        .or_else(|| table.get(format!("{pattern}|{kids}")))
         .or_else(|| table.get(&pattern))
 }
 
@@ -710,9 +711,14 @@ pub fn convert_in_memory(
             }
             predicate_answer(&model_type, "quant", &format!("{prefix}{path}"), &children)
         };
+        // What mlx-lm cannot quantize at all (a matrix weight on a module without
+        // `to_quantized`, e.g. a router class of its own) stays float, recipe or not.
+        let plain = |path: &str| {
+            predicate_answer(&model_type, "plain", &format!("{prefix}{path}"), &children).is_some()
+        };
         let candidates: Vec<_> = candidates
             .into_iter()
-            .filter(|m| model_says(&m.path) != Some(&Value::Bool(false)))
+            .filter(|m| !plain(&m.path) && model_says(&m.path) != Some(&Value::Bool(false)))
             .collect();
         progress(Progress::Stage("Quantizing", candidates.len()));
         let mut replaced: BTreeMap<String, Vec<(String, Array)>> = BTreeMap::new();
@@ -939,11 +945,18 @@ fn module_of(name: &str) -> &str {
 /// counted), a quantized module counts its bias and its unpacked weight; every other module all
 /// of its parameters.
 fn total_parameters(params: &[(String, Array)], quantized: &BTreeMap<String, LayerQuant>) -> u64 {
-    // Modules with submodules: every strict ancestor of a parameter's module.
+    // Modules with submodules: every strict ancestor of a parameter's module, the root
+    // included (an array set on the model itself, talkie's `lm_head`, is not counted).
     let mut inner: std::collections::BTreeSet<&str> = std::collections::BTreeSet::new();
     for (n, _) in params {
+        if !n.contains('.') {
+            continue;
+        }
         let mut m = module_of(module_of(n));
-        while !m.is_empty() && inner.insert(m) {
+        loop {
+            if !inner.insert(m) || m.is_empty() {
+                break;
+            }
             m = module_of(m);
         }
     }
@@ -1123,6 +1136,50 @@ fn make_shards(params: &[(String, Array)]) -> Vec<Vec<usize>> {
 pub const MODEL_CARD: &str =
     "---\nlanguage: en\nlibrary_name: mlx\npipeline_tag: text-generation\ntags:\n- mlx\n---\n";
 
+/// What mlx-lm's `ModelArgs.__post_init__` writes into the config's own `text_config` dict
+/// (`from_dict` passes that dict itself, so `save_config` writes the change): a wrapper's
+/// vocabulary size copied in, head counts and `tie_word_embeddings` set (gemma3, gemma4,
+/// pixtral, lfm2-vl, mistral3; llava is mistral3). A key already there keeps its place, a new
+/// one goes last, as a Python dict's assignment does.
+fn args_mutations(config: &mut Map<String, Value>) {
+    let model_type = config
+        .get("model_type")
+        .and_then(Value::as_str)
+        .map(|t| crate::config::remap(t).to_string())
+        .unwrap_or_default();
+    let vocab = config.get("vocab_size").cloned();
+    let Some(Value::Object(tc)) = config.get_mut("text_config") else {
+        return;
+    };
+    let default = |tc: &mut Map<String, Value>, key: &str, v: i64| {
+        let cur = tc.get(key).cloned().unwrap_or(Value::from(v));
+        tc.insert(key.into(), cur);
+    };
+    match model_type.as_str() {
+        "gemma3" | "gemma4" => {
+            let (v, heads, kv) = if model_type == "gemma3" {
+                (262208, 8, 4)
+            } else {
+                (262144, 8, 1)
+            };
+            tc.insert("vocab_size".into(), vocab.unwrap_or(Value::from(v)));
+            default(tc, "num_attention_heads", heads);
+            default(tc, "num_key_value_heads", kv);
+        }
+        "pixtral" => {
+            tc.insert("tie_word_embeddings".into(), Value::Bool(false));
+            default(tc, "num_attention_heads", 32);
+        }
+        "lfm2-vl" => {
+            tc.insert("tie_word_embeddings".into(), Value::Bool(false));
+        }
+        "mistral3" if !tc.contains_key("tie_word_embeddings") => {
+            tc.insert("tie_word_embeddings".into(), Value::Bool(false));
+        }
+        _ => {}
+    }
+}
+
 /// A temporary sibling of `dst`, removed on drop unless renamed into place.
 struct TempDir {
     path: PathBuf,
@@ -1161,6 +1218,7 @@ pub(crate) fn save(
     };
     let _ = std::fs::remove_dir_all(&tmp.path);
     std::fs::create_dir(&tmp.path).map_err(|e| io_err(&tmp.path, e))?;
+    args_mutations(&mut config);
     let mut files = Vec::new();
 
     // Weights, in the order mlx-lm's `save_model` inserts them.
@@ -1255,9 +1313,28 @@ pub(crate) fn save(
     )?;
     files.push("config.json".into());
 
-    // Tokenizer files and what mlx-lm copies (`*.py`, generation_config.json).
+    // Tokenizer files and what mlx-lm copies (`*.py`, generation_config.json). A
+    // `PreTrainedTokenizerFast` source is written as transformers' `save_pretrained` writes
+    // it (`tokenizers_backend_files`); other tokenizer classes are copied.
     if let Some(src) = src {
+        let rewritten = tokenizers_backend_files(src)?;
+        if let Some(written) = &rewritten {
+            for (name, text) in written {
+                write_file(&tmp.path.join(name), text)?;
+                files.push(name.clone());
+            }
+        }
         for f in copied_files(src)? {
+            // With the config rewritten, `save_pretrained` writes only `tokenizer.json` beside
+            // it (re-serialized by `tokenizers`: the same bytes for the files seen); mlx-lm
+            // then copies `*.py` and `generation_config.json`.
+            let name = f.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            let kept = name == "tokenizer.json"
+                || name.ends_with(".py")
+                || name == "generation_config.json";
+            if rewritten.is_some() && !kept {
+                continue;
+            }
             let to = tmp.path.join(f.file_name().unwrap_or_default());
             std::fs::copy(&f, &to).map_err(|e| io_err(&f, e))?;
             files.push(f.file_name().and_then(|n| n.to_str()).unwrap_or("").into());
@@ -1294,6 +1371,167 @@ pub(crate) fn save(
         bits_per_weight: None,
         tensors: params.len(),
     })
+}
+
+/// transformers 5.25's `save_pretrained` for a tokenizer loaded as `TokenizersBackend` (a
+/// source `tokenizer_config.json` naming `PreTrainedTokenizerFast`, beside a `tokenizer.json`),
+/// as mlx-lm's `save` calls it: the config's own entries less `add_bos_token`,
+/// `add_eos_token`, `added_tokens_decoder`, `additional_special_tokens` and file names, plus
+/// `backend`, `is_local`, `local_files_only`, `model_max_length` (transformers' `1e30` when
+/// absent), the class name, and mlx-lm's inferred `tool_parser_type`; keys sorted, indent 2;
+/// the chat template moved to `chat_template.jinja`. `None` for any other source (copied).
+fn tokenizers_backend_files(src: &Path) -> Result<Option<Vec<(String, String)>>> {
+    let cfg_path = src.join("tokenizer_config.json");
+    let (Ok(text), true) = (
+        std::fs::read_to_string(&cfg_path),
+        src.join("tokenizer.json").is_file(),
+    ) else {
+        return Ok(None);
+    };
+    let Ok(Value::Object(mut cfg)) = crate::config::parse_python_json(&text) else {
+        return Ok(None);
+    };
+    let class = cfg.get("tokenizer_class").and_then(Value::as_str);
+    let other_files = [
+        "tokenizer.model",
+        "vocab.json",
+        "merges.txt",
+        "tiktoken.model",
+    ];
+    if class != Some("PreTrainedTokenizerFast") || other_files.iter().any(|f| src.join(f).exists())
+    {
+        return Ok(None);
+    }
+    let template = match cfg.remove("chat_template") {
+        Some(Value::String(t)) => Some(t),
+        None | Some(Value::Null) => None,
+        Some(_) => return Ok(None), // several named templates: not reproduced
+    };
+    for k in [
+        "add_bos_token",
+        "add_eos_token",
+        "added_tokens_decoder",
+        "additional_special_tokens",
+        "name_or_path",
+        "special_tokens_map_file",
+        "tokenizer_file",
+        "device_map",
+        "slow_tokenizer_class",
+        "files_loaded",
+    ] {
+        cfg.remove(k);
+    }
+    cfg.insert("backend".into(), Value::from("tokenizers"));
+    cfg.insert("is_local".into(), Value::Bool(true));
+    cfg.insert("local_files_only".into(), Value::Bool(false));
+    const MAX_LEN: &str = "__mlx_transformers_very_large_integer__";
+    if !cfg.contains_key("model_max_length") {
+        cfg.insert("model_max_length".into(), Value::from(MAX_LEN));
+    }
+    cfg.insert("tokenizer_class".into(), Value::from("TokenizersBackend"));
+    if !cfg.contains_key("tool_parser_type") {
+        let vocab = tokenizer_vocab(&src.join("tokenizer.json"));
+        if let Some(t) = infer_tool_parser(template.as_deref(), &vocab) {
+            cfg.insert("tool_parser_type".into(), Value::from(t));
+        }
+    }
+    fn sorted(v: Value) -> Value {
+        match v {
+            Value::Object(m) => {
+                let mut kv: Vec<(String, Value)> = m.into_iter().collect();
+                kv.sort_by(|a, b| a.0.cmp(&b.0));
+                Value::Object(kv.into_iter().map(|(k, v)| (k, sorted(v))).collect())
+            }
+            Value::Array(a) => Value::Array(a.into_iter().map(sorted).collect()),
+            v => v,
+        }
+    }
+    let json = pyjson::dumps(&sorted(Value::Object(cfg)), 2, false)
+        .replace(&format!("\"{MAX_LEN}\""), "1000000000000000019884624838656")
+        + "\n";
+    let mut out = vec![("tokenizer_config.json".to_string(), json)];
+    if let Some(t) = template {
+        out.push(("chat_template.jinja".into(), t));
+    }
+    Ok(Some(out))
+}
+
+/// The token strings of a `tokenizer.json` (model vocabulary and added tokens).
+fn tokenizer_vocab(path: &Path) -> std::collections::BTreeSet<String> {
+    let mut out = std::collections::BTreeSet::new();
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return out;
+    };
+    let Ok(v) = serde_json::from_str::<Value>(&text) else {
+        return out;
+    };
+    match v.pointer("/model/vocab") {
+        Some(Value::Object(m)) => out.extend(m.keys().cloned()),
+        Some(Value::Array(a)) => out.extend(
+            a.iter()
+                .filter_map(|p| p.get(0).and_then(Value::as_str).map(String::from)),
+        ),
+        _ => {}
+    }
+    if let Some(Value::Array(a)) = v.get("added_tokens") {
+        out.extend(
+            a.iter()
+                .filter_map(|t| t.get("content").and_then(Value::as_str).map(String::from)),
+        );
+    }
+    out
+}
+
+/// mlx-lm's `_infer_tool_parser` (`tokenizer_utils.py`): the chat template's markers, then
+/// the vocabulary's.
+fn infer_tool_parser(
+    template: Option<&str>,
+    vocab: &std::collections::BTreeSet<String>,
+) -> Option<&'static str> {
+    if let Some(t) = template {
+        let has = |s: &str| t.contains(s);
+        let found = if has("<minimax:tool_call>") {
+            Some("minimax_m2")
+        } else if has("<|tool_call>") && has("<tool_call|>") {
+            Some("gemma4")
+        } else if has("<start_function_call>") {
+            Some("function_gemma")
+        } else if has("<longcat_tool_call>") {
+            Some("longcat")
+        } else if has("<arg_key>") {
+            Some("glm47")
+        } else if has("<|tool_list_start|>") || has("<|tool_call_start|>") {
+            Some("pythonic")
+        } else if has("<tool_call>\\n<function=") || has("<tool_call>\n<function=") {
+            Some("qwen3_coder")
+        } else if has("<|tool_calls_section_begin|>") {
+            Some("kimi_k2")
+        } else if has("<function name=\"") && has("<param name=\"") {
+            Some("minicpm5")
+        } else if has("[TOOL_CALLS]") {
+            Some("mistral")
+        } else if has("<atem:function_calls>") {
+            Some("muse_spark")
+        } else if has("<tool_call>") && has("tool_call.name") {
+            Some("json_tools")
+        } else {
+            None
+        };
+        if found.is_some() {
+            return found;
+        }
+    }
+    let v = |s: &str| vocab.contains(s);
+    if ["<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"]
+        .iter()
+        .all(|t| v(t))
+    {
+        Some("kimi_k3")
+    } else if v("<|tool_call_start|>") && v("<|tool_call_end|>") {
+        Some("pythonic")
+    } else {
+        None
+    }
 }
 
 /// The tokenizer's files and what `save` copies: `*.py`, `generation_config.json`,

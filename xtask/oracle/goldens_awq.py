@@ -51,6 +51,16 @@ CASES = [
     ("gemma3_wrapper_q4", ["--bits", "4", "--group-size", "32", "--num-samples", "4",
                            "--sequence-length", "16", "--n-grid", "10", "--seed", "4"],
      "+../../mlx-models/tests/models/dense/gemma3_wrapper"),
+    # llama_awq on ministral3: `llama_4_scaling` query scales (the attention makes its own for
+    # positions from 0 when AWQ calls it alone; original_max_position_embeddings 4, so they
+    # vary over the 16 positions), a sliding layer run under the one causal mask; and its
+    # `mistral3` wrapper (`lm_key="language_model"`).
+    ("ministral3_q4", ["--bits", "4", "--group-size", "32", "--num-samples", "4",
+                       "--sequence-length", "16", "--n-grid", "10", "--seed", "6"],
+     "+../../mlx-models/tests/models/dense/ministral3"),
+    ("mistral3_wrapper_q4", ["--bits", "4", "--group-size", "32", "--num-samples", "4",
+                             "--sequence-length", "16", "--n-grid", "10", "--seed", "6"],
+     "+../../mlx-models/tests/models/dense/mistral3_wrapper"),
 ]
 
 RUN = "import sys; from mlx_lm.quant.awq import main; sys.argv = ['awq'] + sys.argv[1:]; main()"

@@ -165,6 +165,16 @@ CASES = [
     ("deepseek_v3_bf16", "+../../mlx-models/tests/models/mla/deepseek_v3", ["--dtype", "bfloat16"]),
     ("kimi_vl_bf16", "+../../mlx-models/tests/models/mla/kimi_vl", ["--dtype", "bfloat16"]),
     ("qwen3_moe_mxfp4", "+../../mlx-models/tests/models/qwen3_moe", ["-q", "--q-mode", "mxfp4"]),
+    # Found by the held-out sweep (results/quant/2026-12-04-s25-convert/): a router class
+    # without `to_quantized` stays float; a predicate that reads the layer's kind (MLA layers'
+    # g_proj unquantized); `ModelArgs.__post_init__` writing into `text_config`; an array on
+    # the model itself left out of `total_parameters`.
+    ("exaone_moe_q4_g32", "+../../mlx-models/tests/models/moe2/exaone_moe", ["-q", "--q-group-size", "32"]),
+    ("bailing_moe_v3_q4_g32", "+../../mlx-models/tests/models/dense2/bailing_moe_v3",
+     ["-q", "--q-group-size", "32"]),
+    ("pixtral_bf16", "+../../mlx-models/tests/models/dense2/pixtral", ["--dtype", "bfloat16"]),
+    ("gemma4_q4_g32", "+../../mlx-models/tests/models/dense2/gemma4", ["-q", "--q-group-size", "32"]),
+    ("talkie_bf16", "+../../mlx-models/tests/models/dense2/talkie", ["--dtype", "bfloat16"]),
 ]
 
 

@@ -253,8 +253,8 @@ def siblings(names):
 def add_predicates(preds, model):
     """What mlx-lm's per-model `cast_predicate` (which parameters `convert --dtype` leaves in
     their dtype) and `quant_predicate` (per module path: not quantized, or quantized with its own
-    parameters) answer for this model's names: per pattern, each name's answer and its parent's
-    set of children."""
+    parameters) answer for this model's names, and which matrix-weighted modules it cannot
+    quantize (`plain`): per pattern, each (name, parent's set of children)'s answer."""
     cast = getattr(model, "cast_predicate", None)
     quant = getattr(model, "quant_predicate", None)
     names = names_of(model)
@@ -262,13 +262,19 @@ def add_predicates(preds, model):
     parent = lambda n: sib.get(n.rsplit(".", 1)[0] if "." in n else "", "")  # noqa: E731
     if cast is not None:
         for k in names:
-            preds.setdefault("cast", {}).setdefault(first_star(k), {})[k] = (bool(cast(k)), parent(k))
+            preds.setdefault("cast", {}).setdefault(first_star(k), {})[(k, parent(k))] = bool(cast(k))
+    # Modules with a matrix `weight` that mlx-lm cannot quantize (no `to_quantized`: a router
+    # class of its own, a convolution): `nn.quantize` leaves them float whatever is asked.
+    for path, m in model.named_modules():
+        w = m.get("weight") if isinstance(m, dict) else None
+        if path and not hasattr(m, "to_quantized") and getattr(w, "ndim", 0) >= 2:
+            preds.setdefault("plain", {}).setdefault(first_star(path), {})[(path, parent(path))] = False
     if quant is not None:
         for path, m in model.named_modules():
             if hasattr(m, "to_quantized") and hasattr(m, "weight"):
                 r = quant(path, m)
                 r = r if isinstance(r, dict) else bool(r)
-                preds.setdefault("quant", {}).setdefault(first_star(path), {})[path] = (r, parent(path))
+                preds.setdefault("quant", {}).setdefault(first_star(path), {})[(path, parent(path))] = r
 
 
 def merge_predicates(preds, module):
@@ -276,24 +282,24 @@ def merge_predicates(preds, module):
     pattern whose names get different answers (a predicate reading the layer's kind) is kept per
     set of the parent's children (`pattern|a,b,c`), else per name (`=name`)."""
     out = {}
-    for kind in ("cast", "quant"):
+    for kind in ("cast", "quant", "plain"):
         got = {}
-        for pat, by_name in sorted(preds.get(kind, {}).items()):
-            answers = {json.dumps(v) for v, _ in by_name.values()}
+        for pat, seen in sorted(preds.get(kind, {}).items()):
+            answers = {json.dumps(v) for v in seen.values()}
             if len(answers) == 1:
-                v = next(iter(by_name.values()))[0]
+                v = next(iter(seen.values()))
                 if v is not True:
                     got[pat] = v
                 continue
             by_set = {}
-            for v, kids in by_name.values():
+            for (_, kids), v in seen.items():
                 by_set.setdefault(kids, set()).add(json.dumps(v))
             if all(len(a) == 1 for a in by_set.values()):
                 for kids, a in sorted(by_set.items()):
                     got[pat + "|" + kids] = json.loads(next(iter(a)))
                 continue
             print(f"{module}: {kind} {pat}: answers differ by name; kept per name", file=sys.stderr)
-            for name, (v, _) in sorted(by_name.items()):
+            for (name, _), v in sorted(seen.items()):
                 got["=" + name] = v
         if got:
             out[kind] = got

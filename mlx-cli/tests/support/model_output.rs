@@ -8,14 +8,17 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-/// Files we write as mlx-lm does. `tokenizer_config.json` and `chat_template.jinja` are
-/// transformers' `save_pretrained` re-serialisation on mlx-lm's side (we copy the source's).
-pub const COMPARED: [&str; 5] = [
+/// Files we write as mlx-lm does: `tokenizer_config.json` and `chat_template.jinja` as
+/// transformers' `save_pretrained` rewrites a `PreTrainedTokenizerFast` source's (every
+/// fixture's tokenizer is one).
+pub const COMPARED: [&str; 7] = [
     "config.json",
     "model.safetensors.index.json",
     "README.md",
     "tokenizer.json",
     "generation_config.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
 ];
 
 /// The first 16 hex digits of the sha256 (what the goldens keep).

@@ -1882,18 +1882,21 @@ impl Model {
 
     fn awq_common_shape(&self, gemma: bool) -> std::result::Result<(), String> {
         let d = &self.desc;
-        if self.positions.is_some() || d.loops > 1 || d.query_scale.is_some() {
-            return Err("learned positions, loops or query scales".into());
+        // Query scales (`llama_4_scaling`, ministral3) are fine: run alone, mlx-lm's attention
+        // computes them itself for positions from 0, as `awq_run` does.
+        if self.positions.is_some() || d.loops > 1 {
+            return Err("learned positions or loops".into());
         }
         if self.pipeline.is_some() || self.embed_norm.is_some() {
             return Err("a pipeline stage or an embedding norm".into());
         }
         for l in &self.layers {
-            if (!gemma && (l.sliding || l.clip_residual))
+            // Sliding layers run under the one causal mask (`awq_run`), as mlx-lm calls them.
+            if (!gemma && l.clip_residual)
                 || l.self_attn.gate.is_some()
                 || l.residual_multiplier.is_some()
             {
-                return Err("sliding layers, gated attention or scaled residuals".into());
+                return Err("a clipped residual, gated attention or scaled residuals".into());
             }
             if !matches!(l.self_attn.qkv, Qkv::Separate { .. }) {
                 return Err("fused q/k/v projections".into());
@@ -1924,9 +1927,15 @@ impl Model {
         })?;
         let n = x.shape().get(1).copied().unwrap_or(0) as usize;
         let mask = no_cache_mask(n, None, self.desc.mask_as_array)?;
+        // ministral3's attention, called without `attn_scale`, makes its own for positions
+        // from 0 in its input's dtype.
+        let qs = match self.desc.query_scale {
+            Some((beta, original)) => Some(llama4_attn_scale(n, 0, beta, original, x.dtype())?),
+            None => None,
+        };
         let ctx = Ctx {
             mask: &mask,
-            query_scale: None,
+            query_scale: qs.as_ref(),
             layer: i,
             trace: None,
         };
