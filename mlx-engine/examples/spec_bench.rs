@@ -20,8 +20,8 @@ use std::time::Instant;
 use mlx_engine::chat_template::ChatTemplateOptions;
 use mlx_engine::cpu_decode::CpuDecoder;
 use mlx_engine::cpu_spec::{
-    greedy, longest_match, prompt_lookup_by_context, prompt_lookup_capped, prompt_lookup_longest,
-    speculative_greedy_with, DraftLength, LOOKUP_DRAFTS, LOOKUP_SLACK,
+    greedy, longest_match, prompt_lookup_by_context, prompt_lookup_capped, prompt_lookup_drafts,
+    prompt_lookup_longest, speculative_greedy_with, DraftLength, LOOKUP_DRAFTS, LOOKUP_SLACK,
 };
 use mlx_engine::load::{load, LoadSpec, ModelRef, Quiet};
 use mlx_engine::speculative::prompt_lookup;
@@ -456,6 +456,7 @@ fn simulate(
         };
         costs[n - 1] + inc * (r - n) as f64
     };
+    acceptance(prompt, reply);
     println!("ngram lookup adaptive k | passes rows cost speedup");
     let mut best: Vec<(f64, String)> = Vec::new();
     for ngram in 1..=4 {
@@ -524,5 +525,51 @@ fn simulate(
     println!("best:");
     for (_, l) in best.iter().take(8) {
         println!("{l}");
+    }
+}
+
+/// The acceptance curve the policies trade against: decoding `reply` by the library's policy
+/// (`prompt_lookup_drafts`, n-gram 1, 4 drafts), at each round the longest-context lookup's
+/// first 8 tokens checked against the reply, counted per matched-context length (1, 2-3,
+/// 4-7, 8+) and draft place as accepted / reached (reached: every draft before it accepted).
+fn acceptance(prompt: &[u32], reply: &[u32]) {
+    let bucket = |l: usize| match l {
+        0..=1 => 0,
+        2..=3 => 1,
+        4..=7 => 2,
+        _ => 3,
+    };
+    let mut tab = [[(0usize, 0usize); 8]; 4];
+    let mut history = prompt.to_vec();
+    let mut done = 0;
+    while done < reply.len() {
+        history.push(reply[done]);
+        done += 1;
+        if let Some((l, from)) = longest_match(&history, 1) {
+            let end = (from + 8).min(history.len());
+            for (i, &t) in history[from..end].iter().enumerate() {
+                let Some(&want) = reply.get(done + i) else {
+                    break;
+                };
+                tab[bucket(l)][i].1 += 1;
+                if t != want {
+                    break;
+                }
+                tab[bucket(l)][i].0 += 1;
+            }
+        }
+        let drafts = prompt_lookup_drafts(&history, 1, 4);
+        let n = drafts
+            .iter()
+            .zip(&reply[done..])
+            .take_while(|(a, b)| a == b)
+            .count();
+        history.extend_from_slice(&reply[done..done + n]);
+        done += n;
+    }
+    println!("acceptance by matched length (accepted / reached), drafts 1..8:");
+    for (name, row) in ["1", "2-3", "4-7", "8+"].iter().zip(&tab) {
+        let cells: Vec<String> = row.iter().map(|(a, r)| format!("{a}/{r}")).collect();
+        println!("| {name} | {} |", cells.join(" | "));
     }
 }
