@@ -359,13 +359,13 @@ pub struct SpecArgs {
     #[arg(long, value_name = "PATH|NAME", conflicts_with_all = ["prompt_lookup_ngram", "mtp"])]
     pub draft_model: Option<String>,
     /// Number of tokens to draft when using speculative decoding (at most, a round): default
-    /// 3 with a draft model or --mtp (mlx-lm's), 8 with --prompt-lookup-ngram.
+    /// 3 with a draft model or --mtp (mlx-lm's), 4 with --prompt-lookup-ngram.
     #[arg(long, value_parser = clap::value_parser!(u64).range(0..=64))]
     pub num_draft_tokens: Option<u64>,
     /// Speculate by prompt lookup: find the earlier occurrence (prompt and output so far) of
     /// the last N tokens (at least N: 1 is best on edits and summaries) whose preceding tokens
     /// match furthest back, and draft the tokens that followed it, at most the matched length
-    /// plus one and at most --num-draft-tokens; the model verifies them in one pass, so greedy
+    /// and at most --num-draft-tokens; the model verifies them in one pass, so greedy
     /// output is that of plain decoding.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=64), conflicts_with = "mtp")]
     pub prompt_lookup_ngram: Option<u64>,
@@ -386,7 +386,7 @@ pub enum SpecSource {
 }
 
 impl SpecArgs {
-    /// `--num-draft-tokens`, or its default: 8 for prompt lookup
+    /// `--num-draft-tokens`, or its default: 4 for prompt lookup
     /// ([`mlx_engine::cpu_spec::LOOKUP_DRAFTS`]), 3 otherwise (mlx-lm's).
     pub fn num_draft_tokens(&self) -> usize {
         match self.num_draft_tokens {

@@ -20,8 +20,8 @@ use std::time::Instant;
 use mlx_engine::chat_template::ChatTemplateOptions;
 use mlx_engine::cpu_decode::CpuDecoder;
 use mlx_engine::cpu_spec::{
-    greedy, longest_match, prompt_lookup_by_context, prompt_lookup_capped, prompt_lookup_longest,
-    speculative_greedy_with, DraftLength, LOOKUP_DRAFTS, LOOKUP_SLACK,
+    greedy, longest_match, prompt_lookup_by_context, prompt_lookup_capped, prompt_lookup_drafts,
+    prompt_lookup_longest, speculative_greedy_with, DraftLength, LOOKUP_DRAFTS, LOOKUP_SLACK,
 };
 use mlx_engine::load::{load, LoadSpec, ModelRef, Quiet};
 use mlx_engine::speculative::prompt_lookup;
@@ -131,7 +131,32 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Ok(());
     }
     if arg("--simulate", 0usize) > 0 {
-        let plain = greedy(&mut dec, &prompt, max_tokens, &mut |t| eos.contains(&t))?;
+        // `--reply-json FILE`: the prompt and reply of an `mlx generate --json` run (its
+        // `prompt_ids` and `tokens`, the EOS appended where it stopped) instead of this
+        // prompt's plain reply.
+        let json: String = arg("--reply-json", String::new());
+        let (prompt, plain) = if json.is_empty() {
+            let plain = greedy(&mut dec, &prompt, max_tokens, &mut |t| eos.contains(&t))?;
+            (prompt, plain)
+        } else {
+            let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json)?)?;
+            let ids = |k: &str| -> Result<Vec<u32>, String> {
+                v[k].as_array()
+                    .ok_or(format!("{json}: no {k} array"))?
+                    .iter()
+                    .map(|t| {
+                        t.as_u64()
+                            .map(|t| t as u32)
+                            .ok_or(format!("{json}: bad {k}"))
+                    })
+                    .collect()
+            };
+            let mut reply = ids("tokens")?;
+            if v["finish_reason"] == "stop" {
+                reply.extend(eos.iter().min());
+            }
+            (ids("prompt_ids")?, reply)
+        };
         let costs: Vec<f64> = arg("--costs", String::new())
             .split(',')
             .filter_map(|c| c.trim().parse().ok())
@@ -139,6 +164,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         simulate(
             &prompt,
             &plain,
+            max_tokens,
             arg("--alpha", 0.2f64),
             arg("--tile", 4usize),
             &costs,
@@ -404,8 +430,17 @@ fn cpu_seconds() -> f64 {
 /// (`longest`), longest context with drafts capped by its length (`context`; `ctx-1`,
 /// `ctx+1`, `ctx+2`: the cap one less, one or two more than the matched length), and
 /// `oracle`: `longest`'s drafts cut to the part the reply accepts (the bound for these
-/// lookups: no policy drafting from them does better).
-fn simulate(prompt: &[u32], reply: &[u32], alpha: f64, tile: usize, costs: &[f64]) {
+/// lookups: no policy drafting from them does better). As `CpuSpecSteps` does, a round asks
+/// for at most the `max_tokens` left, not the reply's length (the last round, which meets the
+/// EOS, drafts as any other).
+fn simulate(
+    prompt: &[u32],
+    reply: &[u32],
+    max_tokens: usize,
+    alpha: f64,
+    tile: usize,
+    costs: &[f64],
+) {
     let cost_of = |r: usize| -> f64 {
         if costs.is_empty() {
             return (1.0 - alpha) * r.div_ceil(tile.max(1)) as f64 + alpha * r as f64;
@@ -421,6 +456,7 @@ fn simulate(prompt: &[u32], reply: &[u32], alpha: f64, tile: usize, costs: &[f64
         };
         costs[n - 1] + inc * (r - n) as f64
     };
+    acceptance(prompt, reply);
     println!("ngram lookup adaptive k | passes rows cost speedup");
     let mut best: Vec<(f64, String)> = Vec::new();
     for ngram in 1..=4 {
@@ -437,7 +473,11 @@ fn simulate(prompt: &[u32], reply: &[u32], alpha: f64, tile: usize, costs: &[f64
                         // The pending token reply[done] goes in with the drafts.
                         history.push(reply[done]);
                         done += 1;
-                        let want = len.want(reply.len().saturating_sub(done));
+                        if done == reply.len() {
+                            // The last token (EOS or `max_tokens`) ends the stream: no pass.
+                            break;
+                        }
+                        let want = len.want(max_tokens.saturating_sub(done));
                         let mut drafts = match lookup {
                             "recent" => prompt_lookup(&history, ngram, want),
                             "context" => prompt_lookup_by_context(&history, ngram, want),
@@ -485,5 +525,51 @@ fn simulate(prompt: &[u32], reply: &[u32], alpha: f64, tile: usize, costs: &[f64
     println!("best:");
     for (_, l) in best.iter().take(8) {
         println!("{l}");
+    }
+}
+
+/// The acceptance curve the policies trade against: decoding `reply` by the library's policy
+/// (`prompt_lookup_drafts`, n-gram 1, 4 drafts), at each round the longest-context lookup's
+/// first 8 tokens checked against the reply, counted per matched-context length (1, 2-3,
+/// 4-7, 8+) and draft place as accepted / reached (reached: every draft before it accepted).
+fn acceptance(prompt: &[u32], reply: &[u32]) {
+    let bucket = |l: usize| match l {
+        0..=1 => 0,
+        2..=3 => 1,
+        4..=7 => 2,
+        _ => 3,
+    };
+    let mut tab = [[(0usize, 0usize); 8]; 4];
+    let mut history = prompt.to_vec();
+    let mut done = 0;
+    while done < reply.len() {
+        history.push(reply[done]);
+        done += 1;
+        if let Some((l, from)) = longest_match(&history, 1) {
+            let end = (from + 8).min(history.len());
+            for (i, &t) in history[from..end].iter().enumerate() {
+                let Some(&want) = reply.get(done + i) else {
+                    break;
+                };
+                tab[bucket(l)][i].1 += 1;
+                if t != want {
+                    break;
+                }
+                tab[bucket(l)][i].0 += 1;
+            }
+        }
+        let drafts = prompt_lookup_drafts(&history, 1, 4);
+        let n = drafts
+            .iter()
+            .zip(&reply[done..])
+            .take_while(|(a, b)| a == b)
+            .count();
+        history.extend_from_slice(&reply[done..done + n]);
+        done += n;
+    }
+    println!("acceptance by matched length (accepted / reached), drafts 1..8:");
+    for (name, row) in ["1", "2-3", "4-7", "8+"].iter().zip(&tab) {
+        let cells: Vec<String> = row.iter().map(|(a, r)| format!("{a}/{r}")).collect();
+        println!("| {name} | {} |", cells.join(" | "));
     }
 }

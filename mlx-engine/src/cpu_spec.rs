@@ -56,12 +56,17 @@ pub fn prompt_lookup_by_context(history: &[u32], ngram: usize, k: usize) -> Vec<
 }
 
 /// How many tokens past the matched context [`prompt_lookup_drafts`] drafts: a match of `n`
-/// tokens drafts up to `n + LOOKUP_SLACK`.
-pub const LOOKUP_SLACK: usize = 1;
+/// tokens drafts up to `n + LOOKUP_SLACK`. None: a draft past its evidence is rejected more
+/// often than its row (~0.2-0.3 of a one-token step) repays (`spec_bench --simulate` over
+/// three prompts and three measured cost curves, `results/bench/2026-12-04-s25-spec/`).
+pub const LOOKUP_SLACK: usize = 0;
 
 /// The default most drafts a prompt-lookup round proposes (`--num-draft-tokens` with
-/// `--prompt-lookup-ngram` when not given).
-pub const LOOKUP_DRAFTS: usize = 8;
+/// `--prompt-lookup-ngram` when not given): 4, the best of 3-8 in the same simulation. A
+/// pass then stays inside one tile of the multi-row kernels (up to six rows share a pass over
+/// each weight block; a seventh costs a second pass, ~0.6-0.8 of a step where each row
+/// before it costs ~0.25).
+pub const LOOKUP_DRAFTS: usize = 4;
 
 /// The prompt-lookup policy every entry point drafts with (`mlx generate|chat|serve
 /// --prompt-lookup-ngram N --num-draft-tokens K`, the MLX path's
@@ -69,8 +74,9 @@ pub const LOOKUP_DRAFTS: usize = 8;
 /// earlier occurrences (prompt and output so far) of `history`'s last `ngram` tokens, the one
 /// whose match with the tokens before them reaches furthest back ([`longest_match`]); the
 /// tokens that followed it, at most `k` and at most the matched length plus [`LOOKUP_SLACK`].
-/// A one-token match drafts two, a long copied span the whole `k`. Measured against the
-/// other lookups on a copy-edit prompt in `results/bench/2026-12-04-s23-spec/`.
+/// A one-token match drafts one, a long copied span the whole `k`. Measured against the
+/// other lookups in `results/bench/2026-12-04-s23-spec/` and (the slack and `k`)
+/// `results/bench/2026-12-04-s25-spec/`.
 pub fn prompt_lookup_drafts(history: &[u32], ngram: usize, k: usize) -> Vec<u32> {
     prompt_lookup_capped(history, ngram, k, LOOKUP_SLACK)
 }

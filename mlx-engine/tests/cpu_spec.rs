@@ -260,22 +260,23 @@ fn draft_model_speculation_equals_plain_greedy() {
 }
 
 /// The prompt-lookup policy every entry point drafts with (`prompt_lookup_drafts`): the
-/// longest-context occurrence, drafts up to its matched length plus one, at most `k`.
+/// longest-context occurrence, drafts up to its matched length, at most `k` (4 by default).
 #[test]
-fn the_lookup_policy_drafts_one_past_its_match() {
-    // "1 2 3 4" matches four tokens back (then 7 against 8): up to five drafts.
+fn the_lookup_policy_drafts_no_further_than_its_match() {
+    // "1 2 3 4" matches four tokens back (then 7 against 8): up to four drafts.
     let h = [7, 1, 2, 3, 4, 5, 6, 8, 1, 2, 3, 4, 9];
     let h = &h[..12];
-    assert_eq!(prompt_lookup_drafts(h, 1, 8), vec![5, 6, 8, 1, 2]);
+    assert_eq!(prompt_lookup_drafts(h, 1, 8), vec![5, 6, 8, 1]);
     assert_eq!(prompt_lookup_drafts(h, 1, 3), vec![5, 6, 8]);
-    assert_eq!(prompt_lookup_drafts(h, 4, 8), vec![5, 6, 8, 1, 2]);
+    assert_eq!(prompt_lookup_drafts(h, 4, 8), vec![5, 6, 8, 1]);
     assert!(prompt_lookup_drafts(h, 5, 8).is_empty());
-    // A one-token match drafts two tokens; none past the end of the history.
-    assert_eq!(prompt_lookup_drafts(&[4, 5, 6, 4], 1, 8), vec![5, 6]);
-    assert_eq!(prompt_lookup_drafts(&[4, 5, 4], 1, 8), vec![5, 4]);
+    // A one-token match drafts one token; none past the end of the history.
+    assert_eq!(prompt_lookup_drafts(&[4, 5, 6, 4], 1, 8), vec![5]);
+    assert_eq!(prompt_lookup_drafts(&[4, 4], 1, 8), vec![4]);
     assert!(prompt_lookup_drafts(&[1, 2, 3], 1, 4).is_empty());
     assert!(prompt_lookup_drafts(h, 1, 0).is_empty());
     assert!(prompt_lookup_drafts(h, 0, 4).is_empty());
+    assert_eq!(mlx_engine::cpu_spec::LOOKUP_DRAFTS, 4);
 }
 
 /// A small deterministic generator (xorshift64*), for the property test below.

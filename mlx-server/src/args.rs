@@ -160,7 +160,7 @@ pub struct ServeArgs {
 
     /// Number of tokens to draft when using speculative decoding (a request's
     /// `num_draft_tokens` overrides it for a draft model): default 3 with --draft-model
-    /// (mlx_lm.server's), 8 with --prompt-lookup-ngram.
+    /// (mlx_lm.server's), 4 with --prompt-lookup-ngram.
     #[arg(long)]
     pub num_draft_tokens: Option<usize>,
 
@@ -168,7 +168,7 @@ pub struct ServeArgs {
     /// requests (temperature 0, no penalties, logit bias, grammar, top log-probabilities or
     /// `n` > 1) run alone between batches, drafting from the most context-matching earlier
     /// occurrence of the last N tokens (prompt and output; 1 is best on edits and summaries)
-    /// up to the matched length plus one and up to --num-draft-tokens, verified in one
+    /// up to the matched length and up to --num-draft-tokens, verified in one
     /// batched pass: the tokens of plain greedy decoding (`mlx generate`'s policy).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=64), conflicts_with = "draft_model")]
     pub prompt_lookup_ngram: Option<u64>,
@@ -241,7 +241,7 @@ fn seconds(s: &str) -> Result<f64, String> {
 }
 
 impl ServeArgs {
-    /// `--num-draft-tokens`, or its default: 8 for prompt lookup
+    /// `--num-draft-tokens`, or its default: 4 for prompt lookup
     /// ([`mlx_engine::cpu_spec::LOOKUP_DRAFTS`]), 3 otherwise (mlx_lm.server's).
     pub fn num_draft_tokens(&self) -> usize {
         match self.num_draft_tokens {
